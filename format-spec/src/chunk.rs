@@ -1,0 +1,448 @@
+//! Chunk files: a 64-byte header, records back to back, a footer listing every record, and a
+//! 32-byte trailer that locates the footer.
+
+use std::io::Write;
+
+use crate::error::{check_crc, check_magic_version, FormatError, Result};
+use crate::strtab::{encode_string_table, StringTable};
+use crate::{le, SampleEntry, CHUNK_END_MAGIC, CHUNK_MAGIC, FORMAT_MAJOR, FORMAT_MINOR};
+use crate::{Compression, SAMPLE_ENTRY_LEN};
+
+/// Length of the chunk header; records start at this offset.
+pub const CHUNK_HEADER_LEN: usize = 64;
+/// Length of the trailer at the end of every chunk file.
+pub const CHUNK_TRAILER_LEN: usize = 32;
+/// Length of the fixed part of the footer body (record count and the two table lengths).
+const FOOTER_FIXED_LEN: u64 = 24;
+
+/// The header of a chunk file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ChunkHeader {
+    /// Random id shared by the snapshot and every chunk of one dataset.
+    pub dataset_id: [u8; 16],
+    /// This chunk's id; the file is named [`crate::chunk_file_name`]`(chunk_id)`.
+    pub chunk_id: u32,
+}
+
+impl ChunkHeader {
+    /// Encodes the 64-byte header.
+    pub fn encode(&self) -> [u8; CHUNK_HEADER_LEN] {
+        let mut b = [0u8; CHUNK_HEADER_LEN];
+        b[0..8].copy_from_slice(&CHUNK_MAGIC);
+        b[8..10].copy_from_slice(&FORMAT_MAJOR.to_le_bytes());
+        b[10..12].copy_from_slice(&FORMAT_MINOR.to_le_bytes());
+        b[12..16].copy_from_slice(&(CHUNK_HEADER_LEN as u32).to_le_bytes());
+        b[16..32].copy_from_slice(&self.dataset_id);
+        b[32..36].copy_from_slice(&self.chunk_id.to_le_bytes());
+        let crc = crc32fast::hash(&b[0..60]);
+        b[60..64].copy_from_slice(&crc.to_le_bytes());
+        b
+    }
+
+    /// Decodes and checks a header from the first bytes of a chunk file.
+    pub fn decode(b: &[u8]) -> Result<Self> {
+        const WHAT: &str = "chunk header";
+        if b.len() < CHUNK_HEADER_LEN {
+            return Err(FormatError::truncated(
+                WHAT,
+                CHUNK_HEADER_LEN as u64,
+                b.len() as u64,
+            ));
+        }
+        check_magic_version(WHAT, &CHUNK_MAGIC, b)?;
+        check_crc(WHAT, le::u32_at(b, 60), &b[0..60])?;
+        let header_len = le::u32_at(b, 12);
+        if header_len as usize != CHUNK_HEADER_LEN {
+            return Err(FormatError::invalid(
+                WHAT,
+                format!("header length {header_len}, expected {CHUNK_HEADER_LEN}"),
+            ));
+        }
+        Ok(ChunkHeader {
+            dataset_id: le::id_at(b, 16),
+            chunk_id: le::u32_at(b, 32),
+        })
+    }
+}
+
+/// The trailer: where the footer is and its CRC.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Trailer {
+    /// Offset of the footer body in the file.
+    pub footer_offset: u64,
+    /// Length of the footer body.
+    pub footer_len: u64,
+    /// CRC-32 of the footer body.
+    pub footer_crc: u32,
+}
+
+impl Trailer {
+    /// Encodes the 32-byte trailer.
+    pub fn encode(&self) -> [u8; CHUNK_TRAILER_LEN] {
+        let mut b = [0u8; CHUNK_TRAILER_LEN];
+        b[0..8].copy_from_slice(&self.footer_offset.to_le_bytes());
+        b[8..16].copy_from_slice(&self.footer_len.to_le_bytes());
+        b[16..20].copy_from_slice(&self.footer_crc.to_le_bytes());
+        b[24..32].copy_from_slice(&CHUNK_END_MAGIC);
+        b
+    }
+
+    /// Decodes the last 32 bytes of a chunk file of `file_len` bytes and checks that the footer
+    /// sits between the header and the trailer, immediately before the trailer.
+    pub fn decode(b: &[u8], file_len: u64) -> Result<Self> {
+        const WHAT: &str = "chunk trailer";
+        if b.len() != CHUNK_TRAILER_LEN {
+            return Err(FormatError::truncated(
+                WHAT,
+                CHUNK_TRAILER_LEN as u64,
+                b.len() as u64,
+            ));
+        }
+        if b[24..32] != CHUNK_END_MAGIC {
+            return Err(FormatError::bad_magic(WHAT, &CHUNK_END_MAGIC, &b[24..32]));
+        }
+        let t = Trailer {
+            footer_offset: le::u64_at(b, 0),
+            footer_len: le::u64_at(b, 8),
+            footer_crc: le::u32_at(b, 16),
+        };
+        let end = t
+            .footer_offset
+            .checked_add(t.footer_len)
+            .and_then(|e| e.checked_add(CHUNK_TRAILER_LEN as u64));
+        if le::u32_at(b, 20) != 0
+            || t.footer_offset < CHUNK_HEADER_LEN as u64
+            || end != Some(file_len)
+        {
+            return Err(FormatError::invalid(
+                WHAT,
+                format!(
+                    "footer at {}+{} does not end at the trailer of a {file_len}-byte file",
+                    t.footer_offset, t.footer_len
+                ),
+            ));
+        }
+        Ok(t)
+    }
+}
+
+/// The decoded footer: every record of the chunk, its path, and the dataset's class names.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ChunkFooter {
+    /// Record entries in file order (`chunk` field equals the chunk id).
+    pub entries: Vec<SampleEntry>,
+    /// Path of each record, relative to the packed source directory.
+    pub paths: Vec<Vec<u8>>,
+    /// The dataset's class names (identical in every chunk of a dataset).
+    pub classes: Vec<Vec<u8>>,
+}
+
+/// Decodes a footer body and checks it against its trailer and the chunk header: CRC, entry
+/// layout (records back to back from offset 64 up to the footer), chunk ids and paths.
+pub fn decode_footer(body: &[u8], trailer: &Trailer, chunk_id: u32) -> Result<ChunkFooter> {
+    const WHAT: &str = "chunk footer";
+    if body.len() as u64 != trailer.footer_len {
+        return Err(FormatError::truncated(
+            WHAT,
+            trailer.footer_len,
+            body.len() as u64,
+        ));
+    }
+    check_crc(WHAT, trailer.footer_crc, body)?;
+    if body.len() < FOOTER_FIXED_LEN as usize {
+        return Err(FormatError::truncated(
+            WHAT,
+            FOOTER_FIXED_LEN,
+            body.len() as u64,
+        ));
+    }
+    let count = le::u64_at(body, 0);
+    let paths_len = le::u64_at(body, 8);
+    let classes_len = le::u64_at(body, 16);
+    let total = count
+        .checked_mul(SAMPLE_ENTRY_LEN as u64)
+        .and_then(|x| x.checked_add(FOOTER_FIXED_LEN))
+        .and_then(|x| x.checked_add(paths_len))
+        .and_then(|x| x.checked_add(classes_len));
+    if total != Some(body.len() as u64) {
+        return Err(FormatError::invalid(
+            WHAT,
+            format!(
+                "{count} records, {paths_len} path bytes and {classes_len} class bytes do not \
+                 add up to the footer length {}",
+                body.len()
+            ),
+        ));
+    }
+    let entries_end = FOOTER_FIXED_LEN as usize + count as usize * SAMPLE_ENTRY_LEN;
+    let paths_end = entries_end + paths_len as usize;
+    let paths = StringTable::parse(&body[entries_end..paths_end], "chunk footer paths")?;
+    let classes = StringTable::parse(&body[paths_end..], "chunk footer classes")?;
+    if paths.len() != count {
+        return Err(FormatError::invalid(
+            WHAT,
+            format!("{count} records but {} paths", paths.len()),
+        ));
+    }
+    paths.validate()?;
+    classes.validate()?;
+    let mut entries = Vec::with_capacity(count as usize);
+    let mut expect_offset = CHUNK_HEADER_LEN as u64;
+    for i in 0..count as usize {
+        let at = FOOTER_FIXED_LEN as usize + i * SAMPLE_ENTRY_LEN;
+        let e = SampleEntry::decode(&body[at..at + SAMPLE_ENTRY_LEN]);
+        let what = || format!("chunk {chunk_id} footer record {i}");
+        if e.chunk != chunk_id {
+            return Err(FormatError::invalid(
+                what(),
+                format!("names chunk {}", e.chunk),
+            ));
+        }
+        e.compression()
+            .and_then(|_| e.check_lengths())
+            .map_err(|err| FormatError::invalid(what(), err.to_string()))?;
+        if e.offset != expect_offset {
+            return Err(FormatError::invalid(
+                what(),
+                format!("at offset {}, expected {expect_offset}", e.offset),
+            ));
+        }
+        expect_offset = e
+            .offset
+            .checked_add(e.stored_len)
+            .filter(|&end| end <= trailer.footer_offset)
+            .ok_or_else(|| FormatError::invalid(what(), "extends past the start of the footer"))?;
+        if e.label != crate::NO_LABEL && e.label as u64 >= classes.len() {
+            return Err(FormatError::invalid(
+                what(),
+                format!("label {} but only {} classes", e.label, classes.len()),
+            ));
+        }
+        entries.push(e);
+    }
+    if expect_offset != trailer.footer_offset {
+        return Err(FormatError::invalid(
+            WHAT,
+            format!(
+                "records end at {expect_offset} but the footer starts at {}",
+                trailer.footer_offset
+            ),
+        ));
+    }
+    let paths: Vec<Vec<u8>> = paths
+        .iter()
+        .map(|p| p.map(<[u8]>::to_vec))
+        .collect::<Result<_>>()?;
+    for (i, p) in paths.iter().enumerate() {
+        crate::check_relative_path(p).map_err(|why| {
+            FormatError::invalid(format!("chunk {chunk_id} footer record {i}"), why)
+        })?;
+    }
+    let classes = classes
+        .iter()
+        .map(|c| c.map(<[u8]>::to_vec))
+        .collect::<Result<_>>()?;
+    Ok(ChunkFooter {
+        entries,
+        paths,
+        classes,
+    })
+}
+
+/// What a finished chunk file holds, for the snapshot's chunk table.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ChunkSummary {
+    /// Chunk id.
+    pub chunk_id: u32,
+    /// Total file length in bytes.
+    pub file_size: u64,
+    /// CRC-32 of the whole file.
+    pub file_crc: u32,
+    /// Record entries in file order.
+    pub entries: Vec<SampleEntry>,
+    /// Path of each record.
+    pub paths: Vec<Vec<u8>>,
+}
+
+/// Streams a chunk file: header, then records, then footer and trailer. Tracks offsets and the
+/// whole-file CRC as bytes are written.
+pub struct ChunkWriter<W: Write> {
+    out: W,
+    chunk_id: u32,
+    pos: u64,
+    crc: crc32fast::Hasher,
+    entries: Vec<SampleEntry>,
+    paths: Vec<Vec<u8>>,
+}
+
+impl<W: Write> ChunkWriter<W> {
+    /// Starts a chunk by writing its header.
+    pub fn new(out: W, dataset_id: [u8; 16], chunk_id: u32) -> std::io::Result<Self> {
+        let mut w = ChunkWriter {
+            out,
+            chunk_id,
+            pos: 0,
+            crc: crc32fast::Hasher::new(),
+            entries: Vec::new(),
+            paths: Vec::new(),
+        };
+        w.write(
+            &ChunkHeader {
+                dataset_id,
+                chunk_id,
+            }
+            .encode(),
+        )?;
+        Ok(w)
+    }
+
+    fn write(&mut self, b: &[u8]) -> std::io::Result<()> {
+        self.out.write_all(b)?;
+        self.crc.update(b);
+        self.pos += b.len() as u64;
+        Ok(())
+    }
+
+    /// Appends one record. `stored` is what goes on disk (compressed per `compression`),
+    /// `orig_len` and `crc32` describe the original bytes.
+    pub fn append(
+        &mut self,
+        path: &[u8],
+        stored: &[u8],
+        compression: Compression,
+        orig_len: u64,
+        crc32: u32,
+        label: u32,
+    ) -> std::io::Result<SampleEntry> {
+        let entry = SampleEntry {
+            chunk: self.chunk_id,
+            label,
+            offset: self.pos,
+            stored_len: stored.len() as u64,
+            orig_len,
+            crc32,
+            flags: compression.code(),
+        };
+        self.write(stored)?;
+        self.entries.push(entry);
+        self.paths.push(path.to_vec());
+        Ok(entry)
+    }
+
+    /// Number of bytes written so far.
+    pub fn position(&self) -> u64 {
+        self.pos
+    }
+
+    /// Writes the footer (with `classes`) and trailer; returns the writer and the summary.
+    pub fn finish<C: AsRef<[u8]>>(mut self, classes: &[C]) -> std::io::Result<(W, ChunkSummary)> {
+        let paths = encode_string_table(self.paths.iter());
+        let classes = encode_string_table(classes.iter());
+        let mut body = Vec::with_capacity(
+            FOOTER_FIXED_LEN as usize
+                + self.entries.len() * SAMPLE_ENTRY_LEN
+                + paths.len()
+                + classes.len(),
+        );
+        body.extend_from_slice(&(self.entries.len() as u64).to_le_bytes());
+        body.extend_from_slice(&(paths.len() as u64).to_le_bytes());
+        body.extend_from_slice(&(classes.len() as u64).to_le_bytes());
+        for e in &self.entries {
+            body.extend_from_slice(&e.encode());
+        }
+        body.extend_from_slice(&paths);
+        body.extend_from_slice(&classes);
+        let trailer = Trailer {
+            footer_offset: self.pos,
+            footer_len: body.len() as u64,
+            footer_crc: crc32fast::hash(&body),
+        };
+        self.write(&body)?;
+        self.write(&trailer.encode())?;
+        let summary = ChunkSummary {
+            chunk_id: self.chunk_id,
+            file_size: self.pos,
+            file_crc: self.crc.clone().finalize(),
+            entries: std::mem::take(&mut self.entries),
+            paths: std::mem::take(&mut self.paths),
+        };
+        Ok((self.out, summary))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample_chunk() -> (Vec<u8>, ChunkSummary) {
+        let mut w = ChunkWriter::new(Vec::new(), [7; 16], 3).unwrap();
+        w.append(
+            b"a/x",
+            b"hello",
+            Compression::None,
+            5,
+            crate::crc32(b"hello"),
+            0,
+        )
+        .unwrap();
+        w.append(b"b/y", b"", Compression::None, 0, crate::crc32(b""), 1)
+            .unwrap();
+        let (bytes, s) = w.finish(&[b"a".as_slice(), b"b"]).unwrap();
+        (bytes, s)
+    }
+
+    fn decode_all(bytes: &[u8]) -> Result<(ChunkHeader, ChunkFooter)> {
+        let h = ChunkHeader::decode(bytes)?;
+        if bytes.len() < CHUNK_TRAILER_LEN {
+            return Err(FormatError::truncated("chunk", 32, bytes.len() as u64));
+        }
+        let t = Trailer::decode(
+            &bytes[bytes.len() - CHUNK_TRAILER_LEN..],
+            bytes.len() as u64,
+        )?;
+        let body = &bytes[t.footer_offset as usize..(t.footer_offset + t.footer_len) as usize];
+        Ok((h, decode_footer(body, &t, h.chunk_id)?))
+    }
+
+    #[test]
+    fn round_trip() {
+        let (bytes, s) = sample_chunk();
+        assert_eq!(s.file_size, bytes.len() as u64);
+        assert_eq!(s.file_crc, crate::crc32(&bytes));
+        let (h, f) = decode_all(&bytes).unwrap();
+        assert_eq!(h.chunk_id, 3);
+        assert_eq!(h.dataset_id, [7; 16]);
+        assert_eq!(f.entries, s.entries);
+        assert_eq!(f.paths, vec![b"a/x".to_vec(), b"b/y".to_vec()]);
+        assert_eq!(f.classes, vec![b"a".to_vec(), b"b".to_vec()]);
+        assert_eq!(&bytes[64..69], b"hello");
+    }
+
+    #[test]
+    fn every_flip_and_cut_is_detected() {
+        let (bytes, _) = sample_chunk();
+        for pos in 0..bytes.len() {
+            let mut d = bytes.clone();
+            d[pos] ^= 0x20;
+            // Record bytes are covered by the per-record CRC, not by the header/footer checks.
+            if (64..69).contains(&pos) {
+                continue;
+            }
+            assert!(decode_all(&d).is_err(), "flip at {pos} not detected");
+        }
+        for cut in 0..bytes.len() {
+            assert!(decode_all(&bytes[..cut]).is_err(), "cut at {cut}");
+        }
+    }
+
+    #[test]
+    fn rejects_future_major_version() {
+        let (mut bytes, _) = sample_chunk();
+        bytes[8..10].copy_from_slice(&2u16.to_le_bytes());
+        let err = ChunkHeader::decode(&bytes).unwrap_err().to_string();
+        assert!(
+            err.contains("2.0") && err.contains("major version 1"),
+            "{err}"
+        );
+    }
+}

@@ -1,0 +1,102 @@
+use thiserror::Error;
+
+/// Result alias of the format crate.
+pub type Result<T> = std::result::Result<T, FormatError>;
+
+/// Everything that can be wrong with bytes that claim to be granary format.
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+pub enum FormatError {
+    /// The bytes do not start (or end) with the expected magic.
+    #[error("{what}: bad magic (expected {expected:?}, found {found:?}); not a granary file")]
+    BadMagic {
+        what: &'static str,
+        expected: String,
+        found: String,
+    },
+    /// The file was written by a major version this reader does not support.
+    #[error(
+        "{what}: format version {found_major}.{found_minor} is not supported by this reader \
+         (it reads major version {supported_major}, up to {supported_major}.{supported_minor})"
+    )]
+    UnsupportedVersion {
+        what: &'static str,
+        found_major: u16,
+        found_minor: u16,
+        supported_major: u16,
+        supported_minor: u16,
+    },
+    /// The bytes end before a structure does.
+    #[error("{what}: truncated (need {needed} bytes, have {available})")]
+    Truncated {
+        what: &'static str,
+        needed: u64,
+        available: u64,
+    },
+    /// A stored CRC does not match the bytes it covers.
+    #[error("{what}: checksum mismatch (stored {expected:#010x}, computed {actual:#010x})")]
+    ChecksumMismatch {
+        what: String,
+        expected: u32,
+        actual: u32,
+    },
+    /// A field holds a value the format does not allow.
+    #[error("{what}: {detail}")]
+    Invalid { what: String, detail: String },
+}
+
+impl FormatError {
+    pub(crate) fn invalid(what: impl Into<String>, detail: impl Into<String>) -> Self {
+        FormatError::Invalid {
+            what: what.into(),
+            detail: detail.into(),
+        }
+    }
+
+    pub(crate) fn bad_magic(what: &'static str, expected: &[u8], found: &[u8]) -> Self {
+        FormatError::BadMagic {
+            what,
+            expected: String::from_utf8_lossy(expected).into_owned(),
+            found: String::from_utf8_lossy(found).into_owned(),
+        }
+    }
+
+    pub(crate) fn truncated(what: &'static str, needed: u64, available: u64) -> Self {
+        FormatError::Truncated {
+            what,
+            needed,
+            available,
+        }
+    }
+}
+
+/// Checks a stored CRC against the computed one.
+pub(crate) fn check_crc(what: impl Into<String>, expected: u32, data: &[u8]) -> Result<()> {
+    let actual = crc32fast::hash(data);
+    if actual != expected {
+        return Err(FormatError::ChecksumMismatch {
+            what: what.into(),
+            expected,
+            actual,
+        });
+    }
+    Ok(())
+}
+
+/// Checks magic and version fields common to snapshot and chunk headers.
+pub(crate) fn check_magic_version(what: &'static str, magic: &[u8; 8], bytes: &[u8]) -> Result<()> {
+    if &bytes[0..8] != magic {
+        return Err(FormatError::bad_magic(what, magic, &bytes[0..8]));
+    }
+    let major = crate::le::u16_at(bytes, 8);
+    let minor = crate::le::u16_at(bytes, 10);
+    if major != crate::FORMAT_MAJOR {
+        return Err(FormatError::UnsupportedVersion {
+            what,
+            found_major: major,
+            found_minor: minor,
+            supported_major: crate::FORMAT_MAJOR,
+            supported_minor: crate::FORMAT_MINOR,
+        });
+    }
+    Ok(())
+}

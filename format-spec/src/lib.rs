@@ -1,0 +1,285 @@
+//! The granary on-disk format, version 1.
+//!
+//! `SPEC.md` beside this crate is normative; this crate is its executable twin. Every constant
+//! and layout here is described there byte for byte, and a change to one changes the other.
+//!
+//! A dataset is a directory holding one snapshot file ([`SNAPSHOT_FILE`]) and chunk files
+//! ([`chunk_file_name`]). All integers are little-endian. Every structure carries a CRC-32
+//! (IEEE, as computed by `crc32fast`).
+#![forbid(unsafe_code)]
+
+mod chunk;
+mod error;
+mod hash;
+mod le;
+mod record;
+mod snapshot;
+mod strtab;
+
+pub use chunk::{
+    decode_footer, ChunkFooter, ChunkHeader, ChunkSummary, ChunkWriter, Trailer, CHUNK_HEADER_LEN,
+    CHUNK_TRAILER_LEN,
+};
+pub use error::{FormatError, Result};
+pub use hash::path_hash;
+pub use record::{check_chunk, decode_record, ChunkCheck, MAX_ZSTD_RATIO};
+pub use snapshot::{
+    ChunkEntry, SectionKind, Snapshot, SnapshotBuilder, CHUNK_ENTRY_LEN, SECTION_ENTRY_LEN,
+    SNAPSHOT_HEADER_LEN,
+};
+pub use strtab::{encode_string_table, StringTable};
+
+/// Major format version written by this crate. Readers reject any other major version.
+pub const FORMAT_MAJOR: u16 = 1;
+/// Minor format version written by this crate. Minor versions only add optional sections.
+pub const FORMAT_MINOR: u16 = 0;
+
+/// Magic bytes at offset 0 of a snapshot file.
+pub const SNAPSHOT_MAGIC: [u8; 8] = *b"GRNYSNAP";
+/// Magic bytes at offset 0 of a chunk file.
+pub const CHUNK_MAGIC: [u8; 8] = *b"GRNYCHNK";
+/// Magic bytes at the very end of a chunk file.
+pub const CHUNK_END_MAGIC: [u8; 8] = *b"GRNYCEND";
+
+/// File name of the snapshot inside a dataset directory.
+pub const SNAPSHOT_FILE: &str = "snapshot.gsnap";
+/// Suffix of chunk file names.
+pub const CHUNK_SUFFIX: &str = ".gchunk";
+
+/// Label value meaning "this sample has no label".
+pub const NO_LABEL: u32 = u32::MAX;
+
+/// Largest number of samples a v1 snapshot may hold (sample ids are stored as u32 in the path
+/// index and the sorted path order).
+pub const MAX_SAMPLES: u64 = u32::MAX as u64 - 1;
+
+/// Length in bytes of one sample entry (snapshot sample table and chunk footer record table).
+pub const SAMPLE_ENTRY_LEN: usize = 40;
+
+/// File name of chunk `id`: `chunk-` + id in decimal, zero-padded to at least 8 digits, + suffix.
+pub fn chunk_file_name(id: u32) -> String {
+    format!("chunk-{id:08}{CHUNK_SUFFIX}")
+}
+
+/// Parses a chunk file name produced by [`chunk_file_name`]; `None` for anything else.
+pub fn parse_chunk_file_name(name: &str) -> Option<u32> {
+    let digits = name.strip_prefix("chunk-")?.strip_suffix(CHUNK_SUFFIX)?;
+    if digits.len() < 8 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let id: u32 = digits.parse().ok()?;
+    (chunk_file_name(id) == name).then_some(id)
+}
+
+/// How a record's stored bytes are encoded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Compression {
+    /// Stored bytes are the original bytes.
+    None,
+    /// Stored bytes are one zstd frame whose content is the original bytes.
+    Zstd,
+}
+
+impl Compression {
+    /// The 4-bit code stored in the low bits of a sample entry's flags.
+    pub fn code(self) -> u32 {
+        match self {
+            Compression::None => 0,
+            Compression::Zstd => 1,
+        }
+    }
+
+    /// Decodes a compression code; `None` for codes this version does not know.
+    pub fn from_code(code: u32) -> Option<Self> {
+        match code {
+            0 => Some(Compression::None),
+            1 => Some(Compression::Zstd),
+            _ => None,
+        }
+    }
+
+    /// Short name used in listings.
+    pub fn name(self) -> &'static str {
+        match self {
+            Compression::None => "none",
+            Compression::Zstd => "zstd",
+        }
+    }
+}
+
+/// One sample: where its stored bytes are and how to check them. Used in the snapshot's sample
+/// table and, with identical layout, in every chunk footer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SampleEntry {
+    /// Chunk id holding the record.
+    pub chunk: u32,
+    /// Class index into the class names table, or [`NO_LABEL`].
+    pub label: u32,
+    /// Byte offset of the stored record inside the chunk file.
+    pub offset: u64,
+    /// Length of the stored (possibly compressed) record.
+    pub stored_len: u64,
+    /// Length of the original file.
+    pub orig_len: u64,
+    /// CRC-32 of the original bytes.
+    pub crc32: u32,
+    /// Flags: bits 0..4 compression code, all other bits zero in v1.
+    pub flags: u32,
+}
+
+/// Mask of the compression code inside [`SampleEntry::flags`].
+pub const FLAG_COMPRESSION_MASK: u32 = 0xF;
+
+impl SampleEntry {
+    /// Encodes the entry into its 40-byte little-endian form.
+    pub fn encode(&self) -> [u8; SAMPLE_ENTRY_LEN] {
+        let mut b = [0u8; SAMPLE_ENTRY_LEN];
+        b[0..4].copy_from_slice(&self.chunk.to_le_bytes());
+        b[4..8].copy_from_slice(&self.label.to_le_bytes());
+        b[8..16].copy_from_slice(&self.offset.to_le_bytes());
+        b[16..24].copy_from_slice(&self.stored_len.to_le_bytes());
+        b[24..32].copy_from_slice(&self.orig_len.to_le_bytes());
+        b[32..36].copy_from_slice(&self.crc32.to_le_bytes());
+        b[36..40].copy_from_slice(&self.flags.to_le_bytes());
+        b
+    }
+
+    /// Decodes an entry from exactly [`SAMPLE_ENTRY_LEN`] bytes (no semantic checks).
+    pub fn decode(b: &[u8]) -> Self {
+        debug_assert_eq!(b.len(), SAMPLE_ENTRY_LEN);
+        SampleEntry {
+            chunk: le::u32_at(b, 0),
+            label: le::u32_at(b, 4),
+            offset: le::u64_at(b, 8),
+            stored_len: le::u64_at(b, 16),
+            orig_len: le::u64_at(b, 24),
+            crc32: le::u32_at(b, 32),
+            flags: le::u32_at(b, 36),
+        }
+    }
+
+    /// The record's compression, or an error naming the unknown code or flag bits.
+    pub fn compression(&self) -> Result<Compression> {
+        if self.flags & !FLAG_COMPRESSION_MASK != 0 {
+            return Err(FormatError::invalid(
+                "sample entry",
+                format!(
+                    "unknown flag bits {:#x}",
+                    self.flags & !FLAG_COMPRESSION_MASK
+                ),
+            ));
+        }
+        Compression::from_code(self.flags & FLAG_COMPRESSION_MASK).ok_or_else(|| {
+            FormatError::invalid(
+                "sample entry",
+                format!(
+                    "unknown compression code {}",
+                    self.flags & FLAG_COMPRESSION_MASK
+                ),
+            )
+        })
+    }
+
+    /// Checks that `stored_len` is plausible for the compression and lengths.
+    pub fn check_lengths(&self) -> Result<()> {
+        if self.compression()? == Compression::None && self.stored_len != self.orig_len {
+            return Err(FormatError::invalid(
+                "sample entry",
+                format!(
+                    "uncompressed record has stored length {} but original length {}",
+                    self.stored_len, self.orig_len
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Checks that `path` is a valid relative dataset path: non-empty, no leading `/`, components
+/// separated by single `/`, none empty, `.` or `..`, and no NUL byte.
+pub fn check_relative_path(path: &[u8]) -> std::result::Result<(), &'static str> {
+    if path.is_empty() {
+        return Err("empty path");
+    }
+    if path.contains(&0) {
+        return Err("path contains a NUL byte");
+    }
+    if path[0] == b'/' {
+        return Err("absolute path");
+    }
+    for comp in path.split(|&b| b == b'/') {
+        match comp {
+            b"" => return Err("empty path component"),
+            b"." => return Err("'.' path component"),
+            b".." => return Err("'..' path component"),
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// CRC-32 (IEEE) of `data`, the checksum used everywhere in the format.
+pub fn crc32(data: &[u8]) -> u32 {
+    crc32fast::hash(data)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chunk_names_round_trip() {
+        for id in [0u32, 1, 42, 99_999_999, 100_000_000, u32::MAX] {
+            assert_eq!(parse_chunk_file_name(&chunk_file_name(id)), Some(id));
+        }
+        assert_eq!(chunk_file_name(7), "chunk-00000007.gchunk");
+        for bad in [
+            "chunk-7.gchunk",
+            "chunk-0000000x.gchunk",
+            "chunk-000000007.gchunk",
+            "x",
+        ] {
+            assert_eq!(parse_chunk_file_name(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn relative_paths() {
+        assert!(check_relative_path(b"a/b.jpg").is_ok());
+        assert!(check_relative_path(b"\xff\xfe/x").is_ok());
+        for bad in [
+            &b""[..],
+            b"/a",
+            b"a//b",
+            b"a/",
+            b"./a",
+            b"a/../b",
+            b"..",
+            b"a\0b",
+        ] {
+            assert!(check_relative_path(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn sample_entry_round_trip_and_layout() {
+        let e = SampleEntry {
+            chunk: 0x01020304,
+            label: 5,
+            offset: 0x1122334455667788,
+            stored_len: 9,
+            orig_len: 10,
+            crc32: 0xdeadbeef,
+            flags: 1,
+        };
+        let b = e.encode();
+        assert_eq!(&b[0..4], &[4, 3, 2, 1]);
+        assert_eq!(&b[8..16], &[0x88, 0x77, 0x66, 0x55, 0x44, 0x33, 0x22, 0x11]);
+        assert_eq!(SampleEntry::decode(&b), e);
+        assert_eq!(e.compression().unwrap(), Compression::Zstd);
+        let bad = SampleEntry { flags: 0x10, ..e };
+        assert!(bad.compression().is_err());
+        let bad = SampleEntry { flags: 7, ..e };
+        assert!(bad.compression().is_err());
+    }
+}

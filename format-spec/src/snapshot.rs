@@ -1,0 +1,782 @@
+//! The metadata snapshot: header, section table, and checksummed sections used in place.
+
+use std::ops::Range;
+
+use crate::error::{check_crc, check_magic_version, FormatError, Result};
+use crate::strtab::{encode_string_table, StringTable};
+use crate::{le, path_hash, ChunkSummary, SampleEntry, CHUNK_HEADER_LEN, CHUNK_TRAILER_LEN};
+use crate::{FORMAT_MAJOR, FORMAT_MINOR, MAX_SAMPLES, NO_LABEL, SAMPLE_ENTRY_LEN, SNAPSHOT_MAGIC};
+
+/// Length of the snapshot header; the section table follows it.
+pub const SNAPSHOT_HEADER_LEN: usize = 64;
+/// Length of one section table entry.
+pub const SECTION_ENTRY_LEN: usize = 32;
+/// Length of one chunk table entry.
+pub const CHUNK_ENTRY_LEN: usize = 40;
+const MAX_SECTIONS: u32 = 1024;
+
+/// Section kinds of format v1. Readers ignore kinds they do not know (added by minor versions).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u32)]
+pub enum SectionKind {
+    /// Chunk table: `chunk_count` × 40-byte entries.
+    Chunks = 1,
+    /// Sample table: `sample_count` × 40-byte [`SampleEntry`]s, in chunk order.
+    Samples = 2,
+    /// Path of each sample (string table, `sample_count` items).
+    Paths = 3,
+    /// Open-addressing hash index from path to sample id.
+    PathHash = 4,
+    /// Sample ids (u32) sorted by path bytes.
+    PathOrder = 5,
+    /// Class names (string table); labels index it.
+    Classes = 6,
+}
+
+/// One entry of the chunk table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ChunkEntry {
+    /// Chunk id (equals the entry's index in v1).
+    pub chunk_id: u32,
+    /// Length of the chunk file in bytes.
+    pub file_size: u64,
+    /// Id of the first sample stored in the chunk.
+    pub first_sample: u64,
+    /// Number of samples stored in the chunk.
+    pub sample_count: u64,
+    /// CRC-32 of the whole chunk file.
+    pub file_crc: u32,
+}
+
+impl ChunkEntry {
+    fn encode(&self) -> [u8; CHUNK_ENTRY_LEN] {
+        let mut b = [0u8; CHUNK_ENTRY_LEN];
+        b[0..4].copy_from_slice(&self.chunk_id.to_le_bytes());
+        b[8..16].copy_from_slice(&self.file_size.to_le_bytes());
+        b[16..24].copy_from_slice(&self.first_sample.to_le_bytes());
+        b[24..32].copy_from_slice(&self.sample_count.to_le_bytes());
+        b[32..36].copy_from_slice(&self.file_crc.to_le_bytes());
+        b
+    }
+
+    fn decode(b: &[u8]) -> Self {
+        ChunkEntry {
+            chunk_id: le::u32_at(b, 0),
+            file_size: le::u64_at(b, 8),
+            first_sample: le::u64_at(b, 16),
+            sample_count: le::u64_at(b, 24),
+            file_crc: le::u32_at(b, 32),
+        }
+    }
+
+    /// The sample ids stored in this chunk.
+    pub fn samples(&self) -> Range<u64> {
+        self.first_sample..self.first_sample.saturating_add(self.sample_count)
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Section {
+    kind: u32,
+    offset: u64,
+    len: u64,
+    crc: u32,
+}
+
+#[derive(Clone, Debug)]
+struct Layout {
+    major: u16,
+    minor: u16,
+    dataset_id: [u8; 16],
+    samples: u64,
+    chunks: u64,
+    sections: Vec<Section>,
+    chunk_tab: Range<usize>,
+    sample_tab: Range<usize>,
+    paths: Range<usize>,
+    hash: Range<usize>,
+    hash_cap: u64,
+    order: Range<usize>,
+    classes: Range<usize>,
+}
+
+/// A snapshot used in place over any byte container (a memory map, a `Vec`).
+///
+/// [`Snapshot::open`] checks the header, the section table and the section sizes: O(1) in the
+/// number of samples. Accessors bounds-check what they read and return errors, never panic.
+/// [`Snapshot::check_sections`] and [`Snapshot::check_structure`] are the full O(n) checks.
+pub struct Snapshot<B> {
+    bytes: B,
+    l: Layout,
+}
+
+impl<B: AsRef<[u8]>> Snapshot<B> {
+    /// Opens a snapshot: checks magic, version, header CRC, section table CRC, that every
+    /// required section is present once, in bounds, and sized for the counts in the header.
+    pub fn open(bytes: B) -> Result<Self> {
+        let l = Self::layout(bytes.as_ref())?;
+        Ok(Snapshot { bytes, l })
+    }
+
+    fn layout(b: &[u8]) -> Result<Layout> {
+        const WHAT: &str = "snapshot header";
+        if b.len() < SNAPSHOT_HEADER_LEN {
+            return Err(FormatError::truncated(
+                WHAT,
+                SNAPSHOT_HEADER_LEN as u64,
+                b.len() as u64,
+            ));
+        }
+        check_magic_version(WHAT, &SNAPSHOT_MAGIC, b)?;
+        check_crc(WHAT, le::u32_at(b, 60), &b[0..60])?;
+        let header_len = le::u32_at(b, 12);
+        if header_len as usize != SNAPSHOT_HEADER_LEN || le::u32_at(b, 56) != 0 {
+            return Err(FormatError::invalid(
+                WHAT,
+                "unexpected header length or flags",
+            ));
+        }
+        let samples = le::u64_at(b, 32);
+        let chunks = le::u64_at(b, 40);
+        let nsec = le::u32_at(b, 48);
+        if samples > MAX_SAMPLES || chunks > u32::MAX as u64 || nsec > MAX_SECTIONS {
+            return Err(FormatError::invalid(
+                WHAT,
+                format!("{samples} samples, {chunks} chunks, {nsec} sections exceed v1 limits"),
+            ));
+        }
+        let tab_end = SNAPSHOT_HEADER_LEN + nsec as usize * SECTION_ENTRY_LEN;
+        if b.len() < tab_end {
+            return Err(FormatError::truncated(
+                "snapshot section table",
+                tab_end as u64,
+                b.len() as u64,
+            ));
+        }
+        check_crc(
+            "snapshot section table",
+            le::u32_at(b, 52),
+            &b[SNAPSHOT_HEADER_LEN..tab_end],
+        )?;
+        let mut sections = Vec::with_capacity(nsec as usize);
+        let mut found: [Option<Range<usize>>; 6] = Default::default();
+        for i in 0..nsec as usize {
+            let e = &b[SNAPSHOT_HEADER_LEN + i * SECTION_ENTRY_LEN..][..SECTION_ENTRY_LEN];
+            let s = Section {
+                kind: le::u32_at(e, 0),
+                offset: le::u64_at(e, 8),
+                len: le::u64_at(e, 16),
+                crc: le::u32_at(e, 24),
+            };
+            let end = s.offset.checked_add(s.len);
+            if s.offset < tab_end as u64 || end.is_none_or(|e| e > b.len() as u64) {
+                return Err(FormatError::invalid(
+                    "snapshot section table",
+                    format!(
+                        "section {i} (kind {}) at {}+{} lies outside the {}-byte file",
+                        s.kind,
+                        s.offset,
+                        s.len,
+                        b.len()
+                    ),
+                ));
+            }
+            if (1..=6).contains(&s.kind) {
+                let slot = &mut found[s.kind as usize - 1];
+                if slot.is_some() {
+                    return Err(FormatError::invalid(
+                        "snapshot section table",
+                        format!("section kind {} appears twice", s.kind),
+                    ));
+                }
+                *slot = Some(s.offset as usize..(s.offset + s.len) as usize);
+            }
+            sections.push(s);
+        }
+        let mut get = |k: SectionKind| {
+            found[k as usize - 1].take().ok_or_else(|| {
+                FormatError::invalid(
+                    "snapshot section table",
+                    format!("required section {k:?} is missing"),
+                )
+            })
+        };
+        let (chunk_tab, sample_tab, paths, hash, order, classes) = (
+            get(SectionKind::Chunks)?,
+            get(SectionKind::Samples)?,
+            get(SectionKind::Paths)?,
+            get(SectionKind::PathHash)?,
+            get(SectionKind::PathOrder)?,
+            get(SectionKind::Classes)?,
+        );
+        let expect_len = |what: &'static str, r: &Range<usize>, want: u64| -> Result<()> {
+            if r.len() as u64 != want {
+                return Err(FormatError::invalid(
+                    what,
+                    format!("section is {} bytes, expected {want}", r.len()),
+                ));
+            }
+            Ok(())
+        };
+        expect_len(
+            "snapshot chunk table",
+            &chunk_tab,
+            chunks * CHUNK_ENTRY_LEN as u64,
+        )?;
+        expect_len(
+            "snapshot sample table",
+            &sample_tab,
+            samples * SAMPLE_ENTRY_LEN as u64,
+        )?;
+        expect_len("snapshot path order", &order, samples * 4)?;
+        if hash.len() < 8 {
+            return Err(FormatError::truncated(
+                "snapshot path index",
+                8,
+                hash.len() as u64,
+            ));
+        }
+        let hash_cap = le::u64_at(b, hash.start);
+        if !hash_cap.is_power_of_two() || hash_cap < samples.saturating_add(1) {
+            return Err(FormatError::invalid(
+                "snapshot path index",
+                format!("capacity {hash_cap} is not a power of two above {samples}"),
+            ));
+        }
+        expect_len(
+            "snapshot path index",
+            &hash,
+            hash_cap
+                .checked_mul(8)
+                .and_then(|x| x.checked_add(8))
+                .unwrap_or(u64::MAX),
+        )?;
+        let pt = StringTable::parse(&b[paths.clone()], "snapshot paths")?;
+        if pt.len() != samples {
+            return Err(FormatError::invalid(
+                "snapshot paths",
+                format!("{} paths for {samples} samples", pt.len()),
+            ));
+        }
+        StringTable::parse(&b[classes.clone()], "snapshot classes")?;
+        Ok(Layout {
+            major: le::u16_at(b, 8),
+            minor: le::u16_at(b, 10),
+            dataset_id: le::id_at(b, 16),
+            samples,
+            chunks,
+            sections,
+            chunk_tab,
+            sample_tab,
+            paths,
+            hash,
+            hash_cap,
+            order,
+            classes,
+        })
+    }
+
+    fn b(&self) -> &[u8] {
+        self.bytes.as_ref()
+    }
+
+    /// The underlying bytes.
+    pub fn bytes(&self) -> &[u8] {
+        self.b()
+    }
+
+    /// `(major, minor)` format version of this file.
+    pub fn version(&self) -> (u16, u16) {
+        (self.l.major, self.l.minor)
+    }
+
+    /// The dataset id every chunk must carry.
+    pub fn dataset_id(&self) -> [u8; 16] {
+        self.l.dataset_id
+    }
+
+    /// Number of samples.
+    pub fn sample_count(&self) -> u64 {
+        self.l.samples
+    }
+
+    /// Number of chunks.
+    pub fn chunk_count(&self) -> u64 {
+        self.l.chunks
+    }
+
+    /// Sample entry `id`.
+    pub fn sample(&self, id: u64) -> Result<SampleEntry> {
+        if id >= self.l.samples {
+            return Err(FormatError::invalid(
+                "sample id",
+                format!("{id} out of range (dataset has {} samples)", self.l.samples),
+            ));
+        }
+        let at = self.l.sample_tab.start + id as usize * SAMPLE_ENTRY_LEN;
+        Ok(SampleEntry::decode(&self.b()[at..at + SAMPLE_ENTRY_LEN]))
+    }
+
+    /// Chunk table entry `index`.
+    pub fn chunk(&self, index: u64) -> Result<ChunkEntry> {
+        if index >= self.l.chunks {
+            return Err(FormatError::invalid(
+                "chunk index",
+                format!(
+                    "{index} out of range (dataset has {} chunks)",
+                    self.l.chunks
+                ),
+            ));
+        }
+        let at = self.l.chunk_tab.start + index as usize * CHUNK_ENTRY_LEN;
+        Ok(ChunkEntry::decode(&self.b()[at..at + CHUNK_ENTRY_LEN]))
+    }
+
+    fn paths(&self) -> StringTable<'_> {
+        // Parsed once successfully in `open`; the bytes are immutable.
+        StringTable::parse(&self.b()[self.l.paths.clone()], "snapshot paths")
+            .expect("validated in open")
+    }
+
+    fn classes(&self) -> StringTable<'_> {
+        StringTable::parse(&self.b()[self.l.classes.clone()], "snapshot classes")
+            .expect("validated in open")
+    }
+
+    /// Path of sample `id` (raw bytes, relative, `/`-separated).
+    pub fn path(&self, id: u64) -> Result<&[u8]> {
+        self.paths().get(id)
+    }
+
+    /// Number of class names.
+    pub fn class_count(&self) -> u64 {
+        self.classes().len()
+    }
+
+    /// Class name `label`.
+    pub fn class_name(&self, label: u32) -> Result<&[u8]> {
+        self.classes().get(label as u64)
+    }
+
+    /// Sample id whose path is exactly `path`, using the hash index (O(1) expected).
+    pub fn lookup(&self, path: &[u8]) -> Result<Option<u64>> {
+        let h = path_hash(path);
+        let tag = (h >> 32) as u32;
+        let mask = self.l.hash_cap - 1;
+        let slots = &self.b()[self.l.hash.start + 8..self.l.hash.end];
+        let mut i = h & mask;
+        for _ in 0..self.l.hash_cap {
+            let s = &slots[i as usize * 8..i as usize * 8 + 8];
+            let id1 = le::u32_at(s, 0);
+            if id1 == 0 {
+                return Ok(None);
+            }
+            if le::u32_at(s, 4) == tag && self.path((id1 - 1) as u64)? == path {
+                return Ok(Some((id1 - 1) as u64));
+            }
+            i = (i + 1) & mask;
+        }
+        Ok(None)
+    }
+
+    /// The sample id at position `pos` of the path-sorted order.
+    pub fn sorted_id(&self, pos: u64) -> Result<u64> {
+        if pos >= self.l.samples {
+            return Err(FormatError::invalid(
+                "path order",
+                format!("{pos} out of range"),
+            ));
+        }
+        let id = le::u32_at(self.b(), self.l.order.start + pos as usize * 4) as u64;
+        if id >= self.l.samples {
+            return Err(FormatError::invalid(
+                "snapshot path order",
+                format!("position {pos} holds sample id {id}, out of range"),
+            ));
+        }
+        Ok(id)
+    }
+
+    /// Positions in the path-sorted order of every path starting with `prefix` (binary search).
+    pub fn prefix_range(&self, prefix: &[u8]) -> Result<Range<u64>> {
+        let key = |pos: u64| -> Result<&[u8]> { self.path(self.sorted_id(pos)?) };
+        let (mut lo, mut hi) = (0u64, self.l.samples);
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            if key(mid)? < prefix {
+                lo = mid + 1;
+            } else {
+                hi = mid;
+            }
+        }
+        let start = lo;
+        hi = self.l.samples;
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            if key(mid)?.starts_with(prefix) {
+                lo = mid + 1;
+            } else {
+                hi = mid;
+            }
+        }
+        Ok(start..lo)
+    }
+
+    /// Checks the CRC of every section (known or not) and that every byte outside the header,
+    /// the section table and the sections (alignment padding) is zero. Returns every problem.
+    pub fn check_sections(&self) -> Vec<FormatError> {
+        let mut errs: Vec<FormatError> = self
+            .l
+            .sections
+            .iter()
+            .filter_map(|s| {
+                let data = &self.b()[s.offset as usize..(s.offset + s.len) as usize];
+                check_crc(section_name(s.kind), s.crc, data).err()
+            })
+            .collect();
+        let mut covered: Vec<(u64, u64)> = self
+            .l
+            .sections
+            .iter()
+            .map(|s| (s.offset, s.offset + s.len))
+            .collect();
+        covered.sort_unstable();
+        let mut at = (SNAPSHOT_HEADER_LEN + self.l.sections.len() * SECTION_ENTRY_LEN) as u64;
+        covered.push((self.b().len() as u64, self.b().len() as u64));
+        for (start, end) in covered {
+            if start < at {
+                errs.push(FormatError::invalid(
+                    "snapshot section table",
+                    format!("sections overlap at byte {start}"),
+                ));
+            } else if let Some(p) = self.b()[at as usize..start as usize]
+                .iter()
+                .position(|&x| x != 0)
+            {
+                errs.push(FormatError::invalid(
+                    "snapshot padding",
+                    format!("non-zero byte at offset {}", at + p as u64),
+                ));
+            }
+            at = at.max(end);
+        }
+        errs
+    }
+
+    /// Full structural check (O(n)): chunk ids dense, sample ranges contiguous and covering,
+    /// records back to back inside their chunk, valid compression, labels and paths, a unique
+    /// path per sample found by the index, and a sorted path order. At most `limit` problems
+    /// are returned.
+    pub fn check_structure(&self, limit: usize) -> Vec<FormatError> {
+        let mut errs = Vec::new();
+        let mut push = |e: FormatError| {
+            if errs.len() < limit {
+                errs.push(e)
+            }
+        };
+        let classes = self.class_count();
+        if let Err(e) = self.classes().validate() {
+            push(e);
+        }
+        if let Err(e) = self.paths().validate() {
+            push(e);
+            return errs;
+        }
+        let mut next_sample = 0u64;
+        for c in 0..self.l.chunks {
+            let ce = match self.chunk(c) {
+                Ok(ce) => ce,
+                Err(e) => {
+                    push(e);
+                    continue;
+                }
+            };
+            let what = || format!("snapshot chunk table entry {c}");
+            if ce.chunk_id as u64 != c {
+                push(FormatError::invalid(
+                    what(),
+                    format!("has chunk id {}", ce.chunk_id),
+                ));
+            }
+            if ce.first_sample != next_sample {
+                push(FormatError::invalid(
+                    what(),
+                    format!(
+                        "starts at sample {}, expected {next_sample}",
+                        ce.first_sample
+                    ),
+                ));
+            }
+            next_sample = ce.first_sample.saturating_add(ce.sample_count);
+            let records_end = ce.file_size.saturating_sub(CHUNK_TRAILER_LEN as u64);
+            let mut expect_off = CHUNK_HEADER_LEN as u64;
+            for id in ce.samples() {
+                let Ok(e) = self.sample(id) else {
+                    push(FormatError::invalid(
+                        what(),
+                        format!("sample {id} out of range"),
+                    ));
+                    break;
+                };
+                let swhat = || format!("snapshot sample {id}");
+                if e.chunk != ce.chunk_id {
+                    push(FormatError::invalid(
+                        swhat(),
+                        format!("names chunk {}", e.chunk),
+                    ));
+                }
+                if let Err(err) = e.compression().and_then(|_| e.check_lengths()) {
+                    push(FormatError::invalid(swhat(), err.to_string()));
+                }
+                if e.offset != expect_off
+                    || e.offset
+                        .checked_add(e.stored_len)
+                        .is_none_or(|end| end > records_end)
+                {
+                    push(FormatError::invalid(
+                        swhat(),
+                        format!(
+                            "record at {}+{} is not where chunk {} expects it ({expect_off})",
+                            e.offset, e.stored_len, ce.chunk_id
+                        ),
+                    ));
+                }
+                expect_off = e.offset.saturating_add(e.stored_len);
+                if e.label != NO_LABEL && e.label as u64 >= classes {
+                    push(FormatError::invalid(
+                        swhat(),
+                        format!("label {} but only {classes} classes", e.label),
+                    ));
+                }
+            }
+        }
+        if next_sample != self.l.samples {
+            push(FormatError::invalid(
+                "snapshot chunk table",
+                format!(
+                    "chunks cover {next_sample} samples, header says {}",
+                    self.l.samples
+                ),
+            ));
+        }
+        let mut prev: Option<&[u8]> = None;
+        let mut seen = vec![false; self.l.samples as usize];
+        for pos in 0..self.l.samples {
+            let id = match self.sorted_id(pos) {
+                Ok(id) => id,
+                Err(e) => {
+                    push(e);
+                    continue;
+                }
+            };
+            if std::mem::replace(&mut seen[id as usize], true) {
+                push(FormatError::invalid(
+                    "snapshot path order",
+                    format!("sample {id} listed twice"),
+                ));
+            }
+            let Ok(p) = self.path(id) else { continue };
+            if let Err(why) = crate::check_relative_path(p) {
+                push(FormatError::invalid(
+                    format!("snapshot path of sample {id}"),
+                    format!("{why}: {}", String::from_utf8_lossy(p)),
+                ));
+            }
+            if prev.is_some_and(|q| q >= p) {
+                push(FormatError::invalid(
+                    "snapshot path order",
+                    format!("not strictly sorted at position {pos} (sample {id})"),
+                ));
+            }
+            prev = Some(p);
+            match self.lookup(p) {
+                Ok(Some(found)) if found == id => {}
+                Ok(other) => push(FormatError::invalid(
+                    "snapshot path index",
+                    format!("path of sample {id} resolves to {other:?}"),
+                )),
+                Err(e) => push(e),
+            }
+        }
+        errs
+    }
+}
+
+fn section_name(kind: u32) -> String {
+    match kind {
+        1 => "snapshot chunk table".into(),
+        2 => "snapshot sample table".into(),
+        3 => "snapshot paths".into(),
+        4 => "snapshot path index".into(),
+        5 => "snapshot path order".into(),
+        6 => "snapshot classes".into(),
+        k => format!("snapshot section of kind {k}"),
+    }
+}
+
+/// Builds a snapshot from finished chunks, in chunk id order.
+pub struct SnapshotBuilder {
+    dataset_id: [u8; 16],
+    classes: Vec<Vec<u8>>,
+    chunks: Vec<ChunkEntry>,
+    samples: Vec<SampleEntry>,
+    path_blob: Vec<u8>,
+    path_ends: Vec<u64>,
+}
+
+impl SnapshotBuilder {
+    /// A builder for dataset `dataset_id` with the given class names.
+    pub fn new(dataset_id: [u8; 16], classes: Vec<Vec<u8>>) -> Self {
+        SnapshotBuilder {
+            dataset_id,
+            classes,
+            chunks: Vec::new(),
+            samples: Vec::new(),
+            path_blob: Vec::new(),
+            path_ends: Vec::new(),
+        }
+    }
+
+    /// Adds the next chunk. Chunks must arrive with ids 0, 1, 2, ...
+    pub fn push_chunk(&mut self, c: &ChunkSummary) -> Result<()> {
+        if c.chunk_id as usize != self.chunks.len() {
+            return Err(FormatError::invalid(
+                "snapshot builder",
+                format!(
+                    "chunk {} added where chunk {} belongs",
+                    c.chunk_id,
+                    self.chunks.len()
+                ),
+            ));
+        }
+        if c.entries.len() != c.paths.len() {
+            return Err(FormatError::invalid(
+                "snapshot builder",
+                "entries and paths differ",
+            ));
+        }
+        self.chunks.push(ChunkEntry {
+            chunk_id: c.chunk_id,
+            file_size: c.file_size,
+            first_sample: self.samples.len() as u64,
+            sample_count: c.entries.len() as u64,
+            file_crc: c.file_crc,
+        });
+        for (e, p) in c.entries.iter().zip(&c.paths) {
+            crate::check_relative_path(p).map_err(|why| {
+                FormatError::invalid(
+                    format!("path {}", String::from_utf8_lossy(p)),
+                    why.to_string(),
+                )
+            })?;
+            self.samples.push(*e);
+            self.path_blob.extend_from_slice(p);
+            self.path_ends.push(self.path_blob.len() as u64);
+        }
+        if self.samples.len() as u64 > MAX_SAMPLES {
+            return Err(FormatError::invalid(
+                "snapshot builder",
+                format!("more than {MAX_SAMPLES} samples"),
+            ));
+        }
+        Ok(())
+    }
+
+    fn path(&self, i: usize) -> &[u8] {
+        let start = if i == 0 {
+            0
+        } else {
+            self.path_ends[i - 1] as usize
+        };
+        &self.path_blob[start..self.path_ends[i] as usize]
+    }
+
+    /// Serializes the snapshot. Fails if two samples share a path.
+    pub fn build(self) -> Result<Vec<u8>> {
+        let n = self.samples.len();
+        let mut order: Vec<u32> = (0..n as u32).collect();
+        order.sort_unstable_by(|&a, &b| self.path(a as usize).cmp(self.path(b as usize)));
+        if let Some(w) = order
+            .windows(2)
+            .find(|w| self.path(w[0] as usize) == self.path(w[1] as usize))
+        {
+            return Err(FormatError::invalid(
+                "snapshot builder",
+                format!(
+                    "duplicate path {}",
+                    String::from_utf8_lossy(self.path(w[0] as usize))
+                ),
+            ));
+        }
+        let cap = ((n as u64 + 1) * 2).next_power_of_two().max(8);
+        let mut slots = vec![0u8; cap as usize * 8];
+        for i in 0..n {
+            let h = path_hash(self.path(i));
+            let mut s = (h & (cap - 1)) as usize;
+            while slots[s * 8..s * 8 + 4] != [0; 4] {
+                s = (s + 1) & (cap as usize - 1);
+            }
+            slots[s * 8..s * 8 + 4].copy_from_slice(&(i as u32 + 1).to_le_bytes());
+            slots[s * 8 + 4..s * 8 + 8].copy_from_slice(&((h >> 32) as u32).to_le_bytes());
+        }
+        let mut hash = Vec::with_capacity(8 + slots.len());
+        hash.extend_from_slice(&cap.to_le_bytes());
+        hash.extend_from_slice(&slots);
+        drop(slots);
+
+        let mut paths = Vec::with_capacity(16 + 8 * n + self.path_blob.len());
+        paths.extend_from_slice(&(n as u64).to_le_bytes());
+        paths.extend_from_slice(&0u64.to_le_bytes());
+        for e in &self.path_ends {
+            paths.extend_from_slice(&e.to_le_bytes());
+        }
+        paths.extend_from_slice(&self.path_blob);
+
+        let chunk_tab: Vec<u8> = self.chunks.iter().flat_map(|c| c.encode()).collect();
+        let sample_tab: Vec<u8> = self.samples.iter().flat_map(|s| s.encode()).collect();
+        let order_bytes: Vec<u8> = order.iter().flat_map(|i| i.to_le_bytes()).collect();
+        let classes = encode_string_table(self.classes.iter());
+        let sections: [(SectionKind, &[u8]); 6] = [
+            (SectionKind::Chunks, &chunk_tab),
+            (SectionKind::Samples, &sample_tab),
+            (SectionKind::Paths, &paths),
+            (SectionKind::PathHash, &hash),
+            (SectionKind::PathOrder, &order_bytes),
+            (SectionKind::Classes, &classes),
+        ];
+        let table_end = (SNAPSHOT_HEADER_LEN + sections.len() * SECTION_ENTRY_LEN) as u64;
+        // Sections start 8-byte aligned; the file ends right after the last section.
+        let total: u64 = sections
+            .iter()
+            .fold(table_end, |at, (_, d)| le::align8(at) + d.len() as u64);
+        let mut out = vec![0u8; total as usize];
+        let mut at = table_end;
+        for (i, (kind, data)) in sections.iter().enumerate() {
+            at = le::align8(at);
+            let e = &mut out[SNAPSHOT_HEADER_LEN + i * SECTION_ENTRY_LEN..][..SECTION_ENTRY_LEN];
+            e[0..4].copy_from_slice(&(*kind as u32).to_le_bytes());
+            e[8..16].copy_from_slice(&at.to_le_bytes());
+            e[16..24].copy_from_slice(&(data.len() as u64).to_le_bytes());
+            e[24..28].copy_from_slice(&crc32fast::hash(data).to_le_bytes());
+            out[at as usize..at as usize + data.len()].copy_from_slice(data);
+            at += data.len() as u64;
+        }
+        let tab_crc = crc32fast::hash(&out[SNAPSHOT_HEADER_LEN..table_end as usize]);
+        let h = &mut out[..SNAPSHOT_HEADER_LEN];
+        h[0..8].copy_from_slice(&SNAPSHOT_MAGIC);
+        h[8..10].copy_from_slice(&FORMAT_MAJOR.to_le_bytes());
+        h[10..12].copy_from_slice(&FORMAT_MINOR.to_le_bytes());
+        h[12..16].copy_from_slice(&(SNAPSHOT_HEADER_LEN as u32).to_le_bytes());
+        h[16..32].copy_from_slice(&self.dataset_id);
+        h[32..40].copy_from_slice(&(n as u64).to_le_bytes());
+        h[40..48].copy_from_slice(&(self.chunks.len() as u64).to_le_bytes());
+        h[48..52].copy_from_slice(&(sections.len() as u32).to_le_bytes());
+        h[52..56].copy_from_slice(&tab_crc.to_le_bytes());
+        let crc = crc32fast::hash(&h[0..60]);
+        h[60..64].copy_from_slice(&crc.to_le_bytes());
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,177 @@
+use super::*;
+use crate::{ChunkWriter, Compression};
+use proptest::prelude::*;
+
+/// Builds a dataset in memory: chunk files and the snapshot bytes.
+fn build(chunks: &[Vec<(Vec<u8>, Vec<u8>, u32)>], classes: &[&[u8]]) -> (Vec<Vec<u8>>, Vec<u8>) {
+    let id = [0xAB; 16];
+    let classes: Vec<Vec<u8>> = classes.iter().map(|c| c.to_vec()).collect();
+    let mut b = SnapshotBuilder::new(id, classes.clone());
+    let mut files = Vec::new();
+    for (ci, recs) in chunks.iter().enumerate() {
+        let mut w = ChunkWriter::new(Vec::new(), id, ci as u32).unwrap();
+        for (path, data, label) in recs {
+            w.append(
+                path,
+                data,
+                Compression::None,
+                data.len() as u64,
+                crate::crc32(data),
+                *label,
+            )
+            .unwrap();
+        }
+        let (bytes, s) = w.finish(&classes).unwrap();
+        b.push_chunk(&s).unwrap();
+        files.push(bytes);
+    }
+    (files, b.build().unwrap())
+}
+
+fn small() -> (Vec<Vec<u8>>, Vec<u8>) {
+    build(
+        &[
+            vec![
+                (b"cat/1.jpg".to_vec(), b"meow".to_vec(), 0),
+                (b"dog/\xff.jpg".to_vec(), b"".to_vec(), 1),
+            ],
+            vec![(b"cat/2.jpg".to_vec(), b"purr purr".to_vec(), 0)],
+        ],
+        &[b"cat", b"dog"],
+    )
+}
+
+fn all_problems(bytes: &[u8]) -> usize {
+    match Snapshot::open(bytes) {
+        Err(_) => 1,
+        Ok(s) => {
+            let n = s.check_sections().len() + s.check_structure(100).len();
+            // Accessors must never panic, whatever the bytes.
+            for id in 0..s.sample_count() {
+                let _ = s.sample(id);
+                let _ = s.path(id).map(|p| s.lookup(p));
+            }
+            let _ = s.prefix_range(b"cat/");
+            n
+        }
+    }
+}
+
+#[test]
+fn open_and_query() {
+    let (_, snap) = small();
+    let s = Snapshot::open(&snap[..]).unwrap();
+    assert_eq!(s.version(), (1, 0));
+    assert_eq!(s.sample_count(), 3);
+    assert_eq!(s.chunk_count(), 2);
+    assert_eq!(s.path(1).unwrap(), b"dog/\xff.jpg");
+    assert_eq!(s.lookup(b"cat/2.jpg").unwrap(), Some(2));
+    assert_eq!(s.lookup(b"cat/3.jpg").unwrap(), None);
+    assert_eq!(s.class_name(1).unwrap(), b"dog");
+    assert_eq!(s.chunk(1).unwrap().samples(), 2..3);
+    assert_eq!(s.sample(2).unwrap().offset, 64);
+    let r = s.prefix_range(b"cat/").unwrap();
+    let ids: Vec<u64> = r.map(|p| s.sorted_id(p).unwrap()).collect();
+    assert_eq!(ids, vec![0, 2]);
+    assert!(s.check_sections().is_empty());
+    assert!(
+        s.check_structure(10).is_empty(),
+        "{:?}",
+        s.check_structure(10)
+    );
+    assert_eq!(all_problems(&snap), 0);
+}
+
+#[test]
+fn every_byte_flip_is_detected() {
+    let (_, snap) = small();
+    for pos in 0..snap.len() {
+        let mut d = snap.clone();
+        d[pos] ^= 0x04;
+        assert!(all_problems(&d) > 0, "flip at byte {pos} went unnoticed");
+    }
+}
+
+#[test]
+fn every_truncation_is_rejected() {
+    let (_, snap) = small();
+    for cut in 0..snap.len() {
+        assert!(Snapshot::open(&snap[..cut]).is_err(), "cut at {cut}");
+    }
+}
+
+#[test]
+fn unknown_major_version_names_both() {
+    let (_, mut snap) = small();
+    snap[8..10].copy_from_slice(&9u16.to_le_bytes());
+    let err = Snapshot::open(&snap[..]).err().unwrap().to_string();
+    assert!(
+        err.contains("9.0") && err.contains("major version 1"),
+        "{err}"
+    );
+}
+
+#[test]
+fn duplicate_paths_are_refused() {
+    let id = [1; 16];
+    let mut b = SnapshotBuilder::new(id, vec![]);
+    let mut w = ChunkWriter::new(Vec::new(), id, 0).unwrap();
+    w.append(b"a", b"x", Compression::None, 1, 0, NO_LABEL)
+        .unwrap();
+    w.append(b"a", b"y", Compression::None, 1, 0, NO_LABEL)
+        .unwrap();
+    let (_, s) = w.finish::<&[u8]>(&[]).unwrap();
+    b.push_chunk(&s).unwrap();
+    assert!(b.build().is_err());
+}
+
+#[test]
+fn empty_dataset_round_trips() {
+    let (_, snap) = build(&[], &[]);
+    let s = Snapshot::open(&snap[..]).unwrap();
+    assert_eq!(s.sample_count(), 0);
+    assert_eq!(s.lookup(b"x").unwrap(), None);
+    assert!(s.check_structure(10).is_empty());
+}
+
+fn path_strategy() -> impl Strategy<Value = Vec<u8>> {
+    proptest::collection::vec(
+        proptest::collection::vec(
+            prop_oneof![Just(b'a'), Just(b'z'), Just(0xC3u8), Just(0xFF)],
+            1..4,
+        ),
+        1..4,
+    )
+    .prop_map(|comps| comps.join(&b'/'))
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+    #[test]
+    fn round_trip(
+        recs in proptest::collection::btree_map(path_strategy(), (proptest::collection::vec(any::<u8>(), 0..64), 0u32..3), 0..40),
+        split in 1usize..8,
+    ) {
+        let recs: Vec<(Vec<u8>, Vec<u8>, u32)> = recs.into_iter().map(|(p, (d, l))| (p, d, l)).collect();
+        let chunks: Vec<Vec<_>> = recs.chunks(split).map(|c| c.to_vec()).collect();
+        let (files, snap) = build(&chunks, &[b"x", b"y", b"z"]);
+        let s = Snapshot::open(&snap[..]).unwrap();
+        prop_assert_eq!(s.sample_count(), recs.len() as u64);
+        prop_assert!(s.check_sections().is_empty());
+        prop_assert!(s.check_structure(10).is_empty());
+        for (id, (p, d, l)) in recs.iter().enumerate() {
+            let e = s.sample(id as u64).unwrap();
+            prop_assert_eq!(s.path(id as u64).unwrap(), &p[..]);
+            prop_assert_eq!(s.lookup(p).unwrap(), Some(id as u64));
+            prop_assert_eq!(e.label, *l);
+            let f = &files[e.chunk as usize];
+            prop_assert_eq!(&f[e.offset as usize..(e.offset + e.stored_len) as usize], &d[..]);
+            prop_assert_eq!(e.crc32, crate::crc32(d));
+        }
+        for (c, f) in files.iter().enumerate() {
+            let ce = s.chunk(c as u64).unwrap();
+            prop_assert_eq!(ce.file_size, f.len() as u64);
+            prop_assert_eq!(ce.file_crc, crate::crc32(f));
+        }
+    }
+}

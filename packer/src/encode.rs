@@ -1,0 +1,203 @@
+//! Reading one source file and encoding it as a record.
+
+use std::cell::RefCell;
+use std::io::Read;
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+
+use granary_format::Compression;
+
+/// How records are compressed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CompressMode {
+    /// zstd where it saves at least 10 %; already-compressed formats (JPEG, PNG, ...) are
+    /// recognised by their magic bytes and stored raw without trying.
+    Auto,
+    /// zstd at the given level for every record, except where it would not shrink it at all.
+    Zstd(i32),
+    /// Store every record raw.
+    None,
+}
+
+impl CompressMode {
+    /// Parses `auto`, `none`, `zstd` or `zstd:LEVEL`.
+    pub fn parse(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(CompressMode::Auto),
+            "none" => Ok(CompressMode::None),
+            "zstd" => Ok(CompressMode::Zstd(DEFAULT_LEVEL)),
+            _ => {
+                let level = s
+                    .strip_prefix("zstd:")
+                    .and_then(|l| l.parse::<i32>().ok())
+                    .filter(|l| zstd::compression_level_range().contains(l))
+                    .ok_or_else(|| {
+                        format!(
+                            "unknown compression {s:?}: use auto, none, zstd or zstd:LEVEL \
+                             (LEVEL in {:?})",
+                            zstd::compression_level_range()
+                        )
+                    })?;
+                Ok(CompressMode::Zstd(level))
+            }
+        }
+    }
+}
+
+impl std::fmt::Display for CompressMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CompressMode::Auto => write!(f, "auto"),
+            CompressMode::None => write!(f, "none"),
+            CompressMode::Zstd(l) => write!(f, "zstd:{l}"),
+        }
+    }
+}
+
+/// zstd level used by `auto` and plain `zstd`.
+pub const DEFAULT_LEVEL: i32 = 3;
+/// Records smaller than this are never compressed (the frame overhead eats the gain).
+const MIN_COMPRESS_LEN: usize = 64;
+
+/// True when `data` starts like a format that is already compressed.
+pub fn looks_compressed(data: &[u8]) -> bool {
+    const MAGICS: &[&[u8]] = &[
+        b"\xFF\xD8\xFF",         // JPEG
+        b"\x89PNG\r\n\x1a\n",    // PNG
+        b"GIF87a",               // GIF
+        b"GIF89a",               // GIF
+        b"\x28\xB5\x2F\xFD",     // zstd
+        b"\x1F\x8B",             // gzip
+        b"PK\x03\x04",           // zip, npz, docx
+        b"\xFD7zXZ\x00",         // xz
+        b"BZh",                  // bzip2
+        b"7z\xBC\xAF\x27\x1C",   // 7z
+        b"\x1A\x45\xDF\xA3",     // webm / mkv
+        b"fLaC",                 // flac
+        b"OggS",                 // ogg
+        b"ID3",                  // mp3
+        b"\x00\x00\x00\x0CjP  ", // JPEG 2000
+        b"\xFF\x0A",             // JPEG XL
+        b"\x04\x22\x4D\x18",     // lz4
+    ];
+    if MAGICS.iter().any(|m| data.starts_with(m)) {
+        return true;
+    }
+    // RIFF containers (WebP, AVI, WAV is not compressed but rarely matters) and ISO media (mp4,
+    // heic, avif): the brand sits at bytes 4..8 or 8..12.
+    (data.len() >= 12 && &data[0..4] == b"RIFF" && &data[8..12] == b"WEBP")
+        || (data.len() >= 8 && &data[4..8] == b"ftyp")
+}
+
+thread_local! {
+    static COMPRESSOR: RefCell<Option<(i32, zstd::bulk::Compressor<'static>)>> =
+        const { RefCell::new(None) };
+}
+
+fn compress(data: &[u8], level: i32) -> std::io::Result<Vec<u8>> {
+    COMPRESSOR.with(|c| {
+        let mut c = c.borrow_mut();
+        if c.as_ref().is_none_or(|(l, _)| *l != level) {
+            let mut z = zstd::bulk::Compressor::new(level)?;
+            z.include_contentsize(true)?;
+            z.include_checksum(false)?;
+            *c = Some((level, z));
+        }
+        c.as_mut().expect("just set").1.compress(data)
+    })
+}
+
+/// A source file encoded as a record, ready for the chunk writer.
+pub(crate) struct Encoded {
+    pub stored: Vec<u8>,
+    pub compression: Compression,
+    pub orig_len: u64,
+    pub crc32: u32,
+}
+
+/// Reads `path` and encodes it. `expected_size` is the size seen by the scan: a file whose size
+/// differs now, or changes while it is read, is an error (the dataset would silently differ
+/// from the source otherwise).
+pub(crate) fn read_and_encode(
+    path: &Path,
+    expected_size: u64,
+    mode: CompressMode,
+) -> Result<Encoded, String> {
+    let mut f = std::fs::File::open(path).map_err(|e| format!("cannot open: {e}"))?;
+    let before = f.metadata().map_err(|e| format!("cannot stat: {e}"))?;
+    if before.len() != expected_size {
+        return Err(format!(
+            "size changed since the scan ({expected_size} bytes then, {} now)",
+            before.len()
+        ));
+    }
+    let cap = usize::try_from(expected_size).map_err(|_| "file too large".to_string())?;
+    let mut data = Vec::new();
+    data.try_reserve_exact(cap.saturating_add(1))
+        .map_err(|_| format!("cannot allocate {cap} bytes to read it"))?;
+    f.read_to_end(&mut data)
+        .map_err(|e| format!("read error: {e}"))?;
+    let after = f.metadata().map_err(|e| format!("cannot stat: {e}"))?;
+    if data.len() as u64 != expected_size
+        || after.len() != before.len()
+        || after.mtime() != before.mtime()
+        || after.mtime_nsec() != before.mtime_nsec()
+    {
+        return Err(format!(
+            "changed while being read (expected {expected_size} bytes, read {})",
+            data.len()
+        ));
+    }
+    let crc32 = crc32fast::hash(&data);
+    let orig_len = data.len() as u64;
+    let level = match mode {
+        CompressMode::None => None,
+        CompressMode::Zstd(l) => Some(l),
+        CompressMode::Auto if looks_compressed(&data) => None,
+        CompressMode::Auto => Some(DEFAULT_LEVEL),
+    };
+    if let Some(level) = level.filter(|_| data.len() >= MIN_COMPRESS_LEN) {
+        let z = compress(&data, level).map_err(|e| format!("zstd failed: {e}"))?;
+        // auto keeps zstd only where it saves at least 10 %; explicit zstd wherever it helps.
+        let keep = match mode {
+            CompressMode::Auto => z.len() as u64 * 10 <= orig_len * 9,
+            _ => (z.len() as u64) < orig_len,
+        };
+        if keep {
+            return Ok(Encoded {
+                stored: z,
+                compression: Compression::Zstd,
+                orig_len,
+                crc32,
+            });
+        }
+    }
+    Ok(Encoded {
+        stored: data,
+        compression: Compression::None,
+        orig_len,
+        crc32,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parse_modes() {
+        assert_eq!(CompressMode::parse("auto"), Ok(CompressMode::Auto));
+        assert_eq!(CompressMode::parse("zstd"), Ok(CompressMode::Zstd(3)));
+        assert_eq!(CompressMode::parse("zstd:19"), Ok(CompressMode::Zstd(19)));
+        assert!(CompressMode::parse("zstd:999").is_err());
+        assert!(CompressMode::parse("gzip").is_err());
+    }
+
+    #[test]
+    fn magic_sniffing() {
+        assert!(looks_compressed(b"\xFF\xD8\xFF\xE0rest"));
+        assert!(looks_compressed(b"\x89PNG\r\n\x1a\nIHDR"));
+        assert!(looks_compressed(b"RIFF\0\0\0\0WEBPVP8 "));
+        assert!(!looks_compressed(b"hello world"));
+    }
+}

@@ -1,0 +1,344 @@
+//! Opening a dataset and reading single samples.
+
+use std::borrow::Cow;
+use std::fs::File;
+use std::ops::Deref;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use granary_format::{
+    chunk_file_name, decode_record, ChunkEntry, ChunkHeader, Compression, SampleEntry, Snapshot,
+    CHUNK_HEADER_LEN, CHUNK_TRAILER_LEN, SNAPSHOT_FILE, SNAPSHOT_HEADER_LEN,
+};
+use memmap2::Mmap;
+
+use crate::error::{ReadError, RecordError, Result};
+use crate::escape_path;
+
+/// Chunks up to this size are read into memory; larger ones are memory-mapped.
+const READ_WHOLE_LIMIT: u64 = 512 << 20;
+
+/// Metadata of one sample.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SampleInfo {
+    /// Sample id (index in the snapshot).
+    pub id: u64,
+    /// Where and how the record is stored.
+    pub entry: SampleEntry,
+    /// Its compression.
+    pub compression: Compression,
+}
+
+/// An open dataset: the memory-mapped snapshot and the directory of its chunks.
+/// Cheap to share across threads (`Sync`); reads use positional I/O.
+pub struct Dataset {
+    dir: PathBuf,
+    snapshot_path: PathBuf,
+    snap: Snapshot<Mmap>,
+}
+
+/// The bytes of a whole chunk file, in memory or mapped.
+pub enum ChunkBytes {
+    /// Read into memory.
+    Owned(Vec<u8>),
+    /// Memory-mapped (chunks larger than 512 MiB).
+    Mapped(Mmap),
+}
+
+impl Deref for ChunkBytes {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            ChunkBytes::Owned(v) => v,
+            ChunkBytes::Mapped(m) => m,
+        }
+    }
+}
+
+fn map_file(file: &File, path: &Path) -> Result<Mmap> {
+    // SAFETY: granary dataset files are immutable once published (the format never updates a
+    // file in place; writers create new files and rename them). The map is read-only and
+    // private to this process. If another process truncates the file anyway, accesses past
+    // the new end fault; every read we do is within the length checked at open.
+    unsafe { Mmap::map(file) }.map_err(|e| ReadError::io("memory-mapping", path, e))
+}
+
+impl Dataset {
+    /// Opens the dataset at `path` (its directory, or its snapshot file). O(1): checks the
+    /// snapshot's header, section table and section sizes, not the section checksums
+    /// (see [`Dataset::check_snapshot`] and [`crate::verify`]).
+    pub fn open(path: impl AsRef<Path>) -> Result<Self> {
+        let path = path.as_ref();
+        let (dir, snapshot_path) = if path.is_dir() {
+            (path.to_path_buf(), path.join(SNAPSHOT_FILE))
+        } else {
+            let dir = path
+                .parent()
+                .filter(|p| !p.as_os_str().is_empty())
+                .unwrap_or(Path::new("."));
+            (dir.to_path_buf(), path.to_path_buf())
+        };
+        let file = File::open(&snapshot_path).map_err(|e| {
+            let op = if path.is_dir() {
+                "opening snapshot"
+            } else {
+                "opening dataset"
+            };
+            ReadError::io(op, &snapshot_path, e)
+        })?;
+        let len = file
+            .metadata()
+            .map_err(|e| ReadError::io("reading", &snapshot_path, e))?
+            .len();
+        if len < SNAPSHOT_HEADER_LEN as u64 {
+            return Err(ReadError::format(
+                &snapshot_path,
+                granary_format::FormatError::Truncated {
+                    what: "snapshot header",
+                    needed: SNAPSHOT_HEADER_LEN as u64,
+                    available: len,
+                },
+            ));
+        }
+        let map = map_file(&file, &snapshot_path)?;
+        let snap = Snapshot::open(map).map_err(|e| ReadError::format(&snapshot_path, e))?;
+        Ok(Dataset {
+            dir,
+            snapshot_path,
+            snap,
+        })
+    }
+
+    /// Opens the dataset and checks every snapshot section's CRC (O(snapshot size)); what the
+    /// command-line tools use before they trust paths and offsets.
+    pub fn open_checked(path: impl AsRef<Path>) -> Result<Self> {
+        let ds = Self::open(path)?;
+        ds.check_snapshot()?;
+        Ok(ds)
+    }
+
+    /// Checks the CRC of every snapshot section; the first problem is returned.
+    pub fn check_snapshot(&self) -> Result<()> {
+        match self.snap.check_sections().into_iter().next() {
+            Some(e) => Err(ReadError::format(&self.snapshot_path, e)),
+            None => Ok(()),
+        }
+    }
+
+    /// The dataset directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Path of the snapshot file.
+    pub fn snapshot_path(&self) -> &Path {
+        &self.snapshot_path
+    }
+
+    /// The snapshot itself, for low-level access.
+    pub fn snapshot(&self) -> &Snapshot<Mmap> {
+        &self.snap
+    }
+
+    /// Number of samples.
+    pub fn len(&self) -> u64 {
+        self.snap.sample_count()
+    }
+
+    /// True when the dataset holds no samples.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Number of chunks.
+    pub fn chunk_count(&self) -> u64 {
+        self.snap.chunk_count()
+    }
+
+    /// Path of chunk `id`'s file.
+    pub fn chunk_path(&self, id: u32) -> PathBuf {
+        self.dir.join(chunk_file_name(id))
+    }
+
+    fn fmt_err(&self, e: granary_format::FormatError) -> ReadError {
+        ReadError::format(&self.snapshot_path, e)
+    }
+
+    /// Metadata of sample `id`.
+    pub fn sample(&self, id: u64) -> Result<SampleInfo> {
+        let entry = self.snap.sample(id).map_err(|e| self.fmt_err(e))?;
+        let compression = entry.compression().map_err(|e| self.fmt_err(e))?;
+        Ok(SampleInfo {
+            id,
+            entry,
+            compression,
+        })
+    }
+
+    /// Chunk table entry of chunk `id`.
+    pub fn chunk(&self, id: u32) -> Result<ChunkEntry> {
+        self.snap.chunk(id as u64).map_err(|e| self.fmt_err(e))
+    }
+
+    /// Path of sample `id` relative to the packed directory (raw bytes).
+    pub fn path(&self, id: u64) -> Result<&[u8]> {
+        self.snap.path(id).map_err(|e| self.fmt_err(e))
+    }
+
+    /// Sample id of `path`, if the dataset holds it.
+    pub fn lookup(&self, path: &[u8]) -> Result<Option<u64>> {
+        self.snap.lookup(path).map_err(|e| self.fmt_err(e))
+    }
+
+    /// Class names, indexed by label.
+    pub fn classes(&self) -> Result<Vec<&[u8]>> {
+        (0..self.snap.class_count())
+            .map(|i| self.snap.class_name(i as u32).map_err(|e| self.fmt_err(e)))
+            .collect()
+    }
+
+    /// Name of class `label`.
+    pub fn class_name(&self, label: u32) -> Result<&[u8]> {
+        self.snap.class_name(label).map_err(|e| self.fmt_err(e))
+    }
+
+    fn record_error(&self, info: &SampleInfo, source: granary_format::FormatError) -> ReadError {
+        let sample_path = self
+            .path(info.id)
+            .map(escape_path)
+            .unwrap_or_else(|_| "?".into());
+        ReadError::Record(Box::new(RecordError {
+            path: self.chunk_path(info.entry.chunk),
+            chunk: info.entry.chunk,
+            offset: info.entry.offset,
+            sample: info.id,
+            sample_path,
+            source,
+        }))
+    }
+
+    /// Checks that `info`'s record lies inside its chunk as the chunk table describes it.
+    fn check_placement(&self, info: &SampleInfo) -> Result<ChunkEntry> {
+        let e = &info.entry;
+        let ce = self.chunk(e.chunk)?;
+        let records_end = ce.file_size.saturating_sub(CHUNK_TRAILER_LEN as u64);
+        let inside = ce.samples().contains(&info.id)
+            && e.offset >= CHUNK_HEADER_LEN as u64
+            && e.offset
+                .checked_add(e.stored_len)
+                .is_some_and(|end| end <= records_end);
+        if !inside {
+            return Err(self.record_error(
+                info,
+                granary_format::FormatError::Invalid {
+                    what: "sample entry".into(),
+                    detail: format!(
+                        "record {}+{} lies outside chunk {} ({} bytes)",
+                        e.offset, e.stored_len, e.chunk, ce.file_size
+                    ),
+                },
+            ));
+        }
+        Ok(ce)
+    }
+
+    /// Reads sample `id` with positional reads and returns its original bytes after checking
+    /// the chunk header (dataset id, chunk id), the length and the CRC-32.
+    pub fn read(&self, id: u64) -> Result<Vec<u8>> {
+        let info = self.sample(id)?;
+        let ce = self.check_placement(&info)?;
+        let path = self.chunk_path(info.entry.chunk);
+        let f = File::open(&path).map_err(|e| ReadError::io("opening chunk", &path, e))?;
+        let len = f
+            .metadata()
+            .map_err(|e| ReadError::io("reading", &path, e))?
+            .len();
+        if len != ce.file_size {
+            return Err(ReadError::format(
+                &path,
+                granary_format::FormatError::Invalid {
+                    what: format!("chunk {}", info.entry.chunk),
+                    detail: format!("file is {len} bytes, the snapshot says {}", ce.file_size),
+                },
+            ));
+        }
+        let mut head = [0u8; CHUNK_HEADER_LEN];
+        f.read_exact_at(&mut head, 0)
+            .map_err(|e| ReadError::io("reading", &path, e))?;
+        self.check_chunk_header(&head, info.entry.chunk, &path)?;
+        let mut stored = vec![0u8; info.entry.stored_len as usize];
+        f.read_exact_at(&mut stored, info.entry.offset)
+            .map_err(|e| ReadError::io("reading", &path, e))?;
+        match decode_record(&info.entry, &stored) {
+            Ok(Cow::Borrowed(_)) => Ok(stored),
+            Ok(Cow::Owned(v)) => Ok(v),
+            Err(e) => Err(self.record_error(&info, e)),
+        }
+    }
+
+    /// Checks a chunk header against this dataset.
+    pub fn check_chunk_header(&self, head: &[u8], chunk: u32, path: &Path) -> Result<()> {
+        let h = ChunkHeader::decode(head).map_err(|e| ReadError::format(path, e))?;
+        if h.dataset_id != self.snap.dataset_id() {
+            return Err(ReadError::Invalid(format!(
+                "{}: chunk belongs to another dataset (dataset id differs)",
+                path.display()
+            )));
+        }
+        if h.chunk_id != chunk {
+            return Err(ReadError::Invalid(format!(
+                "{}: holds chunk id {}, expected {chunk}",
+                path.display(),
+                h.chunk_id
+            )));
+        }
+        Ok(())
+    }
+
+    /// Loads a whole chunk file (read into memory, or mapped when larger than 512 MiB) and
+    /// checks its size and header against the snapshot.
+    pub fn load_chunk(&self, chunk: u32) -> Result<ChunkBytes> {
+        let ce = self.chunk(chunk)?;
+        let path = self.chunk_path(chunk);
+        let mut f = File::open(&path).map_err(|e| ReadError::io("opening chunk", &path, e))?;
+        let len = f
+            .metadata()
+            .map_err(|e| ReadError::io("reading", &path, e))?
+            .len();
+        if len != ce.file_size {
+            return Err(ReadError::Invalid(format!(
+                "{}: file is {len} bytes, the snapshot says {}",
+                path.display(),
+                ce.file_size
+            )));
+        }
+        let bytes = if len <= READ_WHOLE_LIMIT {
+            let mut v = Vec::with_capacity(len as usize);
+            std::io::Read::read_to_end(&mut f, &mut v)
+                .map_err(|e| ReadError::io("reading", &path, e))?;
+            if v.len() as u64 != len {
+                return Err(ReadError::Invalid(format!(
+                    "{}: changed size while being read",
+                    path.display()
+                )));
+            }
+            ChunkBytes::Owned(v)
+        } else {
+            ChunkBytes::Mapped(map_file(&f, &path)?)
+        };
+        self.check_chunk_header(&bytes, chunk, &path)?;
+        Ok(bytes)
+    }
+
+    /// Decodes sample `id` from its loaded chunk (see [`Dataset::load_chunk`]); raw records are
+    /// borrowed from `chunk` without copying.
+    pub fn decode_from<'a>(&self, chunk: &'a [u8], id: u64) -> Result<Cow<'a, [u8]>> {
+        let info = self.sample(id)?;
+        self.check_placement(&info)?;
+        let e = &info.entry;
+        let stored = chunk
+            .get(e.offset as usize..(e.offset + e.stored_len) as usize)
+            .ok_or_else(|| ReadError::Invalid(format!("sample {id}: chunk bytes too short")))?;
+        decode_record(e, stored).map_err(|err| self.record_error(&info, err))
+    }
+}

@@ -1,0 +1,62 @@
+use std::path::PathBuf;
+
+use granary_format::FormatError;
+
+/// Result alias of the reader.
+pub type Result<T> = std::result::Result<T, ReadError>;
+
+/// Errors of the reader; each says which file, and where in it, was being read.
+#[derive(Debug, thiserror::Error)]
+pub enum ReadError {
+    /// A system call failed.
+    #[error("{op} {}: {source}", path.display())]
+    Io {
+        op: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A file's bytes are not valid granary format.
+    #[error("{}: {source}", path.display())]
+    Format {
+        path: PathBuf,
+        #[source]
+        source: FormatError,
+    },
+    /// A record is damaged: its bytes are not returned.
+    #[error(transparent)]
+    Record(Box<RecordError>),
+    /// Not found, out of range, or otherwise not possible as asked.
+    #[error("{0}")]
+    Invalid(String),
+}
+
+impl ReadError {
+    pub(crate) fn io(op: &'static str, path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        ReadError::Io {
+            op,
+            path: path.into(),
+            source,
+        }
+    }
+
+    pub(crate) fn format(path: impl Into<PathBuf>, source: FormatError) -> Self {
+        ReadError::Format {
+            path: path.into(),
+            source,
+        }
+    }
+}
+
+/// A damaged record: which file, chunk, offset and sample.
+#[derive(Debug, thiserror::Error)]
+#[error("{} (chunk {chunk}, offset {offset}): sample {sample} ({sample_path}): {source}", path.display())]
+pub struct RecordError {
+    pub path: PathBuf,
+    pub chunk: u32,
+    pub offset: u64,
+    pub sample: u64,
+    pub sample_path: String,
+    #[source]
+    pub source: FormatError,
+}

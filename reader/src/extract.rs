@@ -1,0 +1,153 @@
+//! `extract`: restore the packed tree, never writing outside the target directory.
+
+use std::collections::BTreeMap;
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+
+use rayon::prelude::*;
+
+use crate::error::{ReadError, Result};
+use crate::{escape_path, Dataset};
+
+/// What to extract and where.
+#[derive(Clone, Debug)]
+pub struct ExtractOptions {
+    /// Target directory (created if missing). Existing files are never overwritten.
+    pub out_dir: PathBuf,
+    /// Only paths starting with these bytes.
+    pub prefix: Vec<u8>,
+}
+
+/// What [`extract`] did.
+#[derive(Debug, Default)]
+pub struct ExtractSummary {
+    pub files: u64,
+    pub bytes: u64,
+    /// Samples that could not be restored, with the reason; nothing was written for them.
+    pub failed: Vec<(String, String)>,
+}
+
+/// Restores every sample whose path starts with `opts.prefix` under `opts.out_dir`, byte-exact.
+/// Paths that are not plain relative paths, and any path that would pass through a symbolic
+/// link or an existing non-directory, are refused. A damaged record is reported and not
+/// written; the rest are still extracted.
+pub fn extract(ds: &Dataset, opts: &ExtractOptions) -> Result<ExtractSummary> {
+    std::fs::create_dir_all(&opts.out_dir)
+        .map_err(|e| ReadError::io("creating", &opts.out_dir, e))?;
+    let range = ds
+        .snapshot()
+        .prefix_range(&opts.prefix)
+        .map_err(|e| ReadError::format(ds.snapshot_path(), e))?;
+    let mut by_chunk: BTreeMap<u32, Vec<u64>> = BTreeMap::new();
+    for pos in range {
+        let id = ds
+            .snapshot()
+            .sorted_id(pos)
+            .map_err(|e| ReadError::format(ds.snapshot_path(), e))?;
+        by_chunk
+            .entry(ds.sample(id)?.entry.chunk)
+            .or_default()
+            .push(id);
+    }
+    let results: Vec<ExtractSummary> = by_chunk
+        .into_par_iter()
+        .map(|(chunk, ids)| {
+            let mut s = ExtractSummary::default();
+            let bytes = match ds.load_chunk(chunk) {
+                Ok(b) => b,
+                Err(e) => {
+                    for id in ids {
+                        let p = ds.path(id).map(escape_path).unwrap_or_default();
+                        s.failed.push((p, e.to_string()));
+                    }
+                    return s;
+                }
+            };
+            for id in ids {
+                let path = ds.path(id).unwrap_or_default();
+                let shown = escape_path(path);
+                let res = ds.decode_from(&bytes, id).and_then(|data| {
+                    write_new(&opts.out_dir, path, &data).map(|_| data.len() as u64)
+                });
+                match res {
+                    Ok(n) => {
+                        s.files += 1;
+                        s.bytes += n;
+                    }
+                    Err(e) => s.failed.push((shown, e.to_string())),
+                }
+            }
+            s
+        })
+        .collect();
+    let mut total = ExtractSummary::default();
+    for r in results {
+        total.files += r.files;
+        total.bytes += r.bytes;
+        total.failed.extend(r.failed);
+    }
+    total.failed.sort();
+    Ok(total)
+}
+
+/// Creates `root/rel` (a new file) holding `data`, creating directories on the way. Refuses
+/// unsafe paths, symbolic links and existing files.
+fn write_new(root: &Path, rel: &[u8], data: &[u8]) -> Result<()> {
+    granary_format::check_relative_path(rel).map_err(|why| {
+        ReadError::Invalid(format!("refusing unsafe path {}: {why}", escape_path(rel)))
+    })?;
+    let comps: Vec<&[u8]> = rel.split(|&b| b == b'/').collect();
+    let mut dir = root.to_path_buf();
+    for comp in &comps[..comps.len() - 1] {
+        dir.push(std::ffi::OsStr::from_bytes(comp));
+        ensure_real_dir(&dir)?;
+    }
+    let target = dir.join(std::ffi::OsStr::from_bytes(comps[comps.len() - 1]));
+    let mut f: File = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(&target)
+        .map_err(|e| ReadError::io("creating", &target, e))?;
+    if let Err(e) = f.write_all(data).and_then(|_| f.flush()) {
+        drop(f);
+        let _ = std::fs::remove_file(&target);
+        return Err(ReadError::io("writing", &target, e));
+    }
+    Ok(())
+}
+
+fn ensure_real_dir(dir: &Path) -> Result<()> {
+    for attempt in 0..2 {
+        match std::fs::symlink_metadata(dir) {
+            Ok(m) if m.is_dir() => return Ok(()),
+            Ok(m) if m.file_type().is_symlink() => {
+                return Err(ReadError::Invalid(format!(
+                    "refusing to extract through symbolic link {}",
+                    dir.display()
+                )))
+            }
+            Ok(_) => {
+                return Err(ReadError::Invalid(format!(
+                    "{} exists and is not a directory",
+                    dir.display()
+                )))
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && attempt == 0 => {
+                match std::fs::create_dir(dir) {
+                    Ok(()) => return Ok(()),
+                    Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+                    Err(e) => return Err(ReadError::io("creating", dir, e)),
+                }
+            }
+            Err(e) => return Err(ReadError::io("inspecting", dir, e)),
+        }
+    }
+    Err(ReadError::Invalid(format!(
+        "{} keeps changing",
+        dir.display()
+    )))
+}

@@ -1,0 +1,19 @@
+//! The granary reader library.
+//!
+//! [`Dataset::open`] maps a dataset's snapshot and checks its header and section table: O(1)
+//! in the number of samples, no per-sample parsing or allocation. Samples are looked up by id
+//! or path locally and read with their CRC checked end to end. [`verify`] checks everything;
+//! [`extract`] restores the packed tree byte-exact.
+
+mod dataset;
+mod error;
+mod extract;
+mod pathfmt;
+mod verify;
+
+pub use dataset::{ChunkBytes, Dataset, SampleInfo};
+pub use error::{ReadError, RecordError, Result};
+pub use extract::{extract, ExtractOptions, ExtractSummary};
+pub use granary_format::{Compression, FormatError, NO_LABEL};
+pub use pathfmt::{escape_path, unescape_path};
+pub use verify::{verify, Problem, VerifyReport};

@@ -1,0 +1,71 @@
+//! Showing raw path bytes to people, and reading them back.
+
+/// Escapes a raw path for display: valid UTF-8 is kept, except control characters and `\`;
+/// every other byte is shown as `\xNN`. [`unescape_path`] inverts it.
+pub fn escape_path(p: &[u8]) -> String {
+    let mut out = String::with_capacity(p.len());
+    for chunk in p.utf8_chunks() {
+        for c in chunk.valid().chars() {
+            match c {
+                '\\' => out.push_str("\\\\"),
+                c if c.is_control() => {
+                    let mut buf = [0u8; 4];
+                    for b in c.encode_utf8(&mut buf).bytes() {
+                        out.push_str(&format!("\\x{b:02x}"));
+                    }
+                }
+                c => out.push(c),
+            }
+        }
+        for b in chunk.invalid() {
+            out.push_str(&format!("\\x{b:02x}"));
+        }
+    }
+    out
+}
+
+/// Inverts [`escape_path`]; `None` if `s` holds a malformed escape.
+pub fn unescape_path(s: &[u8]) -> Option<Vec<u8>> {
+    let mut out = Vec::with_capacity(s.len());
+    let mut i = 0;
+    while i < s.len() {
+        if s[i] != b'\\' {
+            out.push(s[i]);
+            i += 1;
+            continue;
+        }
+        match s.get(i + 1)? {
+            b'\\' => {
+                out.push(b'\\');
+                i += 2;
+            }
+            b'x' => {
+                let hex = std::str::from_utf8(s.get(i + 2..i + 4)?).ok()?;
+                out.push(u8::from_str_radix(hex, 16).ok()?);
+                i += 4;
+            }
+            _ => return None,
+        }
+    }
+    Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trip() {
+        for p in [
+            &b"a/b.jpg"[..],
+            b"\xff\xfe/x",
+            b"back\\slash",
+            b"tab\there",
+            "é/ü".as_bytes(),
+        ] {
+            let e = escape_path(p);
+            assert_eq!(unescape_path(e.as_bytes()).unwrap(), p, "{e}");
+        }
+        assert_eq!(escape_path(b"\xffa"), "\\xffa");
+    }
+}

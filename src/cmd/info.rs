@@ -1,0 +1,95 @@
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use serde_json::json;
+
+use super::{human_bytes, open_dataset};
+
+/// Show a dataset's format version, id, counts, sizes and classes.
+#[derive(clap::Args)]
+#[command(
+    after_help = "Examples:\n  granary info train.granary\n  granary info train.granary --json | jq .samples"
+)]
+pub struct Args {
+    /// Dataset directory (or its snapshot file).
+    pub dataset: PathBuf,
+    /// Print JSON on stdout.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(a: Args) -> anyhow::Result<ExitCode> {
+    let ds = open_dataset(&a.dataset)?;
+    let snap = ds.snapshot();
+    let (major, minor) = snap.version();
+    let (mut stored, mut orig, mut compressed) = (0u64, 0u64, 0u64);
+    for id in 0..ds.len() {
+        let s = ds.sample(id)?;
+        stored += s.entry.stored_len;
+        orig += s.entry.orig_len;
+        compressed += (s.compression != granary::Compression::None) as u64;
+    }
+    let mut chunk_bytes = 0u64;
+    for c in 0..ds.chunk_count() {
+        chunk_bytes += ds.chunk(c as u32)?.file_size;
+    }
+    let classes: Vec<String> = ds
+        .classes()?
+        .into_iter()
+        .map(granary::escape_path)
+        .collect();
+    let id = granary_packer::hex_id(&snap.dataset_id());
+    let mut out = std::io::stdout().lock();
+    if a.json {
+        let v = json!({
+            "format_version": format!("{major}.{minor}"),
+            "dataset_id": id,
+            "samples": ds.len(),
+            "chunks": ds.chunk_count(),
+            "bytes_original": orig,
+            "bytes_stored": stored,
+            "bytes_chunks": chunk_bytes,
+            "bytes_snapshot": snap.bytes().len(),
+            "compressed_samples": compressed,
+            "classes": classes,
+        });
+        super::print_json(&v)?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    writeln!(out, "dataset        {}", a.dataset.display())?;
+    writeln!(out, "format         {major}.{minor}")?;
+    writeln!(out, "dataset id     {id}")?;
+    writeln!(
+        out,
+        "samples        {} ({} compressed)",
+        ds.len(),
+        compressed
+    )?;
+    writeln!(
+        out,
+        "chunks         {} ({})",
+        ds.chunk_count(),
+        human_bytes(chunk_bytes)
+    )?;
+    writeln!(out, "original bytes {}", human_bytes(orig))?;
+    writeln!(out, "stored bytes   {}", human_bytes(stored))?;
+    writeln!(
+        out,
+        "snapshot       {}",
+        human_bytes(snap.bytes().len() as u64)
+    )?;
+    let shown: Vec<&str> = classes.iter().take(10).map(String::as_str).collect();
+    let more = if classes.len() > 10 {
+        format!(", ... ({} more)", classes.len() - 10)
+    } else {
+        String::new()
+    };
+    writeln!(
+        out,
+        "classes        {}: {}{more}",
+        classes.len(),
+        shown.join(", ")
+    )?;
+    Ok(ExitCode::SUCCESS)
+}

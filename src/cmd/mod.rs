@@ -1,0 +1,59 @@
+//! One module per subcommand.
+
+pub mod bench;
+pub mod cat;
+pub mod extract;
+pub mod info;
+pub mod ls;
+pub mod pack;
+pub mod reindex;
+pub mod verify;
+
+use std::io::Write;
+use std::path::Path;
+
+use anyhow::Context;
+
+/// True when `e` comes from writing to a closed pipe (`granary ls | head`).
+pub fn is_broken_pipe(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    })
+}
+
+/// Opens a dataset for the inspection commands: O(1) open plus every snapshot section CRC, so
+/// that paths and offsets are trusted only when intact.
+pub fn open_dataset(path: &Path) -> anyhow::Result<granary::Dataset> {
+    granary::Dataset::open_checked(path).with_context(|| {
+        format!(
+            "cannot use dataset {} (run `granary verify` for a full report, `granary reindex` \
+             to rebuild a damaged snapshot)",
+            path.display()
+        )
+    })
+}
+
+/// Prints `v` as pretty JSON on stdout.
+pub fn print_json(v: &impl serde::Serialize) -> anyhow::Result<()> {
+    let mut out = std::io::stdout().lock();
+    serde_json::to_writer_pretty(&mut out, v)?;
+    writeln!(out)?;
+    Ok(())
+}
+
+/// Human-readable byte count.
+pub fn human_bytes(n: u64) -> String {
+    const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+    let mut x = n as f64;
+    let mut u = 0;
+    while x >= 1024.0 && u + 1 < UNITS.len() {
+        x /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{n} B")
+    } else {
+        format!("{x:.2} {}", UNITS[u])
+    }
+}

@@ -1,0 +1,180 @@
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::ValueEnum;
+use granary_packer::{CompressMode, LabelMode, Order, PackOptions};
+
+use super::human_bytes;
+
+#[derive(Clone, Copy, ValueEnum)]
+pub enum Labels {
+    /// The first directory under SRC names the class (ImageFolder convention).
+    ParentDir,
+    /// No labels.
+    None,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+pub enum OrderArg {
+    /// Seeded random assignment of samples to chunks (mixes classes across chunks).
+    Random,
+    /// Sorted path order.
+    Walk,
+}
+
+/// Pack a directory of files into a granary dataset (chunk files + metadata snapshot).
+#[derive(clap::Args)]
+#[command(after_help = "Examples:
+  granary pack ./imagenet/train -o /lustre/ds/train.granary
+  granary pack ./train -o train.granary --chunk-size 64MiB --compress zstd:9
+  find ./train -name '*.jpg' -printf '%P\\0' > list; granary pack ./train --files-from list -o t.granary
+  granary pack ./train -o train.granary --resume      # continue after Ctrl-C, kill or power loss
+
+The dataset appears under OUT only when complete (it is built in .OUT.partial next to it).
+Exit status 3: packed, but --skip-unreadable skipped some files (listed in the summary).")]
+pub struct Args {
+    /// Directory to pack (only read, never modified).
+    pub src: PathBuf,
+    /// Output dataset directory.
+    #[arg(short, long)]
+    pub out: PathBuf,
+    /// Pack the files named in LIST (paths relative to SRC, newline- or NUL-separated) instead
+    /// of walking SRC.
+    #[arg(long, value_name = "LIST")]
+    pub files_from: Option<PathBuf>,
+    /// Follow symbolic links (by default they are skipped with a warning).
+    #[arg(long)]
+    pub follow_links: bool,
+    /// How samples are labelled.
+    #[arg(long, value_enum, default_value = "parent-dir")]
+    pub labels: Labels,
+    /// Layout order of samples across chunks.
+    #[arg(long, value_enum, default_value = "random")]
+    pub order: OrderArg,
+    /// Seed of the random layout order.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Record compression: auto (zstd where it saves >= 10 %, JPEG/PNG/... stored raw), none,
+    /// zstd, or zstd:LEVEL.
+    #[arg(long, default_value = "auto", value_parser = CompressMode::parse)]
+    pub compress: CompressMode,
+    /// Target chunk size, e.g. 32MiB, 64MB, 1GiB (a larger file gets a chunk of its own).
+    #[arg(long, default_value = "32MiB", value_parser = parse_size)]
+    pub chunk_size: u64,
+    /// Replace OUT if it exists (and discard an interrupted pack).
+    #[arg(long)]
+    pub force: bool,
+    /// Continue an interrupted pack with the same settings, keeping every verified chunk.
+    #[arg(long)]
+    pub resume: bool,
+    /// Skip files that cannot be read (or change while read), list them, and exit with 3.
+    #[arg(long)]
+    pub skip_unreadable: bool,
+    /// Print the summary as JSON on stdout.
+    #[arg(long)]
+    pub json: bool,
+    /// Never show progress bars (they are shown only when stderr is a terminal).
+    #[arg(long, short)]
+    pub quiet: bool,
+}
+
+/// Parses a byte size with an optional unit: B, K/KB, KiB, M/MB, MiB, G/GB, GiB.
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("{s:?} is not a size like 32MiB"))?;
+    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" => 1_000,
+        "kib" => 1 << 10,
+        "m" | "mb" => 1_000_000,
+        "mib" => 1 << 20,
+        "g" | "gb" => 1_000_000_000,
+        "gib" => 1 << 30,
+        "t" | "tb" => 1_000_000_000_000,
+        "tib" => 1 << 40,
+        u => {
+            return Err(format!(
+                "unknown size unit {u:?} (use B, KiB, MiB, GiB, KB, MB, GB)"
+            ))
+        }
+    };
+    n.checked_mul(mult)
+        .filter(|&n| n > 0)
+        .ok_or_else(|| format!("size {s:?} out of range"))
+}
+
+pub fn run(a: Args) -> anyhow::Result<ExitCode> {
+    let mut o = PackOptions::new(&a.src, &a.out);
+    o.files_from = a.files_from;
+    o.follow_links = a.follow_links;
+    o.labels = match a.labels {
+        Labels::ParentDir => LabelMode::ParentDir,
+        Labels::None => LabelMode::None,
+    };
+    o.order = match a.order {
+        OrderArg::Random => Order::Random,
+        OrderArg::Walk => Order::Walk,
+    };
+    o.seed = a.seed;
+    o.compress = a.compress;
+    o.chunk_size = a.chunk_size;
+    o.force = a.force;
+    o.resume = a.resume;
+    o.skip_unreadable = a.skip_unreadable;
+    o.progress = !a.quiet && std::io::stderr().is_terminal();
+    let s = granary_packer::pack(&o).with_context(|| format!("packing {}", a.src.display()))?;
+    for w in &s.warnings {
+        eprintln!("granary: warning: {w}");
+    }
+    if a.json {
+        super::print_json(&s)?;
+    } else {
+        println!("packed {} -> {}", a.src.display(), s.out.display());
+        println!(
+            "  files      {} ({} classes, {} compressed)",
+            s.files, s.classes, s.compressed_records
+        );
+        println!(
+            "  bytes      {} in, {} out (ratio {:.3})",
+            human_bytes(s.bytes_in),
+            human_bytes(s.bytes_out),
+            s.ratio
+        );
+        println!(
+            "  chunks     {} ({} kept from an interrupted run)",
+            s.chunks, s.chunks_resumed
+        );
+        println!(
+            "  elapsed    {:.2} s (scan {:.2} s): {:.0} files/s, {:.1} MB/s",
+            s.elapsed_s, s.scan_s, s.files_per_s, s.mb_per_s
+        );
+        println!("  dataset id {}", s.dataset_id);
+    }
+    if !s.skipped.is_empty() {
+        eprintln!("granary: {} files were skipped:", s.skipped.len());
+        for k in &s.skipped {
+            eprintln!("  {}: {}", granary::escape_path(&k.path), k.reason);
+        }
+        return Ok(ExitCode::from(3));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn sizes() {
+        assert_eq!(super::parse_size("32MiB"), Ok(32 << 20));
+        assert_eq!(super::parse_size("64MB"), Ok(64_000_000));
+        assert_eq!(super::parse_size("100"), Ok(100));
+        assert!(super::parse_size("0").is_err());
+        assert!(super::parse_size("12XB").is_err());
+        assert!(super::parse_size("MiB").is_err());
+    }
+}
