@@ -1,1 +1,7 @@
+//! granary benchmarks: a seeded generator of ImageFolder-style trees, cold-cache helpers, and
+//! side-by-side comparisons that print ratios measured in one run.
+#![forbid(unsafe_code)]
 
+pub mod cold;
+pub mod gen;
+pub mod packbench;

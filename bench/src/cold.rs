@@ -1,0 +1,41 @@
+//! Making the page cache cold before a measured run.
+
+use std::path::Path;
+
+use serde::Serialize;
+
+/// How caches were made cold.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ColdMethod {
+    /// `sync; echo 3 > /proc/sys/vm/drop_caches` (needs root).
+    DropCaches,
+    /// `posix_fadvise(POSIX_FADV_DONTNEED)` on every file of the given trees.
+    Fadvise,
+    /// Nothing could be done: the run may be warm.
+    None,
+}
+
+/// Drops the page cache; where that is not permitted, evicts every file under `trees` with
+/// `posix_fadvise(DONTNEED)`. Returns what worked.
+pub fn make_cold(trees: &[&Path]) -> ColdMethod {
+    rustix::fs::sync();
+    if std::fs::write("/proc/sys/vm/drop_caches", b"3\n").is_ok() {
+        return ColdMethod::DropCaches;
+    }
+    let mut any = false;
+    for t in trees {
+        for e in walkdir::WalkDir::new(t).into_iter().flatten() {
+            if e.file_type().is_file() {
+                if let Ok(f) = std::fs::File::open(e.path()) {
+                    any |= rustix::fs::fadvise(&f, 0, None, rustix::fs::Advice::DontNeed).is_ok();
+                }
+            }
+        }
+    }
+    if any {
+        ColdMethod::Fadvise
+    } else {
+        ColdMethod::None
+    }
+}

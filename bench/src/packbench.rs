@@ -1,0 +1,188 @@
+//! `granary bench pack`: packing throughput against `tar -cf - SRC | cat >/dev/null` on the
+//! same tree, caches made cold before each run; then snapshot open time and path lookup time.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+
+use granary_packer::{PackOptions, SplitMix64};
+use serde::Serialize;
+
+use crate::cold::{make_cold, ColdMethod};
+
+/// What to measure.
+#[derive(Clone, Debug)]
+pub struct PackBenchOptions {
+    /// Tree to pack.
+    pub src: PathBuf,
+    /// Where the packed dataset is written (replaced if it exists).
+    pub out: PathBuf,
+    /// Packer options other than src/out (compression, chunk size, ...).
+    pub template: PackOptions,
+    /// Number of random paths looked up.
+    pub lookups: u64,
+}
+
+/// Side-by-side numbers from one run.
+#[derive(Clone, Debug, Serialize)]
+pub struct PackBenchResult {
+    pub files: u64,
+    pub bytes: u64,
+    pub cold: ColdMethod,
+    pub tar_s: f64,
+    pub tar_files_per_s: f64,
+    pub granary_s: f64,
+    pub granary_files_per_s: f64,
+    pub granary_mb_per_s: f64,
+    /// granary's speed over tar's (> 1: granary is faster).
+    pub speed_ratio: f64,
+    pub chunks: u64,
+    pub snapshot_bytes: u64,
+    pub open_cold_ms: f64,
+    pub open_warm_median_us: f64,
+    pub lookup_median_ns: f64,
+    pub lookup_p99_ns: f64,
+}
+
+/// Runs tar then granary on `opts.src`, cold each time, then times snapshot open and lookups.
+pub fn run(opts: &PackBenchOptions) -> Result<PackBenchResult, String> {
+    let src =
+        std::fs::canonicalize(&opts.src).map_err(|e| format!("{}: {e}", opts.src.display()))?;
+    let (parent, name) = match (src.parent(), src.file_name()) {
+        (Some(p), Some(n)) => (p.to_path_buf(), n.to_os_string()),
+        _ => return Err(format!("{} has no parent directory", src.display())),
+    };
+
+    let cold = make_cold(&[&src]);
+    let t = Instant::now();
+    let status = Command::new("sh")
+        .arg("-c")
+        .arg("tar -cf - -C \"$1\" \"$2\" | cat > /dev/null")
+        .arg("sh")
+        .arg(&parent)
+        .arg(&name)
+        .status()
+        .map_err(|e| format!("running tar: {e}"))?;
+    let tar_s = t.elapsed().as_secs_f64();
+    if !status.success() {
+        return Err(format!("tar failed: {status}"));
+    }
+
+    if opts.out.exists() {
+        std::fs::remove_dir_all(&opts.out).map_err(|e| format!("{}: {e}", opts.out.display()))?;
+    }
+    let mut po = opts.template.clone();
+    po.src = src.clone();
+    po.out = opts.out.clone();
+    make_cold(&[&src]);
+    let t = Instant::now();
+    let s = granary_packer::pack(&po).map_err(|e| e.to_string())?;
+    let granary_s = t.elapsed().as_secs_f64();
+
+    let snapshot = opts.out.join(granary_format::SNAPSHOT_FILE);
+    let snapshot_bytes = std::fs::metadata(&snapshot).map(|m| m.len()).unwrap_or(0);
+    make_cold(&[&opts.out]);
+    let t = Instant::now();
+    let ds = granary::Dataset::open(&opts.out).map_err(|e| e.to_string())?;
+    let open_cold_ms = t.elapsed().as_secs_f64() * 1e3;
+    drop(ds);
+    let mut opens: Vec<f64> = (0..200)
+        .map(|_| {
+            let t = Instant::now();
+            let ds = granary::Dataset::open(&opts.out);
+            let d = t.elapsed().as_secs_f64() * 1e6;
+            drop(ds);
+            d
+        })
+        .collect();
+    let ds = granary::Dataset::open(&opts.out).map_err(|e| e.to_string())?;
+    let (lookup_median_ns, lookup_p99_ns) = time_lookups(&ds, opts.lookups)?;
+
+    Ok(PackBenchResult {
+        files: s.files,
+        bytes: s.bytes_in,
+        cold,
+        tar_s,
+        tar_files_per_s: s.files as f64 / tar_s,
+        granary_s,
+        granary_files_per_s: s.files as f64 / granary_s,
+        granary_mb_per_s: s.bytes_in as f64 / 1e6 / granary_s,
+        speed_ratio: tar_s / granary_s,
+        chunks: s.chunks,
+        snapshot_bytes,
+        open_cold_ms,
+        open_warm_median_us: median(&mut opens),
+        lookup_median_ns,
+        lookup_p99_ns,
+    })
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    percentile(v, 0.5)
+}
+
+fn percentile(v: &mut [f64], q: f64) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_by(f64::total_cmp);
+    v[((v.len() - 1) as f64 * q).round() as usize]
+}
+
+/// Looks up `n` random existing paths in batches of 256; returns the median and 99th percentile
+/// of the per-lookup time of each batch (timer overhead amortised over the batch).
+fn time_lookups(ds: &granary::Dataset, n: u64) -> Result<(f64, f64), String> {
+    if ds.is_empty() || n == 0 {
+        return Ok((0.0, 0.0));
+    }
+    let mut r = SplitMix64::new(7);
+    let paths: Vec<Vec<u8>> = (0..n)
+        .map(|_| {
+            ds.path(r.below(ds.len()))
+                .map(<[u8]>::to_vec)
+                .map_err(|e| e.to_string())
+        })
+        .collect::<Result<_, _>>()?;
+    const BATCH: usize = 256;
+    let mut per: Vec<f64> = Vec::new();
+    let mut found = 0u64;
+    for b in paths.chunks(BATCH) {
+        let t = Instant::now();
+        for p in b {
+            found += ds.lookup(p).map_err(|e| e.to_string())?.is_some() as u64;
+        }
+        per.push(t.elapsed().as_secs_f64() * 1e9 / b.len() as f64);
+    }
+    if found != n {
+        return Err(format!("only {found} of {n} lookups found their path"));
+    }
+    Ok((median(&mut per), percentile(&mut per, 0.99)))
+}
+
+/// Renders the result as the table printed by `granary bench pack`.
+pub fn render(r: &PackBenchResult, src: &Path) -> String {
+    format!(
+        "pack benchmark on {} ({} files, {:.1} MB), caches made cold by {:?}\n\
+         \x20 tar -cf - | cat >/dev/null  {:>8.2} s  {:>10.0} files/s\n\
+         \x20 granary pack                {:>8.2} s  {:>10.0} files/s  {:>7.1} MB/s  ({} chunks)\n\
+         \x20 granary / tar speed ratio   {:>8.2}x\n\
+         \x20 snapshot {} bytes: open cold {:.2} ms, warm median {:.1} us\n\
+         \x20 path lookup: median {:.0} ns, p99 {:.0} ns (per lookup, batches of 256)\n",
+        src.display(),
+        r.files,
+        r.bytes as f64 / 1e6,
+        r.cold,
+        r.tar_s,
+        r.tar_files_per_s,
+        r.granary_s,
+        r.granary_files_per_s,
+        r.granary_mb_per_s,
+        r.chunks,
+        r.speed_ratio,
+        r.snapshot_bytes,
+        r.open_cold_ms,
+        r.open_warm_median_us,
+        r.lookup_median_ns,
+        r.lookup_p99_ns
+    )
+}

@@ -1,0 +1,469 @@
+//! End-to-end tests of the `granary` binary.
+
+mod common;
+
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+
+use common::*;
+
+fn pack(src: &Path, out: &Path, extra: &[&str]) -> std::process::Output {
+    let mut args: Vec<&std::ffi::OsStr> = vec![
+        "pack".as_ref(),
+        src.as_os_str(),
+        "-o".as_ref(),
+        out.as_os_str(),
+    ];
+    args.extend(extra.iter().map(|s| std::ffi::OsStr::new(*s)));
+    run(args)
+}
+
+#[test]
+fn round_trip_edge_tree_in_every_mode() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    let files = edge_tree();
+    write_tree(&src, &files);
+    let modes: &[&[&str]] = &[
+        &[],
+        &["--order", "walk", "--compress", "none"],
+        &["--compress", "zstd:5", "--seed", "9", "--labels", "none"],
+        &["--chunk-size", "1"],
+    ];
+    for (i, extra) in modes.iter().enumerate() {
+        let ds = tmp.path().join(format!("ds{i}"));
+        let mut args = extra.to_vec();
+        if !extra.contains(&"--chunk-size") {
+            args.extend_from_slice(&["--chunk-size", "20KiB"]);
+        }
+        let o = pack(&src, &ds, &args);
+        assert!(o.status.success(), "{extra:?}: {}", stderr(&o));
+        run_ok(["verify".as_ref(), ds.as_os_str()]);
+        let out = tmp.path().join(format!("out{i}"));
+        run_ok([
+            "extract".as_ref(),
+            ds.as_os_str(),
+            "-o".as_ref(),
+            out.as_os_str(),
+        ]);
+        assert_eq!(read_tree(&out), sorted(files.clone()), "mode {extra:?}");
+    }
+}
+
+#[test]
+fn info_ls_cat_and_json() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    let files = edge_tree();
+    write_tree(&src, &files);
+    let ds = tmp.path().join("ds");
+    let o = pack(&src, &ds, &["--json", "--chunk-size", "64KiB"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let s: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(s["files"], files.len() as u64);
+    assert_eq!(s["classes"], 12);
+    assert!(s["chunks"].as_u64().unwrap() > 1);
+    assert!(s["compressed_records"].as_u64().unwrap() > 0);
+    assert!(stderr(&o).contains("outside any class directory"));
+
+    let info: serde_json::Value = serde_json::from_slice(
+        &run_ok(["info".as_ref(), ds.as_os_str(), "--json".as_ref()]).stdout,
+    )
+    .unwrap();
+    assert_eq!(info["samples"], files.len() as u64);
+    assert_eq!(info["format_version"], "1.0");
+    assert_eq!(info["classes"][3], "c03");
+    assert_eq!(info["dataset_id"], s["dataset_id"]);
+
+    let ls = stdout(&run_ok(["ls".as_ref(), ds.as_os_str()]));
+    let listed: Vec<&str> = ls.lines().collect();
+    assert_eq!(listed.len(), files.len());
+    assert!(listed.contains(&"c02/\\xff\\xfe-latin1-\\xe9.jpg"));
+    let mut sorted_listing = listed.clone();
+    sorted_listing.sort();
+    let ls_c03 = stdout(&run_ok([
+        "ls".as_ref(),
+        ds.as_os_str(),
+        "c03/".as_ref(),
+        "--long".as_ref(),
+    ]));
+    assert_eq!(ls_c03.lines().count(), 16);
+    assert!(ls_c03.lines().all(|l| l.contains(" c03 ")));
+
+    for (path, data) in &files {
+        let o = run_ok([
+            "cat".as_ref(),
+            ds.as_os_str(),
+            std::ffi::OsStr::from_bytes(path),
+        ]);
+        assert_eq!(&o.stdout, data, "{}", String::from_utf8_lossy(path));
+    }
+    // The escaped form shown by ls works too, and ids work.
+    let o = run_ok([
+        "cat",
+        ds.to_str().unwrap(),
+        "c02/\\xff\\xfe-latin1-\\xe9.jpg",
+    ]);
+    assert_eq!(o.stdout, b"\xff\xd8\xff\xe0jpeg-ish");
+    let o = run(["cat", ds.to_str().unwrap(), "nope"]);
+    assert!(!o.status.success() && stderr(&o).contains("no such path"));
+    let o = run(["cat", ds.to_str().unwrap(), "--id", "999999"]);
+    assert!(!o.status.success() && stderr(&o).contains("out of range"));
+}
+
+#[test]
+fn refuses_bad_requests_clearly() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    std::fs::create_dir(&src).unwrap();
+    let ds = tmp.path().join("ds");
+    let o = pack(&src, &ds, &[]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("no files to pack"), "{}", stderr(&o));
+    assert!(!ds.exists());
+
+    write_tree(&src, &[(b"a/x".to_vec(), b"x".to_vec())]);
+    let o = pack(&src, &src.join("inside"), &[]);
+    assert!(stderr(&o).contains("inside the source"), "{}", stderr(&o));
+    run_ok([
+        "pack".as_ref(),
+        src.as_os_str(),
+        "-o".as_ref(),
+        ds.as_os_str(),
+    ]);
+    let o = pack(&src, &ds, &[]);
+    assert!(stderr(&o).contains("already exists"), "{}", stderr(&o));
+    let o = pack(&src, &ds, &["--force"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = pack(&tmp.path().join("missing"), &tmp.path().join("ds2"), &[]);
+    assert!(stderr(&o).contains("missing"), "{}", stderr(&o));
+    let o = pack(&src, &tmp.path().join("ds3"), &["--compress", "lz77"]);
+    assert_eq!(o.status.code(), Some(2));
+    let o = run(["info", tmp.path().join("nothing").to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("nothing"));
+}
+
+#[test]
+fn files_from_list_and_vanished_files() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    let files = edge_tree();
+    write_tree(&src, &files);
+    let list = tmp.path().join("list");
+    let mut l = Vec::new();
+    for (p, _) in files.iter().take(20) {
+        l.extend_from_slice(b"./");
+        l.extend_from_slice(p);
+        l.push(0);
+    }
+    std::fs::write(&list, &l).unwrap();
+    let ds = tmp.path().join("ds");
+    let o = pack(
+        &src,
+        &ds,
+        &["--files-from", list.to_str().unwrap(), "--json"],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let s: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(s["files"], 20);
+
+    // A listed file that does not exist: a clear error naming it, or skipped with exit 3.
+    std::fs::write(&list, "c00/s000.bin\nc00/gone.bin\n").unwrap();
+    let o = pack(
+        &src,
+        &tmp.path().join("ds2"),
+        &["--files-from", list.to_str().unwrap()],
+    );
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("c00/gone.bin"), "{}", stderr(&o));
+    let o = pack(
+        &src,
+        &tmp.path().join("ds3"),
+        &["--files-from", list.to_str().unwrap(), "--skip-unreadable"],
+    );
+    assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
+    assert!(stderr(&o).contains("c00/gone.bin"));
+    run_ok(["verify", tmp.path().join("ds3").to_str().unwrap()]);
+
+    std::fs::write(&list, "../etc/passwd\n").unwrap();
+    let o = pack(
+        &src,
+        &tmp.path().join("ds4"),
+        &["--files-from", list.to_str().unwrap()],
+    );
+    assert!(stderr(&o).contains("'..'"), "{}", stderr(&o));
+}
+
+#[test]
+fn symlinks_are_skipped_unless_followed() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    write_tree(&src, &[(b"a/real".to_vec(), b"real".to_vec())]);
+    std::os::unix::fs::symlink("real", src.join("a/link")).unwrap();
+    let ds = tmp.path().join("ds");
+    let o = pack(&src, &ds, &["--json"]);
+    assert!(stderr(&o).contains("symbolic link"), "{}", stderr(&o));
+    let s: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(s["files"], 1);
+    let o = pack(&src, &tmp.path().join("ds2"), &["--json", "--follow-links"]);
+    let s: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(s["files"], 2);
+}
+
+#[test]
+fn damaged_chunk_is_reported_and_never_served() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    let files = edge_tree();
+    write_tree(&src, &files);
+    let ds = tmp.path().join("ds");
+    let o = pack(
+        &src,
+        &ds,
+        &[
+            "--chunk-size",
+            "16KiB",
+            "--compress",
+            "none",
+            "--order",
+            "walk",
+        ],
+    );
+    assert!(o.status.success());
+    // Flip one byte inside the record of c05/s004.bin.
+    let long = stdout(&run_ok([
+        "ls",
+        ds.to_str().unwrap(),
+        "c05/s004.bin",
+        "--long",
+    ]));
+    let chunk: u32 = long.split_whitespace().nth(4).unwrap().parse().unwrap();
+    let id: u64 = long.split_whitespace().next().unwrap().parse().unwrap();
+    let snap = granary::Dataset::open(&ds).unwrap();
+    let off = snap.sample(id).unwrap().entry.offset;
+    drop(snap);
+    let cpath = ds.join(granary_format::chunk_file_name(chunk));
+    let mut bytes = std::fs::read(&cpath).unwrap();
+    bytes[off as usize + 3] ^= 0x01;
+    std::fs::write(&cpath, &bytes).unwrap();
+
+    let o = run(["verify", ds.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1));
+    let report = stdout(&o);
+    assert!(
+        report.contains("c05/s004.bin") && report.contains(&format!("offset {off}")),
+        "{report}"
+    );
+    let o = run(["cat", ds.to_str().unwrap(), "c05/s004.bin"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(o.stdout.is_empty());
+    assert!(stderr(&o).contains("checksum mismatch"), "{}", stderr(&o));
+    let out = tmp.path().join("out");
+    let o = run(["extract", ds.to_str().unwrap(), "-o", out.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("c05/s004.bin"));
+    assert!(!out.join("c05/s004.bin").exists());
+    let mut want = sorted(files.clone());
+    want.retain(|(p, _)| p != b"c05/s004.bin");
+    assert_eq!(read_tree(&out), want);
+    // reindex refuses to build over damage.
+    let o = run(["reindex", ds.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("damaged"), "{}", stderr(&o));
+}
+
+#[test]
+fn reindex_rebuilds_a_lost_snapshot_byte_identically() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    write_tree(&src, &edge_tree());
+    let ds = tmp.path().join("ds");
+    assert!(pack(&src, &ds, &["--chunk-size", "32KiB"]).status.success());
+    let snap = ds.join(granary_format::SNAPSHOT_FILE);
+    let original = std::fs::read(&snap).unwrap();
+    std::fs::remove_file(&snap).unwrap();
+    let o = run(["info", ds.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1));
+    run_ok(["reindex", ds.to_str().unwrap()]);
+    assert_eq!(std::fs::read(&snap).unwrap(), original);
+    // A damaged snapshot too.
+    let mut bad = original.clone();
+    let mid = bad.len() / 2;
+    bad[mid] ^= 0xFF;
+    std::fs::write(&snap, &bad).unwrap();
+    assert_eq!(run(["verify", ds.to_str().unwrap()]).status.code(), Some(1));
+    run_ok(["reindex", ds.to_str().unwrap()]);
+    assert_eq!(std::fs::read(&snap).unwrap(), original);
+    // A missing chunk is named.
+    std::fs::remove_file(ds.join(granary_format::chunk_file_name(1))).unwrap();
+    let o = run(["reindex", ds.to_str().unwrap()]);
+    assert!(
+        stderr(&o).contains("chunk-00000001.gchunk"),
+        "{}",
+        stderr(&o)
+    );
+}
+
+#[test]
+fn foreign_chunk_is_rejected() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    write_tree(&src, &edge_tree());
+    let a = tmp.path().join("a");
+    let b = tmp.path().join("b");
+    assert!(pack(&src, &a, &["--order", "walk"]).status.success());
+    assert!(pack(&src, &b, &["--order", "walk"]).status.success());
+    let c0 = granary_format::chunk_file_name(0);
+    std::fs::copy(b.join(&c0), a.join(&c0)).unwrap();
+    let o = run(["verify", a.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stdout(&o).contains("another dataset"), "{}", stdout(&o));
+    let o = run(["cat", a.to_str().unwrap(), "c00/s000.bin"]);
+    assert!(stderr(&o).contains("another dataset"), "{}", stderr(&o));
+}
+
+#[test]
+fn crafted_snapshot_cannot_escape_the_target() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    write_tree(
+        &src,
+        &[
+            (b"xx/evil".to_vec(), b"evil1".to_vec()),
+            (b"_tmp/ev".to_vec(), b"evil2".to_vec()),
+            (b"ok/fine".to_vec(), b"fine".to_vec()),
+        ],
+    );
+    let ds = tmp.path().join("ds");
+    assert!(pack(&src, &ds, &[]).status.success());
+    let snap = ds.join(granary_format::SNAPSHOT_FILE);
+    let mut b = std::fs::read(&snap).unwrap();
+    for (from, to) in [(&b"xx/evil"[..], &b"../evil"[..]), (b"_tmp/ev", b"/tmp/ev")] {
+        let at = b.windows(from.len()).position(|w| w == from).unwrap();
+        b[at..at + from.len()].copy_from_slice(to);
+    }
+    reseal_snapshot(&mut b);
+    std::fs::write(&snap, &b).unwrap();
+    let out = tmp.path().join("deep/out");
+    let o = run(["extract", ds.to_str().unwrap(), "-o", out.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        stderr(&o).contains("refusing unsafe path"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(!tmp.path().join("deep/evil").exists());
+    assert!(!Path::new("/tmp/ev").exists());
+    assert_eq!(std::fs::read(out.join("ok/fine")).unwrap(), b"fine");
+    // verify calls the crafted paths damage as well.
+    let o = run(["verify", ds.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stdout(&o).contains("'..' path component"), "{}", stdout(&o));
+}
+
+#[test]
+fn extract_never_follows_symlinks_or_overwrites() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    write_tree(
+        &src,
+        &[
+            (b"cls/file".to_vec(), b"data".to_vec()),
+            (b"other/x".to_vec(), b"x".to_vec()),
+        ],
+    );
+    let ds = tmp.path().join("ds");
+    assert!(pack(&src, &ds, &[]).status.success());
+    let out = tmp.path().join("out");
+    let elsewhere = tmp.path().join("elsewhere");
+    std::fs::create_dir_all(&out).unwrap();
+    std::fs::create_dir_all(&elsewhere).unwrap();
+    std::os::unix::fs::symlink(&elsewhere, out.join("cls")).unwrap();
+    std::fs::create_dir_all(out.join("other")).unwrap();
+    std::fs::write(out.join("other/x"), b"mine").unwrap();
+    let o = run(["extract", ds.to_str().unwrap(), "-o", out.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("symbolic link"), "{}", stderr(&o));
+    assert!(std::fs::read_dir(&elsewhere).unwrap().next().is_none());
+    assert_eq!(std::fs::read(out.join("other/x")).unwrap(), b"mine");
+}
+
+#[test]
+fn write_failure_keeps_work_for_resume() {
+    // RLIMIT_FSIZE makes chunk writes fail with EFBIG, as a full disk fails them with ENOSPC.
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    let mut files: Vec<(Vec<u8>, Vec<u8>)> = (0..200u64)
+        .map(|i| (format!("c{}/f{i}", i % 4).into_bytes(), bytes(i, 3000)))
+        .collect();
+    // Sorted last with --order walk, and larger than the file size limit below.
+    files.push((b"z/big".to_vec(), bytes(7, 200_000)));
+    write_tree(&src, &files);
+    let ds = tmp.path().join("ds");
+    let o = std::process::Command::new("sh")
+        .arg("-c")
+        .arg("trap '' XFSZ; ulimit -f 256; exec \"$0\" pack \"$1\" -o \"$2\" --chunk-size 48KiB --compress none --order walk")
+        .arg(env!("CARGO_BIN_EXE_granary"))
+        .arg(&src)
+        .arg(&ds)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("writing") && stderr(&o).contains(".gchunk"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(!ds.exists());
+    let o = pack(
+        &src,
+        &ds,
+        &[
+            "--chunk-size",
+            "48KiB",
+            "--compress",
+            "none",
+            "--order",
+            "walk",
+        ],
+    );
+    assert!(stderr(&o).contains("--resume"), "{}", stderr(&o));
+    let o = pack(
+        &src,
+        &ds,
+        &[
+            "--chunk-size",
+            "48KiB",
+            "--compress",
+            "none",
+            "--resume",
+            "--json",
+        ],
+    );
+    assert!(stderr(&o).contains("other settings"), "{}", stderr(&o));
+    let o = pack(
+        &src,
+        &ds,
+        &[
+            "--chunk-size",
+            "48KiB",
+            "--compress",
+            "none",
+            "--order",
+            "walk",
+            "--resume",
+            "--json",
+        ],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let s: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(
+        s["chunks_resumed"].as_u64().unwrap() + 1,
+        s["chunks"].as_u64().unwrap(),
+        "{s}"
+    );
+    let out = tmp.path().join("out");
+    run_ok(["extract", ds.to_str().unwrap(), "-o", out.to_str().unwrap()]);
+    assert_eq!(read_tree(&out), sorted(files));
+}

@@ -1,0 +1,151 @@
+//! Helpers shared by the end-to-end tests: temp dirs, running the binary, making trees.
+#![allow(dead_code)]
+
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+pub fn granary() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_granary"))
+}
+
+/// Runs granary with `args`; returns the output.
+pub fn run<I, S>(args: I) -> Output
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<OsStr>,
+{
+    granary().args(args).output().expect("granary runs")
+}
+
+/// Runs granary and asserts exit status `code`.
+pub fn run_ok<I, S>(args: I) -> Output
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<OsStr>,
+{
+    let o = run(args);
+    assert!(
+        o.status.success(),
+        "granary failed: {}\nstdout: {}\nstderr: {}",
+        o.status,
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    o
+}
+
+pub fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+pub fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// A deterministic pseudo-random byte string.
+pub fn bytes(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 24) as u8
+        })
+        .collect()
+}
+
+/// Writes `files` (relative raw paths → contents) under `root`.
+pub fn write_tree(root: &Path, files: &[(Vec<u8>, Vec<u8>)]) {
+    for (rel, data) in files {
+        let p = root.join(OsStr::from_bytes(rel));
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(&p, data).unwrap();
+    }
+}
+
+/// A tree exercising the edge cases: many classes, zero-byte, large, compressible, non-UTF-8
+/// names, deep paths, a file outside any class directory.
+pub fn edge_tree() -> Vec<(Vec<u8>, Vec<u8>)> {
+    let mut v = Vec::new();
+    for c in 0..12u64 {
+        for i in 0..15u64 {
+            let len = ((c * 7919 + i * 104_729) % 9000) as usize;
+            let data = if i % 3 == 0 {
+                format!("class {c} sample {i} ")
+                    .repeat(len / 20 + 1)
+                    .into_bytes()
+            } else {
+                bytes(c * 100 + i, len)
+            };
+            v.push((format!("c{c:02}/s{i:03}.bin").into_bytes(), data));
+        }
+    }
+    v.push((b"c00/empty".to_vec(), Vec::new()));
+    v.push((b"c01/large.bin".to_vec(), bytes(99, 300_000)));
+    v.push((
+        b"c02/\xff\xfe-latin1-\xe9.jpg".to_vec(),
+        b"\xff\xd8\xff\xe0jpeg-ish".to_vec(),
+    ));
+    v.push((b"c03/a/b/c/d/e/f/g/h/deep.txt".to_vec(), b"deep".to_vec()));
+    v.push((b"c04/sp ace & quote'.txt".to_vec(), b"odd name".to_vec()));
+    v.push((b"rootfile.txt".to_vec(), b"no class".to_vec()));
+    v
+}
+
+/// Every regular file under `root`: relative raw path → contents, sorted.
+pub fn read_tree(root: &Path) -> Vec<(Vec<u8>, Vec<u8>)> {
+    let mut v: Vec<(Vec<u8>, Vec<u8>)> = walk(root)
+        .into_iter()
+        .map(|p| {
+            let rel = p
+                .strip_prefix(root)
+                .unwrap()
+                .as_os_str()
+                .as_bytes()
+                .to_vec();
+            (rel, std::fs::read(&p).unwrap())
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let e = e.unwrap();
+        let ft = e.file_type().unwrap();
+        if ft.is_dir() {
+            out.extend(walk(&e.path()));
+        } else if ft.is_file() {
+            out.push(e.path());
+        }
+    }
+    out
+}
+
+pub fn sorted(mut v: Vec<(Vec<u8>, Vec<u8>)>) -> Vec<(Vec<u8>, Vec<u8>)> {
+    v.sort();
+    v
+}
+
+/// Recomputes every CRC of a snapshot (sections, section table, header) after a deliberate
+/// edit, as a hostile author would, so the edit passes the checksum checks.
+pub fn reseal_snapshot(b: &mut [u8]) {
+    let u32_at = |b: &[u8], at: usize| u32::from_le_bytes(b[at..at + 4].try_into().unwrap());
+    let u64_at = |b: &[u8], at: usize| u64::from_le_bytes(b[at..at + 8].try_into().unwrap());
+    let n = u32_at(b, 48) as usize;
+    for i in 0..n {
+        let e = 64 + i * 32;
+        let (off, len) = (u64_at(b, e + 8) as usize, u64_at(b, e + 16) as usize);
+        let crc = crc32fast::hash(&b[off..off + len]);
+        b[e + 24..e + 28].copy_from_slice(&crc.to_le_bytes());
+    }
+    let crc = crc32fast::hash(&b[64..64 + n * 32]);
+    b[52..56].copy_from_slice(&crc.to_le_bytes());
+    let crc = crc32fast::hash(&b[0..60]);
+    b[60..64].copy_from_slice(&crc.to_le_bytes());
+}
