@@ -113,7 +113,11 @@ pub fn file_bytes(opts: &GenOptions, i: u64) -> Vec<u8> {
             ];
             while v.len() < size {
                 v.extend_from_slice(WORDS[(r.next_u64() % 16) as usize].as_bytes());
-                v.push(if r.next_u64() % 12 == 0 { b'\n' } else { b' ' });
+                v.push(if r.next_u64().is_multiple_of(12) {
+                    b'\n'
+                } else {
+                    b' '
+                });
             }
         }
     }
