@@ -27,7 +27,10 @@ fn golden_source() -> Vec<(Vec<u8>, Vec<u8>)> {
         v.push((format!("{class}/{i:03}.bin").into_bytes(), data));
     }
     v.push((b"apple/empty".to_vec(), Vec::new()));
-    v.push((b"banana/caf\xe9-\xff.raw".to_vec(), b"latin-1 name".to_vec()));
+    v.push((
+        b"banana/caf\xe9-\xff.raw".to_vec(),
+        b"latin-1 name".to_vec(),
+    ));
     v.push((b"unlabelled.txt".to_vec(), b"at the root".to_vec()));
     v
 }
@@ -66,7 +69,12 @@ fn reads_golden_v1() {
     let mut compressed = 0;
     for (path, data) in &want {
         let id = ds.lookup(path).unwrap().expect("golden path present");
-        assert_eq!(&ds.read(id).unwrap(), data, "{}", String::from_utf8_lossy(path));
+        assert_eq!(
+            &ds.read(id).unwrap(),
+            data,
+            "{}",
+            String::from_utf8_lossy(path)
+        );
         let s = ds.sample(id).unwrap();
         compressed += (s.compression == granary::Compression::Zstd) as u32;
         let label = match path.iter().position(|&b| b == b'/') {
@@ -81,6 +89,11 @@ fn reads_golden_v1() {
     // The binary reads it too, byte-exact.
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("out");
-    run_ok(["extract".as_ref(), ds_path.as_os_str(), "-o".as_ref(), out.as_os_str()]);
+    run_ok([
+        "extract".as_ref(),
+        ds_path.as_os_str(),
+        "-o".as_ref(),
+        out.as_os_str(),
+    ]);
     assert_eq!(read_tree(&out), sorted(want));
 }

@@ -21,6 +21,8 @@ pub struct PackBenchOptions {
     pub template: PackOptions,
     /// Number of random paths looked up.
     pub lookups: u64,
+    /// Runs per side (alternating tar, granary); medians are reported.
+    pub repeat: usize,
 }
 
 /// Side-by-side numbers from one run.
@@ -29,6 +31,11 @@ pub struct PackBenchResult {
     pub files: u64,
     pub bytes: u64,
     pub cold: ColdMethod,
+    pub repeat: usize,
+    /// Seconds of every run, in run order.
+    pub tar_runs_s: Vec<f64>,
+    pub granary_runs_s: Vec<f64>,
+    /// Medians of the runs.
     pub tar_s: f64,
     pub tar_files_per_s: f64,
     pub granary_s: f64,
@@ -53,31 +60,41 @@ pub fn run(opts: &PackBenchOptions) -> Result<PackBenchResult, String> {
         _ => return Err(format!("{} has no parent directory", src.display())),
     };
 
-    let cold = make_cold(&[&src]);
-    let t = Instant::now();
-    let status = Command::new("sh")
-        .arg("-c")
-        .arg("tar -cf - -C \"$1\" \"$2\" | cat > /dev/null")
-        .arg("sh")
-        .arg(&parent)
-        .arg(&name)
-        .status()
-        .map_err(|e| format!("running tar: {e}"))?;
-    let tar_s = t.elapsed().as_secs_f64();
-    if !status.success() {
-        return Err(format!("tar failed: {status}"));
-    }
+    let mut tar_runs_s = Vec::new();
+    let mut granary_runs_s = Vec::new();
+    let mut cold = ColdMethod::None;
+    let mut summary = None;
+    for _ in 0..opts.repeat.max(1) {
+        cold = make_cold(&[&src]);
+        let t = Instant::now();
+        let status = Command::new("sh")
+            .arg("-c")
+            .arg("tar -cf - -C \"$1\" \"$2\" | cat > /dev/null")
+            .arg("sh")
+            .arg(&parent)
+            .arg(&name)
+            .status()
+            .map_err(|e| format!("running tar: {e}"))?;
+        tar_runs_s.push(t.elapsed().as_secs_f64());
+        if !status.success() {
+            return Err(format!("tar failed: {status}"));
+        }
 
-    if opts.out.exists() {
-        std::fs::remove_dir_all(&opts.out).map_err(|e| format!("{}: {e}", opts.out.display()))?;
+        if opts.out.exists() {
+            std::fs::remove_dir_all(&opts.out)
+                .map_err(|e| format!("{}: {e}", opts.out.display()))?;
+        }
+        let mut po = opts.template.clone();
+        po.src = src.clone();
+        po.out = opts.out.clone();
+        make_cold(&[&src]);
+        let t = Instant::now();
+        summary = Some(granary_packer::pack(&po).map_err(|e| e.to_string())?);
+        granary_runs_s.push(t.elapsed().as_secs_f64());
     }
-    let mut po = opts.template.clone();
-    po.src = src.clone();
-    po.out = opts.out.clone();
-    make_cold(&[&src]);
-    let t = Instant::now();
-    let s = granary_packer::pack(&po).map_err(|e| e.to_string())?;
-    let granary_s = t.elapsed().as_secs_f64();
+    let s = summary.expect("at least one run");
+    let tar_s = median(&mut tar_runs_s.clone());
+    let granary_s = median(&mut granary_runs_s.clone());
 
     let snapshot = opts.out.join(granary_format::SNAPSHOT_FILE);
     let snapshot_bytes = std::fs::metadata(&snapshot).map(|m| m.len()).unwrap_or(0);
@@ -96,12 +113,16 @@ pub fn run(opts: &PackBenchOptions) -> Result<PackBenchResult, String> {
         })
         .collect();
     let ds = granary::Dataset::open(&opts.out).map_err(|e| e.to_string())?;
+    ds.prefetch_metadata();
     let (lookup_median_ns, lookup_p99_ns) = time_lookups(&ds, opts.lookups)?;
 
     Ok(PackBenchResult {
         files: s.files,
         bytes: s.bytes_in,
         cold,
+        repeat: tar_runs_s.len(),
+        tar_runs_s,
+        granary_runs_s,
         tar_s,
         tar_files_per_s: s.files as f64 / tar_s,
         granary_s,
@@ -130,7 +151,8 @@ fn percentile(v: &mut [f64], q: f64) -> f64 {
 }
 
 /// Looks up `n` random existing paths in batches of 256; returns the median and 99th percentile
-/// of the per-lookup time of each batch (timer overhead amortised over the batch).
+/// of the per-lookup time of each batch (timer overhead amortised over the batch). One untimed
+/// pass first, so that page faults of the freshly opened snapshot are not counted.
 fn time_lookups(ds: &granary::Dataset, n: u64) -> Result<(f64, f64), String> {
     if ds.is_empty() || n == 0 {
         return Ok((0.0, 0.0));
@@ -143,6 +165,9 @@ fn time_lookups(ds: &granary::Dataset, n: u64) -> Result<(f64, f64), String> {
                 .map_err(|e| e.to_string())
         })
         .collect::<Result<_, _>>()?;
+    for p in &paths {
+        ds.lookup(p).map_err(|e| e.to_string())?;
+    }
     const BATCH: usize = 256;
     let mut per: Vec<f64> = Vec::new();
     let mut found = 0u64;
@@ -159,23 +184,33 @@ fn time_lookups(ds: &granary::Dataset, n: u64) -> Result<(f64, f64), String> {
     Ok((median(&mut per), percentile(&mut per, 0.99)))
 }
 
+fn runs(v: &[f64]) -> String {
+    v.iter()
+        .map(|x| format!("{x:.2}"))
+        .collect::<Vec<_>>()
+        .join("/")
+}
+
 /// Renders the result as the table printed by `granary bench pack`.
 pub fn render(r: &PackBenchResult, src: &Path) -> String {
     format!(
-        "pack benchmark on {} ({} files, {:.1} MB), caches made cold by {:?}\n\
-         \x20 tar -cf - | cat >/dev/null  {:>8.2} s  {:>10.0} files/s\n\
-         \x20 granary pack                {:>8.2} s  {:>10.0} files/s  {:>7.1} MB/s  ({} chunks)\n\
+        "pack benchmark on {} ({} files, {:.1} MB), caches made cold by {:?}, median of {} runs\n\
+         \x20 tar -cf - | cat >/dev/null  {:>8.2} s  {:>10.0} files/s   runs {}\n\
+         \x20 granary pack                {:>8.2} s  {:>10.0} files/s   runs {}  {:.1} MB/s, {} chunks\n\
          \x20 granary / tar speed ratio   {:>8.2}x\n\
          \x20 snapshot {} bytes: open cold {:.2} ms, warm median {:.1} us\n\
-         \x20 path lookup: median {:.0} ns, p99 {:.0} ns (per lookup, batches of 256)\n",
+         \x20 path lookup (warm): median {:.0} ns, p99 {:.0} ns (per lookup, batches of 256)\n",
         src.display(),
         r.files,
         r.bytes as f64 / 1e6,
         r.cold,
+        r.repeat,
         r.tar_s,
         r.tar_files_per_s,
+        runs(&r.tar_runs_s),
         r.granary_s,
         r.granary_files_per_s,
+        runs(&r.granary_runs_s),
         r.granary_mb_per_s,
         r.chunks,
         r.speed_ratio,

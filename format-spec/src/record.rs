@@ -147,7 +147,7 @@ mod tests {
             .unwrap();
         w.append(b"r", &orig, Compression::None, orig.len() as u64, crc, 0)
             .unwrap();
-        let (bytes, s) = w.finish::<&[u8]>(&[]).unwrap();
+        let (bytes, s) = w.finish(&[b"class0"]).unwrap();
         let c = check_chunk(&bytes, &[1; 16], 0).unwrap();
         assert!(c.bad_records.is_empty());
         assert_eq!(c.file_crc, s.file_crc);

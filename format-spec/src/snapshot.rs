@@ -280,6 +280,11 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
         self.bytes.as_ref()
     }
 
+    /// The byte container the snapshot was opened over.
+    pub fn bytes_container(&self) -> &B {
+        &self.bytes
+    }
+
     /// The underlying bytes.
     pub fn bytes(&self) -> &[u8] {
         self.b()

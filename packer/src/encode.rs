@@ -194,6 +194,42 @@ mod tests {
     }
 
     #[test]
+    fn changed_or_vanished_files_are_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("f");
+        std::fs::write(&p, b"hello world").unwrap();
+        let e = read_and_encode(&p, 11, CompressMode::Auto).unwrap();
+        assert_eq!((e.orig_len, e.compression), (11, Compression::None));
+        let err = read_and_encode(&p, 5, CompressMode::Auto).err().unwrap();
+        assert!(err.contains("size changed since the scan"), "{err}");
+        std::fs::remove_file(&p).unwrap();
+        let err = read_and_encode(&p, 11, CompressMode::Auto).err().unwrap();
+        assert!(err.contains("cannot open"), "{err}");
+    }
+
+    #[test]
+    fn auto_keeps_zstd_only_where_it_pays() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("f");
+        std::fs::write(&p, "abc ".repeat(1000)).unwrap();
+        let e = read_and_encode(&p, 4000, CompressMode::Auto).unwrap();
+        assert_eq!(e.compression, Compression::Zstd);
+        assert!(e.stored.len() < 400);
+        let jpeg = [&b"\xFF\xD8\xFF\xE0"[..], &[0u8; 4000]].concat();
+        std::fs::write(&p, &jpeg).unwrap();
+        let e = read_and_encode(&p, 4004, CompressMode::Auto).unwrap();
+        assert_eq!(
+            e.compression,
+            Compression::None,
+            "JPEG is stored raw without trying"
+        );
+        let e = read_and_encode(&p, 4004, CompressMode::Zstd(3)).unwrap();
+        assert_eq!(e.compression, Compression::Zstd);
+        let e = read_and_encode(&p, 4004, CompressMode::None).unwrap();
+        assert_eq!(e.compression, Compression::None);
+    }
+
+    #[test]
     fn magic_sniffing() {
         assert!(looks_compressed(b"\xFF\xD8\xFF\xE0rest"));
         assert!(looks_compressed(b"\x89PNG\r\n\x1a\nIHDR"));

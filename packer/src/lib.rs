@@ -37,6 +37,8 @@ pub use rng::SplitMix64;
 /// Default target chunk size (see README: measured on this project's reference machine).
 pub const DEFAULT_CHUNK_SIZE: u64 = 32 << 20;
 const PLAN_FILE: &str = "pack-plan.bin";
+/// Default number of reader threads (see README: measured).
+pub const DEFAULT_IO_THREADS: usize = 32;
 
 /// Errors of the packer. Every variant says which file and what happened.
 #[derive(Debug, thiserror::Error)]
@@ -104,6 +106,9 @@ pub struct PackOptions {
     pub resume: bool,
     pub skip_unreadable: bool,
     pub progress: bool,
+    /// Threads that read, checksum and compress source files. Reads block on storage, so more
+    /// threads than cores keep more requests in flight.
+    pub io_threads: usize,
 }
 
 impl PackOptions {
@@ -123,6 +128,7 @@ impl PackOptions {
             resume: false,
             skip_unreadable: false,
             progress: false,
+            io_threads: DEFAULT_IO_THREADS,
         }
     }
 }
@@ -524,6 +530,7 @@ fn make_plan(
                 rel: f.rel,
                 size: f.size,
                 label,
+                ino: f.ino,
             }
         })
         .collect();
@@ -580,6 +587,11 @@ fn write_chunks(
     files_done: &mut u64,
     skipped: &mut Vec<Skipped>,
 ) -> Result<Vec<ChunkSummary>, PackError> {
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(opts.io_threads.max(1))
+        .thread_name(|i| format!("granary-read-{i}"))
+        .build()
+        .map_err(|e| PackError::Usage(format!("cannot start reader threads: {e}")))?;
     std::thread::scope(|scope| {
         // One chunk in the channel, one being written, one being read: bounded memory.
         let (tx, rx) = sync_channel::<(usize, Vec<(usize, encode::Encoded)>)>(1);
@@ -593,20 +605,24 @@ fn write_chunks(
         let mut failure = None;
         for &c in todo {
             let files = plan.chunk_files(c);
-            let results: Vec<Result<encode::Encoded, String>> = files
-                .par_iter()
-                .map(|f| {
-                    let r = encode::read_and_encode(
-                        &src.join(std::ffi::OsStr::from_bytes(&f.rel)),
-                        f.size,
-                        opts.compress,
-                    );
-                    pb.inc(f.size);
-                    r
-                })
-                .collect();
-            let mut recs = Vec::with_capacity(results.len());
-            for (i, r) in results.into_iter().enumerate() {
+            // Read in inode order (close to on-disk order); keep the plan's record order.
+            let mut order: Vec<usize> = (0..files.len()).collect();
+            order.sort_unstable_by_key(|&i| files[i].ino);
+            let mut read: Vec<(usize, Result<encode::Encoded, String>)> = pool.install(|| {
+                order
+                    .par_iter()
+                    .map(|&i| {
+                        let f = &files[i];
+                        let path = src.join(std::ffi::OsStr::from_bytes(&f.rel));
+                        let r = encode::read_and_encode(&path, f.size, opts.compress);
+                        pb.inc(f.size);
+                        (i, r)
+                    })
+                    .collect()
+            });
+            read.sort_unstable_by_key(|(i, _)| *i);
+            let mut recs = Vec::with_capacity(files.len());
+            for (i, r) in read.into_iter() {
                 match r {
                     Ok(e) => recs.push((i, e)),
                     Err(reason) if opts.skip_unreadable => skipped.push(Skipped {

@@ -18,6 +18,8 @@ pub(crate) struct PlanFile {
     pub rel: Vec<u8>,
     pub size: u64,
     pub label: u32,
+    /// Inode number at scan time (only orders reads; never stored in the dataset).
+    pub ino: u64,
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -80,6 +82,7 @@ impl Plan {
         for f in &self.files {
             b.extend_from_slice(&f.size.to_le_bytes());
             b.extend_from_slice(&f.label.to_le_bytes());
+            b.extend_from_slice(&f.ino.to_le_bytes());
         }
         b.extend_from_slice(&(self.chunk_starts.len() as u64).to_le_bytes());
         for s in &self.chunk_starts {
@@ -118,6 +121,7 @@ impl Plan {
                 rel: paths.get(i).ok()?.to_vec(),
                 size: r.u64()?,
                 label: r.u32()?,
+                ino: r.u64()?,
             });
         }
         let nc = r.u64()?;
@@ -189,6 +193,7 @@ mod tests {
             rel: b"x".to_vec(),
             size,
             label: 0,
+            ino: 0,
         }
     }
 
@@ -212,11 +217,13 @@ mod tests {
                     rel: b"a/1".to_vec(),
                     size: 5,
                     label: 0,
+                    ino: 9,
                 },
                 PlanFile {
                     rel: b"\xff".to_vec(),
                     size: 0,
                     label: u32::MAX,
+                    ino: 1,
                 },
             ],
             chunk_starts: vec![0, 1, 2],

@@ -12,6 +12,8 @@ use crate::{PackError, Skipped};
 pub(crate) struct Found {
     pub rel: Vec<u8>,
     pub size: u64,
+    /// Inode number: reading a chunk's files in inode order follows the on-disk layout.
+    pub ino: u64,
 }
 
 pub(crate) struct ScanResult {
@@ -45,7 +47,7 @@ pub(crate) fn scan(
             on_found,
         )?,
     };
-    let stats: Vec<Result<Option<u64>, Skipped>> = rels
+    let stats: Vec<Result<Option<(u64, u64)>, Skipped>> = rels
         .par_iter()
         .map(|rel| {
             let p = abs(src, rel);
@@ -55,7 +57,9 @@ pub(crate) fn scan(
                 std::fs::symlink_metadata(&p)
             };
             match md {
-                Ok(m) if m.is_file() => Ok(Some(m.len())),
+                Ok(m) if m.is_file() => {
+                    Ok(Some((m.len(), std::os::unix::fs::MetadataExt::ino(&m))))
+                }
                 Ok(m) if m.file_type().is_symlink() => Ok(None),
                 Ok(_) => Ok(None),
                 Err(e) => Err(Skipped {
@@ -69,7 +73,7 @@ pub(crate) fn scan(
     let mut not_regular = 0u64;
     for (rel, st) in rels.into_iter().zip(stats) {
         match st {
-            Ok(Some(size)) => files.push(Found { rel, size }),
+            Ok(Some((size, ino))) => files.push(Found { rel, size, ino }),
             Ok(None) => {
                 not_regular += 1;
                 if not_regular <= 5 {

@@ -101,6 +101,9 @@ impl Dataset {
             ));
         }
         let map = map_file(&file, &snapshot_path)?;
+        // Opening and looking up touch a handful of pages spread over the file: without this,
+        // every cold page fault reads a whole readahead window (often megabytes) instead.
+        let _ = map.advise(memmap2::Advice::Random);
         let snap = Snapshot::open(map).map_err(|e| ReadError::format(&snapshot_path, e))?;
         Ok(Dataset {
             dir,
@@ -119,10 +122,21 @@ impl Dataset {
 
     /// Checks the CRC of every snapshot section; the first problem is returned.
     pub fn check_snapshot(&self) -> Result<()> {
+        // A full sequential pass follows: ask for the whole file up front.
+        self.prefetch_metadata();
         match self.snap.check_sections().into_iter().next() {
             Some(e) => Err(ReadError::format(&self.snapshot_path, e)),
             None => Ok(()),
         }
+    }
+
+    /// Asks the kernel to read the whole snapshot ahead, for workloads that will touch most of
+    /// it (full scans, many lookups); `open` itself advises random access.
+    pub fn prefetch_metadata(&self) {
+        let _ = self
+            .snap
+            .bytes_container()
+            .advise(memmap2::Advice::WillNeed);
     }
 
     /// The dataset directory.

@@ -81,6 +81,12 @@ struct PackArgs {
     /// Number of random path lookups to time.
     #[arg(long, default_value_t = 100_000)]
     lookups: u64,
+    /// Runs per side, alternating tar and granary; medians are reported.
+    #[arg(long, default_value_t = 1)]
+    repeat: usize,
+    /// granary reader threads (see `granary pack --help`).
+    #[arg(long, default_value_t = granary_packer::DEFAULT_IO_THREADS)]
+    io_threads: usize,
     /// Print the result as JSON.
     #[arg(long)]
     json: bool,
@@ -123,11 +129,13 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
             template.chunk_size = p.chunk_size;
             template.progress = progress;
             template.force = true;
+            template.io_threads = p.io_threads;
             let opts = PackBenchOptions {
                 src: p.src.clone(),
                 out: p.out.clone(),
                 template,
                 lookups: p.lookups,
+                repeat: p.repeat,
             };
             let r = packbench::run(&opts).map_err(anyhow::Error::msg)?;
             if p.json {

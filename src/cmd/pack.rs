@@ -72,6 +72,10 @@ pub struct Args {
     /// Skip files that cannot be read (or change while read), list them, and exit with 3.
     #[arg(long)]
     pub skip_unreadable: bool,
+    /// Threads that read, checksum and compress files (more than cores: reads block on
+    /// storage, and more requests in flight is what a parallel file system needs).
+    #[arg(long, default_value_t = granary_packer::DEFAULT_IO_THREADS)]
+    pub io_threads: usize,
     /// Print the summary as JSON on stdout.
     #[arg(long)]
     pub json: bool,
@@ -127,6 +131,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     o.force = a.force;
     o.resume = a.resume;
     o.skip_unreadable = a.skip_unreadable;
+    o.io_threads = a.io_threads;
     o.progress = !a.quiet && std::io::stderr().is_terminal();
     let s = granary_packer::pack(&o).with_context(|| format!("packing {}", a.src.display()))?;
     for w in &s.warnings {
