@@ -2,8 +2,11 @@ use super::*;
 use crate::{ChunkWriter, Compression};
 use proptest::prelude::*;
 
+/// (path, data, label) of one record.
+type Rec = (Vec<u8>, Vec<u8>, u32);
+
 /// Builds a dataset in memory: chunk files and the snapshot bytes.
-fn build(chunks: &[Vec<(Vec<u8>, Vec<u8>, u32)>], classes: &[&[u8]]) -> (Vec<Vec<u8>>, Vec<u8>) {
+fn build(chunks: &[Vec<Rec>], classes: &[&[u8]]) -> (Vec<Vec<u8>>, Vec<u8>) {
     let id = [0xAB; 16];
     let classes: Vec<Vec<u8>> = classes.iter().map(|c| c.to_vec()).collect();
     let mut b = SnapshotBuilder::new(id, classes.clone());
@@ -152,7 +155,7 @@ proptest! {
         recs in proptest::collection::btree_map(path_strategy(), (proptest::collection::vec(any::<u8>(), 0..64), 0u32..3), 0..40),
         split in 1usize..8,
     ) {
-        let recs: Vec<(Vec<u8>, Vec<u8>, u32)> = recs.into_iter().map(|(p, (d, l))| (p, d, l)).collect();
+        let recs: Vec<Rec> = recs.into_iter().map(|(p, (d, l))| (p, d, l)).collect();
         let chunks: Vec<Vec<_>> = recs.chunks(split).map(|c| c.to_vec()).collect();
         let (files, snap) = build(&chunks, &[b"x", b"y", b"z"]);
         let s = Snapshot::open(&snap[..]).unwrap();
