@@ -34,6 +34,8 @@ enum Command {
     Cat(cmd::cat::Args),
     Extract(cmd::extract::Args),
     Verify(cmd::verify::Args),
+    Read(cmd::read::Args),
+    Plan(cmd::plan::Args),
     Reindex(cmd::reindex::Args),
     Bench(cmd::bench::Args),
 }
@@ -47,6 +49,8 @@ fn main() -> ExitCode {
         Command::Cat(a) => cmd::cat::run(a),
         Command::Extract(a) => cmd::extract::run(a),
         Command::Verify(a) => cmd::verify::run(a),
+        Command::Read(a) => cmd::read::run(a),
+        Command::Plan(a) => cmd::plan::run(a),
         Command::Reindex(a) => cmd::reindex::run(a),
         Command::Bench(a) => cmd::bench::run(a),
     };

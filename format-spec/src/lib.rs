@@ -13,6 +13,7 @@ mod error;
 mod hash;
 mod le;
 mod record;
+mod rng;
 mod snapshot;
 mod strtab;
 
@@ -23,6 +24,7 @@ pub use chunk::{
 pub use error::{FormatError, Result};
 pub use hash::path_hash;
 pub use record::{check_chunk, decode_record, ChunkCheck, MAX_ZSTD_RATIO};
+pub use rng::SplitMix64;
 pub use snapshot::{
     ChunkEntry, SectionKind, Snapshot, SnapshotBuilder, CHUNK_ENTRY_LEN, SECTION_ENTRY_LEN,
     SNAPSHOT_HEADER_LEN,

@@ -11,7 +11,6 @@
 mod encode;
 mod plan;
 mod reindex;
-mod rng;
 mod scan;
 
 use std::collections::BTreeMap;
@@ -30,9 +29,9 @@ use rayon::prelude::*;
 use serde::Serialize;
 
 pub use encode::{looks_compressed, CompressMode, DEFAULT_LEVEL};
+pub use granary_format::SplitMix64;
 use plan::{Plan, PlanFile};
 pub use reindex::{reindex, ReindexSummary};
-pub use rng::SplitMix64;
 
 /// Default target chunk size (see README: measured on this project's reference machine).
 pub const DEFAULT_CHUNK_SIZE: u64 = 32 << 20;

@@ -169,6 +169,29 @@ impl Dataset {
         self.snap.chunk_count()
     }
 
+    /// The chunk sample ranges that epoch plans are computed from (O(chunks)).
+    pub fn shape(&self) -> Result<crate::DatasetShape> {
+        let counts = (0..self.chunk_count() as u32)
+            .map(|c| self.chunk(c).map(|ce| ce.sample_count))
+            .collect::<Result<Vec<u64>>>()?;
+        Ok(crate::DatasetShape::from_counts(counts))
+    }
+
+    /// Streams `shard`'s share of `epoch` as planned by `plan` (resuming from `resume` if
+    /// given): the reader library's main entry point.
+    pub fn stream_epoch(
+        self: &std::sync::Arc<Self>,
+        plan: &crate::PlanOptions,
+        epoch: u64,
+        shard: crate::Shard,
+        resume: Option<&crate::EpochState>,
+        io: &crate::StreamOptions,
+    ) -> Result<crate::EpochStream> {
+        let p = crate::EpochPlan::build(&self.shape()?, plan, epoch, shard, resume)
+            .map_err(ReadError::Invalid)?;
+        crate::EpochStream::new(self.clone(), p, plan.mode, io)
+    }
+
     /// Path of chunk `id`'s file.
     pub fn chunk_path(&self, id: u32) -> PathBuf {
         self.dir.join(chunk_file_name(id))
@@ -216,7 +239,11 @@ impl Dataset {
         self.snap.class_name(label).map_err(|e| self.fmt_err(e))
     }
 
-    fn record_error(&self, info: &SampleInfo, source: granary_format::FormatError) -> ReadError {
+    pub(crate) fn record_error(
+        &self,
+        info: &SampleInfo,
+        source: granary_format::FormatError,
+    ) -> ReadError {
         let sample_path = self
             .path(info.id)
             .map(escape_path)
@@ -232,7 +259,7 @@ impl Dataset {
     }
 
     /// Checks that `info`'s record lies inside its chunk as the chunk table describes it.
-    fn check_placement(&self, info: &SampleInfo) -> Result<ChunkEntry> {
+    pub(crate) fn check_placement(&self, info: &SampleInfo) -> Result<ChunkEntry> {
         let e = &info.entry;
         let ce = self.chunk(e.chunk)?;
         let records_end = ce.file_size.saturating_sub(CHUNK_TRAILER_LEN as u64);

@@ -8,7 +8,10 @@
 mod dataset;
 mod error;
 mod extract;
+pub mod io;
 mod pathfmt;
+pub mod plan;
+mod stream;
 mod verify;
 
 pub use dataset::{ChunkBytes, Dataset, SampleInfo};
@@ -16,4 +19,9 @@ pub use error::{ReadError, RecordError, Result};
 pub use extract::{extract, ExtractOptions, ExtractSummary};
 pub use granary_format::{Compression, FormatError, NO_LABEL};
 pub use pathfmt::{escape_path, unescape_path};
+pub use plan::{
+    shuffle_quality, DatasetShape, EpochPlan, EpochState, PlanOptions, Shard, ShuffleMode,
+    ShuffleQuality,
+};
+pub use stream::{EpochStream, Sample, StreamOptions};
 pub use verify::{verify, Problem, VerifyReport};

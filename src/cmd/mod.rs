@@ -6,6 +6,8 @@ pub mod extract;
 pub mod info;
 pub mod ls;
 pub mod pack;
+pub mod plan;
+pub mod read;
 pub mod reindex;
 pub mod verify;
 

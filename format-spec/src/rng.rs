@@ -1,4 +1,5 @@
-//! A small, stable PRNG so that a seed means the same order in every granary version.
+//! The seeded PRNG behind every granary layout and epoch plan. Stable across versions: a seed
+//! means the same order in every granary release, which is what makes plans resumable.
 
 /// SplitMix64 (Steele, Lea, Flood 2014).
 pub struct SplitMix64(u64);
@@ -25,6 +26,22 @@ impl SplitMix64 {
                 return (m >> 64) as u64;
             }
         }
+    }
+
+    /// A generator for a tuple of inputs (seed, epoch, rank, ...): each word is mixed in.
+    pub fn keyed(words: &[u64]) -> Self {
+        let mut r = SplitMix64::new(0x6772_616e_6172_7921);
+        for &w in words {
+            let x = r.next_u64() ^ w;
+            r = SplitMix64::new(x);
+            r.next_u64();
+        }
+        r
+    }
+
+    /// Uniform in [0, 1).
+    pub fn next_f64(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
     }
 
     /// Fisher–Yates shuffle.

@@ -1,0 +1,484 @@
+//! Epoch plans: which samples a (rank, worker) reads in an epoch, in which order, grouped into
+//! windows of chunks. A plan is a pure function of (dataset shape, options, epoch, shard,
+//! resume state): every rank computes every other rank's plan identically, without messages.
+//!
+//! Steps: (1) the epoch's global sequence of samples (chunk-grouped for `chunkwise`);
+//! (2) an equal-count cut per rank (drop or pad the remainder); (3) a contiguous split per
+//! loader worker; (4) windows of W chunks, samples shuffled within each window.
+
+use std::collections::HashMap;
+use std::ops::Range;
+
+use granary_format::SplitMix64;
+
+/// How an epoch is ordered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ShuffleMode {
+    /// Permute chunk order, read windows of W chunks, shuffle samples within each window.
+    Chunkwise,
+    /// Fully random sample order (record-level reads).
+    Global,
+    /// Snapshot order.
+    Sequential,
+}
+
+impl ShuffleMode {
+    /// Parses `chunkwise`, `global` or `sequential`.
+    pub fn parse(s: &str) -> Result<Self, String> {
+        match s {
+            "chunkwise" => Ok(ShuffleMode::Chunkwise),
+            "global" => Ok(ShuffleMode::Global),
+            "sequential" => Ok(ShuffleMode::Sequential),
+            _ => Err(format!(
+                "unknown shuffle mode {s:?}: use chunkwise, global or sequential"
+            )),
+        }
+    }
+}
+
+/// Samples per window in `global` mode (records are read one by one there).
+pub const GLOBAL_WINDOW_SAMPLES: usize = 1024;
+
+/// Options of a plan (the same on every rank and worker).
+#[derive(Clone, Debug, PartialEq)]
+pub struct PlanOptions {
+    pub mode: ShuffleMode,
+    pub seed: u64,
+    /// Chunks per shuffle window (chunkwise and sequential modes).
+    pub window_chunks: usize,
+    /// Equal counts per rank: drop the remainder (true) or pad by repeating samples (false).
+    pub drop_last: bool,
+    /// Fraction of chunks reassigned between ranks each epoch, in [0, 1]; 1 = fully random.
+    pub locality: f64,
+}
+
+impl Default for PlanOptions {
+    fn default() -> Self {
+        PlanOptions {
+            mode: ShuffleMode::Chunkwise,
+            seed: 0,
+            window_chunks: 8,
+            drop_last: true,
+            locality: 1.0,
+        }
+    }
+}
+
+/// Which share of the epoch: a distributed rank and a loader worker inside it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Shard {
+    pub rank: u32,
+    pub world_size: u32,
+    pub worker: u32,
+    pub num_workers: u32,
+}
+
+impl Shard {
+    /// The whole dataset: one rank, one worker.
+    pub const WHOLE: Shard = Shard {
+        rank: 0,
+        world_size: 1,
+        worker: 0,
+        num_workers: 1,
+    };
+
+    fn check(&self) -> Result<(), String> {
+        if self.world_size == 0 || self.rank >= self.world_size {
+            return Err(format!(
+                "rank {} is not in 0..{}",
+                self.rank, self.world_size
+            ));
+        }
+        if self.num_workers == 0 || self.worker >= self.num_workers {
+            return Err(format!(
+                "worker {} is not in 0..{}",
+                self.worker, self.num_workers
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Where an epoch stands: the configuration that was reading it and how many samples each
+/// (rank, worker) had consumed, indexed `rank * num_workers + worker`. A small state: resuming
+/// from it with the same configuration continues exactly; with another world size or worker
+/// count the rest of the epoch is redistributed, never repeating or skipping a sample.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EpochState {
+    pub epoch: u64,
+    pub world_size: u32,
+    pub num_workers: u32,
+    pub consumed: Vec<u64>,
+}
+
+/// The shape of a dataset that plans depend on: the sample range of every chunk.
+#[derive(Clone, Debug)]
+pub struct DatasetShape {
+    /// `first[c]` is chunk c's first sample id; `first[C]` is the sample count.
+    first: Vec<u64>,
+}
+
+impl DatasetShape {
+    /// From the chunk sample counts, in chunk order.
+    pub fn from_counts(counts: impl IntoIterator<Item = u64>) -> Self {
+        let mut first = vec![0];
+        for c in counts {
+            first.push(first.last().unwrap() + c);
+        }
+        DatasetShape { first }
+    }
+
+    pub fn samples(&self) -> u64 {
+        *self.first.last().unwrap()
+    }
+
+    pub fn chunks(&self) -> u32 {
+        (self.first.len() - 1) as u32
+    }
+
+    pub fn chunk_samples(&self, c: u32) -> Range<u64> {
+        self.first[c as usize]..self.first[c as usize + 1]
+    }
+
+    /// The chunk holding sample `id`.
+    pub fn chunk_of(&self, id: u64) -> u32 {
+        (self.first.partition_point(|&f| f <= id) - 1) as u32
+    }
+}
+
+/// A run of the plan read together: its chunks and its samples (already in delivery order).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Window {
+    /// Positions in [`EpochPlan::samples`].
+    pub range: Range<usize>,
+    /// Chunks holding the window's samples, ascending.
+    pub chunks: Vec<u32>,
+}
+
+/// One shard's plan for one epoch.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EpochPlan {
+    pub epoch: u64,
+    /// Sample ids in delivery order.
+    pub samples: Vec<u64>,
+    pub windows: Vec<Window>,
+}
+
+const TAG_CHUNKS: u64 = 1;
+const TAG_GLOBAL: u64 = 2;
+const TAG_HOME: u64 = 3;
+const TAG_MOVE: u64 = 4;
+const TAG_DEST: u64 = 5;
+const TAG_RANK_ORDER: u64 = 6;
+const TAG_WINDOW: u64 = 7;
+
+/// The epoch's global sequence before the per-rank cut.
+fn global_sequence(shape: &DatasetShape, o: &PlanOptions, epoch: u64, world: u32) -> Vec<u64> {
+    let n = shape.samples();
+    match o.mode {
+        ShuffleMode::Sequential => (0..n).collect(),
+        ShuffleMode::Global => {
+            let mut v: Vec<u64> = (0..n).collect();
+            SplitMix64::keyed(&[o.seed, epoch, TAG_GLOBAL]).shuffle(&mut v);
+            v
+        }
+        ShuffleMode::Chunkwise => {
+            let order = chunk_order(shape, o, epoch, world);
+            let mut v = Vec::with_capacity(n as usize);
+            for c in order {
+                v.extend(shape.chunk_samples(c));
+            }
+            v
+        }
+    }
+}
+
+/// Chunk order of a chunkwise epoch. With locality < 1, each rank keeps a home set of chunks
+/// (balanced by sample count) and only a seeded fraction of chunks moves to a random rank.
+fn chunk_order(shape: &DatasetShape, o: &PlanOptions, epoch: u64, world: u32) -> Vec<u32> {
+    let mut chunks: Vec<u32> = (0..shape.chunks()).collect();
+    if o.locality >= 1.0 || world <= 1 {
+        SplitMix64::keyed(&[o.seed, epoch, TAG_CHUNKS]).shuffle(&mut chunks);
+        return chunks;
+    }
+    // Home ranks: a seeded permutation cut into contiguous blocks of ~N/world samples.
+    SplitMix64::keyed(&[o.seed, TAG_HOME]).shuffle(&mut chunks);
+    let n = shape.samples().max(1);
+    let mut home = vec![0u32; shape.chunks() as usize];
+    let mut acc = 0u64;
+    for &c in &chunks {
+        let mid = acc + (shape.chunk_samples(c).end - shape.chunk_samples(c).start) / 2;
+        home[c as usize] = ((mid as u128 * world as u128 / n as u128) as u32).min(world - 1);
+        acc += shape.chunk_samples(c).end - shape.chunk_samples(c).start;
+    }
+    let mut owned: Vec<Vec<u32>> = vec![Vec::new(); world as usize];
+    for c in 0..shape.chunks() {
+        let mut r = SplitMix64::keyed(&[o.seed, epoch, TAG_MOVE, c as u64]);
+        let owner = if r.next_f64() < o.locality {
+            SplitMix64::keyed(&[o.seed, epoch, TAG_DEST, c as u64]).below(world as u64) as u32
+        } else {
+            home[c as usize]
+        };
+        owned[owner as usize].push(c);
+    }
+    let mut out = Vec::with_capacity(shape.chunks() as usize);
+    for (r, mut cs) in owned.into_iter().enumerate() {
+        SplitMix64::keyed(&[o.seed, epoch, TAG_RANK_ORDER, r as u64]).shuffle(&mut cs);
+        out.extend(cs);
+    }
+    out
+}
+
+/// Rank `rank`'s equal-count share of `seq`: `len / world` samples (drop_last) or
+/// `ceil(len / world)` (pad: positions past the end wrap to the start).
+fn cut_rank(seq: &[u64], world: u32, rank: u32, drop_last: bool) -> Vec<u64> {
+    let n = seq.len();
+    if n == 0 {
+        return Vec::new();
+    }
+    let w = world as usize;
+    let per = if drop_last { n / w } else { n.div_ceil(w) };
+    (rank as usize * per..(rank as usize + 1) * per)
+        .map(|p| seq[p % n])
+        .collect()
+}
+
+/// Worker `k`'s contiguous part of a rank's share.
+fn split_worker(seq: &[u64], workers: u32, k: u32) -> &[u64] {
+    let (n, kk) = (seq.len(), workers as usize);
+    let (base, rem) = (n / kk, n % kk);
+    let start = k as usize * base + (k as usize).min(rem);
+    let len = base + usize::from((k as usize) < rem);
+    &seq[start..start + len]
+}
+
+/// Groups a shard's sequence into windows and shuffles within chunkwise windows.
+fn windows(
+    shape: &DatasetShape,
+    o: &PlanOptions,
+    epoch: u64,
+    shard: &Shard,
+    mut seq: Vec<u64>,
+) -> EpochPlan {
+    let mut windows = Vec::new();
+    let mut start = 0;
+    let w = o.window_chunks.max(1);
+    while start < seq.len() {
+        let end;
+        let mut chunks: Vec<u32>;
+        if o.mode == ShuffleMode::Global {
+            end = (start + GLOBAL_WINDOW_SAMPLES).min(seq.len());
+            chunks = seq[start..end].iter().map(|&s| shape.chunk_of(s)).collect();
+        } else {
+            // W runs of consecutive samples from the same chunk.
+            chunks = Vec::new();
+            let mut i = start;
+            let mut prev = None;
+            while i < seq.len() {
+                let c = shape.chunk_of(seq[i]);
+                if prev != Some(c) {
+                    if chunks.len() == w {
+                        break;
+                    }
+                    chunks.push(c);
+                    prev = Some(c);
+                }
+                i += 1;
+            }
+            end = i;
+            if o.mode == ShuffleMode::Chunkwise {
+                let key = [
+                    o.seed,
+                    epoch,
+                    TAG_WINDOW,
+                    shard.rank as u64,
+                    shard.worker as u64,
+                    windows.len() as u64,
+                ];
+                SplitMix64::keyed(&key).shuffle(&mut seq[start..end]);
+            }
+        }
+        chunks.sort_unstable();
+        chunks.dedup();
+        windows.push(Window {
+            range: start..end,
+            chunks,
+        });
+        start = end;
+    }
+    EpochPlan {
+        epoch,
+        samples: seq,
+        windows,
+    }
+}
+
+/// The full plan of `shard` for `epoch`, ignoring any resume state.
+fn fresh(shape: &DatasetShape, o: &PlanOptions, epoch: u64, shard: &Shard) -> EpochPlan {
+    let seq = global_sequence(shape, o, epoch, shard.world_size);
+    let rank = cut_rank(&seq, shard.world_size, shard.rank, o.drop_last);
+    let part = split_worker(&rank, shard.num_workers, shard.worker).to_vec();
+    windows(shape, o, epoch, shard, part)
+}
+
+impl EpochPlan {
+    /// Builds `shard`'s plan for `epoch`; with `resume`, only what is left of the epoch.
+    pub fn build(
+        shape: &DatasetShape,
+        o: &PlanOptions,
+        epoch: u64,
+        shard: Shard,
+        resume: Option<&EpochState>,
+    ) -> Result<EpochPlan, String> {
+        shard.check()?;
+        if !(0.0..=1.0).contains(&o.locality) {
+            return Err(format!("locality {} is not in [0, 1]", o.locality));
+        }
+        let Some(st) = resume else {
+            return Ok(fresh(shape, o, epoch, &shard));
+        };
+        if st.epoch != epoch {
+            return Err(format!(
+                "resume state is for epoch {}, not {epoch}",
+                st.epoch
+            ));
+        }
+        let old = (st.world_size, st.num_workers);
+        if st.world_size == 0
+            || st.num_workers == 0
+            || st.consumed.len() != (old.0 * old.1) as usize
+        {
+            return Err(format!(
+                "resume state lists {} counts for {} ranks x {} workers",
+                st.consumed.len(),
+                old.0,
+                old.1
+            ));
+        }
+        if old == (shard.world_size, shard.num_workers) {
+            // Same configuration: continue exactly where this shard stopped.
+            let mut p = fresh(shape, o, epoch, &shard);
+            let done = st.consumed[(shard.rank * shard.num_workers + shard.worker) as usize];
+            p.skip(shape, done as usize);
+            return Ok(p);
+        }
+        // Another configuration: what the old shards had not delivered yet, regrouped by
+        // chunk in the epoch's chunk order, is cut again for the new ranks and workers.
+        let mut rest = Vec::new();
+        for r in 0..old.0 {
+            for k in 0..old.1 {
+                let s = Shard {
+                    rank: r,
+                    world_size: old.0,
+                    worker: k,
+                    num_workers: old.1,
+                };
+                let p = fresh(shape, o, epoch, &s);
+                let done = (st.consumed[(r * old.1 + k) as usize] as usize).min(p.samples.len());
+                rest.extend_from_slice(&p.samples[done..]);
+            }
+        }
+        if o.mode != ShuffleMode::Global {
+            let order = global_sequence(shape, o, epoch, old.0);
+            let mut chunk_pos = vec![0usize; shape.chunks() as usize];
+            let mut seen = vec![false; shape.chunks() as usize];
+            let mut next = 0;
+            for &s in &order {
+                let c = shape.chunk_of(s) as usize;
+                if !std::mem::replace(&mut seen[c], true) {
+                    chunk_pos[c] = next;
+                    next += 1;
+                }
+            }
+            rest.sort_by_key(|&s| (chunk_pos[shape.chunk_of(s) as usize], s));
+        }
+        let rank = cut_rank(&rest, shard.world_size, shard.rank, o.drop_last);
+        let part = split_worker(&rank, shard.num_workers, shard.worker).to_vec();
+        Ok(windows(shape, o, epoch, &shard, part))
+    }
+
+    /// Drops the first `n` samples (already consumed); windows are trimmed and re-based.
+    pub fn skip(&mut self, shape: &DatasetShape, n: usize) {
+        let n = n.min(self.samples.len());
+        self.samples.drain(..n);
+        self.windows.retain(|w| w.range.end > n);
+        for w in &mut self.windows {
+            w.range = w.range.start.saturating_sub(n)..w.range.end - n;
+        }
+        if let Some(w) = self.windows.first_mut() {
+            let mut cs: Vec<u32> = self.samples[w.range.clone()]
+                .iter()
+                .map(|&s| shape.chunk_of(s))
+                .collect();
+            cs.sort_unstable();
+            cs.dedup();
+            w.chunks = cs;
+        }
+    }
+
+    /// Number of samples in the plan.
+    pub fn len(&self) -> usize {
+        self.samples.len()
+    }
+
+    /// True when the plan delivers nothing.
+    pub fn is_empty(&self) -> bool {
+        self.samples.is_empty()
+    }
+}
+
+/// How well an order is shuffled, measured on labels (see [`shuffle_quality`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize)]
+pub struct ShuffleQuality {
+    /// Mean length of runs of consecutive samples with the same label (a global shuffle over C
+    /// balanced classes gives about C / (C - 1)).
+    pub mean_label_run: f64,
+    /// Mean total-variation distance between the label histogram of each block of
+    /// consecutive samples and the histogram of the whole sequence (0 = perfectly mixed).
+    pub block_label_tv: f64,
+    /// Fraction of consecutive pairs that come from the same chunk.
+    pub same_chunk_pairs: f64,
+}
+
+/// Measures `seq` (sample ids in delivery order) with blocks of `block` samples.
+pub fn shuffle_quality(
+    shape: &DatasetShape,
+    label: impl Fn(u64) -> u32,
+    seq: &[u64],
+    block: usize,
+) -> ShuffleQuality {
+    if seq.is_empty() {
+        return ShuffleQuality::default();
+    }
+    let labels: Vec<u32> = seq.iter().map(|&s| label(s)).collect();
+    let runs = 1 + labels.windows(2).filter(|w| w[0] != w[1]).count();
+    let mut global: HashMap<u32, f64> = HashMap::new();
+    for &l in &labels {
+        *global.entry(l).or_default() += 1.0 / labels.len() as f64;
+    }
+    let block = block.max(1);
+    let mut tv_sum = 0.0;
+    let mut blocks = 0;
+    for b in labels.chunks(block) {
+        let mut h: HashMap<u32, f64> = HashMap::new();
+        for &l in b {
+            *h.entry(l).or_default() += 1.0 / b.len() as f64;
+        }
+        let tv: f64 = global
+            .iter()
+            .map(|(l, p)| (h.get(l).copied().unwrap_or(0.0) - p).abs())
+            .sum::<f64>()
+            / 2.0;
+        tv_sum += tv;
+        blocks += 1;
+    }
+    let same = seq
+        .windows(2)
+        .filter(|w| shape.chunk_of(w[0]) == shape.chunk_of(w[1]))
+        .count();
+    ShuffleQuality {
+        mean_label_run: labels.len() as f64 / runs as f64,
+        block_label_tv: tv_sum / blocks as f64,
+        same_chunk_pairs: same as f64 / (seq.len() - 1).max(1) as f64,
+    }
+}

@@ -1,0 +1,340 @@
+//! Streaming an epoch plan: an I/O thread reads each window's chunks (whole-chunk ranges for
+//! chunkwise and sequential plans, single records for global plans) with the engine, a decode
+//! stage checks every record's CRC and decompresses in parallel (rayon), and the consumer
+//! iterates samples in plan order. Raw samples are slices of the read buffer, never copied.
+//! Memory is bounded by `prefetch + 2` windows.
+
+use std::collections::HashMap;
+use std::sync::mpsc::{sync_channel, Receiver};
+use std::sync::Arc;
+
+use granary_format::{decode_record, SampleEntry, CHUNK_HEADER_LEN};
+use rayon::prelude::*;
+
+use crate::error::{ReadError, Result};
+use crate::io::{Completed, Engine, IoFile, IoKind, Request};
+use crate::plan::{EpochPlan, ShuffleMode};
+use crate::Dataset;
+
+/// Options of the I/O path.
+#[derive(Clone, Debug)]
+pub struct StreamOptions {
+    pub io: IoKind,
+    /// Reads in flight.
+    pub queue_depth: usize,
+    /// Cap on bytes in flight.
+    pub max_inflight_bytes: usize,
+    /// Windows read ahead of the one being consumed.
+    pub prefetch: usize,
+    /// Use O_DIRECT where the file system supports it.
+    pub direct: bool,
+}
+
+impl Default for StreamOptions {
+    fn default() -> Self {
+        StreamOptions {
+            io: IoKind::Auto,
+            queue_depth: 8,
+            max_inflight_bytes: 64 << 20,
+            prefetch: 1,
+            direct: true,
+        }
+    }
+}
+
+/// A delivered sample: id, label, and its checked original bytes.
+pub struct Sample {
+    pub id: u64,
+    pub label: u32,
+    data: SampleData,
+}
+
+enum SampleData {
+    /// A slice of a shared read buffer (raw records).
+    Shared(Arc<Completed>, usize, usize),
+    /// Decompressed bytes.
+    Owned(Vec<u8>),
+}
+
+impl Sample {
+    /// The sample's original bytes (CRC-checked).
+    pub fn data(&self) -> &[u8] {
+        match &self.data {
+            SampleData::Shared(buf, at, len) => &buf.data()[*at..*at + *len],
+            SampleData::Owned(v) => v,
+        }
+    }
+
+    /// True when `data()` borrows the read buffer (no copy was made).
+    pub fn is_zero_copy(&self) -> bool {
+        matches!(self.data, SampleData::Shared(..))
+    }
+}
+
+/// Iterator over one shard's epoch: `Result<Sample>` in plan order. After an error the stream
+/// ends (the error names chunk, offset and sample).
+pub struct EpochStream {
+    rx: Receiver<Result<Vec<Sample>>>,
+    current: std::vec::IntoIter<Sample>,
+    done: bool,
+    backend: &'static str,
+    bytes_read: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl EpochStream {
+    /// Starts streaming `plan` from `ds`.
+    pub fn new(
+        ds: Arc<Dataset>,
+        plan: EpochPlan,
+        mode: ShuffleMode,
+        opts: &StreamOptions,
+    ) -> Result<Self> {
+        let mut engine = Engine::new(opts.io, opts.queue_depth, opts.max_inflight_bytes)?;
+        let backend = engine.name();
+        let (tx, rx) = sync_channel::<Result<Vec<Sample>>>(opts.prefetch.max(1));
+        let direct = opts.direct;
+        let bytes_read = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let counter = bytes_read.clone();
+        std::thread::Builder::new()
+            .name("granary-io".into())
+            .spawn(move || {
+                let mut files: HashMap<u32, Arc<IoFile>> = HashMap::new();
+                let mut checked: std::collections::HashSet<u32> = Default::default();
+                // Read window i + 1 while window i is decoded: decoding runs on the rayon pool
+                // from a second thread fed through a one-slot channel.
+                let (dtx, drx) = sync_channel::<(
+                    Vec<u64>,
+                    Vec<(u32, u64)>,
+                    Vec<Completed>,
+                    Vec<SampleEntry>,
+                    Vec<u32>,
+                )>(1);
+                let ds2 = ds.clone();
+                let tx2 = tx.clone();
+                let decoder = std::thread::Builder::new()
+                    .name("granary-decode".into())
+                    .spawn(move || {
+                        for (ids, locs, bufs, entries, labels) in drx {
+                            let r = decode_window(&ds2, &ids, &locs, bufs, &entries, &labels);
+                            let stop = r.is_err();
+                            if tx2.send(r).is_err() || stop {
+                                return;
+                            }
+                        }
+                    })
+                    .expect("spawn decoder");
+                for w in &plan.windows {
+                    let ids = &plan.samples[w.range.clone()];
+                    let r = read_window(
+                        &ds,
+                        &mut engine,
+                        &mut files,
+                        &mut checked,
+                        ids,
+                        mode,
+                        direct,
+                    );
+                    match r {
+                        Ok((locs, bufs, entries, labels)) => {
+                            let n: u64 = bufs.iter().map(|b| b.data().len() as u64).sum();
+                            counter.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+                            if dtx
+                                .send((ids.to_vec(), locs, bufs, entries, labels))
+                                .is_err()
+                            {
+                                break;
+                            }
+                        }
+                        Err(e) => {
+                            drop(dtx);
+                            let _ = decoder.join();
+                            let _ = tx.send(Err(e));
+                            return;
+                        }
+                    }
+                }
+                drop(dtx);
+                let _ = decoder.join();
+            })
+            .map_err(|e| ReadError::io("starting the I/O thread", "(thread)", e))?;
+        Ok(EpochStream {
+            rx,
+            current: Vec::new().into_iter(),
+            done: false,
+            backend,
+            bytes_read,
+        })
+    }
+
+    /// The I/O backend in use ("uring" or "pread").
+    pub fn backend(&self) -> &'static str {
+        self.backend
+    }
+
+    /// Bytes read from storage so far.
+    pub fn bytes_read(&self) -> u64 {
+        self.bytes_read.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+impl Iterator for EpochStream {
+    type Item = Result<Sample>;
+
+    fn next(&mut self) -> Option<Result<Sample>> {
+        loop {
+            if let Some(s) = self.current.next() {
+                return Some(Ok(s));
+            }
+            if self.done {
+                return None;
+            }
+            match self.rx.recv() {
+                Ok(Ok(v)) => self.current = v.into_iter(),
+                Ok(Err(e)) => {
+                    self.done = true;
+                    return Some(Err(e));
+                }
+                Err(_) => {
+                    self.done = true;
+                    return None;
+                }
+            }
+        }
+    }
+}
+
+type WindowRead = (Vec<(u32, u64)>, Vec<Completed>, Vec<SampleEntry>, Vec<u32>);
+
+/// Reads what a window needs. Returns, per sample, (buffer index, offset in that buffer), the
+/// buffers, and the sample entries and labels.
+fn read_window(
+    ds: &Dataset,
+    engine: &mut Engine,
+    files: &mut HashMap<u32, Arc<IoFile>>,
+    checked: &mut std::collections::HashSet<u32>,
+    ids: &[u64],
+    mode: ShuffleMode,
+    direct: bool,
+) -> Result<WindowRead> {
+    let mut entries = Vec::with_capacity(ids.len());
+    let mut labels = Vec::with_capacity(ids.len());
+    // Per chunk: the byte range every sample of the window needs.
+    let mut ranges: Vec<(u32, u64, u64)> = Vec::new();
+    let mut index: HashMap<u32, usize> = HashMap::new();
+    for &id in ids {
+        let info = ds.sample(id)?;
+        let ce = ds.check_placement(&info)?;
+        let e = info.entry;
+        let end = e.offset + e.stored_len;
+        if let std::collections::hash_map::Entry::Vacant(slot) = files.entry(e.chunk) {
+            let path = ds.chunk_path(e.chunk);
+            let f = IoFile::open(&path, direct)?;
+            let len = f
+                .file
+                .metadata()
+                .map_err(|err| ReadError::io("reading", &path, err))?
+                .len();
+            if len != ce.file_size {
+                return Err(ReadError::Invalid(format!(
+                    "{}: file is {len} bytes, the snapshot says {}",
+                    path.display(),
+                    ce.file_size
+                )));
+            }
+            slot.insert(Arc::new(f));
+        }
+        if mode != ShuffleMode::Global {
+            // Whole ranges from the chunk start: the header is checked on the way.
+            let i = *index.entry(e.chunk).or_insert_with(|| {
+                ranges.push((e.chunk, 0, 0));
+                ranges.len() - 1
+            });
+            ranges[i].2 = ranges[i].2.max(end);
+        }
+        entries.push(e);
+        labels.push(e.label);
+    }
+    let mut reqs: Vec<Request> = Vec::new();
+    let mut locs: Vec<(u32, u64)> = Vec::with_capacity(ids.len());
+    let mut header_req: Vec<(u32, usize)> = Vec::new();
+    if mode == ShuffleMode::Global {
+        for e in &entries {
+            if !checked.contains(&e.chunk) && !header_req.iter().any(|(c, _)| *c == e.chunk) {
+                header_req.push((e.chunk, reqs.len()));
+                reqs.push(Request {
+                    file: files[&e.chunk].clone(),
+                    offset: 0,
+                    len: CHUNK_HEADER_LEN,
+                });
+            }
+        }
+        for e in &entries {
+            locs.push((reqs.len() as u32, 0));
+            reqs.push(Request {
+                file: files[&e.chunk].clone(),
+                offset: e.offset,
+                len: e.stored_len as usize,
+            });
+        }
+    } else {
+        for (c, start, end) in &ranges {
+            if !checked.contains(c) {
+                header_req.push((*c, reqs.len()));
+            }
+            reqs.push(Request {
+                file: files[c].clone(),
+                offset: *start,
+                len: (*end).max(CHUNK_HEADER_LEN as u64) as usize,
+            });
+        }
+        for e in &entries {
+            locs.push((index[&e.chunk] as u32, e.offset));
+        }
+    }
+    let bufs = engine.read(&reqs)?;
+    for (c, i) in header_req {
+        ds.check_chunk_header(&bufs[i].data()[..CHUNK_HEADER_LEN], c, &ds.chunk_path(c))?;
+        checked.insert(c);
+    }
+    Ok((locs, bufs, entries, labels))
+}
+
+fn decode_window(
+    ds: &Dataset,
+    ids: &[u64],
+    locs: &[(u32, u64)],
+    bufs: Vec<Completed>,
+    entries: &[SampleEntry],
+    labels: &[u32],
+) -> Result<Vec<Sample>> {
+    let bufs: Vec<Arc<Completed>> = bufs.into_iter().map(Arc::new).collect();
+    (0..ids.len())
+        .into_par_iter()
+        .map(|i| {
+            let (b, at) = locs[i];
+            let e = &entries[i];
+            let buf = &bufs[b as usize];
+            let stored = buf
+                .data()
+                .get(at as usize..(at + e.stored_len) as usize)
+                .ok_or_else(|| {
+                    ReadError::Invalid(format!("sample {}: read buffer too short", ids[i]))
+                })?;
+            let data = match decode_record(e, stored) {
+                Ok(std::borrow::Cow::Borrowed(_)) => {
+                    SampleData::Shared(buf.clone(), at as usize, e.stored_len as usize)
+                }
+                Ok(std::borrow::Cow::Owned(v)) => SampleData::Owned(v),
+                Err(err) => {
+                    let info = ds.sample(ids[i])?;
+                    return Err(ds.record_error(&info, err));
+                }
+            };
+            Ok(Sample {
+                id: ids[i],
+                label: labels[i],
+                data,
+            })
+        })
+        .collect()
+}

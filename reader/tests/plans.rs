@@ -1,0 +1,206 @@
+//! Property tests of epoch plans: coverage, equal shares, determinism, resume.
+
+use std::collections::HashMap;
+
+use granary::{DatasetShape, EpochPlan, EpochState, PlanOptions, Shard, ShuffleMode};
+use proptest::prelude::*;
+
+fn all_shares(
+    shape: &DatasetShape,
+    o: &PlanOptions,
+    epoch: u64,
+    world: u32,
+    workers: u32,
+) -> Vec<Vec<EpochPlan>> {
+    (0..world)
+        .map(|r| {
+            (0..workers)
+                .map(|k| {
+                    let s = Shard {
+                        rank: r,
+                        world_size: world,
+                        worker: k,
+                        num_workers: workers,
+                    };
+                    EpochPlan::build(shape, o, epoch, s, None).unwrap()
+                })
+                .collect()
+        })
+        .collect()
+}
+
+fn counts(ids: impl IntoIterator<Item = u64>) -> HashMap<u64, usize> {
+    let mut m = HashMap::new();
+    for i in ids {
+        *m.entry(i).or_default() += 1;
+    }
+    m
+}
+
+fn mode() -> impl Strategy<Value = ShuffleMode> {
+    prop_oneof![
+        Just(ShuffleMode::Chunkwise),
+        Just(ShuffleMode::Global),
+        Just(ShuffleMode::Sequential)
+    ]
+}
+
+fn options() -> impl Strategy<Value = PlanOptions> {
+    (
+        mode(),
+        any::<u64>(),
+        1usize..5,
+        any::<bool>(),
+        prop_oneof![Just(1.0), Just(0.0), 0.0f64..1.0],
+    )
+        .prop_map(
+            |(mode, seed, window_chunks, drop_last, locality)| PlanOptions {
+                mode,
+                seed,
+                window_chunks,
+                drop_last,
+                locality,
+            },
+        )
+}
+
+fn shape() -> impl Strategy<Value = DatasetShape> {
+    proptest::collection::vec(0u64..25, 1..30).prop_map(DatasetShape::from_counts)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(200))]
+
+    #[test]
+    fn shares_cover_the_epoch_once_with_equal_ranks(shape in shape(), o in options(), world in 1u32..6, workers in 1u32..4, epoch in 0u64..4) {
+        let n = shape.samples() as usize;
+        let shares = all_shares(&shape, &o, epoch, world, workers);
+        let per_rank: Vec<usize> = shares.iter().map(|r| r.iter().map(|p| p.len()).sum()).collect();
+        prop_assert!(per_rank.windows(2).all(|w| w[0] == w[1]), "unequal ranks {:?}", per_rank);
+        let all = counts(shares.iter().flatten().flat_map(|p| p.samples.iter().copied()));
+        let total: usize = per_rank.iter().sum();
+        if o.drop_last {
+            prop_assert_eq!(total, n / world as usize * world as usize);
+            prop_assert!(all.values().all(|&c| c == 1), "a sample repeats");
+        } else {
+            prop_assert_eq!(total, if n == 0 { 0 } else { n.div_ceil(world as usize) * world as usize });
+            prop_assert_eq!(all.len(), n, "every sample delivered");
+            prop_assert!(all.values().all(|&c| c <= 2));
+        }
+        prop_assert!(all.keys().all(|&id| (id as usize) < n));
+        for p in shares.iter().flatten() {
+            // Windows partition the plan, and list the chunks they need.
+            let mut at = 0;
+            for w in &p.windows {
+                prop_assert_eq!(w.range.start, at);
+                at = w.range.end;
+                for &s in &p.samples[w.range.clone()] {
+                    prop_assert!(w.chunks.contains(&shape.chunk_of(s)));
+                }
+                if o.mode != ShuffleMode::Global {
+                    prop_assert!(w.chunks.len() <= o.window_chunks);
+                }
+            }
+            prop_assert_eq!(at, p.len());
+        }
+        // Determinism.
+        prop_assert_eq!(all_shares(&shape, &o, epoch, world, workers), shares);
+    }
+
+    #[test]
+    fn resume_with_the_same_configuration_continues_exactly(shape in shape(), o in options(), world in 1u32..4, workers in 1u32..4, seedpos in any::<u64>()) {
+        let shares = all_shares(&shape, &o, 1, world, workers);
+        let consumed: Vec<u64> = shares.iter().flatten().enumerate().map(|(i, p)| (seedpos.rotate_left(i as u32 * 7)) % (p.len() as u64 + 1)).collect();
+        let st = EpochState { epoch: 1, world_size: world, num_workers: workers, consumed: consumed.clone() };
+        for (i, p) in shares.iter().flatten().enumerate() {
+            let s = Shard { rank: i as u32 / workers, world_size: world, worker: i as u32 % workers, num_workers: workers };
+            let r = EpochPlan::build(&shape, &o, 1, s, Some(&st)).unwrap();
+            prop_assert_eq!(&r.samples[..], &p.samples[consumed[i] as usize..]);
+        }
+    }
+
+    #[test]
+    fn resume_with_another_configuration_neither_repeats_nor_skips(shape in shape(), o in options(), world in 1u32..4, workers in 1u32..4, world2 in 1u32..5, workers2 in 1u32..4, seedpos in any::<u64>()) {
+        prop_assume!((world, workers) != (world2, workers2));
+        let shares = all_shares(&shape, &o, 2, world, workers);
+        let consumed: Vec<u64> = shares.iter().flatten().enumerate().map(|(i, p)| (seedpos.rotate_left(i as u32 * 5)) % (p.len() as u64 + 1)).collect();
+        let st = EpochState { epoch: 2, world_size: world, num_workers: workers, consumed: consumed.clone() };
+        let mut seen = counts(shares.iter().flatten().zip(&consumed).flat_map(|(p, &c)| p.samples[..c as usize].iter().copied()));
+        let planned = counts(shares.iter().flatten().flat_map(|p| p.samples.iter().copied()));
+        let mut after: Vec<usize> = Vec::new();
+        for r in 0..world2 {
+            let mut rank_total = 0;
+            for k in 0..workers2 {
+                let s = Shard { rank: r, world_size: world2, worker: k, num_workers: workers2 };
+                let p = EpochPlan::build(&shape, &o, 2, s, Some(&st)).unwrap();
+                rank_total += p.len();
+                for id in p.samples {
+                    *seen.entry(id).or_default() += 1;
+                }
+            }
+            after.push(rank_total);
+        }
+        prop_assert!(after.windows(2).all(|w| w[0] == w[1]), "unequal ranks after resume {:?}", after);
+        let remaining: usize = planned.values().sum::<usize>() - consumed.iter().sum::<u64>() as usize;
+        // Every delivery of the old plan happens exactly as often; with drop_last the new
+        // equal-count cut may leave out fewer than world2 of the remaining samples, with
+        // padding it may repeat fewer than world2.
+        for (id, &c) in &planned {
+            let got = seen.get(id).copied().unwrap_or(0);
+            if o.drop_last {
+                prop_assert!(got <= c, "sample {} delivered {} times, planned {}", id, got, c);
+            } else {
+                prop_assert!(got >= c, "sample {} delivered {} times, planned {}", id, got, c);
+            }
+        }
+        let delivered_after: usize = after.iter().sum();
+        prop_assert!(delivered_after.abs_diff(remaining) < world2 as usize, "{} after, {} remaining", delivered_after, remaining);
+    }
+}
+
+#[test]
+fn locality_keeps_ranks_on_their_chunks() {
+    let shape = DatasetShape::from_counts(vec![10; 400]);
+    let share_of_rank = |o: &PlanOptions, epoch: u64| -> Vec<u32> {
+        let mut owner = vec![u32::MAX; 4000];
+        for r in 0..4 {
+            let s = Shard {
+                rank: r,
+                world_size: 4,
+                worker: 0,
+                num_workers: 1,
+            };
+            for id in EpochPlan::build(&shape, o, epoch, s, None).unwrap().samples {
+                owner[id as usize] = r;
+            }
+        }
+        owner
+    };
+    let home = share_of_rank(
+        &PlanOptions {
+            locality: 0.0,
+            ..PlanOptions::default()
+        },
+        5,
+    );
+    // Fraction of samples on the same rank in epochs 0 and 1, and on their home rank in epoch 1.
+    let stay = |q: f64| {
+        let o = PlanOptions {
+            locality: q,
+            ..PlanOptions::default()
+        };
+        let (a, b) = (share_of_rank(&o, 0), share_of_rank(&o, 1));
+        let same =
+            |x: &[u32], y: &[u32]| x.iter().zip(y).filter(|(p, q)| p == q).count() as f64 / 4000.0;
+        (same(&a, &b), same(&b, &home))
+    };
+    assert!(stay(0.0).0 > 0.95, "{:?}", stay(0.0));
+    // Q = 0.3: about 30 % of chunks move each epoch, a quarter of them back to their home rank.
+    let (between, at_home) = stay(0.3);
+    assert!((0.65..0.85).contains(&at_home), "Q=0.3: {at_home} at home");
+    assert!(
+        (0.5..0.7).contains(&between),
+        "Q=0.3: {between} kept between epochs"
+    );
+    assert!(stay(1.0).0 < 0.4, "{:?}", stay(1.0));
+}

@@ -1,0 +1,123 @@
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use granary::{shuffle_quality, EpochPlan, PlanOptions, Shard, ShuffleMode};
+use serde_json::json;
+
+use super::read::PlanArgs;
+
+/// Show an epoch plan: every share's size and windows, coverage, and shuffle quality.
+#[derive(clap::Args)]
+#[command(after_help = "Examples:
+  granary plan train.granary --world-size 4 --workers 2
+  granary plan train.granary --shuffle chunkwise --window 8 --json
+
+Shuffle quality is measured on labels over the whole epoch (all shares concatenated): mean length
+of same-label runs, and the mean total-variation distance between the label histogram of each
+block of 256 consecutive samples and the epoch's, next to the same numbers for a global shuffle.")]
+pub struct Args {
+    /// Dataset directory.
+    pub dataset: PathBuf,
+    #[command(flatten)]
+    pub plan: PlanArgs,
+    /// Epoch number.
+    #[arg(long, default_value_t = 0)]
+    pub epoch: u64,
+    /// Print JSON on stdout.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(a: Args) -> anyhow::Result<ExitCode> {
+    let ds = super::open_dataset(&a.dataset)?;
+    let shape = ds.shape()?;
+    let opts = a.plan.options();
+    let mut shares = Vec::new();
+    let mut all = Vec::new();
+    for rank in 0..a.plan.world_size {
+        for worker in 0..a.plan.workers {
+            let shard = Shard {
+                rank,
+                world_size: a.plan.world_size,
+                worker,
+                num_workers: a.plan.workers,
+            };
+            let p = EpochPlan::build(&shape, &opts, a.epoch, shard, None)
+                .map_err(anyhow::Error::msg)?;
+            let chunk_reads: usize = p.windows.iter().map(|w| w.chunks.len()).sum();
+            shares.push(json!({"rank": rank, "worker": worker, "samples": p.len(), "windows": p.windows.len(), "chunk_reads": chunk_reads}));
+            all.extend_from_slice(&p.samples);
+        }
+    }
+    let mut sorted = all.clone();
+    sorted.sort_unstable();
+    let before = sorted.len();
+    sorted.dedup();
+    let repeats = before - sorted.len();
+    let missing = ds.len() as usize - sorted.len();
+    let label = |id: u64| ds.sample(id).map(|s| s.entry.label).unwrap_or(u32::MAX);
+    let q = shuffle_quality(&shape, label, &all, 256);
+    let global = PlanOptions {
+        mode: ShuffleMode::Global,
+        ..opts.clone()
+    };
+    let mut g = Vec::new();
+    for rank in 0..a.plan.world_size {
+        for worker in 0..a.plan.workers {
+            let shard = Shard {
+                rank,
+                world_size: a.plan.world_size,
+                worker,
+                num_workers: a.plan.workers,
+            };
+            g.extend(
+                EpochPlan::build(&shape, &global, a.epoch, shard, None)
+                    .map_err(anyhow::Error::msg)?
+                    .samples,
+            );
+        }
+    }
+    let gq = shuffle_quality(&shape, label, &g, 256);
+    if a.json {
+        super::print_json(&json!({
+            "epoch": a.epoch, "samples": ds.len(), "delivered": all.len(), "repeats": repeats,
+            "not_delivered": missing, "shares": shares, "quality": q, "global_quality": gq,
+        }))?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!(
+        "epoch {} of {} ({} samples, {} chunks), {:?} shuffle, window {} chunks",
+        a.epoch,
+        a.dataset.display(),
+        ds.len(),
+        ds.chunk_count(),
+        opts.mode,
+        opts.window_chunks
+    );
+    for s in &shares {
+        println!(
+            "  rank {:>3} worker {:>2}: {:>9} samples, {:>5} windows, {:>6} chunk reads",
+            s["rank"], s["worker"], s["samples"], s["windows"], s["chunk_reads"]
+        );
+    }
+    println!(
+        "  delivered {} samples: {} repeated (padding), {} not delivered (dropped remainder)",
+        all.len(),
+        repeats,
+        missing
+    );
+    println!("  shuffle quality          this plan   global shuffle");
+    println!(
+        "    mean same-label run    {:>9.3}   {:>14.3}",
+        q.mean_label_run, gq.mean_label_run
+    );
+    println!(
+        "    block label TV (256)   {:>9.3}   {:>14.3}",
+        q.block_label_tv, gq.block_label_tv
+    );
+    println!(
+        "    same-chunk neighbours  {:>9.3}   {:>14.3}",
+        q.same_chunk_pairs, gq.same_chunk_pairs
+    );
+    Ok(ExitCode::SUCCESS)
+}
