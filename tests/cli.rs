@@ -467,3 +467,102 @@ fn write_failure_keeps_work_for_resume() {
     run_ok(["extract", ds.to_str().unwrap(), "-o", out.to_str().unwrap()]);
     assert_eq!(read_tree(&out), sorted(files));
 }
+
+#[test]
+fn read_digests_of_all_ranks_add_up_to_the_whole_dataset() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    let files: Vec<(Vec<u8>, Vec<u8>)> = (0..240u64)
+        .map(|i| {
+            (
+                format!("c{}/f{i:03}", i % 5).into_bytes(),
+                bytes(i, 200 + (i as usize * 37) % 3000),
+            )
+        })
+        .collect();
+    write_tree(&src, &files);
+    let ds = tmp.path().join("ds");
+    assert!(pack(&src, &ds, &["--chunk-size", "16KiB"]).status.success());
+    let read = |args: &[&str], env: &[(&str, &str)]| -> Vec<serde_json::Value> {
+        let mut c = granary();
+        c.arg("read").arg(&ds).arg("--json").args(args);
+        for (k, v) in env {
+            c.env(k, v);
+        }
+        let o = c.output().unwrap();
+        assert!(o.status.success(), "{}", stderr(&o));
+        serde_json::from_slice(&o.stdout).unwrap()
+    };
+    let whole = &read(&["--shuffle", "sequential"], &[])[0];
+    assert_eq!(whole["samples"], 240);
+    let total_bytes: u64 = files.iter().map(|f| f.1.len() as u64).sum();
+    assert_eq!(whole["bytes"], total_bytes);
+    let digest = whole["digest"].as_str().unwrap().to_string();
+    let mut sums = [0u64; 2];
+    for rank in 0..3 {
+        let r = rank.to_string();
+        let e = &read(
+            &[
+                "--world-size",
+                "3",
+                "--rank",
+                &r,
+                "--workers",
+                "2",
+                "--epochs",
+                "2",
+            ],
+            &[],
+        );
+        assert_eq!(e.len(), 2);
+        for (epoch, sum) in sums.iter_mut().enumerate() {
+            assert_eq!(e[epoch]["samples"], 80);
+            *sum = sum.wrapping_add(
+                u64::from_str_radix(e[epoch]["digest"].as_str().unwrap(), 16).unwrap(),
+            );
+        }
+    }
+    for sum in sums {
+        assert_eq!(
+            format!("{sum:016x}"),
+            digest,
+            "the ranks of an epoch cover the dataset once"
+        );
+    }
+    for (mode, env) in [
+        ("global", "pread"),
+        ("chunkwise", "pread"),
+        ("chunkwise", "uring"),
+    ] {
+        let e = &read(&["--shuffle", mode], &[("GRANARY_IO", env)])[0];
+        assert_eq!(e["digest"].as_str().unwrap(), digest);
+        assert_eq!(e["backend"], env);
+    }
+    let o = run_ok([
+        "plan",
+        ds.to_str().unwrap(),
+        "--world-size",
+        "4",
+        "--workers",
+        "2",
+        "--json",
+    ]);
+    let p: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(p["delivered"], 240);
+    assert_eq!(p["repeats"], 0);
+    assert_eq!(p["shares"].as_array().unwrap().len(), 8);
+    assert!(p["quality"]["block_label_tv"].as_f64().is_some());
+    let o = run([
+        "read",
+        ds.to_str().unwrap(),
+        "--rank",
+        "3",
+        "--world-size",
+        "2",
+    ]);
+    assert!(
+        !o.status.success() && stderr(&o).contains("rank 3"),
+        "{}",
+        stderr(&o)
+    );
+}

@@ -74,8 +74,8 @@ impl Sample {
 /// Iterator over one shard's epoch: `Result<Sample>` in plan order. After an error the stream
 /// ends (the error names chunk, offset and sample).
 pub struct EpochStream {
-    rx: Receiver<Result<Vec<Sample>>>,
-    current: std::vec::IntoIter<Sample>,
+    rx: Receiver<Result<Vec<Result<Sample>>>>,
+    current: std::vec::IntoIter<Result<Sample>>,
     done: bool,
     backend: &'static str,
     bytes_read: Arc<std::sync::atomic::AtomicU64>,
@@ -91,7 +91,7 @@ impl EpochStream {
     ) -> Result<Self> {
         let mut engine = Engine::new(opts.io, opts.queue_depth, opts.max_inflight_bytes)?;
         let backend = engine.name();
-        let (tx, rx) = sync_channel::<Result<Vec<Sample>>>(opts.prefetch.max(1));
+        let (tx, rx) = sync_channel::<Result<Vec<Result<Sample>>>>(opts.prefetch.max(1));
         let direct = opts.direct;
         let bytes_read = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let counter = bytes_read.clone();
@@ -116,8 +116,8 @@ impl EpochStream {
                     .spawn(move || {
                         for (ids, locs, bufs, entries, labels) in drx {
                             let r = decode_window(&ds2, &ids, &locs, bufs, &entries, &labels);
-                            let stop = r.is_err();
-                            if tx2.send(r).is_err() || stop {
+                            let stop = r.iter().any(|x| x.is_err());
+                            if tx2.send(Ok(r)).is_err() || stop {
                                 return;
                             }
                         }
@@ -183,7 +183,12 @@ impl Iterator for EpochStream {
     fn next(&mut self) -> Option<Result<Sample>> {
         loop {
             if let Some(s) = self.current.next() {
-                return Some(Ok(s));
+                if s.is_err() {
+                    // Samples after a damaged one are not delivered: the stream ends here.
+                    self.done = true;
+                    self.current = Vec::new().into_iter();
+                }
+                return Some(s);
             }
             if self.done {
                 return None;
@@ -306,7 +311,7 @@ fn decode_window(
     bufs: Vec<Completed>,
     entries: &[SampleEntry],
     labels: &[u32],
-) -> Result<Vec<Sample>> {
+) -> Vec<Result<Sample>> {
     let bufs: Vec<Arc<Completed>> = bufs.into_iter().map(Arc::new).collect();
     (0..ids.len())
         .into_par_iter()
