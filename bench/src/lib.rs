@@ -5,3 +5,4 @@
 pub mod cold;
 pub mod gen;
 pub mod packbench;
+pub mod readbench;

@@ -17,6 +17,8 @@ use crate::error::{ReadError, Result};
 
 /// Alignment of direct I/O offsets, lengths and buffers.
 pub const ALIGN: usize = 4096;
+/// Idle read buffers an engine keeps for reuse.
+pub const POOL_BYTES: usize = 512 << 20;
 /// Largest single read submitted; bigger ranges are split so more requests are in flight.
 pub const MAX_PIECE: usize = 4 << 20;
 
@@ -87,19 +89,31 @@ impl IoFile {
 }
 
 /// A heap buffer whose usable part starts at a 4 KiB boundary (no unsafe allocation needed:
-/// the Vec is over-allocated and the aligned start is found inside it).
+/// the Vec is over-allocated and the aligned start is found inside it). Buffers taken from a
+/// [`BufPool`] go back to it when dropped, so steady-state reads neither allocate nor fault in
+/// fresh pages.
 pub struct AlignedBuf {
     vec: Vec<u8>,
     start: usize,
     len: usize,
+    pool: Option<Arc<BufPool>>,
 }
 
 impl AlignedBuf {
-    /// A zeroed buffer of `len` usable bytes.
+    /// A zeroed buffer of `len` usable bytes, not pooled.
     pub fn new(len: usize) -> Self {
-        let vec = vec![0u8; len + ALIGN];
+        Self::from_vec(vec![0u8; len + ALIGN], len, None)
+    }
+
+    fn from_vec(vec: Vec<u8>, len: usize, pool: Option<Arc<BufPool>>) -> Self {
         let start = vec.as_ptr().align_offset(ALIGN).min(ALIGN);
-        AlignedBuf { vec, start, len }
+        debug_assert!(start + len <= vec.len());
+        AlignedBuf {
+            vec,
+            start,
+            len,
+            pool,
+        }
     }
 
     pub fn as_slice(&self) -> &[u8] {
@@ -108,6 +122,64 @@ impl AlignedBuf {
 
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
         &mut self.vec[self.start..self.start + self.len]
+    }
+}
+
+impl Drop for AlignedBuf {
+    fn drop(&mut self) {
+        if let Some(pool) = self.pool.take() {
+            pool.put(std::mem::take(&mut self.vec));
+        }
+    }
+}
+
+/// Recycles read buffers (bounded: at most `max_bytes` kept idle).
+#[derive(Debug)]
+pub struct BufPool {
+    free: Mutex<Vec<Vec<u8>>>,
+    max_bytes: usize,
+}
+
+impl BufPool {
+    /// A pool keeping at most `max_bytes` of idle buffers.
+    pub fn new(max_bytes: usize) -> Arc<Self> {
+        Arc::new(BufPool {
+            free: Mutex::new(Vec::new()),
+            max_bytes,
+        })
+    }
+
+    /// A buffer of `len` usable aligned bytes (contents unspecified: reads overwrite them).
+    pub fn get(self: &Arc<Self>, len: usize) -> AlignedBuf {
+        let need = len + ALIGN;
+        let reused = {
+            let mut free = self.free.lock().expect("pool lock");
+            // The smallest idle buffer that fits.
+            let best = free
+                .iter()
+                .enumerate()
+                .filter(|(_, v)| v.len() >= need)
+                .min_by_key(|(_, v)| v.len())
+                .map(|(i, _)| i);
+            best.map(|i| free.swap_remove(i))
+        };
+        // Fresh sizes are rounded up (to a power of two below 1 MiB, to whole MiB above) so
+        // that a buffer also fits the next, slightly larger request.
+        let size = if need < 1 << 20 {
+            need.next_power_of_two()
+        } else {
+            need.next_multiple_of(1 << 20)
+        };
+        let vec = reused.unwrap_or_else(|| vec![0u8; size]);
+        AlignedBuf::from_vec(vec, len, Some(self.clone()))
+    }
+
+    fn put(&self, v: Vec<u8>) {
+        let mut free = self.free.lock().expect("pool lock");
+        let held: usize = free.iter().map(Vec::len).sum();
+        if held + v.len() <= self.max_bytes {
+            free.push(v);
+        }
     }
 }
 
@@ -142,7 +214,7 @@ struct Piece {
     need: usize,
 }
 
-fn plan_pieces(reqs: &[Request]) -> (Vec<AlignedBuf>, Vec<usize>, Vec<Piece>) {
+fn plan_pieces(reqs: &[Request], pool: &Arc<BufPool>) -> (Vec<AlignedBuf>, Vec<usize>, Vec<Piece>) {
     let mut bufs = Vec::with_capacity(reqs.len());
     let mut skips = Vec::with_capacity(reqs.len());
     let mut pieces = Vec::new();
@@ -155,7 +227,7 @@ fn plan_pieces(reqs: &[Request]) -> (Vec<AlignedBuf>, Vec<usize>, Vec<Piece>) {
         };
         let total = (end - start) as usize;
         let needed_end = (r.offset + r.len as u64 - start) as usize;
-        bufs.push(AlignedBuf::new(total));
+        bufs.push(pool.get(total));
         skips.push((r.offset - start) as usize);
         let mut at = 0;
         while at < total {
@@ -223,6 +295,7 @@ impl Engine {
             IoKind::Pread => Ok(Engine::Pread(PreadEngine {
                 threads: qd,
                 max_inflight_bytes: cap,
+                pool: BufPool::new(POOL_BYTES),
             })),
             IoKind::Uring => UringEngine::new(qd, cap).map(|u| Engine::Uring(Box::new(u))),
             IoKind::Auto => Ok(match UringEngine::new(qd, cap) {
@@ -230,6 +303,7 @@ impl Engine {
                 Err(_) => Engine::Pread(PreadEngine {
                     threads: qd,
                     max_inflight_bytes: cap,
+                    pool: BufPool::new(POOL_BYTES),
                 }),
             }),
         }
@@ -257,11 +331,12 @@ impl Engine {
 pub struct PreadEngine {
     threads: usize,
     max_inflight_bytes: usize,
+    pool: Arc<BufPool>,
 }
 
 impl PreadEngine {
     fn read(&mut self, reqs: &[Request]) -> Result<Vec<Completed>> {
-        let (mut bufs, skips, pieces) = plan_pieces(reqs);
+        let (mut bufs, skips, pieces) = plan_pieces(reqs, &self.pool);
         // Hand each piece its own disjoint slice of its buffer.
         let mut slices: Vec<Vec<&mut [u8]>> = Vec::with_capacity(bufs.len());
         {
@@ -357,6 +432,7 @@ pub struct UringEngine {
     ring: io_uring::IoUring,
     depth: usize,
     max_inflight_bytes: usize,
+    pool: Arc<BufPool>,
 }
 
 impl UringEngine {
@@ -367,11 +443,12 @@ impl UringEngine {
             ring,
             depth,
             max_inflight_bytes,
+            pool: BufPool::new(POOL_BYTES),
         })
     }
 
     fn read(&mut self, reqs: &[Request]) -> Result<Vec<Completed>> {
-        let (mut bufs, skips, pieces) = plan_pieces(reqs);
+        let (mut bufs, skips, pieces) = plan_pieces(reqs, &self.pool);
         // Progress of each piece (bytes done); pieces wait in `todo` until submitted.
         let mut done = vec![0usize; pieces.len()];
         let mut todo: std::collections::VecDeque<usize> = (0..pieces.len()).collect();

@@ -19,6 +19,35 @@ pub struct Args {
 enum BenchCmd {
     Gen(GenArgs),
     Pack(PackArgs),
+    Read(ReadArgs),
+}
+
+/// Cold epoch throughput of granary vs a direct sequential read of the same chunk files.
+#[derive(clap::Args)]
+#[command(
+    after_help = "Example:\n  granary bench read data/img.granary --repeat 3\n\n\
+Each run drops the page cache first. Sides: a direct O_DIRECT sequential read of every chunk file \
+(the device's bandwidth through granary's engine), fio (when installed), granary chunk-wise epochs \
+with io_uring and with pread, and a global-shuffle epoch for contrast."
+)]
+struct ReadArgs {
+    /// Dataset directory.
+    dataset: PathBuf,
+    /// Loader workers (threads).
+    #[arg(long, default_value_t = 1)]
+    workers: u32,
+    /// Chunks per shuffle window.
+    #[arg(long, default_value_t = 4)]
+    window: usize,
+    /// Reads in flight.
+    #[arg(long, default_value_t = 8)]
+    queue_depth: usize,
+    /// Runs per side, interleaved; medians are reported.
+    #[arg(long, default_value_t = 1)]
+    repeat: usize,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -142,6 +171,21 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
                 super::print_json(&r)?;
             } else {
                 print!("{}", packbench::render(&r, &p.src));
+            }
+        }
+        BenchCmd::Read(r) => {
+            let opts = granary_bench::readbench::ReadBenchOptions {
+                dataset: r.dataset.clone(),
+                workers: r.workers,
+                window_chunks: r.window,
+                queue_depth: r.queue_depth,
+                repeat: r.repeat,
+            };
+            let res = granary_bench::readbench::run(&opts).map_err(anyhow::Error::msg)?;
+            if r.json {
+                super::print_json(&res)?;
+            } else {
+                print!("{}", granary_bench::readbench::render(&res));
             }
         }
     }

@@ -1,12 +1,10 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::time::Instant;
 
 use anyhow::Context;
 use granary::io::IoKind;
-use granary::{Dataset, PlanOptions, Shard, ShuffleMode, StreamOptions};
-use serde::Serialize;
+use granary::{PlanOptions, ShuffleMode, StreamOptions};
 
 /// Options shared by `read` and `plan`: which epoch order and which share of it.
 #[derive(clap::Args, Clone)]
@@ -49,15 +47,6 @@ impl PlanArgs {
             locality: self.locality,
         }
     }
-
-    pub fn shard(&self, worker: u32) -> Shard {
-        Shard {
-            rank: self.rank,
-            world_size: self.world_size,
-            worker,
-            num_workers: self.workers,
-        }
-    }
 }
 
 /// Stream epochs of a dataset (a dry run of training I/O): throughput and a digest.
@@ -95,105 +84,6 @@ pub struct Args {
     pub json: bool,
 }
 
-/// Order-independent digest of delivered sample ids.
-pub fn id_digest(id: u64) -> u64 {
-    granary_format::SplitMix64::keyed(&[id]).next_u64()
-}
-
-#[derive(Serialize, Default, Clone)]
-pub struct EpochReport {
-    pub epoch: u64,
-    pub samples: u64,
-    pub bytes: u64,
-    pub bytes_read: u64,
-    pub elapsed_s: f64,
-    pub samples_per_s: f64,
-    pub mb_per_s: f64,
-    pub cpu_s: f64,
-    pub digest: String,
-    pub backend: String,
-}
-
-/// CPU time (user + system) of this process so far, from /proc/self/stat (USER_HZ = 100).
-pub fn cpu_seconds() -> f64 {
-    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
-        return 0.0;
-    };
-    // Fields after the parenthesised command name; utime and stime are fields 14 and 15.
-    let rest = stat.rsplit_once(')').map(|x| x.1).unwrap_or("");
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    let ticks = |i: usize| f.get(i).and_then(|x| x.parse::<f64>().ok()).unwrap_or(0.0);
-    (ticks(11) + ticks(12)) / 100.0
-}
-
-/// What one worker thread delivered.
-struct WorkerTotals {
-    samples: u64,
-    bytes: u64,
-    digest: u64,
-    bytes_read: u64,
-    backend: &'static str,
-}
-
-/// Streams one epoch with `workers` threads; returns the report.
-pub fn read_epoch(
-    ds: &Arc<Dataset>,
-    a: &PlanArgs,
-    epoch: u64,
-    io: &StreamOptions,
-) -> anyhow::Result<EpochReport> {
-    let opts = a.options();
-    let t = Instant::now();
-    let cpu0 = cpu_seconds();
-    let results: Vec<anyhow::Result<WorkerTotals>> = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..a.workers)
-            .map(|w| {
-                let opts = &opts;
-                s.spawn(move || -> anyhow::Result<WorkerTotals> {
-                    let mut st = ds.stream_epoch(opts, epoch, a.shard(w), None, io)?;
-                    let (mut n, mut bytes, mut digest) = (0u64, 0u64, 0u64);
-                    for sample in st.by_ref() {
-                        let sample = sample?;
-                        n += 1;
-                        bytes += sample.data().len() as u64;
-                        digest = digest.wrapping_add(id_digest(sample.id));
-                    }
-                    Ok(WorkerTotals {
-                        samples: n,
-                        bytes,
-                        digest,
-                        bytes_read: st.bytes_read(),
-                        backend: st.backend(),
-                    })
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().expect("reader thread"))
-            .collect()
-    });
-    let mut r = EpochReport {
-        epoch,
-        ..Default::default()
-    };
-    let mut digest = 0u64;
-    for res in results {
-        let w = res?;
-        r.samples += w.samples;
-        r.bytes += w.bytes;
-        r.bytes_read += w.bytes_read;
-        digest = digest.wrapping_add(w.digest);
-        r.backend = w.backend.to_string();
-    }
-    r.elapsed_s = t.elapsed().as_secs_f64();
-    r.cpu_s = cpu_seconds() - cpu0;
-    r.samples_per_s = r.samples as f64 / r.elapsed_s.max(1e-9);
-    r.mb_per_s = r.bytes as f64 / 1e6 / r.elapsed_s.max(1e-9);
-    r.digest = format!("{digest:016x}");
-    Ok(r)
-}
-
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     let ds = Arc::new(super::open_dataset(&a.dataset)?);
     let io = StreamOptions {
@@ -204,8 +94,17 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     };
     let mut reports = Vec::new();
     for epoch in a.first_epoch..a.first_epoch + a.epochs {
-        let r = read_epoch(&ds, &a.plan, epoch, &io)
-            .with_context(|| format!("reading epoch {epoch}"))?;
+        let p = &a.plan;
+        let r = granary_bench::readbench::run_epoch(
+            &ds,
+            &p.options(),
+            epoch,
+            p.rank,
+            p.world_size,
+            p.workers,
+            &io,
+        )
+        .with_context(|| format!("reading epoch {epoch}"))?;
         if !a.json {
             println!(
                 "epoch {:>3}: {} samples, {:.1} MB in {:.2} s: {:.0} samples/s, {:.1} MB/s, cpu {:.2} s, digest {} ({})",

@@ -1,0 +1,381 @@
+//! Epoch reads measured: K loader workers (threads) streaming their shares, and
+//! `granary bench read`: granary's chunk-wise epoch against a direct large sequential read of
+//! the same chunk files (and fio when installed), each with the page cache dropped.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Instant;
+
+use granary::io::{Engine, IoFile, IoKind, Request};
+use granary::{Dataset, PlanOptions, Shard, ShuffleMode, StreamOptions};
+use serde::Serialize;
+
+use crate::cold::make_cold;
+
+/// CPU time (user + system) of this process so far, from /proc/self/stat (USER_HZ = 100).
+pub fn cpu_seconds() -> f64 {
+    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
+        return 0.0;
+    };
+    let rest = stat.rsplit_once(')').map(|x| x.1).unwrap_or("");
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| f.get(i).and_then(|x| x.parse::<f64>().ok()).unwrap_or(0.0);
+    (ticks(11) + ticks(12)) / 100.0
+}
+
+/// Order-independent digest term of a delivered sample id (digests are sums mod 2^64).
+pub fn id_digest(id: u64) -> u64 {
+    granary_format::SplitMix64::keyed(&[id]).next_u64()
+}
+
+/// What one epoch delivered.
+#[derive(Serialize, Default, Clone, Debug)]
+pub struct EpochReport {
+    pub epoch: u64,
+    pub samples: u64,
+    pub bytes: u64,
+    pub bytes_read: u64,
+    pub elapsed_s: f64,
+    pub samples_per_s: f64,
+    pub mb_per_s: f64,
+    pub cpu_s: f64,
+    pub digest: String,
+    pub backend: String,
+}
+
+struct WorkerTotals {
+    samples: u64,
+    bytes: u64,
+    digest: u64,
+    bytes_read: u64,
+    backend: &'static str,
+}
+
+/// Streams one epoch of rank `rank` with `workers` threads (one per loader worker), touching
+/// every byte; returns totals, throughput, CPU time and the digest.
+pub fn run_epoch(
+    ds: &Arc<Dataset>,
+    plan: &PlanOptions,
+    epoch: u64,
+    rank: u32,
+    world_size: u32,
+    workers: u32,
+    io: &StreamOptions,
+) -> granary::Result<EpochReport> {
+    let t = Instant::now();
+    let cpu0 = cpu_seconds();
+    let results: Vec<granary::Result<WorkerTotals>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..workers)
+            .map(|w| {
+                s.spawn(move || -> granary::Result<WorkerTotals> {
+                    let shard = Shard {
+                        rank,
+                        world_size,
+                        worker: w,
+                        num_workers: workers,
+                    };
+                    let mut st = ds.stream_epoch(plan, epoch, shard, None, io)?;
+                    let (mut samples, mut bytes, mut digest) = (0u64, 0u64, 0u64);
+                    for sample in st.by_ref() {
+                        let sample = sample?;
+                        samples += 1;
+                        bytes += sample.data().len() as u64;
+                        digest = digest.wrapping_add(id_digest(sample.id));
+                    }
+                    Ok(WorkerTotals {
+                        samples,
+                        bytes,
+                        digest,
+                        bytes_read: st.bytes_read(),
+                        backend: st.backend(),
+                    })
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("reader thread"))
+            .collect()
+    });
+    let mut r = EpochReport {
+        epoch,
+        ..Default::default()
+    };
+    let mut digest = 0u64;
+    for res in results {
+        let w = res?;
+        r.samples += w.samples;
+        r.bytes += w.bytes;
+        r.bytes_read += w.bytes_read;
+        digest = digest.wrapping_add(w.digest);
+        r.backend = w.backend.to_string();
+    }
+    r.elapsed_s = t.elapsed().as_secs_f64();
+    r.cpu_s = cpu_seconds() - cpu0;
+    r.samples_per_s = r.samples as f64 / r.elapsed_s.max(1e-9);
+    r.mb_per_s = r.bytes as f64 / 1e6 / r.elapsed_s.max(1e-9);
+    r.digest = format!("{digest:016x}");
+    Ok(r)
+}
+
+/// What `granary bench read` measures.
+#[derive(Clone, Debug)]
+pub struct ReadBenchOptions {
+    pub dataset: PathBuf,
+    pub workers: u32,
+    pub window_chunks: usize,
+    pub queue_depth: usize,
+    pub repeat: usize,
+}
+
+/// One measured side.
+#[derive(Serialize, Clone, Debug)]
+pub struct Side {
+    pub name: String,
+    /// MB/s of every run.
+    pub runs_mb_per_s: Vec<f64>,
+    pub median_mb_per_s: f64,
+    pub samples_per_s: f64,
+    /// CPU seconds per GB delivered (this process; not measured for fio).
+    pub cpu_s_per_gb: Option<f64>,
+    /// Median over the direct sequential baseline of the same run.
+    pub vs_sequential: f64,
+}
+
+/// The whole comparison.
+#[derive(Serialize, Clone, Debug)]
+pub struct ReadBenchResult {
+    pub dataset: PathBuf,
+    pub samples: u64,
+    pub chunk_bytes: u64,
+    pub cold: crate::cold::ColdMethod,
+    pub workers: u32,
+    pub window_chunks: usize,
+    pub queue_depth: usize,
+    pub sides: Vec<Side>,
+}
+
+fn chunk_files(ds: &Dataset) -> granary::Result<Vec<(PathBuf, u64)>> {
+    (0..ds.chunk_count() as u32)
+        .map(|c| Ok((ds.chunk_path(c), ds.chunk(c)?.file_size)))
+        .collect()
+}
+
+/// Reads every chunk file whole, in id order, O_DIRECT, `qd` reads in flight: the device's
+/// sequential bandwidth through the same engine, with no plan, decode or checks.
+fn sequential_baseline(files: &[(PathBuf, u64)], qd: usize) -> granary::Result<(f64, f64)> {
+    let mut engine = Engine::new(IoKind::Uring, qd, 256 << 20)?;
+    let t = Instant::now();
+    let cpu0 = cpu_seconds();
+    let mut total = 0u64;
+    for group in files.chunks(4) {
+        let reqs: Vec<Request> = group
+            .iter()
+            .map(|(p, len)| {
+                Ok(Request {
+                    file: Arc::new(IoFile::open(p, true)?),
+                    offset: 0,
+                    len: *len as usize,
+                })
+            })
+            .collect::<granary::Result<_>>()?;
+        for b in engine.read(&reqs)? {
+            total += b.data().len() as u64;
+        }
+    }
+    let secs = t.elapsed().as_secs_f64();
+    Ok((total as f64 / 1e6 / secs, cpu_seconds() - cpu0))
+}
+
+/// fio, sequential 4 MiB O_DIRECT reads through io_uring at the same queue depth, over the
+/// chunk files one after another (as many as fio's 4096-byte file list holds); `None` when fio
+/// is not installed or fails.
+fn fio(dir: &Path, files: &[(PathBuf, u64)], qd: usize) -> Option<f64> {
+    let mut list = String::new();
+    for (p, _) in files {
+        let name = p.file_name()?.to_str()?;
+        if list.len() + name.len() + 1 > 4000 {
+            break;
+        }
+        if !list.is_empty() {
+            list.push(':');
+        }
+        list.push_str(name);
+    }
+    let out = Command::new("fio")
+        .args([
+            "--name=seq",
+            "--readonly",
+            "--rw=read",
+            "--bs=4M",
+            "--ioengine=io_uring",
+            "--direct=1",
+        ])
+        .arg(format!("--iodepth={qd}"))
+        .arg("--file_service_type=sequential")
+        .arg(format!("--directory={}", dir.display()))
+        .arg(format!("--filename={list}"))
+        .arg("--output-format=json")
+        .output()
+        .ok()?;
+    if !out.status.success() {
+        return None;
+    }
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
+    let bw = v["jobs"][0]["read"]["bw_bytes"].as_f64()?;
+    Some(bw / 1e6)
+}
+
+fn median(v: &[f64]) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    if v.is_empty() {
+        0.0
+    } else {
+        v[v.len() / 2]
+    }
+}
+
+/// Runs every side `repeat` times, interleaved, each after dropping the page cache.
+pub fn run(o: &ReadBenchOptions) -> Result<ReadBenchResult, String> {
+    let ds = Arc::new(Dataset::open(&o.dataset).map_err(|e| e.to_string())?);
+    let files = chunk_files(&ds).map_err(|e| e.to_string())?;
+    let chunk_bytes: u64 = files.iter().map(|f| f.1).sum();
+    let dir: &Path = ds.dir();
+    let plan = |mode| PlanOptions {
+        mode,
+        seed: 1,
+        window_chunks: o.window_chunks,
+        ..PlanOptions::default()
+    };
+    let io = |kind| StreamOptions {
+        io: kind,
+        queue_depth: o.queue_depth,
+        ..StreamOptions::default()
+    };
+    let granary_sides: [(&str, ShuffleMode, IoKind); 3] = [
+        (
+            "granary read --shuffle chunkwise (io_uring)",
+            ShuffleMode::Chunkwise,
+            IoKind::Uring,
+        ),
+        (
+            "granary read --shuffle chunkwise (pread)",
+            ShuffleMode::Chunkwise,
+            IoKind::Pread,
+        ),
+        (
+            "granary read --shuffle global (io_uring)",
+            ShuffleMode::Global,
+            IoKind::Uring,
+        ),
+    ];
+    let mut seq_runs = Vec::new();
+    let mut seq_cpu = Vec::new();
+    let mut fio_runs = Vec::new();
+    let mut g_runs: Vec<Vec<EpochReport>> = vec![Vec::new(); granary_sides.len()];
+    let mut cold = crate::cold::ColdMethod::None;
+    for rep in 0..o.repeat.max(1) {
+        cold = make_cold(&[dir]);
+        let (mb, cpu) = sequential_baseline(&files, o.queue_depth).map_err(|e| e.to_string())?;
+        seq_runs.push(mb);
+        seq_cpu.push(cpu / (chunk_bytes as f64 / 1e9));
+        make_cold(&[dir]);
+        if let Some(mb) = fio(dir, &files, o.queue_depth) {
+            fio_runs.push(mb);
+        }
+        for (i, (_, mode, kind)) in granary_sides.iter().enumerate() {
+            make_cold(&[dir]);
+            let r = run_epoch(&ds, &plan(*mode), rep as u64, 0, 1, o.workers, &io(*kind))
+                .map_err(|e| e.to_string())?;
+            g_runs[i].push(r);
+        }
+    }
+    let base = median(&seq_runs);
+    let mut sides = vec![Side {
+        name: "direct sequential read of the chunk files (granary engine, no plan)".into(),
+        median_mb_per_s: base,
+        runs_mb_per_s: seq_runs,
+        samples_per_s: 0.0,
+        cpu_s_per_gb: Some(median(&seq_cpu)),
+        vs_sequential: 1.0,
+    }];
+    if !fio_runs.is_empty() {
+        let m = median(&fio_runs);
+        sides.push(Side {
+            name: "fio sequential 4 MiB O_DIRECT io_uring".into(),
+            median_mb_per_s: m,
+            runs_mb_per_s: fio_runs,
+            samples_per_s: 0.0,
+            cpu_s_per_gb: None,
+            vs_sequential: m / base,
+        });
+    }
+    for ((name, _, _), runs) in granary_sides.iter().zip(g_runs) {
+        let mbs: Vec<f64> = runs.iter().map(|r| r.mb_per_s).collect();
+        let m = median(&mbs);
+        let sps = median(&runs.iter().map(|r| r.samples_per_s).collect::<Vec<_>>());
+        let cpu = median(
+            &runs
+                .iter()
+                .map(|r| r.cpu_s / (r.bytes as f64 / 1e9))
+                .collect::<Vec<_>>(),
+        );
+        sides.push(Side {
+            name: name.to_string(),
+            median_mb_per_s: m,
+            runs_mb_per_s: mbs,
+            samples_per_s: sps,
+            cpu_s_per_gb: Some(cpu),
+            vs_sequential: m / base,
+        });
+    }
+    Ok(ReadBenchResult {
+        dataset: o.dataset.clone(),
+        samples: ds.len(),
+        chunk_bytes,
+        cold,
+        workers: o.workers,
+        window_chunks: o.window_chunks,
+        queue_depth: o.queue_depth,
+        sides,
+    })
+}
+
+/// The table printed by `granary bench read`.
+pub fn render(r: &ReadBenchResult) -> String {
+    let mut s = format!(
+        "read benchmark on {} ({} samples, {:.2} GB of chunks), caches made cold by {:?}, {} worker(s), window {} chunks, queue depth {}\n",
+        r.dataset.display(),
+        r.samples,
+        r.chunk_bytes as f64 / 1e9,
+        r.cold,
+        r.workers,
+        r.window_chunks,
+        r.queue_depth
+    );
+    s += &format!(
+        "  {:<72} {:>9} {:>11} {:>9} {:>8}\n",
+        "side", "MB/s", "samples/s", "CPU s/GB", "vs seq"
+    );
+    for x in &r.sides {
+        let runs: Vec<String> = x.runs_mb_per_s.iter().map(|v| format!("{v:.0}")).collect();
+        s += &format!(
+            "  {:<72} {:>9.0} {:>11} {:>9} {:>7.2}x   runs {}\n",
+            x.name,
+            x.median_mb_per_s,
+            if x.samples_per_s > 0.0 {
+                format!("{:.0}", x.samples_per_s)
+            } else {
+                "-".into()
+            },
+            x.cpu_s_per_gb
+                .map(|c| format!("{c:.2}"))
+                .unwrap_or_else(|| "-".into()),
+            x.vs_sequential,
+            runs.join("/")
+        );
+    }
+    s
+}
