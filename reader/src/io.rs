@@ -55,28 +55,49 @@ pub struct IoFile {
     pub direct: bool,
 }
 
+/// Whether the file system behind a set of files accepts O_DIRECT reads: probed with one
+/// aligned read on the first file, then trusted for the rest (one probe per stream, not one
+/// synchronous read per chunk).
+#[derive(Debug, Default)]
+pub struct DirectProbe(Option<bool>);
+
 impl IoFile {
     /// Opens `path`, with `O_DIRECT` when `direct` and the file system accepts it (checked with
     /// one aligned read), buffered otherwise.
     pub fn open(path: &Path, direct: bool) -> Result<IoFile> {
-        if direct {
+        Self::open_probed(path, direct, &mut DirectProbe::default())
+    }
+
+    /// Like [`IoFile::open`], probing O_DIRECT only if `probe` has not decided yet.
+    pub fn open_probed(path: &Path, direct: bool, probe: &mut DirectProbe) -> Result<IoFile> {
+        if direct && probe.0 != Some(false) {
             if let Ok(file) = OpenOptions::new()
                 .read(true)
                 .custom_flags(libc::O_DIRECT)
                 .open(path)
             {
-                let mut probe = AlignedBuf::new(ALIGN);
-                match file.read_at(probe.as_mut_slice(), 0) {
+                if probe.0 == Some(true) {
+                    return Ok(IoFile {
+                        file,
+                        path: path.to_path_buf(),
+                        direct: true,
+                    });
+                }
+                let mut buf = AlignedBuf::new(ALIGN);
+                match file.read_at(buf.as_mut_slice(), 0) {
                     Ok(_) => {
+                        probe.0 = Some(true);
                         return Ok(IoFile {
                             file,
                             path: path.to_path_buf(),
                             direct: true,
-                        })
+                        });
                     }
-                    Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {}
+                    Err(e) if e.raw_os_error() == Some(libc::EINVAL) => probe.0 = Some(false),
                     Err(e) => return Err(ReadError::io("reading", path, e)),
                 }
+            } else {
+                probe.0 = Some(false);
             }
         }
         let file = File::open(path).map_err(|e| ReadError::io("opening", path, e))?;
@@ -317,6 +338,26 @@ impl Engine {
         }
     }
 
+    /// Queues a batch; with io_uring its reads start at once and overlap the batches before
+    /// it. Collect it with [`Engine::wait`], oldest batch first.
+    pub fn submit(&mut self, reqs: Vec<Request>) -> Pending {
+        match self {
+            Engine::Uring(u) => Pending::Uring(u.submit(reqs)),
+            Engine::Pread(_) => Pending::Pread(reqs),
+        }
+    }
+
+    /// Completes a batch returned by [`Engine::submit`] (in submission order).
+    pub fn wait(&mut self, p: Pending) -> Result<Vec<Completed>> {
+        match (self, p) {
+            (Engine::Uring(u), Pending::Uring(id)) => u.wait(id),
+            (Engine::Pread(e), Pending::Pread(reqs)) => e.read(&reqs),
+            _ => Err(ReadError::Invalid(
+                "batch waited on by another engine".into(),
+            )),
+        }
+    }
+
     /// Reads every request; results are in request order. On error, every read in flight is
     /// completed before returning, and the error names the file and offset.
     pub fn read(&mut self, reqs: &[Request]) -> Result<Vec<Completed>> {
@@ -325,6 +366,12 @@ impl Engine {
             Engine::Pread(p) => p.read(reqs),
         }
     }
+}
+
+/// A batch submitted to an [`Engine`].
+pub enum Pending {
+    Uring(u64),
+    Pread(Vec<Request>),
 }
 
 /// pread from a pool of threads (one read per thread in flight).
@@ -427,12 +474,37 @@ fn pread_full(r: &Request, p: &Piece, dst: &mut [u8]) -> Result<()> {
     Ok(())
 }
 
-/// io_uring: one ring, reads submitted in batches, completions reaped as they come.
+/// A batch of requests being read by the io_uring engine.
+struct Batch {
+    id: u64,
+    reqs: Vec<Request>,
+    bufs: Vec<AlignedBuf>,
+    /// Start address of each buffer's usable part (as an integer, so the engine stays `Send`).
+    addrs: Vec<usize>,
+    skips: Vec<usize>,
+    pieces: Vec<Piece>,
+    done: Vec<usize>,
+    /// Pieces not yet complete (queued or in flight).
+    remaining: usize,
+    /// Pieces of this batch in flight.
+    inflight: usize,
+    error: Option<ReadError>,
+}
+
+/// io_uring: one ring shared by a queue of batches, so the reads of the next batch keep the
+/// device busy while the previous batch's last reads complete.
 pub struct UringEngine {
     ring: io_uring::IoUring,
     depth: usize,
     max_inflight_bytes: usize,
     pool: Arc<BufPool>,
+    batches: std::collections::VecDeque<Batch>,
+    /// (batch id, piece) waiting to be submitted, in order.
+    todo: std::collections::VecDeque<(u64, usize)>,
+    next_id: u64,
+    inflight: usize,
+    inflight_bytes: usize,
+    broken: bool,
 }
 
 impl UringEngine {
@@ -444,100 +516,195 @@ impl UringEngine {
             depth,
             max_inflight_bytes,
             pool: BufPool::new(POOL_BYTES),
+            batches: Default::default(),
+            todo: Default::default(),
+            next_id: 0,
+            inflight: 0,
+            inflight_bytes: 0,
+            broken: false,
         })
     }
 
-    fn read(&mut self, reqs: &[Request]) -> Result<Vec<Completed>> {
-        let (mut bufs, skips, pieces) = plan_pieces(reqs, &self.pool);
-        // Progress of each piece (bytes done); pieces wait in `todo` until submitted.
-        let mut done = vec![0usize; pieces.len()];
-        let mut todo: std::collections::VecDeque<usize> = (0..pieces.len()).collect();
-        let ptrs: Vec<*mut u8> = bufs
+    fn batch_mut(&mut self, id: u64) -> Option<&mut Batch> {
+        let front = self.batches.front()?.id;
+        self.batches.get_mut(id.checked_sub(front)? as usize)
+    }
+
+    /// Queues a batch of requests; returns its id for [`UringEngine::wait`].
+    pub fn submit(&mut self, reqs: Vec<Request>) -> u64 {
+        let (mut bufs, skips, pieces) = plan_pieces(&reqs, &self.pool);
+        let addrs = bufs
             .iter_mut()
-            .map(|b| b.as_mut_slice().as_mut_ptr())
+            .map(|b| b.as_mut_slice().as_mut_ptr() as usize)
             .collect();
-        let mut inflight = 0usize;
-        let mut inflight_bytes = 0usize;
-        let mut error: Option<ReadError> = None;
-        while inflight > 0 || (error.is_none() && !todo.is_empty()) {
-            while error.is_none() && inflight < self.depth {
-                let Some(&i) = todo.front() else { break };
-                let p = &pieces[i];
-                let len = p.len - done[i];
-                if inflight > 0 && inflight_bytes + len > self.max_inflight_bytes {
-                    break;
-                }
-                let r = &reqs[p.req];
-                // SAFETY: the target lies inside bufs[p.req][p.at + done[i] .. p.at + p.len], a
-                // live heap allocation that is neither moved nor accessed until every read in
-                // flight has completed (this loop only returns once `inflight` is 0), and the
-                // file descriptor stays open for as long as `reqs` lives.
-                let entry = io_uring::opcode::Read::new(
-                    io_uring::types::Fd(r.file.file.as_raw_fd()),
-                    unsafe { ptrs[p.req].add(p.at + done[i]) },
-                    len as u32,
-                )
-                .offset(p.offset + done[i] as u64)
+        let id = self.next_id;
+        self.next_id += 1;
+        self.todo.extend((0..pieces.len()).map(|p| (id, p)));
+        self.batches.push_back(Batch {
+            id,
+            reqs,
+            bufs,
+            addrs,
+            skips,
+            done: vec![0; pieces.len()],
+            remaining: pieces.len(),
+            inflight: 0,
+            pieces,
+            error: None,
+        });
+        self.fill();
+        id
+    }
+
+    /// Pushes queued pieces into the submission queue up to the depth and byte caps.
+    fn fill(&mut self) {
+        while self.inflight < self.depth && !self.broken {
+            let Some(&(id, i)) = self.todo.front() else {
+                break;
+            };
+            let (max_bytes, inflight) = (self.max_inflight_bytes, self.inflight_bytes);
+            let Some(b) = self.batch_mut(id) else {
+                self.todo.pop_front();
+                continue;
+            };
+            if b.error.is_some() {
+                // A failed batch reads nothing more.
+                b.remaining -= 1;
+                self.todo.pop_front();
+                continue;
+            }
+            let p = &b.pieces[i];
+            let len = p.len - b.done[i];
+            if inflight > 0 && inflight + len > max_bytes {
+                break;
+            }
+            let fd = b.reqs[p.req].file.file.as_raw_fd();
+            let target = (b.addrs[p.req] + p.at + b.done[i]) as *mut u8;
+            let entry = io_uring::opcode::Read::new(io_uring::types::Fd(fd), target, len as u32)
+                .offset(p.offset + b.done[i] as u64)
                 .build()
-                .user_data(i as u64);
-                // SAFETY: see above; the entry's buffer outlives its completion.
-                if unsafe { self.ring.submission().push(&entry) }.is_err() {
-                    break;
-                }
-                todo.pop_front();
-                inflight += 1;
-                inflight_bytes += len;
+                .user_data((id << 24) | i as u64);
+            // SAFETY: `target..target + len` lies inside the usable part of `bufs[p.req]` of a
+            // batch this engine owns; the buffer's heap allocation is neither moved, read nor
+            // freed until the read completes (batches leave the engine only when none of their
+            // pieces is in flight, and Drop waits for every read in flight), and the file
+            // descriptor belongs to `reqs`, which the batch keeps open as long.
+            if unsafe { self.ring.submission().push(&entry) }.is_err() {
+                break;
             }
-            match self.ring.submit_and_wait(1) {
-                Ok(_) => {}
-                Err(e)
-                    if matches!(
-                        e.raw_os_error(),
-                        Some(libc::EINTR) | Some(libc::EAGAIN) | Some(libc::EBUSY)
-                    ) => {}
-                Err(e) => {
-                    // The ring is unusable. Reads may still be in flight into `bufs`: leak the
-                    // buffers rather than free memory the kernel could still write.
-                    std::mem::forget(bufs);
-                    return Err(ReadError::io("waiting on io_uring", "(kernel)", e));
-                }
+            self.todo.pop_front();
+            let b = self.batch_mut(id).expect("batch exists");
+            b.inflight += 1;
+            self.inflight += 1;
+            self.inflight_bytes += len;
+        }
+    }
+
+    /// Waits for one completion at least and processes every available one.
+    fn reap(&mut self) -> Result<()> {
+        match self.ring.submit_and_wait(1) {
+            Ok(_) => {}
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::EINTR) | Some(libc::EAGAIN) | Some(libc::EBUSY)
+                ) => {}
+            Err(e) => {
+                self.broken = true;
+                return Err(ReadError::io("waiting on io_uring", "(kernel)", e));
             }
-            let cqes: Vec<(u64, i32)> = self
-                .ring
-                .completion()
-                .map(|c| (c.user_data(), c.result()))
-                .collect();
-            for (ud, res) in cqes {
-                let i = ud as usize;
-                let p = &pieces[i];
-                let asked = p.len - done[i];
-                inflight -= 1;
-                inflight_bytes -= asked;
-                if res == -libc::EINTR || res == -libc::EAGAIN {
-                    todo.push_front(i);
-                } else if res < 0 {
-                    let e = std::io::Error::from_raw_os_error(-res);
-                    let at = p.offset + done[i] as u64;
-                    error.get_or_insert(ReadError::io(
-                        "reading",
-                        &reqs[p.req].file.path,
-                        std::io::Error::new(e.kind(), format!("at offset {at}: {e}")),
-                    ));
-                } else if res == 0 {
-                    if done[i] < p.need {
-                        error.get_or_insert(eof_error(&reqs[p.req], p.offset + done[i] as u64));
-                    }
+        }
+        let cqes: Vec<(u64, i32)> = self
+            .ring
+            .completion()
+            .map(|c| (c.user_data(), c.result()))
+            .collect();
+        for (ud, res) in cqes {
+            let (id, i) = (ud >> 24, (ud & 0xFF_FFFF) as usize);
+            self.inflight -= 1;
+            let Some(b) = self.batch_mut(id) else {
+                continue;
+            };
+            b.inflight -= 1;
+            let p = &b.pieces[i];
+            let asked = p.len - b.done[i];
+            let mut requeue = false;
+            if res == -libc::EINTR || res == -libc::EAGAIN {
+                requeue = true;
+            } else if res < 0 {
+                let e = std::io::Error::from_raw_os_error(-res);
+                let at = p.offset + b.done[i] as u64;
+                let path = b.reqs[p.req].file.path.clone();
+                b.error.get_or_insert(ReadError::io(
+                    "reading",
+                    path,
+                    std::io::Error::new(e.kind(), format!("at offset {at}: {e}")),
+                ));
+                b.remaining -= 1;
+            } else if res == 0 {
+                if b.done[i] < p.need {
+                    let e = eof_error(&b.reqs[p.req], p.offset + b.done[i] as u64);
+                    b.error.get_or_insert(e);
+                }
+                b.remaining -= 1;
+            } else {
+                b.done[i] += res as usize;
+                if b.done[i] < p.need {
+                    requeue = true; // short read: ask for the rest
                 } else {
-                    done[i] += res as usize;
-                    if done[i] < p.need {
-                        todo.push_front(i); // short read: ask for the rest
-                    }
+                    b.remaining -= 1;
                 }
             }
+            self.inflight_bytes -= asked;
+            if requeue {
+                self.todo.push_front((id, i));
+            }
         }
-        if let Some(e) = error {
-            return Err(e);
+        Ok(())
+    }
+
+    /// Waits until batch `id` (the oldest one) is complete; returns its buffers in request
+    /// order, or its first error once none of its reads is in flight any more.
+    pub fn wait(&mut self, id: u64) -> Result<Vec<Completed>> {
+        if self.batches.front().map(|b| b.id) != Some(id) {
+            return Err(ReadError::Invalid(format!(
+                "io_uring batch {id} is not the oldest one"
+            )));
         }
-        Ok(finish(bufs, skips, reqs))
+        loop {
+            self.fill();
+            let b = self.batches.front().expect("checked above");
+            let finished = b.remaining == 0 || (b.error.is_some() && b.inflight == 0);
+            if finished {
+                let b = self.batches.pop_front().expect("checked above");
+                self.todo.retain(|(t, _)| *t != id);
+                if let Some(e) = b.error {
+                    return Err(e);
+                }
+                return Ok(finish(b.bufs, b.skips, &b.reqs));
+            }
+            self.reap()?;
+        }
+    }
+
+    fn read(&mut self, reqs: &[Request]) -> Result<Vec<Completed>> {
+        let id = self.submit(reqs.to_vec());
+        self.wait(id)
+    }
+}
+
+impl Drop for UringEngine {
+    fn drop(&mut self) {
+        // Never free a buffer the kernel may still write: wait for every read in flight.
+        while self.inflight > 0 && !self.broken {
+            if self.reap().is_err() {
+                break;
+            }
+        }
+        if self.inflight > 0 {
+            for b in std::mem::take(&mut self.batches) {
+                std::mem::forget(b);
+            }
+        }
     }
 }

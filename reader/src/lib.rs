@@ -4,6 +4,33 @@
 //! in the number of samples, no per-sample parsing or allocation. Samples are looked up by id
 //! or path locally and read with their CRC checked end to end. [`verify`] checks everything;
 //! [`extract`] restores the packed tree byte-exact.
+//!
+//! Epochs are streamed by [`Dataset::stream_epoch`]: an [`EpochPlan`] (a pure function of
+//! the dataset shape, [`PlanOptions`], epoch and [`Shard`]) says which samples this rank and
+//! loader worker read and in which order; the I/O engine ([`io`]) reads whole chunk ranges with
+//! several large reads in flight (io_uring, or a pread pool), and samples arrive CRC-checked.
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use granary::{Dataset, EpochState, PlanOptions, Shard, ShuffleMode, StreamOptions};
+//!
+//! # fn main() -> granary::Result<()> {
+//! let ds = Arc::new(Dataset::open("train.granary")?);
+//! let plan = PlanOptions { mode: ShuffleMode::Chunkwise, seed: 42, window_chunks: 4, ..Default::default() };
+//! let shard = Shard { rank: 0, world_size: 1, worker: 0, num_workers: 1 };
+//! for epoch in 0..3 {
+//!     for sample in ds.stream_epoch(&plan, epoch, shard, None, &StreamOptions::default())? {
+//!         let sample = sample?; // CRC-checked; raw samples borrow the read buffer
+//!         let (_id, _label, _bytes) = (sample.id, sample.label, sample.data());
+//!     }
+//! }
+//! // Resume epoch 3 after 1000 samples, even with another world size or worker count:
+//! let state = EpochState { epoch: 3, world_size: 1, num_workers: 1, consumed: vec![1000] };
+//! let rest = ds.stream_epoch(&plan, 3, shard, Some(&state), &StreamOptions::default())?;
+//! # drop(rest);
+//! # Ok(())
+//! # }
+//! ```
 
 mod dataset;
 mod error;

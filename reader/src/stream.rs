@@ -2,7 +2,9 @@
 //! chunkwise and sequential plans, single records for global plans) with the engine, a decode
 //! stage checks every record's CRC and decompresses in parallel (rayon), and the consumer
 //! iterates samples in plan order. Raw samples are slices of the read buffer, never copied.
-//! Memory is bounded by `prefetch + 2` windows.
+//! Memory is bounded by `prefetch + 3` windows: the one being consumed, one decoded and
+//! waiting, one read and waiting for the decoder, and `prefetch` windows of reads in flight
+//! (hand-overs are rendezvous channels).
 
 use std::collections::HashMap;
 use std::sync::mpsc::{sync_channel, Receiver};
@@ -12,7 +14,7 @@ use granary_format::{decode_record, SampleEntry, CHUNK_HEADER_LEN};
 use rayon::prelude::*;
 
 use crate::error::{ReadError, Result};
-use crate::io::{Completed, Engine, IoFile, IoKind, Request};
+use crate::io::{Completed, DirectProbe, Engine, IoFile, IoKind, Pending, Request};
 use crate::plan::{EpochPlan, ShuffleMode};
 use crate::Dataset;
 
@@ -24,7 +26,7 @@ pub struct StreamOptions {
     pub queue_depth: usize,
     /// Cap on bytes in flight.
     pub max_inflight_bytes: usize,
-    /// Windows read ahead of the one being consumed.
+    /// Windows whose reads are in flight ahead of the ones being decoded and consumed.
     pub prefetch: usize,
     /// Use O_DIRECT where the file system supports it.
     pub direct: bool,
@@ -35,7 +37,7 @@ impl Default for StreamOptions {
         StreamOptions {
             io: IoKind::Auto,
             queue_depth: 8,
-            max_inflight_bytes: 64 << 20,
+            max_inflight_bytes: 256 << 20,
             prefetch: 1,
             direct: true,
         }
@@ -91,24 +93,26 @@ impl EpochStream {
     ) -> Result<Self> {
         let mut engine = Engine::new(opts.io, opts.queue_depth, opts.max_inflight_bytes)?;
         let backend = engine.name();
-        let (tx, rx) = sync_channel::<Result<Vec<Result<Sample>>>>(opts.prefetch.max(1));
+        let (tx, rx) = sync_channel::<Result<Vec<Result<Sample>>>>(0);
         let direct = opts.direct;
+        let prefetch = opts.prefetch;
         let bytes_read = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let counter = bytes_read.clone();
         std::thread::Builder::new()
             .name("granary-io".into())
             .spawn(move || {
                 let mut files: HashMap<u32, Arc<IoFile>> = HashMap::new();
+                let mut probe = DirectProbe::default();
                 let mut checked: std::collections::HashSet<u32> = Default::default();
-                // Read window i + 1 while window i is decoded: decoding runs on the rayon pool
-                // from a second thread fed through a one-slot channel.
+                // Read ahead while a window is decoded: decoding runs on the rayon pool from a
+                // second thread, handed each window through a rendezvous channel.
                 let (dtx, drx) = sync_channel::<(
                     Vec<u64>,
                     Vec<(u32, u64)>,
                     Vec<Completed>,
                     Vec<SampleEntry>,
                     Vec<u32>,
-                )>(1);
+                )>(0);
                 let ds2 = ds.clone();
                 let tx2 = tx.clone();
                 let decoder = std::thread::Builder::new()
@@ -123,35 +127,69 @@ impl EpochStream {
                         }
                     })
                     .expect("spawn decoder");
-                for w in &plan.windows {
-                    let ids = &plan.samples[w.range.clone()];
-                    let r = read_window(
-                        &ds,
-                        &mut engine,
-                        &mut files,
-                        &mut checked,
-                        ids,
-                        mode,
-                        direct,
-                    );
-                    match r {
-                        Ok((locs, bufs, entries, labels)) => {
+                // Batches in flight ahead of the one being completed: the engine overlaps them.
+                let ahead = prefetch.max(1);
+                let mut pending: std::collections::VecDeque<(Prepared, Pending)> =
+                    Default::default();
+                let mut failure = None;
+                let mut windows = plan.windows.iter();
+                loop {
+                    if failure.is_none() && pending.len() <= ahead {
+                        if let Some(w) = windows.next() {
+                            let ids = &plan.samples[w.range.clone()];
+                            match prepare_window(
+                                &ds,
+                                &mut probe,
+                                &mut files,
+                                &mut checked,
+                                ids,
+                                mode,
+                                direct,
+                            ) {
+                                Ok((prep, reqs)) => {
+                                    let t = engine.submit(reqs);
+                                    pending.push_back((prep, t));
+                                }
+                                Err(e) => failure = Some(e),
+                            }
+                            continue;
+                        }
+                    }
+                    let Some((prep, t)) = pending.pop_front() else {
+                        break;
+                    };
+                    match engine
+                        .wait(t)
+                        .and_then(|bufs| complete_window(&ds, &prep, bufs))
+                    {
+                        Ok(bufs) => {
                             let n: u64 = bufs.iter().map(|b| b.data().len() as u64).sum();
                             counter.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
                             if dtx
-                                .send((ids.to_vec(), locs, bufs, entries, labels))
+                                .send((prep.ids, prep.locs, bufs, prep.entries, prep.labels))
                                 .is_err()
                             {
+                                failure = None;
                                 break;
                             }
                         }
                         Err(e) => {
-                            drop(dtx);
-                            let _ = decoder.join();
-                            let _ = tx.send(Err(e));
-                            return;
+                            failure = Some(e);
+                            pending.clear();
+                            break;
                         }
                     }
+                }
+                // Complete what is still in flight before the buffers go (the engine's Drop
+                // also waits), then report a failure after every sample before it.
+                for (_, t) in pending {
+                    let _ = engine.wait(t);
+                }
+                if let Some(e) = failure {
+                    drop(dtx);
+                    let _ = decoder.join();
+                    let _ = tx.send(Err(e));
+                    return;
                 }
                 drop(dtx);
                 let _ = decoder.join();
@@ -208,19 +246,28 @@ impl Iterator for EpochStream {
     }
 }
 
-type WindowRead = (Vec<(u32, u64)>, Vec<Completed>, Vec<SampleEntry>, Vec<u32>);
+/// A window whose reads are queued: what decoding needs once they complete.
+struct Prepared {
+    ids: Vec<u64>,
+    /// Per sample: (request index, offset of the record in that request's bytes).
+    locs: Vec<(u32, u64)>,
+    entries: Vec<SampleEntry>,
+    labels: Vec<u32>,
+    /// Chunk headers to check, and the request whose bytes start with them.
+    header_req: Vec<(u32, usize)>,
+}
 
-/// Reads what a window needs. Returns, per sample, (buffer index, offset in that buffer), the
-/// buffers, and the sample entries and labels.
-fn read_window(
+/// Plans a window's reads: whole ranges from each chunk's start (chunkwise, sequential), or
+/// one read per record plus a header read per chunk not seen yet (global).
+fn prepare_window(
     ds: &Dataset,
-    engine: &mut Engine,
+    probe: &mut DirectProbe,
     files: &mut HashMap<u32, Arc<IoFile>>,
     checked: &mut std::collections::HashSet<u32>,
     ids: &[u64],
     mode: ShuffleMode,
     direct: bool,
-) -> Result<WindowRead> {
+) -> Result<(Prepared, Vec<Request>)> {
     let mut entries = Vec::with_capacity(ids.len());
     let mut labels = Vec::with_capacity(ids.len());
     // Per chunk: the byte range every sample of the window needs.
@@ -233,7 +280,7 @@ fn read_window(
         let end = e.offset + e.stored_len;
         if let std::collections::hash_map::Entry::Vacant(slot) = files.entry(e.chunk) {
             let path = ds.chunk_path(e.chunk);
-            let f = IoFile::open(&path, direct)?;
+            let f = IoFile::open_probed(&path, direct, probe)?;
             let len = f
                 .file
                 .metadata()
@@ -296,12 +343,27 @@ fn read_window(
             locs.push((index[&e.chunk] as u32, e.offset));
         }
     }
-    let bufs = engine.read(&reqs)?;
-    for (c, i) in header_req {
-        ds.check_chunk_header(&bufs[i].data()[..CHUNK_HEADER_LEN], c, &ds.chunk_path(c))?;
-        checked.insert(c);
+    // Headers are checked when this window's reads complete, before any of its samples (or
+    // of a later window) is delivered.
+    for (c, _) in &header_req {
+        checked.insert(*c);
     }
-    Ok((locs, bufs, entries, labels))
+    let prep = Prepared {
+        ids: ids.to_vec(),
+        locs,
+        entries,
+        labels,
+        header_req,
+    };
+    Ok((prep, reqs))
+}
+
+/// Checks the chunk headers a completed window carries.
+fn complete_window(ds: &Dataset, prep: &Prepared, bufs: Vec<Completed>) -> Result<Vec<Completed>> {
+    for &(c, i) in &prep.header_req {
+        ds.check_chunk_header(&bufs[i].data()[..CHUNK_HEADER_LEN], c, &ds.chunk_path(c))?;
+    }
+    Ok(bufs)
 }
 
 fn decode_window(

@@ -204,3 +204,63 @@ fn locality_keeps_ranks_on_their_chunks() {
     );
     assert!(stay(1.0).0 < 0.4, "{:?}", stay(1.0));
 }
+
+#[test]
+fn resume_at_every_position_same_and_other_configuration() {
+    let shape = DatasetShape::from_counts(vec![7, 3, 0, 9, 5, 6]);
+    for mode in [
+        ShuffleMode::Chunkwise,
+        ShuffleMode::Global,
+        ShuffleMode::Sequential,
+    ] {
+        let o = PlanOptions {
+            mode,
+            seed: 3,
+            window_chunks: 2,
+            ..PlanOptions::default()
+        };
+        let whole = EpochPlan::build(&shape, &o, 0, Shard::WHOLE, None).unwrap();
+        for done in 0..=whole.len() as u64 {
+            let st = EpochState {
+                epoch: 0,
+                world_size: 1,
+                num_workers: 1,
+                consumed: vec![done],
+            };
+            let same = EpochPlan::build(&shape, &o, 0, Shard::WHOLE, Some(&st)).unwrap();
+            assert_eq!(
+                same.samples,
+                whole.samples[done as usize..],
+                "{mode:?} at {done}"
+            );
+            // Continue on 2 ranks x 2 workers with padding: exactly the rest, each once or
+            // (padding) at most once more.
+            let o2 = PlanOptions {
+                drop_last: false,
+                ..o.clone()
+            };
+            let mut got = counts([]);
+            for r in 0..2 {
+                for k in 0..2 {
+                    let s = Shard {
+                        rank: r,
+                        world_size: 2,
+                        worker: k,
+                        num_workers: 2,
+                    };
+                    let p = EpochPlan::build(&shape, &o2, 0, s, Some(&st)).unwrap();
+                    for id in p.samples {
+                        *got.entry(id).or_default() += 1;
+                    }
+                }
+            }
+            let rest = counts(whole.samples[done as usize..].iter().copied());
+            assert_eq!(
+                got.keys().collect::<std::collections::BTreeSet<_>>(),
+                rest.keys().collect(),
+                "{mode:?} at {done}"
+            );
+            assert!(got.values().sum::<usize>() - rest.values().sum::<usize>() < 2);
+        }
+    }
+}

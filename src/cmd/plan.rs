@@ -31,7 +31,7 @@ pub struct Args {
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     let ds = super::open_dataset(&a.dataset)?;
     let shape = ds.shape()?;
-    let opts = a.plan.options();
+    let opts = a.plan.options(&ds);
     let mut shares = Vec::new();
     let mut all = Vec::new();
     for rank in 0..a.plan.world_size {

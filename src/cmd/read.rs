@@ -16,9 +16,13 @@ pub struct PlanArgs {
     /// Seed of every shuffle (the same seed gives the same epochs on every machine).
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
-    /// Chunks per shuffle window (memory ~ (prefetch + 2) x window x chunk size).
-    #[arg(long, default_value_t = 4)]
-    pub window: usize,
+    /// Chunks per shuffle window; by default as many as --memory allows.
+    #[arg(long)]
+    pub window: Option<usize>,
+    /// Memory budget of one reader (per worker): the window is budget / (4 x mean chunk size),
+    /// since up to four windows are in memory (consumed, decoded, read, in flight).
+    #[arg(long, default_value = "512MiB", value_parser = super::pack::parse_size)]
+    pub memory: u64,
     /// This process's distributed rank.
     #[arg(long, default_value_t = 0)]
     pub rank: u32,
@@ -38,11 +42,21 @@ pub struct PlanArgs {
 }
 
 impl PlanArgs {
-    pub fn options(&self) -> PlanOptions {
+    /// Plan options for `ds` (the window follows from the memory budget unless given).
+    pub fn options(&self, ds: &granary::Dataset) -> PlanOptions {
+        let chunks = ds.chunk_count().max(1);
+        let bytes: u64 = (0..chunks as u32)
+            .filter_map(|c| ds.chunk(c).ok())
+            .map(|c| c.file_size)
+            .sum();
+        let mean = (bytes / chunks).max(1);
+        let window = self
+            .window
+            .unwrap_or_else(|| (self.memory / (4 * mean)).max(1) as usize);
         PlanOptions {
             mode: self.shuffle,
             seed: self.seed,
-            window_chunks: self.window,
+            window_chunks: window,
             drop_last: !self.pad,
             locality: self.locality,
         }
@@ -97,7 +111,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         let p = &a.plan;
         let r = granary_bench::readbench::run_epoch(
             &ds,
-            &p.options(),
+            &p.options(&ds),
             epoch,
             p.rank,
             p.world_size,
