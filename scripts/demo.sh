@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The main job on a built-in default: generate an ImageNet-like tree, pack it (timed against
-# tar on the same tree, caches cold), inspect it, verify it, read every sample back and compare
+# tar on the same tree, caches cold), inspect it, verify it, stream shuffled epochs (timed
+# against a direct sequential read of the same chunk files), read every sample back and compare
 # with the source byte for byte.
 #   FILES=20000 bash scripts/demo.sh      # more files (default 5000, ~550 MB)
 #   DEMO_DIR=/scratch/demo bash scripts/demo.sh
@@ -26,6 +27,12 @@ $G ls "$DIR/src.granary" class_0007/ --long | head -5
 
 echo; echo "== verify every checksum"
 $G verify "$DIR/src.granary"
+
+echo; echo "== stream two shuffled epochs (chunk-wise, io_uring) as a training job would"
+$G read "$DIR/src.granary" --epochs 2 --workers 2
+
+echo; echo "== epoch throughput vs the device's sequential bandwidth, caches dropped (fio if installed)"
+$G bench read "$DIR/src.granary"
 
 echo; echo "== read every sample back and compare with the source"
 $G extract "$DIR/src.granary" -o "$DIR/restored"

@@ -195,13 +195,13 @@ fn sequential_baseline(files: &[(PathBuf, u64)], qd: usize) -> granary::Result<(
     Ok((total as f64 / 1e6 / secs, cpu_seconds() - cpu0))
 }
 
-/// Queue depth of the fio reference: deep enough to reach the device's sequential bandwidth.
+/// Queue depth of the deep fio reference: enough to reach the device's sequential bandwidth.
 pub const FIO_DEPTH: usize = 32;
 
-/// fio, sequential 4 MiB O_DIRECT reads through io_uring at depth [`FIO_DEPTH`], over the
+/// fio, sequential 4 MiB O_DIRECT reads through io_uring at depth `depth`, over the
 /// chunk files one after another (as many as fio's 4096-byte file list holds); `None` when fio
 /// is not installed or fails.
-fn fio(dir: &Path, files: &[(PathBuf, u64)]) -> Option<f64> {
+fn fio(dir: &Path, files: &[(PathBuf, u64)], depth: usize) -> Option<f64> {
     let mut list = String::new();
     for (p, _) in files {
         let name = p.file_name()?.to_str()?;
@@ -222,7 +222,7 @@ fn fio(dir: &Path, files: &[(PathBuf, u64)]) -> Option<f64> {
             "--ioengine=io_uring",
             "--direct=1",
         ])
-        .arg(format!("--iodepth={FIO_DEPTH}"))
+        .arg(format!("--iodepth={depth}"))
         .arg("--file_service_type=sequential")
         .arg(format!("--directory={}", dir.display()))
         .arg(format!("--filename={list}"))
@@ -284,6 +284,7 @@ pub fn run(o: &ReadBenchOptions) -> Result<ReadBenchResult, String> {
     let mut seq_runs = Vec::new();
     let mut seq_cpu = Vec::new();
     let mut fio_runs = Vec::new();
+    let mut fio_same_runs = Vec::new();
     let mut g_runs: Vec<Vec<EpochReport>> = vec![Vec::new(); granary_sides.len()];
     let mut cold = crate::cold::ColdMethod::None;
     for rep in 0..o.repeat.max(1) {
@@ -292,8 +293,14 @@ pub fn run(o: &ReadBenchOptions) -> Result<ReadBenchResult, String> {
         seq_runs.push(mb);
         seq_cpu.push(cpu / (chunk_bytes as f64 / 1e9));
         make_cold(&[dir]);
-        if let Some(mb) = fio(dir, &files) {
+        if let Some(mb) = fio(dir, &files, FIO_DEPTH) {
             fio_runs.push(mb);
+        }
+        if o.queue_depth != FIO_DEPTH {
+            make_cold(&[dir]);
+            if let Some(mb) = fio(dir, &files, o.queue_depth) {
+                fio_same_runs.push(mb);
+            }
         }
         for (i, (_, mode, kind)) in granary_sides.iter().enumerate() {
             make_cold(&[dir]);
@@ -322,6 +329,20 @@ pub fn run(o: &ReadBenchOptions) -> Result<ReadBenchResult, String> {
             name: format!("fio sequential 4 MiB O_DIRECT io_uring, depth {FIO_DEPTH}"),
             median_mb_per_s: m,
             runs_mb_per_s: fio_runs,
+            samples_per_s: 0.0,
+            cpu_s_per_gb: None,
+            vs_device: m / base,
+        });
+    }
+    if !fio_same_runs.is_empty() {
+        let m = median(&fio_same_runs);
+        sides.push(Side {
+            name: format!(
+                "fio sequential 4 MiB O_DIRECT io_uring, depth {} (granary's)",
+                o.queue_depth
+            ),
+            median_mb_per_s: m,
+            runs_mb_per_s: fio_same_runs,
             samples_per_s: 0.0,
             cpu_s_per_gb: None,
             vs_device: m / base,
