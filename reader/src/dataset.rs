@@ -290,19 +290,7 @@ impl Dataset {
         let ce = self.check_placement(&info)?;
         let path = self.chunk_path(info.entry.chunk);
         let f = File::open(&path).map_err(|e| ReadError::io("opening chunk", &path, e))?;
-        let len = f
-            .metadata()
-            .map_err(|e| ReadError::io("reading", &path, e))?
-            .len();
-        if len != ce.file_size {
-            return Err(ReadError::format(
-                &path,
-                granary_format::FormatError::Invalid {
-                    what: format!("chunk {}", info.entry.chunk),
-                    detail: format!("file is {len} bytes, the snapshot says {}", ce.file_size),
-                },
-            ));
-        }
+        self.check_chunk_size(&ce, &f, &path)?;
         let mut head = [0u8; CHUNK_HEADER_LEN];
         f.read_exact_at(&mut head, 0)
             .map_err(|e| ReadError::io("reading", &path, e))?;
@@ -336,23 +324,30 @@ impl Dataset {
         Ok(())
     }
 
+    /// Checks that an opened chunk file has the size the chunk table records; returns it.
+    pub fn check_chunk_size(&self, ce: &ChunkEntry, f: &File, path: &Path) -> Result<u64> {
+        let len = f
+            .metadata()
+            .map_err(|e| ReadError::io("reading", path, e))?
+            .len();
+        if len != ce.file_size {
+            return Err(ReadError::Invalid(format!(
+                "{} (chunk {}): file is {len} bytes, the snapshot says {}",
+                path.display(),
+                ce.chunk_id,
+                ce.file_size
+            )));
+        }
+        Ok(len)
+    }
+
     /// Loads a whole chunk file (read into memory, or mapped when larger than 512 MiB) and
     /// checks its size and header against the snapshot.
     pub fn load_chunk(&self, chunk: u32) -> Result<ChunkBytes> {
         let ce = self.chunk(chunk)?;
         let path = self.chunk_path(chunk);
         let mut f = File::open(&path).map_err(|e| ReadError::io("opening chunk", &path, e))?;
-        let len = f
-            .metadata()
-            .map_err(|e| ReadError::io("reading", &path, e))?
-            .len();
-        if len != ce.file_size {
-            return Err(ReadError::Invalid(format!(
-                "{}: file is {len} bytes, the snapshot says {}",
-                path.display(),
-                ce.file_size
-            )));
-        }
+        let len = self.check_chunk_size(&ce, &f, &path)?;
         let bytes = if len <= READ_WHOLE_LIMIT {
             let mut v = Vec::with_capacity(len as usize);
             std::io::Read::read_to_end(&mut f, &mut v)

@@ -281,18 +281,7 @@ fn prepare_window(
         if let std::collections::hash_map::Entry::Vacant(slot) = files.entry(e.chunk) {
             let path = ds.chunk_path(e.chunk);
             let f = IoFile::open_probed(&path, direct, probe)?;
-            let len = f
-                .file
-                .metadata()
-                .map_err(|err| ReadError::io("reading", &path, err))?
-                .len();
-            if len != ce.file_size {
-                return Err(ReadError::Invalid(format!(
-                    "{}: file is {len} bytes, the snapshot says {}",
-                    path.display(),
-                    ce.file_size
-                )));
-            }
+            ds.check_chunk_size(&ce, &f.file, &path)?;
             slot.insert(Arc::new(f));
         }
         if mode != ShuffleMode::Global {

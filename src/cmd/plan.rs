@@ -32,22 +32,26 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     let ds = super::open_dataset(&a.dataset)?;
     let shape = ds.shape()?;
     let opts = a.plan.options(&ds);
-    let mut shares = Vec::new();
-    let mut all = Vec::new();
-    for rank in 0..a.plan.world_size {
-        for worker in 0..a.plan.workers {
-            let shard = Shard {
+    let shards: Vec<Shard> = (0..a.plan.world_size)
+        .flat_map(|rank| {
+            (0..a.plan.workers).map(move |worker| Shard {
                 rank,
                 world_size: a.plan.world_size,
                 worker,
                 num_workers: a.plan.workers,
-            };
-            let p = EpochPlan::build(&shape, &opts, a.epoch, shard, None)
-                .map_err(anyhow::Error::msg)?;
-            let chunk_reads: usize = p.windows.iter().map(|w| w.chunks.len()).sum();
-            shares.push(json!({"rank": rank, "worker": worker, "samples": p.len(), "windows": p.windows.len(), "chunk_reads": chunk_reads}));
-            all.extend_from_slice(&p.samples);
-        }
+            })
+        })
+        .collect();
+    let build = |o: &PlanOptions, s: Shard| {
+        EpochPlan::build(&shape, o, a.epoch, s, None).map_err(anyhow::Error::msg)
+    };
+    let mut shares = Vec::new();
+    let mut all = Vec::new();
+    for &shard in &shards {
+        let p = build(&opts, shard)?;
+        let chunk_reads: usize = p.windows.iter().map(|w| w.chunks.len()).sum();
+        shares.push(json!({"rank": shard.rank, "worker": shard.worker, "samples": p.len(), "windows": p.windows.len(), "chunk_reads": chunk_reads}));
+        all.extend_from_slice(&p.samples);
     }
     let mut sorted = all.clone();
     sorted.sort_unstable();
@@ -62,20 +66,8 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         ..opts.clone()
     };
     let mut g = Vec::new();
-    for rank in 0..a.plan.world_size {
-        for worker in 0..a.plan.workers {
-            let shard = Shard {
-                rank,
-                world_size: a.plan.world_size,
-                worker,
-                num_workers: a.plan.workers,
-            };
-            g.extend(
-                EpochPlan::build(&shape, &global, a.epoch, shard, None)
-                    .map_err(anyhow::Error::msg)?
-                    .samples,
-            );
-        }
+    for &shard in &shards {
+        g.extend(build(&global, shard)?.samples);
     }
     let gq = shuffle_quality(&shape, label, &g, 256);
     if a.json {
