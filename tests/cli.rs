@@ -566,3 +566,111 @@ fn read_digests_of_all_ranks_add_up_to_the_whole_dataset() {
         stderr(&o)
     );
 }
+
+#[test]
+fn bench_gen_pack_and_compare_write_matching_digests_and_a_report() {
+    let tmp = tempfile::tempdir().unwrap();
+    let raw = tmp.path().join("raw");
+    let o = run_ok([
+        "bench",
+        "gen",
+        raw.to_str().unwrap(),
+        "--files",
+        "300",
+        "--classes",
+        "7",
+        "--sizes",
+        "tiny",
+        "--json",
+    ]);
+    let g: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(g["files"], 300);
+    assert_eq!(g["classes"], 7);
+    // The same seed gives the same tree.
+    let again = tmp.path().join("again");
+    run_ok([
+        "bench",
+        "gen",
+        again.to_str().unwrap(),
+        "--files",
+        "300",
+        "--classes",
+        "7",
+        "--sizes",
+        "tiny",
+    ]);
+    assert_eq!(read_tree(&raw), read_tree(&again));
+    let ds = tmp.path().join("ds");
+    assert!(pack(&raw, &ds, &["--chunk-size", "64KiB"]).status.success());
+    let report = tmp.path().join("report");
+    for cold in ["none", "fadvise"] {
+        let o = run_ok([
+            "bench",
+            "compare",
+            "--raw",
+            raw.to_str().unwrap(),
+            "--packed",
+            ds.to_str().unwrap(),
+            "--workers",
+            "2",
+            "--epochs",
+            "2",
+            "--cold",
+            cold,
+            "--json",
+            "--report",
+            report.to_str().unwrap(),
+        ]);
+        let c: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert_eq!(c["digests_match"], true);
+        for side in ["raw_epochs", "granary_epochs"] {
+            let e = &c[side];
+            assert_eq!(e.as_array().unwrap().len(), 2);
+            assert_eq!(e[0]["samples"], 300);
+            for key in [
+                "startup_s",
+                "samples_per_s",
+                "mb_per_s",
+                "latency_p50_us",
+                "latency_p99_us",
+                "cpu_s",
+            ] {
+                assert!(e[0][key].as_f64().unwrap() >= 0.0, "{side} {key}");
+            }
+            assert!(e[0]["metadata_ops"].as_u64().unwrap() > 0);
+        }
+        assert_eq!(
+            c["raw_epochs"][1]["digest"],
+            c["granary_epochs"][1]["digest"]
+        );
+        // 300 files: 2 metadata operations each, plus the directories, against a handful.
+        assert!(c["metadata_ratio"].as_f64().unwrap() > 10.0, "{c}");
+        assert_eq!(c["ratios"].as_array().unwrap().len(), 2);
+    }
+    let md = std::fs::read_to_string(report.join("report.md")).unwrap();
+    assert!(
+        md.contains("digests match") && md.contains("throughput.svg"),
+        "{md}"
+    );
+    for svg in ["throughput.svg", "latency.svg", "ratio.svg"] {
+        let s = std::fs::read_to_string(report.join(svg)).unwrap();
+        assert!(
+            s.starts_with("<svg") && s.trim_end().ends_with("</svg>") && s.contains("rect"),
+            "{svg}"
+        );
+    }
+    let o = run_ok([
+        "bench",
+        "pack",
+        raw.to_str().unwrap(),
+        "-o",
+        tmp.path().join("bp").to_str().unwrap(),
+        "--lookups",
+        "100",
+        "--json",
+    ]);
+    let p: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(p["files"], 300);
+    assert!(p["speed_ratio"].as_f64().unwrap() > 0.0);
+    assert!(p["lookup_median_ns"].as_f64().unwrap() > 0.0);
+}

@@ -16,13 +16,54 @@ pub enum ColdMethod {
     None,
 }
 
-/// Drops the page cache; where that is not permitted, evicts every file under `trees` with
-/// `posix_fadvise(DONTNEED)`. Returns what worked.
-pub fn make_cold(trees: &[&Path]) -> ColdMethod {
-    rustix::fs::sync();
-    if std::fs::write("/proc/sys/vm/drop_caches", b"3\n").is_ok() {
-        return ColdMethod::DropCaches;
+/// How `compare` makes caches cold before each epoch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ColdMode {
+    /// drop_caches where permitted, else fadvise.
+    Auto,
+    /// drop_caches only.
+    Drop,
+    /// posix_fadvise(DONTNEED) on every file only.
+    Fadvise,
+    /// Leave the caches alone (warm epochs).
+    None,
+}
+
+impl ColdMode {
+    /// Parses `auto`, `drop`, `fadvise` or `none`.
+    pub fn parse(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(ColdMode::Auto),
+            "drop" => Ok(ColdMode::Drop),
+            "fadvise" => Ok(ColdMode::Fadvise),
+            "none" => Ok(ColdMode::None),
+            _ => Err(format!(
+                "unknown cold mode {s:?}: use auto, drop, fadvise or none"
+            )),
+        }
     }
+}
+
+/// Makes caches cold as `mode` asks; `None` for warm (mode none), else what worked.
+pub fn make_cold_with(mode: ColdMode, trees: &[&Path]) -> Option<ColdMethod> {
+    match mode {
+        ColdMode::None => None,
+        ColdMode::Auto => Some(make_cold(trees)),
+        ColdMode::Drop => {
+            rustix::fs::sync();
+            Some(
+                if std::fs::write("/proc/sys/vm/drop_caches", b"3\n").is_ok() {
+                    ColdMethod::DropCaches
+                } else {
+                    ColdMethod::None
+                },
+            )
+        }
+        ColdMode::Fadvise => Some(fadvise_all(trees)),
+    }
+}
+
+fn fadvise_all(trees: &[&Path]) -> ColdMethod {
     let mut any = false;
     for t in trees {
         for e in walkdir::WalkDir::new(t).into_iter().flatten() {
@@ -38,4 +79,14 @@ pub fn make_cold(trees: &[&Path]) -> ColdMethod {
     } else {
         ColdMethod::None
     }
+}
+
+/// Drops the page cache; where that is not permitted, evicts every file under `trees` with
+/// `posix_fadvise(DONTNEED)`. Returns what worked.
+pub fn make_cold(trees: &[&Path]) -> ColdMethod {
+    rustix::fs::sync();
+    if std::fs::write("/proc/sys/vm/drop_caches", b"3\n").is_ok() {
+        return ColdMethod::DropCaches;
+    }
+    fadvise_all(trees)
 }

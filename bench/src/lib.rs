@@ -3,6 +3,8 @@
 #![forbid(unsafe_code)]
 
 pub mod cold;
+pub mod compare;
 pub mod gen;
 pub mod packbench;
 pub mod readbench;
+pub mod report;

@@ -100,6 +100,8 @@ impl Dataset {
                 },
             ));
         }
+        // is_dir, open, fstat, and the map's own fstat.
+        crate::io::count_metadata_ops(4);
         let map = map_file(&file, &snapshot_path)?;
         // Opening and looking up touch a handful of pages spread over the file: without this,
         // every cold page fault reads a whole readahead window (often megabytes) instead.
@@ -289,6 +291,7 @@ impl Dataset {
         let info = self.sample(id)?;
         let ce = self.check_placement(&info)?;
         let path = self.chunk_path(info.entry.chunk);
+        crate::io::count_metadata_ops(1);
         let f = File::open(&path).map_err(|e| ReadError::io("opening chunk", &path, e))?;
         self.check_chunk_size(&ce, &f, &path)?;
         let mut head = [0u8; CHUNK_HEADER_LEN];
@@ -326,6 +329,7 @@ impl Dataset {
 
     /// Checks that an opened chunk file has the size the chunk table records; returns it.
     pub fn check_chunk_size(&self, ce: &ChunkEntry, f: &File, path: &Path) -> Result<u64> {
+        crate::io::count_metadata_ops(1);
         let len = f
             .metadata()
             .map_err(|e| ReadError::io("reading", path, e))?
@@ -346,6 +350,7 @@ impl Dataset {
     pub fn load_chunk(&self, chunk: u32) -> Result<ChunkBytes> {
         let ce = self.chunk(chunk)?;
         let path = self.chunk_path(chunk);
+        crate::io::count_metadata_ops(1);
         let mut f = File::open(&path).map_err(|e| ReadError::io("opening chunk", &path, e))?;
         let len = self.check_chunk_size(&ce, &f, &path)?;
         let bytes = if len <= READ_WHOLE_LIMIT {

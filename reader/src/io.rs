@@ -17,6 +17,19 @@ use crate::error::{ReadError, Result};
 
 /// Alignment of direct I/O offsets, lengths and buffers.
 pub const ALIGN: usize = 4096;
+static METADATA_OPS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Counts metadata operations (opens, stats) the reader issues, for benchmarks.
+pub(crate) fn count_metadata_ops(n: u64) {
+    METADATA_OPS.fetch_add(n, Ordering::Relaxed);
+}
+
+/// Metadata operations (file opens and stats) issued by this process's granary readers so far:
+/// what a parallel file system's metadata server would see.
+pub fn metadata_ops() -> u64 {
+    METADATA_OPS.load(Ordering::Relaxed)
+}
+
 /// Idle read buffers an engine keeps for reuse.
 pub const POOL_BYTES: usize = 512 << 20;
 /// Largest single read submitted; bigger ranges are split so more requests are in flight.
@@ -71,6 +84,7 @@ impl IoFile {
     /// Like [`IoFile::open`], probing O_DIRECT only if `probe` has not decided yet.
     pub fn open_probed(path: &Path, direct: bool, probe: &mut DirectProbe) -> Result<IoFile> {
         if direct && probe.0 != Some(false) {
+            count_metadata_ops(1);
             if let Ok(file) = OpenOptions::new()
                 .read(true)
                 .custom_flags(libc::O_DIRECT)
@@ -100,6 +114,7 @@ impl IoFile {
                 probe.0 = Some(false);
             }
         }
+        count_metadata_ops(1);
         let file = File::open(path).map_err(|e| ReadError::io("opening", path, e))?;
         Ok(IoFile {
             file,

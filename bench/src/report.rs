@@ -1,0 +1,296 @@
+//! `--report DIR`: a Markdown report with SVG plots of a comparison.
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use crate::compare::CompareResult;
+
+const W: f64 = 640.0;
+const H: f64 = 360.0;
+const M: f64 = 56.0;
+const RAW: &str = "#d95f02";
+const GRANARY: &str = "#1b9e77";
+
+fn svg_open(title: &str) -> String {
+    format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{W}\" height=\"{H}\" viewBox=\"0 0 {W} {H}\" font-family=\"sans-serif\" font-size=\"12\">\n\
+         <rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n\
+         <text x=\"{}\" y=\"22\" text-anchor=\"middle\" font-size=\"15\">{}</text>\n",
+        W / 2.0,
+        esc(title)
+    )
+}
+
+fn esc(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+}
+
+fn axes(svg: &mut String, ymax: f64, ylabel: &str) {
+    let (x0, y0, y1) = (M, H - M, M);
+    let _ = writeln!(
+        svg,
+        "<line x1=\"{x0}\" y1=\"{y0}\" x2=\"{}\" y2=\"{y0}\" stroke=\"black\"/>",
+        W - 20.0
+    );
+    let _ = writeln!(
+        svg,
+        "<line x1=\"{x0}\" y1=\"{y0}\" x2=\"{x0}\" y2=\"{y1}\" stroke=\"black\"/>"
+    );
+    for i in 0..=4 {
+        let v = ymax * i as f64 / 4.0;
+        let y = y0 - (y0 - y1) * i as f64 / 4.0;
+        let _ = writeln!(
+            svg,
+            "<line x1=\"{}\" y1=\"{y}\" x2=\"{}\" y2=\"{y}\" stroke=\"#ddd\"/>",
+            x0 + 1.0,
+            W - 20.0
+        );
+        let _ = writeln!(
+            svg,
+            "<text x=\"{}\" y=\"{}\" text-anchor=\"end\">{}</text>",
+            x0 - 6.0,
+            y + 4.0,
+            fmt_num(v)
+        );
+    }
+    let _ = writeln!(
+        svg,
+        "<text transform=\"translate(14,{}) rotate(-90)\" text-anchor=\"middle\">{}</text>",
+        H / 2.0,
+        esc(ylabel)
+    );
+}
+
+fn fmt_num(v: f64) -> String {
+    if v >= 1e6 {
+        format!("{:.1}M", v / 1e6)
+    } else if v >= 1e3 {
+        format!("{:.1}k", v / 1e3)
+    } else if v >= 10.0 {
+        format!("{v:.0}")
+    } else {
+        format!("{v:.2}")
+    }
+}
+
+fn legend(svg: &mut String, top: f64, items: &[(&str, &str)]) {
+    for (i, (name, color)) in items.iter().enumerate() {
+        let x = W - 200.0;
+        let y = top + 18.0 * i as f64;
+        let _ = writeln!(
+            svg,
+            "<rect x=\"{x}\" y=\"{}\" width=\"12\" height=\"12\" fill=\"{color}\"/>",
+            y - 10.0
+        );
+        let _ = writeln!(
+            svg,
+            "<text x=\"{}\" y=\"{y}\">{}</text>",
+            x + 18.0,
+            esc(name)
+        );
+    }
+}
+
+/// Grouped bars: samples/s per epoch, raw vs granary.
+pub fn throughput_svg(r: &CompareResult) -> String {
+    let mut svg = svg_open("Samples per second, per epoch");
+    let ymax = r
+        .raw_epochs
+        .iter()
+        .chain(&r.granary_epochs)
+        .map(|e| e.samples_per_s)
+        .fold(1.0, f64::max)
+        * 1.1;
+    axes(&mut svg, ymax, "samples/s");
+    let n = r.raw_epochs.len().max(1) as f64;
+    let slot = (W - 20.0 - M) / n;
+    let bar = slot * 0.35;
+    for (i, (raw, g)) in r.raw_epochs.iter().zip(&r.granary_epochs).enumerate() {
+        let x = M + slot * i as f64 + slot * 0.12;
+        for (j, (v, color)) in [(raw.samples_per_s, RAW), (g.samples_per_s, GRANARY)]
+            .iter()
+            .enumerate()
+        {
+            let h = (H - 2.0 * M) * v / ymax;
+            let bx = x + j as f64 * (bar + 4.0);
+            let _ = writeln!(
+                svg,
+                "<rect x=\"{bx}\" y=\"{}\" width=\"{bar}\" height=\"{h}\" fill=\"{color}\"/>",
+                H - M - h
+            );
+            let _ = writeln!(
+                svg,
+                "<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">{}</text>",
+                bx + bar / 2.0,
+                H - M - h - 4.0,
+                fmt_num(*v)
+            );
+        }
+        let _ = writeln!(
+            svg,
+            "<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">epoch {}</text>",
+            x + bar,
+            H - M + 16.0,
+            raw.epoch
+        );
+    }
+    legend(
+        &mut svg,
+        40.0,
+        &[
+            ("raw files (ImageFolder-style)", RAW),
+            ("granary (chunk-wise)", GRANARY),
+        ],
+    );
+    svg + "</svg>\n"
+}
+
+/// Cumulative distribution of per-sample wait times (log-scaled x), first epoch of each side.
+pub fn latency_svg(r: &CompareResult) -> String {
+    let mut svg = svg_open("Per-sample wait time, cumulative distribution (epoch 0)");
+    let all: Vec<f64> = r.raw_epochs[0]
+        .latencies_us
+        .iter()
+        .chain(&r.granary_epochs[0].latencies_us)
+        .copied()
+        .filter(|v| *v > 0.0)
+        .collect();
+    let lo = all
+        .iter()
+        .copied()
+        .fold(f64::INFINITY, f64::min)
+        .max(0.1)
+        .log10()
+        .floor();
+    let hi = all
+        .iter()
+        .copied()
+        .fold(1.0, f64::max)
+        .log10()
+        .ceil()
+        .max(lo + 1.0);
+    axes(&mut svg, 1.0, "fraction of samples");
+    let px = |v: f64| M + (W - 20.0 - M) * ((v.max(1e-3).log10() - lo) / (hi - lo)).clamp(0.0, 1.0);
+    let py = |f: f64| H - M - (H - 2.0 * M) * f;
+    for d in lo as i32..=hi as i32 {
+        let x = px(10f64.powi(d));
+        let _ = writeln!(
+            svg,
+            "<text x=\"{x}\" y=\"{}\" text-anchor=\"middle\">{} us</text>",
+            H - M + 16.0,
+            fmt_num(10f64.powi(d))
+        );
+    }
+    for (lat, color) in [
+        (&r.raw_epochs[0].latencies_us, RAW),
+        (&r.granary_epochs[0].latencies_us, GRANARY),
+    ] {
+        if lat.is_empty() {
+            continue;
+        }
+        let step = (lat.len() / 400).max(1);
+        let mut pts = String::new();
+        for (i, v) in lat
+            .iter()
+            .enumerate()
+            .step_by(step)
+            .chain(std::iter::once((lat.len() - 1, &lat[lat.len() - 1])))
+        {
+            let _ = write!(
+                pts,
+                "{:.1},{:.1} ",
+                px(*v),
+                py((i + 1) as f64 / lat.len() as f64)
+            );
+        }
+        let _ = writeln!(
+            svg,
+            "<polyline points=\"{pts}\" fill=\"none\" stroke=\"{color}\" stroke-width=\"2\"/>"
+        );
+    }
+    legend(
+        &mut svg,
+        H - M - 40.0,
+        &[("raw files", RAW), ("granary", GRANARY)],
+    );
+    svg + "</svg>\n"
+}
+
+/// Bars: granary / raw samples-per-second ratio per epoch.
+pub fn ratio_svg(r: &CompareResult) -> String {
+    let mut svg = svg_open("granary / raw, samples per second");
+    let ymax = r.ratios.iter().copied().fold(1.0, f64::max) * 1.15;
+    axes(&mut svg, ymax, "ratio (x)");
+    let n = r.ratios.len().max(1) as f64;
+    let slot = (W - 20.0 - M) / n;
+    for (i, v) in r.ratios.iter().enumerate() {
+        let h = (H - 2.0 * M) * v / ymax;
+        let x = M + slot * i as f64 + slot * 0.25;
+        let _ = writeln!(
+            svg,
+            "<rect x=\"{x}\" y=\"{}\" width=\"{}\" height=\"{h}\" fill=\"{GRANARY}\"/>",
+            H - M - h,
+            slot * 0.5
+        );
+        let _ = writeln!(
+            svg,
+            "<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">{v:.2}x</text>",
+            x + slot * 0.25,
+            H - M - h - 4.0
+        );
+        let _ = writeln!(
+            svg,
+            "<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">epoch {i}</text>",
+            x + slot * 0.25,
+            H - M + 16.0
+        );
+    }
+    let y1 = H - M - (H - 2.0 * M) / ymax;
+    let _ = writeln!(svg, "<line x1=\"{M}\" y1=\"{y1}\" x2=\"{}\" y2=\"{y1}\" stroke=\"black\" stroke-dasharray=\"4 3\"/>", W - 20.0);
+    svg + "</svg>\n"
+}
+
+/// Writes `report.md`, `throughput.svg`, `latency.svg` and `ratio.svg` into `dir`.
+pub fn write_report(dir: &Path, r: &CompareResult, table: &str) -> std::io::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    std::fs::write(dir.join("throughput.svg"), throughput_svg(r))?;
+    std::fs::write(dir.join("latency.svg"), latency_svg(r))?;
+    std::fs::write(dir.join("ratio.svg"), ratio_svg(r))?;
+    let mut md = String::new();
+    let _ = writeln!(md, "# granary vs raw files\n");
+    let _ = writeln!(
+        md,
+        "Raw tree `{}` read as ImageFolder + DataLoader do (list the tree, then open/read/close each \
+         file in a shuffled order), against the packed dataset `{}` read chunk-wise, {} workers each, \
+         on the same storage. Both sides checksum every sample; digests {}.\n",
+        r.raw.display(),
+        r.packed.display(),
+        r.workers,
+        if r.digests_match { "match: both delivered the same bytes" } else { "**differ**" }
+    );
+    let g = &r.granary_epochs[0];
+    let raw = &r.raw_epochs[0];
+    let _ = writeln!(
+        md,
+        "**granary delivered {:.2}x the samples per second of raw files** (epoch 0: {:.0} vs {:.0}), \
+         started {:.1}x faster ({:.4} s vs {:.4} s) and issued {:.0}x fewer metadata operations \
+         ({} vs {}).\n",
+        r.ratios[0],
+        g.samples_per_s,
+        raw.samples_per_s,
+        r.startup_ratio,
+        g.startup_s,
+        raw.startup_s,
+        r.metadata_ratio,
+        g.metadata_ops,
+        raw.metadata_ops
+    );
+    let _ = writeln!(
+        md,
+        "![throughput](throughput.svg)\n\n![latency](latency.svg)\n\n![ratio](ratio.svg)\n"
+    );
+    let _ = writeln!(md, "```\n{table}```");
+    std::fs::write(dir.join("report.md"), md)
+}
