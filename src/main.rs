@@ -18,7 +18,8 @@ dataset: a few large chunk files plus one immutable metadata snapshot that answe
 lookup locally. Every record carries a CRC-32 of its original bytes.",
     after_help = "Examples:\n  granary pack ./train -o train.granary\n  granary info train.granary\n  \
 granary verify train.granary\n  granary cat train.granary cat/0001.jpg > 0001.jpg\n  \
-granary extract train.granary -o ./restored\n\nExit codes: 0 success; 1 error (or, for verify, \
+granary extract train.granary -o ./restored\n  granary read train.granary --epochs 2 --workers 2\n  \
+granary bench compare --raw ./train --packed train.granary --report report/\n\nExit codes: 0 success; 1 error (or, for verify, \
 damage found); 2 usage error; 3 pack finished but skipped unreadable files."
 )]
 struct Cli {
