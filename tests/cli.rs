@@ -416,46 +416,20 @@ fn write_failure_keeps_work_for_resume() {
         stderr(&o)
     );
     assert!(!ds.exists());
-    let o = pack(
-        &src,
-        &ds,
-        &[
-            "--chunk-size",
-            "48KiB",
-            "--compress",
-            "none",
-            "--order",
-            "walk",
-        ],
-    );
+    let same = [
+        "--chunk-size",
+        "48KiB",
+        "--compress",
+        "none",
+        "--order",
+        "walk",
+    ];
+    let o = pack(&src, &ds, &same);
     assert!(stderr(&o).contains("--resume"), "{}", stderr(&o));
-    let o = pack(
-        &src,
-        &ds,
-        &[
-            "--chunk-size",
-            "48KiB",
-            "--compress",
-            "none",
-            "--resume",
-            "--json",
-        ],
-    );
+    // Other settings than the interrupted run's are refused.
+    let o = pack(&src, &ds, &[&same[..4], &["--resume", "--json"]].concat());
     assert!(stderr(&o).contains("other settings"), "{}", stderr(&o));
-    let o = pack(
-        &src,
-        &ds,
-        &[
-            "--chunk-size",
-            "48KiB",
-            "--compress",
-            "none",
-            "--order",
-            "walk",
-            "--resume",
-            "--json",
-        ],
-    );
+    let o = pack(&src, &ds, &[&same[..], &["--resume", "--json"]].concat());
     assert!(o.status.success(), "{}", stderr(&o));
     let s: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(
