@@ -276,3 +276,35 @@ fn chunkwise_shuffle_of_mixed_packing_is_close_to_global() {
         "walk-order packing {bad:?} vs global {g:?}"
     );
 }
+
+#[test]
+fn dropping_a_stream_early_stops_its_threads() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (ds, _) = dataset(tmp.path(), Order::Random);
+    for kind in [IoKind::Pread, IoKind::Uring] {
+        if kind == IoKind::Uring && !uring_available() {
+            continue;
+        }
+        let o = PlanOptions {
+            window_chunks: 1,
+            ..PlanOptions::default()
+        };
+        let mut st = ds
+            .stream_epoch(&o, 0, Shard::WHOLE, None, &io(kind, true))
+            .unwrap();
+        for _ in 0..10 {
+            st.next().unwrap().unwrap();
+        }
+        drop(st);
+        // The dataset is shared with the stream's threads; once they have stopped, this is the
+        // last reference again.
+        let t = std::time::Instant::now();
+        while Arc::strong_count(&ds) > 1 {
+            assert!(
+                t.elapsed() < std::time::Duration::from_secs(10),
+                "stream threads still running"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+    }
+}
