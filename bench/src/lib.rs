@@ -2,6 +2,7 @@
 //! side-by-side comparisons that print ratios measured in one run.
 #![forbid(unsafe_code)]
 
+pub mod cachesim;
 pub mod cold;
 pub mod compare;
 pub mod gen;

@@ -21,6 +21,34 @@ enum BenchCmd {
     Pack(PackArgs),
     Read(ReadArgs),
     Compare(CompareArgs),
+    Cache(CacheArgs),
+}
+
+/// Cache simulation over real epoch plans: LRU vs a never-evicting (static) cache.
+#[derive(clap::Args)]
+#[command(after_help = "Examples:
+  granary bench cache                           # a synthetic 300,000-sample dataset
+  granary bench cache data/img.granary --fractions 0.1,0.2,0.5 --epochs 6
+
+Each epoch reads every item once in the plan's order (chunk-wise by default). Epoch 0 fills the
+cache; hit ratios are over the later epochs. Theory for LRU: f + (1 - f) ln(1 - f) ~ f^2/2.
+The importance-aware policy and the end-to-end run are not implemented yet (issue 5).")]
+struct CacheArgs {
+    /// Dataset whose shape (chunks and their sample counts) the plans use; by default a
+    /// synthetic one of 1,000 chunks of 300 samples.
+    dataset: Option<PathBuf>,
+    /// Cache sizes as fractions of the dataset.
+    #[arg(long, value_delimiter = ',', default_value = "0.1,0.2,0.5")]
+    fractions: Vec<f64>,
+    /// Epochs replayed (the first warms the cache).
+    #[arg(long, default_value_t = 5)]
+    epochs: u64,
+    /// Epoch order of the plans.
+    #[arg(long, default_value = "chunkwise", value_parser = granary::ShuffleMode::parse)]
+    shuffle: granary::ShuffleMode,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
 }
 
 /// Raw small-file reads (as ImageFolder + DataLoader do them) vs granary, same data, same K.
@@ -240,6 +268,40 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
             }
             if !res.digests_match {
                 anyhow::bail!("the two sides delivered different bytes");
+            }
+        }
+        BenchCmd::Cache(c) => {
+            use granary_bench::cachesim::{render, simulate, Level};
+            if let Some(f) = c.fractions.iter().find(|f| !(0.0..=1.0).contains(*f)) {
+                anyhow::bail!("cache fraction {f} is not in [0, 1]");
+            }
+            let shape = match &c.dataset {
+                Some(p) => super::open_dataset(p)?.shape()?,
+                None => granary::DatasetShape::from_counts(vec![300; 1000]),
+            };
+            let plan = granary::PlanOptions {
+                mode: c.shuffle,
+                ..Default::default()
+            };
+            let mut rows = simulate(&shape, &plan, c.epochs, &c.fractions, Level::Sample);
+            rows.extend(simulate(
+                &shape,
+                &plan,
+                c.epochs,
+                &c.fractions,
+                Level::Chunk,
+            ));
+            if c.json {
+                super::print_json(&rows)?;
+            } else {
+                println!(
+                    "cache simulation over {} epochs of {:?} plans ({} samples in {} chunks)",
+                    c.epochs.max(2),
+                    c.shuffle,
+                    shape.samples(),
+                    shape.chunks()
+                );
+                print!("{}", render(&rows));
             }
         }
         BenchCmd::Read(r) => {
