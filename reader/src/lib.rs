@@ -35,6 +35,7 @@
 mod dataset;
 mod error;
 mod extract;
+mod importance;
 pub mod io;
 mod pathfmt;
 pub mod plan;
@@ -45,10 +46,11 @@ pub use dataset::{ChunkBytes, Dataset, SampleInfo};
 pub use error::{ReadError, RecordError, Result};
 pub use extract::{extract, ExtractOptions, ExtractSummary};
 pub use granary_format::{Compression, FormatError, NO_LABEL};
+pub use importance::ImportanceScores;
 pub use pathfmt::{escape_path, unescape_path};
 pub use plan::{
-    shuffle_quality, DatasetShape, EpochPlan, EpochState, PlanOptions, Shard, ShuffleMode,
-    ShuffleQuality,
+    shuffle_quality, DatasetShape, EpochPlan, EpochState, PlanOptions, Sampling, Shard,
+    ShuffleMode, ShuffleQuality,
 };
 pub use stream::{EpochStream, Sample, StreamOptions};
 pub use verify::{verify, Problem, VerifyReport};

@@ -156,12 +156,89 @@ pub struct Window {
 }
 
 /// One shard's plan for one epoch.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct EpochPlan {
     pub epoch: u64,
     /// Sample ids in delivery order.
     pub samples: Vec<u64>,
     pub windows: Vec<Window>,
+    /// Importance-sampling weight 1/(N·p) of each sample in `samples` (empty for uniform
+    /// plans): multiply the sample's loss by it to keep the gradient unbiased.
+    pub weights: Vec<f32>,
+}
+
+/// Importance sampling (opt-in): each epoch draws N samples with replacement, sample i with
+/// probability p_i = (1 − α)/N + α · s_i·b_i / Σ s·b, where s is the importance score and b is
+/// `cache_boost` for samples in the local cache tier (1 otherwise). Every sample keeps at least
+/// the floor (1 − α)/N. Every rank must pass the same scores (a snapshot taken at the epoch
+/// boundary) so that plans stay identical everywhere.
+pub struct Sampling<'a> {
+    pub scores: &'a crate::ImportanceScores,
+    /// Mix between uniform (0) and score-proportional (→ 1); must be < 1.
+    pub alpha: f64,
+    /// Which samples the local tier holds, and how much to favour them.
+    pub cached: Option<&'a (dyn Fn(u64) -> bool + Sync)>,
+    pub cache_boost: f64,
+}
+
+impl Sampling<'_> {
+    /// p_i for every sample (sums to 1).
+    pub fn probabilities(&self) -> Vec<f64> {
+        let n = self.scores.len() as usize;
+        let mass: Vec<f64> = (0..n as u64)
+            .map(|i| {
+                let b = match self.cached {
+                    Some(c) if c(i) => self.cache_boost.max(0.0),
+                    _ => 1.0,
+                };
+                self.scores.score(i).max(0.0) * b
+            })
+            .collect();
+        let total: f64 = mass.iter().sum::<f64>().max(f64::MIN_POSITIVE);
+        let a = self.alpha.clamp(0.0, 0.999_999);
+        mass.iter()
+            .map(|m| (1.0 - a) / n as f64 + a * m / total)
+            .collect()
+    }
+}
+
+/// Vose's alias method: O(n) setup, O(1) per draw.
+struct Alias {
+    prob: Vec<f64>,
+    alias: Vec<usize>,
+}
+
+impl Alias {
+    fn new(p: &[f64]) -> Self {
+        let n = p.len();
+        let mut prob = vec![0.0; n];
+        let mut alias = vec![0; n];
+        let mut scaled: Vec<f64> = p.iter().map(|x| x * n as f64).collect();
+        let (mut small, mut large): (Vec<usize>, Vec<usize>) =
+            (0..n).partition(|&i| scaled[i] < 1.0);
+        while let (Some(s), Some(&l)) = (small.pop(), large.last()) {
+            prob[s] = scaled[s];
+            alias[s] = l;
+            scaled[l] -= 1.0 - scaled[s];
+            if scaled[l] < 1.0 {
+                large.pop();
+                small.push(l);
+            }
+        }
+        for i in small.into_iter().chain(large) {
+            prob[i] = 1.0;
+        }
+        Alias { prob, alias }
+    }
+
+    fn draw(&self, r: &mut SplitMix64) -> u64 {
+        let i = r.below(self.prob.len() as u64) as usize;
+        if r.next_f64() < self.prob[i] {
+            i as u64
+        } else {
+            self.alias[i] as u64
+        }
+    }
 }
 
 const TAG_CHUNKS: u64 = 1;
@@ -171,10 +248,30 @@ const TAG_MOVE: u64 = 4;
 const TAG_DEST: u64 = 5;
 const TAG_RANK_ORDER: u64 = 6;
 const TAG_WINDOW: u64 = 7;
+const TAG_IMPORTANCE: u64 = 8;
 
 /// The epoch's global sequence before the per-rank cut.
-fn global_sequence(shape: &DatasetShape, o: &PlanOptions, epoch: u64, world: u32) -> Vec<u64> {
+fn global_sequence(
+    shape: &DatasetShape,
+    o: &PlanOptions,
+    epoch: u64,
+    world: u32,
+    sampling: Option<&Sampling>,
+) -> Vec<u64> {
     let n = shape.samples();
+    if let Some(sm) = sampling.filter(|_| n > 0) {
+        // N draws with replacement, grouped by chunk in the epoch's chunk order so that the
+        // windows still read whole chunks.
+        let alias = Alias::new(&sm.probabilities());
+        let mut r = SplitMix64::keyed(&[o.seed, epoch, TAG_IMPORTANCE]);
+        let mut draws: Vec<u64> = (0..n).map(|_| alias.draw(&mut r)).collect();
+        let mut pos = vec![0usize; shape.chunks() as usize];
+        for (i, c) in chunk_order(shape, o, epoch, world).into_iter().enumerate() {
+            pos[c as usize] = i;
+        }
+        draws.sort_by_key(|&s| (pos[shape.chunk_of(s) as usize], s));
+        return draws;
+    }
     match o.mode {
         ShuffleMode::Sequential => (0..n).collect(),
         ShuffleMode::Global => {
@@ -310,12 +407,19 @@ fn windows(
         epoch,
         samples: seq,
         windows,
+        weights: Vec::new(),
     }
 }
 
 /// The full plan of `shard` for `epoch`, ignoring any resume state.
-fn fresh(shape: &DatasetShape, o: &PlanOptions, epoch: u64, shard: &Shard) -> EpochPlan {
-    let seq = global_sequence(shape, o, epoch, shard.world_size);
+fn fresh(
+    shape: &DatasetShape,
+    o: &PlanOptions,
+    epoch: u64,
+    shard: &Shard,
+    sampling: Option<&Sampling>,
+) -> EpochPlan {
+    let seq = global_sequence(shape, o, epoch, shard.world_size, sampling);
     let rank = cut_rank(&seq, shard.world_size, shard.rank, o.drop_last);
     let part = split_worker(&rank, shard.num_workers, shard.worker).to_vec();
     windows(shape, o, epoch, shard, part)
@@ -330,12 +434,59 @@ impl EpochPlan {
         shard: Shard,
         resume: Option<&EpochState>,
     ) -> Result<EpochPlan, String> {
+        Self::build_sampled(shape, o, epoch, shard, resume, None)
+    }
+
+    /// [`EpochPlan::build`] with importance sampling: the epoch draws N samples as `sampling`
+    /// says (chunk-grouped, windowed, partitioned and resumable like uniform plans) and
+    /// [`EpochPlan::weights`] carries each drawn sample's weight 1/(N·p).
+    pub fn build_sampled(
+        shape: &DatasetShape,
+        o: &PlanOptions,
+        epoch: u64,
+        shard: Shard,
+        resume: Option<&EpochState>,
+        sampling: Option<&Sampling>,
+    ) -> Result<EpochPlan, String> {
+        if let Some(sm) = sampling {
+            if !(0.0..1.0).contains(&sm.alpha) {
+                return Err(format!("alpha {} is not in [0, 1)", sm.alpha));
+            }
+            if sm.scores.len() != shape.samples() {
+                return Err(format!(
+                    "{} scores for {} samples",
+                    sm.scores.len(),
+                    shape.samples()
+                ));
+            }
+        }
+        let mut p = Self::build_inner(shape, o, epoch, shard, resume, sampling)?;
+        if let Some(sm) = sampling {
+            let probs = sm.probabilities();
+            let n = shape.samples() as f64;
+            p.weights = p
+                .samples
+                .iter()
+                .map(|&s| (1.0 / (n * probs[s as usize])) as f32)
+                .collect();
+        }
+        Ok(p)
+    }
+
+    fn build_inner(
+        shape: &DatasetShape,
+        o: &PlanOptions,
+        epoch: u64,
+        shard: Shard,
+        resume: Option<&EpochState>,
+        sampling: Option<&Sampling>,
+    ) -> Result<EpochPlan, String> {
         shard.check()?;
         if !(0.0..=1.0).contains(&o.locality) {
             return Err(format!("locality {} is not in [0, 1]", o.locality));
         }
         let Some(st) = resume else {
-            return Ok(fresh(shape, o, epoch, &shard));
+            return Ok(fresh(shape, o, epoch, &shard, sampling));
         };
         if st.epoch != epoch {
             return Err(format!(
@@ -357,7 +508,7 @@ impl EpochPlan {
         }
         if old == (shard.world_size, shard.num_workers) {
             // Same configuration: continue exactly where this shard stopped.
-            let mut p = fresh(shape, o, epoch, &shard);
+            let mut p = fresh(shape, o, epoch, &shard, sampling);
             let done = st.consumed[(shard.rank * shard.num_workers + shard.worker) as usize];
             p.skip(shape, done as usize);
             return Ok(p);
@@ -373,13 +524,13 @@ impl EpochPlan {
                     worker: k,
                     num_workers: old.1,
                 };
-                let p = fresh(shape, o, epoch, &s);
+                let p = fresh(shape, o, epoch, &s, sampling);
                 let done = (st.consumed[(r * old.1 + k) as usize] as usize).min(p.samples.len());
                 rest.extend_from_slice(&p.samples[done..]);
             }
         }
         if o.mode != ShuffleMode::Global {
-            let order = global_sequence(shape, o, epoch, old.0);
+            let order = global_sequence(shape, o, epoch, old.0, sampling);
             let mut chunk_pos = vec![0usize; shape.chunks() as usize];
             let mut seen = vec![false; shape.chunks() as usize];
             let mut next = 0;

@@ -264,3 +264,90 @@ fn resume_at_every_position_same_and_other_configuration() {
         }
     }
 }
+
+#[test]
+fn importance_plans_are_deterministic_partitioned_resumable_and_weighted() {
+    use granary::{ImportanceScores, Sampling};
+    let shape = DatasetShape::from_counts(vec![50; 40]);
+    let n = shape.samples();
+    let mut scores = ImportanceScores::new(n, 0.5);
+    // Samples 0..200 get the largest losses in every batch: the highest scores.
+    for b in 0..(n / 100) {
+        let ids: Vec<u64> = (0..100).map(|i| (i * (n / 100) + b) % n).collect();
+        let losses: Vec<f32> = ids
+            .iter()
+            .map(|&id| {
+                if id < 200 {
+                    10.0 + id as f32
+                } else {
+                    (id % 7) as f32
+                }
+            })
+            .collect();
+        scores.report(&ids, &losses).unwrap();
+    }
+    let cached = |id: u64| id < 100;
+    let sm = Sampling {
+        scores: &scores,
+        alpha: 0.8,
+        cached: Some(&cached),
+        cache_boost: 4.0,
+    };
+    let probs = sm.probabilities();
+    assert!((probs.iter().sum::<f64>() - 1.0).abs() < 1e-9);
+    let floor = 0.2 / n as f64;
+    assert!(
+        probs.iter().all(|&p| p >= floor * 0.999_999),
+        "every sample keeps the floor"
+    );
+    let o = PlanOptions::default();
+    let build = |s: Shard, r: Option<&EpochState>| {
+        EpochPlan::build_sampled(&shape, &o, 4, s, r, Some(&sm)).unwrap()
+    };
+    let mut all = Vec::new();
+    let mut per_rank = Vec::new();
+    for r in 0..3 {
+        let mut total = 0;
+        for k in 0..2 {
+            let s = Shard {
+                rank: r,
+                world_size: 3,
+                worker: k,
+                num_workers: 2,
+            };
+            let p = build(s, None);
+            assert_eq!(p, build(s, None), "deterministic");
+            assert_eq!(p.weights.len(), p.samples.len());
+            for (&id, &w) in p.samples.iter().zip(&p.weights) {
+                assert!((w as f64 - 1.0 / (n as f64 * probs[id as usize])).abs() < 1e-3);
+            }
+            // Resume with the same configuration continues exactly, weights included.
+            let consumed: Vec<u64> = vec![17; 6];
+            let st = EpochState {
+                epoch: 4,
+                world_size: 3,
+                num_workers: 2,
+                consumed,
+            };
+            let rest = build(s, Some(&st));
+            assert_eq!(rest.samples, p.samples[17..]);
+            assert_eq!(rest.weights, p.weights[17..]);
+            total += p.len();
+            all.extend(p.samples);
+        }
+        per_rank.push(total);
+    }
+    assert!(per_rank.windows(2).all(|w| w[0] == w[1]), "{per_rank:?}");
+    // The cached, high-score samples are drawn far more often than the rest.
+    let c = counts(all.iter().copied());
+    let hot: usize = (0..100).map(|i| c.get(&i).copied().unwrap_or(0)).sum();
+    let cold: usize = (1000..1100).map(|i| c.get(&i).copied().unwrap_or(0)).sum();
+    assert!(hot > 3 * cold, "hot {hot} vs cold {cold}");
+    let bad = Sampling {
+        scores: &scores,
+        alpha: 1.0,
+        cached: None,
+        cache_boost: 1.0,
+    };
+    assert!(EpochPlan::build_sampled(&shape, &o, 0, Shard::WHOLE, None, Some(&bad)).is_err());
+}

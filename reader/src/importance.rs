@@ -1,0 +1,218 @@
+//! Per-sample importance scores fed by training losses (SHADE, FAST'23), keyed by sample id.
+//!
+//! `report(ids, losses)` ranks each loss within its batch (rank 1 = smallest loss), turns the
+//! rank into the weight ln(10 + rank), and smooths it into the sample's score with an
+//! exponential moving average. Samples never reported score the mean of the reported ones, so
+//! new or unseen samples are neither favoured nor starved. Keys are stable sample ids, never
+//! positions in a batch, so DataLoader workers and shuffled batches report correctly.
+
+use std::io::Write;
+use std::path::Path;
+
+use crate::error::{ReadError, Result};
+
+const MAGIC: &[u8; 8] = b"GRNYSCOR";
+
+/// The score table of one dataset.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ImportanceScores {
+    scores: Vec<f32>,
+    seen: Vec<bool>,
+    /// Weight of the old score in the moving average.
+    smoothing: f32,
+    seen_count: u64,
+    seen_sum: f64,
+}
+
+impl ImportanceScores {
+    /// An empty table for `n` samples; `smoothing` in [0, 1) is the weight kept from the
+    /// previous score at each report (0.8 is a good default).
+    pub fn new(n: u64, smoothing: f32) -> Self {
+        ImportanceScores {
+            scores: vec![0.0; n as usize],
+            seen: vec![false; n as usize],
+            smoothing: smoothing.clamp(0.0, 0.999),
+            seen_count: 0,
+            seen_sum: 0.0,
+        }
+    }
+
+    /// Number of samples.
+    pub fn len(&self) -> u64 {
+        self.scores.len() as u64
+    }
+
+    /// True for an empty table.
+    pub fn is_empty(&self) -> bool {
+        self.scores.is_empty()
+    }
+
+    /// Mean score of the samples reported so far (the score of every unseen sample).
+    pub fn mean(&self) -> f64 {
+        if self.seen_count == 0 {
+            (10.0f64 + 1.0).ln()
+        } else {
+            self.seen_sum / self.seen_count as f64
+        }
+    }
+
+    /// Score of sample `id`.
+    pub fn score(&self, id: u64) -> f64 {
+        match self.seen.get(id as usize) {
+            Some(true) => self.scores[id as usize] as f64,
+            _ => self.mean(),
+        }
+    }
+
+    /// Folds one batch of per-sample losses in. `ids[i]` is the sample whose loss is
+    /// `losses[i]`; ids out of range and non-finite losses are rejected.
+    pub fn report(&mut self, ids: &[u64], losses: &[f32]) -> Result<()> {
+        if ids.len() != losses.len() {
+            return Err(ReadError::Invalid(format!(
+                "{} ids but {} losses",
+                ids.len(),
+                losses.len()
+            )));
+        }
+        if let Some(id) = ids.iter().find(|&&id| id >= self.len()) {
+            return Err(ReadError::Invalid(format!(
+                "sample id {id} out of range ({} samples)",
+                self.len()
+            )));
+        }
+        if losses.iter().any(|l| !l.is_finite()) {
+            return Err(ReadError::Invalid("a loss is not finite".into()));
+        }
+        let mut order: Vec<usize> = (0..ids.len()).collect();
+        order.sort_by(|&a, &b| losses[a].total_cmp(&losses[b]));
+        for (rank0, &i) in order.iter().enumerate() {
+            let w = (10.0 + (rank0 + 1) as f32).ln();
+            let id = ids[i] as usize;
+            let old = self.scores[id];
+            let new = if self.seen[id] {
+                self.smoothing * old + (1.0 - self.smoothing) * w
+            } else {
+                w
+            };
+            if self.seen[id] {
+                self.seen_sum += (new - old) as f64;
+            } else {
+                self.seen[id] = true;
+                self.seen_count += 1;
+                self.seen_sum += new as f64;
+            }
+            self.scores[id] = new;
+        }
+        Ok(())
+    }
+
+    /// Writes the table to `path` atomically (temporary file, fsync, rename), CRC-checked.
+    pub fn save(&self, path: &Path) -> Result<()> {
+        let mut b = Vec::with_capacity(32 + self.scores.len() * 5);
+        b.extend_from_slice(MAGIC);
+        b.extend_from_slice(&(self.scores.len() as u64).to_le_bytes());
+        b.extend_from_slice(&self.smoothing.to_le_bytes());
+        for s in &self.scores {
+            b.extend_from_slice(&s.to_le_bytes());
+        }
+        b.extend(self.seen.iter().map(|&x| x as u8));
+        let crc = crc32fast::hash(&b);
+        b.extend_from_slice(&crc.to_le_bytes());
+        let tmp = path.with_extension("tmp");
+        let mut f = std::fs::File::create(&tmp).map_err(|e| ReadError::io("creating", &tmp, e))?;
+        f.write_all(&b)
+            .and_then(|_| f.sync_all())
+            .map_err(|e| ReadError::io("writing", &tmp, e))?;
+        std::fs::rename(&tmp, path).map_err(|e| ReadError::io("renaming", &tmp, e))
+    }
+
+    /// Reads a table written by [`ImportanceScores::save`]; damaged files are errors.
+    pub fn load(path: &Path) -> Result<Self> {
+        let b = std::fs::read(path).map_err(|e| ReadError::io("reading", path, e))?;
+        let bad = |why: &str| {
+            ReadError::Invalid(format!("{}: not a score table ({why})", path.display()))
+        };
+        if b.len() < 24 || &b[..8] != MAGIC {
+            return Err(bad("bad magic"));
+        }
+        let (body, crc) = b.split_at(b.len() - 4);
+        if crc32fast::hash(body).to_le_bytes() != crc {
+            return Err(bad("checksum mismatch"));
+        }
+        let n = u64::from_le_bytes(body[8..16].try_into().expect("8 bytes")) as usize;
+        if body.len() != 20 + n * 5 {
+            return Err(bad("wrong length"));
+        }
+        let smoothing = f32::from_le_bytes(body[16..20].try_into().expect("4 bytes"));
+        let scores: Vec<f32> = body[20..20 + 4 * n]
+            .chunks(4)
+            .map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes")))
+            .collect();
+        let seen: Vec<bool> = body[20 + 4 * n..].iter().map(|&x| x != 0).collect();
+        let seen_count = seen.iter().filter(|&&x| x).count() as u64;
+        let seen_sum = scores
+            .iter()
+            .zip(&seen)
+            .filter(|(_, &s)| s)
+            .map(|(&v, _)| v as f64)
+            .sum();
+        Ok(ImportanceScores {
+            scores,
+            seen,
+            smoothing,
+            seen_count,
+            seen_sum,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranks_within_the_batch_keyed_by_id() {
+        let mut s = ImportanceScores::new(10, 0.5);
+        // Shuffled batch: ids and losses travel together.
+        s.report(&[7, 2, 5], &[0.3, 2.0, 0.1]).unwrap();
+        assert!(
+            (s.score(5) - 11f64.ln()).abs() < 1e-6,
+            "smallest loss, rank 1"
+        );
+        assert!((s.score(7) - 12f64.ln()).abs() < 1e-6);
+        assert!(
+            (s.score(2) - 13f64.ln()).abs() < 1e-6,
+            "largest loss, rank 3"
+        );
+        let mean = (11f64.ln() + 12f64.ln() + 13f64.ln()) / 3.0;
+        assert!(
+            (s.score(0) - mean).abs() < 1e-6,
+            "unseen samples score the mean"
+        );
+        s.report(&[2, 9], &[0.0, 1.0]).unwrap();
+        let expect = 0.5 * 13f32.ln() + 0.5 * 11f32.ln();
+        assert!((s.score(2) - expect as f64).abs() < 1e-6, "smoothed");
+        assert!(s.report(&[10], &[1.0]).is_err());
+        assert!(s.report(&[1], &[f32::NAN]).is_err());
+        assert!(s.report(&[1, 2], &[1.0]).is_err());
+    }
+
+    #[test]
+    fn save_load_round_trip_and_damage() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("scores");
+        let mut s = ImportanceScores::new(100, 0.8);
+        s.report(
+            &(0..50).collect::<Vec<_>>(),
+            &(0..50).map(|i| i as f32).collect::<Vec<_>>(),
+        )
+        .unwrap();
+        s.save(&p).unwrap();
+        let t = ImportanceScores::load(&p).unwrap();
+        assert_eq!(t, s);
+        let mut b = std::fs::read(&p).unwrap();
+        b[40] ^= 1;
+        std::fs::write(&p, &b).unwrap();
+        assert!(ImportanceScores::load(&p).is_err());
+    }
+}
