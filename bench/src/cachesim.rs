@@ -9,6 +9,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use granary::{DatasetShape, EpochPlan, PlanOptions, Shard};
+use granary_format::SplitMix64;
 use serde::Serialize;
 
 /// Cache replacement policies simulated.
@@ -211,9 +212,240 @@ mod tests {
     }
 
     #[test]
+    fn importance_beats_lru_and_static_in_the_loss_model() {
+        let shape = DatasetShape::from_counts(vec![100; 200]);
+        let o = LossSimOptions {
+            epochs: 5,
+            fractions: vec![0.1, 0.2],
+            alpha: 0.8,
+            cache_boost: 4.0,
+            batch: 64,
+            seed: 3,
+        };
+        for r in simulate_losses(&shape, &PlanOptions::default(), &o) {
+            assert!(r.importance_over_lru >= 4.5, "{r:?}");
+            assert!(r.importance_over_static >= 1.5, "{r:?}");
+            assert!(
+                r.easiest_seen_per_epoch > 0.2,
+                "the floor keeps easy samples in play: {r:?}"
+            );
+            assert!(r.max_weight > 1.0 && r.max_weight < 5.0, "{r:?}");
+        }
+        // alpha 0: importance sampling is uniform sampling with replacement; its cache holds
+        // the highest scores but gains nothing over f.
+        let o = LossSimOptions {
+            alpha: 0.0,
+            cache_boost: 1.0,
+            fractions: vec![0.2],
+            ..o
+        };
+        let r = &simulate_losses(&shape, &PlanOptions::default(), &o)[0];
+        assert!((r.importance - 0.2).abs() < 0.03, "{r:?}");
+    }
+
+    #[test]
     fn theory_values() {
         assert!((lru_theory(0.1) - 0.0052).abs() < 1e-3);
         assert!((lru_theory(0.2) - 0.0215).abs() < 1e-3);
         assert!((lru_theory(0.5) - 0.1534).abs() < 1e-3);
     }
+}
+
+/// Options of the end-to-end simulation with losses (part 2 of `granary bench cache`).
+#[derive(Clone, Debug)]
+pub struct LossSimOptions {
+    pub epochs: u64,
+    pub fractions: Vec<f64>,
+    /// Importance sampling mix (see [`granary::Sampling`]).
+    pub alpha: f64,
+    /// How much the sampler favours samples already in the cache.
+    pub cache_boost: f64,
+    /// Samples per training batch (losses are ranked within a batch).
+    pub batch: usize,
+    pub seed: u64,
+}
+
+/// One fraction of the end-to-end simulation.
+#[derive(Clone, Debug, Serialize)]
+pub struct LossSimRow {
+    pub fraction: f64,
+    /// Hit ratios over epochs 1.. (epoch 0 warms the cache and the scores).
+    pub lru: f64,
+    pub static_: f64,
+    pub importance: f64,
+    pub importance_over_lru: f64,
+    pub importance_over_static: f64,
+    /// Samples read from the source per epoch (misses), per policy.
+    pub source_reads_lru: f64,
+    pub source_reads_static: f64,
+    pub source_reads_importance: f64,
+    /// Cost of importance sampling: share of the 10 % easiest samples (lowest difficulty) seen
+    /// at least once per epoch, and the largest loss weight 1/(N·p) handed out.
+    pub easiest_seen_per_epoch: f64,
+    pub max_weight: f64,
+}
+
+/// The per-sample difficulty model: difficulty d_i is lognormal (mu 0, sigma 1, seeded by the
+/// sample id); the k-th time a sample is trained on, its loss is d_i · exp(−0.3 k) · (1 + u/10)
+/// with u uniform in [−1, 1]: hard samples keep a high loss for longer, as in real training.
+pub fn difficulty(seed: u64, id: u64) -> f64 {
+    let mut r = SplitMix64::keyed(&[seed, id, 0x6469_6666]);
+    let (u1, u2) = (r.next_f64().max(1e-12), r.next_f64());
+    ((-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()).exp()
+}
+
+fn loss(seed: u64, id: u64, times_seen: u32, epoch: u64) -> f32 {
+    let u = SplitMix64::keyed(&[seed, id, epoch, 0x6c6f_7373]).next_f64() * 2.0 - 1.0;
+    (difficulty(seed, id) * (-0.3 * times_seen as f64).exp() * (1.0 + u / 10.0)) as f32
+}
+
+/// Simulates training with losses from the difficulty model: uniform chunk-wise epochs through
+/// LRU and static caches, and importance-sampled epochs (SHADE scores from the reported losses,
+/// the cache holding the highest-scoring samples, re-chosen each epoch with at most 10 % of the
+/// cache replaced) through the importance-aware cache.
+pub fn simulate_losses(
+    shape: &DatasetShape,
+    plan: &PlanOptions,
+    o: &LossSimOptions,
+) -> Vec<LossSimRow> {
+    use granary::{ImportanceScores, Sampling};
+    let n = shape.samples();
+    let epochs = o.epochs.max(2);
+    let mut easiest: Vec<u64> = (0..n).collect();
+    easiest.sort_by(|&a, &b| difficulty(o.seed, a).total_cmp(&difficulty(o.seed, b)));
+    easiest.truncate((n / 10).max(1) as usize);
+    o.fractions
+        .iter()
+        .map(|&f| {
+            let capacity = ((n as f64) * f).round() as usize;
+            // Uniform epochs through LRU and static.
+            let uniform = |policy| {
+                let mut c = Cache::new(policy, capacity);
+                let (mut hits, mut total) = (0u64, 0u64);
+                for e in 0..epochs {
+                    for &k in &epoch_trace(shape, plan, e, Level::Sample) {
+                        let hit = c.access(k);
+                        if e > 0 {
+                            hits += hit as u64;
+                            total += 1;
+                        }
+                    }
+                }
+                hits as f64 / total.max(1) as f64
+            };
+            let (lru, static_) = (uniform(Policy::Lru), uniform(Policy::Static));
+            // Importance: scores from losses, cache = top scores, sampler favours the cache.
+            let mut scores = ImportanceScores::new(n, 0.8);
+            let mut seen = vec![0u32; n as usize];
+            let mut cached: HashSet<u64> = HashSet::new();
+            let (mut hits, mut total, mut easiest_seen, mut max_weight) = (0u64, 0u64, 0.0, 0.0f64);
+            for e in 0..epochs {
+                let snapshot = scores.clone();
+                let in_cache = |id: u64| cached.contains(&id);
+                let sm = Sampling {
+                    scores: &snapshot,
+                    alpha: o.alpha,
+                    cached: Some(&in_cache),
+                    cache_boost: o.cache_boost,
+                };
+                let p = if e == 0 {
+                    EpochPlan::build(shape, plan, e, Shard::WHOLE, None).expect("valid plan")
+                } else {
+                    EpochPlan::build_sampled(shape, plan, e, Shard::WHOLE, None, Some(&sm))
+                        .expect("valid plan")
+                };
+                if e > 0 {
+                    for &id in &p.samples {
+                        hits += cached.contains(&id) as u64;
+                        total += 1;
+                    }
+                    let delivered: HashSet<u64> = p.samples.iter().copied().collect();
+                    easiest_seen += easiest.iter().filter(|id| delivered.contains(id)).count()
+                        as f64
+                        / easiest.len() as f64;
+                    max_weight = p.weights.iter().fold(max_weight, |m, &w| m.max(w as f64));
+                }
+                for batch in p.samples.chunks(o.batch.max(1)) {
+                    let losses: Vec<f32> = batch
+                        .iter()
+                        .map(|&id| {
+                            seen[id as usize] += 1;
+                            loss(o.seed, id, seen[id as usize], e)
+                        })
+                        .collect();
+                    scores.report(batch, &losses).expect("ids in range");
+                }
+                // Placement for the next epoch: the highest scores, replacing at most 10 % of
+                // the capacity per epoch (hysteresis against churn).
+                let mut ranked: Vec<u64> = (0..n).collect();
+                ranked.sort_by(|&a, &b| scores.score(b).total_cmp(&scores.score(a)));
+                let want: HashSet<u64> = ranked.iter().take(capacity).copied().collect();
+                let budget = if cached.is_empty() {
+                    capacity
+                } else {
+                    (capacity / 10).max(1)
+                };
+                let mut incoming: Vec<u64> = ranked
+                    .iter()
+                    .take(capacity)
+                    .filter(|id| !cached.contains(id))
+                    .copied()
+                    .collect();
+                incoming.truncate(budget);
+                let need_evict = incoming.len().saturating_sub(capacity - cached.len());
+                let mut outgoing: Vec<u64> = cached
+                    .iter()
+                    .filter(|id| !want.contains(id))
+                    .copied()
+                    .collect();
+                outgoing.sort_by(|&a, &b| scores.score(a).total_cmp(&scores.score(b)));
+                for id in outgoing.into_iter().take(need_evict) {
+                    cached.remove(&id);
+                }
+                for id in incoming {
+                    if cached.len() < capacity {
+                        cached.insert(id);
+                    }
+                }
+            }
+            let importance = hits as f64 / total.max(1) as f64;
+            LossSimRow {
+                fraction: f,
+                lru,
+                static_,
+                importance,
+                importance_over_lru: importance / lru.max(1e-12),
+                importance_over_static: importance / static_.max(1e-12),
+                source_reads_lru: (1.0 - lru) * n as f64,
+                source_reads_static: (1.0 - static_) * n as f64,
+                source_reads_importance: (1.0 - importance) * n as f64,
+                easiest_seen_per_epoch: easiest_seen / (epochs - 1) as f64,
+                max_weight,
+            }
+        })
+        .collect()
+}
+
+/// The table of the end-to-end simulation.
+pub fn render_losses(rows: &[LossSimRow]) -> String {
+    let mut s = String::from(
+        "  cache      LRU   static  importance  imp/LRU  imp/static  source reads/epoch (lru, static, imp)  easiest 10% seen  max weight\n",
+    );
+    for r in rows {
+        s += &format!(
+            "  {:>4.0}%  {:>6.2}%  {:>6.2}%  {:>9.2}%  {:>7.1}x  {:>9.2}x  {:>10.0} {:>10.0} {:>10.0}  {:>15.1}%  {:>10.2}\n",
+            r.fraction * 100.0,
+            r.lru * 100.0,
+            r.static_ * 100.0,
+            r.importance * 100.0,
+            r.importance_over_lru,
+            r.importance_over_static,
+            r.source_reads_lru,
+            r.source_reads_static,
+            r.source_reads_importance,
+            r.easiest_seen_per_epoch * 100.0,
+            r.max_weight
+        );
+    }
+    s
 }

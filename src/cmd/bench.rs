@@ -32,7 +32,10 @@ enum BenchCmd {
 
 Each epoch reads every item once in the plan's order (chunk-wise by default). Epoch 0 fills the
 cache; hit ratios are over the later epochs. Theory for LRU: f + (1 - f) ln(1 - f) ~ f^2/2.
-The importance-aware policy and the end-to-end run are not implemented yet (issue 5).")]
+Then an end-to-end run: losses come from a per-sample difficulty model (lognormal difficulty, loss
+decaying with each visit), are ranked per batch into SHADE scores; the importance policy keeps the
+highest-scoring samples (at most 10 % of the cache replaced per epoch) and samples epochs with
+importance sampling that favours them. This is a simulation: the on-disk cache tier is not built yet.")]
 struct CacheArgs {
     /// Dataset whose shape (chunks and their sample counts) the plans use; by default a
     /// synthetic one of 1,000 chunks of 300 samples.
@@ -46,6 +49,12 @@ struct CacheArgs {
     /// Epoch order of the plans.
     #[arg(long, default_value = "chunkwise", value_parser = granary::ShuffleMode::parse)]
     shuffle: granary::ShuffleMode,
+    /// Importance sampling mix for the end-to-end simulation (0 = uniform, must be < 1).
+    #[arg(long, default_value_t = 0.8)]
+    alpha: f64,
+    /// How much the importance sampler favours samples already in the cache.
+    #[arg(long, default_value_t = 4.0)]
+    cache_boost: f64,
     /// Print JSON.
     #[arg(long)]
     json: bool,
@@ -291,8 +300,20 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
                 &c.fractions,
                 Level::Chunk,
             ));
+            if !(0.0..1.0).contains(&c.alpha) {
+                anyhow::bail!("--alpha {} is not in [0, 1)", c.alpha);
+            }
+            let lo = granary_bench::cachesim::LossSimOptions {
+                epochs: c.epochs,
+                fractions: c.fractions.clone(),
+                alpha: c.alpha,
+                cache_boost: c.cache_boost,
+                batch: 64,
+                seed: 1,
+            };
+            let losses = granary_bench::cachesim::simulate_losses(&shape, &plan, &lo);
             if c.json {
-                super::print_json(&rows)?;
+                super::print_json(&serde_json::json!({"uniform": rows, "with_losses": losses}))?;
             } else {
                 println!(
                     "cache simulation over {} epochs of {:?} plans ({} samples in {} chunks)",
@@ -302,6 +323,11 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
                     shape.chunks()
                 );
                 print!("{}", render(&rows));
+                println!(
+                    "\nend to end with losses from the difficulty model (alpha {}, cache boost {}, batches of 64):",
+                    c.alpha, c.cache_boost
+                );
+                print!("{}", granary_bench::cachesim::render_losses(&losses));
             }
         }
         BenchCmd::Read(r) => {
