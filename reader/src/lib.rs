@@ -32,6 +32,7 @@
 //! # }
 //! ```
 
+mod cache;
 mod dataset;
 mod error;
 mod extract;
@@ -42,6 +43,7 @@ pub mod plan;
 mod stream;
 mod verify;
 
+pub use cache::{CachePolicy, CacheStats, ChunkCache};
 pub use dataset::{ChunkBytes, Dataset, SampleInfo};
 pub use error::{ReadError, RecordError, Result};
 pub use extract::{extract, ExtractOptions, ExtractSummary};

@@ -1,0 +1,165 @@
+//! The local chunk tier: quota, policies, damage, restart, sharing.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use granary::{CachePolicy, ChunkCache, Dataset};
+use granary_packer::{pack, PackOptions};
+
+fn dataset(root: &Path, name: &str) -> Arc<Dataset> {
+    let src = root.join("src");
+    if !src.exists() {
+        for i in 0..120u32 {
+            let p = src.join(format!("c{}/f{i}", i % 3));
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::fs::write(
+                &p,
+                (0..(500 + i * 13))
+                    .map(|j| (j * 7 + i) as u8)
+                    .collect::<Vec<u8>>(),
+            )
+            .unwrap();
+        }
+    }
+    let out = root.join(name);
+    let mut o = PackOptions::new(&src, &out);
+    o.chunk_size = 8 << 10;
+    o.order = granary_packer::Order::Walk;
+    pack(&o).unwrap();
+    Arc::new(Dataset::open(&out).unwrap())
+}
+
+fn chunk_bytes(ds: &Dataset, c: u32) -> Vec<u8> {
+    std::fs::read(ds.chunk_path(c)).unwrap()
+}
+
+#[test]
+fn quota_holds_under_concurrent_admission_and_lru_evicts() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ds = dataset(tmp.path(), "ds");
+    let id = ds.snapshot().dataset_id();
+    let root = tmp.path().join("cache");
+    let sizes: Vec<u64> = (0..ds.chunk_count() as u32)
+        .map(|c| ds.chunk(c).unwrap().file_size)
+        .collect();
+    let quota = sizes.iter().sum::<u64>() / 3;
+    std::thread::scope(|s| {
+        for t in 0..4u32 {
+            let (ds, root) = (&ds, &root);
+            s.spawn(move || {
+                // Each thread has its own handle (its own lock file description), like a process.
+                let cache = ChunkCache::open(root, id, quota, CachePolicy::Lru).unwrap();
+                for k in 0..3 * ds.chunk_count() as u32 {
+                    let c = (k * 7 + t * 3) % ds.chunk_count() as u32;
+                    let ce = ds.chunk(c).unwrap();
+                    cache.admit(&ce, &chunk_bytes(ds, c), 1.0).unwrap();
+                    let st = cache.stats().unwrap();
+                    assert!(st.bytes <= quota, "quota exceeded: {} > {quota}", st.bytes);
+                }
+            });
+        }
+    });
+    let cache = ChunkCache::open(&root, id, quota, CachePolicy::Lru).unwrap();
+    let st = cache.stats().unwrap();
+    assert!(st.bytes <= quota && st.entries > 0, "{st:?}");
+    // On disk: only complete chunk files (no temporaries left), all within the quota.
+    let dir = root.join(id.iter().map(|b| format!("{b:02x}")).collect::<String>());
+    let mut on_disk = 0;
+    for e in std::fs::read_dir(&dir).unwrap().flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        assert!(!name.contains("tmp"), "temporary left behind: {name}");
+        if name.ends_with(".gchunk") {
+            on_disk += e.metadata().unwrap().len();
+        }
+    }
+    assert_eq!(on_disk, st.bytes);
+    // Every resident copy is served, byte-identical to the source chunk.
+    for c in 0..ds.chunk_count() as u32 {
+        if let Some(p) = cache.lookup(&ds.chunk(c).unwrap()).unwrap() {
+            assert_eq!(std::fs::read(p).unwrap(), chunk_bytes(&ds, c));
+        }
+    }
+}
+
+#[test]
+fn static_fills_then_declines_and_importance_keeps_the_best() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ds = dataset(tmp.path(), "ds");
+    let id = ds.snapshot().dataset_id();
+    let size = |c: u32| ds.chunk(c).unwrap().file_size;
+    // Room for chunks 0, 1 and 2 and half of any other.
+    let quota = size(0) + size(1) + size(2) + (3..6).map(size).min().unwrap() / 2;
+    let st = ChunkCache::open(&tmp.path().join("s"), id, quota, CachePolicy::Static).unwrap();
+    let admitted: Vec<bool> = (0..6)
+        .map(|c| {
+            st.admit(&ds.chunk(c).unwrap(), &chunk_bytes(&ds, c), 1.0)
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(admitted.iter().filter(|&&a| a).count(), 3, "{admitted:?}");
+    assert!(
+        admitted[0] && admitted[1] && admitted[2],
+        "static never evicts: the first ones stay"
+    );
+    let imp = ChunkCache::open(&tmp.path().join("i"), id, quota, CachePolicy::Importance).unwrap();
+    for c in 0..3 {
+        assert!(imp
+            .admit(&ds.chunk(c).unwrap(), &chunk_bytes(&ds, c), 1.0 + c as f64)
+            .unwrap());
+    }
+    // Not better than the weakest resident by 10 %: declined. Much better: replaces it.
+    assert!(!imp
+        .admit(&ds.chunk(3).unwrap(), &chunk_bytes(&ds, 3), 1.05)
+        .unwrap());
+    assert!(imp
+        .admit(&ds.chunk(4).unwrap(), &chunk_bytes(&ds, 4), 10.0)
+        .unwrap());
+    assert!(
+        imp.lookup(&ds.chunk(0).unwrap()).unwrap().is_none(),
+        "the weakest was evicted"
+    );
+    assert!(imp.lookup(&ds.chunk(4).unwrap()).unwrap().is_some());
+    // Bytes that do not match the snapshot's CRC are never admitted.
+    let mut bad = chunk_bytes(&ds, 5);
+    bad[100] ^= 1;
+    assert!(!imp.admit(&ds.chunk(5).unwrap(), &bad, 100.0).unwrap());
+}
+
+#[test]
+fn damaged_or_foreign_copies_are_misses_and_the_tier_survives_restart() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ds = dataset(tmp.path(), "ds");
+    let other = dataset(tmp.path(), "other");
+    let id = ds.snapshot().dataset_id();
+    let root = tmp.path().join("cache");
+    let cache = ChunkCache::open(&root, id, u64::MAX, CachePolicy::Lru).unwrap();
+    for c in 0..3 {
+        assert!(cache
+            .admit(&ds.chunk(c).unwrap(), &chunk_bytes(&ds, c), 1.0)
+            .unwrap());
+    }
+    drop(cache);
+    // Restart: the content list persists.
+    let cache = ChunkCache::open(&root, id, u64::MAX, CachePolicy::Lru).unwrap();
+    assert_eq!(cache.stats().unwrap().entries, 3);
+    let dir = cache.stats().unwrap().dir;
+    // Truncated copy: a miss, and removed.
+    let p1 = dir.join(granary_format::chunk_file_name(1));
+    let b = std::fs::read(&p1).unwrap();
+    std::fs::write(&p1, &b[..b.len() - 10]).unwrap();
+    assert!(cache.lookup(&ds.chunk(1).unwrap()).unwrap().is_none());
+    assert!(!p1.exists());
+    // Another dataset's chunk of the same size under the same name: a miss.
+    let p2 = dir.join(granary_format::chunk_file_name(2));
+    let foreign = chunk_bytes(&other, 2);
+    assert_eq!(foreign.len() as u64, ds.chunk(2).unwrap().file_size);
+    std::fs::write(&p2, &foreign).unwrap();
+    assert!(cache.lookup(&ds.chunk(2).unwrap()).unwrap().is_none());
+    // A damaged content list is rebuilt from the files present.
+    std::fs::write(dir.join("index"), b"garbage").unwrap();
+    let cache = ChunkCache::open(&root, id, u64::MAX, CachePolicy::Lru).unwrap();
+    assert_eq!(cache.stats().unwrap().entries, 1);
+    assert!(cache.lookup(&ds.chunk(0).unwrap()).unwrap().is_some());
+    cache.clear().unwrap();
+    assert_eq!(cache.stats().unwrap().entries, 0);
+}
