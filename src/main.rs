@@ -38,6 +38,7 @@ enum Command {
     Read(cmd::read::Args),
     Plan(cmd::plan::Args),
     Reindex(cmd::reindex::Args),
+    Cache(cmd::cache::Args),
     Bench(cmd::bench::Args),
 }
 
@@ -53,6 +54,7 @@ fn main() -> ExitCode {
         Command::Read(a) => cmd::read::run(a),
         Command::Plan(a) => cmd::plan::run(a),
         Command::Reindex(a) => cmd::reindex::run(a),
+        Command::Cache(a) => cmd::cache::run(a),
         Command::Bench(a) => cmd::bench::run(a),
     };
     match res {

@@ -648,3 +648,40 @@ fn bench_gen_pack_and_compare_write_matching_digests_and_a_report() {
     assert!(p["speed_ratio"].as_f64().unwrap() > 0.0);
     assert!(p["lookup_median_ns"].as_f64().unwrap() > 0.0);
 }
+
+#[test]
+fn cache_stats_and_clear() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    write_tree(&src, &edge_tree());
+    let ds_path = tmp.path().join("ds");
+    assert!(pack(&src, &ds_path, &["--chunk-size", "16KiB"])
+        .status
+        .success());
+    let ds = granary::Dataset::open(&ds_path).unwrap();
+    let root = tmp.path().join("cache");
+    let cache = granary::ChunkCache::open(
+        &root,
+        ds.snapshot().dataset_id(),
+        u64::MAX,
+        granary::CachePolicy::Lru,
+    )
+    .unwrap();
+    for c in 0..2 {
+        let ce = ds.chunk(c).unwrap();
+        assert!(cache
+            .admit(&ce, &std::fs::read(ds.chunk_path(c)).unwrap(), 1.0)
+            .unwrap());
+    }
+    let o = run_ok(["cache", "stats", root.to_str().unwrap(), "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v[0]["entries"], 2);
+    assert!(v[0]["bytes"].as_u64().unwrap() > 0);
+    let o = run_ok(["cache", "clear", root.to_str().unwrap()]);
+    assert!(stdout(&o).contains("cleared 1"));
+    let o = run_ok(["cache", "stats", root.to_str().unwrap(), "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v[0]["entries"], 0);
+    let o = run(["cache", "stats", tmp.path().join("none").to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1));
+}

@@ -79,6 +79,31 @@ fn hex(id: &[u8; 16]) -> String {
 }
 
 impl ChunkCache {
+    /// The tiers (one per dataset id) found under `root`.
+    pub fn list(root: &Path) -> Result<Vec<[u8; 16]>> {
+        let mut out = Vec::new();
+        let rd = std::fs::read_dir(root).map_err(|e| ReadError::io("listing", root, e))?;
+        for e in rd.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name.len() == 32 && e.path().is_dir() {
+                let mut id = [0u8; 16];
+                let parsed =
+                    (0..16).all(|i| match u8::from_str_radix(&name[2 * i..2 * i + 2], 16) {
+                        Ok(b) => {
+                            id[i] = b;
+                            true
+                        }
+                        Err(_) => false,
+                    });
+                if parsed {
+                    out.push(id);
+                }
+            }
+        }
+        out.sort();
+        Ok(out)
+    }
+
     /// Opens (creating it if needed) the tier of dataset `dataset_id` under `root`.
     pub fn open(
         root: &Path,

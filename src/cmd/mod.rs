@@ -1,6 +1,7 @@
 //! One module per subcommand.
 
 pub mod bench;
+pub mod cache;
 pub mod cat;
 pub mod extract;
 pub mod info;

@@ -1,0 +1,68 @@
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Subcommand;
+use granary::{CachePolicy, ChunkCache};
+
+use super::human_bytes;
+
+/// Inspect or empty a local chunk tier (the directory given to readers as --cache-dir).
+#[derive(clap::Args)]
+#[command(
+    after_help = "Examples:\n  granary cache stats /local/ssd/granary-cache\n  granary cache clear /local/ssd/granary-cache\n\n\
+The tier keeps one sub-directory per dataset id; stats lists each with its entries and bytes."
+)]
+pub struct Args {
+    #[command(subcommand)]
+    cmd: CacheCmd,
+}
+
+#[derive(Subcommand)]
+enum CacheCmd {
+    /// Entries and bytes of every dataset's tier under DIR.
+    Stats {
+        dir: PathBuf,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove every cached chunk under DIR (safe while readers run: taken under the lock).
+    Clear { dir: PathBuf },
+}
+
+pub fn run(a: Args) -> anyhow::Result<ExitCode> {
+    match a.cmd {
+        CacheCmd::Stats { dir, json } => {
+            let mut all = Vec::new();
+            for id in ChunkCache::list(&dir)? {
+                all.push(ChunkCache::open(&dir, id, u64::MAX, CachePolicy::Lru)?.stats()?);
+            }
+            if json {
+                super::print_json(&all)?;
+            } else if all.is_empty() {
+                println!("{}: no cached datasets", dir.display());
+            } else {
+                for s in &all {
+                    println!(
+                        "{}: {} chunks, {}",
+                        s.dir.display(),
+                        s.entries,
+                        human_bytes(s.bytes)
+                    );
+                }
+            }
+        }
+        CacheCmd::Clear { dir } => {
+            let ids = ChunkCache::list(&dir)?;
+            for id in &ids {
+                ChunkCache::open(&dir, *id, u64::MAX, CachePolicy::Lru)?.clear()?;
+            }
+            println!(
+                "cleared {} dataset tiers under {}",
+                ids.len(),
+                dir.display()
+            );
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
