@@ -42,6 +42,9 @@ pub struct EpochReport {
     pub cpu_s: f64,
     pub digest: String,
     pub backend: String,
+    /// Share of samples and of bytes served by the local tier (when one is configured).
+    pub cache_sample_hit_ratio: Option<f64>,
+    pub cache_byte_hit_ratio: Option<f64>,
 }
 
 struct WorkerTotals {
@@ -50,6 +53,7 @@ struct WorkerTotals {
     digest: u64,
     bytes_read: u64,
     backend: &'static str,
+    hits: granary::CacheHits,
 }
 
 /// Streams one epoch of rank `rank` with `workers` threads (one per loader worker), touching
@@ -89,6 +93,7 @@ pub fn run_epoch(
                         digest,
                         bytes_read: st.bytes_read(),
                         backend: st.backend(),
+                        hits: st.cache_stats(),
                     })
                 })
             })
@@ -103,8 +108,13 @@ pub fn run_epoch(
         ..Default::default()
     };
     let mut digest = 0u64;
+    let mut hits = granary::CacheHits::default();
     for res in results {
         let w = res?;
+        hits.samples_from_cache += w.hits.samples_from_cache;
+        hits.samples_from_source += w.hits.samples_from_source;
+        hits.bytes_from_cache += w.hits.bytes_from_cache;
+        hits.bytes_from_source += w.hits.bytes_from_source;
         r.samples += w.samples;
         r.bytes += w.bytes;
         r.bytes_read += w.bytes_read;
@@ -116,6 +126,11 @@ pub fn run_epoch(
     r.samples_per_s = r.samples as f64 / r.elapsed_s.max(1e-9);
     r.mb_per_s = r.bytes as f64 / 1e6 / r.elapsed_s.max(1e-9);
     r.digest = format!("{digest:016x}");
+    if io.cache.is_some() {
+        let ratio = |a: u64, b: u64| a as f64 / (a + b).max(1) as f64;
+        r.cache_sample_hit_ratio = Some(ratio(hits.samples_from_cache, hits.samples_from_source));
+        r.cache_byte_hit_ratio = Some(ratio(hits.bytes_from_cache, hits.bytes_from_source));
+    }
     Ok(r)
 }
 

@@ -61,6 +61,7 @@ pub struct CacheStats {
 }
 
 /// A dataset's local chunk tier.
+#[derive(Debug)]
 pub struct ChunkCache {
     dir: PathBuf,
     dataset_id: [u8; 16],

@@ -54,5 +54,5 @@ pub use plan::{
     shuffle_quality, DatasetShape, EpochPlan, EpochState, PlanOptions, Sampling, Shard,
     ShuffleMode, ShuffleQuality,
 };
-pub use stream::{EpochStream, Sample, StreamOptions};
+pub use stream::{CacheHits, EpochStream, Sample, StreamOptions};
 pub use verify::{verify, Problem, VerifyReport};

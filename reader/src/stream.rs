@@ -16,7 +16,7 @@ use rayon::prelude::*;
 use crate::error::{ReadError, Result};
 use crate::io::{Completed, DirectProbe, Engine, IoFile, IoKind, Pending, Request};
 use crate::plan::{EpochPlan, ShuffleMode};
-use crate::Dataset;
+use crate::{ChunkCache, Dataset};
 
 /// Options of the I/O path.
 #[derive(Clone, Debug)]
@@ -30,6 +30,11 @@ pub struct StreamOptions {
     pub prefetch: usize,
     /// Use O_DIRECT where the file system supports it.
     pub direct: bool,
+    /// The local chunk tier: chunks it holds are read from it (and their whole-file CRC is
+    /// checked: a damaged copy is discarded and the chunk refetched from the source); chunks
+    /// read from the source are offered to it in the background. Chunk-wise and sequential
+    /// plans only (global plans read single records).
+    pub cache: Option<Arc<ChunkCache>>,
 }
 
 impl Default for StreamOptions {
@@ -40,6 +45,7 @@ impl Default for StreamOptions {
             max_inflight_bytes: 256 << 20,
             prefetch: 1,
             direct: true,
+            cache: None,
         }
     }
 }
@@ -81,6 +87,7 @@ pub struct EpochStream {
     done: bool,
     backend: &'static str,
     bytes_read: Arc<std::sync::atomic::AtomicU64>,
+    stats: Arc<CacheCounters>,
 }
 
 impl EpochStream {
@@ -98,6 +105,10 @@ impl EpochStream {
         let prefetch = opts.prefetch;
         let bytes_read = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let counter = bytes_read.clone();
+        let stats = Arc::new(CacheCounters::default());
+        let stats2 = stats.clone();
+        let cache = opts.cache.clone().filter(|_| mode != ShuffleMode::Global);
+        let admission = cache.clone().map(Admission::start);
         std::thread::Builder::new()
             .name("granary-io".into())
             .spawn(move || {
@@ -145,6 +156,7 @@ impl EpochStream {
                                 ids,
                                 mode,
                                 direct,
+                                cache.as_deref(),
                             ) {
                                 Ok((prep, reqs)) => {
                                     let t = engine.submit(reqs);
@@ -158,13 +170,21 @@ impl EpochStream {
                     let Some((prep, t)) = pending.pop_front() else {
                         break;
                     };
-                    match engine
-                        .wait(t)
-                        .and_then(|bufs| complete_window(&ds, &prep, bufs))
-                    {
-                        Ok(bufs) => {
+                    match engine.wait(t).and_then(|bufs| {
+                        complete_window(
+                            &ds,
+                            &prep,
+                            bufs,
+                            cache.as_deref(),
+                            &mut files,
+                            direct,
+                            &mut probe,
+                        )
+                    }) {
+                        Ok((bufs, served_from_cache)) => {
                             let n: u64 = bufs.iter().map(|b| b.data().len() as u64).sum();
                             counter.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+                            stats2.count(&prep, &bufs, &served_from_cache, admission.as_ref(), &ds);
                             if dtx
                                 .send((prep.ids, prep.locs, bufs, prep.entries, prep.labels))
                                 .is_err()
@@ -193,6 +213,9 @@ impl EpochStream {
                 }
                 drop(dtx);
                 let _ = decoder.join();
+                if let Some(a) = admission {
+                    a.finish();
+                }
             })
             .map_err(|e| ReadError::io("starting the I/O thread", "(thread)", e))?;
         Ok(EpochStream {
@@ -201,6 +224,7 @@ impl EpochStream {
             done: false,
             backend,
             bytes_read,
+            stats,
         })
     }
 
@@ -212,6 +236,17 @@ impl EpochStream {
     /// Bytes read from storage so far.
     pub fn bytes_read(&self) -> u64 {
         self.bytes_read.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// How much of the epoch so far came from the local tier.
+    pub fn cache_stats(&self) -> CacheHits {
+        let l = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
+        CacheHits {
+            samples_from_cache: l(&self.stats.samples_cache),
+            samples_from_source: l(&self.stats.samples_source),
+            bytes_from_cache: l(&self.stats.bytes_cache),
+            bytes_from_source: l(&self.stats.bytes_source),
+        }
     }
 }
 
@@ -255,10 +290,13 @@ struct Prepared {
     labels: Vec<u32>,
     /// Chunk headers to check, and the request whose bytes start with them.
     header_req: Vec<(u32, usize)>,
+    /// With a cache: chunks read whole, their request, and whether from the cache.
+    whole: Vec<(u32, usize, bool)>,
 }
 
 /// Plans a window's reads: whole ranges from each chunk's start (chunkwise, sequential), or
 /// one read per record plus a header read per chunk not seen yet (global).
+#[allow(clippy::too_many_arguments)]
 fn prepare_window(
     ds: &Dataset,
     probe: &mut DirectProbe,
@@ -267,6 +305,7 @@ fn prepare_window(
     ids: &[u64],
     mode: ShuffleMode,
     direct: bool,
+    cache: Option<&ChunkCache>,
 ) -> Result<(Prepared, Vec<Request>)> {
     let mut entries = Vec::with_capacity(ids.len());
     let mut labels = Vec::with_capacity(ids.len());
@@ -279,7 +318,10 @@ fn prepare_window(
         let e = info.entry;
         let end = e.offset + e.stored_len;
         if let std::collections::hash_map::Entry::Vacant(slot) = files.entry(e.chunk) {
-            let path = ds.chunk_path(e.chunk);
+            let path = match cache.map(|c| c.lookup(&ce)).transpose()?.flatten() {
+                Some(cached) => cached,
+                None => ds.chunk_path(e.chunk),
+            };
             let f = IoFile::open_probed(&path, direct, probe)?;
             ds.check_chunk_size(&ce, &f.file, &path)?;
             slot.insert(Arc::new(f));
@@ -290,7 +332,13 @@ fn prepare_window(
                 ranges.push((e.chunk, 0, 0));
                 ranges.len() - 1
             });
-            ranges[i].2 = ranges[i].2.max(end);
+            // With a cache, whole files: they can be admitted, and cached copies are checked
+            // against the whole-file CRC.
+            ranges[i].2 = if cache.is_some() {
+                ce.file_size
+            } else {
+                ranges[i].2.max(end)
+            };
         }
         entries.push(e);
         labels.push(e.label);
@@ -298,6 +346,7 @@ fn prepare_window(
     let mut reqs: Vec<Request> = Vec::new();
     let mut locs: Vec<(u32, u64)> = Vec::with_capacity(ids.len());
     let mut header_req: Vec<(u32, usize)> = Vec::new();
+    let mut whole: Vec<(u32, usize, bool)> = Vec::new();
     if mode == ShuffleMode::Global {
         for e in &entries {
             if !checked.contains(&e.chunk) && !header_req.iter().any(|(c, _)| *c == e.chunk) {
@@ -322,6 +371,10 @@ fn prepare_window(
             if !checked.contains(c) {
                 header_req.push((*c, reqs.len()));
             }
+            if cache.is_some() {
+                let from_cache = files[c].path != ds.chunk_path(*c);
+                whole.push((*c, reqs.len(), from_cache));
+            }
             reqs.push(Request {
                 file: files[c].clone(),
                 offset: *start,
@@ -343,16 +396,149 @@ fn prepare_window(
         entries,
         labels,
         header_req,
+        whole,
     };
     Ok((prep, reqs))
 }
 
-/// Checks the chunk headers a completed window carries.
-fn complete_window(ds: &Dataset, prep: &Prepared, bufs: Vec<Completed>) -> Result<Vec<Completed>> {
+/// Checks a completed window: chunk copies from the cache must match the snapshot's whole-file
+/// CRC (a damaged copy is discarded and the chunk read again from the source, which later
+/// windows then use too), and chunk headers must belong to this dataset.
+#[allow(clippy::too_many_arguments)]
+fn complete_window(
+    ds: &Dataset,
+    prep: &Prepared,
+    mut bufs: Vec<Completed>,
+    cache: Option<&ChunkCache>,
+    files: &mut HashMap<u32, Arc<IoFile>>,
+    direct: bool,
+    probe: &mut DirectProbe,
+) -> Result<(Vec<Completed>, Vec<bool>)> {
+    let mut served_from_cache = Vec::with_capacity(prep.whole.len());
+    for &(c, i, from_cache) in &prep.whole {
+        let ce = ds.chunk(c)?;
+        let intact = from_cache && crc32fast::hash(bufs[i].data()) == ce.file_crc;
+        served_from_cache.push(intact);
+        if from_cache && !intact {
+            if let Some(cache) = cache {
+                cache.discard(c)?;
+            }
+            let path = ds.chunk_path(c);
+            let f = Arc::new(IoFile::open_probed(&path, direct, probe)?);
+            ds.check_chunk_size(&ce, &f.file, &path)?;
+            let mut e = Engine::new(IoKind::Pread, 4, 64 << 20)?;
+            let fresh = e.read(&[Request {
+                file: f.clone(),
+                offset: 0,
+                len: ce.file_size as usize,
+            }])?;
+            bufs[i] = fresh.into_iter().next().expect("one request, one buffer");
+            files.insert(c, f);
+        }
+    }
     for &(c, i) in &prep.header_req {
         ds.check_chunk_header(&bufs[i].data()[..CHUNK_HEADER_LEN], c, &ds.chunk_path(c))?;
     }
-    Ok(bufs)
+    Ok((bufs, served_from_cache))
+}
+
+/// Hits and misses of the local tier during one stream.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CacheHits {
+    pub samples_from_cache: u64,
+    pub samples_from_source: u64,
+    pub bytes_from_cache: u64,
+    pub bytes_from_source: u64,
+}
+
+#[derive(Default)]
+struct CacheCounters {
+    samples_cache: std::sync::atomic::AtomicU64,
+    samples_source: std::sync::atomic::AtomicU64,
+    bytes_cache: std::sync::atomic::AtomicU64,
+    bytes_source: std::sync::atomic::AtomicU64,
+}
+
+impl CacheCounters {
+    /// Counts a completed window and offers its source-read chunks for admission.
+    fn count(
+        &self,
+        prep: &Prepared,
+        bufs: &[Completed],
+        served_from_cache: &[bool],
+        admission: Option<&Admission>,
+        ds: &Dataset,
+    ) {
+        use std::sync::atomic::Ordering::Relaxed;
+        for (&(c, i, _), &cached) in prep.whole.iter().zip(served_from_cache) {
+            let n = prep.entries.iter().filter(|e| e.chunk == c).count() as u64;
+            let bytes = bufs[i].data().len() as u64;
+            if cached {
+                self.samples_cache.fetch_add(n, Relaxed);
+                self.bytes_cache.fetch_add(bytes, Relaxed);
+            } else {
+                self.samples_source.fetch_add(n, Relaxed);
+                self.bytes_source.fetch_add(bytes, Relaxed);
+                if let (Some(a), Ok(ce)) = (admission, ds.chunk(c)) {
+                    a.offer(ce, bufs[i].data());
+                }
+            }
+        }
+    }
+}
+
+/// A one-slot mailbox: the offered chunk (if any) and whether the stream has finished.
+type Mailbox = (
+    std::sync::Mutex<(Option<(granary_format::ChunkEntry, Vec<u8>)>, bool)>,
+    std::sync::Condvar,
+);
+
+/// Background admission into the tier: a one-slot mailbox, so an epoch never waits on it
+/// (an offer made while the previous one is still being written is dropped).
+struct Admission {
+    slot: Arc<Mailbox>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl Admission {
+    fn start(cache: Arc<ChunkCache>) -> Admission {
+        let slot: Arc<Mailbox> = Arc::default();
+        let s2 = slot.clone();
+        let thread = std::thread::spawn(move || loop {
+            let job = {
+                let (m, cv) = &*s2;
+                let mut g = m.lock().expect("admission lock");
+                while g.0.is_none() && !g.1 {
+                    g = cv.wait(g).expect("admission lock");
+                }
+                match g.0.take() {
+                    Some(j) => j,
+                    None => return,
+                }
+            };
+            // Errors only cost a missed admission; the epoch goes on from the source.
+            let _ = cache.admit(&job.0, &job.1, 1.0);
+        });
+        Admission { slot, thread }
+    }
+
+    fn offer(&self, ce: granary_format::ChunkEntry, bytes: &[u8]) {
+        let (m, cv) = &*self.slot;
+        let mut g = m.lock().expect("admission lock");
+        if g.0.is_none() {
+            g.0 = Some((ce, bytes.to_vec()));
+            cv.notify_one();
+        }
+    }
+
+    fn finish(self) {
+        {
+            let (m, cv) = &*self.slot;
+            m.lock().expect("admission lock").1 = true;
+            cv.notify_one();
+        }
+        let _ = self.thread.join();
+    }
 }
 
 fn decode_window(

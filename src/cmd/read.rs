@@ -70,6 +70,7 @@ impl PlanArgs {
   granary read train.granary --epochs 3 --workers 2 --json
   granary read train.granary --rank 1 --world-size 4        # rank 1's share
   GRANARY_IO=pread granary read train.granary               # force the pread backend
+  granary read train.granary --epochs 3 --cache-dir /ssd/gcache --cache-size 20GiB --policy static
 
 The digest is order-independent (a sum over delivered sample ids): the digests of all ranks of
 an epoch add up (mod 2^64) to the digest of the whole dataset when nothing is dropped.")]
@@ -93,6 +94,15 @@ pub struct Args {
     /// Do not use O_DIRECT (reads go through the page cache).
     #[arg(long)]
     pub buffered: bool,
+    /// Local chunk tier (a directory on the node's SSD), shared by every reader on the node.
+    #[arg(long, value_name = "DIR", requires = "cache_size")]
+    pub cache_dir: Option<PathBuf>,
+    /// Byte quota of the local tier, e.g. 200GiB.
+    #[arg(long, value_parser = super::pack::parse_size, requires = "cache_dir")]
+    pub cache_size: Option<u64>,
+    /// What the tier keeps when full: lru, static (fill once, never evict) or importance.
+    #[arg(long, default_value = "static", value_parser = granary::CachePolicy::parse)]
+    pub policy: granary::CachePolicy,
     /// Print JSON on stdout.
     #[arg(long)]
     pub json: bool,
@@ -104,6 +114,15 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         io: a.io,
         queue_depth: a.queue_depth,
         direct: !a.buffered,
+        cache: match (&a.cache_dir, a.cache_size) {
+            (Some(dir), Some(quota)) => Some(std::sync::Arc::new(granary::ChunkCache::open(
+                dir,
+                ds.snapshot().dataset_id(),
+                quota,
+                a.policy,
+            )?)),
+            _ => None,
+        },
         ..StreamOptions::default()
     };
     let mut reports = Vec::new();
@@ -120,8 +139,16 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         )
         .with_context(|| format!("reading epoch {epoch}"))?;
         if !a.json {
+            let hits = match (r.cache_sample_hit_ratio, r.cache_byte_hit_ratio) {
+                (Some(s), Some(b)) => format!(
+                    ", cache hits {:.1} % of samples, {:.1} % of bytes",
+                    s * 100.0,
+                    b * 100.0
+                ),
+                _ => String::new(),
+            };
             println!(
-                "epoch {:>3}: {} samples, {:.1} MB in {:.2} s: {:.0} samples/s, {:.1} MB/s, cpu {:.2} s, digest {} ({})",
+                "epoch {:>3}: {} samples, {:.1} MB in {:.2} s: {:.0} samples/s, {:.1} MB/s, cpu {:.2} s, digest {} ({}){hits}",
                 r.epoch, r.samples, r.bytes as f64 / 1e6, r.elapsed_s, r.samples_per_s, r.mb_per_s, r.cpu_s, r.digest, r.backend
             );
         }
