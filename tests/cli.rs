@@ -685,3 +685,81 @@ fn cache_stats_and_clear() {
     let o = run(["cache", "stats", tmp.path().join("none").to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(1));
 }
+
+#[test]
+fn several_reader_processes_share_one_tier_within_its_quota() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    let files: Vec<(Vec<u8>, Vec<u8>)> = (0..400u64)
+        .map(|i| {
+            (
+                format!("c{}/f{i:03}", i % 4).into_bytes(),
+                bytes(i, 1000 + (i as usize * 53) % 2000),
+            )
+        })
+        .collect();
+    write_tree(&src, &files);
+    let ds = tmp.path().join("ds");
+    assert!(pack(&src, &ds, &["--chunk-size", "16KiB"]).status.success());
+    let cache = tmp.path().join("tier");
+    let quota: u64 = 200 << 10;
+    // Four processes (two ranks x two seeds), three epochs each, one LRU tier.
+    let children: Vec<_> = (0..4)
+        .map(|i| {
+            granary()
+                .args([
+                    "read",
+                    ds.to_str().unwrap(),
+                    "--epochs",
+                    "3",
+                    "--json",
+                    "--window",
+                    "2",
+                ])
+                .args([
+                    "--rank",
+                    &(i % 2).to_string(),
+                    "--world-size",
+                    "2",
+                    "--seed",
+                    &(i / 2).to_string(),
+                ])
+                .args([
+                    "--cache-dir",
+                    cache.to_str().unwrap(),
+                    "--cache-size",
+                    &quota.to_string(),
+                    "--policy",
+                    "lru",
+                ])
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for c in children {
+        let o = c.wait_with_output().unwrap();
+        assert!(o.status.success(), "{}", stderr(&o));
+        let epochs: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert_eq!(epochs.as_array().unwrap().len(), 3);
+        assert!(epochs[2]["cache_byte_hit_ratio"].as_f64().is_some());
+    }
+    let o = run_ok(["cache", "stats", cache.to_str().unwrap(), "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let used = v[0]["bytes"].as_u64().unwrap();
+    assert!(
+        used > 0 && used <= quota,
+        "tier holds {used} bytes, quota {quota}"
+    );
+    let dir = std::path::PathBuf::from(v[0]["dir"].as_str().unwrap());
+    let mut on_disk = 0;
+    for e in std::fs::read_dir(&dir).unwrap().flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        assert!(!name.contains(".tmp"), "torn file left: {name}");
+        if name.ends_with(".gchunk") {
+            on_disk += e.metadata().unwrap().len();
+        }
+    }
+    assert_eq!(on_disk, used);
+}

@@ -318,11 +318,14 @@ fn prepare_window(
         let e = info.entry;
         let end = e.offset + e.stored_len;
         if let std::collections::hash_map::Entry::Vacant(slot) = files.entry(e.chunk) {
-            let path = match cache.map(|c| c.lookup(&ce)).transpose()?.flatten() {
-                Some(cached) => cached,
-                None => ds.chunk_path(e.chunk),
+            // Another process may evict a cached copy between lookup and open: then the
+            // source serves the chunk.
+            let cached = cache.map(|c| c.lookup(&ce)).transpose()?.flatten();
+            let f = match cached.map(|p| IoFile::open_probed(&p, direct, probe)) {
+                Some(Ok(f)) => f,
+                _ => IoFile::open_probed(&ds.chunk_path(e.chunk), direct, probe)?,
             };
-            let f = IoFile::open_probed(&path, direct, probe)?;
+            let path = f.path.clone();
             ds.check_chunk_size(&ce, &f.file, &path)?;
             slot.insert(Arc::new(f));
         }
