@@ -35,6 +35,8 @@ pub struct StreamOptions {
     /// read from the source are offered to it in the background. Chunk-wise and sequential
     /// plans only (global plans read single records).
     pub cache: Option<Arc<ChunkCache>>,
+    /// Importance scores (a snapshot) that rank chunks for the tier's importance policy.
+    pub scores: Option<Arc<crate::ImportanceScores>>,
 }
 
 impl Default for StreamOptions {
@@ -46,6 +48,7 @@ impl Default for StreamOptions {
             prefetch: 1,
             direct: true,
             cache: None,
+            scores: None,
         }
     }
 }
@@ -109,6 +112,7 @@ impl EpochStream {
         let stats2 = stats.clone();
         let cache = opts.cache.clone().filter(|_| mode != ShuffleMode::Global);
         let admission = cache.clone().map(Admission::start);
+        let scores = opts.scores.clone();
         std::thread::Builder::new()
             .name("granary-io".into())
             .spawn(move || {
@@ -184,7 +188,14 @@ impl EpochStream {
                         Ok((bufs, served_from_cache)) => {
                             let n: u64 = bufs.iter().map(|b| b.data().len() as u64).sum();
                             counter.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
-                            stats2.count(&prep, &bufs, &served_from_cache, admission.as_ref(), &ds);
+                            stats2.count(
+                                &prep,
+                                &bufs,
+                                &served_from_cache,
+                                admission.as_ref(),
+                                scores.as_deref(),
+                                &ds,
+                            );
                             if dtx
                                 .send((prep.ids, prep.locs, bufs, prep.entries, prep.labels))
                                 .is_err()
@@ -464,12 +475,14 @@ struct CacheCounters {
 
 impl CacheCounters {
     /// Counts a completed window and offers its source-read chunks for admission.
+    #[allow(clippy::too_many_arguments)]
     fn count(
         &self,
         prep: &Prepared,
         bufs: &[Completed],
         served_from_cache: &[bool],
         admission: Option<&Admission>,
+        scores: Option<&crate::ImportanceScores>,
         ds: &Dataset,
     ) {
         use std::sync::atomic::Ordering::Relaxed;
@@ -483,7 +496,13 @@ impl CacheCounters {
                 self.samples_source.fetch_add(n, Relaxed);
                 self.bytes_source.fetch_add(bytes, Relaxed);
                 if let (Some(a), Ok(ce)) = (admission, ds.chunk(c)) {
-                    a.offer(ce, bufs[i].data());
+                    // A chunk's importance: the sum of its samples' scores (equal without a
+                    // score table, so that importance admission then only adds hysteresis).
+                    let score = match scores {
+                        Some(t) => ce.samples().map(|id| t.score(id)).sum(),
+                        None => ce.sample_count as f64,
+                    };
+                    a.offer(ce, bufs[i].data(), score);
                 }
             }
         }
@@ -492,12 +511,12 @@ impl CacheCounters {
 
 /// A one-slot mailbox: the offered chunk (if any) and whether the stream has finished.
 type Mailbox = (
-    std::sync::Mutex<(Option<(granary_format::ChunkEntry, Vec<u8>)>, bool)>,
+    std::sync::Mutex<(Option<(granary_format::ChunkEntry, Vec<u8>, f64)>, bool)>,
     std::sync::Condvar,
 );
 
 /// Background admission into the tier: a one-slot mailbox, so an epoch never waits on it
-/// (an offer made while the previous one is still being written is dropped).
+/// (while a chunk is being written, only the most valuable newer offer waits; others are dropped).
 struct Admission {
     slot: Arc<Mailbox>,
     thread: std::thread::JoinHandle<()>,
@@ -520,16 +539,22 @@ impl Admission {
                 }
             };
             // Errors only cost a missed admission; the epoch goes on from the source.
-            let _ = cache.admit(&job.0, &job.1, 1.0);
+            let _ = cache.admit(&job.0, &job.1, job.2);
         });
         Admission { slot, thread }
     }
 
-    fn offer(&self, ce: granary_format::ChunkEntry, bytes: &[u8]) {
+    fn offer(&self, ce: granary_format::ChunkEntry, bytes: &[u8], score: f64) {
         let (m, cv) = &*self.slot;
         let mut g = m.lock().expect("admission lock");
-        if g.0.is_none() {
-            g.0 = Some((ce, bytes.to_vec()));
+        // An empty slot takes the offer; a waiting offer of lower importance per byte is
+        // replaced, so busy admission drops the least valuable chunks first.
+        let per_byte = score / ce.file_size.max(1) as f64;
+        let better =
+            g.0.as_ref()
+                .is_none_or(|(w, _, ws)| ws / (w.file_size.max(1) as f64) < per_byte);
+        if better {
+            g.0 = Some((ce, bytes.to_vec(), score));
             cv.notify_one();
         }
     }

@@ -103,6 +103,10 @@ pub struct Args {
     /// What the tier keeps when full: lru, static (fill once, never evict) or importance.
     #[arg(long, default_value = "static", value_parser = granary::CachePolicy::parse)]
     pub policy: granary::CachePolicy,
+    /// Importance score table (written by ImportanceScores::save) that ranks chunks for
+    /// --policy importance.
+    #[arg(long, value_name = "FILE")]
+    pub scores: Option<PathBuf>,
     /// Print JSON on stdout.
     #[arg(long)]
     pub json: bool,
@@ -122,6 +126,10 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
                 a.policy,
             )?)),
             _ => None,
+        },
+        scores: match &a.scores {
+            Some(p) => Some(std::sync::Arc::new(granary::ImportanceScores::load(p)?)),
+            None => None,
         },
         ..StreamOptions::default()
     };
