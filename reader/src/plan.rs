@@ -256,13 +256,13 @@ fn global_sequence(
     o: &PlanOptions,
     epoch: u64,
     world: u32,
-    sampling: Option<&Sampling>,
+    probs: Option<&[f64]>,
 ) -> Vec<u64> {
     let n = shape.samples();
-    if let Some(sm) = sampling.filter(|_| n > 0) {
+    if let Some(probs) = probs.filter(|_| n > 0) {
         // N draws with replacement, grouped by chunk in the epoch's chunk order so that the
         // windows still read whole chunks.
-        let alias = Alias::new(&sm.probabilities());
+        let alias = Alias::new(probs);
         let mut r = SplitMix64::keyed(&[o.seed, epoch, TAG_IMPORTANCE]);
         let mut draws: Vec<u64> = (0..n).map(|_| alias.draw(&mut r)).collect();
         let mut pos = vec![0usize; shape.chunks() as usize];
@@ -417,9 +417,9 @@ fn fresh(
     o: &PlanOptions,
     epoch: u64,
     shard: &Shard,
-    sampling: Option<&Sampling>,
+    probs: Option<&[f64]>,
 ) -> EpochPlan {
-    let seq = global_sequence(shape, o, epoch, shard.world_size, sampling);
+    let seq = global_sequence(shape, o, epoch, shard.world_size, probs);
     let rank = cut_rank(&seq, shard.world_size, shard.rank, o.drop_last);
     let part = split_worker(&rank, shard.num_workers, shard.worker).to_vec();
     windows(shape, o, epoch, shard, part)
@@ -460,9 +460,11 @@ impl EpochPlan {
                 ));
             }
         }
-        let mut p = Self::build_inner(shape, o, epoch, shard, resume, sampling)?;
-        if let Some(sm) = sampling {
-            let probs = sm.probabilities();
+        // The probabilities are computed once and shared by every step (the redistribution
+        // after a resume rebuilds several old shards' plans).
+        let probs = sampling.map(Sampling::probabilities);
+        let mut p = Self::build_inner(shape, o, epoch, shard, resume, probs.as_deref())?;
+        if let Some(probs) = &probs {
             let n = shape.samples() as f64;
             p.weights = p
                 .samples
@@ -479,14 +481,14 @@ impl EpochPlan {
         epoch: u64,
         shard: Shard,
         resume: Option<&EpochState>,
-        sampling: Option<&Sampling>,
+        probs: Option<&[f64]>,
     ) -> Result<EpochPlan, String> {
         shard.check()?;
         if !(0.0..=1.0).contains(&o.locality) {
             return Err(format!("locality {} is not in [0, 1]", o.locality));
         }
         let Some(st) = resume else {
-            return Ok(fresh(shape, o, epoch, &shard, sampling));
+            return Ok(fresh(shape, o, epoch, &shard, probs));
         };
         if st.epoch != epoch {
             return Err(format!(
@@ -508,7 +510,7 @@ impl EpochPlan {
         }
         if old == (shard.world_size, shard.num_workers) {
             // Same configuration: continue exactly where this shard stopped.
-            let mut p = fresh(shape, o, epoch, &shard, sampling);
+            let mut p = fresh(shape, o, epoch, &shard, probs);
             let done = st.consumed[(shard.rank * shard.num_workers + shard.worker) as usize];
             p.skip(shape, done as usize);
             return Ok(p);
@@ -524,13 +526,13 @@ impl EpochPlan {
                     worker: k,
                     num_workers: old.1,
                 };
-                let p = fresh(shape, o, epoch, &s, sampling);
+                let p = fresh(shape, o, epoch, &s, probs);
                 let done = (st.consumed[(r * old.1 + k) as usize] as usize).min(p.samples.len());
                 rest.extend_from_slice(&p.samples[done..]);
             }
         }
         if o.mode != ShuffleMode::Global {
-            let order = global_sequence(shape, o, epoch, old.0, sampling);
+            let order = global_sequence(shape, o, epoch, old.0, probs);
             let mut chunk_pos = vec![0usize; shape.chunks() as usize];
             let mut seen = vec![false; shape.chunks() as usize];
             let mut next = 0;
