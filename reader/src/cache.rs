@@ -75,6 +75,18 @@ struct Locked {
     clock: u64,
 }
 
+impl Locked {
+    /// Advances the use clock and marks `id` (if resident) as just used; returns the clock.
+    fn touch(&mut self, id: u32) -> u64 {
+        self.clock += 1;
+        let clock = self.clock;
+        if let Some(e) = self.index.get_mut(&id) {
+            e.last_use = clock;
+        }
+        clock
+    }
+}
+
 fn hex(id: &[u8; 16]) -> String {
     id.iter().map(|b| format!("{b:02x}")).collect()
 }
@@ -217,11 +229,7 @@ impl ChunkCache {
             return Ok(None);
         }
         let mut l = self.lock()?;
-        l.clock += 1;
-        let clock = l.clock;
-        if let Some(e) = l.index.get_mut(&ce.chunk_id) {
-            e.last_use = clock;
-        }
+        l.touch(ce.chunk_id);
         self.write_index(&l)?;
         Ok(Some(p))
     }
@@ -250,10 +258,8 @@ impl ChunkCache {
             return Ok(false);
         }
         let mut l = self.lock()?;
-        l.clock += 1;
-        let clock = l.clock;
-        if let Some(e) = l.index.get_mut(&ce.chunk_id) {
-            e.last_use = clock;
+        let clock = l.touch(ce.chunk_id);
+        if l.index.contains_key(&ce.chunk_id) {
             self.write_index(&l)?;
             return Ok(true);
         }
