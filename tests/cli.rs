@@ -394,9 +394,7 @@ fn write_failure_keeps_work_for_resume() {
     // RLIMIT_FSIZE makes chunk writes fail with EFBIG, as a full disk fails them with ENOSPC.
     let tmp = tempfile::tempdir().unwrap();
     let src = tmp.path().join("src");
-    let mut files: Vec<(Vec<u8>, Vec<u8>)> = (0..200u64)
-        .map(|i| (format!("c{}/f{i}", i % 4).into_bytes(), bytes(i, 3000)))
-        .collect();
+    let mut files = numbered_tree(200, 4, |_| 3000);
     // Sorted last with --order walk, and larger than the file size limit below.
     files.push((b"z/big".to_vec(), bytes(7, 200_000)));
     write_tree(&src, &files);
@@ -446,14 +444,7 @@ fn write_failure_keeps_work_for_resume() {
 fn read_digests_of_all_ranks_add_up_to_the_whole_dataset() {
     let tmp = tempfile::tempdir().unwrap();
     let src = tmp.path().join("src");
-    let files: Vec<(Vec<u8>, Vec<u8>)> = (0..240u64)
-        .map(|i| {
-            (
-                format!("c{}/f{i:03}", i % 5).into_bytes(),
-                bytes(i, 200 + (i as usize * 37) % 3000),
-            )
-        })
-        .collect();
+    let files = numbered_tree(240, 5, |i| 200 + (i as usize * 37) % 3000);
     write_tree(&src, &files);
     let ds = tmp.path().join("ds");
     assert!(pack(&src, &ds, &["--chunk-size", "16KiB"]).status.success());
@@ -690,14 +681,7 @@ fn cache_stats_and_clear() {
 fn several_reader_processes_share_one_tier_within_its_quota() {
     let tmp = tempfile::tempdir().unwrap();
     let src = tmp.path().join("src");
-    let files: Vec<(Vec<u8>, Vec<u8>)> = (0..400u64)
-        .map(|i| {
-            (
-                format!("c{}/f{i:03}", i % 4).into_bytes(),
-                bytes(i, 1000 + (i as usize * 53) % 2000),
-            )
-        })
-        .collect();
+    let files = numbered_tree(400, 4, |i| 1000 + (i as usize * 53) % 2000);
     write_tree(&src, &files);
     let ds = tmp.path().join("ds");
     assert!(pack(&src, &ds, &["--chunk-size", "16KiB"]).status.success());

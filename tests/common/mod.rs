@@ -57,6 +57,18 @@ pub fn bytes(seed: u64, len: usize) -> Vec<u8> {
         .collect()
 }
 
+/// `n` files `c{i % classes}/f{i:03}` of pseudo-random bytes, file `i` being `size(i)` long.
+pub fn numbered_tree(n: u64, classes: u64, size: impl Fn(u64) -> usize) -> Vec<(Vec<u8>, Vec<u8>)> {
+    (0..n)
+        .map(|i| {
+            (
+                format!("c{}/f{i:03}", i % classes).into_bytes(),
+                bytes(i, size(i)),
+            )
+        })
+        .collect()
+}
+
 /// Writes `files` (relative raw paths → contents) under `root`.
 pub fn write_tree(root: &Path, files: &[(Vec<u8>, Vec<u8>)]) {
     for (rel, data) in files {
