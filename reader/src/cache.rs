@@ -1,17 +1,27 @@
-//! The local chunk tier: verified copies of chunks on the node's local storage, in front of
-//! shared storage. Safe to share between processes: every change happens under an exclusive
-//! `flock` on `DIR/<dataset id>/lock`, files appear only complete (temporary name, fsync,
-//! rename), the content list (`index`) is rewritten atomically and survives restarts, and the
-//! byte quota is never exceeded. Entries are tied to the dataset id (one sub-directory per
-//! dataset); an entry whose size or header does not match the snapshot is a miss and is
-//! removed. (Integration into the epoch stream and hot-chunk re-packing are not built yet.)
+//! The local tier: verified copies of chunks, and hot chunks, on the node's local storage in
+//! front of shared storage. Safe to share between processes: every change happens under an
+//! exclusive `flock` on `DIR/<dataset id>/lock`, files appear only complete (temporary name,
+//! fsync, rename), the content list (`index`) and the hot-sample map (`hot.map`) are rewritten
+//! atomically and survive restarts, and the byte quota is never exceeded. Entries are tied to
+//! the dataset id (one sub-directory per dataset); an entry whose size, header or checksum does
+//! not match is a miss and is removed, never served.
+//!
+//! Hot chunks (`hot-NNNNNNNN.gchunk`, same chunk format, chunk id = hot id) hold records of
+//! high importance copied verbatim (as stored) from many source chunks, so that a tier of
+//! fraction f of the dataset can hold the most important fraction f of the samples: whole
+//! chunks average importance away (design notes, cache fact 3). `hot.map` says which sample is
+//! at which offset of which hot chunk; hot ids only grow, so a reader holding an old map never
+//! reads another chunk's bytes under a reused name.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
-use granary_format::{chunk_file_name, ChunkEntry, ChunkHeader, CHUNK_HEADER_LEN};
+use granary_format::{
+    chunk_file_name, ChunkEntry, ChunkHeader, ChunkWriter, Compression, SampleEntry,
+    CHUNK_HEADER_LEN,
+};
 use serde::Serialize;
 
 use crate::error::{ReadError, Result};
@@ -24,8 +34,9 @@ pub enum CachePolicy {
     Lru,
     /// Fill until full, never evict.
     Static,
-    /// Keep the chunks of highest importance per byte; a newcomer must beat the weakest
-    /// resident by 10 % (hysteresis against churn).
+    /// Keep the entries of highest importance per byte; a newcomer must beat the weakest
+    /// resident by 10 % (hysteresis against churn). With a score table the tier holds hot
+    /// chunks re-packed from the samples of highest score per byte.
     Importance,
 }
 
@@ -43,6 +54,33 @@ impl CachePolicy {
     }
 }
 
+/// A tier entry: a copy of a source chunk, or a hot chunk.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+enum Key {
+    Chunk(u32),
+    Hot(u32),
+}
+
+impl Key {
+    fn file_name(self) -> String {
+        match self {
+            Key::Chunk(id) => chunk_file_name(id),
+            Key::Hot(id) => hot_file_name(id),
+        }
+    }
+}
+
+/// File name of hot chunk `id` in a tier directory.
+pub fn hot_file_name(id: u32) -> String {
+    format!("hot-{id:08}.gchunk")
+}
+
+fn parse_hot_file_name(name: &str) -> Option<u32> {
+    let digits = name.strip_prefix("hot-")?.strip_suffix(".gchunk")?;
+    let id: u32 = digits.parse().ok()?;
+    (hot_file_name(id) == name).then_some(id)
+}
+
 #[derive(Clone, Copy, Debug, PartialEq)]
 struct Entry {
     size: u64,
@@ -55,12 +93,128 @@ struct Entry {
 #[derive(Clone, Debug, Serialize)]
 pub struct CacheStats {
     pub dir: PathBuf,
+    /// Chunk copies and hot chunks.
     pub entries: u64,
     pub bytes: u64,
     pub quota: u64,
+    pub hot_chunks: u64,
+    pub hot_samples: u64,
 }
 
-/// A dataset's local chunk tier.
+/// One hot chunk: its file's size and CRC, and (sample id, record offset) of every record.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HotChunk {
+    pub id: u32,
+    pub file_size: u64,
+    pub file_crc: u32,
+    pub samples: Vec<(u64, u64)>,
+}
+
+/// Which samples the tier's hot chunks hold.
+#[derive(Clone, Debug, Default)]
+pub struct HotMap {
+    pub chunks: BTreeMap<u32, HotChunk>,
+    /// Sample id → (hot chunk id, record offset).
+    pub by_sample: HashMap<u64, (u32, u64)>,
+}
+
+impl HotMap {
+    fn from_chunks(chunks: BTreeMap<u32, HotChunk>) -> Self {
+        let mut by_sample = HashMap::new();
+        for h in chunks.values() {
+            for &(s, off) in &h.samples {
+                by_sample.insert(s, (h.id, off));
+            }
+        }
+        HotMap { chunks, by_sample }
+    }
+
+    /// Forgets hot chunk `id` (its copy turned out damaged or gone).
+    pub fn forget(&mut self, id: u32) {
+        if let Some(h) = self.chunks.remove(&id) {
+            for (s, _) in h.samples {
+                if self.by_sample.get(&s).is_some_and(|x| x.0 == id) {
+                    self.by_sample.remove(&s);
+                }
+            }
+        }
+    }
+}
+
+const HOT_MAGIC: &[u8; 8] = b"GRNYHOT1";
+
+fn encode_hot_map(chunks: &BTreeMap<u32, HotChunk>) -> Vec<u8> {
+    let mut b = Vec::new();
+    b.extend_from_slice(HOT_MAGIC);
+    b.extend_from_slice(&(chunks.len() as u64).to_le_bytes());
+    for h in chunks.values() {
+        b.extend_from_slice(&h.id.to_le_bytes());
+        b.extend_from_slice(&h.file_size.to_le_bytes());
+        b.extend_from_slice(&h.file_crc.to_le_bytes());
+        b.extend_from_slice(&(h.samples.len() as u64).to_le_bytes());
+        for &(s, off) in &h.samples {
+            b.extend_from_slice(&s.to_le_bytes());
+            b.extend_from_slice(&off.to_le_bytes());
+        }
+    }
+    let crc = crc32fast::hash(&b);
+    b.extend_from_slice(&crc.to_le_bytes());
+    b
+}
+
+/// Decodes `hot.map`; `None` when damaged.
+fn decode_hot_map(b: &[u8]) -> Option<BTreeMap<u32, HotChunk>> {
+    if b.len() < 20 || &b[..8] != HOT_MAGIC {
+        return None;
+    }
+    let (body, crc) = b.split_at(b.len() - 4);
+    if crc32fast::hash(body).to_le_bytes() != crc {
+        return None;
+    }
+    let mut at = 8;
+    let mut take = |n: usize| -> Option<&[u8]> {
+        let s = body.get(at..at + n)?;
+        at += n;
+        Some(s)
+    };
+    let u64_ = |s: &[u8]| u64::from_le_bytes(s.try_into().expect("8 bytes"));
+    let u32_ = |s: &[u8]| u32::from_le_bytes(s.try_into().expect("4 bytes"));
+    let count = u64_(take(8)?);
+    let mut out = BTreeMap::new();
+    for _ in 0..count {
+        let id = u32_(take(4)?);
+        let file_size = u64_(take(8)?);
+        let file_crc = u32_(take(4)?);
+        let n = u64_(take(8)?);
+        let raw = take(usize::try_from(n).ok()?.checked_mul(16)?)?;
+        let samples = raw
+            .chunks_exact(16)
+            .map(|c| (u64_(&c[..8]), u64_(&c[8..])))
+            .collect();
+        out.insert(
+            id,
+            HotChunk {
+                id,
+                file_size,
+                file_crc,
+                samples,
+            },
+        );
+    }
+    (at == body.len()).then_some(out)
+}
+
+/// A record offered for a hot chunk: the sample, its snapshot entry, path and stored bytes.
+#[derive(Clone, Debug)]
+pub struct HotRecord {
+    pub id: u64,
+    pub entry: SampleEntry,
+    pub path: Vec<u8>,
+    pub stored: Vec<u8>,
+    pub score: f64,
+}
+
+/// A dataset's local tier.
 #[derive(Debug)]
 pub struct ChunkCache {
     dir: PathBuf,
@@ -71,19 +225,24 @@ pub struct ChunkCache {
 
 struct Locked {
     _lock: File,
-    index: BTreeMap<u32, Entry>,
+    index: BTreeMap<Key, Entry>,
     clock: u64,
+    next_hot: u32,
 }
 
 impl Locked {
-    /// Advances the use clock and marks `id` (if resident) as just used; returns the clock.
-    fn touch(&mut self, id: u32) -> u64 {
+    /// Advances the use clock and marks `key` (if resident) as just used; returns the clock.
+    fn touch(&mut self, key: Key) -> u64 {
         self.clock += 1;
         let clock = self.clock;
-        if let Some(e) = self.index.get_mut(&id) {
+        if let Some(e) = self.index.get_mut(&key) {
             e.last_use = clock;
         }
         clock
+    }
+
+    fn used(&self) -> u64 {
+        self.index.values().map(|e| e.size).sum()
     }
 }
 
@@ -134,6 +293,27 @@ impl ChunkCache {
         })
     }
 
+    /// This tier's directory (`root/<dataset id>`).
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Where the node's shared importance score table of this dataset lives
+    /// ([`crate::SharedScores`]).
+    pub fn scores_path(&self) -> PathBuf {
+        self.dir.join("scores")
+    }
+
+    /// The byte quota.
+    pub fn quota(&self) -> u64 {
+        self.quota
+    }
+
+    /// The policy.
+    pub fn policy(&self) -> CachePolicy {
+        self.policy
+    }
+
     fn lock(&self) -> Result<Locked> {
         let p = self.dir.join("lock");
         let f = std::fs::OpenOptions::new()
@@ -144,72 +324,125 @@ impl ChunkCache {
             .map_err(|e| ReadError::io("opening", &p, e))?;
         rustix::fs::flock(&f, rustix::fs::FlockOperation::LockExclusive)
             .map_err(|e| ReadError::io("locking", &p, e.into()))?;
-        let (index, clock) = self.read_index();
+        let (index, clock, next_hot) = self.read_index();
         Ok(Locked {
             _lock: f,
             index,
             clock,
+            next_hot,
         })
     }
 
     /// Reads the content list; a missing or damaged list is rebuilt from the files present
-    /// (their order of use is then unknown).
-    fn read_index(&self) -> (BTreeMap<u32, Entry>, u64) {
+    /// (their order of use is then unknown). Hot chunks must also be in `hot.map`.
+    fn read_index(&self) -> (BTreeMap<Key, Entry>, u64, u32) {
         let mut index = BTreeMap::new();
         let mut clock = 0;
+        let mut next_hot = 0u32;
         let text = std::fs::read_to_string(self.dir.join("index")).unwrap_or_default();
         let (body, crc) = text.rsplit_once("crc ").unwrap_or(("", ""));
         if crc.trim().parse::<u32>().ok() == Some(crc32fast::hash(body.as_bytes())) {
             for line in body.lines() {
                 let f: Vec<&str> = line.split_whitespace().collect();
-                if let [id, size, last, score] = f[..] {
-                    if let (Ok(id), Ok(size), Ok(last), Ok(score)) =
-                        (id.parse(), size.parse(), last.parse::<u64>(), score.parse())
-                    {
-                        clock = clock.max(last);
-                        index.insert(
-                            id,
-                            Entry {
-                                size,
-                                last_use: last,
-                                score,
-                            },
-                        );
+                match f[..] {
+                    ["next-hot", n] => next_hot = n.parse().unwrap_or(0),
+                    [kind, id, size, last, score] => {
+                        let key = match (kind, id.parse()) {
+                            ("chunk", Ok(id)) => Key::Chunk(id),
+                            ("hot", Ok(id)) => Key::Hot(id),
+                            _ => continue,
+                        };
+                        if let (Ok(size), Ok(last), Ok(score)) =
+                            (size.parse(), last.parse::<u64>(), score.parse())
+                        {
+                            clock = clock.max(last);
+                            index.insert(
+                                key,
+                                Entry {
+                                    size,
+                                    last_use: last,
+                                    score,
+                                },
+                            );
+                        }
                     }
+                    _ => {}
                 }
             }
         }
-        // Files are the truth: drop entries whose file is gone, adopt complete files not listed.
-        index.retain(|id, e| {
-            std::fs::metadata(self.dir.join(chunk_file_name(*id))).is_ok_and(|m| m.len() == e.size)
+        let hot = self.read_hot_chunks();
+        // Files are the truth: drop entries whose file is gone, adopt complete files not listed
+        // (hot chunks only with their map entry).
+        index.retain(|k, e| {
+            let listed = match k {
+                Key::Hot(id) => hot.get(id).is_some_and(|h| h.file_size == e.size),
+                Key::Chunk(_) => true,
+            };
+            listed
+                && std::fs::metadata(self.dir.join(k.file_name())).is_ok_and(|m| m.len() == e.size)
         });
         if let Ok(rd) = std::fs::read_dir(&self.dir) {
             for f in rd.flatten() {
                 let name = f.file_name().to_string_lossy().into_owned();
-                if let Some(id) = granary_format::parse_chunk_file_name(&name) {
-                    if let (false, Ok(m)) = (index.contains_key(&id), f.metadata()) {
+                let key = match (
+                    granary_format::parse_chunk_file_name(&name),
+                    parse_hot_file_name(&name),
+                ) {
+                    (Some(id), _) => Key::Chunk(id),
+                    (_, Some(id)) => Key::Hot(id),
+                    _ => continue,
+                };
+                if let Key::Hot(id) = key {
+                    next_hot = next_hot.max(id.saturating_add(1));
+                }
+                if let (false, Ok(m)) = (index.contains_key(&key), f.metadata()) {
+                    let adopt = match key {
+                        Key::Hot(id) => hot.get(&id).is_some_and(|h| h.file_size == m.len()),
+                        Key::Chunk(_) => true,
+                    };
+                    if adopt {
                         index.insert(
-                            id,
+                            key,
                             Entry {
                                 size: m.len(),
                                 last_use: 0,
                                 score: 0.0,
                             },
                         );
+                    } else {
+                        // A hot chunk nobody maps: left over from an interrupted admission.
+                        let _ = std::fs::remove_file(f.path());
                     }
                 }
             }
         }
-        (index, clock)
+        (index, clock, next_hot)
+    }
+
+    fn read_hot_chunks(&self) -> BTreeMap<u32, HotChunk> {
+        std::fs::read(self.dir.join("hot.map"))
+            .ok()
+            .and_then(|b| decode_hot_map(&b))
+            .unwrap_or_default()
     }
 
     fn write_index(&self, l: &Locked) -> Result<()> {
-        let mut body = String::new();
-        for (id, e) in &l.index {
-            body += &format!("{id} {} {} {}\n", e.size, e.last_use, e.score);
+        let mut body = format!("next-hot {}\n", l.next_hot);
+        for (k, e) in &l.index {
+            let (kind, id) = match k {
+                Key::Chunk(id) => ("chunk", id),
+                Key::Hot(id) => ("hot", id),
+            };
+            body += &format!("{kind} {id} {} {} {}\n", e.size, e.last_use, e.score);
         }
         let text = format!("{body}crc {}\n", crc32fast::hash(body.as_bytes()));
         write_atomic(&self.dir.join("index"), text.as_bytes())
+    }
+
+    /// Rewrites `hot.map` to list exactly the hot chunks in the index.
+    fn write_hot_map(&self, l: &Locked, mut hot: BTreeMap<u32, HotChunk>) -> Result<()> {
+        hot.retain(|id, _| l.index.contains_key(&Key::Hot(*id)));
+        write_atomic(&self.dir.join("hot.map"), &encode_hot_map(&hot))
     }
 
     /// Path of chunk `id`'s copy if the tier holds it and its size and header match the
@@ -229,108 +462,272 @@ impl ChunkCache {
             return Ok(None);
         }
         let mut l = self.lock()?;
-        l.touch(ce.chunk_id);
+        l.touch(Key::Chunk(ce.chunk_id));
         self.write_index(&l)?;
         Ok(Some(p))
     }
 
-    /// Removes chunk `id`'s copy (for example after a record in it failed its CRC).
-    pub fn discard(&self, id: u32) -> Result<()> {
-        let mut l = self.lock()?;
-        let p = self.dir.join(chunk_file_name(id));
+    fn remove(&self, l: &mut Locked, key: Key) -> Result<()> {
+        let p = self.dir.join(key.file_name());
         match std::fs::remove_file(&p) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => return Err(ReadError::io("removing", &p, e)),
         }
-        l.index.remove(&id);
+        l.index.remove(&key);
+        Ok(())
+    }
+
+    /// Removes chunk `id`'s copy (for example after a record in it failed its CRC).
+    pub fn discard(&self, id: u32) -> Result<()> {
+        let mut l = self.lock()?;
+        self.remove(&mut l, Key::Chunk(id))?;
         self.write_index(&l)
+    }
+
+    /// Removes hot chunk `id` (for example after a record in it failed its CRC).
+    pub fn discard_hot(&self, id: u32) -> Result<()> {
+        let mut l = self.lock()?;
+        self.remove(&mut l, Key::Hot(id))?;
+        self.write_hot_map(&l, self.read_hot_chunks())?;
+        self.write_index(&l)
+    }
+
+    /// The hot-sample map as last written (consistent: it is replaced atomically).
+    pub fn hot_map(&self) -> HotMap {
+        HotMap::from_chunks(self.read_hot_chunks())
+    }
+
+    /// A token that changes whenever `hot.map` is replaced (its inode), `None` without one.
+    pub fn hot_map_version(&self) -> Option<u64> {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata(self.dir.join("hot.map"))
+            .ok()
+            .map(|m| m.ino() ^ (m.mtime_nsec() as u64).rotate_left(32))
+    }
+
+    /// Re-scores every hot chunk with the current importance of its samples (scores drift as
+    /// training goes on), so that eviction and its hysteresis compare today's values.
+    pub fn rescore_hot(&self, score: impl Fn(u64) -> f64) -> Result<()> {
+        let mut l = self.lock()?;
+        let hot = self.read_hot_chunks();
+        let mut changed = false;
+        for h in hot.values() {
+            if let Some(e) = l.index.get_mut(&Key::Hot(h.id)) {
+                let s: f64 = h.samples.iter().map(|&(id, _)| score(id)).sum();
+                e.score = s / h.file_size.max(1) as f64;
+                changed = true;
+            }
+        }
+        if changed {
+            self.write_index(&l)?;
+        }
+        Ok(())
+    }
+
+    /// Ids of the source chunks the tier holds whole (without touching their use clock).
+    pub fn resident_chunks(&self) -> Result<std::collections::HashSet<u32>> {
+        let l = self.lock()?;
+        Ok(l.index
+            .keys()
+            .filter_map(|k| match k {
+                Key::Chunk(id) => Some(*id),
+                Key::Hot(_) => None,
+            })
+            .collect())
+    }
+
+    /// Path of hot chunk `h` if its file is present with the mapped size.
+    pub fn hot_path(&self, h: &HotChunk) -> Option<PathBuf> {
+        let p = self.dir.join(hot_file_name(h.id));
+        std::fs::metadata(&p)
+            .is_ok_and(|m| m.len() == h.file_size)
+            .then_some(p)
+    }
+
+    /// Frees `size` bytes for a newcomer of importance `per_byte` as the policy says; returns
+    /// false (nothing evicted) when the newcomer does not get in.
+    fn make_room(&self, l: &mut Locked, size: u64, per_byte: f64) -> Result<bool> {
+        if size > self.quota {
+            return Ok(false);
+        }
+        let mut free = self.quota.saturating_sub(l.used());
+        if free >= size {
+            return Ok(true);
+        }
+        let mut order: Vec<(Key, Entry)> = l.index.iter().map(|(k, e)| (*k, *e)).collect();
+        match self.policy {
+            CachePolicy::Static => return Ok(false),
+            CachePolicy::Lru => order.sort_by_key(|(_, e)| e.last_use),
+            CachePolicy::Importance => order.sort_by(|a, b| a.1.score.total_cmp(&b.1.score)),
+        }
+        let mut victims = Vec::new();
+        for (k, e) in order {
+            if free >= size {
+                break;
+            }
+            if self.policy == CachePolicy::Importance && e.score * 1.1 >= per_byte {
+                return Ok(false);
+            }
+            victims.push(k);
+            free += e.size;
+        }
+        if free < size {
+            return Ok(false);
+        }
+        for k in victims {
+            self.remove(l, k)?;
+        }
+        Ok(true)
     }
 
     /// Offers chunk `ce`'s bytes (checked against the snapshot's size and whole-file CRC) to
     /// the tier with importance `score`; returns whether it was admitted. Never exceeds the
     /// quota: evicts per policy, or declines.
     pub fn admit(&self, ce: &ChunkEntry, bytes: &[u8], score: f64) -> Result<bool> {
-        if bytes.len() as u64 != ce.file_size
-            || crc32fast::hash(bytes) != ce.file_crc
-            || ce.file_size > self.quota
-        {
+        if bytes.len() as u64 != ce.file_size || crc32fast::hash(bytes) != ce.file_crc {
             return Ok(false);
         }
         let mut l = self.lock()?;
-        let clock = l.touch(ce.chunk_id);
-        if l.index.contains_key(&ce.chunk_id) {
+        let key = Key::Chunk(ce.chunk_id);
+        let clock = l.touch(key);
+        if l.index.contains_key(&key) {
             self.write_index(&l)?;
             return Ok(true);
         }
         let per_byte = score / ce.file_size.max(1) as f64;
-        let used: u64 = l.index.values().map(|e| e.size).sum();
-        let mut free = self.quota.saturating_sub(used);
-        let mut victims = Vec::new();
-        if free < ce.file_size {
-            let mut order: Vec<(u32, Entry)> = l.index.iter().map(|(k, e)| (*k, *e)).collect();
-            match self.policy {
-                CachePolicy::Static => return Ok(false),
-                CachePolicy::Lru => order.sort_by_key(|(_, e)| e.last_use),
-                CachePolicy::Importance => order.sort_by(|a, b| a.1.score.total_cmp(&b.1.score)),
-            }
-            for (id, e) in order {
-                if free >= ce.file_size {
-                    break;
-                }
-                if self.policy == CachePolicy::Importance && e.score * 1.1 >= per_byte {
-                    return Ok(false);
-                }
-                victims.push(id);
-                free += e.size;
-            }
-            if free < ce.file_size {
-                return Ok(false);
-            }
+        let hot_before = l.index.keys().filter(|k| matches!(k, Key::Hot(_))).count();
+        if !self.make_room(&mut l, ce.file_size, per_byte)? {
+            return Ok(false);
         }
-        for id in victims {
-            let p = self.dir.join(chunk_file_name(id));
-            std::fs::remove_file(&p).map_err(|e| ReadError::io("evicting", &p, e))?;
-            l.index.remove(&id);
-        }
-        write_atomic(&self.dir.join(chunk_file_name(ce.chunk_id)), bytes)?;
+        write_atomic(&self.dir.join(key.file_name()), bytes)?;
         l.index.insert(
-            ce.chunk_id,
+            key,
             Entry {
                 size: ce.file_size,
                 last_use: clock,
                 score: per_byte,
             },
         );
+        if hot_before != l.index.keys().filter(|k| matches!(k, Key::Hot(_))).count() {
+            self.write_hot_map(&l, self.read_hot_chunks())?;
+        }
         self.write_index(&l)?;
         Ok(true)
+    }
+
+    /// Re-packs `records` (high-importance samples from any source chunks, stored bytes copied
+    /// verbatim) into a new hot chunk; samples already in a hot chunk are skipped. Returns the
+    /// number of samples admitted (0 when the policy declined or nothing was new).
+    pub fn admit_hot<C: AsRef<[u8]>>(&self, records: &[HotRecord], classes: &[C]) -> Result<u64> {
+        let mut l = self.lock()?;
+        let mut hot = self.read_hot_chunks();
+        let present: std::collections::HashSet<u64> = hot
+            .values()
+            .flat_map(|h| h.samples.iter().map(|s| s.0))
+            .collect();
+        let mut seen = std::collections::HashSet::new();
+        let fresh: Vec<&HotRecord> = records
+            .iter()
+            .filter(|r| !present.contains(&r.id) && seen.insert(r.id))
+            .collect();
+        if fresh.is_empty() {
+            return Ok(0);
+        }
+        let id = l.next_hot;
+        let mut w = ChunkWriter::new(Vec::new(), self.dataset_id, id)
+            .map_err(|e| ReadError::io("building", self.dir.join(hot_file_name(id)), e))?;
+        let mut samples = Vec::with_capacity(fresh.len());
+        for r in &fresh {
+            let comp = Compression::from_code(r.entry.flags).unwrap_or(Compression::None);
+            let e = w
+                .append(
+                    &r.path,
+                    &r.stored,
+                    comp,
+                    r.entry.orig_len,
+                    r.entry.crc32,
+                    r.entry.label,
+                )
+                .map_err(|e| ReadError::io("building", self.dir.join(hot_file_name(id)), e))?;
+            samples.push((r.id, e.offset));
+        }
+        let (bytes, summary) = w
+            .finish(classes)
+            .map_err(|e| ReadError::io("building", self.dir.join(hot_file_name(id)), e))?;
+        let score: f64 = fresh.iter().map(|r| r.score).sum();
+        let per_byte = score / bytes.len().max(1) as f64;
+        if !self.make_room(&mut l, bytes.len() as u64, per_byte)? {
+            self.write_index(&l)?;
+            return Ok(0);
+        }
+        let key = Key::Hot(id);
+        // The file first, then the map that names it, then the index: a crash in between
+        // leaves an unmapped file, removed on the next change.
+        write_atomic(&self.dir.join(key.file_name()), &bytes)?;
+        hot.insert(
+            id,
+            HotChunk {
+                id,
+                file_size: summary.file_size,
+                file_crc: summary.file_crc,
+                samples,
+            },
+        );
+        l.next_hot = id + 1;
+        let clock = l.touch(key);
+        l.index.insert(
+            key,
+            Entry {
+                size: summary.file_size,
+                last_use: clock,
+                score: per_byte,
+            },
+        );
+        self.write_hot_map(&l, hot)?;
+        self.write_index(&l)?;
+        Ok(fresh.len() as u64)
     }
 
     /// Occupancy.
     pub fn stats(&self) -> Result<CacheStats> {
         let l = self.lock()?;
+        let hot = self.read_hot_chunks();
+        let hot_ids: Vec<u32> = l
+            .index
+            .keys()
+            .filter_map(|k| match k {
+                Key::Hot(id) => Some(*id),
+                Key::Chunk(_) => None,
+            })
+            .collect();
         Ok(CacheStats {
             dir: self.dir.clone(),
             entries: l.index.len() as u64,
-            bytes: l.index.values().map(|e| e.size).sum(),
+            bytes: l.used(),
             quota: self.quota,
+            hot_chunks: hot_ids.len() as u64,
+            hot_samples: hot_ids
+                .iter()
+                .filter_map(|id| hot.get(id))
+                .map(|h| h.samples.len() as u64)
+                .sum(),
         })
     }
 
     /// Removes every entry.
     pub fn clear(&self) -> Result<()> {
         let mut l = self.lock()?;
-        for id in l.index.keys().copied().collect::<Vec<_>>() {
-            let p = self.dir.join(chunk_file_name(id));
-            std::fs::remove_file(&p).map_err(|e| ReadError::io("removing", &p, e))?;
+        for k in l.index.keys().copied().collect::<Vec<_>>() {
+            self.remove(&mut l, k)?;
         }
-        l.index.clear();
+        self.write_hot_map(&l, BTreeMap::new())?;
         self.write_index(&l)
     }
 }
 
 /// Writes `data` under a unique temporary name, fsyncs and renames it into place.
-fn write_atomic(path: &Path, data: &[u8]) -> Result<()> {
+pub(crate) fn write_atomic(path: &Path, data: &[u8]) -> Result<()> {
     let tmp = path.with_extension(format!("tmp{}", std::process::id()));
     let mut f = File::create(&tmp).map_err(|e| ReadError::io("creating", &tmp, e))?;
     if let Err(e) = f.write_all(data).and_then(|_| f.sync_all()) {
@@ -338,4 +735,42 @@ fn write_atomic(path: &Path, data: &[u8]) -> Result<()> {
         return Err(ReadError::io("writing", &tmp, e));
     }
     std::fs::rename(&tmp, path).map_err(|e| ReadError::io("renaming", &tmp, e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hot_map_round_trip_and_damage() {
+        let mut m = BTreeMap::new();
+        m.insert(
+            3,
+            HotChunk {
+                id: 3,
+                file_size: 900,
+                file_crc: 7,
+                samples: vec![(10, 64), (99, 300)],
+            },
+        );
+        m.insert(
+            5,
+            HotChunk {
+                id: 5,
+                file_size: 100,
+                file_crc: 8,
+                samples: vec![],
+            },
+        );
+        let b = encode_hot_map(&m);
+        assert_eq!(decode_hot_map(&b), Some(m));
+        for i in 0..b.len() {
+            let mut d = b.clone();
+            d[i] ^= 0x10;
+            assert_eq!(decode_hot_map(&d), None, "flip at {i} accepted");
+            assert_eq!(decode_hot_map(&b[..i]), None, "truncation at {i} accepted");
+        }
+        assert_eq!(parse_hot_file_name(&hot_file_name(42)), Some(42));
+        assert_eq!(parse_hot_file_name("hot-42.gchunk"), None);
+    }
 }

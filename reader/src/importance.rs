@@ -7,11 +7,41 @@
 //! positions in a batch, so DataLoader workers and shuffled batches report correctly.
 
 use std::io::Write;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
 
 use crate::error::{ReadError, Result};
 
 const MAGIC: &[u8; 8] = b"GRNYSCOR";
+
+/// SHADE weights of one batch: each loss ranked within the batch (rank 1 = smallest) becomes
+/// ln(10 + rank) for its sample id. Errors for a length mismatch, an id not below `n`, or a
+/// loss that is not finite.
+pub fn batch_weights(n: u64, ids: &[u64], losses: &[f32]) -> Result<Vec<(u64, f32)>> {
+    if ids.len() != losses.len() {
+        return Err(ReadError::Invalid(format!(
+            "{} ids but {} losses",
+            ids.len(),
+            losses.len()
+        )));
+    }
+    if let Some(id) = ids.iter().find(|&&id| id >= n) {
+        return Err(ReadError::Invalid(format!(
+            "sample id {id} out of range ({n} samples)"
+        )));
+    }
+    if losses.iter().any(|l| !l.is_finite()) {
+        return Err(ReadError::Invalid("a loss is not finite".into()));
+    }
+    let mut order: Vec<usize> = (0..ids.len()).collect();
+    order.sort_by(|&a, &b| losses[a].total_cmp(&losses[b]));
+    Ok(order
+        .iter()
+        .enumerate()
+        .map(|(rank0, &i)| (ids[i], (10.0 + (rank0 + 1) as f32).ln()))
+        .collect())
+}
 
 /// The score table of one dataset.
 #[derive(Clone, Debug, PartialEq)]
@@ -47,6 +77,11 @@ impl ImportanceScores {
         self.scores.is_empty()
     }
 
+    /// Number of samples reported at least once.
+    pub fn reported(&self) -> u64 {
+        self.seen_count
+    }
+
     /// Mean score of the samples reported so far (the score of every unseen sample).
     pub fn mean(&self) -> f64 {
         if self.seen_count == 0 {
@@ -67,27 +102,18 @@ impl ImportanceScores {
     /// Folds one batch of per-sample losses in. `ids[i]` is the sample whose loss is
     /// `losses[i]`; ids out of range and non-finite losses are rejected.
     pub fn report(&mut self, ids: &[u64], losses: &[f32]) -> Result<()> {
-        if ids.len() != losses.len() {
-            return Err(ReadError::Invalid(format!(
-                "{} ids but {} losses",
-                ids.len(),
-                losses.len()
-            )));
-        }
-        if let Some(id) = ids.iter().find(|&&id| id >= self.len()) {
-            return Err(ReadError::Invalid(format!(
-                "sample id {id} out of range ({} samples)",
-                self.len()
-            )));
-        }
-        if losses.iter().any(|l| !l.is_finite()) {
-            return Err(ReadError::Invalid("a loss is not finite".into()));
-        }
-        let mut order: Vec<usize> = (0..ids.len()).collect();
-        order.sort_by(|&a, &b| losses[a].total_cmp(&losses[b]));
-        for (rank0, &i) in order.iter().enumerate() {
-            let w = (10.0 + (rank0 + 1) as f32).ln();
-            let id = ids[i] as usize;
+        let w = batch_weights(self.len(), ids, losses)?;
+        self.apply(&w);
+        Ok(())
+    }
+
+    /// Folds in (sample id, weight) pairs computed by [`batch_weights`] (ids must be in range).
+    pub fn apply(&mut self, weights: &[(u64, f32)]) {
+        for &(id, w) in weights {
+            let id = id as usize;
+            if id >= self.scores.len() {
+                continue;
+            }
             let old = self.scores[id];
             let new = if self.seen[id] {
                 self.smoothing * old + (1.0 - self.smoothing) * w
@@ -103,7 +129,6 @@ impl ImportanceScores {
             }
             self.scores[id] = new;
         }
-        Ok(())
     }
 
     /// Writes the table to `path` atomically (temporary file, fsync, rename), CRC-checked.
@@ -118,7 +143,7 @@ impl ImportanceScores {
         b.extend(self.seen.iter().map(|&x| x as u8));
         let crc = crc32fast::hash(&b);
         b.extend_from_slice(&crc.to_le_bytes());
-        let tmp = path.with_extension("tmp");
+        let tmp = path.with_extension(format!("tmp{}", std::process::id()));
         let mut f = std::fs::File::create(&tmp).map_err(|e| ReadError::io("creating", &tmp, e))?;
         f.write_all(&b)
             .and_then(|_| f.sync_all())
@@ -163,6 +188,156 @@ impl ImportanceScores {
             seen_count,
             seen_sum,
         })
+    }
+}
+
+/// The score table of a dataset shared by every process on a node, kept next to the local tier
+/// (`ChunkCache::scores_path`). [`SharedScores::report`] only ranks the batch and queues the
+/// weights: no I/O and no waiting on other processes, cheap enough for every training step. A
+/// background thread folds the queue into the file every `interval` under an exclusive lock
+/// (`<file>.lock`): load, apply, save atomically. Reports from every DataLoader worker and rank
+/// on the node so add up in one table, which survives restarts; a damaged table file is
+/// replaced by a fresh one (scores are advisory: losing them costs hit ratio, never data).
+pub struct SharedScores {
+    inner: Arc<SharedInner>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+struct SharedInner {
+    path: PathBuf,
+    n: u64,
+    smoothing: f32,
+    queue: Mutex<Vec<(u64, f32)>>,
+    view: Mutex<Arc<ImportanceScores>>,
+    stop: Mutex<bool>,
+    wake: Condvar,
+    last_error: Mutex<Option<String>>,
+}
+
+impl SharedInner {
+    /// Loads the file (a fresh table when missing, damaged or of another size).
+    fn load(&self) -> ImportanceScores {
+        match ImportanceScores::load(&self.path) {
+            Ok(t) if t.len() == self.n => t,
+            _ => ImportanceScores::new(self.n, self.smoothing),
+        }
+    }
+
+    fn merge(&self) -> Result<()> {
+        let batch = std::mem::take(&mut *self.queue.lock().expect("score queue"));
+        let lock_path = self.path.with_extension("lock");
+        let result: Result<()> = (|| {
+            let f = std::fs::OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .open(&lock_path)
+                .map_err(|e| ReadError::io("opening", &lock_path, e))?;
+            rustix::fs::flock(&f, rustix::fs::FlockOperation::LockExclusive)
+                .map_err(|e| ReadError::io("locking", &lock_path, e.into()))?;
+            let mut t = self.load();
+            if !batch.is_empty() {
+                t.apply(&batch);
+                t.save(&self.path)?;
+            }
+            *self.view.lock().expect("score view") = Arc::new(t);
+            Ok(())
+        })();
+        if let Err(e) = &result {
+            // Keep the weights for the next attempt.
+            let mut q = self.queue.lock().expect("score queue");
+            let newer = std::mem::take(&mut *q);
+            *q = batch;
+            q.extend(newer);
+            *self.last_error.lock().expect("score error") = Some(e.to_string());
+        }
+        result
+    }
+}
+
+impl SharedScores {
+    /// Opens (creating it on the first merge) the table at `path` for `n` samples, merging
+    /// queued reports every `interval`.
+    pub fn open(path: &Path, n: u64, smoothing: f32, interval: Duration) -> Result<Self> {
+        if let Some(d) = path.parent() {
+            std::fs::create_dir_all(d).map_err(|e| ReadError::io("creating", d, e))?;
+        }
+        let inner = Arc::new(SharedInner {
+            path: path.to_path_buf(),
+            n,
+            smoothing,
+            queue: Mutex::new(Vec::new()),
+            view: Mutex::new(Arc::new(ImportanceScores::new(n, smoothing))),
+            stop: Mutex::new(false),
+            wake: Condvar::new(),
+            last_error: Mutex::new(None),
+        });
+        *inner.view.lock().expect("score view") = Arc::new(inner.load());
+        let i2 = inner.clone();
+        let thread = std::thread::Builder::new()
+            .name("granary-scores".into())
+            .spawn(move || loop {
+                let stop = i2.stop.lock().expect("score stop");
+                let (stop, _) = i2
+                    .wake
+                    .wait_timeout_while(stop, interval, |s| !*s)
+                    .expect("score stop");
+                let done = *stop;
+                drop(stop);
+                let _ = i2.merge();
+                if done {
+                    return;
+                }
+            })
+            .map_err(|e| ReadError::io("starting the score thread", path, e))?;
+        Ok(SharedScores {
+            inner,
+            thread: Some(thread),
+        })
+    }
+
+    /// Number of samples.
+    pub fn len(&self) -> u64 {
+        self.inner.n
+    }
+
+    /// True for an empty dataset.
+    pub fn is_empty(&self) -> bool {
+        self.inner.n == 0
+    }
+
+    /// Queues one batch of per-sample losses (see [`ImportanceScores::report`]); returns at
+    /// once. Bad input (length mismatch, id out of range, non-finite loss) is an error and
+    /// nothing of the batch is queued.
+    pub fn report(&self, ids: &[u64], losses: &[f32]) -> Result<()> {
+        let w = batch_weights(self.inner.n, ids, losses)?;
+        self.inner.queue.lock().expect("score queue").extend(w);
+        Ok(())
+    }
+
+    /// Folds everything queued into the shared file now.
+    pub fn flush(&self) -> Result<()> {
+        self.inner.merge()
+    }
+
+    /// The table as of the last merge (all processes' reports up to then).
+    pub fn snapshot(&self) -> Arc<ImportanceScores> {
+        self.inner.view.lock().expect("score view").clone()
+    }
+
+    /// The last background merge error, if any (reports stay queued and are retried).
+    pub fn last_error(&self) -> Option<String> {
+        self.inner.last_error.lock().expect("score error").clone()
+    }
+}
+
+impl Drop for SharedScores {
+    fn drop(&mut self) {
+        *self.inner.stop.lock().expect("score stop") = true;
+        self.inner.wake.notify_one();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
     }
 }
 

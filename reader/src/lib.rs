@@ -43,12 +43,12 @@ pub mod plan;
 mod stream;
 mod verify;
 
-pub use cache::{CachePolicy, CacheStats, ChunkCache};
+pub use cache::{hot_file_name, CachePolicy, CacheStats, ChunkCache, HotChunk, HotMap, HotRecord};
 pub use dataset::{ChunkBytes, Dataset, SampleInfo};
 pub use error::{ReadError, RecordError, Result};
 pub use extract::{extract, ExtractOptions, ExtractSummary};
 pub use granary_format::{Compression, FormatError, NO_LABEL};
-pub use importance::ImportanceScores;
+pub use importance::{batch_weights, ImportanceScores, SharedScores};
 pub use pathfmt::{escape_path, unescape_path};
 pub use plan::{
     shuffle_quality, DatasetShape, EpochPlan, EpochState, PlanOptions, Sampling, Shard,

@@ -6,17 +6,19 @@
 //! waiting, one read and waiting for the decoder, and `prefetch` windows of reads in flight
 //! (hand-overs are rendezvous channels).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::mpsc::{sync_channel, Receiver};
 use std::sync::Arc;
 
-use granary_format::{decode_record, SampleEntry, CHUNK_HEADER_LEN};
+use granary_format::{decode_record, ChunkEntry, SampleEntry, CHUNK_HEADER_LEN};
 use rayon::prelude::*;
 
+use crate::cache::{HotMap, HotRecord};
 use crate::error::{ReadError, Result};
 use crate::io::{Completed, DirectProbe, Engine, IoFile, IoKind, Pending, Request};
 use crate::plan::{EpochPlan, ShuffleMode};
-use crate::{ChunkCache, Dataset};
+use crate::{CachePolicy, ChunkCache, Dataset};
 
 /// Options of the I/O path.
 #[derive(Clone, Debug)]
@@ -35,8 +37,14 @@ pub struct StreamOptions {
     /// read from the source are offered to it in the background. Chunk-wise and sequential
     /// plans only (global plans read single records).
     pub cache: Option<Arc<ChunkCache>>,
-    /// Importance scores (a snapshot) that rank chunks for the tier's importance policy.
+    /// Importance scores (a snapshot). With the tier's importance policy they choose the
+    /// samples re-packed into hot chunks (the most important per byte that fit the quota);
+    /// otherwise they rank whole chunks for admission.
     pub scores: Option<Arc<crate::ImportanceScores>>,
+    /// With hot chunks, source chunks are read in ranges around the records the hot chunks
+    /// serve; a gap shorter than this is read rather than skipped (fewer, larger requests:
+    /// on network file systems a request costs more than 64 KiB of bandwidth).
+    pub range_gap: u64,
 }
 
 impl Default for StreamOptions {
@@ -49,6 +57,7 @@ impl Default for StreamOptions {
             direct: true,
             cache: None,
             scores: None,
+            range_gap: 64 << 10,
         }
     }
 }
@@ -57,6 +66,8 @@ impl Default for StreamOptions {
 pub struct Sample {
     pub id: u64,
     pub label: u32,
+    /// Importance-sampling weight 1/(N·p) (1 for uniform plans): multiply the loss by it.
+    pub weight: f32,
     data: SampleData,
 }
 
@@ -89,7 +100,7 @@ pub struct EpochStream {
     current: std::vec::IntoIter<Result<Sample>>,
     done: bool,
     backend: &'static str,
-    bytes_read: Arc<std::sync::atomic::AtomicU64>,
+    bytes_read: Arc<AtomicU64>,
     stats: Arc<CacheCounters>,
 }
 
@@ -106,35 +117,37 @@ impl EpochStream {
         let (tx, rx) = sync_channel::<Result<Vec<Result<Sample>>>>(0);
         let direct = opts.direct;
         let prefetch = opts.prefetch;
-        let bytes_read = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let range_gap = opts.range_gap;
+        let bytes_read = Arc::new(AtomicU64::new(0));
         let counter = bytes_read.clone();
         let stats = Arc::new(CacheCounters::default());
         let stats2 = stats.clone();
         let cache = opts.cache.clone().filter(|_| mode != ShuffleMode::Global);
-        let admission = cache.clone().map(Admission::start);
+        let admission = cache.clone().map(|c| Admission::start(c, ds.clone()));
         let scores = opts.scores.clone();
+        // An importance tier with a score table holds hot chunks (re-packed samples).
+        let mut hot = match (&cache, &scores) {
+            (Some(c), Some(s)) if c.policy() == CachePolicy::Importance => {
+                Some(HotState::new(&ds, c.clone(), s.clone())?)
+            }
+            _ => None,
+        };
         std::thread::Builder::new()
             .name("granary-io".into())
             .spawn(move || {
                 let mut files: HashMap<u32, Arc<IoFile>> = HashMap::new();
                 let mut probe = DirectProbe::default();
-                let mut checked: std::collections::HashSet<u32> = Default::default();
+                let mut checked: HashSet<u32> = Default::default();
                 // Read ahead while a window is decoded: decoding runs on the rayon pool from a
                 // second thread, handed each window through a rendezvous channel.
-                let (dtx, drx) = sync_channel::<(
-                    Vec<u64>,
-                    Vec<(u32, u64)>,
-                    Vec<Completed>,
-                    Vec<SampleEntry>,
-                    Vec<u32>,
-                )>(0);
+                let (dtx, drx) = sync_channel::<(Prepared, Vec<Completed>)>(0);
                 let ds2 = ds.clone();
                 let tx2 = tx.clone();
                 let decoder = std::thread::Builder::new()
                     .name("granary-decode".into())
                     .spawn(move || {
-                        for (ids, locs, bufs, entries, labels) in drx {
-                            let r = decode_window(&ds2, &ids, &locs, bufs, &entries, &labels);
+                        for (prep, bufs) in drx {
+                            let r = decode_window(&ds2, prep, bufs);
                             let stop = r.iter().any(|x| x.is_err());
                             if tx2.send(Ok(r)).is_err() || stop {
                                 return;
@@ -152,15 +165,19 @@ impl EpochStream {
                     if failure.is_none() && pending.len() <= ahead {
                         if let Some(w) = windows.next() {
                             let ids = &plan.samples[w.range.clone()];
+                            let weights = plan.weights.get(w.range.clone()).unwrap_or(&[]);
                             match prepare_window(
                                 &ds,
                                 &mut probe,
                                 &mut files,
                                 &mut checked,
                                 ids,
+                                weights,
                                 mode,
                                 direct,
                                 cache.as_deref(),
+                                hot.as_mut(),
+                                range_gap,
                             ) {
                                 Ok((prep, reqs)) => {
                                     let t = engine.submit(reqs);
@@ -181,25 +198,25 @@ impl EpochStream {
                             bufs,
                             cache.as_deref(),
                             &mut files,
+                            &mut checked,
+                            hot.as_mut(),
                             direct,
                             &mut probe,
                         )
                     }) {
-                        Ok((bufs, served_from_cache)) => {
+                        Ok((bufs, served)) => {
                             let n: u64 = bufs.iter().map(|b| b.data().len() as u64).sum();
-                            counter.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+                            counter.fetch_add(n, Relaxed);
                             stats2.count(
                                 &prep,
                                 &bufs,
-                                &served_from_cache,
+                                &served,
                                 admission.as_ref(),
                                 scores.as_deref(),
+                                hot.as_mut(),
                                 &ds,
                             );
-                            if dtx
-                                .send((prep.ids, prep.locs, bufs, prep.entries, prep.labels))
-                                .is_err()
-                            {
+                            if dtx.send((prep, bufs)).is_err() {
                                 failure = None;
                                 break;
                             }
@@ -224,6 +241,9 @@ impl EpochStream {
                 }
                 drop(dtx);
                 let _ = decoder.join();
+                if let Some(h) = hot.as_mut() {
+                    h.flush(admission.as_ref());
+                }
                 if let Some(a) = admission {
                     a.finish();
                 }
@@ -246,12 +266,12 @@ impl EpochStream {
 
     /// Bytes read from storage so far.
     pub fn bytes_read(&self) -> u64 {
-        self.bytes_read.load(std::sync::atomic::Ordering::Relaxed)
+        self.bytes_read.load(Relaxed)
     }
 
     /// How much of the epoch so far came from the local tier.
     pub fn cache_stats(&self) -> CacheHits {
-        let l = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
+        let l = |a: &AtomicU64| a.load(Relaxed);
         CacheHits {
             samples_from_cache: l(&self.stats.samples_cache),
             samples_from_source: l(&self.stats.samples_source),
@@ -299,104 +319,362 @@ struct Prepared {
     locs: Vec<(u32, u64)>,
     entries: Vec<SampleEntry>,
     labels: Vec<u32>,
+    weights: Vec<f32>,
     /// Chunk headers to check, and the request whose bytes start with them.
     header_req: Vec<(u32, usize)>,
     /// With a cache: chunks read whole, their request, and whether from the cache.
     whole: Vec<(u32, usize, bool)>,
+    /// Records read from hot chunks: (hot chunk id, request, sample index in the window).
+    hot: Vec<(u32, usize, usize)>,
+    /// Ranges of source chunks read around records served by hot chunks: (chunk, request,
+    /// offset of the range in the chunk).
+    ranges: Vec<(u32, usize, u64)>,
+}
+
+/// The read among `placed` (start, request; sorted by start) whose bytes hold record `e`.
+fn covering(placed: &[(u64, usize)], reqs: &[Request], e: &SampleEntry) -> Option<usize> {
+    let i = placed.partition_point(|&(start, _)| start <= e.offset);
+    let (start, r) = *placed.get(i.checked_sub(1)?)?;
+    (e.offset + e.stored_len <= start + reqs[r].len as u64).then_some(r)
+}
+
+/// Bytes a record costs in a hot chunk besides its stored bytes and path: its footer entry and
+/// path offset.
+const HOT_RECORD_OVERHEAD: u64 = granary_format::SAMPLE_ENTRY_LEN as u64 + 8;
+
+/// The hot chunks of an importance tier as one stream sees and feeds them: which samples
+/// they hold (reloaded when another process changes them), which samples belong in them
+/// (score per stored byte at or above `threshold`: the most important ones that fit the
+/// quota), and the records harvested from source reads, waiting to be re-packed.
+pub(crate) struct HotState {
+    cache: Arc<ChunkCache>,
+    scores: Arc<crate::ImportanceScores>,
+    map: HotMap,
+    version: Option<u64>,
+    files: HashMap<u32, Option<Arc<IoFile>>>,
+    threshold: f64,
+    /// Bytes still allowed for samples exactly at the threshold.
+    tie_room: u64,
+    pending: Vec<HotRecord>,
+    pending_bytes: u64,
+    target: u64,
+    harvested: HashSet<u64>,
+}
+
+impl HotState {
+    fn new(
+        ds: &Dataset,
+        cache: Arc<ChunkCache>,
+        scores: Arc<crate::ImportanceScores>,
+    ) -> Result<HotState> {
+        // The most important samples per byte that fit in 90 % of the quota, counting what a
+        // hot chunk spends per record (footer entry, path) and per chunk (header, footer,
+        // class table, trailer).
+        let target = (cache.quota() / 8).clamp(4 << 10, 32 << 20);
+        let classes = ds.classes()?;
+        let per_chunk = 160 + classes.iter().map(|c| 8 + c.len() as u64).sum::<u64>();
+        let budget =
+            (cache.quota() / 10 * 9).saturating_sub(per_chunk * (cache.quota() / target + 1));
+        let n = ds.len();
+        let mut v: Vec<(f64, u64)> = Vec::with_capacity(n as usize);
+        for id in 0..n {
+            let len = ds.sample(id)?.entry.stored_len;
+            let cost = len + HOT_RECORD_OVERHEAD + ds.path(id)?.len() as u64;
+            v.push((scores.score(id) / len.max(1) as f64, cost));
+        }
+        v.sort_by(|a, b| b.0.total_cmp(&a.0));
+        let mut used = 0u64;
+        let mut threshold = f64::INFINITY;
+        let mut above = 0u64;
+        // Before any loss is reported every score is the same: nothing is hot yet.
+        if scores.reported() == 0 {
+            v.clear();
+        }
+        for (per_byte, cost) in v {
+            if used + cost > budget {
+                break;
+            }
+            if per_byte < threshold {
+                above = used;
+            }
+            used += cost;
+            threshold = per_byte;
+        }
+        // Samples exactly at the threshold (ties) only while the budget lasts.
+        let tie_room = budget.saturating_sub(above);
+        cache.rescore_hot(|id| scores.score(id))?;
+        Ok(HotState {
+            version: cache.hot_map_version(),
+            map: cache.hot_map(),
+            cache,
+            scores,
+            files: HashMap::new(),
+            threshold,
+            tie_room,
+            target,
+            pending: Vec::new(),
+            pending_bytes: 0,
+            harvested: HashSet::new(),
+        })
+    }
+
+    /// Picks up hot chunks admitted or evicted by any process since the last look.
+    fn refresh(&mut self) {
+        let v = self.cache.hot_map_version();
+        if v != self.version {
+            self.version = v;
+            self.map = self.cache.hot_map();
+            let map = &self.map;
+            self.files.retain(|id, _| map.chunks.contains_key(id));
+        }
+    }
+
+    /// Where the tier holds sample `id`: its hot chunk id, file and record offset.
+    fn locate(
+        &mut self,
+        id: u64,
+        direct: bool,
+        probe: &mut DirectProbe,
+    ) -> Option<(u32, Arc<IoFile>, u64)> {
+        let (h, off) = *self.map.by_sample.get(&id)?;
+        let f = match self.files.get(&h) {
+            Some(f) => f.clone(),
+            None => {
+                // Another process may evict it between map and open: then it is a miss.
+                let f = self
+                    .map
+                    .chunks
+                    .get(&h)
+                    .and_then(|hc| self.cache.hot_path(hc))
+                    .and_then(|p| IoFile::open_probed(&p, direct, probe).ok())
+                    .map(Arc::new);
+                self.files.insert(h, f.clone());
+                f
+            }
+        }?;
+        Some((h, f, off))
+    }
+
+    fn wants(&self, id: u64, stored_len: u64, cost: u64) -> bool {
+        let per_byte = self.scores.score(id) / stored_len.max(1) as f64;
+        (per_byte > self.threshold || (per_byte == self.threshold && cost <= self.tie_room))
+            && !self.map.by_sample.contains_key(&id)
+            && !self.harvested.contains(&id)
+    }
+
+    /// Keeps a copy of sample `id`'s stored record if it belongs in a hot chunk; hands a full
+    /// batch to `admission`.
+    fn harvest(&mut self, ds: &Dataset, id: u64, stored: &[u8], admission: Option<&Admission>) {
+        let Ok(info) = ds.sample(id) else { return };
+        let Ok(path) = ds.path(id) else { return };
+        let len = info.entry.stored_len;
+        let cost = len + HOT_RECORD_OVERHEAD + path.len() as u64;
+        if stored.len() as u64 != len || !self.wants(id, len, cost) {
+            return;
+        }
+        if self.scores.score(id) / len.max(1) as f64 == self.threshold {
+            self.tie_room -= cost;
+        }
+        self.harvested.insert(id);
+        self.pending_bytes += cost;
+        self.pending.push(HotRecord {
+            id,
+            entry: info.entry,
+            path: path.to_vec(),
+            stored: stored.to_vec(),
+            score: self.scores.score(id),
+        });
+        if self.pending_bytes >= self.target {
+            self.flush(admission);
+        }
+    }
+
+    fn flush(&mut self, admission: Option<&Admission>) {
+        if let (Some(a), false) = (admission, self.pending.is_empty()) {
+            a.offer(Job::Hot(std::mem::take(&mut self.pending), self.target));
+        }
+        self.pending.clear();
+        self.pending_bytes = 0;
+    }
 }
 
 /// Plans a window's reads: whole ranges from each chunk's start (chunkwise, sequential), or
-/// one read per record plus a header read per chunk not seen yet (global).
+/// one read per record plus a header read per chunk not seen yet (global). With hot chunks,
+/// samples they hold are read from them, and a source chunk of which the window needs less
+/// than half is read record by record instead of whole.
 #[allow(clippy::too_many_arguments)]
 fn prepare_window(
     ds: &Dataset,
     probe: &mut DirectProbe,
     files: &mut HashMap<u32, Arc<IoFile>>,
-    checked: &mut std::collections::HashSet<u32>,
+    checked: &mut HashSet<u32>,
     ids: &[u64],
+    weights: &[f32],
     mode: ShuffleMode,
     direct: bool,
     cache: Option<&ChunkCache>,
+    mut hot: Option<&mut HotState>,
+    range_gap: u64,
 ) -> Result<(Prepared, Vec<Request>)> {
     let mut entries = Vec::with_capacity(ids.len());
-    let mut labels = Vec::with_capacity(ids.len());
-    // Per chunk: the byte range every sample of the window needs.
-    let mut ranges: Vec<(u32, u64, u64)> = Vec::new();
-    let mut index: HashMap<u32, usize> = HashMap::new();
+    // Chunks in order of first use, with their entry.
+    let mut chunks: Vec<(u32, ChunkEntry)> = Vec::new();
+    let mut chunk_index: HashMap<u32, usize> = HashMap::new();
     for &id in ids {
         let info = ds.sample(id)?;
         let ce = ds.check_placement(&info)?;
-        let e = info.entry;
-        let end = e.offset + e.stored_len;
-        if let std::collections::hash_map::Entry::Vacant(slot) = files.entry(e.chunk) {
+        if let std::collections::hash_map::Entry::Vacant(v) = chunk_index.entry(info.entry.chunk) {
+            v.insert(chunks.len());
+            chunks.push((info.entry.chunk, ce));
+        }
+        entries.push(info.entry);
+    }
+    let labels: Vec<u32> = entries.iter().map(|e| e.label).collect();
+    // Which samples the hot chunks can serve.
+    let mut in_hot: Vec<Option<(u32, Arc<IoFile>, u64)>> = vec![None; ids.len()];
+    if let (Some(h), false) = (hot.as_deref_mut(), mode == ShuffleMode::Global) {
+        h.refresh();
+        for (i, &id) in ids.iter().enumerate() {
+            in_hot[i] = h.locate(id, direct, probe);
+        }
+    }
+    // Per chunk: bytes the window needs from the source if hot samples come from hot chunks.
+    let mut needed = vec![0u64; chunks.len()];
+    for (i, e) in entries.iter().enumerate() {
+        if in_hot[i].is_none() {
+            needed[chunk_index[&e.chunk]] += e.stored_len;
+        }
+    }
+    // How each chunk is read: whole (from a tier copy or the source), record by record
+    // (global plans), or in ranges around what the hot chunks hold.
+    let mut by_range = vec![false; chunks.len()];
+    for (k, (c, ce)) in chunks.iter().enumerate() {
+        let mut copy = files.get(c).is_some_and(|f| f.path != ds.chunk_path(*c));
+        if !files.contains_key(c) {
             // Another process may evict a cached copy between lookup and open: then the
             // source serves the chunk.
-            let cached = cache.map(|c| c.lookup(&ce)).transpose()?.flatten();
-            let f = match cached.map(|p| IoFile::open_probed(&p, direct, probe)) {
-                Some(Ok(f)) => f,
-                _ => IoFile::open_probed(&ds.chunk_path(e.chunk), direct, probe)?,
-            };
-            let path = f.path.clone();
-            ds.check_chunk_size(&ce, &f.file, &path)?;
-            slot.insert(Arc::new(f));
+            let cached = cache.map(|t| t.lookup(ce)).transpose()?.flatten();
+            if let Some(Ok(f)) = cached.map(|p| IoFile::open_probed(&p, direct, probe)) {
+                ds.check_chunk_size(ce, &f.file, &f.path.clone())?;
+                files.insert(*c, Arc::new(f));
+                copy = true;
+            }
         }
-        if mode != ShuffleMode::Global {
-            // Whole ranges from the chunk start: the header is checked on the way.
-            let i = *index.entry(e.chunk).or_insert_with(|| {
-                ranges.push((e.chunk, 0, 0));
-                ranges.len() - 1
-            });
-            // With a cache, whole files: they can be admitted, and cached copies are checked
-            // against the whole-file CRC.
-            ranges[i].2 = if cache.is_some() {
-                ce.file_size
-            } else {
-                ranges[i].2.max(end)
-            };
+        by_range[k] = hot.is_some() && !copy;
+        // A chunk whose window samples all come from hot chunks is not even opened.
+        if !files.contains_key(c) && (needed[k] > 0 || !by_range[k]) {
+            let f = IoFile::open_probed(&ds.chunk_path(*c), direct, probe)?;
+            ds.check_chunk_size(ce, &f.file, &f.path.clone())?;
+            files.insert(*c, Arc::new(f));
         }
-        entries.push(e);
-        labels.push(e.label);
     }
     let mut reqs: Vec<Request> = Vec::new();
-    let mut locs: Vec<(u32, u64)> = Vec::with_capacity(ids.len());
+    let mut locs: Vec<(u32, u64)> = vec![(0, 0); ids.len()];
     let mut header_req: Vec<(u32, usize)> = Vec::new();
     let mut whole: Vec<(u32, usize, bool)> = Vec::new();
-    if mode == ShuffleMode::Global {
-        for e in &entries {
-            if !checked.contains(&e.chunk) && !header_req.iter().any(|(c, _)| *c == e.chunk) {
-                header_req.push((e.chunk, reqs.len()));
+    let mut hot_reads = Vec::new();
+    let mut ranges: Vec<(u32, usize, u64)> = Vec::new();
+    // Per chunk read in one piece or in ranges: (start, request) sorted by start.
+    let mut placed: HashMap<u32, Vec<(u64, usize)>> = HashMap::new();
+    for (k, (c, ce)) in chunks.iter().enumerate() {
+        if mode == ShuffleMode::Global {
+            if !checked.contains(c) {
+                header_req.push((*c, reqs.len()));
                 reqs.push(Request {
-                    file: files[&e.chunk].clone(),
+                    file: files[c].clone(),
                     offset: 0,
                     len: CHUNK_HEADER_LEN,
                 });
             }
+            continue;
         }
-        for e in &entries {
-            locs.push((reqs.len() as u32, 0));
-            reqs.push(Request {
-                file: files[&e.chunk].clone(),
-                offset: e.offset,
-                len: e.stored_len as usize,
-            });
-        }
-    } else {
-        for (c, start, end) in &ranges {
-            if !checked.contains(c) {
+        if by_range[k] {
+            // The records the hot chunks do not hold, in ranges that skip no less than
+            // `range_gap`: large records are read alone, runs of small ones together.
+            let mut want: Vec<(u64, u64)> = entries
+                .iter()
+                .zip(&in_hot)
+                .filter(|(e, h)| e.chunk == *c && h.is_none())
+                .map(|(e, _)| (e.offset, e.offset + e.stored_len))
+                .collect();
+            want.sort_unstable();
+            let mut merged: Vec<(u64, u64)> = Vec::new();
+            for (start, end) in want {
+                match merged.last_mut() {
+                    Some(last) if start <= last.1 + range_gap => last.1 = last.1.max(end),
+                    _ => merged.push((start, end)),
+                }
+            }
+            if !checked.contains(c) && !merged.is_empty() {
+                if merged[0].0 <= range_gap + CHUNK_HEADER_LEN as u64 {
+                    merged[0].0 = 0;
+                } else {
+                    merged.insert(0, (0, CHUNK_HEADER_LEN as u64));
+                }
                 header_req.push((*c, reqs.len()));
             }
-            if cache.is_some() {
-                let from_cache = files[c].path != ds.chunk_path(*c);
-                whole.push((*c, reqs.len(), from_cache));
+            let list = placed.entry(*c).or_default();
+            for (start, end) in merged {
+                ranges.push((*c, reqs.len(), start));
+                list.push((start, reqs.len()));
+                reqs.push(Request {
+                    file: files[c].clone(),
+                    offset: start,
+                    len: (end - start) as usize,
+                });
             }
-            reqs.push(Request {
-                file: files[c].clone(),
-                offset: *start,
-                len: (*end).max(CHUNK_HEADER_LEN as u64) as usize,
-            });
+            continue;
         }
-        for e in &entries {
-            locs.push((index[&e.chunk] as u32, e.offset));
+        // Whole ranges from the chunk start: the header is checked on the way. With a cache,
+        // whole files: they can be admitted, and cached copies are checked against the
+        // whole-file CRC.
+        let end = if cache.is_some() {
+            ce.file_size
+        } else {
+            entries
+                .iter()
+                .filter(|e| e.chunk == *c)
+                .map(|e| e.offset + e.stored_len)
+                .max()
+                .unwrap_or(0)
+        };
+        if !checked.contains(c) {
+            header_req.push((*c, reqs.len()));
+        }
+        if cache.is_some() {
+            let from_cache = files[c].path != ds.chunk_path(*c);
+            whole.push((*c, reqs.len(), from_cache));
+        }
+        placed.insert(*c, vec![(0, reqs.len())]);
+        reqs.push(Request {
+            file: files[c].clone(),
+            offset: 0,
+            len: end.max(CHUNK_HEADER_LEN as u64) as usize,
+        });
+    }
+    for (i, e) in entries.iter().enumerate() {
+        if let Some(r) = placed.get(&e.chunk).and_then(|l| covering(l, &reqs, e)) {
+            locs[i] = (r as u32, e.offset - reqs[r].offset);
+            continue;
+        }
+        locs[i] = (reqs.len() as u32, 0);
+        match in_hot[i].take() {
+            Some((h, file, offset)) => {
+                hot_reads.push((h, reqs.len(), i));
+                reqs.push(Request {
+                    file,
+                    offset,
+                    len: e.stored_len as usize,
+                });
+            }
+            None => {
+                // Global plans: one read per record.
+                reqs.push(Request {
+                    file: files[&e.chunk].clone(),
+                    offset: e.offset,
+                    len: e.stored_len as usize,
+                });
+            }
         }
     }
     // Headers are checked when this window's reads complete, before any of its samples (or
@@ -409,15 +687,30 @@ fn prepare_window(
         locs,
         entries,
         labels,
+        weights: weights.to_vec(),
         header_req,
         whole,
+        hot: hot_reads,
+        ranges,
     };
     Ok((prep, reqs))
 }
 
+/// Which reads of a window the tier served intact.
+struct Served {
+    whole: Vec<bool>,
+    hot: Vec<bool>,
+}
+
+/// Reads `reqs` with a small pread engine (refetches after a damaged tier copy).
+fn read_now(reqs: &[Request]) -> Result<Vec<Completed>> {
+    Engine::new(IoKind::Pread, 4, 64 << 20)?.read(reqs)
+}
+
 /// Checks a completed window: chunk copies from the cache must match the snapshot's whole-file
-/// CRC (a damaged copy is discarded and the chunk read again from the source, which later
-/// windows then use too), and chunk headers must belong to this dataset.
+/// CRC and records from hot chunks their record CRC (a damaged copy is discarded and the data
+/// read again from the source, which later windows then use too), and chunk headers must
+/// belong to this dataset.
 #[allow(clippy::too_many_arguments)]
 fn complete_window(
     ds: &Dataset,
@@ -425,35 +718,80 @@ fn complete_window(
     mut bufs: Vec<Completed>,
     cache: Option<&ChunkCache>,
     files: &mut HashMap<u32, Arc<IoFile>>,
+    checked: &mut HashSet<u32>,
+    hot: Option<&mut HotState>,
     direct: bool,
     probe: &mut DirectProbe,
-) -> Result<(Vec<Completed>, Vec<bool>)> {
-    let mut served_from_cache = Vec::with_capacity(prep.whole.len());
+) -> Result<(Vec<Completed>, Served)> {
+    // Opens chunk `c` at the source; later windows use it too.
+    let source = |c: u32,
+                  files: &mut HashMap<u32, Arc<IoFile>>,
+                  probe: &mut DirectProbe|
+     -> Result<Arc<IoFile>> {
+        let ce = ds.chunk(c)?;
+        let path = ds.chunk_path(c);
+        let f = Arc::new(IoFile::open_probed(&path, direct, probe)?);
+        ds.check_chunk_size(&ce, &f.file, &path)?;
+        files.insert(c, f.clone());
+        Ok(f)
+    };
+    let mut served = Served {
+        whole: Vec::with_capacity(prep.whole.len()),
+        hot: Vec::with_capacity(prep.hot.len()),
+    };
     for &(c, i, from_cache) in &prep.whole {
         let ce = ds.chunk(c)?;
         let intact = from_cache && crc32fast::hash(bufs[i].data()) == ce.file_crc;
-        served_from_cache.push(intact);
+        served.whole.push(intact);
         if from_cache && !intact {
             if let Some(cache) = cache {
                 cache.discard(c)?;
             }
-            let path = ds.chunk_path(c);
-            let f = Arc::new(IoFile::open_probed(&path, direct, probe)?);
-            ds.check_chunk_size(&ce, &f.file, &path)?;
-            let mut e = Engine::new(IoKind::Pread, 4, 64 << 20)?;
-            let fresh = e.read(&[Request {
-                file: f.clone(),
+            let f = source(c, files, probe)?;
+            let fresh = read_now(&[Request {
+                file: f,
                 offset: 0,
                 len: ce.file_size as usize,
             }])?;
             bufs[i] = fresh.into_iter().next().expect("one request, one buffer");
-            files.insert(c, f);
+        }
+    }
+    let mut hot = hot;
+    for &(h, i, s) in &prep.hot {
+        let e = &prep.entries[s];
+        let intact = decode_record(e, bufs[i].data()).is_ok();
+        served.hot.push(intact);
+        if !intact {
+            if let Some(hs) = hot.as_deref_mut() {
+                hs.map.forget(h);
+                hs.files.remove(&h);
+                hs.cache.discard_hot(h)?;
+            }
+            let f = match files.get(&e.chunk) {
+                Some(f) if f.path == ds.chunk_path(e.chunk) => f.clone(),
+                _ => source(e.chunk, files, probe)?,
+            };
+            let mut fresh = read_now(&[
+                Request {
+                    file: f.clone(),
+                    offset: 0,
+                    len: CHUNK_HEADER_LEN,
+                },
+                Request {
+                    file: f,
+                    offset: e.offset,
+                    len: e.stored_len as usize,
+                },
+            ])?;
+            ds.check_chunk_header(fresh[0].data(), e.chunk, &ds.chunk_path(e.chunk))?;
+            checked.insert(e.chunk);
+            bufs[i] = fresh.pop().expect("two requests, two buffers");
         }
     }
     for &(c, i) in &prep.header_req {
         ds.check_chunk_header(&bufs[i].data()[..CHUNK_HEADER_LEN], c, &ds.chunk_path(c))?;
     }
-    Ok((bufs, served_from_cache))
+    Ok((bufs, served))
 }
 
 /// Hits and misses of the local tier during one stream.
@@ -467,63 +805,140 @@ pub struct CacheHits {
 
 #[derive(Default)]
 struct CacheCounters {
-    samples_cache: std::sync::atomic::AtomicU64,
-    samples_source: std::sync::atomic::AtomicU64,
-    bytes_cache: std::sync::atomic::AtomicU64,
-    bytes_source: std::sync::atomic::AtomicU64,
+    samples_cache: AtomicU64,
+    samples_source: AtomicU64,
+    bytes_cache: AtomicU64,
+    bytes_source: AtomicU64,
 }
 
 impl CacheCounters {
-    /// Counts a completed window and offers its source-read chunks for admission.
+    /// Counts a completed window; offers its source-read chunks for admission, or with hot
+    /// chunks harvests the records that belong in them.
     #[allow(clippy::too_many_arguments)]
     fn count(
         &self,
         prep: &Prepared,
         bufs: &[Completed],
-        served_from_cache: &[bool],
+        served: &Served,
         admission: Option<&Admission>,
         scores: Option<&crate::ImportanceScores>,
+        mut hot: Option<&mut HotState>,
         ds: &Dataset,
     ) {
-        use std::sync::atomic::Ordering::Relaxed;
-        for (&(c, i, _), &cached) in prep.whole.iter().zip(served_from_cache) {
+        let add = |a: &AtomicU64, n: u64| {
+            a.fetch_add(n, Relaxed);
+        };
+        for (&(c, i, _), &cached) in prep.whole.iter().zip(&served.whole) {
             let n = prep.entries.iter().filter(|e| e.chunk == c).count() as u64;
-            let bytes = bufs[i].data().len() as u64;
+            let bytes = bufs[i].data();
             if cached {
-                self.samples_cache.fetch_add(n, Relaxed);
-                self.bytes_cache.fetch_add(bytes, Relaxed);
+                add(&self.samples_cache, n);
+                add(&self.bytes_cache, bytes.len() as u64);
+                continue;
+            }
+            add(&self.samples_source, n);
+            add(&self.bytes_source, bytes.len() as u64);
+            let Ok(ce) = ds.chunk(c) else { continue };
+            if let Some(h) = hot.as_deref_mut() {
+                for id in ce.samples() {
+                    if let Ok(info) = ds.sample(id) {
+                        let e = info.entry;
+                        if let Some(rec) =
+                            bytes.get(e.offset as usize..(e.offset + e.stored_len) as usize)
+                        {
+                            h.harvest(ds, id, rec, admission);
+                        }
+                    }
+                }
+            } else if let Some(a) = admission {
+                // A chunk's importance: the sum of its samples' scores (equal without a
+                // score table, so that importance admission then only adds hysteresis).
+                let score = match scores {
+                    Some(t) => ce.samples().map(|id| t.score(id)).sum(),
+                    None => ce.sample_count as f64,
+                };
+                a.offer(Job::Chunk(ce, bytes.to_vec(), score));
+            }
+        }
+        for (&(_, i, _), &ok) in prep.hot.iter().zip(&served.hot) {
+            let (s, b) = if ok {
+                (&self.samples_cache, &self.bytes_cache)
             } else {
-                self.samples_source.fetch_add(n, Relaxed);
-                self.bytes_source.fetch_add(bytes, Relaxed);
-                if let (Some(a), Ok(ce)) = (admission, ds.chunk(c)) {
-                    // A chunk's importance: the sum of its samples' scores (equal without a
-                    // score table, so that importance admission then only adds hysteresis).
-                    let score = match scores {
-                        Some(t) => ce.samples().map(|id| t.score(id)).sum(),
-                        None => ce.sample_count as f64,
-                    };
-                    a.offer(ce, bufs[i].data(), score);
+                (&self.samples_source, &self.bytes_source)
+            };
+            add(s, 1);
+            add(b, bufs[i].data().len() as u64);
+        }
+        for &(c, r, start) in &prep.ranges {
+            let n = prep.locs.iter().filter(|l| l.0 as usize == r).count() as u64;
+            let bytes = bufs[r].data();
+            add(&self.samples_source, n);
+            add(&self.bytes_source, bytes.len() as u64);
+            // Every record inside the range may belong in a hot chunk, drawn or not.
+            if let (Some(h), Ok(ce)) = (hot.as_deref_mut(), ds.chunk(c)) {
+                for id in ce.samples() {
+                    if let Ok(info) = ds.sample(id) {
+                        let e = info.entry;
+                        let (Some(a), Some(b)) = (
+                            e.offset.checked_sub(start),
+                            (e.offset + e.stored_len).checked_sub(start),
+                        ) else {
+                            continue;
+                        };
+                        if let Some(rec) = bytes.get(a as usize..b as usize) {
+                            h.harvest(ds, id, rec, admission);
+                        }
+                    }
                 }
             }
         }
     }
 }
 
-/// A one-slot mailbox: the offered chunk (if any) and whether the stream has finished.
-type Mailbox = (
-    std::sync::Mutex<(Option<(granary_format::ChunkEntry, Vec<u8>, f64)>, bool)>,
-    std::sync::Condvar,
-);
+/// Work for the admission thread: a source chunk's bytes with its importance, or records to
+/// re-pack into a hot chunk.
+enum Job {
+    Chunk(granary_format::ChunkEntry, Vec<u8>, f64),
+    /// Records, and the size of the hot chunks to make of them.
+    Hot(Vec<HotRecord>, u64),
+}
+
+impl Job {
+    fn bytes(&self) -> u64 {
+        match self {
+            Job::Chunk(ce, ..) => ce.file_size,
+            Job::Hot(r, _) => r
+                .iter()
+                .map(|r| r.stored.len() as u64 + HOT_RECORD_OVERHEAD + r.path.len() as u64)
+                .sum(),
+        }
+    }
+
+    fn per_byte(&self) -> f64 {
+        let score = match self {
+            Job::Chunk(_, _, s) => *s,
+            Job::Hot(r, _) => r.iter().map(|r| r.score).sum(),
+        };
+        score / self.bytes().max(1) as f64
+    }
+}
+
+/// Most bytes of hot records waiting for the admission thread.
+const MAX_WAITING_HOT_BYTES: u64 = 256 << 20;
+
+/// A one-slot mailbox: the offered job (if any) and whether the stream has finished.
+type Mailbox = (std::sync::Mutex<(Option<Job>, bool)>, std::sync::Condvar);
 
 /// Background admission into the tier: a one-slot mailbox, so an epoch never waits on it
-/// (while a chunk is being written, only the most valuable newer offer waits; others are dropped).
+/// (while a job is being written, only the most valuable newer offer waits; others are
+/// dropped, which also limits churn to one admission at a time).
 struct Admission {
     slot: Arc<Mailbox>,
     thread: std::thread::JoinHandle<()>,
 }
 
 impl Admission {
-    fn start(cache: Arc<ChunkCache>) -> Admission {
+    fn start(cache: Arc<ChunkCache>, ds: Arc<Dataset>) -> Admission {
         let slot: Arc<Mailbox> = Arc::default();
         let s2 = slot.clone();
         let thread = std::thread::spawn(move || loop {
@@ -539,24 +954,55 @@ impl Admission {
                 }
             };
             // Errors only cost a missed admission; the epoch goes on from the source.
-            let _ = cache.admit(&job.0, &job.1, job.2);
+            match job {
+                Job::Chunk(ce, bytes, score) => {
+                    let _ = cache.admit(&ce, &bytes, score);
+                }
+                Job::Hot(records, target) => {
+                    let classes = ds.classes().unwrap_or_default();
+
+                    // Hot chunks of about `target` bytes each (offers merge while one is written).
+                    let mut group = Vec::new();
+                    let mut bytes = 0;
+                    for r in records {
+                        bytes += r.stored.len() as u64 + HOT_RECORD_OVERHEAD + r.path.len() as u64;
+                        group.push(r);
+                        if bytes >= target {
+                            let _ = cache.admit_hot(&group, &classes);
+                            group.clear();
+                            bytes = 0;
+                        }
+                    }
+                    if !group.is_empty() {
+                        let _ = cache.admit_hot(&group, &classes);
+                    }
+                }
+            }
         });
         Admission { slot, thread }
     }
 
-    fn offer(&self, ce: granary_format::ChunkEntry, bytes: &[u8], score: f64) {
+    fn offer(&self, job: Job) {
         let (m, cv) = &*self.slot;
         let mut g = m.lock().expect("admission lock");
-        // An empty slot takes the offer; a waiting offer of lower importance per byte is
-        // replaced, so busy admission drops the least valuable chunks first.
-        let per_byte = score / ce.file_size.max(1) as f64;
-        let better =
-            g.0.as_ref()
-                .is_none_or(|(w, _, ws)| ws / (w.file_size.max(1) as f64) < per_byte);
-        if better {
-            g.0 = Some((ce, bytes.to_vec(), score));
-            cv.notify_one();
+        // An empty slot takes the offer; hot records join waiting ones; a waiting offer of
+        // lower importance per byte is replaced, so busy admission drops the least valuable.
+        let take = match (&mut g.0, job) {
+            (Some(Job::Hot(waiting, _)), Job::Hot(more, _)) => {
+                // Bounded: past the cap the newer records wait for the next epoch's harvest.
+                let held: u64 = waiting.iter().map(|r| r.stored.len() as u64).sum();
+                if held < MAX_WAITING_HOT_BYTES {
+                    waiting.extend(more);
+                }
+                None
+            }
+            (Some(w), job) if w.per_byte() >= job.per_byte() => None,
+            (_, job) => Some(job),
+        };
+        if let Some(job) = take {
+            g.0 = Some(job);
         }
+        cv.notify_one();
     }
 
     fn finish(self) {
@@ -569,15 +1015,16 @@ impl Admission {
     }
 }
 
-fn decode_window(
-    ds: &Dataset,
-    ids: &[u64],
-    locs: &[(u32, u64)],
-    bufs: Vec<Completed>,
-    entries: &[SampleEntry],
-    labels: &[u32],
-) -> Vec<Result<Sample>> {
+fn decode_window(ds: &Dataset, prep: Prepared, bufs: Vec<Completed>) -> Vec<Result<Sample>> {
     let bufs: Vec<Arc<Completed>> = bufs.into_iter().map(Arc::new).collect();
+    let Prepared {
+        ids,
+        locs,
+        entries,
+        labels,
+        weights,
+        ..
+    } = prep;
     (0..ids.len())
         .into_par_iter()
         .map(|i| {
@@ -603,6 +1050,7 @@ fn decode_window(
             Ok(Sample {
                 id: ids[i],
                 label: labels[i],
+                weight: weights.get(i).copied().unwrap_or(1.0),
                 data,
             })
         })

@@ -244,3 +244,242 @@ fn epochs_read_through_the_tier_and_damaged_copies_are_refetched() {
         "damaged copies are never served"
     );
 }
+
+/// Scores that make every fifth sample far more important than the rest.
+fn skewed_scores(n: u64) -> granary::ImportanceScores {
+    let mut s = granary::ImportanceScores::new(n, 0.8);
+    let w: Vec<(u64, f32)> = (0..n)
+        .map(|id| (id, if id % 5 == 0 { 100.0 } else { 1.0 }))
+        .collect();
+    s.apply(&w);
+    s
+}
+
+/// Streams `plan` and checks every delivered sample against `expected`; returns the hits.
+fn stream_checked(
+    ds: &Arc<Dataset>,
+    plan: granary::EpochPlan,
+    io: &granary::StreamOptions,
+    expected: &[Vec<u8>],
+) -> granary::CacheHits {
+    let n = plan.samples.len();
+    let mut st =
+        granary::EpochStream::new(ds.clone(), plan, granary::ShuffleMode::Chunkwise, io).unwrap();
+    let mut got = 0;
+    for s in st.by_ref() {
+        let s = s.unwrap();
+        assert_eq!(s.data(), &expected[s.id as usize][..], "sample {}", s.id);
+        got += 1;
+    }
+    assert_eq!(got, n);
+    st.cache_stats()
+}
+
+#[test]
+fn hot_chunks_hold_the_important_samples_and_beat_whole_chunks() {
+    use granary::{EpochPlan, PlanOptions, Sampling, Shard, StreamOptions};
+    let tmp = tempfile::tempdir().unwrap();
+    let ds = dataset(tmp.path(), "ds");
+    let id = ds.snapshot().dataset_id();
+    let n = ds.len();
+    let total: u64 = (0..ds.chunk_count() as u32)
+        .map(|c| ds.chunk(c).unwrap().file_size)
+        .sum();
+    let quota = total * 2 / 5;
+    let scores = Arc::new(skewed_scores(n));
+    let expected: Vec<Vec<u8>> = (0..n).map(|i| ds.read(i).unwrap()).collect();
+    let plan = PlanOptions {
+        window_chunks: 2,
+        ..PlanOptions::default()
+    };
+    let shape = ds.shape().unwrap();
+    let mut second_epoch = Vec::new();
+    for policy in [CachePolicy::Static, CachePolicy::Importance] {
+        let cache = Arc::new(
+            ChunkCache::open(&tmp.path().join(format!("{policy:?}")), id, quota, policy).unwrap(),
+        );
+        // Records here are tiny: read around hot ones however small the gap.
+        let io = StreamOptions {
+            cache: Some(cache.clone()),
+            scores: Some(scores.clone()),
+            range_gap: 0,
+            ..StreamOptions::default()
+        };
+        // Epoch 0 (uniform) fills the tier.
+        let p0 = EpochPlan::build(&shape, &plan, 0, Shard::WHOLE, None).unwrap();
+        stream_checked(&ds, p0, &io, &expected);
+        let st = cache.stats().unwrap();
+        assert!(st.bytes <= quota, "{st:?}");
+        let hot = cache.hot_map();
+        if policy == CachePolicy::Importance {
+            // Every important sample was re-packed, from many source chunks.
+            for s in (0..n).filter(|s| s % 5 == 0) {
+                let mut hs: Vec<u64> = hot.by_sample.keys().copied().collect();
+                hs.sort();
+                assert!(
+                    hot.by_sample.contains_key(&s),
+                    "sample {s} not hot: {st:?} {hs:?} {:?} {}",
+                    ds.sample(s).unwrap().entry,
+                    scores.score(s)
+                );
+            }
+            assert_eq!(st.hot_samples, hot.by_sample.len() as u64);
+            // Hot chunks are chunk files of the dataset's format, records verbatim.
+            for h in hot.chunks.values() {
+                let p = cache.hot_path(h).unwrap();
+                let b = std::fs::read(&p).unwrap();
+                assert_eq!(crc32fast::hash(&b), h.file_crc);
+                granary_format::check_chunk(&b, &id, h.id).unwrap();
+            }
+        } else {
+            assert!(
+                hot.by_sample.is_empty(),
+                "only the importance policy re-packs"
+            );
+        }
+        // Epoch 1: importance sampling that favours what the tier holds.
+        let in_tier = |s: u64| {
+            hot.by_sample.contains_key(&s)
+                || cache
+                    .lookup(&ds.chunk(shape.chunk_of(s)).unwrap())
+                    .unwrap()
+                    .is_some()
+        };
+        let sm = Sampling {
+            scores: &scores,
+            alpha: 0.9,
+            cached: Some(&in_tier),
+            cache_boost: 4.0,
+        };
+        let p1 = EpochPlan::build_sampled(&shape, &plan, 1, Shard::WHOLE, None, Some(&sm)).unwrap();
+        second_epoch.push(stream_checked(&ds, p1, &io, &expected));
+        assert!(cache.stats().unwrap().bytes <= quota);
+    }
+    let ratio = |a: u64, b: u64| a as f64 / (a + b) as f64;
+    let samples = |h: &granary::CacheHits| ratio(h.samples_from_cache, h.samples_from_source);
+    let bytes = |h: &granary::CacheHits| ratio(h.bytes_from_cache, h.bytes_from_source);
+    let (st, imp) = (&second_epoch[0], &second_epoch[1]);
+    // Whole chunks carry the unimportant samples along: static reads most bytes from the
+    // source even where the sampler favours its chunks.
+    assert!(
+        samples(imp) > 0.7 && samples(imp) > samples(st) && bytes(imp) > 1.5 * bytes(st),
+        "importance {imp:?} vs static {st:?}"
+    );
+    assert!(
+        imp.bytes_from_source < st.bytes_from_source,
+        "hot chunks must save source reads: {imp:?} vs {st:?}"
+    );
+}
+
+#[test]
+fn damaged_hot_chunks_are_refetched_never_served() {
+    use granary::{EpochPlan, PlanOptions, Shard, StreamOptions};
+    let tmp = tempfile::tempdir().unwrap();
+    let ds = dataset(tmp.path(), "ds");
+    let n = ds.len();
+    let cache = Arc::new(
+        ChunkCache::open(
+            &tmp.path().join("c"),
+            ds.snapshot().dataset_id(),
+            1 << 20,
+            CachePolicy::Importance,
+        )
+        .unwrap(),
+    );
+    let io = StreamOptions {
+        cache: Some(cache.clone()),
+        scores: Some(Arc::new(skewed_scores(n))),
+        range_gap: 0,
+        ..StreamOptions::default()
+    };
+    let expected: Vec<Vec<u8>> = (0..n).map(|i| ds.read(i).unwrap()).collect();
+    let plan = PlanOptions {
+        window_chunks: 2,
+        ..PlanOptions::default()
+    };
+    let shape = ds.shape().unwrap();
+    let p = |e| EpochPlan::build(&shape, &plan, e, Shard::WHOLE, None).unwrap();
+    stream_checked(&ds, p(0), &io, &expected);
+    let hot = cache.hot_map();
+    assert!(!hot.chunks.is_empty());
+    // A plan of important samples only, so that they are served from the hot chunks.
+    let mut only_hot = p(1);
+    only_hot.samples.retain(|s| hot.by_sample.contains_key(s));
+    let len = only_hot.samples.len();
+    only_hot.windows = vec![granary::plan::Window {
+        range: 0..len,
+        chunks: Vec::new(),
+    }];
+    let h = stream_checked(&ds, only_hot.clone(), &io, &expected);
+    assert_eq!(h.samples_from_cache, len as u64, "{h:?}");
+    // Flip one byte inside a record of every hot chunk: the samples come from the source,
+    // with the right bytes, and the damaged hot chunks are gone.
+    for hc in hot.chunks.values() {
+        let path = cache.hot_path(hc).unwrap();
+        let mut b = std::fs::read(&path).unwrap();
+        b[hc.samples[0].1 as usize] ^= 0x55;
+        std::fs::write(&path, &b).unwrap();
+    }
+    let h = stream_checked(&ds, only_hot.clone(), &io, &expected);
+    assert!(h.samples_from_source > 0, "{h:?}");
+    for hc in hot.chunks.values() {
+        assert!(
+            cache.hot_path(hc).is_none(),
+            "damaged hot chunk {} kept",
+            hc.id
+        );
+    }
+    // A truncated hot chunk is a miss too.
+    stream_checked(&ds, p(2), &io, &expected);
+    let hot = cache.hot_map();
+    let hc = hot.chunks.values().next().expect("re-harvested");
+    let path = cache.hot_path(hc).unwrap();
+    let b = std::fs::read(&path).unwrap();
+    std::fs::write(&path, &b[..b.len() / 2]).unwrap();
+    stream_checked(&ds, only_hot, &io, &expected);
+}
+
+#[test]
+fn shared_scores_add_up_across_handles_and_persist() {
+    use granary::SharedScores;
+    use std::time::Duration;
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join("tier/scores");
+    let long = Duration::from_secs(3600);
+    // Two handles, as two processes on the node: each reports its own samples.
+    let a = SharedScores::open(&path, 10, 0.5, long).unwrap();
+    let b = SharedScores::open(&path, 10, 0.5, long).unwrap();
+    a.report(&[1, 2], &[5.0, 1.0]).unwrap();
+    b.report(&[7, 8], &[0.5, 9.0]).unwrap();
+    assert!(a.report(&[10], &[1.0]).is_err(), "id out of range");
+    assert!(a.report(&[1], &[f32::INFINITY]).is_err());
+    assert!(a.report(&[1, 2], &[1.0]).is_err());
+    a.flush().unwrap();
+    b.flush().unwrap();
+    a.flush().unwrap();
+    let t = a.snapshot();
+    assert!((t.score(1) - 12f64.ln()).abs() < 1e-6);
+    assert!((t.score(2) - 11f64.ln()).abs() < 1e-6);
+    assert!(
+        (t.score(8) - 12f64.ln()).abs() < 1e-6,
+        "b's reports reach a"
+    );
+    drop((a, b));
+    // Restart: the table persists; the background merge runs on its own.
+    let c = SharedScores::open(&path, 10, 0.5, Duration::from_millis(20)).unwrap();
+    assert!((c.snapshot().score(7) - 11f64.ln()).abs() < 1e-6);
+    c.report(&[3], &[1.0]).unwrap();
+    let t0 = std::time::Instant::now();
+    while c.snapshot().score(3) != 11f64.ln() as f32 as f64 {
+        assert!(t0.elapsed() < Duration::from_secs(20), "never merged");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    drop(c);
+    // A damaged table is replaced by a fresh one.
+    std::fs::write(&path, b"garbage").unwrap();
+    let d = SharedScores::open(&path, 10, 0.5, long).unwrap();
+    assert_eq!(d.snapshot().score(7), d.snapshot().mean());
+    d.report(&[4], &[1.0]).unwrap();
+    d.flush().unwrap();
+    assert!(granary::ImportanceScores::load(&path).is_ok());
+}
