@@ -747,3 +747,108 @@ fn several_reader_processes_share_one_tier_within_its_quota() {
     }
     assert_eq!(on_disk, used);
 }
+
+#[test]
+fn reader_processes_share_an_importance_tier_of_hot_chunks() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    let files = numbered_tree(300, 3, |i| 3000 + (i as usize * 97) % 3000);
+    write_tree(&src, &files);
+    let ds = tmp.path().join("ds");
+    assert!(
+        pack(&src, &ds, &["--chunk-size", "64KiB", "--compress", "none"])
+            .status
+            .success()
+    );
+    let cache = tmp.path().join("tier");
+    let quota: u64 = 300 << 10;
+    let ds_args = |extra: &[&str]| {
+        let mut v: Vec<String> = vec![
+            "read".into(),
+            ds.to_str().unwrap().into(),
+            "--cache-dir".into(),
+            cache.to_str().unwrap().into(),
+            "--cache-size".into(),
+            quota.to_string(),
+            "--policy".into(),
+            "importance".into(),
+        ];
+        v.extend(extra.iter().map(|s| s.to_string()));
+        v
+    };
+    // Importance sampling needs scores: a clear error, nothing written.
+    let o = run(ds_args(&["--sampling", "importance"]));
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("needs scores"), "{}", stderr(&o));
+    // The node's shared score table (as report() from training writes it): every seventh
+    // sample matters far more.
+    let dataset = granary::Dataset::open(&ds).unwrap();
+    let tier = granary::ChunkCache::open(
+        &cache,
+        dataset.snapshot().dataset_id(),
+        quota,
+        granary::CachePolicy::Importance,
+    )
+    .unwrap();
+    let mut scores = granary::ImportanceScores::new(dataset.len(), 0.8);
+    let w: Vec<(u64, f32)> = (0..dataset.len())
+        .map(|i| (i, if i % 7 == 0 { 50.0 } else { 1.0 }))
+        .collect();
+    scores.apply(&w);
+    scores.save(&tier.scores_path()).unwrap();
+    // Three processes (three ranks), three importance-sampled epochs each, one tier.
+    let children: Vec<_> = (0..3)
+        .map(|r| {
+            granary()
+                .args(ds_args(&[
+                    "--sampling",
+                    "importance",
+                    "--alpha",
+                    "0.8",
+                    "--range-gap",
+                    "0",
+                    "--epochs",
+                    "3",
+                    "--window",
+                    "2",
+                    "--json",
+                    "--rank",
+                    &r.to_string(),
+                    "--world-size",
+                    "3",
+                ]))
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let mut later_hits = 0.0;
+    for c in children {
+        let o = c.wait_with_output().unwrap();
+        assert!(o.status.success(), "{}", stderr(&o));
+        let epochs: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        later_hits += epochs[2]["cache_sample_hit_ratio"].as_f64().unwrap();
+    }
+    assert!(later_hits > 0.0, "hot chunks never served");
+    let o = run_ok(["cache", "stats", cache.to_str().unwrap(), "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let used = v[0]["bytes"].as_u64().unwrap();
+    assert!(
+        used > 0 && used <= quota,
+        "tier holds {used}, quota {quota}"
+    );
+    assert!(v[0]["hot_samples"].as_u64().unwrap() > 0, "{v}");
+    // No sample is in two hot chunks, and every hot record is the sample's stored bytes.
+    let hot = tier.hot_map();
+    let listed: usize = hot.chunks.values().map(|h| h.samples.len()).sum();
+    assert_eq!(listed, hot.by_sample.len(), "a sample re-packed twice");
+    for h in hot.chunks.values() {
+        let b = std::fs::read(tier.hot_path(h).unwrap()).unwrap();
+        for &(id, off) in &h.samples {
+            let e = dataset.sample(id).unwrap().entry;
+            let rec = &b[off as usize..(off + e.stored_len) as usize];
+            assert_eq!(rec, &dataset.read(id).unwrap()[..], "sample {id}");
+        }
+    }
+}

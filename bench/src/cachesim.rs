@@ -294,7 +294,8 @@ pub fn difficulty(seed: u64, id: u64) -> f64 {
     ((-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()).exp()
 }
 
-fn loss(seed: u64, id: u64, times_seen: u32, epoch: u64) -> f32 {
+/// The loss of sample `id` the `times_seen`-th time it is trained on, in `epoch` (see [`difficulty`]).
+pub fn loss(seed: u64, id: u64, times_seen: u32, epoch: u64) -> f32 {
     let u = SplitMix64::keyed(&[seed, id, epoch, 0x6c6f_7373]).next_f64() * 2.0 - 1.0;
     (difficulty(seed, id) * (-0.3 * times_seen as f64).exp() * (1.0 + u / 10.0)) as f32
 }

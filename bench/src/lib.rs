@@ -9,3 +9,4 @@ pub mod gen;
 pub mod packbench;
 pub mod readbench;
 pub mod report;
+pub mod tierbench;

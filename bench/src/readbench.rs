@@ -57,7 +57,9 @@ struct WorkerTotals {
 }
 
 /// Streams one epoch of rank `rank` with `workers` threads (one per loader worker), touching
-/// every byte; returns totals, throughput, CPU time and the digest.
+/// every byte; returns totals, throughput, CPU time and the digest. With `sampling` the epoch
+/// is importance-sampled.
+#[allow(clippy::too_many_arguments)]
 pub fn run_epoch(
     ds: &Arc<Dataset>,
     plan: &PlanOptions,
@@ -66,7 +68,10 @@ pub fn run_epoch(
     world_size: u32,
     workers: u32,
     io: &StreamOptions,
+    sampling: Option<&granary::Sampling>,
 ) -> granary::Result<EpochReport> {
+    let shape = ds.shape()?;
+    let shape = &shape;
     let t = Instant::now();
     let cpu0 = cpu_seconds();
     let results: Vec<granary::Result<WorkerTotals>> = std::thread::scope(|s| {
@@ -79,7 +84,11 @@ pub fn run_epoch(
                         worker: w,
                         num_workers: workers,
                     };
-                    let mut st = ds.stream_epoch(plan, epoch, shard, None, io)?;
+                    let p = granary::EpochPlan::build_sampled(
+                        shape, plan, epoch, shard, None, sampling,
+                    )
+                    .map_err(granary::ReadError::Invalid)?;
+                    let mut st = granary::EpochStream::new(ds.clone(), p, plan.mode, io)?;
                     let (mut samples, mut bytes, mut digest) = (0u64, 0u64, 0u64);
                     for sample in st.by_ref() {
                         let sample = sample?;
@@ -319,8 +328,17 @@ pub fn run(o: &ReadBenchOptions) -> Result<ReadBenchResult, String> {
         }
         for (i, (_, mode, kind)) in granary_sides.iter().enumerate() {
             make_cold(&[dir]);
-            let r = run_epoch(&ds, &plan(*mode), rep as u64, 0, 1, o.workers, &io(*kind))
-                .map_err(|e| e.to_string())?;
+            let r = run_epoch(
+                &ds,
+                &plan(*mode),
+                rep as u64,
+                0,
+                1,
+                o.workers,
+                &io(*kind),
+                None,
+            )
+            .map_err(|e| e.to_string())?;
             g_runs[i].push(r);
         }
     }

@@ -10,7 +10,8 @@ use super::human_bytes;
 #[derive(clap::Args)]
 #[command(
     after_help = "Examples:\n  granary cache stats /local/ssd/granary-cache\n  granary cache clear /local/ssd/granary-cache\n\n\
-The tier keeps one sub-directory per dataset id; stats lists each with its entries and bytes."
+The tier keeps one sub-directory per dataset id; stats lists each with its chunk copies, hot \
+chunks (important samples re-packed by --policy importance) and bytes."
 )]
 pub struct Args {
     #[command(subcommand)]
@@ -26,7 +27,7 @@ enum CacheCmd {
         #[arg(long)]
         json: bool,
     },
-    /// Remove every cached chunk under DIR (safe while readers run: taken under the lock).
+    /// Remove every chunk copy and hot chunk under DIR (safe while readers run: taken under the lock).
     Clear { dir: PathBuf },
 }
 
@@ -44,9 +45,11 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
             } else {
                 for s in &all {
                     println!(
-                        "{}: {} chunks, {}",
+                        "{}: {} chunk copies, {} hot chunks ({} samples), {}",
                         s.dir.display(),
-                        s.entries,
+                        s.entries - s.hot_chunks,
+                        s.hot_chunks,
+                        s.hot_samples,
                         human_bytes(s.bytes)
                     );
                 }

@@ -86,6 +86,14 @@ pub struct Args {
 
 /// Parses a byte size with an optional unit: B, K/KB, KiB, M/MB, MiB, G/GB, GiB.
 pub fn parse_size(s: &str) -> Result<u64, String> {
+    match parse_size_or_zero(s)? {
+        0 => Err(format!("size {:?} out of range", s.trim())),
+        n => Ok(n),
+    }
+}
+
+/// Like [`parse_size`], zero allowed.
+pub fn parse_size_or_zero(s: &str) -> Result<u64, String> {
     let s = s.trim();
     let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
     let (num, unit) = s.split_at(split);
@@ -109,7 +117,6 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         }
     };
     n.checked_mul(mult)
-        .filter(|&n| n > 0)
         .ok_or_else(|| format!("size {s:?} out of range"))
 }
 

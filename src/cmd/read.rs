@@ -71,6 +71,8 @@ impl PlanArgs {
   granary read train.granary --rank 1 --world-size 4        # rank 1's share
   GRANARY_IO=pread granary read train.granary               # force the pread backend
   granary read train.granary --epochs 3 --cache-dir /ssd/gcache --cache-size 20GiB --policy static
+  granary read train.granary --cache-dir /ssd/gcache --cache-size 20GiB --policy importance \
+      --sampling importance --alpha 0.5                     # scores from the tier's table
 
 The digest is order-independent (a sum over delivered sample ids): the digests of all ranks of
 an epoch add up (mod 2^64) to the digest of the whole dataset when nothing is dropped.")]
@@ -103,38 +105,105 @@ pub struct Args {
     /// What the tier keeps when full: lru, static (fill once, never evict) or importance.
     #[arg(long, default_value = "static", value_parser = granary::CachePolicy::parse)]
     pub policy: granary::CachePolicy,
-    /// Importance score table (written by ImportanceScores::save) that ranks chunks for
-    /// --policy importance.
+    /// Importance score table (written by ImportanceScores::save). By default the node's shared
+    /// table next to the tier (fed by report() from training) when there is one. It chooses the
+    /// samples --policy importance re-packs into hot chunks and drives --sampling importance.
     #[arg(long, value_name = "FILE")]
     pub scores: Option<PathBuf>,
+    /// Which samples an epoch reads: uniform (each once) or importance (N draws with
+    /// probability (1-alpha)/N + alpha x score share, favouring what the tier holds; every
+    /// sample gets the loss weight 1/(N p)). Needs scores.
+    #[arg(long, default_value = "uniform", value_parser = ["uniform", "importance"])]
+    pub sampling: String,
+    /// Importance sampling mix, 0 (uniform draws) to below 1; every sample keeps at least
+    /// probability (1-alpha)/N.
+    #[arg(long, default_value_t = 0.5)]
+    pub alpha: f64,
+    /// How much importance sampling favours samples the tier holds (1 = not at all). Keep 1 when
+    /// ranks on different nodes must draw the same epoch: tiers differ between nodes.
+    #[arg(long, default_value_t = 4.0)]
+    pub cache_boost: f64,
+    /// With hot chunks (--policy importance), source chunks are read in ranges around the
+    /// samples the hot chunks serve; a gap shorter than this is read, not skipped.
+    #[arg(long, default_value = "64KiB", value_parser = super::pack::parse_size_or_zero)]
+    pub range_gap: u64,
     /// Print JSON on stdout.
     #[arg(long)]
     pub json: bool,
 }
 
+/// The score table: `--scores FILE`, else the tier's shared table if it has one.
+fn load_scores(
+    a: &Args,
+    cache: Option<&granary::ChunkCache>,
+) -> anyhow::Result<Option<Arc<granary::ImportanceScores>>> {
+    let path = match (&a.scores, cache) {
+        (Some(p), _) => p.clone(),
+        (None, Some(c)) if c.scores_path().exists() => c.scores_path(),
+        _ => return Ok(None),
+    };
+    let t = granary::ImportanceScores::load(&path)
+        .with_context(|| format!("loading scores {}", path.display()))?;
+    Ok(Some(Arc::new(t)))
+}
+
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     let ds = Arc::new(super::open_dataset(&a.dataset)?);
-    let io = StreamOptions {
-        io: a.io,
-        queue_depth: a.queue_depth,
-        direct: !a.buffered,
-        cache: match (&a.cache_dir, a.cache_size) {
-            (Some(dir), Some(quota)) => Some(std::sync::Arc::new(granary::ChunkCache::open(
-                dir,
-                ds.snapshot().dataset_id(),
-                quota,
-                a.policy,
-            )?)),
-            _ => None,
-        },
-        scores: match &a.scores {
-            Some(p) => Some(std::sync::Arc::new(granary::ImportanceScores::load(p)?)),
-            None => None,
-        },
-        ..StreamOptions::default()
+    let cache = match (&a.cache_dir, a.cache_size) {
+        (Some(dir), Some(quota)) => Some(Arc::new(granary::ChunkCache::open(
+            dir,
+            ds.snapshot().dataset_id(),
+            quota,
+            a.policy,
+        )?)),
+        _ => None,
     };
+    let importance = a.sampling == "importance";
+    if importance && !(0.0..1.0).contains(&a.alpha) {
+        anyhow::bail!("--alpha {} is not in [0, 1)", a.alpha);
+    }
     let mut reports = Vec::new();
     for epoch in a.first_epoch..a.first_epoch + a.epochs {
+        // Scores are re-read every epoch: training processes keep reporting into them.
+        let scores = load_scores(&a, cache.as_deref())?;
+        if let Some(s) = &scores {
+            if s.len() != ds.len() {
+                anyhow::bail!(
+                    "the score table has {} samples, the dataset {}",
+                    s.len(),
+                    ds.len()
+                );
+            }
+        }
+        let io = StreamOptions {
+            io: a.io,
+            queue_depth: a.queue_depth,
+            direct: !a.buffered,
+            cache: cache.clone(),
+            scores: scores.clone(),
+            range_gap: a.range_gap,
+            ..StreamOptions::default()
+        };
+        let shape = ds.shape()?;
+        let (hot, whole) = match &cache {
+            Some(c) if importance => (c.hot_map(), c.resident_chunks()?),
+            _ => Default::default(),
+        };
+        let in_tier =
+            |id: u64| hot.by_sample.contains_key(&id) || whole.contains(&shape.chunk_of(id));
+        let sampling = match (&scores, importance) {
+            (Some(s), true) => Some(granary::Sampling {
+                scores: s,
+                alpha: a.alpha,
+                cached: Some(&in_tier),
+                cache_boost: a.cache_boost,
+            }),
+            (None, true) => anyhow::bail!(
+                "--sampling importance needs scores: pass --scores FILE, or a --cache-dir whose \
+                 tier has a score table (written by report() from training)"
+            ),
+            _ => None,
+        };
         let p = &a.plan;
         let r = granary_bench::readbench::run_epoch(
             &ds,
@@ -144,6 +213,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
             p.world_size,
             p.workers,
             &io,
+            sampling.as_ref(),
         )
         .with_context(|| format!("reading epoch {epoch}"))?;
         if !a.json {

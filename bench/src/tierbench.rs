@@ -1,0 +1,203 @@
+//! The local tier measured end to end (`granary bench cache DATASET --tier-dir DIR`): real
+//! epochs streamed through a real tier on local storage, with losses from the difficulty model
+//! ([`crate::cachesim::loss`]) reported by sample id into the tier's shared score table after
+//! every batch, as a training loop would. Per policy it counts the samples and bytes the tier
+//! served and the bytes read from the source. The measure is hits and source bytes, not time:
+//! on one machine the tier and the "shared" source sit on the same disk.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use granary::{
+    CachePolicy, ChunkCache, Dataset, EpochPlan, EpochStream, PlanOptions, Sampling, Shard,
+    SharedScores,
+};
+use serde::Serialize;
+
+/// What to run.
+#[derive(Clone, Debug)]
+pub struct TierBenchOptions {
+    pub dataset: PathBuf,
+    /// Root of the tiers made here (one sub-directory per row, emptied first).
+    pub dir: PathBuf,
+    pub fractions: Vec<f64>,
+    pub epochs: u64,
+    pub plan: PlanOptions,
+    pub alpha: f64,
+    pub cache_boost: f64,
+    /// Samples per training batch (losses are ranked within a batch).
+    pub batch: usize,
+    pub seed: u64,
+}
+
+/// One policy at one cache size; ratios over epochs 1.. (epoch 0 fills the tier and the scores).
+#[derive(Clone, Debug, Serialize)]
+pub struct TierRow {
+    pub fraction: f64,
+    pub policy: CachePolicy,
+    /// "uniform" or "importance".
+    pub sampling: String,
+    pub sample_hit_ratio: f64,
+    pub byte_hit_ratio: f64,
+    /// Bytes read from the source per epoch.
+    pub source_bytes_per_epoch: f64,
+    /// The tier at the end: bytes, hot chunks and the samples they hold.
+    pub tier_bytes: u64,
+    pub hot_samples: u64,
+}
+
+/// Runs lru, static (uniform epochs), static with importance sampling, and importance
+/// (hot chunks + importance sampling) at every fraction.
+pub fn run(o: &TierBenchOptions) -> granary::Result<Vec<TierRow>> {
+    let ds = Arc::new(Dataset::open(&o.dataset)?);
+    let total: u64 = (0..ds.chunk_count() as u32)
+        .map(|c| ds.chunk(c).map(|c| c.file_size))
+        .sum::<granary::Result<u64>>()?;
+    let rows = [
+        (CachePolicy::Lru, false),
+        (CachePolicy::Static, false),
+        (CachePolicy::Static, true),
+        (CachePolicy::Importance, true),
+    ];
+    let mut out = Vec::new();
+    for &f in &o.fractions {
+        for &(policy, importance) in &rows {
+            let name = format!(
+                "{}-{}-{:.0}",
+                serde_json::to_value(policy)
+                    .ok()
+                    .and_then(|v| v.as_str().map(String::from))
+                    .unwrap_or_default(),
+                if importance { "is" } else { "uniform" },
+                f * 100.0
+            );
+            out.push(run_row(
+                o,
+                &ds,
+                &o.dir.join(name),
+                f,
+                total,
+                policy,
+                importance,
+            )?);
+        }
+    }
+    Ok(out)
+}
+
+fn run_row(
+    o: &TierBenchOptions,
+    ds: &Arc<Dataset>,
+    root: &Path,
+    f: f64,
+    total: u64,
+    policy: CachePolicy,
+    importance: bool,
+) -> granary::Result<TierRow> {
+    let quota = (total as f64 * f) as u64;
+    let cache = Arc::new(ChunkCache::open(
+        root,
+        ds.snapshot().dataset_id(),
+        quota,
+        policy,
+    )?);
+    cache.clear()?;
+    let _ = std::fs::remove_file(cache.scores_path());
+    let scores = SharedScores::open(&cache.scores_path(), ds.len(), 0.8, Duration::from_secs(1))?;
+    let shape = ds.shape()?;
+    let mut seen = vec![0u32; ds.len() as usize];
+    let (mut hits, mut epochs) = (granary::CacheHits::default(), 0u64);
+    for e in 0..o.epochs.max(2) {
+        scores.flush()?;
+        let table = scores.snapshot();
+        let hot = cache.hot_map();
+        let whole = cache.resident_chunks()?;
+        let in_tier =
+            |id: u64| hot.by_sample.contains_key(&id) || whole.contains(&shape.chunk_of(id));
+        let sm = Sampling {
+            scores: &table,
+            alpha: o.alpha,
+            cached: Some(&in_tier),
+            cache_boost: o.cache_boost,
+        };
+        let sampling = (importance && e > 0).then_some(&sm);
+        let plan = EpochPlan::build_sampled(&shape, &o.plan, e, Shard::WHOLE, None, sampling)
+            .map_err(granary::ReadError::Invalid)?;
+        let io = granary::StreamOptions {
+            cache: Some(cache.clone()),
+            scores: (policy == CachePolicy::Importance).then(|| table.clone()),
+            ..Default::default()
+        };
+        let mut st = EpochStream::new(ds.clone(), plan, o.plan.mode, &io)?;
+        let mut batch = Vec::with_capacity(o.batch);
+        let report = |batch: &mut Vec<u64>, seen: &mut [u32]| -> granary::Result<()> {
+            let losses: Vec<f32> = batch
+                .iter()
+                .map(|&id| {
+                    seen[id as usize] += 1;
+                    crate::cachesim::loss(o.seed, id, seen[id as usize], e)
+                })
+                .collect();
+            scores.report(batch, &losses)?;
+            batch.clear();
+            Ok(())
+        };
+        for s in st.by_ref() {
+            batch.push(s?.id);
+            if batch.len() == o.batch.max(1) {
+                report(&mut batch, &mut seen)?;
+            }
+        }
+        if !batch.is_empty() {
+            report(&mut batch, &mut seen)?;
+        }
+        if e > 0 {
+            let h = st.cache_stats();
+            hits.samples_from_cache += h.samples_from_cache;
+            hits.samples_from_source += h.samples_from_source;
+            hits.bytes_from_cache += h.bytes_from_cache;
+            hits.bytes_from_source += h.bytes_from_source;
+            epochs += 1;
+        }
+    }
+    let ratio = |a: u64, b: u64| a as f64 / (a + b).max(1) as f64;
+    let st = cache.stats()?;
+    Ok(TierRow {
+        fraction: f,
+        policy,
+        sampling: if importance { "importance" } else { "uniform" }.into(),
+        sample_hit_ratio: ratio(hits.samples_from_cache, hits.samples_from_source),
+        byte_hit_ratio: ratio(hits.bytes_from_cache, hits.bytes_from_source),
+        source_bytes_per_epoch: hits.bytes_from_source as f64 / epochs.max(1) as f64,
+        tier_bytes: st.bytes,
+        hot_samples: st.hot_samples,
+    })
+}
+
+/// The table.
+pub fn render(rows: &[TierRow]) -> String {
+    let mut s = String::from(
+        "  cache  policy      sampling    sample hits  byte hits  source MB/epoch  tier MB  hot samples  vs LRU (bytes)\n",
+    );
+    for r in rows {
+        let lru = rows
+            .iter()
+            .find(|x| x.fraction == r.fraction && x.policy == CachePolicy::Lru)
+            .map(|x| x.byte_hit_ratio)
+            .unwrap_or(0.0);
+        s += &format!(
+            "  {:>4.0}%  {:<10}  {:<10}  {:>10.1}%  {:>8.1}%  {:>15.1}  {:>7.1}  {:>11}  {:>13.1}x\n",
+            r.fraction * 100.0,
+            format!("{:?}", r.policy).to_lowercase(),
+            r.sampling,
+            r.sample_hit_ratio * 100.0,
+            r.byte_hit_ratio * 100.0,
+            r.source_bytes_per_epoch / 1e6,
+            r.tier_bytes as f64 / 1e6,
+            r.hot_samples,
+            r.byte_hit_ratio / lru.max(1e-9),
+        );
+    }
+    s
+}
