@@ -869,25 +869,28 @@ impl CacheCounters {
             add(s, 1);
             add(b, bufs[i].data().len() as u64);
         }
-        for &(c, r, start) in &prep.ranges {
+        for &(_, r, _) in &prep.ranges {
             let n = prep.locs.iter().filter(|l| l.0 as usize == r).count() as u64;
-            let bytes = bufs[r].data();
             add(&self.samples_source, n);
-            add(&self.bytes_source, bytes.len() as u64);
-            // Every record inside the range may belong in a hot chunk, drawn or not.
-            if let (Some(h), Ok(ce)) = (hot.as_deref_mut(), ds.chunk(c)) {
+            add(&self.bytes_source, bufs[r].data().len() as u64);
+        }
+        // Every record inside a range read may belong in a hot chunk, drawn or not. Ranges
+        // of a chunk are consecutive in `prep.ranges`, sorted by offset.
+        if let Some(h) = hot {
+            for group in prep.ranges.chunk_by(|a, b| a.0 == b.0) {
+                let Ok(ce) = ds.chunk(group[0].0) else {
+                    continue;
+                };
                 for id in ce.samples() {
-                    if let Ok(info) = ds.sample(id) {
-                        let e = info.entry;
-                        let (Some(a), Some(b)) = (
-                            e.offset.checked_sub(start),
-                            (e.offset + e.stored_len).checked_sub(start),
-                        ) else {
-                            continue;
-                        };
-                        if let Some(rec) = bytes.get(a as usize..b as usize) {
-                            h.harvest(ds, id, rec, admission);
-                        }
+                    let Ok(info) = ds.sample(id) else { continue };
+                    let e = info.entry;
+                    let k = group.partition_point(|&(_, _, start)| start <= e.offset);
+                    let Some(&(_, r, start)) = k.checked_sub(1).and_then(|k| group.get(k)) else {
+                        continue;
+                    };
+                    let at = (e.offset - start) as usize;
+                    if let Some(rec) = bufs[r].data().get(at..at + e.stored_len as usize) {
+                        h.harvest(ds, id, rec, admission);
                     }
                 }
             }
