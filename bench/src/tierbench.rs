@@ -45,6 +45,12 @@ pub struct TierRow {
     /// The tier at the end: bytes, hot chunks and the samples they hold.
     pub tier_bytes: u64,
     pub hot_samples: u64,
+    /// The cost of importance sampling: share of the 10 % easiest samples (lowest difficulty)
+    /// delivered at least once per epoch, and the largest loss weight 1/(N·p) handed out.
+    pub easiest_seen_per_epoch: f64,
+    pub max_weight: f64,
+    /// Mean time of one `report()` call (a batch of `batch` losses), microseconds.
+    pub report_us: f64,
 }
 
 /// Runs lru, static (uniform epochs), static with importance sampling, and importance
@@ -108,6 +114,13 @@ fn run_row(
     let shape = ds.shape()?;
     let mut seen = vec![0u32; ds.len() as usize];
     let (mut hits, mut epochs) = (granary::CacheHits::default(), 0u64);
+    let mut easiest: Vec<u64> = (0..ds.len()).collect();
+    easiest.sort_by(|&a, &b| {
+        crate::cachesim::difficulty(o.seed, a).total_cmp(&crate::cachesim::difficulty(o.seed, b))
+    });
+    easiest.truncate((ds.len() / 10).max(1) as usize);
+    let (mut easiest_seen, mut max_weight) = (0.0, 1.0f64);
+    let (mut report_time, mut reports) = (Duration::ZERO, 0u64);
     for e in 0..o.epochs.max(2) {
         scores.flush()?;
         let table = scores.snapshot();
@@ -124,6 +137,15 @@ fn run_row(
         let sampling = (importance && e > 0).then_some(&sm);
         let plan = EpochPlan::build_sampled(&shape, &o.plan, e, Shard::WHOLE, None, sampling)
             .map_err(granary::ReadError::Invalid)?;
+        if e > 0 {
+            let drawn: std::collections::HashSet<u64> = plan.samples.iter().copied().collect();
+            easiest_seen += easiest.iter().filter(|id| drawn.contains(id)).count() as f64
+                / easiest.len() as f64;
+            max_weight = plan
+                .weights
+                .iter()
+                .fold(max_weight, |m, &w| m.max(w as f64));
+        }
         let io = granary::StreamOptions {
             cache: Some(cache.clone()),
             scores: (policy == CachePolicy::Importance).then(|| table.clone()),
@@ -131,7 +153,7 @@ fn run_row(
         };
         let mut st = EpochStream::new(ds.clone(), plan, o.plan.mode, &io)?;
         let mut batch = Vec::with_capacity(o.batch);
-        let report = |batch: &mut Vec<u64>, seen: &mut [u32]| -> granary::Result<()> {
+        let mut report = |batch: &mut Vec<u64>, seen: &mut [u32]| -> granary::Result<()> {
             let losses: Vec<f32> = batch
                 .iter()
                 .map(|&id| {
@@ -139,7 +161,10 @@ fn run_row(
                     crate::cachesim::loss(o.seed, id, seen[id as usize], e)
                 })
                 .collect();
+            let t = std::time::Instant::now();
             scores.report(batch, &losses)?;
+            report_time += t.elapsed();
+            reports += 1;
             batch.clear();
             Ok(())
         };
@@ -172,13 +197,16 @@ fn run_row(
         source_bytes_per_epoch: hits.bytes_from_source as f64 / epochs.max(1) as f64,
         tier_bytes: st.bytes,
         hot_samples: st.hot_samples,
+        easiest_seen_per_epoch: easiest_seen / epochs.max(1) as f64,
+        max_weight,
+        report_us: report_time.as_secs_f64() * 1e6 / reports.max(1) as f64,
     })
 }
 
 /// The table.
 pub fn render(rows: &[TierRow]) -> String {
     let mut s = String::from(
-        "  cache  policy      sampling    sample hits  byte hits  source MB/epoch  tier MB  hot samples  vs LRU (bytes)\n",
+        "  cache  policy      sampling    sample hits  byte hits  source MB/epoch  tier MB  hot samples  vs LRU (bytes)  easiest 10% seen  max weight\n",
     );
     for r in rows {
         let lru = rows
@@ -187,7 +215,7 @@ pub fn render(rows: &[TierRow]) -> String {
             .map(|x| x.byte_hit_ratio)
             .unwrap_or(0.0);
         s += &format!(
-            "  {:>4.0}%  {:<10}  {:<10}  {:>10.1}%  {:>8.1}%  {:>15.1}  {:>7.1}  {:>11}  {:>13.1}x\n",
+            "  {:>4.0}%  {:<10}  {:<10}  {:>10.1}%  {:>8.1}%  {:>15.1}  {:>7.1}  {:>11}  {:>13.1}x  {:>15.1}%  {:>10.2}\n",
             r.fraction * 100.0,
             format!("{:?}", r.policy).to_lowercase(),
             r.sampling,
@@ -197,6 +225,15 @@ pub fn render(rows: &[TierRow]) -> String {
             r.tier_bytes as f64 / 1e6,
             r.hot_samples,
             r.byte_hit_ratio / lru.max(1e-9),
+            r.easiest_seen_per_epoch * 100.0,
+            r.max_weight,
+        );
+    }
+    let us: Vec<f64> = rows.iter().map(|r| r.report_us).collect();
+    if !us.is_empty() {
+        s += &format!(
+            "  report(): {:.1} us per batch on average (ranking and queueing; merged in the background)\n",
+            us.iter().sum::<f64>() / us.len() as f64
         );
     }
     s

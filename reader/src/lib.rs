@@ -10,6 +10,11 @@
 //! loader worker read and in which order; the I/O engine ([`io`]) reads whole chunk ranges with
 //! several large reads in flight (io_uring, or a pread pool), and samples arrive CRC-checked.
 //!
+//! A local tier ([`ChunkCache`] in [`StreamOptions::cache`]) on the node's SSD keeps chunk
+//! copies (`lru`, `static`) or hot chunks of the most important samples (`importance`, chosen by
+//! [`ImportanceScores`] that the training loop feeds through [`SharedScores::report`]); plans
+//! can draw importance-sampled epochs ([`EpochPlan::build_sampled`]).
+//!
 //! ```no_run
 //! use std::sync::Arc;
 //! use granary::{Dataset, EpochState, PlanOptions, Shard, ShuffleMode, StreamOptions};

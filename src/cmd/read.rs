@@ -71,8 +71,11 @@ impl PlanArgs {
   granary read train.granary --rank 1 --world-size 4        # rank 1's share
   GRANARY_IO=pread granary read train.granary               # force the pread backend
   granary read train.granary --epochs 3 --cache-dir /ssd/gcache --cache-size 20GiB --policy static
-  granary read train.granary --cache-dir /ssd/gcache --cache-size 20GiB --policy importance \
-      --sampling importance --alpha 0.5                     # scores from the tier's table
+  granary read train.granary --cache-dir /ssd/gcache --cache-size 20GiB --policy importance
+  granary read train.granary --cache-dir /ssd/gcache --cache-size 20GiB --policy importance --sampling importance --alpha 0.5
+
+With --policy importance the tier keeps hot chunks of the samples that matter most, chosen by
+the node's shared score table (written by the training loop's report(); or --scores FILE).
 
 The digest is order-independent (a sum over delivered sample ids): the digests of all ranks of
 an epoch add up (mod 2^64) to the digest of the whole dataset when nothing is dropped.")]
