@@ -690,42 +690,32 @@ fn several_reader_processes_share_one_tier_within_its_quota() {
     // Four processes (two ranks x two seeds), three epochs each, one LRU tier.
     let children: Vec<_> = (0..4)
         .map(|i| {
-            granary()
-                .args([
-                    "read",
-                    ds.to_str().unwrap(),
-                    "--epochs",
-                    "3",
-                    "--json",
-                    "--window",
-                    "2",
-                ])
-                .args([
-                    "--rank",
-                    &(i % 2).to_string(),
-                    "--world-size",
-                    "2",
-                    "--seed",
-                    &(i / 2).to_string(),
-                ])
-                .args([
-                    "--cache-dir",
-                    cache.to_str().unwrap(),
-                    "--cache-size",
-                    &quota.to_string(),
-                    "--policy",
-                    "lru",
-                ])
-                .stdout(std::process::Stdio::piped())
-                .stderr(std::process::Stdio::piped())
-                .spawn()
-                .unwrap()
+            let (rank, seed) = ((i % 2).to_string(), (i / 2).to_string());
+            spawn([
+                "read",
+                ds.to_str().unwrap(),
+                "--epochs",
+                "3",
+                "--json",
+                "--window",
+                "2",
+                "--rank",
+                &rank,
+                "--world-size",
+                "2",
+                "--seed",
+                &seed,
+                "--cache-dir",
+                cache.to_str().unwrap(),
+                "--cache-size",
+                &quota.to_string(),
+                "--policy",
+                "lru",
+            ])
         })
         .collect();
     for c in children {
-        let o = c.wait_with_output().unwrap();
-        assert!(o.status.success(), "{}", stderr(&o));
-        let epochs: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        let epochs = wait_json(c);
         assert_eq!(epochs.as_array().unwrap().len(), 3);
         assert!(epochs[2]["cache_byte_hit_ratio"].as_f64().is_some());
     }
@@ -799,36 +789,28 @@ fn reader_processes_share_an_importance_tier_of_hot_chunks() {
     // Three processes (three ranks), three importance-sampled epochs each, one tier.
     let children: Vec<_> = (0..3)
         .map(|r| {
-            granary()
-                .args(ds_args(&[
-                    "--sampling",
-                    "importance",
-                    "--alpha",
-                    "0.8",
-                    "--range-gap",
-                    "0",
-                    "--epochs",
-                    "3",
-                    "--window",
-                    "2",
-                    "--json",
-                    "--rank",
-                    &r.to_string(),
-                    "--world-size",
-                    "3",
-                ]))
-                .stdout(std::process::Stdio::piped())
-                .stderr(std::process::Stdio::piped())
-                .spawn()
-                .unwrap()
+            spawn(ds_args(&[
+                "--sampling",
+                "importance",
+                "--alpha",
+                "0.8",
+                "--range-gap",
+                "0",
+                "--epochs",
+                "3",
+                "--window",
+                "2",
+                "--json",
+                "--rank",
+                &r.to_string(),
+                "--world-size",
+                "3",
+            ]))
         })
         .collect();
     let mut later_hits = 0.0;
     for c in children {
-        let o = c.wait_with_output().unwrap();
-        assert!(o.status.success(), "{}", stderr(&o));
-        let epochs: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-        later_hits += epochs[2]["cache_sample_hit_ratio"].as_f64().unwrap();
+        later_hits += wait_json(c)[2]["cache_sample_hit_ratio"].as_f64().unwrap();
     }
     assert!(later_hits > 0.0, "hot chunks never served");
     let o = run_ok(["cache", "stats", cache.to_str().unwrap(), "--json"]);

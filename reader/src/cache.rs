@@ -315,15 +315,7 @@ impl ChunkCache {
     }
 
     fn lock(&self) -> Result<Locked> {
-        let p = self.dir.join("lock");
-        let f = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&p)
-            .map_err(|e| ReadError::io("opening", &p, e))?;
-        rustix::fs::flock(&f, rustix::fs::FlockOperation::LockExclusive)
-            .map_err(|e| ReadError::io("locking", &p, e.into()))?;
+        let f = lock_exclusive(&self.dir.join("lock"))?;
         let (index, clock, next_hot) = self.read_index();
         Ok(Locked {
             _lock: f,
@@ -724,6 +716,20 @@ impl ChunkCache {
         self.write_hot_map(&l, BTreeMap::new())?;
         self.write_index(&l)
     }
+}
+
+/// Opens (creating it) the lock file at `path` and takes an exclusive `flock` on it, held until
+/// the returned file is dropped.
+pub(crate) fn lock_exclusive(path: &Path) -> Result<File> {
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(path)
+        .map_err(|e| ReadError::io("opening", path, e))?;
+    rustix::fs::flock(&f, rustix::fs::FlockOperation::LockExclusive)
+        .map_err(|e| ReadError::io("locking", path, e.into()))?;
+    Ok(f)
 }
 
 /// Writes `data` under a unique temporary name, fsyncs and renames it into place.

@@ -6,7 +6,6 @@
 //! new or unseen samples are neither favoured nor starved. Keys are stable sample ids, never
 //! positions in a batch, so DataLoader workers and shuffled batches report correctly.
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
@@ -143,12 +142,7 @@ impl ImportanceScores {
         b.extend(self.seen.iter().map(|&x| x as u8));
         let crc = crc32fast::hash(&b);
         b.extend_from_slice(&crc.to_le_bytes());
-        let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-        let mut f = std::fs::File::create(&tmp).map_err(|e| ReadError::io("creating", &tmp, e))?;
-        f.write_all(&b)
-            .and_then(|_| f.sync_all())
-            .map_err(|e| ReadError::io("writing", &tmp, e))?;
-        std::fs::rename(&tmp, path).map_err(|e| ReadError::io("renaming", &tmp, e))
+        crate::cache::write_atomic(path, &b)
     }
 
     /// Reads a table written by [`ImportanceScores::save`]; damaged files are errors.
@@ -227,14 +221,7 @@ impl SharedInner {
         let batch = std::mem::take(&mut *self.queue.lock().expect("score queue"));
         let lock_path = self.path.with_extension("lock");
         let result: Result<()> = (|| {
-            let f = std::fs::OpenOptions::new()
-                .create(true)
-                .truncate(false)
-                .write(true)
-                .open(&lock_path)
-                .map_err(|e| ReadError::io("opening", &lock_path, e))?;
-            rustix::fs::flock(&f, rustix::fs::FlockOperation::LockExclusive)
-                .map_err(|e| ReadError::io("locking", &lock_path, e.into()))?;
+            let _lock = crate::cache::lock_exclusive(&lock_path)?;
             let mut t = self.load();
             if !batch.is_empty() {
                 t.apply(&batch);

@@ -36,6 +36,27 @@ where
     o
 }
 
+/// Starts granary with `args` in the background, stdout and stderr captured.
+pub fn spawn<I, S>(args: I) -> std::process::Child
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<OsStr>,
+{
+    granary()
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("granary starts")
+}
+
+/// Waits for a child started by [`spawn`], asserts success, and parses its stdout as JSON.
+pub fn wait_json(child: std::process::Child) -> serde_json::Value {
+    let o = child.wait_with_output().expect("granary runs");
+    assert!(o.status.success(), "granary failed: {}", stderr(&o));
+    serde_json::from_slice(&o.stdout).expect("JSON on stdout")
+}
+
 pub fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
