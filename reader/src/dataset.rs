@@ -289,15 +289,9 @@ impl Dataset {
     /// the chunk header (dataset id, chunk id), the length and the CRC-32.
     pub fn read(&self, id: u64) -> Result<Vec<u8>> {
         let info = self.sample(id)?;
-        let ce = self.check_placement(&info)?;
+        self.check_placement(&info)?;
         let path = self.chunk_path(info.entry.chunk);
-        crate::io::count_metadata_ops(1);
-        let f = File::open(&path).map_err(|e| ReadError::io("opening chunk", &path, e))?;
-        self.check_chunk_size(&ce, &f, &path)?;
-        let mut head = [0u8; CHUNK_HEADER_LEN];
-        f.read_exact_at(&mut head, 0)
-            .map_err(|e| ReadError::io("reading", &path, e))?;
-        self.check_chunk_header(&head, info.entry.chunk, &path)?;
+        let f = self.open_chunk(info.entry.chunk)?;
         let mut stored = vec![0u8; info.entry.stored_len as usize];
         f.read_exact_at(&mut stored, info.entry.offset)
             .map_err(|e| ReadError::io("reading", &path, e))?;
@@ -306,6 +300,21 @@ impl Dataset {
             Ok(Cow::Owned(v)) => Ok(v),
             Err(e) => Err(self.record_error(&info, e)),
         }
+    }
+
+    /// Opens chunk `chunk` for random reads: checks its size and header (counts one metadata
+    /// operation).
+    fn open_chunk(&self, chunk: u32) -> Result<File> {
+        let ce = self.chunk(chunk)?;
+        let path = self.chunk_path(chunk);
+        crate::io::count_metadata_ops(1);
+        let f = File::open(&path).map_err(|e| ReadError::io("opening chunk", &path, e))?;
+        self.check_chunk_size(&ce, &f, &path)?;
+        let mut head = [0u8; CHUNK_HEADER_LEN];
+        f.read_exact_at(&mut head, 0)
+            .map_err(|e| ReadError::io("reading", &path, e))?;
+        self.check_chunk_header(&head, chunk, &path)?;
+        Ok(f)
     }
 
     /// Checks a chunk header against this dataset.
@@ -381,5 +390,75 @@ impl Dataset {
             .get(e.offset as usize..(e.offset + e.stored_len) as usize)
             .ok_or_else(|| ReadError::Invalid(format!("sample {id}: chunk bytes too short")))?;
         decode_record(e, stored).map_err(|err| self.record_error(&info, err))
+    }
+}
+
+/// Random access to samples for map-style loaders: chunk files stay open (one open and header
+/// check per chunk, at most `MAX_OPEN` at a time), and raw records are read straight into the
+/// caller's buffer.
+pub struct SampleReader {
+    ds: std::sync::Arc<Dataset>,
+    files: std::sync::Mutex<std::collections::HashMap<u32, std::sync::Arc<File>>>,
+}
+
+impl SampleReader {
+    /// Open chunk files kept at most (all are closed when the limit is reached).
+    pub const MAX_OPEN: usize = 256;
+
+    pub fn new(ds: std::sync::Arc<Dataset>) -> Self {
+        SampleReader {
+            ds,
+            files: Default::default(),
+        }
+    }
+
+    /// The dataset.
+    pub fn dataset(&self) -> &std::sync::Arc<Dataset> {
+        &self.ds
+    }
+
+    fn file(&self, chunk: u32) -> Result<std::sync::Arc<File>> {
+        let mut files = self.files.lock().expect("open chunk files");
+        if let Some(f) = files.get(&chunk) {
+            return Ok(f.clone());
+        }
+        if files.len() >= Self::MAX_OPEN {
+            files.clear();
+        }
+        let f = std::sync::Arc::new(self.ds.open_chunk(chunk)?);
+        files.insert(chunk, f.clone());
+        Ok(f)
+    }
+
+    /// Reads sample `info` into `out`, which must be exactly its original length; checks
+    /// length and CRC-32 as [`Dataset::read`] does.
+    pub fn read_into(&self, info: &SampleInfo, out: &mut [u8]) -> Result<()> {
+        self.ds.check_placement(info)?;
+        let e = &info.entry;
+        if out.len() as u64 != e.orig_len {
+            return Err(ReadError::Invalid(format!(
+                "sample {}: buffer of {} bytes for {} bytes",
+                info.id,
+                out.len(),
+                e.orig_len
+            )));
+        }
+        let f = self.file(e.chunk)?;
+        let path = self.ds.chunk_path(e.chunk);
+        let read = |buf: &mut [u8]| {
+            f.read_exact_at(buf, e.offset)
+                .map_err(|err| ReadError::io("reading", &path, err))
+        };
+        if info.compression == Compression::None {
+            read(out)?;
+            return decode_record(e, out)
+                .map(|_| ())
+                .map_err(|err| self.ds.record_error(info, err));
+        }
+        let mut stored = vec![0u8; e.stored_len as usize];
+        read(&mut stored)?;
+        let data = decode_record(e, &stored).map_err(|err| self.ds.record_error(info, err))?;
+        out.copy_from_slice(&data);
+        Ok(())
     }
 }

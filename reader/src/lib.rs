@@ -49,7 +49,7 @@ mod stream;
 mod verify;
 
 pub use cache::{hot_file_name, CachePolicy, CacheStats, ChunkCache, HotChunk, HotMap, HotRecord};
-pub use dataset::{ChunkBytes, Dataset, SampleInfo};
+pub use dataset::{ChunkBytes, Dataset, SampleInfo, SampleReader};
 pub use error::{ReadError, RecordError, Result};
 pub use extract::{extract, ExtractOptions, ExtractSummary};
 pub use granary_format::{Compression, FormatError, NO_LABEL};

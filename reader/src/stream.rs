@@ -146,8 +146,23 @@ impl EpochStream {
                 let decoder = std::thread::Builder::new()
                     .name("granary-decode".into())
                     .spawn(move || {
+                        // A pool of this stream's own, not rayon's global one: a process forked
+                        // after the global pool started (a DataLoader worker) has its state but
+                        // none of its threads, and would wait on them forever.
+                        let pool = match rayon::ThreadPoolBuilder::new()
+                            .thread_name(|i| format!("granary-crc-{i}"))
+                            .build()
+                        {
+                            Ok(p) => p,
+                            Err(e) => {
+                                let _ = tx2.send(Err(ReadError::Invalid(format!(
+                                    "cannot start the decode threads: {e}"
+                                ))));
+                                return;
+                            }
+                        };
                         for (prep, bufs) in drx {
-                            let r = decode_window(&ds2, prep, bufs);
+                            let r = pool.install(|| decode_window(&ds2, prep, bufs));
                             let stop = r.iter().any(|x| x.is_err());
                             if tx2.send(Ok(r)).is_err() || stop {
                                 return;

@@ -1,0 +1,363 @@
+"""granary: packed, checksummed datasets read fast, for PyTorch training loops.
+
+``Dataset(path)`` is map-style (``ds[i] -> (data, label)``). ``IterableDataset(path, ...)``
+streams chunk-wise shuffled epochs, split across distributed ranks (from ``torch.distributed``
+when it is initialised) and DataLoader workers (from ``get_worker_info()``), resumable with
+``state_dict()`` / ``load_state_dict()``, and feeds per-sample losses to the node's
+importance-aware local tier with ``report(ids, losses)``.
+
+Both subclass the ``torch.utils.data`` classes when torch is importable and work without it.
+They pickle as configuration only: files, threads and caches are opened lazily in each process
+(fork, spawn and forkserver all work). The GIL is released during every read.
+"""
+
+import os
+
+from ._native import Dataset as _NativeDataset
+from ._native import GranaryError, Scores, Stream, __version__
+
+try:  # torch is optional
+    import torch.utils.data as _tud
+
+    _MapBase = _tud.Dataset
+    _IterBase = _tud.IterableDataset
+except ImportError:  # pragma: no cover - exercised by the no-torch test run
+    _tud = None
+    _MapBase = object
+    _IterBase = object
+
+__all__ = [
+    "Dataset",
+    "GranaryError",
+    "IterableDataset",
+    "Scores",
+    "Stream",
+    "__version__",
+]
+
+
+class Dataset(_MapBase):
+    """Map-style access to a packed dataset: ``len(ds)``, ``ds[i] -> (data, label)``.
+
+    ``data`` is ``bytes`` (read-only, buffer protocol), CRC-checked; raw records are read
+    straight into it. ``ds.lookup(path)``, ``ds.path(i)`` and ``ds.classes`` use the
+    snapshot only (no I/O).
+    """
+
+    def __init__(self, path):
+        self.root = os.fspath(path)
+        self._ds = None
+        self._native()  # fail early on a bad path
+
+    def _native(self):
+        if self._ds is None:
+            self._ds = _NativeDataset(self.root)
+        return self._ds
+
+    def __len__(self):
+        return len(self._native())
+
+    def __getitem__(self, i):
+        n = len(self)
+        i = _index(i)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError(f"sample {i} out of range ({n} samples)")
+        return self._native().read(i)
+
+    def lookup(self, path):
+        """Sample id stored under ``path`` (str or bytes), or None."""
+        return self._native().lookup(os.fsencode(path))
+
+    def path(self, i):
+        """The stored path of sample ``i`` (undecodable bytes kept as surrogate escapes)."""
+        return os.fsdecode(self._native().path(_index(i)))
+
+    @property
+    def classes(self):
+        """Class names, indexed by label."""
+        return [os.fsdecode(c) for c in self._native().classes()]
+
+    @property
+    def dataset_id(self):
+        return self._native().dataset_id
+
+    def __getstate__(self):
+        return {"root": self.root}
+
+    def __setstate__(self, state):
+        self.root = state["root"]
+        self._ds = None
+
+    def __repr__(self):
+        return f"granary.Dataset({self.root!r})"
+
+
+def _index(i):
+    if isinstance(i, bool) or not hasattr(i, "__index__"):
+        raise TypeError(f"sample index must be an integer, not {type(i).__name__}")
+    return i.__index__()
+
+
+def _as_list(x, kind):
+    """Lists, tuples, numpy arrays and torch tensors (any device) to a list of ``kind``."""
+    if hasattr(x, "detach"):  # torch tensor
+        x = x.detach().cpu()
+    if hasattr(x, "tolist"):
+        x = x.tolist()
+    if not isinstance(x, (list, tuple)):
+        x = [x]
+    return [kind(v) for v in x]
+
+
+class IterableDataset(_IterBase):
+    """Chunk-wise shuffled epochs of a packed dataset, for ``torch.utils.data.DataLoader``.
+
+    Yields ``{"id", "label", "data"}`` per sample, or with ``batch_size`` one dict per batch
+    (``"id"`` and ``"label"`` as lists, or numpy arrays when numpy is installed, ``"data"`` a
+    list of bytes), plus ``"weight"`` (the loss weight 1/(N·p)) under importance sampling.
+
+    ``rank``/``world_size`` come from ``torch.distributed`` when it is initialised, otherwise
+    from the arguments (default 0 of 1). DataLoader workers split their rank's share. Call
+    ``set_epoch(e)`` before each epoch (a different shuffle per epoch; the same seed gives the
+    same epochs everywhere). With ``drop_last`` every rank gets the same number of samples.
+
+    ``cache_dir``/``cache_size`` put a tier on local storage in front of the dataset
+    (``policy``: ``"lru"``, ``"static"`` or ``"importance"``); ``report(ids, losses)`` feeds the
+    node's shared score table next to it, which ``policy="importance"`` (hot chunks of the most
+    important samples) and ``sampling="importance"`` (probability (1-alpha)/N + alpha x score
+    share, favouring what the tier holds) use from the next epoch on.
+    """
+
+    def __init__(
+        self,
+        path,
+        shuffle="chunkwise",
+        seed=0,
+        rank=None,
+        world_size=None,
+        drop_last=True,
+        batch_size=None,
+        cache_dir=None,
+        cache_size=None,
+        policy="static",
+        sampling="uniform",
+        alpha=0.5,
+        cache_boost=4.0,
+        window=None,
+        memory=512 << 20,
+    ):
+        if shuffle not in ("chunkwise", "global", "sequential"):
+            raise ValueError(f"shuffle must be chunkwise, global or sequential, not {shuffle!r}")
+        if policy not in ("lru", "static", "importance"):
+            raise ValueError(f"policy must be lru, static or importance, not {policy!r}")
+        if sampling not in ("uniform", "importance"):
+            raise ValueError(f"sampling must be uniform or importance, not {sampling!r}")
+        if (cache_dir is None) != (cache_size is None):
+            raise ValueError("cache_dir and cache_size go together")
+        if sampling == "importance" and cache_dir is None:
+            raise ValueError("sampling='importance' needs cache_dir: the score table lives there")
+        if not 0.0 <= alpha < 1.0:
+            raise ValueError(f"alpha must be in [0, 1), not {alpha}")
+        if batch_size is not None and batch_size < 1:
+            raise ValueError("batch_size must be a positive integer")
+        if (rank is None) != (world_size is None):
+            raise ValueError("rank and world_size go together")
+        if world_size is not None and not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} is not in [0, {world_size})")
+        self.root = os.fspath(path)
+        self.shuffle = shuffle
+        self.seed = int(seed)
+        self.rank = rank
+        self.world_size = world_size
+        self.drop_last = bool(drop_last)
+        self.batch_size = batch_size
+        self.cache_dir = None if cache_dir is None else os.fspath(cache_dir)
+        self.cache_size = None if cache_size is None else int(cache_size)
+        self.policy = policy
+        self.sampling = sampling
+        self.alpha = float(alpha)
+        self.cache_boost = float(cache_boost)
+        self.window = window
+        self.memory = int(memory)
+        self.epoch = 0
+        self._resume = None
+        self._consumed = 0
+        self._shard = None
+        self._redistributed = False
+        self._scores = None
+        _NativeDataset(self.root)  # fail early on a bad path
+
+    # -- configuration -------------------------------------------------------------------
+
+    def set_epoch(self, epoch):
+        """Selects the epoch the next iteration streams (its own shuffle)."""
+        if int(epoch) != self.epoch:
+            self._resume = None
+            self._consumed = 0
+        self.epoch = int(epoch)
+
+    def _rank_world(self):
+        if _tud is not None:
+            import torch.distributed as dist
+
+            if dist.is_available() and dist.is_initialized():
+                return dist.get_rank(), dist.get_world_size()
+        if self.world_size is not None:
+            return self.rank, self.world_size
+        return 0, 1
+
+    def _worker(self):
+        if _tud is not None:
+            info = _tud.get_worker_info()
+            if info is not None:
+                return info.id, info.num_workers
+        return 0, 1
+
+    # -- iteration -----------------------------------------------------------------------
+
+    def _stream(self):
+        rank, world = self._rank_world()
+        worker, workers = self._worker()
+        self._shard = (rank, world, worker, workers)
+        resume = self._resume if self._resume and self._resume[0] == self.epoch else None
+        return Stream(
+            self.root,
+            self.epoch,
+            rank,
+            world,
+            worker,
+            workers,
+            shuffle=self.shuffle,
+            seed=self.seed,
+            drop_last=self.drop_last,
+            window=self.window,
+            memory=self.memory,
+            cache_dir=self.cache_dir,
+            cache_size=self.cache_size,
+            policy=self.policy,
+            sampling=self.sampling,
+            alpha=self.alpha,
+            cache_boost=self.cache_boost,
+            resume=resume,
+        )
+
+    def __iter__(self):
+        stream = self._stream()
+        rank, world, worker, workers = self._shard
+        self._consumed = 0
+        self._redistributed = False
+        if self._resume is not None and self._resume[0] == self.epoch:
+            _, old_world, old_workers, counts = self._resume
+            if (old_world, old_workers) == (world, workers):
+                self._consumed = counts[rank * workers + worker]
+            else:
+                self._redistributed = True
+        weighted = self.sampling == "importance"
+        if self.batch_size is None:
+            for i, label, data, weight in stream:
+                self._consumed += 1
+                item = {"id": i, "label": label, "data": data}
+                if weighted:
+                    item["weight"] = weight
+                yield item
+        else:
+            try:
+                import numpy as np
+            except ImportError:
+                np = None
+            while True:
+                batch = stream.next_batch(self.batch_size)
+                if batch is None:
+                    break
+                ids, labels, data, weights = batch
+                self._consumed += len(ids)
+                if np is not None:
+                    ids = np.asarray(ids, dtype=np.int64)
+                    labels = np.asarray(labels, dtype=np.int64)
+                    weights = np.asarray(weights, dtype=np.float32)
+                item = {"id": ids, "label": labels, "data": data}
+                if weighted:
+                    item["weight"] = weights
+                yield item
+        # The resumed remainder is done; the epoch's next iteration starts it afresh.
+        self._resume = None
+        self._redistributed = False
+
+    # -- resume (torchdata StatefulDataLoader protocol) ----------------------------------
+
+    def state_dict(self):
+        """Where this share stands: epoch, configuration and samples consumed. Ranks are
+        assumed to advance in lockstep (equal shares, the same number of steps), so this
+        rank's count stands for every rank; inside DataLoader workers each worker reports its
+        own slot (StatefulDataLoader keeps one state per worker and restores each from its
+        own, which is all an exact resume reads)."""
+        if self._redistributed:
+            raise RuntimeError(
+                "state_dict() is not available while an epoch resumed under another world size "
+                "or worker count is read; take it after the epoch ends"
+            )
+        rank, world, worker, workers = self._shard or (*self._rank_world(), *self._worker())
+        consumed = [0] * (world * workers)
+        for r in range(world):
+            consumed[r * workers + worker] = self._consumed
+        return {
+            "epoch": self.epoch,
+            "world_size": world,
+            "num_workers": workers,
+            "consumed": consumed,
+            "seed": self.seed,
+            "shuffle": self.shuffle,
+        }
+
+    def load_state_dict(self, state):
+        """Resumes from ``state_dict()``: the next iteration streams what is left of that
+        epoch (exactly, with the same world size and workers; redistributed otherwise, with
+        nothing repeated or skipped)."""
+        for k in ("epoch", "world_size", "num_workers", "consumed"):
+            if k not in state:
+                raise ValueError(f"state has no {k!r}")
+        if state.get("seed", self.seed) != self.seed or state.get("shuffle", self.shuffle) != self.shuffle:
+            raise ValueError("state comes from a dataset with another seed or shuffle")
+        consumed = [int(c) for c in state["consumed"]]
+        world, workers = int(state["world_size"]), int(state["num_workers"])
+        if world < 1 or workers < 1 or len(consumed) != world * workers:
+            raise ValueError(f"state lists {len(consumed)} counts for {world} ranks x {workers} workers")
+        self.epoch = int(state["epoch"])
+        self._resume = (self.epoch, world, workers, consumed)
+        self._consumed = 0
+
+    # -- importance ------------------------------------------------------------------
+
+    def report(self, ids, losses):
+        """Per-sample losses of a batch, keyed by sample id (lists, numpy arrays or torch
+        tensors). Non-blocking: ranked and queued, merged into the node's shared score table
+        in the background. Needs ``cache_dir``."""
+        if self.cache_dir is None:
+            raise ValueError("report() needs cache_dir: the score table lives next to the tier")
+        if self._scores is None:
+            self._scores = Scores(self.root, self.cache_dir)
+        self._scores.report(_as_list(ids, int), _as_list(losses, float))
+
+    def flush_scores(self):
+        """Merges reported losses into the shared table now (also done every 2 s)."""
+        if self._scores is not None:
+            self._scores.flush()
+
+    # -- pickling: configuration only ------------------------------------------------------
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state["_scores"] = None
+        state["_shard"] = None
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+
+    def __repr__(self):
+        return (
+            f"granary.IterableDataset({self.root!r}, shuffle={self.shuffle!r}, seed={self.seed}, "
+            f"epoch={self.epoch})"
+        )

@@ -1,0 +1,383 @@
+//! `granary._native`: the reader library for Python. The `granary` package wraps these types
+//! into `torch.utils.data` datasets; everything here works without torch.
+//!
+//! The GIL is released during every read (`Python::detach`). Samples reach Python as `bytes`:
+//! map-style reads land straight in the new `bytes` object (raw records are read into it, no
+//! intermediate buffer); streamed samples are copied once out of the large aligned read
+//! buffers, because the stable ABI this one wheel is built for (CPython >= 3.9) has no buffer
+//! protocol for extension types before 3.11.
+#![forbid(unsafe_code)]
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use granary::{
+    CachePolicy, ChunkCache, Dataset as RsDataset, EpochPlan, EpochState, EpochStream,
+    ImportanceScores, PlanOptions, ReadError, SampleReader, Sampling, Shard, SharedScores,
+    ShuffleMode, StreamOptions,
+};
+use pyo3::create_exception;
+use pyo3::exceptions::{PyIndexError, PyOSError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyList};
+
+create_exception!(
+    _native,
+    GranaryError,
+    PyOSError,
+    "A dataset, chunk, tier or score file is missing, damaged or unreadable."
+);
+
+fn err(e: ReadError) -> PyErr {
+    match e {
+        ReadError::Invalid(m) => PyValueError::new_err(m),
+        e => GranaryError::new_err(e.to_string()),
+    }
+}
+
+fn hex(id: &[u8; 16]) -> String {
+    id.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// A packed dataset for random access: `len`, `read(i) -> (bytes, label)`, lookups.
+#[pyclass(frozen, module = "granary._native")]
+struct Dataset {
+    reader: SampleReader,
+}
+
+#[pymethods]
+impl Dataset {
+    #[new]
+    fn new(py: Python<'_>, path: PathBuf) -> PyResult<Self> {
+        let ds = py.detach(|| RsDataset::open(&path)).map_err(err)?;
+        Ok(Dataset {
+            reader: SampleReader::new(Arc::new(ds)),
+        })
+    }
+
+    fn __len__(&self) -> usize {
+        self.reader.dataset().len() as usize
+    }
+
+    /// Sample `id`'s original bytes (CRC-checked) and label.
+    fn read<'py>(&self, py: Python<'py>, id: u64) -> PyResult<(Bound<'py, PyBytes>, u32)> {
+        let ds = self.reader.dataset();
+        if id >= ds.len() {
+            return Err(PyIndexError::new_err(format!(
+                "sample {id} out of range ({} samples)",
+                ds.len()
+            )));
+        }
+        let info = ds.sample(id).map_err(err)?;
+        let len = usize::try_from(info.entry.orig_len)
+            .map_err(|_| PyValueError::new_err("sample too large"))?;
+        let data = PyBytes::new_with(py, len, |buf| {
+            py.detach(|| self.reader.read_into(&info, buf)).map_err(err)
+        })?;
+        Ok((data, info.entry.label))
+    }
+
+    /// Label of sample `id`.
+    fn label(&self, id: u64) -> PyResult<u32> {
+        Ok(self.reader.dataset().sample(id).map_err(err)?.entry.label)
+    }
+
+    /// Id of the sample stored under `path` (bytes), or None.
+    fn lookup(&self, path: &[u8]) -> PyResult<Option<u64>> {
+        self.reader.dataset().lookup(path).map_err(err)
+    }
+
+    /// Stored path of sample `id` (bytes, as on the source file system).
+    fn path<'py>(&self, py: Python<'py>, id: u64) -> PyResult<Bound<'py, PyBytes>> {
+        let p = self.reader.dataset().path(id).map_err(err)?;
+        Ok(PyBytes::new(py, p))
+    }
+
+    /// Class names (bytes), indexed by label.
+    fn classes<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyBytes>>> {
+        let c = self.reader.dataset().classes().map_err(err)?;
+        Ok(c.into_iter().map(|n| PyBytes::new(py, n)).collect())
+    }
+
+    /// The dataset id (hex), which ties caches and score tables to this dataset.
+    #[getter]
+    fn dataset_id(&self) -> String {
+        hex(&self.reader.dataset().snapshot().dataset_id())
+    }
+
+    #[getter]
+    fn chunk_count(&self) -> u64 {
+        self.reader.dataset().chunk_count()
+    }
+}
+
+/// One streamed sample: (id, label, bytes, weight).
+type PySample<'py> = (u64, u32, Bound<'py, PyBytes>, f32);
+/// A batch of samples: (ids, labels, list of bytes, weights).
+type PyBatch<'py> = (Vec<u64>, Vec<u32>, Bound<'py, PyList>, Vec<f32>);
+
+/// One (rank, worker) share of one epoch, streamed: iterate `(id, label, bytes, weight)`, or
+/// take batches with `next_batch(n)`.
+#[pyclass(frozen, module = "granary._native")]
+struct Stream {
+    inner: Mutex<EpochStream>,
+    len: usize,
+    cache: bool,
+}
+
+#[pymethods]
+impl Stream {
+    #[new]
+    #[pyo3(signature = (
+        path, epoch, rank, world_size, worker, num_workers, *, shuffle = "chunkwise", seed = 0,
+        drop_last = true, window = None, memory = 512 << 20, cache_dir = None, cache_size = None,
+        policy = "static", sampling = "uniform", alpha = 0.5, cache_boost = 4.0, resume = None
+    ))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        path: PathBuf,
+        epoch: u64,
+        rank: u32,
+        world_size: u32,
+        worker: u32,
+        num_workers: u32,
+        shuffle: &str,
+        seed: u64,
+        drop_last: bool,
+        window: Option<usize>,
+        memory: u64,
+        cache_dir: Option<PathBuf>,
+        cache_size: Option<u64>,
+        policy: &str,
+        sampling: &str,
+        alpha: f64,
+        cache_boost: f64,
+        resume: Option<(u64, u32, u32, Vec<u64>)>,
+    ) -> PyResult<Self> {
+        let mode = ShuffleMode::parse(shuffle).map_err(PyValueError::new_err)?;
+        let policy = CachePolicy::parse(policy).map_err(PyValueError::new_err)?;
+        let importance = match sampling {
+            "uniform" => false,
+            "importance" => true,
+            s => {
+                return Err(PyValueError::new_err(format!(
+                    "unknown sampling {s:?}: use uniform or importance"
+                )))
+            }
+        };
+        let resume = resume.map(|(epoch, world_size, num_workers, consumed)| EpochState {
+            epoch,
+            world_size,
+            num_workers,
+            consumed,
+        });
+        let build = || -> Result<(EpochStream, usize, bool), ReadError> {
+            let ds = Arc::new(RsDataset::open(&path)?);
+            let cache = match (&cache_dir, cache_size) {
+                (Some(d), Some(q)) => Some(Arc::new(ChunkCache::open(
+                    d,
+                    ds.snapshot().dataset_id(),
+                    q,
+                    policy,
+                )?)),
+                (Some(_), None) | (None, Some(_)) => {
+                    return Err(ReadError::Invalid(
+                        "cache_dir and cache_size go together".into(),
+                    ))
+                }
+                _ => None,
+            };
+            // The node's shared score table, re-read at every epoch.
+            let scores = match &cache {
+                Some(c) if c.scores_path().exists() => {
+                    Some(Arc::new(ImportanceScores::load(&c.scores_path())?))
+                }
+                _ => None,
+            }
+            .filter(|s| s.len() == ds.len());
+            if importance && scores.is_none() {
+                return Err(ReadError::Invalid(
+                    "sampling='importance' needs a cache_dir whose tier has a score table \
+                     (report() losses first; the first epoch can be uniform)"
+                        .into(),
+                ));
+            }
+            let shape = ds.shape()?;
+            let chunks = ds.chunk_count().max(1);
+            let bytes: u64 = (0..chunks as u32)
+                .filter_map(|c| ds.chunk(c).ok())
+                .map(|c| c.file_size)
+                .sum();
+            let o = PlanOptions {
+                mode,
+                seed,
+                window_chunks: window
+                    .unwrap_or_else(|| (memory / (4 * (bytes / chunks).max(1))).max(1) as usize),
+                drop_last,
+                ..Default::default()
+            };
+            let (hot, whole) = match &cache {
+                Some(c) if importance => (c.hot_map(), c.resident_chunks()?),
+                _ => Default::default(),
+            };
+            let in_tier =
+                |id: u64| hot.by_sample.contains_key(&id) || whole.contains(&shape.chunk_of(id));
+            let sm = scores.as_ref().map(|s| Sampling {
+                scores: s,
+                alpha,
+                cached: Some(&in_tier),
+                cache_boost,
+            });
+            let shard = Shard {
+                rank,
+                world_size,
+                worker,
+                num_workers,
+            };
+            let plan = EpochPlan::build_sampled(
+                &shape,
+                &o,
+                epoch,
+                shard,
+                resume.as_ref(),
+                sm.as_ref().filter(|_| importance),
+            )
+            .map_err(ReadError::Invalid)?;
+            let len = plan.samples.len();
+            let io = StreamOptions {
+                cache: cache.clone(),
+                scores,
+                ..Default::default()
+            };
+            Ok((EpochStream::new(ds, plan, mode, &io)?, len, cache.is_some()))
+        };
+        let (stream, len, cache) = py.detach(build).map_err(err)?;
+        Ok(Stream {
+            inner: Mutex::new(stream),
+            len,
+            cache,
+        })
+    }
+
+    /// Samples in this share of the epoch (after any resume).
+    fn __len__(&self) -> usize {
+        self.len
+    }
+
+    fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+        slf
+    }
+
+    fn __next__<'py>(&self, py: Python<'py>) -> PyResult<Option<PySample<'py>>> {
+        let next = py.detach(|| self.inner.lock().expect("stream lock").next());
+        match next {
+            None => Ok(None),
+            Some(Err(e)) => Err(err(e)),
+            Some(Ok(s)) => Ok(Some((s.id, s.label, PyBytes::new(py, s.data()), s.weight))),
+        }
+    }
+
+    /// Up to `n` samples as (ids, labels, list of bytes, weights); None at the end. The GIL
+    /// is released while they are read and checked.
+    fn next_batch<'py>(&self, py: Python<'py>, n: usize) -> PyResult<Option<PyBatch<'py>>> {
+        let got = py.detach(|| {
+            let mut st = self.inner.lock().expect("stream lock");
+            let mut v = Vec::with_capacity(n);
+            for s in st.by_ref() {
+                v.push(s?);
+                if v.len() == n {
+                    break;
+                }
+            }
+            Ok::<_, ReadError>(v)
+        });
+        let got = got.map_err(err)?;
+        if got.is_empty() {
+            return Ok(None);
+        }
+        let data = PyList::new(py, got.iter().map(|s| PyBytes::new(py, s.data())))?;
+        Ok(Some((
+            got.iter().map(|s| s.id).collect(),
+            got.iter().map(|s| s.label).collect(),
+            data,
+            got.iter().map(|s| s.weight).collect(),
+        )))
+    }
+
+    /// Hits of the local tier so far: (samples from tier, samples from source, bytes from
+    /// tier, bytes from source); None without a tier.
+    fn cache_hits(&self) -> Option<(u64, u64, u64, u64)> {
+        let h = self.inner.lock().expect("stream lock").cache_stats();
+        self.cache.then_some((
+            h.samples_from_cache,
+            h.samples_from_source,
+            h.bytes_from_cache,
+            h.bytes_from_source,
+        ))
+    }
+}
+
+/// The node's shared importance score table of a dataset, next to its tier under `cache_dir`:
+/// `report(ids, losses)` ranks and queues (no I/O); a background thread merges every
+/// `interval` seconds.
+#[pyclass(frozen, module = "granary._native")]
+struct Scores {
+    inner: SharedScores,
+}
+
+#[pymethods]
+impl Scores {
+    #[new]
+    #[pyo3(signature = (dataset, cache_dir, interval = 2.0))]
+    fn new(py: Python<'_>, dataset: PathBuf, cache_dir: PathBuf, interval: f64) -> PyResult<Self> {
+        if !(interval > 0.0 && interval.is_finite()) {
+            return Err(PyValueError::new_err(
+                "interval must be a positive number of seconds",
+            ));
+        }
+        py.detach(|| {
+            let ds = RsDataset::open(&dataset)?;
+            let t = ChunkCache::open(
+                &cache_dir,
+                ds.snapshot().dataset_id(),
+                0,
+                CachePolicy::Static,
+            )?;
+            SharedScores::open(
+                &t.scores_path(),
+                ds.len(),
+                0.8,
+                Duration::from_secs_f64(interval),
+            )
+        })
+        .map(|inner| Scores { inner })
+        .map_err(err)
+    }
+
+    /// Queues per-sample losses of one batch, keyed by sample id.
+    fn report(&self, ids: Vec<u64>, losses: Vec<f32>) -> PyResult<()> {
+        self.inner.report(&ids, &losses).map_err(err)
+    }
+
+    /// Merges what is queued into the shared file now.
+    fn flush(&self, py: Python<'_>) -> PyResult<()> {
+        py.detach(|| self.inner.flush()).map_err(err)
+    }
+
+    /// Current score of sample `id` (as of the last merge).
+    fn score(&self, id: u64) -> f64 {
+        self.inner.snapshot().score(id)
+    }
+}
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<Dataset>()?;
+    m.add_class::<Stream>()?;
+    m.add_class::<Scores>()?;
+    m.add("GranaryError", m.py().get_type::<GranaryError>())?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    Ok(())
+}

@@ -1,0 +1,193 @@
+"""The Python package without torch-specific behaviour (these run with or without torch)."""
+
+import pickle
+import random
+import shutil
+
+import pytest
+
+import granary
+from conftest import run
+
+
+def test_map_style_equals_granary_cat(packed):
+    path, files = packed
+    ds = granary.Dataset(path)
+    assert len(ds) == len(files)
+    for i in range(0, len(ds), 7):
+        data, label = ds[i]
+        assert isinstance(data, bytes)
+        want = run("cat", path, "--id", i).stdout
+        assert data == want
+        p = ds.path(i)
+        assert files[p] == data
+        assert ds.lookup(p) == i
+        assert ds.classes[label] == p.split("/")[0]
+    assert ds[-1] == ds[len(ds) - 1]
+    assert memoryview(ds[0][0]).readonly
+    with pytest.raises(IndexError):
+        ds[len(ds)]
+    with pytest.raises(TypeError):
+        ds["0"]
+    assert ds.lookup("no/such/file") is None
+    assert ds.classes == ["c0", "c1", "c2"]
+
+
+def epoch_ids(ds):
+    return [s["id"] for s in ds]
+
+
+def test_iteration_covers_every_sample_once_per_rank_set(packed):
+    path, _ = packed
+    for world in (1, 2, 3):
+        shares = []
+        for r in range(world):
+            ds = granary.IterableDataset(path, seed=5, rank=r, world_size=world)
+            ds.set_epoch(2)
+            shares.append(epoch_ids(ds))
+        assert len({len(s) for s in shares}) == 1, "ranks get equal counts"
+        every = [i for s in shares for i in s]
+        assert sorted(every) == list(range(240)), f"world {world}"
+    # Deterministic per (seed, epoch); another epoch is another order.
+    a = granary.IterableDataset(path, seed=5)
+    b = granary.IterableDataset(path, seed=5)
+    assert epoch_ids(a) == epoch_ids(b)
+    b.set_epoch(1)
+    assert epoch_ids(a) != epoch_ids(b)
+
+
+def test_samples_carry_checked_bytes_and_labels(packed):
+    path, files = packed
+    m = granary.Dataset(path)
+    for shuffle in ("chunkwise", "global", "sequential"):
+        for s in granary.IterableDataset(path, shuffle=shuffle):
+            assert s["data"] == files[m.path(s["id"])]
+            assert s["label"] == m[s["id"]][1]
+
+
+def test_batches(packed):
+    path, _ = packed
+    ds = granary.IterableDataset(path, batch_size=50)
+    batches = list(ds)
+    assert [len(b["id"]) for b in batches] == [50, 50, 50, 50, 40]
+    ids = [int(i) for b in batches for i in b["id"]]
+    assert ids == epoch_ids(granary.IterableDataset(path))
+    assert all(len(b["data"]) == len(b["id"]) == len(b["label"]) for b in batches)
+
+
+def test_resume_mid_epoch_exact_and_redistributed(packed):
+    path, _ = packed
+    full = epoch_ids(granary.IterableDataset(path, seed=3))
+    ds = granary.IterableDataset(path, seed=3)
+    it = iter(ds)
+    first = [next(it)["id"] for _ in range(97)]
+    state = ds.state_dict()
+    assert state["consumed"] == [97]
+    del it
+    again = granary.IterableDataset(path, seed=3)
+    again.load_state_dict(pickle.loads(pickle.dumps(state)))
+    rest = epoch_ids(again)
+    assert first + rest == full, "same configuration: exact continuation"
+    # The same state read by two ranks: the rest is split between them, nothing repeated.
+    # (A single-rank state is widened to two ranks that each consumed 97.)
+    two = {**state, "world_size": 1}
+    parts = []
+    for r in range(2):
+        d = granary.IterableDataset(path, seed=3, rank=r, world_size=2)
+        d.load_state_dict(two)
+        parts.append(epoch_ids(d))
+    got = first + parts[0] + parts[1]
+    assert len(set(got)) == len(got)
+    assert len(got) >= len(full) - 1
+    with pytest.raises(ValueError):
+        again.load_state_dict({"epoch": 0})
+    with pytest.raises(ValueError):
+        granary.IterableDataset(path, seed=4).load_state_dict(state)
+
+
+def test_report_by_id_feeds_the_shared_table(packed, tmp_path):
+    path, _ = packed
+    cache = tmp_path / "tier"
+    ds = granary.IterableDataset(path, cache_dir=cache, cache_size=1 << 20, policy="importance")
+    ids = list(range(240))
+    random.Random(1).shuffle(ids)
+    batch = ids[:64]
+    losses = [float(i % 5) for i in range(64)]
+    ds.report(batch, losses)
+    with pytest.raises(ValueError):
+        ds.report([240], [1.0])
+    with pytest.raises(ValueError):
+        ds.report([1, 2], [1.0])
+    ds.flush_scores()
+    scores = granary.Scores(path, cache)
+    order = sorted(range(64), key=lambda k: losses[k])
+    import math
+
+    for rank0, k in enumerate(order):
+        # Ties keep batch order; every reported sample got ln(10 + its rank).
+        assert abs(scores.score(batch[k]) - math.log(10 + rank0 + 1)) < 1e-5
+    # Importance sampling now works and hands out weights; the tier fills.
+    ds2 = granary.IterableDataset(
+        path, cache_dir=cache, cache_size=1 << 20, policy="importance", sampling="importance", alpha=0.8
+    )
+    got = list(ds2)
+    assert len(got) == 240
+    assert all(s["weight"] > 0 for s in got)
+    assert any(abs(s["weight"] - 1.0) > 1e-3 for s in got)
+
+
+def test_importance_sampling_needs_a_table_and_arguments_are_checked(packed, tmp_path):
+    path, _ = packed
+    with pytest.raises(ValueError):
+        list(granary.IterableDataset(path, cache_dir=tmp_path, cache_size=1 << 20, sampling="importance"))
+    with pytest.raises(ValueError):
+        granary.IterableDataset(path, sampling="importance")
+    with pytest.raises(ValueError):
+        granary.IterableDataset(path, shuffle="random")
+    with pytest.raises(ValueError):
+        granary.IterableDataset(path, rank=2, world_size=2)
+    with pytest.raises(ValueError):
+        granary.IterableDataset(path, cache_dir=tmp_path)
+    with pytest.raises(ValueError):
+        granary.IterableDataset(path).report([0], [1.0])
+    with pytest.raises(granary.GranaryError):
+        granary.Dataset(tmp_path / "missing")
+
+
+def test_pickling_keeps_configuration_only(packed):
+    path, _ = packed
+    ds = granary.IterableDataset(path, seed=9, batch_size=16)
+    ds.set_epoch(4)
+    it = iter(ds)
+    next(it)
+    clone = pickle.loads(pickle.dumps(ds))
+    assert clone.epoch == 4 and clone.seed == 9
+    fresh = granary.IterableDataset(path, seed=9, batch_size=16)
+    fresh.set_epoch(4)
+    assert [list(b["id"]) for b in clone] == [list(b["id"]) for b in fresh]
+    m = pickle.loads(pickle.dumps(granary.Dataset(path)))
+    assert m[3] == granary.Dataset(path)[3]
+
+
+def test_damaged_chunk_is_an_error_never_wrong_bytes(packed, tmp_path):
+    path, _ = packed
+    copy = tmp_path / "copy.granary"
+    shutil.copytree(path, copy)
+    chunk = sorted(copy.glob("chunk-*.gchunk"))[0]
+    b = bytearray(chunk.read_bytes())
+    b[100] ^= 0xFF
+    chunk.write_bytes(bytes(b))
+    ds = granary.Dataset(copy)
+    bad = [i for i in range(len(ds)) if _raises(ds, i)]
+    assert bad, "a flipped byte inside a record must fail its CRC"
+    with pytest.raises(granary.GranaryError):
+        for _ in granary.IterableDataset(copy, shuffle="sequential"):
+            pass
+
+
+def _raises(ds, i):
+    try:
+        ds[i]
+    except granary.GranaryError:
+        return True
+    return False

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# The Python package's tests, twice: in a venv of Debian's python3 with its CPU torch (system
+# site packages: python3-torch, installed here with apt if missing; the PyPI torch wheel would
+# pull gigabytes of CUDA libraries), and in a plain venv without torch. Each venv gets
+# `pip install ./python` (maturin builds the extension from this checkout) and pytest.
+# Prints one line "python tests: N passed, N failed, N skipped" at the end.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+py=/usr/bin/python3
+if ! "$py" -c 'import torch, numpy, venv' >/dev/null 2>&1; then
+  echo "installing Debian's python3-torch, python3-numpy and python3-venv" >&2
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends python3-torch python3-numpy python3-venv python3-pip >/dev/null
+fi
+
+# The CLI the fixtures pack datasets with.
+cargo build -q --bin granary
+export GRANARY_BIN="$PWD/target/debug/granary"
+
+venvs="$PWD/target/py-venvs"
+totals=$(mktemp)
+trap 'rm -f "$totals"' EXIT
+run_suite() { # name, extra venv flags
+  local dir="$venvs/$1"
+  [ -x "$dir/bin/python" ] || "$py" -m venv $2 "$dir"
+  "$dir/bin/pip" install -q --disable-pip-version-check ./python pytest
+  local out
+  out=$(mktemp)
+  # Run from the checkout root so that the installed package, not python/granary, is imported.
+  set +e
+  "$dir/bin/python" -m pytest -p no:cacheprovider -q -rs python/tests 2>&1 | tee "$out"
+  local rc=${PIPESTATUS[0]}
+  set -e
+  tail -n 1 "$out" | sed "s/^/$1: /" >> "$totals"
+  rm -f "$out"
+  return "$rc"
+}
+status=0
+run_suite torch --system-site-packages || status=1
+run_suite plain "" || status=1
+awk '{ for (i = 2; i <= NF; i++) { if ($(i) ~ /^passed/) p += $(i-1); if ($(i) ~ /^failed/) f += $(i-1);
+       if ($(i) ~ /^skipped/) s += $(i-1); if ($(i) ~ /^error/) f += $(i-1) } }
+     END { printf "python tests: %d passed, %d failed, %d skipped\n", p, f, s }' "$totals"
+exit "$status"
