@@ -3,16 +3,18 @@
 # site packages: python3-torch, installed here with apt if missing; the PyPI torch wheel would
 # pull gigabytes of CUDA libraries), and in a plain venv without torch. Each venv gets
 # `pip install ./python` (maturin builds the extension from this checkout) and pytest.
+# Then runs examples/train_digits.py.
 # Prints one line "python tests: N passed, N failed, N skipped" at the end.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 py=/usr/bin/python3
-if ! "$py" -c 'import torch, numpy, venv' >/dev/null 2>&1; then
-  echo "installing Debian's python3-torch, python3-numpy and python3-venv" >&2
+if ! "$py" -c 'import torch, numpy, sklearn, venv' >/dev/null 2>&1; then
+  echo "installing Debian's python3-torch, python3-numpy, python3-sklearn and python3-venv" >&2
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
-  apt-get install -y -qq --no-install-recommends python3-torch python3-numpy python3-venv python3-pip >/dev/null
+  apt-get install -y -qq --no-install-recommends python3-torch python3-numpy python3-sklearn \
+    python3-venv python3-pip >/dev/null
 fi
 
 # The CLI the fixtures pack datasets with.
@@ -40,6 +42,15 @@ run_suite() { # name, extra venv flags
 status=0
 run_suite torch --system-site-packages || status=1
 run_suite plain "" || status=1
+# The example: a real training loop; fails if chunk-wise or importance sampling trail a global
+# shuffle by more than a point of test accuracy.
+cargo build -q --release --bin granary
+if GRANARY_BIN="$PWD/target/release/granary" "$venvs/torch/bin/python" examples/train_digits.py --seeds 0,1,2; then
+  echo "example: 1 passed" >> "$totals"
+else
+  echo "example: 1 failed" >> "$totals"
+  status=1
+fi
 awk '{ for (i = 2; i <= NF; i++) { if ($(i) ~ /^passed/) p += $(i-1); if ($(i) ~ /^failed/) f += $(i-1);
        if ($(i) ~ /^skipped/) s += $(i-1); if ($(i) ~ /^error/) f += $(i-1) } }
      END { printf "python tests: %d passed, %d failed, %d skipped\n", p, f, s }' "$totals"
