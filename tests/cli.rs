@@ -834,3 +834,17 @@ fn reader_processes_share_an_importance_tier_of_hot_chunks() {
         }
     }
 }
+
+#[test]
+fn pack_creates_missing_output_parents_and_errors_name_the_cause_once() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    write_tree(&src, &numbered_tree(5, 1, |_| 100));
+    let out = tmp.path().join("new/deeper/ds.granary");
+    assert!(pack(&src, &out, &[]).status.success());
+    assert!(out.join("snapshot.gsnap").exists());
+    let o = run(["info", tmp.path().join("missing").to_str().unwrap()]);
+    assert!(!o.status.success());
+    let msg = stderr(&o);
+    assert_eq!(msg.matches("No such file").count(), 1, "{msg}");
+}

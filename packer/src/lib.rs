@@ -315,7 +315,8 @@ pub fn pack(opts: &PackOptions) -> Result<PackSummary, PackError> {
         Some(p) => p,
         None => {
             if !work.exists() {
-                std::fs::create_dir(&work).map_err(|e| PackError::io("creating", &work, e))?;
+                // The output's parent directories too: `-o new/dir/train.granary` just works.
+                std::fs::create_dir_all(&work).map_err(|e| PackError::io("creating", &work, e))?;
             }
             let pb = progress_bar(opts.progress, None);
             pb.set_style(
