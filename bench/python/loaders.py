@@ -2,11 +2,14 @@
 
 Same data (an ImageFolder-style tree, e.g. from `granary bench gen`), same torch DataLoader
 worker count, same batch size, every loader shuffling, every batch delivered to the training
-loop as a list of raw sample bytes (no decoding: the loaders are measured, not JPEG decoding).
+loop with the raw bytes of its samples (a list of bytes, or for granary one uint8 tensor with
+offsets); no decoding: the loaders are measured, not JPEG decoding.
 Each loader is used as its documentation recommends:
 
-  granary      granary.IterableDataset(ds, batch_size=B) in DataLoader(batch_size=None,
-               num_workers=W) (chunk-wise shuffle)
+  granary      granary.IterableDataset(ds, batch_size=B, batch_format="tensor") in
+               DataLoader(batch_size=None, num_workers=W) (chunk-wise shuffle)
+  granary-inproc  the same dataset iterated in the training process: the reader's own I/O and
+               checksum threads instead of DataLoader worker processes
   webdataset   tar shards from wds.ShardWriter; wds.WebDataset(urls, shardshuffle=True)
                .shuffle(1000).to_tuple(...).batched(B) in wds.WebLoader(batch_size=None,
                num_workers=W)
@@ -107,10 +110,26 @@ def load_granary(out, workers, batch, epoch):
     import granary
     from torch.utils.data import DataLoader
 
-    ds = granary.IterableDataset(out, batch_size=batch, seed=1)
+    ds = granary.IterableDataset(out, batch_size=batch, seed=1, batch_format="tensor")
     ds.set_epoch(epoch)
     for b in DataLoader(ds, batch_size=None, num_workers=workers):
-        yield b["data"]
+        yield len(b["offsets"]) - 1, int(b["offsets"][-1])
+
+
+def load_granary_inproc(out, workers, batch, epoch):
+    """granary's reader in the training process (its own I/O and checksum threads, no
+    DataLoader worker processes)."""
+    import granary
+
+    ds = granary.IterableDataset(out, batch_size=batch, seed=1, batch_format="tensor")
+    ds.set_epoch(epoch)
+    for b in ds:
+        yield len(b["offsets"]) - 1, int(b["offsets"][-1])
+
+
+def sizes(batches):
+    for b in batches:
+        yield len(b), sum(len(x) for x in b)
 
 
 def load_webdataset(out, workers, batch, epoch):
@@ -119,8 +138,7 @@ def load_webdataset(out, workers, batch, epoch):
     urls = sorted(str(p) for p in Path(out).glob("shard-*.tar"))
     ds = (wds.WebDataset(urls, shardshuffle=True, seed=epoch, empty_check=False)
           .shuffle(1000).to_tuple("bin", "cls").batched(batch, collation_fn=lambda s: [x[0] for x in s]))
-    for b in wds.WebLoader(ds, batch_size=None, num_workers=workers):
-        yield b
+    yield from sizes(wds.WebLoader(ds, batch_size=None, num_workers=workers))
 
 
 def load_mds(out, workers, batch, epoch):
@@ -128,21 +146,20 @@ def load_mds(out, workers, batch, epoch):
     from torch.utils.data import DataLoader
 
     ds = StreamingDataset(local=str(out), shuffle=True, shuffle_seed=epoch + 1, batch_size=batch)
-    for b in DataLoader(ds, batch_size=batch, num_workers=workers, collate_fn=collate_bytes):
-        yield b
+    yield from sizes(DataLoader(ds, batch_size=batch, num_workers=workers, collate_fn=collate_bytes))
 
 
 def load_litdata(out, workers, batch, epoch):
     import litdata
 
     ds = litdata.StreamingDataset(str(out), shuffle=True, seed=epoch + 1)
-    for b in litdata.StreamingDataLoader(ds, batch_size=batch, num_workers=workers,
-                                         collate_fn=collate_bytes):
-        yield b
+    yield from sizes(litdata.StreamingDataLoader(ds, batch_size=batch, num_workers=workers,
+                                                 collate_fn=collate_bytes))
 
 
 LOADERS = {
     "granary": (convert_granary, load_granary),
+    "granary-inproc": (None, load_granary_inproc),
     "webdataset": (convert_webdataset, load_webdataset),
     "mds": (convert_mds, load_mds),
     "litdata": (convert_litdata, load_litdata),
@@ -166,9 +183,9 @@ def main():
     results = []
     for name in a.only.split(","):
         convert, load = LOADERS[name]
-        out = work / name
+        out = work / name.split("-")[0]
         conv_s = None
-        if not out.exists():
+        if convert is not None and not out.exists():
             drop_caches()
             t = time.perf_counter()
             convert(src, files, out)
@@ -178,11 +195,11 @@ def main():
             cold = drop_caches()
             t = time.perf_counter()
             n = nbytes = 0
-            for b in load(out, a.workers, a.batch, epoch):
-                n += len(b)
-                nbytes += sum(len(x) for x in b)
+            for k, m in load(out, a.workers, a.batch, epoch):
+                n += k
+                nbytes += m
             dt = time.perf_counter() - t
-            if n != len(files) and not (name == "granary" and n >= len(files) - a.batch):
+            if n != len(files) and not (name.startswith("granary") and n >= len(files) - a.batch):
                 print(f"  warning: {name} delivered {n} of {len(files)} samples", file=sys.stderr)
             runs.append({"samples": n, "bytes": nbytes, "seconds": dt, "samples_per_s": n / dt, "cold": cold})
         best = max(r["samples_per_s"] for r in runs)
@@ -191,12 +208,12 @@ def main():
         print(f"  {name:<11} convert {conv}  epochs " +
               "  ".join(f"{r['samples_per_s']:7.0f}/s ({r['bytes'] / r['seconds'] / 1e6:5.0f} MB/s{'' if r['cold'] else ', warm'})" for r in runs),
               flush=True)
-    g = next((r for r in results if r["loader"] == "granary"), None)
-    others = [r for r in results if r["loader"] != "granary"]
-    if g and others:
-        fastest = max(others, key=lambda r: r["best_samples_per_s"])
-        print(f"granary / fastest other ({fastest['loader']}): "
-              f"{g['best_samples_per_s'] / fastest['best_samples_per_s']:.2f}x (best epoch of each)")
+    others = [r for r in results if not r["loader"].startswith("granary")]
+    for g in (r for r in results if r["loader"].startswith("granary")):
+        if others:
+            fastest = max(others, key=lambda r: r["best_samples_per_s"])
+            print(f"{g['loader']} / fastest other ({fastest['loader']}): "
+                  f"{g['best_samples_per_s'] / fastest['best_samples_per_s']:.2f}x (best epoch of each)")
     if a.json:
         Path(a.json).write_text(json.dumps(results, indent=2))
 

@@ -100,6 +100,20 @@ def _index(i):
     return i.__index__()
 
 
+def _packed(buf, offsets):
+    """A packed batch as (uint8 tensor, int64 offsets tensor); numpy arrays without torch, and
+    (bytearray, list) without numpy either."""
+    if _tud is not None:
+        import torch
+
+        return torch.frombuffer(buf, dtype=torch.uint8), torch.tensor(offsets, dtype=torch.int64)
+    try:
+        import numpy as np
+    except ImportError:
+        return buf, offsets
+    return np.frombuffer(buf, dtype=np.uint8), np.asarray(offsets, dtype=np.int64)
+
+
 def _as_list(x, kind):
     """Lists, tuples, numpy arrays and torch tensors (any device) to a list of ``kind``."""
     if hasattr(x, "detach"):  # torch tensor
@@ -117,6 +131,10 @@ class IterableDataset(_IterBase):
     Yields ``{"id", "label", "data"}`` per sample, or with ``batch_size`` one dict per batch
     (``"id"`` and ``"label"`` as lists, or numpy arrays when numpy is installed, ``"data"`` a
     list of bytes), plus ``"weight"`` (the loss weight 1/(N·p)) under importance sampling.
+    ``batch_format="tensor"`` packs a batch's bytes back to back into one uint8 tensor
+    (``"data"``) with ``"offsets"`` (sample i is ``data[offsets[i]:offsets[i + 1]]``): one
+    object per batch, which DataLoader workers hand over in shared memory instead of pickling
+    every sample (numpy arrays without torch; a bytearray and a list without numpy).
 
     ``rank``/``world_size`` come from ``torch.distributed`` when it is initialised, otherwise
     from the arguments (default 0 of 1). DataLoader workers split their rank's share. Call
@@ -147,6 +165,7 @@ class IterableDataset(_IterBase):
         cache_boost=4.0,
         window=None,
         memory=512 << 20,
+        batch_format="list",
     ):
         if shuffle not in ("chunkwise", "global", "sequential"):
             raise ValueError(f"shuffle must be chunkwise, global or sequential, not {shuffle!r}")
@@ -162,6 +181,8 @@ class IterableDataset(_IterBase):
             raise ValueError(f"alpha must be in [0, 1), not {alpha}")
         if batch_size is not None and batch_size < 1:
             raise ValueError("batch_size must be a positive integer")
+        if batch_format not in ("list", "tensor"):
+            raise ValueError(f"batch_format must be list or tensor, not {batch_format!r}")
         if (rank is None) != (world_size is None):
             raise ValueError("rank and world_size go together")
         if world_size is not None and not 0 <= rank < world_size:
@@ -181,6 +202,7 @@ class IterableDataset(_IterBase):
         self.cache_boost = float(cache_boost)
         self.window = window
         self.memory = int(memory)
+        self.batch_format = batch_format
         self.epoch = 0
         self._resume = None
         self._consumed = 0
@@ -267,17 +289,29 @@ class IterableDataset(_IterBase):
                 import numpy as np
             except ImportError:
                 np = None
+            packed = self.batch_format == "tensor"
             while True:
-                batch = stream.next_batch(self.batch_size)
+                if packed:
+                    batch = stream.next_batch_packed(self.batch_size)
+                else:
+                    batch = stream.next_batch(self.batch_size)
                 if batch is None:
                     break
-                ids, labels, data, weights = batch
+                if packed:
+                    ids, labels, buf, offsets, weights = batch
+                    data = _packed(buf, offsets)
+                else:
+                    ids, labels, data, weights = batch
+                    offsets = None
                 self._consumed += len(ids)
                 if np is not None:
                     ids = np.asarray(ids, dtype=np.int64)
                     labels = np.asarray(labels, dtype=np.int64)
                     weights = np.asarray(weights, dtype=np.float32)
                 item = {"id": ids, "label": labels, "data": data}
+                if packed:
+                    item["offsets"] = data[1]
+                    item["data"] = data[0]
                 if weighted:
                     item["weight"] = weights
                 yield item

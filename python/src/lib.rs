@@ -20,7 +20,7 @@ use granary::{
 use pyo3::create_exception;
 use pyo3::exceptions::{PyIndexError, PyOSError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyList};
+use pyo3::types::{PyByteArray, PyBytes, PyList};
 
 create_exception!(
     _native,
@@ -116,6 +116,15 @@ impl Dataset {
 type PySample<'py> = (u64, u32, Bound<'py, PyBytes>, f32);
 /// A batch of samples: (ids, labels, list of bytes, weights).
 type PyBatch<'py> = (Vec<u64>, Vec<u32>, Bound<'py, PyList>, Vec<f32>);
+
+/// A packed batch: (ids, labels, all bytes, offsets, weights).
+type PyPackedBatch<'py> = (
+    Vec<u64>,
+    Vec<u32>,
+    Bound<'py, PyByteArray>,
+    Vec<u64>,
+    Vec<f32>,
+);
 
 /// One (rank, worker) share of one epoch, streamed: iterate `(id, label, bytes, weight)`, or
 /// take batches with `next_batch(n)`.
@@ -302,6 +311,55 @@ impl Stream {
             got.iter().map(|s| s.id).collect(),
             got.iter().map(|s| s.label).collect(),
             data,
+            got.iter().map(|s| s.weight).collect(),
+        )))
+    }
+
+    /// Up to `n` samples packed into one buffer: (ids, labels, bytes of every sample back to
+    /// back (a bytearray), offsets (n + 1, sample i is bytes[offsets[i]..offsets[i + 1]]),
+    /// weights); None at
+    /// the end. One Python object for the whole batch: what crosses from DataLoader workers
+    /// as a tensor in shared memory instead of being pickled sample by sample.
+    fn next_batch_packed<'py>(
+        &self,
+        py: Python<'py>,
+        n: usize,
+    ) -> PyResult<Option<PyPackedBatch<'py>>> {
+        let got = py.detach(|| {
+            let mut st = self.inner.lock().expect("stream lock");
+            let mut v = Vec::with_capacity(n);
+            for s in st.by_ref() {
+                v.push(s?);
+                if v.len() == n {
+                    break;
+                }
+            }
+            Ok::<_, ReadError>(v)
+        });
+        let got = got.map_err(err)?;
+        if got.is_empty() {
+            return Ok(None);
+        }
+        let mut offsets = Vec::with_capacity(got.len() + 1);
+        offsets.push(0u64);
+        for s in &got {
+            offsets.push(offsets[offsets.len() - 1] + s.data().len() as u64);
+        }
+        let total = offsets[got.len()] as usize;
+        // A bytearray: tensors and arrays made over it are writable, as torch expects.
+        let data = PyByteArray::new_with(py, total, |buf| {
+            py.detach(|| {
+                for (s, w) in got.iter().zip(offsets.windows(2)) {
+                    buf[w[0] as usize..w[1] as usize].copy_from_slice(s.data());
+                }
+            });
+            Ok(())
+        })?;
+        Ok(Some((
+            got.iter().map(|s| s.id).collect(),
+            got.iter().map(|s| s.label).collect(),
+            data,
+            offsets,
             got.iter().map(|s| s.weight).collect(),
         )))
     }

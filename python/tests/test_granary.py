@@ -75,6 +75,29 @@ def test_batches(packed):
     assert all(len(b["data"]) == len(b["id"]) == len(b["label"]) for b in batches)
 
 
+def as_bytes(x):
+    """bytes of a bytearray slice, numpy array or torch tensor."""
+    if hasattr(x, "numpy"):
+        x = x.numpy()
+    return x.tobytes() if hasattr(x, "tobytes") else bytes(x)
+
+
+def test_packed_batches(packed):
+    path, files = packed
+    m = granary.Dataset(path)
+    ds = granary.IterableDataset(path, batch_size=50, batch_format="tensor")
+    ids = []
+    for b in ds:
+        off = [int(o) for o in b["offsets"]]
+        assert len(off) == len(b["id"]) + 1 and off[0] == 0 and off[-1] == len(b["data"])
+        for k, i in enumerate(b["id"]):
+            assert as_bytes(b["data"][off[k]:off[k + 1]]) == files[m.path(int(i))]
+            ids.append(int(i))
+    assert ids == epoch_ids(granary.IterableDataset(path))
+    with pytest.raises(ValueError):
+        granary.IterableDataset(path, batch_format="arrow")
+
+
 def test_resume_mid_epoch_exact_and_redistributed(packed):
     path, _ = packed
     full = epoch_ids(granary.IterableDataset(path, seed=3))

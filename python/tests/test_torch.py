@@ -43,6 +43,16 @@ def test_dataloader_covers_every_sample_exactly_once(packed, workers, context):
     assert sorted(got) == list(range(240))
 
 
+def test_packed_batches_cross_from_workers(packed):
+    path, _ = packed
+    ds = granary.IterableDataset(path, seed=1, batch_size=32, batch_format="tensor")
+    seen = 0
+    for b in DataLoader(ds, batch_size=None, num_workers=2):
+        assert b["data"].dtype == torch.uint8 and b["offsets"].dtype == torch.int64
+        seen += len(b["offsets"]) - 1
+    assert seen == 240
+
+
 def test_map_style_with_a_sampler(packed):
     path, files = packed
     ds = granary.Dataset(path)
