@@ -135,6 +135,24 @@ struct Stream {
     cache: bool,
 }
 
+impl Stream {
+    /// Up to `n` samples (fewer at the end of the epoch), read with the GIL released.
+    fn take(&self, py: Python<'_>, n: usize) -> PyResult<Vec<granary::Sample>> {
+        py.detach(|| {
+            let mut st = self.inner.lock().expect("stream lock");
+            let mut v = Vec::with_capacity(n);
+            for s in st.by_ref() {
+                v.push(s?);
+                if v.len() == n {
+                    break;
+                }
+            }
+            Ok::<_, ReadError>(v)
+        })
+        .map_err(err)
+    }
+}
+
 #[pymethods]
 impl Stream {
     #[new]
@@ -291,18 +309,7 @@ impl Stream {
     /// Up to `n` samples as (ids, labels, list of bytes, weights); None at the end. The GIL
     /// is released while they are read and checked.
     fn next_batch<'py>(&self, py: Python<'py>, n: usize) -> PyResult<Option<PyBatch<'py>>> {
-        let got = py.detach(|| {
-            let mut st = self.inner.lock().expect("stream lock");
-            let mut v = Vec::with_capacity(n);
-            for s in st.by_ref() {
-                v.push(s?);
-                if v.len() == n {
-                    break;
-                }
-            }
-            Ok::<_, ReadError>(v)
-        });
-        let got = got.map_err(err)?;
+        let got = self.take(py, n)?;
         if got.is_empty() {
             return Ok(None);
         }
@@ -325,18 +332,7 @@ impl Stream {
         py: Python<'py>,
         n: usize,
     ) -> PyResult<Option<PyPackedBatch<'py>>> {
-        let got = py.detach(|| {
-            let mut st = self.inner.lock().expect("stream lock");
-            let mut v = Vec::with_capacity(n);
-            for s in st.by_ref() {
-                v.push(s?);
-                if v.len() == n {
-                    break;
-                }
-            }
-            Ok::<_, ReadError>(v)
-        });
-        let got = got.map_err(err)?;
+        let got = self.take(py, n)?;
         if got.is_empty() {
             return Ok(None);
         }
