@@ -101,17 +101,16 @@ def _index(i):
 
 
 def _packed(buf, offsets):
-    """A packed batch as (uint8 tensor, int64 offsets tensor); numpy arrays without torch, and
-    (bytearray, list) without numpy either."""
+    """A packed batch as (uint8 tensor, int64 offsets tensor): numpy arrays from the reader
+    become tensors without a copy; numpy arrays without torch, and (bytearray, list) without
+    numpy either."""
     if _tud is not None:
         import torch
 
-        return torch.frombuffer(buf, dtype=torch.uint8), torch.tensor(offsets, dtype=torch.int64)
-    try:
-        import numpy as np
-    except ImportError:
-        return buf, offsets
-    return np.frombuffer(buf, dtype=np.uint8), np.asarray(offsets, dtype=np.int64)
+        if isinstance(buf, (bytes, bytearray)):
+            return torch.frombuffer(buf, dtype=torch.uint8), torch.tensor(offsets, dtype=torch.int64)
+        return torch.from_numpy(buf), torch.from_numpy(offsets)
+    return buf, offsets
 
 
 def _as_list(x, kind):
@@ -132,9 +131,10 @@ class IterableDataset(_IterBase):
     (``"id"`` and ``"label"`` as lists, or numpy arrays when numpy is installed, ``"data"`` a
     list of bytes), plus ``"weight"`` (the loss weight 1/(N·p)) under importance sampling.
     ``batch_format="tensor"`` packs a batch's bytes back to back into one uint8 tensor
-    (``"data"``) with ``"offsets"`` (sample i is ``data[offsets[i]:offsets[i + 1]]``): one
-    object per batch, which DataLoader workers hand over in shared memory instead of pickling
-    every sample (numpy arrays without torch; a bytearray and a list without numpy).
+    (``"data"``) with ``"offsets"`` (sample i is ``data[offsets[i]:offsets[i + 1]]``): the
+    reader gathers them into a buffer that a numpy array takes over (no further copy), and it
+    is one object per batch, which DataLoader workers hand over in shared memory instead of
+    pickling every sample (numpy arrays without torch; a bytearray and a list without numpy).
 
     ``rank``/``world_size`` come from ``torch.distributed`` when it is initialised, otherwise
     from the arguments (default 0 of 1). DataLoader workers split their rank's share. Call
@@ -291,7 +291,9 @@ class IterableDataset(_IterBase):
                 np = None
             packed = self.batch_format == "tensor"
             while True:
-                if packed:
+                if packed and np is not None:
+                    batch = stream.next_batch_array(self.batch_size)
+                elif packed:
                     batch = stream.next_batch_packed(self.batch_size)
                 else:
                     batch = stream.next_batch(self.batch_size)

@@ -17,6 +17,7 @@ use granary::{
     ImportanceScores, PlanOptions, ReadError, SampleReader, Sampling, Shard, SharedScores,
     ShuffleMode, StreamOptions,
 };
+use numpy::PyArray1;
 use pyo3::create_exception;
 use pyo3::exceptions::{PyIndexError, PyOSError, PyValueError};
 use pyo3::prelude::*;
@@ -123,6 +124,15 @@ type PyPackedBatch<'py> = (
     Vec<u32>,
     Bound<'py, PyByteArray>,
     Vec<u64>,
+    Vec<f32>,
+);
+
+/// A packed batch in numpy arrays: (ids, labels, uint8 bytes, int64 offsets, weights).
+type PyArrayBatch<'py> = (
+    Vec<u64>,
+    Vec<u32>,
+    Bound<'py, PyArray1<u8>>,
+    Bound<'py, PyArray1<i64>>,
     Vec<f32>,
 );
 
@@ -356,6 +366,37 @@ impl Stream {
             got.iter().map(|s| s.label).collect(),
             data,
             offsets,
+            got.iter().map(|s| s.weight).collect(),
+        )))
+    }
+
+    /// [`Stream::next_batch_packed`] with the bytes in a numpy uint8 array that owns the
+    /// buffer they were gathered into (no zero-filling, no second copy; needs numpy).
+    fn next_batch_array<'py>(
+        &self,
+        py: Python<'py>,
+        n: usize,
+    ) -> PyResult<Option<PyArrayBatch<'py>>> {
+        let got = self.take(py, n)?;
+        if got.is_empty() {
+            return Ok(None);
+        }
+        let (buf, offsets) = py.detach(|| {
+            let total: usize = got.iter().map(|s| s.data().len()).sum();
+            let mut buf = Vec::with_capacity(total);
+            let mut offsets = Vec::with_capacity(got.len() + 1);
+            offsets.push(0i64);
+            for s in &got {
+                buf.extend_from_slice(s.data());
+                offsets.push(buf.len() as i64);
+            }
+            (buf, offsets)
+        });
+        Ok(Some((
+            got.iter().map(|s| s.id).collect(),
+            got.iter().map(|s| s.label).collect(),
+            PyArray1::from_vec(py, buf),
+            PyArray1::from_vec(py, offsets),
             got.iter().map(|s| s.weight).collect(),
         )))
     }
