@@ -118,12 +118,25 @@ type PySample<'py> = (u64, u32, Bound<'py, PyBytes>, f32);
 /// A batch of samples: (ids, labels, list of bytes, weights).
 type PyBatch<'py> = (Vec<u64>, Vec<u32>, Bound<'py, PyList>, Vec<f32>);
 
+/// The samples' bytes back to back, and the offsets (n + 1) where each starts and ends.
+fn gather(samples: &[granary::Sample]) -> (Vec<u8>, Vec<i64>) {
+    let total: usize = samples.iter().map(|s| s.data().len()).sum();
+    let mut buf = Vec::with_capacity(total);
+    let mut offsets = Vec::with_capacity(samples.len() + 1);
+    offsets.push(0i64);
+    for s in samples {
+        buf.extend_from_slice(s.data());
+        offsets.push(buf.len() as i64);
+    }
+    (buf, offsets)
+}
+
 /// A packed batch: (ids, labels, all bytes, offsets, weights).
 type PyPackedBatch<'py> = (
     Vec<u64>,
     Vec<u32>,
     Bound<'py, PyByteArray>,
-    Vec<u64>,
+    Vec<i64>,
     Vec<f32>,
 );
 
@@ -333,10 +346,10 @@ impl Stream {
     }
 
     /// Up to `n` samples packed into one buffer: (ids, labels, bytes of every sample back to
-    /// back (a bytearray), offsets (n + 1, sample i is bytes[offsets[i]..offsets[i + 1]]),
-    /// weights); None at
-    /// the end. One Python object for the whole batch: what crosses from DataLoader workers
-    /// as a tensor in shared memory instead of being pickled sample by sample.
+    /// back in a bytearray, offsets (n + 1; sample i is bytes[offsets[i]..offsets[i + 1]]),
+    /// weights); None at the end. One Python object for the whole batch: what crosses from
+    /// DataLoader workers as a tensor in shared memory instead of being pickled sample by
+    /// sample. (Without numpy; with it, [`Stream::next_batch_array`] saves a copy.)
     fn next_batch_packed<'py>(
         &self,
         py: Python<'py>,
@@ -346,32 +359,19 @@ impl Stream {
         if got.is_empty() {
             return Ok(None);
         }
-        let mut offsets = Vec::with_capacity(got.len() + 1);
-        offsets.push(0u64);
-        for s in &got {
-            offsets.push(offsets[offsets.len() - 1] + s.data().len() as u64);
-        }
-        let total = offsets[got.len()] as usize;
+        let (buf, offsets) = py.detach(|| gather(&got));
         // A bytearray: tensors and arrays made over it are writable, as torch expects.
-        let data = PyByteArray::new_with(py, total, |buf| {
-            py.detach(|| {
-                for (s, w) in got.iter().zip(offsets.windows(2)) {
-                    buf[w[0] as usize..w[1] as usize].copy_from_slice(s.data());
-                }
-            });
-            Ok(())
-        })?;
         Ok(Some((
             got.iter().map(|s| s.id).collect(),
             got.iter().map(|s| s.label).collect(),
-            data,
+            PyByteArray::new(py, &buf),
             offsets,
             got.iter().map(|s| s.weight).collect(),
         )))
     }
 
     /// [`Stream::next_batch_packed`] with the bytes in a numpy uint8 array that owns the
-    /// buffer they were gathered into (no zero-filling, no second copy; needs numpy).
+    /// buffer they were gathered into (no further copy; needs numpy).
     fn next_batch_array<'py>(
         &self,
         py: Python<'py>,
@@ -381,17 +381,7 @@ impl Stream {
         if got.is_empty() {
             return Ok(None);
         }
-        let (buf, offsets) = py.detach(|| {
-            let total: usize = got.iter().map(|s| s.data().len()).sum();
-            let mut buf = Vec::with_capacity(total);
-            let mut offsets = Vec::with_capacity(got.len() + 1);
-            offsets.push(0i64);
-            for s in &got {
-                buf.extend_from_slice(s.data());
-                offsets.push(buf.len() as i64);
-            }
-            (buf, offsets)
-        });
+        let (buf, offsets) = py.detach(|| gather(&got));
         Ok(Some((
             got.iter().map(|s| s.id).collect(),
             got.iter().map(|s| s.label).collect(),
