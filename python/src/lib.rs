@@ -174,6 +174,30 @@ impl Stream {
         })
         .map_err(err)
     }
+
+    /// Up to `n` samples gathered back to back: (ids, labels, bytes, offsets, weights); None
+    /// at the end of the epoch.
+    fn take_packed(&self, py: Python<'_>, n: usize) -> PyResult<Option<Packed>> {
+        let got = self.take(py, n)?;
+        if got.is_empty() {
+            return Ok(None);
+        }
+        let (buf, offsets) = py.detach(|| gather(&got));
+        let (ids, labels, weights) = columns(&got);
+        Ok(Some((ids, labels, buf, offsets, weights)))
+    }
+}
+
+/// A packed batch before it becomes Python objects.
+type Packed = (Vec<u64>, Vec<u32>, Vec<u8>, Vec<i64>, Vec<f32>);
+
+/// Ids, labels and loss weights of `samples`.
+fn columns(samples: &[granary::Sample]) -> (Vec<u64>, Vec<u32>, Vec<f32>) {
+    (
+        samples.iter().map(|s| s.id).collect(),
+        samples.iter().map(|s| s.label).collect(),
+        samples.iter().map(|s| s.weight).collect(),
+    )
 }
 
 #[pymethods]
@@ -337,12 +361,8 @@ impl Stream {
             return Ok(None);
         }
         let data = PyList::new(py, got.iter().map(|s| PyBytes::new(py, s.data())))?;
-        Ok(Some((
-            got.iter().map(|s| s.id).collect(),
-            got.iter().map(|s| s.label).collect(),
-            data,
-            got.iter().map(|s| s.weight).collect(),
-        )))
+        let (ids, labels, weights) = columns(&got);
+        Ok(Some((ids, labels, data, weights)))
     }
 
     /// Up to `n` samples packed into one buffer: (ids, labels, bytes of every sample back to
@@ -355,18 +375,16 @@ impl Stream {
         py: Python<'py>,
         n: usize,
     ) -> PyResult<Option<PyPackedBatch<'py>>> {
-        let got = self.take(py, n)?;
-        if got.is_empty() {
+        let Some((ids, labels, buf, offsets, weights)) = self.take_packed(py, n)? else {
             return Ok(None);
-        }
-        let (buf, offsets) = py.detach(|| gather(&got));
+        };
         // A bytearray: tensors and arrays made over it are writable, as torch expects.
         Ok(Some((
-            got.iter().map(|s| s.id).collect(),
-            got.iter().map(|s| s.label).collect(),
+            ids,
+            labels,
             PyByteArray::new(py, &buf),
             offsets,
-            got.iter().map(|s| s.weight).collect(),
+            weights,
         )))
     }
 
@@ -377,18 +395,11 @@ impl Stream {
         py: Python<'py>,
         n: usize,
     ) -> PyResult<Option<PyArrayBatch<'py>>> {
-        let got = self.take(py, n)?;
-        if got.is_empty() {
+        let Some((ids, labels, buf, offsets, weights)) = self.take_packed(py, n)? else {
             return Ok(None);
-        }
-        let (buf, offsets) = py.detach(|| gather(&got));
-        Ok(Some((
-            got.iter().map(|s| s.id).collect(),
-            got.iter().map(|s| s.label).collect(),
-            PyArray1::from_vec(py, buf),
-            PyArray1::from_vec(py, offsets),
-            got.iter().map(|s| s.weight).collect(),
-        )))
+        };
+        let (buf, offsets) = (PyArray1::from_vec(py, buf), PyArray1::from_vec(py, offsets));
+        Ok(Some((ids, labels, buf, offsets, weights)))
     }
 
     /// Hits of the local tier so far: (samples from tier, samples from source, bytes from
