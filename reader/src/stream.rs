@@ -390,7 +390,8 @@ impl HotState {
         let per_chunk = 160 + classes.iter().map(|c| 8 + c.len() as u64).sum::<u64>();
         let budget =
             (cache.quota() / 10 * 9).saturating_sub(per_chunk * (cache.quota() / target + 1));
-        let n = ds.len();
+        // Before any loss is reported every score is the same: nothing is hot yet.
+        let n = if scores.reported() == 0 { 0 } else { ds.len() };
         let mut v: Vec<(f64, u64)> = Vec::with_capacity(n as usize);
         for id in 0..n {
             let len = ds.sample(id)?.entry.stored_len;
@@ -401,10 +402,6 @@ impl HotState {
         let mut used = 0u64;
         let mut threshold = f64::INFINITY;
         let mut above = 0u64;
-        // Before any loss is reported every score is the same: nothing is hot yet.
-        if scores.reported() == 0 {
-            v.clear();
-        }
         for (per_byte, cost) in v {
             if used + cost > budget {
                 break;
