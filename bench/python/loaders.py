@@ -19,8 +19,10 @@ Each loader is used as its documentation recommends:
                litdata.StreamingDataLoader(batch_size=B, num_workers=W)
 
 Before every epoch the page cache is dropped (as root; otherwise the numbers are warm and the
-report says so). Conversions are timed too. Prints a table and the ratio of granary to the
-fastest other loader; --json writes the numbers.
+report says so). Conversions are timed too; every loader's modules are imported before the
+first epoch is timed. The disk's ceiling for the same bytes is measured with fio (when it is
+installed) before and after the loaders. Prints a table, the ratio of granary to the fastest
+other loader and to the disk ceiling; --json writes the numbers.
 
   python bench/python/loaders.py --src TREE --work DIR [--workers 2] [--batch 64] [--epochs 2]
 """
@@ -164,6 +166,30 @@ LOADERS = {
     "mds": (convert_mds, load_mds),
     "litdata": (convert_litdata, load_litdata),
 }
+# What each loader imports: imported before any epoch is timed (importing torch alone takes
+# seconds of CPU, which would otherwise land in the first loader's first epoch).
+MODULES = {
+    "granary": ["torch.utils.data", "granary"],
+    "granary-inproc": ["granary"],
+    "webdataset": ["torch.utils.data", "webdataset"],
+    "mds": ["torch.utils.data", "streaming"],
+    "litdata": ["litdata"],
+}
+
+
+def disk_ceiling(packed):
+    """What this disk delivers to one reader of the same bytes, cold: fio reading granary's
+    chunk files sequentially with O_DIRECT, 4 MiB requests, io_uring, 8 in flight. Bytes/s, or
+    None without fio."""
+    if not shutil.which("fio") or not Path(packed).is_dir():
+        return None
+    drop_caches()
+    r = subprocess.run(
+        ["fio", "--name=ceiling", f"--opendir={packed}", "--rw=read", "--bs=4M", "--direct=1",
+         "--ioengine=io_uring", "--iodepth=8", "--readonly", "--output-format=json"],
+        check=True, capture_output=True, text=True)
+    out = r.stdout[r.stdout.index("{"):]  # after fio's "opendir added N files"
+    return json.loads(out)["jobs"][0]["read"]["bw_bytes"]
 
 
 def main():
@@ -177,19 +203,32 @@ def main():
     ap.add_argument("--json", help="write the results here")
     a = ap.parse_args()
     src, work = Path(a.src), Path(a.work)
+    names = a.only.split(",")
+    unknown = [n for n in names if n not in LOADERS]
+    if unknown:
+        sys.exit(f"unknown loader(s) {', '.join(unknown)}; choose from {', '.join(LOADERS)}")
     files = list_tree(src)
     total = sum(p.stat().st_size for p, _ in files)
     print(f"{len(files)} files, {total / 1e9:.2f} GB, {a.workers} workers, batches of {a.batch}")
-    results = []
-    for name in a.only.split(","):
-        convert, load = LOADERS[name]
+    import importlib
+
+    for name in names:
+        for m in MODULES[name]:
+            importlib.import_module(m)
+    conv_s = {}
+    for name in names:
+        convert, _ = LOADERS[name]
         out = work / name.split("-")[0]
-        conv_s = None
         if convert is not None and not out.exists():
             drop_caches()
             t = time.perf_counter()
             convert(src, files, out)
-            conv_s = time.perf_counter() - t
+            conv_s[name] = time.perf_counter() - t
+    ceilings = [disk_ceiling(work / "granary")]
+    results = []
+    for name in names:
+        _, load = LOADERS[name]
+        out = work / name.split("-")[0]
         runs = []
         for epoch in range(a.epochs):
             cold = drop_caches()
@@ -203,19 +242,34 @@ def main():
                 print(f"  warning: {name} delivered {n} of {len(files)} samples", file=sys.stderr)
             runs.append({"samples": n, "bytes": nbytes, "seconds": dt, "samples_per_s": n / dt, "cold": cold})
         best = max(r["samples_per_s"] for r in runs)
-        results.append({"loader": name, "convert_s": conv_s, "runs": runs, "best_samples_per_s": best})
-        conv = f"{len(files) / conv_s:7.0f} files/s" if conv_s else "  (existing)  "
+        results.append({"loader": name, "convert_s": conv_s.get(name), "runs": runs, "best_samples_per_s": best})
+        conv = f"{len(files) / conv_s[name]:7.0f} files/s" if name in conv_s else "  (existing)  "
         print(f"  {name:<11} convert {conv}  epochs " +
               "  ".join(f"{r['samples_per_s']:7.0f}/s ({r['bytes'] / r['seconds'] / 1e6:5.0f} MB/s{'' if r['cold'] else ', warm'})" for r in runs),
               flush=True)
+    ceilings.append(disk_ceiling(work / "granary"))
+    ceilings = [c for c in ceilings if c]
+    mean_size = total / len(files)
+    if ceilings:
+        per_s = [c / mean_size for c in ceilings]
+        print(f"disk ceiling (fio, O_DIRECT 4 MiB reads, io_uring QD 8, cold; before and after): "
+              + ", ".join(f"{c / 1e6:.0f} MB/s = {p:.0f} samples/s" for c, p in zip(ceilings, per_s)))
     others = [r for r in results if not r["loader"].startswith("granary")]
     for g in (r for r in results if r["loader"].startswith("granary")):
         if others:
             fastest = max(others, key=lambda r: r["best_samples_per_s"])
             print(f"{g['loader']} / fastest other ({fastest['loader']}): "
                   f"{g['best_samples_per_s'] / fastest['best_samples_per_s']:.2f}x (best epoch of each)")
+        if ceilings:
+            print(f"{g['loader']} / disk ceiling: {g['best_samples_per_s'] / max(per_s):.2f} "
+                  f"(best epoch, highest ceiling)")
+    if others and ceilings:
+        fastest = max(r["best_samples_per_s"] for r in others)
+        print(f"3x the fastest other loader would need {3 * fastest:.0f} samples/s: "
+              f"{3 * fastest / max(per_s):.2f} of the disk ceiling")
     if a.json:
-        Path(a.json).write_text(json.dumps(results, indent=2))
+        Path(a.json).write_text(json.dumps({"results": results, "disk_ceiling_bytes_per_s": ceilings},
+                                           indent=2))
 
 
 if __name__ == "__main__":

@@ -109,8 +109,23 @@ def _packed(buf, offsets):
 
         if isinstance(buf, (bytes, bytearray)):
             return torch.frombuffer(buf, dtype=torch.uint8), torch.tensor(offsets, dtype=torch.int64)
+        if isinstance(buf.base, torch.Tensor):  # from _shared_array: keep its shared storage
+            return buf.base, torch.from_numpy(offsets)
         return torch.from_numpy(buf), torch.from_numpy(offsets)
     return buf, offsets
+
+
+def _shared_array(nbytes):
+    """A numpy view of a new uint8 tensor in shared memory (what DataLoader workers hand over
+    as a file descriptor); the view's ``base`` chain keeps the tensor alive."""
+    import torch
+
+    try:
+        storage = torch.UntypedStorage._new_shared(nbytes)
+        t = torch.empty(0, dtype=torch.uint8).set_(storage)
+    except (AttributeError, TypeError):  # a torch without it: allocate, then move (a copy)
+        t = torch.empty(nbytes, dtype=torch.uint8).share_memory_()
+    return t.numpy()
 
 
 def _as_list(x, kind):
@@ -134,7 +149,9 @@ class IterableDataset(_IterBase):
     (``"data"``) with ``"offsets"`` (sample i is ``data[offsets[i]:offsets[i + 1]]``): the
     reader gathers them into a buffer that a numpy array takes over (no further copy), and it
     is one object per batch, which DataLoader workers hand over in shared memory instead of
-    pickling every sample (numpy arrays without torch; a bytearray and a list without numpy).
+    pickling every sample: inside a worker the reader gathers straight into a tensor in shared
+    memory, so the batch crosses as a file descriptor without another copy (numpy arrays
+    without torch; a bytearray and a list without numpy).
 
     ``rank``/``world_size`` come from ``torch.distributed`` when it is initialised, otherwise
     from the arguments (default 0 of 1). DataLoader workers split their rank's share. Call
@@ -290,8 +307,13 @@ class IterableDataset(_IterBase):
             except ImportError:
                 np = None
             packed = self.batch_format == "tensor"
+            # In a DataLoader worker, batches are gathered straight into shared memory: the
+            # tensor then crosses to the training process as a file descriptor, not a copy.
+            shared = packed and np is not None and _tud is not None and _tud.get_worker_info() is not None
             while True:
-                if packed and np is not None:
+                if shared:
+                    batch = stream.next_batch_into(self.batch_size, _shared_array)
+                elif packed and np is not None:
                     batch = stream.next_batch_array(self.batch_size)
                 elif packed:
                     batch = stream.next_batch_packed(self.batch_size)

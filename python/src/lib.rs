@@ -17,7 +17,7 @@ use granary::{
     ImportanceScores, PlanOptions, ReadError, SampleReader, Sampling, Shard, SharedScores,
     ShuffleMode, StreamOptions,
 };
-use numpy::PyArray1;
+use numpy::{PyArray1, PyArrayMethods};
 use pyo3::create_exception;
 use pyo3::exceptions::{PyIndexError, PyOSError, PyValueError};
 use pyo3::prelude::*;
@@ -120,15 +120,30 @@ type PyBatch<'py> = (Vec<u64>, Vec<u32>, Bound<'py, PyList>, Vec<f32>);
 
 /// The samples' bytes back to back, and the offsets (n + 1) where each starts and ends.
 fn gather(samples: &[granary::Sample]) -> (Vec<u8>, Vec<i64>) {
-    let total: usize = samples.iter().map(|s| s.data().len()).sum();
-    let mut buf = Vec::with_capacity(total);
+    // Zeroed allocations this large come from fresh pages: no memset before the copy.
+    let mut buf = vec![0u8; packed_len(samples)];
+    let offsets = gather_into(samples, &mut buf);
+    (buf, offsets)
+}
+
+/// Bytes of `samples` back to back.
+fn packed_len(samples: &[granary::Sample]) -> usize {
+    samples.iter().map(|s| s.data().len()).sum()
+}
+
+/// Copies the samples' bytes back to back to the start of `dst` (at least
+/// [`packed_len`] bytes); returns the offsets (n + 1) where each starts and ends.
+fn gather_into(samples: &[granary::Sample], dst: &mut [u8]) -> Vec<i64> {
     let mut offsets = Vec::with_capacity(samples.len() + 1);
+    let mut at = 0;
     offsets.push(0i64);
     for s in samples {
-        buf.extend_from_slice(s.data());
-        offsets.push(buf.len() as i64);
+        let d = s.data();
+        dst[at..at + d.len()].copy_from_slice(d);
+        at += d.len();
+        offsets.push(at as i64);
     }
-    (buf, offsets)
+    offsets
 }
 
 /// A packed batch: (ids, labels, all bytes, offsets, weights).
@@ -400,6 +415,51 @@ impl Stream {
         };
         let (buf, offsets) = (PyArray1::from_vec(py, buf), PyArray1::from_vec(py, offsets));
         Ok(Some((ids, labels, buf, offsets, weights)))
+    }
+
+    /// [`Stream::next_batch_array`] gathered into a buffer of the caller's: `alloc(nbytes)`
+    /// returns a writable, contiguous numpy uint8 array of at least `nbytes` (for instance a
+    /// view of a torch tensor in shared memory, which a DataLoader worker then hands over
+    /// without copying it again). Returns (ids, labels, that array, offsets, weights); None at
+    /// the end of the epoch.
+    fn next_batch_into<'py>(
+        &self,
+        py: Python<'py>,
+        n: usize,
+        alloc: &Bound<'py, PyAny>,
+    ) -> PyResult<Option<PyArrayBatch<'py>>> {
+        let got = self.take(py, n)?;
+        if got.is_empty() {
+            return Ok(None);
+        }
+        let total = packed_len(&got);
+        let out = alloc.call1((total,))?;
+        let arr = out.cast::<PyArray1<u8>>().map_err(|_| {
+            PyValueError::new_err("alloc(nbytes) must return a one-dimensional numpy uint8 array")
+        })?;
+        let offsets = {
+            let mut rw = arr.try_readwrite().map_err(|e| {
+                PyValueError::new_err(format!("alloc(nbytes) returned an array in use: {e}"))
+            })?;
+            let dst = rw.as_slice_mut().map_err(|e| {
+                PyValueError::new_err(format!("alloc(nbytes) returned a strided array: {e}"))
+            })?;
+            if dst.len() < total {
+                return Err(PyValueError::new_err(format!(
+                    "alloc({total}) returned an array of only {} bytes",
+                    dst.len()
+                )));
+            }
+            py.detach(|| gather_into(&got, dst))
+        };
+        let (ids, labels, weights) = columns(&got);
+        Ok(Some((
+            ids,
+            labels,
+            arr.clone(),
+            PyArray1::from_vec(py, offsets),
+            weights,
+        )))
     }
 
     /// Hits of the local tier so far: (samples from tier, samples from source, bytes from

@@ -98,6 +98,36 @@ def test_packed_batches(packed):
         granary.IterableDataset(path, batch_format="arrow")
 
 
+def test_batches_gather_into_the_callers_buffer(packed):
+    np = pytest.importorskip("numpy")
+    path, files = packed
+    m = granary.Dataset(path)
+    stream = granary.Stream(path, 0, 0, 1, 0, 1)
+    asked = []
+
+    def alloc(n):
+        asked.append(n)
+        return np.full(n + 7, 0xEE, dtype=np.uint8)  # larger than asked: the tail is left alone
+
+    ids, labels, buf, off, _ = stream.next_batch_into(20, alloc)
+    assert len(ids) == 20 and asked == [int(off[-1])] and len(buf) == asked[0] + 7
+    assert (buf[asked[0]:] == 0xEE).all()
+    for k, i in enumerate(ids):
+        assert bytes(buf[off[k]:off[k + 1]]) == files[m.path(i)]
+        assert labels[k] == m[i][1]
+    for bad, why in [
+        (lambda n: bytearray(n), "numpy uint8 array"),
+        (lambda n: np.zeros(n, dtype=np.int32), "numpy uint8 array"),
+        (lambda n: np.zeros(max(n - 1, 0), dtype=np.uint8), "only"),
+        (lambda n: np.zeros(2 * n, dtype=np.uint8)[::2], "strided"),
+        (lambda n: np.zeros((n, 1), dtype=np.uint8), "numpy uint8 array"),
+    ]:
+        with pytest.raises(ValueError, match=why):
+            stream.next_batch_into(5, bad)
+    with pytest.raises(ZeroDivisionError):
+        stream.next_batch_into(5, lambda n: 1 / 0)
+
+
 def test_resume_mid_epoch_exact_and_redistributed(packed):
     path, _ = packed
     full = epoch_ids(granary.IterableDataset(path, seed=3))

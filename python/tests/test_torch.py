@@ -43,14 +43,38 @@ def test_dataloader_covers_every_sample_exactly_once(packed, workers, context):
     assert sorted(got) == list(range(240))
 
 
-def test_packed_batches_cross_from_workers(packed):
-    path, _ = packed
+class SharedInWorker(torch.utils.data.IterableDataset):
+    """Yields each batch of ``inner`` with whether its bytes were already in shared memory
+    inside the worker, before DataLoader handed it over."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def __iter__(self):
+        for b in self.inner:
+            yield b, b["data"].is_shared()
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_packed_batches_cross_from_workers_in_shared_memory(packed, context):
+    path, files = packed
+    m = granary.Dataset(path)
     ds = granary.IterableDataset(path, seed=1, batch_size=32, batch_format="tensor")
-    seen = 0
-    for b in DataLoader(ds, batch_size=None, num_workers=2):
-        assert b["data"].dtype == torch.uint8 and b["offsets"].dtype == torch.int64
-        seen += len(b["offsets"]) - 1
-    assert seen == 240
+    seen = []
+    loader = DataLoader(
+        SharedInWorker(ds), batch_size=None, num_workers=2, multiprocessing_context=context
+    )
+    for b, shared_in_worker in loader:
+        data, off = b["data"], b["offsets"]
+        assert data.dtype == torch.uint8 and off.dtype == torch.int64
+        # Gathered straight into shared memory in the worker: it crossed as a descriptor,
+        # not as a copy DataLoader made.
+        assert shared_in_worker
+        assert int(off[-1]) == len(data)
+        for k, i in enumerate(b["id"].tolist()):
+            assert bytes(data[off[k]:off[k + 1]].numpy()) == files[m.path(i)]
+            seen.append(i)
+    assert sorted(seen) == list(range(240))
 
 
 def test_map_style_with_a_sampler(packed):
