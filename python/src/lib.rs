@@ -120,10 +120,12 @@ type PyBatch<'py> = (Vec<u64>, Vec<u32>, Bound<'py, PyList>, Vec<f32>);
 
 /// The samples' bytes back to back, and the offsets (n + 1) where each starts and ends.
 fn gather(samples: &[granary::Sample]) -> (Vec<u8>, Vec<i64>) {
-    // Zeroed allocations this large come from fresh pages: no memset before the copy.
-    let mut buf = vec![0u8; packed_len(samples)];
-    let offsets = gather_into(samples, &mut buf);
-    (buf, offsets)
+    // Not zero-filled first: the buffer may be reused heap memory, which calloc would clear.
+    let mut buf = Vec::with_capacity(packed_len(samples));
+    for s in samples {
+        buf.extend_from_slice(s.data());
+    }
+    (buf, offsets(samples))
 }
 
 /// Bytes of `samples` back to back.
@@ -131,19 +133,25 @@ fn packed_len(samples: &[granary::Sample]) -> usize {
     samples.iter().map(|s| s.data().len()).sum()
 }
 
-/// Copies the samples' bytes back to back to the start of `dst` (at least
-/// [`packed_len`] bytes); returns the offsets (n + 1) where each starts and ends.
-fn gather_into(samples: &[granary::Sample], dst: &mut [u8]) -> Vec<i64> {
-    let mut offsets = Vec::with_capacity(samples.len() + 1);
+/// Where each sample starts and ends when packed back to back (n + 1 offsets).
+fn offsets(samples: &[granary::Sample]) -> Vec<i64> {
+    std::iter::once(0)
+        .chain(samples.iter().scan(0i64, |at, s| {
+            *at += s.data().len() as i64;
+            Some(*at)
+        }))
+        .collect()
+}
+
+/// Copies the samples' bytes back to back to the start of `dst` (at least [`packed_len`]
+/// bytes).
+fn gather_into(samples: &[granary::Sample], dst: &mut [u8]) {
     let mut at = 0;
-    offsets.push(0i64);
     for s in samples {
         let d = s.data();
         dst[at..at + d.len()].copy_from_slice(d);
         at += d.len();
-        offsets.push(at as i64);
     }
-    offsets
 }
 
 /// A packed batch: (ids, labels, all bytes, offsets, weights).
@@ -437,7 +445,7 @@ impl Stream {
         let arr = out.cast::<PyArray1<u8>>().map_err(|_| {
             PyValueError::new_err("alloc(nbytes) must return a one-dimensional numpy uint8 array")
         })?;
-        let offsets = {
+        {
             let mut rw = arr.try_readwrite().map_err(|e| {
                 PyValueError::new_err(format!("alloc(nbytes) returned an array in use: {e}"))
             })?;
@@ -450,14 +458,14 @@ impl Stream {
                     dst.len()
                 )));
             }
-            py.detach(|| gather_into(&got, dst))
-        };
+            py.detach(|| gather_into(&got, dst));
+        }
         let (ids, labels, weights) = columns(&got);
         Ok(Some((
             ids,
             labels,
             arr.clone(),
-            PyArray1::from_vec(py, offsets),
+            PyArray1::from_vec(py, offsets(&got)),
             weights,
         )))
     }
