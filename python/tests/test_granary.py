@@ -158,6 +158,45 @@ def test_resume_mid_epoch_exact_and_redistributed(packed):
         granary.IterableDataset(path, seed=4).load_state_dict(state)
 
 
+class AsWorker(granary.IterableDataset):
+    """The dataset as DataLoader worker ``w`` of ``n`` sees it (what get_worker_info() gives
+    inside a worker process), to play StatefulDataLoader's per-worker protocol in process."""
+
+    def __init__(self, *a, worker=(0, 1), **kw):
+        super().__init__(*a, **kw)
+        self.as_worker = worker
+
+    def _worker(self):
+        return self.as_worker
+
+
+def test_resume_per_worker_as_stateful_dataloader_does(packed):
+    # StatefulDataLoader keeps one dataset state per worker, taken inside that worker, and on
+    # resume loads each worker's own state into that worker's copy of the dataset.
+    path, _ = packed
+    workers, rank_world = 3, [(0, 2), (1, 2)]
+    for rank, world in rank_world:
+        kw = dict(seed=5, rank=rank, world_size=world, batch_size=7)
+        full = {w: [int(i) for b in AsWorker(path, worker=(w, workers), **kw) for i in b["id"]]
+                for w in range(workers)}
+        states, first = {}, {}
+        for w, steps in zip(range(workers), (0, 2, 5)):
+            ds = AsWorker(path, worker=(w, workers), **kw)
+            it = iter(ds)
+            first[w] = [int(i) for _ in range(steps) for i in next(it)["id"]]
+            states[w] = pickle.loads(pickle.dumps(ds.state_dict()))
+            del it
+        for w in range(workers):
+            again = AsWorker(path, worker=(w, workers), **kw)
+            again.load_state_dict(states[w])
+            rest = [int(i) for b in again for i in b["id"]]
+            assert first[w] + rest == full[w], f"worker {w} of rank {rank}"
+    union = [i for rank, world in rank_world for w in range(workers)
+             for b in AsWorker(path, worker=(w, workers), seed=5, rank=rank, world_size=world,
+                               batch_size=7) for i in b["id"]]
+    assert len(union) == len(set(union)) and len(union) >= 240 - 2 * workers * 7
+
+
 def test_report_by_id_feeds_the_shared_table(packed, tmp_path):
     path, _ = packed
     cache = tmp_path / "tier"
