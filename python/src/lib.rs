@@ -447,7 +447,9 @@ impl Stream {
         })?;
         {
             let mut rw = arr.try_readwrite().map_err(|e| {
-                PyValueError::new_err(format!("alloc(nbytes) returned an array in use: {e}"))
+                PyValueError::new_err(format!(
+                    "alloc(nbytes) returned an array that cannot be written: {e}"
+                ))
             })?;
             let dst = rw.as_slice_mut().map_err(|e| {
                 PyValueError::new_err(format!("alloc(nbytes) returned a strided array: {e}"))

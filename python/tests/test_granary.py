@@ -121,6 +121,7 @@ def test_batches_gather_into_the_callers_buffer(packed):
         (lambda n: np.zeros(max(n - 1, 0), dtype=np.uint8), "only"),
         (lambda n: np.zeros(2 * n, dtype=np.uint8)[::2], "strided"),
         (lambda n: np.zeros((n, 1), dtype=np.uint8), "numpy uint8 array"),
+        (lambda n: np.frombuffer(bytes(n), dtype=np.uint8), "cannot be written"),
     ]:
         with pytest.raises(ValueError, match=why):
             stream.next_batch_into(5, bad)
