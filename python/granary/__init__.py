@@ -309,7 +309,8 @@ class IterableDataset(_IterBase):
             packed = self.batch_format == "tensor"
             # In a DataLoader worker, batches are gathered straight into shared memory: the
             # tensor then crosses to the training process as a file descriptor, not a copy.
-            shared = packed and np is not None and _tud is not None and _tud.get_worker_info() is not None
+            in_worker = _tud is not None and _tud.get_worker_info() is not None
+            shared = packed and np is not None and in_worker
             while True:
                 if shared:
                     batch = stream.next_batch_into(self.batch_size, _shared_array)
