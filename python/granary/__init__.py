@@ -351,7 +351,9 @@ class IterableDataset(_IterBase):
         assumed to advance in lockstep (equal shares, the same number of steps), so this
         rank's count stands for every rank; inside DataLoader workers each worker reports its
         own slot (StatefulDataLoader keeps one state per worker and restores each from its
-        own, which is all an exact resume reads)."""
+        own, which is all an exact resume reads). Called in the training process while plain
+        DataLoader workers do the iterating, it knows only the epoch: a resume from it restarts
+        that epoch."""
         if self._redistributed:
             raise RuntimeError(
                 "state_dict() is not available while an epoch resumed under another world size "
