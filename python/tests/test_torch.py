@@ -159,6 +159,24 @@ def test_state_dict_resume_mid_epoch(packed):
     assert first + rest == full
 
 
+def test_state_dict_in_the_training_process_with_workers_restarts_the_epoch(packed):
+    # Plain DataLoader workers keep their progress to themselves: the training process's
+    # state knows the epoch only, and a resume from it reads that epoch whole (nothing skipped).
+    path, _ = packed
+    ds = granary.IterableDataset(path, seed=4, batch_size=8)
+    ds.set_epoch(2)
+    it = iter(DataLoader(ds, batch_size=None, num_workers=2))
+    for _ in range(5):
+        next(it)
+    state = ds.state_dict()
+    del it
+    assert state["epoch"] == 2 and sum(state["consumed"]) == 0
+    again = granary.IterableDataset(path, seed=4, batch_size=8)
+    again.load_state_dict(state)
+    got = ids_of(DataLoader(again, batch_size=None, num_workers=2))
+    assert sorted(got) == list(range(240))
+
+
 def test_report_accepts_tensors(packed, tmp_path):
     path, _ = packed
     ds = granary.IterableDataset(path, cache_dir=tmp_path, cache_size=1 << 20, batch_size=32)
