@@ -5,6 +5,16 @@ use std::collections::HashMap;
 use granary::{DatasetShape, EpochPlan, EpochState, PlanOptions, Shard, ShuffleMode};
 use proptest::prelude::*;
 
+/// Worker `worker` of `num_workers` on rank `rank` of `world_size`.
+fn shard(rank: u32, world_size: u32, worker: u32, num_workers: u32) -> Shard {
+    Shard {
+        rank,
+        world_size,
+        worker,
+        num_workers,
+    }
+}
+
 fn all_shares(
     shape: &DatasetShape,
     o: &PlanOptions,
@@ -16,12 +26,7 @@ fn all_shares(
         .map(|r| {
             (0..workers)
                 .map(|k| {
-                    let s = Shard {
-                        rank: r,
-                        world_size: world,
-                        worker: k,
-                        num_workers: workers,
-                    };
+                    let s = shard(r, world, k, workers);
                     EpochPlan::build(shape, o, epoch, s, None).unwrap()
                 })
                 .collect()
@@ -113,7 +118,7 @@ proptest! {
         let consumed: Vec<u64> = shares.iter().flatten().enumerate().map(|(i, p)| (seedpos.rotate_left(i as u32 * 7)) % (p.len() as u64 + 1)).collect();
         let st = EpochState { epoch: 1, world_size: world, num_workers: workers, consumed: consumed.clone() };
         for (i, p) in shares.iter().flatten().enumerate() {
-            let s = Shard { rank: i as u32 / workers, world_size: world, worker: i as u32 % workers, num_workers: workers };
+            let s = shard(i as u32 / workers, world, i as u32 % workers, workers);
             let r = EpochPlan::build(&shape, &o, 1, s, Some(&st)).unwrap();
             prop_assert_eq!(&r.samples[..], &p.samples[consumed[i] as usize..]);
         }
@@ -131,7 +136,7 @@ proptest! {
         for r in 0..world2 {
             let mut rank_total = 0;
             for k in 0..workers2 {
-                let s = Shard { rank: r, world_size: world2, worker: k, num_workers: workers2 };
+                let s = shard(r, world2, k, workers2);
                 let p = EpochPlan::build(&shape, &o, 2, s, Some(&st)).unwrap();
                 rank_total += p.len();
                 for id in p.samples {
@@ -164,12 +169,7 @@ fn locality_keeps_ranks_on_their_chunks() {
     let share_of_rank = |o: &PlanOptions, epoch: u64| -> Vec<u32> {
         let mut owner = vec![u32::MAX; 4000];
         for r in 0..4 {
-            let s = Shard {
-                rank: r,
-                world_size: 4,
-                worker: 0,
-                num_workers: 1,
-            };
+            let s = shard(r, 4, 0, 1);
             for id in EpochPlan::build(&shape, o, epoch, s, None).unwrap().samples {
                 owner[id as usize] = r;
             }
@@ -242,12 +242,7 @@ fn resume_at_every_position_same_and_other_configuration() {
             let mut got = counts([]);
             for r in 0..2 {
                 for k in 0..2 {
-                    let s = Shard {
-                        rank: r,
-                        world_size: 2,
-                        worker: k,
-                        num_workers: 2,
-                    };
+                    let s = shard(r, 2, k, 2);
                     let p = EpochPlan::build(&shape, &o2, 0, s, Some(&st)).unwrap();
                     for id in p.samples {
                         *got.entry(id).or_default() += 1;
@@ -309,12 +304,7 @@ fn importance_plans_are_deterministic_partitioned_resumable_and_weighted() {
     for r in 0..3 {
         let mut total = 0;
         for k in 0..2 {
-            let s = Shard {
-                rank: r,
-                world_size: 3,
-                worker: k,
-                num_workers: 2,
-            };
+            let s = shard(r, 3, k, 2);
             let p = build(s, None);
             assert_eq!(p, build(s, None), "deterministic");
             assert_eq!(p.weights.len(), p.samples.len());
