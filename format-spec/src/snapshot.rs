@@ -102,8 +102,9 @@ struct Layout {
 
 /// A snapshot used in place over any byte container (a memory map, a `Vec`).
 ///
-/// [`Snapshot::open`] checks the header, the section table and the section sizes: O(1) in the
-/// number of samples. Accessors bounds-check what they read and return errors, never panic.
+/// [`Snapshot::open`] checks the header, the section table, the section sizes (O(1) in the
+/// number of samples) and that the chunk table's sample ranges tile the sample table
+/// (O(chunks)). Accessors bounds-check what they read and return errors, never panic.
 /// [`Snapshot::check_sections`] and [`Snapshot::check_structure`] are the full O(n) checks.
 pub struct Snapshot<B> {
     bytes: B,
@@ -112,7 +113,9 @@ pub struct Snapshot<B> {
 
 impl<B: AsRef<[u8]>> Snapshot<B> {
     /// Opens a snapshot: checks magic, version, header CRC, section table CRC, that every
-    /// required section is present once, in bounds, and sized for the counts in the header.
+    /// required section is present once, in bounds, and sized for the counts in the header, and
+    /// that the chunk table is consistent with the sample table (ids dense, ranges contiguous,
+    /// covering every sample).
     pub fn open(bytes: B) -> Result<Self> {
         let l = Self::layout(bytes.as_ref())?;
         Ok(Snapshot { bytes, l })
@@ -259,6 +262,7 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
             ));
         }
         StringTable::parse(&b[classes.clone()], "snapshot classes")?;
+        check_chunk_ranges(&b[chunk_tab.clone()], samples)?;
         Ok(Layout {
             major: le::u16_at(b, 8),
             minor: le::u16_at(b, 10),
@@ -605,6 +609,49 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
         }
         errs
     }
+}
+
+/// The chunk table's promise that every plan and reader relies on, checked at open in O(chunks)
+/// whatever the section CRCs say: entry `i` is chunk `i`, and the chunks' sample ranges are
+/// contiguous from sample 0 and cover exactly the `samples` of the header (so no count read
+/// from the table can exceed the sample table, which is sized for the file).
+fn check_chunk_ranges(tab: &[u8], samples: u64) -> Result<()> {
+    let mut next = 0u64;
+    for (i, e) in tab.chunks_exact(CHUNK_ENTRY_LEN).enumerate() {
+        let ce = ChunkEntry::decode(e);
+        let what = || format!("snapshot chunk table entry {i}");
+        if ce.chunk_id as usize != i {
+            return Err(FormatError::invalid(
+                what(),
+                format!("has chunk id {}", ce.chunk_id),
+            ));
+        }
+        if ce.first_sample != next {
+            return Err(FormatError::invalid(
+                what(),
+                format!("starts at sample {}, expected {next}", ce.first_sample),
+            ));
+        }
+        next = match ce.first_sample.checked_add(ce.sample_count) {
+            Some(end) if end <= samples => end,
+            _ => {
+                return Err(FormatError::invalid(
+                    what(),
+                    format!(
+                        "holds samples {}+{}, beyond the {samples} samples of the header",
+                        ce.first_sample, ce.sample_count
+                    ),
+                ))
+            }
+        };
+    }
+    if next != samples {
+        return Err(FormatError::invalid(
+            "snapshot chunk table",
+            format!("chunks cover {next} samples, header says {samples}"),
+        ));
+    }
+    Ok(())
 }
 
 fn section_name(kind: u32) -> String {
