@@ -45,6 +45,9 @@ pub struct StreamOptions {
     /// serve; a gap shorter than this is read rather than skipped (fewer, larger requests:
     /// on network file systems a request costs more than 64 KiB of bandwidth).
     pub range_gap: u64,
+    /// Test hook: panic in this thread after its first window.
+    #[cfg(test)]
+    pub(crate) panic_in: Option<&'static str>,
 }
 
 impl Default for StreamOptions {
@@ -58,6 +61,8 @@ impl Default for StreamOptions {
             cache: None,
             scores: None,
             range_gap: 64 << 10,
+            #[cfg(test)]
+            panic_in: None,
         }
     }
 }
@@ -93,12 +98,27 @@ impl Sample {
     }
 }
 
+/// What the reader threads hand the consumer. The epoch is complete only when `End` arrives:
+/// a channel that closes without it means a reader thread died, and the consumer gets an
+/// error, never a short epoch that looks complete.
+enum Msg {
+    /// The samples of one window (a damaged record is an `Err` in place; nothing follows it).
+    Window(Vec<Result<Sample>>),
+    /// The stream failed; nothing follows.
+    Failed(ReadError),
+    /// Every window of the plan was delivered.
+    End,
+}
+
 /// Iterator over one shard's epoch: `Result<Sample>` in plan order. After an error the stream
 /// ends (the error names chunk, offset and sample).
 pub struct EpochStream {
-    rx: Receiver<Result<Vec<Result<Sample>>>>,
+    rx: Receiver<Msg>,
     current: std::vec::IntoIter<Result<Sample>>,
     done: bool,
+    /// Joined when the channel closes without [`Msg::End`], for the panic's message.
+    io_thread: Option<std::thread::JoinHandle<()>>,
+    delivered: u64,
     backend: &'static str,
     bytes_read: Arc<AtomicU64>,
     stats: Arc<CacheCounters>,
@@ -114,7 +134,7 @@ impl EpochStream {
     ) -> Result<Self> {
         let mut engine = Engine::new(opts.io, opts.queue_depth, opts.max_inflight_bytes)?;
         let backend = engine.name();
-        let (tx, rx) = sync_channel::<Result<Vec<Result<Sample>>>>(0);
+        let (tx, rx) = sync_channel::<Msg>(0);
         let direct = opts.direct;
         let prefetch = opts.prefetch;
         let range_gap = opts.range_gap;
@@ -132,7 +152,9 @@ impl EpochStream {
             }
             _ => None,
         };
-        std::thread::Builder::new()
+        #[cfg(test)]
+        let panic_in = opts.panic_in;
+        let io_thread = std::thread::Builder::new()
             .name("granary-io".into())
             .spawn(move || {
                 let mut files: HashMap<u32, Arc<IoFile>> = HashMap::new();
@@ -155,21 +177,37 @@ impl EpochStream {
                         {
                             Ok(p) => p,
                             Err(e) => {
-                                let _ = tx2.send(Err(ReadError::Invalid(format!(
+                                let _ = tx2.send(Msg::Failed(ReadError::Invalid(format!(
                                     "cannot start the decode threads: {e}"
                                 ))));
-                                return;
+                                return false;
                             }
                         };
+                        // True once every window handed over was decoded and delivered.
                         for (prep, bufs) in drx {
                             let r = pool.install(|| decode_window(&ds2, prep, bufs));
                             let stop = r.iter().any(|x| x.is_err());
-                            if tx2.send(Ok(r)).is_err() || stop {
-                                return;
+                            if tx2.send(Msg::Window(r)).is_err() || stop {
+                                return false;
+                            }
+                            #[cfg(test)]
+                            if panic_in == Some("decode") {
+                                panic!("injected into the decode thread");
                             }
                         }
-                    })
-                    .expect("spawn decoder");
+                        true
+                    });
+                let decoder = match decoder {
+                    Ok(d) => d,
+                    Err(e) => {
+                        let _ = tx.send(Msg::Failed(ReadError::io(
+                            "starting the decode thread",
+                            "(thread)",
+                            e,
+                        )));
+                        return;
+                    }
+                };
                 // Batches in flight ahead of the one being completed: the engine overlaps them.
                 let ahead = prefetch.max(1);
                 let mut pending: std::collections::VecDeque<(Prepared, Pending)> =
@@ -232,8 +270,13 @@ impl EpochStream {
                                 &ds,
                             );
                             if dtx.send((prep, bufs)).is_err() {
-                                failure = None;
+                                // The decoder stopped: at a damaged record (the consumer has
+                                // the error), because the consumer is gone, or by a panic.
                                 break;
+                            }
+                            #[cfg(test)]
+                            if panic_in == Some("io") {
+                                panic!("injected into the I/O thread");
                             }
                         }
                         Err(e) => {
@@ -248,26 +291,37 @@ impl EpochStream {
                 for (_, t) in pending {
                     let _ = engine.wait(t);
                 }
-                if let Some(e) = failure {
-                    drop(dtx);
-                    let _ = decoder.join();
-                    let _ = tx.send(Err(e));
+                drop(dtx);
+                let decoded_all = match decoder.join() {
+                    Ok(all) => all,
+                    Err(panic) => {
+                        let _ = tx.send(Msg::Failed(thread_died("decode", panic.as_ref())));
+                        return;
+                    }
+                };
+                if !decoded_all {
+                    // The consumer has the decoder's error (a damaged record), or has left.
                     return;
                 }
-                drop(dtx);
-                let _ = decoder.join();
+                if let Some(e) = failure {
+                    let _ = tx.send(Msg::Failed(e));
+                    return;
+                }
                 if let Some(h) = hot.as_mut() {
                     h.flush(admission.as_ref());
                 }
                 if let Some(a) = admission {
                     a.finish();
                 }
+                let _ = tx.send(Msg::End);
             })
             .map_err(|e| ReadError::io("starting the I/O thread", "(thread)", e))?;
         Ok(EpochStream {
             rx,
             current: Vec::new().into_iter(),
             done: false,
+            io_thread: Some(io_thread),
+            delivered: 0,
             backend,
             bytes_read,
             stats,
@@ -307,24 +361,50 @@ impl Iterator for EpochStream {
                     self.done = true;
                     self.current = Vec::new().into_iter();
                 }
+                self.delivered += 1;
                 return Some(s);
             }
             if self.done {
                 return None;
             }
-            match self.rx.recv() {
-                Ok(Ok(v)) => self.current = v.into_iter(),
-                Ok(Err(e)) => {
+            let msg = self.rx.recv();
+            match msg {
+                Ok(Msg::Window(v)) => self.current = v.into_iter(),
+                Ok(Msg::End) => {
+                    self.done = true;
+                    return None;
+                }
+                Ok(Msg::Failed(e)) => {
                     self.done = true;
                     return Some(Err(e));
                 }
                 Err(_) => {
+                    // Closed without `End`: a reader thread died. Never a silent short epoch.
                     self.done = true;
-                    return None;
+                    let why = match self.io_thread.take().map(|t| t.join()) {
+                        Some(Err(panic)) => thread_died("I/O", panic.as_ref()),
+                        _ => ReadError::Invalid(
+                            "the reader's threads ended without finishing the epoch".into(),
+                        ),
+                    };
+                    return Some(Err(ReadError::Invalid(format!(
+                        "{why}; the epoch is incomplete after {} samples",
+                        self.delivered
+                    ))));
                 }
             }
         }
     }
+}
+
+/// The error for a reader thread that panicked, with the panic's message.
+fn thread_died(which: &str, panic: &(dyn std::any::Any + Send)) -> ReadError {
+    let msg = panic
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("no message");
+    ReadError::Invalid(format!("granary's {which} thread panicked: {msg}"))
 }
 
 /// A window whose reads are queued: what decoding needs once they complete.
@@ -1070,4 +1150,69 @@ fn decode_window(ds: &Dataset, prep: Prepared, bufs: Vec<Completed>) -> Vec<Resu
             })
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{PlanOptions, Shard};
+
+    /// A reader thread that panics mid-epoch ends the stream with an error naming the thread,
+    /// after fewer samples than the plan has: never a short epoch that looks complete.
+    #[test]
+    fn a_reader_thread_that_panics_is_an_error_not_a_short_epoch() {
+        let tmp = tempfile::tempdir().unwrap();
+        let src = tmp.path().join("src");
+        for i in 0..64 {
+            let p = src.join(format!("c{}/{i:03}", i % 4));
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::fs::write(&p, vec![i as u8; 700]).unwrap();
+        }
+        let out = tmp.path().join("ds");
+        let mut o = granary_packer::PackOptions::new(&src, &out);
+        o.chunk_size = 2 << 10;
+        granary_packer::pack(&o).unwrap();
+        let ds = Arc::new(Dataset::open(&out).unwrap());
+        let plan = PlanOptions {
+            window_chunks: 1,
+            ..Default::default()
+        };
+        let shard = Shard {
+            rank: 0,
+            world_size: 1,
+            worker: 0,
+            num_workers: 1,
+        };
+        for (thread, io) in [
+            (None, IoKind::Pread),
+            (Some("io"), IoKind::Pread),
+            (Some("decode"), IoKind::Pread),
+            (Some("io"), IoKind::Auto),
+            (Some("decode"), IoKind::Auto),
+        ] {
+            let opts = StreamOptions {
+                io,
+                panic_in: thread,
+                ..Default::default()
+            };
+            let stream = ds.stream_epoch(&plan, 0, shard, None, &opts).unwrap();
+            let all: Vec<Result<Sample>> = stream.collect();
+            let Some(thread) = thread else {
+                assert_eq!(all.len(), 64);
+                assert!(all.iter().all(|s| s.is_ok()));
+                continue;
+            };
+            let ok = all.iter().filter(|s| s.is_ok()).count();
+            assert!(ok < 64, "{thread}: {ok} samples");
+            let err = all
+                .last()
+                .unwrap()
+                .as_ref()
+                .err()
+                .expect("ends with an error");
+            let name = if thread == "io" { "I/O" } else { thread };
+            let want = format!("granary's {name} thread panicked: injected into the {name} thread");
+            assert!(err.to_string().contains(&want), "{err}");
+        }
+    }
 }
