@@ -115,12 +115,13 @@ pub(crate) struct Encoded {
     pub crc32: u32,
 }
 
-/// Reads `path` and encodes it. `expected_size` is the size seen by the scan: a file whose size
-/// differs now, or changes while it is read, is an error (the dataset would silently differ
-/// from the source otherwise).
+/// Reads `path` and encodes it. `expected_size` and `expected_mtime_ns` are what the scan saw:
+/// a file whose size or mtime differs now, or changes while it is read, is an error (the
+/// dataset would silently differ from the source otherwise).
 pub(crate) fn read_and_encode(
     path: &Path,
     expected_size: u64,
+    expected_mtime_ns: i64,
     mode: CompressMode,
 ) -> Result<Encoded, String> {
     let mut f = std::fs::File::open(path).map_err(|e| format!("cannot open: {e}"))?;
@@ -130,6 +131,9 @@ pub(crate) fn read_and_encode(
             "size changed since the scan ({expected_size} bytes then, {} now)",
             before.len()
         ));
+    }
+    if crate::scan::mtime_ns(&before) != expected_mtime_ns {
+        return Err("modified since the scan (its mtime changed)".into());
     }
     let cap = usize::try_from(expected_size).map_err(|_| "file too large".to_string())?;
     let mut data = Vec::new();
@@ -193,17 +197,28 @@ mod tests {
         assert!(CompressMode::parse("gzip").is_err());
     }
 
+    fn mtime(p: &Path) -> i64 {
+        crate::scan::mtime_ns(&std::fs::metadata(p).unwrap())
+    }
+
     #[test]
     fn changed_or_vanished_files_are_errors() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("f");
         std::fs::write(&p, b"hello world").unwrap();
-        let e = read_and_encode(&p, 11, CompressMode::Auto).unwrap();
+        let t = mtime(&p);
+        let e = read_and_encode(&p, 11, t, CompressMode::Auto).unwrap();
         assert_eq!((e.orig_len, e.compression), (11, Compression::None));
-        let err = read_and_encode(&p, 5, CompressMode::Auto).err().unwrap();
+        let err = read_and_encode(&p, 5, t, CompressMode::Auto).err().unwrap();
         assert!(err.contains("size changed since the scan"), "{err}");
+        let err = read_and_encode(&p, 11, t - 1, CompressMode::Auto)
+            .err()
+            .unwrap();
+        assert!(err.contains("modified since the scan"), "{err}");
         std::fs::remove_file(&p).unwrap();
-        let err = read_and_encode(&p, 11, CompressMode::Auto).err().unwrap();
+        let err = read_and_encode(&p, 11, t, CompressMode::Auto)
+            .err()
+            .unwrap();
         assert!(err.contains("cannot open"), "{err}");
     }
 
@@ -212,20 +227,20 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("f");
         std::fs::write(&p, "abc ".repeat(1000)).unwrap();
-        let e = read_and_encode(&p, 4000, CompressMode::Auto).unwrap();
+        let e = read_and_encode(&p, 4000, mtime(&p), CompressMode::Auto).unwrap();
         assert_eq!(e.compression, Compression::Zstd);
         assert!(e.stored.len() < 400);
         let jpeg = [&b"\xFF\xD8\xFF\xE0"[..], &[0u8; 4000]].concat();
         std::fs::write(&p, &jpeg).unwrap();
-        let e = read_and_encode(&p, 4004, CompressMode::Auto).unwrap();
+        let e = read_and_encode(&p, 4004, mtime(&p), CompressMode::Auto).unwrap();
         assert_eq!(
             e.compression,
             Compression::None,
             "JPEG is stored raw without trying"
         );
-        let e = read_and_encode(&p, 4004, CompressMode::Zstd(3)).unwrap();
+        let e = read_and_encode(&p, 4004, mtime(&p), CompressMode::Zstd(3)).unwrap();
         assert_eq!(e.compression, Compression::Zstd);
-        let e = read_and_encode(&p, 4004, CompressMode::None).unwrap();
+        let e = read_and_encode(&p, 4004, mtime(&p), CompressMode::None).unwrap();
         assert_eq!(e.compression, Compression::None);
     }
 

@@ -9,6 +9,7 @@
 #![forbid(unsafe_code)]
 
 mod encode;
+mod output;
 mod plan;
 mod reindex;
 mod scan;
@@ -251,31 +252,31 @@ pub fn pack(opts: &PackOptions) -> Result<PackSummary, PackError> {
         )));
     }
     let out = &opts.out;
-    if out.exists() && !opts.force {
-        return Err(PackError::Usage(format!(
-            "{} already exists; pass --force to replace it",
-            out.display()
-        )));
-    }
     let work = work_dir(out)?;
-    if let Ok(out_abs) = std::fs::canonicalize(
-        out.parent()
-            .filter(|p| !p.as_os_str().is_empty())
-            .unwrap_or(Path::new(".")),
-    ) {
-        if out_abs.starts_with(&src) {
+    output::check_disjoint(&src, out, &work)?;
+    if std::fs::symlink_metadata(out).is_ok() {
+        if !opts.force {
             return Err(PackError::Usage(format!(
-                "the output {} is inside the source {}; choose an output outside it",
-                out.display(),
-                src.display()
+                "{} already exists; pass --force to replace it",
+                out.display()
             )));
         }
+        output::check_replaceable(out, output::Kind::Dataset)?;
     }
     let settings = settings_text(opts, &src);
     let mut warnings = Vec::new();
     let mut skipped = Vec::new();
 
-    let existing_plan = if work.exists() {
+    // The build directory is ours alone from here to the rename that publishes it.
+    let existed = std::fs::symlink_metadata(&work).is_ok();
+    if existed {
+        output::check_replaceable(&work, output::Kind::Build)?;
+    } else {
+        // The output's parent directories too: `-o new/dir/train.granary` just works.
+        std::fs::create_dir_all(&work).map_err(|e| PackError::io("creating", &work, e))?;
+    }
+    let _lock = output::BuildLock::take(&work, out)?;
+    let existing_plan = if existed {
         if opts.resume {
             let p = work.join(PLAN_FILE);
             match std::fs::read(&p).ok().and_then(|b| Plan::decode(&b)) {
@@ -291,14 +292,14 @@ pub fn pack(opts: &PackOptions) -> Result<PackSummary, PackError> {
                 }
                 None => {
                     warnings.push(format!(
-                        "{} holds no usable plan (interrupted before the scan finished); starting over",
+                        "{} holds no usable plan (interrupted before the scan finished, or written by another granary version); starting over",
                         work.display()
                     ));
                     None
                 }
             }
         } else if opts.force {
-            std::fs::remove_dir_all(&work).map_err(|e| PackError::io("removing", &work, e))?;
+            output::empty_dir(&work)?;
             None
         } else {
             return Err(PackError::Usage(format!(
@@ -312,25 +313,23 @@ pub fn pack(opts: &PackOptions) -> Result<PackSummary, PackError> {
 
     let scan_start = Instant::now();
     let plan = match existing_plan {
-        Some(p) => p,
-        None => {
-            if !work.exists() {
-                // The output's parent directories too: `-o new/dir/train.granary` just works.
-                std::fs::create_dir_all(&work).map_err(|e| PackError::io("creating", &work, e))?;
+        Some(p) => {
+            // Kept chunks hold the source as it was at the first scan: resuming over a changed
+            // source would mix old and new versions, so look again and refuse if it changed.
+            let found = scan_source(opts, &src, "checking the source against the plan")?;
+            warnings.extend(found.warnings);
+            skipped.extend(found.skipped);
+            let changes = plan::SourceChanges::between(&p, &found.files);
+            if !changes.is_empty() {
+                return Err(PackError::Usage(format!(
+                    "cannot resume: the source changed since the interrupted pack scanned it ({changes}); \
+                     its kept chunks hold the old versions. Rerun with --force to pack the source as it is now"
+                )));
             }
-            let pb = progress_bar(opts.progress, None);
-            pb.set_style(
-                ProgressStyle::with_template("{spinner} scanning: {pos} files found ({elapsed})")
-                    .expect("static template"),
-            );
-            let found = scan::scan(
-                &src,
-                opts.files_from.as_deref(),
-                opts.follow_links,
-                opts.skip_unreadable,
-                &|n| pb.set_position(n),
-            )?;
-            pb.finish_and_clear();
+            p
+        }
+        None => {
+            let found = scan_source(opts, &src, "scanning")?;
             warnings.extend(found.warnings);
             skipped.extend(found.skipped);
             if found.files.is_empty() {
@@ -360,13 +359,9 @@ pub fn pack(opts: &PackOptions) -> Result<PackSummary, PackError> {
         {
             candidates.push(id as usize);
         } else if name != PLAN_FILE {
+            // Only granary's own files are here (checked when the lock was taken).
             let p = e.path();
-            if p.is_dir() {
-                std::fs::remove_dir_all(&p)
-            } else {
-                std::fs::remove_file(&p)
-            }
-            .map_err(|e| PackError::io("removing stale", &p, e))?;
+            std::fs::remove_file(&p).map_err(|e| PackError::io("removing stale", &p, e))?;
         }
     }
     let verified: Vec<(usize, Option<ChunkSummary>)> = candidates
@@ -484,6 +479,26 @@ pub fn pack(opts: &PackOptions) -> Result<PackSummary, PackError> {
     })
 }
 
+/// Walks (or lists) and stats the source, with a spinner saying `what`.
+fn scan_source(opts: &PackOptions, src: &Path, what: &str) -> Result<scan::ScanResult, PackError> {
+    let pb = progress_bar(opts.progress, None);
+    pb.set_style(
+        ProgressStyle::with_template(&format!(
+            "{{spinner}} {what}: {{pos}} files found ({{elapsed}})"
+        ))
+        .expect("static template"),
+    );
+    let found = scan::scan(
+        src,
+        opts.files_from.as_deref(),
+        opts.follow_links,
+        opts.skip_unreadable,
+        &|n| pb.set_position(n),
+    );
+    pb.finish_and_clear();
+    found
+}
+
 fn make_plan(
     opts: &PackOptions,
     settings: String,
@@ -531,6 +546,7 @@ fn make_plan(
                 size: f.size,
                 label,
                 ino: f.ino,
+                mtime_ns: f.mtime_ns,
             }
         })
         .collect();
@@ -614,7 +630,7 @@ fn write_chunks(
                     .map(|&i| {
                         let f = &files[i];
                         let path = src.join(std::ffi::OsStr::from_bytes(&f.rel));
-                        let r = encode::read_and_encode(&path, f.size, opts.compress);
+                        let r = encode::read_and_encode(&path, f.size, f.mtime_ns, opts.compress);
                         pb.inc(f.size);
                         (i, r)
                     })
@@ -695,15 +711,22 @@ fn write_chunk(
     Ok(summary)
 }
 
-/// Writes `data` to `path` via a temporary file, fsync and rename.
+/// Writes `data` to `path` via a temporary file, fsync and rename. On failure (a full disk,
+/// say) the temporary file is removed again.
 pub fn write_file_atomic(path: &Path, data: &[u8]) -> Result<(), PackError> {
     let tmp = path.with_extension("tmp");
-    let mut f = std::fs::File::create(&tmp).map_err(|e| PackError::io("creating", &tmp, e))?;
-    f.write_all(data)
-        .and_then(|_| f.sync_all())
-        .map_err(|e| PackError::io("writing", &tmp, e))?;
-    drop(f);
-    std::fs::rename(&tmp, path).map_err(|e| PackError::io("renaming", &tmp, e))?;
+    let written = std::fs::File::create(&tmp)
+        .map_err(|e| PackError::io("creating", &tmp, e))
+        .and_then(|mut f| {
+            f.write_all(data)
+                .and_then(|_| f.sync_all())
+                .map_err(|e| PackError::io("writing", &tmp, e))
+        })
+        .and_then(|_| std::fs::rename(&tmp, path).map_err(|e| PackError::io("renaming", &tmp, e)));
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written?;
     if let Some(parent) = path.parent() {
         sync_dir(parent)?;
     }
@@ -722,13 +745,15 @@ fn sync_dir(dir: &Path) -> Result<(), PackError> {
 }
 
 /// Moves the finished work directory to `out`, replacing an existing `out` (only reached with
-/// `--force`) by first moving it aside, so that `out` is never missing a complete dataset.
+/// `--force`, and only if it is a granary dataset) by first moving it aside, so that `out` is never missing a complete dataset.
 fn publish(work: &Path, out: &Path) -> Result<(), PackError> {
     let parent = out
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
         .unwrap_or(Path::new("."));
-    if out.exists() {
+    if std::fs::symlink_metadata(out).is_ok() {
+        // Checked at the start too; something may have appeared there since.
+        output::check_replaceable(out, output::Kind::Dataset)?;
         let mut old_name = std::ffi::OsString::from(".");
         old_name.push(out.file_name().unwrap_or_default());
         old_name.push(format!(".old-{}", std::process::id()));
@@ -736,12 +761,7 @@ fn publish(work: &Path, out: &Path) -> Result<(), PackError> {
         std::fs::rename(out, &old).map_err(|e| PackError::io("moving aside", out, e))?;
         std::fs::rename(work, out).map_err(|e| PackError::io("renaming", work, e))?;
         sync_dir(parent)?;
-        if old.is_dir() {
-            std::fs::remove_dir_all(&old)
-        } else {
-            std::fs::remove_file(&old)
-        }
-        .map_err(|e| PackError::io("removing", &old, e))?;
+        std::fs::remove_dir_all(&old).map_err(|e| PackError::io("removing", &old, e))?;
     } else {
         std::fs::rename(work, out).map_err(|e| PackError::io("renaming", work, e))?;
         sync_dir(parent)?;

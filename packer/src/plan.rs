@@ -10,7 +10,8 @@ use granary_format::{encode_string_table, StringTable};
 use crate::PackError;
 
 const PLAN_MAGIC: &[u8; 8] = b"GRNYPLAN";
-const PLAN_VERSION: u32 = 1;
+/// Version 2 added each file's mtime; a plan of another version is not resumed.
+const PLAN_VERSION: u32 = 2;
 
 /// A file of the plan, in chunk order.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -20,6 +21,9 @@ pub(crate) struct PlanFile {
     pub label: u32,
     /// Inode number at scan time (only orders reads; never stored in the dataset).
     pub ino: u64,
+    /// Modification time at scan time, nanoseconds since the epoch: a file whose size or
+    /// mtime differs from the plan's has changed since the scan.
+    pub mtime_ns: i64,
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -83,6 +87,7 @@ impl Plan {
             b.extend_from_slice(&f.size.to_le_bytes());
             b.extend_from_slice(&f.label.to_le_bytes());
             b.extend_from_slice(&f.ino.to_le_bytes());
+            b.extend_from_slice(&f.mtime_ns.to_le_bytes());
         }
         b.extend_from_slice(&(self.chunk_starts.len() as u64).to_le_bytes());
         for s in &self.chunk_starts {
@@ -122,6 +127,7 @@ impl Plan {
                 size: r.u64()?,
                 label: r.u32()?,
                 ino: r.u64()?,
+                mtime_ns: r.u64()? as i64,
             });
         }
         let nc = r.u64()?;
@@ -153,6 +159,80 @@ impl Plan {
             .and_then(|_| f.sync_all())
             .map_err(|e| PackError::io("writing", &tmp, e))?;
         std::fs::rename(&tmp, path).map_err(|e| PackError::io("renaming", &tmp, e))
+    }
+}
+
+/// How the source differs from a plan made of it earlier.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(crate) struct SourceChanges {
+    /// Files whose size or modification time differs from the plan's.
+    pub modified: Vec<Vec<u8>>,
+    /// Files of the plan that are gone (or no longer regular files).
+    pub removed: Vec<Vec<u8>>,
+    /// Files that the plan does not have.
+    pub added: Vec<Vec<u8>>,
+}
+
+impl SourceChanges {
+    /// Compares `plan` with a fresh scan (`found`, sorted by path as the scan returns it).
+    pub fn between(plan: &Plan, found: &[crate::scan::Found]) -> Self {
+        let mut planned: Vec<&PlanFile> = plan.files.iter().collect();
+        planned.sort_unstable_by(|a, b| a.rel.cmp(&b.rel));
+        let mut c = SourceChanges::default();
+        let (mut p, mut f) = (planned.iter().peekable(), found.iter().peekable());
+        loop {
+            let plan_first = match (p.peek(), f.peek()) {
+                (None, None) => break,
+                (Some(a), Some(b)) if a.rel == b.rel => {
+                    if a.size != b.size || a.mtime_ns != b.mtime_ns {
+                        c.modified.push(a.rel.clone());
+                    }
+                    p.next();
+                    f.next();
+                    continue;
+                }
+                (Some(a), Some(b)) => a.rel < b.rel,
+                (Some(_), None) => true,
+                (None, Some(_)) => false,
+            };
+            if plan_first {
+                c.removed.extend(p.next().map(|a| a.rel.clone()));
+            } else {
+                c.added.extend(f.next().map(|b| b.rel.clone()));
+            }
+        }
+        c
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.modified.is_empty() && self.removed.is_empty() && self.added.is_empty()
+    }
+}
+
+impl std::fmt::Display for SourceChanges {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut first = true;
+        for (what, list) in [
+            ("modified", &self.modified),
+            ("removed", &self.removed),
+            ("added", &self.added),
+        ] {
+            if list.is_empty() {
+                continue;
+            }
+            if !first {
+                write!(f, "; ")?;
+            }
+            first = false;
+            write!(f, "{} {what}", list.len())?;
+            let shown: Vec<_> = list
+                .iter()
+                .take(3)
+                .map(|p| String::from_utf8_lossy(p))
+                .collect();
+            write!(f, ", e.g. {}", shown.join(", "))?;
+        }
+        Ok(())
     }
 }
 
@@ -194,6 +274,7 @@ mod tests {
             size,
             label: 0,
             ino: 0,
+            mtime_ns: 0,
         }
     }
 
@@ -218,12 +299,14 @@ mod tests {
                     size: 5,
                     label: 0,
                     ino: 9,
+                    mtime_ns: 1_700_000_000_123_456_789,
                 },
                 PlanFile {
                     rel: b"\xff".to_vec(),
                     size: 0,
                     label: u32::MAX,
                     ino: 1,
+                    mtime_ns: -5,
                 },
             ],
             chunk_starts: vec![0, 1, 2],

@@ -14,6 +14,16 @@ pub(crate) struct Found {
     pub size: u64,
     /// Inode number: reading a chunk's files in inode order follows the on-disk layout.
     pub ino: u64,
+    /// Modification time in nanoseconds since the epoch (see [`mtime_ns`]).
+    pub mtime_ns: i64,
+}
+
+/// A file's modification time in nanoseconds since the epoch, as the plan records it.
+pub(crate) fn mtime_ns(m: &std::fs::Metadata) -> i64 {
+    use std::os::unix::fs::MetadataExt;
+    m.mtime()
+        .saturating_mul(1_000_000_000)
+        .saturating_add(m.mtime_nsec())
 }
 
 pub(crate) struct ScanResult {
@@ -47,7 +57,9 @@ pub(crate) fn scan(
             on_found,
         )?,
     };
-    let stats: Vec<Result<Option<(u64, u64)>, Skipped>> = rels
+    // (size, inode, mtime) of each regular file; None for what is not one.
+    type Stat = Option<(u64, u64, i64)>;
+    let stats: Vec<Result<Stat, Skipped>> = rels
         .par_iter()
         .map(|rel| {
             let p = abs(src, rel);
@@ -57,9 +69,11 @@ pub(crate) fn scan(
                 std::fs::symlink_metadata(&p)
             };
             match md {
-                Ok(m) if m.is_file() => {
-                    Ok(Some((m.len(), std::os::unix::fs::MetadataExt::ino(&m))))
-                }
+                Ok(m) if m.is_file() => Ok(Some((
+                    m.len(),
+                    std::os::unix::fs::MetadataExt::ino(&m),
+                    mtime_ns(&m),
+                ))),
                 Ok(m) if m.file_type().is_symlink() => Ok(None),
                 Ok(_) => Ok(None),
                 Err(e) => Err(Skipped {
@@ -73,7 +87,12 @@ pub(crate) fn scan(
     let mut not_regular = 0u64;
     for (rel, st) in rels.into_iter().zip(stats) {
         match st {
-            Ok(Some((size, ino))) => files.push(Found { rel, size, ino }),
+            Ok(Some((size, ino, mtime_ns))) => files.push(Found {
+                rel,
+                size,
+                ino,
+                mtime_ns,
+            }),
             Ok(None) => {
                 not_regular += 1;
                 if not_regular <= 5 {

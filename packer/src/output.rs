@@ -1,0 +1,210 @@
+//! Where a pack may write, and what it may replace: the source is only ever read, `--force`
+//! replaces only a granary dataset (or the build directory of one), and one pack at a time
+//! builds a given output.
+
+use std::fs::File;
+use std::path::{Component, Path, PathBuf};
+
+use granary_format::{parse_chunk_file_name, SNAPSHOT_FILE};
+
+use crate::{PackError, PLAN_FILE};
+
+/// `path` made absolute with every symbolic link and `..` resolved, also when its last
+/// components do not exist yet (they are then taken lexically: a missing directory cannot be a
+/// link).
+pub(crate) fn resolve(path: &Path) -> Result<PathBuf, PackError> {
+    let abs = if path.is_absolute() {
+        path.to_path_buf()
+    } else {
+        std::env::current_dir()
+            .map_err(|e| PackError::io("finding the current directory for", path, e))?
+            .join(path)
+    };
+    let mut existing = abs.as_path();
+    let mut tail = Vec::new();
+    loop {
+        match std::fs::canonicalize(existing) {
+            Ok(mut p) => {
+                for c in tail.iter().rev() {
+                    match c {
+                        Component::ParentDir => {
+                            p.pop();
+                        }
+                        Component::Normal(n) => p.push(n),
+                        _ => {}
+                    }
+                }
+                return Ok(p);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                let Some(parent) = existing.parent() else {
+                    return Err(PackError::io("resolving", path, e));
+                };
+                tail.extend(existing.components().next_back());
+                existing = parent;
+            }
+            Err(e) => return Err(PackError::io("resolving", path, e)),
+        }
+    }
+}
+
+/// Refuses an output that is the source, lies inside it, or contains it (`src` is resolved
+/// already; `out` and the build directory `work` are resolved here).
+pub(crate) fn check_disjoint(src: &Path, out: &Path, work: &Path) -> Result<(), PackError> {
+    let (out_abs, work_abs) = (resolve(out)?, resolve(work)?);
+    let refuse = |why: &str| {
+        Err(PackError::Usage(format!(
+            "the output {} {why} the source {}; pack never writes into its source: choose an output outside it",
+            out.display(),
+            src.display()
+        )))
+    };
+    if out_abs == src {
+        return refuse("is");
+    }
+    if out_abs.starts_with(src) || work_abs.starts_with(src) {
+        return refuse("is inside");
+    }
+    if src.starts_with(&out_abs) || src.starts_with(&work_abs) {
+        return refuse("contains");
+    }
+    Ok(())
+}
+
+/// What kind of directory [`check_replaceable`] expects.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    /// A published dataset: the snapshot and chunk files.
+    Dataset,
+    /// A pack's build directory: also the plan and temporary files of an interrupted run.
+    Build,
+}
+
+/// True for the names a pack writes into `kind` of directory.
+fn ours(name: &str, kind: Kind) -> bool {
+    if name == SNAPSHOT_FILE || parse_chunk_file_name(name).is_some() {
+        return true;
+    }
+    kind == Kind::Build
+        && (name == PLAN_FILE
+            || name == "pack-plan.tmp"
+            || name == "snapshot.tmp"
+            || name
+                .strip_suffix(".tmp")
+                .and_then(parse_chunk_file_name)
+                .is_some())
+}
+
+/// Checks that `dir` holds nothing but what a pack writes (regular files with granary's names)
+/// before `--force` deletes it: anything else is the user's, and the user has to remove it.
+pub(crate) fn check_replaceable(dir: &Path, kind: Kind) -> Result<(), PackError> {
+    let what = match kind {
+        Kind::Dataset => "a granary dataset",
+        Kind::Build => "the build directory of a granary pack",
+    };
+    let refuse = |detail: String| {
+        Err(PackError::Usage(format!(
+            "{} is not {what} ({detail}); --force replaces only that: remove it yourself if it should go",
+            dir.display()
+        )))
+    };
+    let md = std::fs::symlink_metadata(dir).map_err(|e| PackError::io("inspecting", dir, e))?;
+    if !md.is_dir() {
+        return refuse(if md.file_type().is_symlink() {
+            "a symbolic link".into()
+        } else {
+            "not a directory".into()
+        });
+    }
+    let entries = std::fs::read_dir(dir).map_err(|e| PackError::io("listing", dir, e))?;
+    for e in entries {
+        let e = e.map_err(|e| PackError::io("listing", dir, e))?;
+        let name = e.file_name();
+        let regular = e.file_type().map(|t| t.is_file()).unwrap_or(false);
+        match name.to_str() {
+            Some(n) if regular && ours(n, kind) => {}
+            _ => return refuse(format!("it holds {}", e.path().display())),
+        }
+    }
+    Ok(())
+}
+
+/// An exclusive lock on a pack's build directory, held for the whole pack (also across the
+/// rename that publishes it): a second pack of the same output fails at once instead of
+/// mixing its chunks with ours.
+pub(crate) struct BuildLock {
+    _dir: File,
+}
+
+impl BuildLock {
+    /// Locks `work` (which must exist), or fails naming the pack that holds it.
+    pub(crate) fn take(work: &Path, out: &Path) -> Result<Self, PackError> {
+        use std::os::unix::fs::MetadataExt;
+        let dir = File::open(work).map_err(|e| PackError::io("opening", work, e))?;
+        match rustix::fs::flock(&dir, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+            Ok(()) => {}
+            Err(rustix::io::Errno::WOULDBLOCK) => {
+                return Err(PackError::Usage(format!(
+                    "another granary pack is building {} right now (it holds the lock on {}); wait for it to finish or stop it",
+                    out.display(),
+                    work.display()
+                )))
+            }
+            Err(e) => return Err(PackError::io("locking", work, e.into())),
+        }
+        // A pack that finished between our open and our lock renamed the directory we hold
+        // to its output: the lock is only ours if the name still leads to what we locked.
+        let held = dir
+            .metadata()
+            .map_err(|e| PackError::io("inspecting", work, e))?;
+        let now = std::fs::metadata(work).map_err(|e| PackError::io("inspecting", work, e))?;
+        if (held.dev(), held.ino()) != (now.dev(), now.ino()) {
+            return Err(PackError::Usage(format!(
+                "another granary pack of {} finished while this one started; run again to replace it",
+                out.display()
+            )));
+        }
+        Ok(BuildLock { _dir: dir })
+    }
+}
+
+/// Removes everything in `dir` (a build directory checked by [`check_replaceable`]) but keeps
+/// the directory itself, so the lock on it stays held.
+pub(crate) fn empty_dir(dir: &Path) -> Result<(), PackError> {
+    let entries = std::fs::read_dir(dir).map_err(|e| PackError::io("listing", dir, e))?;
+    for e in entries {
+        let p = e.map_err(|e| PackError::io("listing", dir, e))?.path();
+        std::fs::remove_file(&p).map_err(|e| PackError::io("removing", &p, e))?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resolve_handles_missing_tails_links_and_dotdot() {
+        let t = tempfile::tempdir().unwrap();
+        let base = std::fs::canonicalize(t.path()).unwrap();
+        std::fs::create_dir(base.join("real")).unwrap();
+        std::os::unix::fs::symlink(base.join("real"), base.join("link")).unwrap();
+        assert_eq!(resolve(&base.join("link")).unwrap(), base.join("real"));
+        assert_eq!(
+            resolve(&base.join("link/new/../x")).unwrap(),
+            base.join("real/x")
+        );
+        assert_eq!(resolve(&base.join("real/..")).unwrap(), base);
+    }
+
+    #[test]
+    fn only_granary_names_are_replaceable() {
+        assert!(ours("snapshot.gsnap", Kind::Dataset));
+        assert!(ours("chunk-00000003.gchunk", Kind::Dataset));
+        assert!(!ours("pack-plan.bin", Kind::Dataset));
+        assert!(ours("pack-plan.bin", Kind::Build));
+        assert!(ours("chunk-00000003.gchunk.tmp", Kind::Build));
+        assert!(!ours("chunk-3.gchunk", Kind::Build));
+        assert!(!ours("important.txt", Kind::Build));
+    }
+}

@@ -1,0 +1,302 @@
+//! Regression tests, each named after the defect it pins (issue 10: data safety). Every one of
+//! them failed on the code before its fix.
+
+mod common;
+
+use std::path::Path;
+
+use common::*;
+
+fn pack(src: &Path, out: &Path, extra: &[&str]) -> std::process::Output {
+    let mut args: Vec<&std::ffi::OsStr> = vec![
+        "pack".as_ref(),
+        src.as_os_str(),
+        "-o".as_ref(),
+        out.as_os_str(),
+    ];
+    args.extend(extra.iter().map(|s| std::ffi::OsStr::new(*s)));
+    run(args)
+}
+
+/// Every entry under `root` (files, links, empty directories) with what it is.
+fn inventory(root: &Path) -> Vec<(String, String)> {
+    let mut v = Vec::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let e = e.unwrap();
+            let ft = e.file_type().unwrap();
+            let rel = e.path().strip_prefix(root).unwrap().display().to_string();
+            let kind = if ft.is_symlink() {
+                format!("link->{}", std::fs::read_link(e.path()).unwrap().display())
+            } else if ft.is_dir() {
+                stack.push(e.path());
+                "dir".into()
+            } else {
+                format!("file {:?}", std::fs::read(e.path()).unwrap())
+            };
+            v.push((rel, kind));
+        }
+    }
+    v.sort();
+    v
+}
+
+#[test]
+fn pack_src_onto_itself_with_force_deletes_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let par = tmp.path().join("par");
+    let data = par.join("child");
+    write_tree(&data, &numbered_tree(20, 2, |i| 100 + i as usize));
+    std::os::unix::fs::symlink("c0/f000", data.join("link")).unwrap();
+    std::fs::create_dir(data.join("empty")).unwrap();
+    write_tree(&par, &[(b"other/important".to_vec(), b"keep me".to_vec())]);
+    let before = inventory(&par);
+
+    let alias = tmp.path().join("alias");
+    std::os::unix::fs::symlink(&data, &alias).unwrap();
+    let dotdot = data.join("c0/../../child");
+    for (out, why) in [
+        (&data, "is the source"),
+        (&alias, "is the source"),
+        (&dotdot, "is the source"),
+        (&par, "contains the source"),
+        (&data.join("c1/new"), "is inside the source"),
+    ] {
+        for extra in [&["--force"][..], &["--force", "--resume"]] {
+            let o = pack(&data, out, extra);
+            assert_eq!(
+                o.status.code(),
+                Some(1),
+                "{}: {}",
+                out.display(),
+                stderr(&o)
+            );
+            assert!(
+                stderr(&o).contains(why),
+                "{}: {}",
+                out.display(),
+                stderr(&o)
+            );
+        }
+    }
+    assert_eq!(inventory(&par), before, "the source tree was changed");
+    assert!(!tmp.path().join(".par.partial").exists());
+}
+
+#[test]
+fn force_replaces_only_a_granary_dataset() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    write_tree(&src, &numbered_tree(10, 2, |_| 50));
+    let mine = tmp.path().join("mine");
+    write_tree(&mine, &[(b"notes.txt".to_vec(), b"mine".to_vec())]);
+    let o = pack(&src, &mine, &["--force"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        stderr(&o).contains("is not a granary dataset") && stderr(&o).contains("notes.txt"),
+        "{}",
+        stderr(&o)
+    );
+    assert_eq!(std::fs::read(mine.join("notes.txt")).unwrap(), b"mine");
+    let file = tmp.path().join("file");
+    std::fs::write(&file, b"a file").unwrap();
+    let o = pack(&src, &file, &["--force"]);
+    assert!(stderr(&o).contains("not a directory"), "{}", stderr(&o));
+    assert_eq!(std::fs::read(&file).unwrap(), b"a file");
+
+    // A dataset (or an empty directory) is replaced; so is the build directory of one.
+    let ds = tmp.path().join("ds");
+    std::fs::create_dir(&ds).unwrap();
+    run_ok([
+        "pack",
+        src.to_str().unwrap(),
+        "-o",
+        ds.to_str().unwrap(),
+        "--force",
+    ]);
+    run_ok([
+        "pack",
+        src.to_str().unwrap(),
+        "-o",
+        ds.to_str().unwrap(),
+        "--force",
+    ]);
+    // ...but not once the user has put something of theirs beside the chunks.
+    std::fs::write(ds.join("README"), b"about this data").unwrap();
+    let o = pack(&src, &ds, &["--force"]);
+    assert!(stderr(&o).contains("README"), "{}", stderr(&o));
+    assert!(ds.join("README").exists());
+    let work = tmp.path().join(".ds2.partial");
+    std::fs::create_dir(&work).unwrap();
+    std::fs::write(work.join("precious"), b"x").unwrap();
+    let o = pack(&src, &tmp.path().join("ds2"), &["--force"]);
+    assert!(stderr(&o).contains("precious"), "{}", stderr(&o));
+    assert!(work.join("precious").exists());
+}
+
+#[test]
+fn concurrent_packs_of_one_output_never_mix() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    write_tree(
+        &src,
+        &numbered_tree(300, 3, |i| 2000 + (i as usize * 37) % 3000),
+    );
+    let ds = tmp.path().join("ds");
+    // Another pack holds the build directory: this one fails at once and touches nothing.
+    let work = tmp.path().join(".ds.partial");
+    std::fs::create_dir(&work).unwrap();
+    let held = std::fs::File::open(&work).unwrap();
+    rustix::fs::flock(&held, rustix::fs::FlockOperation::LockExclusive).unwrap();
+    for extra in [&["--force"][..], &["--resume"], &[]] {
+        let o = pack(&src, &ds, extra);
+        assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+        assert!(
+            stderr(&o).contains("another granary pack is building"),
+            "{}",
+            stderr(&o)
+        );
+    }
+    assert!(work.exists() && !ds.exists());
+    drop(held);
+    std::fs::remove_dir(&work).unwrap();
+
+    // Racing for real: whatever wins, the published dataset is one pack's, whole.
+    for _ in 0..4 {
+        let args = |seed: &str| {
+            let mut c = granary();
+            c.args(["pack", src.to_str().unwrap(), "-o", ds.to_str().unwrap()])
+                .args(["--force", "--json", "--chunk-size", "16KiB", "--seed", seed]);
+            c.stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped());
+            c
+        };
+        let (a, b) = (args("1").spawn().unwrap(), args("2").spawn().unwrap());
+        let ids: Vec<String> = [a, b]
+            .into_iter()
+            .filter_map(|c| {
+                let o = c.wait_with_output().unwrap();
+                o.status.success().then(|| {
+                    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+                    v["dataset_id"].as_str().unwrap().to_string()
+                })
+            })
+            .collect();
+        assert!(!ids.is_empty(), "neither pack succeeded");
+        run_ok(["verify", ds.to_str().unwrap()]);
+        let info = stdout(&run_ok(["info", ds.to_str().unwrap(), "--json"]));
+        assert!(
+            ids.iter().any(|id| info.contains(id.as_str())),
+            "{info} {ids:?}"
+        );
+    }
+}
+
+/// Builds a dataset and rewrites its chunk table with the given edit, CRCs recomputed.
+fn dataset_with_chunk_table(tmp: &Path, edit: impl Fn(&mut [u8])) -> std::path::PathBuf {
+    let src = tmp.join("src");
+    write_tree(&src, &numbered_tree(40, 2, |_| 500));
+    let ds = tmp.join("ds");
+    run_ok([
+        "pack",
+        src.to_str().unwrap(),
+        "-o",
+        ds.to_str().unwrap(),
+        "--chunk-size",
+        "4KiB",
+    ]);
+    let snap = ds.join(granary_format::SNAPSHOT_FILE);
+    let mut b = std::fs::read(&snap).unwrap();
+    let n = u32::from_le_bytes(b[48..52].try_into().unwrap()) as usize;
+    let (off, len) = (0..n)
+        .map(|i| 64 + i * 32)
+        .find(|&e| u32::from_le_bytes(b[e..e + 4].try_into().unwrap()) == 1)
+        .map(|e| {
+            let at = |o: usize| u64::from_le_bytes(b[e + o..e + o + 8].try_into().unwrap());
+            (at(8) as usize, at(16) as usize)
+        })
+        .unwrap();
+    edit(&mut b[off..off + len]);
+    reseal_snapshot(&mut b);
+    std::fs::write(&snap, &b).unwrap();
+    ds
+}
+
+#[test]
+fn wrong_sample_count_in_a_resealed_chunk_table_is_refused_not_a_panic() {
+    type Edit = fn(&mut [u8]);
+    let edits: [(&str, Edit); 3] = [
+        ("300000000", |t| {
+            t[24..32].copy_from_slice(&300_000_000u64.to_le_bytes())
+        }),
+        ("u64::MAX", |t| {
+            t[24..32].copy_from_slice(&u64::MAX.to_le_bytes())
+        }),
+        // Counts that still add up, but ranges that overlap.
+        ("overlap", |t| {
+            let c0 = u64::from_le_bytes(t[24..32].try_into().unwrap());
+            t[24..32].copy_from_slice(&(c0 + 1).to_le_bytes());
+            t[40 + 16..40 + 24].copy_from_slice(&c0.to_le_bytes());
+        }),
+    ];
+    for (what, edit) in edits {
+        let tmp = tempfile::tempdir().unwrap();
+        let ds = dataset_with_chunk_table(tmp.path(), edit);
+        for cmd in ["read", "plan", "info", "verify"] {
+            let o = run([cmd, ds.to_str().unwrap()]);
+            assert_eq!(o.status.code(), Some(1), "{what} {cmd}: {}", stderr(&o));
+            let said = stdout(&o) + &stderr(&o);
+            assert!(said.contains("chunk table entry"), "{what} {cmd}: {said}");
+        }
+    }
+}
+
+#[test]
+fn resume_after_the_source_changed_is_refused_and_says_what_changed() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    let mut files = numbered_tree(200, 4, |_| 3000);
+    files.push((b"z/big".to_vec(), bytes(7, 200_000)));
+    write_tree(&src, &files);
+    let ds = tmp.path().join("ds");
+    let same = [
+        "--chunk-size",
+        "48KiB",
+        "--compress",
+        "none",
+        "--order",
+        "walk",
+    ];
+    // Interrupted by a write failure after the small chunks (RLIMIT_FSIZE, as in a full disk).
+    let o = std::process::Command::new("sh")
+        .arg("-c")
+        .arg("trap '' XFSZ; ulimit -f 256; exec \"$0\" pack \"$1\" -o \"$2\" --chunk-size 48KiB --compress none --order walk")
+        .arg(env!("CARGO_BIN_EXE_granary"))
+        .arg(&src)
+        .arg(&ds)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+
+    // Same sizes, new content (a kept chunk's file), one file added.
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    std::fs::write(src.join("c0/f000"), bytes(1000, 3000)).unwrap();
+    std::fs::write(src.join("c1/new"), b"arrived later").unwrap();
+    let o = pack(&src, &ds, &[&same[..], &["--resume"]].concat());
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let e = stderr(&o);
+    assert!(e.contains("source changed"), "{e}");
+    assert!(
+        e.contains("1 modified, e.g. c0/f000") && e.contains("1 added, e.g. c1/new"),
+        "{e}"
+    );
+    assert!(!ds.exists());
+
+    // --force packs the source as it is now.
+    let o = pack(&src, &ds, &[&same[..], &["--force"]].concat());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = tmp.path().join("out");
+    run_ok(["extract", ds.to_str().unwrap(), "-o", out.to_str().unwrap()]);
+    assert_eq!(read_tree(&out), read_tree(&src));
+}
