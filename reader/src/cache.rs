@@ -250,24 +250,77 @@ fn hex(id: &[u8; 16]) -> String {
     id.iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// Parses the 32 hex digits of a tier directory's name (any other name, whatever its bytes,
+/// is `None`).
+fn parse_hex_id(name: &[u8]) -> Option<[u8; 16]> {
+    let digit = |c: u8| (c as char).to_digit(16).map(|d| d as u8);
+    if name.len() != 32 {
+        return None;
+    }
+    let mut id = [0u8; 16];
+    for (i, pair) in name.chunks_exact(2).enumerate() {
+        id[i] = digit(pair[0])? << 4 | digit(pair[1])?;
+    }
+    Some(id)
+}
+
+/// Who writes a temporary file of the tier directory (named by [`write_atomic`]:
+/// `<stem>.tmp<pid>`), and so which lock says it is no longer being written.
+enum TempOwner {
+    /// Chunk copies, hot chunks, `index`, `hot.map`: the tier's lock.
+    Tier,
+    /// The score table: its own lock.
+    Scores,
+}
+
+fn temp_owner(name: &str) -> Option<TempOwner> {
+    let (stem, ext) = name.rsplit_once('.')?;
+    let pid = ext.strip_prefix("tmp")?;
+    if pid.is_empty() || !pid.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    match stem {
+        "scores" => Some(TempOwner::Scores),
+        "index" | "hot" => Some(TempOwner::Tier),
+        s if s.starts_with("chunk-") || s.starts_with("hot-") => Some(TempOwner::Tier),
+        _ => None,
+    }
+}
+
+/// True if the lock file at `path` is free (missing, or nobody holds it: then taken and
+/// released at once).
+fn try_lock(path: &Path) -> bool {
+    match File::open(path) {
+        Ok(f) => {
+            rustix::fs::flock(&f, rustix::fs::FlockOperation::NonBlockingLockExclusive).is_ok()
+        }
+        Err(e) => e.kind() == std::io::ErrorKind::NotFound,
+    }
+}
+
+/// Removes a tier entry whatever it turned out to be (a file, or a directory someone put under
+/// an entry's name); a missing one is fine.
+fn remove_entry(p: &Path) -> Result<()> {
+    let r = match std::fs::symlink_metadata(p) {
+        Ok(m) if m.is_dir() => std::fs::remove_dir_all(p),
+        Ok(_) => std::fs::remove_file(p),
+        Err(e) => Err(e),
+    };
+    match r {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(ReadError::io("removing", p, e)),
+    }
+}
+
 impl ChunkCache {
     /// The tiers (one per dataset id) found under `root`.
     pub fn list(root: &Path) -> Result<Vec<[u8; 16]>> {
         let mut out = Vec::new();
         let rd = std::fs::read_dir(root).map_err(|e| ReadError::io("listing", root, e))?;
         for e in rd.flatten() {
-            let name = e.file_name().to_string_lossy().into_owned();
-            if name.len() == 32 && e.path().is_dir() {
-                let mut id = [0u8; 16];
-                let parsed =
-                    (0..16).all(|i| match u8::from_str_radix(&name[2 * i..2 * i + 2], 16) {
-                        Ok(b) => {
-                            id[i] = b;
-                            true
-                        }
-                        Err(_) => false,
-                    });
-                if parsed {
+            if let Some(id) = parse_hex_id(e.file_name().as_encoded_bytes()) {
+                if e.path().is_dir() {
                     out.push(id);
                 }
             }
@@ -371,11 +424,25 @@ impl ChunkCache {
                 Key::Chunk(_) => true,
             };
             listed
-                && std::fs::metadata(self.dir.join(k.file_name())).is_ok_and(|m| m.len() == e.size)
+                && std::fs::symlink_metadata(self.dir.join(k.file_name()))
+                    .is_ok_and(|m| m.is_file() && m.len() == e.size)
         });
         if let Ok(rd) = std::fs::read_dir(&self.dir) {
             for f in rd.flatten() {
                 let name = f.file_name().to_string_lossy().into_owned();
+                if let Some(owner) = temp_owner(&name) {
+                    // Tier files are written only under the lock we hold: a temporary one is
+                    // left over from a process that died writing it. The score table's are
+                    // written under its own lock.
+                    let stale = match owner {
+                        TempOwner::Tier => true,
+                        TempOwner::Scores => try_lock(&self.scores_path().with_extension("lock")),
+                    };
+                    if stale {
+                        let _ = remove_entry(&f.path());
+                    }
+                    continue;
+                }
                 let key = match (
                     granary_format::parse_chunk_file_name(&name),
                     parse_hot_file_name(&name),
@@ -386,6 +453,12 @@ impl ChunkCache {
                 };
                 if let Key::Hot(id) = key {
                     next_hot = next_hot.max(id.saturating_add(1));
+                }
+                if !f.file_type().is_ok_and(|t| t.is_file()) {
+                    // A FIFO, directory or link under an entry's name: never ours, never read.
+                    index.remove(&key);
+                    let _ = remove_entry(&f.path());
+                    continue;
                 }
                 if let (false, Ok(m)) = (index.contains_key(&key), f.metadata()) {
                     let adopt = match key {
@@ -441,8 +514,15 @@ impl ChunkCache {
     /// snapshot's chunk entry; a mismatching copy is removed (a miss, never served).
     pub fn lookup(&self, ce: &ChunkEntry) -> Result<Option<PathBuf>> {
         let p = self.dir.join(chunk_file_name(ce.chunk_id));
-        let Ok(mut f) = File::open(&p) else {
-            return Ok(None);
+        let mut f = match crate::io::open_regular(&p, 0) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            // Not a regular file (a FIFO, a directory) or unreadable: damaged, never waited on,
+            // removed if it can be (if not, it stays a miss).
+            Err(_) => {
+                let _ = self.discard(ce.chunk_id);
+                return Ok(None);
+            }
         };
         let mut head = [0u8; CHUNK_HEADER_LEN];
         let ok = f.metadata().is_ok_and(|m| m.len() == ce.file_size)
@@ -460,12 +540,7 @@ impl ChunkCache {
     }
 
     fn remove(&self, l: &mut Locked, key: Key) -> Result<()> {
-        let p = self.dir.join(key.file_name());
-        match std::fs::remove_file(&p) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(ReadError::io("removing", &p, e)),
-        }
+        remove_entry(&self.dir.join(key.file_name()))?;
         l.index.remove(&key);
         Ok(())
     }
@@ -533,7 +608,7 @@ impl ChunkCache {
     pub fn hot_path(&self, h: &HotChunk) -> Option<PathBuf> {
         let p = self.dir.join(hot_file_name(h.id));
         std::fs::metadata(&p)
-            .is_ok_and(|m| m.len() == h.file_size)
+            .is_ok_and(|m| m.is_file() && m.len() == h.file_size)
             .then_some(p)
     }
 
@@ -778,5 +853,49 @@ mod tests {
         }
         assert_eq!(parse_hot_file_name(&hot_file_name(42)), Some(42));
         assert_eq!(parse_hot_file_name("hot-42.gchunk"), None);
+    }
+
+    #[test]
+    fn tier_directory_names_parse_whatever_their_bytes() {
+        let id = [
+            0xab, 0x01, 0, 0xff, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0, 0x10, 0xcd,
+        ];
+        assert_eq!(parse_hex_id(hex(&id).as_bytes()), Some(id));
+        assert_eq!(parse_hex_id(hex(&id).to_uppercase().as_bytes()), Some(id));
+        // 32 bytes that are not 32 characters (this panicked slicing inside a character).
+        assert_eq!(parse_hex_id("é".repeat(16).as_bytes()), None);
+        assert_eq!(
+            parse_hex_id(format!("a{}", "é".repeat(15)).as_bytes()),
+            None
+        );
+        assert_eq!(parse_hex_id(b"+f+f+f+f+f+f+f+f+f+f+f+f+f+f+f+f"), None);
+        assert_eq!(parse_hex_id(&[0xff; 32]), None);
+        assert_eq!(parse_hex_id(b"abc"), None);
+    }
+
+    #[test]
+    fn temporary_names_and_their_owners() {
+        assert!(matches!(
+            temp_owner("chunk-00000001.tmp123"),
+            Some(TempOwner::Tier)
+        ));
+        assert!(matches!(
+            temp_owner("hot-00000001.tmp1"),
+            Some(TempOwner::Tier)
+        ));
+        assert!(matches!(temp_owner("index.tmp77"), Some(TempOwner::Tier)));
+        assert!(matches!(temp_owner("hot.tmp77"), Some(TempOwner::Tier)));
+        assert!(matches!(temp_owner("scores.tmp5"), Some(TempOwner::Scores)));
+        for other in [
+            "index",
+            "hot.map",
+            "scores.lock",
+            "chunk-00000001.gchunk",
+            "x.tmp1",
+            "index.tmp",
+            "index.tmpx",
+        ] {
+            assert!(temp_owner(other).is_none(), "{other}");
+        }
     }
 }

@@ -78,7 +78,7 @@ impl Dataset {
                 .unwrap_or(Path::new("."));
             (dir.to_path_buf(), path.to_path_buf())
         };
-        let file = File::open(&snapshot_path).map_err(|e| {
+        let file = crate::io::open_regular(&snapshot_path, 0).map_err(|e| {
             let op = if path.is_dir() {
                 "opening snapshot"
             } else {
@@ -169,6 +169,19 @@ impl Dataset {
     /// Number of chunks.
     pub fn chunk_count(&self) -> u64 {
         self.snap.chunk_count()
+    }
+
+    /// The digest of a complete epoch (every sample once, right bytes) from the snapshot's
+    /// record CRCs: the sum of [`crate::digest_term`] over all samples (O(samples), no chunk
+    /// is read).
+    pub fn full_digest(&self) -> Result<u64> {
+        (0..self.len()).try_fold(0u64, |acc, id| {
+            let e = self
+                .snap
+                .sample(id)
+                .map_err(|e| ReadError::format(&self.snapshot_path, e))?;
+            Ok(acc.wrapping_add(crate::digest_term(id, e.crc32)))
+        })
     }
 
     /// The chunk sample ranges that epoch plans are computed from (O(chunks)).
@@ -308,7 +321,8 @@ impl Dataset {
         let ce = self.chunk(chunk)?;
         let path = self.chunk_path(chunk);
         crate::io::count_metadata_ops(1);
-        let f = File::open(&path).map_err(|e| ReadError::io("opening chunk", &path, e))?;
+        let f = crate::io::open_regular(&path, 0)
+            .map_err(|e| ReadError::io("opening chunk", &path, e))?;
         self.check_chunk_size(&ce, &f, &path)?;
         let mut head = [0u8; CHUNK_HEADER_LEN];
         f.read_exact_at(&mut head, 0)
@@ -360,7 +374,8 @@ impl Dataset {
         let ce = self.chunk(chunk)?;
         let path = self.chunk_path(chunk);
         crate::io::count_metadata_ops(1);
-        let mut f = File::open(&path).map_err(|e| ReadError::io("opening chunk", &path, e))?;
+        let mut f = crate::io::open_regular(&path, 0)
+            .map_err(|e| ReadError::io("opening chunk", &path, e))?;
         let len = self.check_chunk_size(&ce, &f, &path)?;
         let bytes = if len <= READ_WHOLE_LIMIT {
             let mut v = Vec::with_capacity(len as usize);

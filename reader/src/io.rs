@@ -30,6 +30,27 @@ pub fn metadata_ops() -> u64 {
     METADATA_OPS.load(Ordering::Relaxed)
 }
 
+/// Opens `path` for reading only if it is a regular file: a FIFO, device or directory with a
+/// data file's name (in a dataset or a tier) is an error at once instead of an `open` that
+/// blocks forever or a read that fails later. `extra` adds open flags (`O_DIRECT`). The file is
+/// opened non-blocking, checked with `fstat`, then switched back to blocking (io_uring would
+/// otherwise answer reads on it with `EAGAIN`).
+pub fn open_regular(path: &Path, extra: i32) -> std::io::Result<File> {
+    let f = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | extra)
+        .open(path)?;
+    if !f.metadata()?.is_file() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "not a regular file",
+        ));
+    }
+    let flags = rustix::fs::fcntl_getfl(&f)?;
+    rustix::fs::fcntl_setfl(&f, flags - rustix::fs::OFlags::NONBLOCK)?;
+    Ok(f)
+}
+
 /// Idle read buffers an engine keeps for reuse.
 pub const POOL_BYTES: usize = 512 << 20;
 /// Largest single read submitted; bigger ranges are split so more requests are in flight.
@@ -85,37 +106,37 @@ impl IoFile {
     pub fn open_probed(path: &Path, direct: bool, probe: &mut DirectProbe) -> Result<IoFile> {
         if direct && probe.0 != Some(false) {
             count_metadata_ops(1);
-            if let Ok(file) = OpenOptions::new()
-                .read(true)
-                .custom_flags(libc::O_DIRECT)
-                .open(path)
-            {
-                if probe.0 == Some(true) {
-                    return Ok(IoFile {
-                        file,
-                        path: path.to_path_buf(),
-                        direct: true,
-                    });
-                }
-                let mut buf = AlignedBuf::new(ALIGN);
-                match file.read_at(buf.as_mut_slice(), 0) {
-                    Ok(_) => {
-                        probe.0 = Some(true);
+            match open_regular(path, libc::O_DIRECT) {
+                Ok(file) => {
+                    if probe.0 == Some(true) {
                         return Ok(IoFile {
                             file,
                             path: path.to_path_buf(),
                             direct: true,
                         });
                     }
-                    Err(e) if e.raw_os_error() == Some(libc::EINVAL) => probe.0 = Some(false),
-                    Err(e) => return Err(ReadError::io("reading", path, e)),
+                    let mut buf = AlignedBuf::new(ALIGN);
+                    match file.read_at(buf.as_mut_slice(), 0) {
+                        Ok(_) => {
+                            probe.0 = Some(true);
+                            return Ok(IoFile {
+                                file,
+                                path: path.to_path_buf(),
+                                direct: true,
+                            });
+                        }
+                        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => probe.0 = Some(false),
+                        Err(e) => return Err(ReadError::io("reading", path, e)),
+                    }
                 }
-            } else {
-                probe.0 = Some(false);
+                // The file system refuses O_DIRECT (tmpfs): buffered reads for this stream.
+                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => probe.0 = Some(false),
+                // Missing, not a regular file, not permitted: not a verdict on O_DIRECT.
+                Err(e) => return Err(ReadError::io("opening", path, e)),
             }
         }
         count_metadata_ops(1);
-        let file = File::open(path).map_err(|e| ReadError::io("opening", path, e))?;
+        let file = open_regular(path, 0).map_err(|e| ReadError::io("opening", path, e))?;
         Ok(IoFile {
             file,
             path: path.to_path_buf(),

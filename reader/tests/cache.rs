@@ -483,3 +483,154 @@ fn shared_scores_add_up_across_handles_and_persist() {
     d.flush().unwrap();
     assert!(granary::ImportanceScores::load(&path).is_ok());
 }
+
+/// Streams a whole epoch of `ds` through `cache` on another thread; fails instead of hanging
+/// if it does not finish within a minute.
+fn epoch_within_a_minute(
+    ds: &Arc<Dataset>,
+    cache: Option<Arc<ChunkCache>>,
+) -> Result<Vec<(u64, Vec<u8>)>, String> {
+    use granary::{PlanOptions, Shard, StreamOptions};
+    let (tx, rx) = std::sync::mpsc::channel();
+    let ds = ds.clone();
+    std::thread::spawn(move || {
+        let io = StreamOptions {
+            cache,
+            ..StreamOptions::default()
+        };
+        let r: Result<Vec<(u64, Vec<u8>)>, String> = ds
+            .stream_epoch(&PlanOptions::default(), 0, Shard::WHOLE, None, &io)
+            .map_err(|e| e.to_string())
+            .and_then(|st| {
+                st.map(|s| {
+                    s.map(|s| (s.id, s.data().to_vec()))
+                        .map_err(|e| e.to_string())
+                })
+                .collect()
+            });
+        let _ = tx.send(r);
+    });
+    rx.recv_timeout(std::time::Duration::from_secs(60))
+        .map_err(|_| "the epoch hung".to_string())?
+}
+
+fn mkfifo(p: &Path) {
+    let ok = std::process::Command::new("mkfifo")
+        .arg(p)
+        .status()
+        .unwrap();
+    assert!(ok.success(), "mkfifo {}", p.display());
+}
+
+#[test]
+fn a_fifo_or_directory_under_a_chunk_name_in_the_tier_is_a_miss_not_a_hang() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ds = dataset(tmp.path(), "ds");
+    let id = ds.snapshot().dataset_id();
+    let cache = Arc::new(
+        ChunkCache::open(&tmp.path().join("cache"), id, u64::MAX, CachePolicy::Lru).unwrap(),
+    );
+    let dir = cache.dir().to_path_buf();
+    mkfifo(&dir.join(granary_format::chunk_file_name(0)));
+    std::fs::create_dir_all(dir.join(granary_format::chunk_file_name(1)).join("inside")).unwrap();
+    mkfifo(&dir.join(granary::hot_file_name(0)));
+    let expected: Vec<(u64, Vec<u8>)> = (0..ds.len()).map(|i| (i, ds.read(i).unwrap())).collect();
+    for _ in 0..2 {
+        let mut got = epoch_within_a_minute(&ds, Some(cache.clone())).unwrap();
+        got.sort();
+        assert_eq!(got, expected);
+    }
+    // The impostors are gone; the tier holds real copies now.
+    for name in [
+        granary_format::chunk_file_name(0),
+        granary_format::chunk_file_name(1),
+    ] {
+        let m = std::fs::symlink_metadata(dir.join(&name));
+        assert!(m.is_err() || m.unwrap().is_file(), "{name}");
+    }
+    assert!(!dir.join(granary::hot_file_name(0)).exists());
+
+    // In the dataset itself a FIFO instead of a chunk is an error naming it, not a hang.
+    let c2 = ds.chunk_path(2);
+    std::fs::remove_file(&c2).unwrap();
+    mkfifo(&c2);
+    let err = epoch_within_a_minute(&ds, None).unwrap_err();
+    assert!(
+        err.contains("not a regular file") && err.contains("chunk-00000002"),
+        "{err}"
+    );
+    let err = ds
+        .read(ds.chunk(2).unwrap().first_sample)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("not a regular file"), "{err}");
+}
+
+#[test]
+fn temp_files_of_killed_writers_are_removed_by_the_next_lock_and_by_clear() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ds = dataset(tmp.path(), "ds");
+    let id = ds.snapshot().dataset_id();
+    let root = tmp.path().join("cache");
+    let quota = 3 * ds.chunk(0).unwrap().file_size;
+    let cache = ChunkCache::open(&root, id, quota, CachePolicy::Lru).unwrap();
+    for c in 0..3 {
+        assert!(cache
+            .admit(&ds.chunk(c).unwrap(), &chunk_bytes(&ds, c), 1.0)
+            .unwrap());
+    }
+    let dir = cache.dir().to_path_buf();
+    let du = |d: &Path| -> u64 {
+        std::fs::read_dir(d)
+            .unwrap()
+            .flatten()
+            .map(|e| e.metadata().unwrap().len())
+            .sum()
+    };
+    // What `kill -9` leaves behind mid-write: a chunk copy, the index, the hot map, the scores.
+    let leftovers = [
+        "chunk-00000007.tmp999999",
+        "hot-00000003.tmp999998",
+        "index.tmp999997",
+        "hot.tmp999996",
+        "scores.tmp999995",
+    ];
+    for name in leftovers {
+        std::fs::write(dir.join(name), vec![7u8; 2 * quota as usize]).unwrap();
+    }
+    // A look at the tier (any process taking its lock) removes them...
+    let s = cache.stats().unwrap();
+    for name in leftovers {
+        assert!(!dir.join(name).exists(), "{name} survived");
+    }
+    assert!(
+        du(&dir) <= s.bytes + (64 << 10),
+        "{} bytes on disk",
+        du(&dir)
+    );
+    // ...but not a score table's temporary file while its writer holds the score lock.
+    let live = dir.join("scores.tmp424242");
+    std::fs::write(&live, b"being written").unwrap();
+    let held = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(cache.scores_path().with_extension("lock"))
+        .unwrap();
+    rustix::fs::flock(&held, rustix::fs::FlockOperation::LockExclusive).unwrap();
+    cache.stats().unwrap();
+    assert!(live.exists());
+    drop(held);
+    // clear leaves no data behind.
+    for name in leftovers {
+        std::fs::write(dir.join(name), b"stale").unwrap();
+    }
+    cache.clear().unwrap();
+    let left: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| !["index", "hot.map", "lock", "scores.lock"].contains(&n.as_str()))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+}
