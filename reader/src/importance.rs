@@ -158,10 +158,13 @@ impl ImportanceScores {
         if crc32fast::hash(body).to_le_bytes() != crc {
             return Err(bad("checksum mismatch"));
         }
-        let n = u64::from_le_bytes(body[8..16].try_into().expect("8 bytes")) as usize;
-        if body.len() != 20 + n * 5 {
-            return Err(bad("wrong length"));
-        }
+        // The count is read from the file: check it against the length without overflow
+        // before anything is sized from it.
+        let n = u64::from_le_bytes(body[8..16].try_into().expect("8 bytes"));
+        let n = usize::try_from(n)
+            .ok()
+            .filter(|&n| n.checked_mul(5).and_then(|x| x.checked_add(20)) == Some(body.len()))
+            .ok_or_else(|| bad("wrong length"))?;
         let smoothing = f32::from_le_bytes(body[16..20].try_into().expect("4 bytes"));
         let scores: Vec<f32> = body[20..20 + 4 * n]
             .chunks(4)
@@ -376,5 +379,22 @@ mod tests {
         b[40] ^= 1;
         std::fs::write(&p, &b).unwrap();
         assert!(ImportanceScores::load(&p).is_err());
+    }
+
+    #[test]
+    fn a_crafted_count_is_refused_without_overflow() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("scores");
+        ImportanceScores::new(3, 0.8).save(&p).unwrap();
+        let good = std::fs::read(&p).unwrap();
+        for n in [u64::MAX, u64::MAX / 5 + 1, 1 << 62, 4] {
+            let mut b = good[..good.len() - 4].to_vec();
+            b[8..16].copy_from_slice(&n.to_le_bytes());
+            let crc = crc32fast::hash(&b);
+            b.extend_from_slice(&crc.to_le_bytes());
+            std::fs::write(&p, &b).unwrap();
+            let e = ImportanceScores::load(&p).unwrap_err().to_string();
+            assert!(e.contains("wrong length"), "{n}: {e}");
+        }
     }
 }

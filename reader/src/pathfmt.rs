@@ -40,8 +40,10 @@ pub fn unescape_path(s: &[u8]) -> Option<Vec<u8>> {
                 i += 2;
             }
             b'x' => {
-                let hex = std::str::from_utf8(s.get(i + 2..i + 4)?).ok()?;
-                out.push(u8::from_str_radix(hex, 16).ok()?);
+                // Exactly two hex digits (`from_str_radix` alone would take a sign: `\x+f`).
+                let digit = |c: &u8| (*c as char).to_digit(16).map(|d| d as u8);
+                let (hi, lo) = (digit(s.get(i + 2)?)?, digit(s.get(i + 3)?)?);
+                out.push(hi << 4 | lo);
                 i += 4;
             }
             _ => return None,
@@ -67,5 +69,21 @@ mod tests {
             assert_eq!(unescape_path(e.as_bytes()).unwrap(), p, "{e}");
         }
         assert_eq!(escape_path(b"\xffa"), "\\xffa");
+    }
+
+    #[test]
+    fn a_signed_or_short_hex_escape_is_malformed() {
+        for bad in [
+            &b"\\x+f"[..],
+            b"\\x-1",
+            b"\\x f",
+            b"\\xf",
+            b"\\x",
+            b"\\q",
+            b"\\",
+        ] {
+            assert_eq!(unescape_path(bad), None, "{}", String::from_utf8_lossy(bad));
+        }
+        assert_eq!(unescape_path(b"\\xFf\\x0a").unwrap(), b"\xff\n");
     }
 }
