@@ -463,6 +463,13 @@ fn read_digests_of_all_ranks_add_up_to_the_whole_dataset() {
     let total_bytes: u64 = files.iter().map(|f| f.1.len() as u64).sum();
     assert_eq!(whole["bytes"], total_bytes);
     let digest = whole["digest"].as_str().unwrap().to_string();
+    let v: serde_json::Value =
+        serde_json::from_slice(&run_ok(["verify", ds.to_str().unwrap(), "--json"]).stdout).unwrap();
+    assert_eq!(
+        v["digest"].as_str().unwrap(),
+        digest,
+        "verify shows the same digest"
+    );
     let mut sums = [0u64; 2];
     for rank in 0..3 {
         let r = rank.to_string();

@@ -24,11 +24,6 @@ pub fn cpu_seconds() -> f64 {
     (ticks(11) + ticks(12)) / 100.0
 }
 
-/// Order-independent digest term of a delivered sample id (digests are sums mod 2^64).
-pub fn id_digest(id: u64) -> u64 {
-    granary_format::SplitMix64::keyed(&[id]).next_u64()
-}
-
 /// What one epoch delivered.
 #[derive(Serialize, Default, Clone, Debug)]
 pub struct EpochReport {
@@ -94,7 +89,10 @@ pub fn run_epoch(
                         let sample = sample?;
                         samples += 1;
                         bytes += sample.data().len() as u64;
-                        digest = digest.wrapping_add(id_digest(sample.id));
+                        digest = digest.wrapping_add(granary::digest_term(
+                            sample.id,
+                            crc32fast::hash(sample.data()),
+                        ));
                     }
                     Ok(WorkerTotals {
                         samples,

@@ -61,3 +61,11 @@ pub use plan::{
 };
 pub use stream::{CacheHits, EpochStream, Sample, StreamOptions};
 pub use verify::{verify, Problem, VerifyReport};
+
+/// The order-independent digest term of a delivered sample: a keyed hash of its id and the
+/// CRC-32 of the bytes delivered. Epoch digests are sums of terms (mod 2^64), so the digests of
+/// every rank and worker of an epoch add up to [`Dataset::full_digest`] exactly when together
+/// they delivered every sample once with the right bytes.
+pub fn digest_term(id: u64, crc32: u32) -> u64 {
+    granary_format::SplitMix64::keyed(&[id, crc32 as u64]).next_u64()
+}

@@ -27,6 +27,9 @@ pub struct VerifyReport {
     pub problems: Vec<Problem>,
     /// Files in the dataset directory that are not part of it (not damage).
     pub notes: Vec<String>,
+    /// The digest a complete epoch delivers ([`Dataset::full_digest`]), as `granary read`
+    /// prints it; `None` when the snapshot could not be read.
+    pub digest: Option<u64>,
 }
 
 impl VerifyReport {
@@ -45,6 +48,7 @@ impl VerifyReport {
             "bytes_checked": self.bytes_checked,
             "problems": self.problems.iter().map(|p| json!({"location": p.location, "detail": p.detail})).collect::<Vec<_>>(),
             "notes": self.notes,
+            "digest": self.digest.map(|d| format!("{d:016x}")),
         })
     }
 }
@@ -70,6 +74,7 @@ pub fn verify(path: &Path) -> VerifyReport {
     let snap = ds.snapshot();
     r.samples = snap.sample_count();
     r.chunks = snap.chunk_count();
+    r.digest = ds.full_digest().ok();
     for e in snap
         .check_sections()
         .into_iter()

@@ -63,7 +63,7 @@ impl PlanArgs {
     }
 }
 
-/// Stream epochs of a dataset (a dry run of training I/O): throughput and a digest.
+/// Stream epochs of a dataset (a dry run of training I/O): throughput and a content digest.
 #[derive(clap::Args)]
 #[command(after_help = "Examples:
   granary read train.granary                                # one chunkwise epoch
@@ -77,8 +77,10 @@ impl PlanArgs {
 With --policy importance the tier keeps hot chunks of the samples that matter most, chosen by
 the node's shared score table (written by the training loop's report(); or --scores FILE).
 
-The digest is order-independent (a sum over delivered sample ids): the digests of all ranks of
-an epoch add up (mod 2^64) to the digest of the whole dataset when nothing is dropped.")]
+The digest covers content: a sum (mod 2^64) of a keyed hash of each delivered sample's id and the
+CRC-32 of the bytes delivered, so it is order-independent and the digests of all ranks (and
+workers) of an epoch add up to the digest `granary verify` prints exactly when every sample was
+delivered once with the right bytes (with --pad or importance sampling, samples repeat).")]
 pub struct Args {
     /// Dataset directory.
     pub dataset: PathBuf,

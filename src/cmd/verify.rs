@@ -7,6 +7,8 @@ use super::human_bytes;
 #[derive(clap::Args)]
 #[command(
     after_help = "Examples:\n  granary verify train.granary\n  granary verify train.granary --json\n\n\
+It also prints the digest a complete epoch of `granary read` must show (the sum over the ranks' \
+digests): the snapshot's record checksums, keyed by sample id.\n\n\
 Exit status: 0 when the dataset is intact, 1 when any damage is found (every problem is listed \
 with its file, chunk, offset and sample path), 2 on a usage error."
 )]
@@ -29,6 +31,9 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         }
         for n in &r.notes {
             println!("note: {n}");
+        }
+        if let Some(d) = r.digest {
+            println!("digest of a complete epoch: {d:016x} (what `granary read` prints when every sample arrives once, right)");
         }
         let secs = t.elapsed().as_secs_f64();
         println!(
