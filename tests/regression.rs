@@ -195,6 +195,11 @@ fn concurrent_packs_of_one_output_never_mix() {
 
 /// Builds a dataset and rewrites its chunk table with the given edit, CRCs recomputed.
 fn dataset_with_chunk_table(tmp: &Path, edit: impl Fn(&mut [u8])) -> std::path::PathBuf {
+    dataset_with_section(tmp, 1, edit)
+}
+
+/// Builds a dataset and rewrites snapshot section `kind` with the given edit, CRCs recomputed.
+fn dataset_with_section(tmp: &Path, kind: u32, edit: impl Fn(&mut [u8])) -> std::path::PathBuf {
     let src = tmp.join("src");
     write_tree(&src, &numbered_tree(40, 2, |_| 500));
     let ds = tmp.join("ds");
@@ -211,7 +216,7 @@ fn dataset_with_chunk_table(tmp: &Path, edit: impl Fn(&mut [u8])) -> std::path::
     let n = u32::from_le_bytes(b[48..52].try_into().unwrap()) as usize;
     let (off, len) = (0..n)
         .map(|i| 64 + i * 32)
-        .find(|&e| u32::from_le_bytes(b[e..e + 4].try_into().unwrap()) == 1)
+        .find(|&e| u32::from_le_bytes(b[e..e + 4].try_into().unwrap()) == kind)
         .map(|e| {
             let at = |o: usize| u64::from_le_bytes(b[e + o..e + o + 8].try_into().unwrap());
             (at(8) as usize, at(16) as usize)
@@ -299,4 +304,113 @@ fn resume_after_the_source_changed_is_refused_and_says_what_changed() {
     let out = tmp.path().join("out");
     run_ok(["extract", ds.to_str().unwrap(), "-o", out.to_str().unwrap()]);
     assert_eq!(read_tree(&out), read_tree(&src));
+}
+
+#[test]
+fn cache_stats_survives_a_non_ascii_32_byte_directory_name() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("tier");
+    std::fs::create_dir_all(root.join("é".repeat(16))).unwrap();
+    std::fs::create_dir_all(root.join("+f".repeat(16))).unwrap();
+    let o = run_ok(["cache", "stats", root.to_str().unwrap()]);
+    assert!(!stdout(&o).contains("é"), "{}", stdout(&o));
+    run_ok(["cache", "clear", root.to_str().unwrap()]);
+    assert!(root.join("é".repeat(16)).exists(), "not a tier: left alone");
+}
+
+#[test]
+fn read_digest_covers_content_not_only_sample_ids() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut files = numbered_tree(60, 3, |i| 300 + i as usize);
+    let digest_of = |files: &[(Vec<u8>, Vec<u8>)], name: &str| -> (String, String) {
+        let src = tmp.path().join(format!("src-{name}"));
+        write_tree(&src, files);
+        let ds = tmp.path().join(name);
+        run_ok([
+            "pack",
+            src.to_str().unwrap(),
+            "-o",
+            ds.to_str().unwrap(),
+            "--chunk-size",
+            "4KiB",
+        ]);
+        let o = run_ok(["read", ds.to_str().unwrap(), "--json", "--workers", "2"]);
+        let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        let o = run_ok(["verify", ds.to_str().unwrap(), "--json"]);
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        (
+            r[0]["digest"].as_str().unwrap().to_string(),
+            v["digest"].as_str().unwrap().to_string(),
+        )
+    };
+    let (read_a, verify_a) = digest_of(&files, "a");
+    assert_eq!(read_a, verify_a, "a complete epoch shows verify's digest");
+    // Same paths, sizes and layout (so the same sample ids), one byte different.
+    files[17].1[5] ^= 1;
+    let (read_b, verify_b) = digest_of(&files, "b");
+    assert_eq!(read_b, verify_b);
+    assert_ne!(read_a, read_b, "the digest cannot tell the contents apart");
+}
+
+#[test]
+fn extract_refuses_a_path_order_that_repeats_or_skips_samples() {
+    let tmp = tempfile::tempdir().unwrap();
+    // Kind 5 is the path order: list the first sample twice, the second not at all.
+    let ds = dataset_with_section(tmp.path(), 5, |t| {
+        let first: [u8; 4] = t[0..4].try_into().unwrap();
+        t[4..8].copy_from_slice(&first);
+    });
+    // A prefix is looked up through the order: refused, nothing written.
+    let out = tmp.path().join("out");
+    let o = run([
+        "extract",
+        ds.to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+        "c",
+    ]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("path order is damaged"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(!out.exists() || read_tree(&out).is_empty());
+    // The whole tree does not need the order: every sample exactly once.
+    let o = run_ok(["extract", ds.to_str().unwrap(), "-o", out.to_str().unwrap()]);
+    assert!(stderr(&o).is_empty(), "{}", stderr(&o));
+    assert_eq!(read_tree(&out), read_tree(&tmp.path().join("src")));
+}
+
+#[test]
+fn reindex_on_a_full_disk_leaves_no_temporary_snapshot() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    write_tree(&src, &numbered_tree(3000, 3, |_| 10));
+    let ds = tmp.path().join("ds");
+    run_ok(["pack", src.to_str().unwrap(), "-o", ds.to_str().unwrap()]);
+    let snap = ds.join(granary_format::SNAPSHOT_FILE);
+    let size = std::fs::metadata(&snap).unwrap().len();
+    std::fs::remove_file(&snap).unwrap();
+    // A file size limit below the snapshot's size fails its write as a full disk would.
+    let o = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "trap '' XFSZ; ulimit -f {}; exec \"$0\" reindex \"$1\"",
+            size / 1024 / 2
+        ))
+        .arg(env!("CARGO_BIN_EXE_granary"))
+        .arg(&ds)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let left: Vec<_> = std::fs::read_dir(&ds)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| !n.ends_with(".gchunk"))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+    run_ok(["reindex", ds.to_str().unwrap()]);
+    run_ok(["verify", ds.to_str().unwrap()]);
 }

@@ -3,7 +3,7 @@
 use std::path::Path;
 
 use granary_format::{
-    check_chunk, chunk_file_name, parse_chunk_file_name, ChunkHeader, ChunkSummary,
+    check_chunk, chunk_file_name, parse_chunk_file_name, ChunkHeader, ChunkSummary, Snapshot,
     SnapshotBuilder, SNAPSHOT_FILE,
 };
 use rayon::prelude::*;
@@ -122,6 +122,20 @@ pub fn reindex(dir: &Path) -> Result<ReindexSummary, PackError> {
         samples += s.entries.len() as u64;
     }
     let snap = b.build()?;
+    // Footers are checksummed but can still be crafted (paths leaving the tree, labels past the
+    // class table): the rebuilt snapshot must pass the full structural check before it is
+    // written (O(samples), small next to reading every chunk above).
+    let problems = Snapshot::open(&snap[..])
+        .map(|s| s.check_structure(5))
+        .unwrap_or_else(|e| vec![e]);
+    if !problems.is_empty() {
+        let list: Vec<String> = problems.iter().map(|e| e.to_string()).collect();
+        return Err(PackError::Usage(format!(
+            "{}: the chunk footers do not describe a valid dataset, no snapshot written: {}",
+            dir.display(),
+            list.join("; ")
+        )));
+    }
     write_file_atomic(&dir.join(SNAPSHOT_FILE), &snap)?;
     Ok(ReindexSummary {
         dataset_id: hex_id(&dataset_id),

@@ -37,16 +37,8 @@ pub struct ExtractSummary {
 pub fn extract(ds: &Dataset, opts: &ExtractOptions) -> Result<ExtractSummary> {
     std::fs::create_dir_all(&opts.out_dir)
         .map_err(|e| ReadError::io("creating", &opts.out_dir, e))?;
-    let range = ds
-        .snapshot()
-        .prefix_range(&opts.prefix)
-        .map_err(|e| ReadError::format(ds.snapshot_path(), e))?;
     let mut by_chunk: BTreeMap<u32, Vec<u64>> = BTreeMap::new();
-    for pos in range {
-        let id = ds
-            .snapshot()
-            .sorted_id(pos)
-            .map_err(|e| ReadError::format(ds.snapshot_path(), e))?;
+    for id in selected(ds, &opts.prefix)? {
         by_chunk
             .entry(ds.sample(id)?.entry.chunk)
             .or_default()
@@ -91,6 +83,41 @@ pub fn extract(ds: &Dataset, opts: &ExtractOptions) -> Result<ExtractSummary> {
     }
     total.failed.sort();
     Ok(total)
+}
+
+/// The samples to extract: every id once for the whole tree (the path order is not needed);
+/// for a prefix, the range the sorted path order gives, checked on the way as far as extraction
+/// relies on it: strictly sorted, no sample twice, every path under the prefix (a crafted order
+/// would skip or repeat files).
+fn selected(ds: &Dataset, prefix: &[u8]) -> Result<Vec<u64>> {
+    if prefix.is_empty() {
+        return Ok((0..ds.len()).collect());
+    }
+    let snap = ds.snapshot();
+    let damaged = |pos: u64, id: u64| {
+        ReadError::Invalid(format!(
+            "{}: the snapshot's path order is damaged at position {pos} (sample {id}); nothing was extracted: run `granary verify`, then `granary reindex`",
+            ds.snapshot_path().display()
+        ))
+    };
+    let range = snap
+        .prefix_range(prefix)
+        .map_err(|e| ReadError::format(ds.snapshot_path(), e))?;
+    let mut seen = std::collections::HashSet::new();
+    let mut prev: Option<&[u8]> = None;
+    let mut ids = Vec::new();
+    for pos in range {
+        let id = snap
+            .sorted_id(pos)
+            .map_err(|e| ReadError::format(ds.snapshot_path(), e))?;
+        let path = ds.path(id)?;
+        if !seen.insert(id) || prev.is_some_and(|p| p >= path) || !path.starts_with(prefix) {
+            return Err(damaged(pos, id));
+        }
+        prev = Some(path);
+        ids.push(id);
+    }
+    Ok(ids)
 }
 
 /// Creates `root/rel` (a new file) holding `data`, creating directories on the way. Refuses
