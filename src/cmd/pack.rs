@@ -32,7 +32,8 @@ pub enum OrderArg {
   find ./train -name '*.jpg' -printf '%P\\0' > list; granary pack ./train --files-from list -o t.granary
   granary pack ./train -o train.granary --resume      # continue after Ctrl-C, kill or power loss
 
-The dataset appears under OUT only when complete (it is built in .OUT.partial next to it).
+The dataset appears under OUT only when complete (it is built in .OUT.partial next to it, locked
+against a second pack of the same OUT). OUT may not be SRC, inside it, or contain it.
 Exit status 3: packed, but --skip-unreadable skipped some files (listed in the summary).")]
 pub struct Args {
     /// Directory to pack (only read, never modified).
@@ -63,10 +64,12 @@ pub struct Args {
     /// Target chunk size, e.g. 32MiB, 64MB, 1GiB (a larger file gets a chunk of its own).
     #[arg(long, default_value = "32MiB", value_parser = parse_size)]
     pub chunk_size: u64,
-    /// Replace OUT if it exists (and discard an interrupted pack).
+    /// Replace OUT if it is a granary dataset (or an empty directory), and discard an
+    /// interrupted pack. Anything else at OUT is refused: remove it yourself.
     #[arg(long)]
     pub force: bool,
-    /// Continue an interrupted pack with the same settings, keeping every verified chunk.
+    /// Continue an interrupted pack with the same settings, keeping every verified chunk. The
+    /// source is scanned again: if files were modified, removed or added since, it refuses.
     #[arg(long)]
     pub resume: bool,
     /// Skip files that cannot be read (or change while read), list them, and exit with 3.
