@@ -865,7 +865,7 @@ mod tests {
         // 32 bytes that are not 32 characters (this panicked slicing inside a character).
         assert_eq!(parse_hex_id("é".repeat(16).as_bytes()), None);
         assert_eq!(
-            parse_hex_id(format!("a{}", "é".repeat(15)).as_bytes()),
+            parse_hex_id(format!("a{}b", "é".repeat(15)).as_bytes()),
             None
         );
         assert_eq!(parse_hex_id(b"+f+f+f+f+f+f+f+f+f+f+f+f+f+f+f+f"), None);
