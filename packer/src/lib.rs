@@ -323,7 +323,8 @@ pub fn pack(opts: &PackOptions) -> Result<PackSummary, PackError> {
             if !changes.is_empty() {
                 return Err(PackError::Usage(format!(
                     "cannot resume: the source changed since the interrupted pack scanned it ({changes}); \
-                     its kept chunks hold the old versions. Rerun with --force to pack the source as it is now"
+                     its plan and the chunks already written describe the old source. Rerun with --force to \
+                     pack the source as it is now"
                 )));
             }
             p
