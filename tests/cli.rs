@@ -7,17 +7,6 @@ use std::path::Path;
 
 use common::*;
 
-fn pack(src: &Path, out: &Path, extra: &[&str]) -> std::process::Output {
-    let mut args: Vec<&std::ffi::OsStr> = vec![
-        "pack".as_ref(),
-        src.as_os_str(),
-        "-o".as_ref(),
-        out.as_os_str(),
-    ];
-    args.extend(extra.iter().map(|s| std::ffi::OsStr::new(*s)));
-    run(args)
-}
-
 #[test]
 fn round_trip_edge_tree_in_every_mode() {
     let tmp = tempfile::tempdir().unwrap();
@@ -399,14 +388,22 @@ fn write_failure_keeps_work_for_resume() {
     files.push((b"z/big".to_vec(), bytes(7, 200_000)));
     write_tree(&src, &files);
     let ds = tmp.path().join("ds");
-    let o = std::process::Command::new("sh")
-        .arg("-c")
-        .arg("trap '' XFSZ; ulimit -f 256; exec \"$0\" pack \"$1\" -o \"$2\" --chunk-size 48KiB --compress none --order walk")
-        .arg(env!("CARGO_BIN_EXE_granary"))
-        .arg(&src)
-        .arg(&ds)
-        .output()
-        .unwrap();
+    let (s, d) = (src.to_str().unwrap(), ds.to_str().unwrap());
+    let o = run_with_file_size_limit(
+        256,
+        [
+            "pack",
+            s,
+            "-o",
+            d,
+            "--chunk-size",
+            "48KiB",
+            "--compress",
+            "none",
+            "--order",
+            "walk",
+        ],
+    );
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     assert!(
         stderr(&o).contains("writing") && stderr(&o).contains(".gchunk"),

@@ -7,17 +7,6 @@ use std::path::Path;
 
 use common::*;
 
-fn pack(src: &Path, out: &Path, extra: &[&str]) -> std::process::Output {
-    let mut args: Vec<&std::ffi::OsStr> = vec![
-        "pack".as_ref(),
-        src.as_os_str(),
-        "-o".as_ref(),
-        out.as_os_str(),
-    ];
-    args.extend(extra.iter().map(|s| std::ffi::OsStr::new(*s)));
-    run(args)
-}
-
 /// Every entry under `root` (files, links, empty directories) with what it is.
 fn inventory(root: &Path) -> Vec<(String, String)> {
     let mut v = Vec::new();
@@ -274,14 +263,22 @@ fn resume_after_the_source_changed_is_refused_and_says_what_changed() {
         "walk",
     ];
     // Interrupted by a write failure after the small chunks (RLIMIT_FSIZE, as in a full disk).
-    let o = std::process::Command::new("sh")
-        .arg("-c")
-        .arg("trap '' XFSZ; ulimit -f 256; exec \"$0\" pack \"$1\" -o \"$2\" --chunk-size 48KiB --compress none --order walk")
-        .arg(env!("CARGO_BIN_EXE_granary"))
-        .arg(&src)
-        .arg(&ds)
-        .output()
-        .unwrap();
+    let (s, d) = (src.to_str().unwrap(), ds.to_str().unwrap());
+    let o = run_with_file_size_limit(
+        256,
+        [
+            "pack",
+            s,
+            "-o",
+            d,
+            "--chunk-size",
+            "48KiB",
+            "--compress",
+            "none",
+            "--order",
+            "walk",
+        ],
+    );
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
 
     // Same sizes, new content (a kept chunk's file), one file added.
@@ -397,16 +394,7 @@ fn reindex_on_a_full_disk_leaves_no_temporary_snapshot() {
     let size = std::fs::metadata(&snap).unwrap().len();
     std::fs::remove_file(&snap).unwrap();
     // A file size limit below the snapshot's size fails its write as a full disk would.
-    let o = std::process::Command::new("sh")
-        .arg("-c")
-        .arg(format!(
-            "trap '' XFSZ; ulimit -f {}; exec \"$0\" reindex \"$1\"",
-            size / 1024 / 2
-        ))
-        .arg(env!("CARGO_BIN_EXE_granary"))
-        .arg(&ds)
-        .output()
-        .unwrap();
+    let o = run_with_file_size_limit(size / 1024 / 2, ["reindex", ds.to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     let left: Vec<_> = std::fs::read_dir(&ds)
         .unwrap()

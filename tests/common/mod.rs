@@ -36,6 +36,34 @@ where
     o
 }
 
+/// Runs `granary pack SRC -o OUT EXTRA...`.
+pub fn pack(src: &Path, out: &Path, extra: &[&str]) -> Output {
+    let mut args: Vec<&OsStr> = vec![
+        "pack".as_ref(),
+        src.as_os_str(),
+        "-o".as_ref(),
+        out.as_os_str(),
+    ];
+    args.extend(extra.iter().map(OsStr::new));
+    run(args)
+}
+
+/// Runs granary with `args` under a file size limit of `kib` KiB (`ulimit -f`, SIGXFSZ
+/// ignored): writes past it fail with EFBIG, as a full disk fails them with ENOSPC.
+pub fn run_with_file_size_limit<I, S>(kib: u64, args: I) -> Output
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<OsStr>,
+{
+    Command::new("sh")
+        .arg("-c")
+        .arg(format!("trap '' XFSZ; ulimit -f {kib}; exec \"$0\" \"$@\""))
+        .arg(env!("CARGO_BIN_EXE_granary"))
+        .args(args)
+        .output()
+        .expect("sh runs")
+}
+
 /// Starts granary with `args` in the background, stdout and stderr captured.
 pub fn spawn<I, S>(args: I) -> std::process::Child
 where
