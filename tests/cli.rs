@@ -382,43 +382,10 @@ fn extract_never_follows_symlinks_or_overwrites() {
 fn write_failure_keeps_work_for_resume() {
     // RLIMIT_FSIZE makes chunk writes fail with EFBIG, as a full disk fails them with ENOSPC.
     let tmp = tempfile::tempdir().unwrap();
-    let src = tmp.path().join("src");
-    let mut files = numbered_tree(200, 4, |_| 3000);
-    // Sorted last with --order walk, and larger than the file size limit below.
-    files.push((b"z/big".to_vec(), bytes(7, 200_000)));
-    write_tree(&src, &files);
-    let ds = tmp.path().join("ds");
-    let (s, d) = (src.to_str().unwrap(), ds.to_str().unwrap());
-    let o = run_with_file_size_limit(
-        256,
-        [
-            "pack",
-            s,
-            "-o",
-            d,
-            "--chunk-size",
-            "48KiB",
-            "--compress",
-            "none",
-            "--order",
-            "walk",
-        ],
-    );
-    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
-    assert!(
-        stderr(&o).contains("writing") && stderr(&o).contains(".gchunk"),
-        "{}",
-        stderr(&o)
-    );
+    let (src, ds) = (tmp.path().join("src"), tmp.path().join("ds"));
+    let files = interrupted_pack(tmp.path());
     assert!(!ds.exists());
-    let same = [
-        "--chunk-size",
-        "48KiB",
-        "--compress",
-        "none",
-        "--order",
-        "walk",
-    ];
+    let same = INTERRUPTED_PACK_ARGS;
     let o = pack(&src, &ds, &same);
     assert!(stderr(&o).contains("--resume"), "{}", stderr(&o));
     // Other settings than the interrupted run's are refused.

@@ -249,37 +249,9 @@ fn wrong_sample_count_in_a_resealed_chunk_table_is_refused_not_a_panic() {
 #[test]
 fn resume_after_the_source_changed_is_refused_and_says_what_changed() {
     let tmp = tempfile::tempdir().unwrap();
-    let src = tmp.path().join("src");
-    let mut files = numbered_tree(200, 4, |_| 3000);
-    files.push((b"z/big".to_vec(), bytes(7, 200_000)));
-    write_tree(&src, &files);
-    let ds = tmp.path().join("ds");
-    let same = [
-        "--chunk-size",
-        "48KiB",
-        "--compress",
-        "none",
-        "--order",
-        "walk",
-    ];
-    // Interrupted by a write failure after the small chunks (RLIMIT_FSIZE, as in a full disk).
-    let (s, d) = (src.to_str().unwrap(), ds.to_str().unwrap());
-    let o = run_with_file_size_limit(
-        256,
-        [
-            "pack",
-            s,
-            "-o",
-            d,
-            "--chunk-size",
-            "48KiB",
-            "--compress",
-            "none",
-            "--order",
-            "walk",
-        ],
-    );
-    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let (src, ds) = (tmp.path().join("src"), tmp.path().join("ds"));
+    interrupted_pack(tmp.path());
+    let same = INTERRUPTED_PACK_ARGS;
 
     // Same sizes, new content (a kept chunk's file), one file added.
     std::thread::sleep(std::time::Duration::from_millis(20));

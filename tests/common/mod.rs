@@ -64,6 +64,37 @@ where
         .expect("sh runs")
 }
 
+/// The settings of [`interrupted_pack`]: pass them again to resume it.
+pub const INTERRUPTED_PACK_ARGS: [&str; 6] = [
+    "--chunk-size",
+    "48KiB",
+    "--compress",
+    "none",
+    "--order",
+    "walk",
+];
+
+/// Writes a tree of 200 small files and one large one under `dir/src` and packs it to
+/// `dir/ds` under a file size limit, so that the pack fails (as on a full disk) after the
+/// small files' chunks, at the large file's (sorted last with `--order walk`). Returns the tree.
+pub fn interrupted_pack(dir: &Path) -> Vec<(Vec<u8>, Vec<u8>)> {
+    let src = dir.join("src");
+    let mut files = numbered_tree(200, 4, |_| 3000);
+    files.push((b"z/big".to_vec(), bytes(7, 200_000)));
+    write_tree(&src, &files);
+    let (s, d) = (src.to_str().unwrap(), dir.join("ds"));
+    let mut args = vec!["pack", s, "-o", d.to_str().unwrap()];
+    args.extend(INTERRUPTED_PACK_ARGS);
+    let o = run_with_file_size_limit(256, args);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("writing") && stderr(&o).contains(".gchunk"),
+        "{}",
+        stderr(&o)
+    );
+    files
+}
+
 /// Starts granary with `args` in the background, stdout and stderr captured.
 pub fn spawn<I, S>(args: I) -> std::process::Child
 where
