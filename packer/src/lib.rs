@@ -746,7 +746,8 @@ fn sync_dir(dir: &Path) -> Result<(), PackError> {
 }
 
 /// Moves the finished work directory to `out`, replacing an existing `out` (only reached with
-/// `--force`, and only if it is a granary dataset) by first moving it aside, so that `out` is never missing a complete dataset.
+/// `--force`, and only if it is a granary dataset) by first moving it aside, so that `out` is
+/// never missing a complete dataset.
 fn publish(work: &Path, out: &Path) -> Result<(), PackError> {
     let parent = out
         .parent()
