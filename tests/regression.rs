@@ -425,7 +425,8 @@ fn readers_killed_mid_write_leave_the_tier_within_its_quota() {
                 &quota.to_string(),
                 "--policy",
                 "lru",
-                "--buffered",
+                "--io",
+                "buffered",
             ])
             .args(["--first-epoch", &i.to_string()])
             .stdout(std::process::Stdio::null())

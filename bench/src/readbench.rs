@@ -7,7 +7,7 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::Instant;
 
-use granary::io::{Engine, IoFile, IoKind, Request};
+use granary::io::{Engine, IoKind, Request};
 use granary::{Dataset, PlanOptions, Shard, ShuffleMode, StreamOptions};
 use serde::Serialize;
 
@@ -37,12 +37,27 @@ pub struct EpochReport {
     pub cpu_s: f64,
     pub digest: String,
     pub backend: String,
+    /// Bytes this process had read from storage devices during the epoch (`read_bytes` of
+    /// `/proc/self/io`: page-cache hits do not count), when the kernel reports it.
+    pub device_read_bytes: Option<u64>,
+    /// How the chunk files were opened (page cache or O_DIRECT), summed over workers.
+    pub opened: granary::OpenCounts,
     /// Share of samples and of bytes served by the local tier (when one is configured).
     pub cache_sample_hit_ratio: Option<f64>,
     pub cache_byte_hit_ratio: Option<f64>,
 }
 
+/// `read_bytes` of `/proc/self/io`: bytes this process caused to be fetched from storage.
+pub fn device_read_bytes() -> Option<u64> {
+    std::fs::read_to_string("/proc/self/io")
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix("read_bytes:"))
+        .and_then(|v| v.trim().parse().ok())
+}
+
 struct WorkerTotals {
+    opened: granary::OpenCounts,
     samples: u64,
     bytes: u64,
     digest: u64,
@@ -69,6 +84,7 @@ pub fn run_epoch(
     let shape = &shape;
     let t = Instant::now();
     let cpu0 = cpu_seconds();
+    let dev0 = device_read_bytes();
     let results: Vec<granary::Result<WorkerTotals>> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..workers)
             .map(|w| {
@@ -95,6 +111,7 @@ pub fn run_epoch(
                         ));
                     }
                     Ok(WorkerTotals {
+                        opened: st.open_counts(),
                         samples,
                         bytes,
                         digest,
@@ -122,6 +139,9 @@ pub fn run_epoch(
         hits.samples_from_source += w.hits.samples_from_source;
         hits.bytes_from_cache += w.hits.bytes_from_cache;
         hits.bytes_from_source += w.hits.bytes_from_source;
+        r.opened.buffered += w.opened.buffered;
+        r.opened.resident += w.opened.resident;
+        r.opened.direct += w.opened.direct;
         r.samples += w.samples;
         r.bytes += w.bytes;
         r.bytes_read += w.bytes_read;
@@ -130,6 +150,10 @@ pub fn run_epoch(
     }
     r.elapsed_s = t.elapsed().as_secs_f64();
     r.cpu_s = cpu_seconds() - cpu0;
+    r.device_read_bytes = match (dev0, device_read_bytes()) {
+        (Some(a), Some(b)) => Some(b.saturating_sub(a)),
+        _ => None,
+    };
     r.samples_per_s = r.samples as f64 / r.elapsed_s.max(1e-9);
     r.mb_per_s = r.bytes as f64 / 1e6 / r.elapsed_s.max(1e-9);
     r.digest = format!("{digest:016x}");
@@ -194,10 +218,10 @@ fn sequential_baseline(files: &[(PathBuf, u64)], qd: usize) -> granary::Result<(
     let mut total = 0u64;
     // One file per batch, one batch queued ahead: the engine keeps the queue full across files.
     let mut pending = std::collections::VecDeque::new();
-    let mut probe = granary::io::DirectProbe::default();
+    let mut opener = granary::Opener::plain(granary::IoMode::Direct);
     for (p, len) in files {
         let req = Request {
-            file: Arc::new(IoFile::open_probed(p, true, &mut probe)?),
+            file: Arc::new(opener.open(p, None)?),
             offset: 0,
             len: *len as usize,
         };

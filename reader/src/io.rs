@@ -87,62 +87,9 @@ pub struct IoFile {
     pub file: File,
     pub path: PathBuf,
     pub direct: bool,
-}
-
-/// Whether the file system behind a set of files accepts O_DIRECT reads: probed with one
-/// aligned read on the first file, then trusted for the rest (one probe per stream, not one
-/// synchronous read per chunk).
-#[derive(Debug, Default)]
-pub struct DirectProbe(Option<bool>);
-
-impl IoFile {
-    /// Opens `path`, with `O_DIRECT` when `direct` and the file system accepts it (checked with
-    /// one aligned read), buffered otherwise.
-    pub fn open(path: &Path, direct: bool) -> Result<IoFile> {
-        Self::open_probed(path, direct, &mut DirectProbe::default())
-    }
-
-    /// Like [`IoFile::open`], probing O_DIRECT only if `probe` has not decided yet.
-    pub fn open_probed(path: &Path, direct: bool, probe: &mut DirectProbe) -> Result<IoFile> {
-        if direct && probe.0 != Some(false) {
-            count_metadata_ops(1);
-            match open_regular(path, libc::O_DIRECT) {
-                Ok(file) => {
-                    if probe.0 == Some(true) {
-                        return Ok(IoFile {
-                            file,
-                            path: path.to_path_buf(),
-                            direct: true,
-                        });
-                    }
-                    let mut buf = AlignedBuf::new(ALIGN);
-                    match file.read_at(buf.as_mut_slice(), 0) {
-                        Ok(_) => {
-                            probe.0 = Some(true);
-                            return Ok(IoFile {
-                                file,
-                                path: path.to_path_buf(),
-                                direct: true,
-                            });
-                        }
-                        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => probe.0 = Some(false),
-                        Err(e) => return Err(ReadError::io("reading", path, e)),
-                    }
-                }
-                // The file system refuses O_DIRECT (tmpfs): buffered reads for this stream.
-                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => probe.0 = Some(false),
-                // Missing, not a regular file, not permitted: not a verdict on O_DIRECT.
-                Err(e) => return Err(ReadError::io("opening", path, e)),
-            }
-        }
-        count_metadata_ops(1);
-        let file = open_regular(path, 0).map_err(|e| ReadError::io("opening", path, e))?;
-        Ok(IoFile {
-            file,
-            path: path.to_path_buf(),
-            direct: false,
-        })
-    }
+    /// The file mapped, when it is resident in the page cache: requests on it complete at once
+    /// as slices of the map (no read, no copy, no buffer).
+    pub map: Option<memmap2::Mmap>,
 }
 
 /// A heap buffer whose usable part starts at a 4 KiB boundary (no unsafe allocation needed:
@@ -250,14 +197,32 @@ pub struct Request {
 
 /// The bytes of a completed request: `data()` is exactly the requested range.
 pub struct Completed {
-    buf: AlignedBuf,
+    src: Source,
     skip: usize,
     len: usize,
 }
 
+/// Where a completed request's bytes are.
+enum Source {
+    /// Read into a buffer.
+    Buf(AlignedBuf),
+    /// In the file's map (bounds checked when the request completed).
+    Map(Arc<IoFile>),
+}
+
 impl Completed {
     pub fn data(&self) -> &[u8] {
-        &self.buf.as_slice()[self.skip..self.skip + self.len]
+        match &self.src {
+            Source::Buf(b) => &b.as_slice()[self.skip..self.skip + self.len],
+            Source::Map(f) => {
+                &f.map.as_deref().expect("mapped file")[self.skip..self.skip + self.len]
+            }
+        }
+    }
+
+    /// True when the bytes were served from a map of the page cache (no read, no copy).
+    pub fn is_mapped(&self) -> bool {
+        matches!(self.src, Source::Map(_))
     }
 }
 
@@ -271,11 +236,20 @@ struct Piece {
     need: usize,
 }
 
-fn plan_pieces(reqs: &[Request], pool: &Arc<BufPool>) -> (Vec<AlignedBuf>, Vec<usize>, Vec<Piece>) {
+/// Buffers and pieces to read for `reqs`; a request on a mapped file gets neither (`None`).
+fn plan_pieces(
+    reqs: &[Request],
+    pool: &Arc<BufPool>,
+) -> (Vec<Option<AlignedBuf>>, Vec<usize>, Vec<Piece>) {
     let mut bufs = Vec::with_capacity(reqs.len());
     let mut skips = Vec::with_capacity(reqs.len());
     let mut pieces = Vec::new();
     for (i, r) in reqs.iter().enumerate() {
+        if r.file.map.is_some() {
+            bufs.push(None);
+            skips.push(r.offset as usize);
+            continue;
+        }
         let (start, end) = if r.file.direct {
             let s = r.offset & !(ALIGN as u64 - 1);
             (s, (r.offset + r.len as u64).next_multiple_of(ALIGN as u64))
@@ -284,7 +258,7 @@ fn plan_pieces(reqs: &[Request], pool: &Arc<BufPool>) -> (Vec<AlignedBuf>, Vec<u
         };
         let total = (end - start) as usize;
         let needed_end = (r.offset + r.len as u64 - start) as usize;
-        bufs.push(pool.get(total));
+        bufs.push(Some(pool.get(total)));
         skips.push((r.offset - start) as usize);
         let mut at = 0;
         while at < total {
@@ -303,14 +277,30 @@ fn plan_pieces(reqs: &[Request], pool: &Arc<BufPool>) -> (Vec<AlignedBuf>, Vec<u
     (bufs, skips, pieces)
 }
 
-fn finish(bufs: Vec<AlignedBuf>, skips: Vec<usize>, reqs: &[Request]) -> Vec<Completed> {
+fn finish(
+    bufs: Vec<Option<AlignedBuf>>,
+    skips: Vec<usize>,
+    reqs: &[Request],
+) -> Result<Vec<Completed>> {
     bufs.into_iter()
         .zip(skips)
         .zip(reqs)
-        .map(|((buf, skip), r)| Completed {
-            buf,
-            skip,
-            len: r.len,
+        .map(|((buf, skip), r)| {
+            let src = match buf {
+                Some(b) => Source::Buf(b),
+                None => {
+                    let mapped = r.file.map.as_ref().map_or(0, |m| m.len() as u64);
+                    if r.offset + r.len as u64 > mapped {
+                        return Err(eof_error(r, mapped));
+                    }
+                    Source::Map(r.file.clone())
+                }
+            };
+            Ok(Completed {
+                src,
+                skip,
+                len: r.len,
+            })
         })
         .collect()
 }
@@ -428,6 +418,10 @@ impl PreadEngine {
                 by_req[p.req].push(p);
             }
             for (buf, ps) in bufs.iter_mut().zip(&by_req) {
+                let Some(buf) = buf else {
+                    slices.push(Vec::new());
+                    continue;
+                };
                 let mut rest = buf.as_mut_slice();
                 let mut v = Vec::with_capacity(ps.len());
                 for p in ps {
@@ -470,7 +464,7 @@ impl PreadEngine {
         if let Some(e) = first_error.into_inner().expect("error lock") {
             return Err(e);
         }
-        Ok(finish(bufs, skips, reqs))
+        finish(bufs, skips, reqs)
     }
 }
 
@@ -514,8 +508,9 @@ fn pread_full(r: &Request, p: &Piece, dst: &mut [u8]) -> Result<()> {
 struct Batch {
     id: u64,
     reqs: Vec<Request>,
-    bufs: Vec<AlignedBuf>,
-    /// Start address of each buffer's usable part (as an integer, so the engine stays `Send`).
+    bufs: Vec<Option<AlignedBuf>>,
+    /// Start address of each buffer's usable part (as an integer, so the engine stays `Send`;
+    /// 0 for a mapped request, which has no pieces).
     addrs: Vec<usize>,
     skips: Vec<usize>,
     pieces: Vec<Piece>,
@@ -571,7 +566,10 @@ impl UringEngine {
         let (mut bufs, skips, pieces) = plan_pieces(&reqs, &self.pool);
         let addrs = bufs
             .iter_mut()
-            .map(|b| b.as_mut_slice().as_mut_ptr() as usize)
+            .map(|b| {
+                b.as_mut()
+                    .map_or(0, |b| b.as_mut_slice().as_mut_ptr() as usize)
+            })
             .collect();
         let id = self.next_id;
         self.next_id += 1;
@@ -717,7 +715,7 @@ impl UringEngine {
                 if let Some(e) = b.error {
                     return Err(e);
                 }
-                return Ok(finish(b.bufs, b.skips, &b.reqs));
+                return finish(b.bufs, b.skips, &b.reqs);
             }
             self.reap()?;
         }

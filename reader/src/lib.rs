@@ -45,6 +45,7 @@ mod importance;
 pub mod io;
 mod pathfmt;
 pub mod plan;
+mod residency;
 mod stream;
 mod verify;
 
@@ -59,6 +60,7 @@ pub use plan::{
     shuffle_quality, DatasetShape, EpochPlan, EpochState, PlanOptions, Sampling, Shard,
     ShuffleMode, ShuffleQuality,
 };
+pub use residency::{effective_memory, IoMode, OpenCounts, Opener};
 pub use stream::{CacheHits, EpochStream, Sample, StreamOptions};
 pub use verify::{verify, Problem, VerifyReport};
 

@@ -16,8 +16,9 @@ use rayon::prelude::*;
 
 use crate::cache::{HotMap, HotRecord};
 use crate::error::{ReadError, Result};
-use crate::io::{Completed, DirectProbe, Engine, IoFile, IoKind, Pending, Request};
+use crate::io::{Completed, Engine, IoFile, IoKind, Pending, Request};
 use crate::plan::{EpochPlan, ShuffleMode};
+use crate::residency::{IoMode, OpenCounts, Opener};
 use crate::{CachePolicy, ChunkCache, Dataset};
 
 /// Options of the I/O path.
@@ -30,8 +31,12 @@ pub struct StreamOptions {
     pub max_inflight_bytes: usize,
     /// Windows whose reads are in flight ahead of the ones being decoded and consumed.
     pub prefetch: usize,
-    /// Use O_DIRECT where the file system supports it.
-    pub direct: bool,
+    /// Page cache or O_DIRECT, per file ([`IoMode::Auto`]: through the page cache where the
+    /// data is resident or kept resident, O_DIRECT elsewhere; see [`crate::Opener`]).
+    pub io_mode: IoMode,
+    /// Page cache that [`IoMode::Auto`] may fill with this dataset (`None`: half of
+    /// [`crate::effective_memory`]).
+    pub page_cache_bytes: Option<u64>,
     /// The local chunk tier: chunks it holds are read from it (and their whole-file CRC is
     /// checked: a damaged copy is discarded and the chunk refetched from the source); chunks
     /// read from the source are offered to it in the background. Chunk-wise and sequential
@@ -57,7 +62,8 @@ impl Default for StreamOptions {
             queue_depth: 8,
             max_inflight_bytes: 256 << 20,
             prefetch: 1,
-            direct: true,
+            io_mode: IoMode::Auto,
+            page_cache_bytes: None,
             cache: None,
             scores: None,
             range_gap: 64 << 10,
@@ -119,6 +125,7 @@ pub struct EpochStream {
     /// Joined when the channel closes without [`Msg::End`], for the panic's message.
     io_thread: Option<std::thread::JoinHandle<()>>,
     delivered: u64,
+    opens: Arc<std::sync::Mutex<OpenCounts>>,
     backend: &'static str,
     bytes_read: Arc<AtomicU64>,
     stats: Arc<CacheCounters>,
@@ -135,7 +142,14 @@ impl EpochStream {
         let mut engine = Engine::new(opts.io, opts.queue_depth, opts.max_inflight_bytes)?;
         let backend = engine.name();
         let (tx, rx) = sync_channel::<Msg>(0);
-        let direct = opts.direct;
+        let mut opener = Opener::new(
+            opts.io_mode,
+            ds.total_chunk_bytes()?,
+            opts.page_cache_bytes,
+            u64::from_le_bytes(ds.snapshot().dataset_id()[..8].try_into().expect("8 bytes")),
+        );
+        let opens = Arc::new(std::sync::Mutex::new(OpenCounts::default()));
+        let opens2 = opens.clone();
         let prefetch = opts.prefetch;
         let range_gap = opts.range_gap;
         let bytes_read = Arc::new(AtomicU64::new(0));
@@ -158,7 +172,6 @@ impl EpochStream {
             .name("granary-io".into())
             .spawn(move || {
                 let mut files: HashMap<u32, Arc<IoFile>> = HashMap::new();
-                let mut probe = DirectProbe::default();
                 let mut checked: HashSet<u32> = Default::default();
                 // Read ahead while a window is decoded: decoding runs on the rayon pool from a
                 // second thread, handed each window through a rendezvous channel.
@@ -221,13 +234,12 @@ impl EpochStream {
                             let weights = plan.weights.get(w.range.clone()).unwrap_or(&[]);
                             match prepare_window(
                                 &ds,
-                                &mut probe,
+                                &mut opener,
                                 &mut files,
                                 &mut checked,
                                 ids,
                                 weights,
                                 mode,
-                                direct,
                                 cache.as_deref(),
                                 hot.as_mut(),
                                 range_gap,
@@ -253,11 +265,11 @@ impl EpochStream {
                             &mut files,
                             &mut checked,
                             hot.as_mut(),
-                            direct,
-                            &mut probe,
+                            &mut opener,
                         )
                     }) {
                         Ok((bufs, served)) => {
+                            *opens2.lock().expect("open counts") = opener.counts;
                             let n: u64 = bufs.iter().map(|b| b.data().len() as u64).sum();
                             counter.fetch_add(n, Relaxed);
                             stats2.count(
@@ -322,6 +334,7 @@ impl EpochStream {
             done: false,
             io_thread: Some(io_thread),
             delivered: 0,
+            opens,
             backend,
             bytes_read,
             stats,
@@ -331,6 +344,12 @@ impl EpochStream {
     /// The I/O backend in use ("uring" or "pread").
     pub fn backend(&self) -> &'static str {
         self.backend
+    }
+
+    /// How the files read so far were opened: through the page cache (kept resident, or found
+    /// resident) or with O_DIRECT.
+    pub fn open_counts(&self) -> OpenCounts {
+        *self.opens.lock().expect("open counts")
     }
 
     /// Bytes read from storage so far.
@@ -522,12 +541,7 @@ impl HotState {
     }
 
     /// Where the tier holds sample `id`: its hot chunk id, file and record offset.
-    fn locate(
-        &mut self,
-        id: u64,
-        direct: bool,
-        probe: &mut DirectProbe,
-    ) -> Option<(u32, Arc<IoFile>, u64)> {
+    fn locate(&mut self, id: u64, opener: &mut Opener) -> Option<(u32, Arc<IoFile>, u64)> {
         let (h, off) = *self.map.by_sample.get(&id)?;
         let f = match self.files.get(&h) {
             Some(f) => f.clone(),
@@ -538,7 +552,7 @@ impl HotState {
                     .chunks
                     .get(&h)
                     .and_then(|hc| self.cache.hot_path(hc))
-                    .and_then(|p| IoFile::open_probed(&p, direct, probe).ok())
+                    .and_then(|p| opener.open(&p, None).ok())
                     .map(Arc::new);
                 self.files.insert(h, f.clone());
                 f
@@ -597,13 +611,12 @@ impl HotState {
 #[allow(clippy::too_many_arguments)]
 fn prepare_window(
     ds: &Dataset,
-    probe: &mut DirectProbe,
+    opener: &mut Opener,
     files: &mut HashMap<u32, Arc<IoFile>>,
     checked: &mut HashSet<u32>,
     ids: &[u64],
     weights: &[f32],
     mode: ShuffleMode,
-    direct: bool,
     cache: Option<&ChunkCache>,
     mut hot: Option<&mut HotState>,
     range_gap: u64,
@@ -627,7 +640,7 @@ fn prepare_window(
     if let (Some(h), false) = (hot.as_deref_mut(), mode == ShuffleMode::Global) {
         h.refresh();
         for (i, &id) in ids.iter().enumerate() {
-            in_hot[i] = h.locate(id, direct, probe);
+            in_hot[i] = h.locate(id, opener);
         }
     }
     // Per chunk: bytes the window needs from the source if hot samples come from hot chunks.
@@ -646,7 +659,7 @@ fn prepare_window(
             // Another process may evict a cached copy between lookup and open: then the
             // source serves the chunk.
             let cached = cache.map(|t| t.lookup(ce)).transpose()?.flatten();
-            if let Some(Ok(f)) = cached.map(|p| IoFile::open_probed(&p, direct, probe)) {
+            if let Some(Ok(f)) = cached.map(|p| opener.open(&p, None)) {
                 ds.check_chunk_size(ce, &f.file, &f.path.clone())?;
                 files.insert(*c, Arc::new(f));
                 copy = true;
@@ -655,7 +668,7 @@ fn prepare_window(
         by_range[k] = hot.is_some() && !copy;
         // A chunk whose window samples all come from hot chunks is not even opened.
         if !files.contains_key(c) && (needed[k] > 0 || !by_range[k]) {
-            let f = IoFile::open_probed(&ds.chunk_path(*c), direct, probe)?;
+            let f = opener.open(&ds.chunk_path(*c), Some(*c))?;
             ds.check_chunk_size(ce, &f.file, &f.path.clone())?;
             files.insert(*c, Arc::new(f));
         }
@@ -812,17 +825,16 @@ fn complete_window(
     files: &mut HashMap<u32, Arc<IoFile>>,
     checked: &mut HashSet<u32>,
     hot: Option<&mut HotState>,
-    direct: bool,
-    probe: &mut DirectProbe,
+    opener: &mut Opener,
 ) -> Result<(Vec<Completed>, Served)> {
     // Opens chunk `c` at the source; later windows use it too.
     let source = |c: u32,
                   files: &mut HashMap<u32, Arc<IoFile>>,
-                  probe: &mut DirectProbe|
+                  opener: &mut Opener|
      -> Result<Arc<IoFile>> {
         let ce = ds.chunk(c)?;
         let path = ds.chunk_path(c);
-        let f = Arc::new(IoFile::open_probed(&path, direct, probe)?);
+        let f = Arc::new(opener.open(&path, Some(c))?);
         ds.check_chunk_size(&ce, &f.file, &path)?;
         files.insert(c, f.clone());
         Ok(f)
@@ -839,7 +851,7 @@ fn complete_window(
             if let Some(cache) = cache {
                 cache.discard(c)?;
             }
-            let f = source(c, files, probe)?;
+            let f = source(c, files, opener)?;
             let fresh = read_now(&[Request {
                 file: f,
                 offset: 0,
@@ -861,7 +873,7 @@ fn complete_window(
             }
             let f = match files.get(&e.chunk) {
                 Some(f) if f.path == ds.chunk_path(e.chunk) => f.clone(),
-                _ => source(e.chunk, files, probe)?,
+                _ => source(e.chunk, files, opener)?,
             };
             let mut fresh = read_now(&[
                 Request {

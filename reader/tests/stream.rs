@@ -5,6 +5,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use granary::io::IoKind;
+use granary::IoMode;
 use granary::{
     shuffle_quality, Dataset, EpochPlan, PlanOptions, Shard, ShuffleMode, StreamOptions,
 };
@@ -50,10 +51,10 @@ fn dataset(root: &Path, order: Order) -> (Arc<Dataset>, HashMap<Vec<u8>, Vec<u8>
     (Arc::new(Dataset::open(&out).unwrap()), files)
 }
 
-fn io(kind: IoKind, direct: bool) -> StreamOptions {
+fn io(kind: IoKind, io_mode: IoMode) -> StreamOptions {
     StreamOptions {
         io: kind,
-        direct,
+        io_mode,
         queue_depth: 4,
         ..StreamOptions::default()
     }
@@ -94,9 +95,10 @@ fn deliver(
 fn both_backends_deliver_identical_checked_bytes() {
     let tmp = tempfile::tempdir().unwrap();
     let (ds, files) = dataset(tmp.path(), Order::Random);
-    let mut kinds = vec![(IoKind::Pread, true), (IoKind::Pread, false)];
+    let modes = [IoMode::Direct, IoMode::Buffered, IoMode::Auto];
+    let mut kinds: Vec<(IoKind, IoMode)> = modes.iter().map(|&m| (IoKind::Pread, m)).collect();
     if uring_available() {
-        kinds.extend([(IoKind::Uring, true), (IoKind::Uring, false)]);
+        kinds.extend(modes.iter().map(|&m| (IoKind::Uring, m)));
     } else {
         eprintln!("io_uring is not available here: only the pread backend is tested");
     }
@@ -135,11 +137,11 @@ fn both_backends_deliver_identical_checked_bytes() {
             reference[2].iter().map(|x| x.0).collect::<Vec<_>>(),
             plan.samples
         );
-        for (kind, direct) in &kinds[1..] {
+        for (kind, io_mode) in &kinds[1..] {
             assert_eq!(
-                deliver(&ds, &o, &io(*kind, *direct), 2, 2),
+                deliver(&ds, &o, &io(*kind, *io_mode), 2, 2),
                 reference,
-                "{mode:?} {kind:?} direct={direct}"
+                "{mode:?} {kind:?} {io_mode:?}"
             );
         }
     }
@@ -198,7 +200,7 @@ fn damage_mid_epoch_is_an_error_naming_chunk_and_offset() {
             ..PlanOptions::default()
         };
         let mut st = ds
-            .stream_epoch(&o, 0, Shard::WHOLE, None, &io(kind, true))
+            .stream_epoch(&o, 0, Shard::WHOLE, None, &io(kind, IoMode::Direct))
             .unwrap();
         let mut ok = 0;
         let err = loop {
@@ -290,7 +292,7 @@ fn dropping_a_stream_early_stops_its_threads() {
             ..PlanOptions::default()
         };
         let mut st = ds
-            .stream_epoch(&o, 0, Shard::WHOLE, None, &io(kind, true))
+            .stream_epoch(&o, 0, Shard::WHOLE, None, &io(kind, IoMode::Direct))
             .unwrap();
         for _ in 0..10 {
             st.next().unwrap().unwrap();

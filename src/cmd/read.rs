@@ -70,6 +70,7 @@ impl PlanArgs {
   granary read train.granary --epochs 3 --workers 2 --json
   granary read train.granary --rank 1 --world-size 4        # rank 1's share
   GRANARY_IO=pread granary read train.granary               # force the pread backend
+  granary read train.granary --io direct --epochs 2         # never through the page cache
   granary read train.granary --epochs 3 --cache-dir /ssd/gcache --cache-size 20GiB --policy static
   granary read train.granary --cache-dir /ssd/gcache --cache-size 20GiB --policy importance
   granary read train.granary --cache-dir /ssd/gcache --cache-size 20GiB --policy importance --sampling importance --alpha 0.5
@@ -92,15 +93,22 @@ pub struct Args {
     /// First epoch number (plans differ per epoch).
     #[arg(long, default_value_t = 0)]
     pub first_epoch: u64,
-    /// I/O backend: auto, uring or pread.
+    /// Page cache or O_DIRECT: auto (through the page cache where the data is resident, or
+    /// kept resident because it fits the page-cache budget; O_DIRECT elsewhere), direct, or
+    /// buffered.
+    #[arg(long, default_value = "auto", value_parser = granary::IoMode::parse)]
+    pub io: granary::IoMode,
+    /// Page cache auto mode may fill with this dataset, e.g. 8GiB (default: half the node's
+    /// memory, or of the memory cgroup's limit when lower).
+    #[arg(long, value_parser = super::pack::parse_size_or_zero)]
+    pub page_cache: Option<u64>,
+    /// I/O backend: auto (io_uring when the kernel offers it; GRANARY_IO=uring|pread
+    /// overrides), uring or pread.
     #[arg(long, default_value = "auto", value_parser = IoKind::parse)]
-    pub io: IoKind,
+    pub backend: IoKind,
     /// Reads in flight per worker.
     #[arg(long, default_value_t = 8)]
     pub queue_depth: usize,
-    /// Do not use O_DIRECT (reads go through the page cache).
-    #[arg(long)]
-    pub buffered: bool,
     /// Local chunk tier (a directory on the node's SSD), shared by every reader on the node.
     #[arg(long, value_name = "DIR", requires = "cache_size")]
     pub cache_dir: Option<PathBuf>,
@@ -181,9 +189,10 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
             }
         }
         let io = StreamOptions {
-            io: a.io,
+            io: a.backend,
+            io_mode: a.io,
+            page_cache_bytes: a.page_cache,
             queue_depth: a.queue_depth,
-            direct: !a.buffered,
             cache: cache.clone(),
             scores: scores.clone(),
             range_gap: a.range_gap,
@@ -230,9 +239,14 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
                 ),
                 _ => String::new(),
             };
+            let device = r
+                .device_read_bytes
+                .map(|b| format!(", {:.1} MB from the device", b as f64 / 1e6))
+                .unwrap_or_default();
+            let o = r.opened;
             println!(
-                "epoch {:>3}: {} samples, {:.1} MB in {:.2} s: {:.0} samples/s, {:.1} MB/s, cpu {:.2} s, digest {} ({}){hits}",
-                r.epoch, r.samples, r.bytes as f64 / 1e6, r.elapsed_s, r.samples_per_s, r.mb_per_s, r.cpu_s, r.digest, r.backend
+                "epoch {:>3}: {} samples, {:.1} MB in {:.2} s: {:.0} samples/s, {:.1} MB/s, cpu {:.2} s, digest {} ({}; files: {} buffered, {} found resident, {} direct{device}){hits}",
+                r.epoch, r.samples, r.bytes as f64 / 1e6, r.elapsed_s, r.samples_per_s, r.mb_per_s, r.cpu_s, r.digest, r.backend, o.buffered, o.resident, o.direct
             );
         }
         reports.push(r);

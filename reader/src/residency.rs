@@ -1,0 +1,310 @@
+//! Choosing, per stream and per file, between reading through the page cache and `O_DIRECT`.
+//!
+//! `O_DIRECT` is right for data that is not in memory and would only push other data out; it is
+//! wrong for data already resident (the device is read again although memory holds the bytes,
+//! 4–8× slower than a copy from the page cache) and for a dataset that fits in memory (the
+//! first epoch should leave it resident for the next ones). [`IoMode::Auto`] therefore:
+//!
+//! - gives the dataset a page-cache budget (half the node's memory, or of the memory cgroup's
+//!   limit when lower: [`effective_memory`]), and keeps a fixed, seeded subset of chunks of
+//!   that size ("kept" chunks: all of them when the dataset fits) read buffered in every epoch,
+//!   so they become and stay resident — the page cache then acts as a static cache, which is
+//!   the best any cache does under uniform epochs (design notes, fact 1);
+//! - reads every other chunk buffered if it is resident already (probed with
+//!   `preadv2(RWF_NOWAIT)` on a few pages: a read that only succeeds from the page cache), and
+//!   with `O_DIRECT` otherwise, so that a dataset larger than memory does not evict the kept
+//!   chunks.
+
+use std::io::IoSliceMut;
+use std::path::Path;
+
+use crate::dataset::map_file;
+use crate::error::{ReadError, Result};
+use crate::io::{count_metadata_ops, open_regular, AlignedBuf, IoFile, ALIGN};
+
+/// How a stream reads chunk files.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum IoMode {
+    /// Through the page cache where the data is resident or meant to stay (see the module
+    /// documentation), `O_DIRECT` elsewhere.
+    #[default]
+    Auto,
+    /// Always `O_DIRECT` where the file system allows it (cold benchmarks, or data that must
+    /// not occupy memory).
+    Direct,
+    /// Always through the page cache.
+    Buffered,
+}
+
+impl IoMode {
+    /// Parses `auto`, `direct` or `buffered`.
+    pub fn parse(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "auto" => Ok(IoMode::Auto),
+            "direct" => Ok(IoMode::Direct),
+            "buffered" => Ok(IoMode::Buffered),
+            _ => Err(format!(
+                "unknown I/O mode {s:?}: use auto, direct or buffered"
+            )),
+        }
+    }
+}
+
+/// How many files a stream opened each way.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct OpenCounts {
+    /// Read through the page cache (not resident yet, but kept resident, or the mode says so).
+    pub buffered: u64,
+    /// Found resident and mapped: served from the page cache without a read or a copy.
+    pub resident: u64,
+    /// Read with `O_DIRECT`.
+    pub direct: u64,
+}
+
+/// Opens one stream's files as its [`IoMode`] says, and counts how.
+#[derive(Debug)]
+pub struct Opener {
+    mode: IoMode,
+    /// Auto: chunk `c` is kept resident when its hash falls below this (`u64::MAX`: all).
+    keep_below: u64,
+    seed: u64,
+    /// Whether the file system accepts O_DIRECT, probed with one aligned read on first use.
+    direct_ok: Option<bool>,
+    pub counts: OpenCounts,
+}
+
+/// Pages sampled to decide whether a file is resident.
+const PROBE_PAGES: u64 = 16;
+/// Share of sampled pages that must be resident for a file to be read buffered.
+const RESIDENT_SHARE: f64 = 0.75;
+
+impl Opener {
+    /// An opener for a dataset of `dataset_bytes` (identified by `seed`, so that every process
+    /// keeps the same chunks) with `page_cache_bytes` of page cache for it (`None`: half of
+    /// [`effective_memory`]).
+    pub fn new(mode: IoMode, dataset_bytes: u64, page_cache_bytes: Option<u64>, seed: u64) -> Self {
+        let budget = page_cache_bytes.unwrap_or_else(|| effective_memory() / 2);
+        let keep_below = if budget >= dataset_bytes {
+            u64::MAX
+        } else {
+            (budget as f64 / dataset_bytes.max(1) as f64 * u64::MAX as f64) as u64
+        };
+        Opener {
+            mode,
+            keep_below,
+            seed,
+            direct_ok: None,
+            counts: OpenCounts::default(),
+        }
+    }
+
+    /// An opener that reads every file `mode`'s way without a dataset budget (Auto: buffered
+    /// where resident).
+    pub fn plain(mode: IoMode) -> Self {
+        Opener::new(mode, u64::MAX, Some(0), 0)
+    }
+
+    /// True when Auto keeps chunk `chunk` resident (read buffered in every epoch).
+    pub fn keeps(&self, chunk: u32) -> bool {
+        self.keep_below == u64::MAX
+            || granary_format::SplitMix64::keyed(&[self.seed, chunk as u64]).next_u64()
+                < self.keep_below
+    }
+
+    /// Opens `path` for the engine; `chunk` is the dataset chunk it holds (`None` for a tier
+    /// file, which Auto reads through the page cache only where resident). A resident file
+    /// (Auto or Buffered) is mapped: its requests complete as slices of the map.
+    pub fn open(&mut self, path: &Path, chunk: Option<u32>) -> Result<IoFile> {
+        if self.mode == IoMode::Direct {
+            return self.open_direct(path);
+        }
+        count_metadata_ops(1);
+        let file = open_regular(path, 0).map_err(|e| ReadError::io("opening", path, e))?;
+        let len = file
+            .metadata()
+            .map_err(|e| ReadError::io("inspecting", path, e))?
+            .len();
+        if resident_share(&file, len) >= RESIDENT_SHARE {
+            if let Ok(map) = map_file(&file, path, true) {
+                self.counts.resident += 1;
+                return Ok(IoFile {
+                    file,
+                    path: path.to_path_buf(),
+                    direct: false,
+                    map: Some(map),
+                });
+            }
+        }
+        let buffered = self.mode == IoMode::Buffered
+            || chunk.is_some_and(|c| self.keeps(c))
+            || self.direct_ok == Some(false);
+        if !buffered {
+            drop(file);
+            return self.open_direct(path);
+        }
+        self.counts.buffered += 1;
+        Ok(IoFile {
+            file,
+            path: path.to_path_buf(),
+            direct: false,
+            map: None,
+        })
+    }
+
+    /// Opens `path` with `O_DIRECT` when the file system accepts it (checked with one aligned
+    /// read on the first file), buffered otherwise.
+    fn open_direct(&mut self, path: &Path) -> Result<IoFile> {
+        if self.direct_ok != Some(false) {
+            count_metadata_ops(1);
+            match open_regular(path, libc::O_DIRECT) {
+                Ok(file) => {
+                    if self.direct_ok.is_none() {
+                        let mut buf = AlignedBuf::new(ALIGN);
+                        match std::os::unix::fs::FileExt::read_at(&file, buf.as_mut_slice(), 0) {
+                            Ok(_) => self.direct_ok = Some(true),
+                            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                                self.direct_ok = Some(false)
+                            }
+                            Err(e) => return Err(ReadError::io("reading", path, e)),
+                        }
+                    }
+                    if self.direct_ok == Some(true) {
+                        self.counts.direct += 1;
+                        return Ok(IoFile {
+                            file,
+                            path: path.to_path_buf(),
+                            direct: true,
+                            map: None,
+                        });
+                    }
+                }
+                // The file system refuses O_DIRECT (tmpfs): buffered reads for this stream.
+                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => self.direct_ok = Some(false),
+                // Missing, not a regular file, not permitted: not a verdict on O_DIRECT.
+                Err(e) => return Err(ReadError::io("opening", path, e)),
+            }
+        }
+        count_metadata_ops(1);
+        let file = open_regular(path, 0).map_err(|e| ReadError::io("opening", path, e))?;
+        self.counts.buffered += 1;
+        Ok(IoFile {
+            file,
+            path: path.to_path_buf(),
+            direct: false,
+            map: None,
+        })
+    }
+}
+
+/// The share of [`PROBE_PAGES`] pages spread over `[0, len)` that the page cache holds: each is
+/// read with `RWF_NOWAIT`, which fails with `EAGAIN` instead of going to the device. Where the
+/// kernel or file system does not support it, 0 (not known to be resident).
+pub fn resident_share(f: &std::fs::File, len: u64) -> f64 {
+    if len == 0 {
+        return 1.0;
+    }
+    let pages = len.div_ceil(4096);
+    let n = PROBE_PAGES.min(pages);
+    let mut page = [0u8; 64];
+    let mut hits = 0;
+    for i in 0..n {
+        // The first and last page and evenly spaced ones between.
+        let p = if n == 1 { 0 } else { i * (pages - 1) / (n - 1) };
+        let mut bufs = [IoSliceMut::new(&mut page)];
+        match rustix::io::preadv2(f, &mut bufs, p * 4096, rustix::io::ReadWriteFlags::NOWAIT) {
+            Ok(_) => hits += 1,
+            Err(rustix::io::Errno::AGAIN) => {}
+            Err(_) => return 0.0,
+        }
+    }
+    hits as f64 / n as f64
+}
+
+/// Memory this process can expect to use: the node's `MemTotal`, or the memory cgroup's limit
+/// (v1 `memory.limit_in_bytes` or v2 `memory.max`, the lowest along the cgroup's path) when
+/// lower. Page cache is charged to the cgroup, so a dataset larger than the limit does not
+/// stay resident however large the node is.
+pub fn effective_memory() -> u64 {
+    let total = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            m.lines()
+                .find_map(|l| l.strip_prefix("MemTotal:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        })
+        .map(|kb| kb * 1024)
+        .unwrap_or(u64::MAX);
+    total.min(cgroup_memory_limit().unwrap_or(u64::MAX))
+}
+
+/// The lowest memory limit on this process's cgroup path (v1 or v2), if any.
+fn cgroup_memory_limit() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    let mut best: Option<u64> = None;
+    for line in text.lines() {
+        let mut parts = line.splitn(3, ':');
+        let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
+        let candidates: Vec<(String, &str)> = if controllers.split(',').any(|c| c == "memory") {
+            vec![("/sys/fs/cgroup/memory".into(), "memory.limit_in_bytes")]
+        } else if controllers.is_empty() {
+            vec![
+                ("/sys/fs/cgroup".into(), "memory.max"),
+                ("/sys/fs/cgroup/unified".into(), "memory.max"),
+            ]
+        } else {
+            continue;
+        };
+        for (root, file) in candidates {
+            let mut dir = std::path::PathBuf::from(format!("{root}{path}"));
+            loop {
+                let limit = std::fs::read_to_string(dir.join(file))
+                    .ok()
+                    .and_then(|s| s.trim().parse::<u64>().ok());
+                if let Some(l) = limit {
+                    best = Some(best.map_or(l, |b| b.min(l)));
+                }
+                if dir.as_os_str().len() <= root.len() || !dir.pop() {
+                    break;
+                }
+            }
+        }
+    }
+    best
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn modes_parse() {
+        assert_eq!(IoMode::parse("auto"), Ok(IoMode::Auto));
+        assert_eq!(IoMode::parse("direct"), Ok(IoMode::Direct));
+        assert_eq!(IoMode::parse("buffered"), Ok(IoMode::Buffered));
+        assert!(IoMode::parse("mmap").is_err());
+    }
+
+    #[test]
+    fn the_kept_share_follows_the_budget() {
+        let all = Opener::new(IoMode::Auto, 100, Some(100), 7);
+        assert!((0..1000).all(|c| all.keeps(c)));
+        let none = Opener::new(IoMode::Auto, 100, Some(0), 7);
+        assert!((0..1000).all(|c| !none.keeps(c)));
+        let quarter = Opener::new(IoMode::Auto, 400, Some(100), 7);
+        let kept = (0..10_000).filter(|&c| quarter.keeps(c)).count();
+        assert!((2300..2700).contains(&kept), "{kept}");
+        // Every process of a job keeps the same chunks.
+        let again = Opener::new(IoMode::Auto, 400, Some(100), 7);
+        assert!((0..1000).all(|c| quarter.keeps(c) == again.keeps(c)));
+    }
+
+    #[test]
+    fn a_file_just_written_is_resident_and_memory_is_known() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("f");
+        std::fs::write(&p, vec![1u8; 1 << 20]).unwrap();
+        let f = std::fs::File::open(&p).unwrap();
+        assert_eq!(resident_share(&f, 1 << 20), 1.0);
+        assert!(effective_memory() > 64 << 20);
+    }
+}
