@@ -60,7 +60,7 @@ pub use plan::{
     shuffle_quality, DatasetShape, EpochPlan, EpochState, PlanOptions, Sampling, Shard,
     ShuffleMode, ShuffleQuality,
 };
-pub use residency::{effective_memory, IoMode, OpenCounts, Opener};
+pub use residency::{effective_memory, resident_share, IoMode, OpenCounts, Opener};
 pub use stream::{CacheHits, EpochStream, Sample, StreamOptions};
 pub use verify::{verify, Problem, VerifyReport};
 

@@ -10,12 +10,11 @@
 //!   that size ("kept" chunks: all of them when the dataset fits) read buffered in every epoch,
 //!   so they become and stay resident — the page cache then acts as a static cache, which is
 //!   the best any cache does under uniform epochs (design notes, fact 1);
-//! - reads every other chunk buffered if it is resident already (probed with
-//!   `preadv2(RWF_NOWAIT)` on a few pages: a read that only succeeds from the page cache), and
-//!   with `O_DIRECT` otherwise, so that a dataset larger than memory does not evict the kept
-//!   chunks.
+//! - maps every file that is resident already (`mincore`), so that its samples are slices of
+//!   the page cache: no read, no copy, no buffer;
+//! - reads the other kept chunks through the page cache (they become resident) and the rest
+//!   with `O_DIRECT`, so that a dataset larger than memory does not evict the kept chunks.
 
-use std::io::IoSliceMut;
 use std::path::Path;
 
 use crate::dataset::map_file;
@@ -73,8 +72,6 @@ pub struct Opener {
     pub counts: OpenCounts,
 }
 
-/// Pages sampled to decide whether a file is resident.
-const PROBE_PAGES: u64 = 16;
 /// Share of sampled pages that must be resident for a file to be read buffered.
 const RESIDENT_SHARE: f64 = 0.75;
 
@@ -196,28 +193,33 @@ impl Opener {
     }
 }
 
-/// The share of [`PROBE_PAGES`] pages spread over `[0, len)` that the page cache holds: each is
-/// read with `RWF_NOWAIT`, which fails with `EAGAIN` instead of going to the device. Where the
-/// kernel or file system does not support it, 0 (not known to be resident).
+/// The share of `f`'s pages (`len` bytes) that the page cache holds, from `mincore` on a
+/// mapping of the file: exact, and unlike a probing read it starts no readahead (which would
+/// pull a cold file into memory just by asking). 0 where the file cannot be mapped.
 pub fn resident_share(f: &std::fs::File, len: u64) -> f64 {
     if len == 0 {
         return 1.0;
     }
-    let pages = len.div_ceil(4096);
-    let n = PROBE_PAGES.min(pages);
-    let mut page = [0u8; 64];
-    let mut hits = 0;
-    for i in 0..n {
-        // The first and last page and evenly spaced ones between.
-        let p = if n == 1 { 0 } else { i * (pages - 1) / (n - 1) };
-        let mut bufs = [IoSliceMut::new(&mut page)];
-        match rustix::io::preadv2(f, &mut bufs, p * 4096, rustix::io::ReadWriteFlags::NOWAIT) {
-            Ok(_) => hits += 1,
-            Err(rustix::io::Errno::AGAIN) => {}
-            Err(_) => return 0.0,
-        }
+    let Ok(map) = map_file(f, Path::new("(residency probe)"), false) else {
+        return 0.0;
+    };
+    let page = rustix::param::page_size();
+    let pages = map.len().div_ceil(page);
+    let mut resident = vec![0u8; pages];
+    // SAFETY: `map` is a live read-only mapping of `map.len()` bytes starting at a page-aligned
+    // address (mmap returns one); mincore only inspects that range and writes one byte per
+    // page of it into `resident`, which holds ceil(map.len() / page size) bytes.
+    let r = unsafe {
+        libc::mincore(
+            map.as_ptr() as *mut libc::c_void,
+            map.len(),
+            resident.as_mut_ptr(),
+        )
+    };
+    if r != 0 {
+        return 0.0;
     }
-    hits as f64 / n as f64
+    resident.iter().filter(|&&b| b & 1 == 1).count() as f64 / pages as f64
 }
 
 /// Memory this process can expect to use: the node's `MemTotal`, or the memory cgroup's limit

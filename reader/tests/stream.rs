@@ -190,7 +190,11 @@ fn damage_mid_epoch_is_an_error_naming_chunk_and_offset() {
     let mut bad = good.clone();
     bad[e.offset as usize + 2] ^= 0x55;
     std::fs::write(&path, &bad).unwrap();
-    for kind in [IoKind::Pread, IoKind::Uring] {
+    // Read with O_DIRECT, and mapped from the page cache (the damaged file was just written).
+    let ways = [IoKind::Pread, IoKind::Uring]
+        .into_iter()
+        .flat_map(|k| [(k, IoMode::Direct), (k, IoMode::Auto)]);
+    for (kind, io_mode) in ways {
         if kind == IoKind::Uring && !uring_available() {
             continue;
         }
@@ -200,7 +204,7 @@ fn damage_mid_epoch_is_an_error_naming_chunk_and_offset() {
             ..PlanOptions::default()
         };
         let mut st = ds
-            .stream_epoch(&o, 0, Shard::WHOLE, None, &io(kind, IoMode::Direct))
+            .stream_epoch(&o, 0, Shard::WHOLE, None, &io(kind, io_mode))
             .unwrap();
         let mut ok = 0;
         let err = loop {
@@ -309,4 +313,67 @@ fn dropping_a_stream_early_stops_its_threads() {
             std::thread::sleep(std::time::Duration::from_millis(5));
         }
     }
+}
+
+/// Drops `path` from the page cache (fsync, then `posix_fadvise(DONTNEED)`); false where the
+/// file system keeps it anyway (tmpfs).
+fn evict(path: &Path) -> bool {
+    let f = std::fs::File::open(path).unwrap();
+    f.sync_all().unwrap();
+    rustix::fs::fadvise(&f, 0, None, rustix::fs::Advice::DontNeed).unwrap();
+    granary::resident_share(&f, f.metadata().unwrap().len()) == 0.0
+}
+
+#[test]
+fn resident_chunks_are_mapped_and_cold_ones_read_as_the_mode_says() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (ds, files) = dataset(tmp.path(), Order::Random);
+    let chunks = ds.chunk_count();
+    let epoch = |opts: &StreamOptions| {
+        let mut st = ds
+            .stream_epoch(&PlanOptions::default(), 0, Shard::WHOLE, None, opts)
+            .unwrap();
+        let mut mapped = 0;
+        for s in st.by_ref() {
+            let s = s.unwrap();
+            assert_eq!(Some(&s.data().to_vec()), files.get(ds.path(s.id).unwrap()));
+            mapped += s.is_zero_copy() as u64;
+        }
+        (st.open_counts(), mapped)
+    };
+    let auto = StreamOptions::default();
+    let direct = io(IoKind::Auto, IoMode::Direct);
+    // Just written, so resident: auto maps every chunk and reads nothing.
+    let (c, _) = epoch(&auto);
+    assert_eq!(
+        (c.resident, c.buffered, c.direct),
+        (chunks, 0, 0),
+        "{c:?} of {chunks}"
+    );
+    assert_eq!(epoch(&direct).0.resident, 0);
+    if !(0..chunks as u32).all(|c| evict(&ds.chunk_path(c))) {
+        eprintln!("this file system keeps files in memory: the cold half is not tested");
+        return;
+    }
+    // Cold and without a page-cache budget: O_DIRECT, so nothing becomes resident...
+    let no_budget = StreamOptions {
+        page_cache_bytes: Some(0),
+        ..StreamOptions::default()
+    };
+    let (c, _) = epoch(&no_budget);
+    assert_eq!((c.resident, c.buffered), (0, 0), "{c:?}");
+    assert_eq!(
+        epoch(&no_budget).0.resident,
+        0,
+        "O_DIRECT left nothing resident"
+    );
+    // ...with a budget for all of it: read through the page cache once, mapped afterwards.
+    let (c, _) = epoch(&auto);
+    assert_eq!((c.resident, c.buffered, c.direct), (0, chunks, 0), "{c:?}");
+    let (c, mapped) = epoch(&auto);
+    assert_eq!(c.resident, chunks, "{c:?}");
+    let raw = (0..ds.len())
+        .filter(|&i| ds.sample(i).unwrap().compression == granary::Compression::None)
+        .count() as u64;
+    assert_eq!(mapped, raw, "every raw sample is a slice of the map");
 }
