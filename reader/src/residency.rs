@@ -69,6 +69,8 @@ pub struct Opener {
     seed: u64,
     /// Whether the file system accepts O_DIRECT, probed with one aligned read on first use.
     direct_ok: Option<bool>,
+    /// Map resident files with every page up front (for whole-chunk reads; default true).
+    pub populate: bool,
     pub counts: OpenCounts,
 }
 
@@ -91,7 +93,18 @@ impl Opener {
             keep_below,
             seed,
             direct_ok: None,
+            populate: true,
             counts: OpenCounts::default(),
+        }
+    }
+
+    /// True when most files will be read through the page cache (Buffered, or Auto with a
+    /// budget for most of the dataset).
+    pub fn mostly_buffered(&self) -> bool {
+        match self.mode {
+            IoMode::Buffered => true,
+            IoMode::Direct => false,
+            IoMode::Auto => self.keep_below > u64::MAX / 2,
         }
     }
 
@@ -122,7 +135,7 @@ impl Opener {
             .map_err(|e| ReadError::io("inspecting", path, e))?
             .len();
         if resident_share(&file, len) >= RESIDENT_SHARE {
-            if let Ok(map) = map_file(&file, path, true) {
+            if let Ok(map) = map_file(&file, path, self.populate) {
                 self.counts.resident += 1;
                 return Ok(IoFile {
                     file,
