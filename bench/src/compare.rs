@@ -27,6 +27,8 @@ pub struct CompareOptions {
     pub epochs: u64,
     pub cold: ColdMode,
     pub seed: u64,
+    /// How the granary side reads: page cache or O_DIRECT (see [`granary::IoMode`]).
+    pub io: granary::IoMode,
 }
 
 /// One side of one epoch.
@@ -230,8 +232,11 @@ fn granary_epoch(o: &CompareOptions, epoch: u64) -> granary::Result<SideEpoch> {
                         worker: w,
                         num_workers: k,
                     };
-                    let st =
-                        ds.stream_epoch(plan, epoch, shard, None, &StreamOptions::default())?;
+                    let io = StreamOptions {
+                        io_mode: o.io,
+                        ..StreamOptions::default()
+                    };
+                    let st = ds.stream_epoch(plan, epoch, shard, None, &io)?;
                     let mut out = WorkerOut::default();
                     let mut t0 = Instant::now();
                     for sample in st {

@@ -305,24 +305,27 @@ pub fn run(o: &ReadBenchOptions) -> Result<ReadBenchResult, String> {
         window_chunks: o.window_chunks,
         ..PlanOptions::default()
     };
+    // The device's side of reading: O_DIRECT, as fio reads (the default auto mode would go
+    // through the page cache for a dataset that fits in memory; `bench compare` measures that).
     let io = |kind| StreamOptions {
         io: kind,
+        io_mode: granary::IoMode::Direct,
         queue_depth: o.queue_depth,
         ..StreamOptions::default()
     };
     let granary_sides: [(&str, ShuffleMode, IoKind); 3] = [
         (
-            "granary read --shuffle chunkwise (io_uring)",
+            "granary read --shuffle chunkwise --io direct (io_uring)",
             ShuffleMode::Chunkwise,
             IoKind::Uring,
         ),
         (
-            "granary read --shuffle chunkwise (pread)",
+            "granary read --shuffle chunkwise --io direct (pread)",
             ShuffleMode::Chunkwise,
             IoKind::Pread,
         ),
         (
-            "granary read --shuffle global (io_uring)",
+            "granary read --shuffle global --io direct (io_uring)",
             ShuffleMode::Global,
             IoKind::Uring,
         ),

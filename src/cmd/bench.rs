@@ -108,6 +108,10 @@ struct CompareArgs {
     /// Shuffle seed of both sides.
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// How the granary side reads: auto (page cache where resident or kept resident, O_DIRECT
+    /// elsewhere), direct or buffered.
+    #[arg(long, default_value = "auto", value_parser = granary::IoMode::parse)]
+    io: granary::IoMode,
     /// Write a Markdown report with SVG plots into this directory.
     #[arg(long, value_name = "DIR")]
     report: Option<PathBuf>,
@@ -275,6 +279,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
                 epochs: c.epochs,
                 cold: c.cold,
                 seed: c.seed,
+                io: c.io,
             };
             let res = granary_bench::compare::run(&opts).map_err(anyhow::Error::msg)?;
             let table = granary_bench::compare::render(&res);
