@@ -74,8 +74,11 @@ pub struct Opener {
     pub counts: OpenCounts,
 }
 
-/// Share of sampled pages that must be resident for a file to be read buffered.
-const RESIDENT_SHARE: f64 = 0.75;
+/// Share of a file's pages that must be resident for it to be mapped: all of them. A page
+/// missing from a map is read by a page fault, where a device error is a SIGBUS instead of an
+/// error naming the file; a partly resident file is read with `read` (buffered) instead, so that
+/// a failing read is reported like any other.
+const RESIDENT_SHARE: f64 = 1.0;
 
 impl Opener {
     /// An opener for a dataset of `dataset_bytes` (identified by `seed`, so that every process
