@@ -92,6 +92,18 @@ pub struct IoFile {
     pub map: Option<memmap2::Mmap>,
 }
 
+impl IoFile {
+    /// A file read with reads (`direct`: opened with `O_DIRECT`), not through a map.
+    pub fn unmapped(file: File, path: &Path, direct: bool) -> Self {
+        IoFile {
+            file,
+            path: path.to_path_buf(),
+            direct,
+            map: None,
+        }
+    }
+}
+
 /// A heap buffer whose usable part starts at a 4 KiB boundary (no unsafe allocation needed:
 /// the Vec is over-allocated and the aligned start is found inside it). Buffers taken from a
 /// [`BufPool`] go back to it when dropped, so steady-state reads neither allocate nor fault in

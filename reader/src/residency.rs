@@ -156,12 +156,7 @@ impl Opener {
             return self.open_direct(path);
         }
         self.counts.buffered += 1;
-        Ok(IoFile {
-            file,
-            path: path.to_path_buf(),
-            direct: false,
-            map: None,
-        })
+        Ok(IoFile::unmapped(file, path, false))
     }
 
     /// Opens `path` with `O_DIRECT` when the file system accepts it (checked with one aligned
@@ -183,12 +178,7 @@ impl Opener {
                     }
                     if self.direct_ok == Some(true) {
                         self.counts.direct += 1;
-                        return Ok(IoFile {
-                            file,
-                            path: path.to_path_buf(),
-                            direct: true,
-                            map: None,
-                        });
+                        return Ok(IoFile::unmapped(file, path, true));
                     }
                 }
                 // The file system refuses O_DIRECT (tmpfs): buffered reads for this stream.
@@ -200,12 +190,7 @@ impl Opener {
         count_metadata_ops(1);
         let file = open_regular(path, 0).map_err(|e| ReadError::io("opening", path, e))?;
         self.counts.buffered += 1;
-        Ok(IoFile {
-            file,
-            path: path.to_path_buf(),
-            direct: false,
-            map: None,
-        })
+        Ok(IoFile::unmapped(file, path, false))
     }
 }
 
