@@ -228,7 +228,7 @@ impl Stream {
     #[new]
     #[pyo3(signature = (
         path, epoch, rank, world_size, worker, num_workers, *, shuffle = "chunkwise", seed = 0,
-        drop_last = true, window = None, memory = 512 << 20, cache_dir = None, cache_size = None,
+        drop_last = true, window = None, memory = granary::DEFAULT_READER_MEMORY, cache_dir = None, cache_size = None,
         policy = "static", sampling = "uniform", alpha = 0.5, cache_boost = 4.0, resume = None
     ))]
     #[allow(clippy::too_many_arguments)]
@@ -302,16 +302,14 @@ impl Stream {
                 ));
             }
             let shape = ds.shape()?;
-            let chunks = ds.chunk_count().max(1);
-            let bytes: u64 = (0..chunks as u32)
-                .filter_map(|c| ds.chunk(c).ok())
-                .map(|c| c.file_size)
-                .sum();
+            let window_chunks = match window {
+                Some(w) => w,
+                None => ds.window_for_memory(memory)?,
+            };
             let o = PlanOptions {
                 mode,
                 seed,
-                window_chunks: window
-                    .unwrap_or_else(|| (memory / (4 * (bytes / chunks).max(1))).max(1) as usize),
+                window_chunks,
                 drop_last,
                 ..Default::default()
             };

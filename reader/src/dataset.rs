@@ -198,6 +198,15 @@ impl Dataset {
         })
     }
 
+    /// Chunks per shuffle window that keep one reader within `memory` bytes of read buffers:
+    /// up to four windows are in memory at once (being consumed, decoded and waiting, read and
+    /// waiting, in flight), so W = memory / (4 × mean chunk size), at least 1 (O(chunks)).
+    pub fn window_for_memory(&self, memory: u64) -> Result<usize> {
+        let chunks = self.chunk_count().max(1);
+        let mean = (self.total_chunk_bytes()? / chunks).max(1);
+        Ok((memory / (4 * mean)).max(1) as usize)
+    }
+
     /// The chunk sample ranges that epoch plans are computed from (O(chunks)).
     pub fn shape(&self) -> Result<crate::DatasetShape> {
         let counts = (0..self.chunk_count() as u32)

@@ -31,7 +31,7 @@ pub struct Args {
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     let ds = super::open_dataset(&a.dataset)?;
     let shape = ds.shape()?;
-    let opts = a.plan.options(&ds);
+    let opts = a.plan.options(&ds)?;
     let shards: Vec<Shard> = (0..a.plan.world_size)
         .flat_map(|rank| {
             (0..a.plan.workers).map(move |worker| Shard {

@@ -43,23 +43,18 @@ pub struct PlanArgs {
 
 impl PlanArgs {
     /// Plan options for `ds` (the window follows from the memory budget unless given).
-    pub fn options(&self, ds: &granary::Dataset) -> PlanOptions {
-        let chunks = ds.chunk_count().max(1);
-        let bytes: u64 = (0..chunks as u32)
-            .filter_map(|c| ds.chunk(c).ok())
-            .map(|c| c.file_size)
-            .sum();
-        let mean = (bytes / chunks).max(1);
-        let window = self
-            .window
-            .unwrap_or_else(|| (self.memory / (4 * mean)).max(1) as usize);
-        PlanOptions {
+    pub fn options(&self, ds: &granary::Dataset) -> anyhow::Result<PlanOptions> {
+        let window = match self.window {
+            Some(w) => w,
+            None => ds.window_for_memory(self.memory)?,
+        };
+        Ok(PlanOptions {
             mode: self.shuffle,
             seed: self.seed,
             window_chunks: window,
             drop_last: !self.pad,
             locality: self.locality,
-        }
+        })
     }
 }
 
@@ -221,7 +216,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         let p = &a.plan;
         let r = granary_bench::readbench::run_epoch(
             &ds,
-            &p.options(&ds),
+            &p.options(&ds)?,
             epoch,
             p.rank,
             p.world_size,
@@ -255,4 +250,15 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         super::print_json(&reports)?;
     }
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_default_memory_is_the_readers() {
+        assert_eq!(
+            super::super::pack::parse_size("512MiB"),
+            Ok(granary::DEFAULT_READER_MEMORY)
+        );
+    }
 }
