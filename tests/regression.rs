@@ -97,20 +97,10 @@ fn force_replaces_only_a_granary_dataset() {
     // A dataset (or an empty directory) is replaced; so is the build directory of one.
     let ds = tmp.path().join("ds");
     std::fs::create_dir(&ds).unwrap();
-    run_ok([
-        "pack",
-        src.to_str().unwrap(),
-        "-o",
-        ds.to_str().unwrap(),
-        "--force",
-    ]);
-    run_ok([
-        "pack",
-        src.to_str().unwrap(),
-        "-o",
-        ds.to_str().unwrap(),
-        "--force",
-    ]);
+    for replaced in ["an empty directory", "a dataset"] {
+        let o = pack(&src, &ds, &["--force"]);
+        assert!(o.status.success(), "{replaced}: {}", stderr(&o));
+    }
     // ...but not once the user has put something of theirs beside the chunks.
     std::fs::write(ds.join("README"), b"about this data").unwrap();
     let o = pack(&src, &ds, &["--force"]);
@@ -189,17 +179,13 @@ fn dataset_with_chunk_table(tmp: &Path, edit: impl Fn(&mut [u8])) -> std::path::
 
 /// Builds a dataset and rewrites snapshot section `kind` with the given edit, CRCs recomputed.
 fn dataset_with_section(tmp: &Path, kind: u32, edit: impl Fn(&mut [u8])) -> std::path::PathBuf {
-    let src = tmp.join("src");
-    write_tree(&src, &numbered_tree(40, 2, |_| 500));
-    let ds = tmp.join("ds");
-    run_ok([
-        "pack",
-        src.to_str().unwrap(),
-        "-o",
-        ds.to_str().unwrap(),
-        "--chunk-size",
-        "4KiB",
-    ]);
+    let files = numbered_tree(40, 2, |_| 500);
+    let ds = packed_tree(
+        &tmp.join("src"),
+        &files,
+        &tmp.join("ds"),
+        &["--chunk-size", "4KiB"],
+    );
     let snap = ds.join(granary_format::SNAPSHOT_FILE);
     let mut b = std::fs::read(&snap).unwrap();
     let n = u32::from_le_bytes(b[48..52].try_into().unwrap()) as usize;
@@ -297,16 +283,12 @@ fn read_digest_covers_content_not_only_sample_ids() {
     let mut files = numbered_tree(60, 3, |i| 300 + i as usize);
     let digest_of = |files: &[(Vec<u8>, Vec<u8>)], name: &str| -> (String, String) {
         let src = tmp.path().join(format!("src-{name}"));
-        write_tree(&src, files);
-        let ds = tmp.path().join(name);
-        run_ok([
-            "pack",
-            src.to_str().unwrap(),
-            "-o",
-            ds.to_str().unwrap(),
-            "--chunk-size",
-            "4KiB",
-        ]);
+        let ds = packed_tree(
+            &src,
+            files,
+            &tmp.path().join(name),
+            &["--chunk-size", "4KiB"],
+        );
         let o = run_ok(["read", ds.to_str().unwrap(), "--json", "--workers", "2"]);
         let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
         let o = run_ok(["verify", ds.to_str().unwrap(), "--json"]);
@@ -358,10 +340,8 @@ fn extract_refuses_a_path_order_that_repeats_or_skips_samples() {
 #[test]
 fn reindex_on_a_full_disk_leaves_no_temporary_snapshot() {
     let tmp = tempfile::tempdir().unwrap();
-    let src = tmp.path().join("src");
-    write_tree(&src, &numbered_tree(3000, 3, |_| 10));
-    let ds = tmp.path().join("ds");
-    run_ok(["pack", src.to_str().unwrap(), "-o", ds.to_str().unwrap()]);
+    let files = numbered_tree(3000, 3, |_| 10);
+    let ds = packed_tree(&tmp.path().join("src"), &files, &tmp.path().join("ds"), &[]);
     let snap = ds.join(granary_format::SNAPSHOT_FILE);
     let size = std::fs::metadata(&snap).unwrap().len();
     std::fs::remove_file(&snap).unwrap();
@@ -382,20 +362,9 @@ fn reindex_on_a_full_disk_leaves_no_temporary_snapshot() {
 #[test]
 fn readers_killed_mid_write_leave_the_tier_within_its_quota() {
     let tmp = tempfile::tempdir().unwrap();
-    let src = tmp.path().join("src");
-    write_tree(
-        &src,
-        &numbered_tree(400, 4, |i| 3000 + (i as usize * 53) % 4000),
-    );
-    let ds = tmp.path().join("ds");
-    run_ok([
-        "pack",
-        src.to_str().unwrap(),
-        "-o",
-        ds.to_str().unwrap(),
-        "--chunk-size",
-        "64KiB",
-    ]);
+    let files = numbered_tree(400, 4, |i| 3000 + (i as usize * 53) % 4000);
+    let (src, ds) = (tmp.path().join("src"), tmp.path().join("ds"));
+    let ds = packed_tree(&src, &files, &ds, &["--chunk-size", "64KiB"]);
     let tier = tmp.path().join("tier");
     let quota: u64 = 400 << 10;
     let on_disk = || -> u64 {

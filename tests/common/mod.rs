@@ -48,6 +48,20 @@ pub fn pack(src: &Path, out: &Path, extra: &[&str]) -> Output {
     run(args)
 }
 
+/// Writes `files` under `src`, packs them to `out` with `extra` arguments (asserting success)
+/// and returns `out`.
+pub fn packed_tree(
+    src: &Path,
+    files: &[(Vec<u8>, Vec<u8>)],
+    out: &Path,
+    extra: &[&str],
+) -> std::path::PathBuf {
+    write_tree(src, files);
+    let o = pack(src, out, extra);
+    assert!(o.status.success(), "pack failed: {}", stderr(&o));
+    out.to_path_buf()
+}
+
 /// Runs granary with `args` under a file size limit of `kib` KiB (`ulimit -f`, SIGXFSZ
 /// ignored): writes past it fail with EFBIG, as a full disk fails them with ENOSPC.
 pub fn run_with_file_size_limit<I, S>(kib: u64, args: I) -> Output
