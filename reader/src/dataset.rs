@@ -55,19 +55,14 @@ impl Deref for ChunkBytes {
     }
 }
 
-/// Maps `file` read-only; with `populate`, every page the page cache holds is mapped up front
-/// (one call instead of a fault per page).
-pub(crate) fn map_file(file: &File, path: &Path, populate: bool) -> Result<Mmap> {
-    let mut o = memmap2::MmapOptions::new();
-    if populate {
-        o.populate();
-    }
+/// Maps `file` read-only.
+pub(crate) fn map_file(file: &File, path: &Path) -> Result<Mmap> {
     // SAFETY: granary dataset files, chunk copies and hot chunks of the tier are immutable
     // once published (nothing updates a file in place; writers create new files and rename
     // them, and removing a file leaves existing maps intact). The map is read-only and private
     // to this process. If another process truncates the file anyway, accesses past the new end
     // fault; every read we do is within the length checked at open.
-    unsafe { o.map(file) }.map_err(|e| ReadError::io("memory-mapping", path, e))
+    unsafe { Mmap::map(file) }.map_err(|e| ReadError::io("memory-mapping", path, e))
 }
 
 impl Dataset {
@@ -109,7 +104,7 @@ impl Dataset {
         }
         // is_dir, open, fstat, and the map's own fstat.
         crate::io::count_metadata_ops(4);
-        let map = map_file(&file, &snapshot_path, false)?;
+        let map = map_file(&file, &snapshot_path)?;
         // Opening and looking up touch a handful of pages spread over the file: without this,
         // every cold page fault reads a whole readahead window (often megabytes) instead.
         let _ = map.advise(memmap2::Advice::Random);
@@ -412,7 +407,7 @@ impl Dataset {
             }
             ChunkBytes::Owned(v)
         } else {
-            ChunkBytes::Mapped(map_file(&f, &path, false)?)
+            ChunkBytes::Mapped(map_file(&f, &path)?)
         };
         self.check_chunk_header(&bytes, chunk, &path)?;
         Ok(bytes)

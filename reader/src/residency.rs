@@ -137,16 +137,24 @@ impl Opener {
             .metadata()
             .map_err(|e| ReadError::io("inspecting", path, e))?
             .len();
-        if resident_share(&file, len) >= RESIDENT_SHARE {
-            if let Ok(map) = map_file(&file, path, self.populate) {
-                self.counts.resident += 1;
-                return Ok(IoFile {
-                    file,
-                    path: path.to_path_buf(),
-                    direct: false,
-                    map: Some(map),
-                });
+        // One map serves the residency check and, if every page is resident, the reads.
+        let map = (len > 0)
+            .then(|| map_file(&file, path).ok())
+            .flatten()
+            .filter(|m| mapped_share(m) >= RESIDENT_SHARE);
+        if let Some(map) = map {
+            if self.populate {
+                // Every page mapped in one call instead of a fault per page (best effort: on
+                // kernels before 5.14 the pages fault in as they are read).
+                let _ = map.advise(memmap2::Advice::PopulateRead);
             }
+            self.counts.resident += 1;
+            return Ok(IoFile {
+                file,
+                path: path.to_path_buf(),
+                direct: false,
+                map: Some(map),
+            });
         }
         let buffered = self.mode == IoMode::Buffered
             || chunk.is_some_and(|c| self.keeps(c))
@@ -201,11 +209,16 @@ pub fn resident_share(f: &std::fs::File, len: u64) -> f64 {
     if len == 0 {
         return 1.0;
     }
-    let Ok(map) = map_file(f, Path::new("(residency probe)"), false) else {
-        return 0.0;
-    };
+    map_file(f, Path::new("(residency probe)")).map_or(0.0, |m| mapped_share(&m))
+}
+
+/// The share of `map`'s pages that the page cache holds (`mincore`); 0 if it cannot tell.
+fn mapped_share(map: &memmap2::Mmap) -> f64 {
     let page = rustix::param::page_size();
     let pages = map.len().div_ceil(page);
+    if pages == 0 {
+        return 1.0;
+    }
     let mut resident = vec![0u8; pages];
     // SAFETY: `map` is a live read-only mapping of `map.len()` bytes starting at a page-aligned
     // address (mmap returns one); mincore only inspects that range and writes one byte per
