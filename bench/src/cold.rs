@@ -5,7 +5,7 @@ use std::path::Path;
 use serde::Serialize;
 
 /// How caches were made cold.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum ColdMethod {
     /// `sync; echo 3 > /proc/sys/vm/drop_caches` (needs root).

@@ -29,12 +29,56 @@ pub struct CompareOptions {
     pub seed: u64,
     /// How the granary side reads: page cache or O_DIRECT (see [`granary::IoMode`]).
     pub io: granary::IoMode,
+    /// Cache states to measure, in order (each runs `epochs` epochs per side).
+    pub states: Vec<State>,
+    /// Memory limit of each side's process in [`State::Limited`] (a memory cgroup).
+    pub memory_limit: Option<u64>,
+    /// The executable to run each side in a process of its own (`granary`, whose hidden
+    /// `bench compare-side` runs one side's epoch): then every side reports its own peak
+    /// RSS, and the limited state can put it in a memory cgroup. `None`: in this process.
+    pub side_exe: Option<PathBuf>,
+}
+
+/// The cache state an epoch starts from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum State {
+    /// Caches made cold before every epoch (as `--cold` says).
+    Cold,
+    /// Both trees read once before the first epoch, nothing dropped: everything resident.
+    Warm,
+    /// Caches dropped once, then every side's process runs in a memory cgroup of
+    /// `--memory-limit` bytes (page cache included), well below the dataset.
+    Limited,
+}
+
+impl State {
+    /// Parses a comma-separated list of `cold`, `warm`, `limited`.
+    pub fn parse_list(s: &str) -> Result<Vec<State>, String> {
+        s.split(',')
+            .map(|x| match x.trim() {
+                "cold" => Ok(State::Cold),
+                "warm" => Ok(State::Warm),
+                "limited" => Ok(State::Limited),
+                o => Err(format!("unknown state {o:?}: use cold, warm, limited")),
+            })
+            .collect()
+    }
+}
+
+/// Which side a process runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Side {
+    Raw,
+    Granary,
 }
 
 /// One side of one epoch.
-#[derive(Clone, Debug, Default, Serialize)]
+#[derive(Clone, Debug, Default, Serialize, serde::Deserialize)]
 pub struct SideEpoch {
     pub epoch: u64,
+    /// The cache state it started from (`None`: cold, from a run without states).
+    pub state: Option<State>,
     pub cold: Option<ColdMethod>,
     /// Listing the tree (raw) or opening the snapshot and planning (granary).
     pub startup_s: f64,
@@ -49,10 +93,22 @@ pub struct SideEpoch {
     /// Opens and stats issued.
     pub metadata_ops: u64,
     pub cpu_s: f64,
+    /// Peak resident set of the side's process (when it ran in one of its own).
+    pub peak_rss_bytes: Option<u64>,
+    /// Peak memory of its cgroup, page cache included (limited state).
+    pub cgroup_peak_bytes: Option<u64>,
     pub digest: String,
-    /// Per-sample wait times in microseconds, sorted (for the latency plot; not in JSON).
-    #[serde(skip)]
+    /// Per-sample wait times in microseconds, sorted (for the latency plot; not in the
+    /// report's JSON).
+    #[serde(skip_serializing, default)]
     pub latencies_us: Vec<f64>,
+}
+
+impl SideEpoch {
+    /// CPU seconds per GB delivered.
+    pub fn cpu_s_per_gb(&self) -> f64 {
+        self.cpu_s / (self.bytes as f64 / 1e9).max(1e-12)
+    }
 }
 
 /// The comparison.
@@ -266,20 +322,156 @@ fn granary_epoch(o: &CompareOptions, epoch: u64) -> granary::Result<SideEpoch> {
     Ok(s)
 }
 
-/// Runs `epochs` epochs of each side, raw first, caches made cold before each as asked.
+/// Runs one side's epoch in this process (what the hidden `bench compare-side` does in a
+/// process of its own); its peak RSS is this process's.
+pub fn run_side(o: &CompareOptions, side: Side, epoch: u64) -> Result<SideEpoch, String> {
+    let mut s = match side {
+        Side::Raw => raw_epoch(o, epoch).map_err(|e| format!("raw side, {}: {e}", o.raw.display())),
+        Side::Granary => granary_epoch(o, epoch).map_err(|e| format!("granary side: {e}")),
+    }?;
+    s.peak_rss_bytes = crate::readbench::peak_rss_bytes();
+    Ok(s)
+}
+
+/// What `bench compare-side` prints: the side's epoch with its latencies.
+#[derive(Serialize, serde::Deserialize)]
+pub struct SideReport {
+    pub side: SideEpoch,
+    pub latencies_us: Vec<f64>,
+}
+
+/// Reads every file under `root` once (to make it resident).
+fn warm_up(root: &Path) -> std::io::Result<()> {
+    let mut buf = vec![0u8; 1 << 20];
+    for e in walkdir::WalkDir::new(root) {
+        let e = e.map_err(std::io::Error::other)?;
+        if e.file_type().is_file() {
+            let mut f = std::fs::File::open(e.path())?;
+            while f.read(&mut buf)? > 0 {}
+        }
+    }
+    Ok(())
+}
+
+/// Runs one side's epoch in a process of its own (`side_exe`), in a memory cgroup of `limit`
+/// bytes when given.
+fn side_process(
+    o: &CompareOptions,
+    exe: &Path,
+    side: Side,
+    epoch: u64,
+    limit: Option<u64>,
+) -> Result<SideEpoch, String> {
+    let mut args: Vec<std::ffi::OsString> = vec![
+        "bench".into(),
+        "compare-side".into(),
+        "--side".into(),
+        match side {
+            Side::Raw => "raw",
+            Side::Granary => "granary",
+        }
+        .into(),
+        "--raw".into(),
+        o.raw.clone().into(),
+        "--packed".into(),
+        o.packed.clone().into(),
+        "--workers".into(),
+        o.workers.to_string().into(),
+        "--epoch".into(),
+        epoch.to_string().into(),
+        "--seed".into(),
+        o.seed.to_string().into(),
+        "--io".into(),
+        format!("{:?}", o.io).to_lowercase().into(),
+    ];
+    let cgroup = match limit {
+        Some(l) => Some(crate::cgroup::MemoryCgroup::create(l)?),
+        None => None,
+    };
+    let mut cmd = match &cgroup {
+        // The shell joins the cgroup, then becomes the side's process.
+        Some(cg) => {
+            let mut c = std::process::Command::new("/bin/sh");
+            c.arg("-c")
+                .arg("echo $$ > \"$0\" && exec \"$@\"")
+                .arg(cg.procs_file())
+                .arg(exe);
+            c
+        }
+        None => std::process::Command::new(exe),
+    };
+    let out = cmd
+        .args(&mut args)
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .map_err(|e| format!("running {}: {e}", exe.display()))?;
+    let peak = cgroup.as_ref().and_then(|c| c.peak_bytes());
+    let oom = cgroup.as_ref().is_some_and(|c| c.oom_killed());
+    drop(cgroup);
+    if !out.status.success() {
+        let why = if oom {
+            format!(
+                "killed by the OOM killer in a {} MB memory cgroup",
+                limit.unwrap_or(0) / 1_000_000
+            )
+        } else {
+            format!("exited with {}", out.status)
+        };
+        return Err(format!("{side:?} side, epoch {epoch}: {why}"));
+    }
+    let r: SideReport =
+        serde_json::from_slice(&out.stdout).map_err(|e| format!("{side:?} side's report: {e}"))?;
+    let mut s = r.side;
+    s.latencies_us = r.latencies_us;
+    s.cgroup_peak_bytes = peak;
+    Ok(s)
+}
+
+/// Runs `epochs` epochs of each side in every state asked for, raw first.
 pub fn run(o: &CompareOptions) -> Result<CompareResult, String> {
     let mut raw_epochs = Vec::new();
     let mut granary_epochs = Vec::new();
-    for epoch in 0..o.epochs.max(1) {
-        let cold = make_cold_with(o.cold, &[&o.raw, &o.packed]);
-        let mut r =
-            raw_epoch(o, epoch).map_err(|e| format!("raw side, {}: {e}", o.raw.display()))?;
-        r.cold = cold;
-        raw_epochs.push(r);
-        let cold = make_cold_with(o.cold, &[&o.raw, &o.packed]);
-        let mut g = granary_epoch(o, epoch).map_err(|e| format!("granary side: {e}"))?;
-        g.cold = cold;
-        granary_epochs.push(g);
+    let states = if o.states.is_empty() {
+        vec![State::Cold]
+    } else {
+        o.states.clone()
+    };
+    if states.contains(&State::Limited) && (o.memory_limit.is_none() || o.side_exe.is_none()) {
+        return Err(
+            "the limited state needs --memory-limit (and runs each side in a process of its own)"
+                .into(),
+        );
+    }
+    for &state in &states {
+        match state {
+            State::Warm => {
+                for t in [&o.raw, &o.packed] {
+                    warm_up(t).map_err(|e| format!("warming {}: {e}", t.display()))?;
+                }
+            }
+            State::Limited => {
+                make_cold_with(o.cold, &[&o.raw, &o.packed]);
+            }
+            State::Cold => {}
+        }
+        for epoch in 0..o.epochs.max(1) {
+            let limit = o.memory_limit.filter(|_| state == State::Limited);
+            let one = |side| -> Result<SideEpoch, String> {
+                let cold = match state {
+                    State::Cold => make_cold_with(o.cold, &[&o.raw, &o.packed]),
+                    _ => None,
+                };
+                let mut s = match &o.side_exe {
+                    Some(exe) => side_process(o, exe, side, epoch, limit)?,
+                    None => run_side(o, side, epoch)?,
+                };
+                s.cold = cold;
+                s.state = Some(state);
+                Ok(s)
+            };
+            raw_epochs.push(one(Side::Raw)?);
+            granary_epochs.push(one(Side::Granary)?);
+        }
     }
     let ratios: Vec<f64> = raw_epochs
         .iter()
@@ -315,8 +507,9 @@ pub fn render(r: &CompareResult) -> String {
         r.workers
     );
     s += &format!(
-        "  {:<8} {:>5} {:>10} {:>10} {:>9} {:>9} {:>10} {:>10} {:>10} {:>8} {:>9}\n",
+        "  {:<8} {:<8} {:>5} {:>10} {:>10} {:>9} {:>9} {:>10} {:>10} {:>10} {:>9} {:>9} {:>8} {:>9}\n",
         "side",
+        "state",
         "epoch",
         "startup s",
         "samples/s",
@@ -325,6 +518,8 @@ pub fn render(r: &CompareResult) -> String {
         "p99 us",
         "meta ops",
         "cpu s",
+        "cpu s/GB",
+        "peak RSS",
         "cold",
         "ratio"
     );
@@ -333,9 +528,19 @@ pub fn render(r: &CompareResult) -> String {
             ("raw", raw, String::new()),
             ("granary", g, format!("{:.2}x", r.ratios[i])),
         ] {
+            let state = match x.state {
+                Some(State::Warm) => "warm",
+                Some(State::Limited) => "limited",
+                _ => "cold",
+            };
+            let rss = x
+                .peak_rss_bytes
+                .map(|b| format!("{:.0} MB", b as f64 / 1e6))
+                .unwrap_or_else(|| "-".into());
             s += &format!(
-                "  {:<8} {:>5} {:>10.4} {:>10.0} {:>9.1} {:>9.0} {:>10.0} {:>10} {:>10.2} {:>8} {:>9}\n",
+                "  {:<8} {:<8} {:>5} {:>10.4} {:>10.0} {:>9.1} {:>9.0} {:>10.0} {:>10} {:>10.2} {:>9.2} {:>9} {:>8} {:>9}\n",
                 name,
+                state,
                 x.epoch,
                 x.startup_s,
                 x.samples_per_s,
@@ -344,7 +549,9 @@ pub fn render(r: &CompareResult) -> String {
                 x.latency_p99_us,
                 x.metadata_ops,
                 x.cpu_s,
-                x.cold.map(|c| format!("{c:?}")).unwrap_or_else(|| "warm".into()),
+                x.cpu_s_per_gb(),
+                rss,
+                x.cold.map(|c| format!("{c:?}")).unwrap_or_else(|| "none".into()),
                 ratio
             );
         }

@@ -3,6 +3,7 @@
 #![forbid(unsafe_code)]
 
 pub mod cachesim;
+pub mod cgroup;
 pub mod cold;
 pub mod compare;
 pub mod gen;

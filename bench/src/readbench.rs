@@ -45,6 +45,20 @@ pub struct EpochReport {
     /// Share of samples and of bytes served by the local tier (when one is configured).
     pub cache_sample_hit_ratio: Option<f64>,
     pub cache_byte_hit_ratio: Option<f64>,
+    /// The most bytes of read buffers (and borrowed maps) one worker's stream held at once.
+    pub peak_buffer_bytes: u64,
+    /// The process's peak resident set so far (`VmHWM`), when the kernel reports it.
+    pub peak_rss_bytes: Option<u64>,
+}
+
+/// `VmHWM` of `/proc/self/status`: this process's peak resident set size so far.
+pub fn peak_rss_bytes() -> Option<u64> {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map(|kb| kb * 1024)
 }
 
 /// `read_bytes` of `/proc/self/io`: bytes this process caused to be fetched from storage.
@@ -64,6 +78,7 @@ struct WorkerTotals {
     bytes_read: u64,
     backend: &'static str,
     hits: granary::CacheHits,
+    peak_buffers: u64,
 }
 
 /// Streams one epoch of rank `rank` with `workers` threads (one per loader worker), touching
@@ -118,6 +133,7 @@ pub fn run_epoch(
                         bytes_read: st.bytes_read(),
                         backend: st.backend(),
                         hits: st.cache_stats(),
+                        peak_buffers: st.peak_buffer_bytes(),
                     })
                 })
             })
@@ -142,6 +158,7 @@ pub fn run_epoch(
         r.opened.buffered += w.opened.buffered;
         r.opened.resident += w.opened.resident;
         r.opened.direct += w.opened.direct;
+        r.peak_buffer_bytes = r.peak_buffer_bytes.max(w.peak_buffers);
         r.samples += w.samples;
         r.bytes += w.bytes;
         r.bytes_read += w.bytes_read;
@@ -157,6 +174,7 @@ pub fn run_epoch(
     r.samples_per_s = r.samples as f64 / r.elapsed_s.max(1e-9);
     r.mb_per_s = r.bytes as f64 / 1e6 / r.elapsed_s.max(1e-9);
     r.digest = format!("{digest:016x}");
+    r.peak_rss_bytes = peak_rss_bytes();
     if io.cache.is_some() {
         let ratio = |a: u64, b: u64| a as f64 / (a + b).max(1) as f64;
         r.cache_sample_hit_ratio = Some(ratio(hits.samples_from_cache, hits.samples_from_source));
@@ -307,10 +325,13 @@ pub fn run(o: &ReadBenchOptions) -> Result<ReadBenchResult, String> {
     };
     // The device's side of reading: O_DIRECT, as fio reads (the default auto mode would go
     // through the page cache for a dataset that fits in memory; `bench compare` measures that).
+    // The buffer budget of `window_chunks` at the reader's rule (three windows in memory).
+    let mean_chunk = chunk_bytes / files.len().max(1) as u64;
     let io = |kind| StreamOptions {
         io: kind,
         io_mode: granary::IoMode::Direct,
         queue_depth: o.queue_depth,
+        memory: (3 * o.window_chunks as u64 * mean_chunk).max(granary::DEFAULT_READER_MEMORY),
         ..StreamOptions::default()
     };
     let granary_sides: [(&str, ShuffleMode, IoKind); 3] = [

@@ -228,7 +228,7 @@ impl Stream {
     #[new]
     #[pyo3(signature = (
         path, epoch, rank, world_size, worker, num_workers, *, shuffle = "chunkwise", seed = 0,
-        drop_last = true, window = None, memory = granary::DEFAULT_READER_MEMORY, cache_dir = None, cache_size = None,
+        drop_last = true, window = None, memory = None, cache_dir = None, cache_size = None,
         policy = "static", sampling = "uniform", alpha = 0.5, cache_boost = 4.0, resume = None
     ))]
     #[allow(clippy::too_many_arguments)]
@@ -244,7 +244,7 @@ impl Stream {
         seed: u64,
         drop_last: bool,
         window: Option<usize>,
-        memory: u64,
+        memory: Option<u64>,
         cache_dir: Option<PathBuf>,
         cache_size: Option<u64>,
         policy: &str,
@@ -270,6 +270,7 @@ impl Stream {
             num_workers,
             consumed,
         });
+        let memory = memory.unwrap_or(granary::DEFAULT_READER_MEMORY);
         let build = || -> Result<(EpochStream, usize, bool), ReadError> {
             let ds = Arc::new(RsDataset::open(&path)?);
             let cache = match (&cache_dir, cache_size) {
@@ -344,6 +345,7 @@ impl Stream {
             let io = StreamOptions {
                 cache: cache.clone(),
                 scores,
+                memory,
                 ..Default::default()
             };
             Ok((EpochStream::new(ds, plan, mode, &io)?, len, cache.is_some()))

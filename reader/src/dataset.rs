@@ -194,12 +194,15 @@ impl Dataset {
     }
 
     /// Chunks per shuffle window that keep one reader within `memory` bytes of read buffers:
-    /// up to four windows are in memory at once (being consumed, decoded and waiting, read and
-    /// waiting, in flight), so W = memory / (4 × mean chunk size), at least 1 (O(chunks)).
+    /// three windows are in memory at once (being consumed, decoded, read), so
+    /// W = memory / (3 × mean chunk size, rounded as read buffers are), at least 1; what the budget leaves beyond three
+    /// windows is used for read-ahead (see [`crate::StreamOptions::memory`]) (O(chunks)).
     pub fn window_for_memory(&self, memory: u64) -> Result<usize> {
         let chunks = self.chunk_count().max(1);
         let mean = (self.total_chunk_bytes()? / chunks).max(1);
-        Ok((memory / (4 * mean)).max(1) as usize)
+        // A chunk read takes its size in buffers, rounded as the pool rounds them.
+        let charge = crate::io::BufPool::charge(mean as usize + 2 * crate::io::ALIGN) as u64;
+        Ok((memory / (3 * charge)).max(1) as usize)
     }
 
     /// The chunk sample ranges that epoch plans are computed from (O(chunks)).

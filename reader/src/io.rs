@@ -51,8 +51,8 @@ pub fn open_regular(path: &Path, extra: i32) -> std::io::Result<File> {
     Ok(f)
 }
 
-/// Idle read buffers an engine keeps for reuse.
-pub const POOL_BYTES: usize = 512 << 20;
+/// Buffer bytes (idle and in use) of an engine made with [`Engine::new`].
+pub const POOL_BYTES: usize = 128 << 20;
 /// Largest single read submitted; bigger ranges are split so more requests are in flight.
 pub const MAX_PIECE: usize = 4 << 20;
 
@@ -149,53 +149,154 @@ impl Drop for AlignedBuf {
     }
 }
 
-/// Recycles read buffers (bounded: at most `max_bytes` kept idle).
+/// Idle buffers unused for this long are freed: a stream that pauses (evaluation, a slow
+/// step) gives its spare memory back.
+const IDLE_TTL: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Recycles read buffers and accounts for them: `in_use` counts the bytes of every buffer
+/// handed out and not yet dropped (wherever it is: in flight, being decoded, held by samples
+/// the consumer has not dropped), so a stream can keep its read-ahead within a memory budget.
+/// Idle buffers are kept only while idle + in use stays within `cap`, and only for
+/// [`IDLE_TTL`].
 #[derive(Debug)]
 pub struct BufPool {
-    free: Mutex<Vec<Vec<u8>>>,
-    max_bytes: usize,
+    state: Mutex<PoolState>,
+    cap: usize,
+}
+
+#[derive(Debug, Default)]
+struct PoolState {
+    free: Vec<(Vec<u8>, std::time::Instant)>,
+    idle: usize,
+    in_use: usize,
+    peak_in_use: usize,
+}
+
+impl PoolState {
+    /// Frees idle buffers older than [`IDLE_TTL`], then (oldest first) until `idle + in_use +
+    /// extra <= cap`.
+    fn shrink(&mut self, cap: usize, extra: usize) {
+        let now = std::time::Instant::now();
+        self.free.sort_by_key(|(_, t)| std::cmp::Reverse(*t));
+        while let Some((v, t)) = self.free.last() {
+            if now.duration_since(*t) < IDLE_TTL && self.idle + self.in_use + extra <= cap {
+                break;
+            }
+            self.idle -= v.len();
+            self.free.pop();
+        }
+    }
 }
 
 impl BufPool {
-    /// A pool keeping at most `max_bytes` of idle buffers.
-    pub fn new(max_bytes: usize) -> Arc<Self> {
+    /// A pool whose buffers, idle and in use, stay within `cap` bytes as long as the reads
+    /// asked of it do (it never refuses a buffer: the caller keeps its requests in budget).
+    pub fn new(cap: usize) -> Arc<Self> {
         Arc::new(BufPool {
-            free: Mutex::new(Vec::new()),
-            max_bytes,
+            state: Mutex::new(PoolState::default()),
+            cap,
         })
+    }
+
+    /// The most bytes a buffer for a read of `len` bytes takes from the pool: fresh sizes are
+    /// rounded up (to whole pages below 1 MiB, to whole MiB above) so that a buffer also fits
+    /// the next, slightly larger request, and an idle buffer up to an eighth (at least a page,
+    /// at most 1 MiB) larger may be reused for it.
+    pub fn charge(len: usize) -> usize {
+        let size = Self::fresh_size(len);
+        size + (size / 8).next_multiple_of(ALIGN).min(1 << 20)
+    }
+
+    fn fresh_size(len: usize) -> usize {
+        let need = len + ALIGN;
+        if need < 1 << 20 {
+            need.next_multiple_of(ALIGN)
+        } else {
+            need.next_multiple_of(1 << 20)
+        }
     }
 
     /// A buffer of `len` usable aligned bytes (contents unspecified: reads overwrite them).
     pub fn get(self: &Arc<Self>, len: usize) -> AlignedBuf {
         let need = len + ALIGN;
+        let size = Self::fresh_size(len);
         let reused = {
-            let mut free = self.free.lock().expect("pool lock");
-            // The smallest idle buffer that fits.
-            let best = free
+            let mut st = self.state.lock().expect("pool lock");
+            // The smallest idle buffer that fits and is not much larger (see `charge`).
+            let best = st
+                .free
                 .iter()
                 .enumerate()
-                .filter(|(_, v)| v.len() >= need)
-                .min_by_key(|(_, v)| v.len())
+                .filter(|(_, (v, _))| v.len() >= need && v.len() <= Self::charge(len))
+                .min_by_key(|(_, (v, _))| v.len())
                 .map(|(i, _)| i);
-            best.map(|i| free.swap_remove(i))
-        };
-        // Fresh sizes are rounded up (to a power of two below 1 MiB, to whole MiB above) so
-        // that a buffer also fits the next, slightly larger request.
-        let size = if need < 1 << 20 {
-            need.next_power_of_two()
-        } else {
-            need.next_multiple_of(1 << 20)
+            let reused = best.map(|i| st.free.swap_remove(i).0);
+            match &reused {
+                Some(v) => st.idle -= v.len(),
+                // Idle buffers too small for this request make room for a fresh one.
+                None => st.shrink(self.cap, size),
+            }
+            st.in_use += reused.as_ref().map_or(size, Vec::len);
+            st.peak_in_use = st.peak_in_use.max(st.in_use);
+            reused
         };
         let vec = reused.unwrap_or_else(|| vec![0u8; size]);
         AlignedBuf::from_vec(vec, len, Some(self.clone()))
     }
 
     fn put(&self, v: Vec<u8>) {
-        let mut free = self.free.lock().expect("pool lock");
-        let held: usize = free.iter().map(Vec::len).sum();
-        if held + v.len() <= self.max_bytes {
-            free.push(v);
+        let mut st = self.state.lock().expect("pool lock");
+        st.in_use -= v.len();
+        st.shrink(self.cap, v.len());
+        if st.idle + st.in_use + v.len() <= self.cap {
+            st.idle += v.len();
+            st.free.push((v, std::time::Instant::now()));
         }
+    }
+
+    /// Counts `len` bytes of a map borrowed by a completed request until the lease drops.
+    fn lease(self: &Arc<Self>, len: usize) -> MapLease {
+        let mut st = self.state.lock().expect("pool lock");
+        st.in_use += len;
+        st.peak_in_use = st.peak_in_use.max(st.in_use);
+        // Mapped pages are memory too: idle buffers make room for them.
+        st.shrink(self.cap, 0);
+        MapLease {
+            pool: self.clone(),
+            len,
+        }
+    }
+
+    /// Bytes of buffers handed out and not yet dropped, and of maps borrowed.
+    pub fn in_use(&self) -> usize {
+        self.state.lock().expect("pool lock").in_use
+    }
+
+    /// The most bytes in use at once so far.
+    pub fn peak_in_use(&self) -> usize {
+        self.state.lock().expect("pool lock").peak_in_use
+    }
+
+    /// Bytes of idle buffers kept for reuse.
+    pub fn idle(&self) -> usize {
+        self.state.lock().expect("pool lock").idle
+    }
+
+    /// The pool's bound on idle plus in-use bytes.
+    pub fn cap(&self) -> usize {
+        self.cap
+    }
+}
+
+/// Mapped bytes a completed request borrows, counted in its pool's bytes in use.
+struct MapLease {
+    pool: Arc<BufPool>,
+    len: usize,
+}
+
+impl Drop for MapLease {
+    fn drop(&mut self) {
+        self.pool.state.lock().expect("pool lock").in_use -= self.len;
     }
 }
 
@@ -218,15 +319,16 @@ pub struct Completed {
 enum Source {
     /// Read into a buffer.
     Buf(AlignedBuf),
-    /// In the file's map (bounds checked when the request completed).
-    Map(Arc<IoFile>),
+    /// In the file's map (bounds checked when the request completed), counted in the pool's
+    /// bytes in use while borrowed: mapped pages are in the reader's RSS as long.
+    Map(Arc<IoFile>, #[allow(dead_code)] MapLease),
 }
 
 impl Completed {
     pub fn data(&self) -> &[u8] {
         match &self.src {
             Source::Buf(b) => &b.as_slice()[self.skip..self.skip + self.len],
-            Source::Map(f) => {
+            Source::Map(f, _) => {
                 &f.map.as_deref().expect("mapped file")[self.skip..self.skip + self.len]
             }
         }
@@ -234,7 +336,7 @@ impl Completed {
 
     /// True when the bytes were served from a map of the page cache (no read, no copy).
     pub fn is_mapped(&self) -> bool {
-        matches!(self.src, Source::Map(_))
+        matches!(self.src, Source::Map(..))
     }
 }
 
@@ -248,17 +350,31 @@ struct Piece {
     need: usize,
 }
 
-/// Buffers and pieces to read for `reqs`; a request on a mapped file gets neither (`None`).
-fn plan_pieces(
-    reqs: &[Request],
-    pool: &Arc<BufPool>,
-) -> (Vec<Option<AlignedBuf>>, Vec<usize>, Vec<Piece>) {
+/// Where a queued request's bytes will be: a buffer to read into, or its file's map (whose
+/// bytes count in the pool's budget from submission on, as buffers do).
+enum Slot {
+    Buf(AlignedBuf),
+    Map(MapLease),
+}
+
+impl Slot {
+    fn buf_mut(&mut self) -> Option<&mut AlignedBuf> {
+        match self {
+            Slot::Buf(b) => Some(b),
+            Slot::Map(_) => None,
+        }
+    }
+}
+
+/// Buffers and pieces to read for `reqs`; a request on a mapped file gets no buffer and no
+/// pieces, only a lease on the map.
+fn plan_pieces(reqs: &[Request], pool: &Arc<BufPool>) -> (Vec<Slot>, Vec<usize>, Vec<Piece>) {
     let mut bufs = Vec::with_capacity(reqs.len());
     let mut skips = Vec::with_capacity(reqs.len());
     let mut pieces = Vec::new();
     for (i, r) in reqs.iter().enumerate() {
         if r.file.map.is_some() {
-            bufs.push(None);
+            bufs.push(Slot::Map(pool.lease(r.len)));
             skips.push(r.offset as usize);
             continue;
         }
@@ -270,7 +386,7 @@ fn plan_pieces(
         };
         let total = (end - start) as usize;
         let needed_end = (r.offset + r.len as u64 - start) as usize;
-        bufs.push(Some(pool.get(total)));
+        bufs.push(Slot::Buf(pool.get(total)));
         skips.push((r.offset - start) as usize);
         let mut at = 0;
         while at < total {
@@ -289,23 +405,19 @@ fn plan_pieces(
     (bufs, skips, pieces)
 }
 
-fn finish(
-    bufs: Vec<Option<AlignedBuf>>,
-    skips: Vec<usize>,
-    reqs: &[Request],
-) -> Result<Vec<Completed>> {
+fn finish(bufs: Vec<Slot>, skips: Vec<usize>, reqs: &[Request]) -> Result<Vec<Completed>> {
     bufs.into_iter()
         .zip(skips)
         .zip(reqs)
         .map(|((buf, skip), r)| {
             let src = match buf {
-                Some(b) => Source::Buf(b),
-                None => {
+                Slot::Buf(b) => Source::Buf(b),
+                Slot::Map(lease) => {
                     let mapped = r.file.map.as_ref().map_or(0, |m| m.len() as u64);
                     if r.offset + r.len as u64 > mapped {
                         return Err(eof_error(r, mapped));
                     }
-                    Source::Map(r.file.clone())
+                    Source::Map(r.file.clone(), lease)
                 }
             };
             Ok(Completed {
@@ -328,16 +440,52 @@ fn eof_error(r: &Request, offset: u64) -> ReadError {
     )
 }
 
+/// What a submitter gets back for one batch.
+type Reply = std::sync::mpsc::SyncSender<Result<Vec<Completed>>>;
+
 /// A reading engine: executes batches of requests with up to `queue_depth` reads in flight
-/// and at most `max_inflight_bytes` bytes outstanding.
-pub enum Engine {
-    Uring(Box<UringEngine>),
-    Pread(PreadEngine),
+/// and at most `max_inflight_bytes` bytes outstanding. Batches are read in the background, in
+/// submission order, by a thread of the engine's own (which owns the io_uring ring, or runs
+/// the pread threads), so reads go on while the submitter decodes or waits for its consumer.
+/// Buffers are taken from the pool when a batch is submitted.
+pub struct Engine {
+    name: &'static str,
+    pool: Arc<BufPool>,
+    tx: Option<std::sync::mpsc::Sender<(QueuedBatch, Reply)>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        // The background thread completes every read in flight (the kernel may still write
+        // into their buffers), sees the channel closed and ends.
+        drop(self.tx.take());
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
 }
 
 impl Engine {
-    /// Creates the engine `kind` asks for (`Auto`: `GRANARY_IO`, else io_uring when available).
+    /// Creates the engine `kind` asks for (`Auto`: `GRANARY_IO`, else io_uring when available)
+    /// with a buffer pool of [`POOL_BYTES`].
     pub fn new(kind: IoKind, queue_depth: usize, max_inflight_bytes: usize) -> Result<Engine> {
+        Self::with_pool(
+            kind,
+            queue_depth,
+            max_inflight_bytes,
+            BufPool::new(POOL_BYTES),
+        )
+    }
+
+    /// [`Engine::new`] reading into buffers of `pool` (whose accounting a stream uses to keep
+    /// its read-ahead within its memory budget).
+    pub fn with_pool(
+        kind: IoKind,
+        queue_depth: usize,
+        max_inflight_bytes: usize,
+        pool: Arc<BufPool>,
+    ) -> Result<Engine> {
         let kind = match (kind, std::env::var("GRANARY_IO").ok().as_deref()) {
             (IoKind::Auto, Some("pread")) => IoKind::Pread,
             (IoKind::Auto, Some("uring")) => IoKind::Uring,
@@ -350,134 +498,163 @@ impl Engine {
         };
         let qd = queue_depth.clamp(1, 4096);
         let cap = max_inflight_bytes.max(MAX_PIECE);
-        match kind {
-            IoKind::Pread => Ok(Engine::Pread(PreadEngine {
-                threads: qd,
-                max_inflight_bytes: cap,
-                pool: BufPool::new(POOL_BYTES),
-            })),
-            IoKind::Uring => UringEngine::new(qd, cap).map(|u| Engine::Uring(Box::new(u))),
-            IoKind::Auto => Ok(match UringEngine::new(qd, cap) {
-                Ok(u) => Engine::Uring(Box::new(u)),
-                Err(_) => Engine::Pread(PreadEngine {
-                    threads: qd,
-                    max_inflight_bytes: cap,
-                    pool: BufPool::new(POOL_BYTES),
-                }),
+        let ring = match kind {
+            IoKind::Pread => None,
+            IoKind::Uring => Some(UringEngine::new(qd, cap)?),
+            IoKind::Auto => UringEngine::new(qd, cap).ok(),
+        };
+        let (tx, rx) = std::sync::mpsc::channel::<(QueuedBatch, Reply)>();
+        let name = if ring.is_some() { "uring" } else { "pread" };
+        let thread = std::thread::Builder::new().name(format!("granary-{name}"));
+        let thread = match ring {
+            Some(ring) => thread.spawn(move || ring.serve(rx)),
+            None => thread.spawn(move || {
+                for (batch, reply) in rx {
+                    let _ = reply.send(run_pread(qd, cap, batch));
+                }
             }),
         }
+        .map_err(|e| ReadError::io("starting the I/O engine's thread", "(thread)", e))?;
+        Ok(Engine {
+            name,
+            pool,
+            tx: Some(tx),
+            thread: Some(thread),
+        })
+    }
+
+    /// The pool the engine's buffers come from.
+    pub fn pool(&self) -> &Arc<BufPool> {
+        &self.pool
     }
 
     /// Short name: "uring" or "pread".
     pub fn name(&self) -> &'static str {
-        match self {
-            Engine::Uring(_) => "uring",
-            Engine::Pread(_) => "pread",
-        }
+        self.name
     }
 
-    /// Queues a batch; with io_uring its reads start at once and overlap the batches before
-    /// it. Collect it with [`Engine::wait`], oldest batch first.
+    /// Queues a batch: its buffers are taken from the pool now and its reads start in the
+    /// background at once, after those of the batches before it. Collect it with
+    /// [`Engine::wait`].
     pub fn submit(&mut self, reqs: Vec<Request>) -> Pending {
-        match self {
-            Engine::Uring(u) => Pending::Uring(u.submit(reqs)),
-            Engine::Pread(_) => Pending::Pread(reqs),
+        let (bufs, skips, pieces) = plan_pieces(&reqs, &self.pool);
+        let batch = QueuedBatch {
+            reqs,
+            bufs,
+            skips,
+            pieces,
+        };
+        let (reply, done) = std::sync::mpsc::sync_channel(1);
+        match self.tx.as_ref().map(|tx| tx.send((batch, reply))) {
+            Some(Ok(())) => Pending(done),
+            _ => {
+                let (reply, done) = std::sync::mpsc::sync_channel(1);
+                let _ = reply.send(Err(ReadError::Invalid(format!(
+                    "granary's {} thread has stopped",
+                    self.name
+                ))));
+                Pending(done)
+            }
         }
     }
 
-    /// Completes a batch returned by [`Engine::submit`] (in submission order).
+    /// Completes a batch returned by [`Engine::submit`]: its buffers in request order, or the
+    /// first error (naming file and offset) once none of its reads is in flight any more.
     pub fn wait(&mut self, p: Pending) -> Result<Vec<Completed>> {
-        match (self, p) {
-            (Engine::Uring(u), Pending::Uring(id)) => u.wait(id),
-            (Engine::Pread(e), Pending::Pread(reqs)) => e.read(&reqs),
-            _ => Err(ReadError::Invalid(
-                "batch waited on by another engine".into(),
-            )),
-        }
+        p.0.recv().map_err(|_| {
+            ReadError::Invalid(format!(
+                "granary's {} thread ended without finishing a batch",
+                self.name
+            ))
+        })?
     }
 
     /// Reads every request; results are in request order. On error, every read in flight is
     /// completed before returning, and the error names the file and offset.
     pub fn read(&mut self, reqs: &[Request]) -> Result<Vec<Completed>> {
-        match self {
-            Engine::Uring(u) => u.read(reqs),
-            Engine::Pread(p) => p.read(reqs),
-        }
+        let p = self.submit(reqs.to_vec());
+        self.wait(p)
     }
 }
 
 /// A batch submitted to an [`Engine`].
-pub enum Pending {
-    Uring(u64),
-    Pread(Vec<Request>),
+pub struct Pending(std::sync::mpsc::Receiver<Result<Vec<Completed>>>);
+
+/// Requests queued on an engine, with their buffers and pieces.
+struct QueuedBatch {
+    reqs: Vec<Request>,
+    bufs: Vec<Slot>,
+    skips: Vec<usize>,
+    pieces: Vec<Piece>,
 }
 
-/// pread from a pool of threads (one read per thread in flight).
-pub struct PreadEngine {
+/// Reads `batch` with up to `threads` threads and `max_inflight_bytes` in flight.
+fn run_pread(
     threads: usize,
     max_inflight_bytes: usize,
-    pool: Arc<BufPool>,
-}
-
-impl PreadEngine {
-    fn read(&mut self, reqs: &[Request]) -> Result<Vec<Completed>> {
-        let (mut bufs, skips, pieces) = plan_pieces(reqs, &self.pool);
-        // Hand each piece its own disjoint slice of its buffer.
-        let mut slices: Vec<Vec<&mut [u8]>> = Vec::with_capacity(bufs.len());
-        {
-            let mut by_req: Vec<Vec<&Piece>> = vec![Vec::new(); reqs.len()];
-            for p in &pieces {
-                by_req[p.req].push(p);
-            }
-            for (buf, ps) in bufs.iter_mut().zip(&by_req) {
-                let Some(buf) = buf else {
-                    slices.push(Vec::new());
-                    continue;
-                };
-                let mut rest = buf.as_mut_slice();
-                let mut v = Vec::with_capacity(ps.len());
-                for p in ps {
-                    let (a, b) = rest.split_at_mut(p.len);
-                    v.push(a);
-                    rest = b;
-                }
-                slices.push(v);
-            }
-        }
-        let mut work: Vec<(&Piece, &mut [u8])> = Vec::with_capacity(pieces.len());
-        let mut iters: Vec<_> = slices.into_iter().map(|v| v.into_iter()).collect();
+    batch: QueuedBatch,
+) -> Result<Vec<Completed>> {
+    let QueuedBatch {
+        reqs,
+        mut bufs,
+        skips,
+        pieces,
+    } = batch;
+    let reqs = &reqs[..];
+    // Hand each piece its own disjoint slice of its buffer.
+    let mut slices: Vec<Vec<&mut [u8]>> = Vec::with_capacity(bufs.len());
+    {
+        let mut by_req: Vec<Vec<&Piece>> = vec![Vec::new(); reqs.len()];
         for p in &pieces {
-            work.push((p, iters[p.req].next().expect("one slice per piece")));
+            by_req[p.req].push(p);
         }
-        let threads = self
-            .threads
-            .min(work.len())
-            .min(self.max_inflight_bytes / MAX_PIECE + 1)
-            .max(1);
-        let queue = Mutex::new(work.into_iter());
-        let first_error: Mutex<Option<ReadError>> = Mutex::new(None);
-        let failed = AtomicUsize::new(0);
-        std::thread::scope(|s| {
-            for _ in 0..threads {
-                s.spawn(|| loop {
-                    if failed.load(Ordering::Relaxed) > 0 {
-                        return;
-                    }
-                    let next = queue.lock().expect("queue lock").next();
-                    let Some((p, dst)) = next else { return };
-                    if let Err(e) = pread_full(&reqs[p.req], p, dst) {
-                        failed.fetch_add(1, Ordering::Relaxed);
-                        first_error.lock().expect("error lock").get_or_insert(e);
-                        return;
-                    }
-                });
+        for (buf, ps) in bufs.iter_mut().zip(&by_req) {
+            let Some(buf) = buf.buf_mut() else {
+                slices.push(Vec::new());
+                continue;
+            };
+            let mut rest = buf.as_mut_slice();
+            let mut v = Vec::with_capacity(ps.len());
+            for p in ps {
+                let (a, b) = rest.split_at_mut(p.len);
+                v.push(a);
+                rest = b;
             }
-        });
-        if let Some(e) = first_error.into_inner().expect("error lock") {
-            return Err(e);
+            slices.push(v);
         }
-        finish(bufs, skips, reqs)
     }
+    let mut work: Vec<(&Piece, &mut [u8])> = Vec::with_capacity(pieces.len());
+    let mut iters: Vec<_> = slices.into_iter().map(|v| v.into_iter()).collect();
+    for p in &pieces {
+        work.push((p, iters[p.req].next().expect("one slice per piece")));
+    }
+    let threads = threads
+        .min(work.len())
+        .min(max_inflight_bytes / MAX_PIECE + 1)
+        .max(1);
+    let queue = Mutex::new(work.into_iter());
+    let first_error: Mutex<Option<ReadError>> = Mutex::new(None);
+    let failed = AtomicUsize::new(0);
+    std::thread::scope(|s| {
+        for _ in 0..threads {
+            s.spawn(|| loop {
+                if failed.load(Ordering::Relaxed) > 0 {
+                    return;
+                }
+                let next = queue.lock().expect("queue lock").next();
+                let Some((p, dst)) = next else { return };
+                if let Err(e) = pread_full(&reqs[p.req], p, dst) {
+                    failed.fetch_add(1, Ordering::Relaxed);
+                    first_error.lock().expect("error lock").get_or_insert(e);
+                    return;
+                }
+            });
+        }
+    });
+    if let Some(e) = first_error.into_inner().expect("error lock") {
+        return Err(e);
+    }
+    finish(bufs, skips, reqs)
 }
 
 fn pread_full(r: &Request, p: &Piece, dst: &mut [u8]) -> Result<()> {
@@ -520,7 +697,7 @@ fn pread_full(r: &Request, p: &Piece, dst: &mut [u8]) -> Result<()> {
 struct Batch {
     id: u64,
     reqs: Vec<Request>,
-    bufs: Vec<Option<AlignedBuf>>,
+    bufs: Vec<Slot>,
     /// Start address of each buffer's usable part (as an integer, so the engine stays `Send`;
     /// 0 for a mapped request, which has no pieces).
     addrs: Vec<usize>,
@@ -532,15 +709,15 @@ struct Batch {
     /// Pieces of this batch in flight.
     inflight: usize,
     error: Option<ReadError>,
+    reply: Reply,
 }
 
 /// io_uring: one ring shared by a queue of batches, so the reads of the next batch keep the
-/// device busy while the previous batch's last reads complete.
-pub struct UringEngine {
+/// device busy while the previous batch's last reads complete. Lives on the engine's thread.
+struct UringEngine {
     ring: io_uring::IoUring,
     depth: usize,
     max_inflight_bytes: usize,
-    pool: Arc<BufPool>,
     batches: std::collections::VecDeque<Batch>,
     /// (batch id, piece) waiting to be submitted, in order.
     todo: std::collections::VecDeque<(u64, usize)>,
@@ -558,7 +735,6 @@ impl UringEngine {
             ring,
             depth,
             max_inflight_bytes,
-            pool: BufPool::new(POOL_BYTES),
             batches: Default::default(),
             todo: Default::default(),
             next_id: 0,
@@ -573,13 +749,69 @@ impl UringEngine {
         self.batches.get_mut(id.checked_sub(front)? as usize)
     }
 
-    /// Queues a batch of requests; returns its id for [`UringEngine::wait`].
-    pub fn submit(&mut self, reqs: Vec<Request>) -> u64 {
-        let (mut bufs, skips, pieces) = plan_pieces(&reqs, &self.pool);
+    /// Serves the batches `rx` sends, in order, until the channel closes; each batch's result
+    /// goes to its reply channel as soon as it is complete.
+    fn serve(mut self, rx: std::sync::mpsc::Receiver<(QueuedBatch, Reply)>) {
+        let mut open = true;
+        loop {
+            // Block for work only when nothing is queued or in flight.
+            if self.batches.is_empty() {
+                match rx.recv() {
+                    Ok((b, reply)) => self.submit(b, reply),
+                    Err(_) => return,
+                }
+            }
+            while open {
+                match rx.try_recv() {
+                    Ok((b, reply)) => self.submit(b, reply),
+                    Err(std::sync::mpsc::TryRecvError::Empty) => break,
+                    Err(std::sync::mpsc::TryRecvError::Disconnected) => open = false,
+                }
+            }
+            self.fill();
+            while let Some(b) = self.batches.front() {
+                if !(b.remaining == 0 || (b.error.is_some() && b.inflight == 0)) {
+                    break;
+                }
+                let b = self.batches.pop_front().expect("checked above");
+                let id = b.id;
+                self.todo.retain(|(t, _)| *t != id);
+                let result = match b.error {
+                    Some(e) => Err(e),
+                    None => finish(b.bufs, b.skips, &b.reqs),
+                };
+                let _ = b.reply.send(result);
+            }
+            if self.batches.is_empty() {
+                if !open {
+                    return;
+                }
+                continue;
+            }
+            if let Err(e) = self.reap() {
+                // The ring is unusable: every batch fails (their buffers stay with the engine,
+                // whose Drop keeps any the kernel may still write).
+                let msg = e.to_string();
+                for b in self.batches.iter_mut() {
+                    let _ = b.reply.send(Err(ReadError::Invalid(msg.clone())));
+                }
+                return;
+            }
+        }
+    }
+
+    /// Queues a batch of requests.
+    fn submit(&mut self, batch: QueuedBatch, reply: Reply) {
+        let QueuedBatch {
+            reqs,
+            mut bufs,
+            skips,
+            pieces,
+        } = batch;
         let addrs = bufs
             .iter_mut()
             .map(|b| {
-                b.as_mut()
+                b.buf_mut()
                     .map_or(0, |b| b.as_mut_slice().as_mut_ptr() as usize)
             })
             .collect();
@@ -597,9 +829,8 @@ impl UringEngine {
             inflight: 0,
             pieces,
             error: None,
+            reply,
         });
-        self.fill();
-        id
     }
 
     /// Pushes queued pieces into the submission queue up to the depth and byte caps.
@@ -707,35 +938,6 @@ impl UringEngine {
             }
         }
         Ok(())
-    }
-
-    /// Waits until batch `id` (the oldest one) is complete; returns its buffers in request
-    /// order, or its first error once none of its reads is in flight any more.
-    pub fn wait(&mut self, id: u64) -> Result<Vec<Completed>> {
-        if self.batches.front().map(|b| b.id) != Some(id) {
-            return Err(ReadError::Invalid(format!(
-                "io_uring batch {id} is not the oldest one"
-            )));
-        }
-        loop {
-            self.fill();
-            let b = self.batches.front().expect("checked above");
-            let finished = b.remaining == 0 || (b.error.is_some() && b.inflight == 0);
-            if finished {
-                let b = self.batches.pop_front().expect("checked above");
-                self.todo.retain(|(t, _)| *t != id);
-                if let Some(e) = b.error {
-                    return Err(e);
-                }
-                return finish(b.bufs, b.skips, &b.reqs);
-            }
-            self.reap()?;
-        }
-    }
-
-    fn read(&mut self, reqs: &[Request]) -> Result<Vec<Completed>> {
-        let id = self.submit(reqs.to_vec());
-        self.wait(id)
     }
 }
 

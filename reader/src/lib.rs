@@ -64,9 +64,11 @@ pub use residency::{effective_memory, resident_share, IoMode, OpenCounts, Opener
 pub use stream::{CacheHits, EpochStream, Sample, StreamOptions};
 pub use verify::{verify, Problem, VerifyReport};
 
-/// Memory budget of one reader (one stream) by default, from which the shuffle window follows
-/// ([`Dataset::window_for_memory`]): the CLI's `--memory`, Python's `memory=`, the benchmarks.
-pub const DEFAULT_READER_MEMORY: u64 = 512 << 20;
+/// Read-buffer budget of one reader (one stream) by default ([`StreamOptions::memory`]), from
+/// which the shuffle window follows ([`Dataset::window_for_memory`]): the CLI's `--memory`,
+/// Python's `memory=`, the benchmarks. With the process's own ~20 MB that keeps a reader
+/// under 160 MB of RSS, so a node with 64 loader processes spends ~10 GB, not 32.
+pub const DEFAULT_READER_MEMORY: u64 = 128 << 20;
 
 /// The order-independent digest term of a delivered sample: a keyed hash of its id and the
 /// CRC-32 of the bytes delivered. Epoch digests are sums of terms (mod 2^64), so the digests of

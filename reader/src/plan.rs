@@ -36,7 +36,8 @@ impl ShuffleMode {
     }
 }
 
-/// Samples per window in `global` mode (records are read one by one there).
+/// Most samples per window in `global` mode (records are read one by one there; a window holds
+/// as many as W chunks do on average).
 pub const GLOBAL_WINDOW_SAMPLES: usize = 1024;
 
 /// Options of a plan (the same on every rank and worker).
@@ -364,7 +365,11 @@ fn windows(
         let end;
         let mut chunks: Vec<u32>;
         if o.mode == ShuffleMode::Global {
-            end = (start + GLOBAL_WINDOW_SAMPLES).min(seq.len());
+            // As many records as W chunks hold on average: the same bytes per window as a
+            // chunk-wise plan, so the same memory budget holds (the order does not depend on it).
+            let per_chunk = (shape.samples() / u64::from(shape.chunks()).max(1)).max(1) as usize;
+            let size = (w * per_chunk).clamp(1, GLOBAL_WINDOW_SAMPLES);
+            end = (start + size).min(seq.len());
             chunks = seq[start..end].iter().map(|&s| shape.chunk_of(s)).collect();
         } else {
             // W runs of consecutive samples from the same chunk.

@@ -1,10 +1,17 @@
-//! Streaming an epoch plan: an I/O thread reads each window's chunks (whole-chunk ranges for
-//! chunkwise and sequential plans, single records for global plans) with the engine, a decode
-//! stage checks every record's CRC and decompresses in parallel (rayon), and the consumer
-//! iterates samples in plan order. Raw samples are slices of the read buffer, never copied.
-//! Memory is bounded by `prefetch + 3` windows: the one being consumed, one decoded and
-//! waiting, one read and waiting for the decoder, and `prefetch` windows of reads in flight
-//! (hand-overs are rendezvous channels).
+//! Streaming an epoch plan: an I/O thread queues each window's reads (whole-chunk ranges for
+//! chunkwise and sequential plans, single records for global plans) with the engine, which
+//! reads them in the background; as each window completes, the same thread checks every
+//! record's CRC and decompresses in parallel (a rayon pool of the stream's own) and hands the
+//! window to the consumer, which iterates samples in plan order. Raw samples are slices of the read buffer, never copied.
+//!
+//! Memory: read buffers come from one pool per stream that counts every buffer byte until the
+//! last sample borrowing it is dropped. The next window's reads are submitted while the bytes
+//! in use plus its own stay within [`StreamOptions::memory`]; the window right after the ones
+//! already handed on is always submitted (so the stream never waits on itself). The hand-over
+//! is a rendezvous channel, so at most three windows are alive besides the read-ahead the
+//! budget allows: the one being consumed, one decoded (or being decoded) and waiting for the
+//! consumer, and one being read.
+//! [`crate::Dataset::window_for_memory`] sizes windows so that those three fit the budget.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -16,7 +23,7 @@ use rayon::prelude::*;
 
 use crate::cache::{HotMap, HotRecord};
 use crate::error::{ReadError, Result};
-use crate::io::{Completed, Engine, IoFile, IoKind, Pending, Request};
+use crate::io::{BufPool, Completed, Engine, IoFile, IoKind, Pending, Request};
 use crate::plan::{EpochPlan, ShuffleMode};
 use crate::residency::{IoMode, OpenCounts, Opener};
 use crate::{CachePolicy, ChunkCache, Dataset};
@@ -29,8 +36,11 @@ pub struct StreamOptions {
     pub queue_depth: usize,
     /// Cap on bytes in flight.
     pub max_inflight_bytes: usize,
-    /// Windows whose reads are in flight ahead of the ones being decoded and consumed.
-    pub prefetch: usize,
+    /// Bytes of read buffers the stream may hold (in flight, being decoded, and borrowed by
+    /// samples not yet dropped): windows are read ahead only within it. Use the same value
+    /// for [`crate::Dataset::window_for_memory`]. Samples served from maps of the page cache
+    /// take no buffer.
+    pub memory: u64,
     /// Page cache or O_DIRECT, per file ([`IoMode::Auto`]: through the page cache where the
     /// data is resident or kept resident, O_DIRECT elsewhere; see [`crate::Opener`]).
     pub io_mode: IoMode,
@@ -61,7 +71,7 @@ impl Default for StreamOptions {
             io: IoKind::Auto,
             queue_depth: 8,
             max_inflight_bytes: 256 << 20,
-            prefetch: 1,
+            memory: crate::DEFAULT_READER_MEMORY,
             io_mode: IoMode::Auto,
             page_cache_bytes: None,
             cache: None,
@@ -129,6 +139,7 @@ pub struct EpochStream {
     backend: &'static str,
     bytes_read: Arc<AtomicU64>,
     stats: Arc<CacheCounters>,
+    pool: Arc<BufPool>,
 }
 
 impl EpochStream {
@@ -145,9 +156,11 @@ impl EpochStream {
             opts.page_cache_bytes,
             u64::from_le_bytes(ds.snapshot().dataset_id()[..8].try_into().expect("8 bytes")),
         );
-        // Global plans read single records: mapping whole files up front would fault in far
-        // more than they read.
-        opener.populate = mode != ShuffleMode::Global;
+        // Mapped ranges are populated when their window is submitted (within the budget), not
+        // when the file is opened (a prepared window waiting for room would be resident
+        // early); global plans read single records, which fault in as they are read.
+        opener.populate = false;
+        let populate = mode != ShuffleMode::Global;
         // io_uring shines on O_DIRECT reads; buffered reads of cold data are punted to its
         // worker threads and ran at half the speed of pread threads here (0.8–0.9 vs 1.7–1.8
         // GB/s, 20,000 ImageNet-like files): a stream that reads mostly through the page cache
@@ -160,24 +173,33 @@ impl EpochStream {
             }
             k => k,
         };
-        let mut engine = Engine::new(kind, opts.queue_depth, opts.max_inflight_bytes)?;
+        let budget = opts.memory.max(1) as usize;
+        let pool = BufPool::new(budget);
+        let mut engine = Engine::with_pool(
+            kind,
+            opts.queue_depth,
+            opts.max_inflight_bytes,
+            pool.clone(),
+        )?;
         let backend = engine.name();
         let (tx, rx) = sync_channel::<Msg>(0);
         let opens = Arc::new(std::sync::Mutex::new(OpenCounts::default()));
         let opens2 = opens.clone();
-        let prefetch = opts.prefetch;
         let range_gap = opts.range_gap;
         let bytes_read = Arc::new(AtomicU64::new(0));
         let counter = bytes_read.clone();
         let stats = Arc::new(CacheCounters::default());
         let stats2 = stats.clone();
+        let pool2 = pool.clone();
         let cache = opts.cache.clone().filter(|_| mode != ShuffleMode::Global);
-        let admission = cache.clone().map(|c| Admission::start(c, ds.clone()));
+        let admission = cache
+            .clone()
+            .map(|c| Admission::start(c, ds.clone(), opts.memory / 4));
         let scores = opts.scores.clone();
         // An importance tier with a score table holds hot chunks (re-packed samples).
         let mut hot = match (&cache, &scores) {
             (Some(c), Some(s)) if c.policy() == CachePolicy::Importance => {
-                Some(HotState::new(&ds, c.clone(), s.clone())?)
+                Some(HotState::new(&ds, c.clone(), s.clone(), opts.memory)?)
             }
             _ => None,
         };
@@ -186,65 +208,37 @@ impl EpochStream {
         let io_thread = std::thread::Builder::new()
             .name("granary-io".into())
             .spawn(move || {
-                let mut files: HashMap<u32, Arc<IoFile>> = HashMap::new();
-                let mut checked: HashSet<u32> = Default::default();
-                // Read ahead while a window is decoded: decoding runs on the rayon pool from a
-                // second thread, handed each window through a rendezvous channel.
-                let (dtx, drx) = sync_channel::<(Prepared, Vec<Completed>)>(0);
-                let ds2 = ds.clone();
-                let tx2 = tx.clone();
-                let decoder = std::thread::Builder::new()
-                    .name("granary-decode".into())
-                    .spawn(move || {
-                        // A pool of this stream's own, not rayon's global one: a process forked
-                        // after the global pool started (a DataLoader worker) has its state but
-                        // none of its threads, and would wait on them forever.
-                        let pool = match rayon::ThreadPoolBuilder::new()
-                            .thread_name(|i| format!("granary-crc-{i}"))
-                            .build()
-                        {
-                            Ok(p) => p,
-                            Err(e) => {
-                                let _ = tx2.send(Msg::Failed(ReadError::Invalid(format!(
-                                    "cannot start the decode threads: {e}"
-                                ))));
-                                return false;
-                            }
-                        };
-                        // True once every window handed over was decoded and delivered.
-                        for (prep, bufs) in drx {
-                            let r = pool.install(|| decode_window(&ds2, prep, bufs));
-                            let stop = r.iter().any(|x| x.is_err());
-                            if tx2.send(Msg::Window(r)).is_err() || stop {
-                                return false;
-                            }
-                            #[cfg(test)]
-                            if panic_in == Some("decode") {
-                                panic!("injected into the decode thread");
-                            }
-                        }
-                        true
-                    });
-                let decoder = match decoder {
-                    Ok(d) => d,
+                // CRC checks and decompression run on a pool of this stream's own, not rayon's
+                // global one: a process forked after the global pool started (a DataLoader
+                // worker) has its state but none of its threads, and would wait on them forever.
+                let decode_pool = match rayon::ThreadPoolBuilder::new()
+                    .thread_name(|i| format!("granary-crc-{i}"))
+                    .build()
+                {
+                    Ok(p) => p,
                     Err(e) => {
-                        let _ = tx.send(Msg::Failed(ReadError::io(
-                            "starting the decode thread",
-                            "(thread)",
-                            e,
-                        )));
+                        let _ = tx.send(Msg::Failed(ReadError::Invalid(format!(
+                            "cannot start the decode threads: {e}"
+                        ))));
                         return;
                     }
                 };
-                // Batches in flight ahead of the one being completed: the engine overlaps them.
-                let ahead = prefetch.max(1);
+                let mut files: HashMap<u32, Arc<IoFile>> = HashMap::new();
+                let mut checked: HashSet<u32> = Default::default();
+                // Windows whose reads are in flight (both engines read in the background while
+                // this thread decodes or waits for the consumer), and the next window,
+                // prepared, waiting for room in the budget.
                 let mut pending: std::collections::VecDeque<(Prepared, Pending)> =
                     Default::default();
-                let mut failure = None;
+                let mut next: Option<(Prepared, Vec<Request>)> = None;
                 let mut windows = plan.windows.iter();
+                let mut failure = None;
                 loop {
-                    if failure.is_none() && pending.len() <= ahead {
-                        if let Some(w) = windows.next() {
+                    // Read ahead as far as the budget allows; the window after the ones handed
+                    // on is always read (the stream never waits on itself).
+                    while failure.is_none() {
+                        if next.is_none() {
+                            let Some(w) = windows.next() else { break };
                             let ids = &plan.samples[w.range.clone()];
                             let weights = plan.weights.get(w.range.clone()).unwrap_or(&[]);
                             match prepare_window(
@@ -259,19 +253,40 @@ impl EpochStream {
                                 hot.as_mut(),
                                 range_gap,
                             ) {
-                                Ok((prep, reqs)) => {
-                                    let t = engine.submit(reqs);
-                                    pending.push_back((prep, t));
+                                Ok(p) => next = Some(p),
+                                Err(e) => {
+                                    failure = Some(e);
+                                    break;
                                 }
-                                Err(e) => failure = Some(e),
                             }
-                            continue;
                         }
+                        let (_, reqs) = next.as_ref().expect("prepared above");
+                        let fits = pending.len() < MAX_WINDOWS_AHEAD
+                            && pool2.in_use() + buffer_bytes(reqs) <= budget;
+                        if !pending.is_empty() && !fits {
+                            break;
+                        }
+                        let (prep, reqs) = next.take().expect("prepared above");
+                        if populate {
+                            for r in &reqs {
+                                if let Some(m) = &r.file.map {
+                                    // Every page in one call instead of a fault per page (best
+                                    // effort: before Linux 5.14 they fault in as read).
+                                    let _ = m.advise_range(
+                                        memmap2::Advice::PopulateRead,
+                                        r.offset as usize,
+                                        r.len,
+                                    );
+                                }
+                            }
+                        }
+                        let t = engine.submit(reqs);
+                        pending.push_back((prep, t));
                     }
                     let Some((prep, t)) = pending.pop_front() else {
                         break;
                     };
-                    match engine.wait(t).and_then(|bufs| {
+                    let done = engine.wait(t).and_then(|bufs| {
                         complete_window(
                             &ds,
                             &prep,
@@ -282,59 +297,55 @@ impl EpochStream {
                             hot.as_mut(),
                             &mut opener,
                         )
-                    }) {
-                        Ok((bufs, served)) => {
-                            *opens2.lock().expect("open counts") = opener.counts;
-                            if mode != ShuffleMode::Global {
-                                // A chunk belongs to one window: its map goes with the
-                                // window's samples, not with the stream (which would keep
-                                // every chunk of the epoch mapped).
-                                files.retain(|_, f| f.map.is_none());
-                            }
-                            let n: u64 = bufs.iter().map(|b| b.data().len() as u64).sum();
-                            counter.fetch_add(n, Relaxed);
-                            stats2.count(
-                                &prep,
-                                &bufs,
-                                &served,
-                                admission.as_ref(),
-                                scores.as_deref(),
-                                hot.as_mut(),
-                                &ds,
-                            );
-                            if dtx.send((prep, bufs)).is_err() {
-                                // The decoder stopped: at a damaged record (the consumer has
-                                // the error), because the consumer is gone, or by a panic.
-                                break;
-                            }
-                            #[cfg(test)]
-                            if panic_in == Some("io") {
-                                panic!("injected into the I/O thread");
-                            }
-                        }
+                    });
+                    let (bufs, served) = match done {
+                        Ok(d) => d,
                         Err(e) => {
                             failure = Some(e);
-                            pending.clear();
                             break;
                         }
+                    };
+                    *opens2.lock().expect("open counts") = opener.counts;
+                    if mode != ShuffleMode::Global {
+                        // A chunk belongs to one window: its map goes with the window's
+                        // samples, not with the stream (which would keep every chunk of the
+                        // epoch mapped).
+                        files.retain(|_, f| f.map.is_none());
+                    }
+                    let bufs: Vec<Arc<Completed>> = bufs.into_iter().map(Arc::new).collect();
+                    let n: u64 = bufs.iter().map(|b| b.data().len() as u64).sum();
+                    counter.fetch_add(n, Relaxed);
+                    stats2.count(
+                        &prep,
+                        &bufs,
+                        &served,
+                        admission.as_ref(),
+                        scores.as_deref(),
+                        hot.as_mut(),
+                        &ds,
+                    );
+                    let samples = decode_pool.install(|| decode_window(&ds, prep, bufs));
+                    #[cfg(test)]
+                    if panic_in == Some("decode") {
+                        decode_pool.install(|| panic!("injected into decoding"));
+                    }
+                    let stop = samples.iter().any(|x| x.is_err());
+                    // The consumer takes this window when it has finished the previous one;
+                    // meanwhile the reads queued above go on.
+                    if tx.send(Msg::Window(samples)).is_err() || stop {
+                        // The consumer is gone, or has the error of a damaged record. (Reads
+                        // still in flight complete in the engine's Drop.)
+                        return;
+                    }
+                    #[cfg(test)]
+                    if panic_in == Some("io") {
+                        panic!("injected into the I/O thread");
                     }
                 }
-                // Complete what is still in flight before the buffers go (the engine's Drop
+                // Complete what is still in flight before the buffers go (the engines' Drop
                 // also waits), then report a failure after every sample before it.
                 for (_, t) in pending {
                     let _ = engine.wait(t);
-                }
-                drop(dtx);
-                let decoded_all = match decoder.join() {
-                    Ok(all) => all,
-                    Err(panic) => {
-                        let _ = tx.send(Msg::Failed(thread_died("decode", panic.as_ref())));
-                        return;
-                    }
-                };
-                if !decoded_all {
-                    // The consumer has the decoder's error (a damaged record), or has left.
-                    return;
                 }
                 if let Some(e) = failure {
                     let _ = tx.send(Msg::Failed(e));
@@ -359,7 +370,15 @@ impl EpochStream {
             backend,
             bytes_read,
             stats,
+            pool,
         })
+    }
+
+    /// The most bytes of read buffers this stream held at once (in flight, being decoded,
+    /// borrowed by samples not yet dropped, waiting for the tier); the budget is
+    /// [`StreamOptions::memory`], exceeded only by a single window larger than it.
+    pub fn peak_buffer_bytes(&self) -> u64 {
+        self.pool.peak_in_use() as u64
     }
 
     /// The I/O backend in use ("uring" or "pread").
@@ -447,6 +466,22 @@ fn thread_died(which: &str, panic: &(dyn std::any::Any + Send)) -> ReadError {
     ReadError::Invalid(format!("granary's {which} thread panicked: {msg}"))
 }
 
+/// Most windows in flight ahead of the one being completed.
+const MAX_WINDOWS_AHEAD: usize = 8;
+
+/// The most bytes a batch can take from the pool: its buffers (aligned and rounded as the
+/// pool does), or the mapped ranges it borrows.
+fn buffer_bytes(reqs: &[Request]) -> usize {
+    reqs.iter()
+        .map(|r| match (&r.file.map, r.file.direct) {
+            (Some(_), _) => r.len,
+            (None, direct) => {
+                BufPool::charge(r.len + if direct { 2 * crate::io::ALIGN } else { 0 })
+            }
+        })
+        .sum()
+}
+
 /// A window whose reads are queued: what decoding needs once they complete.
 struct Prepared {
     ids: Vec<u64>,
@@ -501,11 +536,13 @@ impl HotState {
         ds: &Dataset,
         cache: Arc<ChunkCache>,
         scores: Arc<crate::ImportanceScores>,
+        memory: u64,
     ) -> Result<HotState> {
         // The most important samples per byte that fit in 90 % of the quota, counting what a
         // hot chunk spends per record (footer entry, path) and per chunk (header, footer,
-        // class table, trailer).
-        let target = (cache.quota() / 8).clamp(4 << 10, 32 << 20);
+        // class table, trailer). Records are harvested in batches of an eighth of the quota
+        // (at most an eighth of the stream's memory budget).
+        let target = (cache.quota() / 8).min(memory / 8).clamp(4 << 10, 32 << 20);
         let classes = ds.classes()?;
         let per_chunk = 160 + classes.iter().map(|c| 8 + c.len() as u64).sum::<u64>();
         let budget =
@@ -943,7 +980,7 @@ impl CacheCounters {
     fn count(
         &self,
         prep: &Prepared,
-        bufs: &[Completed],
+        bufs: &[Arc<Completed>],
         served: &Served,
         admission: Option<&Admission>,
         scores: Option<&crate::ImportanceScores>,
@@ -982,7 +1019,7 @@ impl CacheCounters {
                     Some(t) => ce.samples().map(|id| t.score(id)).sum(),
                     None => ce.sample_count as f64,
                 };
-                a.offer(Job::Chunk(ce, bytes.to_vec(), score));
+                a.offer(Job::Chunk(ce, bufs[i].clone(), score));
             }
         }
         for (&(_, i, _), &ok) in prep.hot.iter().zip(&served.hot) {
@@ -1026,7 +1063,9 @@ impl CacheCounters {
 /// Work for the admission thread: a source chunk's bytes with its importance, or records to
 /// re-pack into a hot chunk.
 enum Job {
-    Chunk(granary_format::ChunkEntry, Vec<u8>, f64),
+    /// The chunk's bytes are the read buffer itself (counted in the stream's budget while
+    /// they wait).
+    Chunk(granary_format::ChunkEntry, Arc<Completed>, f64),
     /// Records, and the size of the hot chunks to make of them.
     Hot(Vec<HotRecord>, u64),
 }
@@ -1051,9 +1090,6 @@ impl Job {
     }
 }
 
-/// Most bytes of hot records waiting for the admission thread.
-const MAX_WAITING_HOT_BYTES: u64 = 256 << 20;
-
 /// A one-slot mailbox: the offered job (if any) and whether the stream has finished.
 type Mailbox = (std::sync::Mutex<(Option<Job>, bool)>, std::sync::Condvar);
 
@@ -1063,10 +1099,12 @@ type Mailbox = (std::sync::Mutex<(Option<Job>, bool)>, std::sync::Condvar);
 struct Admission {
     slot: Arc<Mailbox>,
     thread: std::thread::JoinHandle<()>,
+    /// Most bytes of hot records waiting for the admission thread.
+    max_waiting_hot: u64,
 }
 
 impl Admission {
-    fn start(cache: Arc<ChunkCache>, ds: Arc<Dataset>) -> Admission {
+    fn start(cache: Arc<ChunkCache>, ds: Arc<Dataset>, max_waiting_hot: u64) -> Admission {
         let slot: Arc<Mailbox> = Arc::default();
         let s2 = slot.clone();
         let thread = std::thread::spawn(move || loop {
@@ -1084,7 +1122,7 @@ impl Admission {
             // Errors only cost a missed admission; the epoch goes on from the source.
             match job {
                 Job::Chunk(ce, bytes, score) => {
-                    let _ = cache.admit(&ce, &bytes, score);
+                    let _ = cache.admit(&ce, bytes.data(), score);
                 }
                 Job::Hot(records, target) => {
                     let classes = ds.classes().unwrap_or_default();
@@ -1107,7 +1145,11 @@ impl Admission {
                 }
             }
         });
-        Admission { slot, thread }
+        Admission {
+            slot,
+            thread,
+            max_waiting_hot,
+        }
     }
 
     fn offer(&self, job: Job) {
@@ -1119,7 +1161,7 @@ impl Admission {
             (Some(Job::Hot(waiting, _)), Job::Hot(more, _)) => {
                 // Bounded: past the cap the newer records wait for the next epoch's harvest.
                 let held: u64 = waiting.iter().map(|r| r.stored.len() as u64).sum();
-                if held < MAX_WAITING_HOT_BYTES {
+                if held < self.max_waiting_hot {
                     waiting.extend(more);
                 }
                 None
@@ -1143,8 +1185,7 @@ impl Admission {
     }
 }
 
-fn decode_window(ds: &Dataset, prep: Prepared, bufs: Vec<Completed>) -> Vec<Result<Sample>> {
-    let bufs: Vec<Arc<Completed>> = bufs.into_iter().map(Arc::new).collect();
+fn decode_window(ds: &Dataset, prep: Prepared, bufs: Vec<Arc<Completed>>) -> Vec<Result<Sample>> {
     let Prepared {
         ids,
         locs,
@@ -1243,9 +1284,13 @@ mod tests {
                 .as_ref()
                 .err()
                 .expect("ends with an error");
-            let name = if thread == "io" { "I/O" } else { thread };
-            let want = format!("granary's {name} thread panicked: injected into the {name} thread");
-            assert!(err.to_string().contains(&want), "{err}");
+            // Decoding runs on the stream's CRC pool, whose panics reach the I/O thread.
+            let want = if thread == "io" {
+                "granary's I/O thread panicked: injected into the I/O thread"
+            } else {
+                "granary's I/O thread panicked: injected into decoding"
+            };
+            assert!(err.to_string().contains(want), "{err}");
         }
     }
 }

@@ -377,3 +377,89 @@ fn resident_chunks_are_mapped_and_cold_ones_read_as_the_mode_says() {
         .count() as u64;
     assert_eq!(mapped, raw, "every raw sample is a slice of the map");
 }
+
+/// The read-buffer budget holds in every mode — chunk-wise, global, sequential, with an LRU
+/// tier and with an importance tier that re-packs hot chunks — with every sample intact; and a
+/// budget smaller than one window still finishes the epoch (the next window is always read).
+#[test]
+fn the_memory_budget_holds_in_every_mode() {
+    use granary::{CachePolicy, ChunkCache};
+    let tmp = tempfile::tempdir().unwrap();
+    let (ds, files) = dataset(tmp.path(), Order::Random);
+    let n = ds.len();
+    let mut scores = granary::ImportanceScores::new(n, 0.8);
+    let w: Vec<(u64, f32)> = (0..n)
+        .map(|id| (id, if id % 5 == 0 { 100.0 } else { 1.0 }))
+        .collect();
+    scores.apply(&w);
+    let scores = Arc::new(scores);
+    let id = ds.snapshot().dataset_id();
+    let tier = |name: &str, policy| {
+        Some(Arc::new(
+            ChunkCache::open(&tmp.path().join(name), id, 64 << 10, policy).unwrap(),
+        ))
+    };
+    let budget: u64 = 512 << 10;
+    let cases = [
+        ("chunkwise", ShuffleMode::Chunkwise, None, None),
+        ("global", ShuffleMode::Global, None, None),
+        ("sequential", ShuffleMode::Sequential, None, None),
+        (
+            "chunkwise, LRU tier",
+            ShuffleMode::Chunkwise,
+            tier("lru", CachePolicy::Lru),
+            None,
+        ),
+        (
+            "chunkwise, importance tier with hot chunks",
+            ShuffleMode::Chunkwise,
+            tier("imp", CachePolicy::Importance),
+            Some(scores.clone()),
+        ),
+    ];
+    for (what, mode, cache, scores) in cases {
+        for epoch in 0..2 {
+            for (memory, window) in [(budget, 1), (1, 2)] {
+                let o = PlanOptions {
+                    mode,
+                    seed: 5,
+                    window_chunks: window,
+                    ..PlanOptions::default()
+                };
+                let s = StreamOptions {
+                    io: IoKind::Pread,
+                    io_mode: IoMode::Direct,
+                    memory,
+                    cache: cache.clone(),
+                    scores: scores.clone(),
+                    ..StreamOptions::default()
+                };
+                let shard = Shard {
+                    rank: 0,
+                    world_size: 1,
+                    worker: 0,
+                    num_workers: 1,
+                };
+                let mut st = ds.stream_epoch(&o, epoch, shard, None, &s).unwrap();
+                let mut seen = 0;
+                for x in st.by_ref() {
+                    let x = x.unwrap();
+                    assert_eq!(Some(&x.data().to_vec()), files.get(ds.path(x.id).unwrap()));
+                    seen += 1;
+                }
+                assert_eq!(seen, n, "{what}, epoch {epoch}, memory {memory}");
+                let peak = st.peak_buffer_bytes();
+                assert!(peak > 0, "{what}: nothing accounted");
+                if memory == budget {
+                    assert!(
+                        peak <= budget,
+                        "{what}, epoch {epoch}: peak {peak} over the budget {budget}"
+                    );
+                } else {
+                    // One window at a time past the budget: far below the first case's.
+                    assert!(peak < budget / 2, "{what}, epoch {epoch}: peak {peak}");
+                }
+            }
+        }
+    }
+}

@@ -21,6 +21,8 @@ enum BenchCmd {
     Pack(PackArgs),
     Read(ReadArgs),
     Compare(CompareArgs),
+    #[command(hide = true)]
+    CompareSide(CompareSideArgs),
     Cache(CacheArgs),
 }
 
@@ -112,12 +114,42 @@ struct CompareArgs {
     /// elsewhere), direct or buffered.
     #[arg(long, default_value = "auto", value_parser = granary::IoMode::parse)]
     io: granary::IoMode,
+    /// Cache states to measure, each for --epochs epochs per side: cold (caches made cold
+    /// before every epoch, as --cold says), warm (both trees read once first, nothing
+    /// dropped), limited (every side's process in a memory cgroup of --memory-limit bytes,
+    /// page cache included). Each side runs in a process of its own, so its peak RSS is its
+    /// own.
+    #[arg(long, default_value = "cold", value_parser = granary_bench::compare::State::parse_list)]
+    states: std::vec::Vec<granary_bench::compare::State>,
+    /// Memory limit of each side's process in the limited state (e.g. 1.6GB; well below the
+    /// dataset). Needs root or a delegated cgroup (cgroup v1 or v2).
+    #[arg(long, value_parser = super::pack::parse_size)]
+    memory_limit: Option<u64>,
     /// Write a Markdown report with SVG plots into this directory.
     #[arg(long, value_name = "DIR")]
     report: Option<PathBuf>,
     /// Print the result as JSON.
     #[arg(long)]
     json: bool,
+}
+
+/// One side's epoch of `bench compare`, in a process of its own (run by `bench compare`).
+#[derive(clap::Args)]
+struct CompareSideArgs {
+    #[arg(long, value_parser = ["raw", "granary"])]
+    side: String,
+    #[arg(long)]
+    raw: PathBuf,
+    #[arg(long)]
+    packed: PathBuf,
+    #[arg(long)]
+    workers: u32,
+    #[arg(long)]
+    epoch: u64,
+    #[arg(long)]
+    seed: u64,
+    #[arg(long, value_parser = granary::IoMode::parse)]
+    io: granary::IoMode,
 }
 
 /// Cold epoch throughput of granary vs a direct sequential read of the same chunk files.
@@ -134,9 +166,9 @@ struct ReadArgs {
     /// Loader workers (threads).
     #[arg(long, default_value_t = 1)]
     workers: u32,
-    /// Chunks per shuffle window.
-    #[arg(long, default_value_t = 4)]
-    window: usize,
+    /// Chunks per shuffle window (default: what the reader's default memory budget gives).
+    #[arg(long)]
+    window: Option<usize>,
     /// Reads in flight.
     #[arg(long, default_value_t = 8)]
     queue_depth: usize,
@@ -280,7 +312,17 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
                 cold: c.cold,
                 seed: c.seed,
                 io: c.io,
+                states: c.states.clone(),
+                memory_limit: c.memory_limit,
+                side_exe: Some(
+                    std::env::current_exe().context("finding granary's own executable")?,
+                ),
             };
+            if c.states.contains(&granary_bench::compare::State::Limited)
+                && c.memory_limit.is_none()
+            {
+                anyhow::bail!("--states limited needs --memory-limit BYTES");
+            }
             let res = granary_bench::compare::run(&opts).map_err(anyhow::Error::msg)?;
             let table = granary_bench::compare::render(&res);
             if let Some(dir) = &c.report {
@@ -298,6 +340,32 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
             if !res.digests_match {
                 anyhow::bail!("the two sides delivered different bytes");
             }
+        }
+        BenchCmd::CompareSide(c) => {
+            use granary_bench::compare::{run_side, CompareOptions, Side, SideReport};
+            let o = CompareOptions {
+                raw: c.raw,
+                packed: c.packed,
+                workers: c.workers,
+                epochs: 1,
+                cold: granary_bench::cold::ColdMode::None,
+                seed: c.seed,
+                io: c.io,
+                states: Vec::new(),
+                memory_limit: None,
+                side_exe: None,
+            };
+            let side = if c.side == "raw" {
+                Side::Raw
+            } else {
+                Side::Granary
+            };
+            let mut s = run_side(&o, side, c.epoch).map_err(anyhow::Error::msg)?;
+            let latencies_us = std::mem::take(&mut s.latencies_us);
+            super::print_json(&SideReport {
+                side: s,
+                latencies_us,
+            })?;
         }
         BenchCmd::Cache(c) => {
             use granary_bench::cachesim::{render, simulate, Level};
@@ -387,7 +455,11 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
             let opts = granary_bench::readbench::ReadBenchOptions {
                 dataset: r.dataset.clone(),
                 workers: r.workers,
-                window_chunks: r.window,
+                window_chunks: match r.window {
+                    Some(w) => w,
+                    None => granary::Dataset::open(&r.dataset)?
+                        .window_for_memory(granary::DEFAULT_READER_MEMORY)?,
+                },
                 queue_depth: r.queue_depth,
                 repeat: r.repeat,
             };

@@ -19,9 +19,10 @@ pub struct PlanArgs {
     /// Chunks per shuffle window; by default as many as --memory allows.
     #[arg(long)]
     pub window: Option<usize>,
-    /// Memory budget of one reader (per worker): the window is budget / (4 x mean chunk size),
-    /// since up to four windows are in memory (consumed, decoded, read, in flight).
-    #[arg(long, default_value = "512MiB", value_parser = super::pack::parse_size)]
+    /// Read-buffer budget of one reader (per worker; RSS is this plus ~20 MB): the window is
+    /// budget / (3 x mean chunk size), since three windows are in memory (consumed, decoded,
+    /// read); what is left reads further ahead.
+    #[arg(long, default_value = "128MiB", value_parser = super::pack::parse_size)]
     pub memory: u64,
     /// This process's distributed rank.
     #[arg(long, default_value_t = 0)]
@@ -191,6 +192,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
             cache: cache.clone(),
             scores: scores.clone(),
             range_gap: a.range_gap,
+            memory: a.plan.memory,
             ..StreamOptions::default()
         };
         let shape = ds.shape()?;
@@ -239,9 +241,13 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
                 .map(|b| format!(", {:.1} MB from the device", b as f64 / 1e6))
                 .unwrap_or_default();
             let o = r.opened;
+            let rss = r
+                .peak_rss_bytes
+                .map(|b| format!(", process peak RSS {:.0} MB", b as f64 / 1e6))
+                .unwrap_or_default();
             println!(
-                "epoch {:>3}: {} samples, {:.1} MB in {:.2} s: {:.0} samples/s, {:.1} MB/s, cpu {:.2} s, digest {} ({}; files: {} buffered, {} found resident, {} direct{device}){hits}",
-                r.epoch, r.samples, r.bytes as f64 / 1e6, r.elapsed_s, r.samples_per_s, r.mb_per_s, r.cpu_s, r.digest, r.backend, o.buffered, o.resident, o.direct
+                "epoch {:>3}: {} samples, {:.1} MB in {:.2} s: {:.0} samples/s, {:.1} MB/s, cpu {:.2} s, digest {} ({}; files: {} buffered, {} found resident, {} direct{device}){hits}; memory: peak buffers {:.0} MB per reader{rss}",
+                r.epoch, r.samples, r.bytes as f64 / 1e6, r.elapsed_s, r.samples_per_s, r.mb_per_s, r.cpu_s, r.digest, r.backend, o.buffered, o.resident, o.direct, r.peak_buffer_bytes as f64 / 1e6
             );
         }
         reports.push(r);
@@ -257,7 +263,7 @@ mod tests {
     #[test]
     fn the_default_memory_is_the_readers() {
         assert_eq!(
-            super::super::pack::parse_size("512MiB"),
+            super::super::pack::parse_size("128MiB"),
             Ok(granary::DEFAULT_READER_MEMORY)
         );
     }
