@@ -163,6 +163,10 @@ class IterableDataset(_IterBase):
     node's shared score table next to it, which ``policy="importance"`` (hot chunks of the most
     important samples) and ``sampling="importance"`` (probability (1-alpha)/N + alpha x score
     share, favouring what the tier holds) use from the next epoch on.
+
+    ``memory`` is each reader's read-buffer budget in bytes (one reader per DataLoader worker;
+    default ``None``: the library's 128 MiB). The shuffle window follows from it unless
+    ``window`` (chunks) is given.
     """
 
     def __init__(
@@ -181,7 +185,7 @@ class IterableDataset(_IterBase):
         alpha=0.5,
         cache_boost=4.0,
         window=None,
-        memory=512 << 20,
+        memory=None,
         batch_format="list",
     ):
         if shuffle not in ("chunkwise", "global", "sequential"):
@@ -218,7 +222,7 @@ class IterableDataset(_IterBase):
         self.alpha = float(alpha)
         self.cache_boost = float(cache_boost)
         self.window = window
-        self.memory = int(memory)
+        self.memory = None if memory is None else int(memory)
         self.batch_format = batch_format
         self.epoch = 0
         self._resume = None
