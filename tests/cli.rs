@@ -659,37 +659,111 @@ fn several_reader_processes_share_one_tier_within_its_quota() {
     let cache = tmp.path().join("tier");
     let quota: u64 = 200 << 10;
     // Four processes (two ranks x two seeds), three epochs each, one LRU tier.
-    let children: Vec<_> = (0..4)
-        .map(|i| {
-            let (rank, seed) = ((i % 2).to_string(), (i / 2).to_string());
-            spawn([
-                "read",
-                ds.to_str().unwrap(),
-                "--epochs",
-                "3",
-                "--json",
-                "--window",
-                "2",
-                "--rank",
-                &rank,
-                "--world-size",
-                "2",
-                "--seed",
-                &seed,
-                "--cache-dir",
-                cache.to_str().unwrap(),
-                "--cache-size",
-                &quota.to_string(),
-                "--policy",
-                "lru",
-            ])
-        })
+    let args = |i: u32, tier: bool| {
+        let (rank, seed) = ((i % 2).to_string(), (i / 2).to_string());
+        let mut v: Vec<String> = [
+            "read",
+            ds.to_str().unwrap(),
+            "--epochs",
+            "3",
+            "--json",
+            "--window",
+            "2",
+            "--rank",
+            &rank,
+            "--world-size",
+            "2",
+            "--seed",
+            &seed,
+        ]
+        .iter()
+        .map(|s| s.to_string())
         .collect();
-    for c in children {
-        let epochs = wait_json(c);
-        assert_eq!(epochs.as_array().unwrap().len(), 3);
-        assert!(epochs[2]["cache_byte_hit_ratio"].as_f64().is_some());
-    }
+        if tier {
+            v.extend(
+                [
+                    "--cache-dir",
+                    cache.to_str().unwrap(),
+                    "--cache-size",
+                    &quota.to_string(),
+                    "--policy",
+                    "lru",
+                ]
+                .iter()
+                .map(|s| s.to_string()),
+            );
+        }
+        v
+    };
+    let digests = |v: &serde_json::Value| -> Vec<String> {
+        let epochs = v.as_array().unwrap();
+        assert_eq!(epochs.len(), 3);
+        epochs
+            .iter()
+            .map(|e| e["digest"].as_str().unwrap().to_string())
+            .collect()
+    };
+    // What each process must deliver: its epochs read without a tier.
+    let want: Vec<Vec<String>> = (0..4)
+        .map(|i| digests(&wait_json(spawn(args(i, false)))))
+        .collect();
+    // The tier filled by one process first, so that there are copies to damage.
+    wait_json(spawn(args(0, true)));
+    let tier_dir = tier_subdir(&cache);
+    let children: Vec<_> = (0..4).map(|i| spawn(args(i, true))).collect();
+    // Meanwhile copies are replaced with damaged ones (a flipped byte, or truncated), as a
+    // failing disk or a stray process would leave them: no reader may deliver them.
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let damaged = std::thread::scope(|s| {
+        let damager = s.spawn(|| {
+            let mut n = 0u64;
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                for e in std::fs::read_dir(&tier_dir).unwrap().flatten() {
+                    let name = e.file_name().to_string_lossy().into_owned();
+                    let Ok(mut b) = std::fs::read(e.path()) else {
+                        continue;
+                    };
+                    if !name.starts_with("chunk-") || b.len() < 200 {
+                        continue;
+                    }
+                    if n.is_multiple_of(2) {
+                        let mid = b.len() / 2;
+                        b[mid] ^= 0x5a;
+                    } else {
+                        b.truncate(b.len() - 100);
+                    }
+                    let tmp = tier_dir.join("damage.partial");
+                    std::fs::write(&tmp, &b).unwrap();
+                    if std::fs::rename(&tmp, e.path()).is_ok() {
+                        n += 1;
+                    }
+                }
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+            n
+        });
+        // Stops the damage even when an assertion below fails (else the scope never ends).
+        struct Stop<'a>(&'a std::sync::atomic::AtomicBool);
+        impl Drop for Stop<'_> {
+            fn drop(&mut self) {
+                self.0.store(true, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
+        let stop = Stop(&done);
+        for (i, c) in children.into_iter().enumerate() {
+            let epochs = wait_json(c);
+            assert_eq!(
+                digests(&epochs),
+                want[i],
+                "process {i} delivered other bytes"
+            );
+            assert!(epochs[2]["cache_byte_hit_ratio"].as_f64().is_some());
+        }
+        drop(stop);
+        damager.join().unwrap()
+    });
+    assert!(damaged > 0, "no copy was damaged");
+    let _ = std::fs::remove_file(tier_dir.join("damage.partial"));
     let o = run_ok(["cache", "stats", cache.to_str().unwrap(), "--json"]);
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     let used = v[0]["bytes"].as_u64().unwrap();
@@ -706,7 +780,19 @@ fn several_reader_processes_share_one_tier_within_its_quota() {
             on_disk += e.metadata().unwrap().len();
         }
     }
-    assert_eq!(on_disk, used);
+    assert!(on_disk <= quota, "{on_disk} bytes of copies, quota {quota}");
+}
+
+/// The one dataset sub-directory of a tier root.
+fn tier_subdir(root: &std::path::Path) -> std::path::PathBuf {
+    let mut dirs: Vec<_> = std::fs::read_dir(root)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.is_dir())
+        .collect();
+    assert_eq!(dirs.len(), 1, "{dirs:?}");
+    dirs.pop().unwrap()
 }
 
 #[test]

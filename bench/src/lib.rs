@@ -7,6 +7,7 @@ pub mod cgroup;
 pub mod cold;
 pub mod compare;
 pub mod gen;
+pub mod hitbench;
 pub mod packbench;
 pub mod readbench;
 pub mod report;

@@ -221,7 +221,31 @@ pub struct ChunkCache {
     dataset_id: [u8; 16],
     quota: u64,
     policy: CachePolicy,
+    view: std::sync::Mutex<View>,
 }
+
+/// Identity of the `index` file: any process replacing it (rename of a new file) changes it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Token {
+    dev: u64,
+    ino: u64,
+    size: u64,
+    mtime_ns: i128,
+    ctime_ns: i128,
+}
+
+/// A handle's copy of the content list, and the uses not yet written to it.
+#[derive(Debug, Default)]
+struct View {
+    token: Option<Token>,
+    index: BTreeMap<Key, Entry>,
+    touches: Vec<Key>,
+}
+
+/// Uses noted before they are written to the content list.
+const TOUCH_BATCH: usize = 64;
+/// Most uses kept while the lock stays busy (older ones are dropped: the order is advisory).
+const MAX_TOUCHES: usize = 4096;
 
 struct Locked {
     _lock: File,
@@ -343,6 +367,7 @@ impl ChunkCache {
             dataset_id,
             quota,
             policy,
+            view: Default::default(),
         })
     }
 
@@ -369,52 +394,149 @@ impl ChunkCache {
 
     fn lock(&self) -> Result<Locked> {
         let f = lock_exclusive(&self.dir.join("lock"))?;
-        let (index, clock, next_hot) = self.read_index();
-        Ok(Locked {
+        Ok(self.locked(f, true))
+    }
+
+    /// The tier under lock `f`: the content list (checked against the files when `rescan`, or
+    /// when it is missing or damaged) with this handle's pending uses applied.
+    fn locked(&self, f: File, rescan: bool) -> Locked {
+        let (index, clock, next_hot) = match (rescan, self.parse_index()) {
+            (false, Some(parsed)) => parsed,
+            _ => self.read_index(),
+        };
+        let mut l = Locked {
             _lock: f,
             index,
             clock,
             next_hot,
+        };
+        for k in std::mem::take(&mut self.view().touches) {
+            l.touch(k);
+        }
+        l
+    }
+
+    fn view(&self) -> std::sync::MutexGuard<'_, View> {
+        // A panic elsewhere while holding it leaves a view that is at worst stale, and a
+        // stale view is revalidated by the token.
+        self.view.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn index_token(&self) -> Option<Token> {
+        use std::os::unix::fs::MetadataExt;
+        let m = std::fs::metadata(self.dir.join("index")).ok()?;
+        Some(Token {
+            dev: m.dev(),
+            ino: m.ino(),
+            size: m.size(),
+            mtime_ns: m.mtime() as i128 * 1_000_000_000 + m.mtime_nsec() as i128,
+            ctime_ns: m.ctime() as i128 * 1_000_000_000 + m.ctime_nsec() as i128,
         })
+    }
+
+    /// The content list as this handle last saw it, revalidated by the index's token (one
+    /// `stat`; the list is re-read only when another process replaced it). A missing or
+    /// damaged list is rebuilt from the files under the lock and written.
+    fn current(&self) -> Result<std::sync::MutexGuard<'_, View>> {
+        {
+            let mut v = self.view();
+            let token = self.index_token();
+            if token.is_some() && token == v.token {
+                return Ok(v);
+            }
+            if let (Some(t), Some((index, _, _))) = (token, self.parse_index()) {
+                // Read after the stat: if replaced in between, the next look sees a new token.
+                v.index = index;
+                v.token = Some(t);
+                return Ok(v);
+            }
+        }
+        let l = self.lock()?;
+        self.write_index(&l, true)?;
+        drop(l);
+        Ok(self.view())
+    }
+
+    /// Notes a use of `key`; every [`TOUCH_BATCH`] uses are written to the content list when
+    /// its lock is free (never waited for on a hit).
+    fn note_use(&self, key: Key) {
+        let full = {
+            let mut v = self.view();
+            v.touches.push(key);
+            if v.touches.len() > MAX_TOUCHES {
+                let extra = v.touches.len() - MAX_TOUCHES;
+                v.touches.drain(..extra);
+            }
+            v.touches.len() >= TOUCH_BATCH
+        };
+        if full {
+            let _ = self.flush_uses(false);
+        }
+    }
+
+    /// Writes the noted uses to the content list (without fsync); with `wait` false only if
+    /// the lock is free.
+    fn flush_uses(&self, wait: bool) -> Result<()> {
+        if self.view().touches.is_empty() {
+            return Ok(());
+        }
+        let path = self.dir.join("lock");
+        let f = if wait {
+            lock_exclusive(&path)?
+        } else {
+            match try_lock_exclusive(&path)? {
+                Some(f) => f,
+                None => return Ok(()),
+            }
+        };
+        let l = self.locked(f, false);
+        self.write_index(&l, false)
+    }
+
+    /// The content list of `index` if it is present and intact: entries, use clock, next hot id.
+    fn parse_index(&self) -> Option<(BTreeMap<Key, Entry>, u64, u32)> {
+        let mut index = BTreeMap::new();
+        let mut clock = 0;
+        let mut next_hot = 0u32;
+        let text = std::fs::read_to_string(self.dir.join("index")).ok()?;
+        let (body, crc) = text.rsplit_once("crc ")?;
+        if crc.trim().parse::<u32>().ok() != Some(crc32fast::hash(body.as_bytes())) {
+            return None;
+        }
+        for line in body.lines() {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            match f[..] {
+                ["next-hot", n] => next_hot = n.parse().unwrap_or(0),
+                [kind, id, size, last, score] => {
+                    let key = match (kind, id.parse()) {
+                        ("chunk", Ok(id)) => Key::Chunk(id),
+                        ("hot", Ok(id)) => Key::Hot(id),
+                        _ => continue,
+                    };
+                    if let (Ok(size), Ok(last), Ok(score)) =
+                        (size.parse(), last.parse::<u64>(), score.parse())
+                    {
+                        clock = clock.max(last);
+                        index.insert(
+                            key,
+                            Entry {
+                                size,
+                                last_use: last,
+                                score,
+                            },
+                        );
+                    }
+                }
+                _ => {}
+            }
+        }
+        Some((index, clock, next_hot))
     }
 
     /// Reads the content list; a missing or damaged list is rebuilt from the files present
     /// (their order of use is then unknown). Hot chunks must also be in `hot.map`.
     fn read_index(&self) -> (BTreeMap<Key, Entry>, u64, u32) {
-        let mut index = BTreeMap::new();
-        let mut clock = 0;
-        let mut next_hot = 0u32;
-        let text = std::fs::read_to_string(self.dir.join("index")).unwrap_or_default();
-        let (body, crc) = text.rsplit_once("crc ").unwrap_or(("", ""));
-        if crc.trim().parse::<u32>().ok() == Some(crc32fast::hash(body.as_bytes())) {
-            for line in body.lines() {
-                let f: Vec<&str> = line.split_whitespace().collect();
-                match f[..] {
-                    ["next-hot", n] => next_hot = n.parse().unwrap_or(0),
-                    [kind, id, size, last, score] => {
-                        let key = match (kind, id.parse()) {
-                            ("chunk", Ok(id)) => Key::Chunk(id),
-                            ("hot", Ok(id)) => Key::Hot(id),
-                            _ => continue,
-                        };
-                        if let (Ok(size), Ok(last), Ok(score)) =
-                            (size.parse(), last.parse::<u64>(), score.parse())
-                        {
-                            clock = clock.max(last);
-                            index.insert(
-                                key,
-                                Entry {
-                                    size,
-                                    last_use: last,
-                                    score,
-                                },
-                            );
-                        }
-                    }
-                    _ => {}
-                }
-            }
-        }
+        let (mut index, clock, mut next_hot) = self.parse_index().unwrap_or_default();
         let hot = self.read_hot_chunks();
         // Files are the truth: drop entries whose file is gone, adopt complete files not listed
         // (hot chunks only with their map entry).
@@ -491,7 +613,8 @@ impl ChunkCache {
             .unwrap_or_default()
     }
 
-    fn write_index(&self, l: &Locked) -> Result<()> {
+    /// Replaces the content list (fsynced when `durable`) and makes it this handle's view.
+    fn write_index(&self, l: &Locked, durable: bool) -> Result<()> {
         let mut body = format!("next-hot {}\n", l.next_hot);
         for (k, e) in &l.index {
             let (kind, id) = match k {
@@ -501,7 +624,12 @@ impl ChunkCache {
             body += &format!("{kind} {id} {} {} {}\n", e.size, e.last_use, e.score);
         }
         let text = format!("{body}crc {}\n", crc32fast::hash(body.as_bytes()));
-        write_atomic(&self.dir.join("index"), text.as_bytes())
+        write_atomic_with(&self.dir.join("index"), text.as_bytes(), durable)?;
+        let token = self.index_token();
+        let mut v = self.view();
+        v.index = l.index.clone();
+        v.token = token;
+        Ok(())
     }
 
     /// Rewrites `hot.map` to list exactly the hot chunks in the index.
@@ -511,14 +639,19 @@ impl ChunkCache {
     }
 
     /// Path of chunk `id`'s copy if the tier holds it and its size and header match the
-    /// snapshot's chunk entry; a mismatching copy is removed (a miss, never served).
+    /// snapshot's chunk entry; a mismatching copy is removed (a miss, never served). A hit
+    /// takes no lock and writes nothing: the content list is this handle's (revalidated by one
+    /// `stat`), and the use is noted for a later batched write.
     pub fn lookup(&self, ce: &ChunkEntry) -> Result<Option<PathBuf>> {
+        let key = Key::Chunk(ce.chunk_id);
+        if !self.current()?.index.contains_key(&key) {
+            return Ok(None);
+        }
         let p = self.dir.join(chunk_file_name(ce.chunk_id));
         let mut f = match crate::io::open_regular(&p, 0) {
             Ok(f) => f,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            // Not a regular file (a FIFO, a directory) or unreadable: damaged, never waited on,
-            // removed if it can be (if not, it stays a miss).
+            // Gone, not a regular file (a FIFO, a directory) or unreadable: never waited on,
+            // dropped from the list and removed if it can be (if not, it stays a miss).
             Err(_) => {
                 let _ = self.discard(ce.chunk_id);
                 return Ok(None);
@@ -533,9 +666,7 @@ impl ChunkCache {
             self.discard(ce.chunk_id)?;
             return Ok(None);
         }
-        let mut l = self.lock()?;
-        l.touch(Key::Chunk(ce.chunk_id));
-        self.write_index(&l)?;
+        self.note_use(key);
         Ok(Some(p))
     }
 
@@ -549,7 +680,7 @@ impl ChunkCache {
     pub fn discard(&self, id: u32) -> Result<()> {
         let mut l = self.lock()?;
         self.remove(&mut l, Key::Chunk(id))?;
-        self.write_index(&l)
+        self.write_index(&l, true)
     }
 
     /// Removes hot chunk `id` (for example after a record in it failed its CRC).
@@ -557,7 +688,7 @@ impl ChunkCache {
         let mut l = self.lock()?;
         self.remove(&mut l, Key::Hot(id))?;
         self.write_hot_map(&l, self.read_hot_chunks())?;
-        self.write_index(&l)
+        self.write_index(&l, true)
     }
 
     /// The hot-sample map as last written (consistent: it is replaced atomically).
@@ -587,15 +718,16 @@ impl ChunkCache {
             }
         }
         if changed {
-            self.write_index(&l)?;
+            self.write_index(&l, true)?;
         }
         Ok(())
     }
 
     /// Ids of the source chunks the tier holds whole (without touching their use clock).
     pub fn resident_chunks(&self) -> Result<std::collections::HashSet<u32>> {
-        let l = self.lock()?;
-        Ok(l.index
+        Ok(self
+            .current()?
+            .index
             .keys()
             .filter_map(|k| match k {
                 Key::Chunk(id) => Some(*id),
@@ -659,7 +791,7 @@ impl ChunkCache {
         let key = Key::Chunk(ce.chunk_id);
         let clock = l.touch(key);
         if l.index.contains_key(&key) {
-            self.write_index(&l)?;
+            self.write_index(&l, true)?;
             return Ok(true);
         }
         let per_byte = score / ce.file_size.max(1) as f64;
@@ -679,7 +811,7 @@ impl ChunkCache {
         if hot_before != l.index.keys().filter(|k| matches!(k, Key::Hot(_))).count() {
             self.write_hot_map(&l, self.read_hot_chunks())?;
         }
-        self.write_index(&l)?;
+        self.write_index(&l, true)?;
         Ok(true)
     }
 
@@ -725,7 +857,7 @@ impl ChunkCache {
         let score: f64 = fresh.iter().map(|r| r.score).sum();
         let per_byte = score / bytes.len().max(1) as f64;
         if !self.make_room(&mut l, bytes.len() as u64, per_byte)? {
-            self.write_index(&l)?;
+            self.write_index(&l, true)?;
             return Ok(0);
         }
         let key = Key::Hot(id);
@@ -752,7 +884,7 @@ impl ChunkCache {
             },
         );
         self.write_hot_map(&l, hot)?;
-        self.write_index(&l)?;
+        self.write_index(&l, true)?;
         Ok(fresh.len() as u64)
     }
 
@@ -789,29 +921,61 @@ impl ChunkCache {
             self.remove(&mut l, k)?;
         }
         self.write_hot_map(&l, BTreeMap::new())?;
-        self.write_index(&l)
+        self.write_index(&l, true)
+    }
+}
+
+impl Drop for ChunkCache {
+    /// Writes the uses noted since the last batch (errors only cost the order of use).
+    fn drop(&mut self) {
+        let _ = self.flush_uses(true);
     }
 }
 
 /// Opens (creating it) the lock file at `path` and takes an exclusive `flock` on it, held until
 /// the returned file is dropped.
 pub(crate) fn lock_exclusive(path: &Path) -> Result<File> {
+    Ok(lock_file(path, true)?.expect("a waiting lock is always taken"))
+}
+
+/// Like [`lock_exclusive`], but `None` at once when another holder has the lock.
+fn try_lock_exclusive(path: &Path) -> Result<Option<File>> {
+    lock_file(path, false)
+}
+
+fn lock_file(path: &Path, wait: bool) -> Result<Option<File>> {
+    use rustix::fs::FlockOperation::{LockExclusive, NonBlockingLockExclusive};
     let f = std::fs::OpenOptions::new()
         .create(true)
         .truncate(false)
         .write(true)
         .open(path)
         .map_err(|e| ReadError::io("opening", path, e))?;
-    rustix::fs::flock(&f, rustix::fs::FlockOperation::LockExclusive)
-        .map_err(|e| ReadError::io("locking", path, e.into()))?;
-    Ok(f)
+    let op = if wait {
+        LockExclusive
+    } else {
+        NonBlockingLockExclusive
+    };
+    match rustix::fs::flock(&f, op) {
+        Ok(()) => Ok(Some(f)),
+        Err(rustix::io::Errno::WOULDBLOCK) if !wait => Ok(None),
+        Err(e) => Err(ReadError::io("locking", path, e.into())),
+    }
 }
 
 /// Writes `data` under a unique temporary name, fsyncs and renames it into place.
 pub(crate) fn write_atomic(path: &Path, data: &[u8]) -> Result<()> {
+    write_atomic_with(path, data, true)
+}
+
+/// [`write_atomic`], fsyncing only when `durable` (the rename still replaces the file whole).
+fn write_atomic_with(path: &Path, data: &[u8], durable: bool) -> Result<()> {
     let tmp = path.with_extension(format!("tmp{}", std::process::id()));
     let mut f = File::create(&tmp).map_err(|e| ReadError::io("creating", &tmp, e))?;
-    if let Err(e) = f.write_all(data).and_then(|_| f.sync_all()) {
+    let written = f
+        .write_all(data)
+        .and_then(|_| if durable { f.sync_all() } else { Ok(()) });
+    if let Err(e) = written {
         let _ = std::fs::remove_file(&tmp);
         return Err(ReadError::io("writing", &tmp, e));
     }

@@ -124,9 +124,10 @@ impl Opener {
                 < self.keep_below
     }
 
-    /// Opens `path` for the engine; `chunk` is the dataset chunk it holds (`None` for a tier
-    /// file, which Auto reads through the page cache only where resident). A resident file
-    /// (Auto or Buffered) is mapped: its requests complete as slices of the map.
+    /// Opens `path` for the engine; `chunk` keys Auto's choice of what to keep resident (the
+    /// dataset chunk the file holds, or its tier copy's; a hot chunk's id; `None`: through the
+    /// page cache only where already resident). A resident file (Auto or Buffered) is mapped:
+    /// its requests complete as slices of the map.
     pub fn open(&mut self, path: &Path, chunk: Option<u32>) -> Result<IoFile> {
         if self.mode == IoMode::Direct {
             return self.open_direct(path);

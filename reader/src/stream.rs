@@ -610,7 +610,7 @@ impl HotState {
                     .chunks
                     .get(&h)
                     .and_then(|hc| self.cache.hot_path(hc))
-                    .and_then(|p| opener.open(&p, None).ok())
+                    .and_then(|p| opener.open(&p, Some(h)).ok())
                     .map(Arc::new);
                 self.files.insert(h, f.clone());
                 f
@@ -717,7 +717,7 @@ fn prepare_window(
             // Another process may evict a cached copy between lookup and open: then the
             // source serves the chunk.
             let cached = cache.map(|t| t.lookup(ce)).transpose()?.flatten();
-            if let Some(Ok(f)) = cached.map(|p| opener.open(&p, None)) {
+            if let Some(Ok(f)) = cached.map(|p| opener.open(&p, Some(*c))) {
                 ds.check_chunk_size(ce, &f.file, &f.path.clone())?;
                 files.insert(*c, Arc::new(f));
                 copy = true;

@@ -634,3 +634,64 @@ fn temp_files_of_killed_writers_are_removed_by_the_next_lock_and_by_clear() {
         .collect();
     assert!(left.is_empty(), "{left:?}");
 }
+
+#[test]
+fn hits_take_no_lock_write_nothing_and_uses_reach_the_lru_order_in_batches() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ds = dataset(tmp.path(), "ds");
+    let id = ds.snapshot().dataset_id();
+    let root = tmp.path().join("cache");
+    let n = ds.chunk_count() as u32;
+    assert!(n >= 4, "{n} chunks");
+    let sizes: Vec<u64> = (0..n).map(|c| ds.chunk(c).unwrap().file_size).collect();
+    // Room for every chunk but one of the largest.
+    let quota = sizes.iter().sum::<u64>() - 1;
+    let writer = ChunkCache::open(&root, id, quota, CachePolicy::Lru).unwrap();
+    for c in 0..n - 1 {
+        assert!(writer
+            .admit(&ds.chunk(c).unwrap(), &chunk_bytes(&ds, c), 1.0)
+            .unwrap());
+    }
+    let dir = writer.dir().to_path_buf();
+    let index = || std::fs::read_to_string(dir.join("index")).unwrap();
+    let before = index();
+    // Another process holds the tier's lock (as while it writes a chunk): hits still answer.
+    let holder = std::fs::File::open(dir.join("lock")).unwrap();
+    rustix::fs::flock(&holder, rustix::fs::FlockOperation::LockExclusive).unwrap();
+    let reader = Arc::new(ChunkCache::open(&root, id, quota, CachePolicy::Lru).unwrap());
+    let (tx, rx) = std::sync::mpsc::channel();
+    let (r2, ds2) = (reader.clone(), ds.clone());
+    let t = std::thread::spawn(move || {
+        // Chunk 0 is used most recently; fewer uses than a batch.
+        let hits = (1..n - 1)
+            .chain([0])
+            .filter(|&c| r2.lookup(&ds2.chunk(c).unwrap()).unwrap().is_some())
+            .count();
+        let _ = tx.send(hits);
+    });
+    let hits = rx
+        .recv_timeout(std::time::Duration::from_secs(60))
+        .expect("a hit waited for the tier's lock");
+    assert_eq!(hits, n as usize - 1);
+    t.join().unwrap();
+    assert!(reader.resident_chunks().unwrap().contains(&0));
+    drop(holder);
+    assert_eq!(index(), before, "a hit rewrote the content list");
+    // Dropping the handle writes its uses: chunk 0, used last, survives the eviction that
+    // the last chunk's admission needs (chunk 1, used first, goes).
+    drop(reader);
+    assert_ne!(index(), before, "the uses were never written");
+    assert!(writer
+        .admit(&ds.chunk(n - 1).unwrap(), &chunk_bytes(&ds, n - 1), 1.0)
+        .unwrap());
+    let held = writer.resident_chunks().unwrap();
+    assert!(held.contains(&0), "{held:?}");
+    assert!(!held.contains(&1), "{held:?}");
+    // A full batch of uses is written without dropping the handle.
+    let reader = ChunkCache::open(&root, id, quota, CachePolicy::Lru).unwrap();
+    let before = index();
+    for _ in 0..64 {
+        reader.lookup(&ds.chunk(0).unwrap()).unwrap().unwrap();
+    }
+    assert_ne!(index(), before, "a full batch of uses stayed in memory");
+}
