@@ -8,180 +8,13 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use granary::io::{Engine, IoKind, Request};
-use granary::{Dataset, PlanOptions, Shard, ShuffleMode, StreamOptions};
+use granary::{Dataset, PlanOptions, ShuffleMode, StreamOptions};
 use serde::Serialize;
 
 use crate::cold::make_cold;
 
-/// CPU time (user + system) of this process so far, from /proc/self/stat (USER_HZ = 100).
-pub fn cpu_seconds() -> f64 {
-    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
-        return 0.0;
-    };
-    let rest = stat.rsplit_once(')').map(|x| x.1).unwrap_or("");
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    let ticks = |i: usize| f.get(i).and_then(|x| x.parse::<f64>().ok()).unwrap_or(0.0);
-    (ticks(11) + ticks(12)) / 100.0
-}
-
-/// What one epoch delivered.
-#[derive(Serialize, Default, Clone, Debug)]
-pub struct EpochReport {
-    pub epoch: u64,
-    pub samples: u64,
-    pub bytes: u64,
-    pub bytes_read: u64,
-    pub elapsed_s: f64,
-    pub samples_per_s: f64,
-    pub mb_per_s: f64,
-    pub cpu_s: f64,
-    pub digest: String,
-    pub backend: String,
-    /// Bytes this process had read from storage devices during the epoch (`read_bytes` of
-    /// `/proc/self/io`: page-cache hits do not count), when the kernel reports it.
-    pub device_read_bytes: Option<u64>,
-    /// How the chunk files were opened (page cache or O_DIRECT), summed over workers.
-    pub opened: granary::OpenCounts,
-    /// Share of samples and of bytes served by the local tier (when one is configured).
-    pub cache_sample_hit_ratio: Option<f64>,
-    pub cache_byte_hit_ratio: Option<f64>,
-    /// The most bytes of read buffers (and borrowed maps) one worker's stream held at once.
-    pub peak_buffer_bytes: u64,
-    /// The process's peak resident set so far (`VmHWM`), when the kernel reports it.
-    pub peak_rss_bytes: Option<u64>,
-}
-
-/// `VmHWM` of `/proc/self/status`: this process's peak resident set size so far.
-pub fn peak_rss_bytes() -> Option<u64> {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()?
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        .map(|kb| kb * 1024)
-}
-
-/// `read_bytes` of `/proc/self/io`: bytes this process caused to be fetched from storage.
-pub fn device_read_bytes() -> Option<u64> {
-    std::fs::read_to_string("/proc/self/io")
-        .ok()?
-        .lines()
-        .find_map(|l| l.strip_prefix("read_bytes:"))
-        .and_then(|v| v.trim().parse().ok())
-}
-
-struct WorkerTotals {
-    opened: granary::OpenCounts,
-    samples: u64,
-    bytes: u64,
-    digest: u64,
-    bytes_read: u64,
-    backend: &'static str,
-    hits: granary::CacheHits,
-    peak_buffers: u64,
-}
-
-/// Streams one epoch of rank `rank` with `workers` threads (one per loader worker), touching
-/// every byte; returns totals, throughput, CPU time and the digest. With `sampling` the epoch
-/// is importance-sampled.
-#[allow(clippy::too_many_arguments)]
-pub fn run_epoch(
-    ds: &Arc<Dataset>,
-    plan: &PlanOptions,
-    epoch: u64,
-    rank: u32,
-    world_size: u32,
-    workers: u32,
-    io: &StreamOptions,
-    sampling: Option<&granary::Sampling>,
-) -> granary::Result<EpochReport> {
-    let shape = ds.shape()?;
-    let shape = &shape;
-    let t = Instant::now();
-    let cpu0 = cpu_seconds();
-    let dev0 = device_read_bytes();
-    let results: Vec<granary::Result<WorkerTotals>> = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..workers)
-            .map(|w| {
-                s.spawn(move || -> granary::Result<WorkerTotals> {
-                    let shard = Shard {
-                        rank,
-                        world_size,
-                        worker: w,
-                        num_workers: workers,
-                    };
-                    let p = granary::EpochPlan::build_sampled(
-                        shape, plan, epoch, shard, None, sampling,
-                    )
-                    .map_err(granary::ReadError::Invalid)?;
-                    let mut st = granary::EpochStream::new(ds.clone(), p, plan.mode, io)?;
-                    let (mut samples, mut bytes, mut digest) = (0u64, 0u64, 0u64);
-                    for sample in st.by_ref() {
-                        let sample = sample?;
-                        samples += 1;
-                        bytes += sample.data().len() as u64;
-                        digest = digest.wrapping_add(granary::digest_term(
-                            sample.id,
-                            crc32fast::hash(sample.data()),
-                        ));
-                    }
-                    Ok(WorkerTotals {
-                        opened: st.open_counts(),
-                        samples,
-                        bytes,
-                        digest,
-                        bytes_read: st.bytes_read(),
-                        backend: st.backend(),
-                        hits: st.cache_stats(),
-                        peak_buffers: st.peak_buffer_bytes(),
-                    })
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().expect("reader thread"))
-            .collect()
-    });
-    let mut r = EpochReport {
-        epoch,
-        ..Default::default()
-    };
-    let mut digest = 0u64;
-    let mut hits = granary::CacheHits::default();
-    for res in results {
-        let w = res?;
-        hits.samples_from_cache += w.hits.samples_from_cache;
-        hits.samples_from_source += w.hits.samples_from_source;
-        hits.bytes_from_cache += w.hits.bytes_from_cache;
-        hits.bytes_from_source += w.hits.bytes_from_source;
-        r.opened.buffered += w.opened.buffered;
-        r.opened.resident += w.opened.resident;
-        r.opened.direct += w.opened.direct;
-        r.peak_buffer_bytes = r.peak_buffer_bytes.max(w.peak_buffers);
-        r.samples += w.samples;
-        r.bytes += w.bytes;
-        r.bytes_read += w.bytes_read;
-        digest = digest.wrapping_add(w.digest);
-        r.backend = w.backend.to_string();
-    }
-    r.elapsed_s = t.elapsed().as_secs_f64();
-    r.cpu_s = cpu_seconds() - cpu0;
-    r.device_read_bytes = match (dev0, device_read_bytes()) {
-        (Some(a), Some(b)) => Some(b.saturating_sub(a)),
-        _ => None,
-    };
-    r.samples_per_s = r.samples as f64 / r.elapsed_s.max(1e-9);
-    r.mb_per_s = r.bytes as f64 / 1e6 / r.elapsed_s.max(1e-9);
-    r.digest = format!("{digest:016x}");
-    r.peak_rss_bytes = peak_rss_bytes();
-    if io.cache.is_some() {
-        let ratio = |a: u64, b: u64| a as f64 / (a + b).max(1) as f64;
-        r.cache_sample_hit_ratio = Some(ratio(hits.samples_from_cache, hits.samples_from_source));
-        r.cache_byte_hit_ratio = Some(ratio(hits.bytes_from_cache, hits.bytes_from_source));
-    }
-    Ok(r)
-}
+pub use granary::procstat::{cpu_seconds, device_read_bytes, peak_rss_bytes};
+pub use granary::EpochReport;
 
 /// What `granary bench read` measures.
 #[derive(Clone, Debug)]
@@ -374,17 +207,13 @@ pub fn run(o: &ReadBenchOptions) -> Result<ReadBenchResult, String> {
         }
         for (i, (_, mode, kind)) in granary_sides.iter().enumerate() {
             make_cold(&[dir]);
-            let r = run_epoch(
-                &ds,
-                &plan(*mode),
-                rep as u64,
-                0,
-                1,
-                o.workers,
-                &io(*kind),
-                None,
-            )
-            .map_err(|e| e.to_string())?;
+            let setup = granary::EpochSetup {
+                plan: plan(*mode),
+                sampling: None,
+                stream: io(*kind),
+            };
+            let r = granary::measure_epoch(&ds, &setup, rep as u64, 0, 1, o.workers)
+                .map_err(|e| e.to_string())?;
             g_runs[i].push(r);
         }
     }

@@ -13,9 +13,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use granary::{
-    CachePolicy, ChunkCache, Dataset as RsDataset, EpochPlan, EpochState, EpochStream,
-    ImportanceScores, PlanOptions, ReadError, SampleReader, Sampling, Shard, SharedScores,
-    ShuffleMode, StreamOptions,
+    CachePolicy, ChunkCache, Dataset as RsDataset, EpochPlan, EpochSetup, EpochState, EpochStream,
+    ImportanceSampling, ImportanceScores, PlanOptions, ReadError, SampleReader, Sampling, Shard,
+    SharedScores, ShuffleMode, StreamOptions,
 };
 use numpy::{PyArray1, PyArrayMethods};
 use pyo3::create_exception;
@@ -302,53 +302,33 @@ impl Stream {
                         .into(),
                 ));
             }
-            let shape = ds.shape()?;
-            let window_chunks = match window {
-                Some(w) => w,
-                None => ds.window_for_memory(memory)?,
+            let setup = EpochSetup {
+                plan: PlanOptions {
+                    mode,
+                    seed,
+                    // 0: as many chunks as the memory budget allows.
+                    window_chunks: window.unwrap_or(0),
+                    drop_last,
+                    ..Default::default()
+                },
+                sampling: importance.then_some(ImportanceSampling { alpha, cache_boost }),
+                stream: StreamOptions {
+                    cache: cache.clone(),
+                    scores,
+                    memory,
+                    ..Default::default()
+                },
             };
-            let o = PlanOptions {
-                mode,
-                seed,
-                window_chunks,
-                drop_last,
-                ..Default::default()
-            };
-            let (hot, whole) = match &cache {
-                Some(c) if importance => (c.hot_map(), c.resident_chunks()?),
-                _ => Default::default(),
-            };
-            let in_tier =
-                |id: u64| hot.by_sample.contains_key(&id) || whole.contains(&shape.chunk_of(id));
-            let sm = scores.as_ref().map(|s| Sampling {
-                scores: s,
-                alpha,
-                cached: Some(&in_tier),
-                cache_boost,
-            });
             let shard = Shard {
                 rank,
                 world_size,
                 worker,
                 num_workers,
             };
-            let plan = EpochPlan::build_sampled(
-                &shape,
-                &o,
-                epoch,
-                shard,
-                resume.as_ref(),
-                sm.as_ref().filter(|_| importance),
-            )
-            .map_err(ReadError::Invalid)?;
+            let plan = setup.plan(&ds, epoch, shard, resume.as_ref())?;
             let len = plan.samples.len();
-            let io = StreamOptions {
-                cache: cache.clone(),
-                scores,
-                memory,
-                ..Default::default()
-            };
-            Ok((EpochStream::new(ds, plan, mode, &io)?, len, cache.is_some()))
+            let stream = EpochStream::new(ds, plan, mode, &setup.stream)?;
+            Ok((stream, len, cache.is_some()))
         };
         let (stream, len, cache) = py.detach(build).map_err(err)?;
         Ok(Stream {

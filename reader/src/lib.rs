@@ -39,18 +39,23 @@
 
 mod cache;
 mod dataset;
+mod epoch;
 mod error;
 mod extract;
 mod importance;
 pub mod io;
 mod pathfmt;
 pub mod plan;
+pub mod procstat;
 mod residency;
 mod stream;
 mod verify;
 
 pub use cache::{hot_file_name, CachePolicy, CacheStats, ChunkCache, HotChunk, HotMap, HotRecord};
 pub use dataset::{ChunkBytes, Dataset, SampleInfo, SampleReader};
+pub use epoch::{
+    measure_epoch, read_epoch, EpochReport, EpochSetup, EpochTotals, ImportanceSampling,
+};
 pub use error::{ReadError, RecordError, Result};
 pub use extract::{extract, ExtractOptions, ExtractSummary};
 pub use granary_format::{Compression, FormatError, NO_LABEL};

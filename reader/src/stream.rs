@@ -457,7 +457,7 @@ impl Iterator for EpochStream {
 }
 
 /// The error for a reader thread that panicked, with the panic's message.
-fn thread_died(which: &str, panic: &(dyn std::any::Any + Send)) -> ReadError {
+pub(crate) fn thread_died(which: &str, panic: &(dyn std::any::Any + Send)) -> ReadError {
     let msg = panic
         .downcast_ref::<&str>()
         .copied()
@@ -957,7 +957,7 @@ fn complete_window(
 }
 
 /// Hits and misses of the local tier during one stream.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct CacheHits {
     pub samples_from_cache: u64,
     pub samples_from_source: u64,

@@ -168,65 +168,37 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         _ => None,
     };
     let importance = a.sampling == "importance";
-    if importance && !(0.0..1.0).contains(&a.alpha) {
-        anyhow::bail!("--alpha {} is not in [0, 1)", a.alpha);
-    }
     let mut reports = Vec::new();
     for epoch in a.first_epoch..a.first_epoch + a.epochs {
         // Scores are re-read every epoch: training processes keep reporting into them.
         let scores = load_scores(&a, cache.as_deref())?;
-        if let Some(s) = &scores {
-            if s.len() != ds.len() {
-                anyhow::bail!(
-                    "the score table has {} samples, the dataset {}",
-                    s.len(),
-                    ds.len()
-                );
-            }
-        }
-        let io = StreamOptions {
-            io: a.backend,
-            io_mode: a.io,
-            page_cache_bytes: a.page_cache,
-            queue_depth: a.queue_depth,
-            cache: cache.clone(),
-            scores: scores.clone(),
-            range_gap: a.range_gap,
-            memory: a.plan.memory,
-            ..StreamOptions::default()
-        };
-        let shape = ds.shape()?;
-        let (hot, whole) = match &cache {
-            Some(c) if importance => (c.hot_map(), c.resident_chunks()?),
-            _ => Default::default(),
-        };
-        let in_tier =
-            |id: u64| hot.by_sample.contains_key(&id) || whole.contains(&shape.chunk_of(id));
-        let sampling = match (&scores, importance) {
-            (Some(s), true) => Some(granary::Sampling {
-                scores: s,
-                alpha: a.alpha,
-                cached: Some(&in_tier),
-                cache_boost: a.cache_boost,
-            }),
-            (None, true) => anyhow::bail!(
+        if importance && scores.is_none() {
+            anyhow::bail!(
                 "--sampling importance needs scores: pass --scores FILE, or a --cache-dir whose \
                  tier has a score table (written by report() from training)"
-            ),
-            _ => None,
+            );
+        }
+        let setup = granary::EpochSetup {
+            plan: a.plan.options(&ds)?,
+            sampling: importance.then_some(granary::ImportanceSampling {
+                alpha: a.alpha,
+                cache_boost: a.cache_boost,
+            }),
+            stream: StreamOptions {
+                io: a.backend,
+                io_mode: a.io,
+                page_cache_bytes: a.page_cache,
+                queue_depth: a.queue_depth,
+                cache: cache.clone(),
+                scores,
+                range_gap: a.range_gap,
+                memory: a.plan.memory,
+                ..StreamOptions::default()
+            },
         };
         let p = &a.plan;
-        let r = granary_bench::readbench::run_epoch(
-            &ds,
-            &p.options(&ds)?,
-            epoch,
-            p.rank,
-            p.world_size,
-            p.workers,
-            &io,
-            sampling.as_ref(),
-        )
-        .with_context(|| format!("reading epoch {epoch}"))?;
+        let r = granary::measure_epoch(&ds, &setup, epoch, p.rank, p.world_size, p.workers)
+            .with_context(|| format!("reading epoch {epoch}"))?;
         if !a.json {
             let hits = match (r.cache_sample_hit_ratio, r.cache_byte_hit_ratio) {
                 (Some(s), Some(b)) => format!(

@@ -1,0 +1,284 @@
+//! One rank's epoch, set up the same way by every caller (the CLI, the Python binding, the
+//! benchmarks): plan options whose window follows from the memory budget, importance sampling
+//! that favours what the local tier holds, the stream; and a driver that reads a rank's share
+//! with its loader workers as threads.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use serde::Serialize;
+
+use crate::error::{ReadError, Result};
+use crate::{
+    CacheHits, Dataset, EpochPlan, EpochState, EpochStream, OpenCounts, PlanOptions, Sampling,
+    Shard, StreamOptions,
+};
+
+/// Importance sampling: N draws with probability (1 − alpha)/N + alpha × score share, samples
+/// the tier holds favoured `cache_boost` times; every sample gets the loss weight 1/(N p).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ImportanceSampling {
+    /// Mix between uniform (0) and score-proportional draws; must be in [0, 1).
+    pub alpha: f64,
+    /// How much samples in the local tier are favoured (1: not at all).
+    pub cache_boost: f64,
+}
+
+/// Everything that decides how an epoch is planned and read.
+#[derive(Clone, Debug, Default)]
+pub struct EpochSetup {
+    /// Order, seed, share rules. `window_chunks` 0 means as many chunks as
+    /// `stream.memory` allows ([`Dataset::window_for_memory`]).
+    pub plan: PlanOptions,
+    /// Importance sampling; needs `stream.scores`. `None`: every sample once.
+    pub sampling: Option<ImportanceSampling>,
+    /// How chunks are read: I/O mode and backend, memory budget, local tier, scores.
+    pub stream: StreamOptions,
+}
+
+impl EpochSetup {
+    /// The plan options for `ds`, the window resolved.
+    pub fn plan_options(&self, ds: &Dataset) -> Result<PlanOptions> {
+        let mut o = self.plan.clone();
+        if o.window_chunks == 0 {
+            o.window_chunks = ds.window_for_memory(self.stream.memory)?;
+        }
+        Ok(o)
+    }
+
+    /// Checks what can be checked before any epoch: scores that match the dataset when
+    /// importance sampling is asked for, and alpha in range.
+    pub fn check(&self, ds: &Dataset) -> Result<()> {
+        if let Some(s) = &self.stream.scores {
+            if s.len() != ds.len() {
+                return Err(ReadError::Invalid(format!(
+                    "the score table has {} samples, the dataset {}",
+                    s.len(),
+                    ds.len()
+                )));
+            }
+        }
+        if let Some(sm) = &self.sampling {
+            if self.stream.scores.is_none() {
+                return Err(ReadError::Invalid(
+                    "importance sampling needs a score table (written by report() from \
+                     training, or ImportanceScores::save)"
+                        .into(),
+                ));
+            }
+            if !(0.0..1.0).contains(&sm.alpha) {
+                return Err(ReadError::Invalid(format!(
+                    "alpha {} is not in [0, 1)",
+                    sm.alpha
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// The plan of `shard`'s share of epoch `epoch` (resumed after `resume` when given).
+    pub fn plan(
+        &self,
+        ds: &Dataset,
+        epoch: u64,
+        shard: Shard,
+        resume: Option<&EpochState>,
+    ) -> Result<EpochPlan> {
+        self.check(ds)?;
+        let shape = ds.shape()?;
+        let o = self.plan_options(ds)?;
+        let sampling = match (&self.sampling, &self.stream.scores) {
+            (Some(sm), Some(scores)) => Some((sm, scores)),
+            _ => None,
+        };
+        // What the tier holds (hot samples, whole chunks), for the sampler to favour.
+        let (hot, whole) = match (&self.stream.cache, sampling) {
+            (Some(c), Some(_)) => (c.hot_map(), c.resident_chunks()?),
+            _ => Default::default(),
+        };
+        let in_tier =
+            |id: u64| hot.by_sample.contains_key(&id) || whole.contains(&shape.chunk_of(id));
+        let sm = sampling.map(|(sm, scores)| Sampling {
+            scores,
+            alpha: sm.alpha,
+            cached: Some(&in_tier),
+            cache_boost: sm.cache_boost,
+        });
+        EpochPlan::build_sampled(&shape, &o, epoch, shard, resume, sm.as_ref())
+            .map_err(ReadError::Invalid)
+    }
+
+    /// The stream of `shard`'s share of epoch `epoch`.
+    pub fn stream(
+        &self,
+        ds: Arc<Dataset>,
+        epoch: u64,
+        shard: Shard,
+        resume: Option<&EpochState>,
+    ) -> Result<EpochStream> {
+        let plan = self.plan(&ds, epoch, shard, resume)?;
+        EpochStream::new(ds, plan, self.plan.mode, &self.stream)
+    }
+}
+
+/// What one rank's epoch delivered, summed over its workers.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct EpochTotals {
+    pub samples: u64,
+    /// Bytes delivered (decoded samples).
+    pub bytes: u64,
+    /// Bytes read from storage or the tier.
+    pub bytes_read: u64,
+    /// Order-independent digest of (sample id, CRC-32) of every sample delivered.
+    pub digest: u64,
+    /// I/O backend used.
+    pub backend: &'static str,
+    /// How the chunk files were opened.
+    pub opened: OpenCounts,
+    /// What the local tier served.
+    pub hits: CacheHits,
+    /// The most bytes of read buffers (and mapped ranges) one worker held at once.
+    pub peak_buffer_bytes: u64,
+    pub elapsed_s: f64,
+}
+
+/// Reads rank `rank`'s share of epoch `epoch` with `workers` loader workers (threads), each
+/// streaming its own share and touching every byte; a worker's error ends the epoch with it.
+pub fn read_epoch(
+    ds: &Arc<Dataset>,
+    setup: &EpochSetup,
+    epoch: u64,
+    rank: u32,
+    world_size: u32,
+    workers: u32,
+) -> Result<EpochTotals> {
+    let t = Instant::now();
+    // A bad setup fails here, before any worker starts.
+    setup.check(ds)?;
+    let results: Vec<Result<EpochTotals>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..workers.max(1))
+            .map(|w| {
+                s.spawn(move || -> Result<EpochTotals> {
+                    let shard = Shard {
+                        rank,
+                        world_size,
+                        worker: w,
+                        num_workers: workers.max(1),
+                    };
+                    let mut st = setup.stream(ds.clone(), epoch, shard, None)?;
+                    let mut r = EpochTotals::default();
+                    for sample in st.by_ref() {
+                        let sample = sample?;
+                        r.samples += 1;
+                        r.bytes += sample.data().len() as u64;
+                        r.digest = r.digest.wrapping_add(crate::digest_term(
+                            sample.id,
+                            crc32fast::hash(sample.data()),
+                        ));
+                    }
+                    r.opened = st.open_counts();
+                    r.bytes_read = st.bytes_read();
+                    r.backend = st.backend();
+                    r.hits = st.cache_stats();
+                    r.peak_buffer_bytes = st.peak_buffer_bytes();
+                    Ok(r)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|p| Err(crate::stream::thread_died("loader worker", &*p)))
+            })
+            .collect()
+    });
+    let mut r = EpochTotals::default();
+    for res in results {
+        let w = res?;
+        r.samples += w.samples;
+        r.bytes += w.bytes;
+        r.bytes_read += w.bytes_read;
+        r.digest = r.digest.wrapping_add(w.digest);
+        r.backend = w.backend;
+        r.opened.buffered += w.opened.buffered;
+        r.opened.resident += w.opened.resident;
+        r.opened.direct += w.opened.direct;
+        r.hits.samples_from_cache += w.hits.samples_from_cache;
+        r.hits.samples_from_source += w.hits.samples_from_source;
+        r.hits.bytes_from_cache += w.hits.bytes_from_cache;
+        r.hits.bytes_from_source += w.hits.bytes_from_source;
+        r.peak_buffer_bytes = r.peak_buffer_bytes.max(w.peak_buffer_bytes);
+    }
+    r.elapsed_s = t.elapsed().as_secs_f64();
+    Ok(r)
+}
+
+/// What one epoch delivered.
+#[derive(Serialize, Default, Clone, Debug)]
+pub struct EpochReport {
+    pub epoch: u64,
+    pub samples: u64,
+    pub bytes: u64,
+    pub bytes_read: u64,
+    pub elapsed_s: f64,
+    pub samples_per_s: f64,
+    pub mb_per_s: f64,
+    pub cpu_s: f64,
+    pub digest: String,
+    pub backend: String,
+    /// Bytes this process had read from storage devices during the epoch (`read_bytes` of
+    /// `/proc/self/io`: page-cache hits do not count), when the kernel reports it.
+    pub device_read_bytes: Option<u64>,
+    /// How the chunk files were opened (page cache or O_DIRECT), summed over workers.
+    pub opened: OpenCounts,
+    /// Share of samples and of bytes served by the local tier (when one is configured).
+    pub cache_sample_hit_ratio: Option<f64>,
+    pub cache_byte_hit_ratio: Option<f64>,
+    /// The most bytes of read buffers (and borrowed maps) one worker's stream held at once.
+    pub peak_buffer_bytes: u64,
+    /// The process's peak resident set so far (`VmHWM`), when the kernel reports it.
+    pub peak_rss_bytes: Option<u64>,
+}
+
+/// [`read_epoch`] measured as `granary read` reports it: throughput, CPU time, device bytes,
+/// tier hit ratios and the process's peak RSS.
+pub fn measure_epoch(
+    ds: &Arc<Dataset>,
+    setup: &EpochSetup,
+    epoch: u64,
+    rank: u32,
+    world_size: u32,
+    workers: u32,
+) -> Result<EpochReport> {
+    use crate::procstat::{cpu_seconds, device_read_bytes, peak_rss_bytes};
+    let cpu0 = cpu_seconds();
+    let dev0 = device_read_bytes();
+    let t = read_epoch(ds, setup, epoch, rank, world_size, workers)?;
+    let secs = t.elapsed_s.max(1e-9);
+    let ratio = |a: u64, b: u64| a as f64 / (a + b).max(1) as f64;
+    let tier = setup.stream.cache.is_some();
+    Ok(EpochReport {
+        epoch,
+        samples: t.samples,
+        bytes: t.bytes,
+        bytes_read: t.bytes_read,
+        elapsed_s: t.elapsed_s,
+        samples_per_s: t.samples as f64 / secs,
+        mb_per_s: t.bytes as f64 / 1e6 / secs,
+        cpu_s: cpu_seconds() - cpu0,
+        digest: format!("{:016x}", t.digest),
+        backend: t.backend.to_string(),
+        device_read_bytes: match (dev0, device_read_bytes()) {
+            (Some(a), Some(b)) => Some(b.saturating_sub(a)),
+            _ => None,
+        },
+        opened: t.opened,
+        cache_sample_hit_ratio: tier
+            .then(|| ratio(t.hits.samples_from_cache, t.hits.samples_from_source)),
+        cache_byte_hit_ratio: tier
+            .then(|| ratio(t.hits.bytes_from_cache, t.hits.bytes_from_source)),
+        peak_buffer_bytes: t.peak_buffer_bytes,
+        peak_rss_bytes: peak_rss_bytes(),
+    })
+}
