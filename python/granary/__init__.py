@@ -9,12 +9,16 @@ importance-aware local tier with ``report(ids, losses)``.
 Both subclass the ``torch.utils.data`` classes when torch is importable and work without it.
 They pickle as configuration only: files, threads and caches are opened lazily in each process
 (fork, spawn and forkserver all work). The GIL is released during every read.
+
+Errors: ``ValueError`` for impossible arguments; ``DamagedError`` for damaged or mismatching
+data (never returned); ``IncompleteError`` when a reader thread failed (the epoch is incomplete);
+``GranaryError`` (an ``OSError`` with ``errno``, base of the other two) for failing system calls.
 """
 
 import os
 
 from ._native import Dataset as _NativeDataset
-from ._native import GranaryError, Scores, Stream, __version__
+from ._native import DamagedError, GranaryError, IncompleteError, Scores, Stream, __version__
 
 try:  # torch is optional
     import torch.utils.data as _tud
@@ -27,8 +31,10 @@ except ImportError:  # pragma: no cover - exercised by the no-torch test run
     _IterBase = object
 
 __all__ = [
+    "DamagedError",
     "Dataset",
     "GranaryError",
+    "IncompleteError",
     "IterableDataset",
     "Scores",
     "Stream",

@@ -30,10 +30,36 @@ create_exception!(
     "A dataset, chunk, tier or score file is missing, damaged or unreadable."
 );
 
+create_exception!(
+    _native,
+    DamagedError,
+    GranaryError,
+    "A file's bytes are damaged or do not match the dataset's snapshot (another dataset's \
+     chunk, another size, a failed checksum): they are never returned."
+);
+
+create_exception!(
+    _native,
+    IncompleteError,
+    GranaryError,
+    "A reader thread failed or stopped: the epoch is incomplete (never silently short)."
+);
+
+/// The Python exception for each cause: ValueError for arguments, DamagedError for bad or
+/// mismatching data, IncompleteError for a reader that stopped, GranaryError (an OSError,
+/// with errno when the system gave one) for system calls that failed.
 fn err(e: ReadError) -> PyErr {
+    let msg = e.to_string();
     match e {
         ReadError::Invalid(m) => PyValueError::new_err(m),
-        e => GranaryError::new_err(e.to_string()),
+        ReadError::Format { .. } | ReadError::Record(_) | ReadError::Mismatch { .. } => {
+            DamagedError::new_err(msg)
+        }
+        ReadError::Incomplete(m) => IncompleteError::new_err(m),
+        ReadError::Io { source, .. } => match source.raw_os_error() {
+            Some(errno) => GranaryError::new_err((errno, msg)),
+            None => GranaryError::new_err(msg),
+        },
     }
 }
 
@@ -524,6 +550,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Stream>()?;
     m.add_class::<Scores>()?;
     m.add("GranaryError", m.py().get_type::<GranaryError>())?;
+    m.add("DamagedError", m.py().get_type::<DamagedError>())?;
+    m.add("IncompleteError", m.py().get_type::<IncompleteError>())?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

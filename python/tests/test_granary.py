@@ -1,5 +1,6 @@
 """The Python package without torch-specific behaviour (these run with or without torch)."""
 
+import errno
 import pickle
 import random
 import shutil
@@ -243,8 +244,10 @@ def test_importance_sampling_needs_a_table_and_arguments_are_checked(packed, tmp
         granary.IterableDataset(path, cache_dir=tmp_path)
     with pytest.raises(ValueError):
         granary.IterableDataset(path).report([0], [1.0])
-    with pytest.raises(granary.GranaryError):
+    with pytest.raises(granary.GranaryError) as missing:
         granary.Dataset(tmp_path / "missing")
+    assert missing.value.errno == errno.ENOENT
+    assert not isinstance(missing.value, granary.DamagedError)
 
 
 def test_pickling_keeps_configuration_only(packed):
@@ -273,14 +276,22 @@ def test_damaged_chunk_is_an_error_never_wrong_bytes(packed, tmp_path):
     ds = granary.Dataset(copy)
     bad = [i for i in range(len(ds)) if _raises(ds, i)]
     assert bad, "a flipped byte inside a record must fail its CRC"
-    with pytest.raises(granary.GranaryError):
+    with pytest.raises(granary.DamagedError):
         for _ in granary.IterableDataset(copy, shuffle="sequential"):
+            pass
+    # Another dataset's chunk under this one's name: damaged too, not a system error.
+    other = tmp_path / "other"
+    shutil.copytree(path, other)
+    first = sorted(other.glob("chunk-*.gchunk"))
+    shutil.copy(first[1], first[0])
+    with pytest.raises(granary.DamagedError, match="holds chunk id|bytes, the snapshot says"):
+        for _ in granary.IterableDataset(other, shuffle="sequential"):
             pass
 
 
 def _raises(ds, i):
     try:
         ds[i]
-    except granary.GranaryError:
+    except granary.DamagedError:
         return True
     return False

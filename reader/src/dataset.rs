@@ -356,17 +356,16 @@ impl Dataset {
     pub fn check_chunk_header(&self, head: &[u8], chunk: u32, path: &Path) -> Result<()> {
         let h = ChunkHeader::decode(head).map_err(|e| ReadError::format(path, e))?;
         if h.dataset_id != self.snap.dataset_id() {
-            return Err(ReadError::Invalid(format!(
-                "{}: chunk belongs to another dataset (dataset id differs)",
-                path.display()
-            )));
+            return Err(ReadError::mismatch(
+                path,
+                "chunk belongs to another dataset (dataset id differs)",
+            ));
         }
         if h.chunk_id != chunk {
-            return Err(ReadError::Invalid(format!(
-                "{}: holds chunk id {}, expected {chunk}",
-                path.display(),
-                h.chunk_id
-            )));
+            return Err(ReadError::mismatch(
+                path,
+                format!("holds chunk id {}, expected {chunk}", h.chunk_id),
+            ));
         }
         Ok(())
     }
@@ -379,12 +378,13 @@ impl Dataset {
             .map_err(|e| ReadError::io("reading", path, e))?
             .len();
         if len != ce.file_size {
-            return Err(ReadError::Invalid(format!(
-                "{} (chunk {}): file is {len} bytes, the snapshot says {}",
-                path.display(),
-                ce.chunk_id,
-                ce.file_size
-            )));
+            return Err(ReadError::mismatch(
+                path,
+                format!(
+                    "chunk {}: file is {len} bytes, the snapshot says {}",
+                    ce.chunk_id, ce.file_size
+                ),
+            ));
         }
         Ok(len)
     }
@@ -403,10 +403,7 @@ impl Dataset {
             std::io::Read::read_to_end(&mut f, &mut v)
                 .map_err(|e| ReadError::io("reading", &path, e))?;
             if v.len() as u64 != len {
-                return Err(ReadError::Invalid(format!(
-                    "{}: changed size while being read",
-                    path.display()
-                )));
+                return Err(ReadError::mismatch(&path, "changed size while being read"));
             }
             ChunkBytes::Owned(v)
         } else {

@@ -26,7 +26,14 @@ pub enum ReadError {
     /// A record is damaged: its bytes are not returned.
     #[error(transparent)]
     Record(Box<RecordError>),
-    /// Not found, out of range, or otherwise not possible as asked.
+    /// A file is not what the snapshot says: another dataset's chunk, another chunk id,
+    /// another size, or it changed while being read.
+    #[error("{}: {detail}", path.display())]
+    Mismatch { path: PathBuf, detail: String },
+    /// A reader thread failed or stopped: the epoch (or the batch) is incomplete.
+    #[error("{0}")]
+    Incomplete(String),
+    /// An argument or option that is not possible as asked (out of range, inconsistent).
     #[error("{0}")]
     Invalid(String),
 }
@@ -37,6 +44,13 @@ impl ReadError {
             op,
             path: path.into(),
             source,
+        }
+    }
+
+    pub(crate) fn mismatch(path: impl Into<PathBuf>, detail: impl Into<String>) -> Self {
+        ReadError::Mismatch {
+            path: path.into(),
+            detail: detail.into(),
         }
     }
 

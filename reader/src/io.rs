@@ -549,7 +549,7 @@ impl Engine {
             Some(Ok(())) => Pending(done),
             _ => {
                 let (reply, done) = std::sync::mpsc::sync_channel(1);
-                let _ = reply.send(Err(ReadError::Invalid(format!(
+                let _ = reply.send(Err(ReadError::Incomplete(format!(
                     "granary's {} thread has stopped",
                     self.name
                 ))));
@@ -562,7 +562,7 @@ impl Engine {
     /// first error (naming file and offset) once none of its reads is in flight any more.
     pub fn wait(&mut self, p: Pending) -> Result<Vec<Completed>> {
         p.0.recv().map_err(|_| {
-            ReadError::Invalid(format!(
+            ReadError::Incomplete(format!(
                 "granary's {} thread ended without finishing a batch",
                 self.name
             ))
@@ -793,7 +793,7 @@ impl UringEngine {
                 // whose Drop keeps any the kernel may still write).
                 let msg = e.to_string();
                 for b in self.batches.iter_mut() {
-                    let _ = b.reply.send(Err(ReadError::Invalid(msg.clone())));
+                    let _ = b.reply.send(Err(ReadError::Incomplete(msg.clone())));
                 }
                 return;
             }

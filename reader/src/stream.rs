@@ -217,7 +217,7 @@ impl EpochStream {
                 {
                     Ok(p) => p,
                     Err(e) => {
-                        let _ = tx.send(Msg::Failed(ReadError::Invalid(format!(
+                        let _ = tx.send(Msg::Failed(ReadError::Incomplete(format!(
                             "cannot start the decode threads: {e}"
                         ))));
                         return;
@@ -442,11 +442,11 @@ impl Iterator for EpochStream {
                     self.done = true;
                     let why = match self.io_thread.take().map(|t| t.join()) {
                         Some(Err(panic)) => thread_died("I/O", panic.as_ref()),
-                        _ => ReadError::Invalid(
+                        _ => ReadError::Incomplete(
                             "the reader's threads ended without finishing the epoch".into(),
                         ),
                     };
-                    return Some(Err(ReadError::Invalid(format!(
+                    return Some(Err(ReadError::Incomplete(format!(
                         "{why}; the epoch is incomplete after {} samples",
                         self.delivered
                     ))));
@@ -463,7 +463,7 @@ pub(crate) fn thread_died(which: &str, panic: &(dyn std::any::Any + Send)) -> Re
         .copied()
         .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
         .unwrap_or("no message");
-    ReadError::Invalid(format!("granary's {which} thread panicked: {msg}"))
+    ReadError::Incomplete(format!("granary's {which} thread panicked: {msg}"))
 }
 
 /// Most windows in flight ahead of the one being completed.
@@ -1291,6 +1291,7 @@ mod tests {
                 "granary's I/O thread panicked: injected into decoding"
             };
             assert!(err.to_string().contains(want), "{err}");
+            assert!(matches!(err, ReadError::Incomplete(_)), "{err:?}");
         }
     }
 }

@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use granary::{verify, Dataset};
+use granary::{verify, Dataset, ReadError};
 use granary_packer::{pack, PackOptions};
 
 fn make_dataset(root: &Path) -> (std::path::PathBuf, HashMap<Vec<u8>, Vec<u8>>) {
@@ -29,7 +29,8 @@ fn make_dataset(root: &Path) -> (std::path::PathBuf, HashMap<Vec<u8>, Vec<u8>>) 
     (ds, files)
 }
 
-/// Reads every sample; each read must fail or return the original bytes of its path.
+/// Reads every sample; each read must fail, as damaged data (a typed cause callers can tell
+/// from a failing system call), or return the original bytes of its path.
 fn reads_are_never_wrong(ds_path: &Path, files: &HashMap<Vec<u8>, Vec<u8>>) -> usize {
     let Ok(ds) = Dataset::open(ds_path) else {
         return 0;
@@ -44,7 +45,19 @@ fn reads_are_never_wrong(ds_path: &Path, files: &HashMap<Vec<u8>, Vec<u8>>) -> u
                     "sample {id} returned wrong bytes"
                 );
             }
-            _ => failures += 1,
+            (_, Err(e)) => {
+                assert!(
+                    matches!(
+                        e,
+                        ReadError::Format { .. }
+                            | ReadError::Record(_)
+                            | ReadError::Mismatch { .. }
+                    ),
+                    "sample {id}: {e:?} is not reported as damage"
+                );
+                failures += 1
+            }
+            (Err(_), Ok(_)) => failures += 1,
         }
     }
     failures
