@@ -49,6 +49,7 @@ pub mod plan;
 pub mod procstat;
 mod residency;
 mod stream;
+mod tier;
 mod verify;
 
 pub use cache::{hot_file_name, CachePolicy, CacheStats, ChunkCache, HotChunk, HotMap, HotRecord};
@@ -66,7 +67,8 @@ pub use plan::{
     ShuffleMode, ShuffleQuality,
 };
 pub use residency::{effective_memory, resident_share, IoMode, OpenCounts, Opener};
-pub use stream::{CacheHits, EpochStream, Sample, StreamOptions};
+pub use stream::{EpochStream, Sample, StreamOptions};
+pub use tier::CacheHits;
 pub use verify::{verify, Problem, VerifyReport};
 
 /// Read-buffer budget of one reader (one stream) by default ([`StreamOptions::memory`]), from

@@ -21,11 +21,11 @@ use std::sync::Arc;
 use granary_format::{decode_record, ChunkEntry, SampleEntry, CHUNK_HEADER_LEN};
 use rayon::prelude::*;
 
-use crate::cache::{HotMap, HotRecord};
 use crate::error::{ReadError, Result};
 use crate::io::{BufPool, Completed, Engine, IoFile, IoKind, Pending, Request};
 use crate::plan::{EpochPlan, ShuffleMode};
 use crate::residency::{IoMode, OpenCounts, Opener};
+use crate::tier::{complete_window, Admission, CacheCounters, CacheHits, HotState};
 use crate::{CachePolicy, ChunkCache, Dataset};
 
 /// Options of the I/O path.
@@ -399,13 +399,7 @@ impl EpochStream {
 
     /// How much of the epoch so far came from the local tier.
     pub fn cache_stats(&self) -> CacheHits {
-        let l = |a: &AtomicU64| a.load(Relaxed);
-        CacheHits {
-            samples_from_cache: l(&self.stats.samples_cache),
-            samples_from_source: l(&self.stats.samples_source),
-            bytes_from_cache: l(&self.stats.bytes_cache),
-            bytes_from_source: l(&self.stats.bytes_source),
-        }
+        self.stats.hits()
     }
 }
 
@@ -483,22 +477,22 @@ fn buffer_bytes(reqs: &[Request]) -> usize {
 }
 
 /// A window whose reads are queued: what decoding needs once they complete.
-struct Prepared {
-    ids: Vec<u64>,
+pub(crate) struct Prepared {
+    pub(crate) ids: Vec<u64>,
     /// Per sample: (request index, offset of the record in that request's bytes).
-    locs: Vec<(u32, u64)>,
-    entries: Vec<SampleEntry>,
-    labels: Vec<u32>,
-    weights: Vec<f32>,
+    pub(crate) locs: Vec<(u32, u64)>,
+    pub(crate) entries: Vec<SampleEntry>,
+    pub(crate) labels: Vec<u32>,
+    pub(crate) weights: Vec<f32>,
     /// Chunk headers to check, and the request whose bytes start with them.
-    header_req: Vec<(u32, usize)>,
+    pub(crate) header_req: Vec<(u32, usize)>,
     /// With a cache: chunks read whole, their request, and whether from the cache.
-    whole: Vec<(u32, usize, bool)>,
+    pub(crate) whole: Vec<(u32, usize, bool)>,
     /// Records read from hot chunks: (hot chunk id, request, sample index in the window).
-    hot: Vec<(u32, usize, usize)>,
+    pub(crate) hot: Vec<(u32, usize, usize)>,
     /// Ranges of source chunks read around records served by hot chunks: (chunk, request,
     /// offset of the range in the chunk).
-    ranges: Vec<(u32, usize, u64)>,
+    pub(crate) ranges: Vec<(u32, usize, u64)>,
 }
 
 /// The read among `placed` (start, request; sorted by start) whose bytes hold record `e`.
@@ -506,160 +500,6 @@ fn covering(placed: &[(u64, usize)], reqs: &[Request], e: &SampleEntry) -> Optio
     let i = placed.partition_point(|&(start, _)| start <= e.offset);
     let (start, r) = *placed.get(i.checked_sub(1)?)?;
     (e.offset + e.stored_len <= start + reqs[r].len as u64).then_some(r)
-}
-
-/// Bytes a record costs in a hot chunk besides its stored bytes and path: its footer entry and
-/// path offset.
-const HOT_RECORD_OVERHEAD: u64 = granary_format::SAMPLE_ENTRY_LEN as u64 + 8;
-
-/// The hot chunks of an importance tier as one stream sees and feeds them: which samples
-/// they hold (reloaded when another process changes them), which samples belong in them
-/// (score per stored byte at or above `threshold`: the most important ones that fit the
-/// quota), and the records harvested from source reads, waiting to be re-packed.
-pub(crate) struct HotState {
-    cache: Arc<ChunkCache>,
-    scores: Arc<crate::ImportanceScores>,
-    map: HotMap,
-    version: Option<u64>,
-    files: HashMap<u32, Option<Arc<IoFile>>>,
-    threshold: f64,
-    /// Bytes still allowed for samples exactly at the threshold.
-    tie_room: u64,
-    pending: Vec<HotRecord>,
-    pending_bytes: u64,
-    target: u64,
-    harvested: HashSet<u64>,
-}
-
-impl HotState {
-    fn new(
-        ds: &Dataset,
-        cache: Arc<ChunkCache>,
-        scores: Arc<crate::ImportanceScores>,
-        memory: u64,
-    ) -> Result<HotState> {
-        // The most important samples per byte that fit in 90 % of the quota, counting what a
-        // hot chunk spends per record (footer entry, path) and per chunk (header, footer,
-        // class table, trailer). Records are harvested in batches of an eighth of the quota
-        // (at most an eighth of the stream's memory budget).
-        let target = (cache.quota() / 8).min(memory / 8).clamp(4 << 10, 32 << 20);
-        let classes = ds.classes()?;
-        let per_chunk = 160 + classes.iter().map(|c| 8 + c.len() as u64).sum::<u64>();
-        let budget =
-            (cache.quota() / 10 * 9).saturating_sub(per_chunk * (cache.quota() / target + 1));
-        // Before any loss is reported every score is the same: nothing is hot yet.
-        let n = if scores.reported() == 0 { 0 } else { ds.len() };
-        let mut v: Vec<(f64, u64)> = Vec::with_capacity(n as usize);
-        for id in 0..n {
-            let len = ds.sample(id)?.entry.stored_len;
-            let cost = len + HOT_RECORD_OVERHEAD + ds.path(id)?.len() as u64;
-            v.push((scores.score(id) / len.max(1) as f64, cost));
-        }
-        v.sort_by(|a, b| b.0.total_cmp(&a.0));
-        let mut used = 0u64;
-        let mut threshold = f64::INFINITY;
-        let mut above = 0u64;
-        for (per_byte, cost) in v {
-            if used + cost > budget {
-                break;
-            }
-            if per_byte < threshold {
-                above = used;
-            }
-            used += cost;
-            threshold = per_byte;
-        }
-        // Samples exactly at the threshold (ties) only while the budget lasts.
-        let tie_room = budget.saturating_sub(above);
-        cache.rescore_hot(|id| scores.score(id))?;
-        Ok(HotState {
-            version: cache.hot_map_version(),
-            map: cache.hot_map(),
-            cache,
-            scores,
-            files: HashMap::new(),
-            threshold,
-            tie_room,
-            target,
-            pending: Vec::new(),
-            pending_bytes: 0,
-            harvested: HashSet::new(),
-        })
-    }
-
-    /// Picks up hot chunks admitted or evicted by any process since the last look.
-    fn refresh(&mut self) {
-        let v = self.cache.hot_map_version();
-        if v != self.version {
-            self.version = v;
-            self.map = self.cache.hot_map();
-            let map = &self.map;
-            self.files.retain(|id, _| map.chunks.contains_key(id));
-        }
-    }
-
-    /// Where the tier holds sample `id`: its hot chunk id, file and record offset.
-    fn locate(&mut self, id: u64, opener: &mut Opener) -> Option<(u32, Arc<IoFile>, u64)> {
-        let (h, off) = *self.map.by_sample.get(&id)?;
-        let f = match self.files.get(&h) {
-            Some(f) => f.clone(),
-            None => {
-                // Another process may evict it between map and open: then it is a miss.
-                let f = self
-                    .map
-                    .chunks
-                    .get(&h)
-                    .and_then(|hc| self.cache.hot_path(hc))
-                    .and_then(|p| opener.open(&p, Some(h)).ok())
-                    .map(Arc::new);
-                self.files.insert(h, f.clone());
-                f
-            }
-        }?;
-        Some((h, f, off))
-    }
-
-    fn wants(&self, id: u64, stored_len: u64, cost: u64) -> bool {
-        let per_byte = self.scores.score(id) / stored_len.max(1) as f64;
-        (per_byte > self.threshold || (per_byte == self.threshold && cost <= self.tie_room))
-            && !self.map.by_sample.contains_key(&id)
-            && !self.harvested.contains(&id)
-    }
-
-    /// Keeps a copy of sample `id`'s stored record if it belongs in a hot chunk; hands a full
-    /// batch to `admission`.
-    fn harvest(&mut self, ds: &Dataset, id: u64, stored: &[u8], admission: Option<&Admission>) {
-        let Ok(info) = ds.sample(id) else { return };
-        let Ok(path) = ds.path(id) else { return };
-        let len = info.entry.stored_len;
-        let cost = len + HOT_RECORD_OVERHEAD + path.len() as u64;
-        if stored.len() as u64 != len || !self.wants(id, len, cost) {
-            return;
-        }
-        if self.scores.score(id) / len.max(1) as f64 == self.threshold {
-            self.tie_room -= cost;
-        }
-        self.harvested.insert(id);
-        self.pending_bytes += cost;
-        self.pending.push(HotRecord {
-            id,
-            entry: info.entry,
-            path: path.to_vec(),
-            stored: stored.to_vec(),
-            score: self.scores.score(id),
-        });
-        if self.pending_bytes >= self.target {
-            self.flush(admission);
-        }
-    }
-
-    fn flush(&mut self, admission: Option<&Admission>) {
-        if let (Some(a), false) = (admission, self.pending.is_empty()) {
-            a.offer(Job::Hot(std::mem::take(&mut self.pending), self.target));
-        }
-        self.pending.clear();
-        self.pending_bytes = 0;
-    }
 }
 
 /// Plans a window's reads: whole ranges from each chunk's start (chunkwise, sequential), or
@@ -857,332 +697,6 @@ fn prepare_window(
         ranges,
     };
     Ok((prep, reqs))
-}
-
-/// Which reads of a window the tier served intact.
-struct Served {
-    whole: Vec<bool>,
-    hot: Vec<bool>,
-}
-
-/// Reads `reqs` with a small pread engine (refetches after a damaged tier copy).
-fn read_now(reqs: &[Request]) -> Result<Vec<Completed>> {
-    Engine::new(IoKind::Pread, 4, 64 << 20)?.read(reqs)
-}
-
-/// Checks a completed window: chunk copies from the cache must match the snapshot's whole-file
-/// CRC and records from hot chunks their record CRC (a damaged copy is discarded and the data
-/// read again from the source, which later windows then use too), and chunk headers must
-/// belong to this dataset.
-#[allow(clippy::too_many_arguments)]
-fn complete_window(
-    ds: &Dataset,
-    prep: &Prepared,
-    mut bufs: Vec<Completed>,
-    cache: Option<&ChunkCache>,
-    files: &mut HashMap<u32, Arc<IoFile>>,
-    checked: &mut HashSet<u32>,
-    hot: Option<&mut HotState>,
-    opener: &mut Opener,
-) -> Result<(Vec<Completed>, Served)> {
-    // Opens chunk `c` at the source; later windows use it too.
-    let source = |c: u32,
-                  files: &mut HashMap<u32, Arc<IoFile>>,
-                  opener: &mut Opener|
-     -> Result<Arc<IoFile>> {
-        let ce = ds.chunk(c)?;
-        let path = ds.chunk_path(c);
-        let f = Arc::new(opener.open(&path, Some(c))?);
-        ds.check_chunk_size(&ce, &f.file, &path)?;
-        files.insert(c, f.clone());
-        Ok(f)
-    };
-    let mut served = Served {
-        whole: Vec::with_capacity(prep.whole.len()),
-        hot: Vec::with_capacity(prep.hot.len()),
-    };
-    for &(c, i, from_cache) in &prep.whole {
-        let ce = ds.chunk(c)?;
-        let intact = from_cache && crc32fast::hash(bufs[i].data()) == ce.file_crc;
-        served.whole.push(intact);
-        if from_cache && !intact {
-            if let Some(cache) = cache {
-                cache.discard(c)?;
-            }
-            let f = source(c, files, opener)?;
-            let fresh = read_now(&[Request {
-                file: f,
-                offset: 0,
-                len: ce.file_size as usize,
-            }])?;
-            bufs[i] = fresh.into_iter().next().expect("one request, one buffer");
-        }
-    }
-    let mut hot = hot;
-    for &(h, i, s) in &prep.hot {
-        let e = &prep.entries[s];
-        let intact = decode_record(e, bufs[i].data()).is_ok();
-        served.hot.push(intact);
-        if !intact {
-            if let Some(hs) = hot.as_deref_mut() {
-                hs.map.forget(h);
-                hs.files.remove(&h);
-                hs.cache.discard_hot(h)?;
-            }
-            let f = match files.get(&e.chunk) {
-                Some(f) if f.path == ds.chunk_path(e.chunk) => f.clone(),
-                _ => source(e.chunk, files, opener)?,
-            };
-            let mut fresh = read_now(&[
-                Request {
-                    file: f.clone(),
-                    offset: 0,
-                    len: CHUNK_HEADER_LEN,
-                },
-                Request {
-                    file: f,
-                    offset: e.offset,
-                    len: e.stored_len as usize,
-                },
-            ])?;
-            ds.check_chunk_header(fresh[0].data(), e.chunk, &ds.chunk_path(e.chunk))?;
-            checked.insert(e.chunk);
-            bufs[i] = fresh.pop().expect("two requests, two buffers");
-        }
-    }
-    for &(c, i) in &prep.header_req {
-        ds.check_chunk_header(&bufs[i].data()[..CHUNK_HEADER_LEN], c, &ds.chunk_path(c))?;
-    }
-    Ok((bufs, served))
-}
-
-/// Hits and misses of the local tier during one stream.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
-pub struct CacheHits {
-    pub samples_from_cache: u64,
-    pub samples_from_source: u64,
-    pub bytes_from_cache: u64,
-    pub bytes_from_source: u64,
-}
-
-#[derive(Default)]
-struct CacheCounters {
-    samples_cache: AtomicU64,
-    samples_source: AtomicU64,
-    bytes_cache: AtomicU64,
-    bytes_source: AtomicU64,
-}
-
-impl CacheCounters {
-    /// Counts a completed window; offers its source-read chunks for admission, or with hot
-    /// chunks harvests the records that belong in them.
-    #[allow(clippy::too_many_arguments)]
-    fn count(
-        &self,
-        prep: &Prepared,
-        bufs: &[Arc<Completed>],
-        served: &Served,
-        admission: Option<&Admission>,
-        scores: Option<&crate::ImportanceScores>,
-        mut hot: Option<&mut HotState>,
-        ds: &Dataset,
-    ) {
-        let add = |a: &AtomicU64, n: u64| {
-            a.fetch_add(n, Relaxed);
-        };
-        for (&(c, i, _), &cached) in prep.whole.iter().zip(&served.whole) {
-            let n = prep.entries.iter().filter(|e| e.chunk == c).count() as u64;
-            let bytes = bufs[i].data();
-            if cached {
-                add(&self.samples_cache, n);
-                add(&self.bytes_cache, bytes.len() as u64);
-                continue;
-            }
-            add(&self.samples_source, n);
-            add(&self.bytes_source, bytes.len() as u64);
-            let Ok(ce) = ds.chunk(c) else { continue };
-            if let Some(h) = hot.as_deref_mut() {
-                for id in ce.samples() {
-                    if let Ok(info) = ds.sample(id) {
-                        let e = info.entry;
-                        if let Some(rec) =
-                            bytes.get(e.offset as usize..(e.offset + e.stored_len) as usize)
-                        {
-                            h.harvest(ds, id, rec, admission);
-                        }
-                    }
-                }
-            } else if let Some(a) = admission {
-                // A chunk's importance: the sum of its samples' scores (equal without a
-                // score table, so that importance admission then only adds hysteresis).
-                let score = match scores {
-                    Some(t) => ce.samples().map(|id| t.score(id)).sum(),
-                    None => ce.sample_count as f64,
-                };
-                a.offer(Job::Chunk(ce, bufs[i].clone(), score));
-            }
-        }
-        for (&(_, i, _), &ok) in prep.hot.iter().zip(&served.hot) {
-            let (s, b) = if ok {
-                (&self.samples_cache, &self.bytes_cache)
-            } else {
-                (&self.samples_source, &self.bytes_source)
-            };
-            add(s, 1);
-            add(b, bufs[i].data().len() as u64);
-        }
-        for &(_, r, _) in &prep.ranges {
-            let n = prep.locs.iter().filter(|l| l.0 as usize == r).count() as u64;
-            add(&self.samples_source, n);
-            add(&self.bytes_source, bufs[r].data().len() as u64);
-        }
-        // Every record inside a range read may belong in a hot chunk, drawn or not. Ranges
-        // of a chunk are consecutive in `prep.ranges`, sorted by offset.
-        if let Some(h) = hot {
-            for group in prep.ranges.chunk_by(|a, b| a.0 == b.0) {
-                let Ok(ce) = ds.chunk(group[0].0) else {
-                    continue;
-                };
-                for id in ce.samples() {
-                    let Ok(info) = ds.sample(id) else { continue };
-                    let e = info.entry;
-                    let k = group.partition_point(|&(_, _, start)| start <= e.offset);
-                    let Some(&(_, r, start)) = k.checked_sub(1).and_then(|k| group.get(k)) else {
-                        continue;
-                    };
-                    let at = (e.offset - start) as usize;
-                    if let Some(rec) = bufs[r].data().get(at..at + e.stored_len as usize) {
-                        h.harvest(ds, id, rec, admission);
-                    }
-                }
-            }
-        }
-    }
-}
-
-/// Work for the admission thread: a source chunk's bytes with its importance, or records to
-/// re-pack into a hot chunk.
-enum Job {
-    /// The chunk's bytes are the read buffer itself (counted in the stream's budget while
-    /// they wait).
-    Chunk(granary_format::ChunkEntry, Arc<Completed>, f64),
-    /// Records, and the size of the hot chunks to make of them.
-    Hot(Vec<HotRecord>, u64),
-}
-
-impl Job {
-    fn bytes(&self) -> u64 {
-        match self {
-            Job::Chunk(ce, ..) => ce.file_size,
-            Job::Hot(r, _) => r
-                .iter()
-                .map(|r| r.stored.len() as u64 + HOT_RECORD_OVERHEAD + r.path.len() as u64)
-                .sum(),
-        }
-    }
-
-    fn per_byte(&self) -> f64 {
-        let score = match self {
-            Job::Chunk(_, _, s) => *s,
-            Job::Hot(r, _) => r.iter().map(|r| r.score).sum(),
-        };
-        score / self.bytes().max(1) as f64
-    }
-}
-
-/// A one-slot mailbox: the offered job (if any) and whether the stream has finished.
-type Mailbox = (std::sync::Mutex<(Option<Job>, bool)>, std::sync::Condvar);
-
-/// Background admission into the tier: a one-slot mailbox, so an epoch never waits on it
-/// (while a job is being written, only the most valuable newer offer waits; others are
-/// dropped, which also limits churn to one admission at a time).
-struct Admission {
-    slot: Arc<Mailbox>,
-    thread: std::thread::JoinHandle<()>,
-    /// Most bytes of hot records waiting for the admission thread.
-    max_waiting_hot: u64,
-}
-
-impl Admission {
-    fn start(cache: Arc<ChunkCache>, ds: Arc<Dataset>, max_waiting_hot: u64) -> Admission {
-        let slot: Arc<Mailbox> = Arc::default();
-        let s2 = slot.clone();
-        let thread = std::thread::spawn(move || loop {
-            let job = {
-                let (m, cv) = &*s2;
-                let mut g = m.lock().expect("admission lock");
-                while g.0.is_none() && !g.1 {
-                    g = cv.wait(g).expect("admission lock");
-                }
-                match g.0.take() {
-                    Some(j) => j,
-                    None => return,
-                }
-            };
-            // Errors only cost a missed admission; the epoch goes on from the source.
-            match job {
-                Job::Chunk(ce, bytes, score) => {
-                    let _ = cache.admit(&ce, bytes.data(), score);
-                }
-                Job::Hot(records, target) => {
-                    let classes = ds.classes().unwrap_or_default();
-
-                    // Hot chunks of about `target` bytes each (offers merge while one is written).
-                    let mut group = Vec::new();
-                    let mut bytes = 0;
-                    for r in records {
-                        bytes += r.stored.len() as u64 + HOT_RECORD_OVERHEAD + r.path.len() as u64;
-                        group.push(r);
-                        if bytes >= target {
-                            let _ = cache.admit_hot(&group, &classes);
-                            group.clear();
-                            bytes = 0;
-                        }
-                    }
-                    if !group.is_empty() {
-                        let _ = cache.admit_hot(&group, &classes);
-                    }
-                }
-            }
-        });
-        Admission {
-            slot,
-            thread,
-            max_waiting_hot,
-        }
-    }
-
-    fn offer(&self, job: Job) {
-        let (m, cv) = &*self.slot;
-        let mut g = m.lock().expect("admission lock");
-        // An empty slot takes the offer; hot records join waiting ones; a waiting offer of
-        // lower importance per byte is replaced, so busy admission drops the least valuable.
-        let take = match (&mut g.0, job) {
-            (Some(Job::Hot(waiting, _)), Job::Hot(more, _)) => {
-                // Bounded: past the cap the newer records wait for the next epoch's harvest.
-                let held: u64 = waiting.iter().map(|r| r.stored.len() as u64).sum();
-                if held < self.max_waiting_hot {
-                    waiting.extend(more);
-                }
-                None
-            }
-            (Some(w), job) if w.per_byte() >= job.per_byte() => None,
-            (_, job) => Some(job),
-        };
-        if let Some(job) = take {
-            g.0 = Some(job);
-        }
-        cv.notify_one();
-    }
-
-    fn finish(self) {
-        {
-            let (m, cv) = &*self.slot;
-            m.lock().expect("admission lock").1 = true;
-            cv.notify_one();
-        }
-        let _ = self.thread.join();
-    }
 }
 
 fn decode_window(ds: &Dataset, prep: Prepared, bufs: Vec<Arc<Completed>>) -> Vec<Result<Sample>> {
