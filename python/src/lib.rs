@@ -13,8 +13,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use granary::{
-    CachePolicy, ChunkCache, Dataset as RsDataset, EpochPlan, EpochSetup, EpochState, EpochStream,
-    ImportanceSampling, ImportanceScores, PlanOptions, ReadError, SampleReader, Sampling, Shard,
+    CachePolicy, ChunkCache, Dataset as RsDataset, EpochSetup, EpochState, EpochStream,
+    ImportanceSampling, ImportanceScores, PlanOptions, ReadError, SampleReader, Shard,
     SharedScores, ShuffleMode, StreamOptions,
 };
 use numpy::{PyArray1, PyArrayMethods};
