@@ -341,7 +341,7 @@ pub struct SideReport {
 }
 
 /// Reads every file under `root` once (to make it resident).
-fn warm_up(root: &Path) -> std::io::Result<()> {
+pub(crate) fn warm_up(root: &Path) -> std::io::Result<()> {
     let mut buf = vec![0u8; 1 << 20];
     for e in walkdir::WalkDir::new(root) {
         let e = e.map_err(std::io::Error::other)?;

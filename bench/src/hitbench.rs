@@ -4,11 +4,13 @@
 //! cache with no tier. Both sides read resident bytes through the same reader, so the ratio is
 //! what a tier hit costs on top of a page-cache read: lookups, locks, index upkeep.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::Instant;
 
 use granary::{CachePolicy, ChunkCache, Dataset};
+
+use crate::readbench::median;
 use serde::Serialize;
 
 /// What to run.
@@ -109,23 +111,6 @@ fn run_group(o: &HitBenchOptions, n: u32, extra: &[std::ffi::OsString]) -> Resul
     })
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
-/// Reads every file of `dir` once, so that it is resident.
-fn warm(dir: &Path) -> Result<(), String> {
-    let rd = std::fs::read_dir(dir).map_err(|e| format!("listing {}: {e}", dir.display()))?;
-    for e in rd.flatten() {
-        if e.file_type().is_ok_and(|t| t.is_file()) {
-            std::fs::read(e.path())
-                .map_err(|err| format!("reading {}: {err}", e.path().display()))?;
-        }
-    }
-    Ok(())
-}
-
 /// Fills the tier with every chunk, warms both copies, then measures every process count.
 pub fn run(o: &HitBenchOptions) -> Result<HitBenchResult, String> {
     let ds = Dataset::open(&o.dataset).map_err(|e| e.to_string())?;
@@ -165,14 +150,16 @@ pub fn run(o: &HitBenchOptions) -> Result<HitBenchResult, String> {
             // Each side's files are read once just before (this machine's page cache sheds
             // pages over time): both sides start resident.
             for (k, extra) in [&tier_args[..], &[]].into_iter().enumerate() {
-                warm(if k == 0 { tier.dir() } else { &o.dataset })?;
+                let dir = if k == 0 { tier.dir() } else { &o.dataset };
+                crate::compare::warm_up(dir)
+                    .map_err(|e| format!("reading {} once: {e}", dir.display()))?;
                 sides[k].push(run_group(o, n, extra)?);
             }
         }
         let side = |runs: &[HitSide]| HitSide {
-            mb_per_s: median(runs.iter().map(|r| r.mb_per_s).collect()),
-            samples_per_s: median(runs.iter().map(|r| r.samples_per_s).collect()),
-            wall_s: median(runs.iter().map(|r| r.wall_s).collect()),
+            mb_per_s: median(&runs.iter().map(|r| r.mb_per_s).collect::<Vec<_>>()),
+            samples_per_s: median(&runs.iter().map(|r| r.samples_per_s).collect::<Vec<_>>()),
+            wall_s: median(&runs.iter().map(|r| r.wall_s).collect::<Vec<_>>()),
             byte_hit_ratio: runs
                 .iter()
                 .try_fold(1f64, |m, r| Some(m.min(r.byte_hit_ratio?))),

@@ -134,7 +134,8 @@ fn fio(dir: &Path, files: &[(PathBuf, u64)], depth: usize) -> Option<f64> {
     Some(bw / 1e6)
 }
 
-fn median(v: &[f64]) -> f64 {
+/// The middle value (the upper one of an even count), 0 for none.
+pub(crate) fn median(v: &[f64]) -> f64 {
     let mut v = v.to_vec();
     v.sort_by(f64::total_cmp);
     if v.is_empty() {
