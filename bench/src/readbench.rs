@@ -72,7 +72,7 @@ fn sequential_baseline(files: &[(PathBuf, u64)], qd: usize) -> granary::Result<(
     let mut opener = granary::Opener::plain(granary::IoMode::Direct);
     for (p, len) in files {
         let req = Request {
-            file: Arc::new(opener.open(p, None)?),
+            source: Arc::new(opener.open(p, None)?),
             offset: 0,
             len: *len as usize,
         };

@@ -3,17 +3,19 @@
 use std::borrow::Cow;
 use std::fs::File;
 use std::ops::Deref;
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use granary_format::{
-    chunk_file_name, decode_record, ChunkEntry, ChunkHeader, Compression, SampleEntry, Snapshot,
-    CHUNK_HEADER_LEN, CHUNK_TRAILER_LEN, SNAPSHOT_FILE, SNAPSHOT_HEADER_LEN,
+    decode_record, ChunkEntry, ChunkHeader, Compression, SampleEntry, Snapshot, CHUNK_HEADER_LEN,
+    CHUNK_TRAILER_LEN, SNAPSHOT_FILE, SNAPSHOT_HEADER_LEN,
 };
 use memmap2::Mmap;
 
 use crate::error::{ReadError, RecordError, Result};
 use crate::escape_path;
+use crate::residency::Opener;
+use crate::source::{ChunkSource, ChunkStore, LocalDir, RangeRead, Source};
 
 /// Chunks up to this size are read into memory; larger ones are memory-mapped.
 const READ_WHOLE_LIMIT: u64 = 512 << 20;
@@ -29,12 +31,22 @@ pub struct SampleInfo {
     pub compression: Compression,
 }
 
-/// An open dataset: the memory-mapped snapshot and the directory of its chunks.
-/// Cheap to share across threads (`Sync`); reads use positional I/O.
+/// An open dataset: the memory-mapped snapshot and the store of its chunks (by default the
+/// snapshot's directory). Cheap to share across threads (`Sync`); reads use positional I/O.
 pub struct Dataset {
     dir: PathBuf,
     snapshot_path: PathBuf,
     snap: Snapshot<Mmap>,
+    store: Arc<dyn ChunkStore>,
+}
+
+impl std::fmt::Debug for Dataset {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Dataset")
+            .field("snapshot", &self.snapshot_path)
+            .field("store", &self.store)
+            .finish()
+    }
 }
 
 /// The bytes of a whole chunk file, in memory or mapped.
@@ -70,7 +82,17 @@ impl Dataset {
     /// snapshot's header, section table and section sizes, not the section checksums
     /// (see [`Dataset::check_snapshot`] and [`crate::verify`]).
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
-        let path = path.as_ref();
+        Self::open_in(path.as_ref(), None)
+    }
+
+    /// Opens the snapshot at `path` (a directory or the snapshot file, as for
+    /// [`Dataset::open`]) with its chunks read from `store` instead of the snapshot's
+    /// directory (O(1)).
+    pub fn open_with_store(path: impl AsRef<Path>, store: Arc<dyn ChunkStore>) -> Result<Self> {
+        Self::open_in(path.as_ref(), Some(store))
+    }
+
+    fn open_in(path: &Path, store: Option<Arc<dyn ChunkStore>>) -> Result<Self> {
         let (dir, snapshot_path) = if path.is_dir() {
             (path.to_path_buf(), path.join(SNAPSHOT_FILE))
         } else {
@@ -109,10 +131,12 @@ impl Dataset {
         // every cold page fault reads a whole readahead window (often megabytes) instead.
         let _ = map.advise(memmap2::Advice::Random);
         let snap = Snapshot::open(map).map_err(|e| ReadError::format(&snapshot_path, e))?;
+        let store = store.unwrap_or_else(|| Arc::new(LocalDir::new(&dir)));
         Ok(Dataset {
             dir,
             snapshot_path,
             snap,
+            store,
         })
     }
 
@@ -143,7 +167,12 @@ impl Dataset {
             .advise(memmap2::Advice::WillNeed);
     }
 
-    /// The dataset directory.
+    /// Where the chunks are read from.
+    pub fn store(&self) -> &Arc<dyn ChunkStore> {
+        &self.store
+    }
+
+    /// The directory of the snapshot file.
     pub fn dir(&self) -> &Path {
         &self.dir
     }
@@ -228,9 +257,18 @@ impl Dataset {
         crate::EpochStream::new(self.clone(), p, plan.mode, io)
     }
 
-    /// Path of chunk `id`'s file.
+    /// Location of chunk `id`'s file in the dataset's store (a path, or a URL written as one).
     pub fn chunk_path(&self, id: u32) -> PathBuf {
-        self.dir.join(chunk_file_name(id))
+        self.store.chunk_location(id)
+    }
+
+    /// Opens chunk `id` in the store (`opener` decides how a local file is read) and checks its
+    /// length against the chunk table.
+    pub fn open_source(&self, id: u32, opener: &mut Opener) -> Result<Source> {
+        let ce = self.chunk(id)?;
+        let src = self.store.open_chunk(id, opener)?;
+        self.check_chunk_size(&ce, &*src)?;
+        Ok(src)
     }
 
     fn fmt_err(&self, e: granary_format::FormatError) -> ReadError {
@@ -324,11 +362,9 @@ impl Dataset {
     pub fn read(&self, id: u64) -> Result<Vec<u8>> {
         let info = self.sample(id)?;
         self.check_placement(&info)?;
-        let path = self.chunk_path(info.entry.chunk);
         let f = self.open_chunk(info.entry.chunk)?;
         let mut stored = vec![0u8; info.entry.stored_len as usize];
-        f.read_exact_at(&mut stored, info.entry.offset)
-            .map_err(|e| ReadError::io("reading", &path, e))?;
+        read_exact(&*f, &mut stored, info.entry.offset)?;
         match decode_record(&info.entry, &stored) {
             Ok(Cow::Borrowed(_)) => Ok(stored),
             Ok(Cow::Owned(v)) => Ok(v),
@@ -336,19 +372,13 @@ impl Dataset {
         }
     }
 
-    /// Opens chunk `chunk` for random reads: checks its size and header (counts one metadata
-    /// operation).
-    fn open_chunk(&self, chunk: u32) -> Result<File> {
-        let ce = self.chunk(chunk)?;
-        let path = self.chunk_path(chunk);
-        crate::io::count_metadata_ops(1);
-        let f = crate::io::open_regular(&path, 0)
-            .map_err(|e| ReadError::io("opening chunk", &path, e))?;
-        self.check_chunk_size(&ce, &f, &path)?;
+    /// Opens chunk `chunk` for random reads (through the page cache) and checks its size and
+    /// header.
+    fn open_chunk(&self, chunk: u32) -> Result<Source> {
+        let f = self.open_source(chunk, &mut Opener::positional())?;
         let mut head = [0u8; CHUNK_HEADER_LEN];
-        f.read_exact_at(&mut head, 0)
-            .map_err(|e| ReadError::io("reading", &path, e))?;
-        self.check_chunk_header(&head, chunk, &path)?;
+        read_exact(&*f, &mut head, 0)?;
+        self.check_chunk_header(&head, chunk, f.location())?;
         Ok(f)
     }
 
@@ -371,15 +401,11 @@ impl Dataset {
     }
 
     /// Checks that an opened chunk file has the size the chunk table records; returns it.
-    pub fn check_chunk_size(&self, ce: &ChunkEntry, f: &File, path: &Path) -> Result<u64> {
-        crate::io::count_metadata_ops(1);
-        let len = f
-            .metadata()
-            .map_err(|e| ReadError::io("reading", path, e))?
-            .len();
+    pub fn check_chunk_size(&self, ce: &ChunkEntry, f: &dyn ChunkSource) -> Result<u64> {
+        let len = f.len();
         if len != ce.file_size {
             return Err(ReadError::mismatch(
-                path,
+                f.location(),
                 format!(
                     "chunk {}: file is {len} bytes, the snapshot says {}",
                     ce.chunk_id, ce.file_size
@@ -389,27 +415,28 @@ impl Dataset {
         Ok(len)
     }
 
-    /// Loads a whole chunk file (read into memory, or mapped when larger than 512 MiB) and
-    /// checks its size and header against the snapshot.
+    /// Loads a whole chunk file (read into memory, or mapped when a local file larger than
+    /// 512 MiB) and checks its size and header against the snapshot.
     pub fn load_chunk(&self, chunk: u32) -> Result<ChunkBytes> {
-        let ce = self.chunk(chunk)?;
-        let path = self.chunk_path(chunk);
-        crate::io::count_metadata_ops(1);
-        let mut f = crate::io::open_regular(&path, 0)
-            .map_err(|e| ReadError::io("opening chunk", &path, e))?;
-        let len = self.check_chunk_size(&ce, &f, &path)?;
-        let bytes = if len <= READ_WHOLE_LIMIT {
-            let mut v = Vec::with_capacity(len as usize);
-            std::io::Read::read_to_end(&mut f, &mut v)
-                .map_err(|e| ReadError::io("reading", &path, e))?;
-            if v.len() as u64 != len {
-                return Err(ReadError::mismatch(&path, "changed size while being read"));
+        let f = self.open_source(chunk, &mut Opener::positional())?;
+        let len = f.len();
+        let bytes = match f.local() {
+            Some(local) if len > READ_WHOLE_LIMIT => {
+                ChunkBytes::Mapped(map_file(&local.file, &local.path)?)
             }
-            ChunkBytes::Owned(v)
-        } else {
-            ChunkBytes::Mapped(map_file(&f, &path)?)
+            _ => {
+                let mut v = vec![0u8; len as usize];
+                read_exact(&*f, &mut v, 0)?;
+                ChunkBytes::Owned(v)
+            }
         };
-        self.check_chunk_header(&bytes, chunk, &path)?;
+        if bytes.len() as u64 != len {
+            return Err(ReadError::mismatch(
+                f.location(),
+                "changed size while being read",
+            ));
+        }
+        self.check_chunk_header(&bytes, chunk, f.location())?;
         Ok(bytes)
     }
 
@@ -431,7 +458,7 @@ impl Dataset {
 /// caller's buffer.
 pub struct SampleReader {
     ds: std::sync::Arc<Dataset>,
-    files: std::sync::Mutex<std::collections::HashMap<u32, std::sync::Arc<File>>>,
+    files: std::sync::Mutex<std::collections::HashMap<u32, Source>>,
 }
 
 impl SampleReader {
@@ -450,7 +477,7 @@ impl SampleReader {
         &self.ds
     }
 
-    fn file(&self, chunk: u32) -> Result<std::sync::Arc<File>> {
+    fn file(&self, chunk: u32) -> Result<Source> {
         let mut files = self.files.lock().expect("open chunk files");
         if let Some(f) = files.get(&chunk) {
             return Ok(f.clone());
@@ -458,7 +485,7 @@ impl SampleReader {
         if files.len() >= Self::MAX_OPEN {
             files.clear();
         }
-        let f = std::sync::Arc::new(self.ds.open_chunk(chunk)?);
+        let f = self.ds.open_chunk(chunk)?;
         files.insert(chunk, f.clone());
         Ok(f)
     }
@@ -477,11 +504,7 @@ impl SampleReader {
             )));
         }
         let f = self.file(e.chunk)?;
-        let path = self.ds.chunk_path(e.chunk);
-        let read = |buf: &mut [u8]| {
-            f.read_exact_at(buf, e.offset)
-                .map_err(|err| ReadError::io("reading", &path, err))
-        };
+        let read = |buf: &mut [u8]| read_exact(&*f, buf, e.offset);
         if info.compression == Compression::None {
             read(out)?;
             return decode_record(e, out)
@@ -494,4 +517,10 @@ impl SampleReader {
         out.copy_from_slice(&data);
         Ok(())
     }
+}
+
+/// Reads `buf.len()` bytes of `f` at `offset`.
+fn read_exact(f: &dyn ChunkSource, buf: &mut [u8], offset: u64) -> Result<()> {
+    let need = buf.len();
+    f.read_ranges(&mut [RangeRead { offset, buf, need }])
 }

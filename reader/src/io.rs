@@ -8,12 +8,13 @@
 
 use std::fs::{File, OpenOptions};
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::error::{ReadError, Result};
+use crate::source::{eof_at, pread_at_least, RangeRead, Source};
 
 /// Alignment of direct I/O offsets, lengths and buffers.
 pub const ALIGN: usize = 4096;
@@ -81,7 +82,8 @@ impl IoKind {
     }
 }
 
-/// A file opened for the engine, with whether reads on it must be aligned.
+/// A local file opened for the engine (the local [`crate::ChunkSource`]), with whether reads
+/// on it must be aligned.
 #[derive(Debug)]
 pub struct IoFile {
     pub file: File,
@@ -90,17 +92,26 @@ pub struct IoFile {
     /// The file mapped, when it is resident in the page cache: requests on it complete at once
     /// as slices of the map (no read, no copy, no buffer).
     pub map: Option<memmap2::Mmap>,
+    /// Its length when opened.
+    pub len: u64,
 }
 
 impl IoFile {
-    /// A file read with reads (`direct`: opened with `O_DIRECT`), not through a map.
-    pub fn unmapped(file: File, path: &Path, direct: bool) -> Self {
-        IoFile {
+    /// A file read with reads (`direct`: opened with `O_DIRECT`), not through a map; its
+    /// length comes from one `fstat`.
+    pub fn unmapped(file: File, path: &Path, direct: bool) -> Result<Self> {
+        count_metadata_ops(1);
+        let len = file
+            .metadata()
+            .map_err(|e| ReadError::io("inspecting", path, e))?
+            .len();
+        Ok(IoFile {
             file,
             path: path.to_path_buf(),
             direct,
             map: None,
-        }
+            len,
+        })
     }
 }
 
@@ -300,43 +311,56 @@ impl Drop for MapLease {
     }
 }
 
-/// One requested byte range of a file.
+/// One requested byte range of a chunk source.
 #[derive(Clone)]
 pub struct Request {
-    pub file: Arc<IoFile>,
+    pub source: Source,
     pub offset: u64,
     pub len: usize,
 }
 
+impl Request {
+    /// The map its bytes come from, when its source is a resident local file.
+    pub fn map(&self) -> Option<&memmap2::Mmap> {
+        self.source.local().and_then(|f| f.map.as_ref())
+    }
+
+    /// True when its source is a local file opened with `O_DIRECT` (reads must be aligned).
+    pub fn direct(&self) -> bool {
+        self.source.local().is_some_and(|f| f.direct)
+    }
+}
+
 /// The bytes of a completed request: `data()` is exactly the requested range.
 pub struct Completed {
-    src: Source,
+    bytes: Bytes,
     skip: usize,
     len: usize,
 }
 
 /// Where a completed request's bytes are.
-enum Source {
+enum Bytes {
     /// Read into a buffer.
     Buf(AlignedBuf),
     /// In the file's map (bounds checked when the request completed), counted in the pool's
     /// bytes in use while borrowed: mapped pages are in the reader's RSS as long.
-    Map(Arc<IoFile>, #[allow(dead_code)] MapLease),
+    Map(Source, #[allow(dead_code)] MapLease),
 }
 
 impl Completed {
     pub fn data(&self) -> &[u8] {
-        match &self.src {
-            Source::Buf(b) => &b.as_slice()[self.skip..self.skip + self.len],
-            Source::Map(f, _) => {
-                &f.map.as_deref().expect("mapped file")[self.skip..self.skip + self.len]
+        match &self.bytes {
+            Bytes::Buf(b) => &b.as_slice()[self.skip..self.skip + self.len],
+            Bytes::Map(f, _) => {
+                let map = f.local().and_then(|f| f.map.as_deref());
+                &map.expect("mapped file")[self.skip..self.skip + self.len]
             }
         }
     }
 
     /// True when the bytes were served from a map of the page cache (no read, no copy).
     pub fn is_mapped(&self) -> bool {
-        matches!(self.src, Source::Map(..))
+        matches!(self.bytes, Bytes::Map(..))
     }
 }
 
@@ -373,12 +397,12 @@ fn plan_pieces(reqs: &[Request], pool: &Arc<BufPool>) -> (Vec<Slot>, Vec<usize>,
     let mut skips = Vec::with_capacity(reqs.len());
     let mut pieces = Vec::new();
     for (i, r) in reqs.iter().enumerate() {
-        if r.file.map.is_some() {
+        if r.map().is_some() {
             bufs.push(Slot::Map(pool.lease(r.len)));
             skips.push(r.offset as usize);
             continue;
         }
-        let (start, end) = if r.file.direct {
+        let (start, end) = if r.direct() {
             let s = r.offset & !(ALIGN as u64 - 1);
             (s, (r.offset + r.len as u64).next_multiple_of(ALIGN as u64))
         } else {
@@ -410,18 +434,18 @@ fn finish(bufs: Vec<Slot>, skips: Vec<usize>, reqs: &[Request]) -> Result<Vec<Co
         .zip(skips)
         .zip(reqs)
         .map(|((buf, skip), r)| {
-            let src = match buf {
-                Slot::Buf(b) => Source::Buf(b),
+            let bytes = match buf {
+                Slot::Buf(b) => Bytes::Buf(b),
                 Slot::Map(lease) => {
-                    let mapped = r.file.map.as_ref().map_or(0, |m| m.len() as u64);
+                    let mapped = r.map().map_or(0, |m| m.len() as u64);
                     if r.offset + r.len as u64 > mapped {
-                        return Err(eof_error(r, mapped));
+                        return Err(eof_at(r.source.location(), mapped));
                     }
-                    Source::Map(r.file.clone(), lease)
+                    Bytes::Map(r.source.clone(), lease)
                 }
             };
             Ok(Completed {
-                src,
+                bytes,
                 skip,
                 len: r.len,
             })
@@ -429,15 +453,69 @@ fn finish(bufs: Vec<Slot>, skips: Vec<usize>, reqs: &[Request]) -> Result<Vec<Co
         .collect()
 }
 
-fn eof_error(r: &Request, offset: u64) -> ReadError {
-    ReadError::io(
-        "reading",
-        &r.file.path,
-        std::io::Error::new(
-            std::io::ErrorKind::UnexpectedEof,
-            format!("file ends before offset {offset}"),
-        ),
-    )
+/// Each piece's part of its request's buffer (`None` for requests served from a map), indexed
+/// like `pieces` (which hold each request's pieces in order, back to back).
+fn piece_slices<'a>(bufs: &'a mut [Slot], pieces: &[Piece]) -> Vec<&'a mut [u8]> {
+    let mut rests: Vec<Option<&mut [u8]>> = bufs
+        .iter_mut()
+        .map(|b| b.buf_mut().map(|b| b.as_mut_slice()))
+        .collect();
+    pieces
+        .iter()
+        .map(|p| {
+            let rest = rests[p.req].take().expect("a buffer for every read piece");
+            let (a, b) = rest.split_at_mut(p.len);
+            rests[p.req] = Some(b);
+            a
+        })
+        .collect()
+}
+
+/// Pieces (with their buffers) grouped for reading: a local file's pieces one by one, every
+/// other source's pieces together (one [`crate::ChunkSource::read_ranges`] call per source
+/// and batch, which the source may serve concurrently).
+fn group_pieces<'a, 'p>(
+    reqs: &[Request],
+    pieces: impl IntoIterator<Item = (&'p Piece, &'a mut [u8])>,
+) -> Vec<Vec<(&'p Piece, &'a mut [u8])>> {
+    let mut groups: Vec<Vec<(&Piece, &mut [u8])>> = Vec::new();
+    let mut by_source: std::collections::HashMap<*const (), usize> = Default::default();
+    for (p, dst) in pieces {
+        let src = &reqs[p.req].source;
+        if src.local().is_some() {
+            groups.push(vec![(p, dst)]);
+            continue;
+        }
+        let key = Arc::as_ptr(src) as *const ();
+        let g = *by_source.entry(key).or_insert_with(|| {
+            groups.push(Vec::new());
+            groups.len() - 1
+        });
+        groups[g].push((p, dst));
+    }
+    groups
+}
+
+/// Reads one group of [`group_pieces`].
+fn read_group(reqs: &[Request], group: Vec<(&Piece, &mut [u8])>) -> Result<()> {
+    let Some(first) = group.first() else {
+        return Ok(());
+    };
+    let src = reqs[first.0.req].source.clone();
+    let mut reads: Vec<RangeRead<'_>> = group
+        .into_iter()
+        .map(|(p, buf)| RangeRead {
+            offset: p.offset,
+            buf,
+            need: p.need,
+        })
+        .collect();
+    match src.local() {
+        Some(f) => reads
+            .iter_mut()
+            .try_for_each(|r| pread_at_least(&f.file, &f.path, r)),
+        None => src.read_ranges(&mut reads),
+    }
 }
 
 /// What a submitter gets back for one batch.
@@ -601,33 +679,8 @@ fn run_pread(
         pieces,
     } = batch;
     let reqs = &reqs[..];
-    // Hand each piece its own disjoint slice of its buffer.
-    let mut slices: Vec<Vec<&mut [u8]>> = Vec::with_capacity(bufs.len());
-    {
-        let mut by_req: Vec<Vec<&Piece>> = vec![Vec::new(); reqs.len()];
-        for p in &pieces {
-            by_req[p.req].push(p);
-        }
-        for (buf, ps) in bufs.iter_mut().zip(&by_req) {
-            let Some(buf) = buf.buf_mut() else {
-                slices.push(Vec::new());
-                continue;
-            };
-            let mut rest = buf.as_mut_slice();
-            let mut v = Vec::with_capacity(ps.len());
-            for p in ps {
-                let (a, b) = rest.split_at_mut(p.len);
-                v.push(a);
-                rest = b;
-            }
-            slices.push(v);
-        }
-    }
-    let mut work: Vec<(&Piece, &mut [u8])> = Vec::with_capacity(pieces.len());
-    let mut iters: Vec<_> = slices.into_iter().map(|v| v.into_iter()).collect();
-    for p in &pieces {
-        work.push((p, iters[p.req].next().expect("one slice per piece")));
-    }
+    let slices = piece_slices(&mut bufs, &pieces);
+    let work = group_pieces(reqs, pieces.iter().zip(slices));
     let threads = threads
         .min(work.len())
         .min(max_inflight_bytes / MAX_PIECE + 1)
@@ -642,8 +695,8 @@ fn run_pread(
                     return;
                 }
                 let next = queue.lock().expect("queue lock").next();
-                let Some((p, dst)) = next else { return };
-                if let Err(e) = pread_full(&reqs[p.req], p, dst) {
+                let Some(group) = next else { return };
+                if let Err(e) = read_group(reqs, group) {
                     failed.fetch_add(1, Ordering::Relaxed);
                     first_error.lock().expect("error lock").get_or_insert(e);
                     return;
@@ -655,42 +708,6 @@ fn run_pread(
         return Err(e);
     }
     finish(bufs, skips, reqs)
-}
-
-fn pread_full(r: &Request, p: &Piece, dst: &mut [u8]) -> Result<()> {
-    let mut done = 0;
-    while done < p.len {
-        match r
-            .file
-            .file
-            .read_at(&mut dst[done..], p.offset + done as u64)
-        {
-            Ok(0) if done >= p.need => return Ok(()),
-            Ok(0) => return Err(eof_error(r, p.offset + done as u64)),
-            Ok(n) => {
-                done += n;
-                if done >= p.need {
-                    return Ok(()); // the rest, if any, lies past the end of the file
-                }
-            }
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::Interrupted | std::io::ErrorKind::WouldBlock
-                ) => {}
-            Err(e) => {
-                return Err(ReadError::io(
-                    "reading",
-                    &r.file.path,
-                    std::io::Error::new(
-                        e.kind(),
-                        format!("at offset {}: {e}", p.offset + done as u64),
-                    ),
-                ))
-            }
-        }
-    }
-    Ok(())
 }
 
 /// A batch of requests being read by the io_uring engine.
@@ -808,6 +825,28 @@ impl UringEngine {
             skips,
             pieces,
         } = batch;
+        // Sources that are not local files are read through their own batched reads, here
+        // and now; the ring reads the rest.
+        let on_ring: Vec<bool> = pieces
+            .iter()
+            .map(|p| reqs[p.req].source.local().is_some())
+            .collect();
+        let mut error = None;
+        if on_ring.iter().any(|l| !l) {
+            let slices = piece_slices(&mut bufs, &pieces);
+            let others = pieces
+                .iter()
+                .zip(slices)
+                .zip(&on_ring)
+                .filter(|(_, l)| !**l)
+                .map(|(x, _)| x);
+            for group in group_pieces(&reqs, others) {
+                if let Err(e) = read_group(&reqs, group) {
+                    error = Some(e);
+                    break;
+                }
+            }
+        }
         let addrs = bufs
             .iter_mut()
             .map(|b| {
@@ -817,7 +856,8 @@ impl UringEngine {
             .collect();
         let id = self.next_id;
         self.next_id += 1;
-        self.todo.extend((0..pieces.len()).map(|p| (id, p)));
+        let ring_pieces: Vec<usize> = (0..pieces.len()).filter(|&p| on_ring[p]).collect();
+        self.todo.extend(ring_pieces.iter().map(|&p| (id, p)));
         self.batches.push_back(Batch {
             id,
             reqs,
@@ -825,10 +865,10 @@ impl UringEngine {
             addrs,
             skips,
             done: vec![0; pieces.len()],
-            remaining: pieces.len(),
+            remaining: ring_pieces.len(),
             inflight: 0,
             pieces,
-            error: None,
+            error,
             reply,
         });
     }
@@ -855,7 +895,10 @@ impl UringEngine {
             if inflight > 0 && inflight + len > max_bytes {
                 break;
             }
-            let fd = b.reqs[p.req].file.file.as_raw_fd();
+            let fd = match b.reqs[p.req].source.local() {
+                Some(f) => f.file.as_raw_fd(),
+                None => unreachable!("only local files' pieces are queued on the ring"),
+            };
             let target = (b.addrs[p.req] + p.at + b.done[i]) as *mut u8;
             let entry = io_uring::opcode::Read::new(io_uring::types::Fd(fd), target, len as u32)
                 .offset(p.offset + b.done[i] as u64)
@@ -911,7 +954,7 @@ impl UringEngine {
             } else if res < 0 {
                 let e = std::io::Error::from_raw_os_error(-res);
                 let at = p.offset + b.done[i] as u64;
-                let path = b.reqs[p.req].file.path.clone();
+                let path = b.reqs[p.req].source.location().to_path_buf();
                 b.error.get_or_insert(ReadError::io(
                     "reading",
                     path,
@@ -920,7 +963,7 @@ impl UringEngine {
                 b.remaining -= 1;
             } else if res == 0 {
                 if b.done[i] < p.need {
-                    let e = eof_error(&b.reqs[p.req], p.offset + b.done[i] as u64);
+                    let e = eof_at(b.reqs[p.req].source.location(), p.offset + b.done[i] as u64);
                     b.error.get_or_insert(e);
                 }
                 b.remaining -= 1;

@@ -48,6 +48,7 @@ mod pathfmt;
 pub mod plan;
 pub mod procstat;
 mod residency;
+mod source;
 mod stream;
 mod tier;
 mod verify;
@@ -67,6 +68,7 @@ pub use plan::{
     ShuffleMode, ShuffleQuality,
 };
 pub use residency::{effective_memory, resident_share, IoMode, OpenCounts, Opener};
+pub use source::{ChunkSource, ChunkStore, LocalDir, RangeRead, Source};
 pub use stream::{EpochStream, Sample, StreamOptions};
 pub use tier::CacheHits;
 pub use verify::{verify, Problem, VerifyReport};

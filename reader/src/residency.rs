@@ -71,6 +71,8 @@ pub struct Opener {
     direct_ok: Option<bool>,
     /// Map resident files with every page up front (for whole-chunk reads; default true).
     pub populate: bool,
+    /// Map resident files at all (default true; see [`Opener::positional`]).
+    pub map_resident: bool,
     pub counts: OpenCounts,
 }
 
@@ -97,6 +99,7 @@ impl Opener {
             seed,
             direct_ok: None,
             populate: true,
+            map_resident: true,
             counts: OpenCounts::default(),
         }
     }
@@ -117,6 +120,16 @@ impl Opener {
         Opener::new(mode, u64::MAX, Some(0), 0)
     }
 
+    /// An opener for random access to a few records at a time: buffered reads through the page
+    /// cache, never a map (a map of every chunk touched would count whole chunks in the
+    /// reader's RSS).
+    pub fn positional() -> Self {
+        Opener {
+            map_resident: false,
+            ..Opener::plain(IoMode::Buffered)
+        }
+    }
+
     /// True when Auto keeps chunk `chunk` resident (read buffered in every epoch).
     pub fn keeps(&self, chunk: u32) -> bool {
         self.keep_below == u64::MAX
@@ -132,14 +145,14 @@ impl Opener {
         if self.mode == IoMode::Direct {
             return self.open_direct(path);
         }
-        count_metadata_ops(1);
+        count_metadata_ops(2); // open and fstat
         let file = open_regular(path, 0).map_err(|e| ReadError::io("opening", path, e))?;
         let len = file
             .metadata()
             .map_err(|e| ReadError::io("inspecting", path, e))?
             .len();
         // One map serves the residency check and, if every page is resident, the reads.
-        let map = (len > 0)
+        let map = (len > 0 && self.map_resident)
             .then(|| map_file(&file, path).ok())
             .flatten()
             .filter(|m| mapped_share(m) >= RESIDENT_SHARE);
@@ -155,6 +168,7 @@ impl Opener {
                 path: path.to_path_buf(),
                 direct: false,
                 map: Some(map),
+                len,
             });
         }
         let buffered = self.mode == IoMode::Buffered
@@ -165,7 +179,13 @@ impl Opener {
             return self.open_direct(path);
         }
         self.counts.buffered += 1;
-        Ok(IoFile::unmapped(file, path, false))
+        Ok(IoFile {
+            file,
+            path: path.to_path_buf(),
+            direct: false,
+            map: None,
+            len,
+        })
     }
 
     /// Opens `path` with `O_DIRECT` when the file system accepts it (checked with one aligned
@@ -187,7 +207,7 @@ impl Opener {
                     }
                     if self.direct_ok == Some(true) {
                         self.counts.direct += 1;
-                        return Ok(IoFile::unmapped(file, path, true));
+                        return IoFile::unmapped(file, path, true);
                     }
                 }
                 // The file system refuses O_DIRECT (tmpfs): buffered reads for this stream.
@@ -199,7 +219,7 @@ impl Opener {
         count_metadata_ops(1);
         let file = open_regular(path, 0).map_err(|e| ReadError::io("opening", path, e))?;
         self.counts.buffered += 1;
-        Ok(IoFile::unmapped(file, path, false))
+        IoFile::unmapped(file, path, false)
     }
 }
 

@@ -22,9 +22,10 @@ use granary_format::{decode_record, ChunkEntry, SampleEntry, CHUNK_HEADER_LEN};
 use rayon::prelude::*;
 
 use crate::error::{ReadError, Result};
-use crate::io::{BufPool, Completed, Engine, IoFile, IoKind, Pending, Request};
+use crate::io::{BufPool, Completed, Engine, IoKind, Pending, Request};
 use crate::plan::{EpochPlan, ShuffleMode};
 use crate::residency::{IoMode, OpenCounts, Opener};
+use crate::source::Source;
 use crate::tier::{complete_window, Admission, CacheCounters, CacheHits, HotState};
 use crate::{CachePolicy, ChunkCache, Dataset};
 
@@ -223,7 +224,7 @@ impl EpochStream {
                         return;
                     }
                 };
-                let mut files: HashMap<u32, Arc<IoFile>> = HashMap::new();
+                let mut files: HashMap<u32, Source> = HashMap::new();
                 let mut checked: HashSet<u32> = Default::default();
                 // Windows whose reads are in flight (both engines read in the background while
                 // this thread decodes or waits for the consumer), and the next window,
@@ -269,7 +270,7 @@ impl EpochStream {
                         let (prep, reqs) = next.take().expect("prepared above");
                         if populate {
                             for r in &reqs {
-                                if let Some(m) = &r.file.map {
+                                if let Some(m) = r.map() {
                                     // Every page in one call instead of a fault per page (best
                                     // effort: before Linux 5.14 they fault in as read).
                                     let _ = m.advise_range(
@@ -310,7 +311,7 @@ impl EpochStream {
                         // A chunk belongs to one window: its map goes with the window's
                         // samples, not with the stream (which would keep every chunk of the
                         // epoch mapped).
-                        files.retain(|_, f| f.map.is_none());
+                        files.retain(|_, f| f.local().is_none_or(|l| l.map.is_none()));
                     }
                     let bufs: Vec<Arc<Completed>> = bufs.into_iter().map(Arc::new).collect();
                     let n: u64 = bufs.iter().map(|b| b.data().len() as u64).sum();
@@ -467,7 +468,7 @@ const MAX_WINDOWS_AHEAD: usize = 8;
 /// pool does), or the mapped ranges it borrows.
 fn buffer_bytes(reqs: &[Request]) -> usize {
     reqs.iter()
-        .map(|r| match (&r.file.map, r.file.direct) {
+        .map(|r| match (r.map(), r.direct()) {
             (Some(_), _) => r.len,
             (None, direct) => {
                 BufPool::charge(r.len + if direct { 2 * crate::io::ALIGN } else { 0 })
@@ -510,7 +511,7 @@ fn covering(placed: &[(u64, usize)], reqs: &[Request], e: &SampleEntry) -> Optio
 fn prepare_window(
     ds: &Dataset,
     opener: &mut Opener,
-    files: &mut HashMap<u32, Arc<IoFile>>,
+    files: &mut HashMap<u32, Source>,
     checked: &mut HashSet<u32>,
     ids: &[u64],
     weights: &[f32],
@@ -534,7 +535,7 @@ fn prepare_window(
     }
     let labels: Vec<u32> = entries.iter().map(|e| e.label).collect();
     // Which samples the hot chunks can serve.
-    let mut in_hot: Vec<Option<(u32, Arc<IoFile>, u64)>> = vec![None; ids.len()];
+    let mut in_hot: Vec<Option<(u32, Source, u64)>> = vec![None; ids.len()];
     if let (Some(h), false) = (hot.as_deref_mut(), mode == ShuffleMode::Global) {
         h.refresh();
         for (i, &id) in ids.iter().enumerate() {
@@ -552,13 +553,15 @@ fn prepare_window(
     // (global plans), or in ranges around what the hot chunks hold.
     let mut by_range = vec![false; chunks.len()];
     for (k, (c, ce)) in chunks.iter().enumerate() {
-        let mut copy = files.get(c).is_some_and(|f| f.path != ds.chunk_path(*c));
+        let mut copy = files
+            .get(c)
+            .is_some_and(|f| f.location() != ds.chunk_path(*c));
         if !files.contains_key(c) {
             // Another process may evict a cached copy between lookup and open: then the
             // source serves the chunk.
             let cached = cache.map(|t| t.lookup(ce)).transpose()?.flatten();
             if let Some(Ok(f)) = cached.map(|p| opener.open(&p, Some(*c))) {
-                ds.check_chunk_size(ce, &f.file, &f.path.clone())?;
+                ds.check_chunk_size(ce, &f)?;
                 files.insert(*c, Arc::new(f));
                 copy = true;
             }
@@ -566,9 +569,7 @@ fn prepare_window(
         by_range[k] = hot.is_some() && !copy;
         // A chunk whose window samples all come from hot chunks is not even opened.
         if !files.contains_key(c) && (needed[k] > 0 || !by_range[k]) {
-            let f = opener.open(&ds.chunk_path(*c), Some(*c))?;
-            ds.check_chunk_size(ce, &f.file, &f.path.clone())?;
-            files.insert(*c, Arc::new(f));
+            files.insert(*c, ds.open_source(*c, opener)?);
         }
     }
     let mut reqs: Vec<Request> = Vec::new();
@@ -584,7 +585,7 @@ fn prepare_window(
             if !checked.contains(c) {
                 header_req.push((*c, reqs.len()));
                 reqs.push(Request {
-                    file: files[c].clone(),
+                    source: files[c].clone(),
                     offset: 0,
                     len: CHUNK_HEADER_LEN,
                 });
@@ -621,7 +622,7 @@ fn prepare_window(
                 ranges.push((*c, reqs.len(), start));
                 list.push((start, reqs.len()));
                 reqs.push(Request {
-                    file: files[c].clone(),
+                    source: files[c].clone(),
                     offset: start,
                     len: (end - start) as usize,
                 });
@@ -645,12 +646,12 @@ fn prepare_window(
             header_req.push((*c, reqs.len()));
         }
         if cache.is_some() {
-            let from_cache = files[c].path != ds.chunk_path(*c);
+            let from_cache = files[c].location() != ds.chunk_path(*c);
             whole.push((*c, reqs.len(), from_cache));
         }
         placed.insert(*c, vec![(0, reqs.len())]);
         reqs.push(Request {
-            file: files[c].clone(),
+            source: files[c].clone(),
             offset: 0,
             len: end.max(CHUNK_HEADER_LEN as u64) as usize,
         });
@@ -665,7 +666,7 @@ fn prepare_window(
             Some((h, file, offset)) => {
                 hot_reads.push((h, reqs.len(), i));
                 reqs.push(Request {
-                    file,
+                    source: file,
                     offset,
                     len: e.stored_len as usize,
                 });
@@ -673,7 +674,7 @@ fn prepare_window(
             None => {
                 // Global plans: one read per record.
                 reqs.push(Request {
-                    file: files[&e.chunk].clone(),
+                    source: files[&e.chunk].clone(),
                     offset: e.offset,
                     len: e.stored_len as usize,
                 });

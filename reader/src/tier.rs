@@ -12,8 +12,9 @@ use granary_format::{decode_record, CHUNK_HEADER_LEN};
 
 use crate::cache::{HotMap, HotRecord};
 use crate::error::Result;
-use crate::io::{Completed, Engine, IoFile, IoKind, Request};
+use crate::io::{Completed, Engine, IoKind, Request};
 use crate::residency::Opener;
+use crate::source::Source;
 use crate::stream::Prepared;
 use crate::{ChunkCache, Dataset};
 
@@ -30,7 +31,7 @@ pub(crate) struct HotState {
     scores: Arc<crate::ImportanceScores>,
     map: HotMap,
     version: Option<u64>,
-    files: HashMap<u32, Option<Arc<IoFile>>>,
+    files: HashMap<u32, Option<Source>>,
     threshold: f64,
     /// Bytes still allowed for samples exactly at the threshold.
     tie_room: u64,
@@ -108,11 +109,7 @@ impl HotState {
     }
 
     /// Where the tier holds sample `id`: its hot chunk id, file and record offset.
-    pub(crate) fn locate(
-        &mut self,
-        id: u64,
-        opener: &mut Opener,
-    ) -> Option<(u32, Arc<IoFile>, u64)> {
+    pub(crate) fn locate(&mut self, id: u64, opener: &mut Opener) -> Option<(u32, Source, u64)> {
         let (h, off) = *self.map.by_sample.get(&id)?;
         let f = match self.files.get(&h) {
             Some(f) => f.clone(),
@@ -124,7 +121,7 @@ impl HotState {
                     .get(&h)
                     .and_then(|hc| self.cache.hot_path(hc))
                     .and_then(|p| opener.open(&p, Some(h)).ok())
-                    .map(Arc::new);
+                    .map(|f| Arc::new(f) as Source);
                 self.files.insert(h, f.clone());
                 f
             }
@@ -196,23 +193,18 @@ pub(crate) fn complete_window(
     prep: &Prepared,
     mut bufs: Vec<Completed>,
     cache: Option<&ChunkCache>,
-    files: &mut HashMap<u32, Arc<IoFile>>,
+    files: &mut HashMap<u32, Source>,
     checked: &mut HashSet<u32>,
     hot: Option<&mut HotState>,
     opener: &mut Opener,
 ) -> Result<(Vec<Completed>, Served)> {
     // Opens chunk `c` at the source; later windows use it too.
-    let source = |c: u32,
-                  files: &mut HashMap<u32, Arc<IoFile>>,
-                  opener: &mut Opener|
-     -> Result<Arc<IoFile>> {
-        let ce = ds.chunk(c)?;
-        let path = ds.chunk_path(c);
-        let f = Arc::new(opener.open(&path, Some(c))?);
-        ds.check_chunk_size(&ce, &f.file, &path)?;
-        files.insert(c, f.clone());
-        Ok(f)
-    };
+    let source =
+        |c: u32, files: &mut HashMap<u32, Source>, opener: &mut Opener| -> Result<Source> {
+            let f = ds.open_source(c, opener)?;
+            files.insert(c, f.clone());
+            Ok(f)
+        };
     let mut served = Served {
         whole: Vec::with_capacity(prep.whole.len()),
         hot: Vec::with_capacity(prep.hot.len()),
@@ -227,7 +219,7 @@ pub(crate) fn complete_window(
             }
             let f = source(c, files, opener)?;
             let fresh = read_now(&[Request {
-                file: f,
+                source: f,
                 offset: 0,
                 len: ce.file_size as usize,
             }])?;
@@ -246,17 +238,17 @@ pub(crate) fn complete_window(
                 hs.cache.discard_hot(h)?;
             }
             let f = match files.get(&e.chunk) {
-                Some(f) if f.path == ds.chunk_path(e.chunk) => f.clone(),
+                Some(f) if f.location() == ds.chunk_path(e.chunk) => f.clone(),
                 _ => source(e.chunk, files, opener)?,
             };
             let mut fresh = read_now(&[
                 Request {
-                    file: f.clone(),
+                    source: f.clone(),
                     offset: 0,
                     len: CHUNK_HEADER_LEN,
                 },
                 Request {
-                    file: f,
+                    source: f,
                     offset: e.offset,
                     len: e.stored_len as usize,
                 },
