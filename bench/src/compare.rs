@@ -93,6 +93,12 @@ pub struct SideEpoch {
     /// Opens and stats issued.
     pub metadata_ops: u64,
     pub cpu_s: f64,
+    /// CPU seconds the side's workers spent checksumming for the digest: a CRC-32 over every
+    /// byte on the raw side (a training loop reading raw files would not spend them: it checks
+    /// nothing); none on the granary side, whose reader computed each sample's CRC-32 while
+    /// verifying it (`Sample::crc32`), inside its own time.
+    #[serde(default)]
+    pub check_s: f64,
     /// Peak resident set of the side's process (when it ran in one of its own).
     pub peak_rss_bytes: Option<u64>,
     /// Peak memory of its cgroup, page cache included (limited state).
@@ -144,17 +150,25 @@ struct WorkerOut {
     samples: u64,
     bytes: u64,
     digest: u64,
+    check_s: f64,
     latencies_us: Vec<f64>,
 }
 
 impl WorkerOut {
-    fn add(&mut self, path: &[u8], data: &[u8], waited: std::time::Duration) {
+    /// Counts a sample of `len` bytes whose CRC-32 is `crc`, delivered after `waited`.
+    fn add(&mut self, path: &[u8], len: usize, crc: u32, waited: std::time::Duration) {
         self.samples += 1;
-        self.bytes += data.len() as u64;
-        self.digest = self
-            .digest
-            .wrapping_add(digest_term(path, crc32fast::hash(data)));
+        self.bytes += len as u64;
+        self.digest = self.digest.wrapping_add(digest_term(path, crc));
         self.latencies_us.push(waited.as_secs_f64() * 1e6);
+    }
+
+    /// The CRC-32 of `data`, timed as checking work.
+    fn checksum(&mut self, data: &[u8]) -> u32 {
+        let t = Instant::now();
+        let crc = crc32fast::hash(data);
+        self.check_s += t.elapsed().as_secs_f64();
+        crc
     }
 }
 
@@ -171,6 +185,7 @@ fn fold<E>(
         s.samples += w.samples;
         s.bytes += w.bytes;
         digest = digest.wrapping_add(w.digest);
+        s.check_s += w.check_s;
         lat.extend(w.latencies_us);
     }
     s.elapsed_s = started.elapsed().as_secs_f64();
@@ -241,7 +256,9 @@ fn raw_epoch(o: &CompareOptions, epoch: u64) -> std::io::Result<SideEpoch> {
                         buf.reserve(len as usize);
                         f.read_to_end(&mut buf)?;
                         drop(f);
-                        out.add(rel, &buf, t0.elapsed());
+                        let waited = t0.elapsed();
+                        let crc = out.checksum(&buf);
+                        out.add(rel, buf.len(), crc, waited);
                     }
                     Ok(out)
                 })
@@ -300,7 +317,9 @@ fn granary_epoch(o: &CompareOptions, epoch: u64) -> granary::Result<SideEpoch> {
                     let mut t0 = Instant::now();
                     for sample in st {
                         let sample = sample?;
-                        out.add(ds.path(sample.id)?, sample.data(), t0.elapsed());
+                        // The CRC-32 the reader verified over the delivered bytes.
+                        let (len, crc) = (sample.data().len(), sample.crc32());
+                        out.add(ds.path(sample.id)?, len, crc, t0.elapsed());
                         t0 = Instant::now();
                     }
                     Ok(out)
@@ -507,7 +526,7 @@ pub fn render(r: &CompareResult) -> String {
         r.workers
     );
     s += &format!(
-        "  {:<8} {:<8} {:>5} {:>10} {:>10} {:>9} {:>9} {:>10} {:>10} {:>10} {:>9} {:>9} {:>8} {:>9}\n",
+        "  {:<8} {:<8} {:>5} {:>10} {:>10} {:>9} {:>9} {:>10} {:>10} {:>10} {:>8} {:>9} {:>9} {:>8} {:>9}\n",
         "side",
         "state",
         "epoch",
@@ -518,6 +537,7 @@ pub fn render(r: &CompareResult) -> String {
         "p99 us",
         "meta ops",
         "cpu s",
+        "check s",
         "cpu s/GB",
         "peak RSS",
         "cold",
@@ -538,7 +558,7 @@ pub fn render(r: &CompareResult) -> String {
                 .map(|b| format!("{:.0} MB", b as f64 / 1e6))
                 .unwrap_or_else(|| "-".into());
             s += &format!(
-                "  {:<8} {:<8} {:>5} {:>10.4} {:>10.0} {:>9.1} {:>9.0} {:>10.0} {:>10} {:>10.2} {:>9.2} {:>9} {:>8} {:>9}\n",
+                "  {:<8} {:<8} {:>5} {:>10.4} {:>10.0} {:>9.1} {:>9.0} {:>10.0} {:>10} {:>10.2} {:>8.2} {:>9.2} {:>9} {:>8} {:>9}\n",
                 name,
                 state,
                 x.epoch,
@@ -549,6 +569,7 @@ pub fn render(r: &CompareResult) -> String {
                 x.latency_p99_us,
                 x.metadata_ops,
                 x.cpu_s,
+                x.check_s,
                 x.cpu_s_per_gb(),
                 rss,
                 x.cold.map(|c| format!("{c:?}")).unwrap_or_else(|| "none".into()),

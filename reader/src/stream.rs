@@ -90,6 +90,7 @@ pub struct Sample {
     pub label: u32,
     /// Importance-sampling weight 1/(N·p) (1 for uniform plans): multiply the loss by it.
     pub weight: f32,
+    crc32: u32,
     data: SampleData,
 }
 
@@ -107,6 +108,13 @@ impl Sample {
             SampleData::Shared(buf, at, len) => &buf.data()[*at..*at + *len],
             SampleData::Owned(v) => v,
         }
+    }
+
+    /// The CRC-32 of `data()`: the reader computed it over these bytes and found it equal to
+    /// the snapshot's before delivering them, so a consumer that wants a checksum (a digest of
+    /// the epoch, say) need not compute it again.
+    pub fn crc32(&self) -> u32 {
+        self.crc32
     }
 
     /// True when `data()` borrows the read buffer (no copy was made).
@@ -209,18 +217,10 @@ impl EpochStream {
         let io_thread = std::thread::Builder::new()
             .name("granary-io".into())
             .spawn(move || {
-                // CRC checks and decompression run on a pool of this stream's own, not rayon's
-                // global one: a process forked after the global pool started (a DataLoader
-                // worker) has its state but none of its threads, and would wait on them forever.
-                let decode_pool = match rayon::ThreadPoolBuilder::new()
-                    .thread_name(|i| format!("granary-crc-{i}"))
-                    .build()
-                {
+                let decode_pool = match decode_pool() {
                     Ok(p) => p,
                     Err(e) => {
-                        let _ = tx.send(Msg::Failed(ReadError::Incomplete(format!(
-                            "cannot start the decode threads: {e}"
-                        ))));
+                        let _ = tx.send(Msg::Failed(e));
                         return;
                     }
                 };
@@ -459,6 +459,32 @@ pub(crate) fn thread_died(which: &str, panic: &(dyn std::any::Any + Send)) -> Re
         .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
         .unwrap_or("no message");
     ReadError::Incomplete(format!("granary's {which} thread panicked: {msg}"))
+}
+
+/// The process's pool for CRC checks and decompression, shared by all its streams (one thread
+/// per core: streams of several workers in one process would otherwise each start one per
+/// core, and their idle threads spin against each other's work). It is not rayon's global
+/// pool, and a process forked from one that has the pool (a DataLoader worker) starts its own:
+/// a child has the pool's state but none of its threads, and would wait on them forever.
+fn decode_pool() -> Result<Arc<rayon::ThreadPool>> {
+    static POOL: std::sync::Mutex<Option<(u32, Arc<rayon::ThreadPool>)>> =
+        std::sync::Mutex::new(None);
+    let mut g = POOL.lock().unwrap_or_else(|e| e.into_inner());
+    let pid = std::process::id();
+    match g.as_ref() {
+        Some((p, pool)) if *p == pid => return Ok(pool.clone()),
+        // The parent's pool: its threads do not exist here, so it is never dropped (dropping
+        // would signal them).
+        Some(_) => std::mem::forget(g.take()),
+        None => {}
+    }
+    let pool = rayon::ThreadPoolBuilder::new()
+        .thread_name(|i| format!("granary-crc-{i}"))
+        .build()
+        .map_err(|e| ReadError::Incomplete(format!("cannot start the decode threads: {e}")))?;
+    let pool = Arc::new(pool);
+    *g = Some((pid, pool.clone()));
+    Ok(pool)
 }
 
 /// Most windows in flight ahead of the one being completed.
@@ -735,6 +761,7 @@ fn decode_window(ds: &Dataset, prep: Prepared, bufs: Vec<Arc<Completed>>) -> Vec
                 id: ids[i],
                 label: labels[i],
                 weight: weights.get(i).copied().unwrap_or(1.0),
+                crc32: e.crc32,
                 data,
             })
         })

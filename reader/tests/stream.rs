@@ -83,8 +83,12 @@ fn deliver(
             };
             let st = ds.stream_epoch(o, 3, shard, None, s).unwrap();
             out.push(
-                st.map(|x| x.map(|x| (x.id, x.data().to_vec())).unwrap())
-                    .collect(),
+                st.map(|x| {
+                    let x = x.unwrap();
+                    assert_eq!(x.crc32(), crc32fast::hash(x.data()), "sample {}", x.id);
+                    (x.id, x.data().to_vec())
+                })
+                .collect(),
             );
         }
     }
