@@ -84,16 +84,15 @@ def train(path, mode, seed, epochs, test_x, test_y, work):
     if mode == "importance":
         tier = work / f"tier-{seed}"
         shutil.rmtree(tier, ignore_errors=True)
-        cache = dict(cache_dir=tier, cache_size=16 << 10, policy="importance")
-        uniform = granary.IterableDataset(path, shuffle="chunkwise", **cache, **common)
-        sampled = granary.IterableDataset(
-            path, shuffle="chunkwise", sampling="importance", alpha=0.5, **cache, **common
+        # One object: epoch 0 draws uniformly (no losses yet); set_epoch() merges the losses
+        # reported since into the tier's score table, and the next epoch samples by them.
+        ds = granary.IterableDataset(
+            path, shuffle="chunkwise", sampling="importance", alpha=0.5,
+            cache_dir=tier, cache_size=16 << 10, policy="importance", **common
         )
     else:
-        uniform = sampled = granary.IterableDataset(path, shuffle=mode, **common)
+        ds = granary.IterableDataset(path, shuffle=mode, **common)
     for epoch in range(epochs):
-        # The first epoch is uniform: there are no losses to sample by yet.
-        ds = uniform if epoch == 0 else sampled
         ds.set_epoch(epoch)
         model.train()
         for batch in ds:
@@ -108,9 +107,7 @@ def train(path, mode, seed, epochs, test_x, test_y, work):
             loss.backward()
             opt.step()
             if mode == "importance":
-                uniform.report(batch["id"], losses)
-        if mode == "importance":
-            uniform.flush_scores()
+                ds.report(batch["id"], losses)
     model.eval()
     with torch.no_grad():
         x = torch.from_numpy(test_x.reshape(len(test_x), 64).astype(np.float32) / 16.0)

@@ -46,12 +46,16 @@ class Dataset(_MapBase):
     """Map-style access to a packed dataset: ``len(ds)``, ``ds[i] -> (data, label)``.
 
     ``data`` is ``bytes`` (read-only, buffer protocol), CRC-checked; raw records are read
-    straight into it. ``ds.lookup(path)``, ``ds.path(i)`` and ``ds.classes`` use the
-    snapshot only (no I/O).
+    straight into it. ``transform``, if given, is applied to it (``ds[i] -> (transform(data),
+    label)``), in the DataLoader worker that reads it, as torchvision's datasets do.
+    ``ds.lookup(path)``, ``ds.path(i)`` and ``ds.classes`` use the snapshot only (no I/O).
     """
 
-    def __init__(self, path):
+    def __init__(self, path, transform=None):
+        if transform is not None and not callable(transform):
+            raise ValueError("transform must be callable")
         self.root = os.fspath(path)
+        self.transform = transform
         self._ds = None
         self._native()  # fail early on a bad path
 
@@ -70,7 +74,10 @@ class Dataset(_MapBase):
             i += n
         if not 0 <= i < n:
             raise IndexError(f"sample {i} out of range ({n} samples)")
-        return self._native().read(i)
+        data, label = self._native().read(i)
+        if self.transform is not None:
+            data = self.transform(data)
+        return data, label
 
     def lookup(self, path):
         """Sample id stored under ``path`` (str or bytes), or None."""
@@ -90,10 +97,11 @@ class Dataset(_MapBase):
         return self._native().dataset_id
 
     def __getstate__(self):
-        return {"root": self.root}
+        return {"root": self.root, "transform": self.transform}
 
     def __setstate__(self, state):
         self.root = state["root"]
+        self.transform = state.get("transform")
         self._ds = None
 
     def __repr__(self):
@@ -162,13 +170,25 @@ class IterableDataset(_IterBase):
     ``rank``/``world_size`` come from ``torch.distributed`` when it is initialised, otherwise
     from the arguments (default 0 of 1). DataLoader workers split their rank's share. Call
     ``set_epoch(e)`` before each epoch (a different shuffle per epoch; the same seed gives the
-    same epochs everywhere). With ``drop_last`` every rank gets the same number of samples.
+    same epochs everywhere). Every rank gets the same number of samples: the remainder is
+    dropped (``drop_last=True``, the default) or, with ``pad=True``, filled by repeating
+    samples. ``locality=Q`` (0..1, default 1: fully random) keeps each rank on a home set of
+    chunks and reassigns only a seeded fraction Q of chunks between ranks per epoch (partial
+    local shuffling), so node-local tiers stay useful; the CLI's ``--locality``.
+
+    ``transform``, if given, is applied to every sample's bytes in the process that reads them
+    (a DataLoader worker): ``item["data"] = transform(data)``, per sample also in list batches
+    (not with ``batch_format="tensor"``, whose bytes are packed).
 
     ``cache_dir``/``cache_size`` put a tier on local storage in front of the dataset
     (``policy``: ``"lru"``, ``"static"`` or ``"importance"``); ``report(ids, losses)`` feeds the
     node's shared score table next to it, which ``policy="importance"`` (hot chunks of the most
     important samples) and ``sampling="importance"`` (probability (1-alpha)/N + alpha x score
-    share, favouring what the tier holds) use from the next epoch on.
+    share, favouring what the tier holds) use. ``sampling="importance"`` works from the first
+    epoch: until losses are reported every sample has the mean score (uniform draws, as SHADE
+    starts). Reported losses are merged into the table by ``set_epoch()``, at the start and end
+    of every iteration (and every 2 s in the background), so the next epoch uses them, from the
+    same object; ``flush_scores()`` merges them at once.
 
     ``memory`` is each reader's read-buffer budget in bytes (one reader per DataLoader worker;
     default ``None``: the library's 128 MiB). The shuffle window follows from it unless
@@ -182,7 +202,7 @@ class IterableDataset(_IterBase):
         seed=0,
         rank=None,
         world_size=None,
-        drop_last=True,
+        drop_last=None,
         batch_size=None,
         cache_dir=None,
         cache_size=None,
@@ -193,6 +213,9 @@ class IterableDataset(_IterBase):
         window=None,
         memory=None,
         batch_format="list",
+        pad=False,
+        locality=1.0,
+        transform=None,
     ):
         if shuffle not in ("chunkwise", "global", "sequential"):
             raise ValueError(f"shuffle must be chunkwise, global or sequential, not {shuffle!r}")
@@ -210,6 +233,17 @@ class IterableDataset(_IterBase):
             raise ValueError("batch_size must be a positive integer")
         if batch_format not in ("list", "tensor"):
             raise ValueError(f"batch_format must be list or tensor, not {batch_format!r}")
+        if pad and drop_last:
+            raise ValueError("pad=True fills the remainder that drop_last=True drops: pick one")
+        if not 0.0 <= float(locality) <= 1.0:
+            raise ValueError(f"locality must be in [0, 1], not {locality}")
+        if transform is not None and not callable(transform):
+            raise ValueError("transform must be callable")
+        if transform is not None and batch_format == "tensor":
+            raise ValueError(
+                "transform applies per sample; batch_format='tensor' packs a batch's bytes "
+                "(decode data[offsets[i]:offsets[i + 1]] yourself, or use batch_format='list')"
+            )
         if (rank is None) != (world_size is None):
             raise ValueError("rank and world_size go together")
         if world_size is not None and not 0 <= rank < world_size:
@@ -219,7 +253,9 @@ class IterableDataset(_IterBase):
         self.seed = int(seed)
         self.rank = rank
         self.world_size = world_size
-        self.drop_last = bool(drop_last)
+        self.drop_last = not pad if drop_last is None else bool(drop_last)
+        self.locality = float(locality)
+        self.transform = transform
         self.batch_size = batch_size
         self.cache_dir = None if cache_dir is None else os.fspath(cache_dir)
         self.cache_size = None if cache_size is None else int(cache_size)
@@ -241,7 +277,9 @@ class IterableDataset(_IterBase):
     # -- configuration -------------------------------------------------------------------
 
     def set_epoch(self, epoch):
-        """Selects the epoch the next iteration streams (its own shuffle)."""
+        """Selects the epoch the next iteration streams (its own shuffle), and merges the
+        losses reported so far into the score table so that it samples and caches by them."""
+        self.flush_scores()
         if int(epoch) != self.epoch:
             self._resume = None
             self._consumed = 0
@@ -290,9 +328,19 @@ class IterableDataset(_IterBase):
             alpha=self.alpha,
             cache_boost=self.cache_boost,
             resume=resume,
+            locality=self.locality,
         )
 
     def __iter__(self):
+        # Losses reported through this object reach the table before the epoch is planned.
+        self.flush_scores()
+        try:
+            yield from self._iterate()
+        finally:
+            # ... and those reported during it (here, or in this worker) before the next one.
+            self.flush_scores()
+
+    def _iterate(self):
         stream = self._stream()
         rank, world, worker, workers = self._shard
         self._consumed = 0
@@ -304,9 +352,12 @@ class IterableDataset(_IterBase):
             else:
                 self._redistributed = True
         weighted = self.sampling == "importance"
+        transform = self.transform
         if self.batch_size is None:
             for i, label, data, weight in stream:
                 self._consumed += 1
+                if transform is not None:
+                    data = transform(data)
                 item = {"id": i, "label": label, "data": data}
                 if weighted:
                     item["weight"] = weight
@@ -338,6 +389,8 @@ class IterableDataset(_IterBase):
                 else:
                     ids, labels, data, weights = batch
                     offsets = None
+                    if transform is not None:
+                        data = [transform(d) for d in data]
                 self._consumed += len(ids)
                 if np is not None:
                     ids = np.asarray(ids, dtype=np.int64)

@@ -255,7 +255,8 @@ impl Stream {
     #[pyo3(signature = (
         path, epoch, rank, world_size, worker, num_workers, *, shuffle = "chunkwise", seed = 0,
         drop_last = true, window = None, memory = None, cache_dir = None, cache_size = None,
-        policy = "static", sampling = "uniform", alpha = 0.5, cache_boost = 4.0, resume = None
+        policy = "static", sampling = "uniform", alpha = 0.5, cache_boost = 4.0, resume = None,
+        locality = 1.0
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -278,7 +279,13 @@ impl Stream {
         alpha: f64,
         cache_boost: f64,
         resume: Option<(u64, u32, u32, Vec<u64>)>,
+        locality: f64,
     ) -> PyResult<Self> {
+        if !(0.0..=1.0).contains(&locality) {
+            return Err(PyValueError::new_err(format!(
+                "locality must be in [0, 1], not {locality}"
+            )));
+        }
         let mode = ShuffleMode::parse(shuffle).map_err(PyValueError::new_err)?;
         let policy = CachePolicy::parse(policy).map_err(PyValueError::new_err)?;
         let importance = match sampling {
@@ -321,13 +328,13 @@ impl Stream {
                 _ => None,
             }
             .filter(|s| s.len() == ds.len());
-            if importance && scores.is_none() {
-                return Err(ReadError::Invalid(
-                    "sampling='importance' needs a cache_dir whose tier has a score table \
-                     (report() losses first; the first epoch can be uniform)"
-                        .into(),
-                ));
-            }
+            // Importance sampling before any loss was reported (SHADE starts uniform): every
+            // sample at the mean score, so draws are uniform (still favouring what the tier
+            // holds) until report()ed losses reach the table.
+            let scores = match scores {
+                None if importance => Some(Arc::new(ImportanceScores::new(ds.len(), 0.8))),
+                s => s,
+            };
             let setup = EpochSetup {
                 plan: PlanOptions {
                     mode,
@@ -335,7 +342,7 @@ impl Stream {
                     // 0: as many chunks as the memory budget allows.
                     window_chunks: window.unwrap_or(0),
                     drop_last,
-                    ..Default::default()
+                    locality,
                 },
                 sampling: importance.then_some(ImportanceSampling { alpha, cache_boost }),
                 stream: StreamOptions {

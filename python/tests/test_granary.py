@@ -230,10 +230,85 @@ def test_report_by_id_feeds_the_shared_table(packed, tmp_path):
     assert any(abs(s["weight"] - 1.0) > 1e-3 for s in got)
 
 
-def test_importance_sampling_needs_a_table_and_arguments_are_checked(packed, tmp_path):
+def test_importance_from_epoch_0_with_one_object(packed, tmp_path):
+    """No table yet: epoch 0 draws uniformly (weights 1). Losses reported through the same
+    object reach the table at set_epoch(), and epoch 1 samples by them: no flush, no second
+    object."""
     path, _ = packed
+    ds = granary.IterableDataset(
+        path, cache_dir=tmp_path / "tier", cache_size=1 << 20, sampling="importance", alpha=0.9,
+        cache_boost=1.0, batch_size=16,
+    )
+    seen = []
+    for b in ds:
+        seen.extend(int(i) for i in b["id"])
+        assert all(abs(w - 1.0) < 1e-6 for w in b["weight"]), "epoch 0 is uniform"
+        # Samples 0..59 are hard (loss 10), the rest easy.
+        ds.report(b["id"], [10.0 if int(i) < 60 else 0.1 for i in b["id"]])
+    assert len(seen) == 240
+    ds.set_epoch(1)
+    w = {int(i): float(x) for b in ds for i, x in zip(b["id"], b["weight"])}
+    reported = set(seen)
+    hard = [x for i, x in w.items() if i < 60 and i in reported]
+    easy = [x for i, x in w.items() if i >= 60 and i in reported]
+    # Scores are ranks within a batch (SHADE), so the hard samples reported in epoch 0 are
+    # drawn more often in epoch 1 and carry smaller loss weights 1/(N p) than easy ones.
+    assert hard and easy
+    mean = lambda v: sum(v) / len(v)  # noqa: E731
+    assert mean(hard) < 0.95 * mean(easy), (mean(hard), mean(easy))
+
+
+def test_locality_pad_and_transform(packed):
+    path, files = packed
+    by_id = granary.Dataset(path)
+
+    def share(rank, world, epoch, q, **kw):
+        ds = granary.IterableDataset(path, rank=rank, world_size=world, locality=q, seed=3, **kw)
+        ds.set_epoch(epoch)
+        return [s["id"] for s in ds]
+
+    # locality=0 keeps every rank on its home chunks in every epoch (up to the samples moved
+    # to equalise counts); 1 reshuffles them (a quarter in common by chance).
+    def kept(q):
+        a, b = set(share(1, 4, 0, q)), set(share(1, 4, 1, q))
+        return len(a & b) / len(a)
+
+    assert kept(0.0) > 0.85, kept(0.0)
+    assert kept(1.0) < 0.6, kept(1.0)
+    # Every epoch still covers each sample at most once across ranks.
+    union = [i for r in range(7) for i in share(r, 7, 2, 0.3)]
+    assert len(union) == len(set(union)) == 240 // 7 * 7
+    # pad=True fills the remainder by repeating samples: all 240 appear.
+    padded = [i for r in range(7) for i in share(r, 7, 2, 0.3, pad=True)]
+    assert len(padded) == 7 * -(-240 // 7) and set(padded) == set(range(240))
     with pytest.raises(ValueError):
-        list(granary.IterableDataset(path, cache_dir=tmp_path, cache_size=1 << 20, sampling="importance"))
+        granary.IterableDataset(path, pad=True, drop_last=True)
+    with pytest.raises(ValueError):
+        granary.IterableDataset(path, locality=1.5)
+
+    # transform runs on every sample's bytes, per sample and in list batches.
+    for kw in ({}, {"batch_size": 32}):
+        got = {}
+        for item in granary.IterableDataset(path, transform=lambda d: (len(d), d[:4]), **kw):
+            ids = item["id"] if "batch_size" in kw else [item["id"]]
+            datas = item["data"] if "batch_size" in kw else [item["data"]]
+            for i, d in zip(ids, datas):
+                got[int(i)] = d
+        assert len(got) == 240
+        for i, (n, head) in got.items():
+            data = files[by_id.path(i)]
+            assert (n, head) == (len(data), data[:4])
+    m = granary.Dataset(path, transform=len)
+    assert m[5] == (len(files[m.path(5)]), by_id[5][1])
+    assert pickle.loads(pickle.dumps(m))[5] == m[5]
+    with pytest.raises(ValueError):
+        granary.IterableDataset(path, transform=len, batch_size=8, batch_format="tensor")
+    with pytest.raises(ValueError):
+        granary.Dataset(path, transform=3)
+
+
+def test_arguments_are_checked(packed, tmp_path):
+    path, _ = packed
     with pytest.raises(ValueError):
         granary.IterableDataset(path, sampling="importance")
     with pytest.raises(ValueError):

@@ -205,9 +205,10 @@ impl EpochStream {
             .clone()
             .map(|c| Admission::start(c, ds.clone(), opts.memory / 4));
         let scores = opts.scores.clone();
-        // An importance tier with a score table holds hot chunks (re-packed samples).
+        // An importance tier with a score table holds hot chunks (re-packed samples); a table
+        // with no loss reported yet (every sample at the mean) says nothing to re-pack.
         let mut hot = match (&cache, &scores) {
-            (Some(c), Some(s)) if c.policy() == CachePolicy::Importance => {
+            (Some(c), Some(s)) if c.policy() == CachePolicy::Importance && s.reported() > 0 => {
                 Some(HotState::new(&ds, c.clone(), s.clone(), opts.memory)?)
             }
             _ => None,
