@@ -272,6 +272,7 @@ class IterableDataset(_IterBase):
         self._shard = None
         self._redistributed = False
         self._scores = None
+        self._reported = False  # losses reported since the last merge
         _NativeDataset(self.root)  # fail early on a bad path
 
     # -- configuration -------------------------------------------------------------------
@@ -279,7 +280,7 @@ class IterableDataset(_IterBase):
     def set_epoch(self, epoch):
         """Selects the epoch the next iteration streams (its own shuffle), and merges the
         losses reported so far into the score table so that it samples and caches by them."""
-        self.flush_scores()
+        self._merge_reported()
         if int(epoch) != self.epoch:
             self._resume = None
             self._consumed = 0
@@ -333,12 +334,12 @@ class IterableDataset(_IterBase):
 
     def __iter__(self):
         # Losses reported through this object reach the table before the epoch is planned.
-        self.flush_scores()
+        self._merge_reported()
         try:
             yield from self._iterate()
         finally:
             # ... and those reported during it (here, or in this worker) before the next one.
-            self.flush_scores()
+            self._merge_reported()
 
     def _iterate(self):
         stream = self._stream()
@@ -463,17 +464,26 @@ class IterableDataset(_IterBase):
         if self._scores is None:
             self._scores = Scores(self.root, self.cache_dir)
         self._scores.report(_as_list(ids, int), _as_list(losses, float))
+        self._reported = True
 
     def flush_scores(self):
         """Merges reported losses into the shared table now (also done every 2 s)."""
         if self._scores is not None:
             self._scores.flush()
+            self._reported = False
+
+    def _merge_reported(self):
+        """flush_scores() if anything was reported since the last one: the automatic merges
+        at set_epoch() and around iteration cost nothing when there is nothing to merge."""
+        if self._reported:
+            self.flush_scores()
 
     # -- pickling: configuration only ------------------------------------------------------
 
     def __getstate__(self):
         state = dict(self.__dict__)
         state["_scores"] = None
+        state["_reported"] = False
         state["_shard"] = None
         return state
 

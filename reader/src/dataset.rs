@@ -422,20 +422,23 @@ impl Dataset {
         let len = f.len();
         let bytes = match f.local() {
             Some(local) if len > READ_WHOLE_LIMIT => {
-                ChunkBytes::Mapped(map_file(&local.file, &local.path)?)
+                let map = map_file(&local.file, &local.path)?;
+                // The map has the file's size now, not when it was checked at open.
+                if map.len() as u64 != len {
+                    return Err(ReadError::mismatch(
+                        f.location(),
+                        "changed size while being read",
+                    ));
+                }
+                ChunkBytes::Mapped(map)
             }
             _ => {
+                // Exactly the checked length, or an error if the file ends sooner.
                 let mut v = vec![0u8; len as usize];
                 read_exact(&*f, &mut v, 0)?;
                 ChunkBytes::Owned(v)
             }
         };
-        if bytes.len() as u64 != len {
-            return Err(ReadError::mismatch(
-                f.location(),
-                "changed size while being read",
-            ));
-        }
         self.check_chunk_header(&bytes, chunk, f.location())?;
         Ok(bytes)
     }
