@@ -114,34 +114,6 @@ def _index(i):
     return i.__index__()
 
 
-def _packed(buf, offsets):
-    """A packed batch as (uint8 tensor, int64 offsets tensor): numpy arrays from the reader
-    become tensors without a copy; numpy arrays without torch, and (bytearray, list) without
-    numpy either."""
-    if _tud is not None:
-        import torch
-
-        if isinstance(buf, (bytes, bytearray)):
-            return torch.frombuffer(buf, dtype=torch.uint8), torch.tensor(offsets, dtype=torch.int64)
-        if isinstance(buf.base, torch.Tensor):  # from _shared_array: keep its shared storage
-            return buf.base, torch.from_numpy(offsets)
-        return torch.from_numpy(buf), torch.from_numpy(offsets)
-    return buf, offsets
-
-
-def _shared_array(nbytes):
-    """A numpy view of a new uint8 tensor in shared memory (what DataLoader workers hand over
-    as a file descriptor); the view's ``base`` chain keeps the tensor alive."""
-    import torch
-
-    try:
-        storage = torch.UntypedStorage._new_shared(nbytes)
-        t = torch.empty(0, dtype=torch.uint8).set_(storage)
-    except (AttributeError, TypeError):  # a torch without it: allocate, then move (a copy)
-        t = torch.empty(nbytes, dtype=torch.uint8).share_memory_()
-    return t.numpy()
-
-
 def _as_list(x, kind):
     """Lists, tuples, numpy arrays and torch tensors (any device) to a list of ``kind``."""
     if hasattr(x, "detach"):  # torch tensor
@@ -156,16 +128,18 @@ def _as_list(x, kind):
 class IterableDataset(_IterBase):
     """Chunk-wise shuffled epochs of a packed dataset, for ``torch.utils.data.DataLoader``.
 
-    Yields ``{"id", "label", "data"}`` per sample, or with ``batch_size`` one dict per batch
-    (``"id"`` and ``"label"`` as lists, or numpy arrays when numpy is installed, ``"data"`` a
-    list of bytes), plus ``"weight"`` (the loss weight 1/(N·p)) under importance sampling.
-    ``batch_format="tensor"`` packs a batch's bytes back to back into one uint8 tensor
-    (``"data"``) with ``"offsets"`` (sample i is ``data[offsets[i]:offsets[i + 1]]``): the
-    reader gathers them into a buffer that a numpy array takes over (no further copy), and it
-    is one object per batch, which DataLoader workers hand over in shared memory instead of
-    pickling every sample: inside a worker the reader gathers straight into a tensor in shared
-    memory, so the batch crosses as a file descriptor without another copy (numpy arrays
-    without torch; a bytearray and a list without numpy).
+    Yields ``{"id", "label", "data"}`` per sample (``data`` as ``bytes``), or with
+    ``batch_size`` one dict per batch, the fast path: ``"id"`` and ``"label"`` as int64
+    tensors, ``"data"`` a list with each sample's bytes as a uint8 tensor, plus ``"weight"``
+    (the loss weight 1/(N·p)) under importance sampling. The reader gathers a batch's bytes
+    into one buffer and the samples are zero-copy views of it (``torchvision.io.decode_jpeg(x)``
+    takes one as it is; PIL takes ``io.BytesIO(x.numpy())``). Inside DataLoader workers that
+    buffer is a segment of the worker's shared-memory ring, reused batch after batch: the batch
+    crosses to the training process as a small record, not as pickled bytes, and the segment
+    is reused once the last view of it is gone. Without torch the samples are numpy uint8
+    views; without numpy, ``bytes``. ``batch_format="tensor"`` gives the same buffer whole
+    (``"data"``, one uint8 tensor) with ``"offsets"`` (sample i is
+    ``data[offsets[i]:offsets[i + 1]]``).
 
     ``rank``/``world_size`` come from ``torch.distributed`` when it is initialised, otherwise
     from the arguments (default 0 of 1). DataLoader workers split their rank's share. Call
@@ -176,9 +150,9 @@ class IterableDataset(_IterBase):
     chunks and reassigns only a seeded fraction Q of chunks between ranks per epoch (partial
     local shuffling), so node-local tiers stay useful; the CLI's ``--locality``.
 
-    ``transform``, if given, is applied to every sample's bytes in the process that reads them
-    (a DataLoader worker): ``item["data"] = transform(data)``, per sample also in list batches
-    (not with ``batch_format="tensor"``, whose bytes are packed).
+    ``transform``, if given, is applied to every sample in the process that reads them (a
+    DataLoader worker): ``item["data"] = transform(data)``, per sample also in list batches
+    (where it gets the sample's uint8 view), not with ``batch_format="tensor"``.
 
     ``cache_dir``/``cache_size`` put a tier on local storage in front of the dataset
     (``policy``: ``"lru"``, ``"static"`` or ``"importance"``); ``report(ids, losses)`` feeds the
@@ -364,49 +338,58 @@ class IterableDataset(_IterBase):
                     item["weight"] = weight
                 yield item
         else:
-            try:
-                import numpy as np
-            except ImportError:
-                np = None
-            packed = self.batch_format == "tensor"
-            # In a DataLoader worker, batches are gathered straight into shared memory: the
-            # tensor then crosses to the training process as a file descriptor, not a copy.
-            in_worker = _tud is not None and _tud.get_worker_info() is not None
-            shared = packed and np is not None and in_worker
-            while True:
-                if shared:
-                    batch = stream.next_batch_into(self.batch_size, _shared_array)
-                elif packed and np is not None:
-                    batch = stream.next_batch_array(self.batch_size)
-                elif packed:
-                    batch = stream.next_batch_packed(self.batch_size)
-                else:
-                    batch = stream.next_batch(self.batch_size)
-                if batch is None:
-                    break
-                if packed:
-                    ids, labels, buf, offsets, weights = batch
-                    data = _packed(buf, offsets)
-                else:
-                    ids, labels, data, weights = batch
-                    offsets = None
-                    if transform is not None:
-                        data = [transform(d) for d in data]
-                self._consumed += len(ids)
-                if np is not None:
-                    ids = np.asarray(ids, dtype=np.int64)
-                    labels = np.asarray(labels, dtype=np.int64)
-                    weights = np.asarray(weights, dtype=np.float32)
-                item = {"id": ids, "label": labels, "data": data}
-                if packed:
-                    item["offsets"] = data[1]
-                    item["data"] = data[0]
-                if weighted:
-                    item["weight"] = weights
+            for n, item in self._batches(stream, weighted, transform):
+                self._consumed += n
                 yield item
         # The resumed remainder is done; the epoch's next iteration starts it afresh.
         self._resume = None
         self._redistributed = False
+
+    def _batches(self, stream, weighted, transform):
+        """(samples, item) per batch of ``stream``. With numpy the batch is gathered into one
+        buffer and its samples are views of it; inside a DataLoader worker that buffer is a
+        segment of the worker's shared-memory ring and the item a record that becomes the
+        batch in the training process (see ``_shm``)."""
+        try:
+            import numpy as np
+        except ImportError:
+            np = None
+        packed = self.batch_format == "tensor"
+        n = self.batch_size
+        if np is None:  # bytes objects, or one bytearray with its offsets
+            while True:
+                batch = stream.next_batch_packed(n) if packed else stream.next_batch(n)
+                if batch is None:
+                    return
+                if packed:
+                    ids, labels, data, offsets, weights = batch
+                else:
+                    ids, labels, data, weights = batch
+                    if transform is not None:
+                        data = [transform(d) for d in data]
+                item = {"id": ids, "label": labels, "data": data}
+                if packed:
+                    item["offsets"] = offsets
+                if weighted:
+                    item["weight"] = weights
+                yield len(ids), item
+        from . import _shm  # needs numpy
+
+        in_worker = _tud is not None and _tud.get_worker_info() is not None
+        if in_worker and transform is None:
+            yield from _shm.worker_batches(stream, n, packed, weighted)
+            return
+        while True:
+            batch = stream.next_batch_array(n)
+            if batch is None:
+                return
+            ids, labels, arr, offsets, weights = batch
+            item = _shm.assemble(arr, offsets, np.asarray(ids, np.int64),
+                                 np.asarray(labels, np.int64),
+                                 np.asarray(weights, np.float32) if weighted else None, packed)
+            if transform is not None:
+                item["data"] = [transform(d) for d in item["data"]]
+            yield len(ids), item
 
     # -- resume (torchdata StatefulDataLoader protocol) ----------------------------------
 

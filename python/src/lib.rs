@@ -1,11 +1,13 @@
 //! `granary._native`: the reader library for Python. The `granary` package wraps these types
 //! into `torch.utils.data` datasets; everything here works without torch.
 //!
-//! The GIL is released during every read (`Python::detach`). Samples reach Python as `bytes`:
-//! map-style reads land straight in the new `bytes` object (raw records are read into it, no
-//! intermediate buffer); streamed samples are copied once out of the large aligned read
-//! buffers, because the stable ABI this one wheel is built for (CPython >= 3.9) has no buffer
-//! protocol for extension types before 3.11.
+//! The GIL is released during every read (`Python::detach`). Map-style reads land straight in
+//! a new `bytes` object (raw records are read into it, no intermediate buffer); streamed batches
+//! are gathered once out of the large aligned read buffers into one buffer (a numpy array, or
+//! one the caller provides, such as a segment of a DataLoader worker's shared-memory ring),
+//! which the Python package hands out as per-sample views. The stable ABI this one wheel is
+//! built for (CPython >= 3.9) has no buffer protocol for extension types before 3.11, hence
+//! numpy arrays rather than views of the read buffers themselves.
 #![forbid(unsafe_code)]
 
 use std::path::PathBuf;

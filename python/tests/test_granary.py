@@ -297,7 +297,7 @@ def test_locality_pad_and_transform(packed):
         assert len(got) == 240
         for i, (n, head) in got.items():
             data = files[by_id.path(i)]
-            assert (n, head) == (len(data), data[:4])
+            assert (n, as_bytes(head)) == (len(data), data[:4])
     m = granary.Dataset(path, transform=len)
     assert m[5] == (len(files[m.path(5)]), by_id[5][1])
     assert pickle.loads(pickle.dumps(m))[5] == m[5]

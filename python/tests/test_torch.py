@@ -43,38 +43,75 @@ def test_dataloader_covers_every_sample_exactly_once(packed, workers, context):
     assert sorted(got) == list(range(240))
 
 
-class SharedInWorker(torch.utils.data.IterableDataset):
-    """Yields each batch of ``inner`` with whether its bytes were already in shared memory
-    inside the worker, before DataLoader handed it over."""
+class ReadInWorker(torch.utils.data.IterableDataset):
+    """Wraps ``inner`` inside the worker and reads each batch there, as a dataset that
+    filters or logs would, before DataLoader sends it on."""
 
     def __init__(self, inner):
         self.inner = inner
 
     def __iter__(self):
         for b in self.inner:
-            yield b, b["data"].is_shared()
+            assert set(b.keys()) >= {"id", "label", "data"} and len(b["id"]) == len(b["label"])
+            yield b
 
 
-@pytest.mark.parametrize("context", ["fork", "spawn"])
-def test_packed_batches_cross_from_workers_in_shared_memory(packed, context):
+@pytest.mark.parametrize("context", ["fork", "spawn", "forkserver"])
+@pytest.mark.parametrize("batch_format", ["list", "tensor"])
+def test_batches_cross_from_workers_in_a_reused_shared_memory_ring(packed, context, batch_format):
+    from granary import _shm
+
     path, files = packed
     m = granary.Dataset(path)
-    ds = granary.IterableDataset(path, seed=1, batch_size=32, batch_format="tensor")
+    ds = granary.IterableDataset(path, seed=1, batch_size=4, batch_format=batch_format)
+    before = set(_shm._attached)
     seen = []
     loader = DataLoader(
-        SharedInWorker(ds), batch_size=None, num_workers=2, multiprocessing_context=context
+        ReadInWorker(ds), batch_size=None, num_workers=2, multiprocessing_context=context
     )
-    for b, shared_in_worker in loader:
-        data, off = b["data"], b["offsets"]
-        assert data.dtype == torch.uint8 and off.dtype == torch.int64
-        # Gathered straight into shared memory in the worker: it crossed as a descriptor,
-        # not as a copy DataLoader made.
-        assert shared_in_worker
-        assert int(off[-1]) == len(data)
-        for k, i in enumerate(b["id"].tolist()):
-            assert bytes(data[off[k]:off[k + 1]].numpy()) == files[m.path(i)]
+    for b in loader:
+        assert b["id"].dtype == b["label"].dtype == torch.int64
+        if batch_format == "tensor":
+            data, off = b["data"], b["offsets"]
+            assert data.dtype == torch.uint8 and off.dtype == torch.int64
+            assert int(off[-1]) == len(data)
+            samples = [data[off[k]:off[k + 1]] for k in range(len(b["id"]))]
+        else:
+            samples = b["data"]
+            assert isinstance(samples, list) and len(samples) == len(b["id"])
+        for i, x in zip(b["id"].tolist(), samples):
+            assert x.dtype == torch.uint8
+            assert bytes(x.numpy()) == files[m.path(i)]
             seen.append(i)
     assert sorted(seen) == list(range(240))
+    # Each worker's batches came through its ring, and the ring reused its segments: 30
+    # batches per worker, a handful of segments (the ones in flight at once).
+    rings = [a for t, a in _shm._attached.items() if t not in before]
+    assert len(rings) == 2
+    for a in rings:
+        assert a.segs and max(serial for serial, _ in a.segs.values()) <= 8
+
+
+def test_held_batches_are_never_overwritten(packed):
+    # The training loop keeps every batch: their segments are not reused, and past the ring's
+    # slots batches are pickled instead. Every byte still matches at the end.
+    from granary import _shm
+
+    path, files = packed
+    m = granary.Dataset(path)
+    ds = granary.IterableDataset(path, seed=5, batch_size=1)
+    held = list(DataLoader(ds, batch_size=None, num_workers=2))
+    assert len(held) == 240 > 2 * _shm.SLOTS
+    for b in held:
+        assert bytes(b["data"][0].numpy()) == files[m.path(int(b["id"][0]))]
+    # Once they are dropped, the slots are free again.
+    rings = [a for a in _shm._attached.values()][-2:]
+    del held, b
+    import gc
+
+    gc.collect()
+    for a in rings:
+        assert not any(a.ctl[s] for s in a.segs)
 
 
 def test_map_style_with_a_sampler(packed):

@@ -1,0 +1,308 @@
+"""Batches that cross from DataLoader workers to the training process in reused shared memory.
+
+A worker gathers each batch's bytes into a segment of its ring: shared memory (``memfd``) that
+it keeps and reuses, so once the ring is warm a batch costs no allocation, no page faults and
+no file descriptor. What crosses the DataLoader's queue is a small record (ring, segment,
+offsets, ids, labels); the training process maps each segment once and hands out per-sample
+views of it.
+
+Ownership is one byte per segment in a shared control page: the worker sets it when it sends
+a batch; the training process clears it when the last view of that batch is gone (a weak
+reference on the array every view is made from); only then does the worker write there again.
+A segment's descriptor travels with its batches (``multiprocessing``'s ``DupFd``, as torch
+sends tensors) until the training process acknowledges it in the control page, so a batch
+that never arrives costs nothing but a retry. Rings are per process: a forked child makes its
+own. When every segment is taken (the training loop keeps more batches than the ring has
+slots), the batch is pickled instead, a copy but never wrong.
+"""
+
+import mmap
+import os
+import struct
+import weakref
+from multiprocessing import reduction
+
+import numpy as np
+
+SLOTS = 64  # segments per ring
+_ACK_CTL = SLOTS  # byte: the training process has mapped the control page
+_ACK_SEG = SLOTS + 8  # u64 per slot: serial of the segment the training process has mapped
+_CTL_BYTES = _ACK_SEG + 8 * SLOTS
+_MIN_SEGMENT = 4 << 20
+_GRAIN = 1 << 20
+
+
+class _Segment:
+    __slots__ = ("fd", "mm", "size", "serial")
+
+    def __init__(self, size, serial):
+        self.fd = os.memfd_create(f"granary-batch-{serial}", os.MFD_CLOEXEC)
+        try:
+            os.ftruncate(self.fd, size)
+            self.mm = mmap.mmap(self.fd, size)
+        except BaseException:
+            os.close(self.fd)
+            raise
+        self.size = size
+        self.serial = serial
+
+    def close(self):
+        try:
+            self.mm.close()
+        except BufferError:  # a view is still alive in this process: it goes with the view
+            pass
+        os.close(self.fd)
+
+
+class Ring:
+    """The worker side: segments to gather batches into, and the records that carry them."""
+
+    def __init__(self):
+        self.pid = os.getpid()
+        self.token = os.urandom(8).hex()
+        self.ctl_fd = os.memfd_create("granary-ring", os.MFD_CLOEXEC)
+        os.ftruncate(self.ctl_fd, _CTL_BYTES)
+        self.ctl = mmap.mmap(self.ctl_fd, _CTL_BYTES)
+        self.segs = []
+        self.serial = 0
+
+    def acquire(self, nbytes):
+        """A free segment of at least ``nbytes``, marked taken: its slot, or None when every
+        slot is taken."""
+        free = [i for i, s in enumerate(self.segs) if not self.ctl[i]]
+        fits = [i for i in free if self.segs[i].size >= nbytes]
+        if fits:
+            slot = fits[0]
+        elif free or len(self.segs) < SLOTS:
+            if free:
+                slot = free[0]
+                self.segs[slot].close()
+            else:
+                slot = len(self.segs)
+                self.segs.append(None)
+            self.serial += 1
+            # Room for batches a little larger than this one, so sizes that wander reuse it.
+            size = max(_MIN_SEGMENT, -(-(nbytes + nbytes // 4) // _GRAIN) * _GRAIN)
+            self.segs[slot] = _Segment(size, self.serial)
+        else:
+            return None
+        self.ctl[slot] = 1
+        return slot
+
+    def release(self, slot):
+        """Gives back a slot whose batch will not be sent."""
+        self.ctl[slot] = 0
+
+    def array(self, slot, nbytes):
+        return np.frombuffer(self.segs[slot].mm, np.uint8, count=nbytes)
+
+    def record(self, slot, nbytes, offsets, ids, labels, weights, packed):
+        seg = self.segs[slot]
+        ctl_fd = None if self.ctl[_ACK_CTL] else reduction.DupFd(self.ctl_fd)
+        (acked,) = struct.unpack_from("<Q", self.ctl, _ACK_SEG + 8 * slot)
+        seg_fd = None if acked == seg.serial else reduction.DupFd(seg.fd)
+        args = (self.token, self.pid, ctl_fd, slot, seg.serial, seg_fd, seg.size, nbytes,
+                offsets, ids, labels, weights, packed)
+        return Batch(_attach, args, lambda: assemble(self.array(slot, nbytes), offsets, ids,
+                                                     labels, weights, packed))
+
+
+_ring = None
+
+
+def ring():
+    """This process's ring (a new one in a forked child)."""
+    global _ring
+    if _ring is None or _ring.pid != os.getpid():
+        _ring = Ring()
+    return _ring
+
+
+class Batch:
+    """A batch as a DataLoader worker sends it: it pickles as ``fn`` and its arguments (a
+    small record of a ring segment for ``_attach``, or the bytes themselves for ``assemble``)
+    and unpickles, in the training process, as the batch's dict. Not a mapping, so that
+    DataLoader's ``default_convert`` passes it through untouched; a dataset that wraps
+    granary's inside the worker can still read it like the dict (``b["id"]``, ``b.keys()``),
+    but not change it: build a new dict for that."""
+
+    __slots__ = ("fn", "args", "local", "_dict")
+
+    def __init__(self, fn, args, local):
+        self.fn = fn
+        self.args = args
+        self.local = local  # () -> the batch's dict in this process
+        self._dict = None
+
+    def __reduce__(self):
+        return (self.fn, self.args)
+
+    def _d(self):
+        if self._dict is None:
+            self._dict = self.local()
+        return self._dict
+
+    def __getitem__(self, key):
+        return self._d()[key]
+
+    def __contains__(self, key):
+        return key in self._d()
+
+    def __iter__(self):
+        return iter(self._d())
+
+    def __len__(self):
+        return len(self._d())
+
+    def keys(self):
+        return self._d().keys()
+
+    def values(self):
+        return self._d().values()
+
+    def items(self):
+        return self._d().items()
+
+    def get(self, key, default=None):
+        return self._d().get(key, default)
+
+    def __repr__(self):
+        return f"<granary batch for the training process ({self.fn.__name__})>"
+
+
+# -- the training process's side --------------------------------------------------------------
+
+
+class _Attached:
+    __slots__ = ("pid", "ctl", "segs")
+
+    def __init__(self, pid, ctl):
+        self.pid = pid
+        self.ctl = ctl
+        self.segs = {}  # slot -> (serial, mmap)
+
+
+_attached = {}  # ring token -> _Attached
+_MAX_RINGS = 64
+
+
+def _map(dupfd, size):
+    fd = dupfd.detach()
+    try:
+        return mmap.mmap(fd, size)
+    finally:
+        os.close(fd)
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _release(ctl, slot):
+    try:
+        ctl[slot] = 0
+    except ValueError:  # the control page is gone (interpreter shutdown)
+        pass
+
+
+def _attach(token, pid, ctl_fd, slot, serial, seg_fd, size, nbytes, offsets, ids, labels,
+            weights, packed):
+    r = _attached.get(token)
+    if r is None:
+        if ctl_fd is None:
+            raise RuntimeError(
+                f"granary: a batch from DataLoader worker pid {pid} refers to shared memory "
+                "this process never received")
+        # New workers: forget the rings of workers that have exited, and bound the rest.
+        for t in [t for t, a in _attached.items() if not _alive(a.pid)]:
+            del _attached[t]
+        while len(_attached) >= _MAX_RINGS:
+            del _attached[next(iter(_attached))]
+        r = _attached[token] = _Attached(pid, _map(ctl_fd, _CTL_BYTES))
+        r.ctl[_ACK_CTL] = 1
+    elif ctl_fd is not None:
+        os.close(ctl_fd.detach())  # sent again before our acknowledgement arrived
+    have = r.segs.get(slot)
+    if seg_fd is not None:
+        if have is None or have[0] != serial:
+            have = r.segs[slot] = (serial, _map(seg_fd, size))
+            struct.pack_into("<Q", r.ctl, _ACK_SEG + 8 * slot, serial)
+        else:
+            os.close(seg_fd.detach())
+    if have is None or have[0] != serial:
+        raise RuntimeError(
+            f"granary: a batch from DataLoader worker pid {pid} refers to segment {slot} "
+            f"generation {serial}, which this process never received")
+    arr = np.frombuffer(have[1], np.uint8, count=nbytes)
+    # Every view below is made from `arr`: the slot is free again once the last one is gone.
+    weakref.finalize(arr, _release, r.ctl, slot).atexit = False
+    return assemble(arr, offsets, ids, labels, weights, packed)
+
+
+def assemble(arr, offsets, ids, labels, weights, packed):
+    """The batch dict from a uint8 array of the samples back to back: per-sample views (uint8
+    tensors with torch, numpy arrays without) or, ``packed``, the array and the offsets; ids
+    and labels as int64 tensors (numpy arrays without torch)."""
+    try:
+        import torch
+    except ImportError:
+        torch = None
+    if torch is not None:
+        data = torch.from_numpy(arr)
+        offsets_t = torch.from_numpy(offsets)
+        if not packed:
+            data = list(torch.split(data, np.diff(offsets).tolist()))
+        ids, labels = torch.from_numpy(ids), torch.from_numpy(labels)
+        if weights is not None:
+            weights = torch.from_numpy(weights)
+        offsets = offsets_t
+    elif not packed:
+        data = np.split(arr, offsets[1:-1])
+    else:
+        data = arr
+    item = {"id": ids, "label": labels, "data": data}
+    if packed:
+        item["offsets"] = offsets
+    if weights is not None:
+        item["weight"] = weights
+    return item
+
+
+def worker_batches(stream, n, packed, weighted):
+    """(samples, record) per batch of ``stream``, gathered into this worker's ring."""
+    r = ring()
+    taken = []
+
+    def alloc(nbytes):
+        slot = r.acquire(nbytes)
+        taken.append(slot)
+        return np.empty(nbytes, np.uint8) if slot is None else r.array(slot, nbytes)
+
+    while True:
+        taken.clear()
+        try:
+            batch = stream.next_batch_into(n, alloc)
+        except BaseException:
+            for slot in taken:
+                if slot is not None:
+                    r.release(slot)
+            raise
+        if batch is None:
+            return
+        ids, labels, arr, offsets, weights = batch
+        ids = np.asarray(ids, np.int64)
+        labels = np.asarray(labels, np.int64)
+        weights = np.asarray(weights, np.float32) if weighted else None
+        slot = taken[0]
+        if slot is None:  # every slot is taken: the bytes are pickled, a copy
+            args = (arr, offsets, ids, labels, weights, packed)
+            yield len(ids), Batch(assemble, args, lambda a=args: assemble(*a))
+        else:
+            del arr  # the segment may be replaced later: nothing here keeps a view of it
+            yield len(ids), r.record(slot, int(offsets[-1]), offsets, ids, labels, weights, packed)
