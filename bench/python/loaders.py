@@ -1,15 +1,20 @@
-"""Python-side loader throughput: granary vs WebDataset, MosaicML Streaming (MDS) and LitData.
+"""Python-side loader throughput: granary vs raw files, WebDataset, MosaicML Streaming, LitData.
 
 Same data (an ImageFolder-style tree, e.g. from `granary bench gen`), same torch DataLoader
 worker count, same batch size, every loader shuffling, every batch delivered to the training
-loop with the raw bytes of its samples (a list of bytes, or for granary one uint8 tensor with
-offsets); no decoding: the loaders are measured, not JPEG decoding.
-Each loader is used as its documentation recommends:
+loop as a list of per-sample payloads (what a loop that decodes samples one by one consumes);
+no decoding: the loaders are measured, not JPEG decoding. Each loader as its documentation
+recommends:
 
-  granary      granary.IterableDataset(ds, batch_size=B, batch_format="tensor") in
-               DataLoader(batch_size=None, num_workers=W) (chunk-wise shuffle)
-  granary-inproc  the same dataset iterated in the training process: the reader's own I/O and
-               checksum threads instead of DataLoader worker processes
+  raw          what torchvision's ImageFolder does without decoding: a map-style dataset of
+               the files, DataLoader(shuffle=True, batch_size=B, num_workers=W), each file
+               opened and read whole
+  granary      granary.IterableDataset(ds, batch_size=B) in DataLoader(batch_size=None,
+               num_workers=W): chunk-wise shuffle, each sample a uint8 tensor view of the
+               batch's buffer (the worker's shared-memory ring)
+  granary-tensor  the same with batch_format="tensor" (one tensor and offsets per batch)
+  granary-inproc  the per-sample batches iterated in the training process: the reader's own
+               I/O and checksum threads instead of DataLoader worker processes
   webdataset   tar shards from wds.ShardWriter; wds.WebDataset(urls, shardshuffle=True)
                .shuffle(1000).to_tuple(...).batched(B) in wds.WebLoader(batch_size=None,
                num_workers=W)
@@ -18,13 +23,16 @@ Each loader is used as its documentation recommends:
   litdata      litdata.optimize(...) chunks; litdata.StreamingDataset(dir, shuffle=True) in
                litdata.StreamingDataLoader(batch_size=B, num_workers=W)
 
-Before every epoch the page cache is dropped (as root; otherwise the numbers are warm and the
-report says so). Conversions are timed too; every loader's modules are imported before the
-first epoch is timed. The disk's ceiling for the same bytes is measured with fio (when it is
-installed) before and after the loaders. Prints a table, the ratio of granary to the fastest
-other loader and to the disk ceiling; --json writes the numbers.
+Every loader runs in a process of its own (its modules imported before the clock starts, its
+peak memory measured: the training process's and its workers' largest resident set). The page
+cache is dropped before its first epoch only (as root; otherwise the report says it was not):
+epoch 1 is cold, the next ones warm. Conversions are timed too. Two ceilings for the same
+bytes: the disk's (fio reading granary's chunk files sequentially with O_DIRECT, before and
+after the loaders) and memory's (W threads reading the same files warm, sequentially, into one
+buffer each: a copy out of the page cache and nothing else). Prints a table, granary's ratios
+to the fastest other loader cold and warm, and the ceilings; --json writes the numbers.
 
-  python bench/python/loaders.py --src TREE --work DIR [--workers 2] [--batch 64] [--epochs 2]
+  python bench/python/loaders.py --src TREE --work DIR [--workers 2] [--batch 64] [--epochs 3]
 """
 
 import argparse
@@ -85,48 +93,83 @@ def convert_mds(src, files, out):
             w.write({"data": p.read_bytes(), "label": label})
 
 
-_FILES = None
-
-
-def _lit_item(i):
-    p, label = _FILES[i]
-    return {"data": p.read_bytes(), "label": label}
+def _lit_item(item):
+    path, label = item
+    with open(path, "rb") as f:
+        return {"data": f.read(), "label": label}
 
 
 def convert_litdata(src, files, out):
     import litdata
 
-    global _FILES
-    _FILES = files
-    litdata.optimize(fn=_lit_item, inputs=list(range(len(files))), output_dir=str(out),
-                     chunk_bytes="64MB", num_workers=1)
+    # Inputs carry the paths: newer LitData runs the function in spawned processes.
+    litdata.optimize(fn=_lit_item, inputs=[(str(p), label) for p, label in files],
+                     output_dir=str(out), chunk_bytes="64MB", num_workers=1)
 
 
 # -- loaders --------------------------------------------------------------------------------
 
 def collate_bytes(batch):
-    return [b["data"] for b in batch]
+    # LitData hands out memoryviews of its chunks, which cannot cross from a DataLoader worker
+    # (pickle refuses them): bytes, as a user would have to.
+    return [b["data"] if isinstance(b["data"], bytes) else bytes(b["data"]) for b in batch]
+
+
+class RawFiles:
+    """ImageFolder without decoding: (bytes, label) of file i."""
+
+    def __init__(self, files):
+        self.files = [(str(p), label) for p, label in files]
+
+    def __len__(self):
+        return len(self.files)
+
+    def __getitem__(self, i):
+        path, label = self.files[i]
+        with open(path, "rb") as f:
+            return f.read(), label
+
+
+def collate_raw(batch):
+    return [b for b, _ in batch]
+
+
+def load_raw(src, workers, batch, epoch):
+    import torch
+    from torch.utils.data import DataLoader
+
+    g = torch.Generator()
+    g.manual_seed(epoch)
+    ds = RawFiles(list_tree(src))
+    yield from sizes(DataLoader(ds, batch_size=batch, shuffle=True, generator=g,
+                                num_workers=workers, collate_fn=collate_raw))
+
+
+def _granary(out, batch, epoch, fmt):
+    import granary
+
+    ds = granary.IterableDataset(out, batch_size=batch, seed=1, batch_format=fmt)
+    ds.set_epoch(epoch)
+    return ds
 
 
 def load_granary(out, workers, batch, epoch):
-    import granary
     from torch.utils.data import DataLoader
 
-    ds = granary.IterableDataset(out, batch_size=batch, seed=1, batch_format="tensor")
-    ds.set_epoch(epoch)
+    ds = _granary(out, batch, epoch, "list")
+    yield from sizes(b["data"] for b in DataLoader(ds, batch_size=None, num_workers=workers))
+
+
+def load_granary_tensor(out, workers, batch, epoch):
+    from torch.utils.data import DataLoader
+
+    ds = _granary(out, batch, epoch, "tensor")
     for b in DataLoader(ds, batch_size=None, num_workers=workers):
         yield len(b["offsets"]) - 1, int(b["offsets"][-1])
 
 
 def load_granary_inproc(out, workers, batch, epoch):
-    """granary's reader in the training process (its own I/O and checksum threads, no
-    DataLoader worker processes)."""
-    import granary
-
-    ds = granary.IterableDataset(out, batch_size=batch, seed=1, batch_format="tensor")
-    ds.set_epoch(epoch)
-    for b in ds:
-        yield len(b["offsets"]) - 1, int(b["offsets"][-1])
+    yield from sizes(b["data"] for b in _granary(out, batch, epoch, "list"))
 
 
 def sizes(batches):
@@ -159,21 +202,16 @@ def load_litdata(out, workers, batch, epoch):
                                                  collate_fn=collate_bytes))
 
 
+# name: (converted directory under --work or None for the source tree, conversion, loader,
+# modules to import before the clock starts; importing torch alone takes seconds of CPU)
 LOADERS = {
-    "granary": (convert_granary, load_granary),
-    "granary-inproc": (None, load_granary_inproc),
-    "webdataset": (convert_webdataset, load_webdataset),
-    "mds": (convert_mds, load_mds),
-    "litdata": (convert_litdata, load_litdata),
-}
-# What each loader imports: imported before any epoch is timed (importing torch alone takes
-# seconds of CPU, which would otherwise land in the first loader's first epoch).
-MODULES = {
-    "granary": ["torch.utils.data", "granary"],
-    "granary-inproc": ["granary"],
-    "webdataset": ["torch.utils.data", "webdataset"],
-    "mds": ["torch.utils.data", "streaming"],
-    "litdata": ["litdata"],
+    "raw": (None, None, load_raw, ["torch.utils.data"]),
+    "granary": ("granary", convert_granary, load_granary, ["torch.utils.data", "granary"]),
+    "granary-tensor": ("granary", convert_granary, load_granary_tensor, ["torch.utils.data", "granary"]),
+    "granary-inproc": ("granary", convert_granary, load_granary_inproc, ["torch", "granary"]),
+    "webdataset": ("webdataset", convert_webdataset, load_webdataset, ["torch.utils.data", "webdataset"]),
+    "mds": ("mds", convert_mds, load_mds, ["torch.utils.data", "streaming"]),
+    "litdata": ("litdata", convert_litdata, load_litdata, ["torch.utils.data", "litdata"]),
 }
 
 
@@ -192,16 +230,74 @@ def disk_ceiling(packed):
     return json.loads(out)["jobs"][0]["read"]["bw_bytes"]
 
 
+def memory_ceiling(packed, threads):
+    """Bytes/s of `threads` threads copying granary's chunk files out of the page cache, each
+    file read sequentially into a buffer of the reader's own (read once first to make it warm;
+    best of 3)."""
+    import concurrent.futures
+
+    files = sorted(p for p in Path(packed).iterdir() if p.is_file())
+    total = sum(p.stat().st_size for p in files)
+
+    def read(part):
+        buf = bytearray(8 << 20)
+        for p in part:
+            with open(p, "rb", buffering=0) as f:
+                while f.readinto(buf):
+                    pass
+
+    best = 0.0
+    with concurrent.futures.ThreadPoolExecutor(threads) as pool:
+        for attempt in range(4):
+            t = time.perf_counter()
+            list(pool.map(read, [files[k::threads] for k in range(threads)]))
+            dt = time.perf_counter() - t
+            if attempt:
+                best = max(best, total / dt)
+    return best
+
+
+def run_child(a):
+    """One loader's epochs, in this process: prints one JSON line."""
+    import importlib
+    import resource
+
+    dirname, _, load, modules = LOADERS[a.child]
+    for m in modules:
+        importlib.import_module(m)
+    data = Path(a.src) if dirname is None else Path(a.work) / dirname
+    runs = []
+    for epoch in range(a.epochs):
+        cold = drop_caches() if epoch == 0 else False
+        t = time.perf_counter()
+        n = nbytes = 0
+        for k, m in load(data, a.workers, a.batch, epoch):
+            n += k
+            nbytes += m
+        dt = time.perf_counter() - t
+        runs.append({"samples": n, "bytes": nbytes, "seconds": dt, "samples_per_s": n / dt,
+                     "cold": cold})
+    # This process's high-water mark (VmHWM: ru_maxrss would include the parent's from before
+    # exec), and the largest of its DataLoader workers (shared memory they touched included).
+    with open("/proc/self/status") as f:
+        hwm = next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
+    workers = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    print(json.dumps({"runs": runs, "peak_rss_mb": hwm / 1024, "worker_peak_rss_mb": workers / 1024}))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--src", required=True, help="ImageFolder-style tree")
     ap.add_argument("--work", required=True, help="where the converted datasets go")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--batch", type=int, default=64)
-    ap.add_argument("--epochs", type=int, default=2)
+    ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--only", default=",".join(LOADERS))
     ap.add_argument("--json", help="write the results here")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
     a = ap.parse_args()
+    if a.child:
+        return run_child(a)
     src, work = Path(a.src), Path(a.work)
     names = a.only.split(",")
     unknown = [n for n in names if n not in LOADERS]
@@ -209,67 +305,73 @@ def main():
         sys.exit(f"unknown loader(s) {', '.join(unknown)}; choose from {', '.join(LOADERS)}")
     files = list_tree(src)
     total = sum(p.stat().st_size for p, _ in files)
-    print(f"{len(files)} files, {total / 1e9:.2f} GB, {a.workers} workers, batches of {a.batch}")
-    import importlib
-
-    for name in names:
-        for m in MODULES[name]:
-            importlib.import_module(m)
+    print(f"{len(files)} files, {total / 1e9:.2f} GB, {a.workers} workers, batches of {a.batch}, "
+          f"{a.epochs} epochs (the first cold)", flush=True)
     conv_s = {}
     for name in names:
-        convert, _ = LOADERS[name]
-        out = work / name.split("-")[0]
-        if convert is not None and not out.exists():
-            drop_caches()
-            t = time.perf_counter()
-            convert(src, files, out)
-            conv_s[name] = time.perf_counter() - t
-    ceilings = [disk_ceiling(work / "granary")]
+        dirname, convert, _, modules = LOADERS[name]
+        if convert is None or (work / dirname).exists():
+            continue
+        import importlib
+
+        for m in modules:
+            importlib.import_module(m)
+        drop_caches()
+        t = time.perf_counter()
+        convert(src, files, work / dirname)
+        conv_s[dirname] = time.perf_counter() - t
+    packed = work / "granary"
+    ceilings = [disk_ceiling(packed)]
     results = []
     for name in names:
-        _, load = LOADERS[name]
-        out = work / name.split("-")[0]
-        runs = []
-        for epoch in range(a.epochs):
-            cold = drop_caches()
-            t = time.perf_counter()
-            n = nbytes = 0
-            for k, m in load(out, a.workers, a.batch, epoch):
-                n += k
-                nbytes += m
-            dt = time.perf_counter() - t
-            if n != len(files) and not (name.startswith("granary") and n >= len(files) - a.batch):
-                print(f"  warning: {name} delivered {n} of {len(files)} samples", file=sys.stderr)
-            runs.append({"samples": n, "bytes": nbytes, "seconds": dt, "samples_per_s": n / dt, "cold": cold})
-        best = max(r["samples_per_s"] for r in runs)
-        results.append({"loader": name, "convert_s": conv_s.get(name), "runs": runs, "best_samples_per_s": best})
-        conv = f"{len(files) / conv_s[name]:7.0f} files/s" if name in conv_s else "  (existing)  "
-        print(f"  {name:<11} convert {conv}  epochs " +
-              "  ".join(f"{r['samples_per_s']:7.0f}/s ({r['bytes'] / r['seconds'] / 1e6:5.0f} MB/s{'' if r['cold'] else ', warm'})" for r in runs),
+        args = [sys.executable, __file__, "--child", name, "--src", str(src), "--work", str(work),
+                "--workers", str(a.workers), "--batch", str(a.batch), "--epochs", str(a.epochs)]
+        r = subprocess.run(args, capture_output=True, text=True)
+        if r.returncode != 0:
+            print(f"  {name}: failed\n{r.stderr[-2000:]}", file=sys.stderr)
+            continue
+        res = json.loads(r.stdout.strip().splitlines()[-1])
+        runs = res["runs"]
+        for run in runs:
+            short = len(files) - run["samples"]
+            if short and not (name.startswith("granary") and 0 < short < a.batch * a.workers):
+                print(f"  warning: {name} delivered {run['samples']} of {len(files)} samples",
+                      file=sys.stderr)
+        dirname = LOADERS[name][0]
+        res.update(loader=name, convert_s=conv_s.get(dirname),
+                   cold_samples_per_s=runs[0]["samples_per_s"] if runs[0]["cold"] else None,
+                   warm_samples_per_s=max((x["samples_per_s"] for x in runs[1:]), default=None))
+        results.append(res)
+        conv = (f"{len(files) / conv_s[dirname]:6.0f} files/s" if dirname in conv_s
+                else "   (existing)  " if dirname else "        -       ")
+        print(f"  {name:<15} convert {conv}  peak RSS {res['peak_rss_mb']:4.0f} + "
+              f"{res['worker_peak_rss_mb']:4.0f} MB per worker  epochs " +
+              "  ".join(f"{x['samples_per_s']:6.0f}/s{' cold' if x['cold'] else ' warm'}" for x in runs),
               flush=True)
-    ceilings.append(disk_ceiling(work / "granary"))
-    ceilings = [c for c in ceilings if c]
+    ceilings.append(disk_ceiling(packed))
+    disk = [c for c in ceilings if c]
+    mem = memory_ceiling(packed, a.workers) if packed.is_dir() else None
     mean_size = total / len(files)
-    if ceilings:
-        per_s = [c / mean_size for c in ceilings]
-        print(f"disk ceiling (fio, O_DIRECT 4 MiB reads, io_uring QD 8, cold; before and after): "
-              + ", ".join(f"{c / 1e6:.0f} MB/s = {p:.0f} samples/s" for c, p in zip(ceilings, per_s)))
+    if disk:
+        print("disk ceiling (fio, O_DIRECT 4 MiB reads, io_uring QD 8, cold; before and after): "
+              + ", ".join(f"{c / 1e6:.0f} MB/s = {c / mean_size:.0f} samples/s" for c in disk))
+    if mem:
+        print(f"memory ceiling ({a.workers} threads copying the chunk files out of the page cache): "
+              f"{mem / 1e6:.0f} MB/s = {mem / mean_size:.0f} samples/s")
     others = [r for r in results if not r["loader"].startswith("granary")]
-    for g in (r for r in results if r["loader"].startswith("granary")):
-        if others:
-            fastest = max(others, key=lambda r: r["best_samples_per_s"])
-            print(f"{g['loader']} / fastest other ({fastest['loader']}): "
-                  f"{g['best_samples_per_s'] / fastest['best_samples_per_s']:.2f}x (best epoch of each)")
-        if ceilings:
-            print(f"{g['loader']} / disk ceiling: {g['best_samples_per_s'] / max(per_s):.2f} "
-                  f"(best epoch, highest ceiling)")
-    if others and ceilings:
-        fastest = max(r["best_samples_per_s"] for r in others)
-        print(f"3x the fastest other loader would need {3 * fastest:.0f} samples/s: "
-              f"{3 * fastest / max(per_s):.2f} of the disk ceiling")
+    for state in ("cold", "warm"):
+        key = f"{state}_samples_per_s"
+        rated = [r for r in others if r.get(key)]
+        if not rated:
+            continue
+        fastest = max(rated, key=lambda r: r[key])
+        for g in (r for r in results if r["loader"].startswith("granary") and r.get(key)):
+            print(f"{state}: {g['loader']} / fastest other ({fastest['loader']}): "
+                  f"{g[key] / fastest[key]:.2f}x")
     if a.json:
-        Path(a.json).write_text(json.dumps({"results": results, "disk_ceiling_bytes_per_s": ceilings},
-                                           indent=2))
+        Path(a.json).write_text(json.dumps({"results": results, "disk_ceiling_bytes_per_s": disk,
+                                            "memory_ceiling_bytes_per_s": mem,
+                                            "files": len(files), "bytes": total}, indent=2))
 
 
 if __name__ == "__main__":

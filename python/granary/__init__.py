@@ -152,7 +152,10 @@ class IterableDataset(_IterBase):
 
     ``transform``, if given, is applied to every sample in the process that reads them (a
     DataLoader worker): ``item["data"] = transform(data)``, per sample also in list batches
-    (where it gets the sample's uint8 view), not with ``batch_format="tensor"``.
+    (where it gets the sample's uint8 view), not with ``batch_format="tensor"``. ``collate``,
+    if given, turns a list batch's samples (after ``transform``) into one object in that same
+    process, e.g. ``torch.stack``: as DataLoader's own batching does in its workers, so that one
+    tensor per batch crosses to the training process instead of one per sample.
 
     ``cache_dir``/``cache_size`` put a tier on local storage in front of the dataset
     (``policy``: ``"lru"``, ``"static"`` or ``"importance"``); ``report(ids, losses)`` feeds the
@@ -190,6 +193,7 @@ class IterableDataset(_IterBase):
         pad=False,
         locality=1.0,
         transform=None,
+        collate=None,
     ):
         if shuffle not in ("chunkwise", "global", "sequential"):
             raise ValueError(f"shuffle must be chunkwise, global or sequential, not {shuffle!r}")
@@ -218,6 +222,11 @@ class IterableDataset(_IterBase):
                 "transform applies per sample; batch_format='tensor' packs a batch's bytes "
                 "(decode data[offsets[i]:offsets[i + 1]] yourself, or use batch_format='list')"
             )
+        if collate is not None and not callable(collate):
+            raise ValueError("collate must be callable")
+        if collate is not None and (batch_size is None or batch_format == "tensor"):
+            raise ValueError("collate applies to the list of a batch's samples: it needs "
+                             "batch_size and batch_format='list'")
         if (rank is None) != (world_size is None):
             raise ValueError("rank and world_size go together")
         if world_size is not None and not 0 <= rank < world_size:
@@ -230,6 +239,7 @@ class IterableDataset(_IterBase):
         self.drop_last = not pad if drop_last is None else bool(drop_last)
         self.locality = float(locality)
         self.transform = transform
+        self.collate = collate
         self.batch_size = batch_size
         self.cache_dir = None if cache_dir is None else os.fspath(cache_dir)
         self.cache_size = None if cache_size is None else int(cache_size)
@@ -338,14 +348,14 @@ class IterableDataset(_IterBase):
                     item["weight"] = weight
                 yield item
         else:
-            for n, item in self._batches(stream, weighted, transform):
+            for n, item in self._batches(stream, weighted, transform, self.collate):
                 self._consumed += n
                 yield item
         # The resumed remainder is done; the epoch's next iteration starts it afresh.
         self._resume = None
         self._redistributed = False
 
-    def _batches(self, stream, weighted, transform):
+    def _batches(self, stream, weighted, transform, collate):
         """(samples, item) per batch of ``stream``. With numpy the batch is gathered into one
         buffer and its samples are views of it; inside a DataLoader worker that buffer is a
         segment of the worker's shared-memory ring and the item a record that becomes the
@@ -367,6 +377,8 @@ class IterableDataset(_IterBase):
                     ids, labels, data, weights = batch
                     if transform is not None:
                         data = [transform(d) for d in data]
+                    if collate is not None:
+                        data = collate(data)
                 item = {"id": ids, "label": labels, "data": data}
                 if packed:
                     item["offsets"] = offsets
@@ -376,7 +388,7 @@ class IterableDataset(_IterBase):
         from . import _shm  # needs numpy
 
         in_worker = _tud is not None and _tud.get_worker_info() is not None
-        if in_worker and transform is None:
+        if in_worker and transform is None and collate is None:
             yield from _shm.worker_batches(stream, n, packed, weighted)
             return
         while True:
@@ -389,6 +401,8 @@ class IterableDataset(_IterBase):
                                  np.asarray(weights, np.float32) if weighted else None, packed)
             if transform is not None:
                 item["data"] = [transform(d) for d in item["data"]]
+            if collate is not None:
+                item["data"] = collate(item["data"])
             yield len(ids), item
 
     # -- resume (torchdata StatefulDataLoader protocol) ----------------------------------

@@ -298,6 +298,16 @@ def test_locality_pad_and_transform(packed):
         for i, (n, head) in got.items():
             data = files[by_id.path(i)]
             assert (n, as_bytes(head)) == (len(data), data[:4])
+    # collate turns a list batch's (transformed) samples into one object.
+    batches = list(granary.IterableDataset(path, batch_size=32, transform=len,
+                                           collate=lambda xs: ("sizes", xs)))
+    assert all(b["data"][0] == "sizes" and len(b["data"][1]) == len(b["id"]) for b in batches)
+    assert {int(i): n for b in batches for i, n in zip(b["id"], b["data"][1])} == {
+        i: len(files[by_id.path(i)]) for i in range(240)}
+    for bad in ({"collate": 3, "batch_size": 8}, {"collate": len},
+                {"collate": len, "batch_size": 8, "batch_format": "tensor"}):
+        with pytest.raises(ValueError):
+            granary.IterableDataset(path, **bad)
     m = granary.Dataset(path, transform=len)
     assert m[5] == (len(files[m.path(5)]), by_id[5][1])
     assert pickle.loads(pickle.dumps(m))[5] == m[5]

@@ -114,6 +114,22 @@ def test_held_batches_are_never_overwritten(packed):
         assert not any(a.ctl[s] for s in a.segs)
 
 
+def checksum(x):
+    return x.double().sum()
+
+
+def test_transform_and_collate_in_workers(packed):
+    # Decoding in the workers, as a JPEG pipeline does, with the batch stacked there.
+    path, files = packed
+    m = granary.Dataset(path)
+    ds = granary.IterableDataset(path, batch_size=16, transform=checksum, collate=torch.stack)
+    got = {}
+    for b in DataLoader(ds, batch_size=None, num_workers=2):
+        assert isinstance(b["data"], torch.Tensor) and b["data"].shape == (len(b["id"]),)
+        got.update(zip(b["id"].tolist(), b["data"].tolist()))
+    assert got == {i: float(sum(files[m.path(i)])) for i in range(240)}
+
+
 def test_map_style_with_a_sampler(packed):
     path, files = packed
     ds = granary.Dataset(path)
@@ -224,3 +240,34 @@ def test_report_accepts_tensors(packed, tmp_path):
     ds.flush_scores()
     table = granary.Scores(path, tmp_path)
     assert all(table.score(i) > 2.0 for i in range(240))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_stateful_dataloader_resumes_mid_epoch_exactly(packed, workers):
+    # torchdata's real StatefulDataLoader (torch 2): it keeps each worker's state_dict() as
+    # of the last batch handed out, and restores every worker from its own.
+    sdl = pytest.importorskip("torchdata.stateful_dataloader")
+
+    def run(state=None, take=None):
+        ds = granary.IterableDataset(_path[0], seed=9, batch_size=8)
+        ds.set_epoch(1)
+        dl = sdl.StatefulDataLoader(ds, batch_size=None, num_workers=workers)
+        if state is not None:
+            dl.load_state_dict(state)
+        got = []
+        for b in dl:
+            got.extend(b["id"].tolist())
+            if take is not None and len(got) == take:
+                return got, dl.state_dict()
+        return got, None
+
+    _path = packed
+    full, _ = run()
+    assert sorted(full) == list(range(240))
+    first, state = run(take=88)  # 11 of 30 batches, workers well ahead of the training loop
+    rest, _ = run(state=state)
+    assert first + rest == full
+    # A second checkpoint taken after a resume resumes exactly too.
+    second, state2 = run(state=state, take=64)
+    again, _ = run(state=state2)
+    assert first + second + again == full
