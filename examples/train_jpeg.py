@@ -96,7 +96,7 @@ def decode(data):
         img = decode_jpeg(data)
     else:
         raw = data if isinstance(data, bytes) else data.numpy()
-        img = torch.from_numpy(np.asarray(Image.open(io.BytesIO(raw)).convert("RGB"))).permute(2, 0, 1)
+        img = torch.from_numpy(np.array(Image.open(io.BytesIO(raw)).convert("RGB"))).permute(2, 0, 1)
     grey = img.float().mean(0, keepdim=True)
     return (grey - grey.mean()) / (grey.std() + 1e-3)
 
