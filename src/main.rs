@@ -19,6 +19,7 @@ lookup locally. Every record carries a CRC-32 of its original bytes.",
     after_help = "Examples:\n  granary pack ./train -o train.granary\n  granary info train.granary\n  \
 granary verify train.granary\n  granary cat train.granary cat/0001.jpg > 0001.jpg\n  \
 granary extract train.granary -o ./restored\n  granary read train.granary --epochs 2 --workers 2\n  \
+granary mount train.granary /mnt/train\n  \
 granary bench compare --raw ./train --packed train.granary --report report/\n\nExit codes: 0 success; 1 error (or, for verify, \
 damage found); 2 usage error; 3 pack finished but skipped unreadable files."
 )]
@@ -39,6 +40,8 @@ enum Command {
     Plan(cmd::plan::Args),
     Reindex(cmd::reindex::Args),
     Cache(cmd::cache::Args),
+    Mount(cmd::mount::Args),
+    Umount(cmd::mount::UmountArgs),
     Bench(cmd::bench::Args),
 }
 
@@ -55,6 +58,8 @@ fn main() -> ExitCode {
         Command::Plan(a) => cmd::plan::run(a),
         Command::Reindex(a) => cmd::reindex::run(a),
         Command::Cache(a) => cmd::cache::run(a),
+        Command::Mount(a) => cmd::mount::run(a),
+        Command::Umount(a) => cmd::mount::umount(a),
         Command::Bench(a) => cmd::bench::run(a),
     };
     match res {

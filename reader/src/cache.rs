@@ -643,6 +643,12 @@ impl ChunkCache {
     /// takes no lock and writes nothing: the content list is this handle's (revalidated by one
     /// `stat`), and the use is noted for a later batched write.
     pub fn lookup(&self, ce: &ChunkEntry) -> Result<Option<PathBuf>> {
+        Ok(self.open_copy(ce)?.map(|(_, p)| p))
+    }
+
+    /// As [`ChunkCache::lookup`], returning the copy opened (its header checked, positioned
+    /// after it) with its path, for random reads that keep the descriptor.
+    pub fn open_copy(&self, ce: &ChunkEntry) -> Result<Option<(File, PathBuf)>> {
         let key = Key::Chunk(ce.chunk_id);
         if !self.current()?.index.contains_key(&key) {
             return Ok(None);
@@ -667,7 +673,7 @@ impl ChunkCache {
             return Ok(None);
         }
         self.note_use(key);
-        Ok(Some(p))
+        Ok(Some((f, p)))
     }
 
     fn remove(&self, l: &mut Locked, key: Key) -> Result<()> {
@@ -744,19 +750,21 @@ impl ChunkCache {
             .then_some(p)
     }
 
-    /// Frees `size` bytes for a newcomer of importance `per_byte` as the policy says; returns
-    /// false (nothing evicted) when the newcomer does not get in.
-    fn make_room(&self, l: &mut Locked, size: u64, per_byte: f64) -> Result<bool> {
+    /// The entries to evict so that a newcomer of `size` bytes and importance `per_byte`
+    /// fits, as the policy says; `None` when the newcomer does not get in.
+    fn victims(&self, index: &BTreeMap<Key, Entry>, size: u64, per_byte: f64) -> Option<Vec<Key>> {
         if size > self.quota {
-            return Ok(false);
+            return None;
         }
-        let mut free = self.quota.saturating_sub(l.used());
+        let mut free = self
+            .quota
+            .saturating_sub(index.values().map(|e| e.size).sum());
         if free >= size {
-            return Ok(true);
+            return Some(Vec::new());
         }
-        let mut order: Vec<(Key, Entry)> = l.index.iter().map(|(k, e)| (*k, *e)).collect();
+        let mut order: Vec<(Key, Entry)> = index.iter().map(|(k, e)| (*k, *e)).collect();
         match self.policy {
-            CachePolicy::Static => return Ok(false),
+            CachePolicy::Static => return None,
             CachePolicy::Lru => order.sort_by_key(|(_, e)| e.last_use),
             CachePolicy::Importance => order.sort_by(|a, b| a.1.score.total_cmp(&b.1.score)),
         }
@@ -766,18 +774,34 @@ impl ChunkCache {
                 break;
             }
             if self.policy == CachePolicy::Importance && e.score * 1.1 >= per_byte {
-                return Ok(false);
+                return None;
             }
             victims.push(k);
             free += e.size;
         }
-        if free < size {
+        (free >= size).then_some(victims)
+    }
+
+    /// Frees `size` bytes for a newcomer of importance `per_byte` as the policy says; returns
+    /// false (nothing evicted) when the newcomer does not get in.
+    fn make_room(&self, l: &mut Locked, size: u64, per_byte: f64) -> Result<bool> {
+        let Some(victims) = self.victims(&l.index, size, per_byte) else {
             return Ok(false);
-        }
+        };
         for k in victims {
             self.remove(l, k)?;
         }
         Ok(true)
+    }
+
+    /// Whether [`ChunkCache::admit`] would take a chunk of `size` bytes with importance
+    /// `score` now (the policy's verdict, evicting nothing): lets a caller skip reading a
+    /// chunk the tier would decline.
+    pub fn would_admit(&self, size: u64, score: f64) -> Result<bool> {
+        let per_byte = score / size.max(1) as f64;
+        Ok(self
+            .victims(&self.current()?.index, size, per_byte)
+            .is_some())
     }
 
     /// Offers chunk `ce`'s bytes (checked against the snapshot's size and whole-file CRC) to

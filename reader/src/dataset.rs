@@ -301,6 +301,11 @@ impl Dataset {
         self.snap.lookup(path).map_err(|e| self.fmt_err(e))
     }
 
+    /// The sample id at position `pos` of the path-sorted order.
+    pub fn sorted_id(&self, pos: u64) -> Result<u64> {
+        self.snap.sorted_id(pos).map_err(|e| self.fmt_err(e))
+    }
+
     /// Class names, indexed by label.
     pub fn classes(&self) -> Result<Vec<&[u8]>> {
         (0..self.snap.class_count())

@@ -6,6 +6,7 @@ pub mod cat;
 pub mod extract;
 pub mod info;
 pub mod ls;
+pub mod mount;
 pub mod pack;
 pub mod plan;
 pub mod read;

@@ -1,0 +1,317 @@
+//! The file system itself, independent of FUSE: attributes, lookups, listings, opens and
+//! reads as plain methods returning errno values, so that tests call them without a mount.
+//! [`crate::fuse`] only translates requests and replies.
+
+use std::collections::HashMap;
+use std::ops::Range;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use fuser::{FileAttr, FileType, INodeNo};
+use granary::{Dataset, ReadError};
+use serde::Serialize;
+
+use crate::tiered::{ReadStats, TieredReader};
+use crate::tree::{Node, Tree, ROOT_INO};
+
+/// Result of a file-system method: an errno value on failure.
+pub type FsResult<T> = Result<T, i32>;
+
+/// Block size reported in `st_blksize` (buffered readers size their reads by it).
+const BLKSIZE: u32 = 128 << 10;
+
+/// Extended attributes of the root directory (not listed, so copies do not carry them).
+pub const XATTR_STATS: &str = "user.granary.stats";
+pub const XATTR_PID: &str = "user.granary.pid";
+pub const XATTR_DATASET: &str = "user.granary.dataset";
+
+/// An open file: its sample, loaded whole (and CRC-checked) on the first read.
+struct Handle {
+    id: u64,
+    data: Mutex<Option<Arc<Vec<u8>>>>,
+}
+
+/// The mounted dataset.
+pub struct MountFs {
+    tree: Tree,
+    reader: TieredReader,
+    mtime: SystemTime,
+    uid: u32,
+    gid: u32,
+    handles: Mutex<HashMap<u64, Arc<Handle>>>,
+    next_fh: AtomicU64,
+    opens: AtomicU64,
+    started: std::time::Instant,
+}
+
+/// `user.granary.stats`: what the mount did so far.
+#[derive(Serialize)]
+struct Stats<'a> {
+    dataset: String,
+    samples: u64,
+    directories: usize,
+    tier: Option<String>,
+    opens: u64,
+    open_files: usize,
+    uptime_s: f64,
+    #[serde(flatten)]
+    reads: &'a ReadStats,
+}
+
+impl MountFs {
+    /// The file system of the dataset `reader` reads: builds the directory tree (one pass over
+    /// the path order) and fixes every timestamp to the snapshot file's mtime. Files and
+    /// directories belong to `uid`/`gid`.
+    pub fn new(reader: TieredReader, uid: u32, gid: u32) -> Result<MountFs, ReadError> {
+        let ds = reader.dataset().clone();
+        let tree = Tree::build(&ds)?;
+        let mtime = std::fs::metadata(ds.snapshot_path())
+            .and_then(|m| m.modified())
+            .unwrap_or(SystemTime::UNIX_EPOCH);
+        Ok(MountFs {
+            tree,
+            reader,
+            mtime,
+            uid,
+            gid,
+            handles: Mutex::default(),
+            next_fh: AtomicU64::new(1),
+            opens: AtomicU64::new(0),
+            started: std::time::Instant::now(),
+        })
+    }
+
+    pub fn dataset(&self) -> &Arc<Dataset> {
+        self.reader.dataset()
+    }
+
+    pub fn tree(&self) -> &Tree {
+        &self.tree
+    }
+
+    pub fn reader(&self) -> &TieredReader {
+        &self.reader
+    }
+
+    /// Logs a failure of the dataset (damage, unreadable storage) and turns it into `EIO`.
+    fn eio(&self, what: &str, e: &ReadError) -> i32 {
+        eprintln!("granary mount: {what}: {e}");
+        libc::EIO
+    }
+
+    fn node(&self, ino: u64) -> FsResult<Node> {
+        self.tree.node(ino).ok_or(libc::ENOENT)
+    }
+
+    fn dir(&self, ino: u64) -> FsResult<u32> {
+        match self.node(ino)? {
+            Node::Dir(d) => Ok(d),
+            Node::File(_) => Err(libc::ENOTDIR),
+        }
+    }
+
+    /// Attributes of `node`.
+    pub fn attr(&self, node: Node) -> FsResult<FileAttr> {
+        let (kind, size, perm, nlink) = match node {
+            Node::Dir(d) => (
+                FileType::Directory,
+                4096,
+                0o555,
+                2 + self.tree.subdir_count(d),
+            ),
+            Node::File(id) => {
+                let s = self
+                    .dataset()
+                    .sample(id)
+                    .map_err(|e| self.eio("reading the sample table", &e))?;
+                (FileType::RegularFile, s.entry.orig_len, 0o444, 1)
+            }
+        };
+        Ok(FileAttr {
+            ino: INodeNo(self.tree.ino(node)),
+            size,
+            blocks: size.div_ceil(512),
+            atime: self.mtime,
+            mtime: self.mtime,
+            ctime: self.mtime,
+            crtime: self.mtime,
+            kind,
+            perm,
+            nlink,
+            uid: self.uid,
+            gid: self.gid,
+            rdev: 0,
+            flags: 0,
+            blksize: BLKSIZE,
+        })
+    }
+
+    /// Attributes of inode `ino`.
+    pub fn getattr(&self, ino: u64) -> FsResult<FileAttr> {
+        self.attr(self.node(ino)?)
+    }
+
+    /// The entry `name` of directory `parent` (O(1): the snapshot's path index, or the
+    /// directory table).
+    pub fn lookup(&self, parent: u64, name: &[u8]) -> FsResult<FileAttr> {
+        let d = self.dir(parent)?;
+        let node = match name {
+            b"." => Node::Dir(d),
+            b".." => Node::Dir(self.tree.parent(d)),
+            _ => self
+                .tree
+                .lookup(self.dataset(), d, name)
+                .map_err(|e| self.eio("looking up a path", &e))?
+                .ok_or(libc::ENOENT)?,
+        };
+        self.attr(node)
+    }
+
+    /// Checks that `ino` is a directory that can be listed.
+    pub fn opendir(&self, ino: u64) -> FsResult<()> {
+        self.dir(ino).map(|_| ())
+    }
+
+    /// Lists directory `ino` from position `offset` (0 and 1 are `.` and `..`): calls `add`
+    /// with each entry's attributes, name and the offset that follows it until `add` returns
+    /// true (the reply is full) or the listing ends.
+    pub fn readdir(
+        &self,
+        ino: u64,
+        offset: u64,
+        mut add: impl FnMut(&FileAttr, &[u8], u64) -> bool,
+    ) -> FsResult<()> {
+        let d = self.dir(ino)?;
+        let ds = self.dataset();
+        let total = self.tree.entry_count(d) + 2;
+        for pos in offset..total {
+            let (node, name) = match pos {
+                0 => (Node::Dir(d), &b"."[..]),
+                1 => (Node::Dir(self.tree.parent(d)), &b".."[..]),
+                _ => {
+                    let e = self
+                        .tree
+                        .entry(ds, d, pos - 2)
+                        .map_err(|e| self.eio("listing a directory", &e))?
+                        .ok_or(libc::EIO)?;
+                    let name = match e.node {
+                        Node::Dir(sub) => self.tree.dir_name(sub),
+                        Node::File(_) => e.name,
+                    };
+                    (e.node, name)
+                }
+            };
+            if add(&self.attr(node)?, name, pos + 1) {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// Opens file `ino` for reading; returns the handle. Directories are `EISDIR`, opening
+    /// for writing is `EROFS`.
+    pub fn open(&self, ino: u64, write: bool) -> FsResult<u64> {
+        let id = match self.node(ino)? {
+            Node::Dir(_) => return Err(libc::EISDIR),
+            Node::File(id) => id,
+        };
+        if write {
+            return Err(libc::EROFS);
+        }
+        let fh = self.next_fh.fetch_add(1, Relaxed);
+        let h = Arc::new(Handle {
+            id,
+            data: Mutex::new(None),
+        });
+        self.handles.lock().expect("handles").insert(fh, h);
+        self.opens.fetch_add(1, Relaxed);
+        Ok(fh)
+    }
+
+    /// Up to `size` bytes at `offset` of open file `fh`: the sample's bytes and the range of
+    /// them to reply with. The whole sample is read and CRC-checked on the first read of a
+    /// handle; a damaged record is `EIO`, never wrong bytes.
+    pub fn read(&self, fh: u64, offset: u64, size: u32) -> FsResult<(Arc<Vec<u8>>, Range<usize>)> {
+        let h = self
+            .handles
+            .lock()
+            .expect("handles")
+            .get(&fh)
+            .cloned()
+            .ok_or(libc::EBADF)?;
+        let data = {
+            let mut slot = h.data.lock().expect("handle");
+            match &*slot {
+                Some(d) => d.clone(),
+                None => {
+                    let path = self
+                        .dataset()
+                        .path(h.id)
+                        .map(granary::escape_path)
+                        .unwrap_or_default();
+                    let d = Arc::new(
+                        self.reader
+                            .read(h.id)
+                            .map_err(|e| self.eio(&format!("reading {path:?}"), &e))?,
+                    );
+                    *slot = Some(d.clone());
+                    d
+                }
+            }
+        };
+        let start = (offset.min(data.len() as u64)) as usize;
+        let end = start.saturating_add(size as usize).min(data.len());
+        Ok((data, start..end))
+    }
+
+    /// Closes open file `fh`.
+    pub fn release(&self, fh: u64) {
+        self.handles.lock().expect("handles").remove(&fh);
+    }
+
+    /// Extended attribute `name` of `ino`: the root has the mount's statistics (JSON), the
+    /// process id serving the mount, and the dataset's path. `ENODATA` otherwise.
+    pub fn getxattr(&self, ino: u64, name: &[u8]) -> FsResult<Vec<u8>> {
+        self.node(ino)?;
+        if ino != ROOT_INO {
+            return Err(libc::ENODATA);
+        }
+        match name {
+            n if n == XATTR_STATS.as_bytes() => Ok(self.stats_json().into_bytes()),
+            n if n == XATTR_PID.as_bytes() => Ok(std::process::id().to_string().into_bytes()),
+            n if n == XATTR_DATASET.as_bytes() => {
+                Ok(self.dataset().dir().as_os_str().as_encoded_bytes().to_vec())
+            }
+            _ => Err(libc::ENODATA),
+        }
+    }
+
+    /// The statistics as JSON.
+    pub fn stats_json(&self) -> String {
+        let reads = self.reader.stats();
+        let ds = self.dataset();
+        let s = Stats {
+            dataset: ds.dir().display().to_string(),
+            samples: ds.len(),
+            directories: self.tree.dir_count(),
+            tier: self.reader.tier_dir().map(|p| p.display().to_string()),
+            opens: self.opens.load(Relaxed),
+            open_files: self.handles.lock().expect("handles").len(),
+            uptime_s: self.started.elapsed().as_secs_f64(),
+            reads: &reads,
+        };
+        serde_json::to_string(&s).expect("stats serialise")
+    }
+
+    /// (total bytes, files) for `statfs`.
+    pub fn totals(&self) -> (u64, u64) {
+        let bytes = self.dataset().total_chunk_bytes().unwrap_or(0);
+        (bytes, self.dataset().len() + self.tree.dir_count() as u64)
+    }
+
+    /// How long the kernel may cache attributes and entries: everything is immutable.
+    pub fn ttl(&self) -> Duration {
+        Duration::from_secs(3600)
+    }
+}

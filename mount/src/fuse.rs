@@ -1,0 +1,336 @@
+//! The FUSE side (fuser, the kernel protocol in Rust, no libfuse): requests go to
+//! [`MountFs`]'s methods, their results become replies. Mounting, serving and unmounting.
+
+use std::ffi::OsStr;
+use std::io;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use fuser::{
+    Config, Errno, FileHandle, FopenFlags, Generation, INodeNo, InitFlags, KernelConfig, LockOwner,
+    MountOption, OpenAccMode, OpenFlags, ReplyAttr, ReplyData, ReplyDirectory, ReplyDirectoryPlus,
+    ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyXattr, Request, SessionACL,
+};
+
+use crate::fs::MountFs;
+
+/// The FUSE adapter.
+struct Fuse(Arc<MountFs>);
+
+fn errno(e: i32) -> Errno {
+    Errno::from_i32(e)
+}
+
+impl fuser::Filesystem for Fuse {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> io::Result<()> {
+        // Listings carry attributes (no lookup per entry); both are best effort, on kernels
+        // without them FUSE falls back to readdir and smaller readahead.
+        let _ = config.add_capabilities(InitFlags::FUSE_DO_READDIRPLUS);
+        let _ = config.set_max_readahead(1 << 20);
+        Ok(())
+    }
+
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        match self.0.lookup(parent.0, name.as_encoded_bytes()) {
+            Ok(a) => reply.entry(&self.0.ttl(), &a, Generation(0)),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        match self.0.getattr(ino.0) {
+            Ok(a) => reply.attr(&self.0.ttl(), &a),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        let write = flags.acc_mode() != OpenAccMode::O_RDONLY;
+        match self.0.open(ino.0, write) {
+            // Contents never change: the kernel may keep pages across opens.
+            Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::FOPEN_KEEP_CACHE),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        match self.0.read(fh.0, offset, size) {
+            Ok((data, range)) => reply.data(&data[range]),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        self.0.release(fh.0);
+        reply.ok();
+    }
+
+    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        match self.0.opendir(ino.0) {
+            Ok(()) => reply.opened(FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn readdir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
+        let r = self.0.readdir(ino.0, offset, |a, name, next| {
+            reply.add(a.ino, next, a.kind, OsStr::from_bytes(name))
+        });
+        match r {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn readdirplus(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectoryPlus,
+    ) {
+        let ttl = self.0.ttl();
+        let r = self.0.readdir(ino.0, offset, |a, name, next| {
+            reply.add(a.ino, next, OsStr::from_bytes(name), &ttl, a, Generation(0))
+        });
+        match r {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn releasedir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _flags: OpenFlags,
+        reply: ReplyEmpty,
+    ) {
+        reply.ok();
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        let (bytes, files) = self.0.totals();
+        reply.statfs(bytes.div_ceil(4096), 0, 0, files, 0, 4096, 255, 4096);
+    }
+
+    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        match self.0.getxattr(ino.0, name.as_encoded_bytes()) {
+            Ok(v) if size == 0 => reply.size(v.len() as u32),
+            Ok(v) if v.len() <= size as usize => reply.data(&v),
+            Ok(_) => reply.error(Errno::ERANGE),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn listxattr(&self, _req: &Request, _ino: INodeNo, size: u32, reply: ReplyXattr) {
+        if size == 0 {
+            reply.size(0);
+        } else {
+            reply.data(&[]);
+        }
+    }
+
+    fn access(&self, _req: &Request, ino: INodeNo, _mask: fuser::AccessFlags, reply: ReplyEmpty) {
+        match self.0.getattr(ino.0) {
+            Ok(_) => reply.ok(),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+}
+
+/// How to mount.
+#[derive(Clone, Debug)]
+pub struct MountOptions {
+    /// Threads serving requests.
+    pub threads: usize,
+    /// Let other users (and root) read the mount (`allow_other`; a normal user needs
+    /// `user_allow_other` in /etc/fuse.conf).
+    pub allow_other: bool,
+    /// Source name shown in the mount table.
+    pub fsname: String,
+    /// How long an unmount waits for requests in progress before the process exits anyway
+    /// (its exit ends the FUSE connection: readers get an error, never a hang).
+    pub grace: Duration,
+}
+
+impl Default for MountOptions {
+    fn default() -> Self {
+        MountOptions {
+            threads: 4,
+            allow_other: false,
+            fsname: "granary".into(),
+            grace: Duration::from_secs(5),
+        }
+    }
+}
+
+/// File-system type in the mount table: `fuse.granary` when mounted through fusermount3;
+/// mounted directly (as root) the type is `fuse` and the source starts with
+/// [`FS_SOURCE_PREFIX`].
+pub const FS_TYPE: &str = "fuse.granary";
+/// Start of a granary mount's source name in the mount table (`granary:DATASET`).
+pub const FS_SOURCE_PREFIX: &str = "granary:";
+
+/// Why [`serve`] returned.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Ended {
+    /// The file system was unmounted from outside (`granary umount`, `umount`, `fusermount -u`).
+    Unmounted,
+    /// `stop` was set (a signal): unmounted here.
+    Stopped,
+    /// Unmounted here, but requests were still in progress after the grace period.
+    Abandoned,
+}
+
+/// Mounts `fs` at `mountpoint` read-only and serves it until it is unmounted or `stop` is
+/// set; then unmounts (lazily: a process with a file open keeps its view until it closes it)
+/// and stops the fetcher.
+pub fn serve(
+    fs: Arc<MountFs>,
+    mountpoint: &Path,
+    opts: &MountOptions,
+    stop: &AtomicBool,
+    on_mounted: impl FnOnce(),
+) -> io::Result<Ended> {
+    let mut config = Config::default();
+    config.mount_options = vec![
+        MountOption::RO,
+        MountOption::NoDev,
+        MountOption::NoSuid,
+        MountOption::NoAtime,
+        MountOption::DefaultPermissions,
+        MountOption::FSName(opts.fsname.clone()),
+        MountOption::Subtype("granary".into()),
+    ];
+    if opts.allow_other {
+        config.acl = SessionACL::All;
+    }
+    config.n_threads = Some(opts.threads.max(1));
+    config.clone_fd = true;
+    let session = fuser::spawn_mount(Fuse(fs.clone()), mountpoint, &config)?;
+    on_mounted();
+    let ended = loop {
+        if session.guard.is_finished() {
+            break None;
+        }
+        if stop.load(Relaxed) {
+            break Some(());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let result = match ended {
+        None => {
+            session.join()?;
+            Ended::Unmounted
+        }
+        Some(()) => {
+            // Detached at once (a process with a file open keeps it until it closes it);
+            // then the session is joined in a helper: a reader holding a file open, or a
+            // request stuck in storage, must not hold the process past the grace period.
+            if let Err(e) = unmount(mountpoint, true) {
+                eprintln!("granary mount: {e}");
+            }
+            let (tx, rx) = std::sync::mpsc::channel();
+            std::thread::spawn(move || {
+                let _ = tx.send(session.join());
+            });
+            let t0 = Instant::now();
+            match rx.recv_timeout(opts.grace) {
+                Ok(r) => {
+                    r?;
+                    Ended::Stopped
+                }
+                Err(_) => {
+                    eprintln!(
+                        "granary mount: requests still in progress {:.1} s after unmounting; \
+                         exiting anyway",
+                        t0.elapsed().as_secs_f64()
+                    );
+                    Ended::Abandoned
+                }
+            }
+        }
+    };
+    fs.reader().shutdown();
+    Ok(result)
+}
+
+/// Unmounts the FUSE mount at `mnt`; `lazy` detaches it even while files are open. As root
+/// with the system call, else through `fusermount3 -u` (or `fusermount`).
+pub fn unmount(mnt: &Path, lazy: bool) -> io::Result<()> {
+    use rustix::mount::UnmountFlags;
+    if rustix::process::geteuid().is_root() {
+        let flags = if lazy {
+            UnmountFlags::DETACH
+        } else {
+            UnmountFlags::empty()
+        };
+        return rustix::mount::unmount(mnt, flags).map_err(|e| {
+            let hint = if e == rustix::io::Errno::BUSY {
+                " (a process has a file open or its working directory there: close it, or \
+                 unmount lazily with `granary umount --lazy`)"
+            } else {
+                ""
+            };
+            io::Error::new(
+                e.kind(),
+                format!("unmounting {}: {e}{hint}", mnt.display()),
+            )
+        });
+    }
+    let mut last = None;
+    for bin in ["fusermount3", "fusermount"] {
+        let mut c = std::process::Command::new(bin);
+        c.arg("-u");
+        if lazy {
+            c.arg("-z");
+        }
+        match c.arg(mnt).status() {
+            Ok(s) if s.success() => return Ok(()),
+            Ok(s) => {
+                return Err(io::Error::other(format!(
+                    "{bin} -u {} failed ({s})",
+                    mnt.display()
+                )))
+            }
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(io::Error::other(format!(
+        "unmounting {} as a normal user needs fusermount3 (package fuse3): {}",
+        mnt.display(),
+        last.map(|e| e.to_string()).unwrap_or_default()
+    )))
+}

@@ -1,0 +1,565 @@
+//! `granary mount`: the file-system methods called directly (no mount needed), then real FUSE
+//! mounts through the CLI where this machine allows them (skipped with the reason printed
+//! where it does not).
+
+mod common;
+
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::*;
+use granary_mount::{MountFs, Node, TieredReader, ROOT_INO};
+
+/// The edge tree plus names that interleave a directory's files with a subdirectory in path
+/// order (`c03/a` is a directory; `c03/a-0`, `c03/a.txt` sort between its entries' siblings),
+/// and a file of 3 MiB (several FUSE reads).
+fn mount_tree() -> Vec<(Vec<u8>, Vec<u8>)> {
+    let mut v = edge_tree();
+    v.push((b"c03/a-0".to_vec(), b"dash".to_vec()));
+    v.push((b"c03/a.txt".to_vec(), b"dot".to_vec()));
+    v.push((b"c03/b".to_vec(), b"after".to_vec()));
+    v.push((b"c05/big.bin".to_vec(), bytes(7, 3 << 20)));
+    v
+}
+
+fn packed(tmp: &Path, files: &[(Vec<u8>, Vec<u8>)]) -> PathBuf {
+    packed_tree(
+        &tmp.join("src"),
+        files,
+        &tmp.join("ds"),
+        &["--chunk-size", "20KiB"],
+    )
+}
+
+fn mount_fs(ds: &Path, cache: Option<Arc<granary::ChunkCache>>, fetch: bool) -> MountFs {
+    let ds = Arc::new(granary::Dataset::open_checked(ds).unwrap());
+    MountFs::new(TieredReader::new(ds, cache, fetch), 0, 0).unwrap()
+}
+
+/// Reads a whole file through `fs` in reads of `piece` bytes, as the kernel would.
+fn read_file(fs: &MountFs, ino: u64, piece: u32) -> Result<Vec<u8>, i32> {
+    let fh = fs.open(ino, false)?;
+    let mut out = Vec::new();
+    loop {
+        let (data, range) = fs.read(fh, out.len() as u64, piece)?;
+        if range.is_empty() {
+            break;
+        }
+        out.extend_from_slice(&data[range]);
+    }
+    fs.release(fh);
+    Ok(out)
+}
+
+/// Every file under directory `ino` as (path, bytes), through readdir, lookup and read.
+fn walk_fs(fs: &MountFs, ino: u64, prefix: &[u8], out: &mut Vec<(Vec<u8>, Vec<u8>)>) {
+    let mut entries = Vec::new();
+    // A small reply buffer: listings resume at the offsets given.
+    let mut offset = 0;
+    loop {
+        let mut got = 0;
+        fs.readdir(ino, offset, |a, name, next| {
+            entries.push((a.ino.0, a.kind, name.to_vec()));
+            offset = next;
+            got += 1;
+            got == 3
+        })
+        .unwrap();
+        if got == 0 {
+            break;
+        }
+    }
+    assert_eq!(&entries[0].2, b".");
+    assert_eq!(&entries[1].2, b"..");
+    for (child, kind, name) in &entries[2..] {
+        let a = fs.lookup(ino, name).unwrap();
+        assert_eq!(a.ino.0, *child, "lookup and readdir agree on {name:?}");
+        let mut path = prefix.to_vec();
+        if !path.is_empty() {
+            path.push(b'/');
+        }
+        path.extend_from_slice(name);
+        if *kind == fuser::FileType::Directory {
+            assert_eq!(a.perm, 0o555);
+            walk_fs(fs, *child, &path, out);
+        } else {
+            assert_eq!(a.perm, 0o444);
+            let data = read_file(fs, *child, 128 << 10).unwrap();
+            assert_eq!(data.len() as u64, a.size);
+            out.push((path, data));
+        }
+    }
+}
+
+#[test]
+fn fs_methods_serve_the_tree_byte_for_byte() {
+    let tmp = tempfile::tempdir().unwrap();
+    let files = mount_tree();
+    let ds = packed(tmp.path(), &files);
+    let fs = mount_fs(&ds, None, false);
+    let mut got = Vec::new();
+    walk_fs(&fs, ROOT_INO, b"", &mut got);
+    assert_eq!(sorted(got), sorted(files.clone()));
+
+    // Inodes: a file's is its sample id + 2, and map back.
+    let dsr = fs.dataset().clone();
+    let id = dsr.lookup(b"c03/a.txt").unwrap().unwrap();
+    let c03 = fs.lookup(ROOT_INO, b"c03").unwrap().ino.0;
+    let a = fs.lookup(c03, b"a.txt").unwrap();
+    assert_eq!(a.ino.0, id + 2);
+    assert_eq!(fs.tree().node(a.ino.0), Some(Node::File(id)));
+    assert_eq!(a.size, 3);
+    // `..` of a subdirectory is its parent; the root's is itself.
+    assert_eq!(fs.lookup(c03, b"..").unwrap().ino.0, ROOT_INO);
+    assert_eq!(fs.lookup(ROOT_INO, b"..").unwrap().ino.0, ROOT_INO);
+    // nlink of a directory: 2 + subdirectories (c03 holds `a`).
+    assert_eq!(fs.getattr(c03).unwrap().nlink, 3);
+    // Reads past the end are empty; a zero-byte file reads as empty.
+    let fh = fs.open(a.ino.0, false).unwrap();
+    let (_, r) = fs.read(fh, 100, 10).unwrap();
+    assert!(r.is_empty());
+    fs.release(fh);
+    let c00 = fs.lookup(ROOT_INO, b"c00").unwrap().ino.0;
+    let empty = fs.lookup(c00, b"empty").unwrap();
+    assert_eq!(empty.size, 0);
+    assert_eq!(read_file(&fs, empty.ino.0, 4096).unwrap(), b"");
+}
+
+#[test]
+fn fs_methods_refuse_what_a_read_only_tree_cannot_do() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ds = packed(tmp.path(), &mount_tree());
+    let fs = mount_fs(&ds, None, false);
+    let c03 = fs.lookup(ROOT_INO, b"c03").unwrap().ino.0;
+    let file = fs.lookup(c03, b"b").unwrap().ino.0;
+    assert_eq!(fs.lookup(ROOT_INO, b"missing").unwrap_err(), libc::ENOENT);
+    assert_eq!(fs.lookup(c03, b"a/b").unwrap_err(), libc::ENOENT);
+    assert_eq!(fs.lookup(ROOT_INO, b"").unwrap_err(), libc::ENOENT);
+    assert_eq!(fs.lookup(file, b"x").unwrap_err(), libc::ENOTDIR);
+    assert_eq!(fs.opendir(file).unwrap_err(), libc::ENOTDIR);
+    assert_eq!(fs.open(c03, false).unwrap_err(), libc::EISDIR);
+    assert_eq!(fs.open(file, true).unwrap_err(), libc::EROFS);
+    assert_eq!(fs.getattr(u64::MAX).unwrap_err(), libc::ENOENT);
+    assert_eq!(fs.getattr(0).unwrap_err(), libc::ENOENT);
+    assert_eq!(fs.read(12345, 0, 10).unwrap_err(), libc::EBADF);
+    let fh = fs.open(file, false).unwrap();
+    fs.release(fh);
+    assert_eq!(fs.read(fh, 0, 10).unwrap_err(), libc::EBADF);
+    assert_eq!(read_file(&fs, file, 4096).unwrap(), b"after");
+    // Statistics and the serving pid as extended attributes of the root only.
+    let stats: serde_json::Value =
+        serde_json::from_slice(&fs.getxattr(ROOT_INO, b"user.granary.stats").unwrap()).unwrap();
+    assert_eq!(stats["samples"], mount_tree().len() as u64);
+    assert_eq!(stats["samples_from_origin"], 1);
+    assert_eq!(
+        fs.getxattr(ROOT_INO, b"user.granary.pid").unwrap(),
+        std::process::id().to_string().as_bytes()
+    );
+    assert_eq!(
+        fs.getxattr(file, b"user.granary.pid").unwrap_err(),
+        libc::ENODATA
+    );
+    assert_eq!(
+        fs.getxattr(ROOT_INO, b"user.other").unwrap_err(),
+        libc::ENODATA
+    );
+}
+
+/// Flips one byte inside the record of `path` in its chunk file; returns the chunk id.
+fn damage_record(ds: &Path, path: &[u8]) -> u32 {
+    let d = granary::Dataset::open(ds).unwrap();
+    let info = d.sample(d.lookup(path).unwrap().unwrap()).unwrap();
+    let chunk = d.chunk_path(info.entry.chunk);
+    let mut bytes = std::fs::read(&chunk).unwrap();
+    bytes[(info.entry.offset + info.entry.stored_len / 2) as usize] ^= 0x40;
+    std::fs::write(&chunk, bytes).unwrap();
+    info.entry.chunk
+}
+
+#[test]
+fn a_damaged_record_is_eio_and_only_for_its_chunk() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ds = packed(tmp.path(), &mount_tree());
+    let chunk = damage_record(&ds, b"c01/large.bin");
+    let fs = mount_fs(&ds, None, false);
+    let c01 = fs.lookup(ROOT_INO, b"c01").unwrap().ino.0;
+    let large = fs.lookup(c01, b"large.bin").unwrap().ino.0;
+    assert_eq!(read_file(&fs, large, 128 << 10).unwrap_err(), libc::EIO);
+    // Every sample of other chunks reads fine.
+    let d = fs.dataset().clone();
+    let mut others = 0;
+    for id in 0..d.len() {
+        if d.sample(id).unwrap().entry.chunk != chunk {
+            assert_eq!(
+                read_file(&fs, id + 2, 1 << 20).unwrap(),
+                d.read(id).unwrap()
+            );
+            others += 1;
+        }
+    }
+    assert!(others > 100);
+    assert_eq!(fs.reader().stats().read_errors, 1);
+}
+
+fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
+    let t0 = Instant::now();
+    while !done() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "timed out waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn first_touch_fetches_chunks_into_the_tier_and_a_damaged_copy_is_never_served() {
+    let tmp = tempfile::tempdir().unwrap();
+    let files = mount_tree();
+    let ds = packed(tmp.path(), &files);
+    let id = granary::Dataset::open(&ds).unwrap().snapshot().dataset_id();
+    let cache = Arc::new(
+        granary::ChunkCache::open(
+            &tmp.path().join("tier"),
+            id,
+            u64::MAX,
+            granary::CachePolicy::Static,
+        )
+        .unwrap(),
+    );
+    let fs = mount_fs(&ds, Some(cache.clone()), true);
+    let d = fs.dataset().clone();
+    let all = |fs: &MountFs| {
+        for id in 0..d.len() {
+            assert_eq!(read_file(fs, id + 2, 1 << 20).unwrap(), d.read(id).unwrap());
+        }
+    };
+    all(&fs);
+    let s = fs.reader().stats();
+    assert!(s.samples_from_origin > 0);
+    wait_for("every chunk in the tier", || {
+        cache.resident_chunks().unwrap().len() as u64 == d.chunk_count()
+    });
+    let before = fs.reader().stats();
+    all(&fs);
+    let after = fs.reader().stats();
+    assert_eq!(after.samples_from_tier - before.samples_from_tier, d.len());
+    assert_eq!(after.samples_from_origin, before.samples_from_origin);
+    assert_eq!(after.chunks_fetched, d.chunk_count());
+
+    // A copy damaged in the tier: removed, and the right bytes come from the origin.
+    let target = d.lookup(b"c01/large.bin").unwrap().unwrap();
+    let e = d.sample(target).unwrap().entry;
+    let copy = cache.lookup(&d.chunk(e.chunk).unwrap()).unwrap().unwrap();
+    let mut b = std::fs::read(&copy).unwrap();
+    b[(e.offset + 7) as usize] ^= 1;
+    std::fs::write(&copy, b).unwrap();
+    assert_eq!(
+        read_file(&fs, target + 2, 1 << 20).unwrap(),
+        d.read(target).unwrap()
+    );
+    assert_eq!(fs.reader().stats().tier_copies_discarded, 1);
+    assert!(!cache.resident_chunks().unwrap().contains(&e.chunk));
+
+    // Without fetching the tier is only read: nothing new comes in.
+    let tmp2 = tempfile::tempdir().unwrap();
+    let empty = Arc::new(
+        granary::ChunkCache::open(tmp2.path(), id, u64::MAX, granary::CachePolicy::Lru).unwrap(),
+    );
+    let fs = mount_fs(&ds, Some(empty.clone()), false);
+    all(&fs);
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(empty.resident_chunks().unwrap().is_empty());
+    assert_eq!(fs.reader().stats().chunks_fetched, 0);
+}
+
+// ---- Real mounts -----------------------------------------------------------------------
+
+/// Why this machine cannot run FUSE mounts here, if it cannot.
+fn no_fuse() -> Option<String> {
+    if !Path::new("/dev/fuse").exists() {
+        return Some("/dev/fuse is missing".into());
+    }
+    if std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/fuse")
+        .is_err()
+    {
+        return Some("/dev/fuse cannot be opened by this user".into());
+    }
+    let root = std::fs::metadata("/proc/self")
+        .map(|m| m.uid() == 0)
+        .unwrap_or(false);
+    let fusermount = ["fusermount3", "fusermount"].iter().any(|b| {
+        std::process::Command::new(b)
+            .arg("-V")
+            .output()
+            .is_ok_and(|o| o.status.success())
+    });
+    if !root && !fusermount {
+        return Some("not root and no fusermount3".into());
+    }
+    None
+}
+
+macro_rules! require_fuse {
+    () => {
+        if let Some(why) = no_fuse() {
+            eprintln!("skipped: FUSE mounts are not possible here: {why}");
+            return;
+        }
+    };
+}
+
+fn is_mounted(mnt: &Path) -> bool {
+    let mnt = std::fs::canonicalize(mnt).unwrap();
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .any(|l| l.split(' ').nth(4) == Some(mnt.to_str().unwrap()))
+}
+
+/// Mounts `ds` at `mnt` in the background (the CLI returns once mounted); unmounted on drop.
+struct Mounted(PathBuf);
+
+impl Mounted {
+    fn new(ds: &Path, mnt: &Path, extra: &[&str]) -> Mounted {
+        std::fs::create_dir_all(mnt).unwrap();
+        let log = mnt.with_extension("log");
+        let mut args = vec![
+            "mount".as_ref(),
+            ds.as_os_str(),
+            mnt.as_os_str(),
+            "--log".as_ref(),
+            log.as_os_str(),
+        ];
+        args.extend(extra.iter().map(std::ffi::OsStr::new));
+        run_ok(args);
+        assert!(is_mounted(mnt));
+        Mounted(mnt.to_path_buf())
+    }
+}
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        if is_mounted(&self.0) {
+            let o = run(["umount".as_ref(), self.0.as_os_str()]);
+            if !o.status.success() {
+                let _ = run(["umount".as_ref(), "--lazy".as_ref(), self.0.as_os_str()]);
+            }
+        }
+    }
+}
+
+fn errno_of<T>(r: std::io::Result<T>) -> Option<i32> {
+    r.err().and_then(|e| e.raw_os_error())
+}
+
+#[test]
+fn a_mounted_dataset_reads_like_its_source() {
+    require_fuse!();
+    let tmp = tempfile::tempdir().unwrap();
+    let files = mount_tree();
+    let ds = packed(tmp.path(), &files);
+    let mnt = tmp.path().join("mnt");
+    let m = Mounted::new(&ds, &mnt, &[]);
+    // `diff -r` against the source, and our own byte-for-byte walk.
+    let diff = std::process::Command::new("diff")
+        .arg("-r")
+        .arg(tmp.path().join("src"))
+        .arg(&mnt)
+        .output()
+        .unwrap();
+    assert!(
+        diff.status.success(),
+        "{}",
+        String::from_utf8_lossy(&diff.stdout)
+    );
+    assert_eq!(read_tree(&mnt), sorted(files.clone()));
+    let names: Vec<Vec<u8>> = std::fs::read_dir(mnt.join("c02"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().as_bytes().to_vec())
+        .collect();
+    assert!(names.contains(&b"\xff\xfe-latin1-\xe9.jpg".to_vec()));
+
+    let meta = std::fs::metadata(mnt.join("c01/large.bin")).unwrap();
+    assert_eq!(meta.len(), 300_000);
+    assert_eq!(meta.mode() & 0o7777, 0o444);
+    assert_eq!(
+        errno_of(std::fs::metadata(mnt.join("nope"))),
+        Some(libc::ENOENT)
+    );
+    assert_eq!(
+        errno_of(std::fs::File::open(mnt.join("c01/nope"))),
+        Some(libc::ENOENT)
+    );
+    assert_eq!(
+        errno_of(std::fs::File::create(mnt.join("new"))),
+        Some(libc::EROFS)
+    );
+    assert_eq!(
+        errno_of(
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open(mnt.join("c03/b"))
+        ),
+        Some(libc::EROFS)
+    );
+    assert_eq!(
+        errno_of(std::fs::create_dir(mnt.join("d"))),
+        Some(libc::EROFS)
+    );
+    assert_eq!(
+        errno_of(std::fs::remove_file(mnt.join("c03/b"))),
+        Some(libc::EROFS)
+    );
+
+    // Several processes read every file at once; all agree with the source.
+    let expect = std::process::Command::new("sh")
+        .current_dir(tmp.path().join("src"))
+        .args([
+            "-c",
+            "find . -type f -print0 | sort -z | xargs -0 sha256sum",
+        ])
+        .output()
+        .unwrap();
+    let readers: Vec<_> = (0..4)
+        .map(|_| {
+            std::process::Command::new("sh")
+                .current_dir(&mnt)
+                .args([
+                    "-c",
+                    "find . -type f -print0 | sort -z | xargs -0 sha256sum",
+                ])
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for r in readers {
+        let o = r.wait_with_output().unwrap();
+        assert!(o.status.success());
+        assert_eq!(o.stdout, expect.stdout);
+    }
+    drop(m);
+    assert!(!is_mounted(&mnt));
+}
+
+#[test]
+fn a_mounted_damaged_chunk_gives_eio_and_the_mount_keeps_serving() {
+    require_fuse!();
+    let tmp = tempfile::tempdir().unwrap();
+    let files = mount_tree();
+    let ds = packed(tmp.path(), &files);
+    let chunk = damage_record(&ds, b"c01/large.bin");
+    let mnt = tmp.path().join("mnt");
+    let _m = Mounted::new(&ds, &mnt, &[]);
+    assert_eq!(
+        errno_of(std::fs::read(mnt.join("c01/large.bin"))),
+        Some(libc::EIO)
+    );
+    let d = granary::Dataset::open(&ds).unwrap();
+    for (path, data) in &files {
+        let id = d.lookup(path).unwrap().unwrap();
+        if d.sample(id).unwrap().entry.chunk != chunk {
+            let p = mnt.join(std::ffi::OsStr::from_bytes(path));
+            assert_eq!(&std::fs::read(p).unwrap(), data);
+        }
+    }
+}
+
+#[test]
+fn stopping_or_unmounting_while_files_are_read_does_not_hang() {
+    require_fuse!();
+    let tmp = tempfile::tempdir().unwrap();
+    let ds = packed(tmp.path(), &mount_tree());
+    let mnt = tmp.path().join("mnt");
+    std::fs::create_dir_all(&mnt).unwrap();
+
+    // SIGTERM to a foreground mount while a file is held open and read in a loop.
+    let mut server = granary()
+        .args([
+            "mount".as_ref(),
+            ds.as_os_str(),
+            mnt.as_os_str(),
+            "--foreground".as_ref(),
+        ])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for("the mount", || is_mounted(&mnt));
+    let file = mnt.join("c05/big.bin");
+    let (tx, rx) = std::sync::mpsc::channel();
+    let (finished_tx, finished) = std::sync::mpsc::channel();
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let done2 = done.clone();
+    let reader = std::thread::spawn(move || {
+        use std::io::{Read, Seek};
+        let mut f = std::fs::File::open(&file).unwrap();
+        let mut buf = vec![0u8; 1 << 20];
+        let _ = tx.send(());
+        // Reads until told to stop (pages may come from the page cache even after the
+        // connection is gone) or until a read fails; either way it returns.
+        while !done2.load(std::sync::atomic::Ordering::Relaxed) {
+            if f.seek(std::io::SeekFrom::Start(0))
+                .and_then(|_| f.read(&mut buf))
+                .is_err()
+            {
+                break;
+            }
+        }
+        let _ = finished_tx.send(());
+    });
+    rx.recv().unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    let kill = std::process::Command::new("kill")
+        .args(["-TERM", &server.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(kill.success());
+    let t0 = Instant::now();
+    let status = loop {
+        if let Some(s) = server.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "the mount did not exit after SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut server.stderr.take().unwrap(), &mut err).unwrap();
+    assert!(status.success(), "{status}: {err}");
+    assert!(!is_mounted(&mnt));
+    // The reader is never stuck: it returns once told to stop (or on its read error).
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    finished
+        .recv_timeout(Duration::from_secs(30))
+        .expect("a reader of the stopped mount returns");
+    reader.join().unwrap();
+
+    // `granary umount --lazy` while a file is open: detached at once; the open file stays
+    // readable until closed, then the serving process exits.
+    let m = Mounted::new(&ds, &mnt, &[]);
+    let pid: u32 = {
+        let mut buf = [0u8; 32];
+        let n = rustix::fs::getxattr(&mnt, "user.granary.pid", &mut buf[..]).unwrap();
+        std::str::from_utf8(&buf[..n]).unwrap().parse().unwrap()
+    };
+    let held = std::fs::File::open(mnt.join("c01/large.bin")).unwrap();
+    run_ok(["umount".as_ref(), "--lazy".as_ref(), mnt.as_os_str()]);
+    assert!(!is_mounted(&mnt));
+    let mut data = Vec::new();
+    std::io::Read::read_to_end(&mut &held, &mut data).unwrap();
+    assert_eq!(data.len(), 300_000);
+    drop(held);
+    wait_for("the mount process to exit", || {
+        !Path::new(&format!("/proc/{pid}")).exists()
+    });
+    drop(m);
+}
