@@ -6,6 +6,7 @@
 #
 #   bash bench/juicefs.sh                          # 5,000 files, report in bench-out/juicefs
 #   FILES=300 OUT=/tmp/jfs-report bash bench/juicefs.sh
+#   RUN=mount bash bench/juicefs.sh                # torchvision ImageFolder: raw vs granary mount
 #
 # On a real cluster, skip this script and point compare at the real mount instead:
 #   granary bench compare --raw /lustre/train --packed /lustre/train.granary --workers 8 --report out/
@@ -30,6 +31,8 @@ G=$PWD/target/release/granary
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/granary-juicefs.XXXXXX")
 MNT=$WORK/mnt
 cleanup() {
+  # A granary mount left by an interrupted mount benchmark goes first (it reads from $MNT).
+  if mountpoint -q "$WORK/local/mnt" 2>/dev/null; then "$G" umount --lazy "$WORK/local/mnt" || true; fi
   if mountpoint -q "$MNT" 2>/dev/null; then juicefs umount "$MNT" || juicefs umount --force "$MNT" || true; fi
   rm -rf "$WORK"
 }
@@ -47,6 +50,23 @@ cp -r "$WORK/src" "$MNT/raw"
 cp -r "$WORK/src.granary" "$MNT/raw.granary"
 sync
 
-echo "== compare on the JuiceFS mount"
-$G bench compare --raw "$MNT/raw" --packed "$MNT/raw.granary" --workers "$WORKERS" --epochs 1 --report "$OUT" \
-  | tee "$OUT/compare.txt"
+case "${RUN:-compare}" in
+compare)
+  echo "== compare on the JuiceFS mount"
+  $G bench compare --raw "$MNT/raw" --packed "$MNT/raw.granary" --workers "$WORKERS" --epochs 1 --report "$OUT" \
+    | tee "$OUT/compare.txt"
+  ;;
+mount)
+  # torchvision's ImageFolder over the raw tree vs over `granary mount` of the packed copy.
+  PY=${PYTHON:-${XDG_CACHE_HOME:-$HOME/.cache}/granary/torch2/bin/python}
+  if ! "$PY" -c 'import torch, torchvision, granary' >/dev/null 2>&1; then
+    echo "$PY needs torch, torchvision and granary: run scripts/python-tests.sh once (it makes" >&2
+    echo "the torch 2 venv), then: $PY -m pip install ./python torchvision==0.29.2" >&2
+    exit 1
+  fi
+  mkdir -p "$WORK/local"
+  "$PY" bench/python/mount_imagefolder.py --shared "$MNT" --granary "$G" --work "$WORK/local" \
+    --report "$OUT" --workers "$WORKERS" --epochs "${EPOCHS:-3}"
+  ;;
+*) echo "juicefs.sh: RUN must be compare or mount" >&2; exit 2 ;;
+esac

@@ -237,9 +237,11 @@ fn first_touch_fetches_chunks_into_the_tier_and_a_damaged_copy_is_never_served()
             assert_eq!(read_file(fs, id + 2, 1 << 20).unwrap(), d.read(id).unwrap());
         }
     };
+    // Each read waits for its chunk's fetch (the tier has room): nothing from the origin.
     all(&fs);
     let s = fs.reader().stats();
-    assert!(s.samples_from_origin > 0);
+    assert_eq!(s.samples_from_origin, 0);
+    assert_eq!(s.samples_from_tier, d.len());
     wait_for("every chunk in the tier", || {
         cache.resident_chunks().unwrap().len() as u64 == d.chunk_count()
     });
@@ -274,6 +276,65 @@ fn first_touch_fetches_chunks_into_the_tier_and_a_damaged_copy_is_never_served()
     std::thread::sleep(Duration::from_millis(200));
     assert!(empty.resident_chunks().unwrap().is_empty());
     assert_eq!(fs.reader().stats().chunks_fetched, 0);
+}
+
+#[test]
+fn a_tier_smaller_than_the_dataset_is_used_chunk_by_chunk_and_not_thrashed_at_random() {
+    let tmp = tempfile::tempdir().unwrap();
+    // ~2 KB files in 64 KiB chunks: ~32 samples per chunk, ~20 chunks; the tier holds 3.
+    let files = numbered_tree(600, 6, |i| 1000 + (i as usize * 37) % 2000);
+    let ds = packed_tree(
+        &tmp.path().join("src"),
+        &files,
+        &tmp.path().join("ds"),
+        &["--chunk-size", "64KiB"],
+    );
+    let d = Arc::new(granary::Dataset::open_checked(&ds).unwrap());
+    let biggest = (0..d.chunk_count() as u32)
+        .map(|c| d.chunk(c).unwrap().file_size)
+        .max()
+        .unwrap();
+    let quota = 3 * biggest;
+    let tier = |name: &str| {
+        Arc::new(
+            granary::ChunkCache::open(
+                &tmp.path().join(name),
+                d.snapshot().dataset_id(),
+                quota,
+                granary::CachePolicy::Lru,
+            )
+            .unwrap(),
+        )
+    };
+    let check = |fs: &MountFs, order: &[u64]| {
+        for &id in order {
+            assert_eq!(read_file(fs, id + 2, 1 << 20).unwrap(), d.read(id).unwrap());
+        }
+        fs.reader().stats()
+    };
+    // In chunk order (ids are in chunk order): each chunk fetched about once, most reads hit.
+    let fs = MountFs::new(TieredReader::new(d.clone(), Some(tier("seq")), true), 0, 0).unwrap();
+    let s = check(&fs, &(0..d.len()).collect::<Vec<_>>());
+    assert!(s.chunks_fetched * 10 >= d.chunk_count() * 8, "{s:?}");
+    assert!(
+        s.bytes_fetched <= d.total_chunk_bytes().unwrap() * 11 / 10,
+        "{s:?}"
+    );
+    assert!(s.samples_from_tier * 10 >= d.len() * 6, "{s:?}");
+    // In a random order: no chunk read again and again for a sample or two.
+    let mut order: Vec<u64> = (0..d.len()).collect();
+    let mut rng = granary_format::SplitMix64::new(7);
+    for i in (1..order.len()).rev() {
+        order.swap(i, (rng.next_u64() % (i as u64 + 1)) as usize);
+    }
+    let fs = MountFs::new(TieredReader::new(d.clone(), Some(tier("rnd")), true), 0, 0).unwrap();
+    let s = check(&fs, &order);
+    assert!(
+        s.bytes_fetched <= 2 * d.total_chunk_bytes().unwrap(),
+        "random order fetched {} bytes of a {}-byte dataset: {s:?}",
+        s.bytes_fetched,
+        d.total_chunk_bytes().unwrap()
+    );
 }
 
 // ---- Real mounts -----------------------------------------------------------------------
@@ -345,8 +406,9 @@ impl Mounted {
 }
 
 impl Drop for Mounted {
+    /// Unmounts if still mounted (also when a test failed half-way).
     fn drop(&mut self) {
-        if is_mounted(&self.0) {
+        if self.0.exists() && is_mounted(&self.0) {
             let o = run(["umount".as_ref(), self.0.as_os_str()]);
             if !o.status.success() {
                 let _ = run(["umount".as_ref(), "--lazy".as_ref(), self.0.as_os_str()]);
@@ -481,6 +543,7 @@ fn stopping_or_unmounting_while_files_are_read_does_not_hang() {
     std::fs::create_dir_all(&mnt).unwrap();
 
     // SIGTERM to a foreground mount while a file is held open and read in a loop.
+    let _guard = Mounted(mnt.clone());
     let mut server = granary()
         .args([
             "mount".as_ref(),

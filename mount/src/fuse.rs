@@ -304,10 +304,7 @@ pub fn unmount(mnt: &Path, lazy: bool) -> io::Result<()> {
             } else {
                 ""
             };
-            io::Error::new(
-                e.kind(),
-                format!("unmounting {}: {e}{hint}", mnt.display()),
-            )
+            io::Error::new(e.kind(), format!("unmounting {}: {e}{hint}", mnt.display()))
         });
     }
     let mut last = None;

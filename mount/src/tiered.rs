@@ -1,8 +1,10 @@
 //! Whole samples for the mount: from the local tier when it holds the sample's chunk, else
 //! from the dataset's own storage, CRC-checked either way; and Monarch's placement: a sample
-//! read from the dataset's storage asks a background thread to copy its whole chunk into the
-//! tier (one large sequential read instead of many small random ones), so that later samples
-//! of that chunk come from local storage. The tier's policy and quota decide what stays.
+//! missing from the tier has its whole chunk copied into the tier by a fetch thread (one large
+//! sequential read instead of many small random ones), and later samples of that chunk come
+//! from local storage. The read waits for that fetch when the chunk fits the tier's free space
+//! or is already on its way; otherwise (a full tier that would evict for it) it reads its own
+//! record from the origin meanwhile. The tier's policy and quota decide what stays.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::fs::File;
@@ -12,7 +14,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use granary::{ChunkCache, Dataset, ImportanceScores, ReadError, SampleInfo, SampleReader};
+use granary::{
+    ChunkBytes, ChunkCache, Dataset, ImportanceScores, ReadError, SampleInfo, SampleReader,
+};
 use granary_format::decode_record;
 use serde::Serialize;
 
@@ -20,6 +24,16 @@ use serde::Serialize;
 const MAX_OPEN_COPIES: usize = 256;
 /// How long a chunk the tier declined is not offered again (the tier may change meanwhile).
 const DECLINED_FOR: Duration = Duration::from_secs(30);
+/// Chunks fetched at once (each holds one chunk in memory while it is read and admitted).
+const FETCH_THREADS: usize = 3;
+/// Longest a read waits for its chunk's fetch before it reads the origin itself.
+const WAIT_FOR_FETCH: Duration = Duration::from_secs(60);
+/// Misses remembered to tell an order that reads chunks together from a random one, and how
+/// many of them must be on one chunk before it is fetched at the cost of an eviction (a
+/// quarter: a chunk-wise order with windows of up to 4 chunks; a random order over more than
+/// ~16 chunks rarely).
+const RECENT_MISSES: usize = 32;
+const DENSE_MISSES: usize = 8;
 /// How often the node's score table is re-read (the training loop keeps reporting into it).
 const SCORES_EVERY: Duration = Duration::from_secs(30);
 
@@ -69,6 +83,8 @@ struct Queue {
     waiting: VecDeque<u32>,
     queued: HashSet<u32>,
     declined: HashMap<u32, Instant>,
+    /// Chunks of the latest misses that would need an eviction.
+    recent: VecDeque<u32>,
     stop: bool,
 }
 
@@ -76,7 +92,12 @@ struct Tier {
     cache: Arc<ChunkCache>,
     copies: Mutex<HashMap<u32, Arc<File>>>,
     queue: Mutex<Queue>,
+    /// Fetch threads wait here for work.
     wake: Condvar,
+    /// Readers wait here for a fetch to end.
+    fetched: Condvar,
+    /// Chunks fetched and checked, while the tier writes them: readers are served from here.
+    staged: Mutex<HashMap<u32, Arc<ChunkBytes>>>,
     scores: Mutex<(Option<Arc<ImportanceScores>>, Option<Instant>)>,
 }
 
@@ -85,7 +106,7 @@ pub struct TieredReader {
     origin: SampleReader,
     tier: Option<Arc<Tier>>,
     counters: Arc<Counters>,
-    fetcher: Mutex<Option<std::thread::JoinHandle<()>>>,
+    fetchers: Mutex<Vec<std::thread::JoinHandle<()>>>,
     /// Whether first touches of a chunk fetch it (false: the tier is only read).
     fetching: AtomicBool,
 }
@@ -101,27 +122,29 @@ impl TieredReader {
                 copies: Mutex::default(),
                 queue: Mutex::default(),
                 wake: Condvar::new(),
+                fetched: Condvar::new(),
+                staged: Mutex::default(),
                 scores: Mutex::new((None, None)),
             })
         });
-        let fetcher = match (&tier, fetch) {
-            (Some(t), true) => {
-                let (t, ds, c) = (t.clone(), ds.clone(), counters.clone());
-                Some(
+        let fetchers = match (&tier, fetch) {
+            (Some(t), true) => (0..FETCH_THREADS)
+                .map(|i| {
+                    let (t, ds, c) = (t.clone(), ds.clone(), counters.clone());
                     std::thread::Builder::new()
-                        .name("granary-fetch".into())
+                        .name(format!("granary-fetch-{i}"))
                         .spawn(move || fetch_loop(&t, &ds, &c))
-                        .expect("spawning the fetch thread"),
-                )
-            }
-            _ => None,
+                        .expect("spawning a fetch thread")
+                })
+                .collect(),
+            _ => Vec::new(),
         };
         TieredReader {
             origin: SampleReader::new(ds),
-            fetching: AtomicBool::new(fetcher.is_some()),
+            fetching: AtomicBool::new(!fetchers.is_empty()),
             tier,
             counters,
-            fetcher: Mutex::new(fetcher),
+            fetchers: Mutex::new(fetchers),
         }
     }
 
@@ -165,21 +188,32 @@ impl TieredReader {
         let info = ds.sample(id)?;
         if let Some(t) = &self.tier {
             if let Some(data) = self.read_tier(t, &info)? {
-                add(&self.counters.samples_tier, 1);
-                add(&self.counters.bytes_tier, info.entry.stored_len);
-                return Ok(data);
+                return Ok(self.hit(&info, data));
+            }
+            // A miss: the whole chunk is fetched (one large read) and this read waits for it,
+            // unless a full tier would have to evict for a chunk that only this read wants
+            // (see `fetch_and_wait`); then the origin answers.
+            if self.fetching.load(Relaxed) {
+                let ce = ds.chunk(info.entry.chunk)?;
+                let fits = t.cache.used()? + ce.file_size <= t.cache.quota();
+                if t.fetch_and_wait(info.entry.chunk, fits) {
+                    if let Some(data) = self.read_tier(t, &info)? {
+                        return Ok(self.hit(&info, data));
+                    }
+                }
             }
         }
         let mut out = vec![0u8; info.entry.orig_len as usize];
         self.origin.read_into(&info, &mut out)?;
         add(&self.counters.samples_origin, 1);
         add(&self.counters.bytes_origin, info.entry.stored_len);
-        if let Some(t) = &self.tier {
-            if self.fetching.load(Relaxed) {
-                t.request(info.entry.chunk);
-            }
-        }
         Ok(out)
+    }
+
+    fn hit(&self, info: &SampleInfo, data: Vec<u8>) -> Vec<u8> {
+        add(&self.counters.samples_tier, 1);
+        add(&self.counters.bytes_tier, info.entry.stored_len);
+        data
     }
 
     /// The sample from the tier's copy of its chunk; `None` when the tier has none (or had a
@@ -187,6 +221,11 @@ impl TieredReader {
     fn read_tier(&self, t: &Tier, info: &SampleInfo) -> Result<Option<Vec<u8>>, ReadError> {
         let e = &info.entry;
         let ds = self.dataset();
+        let staged = t.staged.lock().expect("staged").get(&e.chunk).cloned();
+        if let Some(bytes) = staged {
+            // Whole-file CRC checked when fetched; the record's own CRC is checked again here.
+            return Ok(Some(ds.decode_from(&bytes, info.id)?.into_owned()));
+        }
         let ce = ds.chunk(e.chunk)?;
         let cached = t.copies.lock().expect("tier copies").get(&e.chunk).cloned();
         let file = match cached {
@@ -242,16 +281,19 @@ impl TieredReader {
         if let Some(t) = &self.tier {
             t.queue.lock().expect("fetch queue").stop = true;
             t.wake.notify_all();
+            t.fetched.notify_all();
         }
-        if let Some(h) = self.fetcher.lock().expect("fetcher").take() {
+        for h in std::mem::take(&mut *self.fetchers.lock().expect("fetchers")) {
             let _ = h.join();
         }
     }
 
-    /// Asks for chunk `chunk` to be fetched into the tier (no-op without a fetcher).
-    pub fn prefetch(&self, chunk: u32) {
-        if let (Some(t), true) = (&self.tier, self.fetching.load(Relaxed)) {
-            t.request(chunk);
+    /// Asks for chunk `chunk` to be fetched into the tier (no-op without a fetcher); returns
+    /// whether it is queued or being fetched.
+    pub fn prefetch(&self, chunk: u32) -> bool {
+        match (&self.tier, self.fetching.load(Relaxed)) {
+            (Some(t), true) => t.request(chunk),
+            _ => false,
         }
     }
 
@@ -268,20 +310,72 @@ impl Drop for TieredReader {
 }
 
 impl Tier {
-    fn request(&self, chunk: u32) {
+    /// Queues `chunk` for fetching (unless queued, being fetched, or recently declined);
+    /// returns whether it is queued or being fetched now.
+    fn request(&self, chunk: u32) -> bool {
         let mut q = self.queue.lock().expect("fetch queue");
-        if q.stop || q.queued.contains(&chunk) {
-            return;
+        self.enqueue(&mut q, chunk)
+    }
+
+    fn enqueue(&self, q: &mut Queue, chunk: u32) -> bool {
+        if q.stop {
+            return false;
+        }
+        if q.queued.contains(&chunk) {
+            return true;
         }
         if let Some(t) = q.declined.get(&chunk) {
             if t.elapsed() < DECLINED_FOR {
-                return;
+                return false;
             }
             q.declined.remove(&chunk);
         }
         q.queued.insert(chunk);
         q.waiting.push_back(chunk);
         self.wake.notify_one();
+        true
+    }
+
+    /// Queues `chunk` (when it `fits` the tier's free space, or a quarter of the latest misses
+    /// were on it), moves
+    /// it to the front and waits until its fetch ended (at most [`WAIT_FOR_FETCH`]). False
+    /// when this read should go to the origin (not fetched, declined, stopping, timed out).
+    fn fetch_and_wait(&self, chunk: u32, fits: bool) -> bool {
+        let mut q = self.queue.lock().expect("fetch queue");
+        let was_queued = q.queued.contains(&chunk);
+        // A chunk that needs an eviction is fetched only while the misses concentrate on it
+        // (an order that reads a chunk's samples together, such as the chunk-wise sampler's):
+        // under a random order over a tier smaller than the dataset each chunk would be
+        // fetched again and again for a sample or two, evicting what was just fetched.
+        if !fits && !was_queued {
+            q.recent.push_back(chunk);
+            if q.recent.len() > RECENT_MISSES {
+                q.recent.pop_front();
+            }
+            let share = q.recent.iter().filter(|&&c| c == chunk).count();
+            if share < DENSE_MISSES {
+                return false;
+            }
+        }
+        if !self.enqueue(&mut q, chunk) {
+            return false;
+        }
+        if let Some(i) = q.waiting.iter().position(|&c| c == chunk) {
+            q.waiting.remove(i);
+            q.waiting.push_front(chunk);
+        }
+        let t0 = Instant::now();
+        while q.queued.contains(&chunk) && !q.stop && !self.is_staged(chunk) {
+            let Some(left) = WAIT_FOR_FETCH.checked_sub(t0.elapsed()) else {
+                return false;
+            };
+            q = self.fetched.wait_timeout(q, left).expect("fetch queue").0;
+        }
+        !q.stop
+    }
+
+    fn is_staged(&self, chunk: u32) -> bool {
+        self.staged.lock().expect("staged").contains_key(&chunk)
     }
 
     /// The node's score table (re-read every 30 s), if the training loop wrote one.
@@ -318,6 +412,7 @@ fn fetch_loop(t: &Tier, ds: &Dataset, c: &Counters) {
         let outcome = fetch_one(t, ds, c, chunk);
         let mut q = t.queue.lock().expect("fetch queue");
         q.queued.remove(&chunk);
+        t.fetched.notify_all();
         match outcome {
             Ok(true) => {}
             Ok(false) => {
@@ -346,9 +441,25 @@ fn fetch_one(t: &Tier, ds: &Dataset, c: &Counters, chunk: u32) -> Result<bool, R
         add(&c.skipped, 1);
         return Ok(false);
     }
-    let bytes = ds.load_chunk(chunk)?;
+    let bytes = Arc::new(ds.load_chunk(chunk)?);
     add(&c.bytes_fetched, bytes.len() as u64);
-    if t.cache.admit(&ce, &bytes, score)? {
+    if bytes.len() as u64 != ce.file_size || crc32fast::hash(&bytes) != ce.file_crc {
+        return Err(ReadError::Invalid(format!(
+            "chunk {chunk} ({}): its whole-file CRC does not match the snapshot",
+            ds.chunk_path(chunk).display()
+        )));
+    }
+    // Checked: readers waiting for this chunk are served from memory now, not after the
+    // tier's write and fsync.
+    t.staged
+        .lock()
+        .expect("staged")
+        .insert(chunk, bytes.clone());
+    drop(t.queue.lock().expect("fetch queue"));
+    t.fetched.notify_all();
+    let admitted = t.cache.admit(&ce, &bytes, score);
+    t.staged.lock().expect("staged").remove(&chunk);
+    if admitted? {
         add(&c.fetched, 1);
         // Admission may have evicted copies held open here: let their space go.
         t.copies.lock().expect("tier copies").clear();

@@ -25,12 +25,15 @@ try:  # torch is optional
 
     _MapBase = _tud.Dataset
     _IterBase = _tud.IterableDataset
+    _SamplerBase = _tud.Sampler
 except ImportError:  # pragma: no cover - exercised by the no-torch test run
     _tud = None
     _MapBase = object
     _IterBase = object
+    _SamplerBase = object
 
 __all__ = [
+    "ChunkwiseSampler",
     "DamagedError",
     "Dataset",
     "GranaryError",
@@ -492,3 +495,116 @@ class IterableDataset(_IterBase):
             f"granary.IterableDataset({self.root!r}, shuffle={self.shuffle!r}, seed={self.seed}, "
             f"epoch={self.epoch})"
         )
+
+
+def _mount_root(path):
+    """(dataset path, mount root) of the ``granary mount`` holding ``path``, or None."""
+    p = os.path.abspath(path)
+    while True:
+        try:
+            ds = os.getxattr(p, "user.granary.dataset")
+            return os.fsdecode(ds), p
+        except OSError:
+            pass
+        parent = os.path.dirname(p)
+        if parent == p:
+            return None
+        p = parent
+
+
+class ChunkwiseSampler(_SamplerBase):
+    """Indices of a map-style dataset over a ``granary mount`` (torchvision's ``ImageFolder``
+    or any ``DatasetFolder``) in granary's chunk-wise epoch order: chunks in a seeded random
+    order, samples shuffled within windows of chunks. The mount then reads each chunk once
+    per epoch in large reads, and a local tier smaller than the dataset is filled and used
+    chunk by chunk instead of thrashing. Pass it as ``DataLoader(..., sampler=...)`` in place
+    of ``shuffle=True``; the training code is otherwise unchanged.
+
+    ``data_source``: a dataset with ``.samples`` (``(path, target)`` pairs) and ``.root``, or
+    a list of file paths. ``dataset``: the packed dataset; by default found from the mount
+    (its root's ``user.granary.dataset``). Each epoch's order is a pure function of ``seed``
+    and the epoch (``set_epoch(e)``, or advanced by one per iteration); ``rank`` and
+    ``world_size`` (from ``torch.distributed`` when initialised) give each rank its share, as
+    ``DistributedSampler`` does. Files of ``data_source`` missing from the dataset are a
+    ``ValueError``; files of the dataset that ``data_source`` does not list are skipped.
+    """
+
+    def __init__(self, data_source, dataset=None, *, seed=0, window=None, rank=None,
+                 world_size=None, drop_last=True):
+        paths = [p for p, _ in data_source.samples] if hasattr(data_source, "samples") \
+            else [os.fspath(p) for p in data_source]
+        if not paths:
+            raise ValueError("ChunkwiseSampler: data_source has no files")
+        found = _mount_root(os.path.dirname(paths[0]))
+        if dataset is None:
+            if found is None:
+                raise ValueError(
+                    f"ChunkwiseSampler: {paths[0]!r} is not on a granary mount; pass dataset="
+                )
+            dataset = found[0]
+        root = found[1] if found is not None else getattr(data_source, "root", None)
+        if root is None:
+            raise ValueError(
+                f"ChunkwiseSampler: {paths[0]!r} is not on a granary mount and data_source has "
+                "no .root to take paths relative to"
+            )
+        self.dataset = os.fspath(dataset)
+        self.seed, self.window, self.drop_last = int(seed), window, bool(drop_last)
+        self.rank, self.world_size = rank, world_size
+        self.epoch = 0
+        ds = _NativeDataset(self.dataset)
+        n = len(ds)
+        index = [-1] * n
+        for i, p in enumerate(paths):
+            rel = os.fsencode(os.path.relpath(p, root))
+            sid = ds.lookup(rel)
+            if sid is None:
+                raise ValueError(f"ChunkwiseSampler: {p!r} is not in dataset {self.dataset!r}")
+            index[sid] = i
+        self._index = index
+        self._ds = ds
+        self._cached = None
+
+    def _rank_world(self):
+        if _tud is not None:
+            import torch.distributed as dist
+
+            if dist.is_available() and dist.is_initialized():
+                return dist.get_rank(), dist.get_world_size()
+        if self.world_size is not None:
+            return self.rank or 0, self.world_size
+        return 0, 1
+
+    def set_epoch(self, epoch):
+        self.epoch = int(epoch)
+
+    def order(self, epoch):
+        """The indices of ``epoch`` for this rank."""
+        rank, world = self._rank_world()
+        key = (int(epoch), rank, world)
+        if self._cached is not None and self._cached[0] == key:
+            return self._cached[1]
+        ids = self._ds.plan(epoch, seed=self.seed, window=self.window, rank=rank,
+                            world_size=world, drop_last=self.drop_last)
+        idx = self._index
+        order = [idx[i] for i in ids if idx[i] >= 0]
+        self._cached = (key, order)
+        return order
+
+    def __iter__(self):
+        order = self.order(self.epoch)
+        self.epoch += 1
+        return iter(order)
+
+    def __len__(self):
+        return len(self.order(self.epoch))
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state["_ds"] = None
+        state["_cached"] = None
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._ds = _NativeDataset(self.dataset)

@@ -139,6 +139,52 @@ impl Dataset {
     fn chunk_count(&self) -> u64 {
         self.reader.dataset().chunk_count()
     }
+
+    /// Sample ids of `rank`'s share of epoch `epoch` in the order a one-worker `Stream`
+    /// delivers them (chunk-wise by default): what a sampler over a mounted tree follows so
+    /// that each chunk is read once, in large reads, per epoch.
+    #[pyo3(signature = (epoch, *, seed = 0, window = None, memory = None, rank = 0, world_size = 1,
+        drop_last = true, shuffle = "chunkwise"))]
+    #[allow(clippy::too_many_arguments)]
+    fn plan(
+        &self,
+        py: Python<'_>,
+        epoch: u64,
+        seed: u64,
+        window: Option<usize>,
+        memory: Option<u64>,
+        rank: u32,
+        world_size: u32,
+        drop_last: bool,
+        shuffle: &str,
+    ) -> PyResult<Vec<u64>> {
+        let mode = ShuffleMode::parse(shuffle).map_err(PyValueError::new_err)?;
+        let setup = EpochSetup {
+            plan: PlanOptions {
+                mode,
+                seed,
+                window_chunks: window.unwrap_or(0),
+                drop_last,
+                locality: 1.0,
+            },
+            sampling: None,
+            stream: StreamOptions {
+                memory: memory.unwrap_or(granary::DEFAULT_READER_MEMORY),
+                ..Default::default()
+            },
+        };
+        let shard = Shard {
+            rank,
+            world_size,
+            worker: 0,
+            num_workers: 1,
+        };
+        let ds = self.reader.dataset();
+        let plan = py
+            .detach(|| setup.plan(ds, epoch, shard, None))
+            .map_err(err)?;
+        Ok(plan.samples)
+    }
 }
 
 /// One streamed sample: (id, label, bytes, weight).

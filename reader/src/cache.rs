@@ -794,6 +794,11 @@ impl ChunkCache {
         Ok(true)
     }
 
+    /// Bytes the tier holds now (its content list, revalidated by one `stat`).
+    pub fn used(&self) -> Result<u64> {
+        Ok(self.current()?.index.values().map(|e| e.size).sum())
+    }
+
     /// Whether [`ChunkCache::admit`] would take a chunk of `size` bytes with importance
     /// `score` now (the policy's verdict, evicting nothing): lets a caller skip reading a
     /// chunk the tier would decline.

@@ -21,16 +21,20 @@ use granary_mount::{MountFs, MountOptions, TieredReader, FS_SOURCE_PREFIX, FS_TY
   # PyTorch, unchanged: torchvision.datasets.ImageFolder(\"/mnt/train\") over the mount
   # (granary.ChunkwiseSampler orders it so each chunk is read once, sequentially)
 
-  # Slurm: mount on every node for the job's lifetime, tier on the node's SSD
-  srun --ntasks-per-node=1 granary mount /lustre/train.granary /tmp/train \\
-       --cache-dir /local/$SLURM_JOB_ID --cache-size 300GiB
+  # Slurm batch script: one mount per node for the job's lifetime (a step in the
+  # background: Slurm ends a step's processes with the step), tier on the node's SSD
+  srun --ntasks-per-node=1 --overlap granary mount /lustre/train.granary /tmp/train \\
+       --cache-dir /local/$SLURM_JOB_ID --cache-size 300GiB --foreground &
+  srun --ntasks-per-node=1 sh -c 'until mountpoint -q /tmp/train; do sleep 1; done'
   srun python train.py --data /tmp/train
-  srun --ntasks-per-node=1 granary umount /tmp/train
+  srun --ntasks-per-node=1 --overlap granary umount /tmp/train; wait
 
 Reads are whole samples, CRC-checked: a damaged record is EIO, never wrong bytes. With a tier,
-a file's first read copies its whole chunk into the tier in the background (one large read of
-shared storage instead of one small read per file); later files of that chunk come from the
-tier. The tier's policy and quota decide what stays (see `granary read --help`).
+a file whose chunk the tier lacks has the whole chunk copied into the tier (one large read of
+shared storage instead of one small read per file) and later files of that chunk come from the
+tier. When the tier is full and would have to evict, a chunk is fetched only while reads
+concentrate on it (granary.ChunkwiseSampler's order); under a random order those files are read
+from shared storage one by one. The policy and quota decide what stays (`granary read --help`).
 
 Statistics while mounted: getfattr -n user.granary.stats --only-values /mnt/train
 Without --foreground the mount runs in the background, logging to --log; SIGINT or SIGTERM
