@@ -173,8 +173,8 @@ impl TieredReader {
     }
 
     /// Sample `id`'s original bytes, CRC-checked: from the tier's copy of its chunk if there
-    /// is one (a damaged copy is removed and the origin read instead), else from the origin,
-    /// which also asks for the chunk to be fetched into the tier.
+    /// is one (a damaged copy is removed and the origin read instead), else after fetching
+    /// the chunk into the tier (see `fetch_and_wait`), else from the origin.
     pub fn read(&self, id: u64) -> Result<Vec<u8>, ReadError> {
         let r = self.read_inner(id);
         if r.is_err() {
@@ -249,10 +249,11 @@ impl TieredReader {
             .is_some_and(|end| end <= ce.file_size);
         let mut stored = vec![0u8; e.stored_len as usize];
         let ok = inside && file.read_exact_at(&mut stored, e.offset).is_ok();
-        let decoded = if ok {
-            decode_record(e, &stored).ok().map(|d| d.into_owned())
-        } else {
-            None
+        // A raw record is checked in place and returned as read (no second copy).
+        let decoded = match ok.then(|| decode_record(e, &stored)) {
+            Some(Ok(std::borrow::Cow::Borrowed(_))) => Some(stored),
+            Some(Ok(std::borrow::Cow::Owned(d))) => Some(d),
+            _ => None,
         };
         match decoded {
             Some(d) => Ok(Some(d)),

@@ -44,18 +44,8 @@ pub struct Args {
     pub dataset: PathBuf,
     /// Directory to mount it on.
     pub mountpoint: PathBuf,
-    /// Local chunk tier (a directory on the node's SSD), shared with `granary read` and
-    /// Python readers of the same dataset on the node.
-    #[arg(long, value_name = "DIR", requires = "cache_size")]
-    pub cache_dir: Option<PathBuf>,
-    /// Byte quota of the local tier, e.g. 200GiB.
-    #[arg(long, value_parser = super::pack::parse_size, requires = "cache_dir")]
-    pub cache_size: Option<u64>,
-    /// What the tier keeps when full: lru, static (fill once, never evict) or importance
-    /// (chunks of higher importance, from the node's score table when training reports
-    /// losses into it).
-    #[arg(long, default_value = "static", value_parser = granary::CachePolicy::parse)]
-    pub policy: granary::CachePolicy,
+    #[command(flatten)]
+    pub tier: super::read::TierArgs,
     /// Only read from the tier, never copy chunks into it on first touch.
     #[arg(long)]
     pub no_fetch: bool,
@@ -112,15 +102,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
 fn foreground(a: Args, mnt: &Path) -> anyhow::Result<ExitCode> {
     let t0 = Instant::now();
     let ds = Arc::new(super::open_dataset(&a.dataset)?);
-    let cache = match (&a.cache_dir, a.cache_size) {
-        (Some(dir), Some(quota)) => Some(Arc::new(granary::ChunkCache::open(
-            dir,
-            ds.snapshot().dataset_id(),
-            quota,
-            a.policy,
-        )?)),
-        _ => None,
-    };
+    let cache = a.tier.open(&ds)?;
     let reader = TieredReader::new(ds.clone(), cache, !a.no_fetch);
     let uid = rustix::process::geteuid().as_raw();
     let gid = rustix::process::getegid().as_raw();

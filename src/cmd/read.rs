@@ -59,6 +59,37 @@ impl PlanArgs {
     }
 }
 
+/// The local tier: `granary read` and `granary mount`.
+#[derive(clap::Args, Clone)]
+pub struct TierArgs {
+    /// Local chunk tier (a directory on the node's SSD), shared by every reader of the dataset
+    /// on the node (`granary read`, `granary mount`, Python).
+    #[arg(long, value_name = "DIR", requires = "cache_size")]
+    pub cache_dir: Option<PathBuf>,
+    /// Byte quota of the local tier, e.g. 200GiB.
+    #[arg(long, value_parser = super::pack::parse_size, requires = "cache_dir")]
+    pub cache_size: Option<u64>,
+    /// What the tier keeps when full: lru, static (fill once, never evict) or importance
+    /// (by the node's score table, which training's report() feeds).
+    #[arg(long, default_value = "static", value_parser = granary::CachePolicy::parse)]
+    pub policy: granary::CachePolicy,
+}
+
+impl TierArgs {
+    /// The tier of `ds`, when --cache-dir and --cache-size are given.
+    pub fn open(&self, ds: &granary::Dataset) -> anyhow::Result<Option<Arc<granary::ChunkCache>>> {
+        Ok(match (&self.cache_dir, self.cache_size) {
+            (Some(dir), Some(quota)) => Some(Arc::new(granary::ChunkCache::open(
+                dir,
+                ds.snapshot().dataset_id(),
+                quota,
+                self.policy,
+            )?)),
+            _ => None,
+        })
+    }
+}
+
 /// Stream epochs of a dataset (a dry run of training I/O): throughput and a content digest.
 #[derive(clap::Args)]
 #[command(after_help = "Examples:
@@ -105,15 +136,8 @@ pub struct Args {
     /// Reads in flight per worker.
     #[arg(long, default_value_t = 8)]
     pub queue_depth: usize,
-    /// Local chunk tier (a directory on the node's SSD), shared by every reader on the node.
-    #[arg(long, value_name = "DIR", requires = "cache_size")]
-    pub cache_dir: Option<PathBuf>,
-    /// Byte quota of the local tier, e.g. 200GiB.
-    #[arg(long, value_parser = super::pack::parse_size, requires = "cache_dir")]
-    pub cache_size: Option<u64>,
-    /// What the tier keeps when full: lru, static (fill once, never evict) or importance.
-    #[arg(long, default_value = "static", value_parser = granary::CachePolicy::parse)]
-    pub policy: granary::CachePolicy,
+    #[command(flatten)]
+    pub tier: TierArgs,
     /// Importance score table (written by ImportanceScores::save). By default the node's shared
     /// table next to the tier (fed by report() from training) when there is one. It chooses the
     /// samples --policy importance re-packs into hot chunks and drives --sampling importance.
@@ -158,15 +182,7 @@ fn load_scores(
 
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     let ds = Arc::new(super::open_dataset(&a.dataset)?);
-    let cache = match (&a.cache_dir, a.cache_size) {
-        (Some(dir), Some(quota)) => Some(Arc::new(granary::ChunkCache::open(
-            dir,
-            ds.snapshot().dataset_id(),
-            quota,
-            a.policy,
-        )?)),
-        _ => None,
-    };
+    let cache = a.tier.open(&ds)?;
     let importance = a.sampling == "importance";
     let mut reports = Vec::new();
     for epoch in a.first_epoch..a.first_epoch + a.epochs {
