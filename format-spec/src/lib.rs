@@ -26,8 +26,8 @@ pub use hash::path_hash;
 pub use record::{check_chunk, decode_record, ChunkCheck, MAX_ZSTD_RATIO};
 pub use rng::SplitMix64;
 pub use snapshot::{
-    ChunkEntry, SectionKind, Snapshot, SnapshotBuilder, CHUNK_ENTRY_LEN, SECTION_ENTRY_LEN,
-    SNAPSHOT_HEADER_LEN,
+    snapshot_key, ChunkEntry, SectionKind, Snapshot, SnapshotBuilder, CHUNK_ENTRY_LEN,
+    SECTION_ENTRY_LEN, SNAPSHOT_HEADER_LEN,
 };
 pub use strtab::{encode_string_table, StringTable};
 

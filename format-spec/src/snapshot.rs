@@ -111,6 +111,25 @@ pub struct Snapshot<B> {
     l: Layout,
 }
 
+/// What identifies a snapshot's content, read from its 64-byte header alone: the dataset id
+/// and the header's CRC (which covers the counts and the section table's CRC, and through it
+/// every section's CRC). Checks magic, version and the header CRC. A reader that fetches
+/// snapshots over a network keys its local copies by this, so one small ranged read tells
+/// whether a copy is current.
+pub fn snapshot_key(header: &[u8]) -> Result<([u8; 16], u32)> {
+    const WHAT: &str = "snapshot header";
+    if header.len() < SNAPSHOT_HEADER_LEN {
+        return Err(FormatError::truncated(
+            WHAT,
+            SNAPSHOT_HEADER_LEN as u64,
+            header.len() as u64,
+        ));
+    }
+    check_magic_version(WHAT, &SNAPSHOT_MAGIC, header)?;
+    check_crc(WHAT, le::u32_at(header, 60), &header[0..60])?;
+    Ok((le::id_at(header, 16), le::u32_at(header, 60)))
+}
+
 impl<B: AsRef<[u8]>> Snapshot<B> {
     /// Opens a snapshot: checks magic, version, header CRC, section table CRC, that every
     /// required section is present once, in bounds, and sized for the counts in the header, and

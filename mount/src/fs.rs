@@ -281,7 +281,11 @@ impl MountFs {
             n if n == XATTR_STATS.as_bytes() => Ok(self.stats_json().into_bytes()),
             n if n == XATTR_PID.as_bytes() => Ok(std::process::id().to_string().into_bytes()),
             n if n == XATTR_DATASET.as_bytes() => {
-                Ok(self.dataset().dir().as_os_str().as_encoded_bytes().to_vec())
+                let ds = self.dataset();
+                Ok(match ds.remote() {
+                    Some(u) => u.url().as_bytes().to_vec(),
+                    None => ds.dir().as_os_str().as_encoded_bytes().to_vec(),
+                })
             }
             _ => Err(libc::ENODATA),
         }
@@ -292,7 +296,7 @@ impl MountFs {
         let reads = self.reader.stats();
         let ds = self.dataset();
         let s = Stats {
-            dataset: ds.dir().display().to_string(),
+            dataset: ds.location(),
             samples: ds.len(),
             directories: self.tree.dir_count(),
             tier: self.reader.tier_dir().map(|p| p.display().to_string()),

@@ -13,6 +13,7 @@ mod output;
 mod plan;
 mod reindex;
 mod scan;
+mod upload;
 
 use std::collections::BTreeMap;
 use std::io::{BufWriter, Write};
@@ -33,6 +34,7 @@ pub use encode::{looks_compressed, CompressMode, DEFAULT_LEVEL};
 pub use granary_format::SplitMix64;
 use plan::{Plan, PlanFile};
 pub use reindex::{reindex, ReindexSummary};
+pub use upload::Destination;
 
 /// Default target chunk size (see README: measured on this project's reference machine).
 pub const DEFAULT_CHUNK_SIZE: u64 = 32 << 20;
@@ -57,6 +59,9 @@ pub enum PackError {
     /// The request cannot be carried out as given.
     #[error("{0}")]
     Usage(String),
+    /// The destination (an object store) refused or failed a request.
+    #[error("{0}")]
+    Destination(String),
     /// The format layer refused what we built (for example duplicate paths).
     #[error(transparent)]
     Format(#[from] granary_format::FormatError),
@@ -109,6 +114,11 @@ pub struct PackOptions {
     /// Threads that read, checksum and compress source files. Reads block on storage, so more
     /// threads than cores keep more requests in flight.
     pub io_threads: usize,
+    /// Upload the dataset here instead of publishing it at `out` (which then only names it in
+    /// messages); built in `staging`, which must be set too.
+    pub destination: Option<std::sync::Arc<dyn Destination>>,
+    /// The local build directory of a pack to a [`Destination`].
+    pub staging: Option<PathBuf>,
 }
 
 impl PackOptions {
@@ -129,6 +139,8 @@ impl PackOptions {
             skip_unreadable: false,
             progress: false,
             io_threads: DEFAULT_IO_THREADS,
+            destination: None,
+            staging: None,
         }
     }
 }
@@ -252,9 +264,27 @@ pub fn pack(opts: &PackOptions) -> Result<PackSummary, PackError> {
         )));
     }
     let out = &opts.out;
-    let work = work_dir(out)?;
-    output::check_disjoint(&src, out, &work)?;
-    if std::fs::symlink_metadata(out).is_ok() {
+    let dest = opts.destination.as_deref();
+    let work = match (dest, &opts.staging) {
+        (None, _) => work_dir(out)?,
+        (Some(_), Some(s)) => s.clone(),
+        (Some(d), None) => {
+            return Err(PackError::Usage(format!(
+                "packing to {} needs a local staging directory",
+                d.location()
+            )))
+        }
+    };
+    if dest.is_some() {
+        output::check_disjoint(&src, &work, &work)?;
+    } else {
+        output::check_disjoint(&src, out, &work)?;
+    }
+    let remote_found = match dest {
+        Some(d) => upload::check_destination(d, opts.force, opts.resume)?,
+        None => Vec::new(),
+    };
+    if dest.is_none() && std::fs::symlink_metadata(out).is_ok() {
         if !opts.force {
             return Err(PackError::Usage(format!(
                 "{} already exists; pass --force to replace it",
@@ -351,6 +381,7 @@ pub fn pack(opts: &PackOptions) -> Result<PackSummary, PackError> {
     let mut done: BTreeMap<usize, ChunkSummary> = BTreeMap::new();
     let entries = std::fs::read_dir(&work).map_err(|e| PackError::io("listing", &work, e))?;
     let mut candidates = Vec::new();
+    let mut sent = Vec::new();
     for e in entries {
         let e = e.map_err(|e| PackError::io("listing", &work, e))?;
         let name = e.file_name();
@@ -359,6 +390,13 @@ pub fn pack(opts: &PackOptions) -> Result<PackSummary, PackError> {
             parse_chunk_file_name(&name).filter(|&id| (id as usize) < plan.chunk_count())
         {
             candidates.push(id as usize);
+        } else if let Some(id) = name
+            .ends_with(".sent")
+            .then(|| upload::parse_sent_name(&name))
+            .flatten()
+            .filter(|&id| dest.is_some() && (id as usize) < plan.chunk_count())
+        {
+            sent.push(id);
         } else if name != PLAN_FILE {
             // Only granary's own files are here (checked when the lock was taken).
             let p = e.path();
@@ -379,6 +417,27 @@ pub fn pack(opts: &PackOptions) -> Result<PackSummary, PackError> {
                 warnings.push(format!(
                     "discarding incomplete or damaged chunk {}",
                     p.display()
+                ));
+                std::fs::remove_file(&p).map_err(|e| PackError::io("removing", &p, e))?;
+            }
+        }
+    }
+    // Chunks uploaded by the interrupted run: kept if the marker is intact and the object
+    // is there with the marker's size.
+    for c in sent {
+        let stored = remote_found
+            .iter()
+            .find(|(n, _)| *n == chunk_file_name(c))
+            .map(|(_, size)| *size);
+        match upload::read_marker(&work, &plan, c) {
+            Some(s) if stored == Some(s.file_size) && !done.contains_key(&(c as usize)) => {
+                done.insert(c as usize, s);
+            }
+            _ => {
+                let p = work.join(upload::sent_name(c));
+                warnings.push(format!(
+                    "chunk {c} was uploaded by the interrupted run but is not intact at {}; packing it again",
+                    dest.map(|d| d.location()).unwrap_or_default()
                 ));
                 std::fs::remove_file(&p).map_err(|e| PackError::io("removing", &p, e))?;
             }
@@ -415,16 +474,68 @@ pub fn pack(opts: &PackOptions) -> Result<PackSummary, PackError> {
         .filter(|c| !done.contains_key(c))
         .collect();
     let mut files_done: u64 = done.values().map(|s| s.entries.len() as u64).sum();
-    let written = write_chunks(
-        opts,
-        &src,
-        &work,
-        &plan,
-        &todo,
-        &pb,
-        &mut files_done,
-        &mut skipped,
-    )?;
+    // Verified local chunks of an interrupted pack to a destination still have to go up.
+    let unsent: Vec<upload::Written> = match dest {
+        Some(_) => done
+            .values()
+            .filter(|s| work.join(chunk_file_name(s.chunk_id)).is_file())
+            .map(|s| (s.chunk_id, s.file_size, s.file_crc))
+            .collect(),
+        None => Vec::new(),
+    };
+    let uploaded = std::sync::atomic::AtomicU64::new(0);
+    let written = std::thread::scope(|scope| {
+        let Some(d) = dest else {
+            return write_chunks(
+                opts,
+                &src,
+                &work,
+                &plan,
+                &todo,
+                &pb,
+                &mut files_done,
+                &mut skipped,
+                None,
+            );
+        };
+        // Two finished chunks may wait for the uploader; then the writer waits.
+        let (tx, rx) = sync_channel::<upload::Written>(2);
+        let (work, uploaded, pb) = (&work, &uploaded, &pb);
+        let uploader = scope.spawn(move || {
+            upload::upload_loop(d, work, rx, uploaded, &|n| {
+                pb.set_message(format!("uploaded {}", indicatif::HumanBytes(n)))
+            })
+        });
+        let mut result = Ok(Vec::new());
+        for w in unsent {
+            if tx.send(w).is_err() {
+                break; // the uploader failed: its error is reported below
+            }
+        }
+        if !uploader.is_finished() {
+            result = write_chunks(
+                opts,
+                &src,
+                work,
+                &plan,
+                &todo,
+                pb,
+                &mut files_done,
+                &mut skipped,
+                Some(&tx),
+            );
+        }
+        drop(tx);
+        let sent = uploader.join().unwrap_or_else(|_| {
+            Err(PackError::Destination(format!(
+                "the upload thread to {} panicked",
+                d.location()
+            )))
+        });
+        // The uploader's failure is the cause when both failed (the writer only saw the
+        // channel close).
+        sent.and(result)
+    })?;
     pb.finish_and_clear();
     for s in written {
         done.insert(s.chunk_id as usize, s);
@@ -449,10 +560,28 @@ pub fn pack(opts: &PackOptions) -> Result<PackSummary, PackError> {
     let snap = builder.build()?;
     bytes_out += snap.len() as u64;
     write_file_atomic(&work.join(SNAPSHOT_FILE), &snap)?;
-    let plan_path = work.join(PLAN_FILE);
-    std::fs::remove_file(&plan_path).map_err(|e| PackError::io("removing", &plan_path, e))?;
-    sync_dir(&work)?;
-    publish(&work, out)?;
+    match dest {
+        Some(d) => {
+            // Chunks of an earlier dataset there that this one does not have (it was replaced
+            // with --force), then the snapshot: only now is the prefix a dataset.
+            for (name, _) in &remote_found {
+                if parse_chunk_file_name(name).is_some_and(|c| c as usize >= plan.chunk_count()) {
+                    d.remove(name).map_err(PackError::Destination)?;
+                }
+            }
+            let snap_path = work.join(SNAPSHOT_FILE);
+            d.upload(SNAPSHOT_FILE, &snap_path, &|_| {})
+                .map_err(PackError::Destination)?;
+            std::fs::remove_dir_all(&work).map_err(|e| PackError::io("removing", &work, e))?;
+        }
+        None => {
+            let plan_path = work.join(PLAN_FILE);
+            std::fs::remove_file(&plan_path)
+                .map_err(|e| PackError::io("removing", &plan_path, e))?;
+            sync_dir(&work)?;
+            publish(&work, out)?;
+        }
+    }
 
     let elapsed = t0.elapsed().as_secs_f64();
     Ok(PackSummary {
@@ -574,15 +703,8 @@ fn make_plan(
 fn verify_existing(work: &Path, plan: &Plan, c: usize) -> Option<ChunkSummary> {
     let bytes = std::fs::read(work.join(chunk_file_name(c as u32))).ok()?;
     let check = granary_format::check_chunk(&bytes, &plan.dataset_id, c as u32).ok()?;
-    if !check.bad_records.is_empty() || check.footer.classes != plan.classes {
+    if !check.bad_records.is_empty() || !footer_matches_plan(plan, c, &check.footer) {
         return None;
-    }
-    let mut want = plan.chunk_files(c).iter();
-    for (p, e) in check.footer.paths.iter().zip(&check.footer.entries) {
-        let f = want.by_ref().find(|f| &f.rel == p)?;
-        if f.size != e.orig_len || f.label != e.label {
-            return None;
-        }
     }
     Some(ChunkSummary {
         chunk_id: c as u32,
@@ -590,6 +712,20 @@ fn verify_existing(work: &Path, plan: &Plan, c: usize) -> Option<ChunkSummary> {
         file_crc: check.file_crc,
         entries: check.footer.entries,
         paths: check.footer.paths,
+    })
+}
+
+/// True if a chunk footer holds (a subset, in order, of) the files the plan puts in chunk `c`,
+/// with the plan's sizes, labels and classes.
+fn footer_matches_plan(plan: &Plan, c: usize, footer: &granary_format::ChunkFooter) -> bool {
+    if footer.classes != plan.classes {
+        return false;
+    }
+    let mut want = plan.chunk_files(c).iter();
+    footer.paths.iter().zip(&footer.entries).all(|(p, e)| {
+        want.by_ref()
+            .find(|f| &f.rel == p)
+            .is_some_and(|f| f.size == e.orig_len && f.label == e.label)
     })
 }
 
@@ -603,6 +739,7 @@ fn write_chunks(
     pb: &ProgressBar,
     files_done: &mut u64,
     skipped: &mut Vec<Skipped>,
+    sent: Option<&std::sync::mpsc::SyncSender<upload::Written>>,
 ) -> Result<Vec<ChunkSummary>, PackError> {
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(opts.io_threads.max(1))
@@ -615,7 +752,15 @@ fn write_chunks(
         let writer = scope.spawn(move || -> Result<Vec<ChunkSummary>, PackError> {
             let mut out = Vec::new();
             for (c, recs) in rx {
-                out.push(write_chunk(work, plan, c, recs)?);
+                let s = write_chunk(work, plan, c, recs)?;
+                if let Some(tx) = sent {
+                    if tx.send((s.chunk_id, s.file_size, s.file_crc)).is_err() {
+                        return Err(PackError::Destination(
+                            "the upload stopped (its error follows)".into(),
+                        ));
+                    }
+                }
+                out.push(s);
             }
             Ok(out)
         });

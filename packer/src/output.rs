@@ -92,7 +92,8 @@ fn ours(name: &str, kind: Kind) -> bool {
             || name
                 .strip_suffix(".tmp")
                 .and_then(parse_chunk_file_name)
-                .is_some())
+                .is_some()
+            || crate::upload::parse_sent_name(name).is_some())
 }
 
 /// Checks that `dir` holds nothing but what a pack writes (regular files with granary's names)

@@ -62,7 +62,16 @@ fn err(e: ReadError) -> PyErr {
             Some(errno) => GranaryError::new_err((errno, msg)),
             None => GranaryError::new_err(msg),
         },
+        ReadError::Remote { not_found, .. } => match not_found {
+            true => GranaryError::new_err((libc_enoent(), msg)),
+            false => GranaryError::new_err(msg),
+        },
     }
+}
+
+/// ENOENT (Linux), so that a missing object is a `FileNotFoundError` like a missing file.
+fn libc_enoent() -> i32 {
+    2
 }
 
 fn hex(id: &[u8; 16]) -> String {

@@ -35,6 +35,8 @@ pub struct SampleInfo {
 /// snapshot's directory). Cheap to share across threads (`Sync`); reads use positional I/O.
 pub struct Dataset {
     dir: PathBuf,
+    /// The prefix of a dataset in an object store (its snapshot is a cached local copy).
+    remote: Option<Arc<crate::remote::ObjectUrl>>,
     snapshot_path: PathBuf,
     snap: Snapshot<Mmap>,
     store: Arc<dyn ChunkStore>,
@@ -81,8 +83,28 @@ impl Dataset {
     /// Opens the dataset at `path` (its directory, or its snapshot file). O(1): checks the
     /// snapshot's header, section table and section sizes, not the section checksums
     /// (see [`Dataset::check_snapshot`] and [`crate::verify`]).
+    ///
+    /// `path` may also be a URL (`s3://bucket/prefix`, `gs://`, `az://`, `http(s)://`): the
+    /// snapshot is fetched once into a local cache and chunks are read with ranged GETs
+    /// ([`crate::remote`]).
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
-        Self::open_in(path.as_ref(), None)
+        let path = path.as_ref();
+        if let Some(url) = path.to_str().filter(|s| crate::remote::is_url(s)) {
+            return crate::remote::open_url(url);
+        }
+        Self::open_in(path, None)
+    }
+
+    /// Opens a fetched snapshot (a local file) of the dataset at `url`, whose chunks are read
+    /// from the object store.
+    pub(crate) fn open_remote(snapshot: &Path, url: Arc<crate::remote::ObjectUrl>) -> Result<Self> {
+        let mut ds = Self::open_in(snapshot, None)?;
+        let sizes = (0..ds.snap.chunk_count())
+            .map(|c| Ok(ds.chunk(c as u32)?.file_size))
+            .collect::<Result<Vec<u64>>>()?;
+        ds.store = Arc::new(crate::remote::ObjectChunks::new(url.clone(), sizes));
+        ds.remote = Some(url);
+        Ok(ds)
     }
 
     /// Opens the snapshot at `path` (a directory or the snapshot file, as for
@@ -134,6 +156,7 @@ impl Dataset {
         let store = store.unwrap_or_else(|| Arc::new(LocalDir::new(&dir)));
         Ok(Dataset {
             dir,
+            remote: None,
             snapshot_path,
             snap,
             store,
@@ -146,6 +169,19 @@ impl Dataset {
         let ds = Self::open(path)?;
         ds.check_snapshot()?;
         Ok(ds)
+    }
+
+    /// Where the dataset is, for messages: its URL, or its directory.
+    pub fn location(&self) -> String {
+        match &self.remote {
+            Some(u) => u.url().to_string(),
+            None => self.dir.display().to_string(),
+        }
+    }
+
+    /// The prefix of a dataset opened from an object store.
+    pub fn remote(&self) -> Option<&Arc<crate::remote::ObjectUrl>> {
+        self.remote.as_ref()
     }
 
     /// Checks the CRC of every snapshot section; the first problem is returned.
@@ -172,7 +208,7 @@ impl Dataset {
         &self.store
     }
 
-    /// The directory of the snapshot file.
+    /// The directory of the snapshot file (for a dataset at a URL: of its cached snapshot).
     pub fn dir(&self) -> &Path {
         &self.dir
     }

@@ -33,6 +33,15 @@ pub enum ReadError {
     /// A reader thread failed or stopped: the epoch (or the batch) is incomplete.
     #[error("{0}")]
     Incomplete(String),
+    /// An object store request failed (after the client's retries).
+    #[error("{op} {url}: {detail}")]
+    Remote {
+        op: &'static str,
+        url: String,
+        detail: String,
+        /// The object (or bucket) does not exist.
+        not_found: bool,
+    },
     /// An argument or option that is not possible as asked (out of range, inconsistent).
     #[error("{0}")]
     Invalid(String),

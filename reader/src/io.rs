@@ -518,6 +518,9 @@ fn read_group(reqs: &[Request], group: Vec<(&Piece, &mut [u8])>) -> Result<()> {
     }
 }
 
+/// Sources that are not local files read at once by one batch of the io_uring engine.
+const REMOTE_SOURCES_IN_FLIGHT: usize = 8;
+
 /// What a submitter gets back for one batch.
 type Reply = std::sync::mpsc::SyncSender<Result<Vec<Completed>>>;
 
@@ -681,10 +684,22 @@ fn run_pread(
     let reqs = &reqs[..];
     let slices = piece_slices(&mut bufs, &pieces);
     let work = group_pieces(reqs, pieces.iter().zip(slices));
-    let threads = threads
-        .min(work.len())
-        .min(max_inflight_bytes / MAX_PIECE + 1)
-        .max(1);
+    let threads = threads.min(max_inflight_bytes / MAX_PIECE + 1);
+    read_groups(reqs, work, threads)?;
+    finish(bufs, skips, reqs)
+}
+
+/// Reads groups of [`group_pieces`] with up to `threads` threads; the first error stops the
+/// rest and is returned.
+fn read_groups(
+    reqs: &[Request],
+    work: Vec<Vec<(&Piece, &mut [u8])>>,
+    threads: usize,
+) -> Result<()> {
+    let threads = threads.min(work.len()).max(1);
+    if threads == 1 {
+        return work.into_iter().try_for_each(|g| read_group(reqs, g));
+    }
     let queue = Mutex::new(work.into_iter());
     let first_error: Mutex<Option<ReadError>> = Mutex::new(None);
     let failed = AtomicUsize::new(0);
@@ -704,10 +719,10 @@ fn run_pread(
             });
         }
     });
-    if let Some(e) = first_error.into_inner().expect("error lock") {
-        return Err(e);
+    match first_error.into_inner().expect("error lock") {
+        Some(e) => Err(e),
+        None => Ok(()),
     }
-    finish(bufs, skips, reqs)
 }
 
 /// A batch of requests being read by the io_uring engine.
@@ -840,11 +855,11 @@ impl UringEngine {
                 .zip(&on_ring)
                 .filter(|(_, l)| !**l)
                 .map(|(x, _)| x);
-            for group in group_pieces(&reqs, others) {
-                if let Err(e) = read_group(&reqs, group) {
-                    error = Some(e);
-                    break;
-                }
+            // Each source's ranges from one thread, several sources at once: an object
+            // store's reads are network round trips, not ring submissions.
+            let groups = group_pieces(&reqs, others);
+            if let Err(e) = read_groups(&reqs, groups, REMOTE_SOURCES_IN_FLIGHT) {
+                error = Some(e);
             }
         }
         let addrs = bufs

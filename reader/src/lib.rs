@@ -47,6 +47,7 @@ pub mod io;
 mod pathfmt;
 pub mod plan;
 pub mod procstat;
+pub mod remote;
 mod residency;
 mod source;
 mod stream;

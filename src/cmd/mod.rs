@@ -16,8 +16,6 @@ pub mod verify;
 use std::io::Write;
 use std::path::Path;
 
-use anyhow::Context;
-
 /// True when `e` comes from writing to a closed pipe (`granary ls | head`).
 pub fn is_broken_pipe(e: &anyhow::Error) -> bool {
     e.chain().any(|c| {
@@ -29,12 +27,16 @@ pub fn is_broken_pipe(e: &anyhow::Error) -> bool {
 /// Opens a dataset for the inspection commands: O(1) open plus every snapshot section CRC, so
 /// that paths and offsets are trusted only when intact.
 pub fn open_dataset(path: &Path) -> anyhow::Result<granary::Dataset> {
-    granary::Dataset::open_checked(path).with_context(|| {
-        format!(
-            "cannot use dataset {} (run `granary verify` for a full report, `granary reindex` \
-             to rebuild a damaged snapshot)",
-            path.display()
-        )
+    granary::Dataset::open_checked(path).map_err(|e| {
+        // Damage is what verify and reindex help with; an object store that cannot be reached
+        // or a wrong argument is not.
+        let hint = match &e {
+            granary::ReadError::Format { .. } | granary::ReadError::Mismatch { .. } => {
+                " (run `granary verify` for a full report, `granary reindex` to rebuild a damaged snapshot)"
+            }
+            _ => "",
+        };
+        anyhow::Error::new(e).context(format!("cannot use dataset {}{hint}", path.display()))
     })
 }
 

@@ -121,7 +121,7 @@ fn foreground(a: Args, mnt: &Path) -> anyhow::Result<ExitCode> {
     let opts = MountOptions {
         threads: a.threads,
         allow_other: a.allow_other,
-        fsname: format!("{FS_SOURCE_PREFIX}{}", ds.dir().display()),
+        fsname: format!("{FS_SOURCE_PREFIX}{}", ds.location()),
         ..MountOptions::default()
     };
     let (files, dirs) = (ds.len(), fs.tree().dir_count());
@@ -129,7 +129,7 @@ fn foreground(a: Args, mnt: &Path) -> anyhow::Result<ExitCode> {
         eprintln!(
             "granary: mounted {} ({files} files, {dirs} directories) at {} in {:.2} s (pid {}); \
              stop with Ctrl-C or `granary umount {}`",
-            ds.dir().display(),
+            ds.location(),
             mnt.display(),
             t0.elapsed().as_secs_f64(),
             std::process::id(),

@@ -32,15 +32,26 @@ pub enum OrderArg {
   find ./train -name '*.jpg' -printf '%P\\0' > list; granary pack ./train --files-from list -o t.granary
   granary pack ./train -o train.granary --resume      # continue after Ctrl-C, kill or power loss
 
+  granary pack ./train -o s3://bucket/datasets/train        # AWS_* variables configure the client
+  AWS_ENDPOINT_URL=http://127.0.0.1:8333 AWS_ALLOW_HTTP=true granary pack ./train -o s3://b/train
+
 The dataset appears under OUT only when complete (it is built in .OUT.partial next to it, locked
 against a second pack of the same OUT). OUT may not be SRC, inside it, or contain it.
+OUT may be an object store URL (s3://, gs://, az://): chunks are built in a local staging
+directory (--staging), each uploaded as soon as it is written and then removed locally, and the
+snapshot is uploaded last, so the prefix is a dataset only when complete. --resume continues an
+interrupted upload from the same staging directory.
 Exit status 3: packed, but --skip-unreadable skipped some files (listed in the summary).")]
 pub struct Args {
     /// Directory to pack (only read, never modified).
     pub src: PathBuf,
-    /// Output dataset directory.
+    /// Output dataset directory, or an object store prefix (s3://bucket/prefix, gs://, az://).
     #[arg(short, long)]
     pub out: PathBuf,
+    /// Local build directory of a pack to an object store (holds a few chunks at a time and
+    /// the resume state) [default: ~/.cache/granary/uploads/<OUT as a file name>].
+    #[arg(long, value_name = "DIR")]
+    pub staging: Option<PathBuf>,
     /// Pack the files named in LIST (paths relative to SRC, newline- or NUL-separated) instead
     /// of walking SRC.
     #[arg(long, value_name = "LIST")]
@@ -143,6 +154,16 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     o.skip_unreadable = a.skip_unreadable;
     o.io_threads = a.io_threads;
     o.progress = !a.quiet && std::io::stderr().is_terminal();
+    if let Some(url) = a.out.to_str().filter(|s| granary::remote::is_url(s)) {
+        let u = granary::remote::ObjectUrl::parse(url)?;
+        if !u.writable() {
+            anyhow::bail!("{url}: http(s) URLs are read-only; pack to s3://, gs:// or az://");
+        }
+        o.staging = Some(a.staging.clone().unwrap_or_else(|| staging_dir(u.url())));
+        o.destination = Some(std::sync::Arc::new(ObjectDestination(u)));
+    } else if a.staging.is_some() {
+        anyhow::bail!("--staging is for packing to an object store URL; OUT is a local path");
+    }
     let s = granary_packer::pack(&o).with_context(|| format!("packing {}", a.src.display()))?;
     for w in &s.warnings {
         eprintln!("granary: warning: {w}");
@@ -179,6 +200,48 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::from(3));
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The default staging directory of a pack to `url`: one per destination, so that `--resume`
+/// finds it again.
+fn staging_dir(url: &str) -> PathBuf {
+    let name: String = url
+        .chars()
+        .map(|c| match c {
+            'a'..='z' | 'A'..='Z' | '0'..='9' | '-' | '.' | '_' => c,
+            _ => '_',
+        })
+        .collect();
+    granary::remote::cache_home().join("uploads").join(name)
+}
+
+/// An object store prefix as the packer's destination.
+#[derive(Debug)]
+struct ObjectDestination(granary::remote::ObjectUrl);
+
+impl granary_packer::Destination for ObjectDestination {
+    fn location(&self) -> String {
+        self.0.url().to_string()
+    }
+
+    fn list(&self) -> Result<Vec<(String, u64)>, String> {
+        self.0.list().map_err(|e| e.to_string())
+    }
+
+    fn upload(
+        &self,
+        name: &str,
+        path: &std::path::Path,
+        progress: &(dyn Fn(u64) + Sync),
+    ) -> Result<(), String> {
+        self.0
+            .put_file(name, path, progress)
+            .map_err(|e| e.to_string())
+    }
+
+    fn remove(&self, name: &str) -> Result<(), String> {
+        self.0.delete(name).map_err(|e| e.to_string())
+    }
 }
 
 #[cfg(test)]

@@ -1,0 +1,175 @@
+//! Packing into an object store: chunks are built in a local staging directory (the build
+//! directory of a local pack), each uploaded as soon as it is written and then replaced there
+//! by a small marker (`chunk-N.sent`: the chunk's size, CRC and footer), so local disk holds a
+//! few chunks at a time. The snapshot is uploaded last: until it exists, the prefix is not a
+//! dataset. `--resume` keeps every chunk whose marker is intact and whose object has the
+//! marker's size; the rest are packed and uploaded again.
+
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::Receiver;
+
+use granary_format::{
+    chunk_file_name, decode_footer, parse_chunk_file_name, ChunkSummary, Trailer,
+    CHUNK_TRAILER_LEN, SNAPSHOT_FILE,
+};
+
+use crate::plan::Plan;
+use crate::PackError;
+
+/// Where a pack's files go when they do not stay in a local directory: an object store
+/// prefix. Errors are messages that name the object and the cause.
+pub trait Destination: Send + Sync + std::fmt::Debug {
+    /// The destination, for messages (a URL).
+    fn location(&self) -> String;
+    /// Names and sizes of the objects under the destination now.
+    fn list(&self) -> Result<Vec<(String, u64)>, String>;
+    /// Stores the local file `path` as `name`, whole or not at all; `progress` gets the bytes
+    /// stored as they are.
+    fn upload(
+        &self,
+        name: &str,
+        path: &Path,
+        progress: &(dyn Fn(u64) + Sync),
+    ) -> Result<(), String>;
+    /// Removes `name` (absent is fine).
+    fn remove(&self, name: &str) -> Result<(), String>;
+}
+
+const MARKER_MAGIC: &[u8; 8] = b"GRNYSENT";
+const MARKER_FIXED: usize = 8 + 8 + 4 + 4;
+
+/// Name of the marker left in the staging directory for an uploaded chunk.
+pub(crate) fn sent_name(c: u32) -> String {
+    let name = chunk_file_name(c);
+    format!("{}.sent", name.strip_suffix(".gchunk").unwrap_or(&name))
+}
+
+/// The chunk id of a marker name (or of its temporary file).
+pub(crate) fn parse_sent_name(name: &str) -> Option<u32> {
+    let stem = name
+        .strip_suffix(".sent")
+        .or_else(|| name.strip_suffix(".tmp"))?;
+    parse_chunk_file_name(&format!("{stem}.gchunk"))
+}
+
+/// What the writer tells the uploader: chunk id, file size, whole-file CRC.
+pub(crate) type Written = (u32, u64, u32);
+
+/// Checks what the destination holds before a pack writes there: nothing, or only what a
+/// granary pack writes. A dataset there needs `force` (its snapshot is removed first, so no
+/// reader ever opens a mix of old and new chunks); chunks without a snapshot are an
+/// interrupted upload and need `resume` or `force`. Returns the objects found.
+pub(crate) fn check_destination(
+    dest: &dyn Destination,
+    force: bool,
+    resume: bool,
+) -> Result<Vec<(String, u64)>, PackError> {
+    let found = dest.list().map_err(PackError::Destination)?;
+    if let Some((other, _)) = found
+        .iter()
+        .find(|(n, _)| n != SNAPSHOT_FILE && parse_chunk_file_name(n).is_none())
+    {
+        return Err(PackError::Usage(format!(
+            "{} holds {other}, which granary did not write; pack only into an empty prefix or one \
+             holding a granary dataset",
+            dest.location()
+        )));
+    }
+    let has_snapshot = found.iter().any(|(n, _)| n == SNAPSHOT_FILE);
+    if has_snapshot && !force {
+        return Err(PackError::Usage(format!(
+            "{} already holds a dataset; pass --force to replace it",
+            dest.location()
+        )));
+    }
+    if !has_snapshot && !found.is_empty() && !force && !resume {
+        return Err(PackError::Usage(format!(
+            "{} holds chunks of an interrupted upload; pass --resume to continue it or --force to \
+             start over",
+            dest.location()
+        )));
+    }
+    if has_snapshot {
+        dest.remove(SNAPSHOT_FILE).map_err(PackError::Destination)?;
+    }
+    Ok(found)
+}
+
+/// Writes the marker of uploaded chunk `c` (read from its local file, which the caller then
+/// removes).
+pub(crate) fn write_marker(work: &Path, c: u32, size: u64, crc: u32) -> Result<(), PackError> {
+    use std::os::unix::fs::FileExt;
+    let path = work.join(chunk_file_name(c));
+    let f = std::fs::File::open(&path).map_err(|e| PackError::io("opening", &path, e))?;
+    let mut trailer = [0u8; CHUNK_TRAILER_LEN];
+    f.read_exact_at(&mut trailer, size - CHUNK_TRAILER_LEN as u64)
+        .map_err(|e| PackError::io("reading", &path, e))?;
+    let t = Trailer::decode(&trailer, size)?;
+    let mut body = vec![0u8; t.footer_len as usize];
+    f.read_exact_at(&mut body, t.footer_offset)
+        .map_err(|e| PackError::io("reading", &path, e))?;
+    let mut m = Vec::with_capacity(MARKER_FIXED + CHUNK_TRAILER_LEN + body.len() + 4);
+    m.extend_from_slice(MARKER_MAGIC);
+    m.extend_from_slice(&size.to_le_bytes());
+    m.extend_from_slice(&crc.to_le_bytes());
+    m.extend_from_slice(&0u32.to_le_bytes());
+    m.extend_from_slice(&trailer);
+    m.extend_from_slice(&body);
+    let check = crc32fast::hash(&m);
+    m.extend_from_slice(&check.to_le_bytes());
+    crate::write_file_atomic(&work.join(sent_name(c)), &m)
+}
+
+/// The summary of uploaded chunk `c` from its marker, if the marker is intact and describes
+/// the chunk the plan asks for.
+pub(crate) fn read_marker(work: &Path, plan: &Plan, c: u32) -> Option<ChunkSummary> {
+    let m = std::fs::read(work.join(sent_name(c))).ok()?;
+    if m.len() < MARKER_FIXED + CHUNK_TRAILER_LEN + 4 || &m[..8] != MARKER_MAGIC {
+        return None;
+    }
+    let (content, check) = m.split_at(m.len() - 4);
+    if crc32fast::hash(content) != u32::from_le_bytes(check.try_into().ok()?) {
+        return None;
+    }
+    let size = u64::from_le_bytes(content[8..16].try_into().ok()?);
+    let crc = u32::from_le_bytes(content[16..20].try_into().ok()?);
+    let trailer = &content[MARKER_FIXED..MARKER_FIXED + CHUNK_TRAILER_LEN];
+    let body = &content[MARKER_FIXED + CHUNK_TRAILER_LEN..];
+    let t = Trailer::decode(trailer, size).ok()?;
+    let footer = decode_footer(body, &t, c).ok()?;
+    if !crate::footer_matches_plan(plan, c as usize, &footer) {
+        return None;
+    }
+    Some(ChunkSummary {
+        chunk_id: c,
+        file_size: size,
+        file_crc: crc,
+        entries: footer.entries,
+        paths: footer.paths,
+    })
+}
+
+/// Uploads each chunk the writer finished, then leaves its marker and removes the local file.
+/// Returns at the first failure (the writer then fails on its next send) or when the writer
+/// is done.
+pub(crate) fn upload_loop(
+    dest: &dyn Destination,
+    work: &Path,
+    rx: Receiver<Written>,
+    uploaded: &AtomicU64,
+    on_progress: &(dyn Fn(u64) + Sync),
+) -> Result<(), PackError> {
+    for (c, size, crc) in rx {
+        let name = chunk_file_name(c);
+        let path = work.join(&name);
+        dest.upload(&name, &path, &|n| {
+            let total = uploaded.fetch_add(n, Ordering::Relaxed) + n;
+            on_progress(total);
+        })
+        .map_err(PackError::Destination)?;
+        write_marker(work, c, size, crc)?;
+        std::fs::remove_file(&path).map_err(|e| PackError::io("removing", &path, e))?;
+    }
+    Ok(())
+}

@@ -1,0 +1,640 @@
+//! Datasets in object stores: `s3://`, `gs://`, `az://` and read-only `http(s)://` URLs,
+//! through the `object_store` crate (ranged GETs, retries with backoff, the configuration
+//! variables users already set: `AWS_ENDPOINT_URL`, `AWS_REGION`, `AWS_ACCESS_KEY_ID`, ...).
+//!
+//! A dataset at a URL is the same directory of immutable files as on disk, as objects under a
+//! prefix. [`open_url`] fetches the snapshot once and keeps it in a local cache keyed by the
+//! dataset id and the snapshot header's CRC ([`granary_format::snapshot_key`]), so reopening
+//! costs one 64-byte ranged GET; chunks are read with ranged GETs ([`ObjectChunks`]), many in
+//! flight, sizes taken from the snapshot (no HEAD per chunk). Everything the local reader
+//! checks (headers, sizes, CRCs of every record) is checked the same way: a truncated or
+//! replaced object is an error naming its URL, never short or wrong bytes.
+//!
+//! The async runtime and the HTTP clients belong to one process: a process forked after using
+//! them (a PyTorch `DataLoader` worker) starts its own on first use and never touches the
+//! parent's, whose threads do not exist in the child.
+
+use std::future::Future;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use futures_util::stream::{self, StreamExt, TryStreamExt};
+use object_store::path::Path as ObjPath;
+use object_store::{GetOptions, ObjectStore, ObjectStoreExt, PutPayload, WriteMultipart};
+
+use crate::error::{ReadError, Result};
+use crate::residency::Opener;
+use crate::source::{ChunkSource, ChunkStore, RangeRead, Source};
+
+/// URL schemes granary reads (and, but for `http(s)`, writes).
+pub const SCHEMES: &[&str] = &["s3", "s3a", "gs", "az", "abfs", "abfss", "http", "https"];
+
+/// Largest single ranged GET: a whole-chunk read is split into parts of this size, fetched
+/// concurrently (one 32 MiB GET on one connection is limited by that connection's window).
+pub const GET_PART: u64 = 8 << 20;
+
+/// GETs in flight per read call (each reader thread issues its own).
+pub const GETS_IN_FLIGHT: usize = 16;
+
+/// Parts of a multipart upload; files up to this size are one PUT.
+pub const PUT_PART: usize = 16 << 20;
+
+/// Multipart upload parts in flight per upload.
+const PUTS_IN_FLIGHT: usize = 4;
+
+/// True if `s` is a URL granary reads through an object store (`scheme://...` with a known
+/// scheme). A local directory whose name merely looks like one can be written `./s3:/...`.
+pub fn is_url(s: &str) -> bool {
+    s.split_once("://")
+        .is_some_and(|(scheme, _)| SCHEMES.contains(&scheme.to_ascii_lowercase().as_str()))
+}
+
+/// [`is_url`] for a path argument.
+pub fn is_url_path(p: &Path) -> bool {
+    p.to_str().is_some_and(is_url)
+}
+
+/// Runs `f` to completion on this process's runtime (started on first use, and again in a
+/// forked child). Must not be called from inside an async task.
+pub fn block_on<F: Future>(f: F) -> Result<F::Output> {
+    Ok(runtime()?.block_on(f))
+}
+
+fn runtime() -> Result<Arc<tokio::runtime::Runtime>> {
+    static RT: Mutex<Option<(u32, Arc<tokio::runtime::Runtime>)>> = Mutex::new(None);
+    let pid = std::process::id();
+    let mut g = RT.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some((p, rt)) = g.as_ref() {
+        if *p == pid {
+            return Ok(rt.clone());
+        }
+    }
+    // A forked child: the parent's runtime has none of its threads here; dropping it would
+    // wait for them forever, so it is left alone.
+    if let Some(old) = g.take() {
+        std::mem::forget(old);
+    }
+    let rt = Arc::new(
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("granary-net")
+            .enable_all()
+            .build()
+            .map_err(|e| ReadError::io("starting the network runtime", "(runtime)", e))?,
+    );
+    *g = Some((pid, rt.clone()));
+    Ok(rt)
+}
+
+/// A dataset prefix in an object store: `scheme://bucket/prefix`.
+#[derive(Debug)]
+pub struct ObjectUrl {
+    url: String,
+    prefix: ObjPath,
+    /// This process's client (see the module documentation on forks).
+    client: Mutex<Option<(u32, Arc<dyn ObjectStore>)>>,
+}
+
+impl ObjectUrl {
+    /// Parses `url` (no request is made; the client is built on first use).
+    pub fn parse(url: &str) -> Result<Self> {
+        let bad = |why: &str| ReadError::Invalid(format!("{url}: {why}"));
+        let (scheme, rest) = url
+            .split_once("://")
+            .ok_or_else(|| bad("not a URL (scheme://bucket/prefix)"))?;
+        let scheme = scheme.to_ascii_lowercase();
+        if !SCHEMES.contains(&scheme.as_str()) {
+            return Err(bad(&format!(
+                "unknown scheme {scheme:?}: use s3://, gs://, az://, http(s):// or a local path"
+            )));
+        }
+        let rest = rest.trim_end_matches('/');
+        let (host, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+        if host.is_empty() {
+            return Err(bad("no bucket (or host) in the URL"));
+        }
+        let prefix =
+            ObjPath::parse(prefix).map_err(|e| bad(&format!("not a valid object prefix: {e}")))?;
+        Ok(ObjectUrl {
+            url: format!("{scheme}://{rest}"),
+            prefix,
+            client: Mutex::new(None),
+        })
+    }
+
+    /// The URL (normalised: no trailing slash).
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// The URL of object `name` under the prefix.
+    pub fn object_url(&self, name: &str) -> String {
+        format!("{}/{name}", self.url)
+    }
+
+    fn key(&self, name: &str) -> ObjPath {
+        self.prefix.clone().join(name)
+    }
+
+    fn scheme(&self) -> &str {
+        self.url.split_once("://").map_or("", |(s, _)| s)
+    }
+
+    /// True for stores that accept writes (not plain HTTP).
+    pub fn writable(&self) -> bool {
+        !matches!(self.scheme(), "http" | "https")
+    }
+
+    /// This process's client for the store.
+    pub fn client(&self) -> Result<Arc<dyn ObjectStore>> {
+        let pid = std::process::id();
+        let mut g = self.client.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((p, c)) = g.as_ref() {
+            if *p == pid {
+                return Ok(c.clone());
+            }
+        }
+        if let Some(old) = g.take() {
+            std::mem::forget(old); // the parent's connections; see `runtime`
+        }
+        let c = self.build()?;
+        *g = Some((pid, c.clone()));
+        Ok(c)
+    }
+
+    fn build(&self) -> Result<Arc<dyn ObjectStore>> {
+        let bucket_url = match self.url.split_once("://") {
+            Some((s, rest)) => format!("{s}://{}", rest.split('/').next().unwrap_or(rest)),
+            None => self.url.clone(),
+        };
+        let fail = |e: object_store::Error| {
+            ReadError::Invalid(format!("{}: cannot configure the client: {e}", self.url))
+        };
+        let store: Arc<dyn ObjectStore> = match self.scheme() {
+            "s3" | "s3a" => {
+                check_aws_credentials(&self.url)?;
+                Arc::new(
+                    object_store::aws::AmazonS3Builder::from_env()
+                        .with_url(&bucket_url)
+                        .build()
+                        .map_err(fail)?,
+                )
+            }
+            "gs" => Arc::new(
+                object_store::gcp::GoogleCloudStorageBuilder::from_env()
+                    .with_url(&bucket_url)
+                    .build()
+                    .map_err(fail)?,
+            ),
+            "az" | "abfs" | "abfss" => Arc::new(
+                object_store::azure::MicrosoftAzureBuilder::from_env()
+                    .with_url(&bucket_url)
+                    .build()
+                    .map_err(fail)?,
+            ),
+            _ => Arc::new(
+                object_store::http::HttpBuilder::new()
+                    .with_url(&bucket_url)
+                    .build()
+                    .map_err(fail)?,
+            ),
+        };
+        Ok(store)
+    }
+
+    /// Bytes `range` of object `name`; exactly that many, or an error naming the object.
+    pub fn get_range(&self, name: &str, range: Range<u64>) -> Result<bytes::Bytes> {
+        let client = self.client()?;
+        let key = self.key(name);
+        let want = range.end - range.start;
+        let got = block_on(async { client.get_range(&key, range.clone()).await })?
+            .map_err(|e| remote_error("reading", &self.object_url(name), e))?;
+        if got.len() as u64 != want {
+            return Err(truncated(
+                &self.object_url(name),
+                range.start,
+                want,
+                got.len(),
+            ));
+        }
+        Ok(got)
+    }
+
+    /// The whole of object `name`.
+    pub fn get(&self, name: &str) -> Result<bytes::Bytes> {
+        let client = self.client()?;
+        let key = self.key(name);
+        block_on(async { client.get(&key).await?.bytes().await })?
+            .map_err(|e| remote_error("reading", &self.object_url(name), e))
+    }
+
+    /// Size of object `name`, `None` if there is none.
+    pub fn size(&self, name: &str) -> Result<Option<u64>> {
+        let client = self.client()?;
+        let key = self.key(name);
+        match block_on(async { client.head(&key).await })? {
+            Ok(m) => Ok(Some(m.size)),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(remote_error("inspecting", &self.object_url(name), e)),
+        }
+    }
+
+    /// Names and sizes of the objects directly under the prefix.
+    pub fn list(&self) -> Result<Vec<(String, u64)>> {
+        let client = self.client()?;
+        let prefix = (!self.prefix.as_ref().is_empty()).then(|| self.prefix.clone());
+        let listed = block_on(async { client.list_with_delimiter(prefix.as_ref()).await })?
+            .map_err(|e| remote_error("listing", &self.url, e))?;
+        Ok(listed
+            .objects
+            .into_iter()
+            .filter_map(|m| {
+                let name = m.location.filename()?.to_string();
+                Some((name, m.size))
+            })
+            .collect())
+    }
+
+    /// Deletes object `name` (absent is fine).
+    pub fn delete(&self, name: &str) -> Result<()> {
+        let client = self.client()?;
+        let key = self.key(name);
+        match block_on(async { client.delete(&key).await })? {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Err(e) => Err(remote_error("deleting", &self.object_url(name), e)),
+        }
+    }
+
+    /// Stores the local file `path` as object `name`: one PUT up to [`PUT_PART`], a multipart
+    /// upload (parts in flight, aborted on failure) above. The object appears whole or not at
+    /// all. `progress` is called with each part's size once it is stored.
+    pub fn put_file(&self, name: &str, path: &Path, progress: &(dyn Fn(u64) + Sync)) -> Result<()> {
+        use std::io::Read;
+        let client = self.client()?;
+        let key = self.key(name);
+        let url = self.object_url(name);
+        let mut file = std::fs::File::open(path).map_err(|e| ReadError::io("opening", path, e))?;
+        let len = file
+            .metadata()
+            .map_err(|e| ReadError::io("inspecting", path, e))?
+            .len();
+        if len <= PUT_PART as u64 {
+            let mut data = Vec::with_capacity(len as usize);
+            file.read_to_end(&mut data)
+                .map_err(|e| ReadError::io("reading", path, e))?;
+            let n = data.len() as u64;
+            block_on(async { client.put(&key, PutPayload::from(data)).await })?
+                .map_err(|e| remote_error("uploading", &url, e))?;
+            progress(n);
+            return Ok(());
+        }
+        block_on(async {
+            let upload = client
+                .put_multipart(&key)
+                .await
+                .map_err(|e| remote_error("starting the upload of", &url, e))?;
+            let mut w = WriteMultipart::new_with_chunk_size(upload, PUT_PART);
+            let mut buf = vec![0u8; PUT_PART];
+            loop {
+                if let Err(e) = w.wait_for_capacity(PUTS_IN_FLIGHT).await {
+                    return Err(remote_error("uploading", &url, e));
+                }
+                let n = read_full(&mut file, &mut buf)
+                    .map_err(|e| ReadError::io("reading", path, e))?;
+                if n == 0 {
+                    break;
+                }
+                w.write(&buf[..n]);
+                progress(n as u64);
+            }
+            w.finish()
+                .await
+                .map(|_| ())
+                .map_err(|e| remote_error("completing the upload of", &url, e))
+        })?
+    }
+}
+
+fn read_full(f: &mut std::fs::File, buf: &mut [u8]) -> std::io::Result<usize> {
+    use std::io::Read;
+    let mut n = 0;
+    while n < buf.len() {
+        match f.read(&mut buf[n..]) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(n)
+}
+
+/// Refuses to start without credentials rather than let the client wait on an instance
+/// metadata service that is not there: S3 needs `AWS_ACCESS_KEY_ID` and
+/// `AWS_SECRET_ACCESS_KEY`, a web identity or container credentials, `AWS_SKIP_SIGNATURE=true`
+/// for public buckets, or `GRANARY_AWS_IMDS=1` on cloud instances whose role provides them.
+fn check_aws_credentials(url: &str) -> Result<()> {
+    let set = |k: &str| std::env::var_os(k).is_some_and(|v| !v.is_empty());
+    let key = set("AWS_ACCESS_KEY_ID");
+    let secret = set("AWS_SECRET_ACCESS_KEY");
+    if key != secret {
+        let missing = if key {
+            "AWS_SECRET_ACCESS_KEY"
+        } else {
+            "AWS_ACCESS_KEY_ID"
+        };
+        return Err(ReadError::Invalid(format!(
+            "{url}: {missing} is not set (the other half of the key pair is)"
+        )));
+    }
+    let other = [
+        "AWS_WEB_IDENTITY_TOKEN_FILE",
+        "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+        "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+    ]
+    .iter()
+    .any(|k| set(k));
+    let anonymous = std::env::var("AWS_SKIP_SIGNATURE").is_ok_and(|v| v == "true" || v == "1");
+    let imds = std::env::var("GRANARY_AWS_IMDS").is_ok_and(|v| v == "1");
+    if key || other || anonymous || imds {
+        return Ok(());
+    }
+    Err(ReadError::Invalid(format!(
+        "{url}: no S3 credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (and \
+         AWS_ENDPOINT_URL for a server other than AWS), AWS_SKIP_SIGNATURE=true for a public \
+         bucket, or GRANARY_AWS_IMDS=1 to take them from the instance's role"
+    )))
+}
+
+/// An object store error as one a user can act on: what failed, on which URL, and why.
+pub fn remote_error(op: &'static str, url: &str, e: object_store::Error) -> ReadError {
+    use object_store::Error as E;
+    let text = e.to_string();
+    // S3-style servers say what is wrong in an XML error body: its code decides.
+    let code = xml_field(&text, "Code").unwrap_or_default();
+    let said = match xml_field(&text, "Message") {
+        Some(m) => format!("{code}: {m}"),
+        None => text.clone(),
+    };
+    let detail = match (&e, code) {
+        (_, "SignatureDoesNotMatch" | "InvalidAccessKeyId" | "InvalidToken" | "ExpiredToken")
+        | (E::Unauthenticated { .. }, _) => format!(
+            "the credentials were rejected: check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY \
+             (or the store's equivalents) ({said})"
+        ),
+        (_, "NoSuchBucket") => "the bucket does not exist: check the URL's bucket name".into(),
+        (E::NotFound { .. }, _) | (_, "NoSuchKey") => {
+            "not found: check the bucket and prefix (and that the dataset was packed there)".into()
+        }
+        (E::PermissionDenied { .. }, _) | (_, "AccessDenied") => format!(
+            "access denied: the credentials may not do this; check their permissions ({said})"
+        ),
+        (_, "SlowDown" | "Throttling" | "RequestLimitExceeded" | "ServiceUnavailable") => {
+            format!(
+                "the server kept throttling the request (retried with backoff, then gave up; \
+                 fewer readers or a larger --memory window make fewer requests): {said}"
+            )
+        }
+        _ => said,
+    };
+    ReadError::Remote {
+        op,
+        url: url.to_string(),
+        detail,
+        not_found: matches!(e, E::NotFound { .. }) || code == "NoSuchKey" || code == "NoSuchBucket",
+    }
+}
+
+/// The text of `<name>...</name>` in an error message that carries an XML body.
+fn xml_field<'a>(text: &'a str, name: &str) -> Option<&'a str> {
+    let open = format!("<{name}>");
+    let start = text.find(&open)? + open.len();
+    let len = text[start..].find(&format!("</{name}>"))?;
+    Some(text[start..start + len].trim())
+}
+
+fn truncated(url: &str, offset: u64, want: u64, got: usize) -> ReadError {
+    ReadError::Mismatch {
+        path: PathBuf::from(url),
+        detail: format!(
+            "object ends early: asked for {want} bytes at offset {offset}, got {got} \
+             (truncated or replaced since the snapshot was written)"
+        ),
+    }
+}
+
+/// The chunk files of a dataset under a URL prefix. Chunk sizes come from the snapshot, so
+/// opening a chunk costs no request.
+#[derive(Debug)]
+pub struct ObjectChunks {
+    url: Arc<ObjectUrl>,
+    sizes: Vec<u64>,
+}
+
+impl ObjectChunks {
+    /// Chunks under `url` with the sizes the snapshot records (indexed by chunk id).
+    pub fn new(url: Arc<ObjectUrl>, sizes: Vec<u64>) -> Self {
+        ObjectChunks { url, sizes }
+    }
+
+    /// The prefix.
+    pub fn url(&self) -> &Arc<ObjectUrl> {
+        &self.url
+    }
+}
+
+impl ChunkStore for ObjectChunks {
+    fn chunk_location(&self, id: u32) -> PathBuf {
+        PathBuf::from(self.url.object_url(&granary_format::chunk_file_name(id)))
+    }
+
+    fn open_chunk(&self, id: u32, _opener: &mut Opener) -> Result<Source> {
+        let len = *self.sizes.get(id as usize).ok_or_else(|| {
+            ReadError::Invalid(format!(
+                "chunk {id} is not in the snapshot of {}",
+                self.url.url
+            ))
+        })?;
+        let name = granary_format::chunk_file_name(id);
+        Ok(Arc::new(ObjectChunk {
+            location: PathBuf::from(self.url.object_url(&name)),
+            url: self.url.clone(),
+            name,
+            len,
+        }))
+    }
+}
+
+/// One chunk object, read with ranged GETs.
+#[derive(Debug)]
+struct ObjectChunk {
+    url: Arc<ObjectUrl>,
+    name: String,
+    location: PathBuf,
+    len: u64,
+}
+
+impl ChunkSource for ObjectChunk {
+    fn location(&self) -> &Path {
+        &self.location
+    }
+
+    fn len(&self) -> u64 {
+        self.len
+    }
+
+    fn read_ranges(&self, reads: &mut [RangeRead<'_>]) -> Result<()> {
+        // Every range clipped to the object and split into parts of at most GET_PART bytes;
+        // all parts of the call in flight together (up to GETS_IN_FLIGHT).
+        let mut parts: Vec<(Range<u64>, &mut [u8])> = Vec::new();
+        for r in reads.iter_mut() {
+            let end = (r.offset + r.buf.len() as u64).min(self.len);
+            if r.offset + r.need as u64 > end {
+                return Err(crate::source::eof_at(&self.location, self.len));
+            }
+            let mut buf = &mut r.buf[..(end - r.offset.min(end)) as usize];
+            let mut at = r.offset;
+            while !buf.is_empty() {
+                let n = (buf.len() as u64).min(GET_PART) as usize;
+                let (head, tail) = std::mem::take(&mut buf).split_at_mut(n);
+                parts.push((at..at + n as u64, head));
+                at += n as u64;
+                buf = tail;
+            }
+        }
+        if parts.is_empty() {
+            return Ok(());
+        }
+        let client = self.url.client()?;
+        let key = self.url.key(&self.name);
+        let url = self.url.object_url(&self.name);
+        let len = self.len;
+        block_on(async {
+            stream::iter(parts.into_iter().map(|(range, dst)| {
+                let (client, key, url) = (&client, &key, &url);
+                async move {
+                    let opts = GetOptions::default().with_range(Some(range.clone()));
+                    let res = client
+                        .get_opts(key, opts)
+                        .await
+                        .map_err(|e| remote_error("reading", url, e))?;
+                    // The response names the object's whole size: one truncated or replaced
+                    // since the snapshot was written shows here, whichever part is read.
+                    if res.meta.size != len {
+                        return Err(ReadError::mismatch(
+                            url,
+                            format!(
+                                "object is {} bytes, the snapshot says {len} (truncated or \
+                                 replaced since the dataset was written)",
+                                res.meta.size
+                            ),
+                        ));
+                    }
+                    let got = res
+                        .bytes()
+                        .await
+                        .map_err(|e| remote_error("reading", url, e))?;
+                    if got.len() != dst.len() {
+                        return Err(truncated(url, range.start, dst.len() as u64, got.len()));
+                    }
+                    dst.copy_from_slice(&got);
+                    Ok(())
+                }
+            }))
+            .buffer_unordered(GETS_IN_FLIGHT)
+            .try_collect::<Vec<()>>()
+            .await
+        })?
+        .map(|_| ())
+    }
+}
+
+/// granary's local cache directory: `$XDG_CACHE_HOME/granary`, else `~/.cache/granary`.
+pub fn cache_home() -> PathBuf {
+    std::env::var_os("XDG_CACHE_HOME")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+        .unwrap_or_else(std::env::temp_dir)
+        .join("granary")
+}
+
+/// Where fetched snapshots are kept: `GRANARY_SNAPSHOT_CACHE`, else `snapshots` in
+/// [`cache_home`].
+pub fn snapshot_cache_dir() -> PathBuf {
+    match std::env::var_os("GRANARY_SNAPSHOT_CACHE").filter(|v| !v.is_empty()) {
+        Some(d) => PathBuf::from(d),
+        None => cache_home().join("snapshots"),
+    }
+}
+
+/// Fetches the snapshot of the dataset at `url` into the local cache unless the cached copy
+/// is current (one 64-byte ranged GET to tell), and returns the cached file's path. A fetched
+/// snapshot has every section's CRC checked before it is kept; it is written under a
+/// temporary name and renamed, so concurrent openers (every loader worker) never see half.
+pub fn fetch_snapshot(url: &ObjectUrl) -> Result<PathBuf> {
+    use granary_format::{snapshot_key, Snapshot, SNAPSHOT_FILE, SNAPSHOT_HEADER_LEN};
+    let snap_url = url.object_url(SNAPSHOT_FILE);
+    let head = match url.get_range(SNAPSHOT_FILE, 0..SNAPSHOT_HEADER_LEN as u64) {
+        Err(ReadError::Remote {
+            not_found: true, ..
+        }) if url.list().is_ok_and(|l| {
+            l.iter()
+                .any(|(n, _)| granary_format::parse_chunk_file_name(n).is_some())
+        }) =>
+        {
+            return Err(ReadError::Invalid(format!(
+                "{}: holds chunks but no snapshot: an upload that has not finished (or was \
+                 interrupted: `granary pack ... -o {} --resume` continues it)",
+                url.url(),
+                url.url()
+            )));
+        }
+        r => r?,
+    };
+    let (id, crc) = snapshot_key(&head).map_err(|e| ReadError::format(&snap_url, e))?;
+    let dir = snapshot_cache_dir();
+    let cached = dir.join(format!("{}-{crc:08x}.gsnap", hex(&id)));
+    if cached.is_file() {
+        return Ok(cached);
+    }
+    let bytes = url.get(SNAPSHOT_FILE)?;
+    let key = snapshot_key(&bytes).map_err(|e| ReadError::format(&snap_url, e))?;
+    if key != (id, crc) {
+        return Err(ReadError::mismatch(
+            &snap_url,
+            "the snapshot was replaced while it was fetched; open the dataset again",
+        ));
+    }
+    let snap = Snapshot::open(&bytes[..]).map_err(|e| ReadError::format(&snap_url, e))?;
+    if let Some(e) = snap.check_sections().into_iter().next() {
+        return Err(ReadError::format(&snap_url, e));
+    }
+    std::fs::create_dir_all(&dir).map_err(|e| ReadError::io("creating", &dir, e))?;
+    let tmp = dir.join(format!(
+        ".{}-{crc:08x}.{}.tmp",
+        hex(&id),
+        std::process::id()
+    ));
+    let written = std::fs::write(&tmp, &bytes)
+        .and_then(|_| std::fs::rename(&tmp, &cached))
+        .map_err(|e| ReadError::io("caching the snapshot in", &tmp, e));
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written?;
+    Ok(cached)
+}
+
+fn hex(id: &[u8]) -> String {
+    id.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Opens the dataset at `url`: the cached snapshot ([`fetch_snapshot`]) with its chunks read
+/// from the store.
+pub fn open_url(url: &str) -> Result<crate::Dataset> {
+    let u = Arc::new(ObjectUrl::parse(url)?);
+    let snap = fetch_snapshot(&u)?;
+    crate::Dataset::open_remote(&snap, u)
+}

@@ -1,0 +1,366 @@
+//! Datasets in an S3 object store, against a real server: `scripts/s3-server.sh` starts
+//! SeaweedFS on 127.0.0.1 and writes the AWS_* variables these tests read (`scripts/test.sh`
+//! does both). Without a server (GRANARY_TEST_S3 unset) each test prints why it is skipped,
+//! unless GRANARY_REQUIRE_S3=1 (the CI), where that is a failure.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::*;
+use granary::remote::ObjectUrl;
+
+/// A fresh prefix in the test bucket plus private cache and staging directories, or `None`
+/// (with the reason printed) when no server is configured.
+struct S3 {
+    url: String,
+    home: tempfile::TempDir,
+}
+
+impl S3 {
+    fn new(test: &str) -> Option<S3> {
+        if std::env::var_os("GRANARY_TEST_S3").is_none() {
+            if std::env::var("GRANARY_REQUIRE_S3").is_ok_and(|v| v == "1") {
+                panic!("GRANARY_REQUIRE_S3=1 but no S3 server: source the env file of scripts/s3-server.sh");
+            }
+            eprintln!("skipping {test}: no S3 server (run scripts/s3-server.sh start DIR and source DIR/env)");
+            return None;
+        }
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos();
+        Some(S3 {
+            url: format!("s3://granary/tests/{test}-{}-{nanos}", std::process::id()),
+            home: tempfile::tempdir().unwrap(),
+        })
+    }
+
+    fn sub(&self, name: &str) -> String {
+        format!("{}/{name}", self.url)
+    }
+
+    /// `granary` with this test's own snapshot cache and staging directories.
+    fn cmd(&self) -> Command {
+        let mut c = granary();
+        c.env("XDG_CACHE_HOME", self.home.path().join("cache"));
+        c.env_remove("GRANARY_SNAPSHOT_CACHE");
+        c
+    }
+
+    fn run(&self, args: &[&str]) -> std::process::Output {
+        self.cmd().args(args).output().unwrap()
+    }
+
+    fn ok(&self, args: &[&str]) -> std::process::Output {
+        let o = self.run(args);
+        assert!(o.status.success(), "granary {args:?}: {}", stderr(&o));
+        o
+    }
+
+    fn snapshots(&self) -> Vec<PathBuf> {
+        let dir = self.home.path().join("cache/granary/snapshots");
+        std::fs::read_dir(dir)
+            .map(|rd| rd.flatten().map(|e| e.path()).collect())
+            .unwrap_or_default()
+    }
+
+    fn staging(&self, url: &str) -> PathBuf {
+        let name: String = url
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || "-._".contains(c) {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .collect();
+        self.home.path().join("cache/granary/uploads").join(name)
+    }
+}
+
+fn digest_of(out: &str, after: &str) -> String {
+    let at = out
+        .find(after)
+        .unwrap_or_else(|| panic!("no {after:?} in {out}"))
+        + after.len();
+    out[at..]
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .trim_end_matches(',')
+        .to_string()
+}
+
+/// Relative path and contents of each file of a test tree.
+type Files = Vec<(Vec<u8>, Vec<u8>)>;
+
+fn src_tree(tmp: &Path) -> (PathBuf, Files) {
+    let src = tmp.join("src");
+    let files = edge_tree();
+    write_tree(&src, &files);
+    (src, files)
+}
+
+#[test]
+fn pack_read_verify_cat_extract_round_trip() {
+    let Some(s3) = S3::new("round-trip") else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let (src, files) = src_tree(tmp.path());
+    let url = s3.sub("ds");
+    let o = s3.ok(&[
+        "pack",
+        src.to_str().unwrap(),
+        "-o",
+        &url,
+        "--chunk-size",
+        "20KiB",
+        "--json",
+    ]);
+    let summary: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(summary["files"], files.len() as u64);
+    assert!(summary["chunks"].as_u64().unwrap() > 5);
+    assert!(!s3.staging(&url).exists(), "staging directory left behind");
+
+    let v = stdout(&s3.ok(&["verify", &url]));
+    assert!(v.contains(": OK"), "{v}");
+    let want = digest_of(&v, "digest of a complete epoch: ");
+    for extra in [&[][..], &["--shuffle", "chunkwise", "--workers", "2"][..]] {
+        let mut args = vec!["read", url.as_str()];
+        args.extend_from_slice(extra);
+        let r = stdout(&s3.ok(&args));
+        assert_eq!(digest_of(&r, "digest "), want, "read {extra:?}: {r}");
+    }
+    // The local tier in front of the store: epoch 2 comes from the tier, same digest.
+    let tier = tmp.path().join("tier");
+    let r = stdout(&s3.ok(&[
+        "read",
+        &url,
+        "--epochs",
+        "2",
+        "--cache-dir",
+        tier.to_str().unwrap(),
+        "--cache-size",
+        "10MiB",
+    ]));
+    assert_eq!(r.matches(&want).count(), 2, "{r}");
+
+    let ls = stdout(&s3.ok(&["ls", &url]));
+    assert_eq!(ls.lines().count(), files.len());
+    let cat = s3.ok(&["cat", &url, "c01/large.bin"]);
+    assert_eq!(cat.stdout, bytes(99, 300_000));
+    let out = tmp.path().join("restored");
+    s3.ok(&["extract", &url, "-o", out.to_str().unwrap()]);
+    assert_eq!(read_tree(&out), sorted(files));
+
+    // Every open after the first reuses the fetched snapshot.
+    assert_eq!(s3.snapshots().len(), 1, "{:?}", s3.snapshots());
+}
+
+#[test]
+fn interrupted_upload_resumes() {
+    let Some(s3) = S3::new("resume") else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    let files = numbered_tree(600, 6, |i| 20_000 + (i as usize * 7919) % 30_000);
+    write_tree(&src, &files);
+    let url = s3.sub("ds");
+    let args = [
+        "pack",
+        src.to_str().unwrap(),
+        "-o",
+        &url,
+        "--chunk-size",
+        "96KiB",
+        "--io-threads",
+        "1",
+    ];
+    let staging = s3.staging(&url);
+    let mut child = s3.cmd().args(args).spawn().unwrap();
+    let t0 = Instant::now();
+    let sent = |d: &Path| {
+        std::fs::read_dir(d)
+            .map(|rd| {
+                rd.flatten()
+                    .filter(|e| e.file_name().to_string_lossy().ends_with(".sent"))
+                    .count()
+            })
+            .unwrap_or(0)
+    };
+    while sent(&staging) < 5 {
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the pack finished before it could be killed"
+        );
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "no chunk uploaded in 60 s"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    child.kill().unwrap(); // SIGKILL: nothing gets to clean up
+    child.wait().unwrap();
+
+    // Not a dataset yet, and the error says what to do.
+    let o = s3.run(&["info", &url]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("--resume"), "{}", stderr(&o));
+    let o = s3.run(&args);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("interrupted upload"), "{}", stderr(&o));
+
+    let mut resume = args.to_vec();
+    resume.extend(["--resume", "--json"]);
+    let o = s3.ok(&resume);
+    let summary: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(
+        summary["chunks_resumed"].as_u64().unwrap() >= 5,
+        "{summary}"
+    );
+    assert_eq!(summary["files"], files.len() as u64);
+    assert!(stdout(&s3.ok(&["verify", &url])).contains(": OK"));
+    let out = tmp.path().join("restored");
+    s3.ok(&["extract", &url, "-o", out.to_str().unwrap()]);
+    assert_eq!(read_tree(&out), sorted(files));
+}
+
+#[test]
+fn deleted_corrupted_and_truncated_chunk_objects_are_errors() {
+    let Some(s3) = S3::new("damage") else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let (src, _) = src_tree(tmp.path());
+    let url = s3.sub("ds");
+    s3.ok(&[
+        "pack",
+        src.to_str().unwrap(),
+        "-o",
+        &url,
+        "--chunk-size",
+        "20KiB",
+        "--compress",
+        "none",
+    ]);
+    let store = ObjectUrl::parse(&url).unwrap();
+    let local = tmp.path().join("chunk");
+
+    // Corrupt a byte inside chunk 1's first record.
+    let name = "chunk-00000001.gchunk";
+    let mut b = store.get(name).unwrap().to_vec();
+    let good = b.clone();
+    b[64 + 3] ^= 0x55;
+    std::fs::write(&local, &b).unwrap();
+    store.put_file(name, &local, &|_| {}).unwrap();
+    let v = s3.run(&["verify", &url]);
+    assert!(!v.status.success());
+    assert!(
+        stdout(&v).contains(name) || stderr(&v).contains(name),
+        "{}{}",
+        stdout(&v),
+        stderr(&v)
+    );
+    let r = s3.run(&["read", &url]);
+    assert!(
+        !r.status.success(),
+        "a damaged record must fail the epoch: {}",
+        stdout(&r)
+    );
+    assert!(stderr(&r).contains(name), "{}", stderr(&r));
+
+    // Truncated: the object is shorter than the snapshot says.
+    std::fs::write(&local, &good[..good.len() - 100]).unwrap();
+    store.put_file(name, &local, &|_| {}).unwrap();
+    let r = s3.run(&["read", &url]);
+    assert!(!r.status.success());
+    assert!(stderr(&r).contains(name), "{}", stderr(&r));
+
+    // Deleted.
+    store.delete(name).unwrap();
+    let r = s3.run(&["read", &url]);
+    assert!(!r.status.success());
+    let e = stderr(&r);
+    assert!(e.contains(name) && e.contains("not found"), "{e}");
+    let c = s3.run(&["cat", &url, "c01/large.bin"]);
+    // Any sample outside chunk 1 still reads; one inside it fails naming it.
+    if !c.status.success() {
+        assert!(stderr(&c).contains(name), "{}", stderr(&c));
+    }
+
+    // Restored: reads again.
+    std::fs::write(&local, &good).unwrap();
+    store.put_file(name, &local, &|_| {}).unwrap();
+    assert!(stdout(&s3.ok(&["verify", &url])).contains(": OK"));
+}
+
+#[test]
+fn credentials_buckets_and_foreign_snapshots() {
+    let Some(s3) = S3::new("errors") else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let (src, _) = src_tree(tmp.path());
+    let (a, b) = (s3.sub("a"), s3.sub("b"));
+    s3.ok(&[
+        "pack",
+        src.to_str().unwrap(),
+        "-o",
+        &a,
+        "--chunk-size",
+        "20KiB",
+    ]);
+    s3.ok(&[
+        "pack",
+        src.to_str().unwrap(),
+        "-o",
+        &b,
+        "--chunk-size",
+        "20KiB",
+    ]);
+
+    let e = |o: std::process::Output| {
+        assert!(!o.status.success());
+        stderr(&o)
+    };
+    let wrong = e(s3
+        .cmd()
+        .env("AWS_SECRET_ACCESS_KEY", "wrong")
+        .args(["info", &a])
+        .output()
+        .unwrap());
+    assert!(wrong.contains("credentials were rejected"), "{wrong}");
+    let missing = e(s3
+        .cmd()
+        .env_remove("AWS_ACCESS_KEY_ID")
+        .env_remove("AWS_SECRET_ACCESS_KEY")
+        .args(["info", &a])
+        .output()
+        .unwrap());
+    assert!(missing.contains("no S3 credentials"), "{missing}");
+    let nobucket = e(s3.run(&["info", "s3://no-such-bucket-granary/x"]));
+    assert!(
+        nobucket.contains("bucket does not exist") || nobucket.contains("not found"),
+        "{nobucket}"
+    );
+    let noprefix = e(s3.run(&["info", &s3.sub("nothing-here")]));
+    assert!(noprefix.contains("not found"), "{noprefix}");
+    let scheme = e(s3.run(&["info", "ftp://host/x"]));
+    assert!(!scheme.is_empty());
+
+    // Packing over a dataset needs --force.
+    let again = e(s3.run(&["pack", src.to_str().unwrap(), "-o", &a]));
+    assert!(again.contains("--force"), "{again}");
+
+    // B's snapshot over A's chunks: every chunk is refused as another dataset's.
+    s3.ok(&["info", &a]);
+    let store_a = ObjectUrl::parse(&a).unwrap();
+    let store_b = ObjectUrl::parse(&b).unwrap();
+    let snap = tmp.path().join("snap");
+    std::fs::write(&snap, store_b.get("snapshot.gsnap").unwrap()).unwrap();
+    store_a.put_file("snapshot.gsnap", &snap, &|_| {}).unwrap();
+    let foreign = e(s3.run(&["read", &a]));
+    assert!(foreign.contains("another dataset"), "{foreign}");
+    // The replaced snapshot was fetched anew (a second cached copy, keyed by its id and CRC).
+    assert_eq!(s3.snapshots().len(), 2, "{:?}", s3.snapshots());
+}
