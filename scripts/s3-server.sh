@@ -102,6 +102,8 @@ export AWS_ACCESS_KEY_ID=$key
 export AWS_SECRET_ACCESS_KEY=$secret
 export AWS_REGION=us-east-1
 export GRANARY_TEST_S3=$endpoint
+# The same objects over plain HTTP (the filer), for read-only http:// URLs.
+export GRANARY_TEST_HTTP=http://127.0.0.1:$((base + 3))/buckets/granary
 EOF
 # Ready when an unsigned request gets S3's answer and the bucket exists (a signed listing).
 for _ in $(seq 240); do

@@ -160,6 +160,16 @@ fn pack_read_verify_cat_extract_round_trip() {
 
     // Every open after the first reuses the fetched snapshot.
     assert_eq!(s3.snapshots().len(), 1, "{:?}", s3.snapshots());
+
+    // The same objects through plain HTTP (read-only URLs).
+    if let Ok(http) = std::env::var("GRANARY_TEST_HTTP") {
+        let path = url.strip_prefix("s3://granary").unwrap();
+        let h = format!("{http}{path}");
+        let r = stdout(&s3.ok(&["read", &h]));
+        assert_eq!(digest_of(&r, "digest "), want, "read {h}: {r}");
+        let o = s3.run(&["pack", src.to_str().unwrap(), "-o", &h]);
+        assert!(stderr(&o).contains("read-only"), "{}", stderr(&o));
+    }
 }
 
 #[test]

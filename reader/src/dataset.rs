@@ -92,6 +92,12 @@ impl Dataset {
         if let Some(url) = path.to_str().filter(|s| crate::remote::is_url(s)) {
             return crate::remote::open_url(url);
         }
+        if let Some(url) = path.to_str().filter(|s| crate::remote::looks_like_url(s)) {
+            if !path.exists() {
+                // An unknown scheme: say so rather than "no such file".
+                crate::remote::ObjectUrl::parse(url)?;
+            }
+        }
         Self::open_in(path, None)
     }
 

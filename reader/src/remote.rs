@@ -50,6 +50,16 @@ pub fn is_url(s: &str) -> bool {
         .is_some_and(|(scheme, _)| SCHEMES.contains(&scheme.to_ascii_lowercase().as_str()))
 }
 
+/// True if `s` has the form of a URL (`scheme://...`), known scheme or not.
+pub fn looks_like_url(s: &str) -> bool {
+    s.split_once("://").is_some_and(|(scheme, _)| {
+        !scheme.is_empty()
+            && scheme
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c))
+    })
+}
+
 /// [`is_url`] for a path argument.
 pub fn is_url_path(p: &Path) -> bool {
     p.to_str().is_some_and(is_url)
@@ -193,9 +203,13 @@ impl ObjectUrl {
                     .build()
                     .map_err(fail)?,
             ),
-            _ => Arc::new(
+            scheme => Arc::new(
                 object_store::http::HttpBuilder::new()
                     .with_url(&bucket_url)
+                    // An http:// URL asks for plain HTTP; the client refuses it otherwise.
+                    .with_client_options(
+                        object_store::ClientOptions::new().with_allow_http(scheme == "http"),
+                    )
                     .build()
                     .map_err(fail)?,
             ),

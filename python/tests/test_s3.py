@@ -1,0 +1,75 @@
+"""Datasets in an S3 object store (the server of scripts/s3-server.sh, whose env file sets
+GRANARY_TEST_S3 and the AWS_* variables): random access, and DataLoader workers forked from a
+process that already used the store (each must start its own runtime and connections).
+Skipped without a server unless GRANARY_REQUIRE_S3=1."""
+
+import os
+import uuid
+
+import pytest
+
+import granary
+from conftest import make_tree, run
+
+
+@pytest.fixture(scope="module")
+def s3_packed(tmp_path_factory):
+    if not os.environ.get("GRANARY_TEST_S3"):
+        if os.environ.get("GRANARY_REQUIRE_S3") == "1":
+            pytest.fail("GRANARY_REQUIRE_S3=1 but no S3 server (source scripts/s3-server.sh's env)")
+        pytest.skip("no S3 server: run scripts/s3-server.sh start DIR and source DIR/env")
+    tmp = tmp_path_factory.mktemp("s3")
+    # This process's snapshot cache (the native library reads the variable at each open).
+    os.environ["GRANARY_SNAPSHOT_CACHE"] = str(tmp / "snapshots")
+    files = make_tree(tmp / "src", 240)
+    url = f"s3://granary/pytests/{uuid.uuid4().hex}"
+    env = dict(os.environ, XDG_CACHE_HOME=str(tmp / "cache"))
+    run("pack", tmp / "src", "-o", url, "--chunk-size", "16KiB", env=env)
+    return url, files
+
+
+def test_random_access_reads_every_sample_from_s3(s3_packed):
+    url, files = s3_packed
+    ds = granary.Dataset(url)
+    assert len(ds) == len(files)
+    for i in range(len(ds)):
+        data, _label = ds[i]
+        assert bytes(data) == files[ds.path(i)]
+    assert ds.lookup("c1/f0001.bin") is not None
+
+
+def test_bad_urls_are_clear_errors(s3_packed):
+    url, _ = s3_packed
+    with pytest.raises(granary.GranaryError, match="not found") as e:
+        granary.Dataset(url + "-missing")
+    assert e.value.errno == 2  # ENOENT, as for a missing local dataset
+    with pytest.raises(ValueError, match="unknown scheme|not a URL|no such|No such"):
+        granary.Dataset("ftp://host/x")
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_dataloader_workers_read_s3_after_the_parent_did(s3_packed, context):
+    torch = pytest.importorskip("torch")
+    from torch.utils.data import DataLoader
+
+    url, files = s3_packed
+    # The parent uses the store first: its runtime and connections exist before the fork.
+    parent = granary.Dataset(url)
+    assert bytes(parent[0][0]) == files[parent.path(0)]
+    ds = granary.IterableDataset(url, seed=3, batch_size=16)
+    ds.set_epoch(2)
+    seen = []
+    loader = DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context=context)
+    for batch in loader:
+        for i, data in zip(batch["id"], batch["data"]):
+            i = int(i)
+            assert bytes(data) == files[parent.path(i)]
+            seen.append(i)
+    assert sorted(seen) == list(range(len(files)))
+    # Map-style too, with the parent's open dataset inherited (fork) or pickled (spawn).
+    got = []
+    for data, _label in DataLoader(parent, batch_size=None, num_workers=2,
+                                   multiprocessing_context=context):
+        got.append(bytes(data))
+    assert sorted(got) == sorted(files.values())
+    del torch
