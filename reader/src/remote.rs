@@ -30,9 +30,10 @@ use crate::source::{ChunkSource, ChunkStore, RangeRead, Source};
 /// URL schemes granary reads (and, but for `http(s)`, writes).
 pub const SCHEMES: &[&str] = &["s3", "s3a", "gs", "az", "abfs", "abfss", "http", "https"];
 
-/// Largest single ranged GET: a whole-chunk read is split into parts of this size, fetched
-/// concurrently (one 32 MiB GET on one connection is limited by that connection's window).
-pub const GET_PART: u64 = 8 << 20;
+/// Largest single ranged GET: a whole-chunk read of a default 32 MiB chunk is one GET; larger
+/// ranges are split into parts of this size, fetched concurrently. Measured on SeaweedFS with
+/// its disk cold (README, object stores): 8 MiB parts read 4,123 samples/s, whole chunks 4,776.
+pub const GET_PART: u64 = 32 << 20;
 
 /// GETs in flight per read call (each reader thread issues its own).
 pub const GETS_IN_FLIGHT: usize = 16;
@@ -282,7 +283,7 @@ impl ObjectUrl {
 
     /// Stores the local file `path` as object `name`: one PUT up to [`PUT_PART`], a multipart
     /// upload (parts in flight, aborted on failure) above. The object appears whole or not at
-    /// all. `progress` is called with each part's size once it is stored.
+    /// all. `progress` is called with each part's size as it is handed to the upload.
     pub fn put_file(&self, name: &str, path: &Path, progress: &(dyn Fn(u64) + Sync)) -> Result<()> {
         use std::io::Read;
         let client = self.client()?;
@@ -310,22 +311,34 @@ impl ObjectUrl {
                 .map_err(|e| remote_error("starting the upload of", &url, e))?;
             let mut w = WriteMultipart::new_with_chunk_size(upload, PUT_PART);
             let mut buf = vec![0u8; PUT_PART];
-            loop {
-                if let Err(e) = w.wait_for_capacity(PUTS_IN_FLIGHT).await {
-                    return Err(remote_error("uploading", &url, e));
+            let sent: Result<()> = async {
+                loop {
+                    w.wait_for_capacity(PUTS_IN_FLIGHT)
+                        .await
+                        .map_err(|e| remote_error("uploading", &url, e))?;
+                    let n = read_full(&mut file, &mut buf)
+                        .map_err(|e| ReadError::io("reading", path, e))?;
+                    if n == 0 {
+                        return Ok(());
+                    }
+                    w.write(&buf[..n]);
+                    progress(n as u64);
                 }
-                let n = read_full(&mut file, &mut buf)
-                    .map_err(|e| ReadError::io("reading", path, e))?;
-                if n == 0 {
-                    break;
-                }
-                w.write(&buf[..n]);
-                progress(n as u64);
             }
-            w.finish()
-                .await
-                .map(|_| ())
-                .map_err(|e| remote_error("completing the upload of", &url, e))
+            .await;
+            match sent {
+                // The server drops the parts of an aborted upload (best effort: the error
+                // that stopped it is the one reported).
+                Err(e) => {
+                    let _ = w.abort().await;
+                    Err(e)
+                }
+                Ok(()) => w
+                    .finish()
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| remote_error("completing the upload of", &url, e)),
+            }
         })?
     }
 }
