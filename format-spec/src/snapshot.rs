@@ -142,15 +142,7 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
 
     fn layout(b: &[u8]) -> Result<Layout> {
         const WHAT: &str = "snapshot header";
-        if b.len() < SNAPSHOT_HEADER_LEN {
-            return Err(FormatError::truncated(
-                WHAT,
-                SNAPSHOT_HEADER_LEN as u64,
-                b.len() as u64,
-            ));
-        }
-        check_magic_version(WHAT, &SNAPSHOT_MAGIC, b)?;
-        check_crc(WHAT, le::u32_at(b, 60), &b[0..60])?;
+        snapshot_key(b)?; // length, magic, version, header CRC
         let header_len = le::u32_at(b, 12);
         if header_len as usize != SNAPSHOT_HEADER_LEN || le::u32_at(b, 56) != 0 {
             return Err(FormatError::invalid(
