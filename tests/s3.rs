@@ -304,6 +304,15 @@ fn deleted_corrupted_and_truncated_chunk_objects_are_errors() {
     std::fs::write(&local, &good).unwrap();
     store.put_file(name, &local, &|_| {}).unwrap();
     assert!(stdout(&s3.ok(&["verify", &url])).contains(": OK"));
+
+    // An object the pack did not write is reported, not taken for part of the dataset.
+    store.put_file("stray.txt", &local, &|_| {}).unwrap();
+    let v = s3.ok(&["verify", &url]);
+    let all = format!("{}{}", stdout(&v), stderr(&v));
+    assert!(
+        all.contains("stray.txt is not part of the dataset"),
+        "{all}"
+    );
 }
 
 #[test]

@@ -221,19 +221,8 @@ impl ObjectUrl {
     /// Bytes `range` of object `name`; exactly that many, or an error naming the object.
     pub fn get_range(&self, name: &str, range: Range<u64>) -> Result<bytes::Bytes> {
         let client = self.client()?;
-        let key = self.key(name);
-        let want = range.end - range.start;
-        let got = block_on(async { client.get_range(&key, range.clone()).await })?
-            .map_err(|e| remote_error("reading", &self.object_url(name), e))?;
-        if got.len() as u64 != want {
-            return Err(truncated(
-                &self.object_url(name),
-                range.start,
-                want,
-                got.len(),
-            ));
-        }
-        Ok(got)
+        let (key, url) = (self.key(name), self.object_url(name));
+        block_on(fetch_range(&*client, &key, &url, range, None))?
     }
 
     /// The whole of object `name`.
@@ -310,18 +299,21 @@ impl ObjectUrl {
                 .await
                 .map_err(|e| remote_error("starting the upload of", &url, e))?;
             let mut w = WriteMultipart::new_with_chunk_size(upload, PUT_PART);
-            let mut buf = vec![0u8; PUT_PART];
+            let mut buf = Vec::with_capacity(PUT_PART);
             let sent: Result<()> = async {
                 loop {
                     w.wait_for_capacity(PUTS_IN_FLIGHT)
                         .await
                         .map_err(|e| remote_error("uploading", &url, e))?;
-                    let n = read_full(&mut file, &mut buf)
+                    buf.clear();
+                    let n = (&mut file)
+                        .take(PUT_PART as u64)
+                        .read_to_end(&mut buf)
                         .map_err(|e| ReadError::io("reading", path, e))?;
                     if n == 0 {
                         return Ok(());
                     }
-                    w.write(&buf[..n]);
+                    w.write(&buf);
                     progress(n as u64);
                 }
             }
@@ -341,20 +333,6 @@ impl ObjectUrl {
             }
         })?
     }
-}
-
-fn read_full(f: &mut std::fs::File, buf: &mut [u8]) -> std::io::Result<usize> {
-    use std::io::Read;
-    let mut n = 0;
-    while n < buf.len() {
-        match f.read(&mut buf[n..]) {
-            Ok(0) => break,
-            Ok(k) => n += k,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(n)
 }
 
 /// Refuses to start without credentials rather than let the client wait on an instance
@@ -441,6 +419,42 @@ fn xml_field<'a>(text: &'a str, name: &str) -> Option<&'a str> {
     Some(text[start..start + len].trim())
 }
 
+/// Bytes `range` of the object at `key` (`url` for errors): exactly that many, and with
+/// `object_size`, from an object of that size (the response names the object's whole size, so
+/// one truncated or replaced since the snapshot was written shows whichever part is read).
+async fn fetch_range(
+    client: &dyn ObjectStore,
+    key: &ObjPath,
+    url: &str,
+    range: Range<u64>,
+    object_size: Option<u64>,
+) -> Result<bytes::Bytes> {
+    let opts = GetOptions::default().with_range(Some(range.clone()));
+    let res = client
+        .get_opts(key, opts)
+        .await
+        .map_err(|e| remote_error("reading", url, e))?;
+    if let Some(len) = object_size.filter(|&l| l != res.meta.size) {
+        return Err(ReadError::mismatch(
+            url,
+            format!(
+                "object is {} bytes, the snapshot says {len} (truncated or replaced since the \
+                 dataset was written)",
+                res.meta.size
+            ),
+        ));
+    }
+    let got = res
+        .bytes()
+        .await
+        .map_err(|e| remote_error("reading", url, e))?;
+    let want = range.end - range.start;
+    if got.len() as u64 != want {
+        return Err(truncated(url, range.start, want, got.len()));
+    }
+    Ok(got)
+}
+
 fn truncated(url: &str, offset: u64, want: u64, got: usize) -> ReadError {
     ReadError::Mismatch {
         path: PathBuf::from(url),
@@ -490,6 +504,18 @@ impl ChunkStore for ObjectChunks {
             name,
             len,
         }))
+    }
+
+    fn list(&self) -> Result<Vec<(String, PathBuf)>> {
+        Ok(self
+            .url
+            .list()?
+            .into_iter()
+            .map(|(name, _)| {
+                let location = PathBuf::from(self.url.object_url(&name));
+                (name, location)
+            })
+            .collect())
     }
 }
 
@@ -541,30 +567,7 @@ impl ChunkSource for ObjectChunk {
             stream::iter(parts.into_iter().map(|(range, dst)| {
                 let (client, key, url) = (&client, &key, &url);
                 async move {
-                    let opts = GetOptions::default().with_range(Some(range.clone()));
-                    let res = client
-                        .get_opts(key, opts)
-                        .await
-                        .map_err(|e| remote_error("reading", url, e))?;
-                    // The response names the object's whole size: one truncated or replaced
-                    // since the snapshot was written shows here, whichever part is read.
-                    if res.meta.size != len {
-                        return Err(ReadError::mismatch(
-                            url,
-                            format!(
-                                "object is {} bytes, the snapshot says {len} (truncated or \
-                                 replaced since the dataset was written)",
-                                res.meta.size
-                            ),
-                        ));
-                    }
-                    let got = res
-                        .bytes()
-                        .await
-                        .map_err(|e| remote_error("reading", url, e))?;
-                    if got.len() != dst.len() {
-                        return Err(truncated(url, range.start, dst.len() as u64, got.len()));
-                    }
+                    let got = fetch_range(&**client, key, url, range, Some(len)).await?;
                     dst.copy_from_slice(&got);
                     Ok(())
                 }
@@ -622,7 +625,7 @@ pub fn fetch_snapshot(url: &ObjectUrl) -> Result<PathBuf> {
     };
     let (id, crc) = snapshot_key(&head).map_err(|e| ReadError::format(&snap_url, e))?;
     let dir = snapshot_cache_dir();
-    let cached = dir.join(format!("{}-{crc:08x}.gsnap", hex(&id)));
+    let cached = dir.join(format!("{}-{crc:08x}.gsnap", crate::cache::hex(&id)));
     if cached.is_file() {
         return Ok(cached);
     }
@@ -641,7 +644,7 @@ pub fn fetch_snapshot(url: &ObjectUrl) -> Result<PathBuf> {
     std::fs::create_dir_all(&dir).map_err(|e| ReadError::io("creating", &dir, e))?;
     let tmp = dir.join(format!(
         ".{}-{crc:08x}.{}.tmp",
-        hex(&id),
+        crate::cache::hex(&id),
         std::process::id()
     ));
     let written = std::fs::write(&tmp, &bytes)
@@ -652,10 +655,6 @@ pub fn fetch_snapshot(url: &ObjectUrl) -> Result<PathBuf> {
     }
     written?;
     Ok(cached)
-}
-
-fn hex(id: &[u8]) -> String {
-    id.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// Opens the dataset at `url`: the cached snapshot ([`fetch_snapshot`]) with its chunks read

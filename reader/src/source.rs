@@ -62,6 +62,12 @@ pub trait ChunkStore: Send + Sync + Debug {
     /// Opens chunk `id`'s file. A local store lets `opener` decide how it is read (mapped where
     /// resident, `O_DIRECT` or buffered otherwise); other stores may ignore it.
     fn open_chunk(&self, id: u32, opener: &mut Opener) -> Result<Source>;
+
+    /// Every file (or object) where the chunks are, as name and location, so that `verify`
+    /// can report what is not part of the dataset. Stores that cannot list return none.
+    fn list(&self) -> Result<Vec<(String, PathBuf)>> {
+        Ok(Vec::new())
+    }
 }
 
 /// Chunk files in a local directory (or any mounted file system).
@@ -88,6 +94,15 @@ impl ChunkStore for LocalDir {
 
     fn open_chunk(&self, id: u32, opener: &mut Opener) -> Result<Source> {
         Ok(Arc::new(opener.open(&self.chunk_location(id), Some(id))?))
+    }
+
+    fn list(&self) -> Result<Vec<(String, PathBuf)>> {
+        let rd =
+            std::fs::read_dir(&self.dir).map_err(|e| ReadError::io("listing", &self.dir, e))?;
+        Ok(rd
+            .flatten()
+            .map(|e| (e.file_name().to_string_lossy().into_owned(), e.path()))
+            .collect())
     }
 }
 

@@ -98,27 +98,16 @@ pub fn verify(path: &Path) -> VerifyReport {
         name == granary_format::SNAPSHOT_FILE
             || parse_chunk_file_name(name).is_some_and(|id| (id as u64) < snap.chunk_count())
     };
-    match ds.remote() {
-        Some(u) => match u.list() {
-            Ok(objects) => {
-                for (name, _) in objects.iter().filter(|(n, _)| !known(n)) {
-                    r.notes
-                        .push(format!("{} is not part of the dataset", u.object_url(name)));
-                }
-            }
-            Err(e) => r.notes.push(format!("cannot list {}: {e}", u.url())),
-        },
-        None => {
-            if let Ok(rd) = std::fs::read_dir(ds.dir()) {
-                for e in rd.flatten() {
-                    let name = e.file_name().to_string_lossy().into_owned();
-                    if !known(&name) {
-                        r.notes
-                            .push(format!("{} is not part of the dataset", e.path().display()));
-                    }
-                }
+    match ds.store().list() {
+        Ok(files) => {
+            for (_, location) in files.iter().filter(|(n, _)| !known(n)) {
+                r.notes
+                    .push(format!("{} is not part of the dataset", location.display()));
             }
         }
+        Err(e) => r
+            .notes
+            .push(format!("cannot list the dataset's files: {e}")),
     }
     r.notes.sort();
     r
