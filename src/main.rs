@@ -17,6 +17,7 @@ use clap::{Parser, Subcommand};
 dataset: a few large chunk files plus one immutable metadata snapshot that answers every \
 lookup locally. Every record carries a CRC-32 of its original bytes.",
     after_help = "Examples:\n  granary pack ./train -o train.granary\n  granary info train.granary\n  \
+granary append train.granary ./new-files\n  \
 granary verify train.granary\n  granary cat train.granary cat/0001.jpg > 0001.jpg\n  \
 granary extract train.granary -o ./restored\n  granary read train.granary --epochs 2 --workers 2\n  \
 granary mount train.granary /mnt/train\n  \
@@ -31,6 +32,8 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     Pack(cmd::pack::Args),
+    Merge(cmd::merge::Args),
+    Append(cmd::append::Args),
     Info(cmd::info::Args),
     Ls(cmd::ls::Args),
     Cat(cmd::cat::Args),
@@ -49,6 +52,8 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let res = match cli.cmd {
         Command::Pack(a) => cmd::pack::run(a),
+        Command::Merge(a) => cmd::merge::run(a),
+        Command::Append(a) => cmd::append::run(a),
         Command::Info(a) => cmd::info::run(a),
         Command::Ls(a) => cmd::ls::run(a),
         Command::Cat(a) => cmd::cat::run(a),

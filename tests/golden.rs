@@ -97,3 +97,72 @@ fn reads_golden_v1() {
     ]);
     assert_eq!(read_tree(&out), sorted(want));
 }
+
+fn golden_dir_1_1() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden/v1.1")
+}
+
+/// The files appended to the v1 golden dataset to make the 1.1 one (generation 1).
+fn golden_appended() -> Vec<(Vec<u8>, Vec<u8>)> {
+    (0..6u64)
+        .map(|i| {
+            let class = ["apple", "cherry"][(i % 2) as usize];
+            let data = match i % 2 {
+                0 => format!("appended record {i}\n").repeat(40).into_bytes(),
+                _ => bytes(2000 + i, 900),
+            };
+            (format!("{class}/appended-{i}.bin").into_bytes(), data)
+        })
+        .collect()
+}
+
+#[test]
+#[ignore = "writes the golden files; run only when creating them for a new format version"]
+fn write_golden_v1_1() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    write_tree(&src, &golden_appended());
+    let out = golden_dir_1_1().join("dataset");
+    let _ = std::fs::remove_dir_all(&out);
+    std::fs::create_dir_all(&out).unwrap();
+    for e in std::fs::read_dir(golden_dir().join("dataset")).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), out.join(e.file_name())).unwrap();
+    }
+    run_ok([
+        "append".as_ref(),
+        out.as_os_str(),
+        src.as_os_str(),
+        "--chunk-size".as_ref(),
+        "4KiB".as_ref(),
+        "--seed".as_ref(),
+        "1".as_ref(),
+    ]);
+}
+
+#[test]
+fn reads_golden_v1_1() {
+    let ds_path = golden_dir_1_1().join("dataset");
+    let ds = granary::Dataset::open_checked(&ds_path).expect("golden v1.1 dataset opens");
+    assert_eq!(ds.snapshot().version(), (1, 1));
+    let v1 = granary::Dataset::open_checked(golden_dir().join("dataset")).unwrap();
+    let lineage = ds.snapshot().lineage();
+    assert_eq!(lineage.generation, 1);
+    assert_eq!(lineage.parent, v1.snapshot().header_crc());
+    // Generation 1 keeps every chunk and sample id of generation 0.
+    for c in 0..v1.chunk_count() {
+        assert_eq!(
+            v1.snapshot().chunk(c).unwrap(),
+            ds.snapshot().chunk(c).unwrap()
+        );
+    }
+    let mut want = golden_source();
+    want.extend(golden_appended());
+    assert_eq!(ds.len(), want.len() as u64);
+    for (path, data) in &want {
+        let id = ds.lookup(path).unwrap().expect("golden path present");
+        assert_eq!(&ds.read(id).unwrap(), data);
+    }
+    let r = granary::verify(&ds_path);
+    assert!(r.is_clean(), "{:?}", r.problems);
+}

@@ -26,15 +26,18 @@ pub use hash::path_hash;
 pub use record::{check_chunk, decode_record, ChunkCheck, MAX_ZSTD_RATIO};
 pub use rng::SplitMix64;
 pub use snapshot::{
-    snapshot_key, ChunkEntry, SectionKind, Snapshot, SnapshotBuilder, CHUNK_ENTRY_LEN,
-    SECTION_ENTRY_LEN, SNAPSHOT_HEADER_LEN,
+    snapshot_key, ChunkEntry, Lineage, SectionKind, Snapshot, SnapshotBuilder, CHUNK_ENTRY_LEN,
+    LINEAGE_LEN, SECTION_ENTRY_LEN, SNAPSHOT_HEADER_LEN,
 };
 pub use strtab::{encode_string_table, StringTable};
 
 /// Major format version written by this crate. Readers reject any other major version.
 pub const FORMAT_MAJOR: u16 = 1;
-/// Minor format version written by this crate. Minor versions only add optional sections.
+/// Minor format version of chunk files (and of snapshots of generation 0). Minor versions only
+/// add optional sections.
 pub const FORMAT_MINOR: u16 = 0;
+/// Minor version of a snapshot that carries the lineage section (generation > 0; format 1.1).
+pub const LINEAGE_MINOR: u16 = 1;
 
 /// Magic bytes at offset 0 of a snapshot file.
 pub const SNAPSHOT_MAGIC: [u8; 8] = *b"GRNYSNAP";

@@ -5,7 +5,7 @@ use std::ops::Range;
 use crate::error::{check_crc, check_magic_version, FormatError, Result};
 use crate::strtab::{encode_string_table, StringTable};
 use crate::{le, path_hash, ChunkSummary, SampleEntry, CHUNK_HEADER_LEN, CHUNK_TRAILER_LEN};
-use crate::{FORMAT_MAJOR, FORMAT_MINOR, MAX_SAMPLES, NO_LABEL, SAMPLE_ENTRY_LEN, SNAPSHOT_MAGIC};
+use crate::{FORMAT_MAJOR, LINEAGE_MINOR, MAX_SAMPLES, NO_LABEL, SAMPLE_ENTRY_LEN, SNAPSHOT_MAGIC};
 
 /// Length of the snapshot header; the section table follows it.
 pub const SNAPSHOT_HEADER_LEN: usize = 64;
@@ -31,6 +31,22 @@ pub enum SectionKind {
     PathOrder = 5,
     /// Class names (string table); labels index it.
     Classes = 6,
+    /// Optional (format 1.1): the snapshot's generation and the snapshot it extends.
+    Lineage = 7,
+}
+
+/// Length of the lineage section (kind 7).
+pub const LINEAGE_LEN: usize = 16;
+
+/// Which generation of a dataset a snapshot is: `granary append` publishes generation `g + 1`
+/// over every chunk of generation `g`, plus new ones. A snapshot without a lineage section is
+/// generation 0.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Lineage {
+    /// 0 for a pack (or a merge of shards), +1 for each append.
+    pub generation: u64,
+    /// `header_crc` of the snapshot this one extends (0 for generation 0).
+    pub parent: u32,
 }
 
 /// One entry of the chunk table.
@@ -98,6 +114,7 @@ struct Layout {
     hash_cap: u64,
     order: Range<usize>,
     classes: Range<usize>,
+    lineage: Lineage,
 }
 
 /// A snapshot used in place over any byte container (a memory map, a `Vec`).
@@ -173,7 +190,7 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
             &b[SNAPSHOT_HEADER_LEN..tab_end],
         )?;
         let mut sections = Vec::with_capacity(nsec as usize);
-        let mut found: [Option<Range<usize>>; 6] = Default::default();
+        let mut found: [Option<Range<usize>>; 7] = Default::default();
         for i in 0..nsec as usize {
             let e = &b[SNAPSHOT_HEADER_LEN + i * SECTION_ENTRY_LEN..][..SECTION_ENTRY_LEN];
             let s = Section {
@@ -195,7 +212,7 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
                     ),
                 ));
             }
-            if (1..=6).contains(&s.kind) {
+            if (1..=7).contains(&s.kind) {
                 let slot = &mut found[s.kind as usize - 1];
                 if slot.is_some() {
                     return Err(FormatError::invalid(
@@ -273,6 +290,23 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
             ));
         }
         StringTable::parse(&b[classes.clone()], "snapshot classes")?;
+        let lineage = match found[SectionKind::Lineage as usize - 1].take() {
+            None => Lineage::default(),
+            Some(r) => {
+                expect_len("snapshot lineage", &r, LINEAGE_LEN as u64)?;
+                let l = &b[r];
+                if le::u32_at(l, 12) != 0 {
+                    return Err(FormatError::invalid(
+                        "snapshot lineage",
+                        "reserved field is not zero",
+                    ));
+                }
+                Lineage {
+                    generation: le::u64_at(l, 0),
+                    parent: le::u32_at(l, 8),
+                }
+            }
+        };
         check_chunk_ranges(&b[chunk_tab.clone()], samples)?;
         Ok(Layout {
             major: le::u16_at(b, 8),
@@ -288,6 +322,7 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
             hash_cap,
             order,
             classes,
+            lineage,
         })
     }
 
@@ -313,6 +348,36 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
     /// The dataset id every chunk must carry.
     pub fn dataset_id(&self) -> [u8; 16] {
         self.l.dataset_id
+    }
+
+    /// The snapshot's generation (appends) and the snapshot it extends.
+    pub fn lineage(&self) -> Lineage {
+        self.l.lineage
+    }
+
+    /// The header CRC: with the dataset id, it identifies this snapshot's content (see
+    /// [`snapshot_key`]).
+    pub fn header_crc(&self) -> u32 {
+        le::u32_at(self.b(), 60)
+    }
+
+    /// Everything the snapshot records about chunk `index`: its table entry, and the sample
+    /// entries and paths of its records (what the chunk's footer holds).
+    pub fn chunk_summary(&self, index: u64) -> Result<ChunkSummary> {
+        let c = self.chunk(index)?;
+        let mut entries = Vec::with_capacity(c.sample_count as usize);
+        let mut paths = Vec::with_capacity(c.sample_count as usize);
+        for id in c.samples() {
+            entries.push(self.sample(id)?);
+            paths.push(self.path(id)?.to_vec());
+        }
+        Ok(ChunkSummary {
+            chunk_id: c.chunk_id,
+            file_size: c.file_size,
+            file_crc: c.file_crc,
+            entries,
+            paths,
+        })
     }
 
     /// Number of samples.
@@ -673,6 +738,7 @@ fn section_name(kind: u32) -> String {
         4 => "snapshot path index".into(),
         5 => "snapshot path order".into(),
         6 => "snapshot classes".into(),
+        7 => "snapshot lineage".into(),
         k => format!("snapshot section of kind {k}"),
     }
 }
@@ -685,6 +751,7 @@ pub struct SnapshotBuilder {
     samples: Vec<SampleEntry>,
     path_blob: Vec<u8>,
     path_ends: Vec<u64>,
+    lineage: Lineage,
 }
 
 impl SnapshotBuilder {
@@ -697,7 +764,14 @@ impl SnapshotBuilder {
             samples: Vec::new(),
             path_blob: Vec::new(),
             path_ends: Vec::new(),
+            lineage: Lineage::default(),
         }
+    }
+
+    /// Records the snapshot's lineage. A generation above 0 adds the lineage section and makes
+    /// the file format 1.1 (1.0 readers ignore the section).
+    pub fn lineage(&mut self, l: Lineage) {
+        self.lineage = l;
     }
 
     /// Adds the next chunk. Chunks must arrive with ids 0, 1, 2, ...
@@ -799,7 +873,10 @@ impl SnapshotBuilder {
         let sample_tab: Vec<u8> = self.samples.iter().flat_map(|s| s.encode()).collect();
         let order_bytes: Vec<u8> = order.iter().flat_map(|i| i.to_le_bytes()).collect();
         let classes = encode_string_table(self.classes.iter());
-        let sections: [(SectionKind, &[u8]); 6] = [
+        let mut lineage = [0u8; LINEAGE_LEN];
+        lineage[0..8].copy_from_slice(&self.lineage.generation.to_le_bytes());
+        lineage[8..12].copy_from_slice(&self.lineage.parent.to_le_bytes());
+        let mut sections: Vec<(SectionKind, &[u8])> = vec![
             (SectionKind::Chunks, &chunk_tab),
             (SectionKind::Samples, &sample_tab),
             (SectionKind::Paths, &paths),
@@ -807,6 +884,13 @@ impl SnapshotBuilder {
             (SectionKind::PathOrder, &order_bytes),
             (SectionKind::Classes, &classes),
         ];
+        // Generation 0 stays a plain 1.0 file, readable by every 1.x reader byte for byte.
+        let minor = if self.lineage.generation > 0 {
+            sections.push((SectionKind::Lineage, &lineage));
+            LINEAGE_MINOR
+        } else {
+            0
+        };
         let table_end = (SNAPSHOT_HEADER_LEN + sections.len() * SECTION_ENTRY_LEN) as u64;
         // Sections start 8-byte aligned; the file ends right after the last section.
         let total: u64 = sections
@@ -828,7 +912,7 @@ impl SnapshotBuilder {
         let h = &mut out[..SNAPSHOT_HEADER_LEN];
         h[0..8].copy_from_slice(&SNAPSHOT_MAGIC);
         h[8..10].copy_from_slice(&FORMAT_MAJOR.to_le_bytes());
-        h[10..12].copy_from_slice(&FORMAT_MINOR.to_le_bytes());
+        h[10..12].copy_from_slice(&minor.to_le_bytes());
         h[12..16].copy_from_slice(&(SNAPSHOT_HEADER_LEN as u32).to_le_bytes());
         h[16..32].copy_from_slice(&self.dataset_id);
         h[32..40].copy_from_slice(&(n as u64).to_le_bytes());

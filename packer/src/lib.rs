@@ -13,6 +13,7 @@ mod output;
 mod plan;
 mod reindex;
 mod scan;
+mod shard;
 mod upload;
 
 use std::collections::BTreeMap;
@@ -23,8 +24,8 @@ use std::sync::mpsc::sync_channel;
 use std::time::{Duration, Instant};
 
 use granary_format::{
-    chunk_file_name, parse_chunk_file_name, ChunkSummary, ChunkWriter, SnapshotBuilder, NO_LABEL,
-    SNAPSHOT_FILE,
+    chunk_file_name, parse_chunk_file_name, ChunkSummary, ChunkWriter, Snapshot, SnapshotBuilder,
+    NO_LABEL, SNAPSHOT_FILE,
 };
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use rayon::prelude::*;
@@ -34,6 +35,7 @@ pub use encode::{looks_compressed, CompressMode, DEFAULT_LEVEL};
 pub use granary_format::SplitMix64;
 use plan::{Plan, PlanFile};
 pub use reindex::{reindex, ReindexSummary};
+pub use shard::{merge, shard_of, MergeSummary, ShardSpec, PART_FILE};
 pub use upload::Destination;
 
 /// Default target chunk size (see README: measured on this project's reference machine).
@@ -119,6 +121,8 @@ pub struct PackOptions {
     pub destination: Option<std::sync::Arc<dyn Destination>>,
     /// The local build directory of a pack to a [`Destination`].
     pub staging: Option<PathBuf>,
+    /// Pack only this shard's share of the files, as a part of `out` for [`merge`].
+    pub shard: Option<ShardSpec>,
 }
 
 impl PackOptions {
@@ -141,6 +145,7 @@ impl PackOptions {
             io_threads: DEFAULT_IO_THREADS,
             destination: None,
             staging: None,
+            shard: None,
         }
     }
 }
@@ -162,6 +167,13 @@ fn ser_lossy<S: serde::Serializer>(p: &[u8], s: S) -> Result<S::Ok, S::Error> {
 pub struct PackSummary {
     pub out: PathBuf,
     pub dataset_id: String,
+    /// The shard packed (`I/N`), for a sharded pack.
+    pub shard: Option<String>,
+    /// The snapshot's generation: 0 for a pack, +1 for each append.
+    pub generation: u64,
+    /// What was done: "pack", "shard" (a part for merge), "append", or "unchanged" (an append
+    /// that found nothing new).
+    pub action: &'static str,
     pub files: u64,
     pub classes: u64,
     pub bytes_in: u64,
@@ -249,6 +261,111 @@ fn progress_bar(show: bool, len: Option<u64>) -> ProgressBar {
 /// kept so that `resume` can continue. With `skip_unreadable`, files that cannot be read are
 /// listed in [`PackSummary::skipped`] instead.
 pub fn pack(opts: &PackOptions) -> Result<PackSummary, PackError> {
+    match opts.shard {
+        Some(s) => run(opts, Mode::Shard(s)),
+        None => run(opts, Mode::Whole),
+    }
+}
+
+/// What to do with files of the source whose paths the dataset already has.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Existing {
+    /// Refuse the append, naming them.
+    Refuse,
+    /// Leave them out (the dataset keeps its version).
+    Skip,
+}
+
+/// Adds the files of `opts.src` to the dataset at `opts.out` as new chunks and publishes a new
+/// snapshot (the next generation) that keeps every old chunk: readers of the old snapshot keep
+/// working until they reopen. Labels follow the dataset: a class it does not have is refused
+/// (every chunk carries the class table). Paths the dataset has already are refused or, with
+/// [`Existing::Skip`], left out. Interrupted, it continues with `resume` like a pack.
+pub fn append(opts: &PackOptions, existing: Existing) -> Result<PackSummary, PackError> {
+    if opts.destination.is_some() || opts.shard.is_some() {
+        return Err(PackError::Usage(
+            "append works on a dataset directory (local or on a shared file system), without --shard".into(),
+        ));
+    }
+    let snap_path = opts.out.join(SNAPSHOT_FILE);
+    let bytes = std::fs::read(&snap_path).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::NotFound {
+            PackError::Usage(format!(
+                "{} is not a granary dataset (no {SNAPSHOT_FILE}); create it with granary pack",
+                opts.out.display()
+            ))
+        } else {
+            PackError::io("reading", &snap_path, e)
+        }
+    })?;
+    let snap = Snapshot::open(bytes)?;
+    if let Some(e) = snap.check_sections().into_iter().next() {
+        return Err(PackError::Usage(format!(
+            "{} is damaged ({e}); run granary verify and granary reindex before appending",
+            snap_path.display()
+        )));
+    }
+    run(
+        opts,
+        Mode::Append {
+            snap: Box::new(snap),
+            existing,
+        },
+    )
+}
+
+/// Which part of a dataset a run of the packer writes.
+enum Mode {
+    /// A whole dataset, published at OUT when complete.
+    Whole,
+    /// One shard's part of a dataset, for `merge`.
+    Shard(ShardSpec),
+    /// New chunks and the next snapshot of an existing dataset.
+    Append {
+        snap: Box<Snapshot<Vec<u8>>>,
+        existing: Existing,
+    },
+}
+
+/// Chunk ids of a run: plan chunk `c` is chunk `base + c × stride`.
+#[derive(Clone, Copy, Debug)]
+struct Ids {
+    base: u32,
+    stride: u32,
+}
+
+impl Ids {
+    fn id(&self, c: usize) -> u32 {
+        self.base + c as u32 * self.stride
+    }
+
+    /// The plan chunk that chunk `id` is, if it is one of this run's `count` chunks.
+    fn index(&self, id: u32, count: usize) -> Option<usize> {
+        let d = id.checked_sub(self.base)?;
+        (d % self.stride == 0)
+            .then_some((d / self.stride) as usize)
+            .filter(|&c| c < count)
+    }
+
+    fn check(&self, count: usize) -> Result<(), PackError> {
+        let last = self.base as u64 + (count as u64).saturating_sub(1) * self.stride as u64;
+        if last > u32::MAX as u64 {
+            return Err(PackError::Usage(format!(
+                "{count} chunks do not fit the format's 32-bit chunk ids here; use a larger --chunk-size"
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Where a run builds: its own directory (plan, lock, part file) and where its chunks go.
+struct Place {
+    work: PathBuf,
+    chunks: PathBuf,
+    ids: Ids,
+}
+
+fn run(opts: &PackOptions, mode: Mode) -> Result<PackSummary, PackError> {
     let t0 = Instant::now();
     if opts.chunk_size == 0 {
         return Err(PackError::Usage(
@@ -265,16 +382,51 @@ pub fn pack(opts: &PackOptions) -> Result<PackSummary, PackError> {
     }
     let out = &opts.out;
     let dest = opts.destination.as_deref();
-    let work = match (dest, &opts.staging) {
-        (None, _) => work_dir(out)?,
-        (Some(_), Some(s)) => s.clone(),
-        (Some(d), None) => {
+    if dest.is_some() && !matches!(mode, Mode::Whole) {
+        return Err(PackError::Usage(
+            "sharded packing writes to a directory (local or on a shared file system), not to an object store".into(),
+        ));
+    }
+    let place = match (&mode, dest, &opts.staging) {
+        (Mode::Whole, None, _) => {
+            let w = work_dir(out)?;
+            Place {
+                chunks: w.clone(),
+                work: w,
+                ids: Ids { base: 0, stride: 1 },
+            }
+        }
+        (Mode::Whole, Some(_), Some(s)) => Place {
+            work: s.clone(),
+            chunks: s.clone(),
+            ids: Ids { base: 0, stride: 1 },
+        },
+        (Mode::Whole, Some(d), None) => {
             return Err(PackError::Usage(format!(
                 "packing to {} needs a local staging directory",
                 d.location()
             )))
         }
+        (Mode::Shard(s), _, _) => Place {
+            work: out.join(s.dir_name()),
+            chunks: out.clone(),
+            ids: Ids {
+                base: s.index,
+                stride: s.count,
+            },
+        },
+        (Mode::Append { snap, .. }, _, _) => Place {
+            work: out.join(".append.partial"),
+            chunks: out.clone(),
+            ids: Ids {
+                base: u32::try_from(snap.chunk_count()).map_err(|_| {
+                    PackError::Usage("the dataset has the most chunks the format allows".into())
+                })?,
+                stride: 1,
+            },
+        },
     };
+    let work = place.work.clone();
     if dest.is_some() {
         output::check_disjoint(&src, &work, &work)?;
     } else {
@@ -284,16 +436,33 @@ pub fn pack(opts: &PackOptions) -> Result<PackSummary, PackError> {
         Some(d) => upload::check_destination(d, opts.force, opts.resume)?,
         None => Vec::new(),
     };
-    if dest.is_none() && std::fs::symlink_metadata(out).is_ok() {
-        if !opts.force {
-            return Err(PackError::Usage(format!(
-                "{} already exists; pass --force to replace it",
-                out.display()
-            )));
+    match &mode {
+        Mode::Whole if dest.is_none() && std::fs::symlink_metadata(out).is_ok() => {
+            if !opts.force {
+                return Err(PackError::Usage(format!(
+                    "{} already exists; pass --force to replace it",
+                    out.display()
+                )));
+            }
+            output::check_replaceable(out, output::Kind::Dataset)?;
         }
-        output::check_replaceable(out, output::Kind::Dataset)?;
+        Mode::Shard(s) => {
+            if out.join(SNAPSHOT_FILE).exists() {
+                return Err(PackError::Usage(format!(
+                    "{} is a dataset already (merged, or packed whole); shards build a new dataset: choose another output or remove it",
+                    out.display()
+                )));
+            }
+            if !opts.force {
+                if let Some(done) = finished_shard(opts, *s, &work, t0)? {
+                    return Ok(done);
+                }
+            }
+            std::fs::create_dir_all(out).map_err(|e| PackError::io("creating", out, e))?;
+        }
+        _ => {}
     }
-    let settings = settings_text(opts, &src);
+    let mut settings = settings_text(opts, &src);
     let mut warnings = Vec::new();
     let mut skipped = Vec::new();
 
@@ -306,6 +475,28 @@ pub fn pack(opts: &PackOptions) -> Result<PackSummary, PackError> {
         std::fs::create_dir_all(&work).map_err(|e| PackError::io("creating", &work, e))?;
     }
     let _lock = output::BuildLock::take(&work, out)?;
+    let shared_key = |names: u64, digest: u64| -> String {
+        // What every shard of one pack must share (not the source's path: machines may mount
+        // it elsewhere).
+        format!(
+            "labels={:?}\norder={:?}\nseed={}\ncompress={}\nchunk_size={}\nshards={}\nnames={names}\nnames_digest={digest:016x}\n",
+            opts.labels,
+            opts.order,
+            opts.seed,
+            opts.compress,
+            opts.chunk_size,
+            opts.shard.map_or(1, |s| s.count)
+        )
+    };
+    match &mode {
+        Mode::Whole => {}
+        Mode::Shard(s) => settings.push_str(&format!("shard={s}\n")),
+        Mode::Append { snap, .. } => settings.push_str(&format!(
+            "append_after_chunk={}\nparent={:08x}\n",
+            snap.chunk_count(),
+            snap.header_crc()
+        )),
+    }
     let existing_plan = if existed {
         if opts.resume {
             let p = work.join(PLAN_FILE);
@@ -313,9 +504,14 @@ pub fn pack(opts: &PackOptions) -> Result<PackSummary, PackError> {
                 Some(plan) if plan.settings == settings => Some(plan),
                 Some(plan) => {
                     return Err(PackError::Usage(format!(
-                        "cannot resume: the interrupted pack in {} used other settings.\nrecorded:\n{}now:\n{}\
+                        "cannot resume: the interrupted pack in {} used other settings{}.\nrecorded:\n{}now:\n{}\
                          rerun with the recorded settings, or with --force to start over",
                         work.display(),
+                        if matches!(mode, Mode::Append { .. }) {
+                            " (or the dataset changed since: another append published a snapshot)"
+                        } else {
+                            ""
+                        },
                         plan.settings,
                         settings
                     )))
@@ -340,15 +536,28 @@ pub fn pack(opts: &PackOptions) -> Result<PackSummary, PackError> {
     } else {
         None
     };
+    // A restarted shard or append first removes the chunks its earlier run left behind.
+    if existing_plan.is_none() && place.chunks != work {
+        remove_owned_chunks(&place, &mode)?;
+    }
 
     let scan_start = Instant::now();
     let plan = match existing_plan {
         Some(p) => {
             // Kept chunks hold the source as it was at the first scan: resuming over a changed
             // source would mix old and new versions, so look again and refuse if it changed.
-            let found = scan_source(opts, &src, "checking the source against the plan")?;
-            warnings.extend(found.warnings);
-            skipped.extend(found.skipped);
+            let mut found = scan_source(opts, &src, "checking the source against the plan")?;
+            warnings.append(&mut found.warnings);
+            skipped.append(&mut found.skipped);
+            if let Mode::Append {
+                snap,
+                existing: Existing::Skip,
+            } = &mode
+            {
+                found
+                    .files
+                    .retain(|f| !matches!(snap.lookup(&f.rel), Ok(Some(_))));
+            }
             let changes = plan::SourceChanges::between(&p, &found.files);
             if !changes.is_empty() {
                 return Err(PackError::Usage(format!(
@@ -360,36 +569,113 @@ pub fn pack(opts: &PackOptions) -> Result<PackSummary, PackError> {
             p
         }
         None => {
-            let found = scan_source(opts, &src, "scanning")?;
-            warnings.extend(found.warnings);
-            skipped.extend(found.skipped);
+            let mut found = scan_source(opts, &src, "scanning")?;
+            warnings.append(&mut found.warnings);
+            skipped.append(&mut found.skipped);
+            let (classes, labels, dataset_id) = match &mode {
+                Mode::Whole => (found.classes.clone(), opts.labels, None),
+                Mode::Shard(_) => (
+                    found.classes.clone(),
+                    opts.labels,
+                    Some(shard::shared_dataset_id(
+                        &shared_key(found.names, found.names_digest),
+                        found.names_digest,
+                    )),
+                ),
+                Mode::Append { snap, existing } => {
+                    let in_ds: Vec<usize> = found
+                        .files
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, f)| matches!(snap.lookup(&f.rel), Ok(Some(_))))
+                        .map(|(i, _)| i)
+                        .collect();
+                    if !in_ds.is_empty() {
+                        if *existing == Existing::Refuse {
+                            let _ = std::fs::remove_dir_all(&work);
+                            let shown: Vec<String> = in_ds
+                                .iter()
+                                .take(5)
+                                .map(|&i| String::from_utf8_lossy(&found.files[i].rel).into_owned())
+                                .collect();
+                            return Err(PackError::Usage(format!(
+                                "{} of the files to append are in the dataset already (e.g. {}); \
+                                 pass --skip-existing to append only the others (a sample's bytes never change \
+                                 in place: to change samples, pack a new dataset)",
+                                in_ds.len(),
+                                shown.join(", ")
+                            )));
+                        }
+                        warnings.push(format!(
+                            "{} files are in the dataset already: left out (--skip-existing)",
+                            in_ds.len()
+                        ));
+                        found
+                            .files
+                            .retain(|f| !matches!(snap.lookup(&f.rel), Ok(Some(_))));
+                    }
+                    let classes: Vec<Vec<u8>> = (0..snap.class_count() as u32)
+                        .map(|l| snap.class_name(l).map(<[u8]>::to_vec))
+                        .collect::<Result<_, _>>()?;
+                    let labels = if classes.is_empty() {
+                        LabelMode::None
+                    } else {
+                        LabelMode::ParentDir
+                    };
+                    (classes, labels, Some(snap.dataset_id()))
+                }
+            };
             if found.files.is_empty() {
                 let _ = std::fs::remove_dir_all(&work);
+                if let Mode::Append { snap, .. } = &mode {
+                    warnings.push("no new files: the dataset is unchanged".into());
+                    return Ok(unchanged_summary(out, snap, t0, skipped, warnings));
+                }
                 return Err(PackError::Usage(format!(
-                    "no files to pack in {}",
-                    opts.src.display()
+                    "no files to pack in {}{}",
+                    opts.src.display(),
+                    opts.shard
+                        .map(|s| format!(" for shard {s} ({} files in all)", found.names))
+                        .unwrap_or_default()
                 )));
             }
-            let plan = make_plan(opts, settings.clone(), found.files, &mut warnings);
+            let plan = make_plan(
+                opts,
+                settings.clone(),
+                found.files,
+                classes,
+                labels,
+                dataset_id,
+                &mut warnings,
+            )
+            .inspect_err(|_| {
+                // Nothing was written yet: leave no interrupted pack behind.
+                let _ = std::fs::remove_dir_all(&work);
+            })?;
             plan.save(&work.join(PLAN_FILE))?;
             plan
         }
     };
     let scan_s = scan_start.elapsed().as_secs_f64();
+    place.ids.check(plan.chunk_count())?;
 
     // Keep every chunk of an earlier run that is complete and verified.
     let mut done: BTreeMap<usize, ChunkSummary> = BTreeMap::new();
-    let entries = std::fs::read_dir(&work).map_err(|e| PackError::io("listing", &work, e))?;
     let mut candidates = Vec::new();
     let mut sent = Vec::new();
+    let entries =
+        std::fs::read_dir(&place.chunks).map_err(|e| PackError::io("listing", &place.chunks, e))?;
     for e in entries {
-        let e = e.map_err(|e| PackError::io("listing", &work, e))?;
+        let e = e.map_err(|e| PackError::io("listing", &place.chunks, e))?;
         let name = e.file_name();
         let name = name.to_string_lossy();
-        if let Some(id) =
-            parse_chunk_file_name(&name).filter(|&id| (id as usize) < plan.chunk_count())
+        if let Some(c) =
+            parse_chunk_file_name(&name).and_then(|id| place.ids.index(id, plan.chunk_count()))
         {
-            candidates.push(id as usize);
+            candidates.push(c);
+        } else if place.chunks != work {
+            // The dataset directory: other shards' chunks and the published dataset live here.
+            continue;
         } else if let Some(id) = name
             .ends_with(".sent")
             .then(|| upload::parse_sent_name(&name))
@@ -405,7 +691,7 @@ pub fn pack(opts: &PackOptions) -> Result<PackSummary, PackError> {
     }
     let verified: Vec<(usize, Option<ChunkSummary>)> = candidates
         .par_iter()
-        .map(|&c| (c, verify_existing(&work, &plan, c)))
+        .map(|&c| (c, verify_existing(&place, &plan, c)))
         .collect();
     for (c, v) in verified {
         match v {
@@ -413,7 +699,7 @@ pub fn pack(opts: &PackOptions) -> Result<PackSummary, PackError> {
                 done.insert(c, s);
             }
             None => {
-                let p = work.join(chunk_file_name(c as u32));
+                let p = place.chunks.join(chunk_file_name(place.ids.id(c)));
                 warnings.push(format!(
                     "discarding incomplete or damaged chunk {}",
                     p.display()
@@ -489,7 +775,7 @@ pub fn pack(opts: &PackOptions) -> Result<PackSummary, PackError> {
             return write_chunks(
                 opts,
                 &src,
-                &work,
+                &place,
                 &plan,
                 &todo,
                 &pb,
@@ -516,7 +802,7 @@ pub fn pack(opts: &PackOptions) -> Result<PackSummary, PackError> {
             result = write_chunks(
                 opts,
                 &src,
-                work,
+                &place,
                 &plan,
                 &todo,
                 pb,
@@ -538,48 +824,100 @@ pub fn pack(opts: &PackOptions) -> Result<PackSummary, PackError> {
     })?;
     pb.finish_and_clear();
     for s in written {
-        done.insert(s.chunk_id as usize, s);
+        let c = place
+            .ids
+            .index(s.chunk_id, plan.chunk_count())
+            .expect("written chunks are the plan's");
+        done.insert(c, s);
     }
 
-    // The snapshot, then the atomic switch into place.
-    let mut builder = SnapshotBuilder::new(plan.dataset_id, plan.classes.clone());
-    let mut bytes_stored = 0u64;
-    let mut bytes_out = 0u64;
-    let mut bytes_in = 0u64;
-    let mut compressed_records = 0u64;
-    for s in done.values() {
-        builder.push_chunk(s)?;
-        bytes_out += s.file_size;
-        for e in &s.entries {
-            bytes_stored += e.stored_len;
-            bytes_in += e.orig_len;
-            compressed_records += (e.flags != 0) as u64;
-        }
+    let files: u64 = done.values().map(|s| s.entries.len() as u64).sum();
+    let (mut bytes_stored, mut bytes_in, mut compressed_records) = (0u64, 0u64, 0u64);
+    let mut bytes_out: u64 = done.values().map(|s| s.file_size).sum();
+    for e in done.values().flat_map(|s| &s.entries) {
+        bytes_stored += e.stored_len;
+        bytes_in += e.orig_len;
+        compressed_records += (e.flags != 0) as u64;
     }
-    let files = done.values().map(|s| s.entries.len() as u64).sum();
-    let snap = builder.build()?;
-    bytes_out += snap.len() as u64;
-    write_file_atomic(&work.join(SNAPSHOT_FILE), &snap)?;
-    match dest {
-        Some(d) => {
-            // Chunks of an earlier dataset there that this one does not have (it was replaced
-            // with --force), then the snapshot: only now is the prefix a dataset.
-            for (name, _) in &remote_found {
-                if parse_chunk_file_name(name).is_some_and(|c| c as usize >= plan.chunk_count()) {
-                    d.remove(name).map_err(PackError::Destination)?;
-                }
-            }
-            let snap_path = work.join(SNAPSHOT_FILE);
-            d.upload(SNAPSHOT_FILE, &snap_path, &|_| {})
-                .map_err(PackError::Destination)?;
-            std::fs::remove_dir_all(&work).map_err(|e| PackError::io("removing", &work, e))?;
-        }
-        None => {
+    let chunks = done.len() as u64;
+    let mut generation = 0;
+    let mode_name = match &mode {
+        Mode::Whole => 0,
+        Mode::Shard(_) => 1,
+        Mode::Append { .. } => 2,
+    };
+    match mode {
+        Mode::Shard(s) => {
+            // The part file is the shard's completion marker: written last, atomically.
+            let part = shard::Part {
+                shard: s,
+                dataset_id: plan.dataset_id,
+                key: shared_key_of(&plan.settings),
+                classes: plan.classes.clone(),
+                chunks: done.into_values().collect(),
+            };
+            let bytes = part.encode();
+            bytes_out += bytes.len() as u64;
+            write_file_atomic(&work.join(PART_FILE), &bytes)?;
             let plan_path = work.join(PLAN_FILE);
             std::fs::remove_file(&plan_path)
                 .map_err(|e| PackError::io("removing", &plan_path, e))?;
-            sync_dir(&work)?;
-            publish(&work, out)?;
+        }
+        Mode::Append { snap, .. } => {
+            let mut builder = SnapshotBuilder::new(plan.dataset_id, plan.classes.clone());
+            for c in 0..snap.chunk_count() {
+                builder.push_chunk(&snap.chunk_summary(c)?)?;
+            }
+            for s in done.values() {
+                builder.push_chunk(s)?;
+            }
+            generation = snap.lineage().generation + 1;
+            builder.lineage(granary_format::Lineage {
+                generation,
+                parent: snap.header_crc(),
+            });
+            let bytes = builder.build()?;
+            bytes_out += bytes.len() as u64;
+            // The switch: readers that open from now on see the new generation; the old
+            // snapshot stays valid for those that have it open (its chunks are all still here).
+            write_file_atomic(&out.join(SNAPSHOT_FILE), &bytes)?;
+            std::fs::remove_dir_all(&work).map_err(|e| PackError::io("removing", &work, e))?;
+            sync_dir(out)?;
+        }
+        Mode::Whole => {
+            let mut builder = SnapshotBuilder::new(plan.dataset_id, plan.classes.clone());
+            for s in done.values() {
+                builder.push_chunk(s)?;
+            }
+            let snap = builder.build()?;
+            bytes_out += snap.len() as u64;
+            write_file_atomic(&work.join(SNAPSHOT_FILE), &snap)?;
+            match dest {
+                Some(d) => {
+                    // Chunks of an earlier dataset there that this one does not have (it was
+                    // replaced with --force), then the snapshot: only now is the prefix a
+                    // dataset.
+                    for (name, _) in &remote_found {
+                        if parse_chunk_file_name(name)
+                            .is_some_and(|c| c as usize >= plan.chunk_count())
+                        {
+                            d.remove(name).map_err(PackError::Destination)?;
+                        }
+                    }
+                    let snap_path = work.join(SNAPSHOT_FILE);
+                    d.upload(SNAPSHOT_FILE, &snap_path, &|_| {})
+                        .map_err(PackError::Destination)?;
+                    std::fs::remove_dir_all(&work)
+                        .map_err(|e| PackError::io("removing", &work, e))?;
+                }
+                None => {
+                    let plan_path = work.join(PLAN_FILE);
+                    std::fs::remove_file(&plan_path)
+                        .map_err(|e| PackError::io("removing", &plan_path, e))?;
+                    sync_dir(&work)?;
+                    publish(&work, out)?;
+                }
+            }
         }
     }
 
@@ -587,6 +925,13 @@ pub fn pack(opts: &PackOptions) -> Result<PackSummary, PackError> {
     Ok(PackSummary {
         out: out.clone(),
         dataset_id: hex_id(&plan.dataset_id),
+        shard: opts.shard.map(|s| s.to_string()),
+        generation,
+        action: match mode_name {
+            0 => "pack",
+            1 => "shard",
+            _ => "append",
+        },
         files,
         classes: plan.classes.len() as u64,
         bytes_in,
@@ -597,7 +942,7 @@ pub fn pack(opts: &PackOptions) -> Result<PackSummary, PackError> {
         } else {
             0.0
         },
-        chunks: done.len() as u64,
+        chunks,
         chunks_resumed,
         compressed_records,
         elapsed_s: elapsed,
@@ -607,6 +952,119 @@ pub fn pack(opts: &PackOptions) -> Result<PackSummary, PackError> {
         skipped,
         warnings,
     })
+}
+
+/// The shared part of a shard's settings (see `shared_key` in [`run`]): everything but the
+/// source path, the file list's path and the shard index.
+fn shared_key_of(settings: &str) -> String {
+    settings
+        .lines()
+        .filter(|l| {
+            !(l.starts_with("src=") || l.starts_with("files_from=") || l.starts_with("shard="))
+        })
+        .map(|l| format!("{l}\n"))
+        .collect()
+}
+
+/// A shard that finished before (its part file is there): reports it instead of packing again.
+fn finished_shard(
+    opts: &PackOptions,
+    s: ShardSpec,
+    work: &Path,
+    t0: Instant,
+) -> Result<Option<PackSummary>, PackError> {
+    let p = work.join(PART_FILE);
+    let Ok(bytes) = std::fs::read(&p) else {
+        return Ok(None);
+    };
+    let Some(part) = shard::Part::decode(&bytes) else {
+        return Err(PackError::Usage(format!(
+            "{} is damaged; pack shard {s} again with --force",
+            p.display()
+        )));
+    };
+    let files = part.chunks.iter().map(|c| c.entries.len() as u64).sum();
+    Ok(Some(PackSummary {
+        out: opts.out.clone(),
+        dataset_id: hex_id(&part.dataset_id),
+        shard: Some(s.to_string()),
+        generation: 0,
+        action: "shard",
+        files,
+        classes: part.classes.len() as u64,
+        bytes_in: 0,
+        bytes_stored: 0,
+        bytes_out: 0,
+        ratio: 0.0,
+        chunks: part.chunks.len() as u64,
+        chunks_resumed: part.chunks.len() as u64,
+        compressed_records: 0,
+        elapsed_s: t0.elapsed().as_secs_f64(),
+        scan_s: 0.0,
+        files_per_s: 0.0,
+        mb_per_s: 0.0,
+        skipped: Vec::new(),
+        warnings: vec![format!(
+            "shard {s} finished already ({} exists): nothing to do; run granary merge {} when all shards are done (--force packs it again)",
+            p.display(),
+            opts.out.display()
+        )],
+    }))
+}
+
+/// The summary of an append that found nothing new.
+fn unchanged_summary(
+    out: &Path,
+    snap: &Snapshot<Vec<u8>>,
+    t0: Instant,
+    skipped: Vec<Skipped>,
+    warnings: Vec<String>,
+) -> PackSummary {
+    PackSummary {
+        out: out.to_path_buf(),
+        dataset_id: hex_id(&snap.dataset_id()),
+        shard: None,
+        generation: snap.lineage().generation,
+        action: "unchanged",
+        files: 0,
+        classes: snap.class_count(),
+        bytes_in: 0,
+        bytes_stored: 0,
+        bytes_out: 0,
+        ratio: 0.0,
+        chunks: 0,
+        chunks_resumed: 0,
+        compressed_records: 0,
+        elapsed_s: t0.elapsed().as_secs_f64(),
+        scan_s: 0.0,
+        files_per_s: 0.0,
+        mb_per_s: 0.0,
+        skipped,
+        warnings,
+    }
+}
+
+/// Removes the chunk files (and temporary files) a restarted shard or append owns in the
+/// dataset directory: a shard's ids `k × n + i`, an append's ids past the snapshot's chunks.
+fn remove_owned_chunks(place: &Place, mode: &Mode) -> Result<(), PackError> {
+    let owned = |id: u32| match mode {
+        Mode::Whole => false,
+        Mode::Shard(s) => id % s.count == s.index,
+        Mode::Append { .. } => id >= place.ids.base,
+    };
+    let rd =
+        std::fs::read_dir(&place.chunks).map_err(|e| PackError::io("listing", &place.chunks, e))?;
+    for e in rd {
+        let e = e.map_err(|e| PackError::io("listing", &place.chunks, e))?;
+        let name = e.file_name();
+        let name = name.to_string_lossy();
+        let id = parse_chunk_file_name(name.strip_suffix(".tmp").unwrap_or(&name));
+        if id.is_some_and(owned) {
+            let p = e.path();
+            std::fs::remove_file(&p).map_err(|e| PackError::io("removing stale", &p, e))?;
+        }
+    }
+    Ok(())
 }
 
 /// Walks (or lists) and stats the source, with a spinner saying `what`.
@@ -623,48 +1081,48 @@ fn scan_source(opts: &PackOptions, src: &Path, what: &str) -> Result<scan::ScanR
         opts.files_from.as_deref(),
         opts.follow_links,
         opts.skip_unreadable,
+        opts.shard,
         &|n| pb.set_position(n),
     );
     pb.finish_and_clear();
     found
 }
 
+/// Labels, orders and chunks the files. `classes` is the class table (when labelling by parent
+/// directory); `dataset_id` is given for shards and appends, drawn at random otherwise.
 fn make_plan(
     opts: &PackOptions,
     settings: String,
     found: Vec<scan::Found>,
+    classes: Vec<Vec<u8>>,
+    labels: LabelMode,
+    dataset_id: Option<[u8; 16]>,
     warnings: &mut Vec<String>,
-) -> Plan {
-    let (classes, class_of): (Vec<Vec<u8>>, BTreeMap<Vec<u8>, u32>) = match opts.labels {
-        LabelMode::None => (Vec::new(), BTreeMap::new()),
-        LabelMode::ParentDir => {
-            let mut names: Vec<Vec<u8>> = found
-                .iter()
-                .filter_map(|f| {
-                    f.rel
-                        .iter()
-                        .position(|&b| b == b'/')
-                        .map(|i| f.rel[..i].to_vec())
-                })
-                .collect();
-            names.sort_unstable();
-            names.dedup();
-            let map = names
-                .iter()
-                .enumerate()
-                .map(|(i, n)| (n.clone(), i as u32))
-                .collect();
-            (names, map)
-        }
+) -> Result<Plan, PackError> {
+    let classes = match labels {
+        LabelMode::None => Vec::new(),
+        LabelMode::ParentDir => classes,
     };
+    let class_of: BTreeMap<&[u8], u32> = classes
+        .iter()
+        .enumerate()
+        .map(|(i, n)| (&n[..], i as u32))
+        .collect();
+    let mut unknown: Vec<Vec<u8>> = Vec::new();
     let mut unlabeled = 0u64;
     let mut files: Vec<PlanFile> = found
         .into_iter()
         .map(|f| {
-            let label = match opts.labels {
+            let label = match labels {
                 LabelMode::None => NO_LABEL,
                 LabelMode::ParentDir => match f.rel.iter().position(|&b| b == b'/') {
-                    Some(i) => class_of[&f.rel[..i]],
+                    Some(i) => match class_of.get(&f.rel[..i]) {
+                        Some(&l) => l,
+                        None => {
+                            unknown.push(f.rel[..i].to_vec());
+                            NO_LABEL
+                        }
+                    },
                     None => {
                         unlabeled += 1;
                         NO_LABEL
@@ -680,6 +1138,21 @@ fn make_plan(
             }
         })
         .collect();
+    if !unknown.is_empty() {
+        unknown.sort_unstable();
+        unknown.dedup();
+        let shown: Vec<_> = unknown
+            .iter()
+            .take(5)
+            .map(|c| String::from_utf8_lossy(c).into_owned())
+            .collect();
+        return Err(PackError::Usage(format!(
+            "{} class directories are not classes of the dataset (e.g. {}); every chunk carries the class table, \
+             so new classes need a new pack (or append with the files of known classes only)",
+            unknown.len(),
+            shown.join(", ")
+        )));
+    }
     if unlabeled > 0 {
         warnings.push(format!(
             "{unlabeled} files lie directly in the source directory, outside any class directory: packed without a label"
@@ -689,25 +1162,26 @@ fn make_plan(
         SplitMix64::new(opts.seed).shuffle(&mut files);
     }
     let chunk_starts = Plan::assign_chunks(&files, opts.chunk_size);
-    Plan {
-        dataset_id: new_dataset_id(settings.as_bytes()),
+    Ok(Plan {
+        dataset_id: dataset_id.unwrap_or_else(|| new_dataset_id(settings.as_bytes())),
         settings,
         classes,
         files,
         chunk_starts,
-    }
+    })
 }
 
 /// Reads back chunk `c` of an earlier run; keeps it only if it checks completely and holds
 /// (a subsequence of) exactly the files the plan puts there.
-fn verify_existing(work: &Path, plan: &Plan, c: usize) -> Option<ChunkSummary> {
-    let bytes = std::fs::read(work.join(chunk_file_name(c as u32))).ok()?;
-    let check = granary_format::check_chunk(&bytes, &plan.dataset_id, c as u32).ok()?;
+fn verify_existing(place: &Place, plan: &Plan, c: usize) -> Option<ChunkSummary> {
+    let id = place.ids.id(c);
+    let bytes = std::fs::read(place.chunks.join(chunk_file_name(id))).ok()?;
+    let check = granary_format::check_chunk(&bytes, &plan.dataset_id, id).ok()?;
     if !check.bad_records.is_empty() || !footer_matches_plan(plan, c, &check.footer) {
         return None;
     }
     Some(ChunkSummary {
-        chunk_id: c as u32,
+        chunk_id: id,
         file_size: bytes.len() as u64,
         file_crc: check.file_crc,
         entries: check.footer.entries,
@@ -733,7 +1207,7 @@ fn footer_matches_plan(plan: &Plan, c: usize, footer: &granary_format::ChunkFoot
 fn write_chunks(
     opts: &PackOptions,
     src: &Path,
-    work: &Path,
+    place: &Place,
     plan: &Plan,
     todo: &[usize],
     pb: &ProgressBar,
@@ -752,7 +1226,7 @@ fn write_chunks(
         let writer = scope.spawn(move || -> Result<Vec<ChunkSummary>, PackError> {
             let mut out = Vec::new();
             for (c, recs) in rx {
-                let s = write_chunk(work, plan, c, recs)?;
+                let s = write_chunk(place, plan, c, recs)?;
                 if let Some(tx) = sent {
                     if tx.send((s.chunk_id, s.file_size, s.file_crc)).is_err() {
                         return Err(PackError::Destination(
@@ -821,22 +1295,19 @@ fn write_chunks(
 }
 
 fn write_chunk(
-    work: &Path,
+    place: &Place,
     plan: &Plan,
     c: usize,
     recs: Vec<(usize, encode::Encoded)>,
 ) -> Result<ChunkSummary, PackError> {
     let files = plan.chunk_files(c);
-    let final_path = work.join(chunk_file_name(c as u32));
+    let id = place.ids.id(c);
+    let final_path = place.chunks.join(chunk_file_name(id));
     let tmp = final_path.with_extension("gchunk.tmp");
     let f = std::fs::File::create(&tmp).map_err(|e| PackError::io("creating", &tmp, e))?;
     let io = |e| PackError::io("writing", &tmp, e);
-    let mut w = ChunkWriter::new(
-        BufWriter::with_capacity(1 << 20, f),
-        plan.dataset_id,
-        c as u32,
-    )
-    .map_err(io)?;
+    let mut w =
+        ChunkWriter::new(BufWriter::with_capacity(1 << 20, f), plan.dataset_id, id).map_err(io)?;
     for (i, e) in recs {
         let pf = &files[i];
         w.append(
@@ -879,7 +1350,7 @@ pub fn write_file_atomic(path: &Path, data: &[u8]) -> Result<(), PackError> {
     Ok(())
 }
 
-fn sync_dir(dir: &Path) -> Result<(), PackError> {
+pub(crate) fn sync_dir(dir: &Path) -> Result<(), PackError> {
     let d = if dir.as_os_str().is_empty() {
         Path::new(".")
     } else {

@@ -88,6 +88,8 @@ fn ours(name: &str, kind: Kind) -> bool {
     kind == Kind::Build
         && (name == PLAN_FILE
             || name == "pack-plan.tmp"
+            || name == crate::PART_FILE
+            || name == "part.tmp"
             || name == "snapshot.tmp"
             || name
                 .strip_suffix(".tmp")

@@ -236,15 +236,15 @@ impl std::fmt::Display for SourceChanges {
     }
 }
 
-fn put_blob(b: &mut Vec<u8>, data: &[u8]) {
+pub(crate) fn put_blob(b: &mut Vec<u8>, data: &[u8]) {
     b.extend_from_slice(&(data.len() as u64).to_le_bytes());
     b.extend_from_slice(data);
 }
 
-struct Reader<'a>(&'a [u8]);
+pub(crate) struct Reader<'a>(pub(crate) &'a [u8]);
 
 impl<'a> Reader<'a> {
-    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
+    pub(crate) fn take(&mut self, n: usize) -> Option<&'a [u8]> {
         if self.0.len() < n {
             return None;
         }
@@ -252,13 +252,13 @@ impl<'a> Reader<'a> {
         self.0 = b;
         Some(a)
     }
-    fn u32(&mut self) -> Option<u32> {
+    pub(crate) fn u32(&mut self) -> Option<u32> {
         Some(u32::from_le_bytes(self.take(4)?.try_into().ok()?))
     }
-    fn u64(&mut self) -> Option<u64> {
+    pub(crate) fn u64(&mut self) -> Option<u64> {
         Some(u64::from_le_bytes(self.take(8)?.try_into().ok()?))
     }
-    fn blob(&mut self) -> Option<&'a [u8]> {
+    pub(crate) fn blob(&mut self) -> Option<&'a [u8]> {
         let n = self.u64()?;
         self.take(usize::try_from(n).ok()?)
     }

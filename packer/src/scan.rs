@@ -30,6 +30,13 @@ pub(crate) struct ScanResult {
     pub files: Vec<Found>,
     pub skipped: Vec<Skipped>,
     pub warnings: Vec<String>,
+    /// Class names: the distinct first directories of every name listed (also of the names
+    /// another shard packs), sorted by bytes.
+    pub classes: Vec<Vec<u8>>,
+    /// Number of names listed (before the shard selection and the stat).
+    pub names: u64,
+    /// Digest of every name listed, in listing order: shards of one pack must agree on it.
+    pub names_digest: u64,
 }
 
 fn abs(src: &Path, rel: &[u8]) -> PathBuf {
@@ -42,11 +49,12 @@ pub(crate) fn scan(
     files_from: Option<&Path>,
     follow_links: bool,
     skip_unreadable: bool,
+    shard: Option<crate::ShardSpec>,
     on_found: &(dyn Fn(u64) + Sync),
 ) -> Result<ScanResult, PackError> {
     let mut warnings = Vec::new();
     let mut skipped = Vec::new();
-    let rels: Vec<Vec<u8>> = match files_from {
+    let mut rels: Vec<Vec<u8>> = match files_from {
         Some(list) => read_list(src, list)?,
         None => walk(
             src,
@@ -57,6 +65,24 @@ pub(crate) fn scan(
             on_found,
         )?,
     };
+    // Every shard sees every name (for the classes and the digest) but stats and keeps only
+    // its own.
+    let names = rels.len() as u64;
+    let mut names_digest = 0x6772_616e_6172_7931u64 ^ names;
+    let mut classes: Vec<Vec<u8>> = Vec::new();
+    for rel in &rels {
+        names_digest = crate::shard::mix64(names_digest ^ granary_format::path_hash(rel));
+        if let Some(i) = rel.iter().position(|&b| b == b'/') {
+            if classes.last().map(|c| &c[..]) != Some(&rel[..i]) {
+                classes.push(rel[..i].to_vec());
+            }
+        }
+    }
+    classes.sort_unstable();
+    classes.dedup();
+    if let Some(s) = shard {
+        rels.retain(|r| s.owns(r));
+    }
     // (size, inode, mtime) of each regular file; None for what is not one.
     type Stat = Option<(u64, u64, i64)>;
     let stats: Vec<Result<Stat, Skipped>> = rels
@@ -132,6 +158,9 @@ pub(crate) fn scan(
         files,
         skipped,
         warnings,
+        classes,
+        names,
+        names_digest,
     })
 }
 

@@ -257,6 +257,27 @@ impl Dataset {
         })
     }
 
+    /// A digest of the dataset's content, independent of its layout: the sum (mod 2^64) over
+    /// samples of a keyed hash of the path, the original length and CRC-32, and the class name.
+    /// Two datasets holding the same files with the same labels have the same content digest
+    /// however they were packed (one process or shards, any chunk size, order or seed).
+    pub fn content_digest(&self) -> Result<u64> {
+        let err = |e| ReadError::format(&self.snapshot_path, e);
+        (0..self.len()).try_fold(0u64, |acc, id| {
+            let e = self.snap.sample(id).map_err(err)?;
+            let path = granary_format::path_hash(self.snap.path(id).map_err(err)?);
+            let class = match e.label {
+                granary_format::NO_LABEL => u64::MAX,
+                l => granary_format::path_hash(self.snap.class_name(l).map_err(err)?),
+            };
+            let h = granary_format::SplitMix64::keyed(&[path, e.orig_len, e.crc32 as u64, class]);
+            Ok(acc.wrapping_add({
+                let mut h = h;
+                h.next_u64()
+            }))
+        })
+    }
+
     /// Bytes of all chunk files (O(chunks)).
     pub fn total_chunk_bytes(&self) -> Result<u64> {
         (0..self.chunk_count() as u32).try_fold(0u64, |acc, c| {

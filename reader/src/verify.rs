@@ -30,6 +30,8 @@ pub struct VerifyReport {
     /// The digest a complete epoch delivers ([`Dataset::full_digest`]), as `granary read`
     /// prints it; `None` when the snapshot could not be read.
     pub digest: Option<u64>,
+    /// The layout-independent digest of the content ([`Dataset::content_digest`]).
+    pub content_digest: Option<u64>,
 }
 
 impl VerifyReport {
@@ -49,6 +51,7 @@ impl VerifyReport {
             "problems": self.problems.iter().map(|p| json!({"location": p.location, "detail": p.detail})).collect::<Vec<_>>(),
             "notes": self.notes,
             "digest": self.digest.map(|d| format!("{d:016x}")),
+            "content_digest": self.content_digest.map(|d| format!("{d:016x}")),
         })
     }
 }
@@ -75,6 +78,7 @@ pub fn verify(path: &Path) -> VerifyReport {
     r.samples = snap.sample_count();
     r.chunks = snap.chunk_count();
     r.digest = ds.full_digest().ok();
+    r.content_digest = ds.content_digest().ok();
     for e in snap
         .check_sections()
         .into_iter()

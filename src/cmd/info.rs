@@ -44,6 +44,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     if a.json {
         let v = json!({
             "format_version": format!("{major}.{minor}"),
+            "generation": ds.snapshot().lineage().generation,
             "dataset_id": id,
             "samples": ds.len(),
             "chunks": ds.chunk_count(),
@@ -59,6 +60,14 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     }
     writeln!(out, "dataset        {}", a.dataset.display())?;
     writeln!(out, "format         {major}.{minor}")?;
+    let lineage = ds.snapshot().lineage();
+    if lineage.generation > 0 {
+        writeln!(
+            out,
+            "generation     {} (appended to the snapshot with header CRC {:08x})",
+            lineage.generation, lineage.parent
+        )?;
+    }
     writeln!(out, "dataset id     {id}")?;
     writeln!(
         out,

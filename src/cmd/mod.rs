@@ -1,11 +1,13 @@
 //! One module per subcommand.
 
+pub mod append;
 pub mod bench;
 pub mod cache;
 pub mod cat;
 pub mod extract;
 pub mod info;
 pub mod ls;
+pub mod merge;
 pub mod mount;
 pub mod pack;
 pub mod plan;

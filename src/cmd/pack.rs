@@ -32,6 +32,10 @@ pub enum OrderArg {
   find ./train -name '*.jpg' -printf '%P\\0' > list; granary pack ./train --files-from list -o t.granary
   granary pack ./train -o train.granary --resume      # continue after Ctrl-C, kill or power loss
 
+  granary pack ./train -o /lustre/train.granary --shard 0/4   # ... on 4 machines, shards 0..3,
+  granary merge /lustre/train.granary                         # then once, when all have finished
+  sbatch --array=0-15 --wrap 'granary pack ./train -o /lustre/t.granary --shard auto'
+
   granary pack ./train -o s3://bucket/datasets/train        # AWS_* variables configure the client
   AWS_ENDPOINT_URL=http://127.0.0.1:8333 AWS_ALLOW_HTTP=true granary pack ./train -o s3://b/train
 
@@ -41,6 +45,10 @@ OUT may be an object store URL (s3://, gs://, az://): chunks are built in a loca
 directory (--staging), each uploaded as soon as it is written and then removed locally, and the
 snapshot is uploaded last, so the prefix is a dataset only when complete. --resume continues an
 interrupted upload from the same staging directory.
+--shard I/N packs only shard I's share of the files (split by a hash of each path, so every
+shard decides alone and the shares are balanced by count and bytes) into OUT/part-IIII-of-NNNN/
+and chunks in OUT; `granary merge OUT` then writes the snapshot over all chunks without copying
+them. Every shard must see the same files (same tree or same --files-from list) and settings.
 Exit status 3: packed, but --skip-unreadable skipped some files (listed in the summary).")]
 pub struct Args {
     /// Directory to pack (only read, never modified).
@@ -52,6 +60,11 @@ pub struct Args {
     /// the resume state) [default: ~/.cache/granary/uploads/<OUT as a file name>].
     #[arg(long, value_name = "DIR")]
     pub staging: Option<PathBuf>,
+    /// Pack only shard I of N (0 <= I < N) as a part of OUT, for `granary merge`. `auto` takes
+    /// I and N from a Slurm array job (SLURM_ARRAY_TASK_ID, _MIN, _STEP, _COUNT); `auto/N` takes
+    /// I from SLURM_ARRAY_TASK_ID or a Kubernetes indexed job's JOB_COMPLETION_INDEX.
+    #[arg(long, value_name = "I/N", value_parser = granary_packer::ShardSpec::parse)]
+    pub shard: Option<granary_packer::ShardSpec>,
     /// Pack the files named in LIST (paths relative to SRC, newline- or NUL-separated) instead
     /// of walking SRC.
     #[arg(long, value_name = "LIST")]
@@ -154,6 +167,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     o.skip_unreadable = a.skip_unreadable;
     o.io_threads = a.io_threads;
     o.progress = !a.quiet && std::io::stderr().is_terminal();
+    o.shard = a.shard;
     if let Some(url) = a.out.to_str().filter(|s| granary::remote::is_url(s)) {
         let u = granary::remote::ObjectUrl::parse(url)?;
         if !u.writable() {
@@ -165,13 +179,43 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         anyhow::bail!("--staging is for packing to an object store URL; OUT is a local path");
     }
     let s = granary_packer::pack(&o).with_context(|| format!("packing {}", a.src.display()))?;
+    report(&a.src, &s, a.json)
+}
+
+/// Prints what a pack or an append did; exit status 3 if files were skipped.
+pub fn report(
+    src: &std::path::Path,
+    s: &granary_packer::PackSummary,
+    json: bool,
+) -> anyhow::Result<ExitCode> {
     for w in &s.warnings {
         eprintln!("granary: warning: {w}");
     }
-    if a.json {
-        super::print_json(&s)?;
+    if json {
+        super::print_json(s)?;
     } else {
-        println!("packed {} -> {}", a.src.display(), s.out.display());
+        match (&s.shard, s.generation) {
+            _ if s.action == "unchanged" => {
+                println!(
+                    "nothing new in {}: {} unchanged (generation {})",
+                    src.display(),
+                    s.out.display(),
+                    s.generation
+                );
+                return Ok(ExitCode::SUCCESS);
+            }
+            (Some(sh), _) => println!(
+                "packed shard {sh} of {} -> {}",
+                src.display(),
+                s.out.display()
+            ),
+            (None, 0) => println!("packed {} -> {}", src.display(), s.out.display()),
+            (None, g) => println!(
+                "appended {} -> {} (generation {g})",
+                src.display(),
+                s.out.display()
+            ),
+        }
         println!(
             "  files      {} ({} classes, {} compressed)",
             s.files, s.classes, s.compressed_records

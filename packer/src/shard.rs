@@ -1,0 +1,703 @@
+//! Sharded packing without a coordinator, and `merge`.
+//!
+//! Shard `i` of `n` keeps the files whose path hashes to `i` (a deterministic split every shard
+//! computes alone from the names), packs them in its own seeded random order, and numbers its
+//! `k`-th chunk `k × n + i`, so the shards' chunk ids never collide and need no agreement. Its
+//! chunks go straight into the dataset directory; its plan, lock and, written last, its part
+//! file (everything the snapshot needs about its chunks) live in `DS/part-IIII-of-NNNN/`.
+//! `merge` checks the parts, fills the ids a shorter shard did not use with empty chunks, and
+//! writes one snapshot over all chunks; chunk data is never copied.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use granary_format::{
+    chunk_file_name, encode_string_table, parse_chunk_file_name, path_hash, ChunkHeader,
+    ChunkSummary, ChunkWriter, SampleEntry, SnapshotBuilder, StringTable, CHUNK_HEADER_LEN,
+    SAMPLE_ENTRY_LEN, SNAPSHOT_FILE,
+};
+use serde::Serialize;
+
+use crate::plan::{put_blob, Reader};
+use crate::{hex_id, write_file_atomic, PackError};
+
+/// File name of a finished shard's part file, inside its part directory. It is written last
+/// (atomically): a part directory without it is a shard still running or interrupted.
+pub const PART_FILE: &str = "part.gpart";
+const PART_MAGIC: &[u8; 8] = b"GRNYPART";
+const PART_VERSION: u32 = 1;
+
+/// The SplitMix64 finalizer: a stable 64-bit mix (never change it: it decides which shard
+/// packs which file).
+pub(crate) fn mix64(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// Which shard packs the file at `rel` when the input is split `n` ways: FNV-1a of the path
+/// bytes, mixed, then mapped onto `0..n` by multiply-shift. Balanced in expectation by count
+/// and by bytes (a file's size does not influence its shard).
+pub fn shard_of(rel: &[u8], n: u32) -> u32 {
+    ((mix64(path_hash(rel)) as u128 * n as u128) >> 64) as u32
+}
+
+/// Shard `index` of `count`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ShardSpec {
+    pub index: u32,
+    pub count: u32,
+}
+
+impl ShardSpec {
+    /// Parses `I/N` (0 ≤ I < N), `auto` (Slurm array job: `SLURM_ARRAY_TASK_ID`, `_MIN`,
+    /// `_STEP`, `_COUNT`) or `auto/N` (index from `SLURM_ARRAY_TASK_ID` or Kubernetes'
+    /// `JOB_COMPLETION_INDEX`, count N).
+    pub fn parse(s: &str) -> Result<ShardSpec, String> {
+        Self::parse_with(s, &|k| std::env::var(k).ok())
+    }
+
+    fn parse_with(s: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<ShardSpec, String> {
+        let num = |what: &str, v: &str| -> Result<u32, String> {
+            v.trim()
+                .parse::<u32>()
+                .map_err(|_| format!("{what} {v:?} is not a number"))
+        };
+        let (i, n) = s.split_once('/').unwrap_or((s, ""));
+        let (index, count) = if i.trim() == "auto" {
+            let slurm = env("SLURM_ARRAY_TASK_ID");
+            let k8s = env("JOB_COMPLETION_INDEX");
+            let index = match (&slurm, &k8s) {
+                (Some(id), _) => {
+                    let id = num("SLURM_ARRAY_TASK_ID", id)?;
+                    let min = env("SLURM_ARRAY_TASK_MIN")
+                        .map(|v| num("SLURM_ARRAY_TASK_MIN", &v))
+                        .transpose()?
+                        .unwrap_or(0);
+                    let step = env("SLURM_ARRAY_TASK_STEP")
+                        .map(|v| num("SLURM_ARRAY_TASK_STEP", &v))
+                        .transpose()?
+                        .unwrap_or(1)
+                        .max(1);
+                    id.checked_sub(min)
+                        .map(|d| d / step)
+                        .ok_or("SLURM_ARRAY_TASK_ID is below SLURM_ARRAY_TASK_MIN")?
+                }
+                (None, Some(idx)) => num("JOB_COMPLETION_INDEX", idx)?,
+                (None, None) => {
+                    return Err(
+                        "--shard auto needs SLURM_ARRAY_TASK_ID (a Slurm array job) or \
+                                JOB_COMPLETION_INDEX (a Kubernetes indexed job); elsewhere \
+                                give --shard I/N"
+                            .into(),
+                    )
+                }
+            };
+            let count = if !n.is_empty() {
+                num("shard count", n)?
+            } else if slurm.is_some() {
+                let c = env("SLURM_ARRAY_TASK_COUNT").ok_or(
+                    "--shard auto: SLURM_ARRAY_TASK_COUNT is not set; give --shard auto/N",
+                )?;
+                num("SLURM_ARRAY_TASK_COUNT", &c)?
+            } else {
+                return Err(
+                    "--shard auto: a Kubernetes indexed job does not tell the number of \
+                            shards; give --shard auto/N (N = the job's completions)"
+                        .into(),
+                );
+            };
+            (index, count)
+        } else {
+            if n.is_empty() {
+                return Err(format!("--shard {s:?}: expected I/N, e.g. 0/4, or auto"));
+            }
+            (num("shard index", i)?, num("shard count", n)?)
+        };
+        if count == 0 || index >= count {
+            return Err(format!(
+                "shard {index}/{count}: the index must lie in 0..{count} (shards are numbered from 0)"
+            ));
+        }
+        if count > 9999 {
+            return Err(format!("{count} shards: at most 9999 are supported"));
+        }
+        Ok(ShardSpec { index, count })
+    }
+
+    /// True if this shard packs `rel`.
+    pub fn owns(&self, rel: &[u8]) -> bool {
+        shard_of(rel, self.count) == self.index
+    }
+
+    /// The directory name of this shard's part inside the dataset.
+    pub fn dir_name(&self) -> String {
+        format!("part-{:04}-of-{:04}", self.index, self.count)
+    }
+
+    /// Parses [`ShardSpec::dir_name`].
+    pub fn parse_dir_name(name: &str) -> Option<ShardSpec> {
+        let (i, n) = name.strip_prefix("part-")?.split_once("-of-")?;
+        let ok = |d: &str| d.len() == 4 && d.bytes().all(|b| b.is_ascii_digit());
+        if !ok(i) || !ok(n) {
+            return None;
+        }
+        let s = ShardSpec {
+            index: i.parse().ok()?,
+            count: n.parse().ok()?,
+        };
+        (s.index < s.count).then_some(s)
+    }
+}
+
+impl std::fmt::Display for ShardSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.index, self.count)
+    }
+}
+
+/// The dataset id all shards of one pack derive alone: from the settings they must share
+/// (`key`) and the digest of the names they all listed.
+pub(crate) fn shared_dataset_id(key: &str, names_digest: u64) -> [u8; 16] {
+    let mut r =
+        granary_format::SplitMix64::keyed(&[path_hash(key.as_bytes()), names_digest, 0x5348]);
+    let mut id = [0u8; 16];
+    id[..8].copy_from_slice(&r.next_u64().to_le_bytes());
+    id[8..].copy_from_slice(&r.next_u64().to_le_bytes());
+    id
+}
+
+/// What a finished shard leaves for `merge`: everything the snapshot needs about its chunks.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct Part {
+    pub shard: ShardSpec,
+    pub dataset_id: [u8; 16],
+    /// The settings every shard of the pack must share, and the digest of the names listed.
+    pub key: String,
+    pub classes: Vec<Vec<u8>>,
+    /// Chunks in id order (ids `k × count + index`).
+    pub chunks: Vec<ChunkSummary>,
+}
+
+impl Part {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut b = Vec::new();
+        b.extend_from_slice(PART_MAGIC);
+        b.extend_from_slice(&PART_VERSION.to_le_bytes());
+        b.extend_from_slice(&self.shard.index.to_le_bytes());
+        b.extend_from_slice(&self.shard.count.to_le_bytes());
+        b.extend_from_slice(&self.dataset_id);
+        put_blob(&mut b, self.key.as_bytes());
+        put_blob(&mut b, &encode_string_table(self.classes.iter()));
+        b.extend_from_slice(&(self.chunks.len() as u64).to_le_bytes());
+        for c in &self.chunks {
+            b.extend_from_slice(&c.chunk_id.to_le_bytes());
+            b.extend_from_slice(&c.file_size.to_le_bytes());
+            b.extend_from_slice(&c.file_crc.to_le_bytes());
+            b.extend_from_slice(&(c.entries.len() as u64).to_le_bytes());
+        }
+        for c in &self.chunks {
+            for e in &c.entries {
+                b.extend_from_slice(&e.encode());
+            }
+        }
+        let paths: Vec<&Vec<u8>> = self.chunks.iter().flat_map(|c| &c.paths).collect();
+        put_blob(&mut b, &encode_string_table(paths));
+        let crc = crc32fast::hash(&b);
+        b.extend_from_slice(&crc.to_le_bytes());
+        b
+    }
+
+    /// Decodes a part file; `None` if it is damaged, truncated or of another version.
+    pub fn decode(b: &[u8]) -> Option<Part> {
+        let (body, crc) = b.split_at(b.len().checked_sub(4)?);
+        if crc32fast::hash(body).to_le_bytes() != crc[..] {
+            return None;
+        }
+        let mut r = Reader(body);
+        if r.take(8)? != PART_MAGIC || r.u32()? != PART_VERSION {
+            return None;
+        }
+        let shard = ShardSpec {
+            index: r.u32()?,
+            count: r.u32()?,
+        };
+        let dataset_id: [u8; 16] = r.take(16)?.try_into().ok()?;
+        let key = String::from_utf8(r.blob()?.to_vec()).ok()?;
+        let classes = StringTable::parse(r.blob()?, "part classes").ok()?;
+        let classes = classes
+            .iter()
+            .map(|c| c.map(<[u8]>::to_vec))
+            .collect::<Result<Vec<_>, _>>()
+            .ok()?;
+        let nc = r.u64()?;
+        // Every chunk takes 24 bytes here: a count the file cannot hold is a lie.
+        if nc > body.len() as u64 / 24 {
+            return None;
+        }
+        let mut heads = Vec::with_capacity(nc as usize);
+        let mut total = 0u64;
+        for _ in 0..nc {
+            let (id, size, crc, n) = (r.u32()?, r.u64()?, r.u32()?, r.u64()?);
+            total = total.checked_add(n)?;
+            heads.push((id, size, crc, n));
+        }
+        let entry_bytes =
+            r.take(usize::try_from(total.checked_mul(SAMPLE_ENTRY_LEN as u64)?).ok()?)?;
+        let paths = StringTable::parse(r.blob()?, "part paths").ok()?;
+        if paths.len() != total || !r.0.is_empty() {
+            return None;
+        }
+        let mut chunks = Vec::with_capacity(heads.len());
+        let mut at = 0u64;
+        for (chunk_id, file_size, file_crc, n) in heads {
+            let mut entries = Vec::with_capacity(n as usize);
+            let mut ps = Vec::with_capacity(n as usize);
+            for i in at..at + n {
+                let o = i as usize * SAMPLE_ENTRY_LEN;
+                entries.push(SampleEntry::decode(&entry_bytes[o..o + SAMPLE_ENTRY_LEN]));
+                ps.push(paths.get(i).ok()?.to_vec());
+            }
+            at += n;
+            chunks.push(ChunkSummary {
+                chunk_id,
+                file_size,
+                file_crc,
+                entries,
+                paths: ps,
+            });
+        }
+        Some(Part {
+            shard,
+            dataset_id,
+            key,
+            classes,
+            chunks,
+        })
+    }
+}
+
+/// What `merge` did.
+#[derive(Clone, Debug, Serialize)]
+pub struct MergeSummary {
+    pub out: PathBuf,
+    pub dataset_id: String,
+    /// False if the dataset was merged already and nothing was left to do.
+    pub merged: bool,
+    pub parts: u32,
+    pub files: u64,
+    pub chunks: u64,
+    /// Empty chunks written where a shard with fewer chunks left an id unused.
+    pub filler_chunks: u64,
+    pub snapshot_bytes: u64,
+    pub elapsed_s: f64,
+}
+
+fn usage(ds: &Path, msg: impl std::fmt::Display) -> PackError {
+    PackError::Usage(format!("cannot merge {}: {msg}", ds.display()))
+}
+
+/// An empty chunk: what fills an id that no shard used.
+fn filler_chunk(dataset_id: [u8; 16], id: u32, classes: &[Vec<u8>]) -> (Vec<u8>, ChunkSummary) {
+    let w = ChunkWriter::new(Vec::new(), dataset_id, id).expect("writing to memory");
+    w.finish(classes).expect("writing to memory")
+}
+
+/// Merges the finished shards of a sharded pack in `ds` into one dataset: checks every part
+/// (all `n` present and finished, undamaged, from one pack with the same settings, every chunk
+/// file present with the recorded size, dataset id and chunk id, no duplicate paths), and only
+/// then writes empty chunks for unused ids, the snapshot (atomically) and removes the part
+/// directories. Nothing is changed if a check fails. Safe to rerun: a merged dataset is left as
+/// it is, and a merge interrupted after its snapshot finishes.
+pub fn merge(ds: &Path) -> Result<MergeSummary, PackError> {
+    let t0 = Instant::now();
+    let rd = std::fs::read_dir(ds).map_err(|e| PackError::io("listing", ds, e))?;
+    let mut specs = Vec::new();
+    let mut files: std::collections::BTreeMap<u32, u64> = Default::default();
+    for e in rd {
+        let e = e.map_err(|e| PackError::io("listing", ds, e))?;
+        let name = e.file_name();
+        let name = name.to_string_lossy();
+        if let Some(s) = ShardSpec::parse_dir_name(&name) {
+            specs.push(s);
+        } else if let Some(id) = parse_chunk_file_name(&name) {
+            let md = e
+                .metadata()
+                .map_err(|err| PackError::io("inspecting", &e.path(), err))?;
+            files.insert(id, md.len());
+        }
+    }
+    let snap_path = ds.join(SNAPSHOT_FILE);
+    if specs.is_empty() {
+        if let Ok(b) = std::fs::read(&snap_path) {
+            let snap = granary_format::Snapshot::open(b)?;
+            return Ok(MergeSummary {
+                out: ds.to_path_buf(),
+                dataset_id: hex_id(&snap.dataset_id()),
+                merged: false,
+                parts: 0,
+                files: snap.sample_count(),
+                chunks: snap.chunk_count(),
+                filler_chunks: 0,
+                snapshot_bytes: snap.bytes().len() as u64,
+                elapsed_s: t0.elapsed().as_secs_f64(),
+            });
+        }
+        return Err(usage(
+            ds,
+            "it holds no shard parts (part-IIII-of-NNNN directories written by `granary pack --shard I/N`)",
+        ));
+    }
+    specs.sort_unstable_by_key(|s| (s.count, s.index));
+    let n = specs[0].count;
+    if let Some(other) = specs.iter().find(|s| s.count != n) {
+        return Err(usage(
+            ds,
+            format!(
+                "it holds parts of a {n}-way and of a {}-way sharded pack ({} and {}); remove the parts of the pack you do not want",
+                other.count,
+                specs[0].dir_name(),
+                other.dir_name()
+            ),
+        ));
+    }
+    let missing: Vec<String> = (0..n)
+        .filter(|i| !specs.iter().any(|s| s.index == *i))
+        .map(|i| format!("{i}/{n}"))
+        .collect();
+    if !missing.is_empty() {
+        return Err(usage(
+            ds,
+            format!(
+                "shard(s) {} of this {n}-way pack never started (no part directory); run them with `granary pack SRC -o {} --shard I/{n}`",
+                missing.join(", "),
+                ds.display()
+            ),
+        ));
+    }
+    let mut parts: Vec<Part> = Vec::with_capacity(n as usize);
+    for s in &specs {
+        let p = ds.join(s.dir_name()).join(PART_FILE);
+        let bytes = match std::fs::read(&p) {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(usage(
+                    ds,
+                    format!(
+                        "shard {s} has not finished ({} has no {PART_FILE}): it is still running or was interrupted; rerun it with --resume",
+                        ds.join(s.dir_name()).display()
+                    ),
+                ))
+            }
+            Err(e) => return Err(PackError::io("reading", &p, e)),
+        };
+        let part = Part::decode(&bytes).ok_or_else(|| {
+            usage(
+                ds,
+                format!(
+                    "{} is damaged or truncated; rerun shard {s} with --force",
+                    p.display()
+                ),
+            )
+        })?;
+        if part.shard != *s {
+            return Err(usage(
+                ds,
+                format!(
+                    "{} belongs to shard {}, not to {s}",
+                    p.display(),
+                    part.shard
+                ),
+            ));
+        }
+        if let Some(first) = parts.first() {
+            if part.dataset_id != first.dataset_id || part.key != first.key {
+                return Err(usage(
+                    ds,
+                    format!(
+                        "shard {s} was packed from other input or with other settings than shard {} (every shard needs the same source listing, seed, chunk size, compression, labels and order):\nshard {}:\n{}shard {s}:\n{}",
+                        first.shard, first.shard, first.key, part.key
+                    ),
+                ));
+            }
+            if part.classes != first.classes {
+                return Err(usage(
+                    ds,
+                    format!(
+                        "shard {s} has another class table than shard {}",
+                        first.shard
+                    ),
+                ));
+            }
+        }
+        parts.push(part);
+    }
+    let dataset_id = parts[0].dataset_id;
+    let classes = parts[0].classes.clone();
+
+    // Every chunk a part lists must be there as written; ids must be the part's own.
+    let mut by_id: std::collections::BTreeMap<u32, &ChunkSummary> = Default::default();
+    for part in &parts {
+        for (k, c) in part.chunks.iter().enumerate() {
+            let want = (k as u64) * n as u64 + part.shard.index as u64;
+            if c.chunk_id as u64 != want {
+                return Err(usage(
+                    ds,
+                    format!(
+                        "the part file of shard {} lists chunk {} where chunk {want} belongs",
+                        part.shard, c.chunk_id
+                    ),
+                ));
+            }
+            let path = ds.join(chunk_file_name(c.chunk_id));
+            match files.get(&c.chunk_id) {
+                None => {
+                    return Err(usage(
+                        ds,
+                        format!(
+                            "{} of shard {} is missing; rerun the shard with --force",
+                            path.display(),
+                            part.shard
+                        ),
+                    ))
+                }
+                Some(&len) if len != c.file_size => {
+                    return Err(usage(
+                        ds,
+                        format!(
+                            "{} is {len} bytes, but shard {} wrote {} bytes; rerun the shard with --force",
+                            path.display(),
+                            part.shard,
+                            c.file_size
+                        ),
+                    ))
+                }
+                Some(_) => {}
+            }
+            check_chunk_header(ds, &path, dataset_id, c.chunk_id)?;
+            by_id.insert(c.chunk_id, c);
+        }
+    }
+    let last = by_id.keys().next_back().copied();
+    let count = last.map_or(0, |l| l as u64 + 1);
+    // Ids no shard used, below the highest: empty chunks. A file already there is acceptable
+    // only if it is exactly that empty chunk (written by an interrupted merge).
+    let mut fillers = Vec::new();
+    let mut summaries = Vec::with_capacity(count as usize);
+    for id in 0..count as u32 {
+        if let Some(c) = by_id.get(&id) {
+            summaries.push((*c).clone());
+            continue;
+        }
+        let (bytes, s) = filler_chunk(dataset_id, id, &classes);
+        let path = ds.join(chunk_file_name(id));
+        if files.contains_key(&id) && std::fs::read(&path).ok().as_deref() != Some(&bytes[..]) {
+            return Err(usage(
+                ds,
+                format!(
+                    "{} is not listed by any part (left from an earlier pack?); remove it",
+                    path.display()
+                ),
+            ));
+        }
+        if !files.contains_key(&id) {
+            fillers.push((path, bytes));
+        }
+        summaries.push(s);
+    }
+    if let Some((&stray, _)) = files.range(count as u32..).next() {
+        return Err(usage(
+            ds,
+            format!(
+                "{} is not listed by any part (left from an earlier pack?); remove it",
+                ds.join(chunk_file_name(stray)).display()
+            ),
+        ));
+    }
+    let mut b = SnapshotBuilder::new(dataset_id, classes);
+    let mut samples = 0u64;
+    for s in &summaries {
+        b.push_chunk(s)
+            .map_err(|e| usage(ds, format!("the parts do not form a dataset: {e}")))?;
+        samples += s.entries.len() as u64;
+    }
+    let snap = b.build().map_err(|e| {
+        usage(
+            ds,
+            format!(
+                "the parts do not form a dataset: {e} (were the shards given different inputs?)"
+            ),
+        )
+    })?;
+    drop(summaries);
+    drop(parts);
+
+    // Checks passed: now write. Each step is atomic and rerunning merge redoes what is left.
+    for (path, bytes) in &fillers {
+        write_file_atomic(path, bytes)?;
+    }
+    write_file_atomic(&snap_path, &snap)?;
+    for s in &specs {
+        let d = ds.join(s.dir_name());
+        std::fs::remove_dir_all(&d).map_err(|e| PackError::io("removing", &d, e))?;
+    }
+    crate::sync_dir(ds)?;
+    Ok(MergeSummary {
+        out: ds.to_path_buf(),
+        dataset_id: hex_id(&dataset_id),
+        merged: true,
+        parts: n,
+        files: samples,
+        chunks: count,
+        filler_chunks: fillers.len() as u64,
+        snapshot_bytes: snap.len() as u64,
+        elapsed_s: t0.elapsed().as_secs_f64(),
+    })
+}
+
+/// Reads the 64-byte header of a chunk a part lists: it must be intact, of this dataset and
+/// carry its id.
+fn check_chunk_header(
+    ds: &Path,
+    path: &Path,
+    dataset_id: [u8; 16],
+    id: u32,
+) -> Result<(), PackError> {
+    use std::io::Read;
+    let mut h = [0u8; CHUNK_HEADER_LEN];
+    std::fs::File::open(path)
+        .and_then(|mut f| f.read_exact(&mut h))
+        .map_err(|e| PackError::io("reading", path, e))?;
+    let header = ChunkHeader::decode(&h).map_err(|e| PackError::Source {
+        path: path.to_path_buf(),
+        detail: e.to_string(),
+    })?;
+    if header.dataset_id != dataset_id || header.chunk_id != id {
+        return Err(usage(
+            ds,
+            format!(
+                "{} belongs to another dataset or chunk (dataset {}, chunk {}); rerun its shard with --force",
+                path.display(),
+                hex_id(&header.dataset_id),
+                header.chunk_id
+            ),
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn parse_specs_and_env_fallbacks() {
+        let none = |_: &str| None;
+        assert_eq!(
+            ShardSpec::parse_with("2/4", &none),
+            Ok(ShardSpec { index: 2, count: 4 })
+        );
+        assert!(ShardSpec::parse_with("4/4", &none).is_err());
+        assert!(ShardSpec::parse_with("1/0", &none).is_err());
+        assert!(ShardSpec::parse_with("x/2", &none).is_err());
+        assert!(ShardSpec::parse_with("3", &none).is_err());
+        assert!(ShardSpec::parse_with("auto", &none)
+            .unwrap_err()
+            .contains("SLURM_ARRAY_TASK_ID"));
+        let slurm = |k: &str| {
+            match k {
+                "SLURM_ARRAY_TASK_ID" => Some("5"),
+                "SLURM_ARRAY_TASK_MIN" => Some("1"),
+                "SLURM_ARRAY_TASK_STEP" => Some("2"),
+                "SLURM_ARRAY_TASK_COUNT" => Some("3"),
+                _ => None,
+            }
+            .map(String::from)
+        };
+        assert_eq!(
+            ShardSpec::parse_with("auto", &slurm),
+            Ok(ShardSpec { index: 2, count: 3 })
+        );
+        let k8s = |k: &str| (k == "JOB_COMPLETION_INDEX").then(|| "3".to_string());
+        assert!(ShardSpec::parse_with("auto", &k8s)
+            .unwrap_err()
+            .contains("auto/N"));
+        assert_eq!(
+            ShardSpec::parse_with("auto/8", &k8s),
+            Ok(ShardSpec { index: 3, count: 8 })
+        );
+        let s = ShardSpec {
+            index: 7,
+            count: 12,
+        };
+        assert_eq!(ShardSpec::parse_dir_name(&s.dir_name()), Some(s));
+        assert_eq!(ShardSpec::parse_dir_name("part-0004-of-0004"), None);
+        assert_eq!(ShardSpec::parse_dir_name("part-1-of-2"), None);
+    }
+
+    #[test]
+    fn split_is_stable() {
+        // The split decides where files go in packs made by different granary builds and
+        // machines: it must never change.
+        let got: Vec<u32> = (0..8)
+            .map(|i| shard_of(format!("class/{i}.jpg").as_bytes(), 4))
+            .collect();
+        assert_eq!(got, vec![2, 3, 0, 0, 0, 0, 3, 0]);
+    }
+
+    proptest! {
+        #[test]
+        fn shards_cover_every_file_exactly_once(
+            names in proptest::collection::btree_set("[a-c]{1,2}/[a-z0-9]{1,12}", 0..300),
+            n in 1u32..17,
+        ) {
+            let mut seen = std::collections::BTreeMap::new();
+            for i in 0..n {
+                let s = ShardSpec { index: i, count: n };
+                for name in &names {
+                    if s.owns(name.as_bytes()) {
+                        *seen.entry(name.clone()).or_insert(0) += 1;
+                    }
+                }
+            }
+            prop_assert_eq!(seen.len(), names.len());
+            prop_assert!(seen.values().all(|&k| k == 1));
+        }
+    }
+
+    #[test]
+    fn split_is_balanced() {
+        let n = 4;
+        let mut count = [0u32; 4];
+        for i in 0..100_000 {
+            count[shard_of(format!("n{:05}/{i}.JPEG", i % 1000).as_bytes(), n) as usize] += 1;
+        }
+        for c in count {
+            assert!((24_000..26_000).contains(&c), "{count:?}");
+        }
+    }
+
+    #[test]
+    fn part_round_trip_and_damage() {
+        let (_, mut c0) = filler_chunk([1; 16], 1, &[b"a".to_vec()]);
+        c0.entries
+            .push(SampleEntry::decode(&[0u8; SAMPLE_ENTRY_LEN]));
+        c0.paths.push(b"a/x".to_vec());
+        let p = Part {
+            shard: ShardSpec { index: 1, count: 3 },
+            dataset_id: [1; 16],
+            key: "seed=0\n".into(),
+            classes: vec![b"a".to_vec()],
+            chunks: vec![c0],
+        };
+        let b = p.encode();
+        assert_eq!(Part::decode(&b), Some(p));
+        for cut in 0..b.len() {
+            assert_eq!(Part::decode(&b[..cut]), None);
+        }
+        let mut bad = b.clone();
+        bad[20] ^= 1;
+        assert_eq!(Part::decode(&bad), None);
+    }
+}

@@ -1,0 +1,439 @@
+//! Sharded packing + merge, and append: the same content as a single pack, refusals that change
+//! nothing, a killed shard that resumes, and readers of an old snapshot during an append.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use common::*;
+
+const ARGS: [&str; 4] = ["--chunk-size", "16KiB", "--seed", "3"];
+
+/// A class-sorted tree: 10 classes of mixed sizes, some compressible.
+fn tree(n: u64) -> Vec<(Vec<u8>, Vec<u8>)> {
+    (0..n)
+        .map(|i| {
+            let data = if i % 3 == 0 {
+                format!("text {i} ").repeat(50).into_bytes()
+            } else {
+                bytes(i, 500 + (i as usize * 37) % 4000)
+            };
+            (
+                format!("class{}/f{i:05}.bin", i / (n / 10)).into_bytes(),
+                data,
+            )
+        })
+        .collect()
+}
+
+fn shard(src: &Path, ds: &Path, spec: &str, extra: &[&str]) -> std::process::Output {
+    let mut c = granary();
+    c.arg("pack")
+        .arg(src)
+        .arg("-o")
+        .arg(ds)
+        .args(ARGS)
+        .arg("--shard")
+        .arg(spec)
+        .args(extra);
+    c.output().unwrap()
+}
+
+fn shard_ok(src: &Path, ds: &Path, spec: &str) {
+    let o = shard(src, ds, spec, &[]);
+    assert!(o.status.success(), "shard {spec}: {}", stderr(&o));
+}
+
+fn merge(ds: &Path) -> std::process::Output {
+    run(["merge".as_ref(), ds.as_os_str()])
+}
+
+fn verify_json(ds: &Path) -> serde_json::Value {
+    let o = run_ok(["verify".as_ref(), ds.as_os_str(), "--json".as_ref()]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["clean"], true, "{v}");
+    v
+}
+
+/// Every file under `dir` with its length and modification time: what "changed nothing" means.
+fn listing(dir: &Path) -> BTreeMap<PathBuf, (u64, std::time::SystemTime)> {
+    walkdir::WalkDir::new(dir)
+        .into_iter()
+        .map(|e| e.unwrap())
+        .filter(|e| e.file_type().is_file())
+        .map(|e| {
+            let m = e.metadata().unwrap();
+            (e.path().to_path_buf(), (m.len(), m.modified().unwrap()))
+        })
+        .collect()
+}
+
+#[test]
+fn sharded_pack_and_merge_equal_a_single_pack() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    let files = tree(1500);
+    write_tree(&src, &files);
+    let single = tmp.path().join("single");
+    let o = pack(&src, &single, &ARGS);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let want = verify_json(&single);
+
+    for n in [1u32, 3, 4] {
+        let ds = tmp.path().join(format!("ds{n}"));
+        // The shards run at once, as on n machines.
+        let children: Vec<_> = (0..n)
+            .map(|i| {
+                let mut args: Vec<std::ffi::OsString> = vec![
+                    "pack".into(),
+                    src.clone().into(),
+                    "-o".into(),
+                    ds.clone().into(),
+                    "--json".into(),
+                    "--shard".into(),
+                    format!("{i}/{n}").into(),
+                ];
+                args.extend(ARGS.iter().map(Into::into));
+                spawn(args)
+            })
+            .collect();
+        let mut files_packed = 0;
+        let mut ids = Vec::new();
+        for c in children {
+            let s = wait_json(c);
+            files_packed += s["files"].as_u64().unwrap();
+            ids.push(s["dataset_id"].as_str().unwrap().to_string());
+        }
+        assert_eq!(files_packed, files.len() as u64);
+        ids.dedup();
+        assert_eq!(ids.len(), 1, "shards agree on the dataset id alone");
+        // Before the merge the directory is not a dataset.
+        assert!(!run(["info".as_ref(), ds.as_os_str()]).status.success());
+        let o = run_ok(["merge".as_ref(), ds.as_os_str(), "--json".as_ref()]);
+        let m: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert_eq!(m["merged"], true);
+        assert_eq!(m["files"], files.len() as u64);
+        let got = verify_json(&ds);
+        assert_eq!(got["content_digest"], want["content_digest"], "{n} shards");
+        assert_eq!(got["samples"], want["samples"]);
+        assert!(got["notes"].as_array().unwrap().is_empty(), "{got}");
+        // A complete epoch reads every sample once, right.
+        let r = run_ok([
+            "read".as_ref(),
+            ds.as_os_str(),
+            "--workers".as_ref(),
+            "2".as_ref(),
+            "--json".as_ref(),
+        ]);
+        let r: serde_json::Value = serde_json::from_slice(&r.stdout).unwrap();
+        assert_eq!(r[0]["digest"].as_str(), got["digest"].as_str(), "{r}");
+        let out = tmp.path().join(format!("out{n}"));
+        run_ok([
+            "extract".as_ref(),
+            ds.as_os_str(),
+            "-o".as_ref(),
+            out.as_os_str(),
+        ]);
+        assert_eq!(read_tree(&out), sorted(files.clone()));
+        // Rerunning merge changes nothing.
+        let before = listing(&ds);
+        let o = run_ok(["merge".as_ref(), ds.as_os_str(), "--json".as_ref()]);
+        let m: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert_eq!(m["merged"], false);
+        assert_eq!(listing(&ds), before);
+    }
+}
+
+#[test]
+fn merge_refuses_bad_parts_and_changes_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    write_tree(&src, &tree(600));
+    let ds = tmp.path().join("ds");
+    shard_ok(&src, &ds, "0/3");
+    shard_ok(&src, &ds, "2/3");
+
+    let refused = |want: &str| {
+        let before = listing(&ds);
+        let o = merge(&ds);
+        assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+        assert!(stderr(&o).contains(want), "want {want:?}: {}", stderr(&o));
+        assert_eq!(
+            listing(&ds),
+            before,
+            "a refused merge changed {}",
+            ds.display()
+        );
+    };
+    refused("shard(s) 1/3 of this 3-way pack never started");
+
+    // A shard from another pack: other compression (foreign settings).
+    let o = shard(&src, &ds, "1/3", &["--compress", "none"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    refused("was packed from other input or with other settings");
+    // A shard that packed another tree (one more file): its listing differs.
+    let src2 = tmp.path().join("src2");
+    let mut more = tree(600);
+    more.push((b"class0/extra.bin".to_vec(), b"extra".to_vec()));
+    write_tree(&src2, &more);
+    let o = shard(&src2, &ds, "1/3", &["--force"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    refused("was packed from other input or with other settings");
+
+    // Now the right shard 1; then an incomplete part, a damaged part file, a missing chunk,
+    // a part of another shard count.
+    let o = shard(&src, &ds, "1/3", &["--force"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let part1 = ds.join("part-0001-of-0003").join("part.gpart");
+    let good = std::fs::read(&part1).unwrap();
+    std::fs::remove_file(&part1).unwrap();
+    refused("shard 1/3 has not finished");
+    let mut bad = good.clone();
+    let mid = bad.len() / 2;
+    bad[mid] ^= 1;
+    std::fs::write(&part1, &bad).unwrap();
+    refused("is damaged or truncated");
+    std::fs::write(&part1, &good[..good.len() - 10]).unwrap();
+    refused("is damaged or truncated");
+    std::fs::write(&part1, &good).unwrap();
+
+    let c4 = ds.join(granary_format::chunk_file_name(4)); // shard 1's second chunk
+    let chunk = std::fs::read(&c4).unwrap();
+    std::fs::remove_file(&c4).unwrap();
+    refused("chunk-00000004.gchunk of shard 1/3 is missing");
+    std::fs::write(&c4, &chunk[..chunk.len() - 1]).unwrap();
+    refused("rerun the shard with --force");
+    std::fs::write(&c4, &chunk).unwrap();
+
+    std::fs::create_dir(ds.join("part-0000-of-0002")).unwrap();
+    refused("parts of a 2-way and of a 3-way sharded pack");
+    std::fs::remove_dir(ds.join("part-0000-of-0002")).unwrap();
+
+    let stray = ds.join(granary_format::chunk_file_name(9999));
+    std::fs::write(&stray, b"not ours").unwrap();
+    refused("is not listed by any part");
+    std::fs::remove_file(&stray).unwrap();
+
+    // Shards refuse to write into a dataset; all is well now.
+    let o = merge(&ds);
+    assert!(o.status.success(), "{}", stderr(&o));
+    verify_json(&ds);
+    let o = shard(&src, &ds, "0/3", &["--force"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        stderr(&o).contains("is a dataset already"),
+        "{}",
+        stderr(&o)
+    );
+    // Bad shard specs are usage errors.
+    for bad in ["3/3", "1", "a/b", "auto"] {
+        let o = run([
+            "pack".as_ref(),
+            src.as_os_str(),
+            "-o".as_ref(),
+            tmp.path().join("x").as_os_str(),
+            "--shard".as_ref(),
+            bad.as_ref(),
+        ]);
+        assert_eq!(o.status.code(), Some(2), "--shard {bad}: {}", stderr(&o));
+    }
+}
+
+#[test]
+fn killed_shard_resumes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    let files = tree(3000);
+    write_tree(&src, &files);
+    let ds = tmp.path().join("ds");
+    let part = ds.join("part-0000-of-0002");
+    let own_chunks = |ds: &Path| {
+        std::fs::read_dir(ds)
+            .map(|rd| {
+                rd.flatten()
+                    .filter_map(|e| {
+                        granary_format::parse_chunk_file_name(&e.file_name().to_string_lossy())
+                    })
+                    .filter(|id| id % 2 == 0)
+                    .count()
+            })
+            .unwrap_or(0)
+    };
+    shard_ok_with(&src, &ds, "1/2", &["--compress", "zstd:19"]);
+    let mut interrupted = false;
+    for attempt in 0..5 {
+        let mut child = granary()
+            .arg("pack")
+            .arg(&src)
+            .arg("-o")
+            .arg(&ds)
+            .args(ARGS)
+            .args(["--shard", "0/2", "--force", "--compress", "zstd:19"])
+            .spawn()
+            .unwrap();
+        let start = Instant::now();
+        while own_chunks(&ds) < 3 + attempt
+            && start.elapsed() < Duration::from_secs(30)
+            && child.try_wait().unwrap().is_none()
+        {
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        child.kill().unwrap(); // SIGKILL
+        child.wait().unwrap();
+        if !part.join("part.gpart").exists() && own_chunks(&ds) > 0 {
+            interrupted = true;
+            break;
+        }
+    }
+    assert!(interrupted, "could not interrupt the shard mid-run");
+    let o = merge(&ds);
+    assert!(stderr(&o).contains("has not finished"), "{}", stderr(&o));
+    let o = shard(&src, &ds, "0/2", &["--compress", "zstd:19"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("--resume"), "{}", stderr(&o));
+    let o = shard(
+        &src,
+        &ds,
+        "0/2",
+        &["--compress", "zstd:19", "--resume", "--json"],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let s: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(s["chunks_resumed"].as_u64().unwrap() >= 1, "{s}");
+    // A finished shard run again does nothing (a requeued array task, say).
+    let o = shard(&src, &ds, "0/2", &["--compress", "zstd:19", "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = merge(&ds);
+    assert!(o.status.success(), "{}", stderr(&o));
+    verify_json(&ds);
+    let out = tmp.path().join("out");
+    run_ok([
+        "extract".as_ref(),
+        ds.as_os_str(),
+        "-o".as_ref(),
+        out.as_os_str(),
+    ]);
+    assert_eq!(read_tree(&out), sorted(files));
+}
+
+fn shard_ok_with(src: &Path, ds: &Path, spec: &str, extra: &[&str]) {
+    let o = shard(src, ds, spec, extra);
+    assert!(o.status.success(), "shard {spec}: {}", stderr(&o));
+}
+
+#[test]
+fn append_adds_a_generation_and_old_readers_keep_reading() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    let old = tree(1000);
+    write_tree(&src, &old);
+    let ds = tmp.path().join("ds");
+    let o = pack(&src, &ds, &ARGS);
+    assert!(o.status.success(), "{}", stderr(&o));
+
+    // A reader holds the old snapshot open across the append.
+    let reader = granary::Dataset::open(&ds).unwrap();
+    assert_eq!(reader.len(), 1000);
+    let half: Vec<u64> = (0..500).collect();
+    for &id in &half {
+        reader.read(id).unwrap();
+    }
+
+    let new_src = tmp.path().join("new");
+    let new: Vec<(Vec<u8>, Vec<u8>)> = (0..300u64)
+        .map(|i| {
+            (
+                format!("class{}/new{i:04}.bin", i % 10).into_bytes(),
+                bytes(10_000 + i, 700 + i as usize * 3),
+            )
+        })
+        .collect();
+    write_tree(&new_src, &new);
+    let o = run_ok([
+        "append".as_ref(),
+        ds.as_os_str(),
+        new_src.as_os_str(),
+        "--chunk-size".as_ref(),
+        "16KiB".as_ref(),
+        "--json".as_ref(),
+    ]);
+    let s: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(s["generation"], 1, "{s}");
+    assert_eq!(s["files"], 300);
+
+    // The old reader still reads every old sample, right.
+    let want: BTreeMap<Vec<u8>, Vec<u8>> = old.iter().cloned().collect();
+    for id in 0..reader.len() {
+        let path = reader.path(id).unwrap().to_vec();
+        assert_eq!(&reader.read(id).unwrap(), &want[&path]);
+    }
+    // A reader opening now sees the new generation.
+    let now = granary::Dataset::open(&ds).unwrap();
+    assert_eq!(now.len(), 1300);
+    assert_eq!(now.snapshot().lineage().generation, 1);
+    assert_eq!(
+        now.snapshot().lineage().parent,
+        reader.snapshot().header_crc()
+    );
+    assert_eq!(now.snapshot().version(), (1, 1));
+    let v = verify_json(&ds);
+    assert_eq!(v["samples"], 1300);
+    let out = tmp.path().join("out");
+    run_ok([
+        "extract".as_ref(),
+        ds.as_os_str(),
+        "-o".as_ref(),
+        out.as_os_str(),
+    ]);
+    let mut all = old.clone();
+    all.extend(new.iter().cloned());
+    assert_eq!(read_tree(&out), sorted(all.clone()));
+
+    // The same files again: refused, naming them, and nothing changes.
+    let before = listing(&ds);
+    let o = run(["append".as_ref(), ds.as_os_str(), new_src.as_os_str()]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        stderr(&o).contains("300 of the files to append are in the dataset already"),
+        "{}",
+        stderr(&o)
+    );
+    assert_eq!(listing(&ds), before);
+    // A new class is refused too.
+    let odd = tmp.path().join("odd");
+    write_tree(&odd, &[(b"newclass/x".to_vec(), b"x".to_vec())]);
+    let o = run(["append".as_ref(), ds.as_os_str(), odd.as_os_str()]);
+    assert!(
+        stderr(&o).contains("not classes of the dataset"),
+        "{}",
+        stderr(&o)
+    );
+    assert_eq!(listing(&ds), before);
+
+    // The grown tree with --skip-existing: only the new file goes in (generation 2).
+    write_tree(&new_src, &[(b"class3/late.bin".to_vec(), b"late".to_vec())]);
+    let o = run_ok([
+        "append".as_ref(),
+        ds.as_os_str(),
+        new_src.as_os_str(),
+        "--skip-existing".as_ref(),
+        "--json".as_ref(),
+    ]);
+    let s: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(
+        (s["files"].as_u64(), s["generation"].as_u64()),
+        (Some(1), Some(2))
+    );
+    all.push((b"class3/late.bin".to_vec(), b"late".to_vec()));
+    let v = verify_json(&ds);
+    assert_eq!(v["samples"], 1301);
+    // Its content equals a single pack of everything.
+    let everything = tmp.path().join("everything");
+    write_tree(&everything, &all);
+    let single = tmp.path().join("single");
+    let o = pack(&everything, &single, &ARGS);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(verify_json(&single)["content_digest"], v["content_digest"]);
+}
