@@ -830,6 +830,18 @@ impl SnapshotBuilder {
 
     /// Serializes the snapshot. Fails if two samples share a path.
     pub fn build(self) -> Result<Vec<u8>> {
+        let mut out = Vec::new();
+        self.write_to(&mut out)
+            .map_err(|e| FormatError::invalid("snapshot builder", e.to_string()))?;
+        Ok(out)
+    }
+
+    /// Writes the snapshot to `w` section by section, without a second copy of any section in
+    /// memory (what a pack of many millions of files needs): besides the builder's own tables,
+    /// only the sorted path order and the path index's slots are held. Returns its length.
+    /// Fails (before writing anything) if two samples share a path.
+    pub fn write_to(self, w: &mut impl std::io::Write) -> std::io::Result<u64> {
+        let invalid = |e: FormatError| std::io::Error::new(std::io::ErrorKind::InvalidData, e);
         let n = self.samples.len();
         let mut order: Vec<u32> = (0..n as u32).collect();
         order.sort_unstable_by(|&a, &b| self.path(a as usize).cmp(self.path(b as usize)));
@@ -837,13 +849,13 @@ impl SnapshotBuilder {
             .windows(2)
             .find(|w| self.path(w[0] as usize) == self.path(w[1] as usize))
         {
-            return Err(FormatError::invalid(
+            return Err(invalid(FormatError::invalid(
                 "snapshot builder",
                 format!(
                     "duplicate path {}",
                     String::from_utf8_lossy(self.path(w[0] as usize))
                 ),
-            ));
+            )));
         }
         let cap = ((n as u64 + 1) * 2).next_power_of_two().max(8);
         let mut slots = vec![0u8; cap as usize * 8];
@@ -856,60 +868,82 @@ impl SnapshotBuilder {
             slots[s * 8..s * 8 + 4].copy_from_slice(&(i as u32 + 1).to_le_bytes());
             slots[s * 8 + 4..s * 8 + 8].copy_from_slice(&((h >> 32) as u32).to_le_bytes());
         }
-        let mut hash = Vec::with_capacity(8 + slots.len());
-        hash.extend_from_slice(&cap.to_le_bytes());
-        hash.extend_from_slice(&slots);
-        drop(slots);
-
-        let mut paths = Vec::with_capacity(16 + 8 * n + self.path_blob.len());
-        paths.extend_from_slice(&(n as u64).to_le_bytes());
-        paths.extend_from_slice(&0u64.to_le_bytes());
-        for e in &self.path_ends {
-            paths.extend_from_slice(&e.to_le_bytes());
-        }
-        paths.extend_from_slice(&self.path_blob);
-
-        let chunk_tab: Vec<u8> = self.chunks.iter().flat_map(|c| c.encode()).collect();
-        let sample_tab: Vec<u8> = self.samples.iter().flat_map(|s| s.encode()).collect();
-        let order_bytes: Vec<u8> = order.iter().flat_map(|i| i.to_le_bytes()).collect();
         let classes = encode_string_table(self.classes.iter());
         let mut lineage = [0u8; LINEAGE_LEN];
         lineage[0..8].copy_from_slice(&self.lineage.generation.to_le_bytes());
         lineage[8..12].copy_from_slice(&self.lineage.parent.to_le_bytes());
-        let mut sections: Vec<(SectionKind, &[u8])> = vec![
-            (SectionKind::Chunks, &chunk_tab),
-            (SectionKind::Samples, &sample_tab),
-            (SectionKind::Paths, &paths),
-            (SectionKind::PathHash, &hash),
-            (SectionKind::PathOrder, &order_bytes),
-            (SectionKind::Classes, &classes),
+
+        // Each section as the pieces it is written from: computed twice (CRC, then write)
+        // instead of being assembled into a buffer.
+        let emit = |kind: SectionKind, f: &mut dyn FnMut(&[u8]) -> std::io::Result<()>| match kind {
+            SectionKind::Chunks => self.chunks.iter().try_for_each(|c| f(&c.encode())),
+            SectionKind::Samples => self.samples.iter().try_for_each(|e| f(&e.encode())),
+            SectionKind::Paths => {
+                f(&(n as u64).to_le_bytes())?;
+                f(&0u64.to_le_bytes())?;
+                let mut buf = Vec::with_capacity(64 << 10);
+                for e in &self.path_ends {
+                    buf.extend_from_slice(&e.to_le_bytes());
+                    if buf.len() >= 64 << 10 {
+                        f(&buf)?;
+                        buf.clear();
+                    }
+                }
+                f(&buf)?;
+                f(&self.path_blob)
+            }
+            SectionKind::PathHash => {
+                f(&cap.to_le_bytes())?;
+                f(&slots)
+            }
+            SectionKind::PathOrder => {
+                let mut buf = Vec::with_capacity(64 << 10);
+                for i in &order {
+                    buf.extend_from_slice(&i.to_le_bytes());
+                    if buf.len() >= 64 << 10 {
+                        f(&buf)?;
+                        buf.clear();
+                    }
+                }
+                f(&buf)
+            }
+            SectionKind::Classes => f(&classes),
+            SectionKind::Lineage => f(&lineage),
+        };
+        let mut kinds = vec![
+            SectionKind::Chunks,
+            SectionKind::Samples,
+            SectionKind::Paths,
+            SectionKind::PathHash,
+            SectionKind::PathOrder,
+            SectionKind::Classes,
         ];
         // Generation 0 stays a plain 1.0 file, readable by every 1.x reader byte for byte.
         let minor = if self.lineage.generation > 0 {
-            sections.push((SectionKind::Lineage, &lineage));
+            kinds.push(SectionKind::Lineage);
             LINEAGE_MINOR
         } else {
             0
         };
-        let table_end = (SNAPSHOT_HEADER_LEN + sections.len() * SECTION_ENTRY_LEN) as u64;
-        // Sections start 8-byte aligned; the file ends right after the last section.
-        let total: u64 = sections
-            .iter()
-            .fold(table_end, |at, (_, d)| le::align8(at) + d.len() as u64);
-        let mut out = vec![0u8; total as usize];
+        let table_end = (SNAPSHOT_HEADER_LEN + kinds.len() * SECTION_ENTRY_LEN) as u64;
+        let mut table = vec![0u8; kinds.len() * SECTION_ENTRY_LEN];
         let mut at = table_end;
-        for (i, (kind, data)) in sections.iter().enumerate() {
+        for (i, &kind) in kinds.iter().enumerate() {
+            let (mut crc, mut len) = (crc32fast::Hasher::new(), 0u64);
+            emit(kind, &mut |b| {
+                crc.update(b);
+                len += b.len() as u64;
+                Ok(())
+            })?;
             at = le::align8(at);
-            let e = &mut out[SNAPSHOT_HEADER_LEN + i * SECTION_ENTRY_LEN..][..SECTION_ENTRY_LEN];
-            e[0..4].copy_from_slice(&(*kind as u32).to_le_bytes());
+            let e = &mut table[i * SECTION_ENTRY_LEN..][..SECTION_ENTRY_LEN];
+            e[0..4].copy_from_slice(&(kind as u32).to_le_bytes());
             e[8..16].copy_from_slice(&at.to_le_bytes());
-            e[16..24].copy_from_slice(&(data.len() as u64).to_le_bytes());
-            e[24..28].copy_from_slice(&crc32fast::hash(data).to_le_bytes());
-            out[at as usize..at as usize + data.len()].copy_from_slice(data);
-            at += data.len() as u64;
+            e[16..24].copy_from_slice(&len.to_le_bytes());
+            e[24..28].copy_from_slice(&crc.finalize().to_le_bytes());
+            at += len;
         }
-        let tab_crc = crc32fast::hash(&out[SNAPSHOT_HEADER_LEN..table_end as usize]);
-        let h = &mut out[..SNAPSHOT_HEADER_LEN];
+        let mut h = [0u8; SNAPSHOT_HEADER_LEN];
         h[0..8].copy_from_slice(&SNAPSHOT_MAGIC);
         h[8..10].copy_from_slice(&FORMAT_MAJOR.to_le_bytes());
         h[10..12].copy_from_slice(&minor.to_le_bytes());
@@ -917,11 +951,23 @@ impl SnapshotBuilder {
         h[16..32].copy_from_slice(&self.dataset_id);
         h[32..40].copy_from_slice(&(n as u64).to_le_bytes());
         h[40..48].copy_from_slice(&(self.chunks.len() as u64).to_le_bytes());
-        h[48..52].copy_from_slice(&(sections.len() as u32).to_le_bytes());
-        h[52..56].copy_from_slice(&tab_crc.to_le_bytes());
+        h[48..52].copy_from_slice(&(kinds.len() as u32).to_le_bytes());
+        h[52..56].copy_from_slice(&crc32fast::hash(&table).to_le_bytes());
         let crc = crc32fast::hash(&h[0..60]);
         h[60..64].copy_from_slice(&crc.to_le_bytes());
-        Ok(out)
+        w.write_all(&h)?;
+        w.write_all(&table)?;
+        let mut pos = table_end;
+        for &kind in &kinds {
+            let pad = le::align8(pos) - pos;
+            w.write_all(&[0u8; 8][..pad as usize])?;
+            pos += pad;
+            emit(kind, &mut |b| {
+                pos += b.len() as u64;
+                w.write_all(b)
+            })?;
+        }
+        Ok(pos)
     }
 }
 

@@ -740,6 +740,15 @@ fn run(opts: &PackOptions, mode: Mode) -> Result<PackSummary, PackError> {
         }
     }
     let chunks_resumed = done.len() as u64;
+    // Chunks that stay on local disk keep only their size and CRC in memory; their entries and
+    // paths are read back from their footers when the snapshot is built (a pack's memory then
+    // does not grow by ~100 bytes per file while it writes).
+    let slim = dest.is_none();
+    if slim {
+        for s in done.values_mut() {
+            *s = slimmed(std::mem::replace(s, empty_summary()));
+        }
+    }
 
     let total_bytes: u64 = plan.files.iter().map(|f| f.size).sum();
     let done_bytes: u64 = done
@@ -831,16 +840,26 @@ fn run(opts: &PackOptions, mode: Mode) -> Result<PackSummary, PackError> {
         done.insert(c, s);
     }
 
-    let files: u64 = done.values().map(|s| s.entries.len() as u64).sum();
-    let (mut bytes_stored, mut bytes_in, mut compressed_records) = (0u64, 0u64, 0u64);
-    let mut bytes_out: u64 = done.values().map(|s| s.file_size).sum();
-    for e in done.values().flat_map(|s| &s.entries) {
-        bytes_stored += e.stored_len;
-        bytes_in += e.orig_len;
-        compressed_records += (e.flags != 0) as u64;
-    }
     let chunks = done.len() as u64;
+    let mut bytes_out: u64 = done.values().map(|s| s.file_size).sum();
+    let (mut files, mut bytes_stored, mut bytes_in, mut compressed_records) = (0u64, 0, 0, 0);
+    // Every chunk's full summary, in id order, counted as it goes by.
+    let mut full = |s: ChunkSummary| -> Result<ChunkSummary, PackError> {
+        let s = if slim { reload_summary(&place, s)? } else { s };
+        files += s.entries.len() as u64;
+        for e in &s.entries {
+            bytes_stored += e.stored_len;
+            bytes_in += e.orig_len;
+            compressed_records += (e.flags != 0) as u64;
+        }
+        Ok(s)
+    };
     let mut generation = 0;
+    // The plan is done with: free it before the snapshot is built (the peak of a pack's memory).
+    let (dataset_id, classes, planned_chunks) =
+        (plan.dataset_id, plan.classes.clone(), plan.chunk_count());
+    let shared = shared_key_of(&plan.settings);
+    drop(plan);
     let mode_name = match &mode {
         Mode::Whole => 0,
         Mode::Shard(_) => 1,
@@ -851,10 +870,13 @@ fn run(opts: &PackOptions, mode: Mode) -> Result<PackSummary, PackError> {
             // The part file is the shard's completion marker: written last, atomically.
             let part = shard::Part {
                 shard: s,
-                dataset_id: plan.dataset_id,
-                key: shared_key_of(&plan.settings),
-                classes: plan.classes.clone(),
-                chunks: done.into_values().collect(),
+                dataset_id,
+                key: shared,
+                classes: classes.clone(),
+                chunks: done
+                    .into_values()
+                    .map(&mut full)
+                    .collect::<Result<_, _>>()?,
             };
             let bytes = part.encode();
             bytes_out += bytes.len() as u64;
@@ -864,42 +886,37 @@ fn run(opts: &PackOptions, mode: Mode) -> Result<PackSummary, PackError> {
                 .map_err(|e| PackError::io("removing", &plan_path, e))?;
         }
         Mode::Append { snap, .. } => {
-            let mut builder = SnapshotBuilder::new(plan.dataset_id, plan.classes.clone());
+            let mut builder = SnapshotBuilder::new(dataset_id, classes.clone());
             for c in 0..snap.chunk_count() {
                 builder.push_chunk(&snap.chunk_summary(c)?)?;
             }
-            for s in done.values() {
-                builder.push_chunk(s)?;
+            for s in std::mem::take(&mut done).into_values() {
+                builder.push_chunk(&full(s)?)?;
             }
             generation = snap.lineage().generation + 1;
             builder.lineage(granary_format::Lineage {
                 generation,
                 parent: snap.header_crc(),
             });
-            let bytes = builder.build()?;
-            bytes_out += bytes.len() as u64;
             // The switch: readers that open from now on see the new generation; the old
             // snapshot stays valid for those that have it open (its chunks are all still here).
-            write_file_atomic(&out.join(SNAPSHOT_FILE), &bytes)?;
+            bytes_out += write_snapshot_atomic(&out.join(SNAPSHOT_FILE), builder)?;
             std::fs::remove_dir_all(&work).map_err(|e| PackError::io("removing", &work, e))?;
             sync_dir(out)?;
         }
         Mode::Whole => {
-            let mut builder = SnapshotBuilder::new(plan.dataset_id, plan.classes.clone());
-            for s in done.values() {
-                builder.push_chunk(s)?;
+            let mut builder = SnapshotBuilder::new(dataset_id, classes.clone());
+            for s in std::mem::take(&mut done).into_values() {
+                builder.push_chunk(&full(s)?)?;
             }
-            let snap = builder.build()?;
-            bytes_out += snap.len() as u64;
-            write_file_atomic(&work.join(SNAPSHOT_FILE), &snap)?;
+            bytes_out += write_snapshot_atomic(&work.join(SNAPSHOT_FILE), builder)?;
             match dest {
                 Some(d) => {
                     // Chunks of an earlier dataset there that this one does not have (it was
                     // replaced with --force), then the snapshot: only now is the prefix a
                     // dataset.
                     for (name, _) in &remote_found {
-                        if parse_chunk_file_name(name)
-                            .is_some_and(|c| c as usize >= plan.chunk_count())
+                        if parse_chunk_file_name(name).is_some_and(|c| c as usize >= planned_chunks)
                         {
                             d.remove(name).map_err(PackError::Destination)?;
                         }
@@ -924,7 +941,7 @@ fn run(opts: &PackOptions, mode: Mode) -> Result<PackSummary, PackError> {
     let elapsed = t0.elapsed().as_secs_f64();
     Ok(PackSummary {
         out: out.clone(),
-        dataset_id: hex_id(&plan.dataset_id),
+        dataset_id: hex_id(&dataset_id),
         shard: opts.shard.map(|s| s.to_string()),
         generation,
         action: match mode_name {
@@ -933,7 +950,7 @@ fn run(opts: &PackOptions, mode: Mode) -> Result<PackSummary, PackError> {
             _ => "append",
         },
         files,
-        classes: plan.classes.len() as u64,
+        classes: classes.len() as u64,
         bytes_in,
         bytes_stored,
         bytes_out,
@@ -1171,6 +1188,56 @@ fn make_plan(
     })
 }
 
+fn empty_summary() -> ChunkSummary {
+    ChunkSummary {
+        chunk_id: 0,
+        file_size: 0,
+        file_crc: 0,
+        entries: Vec::new(),
+        paths: Vec::new(),
+    }
+}
+
+/// `s` without its entries and paths (see [`reload_summary`]).
+fn slimmed(s: ChunkSummary) -> ChunkSummary {
+    ChunkSummary {
+        entries: Vec::new(),
+        paths: Vec::new(),
+        ..s
+    }
+}
+
+/// The entries and paths of a written chunk, read back from its footer (the trailer says where
+/// it is; its CRC is checked).
+fn reload_summary(place: &Place, s: ChunkSummary) -> Result<ChunkSummary, PackError> {
+    use std::os::unix::fs::FileExt;
+    let path = place.chunks.join(chunk_file_name(s.chunk_id));
+    let f = std::fs::File::open(&path).map_err(|e| PackError::io("reading back", &path, e))?;
+    let bad = |detail: String| PackError::Source {
+        path: path.clone(),
+        detail: format!("changed since it was written: {detail}"),
+    };
+    let tail = granary_format::CHUNK_TRAILER_LEN as u64;
+    let mut t = [0u8; granary_format::CHUNK_TRAILER_LEN];
+    if s.file_size < tail {
+        return Err(bad("too short".into()));
+    }
+    f.read_exact_at(&mut t, s.file_size - tail)
+        .map_err(|e| PackError::io("reading back", &path, e))?;
+    let trailer =
+        granary_format::Trailer::decode(&t, s.file_size).map_err(|e| bad(e.to_string()))?;
+    let mut body = vec![0u8; trailer.footer_len as usize];
+    f.read_exact_at(&mut body, trailer.footer_offset)
+        .map_err(|e| PackError::io("reading back", &path, e))?;
+    let footer = granary_format::decode_footer(&body, &trailer, s.chunk_id)
+        .map_err(|e| bad(e.to_string()))?;
+    Ok(ChunkSummary {
+        entries: footer.entries,
+        paths: footer.paths,
+        ..s
+    })
+}
+
 /// Reads back chunk `c` of an earlier run; keeps it only if it checks completely and holds
 /// (a subsequence of) exactly the files the plan puts there.
 fn verify_existing(place: &Place, plan: &Plan, c: usize) -> Option<ChunkSummary> {
@@ -1234,7 +1301,7 @@ fn write_chunks(
                         ));
                     }
                 }
-                out.push(s);
+                out.push(if sent.is_none() { slimmed(s) } else { s });
             }
             Ok(out)
         });
@@ -1326,6 +1393,39 @@ fn write_chunk(
     drop(f);
     std::fs::rename(&tmp, &final_path).map_err(|e| PackError::io("renaming", &tmp, e))?;
     Ok(summary)
+}
+
+/// Writes the snapshot `b` builds to `path` like [`write_file_atomic`], streaming it (no copy
+/// of the snapshot in memory). Returns its length.
+pub fn write_snapshot_atomic(path: &Path, b: SnapshotBuilder) -> Result<u64, PackError> {
+    let tmp = path.with_extension("tmp");
+    let written = std::fs::File::create(&tmp)
+        .map_err(|e| PackError::io("creating", &tmp, e))
+        .and_then(|f| {
+            let mut w = BufWriter::with_capacity(1 << 20, f);
+            let len = b.write_to(&mut w).map_err(|e| match e.kind() {
+                std::io::ErrorKind::InvalidData => PackError::Usage(e.to_string()),
+                _ => PackError::io("writing", &tmp, e),
+            })?;
+            let f = w
+                .into_inner()
+                .map_err(|e| PackError::io("writing", &tmp, e.into_error()))?;
+            f.sync_all()
+                .map_err(|e| PackError::io("writing", &tmp, e))?;
+            Ok(len)
+        })
+        .and_then(|len| {
+            std::fs::rename(&tmp, path).map_err(|e| PackError::io("renaming", &tmp, e))?;
+            Ok(len)
+        });
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    let len = written?;
+    if let Some(parent) = path.parent() {
+        sync_dir(parent)?;
+    }
+    Ok(len)
 }
 
 /// Writes `data` to `path` via a temporary file, fsync and rename. On failure (a full disk,
