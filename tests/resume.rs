@@ -4,7 +4,6 @@
 mod common;
 
 use std::path::Path;
-use std::time::{Duration, Instant};
 
 use common::*;
 
@@ -56,7 +55,7 @@ fn killed_pack_resumes_to_an_identical_dataset() {
     let mut interrupted = false;
     for attempt in 0..5 {
         let _ = std::fs::remove_dir_all(&work);
-        let mut child = granary()
+        let child = granary()
             .arg("pack")
             .arg(&src)
             .arg("-o")
@@ -64,27 +63,18 @@ fn killed_pack_resumes_to_an_identical_dataset() {
             .args(args)
             .spawn()
             .unwrap();
-        let start = Instant::now();
         // Kill it once a few chunks are on disk (each is fsynced, so this takes a while).
         let want = 3 + attempt;
-        loop {
-            let n = std::fs::read_dir(&work)
+        kill_when(child, || {
+            std::fs::read_dir(&work)
                 .map(|rd| {
                     rd.flatten()
                         .filter(|e| e.file_name().to_string_lossy().ends_with(".gchunk"))
                         .count()
                 })
-                .unwrap_or(0);
-            if n >= want || start.elapsed() > Duration::from_secs(30) {
-                break;
-            }
-            if child.try_wait().unwrap().is_some() {
-                break;
-            }
-            std::thread::sleep(Duration::from_micros(200));
-        }
-        child.kill().unwrap(); // SIGKILL
-        child.wait().unwrap();
+                .unwrap_or(0)
+                >= want
+        });
         if !ds.exists() && work.exists() {
             interrupted = true;
             break;

@@ -5,7 +5,6 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
 
 use common::*;
 
@@ -41,8 +40,8 @@ fn shard(src: &Path, ds: &Path, spec: &str, extra: &[&str]) -> std::process::Out
     c.output().unwrap()
 }
 
-fn shard_ok(src: &Path, ds: &Path, spec: &str) {
-    let o = shard(src, ds, spec, &[]);
+fn shard_ok(src: &Path, ds: &Path, spec: &str, extra: &[&str]) {
+    let o = shard(src, ds, spec, extra);
     assert!(o.status.success(), "shard {spec}: {}", stderr(&o));
 }
 
@@ -130,13 +129,7 @@ fn sharded_pack_and_merge_equal_a_single_pack() {
         let r: serde_json::Value = serde_json::from_slice(&r.stdout).unwrap();
         assert_eq!(r[0]["digest"].as_str(), got["digest"].as_str(), "{r}");
         let out = tmp.path().join(format!("out{n}"));
-        run_ok([
-            "extract".as_ref(),
-            ds.as_os_str(),
-            "-o".as_ref(),
-            out.as_os_str(),
-        ]);
-        assert_eq!(read_tree(&out), sorted(files.clone()));
+        assert_eq!(extracted(&ds, &out), sorted(files.clone()));
         // Rerunning merge changes nothing.
         let before = listing(&ds);
         let o = run_ok(["merge".as_ref(), ds.as_os_str(), "--json".as_ref()]);
@@ -152,8 +145,8 @@ fn merge_refuses_bad_parts_and_changes_nothing() {
     let src = tmp.path().join("src");
     write_tree(&src, &tree(600));
     let ds = tmp.path().join("ds");
-    shard_ok(&src, &ds, "0/3");
-    shard_ok(&src, &ds, "2/3");
+    shard_ok(&src, &ds, "0/3", &[]);
+    shard_ok(&src, &ds, "2/3", &[]);
 
     let refused = |want: &str| {
         let before = listing(&ds);
@@ -261,10 +254,10 @@ fn killed_shard_resumes() {
             })
             .unwrap_or(0)
     };
-    shard_ok_with(&src, &ds, "1/2", &["--compress", "zstd:19"]);
+    shard_ok(&src, &ds, "1/2", &["--compress", "zstd:19"]);
     let mut interrupted = false;
     for attempt in 0..5 {
-        let mut child = granary()
+        let child = granary()
             .arg("pack")
             .arg(&src)
             .arg("-o")
@@ -273,15 +266,7 @@ fn killed_shard_resumes() {
             .args(["--shard", "0/2", "--force", "--compress", "zstd:19"])
             .spawn()
             .unwrap();
-        let start = Instant::now();
-        while own_chunks(&ds) < 3 + attempt
-            && start.elapsed() < Duration::from_secs(30)
-            && child.try_wait().unwrap().is_none()
-        {
-            std::thread::sleep(Duration::from_micros(200));
-        }
-        child.kill().unwrap(); // SIGKILL
-        child.wait().unwrap();
+        kill_when(child, || own_chunks(&ds) >= 3 + attempt);
         if !part.join("part.gpart").exists() && own_chunks(&ds) > 0 {
             interrupted = true;
             break;
@@ -308,19 +293,7 @@ fn killed_shard_resumes() {
     let o = merge(&ds);
     assert!(o.status.success(), "{}", stderr(&o));
     verify_json(&ds);
-    let out = tmp.path().join("out");
-    run_ok([
-        "extract".as_ref(),
-        ds.as_os_str(),
-        "-o".as_ref(),
-        out.as_os_str(),
-    ]);
-    assert_eq!(read_tree(&out), sorted(files));
-}
-
-fn shard_ok_with(src: &Path, ds: &Path, spec: &str, extra: &[&str]) {
-    let o = shard(src, ds, spec, extra);
-    assert!(o.status.success(), "shard {spec}: {}", stderr(&o));
+    assert_eq!(extracted(&ds, &tmp.path().join("out")), sorted(files));
 }
 
 #[test]
@@ -380,16 +353,9 @@ fn append_adds_a_generation_and_old_readers_keep_reading() {
     assert_eq!(now.snapshot().version(), (1, 1));
     let v = verify_json(&ds);
     assert_eq!(v["samples"], 1300);
-    let out = tmp.path().join("out");
-    run_ok([
-        "extract".as_ref(),
-        ds.as_os_str(),
-        "-o".as_ref(),
-        out.as_os_str(),
-    ]);
     let mut all = old.clone();
     all.extend(new.iter().cloned());
-    assert_eq!(read_tree(&out), sorted(all.clone()));
+    assert_eq!(extracted(&ds, &tmp.path().join("out")), sorted(all.clone()));
 
     // The same files again: refused, naming them, and nothing changes.
     let before = listing(&ds);

@@ -163,7 +163,7 @@ fn ser_lossy<S: serde::Serializer>(p: &[u8], s: S) -> Result<S::Ok, S::Error> {
 }
 
 /// What a pack did.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Default, Serialize)]
 pub struct PackSummary {
     pub out: PathBuf,
     pub dataset_id: String,
@@ -475,19 +475,6 @@ fn run(opts: &PackOptions, mode: Mode) -> Result<PackSummary, PackError> {
         std::fs::create_dir_all(&work).map_err(|e| PackError::io("creating", &work, e))?;
     }
     let _lock = output::BuildLock::take(&work, out)?;
-    let shared_key = |names: u64, digest: u64| -> String {
-        // What every shard of one pack must share (not the source's path: machines may mount
-        // it elsewhere).
-        format!(
-            "labels={:?}\norder={:?}\nseed={}\ncompress={}\nchunk_size={}\nshards={}\nnames={names}\nnames_digest={digest:016x}\n",
-            opts.labels,
-            opts.order,
-            opts.seed,
-            opts.compress,
-            opts.chunk_size,
-            opts.shard.map_or(1, |s| s.count)
-        )
-    };
     match &mode {
         Mode::Whole => {}
         Mode::Shard(s) => settings.push_str(&format!("shard={s}\n")),
@@ -554,9 +541,7 @@ fn run(opts: &PackOptions, mode: Mode) -> Result<PackSummary, PackError> {
                 existing: Existing::Skip,
             } = &mode
             {
-                found
-                    .files
-                    .retain(|f| !matches!(snap.lookup(&f.rel), Ok(Some(_))));
+                found.files.retain(|f| !in_dataset(snap, &f.rel));
             }
             let changes = plan::SourceChanges::between(&p, &found.files);
             if !changes.is_empty() {
@@ -574,29 +559,28 @@ fn run(opts: &PackOptions, mode: Mode) -> Result<PackSummary, PackError> {
             skipped.append(&mut found.skipped);
             let (classes, labels, dataset_id) = match &mode {
                 Mode::Whole => (found.classes.clone(), opts.labels, None),
-                Mode::Shard(_) => (
+                Mode::Shard(s) => (
                     found.classes.clone(),
                     opts.labels,
                     Some(shard::shared_dataset_id(
-                        &shared_key(found.names, found.names_digest),
+                        &shared_key_of(&settings),
+                        s.count,
+                        found.names,
                         found.names_digest,
                     )),
                 ),
                 Mode::Append { snap, existing } => {
-                    let in_ds: Vec<usize> = found
-                        .files
-                        .iter()
-                        .enumerate()
-                        .filter(|(_, f)| matches!(snap.lookup(&f.rel), Ok(Some(_))))
-                        .map(|(i, _)| i)
-                        .collect();
+                    let (in_ds, new): (Vec<_>, Vec<_>) = std::mem::take(&mut found.files)
+                        .into_iter()
+                        .partition(|f| in_dataset(snap, &f.rel));
+                    found.files = new;
                     if !in_ds.is_empty() {
                         if *existing == Existing::Refuse {
                             let _ = std::fs::remove_dir_all(&work);
                             let shown: Vec<String> = in_ds
                                 .iter()
                                 .take(5)
-                                .map(|&i| String::from_utf8_lossy(&found.files[i].rel).into_owned())
+                                .map(|f| String::from_utf8_lossy(&f.rel).into_owned())
                                 .collect();
                             return Err(PackError::Usage(format!(
                                 "{} of the files to append are in the dataset already (e.g. {}); \
@@ -610,9 +594,6 @@ fn run(opts: &PackOptions, mode: Mode) -> Result<PackSummary, PackError> {
                             "{} files are in the dataset already: left out (--skip-existing)",
                             in_ds.len()
                         ));
-                        found
-                            .files
-                            .retain(|f| !matches!(snap.lookup(&f.rel), Ok(Some(_))));
                     }
                     let classes: Vec<Vec<u8>> = (0..snap.class_count() as u32)
                         .map(|l| snap.class_name(l).map(<[u8]>::to_vec))
@@ -860,10 +841,10 @@ fn run(opts: &PackOptions, mode: Mode) -> Result<PackSummary, PackError> {
         (plan.dataset_id, plan.classes.clone(), plan.chunk_count());
     let shared = shared_key_of(&plan.settings);
     drop(plan);
-    let mode_name = match &mode {
-        Mode::Whole => 0,
-        Mode::Shard(_) => 1,
-        Mode::Append { .. } => 2,
+    let action = match &mode {
+        Mode::Whole => "pack",
+        Mode::Shard(_) => "shard",
+        Mode::Append { .. } => "append",
     };
     match mode {
         Mode::Shard(s) => {
@@ -944,11 +925,7 @@ fn run(opts: &PackOptions, mode: Mode) -> Result<PackSummary, PackError> {
         dataset_id: hex_id(&dataset_id),
         shard: opts.shard.map(|s| s.to_string()),
         generation,
-        action: match mode_name {
-            0 => "pack",
-            1 => "shard",
-            _ => "append",
-        },
+        action,
         files,
         classes: classes.len() as u64,
         bytes_in,
@@ -971,8 +948,8 @@ fn run(opts: &PackOptions, mode: Mode) -> Result<PackSummary, PackError> {
     })
 }
 
-/// The shared part of a shard's settings (see `shared_key` in [`run`]): everything but the
-/// source path, the file list's path and the shard index.
+/// What every shard of one pack must share: its settings but the source's path (machines may
+/// mount it elsewhere), the file list's path and the shard index.
 fn shared_key_of(settings: &str) -> String {
     settings
         .lines()
@@ -1005,27 +982,18 @@ fn finished_shard(
         out: opts.out.clone(),
         dataset_id: hex_id(&part.dataset_id),
         shard: Some(s.to_string()),
-        generation: 0,
         action: "shard",
         files,
         classes: part.classes.len() as u64,
-        bytes_in: 0,
-        bytes_stored: 0,
-        bytes_out: 0,
-        ratio: 0.0,
         chunks: part.chunks.len() as u64,
         chunks_resumed: part.chunks.len() as u64,
-        compressed_records: 0,
         elapsed_s: t0.elapsed().as_secs_f64(),
-        scan_s: 0.0,
-        files_per_s: 0.0,
-        mb_per_s: 0.0,
-        skipped: Vec::new(),
         warnings: vec![format!(
             "shard {s} finished already ({} exists): nothing to do; run granary merge {} when all shards are done (--force packs it again)",
             p.display(),
             opts.out.display()
         )],
+        ..PackSummary::default()
     }))
 }
 
@@ -1040,25 +1008,20 @@ fn unchanged_summary(
     PackSummary {
         out: out.to_path_buf(),
         dataset_id: hex_id(&snap.dataset_id()),
-        shard: None,
         generation: snap.lineage().generation,
         action: "unchanged",
-        files: 0,
         classes: snap.class_count(),
-        bytes_in: 0,
-        bytes_stored: 0,
-        bytes_out: 0,
-        ratio: 0.0,
-        chunks: 0,
-        chunks_resumed: 0,
-        compressed_records: 0,
         elapsed_s: t0.elapsed().as_secs_f64(),
-        scan_s: 0.0,
-        files_per_s: 0.0,
-        mb_per_s: 0.0,
         skipped,
         warnings,
+        ..PackSummary::default()
     }
+}
+
+/// True if the dataset has a sample at `rel` (the snapshot was checked before: a lookup error
+/// cannot happen on it).
+fn in_dataset(snap: &Snapshot<Vec<u8>>, rel: &[u8]) -> bool {
+    matches!(snap.lookup(rel), Ok(Some(_)))
 }
 
 /// Removes the chunk files (and temporary files) a restarted shard or append owns in the

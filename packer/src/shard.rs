@@ -157,10 +157,15 @@ impl std::fmt::Display for ShardSpec {
 }
 
 /// The dataset id all shards of one pack derive alone: from the settings they must share
-/// (`key`) and the digest of the names they all listed.
-pub(crate) fn shared_dataset_id(key: &str, names_digest: u64) -> [u8; 16] {
-    let mut r =
-        granary_format::SplitMix64::keyed(&[path_hash(key.as_bytes()), names_digest, 0x5348]);
+/// (`key`), the shard count and the names they all listed.
+pub(crate) fn shared_dataset_id(key: &str, shards: u32, names: u64, names_digest: u64) -> [u8; 16] {
+    let mut r = granary_format::SplitMix64::keyed(&[
+        path_hash(key.as_bytes()),
+        shards as u64,
+        names,
+        names_digest,
+        0x5348,
+    ]);
     let mut id = [0u8; 16];
     id[..8].copy_from_slice(&r.next_u64().to_le_bytes());
     id[8..].copy_from_slice(&r.next_u64().to_le_bytes());
@@ -415,8 +420,13 @@ pub fn merge(ds: &Path) -> Result<MergeSummary, PackError> {
                 return Err(usage(
                     ds,
                     format!(
-                        "shard {s} was packed from other input or with other settings than shard {} (every shard needs the same source listing, seed, chunk size, compression, labels and order):\nshard {}:\n{}shard {s}:\n{}",
-                        first.shard, first.shard, first.key, part.key
+                        "shard {s} was packed from other input or with other settings than shard {} (every shard needs the same source listing, seed, chunk size, compression, labels and order; dataset ids {} and {}):\nshard {}:\n{}shard {s}:\n{}",
+                        first.shard,
+                        hex_id(&first.dataset_id),
+                        hex_id(&part.dataset_id),
+                        first.shard,
+                        first.key,
+                        part.key
                     ),
                 ));
             }
@@ -436,7 +446,6 @@ pub fn merge(ds: &Path) -> Result<MergeSummary, PackError> {
     let classes = parts[0].classes.clone();
 
     // Every chunk a part lists must be there as written; ids must be the part's own.
-    let mut by_id: std::collections::BTreeMap<u32, &ChunkSummary> = Default::default();
     for part in &parts {
         for (k, c) in part.chunks.iter().enumerate() {
             let want = (k as u64) * n as u64 + part.shard.index as u64;
@@ -475,18 +484,27 @@ pub fn merge(ds: &Path) -> Result<MergeSummary, PackError> {
                 Some(_) => {}
             }
             check_chunk_header(ds, &path, dataset_id, c.chunk_id)?;
-            by_id.insert(c.chunk_id, c);
         }
     }
+    // The parts' chunks, moved (not copied) into id order; ids are distinct (checked above:
+    // shard I lists exactly the ids k × n + I).
+    let mut by_id: std::collections::BTreeMap<u32, ChunkSummary> = parts
+        .into_iter()
+        .flat_map(|p| p.chunks)
+        .map(|c| (c.chunk_id, c))
+        .collect();
     let last = by_id.keys().next_back().copied();
     let count = last.map_or(0, |l| l as u64 + 1);
     // Ids no shard used, below the highest: empty chunks. A file already there is acceptable
     // only if it is exactly that empty chunk (written by an interrupted merge).
     let mut fillers = Vec::new();
-    let mut summaries = Vec::with_capacity(count as usize);
+    let mut b = SnapshotBuilder::new(dataset_id, classes.clone());
+    let mut samples = 0u64;
+    let not_a_dataset = |e| usage(ds, format!("the parts do not form a dataset: {e}"));
     for id in 0..count as u32 {
-        if let Some(c) = by_id.get(&id) {
-            summaries.push((*c).clone());
+        if let Some(c) = by_id.remove(&id) {
+            b.push_chunk(&c).map_err(not_a_dataset)?;
+            samples += c.entries.len() as u64;
             continue;
         }
         let (bytes, s) = filler_chunk(dataset_id, id, &classes);
@@ -503,7 +521,7 @@ pub fn merge(ds: &Path) -> Result<MergeSummary, PackError> {
         if !files.contains_key(&id) {
             fillers.push((path, bytes));
         }
-        summaries.push(s);
+        b.push_chunk(&s).map_err(not_a_dataset)?;
     }
     if let Some((&stray, _)) = files.range(count as u32..).next() {
         return Err(usage(
@@ -514,13 +532,6 @@ pub fn merge(ds: &Path) -> Result<MergeSummary, PackError> {
             ),
         ));
     }
-    let mut b = SnapshotBuilder::new(dataset_id, classes);
-    let mut samples = 0u64;
-    for s in &summaries {
-        b.push_chunk(s)
-            .map_err(|e| usage(ds, format!("the parts do not form a dataset: {e}")))?;
-        samples += s.entries.len() as u64;
-    }
     let snap = b.build().map_err(|e| {
         usage(
             ds,
@@ -529,8 +540,6 @@ pub fn merge(ds: &Path) -> Result<MergeSummary, PackError> {
             ),
         )
     })?;
-    drop(summaries);
-    drop(parts);
 
     // Checks passed: now write. Each step is atomic and rerunning merge redoes what is left.
     for (path, bytes) in &fillers {

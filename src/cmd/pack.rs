@@ -1,5 +1,5 @@
 use std::io::IsTerminal;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::Context;
@@ -65,6 +65,29 @@ pub struct Args {
     /// I from SLURM_ARRAY_TASK_ID or a Kubernetes indexed job's JOB_COMPLETION_INDEX.
     #[arg(long, value_name = "I/N", value_parser = granary_packer::ShardSpec::parse)]
     pub shard: Option<granary_packer::ShardSpec>,
+    #[command(flatten)]
+    pub files: Files,
+    /// How samples are labelled.
+    #[arg(long, value_enum, default_value = "parent-dir")]
+    pub labels: Labels,
+    /// Layout order of samples across chunks.
+    #[arg(long, value_enum, default_value = "random")]
+    pub order: OrderArg,
+    /// Replace OUT if it is a granary dataset (or an empty directory), and discard an
+    /// interrupted pack. Anything else at OUT is refused: remove it yourself.
+    #[arg(long)]
+    pub force: bool,
+    /// Continue an interrupted pack with the same settings, keeping every verified chunk. The
+    /// source is scanned again: if files were modified, removed or added since, it refuses.
+    #[arg(long)]
+    pub resume: bool,
+    #[command(flatten)]
+    pub run: Run,
+}
+
+/// Which files pack and append take from SRC.
+#[derive(clap::Args)]
+pub struct Files {
     /// Pack the files named in LIST (paths relative to SRC, newline- or NUL-separated) instead
     /// of walking SRC.
     #[arg(long, value_name = "LIST")]
@@ -72,12 +95,11 @@ pub struct Args {
     /// Follow symbolic links (by default they are skipped with a warning).
     #[arg(long)]
     pub follow_links: bool,
-    /// How samples are labelled.
-    #[arg(long, value_enum, default_value = "parent-dir")]
-    pub labels: Labels,
-    /// Layout order of samples across chunks.
-    #[arg(long, value_enum, default_value = "random")]
-    pub order: OrderArg,
+}
+
+/// How pack and append encode and write (shared by both).
+#[derive(clap::Args)]
+pub struct Run {
     /// Seed of the random layout order.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
@@ -88,14 +110,6 @@ pub struct Args {
     /// Target chunk size, e.g. 32MiB, 64MB, 1GiB (a larger file gets a chunk of its own).
     #[arg(long, default_value = "32MiB", value_parser = parse_size)]
     pub chunk_size: u64,
-    /// Replace OUT if it is a granary dataset (or an empty directory), and discard an
-    /// interrupted pack. Anything else at OUT is refused: remove it yourself.
-    #[arg(long)]
-    pub force: bool,
-    /// Continue an interrupted pack with the same settings, keeping every verified chunk. The
-    /// source is scanned again: if files were modified, removed or added since, it refuses.
-    #[arg(long)]
-    pub resume: bool,
     /// Skip files that cannot be read (or change while read), list them, and exit with 3.
     #[arg(long)]
     pub skip_unreadable: bool,
@@ -109,6 +123,22 @@ pub struct Args {
     /// Never show progress bars (they are shown only when stderr is a terminal).
     #[arg(long, short)]
     pub quiet: bool,
+}
+
+impl Run {
+    /// Options for packing `src` into `out` with these files and settings.
+    pub fn options(&self, files: &Files, src: &Path, out: &Path) -> PackOptions {
+        let mut o = PackOptions::new(src, out);
+        o.files_from = files.files_from.clone();
+        o.follow_links = files.follow_links;
+        o.seed = self.seed;
+        o.compress = self.compress;
+        o.chunk_size = self.chunk_size;
+        o.skip_unreadable = self.skip_unreadable;
+        o.io_threads = self.io_threads;
+        o.progress = !self.quiet && std::io::stderr().is_terminal();
+        o
+    }
 }
 
 /// Parses a byte size with an optional unit: B, K/KB, KiB, M/MB, MiB, G/GB, GiB.
@@ -148,9 +178,7 @@ pub fn parse_size_or_zero(s: &str) -> Result<u64, String> {
 }
 
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
-    let mut o = PackOptions::new(&a.src, &a.out);
-    o.files_from = a.files_from;
-    o.follow_links = a.follow_links;
+    let mut o = a.run.options(&a.files, &a.src, &a.out);
     o.labels = match a.labels {
         Labels::ParentDir => LabelMode::ParentDir,
         Labels::None => LabelMode::None,
@@ -159,14 +187,8 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         OrderArg::Random => Order::Random,
         OrderArg::Walk => Order::Walk,
     };
-    o.seed = a.seed;
-    o.compress = a.compress;
-    o.chunk_size = a.chunk_size;
     o.force = a.force;
     o.resume = a.resume;
-    o.skip_unreadable = a.skip_unreadable;
-    o.io_threads = a.io_threads;
-    o.progress = !a.quiet && std::io::stderr().is_terminal();
     o.shard = a.shard;
     if let Some(url) = a.out.to_str().filter(|s| granary::remote::is_url(s)) {
         let u = granary::remote::ObjectUrl::parse(url)?;
@@ -179,7 +201,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         anyhow::bail!("--staging is for packing to an object store URL; OUT is a local path");
     }
     let s = granary_packer::pack(&o).with_context(|| format!("packing {}", a.src.display()))?;
-    report(&a.src, &s, a.json)
+    report(&a.src, &s, a.run.json)
 }
 
 /// Prints what a pack or an append did; exit status 3 if files were skipped.

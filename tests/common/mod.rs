@@ -255,3 +255,27 @@ pub fn reseal_snapshot(b: &mut [u8]) {
     let crc = crc32fast::hash(&b[0..60]);
     b[60..64].copy_from_slice(&crc.to_le_bytes());
 }
+
+/// Extracts the dataset `ds` to `out` with the binary and returns the tree it wrote.
+pub fn extracted(ds: &Path, out: &Path) -> Vec<(Vec<u8>, Vec<u8>)> {
+    run_ok([
+        "extract".as_ref(),
+        ds.as_os_str(),
+        "-o".as_ref(),
+        out.as_os_str(),
+    ]);
+    read_tree(out)
+}
+
+/// SIGKILLs `child` once `ready()` holds (or it has exited, or 30 s have passed), and reaps it.
+pub fn kill_when(mut child: std::process::Child, ready: impl Fn() -> bool) {
+    let start = std::time::Instant::now();
+    while !ready()
+        && start.elapsed() < std::time::Duration::from_secs(30)
+        && child.try_wait().unwrap().is_none()
+    {
+        std::thread::sleep(std::time::Duration::from_micros(200));
+    }
+    child.kill().unwrap(); // SIGKILL
+    child.wait().unwrap();
+}
