@@ -61,6 +61,21 @@ fn info_ls_cat_and_json() {
     .unwrap();
     assert_eq!(info["samples"], files.len() as u64);
     assert_eq!(info["format_version"], "1.0");
+
+    // --chunk-files caps the files of a chunk whatever the chunk size.
+    let capped = tmp.path().join("capped");
+    let o = pack(&src, &capped, &["--json", "--chunk-files", "3"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let c: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(c["chunks"], (files.len() as u64).div_ceil(3));
+    let v: serde_json::Value = serde_json::from_slice(
+        &run_ok(["verify".as_ref(), capped.as_os_str(), "--json".as_ref()]).stdout,
+    )
+    .unwrap();
+    assert_eq!(v["clean"], true);
+    assert_eq!(v["samples"], files.len() as u64);
+    let o = pack(&src, &tmp.path().join("x"), &["--chunk-files", "0"]);
+    assert!(stderr(&o).contains("at least 1 file"), "{}", stderr(&o));
     assert_eq!(info["classes"][3], "c03");
     assert_eq!(info["dataset_id"], s["dataset_id"]);
 

@@ -198,6 +198,11 @@ fn merge_refuses_bad_parts_and_changes_nothing() {
     refused("chunk-00000004.gchunk of shard 1/3 is missing");
     std::fs::write(&c4, &chunk[..chunk.len() - 1]).unwrap();
     refused("rerun the shard with --force");
+    // Same size, but a byte of its footer (the entries merge builds the snapshot from) flipped.
+    let mut flipped = chunk.clone();
+    flipped[chunk.len() - granary_format::CHUNK_TRAILER_LEN - 5] ^= 0x10;
+    std::fs::write(&c4, &flipped).unwrap();
+    refused("rerun shard 1/3 with --force");
     std::fs::write(&c4, &chunk).unwrap();
 
     std::fs::create_dir(ds.join("part-0000-of-0002")).unwrap();

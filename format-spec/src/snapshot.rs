@@ -744,11 +744,18 @@ fn section_name(kind: u32) -> String {
 }
 
 /// Builds a snapshot from finished chunks, in chunk id order.
+///
+/// Memory: the builder keeps every path (the path index needs them all) and, unless they are
+/// spooled to a file ([`SnapshotBuilder::spool_samples`]), every sample entry.
 pub struct SnapshotBuilder {
     dataset_id: [u8; 16],
     classes: Vec<Vec<u8>>,
     chunks: Vec<ChunkEntry>,
+    /// Sample entries, when they are not spooled.
     samples: Vec<SampleEntry>,
+    /// Encoded sample entries, in order, when they are spooled to a file.
+    spool: Option<std::io::BufWriter<std::fs::File>>,
+    sample_count: u64,
     path_blob: Vec<u8>,
     path_ends: Vec<u64>,
     lineage: Lineage,
@@ -762,6 +769,8 @@ impl SnapshotBuilder {
             classes,
             chunks: Vec::new(),
             samples: Vec::new(),
+            spool: None,
+            sample_count: 0,
             path_blob: Vec::new(),
             path_ends: Vec::new(),
             lineage: Lineage::default(),
@@ -772,6 +781,20 @@ impl SnapshotBuilder {
     /// the file format 1.1 (1.0 readers ignore the section).
     pub fn lineage(&mut self, l: Lineage) {
         self.lineage = l;
+    }
+
+    /// Keeps the sample table (40 bytes per sample) in `file` instead of in memory: what a
+    /// pack of many millions of files uses to stay small. `file` must be empty, readable and
+    /// writable (an unnamed temporary file is best). Call before the first chunk.
+    pub fn spool_samples(&mut self, file: std::fs::File) -> Result<()> {
+        if self.sample_count > 0 {
+            return Err(FormatError::invalid(
+                "snapshot builder",
+                "samples can be spooled only before the first chunk",
+            ));
+        }
+        self.spool = Some(std::io::BufWriter::with_capacity(1 << 20, file));
+        Ok(())
     }
 
     /// Adds the next chunk. Chunks must arrive with ids 0, 1, 2, ...
@@ -795,7 +818,7 @@ impl SnapshotBuilder {
         self.chunks.push(ChunkEntry {
             chunk_id: c.chunk_id,
             file_size: c.file_size,
-            first_sample: self.samples.len() as u64,
+            first_sample: self.sample_count,
             sample_count: c.entries.len() as u64,
             file_crc: c.file_crc,
         });
@@ -806,11 +829,23 @@ impl SnapshotBuilder {
                     why.to_string(),
                 )
             })?;
-            self.samples.push(*e);
+            match &mut self.spool {
+                None => self.samples.push(*e),
+                Some(w) => {
+                    use std::io::Write;
+                    w.write_all(&e.encode()).map_err(|e| {
+                        FormatError::invalid(
+                            "snapshot builder",
+                            format!("spooling sample entries: {e}"),
+                        )
+                    })?
+                }
+            }
+            self.sample_count += 1;
             self.path_blob.extend_from_slice(p);
             self.path_ends.push(self.path_blob.len() as u64);
         }
-        if self.samples.len() as u64 > MAX_SAMPLES {
+        if self.sample_count > MAX_SAMPLES {
             return Err(FormatError::invalid(
                 "snapshot builder",
                 format!("more than {MAX_SAMPLES} samples"),
@@ -840,9 +875,13 @@ impl SnapshotBuilder {
     /// memory (what a pack of many millions of files needs): besides the builder's own tables,
     /// only the sorted path order and the path index's slots are held. Returns its length.
     /// Fails (before writing anything) if two samples share a path.
-    pub fn write_to(self, w: &mut impl std::io::Write) -> std::io::Result<u64> {
+    pub fn write_to(mut self, w: &mut impl std::io::Write) -> std::io::Result<u64> {
         let invalid = |e: FormatError| std::io::Error::new(std::io::ErrorKind::InvalidData, e);
-        let n = self.samples.len();
+        let n = self.sample_count as usize;
+        let spool = match self.spool.take() {
+            Some(b) => Some(b.into_inner().map_err(|e| e.into_error())?),
+            None => None,
+        };
         let mut order: Vec<u32> = (0..n as u32).collect();
         order.sort_unstable_by(|&a, &b| self.path(a as usize).cmp(self.path(b as usize)));
         if let Some(w) = order
@@ -877,7 +916,22 @@ impl SnapshotBuilder {
         // instead of being assembled into a buffer.
         let emit = |kind: SectionKind, f: &mut dyn FnMut(&[u8]) -> std::io::Result<()>| match kind {
             SectionKind::Chunks => self.chunks.iter().try_for_each(|c| f(&c.encode())),
-            SectionKind::Samples => self.samples.iter().try_for_each(|e| f(&e.encode())),
+            SectionKind::Samples => match &spool {
+                Some(file) => {
+                    use std::os::unix::fs::FileExt;
+                    let total = n as u64 * SAMPLE_ENTRY_LEN as u64;
+                    let mut buf = vec![0u8; 1 << 20];
+                    let mut at = 0u64;
+                    while at < total {
+                        let k = (total - at).min(buf.len() as u64) as usize;
+                        file.read_exact_at(&mut buf[..k], at)?;
+                        f(&buf[..k])?;
+                        at += k as u64;
+                    }
+                    Ok(())
+                }
+                None => self.samples.iter().try_for_each(|e| f(&e.encode())),
+            },
             SectionKind::Paths => {
                 f(&(n as u64).to_le_bytes())?;
                 f(&0u64.to_le_bytes())?;

@@ -9,6 +9,7 @@
 #![forbid(unsafe_code)]
 
 mod encode;
+mod files;
 mod output;
 mod plan;
 mod reindex;
@@ -32,14 +33,20 @@ use rayon::prelude::*;
 use serde::Serialize;
 
 pub use encode::{looks_compressed, CompressMode, DEFAULT_LEVEL};
+use files::FileTable;
 pub use granary_format::SplitMix64;
-use plan::{Plan, PlanFile};
+use plan::Plan;
 pub use reindex::{reindex, ReindexSummary};
 pub use shard::{merge, shard_of, MergeSummary, ShardSpec, PART_FILE};
 pub use upload::Destination;
 
 /// Default target chunk size (see README: measured on this project's reference machine).
 pub const DEFAULT_CHUNK_SIZE: u64 = 32 << 20;
+/// Default most files in one chunk. What a chunk costs the packer while it is read and written
+/// grows with its file count (~250 bytes a file), so a tree of 50-byte files would otherwise
+/// make 32 MiB chunks of 700,000 files; 65,536 files keep that under ~16 MiB a chunk and only
+/// change chunks whose files average under 512 bytes.
+pub const DEFAULT_CHUNK_FILES: u64 = 65_536;
 const PLAN_FILE: &str = "pack-plan.bin";
 /// Default number of reader threads (see README: measured).
 pub const DEFAULT_IO_THREADS: usize = 32;
@@ -109,6 +116,8 @@ pub struct PackOptions {
     pub seed: u64,
     pub compress: CompressMode,
     pub chunk_size: u64,
+    /// Most files in one chunk.
+    pub chunk_files: u64,
     pub force: bool,
     pub resume: bool,
     pub skip_unreadable: bool,
@@ -138,6 +147,7 @@ impl PackOptions {
             seed: 0,
             compress: CompressMode::Auto,
             chunk_size: DEFAULT_CHUNK_SIZE,
+            chunk_files: DEFAULT_CHUNK_FILES,
             force: false,
             resume: false,
             skip_unreadable: false,
@@ -232,7 +242,7 @@ fn new_dataset_id(seed_material: &[u8]) -> [u8; 16] {
 
 fn settings_text(o: &PackOptions, src: &Path) -> String {
     format!(
-        "src={}\nfiles_from={}\nfollow_links={}\nlabels={:?}\norder={:?}\nseed={}\ncompress={}\nchunk_size={}\n",
+        "src={}\nfiles_from={}\nfollow_links={}\nlabels={:?}\norder={:?}\nseed={}\ncompress={}\nchunk_size={}\nchunk_files={}\n",
         src.display(),
         o.files_from.as_ref().map(|p| p.display().to_string()).unwrap_or_default(),
         o.follow_links,
@@ -240,7 +250,8 @@ fn settings_text(o: &PackOptions, src: &Path) -> String {
         o.order,
         o.seed,
         o.compress,
-        o.chunk_size
+        o.chunk_size,
+        o.chunk_files
     )
 }
 
@@ -372,6 +383,11 @@ fn run(opts: &PackOptions, mode: Mode) -> Result<PackSummary, PackError> {
             "chunk size must be at least 1 byte".into(),
         ));
     }
+    if opts.chunk_files == 0 {
+        return Err(PackError::Usage(
+            "a chunk must be allowed at least 1 file".into(),
+        ));
+    }
     let src = std::fs::canonicalize(&opts.src)
         .map_err(|e| PackError::io("opening source", &opts.src, e))?;
     if !src.is_dir() {
@@ -487,7 +503,7 @@ fn run(opts: &PackOptions, mode: Mode) -> Result<PackSummary, PackError> {
     let existing_plan = if existed {
         if opts.resume {
             let p = work.join(PLAN_FILE);
-            match std::fs::read(&p).ok().and_then(|b| Plan::decode(&b)) {
+            match Plan::load(&p) {
                 Some(plan) if plan.settings == settings => Some(plan),
                 Some(plan) => {
                     return Err(PackError::Usage(format!(
@@ -541,9 +557,10 @@ fn run(opts: &PackOptions, mode: Mode) -> Result<PackSummary, PackError> {
                 existing: Existing::Skip,
             } = &mode
             {
-                found.files.retain(|f| !in_dataset(snap, &f.rel));
+                found.files.retain(|_, rel| !in_dataset(snap, rel));
             }
-            let changes = plan::SourceChanges::between(&p, &found.files);
+            let changes = plan::SourceChanges::between(&p.files, &found.files);
+            drop(found);
             if !changes.is_empty() {
                 return Err(PackError::Usage(format!(
                     "cannot resume: the source changed since the interrupted pack scanned it ({changes}); \
@@ -570,29 +587,29 @@ fn run(opts: &PackOptions, mode: Mode) -> Result<PackSummary, PackError> {
                     )),
                 ),
                 Mode::Append { snap, existing } => {
-                    let (in_ds, new): (Vec<_>, Vec<_>) = std::mem::take(&mut found.files)
-                        .into_iter()
-                        .partition(|f| in_dataset(snap, &f.rel));
-                    found.files = new;
-                    if !in_ds.is_empty() {
+                    let (mut in_ds, mut shown) = (0u64, Vec::new());
+                    found.files.retain(|_, rel| {
+                        let old = in_dataset(snap, rel);
+                        if old {
+                            in_ds += 1;
+                            if shown.len() < 5 {
+                                shown.push(String::from_utf8_lossy(rel).into_owned());
+                            }
+                        }
+                        !old
+                    });
+                    if in_ds > 0 {
                         if *existing == Existing::Refuse {
                             let _ = std::fs::remove_dir_all(&work);
-                            let shown: Vec<String> = in_ds
-                                .iter()
-                                .take(5)
-                                .map(|f| String::from_utf8_lossy(&f.rel).into_owned())
-                                .collect();
                             return Err(PackError::Usage(format!(
-                                "{} of the files to append are in the dataset already (e.g. {}); \
+                                "{in_ds} of the files to append are in the dataset already (e.g. {}); \
                                  pass --skip-existing to append only the others (a sample's bytes never change \
                                  in place: to change samples, pack a new dataset)",
-                                in_ds.len(),
                                 shown.join(", ")
                             )));
                         }
                         warnings.push(format!(
-                            "{} files are in the dataset already: left out (--skip-existing)",
-                            in_ds.len()
+                            "{in_ds} files are in the dataset already: left out (--skip-existing)"
                         ));
                     }
                     let classes: Vec<Vec<u8>> = (0..snap.class_count() as u32)
@@ -711,10 +728,15 @@ fn run(opts: &PackOptions, mode: Mode) -> Result<PackSummary, PackError> {
         }
     }
     for (c, s) in &done {
-        for f in plan.chunk_files(*c) {
-            if !s.paths.contains(&f.rel) {
+        // A kept chunk's paths are the plan's, in order, less the files that run skipped.
+        let mut kept = s.paths.iter().peekable();
+        for &i in plan.chunk_files(*c) {
+            let rel = plan.files.path(i as usize);
+            if kept.peek().is_some_and(|p| p[..] == *rel) {
+                kept.next();
+            } else {
                 skipped.push(Skipped {
-                    path: f.rel.clone(),
+                    path: rel.to_vec(),
                     reason: "skipped by the interrupted run".into(),
                 });
             }
@@ -731,12 +753,8 @@ fn run(opts: &PackOptions, mode: Mode) -> Result<PackSummary, PackError> {
         }
     }
 
-    let total_bytes: u64 = plan.files.iter().map(|f| f.size).sum();
-    let done_bytes: u64 = done
-        .keys()
-        .flat_map(|&c| plan.chunk_files(c))
-        .map(|f| f.size)
-        .sum();
+    let total_bytes: u64 = plan.files.size.iter().sum();
+    let done_bytes: u64 = done.keys().map(|&c| plan.chunk_bytes(c)).sum();
     let pb = progress_bar(opts.progress, Some(total_bytes));
     pb.set_style(
         ProgressStyle::with_template(
@@ -847,17 +865,25 @@ fn run(opts: &PackOptions, mode: Mode) -> Result<PackSummary, PackError> {
         Mode::Append { .. } => "append",
     };
     match mode {
-        Mode::Shard(s) => {
-            // The part file is the shard's completion marker: written last, atomically.
+        Mode::Shard(shard) => {
+            // The part file is the shard's completion marker: written last, atomically. Each
+            // chunk's footer is read back once, for the counts.
+            let mut chunks = Vec::with_capacity(done.len());
+            for s in std::mem::take(&mut done).into_values() {
+                let s = full(s)?;
+                chunks.push(shard::PartChunk {
+                    chunk_id: s.chunk_id,
+                    file_size: s.file_size,
+                    file_crc: s.file_crc,
+                    samples: s.entries.len() as u64,
+                });
+            }
             let part = shard::Part {
-                shard: s,
+                shard,
                 dataset_id,
                 key: shared,
                 classes: classes.clone(),
-                chunks: done
-                    .into_values()
-                    .map(&mut full)
-                    .collect::<Result<_, _>>()?,
+                chunks,
             };
             let bytes = part.encode();
             bytes_out += bytes.len() as u64;
@@ -867,7 +893,7 @@ fn run(opts: &PackOptions, mode: Mode) -> Result<PackSummary, PackError> {
                 .map_err(|e| PackError::io("removing", &plan_path, e))?;
         }
         Mode::Append { snap, .. } => {
-            let mut builder = SnapshotBuilder::new(dataset_id, classes.clone());
+            let mut builder = spooled_builder(&work, dataset_id, classes.clone())?;
             for c in 0..snap.chunk_count() {
                 builder.push_chunk(&snap.chunk_summary(c)?)?;
             }
@@ -886,7 +912,7 @@ fn run(opts: &PackOptions, mode: Mode) -> Result<PackSummary, PackError> {
             sync_dir(out)?;
         }
         Mode::Whole => {
-            let mut builder = SnapshotBuilder::new(dataset_id, classes.clone());
+            let mut builder = spooled_builder(&work, dataset_id, classes.clone())?;
             for s in std::mem::take(&mut done).into_values() {
                 builder.push_chunk(&full(s)?)?;
             }
@@ -977,7 +1003,7 @@ fn finished_shard(
             p.display()
         )));
     };
-    let files = part.chunks.iter().map(|c| c.entries.len() as u64).sum();
+    let files = part.chunks.iter().map(|c| c.samples).sum();
     Ok(Some(PackSummary {
         out: opts.out.clone(),
         dataset_id: hex_id(&part.dataset_id),
@@ -1073,7 +1099,7 @@ fn scan_source(opts: &PackOptions, src: &Path, what: &str) -> Result<scan::ScanR
 fn make_plan(
     opts: &PackOptions,
     settings: String,
-    found: Vec<scan::Found>,
+    mut files: FileTable,
     classes: Vec<Vec<u8>>,
     labels: LabelMode,
     dataset_id: Option<[u8; 16]>,
@@ -1090,32 +1116,23 @@ fn make_plan(
         .collect();
     let mut unknown: Vec<Vec<u8>> = Vec::new();
     let mut unlabeled = 0u64;
-    let mut files: Vec<PlanFile> = found
-        .into_iter()
-        .map(|f| {
-            let label = match labels {
-                LabelMode::None => NO_LABEL,
-                LabelMode::ParentDir => match f.rel.iter().position(|&b| b == b'/') {
-                    Some(i) => match class_of.get(&f.rel[..i]) {
-                        Some(&l) => l,
-                        None => {
-                            unknown.push(f.rel[..i].to_vec());
-                            NO_LABEL
-                        }
-                    },
+    files.label = files
+        .paths()
+        .map(|rel| match labels {
+            LabelMode::None => NO_LABEL,
+            LabelMode::ParentDir => match rel.iter().position(|&b| b == b'/') {
+                Some(i) => match class_of.get(&rel[..i]) {
+                    Some(&l) => l,
                     None => {
-                        unlabeled += 1;
+                        unknown.push(rel[..i].to_vec());
                         NO_LABEL
                     }
                 },
-            };
-            PlanFile {
-                rel: f.rel,
-                size: f.size,
-                label,
-                ino: f.ino,
-                mtime_ns: f.mtime_ns,
-            }
+                None => {
+                    unlabeled += 1;
+                    NO_LABEL
+                }
+            },
         })
         .collect();
     if !unknown.is_empty() {
@@ -1138,15 +1155,28 @@ fn make_plan(
             "{unlabeled} files lie directly in the source directory, outside any class directory: packed without a label"
         ));
     }
-    if opts.order == Order::Random {
-        SplitMix64::new(opts.seed).shuffle(&mut files);
+    if files.len() as u64 > granary_format::MAX_SAMPLES {
+        return Err(PackError::Usage(format!(
+            "{} files: a dataset holds at most {} samples",
+            files.len(),
+            granary_format::MAX_SAMPLES
+        )));
     }
-    let chunk_starts = Plan::assign_chunks(&files, opts.chunk_size);
+    let mut order: Vec<u32> = (0..files.len() as u32).collect();
+    if opts.order == Order::Random {
+        SplitMix64::new(opts.seed).shuffle(&mut order);
+    }
+    let chunk_starts = Plan::assign_chunks(
+        order.iter().map(|&i| files.size[i as usize]),
+        opts.chunk_size,
+        opts.chunk_files,
+    );
     Ok(Plan {
         dataset_id: dataset_id.unwrap_or_else(|| new_dataset_id(settings.as_bytes())),
         settings,
         classes,
         files,
+        order,
         chunk_starts,
     })
 }
@@ -1173,8 +1203,13 @@ fn slimmed(s: ChunkSummary) -> ChunkSummary {
 /// The entries and paths of a written chunk, read back from its footer (the trailer says where
 /// it is; its CRC is checked).
 fn reload_summary(place: &Place, s: ChunkSummary) -> Result<ChunkSummary, PackError> {
+    read_footer(&place.chunks, s)
+}
+
+/// `s` (a chunk in `dir` with its id and size) with the entries and paths of its footer.
+pub(crate) fn read_footer(dir: &Path, s: ChunkSummary) -> Result<ChunkSummary, PackError> {
     use std::os::unix::fs::FileExt;
-    let path = place.chunks.join(chunk_file_name(s.chunk_id));
+    let path = dir.join(chunk_file_name(s.chunk_id));
     let f = std::fs::File::open(&path).map_err(|e| PackError::io("reading back", &path, e))?;
     let bad = |detail: String| PackError::Source {
         path: path.clone(),
@@ -1225,11 +1260,12 @@ fn footer_matches_plan(plan: &Plan, c: usize, footer: &granary_format::ChunkFoot
     if footer.classes != plan.classes {
         return false;
     }
-    let mut want = plan.chunk_files(c).iter();
+    let f = &plan.files;
+    let mut want = plan.chunk_files(c).iter().map(|&i| i as usize);
     footer.paths.iter().zip(&footer.entries).all(|(p, e)| {
         want.by_ref()
-            .find(|f| &f.rel == p)
-            .is_some_and(|f| f.size == e.orig_len && f.label == e.label)
+            .find(|&i| f.path(i) == &p[..])
+            .is_some_and(|i| f.size[i] == e.orig_len && f.label[i] == e.label)
     })
 }
 
@@ -1270,34 +1306,37 @@ fn write_chunks(
         });
         let mut failure = None;
         for &c in todo {
-            let files = plan.chunk_files(c);
+            let (files, table) = (plan.chunk_files(c), &plan.files);
             // Read in inode order (close to on-disk order); keep the plan's record order.
             let mut order: Vec<usize> = (0..files.len()).collect();
-            order.sort_unstable_by_key(|&i| files[i].ino);
+            order.sort_unstable_by_key(|&k| table.ino[files[k] as usize]);
             let mut read: Vec<(usize, Result<encode::Encoded, String>)> = pool.install(|| {
                 order
                     .par_iter()
-                    .map(|&i| {
-                        let f = &files[i];
-                        let path = src.join(std::ffi::OsStr::from_bytes(&f.rel));
-                        let r = encode::read_and_encode(&path, f.size, f.mtime_ns, opts.compress);
-                        pb.inc(f.size);
-                        (i, r)
+                    .map(|&k| {
+                        let i = files[k] as usize;
+                        let path = src.join(std::ffi::OsStr::from_bytes(table.path(i)));
+                        let size = table.size[i];
+                        let r =
+                            encode::read_and_encode(&path, size, table.mtime_ns[i], opts.compress);
+                        pb.inc(size);
+                        (k, r)
                     })
                     .collect()
             });
             read.sort_unstable_by_key(|(i, _)| *i);
             let mut recs = Vec::with_capacity(files.len());
-            for (i, r) in read.into_iter() {
+            for (k, r) in read.into_iter() {
+                let rel = table.path(files[k] as usize);
                 match r {
-                    Ok(e) => recs.push((i, e)),
+                    Ok(e) => recs.push((k, e)),
                     Err(reason) if opts.skip_unreadable => skipped.push(Skipped {
-                        path: files[i].rel.clone(),
+                        path: rel.to_vec(),
                         reason,
                     }),
                     Err(detail) => {
                         failure = Some(PackError::Source {
-                            path: src.join(std::ffi::OsStr::from_bytes(&files[i].rel)),
+                            path: src.join(std::ffi::OsStr::from_bytes(rel)),
                             detail,
                         });
                         break;
@@ -1338,15 +1377,15 @@ fn write_chunk(
     let io = |e| PackError::io("writing", &tmp, e);
     let mut w =
         ChunkWriter::new(BufWriter::with_capacity(1 << 20, f), plan.dataset_id, id).map_err(io)?;
-    for (i, e) in recs {
-        let pf = &files[i];
+    for (k, e) in recs {
+        let i = files[k] as usize;
         w.append(
-            &pf.rel,
+            plan.files.path(i),
             &e.stored,
             e.compression,
             e.orig_len,
             e.crc32,
-            pf.label,
+            plan.files.label[i],
         )
         .map_err(io)?;
     }
@@ -1358,9 +1397,35 @@ fn write_chunk(
     Ok(summary)
 }
 
+/// A snapshot builder that keeps its sample table in an unnamed temporary file in `dir`
+/// instead of in memory (40 bytes per sample less at the peak of a pack, append or merge).
+pub(crate) fn spooled_builder(
+    dir: &Path,
+    dataset_id: [u8; 16],
+    classes: Vec<Vec<u8>>,
+) -> Result<SnapshotBuilder, PackError> {
+    let f = tempfile::tempfile_in(dir)
+        .map_err(|e| PackError::io("creating a temporary file in", dir, e))?;
+    let mut b = SnapshotBuilder::new(dataset_id, classes);
+    b.spool_samples(f)?;
+    Ok(b)
+}
+
 /// Writes the snapshot `b` builds to `path` like [`write_file_atomic`], streaming it (no copy
 /// of the snapshot in memory). Returns its length.
 pub fn write_snapshot_atomic(path: &Path, b: SnapshotBuilder) -> Result<u64, PackError> {
+    let (tmp, len) = write_snapshot_tmp(path, b)?;
+    rename_into_place(&tmp, path)?;
+    Ok(len)
+}
+
+/// Streams the snapshot `b` builds to `path` with the extension `tmp`, fsynced; returns that
+/// name and the length. Nothing is left behind on failure; a builder that cannot build (two
+/// samples share a path) fails before a byte is written, as [`PackError::Usage`].
+pub(crate) fn write_snapshot_tmp(
+    path: &Path,
+    b: SnapshotBuilder,
+) -> Result<(PathBuf, u64), PackError> {
     let tmp = path.with_extension("tmp");
     let written = std::fs::File::create(&tmp)
         .map_err(|e| PackError::io("creating", &tmp, e))
@@ -1376,19 +1441,27 @@ pub fn write_snapshot_atomic(path: &Path, b: SnapshotBuilder) -> Result<u64, Pac
             f.sync_all()
                 .map_err(|e| PackError::io("writing", &tmp, e))?;
             Ok(len)
-        })
-        .and_then(|len| {
-            std::fs::rename(&tmp, path).map_err(|e| PackError::io("renaming", &tmp, e))?;
-            Ok(len)
         });
-    if written.is_err() {
-        let _ = std::fs::remove_file(&tmp);
+    match written {
+        Ok(len) => Ok((tmp, len)),
+        Err(e) => {
+            let _ = std::fs::remove_file(&tmp);
+            Err(e)
+        }
     }
-    let len = written?;
-    if let Some(parent) = path.parent() {
-        sync_dir(parent)?;
+}
+
+/// Renames the finished temporary file `tmp` to `path` and syncs the directory (removing
+/// `tmp` if the rename fails).
+pub(crate) fn rename_into_place(tmp: &Path, path: &Path) -> Result<(), PackError> {
+    if let Err(e) = std::fs::rename(tmp, path) {
+        let _ = std::fs::remove_file(tmp);
+        return Err(PackError::io("renaming", tmp, e));
     }
-    Ok(len)
+    match path.parent() {
+        Some(parent) => sync_dir(parent),
+        None => Ok(()),
+    }
 }
 
 /// Writes `data` to `path` via a temporary file, fsync and rename. On failure (a full disk,

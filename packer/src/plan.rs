@@ -2,29 +2,19 @@
 //! chunk, so that `--resume` continues exactly the same plan even if the source is re-listed
 //! differently.
 
-use std::io::Write;
+use std::io::{BufReader, BufWriter, Read, Write};
 use std::path::Path;
 
-use granary_format::{encode_string_table, StringTable};
+use granary_format::{encode_string_table, StringTable, NO_LABEL};
 
+use crate::files::FileTable;
 use crate::PackError;
 
 const PLAN_MAGIC: &[u8; 8] = b"GRNYPLAN";
-/// Version 2 added each file's mtime; a plan of another version is not resumed.
-const PLAN_VERSION: u32 = 2;
-
-/// A file of the plan, in chunk order.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct PlanFile {
-    pub rel: Vec<u8>,
-    pub size: u64,
-    pub label: u32,
-    /// Inode number at scan time (only orders reads; never stored in the dataset).
-    pub ino: u64,
-    /// Modification time at scan time, nanoseconds since the epoch: a file whose size or
-    /// mtime differs from the plan's has changed since the scan.
-    pub mtime_ns: i64,
-}
+/// Version 2 added each file's mtime; version 3 stores the files as columns (path arena,
+/// then one column per attribute) and the chunk order as a permutation. A plan of another
+/// version is not resumed.
+const PLAN_VERSION: u32 = 3;
 
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) struct Plan {
@@ -32,9 +22,11 @@ pub(crate) struct Plan {
     pub settings: String,
     pub dataset_id: [u8; 16],
     pub classes: Vec<Vec<u8>>,
-    /// Files in chunk order.
-    pub files: Vec<PlanFile>,
-    /// `chunk_starts[c]..chunk_starts[c + 1]` are chunk `c`'s files.
+    /// Every file, sorted by path, with every column filled.
+    pub files: FileTable,
+    /// Chunk order: `order[k]` is the index in `files` of the k-th file packed.
+    pub order: Vec<u32>,
+    /// `order[chunk_starts[c]..chunk_starts[c + 1]]` are chunk `c`'s files.
     pub chunk_starts: Vec<u64>,
 }
 
@@ -43,103 +35,160 @@ impl Plan {
         self.chunk_starts.len() - 1
     }
 
-    pub fn chunk_files(&self, c: usize) -> &[PlanFile] {
-        &self.files[self.chunk_starts[c] as usize..self.chunk_starts[c + 1] as usize]
+    /// Chunk `c`'s files, as indices into `files`, in record order.
+    pub fn chunk_files(&self, c: usize) -> &[u32] {
+        &self.order[self.chunk_starts[c] as usize..self.chunk_starts[c + 1] as usize]
     }
 
-    /// Groups files (already in their final order) into chunks of about `target` bytes. A file
-    /// of `target` bytes or more gets a chunk of its own.
-    pub fn assign_chunks(files: &[PlanFile], target: u64) -> Vec<u64> {
+    /// Bytes of chunk `c`'s files.
+    pub fn chunk_bytes(&self, c: usize) -> u64 {
+        self.chunk_files(c)
+            .iter()
+            .map(|&i| self.files.size[i as usize])
+            .sum()
+    }
+
+    /// Groups files of the given sizes (already in their final order) into chunks of about
+    /// `target` bytes and at most `max_files` files. A file of `target` bytes or more gets a
+    /// chunk of its own.
+    pub fn assign_chunks(
+        sizes: impl IntoIterator<Item = u64>,
+        target: u64,
+        max_files: u64,
+    ) -> Vec<u64> {
         let mut starts = vec![0u64];
         let mut fill = 0u64;
-        for (i, f) in files.iter().enumerate() {
+        let mut n = 0u64;
+        for (i, size) in sizes.into_iter().enumerate() {
             let i = i as u64;
-            let open = *starts.last().unwrap() < i;
-            if open && (f.size >= target || fill.saturating_add(f.size) > target) {
+            n = i + 1;
+            let start = *starts.last().unwrap();
+            let open = start < i;
+            if open
+                && (size >= target || fill.saturating_add(size) > target || i - start >= max_files)
+            {
                 starts.push(i);
                 fill = 0;
             }
-            fill = fill.saturating_add(f.size);
-            if f.size >= target {
+            fill = fill.saturating_add(size);
+            if size >= target {
                 starts.push(i + 1);
                 fill = 0;
             }
         }
-        if *starts.last().unwrap() != files.len() as u64 {
-            starts.push(files.len() as u64);
+        if *starts.last().unwrap() != n {
+            starts.push(n);
         }
         starts
     }
 
+    /// Writes the plan to `w` as it goes (no encoded copy in memory): a pack of millions of
+    /// files would otherwise hold its index twice here.
+    pub fn write_to(&self, w: impl Write) -> std::io::Result<()> {
+        let mut w = CrcWriter::new(w);
+        w.write_all(PLAN_MAGIC)?;
+        w.write_all(&PLAN_VERSION.to_le_bytes())?;
+        put_blob_to(&mut w, self.settings.as_bytes())?;
+        w.write_all(&self.dataset_id)?;
+        put_blob_to(&mut w, &encode_string_table(self.classes.iter()))?;
+        let f = &self.files;
+        w.write_all(&(f.len() as u64).to_le_bytes())?;
+        put_all(&mut w, f.ends(), |v| v.to_le_bytes())?;
+        w.write_all(f.path_bytes())?;
+        put_all(&mut w, &f.size, |v| v.to_le_bytes())?;
+        put_all(&mut w, &f.label, |v| v.to_le_bytes())?;
+        put_all(&mut w, &f.ino, |v| v.to_le_bytes())?;
+        put_all(&mut w, &f.mtime_ns, |v| v.to_le_bytes())?;
+        put_all(&mut w, &self.order, |v| v.to_le_bytes())?;
+        w.write_all(&(self.chunk_starts.len() as u64).to_le_bytes())?;
+        put_all(&mut w, &self.chunk_starts, |v| v.to_le_bytes())?;
+        let crc = w.crc.clone().finalize();
+        w.inner.write_all(&crc.to_le_bytes())?;
+        w.inner.flush()
+    }
+
+    #[cfg(test)]
     pub fn encode(&self) -> Vec<u8> {
         let mut b = Vec::new();
-        b.extend_from_slice(PLAN_MAGIC);
-        b.extend_from_slice(&PLAN_VERSION.to_le_bytes());
-        put_blob(&mut b, self.settings.as_bytes());
-        b.extend_from_slice(&self.dataset_id);
-        put_blob(&mut b, &encode_string_table(self.classes.iter()));
-        put_blob(
-            &mut b,
-            &encode_string_table(self.files.iter().map(|f| &f.rel)),
-        );
-        b.extend_from_slice(&(self.files.len() as u64).to_le_bytes());
-        for f in &self.files {
-            b.extend_from_slice(&f.size.to_le_bytes());
-            b.extend_from_slice(&f.label.to_le_bytes());
-            b.extend_from_slice(&f.ino.to_le_bytes());
-            b.extend_from_slice(&f.mtime_ns.to_le_bytes());
-        }
-        b.extend_from_slice(&(self.chunk_starts.len() as u64).to_le_bytes());
-        for s in &self.chunk_starts {
-            b.extend_from_slice(&s.to_le_bytes());
-        }
-        let crc = crc32fast::hash(&b);
-        b.extend_from_slice(&crc.to_le_bytes());
+        self.write_to(&mut b).expect("writing to memory");
         b
     }
 
-    pub fn decode(b: &[u8]) -> Option<Plan> {
-        let (body, crc) = b.split_at(b.len().checked_sub(4)?);
-        if crc32fast::hash(body).to_le_bytes() != crc[..] {
+    /// Reads a plan of `len` bytes from `r`; `None` if it is damaged, truncated, inconsistent
+    /// or of another version. No count is trusted before the bytes it needs are known to be
+    /// there.
+    pub fn read_from(r: impl Read, len: u64) -> Option<Plan> {
+        let body_len = len.checked_sub(4)?;
+        let mut r = CrcReader {
+            inner: r,
+            crc: crc32fast::Hasher::new(),
+            left: body_len,
+        };
+        if &r.array::<8>()? != PLAN_MAGIC || r.u32()? != PLAN_VERSION {
             return None;
         }
-        let mut r = Reader(body);
-        if r.take(8)? != PLAN_MAGIC || r.u32()? != PLAN_VERSION {
-            return None;
-        }
-        let settings = String::from_utf8(r.blob()?.to_vec()).ok()?;
-        let dataset_id: [u8; 16] = r.take(16)?.try_into().ok()?;
-        let classes = StringTable::parse(r.blob()?, "plan classes").ok()?;
-        let classes = classes
+        let settings = String::from_utf8(r.blob()?).ok()?;
+        let dataset_id = r.array::<16>()?;
+        let classes_blob = r.blob()?;
+        let classes = StringTable::parse(&classes_blob, "plan classes").ok()?;
+        let classes: Vec<Vec<u8>> = classes
             .iter()
             .map(|c| c.map(<[u8]>::to_vec))
             .collect::<Result<_, _>>()
             .ok()?;
-        let paths = StringTable::parse(r.blob()?, "plan paths").ok()?;
         let n = r.u64()?;
-        if n != paths.len() {
+        // Every file takes at least 40 bytes (end, size, label, inode, mtime, order).
+        if n > r.left / 40 || n > granary_format::MAX_SAMPLES {
             return None;
         }
-        let mut files = Vec::with_capacity(n.min(1 << 24) as usize);
-        for i in 0..n {
-            files.push(PlanFile {
-                rel: paths.get(i).ok()?.to_vec(),
-                size: r.u64()?,
-                label: r.u32()?,
-                ino: r.u64()?,
-                mtime_ns: r.u64()? as i64,
-            });
+        let n = n as usize;
+        let ends = r.column(n, u64::from_le_bytes)?;
+        let path_len = ends.last().copied().unwrap_or(0);
+        if path_len > r.left {
+            return None;
         }
+        let mut bytes = vec![0u8; path_len as usize];
+        r.read(&mut bytes)?;
+        let mut files = FileTable::from_parts(bytes, ends)?;
+        files.size = r.column(n, u64::from_le_bytes)?;
+        files.label = r.column(n, u32::from_le_bytes)?;
+        files.ino = r.column(n, u64::from_le_bytes)?;
+        files.mtime_ns = r.column(n, i64::from_le_bytes)?;
+        let order = r.column(n, u32::from_le_bytes)?;
         let nc = r.u64()?;
-        let mut chunk_starts = Vec::new();
-        for _ in 0..nc {
-            chunk_starts.push(r.u64()?);
+        if nc > r.left / 8 {
+            return None;
         }
-        let ok = !r.0.is_empty()
-            || chunk_starts.first() != Some(&0)
-            || chunk_starts.last() != Some(&n)
-            || chunk_starts.windows(2).any(|w| w[0] > w[1]);
-        if ok {
+        let chunk_starts = r.column(nc as usize, u64::from_le_bytes)?;
+        if r.left != 0 {
+            return None;
+        }
+        let body_crc = r.crc.finalize();
+        let mut crc = [0u8; 4];
+        r.inner.read_exact(&mut crc).ok()?;
+        if body_crc != u32::from_le_bytes(crc) {
+            return None;
+        }
+        // Sorted, distinct paths; labels that name a class; order a permutation; chunk
+        // boundaries that cover it.
+        if (1..n).any(|i| files.path(i - 1) >= files.path(i))
+            || files
+                .label
+                .iter()
+                .any(|&l| l != NO_LABEL && l as usize >= classes.len())
+        {
+            return None;
+        }
+        let mut seen = vec![false; n];
+        for &i in &order {
+            if std::mem::replace(seen.get_mut(i as usize)?, true) {
+                return None;
+            }
+        }
+        if chunk_starts.first() != Some(&0)
+            || chunk_starts.last() != Some(&(n as u64))
+            || chunk_starts.windows(2).any(|w| w[0] > w[1])
+        {
             return None;
         }
         Some(Plan {
@@ -147,18 +196,132 @@ impl Plan {
             dataset_id,
             classes,
             files,
+            order,
             chunk_starts,
         })
+    }
+
+    /// Reads the plan file at `path`; `None` if it is missing or unusable.
+    pub fn load(path: &Path) -> Option<Plan> {
+        let f = std::fs::File::open(path).ok()?;
+        let len = f.metadata().ok()?.len();
+        Plan::read_from(BufReader::with_capacity(1 << 20, f), len)
     }
 
     /// Writes the plan atomically (temporary name, fsync, rename).
     pub fn save(&self, path: &Path) -> Result<(), PackError> {
         let tmp = path.with_extension("tmp");
-        let mut f = std::fs::File::create(&tmp).map_err(|e| PackError::io("creating", &tmp, e))?;
-        f.write_all(&self.encode())
-            .and_then(|_| f.sync_all())
+        let f = std::fs::File::create(&tmp).map_err(|e| PackError::io("creating", &tmp, e))?;
+        let mut w = BufWriter::with_capacity(1 << 20, f);
+        self.write_to(&mut w)
+            .and_then(|_| w.into_inner().map_err(|e| e.into_error()))
+            .and_then(|f| f.sync_all())
             .map_err(|e| PackError::io("writing", &tmp, e))?;
         std::fs::rename(&tmp, path).map_err(|e| PackError::io("renaming", &tmp, e))
+    }
+}
+
+fn put_blob_to(w: &mut impl Write, data: &[u8]) -> std::io::Result<()> {
+    w.write_all(&(data.len() as u64).to_le_bytes())?;
+    w.write_all(data)
+}
+
+/// Writes a column of fixed-width values through a small buffer.
+fn put_all<T: Copy, const N: usize>(
+    w: &mut impl Write,
+    col: &[T],
+    enc: impl Fn(T) -> [u8; N],
+) -> std::io::Result<()> {
+    let mut buf = Vec::with_capacity(64 << 10);
+    for &v in col {
+        buf.extend_from_slice(&enc(v));
+        if buf.len() >= 64 << 10 {
+            w.write_all(&buf)?;
+            buf.clear();
+        }
+    }
+    w.write_all(&buf)
+}
+
+/// A writer that keeps the CRC-32 of everything written through it.
+struct CrcWriter<W> {
+    inner: W,
+    crc: crc32fast::Hasher,
+}
+
+impl<W: Write> CrcWriter<W> {
+    fn new(inner: W) -> Self {
+        CrcWriter {
+            inner,
+            crc: crc32fast::Hasher::new(),
+        }
+    }
+}
+
+impl<W: Write> Write for CrcWriter<W> {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        let n = self.inner.write(b)?;
+        self.crc.update(&b[..n]);
+        Ok(n)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+/// Reads a plan's body: keeps its CRC-32 and how many of its bytes are left.
+struct CrcReader<R> {
+    inner: R,
+    crc: crc32fast::Hasher,
+    left: u64,
+}
+
+impl<R: Read> CrcReader<R> {
+    fn read(&mut self, b: &mut [u8]) -> Option<()> {
+        self.left = self.left.checked_sub(b.len() as u64)?;
+        self.inner.read_exact(b).ok()?;
+        self.crc.update(b);
+        Some(())
+    }
+    fn array<const N: usize>(&mut self) -> Option<[u8; N]> {
+        let mut a = [0u8; N];
+        self.read(&mut a)?;
+        Some(a)
+    }
+    fn u32(&mut self) -> Option<u32> {
+        self.array().map(u32::from_le_bytes)
+    }
+    fn u64(&mut self) -> Option<u64> {
+        self.array().map(u64::from_le_bytes)
+    }
+    fn blob(&mut self) -> Option<Vec<u8>> {
+        let n = self.u64()?;
+        if n > self.left {
+            return None;
+        }
+        let mut b = vec![0u8; n as usize];
+        self.read(&mut b)?;
+        Some(b)
+    }
+    /// `n` values of `N` bytes each (the caller checked that `n` fits the file).
+    fn column<T, const N: usize>(&mut self, n: usize, dec: fn([u8; N]) -> T) -> Option<Vec<T>> {
+        if (n as u64).checked_mul(N as u64)? > self.left {
+            return None;
+        }
+        let mut out = Vec::with_capacity(n);
+        let mut buf = vec![0u8; (64 << 10) / N * N];
+        let mut left = n;
+        while left > 0 {
+            let k = left.min(buf.len() / N);
+            self.read(&mut buf[..k * N])?;
+            out.extend(
+                buf[..k * N]
+                    .chunks_exact(N)
+                    .map(|c| dec(c.try_into().expect("N bytes"))),
+            );
+            left -= k;
+        }
+        Some(out)
     }
 }
 
@@ -174,31 +337,32 @@ pub(crate) struct SourceChanges {
 }
 
 impl SourceChanges {
-    /// Compares `plan` with a fresh scan (`found`, sorted by path as the scan returns it).
-    pub fn between(plan: &Plan, found: &[crate::scan::Found]) -> Self {
-        let mut planned: Vec<&PlanFile> = plan.files.iter().collect();
-        planned.sort_unstable_by(|a, b| a.rel.cmp(&b.rel));
+    /// Compares the files of a plan with a fresh scan (both sorted by path).
+    pub fn between(planned: &FileTable, found: &FileTable) -> Self {
         let mut c = SourceChanges::default();
-        let (mut p, mut f) = (planned.iter().peekable(), found.iter().peekable());
+        let (mut p, mut f) = (0, 0);
         loop {
-            let plan_first = match (p.peek(), f.peek()) {
-                (None, None) => break,
-                (Some(a), Some(b)) if a.rel == b.rel => {
-                    if a.size != b.size || a.mtime_ns != b.mtime_ns {
-                        c.modified.push(a.rel.clone());
+            let plan_first = match (p < planned.len(), f < found.len()) {
+                (false, false) => break,
+                (true, true) if planned.path(p) == found.path(f) => {
+                    if planned.size[p] != found.size[f] || planned.mtime_ns[p] != found.mtime_ns[f]
+                    {
+                        c.modified.push(planned.path(p).to_vec());
                     }
-                    p.next();
-                    f.next();
+                    p += 1;
+                    f += 1;
                     continue;
                 }
-                (Some(a), Some(b)) => a.rel < b.rel,
-                (Some(_), None) => true,
-                (None, Some(_)) => false,
+                (true, true) => planned.path(p) < found.path(f),
+                (true, false) => true,
+                (false, true) => false,
             };
             if plan_first {
-                c.removed.extend(p.next().map(|a| a.rel.clone()));
+                c.removed.push(planned.path(p).to_vec());
+                p += 1;
             } else {
-                c.added.extend(f.next().map(|b| b.rel.clone()));
+                c.added.push(found.path(f).to_vec());
+                f += 1;
             }
         }
         c
@@ -268,53 +432,93 @@ impl<'a> Reader<'a> {
 mod tests {
     use super::*;
 
-    fn f(size: u64) -> PlanFile {
-        PlanFile {
-            rel: b"x".to_vec(),
-            size,
-            label: 0,
-            ino: 0,
-            mtime_ns: 0,
+    #[test]
+    fn chunk_assignment() {
+        assert_eq!(
+            Plan::assign_chunks([3, 3, 3, 10, 1, 4, 4, 0], 7, 100),
+            vec![0, 2, 3, 4, 6, 8]
+        );
+        assert_eq!(Plan::assign_chunks([], 7, 100), vec![0]);
+        assert_eq!(Plan::assign_chunks([20], 7, 100), vec![0, 1]);
+        assert_eq!(Plan::assign_chunks([0, 0], 7, 100), vec![0, 2]);
+        // The file cap: 0-byte files never fill a chunk by size.
+        assert_eq!(Plan::assign_chunks([0; 7], 7, 3), vec![0, 3, 6, 7]);
+        assert_eq!(Plan::assign_chunks([1, 1, 9, 1], 7, 2), vec![0, 2, 3, 4]);
+        assert_eq!(Plan::assign_chunks([1; 4], 7, 1), vec![0, 1, 2, 3, 4]);
+    }
+
+    fn sample() -> Plan {
+        let mut files = FileTable::default();
+        files.push(b"a/1", 5, 9, 1_700_000_000_123_456_789, 0);
+        files.push(b"a/2", 7, 3, 4, 0);
+        files.push(b"\xff", 0, 1, -5, NO_LABEL);
+        Plan {
+            settings: "s".into(),
+            dataset_id: [3; 16],
+            classes: vec![b"a".to_vec()],
+            files,
+            order: vec![2, 0, 1],
+            chunk_starts: vec![0, 1, 3],
         }
     }
 
-    #[test]
-    fn chunk_assignment() {
-        let files: Vec<_> = [3, 3, 3, 10, 1, 4, 4, 0].into_iter().map(f).collect();
-        assert_eq!(Plan::assign_chunks(&files, 7), vec![0, 2, 3, 4, 6, 8]);
-        assert_eq!(Plan::assign_chunks(&[], 7), vec![0]);
-        assert_eq!(Plan::assign_chunks(&[f(20)], 7), vec![0, 1]);
-        assert_eq!(Plan::assign_chunks(&[f(0), f(0)], 7), vec![0, 2]);
+    fn decode(b: &[u8]) -> Option<Plan> {
+        Plan::read_from(b, b.len() as u64)
     }
 
     #[test]
     fn encode_round_trip_and_damage() {
-        let p = Plan {
-            settings: "s".into(),
-            dataset_id: [3; 16],
-            classes: vec![b"a".to_vec()],
-            files: vec![
-                PlanFile {
-                    rel: b"a/1".to_vec(),
-                    size: 5,
-                    label: 0,
-                    ino: 9,
-                    mtime_ns: 1_700_000_000_123_456_789,
-                },
-                PlanFile {
-                    rel: b"\xff".to_vec(),
-                    size: 0,
-                    label: u32::MAX,
-                    ino: 1,
-                    mtime_ns: -5,
-                },
-            ],
-            chunk_starts: vec![0, 1, 2],
-        };
+        let p = sample();
+        assert_eq!(p.chunk_files(1), [0, 1]);
+        assert_eq!(p.chunk_bytes(1), 12);
         let b = p.encode();
-        assert_eq!(Plan::decode(&b), Some(p));
+        assert_eq!(decode(&b), Some(p));
         for cut in 0..b.len() {
-            assert_eq!(Plan::decode(&b[..cut]), None);
+            assert_eq!(decode(&b[..cut]), None, "cut at {cut}");
+        }
+        for i in 0..b.len() {
+            let mut d = b.clone();
+            d[i] ^= 0x40;
+            assert_eq!(decode(&d), None, "flip at {i}");
+        }
+        // A longer length than the bytes there: the reader runs dry and refuses.
+        assert_eq!(Plan::read_from(&b[..], b.len() as u64 + 8), None);
+    }
+
+    #[test]
+    fn inconsistent_plans_are_refused_even_with_a_valid_crc() {
+        let bad = [
+            Plan {
+                order: vec![0, 0, 1],
+                ..sample()
+            },
+            Plan {
+                order: vec![0, 1, 7],
+                ..sample()
+            },
+            Plan {
+                chunk_starts: vec![0, 2],
+                ..sample()
+            },
+            Plan {
+                chunk_starts: vec![0, 2, 1, 3],
+                ..sample()
+            },
+            {
+                let mut p = sample();
+                p.files.label[0] = 4;
+                p
+            },
+            {
+                let mut files = FileTable::default();
+                files.push(b"b", 1, 1, 1, NO_LABEL);
+                files.push(b"a", 1, 1, 1, NO_LABEL);
+                files.push(b"c", 1, 1, 1, NO_LABEL);
+                Plan { files, ..sample() }
+            },
+        ];
+        for p in bad {
+            assert_eq!(decode(&p.encode()), None, "{p:?}");
         }
     }
 }

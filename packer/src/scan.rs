@@ -6,17 +6,8 @@ use std::path::{Path, PathBuf};
 
 use rayon::prelude::*;
 
+use crate::files::FileTable;
 use crate::{PackError, Skipped};
-
-/// A file found by the scan.
-pub(crate) struct Found {
-    pub rel: Vec<u8>,
-    pub size: u64,
-    /// Inode number: reading a chunk's files in inode order follows the on-disk layout.
-    pub ino: u64,
-    /// Modification time in nanoseconds since the epoch (see [`mtime_ns`]).
-    pub mtime_ns: i64,
-}
 
 /// A file's modification time in nanoseconds since the epoch, as the plan records it.
 pub(crate) fn mtime_ns(m: &std::fs::Metadata) -> i64 {
@@ -27,7 +18,8 @@ pub(crate) fn mtime_ns(m: &std::fs::Metadata) -> i64 {
 }
 
 pub(crate) struct ScanResult {
-    pub files: Vec<Found>,
+    /// The regular files, sorted by path, with size, inode and mtime (labels not yet filled).
+    pub files: FileTable,
     pub skipped: Vec<Skipped>,
     pub warnings: Vec<String>,
     /// Class names: the distinct first directories of every name listed (also of the names
@@ -54,7 +46,7 @@ pub(crate) fn scan(
 ) -> Result<ScanResult, PackError> {
     let mut warnings = Vec::new();
     let mut skipped = Vec::new();
-    let mut rels: Vec<Vec<u8>> = match files_from {
+    let mut files: FileTable = match files_from {
         Some(list) => read_list(src, list)?,
         None => walk(
             src,
@@ -67,10 +59,10 @@ pub(crate) fn scan(
     };
     // Every shard sees every name (for the classes and the digest) but stats and keeps only
     // its own.
-    let names = rels.len() as u64;
+    let names = files.len() as u64;
     let mut names_digest = 0x6772_616e_6172_7931u64 ^ names;
     let mut classes: Vec<Vec<u8>> = Vec::new();
-    for rel in &rels {
+    for rel in files.paths() {
         names_digest = crate::shard::mix64(names_digest ^ granary_format::path_hash(rel));
         if let Some(i) = rel.iter().position(|&b| b == b'/') {
             if classes.last().map(|c| &c[..]) != Some(&rel[..i]) {
@@ -81,65 +73,86 @@ pub(crate) fn scan(
     classes.sort_unstable();
     classes.dedup();
     if let Some(s) = shard {
-        rels.retain(|r| s.owns(r));
+        files.retain(|_, r| s.owns(r));
     }
-    // (size, inode, mtime) of each regular file; None for what is not one.
-    type Stat = Option<(u64, u64, i64)>;
-    let stats: Vec<Result<Stat, Skipped>> = rels
-        .par_iter()
-        .map(|rel| {
-            let p = abs(src, rel);
-            let md = if follow_links {
-                std::fs::metadata(&p)
-            } else {
-                std::fs::symlink_metadata(&p)
-            };
-            match md {
-                Ok(m) if m.is_file() => Ok(Some((
-                    m.len(),
-                    std::os::unix::fs::MetadataExt::ino(&m),
-                    mtime_ns(&m),
-                ))),
-                Ok(m) if m.file_type().is_symlink() => Ok(None),
-                Ok(_) => Ok(None),
-                Err(e) => Err(Skipped {
-                    path: rel.clone(),
-                    reason: format!("cannot stat: {e}"),
-                }),
-            }
-        })
-        .collect();
-    let mut files = Vec::with_capacity(rels.len());
-    let mut not_regular = 0u64;
-    for (rel, st) in rels.into_iter().zip(stats) {
-        match st {
-            Ok(Some((size, ino, mtime_ns))) => files.push(Found {
-                rel,
-                size,
-                ino,
-                mtime_ns,
-            }),
-            Ok(None) => {
-                not_regular += 1;
-                if not_regular <= 5 {
-                    warnings.push(format!(
-                        "skipping {}: not a regular file{}",
-                        String::from_utf8_lossy(&rel),
-                        if follow_links {
-                            ""
-                        } else {
-                            " (symlinks are followed only with --follow-links)"
-                        }
-                    ));
+    files.sort_by_path();
+    if let Some(dup) = files.first_duplicate() {
+        return Err(PackError::Usage(format!(
+            "{} is listed twice",
+            String::from_utf8_lossy(dup)
+        )));
+    }
+    // Size, inode and mtime of each file, in parallel, straight into the table's columns;
+    // what is not a regular file or cannot be stat'ed is marked and dropped below.
+    const REGULAR: u8 = 0;
+    const NOT_REGULAR: u8 = 1;
+    const FAILED: u8 = 2;
+    let n = files.len();
+    let (mut size, mut ino, mut mtime) = (vec![0u64; n], vec![0u64; n], vec![0i64; n]);
+    let mut kind = vec![REGULAR; n];
+    let failures = std::sync::Mutex::new(Vec::<(usize, String)>::new());
+    {
+        let files = &files;
+        let failures = &failures;
+        size.par_iter_mut()
+            .zip(ino.par_iter_mut())
+            .zip(mtime.par_iter_mut())
+            .zip(kind.par_iter_mut())
+            .enumerate()
+            .for_each(|(i, (((size, ino), mtime), kind))| {
+                let p = abs(src, files.path(i));
+                let md = if follow_links {
+                    std::fs::metadata(&p)
+                } else {
+                    std::fs::symlink_metadata(&p)
+                };
+                match md {
+                    Ok(m) if m.is_file() => {
+                        *size = m.len();
+                        *ino = std::os::unix::fs::MetadataExt::ino(&m);
+                        *mtime = mtime_ns(&m);
+                    }
+                    Ok(_) => *kind = NOT_REGULAR,
+                    Err(e) => {
+                        *kind = FAILED;
+                        let mut f = failures.lock().unwrap_or_else(|p| p.into_inner());
+                        f.push((i, format!("cannot stat: {e}")));
+                    }
                 }
-            }
-            Err(s) if skip_unreadable => skipped.push(s),
-            Err(s) => {
-                return Err(PackError::Source {
-                    path: abs(src, &s.path),
-                    detail: s.reason,
-                })
-            }
+            });
+    }
+    files.size = size;
+    files.ino = ino;
+    files.mtime_ns = mtime;
+    let mut failures = failures.into_inner().unwrap_or_else(|p| p.into_inner());
+    failures.sort_unstable_by_key(|(i, _)| *i);
+    if let Some((i, reason)) = failures.first() {
+        if !skip_unreadable {
+            return Err(PackError::Source {
+                path: abs(src, files.path(*i)),
+                detail: reason.clone(),
+            });
+        }
+    }
+    for (i, reason) in failures {
+        skipped.push(Skipped {
+            path: files.path(i).to_vec(),
+            reason,
+        });
+    }
+    let mut not_regular = 0u64;
+    for i in (0..n).filter(|&i| kind[i] == NOT_REGULAR) {
+        not_regular += 1;
+        if not_regular <= 5 {
+            warnings.push(format!(
+                "skipping {}: not a regular file{}",
+                String::from_utf8_lossy(files.path(i)),
+                if follow_links {
+                    ""
+                } else {
+                    " (symlinks are followed only with --follow-links)"
+                }
+            ));
         }
     }
     if not_regular > 5 {
@@ -147,13 +160,7 @@ pub(crate) fn scan(
             "skipped {not_regular} entries that are not regular files in all"
         ));
     }
-    files.sort_unstable_by(|a, b| a.rel.cmp(&b.rel));
-    if let Some(w) = files.windows(2).find(|w| w[0].rel == w[1].rel) {
-        return Err(PackError::Usage(format!(
-            "{} is listed twice",
-            String::from_utf8_lossy(&w[0].rel)
-        )));
-    }
+    files.retain(|i, _| kind[i] == REGULAR);
     Ok(ScanResult {
         files,
         skipped,
@@ -171,8 +178,8 @@ fn walk(
     warnings: &mut Vec<String>,
     skipped: &mut Vec<Skipped>,
     on_found: &(dyn Fn(u64) + Sync),
-) -> Result<Vec<Vec<u8>>, PackError> {
-    let mut out = Vec::new();
+) -> Result<FileTable, PackError> {
+    let mut out = FileTable::default();
     let mut special = 0u64;
     for entry in walkdir::WalkDir::new(src)
         .min_depth(1)
@@ -212,10 +219,9 @@ fn walk(
             .strip_prefix(src)
             .map_err(|_| PackError::Usage(format!("walk left {}", src.display())))?
             .as_os_str()
-            .as_bytes()
-            .to_vec();
+            .as_bytes();
         if ft.is_file() {
-            out.push(rel);
+            out.push_path(rel);
             if out.len() % 4096 == 0 {
                 on_found(out.len() as u64);
             }
@@ -240,11 +246,11 @@ fn walk(
 
 /// Reads a file list: NUL-separated if it contains a NUL byte, newline-separated otherwise.
 /// Entries are relative to `src` (a leading `./` is dropped) or absolute paths inside `src`.
-fn read_list(src: &Path, list: &Path) -> Result<Vec<Vec<u8>>, PackError> {
+fn read_list(src: &Path, list: &Path) -> Result<FileTable, PackError> {
     let data = std::fs::read(list).map_err(|e| PackError::io("reading file list", list, e))?;
     let sep = if data.contains(&0) { 0 } else { b'\n' };
     let src_bytes = src.as_os_str().as_bytes();
-    let mut out = Vec::new();
+    let mut out = FileTable::default();
     for (lineno, item) in data.split(|&b| b == sep).enumerate() {
         let mut item = item;
         if sep == b'\n' && item.last() == Some(&b'\r') {
@@ -279,7 +285,7 @@ fn read_list(src: &Path, list: &Path) -> Result<Vec<Vec<u8>>, PackError> {
                 String::from_utf8_lossy(item)
             ))
         })?;
-        out.push(item.to_vec());
+        out.push_path(item);
     }
     Ok(out)
 }

@@ -4,17 +4,17 @@
 //! computes alone from the names), packs them in its own seeded random order, and numbers its
 //! `k`-th chunk `k × n + i`, so the shards' chunk ids never collide and need no agreement. Its
 //! chunks go straight into the dataset directory; its plan, lock and, written last, its part
-//! file (everything the snapshot needs about its chunks) live in `DS/part-IIII-of-NNNN/`.
-//! `merge` checks the parts, fills the ids a shorter shard did not use with empty chunks, and
-//! writes one snapshot over all chunks; chunk data is never copied.
+//! file (its settings and a line per chunk: id, size, CRC, sample count) live in
+//! `DS/part-IIII-of-NNNN/`. `merge` checks the parts, fills the ids a shorter shard did not use
+//! with empty chunks, and writes one snapshot over all chunks from their footers, one chunk at
+//! a time; chunk data is never copied.
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use granary_format::{
     chunk_file_name, encode_string_table, parse_chunk_file_name, path_hash, ChunkHeader,
-    ChunkSummary, ChunkWriter, SampleEntry, SnapshotBuilder, StringTable, CHUNK_HEADER_LEN,
-    SAMPLE_ENTRY_LEN, SNAPSHOT_FILE,
+    ChunkSummary, ChunkWriter, StringTable, CHUNK_HEADER_LEN, SNAPSHOT_FILE,
 };
 use serde::Serialize;
 
@@ -25,7 +25,9 @@ use crate::{hex_id, write_file_atomic, PackError};
 /// (atomically): a part directory without it is a shard still running or interrupted.
 pub const PART_FILE: &str = "part.gpart";
 const PART_MAGIC: &[u8; 8] = b"GRNYPART";
-const PART_VERSION: u32 = 1;
+/// Version 2 lists chunks only (version 1 also carried every entry and path, which merge now
+/// reads from the chunks' footers).
+const PART_VERSION: u32 = 2;
 
 /// The SplitMix64 finalizer: a stable 64-bit mix (never change it: it decides which shard
 /// packs which file).
@@ -172,7 +174,16 @@ pub(crate) fn shared_dataset_id(key: &str, shards: u32, names: u64, names_digest
     id
 }
 
-/// What a finished shard leaves for `merge`: everything the snapshot needs about its chunks.
+/// A chunk as a part file lists it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct PartChunk {
+    pub chunk_id: u32,
+    pub file_size: u64,
+    pub file_crc: u32,
+    pub samples: u64,
+}
+
+/// What a finished shard leaves for `merge`: its settings and its chunks.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) struct Part {
     pub shard: ShardSpec,
@@ -181,7 +192,7 @@ pub(crate) struct Part {
     pub key: String,
     pub classes: Vec<Vec<u8>>,
     /// Chunks in id order (ids `k × count + index`).
-    pub chunks: Vec<ChunkSummary>,
+    pub chunks: Vec<PartChunk>,
 }
 
 impl Part {
@@ -199,15 +210,8 @@ impl Part {
             b.extend_from_slice(&c.chunk_id.to_le_bytes());
             b.extend_from_slice(&c.file_size.to_le_bytes());
             b.extend_from_slice(&c.file_crc.to_le_bytes());
-            b.extend_from_slice(&(c.entries.len() as u64).to_le_bytes());
+            b.extend_from_slice(&c.samples.to_le_bytes());
         }
-        for c in &self.chunks {
-            for e in &c.entries {
-                b.extend_from_slice(&e.encode());
-            }
-        }
-        let paths: Vec<&Vec<u8>> = self.chunks.iter().flat_map(|c| &c.paths).collect();
-        put_blob(&mut b, &encode_string_table(paths));
         let crc = crc32fast::hash(&b);
         b.extend_from_slice(&crc.to_le_bytes());
         b
@@ -240,37 +244,17 @@ impl Part {
         if nc > body.len() as u64 / 24 {
             return None;
         }
-        let mut heads = Vec::with_capacity(nc as usize);
-        let mut total = 0u64;
+        let mut chunks = Vec::with_capacity(nc as usize);
         for _ in 0..nc {
-            let (id, size, crc, n) = (r.u32()?, r.u64()?, r.u32()?, r.u64()?);
-            total = total.checked_add(n)?;
-            heads.push((id, size, crc, n));
-        }
-        let entry_bytes =
-            r.take(usize::try_from(total.checked_mul(SAMPLE_ENTRY_LEN as u64)?).ok()?)?;
-        let paths = StringTable::parse(r.blob()?, "part paths").ok()?;
-        if paths.len() != total || !r.0.is_empty() {
-            return None;
-        }
-        let mut chunks = Vec::with_capacity(heads.len());
-        let mut at = 0u64;
-        for (chunk_id, file_size, file_crc, n) in heads {
-            let mut entries = Vec::with_capacity(n as usize);
-            let mut ps = Vec::with_capacity(n as usize);
-            for i in at..at + n {
-                let o = i as usize * SAMPLE_ENTRY_LEN;
-                entries.push(SampleEntry::decode(&entry_bytes[o..o + SAMPLE_ENTRY_LEN]));
-                ps.push(paths.get(i).ok()?.to_vec());
-            }
-            at += n;
-            chunks.push(ChunkSummary {
-                chunk_id,
-                file_size,
-                file_crc,
-                entries,
-                paths: ps,
+            chunks.push(PartChunk {
+                chunk_id: r.u32()?,
+                file_size: r.u64()?,
+                file_crc: r.u32()?,
+                samples: r.u64()?,
             });
+        }
+        if !r.0.is_empty() {
+            return None;
         }
         Some(Part {
             shard,
@@ -486,25 +470,59 @@ pub fn merge(ds: &Path) -> Result<MergeSummary, PackError> {
             check_chunk_header(ds, &path, dataset_id, c.chunk_id)?;
         }
     }
-    // The parts' chunks, moved (not copied) into id order; ids are distinct (checked above:
-    // shard I lists exactly the ids k × n + I).
-    let mut by_id: std::collections::BTreeMap<u32, ChunkSummary> = parts
-        .into_iter()
-        .flat_map(|p| p.chunks)
-        .map(|c| (c.chunk_id, c))
+    // The parts' chunks in id order; ids are distinct (checked above: shard I lists exactly
+    // the ids k × n + I).
+    let mut by_id: std::collections::BTreeMap<u32, (PartChunk, ShardSpec)> = parts
+        .iter()
+        .flat_map(|p| p.chunks.iter().map(|c| (c.chunk_id, (*c, p.shard))))
         .collect();
+    drop(parts);
     let last = by_id.keys().next_back().copied();
     let count = last.map_or(0, |l| l as u64 + 1);
+    if let Some((&stray, _)) = files.range(count as u32..).next() {
+        return Err(usage(
+            ds,
+            format!(
+                "{} is not listed by any part (left from an earlier pack?); remove it",
+                ds.join(chunk_file_name(stray)).display()
+            ),
+        ));
+    }
     // Ids no shard used, below the highest: empty chunks. A file already there is acceptable
     // only if it is exactly that empty chunk (written by an interrupted merge).
     let mut fillers = Vec::new();
-    let mut b = SnapshotBuilder::new(dataset_id, classes.clone());
+    // Each chunk's entries and paths come from its footer (CRC-checked), one chunk at a time:
+    // merge holds only the builder's paths, not every part's samples.
+    let mut b = crate::spooled_builder(ds, dataset_id, classes.clone())?;
     let mut samples = 0u64;
     let not_a_dataset = |e| usage(ds, format!("the parts do not form a dataset: {e}"));
     for id in 0..count as u32 {
-        if let Some(c) = by_id.remove(&id) {
-            b.push_chunk(&c).map_err(not_a_dataset)?;
-            samples += c.entries.len() as u64;
+        if let Some((c, shard)) = by_id.remove(&id) {
+            let path = ds.join(chunk_file_name(id));
+            let full = crate::read_footer(
+                ds,
+                ChunkSummary {
+                    chunk_id: id,
+                    file_size: c.file_size,
+                    file_crc: c.file_crc,
+                    entries: Vec::new(),
+                    paths: Vec::new(),
+                },
+            )
+            .map_err(|e| usage(ds, format!("{e}; rerun shard {shard} with --force")))?;
+            if full.entries.len() as u64 != c.samples {
+                return Err(usage(
+                    ds,
+                    format!(
+                        "{} holds {} samples, but shard {shard} wrote {}; rerun the shard with --force",
+                        path.display(),
+                        full.entries.len(),
+                        c.samples
+                    ),
+                ));
+            }
+            b.push_chunk(&full).map_err(not_a_dataset)?;
+            samples += c.samples;
             continue;
         }
         let (bytes, s) = filler_chunk(dataset_id, id, &classes);
@@ -523,29 +541,27 @@ pub fn merge(ds: &Path) -> Result<MergeSummary, PackError> {
         }
         b.push_chunk(&s).map_err(not_a_dataset)?;
     }
-    if let Some((&stray, _)) = files.range(count as u32..).next() {
-        return Err(usage(
+    // The snapshot is streamed to its temporary name first: that is where duplicate paths are
+    // found, before anything visible changes.
+    let (tmp, snapshot_bytes) = crate::write_snapshot_tmp(&snap_path, b).map_err(|e| match e {
+        PackError::Usage(m) => usage(
             ds,
             format!(
-                "{} is not listed by any part (left from an earlier pack?); remove it",
-                ds.join(chunk_file_name(stray)).display()
+                "the parts do not form a dataset: {m} (were the shards given different inputs?)"
             ),
-        ));
-    }
-    let snap = b.build().map_err(|e| {
-        usage(
-            ds,
-            format!(
-                "the parts do not form a dataset: {e} (were the shards given different inputs?)"
-            ),
-        )
+        ),
+        e => e,
     })?;
 
     // Checks passed: now write. Each step is atomic and rerunning merge redoes what is left.
-    for (path, bytes) in &fillers {
-        write_file_atomic(path, bytes)?;
+    let published = fillers
+        .iter()
+        .try_for_each(|(path, bytes)| write_file_atomic(path, bytes))
+        .and_then(|_| crate::rename_into_place(&tmp, &snap_path));
+    if published.is_err() {
+        let _ = std::fs::remove_file(&tmp);
     }
-    write_file_atomic(&snap_path, &snap)?;
+    published?;
     for s in &specs {
         let d = ds.join(s.dir_name());
         std::fs::remove_dir_all(&d).map_err(|e| PackError::io("removing", &d, e))?;
@@ -559,7 +575,7 @@ pub fn merge(ds: &Path) -> Result<MergeSummary, PackError> {
         files: samples,
         chunks: count,
         filler_chunks: fillers.len() as u64,
-        snapshot_bytes: snap.len() as u64,
+        snapshot_bytes,
         elapsed_s: t0.elapsed().as_secs_f64(),
     })
 }
@@ -689,10 +705,12 @@ mod tests {
 
     #[test]
     fn part_round_trip_and_damage() {
-        let (_, mut c0) = filler_chunk([1; 16], 1, &[b"a".to_vec()]);
-        c0.entries
-            .push(SampleEntry::decode(&[0u8; SAMPLE_ENTRY_LEN]));
-        c0.paths.push(b"a/x".to_vec());
+        let c0 = PartChunk {
+            chunk_id: 1,
+            file_size: 1 << 40,
+            file_crc: 0xdead_beef,
+            samples: 7,
+        };
         let p = Part {
             shard: ShardSpec { index: 1, count: 3 },
             dataset_id: [1; 16],

@@ -110,6 +110,10 @@ pub struct Run {
     /// Target chunk size, e.g. 32MiB, 64MB, 1GiB (a larger file gets a chunk of its own).
     #[arg(long, default_value = "32MiB", value_parser = parse_size)]
     pub chunk_size: u64,
+    /// Most files in one chunk: bounds what a chunk of very small files costs the packer in
+    /// memory (~250 bytes a file while it is read and written).
+    #[arg(long, default_value_t = granary_packer::DEFAULT_CHUNK_FILES)]
+    pub chunk_files: u64,
     /// Skip files that cannot be read (or change while read), list them, and exit with 3.
     #[arg(long)]
     pub skip_unreadable: bool,
@@ -134,6 +138,7 @@ impl Run {
         o.seed = self.seed;
         o.compress = self.compress;
         o.chunk_size = self.chunk_size;
+        o.chunk_files = self.chunk_files;
         o.skip_unreadable = self.skip_unreadable;
         o.io_threads = self.io_threads;
         o.progress = !self.quiet && std::io::stderr().is_terminal();

@@ -178,3 +178,43 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn spooled_samples_build_the_same_snapshot() {
+    let id = [0xAB; 16];
+    let classes = vec![b"cat".to_vec()];
+    let mut summaries = Vec::new();
+    for c in 0..3u32 {
+        let mut w = ChunkWriter::new(Vec::new(), id, c).unwrap();
+        for i in 0..1000u32 {
+            let data = format!("{c}-{i}").into_bytes();
+            let path = format!("cat/{c}/{i}");
+            let crc = crate::crc32(&data);
+            w.append(
+                path.as_bytes(),
+                &data,
+                Compression::None,
+                data.len() as u64,
+                crc,
+                0,
+            )
+            .unwrap();
+        }
+        summaries.push(w.finish(&classes).unwrap().1);
+    }
+    let mut mem = SnapshotBuilder::new(id, classes.clone());
+    let mut spooled = SnapshotBuilder::new(id, classes.clone());
+    spooled
+        .spool_samples(tempfile::tempfile().unwrap())
+        .unwrap();
+    for s in &summaries {
+        mem.push_chunk(s).unwrap();
+        spooled.push_chunk(s).unwrap();
+    }
+    assert!(spooled
+        .spool_samples(tempfile::tempfile().unwrap())
+        .is_err());
+    let (a, b) = (mem.build().unwrap(), spooled.build().unwrap());
+    assert_eq!(a, b);
+    assert_eq!(Snapshot::open(&b[..]).unwrap().sample_count(), 3000);
+}
