@@ -844,7 +844,11 @@ fn run(opts: &PackOptions, mode: Mode) -> Result<PackSummary, PackError> {
     let (mut files, mut bytes_stored, mut bytes_in, mut compressed_records) = (0u64, 0, 0, 0);
     // Every chunk's full summary, in id order, counted as it goes by.
     let mut full = |s: ChunkSummary| -> Result<ChunkSummary, PackError> {
-        let s = if slim { reload_summary(&place, s)? } else { s };
+        let s = if slim {
+            read_footer(&place.chunks, s)?
+        } else {
+            s
+        };
         files += s.entries.len() as u64;
         for e in &s.entries {
             bytes_stored += e.stored_len;
@@ -1191,7 +1195,7 @@ fn empty_summary() -> ChunkSummary {
     }
 }
 
-/// `s` without its entries and paths (see [`reload_summary`]).
+/// `s` without its entries and paths (see [`read_footer`]).
 fn slimmed(s: ChunkSummary) -> ChunkSummary {
     ChunkSummary {
         entries: Vec::new(),
@@ -1200,13 +1204,8 @@ fn slimmed(s: ChunkSummary) -> ChunkSummary {
     }
 }
 
-/// The entries and paths of a written chunk, read back from its footer (the trailer says where
-/// it is; its CRC is checked).
-fn reload_summary(place: &Place, s: ChunkSummary) -> Result<ChunkSummary, PackError> {
-    read_footer(&place.chunks, s)
-}
-
-/// `s` (a chunk in `dir` with its id and size) with the entries and paths of its footer.
+/// `s` (a chunk in `dir` with its id and size) with the entries and paths of its footer, read
+/// back (the trailer says where it is; its CRC is checked).
 pub(crate) fn read_footer(dir: &Path, s: ChunkSummary) -> Result<ChunkSummary, PackError> {
     use std::os::unix::fs::FileExt;
     let path = dir.join(chunk_file_name(s.chunk_id));
