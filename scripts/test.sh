@@ -4,7 +4,8 @@
 # every quality gate: formatting, clippy with warnings as errors, all Rust tests (those of object
 # stores against the S3 server, started here on 127.0.0.1 and stopped at exit), the Python
 # package's tests with and without torch, and a small-scale raw-vs-granary comparison on a
-# JuiceFS FUSE mount.
+# JuiceFS FUSE mount; real faults (a full loop-mounted disk, an unprivileged user: the tests in
+# tests/faults.rs, required here); and every fuzz target for FUZZ_SECONDS (default 5) each.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # A clean checkout gains nothing from incremental state, which would double target/'s size.
@@ -19,6 +20,12 @@ if ! cargo fmt --version >/dev/null 2>&1 || ! cargo clippy --version >/dev/null 
   rustup component add rustfmt clippy
 fi
 
+# A full disk fails builds in obscure ways (the linker dies of SIGBUS): say so up front.
+free_kib=$(df -Pk . | awk 'NR == 2 { print $4 }')
+if [ "${free_kib:-0}" -lt $((8 * 1024 * 1024)) ]; then
+  echo "warning: only $((free_kib / 1024)) MiB free here; a clean run needs about 8 GiB (target/)" >&2
+fi
+
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
 log=$(mktemp)
@@ -31,6 +38,8 @@ bash scripts/s3-server.sh start "$s3dir"
 # shellcheck disable=SC1091
 source "$s3dir/env"
 export GRANARY_REQUIRE_S3=1
+# The fault tests (loop-mounted disks, setpriv) fail rather than skip where they cannot run.
+export GRANARY_REQUIRE_FAULTS=1
 cargo test --workspace 2>&1 | tee "$log"
 
 # The Python package (PyO3 + maturin) with and without PyTorch.
@@ -41,6 +50,10 @@ bash scripts/python-tests.sh 2>&1 | tee "$pylog"
 # Its report stays in target/juicefs-report (small; replaced by every run).
 rm -rf target/juicefs-report
 FILES=200 SIZES=tiny OUT=target/juicefs-report bash bench/juicefs.sh
+# Every parser of untrusted bytes under libFuzzer, briefly (scripts/fuzz.sh; a long run's
+# figures are in README).
+bash scripts/fuzz.sh "${FUZZ_SECONDS:-5}"
+
 # One closing line with the totals over every test binary and the Python tests, plus the JuiceFS
 # scenario (which stopped this script had it failed).
 awk -v scenarios=1 '/^test result:/ { p += $4; f += $6; i += $8 }

@@ -187,9 +187,14 @@ fn merge_refuses_bad_parts_and_changes_nothing() {
     let mid = bad.len() / 2;
     bad[mid] ^= 1;
     std::fs::write(&part1, &bad).unwrap();
-    refused("is damaged or truncated");
+    refused("is unusable (part file: checksum mismatch");
     std::fs::write(&part1, &good[..good.len() - 10]).unwrap();
-    refused("is damaged or truncated");
+    refused("is unusable (part file: header says a body of");
+    // A part file from another granary version is named as such.
+    let mut old = good.clone();
+    old[8] = 2;
+    std::fs::write(&part1, &old).unwrap();
+    refused("version 2; this granary reads version 3");
     std::fs::write(&part1, &good).unwrap();
 
     let c4 = ds.join(granary_format::chunk_file_name(4)); // shard 1's second chunk

@@ -183,6 +183,7 @@ fn run_row(
             hits.samples_from_source += h.samples_from_source;
             hits.bytes_from_cache += h.bytes_from_cache;
             hits.bytes_from_source += h.bytes_from_source;
+            hits.admissions_failed += h.admissions_failed;
             epochs += 1;
         }
     }

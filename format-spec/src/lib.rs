@@ -12,6 +12,7 @@ mod chunk;
 mod error;
 mod hash;
 mod le;
+pub mod local;
 mod record;
 mod rng;
 mod snapshot;

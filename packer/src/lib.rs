@@ -74,6 +74,16 @@ pub enum PackError {
     /// The format layer refused what we built (for example duplicate paths).
     #[error(transparent)]
     Format(#[from] granary_format::FormatError),
+    /// A pack failed after its plan was saved: what it wrote so far is kept for `--resume`.
+    #[error(
+        "{cause}\nthe work so far is kept in {}: once the cause is fixed, run the same command \
+         with --resume to continue (or --force to start over)",
+        work.display()
+    )]
+    Kept {
+        work: PathBuf,
+        cause: Box<PackError>,
+    },
 }
 
 impl PackError {
@@ -376,7 +386,26 @@ struct Place {
     ids: Ids,
 }
 
+/// [`run_kept`], naming the work directory in the error once a plan was saved there: the
+/// work is kept, and `--resume` continues it.
 fn run(opts: &PackOptions, mode: Mode) -> Result<PackSummary, PackError> {
+    let mut kept = None;
+    run_kept(opts, mode, &mut kept).map_err(|e| match kept {
+        Some(work) if work.join(PLAN_FILE).exists() => PackError::Kept {
+            work,
+            cause: Box::new(e),
+        },
+        _ => e,
+    })
+}
+
+/// Packs (or appends) as `mode` says; sets `kept` to the work directory once the plan is saved
+/// there.
+fn run_kept(
+    opts: &PackOptions,
+    mode: Mode,
+    kept: &mut Option<PathBuf>,
+) -> Result<PackSummary, PackError> {
     let t0 = Instant::now();
     if opts.chunk_size == 0 {
         return Err(PackError::Usage(
@@ -654,6 +683,7 @@ fn run(opts: &PackOptions, mode: Mode) -> Result<PackSummary, PackError> {
             plan
         }
     };
+    *kept = Some(work.clone());
     let scan_s = scan_start.elapsed().as_secs_f64();
     place.ids.check(plan.chunk_count())?;
 
@@ -1001,12 +1031,12 @@ fn finished_shard(
     let Ok(bytes) = std::fs::read(&p) else {
         return Ok(None);
     };
-    let Some(part) = shard::Part::decode(&bytes) else {
-        return Err(PackError::Usage(format!(
-            "{} is damaged; pack shard {s} again with --force",
+    let part = shard::Part::decode(&bytes).map_err(|e| {
+        PackError::Usage(format!(
+            "{} is unusable ({e}); pack shard {s} again with --force",
             p.display()
-        )));
-    };
+        ))
+    })?;
     let files = part.chunks.iter().map(|c| c.samples).sum();
     Ok(Some(PackSummary {
         out: opts.out.clone(),
@@ -1460,6 +1490,42 @@ pub(crate) fn rename_into_place(tmp: &Path, path: &Path) -> Result<(), PackError
     match path.parent() {
         Some(parent) => sync_dir(parent),
         None => Ok(()),
+    }
+}
+
+/// The packer's parsers of node-local files (SPEC.md appendix A), for the fuzz targets in
+/// `fuzz/`: each takes untrusted bytes and returns whether they were accepted. Whatever is
+/// accepted must encode back to exactly the same bytes (asserted), so damaged bytes can never
+/// pass as another valid value. Not a stable API.
+#[doc(hidden)]
+pub mod parsers {
+    /// A pack plan.
+    pub fn plan(b: &[u8]) -> bool {
+        let Some(p) = crate::plan::Plan::read_from(b, b.len() as u64) else {
+            return false;
+        };
+        assert!(
+            p.encode() == b,
+            "a plan decoded from bytes that are not its encoding"
+        );
+        true
+    }
+
+    /// A shard's part file.
+    pub fn part(b: &[u8]) -> bool {
+        let Ok(p) = crate::shard::Part::decode(b) else {
+            return false;
+        };
+        assert!(
+            p.encode() == b,
+            "a part decoded from bytes that are not its encoding"
+        );
+        true
+    }
+
+    /// An upload marker (of chunk 0..3: the id is checked against the footer's).
+    pub fn upload_marker(b: &[u8]) -> bool {
+        (0..3).any(|c| crate::upload::decode_marker(b, c).is_some())
     }
 }
 

@@ -2,19 +2,19 @@
 //! chunk, so that `--resume` continues exactly the same plan even if the source is re-listed
 //! differently.
 
-use std::io::{BufReader, BufWriter, Read, Write};
+use std::io::{BufReader, Read, Write};
 use std::path::Path;
 
+use granary_format::local::{LocalReader, LocalWriter, PACK_PLAN};
 use granary_format::{encode_string_table, StringTable, NO_LABEL};
 
 use crate::files::FileTable;
 use crate::PackError;
 
-const PLAN_MAGIC: &[u8; 8] = b"GRNYPLAN";
-/// Version 2 added each file's mtime; version 3 stores the files as columns (path arena,
-/// then one column per attribute) and the chunk order as a permutation. A plan of another
-/// version is not resumed.
-const PLAN_VERSION: u32 = 3;
+// The plan is a node-local file (SPEC.md appendix A, kind `PACK_PLAN`). Version 2 added each
+// file's mtime; version 3 stored the files as columns (path arena, then one column per
+// attribute) and the chunk order as a permutation; version 4 is version 3's body in the
+// common frame. A plan of another version is not resumed.
 
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) struct Plan {
@@ -85,14 +85,26 @@ impl Plan {
     /// Writes the plan to `w` as it goes (no encoded copy in memory): a pack of millions of
     /// files would otherwise hold its index twice here.
     pub fn write_to(&self, w: impl Write) -> std::io::Result<()> {
-        let mut w = CrcWriter::new(w);
-        w.write_all(PLAN_MAGIC)?;
-        w.write_all(&PLAN_VERSION.to_le_bytes())?;
+        let classes = encode_string_table(self.classes.iter());
+        let f = &self.files;
+        let n = f.len() as u64;
+        // Every field's length, in the order written below.
+        let body_len = 8
+            + self.settings.len() as u64
+            + 16
+            + 8
+            + classes.len() as u64
+            + 8
+            + n * 8
+            + f.path_bytes().len() as u64
+            + n * (8 + 4 + 8 + 8 + 4)
+            + 8
+            + self.chunk_starts.len() as u64 * 8;
+        let mut w = LocalWriter::new(w, &PACK_PLAN, body_len)?;
         put_blob_to(&mut w, self.settings.as_bytes())?;
         w.write_all(&self.dataset_id)?;
-        put_blob_to(&mut w, &encode_string_table(self.classes.iter()))?;
-        let f = &self.files;
-        w.write_all(&(f.len() as u64).to_le_bytes())?;
+        put_blob_to(&mut w, &classes)?;
+        w.write_all(&n.to_le_bytes())?;
         put_all(&mut w, f.ends(), |v| v.to_le_bytes())?;
         w.write_all(f.path_bytes())?;
         put_all(&mut w, &f.size, |v| v.to_le_bytes())?;
@@ -102,12 +114,9 @@ impl Plan {
         put_all(&mut w, &self.order, |v| v.to_le_bytes())?;
         w.write_all(&(self.chunk_starts.len() as u64).to_le_bytes())?;
         put_all(&mut w, &self.chunk_starts, |v| v.to_le_bytes())?;
-        let crc = w.crc.clone().finalize();
-        w.inner.write_all(&crc.to_le_bytes())?;
-        w.inner.flush()
+        w.finish().map(drop)
     }
 
-    #[cfg(test)]
     pub fn encode(&self) -> Vec<u8> {
         let mut b = Vec::new();
         self.write_to(&mut b).expect("writing to memory");
@@ -118,15 +127,7 @@ impl Plan {
     /// or of another version. No count is trusted before the bytes it needs are known to be
     /// there.
     pub fn read_from(r: impl Read, len: u64) -> Option<Plan> {
-        let body_len = len.checked_sub(4)?;
-        let mut r = CrcReader {
-            inner: r,
-            crc: crc32fast::Hasher::new(),
-            left: body_len,
-        };
-        if &r.array::<8>()? != PLAN_MAGIC || r.u32()? != PLAN_VERSION {
-            return None;
-        }
+        let mut r = Body(LocalReader::new(r, &PACK_PLAN, len).ok()?);
         let settings = String::from_utf8(r.blob()?).ok()?;
         let dataset_id = r.array::<16>()?;
         let classes_blob = r.blob()?;
@@ -138,17 +139,17 @@ impl Plan {
             .ok()?;
         let n = r.u64()?;
         // Every file takes at least 40 bytes (end, size, label, inode, mtime, order).
-        if n > r.left / 40 || n > granary_format::MAX_SAMPLES {
+        if n > r.left() / 40 || n > granary_format::MAX_SAMPLES {
             return None;
         }
         let n = n as usize;
         let ends = r.column(n, u64::from_le_bytes)?;
         let path_len = ends.last().copied().unwrap_or(0);
-        if path_len > r.left {
+        if path_len > r.left() {
             return None;
         }
         let mut bytes = vec![0u8; path_len as usize];
-        r.read(&mut bytes)?;
+        r.0.read_body(&mut bytes).ok()?;
         let mut files = FileTable::from_parts(bytes, ends)?;
         files.size = r.column(n, u64::from_le_bytes)?;
         files.label = r.column(n, u32::from_le_bytes)?;
@@ -156,19 +157,11 @@ impl Plan {
         files.mtime_ns = r.column(n, i64::from_le_bytes)?;
         let order = r.column(n, u32::from_le_bytes)?;
         let nc = r.u64()?;
-        if nc > r.left / 8 {
+        if nc > r.left() / 8 {
             return None;
         }
         let chunk_starts = r.column(nc as usize, u64::from_le_bytes)?;
-        if r.left != 0 {
-            return None;
-        }
-        let body_crc = r.crc.finalize();
-        let mut crc = [0u8; 4];
-        r.inner.read_exact(&mut crc).ok()?;
-        if body_crc != u32::from_le_bytes(crc) {
-            return None;
-        }
+        r.0.finish().ok()?;
         // Sorted, distinct paths; labels that name a class; order a permutation; chunk
         // boundaries that cover it.
         if (1..n).any(|i| files.path(i - 1) >= files.path(i))
@@ -208,16 +201,11 @@ impl Plan {
         Plan::read_from(BufReader::with_capacity(1 << 20, f), len)
     }
 
-    /// Writes the plan atomically (temporary name, fsync, rename).
+    /// Writes the plan atomically (temporary name, fsync, rename, fsync of the directory).
     pub fn save(&self, path: &Path) -> Result<(), PackError> {
         let tmp = path.with_extension("tmp");
-        let f = std::fs::File::create(&tmp).map_err(|e| PackError::io("creating", &tmp, e))?;
-        let mut w = BufWriter::with_capacity(1 << 20, f);
-        self.write_to(&mut w)
-            .and_then(|_| w.into_inner().map_err(|e| e.into_error()))
-            .and_then(|f| f.sync_all())
-            .map_err(|e| PackError::io("writing", &tmp, e))?;
-        std::fs::rename(&tmp, path).map_err(|e| PackError::io("renaming", &tmp, e))
+        granary_format::local::write_atomic(path, &tmp, true, |w| self.write_to(w))
+            .map_err(|e| PackError::io("writing", path, e))
     }
 }
 
@@ -243,69 +231,33 @@ fn put_all<T: Copy, const N: usize>(
     w.write_all(&buf)
 }
 
-/// A writer that keeps the CRC-32 of everything written through it.
-struct CrcWriter<W> {
-    inner: W,
-    crc: crc32fast::Hasher,
-}
+/// Reads a plan's body field by field (the frame keeps its CRC and how many bytes are left).
+struct Body<R: Read>(LocalReader<R>);
 
-impl<W: Write> CrcWriter<W> {
-    fn new(inner: W) -> Self {
-        CrcWriter {
-            inner,
-            crc: crc32fast::Hasher::new(),
-        }
-    }
-}
-
-impl<W: Write> Write for CrcWriter<W> {
-    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-        let n = self.inner.write(b)?;
-        self.crc.update(&b[..n]);
-        Ok(n)
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        self.inner.flush()
-    }
-}
-
-/// Reads a plan's body: keeps its CRC-32 and how many of its bytes are left.
-struct CrcReader<R> {
-    inner: R,
-    crc: crc32fast::Hasher,
-    left: u64,
-}
-
-impl<R: Read> CrcReader<R> {
-    fn read(&mut self, b: &mut [u8]) -> Option<()> {
-        self.left = self.left.checked_sub(b.len() as u64)?;
-        self.inner.read_exact(b).ok()?;
-        self.crc.update(b);
-        Some(())
+impl<R: Read> Body<R> {
+    fn left(&self) -> u64 {
+        self.0.left()
     }
     fn array<const N: usize>(&mut self) -> Option<[u8; N]> {
         let mut a = [0u8; N];
-        self.read(&mut a)?;
+        self.0.read_body(&mut a).ok()?;
         Some(a)
-    }
-    fn u32(&mut self) -> Option<u32> {
-        self.array().map(u32::from_le_bytes)
     }
     fn u64(&mut self) -> Option<u64> {
         self.array().map(u64::from_le_bytes)
     }
     fn blob(&mut self) -> Option<Vec<u8>> {
         let n = self.u64()?;
-        if n > self.left {
+        if n > self.left() {
             return None;
         }
         let mut b = vec![0u8; n as usize];
-        self.read(&mut b)?;
+        self.0.read_body(&mut b).ok()?;
         Some(b)
     }
     /// `n` values of `N` bytes each (the caller checked that `n` fits the file).
     fn column<T, const N: usize>(&mut self, n: usize, dec: fn([u8; N]) -> T) -> Option<Vec<T>> {
-        if (n as u64).checked_mul(N as u64)? > self.left {
+        if (n as u64).checked_mul(N as u64)? > self.left() {
             return None;
         }
         let mut out = Vec::with_capacity(n);
@@ -313,7 +265,7 @@ impl<R: Read> CrcReader<R> {
         let mut left = n;
         while left > 0 {
             let k = left.min(buf.len() / N);
-            self.read(&mut buf[..k * N])?;
+            self.0.read_body(&mut buf[..k * N]).ok()?;
             out.extend(
                 buf[..k * N]
                     .chunks_exact(N)
@@ -472,6 +424,7 @@ mod tests {
         assert_eq!(p.chunk_files(1), [0, 1]);
         assert_eq!(p.chunk_bytes(1), 12);
         let b = p.encode();
+        granary_format::local::dump_fuzz_seed("pack_plan", "three-files", &b);
         assert_eq!(decode(&b), Some(p));
         for cut in 0..b.len() {
             assert_eq!(decode(&b[..cut]), None, "cut at {cut}");

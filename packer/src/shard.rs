@@ -20,14 +20,14 @@ use serde::Serialize;
 
 use crate::plan::{put_blob, Reader};
 use crate::{hex_id, write_file_atomic, PackError};
+use granary_format::local::SHARD_PART;
 
 /// File name of a finished shard's part file, inside its part directory. It is written last
 /// (atomically): a part directory without it is a shard still running or interrupted.
 pub const PART_FILE: &str = "part.gpart";
-const PART_MAGIC: &[u8; 8] = b"GRNYPART";
-/// Version 2 lists chunks only (version 1 also carried every entry and path, which merge now
-/// reads from the chunks' footers).
-const PART_VERSION: u32 = 2;
+// A part file is a node-local file (SPEC.md appendix A, kind `SHARD_PART`). Version 2 listed
+// chunks only (version 1 also carried every entry and path, which merge now reads from the
+// chunks' footers); version 3 is version 2's body in the common frame.
 
 /// The SplitMix64 finalizer: a stable 64-bit mix (never change it: it decides which shard
 /// packs which file).
@@ -198,8 +198,6 @@ pub(crate) struct Part {
 impl Part {
     pub fn encode(&self) -> Vec<u8> {
         let mut b = Vec::new();
-        b.extend_from_slice(PART_MAGIC);
-        b.extend_from_slice(&PART_VERSION.to_le_bytes());
         b.extend_from_slice(&self.shard.index.to_le_bytes());
         b.extend_from_slice(&self.shard.count.to_le_bytes());
         b.extend_from_slice(&self.dataset_id);
@@ -212,21 +210,17 @@ impl Part {
             b.extend_from_slice(&c.file_crc.to_le_bytes());
             b.extend_from_slice(&c.samples.to_le_bytes());
         }
-        let crc = crc32fast::hash(&b);
-        b.extend_from_slice(&crc.to_le_bytes());
-        b
+        SHARD_PART.frame(&b)
     }
 
-    /// Decodes a part file; `None` if it is damaged, truncated or of another version.
-    pub fn decode(b: &[u8]) -> Option<Part> {
-        let (body, crc) = b.split_at(b.len().checked_sub(4)?);
-        if crc32fast::hash(body).to_le_bytes() != crc[..] {
-            return None;
-        }
+    /// Decodes a part file; an error says what is wrong (damaged, truncated, another version).
+    pub fn decode(b: &[u8]) -> Result<Part, String> {
+        let body = SHARD_PART.unframe(b).map_err(|e| e.to_string())?;
+        Self::decode_body(body).ok_or_else(|| "part file: its body is inconsistent".to_string())
+    }
+
+    fn decode_body(body: &[u8]) -> Option<Part> {
         let mut r = Reader(body);
-        if r.take(8)? != PART_MAGIC || r.u32()? != PART_VERSION {
-            return None;
-        }
         let shard = ShardSpec {
             index: r.u32()?,
             count: r.u32()?,
@@ -380,11 +374,11 @@ pub fn merge(ds: &Path) -> Result<MergeSummary, PackError> {
             }
             Err(e) => return Err(PackError::io("reading", &p, e)),
         };
-        let part = Part::decode(&bytes).ok_or_else(|| {
+        let part = Part::decode(&bytes).map_err(|e| {
             usage(
                 ds,
                 format!(
-                    "{} is damaged or truncated; rerun shard {s} with --force",
+                    "{} is unusable ({e}); rerun shard {s} with --force",
                     p.display()
                 ),
             )
@@ -719,12 +713,15 @@ mod tests {
             chunks: vec![c0],
         };
         let b = p.encode();
-        assert_eq!(Part::decode(&b), Some(p));
+        granary_format::local::dump_fuzz_seed("part_file", "one-chunk", &b);
+        assert_eq!(Part::decode(&b), Ok(p));
         for cut in 0..b.len() {
-            assert_eq!(Part::decode(&b[..cut]), None);
+            assert!(Part::decode(&b[..cut]).is_err());
         }
-        let mut bad = b.clone();
-        bad[20] ^= 1;
-        assert_eq!(Part::decode(&bad), None);
+        for i in 0..b.len() {
+            let mut bad = b.clone();
+            bad[i] ^= 1;
+            assert!(Part::decode(&bad).is_err(), "flip at {i}");
+        }
     }
 }

@@ -9,6 +9,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::Receiver;
 
+use granary_format::local::UPLOAD_MARKER;
 use granary_format::{
     chunk_file_name, decode_footer, parse_chunk_file_name, ChunkSummary, Trailer,
     CHUNK_TRAILER_LEN, SNAPSHOT_FILE,
@@ -36,8 +37,9 @@ pub trait Destination: Send + Sync + std::fmt::Debug {
     fn remove(&self, name: &str) -> Result<(), String>;
 }
 
-const MARKER_MAGIC: &[u8; 8] = b"GRNYSENT";
-const MARKER_FIXED: usize = 8 + 8 + 4 + 4;
+/// Size, CRC and a reserved u32 before the chunk's trailer in a marker's body (a node-local
+/// file, SPEC.md appendix A, kind `UPLOAD_MARKER`).
+const MARKER_FIXED: usize = 8 + 4 + 4;
 
 /// Name of the marker left in the staging directory for an uploaded chunk.
 pub(crate) fn sent_name(c: u32) -> String {
@@ -109,35 +111,20 @@ pub(crate) fn write_marker(work: &Path, c: u32, size: u64, crc: u32) -> Result<(
     let mut body = vec![0u8; t.footer_len as usize];
     f.read_exact_at(&mut body, t.footer_offset)
         .map_err(|e| PackError::io("reading", &path, e))?;
-    let mut m = Vec::with_capacity(MARKER_FIXED + CHUNK_TRAILER_LEN + body.len() + 4);
-    m.extend_from_slice(MARKER_MAGIC);
+    let mut m = Vec::with_capacity(MARKER_FIXED + CHUNK_TRAILER_LEN + body.len());
     m.extend_from_slice(&size.to_le_bytes());
     m.extend_from_slice(&crc.to_le_bytes());
     m.extend_from_slice(&0u32.to_le_bytes());
     m.extend_from_slice(&trailer);
     m.extend_from_slice(&body);
-    let check = crc32fast::hash(&m);
-    m.extend_from_slice(&check.to_le_bytes());
-    crate::write_file_atomic(&work.join(sent_name(c)), &m)
+    crate::write_file_atomic(&work.join(sent_name(c)), &UPLOAD_MARKER.frame(&m))
 }
 
 /// The summary of uploaded chunk `c` from its marker, if the marker is intact and describes
 /// the chunk the plan asks for.
 pub(crate) fn read_marker(work: &Path, plan: &Plan, c: u32) -> Option<ChunkSummary> {
     let m = std::fs::read(work.join(sent_name(c))).ok()?;
-    if m.len() < MARKER_FIXED + CHUNK_TRAILER_LEN + 4 || &m[..8] != MARKER_MAGIC {
-        return None;
-    }
-    let (content, check) = m.split_at(m.len() - 4);
-    if crc32fast::hash(content) != u32::from_le_bytes(check.try_into().ok()?) {
-        return None;
-    }
-    let size = u64::from_le_bytes(content[8..16].try_into().ok()?);
-    let crc = u32::from_le_bytes(content[16..20].try_into().ok()?);
-    let trailer = &content[MARKER_FIXED..MARKER_FIXED + CHUNK_TRAILER_LEN];
-    let body = &content[MARKER_FIXED + CHUNK_TRAILER_LEN..];
-    let t = Trailer::decode(trailer, size).ok()?;
-    let footer = decode_footer(body, &t, c).ok()?;
+    let (size, crc, footer) = decode_marker(&m, c)?;
     if !crate::footer_matches_plan(plan, c as usize, &footer) {
         return None;
     }
@@ -148,6 +135,22 @@ pub(crate) fn read_marker(work: &Path, plan: &Plan, c: u32) -> Option<ChunkSumma
         entries: footer.entries,
         paths: footer.paths,
     })
+}
+
+/// Decodes an upload marker of chunk `c`: the chunk's size, whole-file CRC and footer; `None`
+/// if it is damaged or inconsistent.
+pub fn decode_marker(m: &[u8], c: u32) -> Option<(u64, u32, granary_format::ChunkFooter)> {
+    let content = UPLOAD_MARKER.unframe(m).ok()?;
+    if content.len() < MARKER_FIXED + CHUNK_TRAILER_LEN || content[12..16] != [0; 4] {
+        return None;
+    }
+    let size = u64::from_le_bytes(content[0..8].try_into().ok()?);
+    let crc = u32::from_le_bytes(content[8..12].try_into().ok()?);
+    let trailer = &content[MARKER_FIXED..MARKER_FIXED + CHUNK_TRAILER_LEN];
+    let body = &content[MARKER_FIXED + CHUNK_TRAILER_LEN..];
+    let t = Trailer::decode(trailer, size).ok()?;
+    let footer = decode_footer(body, &t, c).ok()?;
+    Some((size, crc, footer))
 }
 
 /// Uploads each chunk the writer finished, then leaves its marker and removes the local file.
@@ -172,4 +175,41 @@ pub(crate) fn upload_loop(
         std::fs::remove_file(&path).map_err(|e| PackError::io("removing", &path, e))?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use granary_format::{ChunkWriter, Compression};
+
+    #[test]
+    fn marker_round_trip_and_damage() {
+        let work = tempfile::tempdir().unwrap();
+        let mut w = ChunkWriter::new(Vec::new(), [7; 16], 2).unwrap();
+        for (p, d) in [(&b"a/x"[..], &b"hello"[..]), (b"b/y", b"")] {
+            let crc = granary_format::crc32(d);
+            w.append(p, d, Compression::None, d.len() as u64, crc, 0)
+                .unwrap();
+        }
+        let (bytes, summary) = w.finish(&[b"a", b"b"]).unwrap();
+        std::fs::write(work.path().join(chunk_file_name(2)), &bytes).unwrap();
+        let crc = granary_format::crc32(&bytes);
+        write_marker(work.path(), 2, bytes.len() as u64, crc).unwrap();
+        let m = std::fs::read(work.path().join(sent_name(2))).unwrap();
+        granary_format::local::dump_fuzz_seed("upload_marker", "two-records", &m);
+        let (size, got_crc, footer) = decode_marker(&m, 2).expect("intact marker");
+        assert_eq!((size, got_crc), (bytes.len() as u64, crc));
+        assert_eq!(
+            (footer.entries, footer.paths),
+            (summary.entries, summary.paths)
+        );
+        // Another chunk's id, any truncation, any flipped bit.
+        assert!(decode_marker(&m, 3).is_none());
+        for i in 0..m.len() {
+            assert!(decode_marker(&m[..i], 2).is_none(), "cut at {i}");
+            let mut d = m.clone();
+            d[i] ^= 0x20;
+            assert!(decode_marker(&d, 2).is_none(), "flip at {i}");
+        }
+    }
 }

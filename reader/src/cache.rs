@@ -18,6 +18,7 @@ use std::fs::File;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
+use granary_format::local;
 use granary_format::{
     chunk_file_name, ChunkEntry, ChunkHeader, ChunkWriter, Compression, SampleEntry,
     CHUNK_HEADER_LEN,
@@ -141,11 +142,8 @@ impl HotMap {
     }
 }
 
-const HOT_MAGIC: &[u8; 8] = b"GRNYHOT1";
-
 fn encode_hot_map(chunks: &BTreeMap<u32, HotChunk>) -> Vec<u8> {
     let mut b = Vec::new();
-    b.extend_from_slice(HOT_MAGIC);
     b.extend_from_slice(&(chunks.len() as u64).to_le_bytes());
     for h in chunks.values() {
         b.extend_from_slice(&h.id.to_le_bytes());
@@ -157,23 +155,15 @@ fn encode_hot_map(chunks: &BTreeMap<u32, HotChunk>) -> Vec<u8> {
             b.extend_from_slice(&off.to_le_bytes());
         }
     }
-    let crc = crc32fast::hash(&b);
-    b.extend_from_slice(&crc.to_le_bytes());
-    b
+    local::HOT_MAP.frame(&b)
 }
 
-/// Decodes `hot.map`; `None` when damaged.
-fn decode_hot_map(b: &[u8]) -> Option<BTreeMap<u32, HotChunk>> {
-    if b.len() < 20 || &b[..8] != HOT_MAGIC {
-        return None;
-    }
-    let (body, crc) = b.split_at(b.len() - 4);
-    if crc32fast::hash(body).to_le_bytes() != crc {
-        return None;
-    }
-    let mut at = 8;
+/// Decodes `hot.map` (SPEC.md appendix A); `None` when damaged.
+pub fn decode_hot_map(b: &[u8]) -> Option<BTreeMap<u32, HotChunk>> {
+    let body = local::HOT_MAP.unframe(b).ok()?;
+    let mut at = 0usize;
     let mut take = |n: usize| -> Option<&[u8]> {
-        let s = body.get(at..at + n)?;
+        let s = body.get(at..at.checked_add(n)?)?;
         at += n;
         Some(s)
     };
@@ -191,7 +181,8 @@ fn decode_hot_map(b: &[u8]) -> Option<BTreeMap<u32, HotChunk>> {
             .chunks_exact(16)
             .map(|c| (u64_(&c[..8]), u64_(&c[8..])))
             .collect();
-        out.insert(
+        // Each hot chunk is listed once.
+        let dup = out.insert(
             id,
             HotChunk {
                 id,
@@ -200,8 +191,66 @@ fn decode_hot_map(b: &[u8]) -> Option<BTreeMap<u32, HotChunk>> {
                 samples,
             },
         );
+        if dup.is_some() {
+            return None;
+        }
     }
     (at == body.len()).then_some(out)
+}
+
+/// The tier's content list (`index`, SPEC.md appendix A): a framed body of text lines,
+/// `next-hot N`, then `chunk|hot ID SIZE LAST_USE SCORE` per file.
+fn encode_index(index: &BTreeMap<Key, Entry>, next_hot: u32) -> Vec<u8> {
+    let mut body = format!("next-hot {next_hot}\n");
+    for (k, e) in index {
+        let (kind, id) = match k {
+            Key::Chunk(id) => ("chunk", id),
+            Key::Hot(id) => ("hot", id),
+        };
+        body += &format!("{kind} {id} {} {} {}\n", e.size, e.last_use, e.score);
+    }
+    local::TIER_INDEX.frame(body.as_bytes())
+}
+
+/// Decodes the content list: entries, use clock, next hot id; `None` if the frame is damaged
+/// or any line is not one the tier writes (the list is then rebuilt from the files).
+fn parse_index(b: &[u8]) -> Option<(BTreeMap<Key, Entry>, u64, u32)> {
+    let body = std::str::from_utf8(local::TIER_INDEX.unframe(b).ok()?).ok()?;
+    let mut index = BTreeMap::new();
+    let mut clock = 0;
+    let mut next_hot = None;
+    for line in body.lines() {
+        let f: Vec<&str> = line.split(' ').collect();
+        match f[..] {
+            ["next-hot", n] if next_hot.is_none() => next_hot = Some(n.parse().ok()?),
+            [kind, id, size, last, score] => {
+                let key = match kind {
+                    "chunk" => Key::Chunk(id.parse().ok()?),
+                    "hot" => Key::Hot(id.parse().ok()?),
+                    _ => return None,
+                };
+                let last: u64 = last.parse().ok()?;
+                let score: f64 = score.parse().ok()?;
+                let e = Entry {
+                    size: size.parse().ok()?,
+                    last_use: last,
+                    score,
+                };
+                clock = clock.max(last);
+                if index.insert(key, e).is_some() {
+                    return None;
+                }
+            }
+            _ => return None,
+        }
+    }
+    Some((index, clock, next_hot?))
+}
+
+/// Decodes a tier content list (for tools and fuzzing): `(files, use clock, next hot id)`,
+/// or `None` if it is damaged.
+pub fn decode_tier_index(b: &[u8]) -> Option<(usize, u64, u32)> {
+    parse_index(b).map(|(i, c, n)| (i.len(), c, n))
 }
 
 /// A record offered for a hot chunk: the sample, its snapshot entry, path and stored bytes.
@@ -495,42 +544,7 @@ impl ChunkCache {
 
     /// The content list of `index` if it is present and intact: entries, use clock, next hot id.
     fn parse_index(&self) -> Option<(BTreeMap<Key, Entry>, u64, u32)> {
-        let mut index = BTreeMap::new();
-        let mut clock = 0;
-        let mut next_hot = 0u32;
-        let text = std::fs::read_to_string(self.dir.join("index")).ok()?;
-        let (body, crc) = text.rsplit_once("crc ")?;
-        if crc.trim().parse::<u32>().ok() != Some(crc32fast::hash(body.as_bytes())) {
-            return None;
-        }
-        for line in body.lines() {
-            let f: Vec<&str> = line.split_whitespace().collect();
-            match f[..] {
-                ["next-hot", n] => next_hot = n.parse().unwrap_or(0),
-                [kind, id, size, last, score] => {
-                    let key = match (kind, id.parse()) {
-                        ("chunk", Ok(id)) => Key::Chunk(id),
-                        ("hot", Ok(id)) => Key::Hot(id),
-                        _ => continue,
-                    };
-                    if let (Ok(size), Ok(last), Ok(score)) =
-                        (size.parse(), last.parse::<u64>(), score.parse())
-                    {
-                        clock = clock.max(last);
-                        index.insert(
-                            key,
-                            Entry {
-                                size,
-                                last_use: last,
-                                score,
-                            },
-                        );
-                    }
-                }
-                _ => {}
-            }
-        }
-        Some((index, clock, next_hot))
+        parse_index(&std::fs::read(self.dir.join("index")).ok()?)
     }
 
     /// Reads the content list; a missing or damaged list is rebuilt from the files present
@@ -615,16 +629,8 @@ impl ChunkCache {
 
     /// Replaces the content list (fsynced when `durable`) and makes it this handle's view.
     fn write_index(&self, l: &Locked, durable: bool) -> Result<()> {
-        let mut body = format!("next-hot {}\n", l.next_hot);
-        for (k, e) in &l.index {
-            let (kind, id) = match k {
-                Key::Chunk(id) => ("chunk", id),
-                Key::Hot(id) => ("hot", id),
-            };
-            body += &format!("{kind} {id} {} {} {}\n", e.size, e.last_use, e.score);
-        }
-        let text = format!("{body}crc {}\n", crc32fast::hash(body.as_bytes()));
-        write_atomic_with(&self.dir.join("index"), text.as_bytes(), durable)?;
+        let text = encode_index(&l.index, l.next_hot);
+        write_atomic_with(&self.dir.join("index"), &text, durable)?;
         let token = self.index_token();
         let mut v = self.view();
         v.index = l.index.clone();
@@ -828,7 +834,9 @@ impl ChunkCache {
         if !self.make_room(&mut l, ce.file_size, per_byte)? {
             return Ok(false);
         }
-        write_atomic(&self.dir.join(key.file_name()), bytes)?;
+        // Not fsynced: a copy is checked against the snapshot's whole-file CRC before it is
+        // served, so one cut short by a power loss is a miss, never wrong bytes.
+        write_atomic_with(&self.dir.join(key.file_name()), bytes, false)?;
         l.index.insert(
             key,
             Entry {
@@ -891,8 +899,9 @@ impl ChunkCache {
         }
         let key = Key::Hot(id);
         // The file first, then the map that names it, then the index: a crash in between
-        // leaves an unmapped file, removed on the next change.
-        write_atomic(&self.dir.join(key.file_name()), &bytes)?;
+        // leaves an unmapped file, removed on the next change. Not fsynced: every record read
+        // from a hot chunk is CRC-checked.
+        write_atomic_with(&self.dir.join(key.file_name()), &bytes, false)?;
         hot.insert(
             id,
             HotChunk {
@@ -997,18 +1006,12 @@ pub(crate) fn write_atomic(path: &Path, data: &[u8]) -> Result<()> {
     write_atomic_with(path, data, true)
 }
 
-/// [`write_atomic`], fsyncing only when `durable` (the rename still replaces the file whole).
+/// [`write_atomic`], fsyncing the file and its directory only when `durable` (the rename
+/// still replaces the file whole).
 fn write_atomic_with(path: &Path, data: &[u8], durable: bool) -> Result<()> {
     let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-    let mut f = File::create(&tmp).map_err(|e| ReadError::io("creating", &tmp, e))?;
-    let written = f
-        .write_all(data)
-        .and_then(|_| if durable { f.sync_all() } else { Ok(()) });
-    if let Err(e) = written {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(ReadError::io("writing", &tmp, e));
-    }
-    std::fs::rename(&tmp, path).map_err(|e| ReadError::io("renaming", &tmp, e))
+    local::write_atomic(path, &tmp, durable, |w| w.write_all(data))
+        .map_err(|e| ReadError::io("writing", path, e))
 }
 
 #[cfg(test)]
@@ -1037,6 +1040,7 @@ mod tests {
             },
         );
         let b = encode_hot_map(&m);
+        local::dump_fuzz_seed("hot_map", "two-chunks", &b);
         assert_eq!(decode_hot_map(&b), Some(m));
         for i in 0..b.len() {
             let mut d = b.clone();
@@ -1046,6 +1050,40 @@ mod tests {
         }
         assert_eq!(parse_hot_file_name(&hot_file_name(42)), Some(42));
         assert_eq!(parse_hot_file_name("hot-42.gchunk"), None);
+    }
+
+    #[test]
+    fn content_list_round_trip_and_damage() {
+        let mut m = BTreeMap::new();
+        let e = |size, last_use, score| Entry {
+            size,
+            last_use,
+            score,
+        };
+        m.insert(Key::Chunk(7), e(1 << 20, 12, 0.25));
+        m.insert(Key::Hot(2), e(4096, 40, 1.5e-9));
+        let b = encode_index(&m, 3);
+        local::dump_fuzz_seed("tier_index", "chunk-and-hot", &b);
+        let (got, clock, next) = parse_index(&b).expect("intact list");
+        assert_eq!((got.len(), clock, next), (2, 40, 3));
+        assert_eq!(got[&Key::Hot(2)].score, 1.5e-9);
+        for i in 0..b.len() {
+            let mut d = b.clone();
+            d[i] ^= 0x04;
+            assert!(parse_index(&d).is_none(), "flip at {i} accepted");
+            assert!(parse_index(&b[..i]).is_none(), "truncation at {i} accepted");
+        }
+        // A well-framed body with a line the tier never writes is not trusted either.
+        for body in [
+            "next-hot 1\nchunk x 1 2 3\n",
+            "chunk 1 2 3 4\n",
+            "next-hot 1\nodd 1 2 3 4\n",
+        ] {
+            assert!(
+                parse_index(&local::TIER_INDEX.frame(body.as_bytes())).is_none(),
+                "{body}"
+            );
+        }
     }
 
     #[test]

@@ -208,6 +208,7 @@ pub fn read_epoch(
         r.hits.samples_from_source += w.hits.samples_from_source;
         r.hits.bytes_from_cache += w.hits.bytes_from_cache;
         r.hits.bytes_from_source += w.hits.bytes_from_source;
+        r.hits.admissions_failed += w.hits.admissions_failed;
         r.peak_buffer_bytes = r.peak_buffer_bytes.max(w.peak_buffer_bytes);
     }
     r.elapsed_s = t.elapsed().as_secs_f64();
@@ -235,6 +236,8 @@ pub struct EpochReport {
     /// Share of samples and of bytes served by the local tier (when one is configured).
     pub cache_sample_hit_ratio: Option<f64>,
     pub cache_byte_hit_ratio: Option<f64>,
+    /// Chunks the tier failed to store (full or failing disk; reads went on from the source).
+    pub cache_admissions_failed: Option<u64>,
     /// The most bytes of read buffers (and borrowed maps) one worker's stream held at once.
     pub peak_buffer_bytes: u64,
     /// The process's peak resident set so far (`VmHWM`), when the kernel reports it.
@@ -278,6 +281,7 @@ pub fn measure_epoch(
             .then(|| ratio(t.hits.samples_from_cache, t.hits.samples_from_source)),
         cache_byte_hit_ratio: tier
             .then(|| ratio(t.hits.bytes_from_cache, t.hits.bytes_from_source)),
+        cache_admissions_failed: tier.then_some(t.hits.admissions_failed),
         peak_buffer_bytes: t.peak_buffer_bytes,
         peak_rss_bytes: peak_rss_bytes(),
     })

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use crate::error::{ReadError, Result};
 
-const MAGIC: &[u8; 8] = b"GRNYSCOR";
+use granary_format::local::SCORE_TABLE;
 
 /// SHADE weights of one batch: each loss ranked within the batch (rank 1 = smallest) becomes
 /// ln(10 + rank) for its sample id. Errors for a length mismatch, an id not below `n`, or a
@@ -130,47 +130,59 @@ impl ImportanceScores {
         }
     }
 
-    /// Writes the table to `path` atomically (temporary file, fsync, rename), CRC-checked.
+    /// Writes the table to `path` atomically (SPEC.md appendix A: framed, temporary file,
+    /// fsync, rename, fsync of the directory).
     pub fn save(&self, path: &Path) -> Result<()> {
-        let mut b = Vec::with_capacity(32 + self.scores.len() * 5);
-        b.extend_from_slice(MAGIC);
+        crate::cache::write_atomic(path, &self.encode())
+    }
+
+    /// The framed table: sample count (u64), smoothing (f32), one f32 score per sample, one
+    /// byte per sample (1 if a loss was ever reported).
+    pub fn encode(&self) -> Vec<u8> {
+        let mut b = Vec::with_capacity(12 + self.scores.len() * 5);
         b.extend_from_slice(&(self.scores.len() as u64).to_le_bytes());
         b.extend_from_slice(&self.smoothing.to_le_bytes());
         for s in &self.scores {
             b.extend_from_slice(&s.to_le_bytes());
         }
         b.extend(self.seen.iter().map(|&x| x as u8));
-        let crc = crc32fast::hash(&b);
-        b.extend_from_slice(&crc.to_le_bytes());
-        crate::cache::write_atomic(path, &b)
+        SCORE_TABLE.frame(&b)
     }
 
     /// Reads a table written by [`ImportanceScores::save`]; damaged files are errors.
     pub fn load(path: &Path) -> Result<Self> {
         let b = std::fs::read(path).map_err(|e| ReadError::io("reading", path, e))?;
-        let bad = |why: &str| {
+        Self::decode(&b).map_err(|why| {
             ReadError::Invalid(format!("{}: not a score table ({why})", path.display()))
-        };
-        if b.len() < 24 || &b[..8] != MAGIC {
-            return Err(bad("bad magic"));
-        }
-        let (body, crc) = b.split_at(b.len() - 4);
-        if crc32fast::hash(body).to_le_bytes() != crc {
-            return Err(bad("checksum mismatch"));
-        }
+        })
+    }
+
+    /// Decodes [`ImportanceScores::encode`]'s bytes.
+    pub fn decode(b: &[u8]) -> std::result::Result<Self, String> {
+        let body = SCORE_TABLE.unframe(b).map_err(|e| e.to_string())?;
         // The count is read from the file: check it against the length without overflow
         // before anything is sized from it.
-        let n = u64::from_le_bytes(body[8..16].try_into().expect("8 bytes"));
+        let n = u64::from_le_bytes(body.get(..8).ok_or("too short")?.try_into().expect("8"));
         let n = usize::try_from(n)
             .ok()
-            .filter(|&n| n.checked_mul(5).and_then(|x| x.checked_add(20)) == Some(body.len()))
-            .ok_or_else(|| bad("wrong length"))?;
-        let smoothing = f32::from_le_bytes(body[16..20].try_into().expect("4 bytes"));
-        let scores: Vec<f32> = body[20..20 + 4 * n]
+            .filter(|&n| n.checked_mul(5).and_then(|x| x.checked_add(12)) == Some(body.len()))
+            .ok_or("wrong length")?;
+        let smoothing = f32::from_le_bytes(body[8..12].try_into().expect("4 bytes"));
+        if !(0.0..1.0).contains(&smoothing) {
+            return Err(format!("smoothing {smoothing} is not in [0, 1)"));
+        }
+        let scores: Vec<f32> = body[12..12 + 4 * n]
             .chunks(4)
             .map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes")))
             .collect();
-        let seen: Vec<bool> = body[20 + 4 * n..].iter().map(|&x| x != 0).collect();
+        if scores.iter().any(|s| !s.is_finite() || *s < 0.0) {
+            return Err("a score is negative or not finite".into());
+        }
+        let seen = &body[12 + 4 * n..];
+        if seen.iter().any(|&x| x > 1) {
+            return Err("a seen flag is neither 0 nor 1".into());
+        }
+        let seen: Vec<bool> = seen.iter().map(|&x| x == 1).collect();
         let seen_count = seen.iter().filter(|&&x| x).count() as u64;
         let seen_sum = scores
             .iter()
@@ -375,9 +387,17 @@ mod tests {
         s.save(&p).unwrap();
         let t = ImportanceScores::load(&p).unwrap();
         assert_eq!(t, s);
-        let mut b = std::fs::read(&p).unwrap();
-        b[40] ^= 1;
-        std::fs::write(&p, &b).unwrap();
+        let b = std::fs::read(&p).unwrap();
+        granary_format::local::dump_fuzz_seed("score_table", "half-reported", &b);
+        for i in 0..b.len() {
+            let mut d = b.clone();
+            d[i] ^= 1;
+            assert!(ImportanceScores::decode(&d).is_err(), "flip at {i}");
+            assert!(ImportanceScores::decode(&b[..i]).is_err(), "cut at {i}");
+        }
+        let mut d = b.clone();
+        d[40] ^= 1;
+        std::fs::write(&p, &d).unwrap();
         assert!(ImportanceScores::load(&p).is_err());
     }
 
@@ -388,11 +408,10 @@ mod tests {
         ImportanceScores::new(3, 0.8).save(&p).unwrap();
         let good = std::fs::read(&p).unwrap();
         for n in [u64::MAX, u64::MAX / 5 + 1, 1 << 62, 4] {
-            let mut b = good[..good.len() - 4].to_vec();
-            b[8..16].copy_from_slice(&n.to_le_bytes());
-            let crc = crc32fast::hash(&b);
-            b.extend_from_slice(&crc.to_le_bytes());
-            std::fs::write(&p, &b).unwrap();
+            // A well-framed body whose count does not match its length.
+            let mut body = SCORE_TABLE.unframe(&good).unwrap().to_vec();
+            body[..8].copy_from_slice(&n.to_le_bytes());
+            std::fs::write(&p, SCORE_TABLE.frame(&body)).unwrap();
             let e = ImportanceScores::load(&p).unwrap_err().to_string();
             assert!(e.contains("wrong length"), "{n}: {e}");
         }

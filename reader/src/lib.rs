@@ -54,7 +54,10 @@ mod stream;
 mod tier;
 mod verify;
 
-pub use cache::{hot_file_name, CachePolicy, CacheStats, ChunkCache, HotChunk, HotMap, HotRecord};
+pub use cache::{
+    decode_hot_map, decode_tier_index, hot_file_name, CachePolicy, CacheStats, ChunkCache,
+    HotChunk, HotMap, HotRecord,
+};
 pub use dataset::{ChunkBytes, Dataset, SampleInfo, SampleReader};
 pub use epoch::{
     measure_epoch, read_epoch, EpochReport, EpochSetup, EpochTotals, ImportanceSampling,

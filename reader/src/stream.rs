@@ -203,7 +203,7 @@ impl EpochStream {
         let cache = opts.cache.clone().filter(|_| mode != ShuffleMode::Global);
         let admission = cache
             .clone()
-            .map(|c| Admission::start(c, ds.clone(), opts.memory / 4));
+            .map(|c| Admission::start(c, ds.clone(), opts.memory / 4, stats.clone()));
         let scores = opts.scores.clone();
         // An importance tier with a score table holds hot chunks (re-packed samples); a table
         // with no loss reported yet (every sample at the mean) says nothing to re-pack.

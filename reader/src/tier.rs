@@ -271,6 +271,9 @@ pub struct CacheHits {
     pub samples_from_source: u64,
     pub bytes_from_cache: u64,
     pub bytes_from_source: u64,
+    /// Chunks or hot chunks the tier failed to store (a full or failing disk: the first
+    /// failure is also printed as a warning; reads go on from the source).
+    pub admissions_failed: u64,
 }
 
 #[derive(Default)]
@@ -279,6 +282,7 @@ pub(crate) struct CacheCounters {
     samples_source: AtomicU64,
     bytes_cache: AtomicU64,
     bytes_source: AtomicU64,
+    admissions_failed: AtomicU64,
 }
 
 impl CacheCounters {
@@ -290,7 +294,28 @@ impl CacheCounters {
             samples_from_source: l(&self.samples_source),
             bytes_from_cache: l(&self.bytes_cache),
             bytes_from_source: l(&self.bytes_source),
+            admissions_failed: l(&self.admissions_failed),
         }
+    }
+
+    /// Counts a failed admission (warning on the first); false if the tier's file system is
+    /// full, so that the stream stops admitting (it keeps serving what the tier holds).
+    fn admission_failed(&self, dir: &std::path::Path, e: &crate::ReadError) -> bool {
+        let full = matches!(e, crate::ReadError::Io { source, .. }
+            if matches!(source.kind(), std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded));
+        if self.admissions_failed.fetch_add(1, Relaxed) == 0 {
+            eprintln!(
+                "granary: warning: the local tier in {} could not store a chunk ({e}); reads go \
+                 on from the source{}",
+                dir.display(),
+                if full {
+                    ", and this stream admits nothing more"
+                } else {
+                    ""
+                }
+            );
+        }
+        !full
     }
 
     /// Counts a completed window; offers its source-read chunks for admission, or with hot
@@ -427,9 +452,11 @@ impl Admission {
         cache: Arc<ChunkCache>,
         ds: Arc<Dataset>,
         max_waiting_hot: u64,
+        stats: Arc<CacheCounters>,
     ) -> Admission {
         let slot: Arc<Mailbox> = Arc::default();
         let s2 = slot.clone();
+        let mut admitting = true;
         let thread = std::thread::spawn(move || loop {
             let job = {
                 let (m, cv) = &*s2;
@@ -442,10 +469,19 @@ impl Admission {
                     None => return,
                 }
             };
-            // Errors only cost a missed admission; the epoch goes on from the source.
+            // Errors only cost a missed admission; the epoch goes on from the source. On a full
+            // file system the stream stops admitting (jobs are taken and dropped).
+            if !admitting {
+                continue;
+            }
+            let mut failed = |e: crate::ReadError| {
+                admitting &= stats.admission_failed(cache.dir(), &e);
+            };
             match job {
                 Job::Chunk(ce, bytes, score) => {
-                    let _ = cache.admit(&ce, bytes.data(), score);
+                    if let Err(e) = cache.admit(&ce, bytes.data(), score) {
+                        failed(e);
+                    }
                 }
                 Job::Hot(records, target) => {
                     let classes = ds.classes().unwrap_or_default();
@@ -457,13 +493,18 @@ impl Admission {
                         bytes += r.stored.len() as u64 + HOT_RECORD_OVERHEAD + r.path.len() as u64;
                         group.push(r);
                         if bytes >= target {
-                            let _ = cache.admit_hot(&group, &classes);
+                            if let Err(e) = cache.admit_hot(&group, &classes) {
+                                failed(e);
+                                break;
+                            }
                             group.clear();
                             bytes = 0;
                         }
                     }
                     if !group.is_empty() {
-                        let _ = cache.admit_hot(&group, &classes);
+                        if let Err(e) = cache.admit_hot(&group, &classes) {
+                            failed(e);
+                        }
                     }
                 }
             }

@@ -192,7 +192,10 @@ fn epochs_read_through_the_tier_and_damaged_copies_are_refetched() {
     };
     let expected: Vec<Vec<u8>> = (0..ds.len()).map(|i| ds.read(i).unwrap()).collect();
     let mut hits = Vec::new();
+    let resident = || cache.stats().unwrap().bytes as f64 / total as f64;
+    let mut resident_before = 0.0;
     for epoch in 0..4 {
+        resident_before = resident();
         let mut st = ds
             .stream_epoch(&plan, epoch, Shard::WHOLE, None, &io)
             .unwrap();
@@ -214,14 +217,18 @@ fn epochs_read_through_the_tier_and_damaged_copies_are_refetched() {
         hits[0].samples_from_cache, 0,
         "the first epoch fills the tier"
     );
-    let resident = cache.stats().unwrap().bytes as f64 / total as f64;
-    assert!(resident > 0.3 && resident <= 0.5, "{resident}");
+    let resident_after = resident();
+    assert!(
+        resident_after > 0.3 && resident_after <= 0.5,
+        "{resident_after}"
+    );
     let h = hits[3];
     let ratio = h.bytes_from_cache as f64 / (h.bytes_from_cache + h.bytes_from_source) as f64;
-    // Static caching under uniform epochs: the hit ratio is the resident fraction.
+    // Static caching under uniform epochs: the hit ratio is the resident fraction (admission
+    // is asynchronous, so the tier may still grow during the epoch).
     assert!(
-        (ratio - resident).abs() < 0.05,
-        "hit ratio {ratio} vs resident {resident}: {h:?}"
+        ratio > resident_before - 0.05 && ratio < resident_after + 0.05,
+        "hit ratio {ratio} vs resident {resident_before}..{resident_after}: {h:?}"
     );
 
     // Damage every resident copy: the epoch still delivers the right bytes, from the source.
@@ -653,7 +660,7 @@ fn hits_take_no_lock_write_nothing_and_uses_reach_the_lru_order_in_batches() {
             .unwrap());
     }
     let dir = writer.dir().to_path_buf();
-    let index = || std::fs::read_to_string(dir.join("index")).unwrap();
+    let index = || std::fs::read(dir.join("index")).unwrap();
     let before = index();
     // Another process holds the tier's lock (as while it writes a chunk): hits still answer.
     let holder = std::fs::File::open(dir.join("lock")).unwrap();

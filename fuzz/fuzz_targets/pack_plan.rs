@@ -1,0 +1,7 @@
+//! The packer's plan (its resume state): whatever decodes encodes back to the same bytes.
+#![no_main]
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    granary_packer::parsers::plan(data);
+});
