@@ -142,6 +142,18 @@ impl Opener {
     /// page cache only where already resident). A resident file (Auto or Buffered) is mapped:
     /// its requests complete as slices of the map.
     pub fn open(&mut self, path: &Path, chunk: Option<u32>) -> Result<IoFile> {
+        self.open_as(path, chunk, true)
+    }
+
+    /// [`Opener::open`] for a file that someone else may cut short while it is read (a copy
+    /// in the local tier): never mapped, so its bytes are read into buffers once, checked
+    /// there, and a truncation is a short read (a miss), never SIGBUS or bytes that change
+    /// after their check.
+    pub fn open_unmapped(&mut self, path: &Path, chunk: Option<u32>) -> Result<IoFile> {
+        self.open_as(path, chunk, false)
+    }
+
+    fn open_as(&mut self, path: &Path, chunk: Option<u32>, may_map: bool) -> Result<IoFile> {
         if self.mode == IoMode::Direct {
             return self.open_direct(path);
         }
@@ -152,7 +164,7 @@ impl Opener {
             .map_err(|e| ReadError::io("inspecting", path, e))?
             .len();
         // One map serves the residency check and, if every page is resident, the reads.
-        let map = (len > 0 && self.map_resident)
+        let map = (len > 0 && self.map_resident && may_map)
             .then(|| map_file(&file, path).ok())
             .flatten()
             .filter(|m| mapped_share(m) >= RESIDENT_SHARE);

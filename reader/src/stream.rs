@@ -587,7 +587,7 @@ fn prepare_window(
             // Another process may evict a cached copy between lookup and open: then the
             // source serves the chunk.
             let cached = cache.map(|t| t.lookup(ce)).transpose()?.flatten();
-            if let Some(Ok(f)) = cached.map(|p| opener.open(&p, Some(*c))) {
+            if let Some(Ok(f)) = cached.map(|p| opener.open_unmapped(&p, Some(*c))) {
                 ds.check_chunk_size(ce, &f)?;
                 files.insert(*c, Arc::new(f));
                 copy = true;

@@ -120,7 +120,7 @@ impl HotState {
                     .chunks
                     .get(&h)
                     .and_then(|hc| self.cache.hot_path(hc))
-                    .and_then(|p| opener.open(&p, Some(h)).ok())
+                    .and_then(|p| opener.open_unmapped(&p, Some(h)).ok())
                     .map(|f| Arc::new(f) as Source);
                 self.files.insert(h, f.clone());
                 f
