@@ -1529,26 +1529,13 @@ pub mod parsers {
     }
 }
 
-/// Writes `data` to `path` via a temporary file, fsync and rename. On failure (a full disk,
-/// say) the temporary file is removed again.
+/// Writes `data` to `path` via a temporary file, fsync, rename and fsync of the directory
+/// ([`granary_format::local::write_atomic`]). On failure (a full disk, say) the temporary file
+/// is removed again.
 pub fn write_file_atomic(path: &Path, data: &[u8]) -> Result<(), PackError> {
     let tmp = path.with_extension("tmp");
-    let written = std::fs::File::create(&tmp)
-        .map_err(|e| PackError::io("creating", &tmp, e))
-        .and_then(|mut f| {
-            f.write_all(data)
-                .and_then(|_| f.sync_all())
-                .map_err(|e| PackError::io("writing", &tmp, e))
-        })
-        .and_then(|_| std::fs::rename(&tmp, path).map_err(|e| PackError::io("renaming", &tmp, e)));
-    if written.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    written?;
-    if let Some(parent) = path.parent() {
-        sync_dir(parent)?;
-    }
-    Ok(())
+    granary_format::local::write_atomic(path, &tmp, true, |w| w.write_all(data))
+        .map_err(|e| PackError::io("writing", &tmp, e))
 }
 
 pub(crate) fn sync_dir(dir: &Path) -> Result<(), PackError> {
