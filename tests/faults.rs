@@ -1,7 +1,9 @@
 //! Real faults, not simulated ones: a full file system (a small ext4 image, loop-mounted) under
-//! a pack and under the local tier, and files that an unprivileged user cannot read. These
-//! need root (mount, setpriv); elsewhere they say why they did not run, and with
-//! `GRANARY_REQUIRE_FAULTS=1` (set by scripts/test.sh) they fail instead.
+//! a pack and under the local tier; files that an unprivileged user cannot read; and a network
+//! file system (JuiceFS over FUSE) failing under a reader: objects damaged, truncated or deleted
+//! in its object store, and its client killed mid-epoch. These need root (mount, setpriv, FUSE)
+//! and JuiceFS; elsewhere they say why they did not run, and with `GRANARY_REQUIRE_FAULTS=1`
+//! (set by scripts/test.sh, which also installs JuiceFS) they fail instead.
 
 mod common;
 
@@ -298,4 +300,315 @@ fn unreadable_files_for_an_unprivileged_user_are_named_or_skipped() {
         .collect();
     assert_eq!(got, sorted(want));
     open_all(&src);
+}
+
+/// A JuiceFS file system on this machine: metadata in SQLite, data in a local-directory object
+/// store (`bucket`), mounted through FUSE by a client this test started and can kill. The client
+/// keeps no block cache and retries a failed object read once, so an error reaches the reader
+/// in about a second rather than after JuiceFS's default ten retries.
+struct JuiceFs {
+    dir: tempfile::TempDir,
+    mnt: PathBuf,
+    client: Option<std::process::Child>,
+}
+
+impl JuiceFs {
+    const NAME: &str = "granary-faults";
+
+    fn new() -> JuiceFs {
+        let dir = tempfile::tempdir().unwrap();
+        let mnt = dir.path().join("mnt");
+        std::fs::create_dir(&mnt).unwrap();
+        let meta = format!("sqlite3://{}", dir.path().join("meta.db").display());
+        let o = Command::new("juicefs")
+            .args(["format", "--storage", "file", "--bucket"])
+            .arg(format!("{}/", dir.path().join("bucket").display()))
+            .args([&meta, Self::NAME])
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "juicefs format: {}", stderr(&o));
+        let log = std::fs::File::create(dir.path().join("client.log")).unwrap();
+        let client = Command::new("juicefs")
+            .args(["mount", "--cache-size", "0", "--io-retries", "1"])
+            .args(["--no-usage-report", "--metrics", "127.0.0.1:0", &meta])
+            .arg(&mnt)
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        let mut fs = JuiceFs {
+            dir,
+            mnt,
+            client: Some(client),
+        };
+        let start = std::time::Instant::now();
+        while !fs.mounted() {
+            let exited = fs.client.as_mut().unwrap().try_wait().unwrap();
+            if exited.is_some() || start.elapsed() > std::time::Duration::from_secs(30) {
+                panic!("juicefs mount did not come up: {}", fs.log());
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        fs
+    }
+
+    fn mounted(&self) -> bool {
+        let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+        let mnt = self.mnt.to_str().unwrap();
+        mounts.lines().any(|l| l.split(' ').nth(4) == Some(mnt))
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("client.log")).unwrap_or_default()
+    }
+
+    /// The object-store files holding `file`'s data (`juicefs info` lists them).
+    fn objects(&self, file: &Path) -> Vec<PathBuf> {
+        let o = Command::new("juicefs")
+            .arg("info")
+            .arg(file)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "juicefs info: {}", stderr(&o));
+        let bucket = self.dir.path().join("bucket");
+        let text = format!("{}{}", stdout(&o), stderr(&o));
+        let objects: Vec<PathBuf> = text
+            .split(|c: char| c == '|' || c.is_whitespace())
+            .filter(|w| w.starts_with(&format!("{}/chunks/", Self::NAME)))
+            .map(|w| bucket.join(w))
+            .collect();
+        assert!(!objects.is_empty(), "no objects for {file:?}: {text}");
+        objects
+    }
+
+    /// SIGKILLs the client: the process this test started and the FUSE server it forked (its
+    /// supervisor would otherwise start a new one). The mount stays, with nobody serving it.
+    fn kill(&mut self) {
+        let Some(mut client) = self.client.take() else {
+            return;
+        };
+        let pid = client.id();
+        let children: Vec<i32> = std::fs::read_dir(format!("/proc/{pid}/task"))
+            .map(|tasks| {
+                tasks
+                    .flatten()
+                    .filter_map(|t| std::fs::read_to_string(t.path().join("children")).ok())
+                    .flat_map(|s| {
+                        s.split_whitespace()
+                            .filter_map(|p| p.parse().ok())
+                            .collect::<Vec<i32>>()
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        client.kill().unwrap();
+        client.wait().unwrap();
+        for c in children {
+            if let Some(c) = rustix::process::Pid::from_raw(c) {
+                let _ = rustix::process::kill_process(c, rustix::process::Signal::KILL);
+            }
+        }
+    }
+}
+
+impl Drop for JuiceFs {
+    fn drop(&mut self) {
+        self.kill();
+        let _ = Command::new("umount").arg("-l").arg(&self.mnt).output();
+    }
+}
+
+/// Drops the page cache's copy of every file under `dir`, so the next read asks the file system.
+fn evict(dir: &Path) {
+    for e in std::fs::read_dir(dir).unwrap() {
+        let f = std::fs::File::open(e.unwrap().path()).unwrap();
+        rustix::fs::fadvise(&f, 0, None, rustix::fs::Advice::DontNeed).unwrap();
+    }
+}
+
+/// Runs granary and waits at most `secs` for it: a run that takes longer is a hang, and fails.
+fn run_within(secs: u64, args: &[&str]) -> std::process::Output {
+    let mut child = spawn(args);
+    let start = std::time::Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if start.elapsed() > std::time::Duration::from_secs(secs) {
+            child.kill().unwrap();
+            let o = child.wait_with_output().unwrap();
+            panic!("granary {args:?} hung for {secs} s: {}", stderr(&o));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    child.wait_with_output().unwrap()
+}
+
+/// `files` (~1.2 MiB: [`juicefs_tree`]) packed into 12 raw chunks and copied into the JuiceFS
+/// mount; returns the dataset's path there.
+fn dataset_on_juicefs(fs: &JuiceFs, tmp: &Path, files: &[(Vec<u8>, Vec<u8>)]) -> PathBuf {
+    let local = tmp.join("ds");
+    packed_tree(
+        &tmp.join("src"),
+        files,
+        &local,
+        &["--chunk-size", "100KiB", "--compress", "none"],
+    );
+    let ds = fs.mnt.join("ds");
+    std::fs::create_dir(&ds).unwrap();
+    for e in std::fs::read_dir(&local).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), ds.join(e.file_name())).unwrap();
+    }
+    ds
+}
+
+fn juicefs_tree() -> Vec<(Vec<u8>, Vec<u8>)> {
+    numbered_tree(96, 4, |i| 12_000 + 37 * i as usize)
+}
+
+#[test]
+fn juicefs_objects_damaged_or_deleted_under_the_reader_are_errors_naming_the_chunk() {
+    if skip(&["juicefs", "umount"]) {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let fs = JuiceFs::new();
+    let ds = dataset_on_juicefs(&fs, tmp.path(), &juicefs_tree());
+    let d = ds.to_str().unwrap();
+    let reference = json(&run([
+        "read",
+        tmp.path().join("ds").to_str().unwrap(),
+        "--json",
+    ]));
+    evict(&ds);
+    assert_eq!(
+        json(&run_within(60, &["read", d, "--json"]))[0]["digest"],
+        reference[0]["digest"]
+    );
+
+    let chunk = ds.join("chunk-00000005.gchunk");
+    let objects = fs.objects(&chunk);
+    let object = &objects[0];
+    let good = std::fs::read(object).unwrap();
+    let failed_read = |why: &str| {
+        evict(&ds);
+        let o = run_within(60, &["read", d, "--json"]);
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(1), "{why}: {err}");
+        assert!(err.contains("chunk-00000005.gchunk"), "{why}: {err}");
+        // No epoch is reported: a stream that stops is never a short epoch that looks whole.
+        assert!(!stdout(&o).contains("digest"), "{why}: {}", stdout(&o));
+        err
+    };
+
+    // Bytes changed in the object store: JuiceFS serves them; the record CRCs catch them.
+    let mut bad = good.clone();
+    for b in &mut bad[good.len() / 2..good.len() / 2 + 16] {
+        *b ^= 0xa5;
+    }
+    std::fs::write(object, &bad).unwrap();
+    let err = failed_read("damaged object");
+    assert!(err.contains("checksum mismatch"), "{err}");
+    let o = run_within(60, &["verify", d]);
+    assert_ne!(o.status.code(), Some(0), "verify passed a damaged chunk");
+    assert!(stdout(&o).contains("chunk-00000005") || stderr(&o).contains("chunk-00000005"));
+
+    // The object cut short, then gone: JuiceFS answers EIO.
+    std::fs::write(object, &good[..good.len() / 3]).unwrap();
+    failed_read("truncated object");
+    std::fs::remove_file(object).unwrap();
+    let err = failed_read("deleted object");
+    assert!(err.contains("Input/output error"), "{err}");
+
+    // Repaired: the same dataset reads whole and right again (nothing wrong was kept).
+    std::fs::write(object, &good).unwrap();
+    evict(&ds);
+    assert_eq!(
+        json(&run_within(60, &["read", d, "--json"]))[0]["digest"],
+        reference[0]["digest"]
+    );
+}
+
+#[test]
+fn juicefs_client_killed_mid_epoch_ends_the_stream_with_an_error_naming_the_chunk() {
+    if skip(&["juicefs", "umount"]) {
+        return;
+    }
+    use granary::{Dataset, PlanOptions, Shard, ShuffleMode, StreamOptions};
+    let tmp = tempfile::tempdir().unwrap();
+    let mut fs = JuiceFs::new();
+    let files = juicefs_tree();
+    let ds = dataset_on_juicefs(&fs, tmp.path(), &files);
+    let by_path: std::collections::HashMap<Vec<u8>, Vec<u8>> = files.into_iter().collect();
+    evict(&ds);
+    let dataset = std::sync::Arc::new(Dataset::open(&ds).unwrap());
+    let plan = PlanOptions {
+        mode: ShuffleMode::Chunkwise,
+        seed: 7,
+        window_chunks: 1,
+        ..Default::default()
+    };
+    // Reads ahead at most a few of the 12 chunks, so most of the epoch is still to be read.
+    let io = StreamOptions {
+        memory: 256 << 10,
+        max_inflight_bytes: 128 << 10,
+        ..Default::default()
+    };
+    let mut stream = dataset
+        .stream_epoch(&plan, 0, Shard::WHOLE, None, &io)
+        .unwrap();
+    let check = |s: &granary::Sample| {
+        let path = dataset.path(s.id).unwrap();
+        assert_eq!(
+            s.data(),
+            &by_path[path][..],
+            "sample {} served wrong bytes",
+            s.id
+        );
+    };
+    // Part of the first chunk's window, then the client dies.
+    let mut delivered = 0;
+    for s in stream.by_ref().take(5) {
+        check(&s.unwrap());
+        delivered += 1;
+    }
+    fs.kill();
+    // The files cannot be opened any more; what the page cache holds of them goes this way.
+    std::fs::write("/proc/sys/vm/drop_caches", "3").unwrap();
+    // The rest of the epoch: samples already read are served (and are right); then an error
+    // naming a chunk and the dead mount, within a bound (a hang fails the test).
+    let (tx, rx) = std::sync::mpsc::channel();
+    let rest = std::thread::spawn(move || {
+        for s in stream {
+            let end = s.is_err();
+            tx.send(s).unwrap();
+            if end {
+                return;
+            }
+        }
+    });
+    let err = loop {
+        match rx.recv_timeout(std::time::Duration::from_secs(60)) {
+            Ok(Ok(s)) => {
+                check(&s);
+                delivered += 1;
+            }
+            Ok(Err(e)) => break e.to_string(),
+            Err(e) => panic!("the epoch neither ended nor failed with its storage gone: {e}"),
+        }
+    };
+    rest.join().unwrap();
+    eprintln!(
+        "{delivered} of {} samples delivered, then: {err}",
+        by_path.len()
+    );
+    assert!(delivered < by_path.len(), "a whole epoch from a dead mount");
+    assert!(err.contains(".gchunk"), "{err}");
+    assert!(err.contains("Transport endpoint is not connected"), "{err}");
+    // A new reader gets a clear error too, at once.
+    let o = run_within(60, &["read", ds.to_str().unwrap(), "--json"]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("Transport endpoint is not connected"),
+        "{}",
+        stderr(&o)
+    );
 }
