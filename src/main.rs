@@ -44,6 +44,7 @@ enum Command {
     Reindex(cmd::reindex::Args),
     Cache(cmd::cache::Args),
     Mount(cmd::mount::Args),
+    Serve(cmd::serve::Args),
     Umount(cmd::mount::UmountArgs),
     Bench(cmd::bench::Args),
 }
@@ -64,6 +65,7 @@ fn main() -> ExitCode {
         Command::Reindex(a) => cmd::reindex::run(a),
         Command::Cache(a) => cmd::cache::run(a),
         Command::Mount(a) => cmd::mount::run(a),
+        Command::Serve(a) => cmd::serve::run(a),
         Command::Umount(a) => cmd::mount::umount(a),
         Command::Bench(a) => cmd::bench::run(a),
     };

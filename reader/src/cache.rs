@@ -409,7 +409,7 @@ impl ChunkCache {
         quota: u64,
         policy: CachePolicy,
     ) -> Result<Self> {
-        let dir = root.join(hex(&dataset_id));
+        let dir = Self::tier_dir(root, &dataset_id);
         std::fs::create_dir_all(&dir).map_err(|e| ReadError::io("creating", &dir, e))?;
         Ok(ChunkCache {
             dir,
@@ -418,6 +418,12 @@ impl ChunkCache {
             policy,
             view: Default::default(),
         })
+    }
+
+    /// The directory of dataset `dataset_id`'s tier under `root` (`root/<dataset id in hex>`),
+    /// without opening it.
+    pub fn tier_dir(root: &Path, dataset_id: &[u8; 16]) -> PathBuf {
+        root.join(hex(dataset_id))
     }
 
     /// This tier's directory (`root/<dataset id>`).

@@ -208,6 +208,8 @@ pub fn read_epoch(
         r.hits.samples_from_source += w.hits.samples_from_source;
         r.hits.bytes_from_cache += w.hits.bytes_from_cache;
         r.hits.bytes_from_source += w.hits.bytes_from_source;
+        r.hits.samples_from_peers += w.hits.samples_from_peers;
+        r.hits.bytes_from_peers += w.hits.bytes_from_peers;
         r.hits.admissions_failed += w.hits.admissions_failed;
         r.peak_buffer_bytes = r.peak_buffer_bytes.max(w.peak_buffer_bytes);
     }
@@ -242,6 +244,25 @@ pub struct EpochReport {
     pub peak_buffer_bytes: u64,
     /// The process's peak resident set so far (`VmHWM`), when the kernel reports it.
     pub peak_rss_bytes: Option<u64>,
+    /// With tiers shared between nodes: what came from where.
+    pub peers: Option<PeerReport>,
+}
+
+/// One epoch's reads with tiers shared between nodes ([`crate::Peers`]).
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct PeerReport {
+    /// This node, and the fingerprint of who keeps what (equal on every node of the job).
+    pub node: u32,
+    pub ownership: String,
+    /// Bytes of whole chunks this rank read from its own node's tier, from other nodes' tiers,
+    /// and from origin storage (everything else, peers' fallbacks included).
+    pub bytes_from_local_tier: u64,
+    pub bytes_from_peers: u64,
+    pub bytes_from_origin: u64,
+    /// The epoch's peer events (asked, missing, rejected, unreachable; peers marked down).
+    pub events: crate::PeerStats,
+    /// Peers marked down at the end of the epoch.
+    pub down: Vec<String>,
 }
 
 /// [`read_epoch`] measured as `granary read` reports it: throughput, CPU time, device bytes,
@@ -257,9 +278,13 @@ pub fn measure_epoch(
     use crate::procstat::{cpu_seconds, device_read_bytes, peak_rss_bytes};
     let cpu0 = cpu_seconds();
     let dev0 = device_read_bytes();
+    let peers = setup.stream.peers.as_ref();
+    let events0 = peers.map(|p| p.stats());
     let t = read_epoch(ds, setup, epoch, rank, world_size, workers)?;
     let secs = t.elapsed_s.max(1e-9);
-    let ratio = |a: u64, b: u64| a as f64 / (a + b).max(1) as f64;
+    let h = &t.hits;
+    // Chunks from other nodes' tiers count as neither hits nor misses of this node's tier.
+    let ratio = |a: u64, b: u64, peer: u64| a as f64 / (a + b + peer).max(1) as f64;
     let tier = setup.stream.cache.is_some();
     Ok(EpochReport {
         epoch,
@@ -277,12 +302,29 @@ pub fn measure_epoch(
             _ => None,
         },
         opened: t.opened,
-        cache_sample_hit_ratio: tier
-            .then(|| ratio(t.hits.samples_from_cache, t.hits.samples_from_source)),
+        cache_sample_hit_ratio: tier.then(|| {
+            ratio(
+                h.samples_from_cache,
+                h.samples_from_source,
+                h.samples_from_peers,
+            )
+        }),
         cache_byte_hit_ratio: tier
-            .then(|| ratio(t.hits.bytes_from_cache, t.hits.bytes_from_source)),
-        cache_admissions_failed: tier.then_some(t.hits.admissions_failed),
+            .then(|| ratio(h.bytes_from_cache, h.bytes_from_source, h.bytes_from_peers)),
+        cache_admissions_failed: tier.then_some(h.admissions_failed),
         peak_buffer_bytes: t.peak_buffer_bytes,
         peak_rss_bytes: peak_rss_bytes(),
+        peers: match (peers, events0) {
+            (Some(p), Some(e0)) if tier => Some(PeerReport {
+                node: p.me(),
+                ownership: p.ownership().fingerprint(),
+                bytes_from_local_tier: h.bytes_from_cache,
+                bytes_from_peers: h.bytes_from_peers,
+                bytes_from_origin: h.bytes_from_source,
+                events: p.stats() - e0,
+                down: p.down(),
+            }),
+            _ => None,
+        },
     })
 }

@@ -45,6 +45,7 @@ mod extract;
 mod importance;
 pub mod io;
 mod pathfmt;
+pub mod peers;
 pub mod plan;
 pub mod procstat;
 pub mod remote;
@@ -60,13 +61,14 @@ pub use cache::{
 };
 pub use dataset::{ChunkBytes, Dataset, SampleInfo, SampleReader};
 pub use epoch::{
-    measure_epoch, read_epoch, EpochReport, EpochSetup, EpochTotals, ImportanceSampling,
+    measure_epoch, read_epoch, EpochReport, EpochSetup, EpochTotals, ImportanceSampling, PeerReport,
 };
 pub use error::{ReadError, RecordError, Result};
 pub use extract::{extract, ExtractOptions, ExtractSummary};
 pub use granary_format::{Compression, FormatError, NO_LABEL};
 pub use importance::{batch_weights, ImportanceScores, SharedScores};
 pub use pathfmt::{escape_path, unescape_path};
+pub use peers::{Ownership, PeerStats, Peers};
 pub use plan::{
     shuffle_quality, DatasetShape, EpochPlan, EpochState, PlanOptions, Sampling, Shard,
     ShuffleMode, ShuffleQuality,

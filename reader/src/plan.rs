@@ -299,16 +299,7 @@ fn chunk_order(shape: &DatasetShape, o: &PlanOptions, epoch: u64, world: u32) ->
         SplitMix64::keyed(&[o.seed, epoch, TAG_CHUNKS]).shuffle(&mut chunks);
         return chunks;
     }
-    // Home ranks: a seeded permutation cut into contiguous blocks of ~N/world samples.
-    SplitMix64::keyed(&[o.seed, TAG_HOME]).shuffle(&mut chunks);
-    let n = shape.samples().max(1);
-    let mut home = vec![0u32; shape.chunks() as usize];
-    let mut acc = 0u64;
-    for &c in &chunks {
-        let mid = acc + (shape.chunk_samples(c).end - shape.chunk_samples(c).start) / 2;
-        home[c as usize] = ((mid as u128 * world as u128 / n as u128) as u32).min(world - 1);
-        acc += shape.chunk_samples(c).end - shape.chunk_samples(c).start;
-    }
+    let home = home_ranks(shape, o, world);
     let mut owned: Vec<Vec<u32>> = vec![Vec::new(); world as usize];
     for c in 0..shape.chunks() {
         let mut r = SplitMix64::keyed(&[o.seed, epoch, TAG_MOVE, c as u64]);
@@ -325,6 +316,59 @@ fn chunk_order(shape: &DatasetShape, o: &PlanOptions, epoch: u64, world: u32) ->
         out.extend(cs);
     }
     out
+}
+
+/// Each chunk's home rank under locality < 1: a seeded permutation of the chunks cut into
+/// contiguous blocks of ~N/world samples (a chunk goes where its middle sample falls).
+fn home_ranks(shape: &DatasetShape, o: &PlanOptions, world: u32) -> Vec<u32> {
+    let mut chunks: Vec<u32> = (0..shape.chunks()).collect();
+    SplitMix64::keyed(&[o.seed, TAG_HOME]).shuffle(&mut chunks);
+    rank_by_middle(shape, &chunks, shape.samples(), world)
+}
+
+/// For chunks listed in `order` (their samples back to back), the rank whose block of
+/// `per_rank_total / world`-sized positions holds each chunk's middle sample.
+fn rank_by_middle(shape: &DatasetShape, order: &[u32], total: u64, world: u32) -> Vec<u32> {
+    let n = total.max(1);
+    let mut rank = vec![0u32; shape.chunks() as usize];
+    let mut acc = 0u64;
+    for &c in order {
+        let len = shape.chunk_samples(c).end - shape.chunk_samples(c).start;
+        let mid = acc + len / 2;
+        rank[c as usize] = ((mid as u128 * world as u128 / n as u128) as u32).min(world - 1);
+        acc += len;
+    }
+    rank
+}
+
+/// Which rank reads each chunk: with locality < 1 its home rank (the one that reads it in most
+/// epochs), otherwise the rank whose share of `epoch`'s uniform plan holds most of it (the
+/// middle of its run of samples). Global plans spread every chunk over all ranks; there each
+/// chunk gets a seeded rank, balanced by sample count. The same on every rank: a node can tell
+/// which node's tier should keep a chunk without asking.
+pub fn chunk_readers(shape: &DatasetShape, o: &PlanOptions, epoch: u64, world: u32) -> Vec<u32> {
+    let world = world.max(1);
+    if o.locality < 1.0 && world > 1 {
+        return home_ranks(shape, o, world);
+    }
+    let order: Vec<u32> = match o.mode {
+        ShuffleMode::Chunkwise => chunk_order(shape, o, epoch, world),
+        ShuffleMode::Sequential => (0..shape.chunks()).collect(),
+        ShuffleMode::Global => {
+            let mut v: Vec<u32> = (0..shape.chunks()).collect();
+            SplitMix64::keyed(&[o.seed, epoch, TAG_HOME]).shuffle(&mut v);
+            v
+        }
+    };
+    // The per-rank cut: `n / world` samples each (drop_last), the remainder to no one; its
+    // chunks count as the last rank's.
+    let n = shape.samples();
+    let per = if o.drop_last {
+        n / world as u64
+    } else {
+        n.div_ceil(world as u64)
+    };
+    rank_by_middle(shape, &order, per.max(1) * world as u64, world)
 }
 
 /// Rank `rank`'s equal-count share of `seq`: `len / world` samples (drop_last) or

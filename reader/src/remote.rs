@@ -105,6 +105,8 @@ pub struct ObjectUrl {
     prefix: ObjPath,
     /// This process's client (see the module documentation on forks).
     client: Mutex<Option<(u32, Arc<dyn ObjectStore>)>>,
+    /// A peer's tier (`granary serve`): every request bounded by this, never retried.
+    peer_timeout: Option<std::time::Duration>,
 }
 
 impl ObjectUrl {
@@ -131,7 +133,17 @@ impl ObjectUrl {
             url: format!("{scheme}://{rest}"),
             prefix,
             client: Mutex::new(None),
+            peer_timeout: None,
         })
+    }
+
+    /// The tier of dataset `id_hex` served by the peer at `addr` (`host:port`, `granary
+    /// serve`): plain HTTP, each request bounded by `timeout` (connecting included) and never
+    /// retried, so a peer that is gone costs one timeout, not a backoff schedule.
+    pub fn peer(addr: &str, id_hex: &str, timeout: std::time::Duration) -> Result<Self> {
+        let mut u = Self::parse(&format!("http://{addr}/{id_hex}"))?;
+        u.peer_timeout = Some(timeout);
+        Ok(u)
     }
 
     /// The URL (normalised: no trailing slash).
@@ -204,16 +216,21 @@ impl ObjectUrl {
                     .build()
                     .map_err(fail)?,
             ),
-            scheme => Arc::new(
-                object_store::http::HttpBuilder::new()
-                    .with_url(&bucket_url)
-                    // An http:// URL asks for plain HTTP; the client refuses it otherwise.
-                    .with_client_options(
-                        object_store::ClientOptions::new().with_allow_http(scheme == "http"),
-                    )
-                    .build()
-                    .map_err(fail)?,
-            ),
+            scheme => {
+                // An http:// URL asks for plain HTTP; the client refuses it otherwise.
+                let mut options =
+                    object_store::ClientOptions::new().with_allow_http(scheme == "http");
+                let mut builder = object_store::http::HttpBuilder::new().with_url(&bucket_url);
+                if let Some(t) = self.peer_timeout {
+                    options = options.with_timeout(t).with_connect_timeout(t);
+                    builder = builder.with_retry(object_store::RetryConfig {
+                        max_retries: 0,
+                        retry_timeout: t,
+                        ..Default::default()
+                    });
+                }
+                Arc::new(builder.with_client_options(options).build().map_err(fail)?)
+            }
         };
         Ok(store)
     }
@@ -231,6 +248,17 @@ impl ObjectUrl {
         let key = self.key(name);
         block_on(async { client.get(&key).await?.bytes().await })?
             .map_err(|e| remote_error("reading", &self.object_url(name), e))
+    }
+
+    /// The whole of object `name`, `None` if there is none.
+    pub fn get_if_present(&self, name: &str) -> Result<Option<bytes::Bytes>> {
+        match self.get(name) {
+            Ok(b) => Ok(Some(b)),
+            Err(ReadError::Remote {
+                not_found: true, ..
+            }) => Ok(None),
+            Err(e) => Err(e),
+        }
     }
 
     /// Size of object `name`, `None` if there is none.

@@ -48,6 +48,12 @@ pub trait ChunkSource: Send + Sync + Debug {
     fn local(&self) -> Option<&IoFile> {
         None
     }
+
+    /// For a chunk asked of the node that owns it: whether its last read came from that node
+    /// (`Some(true)`) or from origin storage (`Some(false)`). `None` for every other source.
+    fn served_by_peer(&self) -> Option<bool> {
+        None
+    }
 }
 
 /// A shared open chunk file.

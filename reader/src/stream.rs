@@ -61,6 +61,10 @@ pub struct StreamOptions {
     /// serve; a gap shorter than this is read rather than skipped (fewer, larger requests:
     /// on network file systems a request costs more than 64 KiB of bandwidth).
     pub range_gap: u64,
+    /// The other nodes of the job, sharing their tiers (needs `cache`): a chunk the local tier
+    /// lacks is asked of the node that owns it before origin storage, and the local tier admits
+    /// only the chunk copies this node owns.
+    pub peers: Option<Arc<crate::Peers>>,
     /// Test hook: panic in this thread after its first window.
     #[cfg(test)]
     pub(crate) panic_in: Option<&'static str>,
@@ -78,6 +82,7 @@ impl Default for StreamOptions {
             cache: None,
             scores: None,
             range_gap: 64 << 10,
+            peers: None,
             #[cfg(test)]
             panic_in: None,
         }
@@ -201,9 +206,11 @@ impl EpochStream {
         let stats2 = stats.clone();
         let pool2 = pool.clone();
         let cache = opts.cache.clone().filter(|_| mode != ShuffleMode::Global);
-        let admission = cache
-            .clone()
-            .map(|c| Admission::start(c, ds.clone(), opts.memory / 4, stats.clone()));
+        // Peers share tiers only: without a local tier there is nothing to share.
+        let peers = opts.peers.clone().filter(|_| cache.is_some());
+        let admission = cache.clone().map(|c| {
+            Admission::start(c, ds.clone(), opts.memory / 4, stats.clone(), peers.clone())
+        });
         let scores = opts.scores.clone();
         // An importance tier with a score table holds hot chunks (re-packed samples); a table
         // with no loss reported yet (every sample at the mean) says nothing to re-pack.
@@ -252,6 +259,7 @@ impl EpochStream {
                                 weights,
                                 mode,
                                 cache.as_deref(),
+                                peers.as_ref(),
                                 hot.as_mut(),
                                 range_gap,
                             ) {
@@ -544,6 +552,7 @@ fn prepare_window(
     weights: &[f32],
     mode: ShuffleMode,
     cache: Option<&ChunkCache>,
+    peers: Option<&Arc<crate::Peers>>,
     mut hot: Option<&mut HotState>,
     range_gap: u64,
 ) -> Result<(Prepared, Vec<Request>)> {
@@ -590,6 +599,11 @@ fn prepare_window(
             if let Some(Ok(f)) = cached.map(|p| opener.open_unmapped(&p, Some(*c))) {
                 ds.check_chunk_size(ce, &f)?;
                 files.insert(*c, Arc::new(f));
+                copy = true;
+            } else if let Some(src) = peers.and_then(|p| p.source(ds, ce)) {
+                // Another node's tier keeps it: read whole from there (or, should that fail,
+                // from origin), CRC-checked, and not admitted here.
+                files.insert(*c, src);
                 copy = true;
             }
         }

@@ -174,8 +174,19 @@ impl HotState {
 
 /// Which reads of a window the tier served intact.
 pub(crate) struct Served {
-    whole: Vec<bool>,
+    whole: Vec<From>,
     hot: Vec<bool>,
+}
+
+/// Where a chunk read whole came from.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum From {
+    /// This node's tier.
+    Tier,
+    /// Another node's tier.
+    Peer,
+    /// Origin storage.
+    Source,
 }
 
 /// Reads `reqs` with a small pread engine (refetches after a damaged tier copy).
@@ -212,9 +223,16 @@ pub(crate) fn complete_window(
     for &(c, i, from_cache) in &prep.whole {
         let ce = ds.chunk(c)?;
         let intact = from_cache && crc32fast::hash(bufs[i].data()) == ce.file_crc;
-        served.whole.push(intact);
+        let by_peer = files.get(&c).and_then(|f| f.served_by_peer());
+        served.whole.push(match (intact, by_peer) {
+            (true, Some(true)) => From::Peer,
+            (true, Some(false)) | (false, _) => From::Source,
+            (true, None) => From::Tier,
+        });
         if from_cache && !intact {
-            if let Some(cache) = cache {
+            // A peer's copy is checked before it is used: a mismatch here is origin's bytes
+            // (read on the peer's behalf), which the per-record checks then report.
+            if let (Some(cache), None) = (cache, by_peer) {
                 cache.discard(c)?;
             }
             let f = source(c, files, opener)?;
@@ -271,6 +289,9 @@ pub struct CacheHits {
     pub samples_from_source: u64,
     pub bytes_from_cache: u64,
     pub bytes_from_source: u64,
+    /// Served by other nodes' tiers (shared tiers, [`crate::Peers`]); not counted above.
+    pub samples_from_peers: u64,
+    pub bytes_from_peers: u64,
     /// Chunks or hot chunks the tier failed to store (a full or failing disk: the first
     /// failure is also printed as a warning; reads go on from the source).
     pub admissions_failed: u64,
@@ -282,6 +303,8 @@ pub(crate) struct CacheCounters {
     samples_source: AtomicU64,
     bytes_cache: AtomicU64,
     bytes_source: AtomicU64,
+    samples_peers: AtomicU64,
+    bytes_peers: AtomicU64,
     admissions_failed: AtomicU64,
 }
 
@@ -294,6 +317,8 @@ impl CacheCounters {
             samples_from_source: l(&self.samples_source),
             bytes_from_cache: l(&self.bytes_cache),
             bytes_from_source: l(&self.bytes_source),
+            samples_from_peers: l(&self.samples_peers),
+            bytes_from_peers: l(&self.bytes_peers),
             admissions_failed: l(&self.admissions_failed),
         }
     }
@@ -334,12 +359,17 @@ impl CacheCounters {
         let add = |a: &AtomicU64, n: u64| {
             a.fetch_add(n, Relaxed);
         };
-        for (&(c, i, _), &cached) in prep.whole.iter().zip(&served.whole) {
+        for (&(c, i, _), &from) in prep.whole.iter().zip(&served.whole) {
             let n = prep.entries.iter().filter(|e| e.chunk == c).count() as u64;
             let bytes = bufs[i].data();
-            if cached {
+            if from == From::Tier {
                 add(&self.samples_cache, n);
                 add(&self.bytes_cache, bytes.len() as u64);
+                continue;
+            }
+            if from == From::Peer {
+                add(&self.samples_peers, n);
+                add(&self.bytes_peers, bytes.len() as u64);
                 continue;
             }
             add(&self.samples_source, n);
@@ -445,6 +475,8 @@ pub(crate) struct Admission {
     thread: std::thread::JoinHandle<()>,
     /// Most bytes of hot records waiting for the admission thread.
     max_waiting_hot: u64,
+    /// With a shared tier, only the chunk copies this node owns are admitted.
+    peers: Option<Arc<crate::Peers>>,
 }
 
 impl Admission {
@@ -453,6 +485,7 @@ impl Admission {
         ds: Arc<Dataset>,
         max_waiting_hot: u64,
         stats: Arc<CacheCounters>,
+        peers: Option<Arc<crate::Peers>>,
     ) -> Admission {
         let slot: Arc<Mailbox> = Arc::default();
         let s2 = slot.clone();
@@ -464,7 +497,10 @@ impl Admission {
                 while g.0.is_none() && !g.1 {
                     g = cv.wait(g).expect("admission lock");
                 }
-                match g.0.take() {
+                let job = g.0.take();
+                // An offer of a chunk this node must keep may be waiting for the slot.
+                cv.notify_all();
+                match job {
                     Some(j) => j,
                     None => return,
                 }
@@ -513,12 +549,32 @@ impl Admission {
             slot,
             thread,
             max_waiting_hot,
+            peers,
         }
     }
 
     fn offer(&self, job: Job) {
+        // With a shared tier a chunk copy is admitted exactly when this node keeps it, and then
+        // it must be: other nodes will ask for it. The offer waits for the slot (the stream's
+        // read-ahead waits with it: the chunk's buffer is in its budget) instead of being
+        // dropped.
+        let must_keep = match (&job, &self.peers) {
+            (Job::Chunk(ce, ..), Some(p)) if !p.keeps(ce.chunk_id) => return,
+            (Job::Chunk(..), Some(_)) => true,
+            _ => false,
+        };
         let (m, cv) = &*self.slot;
         let mut g = m.lock().expect("admission lock");
+        while must_keep && g.0.is_some() && !g.1 {
+            // Never wait on a thread that is gone.
+            if self.thread.is_finished() {
+                return;
+            }
+            g = cv
+                .wait_timeout(g, std::time::Duration::from_millis(100))
+                .expect("admission lock")
+                .0;
+        }
         // An empty slot takes the offer; hot records join waiting ones; a waiting offer of
         // lower importance per byte is replaced, so busy admission drops the least valuable.
         let take = match (&mut g.0, job) {
@@ -536,14 +592,14 @@ impl Admission {
         if let Some(job) = take {
             g.0 = Some(job);
         }
-        cv.notify_one();
+        cv.notify_all();
     }
 
     pub(crate) fn finish(self) {
         {
             let (m, cv) = &*self.slot;
             m.lock().expect("admission lock").1 = true;
-            cv.notify_one();
+            cv.notify_all();
         }
         let _ = self.thread.join();
     }

@@ -13,6 +13,7 @@ pub mod pack;
 pub mod plan;
 pub mod read;
 pub mod reindex;
+pub mod serve;
 pub mod verify;
 
 use std::io::Write;

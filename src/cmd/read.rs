@@ -90,6 +90,94 @@ impl TierArgs {
     }
 }
 
+/// Tiers shared by the nodes of one job: `granary read` and Python.
+#[derive(clap::Args, Clone)]
+pub struct PeerArgs {
+    /// Every node's `granary serve` address (HOST:PORT), in node order, this node's included:
+    /// comma-separated, or @FILE with one per line (a hostfile). Chunks this node's tier lacks
+    /// are asked of the node that keeps them before origin storage. Default: $GRANARY_PEERS.
+    #[arg(
+        long,
+        value_name = "LIST",
+        requires = "cache_dir",
+        env = "GRANARY_PEERS"
+    )]
+    pub peers: Option<String>,
+    /// This node's number in --peers (default: rank / ranks per node, ranks numbered node by
+    /// node).
+    #[arg(long, requires = "peers")]
+    pub node: Option<u32>,
+    /// Seconds a peer may take to answer before it is marked down for the epoch (its chunks
+    /// then come from origin storage).
+    #[arg(long, default_value_t = 2.0, value_name = "SECONDS")]
+    pub peer_timeout: f64,
+    /// Epoch whose plan decides which node keeps which chunk (default: the first epoch read).
+    /// Every node of the job must use the same.
+    #[arg(long, value_name = "EPOCH")]
+    pub ownership_epoch: Option<u64>,
+}
+
+impl PeerArgs {
+    /// The node addresses, from the list or the hostfile.
+    fn addresses(list: &str) -> anyhow::Result<Vec<String>> {
+        let text = match list.strip_prefix('@') {
+            Some(file) => std::fs::read_to_string(file)
+                .with_context(|| format!("reading the peer list {file}"))?,
+            None => list.replace(',', "\n"),
+        };
+        let addrs: Vec<String> = text
+            .lines()
+            .map(|l| l.split('#').next().unwrap_or("").trim().to_string())
+            .filter(|l| !l.is_empty())
+            .collect();
+        anyhow::ensure!(!addrs.is_empty(), "the peer list {list:?} names no node");
+        Ok(addrs)
+    }
+
+    /// The peers of this rank's node, when --peers is given: ownership computed from the plan
+    /// (every node computes the same), each node's capacity taken to be this node's quota.
+    pub fn open(
+        &self,
+        ds: &granary::Dataset,
+        plan: &PlanArgs,
+        quota: Option<u64>,
+        first_epoch: u64,
+    ) -> anyhow::Result<Option<Arc<granary::Peers>>> {
+        let Some(list) = &self.peers else {
+            return Ok(None);
+        };
+        let addrs = Self::addresses(list)?;
+        let nodes = addrs.len() as u32;
+        let quota = quota.context("--peers needs --cache-dir and --cache-size")?;
+        anyhow::ensure!(
+            plan.world_size.is_multiple_of(nodes),
+            "--world-size {} is not a multiple of the {nodes} nodes in --peers",
+            plan.world_size
+        );
+        let node = self.node.unwrap_or(plan.rank / (plan.world_size / nodes));
+        anyhow::ensure!(
+            self.peer_timeout > 0.0 && self.peer_timeout.is_finite(),
+            "--peer-timeout must be a positive number of seconds"
+        );
+        let ownership = granary::Ownership::compute(
+            ds,
+            &plan.options(ds)?,
+            self.ownership_epoch.unwrap_or(first_epoch),
+            plan.world_size,
+            nodes,
+            &vec![quota; nodes as usize],
+        )?;
+        let peers = granary::Peers::new(
+            ds.snapshot().dataset_id(),
+            addrs,
+            node,
+            ownership,
+            std::time::Duration::from_secs_f64(self.peer_timeout),
+        )?;
+        Ok(Some(Arc::new(peers)))
+    }
+}
+
 /// Stream epochs of a dataset (a dry run of training I/O): throughput and a content digest.
 #[derive(clap::Args)]
 #[command(after_help = "Examples:
@@ -138,6 +226,8 @@ pub struct Args {
     pub queue_depth: usize,
     #[command(flatten)]
     pub tier: TierArgs,
+    #[command(flatten)]
+    pub peers: PeerArgs,
     /// Importance score table (written by ImportanceScores::save). By default the node's shared
     /// table next to the tier (fed by report() from training) when there is one. It chooses the
     /// samples --policy importance re-packs into hot chunks and drives --sampling importance.
@@ -183,9 +273,15 @@ fn load_scores(
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     let ds = Arc::new(super::open_dataset(&a.dataset)?);
     let cache = a.tier.open(&ds)?;
+    let peers = a
+        .peers
+        .open(&ds, &a.plan, a.tier.cache_size, a.first_epoch)?;
     let importance = a.sampling == "importance";
     let mut reports = Vec::new();
     for epoch in a.first_epoch..a.first_epoch + a.epochs {
+        if let Some(p) = &peers {
+            p.begin_epoch();
+        }
         // Scores are re-read every epoch: training processes keep reporting into them.
         let scores = load_scores(&a, cache.as_deref())?;
         if importance && scores.is_none() {
@@ -209,6 +305,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
                 scores,
                 range_gap: a.range_gap,
                 memory: a.plan.memory,
+                peers: peers.clone(),
                 ..StreamOptions::default()
             },
         };
@@ -233,8 +330,32 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
                 .peak_rss_bytes
                 .map(|b| format!(", process peak RSS {:.0} MB", b as f64 / 1e6))
                 .unwrap_or_default();
+            let peers = r
+                .peers
+                .as_ref()
+                .map(|p| {
+                    let down = if p.down.is_empty() {
+                        String::new()
+                    } else {
+                        format!(", down: {}", p.down.join(" "))
+                    };
+                    format!(
+                        "; node {} (ownership {}): {:.1} MB from its tier, {:.1} MB from peers, \
+                         {:.1} MB from origin ({} chunks missing at their owner, {} rejected, \
+                         {} unreachable{down})",
+                        p.node,
+                        p.ownership,
+                        p.bytes_from_local_tier as f64 / 1e6,
+                        p.bytes_from_peers as f64 / 1e6,
+                        p.bytes_from_origin as f64 / 1e6,
+                        p.events.missing_at_owner,
+                        p.events.rejected,
+                        p.events.unreachable
+                    )
+                })
+                .unwrap_or_default();
             println!(
-                "epoch {:>3}: {} samples, {:.1} MB in {:.2} s: {:.0} samples/s, {:.1} MB/s, cpu {:.2} s, digest {} ({}; files: {} buffered, {} found resident, {} direct{device}){hits}; memory: peak buffers {:.0} MB per reader{rss}",
+                "epoch {:>3}: {} samples, {:.1} MB in {:.2} s: {:.0} samples/s, {:.1} MB/s, cpu {:.2} s, digest {} ({}; files: {} buffered, {} found resident, {} direct{device}){hits}; memory: peak buffers {:.0} MB per reader{rss}{peers}",
                 r.epoch, r.samples, r.bytes as f64 / 1e6, r.elapsed_s, r.samples_per_s, r.mb_per_s, r.cpu_s, r.digest, r.backend, o.buffered, o.resident, o.direct, r.peak_buffer_bytes as f64 / 1e6
             );
         }

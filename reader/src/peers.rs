@@ -1,0 +1,489 @@
+//! A tier shared by the nodes of one job (DIESEL's task-grained cache, with NoPFS's twist):
+//! every node can compute every rank's plan, so every node knows which node's tier keeps which
+//! chunk without asking anyone ([`Ownership`]). A read goes local tier → owner's tier (over
+//! HTTP, served by `granary serve`) → origin storage, and every hop is checked: a peer's copy
+//! must have the chunk's size and whole-file CRC from the snapshot, or it is rejected and the
+//! chunk comes from origin. A peer that fails or does not answer within the timeout is marked
+//! down until the next epoch ([`Peers::begin_epoch`]) and its chunks come from origin: a dead
+//! node costs speed, never data, and never a hang.
+//!
+//! Only whole chunk copies are shared; a node's hot chunks (re-packed by importance) stay its
+//! own.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::Duration;
+
+use granary_format::{chunk_file_name, ChunkEntry};
+
+use crate::error::{ReadError, Result};
+use crate::plan::{chunk_readers, PlanOptions};
+use crate::remote::ObjectUrl;
+use crate::residency::{IoMode, Opener};
+use crate::source::{ChunkSource, ChunkStore, RangeRead, Source};
+use crate::Dataset;
+
+const NO_OWNER: u32 = u32::MAX;
+
+/// Which node's tier keeps each chunk: a pure function of the snapshot, the plan options (seed,
+/// locality, mode), the epoch it is taken from, the job's world size, its node count and each
+/// node's tier capacity — computed identically on every node.
+///
+/// A chunk belongs to the node whose ranks read it in that epoch (with locality < 1: its home
+/// rank's node, which reads it in most epochs), so each node's tier fills with what it reads
+/// anyway. Ranks are numbered node by node (`node = rank / (world / nodes)`, as `torchrun`
+/// does). A node keeps its chunks in id order while they fit its capacity; the rest go to the
+/// node with the most room left that can take them (it fetches them when it first reads them),
+/// and what fits nowhere has no owner (read from origin).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Ownership {
+    owner: Vec<u32>,
+    nodes: u32,
+}
+
+impl Ownership {
+    /// The ownership of `ds`'s chunks for a job of `world` ranks on `nodes` nodes whose tiers
+    /// hold `capacities[node]` bytes, from `epoch`'s plan.
+    pub fn compute(
+        ds: &Dataset,
+        plan: &PlanOptions,
+        epoch: u64,
+        world: u32,
+        nodes: u32,
+        capacities: &[u64],
+    ) -> Result<Ownership> {
+        if nodes == 0 || world == 0 || !world.is_multiple_of(nodes) {
+            return Err(ReadError::Invalid(format!(
+                "{world} ranks cannot be spread evenly over {nodes} nodes: the world size must \
+                 be a multiple of the node count"
+            )));
+        }
+        if capacities.len() != nodes as usize {
+            return Err(ReadError::Invalid(format!(
+                "{} tier capacities for {nodes} nodes",
+                capacities.len()
+            )));
+        }
+        let shape = ds.shape()?;
+        let per_node = world / nodes;
+        let home: Vec<u32> = chunk_readers(&shape, plan, epoch, world)
+            .into_iter()
+            .map(|r| r / per_node)
+            .collect();
+        let sizes = (0..shape.chunks())
+            .map(|c| ds.chunk(c).map(|ce| ce.file_size))
+            .collect::<Result<Vec<u64>>>()?;
+        Ok(Self::assign(&home, &sizes, capacities))
+    }
+
+    /// Each chunk to its home node while that node has room; the rest to the node with the
+    /// most room left (the lowest-numbered on a tie), or to none.
+    fn assign(home: &[u32], sizes: &[u64], capacities: &[u64]) -> Ownership {
+        let mut room = capacities.to_vec();
+        let mut owner = vec![NO_OWNER; home.len()];
+        let mut spill = Vec::new();
+        for (c, (&h, &size)) in home.iter().zip(sizes).enumerate() {
+            if size <= room[h as usize] {
+                room[h as usize] -= size;
+                owner[c] = h;
+            } else {
+                spill.push(c);
+            }
+        }
+        for c in spill {
+            let best = (0..room.len()).max_by_key(|&n| (room[n], std::cmp::Reverse(n)));
+            if let Some(n) = best.filter(|&n| sizes[c] <= room[n]) {
+                room[n] -= sizes[c];
+                owner[c] = n as u32;
+            }
+        }
+        Ownership {
+            owner,
+            nodes: capacities.len() as u32,
+        }
+    }
+
+    /// The node whose tier keeps `chunk`, if any.
+    pub fn owner(&self, chunk: u32) -> Option<u32> {
+        self.owner
+            .get(chunk as usize)
+            .copied()
+            .filter(|&n| n != NO_OWNER)
+    }
+
+    /// Number of nodes.
+    pub fn nodes(&self) -> u32 {
+        self.nodes
+    }
+
+    /// The chunks `node` keeps, in id order.
+    pub fn owned(&self, node: u32) -> impl Iterator<Item = u32> + '_ {
+        (0..self.owner.len() as u32).filter(move |&c| self.owner[c as usize] == node)
+    }
+
+    /// A short fingerprint of the whole table (CRC-32 of the owners, in hex): equal on every
+    /// node of a job exactly when they agree on who keeps what.
+    pub fn fingerprint(&self) -> String {
+        let mut h = crc32fast::Hasher::new();
+        h.update(&self.nodes.to_le_bytes());
+        for o in &self.owner {
+            h.update(&o.to_le_bytes());
+        }
+        format!("{:08x}", h.finalize())
+    }
+}
+
+/// What the peers did for a stream (or since the [`Peers`] were made; subtract two readings for
+/// an interval).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct PeerStats {
+    /// Chunks a peer served, with the snapshot's size and CRC, and their bytes.
+    pub chunks_from_peers: u64,
+    pub bytes_from_peers: u64,
+    /// Chunks read from origin storage although another node owns them, by reason: the owner
+    /// did not hold it yet, served a copy that failed the size or CRC check, or failed to
+    /// answer (or was already marked down); and the bytes read from origin for them.
+    pub missing_at_owner: u64,
+    pub rejected: u64,
+    pub unreachable: u64,
+    pub bytes_from_origin: u64,
+    /// Times a peer was marked down (at most once per peer and epoch).
+    pub peers_marked_down: u64,
+}
+
+impl std::ops::Sub for PeerStats {
+    type Output = PeerStats;
+    fn sub(self, o: PeerStats) -> PeerStats {
+        PeerStats {
+            chunks_from_peers: self.chunks_from_peers - o.chunks_from_peers,
+            bytes_from_peers: self.bytes_from_peers - o.bytes_from_peers,
+            missing_at_owner: self.missing_at_owner - o.missing_at_owner,
+            rejected: self.rejected - o.rejected,
+            unreachable: self.unreachable - o.unreachable,
+            bytes_from_origin: self.bytes_from_origin - o.bytes_from_origin,
+            peers_marked_down: self.peers_marked_down - o.peers_marked_down,
+        }
+    }
+}
+
+#[derive(Default, Debug)]
+struct Counters {
+    chunks_from_peers: AtomicU64,
+    bytes_from_peers: AtomicU64,
+    missing_at_owner: AtomicU64,
+    rejected: AtomicU64,
+    unreachable: AtomicU64,
+    bytes_from_origin: AtomicU64,
+    peers_marked_down: AtomicU64,
+}
+
+/// The other nodes of a job, as one node reads from them: their addresses (`granary serve`),
+/// who keeps what, and who is down this epoch.
+#[derive(Debug)]
+pub struct Peers {
+    me: u32,
+    addrs: Vec<String>,
+    /// Each node's tier of this dataset; `None` for this node.
+    urls: Vec<Option<ObjectUrl>>,
+    ownership: Ownership,
+    down: Vec<AtomicBool>,
+    /// A rejected copy is reported once per peer and epoch.
+    rejected_said: Vec<AtomicBool>,
+    counters: Counters,
+}
+
+impl Peers {
+    /// The peers of node `me` for dataset `dataset_id`: `addrs[node]` is each node's `granary
+    /// serve` address (`host:port`; this node's own is listed too and never asked), in node
+    /// order. Requests to a peer are bounded by `timeout` and not retried.
+    pub fn new(
+        dataset_id: [u8; 16],
+        addrs: Vec<String>,
+        me: u32,
+        ownership: Ownership,
+        timeout: Duration,
+    ) -> Result<Peers> {
+        if addrs.len() != ownership.nodes() as usize {
+            return Err(ReadError::Invalid(format!(
+                "{} peer addresses for {} nodes: list every node's address, this node's too, \
+                 in node order",
+                addrs.len(),
+                ownership.nodes()
+            )));
+        }
+        if me >= ownership.nodes() {
+            return Err(ReadError::Invalid(format!(
+                "node {me} is not in 0..{}",
+                ownership.nodes()
+            )));
+        }
+        let id = crate::cache::hex(&dataset_id);
+        let mut urls = Vec::with_capacity(addrs.len());
+        for (n, a) in addrs.iter().enumerate() {
+            check_addr(a)?;
+            urls.push(if n as u32 == me {
+                None
+            } else {
+                Some(ObjectUrl::peer(a, &id, timeout)?)
+            });
+        }
+        Ok(Peers {
+            me,
+            down: addrs.iter().map(|_| AtomicBool::new(false)).collect(),
+            rejected_said: addrs.iter().map(|_| AtomicBool::new(false)).collect(),
+            addrs,
+            urls,
+            ownership,
+            counters: Counters::default(),
+        })
+    }
+
+    /// This node's number.
+    pub fn me(&self) -> u32 {
+        self.me
+    }
+
+    /// Who keeps what.
+    pub fn ownership(&self) -> &Ownership {
+        &self.ownership
+    }
+
+    /// True if this node's tier keeps `chunk` (it admits no other chunk copy).
+    pub fn keeps(&self, chunk: u32) -> bool {
+        self.ownership.owner(chunk) == Some(self.me)
+    }
+
+    /// A new epoch: every peer is asked again.
+    pub fn begin_epoch(&self) {
+        for (d, r) in self.down.iter().zip(&self.rejected_said) {
+            d.store(false, Relaxed);
+            r.store(false, Relaxed);
+        }
+    }
+
+    /// Peers marked down this epoch, by address.
+    pub fn down(&self) -> Vec<String> {
+        self.down
+            .iter()
+            .zip(&self.addrs)
+            .filter(|(d, _)| d.load(Relaxed))
+            .map(|(_, a)| a.clone())
+            .collect()
+    }
+
+    /// What the peers did so far.
+    pub fn stats(&self) -> PeerStats {
+        let c = &self.counters;
+        let l = |a: &AtomicU64| a.load(Relaxed);
+        PeerStats {
+            chunks_from_peers: l(&c.chunks_from_peers),
+            bytes_from_peers: l(&c.bytes_from_peers),
+            missing_at_owner: l(&c.missing_at_owner),
+            rejected: l(&c.rejected),
+            unreachable: l(&c.unreachable),
+            bytes_from_origin: l(&c.bytes_from_origin),
+            peers_marked_down: l(&c.peers_marked_down),
+        }
+    }
+
+    /// A source for chunk `ce` that asks its owner first, if another node owns it and is not
+    /// down: its reads are the owner's copy when that checks out, otherwise origin's.
+    pub(crate) fn source(self: &Arc<Self>, ds: &Dataset, ce: &ChunkEntry) -> Option<Source> {
+        let node = self.ownership.owner(ce.chunk_id)?;
+        if node == self.me || self.down[node as usize].load(Relaxed) {
+            return None;
+        }
+        let name = chunk_file_name(ce.chunk_id);
+        let location = PathBuf::from(format!("http://{}/{name}", self.addrs[node as usize]));
+        Some(Arc::new(PeerSource {
+            peers: self.clone(),
+            node,
+            ce: *ce,
+            name,
+            location,
+            origin: ds.store().clone(),
+            outcome: Default::default(),
+        }))
+    }
+
+    /// Chunk `ce` from `node`'s tier, if it has it, answers, and its copy checks out.
+    fn fetch(&self, node: u32, name: &str, ce: &ChunkEntry) -> Option<bytes::Bytes> {
+        let n = node as usize;
+        let c = &self.counters;
+        if self.down[n].load(Relaxed) {
+            c.unreachable.fetch_add(1, Relaxed);
+            return None;
+        }
+        let url = self.urls[n].as_ref()?;
+        match url.get_if_present(name) {
+            Ok(Some(b)) if b.len() as u64 == ce.file_size && crc32fast::hash(&b) == ce.file_crc => {
+                c.chunks_from_peers.fetch_add(1, Relaxed);
+                c.bytes_from_peers.fetch_add(b.len() as u64, Relaxed);
+                Some(b)
+            }
+            Ok(Some(b)) => {
+                c.rejected.fetch_add(1, Relaxed);
+                if !self.rejected_said[n].swap(true, Relaxed) {
+                    eprintln!(
+                        "granary: warning: peer {} (node {node}) served {} with {} bytes and CRC \
+                         {:08x}, not the snapshot's {} bytes and CRC {:08x}: rejected, read from \
+                         origin (further rejections from this peer are counted, not printed, \
+                         this epoch)",
+                        self.addrs[n],
+                        url.object_url(name),
+                        b.len(),
+                        crc32fast::hash(&b),
+                        ce.file_size,
+                        ce.file_crc
+                    );
+                }
+                None
+            }
+            Ok(None) => {
+                c.missing_at_owner.fetch_add(1, Relaxed);
+                None
+            }
+            Err(e) => {
+                c.unreachable.fetch_add(1, Relaxed);
+                if !self.down[n].swap(true, Relaxed) {
+                    c.peers_marked_down.fetch_add(1, Relaxed);
+                    eprintln!(
+                        "granary: warning: peer {} (node {node}) failed ({e}); its chunks come \
+                         from origin storage for the rest of this epoch",
+                        self.addrs[n]
+                    );
+                }
+                None
+            }
+        }
+    }
+}
+
+/// `host:port`, nothing else (no scheme, no path).
+fn check_addr(a: &str) -> Result<()> {
+    let ok = a.rsplit_once(':').is_some_and(|(host, port)| {
+        !host.is_empty() && !host.contains('/') && port.parse::<u16>().is_ok_and(|p| p > 0)
+    });
+    if ok {
+        Ok(())
+    } else {
+        Err(ReadError::Invalid(format!(
+            "peer address {a:?} is not host:port (e.g. 10.0.0.7:7070)"
+        )))
+    }
+}
+
+/// A chunk owned by another node: its owner's copy when that answers and checks out, origin's
+/// otherwise. Read whole (the stream reads chunks whole when a tier is configured).
+#[derive(Debug)]
+struct PeerSource {
+    peers: Arc<Peers>,
+    node: u32,
+    ce: ChunkEntry,
+    name: String,
+    location: PathBuf,
+    origin: Arc<dyn ChunkStore>,
+    /// 0: not read yet; 1: last read from the peer; 2: from origin.
+    outcome: std::sync::atomic::AtomicU8,
+}
+
+impl ChunkSource for PeerSource {
+    fn location(&self) -> &Path {
+        &self.location
+    }
+
+    fn len(&self) -> u64 {
+        self.ce.file_size
+    }
+
+    fn read_ranges(&self, reads: &mut [RangeRead<'_>]) -> Result<()> {
+        if let Some(bytes) = self.peers.fetch(self.node, &self.name, &self.ce) {
+            for r in reads.iter_mut() {
+                let start = (r.offset as usize).min(bytes.len());
+                let end = (start + r.buf.len()).min(bytes.len());
+                if end - start < r.need {
+                    return Err(ReadError::io(
+                        "reading",
+                        &self.location,
+                        std::io::Error::new(
+                            std::io::ErrorKind::UnexpectedEof,
+                            format!("at offset {}: the chunk ends first", r.offset),
+                        ),
+                    ));
+                }
+                r.buf[..end - start].copy_from_slice(&bytes[start..end]);
+            }
+            self.outcome.store(1, Relaxed);
+            return Ok(());
+        }
+        let origin = self
+            .origin
+            .open_chunk(self.ce.chunk_id, &mut Opener::plain(IoMode::Buffered))?;
+        if origin.len() != self.ce.file_size {
+            return Err(ReadError::mismatch(
+                origin.location(),
+                format!(
+                    "chunk file is {} bytes, the snapshot says {} (truncated or replaced)",
+                    origin.len(),
+                    self.ce.file_size
+                ),
+            ));
+        }
+        origin.read_ranges(reads)?;
+        let n: u64 = reads.iter().map(|r| r.buf.len() as u64).sum();
+        self.peers
+            .counters
+            .bytes_from_origin
+            .fetch_add(n.min(self.ce.file_size), Relaxed);
+        self.outcome.store(2, Relaxed);
+        Ok(())
+    }
+
+    fn served_by_peer(&self) -> Option<bool> {
+        match self.outcome.load(Relaxed) {
+            1 => Some(true),
+            2 => Some(false),
+            _ => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chunks_go_home_while_there_is_room_then_to_the_roomiest_node_then_to_none() {
+        // Chunks of 10 bytes; node 0 reads chunks 0-3, node 1 chunks 4-5; room for 2 and 3.
+        let home = [0, 0, 0, 0, 1, 1];
+        let o = Ownership::assign(&home, &[10; 6], &[20, 30]);
+        assert_eq!(
+            (0..6).map(|c| o.owner(c)).collect::<Vec<_>>(),
+            [Some(0), Some(0), Some(1), None, Some(1), Some(1)]
+        );
+        assert_eq!(o.owned(1).collect::<Vec<_>>(), [2, 4, 5]);
+        assert_ne!(
+            o.fingerprint(),
+            Ownership::assign(&home, &[10; 6], &[30, 30]).fingerprint()
+        );
+    }
+
+    #[test]
+    fn peer_addresses_are_host_and_port_only() {
+        for ok in ["127.0.0.1:7070", "node-3:80", "[::1]:9000"] {
+            assert!(check_addr(ok).is_ok(), "{ok}");
+        }
+        for bad in [
+            "127.0.0.1",
+            "http://a:1",
+            "a:0",
+            ":80",
+            "a/b:80",
+            "a:x",
+            "a:70000",
+        ] {
+            assert!(check_addr(bad).is_err(), "{bad}");
+        }
+    }
+}

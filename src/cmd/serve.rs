@@ -1,0 +1,345 @@
+//! `granary serve`: this node's tier, read-only over HTTP, for the other nodes of a job.
+//!
+//! `GET` or `HEAD /<dataset id>/chunk-NNNNNNNN.gchunk`, with an optional single byte range
+//! (`Range: bytes=a-b`, `bytes=a-`, `bytes=-n`). Only the dataset ids of the datasets named on
+//! the command line are served, only chunk copies (no hot chunks, index, scores or lock file),
+//! and nothing is ever written. Clients check every copy against the snapshot (size and
+//! whole-file CRC), so the server does not: a damaged copy is rejected where it is used.
+
+use std::collections::HashMap;
+use std::net::TcpListener;
+use std::os::unix::fs::FileExt;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::Context;
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::{Method, Request, Response, StatusCode};
+
+/// Serve this node's local tier to the other nodes of a training job (read-only HTTP).
+#[derive(clap::Args)]
+#[command(after_help = "Examples:
+  granary serve train.granary --cache-dir /ssd/gcache --listen 10.0.0.7:7070
+  # on every node of a 4-node job (node I's rank 0 passes --node I; the list is the same everywhere):
+  granary read train.granary --cache-dir /ssd/gcache --cache-size 200GiB \\
+      --peers 10.0.0.5:7070,10.0.0.6:7070,10.0.0.7:7070,10.0.0.8:7070 --rank R --world-size 4
+
+The server answers GET and HEAD for /<dataset id>/chunk-NNNNNNNN.gchunk (single byte ranges
+supported) from the tier directory of each dataset named, and nothing else: no other dataset,
+no other file, no writes. It trusts the network it listens on (a cluster's internal network):
+there is no TLS and no authentication, so bind it to the job's internal address, never a
+public one. Readers check every chunk they receive against their snapshot (size and CRC-32), so
+a damaged or foreign copy is rejected and read from origin storage instead.
+
+With --listen HOST:0 a free port is chosen; the address is printed on stdout as
+`listening on http://HOST:PORT`. The server runs until it is stopped (SIGINT or SIGTERM).")]
+pub struct Args {
+    /// Datasets whose tiers are served (a snapshot's dataset id names its tier).
+    #[arg(required = true, value_name = "DATASET")]
+    pub datasets: Vec<PathBuf>,
+    /// The tier directory, as given to `granary read --cache-dir` on this node.
+    #[arg(long, value_name = "DIR")]
+    pub cache_dir: PathBuf,
+    /// Address to listen on, HOST:PORT (port 0: a free one, printed on stdout).
+    #[arg(long, value_name = "ADDR")]
+    pub listen: String,
+    /// Threads answering requests.
+    #[arg(long, default_value_t = 2)]
+    pub threads: usize,
+}
+
+/// What the server may serve: each dataset id (hex) and its tier directory.
+struct Served {
+    tiers: HashMap<String, PathBuf>,
+}
+
+pub fn run(a: Args) -> anyhow::Result<ExitCode> {
+    let mut tiers = HashMap::new();
+    for d in &a.datasets {
+        let ds = super::open_dataset(d)?;
+        let id = ds.snapshot().dataset_id();
+        let dir = granary::ChunkCache::tier_dir(&a.cache_dir, &id);
+        let hex: String = id.iter().map(|b| format!("{b:02x}")).collect();
+        tiers.insert(hex, dir);
+    }
+    let listener =
+        TcpListener::bind(&a.listen).with_context(|| format!("cannot listen on {}", a.listen))?;
+    listener.set_nonblocking(true)?;
+    let addr = listener.local_addr()?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(a.threads.max(1))
+        .thread_name("granary-serve")
+        .enable_io()
+        .build()
+        .context("starting the server's runtime")?;
+    let served = Arc::new(Served { tiers });
+    eprintln!(
+        "granary serve: the tiers of {} dataset(s) under {}, read-only, at http://{addr}",
+        served.tiers.len(),
+        a.cache_dir.display()
+    );
+    println!("listening on http://{addr}");
+    use std::io::Write;
+    std::io::stdout().flush()?;
+    rt.block_on(async move {
+        let listener = tokio::net::TcpListener::from_std(listener)?;
+        loop {
+            let (stream, _) = match listener.accept().await {
+                Ok(s) => s,
+                // Out of file descriptors or a connection reset before it was accepted: the
+                // next one may work.
+                Err(e) => {
+                    eprintln!("granary serve: accepting a connection failed: {e}");
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    continue;
+                }
+            };
+            let _ = stream.set_nodelay(true);
+            let served = served.clone();
+            tokio::spawn(async move {
+                let svc = hyper::service::service_fn(move |req| {
+                    let served = served.clone();
+                    async move { Ok::<_, std::convert::Infallible>(answer(&served, req).await) }
+                });
+                // A client that goes away mid-response is its own business.
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(stream), svc)
+                    .await;
+            });
+        }
+        #[allow(unreachable_code)]
+        Ok::<_, std::io::Error>(())
+    })?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn reply(status: StatusCode, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
+    let mut r = Response::new(Full::new(body.into()));
+    *r.status_mut() = status;
+    r
+}
+
+/// The tier file a request names, if it is one the server may serve.
+fn file_for(served: &Served, path: &str) -> Result<PathBuf, &'static str> {
+    let mut parts = path.trim_start_matches('/').split('/');
+    let (Some(id), Some(name), None) = (parts.next(), parts.next(), parts.next()) else {
+        return Err("not found: ask for /<dataset id>/chunk-NNNNNNNN.gchunk\n");
+    };
+    let Some(dir) = served.tiers.get(id) else {
+        return Err("not found: this server does not serve that dataset\n");
+    };
+    // Exactly a chunk file's name, as the format spells it: nothing else in the tier.
+    let n = name
+        .strip_prefix("chunk-")
+        .and_then(|r| r.strip_suffix(granary_format::CHUNK_SUFFIX))
+        .filter(|d| d.len() >= 8 && d.bytes().all(|b| b.is_ascii_digit()))
+        .and_then(|d| d.parse::<u32>().ok())
+        .filter(|&n| granary_format::chunk_file_name(n) == name);
+    match n {
+        Some(_) => Ok(dir.join(name)),
+        None => Err("not found: only chunk copies are served\n"),
+    }
+}
+
+/// The byte range a `Range` header asks of a `size`-byte file: `Ok(None)` for the whole file
+/// (no header, or one this server does not do, such as several ranges: the whole file is a
+/// valid answer to those), `Err` if it cannot be satisfied.
+fn range_of(header: Option<&str>, size: u64) -> Result<Option<(u64, u64)>, ()> {
+    let Some(spec) = header.and_then(|h| h.trim().strip_prefix("bytes=")) else {
+        return Ok(None);
+    };
+    if spec.contains(',') {
+        return Ok(None);
+    }
+    let Some((a, b)) = spec.split_once('-') else {
+        return Ok(None);
+    };
+    let (a, b) = (a.trim(), b.trim());
+    let parse = |s: &str| s.parse::<u64>().map_err(|_| ());
+    let (start, end) = match (a.is_empty(), b.is_empty()) {
+        (true, true) => return Err(()),
+        // The last n bytes.
+        (true, false) => {
+            let n = parse(b)?;
+            if n == 0 {
+                return Err(());
+            }
+            (size.saturating_sub(n), size)
+        }
+        (false, true) => (parse(a)?, size),
+        (false, false) => {
+            let (s, e) = (parse(a)?, parse(b)?);
+            if e < s {
+                return Err(());
+            }
+            (s, e.saturating_add(1).min(size))
+        }
+    };
+    if start >= size {
+        return Err(());
+    }
+    Ok(Some((start, end)))
+}
+
+async fn answer(served: &Served, req: Request<hyper::body::Incoming>) -> Response<Full<Bytes>> {
+    let head = match *req.method() {
+        Method::GET => false,
+        Method::HEAD => true,
+        _ => {
+            let mut r = reply(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "read-only: GET and HEAD only\n",
+            );
+            r.headers_mut()
+                .insert(hyper::header::ALLOW, "GET, HEAD".parse().expect("valid"));
+            return r;
+        }
+    };
+    let path = match file_for(served, req.uri().path()) {
+        Ok(p) => p,
+        Err(why) => return reply(StatusCode::NOT_FOUND, why),
+    };
+    let range = req
+        .headers()
+        .get(hyper::header::RANGE)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    // File reads block: off the runtime's threads.
+    let read = tokio::task::spawn_blocking(move || read_file(&path, range.as_deref(), head)).await;
+    match read {
+        Ok(r) => r,
+        Err(e) => reply(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("reading failed: {e}\n"),
+        ),
+    }
+}
+
+fn read_file(path: &std::path::Path, range: Option<&str>, head: bool) -> Response<Full<Bytes>> {
+    // The tier replaces and removes files whole; an open file keeps its bytes even if it is
+    // evicted while being read.
+    let f = match std::fs::File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return reply(StatusCode::NOT_FOUND, "not found: not in this tier\n")
+        }
+        Err(e) => {
+            return reply(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("opening failed: {e}\n"),
+            )
+        }
+    };
+    let size = match f.metadata() {
+        Ok(m) => m.len(),
+        Err(e) => {
+            return reply(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("inspecting failed: {e}\n"),
+            )
+        }
+    };
+    let (status, (start, end)) = match range_of(range, size) {
+        Ok(None) => (StatusCode::OK, (0, size)),
+        Ok(Some(r)) => (StatusCode::PARTIAL_CONTENT, r),
+        Err(()) => {
+            let mut r = reply(StatusCode::RANGE_NOT_SATISFIABLE, "");
+            r.headers_mut().insert(
+                hyper::header::CONTENT_RANGE,
+                format!("bytes */{size}").parse().expect("valid"),
+            );
+            return r;
+        }
+    };
+    let body = if head {
+        Bytes::new()
+    } else {
+        let mut buf = vec![0u8; (end - start) as usize];
+        if let Err(e) = f.read_exact_at(&mut buf, start) {
+            // Cut short under us (it cannot be replaced in place): say so rather than send less.
+            return reply(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("reading failed: {e}\n"),
+            );
+        }
+        Bytes::from(buf)
+    };
+    let mut r = reply(status, body);
+    let h = r.headers_mut();
+    h.insert(
+        hyper::header::CONTENT_TYPE,
+        "application/octet-stream".parse().expect("valid"),
+    );
+    h.insert(
+        hyper::header::ACCEPT_RANGES,
+        "bytes".parse().expect("valid"),
+    );
+    if head {
+        h.insert(
+            hyper::header::CONTENT_LENGTH,
+            (end - start).to_string().parse().expect("valid"),
+        );
+    }
+    if status == StatusCode::PARTIAL_CONTENT {
+        h.insert(
+            hyper::header::CONTENT_RANGE,
+            format!("bytes {start}-{}/{size}", end - 1)
+                .parse()
+                .expect("valid"),
+        );
+    }
+    r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranges_are_single_byte_ranges_inside_the_file() {
+        assert_eq!(range_of(None, 100), Ok(None));
+        assert_eq!(range_of(Some("bytes=0-9"), 100), Ok(Some((0, 10))));
+        assert_eq!(range_of(Some("bytes=90-"), 100), Ok(Some((90, 100))));
+        assert_eq!(range_of(Some("bytes=-10"), 100), Ok(Some((90, 100))));
+        assert_eq!(range_of(Some("bytes=-1000"), 100), Ok(Some((0, 100))));
+        assert_eq!(range_of(Some("bytes=50-1000"), 100), Ok(Some((50, 100))));
+        assert_eq!(range_of(Some("bytes=0-1,5-6"), 100), Ok(None));
+        assert_eq!(range_of(Some("items=0-1"), 100), Ok(None));
+        for bad in [
+            "bytes=100-",
+            "bytes=9-3",
+            "bytes=-0",
+            "bytes=-",
+            "bytes=x-1",
+        ] {
+            assert_eq!(range_of(Some(bad), 100), Err(()), "{bad}");
+        }
+    }
+
+    #[test]
+    fn only_chunk_copies_of_the_datasets_served_are_files() {
+        let served = Served {
+            tiers: [("ab".to_string(), PathBuf::from("/t/ab"))].into(),
+        };
+        assert_eq!(
+            file_for(&served, "/ab/chunk-00000007.gchunk"),
+            Ok(PathBuf::from("/t/ab/chunk-00000007.gchunk"))
+        );
+        for bad in [
+            "/cd/chunk-00000007.gchunk",
+            "/ab/hot-00000001.gchunk",
+            "/ab/index",
+            "/ab/lock",
+            "/ab/../ab/chunk-00000007.gchunk",
+            "/ab/chunk-7.gchunk",
+            "/ab/chunk-00000007.gchunk/x",
+            "/ab/chunk-+0000007.gchunk",
+            "/ab",
+            "/",
+        ] {
+            assert!(file_for(&served, bad).is_err(), "{bad}");
+        }
+    }
+}
