@@ -42,6 +42,7 @@ __all__ = [
     "Scores",
     "Stream",
     "__version__",
+    "job_peers",
 ]
 
 
@@ -170,6 +171,15 @@ class IterableDataset(_IterBase):
     of every iteration (and every 2 s in the background), so the next epoch uses them, from the
     same object; ``flush_scores()`` merges them at once.
 
+    ``peers`` shares the tiers of the job's nodes (DIESEL's task-grained cache): every node's
+    ``granary serve`` address (``"host:port"``), in node order, this node's included (ranks are
+    numbered node by node, as torchrun does; ``job_peers()`` gathers the list through
+    ``torch.distributed``). Each node computes the same ownership from the plan of
+    ``ownership_epoch``; a chunk this node's tier lacks is asked of its owner before origin
+    storage, every copy checked against the snapshot, and a peer that does not answer within
+    ``peer_timeout`` seconds is skipped for the epoch. ``node`` overrides this node's number.
+    Needs ``cache_dir``.
+
     ``memory`` is each reader's read-buffer budget in bytes (one reader per DataLoader worker;
     default ``None``: the library's 128 MiB). The shuffle window follows from it unless
     ``window`` (chunks) is given.
@@ -197,6 +207,10 @@ class IterableDataset(_IterBase):
         locality=1.0,
         transform=None,
         collate=None,
+        peers=None,
+        node=None,
+        peer_timeout=2.0,
+        ownership_epoch=0,
     ):
         if shuffle not in ("chunkwise", "global", "sequential"):
             raise ValueError(f"shuffle must be chunkwise, global or sequential, not {shuffle!r}")
@@ -230,6 +244,14 @@ class IterableDataset(_IterBase):
         if collate is not None and (batch_size is None or batch_format == "tensor"):
             raise ValueError("collate applies to the list of a batch's samples: it needs "
                              "batch_size and batch_format='list'")
+        if peers is not None:
+            if cache_dir is None:
+                raise ValueError("peers share tiers: they need cache_dir and cache_size")
+            if isinstance(peers, str):
+                peers = [p for p in peers.split(",") if p]
+            peers = [str(p) for p in peers]
+            if not peers:
+                raise ValueError("peers names no node")
         if (rank is None) != (world_size is None):
             raise ValueError("rank and world_size go together")
         if world_size is not None and not 0 <= rank < world_size:
@@ -253,6 +275,10 @@ class IterableDataset(_IterBase):
         self.window = window
         self.memory = None if memory is None else int(memory)
         self.batch_format = batch_format
+        self.peers = peers
+        self.node = None if node is None else int(node)
+        self.peer_timeout = float(peer_timeout)
+        self.ownership_epoch = int(ownership_epoch)
         self.epoch = 0
         self._resume = None
         self._consumed = 0
@@ -317,6 +343,10 @@ class IterableDataset(_IterBase):
             cache_boost=self.cache_boost,
             resume=resume,
             locality=self.locality,
+            peers=self.peers,
+            node=self.node,
+            peer_timeout=self.peer_timeout,
+            ownership_epoch=self.ownership_epoch,
         )
 
     def __iter__(self):
@@ -495,6 +525,34 @@ class IterableDataset(_IterBase):
             f"granary.IterableDataset({self.root!r}, shuffle={self.shuffle!r}, seed={self.seed}, "
             f"epoch={self.epoch})"
         )
+
+
+def job_peers(address, group=None):
+    """Every node's ``granary serve`` address, in node order, for ``IterableDataset(peers=...)``:
+    each rank passes its own node's address (``"host:port"``) and the list is gathered with
+    ``torch.distributed.all_gather_object`` (a collective: every rank calls it). Ranks are taken
+    to be numbered node by node, as torchrun numbers them; ranks of one node must pass the
+    same address."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        raise RuntimeError("job_peers() needs torch.distributed initialised (init_process_group)")
+    got = [None] * dist.get_world_size(group)
+    dist.all_gather_object(got, str(address), group=group)
+    nodes = []
+    for a in got:
+        if not nodes or nodes[-1] != a:
+            if a in nodes:
+                raise ValueError(
+                    f"ranks of node {a} are not numbered together: {got} (ranks must be "
+                    "numbered node by node)"
+                )
+            nodes.append(a)
+    if len(got) % len(nodes) != 0 or any(
+        got[i] != nodes[i // (len(got) // len(nodes))] for i in range(len(got))
+    ):
+        raise ValueError(f"nodes do not have the same number of ranks: {got}")
+    return nodes
 
 
 def _mount_root(path):

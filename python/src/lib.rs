@@ -313,7 +313,7 @@ impl Stream {
         path, epoch, rank, world_size, worker, num_workers, *, shuffle = "chunkwise", seed = 0,
         drop_last = true, window = None, memory = None, cache_dir = None, cache_size = None,
         policy = "static", sampling = "uniform", alpha = 0.5, cache_boost = 4.0, resume = None,
-        locality = 1.0
+        locality = 1.0, peers = None, node = None, peer_timeout = 2.0, ownership_epoch = 0
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -337,7 +337,21 @@ impl Stream {
         cache_boost: f64,
         resume: Option<(u64, u32, u32, Vec<u64>)>,
         locality: f64,
+        peers: Option<Vec<String>>,
+        node: Option<u32>,
+        peer_timeout: f64,
+        ownership_epoch: u64,
     ) -> PyResult<Self> {
+        if peers.is_some() && cache_dir.is_none() {
+            return Err(PyValueError::new_err(
+                "peers share tiers: they need cache_dir and cache_size",
+            ));
+        }
+        if !(peer_timeout > 0.0 && peer_timeout.is_finite()) {
+            return Err(PyValueError::new_err(format!(
+                "peer_timeout must be a positive number of seconds, not {peer_timeout}"
+            )));
+        }
         if !(0.0..=1.0).contains(&locality) {
             return Err(PyValueError::new_err(format!(
                 "locality must be in [0, 1], not {locality}"
@@ -392,20 +406,51 @@ impl Stream {
                 None if importance => Some(Arc::new(ImportanceScores::new(ds.len(), 0.8))),
                 s => s,
             };
+            let plan = PlanOptions {
+                mode,
+                seed,
+                // 0: as many chunks as the memory budget allows.
+                window_chunks: window.unwrap_or(0),
+                drop_last,
+                locality,
+            };
+            // Tiers shared with the job's other nodes: every node computes the same ownership
+            // (each node's capacity taken to be this one's).
+            let peers = match (&peers, cache_size) {
+                (Some(addrs), Some(q)) => {
+                    let nodes = addrs.len() as u32;
+                    if nodes == 0 || !world_size.is_multiple_of(nodes) {
+                        return Err(ReadError::Invalid(format!(
+                            "world_size {world_size} is not a multiple of the {nodes} nodes in \
+                             peers"
+                        )));
+                    }
+                    let ownership = granary::Ownership::compute(
+                        &ds,
+                        &plan,
+                        ownership_epoch,
+                        world_size,
+                        nodes,
+                        &vec![q; nodes as usize],
+                    )?;
+                    Some(Arc::new(granary::Peers::new(
+                        ds.snapshot().dataset_id(),
+                        addrs.clone(),
+                        node.unwrap_or(rank / (world_size / nodes)),
+                        ownership,
+                        std::time::Duration::from_secs_f64(peer_timeout),
+                    )?))
+                }
+                _ => None,
+            };
             let setup = EpochSetup {
-                plan: PlanOptions {
-                    mode,
-                    seed,
-                    // 0: as many chunks as the memory budget allows.
-                    window_chunks: window.unwrap_or(0),
-                    drop_last,
-                    locality,
-                },
+                plan,
                 sampling: importance.then_some(ImportanceSampling { alpha, cache_boost }),
                 stream: StreamOptions {
                     cache: cache.clone(),
                     scores,
                     memory,
+                    peers,
                     ..Default::default()
                 },
             };
@@ -540,6 +585,14 @@ impl Stream {
             PyArray1::from_vec(py, offsets(&got)),
             weights,
         )))
+    }
+
+    /// What other nodes' tiers served so far (with ``peers``): (samples, bytes); None without
+    /// a tier.
+    fn peer_hits(&self) -> Option<(u64, u64)> {
+        let h = self.inner.lock().expect("stream lock").cache_stats();
+        self.cache
+            .then_some((h.samples_from_peers, h.bytes_from_peers))
     }
 
     /// Hits of the local tier so far: (samples from tier, samples from source, bytes from

@@ -240,6 +240,9 @@ pub struct EpochReport {
     pub cache_byte_hit_ratio: Option<f64>,
     /// Chunks the tier failed to store (full or failing disk; reads went on from the source).
     pub cache_admissions_failed: Option<u64>,
+    /// The tier's counts behind those ratios (samples and bytes from the tier, from origin
+    /// storage, and from other nodes' tiers).
+    pub cache: Option<CacheHits>,
     /// The most bytes of read buffers (and borrowed maps) one worker's stream held at once.
     pub peak_buffer_bytes: u64,
     /// The process's peak resident set so far (`VmHWM`), when the kernel reports it.
@@ -312,6 +315,7 @@ pub fn measure_epoch(
         cache_byte_hit_ratio: tier
             .then(|| ratio(h.bytes_from_cache, h.bytes_from_source, h.bytes_from_peers)),
         cache_admissions_failed: tier.then_some(h.admissions_failed),
+        cache: tier.then_some(*h),
         peak_buffer_bytes: t.peak_buffer_bytes,
         peak_rss_bytes: peak_rss_bytes(),
         peers: match (peers, events0) {
