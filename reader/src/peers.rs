@@ -19,7 +19,7 @@ use granary_format::{chunk_file_name, ChunkEntry};
 
 use crate::error::{ReadError, Result};
 use crate::plan::{chunk_readers, PlanOptions};
-use crate::remote::ObjectUrl;
+use crate::remote::{ObjectUrl, Sized};
 use crate::residency::{IoMode, Opener};
 use crate::source::{ChunkSource, ChunkStore, RangeRead, Source};
 use crate::Dataset;
@@ -316,31 +316,35 @@ impl Peers {
             return None;
         }
         let url = self.urls[n].as_ref()?;
-        match url.get_if_present(name) {
-            Ok(Some(b)) if b.len() as u64 == ce.file_size && crc32fast::hash(&b) == ce.file_crc => {
+        let reject = |what: String| {
+            c.rejected.fetch_add(1, Relaxed);
+            if !self.rejected_said[n].swap(true, Relaxed) {
+                eprintln!(
+                    "granary: warning: peer {} (node {node}) served {} with {what}, not the \
+                     snapshot's {} bytes and CRC {:08x}: rejected, read from origin (further \
+                     rejections from this peer are counted, not printed, this epoch)",
+                    self.addrs[n],
+                    url.object_url(name),
+                    ce.file_size,
+                    ce.file_crc
+                );
+            }
+        };
+        match url.get_sized(name, ce.file_size) {
+            Ok(Sized::Got(b)) if crc32fast::hash(&b) == ce.file_crc => {
                 c.chunks_from_peers.fetch_add(1, Relaxed);
                 c.bytes_from_peers.fetch_add(b.len() as u64, Relaxed);
                 Some(b)
             }
-            Ok(Some(b)) => {
-                c.rejected.fetch_add(1, Relaxed);
-                if !self.rejected_said[n].swap(true, Relaxed) {
-                    eprintln!(
-                        "granary: warning: peer {} (node {node}) served {} with {} bytes and CRC \
-                         {:08x}, not the snapshot's {} bytes and CRC {:08x}: rejected, read from \
-                         origin (further rejections from this peer are counted, not printed, \
-                         this epoch)",
-                        self.addrs[n],
-                        url.object_url(name),
-                        b.len(),
-                        crc32fast::hash(&b),
-                        ce.file_size,
-                        ce.file_crc
-                    );
-                }
+            Ok(Sized::Got(b)) => {
+                reject(format!("CRC {:08x}", crc32fast::hash(&b)));
                 None
             }
-            Ok(None) => {
+            Ok(Sized::Wrong(len)) => {
+                reject(format!("{len} bytes"));
+                None
+            }
+            Ok(Sized::Missing) => {
                 c.missing_at_owner.fetch_add(1, Relaxed);
                 None
             }

@@ -98,6 +98,14 @@ fn runtime() -> Result<Arc<tokio::runtime::Runtime>> {
     Ok(rt)
 }
 
+/// What [`ObjectUrl::get_sized`] found.
+pub(crate) enum Sized {
+    Got(bytes::Bytes),
+    Missing,
+    /// Another length than asked for (the body is not read).
+    Wrong(u64),
+}
+
 /// A dataset prefix in an object store: `scheme://bucket/prefix`.
 #[derive(Debug)]
 pub struct ObjectUrl {
@@ -250,15 +258,31 @@ impl ObjectUrl {
             .map_err(|e| remote_error("reading", &self.object_url(name), e))
     }
 
-    /// The whole of object `name`, `None` if there is none.
-    pub fn get_if_present(&self, name: &str) -> Result<Option<bytes::Bytes>> {
-        match self.get(name) {
-            Ok(b) => Ok(Some(b)),
-            Err(ReadError::Remote {
-                not_found: true, ..
-            }) => Ok(None),
-            Err(e) => Err(e),
-        }
+    /// The whole of object `name` if it is `size` bytes long: its length is checked before
+    /// its body is read, so that a peer announcing something else costs no memory.
+    pub(crate) fn get_sized(&self, name: &str, size: u64) -> Result<Sized> {
+        let client = self.client()?;
+        let key = self.key(name);
+        let url = self.object_url(name);
+        block_on(async {
+            let res = match client.get(&key).await {
+                Ok(r) => r,
+                Err(object_store::Error::NotFound { .. }) => return Ok(Sized::Missing),
+                Err(e) => return Err(remote_error("reading", &url, e)),
+            };
+            if res.meta.size != size {
+                return Ok(Sized::Wrong(res.meta.size));
+            }
+            let b = res
+                .bytes()
+                .await
+                .map_err(|e| remote_error("reading", &url, e))?;
+            Ok(if b.len() as u64 == size {
+                Sized::Got(b)
+            } else {
+                Sized::Wrong(b.len() as u64)
+            })
+        })?
     }
 
     /// Size of object `name`, `None` if there is none.
