@@ -196,6 +196,72 @@ def test_torchrun_gloo_ranks_are_disjoint_and_complete(packed, tmp_path):
     assert sorted(shares[0] + shares[1]) == list(range(240))
 
 
+def test_torchrun_ranks_share_their_tiers_through_job_peers(packed, tmp_path):
+    """Each of 2 torchrun ranks plays a node: it starts `granary serve` on its own tier,
+    job_peers() gathers both addresses with all_gather_object, and two epochs read through the
+    shared tiers, complete and disjoint."""
+    from conftest import granary_bin
+
+    path, _ = packed
+    script = tmp_path / "train.py"
+    script.write_text(
+        textwrap.dedent(
+            f"""
+            import json, os, subprocess
+            import torch.distributed as dist
+            import granary
+            dist.init_process_group("gloo")
+            r = dist.get_rank()
+            tier = os.path.join({str(tmp_path)!r}, f"tier{{r}}")
+            os.makedirs(tier)
+            server = subprocess.Popen([{granary_bin()!r}, "serve", {str(path)!r}, "--cache-dir",
+                                       tier, "--listen", "127.0.0.1:0"],
+                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+            addr = server.stdout.readline().strip().removeprefix("listening on http://")
+            peers = granary.job_peers(addr)
+            ds = granary.IterableDataset({str(path)!r}, seed=5, cache_dir=tier,
+                                         cache_size=1 << 20, peers=peers, peer_timeout=5)
+            epochs = []
+            for e in range(2):
+                ds.set_epoch(e)
+                epochs.append([int(s["id"]) for s in ds])
+                dist.barrier()  # the owners hold their chunks before the next epoch
+            server.kill()
+            server.wait()
+            with open(os.path.join({str(tmp_path)!r}, f"rank{{r}}.json"), "w") as f:
+                json.dump({{"peers": peers, "addr": addr, "epochs": epochs}}, f)
+            dist.destroy_process_group()
+            """
+        )
+    )
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nnodes=1",
+            "--nproc_per_node=2",
+            "--master_addr=127.0.0.1",
+            f"--master_port={port}",
+            "--redirects=1",
+            "--tee=1",
+            str(script),
+        ],
+        check=True,
+        timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    got = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    assert got[0]["peers"] == got[1]["peers"] == [got[0]["addr"], got[1]["addr"]]
+    for e in range(2):
+        a, b = got[0]["epochs"][e], got[1]["epochs"][e]
+        assert not set(a) & set(b)
+        assert sorted(a + b) == list(range(240))
+
+
 def test_state_dict_resume_mid_epoch(packed):
     path, _ = packed
     full = ids_of(DataLoader(granary.IterableDataset(path, seed=4, batch_size=8), batch_size=None))
