@@ -22,7 +22,7 @@ use hyper::{Method, Request, Response, StatusCode};
 #[derive(clap::Args)]
 #[command(after_help = "Examples:
   granary serve train.granary --cache-dir /ssd/gcache --listen 10.0.0.7:7070
-  # on every node of a 4-node job (node I's rank 0 passes --node I; the list is the same everywhere):
+  # every rank of a 4-node job (the same list everywhere; its node follows from its rank):
   granary read train.granary --cache-dir /ssd/gcache --cache-size 200GiB \\
       --peers 10.0.0.5:7070,10.0.0.6:7070,10.0.0.7:7070,10.0.0.8:7070 --rank R --world-size 4
 
