@@ -149,6 +149,32 @@ def test_two_explicit_ranks_are_disjoint_and_complete(packed):
     assert len(shares[0]) == len(shares[1])
 
 
+def torchrun(script, nproc=2):
+    """Runs ``script`` under torchrun with ``nproc`` ranks (gloo on 127.0.0.1)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nnodes=1",
+            f"--nproc_per_node={nproc}",
+            "--master_addr=127.0.0.1",
+            f"--master_port={port}",
+            # torch 1.13's launcher turns the default "0" into None on Python 3.11 (enum.Flag
+            # no longer iterates its zero member); any other value works.
+            "--redirects=1",
+            "--tee=1",
+            str(script),
+        ],
+        check=True,
+        timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+
+
 def test_torchrun_gloo_ranks_are_disjoint_and_complete(packed, tmp_path):
     path, _ = packed
     script = tmp_path / "train.py"
@@ -169,28 +195,7 @@ def test_torchrun_gloo_ranks_are_disjoint_and_complete(packed, tmp_path):
             """
         )
     )
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nnodes=1",
-            "--nproc_per_node=2",
-            "--master_addr=127.0.0.1",
-            f"--master_port={port}",
-            # torch 1.13's launcher turns the default "0" into None on Python 3.11 (enum.Flag
-            # no longer iterates its zero member); any other value works.
-            "--redirects=1",
-            "--tee=1",
-            str(script),
-        ],
-        check=True,
-        timeout=300,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
+    torchrun(script)
     shares = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     assert not set(shares[0]) & set(shares[1])
     assert sorted(shares[0] + shares[1]) == list(range(240))
@@ -234,26 +239,7 @@ def test_torchrun_ranks_share_their_tiers_through_job_peers(packed, tmp_path):
             """
         )
     )
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nnodes=1",
-            "--nproc_per_node=2",
-            "--master_addr=127.0.0.1",
-            f"--master_port={port}",
-            "--redirects=1",
-            "--tee=1",
-            str(script),
-        ],
-        check=True,
-        timeout=300,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
+    torchrun(script)
     got = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     assert got[0]["peers"] == got[1]["peers"] == [got[0]["addr"], got[1]["addr"]]
     for e in range(2):
