@@ -307,15 +307,18 @@ impl Peers {
         }))
     }
 
-    /// Chunk `ce` from `node`'s tier, if it has it, answers, and its copy checks out.
-    fn fetch(&self, node: u32, name: &str, ce: &ChunkEntry) -> Option<bytes::Bytes> {
+    /// Chunk `ce` from `node`'s tier into `buf` (its size), if that node has it, answers, and
+    /// its copy checks out; false otherwise (`buf` then holds whatever arrived).
+    fn fetch_into(&self, node: u32, name: &str, ce: &ChunkEntry, buf: &mut [u8]) -> bool {
         let n = node as usize;
         let c = &self.counters;
         if self.down[n].load(Relaxed) {
             c.unreachable.fetch_add(1, Relaxed);
-            return None;
+            return false;
         }
-        let url = self.urls[n].as_ref()?;
+        let Some(url) = self.urls[n].as_ref() else {
+            return false;
+        };
         let reject = |what: String| {
             c.rejected.fetch_add(1, Relaxed);
             if !self.rejected_said[n].swap(true, Relaxed) {
@@ -330,23 +333,23 @@ impl Peers {
                 );
             }
         };
-        match url.get_sized(name, ce.file_size) {
-            Ok(Sized::Got(b)) if crc32fast::hash(&b) == ce.file_crc => {
+        match url.get_into(name, buf) {
+            Ok(Sized::Got(crc)) if crc == ce.file_crc => {
                 c.chunks_from_peers.fetch_add(1, Relaxed);
-                c.bytes_from_peers.fetch_add(b.len() as u64, Relaxed);
-                Some(b)
+                c.bytes_from_peers.fetch_add(ce.file_size, Relaxed);
+                true
             }
-            Ok(Sized::Got(b)) => {
-                reject(format!("CRC {:08x}", crc32fast::hash(&b)));
-                None
+            Ok(Sized::Got(crc)) => {
+                reject(format!("CRC {crc:08x}"));
+                false
             }
             Ok(Sized::Wrong(len)) => {
                 reject(format!("{len} bytes"));
-                None
+                false
             }
             Ok(Sized::Missing) => {
                 c.missing_at_owner.fetch_add(1, Relaxed);
-                None
+                false
             }
             Err(e) => {
                 c.unreachable.fetch_add(1, Relaxed);
@@ -358,7 +361,7 @@ impl Peers {
                         self.addrs[n]
                     );
                 }
-                None
+                false
             }
         }
     }
@@ -402,24 +405,19 @@ impl ChunkSource for PeerSource {
     }
 
     fn read_ranges(&self, reads: &mut [RangeRead<'_>]) -> Result<()> {
-        if let Some(bytes) = self.peers.fetch(self.node, &self.name, &self.ce) {
-            for r in reads.iter_mut() {
-                let start = (r.offset as usize).min(bytes.len());
-                let end = (start + r.buf.len()).min(bytes.len());
-                if end - start < r.need {
-                    return Err(ReadError::io(
-                        "reading",
-                        &self.location,
-                        std::io::Error::new(
-                            std::io::ErrorKind::UnexpectedEof,
-                            format!("at offset {}: the chunk ends first", r.offset),
-                        ),
-                    ));
-                }
-                r.buf[..end - start].copy_from_slice(&bytes[start..end]);
+        // The stream reads a peer's chunk whole, in one range: streamed from the peer straight
+        // into its buffer. Anything else (or a peer that fails) is read from origin.
+        let size = self.ce.file_size as usize;
+        if let [r] = reads {
+            if r.offset == 0
+                && r.buf.len() >= size
+                && self
+                    .peers
+                    .fetch_into(self.node, &self.name, &self.ce, &mut r.buf[..size])
+            {
+                self.outcome.store(1, Relaxed);
+                return Ok(());
             }
-            self.outcome.store(1, Relaxed);
-            return Ok(());
         }
         let origin = self
             .origin

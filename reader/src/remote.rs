@@ -98,9 +98,10 @@ fn runtime() -> Result<Arc<tokio::runtime::Runtime>> {
     Ok(rt)
 }
 
-/// What [`ObjectUrl::get_sized`] found.
+/// What [`ObjectUrl::get_into`] found.
 pub(crate) enum Sized {
-    Got(bytes::Bytes),
+    /// All of it, with this CRC-32.
+    Got(u32),
     Missing,
     /// Another length than asked for (the body is not read).
     Wrong(u64),
@@ -258,12 +259,14 @@ impl ObjectUrl {
             .map_err(|e| remote_error("reading", &self.object_url(name), e))
     }
 
-    /// The whole of object `name` if it is `size` bytes long: its length is checked before
-    /// its body is read, so that a peer announcing something else costs no memory.
-    pub(crate) fn get_sized(&self, name: &str, size: u64) -> Result<Sized> {
+    /// Object `name` into `buf` if it is `buf.len()` bytes long, streamed (no second copy in
+    /// memory): its length is checked before its body is read, so that a peer announcing
+    /// another size costs nothing. Returns the CRC-32 of what was written.
+    pub(crate) fn get_into(&self, name: &str, buf: &mut [u8]) -> Result<Sized> {
         let client = self.client()?;
         let key = self.key(name);
         let url = self.object_url(name);
+        let size = buf.len() as u64;
         block_on(async {
             let res = match client.get(&key).await {
                 Ok(r) => r,
@@ -273,14 +276,22 @@ impl ObjectUrl {
             if res.meta.size != size {
                 return Ok(Sized::Wrong(res.meta.size));
             }
-            let b = res
-                .bytes()
-                .await
-                .map_err(|e| remote_error("reading", &url, e))?;
-            Ok(if b.len() as u64 == size {
-                Sized::Got(b)
+            let mut crc = crc32fast::Hasher::new();
+            let mut at = 0usize;
+            let mut body = res.into_stream();
+            while let Some(part) = body.next().await {
+                let part = part.map_err(|e| remote_error("reading", &url, e))?;
+                let Some(dst) = buf.get_mut(at..at + part.len()) else {
+                    return Ok(Sized::Wrong((at + part.len()) as u64));
+                };
+                dst.copy_from_slice(&part);
+                crc.update(&part);
+                at += part.len();
+            }
+            Ok(if at == buf.len() {
+                Sized::Got(crc.finalize())
             } else {
-                Sized::Wrong(b.len() as u64)
+                Sized::Wrong(at as u64)
             })
         })?
     }
