@@ -78,10 +78,10 @@ impl Node {
     }
 }
 
-/// `granary read` of `ds`, epoch `epoch`, as rank `rank` of 4 (one rank per node), JSON.
-fn rank_args(ds: &Path, rank: u32, epoch: u64) -> Vec<String> {
+/// `granary read` of `ds`, epoch `epoch`, as rank `rank` of `world` (one rank per node), JSON.
+fn rank_args(ds: &Path, rank: u32, world: usize, epoch: u64) -> Vec<String> {
     let ds = ds.to_str().unwrap();
-    let (rank, epoch) = (rank.to_string(), epoch.to_string());
+    let (rank, world, epoch) = (rank.to_string(), world.to_string(), epoch.to_string());
     [
         "read",
         ds,
@@ -89,7 +89,7 @@ fn rank_args(ds: &Path, rank: u32, epoch: u64) -> Vec<String> {
         "--rank",
         &rank,
         "--world-size",
-        "4",
+        &world,
         "--first-epoch",
         &epoch,
     ]
@@ -99,7 +99,7 @@ fn rank_args(ds: &Path, rank: u32, epoch: u64) -> Vec<String> {
 
 /// That read through `node`'s tier with the job's peers and the ownership of epoch 0.
 fn read_rank(ds: &Path, node: &Node, peers: &str, rank: u32, epoch: u64, quota: u64) -> Child {
-    let mut args = rank_args(ds, rank, epoch);
+    let mut args = rank_args(ds, rank, peers.split(',').count(), epoch);
     let (tier, quota) = (node.tier.to_str().unwrap(), quota.to_string());
     args.extend(
         [
@@ -120,8 +120,8 @@ fn read_rank(ds: &Path, node: &Node, peers: &str, rank: u32, epoch: u64, quota: 
 }
 
 /// Rank `rank`'s digest of `epoch` without any tier: what every shared-tier read must match.
-fn plain_digest(ds: &Path, rank: u32, epoch: u64) -> String {
-    let o = run_ok(rank_args(ds, rank, epoch));
+fn plain_digest(ds: &Path, rank: u32, world: usize, epoch: u64) -> String {
+    let o = run_ok(rank_args(ds, rank, world, epoch));
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     v[0]["digest"].as_str().unwrap().to_string()
 }
@@ -210,7 +210,7 @@ fn four_nodes_share_their_tiers_survive_dead_stopped_and_lying_peers() {
         for (r, rep) in ranks.iter().zip(&reports) {
             assert_eq!(
                 rep["digest"].as_str().unwrap(),
-                plain_digest(&ds, *r, e),
+                plain_digest(&ds, *r, 4, e),
                 "rank {r}, epoch {e}: {rep}"
             );
             assert_eq!(field(rep, &["samples"]), 150, "{rep}");
@@ -357,4 +357,37 @@ fn the_server_serves_only_chunk_copies_of_its_datasets_read_only() {
             .unwrap(),
         copy
     );
+}
+
+#[test]
+fn chunks_larger_than_one_read_piece_come_whole_from_their_owner() {
+    // 3 chunks of ~5 MiB: the engine reads each in several pieces (4 MiB at most), which the
+    // peer's copy fills back to back.
+    let tmp = tempfile::tempdir().unwrap();
+    let files = numbered_tree(30, 3, |i| 500_000 + i as usize * 1_000);
+    let ds = packed_tree(
+        &tmp.path().join("src"),
+        &files,
+        &tmp.path().join("ds"),
+        &["--chunk-size", "5MiB", "--compress", "none"],
+    );
+    let nodes: Vec<Node> = (0..2)
+        .map(|i| Node::start(&[&ds], tmp.path().join(format!("tier{i}"))))
+        .collect();
+    let peers = format!("{},{}", nodes[0].addr, nodes[1].addr);
+    let mut from_peers = 0;
+    for e in 0..4 {
+        for r in 0..2u32 {
+            let child = read_rank(&ds, &nodes[r as usize], &peers, r, e, 64 << 20);
+            let rep = finish_within(child, 120, &format!("rank {r}, epoch {e}"));
+            assert_eq!(
+                rep["digest"].as_str().unwrap(),
+                plain_digest(&ds, r, 2, e),
+                "{rep}"
+            );
+            assert_eq!(field(&rep, &["peers", "events", "rejected"]), 0, "{rep}");
+            from_peers += field(&rep, &["peers", "bytes_from_peers"]);
+        }
+    }
+    assert!(from_peers > 5 << 20, "{from_peers} bytes from peers");
 }

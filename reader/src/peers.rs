@@ -307,9 +307,10 @@ impl Peers {
         }))
     }
 
-    /// Chunk `ce` from `node`'s tier into `buf` (its size), if that node has it, answers, and
-    /// its copy checks out; false otherwise (`buf` then holds whatever arrived).
-    fn fetch_into(&self, node: u32, name: &str, ce: &ChunkEntry, buf: &mut [u8]) -> bool {
+    /// Chunk `ce` from `node`'s tier into `parts` (holding its size together, in order), if
+    /// that node has it, answers, and its copy checks out; false otherwise (`parts` then hold
+    /// whatever arrived).
+    fn fetch_into(&self, node: u32, name: &str, ce: &ChunkEntry, parts: &mut [&mut [u8]]) -> bool {
         let n = node as usize;
         let c = &self.counters;
         if self.down[n].load(Relaxed) {
@@ -333,7 +334,7 @@ impl Peers {
                 );
             }
         };
-        match url.get_into(name, buf) {
+        match url.get_into(name, ce.file_size, parts) {
             Ok(Sized::Got(crc)) if crc == ce.file_crc => {
                 c.chunks_from_peers.fetch_add(1, Relaxed);
                 c.bytes_from_peers.fetch_add(ce.file_size, Relaxed);
@@ -405,19 +406,31 @@ impl ChunkSource for PeerSource {
     }
 
     fn read_ranges(&self, reads: &mut [RangeRead<'_>]) -> Result<()> {
-        // The stream reads a peer's chunk whole, in one range: streamed from the peer straight
-        // into its buffer. Anything else (or a peer that fails) is read from origin.
+        // The stream reads a peer's chunk whole (in pieces of at most `io::MAX_PIECE`, back to
+        // back): streamed from the peer straight into them. Anything else (or a peer that
+        // fails) is read from origin.
         let size = self.ce.file_size as usize;
-        if let [r] = reads {
-            if r.offset == 0
-                && r.buf.len() >= size
-                && self
-                    .peers
-                    .fetch_into(self.node, &self.name, &self.ce, &mut r.buf[..size])
-            {
-                self.outcome.store(1, Relaxed);
-                return Ok(());
+        let mut order: Vec<&mut RangeRead<'_>> = reads.iter_mut().collect();
+        order.sort_by_key(|r| r.offset);
+        let mut parts: Vec<&mut [u8]> = Vec::with_capacity(order.len());
+        let mut end = 0usize;
+        for r in order {
+            if r.offset as usize != end || end >= size {
+                parts.clear();
+                break;
             }
+            let n = r.buf.len().min(size - end);
+            parts.push(&mut r.buf[..n]);
+            end += n;
+        }
+        if end == size
+            && !parts.is_empty()
+            && self
+                .peers
+                .fetch_into(self.node, &self.name, &self.ce, &mut parts)
+        {
+            self.outcome.store(1, Relaxed);
+            return Ok(());
         }
         let origin = self
             .origin

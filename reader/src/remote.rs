@@ -259,14 +259,14 @@ impl ObjectUrl {
             .map_err(|e| remote_error("reading", &self.object_url(name), e))
     }
 
-    /// Object `name` into `buf` if it is `buf.len()` bytes long, streamed (no second copy in
-    /// memory): its length is checked before its body is read, so that a peer announcing
-    /// another size costs nothing. Returns the CRC-32 of what was written.
-    pub(crate) fn get_into(&self, name: &str, buf: &mut [u8]) -> Result<Sized> {
+    /// Object `name`, if it is `size` bytes long, streamed into `parts` one after another (no
+    /// second copy in memory; they must hold `size` bytes together): its length is checked
+    /// before its body is read, so that a peer announcing another size costs nothing. Returns
+    /// the CRC-32 of what was written.
+    pub(crate) fn get_into(&self, name: &str, size: u64, parts: &mut [&mut [u8]]) -> Result<Sized> {
         let client = self.client()?;
         let key = self.key(name);
         let url = self.object_url(name);
-        let size = buf.len() as u64;
         block_on(async {
             let res = match client.get(&key).await {
                 Ok(r) => r,
@@ -277,21 +277,31 @@ impl ObjectUrl {
                 return Ok(Sized::Wrong(res.meta.size));
             }
             let mut crc = crc32fast::Hasher::new();
-            let mut at = 0usize;
+            let (mut part, mut at, mut total) = (0usize, 0usize, 0u64);
             let mut body = res.into_stream();
-            while let Some(part) = body.next().await {
-                let part = part.map_err(|e| remote_error("reading", &url, e))?;
-                let Some(dst) = buf.get_mut(at..at + part.len()) else {
-                    return Ok(Sized::Wrong((at + part.len()) as u64));
-                };
-                dst.copy_from_slice(&part);
-                crc.update(&part);
-                at += part.len();
+            while let Some(got) = body.next().await {
+                let got = got.map_err(|e| remote_error("reading", &url, e))?;
+                total += got.len() as u64;
+                if total > size {
+                    return Ok(Sized::Wrong(total));
+                }
+                crc.update(&got);
+                let mut rest: &[u8] = &got;
+                while !rest.is_empty() {
+                    let dst = &mut parts[part][at..];
+                    let n = dst.len().min(rest.len());
+                    dst[..n].copy_from_slice(&rest[..n]);
+                    rest = &rest[n..];
+                    at += n;
+                    if at == parts[part].len() {
+                        (part, at) = (part + 1, 0);
+                    }
+                }
             }
-            Ok(if at == buf.len() {
+            Ok(if total == size {
                 Sized::Got(crc.finalize())
             } else {
-                Sized::Wrong(at as u64)
+                Sized::Wrong(total)
             })
         })?
     }
