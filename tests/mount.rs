@@ -36,7 +36,7 @@ fn packed(tmp: &Path, files: &[(Vec<u8>, Vec<u8>)]) -> PathBuf {
 
 fn mount_fs(ds: &Path, cache: Option<Arc<granary::ChunkCache>>, fetch: bool) -> MountFs {
     let ds = Arc::new(granary::Dataset::open_checked(ds).unwrap());
-    MountFs::new(TieredReader::new(ds, cache, fetch), 0, 0).unwrap()
+    MountFs::new(TieredReader::new(ds, cache, fetch).unwrap(), 0, 0).unwrap()
 }
 
 /// Reads a whole file through `fs` in reads of `piece` bytes, as the kernel would.
@@ -313,7 +313,12 @@ fn a_tier_smaller_than_the_dataset_is_used_chunk_by_chunk_and_not_thrashed_at_ra
         fs.reader().stats()
     };
     // In chunk order (ids are in chunk order): each chunk fetched about once, most reads hit.
-    let fs = MountFs::new(TieredReader::new(d.clone(), Some(tier("seq")), true), 0, 0).unwrap();
+    let fs = MountFs::new(
+        TieredReader::new(d.clone(), Some(tier("seq")), true).unwrap(),
+        0,
+        0,
+    )
+    .unwrap();
     let s = check(&fs, &(0..d.len()).collect::<Vec<_>>());
     assert!(s.chunks_fetched * 10 >= d.chunk_count() * 8, "{s:?}");
     assert!(
@@ -327,7 +332,12 @@ fn a_tier_smaller_than_the_dataset_is_used_chunk_by_chunk_and_not_thrashed_at_ra
     for i in (1..order.len()).rev() {
         order.swap(i, (rng.next_u64() % (i as u64 + 1)) as usize);
     }
-    let fs = MountFs::new(TieredReader::new(d.clone(), Some(tier("rnd")), true), 0, 0).unwrap();
+    let fs = MountFs::new(
+        TieredReader::new(d.clone(), Some(tier("rnd")), true).unwrap(),
+        0,
+        0,
+    )
+    .unwrap();
     let s = check(&fs, &order);
     assert!(
         s.bytes_fetched <= 2 * d.total_chunk_bytes().unwrap(),

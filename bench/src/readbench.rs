@@ -69,7 +69,7 @@ fn sequential_baseline(files: &[(PathBuf, u64)], qd: usize) -> granary::Result<(
     let mut total = 0u64;
     // One file per batch, one batch queued ahead: the engine keeps the queue full across files.
     let mut pending = std::collections::VecDeque::new();
-    let mut opener = granary::Opener::plain(granary::IoMode::Direct);
+    let opener = granary::Opener::plain(granary::IoMode::Direct);
     for (p, len) in files {
         let req = Request {
             source: Arc::new(opener.open(p, None)?),

@@ -7,21 +7,17 @@
 //! record from the origin meanwhile. The tier's policy and quota decide what stays.
 
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::fs::File;
-use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use granary::{
-    ChunkBytes, ChunkCache, Dataset, ImportanceScores, ReadError, SampleInfo, SampleReader,
+    Access, BytesFrom, ChunkBytes, ChunkCache, Dataset, ImportanceScores, ReadError, SampleInfo,
+    SampleReader, StoreStack,
 };
-use granary_format::decode_record;
 use serde::Serialize;
 
-/// Open tier copies kept at most (then all are closed and reopened as needed).
-const MAX_OPEN_COPIES: usize = 256;
 /// How long a chunk the tier declined is not offered again (the tier may change meanwhile).
 const DECLINED_FOR: Duration = Duration::from_secs(30);
 /// Chunks fetched at once (each holds one chunk in memory while it is read and admitted).
@@ -90,7 +86,6 @@ struct Queue {
 
 struct Tier {
     cache: Arc<ChunkCache>,
-    copies: Mutex<HashMap<u32, Arc<File>>>,
     queue: Mutex<Queue>,
     /// Fetch threads wait here for work.
     wake: Condvar,
@@ -103,7 +98,8 @@ struct Tier {
 
 /// Reads whole samples for the mount. `Sync`: the FUSE threads share one.
 pub struct TieredReader {
-    origin: SampleReader,
+    /// Reads through the store stack: the tier's copies (one open per copy), else origin.
+    reader: Arc<SampleReader>,
     tier: Option<Arc<Tier>>,
     counters: Arc<Counters>,
     fetchers: Mutex<Vec<std::thread::JoinHandle<()>>>,
@@ -114,12 +110,20 @@ pub struct TieredReader {
 impl TieredReader {
     /// Reads `ds`, with `cache` as its local tier when given; `fetch` starts the background
     /// fetcher that copies first-touched chunks into the tier.
-    pub fn new(ds: Arc<Dataset>, cache: Option<Arc<ChunkCache>>, fetch: bool) -> TieredReader {
+    pub fn new(
+        ds: Arc<Dataset>,
+        cache: Option<Arc<ChunkCache>>,
+        fetch: bool,
+    ) -> Result<TieredReader, ReadError> {
         let counters: Arc<Counters> = Arc::default();
+        let stack = match &cache {
+            Some(c) => StoreStack::build(&ds, Access::positional(), Some(c.clone()), None)?,
+            None => StoreStack::plain(&ds, Access::positional()),
+        };
+        let reader = Arc::new(SampleReader::with_stack(ds, stack));
         let tier = cache.map(|cache| {
             Arc::new(Tier {
                 cache,
-                copies: Mutex::default(),
                 queue: Mutex::default(),
                 wake: Condvar::new(),
                 fetched: Condvar::new(),
@@ -130,27 +134,27 @@ impl TieredReader {
         let fetchers = match (&tier, fetch) {
             (Some(t), true) => (0..FETCH_THREADS)
                 .map(|i| {
-                    let (t, ds, c) = (t.clone(), ds.clone(), counters.clone());
+                    let (t, r, c) = (t.clone(), reader.clone(), counters.clone());
                     std::thread::Builder::new()
                         .name(format!("granary-fetch-{i}"))
-                        .spawn(move || fetch_loop(&t, &ds, &c))
+                        .spawn(move || fetch_loop(&t, &r, &c))
                         .expect("spawning a fetch thread")
                 })
                 .collect(),
             _ => Vec::new(),
         };
-        TieredReader {
-            origin: SampleReader::new(ds),
+        Ok(TieredReader {
+            reader,
             fetching: AtomicBool::new(!fetchers.is_empty()),
             tier,
             counters,
             fetchers: Mutex::new(fetchers),
-        }
+        })
     }
 
     /// The dataset.
     pub fn dataset(&self) -> &Arc<Dataset> {
-        self.origin.dataset()
+        self.reader.dataset()
     }
 
     /// The counters so far.
@@ -186,94 +190,82 @@ impl TieredReader {
     fn read_inner(&self, id: u64) -> Result<Vec<u8>, ReadError> {
         let ds = self.dataset();
         let info = ds.sample(id)?;
-        if let Some(t) = &self.tier {
-            if let Some(data) = self.read_tier(t, &info)? {
-                return Ok(self.hit(&info, data));
+        let chunk = info.entry.chunk;
+        let mut out = vec![0u8; info.entry.orig_len as usize];
+        // A damaged tier copy is dropped and the read starts over once (the chunk may be
+        // fetched again); a second damaged copy sends the read to the origin.
+        for _ in 0..2 {
+            if let Some(data) = self.read_staged(&info)? {
+                return Ok(self.count(&info, BytesFrom::Tier, data));
             }
+            let mut src = self.reader.source(chunk)?;
             // A miss: the whole chunk is fetched (one large read) and this read waits for it,
             // unless a full tier would have to evict for a chunk that only this read wants
             // (see `fetch_and_wait`); then the origin answers.
-            if self.fetching.load(Relaxed) {
-                let ce = ds.chunk(info.entry.chunk)?;
-                let fits = t.cache.used()? + ce.file_size <= t.cache.quota();
-                if t.fetch_and_wait(info.entry.chunk, fits) {
-                    if let Some(data) = self.read_tier(t, &info)? {
-                        return Ok(self.hit(&info, data));
+            if let (Some(t), true) = (&self.tier, src.bytes_from() != BytesFrom::Tier) {
+                if self.fetching.load(Relaxed) {
+                    let ce = ds.chunk(chunk)?;
+                    let fits = t.cache.used()? + ce.file_size <= t.cache.quota();
+                    if t.fetch_and_wait(chunk, fits) {
+                        if let Some(data) = self.read_staged(&info)? {
+                            return Ok(self.count(&info, BytesFrom::Tier, data));
+                        }
+                        src = self.reader.source(chunk)?;
                     }
                 }
             }
+            match self.reader.read_from(&src, &info, &mut out) {
+                Ok(()) => return Ok(self.count(&info, src.bytes_from(), out)),
+                // Never served: dropped from the tier, and the read starts over.
+                Err(_) if src.bytes_from() == BytesFrom::Tier => {
+                    self.reader.forget(|c, _| c == chunk);
+                    if let Some(t) = &self.tier {
+                        let _ = t.cache.discard(chunk);
+                    }
+                    add(&self.counters.discarded, 1);
+                }
+                Err(e) => return Err(e),
+            }
         }
-        let mut out = vec![0u8; info.entry.orig_len as usize];
-        self.origin.read_into(&info, &mut out)?;
-        add(&self.counters.samples_origin, 1);
-        add(&self.counters.bytes_origin, info.entry.stored_len);
-        Ok(out)
+        let src = self.reader.origin_source(chunk)?;
+        self.reader.read_from(&src, &info, &mut out)?;
+        Ok(self.count(&info, BytesFrom::Origin, out))
     }
 
-    fn hit(&self, info: &SampleInfo, data: Vec<u8>) -> Vec<u8> {
-        add(&self.counters.samples_tier, 1);
-        add(&self.counters.bytes_tier, info.entry.stored_len);
+    /// Counts a sample read from `from`.
+    fn count(&self, info: &SampleInfo, from: BytesFrom, data: Vec<u8>) -> Vec<u8> {
+        let c = &self.counters;
+        let (s, b) = match from {
+            BytesFrom::Tier => (&c.samples_tier, &c.bytes_tier),
+            BytesFrom::Peer | BytesFrom::Origin => (&c.samples_origin, &c.bytes_origin),
+        };
+        add(s, 1);
+        add(b, info.entry.stored_len);
         data
     }
 
-    /// The sample from the tier's copy of its chunk; `None` when the tier has none (or had a
-    /// damaged one, now removed).
-    fn read_tier(&self, t: &Tier, info: &SampleInfo) -> Result<Option<Vec<u8>>, ReadError> {
-        let e = &info.entry;
-        let ds = self.dataset();
-        let staged = t.staged.lock().expect("staged").get(&e.chunk).cloned();
-        if let Some(bytes) = staged {
-            // Whole-file CRC checked when fetched; the record's own CRC is checked again here.
-            return Ok(Some(ds.decode_from(&bytes, info.id)?.into_owned()));
-        }
-        let ce = ds.chunk(e.chunk)?;
-        let cached = t.copies.lock().expect("tier copies").get(&e.chunk).cloned();
-        let file = match cached {
-            Some(f) => f,
-            None => match t.cache.open_copy(&ce)? {
-                Some((f, _)) => {
-                    let f = Arc::new(f);
-                    let mut copies = t.copies.lock().expect("tier copies");
-                    if copies.len() >= MAX_OPEN_COPIES {
-                        copies.clear();
-                    }
-                    copies.insert(e.chunk, f.clone());
-                    f
-                }
-                None => return Ok(None),
-            },
+    /// The sample from a chunk just fetched and checked, while the tier writes it.
+    fn read_staged(&self, info: &SampleInfo) -> Result<Option<Vec<u8>>, ReadError> {
+        let Some(t) = &self.tier else {
+            return Ok(None);
         };
-        let inside = e
-            .offset
-            .checked_add(e.stored_len)
-            .is_some_and(|end| end <= ce.file_size);
-        let mut stored = vec![0u8; e.stored_len as usize];
-        let ok = inside && file.read_exact_at(&mut stored, e.offset).is_ok();
-        // A raw record is checked in place and returned as read (no second copy).
-        let decoded = match ok.then(|| decode_record(e, &stored)) {
-            Some(Ok(std::borrow::Cow::Borrowed(_))) => Some(stored),
-            Some(Ok(std::borrow::Cow::Owned(d))) => Some(d),
-            _ => None,
-        };
-        match decoded {
-            Some(d) => Ok(Some(d)),
-            None => {
-                // Never served: dropped from the tier, and the origin answers.
-                t.copies.lock().expect("tier copies").remove(&e.chunk);
-                let _ = t.cache.discard(e.chunk);
-                add(&self.counters.discarded, 1);
-                Ok(None)
-            }
-        }
+        let staged = t
+            .staged
+            .lock()
+            .expect("staged")
+            .get(&info.entry.chunk)
+            .cloned();
+        // Whole-file CRC checked when fetched; the record's own CRC is checked again here.
+        staged
+            .map(|bytes| Ok(self.dataset().decode_from(&bytes, info.id)?.into_owned()))
+            .transpose()
     }
 
     /// Forgets the open tier copies (after the tier's content changed elsewhere, a copy we
     /// hold open may have been evicted; its bytes stay valid but its space is not freed
     /// until it is closed).
     pub fn close_copies(&self) {
-        if let Some(t) = &self.tier {
-            t.copies.lock().expect("tier copies").clear();
-        }
+        self.reader.forget(|_, s| s.bytes_from() == BytesFrom::Tier);
     }
 
     /// Stops the fetcher (waiting for a fetch in progress to finish).
@@ -396,7 +388,7 @@ impl Tier {
 
 /// The fetcher: takes chunks in the order they were first touched, skips those the tier
 /// holds or would decline, reads the rest whole (one large read) and offers them.
-fn fetch_loop(t: &Tier, ds: &Dataset, c: &Counters) {
+fn fetch_loop(t: &Tier, r: &SampleReader, c: &Counters) {
     loop {
         let chunk = {
             let mut q = t.queue.lock().expect("fetch queue");
@@ -410,7 +402,7 @@ fn fetch_loop(t: &Tier, ds: &Dataset, c: &Counters) {
                 q = t.wake.wait(q).expect("fetch queue");
             }
         };
-        let outcome = fetch_one(t, ds, c, chunk);
+        let outcome = fetch_one(t, r, c, chunk);
         let mut q = t.queue.lock().expect("fetch queue");
         q.queued.remove(&chunk);
         t.fetched.notify_all();
@@ -429,7 +421,8 @@ fn fetch_loop(t: &Tier, ds: &Dataset, c: &Counters) {
 }
 
 /// Fetches one chunk; false when the tier holds it already or declined it.
-fn fetch_one(t: &Tier, ds: &Dataset, c: &Counters, chunk: u32) -> Result<bool, ReadError> {
+fn fetch_one(t: &Tier, r: &SampleReader, c: &Counters, chunk: u32) -> Result<bool, ReadError> {
+    let ds = r.dataset();
     let ce = ds.chunk(chunk)?;
     if t.cache.resident_chunks()?.contains(&chunk) {
         return Ok(true);
@@ -463,7 +456,7 @@ fn fetch_one(t: &Tier, ds: &Dataset, c: &Counters, chunk: u32) -> Result<bool, R
     if admitted? {
         add(&c.fetched, 1);
         // Admission may have evicted copies held open here: let their space go.
-        t.copies.lock().expect("tier copies").clear();
+        r.forget(|_, s| s.bytes_from() == BytesFrom::Tier);
         Ok(true)
     } else {
         add(&c.declined, 1);

@@ -15,7 +15,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
-use std::io::{Read, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use granary_format::local;
@@ -26,6 +26,8 @@ use granary_format::{
 use serde::Serialize;
 
 use crate::error::{ReadError, Result};
+use crate::file::IoFile;
+use crate::source::{BytesFrom, ChunkSource, RangeRead};
 
 /// What the tier keeps when it is full.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -655,29 +657,41 @@ impl ChunkCache {
     /// takes no lock and writes nothing: the content list is this handle's (revalidated by one
     /// `stat`), and the use is noted for a later batched write.
     pub fn lookup(&self, ce: &ChunkEntry) -> Result<Option<PathBuf>> {
-        Ok(self.open_copy(ce)?.map(|(_, p)| p))
+        let opener = crate::local::Opener::positional();
+        Ok(self
+            .open_copy(ce, |p| opener.open_unmapped(p, Some(ce.chunk_id)))?
+            .map(|f| f.path))
     }
 
-    /// As [`ChunkCache::lookup`], returning the copy opened (its header checked, positioned
-    /// after it) with its path, for random reads that keep the descriptor.
-    pub fn open_copy(&self, ce: &ChunkEntry) -> Result<Option<(File, PathBuf)>> {
+    /// As [`ChunkCache::lookup`], returning the copy as `open` opened it, its size and header
+    /// checked: the one open of a tier hit.
+    pub fn open_copy(
+        &self,
+        ce: &ChunkEntry,
+        open: impl FnOnce(&Path) -> Result<IoFile>,
+    ) -> Result<Option<IoFile>> {
         let key = Key::Chunk(ce.chunk_id);
         if !self.current()?.index.contains_key(&key) {
             return Ok(None);
         }
         let p = self.dir.join(chunk_file_name(ce.chunk_id));
-        let mut f = match crate::io::open_regular(&p, 0) {
+        // Gone, not a regular file (a FIFO, a directory), unreadable or damaged: never waited
+        // on, dropped from the list and removed if it can be (if not, it stays a miss).
+        let f = match open(&p) {
             Ok(f) => f,
-            // Gone, not a regular file (a FIFO, a directory) or unreadable: never waited on,
-            // dropped from the list and removed if it can be (if not, it stays a miss).
             Err(_) => {
                 let _ = self.discard(ce.chunk_id);
                 return Ok(None);
             }
         };
         let mut head = [0u8; CHUNK_HEADER_LEN];
-        let ok = f.metadata().is_ok_and(|m| m.len() == ce.file_size)
-            && f.read_exact(&mut head).is_ok()
+        let ok = f.len == ce.file_size
+            && f.read_ranges(&mut [RangeRead {
+                offset: 0,
+                buf: &mut head,
+                need: CHUNK_HEADER_LEN,
+            }])
+            .is_ok()
             && ChunkHeader::decode(&head)
                 .is_ok_and(|h| h.dataset_id == self.dataset_id && h.chunk_id == ce.chunk_id);
         if !ok {
@@ -685,7 +699,7 @@ impl ChunkCache {
             return Ok(None);
         }
         self.note_use(key);
-        Ok(Some((f, p)))
+        Ok(Some(f.serving(BytesFrom::Tier)))
     }
 
     fn remove(&self, l: &mut Locked, key: Key) -> Result<()> {

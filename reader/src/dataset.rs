@@ -1,7 +1,6 @@
 //! Opening a dataset and reading single samples.
 
 use std::borrow::Cow;
-use std::fs::File;
 use std::ops::Deref;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -14,8 +13,9 @@ use memmap2::Mmap;
 
 use crate::error::{ReadError, RecordError, Result};
 use crate::escape_path;
-use crate::residency::Opener;
-use crate::source::{ChunkSource, ChunkStore, LocalDir, RangeRead, Source};
+use crate::file::{local_file, map_file};
+use crate::local::LocalDir;
+use crate::source::{ChunkSource, ChunkStore, RangeRead, Source};
 
 /// Chunks up to this size are read into memory; larger ones are memory-mapped.
 const READ_WHOLE_LIMIT: u64 = 512 << 20;
@@ -69,16 +69,6 @@ impl Deref for ChunkBytes {
     }
 }
 
-/// Maps `file` read-only.
-pub(crate) fn map_file(file: &File, path: &Path) -> Result<Mmap> {
-    // SAFETY: granary dataset files, chunk copies and hot chunks of the tier are immutable
-    // once published (nothing updates a file in place; writers create new files and rename
-    // them, and removing a file leaves existing maps intact). The map is read-only and private
-    // to this process. If another process truncates the file anyway, accesses past the new end
-    // fault; every read we do is within the length checked at open.
-    unsafe { Mmap::map(file) }.map_err(|e| ReadError::io("memory-mapping", path, e))
-}
-
 impl Dataset {
     /// Opens the dataset at `path` (its directory, or its snapshot file). O(1): checks the
     /// snapshot's header, section table and section sizes, not the section checksums
@@ -90,7 +80,9 @@ impl Dataset {
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref();
         if let Some(url) = path.to_str().filter(|s| crate::remote::is_url(s)) {
-            return crate::remote::open_url(url);
+            let u = Arc::new(crate::remote::ObjectUrl::parse(url)?);
+            let snap = crate::remote::fetch_snapshot(&u)?;
+            return Self::open_remote(&snap, u);
         }
         if let Some(url) = path.to_str().filter(|s| crate::remote::looks_like_url(s)) {
             if !path.exists() {
@@ -130,7 +122,7 @@ impl Dataset {
                 .unwrap_or(Path::new("."));
             (dir.to_path_buf(), path.to_path_buf())
         };
-        let file = crate::io::open_regular(&snapshot_path, 0).map_err(|e| {
+        let file = crate::file::open_regular(&snapshot_path, 0).map_err(|e| {
             let op = if path.is_dir() {
                 "opening snapshot"
             } else {
@@ -153,7 +145,7 @@ impl Dataset {
             ));
         }
         // is_dir, open, fstat, and the map's own fstat.
-        crate::io::count_metadata_ops(4);
+        crate::file::count_metadata_ops(4);
         let map = map_file(&file, &snapshot_path)?;
         // Opening and looking up touch a handful of pages spread over the file: without this,
         // every cold page fault reads a whole readahead window (often megabytes) instead.
@@ -293,7 +285,7 @@ impl Dataset {
         let chunks = self.chunk_count().max(1);
         let mean = (self.total_chunk_bytes()? / chunks).max(1);
         // A chunk read takes its size in buffers, rounded as the pool rounds them.
-        let charge = crate::io::BufPool::charge(mean as usize + 2 * crate::io::ALIGN) as u64;
+        let charge = crate::buf::BufPool::charge(mean as usize + 2 * crate::buf::ALIGN) as u64;
         Ok((memory / (3 * charge)).max(1) as usize)
     }
 
@@ -325,11 +317,16 @@ impl Dataset {
         self.store.chunk_location(id)
     }
 
-    /// Opens chunk `id` in the store (`opener` decides how a local file is read) and checks its
-    /// length against the chunk table.
-    pub fn open_source(&self, id: u32, opener: &mut Opener) -> Result<Source> {
+    /// Opens chunk `id` in the dataset's store and checks its length against the chunk table.
+    pub fn open_source(&self, id: u32) -> Result<Source> {
+        self.open_chunk_in(&*self.store, id)
+    }
+
+    /// Opens chunk `id` in `store` (the top of a reader's [`crate::StoreStack`], or one of
+    /// its layers) and checks its length against the chunk table.
+    pub fn open_chunk_in(&self, store: &dyn ChunkStore, id: u32) -> Result<Source> {
         let ce = self.chunk(id)?;
-        let src = self.store.open_chunk(id, opener)?;
+        let src = store.open_chunk(id)?;
         self.check_chunk_size(&ce, &*src)?;
         Ok(src)
     }
@@ -430,7 +427,7 @@ impl Dataset {
     pub fn read(&self, id: u64) -> Result<Vec<u8>> {
         let info = self.sample(id)?;
         self.check_placement(&info)?;
-        let f = self.open_chunk(info.entry.chunk)?;
+        let f = self.open_for_reads(&*self.store, info.entry.chunk)?;
         let mut stored = vec![0u8; info.entry.stored_len as usize];
         read_exact(&*f, &mut stored, info.entry.offset)?;
         match decode_record(&info.entry, &stored) {
@@ -440,10 +437,9 @@ impl Dataset {
         }
     }
 
-    /// Opens chunk `chunk` for random reads (through the page cache) and checks its size and
-    /// header.
-    fn open_chunk(&self, chunk: u32) -> Result<Source> {
-        let f = self.open_source(chunk, &mut Opener::positional())?;
+    /// Opens chunk `chunk` in `store` for random reads and checks its size and header.
+    pub(crate) fn open_for_reads(&self, store: &dyn ChunkStore, chunk: u32) -> Result<Source> {
+        let f = self.open_chunk_in(store, chunk)?;
         let mut head = [0u8; CHUNK_HEADER_LEN];
         read_exact(&*f, &mut head, 0)?;
         self.check_chunk_header(&head, chunk, f.location())?;
@@ -486,9 +482,9 @@ impl Dataset {
     /// Loads a whole chunk file (read into memory, or mapped when a local file larger than
     /// 512 MiB) and checks its size and header against the snapshot.
     pub fn load_chunk(&self, chunk: u32) -> Result<ChunkBytes> {
-        let f = self.open_source(chunk, &mut Opener::positional())?;
+        let f = self.open_source(chunk)?;
         let len = f.len();
-        let bytes = match f.local() {
+        let bytes = match local_file(&*f) {
             Some(local) if len > READ_WHOLE_LIMIT => {
                 let map = map_file(&local.file, &local.path)?;
                 // The map has the file's size now, not when it was checked at open.
@@ -524,74 +520,8 @@ impl Dataset {
     }
 }
 
-/// Random access to samples for map-style loaders: chunk files stay open (one open and header
-/// check per chunk, at most `MAX_OPEN` at a time), and raw records are read straight into the
-/// caller's buffer.
-pub struct SampleReader {
-    ds: std::sync::Arc<Dataset>,
-    files: std::sync::Mutex<std::collections::HashMap<u32, Source>>,
-}
-
-impl SampleReader {
-    /// Open chunk files kept at most (all are closed when the limit is reached).
-    pub const MAX_OPEN: usize = 256;
-
-    pub fn new(ds: std::sync::Arc<Dataset>) -> Self {
-        SampleReader {
-            ds,
-            files: Default::default(),
-        }
-    }
-
-    /// The dataset.
-    pub fn dataset(&self) -> &std::sync::Arc<Dataset> {
-        &self.ds
-    }
-
-    fn file(&self, chunk: u32) -> Result<Source> {
-        let mut files = self.files.lock().expect("open chunk files");
-        if let Some(f) = files.get(&chunk) {
-            return Ok(f.clone());
-        }
-        if files.len() >= Self::MAX_OPEN {
-            files.clear();
-        }
-        let f = self.ds.open_chunk(chunk)?;
-        files.insert(chunk, f.clone());
-        Ok(f)
-    }
-
-    /// Reads sample `info` into `out`, which must be exactly its original length; checks
-    /// length and CRC-32 as [`Dataset::read`] does.
-    pub fn read_into(&self, info: &SampleInfo, out: &mut [u8]) -> Result<()> {
-        self.ds.check_placement(info)?;
-        let e = &info.entry;
-        if out.len() as u64 != e.orig_len {
-            return Err(ReadError::Invalid(format!(
-                "sample {}: buffer of {} bytes for {} bytes",
-                info.id,
-                out.len(),
-                e.orig_len
-            )));
-        }
-        let f = self.file(e.chunk)?;
-        let read = |buf: &mut [u8]| read_exact(&*f, buf, e.offset);
-        if info.compression == Compression::None {
-            read(out)?;
-            return decode_record(e, out)
-                .map(|_| ())
-                .map_err(|err| self.ds.record_error(info, err));
-        }
-        let mut stored = vec![0u8; e.stored_len as usize];
-        read(&mut stored)?;
-        let data = decode_record(e, &stored).map_err(|err| self.ds.record_error(info, err))?;
-        out.copy_from_slice(&data);
-        Ok(())
-    }
-}
-
 /// Reads `buf.len()` bytes of `f` at `offset`.
-fn read_exact(f: &dyn ChunkSource, buf: &mut [u8], offset: u64) -> Result<()> {
+pub(crate) fn read_exact(f: &dyn ChunkSource, buf: &mut [u8], offset: u64) -> Result<()> {
     let need = buf.len();
     f.read_ranges(&mut [RangeRead { offset, buf, need }])
 }

@@ -6,51 +6,16 @@
 //! are read buffered. Short reads, `EINTR` and `EAGAIN` are retried; errors name the file and
 //! offset.
 
-use std::fs::{File, OpenOptions};
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::OpenOptionsExt;
-use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
+use crate::buf::MapLease;
+pub use crate::buf::{AlignedBuf, BufPool, ALIGN};
 use crate::error::{ReadError, Result};
-use crate::source::{eof_at, pread_at_least, RangeRead, Source};
-
-/// Alignment of direct I/O offsets, lengths and buffers.
-pub const ALIGN: usize = 4096;
-static METADATA_OPS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-
-/// Counts metadata operations (opens, stats) the reader issues, for benchmarks.
-pub(crate) fn count_metadata_ops(n: u64) {
-    METADATA_OPS.fetch_add(n, Ordering::Relaxed);
-}
-
-/// Metadata operations (file opens and stats) issued by this process's granary readers so far:
-/// what a parallel file system's metadata server would see.
-pub fn metadata_ops() -> u64 {
-    METADATA_OPS.load(Ordering::Relaxed)
-}
-
-/// Opens `path` for reading only if it is a regular file: a FIFO, device or directory with a
-/// data file's name (in a dataset or a tier) is an error at once instead of an `open` that
-/// blocks forever or a read that fails later. `extra` adds open flags (`O_DIRECT`). The file is
-/// opened non-blocking, checked with `fstat`, then switched back to blocking (io_uring would
-/// otherwise answer reads on it with `EAGAIN`).
-pub fn open_regular(path: &Path, extra: i32) -> std::io::Result<File> {
-    let f = OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK | extra)
-        .open(path)?;
-    if !f.metadata()?.is_file() {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::InvalidInput,
-            "not a regular file",
-        ));
-    }
-    let flags = rustix::fs::fcntl_getfl(&f)?;
-    rustix::fs::fcntl_setfl(&f, flags - rustix::fs::OFlags::NONBLOCK)?;
-    Ok(f)
-}
+use crate::file::{eof_at, local_file, pread_at_least};
+pub use crate::file::{metadata_ops, IoFile};
+use crate::source::{RangeRead, Source};
 
 /// Buffer bytes (idle and in use) of an engine made with [`Engine::new`].
 pub const POOL_BYTES: usize = 128 << 20;
@@ -81,236 +46,6 @@ impl IoKind {
         }
     }
 }
-
-/// A local file opened for the engine (the local [`crate::ChunkSource`]), with whether reads
-/// on it must be aligned.
-#[derive(Debug)]
-pub struct IoFile {
-    pub file: File,
-    pub path: PathBuf,
-    pub direct: bool,
-    /// The file mapped, when it is resident in the page cache: requests on it complete at once
-    /// as slices of the map (no read, no copy, no buffer).
-    pub map: Option<memmap2::Mmap>,
-    /// Its length when opened.
-    pub len: u64,
-}
-
-impl IoFile {
-    /// A file read with reads (`direct`: opened with `O_DIRECT`), not through a map; its
-    /// length comes from one `fstat`.
-    pub fn unmapped(file: File, path: &Path, direct: bool) -> Result<Self> {
-        count_metadata_ops(1);
-        let len = file
-            .metadata()
-            .map_err(|e| ReadError::io("inspecting", path, e))?
-            .len();
-        Ok(IoFile {
-            file,
-            path: path.to_path_buf(),
-            direct,
-            map: None,
-            len,
-        })
-    }
-}
-
-/// A heap buffer whose usable part starts at a 4 KiB boundary (no unsafe allocation needed:
-/// the Vec is over-allocated and the aligned start is found inside it). Buffers taken from a
-/// [`BufPool`] go back to it when dropped, so steady-state reads neither allocate nor fault in
-/// fresh pages.
-pub struct AlignedBuf {
-    vec: Vec<u8>,
-    start: usize,
-    len: usize,
-    pool: Option<Arc<BufPool>>,
-}
-
-impl AlignedBuf {
-    /// A zeroed buffer of `len` usable bytes, not pooled.
-    pub fn new(len: usize) -> Self {
-        Self::from_vec(vec![0u8; len + ALIGN], len, None)
-    }
-
-    fn from_vec(vec: Vec<u8>, len: usize, pool: Option<Arc<BufPool>>) -> Self {
-        let start = vec.as_ptr().align_offset(ALIGN).min(ALIGN);
-        debug_assert!(start + len <= vec.len());
-        AlignedBuf {
-            vec,
-            start,
-            len,
-            pool,
-        }
-    }
-
-    pub fn as_slice(&self) -> &[u8] {
-        &self.vec[self.start..self.start + self.len]
-    }
-
-    pub fn as_mut_slice(&mut self) -> &mut [u8] {
-        &mut self.vec[self.start..self.start + self.len]
-    }
-}
-
-impl Drop for AlignedBuf {
-    fn drop(&mut self) {
-        if let Some(pool) = self.pool.take() {
-            pool.put(std::mem::take(&mut self.vec));
-        }
-    }
-}
-
-/// Idle buffers unused for this long are freed: a stream that pauses (evaluation, a slow
-/// step) gives its spare memory back.
-const IDLE_TTL: std::time::Duration = std::time::Duration::from_secs(1);
-
-/// Recycles read buffers and accounts for them: `in_use` counts the bytes of every buffer
-/// handed out and not yet dropped (wherever it is: in flight, being decoded, held by samples
-/// the consumer has not dropped), so a stream can keep its read-ahead within a memory budget.
-/// Idle buffers are kept only while idle + in use stays within `cap`, and only for
-/// [`IDLE_TTL`].
-#[derive(Debug)]
-pub struct BufPool {
-    state: Mutex<PoolState>,
-    cap: usize,
-}
-
-#[derive(Debug, Default)]
-struct PoolState {
-    free: Vec<(Vec<u8>, std::time::Instant)>,
-    idle: usize,
-    in_use: usize,
-    peak_in_use: usize,
-}
-
-impl PoolState {
-    /// Frees idle buffers older than [`IDLE_TTL`], then (oldest first) until `idle + in_use +
-    /// extra <= cap`.
-    fn shrink(&mut self, cap: usize, extra: usize) {
-        let now = std::time::Instant::now();
-        self.free.sort_by_key(|(_, t)| std::cmp::Reverse(*t));
-        while let Some((v, t)) = self.free.last() {
-            if now.duration_since(*t) < IDLE_TTL && self.idle + self.in_use + extra <= cap {
-                break;
-            }
-            self.idle -= v.len();
-            self.free.pop();
-        }
-    }
-}
-
-impl BufPool {
-    /// A pool whose buffers, idle and in use, stay within `cap` bytes as long as the reads
-    /// asked of it do (it never refuses a buffer: the caller keeps its requests in budget).
-    pub fn new(cap: usize) -> Arc<Self> {
-        Arc::new(BufPool {
-            state: Mutex::new(PoolState::default()),
-            cap,
-        })
-    }
-
-    /// The most bytes a buffer for a read of `len` bytes takes from the pool: fresh sizes are
-    /// rounded up (to whole pages below 1 MiB, to whole MiB above) so that a buffer also fits
-    /// the next, slightly larger request, and an idle buffer up to an eighth (at least a page,
-    /// at most 1 MiB) larger may be reused for it.
-    pub fn charge(len: usize) -> usize {
-        let size = Self::fresh_size(len);
-        size + (size / 8).next_multiple_of(ALIGN).min(1 << 20)
-    }
-
-    fn fresh_size(len: usize) -> usize {
-        let need = len + ALIGN;
-        if need < 1 << 20 {
-            need.next_multiple_of(ALIGN)
-        } else {
-            need.next_multiple_of(1 << 20)
-        }
-    }
-
-    /// A buffer of `len` usable aligned bytes (contents unspecified: reads overwrite them).
-    pub fn get(self: &Arc<Self>, len: usize) -> AlignedBuf {
-        let need = len + ALIGN;
-        let size = Self::fresh_size(len);
-        let reused = {
-            let mut st = self.state.lock().expect("pool lock");
-            // The smallest idle buffer that fits and is not much larger (see `charge`).
-            let best = st
-                .free
-                .iter()
-                .enumerate()
-                .filter(|(_, (v, _))| v.len() >= need && v.len() <= Self::charge(len))
-                .min_by_key(|(_, (v, _))| v.len())
-                .map(|(i, _)| i);
-            let reused = best.map(|i| st.free.swap_remove(i).0);
-            match &reused {
-                Some(v) => st.idle -= v.len(),
-                // Idle buffers too small for this request make room for a fresh one.
-                None => st.shrink(self.cap, size),
-            }
-            st.in_use += reused.as_ref().map_or(size, Vec::len);
-            st.peak_in_use = st.peak_in_use.max(st.in_use);
-            reused
-        };
-        let vec = reused.unwrap_or_else(|| vec![0u8; size]);
-        AlignedBuf::from_vec(vec, len, Some(self.clone()))
-    }
-
-    fn put(&self, v: Vec<u8>) {
-        let mut st = self.state.lock().expect("pool lock");
-        st.in_use -= v.len();
-        st.shrink(self.cap, v.len());
-        if st.idle + st.in_use + v.len() <= self.cap {
-            st.idle += v.len();
-            st.free.push((v, std::time::Instant::now()));
-        }
-    }
-
-    /// Counts `len` bytes of a map borrowed by a completed request until the lease drops.
-    fn lease(self: &Arc<Self>, len: usize) -> MapLease {
-        let mut st = self.state.lock().expect("pool lock");
-        st.in_use += len;
-        st.peak_in_use = st.peak_in_use.max(st.in_use);
-        // Mapped pages are memory too: idle buffers make room for them.
-        st.shrink(self.cap, 0);
-        MapLease {
-            pool: self.clone(),
-            len,
-        }
-    }
-
-    /// Bytes of buffers handed out and not yet dropped, and of maps borrowed.
-    pub fn in_use(&self) -> usize {
-        self.state.lock().expect("pool lock").in_use
-    }
-
-    /// The most bytes in use at once so far.
-    pub fn peak_in_use(&self) -> usize {
-        self.state.lock().expect("pool lock").peak_in_use
-    }
-
-    /// Bytes of idle buffers kept for reuse.
-    pub fn idle(&self) -> usize {
-        self.state.lock().expect("pool lock").idle
-    }
-
-    /// The pool's bound on idle plus in-use bytes.
-    pub fn cap(&self) -> usize {
-        self.cap
-    }
-}
-
-/// Mapped bytes a completed request borrows, counted in its pool's bytes in use.
-struct MapLease {
-    pool: Arc<BufPool>,
-    len: usize,
-}
-
-impl Drop for MapLease {
-    fn drop(&mut self) {
-        self.pool.state.lock().expect("pool lock").in_use -= self.len;
-    }
-}
-
 /// One requested byte range of a chunk source.
 #[derive(Clone)]
 pub struct Request {
@@ -322,12 +57,12 @@ pub struct Request {
 impl Request {
     /// The map its bytes come from, when its source is a resident local file.
     pub fn map(&self) -> Option<&memmap2::Mmap> {
-        self.source.local().and_then(|f| f.map.as_ref())
+        local_file(&*self.source).and_then(|f| f.map.as_ref())
     }
 
     /// True when its source is a local file opened with `O_DIRECT` (reads must be aligned).
     pub fn direct(&self) -> bool {
-        self.source.local().is_some_and(|f| f.direct)
+        local_file(&*self.source).is_some_and(|f| f.direct)
     }
 }
 
@@ -352,7 +87,7 @@ impl Completed {
         match &self.bytes {
             Bytes::Buf(b) => &b.as_slice()[self.skip..self.skip + self.len],
             Bytes::Map(f, _) => {
-                let map = f.local().and_then(|f| f.map.as_deref());
+                let map = local_file(&**f).and_then(|f| f.map.as_deref());
                 &map.expect("mapped file")[self.skip..self.skip + self.len]
             }
         }
@@ -482,7 +217,7 @@ fn group_pieces<'a, 'p>(
     let mut by_source: std::collections::HashMap<*const (), usize> = Default::default();
     for (p, dst) in pieces {
         let src = &reqs[p.req].source;
-        if src.local().is_some() {
+        if local_file(&**src).is_some() {
             groups.push(vec![(p, dst)]);
             continue;
         }
@@ -510,7 +245,7 @@ fn read_group(reqs: &[Request], group: Vec<(&Piece, &mut [u8])>) -> Result<()> {
             need: p.need,
         })
         .collect();
-    match src.local() {
+    match local_file(&*src) {
         Some(f) => reads
             .iter_mut()
             .try_for_each(|r| pread_at_least(&f.file, &f.path, r)),
@@ -844,7 +579,7 @@ impl UringEngine {
         // and now; the ring reads the rest.
         let on_ring: Vec<bool> = pieces
             .iter()
-            .map(|p| reqs[p.req].source.local().is_some())
+            .map(|p| local_file(&*reqs[p.req].source).is_some())
             .collect();
         let mut error = None;
         if on_ring.iter().any(|l| !l) {
@@ -910,7 +645,7 @@ impl UringEngine {
             if inflight > 0 && inflight + len > max_bytes {
                 break;
             }
-            let fd = match b.reqs[p.req].source.local() {
+            let fd = match local_file(&*b.reqs[p.req].source) {
                 Some(f) => f.file.as_raw_fd(),
                 None => unreachable!("only local files' pieces are queued on the ring"),
             };

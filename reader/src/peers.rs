@@ -20,8 +20,7 @@ use granary_format::{chunk_file_name, ChunkEntry};
 use crate::error::{ReadError, Result};
 use crate::plan::{chunk_readers, PlanOptions};
 use crate::remote::{ObjectUrl, Sized};
-use crate::residency::{IoMode, Opener};
-use crate::source::{ChunkSource, ChunkStore, RangeRead, Source};
+use crate::source::{BytesFrom, ChunkSource, ChunkStore, RangeRead, Source};
 use crate::Dataset;
 
 const NO_OWNER: u32 = u32::MAX;
@@ -287,24 +286,11 @@ impl Peers {
         }
     }
 
-    /// A source for chunk `ce` that asks its owner first, if another node owns it and is not
-    /// down: its reads are the owner's copy when that checks out, otherwise origin's.
-    pub(crate) fn source(self: &Arc<Self>, ds: &Dataset, ce: &ChunkEntry) -> Option<Source> {
-        let node = self.ownership.owner(ce.chunk_id)?;
-        if node == self.me || self.down[node as usize].load(Relaxed) {
-            return None;
-        }
-        let name = chunk_file_name(ce.chunk_id);
-        let location = PathBuf::from(format!("http://{}/{name}", self.addrs[node as usize]));
-        Some(Arc::new(PeerSource {
-            peers: self.clone(),
-            node,
-            ce: *ce,
-            name,
-            location,
-            origin: ds.store().clone(),
-            outcome: Default::default(),
-        }))
+    /// Whether chunk `chunk` is asked of another node first: it has an owner, not this node,
+    /// and that node is not down.
+    fn owner_elsewhere(&self, chunk: u32) -> Option<u32> {
+        let node = self.ownership.owner(chunk)?;
+        (node != self.me && !self.down[node as usize].load(Relaxed)).then_some(node)
     }
 
     /// Chunk `ce` from `node`'s tier into `parts` (holding its size together, in order), if
@@ -382,8 +368,57 @@ fn check_addr(a: &str) -> Result<()> {
     }
 }
 
-/// A chunk owned by another node: its owner's copy when that answers and checks out, origin's
-/// otherwise. Read whole (the stream reads chunks whole when a tier is configured).
+/// The job's other nodes as a layer: a chunk that another node keeps is asked of that node
+/// first (its copy checked for size and CRC) and read from the next store when that fails;
+/// every other chunk comes from the next store.
+#[derive(Debug)]
+pub struct PeerStore {
+    peers: Arc<Peers>,
+    next: Arc<dyn ChunkStore>,
+    chunks: Arc<[ChunkEntry]>,
+}
+
+impl PeerStore {
+    /// `peers` in front of `next`, for a dataset whose chunk table is `chunks`.
+    pub fn new(peers: Arc<Peers>, next: Arc<dyn ChunkStore>, chunks: Arc<[ChunkEntry]>) -> Self {
+        PeerStore {
+            peers,
+            next,
+            chunks,
+        }
+    }
+}
+
+impl ChunkStore for PeerStore {
+    fn chunk_location(&self, id: u32) -> PathBuf {
+        self.next.chunk_location(id)
+    }
+
+    fn open_chunk(&self, id: u32) -> Result<Source> {
+        let (Some(node), Some(ce)) = (self.peers.owner_elsewhere(id), self.chunks.get(id as usize))
+        else {
+            return self.next.open_chunk(id);
+        };
+        let name = chunk_file_name(id);
+        let location = PathBuf::from(format!("http://{}/{name}", self.peers.addrs[node as usize]));
+        Ok(Arc::new(PeerSource {
+            peers: self.peers.clone(),
+            node,
+            ce: *ce,
+            name,
+            location,
+            next: self.next.clone(),
+            fell_back: Default::default(),
+        }))
+    }
+
+    fn list(&self) -> Result<Vec<(String, PathBuf)>> {
+        self.next.list()
+    }
+}
+
+/// A chunk owned by another node: its owner's copy when that answers and checks out, the next
+/// store's otherwise. Read whole (the stream reads chunks whole when a tier is configured).
 #[derive(Debug)]
 struct PeerSource {
     peers: Arc<Peers>,
@@ -391,9 +426,9 @@ struct PeerSource {
     ce: ChunkEntry,
     name: String,
     location: PathBuf,
-    origin: Arc<dyn ChunkStore>,
-    /// 0: not read yet; 1: last read from the peer; 2: from origin.
-    outcome: std::sync::atomic::AtomicU8,
+    next: Arc<dyn ChunkStore>,
+    /// Whether the latest read came from the next store.
+    fell_back: AtomicBool,
 }
 
 impl ChunkSource for PeerSource {
@@ -408,7 +443,7 @@ impl ChunkSource for PeerSource {
     fn read_ranges(&self, reads: &mut [RangeRead<'_>]) -> Result<()> {
         // The stream reads a peer's chunk whole (in pieces of at most `io::MAX_PIECE`, back to
         // back): streamed from the peer straight into them. Anything else (or a peer that
-        // fails) is read from origin.
+        // fails) is read from the next store.
         let size = self.ce.file_size as usize;
         let mut order: Vec<&mut RangeRead<'_>> = reads.iter_mut().collect();
         order.sort_by_key(|r| r.offset);
@@ -429,12 +464,10 @@ impl ChunkSource for PeerSource {
                 .peers
                 .fetch_into(self.node, &self.name, &self.ce, &mut parts)
         {
-            self.outcome.store(1, Relaxed);
+            self.fell_back.store(false, Relaxed);
             return Ok(());
         }
-        let origin = self
-            .origin
-            .open_chunk(self.ce.chunk_id, &mut Opener::plain(IoMode::Buffered))?;
+        let origin = self.next.open_chunk(self.ce.chunk_id)?;
         if origin.len() != self.ce.file_size {
             return Err(ReadError::mismatch(
                 origin.location(),
@@ -451,15 +484,15 @@ impl ChunkSource for PeerSource {
             .counters
             .bytes_from_origin
             .fetch_add(n.min(self.ce.file_size), Relaxed);
-        self.outcome.store(2, Relaxed);
+        self.fell_back.store(true, Relaxed);
         Ok(())
     }
 
-    fn served_by_peer(&self) -> Option<bool> {
-        match self.outcome.load(Relaxed) {
-            1 => Some(true),
-            2 => Some(false),
-            _ => None,
+    fn bytes_from(&self) -> BytesFrom {
+        if self.fell_back.load(Relaxed) {
+            BytesFrom::Origin
+        } else {
+            BytesFrom::Peer
         }
     }
 }

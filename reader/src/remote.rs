@@ -3,7 +3,7 @@
 //! variables users already set: `AWS_ENDPOINT_URL`, `AWS_REGION`, `AWS_ACCESS_KEY_ID`, ...).
 //!
 //! A dataset at a URL is the same directory of immutable files as on disk, as objects under a
-//! prefix. [`open_url`] fetches the snapshot once and keeps it in a local cache keyed by the
+//! prefix. [`crate::Dataset::open`] fetches the snapshot once and keeps it in a local cache keyed by the
 //! dataset id and the snapshot header's CRC ([`granary_format::snapshot_key`]), so reopening
 //! costs one 64-byte ranged GET; chunks are read with ranged GETs ([`ObjectChunks`]), many in
 //! flight, sizes taken from the snapshot (no HEAD per chunk). Everything the local reader
@@ -24,7 +24,6 @@ use object_store::path::Path as ObjPath;
 use object_store::{GetOptions, ObjectStore, ObjectStoreExt, PutPayload, WriteMultipart};
 
 use crate::error::{ReadError, Result};
-use crate::residency::Opener;
 use crate::source::{ChunkSource, ChunkStore, RangeRead, Source};
 
 /// URL schemes granary reads (and, but for `http(s)`, writes).
@@ -563,7 +562,7 @@ impl ChunkStore for ObjectChunks {
         PathBuf::from(self.url.object_url(&granary_format::chunk_file_name(id)))
     }
 
-    fn open_chunk(&self, id: u32, _opener: &mut Opener) -> Result<Source> {
+    fn open_chunk(&self, id: u32) -> Result<Source> {
         let len = *self.sizes.get(id as usize).ok_or_else(|| {
             ReadError::Invalid(format!(
                 "chunk {id} is not in the snapshot of {}",
@@ -617,7 +616,7 @@ impl ChunkSource for ObjectChunk {
         for r in reads.iter_mut() {
             let end = (r.offset + r.buf.len() as u64).min(self.len);
             if r.offset + r.need as u64 > end {
-                return Err(crate::source::eof_at(&self.location, self.len));
+                return Err(crate::file::eof_at(&self.location, self.len));
             }
             let mut buf = &mut r.buf[..(end - r.offset.min(end)) as usize];
             let mut at = r.offset;
@@ -728,12 +727,4 @@ pub fn fetch_snapshot(url: &ObjectUrl) -> Result<PathBuf> {
     }
     written?;
     Ok(cached)
-}
-
-/// Opens the dataset at `url`: the cached snapshot ([`fetch_snapshot`]) with its chunks read
-/// from the store.
-pub fn open_url(url: &str) -> Result<crate::Dataset> {
-    let u = Arc::new(ObjectUrl::parse(url)?);
-    let snap = fetch_snapshot(&u)?;
-    crate::Dataset::open_remote(&snap, u)
 }

@@ -1,21 +1,38 @@
 //! The storage seam: where chunk bytes come from.
 //!
 //! A [`ChunkStore`] opens a dataset's chunk files; each open file is a [`ChunkSource`] with a
-//! length and batched ranged reads. Plans, streams, the tier and random access see only these
-//! two traits, so a store that is not a local directory (an object store, a peer node's tier)
-//! plugs in without touching them. Local files are the first implementation ([`LocalDir`],
-//! whose sources are [`IoFile`]s); the I/O engine recognises them ([`ChunkSource::local`]) and
-//! reads them its own way (io_uring or pread, `O_DIRECT` or buffered, or as slices of a map of
-//! the page cache). Every other source is read through [`ChunkSource::read_ranges`], one call
-//! per source and batch, so it can issue the ranges concurrently.
+//! length, batched ranged reads, and where its bytes come from ([`BytesFrom`]). Streams,
+//! random access and the mount see only these two traits. Stores are layers: the local tier
+//! ([`crate::TierStore`]) and the job's other nodes ([`crate::PeerStore`]) each wrap the next
+//! store, down to origin storage (a local directory, [`crate::LocalDir`], or an object store,
+//! `ObjectChunks` in the `remote` module); a reader builds the stack it needs
+//! ([`crate::StoreStack`]).
+//!
+//! The seam names none of its implementations. The I/O engine reads local files its own way
+//! (io_uring or pread, `O_DIRECT` or buffered, or as slices of a map of the page cache): it
+//! recognises them by their type (`local_file` in the `file` module); every other source is read
+//! through [`ChunkSource::read_ranges`], one call per source and batch, so it can issue the
+//! ranges concurrently. How a reader will read ([`Access`]) is a description stores may use
+//! ([`ChunkStore::tuned`]).
 
 use std::fmt::Debug;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 
-use crate::error::{ReadError, Result};
-use crate::io::IoFile;
-use crate::residency::Opener;
+use crate::error::Result;
+
+/// Where the bytes of a source come from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BytesFrom {
+    /// A copy in this node's local tier.
+    Tier,
+    /// A copy in another node's tier (shared tiers).
+    Peer,
+    /// The dataset's own storage.
+    Origin,
+}
 
 /// One range to read: `buf` receives the bytes at `offset`; the first `need` bytes must exist
 /// (the rest of `buf` may lie past the end of the source and is then left as it is).
@@ -26,7 +43,7 @@ pub struct RangeRead<'a> {
 }
 
 /// An open chunk file.
-pub trait ChunkSource: Send + Sync + Debug {
+pub trait ChunkSource: Send + Sync + Debug + std::any::Any {
     /// Where the bytes are (a path, or a URL written as one), for errors.
     fn location(&self) -> &Path;
 
@@ -43,16 +60,11 @@ pub trait ChunkSource: Send + Sync + Debug {
     /// `UnexpectedEof` error, never a short buffer.
     fn read_ranges(&self, reads: &mut [RangeRead<'_>]) -> Result<()>;
 
-    /// The local file behind this source, which the engine reads itself (io_uring, pread or a
-    /// map). `None` for sources that only [`ChunkSource::read_ranges`] can read.
-    fn local(&self) -> Option<&IoFile> {
-        None
-    }
-
-    /// For a chunk asked of the node that owns it: whether its last read came from that node
-    /// (`Some(true)`) or from origin storage (`Some(false)`). `None` for every other source.
-    fn served_by_peer(&self) -> Option<bool> {
-        None
+    /// Where its bytes come from. A source that may fall back to the next layer (a peer that
+    /// fails) says where the bytes of its latest read came from, and before any read where
+    /// it will try first.
+    fn bytes_from(&self) -> BytesFrom {
+        BytesFrom::Origin
     }
 }
 
@@ -61,135 +73,149 @@ pub type Source = Arc<dyn ChunkSource>;
 
 /// Where a dataset's chunk files are.
 pub trait ChunkStore: Send + Sync + Debug {
-    /// Location of chunk `id`'s file (a path, or a URL written as one), for errors and for
-    /// telling a tier copy from the original.
+    /// Location of chunk `id`'s file (a path, or a URL written as one), for errors.
     fn chunk_location(&self, id: u32) -> PathBuf;
 
-    /// Opens chunk `id`'s file. A local store lets `opener` decide how it is read (mapped where
-    /// resident, `O_DIRECT` or buffered otherwise); other stores may ignore it.
-    fn open_chunk(&self, id: u32, opener: &mut Opener) -> Result<Source>;
+    /// Opens chunk `id`'s file.
+    fn open_chunk(&self, id: u32) -> Result<Source>;
 
     /// Every file (or object) where the chunks are, as name and location, so that `verify`
     /// can report what is not part of the dataset. Stores that cannot list return none.
     fn list(&self) -> Result<Vec<(String, PathBuf)>> {
         Ok(Vec::new())
     }
-}
 
-/// Chunk files in a local directory (or any mounted file system).
-#[derive(Debug, Clone)]
-pub struct LocalDir {
-    dir: PathBuf,
-}
-
-impl LocalDir {
-    pub fn new(dir: impl Into<PathBuf>) -> Self {
-        LocalDir { dir: dir.into() }
-    }
-
-    /// The directory.
-    pub fn dir(&self) -> &Path {
-        &self.dir
+    /// This store tuned for a reader that reads as `access` says (a local directory: through
+    /// the page cache or with `O_DIRECT`, resident files mapped), or `None` when the store has
+    /// nothing to tune (it is then used as it is).
+    fn tuned(&self, access: &Access) -> Option<Arc<dyn ChunkStore>> {
+        let _ = access;
+        None
     }
 }
 
-impl ChunkStore for LocalDir {
-    fn chunk_location(&self, id: u32) -> PathBuf {
-        self.dir.join(granary_format::chunk_file_name(id))
-    }
-
-    fn open_chunk(&self, id: u32, opener: &mut Opener) -> Result<Source> {
-        Ok(Arc::new(opener.open(&self.chunk_location(id), Some(id))?))
-    }
-
-    fn list(&self) -> Result<Vec<(String, PathBuf)>> {
-        let rd =
-            std::fs::read_dir(&self.dir).map_err(|e| ReadError::io("listing", &self.dir, e))?;
-        Ok(rd
-            .flatten()
-            .map(|e| (e.file_name().to_string_lossy().into_owned(), e.path()))
-            .collect())
-    }
+/// How a reader reads chunk files through the page cache.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum IoMode {
+    /// Through the page cache where the data is resident or meant to stay (see
+    /// [`crate::Opener`]), `O_DIRECT` elsewhere.
+    #[default]
+    Auto,
+    /// Always `O_DIRECT` where the file system allows it (cold benchmarks, or data that must
+    /// not occupy memory).
+    Direct,
+    /// Always through the page cache.
+    Buffered,
 }
 
-impl ChunkSource for IoFile {
-    fn location(&self) -> &Path {
-        &self.path
-    }
-
-    fn len(&self) -> u64 {
-        self.len
-    }
-
-    fn read_ranges(&self, reads: &mut [RangeRead<'_>]) -> Result<()> {
-        for r in reads.iter_mut() {
-            match &self.map {
-                Some(m) => {
-                    let have = m.len().saturating_sub(r.offset as usize);
-                    if have < r.need {
-                        return Err(eof_at(&self.path, r.offset + have as u64));
-                    }
-                    let n = have.min(r.buf.len());
-                    r.buf[..n].copy_from_slice(&m[r.offset as usize..r.offset as usize + n]);
-                }
-                None => pread_at_least(&self.file, &self.path, r)?,
-            }
-        }
-        Ok(())
-    }
-
-    fn local(&self) -> Option<&IoFile> {
-        Some(self)
-    }
-}
-
-/// Reads `r` with positional reads until its `need` bytes (and as many more as the file has,
-/// up to its buffer) have arrived; retries `EINTR`/`EAGAIN` and short reads.
-pub(crate) fn pread_at_least(
-    file: &std::fs::File,
-    path: &Path,
-    r: &mut RangeRead<'_>,
-) -> Result<()> {
-    use std::os::unix::fs::FileExt;
-    let mut done = 0;
-    while done < r.buf.len() {
-        match file.read_at(&mut r.buf[done..], r.offset + done as u64) {
-            Ok(0) if done >= r.need => return Ok(()),
-            Ok(0) => return Err(eof_at(path, r.offset + done as u64)),
-            Ok(n) => {
-                done += n;
-                if done >= r.need {
-                    return Ok(()); // the rest, if any, lies past the end of the file
-                }
-            }
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::Interrupted | std::io::ErrorKind::WouldBlock
-                ) => {}
-            Err(e) => {
-                return Err(ReadError::io(
-                    "reading",
-                    path,
-                    std::io::Error::new(
-                        e.kind(),
-                        format!("at offset {}: {e}", r.offset + done as u64),
-                    ),
-                ))
-            }
+impl IoMode {
+    /// Parses `auto`, `direct` or `buffered`.
+    pub fn parse(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "auto" => Ok(IoMode::Auto),
+            "direct" => Ok(IoMode::Direct),
+            "buffered" => Ok(IoMode::Buffered),
+            _ => Err(format!(
+                "unknown I/O mode {s:?}: use auto, direct or buffered"
+            )),
         }
     }
-    Ok(())
 }
 
-/// The error for a source that ends at `offset`, before bytes a read needs.
-pub(crate) fn eof_at(path: &Path, offset: u64) -> ReadError {
-    ReadError::io(
-        "reading",
-        path,
-        std::io::Error::new(
-            std::io::ErrorKind::UnexpectedEof,
-            format!("file ends before offset {offset}"),
-        ),
-    )
+impl std::str::FromStr for IoMode {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        IoMode::parse(s)
+    }
+}
+
+/// How many files a reader opened each way.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct OpenCounts {
+    /// Read through the page cache (not resident yet, but kept resident, or the mode says so).
+    pub buffered: u64,
+    /// Found resident and mapped: served from the page cache without a read or a copy.
+    pub resident: u64,
+    /// Read with `O_DIRECT`.
+    pub direct: u64,
+}
+
+/// [`OpenCounts`] shared by the layers of one reader's stack.
+#[derive(Debug, Default)]
+pub struct OpenCounters {
+    buffered: AtomicU64,
+    resident: AtomicU64,
+    direct: AtomicU64,
+}
+
+impl OpenCounters {
+    /// The counts so far.
+    pub fn get(&self) -> OpenCounts {
+        OpenCounts {
+            buffered: self.buffered.load(Relaxed),
+            resident: self.resident.load(Relaxed),
+            direct: self.direct.load(Relaxed),
+        }
+    }
+
+    /// Counts one file opened through the page cache.
+    pub fn buffered(&self) {
+        self.buffered.fetch_add(1, Relaxed);
+    }
+
+    /// Counts one resident file mapped.
+    pub fn resident(&self) {
+        self.resident.fetch_add(1, Relaxed);
+    }
+
+    /// Counts one file opened with `O_DIRECT`.
+    pub fn direct(&self) {
+        self.direct.fetch_add(1, Relaxed);
+    }
+}
+
+/// How a reader will read a dataset's chunks; stores that can use it tune themselves
+/// ([`ChunkStore::tuned`]), others ignore it.
+#[derive(Clone, Debug)]
+pub struct Access {
+    /// Page cache or `O_DIRECT`.
+    pub mode: IoMode,
+    /// The dataset's chunk bytes, and the page cache [`IoMode::Auto`] may fill with them
+    /// (`None`: half of [`crate::effective_memory`]).
+    pub dataset_bytes: u64,
+    pub page_cache_bytes: Option<u64>,
+    /// Keys Auto's choice of which chunks to keep resident (the same in every process).
+    pub seed: u64,
+    /// Map files found resident (their reads are slices of the page cache).
+    pub map_resident: bool,
+    /// Fault in every page of such a map when opened (false: the reader populates the ranges
+    /// it reads when it reads them).
+    pub populate: bool,
+    /// How the files were opened, counted.
+    pub counts: Arc<OpenCounters>,
+}
+
+impl Access {
+    /// Random access to a few records at a time: buffered reads through the page cache, never
+    /// a map (a map of every chunk touched would count whole chunks in the reader's RSS).
+    pub fn positional() -> Self {
+        Access {
+            map_resident: false,
+            ..Access::plain(IoMode::Buffered)
+        }
+    }
+
+    /// Every file read `mode`'s way, without a dataset budget (Auto: buffered where
+    /// resident).
+    pub fn plain(mode: IoMode) -> Self {
+        Access {
+            mode,
+            dataset_bytes: u64::MAX,
+            page_cache_bytes: Some(0),
+            seed: 0,
+            map_resident: true,
+            populate: true,
+            counts: Arc::default(),
+        }
+    }
 }

@@ -1,21 +1,18 @@
-//! The local tier as a stream uses it: hot chunks seen and fed (`HotState`), completed
-//! windows checked against the tier's copies (`complete_window`), hits counted and source reads
-//! offered for admission (`CacheCounters`), and the background admission thread
-//! (`Admission`). The tier's storage itself (quota, policies, files, locking) is
-//! [`crate::cache`]; the stream (`crate::stream`) plans and reads windows.
+//! The local tier as a stream feeds it: hot chunks seen and fed (`HotState`), hits counted
+//! (`CacheCounters`), and the background admission thread (`Admission`). The tier's storage
+//! itself (quota, policies, files, locking) is [`crate::cache`]; reading from it is the
+//! [`crate::TierStore`] layer of the stream's stack; the stream's windows (the `window`
+//! module) check, count and offer what they read.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 
-use granary_format::{decode_record, CHUNK_HEADER_LEN};
-
 use crate::cache::{HotMap, HotRecord};
 use crate::error::Result;
-use crate::io::{Completed, Engine, IoKind, Request};
-use crate::residency::Opener;
-use crate::source::Source;
-use crate::stream::Prepared;
+use crate::io::Completed;
+use crate::source::{BytesFrom, Source};
+use crate::stack::TierStore;
 use crate::{ChunkCache, Dataset};
 
 /// Bytes a record costs in a hot chunk besides its stored bytes and path: its footer entry and
@@ -27,6 +24,7 @@ const HOT_RECORD_OVERHEAD: u64 = granary_format::SAMPLE_ENTRY_LEN as u64 + 8;
 /// (score per stored byte at or above `threshold`: the most important ones that fit the
 /// quota), and the records harvested from source reads, waiting to be re-packed.
 pub(crate) struct HotState {
+    tier: Arc<TierStore>,
     cache: Arc<ChunkCache>,
     scores: Arc<crate::ImportanceScores>,
     map: HotMap,
@@ -44,10 +42,11 @@ pub(crate) struct HotState {
 impl HotState {
     pub(crate) fn new(
         ds: &Dataset,
-        cache: Arc<ChunkCache>,
+        tier: Arc<TierStore>,
         scores: Arc<crate::ImportanceScores>,
         memory: u64,
     ) -> Result<HotState> {
+        let cache = tier.cache().clone();
         // The most important samples per byte that fit in 90 % of the quota, counting what a
         // hot chunk spends per record (footer entry, path) and per chunk (header, footer,
         // class table, trailer). Records are harvested in batches of an eighth of the quota
@@ -85,6 +84,7 @@ impl HotState {
         Ok(HotState {
             version: cache.hot_map_version(),
             map: cache.hot_map(),
+            tier,
             cache,
             scores,
             files: HashMap::new(),
@@ -109,7 +109,7 @@ impl HotState {
     }
 
     /// Where the tier holds sample `id`: its hot chunk id, file and record offset.
-    pub(crate) fn locate(&mut self, id: u64, opener: &mut Opener) -> Option<(u32, Source, u64)> {
+    pub(crate) fn locate(&mut self, id: u64) -> Option<(u32, Source, u64)> {
         let (h, off) = *self.map.by_sample.get(&id)?;
         let f = match self.files.get(&h) {
             Some(f) => f.clone(),
@@ -119,14 +119,19 @@ impl HotState {
                     .map
                     .chunks
                     .get(&h)
-                    .and_then(|hc| self.cache.hot_path(hc))
-                    .and_then(|p| opener.open_unmapped(&p, Some(h)).ok())
-                    .map(|f| Arc::new(f) as Source);
+                    .and_then(|hc| self.tier.open_hot(hc));
                 self.files.insert(h, f.clone());
                 f
             }
         }?;
         Some((h, f, off))
+    }
+
+    /// Drops hot chunk `h` (a record in it failed its CRC) from the tier and from this view.
+    pub(crate) fn discard(&mut self, h: u32) -> Result<()> {
+        self.map.forget(h);
+        self.files.remove(&h);
+        self.cache.discard_hot(h)
     }
 
     fn wants(&self, id: u64, stored_len: u64, cost: u64) -> bool {
@@ -138,7 +143,13 @@ impl HotState {
 
     /// Keeps a copy of sample `id`'s stored record if it belongs in a hot chunk; hands a full
     /// batch to `admission`.
-    fn harvest(&mut self, ds: &Dataset, id: u64, stored: &[u8], admission: Option<&Admission>) {
+    pub(crate) fn harvest(
+        &mut self,
+        ds: &Dataset,
+        id: u64,
+        stored: &[u8],
+        admission: Option<&Admission>,
+    ) {
         let Ok(info) = ds.sample(id) else { return };
         let Ok(path) = ds.path(id) else { return };
         let len = info.entry.stored_len;
@@ -170,116 +181,6 @@ impl HotState {
         self.pending.clear();
         self.pending_bytes = 0;
     }
-}
-
-/// Which reads of a window the tier served intact.
-pub(crate) struct Served {
-    whole: Vec<From>,
-    hot: Vec<bool>,
-}
-
-/// Where a chunk read whole came from.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum From {
-    /// This node's tier.
-    Tier,
-    /// Another node's tier.
-    Peer,
-    /// Origin storage.
-    Source,
-}
-
-/// Reads `reqs` with a small pread engine (refetches after a damaged tier copy).
-fn read_now(reqs: &[Request]) -> Result<Vec<Completed>> {
-    Engine::new(IoKind::Pread, 4, 64 << 20)?.read(reqs)
-}
-
-/// Checks a completed window: chunk copies from the cache must match the snapshot's whole-file
-/// CRC and records from hot chunks their record CRC (a damaged copy is discarded and the data
-/// read again from the source, which later windows then use too), and chunk headers must
-/// belong to this dataset.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn complete_window(
-    ds: &Dataset,
-    prep: &Prepared,
-    mut bufs: Vec<Completed>,
-    cache: Option<&ChunkCache>,
-    files: &mut HashMap<u32, Source>,
-    checked: &mut HashSet<u32>,
-    hot: Option<&mut HotState>,
-    opener: &mut Opener,
-) -> Result<(Vec<Completed>, Served)> {
-    // Opens chunk `c` at the source; later windows use it too.
-    let source =
-        |c: u32, files: &mut HashMap<u32, Source>, opener: &mut Opener| -> Result<Source> {
-            let f = ds.open_source(c, opener)?;
-            files.insert(c, f.clone());
-            Ok(f)
-        };
-    let mut served = Served {
-        whole: Vec::with_capacity(prep.whole.len()),
-        hot: Vec::with_capacity(prep.hot.len()),
-    };
-    for &(c, i, from_cache) in &prep.whole {
-        let ce = ds.chunk(c)?;
-        let intact = from_cache && crc32fast::hash(bufs[i].data()) == ce.file_crc;
-        let by_peer = files.get(&c).and_then(|f| f.served_by_peer());
-        served.whole.push(match (intact, by_peer) {
-            (true, Some(true)) => From::Peer,
-            (true, Some(false)) | (false, _) => From::Source,
-            (true, None) => From::Tier,
-        });
-        if from_cache && !intact {
-            // A peer's copy is checked before it is used: a mismatch here is origin's bytes
-            // (read on the peer's behalf), which the per-record checks then report.
-            if let (Some(cache), None) = (cache, by_peer) {
-                cache.discard(c)?;
-            }
-            let f = source(c, files, opener)?;
-            let fresh = read_now(&[Request {
-                source: f,
-                offset: 0,
-                len: ce.file_size as usize,
-            }])?;
-            bufs[i] = fresh.into_iter().next().expect("one request, one buffer");
-        }
-    }
-    let mut hot = hot;
-    for &(h, i, s) in &prep.hot {
-        let e = &prep.entries[s];
-        let intact = decode_record(e, bufs[i].data()).is_ok();
-        served.hot.push(intact);
-        if !intact {
-            if let Some(hs) = hot.as_deref_mut() {
-                hs.map.forget(h);
-                hs.files.remove(&h);
-                hs.cache.discard_hot(h)?;
-            }
-            let f = match files.get(&e.chunk) {
-                Some(f) if f.location() == ds.chunk_path(e.chunk) => f.clone(),
-                _ => source(e.chunk, files, opener)?,
-            };
-            let mut fresh = read_now(&[
-                Request {
-                    source: f.clone(),
-                    offset: 0,
-                    len: CHUNK_HEADER_LEN,
-                },
-                Request {
-                    source: f,
-                    offset: e.offset,
-                    len: e.stored_len as usize,
-                },
-            ])?;
-            ds.check_chunk_header(fresh[0].data(), e.chunk, &ds.chunk_path(e.chunk))?;
-            checked.insert(e.chunk);
-            bufs[i] = fresh.pop().expect("two requests, two buffers");
-        }
-    }
-    for &(c, i) in &prep.header_req {
-        ds.check_chunk_header(&bufs[i].data()[..CHUNK_HEADER_LEN], c, &ds.chunk_path(c))?;
-    }
-    Ok((bufs, served))
 }
 
 /// Hits and misses of the local tier during one stream.
@@ -343,100 +244,21 @@ impl CacheCounters {
         !full
     }
 
-    /// Counts a completed window; offers its source-read chunks for admission, or with hot
-    /// chunks harvests the records that belong in them.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn count(
-        &self,
-        prep: &Prepared,
-        bufs: &[Arc<Completed>],
-        served: &Served,
-        admission: Option<&Admission>,
-        scores: Option<&crate::ImportanceScores>,
-        mut hot: Option<&mut HotState>,
-        ds: &Dataset,
-    ) {
-        let add = |a: &AtomicU64, n: u64| {
-            a.fetch_add(n, Relaxed);
+    /// Counts `samples` samples in `bytes` bytes that came from `from`.
+    pub(crate) fn add(&self, from: BytesFrom, samples: u64, bytes: u64) {
+        let (s, b) = match from {
+            BytesFrom::Tier => (&self.samples_cache, &self.bytes_cache),
+            BytesFrom::Peer => (&self.samples_peers, &self.bytes_peers),
+            BytesFrom::Origin => (&self.samples_source, &self.bytes_source),
         };
-        for (&(c, i, _), &from) in prep.whole.iter().zip(&served.whole) {
-            let n = prep.entries.iter().filter(|e| e.chunk == c).count() as u64;
-            let bytes = bufs[i].data();
-            if from == From::Tier {
-                add(&self.samples_cache, n);
-                add(&self.bytes_cache, bytes.len() as u64);
-                continue;
-            }
-            if from == From::Peer {
-                add(&self.samples_peers, n);
-                add(&self.bytes_peers, bytes.len() as u64);
-                continue;
-            }
-            add(&self.samples_source, n);
-            add(&self.bytes_source, bytes.len() as u64);
-            let Ok(ce) = ds.chunk(c) else { continue };
-            if let Some(h) = hot.as_deref_mut() {
-                for id in ce.samples() {
-                    if let Ok(info) = ds.sample(id) {
-                        let e = info.entry;
-                        if let Some(rec) =
-                            bytes.get(e.offset as usize..(e.offset + e.stored_len) as usize)
-                        {
-                            h.harvest(ds, id, rec, admission);
-                        }
-                    }
-                }
-            } else if let Some(a) = admission {
-                // A chunk's importance: the sum of its samples' scores (equal without a
-                // score table, so that importance admission then only adds hysteresis).
-                let score = match scores {
-                    Some(t) => ce.samples().map(|id| t.score(id)).sum(),
-                    None => ce.sample_count as f64,
-                };
-                a.offer(Job::Chunk(ce, bufs[i].clone(), score));
-            }
-        }
-        for (&(_, i, _), &ok) in prep.hot.iter().zip(&served.hot) {
-            let (s, b) = if ok {
-                (&self.samples_cache, &self.bytes_cache)
-            } else {
-                (&self.samples_source, &self.bytes_source)
-            };
-            add(s, 1);
-            add(b, bufs[i].data().len() as u64);
-        }
-        for &(_, r, _) in &prep.ranges {
-            let n = prep.locs.iter().filter(|l| l.0 as usize == r).count() as u64;
-            add(&self.samples_source, n);
-            add(&self.bytes_source, bufs[r].data().len() as u64);
-        }
-        // Every record inside a range read may belong in a hot chunk, drawn or not. Ranges
-        // of a chunk are consecutive in `prep.ranges`, sorted by offset.
-        if let Some(h) = hot {
-            for group in prep.ranges.chunk_by(|a, b| a.0 == b.0) {
-                let Ok(ce) = ds.chunk(group[0].0) else {
-                    continue;
-                };
-                for id in ce.samples() {
-                    let Ok(info) = ds.sample(id) else { continue };
-                    let e = info.entry;
-                    let k = group.partition_point(|&(_, _, start)| start <= e.offset);
-                    let Some(&(_, r, start)) = k.checked_sub(1).and_then(|k| group.get(k)) else {
-                        continue;
-                    };
-                    let at = (e.offset - start) as usize;
-                    if let Some(rec) = bufs[r].data().get(at..at + e.stored_len as usize) {
-                        h.harvest(ds, id, rec, admission);
-                    }
-                }
-            }
-        }
+        s.fetch_add(samples, Relaxed);
+        b.fetch_add(bytes, Relaxed);
     }
 }
 
 /// Work for the admission thread: a source chunk's bytes with its importance, or records to
 /// re-pack into a hot chunk.
-enum Job {
+pub(crate) enum Job {
     /// The chunk's bytes are the read buffer itself (counted in the stream's budget while
     /// they wait).
     Chunk(granary_format::ChunkEntry, Arc<Completed>, f64),
@@ -553,7 +375,7 @@ impl Admission {
         }
     }
 
-    fn offer(&self, job: Job) {
+    pub(crate) fn offer(&self, job: Job) {
         // With a shared tier a chunk copy is admitted exactly when this node keeps it, and then
         // it must be: other nodes will ask for it. The offer waits for the slot (the stream's
         // read-ahead waits with it: the chunk's buffer is in its budget) instead of being

@@ -9,8 +9,8 @@ use std::sync::{Arc, Mutex};
 
 use granary::io::IoKind;
 use granary::{
-    CachePolicy, ChunkCache, ChunkSource, ChunkStore, Dataset, Opener, PlanOptions, RangeRead,
-    ReadError, SampleReader, Shard, ShuffleMode, Source, StreamOptions,
+    CachePolicy, ChunkCache, ChunkSource, ChunkStore, Dataset, PlanOptions, RangeRead, ReadError,
+    SampleReader, Shard, ShuffleMode, Source, StreamOptions,
 };
 use granary_packer::{pack, PackOptions};
 
@@ -73,7 +73,7 @@ impl ChunkStore for Mem {
         ))
     }
 
-    fn open_chunk(&self, id: u32, _opener: &mut Opener) -> granary::Result<Source> {
+    fn open_chunk(&self, id: u32) -> granary::Result<Source> {
         self.0.opens.fetch_add(1, Relaxed);
         let bytes = self.0.chunks.lock().unwrap().get(&id).cloned();
         let bytes =

@@ -103,7 +103,7 @@ fn foreground(a: Args, mnt: &Path) -> anyhow::Result<ExitCode> {
     let t0 = Instant::now();
     let ds = Arc::new(super::open_dataset(&a.dataset)?);
     let cache = a.tier.open(&ds)?;
-    let reader = TieredReader::new(ds.clone(), cache, !a.no_fetch);
+    let reader = TieredReader::new(ds.clone(), cache, !a.no_fetch)?;
     let uid = rustix::process::geteuid().as_raw();
     let gid = rustix::process::getegid().as_raw();
     let fs = Arc::new(

@@ -1,4 +1,6 @@
-//! Choosing, per stream and per file, between reading through the page cache and `O_DIRECT`.
+//! Chunk files in a local directory (or any mounted file system): the local store
+//! ([`LocalDir`]) and how it opens files ([`Opener`]): per reader and per file, through the
+//! page cache or with `O_DIRECT`.
 //!
 //! `O_DIRECT` is right for data that is not in memory and would only push other data out; it is
 //! wrong for data already resident (the device is read again although memory holds the bytes,
@@ -15,65 +17,30 @@
 //! - reads the other kept chunks through the page cache (they become resident) and the rest
 //!   with `O_DIRECT`, so that a dataset larger than memory does not evict the kept chunks.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU8, Ordering::Relaxed};
+use std::sync::Arc;
 
-use crate::dataset::map_file;
+use crate::buf::{AlignedBuf, ALIGN};
 use crate::error::{ReadError, Result};
-use crate::io::{count_metadata_ops, open_regular, AlignedBuf, IoFile, ALIGN};
+use crate::file::{count_metadata_ops, map_file, open_regular, IoFile};
+use crate::source::{Access, ChunkStore, IoMode, OpenCounters, OpenCounts, Source};
 
-/// How a stream reads chunk files.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum IoMode {
-    /// Through the page cache where the data is resident or meant to stay (see the module
-    /// documentation), `O_DIRECT` elsewhere.
-    #[default]
-    Auto,
-    /// Always `O_DIRECT` where the file system allows it (cold benchmarks, or data that must
-    /// not occupy memory).
-    Direct,
-    /// Always through the page cache.
-    Buffered,
-}
-
-impl IoMode {
-    /// Parses `auto`, `direct` or `buffered`.
-    pub fn parse(s: &str) -> std::result::Result<Self, String> {
-        match s {
-            "auto" => Ok(IoMode::Auto),
-            "direct" => Ok(IoMode::Direct),
-            "buffered" => Ok(IoMode::Buffered),
-            _ => Err(format!(
-                "unknown I/O mode {s:?}: use auto, direct or buffered"
-            )),
-        }
-    }
-}
-
-/// How many files a stream opened each way.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
-pub struct OpenCounts {
-    /// Read through the page cache (not resident yet, but kept resident, or the mode says so).
-    pub buffered: u64,
-    /// Found resident and mapped: served from the page cache without a read or a copy.
-    pub resident: u64,
-    /// Read with `O_DIRECT`.
-    pub direct: u64,
-}
-
-/// Opens one stream's files as its [`IoMode`] says, and counts how.
+/// Opens one reader's local files as its [`Access`] says, and counts how. Shared by the layers
+/// of the reader's stack (the origin directory and the local tier), so that both follow one
+/// policy and one count.
 #[derive(Debug)]
 pub struct Opener {
     mode: IoMode,
     /// Auto: chunk `c` is kept resident when its hash falls below this (`u64::MAX`: all).
     keep_below: u64,
     seed: u64,
-    /// Whether the file system accepts O_DIRECT, probed with one aligned read on first use.
-    direct_ok: Option<bool>,
-    /// Map resident files with every page up front (for whole-chunk reads; default true).
-    pub populate: bool,
-    /// Map resident files at all (default true; see [`Opener::positional`]).
-    pub map_resident: bool,
-    pub counts: OpenCounts,
+    /// Whether the file system accepts O_DIRECT (0: not probed yet, 1: yes, 2: no), probed
+    /// with one aligned read on first use.
+    direct_ok: AtomicU8,
+    populate: bool,
+    map_resident: bool,
+    counts: Arc<OpenCounters>,
 }
 
 /// Share of a file's pages that must be resident for it to be mapped: all of them. A page
@@ -82,25 +49,39 @@ pub struct Opener {
 /// a failing read is reported like any other.
 const RESIDENT_SHARE: f64 = 1.0;
 
+const UNPROBED: u8 = 0;
+const DIRECT_OK: u8 = 1;
+const NO_DIRECT: u8 = 2;
+
 impl Opener {
     /// An opener for a dataset of `dataset_bytes` (identified by `seed`, so that every process
     /// keeps the same chunks) with `page_cache_bytes` of page cache for it (`None`: half of
     /// [`effective_memory`]).
     pub fn new(mode: IoMode, dataset_bytes: u64, page_cache_bytes: Option<u64>, seed: u64) -> Self {
-        let budget = page_cache_bytes.unwrap_or_else(|| effective_memory() / 2);
-        let keep_below = if budget >= dataset_bytes {
+        Opener::for_access(&Access {
+            dataset_bytes,
+            page_cache_bytes,
+            seed,
+            ..Access::plain(mode)
+        })
+    }
+
+    /// The opener of a reader that reads as `access` says.
+    pub fn for_access(a: &Access) -> Self {
+        let budget = a.page_cache_bytes.unwrap_or_else(|| effective_memory() / 2);
+        let keep_below = if budget >= a.dataset_bytes {
             u64::MAX
         } else {
-            (budget as f64 / dataset_bytes.max(1) as f64 * u64::MAX as f64) as u64
+            (budget as f64 / a.dataset_bytes.max(1) as f64 * u64::MAX as f64) as u64
         };
         Opener {
-            mode,
+            mode: a.mode,
             keep_below,
-            seed,
-            direct_ok: None,
-            populate: true,
-            map_resident: true,
-            counts: OpenCounts::default(),
+            seed: a.seed,
+            direct_ok: AtomicU8::new(UNPROBED),
+            populate: a.populate,
+            map_resident: a.map_resident,
+            counts: a.counts.clone(),
         }
     }
 
@@ -117,17 +98,17 @@ impl Opener {
     /// An opener that reads every file `mode`'s way without a dataset budget (Auto: buffered
     /// where resident).
     pub fn plain(mode: IoMode) -> Self {
-        Opener::new(mode, u64::MAX, Some(0), 0)
+        Opener::for_access(&Access::plain(mode))
     }
 
-    /// An opener for random access to a few records at a time: buffered reads through the page
-    /// cache, never a map (a map of every chunk touched would count whole chunks in the
-    /// reader's RSS).
+    /// An opener for random access to a few records at a time (see [`Access::positional`]).
     pub fn positional() -> Self {
-        Opener {
-            map_resident: false,
-            ..Opener::plain(IoMode::Buffered)
-        }
+        Opener::for_access(&Access::positional())
+    }
+
+    /// How the files were opened so far.
+    pub fn counts(&self) -> OpenCounts {
+        self.counts.get()
     }
 
     /// True when Auto keeps chunk `chunk` resident (read buffered in every epoch).
@@ -141,7 +122,7 @@ impl Opener {
     /// dataset chunk the file holds, or its tier copy's; a hot chunk's id; `None`: through the
     /// page cache only where already resident). A resident file (Auto or Buffered) is mapped:
     /// its requests complete as slices of the map.
-    pub fn open(&mut self, path: &Path, chunk: Option<u32>) -> Result<IoFile> {
+    pub fn open(&self, path: &Path, chunk: Option<u32>) -> Result<IoFile> {
         self.open_as(path, chunk, true)
     }
 
@@ -149,11 +130,11 @@ impl Opener {
     /// in the local tier): never mapped, so its bytes are read into buffers once, checked
     /// there, and a truncation is a short read (a miss), never SIGBUS or bytes that change
     /// after their check.
-    pub fn open_unmapped(&mut self, path: &Path, chunk: Option<u32>) -> Result<IoFile> {
+    pub fn open_unmapped(&self, path: &Path, chunk: Option<u32>) -> Result<IoFile> {
         self.open_as(path, chunk, false)
     }
 
-    fn open_as(&mut self, path: &Path, chunk: Option<u32>, may_map: bool) -> Result<IoFile> {
+    fn open_as(&self, path: &Path, chunk: Option<u32>, may_map: bool) -> Result<IoFile> {
         if self.mode == IoMode::Direct {
             return self.open_direct(path);
         }
@@ -174,64 +155,107 @@ impl Opener {
                 // kernels before 5.14 the pages fault in as they are read).
                 let _ = map.advise(memmap2::Advice::PopulateRead);
             }
-            self.counts.resident += 1;
-            return Ok(IoFile {
-                file,
-                path: path.to_path_buf(),
-                direct: false,
-                map: Some(map),
-                len,
-            });
+            self.counts.resident();
+            let mut f = IoFile::unmapped_known(file, path, false, len);
+            f.map = Some(map);
+            return Ok(f);
         }
         let buffered = self.mode == IoMode::Buffered
             || chunk.is_some_and(|c| self.keeps(c))
-            || self.direct_ok == Some(false);
+            || self.direct_ok.load(Relaxed) == NO_DIRECT;
         if !buffered {
             drop(file);
             return self.open_direct(path);
         }
-        self.counts.buffered += 1;
-        Ok(IoFile {
-            file,
-            path: path.to_path_buf(),
-            direct: false,
-            map: None,
-            len,
-        })
+        self.counts.buffered();
+        Ok(IoFile::unmapped_known(file, path, false, len))
     }
 
     /// Opens `path` with `O_DIRECT` when the file system accepts it (checked with one aligned
     /// read on the first file), buffered otherwise.
-    fn open_direct(&mut self, path: &Path) -> Result<IoFile> {
-        if self.direct_ok != Some(false) {
+    fn open_direct(&self, path: &Path) -> Result<IoFile> {
+        if self.direct_ok.load(Relaxed) != NO_DIRECT {
             count_metadata_ops(1);
             match open_regular(path, libc::O_DIRECT) {
                 Ok(file) => {
-                    if self.direct_ok.is_none() {
+                    if self.direct_ok.load(Relaxed) == UNPROBED {
                         let mut buf = AlignedBuf::new(ALIGN);
-                        match std::os::unix::fs::FileExt::read_at(&file, buf.as_mut_slice(), 0) {
-                            Ok(_) => self.direct_ok = Some(true),
-                            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
-                                self.direct_ok = Some(false)
-                            }
-                            Err(e) => return Err(ReadError::io("reading", path, e)),
-                        }
+                        let verdict =
+                            match std::os::unix::fs::FileExt::read_at(&file, buf.as_mut_slice(), 0)
+                            {
+                                Ok(_) => DIRECT_OK,
+                                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => NO_DIRECT,
+                                Err(e) => return Err(ReadError::io("reading", path, e)),
+                            };
+                        self.direct_ok.store(verdict, Relaxed);
                     }
-                    if self.direct_ok == Some(true) {
-                        self.counts.direct += 1;
+                    if self.direct_ok.load(Relaxed) == DIRECT_OK {
+                        self.counts.direct();
                         return IoFile::unmapped(file, path, true);
                     }
                 }
-                // The file system refuses O_DIRECT (tmpfs): buffered reads for this stream.
-                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => self.direct_ok = Some(false),
+                // The file system refuses O_DIRECT (tmpfs): buffered reads for this reader.
+                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                    self.direct_ok.store(NO_DIRECT, Relaxed)
+                }
                 // Missing, not a regular file, not permitted: not a verdict on O_DIRECT.
                 Err(e) => return Err(ReadError::io("opening", path, e)),
             }
         }
         count_metadata_ops(1);
         let file = open_regular(path, 0).map_err(|e| ReadError::io("opening", path, e))?;
-        self.counts.buffered += 1;
+        self.counts.buffered();
         IoFile::unmapped(file, path, false)
+    }
+}
+
+/// Chunk files in a local directory (or any mounted file system), opened by an [`Opener`]
+/// (by default [`Opener::positional`]: random reads through the page cache).
+#[derive(Debug, Clone)]
+pub struct LocalDir {
+    dir: PathBuf,
+    opener: Arc<Opener>,
+}
+
+impl LocalDir {
+    pub fn new(dir: impl Into<PathBuf>) -> Self {
+        LocalDir {
+            dir: dir.into(),
+            opener: Arc::new(Opener::positional()),
+        }
+    }
+
+    /// The directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+}
+
+impl ChunkStore for LocalDir {
+    fn chunk_location(&self, id: u32) -> PathBuf {
+        self.dir.join(granary_format::chunk_file_name(id))
+    }
+
+    fn open_chunk(&self, id: u32) -> Result<Source> {
+        Ok(Arc::new(
+            self.opener.open(&self.chunk_location(id), Some(id))?,
+        ))
+    }
+
+    fn list(&self) -> Result<Vec<(String, PathBuf)>> {
+        let rd =
+            std::fs::read_dir(&self.dir).map_err(|e| ReadError::io("listing", &self.dir, e))?;
+        Ok(rd
+            .flatten()
+            .map(|e| (e.file_name().to_string_lossy().into_owned(), e.path()))
+            .collect())
+    }
+
+    fn tuned(&self, access: &Access) -> Option<Arc<dyn ChunkStore>> {
+        Some(Arc::new(LocalDir {
+            dir: self.dir.clone(),
+            opener: Arc::new(Opener::for_access(access)),
+        }))
     }
 }
 

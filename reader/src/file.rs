@@ -1,0 +1,207 @@
+//! Local files as the engine reads them: opened only if regular, read with positional reads
+//! (retrying short reads), mapped read-only, and counted as metadata operations.
+
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+
+use memmap2::Mmap;
+
+use crate::buf::{AlignedBuf, ALIGN};
+use crate::error::{ReadError, Result};
+use crate::source::{BytesFrom, ChunkSource, RangeRead};
+
+static METADATA_OPS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Counts metadata operations (opens, stats) the reader issues, for benchmarks.
+pub(crate) fn count_metadata_ops(n: u64) {
+    METADATA_OPS.fetch_add(n, Ordering::Relaxed);
+}
+
+/// Metadata operations (file opens and stats) issued by this process's granary readers so far:
+/// what a parallel file system's metadata server would see.
+pub fn metadata_ops() -> u64 {
+    METADATA_OPS.load(Ordering::Relaxed)
+}
+
+/// Opens `path` for reading only if it is a regular file: a FIFO, device or directory with a
+/// data file's name (in a dataset or a tier) is an error at once instead of an `open` that
+/// blocks forever or a read that fails later. `extra` adds open flags (`O_DIRECT`). The file is
+/// opened non-blocking, checked with `fstat`, then switched back to blocking (io_uring would
+/// otherwise answer reads on it with `EAGAIN`).
+pub fn open_regular(path: &Path, extra: i32) -> std::io::Result<File> {
+    let f = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | extra)
+        .open(path)?;
+    if !f.metadata()?.is_file() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "not a regular file",
+        ));
+    }
+    let flags = rustix::fs::fcntl_getfl(&f)?;
+    rustix::fs::fcntl_setfl(&f, flags - rustix::fs::OFlags::NONBLOCK)?;
+    Ok(f)
+}
+
+/// A local file opened for the engine (the local [`crate::ChunkSource`]), with whether reads
+/// on it must be aligned.
+#[derive(Debug)]
+pub struct IoFile {
+    pub file: File,
+    pub path: PathBuf,
+    pub direct: bool,
+    /// The file mapped, when it is resident in the page cache: requests on it complete at once
+    /// as slices of the map (no read, no copy, no buffer).
+    pub map: Option<memmap2::Mmap>,
+    /// Its length when opened.
+    pub len: u64,
+    /// Where its bytes come from (the dataset's storage, or a copy in the local tier).
+    pub from: BytesFrom,
+}
+
+impl IoFile {
+    /// A file read with reads (`direct`: opened with `O_DIRECT`), not through a map; its
+    /// length comes from one `fstat`.
+    pub fn unmapped(file: File, path: &Path, direct: bool) -> Result<Self> {
+        count_metadata_ops(1);
+        let len = file
+            .metadata()
+            .map_err(|e| ReadError::io("inspecting", path, e))?
+            .len();
+        Ok(Self::unmapped_known(file, path, direct, len))
+    }
+
+    /// A file of known length read with reads.
+    pub fn unmapped_known(file: File, path: &Path, direct: bool, len: u64) -> Self {
+        IoFile {
+            file,
+            path: path.to_path_buf(),
+            direct,
+            map: None,
+            len,
+            from: BytesFrom::Origin,
+        }
+    }
+
+    /// Marks where this file's bytes come from (a copy in the local tier, say).
+    pub fn serving(mut self, from: BytesFrom) -> Self {
+        self.from = from;
+        self
+    }
+
+    /// Reads `r` from a file opened with `O_DIRECT`: through an aligned bounce buffer, since
+    /// the caller's buffer, offset and length need not be aligned.
+    fn read_direct(&self, r: &mut RangeRead<'_>) -> Result<()> {
+        let start = r.offset & !(ALIGN as u64 - 1);
+        let end = (r.offset + r.buf.len() as u64).next_multiple_of(ALIGN as u64);
+        let skip = (r.offset - start) as usize;
+        let mut bounce = AlignedBuf::new((end - start) as usize);
+        let mut whole = RangeRead {
+            offset: start,
+            buf: bounce.as_mut_slice(),
+            need: skip + r.need,
+        };
+        pread_at_least(&self.file, &self.path, &mut whole)?;
+        let have = self.len.saturating_sub(r.offset).min(r.buf.len() as u64) as usize;
+        r.buf[..have].copy_from_slice(&bounce.as_slice()[skip..skip + have]);
+        Ok(())
+    }
+}
+
+impl ChunkSource for IoFile {
+    fn location(&self) -> &Path {
+        &self.path
+    }
+
+    fn len(&self) -> u64 {
+        self.len
+    }
+
+    fn read_ranges(&self, reads: &mut [RangeRead<'_>]) -> Result<()> {
+        for r in reads.iter_mut() {
+            match &self.map {
+                Some(m) => {
+                    let have = m.len().saturating_sub(r.offset as usize);
+                    if have < r.need {
+                        return Err(eof_at(&self.path, r.offset + have as u64));
+                    }
+                    let n = have.min(r.buf.len());
+                    r.buf[..n].copy_from_slice(&m[r.offset as usize..r.offset as usize + n]);
+                }
+                None if self.direct => self.read_direct(r)?,
+                None => pread_at_least(&self.file, &self.path, r)?,
+            }
+        }
+        Ok(())
+    }
+
+    fn bytes_from(&self) -> BytesFrom {
+        self.from
+    }
+}
+
+/// Reads `r` with positional reads until its `need` bytes (and as many more as the file has,
+/// up to its buffer) have arrived; retries `EINTR`/`EAGAIN` and short reads.
+pub fn pread_at_least(file: &std::fs::File, path: &Path, r: &mut RangeRead<'_>) -> Result<()> {
+    use std::os::unix::fs::FileExt;
+    let mut done = 0;
+    while done < r.buf.len() {
+        match file.read_at(&mut r.buf[done..], r.offset + done as u64) {
+            Ok(0) if done >= r.need => return Ok(()),
+            Ok(0) => return Err(eof_at(path, r.offset + done as u64)),
+            Ok(n) => {
+                done += n;
+                if done >= r.need {
+                    return Ok(()); // the rest, if any, lies past the end of the file
+                }
+            }
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::Interrupted | std::io::ErrorKind::WouldBlock
+                ) => {}
+            Err(e) => {
+                return Err(ReadError::io(
+                    "reading",
+                    path,
+                    std::io::Error::new(
+                        e.kind(),
+                        format!("at offset {}: {e}", r.offset + done as u64),
+                    ),
+                ))
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The error for a source that ends at `offset`, before bytes a read needs.
+pub fn eof_at(path: &Path, offset: u64) -> ReadError {
+    ReadError::io(
+        "reading",
+        path,
+        std::io::Error::new(
+            std::io::ErrorKind::UnexpectedEof,
+            format!("file ends before offset {offset}"),
+        ),
+    )
+}
+
+/// Maps `file` read-only.
+pub(crate) fn map_file(file: &File, path: &Path) -> Result<Mmap> {
+    // SAFETY: granary dataset files, chunk copies and hot chunks of the tier are immutable
+    // once published (nothing updates a file in place; writers create new files and rename
+    // them, and removing a file leaves existing maps intact). The map is read-only and private
+    // to this process. If another process truncates the file anyway, accesses past the new end
+    // fault; every read we do is within the length checked at open.
+    unsafe { Mmap::map(file) }.map_err(|e| ReadError::io("memory-mapping", path, e))
+}
+
+/// The local file behind `src`, which the engine reads its own way (io_uring, pread, or the
+/// map of a resident file); `None` for every other source.
+pub fn local_file(src: &dyn ChunkSource) -> Option<&IoFile> {
+    (src as &dyn std::any::Any).downcast_ref::<IoFile>()
+}

@@ -1,0 +1,166 @@
+//! The store stack one reader reads through: the local tier ([`TierStore`]) over the job's
+//! other nodes ([`crate::PeerStore`]) over origin storage (the dataset's own store, tuned for
+//! how this reader reads), any subset of them. Streams, random access and the mount open every
+//! chunk through a [`StoreStack`]; each source says where its bytes came from
+//! ([`crate::BytesFrom`]).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use granary_format::ChunkEntry;
+
+use crate::cache::{ChunkCache, HotChunk};
+use crate::error::Result;
+use crate::local::Opener;
+use crate::peers::{PeerStore, Peers};
+use crate::source::{Access, BytesFrom, ChunkStore, OpenCounts, Source};
+use crate::Dataset;
+
+/// The local tier as a layer: a chunk the tier holds (its copy's size and header checked) is
+/// read from the copy, opened once and never mapped (someone may cut it short: then it is a
+/// short read naming the copy); any other chunk comes from the next store.
+#[derive(Debug)]
+pub struct TierStore {
+    cache: Arc<ChunkCache>,
+    next: Arc<dyn ChunkStore>,
+    chunks: Arc<[ChunkEntry]>,
+    opener: Arc<Opener>,
+}
+
+impl TierStore {
+    /// `cache` in front of `next`, for a dataset whose chunk table is `chunks`; copies are
+    /// opened as `access` says.
+    pub fn new(
+        cache: Arc<ChunkCache>,
+        next: Arc<dyn ChunkStore>,
+        chunks: Arc<[ChunkEntry]>,
+        access: &Access,
+    ) -> TierStore {
+        TierStore {
+            cache,
+            next,
+            chunks,
+            opener: Arc::new(Opener::for_access(access)),
+        }
+    }
+
+    /// The tier.
+    pub fn cache(&self) -> &Arc<ChunkCache> {
+        &self.cache
+    }
+
+    /// Chunk `id`'s copy in the tier, if it holds a sound one.
+    pub fn open_copy(&self, id: u32) -> Result<Option<Source>> {
+        let Some(ce) = self.chunks.get(id as usize) else {
+            return Ok(None);
+        };
+        let copy = self
+            .cache
+            .open_copy(ce, |p| self.opener.open_unmapped(p, Some(id)))?;
+        Ok(copy.map(|f| Arc::new(f) as Source))
+    }
+
+    /// Hot chunk `h`, if its file is present with the mapped size (another process may evict
+    /// it meanwhile: then it is a miss).
+    pub fn open_hot(&self, h: &HotChunk) -> Option<Source> {
+        let p = self.cache.hot_path(h)?;
+        let f = self.opener.open_unmapped(&p, Some(h.id)).ok()?;
+        Some(Arc::new(f.serving(BytesFrom::Tier)))
+    }
+}
+
+impl ChunkStore for TierStore {
+    fn chunk_location(&self, id: u32) -> PathBuf {
+        self.next.chunk_location(id)
+    }
+
+    fn open_chunk(&self, id: u32) -> Result<Source> {
+        match self.open_copy(id)? {
+            Some(copy) => Ok(copy),
+            None => self.next.open_chunk(id),
+        }
+    }
+
+    fn list(&self) -> Result<Vec<(String, PathBuf)>> {
+        self.next.list()
+    }
+}
+
+/// The layers one reader reads through, built once per reader (a stream, a random-access
+/// reader, a mount).
+#[derive(Debug, Clone)]
+pub struct StoreStack {
+    top: Arc<dyn ChunkStore>,
+    origin: Arc<dyn ChunkStore>,
+    tier: Option<Arc<TierStore>>,
+    access: Access,
+}
+
+impl StoreStack {
+    /// The stack of a reader of `ds` that reads as `access` says: `tier` (if any) over `peers`
+    /// (if any, and only with a tier: peers share tiers) over the dataset's own store.
+    pub fn build(
+        ds: &Dataset,
+        access: Access,
+        tier: Option<Arc<ChunkCache>>,
+        peers: Option<Arc<Peers>>,
+    ) -> Result<StoreStack> {
+        let Some(cache) = tier else {
+            return Ok(Self::plain(ds, access));
+        };
+        let store = ds.store();
+        let origin = store.tuned(&access).unwrap_or_else(|| store.clone());
+        let chunks: Arc<[ChunkEntry]> = (0..ds.chunk_count() as u32)
+            .map(|c| ds.chunk(c))
+            .collect::<Result<Vec<_>>>()?
+            .into();
+        let below = match peers {
+            Some(p) => Arc::new(PeerStore::new(p, origin.clone(), chunks.clone())),
+            None => origin.clone(),
+        };
+        let tier = Arc::new(TierStore::new(cache, below, chunks, &access));
+        Ok(StoreStack {
+            top: tier.clone(),
+            origin,
+            tier: Some(tier),
+            access,
+        })
+    }
+
+    /// The dataset's own store alone, tuned for `access`.
+    pub fn plain(ds: &Dataset, access: Access) -> StoreStack {
+        let store = ds.store();
+        let origin = store.tuned(&access).unwrap_or_else(|| store.clone());
+        StoreStack {
+            top: origin.clone(),
+            origin,
+            tier: None,
+            access,
+        }
+    }
+
+    /// The stack's top: where a chunk is opened.
+    pub fn store(&self) -> &Arc<dyn ChunkStore> {
+        &self.top
+    }
+
+    /// Origin storage alone (to read a chunk again after a copy proved damaged).
+    pub fn origin(&self) -> &Arc<dyn ChunkStore> {
+        &self.origin
+    }
+
+    /// The tier layer, if any.
+    pub fn tier(&self) -> Option<&Arc<TierStore>> {
+        self.tier.as_ref()
+    }
+
+    /// How this reader reads.
+    pub fn access(&self) -> &Access {
+        &self.access
+    }
+
+    /// How the files were opened so far.
+    pub fn open_counts(&self) -> OpenCounts {
+        self.access.counts.get()
+    }
+}

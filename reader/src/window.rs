@@ -1,0 +1,488 @@
+//! One stream's windows: what to read for each (`Windows::prepare`), checking what was read
+//! (`Windows::complete`: tier and peer copies against the snapshot's whole-file CRC, hot
+//! records against their own, chunk headers against the dataset), and counting where the
+//! bytes came from (`Windows::count`, which also offers source reads to the tier). Every chunk
+//! is opened through the stream's [`StoreStack`]; where its bytes came from is the source's
+//! [`BytesFrom`], never inferred from a path.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+use granary_format::{decode_record, ChunkEntry, SampleEntry, CHUNK_HEADER_LEN};
+
+use crate::error::Result;
+use crate::file::local_file;
+use crate::io::{BufPool, Completed, Engine, IoKind, Request};
+use crate::plan::ShuffleMode;
+use crate::source::{BytesFrom, Source};
+use crate::stack::StoreStack;
+use crate::tier::{Admission, CacheCounters, HotState, Job};
+use crate::{Dataset, ImportanceScores};
+
+/// A window whose reads are queued: what decoding needs once they complete.
+pub(crate) struct Prepared {
+    pub(crate) ids: Vec<u64>,
+    /// Per sample: (request index, offset of the record in that request's bytes).
+    pub(crate) locs: Vec<(u32, u64)>,
+    pub(crate) entries: Vec<SampleEntry>,
+    pub(crate) labels: Vec<u32>,
+    pub(crate) weights: Vec<f32>,
+    /// Chunk headers to check, and the request whose bytes start with them.
+    header_req: Vec<(u32, usize)>,
+    /// With a tier: chunks read whole, their request, and whether from a copy (this node's
+    /// tier or a peer's).
+    whole: Vec<(u32, usize, bool)>,
+    /// Records read from hot chunks: (hot chunk id, request, sample index in the window).
+    hot: Vec<(u32, usize, usize)>,
+    /// Ranges of source chunks read around records served by hot chunks: (chunk, request,
+    /// offset of the range in the chunk).
+    ranges: Vec<(u32, usize, u64)>,
+}
+
+/// Which reads of a window the tier (or a peer) served intact.
+pub(crate) struct Served {
+    whole: Vec<BytesFrom>,
+    hot: Vec<bool>,
+}
+
+/// What a stream's I/O thread keeps from window to window.
+pub(crate) struct Windows {
+    pub(crate) ds: Arc<Dataset>,
+    stack: StoreStack,
+    mode: ShuffleMode,
+    range_gap: u64,
+    /// Chunks open (a chunk's source serves every window that reads it).
+    files: HashMap<u32, Source>,
+    /// Chunks whose header has been checked (or is checked with the window being read).
+    checked: HashSet<u32>,
+    /// Hot chunks (an importance tier with scores).
+    pub(crate) hot: Option<HotState>,
+    /// Admission into the tier.
+    pub(crate) admission: Option<Admission>,
+    /// Importance scores, which rank whole chunks for admission without hot chunks.
+    pub(crate) scores: Option<Arc<ImportanceScores>>,
+    stats: Arc<CacheCounters>,
+}
+
+/// The read among `placed` (start, request; sorted by start) whose bytes hold record `e`.
+fn covering(placed: &[(u64, usize)], reqs: &[Request], e: &SampleEntry) -> Option<usize> {
+    let i = placed.partition_point(|&(start, _)| start <= e.offset);
+    let (start, r) = *placed.get(i.checked_sub(1)?)?;
+    (e.offset + e.stored_len <= start + reqs[r].len as u64).then_some(r)
+}
+
+/// Reads `reqs` with a small pread engine (refetches after a damaged copy).
+fn read_now(reqs: &[Request]) -> Result<Vec<Completed>> {
+    Engine::new(IoKind::Pread, 4, 64 << 20)?.read(reqs)
+}
+
+/// Requests for a window's samples, being assembled.
+#[derive(Default)]
+struct Plan {
+    reqs: Vec<Request>,
+    header_req: Vec<(u32, usize)>,
+    whole: Vec<(u32, usize, bool)>,
+    ranges: Vec<(u32, usize, u64)>,
+    /// Per chunk read in one piece or in ranges: (start, request) sorted by start.
+    placed: HashMap<u32, Vec<(u64, usize)>>,
+}
+
+impl Windows {
+    /// The windows of a stream of `ds` that reads through `stack` and counts where its bytes
+    /// came from in `stats` (no hot chunks, admission or scores until they are set).
+    pub(crate) fn new(
+        ds: Arc<Dataset>,
+        stack: StoreStack,
+        mode: ShuffleMode,
+        range_gap: u64,
+        stats: Arc<CacheCounters>,
+    ) -> Windows {
+        Windows {
+            ds,
+            stack,
+            mode,
+            range_gap,
+            files: HashMap::new(),
+            checked: HashSet::new(),
+            hot: None,
+            admission: None,
+            scores: None,
+            stats,
+        }
+    }
+
+    /// Opens chunk `c` through the stack (once per stream while it stays open).
+    fn open(&mut self, c: u32) -> Result<Source> {
+        if let Some(f) = self.files.get(&c) {
+            return Ok(f.clone());
+        }
+        let f = self.ds.open_chunk_in(&**self.stack.store(), c)?;
+        self.files.insert(c, f.clone());
+        Ok(f)
+    }
+
+    /// Opens chunk `c` at origin (after a copy proved damaged); later windows use it too.
+    fn open_origin(&mut self, c: u32) -> Result<Source> {
+        let f = self.ds.open_chunk_in(&**self.stack.origin(), c)?;
+        self.files.insert(c, f.clone());
+        Ok(f)
+    }
+
+    /// Plans a window's reads: whole ranges from each chunk's start (chunkwise, sequential),
+    /// or one read per record plus a header read per chunk not seen yet (global). With hot
+    /// chunks, samples they hold are read from them, and a source chunk read from origin is
+    /// read in ranges around them.
+    pub(crate) fn prepare(
+        &mut self,
+        ids: &[u64],
+        weights: &[f32],
+    ) -> Result<(Prepared, Vec<Request>)> {
+        let mut entries = Vec::with_capacity(ids.len());
+        // Chunks in order of first use, with their entry.
+        let mut chunks: Vec<(u32, ChunkEntry)> = Vec::new();
+        let mut chunk_index: HashMap<u32, usize> = HashMap::new();
+        for &id in ids {
+            let info = self.ds.sample(id)?;
+            let ce = self.ds.check_placement(&info)?;
+            if let std::collections::hash_map::Entry::Vacant(v) =
+                chunk_index.entry(info.entry.chunk)
+            {
+                v.insert(chunks.len());
+                chunks.push((info.entry.chunk, ce));
+            }
+            entries.push(info.entry);
+        }
+        let labels: Vec<u32> = entries.iter().map(|e| e.label).collect();
+        // Which samples the hot chunks can serve.
+        let mut in_hot: Vec<Option<(u32, Source, u64)>> = vec![None; ids.len()];
+        if let (Some(h), false) = (self.hot.as_mut(), self.mode == ShuffleMode::Global) {
+            h.refresh();
+            for (i, &id) in ids.iter().enumerate() {
+                in_hot[i] = h.locate(id);
+            }
+        }
+        // Per chunk: bytes the window needs from the source if hot samples come from hot
+        // chunks.
+        let mut needed = vec![0u64; chunks.len()];
+        for (i, e) in entries.iter().enumerate() {
+            if in_hot[i].is_none() {
+                needed[chunk_index[&e.chunk]] += e.stored_len;
+            }
+        }
+        let whole_files = self.stack.tier().is_some();
+        let mut plan = Plan::default();
+        for (k, (c, ce)) in chunks.iter().enumerate() {
+            // A chunk whose window samples all come from hot chunks is not read.
+            if self.hot.is_some() && needed[k] == 0 && !self.files.contains_key(c) {
+                continue;
+            }
+            let f = self.open(*c)?;
+            let copy = f.bytes_from() != BytesFrom::Origin;
+            if self.mode == ShuffleMode::Global {
+                if !self.checked.contains(c) {
+                    plan.header_req.push((*c, plan.reqs.len()));
+                    plan.reqs.push(Request {
+                        source: f,
+                        offset: 0,
+                        len: CHUNK_HEADER_LEN,
+                    });
+                }
+            } else if self.hot.is_some() && !copy {
+                self.plan_ranges(&mut plan, *c, f, &entries, &in_hot);
+            } else {
+                // Whole ranges from the chunk start: the header is checked on the way. With a
+                // tier, whole files: they can be admitted, and copies are checked against the
+                // whole-file CRC.
+                let end = if whole_files {
+                    ce.file_size
+                } else {
+                    entries
+                        .iter()
+                        .filter(|e| e.chunk == *c)
+                        .map(|e| e.offset + e.stored_len)
+                        .max()
+                        .unwrap_or(0)
+                };
+                if !self.checked.contains(c) {
+                    plan.header_req.push((*c, plan.reqs.len()));
+                }
+                if whole_files {
+                    plan.whole.push((*c, plan.reqs.len(), copy));
+                }
+                plan.placed.insert(*c, vec![(0, plan.reqs.len())]);
+                plan.reqs.push(Request {
+                    source: f,
+                    offset: 0,
+                    len: end.max(CHUNK_HEADER_LEN as u64) as usize,
+                });
+            }
+        }
+        let mut locs: Vec<(u32, u64)> = vec![(0, 0); ids.len()];
+        let mut hot_reads = Vec::new();
+        for (i, e) in entries.iter().enumerate() {
+            if let Some(r) = plan
+                .placed
+                .get(&e.chunk)
+                .and_then(|l| covering(l, &plan.reqs, e))
+            {
+                locs[i] = (r as u32, e.offset - plan.reqs[r].offset);
+                continue;
+            }
+            locs[i] = (plan.reqs.len() as u32, 0);
+            let (source, offset) = match in_hot[i].take() {
+                Some((h, file, offset)) => {
+                    hot_reads.push((h, plan.reqs.len(), i));
+                    (file, offset)
+                }
+                // Global plans: one read per record.
+                None => (self.files[&e.chunk].clone(), e.offset),
+            };
+            plan.reqs.push(Request {
+                source,
+                offset,
+                len: e.stored_len as usize,
+            });
+        }
+        // Headers are checked when this window's reads complete, before any of its samples (or
+        // of a later window) is delivered.
+        for (c, _) in &plan.header_req {
+            self.checked.insert(*c);
+        }
+        let prep = Prepared {
+            ids: ids.to_vec(),
+            locs,
+            entries,
+            labels,
+            weights: weights.to_vec(),
+            header_req: plan.header_req,
+            whole: plan.whole,
+            hot: hot_reads,
+            ranges: plan.ranges,
+        };
+        Ok((prep, plan.reqs))
+    }
+
+    /// The records of chunk `c` that the hot chunks do not hold, in ranges that skip no less
+    /// than `range_gap`: large records are read alone, runs of small ones together.
+    fn plan_ranges(
+        &self,
+        plan: &mut Plan,
+        c: u32,
+        f: Source,
+        entries: &[SampleEntry],
+        in_hot: &[Option<(u32, Source, u64)>],
+    ) {
+        let mut want: Vec<(u64, u64)> = entries
+            .iter()
+            .zip(in_hot)
+            .filter(|(e, h)| e.chunk == c && h.is_none())
+            .map(|(e, _)| (e.offset, e.offset + e.stored_len))
+            .collect();
+        want.sort_unstable();
+        let mut merged: Vec<(u64, u64)> = Vec::new();
+        for (start, end) in want {
+            match merged.last_mut() {
+                Some(last) if start <= last.1 + self.range_gap => last.1 = last.1.max(end),
+                _ => merged.push((start, end)),
+            }
+        }
+        if !self.checked.contains(&c) && !merged.is_empty() {
+            if merged[0].0 <= self.range_gap + CHUNK_HEADER_LEN as u64 {
+                merged[0].0 = 0;
+            } else {
+                merged.insert(0, (0, CHUNK_HEADER_LEN as u64));
+            }
+            plan.header_req.push((c, plan.reqs.len()));
+        }
+        let list = plan.placed.entry(c).or_default();
+        for (start, end) in merged {
+            plan.ranges.push((c, plan.reqs.len(), start));
+            list.push((start, plan.reqs.len()));
+            plan.reqs.push(Request {
+                source: f.clone(),
+                offset: start,
+                len: (end - start) as usize,
+            });
+        }
+    }
+
+    /// Checks a completed window: chunk copies (this node's tier, a peer's) must match the
+    /// snapshot's whole-file CRC and records from hot chunks their record CRC (a damaged copy
+    /// is discarded and the data read again from origin, which later windows then use too),
+    /// and chunk headers must belong to this dataset.
+    pub(crate) fn complete(
+        &mut self,
+        prep: &Prepared,
+        mut bufs: Vec<Completed>,
+    ) -> Result<(Vec<Completed>, Served)> {
+        let mut served = Served {
+            whole: Vec::with_capacity(prep.whole.len()),
+            hot: Vec::with_capacity(prep.hot.len()),
+        };
+        for &(c, i, copy) in &prep.whole {
+            let ce = self.ds.chunk(c)?;
+            let from = self
+                .files
+                .get(&c)
+                .map_or(BytesFrom::Origin, |f| f.bytes_from());
+            let intact = copy && crc32fast::hash(bufs[i].data()) == ce.file_crc;
+            served
+                .whole
+                .push(if intact { from } else { BytesFrom::Origin });
+            if copy && !intact {
+                // A peer's copy is checked before it is used: a mismatch here is origin's bytes
+                // (read on the peer's behalf), which the per-record checks then report.
+                if let (Some(tier), BytesFrom::Tier) = (self.stack.tier(), from) {
+                    tier.cache().discard(c)?;
+                }
+                let f = self.open_origin(c)?;
+                let fresh = read_now(&[Request {
+                    source: f,
+                    offset: 0,
+                    len: ce.file_size as usize,
+                }])?;
+                bufs[i] = fresh.into_iter().next().expect("one request, one buffer");
+            }
+        }
+        for &(h, i, s) in &prep.hot {
+            let e = &prep.entries[s];
+            let intact = decode_record(e, bufs[i].data()).is_ok();
+            served.hot.push(intact);
+            if !intact {
+                if let Some(hs) = self.hot.as_mut() {
+                    hs.discard(h)?;
+                }
+                let f = match self.files.get(&e.chunk) {
+                    Some(f) if f.bytes_from() == BytesFrom::Origin => f.clone(),
+                    _ => self.open_origin(e.chunk)?,
+                };
+                let mut fresh = read_now(&[
+                    Request {
+                        source: f.clone(),
+                        offset: 0,
+                        len: CHUNK_HEADER_LEN,
+                    },
+                    Request {
+                        source: f.clone(),
+                        offset: e.offset,
+                        len: e.stored_len as usize,
+                    },
+                ])?;
+                self.ds
+                    .check_chunk_header(fresh[0].data(), e.chunk, f.location())?;
+                self.checked.insert(e.chunk);
+                bufs[i] = fresh.pop().expect("two requests, two buffers");
+            }
+        }
+        for &(c, i) in &prep.header_req {
+            let at = self
+                .files
+                .get(&c)
+                .map_or_else(|| self.ds.chunk_path(c), |f| f.location().to_path_buf());
+            self.ds
+                .check_chunk_header(&bufs[i].data()[..CHUNK_HEADER_LEN], c, &at)?;
+        }
+        Ok((bufs, served))
+    }
+
+    /// After a window of a chunk-wise or sequential plan: a chunk belongs to one window, so its
+    /// map goes with the window's samples, not with the stream (which would keep every chunk
+    /// of the epoch mapped).
+    pub(crate) fn release_maps(&mut self) {
+        self.files
+            .retain(|_, f| local_file(&**f).is_none_or(|l| l.map.is_none()));
+    }
+
+    /// Counts a completed window by where its bytes came from; offers its origin-read chunks
+    /// for admission, or with hot chunks harvests the records that belong in them.
+    pub(crate) fn count(&mut self, prep: &Prepared, bufs: &[Arc<Completed>], served: &Served) {
+        let ds = &self.ds;
+        let stats = &self.stats;
+        let admission = self.admission.as_ref();
+        for (&(c, i, _), &from) in prep.whole.iter().zip(&served.whole) {
+            let n = prep.entries.iter().filter(|e| e.chunk == c).count() as u64;
+            let bytes = bufs[i].data();
+            stats.add(from, n, bytes.len() as u64);
+            if from != BytesFrom::Origin {
+                continue;
+            }
+            let Ok(ce) = ds.chunk(c) else { continue };
+            if let Some(h) = self.hot.as_mut() {
+                for id in ce.samples() {
+                    if let Ok(info) = ds.sample(id) {
+                        let e = info.entry;
+                        if let Some(rec) =
+                            bytes.get(e.offset as usize..(e.offset + e.stored_len) as usize)
+                        {
+                            h.harvest(ds, id, rec, admission);
+                        }
+                    }
+                }
+            } else if let Some(a) = admission {
+                // A chunk's importance: the sum of its samples' scores (equal without a
+                // score table, so that importance admission then only adds hysteresis).
+                let score = match &self.scores {
+                    Some(t) => ce.samples().map(|id| t.score(id)).sum(),
+                    None => ce.sample_count as f64,
+                };
+                a.offer(Job::Chunk(ce, bufs[i].clone(), score));
+            }
+        }
+        for (&(_, i, _), &ok) in prep.hot.iter().zip(&served.hot) {
+            let from = if ok {
+                BytesFrom::Tier
+            } else {
+                BytesFrom::Origin
+            };
+            stats.add(from, 1, bufs[i].data().len() as u64);
+        }
+        for &(_, r, _) in &prep.ranges {
+            let n = prep.locs.iter().filter(|l| l.0 as usize == r).count() as u64;
+            stats.add(BytesFrom::Origin, n, bufs[r].data().len() as u64);
+        }
+        // Every record inside a range read may belong in a hot chunk, drawn or not. Ranges
+        // of a chunk are consecutive in `prep.ranges`, sorted by offset.
+        if let Some(h) = self.hot.as_mut() {
+            for group in prep.ranges.chunk_by(|a, b| a.0 == b.0) {
+                let Ok(ce) = ds.chunk(group[0].0) else {
+                    continue;
+                };
+                for id in ce.samples() {
+                    let Ok(info) = ds.sample(id) else { continue };
+                    let e = info.entry;
+                    let k = group.partition_point(|&(_, _, start)| start <= e.offset);
+                    let Some(&(_, r, start)) = k.checked_sub(1).and_then(|k| group.get(k)) else {
+                        continue;
+                    };
+                    let at = (e.offset - start) as usize;
+                    if let Some(rec) = bufs[r].data().get(at..at + e.stored_len as usize) {
+                        h.harvest(ds, id, rec, admission);
+                    }
+                }
+            }
+        }
+    }
+
+    /// The end of the epoch: hot records still waiting go to the tier, and admission finishes.
+    pub(crate) fn finish(mut self) {
+        if let Some(h) = self.hot.as_mut() {
+            h.flush(self.admission.as_ref());
+        }
+        if let Some(a) = self.admission {
+            a.finish();
+        }
+    }
+}
+
+/// The most bytes a batch can take from the pool: its buffers (aligned and rounded as the
+/// pool does), or the mapped ranges it borrows.
+pub(crate) fn buffer_bytes(reqs: &[Request]) -> usize {
+    reqs.iter()
+        .map(|r| match (r.map(), r.direct()) {
+            (Some(_), _) => r.len,
+            (None, direct) => {
+                BufPool::charge(r.len + if direct { 2 * crate::buf::ALIGN } else { 0 })
+            }
+        })
+        .sum()
+}
