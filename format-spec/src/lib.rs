@@ -11,6 +11,7 @@
 mod chunk;
 mod error;
 mod hash;
+mod id;
 mod le;
 pub mod local;
 mod record;
@@ -24,6 +25,7 @@ pub use chunk::{
 };
 pub use error::{FormatError, Result};
 pub use hash::path_hash;
+pub use id::DatasetId;
 pub use record::{check_chunk, decode_record, ChunkCheck, MAX_ZSTD_RATIO};
 pub use rng::SplitMix64;
 pub use snapshot::{

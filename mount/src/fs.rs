@@ -282,10 +282,7 @@ impl MountFs {
             n if n == XATTR_PID.as_bytes() => Ok(std::process::id().to_string().into_bytes()),
             n if n == XATTR_DATASET.as_bytes() => {
                 let ds = self.dataset();
-                Ok(match ds.remote() {
-                    Some(u) => u.url().as_bytes().to_vec(),
-                    None => ds.dir().as_os_str().as_encoded_bytes().to_vec(),
-                })
+                Ok(ds.location().into_bytes())
             }
             _ => Err(libc::ENODATA),
         }

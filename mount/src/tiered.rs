@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use granary::{
     Access, BytesFrom, ChunkBytes, ChunkCache, Dataset, ImportanceScores, ReadError, SampleInfo,
-    SampleReader, StoreStack,
+    SampleReader,
 };
 use serde::Serialize;
 
@@ -116,10 +116,7 @@ impl TieredReader {
         fetch: bool,
     ) -> Result<TieredReader, ReadError> {
         let counters: Arc<Counters> = Arc::default();
-        let stack = match &cache {
-            Some(c) => StoreStack::build(&ds, Access::positional(), Some(c.clone()), None)?,
-            None => StoreStack::plain(&ds, Access::positional()),
-        };
+        let stack = ds.stack(Access::positional(), cache.clone(), None)?;
         let reader = Arc::new(SampleReader::with_stack(ds, stack));
         let tier = cache.map(|cache| {
             Arc::new(Tier {

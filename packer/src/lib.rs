@@ -28,6 +28,7 @@ use granary_format::{
     chunk_file_name, parse_chunk_file_name, ChunkSummary, ChunkWriter, Snapshot, SnapshotBuilder,
     NO_LABEL, SNAPSHOT_FILE,
 };
+use granary_store::object::ObjectUrl;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use rayon::prelude::*;
 use serde::Serialize;
@@ -38,7 +39,6 @@ pub use granary_format::SplitMix64;
 use plan::Plan;
 pub use reindex::{reindex, ReindexSummary};
 pub use shard::{merge, shard_of, MergeSummary, ShardSpec, PART_FILE};
-pub use upload::Destination;
 
 /// Default target chunk size (see README: measured on this project's reference machine).
 pub const DEFAULT_CHUNK_SIZE: u64 = 32 << 20;
@@ -69,8 +69,11 @@ pub enum PackError {
     #[error("{0}")]
     Usage(String),
     /// The destination (an object store) refused or failed a request.
+    #[error(transparent)]
+    Destination(#[from] granary_store::StoreError),
+    /// The upload of a pack to an object store stopped (its thread failed).
     #[error("{0}")]
-    Destination(String),
+    Upload(String),
     /// The format layer refused what we built (for example duplicate paths).
     #[error(transparent)]
     Format(#[from] granary_format::FormatError),
@@ -137,8 +140,8 @@ pub struct PackOptions {
     pub io_threads: usize,
     /// Upload the dataset here instead of publishing it at `out` (which then only names it in
     /// messages); built in `staging`, which must be set too.
-    pub destination: Option<std::sync::Arc<dyn Destination>>,
-    /// The local build directory of a pack to a [`Destination`].
+    pub destination: Option<std::sync::Arc<ObjectUrl>>,
+    /// The local build directory of a pack to an object store.
     pub staging: Option<PathBuf>,
     /// Pack only this shard's share of the files, as a part of `out` for [`merge`].
     pub shard: Option<ShardSpec>,
@@ -449,7 +452,7 @@ fn run_kept(
         (Mode::Whole, Some(d), None) => {
             return Err(PackError::Usage(format!(
                 "packing to {} needs a local staging directory",
-                d.location()
+                d.url()
             )))
         }
         (Mode::Shard(s), _, _) => Place {
@@ -751,7 +754,7 @@ fn run_kept(
                 let p = work.join(upload::sent_name(c));
                 warnings.push(format!(
                     "chunk {c} was uploaded by the interrupted run but is not intact at {}; packing it again",
-                    dest.map(|d| d.location()).unwrap_or_default()
+                    dest.map(|d| d.url().to_string()).unwrap_or_default()
                 ));
                 std::fs::remove_file(&p).map_err(|e| PackError::io("removing", &p, e))?;
             }
@@ -851,9 +854,9 @@ fn run_kept(
         }
         drop(tx);
         let sent = uploader.join().unwrap_or_else(|_| {
-            Err(PackError::Destination(format!(
+            Err(PackError::Upload(format!(
                 "the upload thread to {} panicked",
-                d.location()
+                d.url()
             )))
         });
         // The uploader's failure is the cause when both failed (the writer only saw the
@@ -959,12 +962,11 @@ fn run_kept(
                     for (name, _) in &remote_found {
                         if parse_chunk_file_name(name).is_some_and(|c| c as usize >= planned_chunks)
                         {
-                            d.remove(name).map_err(PackError::Destination)?;
+                            d.delete(name)?;
                         }
                     }
                     let snap_path = work.join(SNAPSHOT_FILE);
-                    d.upload(SNAPSHOT_FILE, &snap_path, &|_| {})
-                        .map_err(PackError::Destination)?;
+                    d.put_file(SNAPSHOT_FILE, &snap_path, &|_| {})?;
                     std::fs::remove_dir_all(&work)
                         .map_err(|e| PackError::io("removing", &work, e))?;
                 }
@@ -1324,7 +1326,7 @@ fn write_chunks(
                 let s = write_chunk(place, plan, c, recs)?;
                 if let Some(tx) = sent {
                     if tx.send((s.chunk_id, s.file_size, s.file_crc)).is_err() {
-                        return Err(PackError::Destination(
+                        return Err(PackError::Upload(
                             "the upload stopped (its error follows)".into(),
                         ));
                     }

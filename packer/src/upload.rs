@@ -15,27 +15,10 @@ use granary_format::{
     CHUNK_TRAILER_LEN, SNAPSHOT_FILE,
 };
 
+use granary_store::object::ObjectUrl;
+
 use crate::plan::Plan;
 use crate::PackError;
-
-/// Where a pack's files go when they do not stay in a local directory: an object store
-/// prefix. Errors are messages that name the object and the cause.
-pub trait Destination: Send + Sync + std::fmt::Debug {
-    /// The destination, for messages (a URL).
-    fn location(&self) -> String;
-    /// Names and sizes of the objects under the destination now.
-    fn list(&self) -> Result<Vec<(String, u64)>, String>;
-    /// Stores the local file `path` as `name`, whole or not at all; `progress` gets the bytes
-    /// stored as they are.
-    fn upload(
-        &self,
-        name: &str,
-        path: &Path,
-        progress: &(dyn Fn(u64) + Sync),
-    ) -> Result<(), String>;
-    /// Removes `name` (absent is fine).
-    fn remove(&self, name: &str) -> Result<(), String>;
-}
 
 /// Size, CRC and a reserved u32 before the chunk's trailer in a marker's body (a node-local
 /// file, SPEC.md appendix A, kind `UPLOAD_MARKER`).
@@ -63,11 +46,11 @@ pub(crate) type Written = (u32, u64, u32);
 /// reader ever opens a mix of old and new chunks); chunks without a snapshot are an
 /// interrupted upload and need `resume` or `force`. Returns the objects found.
 pub(crate) fn check_destination(
-    dest: &dyn Destination,
+    dest: &ObjectUrl,
     force: bool,
     resume: bool,
 ) -> Result<Vec<(String, u64)>, PackError> {
-    let found = dest.list().map_err(PackError::Destination)?;
+    let found = dest.list()?;
     if let Some((other, _)) = found
         .iter()
         .find(|(n, _)| n != SNAPSHOT_FILE && parse_chunk_file_name(n).is_none())
@@ -75,25 +58,25 @@ pub(crate) fn check_destination(
         return Err(PackError::Usage(format!(
             "{} holds {other}, which granary did not write; pack only into an empty prefix or one \
              holding a granary dataset",
-            dest.location()
+            dest.url()
         )));
     }
     let has_snapshot = found.iter().any(|(n, _)| n == SNAPSHOT_FILE);
     if has_snapshot && !force {
         return Err(PackError::Usage(format!(
             "{} already holds a dataset; pass --force to replace it",
-            dest.location()
+            dest.url()
         )));
     }
     if !has_snapshot && !found.is_empty() && !force && !resume {
         return Err(PackError::Usage(format!(
             "{} holds chunks of an interrupted upload; pass --resume to continue it or --force to \
              start over",
-            dest.location()
+            dest.url()
         )));
     }
     if has_snapshot {
-        dest.remove(SNAPSHOT_FILE).map_err(PackError::Destination)?;
+        dest.delete(SNAPSHOT_FILE)?;
     }
     Ok(found)
 }
@@ -157,7 +140,7 @@ pub fn decode_marker(m: &[u8], c: u32) -> Option<(u64, u32, granary_format::Chun
 /// Returns at the first failure (the writer then fails on its next send) or when the writer
 /// is done.
 pub(crate) fn upload_loop(
-    dest: &dyn Destination,
+    dest: &ObjectUrl,
     work: &Path,
     rx: Receiver<Written>,
     uploaded: &AtomicU64,
@@ -166,7 +149,7 @@ pub(crate) fn upload_loop(
     for (c, size, crc) in rx {
         let name = chunk_file_name(c);
         let path = work.join(&name);
-        dest.upload(&name, &path, &|n| {
+        dest.put_file(&name, &path, &|n| {
             let total = uploaded.fetch_add(n, Ordering::Relaxed) + n;
             on_progress(total);
         })

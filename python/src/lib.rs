@@ -62,9 +62,9 @@ fn err(e: ReadError) -> PyErr {
             Some(errno) => GranaryError::new_err((errno, msg)),
             None => GranaryError::new_err(msg),
         },
-        ReadError::Remote { not_found, .. } => match not_found {
-            true => GranaryError::new_err((libc_enoent(), msg)),
-            false => GranaryError::new_err(msg),
+        ReadError::Remote { kind, .. } => match kind {
+            granary::RemoteKind::NotFound => GranaryError::new_err((libc_enoent(), msg)),
+            _ => GranaryError::new_err(msg),
         },
     }
 }
@@ -75,7 +75,7 @@ fn libc_enoent() -> i32 {
 }
 
 fn hex(id: &[u8; 16]) -> String {
-    id.iter().map(|b| format!("{b:02x}")).collect()
+    granary::DatasetId(*id).to_string()
 }
 
 /// A packed dataset for random access: `len`, `read(i) -> (bytes, label)`, lookups.
@@ -425,7 +425,7 @@ impl Stream {
                              peers"
                         )));
                     }
-                    let ownership = granary::Ownership::compute(
+                    let ownership = granary::ownership(
                         &ds,
                         &plan,
                         ownership_epoch,

@@ -13,9 +13,9 @@ use memmap2::Mmap;
 
 use crate::error::{ReadError, RecordError, Result};
 use crate::escape_path;
-use crate::file::{local_file, map_file};
-use crate::local::LocalDir;
-use crate::source::{ChunkSource, ChunkStore, RangeRead, Source};
+use granary_store::file::{local_file, map_file};
+use granary_store::local::LocalDir;
+use granary_store::{Access, ChunkCache, ChunkSource, ChunkStore, RangeRead, Source, StoreStack};
 
 /// Chunks up to this size are read into memory; larger ones are memory-mapped.
 const READ_WHOLE_LIMIT: u64 = 512 << 20;
@@ -35,8 +35,6 @@ pub struct SampleInfo {
 /// snapshot's directory). Cheap to share across threads (`Sync`); reads use positional I/O.
 pub struct Dataset {
     dir: PathBuf,
-    /// The prefix of a dataset in an object store (its snapshot is a cached local copy).
-    remote: Option<Arc<crate::remote::ObjectUrl>>,
     snapshot_path: PathBuf,
     snap: Snapshot<Mmap>,
     store: Arc<dyn ChunkStore>,
@@ -79,15 +77,18 @@ impl Dataset {
     /// ([`crate::remote`]).
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref();
-        if let Some(url) = path.to_str().filter(|s| crate::remote::is_url(s)) {
-            let u = Arc::new(crate::remote::ObjectUrl::parse(url)?);
-            let snap = crate::remote::fetch_snapshot(&u)?;
+        if let Some(url) = path.to_str().filter(|s| granary_store::object::is_url(s)) {
+            let u = Arc::new(granary_store::object::ObjectUrl::parse(url)?);
+            let snap = granary_store::object::fetch_snapshot(&u)?;
             return Self::open_remote(&snap, u);
         }
-        if let Some(url) = path.to_str().filter(|s| crate::remote::looks_like_url(s)) {
+        if let Some(url) = path
+            .to_str()
+            .filter(|s| granary_store::object::looks_like_url(s))
+        {
             if !path.exists() {
                 // An unknown scheme: say so rather than "no such file".
-                crate::remote::ObjectUrl::parse(url)?;
+                granary_store::object::ObjectUrl::parse(url)?;
             }
         }
         Self::open_in(path, None)
@@ -95,13 +96,15 @@ impl Dataset {
 
     /// Opens a fetched snapshot (a local file) of the dataset at `url`, whose chunks are read
     /// from the object store.
-    pub(crate) fn open_remote(snapshot: &Path, url: Arc<crate::remote::ObjectUrl>) -> Result<Self> {
+    pub(crate) fn open_remote(
+        snapshot: &Path,
+        url: Arc<granary_store::object::ObjectUrl>,
+    ) -> Result<Self> {
         let mut ds = Self::open_in(snapshot, None)?;
         let sizes = (0..ds.snap.chunk_count())
             .map(|c| Ok(ds.chunk(c as u32)?.file_size))
             .collect::<Result<Vec<u64>>>()?;
-        ds.store = Arc::new(crate::remote::ObjectChunks::new(url.clone(), sizes));
-        ds.remote = Some(url);
+        ds.store = Arc::new(granary_store::object::ObjectChunks::new(url, sizes));
         Ok(ds)
     }
 
@@ -122,7 +125,7 @@ impl Dataset {
                 .unwrap_or(Path::new("."));
             (dir.to_path_buf(), path.to_path_buf())
         };
-        let file = crate::file::open_regular(&snapshot_path, 0).map_err(|e| {
+        let file = granary_store::file::open_regular(&snapshot_path, 0).map_err(|e| {
             let op = if path.is_dir() {
                 "opening snapshot"
             } else {
@@ -145,7 +148,7 @@ impl Dataset {
             ));
         }
         // is_dir, open, fstat, and the map's own fstat.
-        crate::file::count_metadata_ops(4);
+        granary_store::file::count_metadata_ops(4);
         let map = map_file(&file, &snapshot_path)?;
         // Opening and looking up touch a handful of pages spread over the file: without this,
         // every cold page fault reads a whole readahead window (often megabytes) instead.
@@ -154,7 +157,6 @@ impl Dataset {
         let store = store.unwrap_or_else(|| Arc::new(LocalDir::new(&dir)));
         Ok(Dataset {
             dir,
-            remote: None,
             snapshot_path,
             snap,
             store,
@@ -171,15 +173,7 @@ impl Dataset {
 
     /// Where the dataset is, for messages: its URL, or its directory.
     pub fn location(&self) -> String {
-        match &self.remote {
-            Some(u) => u.url().to_string(),
-            None => self.dir.display().to_string(),
-        }
-    }
-
-    /// The prefix of a dataset opened from an object store.
-    pub fn remote(&self) -> Option<&Arc<crate::remote::ObjectUrl>> {
-        self.remote.as_ref()
+        self.store.location()
     }
 
     /// Checks the CRC of every snapshot section; the first problem is returned.
@@ -285,7 +279,9 @@ impl Dataset {
         let chunks = self.chunk_count().max(1);
         let mean = (self.total_chunk_bytes()? / chunks).max(1);
         // A chunk read takes its size in buffers, rounded as the pool rounds them.
-        let charge = crate::buf::BufPool::charge(mean as usize + 2 * crate::buf::ALIGN) as u64;
+        let charge =
+            granary_store::buf::BufPool::charge(mean as usize + 2 * granary_store::buf::ALIGN)
+                as u64;
         Ok((memory / (3 * charge)).max(1) as usize)
     }
 
@@ -310,6 +306,30 @@ impl Dataset {
         let p = crate::EpochPlan::build(&self.shape()?, plan, epoch, shard, resume)
             .map_err(ReadError::Invalid)?;
         crate::EpochStream::new(self.clone(), p, plan.mode, io)
+    }
+
+    /// The store stack of a reader that reads as `access` says: `tier` (if any) over `peers`
+    /// (if any, and only with a tier: peers share tiers) over the dataset's own store.
+    pub fn stack(
+        &self,
+        access: Access,
+        tier: Option<Arc<ChunkCache>>,
+        peers: Option<Arc<granary_store::Peers>>,
+    ) -> Result<StoreStack> {
+        let Some(cache) = tier else {
+            return Ok(StoreStack::plain(&self.store, access));
+        };
+        let chunks: Arc<[ChunkEntry]> = (0..self.chunk_count() as u32)
+            .map(|c| self.chunk(c))
+            .collect::<Result<Vec<_>>>()?
+            .into();
+        Ok(StoreStack::with_tier(
+            &self.store,
+            chunks,
+            access,
+            cache,
+            peers,
+        ))
     }
 
     /// Location of chunk `id`'s file in the dataset's store (a path, or a URL written as one).
@@ -520,8 +540,42 @@ impl Dataset {
     }
 }
 
+/// The ownership of `ds`'s chunks for a job of `world` ranks on `nodes` nodes whose tiers
+/// hold `capacities[node]` bytes, from `epoch`'s plan.
+pub fn ownership(
+    ds: &Dataset,
+    plan: &crate::PlanOptions,
+    epoch: u64,
+    world: u32,
+    nodes: u32,
+    capacities: &[u64],
+) -> Result<granary_store::Ownership> {
+    if nodes == 0 || world == 0 || !world.is_multiple_of(nodes) {
+        return Err(ReadError::Invalid(format!(
+            "{world} ranks cannot be spread evenly over {nodes} nodes: the world size must \
+             be a multiple of the node count"
+        )));
+    }
+    if capacities.len() != nodes as usize {
+        return Err(ReadError::Invalid(format!(
+            "{} tier capacities for {nodes} nodes",
+            capacities.len()
+        )));
+    }
+    let shape = ds.shape()?;
+    let per_node = world / nodes;
+    let home: Vec<u32> = crate::plan::chunk_readers(&shape, plan, epoch, world)
+        .into_iter()
+        .map(|r| r / per_node)
+        .collect();
+    let sizes = (0..shape.chunks())
+        .map(|c| ds.chunk(c).map(|ce| ce.file_size))
+        .collect::<Result<Vec<u64>>>()?;
+    Ok(granary_store::Ownership::assign(&home, &sizes, capacities))
+}
+
 /// Reads `buf.len()` bytes of `f` at `offset`.
 pub(crate) fn read_exact(f: &dyn ChunkSource, buf: &mut [u8], offset: u64) -> Result<()> {
     let need = buf.len();
-    f.read_ranges(&mut [RangeRead { offset, buf, need }])
+    Ok(f.read_ranges(&mut [RangeRead { offset, buf, need }])?)
 }

@@ -1,6 +1,7 @@
 use std::path::PathBuf;
 
 use granary_format::FormatError;
+use granary_store::{RemoteKind, StoreError};
 
 /// Result alias of the reader.
 pub type Result<T> = std::result::Result<T, ReadError>;
@@ -39,8 +40,8 @@ pub enum ReadError {
         op: &'static str,
         url: String,
         detail: String,
-        /// The object (or bucket) does not exist.
-        not_found: bool,
+        /// Missing, refused, failing after retries, or other.
+        kind: RemoteKind,
     },
     /// An argument or option that is not possible as asked (out of range, inconsistent).
     #[error("{0}")]
@@ -82,4 +83,26 @@ pub struct RecordError {
     pub sample_path: String,
     #[source]
     pub source: FormatError,
+}
+
+impl From<StoreError> for ReadError {
+    fn from(e: StoreError) -> Self {
+        match e {
+            StoreError::Io { op, path, source } => ReadError::Io { op, path, source },
+            StoreError::Format { path, source } => ReadError::Format { path, source },
+            StoreError::Damaged { path, detail } => ReadError::Mismatch { path, detail },
+            StoreError::Remote {
+                op,
+                url,
+                detail,
+                kind,
+            } => ReadError::Remote {
+                op,
+                url,
+                detail,
+                kind,
+            },
+            StoreError::Invalid(s) => ReadError::Invalid(s),
+        }
+    }
 }

@@ -133,7 +133,7 @@ impl ImportanceScores {
     /// Writes the table to `path` atomically (SPEC.md appendix A: framed, temporary file,
     /// fsync, rename, fsync of the directory).
     pub fn save(&self, path: &Path) -> Result<()> {
-        crate::cache::write_atomic(path, &self.encode())
+        Ok(granary_store::tier::write_atomic(path, &self.encode())?)
     }
 
     /// The framed table: sample count (u64), smoothing (f32), one f32 score per sample, one
@@ -236,7 +236,7 @@ impl SharedInner {
         let batch = std::mem::take(&mut *self.queue.lock().expect("score queue"));
         let lock_path = self.path.with_extension("lock");
         let result: Result<()> = (|| {
-            let _lock = crate::cache::lock_exclusive(&lock_path)?;
+            let _lock = granary_store::tier::lock_exclusive(&lock_path)?;
             let mut t = self.load();
             if !batch.is_empty() {
                 t.apply(&batch);

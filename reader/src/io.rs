@@ -10,12 +10,12 @@ use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use crate::buf::MapLease;
-pub use crate::buf::{AlignedBuf, BufPool, ALIGN};
 use crate::error::{ReadError, Result};
-use crate::file::{eof_at, local_file, pread_at_least};
-pub use crate::file::{metadata_ops, IoFile};
-use crate::source::{RangeRead, Source};
+use granary_store::buf::MapLease;
+pub use granary_store::buf::{AlignedBuf, BufPool, ALIGN};
+use granary_store::file::{eof_at, local_file, pread_at_least};
+pub use granary_store::file::{metadata_ops, IoFile};
+use granary_store::{RangeRead, Source};
 
 /// Buffer bytes (idle and in use) of an engine made with [`Engine::new`].
 pub const POOL_BYTES: usize = 128 << 20;
@@ -174,7 +174,7 @@ fn finish(bufs: Vec<Slot>, skips: Vec<usize>, reqs: &[Request]) -> Result<Vec<Co
                 Slot::Map(lease) => {
                     let mapped = r.map().map_or(0, |m| m.len() as u64);
                     if r.offset + r.len as u64 > mapped {
-                        return Err(eof_at(r.source.location(), mapped));
+                        return Err(eof_at(r.source.location(), mapped).into());
                     }
                     Bytes::Map(r.source.clone(), lease)
                 }
@@ -245,12 +245,12 @@ fn read_group(reqs: &[Request], group: Vec<(&Piece, &mut [u8])>) -> Result<()> {
             need: p.need,
         })
         .collect();
-    match local_file(&*src) {
+    Ok(match local_file(&*src) {
         Some(f) => reads
             .iter_mut()
             .try_for_each(|r| pread_at_least(&f.file, &f.path, r)),
         None => src.read_ranges(&mut reads),
-    }
+    }?)
 }
 
 /// Sources that are not local files read at once by one batch of the io_uring engine.
@@ -714,7 +714,7 @@ impl UringEngine {
             } else if res == 0 {
                 if b.done[i] < p.need {
                     let e = eof_at(b.reqs[p.req].source.location(), p.offset + b.done[i] as u64);
-                    b.error.get_or_insert(e);
+                    b.error.get_or_insert(e.into());
                 }
                 b.remaining -= 1;
             } else {

@@ -37,33 +37,26 @@
 //! # }
 //! ```
 
-mod buf;
-mod cache;
 mod dataset;
 mod epoch;
 mod error;
 mod extract;
-pub mod file;
 mod importance;
 pub mod io;
-pub mod local;
 mod pathfmt;
-pub mod peers;
 pub mod plan;
 pub mod procstat;
 mod random;
-pub mod remote;
-mod source;
-mod stack;
 mod stream;
 mod tier;
 mod verify;
 mod window;
 
-pub use cache::{
-    decode_hot_map, decode_tier_index, hot_file_name, CachePolicy, CacheStats, ChunkCache,
-    HotChunk, HotMap, HotRecord,
-};
+/// Object stores (`s3://`, `gs://`, `az://`, `http(s)://`): the store crate's.
+pub use granary_store::object as remote;
+pub use granary_store::{file, local};
+
+pub use dataset::ownership;
 pub use dataset::{ChunkBytes, Dataset, SampleInfo};
 pub use epoch::{
     measure_epoch, read_epoch, EpochReport, EpochSetup, EpochTotals, ImportanceSampling, PeerReport,
@@ -71,19 +64,19 @@ pub use epoch::{
 pub use error::{ReadError, RecordError, Result};
 pub use extract::{extract, ExtractOptions, ExtractSummary};
 pub use granary_format::{Compression, FormatError, NO_LABEL};
+pub use granary_store::{
+    decode_hot_map, decode_tier_index, effective_memory, hot_file_name, resident_share, Access,
+    BytesFrom, CachePolicy, CacheStats, ChunkCache, ChunkSource, ChunkStore, DatasetId, HotChunk,
+    HotMap, HotRecord, IoMode, LocalDir, OpenCounters, OpenCounts, Opener, Ownership, PeerStats,
+    PeerStore, Peers, RangeRead, RemoteKind, Source, StoreError, StoreStack, TierStore,
+};
 pub use importance::{batch_weights, ImportanceScores, SharedScores};
-pub use local::{effective_memory, resident_share, LocalDir, Opener};
 pub use pathfmt::{escape_path, unescape_path};
-pub use peers::{Ownership, PeerStats, PeerStore, Peers};
 pub use plan::{
     shuffle_quality, DatasetShape, EpochPlan, EpochState, PlanOptions, Sampling, Shard,
     ShuffleMode, ShuffleQuality,
 };
 pub use random::SampleReader;
-pub use source::{
-    Access, BytesFrom, ChunkSource, ChunkStore, IoMode, OpenCounters, OpenCounts, RangeRead, Source,
-};
-pub use stack::{StoreStack, TierStore};
 pub use stream::{EpochStream, Sample, StreamOptions};
 pub use tier::CacheHits;
 pub use verify::{verify, Problem, VerifyReport};

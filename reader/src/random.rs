@@ -8,9 +8,9 @@ use granary_format::{decode_record, Compression};
 
 use crate::dataset::{read_exact, SampleInfo};
 use crate::error::{ReadError, Result};
-use crate::source::{Access, BytesFrom, Source};
-use crate::stack::StoreStack;
 use crate::Dataset;
+use granary_store::StoreStack;
+use granary_store::{Access, BytesFrom, Source};
 
 /// Random access to samples: chunk files stay open (one open and header check per chunk, at
 /// most `MAX_OPEN` at a time), and raw records are read straight into the caller's buffer.
@@ -28,7 +28,7 @@ impl SampleReader {
 
     /// Reads from the dataset's own store, through the page cache.
     pub fn new(ds: Arc<Dataset>) -> Self {
-        let stack = StoreStack::plain(&ds, Access::positional());
+        let stack = StoreStack::plain(ds.store(), Access::positional());
         Self::with_stack(ds, stack)
     }
 

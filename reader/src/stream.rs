@@ -23,13 +23,12 @@ use rayon::prelude::*;
 
 use crate::error::{ReadError, Result};
 use crate::io::{BufPool, Completed, Engine, IoKind, Pending, Request};
-use crate::local::Opener;
 use crate::plan::{EpochPlan, ShuffleMode};
-use crate::source::{Access, IoMode, OpenCounters, OpenCounts};
-use crate::stack::StoreStack;
 use crate::tier::{Admission, CacheCounters, CacheHits, HotState};
 use crate::window::{buffer_bytes, Prepared, Windows};
 use crate::{CachePolicy, ChunkCache, Dataset};
+use granary_store::local::Opener;
+use granary_store::{Access, IoMode, OpenCounters, OpenCounts};
 
 /// Options of the I/O path.
 #[derive(Clone, Debug)]
@@ -249,7 +248,7 @@ impl EpochStream {
         let cache = opts.cache.clone().filter(|_| mode != ShuffleMode::Global);
         // Peers share tiers only: without a local tier there is nothing to share.
         let peers = opts.peers.clone().filter(|_| cache.is_some());
-        let stack = StoreStack::build(ds, access, cache.clone(), peers.clone())?;
+        let stack = ds.stack(access, cache.clone(), peers.clone())?;
         let tier = stack.tier().cloned();
         let mut w = Windows::new(ds.clone(), stack, mode, opts.range_gap, stats.clone());
         w.admission = cache.map(|c| {

@@ -8,12 +8,12 @@ use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 
-use crate::cache::{HotMap, HotRecord};
 use crate::error::Result;
 use crate::io::Completed;
-use crate::source::{BytesFrom, Source};
-use crate::stack::TierStore;
 use crate::{ChunkCache, Dataset};
+use granary_store::tier::{HotMap, HotRecord};
+use granary_store::TierStore;
+use granary_store::{BytesFrom, Source};
 
 /// Bytes a record costs in a hot chunk besides its stored bytes and path: its footer entry and
 /// path offset.
@@ -131,7 +131,7 @@ impl HotState {
     pub(crate) fn discard(&mut self, h: u32) -> Result<()> {
         self.map.forget(h);
         self.files.remove(&h);
-        self.cache.discard_hot(h)
+        Ok(self.cache.discard_hot(h)?)
     }
 
     fn wants(&self, id: u64, stored_len: u64, cost: u64) -> bool {
@@ -226,8 +226,8 @@ impl CacheCounters {
 
     /// Counts a failed admission (warning on the first); false if the tier's file system is
     /// full, so that the stream stops admitting (it keeps serving what the tier holds).
-    fn admission_failed(&self, dir: &std::path::Path, e: &crate::ReadError) -> bool {
-        let full = matches!(e, crate::ReadError::Io { source, .. }
+    fn admission_failed(&self, dir: &std::path::Path, e: &granary_store::StoreError) -> bool {
+        let full = matches!(e, granary_store::StoreError::Io { source, .. }
             if matches!(source.kind(), std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded));
         if self.admissions_failed.fetch_add(1, Relaxed) == 0 {
             eprintln!(
@@ -332,7 +332,7 @@ impl Admission {
             if !admitting {
                 continue;
             }
-            let mut failed = |e: crate::ReadError| {
+            let mut failed = |e: granary_store::StoreError| {
                 admitting &= stats.admission_failed(cache.dir(), &e);
             };
             match job {

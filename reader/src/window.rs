@@ -11,13 +11,13 @@ use std::sync::Arc;
 use granary_format::{decode_record, ChunkEntry, SampleEntry, CHUNK_HEADER_LEN};
 
 use crate::error::Result;
-use crate::file::local_file;
 use crate::io::{BufPool, Completed, Engine, IoKind, Request};
 use crate::plan::ShuffleMode;
-use crate::source::{BytesFrom, Source};
-use crate::stack::StoreStack;
 use crate::tier::{Admission, CacheCounters, HotState, Job};
 use crate::{Dataset, ImportanceScores};
+use granary_store::file::local_file;
+use granary_store::StoreStack;
+use granary_store::{BytesFrom, Source};
 
 /// A window whose reads are queued: what decoding needs once they complete.
 pub(crate) struct Prepared {
@@ -480,9 +480,14 @@ pub(crate) fn buffer_bytes(reqs: &[Request]) -> usize {
     reqs.iter()
         .map(|r| match (r.map(), r.direct()) {
             (Some(_), _) => r.len,
-            (None, direct) => {
-                BufPool::charge(r.len + if direct { 2 * crate::buf::ALIGN } else { 0 })
-            }
+            (None, direct) => BufPool::charge(
+                r.len
+                    + if direct {
+                        2 * granary_store::buf::ALIGN
+                    } else {
+                        0
+                    },
+            ),
         })
         .sum()
 }

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use granary::io::IoKind;
 use granary::{
     CachePolicy, ChunkCache, ChunkSource, ChunkStore, Dataset, PlanOptions, RangeRead, ReadError,
-    SampleReader, Shard, ShuffleMode, Source, StreamOptions,
+    SampleReader, Shard, ShuffleMode, Source, StoreError, StreamOptions,
 };
 use granary_packer::{pack, PackOptions};
 
@@ -40,17 +40,16 @@ impl ChunkSource for MemSource {
         self.bytes.len() as u64
     }
 
-    fn read_ranges(&self, reads: &mut [RangeRead<'_>]) -> granary::Result<()> {
+    fn read_ranges(&self, reads: &mut [RangeRead<'_>]) -> granary_store::Result<()> {
         self.store.calls.fetch_add(1, Relaxed);
         for r in reads.iter_mut() {
             let start = (r.offset as usize).min(self.bytes.len());
             let have = self.bytes.len() - start;
             if have < r.need {
-                return Err(ReadError::Incomplete(format!(
-                    "{}: ends before offset {}",
-                    self.name.display(),
-                    r.offset + have as u64
-                )));
+                return Err(StoreError::damaged(
+                    &self.name,
+                    format!("ends before offset {}", r.offset + have as u64),
+                ));
             }
             let n = have.min(r.buf.len());
             r.buf[..n].copy_from_slice(&self.bytes[start..start + n]);
@@ -73,11 +72,11 @@ impl ChunkStore for Mem {
         ))
     }
 
-    fn open_chunk(&self, id: u32) -> granary::Result<Source> {
+    fn open_chunk(&self, id: u32) -> granary_store::Result<Source> {
         self.0.opens.fetch_add(1, Relaxed);
         let bytes = self.0.chunks.lock().unwrap().get(&id).cloned();
         let bytes =
-            bytes.ok_or_else(|| ReadError::Incomplete(format!("{} is not in the store", id)))?;
+            bytes.ok_or_else(|| StoreError::Invalid(format!("{} is not in the store", id)))?;
         Ok(Arc::new(MemSource {
             name: self.chunk_location(id),
             bytes,

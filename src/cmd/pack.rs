@@ -201,7 +201,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
             anyhow::bail!("{url}: http(s) URLs are read-only; pack to s3://, gs:// or az://");
         }
         o.staging = Some(a.staging.clone().unwrap_or_else(|| staging_dir(u.url())));
-        o.destination = Some(std::sync::Arc::new(ObjectDestination(u)));
+        o.destination = Some(std::sync::Arc::new(u));
     } else if a.staging.is_some() {
         anyhow::bail!("--staging is for packing to an object store URL; OUT is a local path");
     }
@@ -284,35 +284,6 @@ fn staging_dir(url: &str) -> PathBuf {
         })
         .collect();
     granary::remote::cache_home().join("uploads").join(name)
-}
-
-/// An object store prefix as the packer's destination.
-#[derive(Debug)]
-struct ObjectDestination(granary::remote::ObjectUrl);
-
-impl granary_packer::Destination for ObjectDestination {
-    fn location(&self) -> String {
-        self.0.url().to_string()
-    }
-
-    fn list(&self) -> Result<Vec<(String, u64)>, String> {
-        self.0.list().map_err(|e| e.to_string())
-    }
-
-    fn upload(
-        &self,
-        name: &str,
-        path: &std::path::Path,
-        progress: &(dyn Fn(u64) + Sync),
-    ) -> Result<(), String> {
-        self.0
-            .put_file(name, path, progress)
-            .map_err(|e| e.to_string())
-    }
-
-    fn remove(&self, name: &str) -> Result<(), String> {
-        self.0.delete(name).map_err(|e| e.to_string())
-    }
 }
 
 #[cfg(test)]

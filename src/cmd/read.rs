@@ -159,7 +159,7 @@ impl PeerArgs {
             self.peer_timeout > 0.0 && self.peer_timeout.is_finite(),
             "--peer-timeout must be a positive number of seconds"
         );
-        let ownership = granary::Ownership::compute(
+        let ownership = granary::ownership(
             ds,
             &plan.options(ds)?,
             self.ownership_epoch.unwrap_or(first_epoch),

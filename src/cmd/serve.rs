@@ -61,7 +61,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         let ds = super::open_dataset(d)?;
         let id = ds.snapshot().dataset_id();
         let dir = granary::ChunkCache::tier_dir(&a.cache_dir, &id);
-        let hex: String = id.iter().map(|b| format!("{b:02x}")).collect();
+        let hex = granary::DatasetId(id).to_string();
         tiers.insert(hex, dir);
     }
     let listener =

@@ -9,12 +9,11 @@ use std::sync::Arc;
 
 use granary_format::ChunkEntry;
 
-use crate::cache::{ChunkCache, HotChunk};
-use crate::error::Result;
 use crate::local::Opener;
 use crate::peers::{PeerStore, Peers};
-use crate::source::{Access, BytesFrom, ChunkStore, OpenCounts, Source};
-use crate::Dataset;
+use crate::seam::{Access, BytesFrom, ChunkStore, OpenCounts, Source};
+use crate::tier::{ChunkCache, HotChunk};
+use crate::Result;
 
 /// The local tier as a layer: a chunk the tier holds (its copy's size and header checked) is
 /// read from the copy, opened once and never mapped (someone may cut it short: then it is a
@@ -74,6 +73,10 @@ impl ChunkStore for TierStore {
         self.next.chunk_location(id)
     }
 
+    fn location(&self) -> String {
+        self.next.location()
+    }
+
     fn open_chunk(&self, id: u32) -> Result<Source> {
         match self.open_copy(id)? {
             Some(copy) => Ok(copy),
@@ -97,39 +100,31 @@ pub struct StoreStack {
 }
 
 impl StoreStack {
-    /// The stack of a reader of `ds` that reads as `access` says: `tier` (if any) over `peers`
-    /// (if any, and only with a tier: peers share tiers) over the dataset's own store.
-    pub fn build(
-        ds: &Dataset,
+    /// The stack of a reader that reads as `access` says: `tier` over `peers` (if any: peers
+    /// share tiers) over `store`, a dataset's own store whose chunk table is `chunks`.
+    pub fn with_tier(
+        store: &Arc<dyn ChunkStore>,
+        chunks: Arc<[ChunkEntry]>,
         access: Access,
-        tier: Option<Arc<ChunkCache>>,
+        cache: Arc<ChunkCache>,
         peers: Option<Arc<Peers>>,
-    ) -> Result<StoreStack> {
-        let Some(cache) = tier else {
-            return Ok(Self::plain(ds, access));
-        };
-        let store = ds.store();
+    ) -> StoreStack {
         let origin = store.tuned(&access).unwrap_or_else(|| store.clone());
-        let chunks: Arc<[ChunkEntry]> = (0..ds.chunk_count() as u32)
-            .map(|c| ds.chunk(c))
-            .collect::<Result<Vec<_>>>()?
-            .into();
         let below = match peers {
             Some(p) => Arc::new(PeerStore::new(p, origin.clone(), chunks.clone())),
             None => origin.clone(),
         };
         let tier = Arc::new(TierStore::new(cache, below, chunks, &access));
-        Ok(StoreStack {
+        StoreStack {
             top: tier.clone(),
             origin,
             tier: Some(tier),
             access,
-        })
+        }
     }
 
-    /// The dataset's own store alone, tuned for `access`.
-    pub fn plain(ds: &Dataset, access: Access) -> StoreStack {
-        let store = ds.store();
+    /// A dataset's own store alone, tuned for `access`.
+    pub fn plain(store: &Arc<dyn ChunkStore>, access: Access) -> StoreStack {
         let origin = store.tuned(&access).unwrap_or_else(|| store.clone());
         StoreStack {
             top: origin.clone(),

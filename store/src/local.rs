@@ -22,9 +22,9 @@ use std::sync::atomic::{AtomicU8, Ordering::Relaxed};
 use std::sync::Arc;
 
 use crate::buf::{AlignedBuf, ALIGN};
-use crate::error::{ReadError, Result};
 use crate::file::{count_metadata_ops, map_file, open_regular, IoFile};
-use crate::source::{Access, ChunkStore, IoMode, OpenCounters, OpenCounts, Source};
+use crate::seam::{Access, ChunkStore, IoMode, OpenCounters, OpenCounts, Source};
+use crate::{Result, StoreError};
 
 /// Opens one reader's local files as its [`Access`] says, and counts how. Shared by the layers
 /// of the reader's stack (the origin directory and the local tier), so that both follow one
@@ -139,10 +139,10 @@ impl Opener {
             return self.open_direct(path);
         }
         count_metadata_ops(2); // open and fstat
-        let file = open_regular(path, 0).map_err(|e| ReadError::io("opening", path, e))?;
+        let file = open_regular(path, 0).map_err(|e| StoreError::io("opening", path, e))?;
         let len = file
             .metadata()
-            .map_err(|e| ReadError::io("inspecting", path, e))?
+            .map_err(|e| StoreError::io("inspecting", path, e))?
             .len();
         // One map serves the residency check and, if every page is resident, the reads.
         let map = (len > 0 && self.map_resident && may_map)
@@ -185,7 +185,7 @@ impl Opener {
                             {
                                 Ok(_) => DIRECT_OK,
                                 Err(e) if e.raw_os_error() == Some(libc::EINVAL) => NO_DIRECT,
-                                Err(e) => return Err(ReadError::io("reading", path, e)),
+                                Err(e) => return Err(StoreError::io("reading", path, e)),
                             };
                         self.direct_ok.store(verdict, Relaxed);
                     }
@@ -199,11 +199,11 @@ impl Opener {
                     self.direct_ok.store(NO_DIRECT, Relaxed)
                 }
                 // Missing, not a regular file, not permitted: not a verdict on O_DIRECT.
-                Err(e) => return Err(ReadError::io("opening", path, e)),
+                Err(e) => return Err(StoreError::io("opening", path, e)),
             }
         }
         count_metadata_ops(1);
-        let file = open_regular(path, 0).map_err(|e| ReadError::io("opening", path, e))?;
+        let file = open_regular(path, 0).map_err(|e| StoreError::io("opening", path, e))?;
         self.counts.buffered();
         IoFile::unmapped(file, path, false)
     }
@@ -236,6 +236,10 @@ impl ChunkStore for LocalDir {
         self.dir.join(granary_format::chunk_file_name(id))
     }
 
+    fn location(&self) -> String {
+        self.dir.display().to_string()
+    }
+
     fn open_chunk(&self, id: u32) -> Result<Source> {
         Ok(Arc::new(
             self.opener.open(&self.chunk_location(id), Some(id))?,
@@ -244,7 +248,7 @@ impl ChunkStore for LocalDir {
 
     fn list(&self) -> Result<Vec<(String, PathBuf)>> {
         let rd =
-            std::fs::read_dir(&self.dir).map_err(|e| ReadError::io("listing", &self.dir, e))?;
+            std::fs::read_dir(&self.dir).map_err(|e| StoreError::io("listing", &self.dir, e))?;
         Ok(rd
             .flatten()
             .map(|e| (e.file_name().to_string_lossy().into_owned(), e.path()))

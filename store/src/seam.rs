@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 
-use crate::error::Result;
+use crate::Result;
 
 /// Where the bytes of a source come from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
@@ -75,6 +75,13 @@ pub type Source = Arc<dyn ChunkSource>;
 pub trait ChunkStore: Send + Sync + Debug {
     /// Location of chunk `id`'s file (a path, or a URL written as one), for errors.
     fn chunk_location(&self, id: u32) -> PathBuf;
+
+    /// Where the chunks are (a directory, or a URL prefix), for messages: by default the
+    /// parent of chunk 0's location.
+    fn location(&self) -> String {
+        let first = self.chunk_location(0);
+        first.parent().unwrap_or(&first).display().to_string()
+    }
 
     /// Opens chunk `id`'s file.
     fn open_chunk(&self, id: u32) -> Result<Source>;

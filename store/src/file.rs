@@ -9,13 +9,13 @@ use std::sync::atomic::Ordering;
 use memmap2::Mmap;
 
 use crate::buf::{AlignedBuf, ALIGN};
-use crate::error::{ReadError, Result};
-use crate::source::{BytesFrom, ChunkSource, RangeRead};
+use crate::seam::{BytesFrom, ChunkSource, RangeRead};
+use crate::{Result, StoreError};
 
 static METADATA_OPS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// Counts metadata operations (opens, stats) the reader issues, for benchmarks.
-pub(crate) fn count_metadata_ops(n: u64) {
+pub fn count_metadata_ops(n: u64) {
     METADATA_OPS.fetch_add(n, Ordering::Relaxed);
 }
 
@@ -69,7 +69,7 @@ impl IoFile {
         count_metadata_ops(1);
         let len = file
             .metadata()
-            .map_err(|e| ReadError::io("inspecting", path, e))?
+            .map_err(|e| StoreError::io("inspecting", path, e))?
             .len();
         Ok(Self::unmapped_known(file, path, direct, len))
     }
@@ -164,7 +164,7 @@ pub fn pread_at_least(file: &std::fs::File, path: &Path, r: &mut RangeRead<'_>) 
                     std::io::ErrorKind::Interrupted | std::io::ErrorKind::WouldBlock
                 ) => {}
             Err(e) => {
-                return Err(ReadError::io(
+                return Err(StoreError::io(
                     "reading",
                     path,
                     std::io::Error::new(
@@ -179,8 +179,8 @@ pub fn pread_at_least(file: &std::fs::File, path: &Path, r: &mut RangeRead<'_>) 
 }
 
 /// The error for a source that ends at `offset`, before bytes a read needs.
-pub fn eof_at(path: &Path, offset: u64) -> ReadError {
-    ReadError::io(
+pub fn eof_at(path: &Path, offset: u64) -> StoreError {
+    StoreError::io(
         "reading",
         path,
         std::io::Error::new(
@@ -191,13 +191,13 @@ pub fn eof_at(path: &Path, offset: u64) -> ReadError {
 }
 
 /// Maps `file` read-only.
-pub(crate) fn map_file(file: &File, path: &Path) -> Result<Mmap> {
+pub fn map_file(file: &File, path: &Path) -> Result<Mmap> {
     // SAFETY: granary dataset files, chunk copies and hot chunks of the tier are immutable
     // once published (nothing updates a file in place; writers create new files and rename
     // them, and removing a file leaves existing maps intact). The map is read-only and private
     // to this process. If another process truncates the file anyway, accesses past the new end
     // fault; every read we do is within the length checked at open.
-    unsafe { Mmap::map(file) }.map_err(|e| ReadError::io("memory-mapping", path, e))
+    unsafe { Mmap::map(file) }.map_err(|e| StoreError::io("memory-mapping", path, e))
 }
 
 /// The local file behind `src`, which the engine reads its own way (io_uring, pread, or the

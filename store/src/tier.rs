@@ -25,9 +25,9 @@ use granary_format::{
 };
 use serde::Serialize;
 
-use crate::error::{ReadError, Result};
 use crate::file::IoFile;
-use crate::source::{BytesFrom, ChunkSource, RangeRead};
+use crate::seam::{BytesFrom, ChunkSource, RangeRead};
+use crate::{DatasetId, Result, StoreError};
 
 /// What the tier keeps when it is full.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -322,21 +322,14 @@ impl Locked {
 }
 
 pub(crate) fn hex(id: &[u8; 16]) -> String {
-    id.iter().map(|b| format!("{b:02x}")).collect()
+    DatasetId(*id).to_string()
 }
 
 /// Parses the 32 hex digits of a tier directory's name (any other name, whatever its bytes,
 /// is `None`).
 fn parse_hex_id(name: &[u8]) -> Option<[u8; 16]> {
-    let digit = |c: u8| (c as char).to_digit(16).map(|d| d as u8);
-    if name.len() != 32 {
-        return None;
-    }
-    let mut id = [0u8; 16];
-    for (i, pair) in name.chunks_exact(2).enumerate() {
-        id[i] = digit(pair[0])? << 4 | digit(pair[1])?;
-    }
-    Some(id)
+    let id: DatasetId = std::str::from_utf8(name).ok()?.parse().ok()?;
+    Some(id.0)
 }
 
 /// Who writes a temporary file of the tier directory (named by [`write_atomic`]:
@@ -384,7 +377,7 @@ fn remove_entry(p: &Path) -> Result<()> {
     match r {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(ReadError::io("removing", p, e)),
+        Err(e) => Err(StoreError::io("removing", p, e)),
     }
 }
 
@@ -392,7 +385,7 @@ impl ChunkCache {
     /// The tiers (one per dataset id) found under `root`.
     pub fn list(root: &Path) -> Result<Vec<[u8; 16]>> {
         let mut out = Vec::new();
-        let rd = std::fs::read_dir(root).map_err(|e| ReadError::io("listing", root, e))?;
+        let rd = std::fs::read_dir(root).map_err(|e| StoreError::io("listing", root, e))?;
         for e in rd.flatten() {
             if let Some(id) = parse_hex_id(e.file_name().as_encoded_bytes()) {
                 if e.path().is_dir() {
@@ -412,7 +405,7 @@ impl ChunkCache {
         policy: CachePolicy,
     ) -> Result<Self> {
         let dir = Self::tier_dir(root, &dataset_id);
-        std::fs::create_dir_all(&dir).map_err(|e| ReadError::io("creating", &dir, e))?;
+        std::fs::create_dir_all(&dir).map_err(|e| StoreError::io("creating", &dir, e))?;
         Ok(ChunkCache {
             dir,
             dataset_id,
@@ -434,7 +427,7 @@ impl ChunkCache {
     }
 
     /// Where the node's shared importance score table of this dataset lives
-    /// ([`crate::SharedScores`]).
+    /// (`granary::SharedScores`).
     pub fn scores_path(&self) -> PathBuf {
         self.dir.join("scores")
     }
@@ -892,7 +885,7 @@ impl ChunkCache {
         }
         let id = l.next_hot;
         let mut w = ChunkWriter::new(Vec::new(), self.dataset_id, id)
-            .map_err(|e| ReadError::io("building", self.dir.join(hot_file_name(id)), e))?;
+            .map_err(|e| StoreError::io("building", self.dir.join(hot_file_name(id)), e))?;
         let mut samples = Vec::with_capacity(fresh.len());
         for r in &fresh {
             let comp = Compression::from_code(r.entry.flags).unwrap_or(Compression::None);
@@ -905,12 +898,12 @@ impl ChunkCache {
                     r.entry.crc32,
                     r.entry.label,
                 )
-                .map_err(|e| ReadError::io("building", self.dir.join(hot_file_name(id)), e))?;
+                .map_err(|e| StoreError::io("building", self.dir.join(hot_file_name(id)), e))?;
             samples.push((r.id, e.offset));
         }
         let (bytes, summary) = w
             .finish(classes)
-            .map_err(|e| ReadError::io("building", self.dir.join(hot_file_name(id)), e))?;
+            .map_err(|e| StoreError::io("building", self.dir.join(hot_file_name(id)), e))?;
         let score: f64 = fresh.iter().map(|r| r.score).sum();
         let per_byte = score / bytes.len().max(1) as f64;
         if !self.make_room(&mut l, bytes.len() as u64, per_byte)? {
@@ -992,7 +985,7 @@ impl Drop for ChunkCache {
 
 /// Opens (creating it) the lock file at `path` and takes an exclusive `flock` on it, held until
 /// the returned file is dropped.
-pub(crate) fn lock_exclusive(path: &Path) -> Result<File> {
+pub fn lock_exclusive(path: &Path) -> Result<File> {
     Ok(lock_file(path, true)?.expect("a waiting lock is always taken"))
 }
 
@@ -1008,7 +1001,7 @@ fn lock_file(path: &Path, wait: bool) -> Result<Option<File>> {
         .truncate(false)
         .write(true)
         .open(path)
-        .map_err(|e| ReadError::io("opening", path, e))?;
+        .map_err(|e| StoreError::io("opening", path, e))?;
     let op = if wait {
         LockExclusive
     } else {
@@ -1017,12 +1010,12 @@ fn lock_file(path: &Path, wait: bool) -> Result<Option<File>> {
     match rustix::fs::flock(&f, op) {
         Ok(()) => Ok(Some(f)),
         Err(rustix::io::Errno::WOULDBLOCK) if !wait => Ok(None),
-        Err(e) => Err(ReadError::io("locking", path, e.into())),
+        Err(e) => Err(StoreError::io("locking", path, e.into())),
     }
 }
 
 /// Writes `data` under a unique temporary name, fsyncs and renames it into place.
-pub(crate) fn write_atomic(path: &Path, data: &[u8]) -> Result<()> {
+pub fn write_atomic(path: &Path, data: &[u8]) -> Result<()> {
     write_atomic_with(path, data, true)
 }
 
@@ -1031,7 +1024,7 @@ pub(crate) fn write_atomic(path: &Path, data: &[u8]) -> Result<()> {
 fn write_atomic_with(path: &Path, data: &[u8], durable: bool) -> Result<()> {
     let tmp = path.with_extension(format!("tmp{}", std::process::id()));
     local::write_atomic(path, &tmp, durable, |w| w.write_all(data))
-        .map_err(|e| ReadError::io("writing", path, e))
+        .map_err(|e| StoreError::io("writing", path, e))
 }
 
 #[cfg(test)]

@@ -157,7 +157,7 @@ impl BufPool {
     }
 
     /// Counts `len` bytes of a map borrowed by a completed request until the lease drops.
-    pub(crate) fn lease(self: &Arc<Self>, len: usize) -> MapLease {
+    pub fn lease(self: &Arc<Self>, len: usize) -> MapLease {
         let mut st = self.state.lock().expect("pool lock");
         st.in_use += len;
         st.peak_in_use = st.peak_in_use.max(st.in_use);
@@ -191,7 +191,7 @@ impl BufPool {
 }
 
 /// Mapped bytes a completed request borrows, counted in its pool's bytes in use.
-pub(crate) struct MapLease {
+pub struct MapLease {
     pool: Arc<BufPool>,
     len: usize,
 }

@@ -17,11 +17,9 @@ use std::time::Duration;
 
 use granary_format::{chunk_file_name, ChunkEntry};
 
-use crate::error::{ReadError, Result};
-use crate::plan::{chunk_readers, PlanOptions};
-use crate::remote::{ObjectUrl, Sized};
-use crate::source::{BytesFrom, ChunkSource, ChunkStore, RangeRead, Source};
-use crate::Dataset;
+use crate::object::{ObjectUrl, Sized};
+use crate::seam::{BytesFrom, ChunkSource, ChunkStore, RangeRead, Source};
+use crate::{DatasetId, Result, StoreError};
 
 const NO_OWNER: u32 = u32::MAX;
 
@@ -42,43 +40,10 @@ pub struct Ownership {
 }
 
 impl Ownership {
-    /// The ownership of `ds`'s chunks for a job of `world` ranks on `nodes` nodes whose tiers
-    /// hold `capacities[node]` bytes, from `epoch`'s plan.
-    pub fn compute(
-        ds: &Dataset,
-        plan: &PlanOptions,
-        epoch: u64,
-        world: u32,
-        nodes: u32,
-        capacities: &[u64],
-    ) -> Result<Ownership> {
-        if nodes == 0 || world == 0 || !world.is_multiple_of(nodes) {
-            return Err(ReadError::Invalid(format!(
-                "{world} ranks cannot be spread evenly over {nodes} nodes: the world size must \
-                 be a multiple of the node count"
-            )));
-        }
-        if capacities.len() != nodes as usize {
-            return Err(ReadError::Invalid(format!(
-                "{} tier capacities for {nodes} nodes",
-                capacities.len()
-            )));
-        }
-        let shape = ds.shape()?;
-        let per_node = world / nodes;
-        let home: Vec<u32> = chunk_readers(&shape, plan, epoch, world)
-            .into_iter()
-            .map(|r| r / per_node)
-            .collect();
-        let sizes = (0..shape.chunks())
-            .map(|c| ds.chunk(c).map(|ce| ce.file_size))
-            .collect::<Result<Vec<u64>>>()?;
-        Ok(Self::assign(&home, &sizes, capacities))
-    }
-
-    /// Each chunk to its home node while that node has room; the rest to the node with the
-    /// most room left (the lowest-numbered on a tie), or to none.
-    fn assign(home: &[u32], sizes: &[u64], capacities: &[u64]) -> Ownership {
+    /// Each chunk to its home node (`home[c]`: the node whose ranks read chunk `c` of
+    /// `sizes[c]` bytes) while that node has room; the rest to the node with the most room
+    /// left (the lowest-numbered on a tie), or to none. `capacities[node]`: each node's tier.
+    pub fn assign(home: &[u32], sizes: &[u64], capacities: &[u64]) -> Ownership {
         let mut room = capacities.to_vec();
         let mut owner = vec![NO_OWNER; home.len()];
         let mut spill = Vec::new();
@@ -204,7 +169,7 @@ impl Peers {
         timeout: Duration,
     ) -> Result<Peers> {
         if addrs.len() != ownership.nodes() as usize {
-            return Err(ReadError::Invalid(format!(
+            return Err(StoreError::Invalid(format!(
                 "{} peer addresses for {} nodes: list every node's address, this node's too, \
                  in node order",
                 addrs.len(),
@@ -212,12 +177,12 @@ impl Peers {
             )));
         }
         if me >= ownership.nodes() {
-            return Err(ReadError::Invalid(format!(
+            return Err(StoreError::Invalid(format!(
                 "node {me} is not in 0..{}",
                 ownership.nodes()
             )));
         }
-        let id = crate::cache::hex(&dataset_id);
+        let id = DatasetId(dataset_id).to_string();
         let mut urls = Vec::with_capacity(addrs.len());
         for (n, a) in addrs.iter().enumerate() {
             check_addr(a)?;
@@ -362,7 +327,7 @@ fn check_addr(a: &str) -> Result<()> {
     if ok {
         Ok(())
     } else {
-        Err(ReadError::Invalid(format!(
+        Err(StoreError::Invalid(format!(
             "peer address {a:?} is not host:port (e.g. 10.0.0.7:7070)"
         )))
     }
@@ -392,6 +357,10 @@ impl PeerStore {
 impl ChunkStore for PeerStore {
     fn chunk_location(&self, id: u32) -> PathBuf {
         self.next.chunk_location(id)
+    }
+
+    fn location(&self) -> String {
+        self.next.location()
     }
 
     fn open_chunk(&self, id: u32) -> Result<Source> {
@@ -469,7 +438,7 @@ impl ChunkSource for PeerSource {
         }
         let origin = self.next.open_chunk(self.ce.chunk_id)?;
         if origin.len() != self.ce.file_size {
-            return Err(ReadError::mismatch(
+            return Err(StoreError::damaged(
                 origin.location(),
                 format!(
                     "chunk file is {} bytes, the snapshot says {} (truncated or replaced)",

@@ -3,7 +3,7 @@
 //! variables users already set: `AWS_ENDPOINT_URL`, `AWS_REGION`, `AWS_ACCESS_KEY_ID`, ...).
 //!
 //! A dataset at a URL is the same directory of immutable files as on disk, as objects under a
-//! prefix. [`crate::Dataset::open`] fetches the snapshot once and keeps it in a local cache keyed by the
+//! prefix. `granary::Dataset::open` fetches the snapshot once and keeps it in a local cache keyed by the
 //! dataset id and the snapshot header's CRC ([`granary_format::snapshot_key`]), so reopening
 //! costs one 64-byte ranged GET; chunks are read with ranged GETs ([`ObjectChunks`]), many in
 //! flight, sizes taken from the snapshot (no HEAD per chunk). Everything the local reader
@@ -23,8 +23,8 @@ use futures_util::stream::{self, StreamExt, TryStreamExt};
 use object_store::path::Path as ObjPath;
 use object_store::{GetOptions, ObjectStore, ObjectStoreExt, PutPayload, WriteMultipart};
 
-use crate::error::{ReadError, Result};
-use crate::source::{ChunkSource, ChunkStore, RangeRead, Source};
+use crate::seam::{ChunkSource, ChunkStore, RangeRead, Source};
+use crate::{DatasetId, RemoteKind, Result, StoreError};
 
 /// URL schemes granary reads (and, but for `http(s)`, writes).
 pub const SCHEMES: &[&str] = &["s3", "s3a", "gs", "az", "abfs", "abfss", "http", "https"];
@@ -91,7 +91,7 @@ fn runtime() -> Result<Arc<tokio::runtime::Runtime>> {
             .thread_name("granary-net")
             .enable_all()
             .build()
-            .map_err(|e| ReadError::io("starting the network runtime", "(runtime)", e))?,
+            .map_err(|e| StoreError::io("starting the network runtime", "(runtime)", e))?,
     );
     *g = Some((pid, rt.clone()));
     Ok(rt)
@@ -120,7 +120,7 @@ pub struct ObjectUrl {
 impl ObjectUrl {
     /// Parses `url` (no request is made; the client is built on first use).
     pub fn parse(url: &str) -> Result<Self> {
-        let bad = |why: &str| ReadError::Invalid(format!("{url}: {why}"));
+        let bad = |why: &str| StoreError::Invalid(format!("{url}: {why}"));
         let (scheme, rest) = url
             .split_once("://")
             .ok_or_else(|| bad("not a URL (scheme://bucket/prefix)"))?;
@@ -200,7 +200,7 @@ impl ObjectUrl {
             None => self.url.clone(),
         };
         let fail = |e: object_store::Error| {
-            ReadError::Invalid(format!("{}: cannot configure the client: {e}", self.url))
+            StoreError::Invalid(format!("{}: cannot configure the client: {e}", self.url))
         };
         let store: Arc<dyn ObjectStore> = match self.scheme() {
             "s3" | "s3a" => {
@@ -350,15 +350,15 @@ impl ObjectUrl {
         let client = self.client()?;
         let key = self.key(name);
         let url = self.object_url(name);
-        let mut file = std::fs::File::open(path).map_err(|e| ReadError::io("opening", path, e))?;
+        let mut file = std::fs::File::open(path).map_err(|e| StoreError::io("opening", path, e))?;
         let len = file
             .metadata()
-            .map_err(|e| ReadError::io("inspecting", path, e))?
+            .map_err(|e| StoreError::io("inspecting", path, e))?
             .len();
         if len <= PUT_PART as u64 {
             let mut data = Vec::with_capacity(len as usize);
             file.read_to_end(&mut data)
-                .map_err(|e| ReadError::io("reading", path, e))?;
+                .map_err(|e| StoreError::io("reading", path, e))?;
             let n = data.len() as u64;
             block_on(async { client.put(&key, PutPayload::from(data)).await })?
                 .map_err(|e| remote_error("uploading", &url, e))?;
@@ -381,7 +381,7 @@ impl ObjectUrl {
                     let n = (&mut file)
                         .take(PUT_PART as u64)
                         .read_to_end(&mut buf)
-                        .map_err(|e| ReadError::io("reading", path, e))?;
+                        .map_err(|e| StoreError::io("reading", path, e))?;
                     if n == 0 {
                         return Ok(());
                     }
@@ -421,7 +421,7 @@ fn check_aws_credentials(url: &str) -> Result<()> {
         } else {
             "AWS_ACCESS_KEY_ID"
         };
-        return Err(ReadError::Invalid(format!(
+        return Err(StoreError::Invalid(format!(
             "{url}: {missing} is not set (the other half of the key pair is)"
         )));
     }
@@ -437,7 +437,7 @@ fn check_aws_credentials(url: &str) -> Result<()> {
     if key || other || anonymous || imds {
         return Ok(());
     }
-    Err(ReadError::Invalid(format!(
+    Err(StoreError::Invalid(format!(
         "{url}: no S3 credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (and \
          AWS_ENDPOINT_URL for a server other than AWS), AWS_SKIP_SIGNATURE=true for a public \
          bucket, or GRANARY_AWS_IMDS=1 to take them from the instance's role"
@@ -445,7 +445,7 @@ fn check_aws_credentials(url: &str) -> Result<()> {
 }
 
 /// An object store error as one a user can act on: what failed, on which URL, and why.
-pub fn remote_error(op: &'static str, url: &str, e: object_store::Error) -> ReadError {
+pub fn remote_error(op: &'static str, url: &str, e: object_store::Error) -> StoreError {
     use object_store::Error as E;
     let text = e.to_string();
     // S3-style servers say what is wrong in an XML error body: its code decides.
@@ -475,11 +475,20 @@ pub fn remote_error(op: &'static str, url: &str, e: object_store::Error) -> Read
         }
         _ => said,
     };
-    ReadError::Remote {
+    let kind = match (&e, code) {
+        (E::NotFound { .. }, _) | (_, "NoSuchKey" | "NoSuchBucket") => RemoteKind::NotFound,
+        (_, "SignatureDoesNotMatch" | "InvalidAccessKeyId" | "InvalidToken" | "ExpiredToken")
+        | (E::Unauthenticated { .. } | E::PermissionDenied { .. }, _)
+        | (_, "AccessDenied") => RemoteKind::Denied,
+        (_, "SlowDown" | "Throttling" | "RequestLimitExceeded" | "ServiceUnavailable")
+        | (E::Generic { .. }, _) => RemoteKind::Transient,
+        _ => RemoteKind::Failed,
+    };
+    StoreError::Remote {
         op,
         url: url.to_string(),
         detail,
-        not_found: matches!(e, E::NotFound { .. }) || code == "NoSuchKey" || code == "NoSuchBucket",
+        kind,
     }
 }
 
@@ -507,7 +516,7 @@ async fn fetch_range(
         .await
         .map_err(|e| remote_error("reading", url, e))?;
     if let Some(len) = object_size.filter(|&l| l != res.meta.size) {
-        return Err(ReadError::mismatch(
+        return Err(StoreError::damaged(
             url,
             format!(
                 "object is {} bytes, the snapshot says {len} (truncated or replaced since the \
@@ -527,8 +536,8 @@ async fn fetch_range(
     Ok(got)
 }
 
-fn truncated(url: &str, offset: u64, want: u64, got: usize) -> ReadError {
-    ReadError::Mismatch {
+fn truncated(url: &str, offset: u64, want: u64, got: usize) -> StoreError {
+    StoreError::Damaged {
         path: PathBuf::from(url),
         detail: format!(
             "object ends early: asked for {want} bytes at offset {offset}, got {got} \
@@ -562,9 +571,13 @@ impl ChunkStore for ObjectChunks {
         PathBuf::from(self.url.object_url(&granary_format::chunk_file_name(id)))
     }
 
+    fn location(&self) -> String {
+        self.url.url().to_string()
+    }
+
     fn open_chunk(&self, id: u32) -> Result<Source> {
         let len = *self.sizes.get(id as usize).ok_or_else(|| {
-            ReadError::Invalid(format!(
+            StoreError::Invalid(format!(
                 "chunk {id} is not in the snapshot of {}",
                 self.url.url
             ))
@@ -679,14 +692,15 @@ pub fn fetch_snapshot(url: &ObjectUrl) -> Result<PathBuf> {
     use granary_format::{snapshot_key, Snapshot, SNAPSHOT_FILE, SNAPSHOT_HEADER_LEN};
     let snap_url = url.object_url(SNAPSHOT_FILE);
     let head = match url.get_range(SNAPSHOT_FILE, 0..SNAPSHOT_HEADER_LEN as u64) {
-        Err(ReadError::Remote {
-            not_found: true, ..
+        Err(StoreError::Remote {
+            kind: RemoteKind::NotFound,
+            ..
         }) if url.list().is_ok_and(|l| {
             l.iter()
                 .any(|(n, _)| granary_format::parse_chunk_file_name(n).is_some())
         }) =>
         {
-            return Err(ReadError::Invalid(format!(
+            return Err(StoreError::Invalid(format!(
                 "{}: holds chunks but no snapshot: an upload that has not finished (or was \
                  interrupted: `granary pack ... -o {} --resume` continues it)",
                 url.url(),
@@ -695,33 +709,33 @@ pub fn fetch_snapshot(url: &ObjectUrl) -> Result<PathBuf> {
         }
         r => r?,
     };
-    let (id, crc) = snapshot_key(&head).map_err(|e| ReadError::format(&snap_url, e))?;
+    let (id, crc) = snapshot_key(&head).map_err(|e| StoreError::format(&snap_url, e))?;
     let dir = snapshot_cache_dir();
-    let cached = dir.join(format!("{}-{crc:08x}.gsnap", crate::cache::hex(&id)));
+    let cached = dir.join(format!("{}-{crc:08x}.gsnap", DatasetId(id)));
     if cached.is_file() {
         return Ok(cached);
     }
     let bytes = url.get(SNAPSHOT_FILE)?;
-    let key = snapshot_key(&bytes).map_err(|e| ReadError::format(&snap_url, e))?;
+    let key = snapshot_key(&bytes).map_err(|e| StoreError::format(&snap_url, e))?;
     if key != (id, crc) {
-        return Err(ReadError::mismatch(
+        return Err(StoreError::damaged(
             &snap_url,
             "the snapshot was replaced while it was fetched; open the dataset again",
         ));
     }
-    let snap = Snapshot::open(&bytes[..]).map_err(|e| ReadError::format(&snap_url, e))?;
+    let snap = Snapshot::open(&bytes[..]).map_err(|e| StoreError::format(&snap_url, e))?;
     if let Some(e) = snap.check_sections().into_iter().next() {
-        return Err(ReadError::format(&snap_url, e));
+        return Err(StoreError::format(&snap_url, e));
     }
-    std::fs::create_dir_all(&dir).map_err(|e| ReadError::io("creating", &dir, e))?;
+    std::fs::create_dir_all(&dir).map_err(|e| StoreError::io("creating", &dir, e))?;
     let tmp = dir.join(format!(
         ".{}-{crc:08x}.{}.tmp",
-        crate::cache::hex(&id),
+        DatasetId(id),
         std::process::id()
     ));
     let written = std::fs::write(&tmp, &bytes)
         .and_then(|_| std::fs::rename(&tmp, &cached))
-        .map_err(|e| ReadError::io("caching the snapshot in", &tmp, e));
+        .map_err(|e| StoreError::io("caching the snapshot in", &tmp, e));
     if written.is_err() {
         let _ = std::fs::remove_file(&tmp);
     }

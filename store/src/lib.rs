@@ -1,0 +1,32 @@
+//! granary's store stack: where chunk bytes live and how they move.
+//!
+//! The seam ([`ChunkStore`] opens a chunk's file as a [`ChunkSource`], which reads batched
+//! ranges and says where its bytes came from, [`BytesFrom`]); origin stores (a local
+//! directory, [`LocalDir`]; an object store, [`object::ObjectChunks`], read and write); and
+//! the layers that wrap another store: the node's local tier ([`TierStore`] over a
+//! [`ChunkCache`]) and the job's other nodes ([`PeerStore`]). A reader builds its
+//! [`StoreStack`] (tier → peers → origin, any subset) once; the packer writes objects through
+//! [`object::ObjectUrl`]. Errors say of which kind they are ([`StoreError`]).
+
+pub mod buf;
+mod error;
+pub mod file;
+pub mod local;
+pub mod object;
+pub mod peers;
+mod seam;
+mod stack;
+pub mod tier;
+
+pub use error::{RemoteKind, Result, StoreError};
+pub use granary_format::DatasetId;
+pub use local::{effective_memory, resident_share, LocalDir, Opener};
+pub use peers::{Ownership, PeerStats, PeerStore, Peers};
+pub use seam::{
+    Access, BytesFrom, ChunkSource, ChunkStore, IoMode, OpenCounters, OpenCounts, RangeRead, Source,
+};
+pub use stack::{StoreStack, TierStore};
+pub use tier::{
+    decode_hot_map, decode_tier_index, hot_file_name, CachePolicy, CacheStats, ChunkCache,
+    HotChunk, HotMap, HotRecord,
+};
