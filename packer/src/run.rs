@@ -1,0 +1,766 @@
+//! One run of the packer, in phases: validate the request, place the build and lock it, plan
+//! (or resume a plan), keep what an earlier run finished, write the rest (locally or uploading
+//! as it goes), and finish as the mode says (publish a whole dataset, write a shard's part
+//! file, or publish an append's next snapshot).
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::mpsc::sync_channel;
+use std::time::Instant;
+
+use granary_format::{chunk_file_name, parse_chunk_file_name, ChunkSummary, SNAPSHOT_FILE};
+use granary_store::object::ObjectUrl;
+use indicatif::ProgressStyle;
+use rayon::prelude::*;
+
+use crate::plan::{self, Plan};
+use crate::{
+    empty_summary, finished_shard, hex_id, in_dataset, make_plan, output, progress_bar, publish,
+    read_footer, remove_owned_chunks, scan_source, settings_text, shard, shared_key_of, slimmed,
+    spooled_builder, sync_dir, unchanged_summary, upload, verify_existing, work_dir, write_chunks,
+    write_file_atomic, write_snapshot_atomic, Build, Existing, Ids, LabelMode, Mode, PackError,
+    PackOptions, PackSummary, Place, Skipped, PART_FILE, PLAN_FILE,
+};
+
+/// [`run_kept`], naming the work directory in the error once a plan was saved there: the
+/// work is kept, and `--resume` continues it.
+pub(crate) fn run(opts: &PackOptions, mode: Mode) -> Result<PackSummary, PackError> {
+    let mut kept = None;
+    run_kept(opts, mode, &mut kept).map_err(|e| match kept {
+        Some(work) if work.join(PLAN_FILE).exists() => PackError::Kept {
+            work,
+            cause: Box::new(e),
+        },
+        _ => e,
+    })
+}
+
+/// What a run has learnt and done so far.
+struct Run<'a> {
+    opts: &'a PackOptions,
+    mode: Mode,
+    t0: Instant,
+    /// The source, canonical.
+    src: PathBuf,
+    /// The object store it uploads to, if any.
+    dest: Option<&'a ObjectUrl>,
+    place: Place,
+    /// What the destination held before the run.
+    remote_found: Vec<(String, u64)>,
+    warnings: Vec<String>,
+    skipped: Vec<Skipped>,
+}
+
+/// The outcome of a phase: go on, or the run is already complete.
+enum Next<T> {
+    Go(T),
+    Done(Box<PackSummary>),
+}
+
+/// Packs (or appends) as `mode` says; sets `kept` to the work directory once the plan is saved
+/// there.
+fn run_kept(
+    opts: &PackOptions,
+    mode: Mode,
+    kept: &mut Option<PathBuf>,
+) -> Result<PackSummary, PackError> {
+    let t0 = Instant::now();
+    let (src, dest) = validate(opts, &mode)?;
+    let place = place(opts, &mode, dest)?;
+    let mut run = Run {
+        opts,
+        mode,
+        t0,
+        src,
+        dest,
+        place,
+        remote_found: Vec::new(),
+        warnings: Vec::new(),
+        skipped: Vec::new(),
+    };
+    if let Some(done) = run.check_output()? {
+        return Ok(done);
+    }
+    let work = run.place.work.clone();
+    // The build directory is ours alone from here to the rename that publishes it.
+    let existed = std::fs::symlink_metadata(&work).is_ok();
+    if existed {
+        output::check_replaceable(&work, output::Kind::Build)?;
+    } else {
+        // The output's parent directories too: `-o new/dir/train.granary` just works.
+        std::fs::create_dir_all(&work).map_err(|e| PackError::io("creating", &work, e))?;
+    }
+    let _lock = output::BuildLock::take(&work, &opts.out)?;
+    let scan_start = Instant::now();
+    let plan = match run.plan_or_resume(existed)? {
+        Next::Go(plan) => plan,
+        Next::Done(summary) => return Ok(*summary),
+    };
+    *kept = Some(work);
+    let scan_s = scan_start.elapsed().as_secs_f64();
+    run.place.ids.check(plan.chunk_count())?;
+    let mut done = run.keep_finished(&plan)?;
+    let chunks_resumed = done.len() as u64;
+    for s in run.write(&plan, &done)? {
+        let c = run
+            .place
+            .ids
+            .index(s.chunk_id, plan.chunk_count())
+            .expect("written chunks are the plan's");
+        done.insert(c, s);
+    }
+    run.finish(plan, done, chunks_resumed, scan_s)
+}
+
+/// Checks the request: sizes, the source, and what can be written where.
+fn validate<'a>(
+    opts: &'a PackOptions,
+    mode: &Mode,
+) -> Result<(PathBuf, Option<&'a ObjectUrl>), PackError> {
+    if opts.chunk_size == 0 {
+        return Err(PackError::Usage(
+            "chunk size must be at least 1 byte".into(),
+        ));
+    }
+    if opts.chunk_files == 0 {
+        return Err(PackError::Usage(
+            "a chunk must be allowed at least 1 file".into(),
+        ));
+    }
+    let src = std::fs::canonicalize(&opts.src)
+        .map_err(|e| PackError::io("opening source", &opts.src, e))?;
+    if !src.is_dir() {
+        return Err(PackError::Usage(format!(
+            "{} is not a directory",
+            opts.src.display()
+        )));
+    }
+    let dest = opts.destination.as_deref();
+    if dest.is_some() && !matches!(mode, Mode::Whole) {
+        return Err(PackError::Usage(
+            "sharded packing writes to a directory (local or on a shared file system), not to an object store".into(),
+        ));
+    }
+    Ok((src, dest))
+}
+
+/// Where the run builds: its work directory and where its chunks go, with their ids.
+fn place(opts: &PackOptions, mode: &Mode, dest: Option<&ObjectUrl>) -> Result<Place, PackError> {
+    let out = &opts.out;
+    Ok(match (mode, dest, &opts.staging) {
+        (Mode::Whole, None, _) => {
+            let w = work_dir(out)?;
+            Place {
+                chunks: w.clone(),
+                work: w,
+                ids: Ids { base: 0, stride: 1 },
+            }
+        }
+        (Mode::Whole, Some(_), Some(s)) => Place {
+            work: s.clone(),
+            chunks: s.clone(),
+            ids: Ids { base: 0, stride: 1 },
+        },
+        (Mode::Whole, Some(d), None) => {
+            return Err(PackError::Usage(format!(
+                "packing to {} needs a local staging directory",
+                d.url()
+            )))
+        }
+        (Mode::Shard(s), _, _) => Place {
+            work: out.join(s.dir_name()),
+            chunks: out.clone(),
+            ids: Ids {
+                base: s.index,
+                stride: s.count,
+            },
+        },
+        (Mode::Append { snap, .. }, _, _) => Place {
+            work: out.join(".append.partial"),
+            chunks: out.clone(),
+            ids: Ids {
+                base: u32::try_from(snap.chunk_count()).map_err(|_| {
+                    PackError::Usage("the dataset has the most chunks the format allows".into())
+                })?,
+                stride: 1,
+            },
+        },
+    })
+}
+
+impl Run<'_> {
+    /// Checks the output: source and output apart, the destination empty or granary's, an
+    /// existing dataset replaced only with `--force`. A shard finished by an earlier run is
+    /// the run's result.
+    fn check_output(&mut self) -> Result<Option<PackSummary>, PackError> {
+        let (opts, out, work) = (self.opts, &self.opts.out, &self.place.work);
+        match self.dest {
+            Some(_) => output::check_disjoint(&self.src, work, work)?,
+            None => output::check_disjoint(&self.src, out, work)?,
+        }
+        if let Some(d) = self.dest {
+            self.remote_found = upload::check_destination(d, opts.force, opts.resume)?;
+        }
+        match &self.mode {
+            Mode::Whole if self.dest.is_none() && std::fs::symlink_metadata(out).is_ok() => {
+                if !opts.force {
+                    return Err(PackError::Usage(format!(
+                        "{} already exists; pass --force to replace it",
+                        out.display()
+                    )));
+                }
+                output::check_replaceable(out, output::Kind::Dataset)?;
+            }
+            Mode::Shard(s) => {
+                if out.join(SNAPSHOT_FILE).exists() {
+                    return Err(PackError::Usage(format!(
+                        "{} is a dataset already (merged, or packed whole); shards build a new dataset: choose another output or remove it",
+                        out.display()
+                    )));
+                }
+                if !opts.force {
+                    if let Some(done) = finished_shard(opts, *s, work, self.t0)? {
+                        return Ok(Some(done));
+                    }
+                }
+                std::fs::create_dir_all(out).map_err(|e| PackError::io("creating", out, e))?;
+            }
+            _ => {}
+        }
+        Ok(None)
+    }
+
+    /// The settings a plan records (a resumed plan must have the same).
+    fn settings(&self) -> String {
+        let mut settings = settings_text(self.opts, &self.src);
+        match &self.mode {
+            Mode::Whole => {}
+            Mode::Shard(s) => settings.push_str(&format!("shard={s}\n")),
+            Mode::Append { snap, .. } => settings.push_str(&format!(
+                "append_after_chunk={}\nparent={:08x}\n",
+                snap.chunk_count(),
+                snap.header_crc()
+            )),
+        }
+        settings
+    }
+
+    /// The plan of an interrupted run in the work directory, if it is to be resumed.
+    fn earlier_plan(&mut self, settings: &str) -> Result<Option<Plan>, PackError> {
+        let work = &self.place.work;
+        if self.opts.resume {
+            let p = work.join(PLAN_FILE);
+            match Plan::load(&p) {
+                Some(plan) if plan.settings == settings => Ok(Some(plan)),
+                Some(plan) => Err(PackError::Usage(format!(
+                    "cannot resume: the interrupted pack in {} used other settings{}.\nrecorded:\n{}now:\n{}\
+                     rerun with the recorded settings, or with --force to start over",
+                    work.display(),
+                    if matches!(self.mode, Mode::Append { .. }) {
+                        " (or the dataset changed since: another append published a snapshot)"
+                    } else {
+                        ""
+                    },
+                    plan.settings,
+                    settings
+                ))),
+                None => {
+                    self.warnings.push(format!(
+                        "{} holds no usable plan (interrupted before the scan finished, or written by another granary version); starting over",
+                        work.display()
+                    ));
+                    Ok(None)
+                }
+            }
+        } else if self.opts.force {
+            output::empty_dir(work)?;
+            Ok(None)
+        } else {
+            Err(PackError::Usage(format!(
+                "an interrupted pack exists at {}; pass --resume to continue it or --force to start over",
+                work.display()
+            )))
+        }
+    }
+
+    /// The run's plan: an interrupted run's (checked against the source as it is now), or a
+    /// new one from a scan, saved in the work directory before any chunk is written.
+    fn plan_or_resume(&mut self, existed: bool) -> Result<Next<Plan>, PackError> {
+        let settings = self.settings();
+        let earlier = match existed {
+            true => self.earlier_plan(&settings)?,
+            false => None,
+        };
+        // A restarted shard or append first removes the chunks its earlier run left behind.
+        if earlier.is_none() && self.place.chunks != self.place.work {
+            remove_owned_chunks(&self.place, &self.mode)?;
+        }
+        match earlier {
+            Some(p) => self.resume(p).map(Next::Go),
+            None => self.new_plan(settings),
+        }
+    }
+
+    /// Kept chunks hold the source as it was at the first scan: resuming over a changed source
+    /// would mix old and new versions, so look again and refuse if it changed.
+    fn resume(&mut self, p: Plan) -> Result<Plan, PackError> {
+        let mut found = scan_source(self.opts, &self.src, "checking the source against the plan")?;
+        self.warnings.append(&mut found.warnings);
+        self.skipped.append(&mut found.skipped);
+        if let Mode::Append {
+            snap,
+            existing: Existing::Skip,
+        } = &self.mode
+        {
+            found.files.retain(|_, rel| !in_dataset(snap, rel));
+        }
+        let changes = plan::SourceChanges::between(&p.files, &found.files);
+        drop(found);
+        if !changes.is_empty() {
+            return Err(PackError::Usage(format!(
+                "cannot resume: the source changed since the interrupted pack scanned it ({changes}); \
+                 its plan and the chunks already written describe the old source. Rerun with --force to \
+                 pack the source as it is now"
+            )));
+        }
+        Ok(p)
+    }
+
+    /// Scans the source and plans the run (classes, labels and the dataset id as the mode
+    /// says); an append with nothing new is complete already.
+    fn new_plan(&mut self, settings: String) -> Result<Next<Plan>, PackError> {
+        let (opts, work) = (self.opts, self.place.work.clone());
+        let mut found = scan_source(opts, &self.src, "scanning")?;
+        self.warnings.append(&mut found.warnings);
+        self.skipped.append(&mut found.skipped);
+        let (classes, labels, dataset_id) = match &self.mode {
+            Mode::Whole => (found.classes.clone(), opts.labels, None),
+            Mode::Shard(s) => (
+                found.classes.clone(),
+                opts.labels,
+                Some(shard::shared_dataset_id(
+                    &shared_key_of(&settings),
+                    s.count,
+                    found.names,
+                    found.names_digest,
+                )),
+            ),
+            Mode::Append { snap, existing } => {
+                let (mut in_ds, mut shown) = (0u64, Vec::new());
+                found.files.retain(|_, rel| {
+                    let old = in_dataset(snap, rel);
+                    if old {
+                        in_ds += 1;
+                        if shown.len() < 5 {
+                            shown.push(String::from_utf8_lossy(rel).into_owned());
+                        }
+                    }
+                    !old
+                });
+                if in_ds > 0 {
+                    if *existing == Existing::Refuse {
+                        let _ = std::fs::remove_dir_all(&work);
+                        return Err(PackError::Usage(format!(
+                            "{in_ds} of the files to append are in the dataset already (e.g. {}); \
+                             pass --skip-existing to append only the others (a sample's bytes never change \
+                             in place: to change samples, pack a new dataset)",
+                            shown.join(", ")
+                        )));
+                    }
+                    self.warnings.push(format!(
+                        "{in_ds} files are in the dataset already: left out (--skip-existing)"
+                    ));
+                }
+                let classes: Vec<Vec<u8>> = (0..snap.class_count() as u32)
+                    .map(|l| snap.class_name(l).map(<[u8]>::to_vec))
+                    .collect::<Result<_, _>>()?;
+                let labels = if classes.is_empty() {
+                    LabelMode::None
+                } else {
+                    LabelMode::ParentDir
+                };
+                (classes, labels, Some(snap.dataset_id()))
+            }
+        };
+        if found.files.is_empty() {
+            let _ = std::fs::remove_dir_all(&work);
+            if let Mode::Append { snap, .. } = &self.mode {
+                self.warnings
+                    .push("no new files: the dataset is unchanged".into());
+                return Ok(Next::Done(Box::new(unchanged_summary(
+                    &opts.out,
+                    snap,
+                    self.t0,
+                    std::mem::take(&mut self.skipped),
+                    std::mem::take(&mut self.warnings),
+                ))));
+            }
+            return Err(PackError::Usage(format!(
+                "no files to pack in {}{}",
+                opts.src.display(),
+                opts.shard
+                    .map(|s| format!(" for shard {s} ({} files in all)", found.names))
+                    .unwrap_or_default()
+            )));
+        }
+        let plan = make_plan(
+            opts,
+            settings,
+            found.files,
+            classes,
+            labels,
+            dataset_id,
+            &mut self.warnings,
+        )
+        .inspect_err(|_| {
+            // Nothing was written yet: leave no interrupted pack behind.
+            let _ = std::fs::remove_dir_all(&work);
+        })?;
+        plan.save(&work.join(PLAN_FILE))?;
+        Ok(Next::Go(plan))
+    }
+
+    /// Every chunk of an earlier run that is complete and verified (and, for an upload, every
+    /// chunk it uploaded whose marker is intact and whose object has the marker's size); the
+    /// rest is removed.
+    fn keep_finished(&mut self, plan: &Plan) -> Result<BTreeMap<usize, ChunkSummary>, PackError> {
+        let (place, work) = (&self.place, &self.place.work);
+        let mut done: BTreeMap<usize, ChunkSummary> = BTreeMap::new();
+        let mut candidates = Vec::new();
+        let mut sent = Vec::new();
+        let entries = std::fs::read_dir(&place.chunks)
+            .map_err(|e| PackError::io("listing", &place.chunks, e))?;
+        for e in entries {
+            let e = e.map_err(|e| PackError::io("listing", &place.chunks, e))?;
+            let name = e.file_name();
+            let name = name.to_string_lossy();
+            if let Some(c) =
+                parse_chunk_file_name(&name).and_then(|id| place.ids.index(id, plan.chunk_count()))
+            {
+                candidates.push(c);
+            } else if place.chunks != *work {
+                // The dataset directory: other shards' chunks and the published dataset live
+                // here.
+                continue;
+            } else if let Some(id) = name
+                .ends_with(".sent")
+                .then(|| upload::parse_sent_name(&name))
+                .flatten()
+                .filter(|&id| self.dest.is_some() && (id as usize) < plan.chunk_count())
+            {
+                sent.push(id);
+            } else if name != PLAN_FILE {
+                // Only granary's own files are here (checked when the lock was taken).
+                let p = e.path();
+                std::fs::remove_file(&p).map_err(|e| PackError::io("removing stale", &p, e))?;
+            }
+        }
+        let verified: Vec<(usize, Option<ChunkSummary>)> = candidates
+            .par_iter()
+            .map(|&c| (c, verify_existing(place, plan, c)))
+            .collect();
+        for (c, v) in verified {
+            match v {
+                Some(s) => {
+                    done.insert(c, s);
+                }
+                None => {
+                    let p = place.chunks.join(chunk_file_name(place.ids.id(c)));
+                    self.warnings.push(format!(
+                        "discarding incomplete or damaged chunk {}",
+                        p.display()
+                    ));
+                    std::fs::remove_file(&p).map_err(|e| PackError::io("removing", &p, e))?;
+                }
+            }
+        }
+        for c in sent {
+            let stored = self
+                .remote_found
+                .iter()
+                .find(|(n, _)| *n == chunk_file_name(c))
+                .map(|(_, size)| *size);
+            match upload::read_marker(work, plan, c) {
+                Some(s) if stored == Some(s.file_size) && !done.contains_key(&(c as usize)) => {
+                    done.insert(c as usize, s);
+                }
+                _ => {
+                    let p = work.join(upload::sent_name(c));
+                    self.warnings.push(format!(
+                        "chunk {c} was uploaded by the interrupted run but is not intact at {}; packing it again",
+                        self.dest.map(|d| d.url().to_string()).unwrap_or_default()
+                    ));
+                    std::fs::remove_file(&p).map_err(|e| PackError::io("removing", &p, e))?;
+                }
+            }
+        }
+        for (c, s) in &done {
+            // A kept chunk's paths are the plan's, in order, less the files that run skipped.
+            let mut kept = s.paths.iter().peekable();
+            for &i in plan.chunk_files(*c) {
+                let rel = plan.files.path(i as usize);
+                if kept.peek().is_some_and(|p| p[..] == *rel) {
+                    kept.next();
+                } else {
+                    self.skipped.push(Skipped {
+                        path: rel.to_vec(),
+                        reason: "skipped by the interrupted run".into(),
+                    });
+                }
+            }
+        }
+        // Chunks that stay on local disk keep only their size and CRC in memory; their entries
+        // and paths are read back from their footers when the snapshot is built (a pack's
+        // memory then does not grow by ~100 bytes per file while it writes).
+        if self.dest.is_none() {
+            for s in done.values_mut() {
+                *s = slimmed(std::mem::replace(s, empty_summary()));
+            }
+        }
+        Ok(done)
+    }
+
+    /// Writes the chunks the plan has and `done` lacks, with a progress bar; with a
+    /// destination, uploads each as soon as it is written (and first the verified local
+    /// chunks an interrupted upload left).
+    fn write(
+        &mut self,
+        plan: &Plan,
+        done: &BTreeMap<usize, ChunkSummary>,
+    ) -> Result<Vec<ChunkSummary>, PackError> {
+        let total_bytes: u64 = plan.files.size.iter().sum();
+        let done_bytes: u64 = done.keys().map(|&c| plan.chunk_bytes(c)).sum();
+        let pb = progress_bar(self.opts.progress, Some(total_bytes));
+        pb.set_style(
+            ProgressStyle::with_template(
+                "{spinner} packing [{bar:30}] {bytes}/{total_bytes} {msg} {bytes_per_sec} ETA {eta}",
+            )
+            .expect("static template")
+            .progress_chars("=> "),
+        );
+        pb.set_position(done_bytes);
+        let todo: Vec<usize> = (0..plan.chunk_count())
+            .filter(|c| !done.contains_key(c))
+            .collect();
+        let mut files_done: u64 = done.values().map(|s| s.entries.len() as u64).sum();
+        let build = Build {
+            opts: self.opts,
+            src: &self.src,
+            place: &self.place,
+            plan,
+        };
+        let work = &self.place.work;
+        let skipped = &mut self.skipped;
+        let Some(d) = self.dest else {
+            let written = write_chunks(&build, &todo, &pb, &mut files_done, skipped, None);
+            pb.finish_and_clear();
+            return written;
+        };
+        // Verified local chunks of an interrupted pack to a destination still have to go up.
+        let unsent: Vec<upload::Written> = done
+            .values()
+            .filter(|s| work.join(chunk_file_name(s.chunk_id)).is_file())
+            .map(|s| (s.chunk_id, s.file_size, s.file_crc))
+            .collect();
+        let uploaded = std::sync::atomic::AtomicU64::new(0);
+        let written = std::thread::scope(|scope| {
+            // Two finished chunks may wait for the uploader; then the writer waits.
+            let (tx, rx) = sync_channel::<upload::Written>(2);
+            let (uploaded, pb) = (&uploaded, &pb);
+            let uploader = scope.spawn(move || {
+                upload::upload_loop(d, work, rx, uploaded, &|n| {
+                    pb.set_message(format!("uploaded {}", indicatif::HumanBytes(n)))
+                })
+            });
+            let mut result = Ok(Vec::new());
+            for w in unsent {
+                if tx.send(w).is_err() {
+                    break; // the uploader failed: its error is reported below
+                }
+            }
+            if !uploader.is_finished() {
+                result = write_chunks(&build, &todo, pb, &mut files_done, skipped, Some(&tx));
+            }
+            drop(tx);
+            let sent = uploader.join().unwrap_or_else(|_| {
+                Err(PackError::Upload(format!(
+                    "the upload thread to {} panicked",
+                    d.url()
+                )))
+            });
+            // The uploader's failure is the cause when both failed (the writer only saw the
+            // channel close).
+            sent.and(result)
+        });
+        pb.finish_and_clear();
+        written
+    }
+
+    /// Finishes as the mode says, from every chunk's summary (read back from its footer where
+    /// only its size and CRC were kept), and sums the run up.
+    fn finish(
+        self,
+        plan: Plan,
+        mut done: BTreeMap<usize, ChunkSummary>,
+        chunks_resumed: u64,
+        scan_s: f64,
+    ) -> Result<PackSummary, PackError> {
+        let chunks = done.len() as u64;
+        let mut totals = Totals {
+            bytes_out: done.values().map(|s| s.file_size).sum(),
+            ..Totals::default()
+        };
+        let slim = self.dest.is_none();
+        let chunk_dir = self.place.chunks.clone();
+        // Every chunk's full summary, in id order, counted as it goes by.
+        let full = |s: ChunkSummary, t: &mut Totals| -> Result<ChunkSummary, PackError> {
+            let s = if slim { read_footer(&chunk_dir, s)? } else { s };
+            t.count(&s);
+            Ok(s)
+        };
+        // The plan is done with: free it before the snapshot is built (the peak of a pack's
+        // memory).
+        let (dataset_id, classes, planned_chunks) =
+            (plan.dataset_id, plan.classes.clone(), plan.chunk_count());
+        let shared = shared_key_of(&plan.settings);
+        drop(plan);
+        let summaries = std::mem::take(&mut done).into_values();
+        let work = &self.place.work;
+        let out = &self.opts.out;
+        let (action, generation) = match &self.mode {
+            Mode::Shard(shard) => {
+                // The part file is the shard's completion marker: written last, atomically.
+                // Each chunk's footer is read back once, for the counts.
+                let mut chunks = Vec::with_capacity(chunks as usize);
+                for s in summaries {
+                    let s = full(s, &mut totals)?;
+                    chunks.push(shard::PartChunk {
+                        chunk_id: s.chunk_id,
+                        file_size: s.file_size,
+                        file_crc: s.file_crc,
+                        samples: s.entries.len() as u64,
+                    });
+                }
+                let part = shard::Part {
+                    shard: *shard,
+                    dataset_id,
+                    key: shared,
+                    classes: classes.clone(),
+                    chunks,
+                };
+                let bytes = part.encode();
+                totals.bytes_out += bytes.len() as u64;
+                write_file_atomic(&work.join(PART_FILE), &bytes)?;
+                let plan_path = work.join(PLAN_FILE);
+                std::fs::remove_file(&plan_path)
+                    .map_err(|e| PackError::io("removing", &plan_path, e))?;
+                ("shard", 0)
+            }
+            Mode::Append { snap, .. } => {
+                let mut builder = spooled_builder(work, dataset_id, classes.clone())?;
+                for c in 0..snap.chunk_count() {
+                    builder.push_chunk(&snap.chunk_summary(c)?)?;
+                }
+                for s in summaries {
+                    builder.push_chunk(&full(s, &mut totals)?)?;
+                }
+                let generation = snap.lineage().generation + 1;
+                builder.lineage(granary_format::Lineage {
+                    generation,
+                    parent: snap.header_crc(),
+                });
+                // The switch: readers that open from now on see the new generation; the old
+                // snapshot stays valid for those that have it open (its chunks are all still
+                // here).
+                totals.bytes_out += write_snapshot_atomic(&out.join(SNAPSHOT_FILE), builder)?;
+                std::fs::remove_dir_all(work).map_err(|e| PackError::io("removing", work, e))?;
+                sync_dir(out)?;
+                ("append", generation)
+            }
+            Mode::Whole => {
+                let mut builder = spooled_builder(work, dataset_id, classes.clone())?;
+                for s in summaries {
+                    builder.push_chunk(&full(s, &mut totals)?)?;
+                }
+                totals.bytes_out += write_snapshot_atomic(&work.join(SNAPSHOT_FILE), builder)?;
+                self.publish_whole(planned_chunks)?;
+                ("pack", 0)
+            }
+        };
+        let elapsed = self.t0.elapsed().as_secs_f64();
+        let t = totals;
+        Ok(PackSummary {
+            out: out.clone(),
+            dataset_id: hex_id(&dataset_id),
+            shard: self.opts.shard.map(|s| s.to_string()),
+            generation,
+            action,
+            files: t.files,
+            classes: classes.len() as u64,
+            bytes_in: t.bytes_in,
+            bytes_stored: t.bytes_stored,
+            bytes_out: t.bytes_out,
+            ratio: if t.bytes_out > 0 {
+                t.bytes_in as f64 / t.bytes_out as f64
+            } else {
+                0.0
+            },
+            chunks,
+            chunks_resumed,
+            compressed_records: t.compressed_records,
+            elapsed_s: elapsed,
+            scan_s,
+            files_per_s: t.files as f64 / elapsed.max(1e-9),
+            mb_per_s: t.bytes_in as f64 / 1e6 / elapsed.max(1e-9),
+            skipped: self.skipped,
+            warnings: self.warnings,
+        })
+    }
+
+    /// Publishes a whole dataset whose snapshot is in the work directory: renamed into place,
+    /// or uploaded last (after removing the chunks of an earlier dataset there that this one
+    /// does not have), so that the prefix is a dataset only when complete.
+    fn publish_whole(&self, planned_chunks: usize) -> Result<(), PackError> {
+        let work = &self.place.work;
+        match self.dest {
+            Some(d) => {
+                for (name, _) in &self.remote_found {
+                    if parse_chunk_file_name(name).is_some_and(|c| c as usize >= planned_chunks) {
+                        d.delete(name)?;
+                    }
+                }
+                let snap_path = work.join(SNAPSHOT_FILE);
+                d.put_file(SNAPSHOT_FILE, &snap_path, &|_| {})?;
+                std::fs::remove_dir_all(work).map_err(|e| PackError::io("removing", work, e))
+            }
+            None => {
+                let plan_path = work.join(PLAN_FILE);
+                std::fs::remove_file(&plan_path)
+                    .map_err(|e| PackError::io("removing", &plan_path, e))?;
+                sync_dir(work)?;
+                publish(work, &self.opts.out)
+            }
+        }
+    }
+}
+
+/// Counts over every record of a run's chunks.
+#[derive(Default)]
+struct Totals {
+    files: u64,
+    bytes_in: u64,
+    bytes_stored: u64,
+    bytes_out: u64,
+    compressed_records: u64,
+}
+
+impl Totals {
+    fn count(&mut self, s: &ChunkSummary) {
+        self.files += s.entries.len() as u64;
+        for e in &s.entries {
+            self.bytes_stored += e.stored_len;
+            self.bytes_in += e.orig_len;
+            self.compressed_records += (e.flags != 0) as u64;
+        }
+    }
+}
