@@ -9,6 +9,7 @@
 //! with empty chunks, and writes one snapshot over all chunks from their footers, one chunk at
 //! a time; chunk data is never copied.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -294,9 +295,38 @@ fn filler_chunk(dataset_id: [u8; 16], id: u32, classes: &[Vec<u8>]) -> (Vec<u8>,
 /// it is, and a merge interrupted after its snapshot finishes.
 pub fn merge(ds: &Path) -> Result<MergeSummary, PackError> {
     let t0 = Instant::now();
-    let rd = std::fs::read_dir(ds).map_err(|e| PackError::io("listing", ds, e))?;
+    let (specs, files) = list_parts(ds)?;
+    let snap_path = ds.join(SNAPSHOT_FILE);
+    if specs.is_empty() {
+        return already_merged(ds, &snap_path, t0);
+    }
+    // Check: every part, every chunk, and the snapshot they make (written under a temporary
+    // name); nothing visible changes until all of it passed.
+    let n = shard_count(ds, &specs)?;
+    let parts = read_parts(ds, &specs)?;
+    let dataset_id = parts[0].dataset_id;
+    check_part_chunks(ds, &parts, &files, n)?;
+    let built = build_snapshot(ds, parts, &files, &snap_path)?;
+    // Write: filler chunks, the snapshot, then the part directories go.
+    publish_merge(ds, &specs, &built, &snap_path)?;
+    Ok(MergeSummary {
+        out: ds.to_path_buf(),
+        dataset_id: hex_id(&dataset_id),
+        merged: true,
+        parts: n,
+        files: built.samples,
+        chunks: built.count,
+        filler_chunks: built.fillers.len() as u64,
+        snapshot_bytes: built.snapshot_bytes,
+        elapsed_s: t0.elapsed().as_secs_f64(),
+    })
+}
+
+/// The shard part directories in `ds`, and the chunk files there with their sizes.
+fn list_parts(ds: &Path) -> Result<(Vec<ShardSpec>, BTreeMap<u32, u64>), PackError> {
     let mut specs = Vec::new();
-    let mut files: std::collections::BTreeMap<u32, u64> = Default::default();
+    let mut files: BTreeMap<u32, u64> = Default::default();
+    let rd = std::fs::read_dir(ds).map_err(|e| PackError::io("listing", ds, e))?;
     for e in rd {
         let e = e.map_err(|e| PackError::io("listing", ds, e))?;
         let name = e.file_name();
@@ -310,27 +340,34 @@ pub fn merge(ds: &Path) -> Result<MergeSummary, PackError> {
             files.insert(id, md.len());
         }
     }
-    let snap_path = ds.join(SNAPSHOT_FILE);
-    if specs.is_empty() {
-        if let Ok(b) = std::fs::read(&snap_path) {
-            let snap = granary_format::Snapshot::open(b)?;
-            return Ok(MergeSummary {
-                out: ds.to_path_buf(),
-                dataset_id: hex_id(&snap.dataset_id()),
-                merged: false,
-                parts: 0,
-                files: snap.sample_count(),
-                chunks: snap.chunk_count(),
-                filler_chunks: 0,
-                snapshot_bytes: snap.bytes().len() as u64,
-                elapsed_s: t0.elapsed().as_secs_f64(),
-            });
-        }
-        return Err(usage(
-            ds,
-            "it holds no shard parts (part-IIII-of-NNNN directories written by `granary pack --shard I/N`)",
-        ));
+    Ok((specs, files))
+}
+
+/// A dataset without parts: merged already (left as it is), or not a sharded pack at all.
+fn already_merged(ds: &Path, snap_path: &Path, t0: Instant) -> Result<MergeSummary, PackError> {
+    if let Ok(b) = std::fs::read(snap_path) {
+        let snap = granary_format::Snapshot::open(b)?;
+        return Ok(MergeSummary {
+            out: ds.to_path_buf(),
+            dataset_id: hex_id(&snap.dataset_id()),
+            merged: false,
+            parts: 0,
+            files: snap.sample_count(),
+            chunks: snap.chunk_count(),
+            filler_chunks: 0,
+            snapshot_bytes: snap.bytes().len() as u64,
+            elapsed_s: t0.elapsed().as_secs_f64(),
+        });
     }
+    Err(usage(
+        ds,
+        "it holds no shard parts (part-IIII-of-NNNN directories written by `granary pack --shard I/N`)",
+    ))
+}
+
+/// The shard count of the parts: one pack's, none missing.
+fn shard_count(ds: &Path, specs: &[ShardSpec]) -> Result<u32, PackError> {
+    let mut specs = specs.to_vec();
     specs.sort_unstable_by_key(|s| (s.count, s.index));
     let n = specs[0].count;
     if let Some(other) = specs.iter().find(|s| s.count != n) {
@@ -358,8 +395,15 @@ pub fn merge(ds: &Path) -> Result<MergeSummary, PackError> {
             ),
         ));
     }
-    let mut parts: Vec<Part> = Vec::with_capacity(n as usize);
-    for s in &specs {
+    Ok(n)
+}
+
+/// Every part's part file, read and checked: finished, undamaged, its own shard's, and from
+/// one pack with the same settings and classes as the others.
+fn read_parts(ds: &Path, specs: &[ShardSpec]) -> Result<Vec<Part>, PackError> {
+    let n = specs.len();
+    let mut parts: Vec<Part> = Vec::with_capacity(n);
+    for s in specs {
         let p = ds.join(s.dir_name()).join(PART_FILE);
         let bytes = match std::fs::read(&p) {
             Ok(b) => b,
@@ -420,11 +464,18 @@ pub fn merge(ds: &Path) -> Result<MergeSummary, PackError> {
         }
         parts.push(part);
     }
-    let dataset_id = parts[0].dataset_id;
-    let classes = parts[0].classes.clone();
+    Ok(parts)
+}
 
-    // Every chunk a part lists must be there as written; ids must be the part's own.
-    for part in &parts {
+/// Every chunk a part lists must be there as written; ids must be the part's own.
+fn check_part_chunks(
+    ds: &Path,
+    parts: &[Part],
+    files: &BTreeMap<u32, u64>,
+    n: u32,
+) -> Result<(), PackError> {
+    let dataset_id = parts[0].dataset_id;
+    for part in parts {
         for (k, c) in part.chunks.iter().enumerate() {
             let want = (k as u64) * n as u64 + part.shard.index as u64;
             if c.chunk_id as u64 != want {
@@ -464,6 +515,31 @@ pub fn merge(ds: &Path) -> Result<MergeSummary, PackError> {
             check_chunk_header(ds, &path, dataset_id, c.chunk_id)?;
         }
     }
+    Ok(())
+}
+
+/// A merged snapshot written under its temporary name, and what publishing it takes.
+struct Built {
+    tmp: PathBuf,
+    snapshot_bytes: u64,
+    /// Empty chunks to write for ids no shard used.
+    fillers: Vec<(PathBuf, Vec<u8>)>,
+    samples: u64,
+    count: u64,
+}
+
+/// Builds the merged snapshot from every chunk's footer (CRC-checked, one chunk at a time) and
+/// empty chunks for the ids no shard used, and streams it to its temporary name: duplicate
+/// paths, or chunks that do not match their parts, are found here, before anything visible
+/// changes.
+fn build_snapshot(
+    ds: &Path,
+    parts: Vec<Part>,
+    files: &BTreeMap<u32, u64>,
+    snap_path: &Path,
+) -> Result<Built, PackError> {
+    let dataset_id = parts[0].dataset_id;
+    let classes = parts[0].classes.clone();
     // The parts' chunks in id order; ids are distinct (checked above: shard I lists exactly
     // the ids k × n + I).
     let mut by_id: std::collections::BTreeMap<u32, (PartChunk, ShardSpec)> = parts
@@ -537,7 +613,7 @@ pub fn merge(ds: &Path) -> Result<MergeSummary, PackError> {
     }
     // The snapshot is streamed to its temporary name first: that is where duplicate paths are
     // found, before anything visible changes.
-    let (tmp, snapshot_bytes) = crate::write_snapshot_tmp(&snap_path, b).map_err(|e| match e {
+    let (tmp, snapshot_bytes) = crate::write_snapshot_tmp(snap_path, b).map_err(|e| match e {
         PackError::Usage(m) => usage(
             ds,
             format!(
@@ -547,31 +623,37 @@ pub fn merge(ds: &Path) -> Result<MergeSummary, PackError> {
         e => e,
     })?;
 
-    // Checks passed: now write. Each step is atomic and rerunning merge redoes what is left.
+    Ok(Built {
+        tmp,
+        snapshot_bytes,
+        fillers,
+        samples,
+        count,
+    })
+}
+
+/// Publishes a checked merge. Each step is atomic and rerunning merge redoes what is left.
+fn publish_merge(
+    ds: &Path,
+    specs: &[ShardSpec],
+    built: &Built,
+    snap_path: &Path,
+) -> Result<(), PackError> {
+    let (tmp, fillers) = (&built.tmp, &built.fillers);
     let published = fillers
         .iter()
         .try_for_each(|(path, bytes)| write_file_atomic(path, bytes))
-        .and_then(|_| crate::rename_into_place(&tmp, &snap_path));
+        .and_then(|_| crate::rename_into_place(tmp, snap_path));
     if published.is_err() {
-        let _ = std::fs::remove_file(&tmp);
+        let _ = std::fs::remove_file(tmp);
     }
     published?;
-    for s in &specs {
+    for s in specs {
         let d = ds.join(s.dir_name());
         std::fs::remove_dir_all(&d).map_err(|e| PackError::io("removing", &d, e))?;
     }
     crate::sync_dir(ds)?;
-    Ok(MergeSummary {
-        out: ds.to_path_buf(),
-        dataset_id: hex_id(&dataset_id),
-        merged: true,
-        parts: n,
-        files: samples,
-        chunks: count,
-        filler_chunks: fillers.len() as u64,
-        snapshot_bytes,
-        elapsed_s: t0.elapsed().as_secs_f64(),
-    })
+    Ok(())
 }
 
 /// Reads the 64-byte header of a chunk a part lists: it must be intact, of this dataset and
