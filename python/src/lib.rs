@@ -16,14 +16,13 @@ use std::time::Duration;
 
 use granary::{
     CachePolicy, ChunkCache, Dataset as RsDataset, EpochSetup, EpochState, EpochStream,
-    ImportanceSampling, ImportanceScores, PlanOptions, ReadError, SampleReader, Shard,
-    SharedScores, ShuffleMode, StreamOptions,
+    PlanOptions, ReadError, SampleReader, Shard, SharedScores, ShuffleMode, StreamOptions,
 };
 use numpy::{PyArray1, PyArrayMethods};
 use pyo3::create_exception;
 use pyo3::exceptions::{PyIndexError, PyOSError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyByteArray, PyBytes, PyList};
+use pyo3::types::{PyByteArray, PyBytes, PyDict, PyList, PyTuple};
 
 create_exception!(
     _native,
@@ -151,23 +150,26 @@ impl Dataset {
 
     /// Sample ids of `rank`'s share of epoch `epoch` in the order a one-worker `Stream`
     /// delivers them (chunk-wise by default): what a sampler over a mounted tree follows so
-    /// that each chunk is read once, in large reads, per epoch.
-    #[pyo3(signature = (epoch, *, seed = 0, window = None, memory = None, rank = 0, world_size = 1,
-        drop_last = true, shuffle = "chunkwise"))]
-    #[allow(clippy::too_many_arguments)]
+    /// that each chunk is read once, in large reads, per epoch. Keywords: `seed` (0),
+    /// `window`, `memory`, `rank` (0), `world_size` (1), `drop_last` (True), `shuffle`
+    /// ("chunkwise").
+    #[pyo3(signature = (epoch, **options))]
     fn plan(
         &self,
         py: Python<'_>,
         epoch: u64,
-        seed: u64,
-        window: Option<usize>,
-        memory: Option<u64>,
-        rank: u32,
-        world_size: u32,
-        drop_last: bool,
-        shuffle: &str,
+        options: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Vec<u64>> {
-        let mode = ShuffleMode::parse(shuffle).map_err(PyValueError::new_err)?;
+        let mut o = Keywords::new("plan", options);
+        let seed = o.get("seed", 0u64)?;
+        let window: Option<usize> = o.get("window", None)?;
+        let memory: Option<u64> = o.get("memory", None)?;
+        let rank = o.get("rank", 0u32)?;
+        let world_size = o.get("world_size", 1u32)?;
+        let drop_last = o.get("drop_last", true)?;
+        let shuffle: String = o.get("shuffle", "chunkwise".to_string())?;
+        o.finish()?;
+        let mode = ShuffleMode::parse(&shuffle).map_err(PyValueError::new_err)?;
         let setup = EpochSetup {
             plan: PlanOptions {
                 mode,
@@ -193,6 +195,62 @@ impl Dataset {
             .detach(|| setup.plan(ds, epoch, shard, None))
             .map_err(err)?;
         Ok(plan.samples)
+    }
+}
+
+/// Keyword arguments taken one by one with their defaults; any left over is a TypeError, as
+/// for a Python function.
+struct Keywords<'a, 'py> {
+    func: &'static str,
+    dict: Option<&'a Bound<'py, PyDict>>,
+    taken: Vec<&'static str>,
+}
+
+impl<'a, 'py> Keywords<'a, 'py> {
+    fn new(func: &'static str, dict: Option<&'a Bound<'py, PyDict>>) -> Self {
+        Keywords {
+            func,
+            dict,
+            taken: Vec::new(),
+        }
+    }
+
+    /// The value of keyword `key` (`default` when absent or None where `T` is an Option).
+    fn get<T>(&mut self, key: &'static str, default: T) -> PyResult<T>
+    where
+        T: for<'b> FromPyObject<'b, 'py>,
+        for<'b> <T as FromPyObject<'b, 'py>>::Error: Into<PyErr>,
+    {
+        self.taken.push(key);
+        let Some(d) = self.dict else {
+            return Ok(default);
+        };
+        match d.get_item(key)? {
+            Some(v) => v.extract::<T>().map_err(|e| {
+                let e: PyErr = e.into();
+                pyo3::exceptions::PyTypeError::new_err(format!(
+                    "{}(): argument {key}: {e}",
+                    self.func
+                ))
+            }),
+            None => Ok(default),
+        }
+    }
+
+    /// Fails on a keyword that was not taken.
+    fn finish(self) -> PyResult<()> {
+        if let Some(d) = self.dict {
+            for k in d.keys() {
+                let k: String = k.extract()?;
+                if !self.taken.contains(&k.as_str()) {
+                    return Err(pyo3::exceptions::PyTypeError::new_err(format!(
+                        "{}() got an unexpected keyword argument '{k}'",
+                        self.func
+                    )));
+                }
+            }
+        }
+        Ok(())
     }
 }
 
@@ -306,164 +364,126 @@ fn columns(samples: &[granary::Sample]) -> (Vec<u64>, Vec<u32>, Vec<f32>) {
     )
 }
 
+/// Stream's keyword options as the reader configuration (and the resume state).
+fn stream_config(
+    options: Option<&Bound<'_, PyDict>>,
+    rank: u32,
+    world_size: u32,
+) -> PyResult<(granary::ReaderConfig, Option<EpochState>)> {
+    let mut o = Keywords::new("Stream", options);
+    let shuffle: String = o.get("shuffle", "chunkwise".to_string())?;
+    let seed = o.get("seed", 0u64)?;
+    let drop_last = o.get("drop_last", true)?;
+    let window: Option<usize> = o.get("window", None)?;
+    let memory: Option<u64> = o.get("memory", None)?;
+    let cache_dir: Option<PathBuf> = o.get("cache_dir", None)?;
+    let cache_size: Option<u64> = o.get("cache_size", None)?;
+    let policy: String = o.get("policy", "static".to_string())?;
+    let sampling: String = o.get("sampling", "uniform".to_string())?;
+    let alpha = o.get("alpha", 0.5f64)?;
+    let cache_boost = o.get("cache_boost", 4.0f64)?;
+    let resume: Option<(u64, u32, u32, Vec<u64>)> = o.get("resume", None)?;
+    let locality = o.get("locality", 1.0f64)?;
+    let peers: Option<Vec<String>> = o.get("peers", None)?;
+    let node: Option<u32> = o.get("node", None)?;
+    let peer_timeout = o.get("peer_timeout", 2.0f64)?;
+    let ownership_epoch = o.get("ownership_epoch", 0u64)?;
+    o.finish()?;
+    if peers.is_some() && cache_dir.is_none() {
+        return Err(PyValueError::new_err(
+            "peers share tiers: they need cache_dir and cache_size",
+        ));
+    }
+    if !(peer_timeout > 0.0 && peer_timeout.is_finite()) {
+        return Err(PyValueError::new_err(format!(
+            "peer_timeout must be a positive number of seconds, not {peer_timeout}"
+        )));
+    }
+    let policy = CachePolicy::parse(&policy).map_err(PyValueError::new_err)?;
+    let tier = match (cache_dir, cache_size) {
+        (Some(dir), Some(quota)) => Some(granary::TierConfig { dir, quota, policy }),
+        (None, None) => None,
+        _ => {
+            return Err(PyValueError::new_err(
+                "cache_dir and cache_size go together",
+            ))
+        }
+    };
+    let config = granary::ReaderConfig {
+        plan: PlanOptions {
+            mode: ShuffleMode::parse(&shuffle).map_err(PyValueError::new_err)?,
+            seed,
+            // 0: as many chunks as the memory budget allows.
+            window_chunks: window.unwrap_or(0),
+            drop_last,
+            locality,
+        },
+        rank,
+        world_size,
+        memory: memory.unwrap_or(granary::DEFAULT_READER_MEMORY),
+        tier,
+        // The node's shared score table (re-read at every epoch); before any loss was
+        // reported, importance sampling starts uniform.
+        scores: granary::ScoreSource::Tier,
+        lenient_scores: true,
+        sampling: granary::SamplingMode::parse(&sampling, alpha, cache_boost)
+            .map_err(PyValueError::new_err)?,
+        peers: peers.map(|addrs| granary::PeerConfig {
+            addrs,
+            node,
+            timeout: Duration::from_secs_f64(peer_timeout),
+            ownership_epoch,
+        }),
+        ..Default::default()
+    };
+    config.check().map_err(err)?;
+    let resume = resume.map(|(epoch, world_size, num_workers, consumed)| EpochState {
+        epoch,
+        world_size,
+        num_workers,
+        consumed,
+    });
+    Ok((config, resume))
+}
+
 #[pymethods]
 impl Stream {
+    /// `Stream(path, epoch, rank, world_size, worker, num_workers, **options)`; options:
+    /// shuffle ("chunkwise"), seed (0), drop_last (True), window, memory, cache_dir,
+    /// cache_size, policy ("static"), sampling ("uniform"), alpha (0.5), cache_boost (4.0),
+    /// resume, locality (1.0), peers, node, peer_timeout (2.0), ownership_epoch (0). The
+    /// arguments become a `granary::ReaderConfig`; the reader library does the rest.
     #[new]
-    #[pyo3(signature = (
-        path, epoch, rank, world_size, worker, num_workers, *, shuffle = "chunkwise", seed = 0,
-        drop_last = true, window = None, memory = None, cache_dir = None, cache_size = None,
-        policy = "static", sampling = "uniform", alpha = 0.5, cache_boost = 4.0, resume = None,
-        locality = 1.0, peers = None, node = None, peer_timeout = 2.0, ownership_epoch = 0
-    ))]
-    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (path, epoch, *shard, **options))]
     fn new(
         py: Python<'_>,
         path: PathBuf,
         epoch: u64,
-        rank: u32,
-        world_size: u32,
-        worker: u32,
-        num_workers: u32,
-        shuffle: &str,
-        seed: u64,
-        drop_last: bool,
-        window: Option<usize>,
-        memory: Option<u64>,
-        cache_dir: Option<PathBuf>,
-        cache_size: Option<u64>,
-        policy: &str,
-        sampling: &str,
-        alpha: f64,
-        cache_boost: f64,
-        resume: Option<(u64, u32, u32, Vec<u64>)>,
-        locality: f64,
-        peers: Option<Vec<String>>,
-        node: Option<u32>,
-        peer_timeout: f64,
-        ownership_epoch: u64,
+        shard: &Bound<'_, PyTuple>,
+        options: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Self> {
-        if peers.is_some() && cache_dir.is_none() {
-            return Err(PyValueError::new_err(
-                "peers share tiers: they need cache_dir and cache_size",
-            ));
-        }
-        if !(peer_timeout > 0.0 && peer_timeout.is_finite()) {
-            return Err(PyValueError::new_err(format!(
-                "peer_timeout must be a positive number of seconds, not {peer_timeout}"
-            )));
-        }
-        if !(0.0..=1.0).contains(&locality) {
-            return Err(PyValueError::new_err(format!(
-                "locality must be in [0, 1], not {locality}"
-            )));
-        }
-        let mode = ShuffleMode::parse(shuffle).map_err(PyValueError::new_err)?;
-        let policy = CachePolicy::parse(policy).map_err(PyValueError::new_err)?;
-        let importance = match sampling {
-            "uniform" => false,
-            "importance" => true,
-            s => {
-                return Err(PyValueError::new_err(format!(
-                    "unknown sampling {s:?}: use uniform or importance"
-                )))
-            }
-        };
-        let resume = resume.map(|(epoch, world_size, num_workers, consumed)| EpochState {
-            epoch,
+        let (rank, world_size, worker, num_workers): (u32, u32, u32, u32) =
+            shard.extract().map_err(|_| {
+                pyo3::exceptions::PyTypeError::new_err(
+                    "Stream() takes path, epoch, rank, world_size, worker and num_workers",
+                )
+            })?;
+        let (config, resume) = stream_config(options, rank, world_size)?;
+        let shard = Shard {
+            rank,
             world_size,
+            worker,
             num_workers,
-            consumed,
-        });
-        let memory = memory.unwrap_or(granary::DEFAULT_READER_MEMORY);
+        };
         let build = || -> Result<(EpochStream, usize, bool), ReadError> {
             let ds = Arc::new(RsDataset::open(&path)?);
-            let cache = match (&cache_dir, cache_size) {
-                (Some(d), Some(q)) => Some(Arc::new(ChunkCache::open(
-                    d,
-                    ds.snapshot().dataset_id(),
-                    q,
-                    policy,
-                )?)),
-                (Some(_), None) | (None, Some(_)) => {
-                    return Err(ReadError::Invalid(
-                        "cache_dir and cache_size go together".into(),
-                    ))
-                }
-                _ => None,
-            };
-            // The node's shared score table, re-read at every epoch.
-            let scores = match &cache {
-                Some(c) if c.scores_path().exists() => {
-                    Some(Arc::new(ImportanceScores::load(&c.scores_path())?))
-                }
-                _ => None,
-            }
-            .filter(|s| s.len() == ds.len());
-            // Importance sampling before any loss was reported (SHADE starts uniform): every
-            // sample at the mean score, so draws are uniform (still favouring what the tier
-            // holds) until report()ed losses reach the table.
-            let scores = match scores {
-                None if importance => Some(Arc::new(ImportanceScores::new(ds.len(), 0.8))),
-                s => s,
-            };
-            let plan = PlanOptions {
-                mode,
-                seed,
-                // 0: as many chunks as the memory budget allows.
-                window_chunks: window.unwrap_or(0),
-                drop_last,
-                locality,
-            };
-            // Tiers shared with the job's other nodes: every node computes the same ownership
-            // (each node's capacity taken to be this one's).
-            let peers = match (&peers, cache_size) {
-                (Some(addrs), Some(q)) => {
-                    let nodes = addrs.len() as u32;
-                    if nodes == 0 || !world_size.is_multiple_of(nodes) {
-                        return Err(ReadError::Invalid(format!(
-                            "world_size {world_size} is not a multiple of the {nodes} nodes in \
-                             peers"
-                        )));
-                    }
-                    let ownership = granary::ownership(
-                        &ds,
-                        &plan,
-                        ownership_epoch,
-                        world_size,
-                        nodes,
-                        &vec![q; nodes as usize],
-                    )?;
-                    Some(Arc::new(granary::Peers::new(
-                        ds.snapshot().dataset_id(),
-                        addrs.clone(),
-                        node.unwrap_or(rank / (world_size / nodes)),
-                        ownership,
-                        std::time::Duration::from_secs_f64(peer_timeout),
-                    )?))
-                }
-                _ => None,
-            };
-            let setup = EpochSetup {
-                plan,
-                sampling: importance.then_some(ImportanceSampling { alpha, cache_boost }),
-                stream: StreamOptions {
-                    cache: cache.clone(),
-                    scores,
-                    memory,
-                    peers,
-                    ..Default::default()
-                },
-            };
-            let shard = Shard {
-                rank,
-                world_size,
-                worker,
-                num_workers,
-            };
+            let reader = config.open(&ds)?;
+            let setup = reader.setup()?;
             let plan = setup.plan(&ds, epoch, shard, resume.as_ref())?;
             let len = plan.samples.len();
+            let mode = setup.plan.mode;
             let stream = EpochStream::new(ds, plan, mode, &setup.stream)?;
-            Ok((stream, len, cache.is_some()))
+            Ok((stream, len, reader.tier().is_some()))
         };
         let (stream, len, cache) = py.detach(build).map_err(err)?;
         Ok(Stream {

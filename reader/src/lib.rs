@@ -37,6 +37,7 @@
 //! # }
 //! ```
 
+mod config;
 mod dataset;
 mod epoch;
 mod error;
@@ -56,6 +57,7 @@ mod window;
 pub use granary_store::object as remote;
 pub use granary_store::{file, local};
 
+pub use config::{PeerConfig, Reader, ReaderConfig, SamplingMode, ScoreSource, TierConfig};
 pub use dataset::ownership;
 pub use dataset::{ChunkBytes, Dataset, SampleInfo};
 pub use epoch::{

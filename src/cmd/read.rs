@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use granary::io::IoKind;
-use granary::{PlanOptions, ShuffleMode, StreamOptions};
+use granary::{PlanOptions, ShuffleMode};
 
 /// Options shared by `read` and `plan`: which epoch order and which share of it.
 #[derive(clap::Args, Clone)]
@@ -134,47 +134,21 @@ impl PeerArgs {
         Ok(addrs)
     }
 
-    /// The peers of this rank's node, when --peers is given: ownership computed from the plan
-    /// (every node computes the same), each node's capacity taken to be this node's quota.
-    pub fn open(
-        &self,
-        ds: &granary::Dataset,
-        plan: &PlanArgs,
-        quota: Option<u64>,
-        first_epoch: u64,
-    ) -> anyhow::Result<Option<Arc<granary::Peers>>> {
+    /// The peer configuration, when --peers is given.
+    fn config(&self, first_epoch: u64) -> anyhow::Result<Option<granary::PeerConfig>> {
         let Some(list) = &self.peers else {
             return Ok(None);
         };
-        let addrs = Self::addresses(list)?;
-        let nodes = addrs.len() as u32;
-        let quota = quota.context("--peers needs --cache-dir and --cache-size")?;
-        anyhow::ensure!(
-            plan.world_size.is_multiple_of(nodes),
-            "--world-size {} is not a multiple of the {nodes} nodes in --peers",
-            plan.world_size
-        );
-        let node = self.node.unwrap_or(plan.rank / (plan.world_size / nodes));
         anyhow::ensure!(
             self.peer_timeout > 0.0 && self.peer_timeout.is_finite(),
             "--peer-timeout must be a positive number of seconds"
         );
-        let ownership = granary::ownership(
-            ds,
-            &plan.options(ds)?,
-            self.ownership_epoch.unwrap_or(first_epoch),
-            plan.world_size,
-            nodes,
-            &vec![quota; nodes as usize],
-        )?;
-        let peers = granary::Peers::new(
-            ds.snapshot().dataset_id(),
-            addrs,
-            node,
-            ownership,
-            std::time::Duration::from_secs_f64(self.peer_timeout),
-        )?;
-        Ok(Some(Arc::new(peers)))
+        Ok(Some(granary::PeerConfig {
+            addrs: Self::addresses(list)?,
+            node: self.node,
+            timeout: std::time::Duration::from_secs_f64(self.peer_timeout),
+            ownership_epoch: self.ownership_epoch.unwrap_or(first_epoch),
+        }))
     }
 }
 
@@ -236,8 +210,8 @@ pub struct Args {
     /// Which samples an epoch reads: uniform (each once) or importance (N draws with
     /// probability (1-alpha)/N + alpha x score share, favouring what the tier holds; every
     /// sample gets the loss weight 1/(N p)). Needs scores.
-    #[arg(long, default_value = "uniform", value_parser = ["uniform", "importance"])]
-    pub sampling: String,
+    #[arg(long, value_enum, default_value_t = SamplingArg::Uniform)]
+    pub sampling: SamplingArg,
     /// Importance sampling mix, 0 (uniform draws) to below 1; every sample keeps at least
     /// probability (1-alpha)/N.
     #[arg(long, default_value_t = 0.5)]
@@ -255,60 +229,62 @@ pub struct Args {
     pub json: bool,
 }
 
-/// The score table: `--scores FILE`, else the tier's shared table if it has one.
-fn load_scores(
-    a: &Args,
-    cache: Option<&granary::ChunkCache>,
-) -> anyhow::Result<Option<Arc<granary::ImportanceScores>>> {
-    let path = match (&a.scores, cache) {
-        (Some(p), _) => p.clone(),
-        (None, Some(c)) if c.scores_path().exists() => c.scores_path(),
-        _ => return Ok(None),
-    };
-    let t = granary::ImportanceScores::load(&path)
-        .with_context(|| format!("loading scores {}", path.display()))?;
-    Ok(Some(Arc::new(t)))
+/// `--sampling`.
+#[derive(Clone, Copy, clap::ValueEnum)]
+pub enum SamplingArg {
+    Uniform,
+    Importance,
+}
+
+impl Args {
+    /// The reader configuration these arguments describe.
+    fn config(&self, ds: &granary::Dataset) -> anyhow::Result<granary::ReaderConfig> {
+        let p = &self.plan;
+        Ok(granary::ReaderConfig {
+            plan: p.options(ds)?,
+            rank: p.rank,
+            world_size: p.world_size,
+            memory: p.memory,
+            io_mode: self.io,
+            page_cache_bytes: self.page_cache,
+            backend: self.backend,
+            queue_depth: self.queue_depth,
+            range_gap: self.range_gap,
+            tier: match (&self.tier.cache_dir, self.tier.cache_size) {
+                (Some(dir), Some(quota)) => Some(granary::TierConfig {
+                    dir: dir.clone(),
+                    quota,
+                    policy: self.tier.policy,
+                }),
+                _ => None,
+            },
+            scores: match &self.scores {
+                Some(f) => granary::ScoreSource::File(f.clone()),
+                None => granary::ScoreSource::Tier,
+            },
+            lenient_scores: false,
+            sampling: match self.sampling {
+                SamplingArg::Uniform => granary::SamplingMode::Uniform,
+                SamplingArg::Importance => {
+                    granary::SamplingMode::Importance(granary::ImportanceSampling {
+                        alpha: self.alpha,
+                        cache_boost: self.cache_boost,
+                    })
+                }
+            },
+            peers: self.peers.config(self.first_epoch)?,
+        })
+    }
 }
 
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     let ds = Arc::new(super::open_dataset(&a.dataset)?);
-    let cache = a.tier.open(&ds)?;
-    let peers = a
-        .peers
-        .open(&ds, &a.plan, a.tier.cache_size, a.first_epoch)?;
-    let importance = a.sampling == "importance";
+    let reader = a.config(&ds)?.open(&ds)?;
     let mut reports = Vec::new();
     for epoch in a.first_epoch..a.first_epoch + a.epochs {
-        if let Some(p) = &peers {
-            p.begin_epoch();
-        }
+        reader.begin_epoch();
         // Scores are re-read every epoch: training processes keep reporting into them.
-        let scores = load_scores(&a, cache.as_deref())?;
-        if importance && scores.is_none() {
-            anyhow::bail!(
-                "--sampling importance needs scores: pass --scores FILE, or a --cache-dir whose \
-                 tier has a score table (written by report() from training)"
-            );
-        }
-        let setup = granary::EpochSetup {
-            plan: a.plan.options(&ds)?,
-            sampling: importance.then_some(granary::ImportanceSampling {
-                alpha: a.alpha,
-                cache_boost: a.cache_boost,
-            }),
-            stream: StreamOptions {
-                io: a.backend,
-                io_mode: a.io,
-                page_cache_bytes: a.page_cache,
-                queue_depth: a.queue_depth,
-                cache: cache.clone(),
-                scores,
-                range_gap: a.range_gap,
-                memory: a.plan.memory,
-                peers: peers.clone(),
-                ..StreamOptions::default()
-            },
-        };
+        let setup = reader.setup()?;
         let p = &a.plan;
         let r = granary::measure_epoch(&ds, &setup, epoch, p.rank, p.world_size, p.workers)
             .with_context(|| format!("reading epoch {epoch}"))?;
