@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
-use granary::{Dataset, PlanOptions, Shard, StreamOptions};
+use granary::{Dataset, PlanOptions, ReaderConfig, Shard};
 use granary_format::SplitMix64;
 use serde::Serialize;
 
@@ -286,13 +286,18 @@ fn granary_epoch(o: &CompareOptions, epoch: u64) -> granary::Result<SideEpoch> {
     let ops0 = granary::io::metadata_ops();
     let t = Instant::now();
     let ds = Arc::new(Dataset::open(&o.packed)?);
-    // The window a reader gets by default (`granary read`, Python), not the library's bare
-    // default of 8 chunks: the benchmark measures what users run.
-    let plan = PlanOptions {
-        seed: o.seed,
-        window_chunks: ds.window_for_memory(granary::DEFAULT_READER_MEMORY)?,
-        ..PlanOptions::default()
+    // The reader configuration users get by default (`granary read`, Python): the window
+    // follows from the default memory budget, not the library's bare default of 8 chunks.
+    let config = ReaderConfig {
+        plan: PlanOptions {
+            seed: o.seed,
+            window_chunks: 0,
+            ..PlanOptions::default()
+        },
+        io_mode: o.io,
+        ..ReaderConfig::default()
     };
+    let setup = config.open(&ds)?.setup()?;
     let startup_s = t.elapsed().as_secs_f64();
     let t = Instant::now();
     let k = o.workers.max(1);
@@ -300,7 +305,7 @@ fn granary_epoch(o: &CompareOptions, epoch: u64) -> granary::Result<SideEpoch> {
         let handles: Vec<_> = (0..k)
             .map(|w| {
                 let ds = &ds;
-                let plan = &plan;
+                let setup = &setup;
                 s.spawn(move || -> granary::Result<WorkerOut> {
                     let shard = Shard {
                         rank: 0,
@@ -308,11 +313,7 @@ fn granary_epoch(o: &CompareOptions, epoch: u64) -> granary::Result<SideEpoch> {
                         worker: w,
                         num_workers: k,
                     };
-                    let io = StreamOptions {
-                        io_mode: o.io,
-                        ..StreamOptions::default()
-                    };
-                    let st = ds.stream_epoch(plan, epoch, shard, None, &io)?;
+                    let st = setup.stream(ds.clone(), epoch, shard, None)?;
                     let mut out = WorkerOut::default();
                     let mut t0 = Instant::now();
                     for sample in st {
