@@ -49,7 +49,33 @@ enum Command {
     Bench(cmd::bench::Args),
 }
 
+/// The libraries' diagnostics (warnings about a full tier, a peer marked down, a mount's
+/// failed read) on standard error, as `granary: warning: ...`.
+struct StderrLog;
+
+impl log::Log for StderrLog {
+    fn enabled(&self, m: &log::Metadata<'_>) -> bool {
+        m.level() <= log::Level::Warn
+    }
+
+    fn log(&self, r: &log::Record<'_>) {
+        if self.enabled(r.metadata()) {
+            let level = match r.level() {
+                log::Level::Error => "error",
+                _ => "warning",
+            };
+            eprintln!("granary: {level}: {}", r.args());
+        }
+    }
+
+    fn flush(&self) {}
+}
+
 fn main() -> ExitCode {
+    static LOG: StderrLog = StderrLog;
+    if log::set_logger(&LOG).is_ok() {
+        log::set_max_level(log::LevelFilter::Warn);
+    }
     let cli = Cli::parse();
     let res = match cli.cmd {
         Command::Pack(a) => cmd::pack::run(a),

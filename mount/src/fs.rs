@@ -96,7 +96,7 @@ impl MountFs {
 
     /// Logs a failure of the dataset (damage, unreadable storage) and turns it into `EIO`.
     fn eio(&self, what: &str, e: &ReadError) -> i32 {
-        eprintln!("granary mount: {what}: {e}");
+        log::warn!("mount: {what}: {e}");
         libc::EIO
     }
 

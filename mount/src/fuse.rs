@@ -260,7 +260,7 @@ pub fn serve(
             // then the session is joined in a helper: a reader holding a file open, or a
             // request stuck in storage, must not hold the process past the grace period.
             if let Err(e) = unmount(mountpoint, true) {
-                eprintln!("granary mount: {e}");
+                log::warn!("mount: {e}");
             }
             let (tx, rx) = std::sync::mpsc::channel();
             std::thread::spawn(move || {
@@ -273,8 +273,8 @@ pub fn serve(
                     Ended::Stopped
                 }
                 Err(_) => {
-                    eprintln!(
-                        "granary mount: requests still in progress {:.1} s after unmounting; \
+                    log::warn!(
+                        "mount: requests still in progress {:.1} s after unmounting; \
                          exiting anyway",
                         t0.elapsed().as_secs_f64()
                     );

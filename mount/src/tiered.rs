@@ -411,7 +411,7 @@ fn fetch_loop(t: &Tier, r: &SampleReader, c: &Counters) {
             Err(e) => {
                 add(&c.fetch_errors, 1);
                 q.declined.insert(chunk, Instant::now());
-                eprintln!("granary mount: fetching chunk {chunk} into the tier: {e}");
+                log::warn!("mount: fetching chunk {chunk} into the tier: {e}");
             }
         }
     }

@@ -217,7 +217,7 @@ pub struct PackSummary {
 
 /// Hex form of a dataset id.
 pub fn hex_id(id: &[u8; 16]) -> String {
-    id.iter().map(|b| format!("{b:02x}")).collect()
+    granary_format::DatasetId(*id).to_string()
 }
 
 fn work_dir(out: &Path) -> Result<PathBuf, PackError> {

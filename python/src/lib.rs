@@ -683,6 +683,9 @@ impl Scores {
 
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    // The reader's diagnostics (a full tier, a peer marked down) go to Python's `logging`
+    // (loggers named after the Rust modules, e.g. "granary_store.peers").
+    let _ = pyo3_log::try_init();
     m.add_class::<Dataset>()?;
     m.add_class::<Stream>()?;
     m.add_class::<Scores>()?;

@@ -230,8 +230,8 @@ impl CacheCounters {
         let full = matches!(e, granary_store::StoreError::Io { source, .. }
             if matches!(source.kind(), std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded));
         if self.admissions_failed.fetch_add(1, Relaxed) == 0 {
-            eprintln!(
-                "granary: warning: the local tier in {} could not store a chunk ({e}); reads go \
+            log::warn!(
+                "the local tier in {} could not store a chunk ({e}); reads go \
                  on from the source{}",
                 dir.display(),
                 if full {

@@ -733,12 +733,10 @@ pub fn fetch_snapshot(url: &ObjectUrl) -> Result<PathBuf> {
         DatasetId(id),
         std::process::id()
     ));
-    let written = std::fs::write(&tmp, &bytes)
-        .and_then(|_| std::fs::rename(&tmp, &cached))
-        .map_err(|e| StoreError::io("caching the snapshot in", &tmp, e));
-    if written.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    written?;
+    // Not fsynced: a cached copy lost to a crash is fetched again.
+    granary_format::local::write_atomic(&cached, &tmp, false, |w| {
+        std::io::Write::write_all(w, &bytes)
+    })
+    .map_err(|e| StoreError::io("caching the snapshot in", &tmp, e))?;
     Ok(cached)
 }

@@ -274,8 +274,8 @@ impl Peers {
         let reject = |what: String| {
             c.rejected.fetch_add(1, Relaxed);
             if !self.rejected_said[n].swap(true, Relaxed) {
-                eprintln!(
-                    "granary: warning: peer {} (node {node}) served {} with {what}, not the \
+                log::warn!(
+                    "peer {} (node {node}) served {} with {what}, not the \
                      snapshot's {} bytes and CRC {:08x}: rejected, read from origin (further \
                      rejections from this peer are counted, not printed, this epoch)",
                     self.addrs[n],
@@ -307,8 +307,8 @@ impl Peers {
                 c.unreachable.fetch_add(1, Relaxed);
                 if !self.down[n].swap(true, Relaxed) {
                     c.peers_marked_down.fetch_add(1, Relaxed);
-                    eprintln!(
-                        "granary: warning: peer {} (node {node}) failed ({e}); its chunks come \
+                    log::warn!(
+                        "peer {} (node {node}) failed ({e}); its chunks come \
                          from origin storage for the rest of this epoch",
                         self.addrs[n]
                     );
