@@ -3,7 +3,7 @@
 # `granary read` processes stream epochs through one tier while a chaos loop SIGKILLs a random
 # one every 50-400 ms; the run fails on any short epoch, any wrong byte, the quota exceeded
 # (sampled continuously under the tier's lock), leaked temporary files or `cache stats`
-# disagreeing with the files. Prints the figures README's "What we test" reports.
+# disagreeing with the files. Prints the figures docs/testing.md reports.
 #
 #   bash scripts/chaos.sh [SECONDS] [READERS] [SEED]     # defaults: 300 s, 4 readers, seed 1
 set -euo pipefail

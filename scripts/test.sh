@@ -56,7 +56,7 @@ bash scripts/python-tests.sh 2>&1 | tee "$pylog"
 rm -rf target/juicefs-report
 FILES=200 SIZES=tiny OUT=target/juicefs-report bash bench/juicefs.sh
 # Every parser of untrusted bytes under libFuzzer, briefly (scripts/fuzz.sh; a long run's
-# figures are in README).
+# figures are in docs/testing.md).
 bash scripts/fuzz.sh "${FUZZ_SECONDS:-5}"
 
 # One closing line with the totals over every test binary and the Python tests, plus the JuiceFS

@@ -1,7 +1,7 @@
 //! The packer's index of the files it packs, as columns: every path in one byte arena and a
 //! fixed-width column per attribute. A file costs its path plus 36 bytes (end offset, size,
 //! inode, mtime, label) instead of a `Vec` per path and a padded struct, which is what keeps a
-//! pack of many millions of files within ~100 bytes per file (see README, "Packer memory").
+//! pack of many millions of files within ~100 bytes per file (see docs/packing.md, "Packer memory").
 
 /// Files as columns. The path arena and `ends` always hold every file; the attribute columns
 /// are either empty (not filled yet) or hold one value per file.

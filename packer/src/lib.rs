@@ -41,7 +41,7 @@ use plan::Plan;
 pub use reindex::{reindex, ReindexSummary};
 pub use shard::{merge, shard_of, MergeSummary, ShardSpec, PART_FILE};
 
-/// Default target chunk size (see README: measured on this project's reference machine).
+/// Default target chunk size (see docs/packing.md: measured on this project's reference machine).
 pub const DEFAULT_CHUNK_SIZE: u64 = 32 << 20;
 /// Default most files in one chunk. What a chunk costs the packer while it is read and written
 /// grows with its file count (~250 bytes a file), so a tree of 50-byte files would otherwise
@@ -49,7 +49,7 @@ pub const DEFAULT_CHUNK_SIZE: u64 = 32 << 20;
 /// change chunks whose files average under 512 bytes.
 pub const DEFAULT_CHUNK_FILES: u64 = 65_536;
 const PLAN_FILE: &str = "pack-plan.bin";
-/// Default number of reader threads (see README: measured).
+/// Default number of reader threads (see docs/packing.md: measured).
 pub const DEFAULT_IO_THREADS: usize = 32;
 
 /// Errors of the packer. Every variant says which file and what happened.

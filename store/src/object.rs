@@ -31,7 +31,7 @@ pub const SCHEMES: &[&str] = &["s3", "s3a", "gs", "az", "abfs", "abfss", "http",
 
 /// Largest single ranged GET: a whole-chunk read of a default 32 MiB chunk is one GET; larger
 /// ranges are split into parts of this size, fetched concurrently. Measured on SeaweedFS with
-/// its disk cold (README, object stores): 8 MiB parts read 4,123 samples/s, whole chunks 4,776.
+/// its disk cold (docs/object-stores.md): 8 MiB parts read 4,123 samples/s, whole chunks 4,776.
 pub const GET_PART: u64 = 32 << 20;
 
 /// GETs in flight per read call (each reader thread issues its own).
