@@ -106,11 +106,11 @@ fn readers_killed_at_random_through_one_tier_never_break_its_quota_or_its_bytes(
     let data_bytes: u64 = files.iter().map(|(_, d)| d.len() as u64).sum();
     let quota = data_bytes * 3 / 10;
     let root = tmp.path().join("tier");
-    let tier = granary::ChunkCache::open(
+    let tier = granary::LocalTier::open(
         &root,
         dataset.snapshot().dataset_id(),
         quota,
-        granary::CachePolicy::Lru,
+        granary::TierPolicy::Lru,
     )
     .unwrap();
     let tier_dir = tier.dir().to_path_buf();

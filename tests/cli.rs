@@ -637,11 +637,11 @@ fn cache_stats_and_clear() {
         .success());
     let ds = granary::Dataset::open(&ds_path).unwrap();
     let root = tmp.path().join("cache");
-    let cache = granary::ChunkCache::open(
+    let cache = granary::LocalTier::open(
         &root,
         ds.snapshot().dataset_id(),
         u64::MAX,
-        granary::CachePolicy::Lru,
+        granary::TierPolicy::Lru,
     )
     .unwrap();
     for c in 0..2 {
@@ -845,11 +845,11 @@ fn reader_processes_share_an_importance_tier_of_hot_chunks() {
     // The node's shared score table (as report() from training writes it): every seventh
     // sample matters far more.
     let dataset = granary::Dataset::open(&ds).unwrap();
-    let tier = granary::ChunkCache::open(
+    let tier = granary::LocalTier::open(
         &cache,
         dataset.snapshot().dataset_id(),
         quota,
-        granary::CachePolicy::Importance,
+        granary::TierPolicy::Importance,
     )
     .unwrap();
     let mut scores = granary::ImportanceScores::new(dataset.len(), 0.8);

@@ -34,7 +34,7 @@ fn packed(tmp: &Path, files: &[(Vec<u8>, Vec<u8>)]) -> PathBuf {
     )
 }
 
-fn mount_fs(ds: &Path, cache: Option<Arc<granary::ChunkCache>>, fetch: bool) -> MountFs {
+fn mount_fs(ds: &Path, cache: Option<Arc<granary::LocalTier>>, fetch: bool) -> MountFs {
     let ds = Arc::new(granary::Dataset::open_checked(ds).unwrap());
     MountFs::new(TieredReader::new(ds, cache, fetch).unwrap(), 0, 0).unwrap()
 }
@@ -222,11 +222,11 @@ fn first_touch_fetches_chunks_into_the_tier_and_a_damaged_copy_is_never_served()
     let ds = packed(tmp.path(), &files);
     let id = granary::Dataset::open(&ds).unwrap().snapshot().dataset_id();
     let cache = Arc::new(
-        granary::ChunkCache::open(
+        granary::LocalTier::open(
             &tmp.path().join("tier"),
             id,
             u64::MAX,
-            granary::CachePolicy::Static,
+            granary::TierPolicy::Static,
         )
         .unwrap(),
     );
@@ -269,7 +269,7 @@ fn first_touch_fetches_chunks_into_the_tier_and_a_damaged_copy_is_never_served()
     // Without fetching the tier is only read: nothing new comes in.
     let tmp2 = tempfile::tempdir().unwrap();
     let empty = Arc::new(
-        granary::ChunkCache::open(tmp2.path(), id, u64::MAX, granary::CachePolicy::Lru).unwrap(),
+        granary::LocalTier::open(tmp2.path(), id, u64::MAX, granary::TierPolicy::Lru).unwrap(),
     );
     let fs = mount_fs(&ds, Some(empty.clone()), false);
     all(&fs);
@@ -297,11 +297,11 @@ fn a_tier_smaller_than_the_dataset_is_used_chunk_by_chunk_and_not_thrashed_at_ra
     let quota = 3 * biggest;
     let tier = |name: &str| {
         Arc::new(
-            granary::ChunkCache::open(
+            granary::LocalTier::open(
                 &tmp.path().join(name),
                 d.snapshot().dataset_id(),
                 quota,
-                granary::CachePolicy::Lru,
+                granary::TierPolicy::Lru,
             )
             .unwrap(),
         )

@@ -257,7 +257,7 @@ fn four_nodes_share_their_tiers_survive_dead_stopped_and_lying_peers() {
         &["--chunk-size", "256KiB"],
     );
     let id = granary::Dataset::open(&ds).unwrap().snapshot().dataset_id();
-    let tier1 = granary::ChunkCache::tier_dir(&nodes[1].tier, &id);
+    let tier1 = granary::LocalTier::tier_dir(&nodes[1].tier, &id);
     let mut copies: Vec<PathBuf> = std::fs::read_dir(&tier1)
         .unwrap()
         .flatten()
@@ -333,7 +333,7 @@ fn the_server_serves_only_chunk_copies_of_its_datasets_read_only() {
     let id = granary::Dataset::open(&ds).unwrap().snapshot().dataset_id();
     let hex: String = id.iter().map(|b| format!("{b:02x}")).collect();
     let copy =
-        std::fs::read(granary::ChunkCache::tier_dir(&node.tier, &id).join("chunk-00000000.gchunk"))
+        std::fs::read(granary::LocalTier::tier_dir(&node.tier, &id).join("chunk-00000000.gchunk"))
             .unwrap();
     let path = format!("/{hex}/chunk-00000000.gchunk");
     assert_eq!(http(&node.addr, "GET", &path), (200, copy.clone()));
@@ -353,7 +353,7 @@ fn the_server_serves_only_chunk_copies_of_its_datasets_read_only() {
     }
     // Nothing was changed by any of it.
     assert_eq!(
-        std::fs::read(granary::ChunkCache::tier_dir(&node.tier, &id).join("chunk-00000000.gchunk"))
+        std::fs::read(granary::LocalTier::tier_dir(&node.tier, &id).join("chunk-00000000.gchunk"))
             .unwrap(),
         copy
     );

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::Instant;
 
-use granary::{CachePolicy, ChunkCache, Dataset};
+use granary::{Dataset, LocalTier, TierPolicy};
 
 use crate::readbench::median;
 use serde::Serialize;
@@ -121,8 +121,7 @@ pub fn run(o: &HitBenchOptions) -> Result<HitBenchResult, String> {
     }
     let quota = total + total / 10 + (64 << 20);
     let id = ds.snapshot().dataset_id();
-    let tier =
-        ChunkCache::open(&o.dir, id, quota, CachePolicy::Static).map_err(|e| e.to_string())?;
+    let tier = LocalTier::open(&o.dir, id, quota, TierPolicy::Static).map_err(|e| e.to_string())?;
     tier.clear().map_err(|e| e.to_string())?;
     let tier_args: Vec<std::ffi::OsString> = vec![
         "--cache-dir".into(),

@@ -10,8 +10,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use granary::{
-    CachePolicy, ChunkCache, Dataset, EpochPlan, EpochStream, PlanOptions, Sampling, Shard,
-    SharedScores,
+    Dataset, EpochPlan, EpochStream, LocalTier, PlanOptions, Sampling, Shard, SharedScores,
+    TierPolicy,
 };
 use serde::Serialize;
 
@@ -35,7 +35,7 @@ pub struct TierBenchOptions {
 #[derive(Clone, Debug, Serialize)]
 pub struct TierRow {
     pub fraction: f64,
-    pub policy: CachePolicy,
+    pub policy: TierPolicy,
     /// "uniform" or "importance".
     pub sampling: String,
     pub sample_hit_ratio: f64,
@@ -61,10 +61,10 @@ pub fn run(o: &TierBenchOptions) -> granary::Result<Vec<TierRow>> {
         .map(|c| ds.chunk(c).map(|c| c.file_size))
         .sum::<granary::Result<u64>>()?;
     let rows = [
-        (CachePolicy::Lru, false),
-        (CachePolicy::Static, false),
-        (CachePolicy::Static, true),
-        (CachePolicy::Importance, true),
+        (TierPolicy::Lru, false),
+        (TierPolicy::Static, false),
+        (TierPolicy::Static, true),
+        (TierPolicy::Importance, true),
     ];
     let mut out = Vec::new();
     for &f in &o.fractions {
@@ -98,11 +98,11 @@ fn run_row(
     root: &Path,
     f: f64,
     total: u64,
-    policy: CachePolicy,
+    policy: TierPolicy,
     importance: bool,
 ) -> granary::Result<TierRow> {
     let quota = (total as f64 * f) as u64;
-    let cache = Arc::new(ChunkCache::open(
+    let cache = Arc::new(LocalTier::open(
         root,
         ds.snapshot().dataset_id(),
         quota,
@@ -113,7 +113,7 @@ fn run_row(
     let scores = SharedScores::open(&cache.scores_path(), ds.len(), 0.8, Duration::from_secs(1))?;
     let shape = ds.shape()?;
     let mut seen = vec![0u32; ds.len() as usize];
-    let (mut hits, mut epochs) = (granary::CacheHits::default(), 0u64);
+    let (mut hits, mut epochs) = (granary::TierHits::default(), 0u64);
     let mut easiest: Vec<u64> = (0..ds.len()).collect();
     easiest.sort_by(|&a, &b| {
         crate::cachesim::difficulty(o.seed, a).total_cmp(&crate::cachesim::difficulty(o.seed, b))
@@ -147,8 +147,8 @@ fn run_row(
                 .fold(max_weight, |m, &w| m.max(w as f64));
         }
         let io = granary::StreamOptions {
-            cache: Some(cache.clone()),
-            scores: (policy == CachePolicy::Importance).then(|| table.clone()),
+            tier: Some(cache.clone()),
+            scores: (policy == TierPolicy::Importance).then(|| table.clone()),
             ..Default::default()
         };
         let mut st = EpochStream::new(ds.clone(), plan, o.plan.mode, &io)?;
@@ -178,11 +178,11 @@ fn run_row(
             report(&mut batch, &mut seen)?;
         }
         if e > 0 {
-            let h = st.cache_stats();
-            hits.samples_from_cache += h.samples_from_cache;
-            hits.samples_from_source += h.samples_from_source;
-            hits.bytes_from_cache += h.bytes_from_cache;
-            hits.bytes_from_source += h.bytes_from_source;
+            let h = st.tier_hits();
+            hits.samples_from_tier += h.samples_from_tier;
+            hits.samples_from_origin += h.samples_from_origin;
+            hits.bytes_from_tier += h.bytes_from_tier;
+            hits.bytes_from_origin += h.bytes_from_origin;
             hits.admissions_failed += h.admissions_failed;
             epochs += 1;
         }
@@ -193,9 +193,9 @@ fn run_row(
         fraction: f,
         policy,
         sampling: if importance { "importance" } else { "uniform" }.into(),
-        sample_hit_ratio: ratio(hits.samples_from_cache, hits.samples_from_source),
-        byte_hit_ratio: ratio(hits.bytes_from_cache, hits.bytes_from_source),
-        source_bytes_per_epoch: hits.bytes_from_source as f64 / epochs.max(1) as f64,
+        sample_hit_ratio: ratio(hits.samples_from_tier, hits.samples_from_origin),
+        byte_hit_ratio: ratio(hits.bytes_from_tier, hits.bytes_from_origin),
+        source_bytes_per_epoch: hits.bytes_from_origin as f64 / epochs.max(1) as f64,
         tier_bytes: st.bytes,
         hot_samples: st.hot_samples,
         easiest_seen_per_epoch: easiest_seen / epochs.max(1) as f64,
@@ -212,7 +212,7 @@ pub fn render(rows: &[TierRow]) -> String {
     for r in rows {
         let lru = rows
             .iter()
-            .find(|x| x.fraction == r.fraction && x.policy == CachePolicy::Lru)
+            .find(|x| x.fraction == r.fraction && x.policy == TierPolicy::Lru)
             .map(|x| x.byte_hit_ratio)
             .unwrap_or(0.0);
         s += &format!(

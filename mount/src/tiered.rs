@@ -13,7 +13,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use granary::{
-    Access, BytesFrom, ChunkBytes, ChunkCache, Dataset, ImportanceScores, ReadError, SampleInfo,
+    Access, BytesFrom, ChunkBytes, Dataset, ImportanceScores, LocalTier, ReadError, SampleInfo,
     SampleReader,
 };
 use serde::Serialize;
@@ -85,7 +85,7 @@ struct Queue {
 }
 
 struct Tier {
-    cache: Arc<ChunkCache>,
+    cache: Arc<LocalTier>,
     queue: Mutex<Queue>,
     /// Fetch threads wait here for work.
     wake: Condvar,
@@ -112,7 +112,7 @@ impl TieredReader {
     /// fetcher that copies first-touched chunks into the tier.
     pub fn new(
         ds: Arc<Dataset>,
-        cache: Option<Arc<ChunkCache>>,
+        cache: Option<Arc<LocalTier>>,
         fetch: bool,
     ) -> Result<TieredReader, ReadError> {
         let counters: Arc<Counters> = Arc::default();

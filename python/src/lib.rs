@@ -15,8 +15,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use granary::{
-    CachePolicy, ChunkCache, Dataset as RsDataset, EpochSetup, EpochState, EpochStream,
-    PlanOptions, ReadError, SampleReader, Shard, SharedScores, ShuffleMode, StreamOptions,
+    Dataset as RsDataset, EpochSetup, EpochState, EpochStream, LocalTier, PlanOptions, ReadError,
+    SampleReader, Shard, SharedScores, ShuffleMode, StreamOptions, TierPolicy,
 };
 use numpy::{PyArray1, PyArrayMethods};
 use pyo3::create_exception;
@@ -399,7 +399,7 @@ fn stream_config(
             "peer_timeout must be a positive number of seconds, not {peer_timeout}"
         )));
     }
-    let policy = CachePolicy::parse(&policy).map_err(PyValueError::new_err)?;
+    let policy = TierPolicy::parse(&policy).map_err(PyValueError::new_err)?;
     let tier = match (cache_dir, cache_size) {
         (Some(dir), Some(quota)) => Some(granary::TierConfig { dir, quota, policy }),
         (None, None) => None,
@@ -610,7 +610,7 @@ impl Stream {
     /// What other nodes' tiers served so far (with ``peers``): (samples, bytes); None without
     /// a tier.
     fn peer_hits(&self) -> Option<(u64, u64)> {
-        let h = self.inner.lock().expect("stream lock").cache_stats();
+        let h = self.inner.lock().expect("stream lock").tier_hits();
         self.cache
             .then_some((h.samples_from_peers, h.bytes_from_peers))
     }
@@ -618,12 +618,12 @@ impl Stream {
     /// Hits of the local tier so far: (samples from tier, samples from source, bytes from
     /// tier, bytes from source); None without a tier.
     fn cache_hits(&self) -> Option<(u64, u64, u64, u64)> {
-        let h = self.inner.lock().expect("stream lock").cache_stats();
+        let h = self.inner.lock().expect("stream lock").tier_hits();
         self.cache.then_some((
-            h.samples_from_cache,
-            h.samples_from_source,
-            h.bytes_from_cache,
-            h.bytes_from_source,
+            h.samples_from_tier,
+            h.samples_from_origin,
+            h.bytes_from_tier,
+            h.bytes_from_origin,
         ))
     }
 }
@@ -648,11 +648,11 @@ impl Scores {
         }
         py.detach(|| {
             let ds = RsDataset::open(&dataset)?;
-            let t = ChunkCache::open(
+            let t = LocalTier::open(
                 &cache_dir,
                 ds.snapshot().dataset_id(),
                 0,
-                CachePolicy::Static,
+                TierPolicy::Static,
             )?;
             SharedScores::open(
                 &t.scores_path(),

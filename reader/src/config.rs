@@ -13,8 +13,8 @@ use std::time::Duration;
 use crate::error::{ReadError, Result};
 use crate::io::IoKind;
 use crate::{
-    CachePolicy, ChunkCache, Dataset, EpochSetup, ImportanceSampling, ImportanceScores, IoMode,
-    Peers, PlanOptions, StreamOptions,
+    Dataset, EpochSetup, ImportanceSampling, ImportanceScores, IoMode, LocalTier, Peers,
+    PlanOptions, StreamOptions, TierPolicy,
 };
 
 /// Which samples an epoch reads.
@@ -60,7 +60,7 @@ pub struct TierConfig {
     /// Its byte quota.
     pub quota: u64,
     /// What it keeps when full.
-    pub policy: CachePolicy,
+    pub policy: TierPolicy,
 }
 
 /// Tiers shared by the nodes of one job.
@@ -172,7 +172,7 @@ impl ReaderConfig {
     pub fn open(self, ds: &Arc<Dataset>) -> Result<Reader> {
         self.check()?;
         let cache = match &self.tier {
-            Some(t) => Some(Arc::new(ChunkCache::open(
+            Some(t) => Some(Arc::new(LocalTier::open(
                 &t.dir,
                 ds.snapshot().dataset_id(),
                 t.quota,
@@ -223,7 +223,7 @@ impl ReaderConfig {
 pub struct Reader {
     ds: Arc<Dataset>,
     config: ReaderConfig,
-    cache: Option<Arc<ChunkCache>>,
+    cache: Option<Arc<LocalTier>>,
     peers: Option<Arc<Peers>>,
 }
 
@@ -239,7 +239,7 @@ impl Reader {
     }
 
     /// The local tier, if any.
-    pub fn tier(&self) -> Option<&Arc<ChunkCache>> {
+    pub fn tier(&self) -> Option<&Arc<LocalTier>> {
         self.cache.as_ref()
     }
 
@@ -304,7 +304,7 @@ impl Reader {
                 page_cache_bytes: c.page_cache_bytes,
                 queue_depth: c.queue_depth,
                 memory: c.memory,
-                cache: self.cache.clone(),
+                tier: self.cache.clone(),
                 scores: self.scores()?,
                 range_gap: c.range_gap,
                 peers: self.peers.clone(),

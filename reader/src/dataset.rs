@@ -15,7 +15,7 @@ use crate::error::{ReadError, RecordError, Result};
 use crate::escape_path;
 use granary_store::file::{local_file, map_file};
 use granary_store::local::LocalDir;
-use granary_store::{Access, ChunkCache, ChunkSource, ChunkStore, RangeRead, Source, StoreStack};
+use granary_store::{Access, ChunkSource, ChunkStore, LocalTier, RangeRead, Source, StoreStack};
 
 /// Chunks up to this size are read into memory; larger ones are memory-mapped.
 const READ_WHOLE_LIMIT: u64 = 512 << 20;
@@ -313,7 +313,7 @@ impl Dataset {
     pub fn stack(
         &self,
         access: Access,
-        tier: Option<Arc<ChunkCache>>,
+        tier: Option<Arc<LocalTier>>,
         peers: Option<Arc<granary_store::Peers>>,
     ) -> Result<StoreStack> {
         let Some(cache) = tier else {

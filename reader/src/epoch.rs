@@ -10,8 +10,8 @@ use serde::Serialize;
 
 use crate::error::{ReadError, Result};
 use crate::{
-    CacheHits, Dataset, EpochPlan, EpochState, EpochStream, OpenCounts, PlanOptions, Sampling,
-    Shard, StreamOptions,
+    Dataset, EpochPlan, EpochState, EpochStream, OpenCounts, PlanOptions, Sampling, Shard,
+    StreamOptions, TierHits,
 };
 
 /// Importance sampling: N draws with probability (1 − alpha)/N + alpha × score share, samples
@@ -92,7 +92,7 @@ impl EpochSetup {
             _ => None,
         };
         // What the tier holds (hot samples, whole chunks), for the sampler to favour.
-        let (hot, whole) = match (&self.stream.cache, sampling) {
+        let (hot, whole) = match (&self.stream.tier, sampling) {
             (Some(c), Some(_)) => (c.hot_map(), c.resident_chunks()?),
             _ => Default::default(),
         };
@@ -136,7 +136,7 @@ pub struct EpochTotals {
     /// How the chunk files were opened.
     pub opened: OpenCounts,
     /// What the local tier served.
-    pub hits: CacheHits,
+    pub hits: TierHits,
     /// The most bytes of read buffers (and mapped ranges) one worker held at once.
     pub peak_buffer_bytes: u64,
     pub elapsed_s: f64,
@@ -179,7 +179,7 @@ pub fn read_epoch(
                     r.opened = st.open_counts();
                     r.bytes_read = st.bytes_read();
                     r.backend = st.backend();
-                    r.hits = st.cache_stats();
+                    r.hits = st.tier_hits();
                     r.peak_buffer_bytes = st.peak_buffer_bytes();
                     Ok(r)
                 })
@@ -204,10 +204,10 @@ pub fn read_epoch(
         r.opened.buffered += w.opened.buffered;
         r.opened.resident += w.opened.resident;
         r.opened.direct += w.opened.direct;
-        r.hits.samples_from_cache += w.hits.samples_from_cache;
-        r.hits.samples_from_source += w.hits.samples_from_source;
-        r.hits.bytes_from_cache += w.hits.bytes_from_cache;
-        r.hits.bytes_from_source += w.hits.bytes_from_source;
+        r.hits.samples_from_tier += w.hits.samples_from_tier;
+        r.hits.samples_from_origin += w.hits.samples_from_origin;
+        r.hits.bytes_from_tier += w.hits.bytes_from_tier;
+        r.hits.bytes_from_origin += w.hits.bytes_from_origin;
         r.hits.samples_from_peers += w.hits.samples_from_peers;
         r.hits.bytes_from_peers += w.hits.bytes_from_peers;
         r.hits.admissions_failed += w.hits.admissions_failed;
@@ -242,7 +242,7 @@ pub struct EpochReport {
     pub cache_admissions_failed: Option<u64>,
     /// The tier's counts behind those ratios (samples and bytes from the tier, from origin
     /// storage, and from other nodes' tiers).
-    pub cache: Option<CacheHits>,
+    pub cache: Option<TierHits>,
     /// The most bytes of read buffers (and borrowed maps) one worker's stream held at once.
     pub peak_buffer_bytes: u64,
     /// The process's peak resident set so far (`VmHWM`), when the kernel reports it.
@@ -288,7 +288,7 @@ pub fn measure_epoch(
     let h = &t.hits;
     // Chunks from other nodes' tiers count as neither hits nor misses of this node's tier.
     let ratio = |a: u64, b: u64, peer: u64| a as f64 / (a + b + peer).max(1) as f64;
-    let tier = setup.stream.cache.is_some();
+    let tier = setup.stream.tier.is_some();
     Ok(EpochReport {
         epoch,
         samples: t.samples,
@@ -307,13 +307,13 @@ pub fn measure_epoch(
         opened: t.opened,
         cache_sample_hit_ratio: tier.then(|| {
             ratio(
-                h.samples_from_cache,
-                h.samples_from_source,
+                h.samples_from_tier,
+                h.samples_from_origin,
                 h.samples_from_peers,
             )
         }),
         cache_byte_hit_ratio: tier
-            .then(|| ratio(h.bytes_from_cache, h.bytes_from_source, h.bytes_from_peers)),
+            .then(|| ratio(h.bytes_from_tier, h.bytes_from_origin, h.bytes_from_peers)),
         cache_admissions_failed: tier.then_some(h.admissions_failed),
         cache: tier.then_some(*h),
         peak_buffer_bytes: t.peak_buffer_bytes,
@@ -322,9 +322,9 @@ pub fn measure_epoch(
             (Some(p), Some(e0)) if tier => Some(PeerReport {
                 node: p.me(),
                 ownership: p.ownership().fingerprint(),
-                bytes_from_local_tier: h.bytes_from_cache,
+                bytes_from_local_tier: h.bytes_from_tier,
                 bytes_from_peers: h.bytes_from_peers,
-                bytes_from_origin: h.bytes_from_source,
+                bytes_from_origin: h.bytes_from_origin,
                 events: p.stats() - e0,
                 down: p.down(),
             }),

@@ -201,7 +201,7 @@ impl ImportanceScores {
 }
 
 /// The score table of a dataset shared by every process on a node, kept next to the local tier
-/// (`ChunkCache::scores_path`). [`SharedScores::report`] only ranks the batch and queues the
+/// (`LocalTier::scores_path`). [`SharedScores::report`] only ranks the batch and queues the
 /// weights: no I/O and no waiting on other processes, cheap enough for every training step. A
 /// background thread folds the queue into the file every `interval` under an exclusive lock
 /// (`<file>.lock`): load, apply, save atomically. Reports from every DataLoader worker and rank

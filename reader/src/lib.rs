@@ -10,7 +10,7 @@
 //! loader worker read and in which order; the I/O engine ([`io`]) reads whole chunk ranges with
 //! several large reads in flight (io_uring, or a pread pool), and samples arrive CRC-checked.
 //!
-//! A local tier ([`ChunkCache`] in [`StreamOptions::cache`]) on the node's SSD keeps chunk
+//! A local tier ([`LocalTier`] in [`StreamOptions::cache`]) on the node's SSD keeps chunk
 //! copies (`lru`, `static`) or hot chunks of the most important samples (`importance`, chosen by
 //! [`ImportanceScores`] that the training loop feeds through [`SharedScores::report`]); plans
 //! can draw importance-sampled epochs ([`EpochPlan::build_sampled`]).
@@ -68,9 +68,9 @@ pub use extract::{extract, ExtractOptions, ExtractSummary};
 pub use granary_format::{Compression, FormatError, NO_LABEL};
 pub use granary_store::{
     decode_hot_map, decode_tier_index, effective_memory, hot_file_name, resident_share, Access,
-    BytesFrom, CachePolicy, CacheStats, ChunkCache, ChunkSource, ChunkStore, DatasetId, HotChunk,
-    HotMap, HotRecord, IoMode, LocalDir, OpenCounters, OpenCounts, Opener, Ownership, PeerStats,
-    PeerStore, Peers, RangeRead, RemoteKind, Source, StoreError, StoreStack, TierStore,
+    BytesFrom, ChunkSource, ChunkStore, DatasetId, HotChunk, HotMap, HotRecord, IoMode, LocalDir,
+    LocalTier, OpenCounters, OpenCounts, Opener, Ownership, PeerStats, PeerStore, Peers, RangeRead,
+    RemoteKind, Source, StoreError, StoreStack, TierPolicy, TierStats, TierStore,
 };
 pub use importance::{batch_weights, ImportanceScores, SharedScores};
 pub use pathfmt::{escape_path, unescape_path};
@@ -80,7 +80,7 @@ pub use plan::{
 };
 pub use random::SampleReader;
 pub use stream::{EpochStream, Sample, StreamOptions};
-pub use tier::CacheHits;
+pub use tier::TierHits;
 pub use verify::{verify, Problem, VerifyReport};
 
 /// Read-buffer budget of one reader (one stream) by default ([`StreamOptions::memory`]), from

@@ -24,9 +24,9 @@ use rayon::prelude::*;
 use crate::error::{ReadError, Result};
 use crate::io::{BufPool, Completed, Engine, IoKind, Pending, Request};
 use crate::plan::{EpochPlan, ShuffleMode};
-use crate::tier::{Admission, CacheCounters, CacheHits, HotState};
+use crate::tier::{Admission, HotState, TierCounters, TierHits};
 use crate::window::{buffer_bytes, Prepared, Windows};
-use crate::{CachePolicy, ChunkCache, Dataset};
+use crate::{Dataset, LocalTier, TierPolicy};
 use granary_store::local::Opener;
 use granary_store::{Access, IoMode, OpenCounters, OpenCounts};
 
@@ -53,7 +53,7 @@ pub struct StreamOptions {
     /// checked: a damaged copy is discarded and the chunk refetched from the source); chunks
     /// read from the source are offered to it in the background. Chunk-wise and sequential
     /// plans only (global plans read single records).
-    pub cache: Option<Arc<ChunkCache>>,
+    pub tier: Option<Arc<LocalTier>>,
     /// Importance scores (a snapshot). With the tier's importance policy they choose the
     /// samples re-packed into hot chunks (the most important per byte that fit the quota);
     /// otherwise they rank whole chunks for admission.
@@ -80,7 +80,7 @@ impl Default for StreamOptions {
             memory: crate::DEFAULT_READER_MEMORY,
             io_mode: IoMode::Auto,
             page_cache_bytes: None,
-            cache: None,
+            tier: None,
             scores: None,
             range_gap: 64 << 10,
             peers: None,
@@ -153,7 +153,7 @@ pub struct EpochStream {
     opens: Arc<OpenCounters>,
     backend: &'static str,
     bytes_read: Arc<AtomicU64>,
-    stats: Arc<CacheCounters>,
+    stats: Arc<TierCounters>,
     pool: Arc<BufPool>,
 }
 
@@ -201,7 +201,7 @@ impl EpochStream {
             pool.clone(),
         )?;
         let backend = engine.name();
-        let stats = Arc::new(CacheCounters::default());
+        let stats = Arc::new(TierCounters::default());
         let windows = Self::windows(&ds, mode, opts, access, stats.clone())?;
         let (tx, rx) = sync_channel::<Msg>(0);
         let bytes_read = Arc::new(AtomicU64::new(0));
@@ -242,10 +242,10 @@ impl EpochStream {
         mode: ShuffleMode,
         opts: &StreamOptions,
         access: Access,
-        stats: Arc<CacheCounters>,
+        stats: Arc<TierCounters>,
     ) -> Result<Windows> {
         // Global plans read single records: no tier.
-        let cache = opts.cache.clone().filter(|_| mode != ShuffleMode::Global);
+        let cache = opts.tier.clone().filter(|_| mode != ShuffleMode::Global);
         // Peers share tiers only: without a local tier there is nothing to share.
         let peers = opts.peers.clone().filter(|_| cache.is_some());
         let stack = ds.stack(access, cache.clone(), peers.clone())?;
@@ -259,7 +259,7 @@ impl EpochStream {
         // with no loss reported yet (every sample at the mean) says nothing to re-pack.
         w.hot = match (tier, &opts.scores) {
             (Some(t), Some(s))
-                if t.cache().policy() == CachePolicy::Importance && s.reported() > 0 =>
+                if t.cache().policy() == TierPolicy::Importance && s.reported() > 0 =>
             {
                 Some(HotState::new(ds, t, s.clone(), opts.memory)?)
             }
@@ -292,7 +292,7 @@ impl EpochStream {
     }
 
     /// How much of the epoch so far came from the local tier.
-    pub fn cache_stats(&self) -> CacheHits {
+    pub fn tier_hits(&self) -> TierHits {
         self.stats.hits()
     }
 }

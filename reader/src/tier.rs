@@ -1,5 +1,5 @@
 //! The local tier as a stream feeds it: hot chunks seen and fed (`HotState`), hits counted
-//! (`CacheCounters`), and the background admission thread (`Admission`). The tier's storage
+//! (`TierCounters`), and the background admission thread (`Admission`). The tier's storage
 //! itself (quota, policies, files, locking) is [`crate::cache`]; reading from it is the
 //! [`crate::TierStore`] layer of the stream's stack; the stream's windows (the `window`
 //! module) check, count and offer what they read.
@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use crate::error::Result;
 use crate::io::Completed;
-use crate::{ChunkCache, Dataset};
+use crate::{Dataset, LocalTier};
 use granary_store::tier::{HotMap, HotRecord};
 use granary_store::TierStore;
 use granary_store::{BytesFrom, Source};
@@ -25,7 +25,7 @@ const HOT_RECORD_OVERHEAD: u64 = granary_format::SAMPLE_ENTRY_LEN as u64 + 8;
 /// quota), and the records harvested from source reads, waiting to be re-packed.
 pub(crate) struct HotState {
     tier: Arc<TierStore>,
-    cache: Arc<ChunkCache>,
+    cache: Arc<LocalTier>,
     scores: Arc<crate::ImportanceScores>,
     map: HotMap,
     version: Option<u64>,
@@ -185,11 +185,18 @@ impl HotState {
 
 /// Hits and misses of the local tier during one stream.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
-pub struct CacheHits {
-    pub samples_from_cache: u64,
-    pub samples_from_source: u64,
-    pub bytes_from_cache: u64,
-    pub bytes_from_source: u64,
+pub struct TierHits {
+    /// Served by this node's tier. (JSON keeps the names scripts read: `samples_from_cache`,
+    /// `samples_from_source`, `bytes_from_cache`, `bytes_from_source`.)
+    #[serde(rename = "samples_from_cache")]
+    pub samples_from_tier: u64,
+    /// Read from origin storage.
+    #[serde(rename = "samples_from_source")]
+    pub samples_from_origin: u64,
+    #[serde(rename = "bytes_from_cache")]
+    pub bytes_from_tier: u64,
+    #[serde(rename = "bytes_from_source")]
+    pub bytes_from_origin: u64,
     /// Served by other nodes' tiers (shared tiers, [`crate::Peers`]); not counted above.
     pub samples_from_peers: u64,
     pub bytes_from_peers: u64,
@@ -199,25 +206,25 @@ pub struct CacheHits {
 }
 
 #[derive(Default)]
-pub(crate) struct CacheCounters {
-    samples_cache: AtomicU64,
-    samples_source: AtomicU64,
-    bytes_cache: AtomicU64,
-    bytes_source: AtomicU64,
+pub(crate) struct TierCounters {
+    samples_tier: AtomicU64,
+    samples_origin: AtomicU64,
+    bytes_tier: AtomicU64,
+    bytes_origin: AtomicU64,
     samples_peers: AtomicU64,
     bytes_peers: AtomicU64,
     admissions_failed: AtomicU64,
 }
 
-impl CacheCounters {
+impl TierCounters {
     /// The counts so far.
-    pub(crate) fn hits(&self) -> CacheHits {
+    pub(crate) fn hits(&self) -> TierHits {
         let l = |a: &AtomicU64| a.load(Relaxed);
-        CacheHits {
-            samples_from_cache: l(&self.samples_cache),
-            samples_from_source: l(&self.samples_source),
-            bytes_from_cache: l(&self.bytes_cache),
-            bytes_from_source: l(&self.bytes_source),
+        TierHits {
+            samples_from_tier: l(&self.samples_tier),
+            samples_from_origin: l(&self.samples_origin),
+            bytes_from_tier: l(&self.bytes_tier),
+            bytes_from_origin: l(&self.bytes_origin),
             samples_from_peers: l(&self.samples_peers),
             bytes_from_peers: l(&self.bytes_peers),
             admissions_failed: l(&self.admissions_failed),
@@ -247,9 +254,9 @@ impl CacheCounters {
     /// Counts `samples` samples in `bytes` bytes that came from `from`.
     pub(crate) fn add(&self, from: BytesFrom, samples: u64, bytes: u64) {
         let (s, b) = match from {
-            BytesFrom::Tier => (&self.samples_cache, &self.bytes_cache),
+            BytesFrom::Tier => (&self.samples_tier, &self.bytes_tier),
             BytesFrom::Peer => (&self.samples_peers, &self.bytes_peers),
-            BytesFrom::Origin => (&self.samples_source, &self.bytes_source),
+            BytesFrom::Origin => (&self.samples_origin, &self.bytes_origin),
         };
         s.fetch_add(samples, Relaxed);
         b.fetch_add(bytes, Relaxed);
@@ -303,10 +310,10 @@ pub(crate) struct Admission {
 
 impl Admission {
     pub(crate) fn start(
-        cache: Arc<ChunkCache>,
+        cache: Arc<LocalTier>,
         ds: Arc<Dataset>,
         max_waiting_hot: u64,
-        stats: Arc<CacheCounters>,
+        stats: Arc<TierCounters>,
         peers: Option<Arc<crate::Peers>>,
     ) -> Admission {
         let slot: Arc<Mailbox> = Arc::default();

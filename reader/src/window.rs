@@ -13,7 +13,7 @@ use granary_format::{decode_record, ChunkEntry, SampleEntry, CHUNK_HEADER_LEN};
 use crate::error::Result;
 use crate::io::{BufPool, Completed, Engine, IoKind, Request};
 use crate::plan::ShuffleMode;
-use crate::tier::{Admission, CacheCounters, HotState, Job};
+use crate::tier::{Admission, HotState, Job, TierCounters};
 use crate::{Dataset, ImportanceScores};
 use granary_store::file::local_file;
 use granary_store::StoreStack;
@@ -61,7 +61,7 @@ pub(crate) struct Windows {
     pub(crate) admission: Option<Admission>,
     /// Importance scores, which rank whole chunks for admission without hot chunks.
     pub(crate) scores: Option<Arc<ImportanceScores>>,
-    stats: Arc<CacheCounters>,
+    stats: Arc<TierCounters>,
 }
 
 /// The read among `placed` (start, request; sorted by start) whose bytes hold record `e`.
@@ -95,7 +95,7 @@ impl Windows {
         stack: StoreStack,
         mode: ShuffleMode,
         range_gap: u64,
-        stats: Arc<CacheCounters>,
+        stats: Arc<TierCounters>,
     ) -> Windows {
         Windows {
             ds,

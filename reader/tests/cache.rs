@@ -3,7 +3,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use granary::{CachePolicy, ChunkCache, Dataset};
+use granary::{Dataset, LocalTier, TierPolicy};
 use granary_packer::{pack, PackOptions};
 
 fn dataset(root: &Path, name: &str) -> Arc<Dataset> {
@@ -48,7 +48,7 @@ fn quota_holds_under_concurrent_admission_and_lru_evicts() {
             let (ds, root) = (&ds, &root);
             s.spawn(move || {
                 // Each thread has its own handle (its own lock file description), like a process.
-                let cache = ChunkCache::open(root, id, quota, CachePolicy::Lru).unwrap();
+                let cache = LocalTier::open(root, id, quota, TierPolicy::Lru).unwrap();
                 for k in 0..3 * ds.chunk_count() as u32 {
                     let c = (k * 7 + t * 3) % ds.chunk_count() as u32;
                     let ce = ds.chunk(c).unwrap();
@@ -59,7 +59,7 @@ fn quota_holds_under_concurrent_admission_and_lru_evicts() {
             });
         }
     });
-    let cache = ChunkCache::open(&root, id, quota, CachePolicy::Lru).unwrap();
+    let cache = LocalTier::open(&root, id, quota, TierPolicy::Lru).unwrap();
     let st = cache.stats().unwrap();
     assert!(st.bytes <= quota && st.entries > 0, "{st:?}");
     // On disk: only complete chunk files (no temporaries left), all within the quota.
@@ -89,7 +89,7 @@ fn static_fills_then_declines_and_importance_keeps_the_best() {
     let size = |c: u32| ds.chunk(c).unwrap().file_size;
     // Room for chunks 0, 1 and 2 and half of any other.
     let quota = size(0) + size(1) + size(2) + (3..6).map(size).min().unwrap() / 2;
-    let st = ChunkCache::open(&tmp.path().join("s"), id, quota, CachePolicy::Static).unwrap();
+    let st = LocalTier::open(&tmp.path().join("s"), id, quota, TierPolicy::Static).unwrap();
     let admitted: Vec<bool> = (0..6)
         .map(|c| {
             st.admit(&ds.chunk(c).unwrap(), &chunk_bytes(&ds, c), 1.0)
@@ -101,7 +101,7 @@ fn static_fills_then_declines_and_importance_keeps_the_best() {
         admitted[0] && admitted[1] && admitted[2],
         "static never evicts: the first ones stay"
     );
-    let imp = ChunkCache::open(&tmp.path().join("i"), id, quota, CachePolicy::Importance).unwrap();
+    let imp = LocalTier::open(&tmp.path().join("i"), id, quota, TierPolicy::Importance).unwrap();
     for c in 0..3 {
         assert!(imp
             .admit(&ds.chunk(c).unwrap(), &chunk_bytes(&ds, c), 1.0 + c as f64)
@@ -132,7 +132,7 @@ fn damaged_or_foreign_copies_are_misses_and_the_tier_survives_restart() {
     let other = dataset(tmp.path(), "other");
     let id = ds.snapshot().dataset_id();
     let root = tmp.path().join("cache");
-    let cache = ChunkCache::open(&root, id, u64::MAX, CachePolicy::Lru).unwrap();
+    let cache = LocalTier::open(&root, id, u64::MAX, TierPolicy::Lru).unwrap();
     for c in 0..3 {
         assert!(cache
             .admit(&ds.chunk(c).unwrap(), &chunk_bytes(&ds, c), 1.0)
@@ -140,7 +140,7 @@ fn damaged_or_foreign_copies_are_misses_and_the_tier_survives_restart() {
     }
     drop(cache);
     // Restart: the content list persists.
-    let cache = ChunkCache::open(&root, id, u64::MAX, CachePolicy::Lru).unwrap();
+    let cache = LocalTier::open(&root, id, u64::MAX, TierPolicy::Lru).unwrap();
     assert_eq!(cache.stats().unwrap().entries, 3);
     let dir = cache.stats().unwrap().dir;
     // Truncated copy: a miss, and removed.
@@ -157,7 +157,7 @@ fn damaged_or_foreign_copies_are_misses_and_the_tier_survives_restart() {
     assert!(cache.lookup(&ds.chunk(2).unwrap()).unwrap().is_none());
     // A damaged content list is rebuilt from the files present.
     std::fs::write(dir.join("index"), b"garbage").unwrap();
-    let cache = ChunkCache::open(&root, id, u64::MAX, CachePolicy::Lru).unwrap();
+    let cache = LocalTier::open(&root, id, u64::MAX, TierPolicy::Lru).unwrap();
     assert_eq!(cache.stats().unwrap().entries, 1);
     assert!(cache.lookup(&ds.chunk(0).unwrap()).unwrap().is_some());
     cache.clear().unwrap();
@@ -174,16 +174,10 @@ fn epochs_read_through_the_tier_and_damaged_copies_are_refetched() {
         .map(|c| ds.chunk(c).unwrap().file_size)
         .sum();
     let cache = Arc::new(
-        ChunkCache::open(
-            &tmp.path().join("cache"),
-            id,
-            total / 2,
-            CachePolicy::Static,
-        )
-        .unwrap(),
+        LocalTier::open(&tmp.path().join("cache"), id, total / 2, TierPolicy::Static).unwrap(),
     );
     let io = StreamOptions {
-        cache: Some(cache.clone()),
+        tier: Some(cache.clone()),
         ..StreamOptions::default()
     };
     let plan = PlanOptions {
@@ -211,10 +205,10 @@ fn epochs_read_through_the_tier_and_damaged_copies_are_refetched() {
             n += 1;
         }
         assert_eq!(n, ds.len());
-        hits.push(st.cache_stats());
+        hits.push(st.tier_hits());
     }
     assert_eq!(
-        hits[0].samples_from_cache, 0,
+        hits[0].samples_from_tier, 0,
         "the first epoch fills the tier"
     );
     let resident_after = resident();
@@ -223,7 +217,7 @@ fn epochs_read_through_the_tier_and_damaged_copies_are_refetched() {
         "{resident_after}"
     );
     let h = hits[3];
-    let ratio = h.bytes_from_cache as f64 / (h.bytes_from_cache + h.bytes_from_source) as f64;
+    let ratio = h.bytes_from_tier as f64 / (h.bytes_from_tier + h.bytes_from_origin) as f64;
     // Static caching under uniform epochs: the hit ratio is the resident fraction (admission
     // is asynchronous, so the tier may still grow during the epoch).
     assert!(
@@ -246,7 +240,7 @@ fn epochs_read_through_the_tier_and_damaged_copies_are_refetched() {
         assert_eq!(s.data(), &expected[s.id as usize][..]);
     }
     assert_eq!(
-        st.cache_stats().samples_from_cache,
+        st.tier_hits().samples_from_tier,
         0,
         "damaged copies are never served"
     );
@@ -268,7 +262,7 @@ fn stream_checked(
     plan: granary::EpochPlan,
     io: &granary::StreamOptions,
     expected: &[Vec<u8>],
-) -> granary::CacheHits {
+) -> granary::TierHits {
     let n = plan.samples.len();
     let mut st =
         granary::EpochStream::new(ds.clone(), plan, granary::ShuffleMode::Chunkwise, io).unwrap();
@@ -279,7 +273,7 @@ fn stream_checked(
         got += 1;
     }
     assert_eq!(got, n);
-    st.cache_stats()
+    st.tier_hits()
 }
 
 #[test]
@@ -301,13 +295,13 @@ fn hot_chunks_hold_the_important_samples_and_beat_whole_chunks() {
     };
     let shape = ds.shape().unwrap();
     let mut second_epoch = Vec::new();
-    for policy in [CachePolicy::Static, CachePolicy::Importance] {
+    for policy in [TierPolicy::Static, TierPolicy::Importance] {
         let cache = Arc::new(
-            ChunkCache::open(&tmp.path().join(format!("{policy:?}")), id, quota, policy).unwrap(),
+            LocalTier::open(&tmp.path().join(format!("{policy:?}")), id, quota, policy).unwrap(),
         );
         // Records here are tiny: read around hot ones however small the gap.
         let io = StreamOptions {
-            cache: Some(cache.clone()),
+            tier: Some(cache.clone()),
             scores: Some(scores.clone()),
             range_gap: 0,
             ..StreamOptions::default()
@@ -318,7 +312,7 @@ fn hot_chunks_hold_the_important_samples_and_beat_whole_chunks() {
         let st = cache.stats().unwrap();
         assert!(st.bytes <= quota, "{st:?}");
         let hot = cache.hot_map();
-        if policy == CachePolicy::Importance {
+        if policy == TierPolicy::Importance {
             // Every important sample was re-packed, from many source chunks.
             for s in (0..n).filter(|s| s % 5 == 0) {
                 let mut hs: Vec<u64> = hot.by_sample.keys().copied().collect();
@@ -363,8 +357,8 @@ fn hot_chunks_hold_the_important_samples_and_beat_whole_chunks() {
         assert!(cache.stats().unwrap().bytes <= quota);
     }
     let ratio = |a: u64, b: u64| a as f64 / (a + b) as f64;
-    let samples = |h: &granary::CacheHits| ratio(h.samples_from_cache, h.samples_from_source);
-    let bytes = |h: &granary::CacheHits| ratio(h.bytes_from_cache, h.bytes_from_source);
+    let samples = |h: &granary::TierHits| ratio(h.samples_from_tier, h.samples_from_origin);
+    let bytes = |h: &granary::TierHits| ratio(h.bytes_from_tier, h.bytes_from_origin);
     let (st, imp) = (&second_epoch[0], &second_epoch[1]);
     // Whole chunks carry the unimportant samples along: static reads most bytes from the
     // source even where the sampler favours its chunks.
@@ -373,7 +367,7 @@ fn hot_chunks_hold_the_important_samples_and_beat_whole_chunks() {
         "importance {imp:?} vs static {st:?}"
     );
     assert!(
-        imp.bytes_from_source < st.bytes_from_source,
+        imp.bytes_from_origin < st.bytes_from_origin,
         "hot chunks must save source reads: {imp:?} vs {st:?}"
     );
 }
@@ -385,16 +379,16 @@ fn damaged_hot_chunks_are_refetched_never_served() {
     let ds = dataset(tmp.path(), "ds");
     let n = ds.len();
     let cache = Arc::new(
-        ChunkCache::open(
+        LocalTier::open(
             &tmp.path().join("c"),
             ds.snapshot().dataset_id(),
             1 << 20,
-            CachePolicy::Importance,
+            TierPolicy::Importance,
         )
         .unwrap(),
     );
     let io = StreamOptions {
-        cache: Some(cache.clone()),
+        tier: Some(cache.clone()),
         scores: Some(Arc::new(skewed_scores(n))),
         range_gap: 0,
         ..StreamOptions::default()
@@ -418,7 +412,7 @@ fn damaged_hot_chunks_are_refetched_never_served() {
         chunks: Vec::new(),
     }];
     let h = stream_checked(&ds, only_hot.clone(), &io, &expected);
-    assert_eq!(h.samples_from_cache, len as u64, "{h:?}");
+    assert_eq!(h.samples_from_tier, len as u64, "{h:?}");
     // Flip one byte inside a record of every hot chunk: the samples come from the source,
     // with the right bytes, and the damaged hot chunks are gone.
     for hc in hot.chunks.values() {
@@ -428,7 +422,7 @@ fn damaged_hot_chunks_are_refetched_never_served() {
         std::fs::write(&path, &b).unwrap();
     }
     let h = stream_checked(&ds, only_hot.clone(), &io, &expected);
-    assert!(h.samples_from_source > 0, "{h:?}");
+    assert!(h.samples_from_origin > 0, "{h:?}");
     for hc in hot.chunks.values() {
         assert!(
             cache.hot_path(hc).is_none(),
@@ -495,14 +489,14 @@ fn shared_scores_add_up_across_handles_and_persist() {
 /// if it does not finish within a minute.
 fn epoch_within_a_minute(
     ds: &Arc<Dataset>,
-    cache: Option<Arc<ChunkCache>>,
+    cache: Option<Arc<LocalTier>>,
 ) -> Result<Vec<(u64, Vec<u8>)>, String> {
     use granary::{PlanOptions, Shard, StreamOptions};
     let (tx, rx) = std::sync::mpsc::channel();
     let ds = ds.clone();
     std::thread::spawn(move || {
         let io = StreamOptions {
-            cache,
+            tier: cache,
             ..StreamOptions::default()
         };
         let r: Result<Vec<(u64, Vec<u8>)>, String> = ds
@@ -535,7 +529,7 @@ fn a_fifo_or_directory_under_a_chunk_name_in_the_tier_is_a_miss_not_a_hang() {
     let ds = dataset(tmp.path(), "ds");
     let id = ds.snapshot().dataset_id();
     let cache = Arc::new(
-        ChunkCache::open(&tmp.path().join("cache"), id, u64::MAX, CachePolicy::Lru).unwrap(),
+        LocalTier::open(&tmp.path().join("cache"), id, u64::MAX, TierPolicy::Lru).unwrap(),
     );
     let dir = cache.dir().to_path_buf();
     mkfifo(&dir.join(granary_format::chunk_file_name(0)));
@@ -580,7 +574,7 @@ fn temp_files_of_killed_writers_are_removed_by_the_next_lock_and_by_clear() {
     let id = ds.snapshot().dataset_id();
     let root = tmp.path().join("cache");
     let quota = 3 * ds.chunk(0).unwrap().file_size;
-    let cache = ChunkCache::open(&root, id, quota, CachePolicy::Lru).unwrap();
+    let cache = LocalTier::open(&root, id, quota, TierPolicy::Lru).unwrap();
     for c in 0..3 {
         assert!(cache
             .admit(&ds.chunk(c).unwrap(), &chunk_bytes(&ds, c), 1.0)
@@ -653,7 +647,7 @@ fn hits_take_no_lock_write_nothing_and_uses_reach_the_lru_order_in_batches() {
     let sizes: Vec<u64> = (0..n).map(|c| ds.chunk(c).unwrap().file_size).collect();
     // Room for every chunk but one of the largest.
     let quota = sizes.iter().sum::<u64>() - 1;
-    let writer = ChunkCache::open(&root, id, quota, CachePolicy::Lru).unwrap();
+    let writer = LocalTier::open(&root, id, quota, TierPolicy::Lru).unwrap();
     for c in 0..n - 1 {
         assert!(writer
             .admit(&ds.chunk(c).unwrap(), &chunk_bytes(&ds, c), 1.0)
@@ -665,7 +659,7 @@ fn hits_take_no_lock_write_nothing_and_uses_reach_the_lru_order_in_batches() {
     // Another process holds the tier's lock (as while it writes a chunk): hits still answer.
     let holder = std::fs::File::open(dir.join("lock")).unwrap();
     rustix::fs::flock(&holder, rustix::fs::FlockOperation::LockExclusive).unwrap();
-    let reader = Arc::new(ChunkCache::open(&root, id, quota, CachePolicy::Lru).unwrap());
+    let reader = Arc::new(LocalTier::open(&root, id, quota, TierPolicy::Lru).unwrap());
     let (tx, rx) = std::sync::mpsc::channel();
     let (r2, ds2) = (reader.clone(), ds.clone());
     let t = std::thread::spawn(move || {
@@ -695,7 +689,7 @@ fn hits_take_no_lock_write_nothing_and_uses_reach_the_lru_order_in_batches() {
     assert!(held.contains(&0), "{held:?}");
     assert!(!held.contains(&1), "{held:?}");
     // A full batch of uses is written without dropping the handle.
-    let reader = ChunkCache::open(&root, id, quota, CachePolicy::Lru).unwrap();
+    let reader = LocalTier::open(&root, id, quota, TierPolicy::Lru).unwrap();
     let before = index();
     for _ in 0..64 {
         reader.lookup(&ds.chunk(0).unwrap()).unwrap().unwrap();
@@ -714,7 +708,7 @@ fn tier_files_removed_or_truncated_while_read_never_serve_wrong_bytes() {
     let ds = dataset(tmp.path(), "ds");
     let id = ds.snapshot().dataset_id();
     let cache = Arc::new(
-        ChunkCache::open(&tmp.path().join("cache"), id, u64::MAX, CachePolicy::Lru).unwrap(),
+        LocalTier::open(&tmp.path().join("cache"), id, u64::MAX, TierPolicy::Lru).unwrap(),
     );
     let dir = cache.dir().to_path_buf();
     let expected: Vec<Vec<u8>> = (0..ds.len()).map(|i| ds.read(i).unwrap()).collect();
@@ -755,7 +749,7 @@ fn tier_files_removed_or_truncated_while_read_never_serve_wrong_bytes() {
         // Tier copies are never mapped (a map of a file cut short raised SIGBUS or showed
         // zeros after the copy's CRC had passed); dataset chunks may be.
         let io = StreamOptions {
-            cache: Some(cache.clone()),
+            tier: Some(cache.clone()),
             io_mode: if epoch % 2 == 0 {
                 IoMode::Auto
             } else {

@@ -9,8 +9,8 @@ use std::sync::{Arc, Mutex};
 
 use granary::io::IoKind;
 use granary::{
-    CachePolicy, ChunkCache, ChunkSource, ChunkStore, Dataset, PlanOptions, RangeRead, ReadError,
-    SampleReader, Shard, ShuffleMode, Source, StoreError, StreamOptions,
+    ChunkSource, ChunkStore, Dataset, LocalTier, PlanOptions, RangeRead, ReadError, SampleReader,
+    Shard, ShuffleMode, Source, StoreError, StreamOptions, TierPolicy,
 };
 use granary_packer::{pack, PackOptions};
 
@@ -192,16 +192,16 @@ fn the_tier_in_front_of_a_store_serves_later_epochs_without_reading_it() {
     let tmp = tempfile::tempdir().unwrap();
     let (local, mem, store) = datasets(tmp.path());
     let cache = Arc::new(
-        ChunkCache::open(
+        LocalTier::open(
             &tmp.path().join("tier"),
             mem.snapshot().dataset_id(),
             u64::MAX,
-            CachePolicy::Lru,
+            TierPolicy::Lru,
         )
         .unwrap(),
     );
     let s = StreamOptions {
-        cache: Some(cache.clone()),
+        tier: Some(cache.clone()),
         ..StreamOptions::default()
     };
     let o = PlanOptions {

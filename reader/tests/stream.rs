@@ -391,7 +391,7 @@ fn resident_chunks_are_mapped_and_cold_ones_read_as_the_mode_says() {
 /// budget smaller than one window still finishes the epoch (the next window is always read).
 #[test]
 fn the_memory_budget_holds_in_every_mode() {
-    use granary::{CachePolicy, ChunkCache};
+    use granary::{LocalTier, TierPolicy};
     let tmp = tempfile::tempdir().unwrap();
     let (ds, files) = dataset(tmp.path(), Order::Random);
     let n = ds.len();
@@ -404,7 +404,7 @@ fn the_memory_budget_holds_in_every_mode() {
     let id = ds.snapshot().dataset_id();
     let tier = |name: &str, policy| {
         Some(Arc::new(
-            ChunkCache::open(&tmp.path().join(name), id, 64 << 10, policy).unwrap(),
+            LocalTier::open(&tmp.path().join(name), id, 64 << 10, policy).unwrap(),
         ))
     };
     let budget: u64 = 512 << 10;
@@ -415,13 +415,13 @@ fn the_memory_budget_holds_in_every_mode() {
         (
             "chunkwise, LRU tier",
             ShuffleMode::Chunkwise,
-            tier("lru", CachePolicy::Lru),
+            tier("lru", TierPolicy::Lru),
             None,
         ),
         (
             "chunkwise, importance tier with hot chunks",
             ShuffleMode::Chunkwise,
-            tier("imp", CachePolicy::Importance),
+            tier("imp", TierPolicy::Importance),
             Some(scores.clone()),
         ),
     ];
@@ -438,7 +438,7 @@ fn the_memory_budget_holds_in_every_mode() {
                     io: IoKind::Pread,
                     io_mode: IoMode::Direct,
                     memory,
-                    cache: cache.clone(),
+                    tier: cache.clone(),
                     scores: scores.clone(),
                     ..StreamOptions::default()
                 };

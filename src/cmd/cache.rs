@@ -2,7 +2,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Subcommand;
-use granary::{CachePolicy, ChunkCache};
+use granary::{LocalTier, TierPolicy};
 
 use super::human_bytes;
 
@@ -35,8 +35,8 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     match a.cmd {
         CacheCmd::Stats { dir, json } => {
             let mut all = Vec::new();
-            for id in ChunkCache::list(&dir)? {
-                all.push(ChunkCache::open(&dir, id, u64::MAX, CachePolicy::Lru)?.stats()?);
+            for id in LocalTier::list(&dir)? {
+                all.push(LocalTier::open(&dir, id, u64::MAX, TierPolicy::Lru)?.stats()?);
             }
             if json {
                 super::print_json(&all)?;
@@ -56,9 +56,9 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
             }
         }
         CacheCmd::Clear { dir } => {
-            let ids = ChunkCache::list(&dir)?;
+            let ids = LocalTier::list(&dir)?;
             for id in &ids {
-                ChunkCache::open(&dir, *id, u64::MAX, CachePolicy::Lru)?.clear()?;
+                LocalTier::open(&dir, *id, u64::MAX, TierPolicy::Lru)?.clear()?;
             }
             println!(
                 "cleared {} dataset tiers under {}",

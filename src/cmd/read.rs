@@ -71,15 +71,15 @@ pub struct TierArgs {
     pub cache_size: Option<u64>,
     /// What the tier keeps when full: lru, static (fill once, never evict) or importance
     /// (by the node's score table, which training's report() feeds).
-    #[arg(long, default_value = "static", value_parser = granary::CachePolicy::parse)]
-    pub policy: granary::CachePolicy,
+    #[arg(long, default_value = "static", value_parser = granary::TierPolicy::parse)]
+    pub policy: granary::TierPolicy,
 }
 
 impl TierArgs {
     /// The tier of `ds`, when --cache-dir and --cache-size are given.
-    pub fn open(&self, ds: &granary::Dataset) -> anyhow::Result<Option<Arc<granary::ChunkCache>>> {
+    pub fn open(&self, ds: &granary::Dataset) -> anyhow::Result<Option<Arc<granary::LocalTier>>> {
         Ok(match (&self.cache_dir, self.cache_size) {
-            (Some(dir), Some(quota)) => Some(Arc::new(granary::ChunkCache::open(
+            (Some(dir), Some(quota)) => Some(Arc::new(granary::LocalTier::open(
                 dir,
                 ds.snapshot().dataset_id(),
                 quota,

@@ -60,7 +60,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     for d in &a.datasets {
         let ds = super::open_dataset(d)?;
         let id = ds.snapshot().dataset_id();
-        let dir = granary::ChunkCache::tier_dir(&a.cache_dir, &id);
+        let dir = granary::LocalTier::tier_dir(&a.cache_dir, &id);
         let hex = granary::DatasetId(id).to_string();
         tiers.insert(hex, dir);
     }

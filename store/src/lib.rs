@@ -4,7 +4,7 @@
 //! ranges and says where its bytes came from, [`BytesFrom`]); origin stores (a local
 //! directory, [`LocalDir`]; an object store, [`object::ObjectChunks`], read and write); and
 //! the layers that wrap another store: the node's local tier ([`TierStore`] over a
-//! [`ChunkCache`]) and the job's other nodes ([`PeerStore`]). A reader builds its
+//! [`LocalTier`]) and the job's other nodes ([`PeerStore`]). A reader builds its
 //! [`StoreStack`] (tier → peers → origin, any subset) once; the packer writes objects through
 //! [`object::ObjectUrl`]. Errors say of which kind they are ([`StoreError`]).
 
@@ -27,6 +27,6 @@ pub use seam::{
 };
 pub use stack::{StoreStack, TierStore};
 pub use tier::{
-    decode_hot_map, decode_tier_index, hot_file_name, CachePolicy, CacheStats, ChunkCache,
-    HotChunk, HotMap, HotRecord,
+    decode_hot_map, decode_tier_index, hot_file_name, HotChunk, HotMap, HotRecord, LocalTier,
+    TierPolicy, TierStats,
 };

@@ -12,7 +12,7 @@ use granary_format::ChunkEntry;
 use crate::local::Opener;
 use crate::peers::{PeerStore, Peers};
 use crate::seam::{Access, BytesFrom, ChunkStore, OpenCounts, Source};
-use crate::tier::{ChunkCache, HotChunk};
+use crate::tier::{HotChunk, LocalTier};
 use crate::Result;
 
 /// The local tier as a layer: a chunk the tier holds (its copy's size and header checked) is
@@ -20,7 +20,7 @@ use crate::Result;
 /// short read naming the copy); any other chunk comes from the next store.
 #[derive(Debug)]
 pub struct TierStore {
-    cache: Arc<ChunkCache>,
+    cache: Arc<LocalTier>,
     next: Arc<dyn ChunkStore>,
     chunks: Arc<[ChunkEntry]>,
     opener: Arc<Opener>,
@@ -30,7 +30,7 @@ impl TierStore {
     /// `cache` in front of `next`, for a dataset whose chunk table is `chunks`; copies are
     /// opened as `access` says.
     pub fn new(
-        cache: Arc<ChunkCache>,
+        cache: Arc<LocalTier>,
         next: Arc<dyn ChunkStore>,
         chunks: Arc<[ChunkEntry]>,
         access: &Access,
@@ -44,7 +44,7 @@ impl TierStore {
     }
 
     /// The tier.
-    pub fn cache(&self) -> &Arc<ChunkCache> {
+    pub fn cache(&self) -> &Arc<LocalTier> {
         &self.cache
     }
 
@@ -106,7 +106,7 @@ impl StoreStack {
         store: &Arc<dyn ChunkStore>,
         chunks: Arc<[ChunkEntry]>,
         access: Access,
-        cache: Arc<ChunkCache>,
+        cache: Arc<LocalTier>,
         peers: Option<Arc<Peers>>,
     ) -> StoreStack {
         let origin = store.tuned(&access).unwrap_or_else(|| store.clone());

@@ -32,7 +32,7 @@ use crate::{DatasetId, Result, StoreError};
 /// What the tier keeps when it is full.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
-pub enum CachePolicy {
+pub enum TierPolicy {
     /// Evict the least recently used chunk.
     Lru,
     /// Fill until full, never evict.
@@ -43,13 +43,13 @@ pub enum CachePolicy {
     Importance,
 }
 
-impl CachePolicy {
+impl TierPolicy {
     /// Parses `lru`, `static` or `importance`.
     pub fn parse(s: &str) -> std::result::Result<Self, String> {
         match s {
-            "lru" => Ok(CachePolicy::Lru),
-            "static" => Ok(CachePolicy::Static),
-            "importance" => Ok(CachePolicy::Importance),
+            "lru" => Ok(TierPolicy::Lru),
+            "static" => Ok(TierPolicy::Static),
+            "importance" => Ok(TierPolicy::Importance),
             _ => Err(format!(
                 "unknown cache policy {s:?}: use lru, static or importance"
             )),
@@ -94,7 +94,7 @@ struct Entry {
 
 /// Occupancy of a tier.
 #[derive(Clone, Debug, Serialize)]
-pub struct CacheStats {
+pub struct TierStats {
     pub dir: PathBuf,
     /// Chunk copies and hot chunks.
     pub entries: u64,
@@ -267,11 +267,11 @@ pub struct HotRecord {
 
 /// A dataset's local tier.
 #[derive(Debug)]
-pub struct ChunkCache {
+pub struct LocalTier {
     dir: PathBuf,
     dataset_id: [u8; 16],
     quota: u64,
-    policy: CachePolicy,
+    policy: TierPolicy,
     view: std::sync::Mutex<View>,
 }
 
@@ -381,7 +381,7 @@ fn remove_entry(p: &Path) -> Result<()> {
     }
 }
 
-impl ChunkCache {
+impl LocalTier {
     /// The tiers (one per dataset id) found under `root`.
     pub fn list(root: &Path) -> Result<Vec<[u8; 16]>> {
         let mut out = Vec::new();
@@ -398,15 +398,10 @@ impl ChunkCache {
     }
 
     /// Opens (creating it if needed) the tier of dataset `dataset_id` under `root`.
-    pub fn open(
-        root: &Path,
-        dataset_id: [u8; 16],
-        quota: u64,
-        policy: CachePolicy,
-    ) -> Result<Self> {
+    pub fn open(root: &Path, dataset_id: [u8; 16], quota: u64, policy: TierPolicy) -> Result<Self> {
         let dir = Self::tier_dir(root, &dataset_id);
         std::fs::create_dir_all(&dir).map_err(|e| StoreError::io("creating", &dir, e))?;
-        Ok(ChunkCache {
+        Ok(LocalTier {
             dir,
             dataset_id,
             quota,
@@ -438,7 +433,7 @@ impl ChunkCache {
     }
 
     /// The policy.
-    pub fn policy(&self) -> CachePolicy {
+    pub fn policy(&self) -> TierPolicy {
         self.policy
     }
 
@@ -656,7 +651,7 @@ impl ChunkCache {
             .map(|f| f.path))
     }
 
-    /// As [`ChunkCache::lookup`], returning the copy as `open` opened it, its size and header
+    /// As [`LocalTier::lookup`], returning the copy as `open` opened it, its size and header
     /// checked: the one open of a tier hit.
     pub fn open_copy(
         &self,
@@ -783,16 +778,16 @@ impl ChunkCache {
         }
         let mut order: Vec<(Key, Entry)> = index.iter().map(|(k, e)| (*k, *e)).collect();
         match self.policy {
-            CachePolicy::Static => return None,
-            CachePolicy::Lru => order.sort_by_key(|(_, e)| e.last_use),
-            CachePolicy::Importance => order.sort_by(|a, b| a.1.score.total_cmp(&b.1.score)),
+            TierPolicy::Static => return None,
+            TierPolicy::Lru => order.sort_by_key(|(_, e)| e.last_use),
+            TierPolicy::Importance => order.sort_by(|a, b| a.1.score.total_cmp(&b.1.score)),
         }
         let mut victims = Vec::new();
         for (k, e) in order {
             if free >= size {
                 break;
             }
-            if self.policy == CachePolicy::Importance && e.score * 1.1 >= per_byte {
+            if self.policy == TierPolicy::Importance && e.score * 1.1 >= per_byte {
                 return None;
             }
             victims.push(k);
@@ -818,7 +813,7 @@ impl ChunkCache {
         Ok(self.current()?.index.values().map(|e| e.size).sum())
     }
 
-    /// Whether [`ChunkCache::admit`] would take a chunk of `size` bytes with importance
+    /// Whether [`LocalTier::admit`] would take a chunk of `size` bytes with importance
     /// `score` now (the policy's verdict, evicting nothing): lets a caller skip reading a
     /// chunk the tier would decline.
     pub fn would_admit(&self, size: u64, score: f64) -> Result<bool> {
@@ -940,7 +935,7 @@ impl ChunkCache {
     }
 
     /// Occupancy.
-    pub fn stats(&self) -> Result<CacheStats> {
+    pub fn stats(&self) -> Result<TierStats> {
         let l = self.lock()?;
         let hot = self.read_hot_chunks();
         let hot_ids: Vec<u32> = l
@@ -951,7 +946,7 @@ impl ChunkCache {
                 Key::Chunk(_) => None,
             })
             .collect();
-        Ok(CacheStats {
+        Ok(TierStats {
             dir: self.dir.clone(),
             entries: l.index.len() as u64,
             bytes: l.used(),
@@ -976,7 +971,7 @@ impl ChunkCache {
     }
 }
 
-impl Drop for ChunkCache {
+impl Drop for LocalTier {
     /// Writes the uses noted since the last batch (errors only cost the order of use).
     fn drop(&mut self) {
         let _ = self.flush_uses(true);
