@@ -1,5 +1,5 @@
 //! The granary packer: turns a directory of small files into a dataset of large chunk files
-//! plus one metadata snapshot (format: `format-spec/SPEC.md`).
+//! plus one metadata snapshot (format: `format/SPEC.md`).
 //!
 //! Pipeline: scan (walk or file list, parallel stat) → plan (labels, seeded order, chunk
 //! assignment; saved to disk) → parallel read/CRC/compress of one chunk's files (rayon) → one

@@ -1,8 +1,8 @@
 //! What one rank's epoch plan costs at a given dataset size, without any files: builds the
 //! dataset shape (chunk sample counts) and rank 0's plan, and prints time and peak RSS.
 //!
-//!   cargo run --release -p granary --example plan_scale -- SAMPLES [PER_CHUNK] [WORLD]
-//!   cargo run --release -p granary --example plan_scale -- 100000000 300 64
+//!   cargo run --release -p granary-reader --example plan_scale -- SAMPLES [PER_CHUNK] [WORLD]
+//!   cargo run --release -p granary-reader --example plan_scale -- 100000000 300 64
 
 use std::time::Instant;
 
