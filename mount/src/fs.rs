@@ -1,6 +1,6 @@
 //! The file system itself, independent of FUSE: attributes, lookups, listings, opens and
 //! reads as plain methods returning errno values, so that tests call them without a mount.
-//! [`crate::fuse`] only translates requests and replies.
+//! The `fuse` module only translates requests and replies.
 
 use std::collections::HashMap;
 use std::ops::Range;
