@@ -221,20 +221,45 @@ impl<'a, 'py> Keywords<'a, 'py> {
         T: for<'b> FromPyObject<'b, 'py>,
         for<'b> <T as FromPyObject<'b, 'py>>::Error: Into<PyErr>,
     {
+        Ok(self.take::<T>(key)?.unwrap_or(default))
+    }
+
+    /// The value of keyword `key`, which must be given.
+    fn required<T>(&mut self, key: &'static str) -> PyResult<T>
+    where
+        T: for<'b> FromPyObject<'b, 'py>,
+        for<'b> <T as FromPyObject<'b, 'py>>::Error: Into<PyErr>,
+    {
+        self.take::<T>(key)?.ok_or_else(|| {
+            pyo3::exceptions::PyTypeError::new_err(format!(
+                "{}() missing required argument: '{key}'",
+                self.func
+            ))
+        })
+    }
+
+    /// Keyword `key` converted, if given.
+    fn take<T>(&mut self, key: &'static str) -> PyResult<Option<T>>
+    where
+        T: for<'b> FromPyObject<'b, 'py>,
+        for<'b> <T as FromPyObject<'b, 'py>>::Error: Into<PyErr>,
+    {
         self.taken.push(key);
-        let Some(d) = self.dict else {
-            return Ok(default);
+        let given = match self.dict {
+            Some(d) => d.get_item(key)?,
+            None => None,
         };
-        match d.get_item(key)? {
-            Some(v) => v.extract::<T>().map_err(|e| {
-                let e: PyErr = e.into();
-                pyo3::exceptions::PyTypeError::new_err(format!(
-                    "{}(): argument {key}: {e}",
-                    self.func
-                ))
-            }),
-            None => Ok(default),
-        }
+        given
+            .map(|v| {
+                v.extract::<T>().map_err(|e| {
+                    let e: PyErr = e.into();
+                    pyo3::exceptions::PyTypeError::new_err(format!(
+                        "{}(): argument {key}: {e}",
+                        self.func
+                    ))
+                })
+            })
+            .transpose()
     }
 
     /// Fails on a keyword that was not taken.
@@ -366,11 +391,10 @@ fn columns(samples: &[granary::Sample]) -> (Vec<u64>, Vec<u32>, Vec<f32>) {
 
 /// Stream's keyword options as the reader configuration (and the resume state).
 fn stream_config(
-    options: Option<&Bound<'_, PyDict>>,
+    mut o: Keywords<'_, '_>,
     rank: u32,
     world_size: u32,
 ) -> PyResult<(granary::ReaderConfig, Option<EpochState>)> {
-    let mut o = Keywords::new("Stream", options);
     let shuffle: String = o.get("shuffle", "chunkwise".to_string())?;
     let seed = o.get("seed", 0u64)?;
     let drop_last = o.get("drop_last", true)?;
@@ -462,13 +486,24 @@ impl Stream {
         shard: &Bound<'_, PyTuple>,
         options: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Self> {
-        let (rank, world_size, worker, num_workers): (u32, u32, u32, u32) =
-            shard.extract().map_err(|_| {
-                pyo3::exceptions::PyTypeError::new_err(
-                    "Stream() takes path, epoch, rank, world_size, worker and num_workers",
-                )
-            })?;
-        let (config, resume) = stream_config(options, rank, world_size)?;
+        // rank, world_size, worker, num_workers: by position, or by name.
+        let mut o = Keywords::new("Stream", options);
+        let names = ["rank", "world_size", "worker", "num_workers"];
+        if shard.len() > names.len() {
+            return Err(pyo3::exceptions::PyTypeError::new_err(
+                "Stream() takes path, epoch, rank, world_size, worker and num_workers by \
+                 position; everything else by keyword",
+            ));
+        }
+        let mut ids = [0u32; 4];
+        for (i, name) in names.iter().enumerate() {
+            ids[i] = match shard.get_item(i) {
+                Ok(v) => v.extract()?,
+                Err(_) => o.required(name)?,
+            };
+        }
+        let [rank, world_size, worker, num_workers] = ids;
+        let (config, resume) = stream_config(o, rank, world_size)?;
         let shard = Shard {
             rank,
             world_size,

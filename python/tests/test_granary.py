@@ -380,3 +380,19 @@ def _raises(ds, i):
     except granary.DamagedError:
         return True
     return False
+
+
+def test_stream_arguments_by_position_or_name_and_unknown_ones_refused(packed):
+    path, files = packed
+    by_position = [s[0] for s in granary.Stream(path, 0, 0, 1, 0, 1, seed=3)]
+    by_name = [s[0] for s in granary.Stream(path, 0, rank=0, world_size=1, worker=0,
+                                            num_workers=1, seed=3)]
+    assert by_position == by_name and len(by_position) == len(files)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'sede'"):
+        granary.Stream(path, 0, 0, 1, 0, 1, sede=3)
+    with pytest.raises(TypeError, match="missing required argument: 'num_workers'"):
+        granary.Stream(path, 0, 0, 1, 0)
+    with pytest.raises(TypeError, match="argument seed"):
+        granary.Stream(path, 0, 0, 1, 0, 1, seed="three")
+    with pytest.raises(ValueError, match="unknown sampling"):
+        granary.Stream(path, 0, 0, 1, 0, 1, sampling="sideways")
