@@ -920,3 +920,12 @@ fn pack_creates_missing_output_parents_and_errors_name_the_cause_once() {
     let msg = stderr(&o);
     assert_eq!(msg.matches("No such file").count(), 1, "{msg}");
 }
+
+/// A dataset path that does not exist is not damage: `verify` says it could not look (exit 4).
+#[test]
+fn verify_of_a_missing_dataset_cannot_check_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let o = run(["verify", tmp.path().join("nothing").to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(4), "{}{}", stdout(&o), stderr(&o));
+    assert!(stdout(&o).contains("CANNOT CHECK"), "{}", stdout(&o));
+}

@@ -383,3 +383,77 @@ fn credentials_buckets_and_foreign_snapshots() {
     // The replaced snapshot was fetched anew (a second cached copy, keyed by its id and CRC).
     assert_eq!(s3.snapshots().len(), 2, "{:?}", s3.snapshots());
 }
+
+/// `verify` tells damage (exit 1) from not being able to look (exit 4): a missing bucket, a
+/// missing prefix and rejected credentials are not damage, and a dataset that can be read
+/// but holds a damaged chunk still is.
+#[test]
+fn verify_tells_damage_from_not_being_able_to_look() {
+    let Some(s3) = S3::new("verify-exit") else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let (src, _) = src_tree(tmp.path());
+    let url = s3.sub("ds");
+    s3.ok(&[
+        "pack",
+        src.to_str().unwrap(),
+        "-o",
+        &url,
+        "--chunk-size",
+        "20KiB",
+    ]);
+    assert!(stdout(&s3.ok(&["verify", &url])).contains(": OK"));
+
+    let cannot = |o: std::process::Output, what: &str| {
+        assert_eq!(
+            o.status.code(),
+            Some(4),
+            "{what}: {}{}",
+            stdout(&o),
+            stderr(&o)
+        );
+        assert!(
+            stdout(&o).contains("CANNOT CHECK"),
+            "{what}: {}",
+            stdout(&o)
+        );
+        assert!(!stdout(&o).contains("DAMAGED"), "{what}: {}", stdout(&o));
+    };
+    cannot(
+        s3.run(&["verify", "s3://no-such-bucket-granary/x"]),
+        "no bucket",
+    );
+    cannot(s3.run(&["verify", &s3.sub("nothing-here")]), "no prefix");
+    let wrong = s3
+        .cmd()
+        .env("AWS_SECRET_ACCESS_KEY", "wrong")
+        .args(["verify", &url])
+        .output()
+        .unwrap();
+    cannot(wrong, "wrong credentials");
+    let json: serde_json::Value = serde_json::from_slice(
+        &s3.cmd()
+            .env("AWS_SECRET_ACCESS_KEY", "wrong")
+            .args(["verify", &url, "--json"])
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .unwrap();
+    assert_eq!(json["clean"], false);
+    assert_eq!(json["problems"].as_array().unwrap().len(), 0, "{json}");
+    assert_eq!(json["unreadable"].as_array().unwrap().len(), 1, "{json}");
+
+    // Real damage is still exit 1.
+    let store = ObjectUrl::parse(&url).unwrap();
+    let name = "chunk-00000001.gchunk";
+    let mut b = store.get(name).unwrap().to_vec();
+    b[64 + 3] ^= 0x55;
+    let local = tmp.path().join("chunk");
+    std::fs::write(&local, &b).unwrap();
+    store.put_file(name, &local, &|_| {}).unwrap();
+    let v = s3.run(&["verify", &url]);
+    assert_eq!(v.status.code(), Some(1), "{}", stdout(&v));
+    assert!(stdout(&v).contains("DAMAGED"), "{}", stdout(&v));
+}

@@ -6,7 +6,7 @@ use granary_format::{check_chunk, parse_chunk_file_name};
 use rayon::prelude::*;
 use serde_json::json;
 
-use crate::{escape_path, Dataset};
+use crate::{escape_path, Dataset, ReadError, RemoteKind};
 
 /// One problem found by [`verify`].
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -25,6 +25,9 @@ pub struct VerifyReport {
     pub records_checked: u64,
     pub bytes_checked: u64,
     pub problems: Vec<Problem>,
+    /// What could not be looked at (a missing dataset, bucket or permission, storage that did
+    /// not answer): not a verdict of damage, but not a clean bill either.
+    pub unreadable: Vec<Problem>,
     /// Files in the dataset directory that are not part of it (not damage).
     pub notes: Vec<String>,
     /// The digest a complete epoch delivers ([`Dataset::full_digest`]), as `granary read`
@@ -35,9 +38,14 @@ pub struct VerifyReport {
 }
 
 impl VerifyReport {
-    /// True when nothing is wrong.
+    /// True when everything was looked at and nothing is wrong.
     pub fn is_clean(&self) -> bool {
-        self.problems.is_empty()
+        self.problems.is_empty() && self.unreadable.is_empty()
+    }
+
+    /// True when damage was found.
+    pub fn is_damaged(&self) -> bool {
+        !self.problems.is_empty()
     }
 
     /// The report as JSON.
@@ -49,6 +57,7 @@ impl VerifyReport {
             "records_checked": self.records_checked,
             "bytes_checked": self.bytes_checked,
             "problems": self.problems.iter().map(|p| json!({"location": p.location, "detail": p.detail})).collect::<Vec<_>>(),
+            "unreadable": self.unreadable.iter().map(|p| json!({"location": p.location, "detail": p.detail})).collect::<Vec<_>>(),
             "notes": self.notes,
             "digest": self.digest.map(|d| format!("{d:016x}")),
             "content_digest": self.content_digest.map(|d| format!("{d:016x}")),
@@ -58,6 +67,23 @@ impl VerifyReport {
 
 const STRUCTURE_LIMIT: usize = 1000;
 
+/// Whether `e` means the data could not be looked at rather than that it is damaged: access
+/// refused, storage that failed or did not answer, a malformed URL or missing credentials, and
+/// (`whole`: opening the dataset itself) a dataset or bucket that is not there at all. A chunk
+/// missing from a dataset that is there is damage.
+fn cannot_look(e: &ReadError, whole: bool) -> bool {
+    match e {
+        ReadError::Remote { kind, .. } => whole || *kind != RemoteKind::NotFound,
+        ReadError::Io { source, .. } => match source.kind() {
+            std::io::ErrorKind::PermissionDenied => true,
+            std::io::ErrorKind::NotFound => whole,
+            _ => false,
+        },
+        ReadError::Invalid(_) => whole,
+        _ => false,
+    }
+}
+
 /// Checks the dataset at `path` completely: snapshot header, section table, every section CRC
 /// and structural invariant; every chunk file's size, whole-file CRC, header, footer, every
 /// record's length and CRC; and that footers agree with the snapshot.
@@ -66,10 +92,14 @@ pub fn verify(path: &Path) -> VerifyReport {
     let ds = match Dataset::open(path) {
         Ok(ds) => ds,
         Err(e) => {
-            r.problems.push(Problem {
+            let p = Problem {
                 location: path.display().to_string(),
                 detail: e.to_string(),
-            });
+            };
+            match cannot_look(&e, true) {
+                true => r.unreadable.push(p),
+                false => r.problems.push(p),
+            }
             return r;
         }
     };
@@ -89,14 +119,15 @@ pub fn verify(path: &Path) -> VerifyReport {
             detail: e.to_string(),
         });
     }
-    let per_chunk: Vec<(u64, u64, Vec<Problem>)> = (0..snap.chunk_count() as u32)
+    let per_chunk: Vec<Checked> = (0..snap.chunk_count() as u32)
         .into_par_iter()
         .map(|c| check_one_chunk(&ds, c))
         .collect();
-    for (records, bytes, problems) in per_chunk {
-        r.records_checked += records;
-        r.bytes_checked += bytes;
-        r.problems.extend(problems);
+    for c in per_chunk {
+        r.records_checked += c.records;
+        r.bytes_checked += c.bytes;
+        r.problems.extend(c.problems);
+        r.unreadable.extend(c.unreadable);
     }
     let known = |name: &str| {
         name == granary_format::SNAPSHOT_FILE
@@ -117,25 +148,63 @@ pub fn verify(path: &Path) -> VerifyReport {
     r
 }
 
-fn check_one_chunk(ds: &Dataset, c: u32) -> (u64, u64, Vec<Problem>) {
+/// What checking one chunk found.
+#[derive(Default)]
+struct Checked {
+    records: u64,
+    bytes: u64,
+    problems: Vec<Problem>,
+    unreadable: Vec<Problem>,
+}
+
+fn check_one_chunk(ds: &Dataset, c: u32) -> Checked {
     let loc = ds.chunk_path(c).display().to_string();
-    let mut problems = Vec::new();
-    let mut p = |location: String, detail: String| problems.push(Problem { location, detail });
-    let Ok(ce) = ds.chunk(c) else {
-        return (0, 0, problems);
-    };
+    // A chunk table entry that cannot be read is reported by the snapshot's checks.
+    if ds.chunk(c).is_err() {
+        return Checked::default();
+    }
     let bytes = match ds.load_chunk(c) {
         Ok(b) => b,
         Err(e) => {
-            p(loc, e.to_string());
-            return (0, 0, problems);
+            let p = Problem {
+                location: loc,
+                detail: e.to_string(),
+            };
+            return match cannot_look(&e, false) {
+                true => Checked {
+                    unreadable: vec![p],
+                    ..Default::default()
+                },
+                false => Checked {
+                    problems: vec![p],
+                    ..Default::default()
+                },
+            };
         }
     };
-    let check = match check_chunk(&bytes, &ds.snapshot().dataset_id(), c) {
+    let (records, problems) = check_bytes(ds, c, &loc, &bytes);
+    Checked {
+        records,
+        bytes: bytes.len() as u64,
+        problems,
+        unreadable: Vec::new(),
+    }
+}
+
+/// Checks chunk `c`'s bytes: header, whole-file CRC, every record, and that the footer agrees
+/// with the snapshot; returns the records checked and the problems.
+fn check_bytes(ds: &Dataset, c: u32, loc: &str, bytes: &[u8]) -> (u64, Vec<Problem>) {
+    let loc = loc.to_string();
+    let mut problems = Vec::new();
+    let mut p = |location: String, detail: String| problems.push(Problem { location, detail });
+    let Ok(ce) = ds.chunk(c) else {
+        return (0, problems);
+    };
+    let check = match check_chunk(bytes, &ds.snapshot().dataset_id(), c) {
         Ok(check) => check,
         Err(e) => {
             p(loc, format!("chunk {c}: {e}"));
-            return (0, bytes.len() as u64, problems);
+            return (0, problems);
         }
     };
     if check.file_crc != ce.file_crc {
@@ -188,5 +257,5 @@ fn check_one_chunk(ds: &Dataset, c: u32) -> (u64, u64, Vec<Problem>) {
             }
         }
     }
-    (records, bytes.len() as u64, problems)
+    (records, problems)
 }

@@ -10,7 +10,9 @@ use super::human_bytes;
 It also prints the digest a complete epoch of `granary read` must show (the sum over the ranks' \
 digests): the snapshot's record checksums, keyed by sample id.\n\n\
 Exit status: 0 when the dataset is intact, 1 when any damage is found (every problem is listed \
-with its file, chunk, offset and sample path), 2 on a usage error."
+with its file, chunk, offset and sample path), 4 when nothing was found damaged but something \
+could not be looked at (a missing dataset or bucket, refused credentials or permissions, \
+storage that did not answer: CANNOT CHECK lines), 2 on a usage error."
 )]
 pub struct Args {
     /// Dataset directory (or its snapshot file).
@@ -20,6 +22,9 @@ pub struct Args {
     pub json: bool,
 }
 
+/// Exit status of a verify that found no damage but could not look at everything.
+pub const EXIT_CANNOT_CHECK: u8 = 4;
+
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     let t = std::time::Instant::now();
     let r = granary::verify(&a.dataset);
@@ -28,6 +33,9 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     } else {
         for p in &r.problems {
             println!("DAMAGED {}: {}", p.location, p.detail);
+        }
+        for p in &r.unreadable {
+            println!("CANNOT CHECK {}: {}", p.location, p.detail);
         }
         for n in &r.notes {
             println!("note: {n}");
@@ -47,16 +55,19 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
             r.records_checked,
             human_bytes(r.bytes_checked),
             secs,
-            if r.is_clean() {
-                "OK".to_string()
-            } else {
-                format!("{} problems", r.problems.len())
+            match (r.problems.len(), r.unreadable.len()) {
+                (0, 0) => "OK".to_string(),
+                (0, n) => format!("not checked: {n} could not be read"),
+                (d, 0) => format!("{d} problems"),
+                (d, n) => format!("{d} problems, and {n} could not be read"),
             }
         );
     }
-    Ok(if r.is_clean() {
-        ExitCode::SUCCESS
-    } else {
+    Ok(if r.is_damaged() {
         ExitCode::FAILURE
+    } else if !r.is_clean() {
+        ExitCode::from(EXIT_CANNOT_CHECK)
+    } else {
+        ExitCode::SUCCESS
     })
 }
