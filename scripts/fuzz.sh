@@ -5,7 +5,8 @@
 #   bash scripts/fuzz.sh [SECONDS] [TARGET...]     # SECONDS per target, default 60
 #
 # Needs a nightly toolchain (libFuzzer's instrumentation): without one it says so and exits 0
-# (skipped, not passed). cargo-fuzz is installed into ~/.cache/granary/cargo-fuzz if it is not
+# (skipped, not passed), or 1 when the run requires fuzzing (GRANARY_REQUIRE_FUZZ=1, as
+# scripts/test.sh sets, or CI=true). cargo-fuzz is installed into ~/.cache/granary/cargo-fuzz if it is not
 # on PATH. Targets are built once with AddressSanitizer (set FUZZ_SANITIZER=none for plain
 # builds: faster, but no allocation limit). Each run starts from the committed corpus
 # fuzz/corpus/<target> (seeded from tests/golden and from the unit tests' vectors:
@@ -27,6 +28,12 @@ if ! [[ $secs =~ ^[0-9]+$ ]] || [ "$secs" -eq 0 ]; then
   exit 2
 fi
 if ! cargo +nightly --version >/dev/null 2>&1; then
+  # A CI run (GRANARY_REQUIRE_FUZZ=1, as scripts/test.sh sets, or CI=true) fails rather than
+  # passing with nothing fuzzed: a missing toolchain is a broken install step.
+  if [ "${GRANARY_REQUIRE_FUZZ:-}" = 1 ] || [ "${CI:-}" = true ]; then
+    echo "fuzz: error: no nightly Rust toolchain, and this run requires fuzzing (GRANARY_REQUIRE_FUZZ=1 or CI=true): rustup toolchain install nightly" >&2
+    exit 1
+  fi
   echo "fuzz: skipped: no nightly Rust toolchain here (cargo-fuzz needs one: rustup toolchain install nightly)" >&2
   exit 0
 fi

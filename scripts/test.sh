@@ -43,8 +43,9 @@ bash scripts/s3-server.sh start "$s3dir"
 # shellcheck disable=SC1091
 source "$s3dir/env"
 export GRANARY_REQUIRE_S3=1
-# The fault tests (loop-mounted disks, setpriv) fail rather than skip where they cannot run.
-export GRANARY_REQUIRE_FAULTS=1
+# The fault tests (loop-mounted disks, setpriv), the real FUSE mounts (Rust and Python) and
+# the fuzz smoke run fail rather than skip where they cannot run.
+export GRANARY_REQUIRE_FAULTS=1 GRANARY_REQUIRE_FUSE=1 GRANARY_REQUIRE_FUZZ=1
 cargo test --workspace 2>&1 | tee "$log"
 
 # The Python package (PyO3 + maturin) with and without PyTorch.

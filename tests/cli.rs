@@ -929,3 +929,30 @@ fn verify_of_a_missing_dataset_cannot_check_it() {
     assert_eq!(o.status.code(), Some(4), "{}{}", stdout(&o), stderr(&o));
     assert!(stdout(&o).contains("CANNOT CHECK"), "{}", stdout(&o));
 }
+
+/// The fuzz smoke run fails, rather than passing with nothing fuzzed, when it is required
+/// (`GRANARY_REQUIRE_FUZZ=1`, as scripts/test.sh sets, or `CI=true`) and there is no nightly
+/// toolchain; elsewhere it says it skipped and exits 0. No nightly here: an empty RUSTUP_HOME.
+#[test]
+fn the_fuzz_script_fails_without_nightly_when_fuzzing_is_required() {
+    let tmp = tempfile::tempdir().unwrap();
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/fuzz.sh");
+    let fuzz = |required: bool| {
+        let mut c = std::process::Command::new("bash");
+        c.arg(&script)
+            .arg("1")
+            .env("RUSTUP_HOME", tmp.path())
+            .env_remove("CI")
+            .env_remove("GRANARY_REQUIRE_FUZZ");
+        if required {
+            c.env("GRANARY_REQUIRE_FUZZ", "1");
+        }
+        c.output().unwrap()
+    };
+    let o = fuzz(true);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(stderr(&o).contains("requires fuzzing"), "{}", stderr(&o));
+    let o = fuzz(false);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(stderr(&o).contains("skipped"), "{}", stderr(&o));
+}

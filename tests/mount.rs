@@ -1,6 +1,6 @@
 //! `granary mount`: the file-system methods called directly (no mount needed), then real FUSE
-//! mounts through the CLI where this machine allows them (skipped with the reason printed
-//! where it does not).
+//! mounts through the CLI where this machine allows them (where it does not: skipped with the
+//! reason printed, or failed when the run requires FUSE, `GRANARY_REQUIRE_FUSE=1` or `CI=true`).
 
 mod common;
 
@@ -377,13 +377,48 @@ fn no_fuse() -> Option<String> {
     None
 }
 
+/// Whether a test that needs FUSE runs (`Ok(true)`), is skipped (`Ok(false)`: `why` says
+/// FUSE is not possible here) or fails (`Err`: it is not possible, but this run requires it,
+/// through `GRANARY_REQUIRE_FUSE=1` or `CI=true`: a CI that passes because FUSE is missing
+/// would hide a broken install step).
+fn fuse_verdict(why: Option<String>, required: bool) -> Result<bool, String> {
+    match (why, required) {
+        (None, _) => Ok(true),
+        (Some(why), true) => Err(format!(
+            "GRANARY_REQUIRE_FUSE=1 (or CI=true) but FUSE mounts are not possible here: {why}"
+        )),
+        (Some(why), false) => {
+            eprintln!("skipped: FUSE mounts are not possible here: {why}");
+            Ok(false)
+        }
+    }
+}
+
+fn fuse_required() -> bool {
+    std::env::var("GRANARY_REQUIRE_FUSE").is_ok_and(|v| v == "1")
+        || std::env::var("CI").is_ok_and(|v| v == "true")
+}
+
 macro_rules! require_fuse {
     () => {
-        if let Some(why) = no_fuse() {
-            eprintln!("skipped: FUSE mounts are not possible here: {why}");
-            return;
+        match fuse_verdict(no_fuse(), fuse_required()) {
+            Ok(true) => {}
+            Ok(false) => return,
+            Err(e) => panic!("{e}"),
         }
     };
+}
+
+#[test]
+fn a_run_that_requires_fuse_fails_without_it_instead_of_skipping() {
+    assert_eq!(fuse_verdict(None, true), Ok(true));
+    assert_eq!(fuse_verdict(None, false), Ok(true));
+    assert_eq!(fuse_verdict(Some("no /dev/fuse".into()), false), Ok(false));
+    let e = fuse_verdict(Some("no /dev/fuse".into()), true).unwrap_err();
+    assert!(
+        e.contains("GRANARY_REQUIRE_FUSE") && e.contains("no /dev/fuse"),
+        "{e}"
+    );
 }
 
 fn is_mounted(mnt: &Path) -> bool {

@@ -12,6 +12,11 @@ import granary
 from conftest import granary_bin, run
 
 
+def required(switch):
+    """A prerequisite a CI run must have: its GRANARY_REQUIRE_* switch, or CI=true."""
+    return os.environ.get(switch) == "1" or os.environ.get("CI") == "true"
+
+
 def fuse_unavailable():
     if not os.path.exists("/dev/fuse"):
         return "/dev/fuse is missing"
@@ -24,6 +29,8 @@ def fuse_unavailable():
 @pytest.fixture
 def mounted(packed, tmp_path):
     why = fuse_unavailable()
+    if why and required("GRANARY_REQUIRE_FUSE"):
+        pytest.fail(f"GRANARY_REQUIRE_FUSE=1 (or CI=true) but FUSE mounts are not possible: {why}")
     if why:
         pytest.skip(f"FUSE mounts are not possible here: {why}")
     ds, files = packed
