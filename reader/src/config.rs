@@ -185,7 +185,7 @@ impl ReaderConfig {
                 let nodes = p.addrs.len() as u32;
                 let ownership = crate::ownership(
                     ds,
-                    &self.plan_for(ds)?,
+                    &ds.resolve_window(&self.plan, self.memory)?,
                     p.ownership_epoch,
                     self.world_size,
                     nodes,
@@ -207,15 +207,6 @@ impl ReaderConfig {
             cache,
             peers,
         })
-    }
-
-    /// The plan options for `ds`, the window resolved from the memory budget if not given.
-    fn plan_for(&self, ds: &Dataset) -> Result<PlanOptions> {
-        let mut o = self.plan.clone();
-        if o.window_chunks == 0 {
-            o.window_chunks = ds.window_for_memory(self.memory)?;
-        }
-        Ok(o)
     }
 }
 

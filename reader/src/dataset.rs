@@ -285,6 +285,20 @@ impl Dataset {
         Ok((memory / (3 * charge)).max(1) as usize)
     }
 
+    /// `plan` with its window resolved: `window_chunks` 0 means as many chunks as `memory`
+    /// bytes of read buffers allow ([`Dataset::window_for_memory`]).
+    pub fn resolve_window(
+        &self,
+        plan: &crate::PlanOptions,
+        memory: u64,
+    ) -> Result<crate::PlanOptions> {
+        let mut o = plan.clone();
+        if o.window_chunks == 0 {
+            o.window_chunks = self.window_for_memory(memory)?;
+        }
+        Ok(o)
+    }
+
     /// The chunk sample ranges that epoch plans are computed from (O(chunks)).
     pub fn shape(&self) -> Result<crate::DatasetShape> {
         let counts = (0..self.chunk_count() as u32)

@@ -39,11 +39,7 @@ pub struct EpochSetup {
 impl EpochSetup {
     /// The plan options for `ds`, the window resolved.
     pub fn plan_options(&self, ds: &Dataset) -> Result<PlanOptions> {
-        let mut o = self.plan.clone();
-        if o.window_chunks == 0 {
-            o.window_chunks = ds.window_for_memory(self.stream.memory)?;
-        }
-        Ok(o)
+        ds.resolve_window(&self.plan, self.stream.memory)
     }
 
     /// Checks what can be checked before any epoch: scores that match the dataset when

@@ -64,7 +64,8 @@ impl SampleReader {
             (Some(f), None) => return Ok(f),
             (Some(f), Some(_)) if f.bytes_from() == BytesFrom::Tier => return Ok(f),
             (Some(f), Some(tier)) => match tier.open_copy(chunk)? {
-                Some(copy) => self.checked(copy, chunk)?,
+                // The tier checked the copy's size and header when it opened it.
+                Some(copy) => copy,
                 None => return Ok(f),
             },
             (None, _) => self.ds.open_for_reads(&**self.stack.store(), chunk)?,
@@ -80,13 +81,6 @@ impl SampleReader {
     /// Chunk `chunk` opened at origin, past every layer (not kept open).
     pub fn origin_source(&self, chunk: u32) -> Result<Source> {
         self.ds.open_for_reads(&**self.stack.origin(), chunk)
-    }
-
-    fn checked(&self, src: Source, chunk: u32) -> Result<Source> {
-        let mut head = [0u8; granary_format::CHUNK_HEADER_LEN];
-        read_exact(&*src, &mut head, 0)?;
-        self.ds.check_chunk_header(&head, chunk, src.location())?;
-        Ok(src)
     }
 
     /// Closes the open sources `drop_it` picks (chunk, source); later reads open them again.
