@@ -98,6 +98,12 @@ fn digest_of(out: &str, after: &str) -> String {
 /// Relative path and contents of each file of a test tree.
 type Files = Vec<(Vec<u8>, Vec<u8>)>;
 
+/// Replaces object `name` with `bytes` (through the local file `via`).
+fn put_object(store: &ObjectUrl, name: &str, bytes: &[u8], via: &Path) {
+    std::fs::write(via, bytes).unwrap();
+    store.put_file(name, via, &|_| {}).unwrap();
+}
+
 fn src_tree(tmp: &Path) -> (PathBuf, Files) {
     let src = tmp.join("src");
     let files = edge_tree();
@@ -263,8 +269,7 @@ fn deleted_corrupted_and_truncated_chunk_objects_are_errors() {
     let mut b = store.get(name).unwrap().to_vec();
     let good = b.clone();
     b[64 + 3] ^= 0x55;
-    std::fs::write(&local, &b).unwrap();
-    store.put_file(name, &local, &|_| {}).unwrap();
+    put_object(&store, name, &b, &local);
     let v = s3.run(&["verify", &url]);
     assert!(!v.status.success());
     assert!(
@@ -282,8 +287,7 @@ fn deleted_corrupted_and_truncated_chunk_objects_are_errors() {
     assert!(stderr(&r).contains(name), "{}", stderr(&r));
 
     // Truncated: the object is shorter than the snapshot says.
-    std::fs::write(&local, &good[..good.len() - 100]).unwrap();
-    store.put_file(name, &local, &|_| {}).unwrap();
+    put_object(&store, name, &good[..good.len() - 100], &local);
     let r = s3.run(&["read", &url]);
     assert!(!r.status.success());
     assert!(stderr(&r).contains(name), "{}", stderr(&r));
@@ -301,8 +305,7 @@ fn deleted_corrupted_and_truncated_chunk_objects_are_errors() {
     }
 
     // Restored: reads again.
-    std::fs::write(&local, &good).unwrap();
-    store.put_file(name, &local, &|_| {}).unwrap();
+    put_object(&store, name, &good, &local);
     assert!(stdout(&s3.ok(&["verify", &url])).contains(": OK"));
 
     // An object the pack did not write is reported, not taken for part of the dataset.
@@ -425,22 +428,16 @@ fn verify_tells_damage_from_not_being_able_to_look() {
         "no bucket",
     );
     cannot(s3.run(&["verify", &s3.sub("nothing-here")]), "no prefix");
-    let wrong = s3
-        .cmd()
-        .env("AWS_SECRET_ACCESS_KEY", "wrong")
-        .args(["verify", &url])
-        .output()
-        .unwrap();
-    cannot(wrong, "wrong credentials");
-    let json: serde_json::Value = serde_json::from_slice(
-        &s3.cmd()
+    let wrong_key = |args: &[&str]| {
+        s3.cmd()
             .env("AWS_SECRET_ACCESS_KEY", "wrong")
-            .args(["verify", &url, "--json"])
+            .args(args)
             .output()
             .unwrap()
-            .stdout,
-    )
-    .unwrap();
+    };
+    cannot(wrong_key(&["verify", &url]), "wrong credentials");
+    let json: serde_json::Value =
+        serde_json::from_slice(&wrong_key(&["verify", &url, "--json"]).stdout).unwrap();
     assert_eq!(json["clean"], false);
     assert_eq!(json["problems"].as_array().unwrap().len(), 0, "{json}");
     assert_eq!(json["unreadable"].as_array().unwrap().len(), 1, "{json}");
@@ -451,8 +448,7 @@ fn verify_tells_damage_from_not_being_able_to_look() {
     let mut b = store.get(name).unwrap().to_vec();
     b[64 + 3] ^= 0x55;
     let local = tmp.path().join("chunk");
-    std::fs::write(&local, &b).unwrap();
-    store.put_file(name, &local, &|_| {}).unwrap();
+    put_object(&store, name, &b, &local);
     let v = s3.run(&["verify", &url]);
     assert_eq!(v.status.code(), Some(1), "{}", stdout(&v));
     assert!(stdout(&v).contains("DAMAGED"), "{}", stdout(&v));
