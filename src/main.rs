@@ -27,6 +27,29 @@ damage found); 2 usage error; 3 pack finished but skipped unreadable files."
 struct Cli {
     #[command(subcommand)]
     cmd: Command,
+
+    /// Seconds to wait for a connection before the attempt fails (and is
+    /// retried) [default: 10]
+    #[arg(long, global = true, value_name = "SECS", env = "GRANARY_CONNECT_TIMEOUT",
+          value_parser = seconds, help_heading = "Object stores")]
+    connect_timeout: Option<f64>,
+
+    /// Seconds a request may go without receiving a byte (the answer, or the
+    /// next part of its body) before it fails and is retried; a slow transfer that keeps
+    /// moving is never cut off [default: 60]
+    #[arg(long, global = true, value_name = "SECS", env = "GRANARY_REQUEST_TIMEOUT",
+          value_parser = seconds, help_heading = "Object stores")]
+    request_timeout: Option<f64>,
+
+    /// Seconds to keep retrying a failed request (with backoff, counted from
+    /// its first attempt) before the command fails naming the URL [default: 120]
+    #[arg(long, global = true, value_name = "SECS", env = "GRANARY_RETRY_TIMEOUT",
+          value_parser = seconds, help_heading = "Object stores")]
+    retry_timeout: Option<f64>,
+}
+
+fn seconds(s: &str) -> Result<f64, String> {
+    granary::remote::parse_seconds(s).map(|d| d.as_secs_f64())
 }
 
 #[derive(Subcommand)]
@@ -77,6 +100,17 @@ fn main() -> ExitCode {
         log::set_max_level(log::LevelFilter::Warn);
     }
     let cli = Cli::parse();
+    // The store reads its timeouts from the environment (as Python's loaders do); an option
+    // given here wins over the variable. Set before any thread starts.
+    for (var, value) in [
+        ("GRANARY_CONNECT_TIMEOUT", cli.connect_timeout),
+        ("GRANARY_REQUEST_TIMEOUT", cli.request_timeout),
+        ("GRANARY_RETRY_TIMEOUT", cli.retry_timeout),
+    ] {
+        if let Some(v) = value {
+            std::env::set_var(var, v.to_string());
+        }
+    }
     let res = match cli.cmd {
         Command::Pack(a) => cmd::pack::run(a),
         Command::Merge(a) => cmd::merge::run(a),

@@ -271,8 +271,8 @@ fn damaged_chunk_is_reported_and_never_served() {
     let mut want = sorted(files.clone());
     want.retain(|(p, _)| p != b"c05/s004.bin");
     assert_eq!(read_tree(&out), want);
-    // reindex refuses to build over damage.
-    let o = run(["reindex", ds.to_str().unwrap()]);
+    // reindex refuses to build over damage (even when told to replace the snapshot).
+    let o = run(["reindex", ds.to_str().unwrap(), "--force"]);
     assert_eq!(o.status.code(), Some(1));
     assert!(stderr(&o).contains("damaged"), "{}", stderr(&o));
 }
@@ -286,6 +286,12 @@ fn reindex_rebuilds_a_lost_snapshot_byte_identically() {
     assert!(pack(&src, &ds, &["--chunk-size", "32KiB"]).status.success());
     let snap = ds.join(granary_format::SNAPSHOT_FILE);
     let original = std::fs::read(&snap).unwrap();
+    // An intact snapshot is replaced only with --force.
+    let o = run(["reindex", ds.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(stderr(&o).contains("intact") && stderr(&o).contains("--force"));
+    run_ok(["reindex", ds.to_str().unwrap(), "--force"]);
+    assert_eq!(std::fs::read(&snap).unwrap(), original);
     std::fs::remove_file(&snap).unwrap();
     let o = run(["info", ds.to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(1));
@@ -301,7 +307,7 @@ fn reindex_rebuilds_a_lost_snapshot_byte_identically() {
     assert_eq!(std::fs::read(&snap).unwrap(), original);
     // A missing chunk is named.
     std::fs::remove_file(ds.join(granary_format::chunk_file_name(1))).unwrap();
-    let o = run(["reindex", ds.to_str().unwrap()]);
+    let o = run(["reindex", ds.to_str().unwrap(), "--force"]);
     assert!(
         stderr(&o).contains("chunk-00000001.gchunk"),
         "{}",

@@ -671,3 +671,101 @@ fn stopping_or_unmounting_while_files_are_read_does_not_hang() {
     });
     drop(m);
 }
+
+/// The S3 test server's endpoint (`host:port`), or `None` (with the reason printed) when no
+/// server is configured; a failure when the run requires one (`GRANARY_REQUIRE_S3=1`).
+fn s3_endpoint() -> Option<String> {
+    let Some(ep) = std::env::var("AWS_ENDPOINT_URL")
+        .ok()
+        .filter(|_| std::env::var_os("GRANARY_TEST_S3").is_some())
+    else {
+        assert!(
+            !std::env::var("GRANARY_REQUIRE_S3").is_ok_and(|v| v == "1"),
+            "GRANARY_REQUIRE_S3=1 but no S3 server: source the env file of scripts/s3-server.sh"
+        );
+        eprintln!("skipped: no S3 server (scripts/s3-server.sh)");
+        return None;
+    };
+    Some(
+        ep.trim_start_matches("http://")
+            .trim_end_matches('/')
+            .to_string(),
+    )
+}
+
+#[test]
+fn a_read_through_the_mount_of_a_store_gone_silent_is_eio_within_the_bound() {
+    require_fuse!();
+    let Some(upstream) = s3_endpoint() else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    let files = numbered_tree(40, 2, |i| 20_000 + i as usize);
+    write_tree(&src, &files);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    let url = format!("s3://granary/tests/silent-mount-{nanos}");
+    let o = granary()
+        .args([
+            "pack",
+            src.to_str().unwrap(),
+            "-o",
+            &url,
+            "--chunk-size",
+            "64KiB",
+        ])
+        .env("XDG_CACHE_HOME", tmp.path().join("cache"))
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+
+    // The mount reaches the store through a relay that can go silent.
+    let relay = Relay::new(Some(upstream));
+    let mnt = tmp.path().join("mnt");
+    std::fs::create_dir_all(&mnt).unwrap();
+    let _guard = Mounted(mnt.clone());
+    let o = granary()
+        .args(["mount", &url, mnt.to_str().unwrap()])
+        .arg("--log")
+        .arg(tmp.path().join("mount.log"))
+        .env("AWS_ENDPOINT_URL", relay.url())
+        .env("XDG_CACHE_HOME", tmp.path().join("cache"))
+        .env("GRANARY_CONNECT_TIMEOUT", "1")
+        .env("GRANARY_REQUEST_TIMEOUT", "1")
+        .env("GRANARY_RETRY_TIMEOUT", "3")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let (first, last) = (&files[0], &files[files.len() - 1]);
+    let path = |f: &(Vec<u8>, Vec<u8>)| mnt.join(std::ffi::OsStr::from_bytes(&f.0));
+    assert_eq!(std::fs::read(path(first)).unwrap(), first.1);
+
+    relay.go_silent();
+    // One operation gives up about 3.3 s in (attempts at 0, 1.1 and 2.3 s, each failing after
+    // 1 s without an answer); within `Timeouts::bound` (7 s here). The kernel asks again after
+    // a failed read (readahead, then the read): both must not wait, so one read of the file
+    // must end well before two operations could.
+    let t = granary::remote::Timeouts {
+        connect: Duration::from_secs(1),
+        request: Duration::from_secs(1),
+        retry: Duration::from_secs(3),
+    };
+    for attempt in 0..2 {
+        let t0 = Instant::now();
+        let r = std::fs::read(path(last));
+        let took = t0.elapsed();
+        assert_eq!(errno_of(r), Some(libc::EIO), "attempt {attempt}");
+        assert!(
+            took < t.retry + t.request + Duration::from_secs(1) && took < t.bound(),
+            "attempt {attempt}: EIO after {took:?}: the store was waited on more than once"
+        );
+    }
+    let log = std::fs::read_to_string(tmp.path().join("mount.log")).unwrap();
+    assert!(
+        log.contains(&url) && log.contains("still waiting"),
+        "the mount's log must name the store it waits on: {log}"
+    );
+}

@@ -453,3 +453,60 @@ fn verify_tells_damage_from_not_being_able_to_look() {
     assert_eq!(v.status.code(), Some(1), "{}", stdout(&v));
     assert!(stdout(&v).contains("DAMAGED"), "{}", stdout(&v));
 }
+
+#[test]
+fn reindex_rebuilds_a_lost_snapshot_in_the_store() {
+    let Some(s3) = S3::new("reindex") else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let (src, _) = src_tree(tmp.path());
+    let url = s3.sub("ds");
+    s3.ok(&[
+        "pack",
+        src.to_str().unwrap(),
+        "-o",
+        &url,
+        "--chunk-size",
+        "20KiB",
+    ]);
+    let store = ObjectUrl::parse(&url).unwrap();
+    let snap = granary_format::SNAPSHOT_FILE;
+    let original = store.get(snap).unwrap().to_vec();
+    let local = tmp.path().join("object");
+
+    // An intact snapshot is never replaced without --force.
+    let o = s3.run(&["reindex", &url]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(stderr(&o).contains("--force"), "{}", stderr(&o));
+    s3.ok(&["reindex", &url, "--force"]);
+    assert_eq!(store.get(snap).unwrap().to_vec(), original);
+
+    // Lost: rebuilt byte for byte from the chunk objects, and the dataset reads again.
+    store.delete(snap).unwrap();
+    assert!(!s3.run(&["info", &url]).status.success());
+    let o = stdout(&s3.ok(&["reindex", &url]));
+    assert!(o.contains(&format!("{url}/{snap}")), "{o}");
+    assert_eq!(store.get(snap).unwrap().to_vec(), original);
+    assert!(stdout(&s3.ok(&["verify", &url])).contains(": OK"));
+
+    // Damaged: rebuilt too.
+    let mut bad = original.clone();
+    let mid = bad.len() / 2;
+    bad[mid] ^= 0xFF;
+    put_object(&store, snap, &bad, &local);
+    s3.ok(&["reindex", &url]);
+    assert_eq!(store.get(snap).unwrap().to_vec(), original);
+
+    // A damaged chunk: nothing is written, the error names it.
+    store.delete(snap).unwrap();
+    let name = "chunk-00000001.gchunk";
+    let mut b = store.get(name).unwrap().to_vec();
+    b[64 + 3] ^= 0x55;
+    put_object(&store, name, &b, &local);
+    let o = s3.run(&["reindex", &url]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains(name), "{}", stderr(&o));
+    assert!(
+        store.size(snap).unwrap().is_none(),
+        "a snapshot was written over damage"
+    );
+}

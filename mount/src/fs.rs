@@ -29,7 +29,10 @@ pub const XATTR_DATASET: &str = "user.granary.dataset";
 /// An open file: its sample, loaded whole (and CRC-checked) on the first read.
 struct Handle {
     id: u64,
-    data: Mutex<Option<Arc<Vec<u8>>>>,
+    /// The sample's bytes once read, or the error its read ended with: the kernel asks again
+    /// after a failed read (readahead, then the read itself), and a store that did not answer
+    /// must cost one bounded wait per open, not one per retry. Reopening the file tries again.
+    data: Mutex<Option<FsResult<Arc<Vec<u8>>>>>,
 }
 
 /// The mounted dataset.
@@ -243,20 +246,20 @@ impl MountFs {
         let data = {
             let mut slot = h.data.lock().expect("handle");
             match &*slot {
-                Some(d) => d.clone(),
+                Some(d) => d.clone()?,
                 None => {
                     let path = self
                         .dataset()
                         .path(h.id)
                         .map(granary::escape_path)
                         .unwrap_or_default();
-                    let d = Arc::new(
-                        self.reader
-                            .read(h.id)
-                            .map_err(|e| self.eio(&format!("reading {path:?}"), &e))?,
-                    );
+                    let d = self
+                        .reader
+                        .read(h.id)
+                        .map(Arc::new)
+                        .map_err(|e| self.eio(&format!("reading {path:?}"), &e));
                     *slot = Some(d.clone());
-                    d
+                    d?
                 }
             }
         };

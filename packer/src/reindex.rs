@@ -1,11 +1,13 @@
-//! `reindex`: rebuild a lost or damaged snapshot from the chunk footers alone.
+//! `reindex`: rebuild a lost or damaged snapshot from the chunk footers alone, in a local
+//! directory or under an object-store URL.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use granary_format::{
     check_chunk, chunk_file_name, parse_chunk_file_name, ChunkHeader, ChunkSummary, Snapshot,
     SnapshotBuilder, SNAPSHOT_FILE,
 };
+use granary_store::object::{is_url_path, ObjectUrl};
 use rayon::prelude::*;
 use serde::Serialize;
 
@@ -21,26 +23,114 @@ pub struct ReindexSummary {
     pub chunks: u64,
     pub samples: u64,
     pub snapshot_bytes: u64,
+    /// Where the snapshot was written.
+    pub snapshot: String,
 }
 
-/// Rebuilds `dir/snapshot.gsnap` from the chunk files in `dir`. Every chunk is checked
-/// completely first (header, footer, every record CRC); chunk ids must run 0..n without gaps
-/// and all chunks must carry the same dataset id and class table. Nothing is written unless
-/// all of that holds; the new snapshot replaces the old one atomically.
-pub fn reindex(dir: &Path) -> Result<ReindexSummary, PackError> {
-    let rd = std::fs::read_dir(dir).map_err(|e| PackError::io("listing", dir, e))?;
-    let mut ids: Vec<u32> = Vec::new();
-    for e in rd {
-        let e = e.map_err(|e| PackError::io("listing", dir, e))?;
-        if let Some(id) = parse_chunk_file_name(&e.file_name().to_string_lossy()) {
-            ids.push(id);
+/// Where the dataset's files are: a directory, or objects under a URL prefix.
+enum Place {
+    Dir(PathBuf),
+    Url(ObjectUrl),
+}
+
+impl Place {
+    fn location(&self, name: &str) -> PathBuf {
+        match self {
+            Place::Dir(d) => d.join(name),
+            Place::Url(u) => PathBuf::from(u.object_url(name)),
         }
     }
+
+    fn show(&self) -> String {
+        match self {
+            Place::Dir(d) => d.display().to_string(),
+            Place::Url(u) => u.url().to_string(),
+        }
+    }
+
+    /// The names of all files (objects) directly in it.
+    fn names(&self) -> Result<Vec<String>, PackError> {
+        match self {
+            Place::Dir(d) => {
+                let rd = std::fs::read_dir(d).map_err(|e| PackError::io("listing", d, e))?;
+                rd.map(|e| {
+                    e.map(|e| e.file_name().to_string_lossy().into_owned())
+                        .map_err(|e| PackError::io("listing", d, e))
+                })
+                .collect()
+            }
+            Place::Url(u) => Ok(u.list()?.into_iter().map(|(n, _)| n).collect()),
+        }
+    }
+
+    /// The whole of file `name`; `None` if there is none.
+    fn read(&self, name: &str) -> Result<Option<Vec<u8>>, PackError> {
+        match self {
+            Place::Dir(d) => match std::fs::read(d.join(name)) {
+                Ok(b) => Ok(Some(b)),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+                Err(e) => Err(PackError::io("reading", &d.join(name), e)),
+            },
+            Place::Url(u) => match u.get(name) {
+                Ok(b) => Ok(Some(b.to_vec())),
+                Err(e) if e.is_not_found() => Ok(None),
+                Err(e) => Err(e.into()),
+            },
+        }
+    }
+
+    /// Writes the snapshot whole or not at all: a local file is written under a temporary
+    /// name, synced and renamed; an object appears whole with its PUT.
+    fn write_snapshot(&self, snap: &[u8]) -> Result<(), PackError> {
+        match self {
+            Place::Dir(d) => write_file_atomic(&d.join(SNAPSHOT_FILE), snap),
+            Place::Url(u) => Ok(u.put_bytes(SNAPSHOT_FILE, snap.to_vec())?),
+        }
+    }
+}
+
+/// Rebuilds the snapshot of `dataset` (a directory or an object-store URL) from its chunk
+/// files. Every chunk is checked completely first (header, footer, every record CRC); chunk
+/// ids must run 0..n without gaps and all chunks must carry the same dataset id and class
+/// table. Nothing is written unless all of that holds, and the snapshot is written last. A
+/// snapshot that is there and intact is replaced only with `force`.
+pub fn reindex(dataset: &Path, force: bool) -> Result<ReindexSummary, PackError> {
+    let place = if is_url_path(dataset) {
+        let url = ObjectUrl::parse(&dataset.to_string_lossy())?;
+        if !url.writable() {
+            return Err(PackError::Usage(format!(
+                "{}: read-only (plain HTTP); reindex needs a store it can write (s3://, gs://, \
+                 az://)",
+                url.url()
+            )));
+        }
+        Place::Url(url)
+    } else {
+        Place::Dir(dataset.to_path_buf())
+    };
+    if !force {
+        if let Some(old) = place.read(SNAPSHOT_FILE)? {
+            let intact =
+                Snapshot::open(&old[..]).map(|s| (s.check_sections().is_empty(), s.sample_count()));
+            if let Ok((true, samples)) = intact {
+                return Err(PackError::Usage(format!(
+                    "{}: an intact snapshot is there ({samples} samples, every checksum right); \
+                     reindex replaces it only with --force",
+                    place.location(SNAPSHOT_FILE).display()
+                )));
+            }
+        }
+    }
+    let mut ids: Vec<u32> = place
+        .names()?
+        .iter()
+        .filter_map(|n| parse_chunk_file_name(n))
+        .collect();
     ids.sort_unstable();
     if ids.is_empty() {
         return Err(PackError::Usage(format!(
             "{}: no chunk files found",
-            dir.display()
+            place.show()
         )));
     }
     let missing: Vec<String> = (0..=*ids.last().expect("non-empty"))
@@ -51,15 +141,18 @@ pub fn reindex(dir: &Path) -> Result<ReindexSummary, PackError> {
     if !missing.is_empty() {
         return Err(PackError::Usage(format!(
             "{}: chunks are missing, the snapshot cannot be rebuilt: {}",
-            dir.display(),
+            place.show(),
             missing.join(", ")
         )));
     }
     let checked: Vec<Result<CheckedChunk, PackError>> = ids
         .par_iter()
         .map(|&id| {
-            let path = dir.join(chunk_file_name(id));
-            let bytes = std::fs::read(&path).map_err(|e| PackError::io("reading", &path, e))?;
+            let path = place.location(&chunk_file_name(id));
+            let bytes = place.read(&chunk_file_name(id))?.ok_or_else(|| PackError::Source {
+                path: path.clone(),
+                detail: "vanished while reindexing".into(),
+            })?;
             let header = ChunkHeader::decode(&bytes).map_err(|e| PackError::Source {
                 path: path.clone(),
                 detail: e.to_string(),
@@ -101,13 +194,13 @@ pub fn reindex(dir: &Path) -> Result<ReindexSummary, PackError> {
                 if *id0 != id {
                     return Err(PackError::Usage(format!(
                         "{}: belongs to another dataset than chunk 0",
-                        dir.join(chunk_file_name(s.chunk_id)).display()
+                        place.location(&chunk_file_name(s.chunk_id)).display()
                     )));
                 }
                 if *c0 != classes {
                     return Err(PackError::Usage(format!(
                         "{}: its class table differs from chunk 0's",
-                        dir.join(chunk_file_name(s.chunk_id)).display()
+                        place.location(&chunk_file_name(s.chunk_id)).display()
                     )));
                 }
             }
@@ -132,12 +225,13 @@ pub fn reindex(dir: &Path) -> Result<ReindexSummary, PackError> {
         let list: Vec<String> = problems.iter().map(|e| e.to_string()).collect();
         return Err(PackError::Usage(format!(
             "{}: the chunk footers do not describe a valid dataset, no snapshot written: {}",
-            dir.display(),
+            place.show(),
             list.join("; ")
         )));
     }
-    write_file_atomic(&dir.join(SNAPSHOT_FILE), &snap)?;
+    place.write_snapshot(&snap)?;
     Ok(ReindexSummary {
+        snapshot: place.location(SNAPSHOT_FILE).display().to_string(),
         dataset_id: hex_id(&dataset_id),
         chunks: chunks.len() as u64,
         samples,

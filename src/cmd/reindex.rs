@@ -4,28 +4,31 @@ use std::process::ExitCode;
 /// Rebuild a lost or damaged snapshot from the chunk files' footers.
 #[derive(clap::Args)]
 #[command(
-    after_help = "Example:\n  granary reindex train.granary && granary verify train.granary\n\n\
-Every chunk is checked completely first; nothing is written if a chunk is missing or damaged."
+    after_help = "Examples:\n  granary reindex train.granary && granary verify train.granary\n  \
+granary reindex s3://bucket/train            # a dataset in an object store, in place\n\n\
+Every chunk is checked completely first; nothing is written if a chunk is missing or damaged, \
+and the snapshot is written last (locally: a temporary file renamed into place; in an object \
+store: one PUT). An intact snapshot is replaced only with --force."
 )]
 pub struct Args {
-    /// Dataset directory.
+    /// Dataset directory, or its URL (s3://, gs://, az://).
     pub dataset: PathBuf,
+    /// Replace the snapshot even if it is intact (every checksum right).
+    #[arg(long)]
+    pub force: bool,
     /// Print the result as JSON on stdout.
     #[arg(long)]
     pub json: bool,
 }
 
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
-    let s = granary_packer::reindex(&a.dataset)?;
+    let s = granary_packer::reindex(&a.dataset, a.force)?;
     if a.json {
         super::print_json(&s)?;
     } else {
         println!(
             "rebuilt {} from {} chunks: {} samples, dataset id {}",
-            a.dataset.join(granary_format::SNAPSHOT_FILE).display(),
-            s.chunks,
-            s.samples,
-            s.dataset_id
+            s.snapshot, s.chunks, s.samples, s.dataset_id
         );
     }
     Ok(ExitCode::SUCCESS)

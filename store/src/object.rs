@@ -18,6 +18,7 @@ use std::future::Future;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use futures_util::stream::{self, StreamExt, TryStreamExt};
 use object_store::path::Path as ObjPath;
@@ -42,6 +43,86 @@ pub const PUT_PART: usize = 16 << 20;
 
 /// Multipart upload parts in flight per upload.
 const PUTS_IN_FLIGHT: usize = 4;
+
+/// Environment variables that set [`Timeouts`] (seconds, decimals allowed).
+pub const CONNECT_TIMEOUT_ENV: &str = "GRANARY_CONNECT_TIMEOUT";
+/// See [`CONNECT_TIMEOUT_ENV`].
+pub const REQUEST_TIMEOUT_ENV: &str = "GRANARY_REQUEST_TIMEOUT";
+/// See [`CONNECT_TIMEOUT_ENV`].
+pub const RETRY_TIMEOUT_ENV: &str = "GRANARY_RETRY_TIMEOUT";
+
+/// The longest pause between two attempts of one request (the client's backoff doubles from
+/// 100 ms up to this).
+const MAX_BACKOFF: Duration = Duration::from_secs(15);
+
+/// How long granary waits on an object store. A request that cannot connect within `connect`,
+/// or that receives no byte for `request` (waiting for the answer or within its body), fails
+/// and is retried with backoff until `retry` has passed since its first attempt; then the
+/// operation fails with an error naming the URL. A store that accepts connections and never
+/// answers therefore fails an operation within [`Timeouts::bound`]. A slow transfer that keeps
+/// making progress is never cut off.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Timeouts {
+    /// Establishing a connection.
+    pub connect: Duration,
+    /// No byte received for this long (the answer, or the next part of its body).
+    pub request: Duration,
+    /// Retrying a failed request, counted from its first attempt.
+    pub retry: Duration,
+}
+
+impl Default for Timeouts {
+    /// 10 s to connect, 60 s without progress, 120 s of retries: long enough that a user on a
+    /// slow or busy link does not hit them, short enough that a dead endpoint is an error
+    /// within a few minutes rather than a hang.
+    fn default() -> Self {
+        Timeouts {
+            connect: Duration::from_secs(10),
+            request: Duration::from_secs(60),
+            retry: Duration::from_secs(120),
+        }
+    }
+}
+
+impl Timeouts {
+    /// The defaults, changed by [`CONNECT_TIMEOUT_ENV`], [`REQUEST_TIMEOUT_ENV`] and
+    /// [`RETRY_TIMEOUT_ENV`] where set; a value that is not a positive number of seconds is an
+    /// error naming the variable.
+    pub fn from_env() -> Result<Self> {
+        let mut t = Timeouts::default();
+        for (var, slot) in [
+            (CONNECT_TIMEOUT_ENV, &mut t.connect),
+            (REQUEST_TIMEOUT_ENV, &mut t.request),
+            (RETRY_TIMEOUT_ENV, &mut t.retry),
+        ] {
+            if let Some(v) = std::env::var_os(var).filter(|v| !v.is_empty()) {
+                let v = v.to_string_lossy();
+                *slot = parse_seconds(&v)
+                    .map_err(|why| StoreError::Invalid(format!("{var}={v}: {why}")))?;
+            }
+        }
+        Ok(t)
+    }
+
+    /// The longest one operation waits on a store that never answers: the retry window, one
+    /// more attempt begun just before it closed, and one backoff pause.
+    pub fn bound(&self) -> Duration {
+        self.retry + self.request.max(self.connect) + MAX_BACKOFF.min(self.retry)
+    }
+}
+
+/// A duration given as seconds ("10", "2.5"), positive and at most a day.
+pub fn parse_seconds(s: &str) -> std::result::Result<Duration, String> {
+    let secs: f64 = s
+        .trim()
+        .trim_end_matches('s')
+        .parse()
+        .map_err(|_| "not a number of seconds".to_string())?;
+    if !(secs > 0.0 && secs <= 86_400.0) {
+        return Err("must be more than 0 and at most 86400 seconds".into());
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
 
 /// True if `s` is a URL granary reads through an object store (`scheme://...` with a known
 /// scheme). A local directory whose name merely looks like one can be written `./s3:/...`.
@@ -97,6 +178,33 @@ fn runtime() -> Result<Arc<tokio::runtime::Runtime>> {
     Ok(rt)
 }
 
+/// `fut`, an operation `what` on `url`, with a warning each time it has waited another
+/// doubling interval (the first after 10 s, or the request timeout if shorter).
+async fn watched<F: Future>(what: &str, url: &str, t: Timeouts, fut: F) -> F::Output {
+    use futures_util::future::{select, Either};
+    let mut fut = std::pin::pin!(fut);
+    let mut next = t.request.min(Duration::from_secs(10));
+    let mut waited = Duration::ZERO;
+    loop {
+        let tick = std::pin::pin!(tokio::time::sleep(next));
+        match select(fut.as_mut(), tick).await {
+            Either::Left((out, _)) => return out,
+            Either::Right(((), _)) => {
+                waited += next;
+                next = waited;
+                log::warn!(
+                    "{url}: {what}: still waiting after {:.0} s (a slow or silent store: a \
+                     request with no answer for {:.0} s is retried until {:.0} s have passed, \
+                     then fails; {REQUEST_TIMEOUT_ENV} and {RETRY_TIMEOUT_ENV} change them)",
+                    waited.as_secs_f64(),
+                    t.request.as_secs_f64(),
+                    t.retry.as_secs_f64(),
+                );
+            }
+        }
+    }
+}
+
 /// What [`ObjectUrl::get_into`] found.
 pub(crate) enum Sized {
     /// All of it, with this CRC-32.
@@ -113,8 +221,11 @@ pub struct ObjectUrl {
     prefix: ObjPath,
     /// This process's client (see the module documentation on forks).
     client: Mutex<Option<(u32, Arc<dyn ObjectStore>)>>,
-    /// A peer's tier (`granary serve`): every request bounded by this, never retried.
-    peer_timeout: Option<std::time::Duration>,
+    /// How long requests wait ([`Timeouts::from_env`] when parsed).
+    timeouts: Timeouts,
+    /// A peer's tier (`granary serve`): every request bounded by `timeouts.request`, never
+    /// retried, and nothing logged while waiting (the peer layer handles a slow peer).
+    peer: bool,
 }
 
 impl ObjectUrl {
@@ -141,17 +252,38 @@ impl ObjectUrl {
             url: format!("{scheme}://{rest}"),
             prefix,
             client: Mutex::new(None),
-            peer_timeout: None,
+            timeouts: Timeouts::from_env()?,
+            peer: false,
         })
     }
 
     /// The tier of dataset `id_hex` served by the peer at `addr` (`host:port`, `granary
     /// serve`): plain HTTP, each request bounded by `timeout` (connecting included) and never
     /// retried, so a peer that is gone costs one timeout, not a backoff schedule.
-    pub fn peer(addr: &str, id_hex: &str, timeout: std::time::Duration) -> Result<Self> {
+    pub fn peer(addr: &str, id_hex: &str, timeout: Duration) -> Result<Self> {
         let mut u = Self::parse(&format!("http://{addr}/{id_hex}"))?;
-        u.peer_timeout = Some(timeout);
+        u.timeouts = Timeouts {
+            connect: timeout,
+            request: timeout,
+            retry: timeout,
+        };
+        u.peer = true;
         Ok(u)
+    }
+
+    /// The timeouts its requests use.
+    pub fn timeouts(&self) -> Timeouts {
+        self.timeouts
+    }
+
+    /// Runs `fut`, an operation on `url`, on this process's runtime. While it takes long, a
+    /// warning says so (once after the first notice, then at doubling intervals), naming the
+    /// URL, so that a store that does not answer is never a silent wait.
+    fn run<F: Future>(&self, what: &str, url: &str, fut: F) -> Result<F::Output> {
+        if self.peer {
+            return block_on(fut);
+        }
+        block_on(watched(what, url, self.timeouts, fut))
     }
 
     /// The URL (normalised: no trailing slash).
@@ -202,42 +334,89 @@ impl ObjectUrl {
         let fail = |e: object_store::Error| {
             StoreError::Invalid(format!("{}: cannot configure the client: {e}", self.url))
         };
+        use object_store::ClientConfigKey as K;
+        let t = self.timeouts;
+        // The client's whole-request limit (30 s by default) would cut off a large GET on a
+        // slow link and retry it forever; progress is watched by `read_timeout` instead, and
+        // the whole request is only bounded for a peer.
+        let whole = if self.peer {
+            t.request
+        } else {
+            Duration::from_secs(86_400)
+        };
+        let secs = |d: Duration| format!("{}ms", d.as_millis().max(1));
+        let client: [(K, String); 3] = [
+            (K::ConnectTimeout, secs(t.connect)),
+            (K::ReadTimeout, secs(t.request)),
+            (K::Timeout, secs(whole)),
+        ];
+        let retry = object_store::RetryConfig {
+            max_retries: if self.peer { 0 } else { 100 },
+            retry_timeout: t.retry,
+            backoff: object_store::BackoffConfig {
+                max_backoff: MAX_BACKOFF,
+                ..Default::default()
+            },
+        };
         let store: Arc<dyn ObjectStore> = match self.scheme() {
             "s3" | "s3a" => {
+                use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey as C};
                 check_aws_credentials(&self.url)?;
+                let b = client
+                    .into_iter()
+                    .fold(AmazonS3Builder::from_env(), |b, (k, v)| {
+                        b.with_config(C::Client(k), v)
+                    });
                 Arc::new(
-                    object_store::aws::AmazonS3Builder::from_env()
-                        .with_url(&bucket_url)
+                    b.with_url(&bucket_url)
+                        .with_retry(retry)
                         .build()
                         .map_err(fail)?,
                 )
             }
-            "gs" => Arc::new(
-                object_store::gcp::GoogleCloudStorageBuilder::from_env()
-                    .with_url(&bucket_url)
-                    .build()
-                    .map_err(fail)?,
-            ),
-            "az" | "abfs" | "abfss" => Arc::new(
-                object_store::azure::MicrosoftAzureBuilder::from_env()
-                    .with_url(&bucket_url)
-                    .build()
-                    .map_err(fail)?,
-            ),
+            "gs" => {
+                use object_store::gcp::{GoogleCloudStorageBuilder, GoogleConfigKey as C};
+                let b = client
+                    .into_iter()
+                    .fold(GoogleCloudStorageBuilder::from_env(), |b, (k, v)| {
+                        b.with_config(C::Client(k), v)
+                    });
+                Arc::new(
+                    b.with_url(&bucket_url)
+                        .with_retry(retry)
+                        .build()
+                        .map_err(fail)?,
+                )
+            }
+            "az" | "abfs" | "abfss" => {
+                use object_store::azure::{AzureConfigKey as C, MicrosoftAzureBuilder};
+                let b = client
+                    .into_iter()
+                    .fold(MicrosoftAzureBuilder::from_env(), |b, (k, v)| {
+                        b.with_config(C::Client(k), v)
+                    });
+                Arc::new(
+                    b.with_url(&bucket_url)
+                        .with_retry(retry)
+                        .build()
+                        .map_err(fail)?,
+                )
+            }
             scheme => {
                 // An http:// URL asks for plain HTTP; the client refuses it otherwise.
-                let mut options =
-                    object_store::ClientOptions::new().with_allow_http(scheme == "http");
-                let mut builder = object_store::http::HttpBuilder::new().with_url(&bucket_url);
-                if let Some(t) = self.peer_timeout {
-                    options = options.with_timeout(t).with_connect_timeout(t);
-                    builder = builder.with_retry(object_store::RetryConfig {
-                        max_retries: 0,
-                        retry_timeout: t,
-                        ..Default::default()
-                    });
-                }
-                Arc::new(builder.with_client_options(options).build().map_err(fail)?)
+                let options = object_store::ClientOptions::new()
+                    .with_allow_http(scheme == "http")
+                    .with_connect_timeout(t.connect)
+                    .with_read_timeout(t.request)
+                    .with_timeout(whole);
+                Arc::new(
+                    object_store::http::HttpBuilder::new()
+                        .with_url(&bucket_url)
+                        .with_retry(retry)
+                        .with_client_options(options)
+                        .build()
+                        .map_err(fail)?,
+                )
             }
         };
         Ok(store)
@@ -247,15 +426,21 @@ impl ObjectUrl {
     pub fn get_range(&self, name: &str, range: Range<u64>) -> Result<bytes::Bytes> {
         let client = self.client()?;
         let (key, url) = (self.key(name), self.object_url(name));
-        block_on(fetch_range(&*client, &key, &url, range, None))?
+        self.run(
+            "reading",
+            &url,
+            fetch_range(&*client, &key, &url, range, None),
+        )?
     }
 
     /// The whole of object `name`.
     pub fn get(&self, name: &str) -> Result<bytes::Bytes> {
         let client = self.client()?;
-        let key = self.key(name);
-        block_on(async { client.get(&key).await?.bytes().await })?
-            .map_err(|e| remote_error("reading", &self.object_url(name), e))
+        let (key, url) = (self.key(name), self.object_url(name));
+        self.run("reading", &url, async {
+            client.get(&key).await?.bytes().await
+        })?
+        .map_err(|e| remote_error("reading", &url, e))
     }
 
     /// Object `name`, if it is `size` bytes long, streamed into `parts` one after another (no
@@ -266,7 +451,7 @@ impl ObjectUrl {
         let client = self.client()?;
         let key = self.key(name);
         let url = self.object_url(name);
-        block_on(async {
+        self.run("reading", &url, async {
             let res = match client.get(&key).await {
                 Ok(r) => r,
                 Err(object_store::Error::NotFound { .. }) => return Ok(Sized::Missing),
@@ -308,11 +493,11 @@ impl ObjectUrl {
     /// Size of object `name`, `None` if there is none.
     pub fn size(&self, name: &str) -> Result<Option<u64>> {
         let client = self.client()?;
-        let key = self.key(name);
-        match block_on(async { client.head(&key).await })? {
+        let (key, url) = (self.key(name), self.object_url(name));
+        match self.run("inspecting", &url, async { client.head(&key).await })? {
             Ok(m) => Ok(Some(m.size)),
             Err(object_store::Error::NotFound { .. }) => Ok(None),
-            Err(e) => Err(remote_error("inspecting", &self.object_url(name), e)),
+            Err(e) => Err(remote_error("inspecting", &url, e)),
         }
     }
 
@@ -320,7 +505,10 @@ impl ObjectUrl {
     pub fn list(&self) -> Result<Vec<(String, u64)>> {
         let client = self.client()?;
         let prefix = (!self.prefix.as_ref().is_empty()).then(|| self.prefix.clone());
-        let listed = block_on(async { client.list_with_delimiter(prefix.as_ref()).await })?
+        let listed = self
+            .run("listing", &self.url, async {
+                client.list_with_delimiter(prefix.as_ref()).await
+            })?
             .map_err(|e| remote_error("listing", &self.url, e))?;
         Ok(listed
             .objects
@@ -335,11 +523,22 @@ impl ObjectUrl {
     /// Deletes object `name` (absent is fine).
     pub fn delete(&self, name: &str) -> Result<()> {
         let client = self.client()?;
-        let key = self.key(name);
-        match block_on(async { client.delete(&key).await })? {
+        let (key, url) = (self.key(name), self.object_url(name));
+        match self.run("deleting", &url, async { client.delete(&key).await })? {
             Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
-            Err(e) => Err(remote_error("deleting", &self.object_url(name), e)),
+            Err(e) => Err(remote_error("deleting", &url, e)),
         }
+    }
+
+    /// Stores `data` as object `name` with one PUT (it appears whole or not at all).
+    pub fn put_bytes(&self, name: &str, data: Vec<u8>) -> Result<()> {
+        let client = self.client()?;
+        let (key, url) = (self.key(name), self.object_url(name));
+        self.run("uploading", &url, async {
+            client.put(&key, PutPayload::from(data)).await
+        })?
+        .map(|_| ())
+        .map_err(|e| remote_error("uploading", &url, e))
     }
 
     /// Stores the local file `path` as object `name`: one PUT up to [`PUT_PART`], a multipart
@@ -360,12 +559,14 @@ impl ObjectUrl {
             file.read_to_end(&mut data)
                 .map_err(|e| StoreError::io("reading", path, e))?;
             let n = data.len() as u64;
-            block_on(async { client.put(&key, PutPayload::from(data)).await })?
-                .map_err(|e| remote_error("uploading", &url, e))?;
+            self.run("uploading", &url, async {
+                client.put(&key, PutPayload::from(data)).await
+            })?
+            .map_err(|e| remote_error("uploading", &url, e))?;
             progress(n);
             return Ok(());
         }
-        block_on(async {
+        self.run("uploading", &url, async {
             let upload = client
                 .put_multipart(&key)
                 .await
@@ -473,6 +674,11 @@ pub fn remote_error(op: &'static str, url: &str, e: object_store::Error) -> Stor
                  fewer readers or a larger --memory window make fewer requests): {said}"
             )
         }
+        _ if timed_out(&e) => format!(
+            "the store did not answer: no connection, or no byte, within the timeouts \
+             ({CONNECT_TIMEOUT_ENV}, {REQUEST_TIMEOUT_ENV}), and retries ran out after \
+             {RETRY_TIMEOUT_ENV} ({said})"
+        ),
         _ => said,
     };
     let kind = match (&e, code) {
@@ -490,6 +696,19 @@ pub fn remote_error(op: &'static str, url: &str, e: object_store::Error) -> Stor
         detail,
         kind,
     }
+}
+
+/// True if `e` ends in a request that timed out or could not connect.
+fn timed_out(e: &object_store::Error) -> bool {
+    use object_store::client::{HttpError, HttpErrorKind};
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(c) = cause {
+        if let Some(h) = c.downcast_ref::<HttpError>() {
+            return matches!(h.kind(), HttpErrorKind::Timeout | HttpErrorKind::Connect);
+        }
+        cause = c.source();
+    }
+    false
 }
 
 /// The text of `<name>...</name>` in an error message that carries an XML body.
@@ -648,20 +867,21 @@ impl ChunkSource for ObjectChunk {
         let key = self.url.key(&self.name);
         let url = self.url.object_url(&self.name);
         let len = self.len;
-        block_on(async {
-            stream::iter(parts.into_iter().map(|(range, dst)| {
-                let (client, key, url) = (&client, &key, &url);
-                async move {
-                    let got = fetch_range(&**client, key, url, range, Some(len)).await?;
-                    dst.copy_from_slice(&got);
-                    Ok(())
-                }
-            }))
-            .buffer_unordered(GETS_IN_FLIGHT)
-            .try_collect::<Vec<()>>()
-            .await
-        })?
-        .map(|_| ())
+        self.url
+            .run("reading", &url, async {
+                stream::iter(parts.into_iter().map(|(range, dst)| {
+                    let (client, key, url) = (&client, &key, &url);
+                    async move {
+                        let got = fetch_range(&**client, key, url, range, Some(len)).await?;
+                        dst.copy_from_slice(&got);
+                        Ok(())
+                    }
+                }))
+                .buffer_unordered(GETS_IN_FLIGHT)
+                .try_collect::<Vec<()>>()
+                .await
+            })?
+            .map(|_| ())
     }
 }
 

@@ -279,3 +279,80 @@ pub fn kill_when(mut child: std::process::Child, ready: impl Fn() -> bool) {
     child.kill().unwrap(); // SIGKILL
     child.wait().unwrap();
 }
+
+/// A TCP endpoint on 127.0.0.1 that forwards to `upstream` until [`Relay::go_silent`]; from
+/// then on it accepts connections and reads requests, old and new, but never answers: a store
+/// that hangs. Its threads end with their connections.
+pub struct Relay {
+    pub addr: std::net::SocketAddr,
+    silent: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Relay {
+    /// Forwards to `upstream` (`host:port`); `None`: silent from the start.
+    pub fn new(upstream: Option<String>) -> Relay {
+        use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let silent = std::sync::Arc::new(AtomicBool::new(upstream.is_none()));
+        let flag = silent.clone();
+        std::thread::spawn(move || {
+            for client in listener.incoming() {
+                let Ok(client) = client else { return };
+                let up = match (&upstream, flag.load(Relaxed)) {
+                    (Some(u), false) => std::net::TcpStream::connect(u).ok(),
+                    _ => None,
+                };
+                let (c2, f1, f2) = (client.try_clone().unwrap(), flag.clone(), flag.clone());
+                match up {
+                    Some(up) => {
+                        let u2 = up.try_clone().unwrap();
+                        std::thread::spawn(move || relay_pipe(client, Some(up), &f1));
+                        std::thread::spawn(move || relay_pipe(u2, Some(c2), &f2));
+                    }
+                    None => {
+                        std::thread::spawn(move || relay_pipe(client, None, &f1));
+                    }
+                }
+            }
+        });
+        Relay { addr, silent }
+    }
+
+    /// `http://127.0.0.1:PORT`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    pub fn go_silent(&self) {
+        self.silent
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// Copies `from` to `to` until either ends; once `silent`, reads and drops.
+fn relay_pipe(
+    mut from: std::net::TcpStream,
+    mut to: Option<std::net::TcpStream>,
+    silent: &std::sync::atomic::AtomicBool,
+) {
+    use std::io::{Read, Write};
+    let mut buf = vec![0u8; 1 << 16];
+    loop {
+        let n = match from.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        if silent.load(std::sync::atomic::Ordering::Relaxed) {
+            continue;
+        }
+        if let Some(t) = to.as_mut() {
+            if t.write_all(&buf[..n]).is_err() {
+                break;
+            }
+        }
+    }
+    if let Some(t) = to {
+        let _ = t.shutdown(std::net::Shutdown::Both);
+    }
+}
