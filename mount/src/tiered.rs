@@ -213,12 +213,10 @@ impl TieredReader {
             }
             match self.reader.read_from(&src, &info, &mut out) {
                 Ok(()) => return Ok(self.count(&info, src.bytes_from(), out)),
-                // Never served: dropped from the tier, and the read starts over.
-                Err(_) if src.bytes_from() == BytesFrom::Tier => {
+                // Never served: dropped from the tier (logged), and the read starts over.
+                Err(e) if src.bytes_from() == BytesFrom::Tier => {
                     self.reader.forget(|c, _| c == chunk);
-                    if let Some(t) = &self.tier {
-                        let _ = t.cache.discard(chunk);
-                    }
+                    self.reader.drop_copy(chunk, &e);
                     add(&self.counters.discarded, 1);
                 }
                 Err(e) => return Err(e),

@@ -92,10 +92,29 @@ impl SampleReader {
     }
 
     /// Reads sample `info` into `out`, which must be exactly its original length; checks
-    /// length and CRC-32 as [`Dataset::read`] does.
+    /// length and CRC-32 as [`Dataset::read`] does. A tier copy that fails (cut short,
+    /// removed, damaged) is dropped, logged with its path, and the sample read from the store
+    /// below the tier.
     pub fn read_into(&self, info: &SampleInfo, out: &mut [u8]) -> Result<()> {
-        let f = self.source(info.entry.chunk)?;
-        self.read_from(&f, info, out)
+        let chunk = info.entry.chunk;
+        let f = self.source(chunk)?;
+        match self.read_from(&f, info, out) {
+            Err(e) if f.bytes_from() == BytesFrom::Tier && !matches!(e, ReadError::Invalid(_)) => {
+                self.drop_copy(chunk, &e);
+                let f = self.source(chunk)?;
+                self.read_from(&f, info, out)
+            }
+            r => r,
+        }
+    }
+
+    /// Chunk `chunk`'s tier copy failed (`why`): closed here, removed from the tier and
+    /// logged with its path; the next [`SampleReader::source`] of the chunk opens it below.
+    pub fn drop_copy(&self, chunk: u32, why: &dyn std::fmt::Display) {
+        self.forget(|c, s| c == chunk && s.bytes_from() == BytesFrom::Tier);
+        if let Some(t) = self.stack.tier() {
+            t.drop_copy(chunk, why);
+        }
     }
 
     /// [`SampleReader::read_into`] from `f`, a source of the sample's chunk.

@@ -409,10 +409,8 @@ impl IoThread {
             let Some((prep, t)) = pending.pop_front() else {
                 break;
             };
-            let done = self
-                .engine
-                .wait(t)
-                .and_then(|bufs| self.windows.complete(&prep, bufs));
+            let read = self.engine.wait(t);
+            let done = self.windows.complete(&prep, read);
             let (bufs, served) = match done {
                 Ok(d) => d,
                 Err(e) => {

@@ -6,6 +6,7 @@
 //! [`BytesFrom`], never inferred from a path.
 
 use std::collections::{HashMap, HashSet};
+use std::path::Path;
 use std::sync::Arc;
 
 use granary_format::{decode_record, ChunkEntry, SampleEntry, CHUNK_HEADER_LEN};
@@ -37,6 +38,10 @@ pub(crate) struct Prepared {
     /// Ranges of source chunks read around records served by hot chunks: (chunk, request,
     /// offset of the range in the chunk).
     ranges: Vec<(u32, usize, u64)>,
+    /// The window's requests (to read one again from another store when a tier copy fails),
+    /// and per request the chunk whose bytes it reads.
+    reqs: Vec<Request>,
+    req_chunk: Vec<u32>,
 }
 
 /// Which reads of a window the tier (or a peer) served intact.
@@ -126,6 +131,113 @@ impl Windows {
         let f = self.ds.open_chunk_in(&**self.stack.origin(), c)?;
         self.files.insert(c, f.clone());
         Ok(f)
+    }
+
+    /// Chunk `c` from the store its copy came from failed (`why`): a tier copy is dropped
+    /// (logged once, with its path) and the chunk opened in the store below the tier; a
+    /// peer's bytes were checked before use, so a failure there is origin's and origin is
+    /// opened. Later windows read the new source too. A chunk already moved off its copy is
+    /// not dropped again.
+    fn reopen_below(&mut self, c: u32, why: &dyn std::fmt::Display) -> Result<Source> {
+        match self.files.get(&c).map(|f| f.bytes_from()) {
+            Some(BytesFrom::Tier) => {
+                if let Some(tier) = self.stack.tier() {
+                    tier.drop_copy(c, why);
+                }
+                let f = self.ds.open_chunk_in(&**self.stack.below_tier(), c)?;
+                self.files.insert(c, f.clone());
+                Ok(f)
+            }
+            Some(BytesFrom::Origin) => Ok(self.files[&c].clone()),
+            _ => self.open_origin(c),
+        }
+    }
+
+    /// Request `r` read again from chunk `c`'s store below its failed copy.
+    fn reread_below(
+        &mut self,
+        c: u32,
+        r: &Request,
+        why: &dyn std::fmt::Display,
+    ) -> Result<Completed> {
+        let source = self.reopen_below(c, why)?;
+        let mut got = read_now(&[Request {
+            source,
+            offset: r.offset,
+            len: r.len,
+        }])?;
+        Ok(got.pop().expect("one request, one buffer"))
+    }
+
+    /// Record `e`, whose hot chunk `h` failed (`why`): the hot chunk is dropped and the record
+    /// read from its source chunk at origin (whose header is checked on the way).
+    fn reread_hot(
+        &mut self,
+        h: u32,
+        e: &SampleEntry,
+        why: &dyn std::fmt::Display,
+    ) -> Result<Completed> {
+        if let Some(hs) = self.hot.as_mut() {
+            log::warn!(
+                "hot chunk {h} in the tier: {why}; dropped, its records are read from their chunks"
+            );
+            hs.discard(h)?;
+        }
+        let f = match self.files.get(&e.chunk) {
+            Some(f) if f.bytes_from() == BytesFrom::Origin => f.clone(),
+            _ => self.open_origin(e.chunk)?,
+        };
+        let mut fresh = read_now(&[
+            Request {
+                source: f.clone(),
+                offset: 0,
+                len: CHUNK_HEADER_LEN,
+            },
+            Request {
+                source: f.clone(),
+                offset: e.offset,
+                len: e.stored_len as usize,
+            },
+        ])?;
+        self.ds
+            .check_chunk_header(fresh[0].data(), e.chunk, f.location())?;
+        self.checked.insert(e.chunk);
+        Ok(fresh.pop().expect("two requests, two buffers"))
+    }
+
+    /// A window whose reads failed (`e`): when a tier copy may be the cause, each request is
+    /// read again alone, and one that fails on a tier copy (cut short, removed, unreadable)
+    /// is read from the store below the tier instead, the copy dropped. Returns the buffers
+    /// and the requests read elsewhere. Any other failure is the window's error.
+    fn salvage(
+        &mut self,
+        prep: &Prepared,
+        e: crate::ReadError,
+    ) -> Result<(Vec<Completed>, HashSet<usize>)> {
+        if !prep
+            .reqs
+            .iter()
+            .any(|r| r.source.bytes_from() == BytesFrom::Tier)
+        {
+            return Err(e);
+        }
+        let mut bufs = Vec::with_capacity(prep.reqs.len());
+        let mut elsewhere = HashSet::new();
+        for (i, r) in prep.reqs.iter().enumerate() {
+            let got = match read_now(std::slice::from_ref(r)) {
+                Ok(mut b) => b.pop().expect("one request, one buffer"),
+                Err(err) if r.source.bytes_from() == BytesFrom::Tier => {
+                    elsewhere.insert(i);
+                    match prep.hot.iter().find(|&&(_, hr, _)| hr == i) {
+                        Some(&(h, _, s)) => self.reread_hot(h, &prep.entries[s], &err)?,
+                        None => self.reread_below(prep.req_chunk[i], r, &err)?,
+                    }
+                }
+                Err(err) => return Err(err),
+            };
+            bufs.push(got);
+        }
+        Ok((bufs, elsewhere))
     }
 
     /// Plans a window's reads: whole ranges from each chunk's start (chunkwise, sequential),
@@ -248,6 +360,21 @@ impl Windows {
         for (c, _) in &plan.header_req {
             self.checked.insert(*c);
         }
+        let mut req_chunk = vec![u32::MAX; plan.reqs.len()];
+        for &(c, r) in &plan.header_req {
+            req_chunk[r] = c;
+        }
+        for &(c, r, _) in &plan.whole {
+            req_chunk[r] = c;
+        }
+        for &(c, r, _) in &plan.ranges {
+            req_chunk[r] = c;
+        }
+        for (e, &(r, _)) in entries.iter().zip(&locs) {
+            if req_chunk[r as usize] == u32::MAX {
+                req_chunk[r as usize] = e.chunk;
+            }
+        }
         let prep = Prepared {
             ids: ids.to_vec(),
             locs,
@@ -258,6 +385,8 @@ impl Windows {
             whole: plan.whole,
             hot: hot_reads,
             ranges: plan.ranges,
+            reqs: plan.reqs.clone(),
+            req_chunk,
         };
         Ok((prep, plan.reqs))
     }
@@ -310,79 +439,100 @@ impl Windows {
     /// snapshot's whole-file CRC and records from hot chunks their record CRC (a damaged copy
     /// is discarded and the data read again from origin, which later windows then use too),
     /// and chunk headers must belong to this dataset.
+    ///
+    /// A tier copy that fails in any way (a read error, a short read, a CRC mismatch, a wrong
+    /// header) is dropped, logged once with its path, and its bytes read from the store below
+    /// the tier: the window goes on with the right bytes.
     pub(crate) fn complete(
         &mut self,
         prep: &Prepared,
-        mut bufs: Vec<Completed>,
+        read: Result<Vec<Completed>>,
     ) -> Result<(Vec<Completed>, Served)> {
+        let (mut bufs, elsewhere) = match read {
+            Ok(b) => (b, HashSet::new()),
+            Err(e) => self.salvage(prep, e)?,
+        };
         let mut served = Served {
             whole: Vec::with_capacity(prep.whole.len()),
             hot: Vec::with_capacity(prep.hot.len()),
         };
         for &(c, i, copy) in &prep.whole {
             let ce = self.ds.chunk(c)?;
-            let from = self
-                .files
-                .get(&c)
-                .map_or(BytesFrom::Origin, |f| f.bytes_from());
-            let intact = copy && crc32fast::hash(bufs[i].data()) == ce.file_crc;
+            let from = prep.reqs[i].source.bytes_from();
+            let moved = elsewhere.contains(&i);
+            let intact = copy && !moved && crc32fast::hash(bufs[i].data()) == ce.file_crc;
             served
                 .whole
                 .push(if intact { from } else { BytesFrom::Origin });
-            if copy && !intact {
-                // A peer's copy is checked before it is used: a mismatch here is origin's bytes
-                // (read on the peer's behalf), which the per-record checks then report.
-                if let (Some(tier), BytesFrom::Tier) = (self.stack.tier(), from) {
-                    tier.cache().discard(c)?;
-                }
-                let f = self.open_origin(c)?;
-                let fresh = read_now(&[Request {
-                    source: f,
-                    offset: 0,
-                    len: ce.file_size as usize,
-                }])?;
-                bufs[i] = fresh.into_iter().next().expect("one request, one buffer");
+            if copy && !intact && !moved {
+                let why = "its bytes do not match the snapshot's CRC";
+                bufs[i] = self.reread_below(c, &prep.reqs[i], &why)?;
             }
         }
         for &(h, i, s) in &prep.hot {
             let e = &prep.entries[s];
-            let intact = decode_record(e, bufs[i].data()).is_ok();
+            let intact = !elsewhere.contains(&i) && decode_record(e, bufs[i].data()).is_ok();
             served.hot.push(intact);
-            if !intact {
-                if let Some(hs) = self.hot.as_mut() {
-                    hs.discard(h)?;
-                }
-                let f = match self.files.get(&e.chunk) {
-                    Some(f) if f.bytes_from() == BytesFrom::Origin => f.clone(),
-                    _ => self.open_origin(e.chunk)?,
-                };
-                let mut fresh = read_now(&[
-                    Request {
-                        source: f.clone(),
-                        offset: 0,
-                        len: CHUNK_HEADER_LEN,
-                    },
-                    Request {
-                        source: f.clone(),
-                        offset: e.offset,
-                        len: e.stored_len as usize,
-                    },
-                ])?;
-                self.ds
-                    .check_chunk_header(fresh[0].data(), e.chunk, f.location())?;
-                self.checked.insert(e.chunk);
-                bufs[i] = fresh.pop().expect("two requests, two buffers");
+            if !intact && !elsewhere.contains(&i) {
+                bufs[i] = self.reread_hot(h, e, &"a record's CRC does not match")?;
             }
         }
+        if self.mode == ShuffleMode::Global {
+            self.check_copy_records(prep, &mut bufs, &elsewhere)?;
+        }
         for &(c, i) in &prep.header_req {
-            let at = self
-                .files
-                .get(&c)
-                .map_or_else(|| self.ds.chunk_path(c), |f| f.location().to_path_buf());
-            self.ds
-                .check_chunk_header(&bufs[i].data()[..CHUNK_HEADER_LEN], c, &at)?;
+            let f = prep.reqs[i].source.clone();
+            let ds = self.ds.clone();
+            let check = |b: &Completed, at: &Path| {
+                ds.check_chunk_header(&b.data()[..CHUNK_HEADER_LEN], c, at)
+            };
+            match check(&bufs[i], f.location()) {
+                Err(e) if f.bytes_from() == BytesFrom::Tier && !elsewhere.contains(&i) => {
+                    bufs[i] = self.reread_below(c, &prep.reqs[i], &e)?;
+                    let at = self.files[&c].location().to_path_buf();
+                    check(&bufs[i], &at)?;
+                }
+                r => r?,
+            }
         }
         Ok((bufs, served))
+    }
+
+    /// Global plans read a tier copy record by record, with no whole-file CRC: each such
+    /// record is checked here, and a copy with a damaged one is dropped and the window's
+    /// reads of it made again below the tier (a damaged record must never end the epoch when
+    /// a sound copy of it exists).
+    fn check_copy_records(
+        &mut self,
+        prep: &Prepared,
+        bufs: &mut [Completed],
+        elsewhere: &HashSet<usize>,
+    ) -> Result<()> {
+        let mut bad: Vec<u32> = Vec::new();
+        for (e, &(r, off)) in prep.entries.iter().zip(&prep.locs) {
+            let r = r as usize;
+            if prep.reqs[r].source.bytes_from() != BytesFrom::Tier
+                || elsewhere.contains(&r)
+                || bad.contains(&e.chunk)
+            {
+                continue;
+            }
+            let rec = bufs[r]
+                .data()
+                .get(off as usize..(off + e.stored_len) as usize);
+            if rec.is_none_or(|rec| decode_record(e, rec).is_err()) {
+                bad.push(e.chunk);
+            }
+        }
+        for c in bad {
+            let why = "a record's CRC does not match";
+            for (r, req) in prep.reqs.iter().enumerate() {
+                if prep.req_chunk[r] == c && !elsewhere.contains(&r) {
+                    bufs[r] = self.reread_below(c, req, &why)?;
+                }
+            }
+        }
+        Ok(())
     }
 
     /// After a window of a chunk-wise or sequential plan: a chunk belongs to one window, so its

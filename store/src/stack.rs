@@ -48,6 +48,21 @@ impl TierStore {
         &self.cache
     }
 
+    /// Drops chunk `id`'s copy after it failed while read (`why`): removed from the tier and
+    /// logged with its path; a failure to remove it is logged too (the read goes on from the
+    /// next store either way).
+    pub fn drop_copy(&self, id: u32, why: &dyn std::fmt::Display) {
+        let path = self.cache.dir().join(granary_format::chunk_file_name(id));
+        log::warn!(
+            "tier copy {}: {why}; discarded, chunk {id} is read from {}",
+            path.display(),
+            self.next.location()
+        );
+        if let Err(e) = self.cache.discard(id) {
+            log::warn!("tier copy {}: cannot discard it: {e}", path.display());
+        }
+    }
+
     /// Chunk `id`'s copy in the tier, if it holds a sound one.
     pub fn open_copy(&self, id: u32) -> Result<Option<Source>> {
         let Some(ce) = self.chunks.get(id as usize) else {
@@ -142,6 +157,12 @@ impl StoreStack {
     /// Origin storage alone (to read a chunk again after a copy proved damaged).
     pub fn origin(&self) -> &Arc<dyn ChunkStore> {
         &self.origin
+    }
+
+    /// The store under the tier (peers, else origin; origin without a tier): where a chunk is
+    /// read again when the tier's copy fails.
+    pub fn below_tier(&self) -> &Arc<dyn ChunkStore> {
+        self.tier.as_ref().map_or(&self.origin, |t| &t.next)
     }
 
     /// The tier layer, if any.

@@ -667,7 +667,17 @@ impl LocalTier {
         // on, dropped from the list and removed if it can be (if not, it stays a miss).
         let f = match open(&p) {
             Ok(f) => f,
-            Err(_) => {
+            Err(e) => {
+                // Gone is what another process's eviction does between our look at the list
+                // and the open: a miss like any other. Anything else is worth a line.
+                let gone = matches!(&e, crate::StoreError::Io { source, .. }
+                    if source.kind() == std::io::ErrorKind::NotFound);
+                if !gone {
+                    log::warn!(
+                        "tier copy {}: cannot open it ({e}); dropped from the tier",
+                        p.display()
+                    );
+                }
                 let _ = self.discard(ce.chunk_id);
                 return Ok(None);
             }
@@ -683,6 +693,13 @@ impl LocalTier {
             && ChunkHeader::decode(&head)
                 .is_ok_and(|h| h.dataset_id == self.dataset_id && h.chunk_id == ce.chunk_id);
         if !ok {
+            log::warn!(
+                "tier copy {}: not chunk {} of this dataset at {} bytes (cut short, replaced or \
+                 damaged); dropped from the tier",
+                p.display(),
+                ce.chunk_id,
+                ce.file_size
+            );
             self.discard(ce.chunk_id)?;
             return Ok(None);
         }
