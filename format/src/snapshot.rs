@@ -417,30 +417,30 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
         Ok(ChunkEntry::decode(&self.b()[at..at + CHUNK_ENTRY_LEN]))
     }
 
-    fn paths(&self) -> StringTable<'_> {
-        // Parsed once successfully in `open`; the bytes are immutable.
+    fn paths(&self) -> Result<StringTable<'_>> {
+        // Parsed successfully in `open`; parsed again (a few bounds checks) rather than
+        // trusted, since a mapped file can still change under the map (cut short by another
+        // process: it then reads as zeros).
         StringTable::parse(&self.b()[self.l.paths.clone()], "snapshot paths")
-            .expect("validated in open")
     }
 
-    fn classes(&self) -> StringTable<'_> {
+    fn classes(&self) -> Result<StringTable<'_>> {
         StringTable::parse(&self.b()[self.l.classes.clone()], "snapshot classes")
-            .expect("validated in open")
     }
 
     /// Path of sample `id` (raw bytes, relative, `/`-separated).
     pub fn path(&self, id: u64) -> Result<&[u8]> {
-        self.paths().get(id)
+        self.paths()?.get(id)
     }
 
     /// Number of class names.
     pub fn class_count(&self) -> u64 {
-        self.classes().len()
+        self.classes().map_or(0, |t| t.len())
     }
 
     /// Class name `label`.
     pub fn class_name(&self, label: u32) -> Result<&[u8]> {
-        self.classes().get(label as u64)
+        self.classes()?.get(label as u64)
     }
 
     /// Sample id whose path is exactly `path`, using the hash index (O(1) expected).
@@ -560,10 +560,10 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
             }
         };
         let classes = self.class_count();
-        if let Err(e) = self.classes().validate() {
+        if let Err(e) = self.classes().and_then(|t| t.validate()) {
             push(e);
         }
-        if let Err(e) = self.paths().validate() {
+        if let Err(e) = self.paths().and_then(|t| t.validate()) {
             push(e);
             return errs;
         }

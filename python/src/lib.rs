@@ -284,6 +284,16 @@ type PySample<'py> = (u64, u32, Bound<'py, PyBytes>, f32);
 /// A batch of samples: (ids, labels, list of bytes, weights).
 type PyBatch<'py> = (Vec<u64>, Vec<u32>, Bound<'py, PyList>, Vec<f32>);
 
+/// After the samples' bytes were copied for Python: an error if one of them was a slice of a
+/// map whose file was cut short meanwhile (the copy may hold zeros, see
+/// `granary::Sample::is_intact`).
+fn still_intact(samples: &[granary::Sample]) -> PyResult<()> {
+    match samples.iter().find(|s| !s.is_intact()) {
+        Some(s) => Err(err(s.cut_error())),
+        None => Ok(()),
+    }
+}
+
 /// The samples' bytes back to back, and the offsets (n + 1) where each starts and ends.
 fn gather(samples: &[granary::Sample]) -> (Vec<u8>, Vec<i64>) {
     // Not zero-filled first: the buffer may be reused heap memory, which calloc would clear.
@@ -372,6 +382,7 @@ impl Stream {
             return Ok(None);
         }
         let (buf, offsets) = py.detach(|| gather(&got));
+        still_intact(&got)?;
         let (ids, labels, weights) = columns(&got);
         Ok(Some((ids, labels, buf, offsets, weights)))
     }
@@ -542,7 +553,11 @@ impl Stream {
         match next {
             None => Ok(None),
             Some(Err(e)) => Err(err(e)),
-            Some(Ok(s)) => Ok(Some((s.id, s.label, PyBytes::new(py, s.data()), s.weight))),
+            Some(Ok(s)) => {
+                let data = PyBytes::new(py, s.data());
+                still_intact(std::slice::from_ref(&s))?;
+                Ok(Some((s.id, s.label, data, s.weight)))
+            }
         }
     }
 
@@ -554,6 +569,7 @@ impl Stream {
             return Ok(None);
         }
         let data = PyList::new(py, got.iter().map(|s| PyBytes::new(py, s.data())))?;
+        still_intact(&got)?;
         let (ids, labels, weights) = columns(&got);
         Ok(Some((ids, labels, data, weights)))
     }
@@ -631,6 +647,7 @@ impl Stream {
                 )));
             }
             py.detach(|| gather_into(&got, dst));
+            still_intact(&got)?;
         }
         let (ids, labels, weights) = columns(&got);
         Ok(Some((

@@ -9,7 +9,7 @@ use granary_format::{
     decode_record, ChunkEntry, ChunkHeader, Compression, SampleEntry, Snapshot, CHUNK_HEADER_LEN,
     CHUNK_TRAILER_LEN, SNAPSHOT_FILE, SNAPSHOT_HEADER_LEN,
 };
-use memmap2::Mmap;
+use granary_store::file::Mapped;
 
 use crate::error::{ReadError, RecordError, Result};
 use crate::escape_path;
@@ -36,7 +36,7 @@ pub struct SampleInfo {
 pub struct Dataset {
     dir: PathBuf,
     snapshot_path: PathBuf,
-    snap: Snapshot<Mmap>,
+    snap: Snapshot<Mapped>,
     store: Arc<dyn ChunkStore>,
 }
 
@@ -54,7 +54,7 @@ pub enum ChunkBytes {
     /// Read into memory.
     Owned(Vec<u8>),
     /// Memory-mapped (chunks larger than 512 MiB).
-    Mapped(Mmap),
+    Mapped(Mapped),
 }
 
 impl Deref for ChunkBytes {
@@ -211,7 +211,7 @@ impl Dataset {
     }
 
     /// The snapshot itself, for low-level access.
-    pub fn snapshot(&self) -> &Snapshot<Mmap> {
+    pub fn snapshot(&self) -> &Snapshot<Mapped> {
         &self.snap
     }
 
@@ -366,14 +366,54 @@ impl Dataset {
     }
 
     fn fmt_err(&self, e: granary_format::FormatError) -> ReadError {
-        ReadError::format(&self.snapshot_path, e)
+        self.cut_error()
+            .unwrap_or_else(|| ReadError::format(&self.snapshot_path, e))
+    }
+
+    /// The error to give when the snapshot file was cut short under its map: pages wholly past
+    /// the new end fault (the map is then marked, see `granary_store::file::Mapped`); the rest
+    /// of the last page reads as zeros without a fault, so an error found in the snapshot's
+    /// contents also compares the file's size with the map's (one `stat`, on errors only).
+    fn cut_error(&self) -> Option<ReadError> {
+        let map = self.snap.bytes_container();
+        let cut = map.is_cut()
+            || std::fs::metadata(&self.snapshot_path).map_or(true, |m| m.len() < map.len() as u64);
+        cut.then(|| {
+            ReadError::mismatch(
+                &self.snapshot_path,
+                "the snapshot file was cut short while in use (truncated by another process); \
+                 open the dataset again",
+            )
+        })
+    }
+
+    /// `v`, read from the mapped snapshot, unless the map found the file cut short (then what
+    /// was read may be zeros: an error naming the file instead). Checked after every lookup;
+    /// values are copied out before the check, slices touched.
+    fn intact<T>(&self, v: T) -> Result<T> {
+        if self.snap.bytes_container().is_cut() {
+            return Err(self.cut_error().expect("a cut map is a cut file"));
+        }
+        Ok(v)
+    }
+
+    /// A slice of the mapped snapshot, each of its pages read once (so that a page that is
+    /// gone is found now, by [`Dataset::intact`], not by the caller).
+    fn touched<'a>(&self, b: &'a [u8]) -> Result<&'a [u8]> {
+        let page = 4096;
+        let mut sum = 0u8;
+        for i in (0..b.len()).step_by(page).chain(b.len().checked_sub(1)) {
+            sum ^= b[i];
+        }
+        std::hint::black_box(sum);
+        self.intact(b)
     }
 
     /// Metadata of sample `id`.
     pub fn sample(&self, id: u64) -> Result<SampleInfo> {
         let entry = self.snap.sample(id).map_err(|e| self.fmt_err(e))?;
         let compression = entry.compression().map_err(|e| self.fmt_err(e))?;
-        Ok(SampleInfo {
+        self.intact(SampleInfo {
             id,
             entry,
             compression,
@@ -382,22 +422,26 @@ impl Dataset {
 
     /// Chunk table entry of chunk `id`.
     pub fn chunk(&self, id: u32) -> Result<ChunkEntry> {
-        self.snap.chunk(id as u64).map_err(|e| self.fmt_err(e))
+        let c = self.snap.chunk(id as u64).map_err(|e| self.fmt_err(e))?;
+        self.intact(c)
     }
 
     /// Path of sample `id` relative to the packed directory (raw bytes).
     pub fn path(&self, id: u64) -> Result<&[u8]> {
-        self.snap.path(id).map_err(|e| self.fmt_err(e))
+        let p = self.snap.path(id).map_err(|e| self.fmt_err(e))?;
+        self.touched(p)
     }
 
     /// Sample id of `path`, if the dataset holds it.
     pub fn lookup(&self, path: &[u8]) -> Result<Option<u64>> {
-        self.snap.lookup(path).map_err(|e| self.fmt_err(e))
+        let id = self.snap.lookup(path).map_err(|e| self.fmt_err(e))?;
+        self.intact(id)
     }
 
     /// The sample id at position `pos` of the path-sorted order.
     pub fn sorted_id(&self, pos: u64) -> Result<u64> {
-        self.snap.sorted_id(pos).map_err(|e| self.fmt_err(e))
+        let id = self.snap.sorted_id(pos).map_err(|e| self.fmt_err(e))?;
+        self.intact(id)
     }
 
     /// Class names, indexed by label.
@@ -409,7 +453,8 @@ impl Dataset {
 
     /// Name of class `label`.
     pub fn class_name(&self, label: u32) -> Result<&[u8]> {
-        self.snap.class_name(label).map_err(|e| self.fmt_err(e))
+        let name = self.snap.class_name(label).map_err(|e| self.fmt_err(e))?;
+        self.touched(name)
     }
 
     pub(crate) fn record_error(
@@ -442,6 +487,9 @@ impl Dataset {
                 .checked_add(e.stored_len)
                 .is_some_and(|end| end <= records_end);
         if !inside {
+            if let Some(e) = self.cut_error() {
+                return Err(e);
+            }
             return Err(self.record_error(
                 info,
                 granary_format::FormatError::Invalid {

@@ -56,7 +56,7 @@ pub struct Request {
 
 impl Request {
     /// The map its bytes come from, when its source is a resident local file.
-    pub fn map(&self) -> Option<&memmap2::Mmap> {
+    pub fn map(&self) -> Option<&granary_store::file::Mapped> {
         local_file(&*self.source).and_then(|f| f.map.as_ref())
     }
 
@@ -96,6 +96,23 @@ impl Completed {
     /// True when the bytes were served from a map of the page cache (no read, no copy).
     pub fn is_mapped(&self) -> bool {
         matches!(self.bytes, Bytes::Map(..))
+    }
+
+    /// The file of a mapped request.
+    pub fn location(&self) -> Option<&std::path::Path> {
+        match &self.bytes {
+            Bytes::Map(f, _) => Some(f.location()),
+            Bytes::Buf(_) => None,
+        }
+    }
+
+    /// True when the bytes are in a map whose file was cut short (truncated by another
+    /// process) since it was mapped: pages of it read as zeros (one `fstat`).
+    pub fn is_cut(&self) -> bool {
+        match &self.bytes {
+            Bytes::Map(f, _) => local_file(&**f).is_some_and(|f| f.map_cut()),
+            Bytes::Buf(_) => false,
+        }
     }
 }
 

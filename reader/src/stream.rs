@@ -127,6 +127,36 @@ impl Sample {
     pub fn is_zero_copy(&self) -> bool {
         matches!(self.data, SampleData::Shared(..))
     }
+
+    /// False if `data()` is a slice of a map whose file was found cut short (truncated by
+    /// another process) since the sample was checked: its bytes may read as zeros. A consumer
+    /// that copies the bytes (Python does) checks this after the copy; the stream checks it
+    /// for every such sample on the next call and ends with an error if it fails.
+    pub fn is_intact(&self) -> bool {
+        match &self.data {
+            SampleData::Shared(buf, ..) => !buf.is_cut(),
+            SampleData::Owned(_) => true,
+        }
+    }
+
+    /// The error for a sample that is no longer intact ([`Sample::is_intact`]).
+    pub fn cut_error(&self) -> ReadError {
+        match &self.data {
+            SampleData::Shared(buf, ..) => cut_under_map(self.id, buf),
+            SampleData::Owned(_) => ReadError::Invalid(format!("sample {} is intact", self.id)),
+        }
+    }
+}
+
+fn cut_under_map(id: u64, buf: &Completed) -> ReadError {
+    ReadError::mismatch(
+        buf.location()
+            .unwrap_or_else(|| std::path::Path::new("(mapped chunk)")),
+        format!(
+            "the file was cut short (truncated by another process) while sample {id} was read \
+             from its map: its bytes may have read as zeros; the epoch stops here"
+        ),
+    )
 }
 
 /// What the reader threads hand the consumer. The epoch is complete only when `End` arrives:
@@ -155,6 +185,9 @@ pub struct EpochStream {
     bytes_read: Arc<AtomicU64>,
     stats: Arc<TierCounters>,
     pool: Arc<BufPool>,
+    /// The last sample delivered as a slice of a map (its id and buffer), checked on the next
+    /// call: see [`Sample::is_intact`].
+    watch: Option<(u64, Arc<Completed>)>,
 }
 
 impl EpochStream {
@@ -232,6 +265,7 @@ impl EpochStream {
             bytes_read,
             stats,
             pool,
+            watch: None,
         })
     }
 
@@ -301,12 +335,40 @@ impl Iterator for EpochStream {
     type Item = Result<Sample>;
 
     fn next(&mut self) -> Option<Result<Sample>> {
+        // A sample handed on as a slice of a map was checked before, but is read by the
+        // consumer after: if its file was cut short meanwhile, the consumer may have seen
+        // zeros. The stream then ends with an error rather than going on (or ending) as if the
+        // epoch were sound.
+        if let Some((id, buf)) = self.watch.take() {
+            // Checked when the stream moves on to another buffer (or ends), not after every
+            // sample of the same chunk: one `fstat` per run of samples from one map.
+            let same = match self.current.as_slice().first() {
+                Some(Ok(Sample {
+                    data: SampleData::Shared(next, ..),
+                    ..
+                })) => Arc::ptr_eq(next, &buf),
+                _ => false,
+            };
+            if !same && buf.is_cut() {
+                self.done = true;
+                self.current = Vec::new().into_iter();
+                return Some(Err(cut_under_map(id, &buf)));
+            }
+        }
         loop {
             if let Some(s) = self.current.next() {
-                if s.is_err() {
-                    // Samples after a damaged one are not delivered: the stream ends here.
-                    self.done = true;
-                    self.current = Vec::new().into_iter();
+                match &s {
+                    Err(_) => {
+                        // Samples after a damaged one are not delivered: the stream ends here.
+                        self.done = true;
+                        self.current = Vec::new().into_iter();
+                    }
+                    Ok(Sample {
+                        id,
+                        data: SampleData::Shared(buf, ..),
+                        ..
+                    }) if buf.is_mapped() => self.watch = Some((*id, buf.clone())),
+                    Ok(_) => {}
                 }
                 self.delivered += 1;
                 return Some(s);
@@ -533,6 +595,7 @@ fn decode_window(ds: &Dataset, prep: Prepared, bufs: Vec<Arc<Completed>>) -> Vec
                     SampleData::Shared(buf.clone(), at as usize, e.stored_len as usize)
                 }
                 Ok(std::borrow::Cow::Owned(v)) => SampleData::Owned(v),
+                Err(_) if buf.is_cut() => return Err(cut_under_map(ids[i], buf)),
                 Err(err) => {
                     let info = ds.sample(ids[i])?;
                     return Err(ds.record_error(&info, err));

@@ -8,6 +8,8 @@ use std::sync::atomic::Ordering;
 
 use memmap2::Mmap;
 
+pub use crate::guard::Mapped;
+
 use crate::buf::{AlignedBuf, ALIGN};
 use crate::seam::{BytesFrom, ChunkSource, RangeRead};
 use crate::{Result, StoreError};
@@ -55,7 +57,7 @@ pub struct IoFile {
     pub direct: bool,
     /// The file mapped, when it is resident in the page cache: requests on it complete at once
     /// as slices of the map (no read, no copy, no buffer).
-    pub map: Option<memmap2::Mmap>,
+    pub map: Option<Mapped>,
     /// Its length when opened.
     pub len: u64,
     /// Where its bytes come from (the dataset's storage, or a copy in the local tier).
@@ -63,6 +65,20 @@ pub struct IoFile {
 }
 
 impl IoFile {
+    /// True when this file's map no longer shows the file as it was mapped: a read past the
+    /// file's new end was caught by the SIGBUS guard ([`Mapped::is_cut`]), or the file is now
+    /// shorter than the map (the rest of its last page reads as zeros without a fault). One
+    /// `fstat`; false without a map.
+    pub fn map_cut(&self) -> bool {
+        self.map.as_ref().is_some_and(|m| {
+            m.is_cut()
+                || self
+                    .file
+                    .metadata()
+                    .map_or(true, |md| md.len() < m.len() as u64)
+        })
+    }
+
     /// A file read with reads (`direct`: opened with `O_DIRECT`), not through a map; its
     /// length comes from one `fstat`.
     pub fn unmapped(file: File, path: &Path, direct: bool) -> Result<Self> {
@@ -190,14 +206,22 @@ pub fn eof_at(path: &Path, offset: u64) -> StoreError {
     )
 }
 
-/// Maps `file` read-only.
-pub fn map_file(file: &File, path: &Path) -> Result<Mmap> {
+/// Maps `file` read-only, guarded against the file being cut short ([`Mapped`]).
+pub fn map_file(file: &File, path: &Path) -> Result<Mapped> {
     // SAFETY: granary dataset files, chunk copies and hot chunks of the tier are immutable
     // once published (nothing updates a file in place; writers create new files and rename
     // them, and removing a file leaves existing maps intact). The map is read-only and private
     // to this process. If another process truncates the file anyway, accesses past the new end
-    // fault; every read we do is within the length checked at open.
-    unsafe { Mmap::map(file) }.map_err(|e| StoreError::io("memory-mapping", path, e))
+    // fault: the map is registered with the SIGBUS guard before it is returned, which turns
+    // such a fault into zeros and a flag (`Mapped::is_cut`) that the checks above it see.
+    let map = unsafe { Mmap::map(file) }.map_err(|e| StoreError::io("memory-mapping", path, e))?;
+    Mapped::new(map).ok_or_else(|| {
+        StoreError::io(
+            "memory-mapping",
+            path,
+            std::io::Error::other("no SIGBUS guard for another map (8192 in use)"),
+        )
+    })
 }
 
 /// The local file behind `src`, which the engine reads its own way (io_uring, pread, or the

@@ -11,6 +11,7 @@
 pub mod buf;
 mod error;
 pub mod file;
+mod guard;
 pub mod local;
 pub mod object;
 pub mod peers;

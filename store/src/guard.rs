@@ -1,0 +1,237 @@
+//! Maps that survive their file being cut short.
+//!
+//! A read through a map of a file that another process truncated faults with SIGBUS, which
+//! kills the process. granary's files are immutable once written, but a user (or a tool) can
+//! still truncate one under a running job. Every map granary makes is registered here
+//! ([`Mapped`]); a SIGBUS handler finds the faulting address in the registry, puts a page of
+//! zeros over the vanished page (the read then completes), marks the map as cut and returns.
+//! The bytes read are then wrong, but nothing is served unchecked: chunk records are CRC-
+//! checked against the snapshot, and the snapshot's own lookups check [`Mapped::is_cut`], so
+//! the read becomes an error naming the file, never a crash and never wrong bytes.
+//!
+//! A fault outside every registered map goes to the handler that was there before (Rust's
+//! stack-overflow handler, Python's faulthandler, or the default action), as if this one did
+//! not exist. The cost is nothing on the read path: registering a map is one scan of a fixed
+//! table when it is made, and the handler runs only on a fault.
+
+use std::ops::Deref;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Once;
+
+use memmap2::Mmap;
+
+/// Maps registered at once. A map beyond this is refused ([`Mapped::new`] gives `None`) and
+/// the caller reads the file instead.
+const SLOTS: usize = 8192;
+
+struct Slot {
+    start: AtomicUsize,
+    len: AtomicUsize,
+    cut: AtomicBool,
+}
+
+#[allow(clippy::declare_interior_mutable_const)]
+const EMPTY: Slot = Slot {
+    start: AtomicUsize::new(0),
+    len: AtomicUsize::new(0),
+    cut: AtomicBool::new(false),
+};
+
+static TABLE: [Slot; SLOTS] = [EMPTY; SLOTS];
+/// Where the next free-slot search starts.
+static HINT: AtomicUsize = AtomicUsize::new(0);
+static PAGE: AtomicUsize = AtomicUsize::new(4096);
+static INSTALL: Once = Once::new();
+static INSTALLED: AtomicBool = AtomicBool::new(false);
+/// The SIGBUS action that was there before ours (written once, before ours is installed).
+static mut PREVIOUS: Option<libc::sigaction> = None;
+
+/// A read-only map of a file, registered so that a truncation of the file under it is a
+/// page of zeros and a flag ([`Mapped::is_cut`]) instead of SIGBUS. Dereferences to the map.
+#[derive(Debug)]
+pub struct Mapped {
+    map: Mmap,
+    slot: usize,
+}
+
+impl Mapped {
+    /// Registers `map`; `None` if the handler cannot be installed or the table is full (the
+    /// caller then reads instead of mapping). An empty map needs no guard.
+    pub fn new(map: Mmap) -> Option<Mapped> {
+        install();
+        if !INSTALLED.load(Ordering::Acquire) {
+            return None;
+        }
+        let (start, len) = (map.as_ptr() as usize, map.len());
+        let first = HINT.fetch_add(1, Ordering::Relaxed);
+        for k in 0..SLOTS {
+            let i = (first + k) % SLOTS;
+            let s = &TABLE[i];
+            if s.start.load(Ordering::Relaxed) != 0 {
+                continue;
+            }
+            // Claim the slot with a marker, fill it, then publish the start.
+            if s.start
+                .compare_exchange(0, usize::MAX, Ordering::Acquire, Ordering::Relaxed)
+                .is_ok()
+            {
+                s.len.store(len, Ordering::Relaxed);
+                s.cut.store(false, Ordering::Relaxed);
+                s.start.store(start.max(1), Ordering::Release);
+                return Some(Mapped { map, slot: i });
+            }
+        }
+        None
+    }
+
+    /// True once a read found part of the file gone (truncated after it was mapped): bytes
+    /// read through the map since may be zeros instead of the file's.
+    pub fn is_cut(&self) -> bool {
+        TABLE[self.slot].cut.load(Ordering::Acquire)
+    }
+}
+
+impl Deref for Mapped {
+    type Target = Mmap;
+
+    fn deref(&self) -> &Mmap {
+        &self.map
+    }
+}
+
+impl AsRef<[u8]> for Mapped {
+    fn as_ref(&self) -> &[u8] {
+        &self.map
+    }
+}
+
+impl Drop for Mapped {
+    /// Unregistered before the map goes (the field is dropped after this).
+    fn drop(&mut self) {
+        TABLE[self.slot].start.store(0, Ordering::Release);
+    }
+}
+
+fn install() {
+    INSTALL.call_once(|| {
+        // SAFETY: sysconf has no preconditions.
+        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+        if page > 0 {
+            PAGE.store(page as usize, Ordering::Relaxed);
+        }
+        // SAFETY: `sa` is fully initialised (zeroed, then the handler, flags and an empty
+        // mask); the previous action is written to PREVIOUS before our handler can run (it is
+        // installed by the same call, and PREVIOUS is only read by the handler), and nothing
+        // writes PREVIOUS again (this runs once).
+        unsafe {
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = on_sigbus as *const () as usize;
+            sa.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK;
+            libc::sigemptyset(&mut sa.sa_mask);
+            let mut old: libc::sigaction = std::mem::zeroed();
+            if libc::sigaction(libc::SIGBUS, std::ptr::null(), &mut old) != 0 {
+                return;
+            }
+            PREVIOUS = Some(old);
+            if libc::sigaction(libc::SIGBUS, &sa, std::ptr::null_mut()) == 0 {
+                INSTALLED.store(true, Ordering::Release);
+            }
+        }
+    });
+}
+
+/// The SIGBUS handler: a fault inside a registered map gets a page of zeros over the missing
+/// page and the map is marked cut; any other fault goes to the previous handler.
+extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
+    // SAFETY: the kernel passes a valid siginfo for a handler installed with SA_SIGINFO.
+    let addr = unsafe { (*info).si_addr() } as usize;
+    let page = PAGE.load(Ordering::Relaxed);
+    for s in TABLE.iter() {
+        let start = s.start.load(Ordering::Acquire);
+        if start == 0 || start == usize::MAX {
+            continue;
+        }
+        let len = s.len.load(Ordering::Relaxed);
+        if addr < start || addr >= start + len {
+            continue;
+        }
+        let at = addr & !(page - 1);
+        // SAFETY: `at..at + page` lies within a live read-only map of ours (registered until
+        // just before it is unmapped, and only read by this process): replacing that page
+        // with an anonymous zero page changes what reads of it return, nothing else. mmap is
+        // a plain system call, safe to make in a signal handler.
+        let r = unsafe {
+            libc::mmap(
+                at as *mut libc::c_void,
+                page,
+                libc::PROT_READ,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
+                -1,
+                0,
+            )
+        };
+        if r != libc::MAP_FAILED {
+            s.cut.store(true, Ordering::Release);
+            return;
+        }
+        break;
+    }
+    // SAFETY: PREVIOUS was written before this handler was installed and is never written
+    // again; calling the previous handler with the arguments we were given is what the kernel
+    // would have done; restoring the default action and returning re-runs the faulting
+    // access, which then takes that action.
+    unsafe {
+        let prev = std::ptr::addr_of!(PREVIOUS).read();
+        match prev {
+            Some(p) if p.sa_sigaction != libc::SIG_DFL && p.sa_sigaction != libc::SIG_IGN => {
+                if p.sa_flags & libc::SA_SIGINFO != 0 {
+                    let f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) =
+                        std::mem::transmute(p.sa_sigaction);
+                    f(sig, info, ctx);
+                } else {
+                    let f: extern "C" fn(libc::c_int) = std::mem::transmute(p.sa_sigaction);
+                    f(sig);
+                }
+            }
+            _ => {
+                let mut dfl: libc::sigaction = std::mem::zeroed();
+                dfl.sa_sigaction = libc::SIG_DFL;
+                libc::sigaction(libc::SIGBUS, &dfl, std::ptr::null_mut());
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    #[test]
+    fn a_file_cut_short_under_its_map_reads_zeros_and_says_so() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("f");
+        let mut f = std::fs::File::create(&p).unwrap();
+        f.write_all(&vec![7u8; 5 * 4096 + 100]).unwrap();
+        let f = std::fs::File::open(&p).unwrap();
+        // SAFETY: a private test file, truncated below on purpose.
+        let m = Mapped::new(unsafe { Mmap::map(&f) }.unwrap()).unwrap();
+        assert_eq!(m[0], 7);
+        assert!(!m.is_cut());
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&p)
+            .unwrap()
+            .set_len(4096)
+            .unwrap();
+        // Past the new end: zeros, not SIGBUS; before it, the file's bytes.
+        let tail: u64 = m[4096..].iter().map(|&b| b as u64).sum();
+        assert_eq!(tail, 0);
+        assert!(m.is_cut());
+        assert_eq!(m[100], 7);
+        drop(m);
+        // Another map of a whole file is not marked.
+        let m2 = Mapped::new(unsafe { Mmap::map(&f) }.unwrap()).unwrap();
+        assert!(!m2.is_cut());
+    }
+}
