@@ -510,3 +510,102 @@ fn reindex_rebuilds_a_lost_snapshot_in_the_store() {
         "a snapshot was written over damage"
     );
 }
+
+/// Polls `done` every 5 ms for up to a minute.
+fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+    let t0 = Instant::now();
+    while !done() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "waited a minute for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+#[test]
+fn an_interrupted_upload_leaves_no_multipart_upload_open() {
+    let Some(s3) = S3::new("multipart") else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    // Two chunks of 20 MiB: each a multipart upload (parts of 16 MiB).
+    write_tree(
+        &src,
+        &[
+            (b"a/f1".to_vec(), bytes(1, 20 << 20)),
+            (b"a/f2".to_vec(), bytes(2, 20 << 20)),
+        ],
+    );
+    let url = s3.sub("ds");
+    let store = ObjectUrl::parse(&url).unwrap();
+    let open = || store.open_uploads().unwrap().expect("S3 lists its uploads");
+    let upstream = std::env::var("AWS_ENDPOINT_URL").unwrap();
+    // A slow link (10 MB/s), so that the signal arrives while a part is on its way.
+    let relay = Relay::throttled(upstream.trim_start_matches("http://").to_string(), 10 << 20);
+    let pack = |extra: &[&str]| {
+        let mut c = s3.cmd();
+        c.args([
+            "pack",
+            src.to_str().unwrap(),
+            "-o",
+            &url,
+            "--chunk-size",
+            "16MiB",
+        ])
+        .args(["--compress", "none"])
+        .args(extra)
+        .env("AWS_ENDPOINT_URL", relay.url())
+        .stderr(std::process::Stdio::piped());
+        c.spawn().unwrap()
+    };
+
+    // SIGINT mid-upload: the upload in progress is aborted before the exit, and it says so.
+    let child = pack(&[]);
+    wait_until("a multipart upload to start", || !open().is_empty());
+    let kill = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(kill.success());
+    let o = child.wait_with_output().unwrap();
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(130), "{err}");
+    assert!(
+        err.contains("interrupted (SIGINT): aborted 1 multipart upload"),
+        "{err}"
+    );
+    assert!(err.contains("--resume"), "{err}");
+    assert_eq!(
+        open(),
+        vec![],
+        "an upload is still open after the interrupted pack"
+    );
+
+    // SIGKILL leaves one open (nothing can abort it); --resume finds it, aborts it, finishes.
+    let mut child = pack(&["--resume"]);
+    wait_until("a multipart upload to start", || !open().is_empty());
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let left = open();
+    assert_eq!(left.len(), 1, "{left:?}");
+    let o = s3.ok(&[
+        "pack",
+        src.to_str().unwrap(),
+        "-o",
+        &url,
+        "--chunk-size",
+        "16MiB",
+        "--compress",
+        "none",
+        "--resume",
+    ]);
+    let err = stderr(&o);
+    assert!(
+        err.contains("aborted 1 multipart upload(s) left open") && err.contains(&left[0].name),
+        "{err}"
+    );
+    assert_eq!(open(), vec![]);
+    assert!(stdout(&s3.ok(&["verify", &url])).contains(": OK"));
+}

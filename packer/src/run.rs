@@ -199,7 +199,8 @@ impl Run<'_> {
             None => output::check_disjoint(&self.src, out, work)?,
         }
         if let Some(d) = self.dest {
-            self.remote_found = upload::check_destination(d, opts.force, opts.resume)?;
+            self.remote_found =
+                upload::check_destination(d, opts.force, opts.resume, &mut self.warnings)?;
         }
         match &self.mode {
             Mode::Whole if self.dest.is_none() && std::fs::symlink_metadata(out).is_ok() => {

@@ -44,12 +44,37 @@ pub(crate) type Written = (u32, u64, u32);
 /// Checks what the destination holds before a pack writes there: nothing, or only what a
 /// granary pack writes. A dataset there needs `force` (its snapshot is removed first, so no
 /// reader ever opens a mix of old and new chunks); chunks without a snapshot are an
-/// interrupted upload and need `resume` or `force`. Returns the objects found.
+/// interrupted upload and need `resume` or `force`, which also abort the multipart uploads an
+/// interrupted pack left open under the prefix (S3; they would be billed until a lifecycle
+/// rule removes them). Returns the objects found.
 pub(crate) fn check_destination(
     dest: &ObjectUrl,
     force: bool,
     resume: bool,
+    warnings: &mut Vec<String>,
 ) -> Result<Vec<(String, u64)>, PackError> {
+    if resume || force {
+        match dest.open_uploads() {
+            Ok(Some(open)) if !open.is_empty() => {
+                for u in &open {
+                    dest.abort_upload(u)?;
+                }
+                let names: Vec<&str> = open.iter().map(|u| u.name.as_str()).collect();
+                warnings.push(format!(
+                    "{}: aborted {} multipart upload(s) left open by an interrupted pack: {}",
+                    dest.url(),
+                    open.len(),
+                    names.join(", ")
+                ));
+            }
+            Ok(_) => {}
+            Err(e) => warnings.push(format!(
+                "cannot list the multipart uploads open under {} (any left by an interrupted \
+                 pack stay until a lifecycle rule removes them): {e}",
+                dest.url()
+            )),
+        }
+    }
     let found = dest.list()?;
     if let Some((other, _)) = found
         .iter()

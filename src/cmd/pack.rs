@@ -200,13 +200,55 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         if !u.writable() {
             anyhow::bail!("{url}: http(s) URLs are read-only; pack to s3://, gs:// or az://");
         }
-        o.staging = Some(a.staging.clone().unwrap_or_else(|| staging_dir(u.url())));
+        let staging = a.staging.clone().unwrap_or_else(|| staging_dir(u.url()));
+        abort_uploads_on_signal(&staging)?;
+        o.staging = Some(staging);
         o.destination = Some(std::sync::Arc::new(u));
     } else if a.staging.is_some() {
         anyhow::bail!("--staging is for packing to an object store URL; OUT is a local path");
     }
     let s = granary_packer::pack(&o).with_context(|| format!("packing {}", a.src.display()))?;
     report(&a.src, &s, a.run.json)
+}
+
+/// On SIGINT or SIGTERM during a pack to an object store: aborts the multipart uploads in
+/// progress (the server drops their parts; left open, they are billed until a lifecycle rule
+/// removes them), says so, and exits with 128 + the signal's number. The work in `staging` is
+/// kept for `--resume`.
+fn abort_uploads_on_signal(staging: &std::path::Path) -> anyhow::Result<()> {
+    use signal_hook::consts::{SIGINT, SIGTERM};
+    let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM])
+        .context("installing signal handlers")?;
+    let staging = staging.to_path_buf();
+    std::thread::spawn(move || {
+        if let Some(sig) = signals.forever().next() {
+            let name = if sig == SIGINT { "SIGINT" } else { "SIGTERM" };
+            let aborted = granary::remote::abort_open_uploads();
+            let ok: Vec<&str> = aborted
+                .iter()
+                .filter(|(_, r)| r.is_ok())
+                .map(|(u, _)| u.as_str())
+                .collect();
+            eprintln!(
+                "\ngranary: interrupted ({name}): aborted {} multipart upload(s) in progress{}{}",
+                ok.len(),
+                if ok.is_empty() { "" } else { ": " },
+                ok.join(", ")
+            );
+            for (url, r) in &aborted {
+                if let Err(e) = r {
+                    eprintln!("granary: warning: could not abort the upload of {url}: {e}");
+                }
+            }
+            eprintln!(
+                "granary: the work so far is kept in {}: run the same command with --resume to \
+                 continue (it also aborts any upload still open under the prefix)",
+                staging.display()
+            );
+            std::process::exit(128 + sig);
+        }
+    });
+    Ok(())
 }
 
 /// Prints what a pack or an append did; exit status 3 if files were skipped.

@@ -214,13 +214,79 @@ pub(crate) enum Sized {
     Wrong(u64),
 }
 
+/// One process's clients of a store.
+#[derive(Debug, Clone)]
+struct Clients {
+    store: Arc<dyn ObjectStore>,
+    /// The same client as S3, for `s3://` URLs.
+    s3: Option<Arc<object_store::aws::AmazonS3>>,
+}
+
+/// A multipart upload in progress, which [`abort_open_uploads`] can abort from any thread.
+struct OpenUpload {
+    token: u64,
+    s3: Arc<object_store::aws::AmazonS3>,
+    key: ObjPath,
+    id: String,
+    url: String,
+}
+
+/// This process's multipart uploads in progress; `closed` once they were aborted for an
+/// interruption (no new one starts after that).
+#[derive(Default)]
+struct Uploads {
+    closed: bool,
+    next: u64,
+    open: Vec<OpenUpload>,
+}
+
+static UPLOADS: Mutex<Uploads> = Mutex::new(Uploads {
+    closed: false,
+    next: 0,
+    open: Vec::new(),
+});
+
+fn uploads() -> std::sync::MutexGuard<'static, Uploads> {
+    UPLOADS.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Aborts every multipart upload this process has in progress (for a pack interrupted by a
+/// signal, before it exits), and refuses new ones from then on. Returns the URL of each upload
+/// and whether its abort succeeded (the server then drops its parts).
+pub fn abort_open_uploads() -> Vec<(String, Result<()>)> {
+    use object_store::multipart::MultipartStore;
+    let open = {
+        let mut u = uploads();
+        u.closed = true;
+        std::mem::take(&mut u.open)
+    };
+    open.into_iter()
+        .map(|o| {
+            let r = block_on(async { o.s3.abort_multipart(&o.key, &o.id).await }).and_then(|r| {
+                r.or_else(|e| match e {
+                    object_store::Error::NotFound { .. } => Ok(()),
+                    e => Err(remote_error("aborting the upload of", &o.url, e)),
+                })
+            });
+            (o.url, r)
+        })
+        .collect()
+}
+
+/// An upload left open on the server: its object's name under the prefix, and its id.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OpenUploadInfo {
+    pub name: String,
+    pub id: String,
+}
+
 /// A dataset prefix in an object store: `scheme://bucket/prefix`.
 #[derive(Debug)]
 pub struct ObjectUrl {
     url: String,
     prefix: ObjPath,
     /// This process's client (see the module documentation on forks).
-    client: Mutex<Option<(u32, Arc<dyn ObjectStore>)>>,
+    client: Mutex<Option<(u32, Clients)>>,
     /// How long requests wait ([`Timeouts::from_env`] when parsed).
     timeouts: Timeouts,
     /// A peer's tier (`granary serve`): every request bounded by `timeouts.request`, never
@@ -311,6 +377,16 @@ impl ObjectUrl {
 
     /// This process's client for the store.
     pub fn client(&self) -> Result<Arc<dyn ObjectStore>> {
+        Ok(self.clients()?.store)
+    }
+
+    /// This process's S3 client, for an `s3://` URL (multipart uploads it can abort from
+    /// anywhere, and the listing of open ones).
+    fn s3(&self) -> Result<Option<Arc<object_store::aws::AmazonS3>>> {
+        Ok(self.clients()?.s3)
+    }
+
+    fn clients(&self) -> Result<Clients> {
         let pid = std::process::id();
         let mut g = self.client.lock().unwrap_or_else(|p| p.into_inner());
         if let Some((p, c)) = g.as_ref() {
@@ -326,7 +402,7 @@ impl ObjectUrl {
         Ok(c)
     }
 
-    fn build(&self) -> Result<Arc<dyn ObjectStore>> {
+    fn build(&self) -> Result<Clients> {
         let bucket_url = match self.url.split_once("://") {
             Some((s, rest)) => format!("{s}://{}", rest.split('/').next().unwrap_or(rest)),
             None => self.url.clone(),
@@ -358,6 +434,7 @@ impl ObjectUrl {
                 ..Default::default()
             },
         };
+        let mut s3 = None;
         let store: Arc<dyn ObjectStore> = match self.scheme() {
             "s3" | "s3a" => {
                 use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey as C};
@@ -367,12 +444,14 @@ impl ObjectUrl {
                     .fold(AmazonS3Builder::from_env(), |b, (k, v)| {
                         b.with_config(C::Client(k), v)
                     });
-                Arc::new(
+                let c = Arc::new(
                     b.with_url(&bucket_url)
                         .with_retry(retry)
                         .build()
                         .map_err(fail)?,
-                )
+                );
+                s3 = Some(c.clone());
+                c
             }
             "gs" => {
                 use object_store::gcp::{GoogleCloudStorageBuilder, GoogleConfigKey as C};
@@ -419,7 +498,7 @@ impl ObjectUrl {
                 )
             }
         };
-        Ok(store)
+        Ok(Clients { store, s3 })
     }
 
     /// Bytes `range` of object `name`; exactly that many, or an error naming the object.
@@ -541,6 +620,122 @@ impl ObjectUrl {
         .map_err(|e| remote_error("uploading", &url, e))
     }
 
+    /// The multipart uploads open on the server under the prefix (S3's ListMultipartUploads:
+    /// an interrupted pack's, or anyone's); `None` for stores other than S3, which granary
+    /// does not list.
+    pub fn open_uploads(&self) -> Result<Option<Vec<OpenUploadInfo>>> {
+        let Some(s3) = self.s3()? else {
+            return Ok(None);
+        };
+        let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+        let region = env("AWS_REGION")
+            .or_else(|| env("AWS_DEFAULT_REGION"))
+            .unwrap_or_else(|| "us-east-1".into());
+        let endpoint = env("AWS_ENDPOINT_URL")
+            .or_else(|| env("AWS_ENDPOINT"))
+            .unwrap_or_else(|| format!("https://s3.{region}.amazonaws.com"));
+        let endpoint = endpoint.trim_end_matches('/').to_string();
+        let bucket = self.url.split_once("://").map_or("", |(_, r)| r);
+        let bucket = bucket.split('/').next().unwrap_or(bucket).to_string();
+        let prefix = match self.prefix.as_ref() {
+            "" => String::new(),
+            p => format!("{p}/"),
+        };
+        let unsigned = env("AWS_SKIP_SIGNATURE").is_some_and(|v| v == "true" || v == "1");
+        let t = self.timeouts;
+        let options = object_store::ClientOptions::new()
+            .with_allow_http(endpoint.starts_with("http://"))
+            .with_connect_timeout(t.connect)
+            .with_read_timeout(t.request);
+        use object_store::client::HttpConnector;
+        let http = object_store::client::ReqwestConnector::default()
+            .connect(&options)
+            .map_err(|e| remote_error("listing the open uploads of", &self.url, e))?;
+        let url = self.url.clone();
+        let list = async move {
+            let mut found = Vec::new();
+            let mut markers = String::new();
+            loop {
+                let uri = format!(
+                    "{endpoint}/{bucket}?prefix={}&uploads={markers}",
+                    query_encode(&prefix)
+                );
+                let mut req = http::Request::builder()
+                    .method("GET")
+                    .uri(&uri)
+                    .body(object_store::client::HttpRequestBody::from(Vec::new()))
+                    .map_err(|e| StoreError::Invalid(format!("{uri}: {e}")))?;
+                if !unsigned {
+                    let cred = s3
+                        .credentials()
+                        .get_credential()
+                        .await
+                        .map_err(|e| remote_error("listing the open uploads of", &url, e))?;
+                    object_store::aws::AwsAuthorizer::new(&cred, "s3", &region)
+                        .try_authorize(&mut req, None)
+                        .map_err(|e| remote_error("listing the open uploads of", &url, e))?;
+                }
+                let failed = |e: &dyn std::fmt::Display| StoreError::Remote {
+                    op: "listing the open uploads of",
+                    url: url.clone(),
+                    detail: e.to_string(),
+                    kind: RemoteKind::Failed,
+                };
+                let resp = http.execute(req).await.map_err(|e| failed(&e))?;
+                let status = resp.status();
+                let body = resp.into_body().bytes().await.map_err(|e| failed(&e))?;
+                let text = String::from_utf8_lossy(&body);
+                if !status.is_success() {
+                    return Err(failed(&format!("{status}: {text}")));
+                }
+                for part in text.split("<Upload>").skip(1) {
+                    if let (Some(k), Some(id)) =
+                        (xml_field(part, "Key"), xml_field(part, "UploadId"))
+                    {
+                        let k = xml_unescape(k);
+                        found.push(OpenUploadInfo {
+                            name: k.strip_prefix(&prefix).unwrap_or(&k).to_string(),
+                            id: xml_unescape(id),
+                        });
+                    }
+                }
+                let more = xml_field(&text, "IsTruncated") == Some("true");
+                match (
+                    more,
+                    xml_field(&text, "NextKeyMarker"),
+                    xml_field(&text, "NextUploadIdMarker"),
+                ) {
+                    (true, Some(k), Some(u)) => {
+                        markers = format!(
+                            "&key-marker={}&upload-id-marker={}",
+                            query_encode(&xml_unescape(k)),
+                            query_encode(&xml_unescape(u))
+                        )
+                    }
+                    _ => return Ok(found),
+                }
+            }
+        };
+        self.run("listing the open uploads of", &self.url, list)?
+            .map(Some)
+    }
+
+    /// Aborts open multipart upload `u` (found by [`ObjectUrl::open_uploads`]); one already
+    /// gone is fine.
+    pub fn abort_upload(&self, u: &OpenUploadInfo) -> Result<()> {
+        use object_store::multipart::MultipartStore;
+        let Some(s3) = self.s3()? else {
+            return Ok(());
+        };
+        let (key, url) = (self.key(&u.name), self.object_url(&u.name));
+        match self.run("aborting the upload of", &url, async {
+            s3.abort_multipart(&key, &u.id).await
+        })? {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Err(e) => Err(remote_error("aborting the upload of", &url, e)),
+        }
+    }
+
     /// Stores the local file `path` as object `name`: one PUT up to [`PUT_PART`], a multipart
     /// upload (parts in flight, aborted on failure) above. The object appears whole or not at
     /// all. `progress` is called with each part's size as it is handed to the upload.
@@ -565,6 +760,10 @@ impl ObjectUrl {
             .map_err(|e| remote_error("uploading", &url, e))?;
             progress(n);
             return Ok(());
+        }
+        if let Some(s3) = self.s3()? {
+            let up = put_parts(&s3, &key, &url, path, &file, len, progress);
+            return self.run("uploading", &url, up)?;
         }
         self.run("uploading", &url, async {
             let upload = client
@@ -606,6 +805,109 @@ impl ObjectUrl {
             }
         })?
     }
+}
+
+/// The multipart upload of the local file `path` (`len` bytes) as `key` through S3's
+/// multipart API: started, registered (so that [`abort_open_uploads`] can abort it from the
+/// thread that handles an interruption), parts in flight, completed; aborted on failure.
+async fn put_parts(
+    s3: &Arc<object_store::aws::AmazonS3>,
+    key: &ObjPath,
+    url: &str,
+    path: &Path,
+    file: &std::fs::File,
+    len: u64,
+    progress: &(dyn Fn(u64) + Sync),
+) -> Result<()> {
+    use object_store::multipart::{MultipartStore, PartId};
+    use std::os::unix::fs::FileExt;
+    let id = s3
+        .create_multipart(key)
+        .await
+        .map_err(|e| remote_error("starting the upload of", url, e))?;
+    let token = {
+        let mut u = uploads();
+        (!u.closed).then(|| {
+            u.next += 1;
+            let token = u.next;
+            u.open.push(OpenUpload {
+                token,
+                s3: s3.clone(),
+                key: key.clone(),
+                id: id.clone(),
+                url: url.to_string(),
+            });
+            token
+        })
+    };
+    let Some(token) = token else {
+        let _ = s3.abort_multipart(key, &id).await;
+        return Err(StoreError::Invalid(format!(
+            "{url}: not uploaded: the pack was interrupted"
+        )));
+    };
+    let parts = len.div_ceil(PUT_PART as u64) as usize;
+    let sent: Result<Vec<PartId>> = stream::iter(0..parts)
+        .map(|i| {
+            let id = &id;
+            async move {
+                let at = i as u64 * PUT_PART as u64;
+                let n = (len - at).min(PUT_PART as u64) as usize;
+                let mut buf = vec![0u8; n];
+                file.read_exact_at(&mut buf, at)
+                    .map_err(|e| StoreError::io("reading", path, e))?;
+                let part = s3
+                    .put_part(key, id, i, PutPayload::from(buf))
+                    .await
+                    .map_err(|e| remote_error("uploading", url, e))?;
+                progress(n as u64);
+                Ok(part)
+            }
+        })
+        .buffered(PUTS_IN_FLIGHT)
+        .try_collect()
+        .await;
+    let done = match sent {
+        Ok(parts) => s3
+            .complete_multipart(key, &id, parts)
+            .await
+            .map(|_| ())
+            .map_err(|e| remote_error("completing the upload of", url, e)),
+        Err(e) => Err(e),
+    };
+    // Whoever takes it off the list aborts it (the interruption may have, meanwhile).
+    let mine = {
+        let mut u = uploads();
+        let before = u.open.len();
+        u.open.retain(|o| o.token != token);
+        u.open.len() < before
+    };
+    if done.is_err() && mine {
+        // The server drops the parts (best effort: the error that stopped it is reported).
+        let _ = s3.abort_multipart(key, &id).await;
+    }
+    done
+}
+
+/// `s` percent-encoded for a URL query (RFC 3986 unreserved characters kept).
+fn query_encode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// The few XML entities S3 uses in keys, decoded.
+fn xml_unescape(s: &str) -> String {
+    s.replace("&lt;", "<")
+        .replace("&gt;", ">")
+        .replace("&quot;", "\"")
+        .replace("&apos;", "'")
+        .replace("&amp;", "&")
 }
 
 /// Refuses to start without credentials rather than let the client wait on an instance

@@ -288,7 +288,17 @@ pub struct Relay {
     silent: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
+/// Bytes per second a relay forwards in each direction of a connection (0: unlimited).
+static RELAY_RATE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
 impl Relay {
+    /// Forwards to `upstream` at most `rate` bytes per second per connection and direction
+    /// (a slow link, so that a test can act while a transfer is in progress).
+    pub fn throttled(upstream: String, rate: u64) -> Relay {
+        RELAY_RATE.store(rate, std::sync::atomic::Ordering::Relaxed);
+        Relay::new(Some(upstream))
+    }
+
     /// Forwards to `upstream` (`host:port`); `None`: silent from the start.
     pub fn new(upstream: Option<String>) -> Relay {
         use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
@@ -349,6 +359,10 @@ fn relay_pipe(
         if let Some(t) = to.as_mut() {
             if t.write_all(&buf[..n]).is_err() {
                 break;
+            }
+            let rate = RELAY_RATE.load(std::sync::atomic::Ordering::Relaxed);
+            if rate > 0 {
+                std::thread::sleep(std::time::Duration::from_secs_f64(n as f64 / rate as f64));
             }
         }
     }
