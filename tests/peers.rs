@@ -4,7 +4,7 @@
 //! the next epoch reads nothing from origin; a dead peer (refusing connections) and a stopped
 //! one (answering nothing: the timeout) cost origin reads, never a sample or a hang; a damaged
 //! or foreign copy served by a peer is rejected; the server serves nothing but chunk copies of
-//! the datasets it was started for, read-only.
+//! the datasets it was started for, read-only, and only to callers that hold the job's secret.
 
 mod common;
 
@@ -15,15 +15,24 @@ use std::time::{Duration, Instant};
 
 use common::*;
 
-/// A `granary serve` process (stopped on drop) and the tier directory it serves.
+/// The job's secret in these tests (servers and readers get it through GRANARY_PEER_SECRET).
+const SECRET: &str = "test-job-secret-0123456789abcdef";
+
+/// A `granary serve` process (stopped on drop) and the tier directory it serves; its stderr
+/// goes to `log`.
 struct Node {
     server: Child,
     addr: String,
     tier: PathBuf,
+    log: PathBuf,
 }
 
 impl Node {
     fn start(datasets: &[&Path], tier: PathBuf) -> Node {
+        Node::start_with(datasets, tier, &[("GRANARY_PEER_SECRET", SECRET)], &[])
+    }
+
+    fn start_with(datasets: &[&Path], tier: PathBuf, env: &[(&str, &str)], extra: &[&str]) -> Node {
         std::fs::create_dir_all(&tier).unwrap();
         let mut args = vec!["serve".to_string()];
         args.extend(datasets.iter().map(|d| d.to_str().unwrap().to_string()));
@@ -33,10 +42,14 @@ impl Node {
             "--listen".into(),
             "127.0.0.1:0".into(),
         ]);
+        args.extend(extra.iter().map(|a| a.to_string()));
+        let log = tier.with_extension("log");
         let mut server = granary()
             .args(&args)
+            .env_remove("GRANARY_PEER_SECRET")
+            .envs(env.iter().copied())
             .stdout(Stdio::piped())
-            .stderr(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
             .spawn()
             .unwrap();
         let mut line = String::new();
@@ -48,7 +61,12 @@ impl Node {
             .strip_prefix("listening on http://")
             .unwrap_or_else(|| panic!("serve printed {line:?}"))
             .to_string();
-        Node { server, addr, tier }
+        Node {
+            server,
+            addr,
+            tier,
+            log,
+        }
     }
 
     fn kill(&mut self) {
@@ -116,7 +134,13 @@ fn read_rank(ds: &Path, node: &Node, peers: &str, rank: u32, epoch: u64, quota: 
         ]
         .map(String::from),
     );
-    spawn(args)
+    granary()
+        .args(args)
+        .env("GRANARY_PEER_SECRET", SECRET)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
 }
 
 /// Rank `rank`'s digest of `epoch` without any tier: what every shared-tier read must match.
@@ -147,12 +171,21 @@ fn finish_within(mut child: Child, secs: u64, what: &str) -> serde_json::Value {
     wait_json(child)[0].clone()
 }
 
-/// A GET (or other method) on the server; the status code and body.
+/// A GET (or other method) on the server, signed with the job's secret; the status code and
+/// body.
 fn http(addr: &str, method: &str, path: &str) -> (u16, Vec<u8>) {
+    let secret = granary::auth::Secret::new(SECRET.as_bytes(), "test").unwrap();
+    let proof = secret.sign(method, path, None, granary::auth::unix_now());
+    http_with(addr, method, path, Some(&proof))
+}
+
+/// A request with `proof` as its x-granary-auth header (none: no header).
+fn http_with(addr: &str, method: &str, path: &str, proof: Option<&str>) -> (u16, Vec<u8>) {
     let mut s = std::net::TcpStream::connect(addr).unwrap();
+    let auth = proof.map_or(String::new(), |p| format!("x-granary-auth: {p}\r\n"));
     write!(
         s,
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\n{auth}Connection: close\r\n\r\n"
     )
     .unwrap();
     let mut out = Vec::new();
@@ -390,4 +423,124 @@ fn chunks_larger_than_one_read_piece_come_whole_from_their_owner() {
         }
     }
     assert!(from_peers > 5 << 20, "{from_peers} bytes from peers");
+}
+
+#[test]
+fn the_server_answers_only_requests_signed_with_the_jobs_secret() {
+    use granary::auth::{unix_now, Secret};
+    let tmp = tempfile::tempdir().unwrap();
+    let ds = packed_tree(
+        &tmp.path().join("src"),
+        &numbered_tree(30, 3, |i| 1_000 + i as usize),
+        &tmp.path().join("ds"),
+        &["--chunk-size", "4KiB"],
+    );
+    // No secret and no --insecure: it does not start.
+    let o = granary()
+        .args(["serve", ds.to_str().unwrap(), "--cache-dir"])
+        .arg(tmp.path().join("t0"))
+        .args(["--listen", "127.0.0.1:0"])
+        .env_remove("GRANARY_PEER_SECRET")
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        stderr(&o).contains("no secret") && stderr(&o).contains("--insecure"),
+        "{}",
+        stderr(&o)
+    );
+
+    let node = Node::start(&[&ds], tmp.path().join("tier"));
+    run_ok([
+        "read",
+        ds.to_str().unwrap(),
+        "--cache-dir",
+        node.tier.to_str().unwrap(),
+        "--cache-size",
+        "10MiB",
+    ]);
+    let id = granary::Dataset::open(&ds).unwrap().snapshot().dataset_id();
+    let hex: String = id.iter().map(|b| format!("{b:02x}")).collect();
+    let held = std::fs::read_dir(granary::LocalTier::tier_dir(&node.tier, &id))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .find(|n| n.starts_with("chunk-"))
+        .expect("the tier holds a chunk");
+    let path = format!("/{hex}/{held}");
+    let job = Secret::new(SECRET.as_bytes(), "test").unwrap();
+    let other = Secret::new(b"not-the-job-secret-at-all", "test").unwrap();
+    let now = unix_now();
+    assert_eq!(http_with(&node.addr, "GET", &path, None).0, 401, "no proof");
+    let forged = other.sign("GET", &path, None, now);
+    assert_eq!(
+        http_with(&node.addr, "GET", &path, Some(&forged)).0,
+        403,
+        "another secret"
+    );
+    let elsewhere = job.sign("GET", "/x/chunk-00000001.gchunk", None, now);
+    assert_eq!(
+        http_with(&node.addr, "GET", &path, Some(&elsewhere)).0,
+        403,
+        "another path"
+    );
+    let stale = job.sign("GET", &path, None, now - 600);
+    assert_eq!(
+        http_with(&node.addr, "GET", &path, Some(&stale)).0,
+        403,
+        "ten minutes old"
+    );
+    assert_eq!(
+        http_with(&node.addr, "GET", &path, Some("v1 garbage")).0,
+        403
+    );
+    let good = job.sign("GET", &path, None, now);
+    assert_eq!(http_with(&node.addr, "GET", &path, Some(&good)).0, 200);
+    assert_eq!(
+        http_with(&node.addr, "GET", &path, Some(&good)).0,
+        403,
+        "a replay"
+    );
+    // Refusals are logged with the caller's address.
+    let log = std::fs::read_to_string(&node.log).unwrap();
+    assert!(
+        log.contains(&format!("refused GET {path} from 127.0.0.1:")) && log.contains("replayed"),
+        "{log}"
+    );
+
+    // A reader with the wrong secret: refused by its peer, so it reads from origin, with every
+    // sample right and a warning that names the refusal.
+    let peers = format!("{},{}", node.addr, "127.0.0.1:9");
+    // Epoch 1 with the ownership of epoch 0: some of rank 1's chunks are node 0's.
+    let mut args = rank_args(&ds, 1, 2, 1);
+    args.extend(["--ownership-epoch", "0"].map(String::from));
+    let tier1 = tmp.path().join("tier1");
+    args.extend(
+        [
+            "--cache-dir",
+            tier1.to_str().unwrap(),
+            "--cache-size",
+            "10MiB",
+            "--peers",
+            &peers,
+        ]
+        .map(String::from),
+    );
+    let o = granary()
+        .args(&args)
+        .env("GRANARY_PEER_SECRET", "not-the-job-secret-at-all")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v[0]["digest"].as_str().unwrap(), plain_digest(&ds, 1, 2, 1));
+    assert!(
+        stderr(&o).contains("403") && stderr(&o).contains("does not hold the job's secret"),
+        "{}",
+        stderr(&o)
+    );
+
+    // --insecure answers anyone.
+    let open = Node::start_with(&[&ds], node.tier.clone(), &[], &["--insecure"]);
+    assert_eq!(http_with(&open.addr, "GET", &path, None).0, 200);
 }

@@ -43,6 +43,7 @@ __all__ = [
     "Stream",
     "__version__",
     "job_peers",
+    "job_secret",
 ]
 
 
@@ -178,7 +179,9 @@ class IterableDataset(_IterBase):
     ``ownership_epoch``; a chunk this node's tier lacks is asked of its owner before origin
     storage, every copy checked against the snapshot, and a peer that does not answer within
     ``peer_timeout`` seconds is skipped for the epoch. ``node`` overrides this node's number.
-    Needs ``cache_dir``.
+    Needs ``cache_dir``. Every request to a peer is signed with the job's secret
+    (``peer_secret``, default the ``GRANARY_PEER_SECRET`` variable, which ``job_secret()``
+    sets on every rank); ``granary serve`` refuses requests without it.
 
     ``memory`` is each reader's read-buffer budget in bytes (one reader per DataLoader worker;
     default ``None``: the library's 128 MiB). The shuffle window follows from it unless
@@ -211,6 +214,7 @@ class IterableDataset(_IterBase):
         node=None,
         peer_timeout=2.0,
         ownership_epoch=0,
+        peer_secret=None,
     ):
         if shuffle not in ("chunkwise", "global", "sequential"):
             raise ValueError(f"shuffle must be chunkwise, global or sequential, not {shuffle!r}")
@@ -278,6 +282,7 @@ class IterableDataset(_IterBase):
         self.peers = peers
         self.node = None if node is None else int(node)
         self.peer_timeout = float(peer_timeout)
+        self.peer_secret = None if peer_secret is None else str(peer_secret)
         self.ownership_epoch = int(ownership_epoch)
         self.epoch = 0
         self._resume = None
@@ -347,6 +352,7 @@ class IterableDataset(_IterBase):
             node=self.node,
             peer_timeout=self.peer_timeout,
             ownership_epoch=self.ownership_epoch,
+            peer_secret=self.peer_secret,
         )
 
     def __iter__(self):
@@ -525,6 +531,25 @@ class IterableDataset(_IterBase):
             f"granary.IterableDataset({self.root!r}, shuffle={self.shuffle!r}, seed={self.seed}, "
             f"epoch={self.epoch})"
         )
+
+
+def job_secret(group=None):
+    """The job's secret for shared tiers, the same on every rank: rank 0 draws 32 random bytes
+    and ``torch.distributed.broadcast_object_list`` hands them to the others (a collective:
+    every rank calls it). It is also put in ``GRANARY_PEER_SECRET``, so that a ``granary
+    serve`` started afterwards (a subprocess inherits it), DataLoader workers and
+    ``IterableDataset(peers=...)`` all use it without being told. Call it before starting the
+    node's server."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        raise RuntimeError("job_secret() needs torch.distributed initialised (init_process_group)")
+    box = [os.urandom(32).hex() if dist.get_rank(group) == 0 else None]
+    src = 0 if group is None else dist.get_global_rank(group, 0)
+    dist.broadcast_object_list(box, src=src, group=group)
+    secret = str(box[0])
+    os.environ["GRANARY_PEER_SECRET"] = secret
+    return secret
 
 
 def job_peers(address, group=None):

@@ -423,7 +423,15 @@ fn stream_config(
     let node: Option<u32> = o.get("node", None)?;
     let peer_timeout = o.get("peer_timeout", 2.0f64)?;
     let ownership_epoch = o.get("ownership_epoch", 0u64)?;
+    let peer_secret: Option<String> = o.get("peer_secret", None)?;
     o.finish()?;
+    // The job's secret: given, else GRANARY_PEER_SECRET (which `granary.job_secret()` sets).
+    let secret = match &peer_secret {
+        Some(s) => Some(
+            granary::auth::Secret::new(s.as_bytes(), "peer_secret").map_err(|e| err(e.into()))?,
+        ),
+        None => granary::auth::Secret::from_env().map_err(|e| err(e.into()))?,
+    };
     if peers.is_some() && cache_dir.is_none() {
         return Err(PyValueError::new_err(
             "peers share tiers: they need cache_dir and cache_size",
@@ -468,6 +476,7 @@ fn stream_config(
             node,
             timeout: Duration::from_secs_f64(peer_timeout),
             ownership_epoch,
+            secret,
         }),
         ..Default::default()
     };
@@ -486,7 +495,8 @@ impl Stream {
     /// `Stream(path, epoch, rank, world_size, worker, num_workers, **options)`; options:
     /// shuffle ("chunkwise"), seed (0), drop_last (True), window, memory, cache_dir,
     /// cache_size, policy ("static"), sampling ("uniform"), alpha (0.5), cache_boost (4.0),
-    /// resume, locality (1.0), peers, node, peer_timeout (2.0), ownership_epoch (0). The
+    /// resume, locality (1.0), peers, node, peer_timeout (2.0), ownership_epoch (0),
+    /// peer_secret (default: GRANARY_PEER_SECRET). The
     /// arguments become a `granary::ReaderConfig`; the reader library does the rest.
     #[new]
     #[pyo3(signature = (path, epoch, *shard, **options))]

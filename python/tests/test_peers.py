@@ -1,12 +1,16 @@
 """Tiers shared between nodes from Python: two `granary serve` processes on 127.0.0.1 stand in
 for two nodes; the native Stream and IterableDataset read through them with ``peers=``."""
 
+import os
 import subprocess
 
 import pytest
 
 import granary
 from conftest import granary_bin
+
+
+SECRET = "python-test-secret-0123456789abcdef"
 
 
 @pytest.fixture
@@ -18,7 +22,8 @@ def nodes(packed, tmp_path):
         tier.mkdir()
         p = subprocess.Popen(
             [granary_bin(), "serve", str(path), "--cache-dir", str(tier), "--listen", "127.0.0.1:0"],
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+            env={**os.environ, "GRANARY_PEER_SECRET": SECRET})
         line = p.stdout.readline().strip()
         assert line.startswith("listening on http://"), line
         procs.append(p)
@@ -31,6 +36,7 @@ def nodes(packed, tmp_path):
 
 
 def read(path, epoch, rank, tiers, addrs, **kw):
+    kw.setdefault("peer_secret", SECRET)
     s = granary.Stream(str(path), epoch, rank, 2, 0, 1, cache_dir=str(tiers[rank]),
                        cache_size=1 << 20, peers=addrs, peer_timeout=0.5, **kw)
     got = {i: bytes(d) for i, _, d, _ in s}
@@ -50,6 +56,19 @@ def test_a_rank_reads_the_other_nodes_tier_and_survives_its_death(packed, nodes)
     got, (samples, nbytes) = read(path, 1, 0, tiers, addrs)
     assert all(want[i] == d for i, d in got.items())
     assert samples > 0 and nbytes > 0
+    # Without the job's secret the peer refuses: every sample still right, from origin.
+    for secret in ("not-the-secret-of-this-job", None):
+        if secret is None:
+            os.environ.pop("GRANARY_PEER_SECRET", None)
+        refused, (samples, _) = read(path, 1, 0, tiers, addrs, peer_secret=secret)
+        assert refused == got and samples == 0
+    # The job's secret through the environment (what job_secret() sets) works as well.
+    os.environ["GRANARY_PEER_SECRET"] = SECRET
+    try:
+        again, (samples, _) = read(path, 1, 0, tiers, addrs, peer_secret=None)
+    finally:
+        del os.environ["GRANARY_PEER_SECRET"]
+    assert again == got and samples > 0
     # Node 1 dies: the same epoch reads every sample right from origin instead.
     procs[1].kill()
     procs[1].wait()
@@ -69,6 +88,9 @@ def test_peers_need_a_tier_and_a_sound_list(packed, nodes):
     with pytest.raises(ValueError, match="host:port"):
         granary.Stream(str(path), 0, 0, 2, 0, 1, cache_dir=str(tiers[0]), cache_size=1 << 20,
                        peers=["http://x:1", addrs[1]])
+    with pytest.raises(ValueError, match="at least 16 bytes"):
+        granary.Stream(str(path), 0, 0, 2, 0, 1, cache_dir=str(tiers[0]), cache_size=1 << 20,
+                       peers=addrs, peer_secret="short")
     with pytest.raises(ValueError, match="multiple"):
         granary.Stream(str(path), 0, 0, 3, 0, 1, cache_dir=str(tiers[0]), cache_size=1 << 20,
                        peers=addrs)

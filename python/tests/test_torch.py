@@ -217,6 +217,7 @@ def test_torchrun_ranks_share_their_tiers_through_job_peers(packed, tmp_path):
             import granary
             dist.init_process_group("gloo")
             r = dist.get_rank()
+            secret = granary.job_secret()  # before the server starts: it inherits it
             tier = os.path.join({str(tmp_path)!r}, f"tier{{r}}")
             os.makedirs(tier)
             server = subprocess.Popen([{granary_bin()!r}, "serve", {str(path)!r}, "--cache-dir",
@@ -234,7 +235,7 @@ def test_torchrun_ranks_share_their_tiers_through_job_peers(packed, tmp_path):
             server.kill()
             server.wait()
             with open(os.path.join({str(tmp_path)!r}, f"rank{{r}}.json"), "w") as f:
-                json.dump({{"peers": peers, "addr": addr, "epochs": epochs}}, f)
+                json.dump({{"peers": peers, "addr": addr, "epochs": epochs, "secret": secret}}, f)
             dist.destroy_process_group()
             """
         )
@@ -242,6 +243,7 @@ def test_torchrun_ranks_share_their_tiers_through_job_peers(packed, tmp_path):
     torchrun(script)
     got = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     assert got[0]["peers"] == got[1]["peers"] == [got[0]["addr"], got[1]["addr"]]
+    assert got[0]["secret"] == got[1]["secret"] and len(got[0]["secret"]) == 64
     for e in range(2):
         a, b = got[0]["epochs"][e], got[1]["epochs"][e]
         assert not set(a) & set(b)

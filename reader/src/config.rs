@@ -74,6 +74,9 @@ pub struct PeerConfig {
     pub timeout: Duration,
     /// The epoch whose plan decides which node keeps which chunk (the same on every node).
     pub ownership_epoch: u64,
+    /// The job's secret, which signs every request to a peer (`granary serve` refuses
+    /// requests without it unless started with `--insecure`).
+    pub secret: Option<granary_store::auth::Secret>,
 }
 
 /// Everything that decides how one rank reads a dataset.
@@ -197,6 +200,7 @@ impl ReaderConfig {
                     p.node.unwrap_or(self.rank / (self.world_size / nodes)),
                     ownership,
                     p.timeout,
+                    p.secret.clone(),
                 )?))
             }
             _ => None,

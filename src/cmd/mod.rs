@@ -27,6 +27,14 @@ pub fn is_broken_pipe(e: &anyhow::Error) -> bool {
     })
 }
 
+/// The job's peer secret: from `file` if given, else from GRANARY_PEER_SECRET, else none.
+pub fn job_secret(file: Option<&Path>) -> anyhow::Result<Option<granary::auth::Secret>> {
+    Ok(match file {
+        Some(f) => Some(granary::auth::Secret::from_file(f)?),
+        None => granary::auth::Secret::from_env()?,
+    })
+}
+
 /// Opens a dataset for the inspection commands: O(1) open plus every snapshot section CRC, so
 /// that paths and offsets are trusted only when intact.
 pub fn open_dataset(path: &Path) -> anyhow::Result<granary::Dataset> {

@@ -115,6 +115,11 @@ pub struct PeerArgs {
     /// Every node of the job must use the same.
     #[arg(long, value_name = "EPOCH")]
     pub ownership_epoch: Option<u64>,
+    /// File holding the job's secret, the one `granary serve` was given: every request to a
+    /// peer is signed with it (default: the GRANARY_PEER_SECRET variable; without either,
+    /// requests are unsigned and only servers started with --insecure answer them).
+    #[arg(long, value_name = "FILE", requires = "peers")]
+    pub peer_secret_file: Option<std::path::PathBuf>,
 }
 
 impl PeerArgs {
@@ -148,6 +153,7 @@ impl PeerArgs {
             node: self.node,
             timeout: std::time::Duration::from_secs_f64(self.peer_timeout),
             ownership_epoch: self.ownership_epoch.unwrap_or(first_epoch),
+            secret: super::job_secret(self.peer_secret_file.as_deref())?,
         }))
     }
 }

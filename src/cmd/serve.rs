@@ -3,8 +3,10 @@
 //! `GET` or `HEAD /<dataset id>/chunk-NNNNNNNN.gchunk`, with an optional single byte range
 //! (`Range: bytes=a-b`, `bytes=a-`, `bytes=-n`). Only the dataset ids of the datasets named on
 //! the command line are served, only chunk copies (no hot chunks, index, scores or lock file),
-//! and nothing is ever written. Clients check every copy against the snapshot (size and
-//! whole-file CRC), so the server does not: a damaged copy is rejected where it is used.
+//! and nothing is ever written. Every request must carry a proof made with the job's secret
+//! (`granary::auth`): without one it is refused (401, 403), and the refusal logged with the
+//! caller's address. Clients check every copy against the snapshot (size and whole-file CRC),
+//! so the server does not: a damaged copy is rejected where it is used.
 
 use std::collections::HashMap;
 use std::net::TcpListener;
@@ -28,10 +30,15 @@ use hyper::{Method, Request, Response, StatusCode};
 
 The server answers GET and HEAD for /<dataset id>/chunk-NNNNNNNN.gchunk (single byte ranges
 supported) from the tier directory of each dataset named, and nothing else: no other dataset,
-no other file, no writes. It trusts the network it listens on (a cluster's internal network):
-there is no TLS and no authentication, so bind it to the job's internal address, never a
-public one. Readers check every chunk they receive against their snapshot (size and CRC-32), so
-a damaged or foreign copy is rejected and read from origin storage instead.
+no other file, no writes. Only the job's own readers are answered: every request carries an
+HMAC-SHA256 proof made with the job's secret (--secret-file, or GRANARY_PEER_SECRET; readers
+take the same: `granary read --peer-secret-file`, or the variable), bound to the request and to
+a 60 s window and never accepted twice; any other request is refused (401 without a proof, 403
+with a wrong, stale or replayed one) and logged with the caller's address. The bytes are not
+encrypted: bind the server to the job's internal network. Readers check every chunk they
+receive against their snapshot (size and CRC-32), so a damaged or foreign copy is rejected and
+read from origin storage instead. A secret: head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n'
+(Python: granary.job_secret() makes one on rank 0 and shares it).
 
 With --listen HOST:0 a free port is chosen; the address is printed on stdout as
 `listening on http://HOST:PORT`. The server runs until it is stopped (SIGINT or SIGTERM).")]
@@ -48,14 +55,35 @@ pub struct Args {
     /// Threads answering requests.
     #[arg(long, default_value_t = 2)]
     pub threads: usize,
+    /// File holding the job's secret (default: the GRANARY_PEER_SECRET variable). Requests
+    /// without a proof made with it are refused.
+    #[arg(long, value_name = "FILE")]
+    pub secret_file: Option<PathBuf>,
+    /// Answer every request that reaches the port, without a secret (a network where only the
+    /// job's nodes can connect). Without a secret, serve refuses to start unless this is given.
+    #[arg(long, conflicts_with = "secret_file")]
+    pub insecure: bool,
 }
 
-/// What the server may serve: each dataset id (hex) and its tier directory.
+/// What the server may serve: each dataset id (hex) and its tier directory; who it answers.
 struct Served {
     tiers: HashMap<String, PathBuf>,
+    /// `None`: --insecure.
+    verifier: Option<granary::auth::Verifier>,
+    refused: std::sync::atomic::AtomicU64,
 }
 
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
+    let secret = if a.insecure {
+        None
+    } else {
+        Some(super::job_secret(a.secret_file.as_deref())?.ok_or_else(|| {
+            anyhow::anyhow!(
+                "no secret: give the job's secret with --secret-file FILE or GRANARY_PEER_SECRET \
+                 (readers take the same), or --insecure to answer anyone who reaches the port"
+            )
+        })?)
+    };
     let mut tiers = HashMap::new();
     for d in &a.datasets {
         let ds = super::open_dataset(d)?;
@@ -74,11 +102,20 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         .enable_io()
         .build()
         .context("starting the server's runtime")?;
-    let served = Arc::new(Served { tiers });
+    let served = Arc::new(Served {
+        tiers,
+        verifier: secret.map(granary::auth::Verifier::new),
+        refused: Default::default(),
+    });
     eprintln!(
-        "granary serve: the tiers of {} dataset(s) under {}, read-only, at http://{addr}",
+        "granary serve: the tiers of {} dataset(s) under {}, read-only, at http://{addr}{}",
         served.tiers.len(),
-        a.cache_dir.display()
+        a.cache_dir.display(),
+        if served.verifier.is_some() {
+            " (requests must be signed with the job's secret)"
+        } else {
+            " (--insecure: answering anyone who reaches the port)"
+        }
     );
     println!("listening on http://{addr}");
     use std::io::Write;
@@ -86,7 +123,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     rt.block_on(async move {
         let listener = tokio::net::TcpListener::from_std(listener)?;
         loop {
-            let (stream, _) = match listener.accept().await {
+            let (stream, from) = match listener.accept().await {
                 Ok(s) => s,
                 // Out of file descriptors or a connection reset before it was accepted: the
                 // next one may work.
@@ -101,7 +138,9 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
             tokio::spawn(async move {
                 let svc = hyper::service::service_fn(move |req| {
                     let served = served.clone();
-                    async move { Ok::<_, std::convert::Infallible>(answer(&served, req).await) }
+                    async move {
+                        Ok::<_, std::convert::Infallible>(answer(&served, req, from).await)
+                    }
                 });
                 // A client that goes away mid-response is its own business.
                 let _ = hyper::server::conn::http1::Builder::new()
@@ -123,67 +162,60 @@ fn reply(status: StatusCode, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
 
 /// The tier file a request names, if it is one the server may serve.
 fn file_for(served: &Served, path: &str) -> Result<PathBuf, &'static str> {
-    let mut parts = path.trim_start_matches('/').split('/');
-    let (Some(id), Some(name), None) = (parts.next(), parts.next(), parts.next()) else {
-        return Err("not found: ask for /<dataset id>/chunk-NNNNNNNN.gchunk\n");
-    };
-    let Some(dir) = served.tiers.get(id) else {
-        return Err("not found: this server does not serve that dataset\n");
-    };
-    // Exactly a chunk file's name, as the format spells it: nothing else in the tier.
-    let n = name
-        .strip_prefix("chunk-")
-        .and_then(|r| r.strip_suffix(granary_format::CHUNK_SUFFIX))
-        .filter(|d| d.len() >= 8 && d.bytes().all(|b| b.is_ascii_digit()))
-        .and_then(|d| d.parse::<u32>().ok())
-        .filter(|&n| granary_format::chunk_file_name(n) == name);
-    match n {
-        Some(_) => Ok(dir.join(name)),
-        None => Err("not found: only chunk copies are served\n"),
+    let (id, name) = granary::serving::chunk_request(path)?;
+    match served.tiers.get(id) {
+        Some(dir) => Ok(dir.join(name)),
+        None => Err("not found: this server does not serve that dataset\n"),
     }
 }
 
-/// The byte range a `Range` header asks of a `size`-byte file: `Ok(None)` for the whole file
-/// (no header, or one this server does not do, such as several ranges: the whole file is a
-/// valid answer to those), `Err` if it cannot be satisfied.
-fn range_of(header: Option<&str>, size: u64) -> Result<Option<(u64, u64)>, ()> {
-    let Some(spec) = header.and_then(|h| h.trim().strip_prefix("bytes=")) else {
-        return Ok(None);
-    };
-    if spec.contains(',') {
-        return Ok(None);
+/// The refusal of `req` if it lacks the job's proof (logged with `from`: the first 20, then
+/// every 1000th).
+fn refusal(
+    served: &Served,
+    req: &Request<hyper::body::Incoming>,
+    from: std::net::SocketAddr,
+) -> Option<Response<Full<Bytes>>> {
+    let v = served.verifier.as_ref()?;
+    let header = |name| req.headers().get(name).and_then(|v| v.to_str().ok());
+    let checked = v.check(
+        req.method().as_str(),
+        req.uri().path(),
+        header(hyper::header::RANGE.as_str()),
+        header(granary::auth::AUTH_HEADER),
+        granary::auth::unix_now(),
+    );
+    let why = checked.err()?;
+    let n = served
+        .refused
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        + 1;
+    if n <= 20 || n.is_multiple_of(1000) {
+        eprintln!(
+            "granary serve: refused {} {} from {from}: {why} ({n} refused so far)",
+            req.method(),
+            req.uri().path()
+        );
     }
-    let Some((a, b)) = spec.split_once('-') else {
-        return Ok(None);
-    };
-    let (a, b) = (a.trim(), b.trim());
-    let parse = |s: &str| s.parse::<u64>().map_err(|_| ());
-    let (start, end) = match (a.is_empty(), b.is_empty()) {
-        (true, true) => return Err(()),
-        // The last n bytes.
-        (true, false) => {
-            let n = parse(b)?;
-            if n == 0 {
-                return Err(());
-            }
-            (size.saturating_sub(n), size)
-        }
-        (false, true) => (parse(a)?, size),
-        (false, false) => {
-            let (s, e) = (parse(a)?, parse(b)?);
-            if e < s {
-                return Err(());
-            }
-            (s, e.saturating_add(1).min(size))
-        }
-    };
-    if start >= size {
-        return Err(());
+    let status = StatusCode::from_u16(why.status()).expect("401 or 403");
+    let mut r = reply(status, format!("refused: {why}\n"));
+    if status == StatusCode::UNAUTHORIZED {
+        r.headers_mut().insert(
+            hyper::header::WWW_AUTHENTICATE,
+            "granary-peer-v1".parse().expect("valid"),
+        );
     }
-    Ok(Some((start, end)))
+    Some(r)
 }
 
-async fn answer(served: &Served, req: Request<hyper::body::Incoming>) -> Response<Full<Bytes>> {
+async fn answer(
+    served: &Served,
+    req: Request<hyper::body::Incoming>,
+    from: std::net::SocketAddr,
+) -> Response<Full<Bytes>> {
+    if let Some(r) = refusal(served, &req, from) {
+        return r;
+    }
     let head = match *req.method() {
         Method::GET => false,
         Method::HEAD => true,
@@ -241,10 +273,10 @@ fn read_file(path: &std::path::Path, range: Option<&str>, head: bool) -> Respons
             )
         }
     };
-    let (status, (start, end)) = match range_of(range, size) {
+    let (status, (start, end)) = match granary::serving::byte_range(range, size) {
         Ok(None) => (StatusCode::OK, (0, size)),
         Ok(Some(r)) => (StatusCode::PARTIAL_CONTENT, r),
-        Err(()) => {
+        Err(granary::serving::Unsatisfiable) => {
             let mut r = reply(StatusCode::RANGE_NOT_SATISFIABLE, "");
             r.headers_mut().insert(
                 hyper::header::CONTENT_RANGE,
@@ -298,30 +330,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn ranges_are_single_byte_ranges_inside_the_file() {
-        assert_eq!(range_of(None, 100), Ok(None));
-        assert_eq!(range_of(Some("bytes=0-9"), 100), Ok(Some((0, 10))));
-        assert_eq!(range_of(Some("bytes=90-"), 100), Ok(Some((90, 100))));
-        assert_eq!(range_of(Some("bytes=-10"), 100), Ok(Some((90, 100))));
-        assert_eq!(range_of(Some("bytes=-1000"), 100), Ok(Some((0, 100))));
-        assert_eq!(range_of(Some("bytes=50-1000"), 100), Ok(Some((50, 100))));
-        assert_eq!(range_of(Some("bytes=0-1,5-6"), 100), Ok(None));
-        assert_eq!(range_of(Some("items=0-1"), 100), Ok(None));
-        for bad in [
-            "bytes=100-",
-            "bytes=9-3",
-            "bytes=-0",
-            "bytes=-",
-            "bytes=x-1",
-        ] {
-            assert_eq!(range_of(Some(bad), 100), Err(()), "{bad}");
-        }
-    }
-
-    #[test]
     fn only_chunk_copies_of_the_datasets_served_are_files() {
         let served = Served {
             tiers: [("ab".to_string(), PathBuf::from("/t/ab"))].into(),
+            verifier: None,
+            refused: Default::default(),
         };
         assert_eq!(
             file_for(&served, "/ab/chunk-00000007.gchunk"),

@@ -8,6 +8,7 @@
 //! [`StoreStack`] (tier → peers → origin, any subset) once; the packer writes objects through
 //! [`object::ObjectUrl`]. Errors say of which kind they are ([`StoreError`]).
 
+pub mod auth;
 pub mod buf;
 mod error;
 pub mod file;
@@ -16,6 +17,7 @@ pub mod local;
 pub mod object;
 pub mod peers;
 mod seam;
+pub mod serving;
 mod stack;
 pub mod tier;
 

@@ -214,6 +214,53 @@ pub(crate) enum Sized {
     Wrong(u64),
 }
 
+/// Connects clients whose every request carries the job's proof (`crate::auth`).
+#[derive(Debug)]
+struct Signing(crate::auth::Secret);
+
+impl object_store::client::HttpConnector for Signing {
+    fn connect(
+        &self,
+        options: &object_store::ClientOptions,
+    ) -> object_store::Result<object_store::client::HttpClient> {
+        let inner = object_store::client::ReqwestConnector::default().connect(options)?;
+        Ok(object_store::client::HttpClient::new(Signed {
+            inner,
+            secret: self.0.clone(),
+        }))
+    }
+}
+
+#[derive(Debug)]
+struct Signed {
+    inner: object_store::client::HttpClient,
+    secret: crate::auth::Secret,
+}
+
+#[async_trait::async_trait]
+impl object_store::client::HttpService for Signed {
+    async fn call(
+        &self,
+        mut req: object_store::client::HttpRequest,
+    ) -> std::result::Result<object_store::client::HttpResponse, object_store::client::HttpError>
+    {
+        let range = req
+            .headers()
+            .get(http::header::RANGE)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        let proof = self.secret.sign(
+            req.method().as_str(),
+            req.uri().path(),
+            range.as_deref(),
+            crate::auth::unix_now(),
+        );
+        let value = http::HeaderValue::from_str(&proof).expect("a proof is ASCII");
+        req.headers_mut().insert(crate::auth::AUTH_HEADER, value);
+        self.inner.execute(req).await
+    }
+}
+
 /// One process's clients of a store.
 #[derive(Debug, Clone)]
 struct Clients {
@@ -292,6 +339,8 @@ pub struct ObjectUrl {
     /// A peer's tier (`granary serve`): every request bounded by `timeouts.request`, never
     /// retried, and nothing logged while waiting (the peer layer handles a slow peer).
     peer: bool,
+    /// The job's secret, which signs every request to a peer (`crate::auth`).
+    secret: Option<crate::auth::Secret>,
 }
 
 impl ObjectUrl {
@@ -320,13 +369,20 @@ impl ObjectUrl {
             client: Mutex::new(None),
             timeouts: Timeouts::from_env()?,
             peer: false,
+            secret: None,
         })
     }
 
     /// The tier of dataset `id_hex` served by the peer at `addr` (`host:port`, `granary
     /// serve`): plain HTTP, each request bounded by `timeout` (connecting included) and never
-    /// retried, so a peer that is gone costs one timeout, not a backoff schedule.
-    pub fn peer(addr: &str, id_hex: &str, timeout: Duration) -> Result<Self> {
+    /// retried, so a peer that is gone costs one timeout, not a backoff schedule; each signed
+    /// with `secret` when there is one.
+    pub fn peer(
+        addr: &str,
+        id_hex: &str,
+        timeout: Duration,
+        secret: Option<crate::auth::Secret>,
+    ) -> Result<Self> {
         let mut u = Self::parse(&format!("http://{addr}/{id_hex}"))?;
         u.timeouts = Timeouts {
             connect: timeout,
@@ -334,6 +390,7 @@ impl ObjectUrl {
             retry: timeout,
         };
         u.peer = true;
+        u.secret = secret;
         Ok(u)
     }
 
@@ -488,14 +545,14 @@ impl ObjectUrl {
                     .with_connect_timeout(t.connect)
                     .with_read_timeout(t.request)
                     .with_timeout(whole);
-                Arc::new(
-                    object_store::http::HttpBuilder::new()
-                        .with_url(&bucket_url)
-                        .with_retry(retry)
-                        .with_client_options(options)
-                        .build()
-                        .map_err(fail)?,
-                )
+                let mut b = object_store::http::HttpBuilder::new()
+                    .with_url(&bucket_url)
+                    .with_retry(retry)
+                    .with_client_options(options);
+                if let Some(secret) = &self.secret {
+                    b = b.with_http_connector(Signing(secret.clone()));
+                }
+                Arc::new(b.build().map_err(fail)?)
             }
         };
         Ok(Clients { store, s3 })

@@ -160,13 +160,15 @@ pub struct Peers {
 impl Peers {
     /// The peers of node `me` for dataset `dataset_id`: `addrs[node]` is each node's `granary
     /// serve` address (`host:port`; this node's own is listed too and never asked), in node
-    /// order. Requests to a peer are bounded by `timeout` and not retried.
+    /// order. Requests to a peer are bounded by `timeout` and not retried; with `secret` (the
+    /// job's, as `granary serve` was given it) each carries the proof the server asks for.
     pub fn new(
         dataset_id: [u8; 16],
         addrs: Vec<String>,
         me: u32,
         ownership: Ownership,
         timeout: Duration,
+        secret: Option<crate::auth::Secret>,
     ) -> Result<Peers> {
         if addrs.len() != ownership.nodes() as usize {
             return Err(StoreError::Invalid(format!(
@@ -189,7 +191,7 @@ impl Peers {
             urls.push(if n as u32 == me {
                 None
             } else {
-                Some(ObjectUrl::peer(a, &id, timeout)?)
+                Some(ObjectUrl::peer(a, &id, timeout, secret.clone())?)
             });
         }
         Ok(Peers {
@@ -307,9 +309,26 @@ impl Peers {
                 c.unreachable.fetch_add(1, Relaxed);
                 if !self.down[n].swap(true, Relaxed) {
                     c.peers_marked_down.fetch_add(1, Relaxed);
+                    let denied = matches!(
+                        &e,
+                        StoreError::Remote {
+                            kind: crate::RemoteKind::Denied,
+                            ..
+                        }
+                    );
+                    let why = if denied {
+                        format!(
+                            "refused this reader: it does not hold the job's secret (give it the \
+                             one `granary serve` was given: --peer-secret-file or \
+                             {}) ({e})",
+                            crate::auth::SECRET_ENV
+                        )
+                    } else {
+                        format!("failed ({e})")
+                    };
                     log::warn!(
-                        "peer {} (node {node}) failed ({e}); its chunks come \
-                         from origin storage for the rest of this epoch",
+                        "peer {} (node {node}) {why}; its chunks come from origin storage for \
+                         the rest of this epoch",
                         self.addrs[n]
                     );
                 }
