@@ -59,6 +59,7 @@ impl Node {
         let addr = line
             .trim()
             .strip_prefix("listening on http://")
+            .or_else(|| line.trim().strip_prefix("listening on https://"))
             .unwrap_or_else(|| panic!("serve printed {line:?}"))
             .to_string();
         Node {
@@ -543,4 +544,143 @@ fn the_server_answers_only_requests_signed_with_the_jobs_secret() {
     // --insecure answers anyone.
     let open = Node::start_with(&[&ds], node.tier.clone(), &[], &["--insecure"]);
     assert_eq!(http_with(&open.addr, "GET", &path, None).0, 200);
+}
+
+/// Runs openssl (a test prerequisite, like the S3 server): a CA, and a certificate for
+/// 127.0.0.1 signed by it. Returns (CA, certificate, key) paths.
+fn test_certificates(dir: &Path, name: &str) -> (PathBuf, PathBuf, PathBuf) {
+    let p = |f: &str| dir.join(format!("{name}-{f}"));
+    let ext = p("ext");
+    std::fs::write(
+        &ext,
+        "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\n",
+    )
+    .unwrap();
+    let steps: [Vec<String>; 3] = [
+        [
+            "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .chain([
+            format!("/CN={name}-ca"),
+            "-keyout".into(),
+            p("ca.key").display().to_string(),
+            "-out".into(),
+            p("ca.pem").display().to_string(),
+        ])
+        .collect(),
+        [
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-keyout",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .chain([
+            p("node.key").display().to_string(),
+            "-out".into(),
+            p("node.csr").display().to_string(),
+        ])
+        .collect(),
+        ["x509", "-req", "-days", "2", "-CAcreateserial", "-in"]
+            .iter()
+            .map(|s| s.to_string())
+            .chain(
+                [
+                    p("node.csr"),
+                    "-CA".into(),
+                    p("ca.pem"),
+                    "-CAkey".into(),
+                    p("ca.key"),
+                    "-out".into(),
+                    p("node.pem"),
+                    "-extfile".into(),
+                    ext.clone(),
+                ]
+                .iter()
+                .map(|x| x.display().to_string()),
+            )
+            .collect(),
+    ];
+    for args in steps {
+        let o = std::process::Command::new("openssl")
+            .args(&args)
+            .output()
+            .expect("openssl (a test prerequisite) runs");
+        assert!(o.status.success(), "openssl {args:?}: {}", stderr(&o));
+    }
+    (p("ca.pem"), p("node.pem"), p("node.key"))
+}
+
+#[test]
+fn peers_over_tls_read_only_from_servers_their_ca_signed() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ds = packed_tree(
+        &tmp.path().join("src"),
+        &numbered_tree(30, 3, |i| 1_000 + i as usize),
+        &tmp.path().join("ds"),
+        &["--chunk-size", "4KiB"],
+    );
+    let (ca, cert, key) = test_certificates(tmp.path(), "job");
+    let (other_ca, _, _) = test_certificates(tmp.path(), "other");
+    let (cert, key) = (cert.to_str().unwrap(), key.to_str().unwrap());
+    let node = Node::start_with(
+        &[&ds],
+        tmp.path().join("tier"),
+        &[("GRANARY_PEER_SECRET", SECRET)],
+        &["--tls-cert", cert, "--tls-key", key],
+    );
+    // Rank 0 (node 0) reads epoch 0: its tier then holds every chunk it owns.
+    let peers = format!("{},127.0.0.1:9", node.addr);
+    finish_within(read_rank(&ds, &node, &peers, 0, 0, 10 << 20), 60, "rank 0");
+    // Rank 1 of 2 in epoch 1 with the ownership of epoch 0: some chunks are node 0's.
+    let read = |ca: Option<&Path>, tier: &str| {
+        let mut args = rank_args(&ds, 1, 2, 1);
+        let tier = tmp.path().join(tier);
+        args.extend(
+            [
+                "--ownership-epoch",
+                "0",
+                "--cache-dir",
+                tier.to_str().unwrap(),
+                "--cache-size",
+                "10MiB",
+                "--peers",
+                &peers,
+            ]
+            .map(String::from),
+        );
+        if let Some(ca) = ca {
+            args.extend(["--peer-ca".to_string(), ca.display().to_string()]);
+        }
+        let o = granary()
+            .args(&args)
+            .env("GRANARY_PEER_SECRET", SECRET)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", stderr(&o));
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert_eq!(v[0]["digest"].as_str().unwrap(), plain_digest(&ds, 1, 2, 1));
+        (field(&v[0], &["peers", "bytes_from_peers"]), stderr(&o))
+    };
+    // The job's CA: the chunks come from the peer, over TLS.
+    let (from_peers, _) = read(Some(&ca), "t1");
+    assert!(from_peers > 0, "nothing came from the TLS peer");
+    // Another CA: the server's certificate is refused, the chunks come from origin.
+    let (from_peers, err) = read(Some(&other_ca), "t2");
+    assert_eq!(from_peers, 0);
+    assert!(err.contains("failed"), "{err}");
+    // Plain HTTP to a TLS server: no answer it can use, origin again.
+    let (from_peers, _) = read(None, "t3");
+    assert_eq!(from_peers, 0);
+    let log = std::fs::read_to_string(&node.log).unwrap();
+    assert!(
+        log.contains("https://") && log.contains("TLS handshake"),
+        "{log}"
+    );
 }

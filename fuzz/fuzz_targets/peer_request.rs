@@ -11,10 +11,12 @@ fuzz_target!(|data: &[u8]| {
     let Ok(s) = std::str::from_utf8(data) else { return };
     let mut f = s.splitn(4, '\n');
     let (path, range, proof) = (f.next().unwrap_or(""), f.next(), f.next());
-    if let Ok((_, name)) = chunk_request(path) {
-        let id = granary_format::parse_chunk_file_name(name).expect("a chunk name");
-        assert_eq!(granary_format::chunk_file_name(id), name);
-        assert!(!path.contains(".."));
+    // The id is only a key looked up among the served datasets; the name is the one file
+    // name joined to a tier directory: exactly a chunk's, so no separator and no `..`.
+    if let Ok((id, name)) = chunk_request(path) {
+        let n = granary_format::parse_chunk_file_name(name).expect("a chunk name");
+        assert_eq!(granary_format::chunk_file_name(n), name);
+        assert!(!id.contains('/') && !name.contains('/') && !name.contains(".."));
     }
     let size = data.len() as u64;
     if let Ok(Some((a, b))) = byte_range(range, size) {

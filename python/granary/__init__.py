@@ -181,7 +181,8 @@ class IterableDataset(_IterBase):
     ``peer_timeout`` seconds is skipped for the epoch. ``node`` overrides this node's number.
     Needs ``cache_dir``. Every request to a peer is signed with the job's secret
     (``peer_secret``, default the ``GRANARY_PEER_SECRET`` variable, which ``job_secret()``
-    sets on every rank); ``granary serve`` refuses requests without it.
+    sets on every rank); ``granary serve`` refuses requests without it. ``peer_ca`` (a PEM
+    file) reaches peers over TLS (``granary serve --tls-cert``), checking their certificates.
 
     ``memory`` is each reader's read-buffer budget in bytes (one reader per DataLoader worker;
     default ``None``: the library's 128 MiB). The shuffle window follows from it unless
@@ -215,6 +216,7 @@ class IterableDataset(_IterBase):
         peer_timeout=2.0,
         ownership_epoch=0,
         peer_secret=None,
+        peer_ca=None,
     ):
         if shuffle not in ("chunkwise", "global", "sequential"):
             raise ValueError(f"shuffle must be chunkwise, global or sequential, not {shuffle!r}")
@@ -283,6 +285,7 @@ class IterableDataset(_IterBase):
         self.node = None if node is None else int(node)
         self.peer_timeout = float(peer_timeout)
         self.peer_secret = None if peer_secret is None else str(peer_secret)
+        self.peer_ca = None if peer_ca is None else os.fspath(peer_ca)
         self.ownership_epoch = int(ownership_epoch)
         self.epoch = 0
         self._resume = None
@@ -353,6 +356,7 @@ class IterableDataset(_IterBase):
             peer_timeout=self.peer_timeout,
             ownership_epoch=self.ownership_epoch,
             peer_secret=self.peer_secret,
+            peer_ca=self.peer_ca,
         )
 
     def __iter__(self):

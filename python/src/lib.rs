@@ -424,7 +424,14 @@ fn stream_config(
     let peer_timeout = o.get("peer_timeout", 2.0f64)?;
     let ownership_epoch = o.get("ownership_epoch", 0u64)?;
     let peer_secret: Option<String> = o.get("peer_secret", None)?;
+    let peer_ca: Option<PathBuf> = o.get("peer_ca", None)?;
     o.finish()?;
+    let tls_ca = match &peer_ca {
+        Some(f) => Some(std::fs::read(f).map_err(|e| {
+            PyValueError::new_err(format!("reading the CA file {}: {e}", f.display()))
+        })?),
+        None => None,
+    };
     // The job's secret: given, else GRANARY_PEER_SECRET (which `granary.job_secret()` sets).
     let secret = match &peer_secret {
         Some(s) => Some(
@@ -477,6 +484,7 @@ fn stream_config(
             timeout: Duration::from_secs_f64(peer_timeout),
             ownership_epoch,
             secret,
+            tls_ca,
         }),
         ..Default::default()
     };
@@ -496,7 +504,7 @@ impl Stream {
     /// shuffle ("chunkwise"), seed (0), drop_last (True), window, memory, cache_dir,
     /// cache_size, policy ("static"), sampling ("uniform"), alpha (0.5), cache_boost (4.0),
     /// resume, locality (1.0), peers, node, peer_timeout (2.0), ownership_epoch (0),
-    /// peer_secret (default: GRANARY_PEER_SECRET). The
+    /// peer_secret (default: GRANARY_PEER_SECRET), peer_ca (a PEM file: peers over TLS). The
     /// arguments become a `granary::ReaderConfig`; the reader library does the rest.
     #[new]
     #[pyo3(signature = (path, epoch, *shard, **options))]

@@ -77,6 +77,9 @@ pub struct PeerConfig {
     /// The job's secret, which signs every request to a peer (`granary serve` refuses
     /// requests without it unless started with `--insecure`).
     pub secret: Option<granary_store::auth::Secret>,
+    /// Certificates (PEM) the peers' TLS certificates chain to: peers are then reached over
+    /// TLS (`granary serve --tls-cert`); `None`: plain HTTP.
+    pub tls_ca: Option<Vec<u8>>,
 }
 
 /// Everything that decides how one rank reads a dataset.
@@ -201,6 +204,7 @@ impl ReaderConfig {
                     ownership,
                     p.timeout,
                     p.secret.clone(),
+                    p.tls_ca.as_deref(),
                 )?))
             }
             _ => None,

@@ -120,6 +120,10 @@ pub struct PeerArgs {
     /// requests are unsigned and only servers started with --insecure answer them).
     #[arg(long, value_name = "FILE", requires = "peers")]
     pub peer_secret_file: Option<std::path::PathBuf>,
+    /// CA certificate(s) (PEM) the peers' TLS certificates chain to: peers are then reached
+    /// over TLS (servers started with `granary serve --tls-cert`).
+    #[arg(long, value_name = "FILE", requires = "peers", env = "GRANARY_PEER_CA")]
+    pub peer_ca: Option<std::path::PathBuf>,
 }
 
 impl PeerArgs {
@@ -154,6 +158,13 @@ impl PeerArgs {
             timeout: std::time::Duration::from_secs_f64(self.peer_timeout),
             ownership_epoch: self.ownership_epoch.unwrap_or(first_epoch),
             secret: super::job_secret(self.peer_secret_file.as_deref())?,
+            tls_ca: match &self.peer_ca {
+                Some(f) => Some(
+                    std::fs::read(f)
+                        .with_context(|| format!("reading the CA file {}", f.display()))?,
+                ),
+                None => None,
+            },
         }))
     }
 }

@@ -34,8 +34,9 @@ no other file, no writes. Only the job's own readers are answered: every request
 HMAC-SHA256 proof made with the job's secret (--secret-file, or GRANARY_PEER_SECRET; readers
 take the same: `granary read --peer-secret-file`, or the variable), bound to the request and to
 a 60 s window and never accepted twice; any other request is refused (401 without a proof, 403
-with a wrong, stale or replayed one) and logged with the caller's address. The bytes are not
-encrypted: bind the server to the job's internal network. Readers check every chunk they
+with a wrong, stale or replayed one) and logged with the caller's address. The bytes travel in
+the clear unless --tls-cert/--tls-key are given (readers then pass --peer-ca): bind a plain
+server to the job's internal network. Readers check every chunk they
 receive against their snapshot (size and CRC-32), so a damaged or foreign copy is rejected and
 read from origin storage instead. A secret: head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n'
 (Python: granary.job_secret() makes one on rank 0 and shares it).
@@ -63,6 +64,41 @@ pub struct Args {
     /// job's nodes can connect). Without a secret, serve refuses to start unless this is given.
     #[arg(long, conflicts_with = "secret_file")]
     pub insecure: bool,
+    /// Serve over TLS with this certificate chain (PEM; its first certificate names this
+    /// node's address), so that the bytes cannot be read in transit. Readers then need
+    /// --peer-ca with the certificate that signed it.
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// The private key of --tls-cert (PEM).
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+}
+
+/// The TLS side of the server, from a certificate chain and its key (PEM files).
+fn tls_acceptor(
+    cert: &std::path::Path,
+    key: &std::path::Path,
+) -> anyhow::Result<tokio_rustls::TlsAcceptor> {
+    use rustls_pki_types::pem::PemObject;
+    use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+    use tokio_rustls::rustls;
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
+        .and_then(|it| it.collect::<Result<_, _>>())
+        .map_err(|e| anyhow::anyhow!("reading the certificate {}: {e}", cert.display()))?;
+    anyhow::ensure!(
+        !certs.is_empty(),
+        "{}: no certificate in it",
+        cert.display()
+    );
+    let key = PrivateKeyDer::from_pem_file(key)
+        .map_err(|e| anyhow::anyhow!("reading the private key {}: {e}", key.display()))?;
+    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .context("the certificate and the key do not go together")?;
+    Ok(tokio_rustls::TlsAcceptor::from(Arc::new(config)))
 }
 
 /// What the server may serve: each dataset id (hex) and its tier directory; who it answers.
@@ -92,6 +128,11 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         let hex = granary::DatasetId(id).to_string();
         tiers.insert(hex, dir);
     }
+    let tls = match (&a.tls_cert, &a.tls_key) {
+        (Some(c), Some(k)) => Some(tls_acceptor(c, k)?),
+        _ => None,
+    };
+    let scheme = if tls.is_some() { "https" } else { "http" };
     let listener =
         TcpListener::bind(&a.listen).with_context(|| format!("cannot listen on {}", a.listen))?;
     listener.set_nonblocking(true)?;
@@ -108,7 +149,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         refused: Default::default(),
     });
     eprintln!(
-        "granary serve: the tiers of {} dataset(s) under {}, read-only, at http://{addr}{}",
+        "granary serve: the tiers of {} dataset(s) under {}, read-only, at {scheme}://{addr}{}",
         served.tiers.len(),
         a.cache_dir.display(),
         if served.verifier.is_some() {
@@ -117,7 +158,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
             " (--insecure: answering anyone who reaches the port)"
         }
     );
-    println!("listening on http://{addr}");
+    println!("listening on {scheme}://{addr}");
     use std::io::Write;
     std::io::stdout().flush()?;
     rt.block_on(async move {
@@ -135,6 +176,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
             };
             let _ = stream.set_nodelay(true);
             let served = served.clone();
+            let tls = tls.clone();
             tokio::spawn(async move {
                 let svc = hyper::service::service_fn(move |req| {
                     let served = served.clone();
@@ -142,10 +184,23 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
                         Ok::<_, std::convert::Infallible>(answer(&served, req, from).await)
                     }
                 });
+                let http = hyper::server::conn::http1::Builder::new();
                 // A client that goes away mid-response is its own business.
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(hyper_util::rt::TokioIo::new(stream), svc)
-                    .await;
+                match tls {
+                    None => {
+                        let _ = http
+                            .serve_connection(hyper_util::rt::TokioIo::new(stream), svc)
+                            .await;
+                    }
+                    Some(tls) => match tls.accept(stream).await {
+                        Ok(s) => {
+                            let _ = http
+                                .serve_connection(hyper_util::rt::TokioIo::new(s), svc)
+                                .await;
+                        }
+                        Err(e) => eprintln!("granary serve: TLS handshake with {from} failed: {e}"),
+                    },
+                }
             });
         }
         #[allow(unreachable_code)]

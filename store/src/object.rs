@@ -341,6 +341,8 @@ pub struct ObjectUrl {
     peer: bool,
     /// The job's secret, which signs every request to a peer (`crate::auth`).
     secret: Option<crate::auth::Secret>,
+    /// Certificates (PEM) a peer's TLS certificate must chain to: the peer is then `https`.
+    peer_ca: Option<Vec<u8>>,
 }
 
 impl ObjectUrl {
@@ -370,20 +372,25 @@ impl ObjectUrl {
             timeouts: Timeouts::from_env()?,
             peer: false,
             secret: None,
+            peer_ca: None,
         })
     }
 
     /// The tier of dataset `id_hex` served by the peer at `addr` (`host:port`, `granary
     /// serve`): plain HTTP, each request bounded by `timeout` (connecting included) and never
     /// retried, so a peer that is gone costs one timeout, not a backoff schedule; each signed
-    /// with `secret` when there is one.
+    /// with `secret` when there is one; over TLS, the peer's certificate checked against
+    /// `ca` (PEM), when given.
     pub fn peer(
         addr: &str,
         id_hex: &str,
         timeout: Duration,
         secret: Option<crate::auth::Secret>,
+        ca: Option<&[u8]>,
     ) -> Result<Self> {
-        let mut u = Self::parse(&format!("http://{addr}/{id_hex}"))?;
+        let scheme = if ca.is_some() { "https" } else { "http" };
+        let mut u = Self::parse(&format!("{scheme}://{addr}/{id_hex}"))?;
+        u.peer_ca = ca.map(<[u8]>::to_vec);
         u.timeouts = Timeouts {
             connect: timeout,
             request: timeout,
@@ -540,11 +547,24 @@ impl ObjectUrl {
             }
             scheme => {
                 // An http:// URL asks for plain HTTP; the client refuses it otherwise.
-                let options = object_store::ClientOptions::new()
+                let mut options = object_store::ClientOptions::new()
                     .with_allow_http(scheme == "http")
                     .with_connect_timeout(t.connect)
                     .with_read_timeout(t.request)
                     .with_timeout(whole);
+                if let Some(pem) = &self.peer_ca {
+                    let certs = object_store::Certificate::from_pem_bundle(pem).map_err(|e| {
+                        StoreError::Invalid(format!("the peers' CA certificates: {e}"))
+                    })?;
+                    if certs.is_empty() {
+                        return Err(StoreError::Invalid(
+                            "the peers' CA file holds no certificate".into(),
+                        ));
+                    }
+                    for c in certs {
+                        options = options.with_root_certificate(c);
+                    }
+                }
                 let mut b = object_store::http::HttpBuilder::new()
                     .with_url(&bucket_url)
                     .with_retry(retry)

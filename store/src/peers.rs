@@ -161,7 +161,8 @@ impl Peers {
     /// The peers of node `me` for dataset `dataset_id`: `addrs[node]` is each node's `granary
     /// serve` address (`host:port`; this node's own is listed too and never asked), in node
     /// order. Requests to a peer are bounded by `timeout` and not retried; with `secret` (the
-    /// job's, as `granary serve` was given it) each carries the proof the server asks for.
+    /// job's, as `granary serve` was given it) each carries the proof the server asks for;
+    /// with `tls_ca` (PEM) they go over TLS to servers whose certificates chain to it.
     pub fn new(
         dataset_id: [u8; 16],
         addrs: Vec<String>,
@@ -169,6 +170,7 @@ impl Peers {
         ownership: Ownership,
         timeout: Duration,
         secret: Option<crate::auth::Secret>,
+        tls_ca: Option<&[u8]>,
     ) -> Result<Peers> {
         if addrs.len() != ownership.nodes() as usize {
             return Err(StoreError::Invalid(format!(
@@ -191,7 +193,7 @@ impl Peers {
             urls.push(if n as u32 == me {
                 None
             } else {
-                Some(ObjectUrl::peer(a, &id, timeout, secret.clone())?)
+                Some(ObjectUrl::peer(a, &id, timeout, secret.clone(), tls_ca)?)
             });
         }
         Ok(Peers {
