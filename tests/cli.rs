@@ -60,7 +60,15 @@ fn info_ls_cat_and_json() {
     )
     .unwrap();
     assert_eq!(info["samples"], files.len() as u64);
-    assert_eq!(info["format_version"], "1.0");
+    // Modes, mtimes and directories recorded (format 1.2); without them, a 1.0 file.
+    assert_eq!(info["format_version"], "1.2");
+    let plain = tmp.path().join("plain");
+    assert!(pack(&src, &plain, &["--no-metadata"]).status.success());
+    let plain_info: serde_json::Value = serde_json::from_slice(
+        &run_ok(["info".as_ref(), plain.as_os_str(), "--json".as_ref()]).stdout,
+    )
+    .unwrap();
+    assert_eq!(plain_info["format_version"], "1.0");
 
     // --chunk-files caps the files of a chunk whatever the chunk size.
     let capped = tmp.path().join("capped");
@@ -283,7 +291,11 @@ fn reindex_rebuilds_a_lost_snapshot_byte_identically() {
     let src = tmp.path().join("src");
     write_tree(&src, &edge_tree());
     let ds = tmp.path().join("ds");
-    assert!(pack(&src, &ds, &["--chunk-size", "32KiB"]).status.success());
+    // Chunks do not carry modes, mtimes or directories: a snapshot without them (--no-metadata)
+    // is rebuilt byte for byte; one with them loses them (checked below).
+    assert!(pack(&src, &ds, &["--chunk-size", "32KiB", "--no-metadata"])
+        .status
+        .success());
     let snap = ds.join(granary_format::SNAPSHOT_FILE);
     let original = std::fs::read(&snap).unwrap();
     // An intact snapshot is replaced only with --force.
@@ -313,6 +325,17 @@ fn reindex_rebuilds_a_lost_snapshot_byte_identically() {
         "{}",
         stderr(&o)
     );
+
+    // A dataset with modes, mtimes and directories: reindex rebuilds every sample, and says
+    // that those are not restored (the snapshot is then a 1.0 file).
+    let full = tmp.path().join("full");
+    assert!(pack(&src, &full, &["--chunk-size", "32KiB"])
+        .status
+        .success());
+    std::fs::remove_file(full.join(granary_format::SNAPSHOT_FILE)).unwrap();
+    let o = run_ok(["reindex", full.to_str().unwrap()]);
+    assert!(stdout(&o).contains("not restored"), "{}", stdout(&o));
+    assert_eq!(extracted(&full, &tmp.path().join("x")), sorted(edge_tree()));
 }
 
 #[test]
@@ -961,4 +984,98 @@ fn the_fuzz_script_fails_without_nightly_when_fuzzing_is_required() {
     let o = fuzz(false);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     assert!(stderr(&o).contains("skipped"), "{}", stderr(&o));
+}
+
+#[test]
+fn modes_mtimes_and_empty_directories_survive_pack_and_extract() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    write_tree(
+        &src,
+        &[
+            (b"bin/run.sh".to_vec(), b"#!/bin/sh\necho run\n".to_vec()),
+            (b"keys/secret".to_vec(), b"hush".to_vec()),
+            (b"old/file".to_vec(), b"from 1999".to_vec()),
+        ],
+    );
+    std::fs::create_dir_all(src.join("valid")).unwrap(); // empty, as a benchmark expects it
+    std::fs::create_dir_all(src.join("deep/er/est")).unwrap();
+    let set = |p: &str, mode: u32, secs: u64| {
+        let p = src.join(p);
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode)).unwrap();
+        let t = std::time::UNIX_EPOCH + std::time::Duration::from_secs(secs);
+        std::fs::File::open(&p)
+            .unwrap()
+            .set_times(std::fs::FileTimes::new().set_modified(t))
+            .unwrap();
+    };
+    set("bin/run.sh", 0o755, 1_700_000_000);
+    set("keys/secret", 0o600, 1_700_000_001);
+    set("old/file", 0o444, 915_148_800);
+    set("valid", 0o750, 1_600_000_000);
+    set("deep/er/est", 0o700, 1_500_000_000);
+    set("keys", 0o700, 1_700_000_002);
+    let ds = tmp.path().join("ds");
+    assert!(pack(&src, &ds, &[]).status.success());
+
+    let out = tmp.path().join("out");
+    let o = run_ok([
+        "extract".as_ref(),
+        ds.as_os_str(),
+        "-o".as_ref(),
+        out.as_os_str(),
+    ]);
+    assert!(stdout(&o).contains("and 7 directories"), "{}", stdout(&o));
+    for p in [
+        "bin/run.sh",
+        "keys/secret",
+        "old/file",
+        "valid",
+        "deep/er/est",
+        "keys",
+        "deep",
+    ] {
+        let (a, b) = (
+            std::fs::metadata(src.join(p)).unwrap(),
+            std::fs::metadata(out.join(p)).unwrap(),
+        );
+        assert_eq!(a.mode(), b.mode(), "{p}");
+        assert_eq!(a.modified().unwrap(), b.modified().unwrap(), "{p}");
+    }
+    let run = std::process::Command::new(out.join("bin/run.sh"))
+        .output()
+        .unwrap();
+    assert_eq!(run.stdout, b"run\n", "the executable bit survives");
+
+    // extract --no-metadata: the umask's modes and the time of extraction; the empty
+    // directories are still there.
+    let plain = tmp.path().join("plain");
+    run_ok([
+        "extract".as_ref(),
+        ds.as_os_str(),
+        "-o".as_ref(),
+        plain.as_os_str(),
+        "--no-metadata".as_ref(),
+    ]);
+    assert!(plain.join("valid").is_dir() && plain.join("deep/er/est").is_dir());
+    let m = std::fs::metadata(plain.join("old/file")).unwrap();
+    assert_ne!(m.mode() & 0o7777, 0o444);
+    assert!(
+        m.modified().unwrap()
+            > std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_000_000_000)
+    );
+
+    // pack --no-metadata: a 1.0 dataset that records none of it (no empty directories).
+    let ds0 = tmp.path().join("ds0");
+    assert!(pack(&src, &ds0, &["--no-metadata"]).status.success());
+    let out0 = tmp.path().join("out0");
+    run_ok([
+        "extract".as_ref(),
+        ds0.as_os_str(),
+        "-o".as_ref(),
+        out0.as_os_str(),
+    ]);
+    assert!(!out0.join("valid").exists());
+    assert_eq!(read_tree(&out0), read_tree(&src));
 }

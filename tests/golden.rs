@@ -5,6 +5,7 @@
 
 mod common;
 
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
 use common::*;
@@ -165,4 +166,118 @@ fn reads_golden_v1_1() {
     }
     let r = granary::verify(&ds_path);
     assert!(r.is_clean(), "{:?}", r.problems);
+}
+
+fn golden_dir_1_2() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden/v1.2")
+}
+
+/// The mode and mtime (ns) the 1.2 golden source gives file `i` of `golden_source()`.
+fn golden_file_attrs(i: usize) -> (u32, i64) {
+    let mode = [0o644, 0o600, 0o755, 0o444][i % 4];
+    (mode, 1_600_000_000_000_000_000 + i as i64 * 1_000_000_123)
+}
+
+/// Directories of the 1.2 golden source: (path, mode, mtime ns); `cherry/empty` is empty.
+const GOLDEN_DIRS: [(&str, u32, i64); 4] = [
+    ("apple", 0o755, 1_550_000_000_000_000_001),
+    ("banana", 0o750, 1_550_000_000_000_000_002),
+    ("cherry", 0o755, 1_550_000_000_000_000_003),
+    ("cherry/empty", 0o700, 1_500_000_000_000_000_000),
+];
+
+fn set_attrs(p: &Path, mode: u32, mtime_ns: i64) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap();
+    let t = std::time::UNIX_EPOCH + std::time::Duration::from_nanos(mtime_ns as u64);
+    std::fs::File::open(p)
+        .unwrap()
+        .set_times(std::fs::FileTimes::new().set_modified(t))
+        .unwrap();
+}
+
+#[test]
+#[ignore = "writes the golden files; run only when creating them for a new format version"]
+fn write_golden_v1_2() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    let files = golden_source();
+    write_tree(&src, &files);
+    std::fs::create_dir_all(src.join("cherry/empty")).unwrap();
+    for (i, (p, _)) in files.iter().enumerate() {
+        let (mode, mtime) = golden_file_attrs(i);
+        set_attrs(&src.join(std::ffi::OsStr::from_bytes(p)), mode, mtime);
+    }
+    for (d, mode, mtime) in GOLDEN_DIRS.iter().rev() {
+        set_attrs(&src.join(d), *mode, *mtime);
+    }
+    let out = golden_dir_1_2().join("dataset");
+    let _ = std::fs::remove_dir_all(&out);
+    std::fs::create_dir_all(golden_dir_1_2()).unwrap();
+    run_ok([
+        "pack".as_ref(),
+        src.as_os_str(),
+        "-o".as_ref(),
+        out.as_os_str(),
+        "--chunk-size".as_ref(),
+        "8KiB".as_ref(),
+        "--seed".as_ref(),
+        "1".as_ref(),
+    ]);
+}
+
+#[test]
+fn reads_golden_v1_2() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let ds_path = golden_dir_1_2().join("dataset");
+    let ds = granary::Dataset::open_checked(&ds_path).expect("golden v1.2 dataset opens");
+    assert_eq!(ds.snapshot().version(), (1, 2));
+    let want = golden_source();
+    assert_eq!(ds.len(), want.len() as u64);
+    for (i, (path, data)) in want.iter().enumerate() {
+        let id = ds.lookup(path).unwrap().expect("golden path present");
+        assert_eq!(&ds.read(id).unwrap(), data);
+        let (mode, mtime_ns) = golden_file_attrs(i);
+        assert_eq!(
+            ds.attrs(id).unwrap(),
+            Some(granary::FileAttrs { mode, mtime_ns }),
+            "{}",
+            String::from_utf8_lossy(path)
+        );
+    }
+    let dirs: Vec<(Vec<u8>, granary::FileAttrs)> = GOLDEN_DIRS
+        .iter()
+        .map(|(d, mode, mtime_ns)| {
+            let a = granary::FileAttrs {
+                mode: *mode,
+                mtime_ns: *mtime_ns,
+            };
+            (d.as_bytes().to_vec(), a)
+        })
+        .collect();
+    assert_eq!(ds.dirs().unwrap(), dirs);
+    let r = granary::verify(&ds_path);
+    assert!(r.is_clean(), "{:?}", r.problems);
+    // Extracted with every mode, mtime and directory, the empty one too.
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out");
+    run_ok([
+        "extract".as_ref(),
+        ds_path.as_os_str(),
+        "-o".as_ref(),
+        out.as_os_str(),
+    ]);
+    assert_eq!(read_tree(&out), sorted(want.clone()));
+    for (i, (p, _)) in want.iter().enumerate() {
+        let m = std::fs::metadata(out.join(std::ffi::OsStr::from_bytes(p))).unwrap();
+        let (mode, mtime_ns) = golden_file_attrs(i);
+        assert_eq!(m.permissions().mode() & 0o7777, mode);
+        assert_eq!(m.mtime() * 1_000_000_000 + m.mtime_nsec(), mtime_ns);
+    }
+    for (d, mode, mtime_ns) in GOLDEN_DIRS {
+        let m = std::fs::metadata(out.join(d)).unwrap();
+        assert!(m.is_dir(), "{d}");
+        assert_eq!(m.permissions().mode() & 0o7777, mode, "{d}");
+        assert_eq!(m.mtime() * 1_000_000_000 + m.mtime_nsec(), mtime_ns, "{d}");
+    }
 }

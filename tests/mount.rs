@@ -82,11 +82,19 @@ fn walk_fs(fs: &MountFs, ino: u64, prefix: &[u8], out: &mut Vec<(Vec<u8>, Vec<u8
             path.push(b'/');
         }
         path.extend_from_slice(name);
+        // Modes and mtimes as packed (format 1.2): the source's.
+        let src = fs
+            .dataset()
+            .snapshot_path()
+            .parent()
+            .unwrap()
+            .with_file_name("src");
+        let m = std::fs::metadata(src.join(std::ffi::OsStr::from_bytes(&path))).unwrap();
+        assert_eq!(a.perm as u32, m.mode() & 0o7777, "{path:?}");
+        assert_eq!(a.mtime, m.modified().unwrap(), "{path:?}");
         if *kind == fuser::FileType::Directory {
-            assert_eq!(a.perm, 0o555);
             walk_fs(fs, *child, &path, out);
         } else {
-            assert_eq!(a.perm, 0o444);
             let data = read_file(fs, *child, 128 << 10).unwrap();
             assert_eq!(data.len() as u64, a.size);
             out.push((path, data));
@@ -495,7 +503,9 @@ fn a_mounted_dataset_reads_like_its_source() {
 
     let meta = std::fs::metadata(mnt.join("c01/large.bin")).unwrap();
     assert_eq!(meta.len(), 300_000);
-    assert_eq!(meta.mode() & 0o7777, 0o444);
+    let orig = std::fs::metadata(tmp.path().join("src/c01/large.bin")).unwrap();
+    assert_eq!(meta.mode() & 0o7777, orig.mode() & 0o7777);
+    assert_eq!(meta.modified().unwrap(), orig.modified().unwrap());
     assert_eq!(
         errno_of(std::fs::metadata(mnt.join("nope"))),
         Some(libc::ENOENT)
@@ -775,4 +785,58 @@ fn a_read_through_the_mount_of_a_store_gone_silent_is_eio_within_the_bound() {
         log.contains(&url) && log.contains("still waiting"),
         "the mount's log must name the store it waits on: {log}"
     );
+}
+
+#[test]
+fn the_mount_shows_packed_modes_mtimes_and_empty_directories() {
+    use std::os::unix::fs::PermissionsExt;
+    require_fuse!();
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    write_tree(
+        &src,
+        &[
+            (b"bin/run.sh".to_vec(), b"#!/bin/sh\necho run\n".to_vec()),
+            (b"data/x".to_vec(), b"x".to_vec()),
+        ],
+    );
+    std::fs::create_dir_all(src.join("valid")).unwrap();
+    std::fs::create_dir_all(src.join("data/empty")).unwrap();
+    std::fs::set_permissions(
+        src.join("bin/run.sh"),
+        std::fs::Permissions::from_mode(0o750),
+    )
+    .unwrap();
+    std::fs::set_permissions(src.join("valid"), std::fs::Permissions::from_mode(0o711)).unwrap();
+    let ds = tmp.path().join("ds");
+    assert!(pack(&src, &ds, &[]).status.success());
+    let mnt = tmp.path().join("mnt");
+    let m = Mounted::new(&ds, &mnt, &[]);
+    // `diff -r` finds the same tree, empty directories included.
+    let diff = std::process::Command::new("diff")
+        .arg("-r")
+        .arg(&src)
+        .arg(&mnt)
+        .output()
+        .unwrap();
+    assert!(
+        diff.status.success(),
+        "{}",
+        String::from_utf8_lossy(&diff.stdout)
+    );
+    for p in ["bin/run.sh", "data/x", "valid", "data/empty", "data", "bin"] {
+        let (a, b) = (
+            std::fs::metadata(src.join(p)).unwrap(),
+            std::fs::metadata(mnt.join(p)).unwrap(),
+        );
+        assert_eq!(a.mode() & 0o7777, b.mode() & 0o7777, "{p}");
+        assert_eq!(a.modified().unwrap(), b.modified().unwrap(), "{p}");
+        assert_eq!(a.is_dir(), b.is_dir(), "{p}");
+    }
+    assert_eq!(std::fs::read_dir(mnt.join("valid")).unwrap().count(), 0);
+    let run = std::process::Command::new(mnt.join("bin/run.sh"))
+        .output()
+        .unwrap();
+    assert_eq!(run.stdout, b"run\n", "executables run from the mount");
+    drop(m);
 }

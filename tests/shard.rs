@@ -4,6 +4,8 @@
 mod common;
 
 use std::collections::BTreeMap;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use common::*;
@@ -360,7 +362,16 @@ fn append_adds_a_generation_and_old_readers_keep_reading() {
         now.snapshot().lineage().parent,
         reader.snapshot().header_crc()
     );
-    assert_eq!(now.snapshot().version(), (1, 1));
+    // Lineage (1.1) and every sample's mode and mtime, old and new (1.2).
+    assert_eq!(now.snapshot().version(), (1, 2));
+    for id in [0, reader.len() - 1, reader.len(), now.len() - 1] {
+        let path = now.path(id).unwrap();
+        let src = if id < reader.len() { &src } else { &new_src };
+        let m = std::fs::metadata(src.join(std::ffi::OsStr::from_bytes(path))).unwrap();
+        let a = now.attrs(id).unwrap().expect("attributes recorded");
+        assert_eq!(a.mode, m.mode() & 0o7777);
+        assert_eq!(a.mtime_ns, m.mtime() * 1_000_000_000 + m.mtime_nsec());
+    }
     let v = verify_json(&ds);
     assert_eq!(v["samples"], 1300);
     let mut all = old.clone();

@@ -95,7 +95,7 @@ pub(crate) fn check_magic_version(what: &'static str, magic: &[u8; 8], bytes: &[
             found_major: major,
             found_minor: minor,
             supported_major: crate::FORMAT_MAJOR,
-            supported_minor: crate::LINEAGE_MINOR,
+            supported_minor: crate::NEWEST_MINOR,
         });
     }
     Ok(())

@@ -29,8 +29,8 @@ pub use id::DatasetId;
 pub use record::{check_chunk, decode_record, ChunkCheck, MAX_ZSTD_RATIO};
 pub use rng::SplitMix64;
 pub use snapshot::{
-    snapshot_key, ChunkEntry, Lineage, SectionKind, Snapshot, SnapshotBuilder, CHUNK_ENTRY_LEN,
-    LINEAGE_LEN, SECTION_ENTRY_LEN, SNAPSHOT_HEADER_LEN,
+    snapshot_key, ChunkEntry, FileAttrs, Lineage, SectionKind, Snapshot, SnapshotBuilder,
+    ATTRS_LEN, CHUNK_ENTRY_LEN, LINEAGE_LEN, SECTION_ENTRY_LEN, SNAPSHOT_HEADER_LEN,
 };
 pub use strtab::{encode_string_table, StringTable};
 
@@ -41,6 +41,10 @@ pub const FORMAT_MAJOR: u16 = 1;
 pub const FORMAT_MINOR: u16 = 0;
 /// Minor version of a snapshot that carries the lineage section (generation > 0; format 1.1).
 pub const LINEAGE_MINOR: u16 = 1;
+/// Minor version of a snapshot that carries file attributes or directories (format 1.2).
+pub const ATTRS_MINOR: u16 = 2;
+/// The newest minor version this crate writes (and names in version errors).
+pub const NEWEST_MINOR: u16 = ATTRS_MINOR;
 
 /// Magic bytes at offset 0 of a snapshot file.
 pub const SNAPSHOT_MAGIC: [u8; 8] = *b"GRNYSNAP";

@@ -56,7 +56,7 @@ pub const SCORE_TABLE: LocalKind = LocalKind {
 /// The packer's plan (`pack-plan.bin` in its work directory).
 pub const PACK_PLAN: LocalKind = LocalKind {
     magic: *b"GRNYPLAN",
-    version: 4,
+    version: 5,
     what: "pack plan",
 };
 /// A finished shard's part file.

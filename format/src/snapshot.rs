@@ -5,7 +5,10 @@ use std::ops::Range;
 use crate::error::{check_crc, check_magic_version, FormatError, Result};
 use crate::strtab::{encode_string_table, StringTable};
 use crate::{le, path_hash, ChunkSummary, SampleEntry, CHUNK_HEADER_LEN, CHUNK_TRAILER_LEN};
-use crate::{FORMAT_MAJOR, LINEAGE_MINOR, MAX_SAMPLES, NO_LABEL, SAMPLE_ENTRY_LEN, SNAPSHOT_MAGIC};
+use crate::{
+    ATTRS_MINOR, FORMAT_MAJOR, LINEAGE_MINOR, MAX_SAMPLES, NO_LABEL, SAMPLE_ENTRY_LEN,
+    SNAPSHOT_MAGIC,
+};
 
 /// Length of the snapshot header; the section table follows it.
 pub const SNAPSHOT_HEADER_LEN: usize = 64;
@@ -33,6 +36,51 @@ pub enum SectionKind {
     Classes = 6,
     /// Optional (format 1.1): the snapshot's generation and the snapshot it extends.
     Lineage = 7,
+    /// Optional (format 1.2): each sample's file mode and mtime ([`FileAttrs`], 16 bytes per
+    /// sample, in sample order).
+    FileAttrs = 8,
+    /// Optional (format 1.2, with kind 10): the directories of the packed tree (string table,
+    /// sorted by bytes), empty ones included.
+    Dirs = 9,
+    /// Optional (format 1.2, with kind 9): each directory's mode and mtime (16 bytes each).
+    DirAttrs = 10,
+}
+
+/// Length of a [`FileAttrs`] entry (kinds 8 and 10).
+pub const ATTRS_LEN: usize = 16;
+
+/// A file's or directory's permission bits and modification time, as packed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FileAttrs {
+    /// Permission bits, `st_mode & 0o7777` (set-id and sticky bits included).
+    pub mode: u32,
+    /// Modification time, nanoseconds since 1970-01-01 UTC (negative before).
+    pub mtime_ns: i64,
+}
+
+impl FileAttrs {
+    /// The 16-byte entry: `mode: u32`, reserved `u32` (zero), `mtime_ns: i64`.
+    pub fn encode(&self) -> [u8; ATTRS_LEN] {
+        let mut b = [0u8; ATTRS_LEN];
+        b[0..4].copy_from_slice(&self.mode.to_le_bytes());
+        b[8..16].copy_from_slice(&self.mtime_ns.to_le_bytes());
+        b
+    }
+
+    /// Decodes an entry; a mode beyond `0o7777` or a non-zero reserved field is invalid.
+    pub fn decode(b: &[u8]) -> Result<FileAttrs> {
+        let mode = le::u32_at(b, 0);
+        if mode > 0o7777 || le::u32_at(b, 4) != 0 {
+            return Err(FormatError::invalid(
+                "file attributes",
+                format!("mode {mode:o} beyond 7777, or a reserved field set"),
+            ));
+        }
+        Ok(FileAttrs {
+            mode,
+            mtime_ns: le::u64_at(b, 8) as i64,
+        })
+    }
 }
 
 /// Length of the lineage section (kind 7).
@@ -115,6 +163,11 @@ struct Layout {
     order: Range<usize>,
     classes: Range<usize>,
     lineage: Lineage,
+    /// Kind 8, if present.
+    attrs: Option<Range<usize>>,
+    /// Kinds 9 and 10, if present, and the number of directories.
+    dirs: Option<(Range<usize>, Range<usize>)>,
+    dir_count: u64,
 }
 
 /// A snapshot used in place over any byte container (a memory map, a `Vec`).
@@ -190,7 +243,7 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
             &b[SNAPSHOT_HEADER_LEN..tab_end],
         )?;
         let mut sections = Vec::with_capacity(nsec as usize);
-        let mut found: [Option<Range<usize>>; 7] = Default::default();
+        let mut found: [Option<Range<usize>>; 10] = Default::default();
         for i in 0..nsec as usize {
             let e = &b[SNAPSHOT_HEADER_LEN + i * SECTION_ENTRY_LEN..][..SECTION_ENTRY_LEN];
             let s = Section {
@@ -212,7 +265,7 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
                     ),
                 ));
             }
-            if (1..=7).contains(&s.kind) {
+            if (1..=10).contains(&s.kind) {
                 let slot = &mut found[s.kind as usize - 1];
                 if slot.is_some() {
                     return Err(FormatError::invalid(
@@ -307,6 +360,31 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
                 }
             }
         };
+        let attrs = found[SectionKind::FileAttrs as usize - 1].take();
+        if let Some(r) = &attrs {
+            expect_len("snapshot file attributes", r, samples * ATTRS_LEN as u64)?;
+        }
+        let (dirs, dir_count) = match (
+            found[SectionKind::Dirs as usize - 1].take(),
+            found[SectionKind::DirAttrs as usize - 1].take(),
+        ) {
+            (None, None) => (None, 0),
+            (Some(names), Some(da)) => {
+                let n = StringTable::parse(&b[names.clone()], "snapshot directories")?.len();
+                expect_len(
+                    "snapshot directory attributes",
+                    &da,
+                    n.saturating_mul(ATTRS_LEN as u64),
+                )?;
+                (Some((names, da)), n)
+            }
+            _ => {
+                return Err(FormatError::invalid(
+                    "snapshot section table",
+                    "the directories (kind 9) and their attributes (kind 10) come together",
+                ))
+            }
+        };
         check_chunk_ranges(&b[chunk_tab.clone()], samples)?;
         Ok(Layout {
             major: le::u16_at(b, 8),
@@ -323,6 +401,9 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
             order,
             classes,
             lineage,
+            attrs,
+            dirs,
+            dir_count,
         })
     }
 
@@ -353,6 +434,45 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
     /// The snapshot's generation (appends) and the snapshot it extends.
     pub fn lineage(&self) -> Lineage {
         self.l.lineage
+    }
+
+    /// True if the snapshot records each file's mode and mtime (format 1.2).
+    pub fn has_attrs(&self) -> bool {
+        self.l.attrs.is_some()
+    }
+
+    /// Sample `id`'s file mode and mtime as packed; `None` if the snapshot does not record
+    /// them.
+    pub fn attrs(&self, id: u64) -> Result<Option<FileAttrs>> {
+        let Some(r) = &self.l.attrs else {
+            return Ok(None);
+        };
+        if id >= self.l.samples {
+            return Err(FormatError::invalid(
+                "sample id",
+                format!("{id} out of range (dataset has {} samples)", self.l.samples),
+            ));
+        }
+        let at = r.start + id as usize * ATTRS_LEN;
+        FileAttrs::decode(&self.b()[at..at + ATTRS_LEN]).map(Some)
+    }
+
+    /// Number of directories recorded (format 1.2; 0 without the section).
+    pub fn dir_count(&self) -> u64 {
+        self.l.dir_count
+    }
+
+    /// Directory `i` (in path order) and its mode and mtime.
+    pub fn dir(&self, i: u64) -> Result<(&[u8], FileAttrs)> {
+        let Some((names, attrs)) = &self.l.dirs else {
+            return Err(FormatError::invalid(
+                "directory",
+                "the snapshot records none",
+            ));
+        };
+        let path = StringTable::parse(&self.b()[names.clone()], "snapshot directories")?.get(i)?;
+        let at = attrs.start + i as usize * ATTRS_LEN;
+        Ok((path, FileAttrs::decode(&self.b()[at..at + ATTRS_LEN])?))
     }
 
     /// The header CRC: with the dataset id, it identifies this snapshot's content (see
@@ -683,6 +803,52 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
                 Err(e) => push(e),
             }
         }
+        if self.has_attrs() {
+            for id in 0..self.l.samples {
+                if let Err(e) = self.attrs(id) {
+                    push(FormatError::invalid(
+                        format!("attributes of sample {id}"),
+                        e.to_string(),
+                    ));
+                }
+            }
+        }
+        if let Some((names, _)) = &self.l.dirs {
+            match StringTable::parse(&self.b()[names.clone()], "snapshot directories")
+                .and_then(|t| t.validate())
+            {
+                Err(e) => push(e),
+                Ok(()) => {
+                    let mut prev: Option<&[u8]> = None;
+                    for i in 0..self.l.dir_count {
+                        match self.dir(i) {
+                            Err(e) => push(e),
+                            Ok((d, _)) => {
+                                if let Err(why) = crate::check_relative_path(d) {
+                                    push(FormatError::invalid(
+                                        format!("snapshot directory {i}"),
+                                        format!("{why}: {}", String::from_utf8_lossy(d)),
+                                    ));
+                                }
+                                if prev.is_some_and(|q| q >= d) {
+                                    push(FormatError::invalid(
+                                        "snapshot directories",
+                                        format!("not strictly sorted at {i}"),
+                                    ));
+                                }
+                                if let Ok(Some(id)) = self.lookup(d) {
+                                    push(FormatError::invalid(
+                                        format!("snapshot directory {i}"),
+                                        format!("is also the path of sample {id}"),
+                                    ));
+                                }
+                                prev = Some(d);
+                            }
+                        }
+                    }
+                }
+            }
+        }
         errs
     }
 }
@@ -739,6 +905,9 @@ fn section_name(kind: u32) -> String {
         5 => "snapshot path order".into(),
         6 => "snapshot classes".into(),
         7 => "snapshot lineage".into(),
+        8 => "snapshot file attributes".into(),
+        9 => "snapshot directories".into(),
+        10 => "snapshot directory attributes".into(),
         k => format!("snapshot section of kind {k}"),
     }
 }
@@ -759,6 +928,10 @@ pub struct SnapshotBuilder {
     path_blob: Vec<u8>,
     path_ends: Vec<u64>,
     lineage: Lineage,
+    /// File attributes in sample order (all samples' or none).
+    attrs: Vec<FileAttrs>,
+    /// Directories and their attributes.
+    dirs: Vec<(Vec<u8>, FileAttrs)>,
 }
 
 impl SnapshotBuilder {
@@ -774,7 +947,21 @@ impl SnapshotBuilder {
             path_blob: Vec::new(),
             path_ends: Vec::new(),
             lineage: Lineage::default(),
+            attrs: Vec::new(),
+            dirs: Vec::new(),
         }
+    }
+
+    /// Adds the attributes of the next samples, in sample order. Either every sample gets
+    /// attributes (the snapshot is then format 1.2, with kind 8) or none does.
+    pub fn push_attrs(&mut self, a: &[FileAttrs]) {
+        self.attrs.extend_from_slice(a);
+    }
+
+    /// Records the directories of the packed tree (any order; each path once), empty ones
+    /// included: the snapshot is then format 1.2, with kinds 9 and 10.
+    pub fn dirs(&mut self, dirs: Vec<(Vec<u8>, FileAttrs)>) {
+        self.dirs = dirs;
     }
 
     /// Records the snapshot's lineage. A generation above 0 adds the lineage section and makes
@@ -907,6 +1094,39 @@ impl SnapshotBuilder {
             slots[s * 8..s * 8 + 4].copy_from_slice(&(i as u32 + 1).to_le_bytes());
             slots[s * 8 + 4..s * 8 + 8].copy_from_slice(&((h >> 32) as u32).to_le_bytes());
         }
+        if !self.attrs.is_empty() && self.attrs.len() != n {
+            return Err(invalid(FormatError::invalid(
+                "snapshot builder",
+                format!("attributes for {} of {n} samples", self.attrs.len()),
+            )));
+        }
+        if let Some(a) = self
+            .attrs
+            .iter()
+            .chain(self.dirs.iter().map(|d| &d.1))
+            .find(|a| a.mode > 0o7777)
+        {
+            return Err(invalid(FormatError::invalid(
+                "snapshot builder",
+                format!("mode {:o} beyond 7777", a.mode),
+            )));
+        }
+        self.dirs.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        for (i, (d, _)) in self.dirs.iter().enumerate() {
+            crate::check_relative_path(d).map_err(|why| {
+                invalid(FormatError::invalid(
+                    format!("directory {}", String::from_utf8_lossy(d)),
+                    why.to_string(),
+                ))
+            })?;
+            if i > 0 && self.dirs[i - 1].0 == *d {
+                return Err(invalid(FormatError::invalid(
+                    "snapshot builder",
+                    format!("directory {} listed twice", String::from_utf8_lossy(d)),
+                )));
+            }
+        }
+        let dir_names = encode_string_table(self.dirs.iter().map(|d| &d.0));
         let classes = encode_string_table(self.classes.iter());
         let mut lineage = [0u8; LINEAGE_LEN];
         lineage[0..8].copy_from_slice(&self.lineage.generation.to_le_bytes());
@@ -963,6 +1183,19 @@ impl SnapshotBuilder {
             }
             SectionKind::Classes => f(&classes),
             SectionKind::Lineage => f(&lineage),
+            SectionKind::FileAttrs => {
+                let mut buf = Vec::with_capacity(64 << 10);
+                for a in &self.attrs {
+                    buf.extend_from_slice(&a.encode());
+                    if buf.len() >= 64 << 10 {
+                        f(&buf)?;
+                        buf.clear();
+                    }
+                }
+                f(&buf)
+            }
+            SectionKind::Dirs => f(&dir_names),
+            SectionKind::DirAttrs => self.dirs.iter().try_for_each(|(_, a)| f(&a.encode())),
         };
         let mut kinds = vec![
             SectionKind::Chunks,
@@ -972,13 +1205,22 @@ impl SnapshotBuilder {
             SectionKind::PathOrder,
             SectionKind::Classes,
         ];
-        // Generation 0 stays a plain 1.0 file, readable by every 1.x reader byte for byte.
-        let minor = if self.lineage.generation > 0 {
+        // Generation 0 without attributes stays a plain 1.0 file, readable by every 1.x
+        // reader byte for byte; each optional section raises the minor version to the one
+        // that introduced it (older readers skip what they do not know).
+        let mut minor = 0;
+        if self.lineage.generation > 0 {
             kinds.push(SectionKind::Lineage);
-            LINEAGE_MINOR
-        } else {
-            0
-        };
+            minor = LINEAGE_MINOR;
+        }
+        if !self.attrs.is_empty() {
+            kinds.push(SectionKind::FileAttrs);
+            minor = ATTRS_MINOR;
+        }
+        if !self.dirs.is_empty() {
+            kinds.extend([SectionKind::Dirs, SectionKind::DirAttrs]);
+            minor = ATTRS_MINOR;
+        }
         let table_end = (SNAPSHOT_HEADER_LEN + kinds.len() * SECTION_ENTRY_LEN) as u64;
         let mut table = vec![0u8; kinds.len() * SECTION_ENTRY_LEN];
         let mut at = table_end;

@@ -62,6 +62,16 @@ struct Stats<'a> {
     reads: &'a ReadStats,
 }
 
+/// `mtime_ns` (nanoseconds since the epoch, negative before) as a time.
+fn system_time(mtime_ns: i64) -> SystemTime {
+    let d = Duration::from_nanos(mtime_ns.unsigned_abs());
+    if mtime_ns >= 0 {
+        SystemTime::UNIX_EPOCH + d
+    } else {
+        SystemTime::UNIX_EPOCH - d
+    }
+}
+
 impl MountFs {
     /// The file system of the dataset `reader` reads: builds the directory tree (one pass over
     /// the path order) and fixes every timestamp to the snapshot file's mtime. Files and
@@ -115,30 +125,41 @@ impl MountFs {
     }
 
     /// Attributes of `node`.
+    ///
+    /// Modes and mtimes are the packed files' and directories' where the dataset records them
+    /// (format 1.2); otherwise 0444 files, 0555 directories and the snapshot's mtime.
     pub fn attr(&self, node: Node) -> FsResult<FileAttr> {
-        let (kind, size, perm, nlink) = match node {
+        let (kind, size, recorded, nlink) = match node {
             Node::Dir(d) => (
                 FileType::Directory,
                 4096,
-                0o555,
+                self.tree.dir_attrs(d),
                 2 + self.tree.subdir_count(d),
             ),
             Node::File(id) => {
-                let s = self
-                    .dataset()
+                let ds = self.dataset();
+                let s = ds
                     .sample(id)
                     .map_err(|e| self.eio("reading the sample table", &e))?;
-                (FileType::RegularFile, s.entry.orig_len, 0o444, 1)
+                let a = ds
+                    .attrs(id)
+                    .map_err(|e| self.eio("reading the file attributes", &e))?;
+                (FileType::RegularFile, s.entry.orig_len, a, 1)
             }
+        };
+        let (perm, mtime) = match recorded {
+            Some(a) => (a.mode as u16, system_time(a.mtime_ns)),
+            None if kind == FileType::Directory => (0o555, self.mtime),
+            None => (0o444, self.mtime),
         };
         Ok(FileAttr {
             ino: INodeNo(self.tree.ino(node)),
             size,
             blocks: size.div_ceil(512),
-            atime: self.mtime,
-            mtime: self.mtime,
-            ctime: self.mtime,
-            crtime: self.mtime,
+            atime: mtime,
+            mtime,
+            ctime: mtime,
+            crtime: mtime,
             kind,
             perm,
             nlink,

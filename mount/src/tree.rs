@@ -36,6 +36,8 @@ struct Dir {
     starts: Vec<u64>,
     entries: u64,
     subdirs: u32,
+    /// Mode and mtime as packed (datasets of format 1.2).
+    attrs: Option<granary::FileAttrs>,
 }
 
 /// What an inode is.
@@ -113,15 +115,44 @@ impl Tree {
                 starts: Vec::new(),
                 entries: 0,
                 subdirs: 0,
+                attrs: None,
             }],
             by_path: HashMap::from([(Box::default(), 0)]),
             samples: n,
         };
+        // The directories the dataset records (empty ones too), each placed where its files
+        // would be in the path order: at the key `D/`.
+        let mut recorded: Vec<(Vec<u8>, granary::FileAttrs)> = ds
+            .dirs()?
+            .into_iter()
+            .map(|(mut d, a)| {
+                d.push(b'/');
+                (d, a)
+            })
+            .collect();
+        recorded.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        let mut next_dir = 0;
         // Directories from the root to the current one.
         let mut stack: Vec<u32> = vec![0];
         let mut prev: Option<&[u8]> = None;
-        for pos in 0..n {
-            let path = ds.path(ds.sorted_id(pos)?)?;
+        for pos in 0..=n {
+            let path = match pos < n {
+                true => Some(ds.path(ds.sorted_id(pos)?)?),
+                false => None,
+            };
+            // Recorded directories that sort before this file (all of them after the last).
+            while let Some((key, attrs)) = recorded.get(next_dir) {
+                if path.is_some_and(|p| p < &key[..]) {
+                    break;
+                }
+                let dir = &key[..key.len() - 1];
+                check_path(dir)
+                    .map_err(|e| bad(format!("{e}: {:?}", granary::escape_path(dir))))?;
+                let d = t.enter(ds, &mut stack, dir)?;
+                t.dirs[d as usize].attrs = Some(*attrs);
+                next_dir += 1;
+            }
+            let Some(path) = path else { break };
             let shown = || granary::escape_path(path);
             check_path(path).map_err(|e| bad(format!("{e}: {:?}", shown())))?;
             if prev.is_some_and(|p| p >= path) {
@@ -132,29 +163,7 @@ impl Tree {
             }
             prev = Some(path);
             let (dir, _) = split_last(path);
-            // Leave the directories that are not ancestors of this path.
-            while stack.len() > 1 {
-                let top = &t.dirs[*stack.last().unwrap() as usize].path;
-                if dir == &top[..] || (dir.starts_with(top) && dir.get(top.len()) == Some(&b'/')) {
-                    break;
-                }
-                stack.pop();
-            }
-            // Enter (create) the rest of this path's directories.
-            loop {
-                let cur = *stack.last().unwrap();
-                let cur_len = t.dirs[cur as usize].path.len();
-                if cur_len == dir.len() {
-                    break;
-                }
-                let from = if cur == 0 { 0 } else { cur_len + 1 };
-                let end = dir[from..]
-                    .iter()
-                    .position(|&b| b == b'/')
-                    .map_or(dir.len(), |i| from + i);
-                let sub = t.add_dir(ds, cur, &dir[..end])?;
-                stack.push(sub);
-            }
+            t.enter(ds, &mut stack, dir)?;
             let cur = *stack.last().unwrap() as usize;
             let d = &mut t.dirs[cur];
             match d.runs.last_mut() {
@@ -170,6 +179,33 @@ impl Tree {
             d.entries += 1;
         }
         Ok(t)
+    }
+
+    /// Makes `stack` the chain of directories from the root to `dir`: leaves those that are not
+    /// its ancestors, creates the rest (in path order, each exactly once). Returns `dir`'s
+    /// index.
+    fn enter(&mut self, ds: &Dataset, stack: &mut Vec<u32>, dir: &[u8]) -> Result<u32, ReadError> {
+        while stack.len() > 1 {
+            let top = &self.dirs[*stack.last().unwrap() as usize].path;
+            if dir == &top[..] || (dir.starts_with(top) && dir.get(top.len()) == Some(&b'/')) {
+                break;
+            }
+            stack.pop();
+        }
+        loop {
+            let cur = *stack.last().unwrap();
+            let cur_len = self.dirs[cur as usize].path.len();
+            if cur_len == dir.len() {
+                return Ok(cur);
+            }
+            let from = if cur == 0 { 0 } else { cur_len + 1 };
+            let end = dir[from..]
+                .iter()
+                .position(|&b| b == b'/')
+                .map_or(dir.len(), |i| from + i);
+            let sub = self.add_dir(ds, cur, &dir[..end])?;
+            stack.push(sub);
+        }
     }
 
     fn add_dir(&mut self, ds: &Dataset, parent: u32, path: &[u8]) -> Result<u32, ReadError> {
@@ -192,6 +228,7 @@ impl Tree {
             starts: Vec::new(),
             entries: 0,
             subdirs: 0,
+            attrs: None,
         });
         self.by_path.insert(path.into(), idx);
         let p = &mut self.dirs[parent as usize];
@@ -255,6 +292,11 @@ impl Tree {
     /// Number of entries of `dir` (without `.` and `..`).
     pub fn entry_count(&self, dir: u32) -> u64 {
         self.dirs[dir as usize].entries
+    }
+
+    /// Mode and mtime of `dir` as packed, if the dataset records them.
+    pub fn dir_attrs(&self, dir: u32) -> Option<granary::FileAttrs> {
+        self.dirs[dir as usize].attrs
     }
 
     /// Number of subdirectories of `dir`.

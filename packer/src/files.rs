@@ -16,6 +16,8 @@ pub(crate) struct FileTable {
     /// Modification time at scan time, nanoseconds since the epoch: a file whose size or
     /// mtime differs from the plan's has changed since the scan.
     pub mtime_ns: Vec<i64>,
+    /// Permission bits at scan time (`st_mode & 0o7777`), stored in the dataset.
+    pub mode: Vec<u32>,
     pub label: Vec<u32>,
 }
 
@@ -49,6 +51,20 @@ impl FileTable {
         &self.bytes[self.start(i)..self.ends[i] as usize]
     }
 
+    /// The index of `p` in a table sorted by path.
+    pub fn find(&self, p: &[u8]) -> Option<usize> {
+        let (mut lo, mut hi) = (0, self.len());
+        while lo < hi {
+            let mid = (lo + hi) / 2;
+            match self.path(mid).cmp(p) {
+                std::cmp::Ordering::Less => lo = mid + 1,
+                std::cmp::Ordering::Greater => hi = mid,
+                std::cmp::Ordering::Equal => return Some(mid),
+            }
+        }
+        None
+    }
+
     pub fn paths(&self) -> impl Iterator<Item = &[u8]> + '_ {
         (0..self.len()).map(|i| self.path(i))
     }
@@ -59,6 +75,16 @@ impl FileTable {
         self.ends.push(self.bytes.len() as u64);
     }
 
+    /// Adds a directory: its path, mode and mtime (the other columns zero).
+    pub fn push_dir(&mut self, p: &[u8], mode: u32, mtime_ns: i64) {
+        self.push_path(p);
+        self.size.push(0);
+        self.ino.push(0);
+        self.mtime_ns.push(mtime_ns);
+        self.mode.push(mode);
+        self.label.push(0);
+    }
+
     /// Adds a file with all its attributes.
     #[cfg(test)]
     pub fn push(&mut self, p: &[u8], size: u64, ino: u64, mtime_ns: i64, label: u32) {
@@ -66,6 +92,7 @@ impl FileTable {
         self.size.push(size);
         self.ino.push(ino);
         self.mtime_ns.push(mtime_ns);
+        self.mode.push(0o644);
         self.label.push(label);
     }
 
@@ -104,6 +131,7 @@ impl FileTable {
             move_item(&mut self.size, n, i, w);
             move_item(&mut self.ino, n, i, w);
             move_item(&mut self.mtime_ns, n, i, w);
+            move_item(&mut self.mode, n, i, w);
             move_item(&mut self.label, n, i, w);
             w += 1;
         }
@@ -113,6 +141,7 @@ impl FileTable {
         self.size.truncate(w);
         self.ino.truncate(w);
         self.mtime_ns.truncate(w);
+        self.mode.truncate(w);
         self.label.truncate(w);
     }
 
@@ -137,6 +166,7 @@ impl FileTable {
         gather(&mut self.size, n, &perm);
         gather(&mut self.ino, n, &perm);
         gather(&mut self.mtime_ns, n, &perm);
+        gather(&mut self.mode, n, &perm);
         gather(&mut self.label, n, &perm);
     }
 

@@ -146,6 +146,9 @@ pub struct PackOptions {
     pub staging: Option<PathBuf>,
     /// Pack only this shard's share of the files, as a part of `out` for [`merge`].
     pub shard: Option<ShardSpec>,
+    /// Do not record each file's mode and mtime and the tree's directories (format 1.2):
+    /// the dataset then shows pack-time values, as format 1.0 datasets do.
+    pub no_metadata: bool,
 }
 
 impl PackOptions {
@@ -170,6 +173,7 @@ impl PackOptions {
             destination: None,
             staging: None,
             shard: None,
+            no_metadata: false,
         }
     }
 }
@@ -256,7 +260,7 @@ fn new_dataset_id(seed_material: &[u8]) -> [u8; 16] {
 
 fn settings_text(o: &PackOptions, src: &Path) -> String {
     format!(
-        "src={}\nfiles_from={}\nfollow_links={}\nlabels={:?}\norder={:?}\nseed={}\ncompress={}\nchunk_size={}\nchunk_files={}\n",
+        "src={}\nfiles_from={}\nfollow_links={}\nlabels={:?}\norder={:?}\nseed={}\ncompress={}\nchunk_size={}\nchunk_files={}\n{}",
         src.display(),
         o.files_from.as_ref().map(|p| p.display().to_string()).unwrap_or_default(),
         o.follow_links,
@@ -265,7 +269,8 @@ fn settings_text(o: &PackOptions, src: &Path) -> String {
         o.seed,
         o.compress,
         o.chunk_size,
-        o.chunk_files
+        o.chunk_files,
+        if o.no_metadata { "metadata=no\n" } else { "" }
     )
 }
 
@@ -512,10 +517,12 @@ fn scan_source(opts: &PackOptions, src: &Path, what: &str) -> Result<scan::ScanR
 
 /// Labels, orders and chunks the files. `classes` is the class table (when labelling by parent
 /// directory); `dataset_id` is given for shards and appends, drawn at random otherwise.
+#[allow(clippy::too_many_arguments)]
 fn make_plan(
     opts: &PackOptions,
     settings: String,
     mut files: FileTable,
+    dirs: FileTable,
     classes: Vec<Vec<u8>>,
     labels: LabelMode,
     dataset_id: Option<[u8; 16]>,
@@ -594,6 +601,12 @@ fn make_plan(
         files,
         order,
         chunk_starts,
+        // A shard's part cannot carry them (a merged dataset records none).
+        dirs: if opts.no_metadata || opts.shard.is_some() {
+            FileTable::default()
+        } else {
+            dirs
+        },
     })
 }
 

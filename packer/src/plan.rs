@@ -14,7 +14,8 @@ use crate::PackError;
 // The plan is a node-local file (SPEC.md appendix A, kind `PACK_PLAN`). Version 2 added each
 // file's mtime; version 3 stored the files as columns (path arena, then one column per
 // attribute) and the chunk order as a permutation; version 4 is version 3's body in the
-// common frame. A plan of another version is not resumed.
+// common frame; version 5 adds each file's mode and the directories of the tree (format 1.2).
+// A plan of another version is not resumed.
 
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) struct Plan {
@@ -26,6 +27,9 @@ pub(crate) struct Plan {
     pub files: FileTable,
     /// Chunk order: `order[k]` is the index in `files` of the k-th file packed.
     pub order: Vec<u32>,
+    /// The directories of the tree (walks only), sorted by path, with mode and mtime; their
+    /// `size`, `ino` and `label` columns are unused (zero).
+    pub dirs: FileTable,
     /// `order[chunk_starts[c]..chunk_starts[c + 1]]` are chunk `c`'s files.
     pub chunk_starts: Vec<u64>,
 }
@@ -97,7 +101,10 @@ impl Plan {
             + 8
             + n * 8
             + f.path_bytes().len() as u64
-            + n * (8 + 4 + 8 + 8 + 4)
+            + n * (8 + 4 + 8 + 8 + 4 + 4)
+            + 8
+            + self.dirs.len() as u64 * (8 + 8 + 4)
+            + self.dirs.path_bytes().len() as u64
             + 8
             + self.chunk_starts.len() as u64 * 8;
         let mut w = LocalWriter::new(w, &PACK_PLAN, body_len)?;
@@ -111,7 +118,14 @@ impl Plan {
         put_all(&mut w, &f.label, |v| v.to_le_bytes())?;
         put_all(&mut w, &f.ino, |v| v.to_le_bytes())?;
         put_all(&mut w, &f.mtime_ns, |v| v.to_le_bytes())?;
+        put_all(&mut w, &f.mode, |v| v.to_le_bytes())?;
         put_all(&mut w, &self.order, |v| v.to_le_bytes())?;
+        let d = &self.dirs;
+        w.write_all(&(d.len() as u64).to_le_bytes())?;
+        put_all(&mut w, d.ends(), |v| v.to_le_bytes())?;
+        w.write_all(d.path_bytes())?;
+        put_all(&mut w, &d.mtime_ns, |v| v.to_le_bytes())?;
+        put_all(&mut w, &d.mode, |v| v.to_le_bytes())?;
         w.write_all(&(self.chunk_starts.len() as u64).to_le_bytes())?;
         put_all(&mut w, &self.chunk_starts, |v| v.to_le_bytes())?;
         w.finish().map(drop)
@@ -138,8 +152,8 @@ impl Plan {
             .collect::<Result<_, _>>()
             .ok()?;
         let n = r.u64()?;
-        // Every file takes at least 40 bytes (end, size, label, inode, mtime, order).
-        if n > r.left() / 40 || n > granary_format::MAX_SAMPLES {
+        // Every file takes at least 44 bytes (end, size, label, inode, mtime, mode, order).
+        if n > r.left() / 44 || n > granary_format::MAX_SAMPLES {
             return None;
         }
         let n = n as usize;
@@ -155,7 +169,27 @@ impl Plan {
         files.label = r.column(n, u32::from_le_bytes)?;
         files.ino = r.column(n, u64::from_le_bytes)?;
         files.mtime_ns = r.column(n, i64::from_le_bytes)?;
+        files.mode = r.column(n, u32::from_le_bytes)?;
         let order = r.column(n, u32::from_le_bytes)?;
+        let nd = r.u64()?;
+        // Every directory takes at least 20 bytes (end, mtime, mode).
+        if nd > r.left() / 20 {
+            return None;
+        }
+        let nd = nd as usize;
+        let dir_ends = r.column(nd, u64::from_le_bytes)?;
+        let dir_len = dir_ends.last().copied().unwrap_or(0);
+        if dir_len > r.left() {
+            return None;
+        }
+        let mut dir_bytes = vec![0u8; dir_len as usize];
+        r.0.read_body(&mut dir_bytes).ok()?;
+        let mut dirs = FileTable::from_parts(dir_bytes, dir_ends)?;
+        dirs.mtime_ns = r.column(nd, i64::from_le_bytes)?;
+        dirs.mode = r.column(nd, u32::from_le_bytes)?;
+        dirs.size = vec![0; nd];
+        dirs.ino = vec![0; nd];
+        dirs.label = vec![0; nd];
         let nc = r.u64()?;
         if nc > r.left() / 8 {
             return None;
@@ -184,6 +218,9 @@ impl Plan {
         {
             return None;
         }
+        if (1..nd).any(|i| dirs.path(i - 1) >= dirs.path(i)) {
+            return None;
+        }
         Some(Plan {
             settings,
             dataset_id,
@@ -191,6 +228,7 @@ impl Plan {
             files,
             order,
             chunk_starts,
+            dirs,
         })
     }
 
@@ -411,6 +449,12 @@ mod tests {
             files,
             order: vec![2, 0, 1],
             chunk_starts: vec![0, 1, 3],
+            dirs: {
+                let mut d = FileTable::default();
+                d.push_dir(b"a", 0o750, 1_600_000_000_000_000_000);
+                d.push_dir(b"a/empty", 0o700, -7);
+                d
+            },
         }
     }
 

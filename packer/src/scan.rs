@@ -20,6 +20,9 @@ pub(crate) fn mtime_ns(m: &std::fs::Metadata) -> i64 {
 pub(crate) struct ScanResult {
     /// The regular files, sorted by path, with size, inode and mtime (labels not yet filled).
     pub files: FileTable,
+    /// The directories a walk passed (not the root), sorted by path, with mode and mtime
+    /// (none for a file list).
+    pub dirs: FileTable,
     pub skipped: Vec<Skipped>,
     pub warnings: Vec<String>,
     /// Class names: the distinct first directories of every name listed (also of the names
@@ -46,6 +49,7 @@ pub(crate) fn scan(
 ) -> Result<ScanResult, PackError> {
     let mut warnings = Vec::new();
     let mut skipped = Vec::new();
+    let mut dirs = FileTable::default();
     let mut files: FileTable = match files_from {
         Some(list) => read_list(src, list)?,
         None => walk(
@@ -54,9 +58,11 @@ pub(crate) fn scan(
             skip_unreadable,
             &mut warnings,
             &mut skipped,
+            &mut dirs,
             on_found,
         )?,
     };
+    dirs.sort_by_path();
     // Every shard sees every name (for the classes and the digest) but stats and keeps only
     // its own.
     let names = files.len() as u64;
@@ -89,6 +95,7 @@ pub(crate) fn scan(
     const FAILED: u8 = 2;
     let n = files.len();
     let (mut size, mut ino, mut mtime) = (vec![0u64; n], vec![0u64; n], vec![0i64; n]);
+    let mut mode = vec![0u32; n];
     let mut kind = vec![REGULAR; n];
     let failures = std::sync::Mutex::new(Vec::<(usize, String)>::new());
     {
@@ -97,9 +104,10 @@ pub(crate) fn scan(
         size.par_iter_mut()
             .zip(ino.par_iter_mut())
             .zip(mtime.par_iter_mut())
+            .zip(mode.par_iter_mut())
             .zip(kind.par_iter_mut())
             .enumerate()
-            .for_each(|(i, (((size, ino), mtime), kind))| {
+            .for_each(|(i, ((((size, ino), mtime), mode), kind))| {
                 let p = abs(src, files.path(i));
                 let md = if follow_links {
                     std::fs::metadata(&p)
@@ -111,6 +119,7 @@ pub(crate) fn scan(
                         *size = m.len();
                         *ino = std::os::unix::fs::MetadataExt::ino(&m);
                         *mtime = mtime_ns(&m);
+                        *mode = std::os::unix::fs::MetadataExt::mode(&m) & 0o7777;
                     }
                     Ok(_) => *kind = NOT_REGULAR,
                     Err(e) => {
@@ -124,6 +133,7 @@ pub(crate) fn scan(
     files.size = size;
     files.ino = ino;
     files.mtime_ns = mtime;
+    files.mode = mode;
     let mut failures = failures.into_inner().unwrap_or_else(|p| p.into_inner());
     failures.sort_unstable_by_key(|(i, _)| *i);
     if let Some((i, reason)) = failures.first() {
@@ -163,6 +173,7 @@ pub(crate) fn scan(
     files.retain(|i, _| kind[i] == REGULAR);
     Ok(ScanResult {
         files,
+        dirs,
         skipped,
         warnings,
         classes,
@@ -177,6 +188,7 @@ fn walk(
     skip_unreadable: bool,
     warnings: &mut Vec<String>,
     skipped: &mut Vec<Skipped>,
+    dirs: &mut FileTable,
     on_found: &(dyn Fn(u64) + Sync),
 ) -> Result<FileTable, PackError> {
     let mut out = FileTable::default();
@@ -212,6 +224,12 @@ fn walk(
         };
         let ft = entry.file_type();
         if ft.is_dir() {
+            // Its mode and mtime, for the dataset (a directory that cannot be stat'ed now is
+            // simply not recorded: its files are what the pack is about).
+            if let (Ok(m), Ok(rel)) = (entry.metadata(), entry.path().strip_prefix(src)) {
+                let mode = std::os::unix::fs::MetadataExt::mode(&m) & 0o7777;
+                dirs.push_dir(rel.as_os_str().as_bytes(), mode, mtime_ns(&m));
+            }
             continue;
         }
         let rel = entry

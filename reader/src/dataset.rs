@@ -432,6 +432,27 @@ impl Dataset {
         self.touched(p)
     }
 
+    /// Sample `id`'s file mode and mtime as packed; `None` for datasets that do not record
+    /// them (format before 1.2, or packed with `--no-metadata`).
+    pub fn attrs(&self, id: u64) -> Result<Option<granary_format::FileAttrs>> {
+        let a = self.snap.attrs(id).map_err(|e| self.fmt_err(e))?;
+        self.intact(a)
+    }
+
+    /// The directories of the packed tree (empty ones included), sorted by path, with their
+    /// modes and mtimes; empty for datasets that do not record them.
+    pub fn dirs(&self) -> Result<Vec<(Vec<u8>, granary_format::FileAttrs)>> {
+        let dirs = (0..self.snap.dir_count())
+            .map(|i| {
+                self.snap
+                    .dir(i)
+                    .map(|(p, a)| (p.to_vec(), a))
+                    .map_err(|e| self.fmt_err(e))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        self.intact(dirs)
+    }
+
     /// Sample id of `path`, if the dataset holds it.
     pub fn lookup(&self, path: &[u8]) -> Result<Option<u64>> {
         let id = self.snap.lookup(path).map_err(|e| self.fmt_err(e))?;

@@ -19,6 +19,10 @@ pub struct ExtractOptions {
     pub out_dir: PathBuf,
     /// Only paths starting with these bytes.
     pub prefix: Vec<u8>,
+    /// Restore each file's and directory's mode and mtime where the dataset records them
+    /// (format 1.2); otherwise files get the umask's mode and the time of the extraction.
+    /// Empty directories are created either way.
+    pub metadata: bool,
 }
 
 /// What [`extract`] did.
@@ -26,6 +30,8 @@ pub struct ExtractOptions {
 pub struct ExtractSummary {
     pub files: u64,
     pub bytes: u64,
+    /// Directories the dataset records that were created or given their mode and mtime.
+    pub dirs: u64,
     /// Samples that could not be restored, with the reason; nothing was written for them.
     pub failed: Vec<(String, String)>,
 }
@@ -62,7 +68,8 @@ pub fn extract(ds: &Dataset, opts: &ExtractOptions) -> Result<ExtractSummary> {
                 let path = ds.path(id).unwrap_or_default();
                 let shown = escape_path(path);
                 let res = ds.decode_from(&bytes, id).and_then(|data| {
-                    write_new(&opts.out_dir, path, &data).map(|_| data.len() as u64)
+                    let attrs = if opts.metadata { ds.attrs(id)? } else { None };
+                    write_new(&opts.out_dir, path, &data, attrs).map(|_| data.len() as u64)
                 });
                 match res {
                     Ok(n) => {
@@ -81,8 +88,54 @@ pub fn extract(ds: &Dataset, opts: &ExtractOptions) -> Result<ExtractSummary> {
         total.bytes += r.bytes;
         total.failed.extend(r.failed);
     }
+    // Directories last, deepest first: creating files changes a directory's mtime, and a
+    // directory without write permission could not take its files.
+    for (d, a) in ds.dirs()?.iter().rev() {
+        if !d.starts_with(&opts.prefix) {
+            continue;
+        }
+        match restore_dir(&opts.out_dir, d, opts.metadata.then_some(*a)) {
+            Ok(()) => total.dirs += 1,
+            Err(e) => total.failed.push((escape_path(d), e.to_string())),
+        }
+    }
     total.failed.sort();
     Ok(total)
+}
+
+/// `mtime_ns` (nanoseconds since the epoch, negative before) as a time.
+fn system_time(mtime_ns: i64) -> std::time::SystemTime {
+    let d = std::time::Duration::from_nanos(mtime_ns.unsigned_abs());
+    if mtime_ns >= 0 {
+        std::time::UNIX_EPOCH + d
+    } else {
+        std::time::UNIX_EPOCH - d
+    }
+}
+
+/// Permission bits restored: set-user-id and set-group-id are not (as `tar` without `-p`
+/// for someone other than root), the rest are.
+const RESTORED_MODE: u32 = 0o1777;
+
+/// Creates directory `root/rel` (and the ones above it) if missing, then gives it `attrs`.
+fn restore_dir(root: &Path, rel: &[u8], attrs: Option<granary_format::FileAttrs>) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    granary_format::check_relative_path(rel).map_err(|why| {
+        ReadError::Invalid(format!("refusing unsafe path {}: {why}", escape_path(rel)))
+    })?;
+    let mut dir = root.to_path_buf();
+    for comp in rel.split(|&b| b == b'/') {
+        dir.push(std::ffi::OsStr::from_bytes(comp));
+        ensure_real_dir(&dir)?;
+    }
+    if let Some(a) = attrs {
+        let f = File::open(&dir).map_err(|e| ReadError::io("opening", &dir, e))?;
+        f.set_times(std::fs::FileTimes::new().set_modified(system_time(a.mtime_ns)))
+            .map_err(|e| ReadError::io("setting the mtime of", &dir, e))?;
+        f.set_permissions(std::fs::Permissions::from_mode(a.mode & RESTORED_MODE))
+            .map_err(|e| ReadError::io("setting the mode of", &dir, e))?;
+    }
+    Ok(())
 }
 
 /// The samples to extract: every id once for the whole tree (the path order is not needed);
@@ -120,9 +173,14 @@ fn selected(ds: &Dataset, prefix: &[u8]) -> Result<Vec<u64>> {
     Ok(ids)
 }
 
-/// Creates `root/rel` (a new file) holding `data`, creating directories on the way. Refuses
-/// unsafe paths, symbolic links and existing files.
-fn write_new(root: &Path, rel: &[u8], data: &[u8]) -> Result<()> {
+/// Creates `root/rel` (a new file) holding `data`, with `attrs` (mode, mtime) if given,
+/// creating directories on the way. Refuses unsafe paths, symbolic links and existing files.
+fn write_new(
+    root: &Path,
+    rel: &[u8],
+    data: &[u8],
+    attrs: Option<granary_format::FileAttrs>,
+) -> Result<()> {
     granary_format::check_relative_path(rel).map_err(|why| {
         ReadError::Invalid(format!("refusing unsafe path {}: {why}", escape_path(rel)))
     })?;
@@ -139,7 +197,18 @@ fn write_new(root: &Path, rel: &[u8], data: &[u8]) -> Result<()> {
         .custom_flags(libc::O_NOFOLLOW)
         .open(&target)
         .map_err(|e| ReadError::io("creating", &target, e))?;
-    if let Err(e) = f.write_all(data).and_then(|_| f.flush()) {
+    let done = f
+        .write_all(data)
+        .and_then(|_| f.flush())
+        .and_then(|_| match attrs {
+            Some(a) => {
+                use std::os::unix::fs::PermissionsExt;
+                f.set_times(std::fs::FileTimes::new().set_modified(system_time(a.mtime_ns)))?;
+                f.set_permissions(std::fs::Permissions::from_mode(a.mode & RESTORED_MODE))
+            }
+            None => Ok(()),
+        });
+    if let Err(e) = done {
         drop(f);
         let _ = std::fs::remove_file(&target);
         return Err(ReadError::io("writing", &target, e));

@@ -121,6 +121,11 @@ pub struct Run {
     /// storage, and more requests in flight is what a parallel file system needs).
     #[arg(long, default_value_t = granary_packer::DEFAULT_IO_THREADS)]
     pub io_threads: usize,
+    /// Do not record each file's mode and mtime and the tree's directories (empty ones
+    /// included): the mount and extract then show pack-time values (0444 files, the time of
+    /// the pack), as for datasets of format 1.0.
+    #[arg(long)]
+    pub no_metadata: bool,
     /// Print the summary as JSON on stdout.
     #[arg(long)]
     pub json: bool,
@@ -141,6 +146,7 @@ impl Run {
         o.chunk_files = self.chunk_files;
         o.skip_unreadable = self.skip_unreadable;
         o.io_threads = self.io_threads;
+        o.no_metadata = self.no_metadata;
         o.progress = !self.quiet && std::io::stderr().is_terminal();
         o
     }

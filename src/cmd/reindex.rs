@@ -27,7 +27,8 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         super::print_json(&s)?;
     } else {
         println!(
-            "rebuilt {} from {} chunks: {} samples, dataset id {}",
+            "rebuilt {} from {} chunks: {} samples, dataset id {} (file modes, mtimes and \
+             directories are not kept in chunks: not restored)",
             s.snapshot, s.chunks, s.samples, s.dataset_id
         );
     }

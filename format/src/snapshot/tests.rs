@@ -53,6 +53,10 @@ fn all_problems(bytes: &[u8]) -> usize {
             for id in 0..s.sample_count() {
                 let _ = s.sample(id);
                 let _ = s.path(id).map(|p| s.lookup(p));
+                let _ = s.attrs(id);
+            }
+            for i in 0..s.dir_count() {
+                let _ = s.dir(i);
             }
             let _ = s.prefix_range(b"cat/");
             n
@@ -217,4 +221,149 @@ fn spooled_samples_build_the_same_snapshot() {
     let (a, b) = (mem.build().unwrap(), spooled.build().unwrap());
     assert_eq!(a, b);
     assert_eq!(Snapshot::open(&b[..]).unwrap().sample_count(), 3000);
+}
+
+/// The `small()` dataset with every sample's attributes and two directories (format 1.2).
+fn small_with_attrs() -> Vec<u8> {
+    let (files, _) = small();
+    let id = [0xAB; 16];
+    let mut b = SnapshotBuilder::new(id, vec![b"cat".to_vec(), b"dog".to_vec()]);
+    for (ci, f) in files.iter().enumerate() {
+        let check = crate::check_chunk(f, &id, ci as u32).unwrap();
+        let attrs: Vec<FileAttrs> = (0..check.footer.entries.len())
+            .map(|i| FileAttrs {
+                mode: 0o640 + i as u32,
+                mtime_ns: -1_000 + ci as i64,
+            })
+            .collect();
+        b.push_attrs(&attrs);
+        b.push_chunk(&ChunkSummary {
+            chunk_id: ci as u32,
+            file_size: f.len() as u64,
+            file_crc: check.file_crc,
+            entries: check.footer.entries,
+            paths: check.footer.paths,
+        })
+        .unwrap();
+    }
+    b.dirs(vec![
+        (
+            b"dog/empty".to_vec(),
+            FileAttrs {
+                mode: 0o700,
+                mtime_ns: 7,
+            },
+        ),
+        (
+            b"cat".to_vec(),
+            FileAttrs {
+                mode: 0o755,
+                mtime_ns: 5,
+            },
+        ),
+    ]);
+    b.build().unwrap()
+}
+
+#[test]
+fn attributes_and_directories_round_trip_as_format_1_2() {
+    let snap = small_with_attrs();
+    crate::local::dump_fuzz_seed("snapshot", "format-1.2-attrs-dirs", &snap);
+    let s = Snapshot::open(&snap[..]).unwrap();
+    assert_eq!(s.version(), (1, 2));
+    assert!(s.has_attrs());
+    assert_eq!(
+        s.attrs(0).unwrap(),
+        Some(FileAttrs {
+            mode: 0o640,
+            mtime_ns: -1000
+        })
+    );
+    assert_eq!(
+        s.attrs(2).unwrap(),
+        Some(FileAttrs {
+            mode: 0o640,
+            mtime_ns: -999
+        })
+    );
+    assert!(s.attrs(3).is_err());
+    assert_eq!(s.dir_count(), 2);
+    // Sorted by path.
+    assert_eq!(
+        s.dir(0).unwrap(),
+        (
+            &b"cat"[..],
+            FileAttrs {
+                mode: 0o755,
+                mtime_ns: 5
+            }
+        )
+    );
+    assert_eq!(s.dir(1).unwrap().0, b"dog/empty");
+    assert_eq!(all_problems(&snap), 0);
+    // Without them: a 1.0 file that says so.
+    let (_, plain) = small();
+    let p = Snapshot::open(&plain[..]).unwrap();
+    assert_eq!(
+        (p.has_attrs(), p.attrs(0).unwrap(), p.dir_count()),
+        (false, None, 0)
+    );
+}
+
+#[test]
+fn every_byte_flip_and_cut_of_a_1_2_snapshot_is_detected() {
+    let snap = small_with_attrs();
+    for pos in 0..snap.len() {
+        let mut d = snap.clone();
+        d[pos] ^= 0x04;
+        assert!(all_problems(&d) > 0, "flip at byte {pos} went unnoticed");
+    }
+    for cut in 0..snap.len() {
+        assert!(Snapshot::open(&snap[..cut]).is_err(), "cut at {cut}");
+    }
+}
+
+#[test]
+fn the_builder_refuses_attributes_for_some_samples_and_bad_directories() {
+    let (files, _) = small();
+    let id = [0xAB; 16];
+    let summaries: Vec<ChunkSummary> = files
+        .iter()
+        .enumerate()
+        .map(|(ci, f)| {
+            let check = crate::check_chunk(f, &id, ci as u32).unwrap();
+            ChunkSummary {
+                chunk_id: ci as u32,
+                file_size: f.len() as u64,
+                file_crc: check.file_crc,
+                entries: check.footer.entries,
+                paths: check.footer.paths,
+            }
+        })
+        .collect();
+    let with = |attrs: Vec<FileAttrs>, dirs: Vec<(Vec<u8>, FileAttrs)>| {
+        let mut b = SnapshotBuilder::new(id, vec![b"cat".to_vec(), b"dog".to_vec()]);
+        for s in &summaries {
+            b.push_chunk(s).unwrap();
+        }
+        b.push_attrs(&attrs);
+        b.dirs(dirs);
+        b.build()
+    };
+    let a = FileAttrs::default();
+    assert!(with(vec![a; 2], vec![]).is_err(), "2 of 3 samples");
+    assert!(with(
+        vec![
+            FileAttrs {
+                mode: 0o10000,
+                mtime_ns: 0
+            };
+            3
+        ],
+        vec![]
+    )
+    .is_err());
+    assert!(with(vec![], vec![(b"../up".to_vec(), a)]).is_err());
+    assert!(with(vec![], vec![(b"d".to_vec(), a), (b"d".to_vec(), a)]).is_err());
+    assert!(with(vec![a; 3], vec![(b"d".to_vec(), a)]).is_ok());
 }
