@@ -56,12 +56,16 @@ impl Node {
         BufReader::new(server.stdout.take().unwrap())
             .read_line(&mut line)
             .unwrap();
-        let addr = line
+        let Some(addr) = line
             .trim()
             .strip_prefix("listening on http://")
             .or_else(|| line.trim().strip_prefix("listening on https://"))
-            .unwrap_or_else(|| panic!("serve printed {line:?}"))
-            .to_string();
+            .map(str::to_string)
+        else {
+            let _ = server.kill();
+            let _ = server.wait();
+            panic!("serve printed {line:?}");
+        };
         Node {
             server,
             addr,
