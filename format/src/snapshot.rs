@@ -293,15 +293,6 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
             get(SectionKind::PathOrder)?,
             get(SectionKind::Classes)?,
         );
-        let expect_len = |what: &'static str, r: &Range<usize>, want: u64| -> Result<()> {
-            if r.len() as u64 != want {
-                return Err(FormatError::invalid(
-                    what,
-                    format!("section is {} bytes, expected {want}", r.len()),
-                ));
-            }
-            Ok(())
-        };
         expect_len(
             "snapshot chunk table",
             &chunk_tab,
@@ -343,48 +334,12 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
             ));
         }
         StringTable::parse(&b[classes.clone()], "snapshot classes")?;
-        let lineage = match found[SectionKind::Lineage as usize - 1].take() {
-            None => Lineage::default(),
-            Some(r) => {
-                expect_len("snapshot lineage", &r, LINEAGE_LEN as u64)?;
-                let l = &b[r];
-                if le::u32_at(l, 12) != 0 {
-                    return Err(FormatError::invalid(
-                        "snapshot lineage",
-                        "reserved field is not zero",
-                    ));
-                }
-                Lineage {
-                    generation: le::u64_at(l, 0),
-                    parent: le::u32_at(l, 8),
-                }
-            }
-        };
-        let attrs = found[SectionKind::FileAttrs as usize - 1].take();
-        if let Some(r) = &attrs {
-            expect_len("snapshot file attributes", r, samples * ATTRS_LEN as u64)?;
-        }
-        let (dirs, dir_count) = match (
-            found[SectionKind::Dirs as usize - 1].take(),
-            found[SectionKind::DirAttrs as usize - 1].take(),
-        ) {
-            (None, None) => (None, 0),
-            (Some(names), Some(da)) => {
-                let n = StringTable::parse(&b[names.clone()], "snapshot directories")?.len();
-                expect_len(
-                    "snapshot directory attributes",
-                    &da,
-                    n.saturating_mul(ATTRS_LEN as u64),
-                )?;
-                (Some((names, da)), n)
-            }
-            _ => {
-                return Err(FormatError::invalid(
-                    "snapshot section table",
-                    "the directories (kind 9) and their attributes (kind 10) come together",
-                ))
-            }
-        };
+        let Optional {
+            lineage,
+            attrs,
+            dirs,
+            dir_count,
+        } = optional_sections(b, &mut found, samples)?;
         check_chunk_ranges(&b[chunk_tab.clone()], samples)?;
         Ok(Layout {
             major: le::u16_at(b, 8),
@@ -803,6 +758,13 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
                 Err(e) => push(e),
             }
         }
+        self.check_optional(&mut push);
+        errs
+    }
+
+    /// [`Snapshot::check_structure`] for the optional sections: every file attribute decodes;
+    /// directories are valid paths, strictly sorted, none a sample's path.
+    fn check_optional(&self, push: &mut impl FnMut(FormatError)) {
         if self.has_attrs() {
             for id in 0..self.l.samples {
                 if let Err(e) = self.attrs(id) {
@@ -849,8 +811,82 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
                 }
             }
         }
-        errs
     }
+}
+
+/// What a snapshot's optional sections say (kinds 7 to 10), checked for size.
+struct Optional {
+    lineage: Lineage,
+    attrs: Option<Range<usize>>,
+    dirs: Option<(Range<usize>, Range<usize>)>,
+    dir_count: u64,
+}
+
+fn expect_len(what: &'static str, r: &Range<usize>, want: u64) -> Result<()> {
+    if r.len() as u64 != want {
+        return Err(FormatError::invalid(
+            what,
+            format!("section is {} bytes, expected {want}", r.len()),
+        ));
+    }
+    Ok(())
+}
+
+/// The optional sections among `found` (indexed by kind - 1) of snapshot `b` of `samples`
+/// samples: sizes checked (O(1)), the lineage decoded.
+fn optional_sections(
+    b: &[u8],
+    found: &mut [Option<Range<usize>>],
+    samples: u64,
+) -> Result<Optional> {
+    let lineage = match found[SectionKind::Lineage as usize - 1].take() {
+        None => Lineage::default(),
+        Some(r) => {
+            expect_len("snapshot lineage", &r, LINEAGE_LEN as u64)?;
+            let l = &b[r];
+            if le::u32_at(l, 12) != 0 {
+                return Err(FormatError::invalid(
+                    "snapshot lineage",
+                    "reserved field is not zero",
+                ));
+            }
+            Lineage {
+                generation: le::u64_at(l, 0),
+                parent: le::u32_at(l, 8),
+            }
+        }
+    };
+    let attrs = found[SectionKind::FileAttrs as usize - 1].take();
+    if let Some(r) = &attrs {
+        expect_len("snapshot file attributes", r, samples * ATTRS_LEN as u64)?;
+    }
+    let (dirs, dir_count) = match (
+        found[SectionKind::Dirs as usize - 1].take(),
+        found[SectionKind::DirAttrs as usize - 1].take(),
+    ) {
+        (None, None) => (None, 0),
+        (Some(names), Some(da)) => {
+            let n = StringTable::parse(&b[names.clone()], "snapshot directories")?.len();
+            expect_len(
+                "snapshot directory attributes",
+                &da,
+                n.saturating_mul(ATTRS_LEN as u64),
+            )?;
+            (Some((names, da)), n)
+        }
+        _ => {
+            return Err(FormatError::invalid(
+                "snapshot section table",
+                "the directories (kind 9) and their attributes (kind 10) come together",
+            ))
+        }
+    };
+    Ok(Optional {
+        lineage,
+        attrs,
+        dirs,
+        dir_count,
+    })
 }
 
 /// The chunk table's promise that every plan and reader relies on, checked at open in O(chunks)
@@ -1050,6 +1086,73 @@ impl SnapshotBuilder {
         &self.path_blob[start..self.path_ends[i] as usize]
     }
 
+    /// Checks the attributes (one per sample or none, modes within `0o7777`) and sorts and
+    /// checks the directories (valid paths, each once), for `n` samples.
+    fn check_metadata(&mut self, n: usize) -> Result<()> {
+        if !self.attrs.is_empty() && self.attrs.len() != n {
+            return Err(FormatError::invalid(
+                "snapshot builder",
+                format!("attributes for {} of {n} samples", self.attrs.len()),
+            ));
+        }
+        if let Some(a) = self
+            .attrs
+            .iter()
+            .chain(self.dirs.iter().map(|d| &d.1))
+            .find(|a| a.mode > 0o7777)
+        {
+            return Err(FormatError::invalid(
+                "snapshot builder",
+                format!("mode {:o} beyond 7777", a.mode),
+            ));
+        }
+        self.dirs.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        for (i, (d, _)) in self.dirs.iter().enumerate() {
+            crate::check_relative_path(d).map_err(|why| {
+                FormatError::invalid(
+                    format!("directory {}", String::from_utf8_lossy(d)),
+                    why.to_string(),
+                )
+            })?;
+            if i > 0 && self.dirs[i - 1].0 == *d {
+                return Err(FormatError::invalid(
+                    "snapshot builder",
+                    format!("directory {} listed twice", String::from_utf8_lossy(d)),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The sections to write, and the minor version they make: generation 0 without
+    /// attributes stays a plain 1.0 file, readable by every 1.x reader byte for byte; each
+    /// optional section raises the minor version to the one that introduced it (older readers
+    /// skip what they do not know).
+    fn kinds(&self) -> (Vec<SectionKind>, u16) {
+        let mut kinds = vec![
+            SectionKind::Chunks,
+            SectionKind::Samples,
+            SectionKind::Paths,
+            SectionKind::PathHash,
+            SectionKind::PathOrder,
+            SectionKind::Classes,
+        ];
+        let mut minor = 0;
+        if self.lineage.generation > 0 {
+            kinds.push(SectionKind::Lineage);
+            minor = LINEAGE_MINOR;
+        }
+        if !self.attrs.is_empty() {
+            kinds.push(SectionKind::FileAttrs);
+            minor = ATTRS_MINOR;
+        }
+        if !self.dirs.is_empty() {
+            kinds.extend([SectionKind::Dirs, SectionKind::DirAttrs]);
+            minor = ATTRS_MINOR;
+        }
+        (kinds, minor)
+    }
+
     /// Serializes the snapshot. Fails if two samples share a path.
     pub fn build(self) -> Result<Vec<u8>> {
         let mut out = Vec::new();
@@ -1094,38 +1197,7 @@ impl SnapshotBuilder {
             slots[s * 8..s * 8 + 4].copy_from_slice(&(i as u32 + 1).to_le_bytes());
             slots[s * 8 + 4..s * 8 + 8].copy_from_slice(&((h >> 32) as u32).to_le_bytes());
         }
-        if !self.attrs.is_empty() && self.attrs.len() != n {
-            return Err(invalid(FormatError::invalid(
-                "snapshot builder",
-                format!("attributes for {} of {n} samples", self.attrs.len()),
-            )));
-        }
-        if let Some(a) = self
-            .attrs
-            .iter()
-            .chain(self.dirs.iter().map(|d| &d.1))
-            .find(|a| a.mode > 0o7777)
-        {
-            return Err(invalid(FormatError::invalid(
-                "snapshot builder",
-                format!("mode {:o} beyond 7777", a.mode),
-            )));
-        }
-        self.dirs.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-        for (i, (d, _)) in self.dirs.iter().enumerate() {
-            crate::check_relative_path(d).map_err(|why| {
-                invalid(FormatError::invalid(
-                    format!("directory {}", String::from_utf8_lossy(d)),
-                    why.to_string(),
-                ))
-            })?;
-            if i > 0 && self.dirs[i - 1].0 == *d {
-                return Err(invalid(FormatError::invalid(
-                    "snapshot builder",
-                    format!("directory {} listed twice", String::from_utf8_lossy(d)),
-                )));
-            }
-        }
+        self.check_metadata(n).map_err(invalid)?;
         let dir_names = encode_string_table(self.dirs.iter().map(|d| &d.0));
         let classes = encode_string_table(self.classes.iter());
         let mut lineage = [0u8; LINEAGE_LEN];
@@ -1197,30 +1269,7 @@ impl SnapshotBuilder {
             SectionKind::Dirs => f(&dir_names),
             SectionKind::DirAttrs => self.dirs.iter().try_for_each(|(_, a)| f(&a.encode())),
         };
-        let mut kinds = vec![
-            SectionKind::Chunks,
-            SectionKind::Samples,
-            SectionKind::Paths,
-            SectionKind::PathHash,
-            SectionKind::PathOrder,
-            SectionKind::Classes,
-        ];
-        // Generation 0 without attributes stays a plain 1.0 file, readable by every 1.x
-        // reader byte for byte; each optional section raises the minor version to the one
-        // that introduced it (older readers skip what they do not know).
-        let mut minor = 0;
-        if self.lineage.generation > 0 {
-            kinds.push(SectionKind::Lineage);
-            minor = LINEAGE_MINOR;
-        }
-        if !self.attrs.is_empty() {
-            kinds.push(SectionKind::FileAttrs);
-            minor = ATTRS_MINOR;
-        }
-        if !self.dirs.is_empty() {
-            kinds.extend([SectionKind::Dirs, SectionKind::DirAttrs]);
-            minor = ATTRS_MINOR;
-        }
+        let (kinds, minor) = self.kinds();
         let table_end = (SNAPSHOT_HEADER_LEN + kinds.len() * SECTION_ENTRY_LEN) as u64;
         let mut table = vec![0u8; kinds.len() * SECTION_ENTRY_LEN];
         let mut at = table_end;

@@ -10,6 +10,7 @@
 
 mod encode;
 mod files;
+mod meta;
 mod output;
 mod plan;
 mod reindex;

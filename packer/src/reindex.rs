@@ -34,6 +34,39 @@ enum Place {
 }
 
 impl Place {
+    /// A local directory, or a writable object-store URL.
+    fn of(dataset: &Path) -> Result<Place, PackError> {
+        if !is_url_path(dataset) {
+            return Ok(Place::Dir(dataset.to_path_buf()));
+        }
+        let url = ObjectUrl::parse(&dataset.to_string_lossy())?;
+        if !url.writable() {
+            return Err(PackError::Usage(format!(
+                "{}: read-only (plain HTTP); reindex needs a store it can write (s3://, gs://, \
+                 az://)",
+                url.url()
+            )));
+        }
+        Ok(Place::Url(url))
+    }
+
+    /// An error if an intact snapshot is there (every section's checksum right).
+    fn refuse_intact_snapshot(&self) -> Result<(), PackError> {
+        let Some(old) = self.read(SNAPSHOT_FILE)? else {
+            return Ok(());
+        };
+        let intact =
+            Snapshot::open(&old[..]).map(|s| (s.check_sections().is_empty(), s.sample_count()));
+        match intact {
+            Ok((true, samples)) => Err(PackError::Usage(format!(
+                "{}: an intact snapshot is there ({samples} samples, every checksum right); \
+                 reindex replaces it only with --force",
+                self.location(SNAPSHOT_FILE).display()
+            ))),
+            _ => Ok(()),
+        }
+    }
+
     fn location(&self, name: &str) -> PathBuf {
         match self {
             Place::Dir(d) => d.join(name),
@@ -95,31 +128,9 @@ impl Place {
 /// table. Nothing is written unless all of that holds, and the snapshot is written last. A
 /// snapshot that is there and intact is replaced only with `force`.
 pub fn reindex(dataset: &Path, force: bool) -> Result<ReindexSummary, PackError> {
-    let place = if is_url_path(dataset) {
-        let url = ObjectUrl::parse(&dataset.to_string_lossy())?;
-        if !url.writable() {
-            return Err(PackError::Usage(format!(
-                "{}: read-only (plain HTTP); reindex needs a store it can write (s3://, gs://, \
-                 az://)",
-                url.url()
-            )));
-        }
-        Place::Url(url)
-    } else {
-        Place::Dir(dataset.to_path_buf())
-    };
+    let place = Place::of(dataset)?;
     if !force {
-        if let Some(old) = place.read(SNAPSHOT_FILE)? {
-            let intact =
-                Snapshot::open(&old[..]).map(|s| (s.check_sections().is_empty(), s.sample_count()));
-            if let Ok((true, samples)) = intact {
-                return Err(PackError::Usage(format!(
-                    "{}: an intact snapshot is there ({samples} samples, every checksum right); \
-                     reindex replaces it only with --force",
-                    place.location(SNAPSHOT_FILE).display()
-                )));
-            }
-        }
+        place.refuse_intact_snapshot()?;
     }
     let mut ids: Vec<u32> = place
         .names()?

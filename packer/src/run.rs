@@ -8,8 +8,7 @@ use std::path::PathBuf;
 use std::sync::mpsc::sync_channel;
 use std::time::Instant;
 
-use crate::files::FileTable;
-use granary_format::FileAttrs;
+use crate::meta::Metadata;
 use granary_format::{chunk_file_name, parse_chunk_file_name, ChunkSummary, SNAPSHOT_FILE};
 use granary_store::object::ObjectUrl;
 use indicatif::ProgressStyle;
@@ -627,41 +626,9 @@ impl Run<'_> {
         let (dataset_id, classes, planned_chunks) =
             (plan.dataset_id, plan.classes.clone(), plan.chunk_count());
         let shared = shared_key_of(&plan.settings);
-        // The files' modes and mtimes (looked up by path as the chunks' records go by: files
-        // skipped while packing have no record), and the tree's directories: what format 1.2
-        // records (not with --no-metadata).
-        let metadata = !self.opts.no_metadata;
-        let mut meta = FileTable::default();
-        let dirs = if !metadata {
-            Vec::new()
-        } else {
-            meta = std::mem::take(&mut plan.files);
-            (meta.size, meta.ino, meta.label) = (Vec::new(), Vec::new(), Vec::new());
-            let d = &plan.dirs;
-            let dirs: Vec<(Vec<u8>, FileAttrs)> = (0..d.len())
-                .map(|i| {
-                    let a = FileAttrs {
-                        mode: d.mode[i],
-                        mtime_ns: d.mtime_ns[i],
-                    };
-                    (d.path(i).to_vec(), a)
-                })
-                .collect();
-            dirs
-        };
+        // What format 1.2 records besides the bytes (not with --no-metadata).
+        let meta = (!self.opts.no_metadata).then(|| Metadata::take(&mut plan));
         drop(plan);
-        // Each record's attributes, in sample order.
-        let attrs_of = |s: &ChunkSummary| -> Vec<FileAttrs> {
-            s.paths
-                .iter()
-                .map(|p| {
-                    meta.find(p).map_or_else(FileAttrs::default, |i| FileAttrs {
-                        mode: meta.mode[i],
-                        mtime_ns: meta.mtime_ns[i],
-                    })
-                })
-                .collect()
-        };
         let summaries = std::mem::take(&mut done).into_values();
         let work = &self.place.work;
         let out = &self.opts.out;
@@ -700,29 +667,21 @@ impl Run<'_> {
                     builder.push_chunk(&snap.chunk_summary(c)?)?;
                 }
                 // Attributes are all samples' or none: kept if the dataset had them.
-                let keep = metadata && snap.has_attrs();
-                if keep {
+                let keep = meta.as_ref().filter(|_| snap.has_attrs());
+                if keep.is_some() {
                     for id in 0..snap.sample_count() {
-                        let a = snap.attrs(id)?.unwrap_or_default();
-                        builder.push_attrs(&[a]);
+                        builder.push_attrs(&[snap.attrs(id)?.unwrap_or_default()]);
                     }
                 }
                 for s in summaries {
                     let s = full(s, &mut totals)?;
-                    if keep {
-                        builder.push_attrs(&attrs_of(&s));
+                    if let Some(m) = keep {
+                        builder.push_attrs(&m.attrs_of(&s));
                     }
                     builder.push_chunk(&s)?;
                 }
-                // Directories: the dataset's and the appended tree's (the dataset's win).
-                if !dirs.is_empty() || snap.dir_count() > 0 {
-                    let mut all: std::collections::BTreeMap<Vec<u8>, FileAttrs> =
-                        dirs.into_iter().collect();
-                    for i in 0..snap.dir_count() {
-                        let (d, a) = snap.dir(i)?;
-                        all.insert(d.to_vec(), a);
-                    }
-                    builder.dirs(all.into_iter().collect());
+                if let Some(m) = &meta {
+                    builder.dirs(m.dirs_with(snap)?);
                 }
                 let generation = snap.lineage().generation + 1;
                 builder.lineage(granary_format::Lineage {
@@ -741,12 +700,14 @@ impl Run<'_> {
                 let mut builder = spooled_builder(work, dataset_id, classes.clone())?;
                 for s in summaries {
                     let s = full(s, &mut totals)?;
-                    if metadata {
-                        builder.push_attrs(&attrs_of(&s));
+                    if let Some(m) = &meta {
+                        builder.push_attrs(&m.attrs_of(&s));
                     }
                     builder.push_chunk(&s)?;
                 }
-                builder.dirs(dirs);
+                if let Some(m) = meta {
+                    builder.dirs(m.dirs);
+                }
                 totals.bytes_out += write_snapshot_atomic(&work.join(SNAPSHOT_FILE), builder)?;
                 self.publish_whole(planned_chunks)?;
                 ("pack", 0)
