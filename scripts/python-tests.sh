@@ -3,8 +3,10 @@
 # (system site packages: python3-torch, installed here with apt if missing), in a venv of PyPI's
 # torch 2 with torchdata (python/requirements-torch2.txt: ~6 GB with torch's CUDA libraries, so
 # it lives outside the clone, under ${XDG_CACHE_HOME:-~/.cache}/granary, and is installed once
-# per machine, in about 4 minutes), and in a plain venv without torch. Each venv gets
-# `pip install ./python` (maturin builds the extension from this checkout) and pytest.
+# per machine, in about 4 minutes), and in a plain venv without torch, created afresh each run.
+# The extension is built once, as the wheel users install (scripts/build-wheel.sh), and each
+# venv installs *that wheel* with no Rust toolchain on PATH and pip told to build nothing
+# (--only-binary=:all:, --no-index): the run fails if installing it needed a compiler.
 # Then runs examples/train_digits.py and, small, examples/train_jpeg.py.
 # Prints one line "python tests: N passed, N failed, N skipped" at the end.
 set -euo pipefail
@@ -23,6 +25,14 @@ fi
 cargo build -q --bin granary
 export GRANARY_BIN="$PWD/target/debug/granary"
 
+# The wheel, and a PATH without cargo or rustc to install it with.
+wheel=$(bash scripts/build-wheel.sh)
+echo "python tests: installing $wheel (no Rust toolchain on PATH)" >&2
+no_rust_path=$(printf '%s' "$PATH" | tr ':' '\n' | grep -v -e '\.cargo/bin' -e 'rustup' | paste -sd:)
+if env PATH="$no_rust_path" sh -c 'command -v cargo || command -v rustc' >/dev/null; then
+  echo "python tests: cannot hide the Rust toolchain from PATH to prove the wheel needs none" >&2
+  exit 1
+fi
 venvs="$PWD/target/py-venvs"
 totals=$(mktemp)
 trap 'rm -f "$totals"' EXIT
@@ -32,7 +42,9 @@ run_suite() { # name, extra venv flags, venv directory, extra requirements file
   if [ -n "${4:-}" ]; then
     "$dir/bin/pip" install -q --disable-pip-version-check -r "$4"
   fi
-  "$dir/bin/pip" install -q --disable-pip-version-check ./python pytest
+  "$dir/bin/pip" install -q --disable-pip-version-check pytest
+  env PATH="$no_rust_path" "$dir/bin/pip" install -q --disable-pip-version-check \
+    --force-reinstall --no-deps --no-index --only-binary=:all: "$wheel"
   local out
   out=$(mktemp)
   # Run from the checkout root so that the installed package, not python/granary, is imported.
@@ -48,6 +60,7 @@ status=0
 run_suite torch --system-site-packages || status=1
 torch2="${XDG_CACHE_HOME:-$HOME/.cache}/granary/torch2"
 run_suite torch2 "" "$torch2" python/requirements-torch2.txt || status=1
+rm -rf "$venvs/plain"  # a fresh venv: nothing in it but the wheel and pytest
 run_suite plain "" || status=1
 # The example: a real training loop; fails if chunk-wise or importance sampling trail a global
 # shuffle by more than a point of test accuracy.
