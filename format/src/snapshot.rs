@@ -67,6 +67,16 @@ impl FileAttrs {
         b
     }
 
+    /// The modification time as a [`std::time::SystemTime`].
+    pub fn modified(&self) -> std::time::SystemTime {
+        let d = std::time::Duration::from_nanos(self.mtime_ns.unsigned_abs());
+        if self.mtime_ns >= 0 {
+            std::time::UNIX_EPOCH + d
+        } else {
+            std::time::UNIX_EPOCH - d
+        }
+    }
+
     /// Decodes an entry; a mode beyond `0o7777` or a non-zero reserved field is invalid.
     pub fn decode(b: &[u8]) -> Result<FileAttrs> {
         let mode = le::u32_at(b, 0);

@@ -62,16 +62,6 @@ struct Stats<'a> {
     reads: &'a ReadStats,
 }
 
-/// `mtime_ns` (nanoseconds since the epoch, negative before) as a time.
-fn system_time(mtime_ns: i64) -> SystemTime {
-    let d = Duration::from_nanos(mtime_ns.unsigned_abs());
-    if mtime_ns >= 0 {
-        SystemTime::UNIX_EPOCH + d
-    } else {
-        SystemTime::UNIX_EPOCH - d
-    }
-}
-
 impl MountFs {
     /// The file system of the dataset `reader` reads: builds the directory tree (one pass over
     /// the path order) and fixes every timestamp to the snapshot file's mtime. Files and
@@ -148,7 +138,7 @@ impl MountFs {
             }
         };
         let (perm, mtime) = match recorded {
-            Some(a) => (a.mode as u16, system_time(a.mtime_ns)),
+            Some(a) => (a.mode as u16, a.modified()),
             None if kind == FileType::Directory => (0o555, self.mtime),
             None => (0o444, self.mtime),
         };

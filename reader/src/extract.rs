@@ -103,16 +103,6 @@ pub fn extract(ds: &Dataset, opts: &ExtractOptions) -> Result<ExtractSummary> {
     Ok(total)
 }
 
-/// `mtime_ns` (nanoseconds since the epoch, negative before) as a time.
-fn system_time(mtime_ns: i64) -> std::time::SystemTime {
-    let d = std::time::Duration::from_nanos(mtime_ns.unsigned_abs());
-    if mtime_ns >= 0 {
-        std::time::UNIX_EPOCH + d
-    } else {
-        std::time::UNIX_EPOCH - d
-    }
-}
-
 /// Permission bits restored: set-user-id and set-group-id are not (as `tar` without `-p`
 /// for someone other than root), the rest are.
 const RESTORED_MODE: u32 = 0o1777;
@@ -130,7 +120,7 @@ fn restore_dir(root: &Path, rel: &[u8], attrs: Option<granary_format::FileAttrs>
     }
     if let Some(a) = attrs {
         let f = File::open(&dir).map_err(|e| ReadError::io("opening", &dir, e))?;
-        f.set_times(std::fs::FileTimes::new().set_modified(system_time(a.mtime_ns)))
+        f.set_times(std::fs::FileTimes::new().set_modified(a.modified()))
             .map_err(|e| ReadError::io("setting the mtime of", &dir, e))?;
         f.set_permissions(std::fs::Permissions::from_mode(a.mode & RESTORED_MODE))
             .map_err(|e| ReadError::io("setting the mode of", &dir, e))?;
@@ -203,7 +193,7 @@ fn write_new(
         .and_then(|_| match attrs {
             Some(a) => {
                 use std::os::unix::fs::PermissionsExt;
-                f.set_times(std::fs::FileTimes::new().set_modified(system_time(a.mtime_ns)))?;
+                f.set_times(std::fs::FileTimes::new().set_modified(a.modified()))?;
                 f.set_permissions(std::fs::Permissions::from_mode(a.mode & RESTORED_MODE))
             }
             None => Ok(()),
