@@ -1027,6 +1027,11 @@ fn modes_mtimes_and_empty_directories_survive_pack_and_extract() {
         out.as_os_str(),
     ]);
     assert!(stdout(&o).contains("and 7 directories"), "{}", stdout(&o));
+    let info = stdout(&run_ok(["info".as_ref(), ds.as_os_str()]));
+    assert!(
+        info.contains("every file's mode and mtime, 7 directories"),
+        "{info}"
+    );
     for p in [
         "bin/run.sh",
         "keys/secret",

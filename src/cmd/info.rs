@@ -54,6 +54,8 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
             "bytes_snapshot": snap.bytes().len(),
             "compressed_samples": compressed,
             "classes": classes,
+            "file_attributes": snap.has_attrs(),
+            "directories": snap.dir_count(),
         });
         super::print_json(&v)?;
         return Ok(ExitCode::SUCCESS);
@@ -80,6 +82,21 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         "chunks         {} ({})",
         ds.chunk_count(),
         human_bytes(chunk_bytes)
+    )?;
+    writeln!(
+        out,
+        "metadata       {}",
+        match (snap.has_attrs(), snap.dir_count()) {
+            (false, 0) => "none recorded (shown as 0444 files, 0555 directories)".to_string(),
+            (a, d) => format!(
+                "{}{d} directories with their modes and mtimes",
+                if a {
+                    "every file's mode and mtime, "
+                } else {
+                    ""
+                }
+            ),
+        }
     )?;
     writeln!(out, "original bytes {}", human_bytes(orig))?;
     writeln!(out, "stored bytes   {}", human_bytes(stored))?;
