@@ -988,7 +988,7 @@ fn the_fuzz_script_fails_without_nightly_when_fuzzing_is_required() {
 
 #[test]
 fn modes_mtimes_and_empty_directories_survive_pack_and_extract() {
-    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    use std::os::unix::fs::MetadataExt;
     let tmp = tempfile::tempdir().unwrap();
     let src = tmp.path().join("src");
     write_tree(
@@ -1001,15 +1001,7 @@ fn modes_mtimes_and_empty_directories_survive_pack_and_extract() {
     );
     std::fs::create_dir_all(src.join("valid")).unwrap(); // empty, as a benchmark expects it
     std::fs::create_dir_all(src.join("deep/er/est")).unwrap();
-    let set = |p: &str, mode: u32, secs: u64| {
-        let p = src.join(p);
-        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode)).unwrap();
-        let t = std::time::UNIX_EPOCH + std::time::Duration::from_secs(secs);
-        std::fs::File::open(&p)
-            .unwrap()
-            .set_times(std::fs::FileTimes::new().set_modified(t))
-            .unwrap();
-    };
+    let set = |p: &str, mode: u32, secs: i64| set_attrs(&src.join(p), mode, secs * 1_000_000_000);
     set("bin/run.sh", 0o755, 1_700_000_000);
     set("keys/secret", 0o600, 1_700_000_001);
     set("old/file", 0o444, 915_148_800);

@@ -36,15 +36,9 @@ fn golden_source() -> Vec<(Vec<u8>, Vec<u8>)> {
     v
 }
 
-#[test]
-#[ignore = "writes the golden files; run only when creating them for a new format version"]
-fn write_golden_v1() {
-    let tmp = tempfile::tempdir().unwrap();
-    let src = tmp.path().join("src");
-    write_tree(&src, &golden_source());
-    let out = golden_dir().join("dataset");
-    let _ = std::fs::remove_dir_all(&out);
-    std::fs::create_dir_all(golden_dir()).unwrap();
+/// Packs `src` into golden dataset `out` as every golden version was packed (8 KiB chunks,
+/// seed 1): several chunks, with zstd and raw records.
+fn pack_golden(src: &Path, out: &Path) {
     run_ok([
         "pack".as_ref(),
         src.as_os_str(),
@@ -55,6 +49,18 @@ fn write_golden_v1() {
         "--seed".as_ref(),
         "1".as_ref(),
     ]);
+}
+
+#[test]
+#[ignore = "writes the golden files; run only when creating them for a new format version"]
+fn write_golden_v1() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    write_tree(&src, &golden_source());
+    let out = golden_dir().join("dataset");
+    let _ = std::fs::remove_dir_all(&out);
+    std::fs::create_dir_all(golden_dir()).unwrap();
+    pack_golden(&src, &out);
 }
 
 #[test]
@@ -186,16 +192,6 @@ const GOLDEN_DIRS: [(&str, u32, i64); 4] = [
     ("cherry/empty", 0o700, 1_500_000_000_000_000_000),
 ];
 
-fn set_attrs(p: &Path, mode: u32, mtime_ns: i64) {
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap();
-    let t = std::time::UNIX_EPOCH + std::time::Duration::from_nanos(mtime_ns as u64);
-    std::fs::File::open(p)
-        .unwrap()
-        .set_times(std::fs::FileTimes::new().set_modified(t))
-        .unwrap();
-}
-
 #[test]
 #[ignore = "writes the golden files; run only when creating them for a new format version"]
 fn write_golden_v1_2() {
@@ -214,16 +210,7 @@ fn write_golden_v1_2() {
     let out = golden_dir_1_2().join("dataset");
     let _ = std::fs::remove_dir_all(&out);
     std::fs::create_dir_all(golden_dir_1_2()).unwrap();
-    run_ok([
-        "pack".as_ref(),
-        src.as_os_str(),
-        "-o".as_ref(),
-        out.as_os_str(),
-        "--chunk-size".as_ref(),
-        "8KiB".as_ref(),
-        "--seed".as_ref(),
-        "1".as_ref(),
-    ]);
+    pack_golden(&src, &out);
 }
 
 #[test]

@@ -470,6 +470,21 @@ impl Drop for Mounted {
     }
 }
 
+/// `diff -r a b` finds no difference (contents, names, empty directories).
+fn assert_diff_clean(a: &Path, b: &Path) {
+    let diff = std::process::Command::new("diff")
+        .arg("-r")
+        .arg(a)
+        .arg(b)
+        .output()
+        .unwrap();
+    assert!(
+        diff.status.success(),
+        "{}",
+        String::from_utf8_lossy(&diff.stdout)
+    );
+}
+
 fn errno_of<T>(r: std::io::Result<T>) -> Option<i32> {
     r.err().and_then(|e| e.raw_os_error())
 }
@@ -483,17 +498,7 @@ fn a_mounted_dataset_reads_like_its_source() {
     let mnt = tmp.path().join("mnt");
     let m = Mounted::new(&ds, &mnt, &[]);
     // `diff -r` against the source, and our own byte-for-byte walk.
-    let diff = std::process::Command::new("diff")
-        .arg("-r")
-        .arg(tmp.path().join("src"))
-        .arg(&mnt)
-        .output()
-        .unwrap();
-    assert!(
-        diff.status.success(),
-        "{}",
-        String::from_utf8_lossy(&diff.stdout)
-    );
+    assert_diff_clean(&tmp.path().join("src"), &mnt);
     assert_eq!(read_tree(&mnt), sorted(files.clone()));
     let names: Vec<Vec<u8>> = std::fs::read_dir(mnt.join("c02"))
         .unwrap()
@@ -813,17 +818,7 @@ fn the_mount_shows_packed_modes_mtimes_and_empty_directories() {
     let mnt = tmp.path().join("mnt");
     let m = Mounted::new(&ds, &mnt, &[]);
     // `diff -r` finds the same tree, empty directories included.
-    let diff = std::process::Command::new("diff")
-        .arg("-r")
-        .arg(&src)
-        .arg(&mnt)
-        .output()
-        .unwrap();
-    assert!(
-        diff.status.success(),
-        "{}",
-        String::from_utf8_lossy(&diff.stdout)
-    );
+    assert_diff_clean(&src, &mnt);
     for p in ["bin/run.sh", "data/x", "valid", "data/empty", "data", "bin"] {
         let (a, b) = (
             std::fs::metadata(src.join(p)).unwrap(),

@@ -176,6 +176,24 @@ fn finish_within(mut child: Child, secs: u64, what: &str) -> serde_json::Value {
     wait_json(child)[0].clone()
 }
 
+/// 30 files of about 1 KB in 3 classes, packed under `tmp` with `extra` pack options.
+fn small_dataset(tmp: &Path, extra: &[&str]) -> PathBuf {
+    let files = numbered_tree(30, 3, |i| 1_000 + i as usize);
+    packed_tree(&tmp.join("src"), &files, &tmp.join("ds"), extra)
+}
+
+/// One plain read of `ds` through the tier `dir` (10 MiB), which fills it.
+fn fill_tier(ds: &Path, dir: &Path) {
+    run_ok([
+        "read",
+        ds.to_str().unwrap(),
+        "--cache-dir",
+        dir.to_str().unwrap(),
+        "--cache-size",
+        "10MiB",
+    ]);
+}
+
 /// A GET (or other method) on the server, signed with the job's secret; the status code and
 /// body.
 fn http(addr: &str, method: &str, path: &str) -> (u16, Vec<u8>) {
@@ -352,22 +370,9 @@ fn four_nodes_share_their_tiers_survive_dead_stopped_and_lying_peers() {
 #[test]
 fn the_server_serves_only_chunk_copies_of_its_datasets_read_only() {
     let tmp = tempfile::tempdir().unwrap();
-    let ds = packed_tree(
-        &tmp.path().join("src"),
-        &numbered_tree(30, 3, |i| 1_000 + i as usize),
-        &tmp.path().join("ds"),
-        &[],
-    );
+    let ds = small_dataset(tmp.path(), &[]);
     let node = Node::start(&[&ds], tmp.path().join("tier"));
-    // Fill the tier with one read.
-    run_ok([
-        "read",
-        ds.to_str().unwrap(),
-        "--cache-dir",
-        node.tier.to_str().unwrap(),
-        "--cache-size",
-        "10MiB",
-    ]);
+    fill_tier(&ds, &node.tier);
     let id = granary::Dataset::open(&ds).unwrap().snapshot().dataset_id();
     let hex: String = id.iter().map(|b| format!("{b:02x}")).collect();
     let copy =
@@ -434,12 +439,7 @@ fn chunks_larger_than_one_read_piece_come_whole_from_their_owner() {
 fn the_server_answers_only_requests_signed_with_the_jobs_secret() {
     use granary::auth::{unix_now, Secret};
     let tmp = tempfile::tempdir().unwrap();
-    let ds = packed_tree(
-        &tmp.path().join("src"),
-        &numbered_tree(30, 3, |i| 1_000 + i as usize),
-        &tmp.path().join("ds"),
-        &["--chunk-size", "4KiB"],
-    );
+    let ds = small_dataset(tmp.path(), &["--chunk-size", "4KiB"]);
     // No secret and no --insecure: it does not start.
     let o = granary()
         .args(["serve", ds.to_str().unwrap(), "--cache-dir"])
@@ -456,14 +456,7 @@ fn the_server_answers_only_requests_signed_with_the_jobs_secret() {
     );
 
     let node = Node::start(&[&ds], tmp.path().join("tier"));
-    run_ok([
-        "read",
-        ds.to_str().unwrap(),
-        "--cache-dir",
-        node.tier.to_str().unwrap(),
-        "--cache-size",
-        "10MiB",
-    ]);
+    fill_tier(&ds, &node.tier);
     let id = granary::Dataset::open(&ds).unwrap().snapshot().dataset_id();
     let hex: String = id.iter().map(|b| format!("{b:02x}")).collect();
     let held = std::fs::read_dir(granary::LocalTier::tier_dir(&node.tier, &id))
@@ -624,12 +617,7 @@ fn test_certificates(dir: &Path, name: &str) -> (PathBuf, PathBuf, PathBuf) {
 #[test]
 fn peers_over_tls_read_only_from_servers_their_ca_signed() {
     let tmp = tempfile::tempdir().unwrap();
-    let ds = packed_tree(
-        &tmp.path().join("src"),
-        &numbered_tree(30, 3, |i| 1_000 + i as usize),
-        &tmp.path().join("ds"),
-        &["--chunk-size", "4KiB"],
-    );
+    let ds = small_dataset(tmp.path(), &["--chunk-size", "4KiB"]);
     let (ca, cert, key) = test_certificates(tmp.path(), "job");
     let (other_ca, _, _) = test_certificates(tmp.path(), "other");
     let (cert, key) = (cert.to_str().unwrap(), key.to_str().unwrap());

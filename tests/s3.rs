@@ -50,6 +50,20 @@ impl S3 {
         c
     }
 
+    /// `granary pack SRC -o URL --chunk-size 20KiB EXTRA...`, which must succeed.
+    fn pack(&self, src: &Path, url: &str, extra: &[&str]) -> std::process::Output {
+        let mut args = vec![
+            "pack",
+            src.to_str().unwrap(),
+            "-o",
+            url,
+            "--chunk-size",
+            "20KiB",
+        ];
+        args.extend_from_slice(extra);
+        self.ok(&args)
+    }
+
     fn run(&self, args: &[&str]) -> std::process::Output {
         self.cmd().args(args).output().unwrap()
     }
@@ -119,15 +133,7 @@ fn pack_read_verify_cat_extract_round_trip() {
     let tmp = tempfile::tempdir().unwrap();
     let (src, files) = src_tree(tmp.path());
     let url = s3.sub("ds");
-    let o = s3.ok(&[
-        "pack",
-        src.to_str().unwrap(),
-        "-o",
-        &url,
-        "--chunk-size",
-        "20KiB",
-        "--json",
-    ]);
+    let o = s3.pack(&src, &url, &["--json"]);
     let summary: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(summary["files"], files.len() as u64);
     assert!(summary["chunks"].as_u64().unwrap() > 5);
@@ -251,16 +257,7 @@ fn deleted_corrupted_and_truncated_chunk_objects_are_errors() {
     let tmp = tempfile::tempdir().unwrap();
     let (src, _) = src_tree(tmp.path());
     let url = s3.sub("ds");
-    s3.ok(&[
-        "pack",
-        src.to_str().unwrap(),
-        "-o",
-        &url,
-        "--chunk-size",
-        "20KiB",
-        "--compress",
-        "none",
-    ]);
+    s3.pack(&src, &url, &["--compress", "none"]);
     let store = ObjectUrl::parse(&url).unwrap();
     let local = tmp.path().join("chunk");
 
@@ -324,22 +321,8 @@ fn credentials_buckets_and_foreign_snapshots() {
     let tmp = tempfile::tempdir().unwrap();
     let (src, _) = src_tree(tmp.path());
     let (a, b) = (s3.sub("a"), s3.sub("b"));
-    s3.ok(&[
-        "pack",
-        src.to_str().unwrap(),
-        "-o",
-        &a,
-        "--chunk-size",
-        "20KiB",
-    ]);
-    s3.ok(&[
-        "pack",
-        src.to_str().unwrap(),
-        "-o",
-        &b,
-        "--chunk-size",
-        "20KiB",
-    ]);
+    s3.pack(&src, &a, &[]);
+    s3.pack(&src, &b, &[]);
 
     let e = |o: std::process::Output| {
         assert!(!o.status.success());
@@ -398,14 +381,7 @@ fn verify_tells_damage_from_not_being_able_to_look() {
     let tmp = tempfile::tempdir().unwrap();
     let (src, _) = src_tree(tmp.path());
     let url = s3.sub("ds");
-    s3.ok(&[
-        "pack",
-        src.to_str().unwrap(),
-        "-o",
-        &url,
-        "--chunk-size",
-        "20KiB",
-    ]);
+    s3.pack(&src, &url, &[]);
     assert!(stdout(&s3.ok(&["verify", &url])).contains(": OK"));
 
     let cannot = |o: std::process::Output, what: &str| {
@@ -461,15 +437,7 @@ fn reindex_rebuilds_a_lost_snapshot_in_the_store() {
     let (src, _) = src_tree(tmp.path());
     let url = s3.sub("ds");
     // Without modes, mtimes and directories (chunks do not carry them): rebuilt byte for byte.
-    s3.ok(&[
-        "pack",
-        src.to_str().unwrap(),
-        "-o",
-        &url,
-        "--chunk-size",
-        "20KiB",
-        "--no-metadata",
-    ]);
+    s3.pack(&src, &url, &["--no-metadata"]);
     let store = ObjectUrl::parse(&url).unwrap();
     let snap = granary_format::SNAPSHOT_FILE;
     let original = store.get(snap).unwrap().to_vec();

@@ -314,28 +314,7 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
             samples * SAMPLE_ENTRY_LEN as u64,
         )?;
         expect_len("snapshot path order", &order, samples * 4)?;
-        if hash.len() < 8 {
-            return Err(FormatError::truncated(
-                "snapshot path index",
-                8,
-                hash.len() as u64,
-            ));
-        }
-        let hash_cap = le::u64_at(b, hash.start);
-        if !hash_cap.is_power_of_two() || hash_cap < samples.saturating_add(1) {
-            return Err(FormatError::invalid(
-                "snapshot path index",
-                format!("capacity {hash_cap} is not a power of two above {samples}"),
-            ));
-        }
-        expect_len(
-            "snapshot path index",
-            &hash,
-            hash_cap
-                .checked_mul(8)
-                .and_then(|x| x.checked_add(8))
-                .unwrap_or(u64::MAX),
-        )?;
+        let hash_cap = path_index_capacity(b, &hash, samples)?;
         let pt = StringTable::parse(&b[paths.clone()], "snapshot paths")?;
         if pt.len() != samples {
             return Err(FormatError::invalid(
@@ -822,6 +801,31 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
             }
         }
     }
+}
+
+/// The capacity of the path index at `hash` in snapshot `b` of `samples` samples: a power of
+/// two above `samples`, and the section sized for it.
+fn path_index_capacity(b: &[u8], hash: &Range<usize>, samples: u64) -> Result<u64> {
+    if hash.len() < 8 {
+        return Err(FormatError::truncated(
+            "snapshot path index",
+            8,
+            hash.len() as u64,
+        ));
+    }
+    let cap = le::u64_at(b, hash.start);
+    if !cap.is_power_of_two() || cap < samples.saturating_add(1) {
+        return Err(FormatError::invalid(
+            "snapshot path index",
+            format!("capacity {cap} is not a power of two above {samples}"),
+        ));
+    }
+    let want = cap
+        .checked_mul(8)
+        .and_then(|x| x.checked_add(8))
+        .unwrap_or(u64::MAX);
+    expect_len("snapshot path index", hash, want)?;
+    Ok(cap)
 }
 
 /// What a snapshot's optional sections say (kinds 7 to 10), checked for size.

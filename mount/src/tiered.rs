@@ -215,7 +215,6 @@ impl TieredReader {
                 Ok(()) => return Ok(self.count(&info, src.bytes_from(), out)),
                 // Never served: dropped from the tier (logged), and the read starts over.
                 Err(e) if src.bytes_from() == BytesFrom::Tier => {
-                    self.reader.forget(|c, _| c == chunk);
                     self.reader.drop_copy(chunk, &e);
                     add(&self.counters.discarded, 1);
                 }

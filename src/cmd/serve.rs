@@ -395,17 +395,12 @@ mod tests {
             file_for(&served, "/ab/chunk-00000007.gchunk"),
             Ok(PathBuf::from("/t/ab/chunk-00000007.gchunk"))
         );
+        // Another dataset's id; names that are not chunk copies are refused by
+        // `granary::serving::chunk_request` (its own test lists them).
         for bad in [
             "/cd/chunk-00000007.gchunk",
-            "/ab/hot-00000001.gchunk",
             "/ab/index",
-            "/ab/lock",
             "/ab/../ab/chunk-00000007.gchunk",
-            "/ab/chunk-7.gchunk",
-            "/ab/chunk-00000007.gchunk/x",
-            "/ab/chunk-+0000007.gchunk",
-            "/ab",
-            "/",
         ] {
             assert!(file_for(&served, bad).is_err(), "{bad}");
         }

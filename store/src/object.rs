@@ -831,10 +831,7 @@ impl ObjectUrl {
             file.read_to_end(&mut data)
                 .map_err(|e| StoreError::io("reading", path, e))?;
             let n = data.len() as u64;
-            self.run("uploading", &url, async {
-                client.put(&key, PutPayload::from(data)).await
-            })?
-            .map_err(|e| remote_error("uploading", &url, e))?;
+            self.put_bytes(name, data)?;
             progress(n);
             return Ok(());
         }

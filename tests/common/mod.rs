@@ -288,19 +288,20 @@ pub struct Relay {
     silent: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
-/// Bytes per second a relay forwards in each direction of a connection (0: unlimited).
-static RELAY_RATE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-
 impl Relay {
     /// Forwards to `upstream` at most `rate` bytes per second per connection and direction
     /// (a slow link, so that a test can act while a transfer is in progress).
     pub fn throttled(upstream: String, rate: u64) -> Relay {
-        RELAY_RATE.store(rate, std::sync::atomic::Ordering::Relaxed);
-        Relay::new(Some(upstream))
+        Relay::start(Some(upstream), rate)
     }
 
     /// Forwards to `upstream` (`host:port`); `None`: silent from the start.
     pub fn new(upstream: Option<String>) -> Relay {
+        Relay::start(upstream, 0)
+    }
+
+    /// `rate`: bytes per second per connection and direction, 0 for no limit.
+    fn start(upstream: Option<String>, rate: u64) -> Relay {
         use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
@@ -317,11 +318,11 @@ impl Relay {
                 match up {
                     Some(up) => {
                         let u2 = up.try_clone().unwrap();
-                        std::thread::spawn(move || relay_pipe(client, Some(up), &f1));
-                        std::thread::spawn(move || relay_pipe(u2, Some(c2), &f2));
+                        std::thread::spawn(move || relay_pipe(client, Some(up), &f1, rate));
+                        std::thread::spawn(move || relay_pipe(u2, Some(c2), &f2, rate));
                     }
                     None => {
-                        std::thread::spawn(move || relay_pipe(client, None, &f1));
+                        std::thread::spawn(move || relay_pipe(client, None, &f1, 0));
                     }
                 }
             }
@@ -340,11 +341,13 @@ impl Relay {
     }
 }
 
-/// Copies `from` to `to` until either ends; once `silent`, reads and drops.
+/// Copies `from` to `to` until either ends, at most `rate` bytes per second (0: no limit);
+/// once `silent`, reads and drops.
 fn relay_pipe(
     mut from: std::net::TcpStream,
     mut to: Option<std::net::TcpStream>,
     silent: &std::sync::atomic::AtomicBool,
+    rate: u64,
 ) {
     use std::io::{Read, Write};
     let mut buf = vec![0u8; 1 << 16];
@@ -360,7 +363,6 @@ fn relay_pipe(
             if t.write_all(&buf[..n]).is_err() {
                 break;
             }
-            let rate = RELAY_RATE.load(std::sync::atomic::Ordering::Relaxed);
             if rate > 0 {
                 std::thread::sleep(std::time::Duration::from_secs_f64(n as f64 / rate as f64));
             }
@@ -369,4 +371,16 @@ fn relay_pipe(
     if let Some(t) = to {
         let _ = t.shutdown(std::net::Shutdown::Both);
     }
+}
+
+/// Gives file or directory `p` permission bits `mode` and modification time `mtime_ns`
+/// (nanoseconds since the epoch, not negative).
+pub fn set_attrs(p: &Path, mode: u32, mtime_ns: i64) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap();
+    let t = std::time::UNIX_EPOCH + std::time::Duration::from_nanos(mtime_ns as u64);
+    std::fs::File::open(p)
+        .unwrap()
+        .set_times(std::fs::FileTimes::new().set_modified(t))
+        .unwrap();
 }
