@@ -72,14 +72,22 @@ pub const UPLOAD_MARKER: LocalKind = LocalKind {
     what: "upload marker",
 };
 
+/// The state of a dataset writer (`writer.state` in its spill directory).
+pub const WRITER_STATE: LocalKind = LocalKind {
+    magic: *b"GRNYWRST",
+    version: 1,
+    what: "writer state",
+};
+
 /// Every kind, for tools that identify a file by its magic.
-pub const LOCAL_KINDS: [LocalKind; 6] = [
+pub const LOCAL_KINDS: [LocalKind; 7] = [
     TIER_INDEX,
     HOT_MAP,
     SCORE_TABLE,
     PACK_PLAN,
     SHARD_PART,
     UPLOAD_MARKER,
+    WRITER_STATE,
 ];
 
 impl LocalKind {

@@ -152,6 +152,11 @@ pub(crate) fn read_and_encode(
             data.len()
         ));
     }
+    encode_bytes(data, mode)
+}
+
+/// Encodes the bytes of one record (CRC-32 of the original, compressed as `mode` says).
+pub(crate) fn encode_bytes(data: Vec<u8>, mode: CompressMode) -> Result<Encoded, String> {
     let crc32 = crc32fast::hash(&data);
     let orig_len = data.len() as u64;
     let level = match mode {

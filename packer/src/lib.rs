@@ -18,6 +18,7 @@ mod run;
 mod scan;
 mod shard;
 mod upload;
+mod writer;
 
 use std::collections::BTreeMap;
 use std::io::{BufWriter, Write};
@@ -41,6 +42,7 @@ pub use granary_format::SplitMix64;
 use plan::Plan;
 pub use reindex::{reindex, ReindexSummary};
 pub use shard::{merge, shard_of, MergeSummary, ShardSpec, PART_FILE};
+pub use writer::{Label, Writer, WriterOptions, Written, DEFAULT_BUCKETS, DEFAULT_GATHER_MEMORY};
 
 /// Default target chunk size (see docs/packing.md: measured on this project's reference machine).
 pub const DEFAULT_CHUNK_SIZE: u64 = 32 << 20;

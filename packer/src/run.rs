@@ -772,16 +772,16 @@ impl Run<'_> {
 
 /// Counts over every record of a run's chunks.
 #[derive(Default)]
-struct Totals {
-    files: u64,
-    bytes_in: u64,
-    bytes_stored: u64,
-    bytes_out: u64,
-    compressed_records: u64,
+pub(crate) struct Totals {
+    pub files: u64,
+    pub bytes_in: u64,
+    pub bytes_stored: u64,
+    pub bytes_out: u64,
+    pub compressed_records: u64,
 }
 
 impl Totals {
-    fn count(&mut self, s: &ChunkSummary) {
+    pub(crate) fn count(&mut self, s: &ChunkSummary) {
         self.files += s.entries.len() as u64;
         for e in &s.entries {
             self.bytes_stored += e.stored_len;

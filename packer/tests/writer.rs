@@ -1,0 +1,339 @@
+//! The writer API: samples from memory to a dataset, mixed across chunks, resumable, sharded.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+
+use granary_format::{
+    check_chunk, chunk_file_name, decode_record, Snapshot, NO_LABEL, SNAPSHOT_FILE,
+};
+use granary_packer::{merge, CompressMode, Label, ShardSpec, Writer, WriterOptions, Written};
+
+/// path -> (bytes, class name)
+type Samples = BTreeMap<Vec<u8>, (Vec<u8>, Option<Vec<u8>>)>;
+
+/// Every sample of the dataset at `ds`, after checking every chunk.
+fn read_all(ds: &Path) -> Samples {
+    let snap = Snapshot::open(std::fs::read(ds.join(SNAPSHOT_FILE)).unwrap()).unwrap();
+    assert!(snap.check_sections().is_empty());
+    let mut out = BTreeMap::new();
+    for c in 0..snap.chunk_count() {
+        let ce = snap.chunk(c).unwrap();
+        let bytes = std::fs::read(ds.join(chunk_file_name(c as u32))).unwrap();
+        assert_eq!(bytes.len() as u64, ce.file_size);
+        let check = check_chunk(&bytes, &snap.dataset_id(), c as u32).unwrap();
+        assert!(check.bad_records.is_empty());
+        for id in ce.samples() {
+            let e = snap.sample(id).unwrap();
+            let stored = &bytes[e.offset as usize..(e.offset + e.stored_len) as usize];
+            let data = decode_record(&e, stored).unwrap().into_owned();
+            let class = (e.label != NO_LABEL).then(|| snap.class_name(e.label).unwrap().to_vec());
+            out.insert(snap.path(id).unwrap().to_vec(), (data, class));
+        }
+    }
+    out
+}
+
+fn sample(i: u32) -> Vec<u8> {
+    // Compressible text for some, incompressible-looking bytes for others.
+    if i.is_multiple_of(3) {
+        format!("sample {i} ")
+            .repeat(50 + (i % 7) as usize)
+            .into_bytes()
+    } else {
+        let mut r = granary_format::SplitMix64::new(i as u64);
+        (0..(200 + i % 500)).map(|_| r.next_u64() as u8).collect()
+    }
+}
+
+fn opts(out: &Path) -> WriterOptions {
+    let mut o = WriterOptions::new(out);
+    o.chunk_size = 16 << 10;
+    o.buckets = 8;
+    o.threads = 2;
+    o
+}
+
+#[test]
+fn a_class_sorted_stream_becomes_class_mixed_chunks_byte_exact() {
+    let t = tempfile::tempdir().unwrap();
+    let out = t.path().join("ds.granary");
+    let mut w = Writer::create(opts(&out)).unwrap();
+    // 10 classes of 100 samples each, in class order (as an ImageFolder walk gives them).
+    for i in 0..1000u32 {
+        let class = format!("class{:02}", i / 100);
+        let key = format!("{class}/{i:05}.bin");
+        assert_eq!(
+            w.write(key.as_bytes(), sample(i), Label::Name(class.as_bytes()))
+                .unwrap(),
+            Written::New
+        );
+    }
+    let s = w.finish().unwrap();
+    assert_eq!(s.files, 1000);
+    assert_eq!(s.classes, 10);
+    assert!(s.chunks > 10, "{} chunks", s.chunks);
+    assert!(
+        !t.path().join(".ds.granary.spill").exists(),
+        "spill logs removed"
+    );
+    assert!(!t.path().join(".ds.granary.partial").exists());
+    let all = read_all(&out);
+    assert_eq!(all.len(), 1000);
+    for i in 0..1000u32 {
+        let class = format!("class{:02}", i / 100);
+        let (data, c) = &all[format!("{class}/{i:05}.bin").as_bytes()];
+        assert_eq!(*data, sample(i));
+        assert_eq!(c.as_deref(), Some(class.as_bytes()));
+    }
+    // Mixing: with 10 sorted classes, a chunk of a contiguous run would hold 1-2 classes.
+    let snap = Snapshot::open(std::fs::read(out.join(SNAPSHOT_FILE)).unwrap()).unwrap();
+    let mut classes_per_chunk = Vec::new();
+    for c in 0..snap.chunk_count() {
+        let ce = snap.chunk(c).unwrap();
+        let labels: BTreeSet<u32> = ce
+            .samples()
+            .map(|id| snap.sample(id).unwrap().label)
+            .collect();
+        if ce.sample_count >= 20 {
+            classes_per_chunk.push(labels.len());
+        }
+    }
+    assert!(!classes_per_chunk.is_empty());
+    assert!(
+        classes_per_chunk.iter().all(|&n| n >= 6),
+        "classes per chunk: {classes_per_chunk:?}"
+    );
+}
+
+#[test]
+fn the_layout_is_a_function_of_the_samples_and_the_seed() {
+    let t = tempfile::tempdir().unwrap();
+    let mut digests = Vec::new();
+    for (name, reverse) in [("a", false), ("b", true)] {
+        let out = t.path().join(name);
+        let mut o = opts(&out);
+        o.compress = CompressMode::None;
+        let mut w = Writer::create(o).unwrap();
+        let mut ids: Vec<u32> = (0..300).collect();
+        if reverse {
+            ids.reverse();
+        }
+        for i in ids {
+            w.write(format!("k{i}").as_bytes(), sample(i), Label::Index(i % 4))
+                .unwrap();
+        }
+        w.finish().unwrap();
+        let snap = Snapshot::open(std::fs::read(out.join(SNAPSHOT_FILE)).unwrap()).unwrap();
+        let paths: Vec<Vec<u8>> = (0..snap.sample_count())
+            .map(|i| snap.path(i).unwrap().to_vec())
+            .collect();
+        let classes: Vec<Vec<u8>> = (0..snap.class_count() as u32)
+            .map(|l| snap.class_name(l).unwrap().to_vec())
+            .collect();
+        assert_eq!(
+            classes,
+            vec![b"0".to_vec(), b"1".to_vec(), b"2".to_vec(), b"3".to_vec()]
+        );
+        digests.push(paths);
+    }
+    assert_eq!(
+        digests[0], digests[1],
+        "the same samples in another order give the same chunks"
+    );
+}
+
+#[test]
+fn bad_keys_labels_and_duplicates_are_refused_and_lose_nothing() {
+    let t = tempfile::tempdir().unwrap();
+    let out = t.path().join("ds");
+    let mut w = Writer::create(opts(&out)).unwrap();
+    w.write(b"ok/1", b"one".to_vec(), Label::None).unwrap();
+    for bad in [
+        &b"/abs"[..],
+        b"a//b",
+        b"a/../b",
+        b"..",
+        b"",
+        b"a/./b",
+        b"a/",
+        b"nul\0",
+    ] {
+        let e = w
+            .write(bad, b"x".to_vec(), Label::None)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("not a valid path"), "{bad:?}: {e}");
+    }
+    let e = w
+        .write(b"ok/1", b"again".to_vec(), Label::None)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("written twice"), "{e}");
+    w.write(b"ok/2", b"two".to_vec(), Label::Index(3)).unwrap();
+    let e = w
+        .write(b"ok/3", b"3".to_vec(), Label::Name(b"cat"))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("mixed"), "{e}");
+    let s = w.finish().unwrap();
+    assert_eq!(s.files, 2);
+    let all = read_all(&out);
+    assert_eq!(all[&b"ok/1"[..]].0, b"one");
+    assert_eq!(all[&b"ok/2"[..]].1.as_deref(), Some(&b"3"[..]));
+    // The dataset exists now: a second writer needs force.
+    let e = Writer::create(opts(&out)).unwrap_err().to_string();
+    assert!(e.contains("already exists"), "{e}");
+    // Labels against a given class table.
+    let mut o = opts(&t.path().join("c"));
+    o.classes = Some(vec![b"cat".to_vec(), b"dog".to_vec()]);
+    let mut w = Writer::create(o).unwrap();
+    assert!(w.write(b"x", vec![1], Label::Name(b"cow")).is_err());
+    assert!(w.write(b"y", vec![1], Label::Index(2)).is_err());
+    w.write(b"z", vec![1], Label::Name(b"dog")).unwrap();
+    assert_eq!(w.finish().unwrap().classes, 2);
+    // Nothing written: nothing published.
+    let w = Writer::create(opts(&t.path().join("empty"))).unwrap();
+    assert!(w.finish().unwrap_err().to_string().contains("no samples"));
+    assert!(!t.path().join("empty").exists());
+    assert!(!t.path().join(".empty.spill").exists());
+}
+
+#[test]
+fn an_interrupted_writer_resumes_skipping_what_it_had() {
+    let t = tempfile::tempdir().unwrap();
+    let out = t.path().join("ds");
+    let mut w = Writer::create(opts(&out)).unwrap();
+    for i in 0..400u32 {
+        w.write(format!("s/{i}").as_bytes(), sample(i), Label::None)
+            .unwrap();
+    }
+    drop(w); // stopped without finishing: the logs stay
+    assert!(!out.exists());
+    // A crash mid-record: the last bytes of one log are cut.
+    let spill = t.path().join(".ds.spill");
+    let log = spill.join("spill-0003.log");
+    let len = std::fs::metadata(&log).unwrap().len();
+    let f = std::fs::OpenOptions::new().write(true).open(&log).unwrap();
+    f.set_len(len - 5).unwrap();
+    drop(f);
+    let e = Writer::create(opts(&out)).unwrap_err().to_string();
+    assert!(e.contains("pass resume"), "{e}");
+    let mut o = opts(&out);
+    o.resume = true;
+    o.seed = 9;
+    let e = Writer::create(o).unwrap_err().to_string();
+    assert!(e.contains("other settings"), "{e}");
+    let mut o = opts(&out);
+    o.resume = true;
+    let mut w = Writer::create(o).unwrap();
+    assert!(
+        w.warnings().iter().any(|m| m.contains("spill-0003.log")),
+        "{:?}",
+        w.warnings()
+    );
+    assert_eq!(w.len(), 399);
+    let (mut new, mut old) = (0, 0);
+    for i in 0..500u32 {
+        match w
+            .write(format!("s/{i}").as_bytes(), sample(i), Label::None)
+            .unwrap()
+        {
+            Written::New => new += 1,
+            Written::Resumed => old += 1,
+        }
+    }
+    assert_eq!((new, old), (101, 399));
+    let e = w
+        .write(b"s/7", sample(7), Label::None)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("twice"), "{e}");
+    let s = w.finish().unwrap();
+    assert_eq!(s.files, 500);
+    let all = read_all(&out);
+    assert_eq!(all.len(), 500);
+    for i in 0..500u32 {
+        assert_eq!(all[format!("s/{i}").as_bytes()].0, sample(i));
+    }
+    assert!(!spill.exists());
+}
+
+#[test]
+fn a_resumed_key_with_other_bytes_is_refused() {
+    let t = tempfile::tempdir().unwrap();
+    let out = t.path().join("ds");
+    let mut w = Writer::create(opts(&out)).unwrap();
+    w.write(b"a", b"first".to_vec(), Label::None).unwrap();
+    drop(w);
+    let mut o = opts(&out);
+    o.resume = true;
+    let mut w = Writer::create(o).unwrap();
+    assert!(w.has_resumed(b"a"));
+    let e = w
+        .write(b"a", b"other".to_vec(), Label::None)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("other bytes"), "{e}");
+}
+
+#[test]
+fn shards_written_apart_merge_into_one_dataset() {
+    let t = tempfile::tempdir().unwrap();
+    let out = t.path().join("ds");
+    let classes = vec![b"even".to_vec(), b"odd".to_vec()];
+    for i in 0..3u32 {
+        let mut o = opts(&out);
+        o.shard = Some(ShardSpec::parse(&format!("{i}/3")).unwrap());
+        o.classes = Some(classes.clone());
+        let mut w = Writer::create(o).unwrap();
+        for k in (0..600u32).filter(|k| k % 3 == i) {
+            let class: &[u8] = if k % 2 == 0 { b"even" } else { b"odd" };
+            w.write(format!("p{k}").as_bytes(), sample(k), Label::Name(class))
+                .unwrap();
+        }
+        let s = w.finish().unwrap();
+        assert_eq!(s.action, "shard");
+        assert_eq!(s.files, 200);
+    }
+    // A shard with labels but no class table is refused.
+    let mut o = opts(&t.path().join("other"));
+    o.shard = Some(ShardSpec::parse("0/2").unwrap());
+    let mut w = Writer::create(o).unwrap();
+    assert!(w
+        .write(b"k", vec![1], Label::Index(0))
+        .unwrap_err()
+        .to_string()
+        .contains("class table"));
+    let m = merge(&out).unwrap();
+    assert_eq!(m.files, 600);
+    let all = read_all(&out);
+    assert_eq!(all.len(), 600);
+    for k in 0..600u32 {
+        let (data, class) = &all[format!("p{k}").as_bytes()];
+        assert_eq!(*data, sample(k));
+        assert_eq!(
+            class.as_deref(),
+            Some(if k % 2 == 0 { &b"even"[..] } else { b"odd" })
+        );
+    }
+}
+
+#[test]
+fn a_log_larger_than_the_memory_budget_is_read_record_by_record() {
+    let t = tempfile::tempdir().unwrap();
+    let out = t.path().join("ds");
+    let mut o = opts(&out);
+    o.gather_memory = 1000;
+    o.buckets = 2;
+    let mut w = Writer::create(o).unwrap();
+    for i in 0..200u32 {
+        w.write(format!("{i}").as_bytes(), sample(i), Label::None)
+            .unwrap();
+    }
+    w.finish().unwrap();
+    let all = read_all(&out);
+    assert_eq!(all.len(), 200);
+    for i in 0..200u32 {
+        assert_eq!(all[format!("{i}").as_bytes()].0, sample(i));
+    }
+}
