@@ -5,8 +5,11 @@ use std::io::Write;
 
 use crate::error::{check_crc, check_magic_version, FormatError, Result};
 use crate::strtab::{encode_string_table, StringTable};
+use crate::SAMPLE_ENTRY_LEN;
 use crate::{le, SampleEntry, CHUNK_END_MAGIC, CHUNK_MAGIC, FORMAT_MAJOR, FORMAT_MINOR};
-use crate::{Compression, SAMPLE_ENTRY_LEN};
+use crate::{
+    ChunkFields, Compression, FieldEntry, CHUNK_FIELDS_MINOR, FIELD_ENTRY_LEN, FLAG_FIELDS,
+};
 
 /// Length of the chunk header; records start at this offset.
 pub const CHUNK_HEADER_LEN: usize = 64;
@@ -22,6 +25,8 @@ pub struct ChunkHeader {
     pub dataset_id: [u8; 16],
     /// This chunk's id; the file is named [`crate::chunk_file_name`]`(chunk_id)`.
     pub chunk_id: u32,
+    /// The footer ends with a fields block (chunk minor version 1, format 1.3).
+    pub fields: bool,
 }
 
 impl ChunkHeader {
@@ -30,7 +35,12 @@ impl ChunkHeader {
         let mut b = [0u8; CHUNK_HEADER_LEN];
         b[0..8].copy_from_slice(&CHUNK_MAGIC);
         b[8..10].copy_from_slice(&FORMAT_MAJOR.to_le_bytes());
-        b[10..12].copy_from_slice(&FORMAT_MINOR.to_le_bytes());
+        let minor = if self.fields {
+            CHUNK_FIELDS_MINOR
+        } else {
+            FORMAT_MINOR
+        };
+        b[10..12].copy_from_slice(&minor.to_le_bytes());
         b[12..16].copy_from_slice(&(CHUNK_HEADER_LEN as u32).to_le_bytes());
         b[16..32].copy_from_slice(&self.dataset_id);
         b[32..36].copy_from_slice(&self.chunk_id.to_le_bytes());
@@ -61,6 +71,7 @@ impl ChunkHeader {
         Ok(ChunkHeader {
             dataset_id: le::id_at(b, 16),
             chunk_id: le::u32_at(b, 32),
+            fields: le::u16_at(b, 10) >= CHUNK_FIELDS_MINOR,
         })
     }
 }
@@ -135,6 +146,127 @@ pub struct ChunkFooter {
     pub paths: Vec<Vec<u8>>,
     /// The dataset's class names (identical in every chunk of a dataset).
     pub classes: Vec<Vec<u8>>,
+    /// The records' fields (format 1.3; every record is a field group), if the footer has a
+    /// fields block.
+    pub fields: Option<ChunkFields>,
+}
+
+/// Encodes a fields block: the names (a string table, preceded by its length as u64), the
+/// number of field entries m (u64), one u32 field count per record, then the m entries.
+pub fn encode_fields_block(f: &ChunkFields) -> Vec<u8> {
+    let names = encode_string_table(f.names.iter());
+    let m: usize = f.records.iter().map(Vec::len).sum();
+    let mut b = Vec::with_capacity(16 + names.len() + 4 * f.records.len() + m * FIELD_ENTRY_LEN);
+    b.extend_from_slice(&(names.len() as u64).to_le_bytes());
+    b.extend_from_slice(&names);
+    b.extend_from_slice(&(m as u64).to_le_bytes());
+    for r in &f.records {
+        b.extend_from_slice(&(r.len() as u32).to_le_bytes());
+    }
+    for e in f.records.iter().flatten() {
+        b.extend_from_slice(&e.encode());
+    }
+    b
+}
+
+/// Decodes the fields block of a footer of `n` records, checking its layout and names (each a
+/// valid field name, sorted, distinct), that every record has at least one field and every
+/// entry names one of the names.
+pub fn decode_fields_block(b: &[u8], n: u64) -> Result<ChunkFields> {
+    const WHAT: &str = "chunk footer fields";
+    let short = || FormatError::invalid(WHAT, "shorter than its lengths say");
+    if b.len() < 8 {
+        return Err(short());
+    }
+    let names_len = le::u64_at(b, 0);
+    let names_end = 8usize
+        .checked_add(usize::try_from(names_len).map_err(|_| short())?)
+        .filter(|&e| e.checked_add(8).is_some_and(|x| x <= b.len()))
+        .ok_or_else(short)?;
+    let table = StringTable::parse(&b[8..names_end], "chunk footer field names")?;
+    table.validate()?;
+    let names: Vec<Vec<u8>> = table
+        .iter()
+        .map(|x| x.map(<[u8]>::to_vec))
+        .collect::<Result<_>>()?;
+    for (i, name) in names.iter().enumerate() {
+        crate::check_field_name(name)
+            .map_err(|why| FormatError::invalid(WHAT, format!("name {i}: {why}")))?;
+        if i > 0 && names[i - 1] >= *name {
+            return Err(FormatError::invalid(WHAT, "names not sorted and distinct"));
+        }
+    }
+    let m = le::u64_at(b, names_end);
+    let counts_at = names_end + 8;
+    let want = n
+        .checked_mul(4)
+        .and_then(|c| {
+            m.checked_mul(FIELD_ENTRY_LEN as u64)
+                .and_then(|e| e.checked_add(c))
+        })
+        .and_then(|x| x.checked_add(counts_at as u64));
+    if want != Some(b.len() as u64) {
+        return Err(FormatError::invalid(
+            WHAT,
+            format!(
+                "{n} records and {m} fields do not fill the {}-byte block",
+                b.len()
+            ),
+        ));
+    }
+    let entries_at = counts_at + 4 * n as usize;
+    let mut records = Vec::with_capacity(n as usize);
+    let mut next = 0u64;
+    for r in 0..n as usize {
+        let count = le::u32_at(b, counts_at + 4 * r) as u64;
+        if count == 0 || next + count > m {
+            return Err(FormatError::invalid(
+                WHAT,
+                format!("record {r} has {count} fields (at least 1, and {m} in all)"),
+            ));
+        }
+        let mut fields = Vec::with_capacity(count as usize);
+        for k in next..next + count {
+            let e = FieldEntry::decode(
+                &b[entries_at + k as usize * FIELD_ENTRY_LEN..][..FIELD_ENTRY_LEN],
+            )?;
+            if e.name as usize >= names.len() {
+                return Err(FormatError::invalid(
+                    WHAT,
+                    format!("record {r} names field {} of {}", e.name, names.len()),
+                ));
+            }
+            fields.push(e);
+        }
+        next += count;
+        records.push(fields);
+    }
+    if next != m {
+        return Err(FormatError::invalid(
+            WHAT,
+            format!("{m} fields but the records use {next}"),
+        ));
+    }
+    Ok(ChunkFields { names, records })
+}
+
+/// Checks a field group's entry against its fields: the group flag set, and lengths that add
+/// up to the record's.
+pub fn check_group(entry: &SampleEntry, fields: &[FieldEntry]) -> Result<()> {
+    let total = fields
+        .iter()
+        .try_fold(0u64, |a, f| a.checked_add(f.len))
+        .unwrap_or(u64::MAX);
+    if !entry.has_fields() || total != entry.orig_len || entry.stored_len != entry.orig_len {
+        return Err(FormatError::invalid(
+            "field group",
+            format!(
+                "record of {} bytes (flags {:#x}) does not hold its fields' {total} bytes",
+                entry.orig_len, entry.flags
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// Decodes a footer body and checks it against its trailer and the chunk header: CRC, entry
@@ -164,7 +296,8 @@ pub fn decode_footer(body: &[u8], trailer: &Trailer, chunk_id: u32) -> Result<Ch
         .and_then(|x| x.checked_add(FOOTER_FIXED_LEN))
         .and_then(|x| x.checked_add(paths_len))
         .and_then(|x| x.checked_add(classes_len));
-    if total != Some(body.len() as u64) {
+    // What follows the class table is the fields block (format 1.3), if anything.
+    if total.is_none_or(|t| t > body.len() as u64) {
         return Err(FormatError::invalid(
             WHAT,
             format!(
@@ -176,8 +309,13 @@ pub fn decode_footer(body: &[u8], trailer: &Trailer, chunk_id: u32) -> Result<Ch
     }
     let entries_end = FOOTER_FIXED_LEN as usize + count as usize * SAMPLE_ENTRY_LEN;
     let paths_end = entries_end + paths_len as usize;
+    let classes_end = paths_end + classes_len as usize;
     let paths = StringTable::parse(&body[entries_end..paths_end], "chunk footer paths")?;
-    let classes = StringTable::parse(&body[paths_end..], "chunk footer classes")?;
+    let classes = StringTable::parse(&body[paths_end..classes_end], "chunk footer classes")?;
+    let fields = match &body[classes_end..] {
+        [] => None,
+        block => Some(decode_fields_block(block, count)?),
+    };
     if paths.len() != count {
         return Err(FormatError::invalid(
             WHAT,
@@ -212,6 +350,15 @@ pub fn decode_footer(body: &[u8], trailer: &Trailer, chunk_id: u32) -> Result<Ch
             .checked_add(e.stored_len)
             .filter(|&end| end <= trailer.footer_offset)
             .ok_or_else(|| FormatError::invalid(what(), "extends past the start of the footer"))?;
+        match &fields {
+            Some(f) => check_group(&e, &f.records[i]),
+            None if e.has_fields() => Err(FormatError::invalid(
+                "field group",
+                "the footer has no fields block",
+            )),
+            None => Ok(()),
+        }
+        .map_err(|err| FormatError::invalid(what(), err.to_string()))?;
         if e.label != crate::NO_LABEL && e.label as u64 >= classes.len() {
             return Err(FormatError::invalid(
                 what(),
@@ -234,7 +381,11 @@ pub fn decode_footer(body: &[u8], trailer: &Trailer, chunk_id: u32) -> Result<Ch
         .map(|p| p.map(<[u8]>::to_vec))
         .collect::<Result<_>>()?;
     for (i, p) in paths.iter().enumerate() {
-        crate::check_relative_path(p).map_err(|why| {
+        let check = match fields {
+            Some(_) => crate::check_field_key(p),
+            None => crate::check_relative_path(p),
+        };
+        check.map_err(|why| {
             FormatError::invalid(format!("chunk {chunk_id} footer record {i}"), why)
         })?;
     }
@@ -246,6 +397,7 @@ pub fn decode_footer(body: &[u8], trailer: &Trailer, chunk_id: u32) -> Result<Ch
         entries,
         paths,
         classes,
+        fields,
     })
 }
 
@@ -262,7 +414,12 @@ pub struct ChunkSummary {
     pub entries: Vec<SampleEntry>,
     /// Path of each record.
     pub paths: Vec<Vec<u8>>,
+    /// The records' fields (format 1.3), if the chunk's records are field groups.
+    pub fields: Option<ChunkFields>,
 }
+
+/// A field as the chunk writer collects it: name, length, CRC-32.
+type NamedField = (Vec<u8>, u64, u32);
 
 /// Streams a chunk file: header, then records, then footer and trailer. Tracks offsets and the
 /// whole-file CRC as bytes are written.
@@ -273,11 +430,24 @@ pub struct ChunkWriter<W: Write> {
     crc: crc32fast::Hasher,
     entries: Vec<SampleEntry>,
     paths: Vec<Vec<u8>>,
+    /// With fields (format 1.3): the names seen and each record's fields (names as strings
+    /// until the footer sorts them).
+    fields: Option<Vec<Vec<NamedField>>>,
 }
 
 impl<W: Write> ChunkWriter<W> {
     /// Starts a chunk by writing its header.
     pub fn new(out: W, dataset_id: [u8; 16], chunk_id: u32) -> std::io::Result<Self> {
+        Self::start(out, dataset_id, chunk_id, false)
+    }
+
+    /// Starts a chunk whose records are field groups (format 1.3: chunk minor version 1, a
+    /// fields block in the footer); append them with [`ChunkWriter::append_group`].
+    pub fn with_fields(out: W, dataset_id: [u8; 16], chunk_id: u32) -> std::io::Result<Self> {
+        Self::start(out, dataset_id, chunk_id, true)
+    }
+
+    fn start(out: W, dataset_id: [u8; 16], chunk_id: u32, fields: bool) -> std::io::Result<Self> {
         let mut w = ChunkWriter {
             out,
             chunk_id,
@@ -285,15 +455,75 @@ impl<W: Write> ChunkWriter<W> {
             crc: crc32fast::Hasher::new(),
             entries: Vec::new(),
             paths: Vec::new(),
+            fields: fields.then(Vec::new),
         };
         w.write(
             &ChunkHeader {
                 dataset_id,
                 chunk_id,
+                fields,
             }
             .encode(),
         )?;
         Ok(w)
+    }
+
+    /// Appends one sample with named fields as a field group: the fields' bytes back to back.
+    /// `fields` are (name, bytes, CRC-32 of the bytes); names must be valid field names, each
+    /// once in the sample. Only in a chunk started with [`ChunkWriter::with_fields`].
+    pub fn append_group(
+        &mut self,
+        path: &[u8],
+        fields: &[(&[u8], &[u8], u32)],
+        label: u32,
+    ) -> std::io::Result<SampleEntry> {
+        let invalid = |m: String| std::io::Error::new(std::io::ErrorKind::InvalidInput, m);
+        if self.fields.is_none() {
+            return Err(invalid(
+                "a chunk without fields takes no field groups".into(),
+            ));
+        }
+        crate::check_field_key(path).map_err(|why| invalid(why.to_string()))?;
+        if fields.is_empty() {
+            return Err(invalid("a field group has at least one field".into()));
+        }
+        let mut names: Vec<&[u8]> = Vec::with_capacity(fields.len());
+        for (name, _, _) in fields {
+            crate::check_field_name(name).map_err(|why| invalid(why.to_string()))?;
+            if names.contains(name) {
+                return Err(invalid(format!(
+                    "field {:?} twice",
+                    String::from_utf8_lossy(name)
+                )));
+            }
+            names.push(name);
+        }
+        let offset = self.pos;
+        let mut group = crc32fast::Hasher::new();
+        let mut total = 0u64;
+        let mut list = Vec::with_capacity(fields.len());
+        for (name, data, crc) in fields {
+            self.write(data)?;
+            group.combine(&crc32fast::Hasher::new_with_initial_len(
+                *crc,
+                data.len() as u64,
+            ));
+            total += data.len() as u64;
+            list.push((name.to_vec(), data.len() as u64, *crc));
+        }
+        let entry = SampleEntry {
+            chunk: self.chunk_id,
+            label,
+            offset,
+            stored_len: total,
+            orig_len: total,
+            crc32: group.finalize(),
+            flags: FLAG_FIELDS,
+        };
+        self.entries.push(entry);
+        self.paths.push(path.to_vec());
+        self.fields.as_mut().expect("checked above").push(list);
+        Ok(entry)
     }
 
     fn write(&mut self, b: &[u8]) -> std::io::Result<()> {
@@ -314,6 +544,12 @@ impl<W: Write> ChunkWriter<W> {
         crc32: u32,
         label: u32,
     ) -> std::io::Result<SampleEntry> {
+        if self.fields.is_some() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "a chunk with fields takes field groups only",
+            ));
+        }
         let entry = SampleEntry {
             chunk: self.chunk_id,
             label,
@@ -338,11 +574,32 @@ impl<W: Write> ChunkWriter<W> {
     pub fn finish<C: AsRef<[u8]>>(mut self, classes: &[C]) -> std::io::Result<(W, ChunkSummary)> {
         let paths = encode_string_table(self.paths.iter());
         let classes = encode_string_table(classes.iter());
+        let fields = self.fields.take().map(|recs| {
+            let mut names: Vec<Vec<u8>> =
+                recs.iter().flatten().map(|(n, _, _)| n.clone()).collect();
+            names.sort_unstable();
+            names.dedup();
+            let records = recs
+                .into_iter()
+                .map(|r| {
+                    r.into_iter()
+                        .map(|(n, len, crc32)| FieldEntry {
+                            name: names.binary_search(&n).expect("collected above") as u32,
+                            len,
+                            crc32,
+                        })
+                        .collect()
+                })
+                .collect();
+            ChunkFields { names, records }
+        });
+        let block = fields.as_ref().map(encode_fields_block).unwrap_or_default();
         let mut body = Vec::with_capacity(
             FOOTER_FIXED_LEN as usize
                 + self.entries.len() * SAMPLE_ENTRY_LEN
                 + paths.len()
-                + classes.len(),
+                + classes.len()
+                + block.len(),
         );
         body.extend_from_slice(&(self.entries.len() as u64).to_le_bytes());
         body.extend_from_slice(&(paths.len() as u64).to_le_bytes());
@@ -352,6 +609,7 @@ impl<W: Write> ChunkWriter<W> {
         }
         body.extend_from_slice(&paths);
         body.extend_from_slice(&classes);
+        body.extend_from_slice(&block);
         let trailer = Trailer {
             footer_offset: self.pos,
             footer_len: body.len() as u64,
@@ -365,6 +623,7 @@ impl<W: Write> ChunkWriter<W> {
             file_crc: self.crc.clone().finalize(),
             entries: std::mem::take(&mut self.entries),
             paths: std::mem::take(&mut self.paths),
+            fields,
         };
         Ok((self.out, summary))
     }

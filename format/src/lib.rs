@@ -20,17 +20,18 @@ mod snapshot;
 mod strtab;
 
 pub use chunk::{
-    decode_footer, ChunkFooter, ChunkHeader, ChunkSummary, ChunkWriter, Trailer, CHUNK_HEADER_LEN,
-    CHUNK_TRAILER_LEN,
+    decode_fields_block, decode_footer, ChunkFooter, ChunkHeader, ChunkSummary, ChunkWriter,
+    Trailer, CHUNK_HEADER_LEN, CHUNK_TRAILER_LEN,
 };
 pub use error::{FormatError, Result};
 pub use hash::path_hash;
 pub use id::DatasetId;
-pub use record::{check_chunk, decode_record, ChunkCheck, MAX_ZSTD_RATIO};
+pub use record::{check_chunk, check_fields, decode_record, ChunkCheck, MAX_ZSTD_RATIO};
 pub use rng::SplitMix64;
 pub use snapshot::{
-    snapshot_key, ChunkEntry, FileAttrs, Lineage, SectionKind, Snapshot, SnapshotBuilder,
-    ATTRS_LEN, CHUNK_ENTRY_LEN, LINEAGE_LEN, SECTION_ENTRY_LEN, SNAPSHOT_HEADER_LEN,
+    snapshot_key, ChunkEntry, FileAttrs, Lineage, SampleField, SectionKind, Snapshot,
+    SnapshotBuilder, ATTRS_LEN, CHUNK_ENTRY_LEN, LINEAGE_LEN, SECTION_ENTRY_LEN,
+    SNAPSHOT_HEADER_LEN,
 };
 pub use strtab::{encode_string_table, StringTable};
 
@@ -43,8 +44,13 @@ pub const FORMAT_MINOR: u16 = 0;
 pub const LINEAGE_MINOR: u16 = 1;
 /// Minor version of a snapshot that carries file attributes or directories (format 1.2).
 pub const ATTRS_MINOR: u16 = 2;
+/// Minor version of a snapshot whose samples have named fields (format 1.3: kinds 11-13), and
+/// of the chunk files that carry a fields block in their footer (chunk minor 1).
+pub const FIELDS_MINOR: u16 = 3;
+/// Minor version of a chunk file whose footer ends with a fields block.
+pub const CHUNK_FIELDS_MINOR: u16 = 1;
 /// The newest minor version this crate writes (and names in version errors).
-pub const NEWEST_MINOR: u16 = ATTRS_MINOR;
+pub const NEWEST_MINOR: u16 = FIELDS_MINOR;
 
 /// Magic bytes at offset 0 of a snapshot file.
 pub const SNAPSHOT_MAGIC: [u8; 8] = *b"GRNYSNAP";
@@ -141,6 +147,98 @@ pub struct SampleEntry {
 
 /// Mask of the compression code inside [`SampleEntry::flags`].
 pub const FLAG_COMPRESSION_MASK: u32 = 0xF;
+/// Flag bit (format 1.3): the record is a *field group*: the sample's named fields stored raw
+/// back to back; `crc32` and `orig_len` describe their concatenation, and the fields table
+/// (snapshot kinds 11-13, or the chunk footer's fields block) says where each field is.
+pub const FLAG_FIELDS: u32 = 0x10;
+
+/// Length of one field entry (snapshot kind 13 and chunk footers' fields blocks).
+pub const FIELD_ENTRY_LEN: usize = 24;
+
+/// One named field of a sample (format 1.3): the index of its name in a field-name table, its
+/// length and the CRC-32 of its bytes. Fields are stored raw; a sample's fields lie back to
+/// back in its record, in order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FieldEntry {
+    pub name: u32,
+    pub len: u64,
+    pub crc32: u32,
+}
+
+impl FieldEntry {
+    /// The 24-byte form: name u32, flags u32 (zero: stored raw), length u64, CRC-32 u32,
+    /// reserved u32.
+    pub fn encode(&self) -> [u8; FIELD_ENTRY_LEN] {
+        let mut b = [0u8; FIELD_ENTRY_LEN];
+        b[0..4].copy_from_slice(&self.name.to_le_bytes());
+        b[8..16].copy_from_slice(&self.len.to_le_bytes());
+        b[16..20].copy_from_slice(&self.crc32.to_le_bytes());
+        b
+    }
+
+    /// Decodes (and checks the zero fields of) one entry.
+    pub fn decode(b: &[u8]) -> Result<Self> {
+        if le::u32_at(b, 4) != 0 || le::u32_at(b, 20) != 0 {
+            return Err(FormatError::invalid(
+                "field entry",
+                "flags or reserved field are not zero (fields are stored raw in format 1.3)",
+            ));
+        }
+        Ok(FieldEntry {
+            name: le::u32_at(b, 0),
+            len: le::u64_at(b, 8),
+            crc32: le::u32_at(b, 16),
+        })
+    }
+}
+
+/// The fields of a chunk's records (format 1.3): the chunk's field names and each record's
+/// fields.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ChunkFields {
+    /// The names the chunk's fields use, sorted by bytes, distinct.
+    pub names: Vec<Vec<u8>>,
+    /// Per record, in record order: its fields (name indexes into `names`).
+    pub records: Vec<Vec<FieldEntry>>,
+}
+
+/// Checks a field name: 1 to 64 bytes of ASCII letters, digits, `_`, `-`, `+` and `.`, not
+/// starting or ending with `.` and without `..` (what a file-name extension may be: a field
+/// is shown as the file `KEY.NAME`, as WebDataset names them).
+pub fn check_field_name(name: &[u8]) -> std::result::Result<(), &'static str> {
+    if name.is_empty() || name.len() > 64 {
+        return Err("a field name has 1 to 64 bytes");
+    }
+    if !name
+        .iter()
+        .all(|&b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'+' | b'.'))
+    {
+        return Err("a field name is made of ASCII letters, digits, '_', '-', '+' and '.'");
+    }
+    if name[0] == b'.' || name[name.len() - 1] == b'.' || name.windows(2).any(|w| w == b"..") {
+        return Err("a field name does not start or end with '.' or hold '..'");
+    }
+    Ok(())
+}
+
+/// Checks the key of a sample with fields: a valid path whose last component holds no `.`
+/// (the file `KEY.NAME` splits back into key and field name at its first dot).
+pub fn check_field_key(key: &[u8]) -> std::result::Result<(), &'static str> {
+    check_relative_path(key)?;
+    let last = key.rsplit(|&b| b == b'/').next().unwrap_or(key);
+    if last.contains(&b'.') {
+        return Err("the last component of a key with fields holds no '.' (KEY.FIELD names split at the first dot)");
+    }
+    Ok(())
+}
+
+/// Splits the name `KEY.FIELD` of a field file into key and field name at the first dot of its
+/// last component.
+pub fn split_field_path(path: &[u8]) -> Option<(&[u8], &[u8])> {
+    let start = path.iter().rposition(|&b| b == b'/').map_or(0, |i| i + 1);
+    let dot = start + path[start..].iter().position(|&b| b == b'.')?;
+    Some((&path[..dot], &path[dot + 1..]))
+}
 
 impl SampleEntry {
     /// Encodes the entry into its 40-byte little-endian form.
@@ -170,15 +268,25 @@ impl SampleEntry {
         }
     }
 
-    /// The record's compression, or an error naming the unknown code or flag bits.
+    /// True if the record is a field group (format 1.3).
+    pub fn has_fields(&self) -> bool {
+        self.flags & FLAG_FIELDS != 0
+    }
+
+    /// The record's compression, or an error naming the unknown code or flag bits. A field
+    /// group is stored raw (its fields are).
     pub fn compression(&self) -> Result<Compression> {
-        if self.flags & !FLAG_COMPRESSION_MASK != 0 {
+        let known = FLAG_COMPRESSION_MASK | FLAG_FIELDS;
+        if self.flags & !known != 0 {
             return Err(FormatError::invalid(
                 "sample entry",
-                format!(
-                    "unknown flag bits {:#x}",
-                    self.flags & !FLAG_COMPRESSION_MASK
-                ),
+                format!("unknown flag bits {:#x}", self.flags & !known),
+            ));
+        }
+        if self.has_fields() && self.flags & FLAG_COMPRESSION_MASK != 0 {
+            return Err(FormatError::invalid(
+                "sample entry",
+                "a field group is stored raw (compression code 0)",
             ));
         }
         Compression::from_code(self.flags & FLAG_COMPRESSION_MASK).ok_or_else(|| {
@@ -274,6 +382,43 @@ mod tests {
     }
 
     #[test]
+    fn field_names_and_keys() {
+        for ok in [&b"jpg"[..], b"seg.png", b"json", b"__x__", b"a-b+c", b"0"] {
+            assert!(check_field_name(ok).is_ok(), "{ok:?}");
+        }
+        for bad in [
+            &b""[..],
+            b".jpg",
+            b"jpg.",
+            b"a..b",
+            b"a/b",
+            b"a b",
+            b"\xff",
+            &[b'x'; 65],
+        ] {
+            assert!(check_field_name(bad).is_err(), "{bad:?}");
+        }
+        assert!(check_field_key(b"dir/sample_01").is_ok());
+        assert!(check_field_key(b"dir.v2/sample").is_ok());
+        assert!(check_field_key(b"dir/sample.1").is_err());
+        assert!(check_field_key(b"../x").is_err());
+        assert_eq!(
+            split_field_path(b"a.b/c.seg.png"),
+            Some((&b"a.b/c"[..], &b"seg.png"[..]))
+        );
+        assert_eq!(split_field_path(b"a.b/c"), None);
+        let e = FieldEntry {
+            name: 3,
+            len: 1 << 40,
+            crc32: 0xabcd_ef01,
+        };
+        assert_eq!(FieldEntry::decode(&e.encode()).unwrap(), e);
+        let mut b = e.encode();
+        b[4] = 1;
+        assert!(FieldEntry::decode(&b).is_err(), "flags must be zero");
+    }
+
+    #[test]
     fn sample_entry_round_trip_and_layout() {
         let e = SampleEntry {
             chunk: 0x01020304,
@@ -289,8 +434,15 @@ mod tests {
         assert_eq!(&b[8..16], &[0x88, 0x77, 0x66, 0x55, 0x44, 0x33, 0x22, 0x11]);
         assert_eq!(SampleEntry::decode(&b), e);
         assert_eq!(e.compression().unwrap(), Compression::Zstd);
-        let bad = SampleEntry { flags: 0x10, ..e };
+        let bad = SampleEntry { flags: 0x20, ..e };
         assert!(bad.compression().is_err());
+        // A field group (format 1.3) is stored raw: zstd with it is refused, and its stored
+        // and original lengths are equal.
+        let bad = SampleEntry { flags: 0x11, ..e };
+        assert!(bad.compression().is_err());
+        let group = SampleEntry { flags: 0x10, ..e };
+        assert_eq!(group.compression().unwrap(), Compression::None);
+        assert!(group.check_lengths().is_err());
         let bad = SampleEntry { flags: 7, ..e };
         assert!(bad.compression().is_err());
     }

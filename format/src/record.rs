@@ -75,6 +75,29 @@ pub fn decode_record<'a>(entry: &SampleEntry, stored: &'a [u8]) -> Result<Cow<'a
     Ok(data)
 }
 
+/// Checks the CRC-32 of each field of a field group's record bytes `data` (raw, back to back).
+pub fn check_fields(fields: &[crate::FieldEntry], data: &[u8]) -> Result<()> {
+    let mut at = 0usize;
+    for (k, f) in fields.iter().enumerate() {
+        let end = at
+            .checked_add(usize::try_from(f.len).unwrap_or(usize::MAX))
+            .filter(|&e| e <= data.len())
+            .ok_or_else(|| {
+                FormatError::invalid("field", format!("field {k} lies past its record"))
+            })?;
+        let actual = crc32fast::hash(&data[at..end]);
+        if actual != f.crc32 {
+            return Err(FormatError::ChecksumMismatch {
+                what: format!("field {k}"),
+                expected: f.crc32,
+                actual,
+            });
+        }
+        at = end;
+    }
+    Ok(())
+}
+
 /// The result of checking a whole chunk file.
 #[derive(Debug)]
 pub struct ChunkCheck {
@@ -116,13 +139,23 @@ pub fn check_chunk(bytes: &[u8], dataset_id: &[u8; 16], chunk_id: u32) -> Result
     )?;
     let body = &bytes[t.footer_offset as usize..(t.footer_offset + t.footer_len) as usize];
     let footer = decode_footer(body, &t, chunk_id)?;
+    if header.fields != footer.fields.is_some() {
+        return Err(FormatError::invalid(
+            "chunk header",
+            "its minor version and the footer disagree on a fields block",
+        ));
+    }
     let bad_records = footer
         .entries
         .iter()
         .enumerate()
         .filter_map(|(i, e)| {
             let stored = &bytes[e.offset as usize..(e.offset + e.stored_len) as usize];
-            decode_record(e, stored).err().map(|err| (i, err))
+            let fields = footer.fields.as_ref().map(|f| &f.records[i][..]);
+            decode_record(e, stored)
+                .and_then(|_| check_fields(fields.unwrap_or(&[]), stored))
+                .err()
+                .map(|err| (i, err))
         })
         .collect();
     Ok(ChunkCheck {

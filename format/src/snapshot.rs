@@ -5,6 +5,7 @@ use std::ops::Range;
 use crate::error::{check_crc, check_magic_version, FormatError, Result};
 use crate::strtab::{encode_string_table, StringTable};
 use crate::{le, path_hash, ChunkSummary, SampleEntry, CHUNK_HEADER_LEN, CHUNK_TRAILER_LEN};
+use crate::{ChunkFields, FieldEntry, FIELDS_MINOR, FIELD_ENTRY_LEN};
 use crate::{
     ATTRS_MINOR, FORMAT_MAJOR, LINEAGE_MINOR, MAX_SAMPLES, NO_LABEL, SAMPLE_ENTRY_LEN,
     SNAPSHOT_MAGIC,
@@ -44,6 +45,35 @@ pub enum SectionKind {
     Dirs = 9,
     /// Optional (format 1.2, with kind 9): each directory's mode and mtime (16 bytes each).
     DirAttrs = 10,
+    /// Optional (format 1.3, with kinds 12 and 13): the field names (string table, sorted).
+    FieldNames = 11,
+    /// Optional (format 1.3): `sample_count + 1` u64s, the first field entry of each sample.
+    FieldIndex = 12,
+    /// Optional (format 1.3): the field entries ([`FieldEntry`], 24 bytes each).
+    Fields = 13,
+}
+
+/// One field of a sample, as the snapshot describes it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SampleField<'a> {
+    /// The field's name.
+    pub name: &'a [u8],
+    /// Its offset inside the sample's record (fields lie back to back).
+    pub offset: u64,
+    /// Its length.
+    pub len: u64,
+    /// CRC-32 of its bytes.
+    pub crc32: u32,
+}
+
+/// Where a snapshot's fields sections are (kinds 11, 12, 13).
+#[derive(Clone, Debug)]
+struct FieldsLayout {
+    names: Range<usize>,
+    index: Range<usize>,
+    table: Range<usize>,
+    name_count: u64,
+    entries: u64,
 }
 
 /// Length of a [`FileAttrs`] entry (kinds 8 and 10).
@@ -178,6 +208,8 @@ struct Layout {
     /// Kinds 9 and 10, if present, and the number of directories.
     dirs: Option<(Range<usize>, Range<usize>)>,
     dir_count: u64,
+    /// Kinds 11 to 13, if present.
+    fields: Option<FieldsLayout>,
 }
 
 /// A snapshot used in place over any byte container (a memory map, a `Vec`).
@@ -253,7 +285,7 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
             &b[SNAPSHOT_HEADER_LEN..tab_end],
         )?;
         let mut sections = Vec::with_capacity(nsec as usize);
-        let mut found: [Option<Range<usize>>; 10] = Default::default();
+        let mut found: [Option<Range<usize>>; 13] = Default::default();
         for i in 0..nsec as usize {
             let e = &b[SNAPSHOT_HEADER_LEN + i * SECTION_ENTRY_LEN..][..SECTION_ENTRY_LEN];
             let s = Section {
@@ -275,7 +307,7 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
                     ),
                 ));
             }
-            if (1..=10).contains(&s.kind) {
+            if (1..=13).contains(&s.kind) {
                 let slot = &mut found[s.kind as usize - 1];
                 if slot.is_some() {
                     return Err(FormatError::invalid(
@@ -329,6 +361,7 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
             dirs,
             dir_count,
         } = optional_sections(b, &mut found, samples)?;
+        let fields = fields_sections(b, &mut found, samples)?;
         check_chunk_ranges(&b[chunk_tab.clone()], samples)?;
         Ok(Layout {
             major: le::u16_at(b, 8),
@@ -348,6 +381,7 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
             attrs,
             dirs,
             dir_count,
+            fields,
         })
     }
 
@@ -378,6 +412,91 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
     /// The snapshot's generation (appends) and the snapshot it extends.
     pub fn lineage(&self) -> Lineage {
         self.l.lineage
+    }
+
+    /// True if the dataset's samples have named fields (format 1.3).
+    pub fn has_fields(&self) -> bool {
+        self.l.fields.is_some()
+    }
+
+    /// The field names of the dataset (sorted by bytes; empty without fields).
+    pub fn field_names(&self) -> Result<Vec<&[u8]>> {
+        let Some(f) = &self.l.fields else {
+            return Ok(Vec::new());
+        };
+        StringTable::parse(&self.b()[f.names.clone()], "snapshot field names")?
+            .iter()
+            .collect()
+    }
+
+    /// The fields of sample `id`, in record order (empty for a sample of a dataset without
+    /// fields).
+    pub fn fields(&self, id: u64) -> Result<Vec<SampleField<'_>>> {
+        let Some(f) = &self.l.fields else {
+            if id >= self.l.samples {
+                return Err(FormatError::invalid(
+                    "sample id",
+                    format!("{id} out of range (dataset has {} samples)", self.l.samples),
+                ));
+            }
+            return Ok(Vec::new());
+        };
+        let range = self.field_range(f, id)?;
+        let names = StringTable::parse(&self.b()[f.names.clone()], "snapshot field names")?;
+        let mut out = Vec::with_capacity(range.len());
+        let mut offset = 0u64;
+        for k in range {
+            let e = FieldEntry::decode(
+                &self.b()[f.table.start + k * FIELD_ENTRY_LEN..][..FIELD_ENTRY_LEN],
+            )?;
+            out.push(SampleField {
+                name: names.get(e.name as u64)?,
+                offset,
+                len: e.len,
+                crc32: e.crc32,
+            });
+            offset = offset.saturating_add(e.len);
+        }
+        Ok(out)
+    }
+
+    /// The field entries of sample `id` (name indexes into [`Snapshot::field_names`]).
+    pub fn field_entries(&self, id: u64) -> Result<Vec<FieldEntry>> {
+        let Some(f) = &self.l.fields else {
+            return Ok(Vec::new());
+        };
+        self.field_range(f, id)?
+            .map(|k| {
+                let e = FieldEntry::decode(
+                    &self.b()[f.table.start + k * FIELD_ENTRY_LEN..][..FIELD_ENTRY_LEN],
+                )?;
+                if e.name as u64 >= f.name_count {
+                    return Err(FormatError::invalid(
+                        "snapshot fields",
+                        format!("sample {id} names field {} of {}", e.name, f.name_count),
+                    ));
+                }
+                Ok(e)
+            })
+            .collect()
+    }
+
+    fn field_range(&self, f: &FieldsLayout, id: u64) -> Result<Range<usize>> {
+        if id >= self.l.samples {
+            return Err(FormatError::invalid(
+                "sample id",
+                format!("{id} out of range (dataset has {} samples)", self.l.samples),
+            ));
+        }
+        let at = f.index.start + id as usize * 8;
+        let (first, end) = (le::u64_at(self.b(), at), le::u64_at(self.b(), at + 8));
+        if first >= end || end > f.entries {
+            return Err(FormatError::invalid(
+                "snapshot field index",
+                format!("sample {id} has fields {first}..{end} of {}", f.entries),
+            ));
+        }
+        Ok(first as usize..end as usize)
     }
 
     /// True if the snapshot records each file's mode and mtime (format 1.2).
@@ -435,12 +554,27 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
             entries.push(self.sample(id)?);
             paths.push(self.path(id)?.to_vec());
         }
+        let fields = match self.has_fields() {
+            false => None,
+            true => Some(ChunkFields {
+                names: self
+                    .field_names()?
+                    .into_iter()
+                    .map(<[u8]>::to_vec)
+                    .collect(),
+                records: c
+                    .samples()
+                    .map(|id| self.field_entries(id))
+                    .collect::<Result<_>>()?,
+            }),
+        };
         Ok(ChunkSummary {
             chunk_id: c.chunk_id,
             file_size: c.file_size,
             file_crc: c.file_crc,
             entries,
             paths,
+            fields,
         })
     }
 
@@ -751,9 +885,76 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
         errs
     }
 
+    /// [`Snapshot::check_structure`] for the fields (format 1.3): names valid, sorted and
+    /// distinct; every sample a field group whose fields decode, name known names, each once,
+    /// and add up to its record; keys valid for fields.
+    fn check_fields(&self, push: &mut impl FnMut(FormatError)) {
+        let Some(f) = &self.l.fields else {
+            for id in 0..self.l.samples {
+                if self.sample(id).is_ok_and(|e| e.has_fields()) {
+                    push(FormatError::invalid(
+                        format!("snapshot sample {id}"),
+                        "is a field group, but the snapshot has no fields sections",
+                    ));
+                }
+            }
+            return;
+        };
+        let names = match self.field_names() {
+            Ok(n) => n,
+            Err(e) => return push(e),
+        };
+        for (i, n) in names.iter().enumerate() {
+            if let Err(why) = crate::check_field_name(n) {
+                push(FormatError::invalid(
+                    format!("snapshot field name {i}"),
+                    why,
+                ));
+            }
+            if i > 0 && names[i - 1] >= *n {
+                push(FormatError::invalid(
+                    "snapshot field names",
+                    "not sorted and distinct",
+                ));
+            }
+        }
+        if le::u64_at(self.b(), f.index.start) != 0 {
+            push(FormatError::invalid(
+                "snapshot field index",
+                "does not start at 0",
+            ));
+        }
+        for id in 0..self.l.samples {
+            let what = || format!("snapshot sample {id}");
+            let (Ok(e), Ok(fields)) = (self.sample(id), self.field_entries(id)) else {
+                push(FormatError::invalid(what(), "its fields cannot be read"));
+                continue;
+            };
+            if let Err(err) = crate::chunk::check_group(&e, &fields) {
+                push(FormatError::invalid(what(), err.to_string()));
+            }
+            let mut seen: Vec<u32> = fields.iter().map(|f| f.name).collect();
+            seen.sort_unstable();
+            if seen.windows(2).any(|w| w[0] == w[1])
+                || seen.last().is_some_and(|&n| n as usize >= names.len())
+            {
+                push(FormatError::invalid(
+                    what(),
+                    "names a field twice or an unknown field",
+                ));
+            }
+            if let Ok(p) = self.path(id) {
+                if let Err(why) = crate::check_field_key(p) {
+                    push(FormatError::invalid(what(), why));
+                }
+            }
+        }
+    }
+
     /// [`Snapshot::check_structure`] for the optional sections: every file attribute decodes;
     /// directories are valid paths, strictly sorted, none a sample's path.
     fn check_optional(&self, push: &mut impl FnMut(FormatError)) {
+        self.check_fields(push);
         if self.has_attrs() {
             for id in 0..self.l.samples {
                 if let Err(e) = self.attrs(id) {
@@ -903,6 +1104,59 @@ fn optional_sections(
     })
 }
 
+/// The fields sections (kinds 11 to 13, all or none) of snapshot `b` of `samples` samples:
+/// sizes checked, and the index's ends (O(1)).
+fn fields_sections(
+    b: &[u8],
+    found: &mut [Option<Range<usize>>],
+    samples: u64,
+) -> Result<Option<FieldsLayout>> {
+    let (names, index, table) = match (
+        found[SectionKind::FieldNames as usize - 1].take(),
+        found[SectionKind::FieldIndex as usize - 1].take(),
+        found[SectionKind::Fields as usize - 1].take(),
+    ) {
+        (None, None, None) => return Ok(None),
+        (Some(n), Some(i), Some(t)) => (n, i, t),
+        _ => {
+            return Err(FormatError::invalid(
+                "snapshot section table",
+                "the field names, field index and fields (kinds 11, 12, 13) come together",
+            ))
+        }
+    };
+    let name_count = StringTable::parse(&b[names.clone()], "snapshot field names")?.len();
+    expect_len(
+        "snapshot field index",
+        &index,
+        samples.saturating_add(1).saturating_mul(8),
+    )?;
+    if table.len() % FIELD_ENTRY_LEN != 0 {
+        return Err(FormatError::invalid(
+            "snapshot fields",
+            format!(
+                "section is {} bytes, not a multiple of {FIELD_ENTRY_LEN}",
+                table.len()
+            ),
+        ));
+    }
+    let entries = (table.len() / FIELD_ENTRY_LEN) as u64;
+    let last = le::u64_at(b, index.end - 8);
+    if le::u64_at(b, index.start) != 0 || last != entries {
+        return Err(FormatError::invalid(
+            "snapshot field index",
+            format!("runs to {last}, but there are {entries} fields"),
+        ));
+    }
+    Ok(Some(FieldsLayout {
+        names,
+        index,
+        table,
+        name_count,
+        entries,
+    }))
+}
+
 /// The chunk table's promise that every plan and reader relies on, checked at open in O(chunks)
 /// whatever the section CRCs say: entry `i` is chunk `i`, and the chunks' sample ranges are
 /// contiguous from sample 0 and cover exactly the `samples` of the header (so no count read
@@ -958,6 +1212,9 @@ fn section_name(kind: u32) -> String {
         8 => "snapshot file attributes".into(),
         9 => "snapshot directories".into(),
         10 => "snapshot directory attributes".into(),
+        11 => "snapshot field names".into(),
+        12 => "snapshot field index".into(),
+        13 => "snapshot fields".into(),
         k => format!("snapshot section of kind {k}"),
     }
 }
@@ -982,6 +1239,14 @@ pub struct SnapshotBuilder {
     attrs: Vec<FileAttrs>,
     /// Directories and their attributes.
     dirs: Vec<(Vec<u8>, FileAttrs)>,
+    /// Whether the samples so far have fields (all or none do), once known.
+    with_fields: Option<bool>,
+    /// Field names in the order first seen, and their ids.
+    field_ids: std::collections::HashMap<Vec<u8>, u32>,
+    field_names: Vec<Vec<u8>>,
+    /// Field entries (names as ids of `field_names`) and each sample's count.
+    field_entries: Vec<FieldEntry>,
+    field_counts: Vec<u32>,
 }
 
 impl SnapshotBuilder {
@@ -999,6 +1264,11 @@ impl SnapshotBuilder {
             lineage: Lineage::default(),
             attrs: Vec::new(),
             dirs: Vec::new(),
+            with_fields: None,
+            field_ids: std::collections::HashMap::new(),
+            field_names: Vec::new(),
+            field_entries: Vec::new(),
+            field_counts: Vec::new(),
         }
     }
 
@@ -1046,11 +1316,45 @@ impl SnapshotBuilder {
                 ),
             ));
         }
-        if c.entries.len() != c.paths.len() {
+        if c.entries.len() != c.paths.len()
+            || c.fields
+                .as_ref()
+                .is_some_and(|f| f.records.len() != c.entries.len())
+        {
             return Err(FormatError::invalid(
                 "snapshot builder",
-                "entries and paths differ",
+                "entries, paths and fields differ",
             ));
+        }
+        if !c.entries.is_empty() {
+            let has = c.fields.is_some();
+            if *self.with_fields.get_or_insert(has) != has {
+                return Err(FormatError::invalid(
+                    "snapshot builder",
+                    format!(
+                        "chunk {} {} fields but earlier ones {}: a dataset's samples all have fields or none do",
+                        c.chunk_id,
+                        if has { "has" } else { "has no" },
+                        if has { "had none" } else { "had" },
+                    ),
+                ));
+            }
+        }
+        if let Some(f) = &c.fields {
+            for r in &f.records {
+                for e in r {
+                    let name = f.names.get(e.name as usize).ok_or_else(|| {
+                        FormatError::invalid("snapshot builder", "a field names no known name")
+                    })?;
+                    let next = self.field_names.len() as u32;
+                    let id = *self.field_ids.entry(name.clone()).or_insert(next);
+                    if id == next {
+                        self.field_names.push(name.clone());
+                    }
+                    self.field_entries.push(FieldEntry { name: id, ..*e });
+                }
+                self.field_counts.push(r.len() as u32);
+            }
         }
         self.chunks.push(ChunkEntry {
             chunk_id: c.chunk_id,
@@ -1164,6 +1468,14 @@ impl SnapshotBuilder {
             kinds.extend([SectionKind::Dirs, SectionKind::DirAttrs]);
             minor = ATTRS_MINOR;
         }
+        if self.with_fields == Some(true) {
+            kinds.extend([
+                SectionKind::FieldNames,
+                SectionKind::FieldIndex,
+                SectionKind::Fields,
+            ]);
+            minor = FIELDS_MINOR;
+        }
         (kinds, minor)
     }
 
@@ -1213,6 +1525,19 @@ impl SnapshotBuilder {
         }
         self.check_metadata(n).map_err(invalid)?;
         let dir_names = encode_string_table(self.dirs.iter().map(|d| &d.0));
+        // Field names sorted; entries renamed to the sorted ids.
+        let mut sorted_names: Vec<(Vec<u8>, u32)> = self
+            .field_names
+            .iter()
+            .enumerate()
+            .map(|(i, n)| (n.clone(), i as u32))
+            .collect();
+        sorted_names.sort_unstable();
+        let mut rename = vec![0u32; sorted_names.len()];
+        for (new, (_, old)) in sorted_names.iter().enumerate() {
+            rename[*old as usize] = new as u32;
+        }
+        let field_names = encode_string_table(sorted_names.iter().map(|(n, _)| n));
         let classes = encode_string_table(self.classes.iter());
         let mut lineage = [0u8; LINEAGE_LEN];
         lineage[0..8].copy_from_slice(&self.lineage.generation.to_le_bytes());
@@ -1282,6 +1607,36 @@ impl SnapshotBuilder {
             }
             SectionKind::Dirs => f(&dir_names),
             SectionKind::DirAttrs => self.dirs.iter().try_for_each(|(_, a)| f(&a.encode())),
+            SectionKind::FieldNames => f(&field_names),
+            SectionKind::FieldIndex => {
+                let mut at = 0u64;
+                f(&at.to_le_bytes())?;
+                let mut buf = Vec::with_capacity(64 << 10);
+                for &c in &self.field_counts {
+                    at += c as u64;
+                    buf.extend_from_slice(&at.to_le_bytes());
+                    if buf.len() >= 64 << 10 {
+                        f(&buf)?;
+                        buf.clear();
+                    }
+                }
+                f(&buf)
+            }
+            SectionKind::Fields => {
+                let mut buf = Vec::with_capacity(64 << 10);
+                for e in &self.field_entries {
+                    let e = FieldEntry {
+                        name: rename[e.name as usize],
+                        ..*e
+                    };
+                    buf.extend_from_slice(&e.encode());
+                    if buf.len() >= 64 << 10 {
+                        f(&buf)?;
+                        buf.clear();
+                    }
+                }
+                f(&buf)
+            }
         };
         let (kinds, minor) = self.kinds();
         let table_end = (SNAPSHOT_HEADER_LEN + kinds.len() * SECTION_ENTRY_LEN) as u64;

@@ -620,6 +620,7 @@ fn empty_summary() -> ChunkSummary {
         file_crc: 0,
         entries: Vec::new(),
         paths: Vec::new(),
+        fields: None,
     }
 }
 
@@ -628,6 +629,7 @@ fn slimmed(s: ChunkSummary) -> ChunkSummary {
     ChunkSummary {
         entries: Vec::new(),
         paths: Vec::new(),
+        fields: None,
         ..s
     }
 }
@@ -659,6 +661,7 @@ pub(crate) fn read_footer(dir: &Path, s: ChunkSummary) -> Result<ChunkSummary, P
     Ok(ChunkSummary {
         entries: footer.entries,
         paths: footer.paths,
+        fields: footer.fields,
         ..s
     })
 }
@@ -678,6 +681,7 @@ fn verify_existing(place: &Place, plan: &Plan, c: usize) -> Option<ChunkSummary>
         file_crc: check.file_crc,
         entries: check.footer.entries,
         paths: check.footer.paths,
+        fields: check.footer.fields,
     })
 }
 
@@ -927,6 +931,12 @@ pub mod parsers {
             "a part decoded from bytes that are not its encoding"
         );
         true
+    }
+
+    /// A writer's spill log: the records it holds up to the first torn or damaged one. Every
+    /// record accepted must encode back to exactly the bytes it was read from.
+    pub fn spill_log(b: &[u8]) -> usize {
+        crate::writer::parse_log(b)
     }
 
     /// An upload marker (of chunk 0..3: the id is checked against the footer's).

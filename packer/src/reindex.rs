@@ -189,6 +189,7 @@ pub fn reindex(dataset: &Path, force: bool) -> Result<ReindexSummary, PackError>
                     file_crc: check.file_crc,
                     entries: check.footer.entries,
                     paths: check.footer.paths,
+                    fields: check.footer.fields,
                 },
                 header.dataset_id,
                 check.footer.classes,

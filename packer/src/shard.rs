@@ -577,6 +577,7 @@ fn build_snapshot(
                     file_crc: c.file_crc,
                     entries: Vec::new(),
                     paths: Vec::new(),
+                    fields: None,
                 },
             )
             .map_err(|e| usage(ds, format!("{e}; rerun shard {shard} with --force")))?;

@@ -142,6 +142,7 @@ pub(crate) fn read_marker(work: &Path, plan: &Plan, c: u32) -> Option<ChunkSumma
         file_crc: crc,
         entries: footer.entries,
         paths: footer.paths,
+        fields: footer.fields,
     })
 }
 

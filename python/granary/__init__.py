@@ -19,6 +19,7 @@ import os
 
 from ._native import Dataset as _NativeDataset
 from ._native import DamagedError, GranaryError, IncompleteError, Scores, Stream, __version__
+from .writer import Writer, merge
 
 try:  # torch is optional
     import torch.utils.data as _tud
@@ -41,9 +42,11 @@ __all__ = [
     "IterableDataset",
     "Scores",
     "Stream",
+    "Writer",
     "__version__",
     "job_peers",
     "job_secret",
+    "merge",
 ]
 
 

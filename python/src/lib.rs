@@ -10,6 +10,8 @@
 //! numpy arrays rather than views of the read buffers themselves.
 #![forbid(unsafe_code)]
 
+mod writer;
+
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -66,6 +68,19 @@ fn err(e: ReadError) -> PyErr {
             _ => GranaryError::new_err(msg),
         },
     }
+}
+
+/// The local directory where a write to `url` stages its spill logs and chunks (as
+/// `granary pack` does for a URL).
+fn staging_dir(url: &str) -> PathBuf {
+    let name: String = url
+        .chars()
+        .map(|c| match c {
+            'a'..='z' | 'A'..='Z' | '0'..='9' | '-' | '.' | '_' => c,
+            _ => '_',
+        })
+        .collect();
+    granary::remote::cache_home().join("uploads").join(name)
 }
 
 /// ENOENT (Linux), so that a missing object is a `FileNotFoundError` like a missing file.
@@ -759,6 +774,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Dataset>()?;
     m.add_class::<Stream>()?;
     m.add_class::<Scores>()?;
+    m.add_class::<writer::Writer>()?;
+    m.add_function(wrap_pyfunction!(writer::merge, m)?)?;
     m.add("GranaryError", m.py().get_type::<GranaryError>())?;
     m.add("DamagedError", m.py().get_type::<DamagedError>())?;
     m.add("IncompleteError", m.py().get_type::<IncompleteError>())?;

@@ -243,6 +243,7 @@ fn small_with_attrs() -> Vec<u8> {
             file_crc: check.file_crc,
             entries: check.footer.entries,
             paths: check.footer.paths,
+            fields: None,
         })
         .unwrap();
     }
@@ -338,6 +339,7 @@ fn the_builder_refuses_attributes_for_some_samples_and_bad_directories() {
                 file_crc: check.file_crc,
                 entries: check.footer.entries,
                 paths: check.footer.paths,
+                fields: None,
             }
         })
         .collect();

@@ -1,0 +1,212 @@
+"""Writers side by side: the same samples held in memory, written by granary.Writer and by the
+writers of WebDataset (ShardWriter), MosaicML Streaming (MDSWriter) and LitData (optimize); and
+`granary pack` of the same files from disk (the CLI's own rate, the goal the writer must reach).
+
+Every writer runs in a process of its own. The process first reads the tree's files into memory
+(a list of (key, bytes, label), not timed), then writes them all to a fresh output directory on
+the same disk as each peer's documentation shows, and syncs the output to disk inside the clock
+(every writer pays for its bytes reaching the disk). Peak memory is the process's high-water
+mark (VmHWM) and its children's, minus what it held after loading the samples (the samples
+themselves are not the writer's memory). Samples are ~110 KB "JPEG" payloads
+(`granary bench gen`), stored uncompressed by every writer (granary's auto compression sees
+JPEG magic and stores raw).
+
+  python bench/python/writers.py --src TREE --work DIR [--only granary,mds,...] [--json OUT]
+
+Peers need their packages (bench/python/requirements-peers.txt, in the torch 2 venv); a writer
+whose package is missing is listed as such and skipped.
+"""
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def list_tree(src):
+    files = sorted(p for p in Path(src).rglob("*") if p.is_file())
+    classes = sorted({p.parent.relative_to(src).as_posix() for p in files})
+    index = {c: i for i, c in enumerate(classes)}
+    return [(p.relative_to(src).as_posix(), p, index[p.parent.relative_to(src).as_posix()])
+            for p in files], classes
+
+
+def sync_tree(out):
+    for p in Path(out).rglob("*"):
+        if p.is_file():
+            fd = os.open(p, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+
+def write_granary(samples, classes, out):
+    import granary
+
+    with granary.Writer(out, classes=classes, progress=False) as w:
+        for key, data, label in samples:
+            w.write(key, data, label=label)
+
+
+def write_webdataset(samples, classes, out):
+    import webdataset as wds
+
+    out.mkdir(parents=True)
+    with wds.ShardWriter(str(out / "shard-%06d.tar"), maxsize=256 << 20, verbose=0) as w:
+        for key, data, label in samples:
+            w.write({"__key__": key.replace(".", "_"), "jpg": data, "cls": str(label).encode()})
+
+
+def write_mds(samples, classes, out):
+    from streaming import MDSWriter
+
+    with MDSWriter(out=str(out), columns={"data": "bytes", "label": "int"},
+                   size_limit=64 << 20) as w:
+        for key, data, label in samples:
+            w.write({"data": data, "label": label})
+
+
+def _lit_item(i):
+    key, data, label = _LIT_SAMPLES[i]
+    return {"data": data, "label": label}
+
+
+_LIT_SAMPLES = None
+
+
+def write_litdata(samples, classes, out):
+    import litdata
+
+    global _LIT_SAMPLES
+    _LIT_SAMPLES = samples
+    # Indexes as inputs; the samples are inherited by the forked worker (one, as the writer
+    # benchmark is one process per writer).
+    litdata.optimize(fn=_lit_item, inputs=list(range(len(samples))), output_dir=str(out),
+                     chunk_bytes="64MB", num_workers=1, start_method="fork")
+
+
+WRITERS = {
+    "granary": (write_granary, "granary"),
+    "webdataset": (write_webdataset, "webdataset"),
+    "mds": (write_mds, "streaming"),
+    "litdata": (write_litdata, "litdata"),
+}
+
+
+def hwm_kb():
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
+
+
+def rss_kb():
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+
+
+def run_child(a):
+    import importlib
+    import resource
+
+    write, module = WRITERS[a.child]
+    importlib.import_module(module)
+    files, classes = list_tree(a.src)
+    samples = [(key, p.read_bytes(), label) for key, p, label in files]
+    nbytes = sum(len(d) for _, d, _ in samples)
+    base = rss_kb()
+    out = Path(a.work) / a.child
+    shutil.rmtree(out, ignore_errors=True)
+    t = time.perf_counter()
+    write(samples, classes, out)
+    sync_tree(out)
+    dt = time.perf_counter() - t
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    print(json.dumps({"samples": len(samples), "bytes": nbytes, "seconds": dt,
+                      "samples_per_s": len(samples) / dt, "mb_per_s": nbytes / 1e6 / dt,
+                      "peak_rss_mb": hwm_kb() / 1024, "after_load_mb": base / 1024,
+                      "peak_over_samples_mb": (hwm_kb() - base) / 1024,
+                      "children_peak_rss_mb": kids / 1024}))
+
+
+def cli_pack(a):
+    """`granary pack` of the tree (warm: the files were just read by the writers)."""
+    cli = os.environ.get("GRANARY_BIN") or shutil.which("granary")
+    if not cli:
+        return None
+    out = Path(a.work) / "cli-pack"
+    shutil.rmtree(out, ignore_errors=True)
+    t = time.perf_counter()
+    p = subprocess.run(["/usr/bin/time", "-f", "%M", cli, "pack", a.src, "-o", str(out)],
+                       capture_output=True, text=True, check=True)
+    dt = time.perf_counter() - t
+    files, _ = list_tree(a.src)
+    nbytes = sum(p_.stat().st_size for _, p_, _ in files)
+    peak = int(p.stderr.strip().splitlines()[-1]) / 1024
+    return {"samples": len(files), "bytes": nbytes, "seconds": dt,
+            "samples_per_s": len(files) / dt, "mb_per_s": nbytes / 1e6 / dt,
+            "peak_rss_mb": peak}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--src", required=True, help="ImageFolder-style tree (granary bench gen)")
+    ap.add_argument("--work", required=True, help="where the outputs go")
+    ap.add_argument("--only", default=",".join(WRITERS))
+    ap.add_argument("--repeat", type=int, default=1, help="runs per writer (best is reported)")
+    ap.add_argument("--json", help="write the results here")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.child:
+        return run_child(a)
+    Path(a.work).mkdir(parents=True, exist_ok=True)
+    rows = {}
+    for name in a.only.split(","):
+        if name not in WRITERS:
+            sys.exit(f"unknown writer {name} (writers: {', '.join(WRITERS)})")
+        _, module = WRITERS[name]
+        probe = subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True)
+        if probe.returncode != 0:
+            rows[name] = {"missing": f"{module} is not installed"}
+            continue
+        best = None
+        for _ in range(a.repeat):
+            p = subprocess.run([sys.executable, __file__, "--child", name, "--src", a.src,
+                                "--work", a.work], capture_output=True, text=True)
+            if p.returncode != 0:
+                sys.exit(f"{name} failed:\n{p.stderr}")
+            r = json.loads(p.stdout.strip().splitlines()[-1])
+            if best is None or r["samples_per_s"] > best["samples_per_s"]:
+                best = r
+        rows[name] = best
+        shutil.rmtree(Path(a.work) / name, ignore_errors=True)
+    rows["granary pack (CLI, files)"] = cli_pack(a)
+    shutil.rmtree(Path(a.work) / "cli-pack", ignore_errors=True)
+    print(f"{'writer':28} {'samples/s':>10} {'MB/s':>8} {'peak RSS MB':>12} {'over samples':>13}")
+    for name, r in rows.items():
+        if r is None or "missing" in r:
+            print(f"{name:28} {(r or {}).get('missing', 'not run')}")
+            continue
+        over = r.get("peak_over_samples_mb")
+        kids = r.get("children_peak_rss_mb", 0)
+        print(f"{name:28} {r['samples_per_s']:10.0f} {r['mb_per_s']:8.0f} {r['peak_rss_mb']:12.0f} "
+              f"{'' if over is None else f'{over:.0f}'}{f' (+{kids:.0f} child)' if kids > 1 else '':>13}")
+    g = rows.get("granary")
+    peers = [r for n, r in rows.items() if n in WRITERS and n != "granary" and r and "missing" not in r]
+    if g and "missing" not in g:
+        if peers:
+            best = max(peers, key=lambda r: r["samples_per_s"])
+            print(f"granary.Writer / fastest peer writer: {g['samples_per_s'] / best['samples_per_s']:.2f}x")
+        cli = rows.get("granary pack (CLI, files)")
+        if cli:
+            print(f"granary.Writer / granary pack from files: {g['samples_per_s'] / cli['samples_per_s']:.2f}x")
+    if a.json:
+        Path(a.json).write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,179 @@
+"""Writing datasets from Python: ``Writer`` and ``merge``.
+
+``Writer(out)`` makes a granary dataset from samples a program holds (bytes, memoryviews,
+numpy arrays), as ``granary pack`` makes one from files::
+
+    with granary.Writer("train.granary") as w:
+        for key, jpeg, label in source:        # in any order, e.g. sorted by class
+            w.write(key, jpeg, label=label)    # label: None, an int or a class name
+
+Samples are checksummed, compressed and spilled to local disk on the writer's threads (the GIL
+is released); closing gathers them into chunks in a seeded order, so that chunks mix samples
+from the whole stream even when the source is sorted by class, and publishes the dataset
+atomically (to an object store: the snapshot last). If the program dies, ``Writer(out,
+resume=True)`` continues: samples written before are skipped (``write`` returns False) and the
+dataset is the same as an uninterrupted run would have made. ``Writer(out, shard=(i, n))``
+writes one of n parts; ``merge(out)`` joins them.
+"""
+
+import json
+import sys
+
+from . import _native
+
+__all__ = ["Writer", "merge"]
+
+
+def _key(key):
+    if isinstance(key, str):
+        return key.encode("utf-8", "surrogateescape")
+    if isinstance(key, (bytes, bytearray)):
+        return bytes(key)
+    raise TypeError(f"key must be str or bytes, not {type(key).__name__}")
+
+
+def _data(data, key):
+    if isinstance(data, bytes):
+        return data
+    if isinstance(data, dict):
+        raise ValueError(
+            f"sample {key!r}: samples with several named fields need format 1.3, which this "
+            "granary does not write yet; write one blob per key"
+        )
+    if isinstance(data, (str, int, float, list, tuple)) or data is None:
+        raise TypeError(
+            f"sample {key!r}: data must be bytes-like (bytes, bytearray, memoryview, a numpy "
+            f"array), not {type(data).__name__}"
+        )
+    try:
+        view = memoryview(data)
+    except TypeError:
+        raise TypeError(
+            f"sample {key!r}: data must be bytes-like (bytes, bytearray, memoryview, a numpy "
+            f"array), not {type(data).__name__}"
+        ) from None
+    return view.tobytes()  # C order, whatever the item format or strides
+
+
+def _label(label):
+    if label is None:
+        return None
+    if isinstance(label, bool):
+        raise TypeError("label must be None, an int or a class name, not bool")
+    if isinstance(label, int):
+        if not 0 <= label < 0xFFFFFFFF:
+            raise ValueError(f"label {label} out of range")
+        return label
+    if hasattr(label, "__index__") and not isinstance(label, (str, bytes)):
+        return _label(int(label.__index__()))  # numpy integers
+    if isinstance(label, str):
+        return label.encode("utf-8")
+    if isinstance(label, bytes):
+        return label
+    raise TypeError(f"label must be None, an int or a class name, not {type(label).__name__}")
+
+
+class Writer:
+    """Writes a granary dataset from samples; see the module documentation.
+
+    Arguments (keyword-only past ``out``): ``shard=(i, n)`` writes part i of n for
+    :func:`merge`; ``classes`` is the class table (names; an int label indexes it, a name must
+    be in it), required for a shard with labels; without it, int labels get the class names
+    ``"0" .. str(max)`` and name labels the sorted names seen. ``compress`` ("auto", "none",
+    "zstd", "zstd:LEVEL"), ``chunk_size`` (bytes), ``seed`` (of the mixing), ``resume``,
+    ``force`` (replace an existing dataset or interrupted writer), ``progress`` (None: a tqdm
+    bar when tqdm is installed and stderr is a terminal), ``staging`` (local directory for a
+    URL destination), ``threads``, ``buckets`` (spill logs), ``gather_memory`` (bytes of one
+    spill log read at once when closing).
+    """
+
+    def __init__(self, out, *, shard=None, classes=None, compress="auto", chunk_size=32 << 20,
+                 seed=0, resume=False, force=False, progress=None, staging=None, threads=None,
+                 buckets=64, gather_memory=512 << 20, chunk_files=65536):
+        out = str(out)
+        if shard is not None:
+            i, n = shard
+            shard = (int(i), int(n))
+        if classes is not None:
+            classes = [c.encode("utf-8") if isinstance(c, str) else bytes(c) for c in classes]
+        if progress is None:
+            progress = sys.stderr.isatty()
+        self._bar = None
+        if progress:
+            try:
+                from tqdm import tqdm
+
+                self._bar = tqdm(desc=f"writing {out}", unit=" samples")
+            except ImportError:
+                self._bar = None
+        self.out = out
+        self.summary = None
+        self._w = _native.Writer(
+            out, shard=shard, classes=classes, compress=compress, chunk_size=int(chunk_size),
+            chunk_files=int(chunk_files), seed=int(seed), buckets=int(buckets),
+            gather_memory=int(gather_memory), threads=threads, resume=bool(resume),
+            force=bool(force), progress=bool(progress), staging=staging)
+        for w in self._w.warnings:
+            print(f"granary: {w}", file=sys.stderr)
+
+    def write(self, key, data, label=None):
+        """Adds one sample under ``key`` (a relative path: ``/`` separates directories).
+        Returns True if it was written, False if an interrupted writer had it already (resume).
+        """
+        k = _key(key)
+        new = self._w.write(k, _data(data, key), _label(label))
+        if self._bar is not None:
+            self._bar.update(1)
+        return new
+
+    def has_resumed(self, key):
+        """True if an interrupted writer had ``key``: its bytes need not be produced again."""
+        return self._w.has_resumed(_key(key))
+
+    def __len__(self):
+        return len(self._w)
+
+    @property
+    def resumed(self):
+        """Samples skipped because an interrupted writer had them."""
+        return self._w.resumed
+
+    @property
+    def closed(self):
+        return self._w.closed
+
+    def close(self):
+        """Gathers the samples into chunks and publishes the dataset; returns the summary
+        (a dict). A second call raises ValueError."""
+        try:
+            self.summary = json.loads(self._w.finish())
+        finally:
+            if self._bar is not None:
+                self._bar.close()
+                self._bar = None
+        return self.summary
+
+    def abort(self):
+        """Stops without publishing; what was written stays for ``resume``."""
+        self._w.abort()
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if self._w.closed:
+            return False
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()  # an error in the caller's loop: keep the work for resume
+        return False
+
+
+def merge(out):
+    """Joins the parts written by ``Writer(out, shard=(i, n))`` (or ``granary pack --shard``)
+    into one dataset; returns the summary (a dict)."""
+    return json.loads(_native.merge(str(out)))

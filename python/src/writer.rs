@@ -1,0 +1,183 @@
+//! `granary._native.Writer` and `merge`: datasets written from Python (the packer's writer API).
+//! Arguments are converted here; the Python class in `granary/writer.py` adds the context
+//! manager, bytes-like conversion and the progress bar.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use granary_packer::{Label, PackError, ShardSpec, Writer as RsWriter, WriterOptions, Written};
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::PyBytes;
+
+use crate::GranaryError;
+
+/// The Python exception for a packer error: ValueError for requests that cannot be carried
+/// out as given, GranaryError (OSError, with errno) for failing system calls and stores.
+pub(crate) fn pack_err(e: PackError) -> PyErr {
+    let msg = e.to_string();
+    match e {
+        PackError::Usage(m) => PyValueError::new_err(m),
+        PackError::Io { source, .. } => match source.raw_os_error() {
+            Some(errno) => GranaryError::new_err((errno, msg)),
+            None => GranaryError::new_err(msg),
+        },
+        _ => GranaryError::new_err(msg),
+    }
+}
+
+/// A label as Python gives it: None, an int (class index) or bytes (class name).
+#[derive(FromPyObject)]
+pub(crate) enum PyLabel {
+    Index(u32),
+    Name(Vec<u8>),
+}
+
+#[pyclass(module = "granary._native")]
+pub(crate) struct Writer {
+    inner: Option<RsWriter>,
+}
+
+fn closed() -> PyErr {
+    PyValueError::new_err("the writer is closed")
+}
+
+#[pymethods]
+impl Writer {
+    #[new]
+    #[pyo3(signature = (out, *, shard=None, classes=None, compress="auto", chunk_size=32 << 20,
+        chunk_files=granary_packer::DEFAULT_CHUNK_FILES, seed=0, buckets=granary_packer::DEFAULT_BUCKETS,
+        gather_memory=granary_packer::DEFAULT_GATHER_MEMORY, threads=None, resume=false, force=false,
+        progress=false, staging=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        out: String,
+        shard: Option<(u32, u32)>,
+        classes: Option<Vec<Vec<u8>>>,
+        compress: &str,
+        chunk_size: u64,
+        chunk_files: u64,
+        seed: u64,
+        buckets: u32,
+        gather_memory: u64,
+        threads: Option<usize>,
+        resume: bool,
+        force: bool,
+        progress: bool,
+        staging: Option<PathBuf>,
+    ) -> PyResult<Self> {
+        let mut o = WriterOptions::new(&out);
+        if let Some((i, n)) = shard {
+            o.shard = Some(ShardSpec::parse(&format!("{i}/{n}")).map_err(PyValueError::new_err)?);
+        }
+        o.classes = classes;
+        o.compress =
+            granary_packer::CompressMode::parse(compress).map_err(PyValueError::new_err)?;
+        o.chunk_size = chunk_size;
+        o.chunk_files = chunk_files;
+        o.seed = seed;
+        o.buckets = buckets;
+        o.gather_memory = gather_memory;
+        if let Some(t) = threads {
+            o.threads = t.max(1);
+        }
+        o.resume = resume;
+        o.force = force;
+        o.progress = progress;
+        if granary::remote::is_url(&out) {
+            let u = granary::remote::ObjectUrl::parse(&out)
+                .map_err(|e| PyValueError::new_err(format!("{out}: {e}")))?;
+            if !u.writable() {
+                return Err(PyValueError::new_err(format!(
+                    "{out}: http(s) URLs are read-only; write to s3://, gs:// or az://"
+                )));
+            }
+            o.staging = Some(staging.unwrap_or_else(|| crate::staging_dir(u.url())));
+            o.destination = Some(Arc::new(u));
+        } else if staging.is_some() {
+            return Err(PyValueError::new_err(
+                "staging is for writing to an object store URL; out is a local path",
+            ));
+        }
+        let w = py.detach(|| RsWriter::create(o)).map_err(pack_err)?;
+        Ok(Writer { inner: Some(w) })
+    }
+
+    /// Adds one sample; True if it was written, False if an interrupted writer had it.
+    #[pyo3(signature = (key, data, label=None))]
+    fn write(
+        &mut self,
+        py: Python<'_>,
+        key: Vec<u8>,
+        data: &Bound<'_, PyBytes>,
+        label: Option<PyLabel>,
+    ) -> PyResult<bool> {
+        let w = self.inner.as_mut().ok_or_else(closed)?;
+        let data = data.as_bytes().to_vec();
+        let written = py
+            .detach(|| {
+                let label = match &label {
+                    None => Label::None,
+                    Some(PyLabel::Index(i)) => Label::Index(*i),
+                    Some(PyLabel::Name(n)) => Label::Name(n),
+                };
+                w.write(&key, data, label)
+            })
+            .map_err(pack_err)?;
+        Ok(written == Written::New)
+    }
+
+    /// True if an interrupted writer had `key` (not written again yet).
+    fn has_resumed(&self, key: Vec<u8>) -> PyResult<bool> {
+        Ok(self.inner.as_ref().ok_or_else(closed)?.has_resumed(&key))
+    }
+
+    fn __len__(&self) -> PyResult<usize> {
+        Ok(self.inner.as_ref().ok_or_else(closed)?.len() as usize)
+    }
+
+    /// Samples skipped because an interrupted writer had them.
+    #[getter]
+    fn resumed(&self) -> PyResult<u64> {
+        Ok(self.inner.as_ref().ok_or_else(closed)?.resumed())
+    }
+
+    #[getter]
+    fn warnings(&self) -> PyResult<Vec<String>> {
+        Ok(self.inner.as_ref().ok_or_else(closed)?.warnings().to_vec())
+    }
+
+    #[getter]
+    fn closed(&self) -> bool {
+        self.inner.is_none()
+    }
+
+    /// Builds the chunks and the snapshot and publishes the dataset; returns the summary as
+    /// JSON text.
+    fn finish(&mut self, py: Python<'_>) -> PyResult<String> {
+        let w = self
+            .inner
+            .take()
+            .ok_or_else(|| PyValueError::new_err("the writer is closed already"))?;
+        let s = py.detach(|| w.finish()).map_err(pack_err)?;
+        serde_json::to_string(&s).map_err(|e| PyValueError::new_err(e.to_string()))
+    }
+
+    /// Stops without publishing; the spill logs stay for `resume`.
+    fn abort(&mut self, py: Python<'_>) {
+        if let Some(w) = self.inner.take() {
+            py.detach(|| drop(w));
+        }
+    }
+}
+
+/// Merges the parts shards wrote (`Writer(out, shard=(i, n))` or `granary pack --shard`) into
+/// one dataset; returns the summary as JSON text.
+#[pyfunction]
+pub(crate) fn merge(py: Python<'_>, out: PathBuf) -> PyResult<String> {
+    let s = py
+        .detach(|| granary_packer::merge(&out))
+        .map_err(pack_err)?;
+    serde_json::to_string(&s).map_err(|e| PyValueError::new_err(e.to_string()))
+}

@@ -1,0 +1,192 @@
+"""granary.Writer: datasets written from Python, read back through the reader and the CLI."""
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import granary
+
+from conftest import run
+
+try:
+    import numpy
+except ImportError:  # the plain venv has no numpy
+    numpy = None
+
+
+def samples(n, classes=5, seed=0):
+    """n (key, bytes, class name) in class order, as a class-sorted source gives them."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        c = f"class{i * classes // n}"
+        data = rng.randbytes(rng.randint(100, 4000)) if i % 3 else b"caption %d " % i * 30
+        out.append((f"{c}/{i:05}.bin", data, c))
+    return out
+
+
+def read_back(path):
+    ds = granary.Dataset(path)
+    got = {}
+    for i in range(len(ds)):
+        data, label = ds[i]
+        got[ds.path(i)] = (data, ds.classes[label] if label < len(ds.classes) else None)
+    return ds, got
+
+
+def test_written_samples_read_back_byte_exact_with_labels(tmp_path):
+    src = samples(600)
+    out = tmp_path / "w.granary"
+    with granary.Writer(out, chunk_size=32 << 10, progress=False) as w:
+        for key, data, c in src:
+            assert w.write(key, data, label=c) is True
+        assert len(w) == 600
+    assert w.summary["files"] == 600 and w.summary["classes"] == 5
+    ds, got = read_back(out)
+    assert got == {k: (d, c) for k, d, c in src}
+    # The CLI reads it like a packed tree.
+    k, d, _ = src[17]
+    assert run("cat", out, k).stdout == d
+    assert run("verify", out).returncode == 0
+    # Chunks mix the sorted classes: every chunk of 20+ samples holds at least 3 of the 5.
+    by_chunk = {}
+    for line in run("ls", out, "--long").stdout.decode().splitlines():
+        _id, _orig, _stored, _comp, chunk, cls, _path = line.split()
+        by_chunk.setdefault(chunk, []).append(cls)
+    assert len(by_chunk) > 5
+    mixed = [len(set(v)) for v in by_chunk.values() if len(v) >= 20]
+    assert mixed and min(mixed) >= 3, by_chunk
+
+
+def test_bytes_like_inputs_and_int_labels(tmp_path):
+    out = tmp_path / "b.granary"
+    want = {}
+    with granary.Writer(out, progress=False) as w:
+        w.write("bytes", b"abc", label=0)
+        want["bytes"] = b"abc"
+        w.write("bytearray", bytearray(b"xyz"), label=2)
+        want["bytearray"] = b"xyz"
+        w.write(b"memoryview", memoryview(b"0123456789")[2:6], label=1)
+        want["memoryview"] = b"2345"
+        if numpy is not None:
+            a = numpy.arange(12, dtype=numpy.float32).reshape(3, 4)
+            w.write("numpy", a, label=numpy.int64(1))
+            want["numpy"] = a.tobytes()
+            w.write("strided", a[:, ::2])
+            want["strided"] = numpy.ascontiguousarray(a[:, ::2]).tobytes()
+    ds, got = read_back(out)
+    assert {k: v[0] for k, v in got.items()} == want
+    assert ds.classes == ["0", "1", "2"]
+
+
+def test_bad_input_is_a_clear_error_and_loses_nothing(tmp_path):
+    out = tmp_path / "bad.granary"
+    w = granary.Writer(out, progress=False)
+    w.write("a/ok", b"1")
+    for key in ["/abs", "a//b", "a/../b", "..", "", "a/./b"]:
+        with pytest.raises(ValueError, match="not a valid path"):
+            w.write(key, b"x")
+    with pytest.raises(ValueError, match="written twice"):
+        w.write("a/ok", b"again")
+    for data in ["text", 3, None, [1, 2], 1.5]:
+        with pytest.raises(TypeError, match="bytes-like"):
+            w.write("k", data)
+    with pytest.raises(TypeError, match="key must be"):
+        w.write(3, b"x")
+    with pytest.raises(ValueError, match="several named fields"):
+        w.write("multi", {"jpg": b"x", "txt": b"y"})
+    with pytest.raises(TypeError, match="label"):
+        w.write("k", b"x", label=1.5)
+    w.write("a/two", b"2", label=1)
+    with pytest.raises(ValueError, match="mixed"):
+        w.write("a/three", b"3", label="cat")
+    summary = w.close()
+    assert summary["files"] == 2
+    with pytest.raises(ValueError, match="closed already"):
+        w.close()
+    with pytest.raises(ValueError, match="closed"):
+        w.write("late", b"x")
+    _, got = read_back(out)
+    assert set(got) == {"a/ok", "a/two"}
+    with pytest.raises(ValueError, match="already exists"):
+        granary.Writer(out, progress=False)
+    with granary.Writer(out, force=True, progress=False) as w:
+        w.write("new", b"n")
+    assert set(read_back(out)[1]) == {"new"}
+    with pytest.raises(ValueError, match="compression"):
+        granary.Writer(tmp_path / "z", compress="lzma", progress=False)
+
+
+def test_an_exception_in_the_loop_publishes_nothing_and_resume_continues(tmp_path):
+    out = tmp_path / "r.granary"
+    src = samples(300)
+    with pytest.raises(RuntimeError):
+        with granary.Writer(out, progress=False) as w:
+            for i, (k, d, c) in enumerate(src):
+                if i == 200:
+                    raise RuntimeError("the source failed")
+                w.write(k, d, label=c)
+    assert not out.exists()
+    with pytest.raises(ValueError, match="resume"):
+        granary.Writer(out, progress=False)
+    with granary.Writer(out, resume=True, progress=False) as w:
+        assert w.has_resumed(src[0][0])
+        flags = [w.write(k, d, label=c) for k, d, c in src]
+    assert flags.count(False) == 200 and flags.count(True) == 100
+    assert read_back(out)[1] == {k: (d, c) for k, d, c in src}
+
+
+KILLED_WRITER = textwrap.dedent(
+    """
+    import os, signal, sys, random
+    import granary
+    out, n, kill_at = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    rng = random.Random(1)
+    w = granary.Writer(out, resume=True, progress=False, buckets=4)
+    for i in range(n):
+        data = rng.randbytes(2000 + i % 500)
+        w.write(f"s/{i:05}", data, label=i % 3)
+        if i == kill_at:
+            os.kill(os.getpid(), signal.SIGKILL)
+    w.close()
+    """
+)
+
+
+def test_kill_9_mid_write_then_resume_gives_the_whole_dataset(tmp_path):
+    out = tmp_path / "k.granary"
+    script = tmp_path / "writer.py"
+    script.write_text(KILLED_WRITER)
+    p = subprocess.run([sys.executable, str(script), str(out), "3000", "2500"])
+    assert p.returncode == -signal.SIGKILL
+    assert not out.exists()
+    p = subprocess.run([sys.executable, str(script), str(out), "3000", "-1"], capture_output=True)
+    assert p.returncode == 0, p.stderr.decode()
+    rng = random.Random(1)
+    want = {f"s/{i:05}": rng.randbytes(2000 + i % 500) for i in range(3000)}
+    ds, got = read_back(out)
+    assert {k: v[0] for k, v in got.items()} == want
+    assert run("verify", out).returncode == 0
+
+
+def test_shards_then_merge(tmp_path):
+    out = tmp_path / "s.granary"
+    src = samples(400)
+    names = sorted({c for _, _, c in src})
+    for i in range(3):
+        with granary.Writer(out, shard=(i, 3), classes=names, progress=False) as w:
+            for j, (k, d, c) in enumerate(src):
+                if j % 3 == i:
+                    w.write(k, d, label=c)
+        assert w.summary["action"] == "shard"
+    with pytest.raises(ValueError, match="class table"):
+        with granary.Writer(tmp_path / "t", shard=(0, 2), progress=False) as w:
+            w.write("k", b"x", label=0)
+    m = granary.merge(out)
+    assert m["files"] == 400
+    assert read_back(out)[1] == {k: (d, c) for k, d, c in src}
