@@ -176,18 +176,38 @@ struct SpillRecord {
     label: u32,
     /// A class name (labels given by name without a class table).
     label_name: Vec<u8>,
+    /// A sample with named fields (record kind 2): name, length and CRC-32 of each field,
+    /// whose bytes are `enc.stored` back to back (raw; `enc` describes their concatenation).
+    fields: Vec<(Vec<u8>, u64, u32)>,
     enc: Encoded,
 }
 
 impl SpillRecord {
+    /// The field directory of a kind-2 record: per field, name length u8, name, length u64,
+    /// CRC-32 u32.
+    fn directory(&self) -> Vec<u8> {
+        let mut d = Vec::with_capacity(self.fields.len() * 24);
+        for (name, len, crc) in &self.fields {
+            d.push(name.len() as u8);
+            d.extend_from_slice(name);
+            d.extend_from_slice(&len.to_le_bytes());
+            d.extend_from_slice(&crc.to_le_bytes());
+        }
+        d
+    }
+
     /// Appends the record (length, body, CRC-32 of the body) to `out`.
     fn write_to(&self, out: &mut impl Write) -> std::io::Result<()> {
-        let body_len =
-            RECORD_FIXED + self.key.len() + self.label_name.len() + self.enc.stored.len();
+        let dir = self.directory();
+        let body_len = RECORD_FIXED
+            + self.key.len()
+            + self.label_name.len()
+            + dir.len()
+            + self.enc.stored.len();
         let mut h = [0u8; 4 + RECORD_FIXED];
         h[0..4].copy_from_slice(&(body_len as u32).to_le_bytes());
         let b = &mut h[4..];
-        b[0] = 1; // record kind: one blob
+        b[0] = if self.fields.is_empty() { 1 } else { 2 }; // one blob, or named fields
         b[1] = !self.label_name.is_empty() as u8;
         b[2] = self.enc.compression.code() as u8;
         b[4..8].copy_from_slice(&self.label.to_le_bytes());
@@ -195,26 +215,24 @@ impl SpillRecord {
         b[12..16].copy_from_slice(&(self.label_name.len() as u32).to_le_bytes());
         b[16..24].copy_from_slice(&self.enc.orig_len.to_le_bytes());
         b[24..28].copy_from_slice(&self.enc.crc32.to_le_bytes());
+        b[28..32].copy_from_slice(&(self.fields.len() as u32).to_le_bytes());
         let mut crc = crc32fast::Hasher::new();
         crc.update(&h[4..]);
         crc.update(&self.key);
         crc.update(&self.label_name);
+        crc.update(&dir);
         crc.update(&self.enc.stored);
         out.write_all(&h)?;
         out.write_all(&self.key)?;
         out.write_all(&self.label_name)?;
+        out.write_all(&dir)?;
         out.write_all(&self.enc.stored)?;
         out.write_all(&crc.finalize().to_le_bytes())
     }
 
     /// Decodes a record body whose CRC was checked.
     fn decode(body: Vec<u8>) -> Result<SpillRecord, String> {
-        if body.len() < RECORD_FIXED
-            || body[0] != 1
-            || body[1] > 1
-            || body[3] != 0
-            || body[28..32] != [0; 4]
-        {
+        if body.len() < RECORD_FIXED || !(1..=2).contains(&body[0]) || body[1] > 1 || body[3] != 0 {
             return Err("not a record this granary writes".into());
         }
         let u32_at = |i: usize| u32::from_le_bytes(body[i..i + 4].try_into().expect("4 bytes"));
@@ -223,20 +241,46 @@ impl SpillRecord {
         let orig_len = u64::from_le_bytes(body[16..24].try_into().expect("8 bytes"));
         let crc32 = u32_at(24);
         let label = u32_at(4);
-        if RECORD_FIXED + key_len + name_len > body.len() || (body[1] == 1) != (name_len > 0) {
-            return Err("lengths do not add up".into());
+        let count = u32_at(28) as usize;
+        let grouped = body[0] == 2;
+        if grouped != (count > 0) || (grouped && compression != Compression::None) {
+            return Err("field count and record kind disagree".into());
         }
+        let head = RECORD_FIXED
+            .checked_add(key_len)
+            .and_then(|x| x.checked_add(name_len))
+            .filter(|&x| x <= body.len() && (body[1] == 1) == (name_len > 0))
+            .ok_or("lengths do not add up")?;
         let key = body[RECORD_FIXED..RECORD_FIXED + key_len].to_vec();
-        let label_name = body[RECORD_FIXED + key_len..RECORD_FIXED + key_len + name_len].to_vec();
+        let label_name = body[RECORD_FIXED + key_len..head].to_vec();
+        let mut at = head;
+        let mut fields = Vec::with_capacity(count.min(1024));
+        let mut total = 0u64;
+        for _ in 0..count {
+            let n = *body.get(at).ok_or("field directory cut short")? as usize;
+            let end = at + 1 + n + 12;
+            if end > body.len() {
+                return Err("field directory cut short".into());
+            }
+            let name = body[at + 1..at + 1 + n].to_vec();
+            let len = u64::from_le_bytes(body[at + 1 + n..at + 9 + n].try_into().expect("8 bytes"));
+            let crc = u32::from_le_bytes(body[at + 9 + n..end].try_into().expect("4 bytes"));
+            total = total.checked_add(len).ok_or("field lengths overflow")?;
+            fields.push((name, len, crc));
+            at = end;
+        }
         let mut stored = body;
-        stored.drain(..RECORD_FIXED + key_len + name_len);
-        if compression == Compression::None && stored.len() as u64 != orig_len {
+        stored.drain(..at);
+        if compression == Compression::None && stored.len() as u64 != orig_len
+            || (grouped && total != orig_len)
+        {
             return Err("stored length differs from the original's".into());
         }
         Ok(SpillRecord {
             key,
             label,
             label_name,
+            fields,
             enc: Encoded {
                 stored,
                 compression,
@@ -340,6 +384,8 @@ impl Shared {
 struct Job {
     key: Vec<u8>,
     data: Vec<u8>,
+    /// Named fields (their bytes back to back in `data`): name and length of each.
+    fields: Vec<(Vec<u8>, usize)>,
     label: u32,
     label_name: Vec<u8>,
     bucket: u32,
@@ -371,6 +417,8 @@ pub struct Writer {
     /// CRC-32 of the original bytes.
     resumed: HashMap<u128, u32>,
     label_kind: LabelKind,
+    /// Whether the samples have named fields (format 1.3), once the first is written.
+    with_fields: Option<bool>,
     /// Class names seen (labels by name without a class table).
     names: HashSet<Vec<u8>>,
     /// Highest class index seen (labels by index).
@@ -541,6 +589,7 @@ impl Writer {
             seen: HashSet::new(),
             resumed: HashMap::new(),
             label_kind: LabelKind::Unknown,
+            with_fields: None,
             names: HashSet::new(),
             max_index: None,
             samples: 0,
@@ -642,6 +691,7 @@ impl Writer {
                         Ok(rec) => {
                             good += len;
                             self.note_label_of(&rec)?;
+                            self.with_fields = Some(!rec.fields.is_empty());
                             self.resumed.insert(key_hash(&rec.key), rec.enc.crc32);
                             self.bytes_in += rec.enc.orig_len;
                         }
@@ -740,6 +790,58 @@ impl Writer {
         data: Vec<u8>,
         label: Label<'_>,
     ) -> Result<Written, PackError> {
+        self.write_sample(key, data, Vec::new(), label)
+    }
+
+    /// Adds one sample with named fields (format 1.3): `(name, bytes)` in the order they are
+    /// to be stored. Names are file-name extensions (`jpg`, `txt`, `seg.png`), each once; the
+    /// key's last component holds no `.` (the fields show as files `KEY.NAME`). Fields are
+    /// stored raw. A dataset's samples all have fields or none do.
+    pub fn write_fields(
+        &mut self,
+        key: &[u8],
+        fields: Vec<(Vec<u8>, Vec<u8>)>,
+        label: Label<'_>,
+    ) -> Result<Written, PackError> {
+        let shown = String::from_utf8_lossy(key).into_owned();
+        if fields.is_empty() {
+            return Err(PackError::Usage(format!(
+                "sample {shown:?} has no fields"
+            )));
+        }
+        let mut names: Vec<&[u8]> = Vec::with_capacity(fields.len());
+        for (name, _) in &fields {
+            granary_format::check_field_name(name).map_err(|why| {
+                PackError::Usage(format!(
+                    "sample {shown:?}: field {:?} is not a valid field name: {why}",
+                    String::from_utf8_lossy(name)
+                ))
+            })?;
+            if names.contains(&&name[..]) {
+                return Err(PackError::Usage(format!(
+                    "sample {shown:?}: field {:?} given twice",
+                    String::from_utf8_lossy(name)
+                )));
+            }
+            names.push(name);
+        }
+        let total: usize = fields.iter().map(|(_, d)| d.len()).sum();
+        let mut data = Vec::with_capacity(total);
+        let mut list = Vec::with_capacity(fields.len());
+        for (name, d) in fields {
+            data.extend_from_slice(&d);
+            list.push((name, d.len()));
+        }
+        self.write_sample(key, data, list, label)
+    }
+
+    fn write_sample(
+        &mut self,
+        key: &[u8],
+        data: Vec<u8>,
+        fields: Vec<(Vec<u8>, usize)>,
+        label: Label<'_>,
+    ) -> Result<Written, PackError> {
         if self.finished {
             return Err(PackError::Usage("the writer is closed".into()));
         }
@@ -747,10 +849,28 @@ impl Writer {
             return Err(e);
         }
         let shown = || String::from_utf8_lossy(key).into_owned();
-        granary_format::check_relative_path(key).map_err(|why| {
+        let grouped = !fields.is_empty();
+        let check = match grouped {
+            true => granary_format::check_field_key(key),
+            false => granary_format::check_relative_path(key),
+        };
+        check.map_err(|why| {
             PackError::Usage(format!("key {:?} is not a valid path: {why}", shown()))
         })?;
-        if data.len() as u64 + key.len() as u64 + RECORD_FIXED as u64 + 256 > MAX_RECORD {
+        if *self.with_fields.get_or_insert(grouped) != grouped {
+            return Err(PackError::Usage(format!(
+                "sample {:?}: {}; a dataset's samples all have named fields or none do",
+                shown(),
+                if grouped {
+                    "has fields, but the samples before it were single blobs"
+                } else {
+                    "is a single blob, but the samples before it had named fields"
+                }
+            )));
+        }
+        let fields_len: usize = fields.iter().map(|(n, _)| n.len() + 13).sum();
+        let data_len = data.len() + fields_len;
+        if data_len as u64 + key.len() as u64 + RECORD_FIXED as u64 + 256 > MAX_RECORD {
             return Err(PackError::Usage(format!(
                 "sample {:?} has {} bytes; a written sample holds less than 4 GiB",
                 shown(),
@@ -792,6 +912,7 @@ impl Writer {
         let job = Job {
             key: key.to_vec(),
             data,
+            fields,
             label,
             label_name,
             bucket,
@@ -1187,7 +1308,29 @@ fn spill_loop(rx: &Mutex<Receiver<Job>>, shared: &Shared, mode: CompressMode) {
         };
         let n = job.data.len() as u64;
         let key = job.key;
-        let enc = match encode_bytes(job.data, mode) {
+        let (fields, enc) = if job.fields.is_empty() {
+            (Vec::new(), encode_bytes(job.data, mode))
+        } else {
+            // Named fields are stored raw: one CRC per field, and theirs combined for the
+            // whole (the CRC of the concatenation).
+            let mut at = 0;
+            let mut group = crc32fast::Hasher::new();
+            let mut fields = Vec::with_capacity(job.fields.len());
+            for (name, len) in job.fields {
+                let crc = crc32fast::hash(&job.data[at..at + len]);
+                group.combine(&crc32fast::Hasher::new_with_initial_len(crc, len as u64));
+                fields.push((name, len as u64, crc));
+                at += len;
+            }
+            let enc = Encoded {
+                orig_len: job.data.len() as u64,
+                crc32: group.finalize(),
+                stored: job.data,
+                compression: Compression::None,
+            };
+            (fields, Ok(enc))
+        };
+        let enc = match enc {
             Ok(e) => e,
             Err(why) => {
                 shared.fail(PackError::Source {
@@ -1201,6 +1344,7 @@ fn spill_loop(rx: &Mutex<Receiver<Job>>, shared: &Shared, mode: CompressMode) {
             key,
             label: job.label,
             label_name: job.label_name,
+            fields,
             enc,
         };
         let b = job.bucket;
@@ -1303,19 +1447,37 @@ impl Assembler<'_> {
             let path = self.w.layout.chunks.join(chunk_file_name(id));
             let tmp = path.with_extension("gchunk.tmp");
             let f = File::create(&tmp).map_err(|e| PackError::io("creating", &tmp, e))?;
-            let cw = ChunkWriter::new(BufWriter::with_capacity(1 << 20, f), self.w.dataset_id, id)
-                .map_err(|e| PackError::io("writing", &tmp, e))?;
+            let out = BufWriter::with_capacity(1 << 20, f);
+            let cw = match self.w.with_fields == Some(true) {
+                true => ChunkWriter::with_fields(out, self.w.dataset_id, id),
+                false => ChunkWriter::new(out, self.w.dataset_id, id),
+            }
+            .map_err(|e| PackError::io("writing", &tmp, e))?;
             self.current = Some((tmp, cw, 0));
         }
         let (tmp, cw, n) = self.current.as_mut().expect("opened above");
-        cw.append(
-            &rec.key,
-            &rec.enc.stored,
-            rec.enc.compression,
-            rec.enc.orig_len,
-            rec.enc.crc32,
-            rec.label,
-        )
+        if rec.fields.is_empty() {
+            cw.append(
+                &rec.key,
+                &rec.enc.stored,
+                rec.enc.compression,
+                rec.enc.orig_len,
+                rec.enc.crc32,
+                rec.label,
+            )
+        } else {
+            let mut at = 0usize;
+            let parts: Vec<(&[u8], &[u8], u32)> = rec
+                .fields
+                .iter()
+                .map(|(name, len, crc)| {
+                    let d = &rec.enc.stored[at..at + *len as usize];
+                    at += *len as usize;
+                    (&name[..], d, *crc)
+                })
+                .collect();
+            cw.append_group(&rec.key, &parts, rec.label)
+        }
         .map_err(|e| PackError::io("writing", tmp, e))?;
         *n += 1;
         Ok(())

@@ -337,3 +337,104 @@ fn a_log_larger_than_the_memory_budget_is_read_record_by_record() {
         assert_eq!(all[format!("{i}").as_bytes()].0, sample(i));
     }
 }
+
+#[test]
+fn samples_with_named_fields_are_field_groups_readable_field_by_field() {
+    let t = tempfile::tempdir().unwrap();
+    let out = t.path().join("ds");
+    let mut w = Writer::create(opts(&out)).unwrap();
+    let sample_fields = |i: u32| {
+        let mut f = vec![
+            (b"jpg".to_vec(), sample(i)),
+            (b"txt".to_vec(), format!("a caption for {i}").into_bytes()),
+        ];
+        if i % 2 == 0 {
+            f.push((b"json".to_vec(), format!("{{\"i\": {i}}}").into_bytes()));
+        }
+        if i % 5 == 0 {
+            f.push((b"empty".to_vec(), Vec::new()));
+        }
+        f
+    };
+    for i in 0..300u32 {
+        let key = format!("shard{}/s{i:04}", i % 3);
+        w.write_fields(key.as_bytes(), sample_fields(i), Label::Index(i % 7)).unwrap();
+    }
+    // Bad input: a blob among field samples, a dotted key, bad or repeated names, no fields.
+    let e = w.write(b"blob", vec![1], Label::None).unwrap_err().to_string();
+    assert!(e.contains("all have named fields or none"), "{e}");
+    let e = w.write_fields(b"k.v1", vec![(b"jpg".to_vec(), vec![1])], Label::None).unwrap_err();
+    assert!(e.to_string().contains("no '.'"), "{e}");
+    for name in [&b"a/b"[..], b"", b".x", b"sp ace"] {
+        let e = w.write_fields(b"k", vec![(name.to_vec(), vec![1])], Label::None).unwrap_err();
+        assert!(e.to_string().contains("not a valid field name"), "{name:?}: {e}");
+    }
+    let twice = vec![(b"a".to_vec(), vec![1]), (b"a".to_vec(), vec![2])];
+    assert!(w.write_fields(b"k", twice, Label::None).unwrap_err().to_string().contains("twice"));
+    assert!(w.write_fields(b"k", vec![], Label::None).unwrap_err().to_string().contains("no fields"));
+    let s = w.finish().unwrap();
+    assert_eq!(s.files, 300);
+
+    let snap = Snapshot::open(std::fs::read(out.join(SNAPSHOT_FILE)).unwrap()).unwrap();
+    assert_eq!(snap.version(), (1, 3));
+    assert!(snap.has_fields());
+    assert!(snap.check_sections().is_empty());
+    assert_eq!(snap.check_structure(10), vec![]);
+    assert_eq!(
+        snap.field_names().unwrap(),
+        vec![&b"empty"[..], b"jpg", b"json", b"txt"]
+    );
+    let mut seen = 0;
+    for c in 0..snap.chunk_count() {
+        let ce = snap.chunk(c).unwrap();
+        let bytes = std::fs::read(out.join(chunk_file_name(c as u32))).unwrap();
+        let check = check_chunk(&bytes, &snap.dataset_id(), c as u32).unwrap();
+        assert!(check.bad_records.is_empty());
+        assert!(check.footer.fields.is_some());
+        for id in ce.samples() {
+            let e = snap.sample(id).unwrap();
+            assert!(e.has_fields());
+            let record = &bytes[e.offset as usize..(e.offset + e.stored_len) as usize];
+            // The record is the fields' bytes back to back, checked as a whole by its CRC.
+            assert_eq!(decode_record(&e, record).unwrap().len() as u64, e.orig_len);
+            let path = String::from_utf8(snap.path(id).unwrap().to_vec()).unwrap();
+            let i: u32 = path.rsplit("/s").next().unwrap().parse().unwrap();
+            let want = sample_fields(i);
+            let fields = snap.fields(id).unwrap();
+            assert_eq!(fields.len(), want.len());
+            for (f, (name, data)) in fields.iter().zip(&want) {
+                assert_eq!(f.name, &name[..]);
+                let got = &record[f.offset as usize..(f.offset + f.len) as usize];
+                assert_eq!(got, &data[..]);
+                assert_eq!(f.crc32, crc32fast::hash(data));
+            }
+            assert_eq!(e.label, i % 7);
+            seen += 1;
+        }
+    }
+    assert_eq!(seen, 300);
+}
+
+#[test]
+fn a_resumed_writer_of_field_samples_keeps_them_fields() {
+    let t = tempfile::tempdir().unwrap();
+    let out = t.path().join("ds");
+    let f = |i: u32| vec![(b"bin".to_vec(), sample(i)), (b"cls".to_vec(), format!("{}", i % 2).into_bytes())];
+    let mut w = Writer::create(opts(&out)).unwrap();
+    for i in 0..50u32 {
+        w.write_fields(format!("k{i}").as_bytes(), f(i), Label::None).unwrap();
+    }
+    drop(w);
+    let mut o = opts(&out);
+    o.resume = true;
+    let mut w = Writer::create(o).unwrap();
+    assert!(w.write(b"blob", vec![1], Label::None).is_err(), "still a dataset of fields");
+    for i in 0..80u32 {
+        w.write_fields(format!("k{i}").as_bytes(), f(i), Label::None).unwrap();
+    }
+    assert_eq!(w.resumed(), 50);
+    w.finish().unwrap();
+    let snap = Snapshot::open(std::fs::read(out.join(SNAPSHOT_FILE)).unwrap()).unwrap();
+    assert_eq!(snap.sample_count(), 80);
+    assert!(snap.check_structure(10).is_empty());
+}
