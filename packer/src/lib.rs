@@ -18,6 +18,7 @@ mod run;
 mod scan;
 mod shard;
 mod upload;
+mod webdataset;
 mod writer;
 
 use std::collections::BTreeMap;
@@ -42,6 +43,7 @@ pub use granary_format::SplitMix64;
 use plan::Plan;
 pub use reindex::{reindex, ReindexSummary};
 pub use shard::{merge, shard_of, MergeSummary, ShardSpec, PART_FILE};
+pub use webdataset::{expand_braces, import_webdataset, ImportCounts};
 pub use writer::{Label, Writer, WriterOptions, Written, DEFAULT_BUCKETS, DEFAULT_GATHER_MEMORY};
 
 /// Default target chunk size (see docs/packing.md: measured on this project's reference machine).

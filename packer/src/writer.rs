@@ -805,9 +805,7 @@ impl Writer {
     ) -> Result<Written, PackError> {
         let shown = String::from_utf8_lossy(key).into_owned();
         if fields.is_empty() {
-            return Err(PackError::Usage(format!(
-                "sample {shown:?} has no fields"
-            )));
+            return Err(PackError::Usage(format!("sample {shown:?} has no fields")));
         }
         let mut names: Vec<&[u8]> = Vec::with_capacity(fields.len());
         for (name, _) in &fields {

@@ -358,20 +358,39 @@ fn samples_with_named_fields_are_field_groups_readable_field_by_field() {
     };
     for i in 0..300u32 {
         let key = format!("shard{}/s{i:04}", i % 3);
-        w.write_fields(key.as_bytes(), sample_fields(i), Label::Index(i % 7)).unwrap();
+        w.write_fields(key.as_bytes(), sample_fields(i), Label::Index(i % 7))
+            .unwrap();
     }
     // Bad input: a blob among field samples, a dotted key, bad or repeated names, no fields.
-    let e = w.write(b"blob", vec![1], Label::None).unwrap_err().to_string();
+    let e = w
+        .write(b"blob", vec![1], Label::None)
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("all have named fields or none"), "{e}");
-    let e = w.write_fields(b"k.v1", vec![(b"jpg".to_vec(), vec![1])], Label::None).unwrap_err();
+    let e = w
+        .write_fields(b"k.v1", vec![(b"jpg".to_vec(), vec![1])], Label::None)
+        .unwrap_err();
     assert!(e.to_string().contains("no '.'"), "{e}");
     for name in [&b"a/b"[..], b"", b".x", b"sp ace"] {
-        let e = w.write_fields(b"k", vec![(name.to_vec(), vec![1])], Label::None).unwrap_err();
-        assert!(e.to_string().contains("not a valid field name"), "{name:?}: {e}");
+        let e = w
+            .write_fields(b"k", vec![(name.to_vec(), vec![1])], Label::None)
+            .unwrap_err();
+        assert!(
+            e.to_string().contains("not a valid field name"),
+            "{name:?}: {e}"
+        );
     }
     let twice = vec![(b"a".to_vec(), vec![1]), (b"a".to_vec(), vec![2])];
-    assert!(w.write_fields(b"k", twice, Label::None).unwrap_err().to_string().contains("twice"));
-    assert!(w.write_fields(b"k", vec![], Label::None).unwrap_err().to_string().contains("no fields"));
+    assert!(w
+        .write_fields(b"k", twice, Label::None)
+        .unwrap_err()
+        .to_string()
+        .contains("twice"));
+    assert!(w
+        .write_fields(b"k", vec![], Label::None)
+        .unwrap_err()
+        .to_string()
+        .contains("no fields"));
     let s = w.finish().unwrap();
     assert_eq!(s.files, 300);
 
@@ -419,18 +438,28 @@ fn samples_with_named_fields_are_field_groups_readable_field_by_field() {
 fn a_resumed_writer_of_field_samples_keeps_them_fields() {
     let t = tempfile::tempdir().unwrap();
     let out = t.path().join("ds");
-    let f = |i: u32| vec![(b"bin".to_vec(), sample(i)), (b"cls".to_vec(), format!("{}", i % 2).into_bytes())];
+    let f = |i: u32| {
+        vec![
+            (b"bin".to_vec(), sample(i)),
+            (b"cls".to_vec(), format!("{}", i % 2).into_bytes()),
+        ]
+    };
     let mut w = Writer::create(opts(&out)).unwrap();
     for i in 0..50u32 {
-        w.write_fields(format!("k{i}").as_bytes(), f(i), Label::None).unwrap();
+        w.write_fields(format!("k{i}").as_bytes(), f(i), Label::None)
+            .unwrap();
     }
     drop(w);
     let mut o = opts(&out);
     o.resume = true;
     let mut w = Writer::create(o).unwrap();
-    assert!(w.write(b"blob", vec![1], Label::None).is_err(), "still a dataset of fields");
+    assert!(
+        w.write(b"blob", vec![1], Label::None).is_err(),
+        "still a dataset of fields"
+    );
     for i in 0..80u32 {
-        w.write_fields(format!("k{i}").as_bytes(), f(i), Label::None).unwrap();
+        w.write_fields(format!("k{i}").as_bytes(), f(i), Label::None)
+            .unwrap();
     }
     assert_eq!(w.resumed(), 50);
     w.finish().unwrap();

@@ -59,13 +59,16 @@ class Dataset(_MapBase):
     ``ds.lookup(path)``, ``ds.path(i)`` and ``ds.classes`` use the snapshot only (no I/O).
     """
 
-    def __init__(self, path, transform=None):
+    def __init__(self, path, transform=None, fields=None):
         if transform is not None and not callable(transform):
             raise ValueError("transform must be callable")
         self.root = os.fspath(path)
         self.transform = transform
+        self.fields = _field_list(fields)
         self._ds = None
-        self._native()  # fail early on a bad path
+        native = self._native()  # fail early on a bad path
+        if self.fields is not None and not native.has_fields:
+            raise ValueError(f"{self.root}: the samples have no named fields to choose from")
 
     def _native(self):
         if self._ds is None:
@@ -82,10 +85,20 @@ class Dataset(_MapBase):
             i += n
         if not 0 <= i < n:
             raise IndexError(f"sample {i} out of range ({n} samples)")
-        data, label = self._native().read(i)
+        native = self._native()
+        if native.has_fields:
+            fields, label = native.read_fields(i, self.fields)
+            data = dict(fields)
+        else:
+            data, label = native.read(i)
         if self.transform is not None:
             data = self.transform(data)
         return data, label
+
+    @property
+    def field_names(self):
+        """The names of the samples' fields (format 1.3), sorted; empty without fields."""
+        return self._native().field_names()
 
     def lookup(self, path):
         """Sample id stored under ``path`` (str or bytes), or None."""
@@ -105,15 +118,53 @@ class Dataset(_MapBase):
         return self._native().dataset_id
 
     def __getstate__(self):
-        return {"root": self.root, "transform": self.transform}
+        return {"root": self.root, "transform": self.transform, "fields": self.fields}
 
     def __setstate__(self, state):
         self.root = state["root"]
         self.transform = state.get("transform")
+        self.fields = state.get("fields")
         self._ds = None
 
     def __repr__(self):
         return f"granary.Dataset({self.root!r})"
+
+
+def _field_list(fields):
+    if fields is None:
+        return None
+    if isinstance(fields, str):
+        fields = [fields]
+    fields = [str(f) for f in fields]
+    if not fields:
+        raise ValueError("fields names no field")
+    return fields
+
+
+def _split_fields(data, layout, wanted):
+    """{name: slice of data} for a sample's field layout [(name, offset, length)]."""
+    return {n: data[o:o + k] for n, o, k in layout if wanted is None or n in wanted}
+
+
+def _fields_of_batch(data, layouts, wanted):
+    """{name: [per-sample slice or None]} for a batch's per-sample payloads."""
+    names = sorted({n for lay in layouts for n, _, _ in lay if wanted is None or n in wanted})
+    out = {n: [None] * len(layouts) for n in names}
+    for j, lay in enumerate(layouts):
+        for n, o, k in lay:
+            if n in out:
+                out[n][j] = data[j][o:o + k]
+    return out
+
+
+def _layouts_for(layouts, ids, wanted):
+    """The batch's field layouts, restricted to ``wanted``, or None without fields."""
+    if layouts is None:
+        return None
+    lay = layouts([int(i) for i in ids])
+    if wanted is not None:
+        lay = [[f for f in sample if f[0] in wanted] for sample in lay]
+    return lay
 
 
 def _index(i):
@@ -220,6 +271,7 @@ class IterableDataset(_IterBase):
         ownership_epoch=0,
         peer_secret=None,
         peer_ca=None,
+        fields=None,
     ):
         if shuffle not in ("chunkwise", "global", "sequential"):
             raise ValueError(f"shuffle must be chunkwise, global or sequential, not {shuffle!r}")
@@ -266,6 +318,8 @@ class IterableDataset(_IterBase):
         if world_size is not None and not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is not in [0, {world_size})")
         self.root = os.fspath(path)
+        self.fields = _field_list(fields)
+        self._layout_ds = None
         self.shuffle = shuffle
         self.seed = int(seed)
         self.rank = rank
@@ -384,24 +438,36 @@ class IterableDataset(_IterBase):
                 self._redistributed = True
         weighted = self.sampling == "importance"
         transform = self.transform
+        layouts = self._layouts()
         if self.batch_size is None:
             for i, label, data, weight in stream:
                 self._consumed += 1
+                item = {"id": i, "label": label}
+                if layouts is not None:
+                    item["fields"] = _split_fields(data, layouts([i])[0], self.fields)
                 if transform is not None:
                     data = transform(data)
-                item = {"id": i, "label": label, "data": data}
+                item["data"] = data
                 if weighted:
                     item["weight"] = weight
                 yield item
         else:
-            for n, item in self._batches(stream, weighted, transform, self.collate):
+            for n, item in self._batches(stream, weighted, transform, self.collate, layouts):
                 self._consumed += n
                 yield item
         # The resumed remainder is done; the epoch's next iteration starts it afresh.
         self._resume = None
         self._redistributed = False
 
-    def _batches(self, stream, weighted, transform, collate):
+    def _layouts(self):
+        """None for a dataset without fields; else ids -> each sample's field layout."""
+        if self._layout_ds is None:
+            self._layout_ds = _NativeDataset(self.root)
+            if self.fields is not None and not self._layout_ds.has_fields:
+                raise ValueError(f"{self.root}: the samples have no named fields to choose from")
+        return self._layout_ds.field_layouts if self._layout_ds.has_fields else None
+
+    def _batches(self, stream, weighted, transform, collate, layouts=None):
         """(samples, item) per batch of ``stream``. With numpy the batch is gathered into one
         buffer and its samples are views of it; inside a DataLoader worker that buffer is a
         segment of the worker's shared-memory ring and the item a record that becomes the
@@ -426,6 +492,12 @@ class IterableDataset(_IterBase):
                     if collate is not None:
                         data = collate(data)
                 item = {"id": ids, "label": labels, "data": data}
+                if layouts is not None:
+                    if packed:
+                        views = [data[offsets[j]:offsets[j + 1]] for j in range(len(ids))]
+                    else:
+                        views = data
+                    item["fields"] = _fields_of_batch(views, layouts(list(ids)), self.fields)
                 if packed:
                     item["offsets"] = offsets
                 if weighted:
@@ -435,7 +507,7 @@ class IterableDataset(_IterBase):
 
         in_worker = _tud is not None and _tud.get_worker_info() is not None
         if in_worker and transform is None and collate is None:
-            yield from _shm.worker_batches(stream, n, packed, weighted)
+            yield from _shm.worker_batches(stream, n, packed, weighted, layouts, self.fields)
             return
         while True:
             batch = stream.next_batch_array(n)
@@ -444,7 +516,8 @@ class IterableDataset(_IterBase):
             ids, labels, arr, offsets, weights = batch
             item = _shm.assemble(arr, offsets, np.asarray(ids, np.int64),
                                  np.asarray(labels, np.int64),
-                                 np.asarray(weights, np.float32) if weighted else None, packed)
+                                 np.asarray(weights, np.float32) if weighted else None, packed,
+                                 _layouts_for(layouts, ids, self.fields))
             if transform is not None:
                 item["data"] = [transform(d) for d in item["data"]]
             if collate is not None:
@@ -525,6 +598,7 @@ class IterableDataset(_IterBase):
 
     def __getstate__(self):
         state = dict(self.__dict__)
+        state["_layout_ds"] = None
         state["_scores"] = None
         state["_reported"] = False
         state["_shard"] = None

@@ -96,15 +96,15 @@ class Ring:
     def array(self, slot, nbytes):
         return np.frombuffer(self.segs[slot].mm, np.uint8, count=nbytes)
 
-    def record(self, slot, nbytes, offsets, ids, labels, weights, packed):
+    def record(self, slot, nbytes, offsets, ids, labels, weights, packed, layouts=None):
         seg = self.segs[slot]
         ctl_fd = None if self.ctl[_ACK_CTL] else reduction.DupFd(self.ctl_fd)
         (acked,) = struct.unpack_from("<Q", self.ctl, _ACK_SEG + 8 * slot)
         seg_fd = None if acked == seg.serial else reduction.DupFd(seg.fd)
         args = (self.token, self.pid, ctl_fd, slot, seg.serial, seg_fd, seg.size, nbytes,
-                offsets, ids, labels, weights, packed)
+                offsets, ids, labels, weights, packed, layouts)
         return Batch(_attach, args, lambda: assemble(self.array(slot, nbytes), offsets, ids,
-                                                     labels, weights, packed))
+                                                     labels, weights, packed, layouts))
 
 
 _ring = None
@@ -212,7 +212,7 @@ def _release(ctl, slot):
 
 
 def _attach(token, pid, ctl_fd, slot, serial, seg_fd, size, nbytes, offsets, ids, labels,
-            weights, packed):
+            weights, packed, layouts=None):
     r = _attached.get(token)
     if r is None:
         if ctl_fd is None:
@@ -242,10 +242,10 @@ def _attach(token, pid, ctl_fd, slot, serial, seg_fd, size, nbytes, offsets, ids
     arr = np.frombuffer(have[1], np.uint8, count=nbytes)
     # Every view below is made from `arr`: the slot is free again once the last one is gone.
     weakref.finalize(arr, _release, r.ctl, slot).atexit = False
-    return assemble(arr, offsets, ids, labels, weights, packed)
+    return assemble(arr, offsets, ids, labels, weights, packed, layouts)
 
 
-def assemble(arr, offsets, ids, labels, weights, packed):
+def assemble(arr, offsets, ids, labels, weights, packed, layouts=None):
     """The batch dict from a uint8 array of the samples back to back: per-sample views (uint8
     tensors with torch, numpy arrays without) or, ``packed``, the array and the offsets; ids
     and labels as int64 tensors (numpy arrays without torch)."""
@@ -267,6 +267,16 @@ def assemble(arr, offsets, ids, labels, weights, packed):
     else:
         data = arr
     item = {"id": ids, "label": labels, "data": data}
+    if layouts is not None:
+        # Format 1.3: {field name: [each sample's field, a view of its bytes, or None]}.
+        views = data if not packed else [data[int(offsets[j]):int(offsets[j + 1])]
+                                         for j in range(len(layouts))]
+        names = sorted({n for lay in layouts for n, _, _ in lay})
+        fields = {n: [None] * len(layouts) for n in names}
+        for j, lay in enumerate(layouts):
+            for n, o, k in lay:
+                fields[n][j] = views[j][o:o + k]
+        item["fields"] = fields
     if packed:
         item["offsets"] = offsets
     if weights is not None:
@@ -274,7 +284,7 @@ def assemble(arr, offsets, ids, labels, weights, packed):
     return item
 
 
-def worker_batches(stream, n, packed, weighted):
+def worker_batches(stream, n, packed, weighted, layouts=None, wanted=None):
     """(samples, record) per batch of ``stream``, gathered into this worker's ring."""
     r = ring()
     taken = []
@@ -299,10 +309,16 @@ def worker_batches(stream, n, packed, weighted):
         ids = np.asarray(ids, np.int64)
         labels = np.asarray(labels, np.int64)
         weights = np.asarray(weights, np.float32) if weighted else None
+        lay = None
+        if layouts is not None:
+            lay = layouts([int(i) for i in ids])
+            if wanted is not None:
+                lay = [[f for f in s if f[0] in wanted] for s in lay]
         slot = taken[0]
         if slot is None:  # every slot is taken: the bytes are pickled, a copy
-            args = (arr, offsets, ids, labels, weights, packed)
+            args = (arr, offsets, ids, labels, weights, packed, lay)
             yield len(ids), Batch(assemble, args, lambda a=args: assemble(*a))
         else:
             del arr  # the segment may be replaced later: nothing here keeps a view of it
-            yield len(ids), r.record(slot, int(offsets[-1]), offsets, ids, labels, weights, packed)
+            yield len(ids), r.record(slot, int(offsets[-1]), offsets, ids, labels, weights, packed,
+                                     lay)

@@ -35,11 +35,6 @@ def _key(key):
 def _data(data, key):
     if isinstance(data, bytes):
         return data
-    if isinstance(data, dict):
-        raise ValueError(
-            f"sample {key!r}: samples with several named fields need format 1.3, which this "
-            "granary does not write yet; write one blob per key"
-        )
     if isinstance(data, (str, int, float, list, tuple)) or data is None:
         raise TypeError(
             f"sample {key!r}: data must be bytes-like (bytes, bytearray, memoryview, a numpy "
@@ -118,10 +113,23 @@ class Writer:
 
     def write(self, key, data, label=None):
         """Adds one sample under ``key`` (a relative path: ``/`` separates directories).
-        Returns True if it was written, False if an interrupted writer had it already (resume).
+        ``data`` is bytes-like, or a dict of named fields (``{"jpg": ..., "txt": ...}``: names
+        are file-name extensions; the key's last component then holds no ``.``; a dataset's
+        samples all have fields or none do). Returns True if it was written, False if an
+        interrupted writer had it already (resume).
         """
         k = _key(key)
-        new = self._w.write(k, _data(data, key), _label(label))
+        if isinstance(data, dict):
+            if not data:
+                raise ValueError(f"sample {key!r} has no fields")
+            fields = []
+            for name, value in data.items():
+                if not isinstance(name, str):
+                    raise TypeError(f"sample {key!r}: field names are str, not {type(name).__name__}")
+                fields.append((name.encode("ascii", "replace"), _data(value, f"{key}.{name}")))
+            new = self._w.write_fields(k, fields, _label(label))
+        else:
+            new = self._w.write(k, _data(data, key), _label(label))
         if self._bar is not None:
             self._bar.update(1)
         return new

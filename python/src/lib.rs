@@ -130,6 +130,78 @@ impl Dataset {
         Ok((data, info.entry.label))
     }
 
+    /// True if the samples have named fields (format 1.3).
+    #[getter]
+    fn has_fields(&self) -> bool {
+        self.reader.dataset().has_fields()
+    }
+
+    /// The field names the samples use (str, sorted; empty without fields).
+    fn field_names(&self) -> PyResult<Vec<String>> {
+        let names = self.reader.dataset().field_names().map_err(err)?;
+        Ok(names
+            .iter()
+            .map(|n| String::from_utf8_lossy(n).into_owned())
+            .collect())
+    }
+
+    /// Per sample of `ids`: its fields as (name, offset in the sample's bytes, length).
+    fn field_layouts(&self, ids: Vec<u64>) -> PyResult<Vec<Vec<(String, u64, u64)>>> {
+        let ds = self.reader.dataset();
+        ids.iter()
+            .map(|&id| {
+                Ok(ds
+                    .fields(id)
+                    .map_err(err)?
+                    .iter()
+                    .map(|f| {
+                        (
+                            String::from_utf8_lossy(f.name).into_owned(),
+                            f.offset,
+                            f.len,
+                        )
+                    })
+                    .collect())
+            })
+            .collect()
+    }
+
+    /// The fields `names` (all with None) of sample `id`, each read alone and checked against
+    /// its own CRC-32, and its label.
+    #[pyo3(signature = (id, names=None))]
+    fn read_fields<'py>(
+        &self,
+        py: Python<'py>,
+        id: u64,
+        names: Option<Vec<String>>,
+    ) -> PyResult<(Vec<(String, Bound<'py, PyBytes>)>, u32)> {
+        let ds = self.reader.dataset();
+        if id >= ds.len() {
+            return Err(PyIndexError::new_err(format!(
+                "sample {id} out of range ({} samples)",
+                ds.len()
+            )));
+        }
+        let label = ds.sample(id).map_err(err)?.entry.label;
+        let wanted: Option<Vec<&[u8]>> = names
+            .as_ref()
+            .map(|v| v.iter().map(|n| n.as_bytes()).collect());
+        let got = py
+            .detach(|| ds.read_fields(id, wanted.as_deref()))
+            .map_err(err)?;
+        Ok((
+            got.into_iter()
+                .map(|(n, d)| {
+                    (
+                        String::from_utf8_lossy(&n).into_owned(),
+                        PyBytes::new(py, &d),
+                    )
+                })
+                .collect(),
+            label,
+        ))
+    }
+
     /// Label of sample `id`.
     fn label(&self, id: u64) -> PyResult<u32> {
         Ok(self.reader.dataset().sample(id).map_err(err)?.entry.label)

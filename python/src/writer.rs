@@ -128,6 +128,34 @@ impl Writer {
         Ok(written == Written::New)
     }
 
+    /// Adds one sample with named fields `[(name, bytes)]`; True if it was written, False if
+    /// an interrupted writer had it.
+    #[pyo3(signature = (key, fields, label=None))]
+    fn write_fields(
+        &mut self,
+        py: Python<'_>,
+        key: Vec<u8>,
+        fields: Vec<(Vec<u8>, Bound<'_, PyBytes>)>,
+        label: Option<PyLabel>,
+    ) -> PyResult<bool> {
+        let w = self.inner.as_mut().ok_or_else(closed)?;
+        let fields: Vec<(Vec<u8>, Vec<u8>)> = fields
+            .into_iter()
+            .map(|(n, d)| (n, d.as_bytes().to_vec()))
+            .collect();
+        let written = py
+            .detach(|| {
+                let label = match &label {
+                    None => Label::None,
+                    Some(PyLabel::Index(i)) => Label::Index(*i),
+                    Some(PyLabel::Name(n)) => Label::Name(n),
+                };
+                w.write_fields(&key, fields, label)
+            })
+            .map_err(pack_err)?;
+        Ok(written == Written::New)
+    }
+
     /// True if an interrupted writer had `key` (not written again yet).
     fn has_resumed(&self, key: Vec<u8>) -> PyResult<bool> {
         Ok(self.inner.as_ref().ok_or_else(closed)?.has_resumed(&key))

@@ -98,7 +98,7 @@ def test_bad_input_is_a_clear_error_and_loses_nothing(tmp_path):
             w.write("k", data)
     with pytest.raises(TypeError, match="key must be"):
         w.write(3, b"x")
-    with pytest.raises(ValueError, match="several named fields"):
+    with pytest.raises(ValueError, match="all have named fields or none"):
         w.write("multi", {"jpg": b"x", "txt": b"y"})
     with pytest.raises(TypeError, match="label"):
         w.write("k", b"x", label=1.5)
@@ -190,3 +190,93 @@ def test_shards_then_merge(tmp_path):
     m = granary.merge(out)
     assert m["files"] == 400
     assert read_back(out)[1] == {k: (d, c) for k, d, c in src}
+
+
+def field_samples(n):
+    """n samples with fields jpg, txt and (every other one) json, keys without dots."""
+    rng = random.Random(5)
+    out = []
+    for i in range(n):
+        f = {"jpg": rng.randbytes(rng.randint(50, 3000)), "txt": f"caption {i}".encode()}
+        if i % 2 == 0:
+            f["json"] = b'{"i": %d}' % i
+        out.append((f"part{i % 4}/s{i:05}", f, i % 3))
+    return out
+
+
+def test_samples_with_fields_read_back_as_dicts_field_by_field(tmp_path):
+    out = tmp_path / "f.granary"
+    src = field_samples(300)
+    with granary.Writer(out, chunk_size=64 << 10, progress=False) as w:
+        for k, f, c in src:
+            if numpy is not None and c == 1:
+                f = dict(f, jpg=numpy.frombuffer(f["jpg"], numpy.uint8))  # arrays are fields too
+            w.write(k, f, label=c)
+        with pytest.raises(ValueError, match="no '.'"):
+            w.write("dotted.key", {"jpg": b"x"})
+        with pytest.raises(ValueError, match="not a valid field name"):
+            w.write("k", {"a/b": b"x"})
+        with pytest.raises(ValueError, match="all have named fields or none"):
+            w.write("blob", b"x")
+        with pytest.raises(TypeError, match="bytes-like"):
+            w.write("k2", {"jpg": "text"})
+    want = {k: (f, c) for k, f, c in src}
+    ds = granary.Dataset(out)
+    assert ds.field_names == ["jpg", "json", "txt"]
+    for i in range(len(ds)):
+        fields, label = ds[i]
+        f, c = want[ds.path(i)]
+        assert fields == f and label == c
+    # A subset: only those fields are read (one ranged read each).
+    sub = granary.Dataset(out, fields=["txt"])
+    assert all(set(sub[i][0]) == {"txt"} for i in range(0, len(sub), 7))
+    with pytest.raises(ValueError, match="no named fields"):
+        granary.Dataset(_plain(tmp_path), fields=["x"])
+    # The CLI shows and restores KEY.FIELD files, as WebDataset names them.
+    names = run("ls", out).stdout.decode().split()
+    assert len(names) == sum(len(f) for _, f, _ in src)
+    k, f, _ = src[10]
+    assert run("cat", out, f"{k}.txt").stdout == f["txt"]
+    run("extract", out, "-o", tmp_path / "x")
+    for k, f, _ in src:
+        for name, data in f.items():
+            assert (tmp_path / "x" / f"{k}.{name}").read_bytes() == data
+    assert run("verify", out).returncode == 0
+
+
+def _plain(tmp_path):
+    p = tmp_path / "plain.granary"
+    with granary.Writer(p, progress=False) as w:
+        w.write("a", b"1")
+    return p
+
+
+@pytest.mark.parametrize("batch", [None, 16])
+def test_streams_of_field_samples_give_fields_per_sample_and_per_batch(tmp_path, batch):
+    out = tmp_path / "s.granary"
+    src = field_samples(200)
+    with granary.Writer(out, chunk_size=32 << 10, progress=False) as w:
+        for k, f, c in src:
+            w.write(k, f, label=c)
+    want = {k: f for k, f, _ in src}
+    ds = granary.Dataset(out)
+    by_id = {i: want[ds.path(i)] for i in range(len(ds))}
+    it = granary.IterableDataset(out, batch_size=batch, seed=3)
+    seen = 0
+    for item in it:
+        if batch is None:
+            got = {n: bytes(v) for n, v in item["fields"].items()}
+            assert got == by_id[item["id"]]
+            seen += 1
+        else:
+            ids = [int(i) for i in item["id"]]
+            for name, col in item["fields"].items():
+                assert len(col) == len(ids)
+                for i, v in zip(ids, col):
+                    exp = by_id[i].get(name)
+                    assert (v is None and exp is None) or bytes(v) == exp
+            seen += len(ids)
+    assert seen == len(src)
+    only = granary.IterableDataset(out, batch_size=batch, fields=["txt"])
+    item = next(iter(only))
+    assert set(item["fields"]) == {"txt"}

@@ -525,6 +525,114 @@ impl Dataset {
         Ok(ce)
     }
 
+    /// True if the dataset's samples have named fields (format 1.3).
+    pub fn has_fields(&self) -> bool {
+        self.snap.has_fields()
+    }
+
+    /// The field names the dataset's samples use (sorted; empty without fields).
+    pub fn field_names(&self) -> Result<Vec<&[u8]>> {
+        let n = self.snap.field_names().map_err(|e| self.fmt_err(e))?;
+        self.intact(n)
+    }
+
+    /// The fields of sample `id` (name, offset in the sample's bytes, length, CRC-32); empty
+    /// for a dataset without fields.
+    pub fn fields(&self, id: u64) -> Result<Vec<granary_format::SampleField<'_>>> {
+        let f = self.snap.fields(id).map_err(|e| self.fmt_err(e))?;
+        self.intact(f)
+    }
+
+    /// Splits the bytes of sample `id` (as [`Dataset::read`] or a stream gives them, checked
+    /// whole) into its fields: `(name, bytes)` in stored order. A sample without fields is one
+    /// unnamed field.
+    pub fn split_fields<'d>(&self, id: u64, data: &'d [u8]) -> Result<Vec<(&[u8], &'d [u8])>> {
+        let fields = self.fields(id)?;
+        if fields.is_empty() {
+            return Ok(vec![(&b""[..], data)]);
+        }
+        fields
+            .iter()
+            .map(|f| {
+                data.get(f.offset as usize..(f.offset + f.len) as usize)
+                    .map(|d| (f.name, d))
+                    .ok_or_else(|| {
+                        ReadError::Invalid(format!(
+                            "sample {id}: {} bytes do not hold its fields",
+                            data.len()
+                        ))
+                    })
+            })
+            .collect()
+    }
+
+    /// Reads the fields `names` of sample `id` (all of them with `None`), each with one
+    /// positional read of its own bytes and checked against its own CRC-32: the rest of the
+    /// sample is not read. Fields the sample lacks are left out; on a dataset without fields,
+    /// an error.
+    pub fn read_fields(&self, id: u64, names: Option<&[&[u8]]>) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+        if !self.has_fields() {
+            return Err(ReadError::Invalid(format!(
+                "{}: the samples have no named fields",
+                self.location()
+            )));
+        }
+        let info = self.sample(id)?;
+        self.check_placement(&info)?;
+        let wanted: Vec<_> = self
+            .fields(id)?
+            .into_iter()
+            .filter(|f| names.is_none_or(|n| n.contains(&f.name)))
+            .collect();
+        if wanted.is_empty() {
+            return Ok(Vec::new());
+        }
+        let f = self.open_for_reads(&*self.store, info.entry.chunk)?;
+        let mut out = Vec::with_capacity(wanted.len());
+        for field in wanted {
+            if field.offset.saturating_add(field.len) > info.entry.stored_len {
+                return Err(self.record_error(
+                    &info,
+                    granary_format::FormatError::Invalid {
+                        what: "field".into(),
+                        detail: "lies past its record".into(),
+                    },
+                ));
+            }
+            let mut data = vec![0u8; field.len as usize];
+            read_exact(&*f, &mut data, info.entry.offset + field.offset)?;
+            let actual = granary_format::crc32(&data);
+            if actual != field.crc32 {
+                return Err(self.record_error(
+                    &info,
+                    granary_format::FormatError::ChecksumMismatch {
+                        what: format!("field {}", String::from_utf8_lossy(field.name)),
+                        expected: field.crc32,
+                        actual,
+                    },
+                ));
+            }
+            out.push((field.name.to_vec(), data));
+        }
+        Ok(out)
+    }
+
+    /// The sample and field that the file name `KEY.FIELD` of a dataset with fields names
+    /// (as `ls`, `extract` and the mount show them).
+    pub fn lookup_field(&self, path: &[u8]) -> Result<Option<(u64, Vec<u8>)>> {
+        let Some((key, name)) = granary_format::split_field_path(path) else {
+            return Ok(None);
+        };
+        let Some(id) = self.lookup(key)? else {
+            return Ok(None);
+        };
+        Ok(self
+            .fields(id)?
+            .iter()
+            .any(|f| f.name == name)
+            .then(|| (id, name.to_vec())))
+    }
+
     /// Reads sample `id` with positional reads and returns its original bytes after checking
     /// the chunk header (dataset id, chunk id), the length and the CRC-32.
     pub fn read(&self, id: u64) -> Result<Vec<u8>> {

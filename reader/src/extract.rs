@@ -44,7 +44,13 @@ pub fn extract(ds: &Dataset, opts: &ExtractOptions) -> Result<ExtractSummary> {
     std::fs::create_dir_all(&opts.out_dir)
         .map_err(|e| ReadError::io("creating", &opts.out_dir, e))?;
     let mut by_chunk: BTreeMap<u32, Vec<u64>> = BTreeMap::new();
-    for id in selected(ds, &opts.prefix)? {
+    // With fields (format 1.3) each sample is the files KEY.FIELD: the prefix selects keys
+    // first, then the file names.
+    let key_prefix = match ds.has_fields() {
+        true => granary_format::split_field_path(&opts.prefix).map_or(&opts.prefix[..], |(k, _)| k),
+        false => &opts.prefix[..],
+    };
+    for id in selected(ds, key_prefix)? {
         by_chunk
             .entry(ds.sample(id)?.entry.chunk)
             .or_default()
@@ -69,11 +75,24 @@ pub fn extract(ds: &Dataset, opts: &ExtractOptions) -> Result<ExtractSummary> {
                 let shown = escape_path(path);
                 let res = ds.decode_from(&bytes, id).and_then(|data| {
                     let attrs = if opts.metadata { ds.attrs(id)? } else { None };
-                    write_new(&opts.out_dir, path, &data, attrs).map(|_| data.len() as u64)
+                    if !ds.has_fields() {
+                        return write_new(&opts.out_dir, path, &data, attrs)
+                            .map(|_| (1, data.len() as u64));
+                    }
+                    let (mut files, mut n) = (0, 0);
+                    for (name, d) in ds.split_fields(id, &data)? {
+                        let file = [path, b".", name].concat();
+                        if file.starts_with(&opts.prefix) {
+                            write_new(&opts.out_dir, &file, d, attrs)?;
+                            files += 1;
+                            n += d.len() as u64;
+                        }
+                    }
+                    Ok((files, n))
                 });
                 match res {
-                    Ok(n) => {
-                        s.files += 1;
+                    Ok((files, n)) => {
+                        s.files += files;
                         s.bytes += n;
                     }
                     Err(e) => s.failed.push((shown, e.to_string())),

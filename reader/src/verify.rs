@@ -243,7 +243,21 @@ fn check_bytes(ds: &Dataset, c: u32, loc: &str, bytes: &[u8]) -> (u64, Vec<Probl
                 .sample(id)
                 .is_ok_and(|s| s == check.footer.entries[i]);
             let same_path = ds.path(id).is_ok_and(|s| s == check.footer.paths[i]);
-            if !same_entry || !same_path {
+            // Format 1.3: the same fields, by name, length and CRC.
+            let same_fields = match &check.footer.fields {
+                None => !ds.snapshot().has_fields(),
+                Some(f) => ds.snapshot().fields(id).is_ok_and(|mine| {
+                    mine.len() == f.records[i].len()
+                        && mine.iter().zip(&f.records[i]).all(|(m, e)| {
+                            f.names
+                                .get(e.name as usize)
+                                .is_some_and(|n| n[..] == *m.name)
+                                && m.len == e.len
+                                && m.crc32 == e.crc32
+                        })
+                }),
+            };
+            if !same_entry || !same_path || !same_fields {
                 p(
                     format!(
                         "{loc} (chunk {c}, offset {})",

@@ -23,10 +23,19 @@ pub struct Args {
     /// Sample id instead of a path.
     #[arg(long)]
     pub id: Option<u64>,
+    /// With --id, in a dataset whose samples have named fields: the field to write.
+    #[arg(long, requires = "id")]
+    pub field: Option<OsString>,
 }
 
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     let ds = open_dataset(&a.dataset)?;
+    if ds.has_fields() {
+        return cat_field(&ds, &a);
+    }
+    if a.field.is_some() {
+        bail!("{}: the samples have no named fields", a.dataset.display());
+    }
     let id = match (a.id, &a.path) {
         (Some(id), _) => id,
         (None, Some(p)) => {
@@ -52,6 +61,72 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     let data = ds
         .read(id)
         .with_context(|| format!("reading sample {id}"))?;
+    let mut out = std::io::stdout().lock();
+    out.write_all(&data)?;
+    out.flush()?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `cat` in a dataset whose samples have named fields: the file KEY.FIELD (or --id N --field
+/// FIELD), read alone and checked against its own CRC.
+fn cat_field(ds: &granary::Dataset, a: &Args) -> anyhow::Result<ExitCode> {
+    let (id, name) = match (a.id, &a.path) {
+        (Some(id), _) => {
+            let fields: Vec<String> = ds
+                .fields(id)?
+                .iter()
+                .map(|f| String::from_utf8_lossy(f.name).into_owned())
+                .collect();
+            match &a.field {
+                Some(f) => (id, f.as_bytes().to_vec()),
+                None => bail!(
+                    "sample {id} has the fields {}: choose one with --field",
+                    fields.join(", ")
+                ),
+            }
+        }
+        (None, Some(p)) => {
+            let raw = p.as_bytes();
+            let found = match ds.lookup_field(raw)? {
+                Some(x) => Some(x),
+                None => match granary::unescape_path(raw) {
+                    Some(u) if u != raw => ds.lookup_field(&u)?,
+                    _ => None,
+                },
+            };
+            match found {
+                Some(x) => x,
+                None => {
+                    let hint = match ds.lookup(raw)? {
+                        Some(id) => format!(
+                            " (it is a sample with the fields {}: name one as KEY.FIELD)",
+                            ds.fields(id)?
+                                .iter()
+                                .map(|f| String::from_utf8_lossy(f.name).into_owned())
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        ),
+                        None => String::new(),
+                    };
+                    bail!(
+                        "{}: no such file in {}{hint}",
+                        p.to_string_lossy(),
+                        a.dataset.display()
+                    )
+                }
+            }
+        }
+        (None, None) => bail!("give a PATH or --id"),
+    };
+    let mut fields = ds
+        .read_fields(id, Some(&[&name[..]]))
+        .with_context(|| format!("reading sample {id}"))?;
+    let Some((_, data)) = fields.pop() else {
+        bail!(
+            "sample {id} has no field {}",
+            String::from_utf8_lossy(&name)
+        );
+    };
     let mut out = std::io::stdout().lock();
     out.write_all(&data)?;
     out.flush()?;

@@ -10,7 +10,9 @@ use super::open_dataset;
 #[derive(clap::Args)]
 #[command(
     after_help = "Examples:\n  granary ls train.granary\n  granary ls train.granary n01440764/ --long\n\n\
---long columns: sample id, original size, stored size, compression, chunk, class, path."
+--long columns: sample id, original size, stored size, compression, chunk, class, path.\n\
+A dataset whose samples have named fields (written with fields, or imported from WebDataset) \
+lists each field as the file KEY.FIELD, as WebDataset names them."
 )]
 pub struct Args {
     /// Dataset directory (or its snapshot file).
@@ -29,11 +31,42 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         .as_ref()
         .map(|p| p.as_bytes().to_vec())
         .unwrap_or_default();
-    let range = ds.snapshot().prefix_range(&prefix)?;
+    // With fields (format 1.3) a sample is the files KEY.FIELD: the prefix selects keys
+    // first, then the file names.
+    let key_prefix = match ds.has_fields() {
+        true => granary_format::split_field_path(&prefix).map_or(&prefix[..], |(k, _)| k),
+        false => &prefix[..],
+    };
+    let range = ds.snapshot().prefix_range(key_prefix)?;
     let classes = ds.classes()?;
     let mut out = BufWriter::new(std::io::stdout().lock());
     for pos in range {
         let id = ds.snapshot().sorted_id(pos)?;
+        if ds.has_fields() {
+            let key = ds.path(id)?;
+            let s = ds.sample(id)?;
+            for f in ds.fields(id)? {
+                let name = [key, b".", f.name].concat();
+                if !name.starts_with(&prefix) {
+                    continue;
+                }
+                let path = granary::escape_path(&name);
+                if a.long {
+                    let class = classes
+                        .get(s.entry.label as usize)
+                        .map(|c| granary::escape_path(c))
+                        .unwrap_or_else(|| "-".into());
+                    writeln!(
+                        out,
+                        "{:>9} {:>12} {:>12} {:<4} {:>6} {:<16} {path}",
+                        id, f.len, f.len, "none", s.entry.chunk, class
+                    )?;
+                } else {
+                    writeln!(out, "{path}")?;
+                }
+            }
+            continue;
+        }
         let path = granary::escape_path(ds.path(id)?);
         if a.long {
             let s = ds.sample(id)?;
