@@ -92,6 +92,9 @@ fn hex(id: &[u8; 16]) -> String {
     granary::DatasetId(*id).to_string()
 }
 
+/// A sample's fields as Python gets them: (name, bytes) in stored order.
+type NamedFields<'py> = Vec<(String, Bound<'py, PyBytes>)>;
+
 /// A packed dataset for random access: `len`, `read(i) -> (bytes, label)`, lookups.
 #[pyclass(frozen, module = "granary._native")]
 struct Dataset {
@@ -174,7 +177,7 @@ impl Dataset {
         py: Python<'py>,
         id: u64,
         names: Option<Vec<String>>,
-    ) -> PyResult<(Vec<(String, Bound<'py, PyBytes>)>, u32)> {
+    ) -> PyResult<(NamedFields<'py>, u32)> {
         let ds = self.reader.dataset();
         if id >= ds.len() {
             return Err(PyIndexError::new_err(format!(
