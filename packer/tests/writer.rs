@@ -348,10 +348,10 @@ fn samples_with_named_fields_are_field_groups_readable_field_by_field() {
             (b"jpg".to_vec(), sample(i)),
             (b"txt".to_vec(), format!("a caption for {i}").into_bytes()),
         ];
-        if i % 2 == 0 {
+        if i.is_multiple_of(2) {
             f.push((b"json".to_vec(), format!("{{\"i\": {i}}}").into_bytes()));
         }
-        if i % 5 == 0 {
+        if i.is_multiple_of(5) {
             f.push((b"empty".to_vec(), Vec::new()));
         }
         f
