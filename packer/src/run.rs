@@ -786,7 +786,8 @@ impl Totals {
         for e in &s.entries {
             self.bytes_stored += e.stored_len;
             self.bytes_in += e.orig_len;
-            self.compressed_records += (e.flags != 0) as u64;
+            self.compressed_records +=
+                (e.flags & granary_format::FLAG_COMPRESSION_MASK != 0) as u64;
         }
     }
 }

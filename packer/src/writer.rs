@@ -504,7 +504,7 @@ impl Writer {
             (None, None) if std::fs::symlink_metadata(&opts.out).is_ok() => {
                 if !opts.force {
                     return Err(PackError::Usage(format!(
-                        "{} already exists; pass force to replace it",
+                        "{} already exists; pass force (--force) to replace it",
                         opts.out.display()
                     )));
                 }
@@ -524,7 +524,7 @@ impl Writer {
             }
             if opts.out.join(s.dir_name()).join(PART_FILE).exists() && !opts.force {
                 return Err(PackError::Usage(format!(
-                    "shard {s} of {} finished already; run granary merge (or pass force to write it again)",
+                    "shard {s} of {} finished already; run granary merge (or pass force, --force, to write it again)",
                     opts.out.display()
                 )));
             }
@@ -538,7 +538,7 @@ impl Writer {
         } else {
             if existed && !opts.force {
                 return Err(PackError::Usage(format!(
-                    "an interrupted writer of {} left its work in {}; pass resume to continue it or force to start over",
+                    "an interrupted writer of {} left its work in {}; pass resume (--resume) to continue it or force (--force) to start over",
                     opts.out.display(),
                     layout.spill.display()
                 )));
@@ -651,7 +651,7 @@ impl Writer {
         let bytes = std::fs::read(path).map_err(|e| PackError::io("reading", path, e))?;
         let body = WRITER_STATE.unframe(&bytes).map_err(|e| {
             PackError::Usage(format!(
-                "{} is damaged ({e}); start over with force",
+                "{} is damaged ({e}); start over with force (--force)",
                 path.display()
             ))
         })?;
@@ -662,7 +662,7 @@ impl Writer {
             .unwrap_or_default();
         let id: granary_format::DatasetId = id_hex.parse().map_err(|_| {
             PackError::Usage(format!(
-                "{} names no dataset id; start over with force",
+                "{} names no dataset id; start over with force (--force)",
                 path.display()
             ))
         })?;
@@ -670,7 +670,7 @@ impl Writer {
         if now != text {
             return Err(PackError::Usage(format!(
                 "cannot resume: the interrupted writer used other settings.\nrecorded:\n{text}now:\n{now}\
-                 resume with the recorded settings, or pass force to start over"
+                 resume with the recorded settings, or pass force (--force) to start over"
             )));
         }
         Ok(id.0)
@@ -882,7 +882,7 @@ impl Writer {
             if crc32fast::hash(&data) != crc {
                 return Err(PackError::Usage(format!(
                     "key {:?} was written with other bytes before the interruption; a resumed writer must \
-                     be given the same samples (or start over with force)",
+                     be given the same samples (or start over with force, --force)",
                     shown()
                 )));
             }

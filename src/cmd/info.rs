@@ -40,6 +40,12 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         .map(granary::escape_path)
         .collect();
     let id = granary_packer::hex_id(&snap.dataset_id());
+    // Format 1.3: the names of the samples' fields.
+    let fields: Vec<String> = ds
+        .field_names()?
+        .iter()
+        .map(|n| String::from_utf8_lossy(n).into_owned())
+        .collect();
     let mut out = std::io::stdout().lock();
     if a.json {
         let v = json!({
@@ -56,6 +62,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
             "classes": classes,
             "file_attributes": snap.has_attrs(),
             "directories": snap.dir_count(),
+            "fields": fields,
         });
         super::print_json(&v)?;
         return Ok(ExitCode::SUCCESS);
@@ -83,6 +90,14 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         ds.chunk_count(),
         human_bytes(chunk_bytes)
     )?;
+    if !fields.is_empty() {
+        writeln!(
+            out,
+            "fields         {}: {} (each sample's files KEY.FIELD)",
+            fields.len(),
+            fields.join(", ")
+        )?;
+    }
     writeln!(
         out,
         "metadata       {}",

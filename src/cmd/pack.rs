@@ -16,6 +16,15 @@ pub enum Labels {
     None,
 }
 
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum From {
+    /// A directory tree of files (one sample per file).
+    Files,
+    /// WebDataset tar shards: members KEY.FIELD grouped by key into samples with named fields
+    /// (format 1.3), the label from the `.cls` field.
+    Webdataset,
+}
+
 #[derive(Clone, Copy, ValueEnum)]
 pub enum OrderArg {
     /// Seeded random assignment of samples to chunks (mixes classes across chunks).
@@ -24,10 +33,13 @@ pub enum OrderArg {
     Walk,
 }
 
-/// Pack a directory of files into a granary dataset (chunk files + metadata snapshot).
+/// Pack a directory of files (or WebDataset tar shards) into a granary dataset (chunk files +
+/// metadata snapshot).
 #[derive(clap::Args)]
 #[command(after_help = "Examples:
   granary pack ./imagenet/train -o /lustre/ds/train.granary
+  granary pack --from webdataset 'shards/{000000..000123}.tar' -o laion.granary
+  granary pack --from webdataset 's3://bucket/shards/{0000..0099}.tar' -o s3://bucket/laion.granary
   granary pack ./train -o train.granary --chunk-size 64MiB --compress zstd:9
   find ./train -name '*.jpg' -printf '%P\\0' > list; granary pack ./train --files-from list -o t.granary
   granary pack ./train -o train.granary --resume      # continue after Ctrl-C, kill or power loss
@@ -49,10 +61,20 @@ interrupted upload from the same staging directory.
 shard decides alone and the shares are balanced by count and bytes) into OUT/part-IIII-of-NNNN/
 and chunks in OUT; `granary merge OUT` then writes the snapshot over all chunks without copying
 them. Every shard must see the same files (same tree or same --files-from list) and settings.
-Exit status 3: packed, but --skip-unreadable skipped some files (listed in the summary).")]
+Exit status 3: packed, but --skip-unreadable skipped some files (listed in the summary).
+--from webdataset imports tar shards (local paths or URLs, with WebDataset's {000..123} and {a,b}
+patterns; quote them from the shell): consecutive members with the same key (the path up to the
+first dot of its file name) are one sample whose fields are the members' extensions (jpg, txt,
+json, cls, ...); the label is the .cls field's number (or name). `granary extract` gives back the
+members as the tars held them. Samples are mixed across chunks as a pack mixes files (the shards
+are spilled to local disk next to OUT first); --resume continues an interrupted import.")]
 pub struct Args {
-    /// Directory to pack (only read, never modified).
-    pub src: PathBuf,
+    /// Directory to pack (only read, never modified); with --from webdataset, the tar shards.
+    #[arg(required = true, num_args = 1.., value_name = "SRC")]
+    pub src: Vec<PathBuf>,
+    /// What SRC is.
+    #[arg(long, value_enum, default_value = "files")]
+    pub from: From,
     /// Output dataset directory, or an object store prefix (s3://bucket/prefix, gs://, az://).
     #[arg(short, long)]
     pub out: PathBuf,
@@ -189,7 +211,16 @@ pub fn parse_size_or_zero(s: &str) -> Result<u64, String> {
 }
 
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
-    let mut o = a.run.options(&a.files, &a.src, &a.out);
+    if a.from == From::Webdataset {
+        return import_webdataset(a);
+    }
+    let [src] = &a.src[..] else {
+        anyhow::bail!(
+            "pack takes one source directory (several sources are for --from webdataset)"
+        );
+    };
+    let src = src.clone();
+    let mut o = a.run.options(&a.files, &src, &a.out);
     o.labels = match a.labels {
         Labels::ParentDir => LabelMode::ParentDir,
         Labels::None => LabelMode::None,
@@ -213,8 +244,56 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     } else if a.staging.is_some() {
         anyhow::bail!("--staging is for packing to an object store URL; OUT is a local path");
     }
-    let s = granary_packer::pack(&o).with_context(|| format!("packing {}", a.src.display()))?;
-    report(&a.src, &s, a.run.json)
+    let s = granary_packer::pack(&o).with_context(|| format!("packing {}", src.display()))?;
+    report(&src, &s, a.run.json)
+}
+
+/// `pack --from webdataset`: the shards through the writer.
+fn import_webdataset(a: Args) -> anyhow::Result<ExitCode> {
+    if a.shard.is_some() || a.files.files_from.is_some() || a.run.skip_unreadable {
+        anyhow::bail!(
+            "--from webdataset takes neither --shard, --files-from nor --skip-unreadable \
+             (a damaged shard stops the import; fix or leave it out, then --resume)"
+        );
+    }
+    let sources: Vec<String> = a
+        .src
+        .iter()
+        .map(|p| p.to_string_lossy().into_owned())
+        .collect();
+    let mut o = granary_packer::WriterOptions::new(&a.out);
+    o.seed = a.run.seed;
+    o.compress = a.run.compress;
+    o.chunk_size = a.run.chunk_size;
+    o.chunk_files = a.run.chunk_files;
+    o.force = a.force;
+    o.resume = a.resume;
+    o.progress = !a.run.quiet && std::io::stderr().is_terminal();
+    if let Some(url) = a.out.to_str().filter(|s| granary::remote::is_url(s)) {
+        let u = granary::remote::ObjectUrl::parse(url)?;
+        if !u.writable() {
+            anyhow::bail!("{url}: http(s) URLs are read-only; write to s3://, gs:// or az://");
+        }
+        let staging = a.staging.clone().unwrap_or_else(|| staging_dir(u.url()));
+        o.staging = Some(staging);
+        o.destination = Some(std::sync::Arc::new(u));
+    } else if a.staging.is_some() {
+        anyhow::bail!("--staging is for packing to an object store URL; OUT is a local path");
+    }
+    let show = o.progress;
+    let (s, counts) = granary_packer::import_webdataset(&sources, o, &|i, n, shard| {
+        if show {
+            eprintln!("granary: reading shard {}/{n}: {shard}", i + 1);
+        }
+    })
+    .with_context(|| format!("importing {}", sources.join(" ")))?;
+    if !a.run.json {
+        eprintln!(
+            "granary: {} shards, {} tar members -> {} samples",
+            counts.shards, counts.members, s.files
+        );
+    }
+    report(std::path::Path::new(&sources[0]), &s, a.run.json)
 }
 
 /// On SIGINT or SIGTERM during a pack to an object store: aborts the multipart uploads in
