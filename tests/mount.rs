@@ -835,3 +835,94 @@ fn the_mount_shows_packed_modes_mtimes_and_empty_directories() {
     assert_eq!(run.stdout, b"run\n", "executables run from the mount");
     drop(m);
 }
+
+/// A dataset of samples with named fields (format 1.3), imported from a WebDataset shard whose
+/// keys lie in two directories: the members as (path, bytes).
+fn field_dataset(tmp: &Path) -> (PathBuf, Vec<(Vec<u8>, Vec<u8>)>) {
+    let mut members = Vec::new();
+    for i in 0..40u64 {
+        let key = format!("{}/s{i:03}", if i % 2 == 0 { "even" } else { "odd" });
+        members.push((
+            format!("{key}.jpg").into_bytes(),
+            bytes(i, 2000 + i as usize * 100),
+        ));
+        members.push((
+            format!("{key}.txt").into_bytes(),
+            format!("caption {i}").into_bytes(),
+        ));
+        if i % 4 == 0 {
+            members.push((format!("{key}.seg.png").into_bytes(), bytes(100 + i, 700)));
+        }
+    }
+    let tar_path = tmp.join("shard.tar");
+    let mut b = tar::Builder::new(std::fs::File::create(&tar_path).unwrap());
+    for (name, data) in &members {
+        let mut h = tar::Header::new_gnu();
+        h.set_size(data.len() as u64);
+        h.set_mode(0o644);
+        h.set_cksum();
+        b.append_data(&mut h, std::str::from_utf8(name).unwrap(), &data[..])
+            .unwrap();
+    }
+    b.finish().unwrap();
+    drop(b);
+    let ds = tmp.join("fields.granary");
+    run_ok([
+        "pack",
+        "--from",
+        "webdataset",
+        tar_path.to_str().unwrap(),
+        "-o",
+        ds.to_str().unwrap(),
+        "--chunk-size",
+        "16KiB",
+    ]);
+    (ds, members)
+}
+
+/// Every file under directory `ino` through readdir, lookup and read (no attribute checks).
+fn walk_plain(fs: &MountFs, ino: u64, prefix: &[u8], out: &mut Vec<(Vec<u8>, Vec<u8>)>) {
+    let mut entries = Vec::new();
+    fs.readdir(ino, 2, |a, name, _| {
+        entries.push((a.ino.0, a.kind, a.size, name.to_vec()));
+        false
+    })
+    .unwrap();
+    for (child, kind, size, name) in entries {
+        assert_eq!(fs.lookup(ino, &name).unwrap().ino.0, child, "{name:?}");
+        let mut path = prefix.to_vec();
+        if !path.is_empty() {
+            path.push(b'/');
+        }
+        path.extend_from_slice(&name);
+        if kind == fuser::FileType::Directory {
+            walk_plain(fs, child, &path, out);
+        } else {
+            let data = read_file(fs, child, 1000).unwrap();
+            assert_eq!(data.len() as u64, size, "{path:?}");
+            out.push((path, data));
+        }
+    }
+}
+
+#[test]
+fn samples_with_fields_are_mounted_as_key_dot_field_files() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (ds, members) = field_dataset(tmp.path());
+    let fs = mount_fs(&ds, None, false);
+    let mut got = Vec::new();
+    walk_plain(&fs, ROOT_INO, b"", &mut got);
+    assert_eq!(sorted(got), sorted(members.clone()));
+    let even = fs.lookup(ROOT_INO, b"even").unwrap().ino.0;
+    assert_eq!(
+        fs.lookup(even, b"s000").err(),
+        Some(libc::ENOENT),
+        "a key alone is no file"
+    );
+    assert_eq!(fs.lookup(even, b"s000.seg.png").unwrap().size, 700);
+    assert_eq!(fs.lookup(even, b"s002.seg.png").err(), Some(libc::ENOENT));
+    require_fuse!();
+    let mnt = tmp.path().join("mnt");
+    let _m = Mounted::new(&ds, &mnt, &[]);
+    assert_eq!(read_tree(&mnt), sorted(members));
+}

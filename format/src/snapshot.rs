@@ -460,6 +460,58 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
         Ok(out)
     }
 
+    /// Number of field entries of all samples (0 without fields).
+    pub fn field_entry_count(&self) -> u64 {
+        self.l.fields.as_ref().map_or(0, |f| f.entries)
+    }
+
+    /// The index of sample `id`'s first field among all field entries.
+    pub fn field_first(&self, id: u64) -> Result<u64> {
+        let Some(f) = &self.l.fields else {
+            return Err(FormatError::invalid(
+                "snapshot",
+                "the samples have no fields",
+            ));
+        };
+        Ok(self.field_range(f, id)?.start as u64)
+    }
+
+    /// The sample that field entry `e` belongs to and its position among that sample's fields
+    /// (a binary search of the field index).
+    pub fn field_owner(&self, e: u64) -> Result<(u64, usize)> {
+        let Some(f) = &self.l.fields else {
+            return Err(FormatError::invalid(
+                "snapshot",
+                "the samples have no fields",
+            ));
+        };
+        if e >= f.entries {
+            return Err(FormatError::invalid(
+                "field entry",
+                format!("{e} out of range ({} fields)", f.entries),
+            ));
+        }
+        let at = |i: u64| le::u64_at(self.b(), f.index.start + i as usize * 8);
+        // The last sample whose first field is at or before e.
+        let (mut lo, mut hi) = (0u64, self.l.samples);
+        while hi - lo > 1 {
+            let mid = lo + (hi - lo) / 2;
+            if at(mid) <= e {
+                lo = mid;
+            } else {
+                hi = mid;
+            }
+        }
+        let range = self.field_range(f, lo)?;
+        if !range.contains(&(e as usize)) {
+            return Err(FormatError::invalid(
+                "snapshot field index",
+                format!("field {e} belongs to no sample"),
+            ));
+        }
+        Ok((lo, e as usize - range.start))
+    }
+
     /// The field entries of sample `id` (name indexes into [`Snapshot::field_names`]).
     pub fn field_entries(&self, id: u64) -> Result<Vec<FieldEntry>> {
         let Some(f) = &self.l.fields else {

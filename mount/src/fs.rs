@@ -126,15 +126,32 @@ impl MountFs {
                 self.tree.dir_attrs(d),
                 2 + self.tree.subdir_count(d),
             ),
-            Node::File(id) => {
+            Node::File(file) => {
                 let ds = self.dataset();
+                let (id, field) = self
+                    .tree
+                    .file_sample(ds, file)
+                    .map_err(|e| self.eio("reading the field index", &e))?;
                 let s = ds
                     .sample(id)
                     .map_err(|e| self.eio("reading the sample table", &e))?;
                 let a = ds
                     .attrs(id)
                     .map_err(|e| self.eio("reading the file attributes", &e))?;
-                (FileType::RegularFile, s.entry.orig_len, a, 1)
+                let size = match field {
+                    None => s.entry.orig_len,
+                    Some(k) => ds
+                        .fields(id)
+                        .ok()
+                        .and_then(|f| f.get(k).map(|f| f.len))
+                        .ok_or_else(|| {
+                            self.eio(
+                                "reading the fields",
+                                &granary::ReadError::Invalid(format!("sample {id} field {k}")),
+                            )
+                        })?,
+                };
+                (FileType::RegularFile, size, a, 1)
             }
         };
         let (perm, mtime) = match recorded {
@@ -201,8 +218,11 @@ impl MountFs {
         let total = self.tree.entry_count(d) + 2;
         for pos in offset..total {
             let (node, name) = match pos {
-                0 => (Node::Dir(d), &b"."[..]),
-                1 => (Node::Dir(self.tree.parent(d)), &b".."[..]),
+                0 => (Node::Dir(d), std::borrow::Cow::Borrowed(&b"."[..])),
+                1 => (
+                    Node::Dir(self.tree.parent(d)),
+                    std::borrow::Cow::Borrowed(&b".."[..]),
+                ),
                 _ => {
                     let e = self
                         .tree
@@ -210,13 +230,13 @@ impl MountFs {
                         .map_err(|e| self.eio("listing a directory", &e))?
                         .ok_or(libc::EIO)?;
                     let name = match e.node {
-                        Node::Dir(sub) => self.tree.dir_name(sub),
+                        Node::Dir(sub) => std::borrow::Cow::Borrowed(self.tree.dir_name(sub)),
                         Node::File(_) => e.name,
                     };
                     (e.node, name)
                 }
             };
-            if add(&self.attr(node)?, name, pos + 1) {
+            if add(&self.attr(node)?, &name, pos + 1) {
                 break;
             }
         }
@@ -259,14 +279,34 @@ impl MountFs {
             match &*slot {
                 Some(d) => d.clone()?,
                 None => {
-                    let path = self
-                        .dataset()
-                        .path(h.id)
-                        .map(granary::escape_path)
-                        .unwrap_or_default();
+                    let ds = self.dataset();
+                    let (id, field) = self
+                        .tree
+                        .file_sample(ds, h.id)
+                        .map_err(|e| self.eio("reading the field index", &e))?;
+                    let path = ds.path(id).map(granary::escape_path).unwrap_or_default();
+                    // The whole sample is read and checked; a field is its slice.
                     let d = self
                         .reader
-                        .read(h.id)
+                        .read(id)
+                        .and_then(|data| match field {
+                            None => Ok(data),
+                            Some(k) => {
+                                let fields = ds.fields(id)?;
+                                let f = fields.get(k).ok_or_else(|| {
+                                    granary::ReadError::Invalid(format!(
+                                        "sample {id} has no field {k}"
+                                    ))
+                                })?;
+                                data.get(f.offset as usize..(f.offset + f.len) as usize)
+                                    .map(<[u8]>::to_vec)
+                                    .ok_or_else(|| {
+                                        granary::ReadError::Invalid(format!(
+                                            "sample {id}: its bytes do not hold field {k}"
+                                        ))
+                                    })
+                            }
+                        })
                         .map(Arc::new)
                         .map_err(|e| self.eio(&format!("reading {path:?}"), &e));
                     *slot = Some(d.clone());

@@ -6,7 +6,13 @@
 //! order, so a directory's entries are a few runs: its subdirectories, and runs of positions
 //! in the path order holding its direct files. Listing a directory of a million files reads
 //! only that directory's entries; building the tree is one pass over the sorted paths.
+//!
+//! In a dataset whose samples have named fields (format 1.3) the files are the fields, shown
+//! as `KEY.FIELD` (inode = the field's index among all field entries + 2); a run of samples
+//! then keeps each sample's first entry number (8 bytes a sample), so that listing stays a
+//! binary search.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 
 use granary::{Dataset, ReadError};
@@ -22,8 +28,13 @@ const NAME_MAX: usize = 255;
 enum Run {
     /// A subdirectory (index into the tree's directories).
     Dir(u32),
-    /// Direct files at positions `start..end` of the snapshot's path order.
-    Files { start: u64, end: u64 },
+    /// Direct files at positions `start..end` of the snapshot's path order; with fields,
+    /// `firsts[i]` is the entry number (within the run) of position `start + i`'s first field.
+    Files {
+        start: u64,
+        end: u64,
+        firsts: Vec<u64>,
+    },
 }
 
 #[derive(Debug)]
@@ -45,7 +56,7 @@ struct Dir {
 pub enum Node {
     /// A directory (index 0 is the root).
     Dir(u32),
-    /// A file: the sample id.
+    /// A file: the sample id (with fields: the field's index among all field entries).
     File(u64),
 }
 
@@ -53,7 +64,7 @@ pub enum Node {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Entry<'a> {
     pub node: Node,
-    pub name: &'a [u8],
+    pub name: Cow<'a, [u8]>,
 }
 
 /// The tree: directories materialised, files resolved through the snapshot.
@@ -61,7 +72,9 @@ pub struct Entry<'a> {
 pub struct Tree {
     dirs: Vec<Dir>,
     by_path: HashMap<Box<[u8]>, u32>,
+    /// Number of files: samples, or field entries when the samples have fields.
     samples: u64,
+    fields: bool,
 }
 
 fn bad(detail: String) -> ReadError {
@@ -104,8 +117,13 @@ impl Tree {
     /// and a directory) or whose path order is not sorted, naming the path.
     pub fn build(ds: &Dataset) -> Result<Tree, ReadError> {
         let n = ds.len();
-        if n >= u64::MAX - ROOT_INO - 2 - u32::MAX as u64 {
-            return Err(bad(format!("{n} samples are too many for inode numbers")));
+        let fields = ds.has_fields();
+        let files = match fields {
+            true => ds.snapshot().field_entry_count(),
+            false => n,
+        };
+        if files >= u64::MAX - ROOT_INO - 2 - u32::MAX as u64 {
+            return Err(bad(format!("{files} files are too many for inode numbers")));
         }
         let mut t = Tree {
             dirs: vec![Dir {
@@ -118,7 +136,8 @@ impl Tree {
                 attrs: None,
             }],
             by_path: HashMap::from([(Box::default(), 0)]),
-            samples: n,
+            samples: files,
+            fields,
         };
         // The directories the dataset records (empty ones too), each placed where its files
         // would be in the path order: at the key `D/`.
@@ -162,21 +181,43 @@ impl Tree {
                 )));
             }
             prev = Some(path);
-            let (dir, _) = split_last(path);
+            let (dir, name) = split_last(path);
+            let count = match fields {
+                false => 1,
+                true => {
+                    let id = ds.sorted_id(pos)?;
+                    let fs = ds.fields(id)?;
+                    if let Some(f) = fs.iter().find(|f| name.len() + 1 + f.name.len() > NAME_MAX) {
+                        return Err(bad(format!(
+                            "a name of {} bytes: {:?}.{}",
+                            name.len() + 1 + f.name.len(),
+                            shown(),
+                            String::from_utf8_lossy(f.name)
+                        )));
+                    }
+                    fs.len() as u64
+                }
+            };
             t.enter(ds, &mut stack, dir)?;
             let cur = *stack.last().unwrap() as usize;
             let d = &mut t.dirs[cur];
             match d.runs.last_mut() {
-                Some(Run::Files { end, .. }) if *end == pos => *end += 1,
+                Some(Run::Files { end, firsts, .. }) if *end == pos => {
+                    if fields {
+                        firsts.push(d.entries - d.starts.last().copied().unwrap_or(0));
+                    }
+                    *end += 1;
+                }
                 _ => {
                     d.starts.push(d.entries);
                     d.runs.push(Run::Files {
                         start: pos,
                         end: pos + 1,
+                        firsts: if fields { vec![0] } else { Vec::new() },
                     });
                 }
             }
-            d.entries += 1;
+            d.entries += count;
         }
         Ok(t)
     }
@@ -216,7 +257,11 @@ impl Tree {
                 shown()
             )));
         }
-        if ds.lookup(path)?.is_some() {
+        let file = match self.fields {
+            true => ds.lookup_field(path)?.is_some(),
+            false => ds.lookup(path)?.is_some(),
+        };
+        if file {
             return Err(bad(format!("{:?} is both a file and a directory", shown())));
         }
         let idx =
@@ -281,7 +326,30 @@ impl Tree {
         if let Some(&sub) = self.by_path.get(&path[..]) {
             return Ok(Some(Node::Dir(sub)));
         }
-        Ok(ds.lookup(&path)?.map(Node::File))
+        if !self.fields {
+            return Ok(ds.lookup(&path)?.map(Node::File));
+        }
+        let Some((id, name)) = ds.lookup_field(&path)? else {
+            return Ok(None);
+        };
+        let k = ds.fields(id)?.iter().position(|f| f.name == name);
+        let first = ds
+            .snapshot()
+            .field_first(id)
+            .map_err(|e| ReadError::Invalid(e.to_string()))?;
+        Ok(k.map(|k| Node::File(first + k as u64)))
+    }
+
+    /// The sample a file is and, with fields, which of its fields.
+    pub fn file_sample(&self, ds: &Dataset, file: u64) -> Result<(u64, Option<usize>), ReadError> {
+        if !self.fields {
+            return Ok((file, None));
+        }
+        let (id, k) = ds
+            .snapshot()
+            .field_owner(file)
+            .map_err(|e| ReadError::Invalid(e.to_string()))?;
+        Ok((id, Some(k)))
     }
 
     /// Parent directory of `dir` (the root's is itself).
@@ -324,18 +392,37 @@ impl Tree {
             return Ok(None);
         }
         let r = d.starts.partition_point(|&s| s <= k) - 1;
-        match d.runs[r] {
+        match &d.runs[r] {
             Run::Dir(sub) => Ok(Some(Entry {
-                node: Node::Dir(sub),
-                name: &[],
+                node: Node::Dir(*sub),
+                name: Cow::Borrowed(&[]),
             })),
+            Run::Files { start, firsts, .. } if self.fields => {
+                let local = k - d.starts[r];
+                let i = firsts.partition_point(|&f| f <= local) - 1;
+                let j = local - firsts[i];
+                let id = ds.sorted_id(start + i as u64)?;
+                let fs = ds.fields(id)?;
+                let f = fs
+                    .get(j as usize)
+                    .ok_or_else(|| bad(format!("sample {id} has fewer fields")))?;
+                let name = [split_last(ds.path(id)?).1, b".", f.name].concat();
+                let first = ds
+                    .snapshot()
+                    .field_first(id)
+                    .map_err(|e| ReadError::Invalid(e.to_string()))?;
+                Ok(Some(Entry {
+                    node: Node::File(first + j),
+                    name: Cow::Owned(name),
+                }))
+            }
             Run::Files { start, .. } => {
                 let pos = start + (k - d.starts[r]);
                 let id = ds.sorted_id(pos)?;
                 let name = split_last(ds.path(id)?).1;
                 Ok(Some(Entry {
                     node: Node::File(id),
-                    name,
+                    name: Cow::Borrowed(name),
                 }))
             }
         }
