@@ -838,7 +838,10 @@ fn the_mount_shows_packed_modes_mtimes_and_empty_directories() {
 
 /// A dataset of samples with named fields (format 1.3), imported from a WebDataset shard whose
 /// keys lie in two directories: the members as (path, bytes).
-fn field_dataset(tmp: &Path) -> (PathBuf, Vec<(Vec<u8>, Vec<u8>)>) {
+/// Files as (path, bytes).
+type Files = Vec<(Vec<u8>, Vec<u8>)>;
+
+fn field_dataset(tmp: &Path) -> (PathBuf, Files) {
     let mut members = Vec::new();
     for i in 0..40u64 {
         let key = format!("{}/s{i:03}", if i % 2 == 0 { "even" } else { "odd" });
