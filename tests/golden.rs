@@ -268,3 +268,102 @@ fn reads_golden_v1_2() {
         assert_eq!(m.mtime() * 1_000_000_000 + m.mtime_nsec(), mtime_ns, "{d}");
     }
 }
+
+fn golden_dir_1_3() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden/v1.3")
+}
+
+/// The WebDataset members the 1.3 golden dataset (samples with named fields) was imported from.
+fn golden_members_1_3() -> Vec<(Vec<u8>, Vec<u8>)> {
+    let mut v = Vec::new();
+    for i in 0..14u64 {
+        let key = format!("part{}/{i:04}", i % 2);
+        v.push((
+            format!("{key}.jpg").into_bytes(),
+            bytes(300 + i, 700 + 90 * i as usize),
+        ));
+        v.push((
+            format!("{key}.txt").into_bytes(),
+            format!("caption number {i}").into_bytes(),
+        ));
+        if i % 3 == 0 {
+            v.push((
+                format!("{key}.json").into_bytes(),
+                format!("{{\"i\": {i}}}").into_bytes(),
+            ));
+        }
+        v.push((
+            format!("{key}.cls").into_bytes(),
+            format!("{}", i % 3).into_bytes(),
+        ));
+    }
+    v
+}
+
+#[test]
+#[ignore = "writes the golden files; run only when creating them for a new format version"]
+fn write_golden_v1_3() {
+    let tmp = tempfile::tempdir().unwrap();
+    let tar_path = tmp.path().join("golden.tar");
+    let mut b = tar::Builder::new(std::fs::File::create(&tar_path).unwrap());
+    for (name, data) in golden_members_1_3() {
+        let mut h = tar::Header::new_gnu();
+        h.set_size(data.len() as u64);
+        h.set_mode(0o644);
+        h.set_cksum();
+        b.append_data(&mut h, std::str::from_utf8(&name).unwrap(), &data[..])
+            .unwrap();
+    }
+    b.finish().unwrap();
+    drop(b);
+    let out = golden_dir_1_3().join("dataset");
+    let _ = std::fs::remove_dir_all(&out);
+    std::fs::create_dir_all(golden_dir_1_3()).unwrap();
+    run_ok([
+        "pack",
+        "--from",
+        "webdataset",
+        tar_path.to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+        "--chunk-size",
+        "8KiB",
+        "--seed",
+        "1",
+    ]);
+}
+
+#[test]
+fn reads_golden_v1_3_samples_with_fields() {
+    let ds_path = golden_dir_1_3().join("dataset");
+    let ds = granary::Dataset::open_checked(&ds_path).expect("golden v1.3 dataset opens");
+    assert_eq!(ds.snapshot().version(), (1, 3));
+    assert!(ds.has_fields());
+    assert!(ds.chunk_count() >= 3);
+    assert_eq!(
+        ds.field_names().unwrap(),
+        vec![&b"cls"[..], b"jpg", b"json", b"txt"]
+    );
+    assert_eq!(ds.classes().unwrap(), vec![&b"0"[..], b"1", b"2"]);
+    let want = golden_members_1_3();
+    for (name, data) in &want {
+        let (id, field) = ds
+            .lookup_field(name)
+            .unwrap()
+            .expect("golden member present");
+        let got = ds.read_fields(id, Some(&[&field[..]])).unwrap();
+        assert_eq!(&got[0].1, data, "{}", String::from_utf8_lossy(name));
+    }
+    assert_eq!(ds.len(), 14);
+    let r = granary::verify(&ds_path);
+    assert!(r.is_clean(), "{:?}", r.problems);
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out");
+    run_ok([
+        "extract".as_ref(),
+        ds_path.as_os_str(),
+        "-o".as_ref(),
+        out.as_os_str(),
+    ]);
+    assert_eq!(read_tree(&out), sorted(want));
+}

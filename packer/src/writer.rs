@@ -1503,3 +1503,56 @@ impl Assembler<'_> {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(
+        key: &[u8],
+        fields: Vec<(Vec<u8>, u64, u32)>,
+        data: Vec<u8>,
+        name: &[u8],
+    ) -> SpillRecord {
+        SpillRecord {
+            key: key.to_vec(),
+            label: if name.is_empty() { 3 } else { NO_LABEL },
+            label_name: name.to_vec(),
+            enc: Encoded {
+                orig_len: data.len() as u64,
+                crc32: crc32fast::hash(&data),
+                stored: data,
+                compression: Compression::None,
+            },
+            fields,
+        }
+    }
+
+    #[test]
+    fn spill_records_round_trip_and_a_torn_tail_is_cut() {
+        let mut log = Vec::new();
+        record(b"a/blob", vec![], b"hello".to_vec(), b"")
+            .write_to(&mut log)
+            .unwrap();
+        let fields = vec![
+            (b"jpg".to_vec(), 3, crc32fast::hash(b"abc")),
+            (b"txt".to_vec(), 2, crc32fast::hash(b"de")),
+        ];
+        record(b"b/group", fields, b"abcde".to_vec(), b"cat")
+            .write_to(&mut log)
+            .unwrap();
+        granary_format::local::dump_fuzz_seed("spill_log", "two-records", &log);
+        assert_eq!(parse_log(&log), 2);
+        // Cut anywhere inside the second record: the first survives alone.
+        let first_len = 4 + RECORD_FIXED + 6 + 5 + 4;
+        for cut in first_len..log.len() {
+            assert_eq!(parse_log(&log[..cut]), 1, "cut at {cut}");
+        }
+        // One flipped byte anywhere: never accepted as another record.
+        for i in 0..log.len() {
+            let mut bad = log.clone();
+            bad[i] ^= 0x40;
+            assert!(parse_log(&bad) < 2 || i < 4, "flip at {i}");
+        }
+    }
+}
