@@ -205,6 +205,31 @@ impl Dataset {
         ))
     }
 
+    /// The samples of chunk `c`: (first sample id, count).
+    fn chunk_samples(&self, c: u32) -> PyResult<(u64, u64)> {
+        let ce = self.reader.dataset().chunk(c).map_err(err)?;
+        Ok((ce.first_sample, ce.sample_count))
+    }
+
+    /// Every sample of chunk `c` as (id, label, bytes), from one read of the chunk (each
+    /// checked against its CRC-32).
+    fn read_chunk<'py>(
+        &self,
+        py: Python<'py>,
+        c: u32,
+    ) -> PyResult<Vec<(u64, u32, Bound<'py, PyBytes>)>> {
+        let ds = self.reader.dataset();
+        let ce = ds.chunk(c).map_err(err)?;
+        let bytes = py.detach(|| ds.load_chunk(c)).map_err(err)?;
+        let mut out = Vec::with_capacity(ce.sample_count as usize);
+        for id in ce.samples() {
+            let label = ds.sample(id).map_err(err)?.entry.label;
+            let data = ds.decode_from(&bytes, id).map_err(err)?;
+            out.push((id, label, PyBytes::new(py, &data)));
+        }
+        Ok(out)
+    }
+
     /// Label of sample `id`.
     fn label(&self, id: u64) -> PyResult<u32> {
         Ok(self.reader.dataset().sample(id).map_err(err)?.entry.label)
