@@ -79,6 +79,40 @@ else
   echo "example: 1 failed" >> "$totals"
   status=1
 fi
+# The engines granary writes from (Parquet with pyarrow, Spark, Ray; python/granary/parquet.py,
+# spark.py, ray.py) in a venv of their own outside the clone (python/requirements-engines.txt,
+# ~1.1 GB, ~3 minutes to install once per machine), with Java for Spark. Their tests and the two
+# conversion examples run in a network namespace of their own whose only interface is loopback:
+# Ray's servers listen on every interface, and in there that is 127.0.0.1 alone (nothing can
+# reach them, and they reach nothing, from outside the machine).
+if ! command -v java >/dev/null 2>&1; then
+  echo "installing Java for Spark (Debian's openjdk-17-jre-headless)" >&2
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+    openjdk-17-jre-headless >/dev/null
+fi
+engines="${XDG_CACHE_HOME:-$HOME/.cache}/granary/engines"
+[ -x "$engines/bin/python" ] || "$py" -m venv "$engines"
+"$engines/bin/pip" install -q --disable-pip-version-check -r python/requirements-engines.txt
+env PATH="$no_rust_path" "$engines/bin/pip" install -q --disable-pip-version-check \
+  --force-reinstall --no-deps --no-index --only-binary=:all: "$wheel"
+out=$(mktemp)
+set +e
+unshare -n sh -c 'ip link set lo up && exec "$@"' sh env GRANARY_REQUIRE_ENGINES=1 \
+  RAY_USAGE_STATS_ENABLED=0 "$engines/bin/python" -m pytest -p no:cacheprovider -q -rs \
+  python/tests/test_engines.py 2>&1 | tee "$out"
+rc=${PIPESTATUS[0]}
+set -e
+tail -n 1 "$out" | sed "s/^/engines: /" >> "$totals"
+rm -f "$out"
+[ "$rc" -eq 0 ] || status=1
+for ex in parquet_captions webdataset_shards; do
+  if unshare -n sh -c 'ip link set lo up && exec "$@"' sh "$engines/bin/python" "examples/$ex.py"; then
+    echo "example: 1 passed" >> "$totals"
+  else
+    echo "example: 1 failed" >> "$totals"
+    status=1
+  fi
+done
 awk '{ for (i = 2; i <= NF; i++) { if ($(i) ~ /^passed/) p += $(i-1); if ($(i) ~ /^failed/) f += $(i-1);
        if ($(i) ~ /^skipped/) s += $(i-1); if ($(i) ~ /^error/) f += $(i-1) } }
      END { printf "python tests: %d passed, %d failed, %d skipped\n", p, f, s }' "$totals"

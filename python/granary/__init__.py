@@ -19,6 +19,7 @@ import os
 
 from ._native import Dataset as _NativeDataset
 from ._native import DamagedError, GranaryError, IncompleteError, Scores, Stream, __version__
+from .parquet import from_parquet
 from .writer import Writer, merge
 
 try:  # torch is optional
@@ -44,6 +45,7 @@ __all__ = [
     "Stream",
     "Writer",
     "__version__",
+    "from_parquet",
     "job_peers",
     "job_secret",
     "merge",

@@ -96,7 +96,14 @@ def test_parquet_image_structs_give_their_bytes(tmp_path):
 @pytest.fixture(scope="module")
 def spark():
     need("pyspark")
+    import sys
+
     from pyspark.sql import SparkSession
+
+    # Spark's Python workers: this interpreter (and its granary), on loopback only.
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
 
     try:
         s = (SparkSession.builder.master("local[2,3]").appName("granary-tests")
