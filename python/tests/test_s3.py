@@ -73,3 +73,26 @@ def test_dataloader_workers_read_s3_after_the_parent_did(s3_packed, context):
         got.append(bytes(data))
     assert sorted(got) == sorted(files.values())
     del torch
+
+
+def test_a_writer_publishes_to_s3_snapshot_last_and_resumes(s3_packed, tmp_path):
+    """granary.Writer to an s3:// URL: nothing readable until close (the snapshot goes last);
+    an interrupted writer resumes from its staging directory."""
+    base, _ = s3_packed
+    url = base + "-written"
+    staging = tmp_path / "staging"
+    samples = {f"k/{i:04}": {"jpg": bytes([i % 251]) * (50 + i), "txt": b"t%d" % i} for i in range(300)}
+    w = granary.Writer(url, staging=staging, chunk_size=16 << 10, progress=False)
+    for j, (k, f) in enumerate(samples.items()):
+        if j == 200:
+            break
+        w.write(k, f)
+    w.abort()  # the program stopped: nothing published
+    with pytest.raises(granary.GranaryError):
+        granary.Dataset(url)
+    with granary.Writer(url, staging=staging, chunk_size=16 << 10, resume=True, progress=False) as w:
+        flags = [w.write(k, f) for k, f in samples.items()]
+    assert flags.count(False) == 200
+    ds = granary.Dataset(url)
+    assert {ds.path(i): ds[i][0] for i in range(len(ds))} == samples
+    assert not staging.exists(), "the staging directory is removed once published"
