@@ -579,3 +579,65 @@ fn an_interrupted_upload_leaves_no_multipart_upload_open() {
     assert_eq!(open(), vec![]);
     assert!(stdout(&s3.ok(&["verify", &url])).contains(": OK"));
 }
+
+#[test]
+fn webdataset_shards_in_the_store_import_into_the_store() {
+    let Some(s3) = S3::new("wds-import") else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let shards_url = s3.sub("shards");
+    let store = ObjectUrl::parse(&shards_url).unwrap();
+    let mut all = Vec::new();
+    for s in 0..2u64 {
+        let mut b = tar::Builder::new(Vec::new());
+        for i in 0..30u64 {
+            for (ext, data) in [
+                ("jpg", bytes(s * 100 + i, 20_000 + i as usize * 300)),
+                ("cls", format!("{}", i % 3).into_bytes()),
+            ] {
+                let name = format!("s{s}k{i:03}.{ext}");
+                let mut h = tar::Header::new_gnu();
+                h.set_size(data.len() as u64);
+                h.set_mode(0o644);
+                h.set_cksum();
+                b.append_data(&mut h, &name, &data[..]).unwrap();
+                all.push((name.into_bytes(), data));
+            }
+        }
+        put_object(
+            &store,
+            &format!("shard-{s}.tar"),
+            &b.into_inner().unwrap(),
+            &tmp.path().join("t"),
+        );
+    }
+    let out = s3.sub("ds");
+    s3.ok(&[
+        "pack",
+        "--from",
+        "webdataset",
+        &format!("{shards_url}/shard-{{0..1}}.tar"),
+        "-o",
+        &out,
+        "--chunk-size",
+        "64KiB",
+    ]);
+    s3.ok(&["verify", &out]);
+    let o = s3.ok(&["cat", &out, "s1k007.cls"]);
+    assert_eq!(o.stdout, b"1");
+    let x = tmp.path().join("x");
+    s3.ok(&["extract", &out, "-o", x.to_str().unwrap()]);
+    assert_eq!(read_tree(&x), sorted(all));
+    // A shard that is not there is named.
+    let o = s3.run(&[
+        "pack",
+        "--from",
+        "webdataset",
+        &format!("{shards_url}/shard-9.tar"),
+        "-o",
+        tmp.path().join("no").to_str().unwrap(),
+    ]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("shard-9.tar"), "{}", stderr(&o));
+}

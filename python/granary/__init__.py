@@ -20,7 +20,7 @@ import os
 from ._native import Dataset as _NativeDataset
 from ._native import DamagedError, GranaryError, IncompleteError, Scores, Stream, __version__
 from .parquet import from_parquet
-from .writer import Writer, merge
+from .writer import Writer, from_webdataset, merge
 
 try:  # torch is optional
     import torch.utils.data as _tud
@@ -46,6 +46,7 @@ __all__ = [
     "Writer",
     "__version__",
     "from_parquet",
+    "from_webdataset",
     "job_peers",
     "job_secret",
     "merge",

@@ -21,7 +21,7 @@ import sys
 
 from . import _native
 
-__all__ = ["Writer", "merge"]
+__all__ = ["Writer", "from_webdataset", "merge"]
 
 
 def _key(key):
@@ -185,3 +185,19 @@ def merge(out):
     """Joins the parts written by ``Writer(out, shard=(i, n))`` (or ``granary pack --shard``)
     into one dataset; returns the summary (a dict)."""
     return json.loads(_native.merge(str(out)))
+
+
+def from_webdataset(shards, out, *, compress="auto", chunk_size=32 << 20, seed=0, resume=False,
+                    force=False, progress=None, staging=None):
+    """Imports WebDataset tar shards (``shards``: a path, URL or brace pattern such as
+    ``"shards/{000000..000123}.tar"``, or a list of them) into a dataset at ``out``, as
+    ``granary pack --from webdataset`` does: each key's members become one sample with named
+    fields, labelled by its ``.cls`` member. Returns the summary (a dict)."""
+    if isinstance(shards, (str, bytes)) or hasattr(shards, "__fspath__"):
+        shards = [shards]
+    shards = [str(s) for s in shards]
+    if progress is None:
+        progress = sys.stderr.isatty()
+    return json.loads(_native.import_webdataset(
+        shards, str(out), compress=compress, chunk_size=int(chunk_size), seed=int(seed),
+        resume=bool(resume), force=bool(force), progress=bool(progress), staging=staging))

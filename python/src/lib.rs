@@ -876,6 +876,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Scores>()?;
     m.add_class::<writer::Writer>()?;
     m.add_function(wrap_pyfunction!(writer::merge, m)?)?;
+    m.add_function(wrap_pyfunction!(writer::import_webdataset, m)?)?;
     m.add("GranaryError", m.py().get_type::<GranaryError>())?;
     m.add("DamagedError", m.py().get_type::<DamagedError>())?;
     m.add("IncompleteError", m.py().get_type::<IncompleteError>())?;

@@ -209,3 +209,40 @@ pub(crate) fn merge(py: Python<'_>, out: PathBuf) -> PyResult<String> {
         .map_err(pack_err)?;
     serde_json::to_string(&s).map_err(|e| PyValueError::new_err(e.to_string()))
 }
+
+/// Imports WebDataset tar shards (paths or URLs, brace patterns allowed) into a dataset at
+/// `out`, as `granary pack --from webdataset` does; returns the summary as JSON text.
+#[pyfunction]
+#[pyo3(signature = (sources, out, *, compress="auto", chunk_size=32 << 20, seed=0, resume=false,
+    force=false, progress=false, staging=None))]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn import_webdataset(
+    py: Python<'_>,
+    sources: Vec<String>,
+    out: String,
+    compress: &str,
+    chunk_size: u64,
+    seed: u64,
+    resume: bool,
+    force: bool,
+    progress: bool,
+    staging: Option<PathBuf>,
+) -> PyResult<String> {
+    let mut o = WriterOptions::new(&out);
+    o.compress = granary_packer::CompressMode::parse(compress).map_err(PyValueError::new_err)?;
+    o.chunk_size = chunk_size;
+    o.seed = seed;
+    o.resume = resume;
+    o.force = force;
+    o.progress = progress;
+    if granary::remote::is_url(&out) {
+        let u = granary::remote::ObjectUrl::parse(&out)
+            .map_err(|e| PyValueError::new_err(format!("{out}: {e}")))?;
+        o.staging = Some(staging.unwrap_or_else(|| crate::staging_dir(u.url())));
+        o.destination = Some(Arc::new(u));
+    }
+    let (s, _) = py
+        .detach(|| granary_packer::import_webdataset(&sources, o, &|_, _, _| {}))
+        .map_err(pack_err)?;
+    serde_json::to_string(&s).map_err(|e| PyValueError::new_err(e.to_string()))
+}

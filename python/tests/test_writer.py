@@ -280,3 +280,29 @@ def test_streams_of_field_samples_give_fields_per_sample_and_per_batch(tmp_path,
     only = granary.IterableDataset(out, batch_size=batch, fields=["txt"])
     item = next(iter(only))
     assert set(item["fields"]) == {"txt"}
+
+
+def test_from_webdataset_imports_tar_shards_as_field_samples(tmp_path):
+    import io
+    import tarfile
+
+    want = {}
+    for s in range(2):
+        with tarfile.open(tmp_path / f"shard-{s:06d}.tar", "w") as t:
+            for i in range(40):
+                key = f"{s}{i:04d}"
+                for ext, data in [("jpg", bytes([i]) * (100 + i)), ("cls", str(i % 2).encode())]:
+                    ti = tarfile.TarInfo(f"{key}.{ext}")
+                    ti.size = len(data)
+                    t.addfile(ti, io.BytesIO(data))
+                    want.setdefault(key, {})[ext] = data
+    out = tmp_path / "wds.granary"
+    s = granary.from_webdataset(str(tmp_path / "shard-{000000..000001}.tar"), out, progress=False)
+    assert s["files"] == 80 and s["classes"] == 2
+    ds = granary.Dataset(out)
+    for i in range(len(ds)):
+        fields, label = ds[i]
+        assert fields == want[ds.path(i)]
+        assert label == int(fields["cls"])
+    with pytest.raises(granary.GranaryError, match="shard-000009.tar"):
+        granary.from_webdataset(tmp_path / "shard-000009.tar", tmp_path / "none.granary")
