@@ -51,6 +51,18 @@ use crate::{
     DEFAULT_CHUNK_FILES, DEFAULT_CHUNK_SIZE, PART_FILE,
 };
 
+/// Default bytes of samples a writer holds in memory before spilling: an eighth of the
+/// machine's memory, at most 4 GiB (1 GiB where the machine's memory is unknown).
+pub fn default_memory() -> u64 {
+    let total = std::fs::read_to_string("/proc/meminfo").ok().and_then(|m| {
+        m.lines()
+            .find_map(|l| l.strip_prefix("MemTotal:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .map(|kib| kib * 1024)
+    });
+    total.map_or(1 << 30, |t| (t / 8).min(4 << 30))
+}
+
 /// Default number of spill logs.
 pub const DEFAULT_BUCKETS: u32 = 64;
 /// Default most bytes of one spill log read into memory at once when finishing.
@@ -89,6 +101,9 @@ pub struct WriterOptions {
     pub buckets: u32,
     /// Most bytes of one log read whole when finishing (larger ones are read record by record).
     pub gather_memory: u64,
+    /// Bytes of samples held in memory, in their buckets, before further ones go to the spill
+    /// logs: a dataset that fits is written to local disk once (as chunks), not twice.
+    pub memory: u64,
     /// Threads that checksum, compress and spill samples.
     pub threads: usize,
     pub resume: bool,
@@ -111,6 +126,7 @@ impl WriterOptions {
             seed: 0,
             buckets: DEFAULT_BUCKETS,
             gather_memory: DEFAULT_GATHER_MEMORY,
+            memory: default_memory(),
             threads: std::thread::available_parallelism()
                 .map(|n| n.get())
                 .unwrap_or(2),
@@ -365,6 +381,10 @@ struct Shared {
     error: Mutex<Option<PackError>>,
     queued_bytes: AtomicU64,
     spilled: AtomicU64,
+    /// Samples held in memory per bucket (up to `budget` bytes in all), not in the logs.
+    held: Vec<Mutex<Vec<SpillRecord>>>,
+    held_bytes: AtomicU64,
+    budget: u64,
 }
 
 impl Shared {
@@ -577,6 +597,9 @@ impl Writer {
             error: Mutex::new(None),
             queued_bytes: AtomicU64::new(0),
             spilled: AtomicU64::new(0),
+            held: (0..opts.buckets).map(|_| Mutex::new(Vec::new())).collect(),
+            held_bytes: AtomicU64::new(0),
+            budget: opts.memory,
         });
         let mut w = Writer {
             t0: Instant::now(),
@@ -1000,7 +1023,13 @@ impl Writer {
     }
 
     /// Stops the threads and flushes the logs to disk.
-    fn drain(&mut self) -> Result<(), PackError> {
+    ///
+    /// The logs are not fsynced: they are the resume state after a crash of the process (the
+    /// page cache keeps what was written), and every record is checked by its CRC when read
+    /// back, so a log cut or damaged by a crash of the machine loses only its tail. With
+    /// `spill_held`, the samples held in memory go to the logs too (a writer stopped without
+    /// `finish` keeps them for `resume`).
+    fn drain(&mut self, spill_held: bool) -> Result<(), PackError> {
         drop(self.tx.take());
         let mut panicked = false;
         for t in self.threads.drain(..) {
@@ -1015,10 +1044,18 @@ impl Writer {
         for (b, log) in self.shared.logs.iter().enumerate() {
             let mut log = log.lock().unwrap_or_else(|p| p.into_inner());
             let p = self.layout.spill.join(log_name(b as u32));
+            if spill_held {
+                let held = std::mem::take(
+                    &mut *self.shared.held[b]
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner()),
+                );
+                for rec in held {
+                    rec.write_to(&mut *log)
+                        .map_err(|e| PackError::io("writing", &p, e))?;
+                }
+            }
             log.flush().map_err(|e| PackError::io("writing", &p, e))?;
-            log.get_ref()
-                .sync_data()
-                .map_err(|e| PackError::io("syncing", &p, e))?;
         }
         Ok(())
     }
@@ -1048,7 +1085,7 @@ impl Writer {
             return Err(PackError::Usage("the writer is closed already".into()));
         }
         self.finished = true;
-        self.drain()?;
+        self.drain(false)?;
         if !self.resumed.is_empty() {
             self.warnings.push(format!(
                 "{} samples of the interrupted writer were not written again; they are in the dataset",
@@ -1167,17 +1204,88 @@ impl Writer {
             .expect("static template")
             .progress_chars("=> "),
         );
-        let mut asm = Assembler {
-            w: self,
-            classes,
-            current: None,
-            done: Vec::new(),
-            upload,
-        };
+        // Chunk writers: the copies into the page cache and the CRCs of one chunk are one
+        // thread's work, so chunks are written by several threads (the layout, cut here in
+        // order, does not depend on which finishes first).
+        let failed: Mutex<Option<PackError>> = Mutex::new(None);
+        let done: Mutex<Vec<ChunkSummary>> = Mutex::new(Vec::new());
+        let (tx, rx) = sync_channel::<(u32, Vec<SpillRecord>)>(1);
+        let rx = Mutex::new(rx);
+        let slim = upload.is_none();
+        std::thread::scope(|scope| -> Result<(), PackError> {
+            for _ in 0..self.opts.threads.clamp(1, 4) {
+                let (rx, failed, done) = (&rx, &failed, &done);
+                scope.spawn(move || loop {
+                    let job = rx.lock().unwrap_or_else(|p| p.into_inner()).recv();
+                    let Ok((id, recs)) = job else { return };
+                    if failed.lock().map(|f| f.is_some()).unwrap_or(true) {
+                        continue; // after a failure: drain, so the planner never blocks
+                    }
+                    let r = write_chunk(self, classes, id, recs).and_then(|s| {
+                        if let Some(tx) = upload {
+                            tx.send((s.chunk_id, s.file_size, s.file_crc))
+                                .map_err(|_| PackError::Upload("the upload stopped".into()))?;
+                        }
+                        Ok(if slim { crate::slimmed(s) } else { s })
+                    });
+                    match r {
+                        Ok(s) => done.lock().unwrap_or_else(|p| p.into_inner()).push(s),
+                        Err(e) => {
+                            let mut f = failed.lock().unwrap_or_else(|p| p.into_inner());
+                            if f.is_none() {
+                                *f = Some(e);
+                            }
+                        }
+                    }
+                });
+            }
+            let mut asm = Assembler {
+                w: self,
+                current: Vec::new(),
+                bytes: 0,
+                chunks: 0,
+                tx: Some(tx),
+                failed: &failed,
+            };
+            let planned = self.plan_chunks(&mut asm, class_of, &pb);
+            let closed = planned.and_then(|_| asm.close());
+            drop(asm); // closes the channel: the writers finish and return
+            closed
+        })?;
+        if let Some(e) = failed.into_inner().unwrap_or_else(|p| p.into_inner()) {
+            return Err(e);
+        }
+        pb.finish_and_clear();
+        let mut done = done.into_inner().unwrap_or_else(|p| p.into_inner());
+        done.sort_unstable_by_key(|s| s.chunk_id);
+        Ok(done)
+    }
+
+    /// Feeds every record, log by log in seeded order, to the assembler.
+    fn plan_chunks(
+        &self,
+        asm: &mut Assembler<'_>,
+        class_of: &HashMap<Vec<u8>, u32>,
+        pb: &indicatif::ProgressBar,
+    ) -> Result<(), PackError> {
         for b in 0..self.opts.buckets {
             let p = self.layout.spill.join(log_name(b));
-            for rec in read_log(&p, self.opts.seed, self.opts.gather_memory)? {
-                let mut rec = rec?;
+            let (f, mut recs) = read_log(&p, self.opts.seed, self.opts.gather_memory)?;
+            let held = std::mem::take(
+                &mut *self.shared.held[b as usize]
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner()),
+            );
+            recs.extend(
+                held.into_iter()
+                    .map(|r| (order_of(&r.key, self.opts.seed), Rec::Mem(r))),
+            );
+            recs.sort_unstable_by_key(|(o, _)| *o);
+            for (_, rec) in recs {
+                let mut rec = match rec {
+                    Rec::Mem(r) => r,
+                    Rec::Disk(off, n) => read_record(&f, &p, off, n)?,
+                };
                 if !rec.label_name.is_empty() {
                     rec.label = *class_of.get(&rec.label_name).ok_or_else(|| {
                         PackError::Usage(format!(
@@ -1188,14 +1296,12 @@ impl Writer {
                         ))
                     })?;
                 }
-                asm.push(&rec)?;
+                asm.push(rec)?;
             }
             pb.inc(1);
-            pb.set_message(format!("{} chunks", asm.done.len()));
+            pb.set_message(format!("{} chunks", asm.chunks));
         }
-        asm.close()?;
-        pb.finish_and_clear();
-        Ok(asm.done)
+        Ok(())
     }
 
     fn finish_as_mode(
@@ -1292,7 +1398,15 @@ impl Drop for Writer {
     fn drop(&mut self) {
         // An unfinished writer keeps its logs for `resume`: stop the threads and flush.
         if !self.finished {
-            let _ = self.drain();
+            let _ = self.drain(true);
+        } else if self
+            .shared
+            .held
+            .iter()
+            .any(|h| !h.lock().map(|v| v.is_empty()).unwrap_or(true))
+        {
+            // A finish that failed: what it had not gathered goes to the logs, for `resume`.
+            let _ = self.drain(true);
         }
     }
 }
@@ -1346,6 +1460,16 @@ fn spill_loop(rx: &Mutex<Receiver<Job>>, shared: &Shared, mode: CompressMode) {
             enc,
         };
         let b = job.bucket;
+        let size = rec.enc.stored.len() as u64;
+        if shared.held_bytes.fetch_add(size, Ordering::Relaxed) + size <= shared.budget {
+            shared.held[b as usize]
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(rec);
+            shared.queued_bytes.fetch_sub(n, Ordering::Relaxed);
+            continue;
+        }
+        shared.held_bytes.fetch_sub(size, Ordering::Relaxed);
         let mut log = shared.logs[b as usize]
             .lock()
             .unwrap_or_else(|p| p.into_inner());
@@ -1359,13 +1483,15 @@ fn spill_loop(rx: &Mutex<Receiver<Job>>, shared: &Shared, mode: CompressMode) {
     }
 }
 
-/// The records of one spill log in their seeded order: read whole if the log fits
-/// `memory`, else indexed first and read record by record.
-fn read_log(
-    p: &Path,
-    seed: u64,
-    memory: u64,
-) -> Result<Box<dyn Iterator<Item = Result<SpillRecord, PackError>>>, PackError> {
+/// A record to gather: held in memory (or read whole from a small log), or still in its log.
+enum Rec {
+    Mem(SpillRecord),
+    Disk(u64, u64),
+}
+
+/// The records of one spill log with their order keys: read whole if the log fits `memory`,
+/// else indexed (offset, length), to be read one by one.
+fn read_log(p: &Path, seed: u64, memory: u64) -> Result<(File, Vec<(u64, Rec)>), PackError> {
     let f = File::open(p).map_err(|e| PackError::io("opening", p, e))?;
     let len = f
         .metadata()
@@ -1377,83 +1503,112 @@ fn read_log(
     };
     let mut r = BufReader::with_capacity(1 << 20, &f);
     let mut at = 0u64;
-    if len <= memory {
-        let mut recs = Vec::new();
-        while let Some((body, n)) = next_record(&mut r).map_err(|w| damaged(at, w))? {
-            let rec = SpillRecord::decode(body).map_err(|w| damaged(at, w))?;
-            recs.push((order_of(&rec.key, seed), rec));
-            at += n;
-        }
-        recs.sort_unstable_by_key(|(o, _)| *o);
-        return Ok(Box::new(recs.into_iter().map(|(_, r)| Ok(r))));
-    }
-    // Too large to hold: an index of (order, offset, length), then one read per record.
-    let mut index = Vec::new();
+    let mut recs = Vec::new();
     while let Some((body, n)) = next_record(&mut r).map_err(|w| damaged(at, w))? {
         let rec = SpillRecord::decode(body).map_err(|w| damaged(at, w))?;
-        index.push((order_of(&rec.key, seed), at, n));
+        let order = order_of(&rec.key, seed);
+        // Too large to hold: only where each record is.
+        recs.push((
+            order,
+            if len <= memory {
+                Rec::Mem(rec)
+            } else {
+                Rec::Disk(at, n)
+            },
+        ));
         at += n;
     }
     drop(r);
-    index.sort_unstable_by_key(|(o, _, _)| *o);
-    let p = p.to_path_buf();
-    Ok(Box::new(index.into_iter().map(move |(_, off, n)| {
-        let mut buf = vec![0u8; n as usize];
-        f.read_exact_at(&mut buf, off)
-            .map_err(|e| PackError::io("reading", &p, e))?;
-        let (body, _) =
-            next_record(&mut &buf[..])
-                .ok()
-                .flatten()
-                .ok_or_else(|| PackError::Source {
-                    path: p.clone(),
-                    detail: format!(
-                        "spill log changed at byte {off} while the dataset was written"
-                    ),
-                })?;
-        SpillRecord::decode(body).map_err(|why| PackError::Source {
-            path: p.clone(),
-            detail: why,
-        })
-    })))
+    Ok((f, recs))
 }
 
-/// Cuts records into chunk files as they come.
+/// Reads record `(offset, length)` of spill log `p` back.
+fn read_record(f: &File, p: &Path, off: u64, n: u64) -> Result<SpillRecord, PackError> {
+    let mut buf = vec![0u8; n as usize];
+    f.read_exact_at(&mut buf, off)
+        .map_err(|e| PackError::io("reading", p, e))?;
+    let (body, _) = next_record(&mut &buf[..])
+        .ok()
+        .flatten()
+        .ok_or_else(|| PackError::Source {
+            path: p.to_path_buf(),
+            detail: format!("spill log changed at byte {off} while the dataset was written"),
+        })?;
+    SpillRecord::decode(body).map_err(|why| PackError::Source {
+        path: p.to_path_buf(),
+        detail: why,
+    })
+}
+
+/// Cuts records into chunks as they come (ids in order, cut where the next record would pass
+/// the chunk size or file count) and hands each chunk to the chunk writers.
 struct Assembler<'a> {
     w: &'a Writer,
-    classes: &'a [Vec<u8>],
-    current: Option<(PathBuf, ChunkWriter<BufWriter<File>>, u64)>,
-    done: Vec<ChunkSummary>,
-    upload: Option<&'a SyncSender<upload::Written>>,
+    /// The chunk being filled: its records and their stored bytes.
+    current: Vec<SpillRecord>,
+    bytes: u64,
+    chunks: usize,
+    tx: Option<SyncSender<(u32, Vec<SpillRecord>)>>,
+    failed: &'a Mutex<Option<PackError>>,
 }
 
 impl Assembler<'_> {
-    fn push(&mut self, rec: &SpillRecord) -> Result<(), PackError> {
+    fn push(&mut self, rec: SpillRecord) -> Result<(), PackError> {
         let size = rec.enc.stored.len() as u64;
-        let full = self.current.as_ref().is_some_and(|(_, cw, n)| {
-            *n >= self.w.opts.chunk_files
-                || cw.position() + size
-                    > self.w.opts.chunk_size + granary_format::CHUNK_HEADER_LEN as u64
-        });
+        let full = !self.current.is_empty()
+            && (self.current.len() as u64 >= self.w.opts.chunk_files
+                || self.bytes + size > self.w.opts.chunk_size);
         if full {
             self.close()?;
         }
-        if self.current.is_none() {
-            let index = self.done.len();
-            self.w.layout.ids.check(index + 1)?;
-            let id = self.w.layout.ids.id(index);
-            let path = self.w.layout.chunks.join(chunk_file_name(id));
-            let tmp = path.with_extension("gchunk.tmp");
-            let f = File::create(&tmp).map_err(|e| PackError::io("creating", &tmp, e))?;
-            let out = BufWriter::with_capacity(1 << 20, f);
-            let cw = match self.w.with_fields == Some(true) {
-                true => ChunkWriter::with_fields(out, self.w.dataset_id, id),
-                false => ChunkWriter::new(out, self.w.dataset_id, id),
-            }
-            .map_err(|e| PackError::io("writing", &tmp, e))?;
-            self.current = Some((tmp, cw, 0));
+        self.bytes += size;
+        self.current.push(rec);
+        Ok(())
+    }
+
+    /// Hands the current chunk to a chunk writer.
+    fn close(&mut self) -> Result<(), PackError> {
+        if self.current.is_empty() {
+            return Ok(());
         }
-        let (tmp, cw, n) = self.current.as_mut().expect("opened above");
+        if let Some(e) = self.failed.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            return Err(e);
+        }
+        self.w.layout.ids.check(self.chunks + 1)?;
+        let id = self.w.layout.ids.id(self.chunks);
+        self.chunks += 1;
+        self.bytes = 0;
+        let recs = std::mem::take(&mut self.current);
+        let sent = self
+            .tx
+            .as_ref()
+            .is_some_and(|tx| tx.send((id, recs)).is_ok());
+        if !sent {
+            let e = self.failed.lock().unwrap_or_else(|p| p.into_inner()).take();
+            return Err(e.unwrap_or_else(|| PackError::Usage("the chunk writers stopped".into())));
+        }
+        Ok(())
+    }
+}
+
+/// Writes chunk `id` of `recs` into `dir`: a temporary file, fsynced, renamed into place.
+fn write_chunk(
+    w: &Writer,
+    classes: &[Vec<u8>],
+    id: u32,
+    recs: Vec<SpillRecord>,
+) -> Result<ChunkSummary, PackError> {
+    let path = w.layout.chunks.join(chunk_file_name(id));
+    let tmp = path.with_extension("gchunk.tmp");
+    let io = |e| PackError::io("writing", &tmp, e);
+    let f = File::create(&tmp).map_err(|e| PackError::io("creating", &tmp, e))?;
+    let out = BufWriter::with_capacity(1 << 20, f);
+    let mut cw = match w.with_fields == Some(true) {
+        true => ChunkWriter::with_fields(out, w.dataset_id, id),
+        false => ChunkWriter::new(out, w.dataset_id, id),
+    }
+    .map_err(io)?;
+    for rec in &recs {
         if rec.fields.is_empty() {
             cw.append(
                 &rec.key,
@@ -1476,32 +1631,15 @@ impl Assembler<'_> {
                 .collect();
             cw.append_group(&rec.key, &parts, rec.label)
         }
-        .map_err(|e| PackError::io("writing", tmp, e))?;
-        *n += 1;
-        Ok(())
+        .map_err(io)?;
     }
-
-    fn close(&mut self) -> Result<(), PackError> {
-        let Some((tmp, cw, _)) = self.current.take() else {
-            return Ok(());
-        };
-        let io = |e| PackError::io("writing", &tmp, e);
-        let (buf, summary) = cw.finish(self.classes).map_err(io)?;
-        let f = buf.into_inner().map_err(|e| io(e.into_error()))?;
-        f.sync_all().map_err(io)?;
-        drop(f);
-        let path = tmp.with_extension("");
-        std::fs::rename(&tmp, &path).map_err(|e| PackError::io("renaming", &tmp, e))?;
-        let (id, size, crc) = (summary.chunk_id, summary.file_size, summary.file_crc);
-        if let Some(tx) = self.upload {
-            tx.send((id, size, crc))
-                .map_err(|_| PackError::Upload("the upload stopped".into()))?;
-            self.done.push(summary);
-        } else {
-            self.done.push(crate::slimmed(summary));
-        }
-        Ok(())
-    }
+    drop(recs);
+    let (buf, summary) = cw.finish(classes).map_err(io)?;
+    let f = buf.into_inner().map_err(|e| io(e.into_error()))?;
+    f.sync_all().map_err(io)?;
+    drop(f);
+    std::fs::rename(&tmp, &path).map_err(|e| PackError::io("renaming", &tmp, e))?;
+    Ok(summary)
 }
 
 #[cfg(test)]

@@ -50,6 +50,8 @@ fn opts(out: &Path) -> WriterOptions {
     o.chunk_size = 16 << 10;
     o.buckets = 8;
     o.threads = 2;
+    // Some samples held in memory, most in the spill logs: both paths every time.
+    o.memory = 64 << 10;
     o
 }
 
@@ -324,6 +326,7 @@ fn a_log_larger_than_the_memory_budget_is_read_record_by_record() {
     let out = t.path().join("ds");
     let mut o = opts(&out);
     o.gather_memory = 1000;
+    o.memory = 0;
     o.buckets = 2;
     let mut w = Writer::create(o).unwrap();
     for i in 0..200u32 {
@@ -466,4 +469,27 @@ fn a_resumed_writer_of_field_samples_keeps_them_fields() {
     let snap = Snapshot::open(std::fs::read(out.join(SNAPSHOT_FILE)).unwrap()).unwrap();
     assert_eq!(snap.sample_count(), 80);
     assert!(snap.check_structure(10).is_empty());
+}
+
+#[test]
+fn a_dataset_held_in_memory_is_the_same_as_one_spilled() {
+    let t = tempfile::tempdir().unwrap();
+    let mut layouts = Vec::new();
+    for (name, memory) in [("mem", 1u64 << 30), ("disk", 0)] {
+        let out = t.path().join(name);
+        let mut o = opts(&out);
+        o.memory = memory;
+        let mut w = Writer::create(o).unwrap();
+        for i in 0..400u32 {
+            w.write(format!("k{i}").as_bytes(), sample(i), Label::Index(i % 3))
+                .unwrap();
+        }
+        w.finish().unwrap();
+        let snap = Snapshot::open(std::fs::read(out.join(SNAPSHOT_FILE)).unwrap()).unwrap();
+        let paths: Vec<Vec<u8>> = (0..snap.sample_count())
+            .map(|i| snap.path(i).unwrap().to_vec())
+            .collect();
+        layouts.push((paths, read_all(&out)));
+    }
+    assert_eq!(layouts[0], layouts[1]);
 }

@@ -78,13 +78,14 @@ class Writer:
     "zstd", "zstd:LEVEL"), ``chunk_size`` (bytes), ``seed`` (of the mixing), ``resume``,
     ``force`` (replace an existing dataset or interrupted writer), ``progress`` (None: a tqdm
     bar when tqdm is installed and stderr is a terminal), ``staging`` (local directory for a
-    URL destination), ``threads``, ``buckets`` (spill logs), ``gather_memory`` (bytes of one
-    spill log read at once when closing).
+    URL destination), ``threads``, ``buckets`` (spill logs), ``memory`` (bytes of samples held
+    in memory before the rest go to the spill logs; default an eighth of the machine's memory,
+    at most 4 GiB), ``gather_memory`` (bytes of one spill log read at once when closing).
     """
 
     def __init__(self, out, *, shard=None, classes=None, compress="auto", chunk_size=32 << 20,
                  seed=0, resume=False, force=False, progress=None, staging=None, threads=None,
-                 buckets=64, gather_memory=512 << 20, chunk_files=65536):
+                 buckets=64, gather_memory=512 << 20, chunk_files=65536, memory=None):
         out = str(out)
         if shard is not None:
             i, n = shard
@@ -106,7 +107,8 @@ class Writer:
         self._w = _native.Writer(
             out, shard=shard, classes=classes, compress=compress, chunk_size=int(chunk_size),
             chunk_files=int(chunk_files), seed=int(seed), buckets=int(buckets),
-            gather_memory=int(gather_memory), threads=threads, resume=bool(resume),
+            gather_memory=int(gather_memory), memory=None if memory is None else int(memory),
+            threads=threads, resume=bool(resume),
             force=bool(force), progress=bool(progress), staging=staging)
         for w in self._w.warnings:
             print(f"granary: {w}", file=sys.stderr)

@@ -47,8 +47,8 @@ impl Writer {
     #[new]
     #[pyo3(signature = (out, *, shard=None, classes=None, compress="auto", chunk_size=32 << 20,
         chunk_files=granary_packer::DEFAULT_CHUNK_FILES, seed=0, buckets=granary_packer::DEFAULT_BUCKETS,
-        gather_memory=granary_packer::DEFAULT_GATHER_MEMORY, threads=None, resume=false, force=false,
-        progress=false, staging=None))]
+        gather_memory=granary_packer::DEFAULT_GATHER_MEMORY, memory=None, threads=None, resume=false,
+        force=false, progress=false, staging=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -61,6 +61,7 @@ impl Writer {
         seed: u64,
         buckets: u32,
         gather_memory: u64,
+        memory: Option<u64>,
         threads: Option<usize>,
         resume: bool,
         force: bool,
@@ -79,6 +80,9 @@ impl Writer {
         o.seed = seed;
         o.buckets = buckets;
         o.gather_memory = gather_memory;
+        if let Some(m) = memory {
+            o.memory = m;
+        }
         if let Some(t) = threads {
             o.threads = t.max(1);
         }
