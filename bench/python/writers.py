@@ -90,6 +90,15 @@ def write_litdata(samples, classes, out):
                      chunk_bytes="64MB", num_workers=1, start_method="fork")
 
 
+def write_granary_lowmem(samples, classes, out):
+    """granary.Writer holding at most 256 MiB of samples (the rest spilled to its logs)."""
+    import granary
+
+    with granary.Writer(out, classes=classes, progress=False, memory=256 << 20) as w:
+        for key, data, label in samples:
+            w.write(key, data, label=label)
+
+
 def write_granary_parquet(samples, classes, out):
     """granary.from_parquet of the same samples as a Parquet file (written before the clock)."""
     import granary
@@ -102,6 +111,7 @@ _PARQUET = None
 
 WRITERS = {
     "granary": (write_granary, "granary"),
+    "granary-256MiB": (write_granary_lowmem, "granary"),
     "granary-parquet": (write_granary_parquet, "pyarrow"),
     "webdataset": (write_webdataset, "webdataset"),
     "mds": (write_mds, "streaming"),

@@ -4,7 +4,8 @@ driver (install pyspark: ``pip install granary[spark]``).
     import granary.spark
     granary.spark.write(df, "/shared/train.granary", key="id", fields=["jpg", "txt"], label="cls")
 
-Each partition ``i`` of ``n`` is written by its task as shard ``(i, n)`` straight into ``out``
+Each partition ``i`` of ``n`` is written by its task (``mapInArrow``: rows arrive as Arrow
+batches) as shard ``(i, n)`` straight into ``out``
 (which every executor must see: a shared file system, or a local path with ``local[*]``), then
 the driver merges the parts (``granary.merge``) — the same parts and merge as ``granary pack
 --shard``. A task Spark retries (a lost executor, a failure) writes its shard again from the
@@ -13,6 +14,7 @@ fails, nothing is published; running it again rewrites every shard.
 """
 
 import json
+import os
 
 from ._rows import Columns, label_classes
 from .writer import Writer, merge
@@ -55,16 +57,29 @@ def write(df, out, *, key=None, data=None, fields=None, label=None, classes=None
     options = dict(writer_options, force=True, progress=False)
     names = cols.names()
 
-    def task(i, rows):
-        # Keys default to "p<partition>-<row>" so that they are unique across partitions.
-        c = Columns(key=key, data=data, fields=fields, label=label, prefix=f"p{i:05d}-")
-        with Writer(out, shard=(i, n), classes=classes, **options) as w:
-            for number, row in enumerate(rows):
-                k, d, lab = c.sample(row.asDict(), number)
-                w.write(k, d, label=lab)
-        yield json.dumps(w.summary)
+    def task(batches):
+        # Rows arrive as Arrow record batches (no per-row pickling); keys default to
+        # "p<partition>-<row>", unique across partitions.
+        import pyarrow as pa
+        from pyspark import TaskContext
 
-    shards = df.select(*names).rdd.mapPartitionsWithIndex(task).collect()
+        i = TaskContext.get().partitionId()
+        c = Columns(key=key, data=data, fields=fields, label=label, prefix=f"p{i:05d}-")
+        number = 0
+        with Writer(out, shard=(i, n), classes=classes, **options) as w:
+            for batch in batches:
+                for row in batch.to_pylist():
+                    k, d, lab = c.sample(row, number)
+                    w.write(k, d, label=lab)
+                    number += 1
+        yield pa.RecordBatch.from_pylist([{"summary": json.dumps(w.summary)}])
+
+    shards = [r["summary"] for r in df.select(*names).mapInArrow(task, "summary string").collect()]
+    # A partition Spark never ran a task for (none, in practice) is an empty part.
+    for i in range(n):
+        part = os.path.join(out, f"part-{i:04d}-of-{n:04d}", "part.gpart")
+        if not os.path.exists(part):
+            Writer(out, shard=(i, n), classes=classes, **options).close()
     summary = merge(out)
     summary["shards"] = [json.loads(s) for s in shards]
     return summary

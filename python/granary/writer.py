@@ -79,8 +79,8 @@ class Writer:
     ``force`` (replace an existing dataset or interrupted writer), ``progress`` (None: a tqdm
     bar when tqdm is installed and stderr is a terminal), ``staging`` (local directory for a
     URL destination), ``threads``, ``buckets`` (spill logs), ``memory`` (bytes of samples held
-    in memory before the rest go to the spill logs; default an eighth of the machine's memory,
-    at most 4 GiB), ``gather_memory`` (bytes of one spill log read at once when closing).
+    in memory before the rest go to the spill logs; default a sixteenth of the machine's
+    memory, at most 512 MiB), ``gather_memory`` (bytes of one spill log read at once when closing).
     """
 
     def __init__(self, out, *, shard=None, classes=None, compress="auto", chunk_size=32 << 20,
