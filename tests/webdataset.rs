@@ -113,6 +113,17 @@ fn shards_import_as_field_samples_and_extract_to_the_same_files() {
     );
     let o = run(["cat", ds.to_str().unwrap(), "--id", "0", "--field", "nope"]);
     assert!(stderr(&o).contains("no field nope"), "{}", stderr(&o));
+    // A lost snapshot is rebuilt from the chunks' fields blocks, byte for byte.
+    let snap = std::fs::read(ds.join("snapshot.gsnap")).unwrap();
+    std::fs::remove_file(ds.join("snapshot.gsnap")).unwrap();
+    run_ok(["reindex".as_ref(), ds.as_os_str()]);
+    assert_eq!(std::fs::read(ds.join("snapshot.gsnap")).unwrap(), snap);
+    // Files (one blob each) cannot be appended to samples with fields: said, nothing changed.
+    let more = t.path().join("more");
+    write_tree(&more, &[(b"c/x".to_vec(), b"x".to_vec())]);
+    let o = run(["append".as_ref(), ds.as_os_str(), more.as_os_str()]);
+    assert!(stderr(&o).contains("named fields"), "{}", stderr(&o));
+    assert_eq!(std::fs::read(ds.join("snapshot.gsnap")).unwrap(), snap);
 }
 
 #[test]
@@ -204,6 +215,9 @@ fn an_import_killed_midway_resumes_to_the_whole_dataset() {
             pattern(&dir, 6),
             "-o".into(),
             ds.to_str().unwrap().into(),
+            // Most samples in the spill logs, where the kill can find them.
+            "--memory".into(),
+            "64KiB".into(),
         ];
         a.extend(extra.iter().map(|s| s.to_string()));
         a

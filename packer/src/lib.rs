@@ -334,6 +334,13 @@ pub fn append(opts: &PackOptions, existing: Existing) -> Result<PackSummary, Pac
         }
     })?;
     let snap = Snapshot::open(bytes)?;
+    if snap.has_fields() {
+        return Err(PackError::Usage(format!(
+            "{}: its samples have named fields (format 1.3); append adds files, one blob each, \
+             which cannot join them: write a new dataset (granary.Writer, --from webdataset)",
+            opts.out.display()
+        )));
+    }
     if let Some(e) = snap.check_sections().into_iter().next() {
         return Err(PackError::Usage(format!(
             "{} is damaged ({e}); run granary verify and granary reindex before appending",

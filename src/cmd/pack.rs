@@ -75,6 +75,10 @@ pub struct Args {
     /// What SRC is.
     #[arg(long, value_enum, default_value = "files")]
     pub from: From,
+    /// With --from webdataset: bytes of samples held in memory before the rest go to spill
+    /// logs next to OUT [default: a sixteenth of RAM, at most 512MiB].
+    #[arg(long, value_name = "SIZE", value_parser = parse_size_or_zero)]
+    pub memory: Option<u64>,
     /// Output dataset directory, or an object store prefix (s3://bucket/prefix, gs://, az://).
     #[arg(short, long)]
     pub out: PathBuf,
@@ -214,6 +218,11 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     if a.from == From::Webdataset {
         return import_webdataset(a);
     }
+    if a.memory.is_some() {
+        anyhow::bail!(
+            "--memory is for --from webdataset (a pack of files holds at most three chunks)"
+        );
+    }
     let [src] = &a.src[..] else {
         anyhow::bail!(
             "pack takes one source directory (several sources are for --from webdataset)"
@@ -269,6 +278,9 @@ fn import_webdataset(a: Args) -> anyhow::Result<ExitCode> {
     o.force = a.force;
     o.resume = a.resume;
     o.progress = !a.run.quiet && std::io::stderr().is_terminal();
+    if let Some(m) = a.memory {
+        o.memory = m;
+    }
     if let Some(url) = a.out.to_str().filter(|s| granary::remote::is_url(s)) {
         let u = granary::remote::ObjectUrl::parse(url)?;
         if !u.writable() {
