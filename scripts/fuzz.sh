@@ -75,7 +75,8 @@ failed=()
 for t in "${targets[@]}"; do
   work=$out/corpus/$t
   art=$out/artifacts/$t
-  rm -rf "$work"
+  # Each run reports its own crashes: inputs an earlier run kept (and reported) are cleared.
+  rm -rf "$work" "$art"
   mkdir -p "$work" "$art"
   # The committed corpus, plus the golden dataset's files for the format's own parsers.
   cp -r fuzz/corpus/"$t"/. "$work"/ 2>/dev/null || true
