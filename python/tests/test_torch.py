@@ -325,3 +325,36 @@ def test_stateful_dataloader_resumes_mid_epoch_exactly(packed, workers):
     second, state2 = run(state=state, take=64)
     again, _ = run(state=state2)
     assert first + second + again == full
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_fields_per_batch_cross_from_dataloader_workers(tmp_path, workers):
+    """Samples with named fields: each batch's item["fields"] ({name: [view or None]}) is built
+    from the worker's shared-memory ring in the training process."""
+    import random
+
+    rng = random.Random(1)
+    out = tmp_path / "f.granary"
+    want = {}
+    with granary.Writer(out, chunk_size=32 << 10, progress=False) as w:
+        for i in range(300):
+            f = {"jpg": rng.randbytes(rng.randint(50, 2000)), "txt": b"c%d" % i}
+            if i % 3 == 0:
+                f["json"] = b"{}"
+            w.write(f"s{i:04d}", f, label=i % 2)
+            want[f"s{i:04d}"] = f
+    ds = granary.Dataset(out)
+    by_id = {i: want[ds.path(i)] for i in range(len(ds))}
+    seen = 0
+    it = granary.IterableDataset(out, batch_size=16, seed=1)
+    for batch in DataLoader(it, batch_size=None, num_workers=workers):
+        ids = [int(i) for i in batch["id"]]
+        assert set(batch["fields"]) <= {"jpg", "json", "txt"}
+        for name, col in batch["fields"].items():
+            assert len(col) == len(ids)
+            for i, v in zip(ids, col):
+                exp = by_id[i].get(name)
+                got = None if v is None else bytes(v.numpy() if hasattr(v, "numpy") else v)
+                assert got == exp, (name, i)
+        seen += len(ids)
+    assert seen == 300
