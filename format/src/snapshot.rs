@@ -1271,6 +1271,23 @@ fn section_name(kind: u32) -> String {
     }
 }
 
+/// Hands `items` to `f` in pieces of about 64 KiB (a section written without being assembled
+/// in memory first).
+fn in_pieces<T: AsRef<[u8]>>(
+    f: &mut dyn FnMut(&[u8]) -> std::io::Result<()>,
+    items: impl Iterator<Item = T>,
+) -> std::io::Result<()> {
+    let mut buf = Vec::with_capacity(64 << 10);
+    for item in items {
+        buf.extend_from_slice(item.as_ref());
+        if buf.len() >= 64 << 10 {
+            f(&buf)?;
+            buf.clear();
+        }
+    }
+    f(&buf)
+}
+
 /// Builds a snapshot from finished chunks, in chunk id order.
 ///
 /// Memory: the builder keeps every path (the path index needs them all) and, unless they are
@@ -1539,31 +1556,29 @@ impl SnapshotBuilder {
         Ok(out)
     }
 
-    /// Writes the snapshot to `w` section by section, without a second copy of any section in
-    /// memory (what a pack of many millions of files needs): besides the builder's own tables,
-    /// only the sorted path order and the path index's slots are held. Returns its length.
-    /// Fails (before writing anything) if two samples share a path.
-    pub fn write_to(mut self, w: &mut impl std::io::Write) -> std::io::Result<u64> {
-        let invalid = |e: FormatError| std::io::Error::new(std::io::ErrorKind::InvalidData, e);
+    /// Sample ids sorted by path; fails on a path found twice.
+    fn path_order(&self) -> Result<Vec<u32>> {
         let n = self.sample_count as usize;
-        let spool = match self.spool.take() {
-            Some(b) => Some(b.into_inner().map_err(|e| e.into_error())?),
-            None => None,
-        };
         let mut order: Vec<u32> = (0..n as u32).collect();
         order.sort_unstable_by(|&a, &b| self.path(a as usize).cmp(self.path(b as usize)));
         if let Some(w) = order
             .windows(2)
             .find(|w| self.path(w[0] as usize) == self.path(w[1] as usize))
         {
-            return Err(invalid(FormatError::invalid(
+            return Err(FormatError::invalid(
                 "snapshot builder",
                 format!(
                     "duplicate path {}",
                     String::from_utf8_lossy(self.path(w[0] as usize))
                 ),
-            )));
+            ));
         }
+        Ok(order)
+    }
+
+    /// The path index (kind 4): its capacity and slots.
+    fn path_index(&self) -> (u64, Vec<u8>) {
+        let n = self.sample_count as usize;
         let cap = ((n as u64 + 1) * 2).next_power_of_two().max(8);
         let mut slots = vec![0u8; cap as usize * 8];
         for i in 0..n {
@@ -1575,21 +1590,41 @@ impl SnapshotBuilder {
             slots[s * 8..s * 8 + 4].copy_from_slice(&(i as u32 + 1).to_le_bytes());
             slots[s * 8 + 4..s * 8 + 8].copy_from_slice(&((h >> 32) as u32).to_le_bytes());
         }
-        self.check_metadata(n).map_err(invalid)?;
-        let dir_names = encode_string_table(self.dirs.iter().map(|d| &d.0));
-        // Field names sorted; entries renamed to the sorted ids.
-        let mut sorted_names: Vec<(Vec<u8>, u32)> = self
+        (cap, slots)
+    }
+
+    /// The field names sorted (kind 11, encoded), and each name's new id by its old one.
+    fn sorted_field_names(&self) -> (Vec<u8>, Vec<u32>) {
+        let mut sorted: Vec<(&Vec<u8>, u32)> = self
             .field_names
             .iter()
             .enumerate()
-            .map(|(i, n)| (n.clone(), i as u32))
+            .map(|(i, n)| (n, i as u32))
             .collect();
-        sorted_names.sort_unstable();
-        let mut rename = vec![0u32; sorted_names.len()];
-        for (new, (_, old)) in sorted_names.iter().enumerate() {
+        sorted.sort_unstable();
+        let mut rename = vec![0u32; sorted.len()];
+        for (new, (_, old)) in sorted.iter().enumerate() {
             rename[*old as usize] = new as u32;
         }
-        let field_names = encode_string_table(sorted_names.iter().map(|(n, _)| n));
+        (encode_string_table(sorted.iter().map(|(n, _)| n)), rename)
+    }
+
+    /// Writes the snapshot to `w` section by section, without a second copy of any section in
+    /// memory (what a pack of many millions of files needs): besides the builder's own tables,
+    /// only the sorted path order and the path index's slots are held. Returns its length.
+    /// Fails (before writing anything) if two samples share a path.
+    pub fn write_to(mut self, w: &mut impl std::io::Write) -> std::io::Result<u64> {
+        let invalid = |e: FormatError| std::io::Error::new(std::io::ErrorKind::InvalidData, e);
+        let n = self.sample_count as usize;
+        let spool = match self.spool.take() {
+            Some(b) => Some(b.into_inner().map_err(|e| e.into_error())?),
+            None => None,
+        };
+        let order = self.path_order().map_err(invalid)?;
+        let (cap, slots) = self.path_index();
+        self.check_metadata(n).map_err(invalid)?;
+        let dir_names = encode_string_table(self.dirs.iter().map(|d| &d.0));
+        let (field_names, rename) = self.sorted_field_names();
         let classes = encode_string_table(self.classes.iter());
         let mut lineage = [0u8; LINEAGE_LEN];
         lineage[0..8].copy_from_slice(&self.lineage.generation.to_le_bytes());
@@ -1618,77 +1653,37 @@ impl SnapshotBuilder {
             SectionKind::Paths => {
                 f(&(n as u64).to_le_bytes())?;
                 f(&0u64.to_le_bytes())?;
-                let mut buf = Vec::with_capacity(64 << 10);
-                for e in &self.path_ends {
-                    buf.extend_from_slice(&e.to_le_bytes());
-                    if buf.len() >= 64 << 10 {
-                        f(&buf)?;
-                        buf.clear();
-                    }
-                }
-                f(&buf)?;
+                in_pieces(f, self.path_ends.iter().map(|e| e.to_le_bytes()))?;
                 f(&self.path_blob)
             }
             SectionKind::PathHash => {
                 f(&cap.to_le_bytes())?;
                 f(&slots)
             }
-            SectionKind::PathOrder => {
-                let mut buf = Vec::with_capacity(64 << 10);
-                for i in &order {
-                    buf.extend_from_slice(&i.to_le_bytes());
-                    if buf.len() >= 64 << 10 {
-                        f(&buf)?;
-                        buf.clear();
-                    }
-                }
-                f(&buf)
-            }
+            SectionKind::PathOrder => in_pieces(f, order.iter().map(|i| i.to_le_bytes())),
             SectionKind::Classes => f(&classes),
             SectionKind::Lineage => f(&lineage),
-            SectionKind::FileAttrs => {
-                let mut buf = Vec::with_capacity(64 << 10);
-                for a in &self.attrs {
-                    buf.extend_from_slice(&a.encode());
-                    if buf.len() >= 64 << 10 {
-                        f(&buf)?;
-                        buf.clear();
-                    }
-                }
-                f(&buf)
-            }
+            SectionKind::FileAttrs => in_pieces(f, self.attrs.iter().map(FileAttrs::encode)),
             SectionKind::Dirs => f(&dir_names),
             SectionKind::DirAttrs => self.dirs.iter().try_for_each(|(_, a)| f(&a.encode())),
             SectionKind::FieldNames => f(&field_names),
             SectionKind::FieldIndex => {
-                let mut at = 0u64;
-                f(&at.to_le_bytes())?;
-                let mut buf = Vec::with_capacity(64 << 10);
-                for &c in &self.field_counts {
-                    at += c as u64;
-                    buf.extend_from_slice(&at.to_le_bytes());
-                    if buf.len() >= 64 << 10 {
-                        f(&buf)?;
-                        buf.clear();
-                    }
-                }
-                f(&buf)
+                let ends = self.field_counts.iter().scan(0u64, |at, &c| {
+                    *at += c as u64;
+                    Some(*at)
+                });
+                in_pieces(f, std::iter::once(0u64).chain(ends).map(u64::to_le_bytes))
             }
-            SectionKind::Fields => {
-                let mut buf = Vec::with_capacity(64 << 10);
-                for e in &self.field_entries {
-                    let e = FieldEntry {
+            SectionKind::Fields => in_pieces(
+                f,
+                self.field_entries.iter().map(|e| {
+                    FieldEntry {
                         name: rename[e.name as usize],
                         ..*e
-                    };
-                    buf.extend_from_slice(&e.encode());
-                    if buf.len() >= 64 << 10 {
-                        f(&buf)?;
-                        buf.clear();
                     }
-                }
-                f(&buf)
-            }
+                    .encode()
+                }),
+            ),
         };
         let (kinds, minor) = self.kinds();
         let table_end = (SNAPSHOT_HEADER_LEN + kinds.len() * SECTION_ENTRY_LEN) as u64;
