@@ -305,17 +305,7 @@ fn golden_members_1_3() -> Vec<(Vec<u8>, Vec<u8>)> {
 fn write_golden_v1_3() {
     let tmp = tempfile::tempdir().unwrap();
     let tar_path = tmp.path().join("golden.tar");
-    let mut b = tar::Builder::new(std::fs::File::create(&tar_path).unwrap());
-    for (name, data) in golden_members_1_3() {
-        let mut h = tar::Header::new_gnu();
-        h.set_size(data.len() as u64);
-        h.set_mode(0o644);
-        h.set_cksum();
-        b.append_data(&mut h, std::str::from_utf8(&name).unwrap(), &data[..])
-            .unwrap();
-    }
-    b.finish().unwrap();
-    drop(b);
+    write_tar(&tar_path, &golden_members_1_3());
     let out = golden_dir_1_3().join("dataset");
     let _ = std::fs::remove_dir_all(&out);
     std::fs::create_dir_all(golden_dir_1_3()).unwrap();

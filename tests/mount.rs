@@ -858,17 +858,7 @@ fn field_dataset(tmp: &Path) -> (PathBuf, Files) {
         }
     }
     let tar_path = tmp.join("shard.tar");
-    let mut b = tar::Builder::new(std::fs::File::create(&tar_path).unwrap());
-    for (name, data) in &members {
-        let mut h = tar::Header::new_gnu();
-        h.set_size(data.len() as u64);
-        h.set_mode(0o644);
-        h.set_cksum();
-        b.append_data(&mut h, std::str::from_utf8(name).unwrap(), &data[..])
-            .unwrap();
-    }
-    b.finish().unwrap();
-    drop(b);
+    write_tar(&tar_path, &members);
     let ds = tmp.join("fields.granary");
     run_ok([
         "pack",

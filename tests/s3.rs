@@ -590,25 +590,20 @@ fn webdataset_shards_in_the_store_import_into_the_store() {
     let store = ObjectUrl::parse(&shards_url).unwrap();
     let mut all = Vec::new();
     for s in 0..2u64 {
-        let mut b = tar::Builder::new(Vec::new());
+        let mut members = Vec::new();
         for i in 0..30u64 {
             for (ext, data) in [
                 ("jpg", bytes(s * 100 + i, 20_000 + i as usize * 300)),
                 ("cls", format!("{}", i % 3).into_bytes()),
             ] {
-                let name = format!("s{s}k{i:03}.{ext}");
-                let mut h = tar::Header::new_gnu();
-                h.set_size(data.len() as u64);
-                h.set_mode(0o644);
-                h.set_cksum();
-                b.append_data(&mut h, &name, &data[..]).unwrap();
-                all.push((name.into_bytes(), data));
+                members.push((format!("s{s}k{i:03}.{ext}").into_bytes(), data));
             }
         }
+        all.extend(members.iter().cloned());
         put_object(
             &store,
             &format!("shard-{s}.tar"),
-            &b.into_inner().unwrap(),
+            &tar_bytes(&members),
             &tmp.path().join("t"),
         );
     }

@@ -10,18 +10,6 @@ use common::*;
 /// One tar member: (path, bytes).
 type Member = (String, Vec<u8>);
 
-fn write_tar(path: &Path, members: &[Member]) {
-    let mut b = tar::Builder::new(std::fs::File::create(path).unwrap());
-    for (name, data) in members {
-        let mut h = tar::Header::new_gnu();
-        h.set_size(data.len() as u64);
-        h.set_mode(0o644);
-        h.set_cksum();
-        b.append_data(&mut h, name, &data[..]).unwrap();
-    }
-    b.finish().unwrap();
-}
-
 /// `shards` shards of `per` samples each: jpg, txt, (every third) json, cls; keys unique.
 fn shards(dir: &Path, shards: usize, per: usize) -> Vec<Member> {
     std::fs::create_dir_all(dir).unwrap();
@@ -143,10 +131,7 @@ fn bad_shards_are_refused_naming_the_shard_and_member() {
     // A member cut short: the tar ends inside it.
     write_tar(
         &d.join("ok.tar"),
-        &[
-            ("a.jpg".into(), vec![7; 5000]),
-            ("a.txt".into(), b"x".to_vec()),
-        ],
+        &[("a.jpg", vec![7; 5000]), ("a.txt", b"x".to_vec())],
     );
     let full = std::fs::read(d.join("ok.tar")).unwrap();
     std::fs::write(d.join("cut.tar"), &full[..3000]).unwrap();
@@ -175,16 +160,16 @@ fn bad_shards_are_refused_naming_the_shard_and_member() {
         stderr(&o)
     );
     // A member without an extension, a key with a bad field name, a key twice.
-    write_tar(&d.join("noext.tar"), &[("README".into(), b"x".to_vec())]);
+    write_tar(&d.join("noext.tar"), &[("README", b"x".to_vec())]);
     assert!(stderr(&import(&d.join("noext.tar"), "ds3")).contains("has no extension"));
-    write_tar(&d.join("badname.tar"), &[("k.j pg".into(), b"x".to_vec())]);
+    write_tar(&d.join("badname.tar"), &[("k.j pg", b"x".to_vec())]);
     assert!(stderr(&import(&d.join("badname.tar"), "ds4")).contains("not a valid field name"));
     write_tar(
         &d.join("twice.tar"),
         &[
-            ("k.jpg".into(), b"1".to_vec()),
-            ("j.jpg".into(), b"2".to_vec()),
-            ("k.txt".into(), b"3".to_vec()),
+            ("k.jpg", b"1".to_vec()),
+            ("j.jpg", b"2".to_vec()),
+            ("k.txt", b"3".to_vec()),
         ],
     );
     let o = import(&d.join("twice.tar"), "ds5");

@@ -713,33 +713,19 @@ impl Run<'_> {
                 ("pack", 0)
             }
         };
-        let elapsed = self.t0.elapsed().as_secs_f64();
-        let t = totals;
         Ok(PackSummary {
             out: out.clone(),
             dataset_id: hex_id(&dataset_id),
             shard: self.opts.shard.map(|s| s.to_string()),
             generation,
             action,
-            files: t.files,
             classes: classes.len() as u64,
-            bytes_in: t.bytes_in,
-            bytes_stored: t.bytes_stored,
-            bytes_out: t.bytes_out,
-            ratio: if t.bytes_out > 0 {
-                t.bytes_in as f64 / t.bytes_out as f64
-            } else {
-                0.0
-            },
             chunks,
             chunks_resumed,
-            compressed_records: t.compressed_records,
-            elapsed_s: elapsed,
             scan_s,
-            files_per_s: t.files as f64 / elapsed.max(1e-9),
-            mb_per_s: t.bytes_in as f64 / 1e6 / elapsed.max(1e-9),
             skipped: self.skipped,
             warnings: self.warnings,
+            ..totals.summary(self.t0.elapsed().as_secs_f64())
         })
     }
 
@@ -781,6 +767,26 @@ pub(crate) struct Totals {
 }
 
 impl Totals {
+    /// A summary with these counts and the rates over `elapsed` seconds (the rest default).
+    pub(crate) fn summary(&self, elapsed: f64) -> PackSummary {
+        PackSummary {
+            files: self.files,
+            bytes_in: self.bytes_in,
+            bytes_stored: self.bytes_stored,
+            bytes_out: self.bytes_out,
+            ratio: if self.bytes_out > 0 {
+                self.bytes_in as f64 / self.bytes_out as f64
+            } else {
+                0.0
+            },
+            compressed_records: self.compressed_records,
+            elapsed_s: elapsed,
+            files_per_s: self.files as f64 / elapsed.max(1e-9),
+            mb_per_s: self.bytes_in as f64 / 1e6 / elapsed.max(1e-9),
+            ..PackSummary::default()
+        }
+    }
+
     pub(crate) fn count(&mut self, s: &ChunkSummary) {
         self.files += s.entries.len() as u64;
         for e in &s.entries {

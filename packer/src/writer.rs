@@ -1374,32 +1374,15 @@ impl Writer {
             }
             (None, None) => unreachable!("a whole dataset has a build directory"),
         };
-        let elapsed = self.t0.elapsed().as_secs_f64();
         Ok(PackSummary {
             out: self.opts.out.clone(),
             dataset_id: hex_id(&self.dataset_id),
             shard: self.opts.shard.map(|s| s.to_string()),
-            generation: 0,
             action,
-            files: t.files,
             classes: classes.len() as u64,
-            bytes_in: t.bytes_in,
-            bytes_stored: t.bytes_stored,
-            bytes_out: t.bytes_out,
-            ratio: if t.bytes_out > 0 {
-                t.bytes_in as f64 / t.bytes_out as f64
-            } else {
-                0.0
-            },
             chunks,
-            chunks_resumed: 0,
-            compressed_records: t.compressed_records,
-            elapsed_s: elapsed,
-            scan_s: 0.0,
-            files_per_s: t.files as f64 / elapsed.max(1e-9),
-            mb_per_s: t.bytes_in as f64 / 1e6 / elapsed.max(1e-9),
-            skipped: Vec::new(),
             warnings: std::mem::take(&mut self.warnings),
+            ..t.summary(self.t0.elapsed().as_secs_f64())
         })
     }
 }

@@ -70,19 +70,6 @@ fn err(e: ReadError) -> PyErr {
     }
 }
 
-/// The local directory where a write to `url` stages its spill logs and chunks (as
-/// `granary pack` does for a URL).
-fn staging_dir(url: &str) -> PathBuf {
-    let name: String = url
-        .chars()
-        .map(|c| match c {
-            'a'..='z' | 'A'..='Z' | '0'..='9' | '-' | '.' | '_' => c,
-            _ => '_',
-        })
-        .collect();
-    granary::remote::cache_home().join("uploads").join(name)
-}
-
 /// ENOENT (Linux), so that a missing object is a `FileNotFoundError` like a missing file.
 fn libc_enoent() -> i32 {
     2

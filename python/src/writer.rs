@@ -33,6 +33,26 @@ pub(crate) enum PyLabel {
     Name(Vec<u8>),
 }
 
+/// An object store `out` (and its staging directory) as the writer's destination.
+fn set_destination(o: &mut WriterOptions, out: &str, staging: Option<PathBuf>) -> PyResult<()> {
+    if let Some((u, staging)) = granary::remote::write_destination(out, staging.as_deref())
+        .map_err(PyValueError::new_err)?
+    {
+        o.staging = Some(staging);
+        o.destination = Some(Arc::new(u));
+    }
+    Ok(())
+}
+
+/// The writer's label from what Python gave.
+fn to_label(l: &Option<PyLabel>) -> Label<'_> {
+    match l {
+        None => Label::None,
+        Some(PyLabel::Index(i)) => Label::Index(*i),
+        Some(PyLabel::Name(n)) => Label::Name(n),
+    }
+}
+
 #[pyclass(module = "granary._native")]
 pub(crate) struct Writer {
     inner: Option<RsWriter>,
@@ -89,21 +109,7 @@ impl Writer {
         o.resume = resume;
         o.force = force;
         o.progress = progress;
-        if granary::remote::is_url(&out) {
-            let u = granary::remote::ObjectUrl::parse(&out)
-                .map_err(|e| PyValueError::new_err(format!("{out}: {e}")))?;
-            if !u.writable() {
-                return Err(PyValueError::new_err(format!(
-                    "{out}: http(s) URLs are read-only; write to s3://, gs:// or az://"
-                )));
-            }
-            o.staging = Some(staging.unwrap_or_else(|| crate::staging_dir(u.url())));
-            o.destination = Some(Arc::new(u));
-        } else if staging.is_some() {
-            return Err(PyValueError::new_err(
-                "staging is for writing to an object store URL; out is a local path",
-            ));
-        }
+        set_destination(&mut o, &out, staging)?;
         let w = py.detach(|| RsWriter::create(o)).map_err(pack_err)?;
         Ok(Writer { inner: Some(w) })
     }
@@ -120,14 +126,7 @@ impl Writer {
         let w = self.inner.as_mut().ok_or_else(closed)?;
         let data = data.as_bytes().to_vec();
         let written = py
-            .detach(|| {
-                let label = match &label {
-                    None => Label::None,
-                    Some(PyLabel::Index(i)) => Label::Index(*i),
-                    Some(PyLabel::Name(n)) => Label::Name(n),
-                };
-                w.write(&key, data, label)
-            })
+            .detach(|| w.write(&key, data, to_label(&label)))
             .map_err(pack_err)?;
         Ok(written == Written::New)
     }
@@ -148,14 +147,7 @@ impl Writer {
             .map(|(n, d)| (n, d.as_bytes().to_vec()))
             .collect();
         let written = py
-            .detach(|| {
-                let label = match &label {
-                    None => Label::None,
-                    Some(PyLabel::Index(i)) => Label::Index(*i),
-                    Some(PyLabel::Name(n)) => Label::Name(n),
-                };
-                w.write_fields(&key, fields, label)
-            })
+            .detach(|| w.write_fields(&key, fields, to_label(&label)))
             .map_err(pack_err)?;
         Ok(written == Written::New)
     }
@@ -239,12 +231,7 @@ pub(crate) fn import_webdataset(
     o.resume = resume;
     o.force = force;
     o.progress = progress;
-    if granary::remote::is_url(&out) {
-        let u = granary::remote::ObjectUrl::parse(&out)
-            .map_err(|e| PyValueError::new_err(format!("{out}: {e}")))?;
-        o.staging = Some(staging.unwrap_or_else(|| crate::staging_dir(u.url())));
-        o.destination = Some(Arc::new(u));
-    }
+    set_destination(&mut o, &out, staging)?;
     let (s, _) = py
         .detach(|| granary_packer::import_webdataset(&sources, o, &|_, _, _| {}))
         .map_err(pack_err)?;

@@ -241,17 +241,10 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     o.force = a.force;
     o.resume = a.resume;
     o.shard = a.shard;
-    if let Some(url) = a.out.to_str().filter(|s| granary::remote::is_url(s)) {
-        let u = granary::remote::ObjectUrl::parse(url)?;
-        if !u.writable() {
-            anyhow::bail!("{url}: http(s) URLs are read-only; pack to s3://, gs:// or az://");
-        }
-        let staging = a.staging.clone().unwrap_or_else(|| staging_dir(u.url()));
+    if let Some((u, staging)) = destination(&a)? {
         abort_uploads_on_signal(&staging)?;
         o.staging = Some(staging);
         o.destination = Some(std::sync::Arc::new(u));
-    } else if a.staging.is_some() {
-        anyhow::bail!("--staging is for packing to an object store URL; OUT is a local path");
     }
     let s = granary_packer::pack(&o).with_context(|| format!("packing {}", src.display()))?;
     report(&src, &s, a.run.json)
@@ -281,16 +274,9 @@ fn import_webdataset(a: Args) -> anyhow::Result<ExitCode> {
     if let Some(m) = a.memory {
         o.memory = m;
     }
-    if let Some(url) = a.out.to_str().filter(|s| granary::remote::is_url(s)) {
-        let u = granary::remote::ObjectUrl::parse(url)?;
-        if !u.writable() {
-            anyhow::bail!("{url}: http(s) URLs are read-only; write to s3://, gs:// or az://");
-        }
-        let staging = a.staging.clone().unwrap_or_else(|| staging_dir(u.url()));
+    if let Some((u, staging)) = destination(&a)? {
         o.staging = Some(staging);
         o.destination = Some(std::sync::Arc::new(u));
-    } else if a.staging.is_some() {
-        anyhow::bail!("--staging is for packing to an object store URL; OUT is a local path");
     }
     let show = o.progress;
     let (s, counts) = granary_packer::import_webdataset(&sources, o, &|i, n, shard| {
@@ -412,17 +398,11 @@ pub fn report(
     Ok(ExitCode::SUCCESS)
 }
 
-/// The default staging directory of a pack to `url`: one per destination, so that `--resume`
-/// finds it again.
-fn staging_dir(url: &str) -> PathBuf {
-    let name: String = url
-        .chars()
-        .map(|c| match c {
-            'a'..='z' | 'A'..='Z' | '0'..='9' | '-' | '.' | '_' => c,
-            _ => '_',
-        })
-        .collect();
-    granary::remote::cache_home().join("uploads").join(name)
+/// OUT as an object store and its staging directory (`--staging`, or the default one per
+/// destination), or `None` for a local OUT.
+fn destination(a: &Args) -> anyhow::Result<Option<(granary::remote::ObjectUrl, PathBuf)>> {
+    granary::remote::write_destination(&a.out.to_string_lossy(), a.staging.as_deref())
+        .map_err(anyhow::Error::msg)
 }
 
 #[cfg(test)]

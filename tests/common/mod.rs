@@ -384,3 +384,23 @@ pub fn set_attrs(p: &Path, mode: u32, mtime_ns: i64) {
         .set_times(std::fs::FileTimes::new().set_modified(t))
         .unwrap();
 }
+
+/// A tar archive (GNU headers, mode 0644) of `members` (path, bytes), in order: what
+/// WebDataset shards are.
+pub fn tar_bytes<N: AsRef<[u8]>>(members: &[(N, Vec<u8>)]) -> Vec<u8> {
+    let mut b = tar::Builder::new(Vec::new());
+    for (name, data) in members {
+        let mut h = tar::Header::new_gnu();
+        h.set_size(data.len() as u64);
+        h.set_mode(0o644);
+        h.set_cksum();
+        b.append_data(&mut h, OsStr::from_bytes(name.as_ref()), &data[..])
+            .unwrap();
+    }
+    b.into_inner().unwrap()
+}
+
+/// Writes [`tar_bytes`] of `members` to `path`.
+pub fn write_tar<N: AsRef<[u8]>>(path: &Path, members: &[(N, Vec<u8>)]) {
+    std::fs::write(path, tar_bytes(members)).unwrap();
+}
