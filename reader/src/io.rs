@@ -402,6 +402,25 @@ impl Engine {
         })?
     }
 
+    /// [`Engine::wait`] for at most `timeout`: `Err(p)` gives the batch back when it is not
+    /// complete by then.
+    pub fn wait_for(
+        &mut self,
+        p: Pending,
+        timeout: std::time::Duration,
+    ) -> std::result::Result<Result<Vec<Completed>>, Pending> {
+        match p.0.recv_timeout(timeout) {
+            Ok(r) => Ok(r),
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => Err(p),
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                Ok(Err(ReadError::Incomplete(format!(
+                    "granary's {} thread ended without finishing a batch",
+                    self.name
+                ))))
+            }
+        }
+    }
+
     /// Reads every request; results are in request order. On error, every read in flight is
     /// completed before returning, and the error names the file and offset.
     pub fn read(&mut self, reqs: &[Request]) -> Result<Vec<Completed>> {

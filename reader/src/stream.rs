@@ -471,7 +471,16 @@ impl IoThread {
             let Some((prep, t)) = pending.pop_front() else {
                 break;
             };
-            let read = self.engine.wait(t);
+            let read = match next.as_ref() {
+                // A prepared window waits for room: submit it as soon as the consumer frees
+                // buffers, not only when the oldest window completes, so that the reads in
+                // flight fill the budget (the device's bandwidth grows with bytes in flight).
+                Some((_, reqs)) if failure.is_none() => {
+                    let need = buffer_bytes(reqs);
+                    self.wait_submitting(t, &mut pending, &mut next, need)
+                }
+                _ => self.engine.wait(t),
+            };
             let done = self.windows.complete(&prep, read);
             let (bufs, served) = match done {
                 Ok(d) => d,
@@ -519,6 +528,44 @@ impl IoThread {
         let _ = self.tx.send(Msg::End);
     }
 }
+
+impl IoThread {
+    /// Waits for the reads of `t` (the oldest window in flight); meanwhile, every
+    /// [`ROOM_POLL`], submits the prepared window `next` (of `need` buffer bytes) once the
+    /// budget has room for it, queuing it on `pending` behind the ones in flight.
+    fn wait_submitting(
+        &mut self,
+        mut t: Pending,
+        pending: &mut VecDeque<(Prepared, Pending)>,
+        next: &mut Option<(Prepared, Vec<Request>)>,
+        need: usize,
+    ) -> Result<Vec<Completed>> {
+        loop {
+            let room = next.is_some()
+                && pending.len() + 1 < MAX_WINDOWS_AHEAD
+                && self.pool.in_use() + need <= self.budget;
+            if room {
+                let (prep, reqs) = next.take().expect("checked above");
+                if self.populate {
+                    populate(&reqs);
+                }
+                let p = self.engine.submit(reqs);
+                pending.push_back((prep, p));
+            }
+            if next.is_none() {
+                return self.engine.wait(t);
+            }
+            match self.engine.wait_for(t, ROOM_POLL) {
+                Ok(r) => return r,
+                Err(back) => t = back,
+            }
+        }
+    }
+}
+
+/// How often a stream whose next window waits for room looks whether the consumer freed
+/// buffers, while it waits for reads.
+const ROOM_POLL: std::time::Duration = std::time::Duration::from_millis(1);
 
 /// Maps every page of the mapped ranges of `reqs` in one call each instead of a fault per page
 /// (best effort: before Linux 5.14 they fault in as read).

@@ -1,18 +1,93 @@
-//! Read buffers: 4 KiB-aligned heap buffers (for `O_DIRECT`) recycled by a pool that counts
+//! Read buffers: 4 KiB-aligned buffers (for `O_DIRECT`) recycled by a pool that counts
 //! every byte handed out, so that a stream keeps its read-ahead within a memory budget.
+//!
+//! Buffers of 2 MiB and more are anonymous maps advised to use transparent huge pages, their
+//! usable part starting at a 2 MiB boundary. A direct read's pages go to the device as one
+//! segment per physically contiguous run, and a request holds at most `max_segments` of them
+//! (254 for virtio-blk): into 4 KiB pages scattered over memory, a 4 MiB read leaves as four
+//! or five requests of about 1 MiB; into huge pages, as one. On this project's VM that moved
+//! a 32-deep sequential read of chunk files from 1.2 to 2.8 GB/s (fio on the same files, its
+//! own buffers partly contiguous: 2.2 GB/s; docs/reading.md). Where transparent huge
+//! pages are off, the advice is ignored and the buffers are ordinary pages.
 
 use std::sync::{Arc, Mutex};
 
 /// Alignment of direct I/O offsets, lengths and buffers.
 pub const ALIGN: usize = 4096;
 
-/// A heap buffer whose usable part starts at a 4 KiB boundary (no unsafe allocation needed:
-/// the Vec is over-allocated and the aligned start is found inside it). Buffers taken from a
+/// Size (and alignment) of a transparent huge page on x86-64 and most arm64 kernels.
+const HUGE: usize = 2 << 20;
+
+/// The memory of a buffer: `footprint` bytes counted by the pool, usable from `start`.
+struct Block {
+    mem: Mem,
+    start: usize,
+    footprint: usize,
+}
+
+enum Mem {
+    Heap(Vec<u8>),
+    Anon(memmap2::MmapMut),
+}
+
+impl std::fmt::Debug for Block {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let kind = match self.mem {
+            Mem::Heap(_) => "heap",
+            Mem::Anon(_) => "anon",
+        };
+        write!(f, "Block({kind}, {} bytes)", self.footprint)
+    }
+}
+
+impl Block {
+    /// A block of `footprint` bytes whose usable part, `footprint - ALIGN` bytes at least,
+    /// starts at a 4 KiB boundary (at a 2 MiB one for blocks of 2 MiB and more).
+    fn new(footprint: usize) -> Block {
+        if footprint >= HUGE {
+            // The map is 2 MiB longer than the footprint so that its usable part can start at
+            // a huge-page boundary; pages never touched take no memory.
+            if let Ok(map) = memmap2::MmapMut::map_anon(footprint + HUGE) {
+                let start = (map.as_ptr() as usize).next_multiple_of(HUGE) - map.as_ptr() as usize;
+                // Best effort: without transparent huge pages the buffer has ordinary pages.
+                let _ = map.advise_range(memmap2::Advice::HugePage, start, footprint);
+                return Block {
+                    mem: Mem::Anon(map),
+                    start,
+                    footprint,
+                };
+            }
+        }
+        let vec = vec![0u8; footprint];
+        let start = vec.as_ptr().align_offset(ALIGN).min(ALIGN);
+        Block {
+            mem: Mem::Heap(vec),
+            start,
+            footprint,
+        }
+    }
+
+    fn bytes(&self) -> &[u8] {
+        match &self.mem {
+            Mem::Heap(v) => v,
+            Mem::Anon(m) => m,
+        }
+    }
+
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        match &mut self.mem {
+            Mem::Heap(v) => v,
+            Mem::Anon(m) => m,
+        }
+    }
+}
+
+/// A buffer whose usable part starts at a 4 KiB boundary (no unsafe allocation needed: the
+/// memory is over-allocated and the aligned start is found inside it). Buffers taken from a
 /// [`BufPool`] go back to it when dropped, so steady-state reads neither allocate nor fault in
 /// fresh pages.
 pub struct AlignedBuf {
-    vec: Vec<u8>,
-    start: usize,
+    block: Option<Block>,
     len: usize,
     pool: Option<Arc<BufPool>>,
 }
@@ -20,33 +95,40 @@ pub struct AlignedBuf {
 impl AlignedBuf {
     /// A zeroed buffer of `len` usable bytes, not pooled.
     pub fn new(len: usize) -> Self {
-        Self::from_vec(vec![0u8; len + ALIGN], len, None)
+        Self::from_block(Block::new(BufPool::fresh_size(len)), len, None)
     }
 
-    fn from_vec(vec: Vec<u8>, len: usize, pool: Option<Arc<BufPool>>) -> Self {
-        let start = vec.as_ptr().align_offset(ALIGN).min(ALIGN);
-        debug_assert!(start + len <= vec.len());
+    fn from_block(block: Block, len: usize, pool: Option<Arc<BufPool>>) -> Self {
+        debug_assert!(block.start + len <= block.bytes().len());
         AlignedBuf {
-            vec,
-            start,
+            block: Some(block),
             len,
             pool,
         }
     }
 
     pub fn as_slice(&self) -> &[u8] {
-        &self.vec[self.start..self.start + self.len]
+        let b = self
+            .block
+            .as_ref()
+            .expect("a buffer has its block until dropped");
+        &b.bytes()[b.start..b.start + self.len]
     }
 
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
-        &mut self.vec[self.start..self.start + self.len]
+        let b = self
+            .block
+            .as_mut()
+            .expect("a buffer has its block until dropped");
+        let start = b.start;
+        &mut b.bytes_mut()[start..start + self.len]
     }
 }
 
 impl Drop for AlignedBuf {
     fn drop(&mut self) {
-        if let Some(pool) = self.pool.take() {
-            pool.put(std::mem::take(&mut self.vec));
+        if let (Some(pool), Some(block)) = (self.pool.take(), self.block.take()) {
+            pool.put(block);
         }
     }
 }
@@ -68,7 +150,7 @@ pub struct BufPool {
 
 #[derive(Debug, Default)]
 struct PoolState {
-    free: Vec<(Vec<u8>, std::time::Instant)>,
+    free: Vec<(Block, std::time::Instant)>,
     idle: usize,
     in_use: usize,
     peak_in_use: usize,
@@ -84,7 +166,7 @@ impl PoolState {
             if now.duration_since(*t) < IDLE_TTL && self.idle + self.in_use + extra <= cap {
                 break;
             }
-            self.idle -= v.len();
+            self.idle -= v.footprint;
             self.free.pop();
         }
     }
@@ -129,30 +211,30 @@ impl BufPool {
                 .free
                 .iter()
                 .enumerate()
-                .filter(|(_, (v, _))| v.len() >= need && v.len() <= Self::charge(len))
-                .min_by_key(|(_, (v, _))| v.len())
+                .filter(|(_, (b, _))| b.footprint >= need && b.footprint <= Self::charge(len))
+                .min_by_key(|(_, (b, _))| b.footprint)
                 .map(|(i, _)| i);
             let reused = best.map(|i| st.free.swap_remove(i).0);
             match &reused {
-                Some(v) => st.idle -= v.len(),
+                Some(b) => st.idle -= b.footprint,
                 // Idle buffers too small for this request make room for a fresh one.
                 None => st.shrink(self.cap, size),
             }
-            st.in_use += reused.as_ref().map_or(size, Vec::len);
+            st.in_use += reused.as_ref().map_or(size, |b| b.footprint);
             st.peak_in_use = st.peak_in_use.max(st.in_use);
             reused
         };
-        let vec = reused.unwrap_or_else(|| vec![0u8; size]);
-        AlignedBuf::from_vec(vec, len, Some(self.clone()))
+        let block = reused.unwrap_or_else(|| Block::new(size));
+        AlignedBuf::from_block(block, len, Some(self.clone()))
     }
 
-    fn put(&self, v: Vec<u8>) {
+    fn put(&self, b: Block) {
         let mut st = self.state.lock().expect("pool lock");
-        st.in_use -= v.len();
-        st.shrink(self.cap, v.len());
-        if st.idle + st.in_use + v.len() <= self.cap {
-            st.idle += v.len();
-            st.free.push((v, std::time::Instant::now()));
+        st.in_use -= b.footprint;
+        st.shrink(self.cap, b.footprint);
+        if st.idle + st.in_use + b.footprint <= self.cap {
+            st.idle += b.footprint;
+            st.free.push((b, std::time::Instant::now()));
         }
     }
 
@@ -199,5 +281,42 @@ pub struct MapLease {
 impl Drop for MapLease {
     fn drop(&mut self) {
         self.pool.state.lock().expect("pool lock").in_use -= self.len;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn large_buffers_start_on_a_huge_page_boundary_and_are_recycled() {
+        let pool = BufPool::new(64 << 20);
+        let len = (4 << 20) + 123;
+        let mut b = pool.get(len);
+        assert_eq!(b.as_slice().len(), len);
+        assert_eq!(b.as_slice().as_ptr() as usize % HUGE, 0);
+        b.as_mut_slice().fill(7);
+        assert!(b.as_slice().iter().all(|&x| x == 7));
+        let charged = pool.in_use();
+        assert!(charged >= len + ALIGN && charged <= BufPool::charge(len));
+        let addr = b.as_slice().as_ptr();
+        drop(b);
+        assert_eq!((pool.in_use(), pool.idle()), (0, charged));
+        // The idle buffer serves the next request of about the same size.
+        let again = pool.get(len - 1000);
+        assert_eq!(again.as_slice().as_ptr(), addr);
+        assert_eq!(pool.idle(), 0);
+    }
+
+    #[test]
+    fn small_buffers_are_page_aligned_heap_memory() {
+        let pool = BufPool::new(1 << 20);
+        let mut b = pool.get(10_000);
+        assert_eq!(b.as_slice().as_ptr() as usize % ALIGN, 0);
+        b.as_mut_slice()[9_999] = 1;
+        assert_eq!(b.as_slice().len(), 10_000);
+        let unpooled = AlignedBuf::new(3 << 20);
+        assert!(unpooled.as_slice().iter().all(|&x| x == 0));
+        assert_eq!(unpooled.as_slice().as_ptr() as usize % ALIGN, 0);
     }
 }
