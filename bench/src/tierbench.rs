@@ -184,6 +184,7 @@ fn run_row(
             hits.bytes_from_tier += h.bytes_from_tier;
             hits.bytes_from_origin += h.bytes_from_origin;
             hits.admissions_failed += h.admissions_failed;
+            hits.admissions_skipped += h.admissions_skipped;
             epochs += 1;
         }
     }

@@ -207,6 +207,7 @@ pub fn read_epoch(
         r.hits.samples_from_peers += w.hits.samples_from_peers;
         r.hits.bytes_from_peers += w.hits.bytes_from_peers;
         r.hits.admissions_failed += w.hits.admissions_failed;
+        r.hits.admissions_skipped += w.hits.admissions_skipped;
         r.peak_buffer_bytes = r.peak_buffer_bytes.max(w.peak_buffer_bytes);
     }
     r.elapsed_s = t.elapsed().as_secs_f64();

@@ -203,6 +203,12 @@ pub struct TierHits {
     /// Chunks or hot chunks the tier failed to store (a full or failing disk: the first
     /// failure is also printed as a warning; reads go on from the source).
     pub admissions_failed: u64,
+    /// Offers the tier did not get because admission was busy and the queue of waiting
+    /// offers was full, while the tier was full too (it would have had to evict): the least
+    /// valuable per byte go. An offer the tier has room for waits instead (the stream slows
+    /// to the tier's write speed), so a tier that can hold the dataset gets all of it.
+    #[serde(default)]
+    pub admissions_skipped: u64,
 }
 
 #[derive(Default)]
@@ -214,6 +220,7 @@ pub(crate) struct TierCounters {
     samples_peers: AtomicU64,
     bytes_peers: AtomicU64,
     admissions_failed: AtomicU64,
+    admissions_skipped: AtomicU64,
 }
 
 impl TierCounters {
@@ -228,6 +235,7 @@ impl TierCounters {
             samples_from_peers: l(&self.samples_peers),
             bytes_from_peers: l(&self.bytes_peers),
             admissions_failed: l(&self.admissions_failed),
+            admissions_skipped: l(&self.admissions_skipped),
         }
     }
 
@@ -293,100 +301,59 @@ impl Job {
     }
 }
 
-/// A one-slot mailbox: the offered job (if any) and whether the stream has finished.
-type Mailbox = (std::sync::Mutex<(Option<Job>, bool)>, std::sync::Condvar);
+/// Offers waiting for the admission thread (and their bytes), and whether the stream has
+/// finished.
+#[derive(Default)]
+struct Waiting {
+    jobs: std::collections::VecDeque<Job>,
+    bytes: u64,
+    done: bool,
+}
 
-/// Background admission into the tier: a one-slot mailbox, so an epoch never waits on it
-/// (while a job is being written, only the most valuable newer offer waits; others are
-/// dropped, which also limits churn to one admission at a time).
+type Mailbox = (std::sync::Mutex<Waiting>, std::sync::Condvar);
+
+/// Background admission into the tier: a queue of offers bounded in bytes, written by a
+/// thread of its own. An offer the tier has room for (or, with shared tiers, a chunk this node
+/// must keep) waits for room in the queue, so the tier fills completely even when it writes
+/// slower than the source reads; an offer that would make the full tier evict is dropped when
+/// the queue is full (the least valuable per byte first), and counted
+/// ([`TierHits::admissions_skipped`]).
 pub(crate) struct Admission {
     slot: Arc<Mailbox>,
     thread: std::thread::JoinHandle<()>,
-    /// Most bytes of hot records waiting for the admission thread.
-    max_waiting_hot: u64,
+    /// Most bytes of offers waiting for the admission thread (hot records included).
+    max_waiting: u64,
     /// With a shared tier, only the chunk copies this node owns are admitted.
     peers: Option<Arc<crate::Peers>>,
+    cache: Arc<LocalTier>,
+    stats: Arc<TierCounters>,
 }
 
 impl Admission {
     pub(crate) fn start(
         cache: Arc<LocalTier>,
         ds: Arc<Dataset>,
-        max_waiting_hot: u64,
+        max_waiting: u64,
         stats: Arc<TierCounters>,
         peers: Option<Arc<crate::Peers>>,
     ) -> Admission {
         let slot: Arc<Mailbox> = Arc::default();
         let s2 = slot.clone();
-        let mut admitting = true;
-        let thread = std::thread::spawn(move || loop {
-            let job = {
-                let (m, cv) = &*s2;
-                let mut g = m.lock().expect("admission lock");
-                while g.0.is_none() && !g.1 {
-                    g = cv.wait(g).expect("admission lock");
-                }
-                let job = g.0.take();
-                // An offer of a chunk this node must keep may be waiting for the slot.
-                cv.notify_all();
-                match job {
-                    Some(j) => j,
-                    None => return,
-                }
-            };
-            // Errors only cost a missed admission; the epoch goes on from the source. On a full
-            // file system the stream stops admitting (jobs are taken and dropped).
-            if !admitting {
-                continue;
-            }
-            let mut failed = |e: granary_store::StoreError| {
-                admitting &= stats.admission_failed(cache.dir(), &e);
-            };
-            match job {
-                Job::Chunk(ce, bytes, score) => {
-                    if let Err(e) = cache.admit(&ce, bytes.data(), score) {
-                        failed(e);
-                    }
-                }
-                Job::Hot(records, target) => {
-                    let classes = ds.classes().unwrap_or_default();
-
-                    // Hot chunks of about `target` bytes each (offers merge while one is written).
-                    let mut group = Vec::new();
-                    let mut bytes = 0;
-                    for r in records {
-                        bytes += r.stored.len() as u64 + HOT_RECORD_OVERHEAD + r.path.len() as u64;
-                        group.push(r);
-                        if bytes >= target {
-                            if let Err(e) = cache.admit_hot(&group, &classes) {
-                                failed(e);
-                                break;
-                            }
-                            group.clear();
-                            bytes = 0;
-                        }
-                    }
-                    if !group.is_empty() {
-                        if let Err(e) = cache.admit_hot(&group, &classes) {
-                            failed(e);
-                        }
-                    }
-                }
-            }
-        });
+        let (cache2, stats2) = (cache.clone(), stats.clone());
+        let thread = std::thread::spawn(move || admit_offers(&s2, &cache2, &ds, &stats2));
         Admission {
             slot,
             thread,
-            max_waiting_hot,
+            max_waiting,
             peers,
+            cache,
+            stats,
         }
     }
 
     pub(crate) fn offer(&self, job: Job) {
         // With a shared tier a chunk copy is admitted exactly when this node keeps it, and then
-        // it must be: other nodes will ask for it. The offer waits for the slot (the stream's
-        // read-ahead waits with it: the chunk's buffer is in its budget) instead of being
-        // dropped.
+        // it must be: other nodes will ask for it.
         let must_keep = match (&job, &self.peers) {
             (Job::Chunk(ce, ..), Some(p)) if !p.keeps(ce.chunk_id) => return,
             (Job::Chunk(..), Some(_)) => true,
@@ -394,7 +361,16 @@ impl Admission {
         };
         let (m, cv) = &*self.slot;
         let mut g = m.lock().expect("admission lock");
-        while must_keep && g.0.is_some() && !g.1 {
+        // An offer the tier will take without evicting waits for room (the stream's read-ahead
+        // waits with it: the chunk's buffer is in its budget) instead of being dropped.
+        let wait = must_keep
+            || matches!(job, Job::Chunk(..))
+                && self
+                    .cache
+                    .used()
+                    .is_ok_and(|u| u + g.bytes + job.bytes() <= self.cache.quota());
+        let bytes = job.bytes();
+        while wait && !g.jobs.is_empty() && g.bytes + bytes > self.max_waiting && !g.done {
             // Never wait on a thread that is gone.
             if self.thread.is_finished() {
                 return;
@@ -404,32 +380,128 @@ impl Admission {
                 .expect("admission lock")
                 .0;
         }
-        // An empty slot takes the offer; hot records join waiting ones; a waiting offer of
-        // lower importance per byte is replaced, so busy admission drops the least valuable.
-        let take = match (&mut g.0, job) {
-            (Some(Job::Hot(waiting, _)), Job::Hot(more, _)) => {
-                // Bounded: past the cap the newer records wait for the next epoch's harvest.
-                let held: u64 = waiting.iter().map(|r| r.stored.len() as u64).sum();
-                if held < self.max_waiting_hot {
-                    waiting.extend(more);
-                }
-                None
-            }
-            (Some(w), job) if w.per_byte() >= job.per_byte() => None,
-            (_, job) => Some(job),
-        };
-        if let Some(job) = take {
-            g.0 = Some(job);
-        }
+        let skipped = self.enqueue(&mut g, job, wait);
+        drop(g);
         cv.notify_all();
+        if skipped > 0 {
+            self.stats.admissions_skipped.fetch_add(skipped, Relaxed);
+        }
+    }
+
+    /// Queues `job` (`wait`: room was waited for; otherwise, in a full queue, the least
+    /// valuable offer per byte goes); returns how many offers were dropped.
+    fn enqueue(&self, g: &mut Waiting, job: Job, wait: bool) -> u64 {
+        let bytes = job.bytes();
+        let fits = g.bytes + bytes <= self.max_waiting;
+        let job = match job {
+            Job::Hot(more, target) => {
+                // Hot records join waiting ones (they are grouped into hot chunks as written);
+                // past the cap the newer records wait for the next epoch's harvest.
+                let waiting = g.jobs.iter_mut().find_map(|j| match j {
+                    Job::Hot(w, _) => Some(w),
+                    _ => None,
+                });
+                match waiting {
+                    Some(w) if fits => {
+                        w.extend(more);
+                        g.bytes += bytes;
+                        return 0;
+                    }
+                    Some(_) => return 1,
+                    None => Job::Hot(more, target),
+                }
+            }
+            job => job,
+        };
+        if wait || g.jobs.is_empty() || fits {
+            g.bytes += bytes;
+            g.jobs.push_back(job);
+            return 0;
+        }
+        // Full: the least valuable per byte (waiting or this one) goes.
+        let worst = g
+            .jobs
+            .iter()
+            .enumerate()
+            .min_by(|a, b| a.1.per_byte().total_cmp(&b.1.per_byte()))
+            .map(|(i, j)| (i, j.per_byte()));
+        if let Some((i, _)) = worst.filter(|&(_, w)| w < job.per_byte()) {
+            let old = g.jobs.remove(i).expect("index from the queue");
+            g.bytes -= old.bytes();
+            g.bytes += bytes;
+            g.jobs.push_back(job);
+        }
+        1
     }
 
     pub(crate) fn finish(self) {
         {
             let (m, cv) = &*self.slot;
-            m.lock().expect("admission lock").1 = true;
+            m.lock().expect("admission lock").done = true;
             cv.notify_all();
         }
         let _ = self.thread.join();
+    }
+}
+
+/// The admission thread: writes the offers of `slot` into the tier in order until the stream
+/// has finished and nothing waits. Errors only cost a missed admission; the epoch goes on from
+/// the source. On a full file system it stops admitting (offers are taken and dropped).
+fn admit_offers(slot: &Mailbox, cache: &LocalTier, ds: &Dataset, stats: &TierCounters) {
+    let mut admitting = true;
+    loop {
+        let job = {
+            let (m, cv) = slot;
+            let mut g = m.lock().expect("admission lock");
+            while g.jobs.is_empty() && !g.done {
+                g = cv.wait(g).expect("admission lock");
+            }
+            let job = g.jobs.pop_front();
+            if let Some(j) = &job {
+                g.bytes -= j.bytes();
+            }
+            // An offer may be waiting for room in the queue.
+            cv.notify_all();
+            match job {
+                Some(j) => j,
+                None => return,
+            }
+        };
+        if !admitting {
+            continue;
+        }
+        let mut failed = |e: granary_store::StoreError| {
+            admitting &= stats.admission_failed(cache.dir(), &e);
+        };
+        match job {
+            Job::Chunk(ce, bytes, score) => {
+                if let Err(e) = cache.admit(&ce, bytes.data(), score) {
+                    failed(e);
+                }
+            }
+            Job::Hot(records, target) => {
+                let classes = ds.classes().unwrap_or_default();
+                // Hot chunks of about `target` bytes each (offers merge while one is written).
+                let mut group = Vec::new();
+                let mut bytes = 0;
+                for r in records {
+                    bytes += r.stored.len() as u64 + HOT_RECORD_OVERHEAD + r.path.len() as u64;
+                    group.push(r);
+                    if bytes >= target {
+                        if let Err(e) = cache.admit_hot(&group, &classes) {
+                            failed(e);
+                            break;
+                        }
+                        group.clear();
+                        bytes = 0;
+                    }
+                }
+                if !group.is_empty() {
+                    if let Err(e) = cache.admit_hot(&group, &classes) {
+                        failed(e);
+                    }
+                }
+            }
+        }
     }
 }

@@ -246,6 +246,58 @@ fn epochs_read_through_the_tier_and_damaged_copies_are_refetched() {
     );
 }
 
+/// Admission used to be a one-slot mailbox: while a chunk was being written, newer offers
+/// replaced each other, so a tier in front of a fast source filled only partly in the first
+/// epoch (48 % of epoch 2 from the tier in front of S3). An offer the tier has room for now
+/// waits for the admission thread, so a tier that can hold the dataset holds all of it after
+/// one epoch, however small the stream's budget (and so its queue of offers) is.
+#[test]
+fn a_tier_that_can_hold_the_dataset_holds_all_of_it_after_one_epoch() {
+    use granary::{PlanOptions, Shard, StreamOptions};
+    let tmp = tempfile::tempdir().unwrap();
+    let ds = dataset(tmp.path(), "ds");
+    let id = ds.snapshot().dataset_id();
+    for (policy, run) in [(TierPolicy::Static, "s"), (TierPolicy::Lru, "l")] {
+        let cache = Arc::new(LocalTier::open(&tmp.path().join(run), id, u64::MAX, policy).unwrap());
+        let io = StreamOptions {
+            tier: Some(cache.clone()),
+            // A queue of offers smaller than one chunk: every offer finds admission busy.
+            memory: 16 << 10,
+            ..StreamOptions::default()
+        };
+        let plan = PlanOptions {
+            window_chunks: 1,
+            ..PlanOptions::default()
+        };
+        let mut hits = Vec::new();
+        for epoch in 0..2 {
+            let mut st = ds
+                .stream_epoch(&plan, epoch, Shard::WHOLE, None, &io)
+                .unwrap();
+            let mut n = 0u64;
+            for s in st.by_ref() {
+                s.unwrap();
+                n += 1;
+            }
+            assert_eq!(n, ds.len());
+            hits.push(st.tier_hits());
+        }
+        assert_eq!(
+            cache.stats().unwrap().entries,
+            ds.chunk_count() as u64,
+            "{policy:?}: every chunk admitted in the first epoch ({:?})",
+            hits[0]
+        );
+        assert_eq!(hits[0].admissions_skipped, 0, "{policy:?}: {:?}", hits[0]);
+        assert_eq!(
+            hits[1].samples_from_tier,
+            ds.len(),
+            "{policy:?}: the second epoch entirely from the tier: {:?}",
+            hits[1]
+        );
+    }
+}
+
 /// Scores that make every fifth sample far more important than the rest.
 fn skewed_scores(n: u64) -> granary::ImportanceScores {
     let mut s = granary::ImportanceScores::new(n, 0.8);
