@@ -234,43 +234,36 @@ pub fn run(o: &ReadBenchOptions) -> Result<ReadBenchResult, String> {
     // anywhere from 1.1 to 3 GB/s with the layout of its memory, while the engine's huge-page
     // buffers send whole 4 MiB requests. Neither side is the ceiling alone.
     let base = median(&seq_runs).max(median(&fio_runs));
-    let seq_median = median(&seq_runs);
-    let mut sides = vec![Side {
-        name: "direct sequential read of the chunk files (granary engine, no plan)".into(),
-        median_mb_per_s: seq_median,
-        runs_mb_per_s: seq_runs,
-        samples_per_s: 0.0,
-        cpu_s_per_gb: Some(median(&seq_cpu)),
-        vs_device: seq_median / base,
-    }];
-    if !fio_runs.is_empty() {
-        let m = median(&fio_runs);
-        sides.push(Side {
-            name: format!("fio sequential 4 MiB O_DIRECT io_uring, depth {FIO_DEPTH}"),
+    let side = |name: String, runs: Vec<f64>, samples_per_s: f64, cpu_s_per_gb: Option<f64>| {
+        let m = median(&runs);
+        Side {
+            name,
             median_mb_per_s: m,
-            runs_mb_per_s: fio_runs,
-            samples_per_s: 0.0,
-            cpu_s_per_gb: None,
+            runs_mb_per_s: runs,
+            samples_per_s,
+            cpu_s_per_gb,
             vs_device: m / base,
-        });
+        }
+    };
+    let mut sides = vec![side(
+        "direct sequential read of the chunk files (granary engine, no plan)".into(),
+        seq_runs,
+        0.0,
+        Some(median(&seq_cpu)),
+    )];
+    if !fio_runs.is_empty() {
+        let name = format!("fio sequential 4 MiB O_DIRECT io_uring, depth {FIO_DEPTH}");
+        sides.push(side(name, fio_runs, 0.0, None));
     }
     if !fio_same_runs.is_empty() {
-        let m = median(&fio_same_runs);
-        sides.push(Side {
-            name: format!(
-                "fio sequential 4 MiB O_DIRECT io_uring, depth {} (granary's)",
-                o.queue_depth
-            ),
-            median_mb_per_s: m,
-            runs_mb_per_s: fio_same_runs,
-            samples_per_s: 0.0,
-            cpu_s_per_gb: None,
-            vs_device: m / base,
-        });
+        let name = format!(
+            "fio sequential 4 MiB O_DIRECT io_uring, depth {} (granary's)",
+            o.queue_depth
+        );
+        sides.push(side(name, fio_same_runs, 0.0, None));
     }
     for ((name, _, _, _), runs) in granary_sides.iter().zip(g_runs) {
         let mbs: Vec<f64> = runs.iter().map(|r| r.mb_per_s).collect();
-        let m = median(&mbs);
         let sps = median(&runs.iter().map(|r| r.samples_per_s).collect::<Vec<_>>());
         let cpu = median(
             &runs
@@ -278,14 +271,7 @@ pub fn run(o: &ReadBenchOptions) -> Result<ReadBenchResult, String> {
                 .map(|r| r.cpu_s / (r.bytes as f64 / 1e9))
                 .collect::<Vec<_>>(),
         );
-        sides.push(Side {
-            name: name.to_string(),
-            median_mb_per_s: m,
-            runs_mb_per_s: mbs,
-            samples_per_s: sps,
-            cpu_s_per_gb: Some(cpu),
-            vs_device: m / base,
-        });
+        sides.push(side(name.to_string(), mbs, sps, Some(cpu)));
     }
     Ok(ReadBenchResult {
         dataset: o.dataset.clone(),
