@@ -405,12 +405,15 @@ impl Engine {
     /// Completes a batch returned by [`Engine::submit`]: its buffers in request order, or the
     /// first error (naming file and offset) once none of its reads is in flight any more.
     pub fn wait(&mut self, p: Pending) -> Result<Vec<Completed>> {
-        p.0.recv().map_err(|_| {
-            ReadError::Incomplete(format!(
-                "granary's {} thread ended without finishing a batch",
-                self.name
-            ))
-        })?
+        p.0.recv().map_err(|_| self.ended())?
+    }
+
+    /// The error for a batch whose reply will never come.
+    fn ended(&self) -> ReadError {
+        ReadError::Incomplete(format!(
+            "granary's {} thread ended without finishing a batch",
+            self.name
+        ))
     }
 
     /// [`Engine::wait`] for at most `timeout`: `Err(p)` gives the batch back when it is not
@@ -423,12 +426,7 @@ impl Engine {
         match p.0.recv_timeout(timeout) {
             Ok(r) => Ok(r),
             Err(std::sync::mpsc::RecvTimeoutError::Timeout) => Err(p),
-            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
-                Ok(Err(ReadError::Incomplete(format!(
-                    "granary's {} thread ended without finishing a batch",
-                    self.name
-                ))))
-            }
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => Ok(Err(self.ended())),
         }
     }
 

@@ -455,28 +455,21 @@ impl IoThread {
                         }
                     }
                 }
-                let (_, reqs) = next.as_ref().expect("prepared above");
-                let fits = pending.len() < MAX_WINDOWS_AHEAD
-                    && self.pool.in_use() + buffer_bytes(reqs) <= self.budget;
-                if !pending.is_empty() && !fits {
+                let ahead = pending.len();
+                if !self.submit_if_room(ahead, ahead == 0, &mut pending, &mut next) {
                     break;
                 }
-                let (prep, reqs) = next.take().expect("prepared above");
-                let t = self.engine.submit(reqs);
-                pending.push_back((prep, t));
             }
             let Some((prep, t)) = pending.pop_front() else {
                 break;
             };
-            let read = match next.as_ref() {
-                // A prepared window waits for room: submit it as soon as the consumer frees
-                // buffers, not only when the oldest window completes, so that the reads in
-                // flight fill the budget (the device's bandwidth grows with bytes in flight).
-                Some((_, reqs)) if failure.is_none() => {
-                    let need = buffer_bytes(reqs);
-                    self.wait_submitting(t, &mut pending, &mut next, need)
-                }
-                _ => self.engine.wait(t),
+            // A prepared window waits for room: submit it as soon as the consumer frees
+            // buffers, not only when the oldest window completes, so that the reads in flight
+            // fill the budget (the device's bandwidth grows with bytes in flight).
+            let read = if next.is_some() && failure.is_none() {
+                self.wait_submitting(t, &mut pending, &mut next)
+            } else {
+                self.engine.wait(t)
             };
             let done = self.windows.complete(&prep, read);
             let (bufs, served) = match done {
@@ -533,26 +526,40 @@ impl IoThread {
 }
 
 impl IoThread {
+    /// Submits the prepared window `next` if the budget has room for it with `ahead` windows
+    /// in flight (`force`: in any case), queuing it on `pending`; true if it did.
+    fn submit_if_room(
+        &mut self,
+        ahead: usize,
+        force: bool,
+        pending: &mut VecDeque<(Prepared, Pending)>,
+        next: &mut Option<(Prepared, Vec<Request>)>,
+    ) -> bool {
+        let Some((_, reqs)) = next.as_ref() else {
+            return false;
+        };
+        let fits =
+            ahead < MAX_WINDOWS_AHEAD && self.pool.in_use() + buffer_bytes(reqs) <= self.budget;
+        if !fits && !force {
+            return false;
+        }
+        let (prep, reqs) = next.take().expect("checked above");
+        let t = self.engine.submit(reqs);
+        pending.push_back((prep, t));
+        true
+    }
+
     /// Waits for the reads of `t` (the oldest window in flight); meanwhile, every
-    /// [`ROOM_POLL`], submits the prepared window `next` (of `need` buffer bytes) once the
-    /// budget has room for it, queuing it on `pending` behind the ones in flight.
+    /// [`ROOM_POLL`], submits the prepared window `next` once the budget has room for it.
     fn wait_submitting(
         &mut self,
         mut t: Pending,
         pending: &mut VecDeque<(Prepared, Pending)>,
         next: &mut Option<(Prepared, Vec<Request>)>,
-        need: usize,
     ) -> Result<Vec<Completed>> {
         loop {
-            let room = next.is_some()
-                && pending.len() + 1 < MAX_WINDOWS_AHEAD
-                && self.pool.in_use() + need <= self.budget;
-            if room {
-                let (prep, reqs) = next.take().expect("checked above");
-                let p = self.engine.submit(reqs);
-                pending.push_back((prep, p));
-            }
-            if next.is_none() {
+            // `t` is in flight too.
+            if self.submit_if_room(pending.len() + 1, false, pending, next) {
                 return self.engine.wait(t);
             }
             match self.engine.wait_for(t, ROOM_POLL) {
