@@ -52,6 +52,9 @@ pub struct ReadBenchResult {
     pub window_chunks: usize,
     pub queue_depth: usize,
     pub sides: Vec<Side>,
+    /// The defaults' median over the page-cache fill's: how close a first epoch that fills
+    /// the page cache comes to what filling it costs.
+    pub defaults_vs_page_cache: f64,
 }
 
 fn chunk_files(ds: &Dataset) -> granary::Result<Vec<(PathBuf, u64)>> {
@@ -90,6 +93,49 @@ fn sequential_baseline(files: &[(PathBuf, u64)], qd: usize) -> granary::Result<(
     }
     let secs = t.elapsed().as_secs_f64();
     Ok((total as f64 / 1e6 / secs, cpu_seconds() - cpu0))
+}
+
+/// Streams of the page-cache reference ([`page_cache_fill`]).
+pub const PAGE_CACHE_STREAMS: usize = 2;
+
+/// Reads every chunk file whole through the page cache, front to back in 1 MiB `read`s,
+/// [`PAGE_CACHE_STREAMS`] files at a time, with plain `std::fs` (no granary engine, no
+/// checks): what filling the page cache with the dataset costs on this machine, the ceiling
+/// of a first epoch that leaves the dataset resident. MB/s and CPU seconds.
+fn page_cache_fill(files: &[(PathBuf, u64)]) -> Result<(f64, f64), String> {
+    use std::io::Read;
+    let t = Instant::now();
+    let cpu0 = cpu_seconds();
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let total = std::sync::atomic::AtomicU64::new(0);
+    let read_all = || -> Result<(), String> {
+        let mut buf = vec![0u8; 1 << 20];
+        loop {
+            let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let Some((p, _)) = files.get(i) else {
+                return Ok(());
+            };
+            let mut f = std::fs::File::open(p).map_err(|e| format!("{}: {e}", p.display()))?;
+            loop {
+                let n = f
+                    .read(&mut buf)
+                    .map_err(|e| format!("{}: {e}", p.display()))?;
+                if n == 0 {
+                    break;
+                }
+                total.fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
+    };
+    std::thread::scope(|s| {
+        let hs: Vec<_> = (0..PAGE_CACHE_STREAMS).map(|_| s.spawn(read_all)).collect();
+        hs.into_iter().try_for_each(|h| {
+            h.join()
+                .map_err(|_| "a reading thread panicked".to_string())?
+        })
+    })?;
+    let secs = t.elapsed().as_secs_f64();
+    Ok((total.into_inner() as f64 / 1e6 / secs, cpu_seconds() - cpu0))
 }
 
 /// Queue depth of the deep fio reference: enough to reach the device's sequential bandwidth.
@@ -197,6 +243,8 @@ pub fn run(o: &ReadBenchOptions) -> Result<ReadBenchResult, String> {
     ];
     let mut seq_runs = Vec::new();
     let mut seq_cpu = Vec::new();
+    let mut pc_runs = Vec::new();
+    let mut pc_cpu = Vec::new();
     let mut fio_runs = Vec::new();
     let mut fio_same_runs = Vec::new();
     let mut g_runs: Vec<Vec<EpochReport>> = vec![Vec::new(); granary_sides.len()];
@@ -206,6 +254,10 @@ pub fn run(o: &ReadBenchOptions) -> Result<ReadBenchResult, String> {
         let (mb, cpu) = sequential_baseline(&files, o.queue_depth).map_err(|e| e.to_string())?;
         seq_runs.push(mb);
         seq_cpu.push(cpu / (chunk_bytes as f64 / 1e9));
+        make_cold(&[dir]);
+        let (mb, cpu) = page_cache_fill(&files)?;
+        pc_runs.push(mb);
+        pc_cpu.push(cpu / (chunk_bytes as f64 / 1e9));
         make_cold(&[dir]);
         if let Some(mb) = fio(dir, &files, FIO_DEPTH) {
             fio_runs.push(mb);
@@ -234,6 +286,9 @@ pub fn run(o: &ReadBenchOptions) -> Result<ReadBenchResult, String> {
     // anywhere from 1.1 to 3 GB/s with the layout of its memory, while the engine's huge-page
     // buffers send whole 4 MiB requests. Neither side is the ceiling alone.
     let base = median(&seq_runs).max(median(&fio_runs));
+    // The defaults are the first of granary_sides.
+    let defaults_vs_page_cache =
+        median(&g_runs[0].iter().map(|r| r.mb_per_s).collect::<Vec<_>>()) / median(&pc_runs);
     let side = |name: String, runs: Vec<f64>, samples_per_s: f64, cpu_s_per_gb: Option<f64>| {
         let m = median(&runs);
         Side {
@@ -251,6 +306,14 @@ pub fn run(o: &ReadBenchOptions) -> Result<ReadBenchResult, String> {
         0.0,
         Some(median(&seq_cpu)),
     )];
+    sides.push(side(
+        format!(
+            "page-cache fill: chunk files read whole, 1 MiB reads, {PAGE_CACHE_STREAMS} at a time"
+        ),
+        pc_runs,
+        0.0,
+        Some(median(&pc_cpu)),
+    ));
     if !fio_runs.is_empty() {
         let name = format!("fio sequential 4 MiB O_DIRECT io_uring, depth {FIO_DEPTH}");
         sides.push(side(name, fio_runs, 0.0, None));
@@ -282,6 +345,7 @@ pub fn run(o: &ReadBenchOptions) -> Result<ReadBenchResult, String> {
         window_chunks: o.window_chunks,
         queue_depth: o.queue_depth,
         sides,
+        defaults_vs_page_cache,
     })
 }
 
@@ -320,5 +384,9 @@ pub fn render(r: &ReadBenchResult) -> String {
             runs.join("/")
         );
     }
+    s += &format!(
+        "  defaults over the page-cache fill: {:.2}x (a first epoch through the page cache cannot beat filling it)\n",
+        r.defaults_vs_page_cache
+    );
     s
 }

@@ -210,6 +210,7 @@ impl EpochStream {
             // resident early); global plans read single records, which fault in as they are
             // read.
             populate: false,
+            sequential: mode != ShuffleMode::Global,
             counts: counts.clone(),
         };
         // io_uring shines on O_DIRECT reads; buffered reads of cold data are punted to its

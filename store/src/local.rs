@@ -40,6 +40,7 @@ pub struct Opener {
     direct_ok: AtomicU8,
     populate: bool,
     map_resident: bool,
+    sequential: bool,
     counts: Arc<OpenCounters>,
 }
 
@@ -81,6 +82,7 @@ impl Opener {
             direct_ok: AtomicU8::new(UNPROBED),
             populate: a.populate,
             map_resident: a.map_resident,
+            sequential: a.sequential,
             counts: a.counts.clone(),
         }
     }
@@ -168,6 +170,10 @@ impl Opener {
             return self.open_direct(path);
         }
         self.counts.buffered();
+        if self.sequential {
+            // Advice only: a kernel that ignores it reads the file with its default readahead.
+            let _ = rustix::fs::fadvise(&file, 0, None, rustix::fs::Advice::Sequential);
+        }
         Ok(IoFile::unmapped_known(file, path, false, len))
     }
 

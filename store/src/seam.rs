@@ -198,6 +198,11 @@ pub struct Access {
     /// Fault in every page of such a map when opened (false: the reader populates the ranges
     /// it reads when it reads them).
     pub populate: bool,
+    /// Files are read front to back in large ranges (chunk-wise epochs): a file opened
+    /// through the page cache is advised `POSIX_FADV_SEQUENTIAL` (the kernel's readahead
+    /// doubles, and its larger folios make larger device requests). False for record reads
+    /// in random order, where more readahead only reads what nobody asked for.
+    pub sequential: bool,
     /// How the files were opened, counted.
     pub counts: Arc<OpenCounters>,
 }
@@ -222,6 +227,7 @@ impl Access {
             seed: 0,
             map_resident: true,
             populate: true,
+            sequential: false,
             counts: Arc::default(),
         }
     }
