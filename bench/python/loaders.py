@@ -22,6 +22,9 @@ recommends:
                batch_size=B) in DataLoader(batch_size=B, num_workers=W)
   litdata      litdata.optimize(...) chunks; litdata.StreamingDataset(dir, shuffle=True) in
                litdata.StreamingDataLoader(batch_size=B, num_workers=W)
+  floor        not a loader: DataLoader workers yielding per-sample views of one shared tensor
+               (the tree's sizes, nothing read or copied): what DataLoader's hand-over of
+               per-sample payloads costs alone, a ceiling for the per-sample rows
 
 Every loader runs in a process of its own (its modules imported before the clock starts, its
 peak memory measured: the training process's and its workers' largest resident set). The page
@@ -172,6 +175,39 @@ def load_granary_inproc(out, workers, batch, epoch):
     yield from sizes(b["data"] for b in _granary(out, batch, epoch, "list"))
 
 
+_tree_sizes = {}
+
+
+def load_floor(src, workers, batch, epoch):
+    """No loader: each DataLoader worker yields batches of per-sample uint8 views (the tree's
+    file sizes, in its share) of one shared-memory tensor allocated once, so nothing is read
+    or copied per batch. What handing per-sample payloads from workers to the training process
+    costs by itself (pickling, the queue, rebuilding each view): a ceiling for every loader
+    measured here through DataLoader workers."""
+    import torch
+    from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+
+    if src not in _tree_sizes:  # stat'ed once (the first epoch's time)
+        _tree_sizes[src] = [p.stat().st_size for p, _ in list_tree(src)]
+    all_sizes = _tree_sizes[src]
+
+    class Floor(IterableDataset):
+        def __iter__(self):
+            info = get_worker_info()
+            w, k = (info.id, info.num_workers) if info else (0, 1)
+            mine = all_sizes[w::k]
+            batches = [mine[i:i + batch] for i in range(0, len(mine), batch)]
+            slab = torch.zeros(max(sum(b) for b in batches), dtype=torch.uint8).share_memory_()
+            for b in batches:
+                views, at = [], 0
+                for n in b:
+                    views.append(slab[at:at + n])
+                    at += n
+                yield {"data": views}
+
+    yield from sizes(b["data"] for b in DataLoader(Floor(), batch_size=None, num_workers=workers))
+
+
 def sizes(batches):
     for b in batches:
         yield len(b), sum(len(x) for x in b)
@@ -212,6 +248,7 @@ LOADERS = {
     "webdataset": ("webdataset", convert_webdataset, load_webdataset, ["torch.utils.data", "webdataset"]),
     "mds": ("mds", convert_mds, load_mds, ["torch.utils.data", "streaming"]),
     "litdata": ("litdata", convert_litdata, load_litdata, ["torch.utils.data", "litdata"]),
+    "floor": (None, None, load_floor, ["torch.utils.data"]),
 }
 
 
@@ -358,7 +395,13 @@ def main():
     if mem:
         print(f"memory ceiling ({a.workers} threads copying the chunk files out of the page cache): "
               f"{mem / 1e6:.0f} MB/s = {mem / mean_size:.0f} samples/s")
-    others = [r for r in results if not r["loader"].startswith("granary")]
+    others = [r for r in results if not r["loader"].startswith("granary") and r["loader"] != "floor"]
+    floor = next((r for r in results if r["loader"] == "floor" and r.get("warm_samples_per_s")), None)
+    if floor:
+        print(f"DataLoader floor (per-sample views of one shared tensor, nothing read or copied): "
+              f"{floor['warm_samples_per_s']:.0f} samples/s")
+        for g in (r for r in results if r["loader"].startswith("granary") and r.get("warm_samples_per_s")):
+            print(f"warm: {g['loader']} / DataLoader floor: {g['warm_samples_per_s'] / floor['warm_samples_per_s']:.2f}x")
     for state in ("cold", "warm"):
         key = f"{state}_samples_per_s"
         rated = [r for r in others if r.get(key)]
