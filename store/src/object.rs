@@ -1105,7 +1105,64 @@ async fn fetch_range(
     range: Range<u64>,
     object_size: Option<u64>,
 ) -> Result<bytes::Bytes> {
-    let opts = GetOptions::default().with_range(Some(range.clone()));
+    let res = get_range(client, key, url, range.clone(), object_size).await?;
+    let got = res
+        .bytes()
+        .await
+        .map_err(|e| remote_error("reading", url, e))?;
+    let want = range.end - range.start;
+    if got.len() as u64 != want {
+        return Err(truncated(url, range.start, want, got.len()));
+    }
+    Ok(got)
+}
+
+/// [`fetch_range`] straight into `dst` (`range`'s length): the body's pieces are copied there
+/// as they arrive, while they are still in the CPU's cache, instead of being gathered into a
+/// new buffer of the range's size first (whose fresh pages cost a fault and a zeroing each,
+/// then a second copy out of memory: a third of the reader's cycles on whole-chunk GETs).
+async fn fetch_range_into(
+    client: &dyn ObjectStore,
+    key: &ObjPath,
+    url: &str,
+    range: Range<u64>,
+    object_size: Option<u64>,
+    dst: &mut [u8],
+) -> Result<()> {
+    let res = get_range(client, key, url, range.clone(), object_size).await?;
+    let want = dst.len();
+    let mut body = res.into_stream();
+    let mut at = 0usize;
+    while let Some(piece) = body.next().await {
+        let piece = piece.map_err(|e| remote_error("reading", url, e))?;
+        let end = at + piece.len();
+        if end > want {
+            return Err(StoreError::damaged(
+                url,
+                format!(
+                    "answered more than the {want} bytes asked for at offset {}",
+                    range.start
+                ),
+            ));
+        }
+        dst[at..end].copy_from_slice(&piece);
+        at = end;
+    }
+    if at != want {
+        return Err(truncated(url, range.start, want as u64, at));
+    }
+    Ok(())
+}
+
+/// Starts a ranged GET and checks the object's size against the snapshot's (`object_size`).
+async fn get_range(
+    client: &dyn ObjectStore,
+    key: &ObjPath,
+    url: &str,
+    range: Range<u64>,
+    object_size: Option<u64>,
+) -> Result<object_store::GetResult> {
+    let opts = GetOptions::default().with_range(Some(range));
     let res = client
         .get_opts(key, opts)
         .await
@@ -1120,15 +1177,7 @@ async fn fetch_range(
             ),
         ));
     }
-    let got = res
-        .bytes()
-        .await
-        .map_err(|e| remote_error("reading", url, e))?;
-    let want = range.end - range.start;
-    if got.len() as u64 != want {
-        return Err(truncated(url, range.start, want, got.len()));
-    }
-    Ok(got)
+    Ok(res)
 }
 
 fn truncated(url: &str, offset: u64, want: u64, got: usize) -> StoreError {
@@ -1247,11 +1296,7 @@ impl ChunkSource for ObjectChunk {
             .run("reading", &url, async {
                 stream::iter(parts.into_iter().map(|(range, dst)| {
                     let (client, key, url) = (&client, &key, &url);
-                    async move {
-                        let got = fetch_range(&**client, key, url, range, Some(len)).await?;
-                        dst.copy_from_slice(&got);
-                        Ok(())
-                    }
+                    async move { fetch_range_into(&**client, key, url, range, Some(len), dst).await }
                 }))
                 .buffer_unordered(GETS_IN_FLIGHT)
                 .try_collect::<Vec<()>>()
