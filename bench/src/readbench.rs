@@ -191,6 +191,49 @@ pub(crate) fn median(v: &[f64]) -> f64 {
     }
 }
 
+/// The reference sides' runs: MB/s (and CPU seconds per GB) of the engine's direct
+/// sequential read, of the page-cache fill, of fio at depth 32 and at granary's depth.
+#[derive(Default)]
+struct References {
+    seq_runs: Vec<f64>,
+    seq_cpu: Vec<f64>,
+    pc_runs: Vec<f64>,
+    pc_cpu: Vec<f64>,
+    fio_runs: Vec<f64>,
+    fio_same_runs: Vec<f64>,
+}
+
+impl References {
+    /// One run of each, every one after dropping the page cache; how it was dropped.
+    fn measure(
+        &mut self,
+        dir: &Path,
+        files: &[(PathBuf, u64)],
+        queue_depth: usize,
+    ) -> Result<crate::cold::ColdMethod, String> {
+        let gb = files.iter().map(|f| f.1).sum::<u64>() as f64 / 1e9;
+        let cold = make_cold(&[dir]);
+        let (mb, cpu) = sequential_baseline(files, queue_depth).map_err(|e| e.to_string())?;
+        self.seq_runs.push(mb);
+        self.seq_cpu.push(cpu / gb);
+        make_cold(&[dir]);
+        let (mb, cpu) = page_cache_fill(files)?;
+        self.pc_runs.push(mb);
+        self.pc_cpu.push(cpu / gb);
+        make_cold(&[dir]);
+        if let Some(mb) = fio(dir, files, FIO_DEPTH) {
+            self.fio_runs.push(mb);
+        }
+        if queue_depth != FIO_DEPTH {
+            make_cold(&[dir]);
+            if let Some(mb) = fio(dir, files, queue_depth) {
+                self.fio_same_runs.push(mb);
+            }
+        }
+        Ok(cold)
+    }
+}
+
 /// Runs every side `repeat` times, interleaved, each after dropping the page cache.
 pub fn run(o: &ReadBenchOptions) -> Result<ReadBenchResult, String> {
     let ds = Arc::new(Dataset::open(&o.dataset).map_err(|e| e.to_string())?);
@@ -241,33 +284,11 @@ pub fn run(o: &ReadBenchOptions) -> Result<ReadBenchResult, String> {
             Direct,
         ),
     ];
-    let mut seq_runs = Vec::new();
-    let mut seq_cpu = Vec::new();
-    let mut pc_runs = Vec::new();
-    let mut pc_cpu = Vec::new();
-    let mut fio_runs = Vec::new();
-    let mut fio_same_runs = Vec::new();
+    let mut refs = References::default();
     let mut g_runs: Vec<Vec<EpochReport>> = vec![Vec::new(); granary_sides.len()];
     let mut cold = crate::cold::ColdMethod::None;
     for rep in 0..o.repeat.max(1) {
-        cold = make_cold(&[dir]);
-        let (mb, cpu) = sequential_baseline(&files, o.queue_depth).map_err(|e| e.to_string())?;
-        seq_runs.push(mb);
-        seq_cpu.push(cpu / (chunk_bytes as f64 / 1e9));
-        make_cold(&[dir]);
-        let (mb, cpu) = page_cache_fill(&files)?;
-        pc_runs.push(mb);
-        pc_cpu.push(cpu / (chunk_bytes as f64 / 1e9));
-        make_cold(&[dir]);
-        if let Some(mb) = fio(dir, &files, FIO_DEPTH) {
-            fio_runs.push(mb);
-        }
-        if o.queue_depth != FIO_DEPTH {
-            make_cold(&[dir]);
-            if let Some(mb) = fio(dir, &files, o.queue_depth) {
-                fio_same_runs.push(mb);
-            }
-        }
+        cold = refs.measure(dir, &files, o.queue_depth)?;
         for (i, (_, mode, kind, io_mode)) in granary_sides.iter().enumerate() {
             make_cold(&[dir]);
             let setup = granary::EpochSetup {
@@ -285,6 +306,14 @@ pub fn run(o: &ReadBenchOptions) -> Result<ReadBenchResult, String> {
     // as requests of ~1 MiB (virtio-blk's 254 segments): on this project's VM fio measured
     // anywhere from 1.1 to 3 GB/s with the layout of its memory, while the engine's huge-page
     // buffers send whole 4 MiB requests. Neither side is the ceiling alone.
+    let References {
+        seq_runs,
+        seq_cpu,
+        pc_runs,
+        pc_cpu,
+        fio_runs,
+        fio_same_runs,
+    } = refs;
     let base = median(&seq_runs).max(median(&fio_runs));
     // The defaults are the first of granary_sides.
     let defaults_vs_page_cache =
