@@ -317,10 +317,11 @@ const REMOTE_SOURCES_IN_FLIGHT: usize = 8;
 type Reply = std::sync::mpsc::SyncSender<Result<Vec<Completed>>>;
 
 /// A reading engine: executes batches of requests with up to `queue_depth` reads in flight
-/// and at most `max_inflight_bytes` bytes outstanding. Batches are read in the background, in
-/// submission order, by a thread of the engine's own (which owns the io_uring ring, or runs
-/// the pread threads), so reads go on while the submitter decodes or waits for its consumer.
-/// Buffers are taken from the pool when a batch is submitted.
+/// and at most `max_inflight_bytes` bytes outstanding. Batches are read in the background by a
+/// thread of the engine's own (which owns the io_uring ring and queues each batch behind the
+/// ones before it, or starts a thread per batch for pread, the oldest batch first for free
+/// slots), so reads go on while the submitter decodes or waits for its consumer. Buffers are
+/// taken from the pool when a batch is submitted.
 pub struct Engine {
     name: &'static str,
     pool: Arc<BufPool>,
