@@ -145,32 +145,13 @@ pub fn crc_ceiling(packed: &Path, k: u32) -> Result<f64, String> {
         .collect();
     let pass = || -> Result<f64, String> {
         let t = Instant::now();
-        let k = k.max(1) as usize;
-        let bytes: Vec<Result<u64, String>> = std::thread::scope(|s| {
-            let hs: Vec<_> = (0..k)
-                .map(|w| {
-                    let files = &files;
-                    s.spawn(move || -> Result<u64, String> {
-                        let mut n = 0u64;
-                        let mut x = 0u32;
-                        for p in files.iter().skip(w).step_by(k) {
-                            let f = std::fs::File::open(p)
-                                .map_err(|e| format!("{}: {e}", p.display()))?;
-                            let m = granary::file::map_file(&f, p).map_err(|e| e.to_string())?;
-                            let _ = m.advise(memmap2::Advice::PopulateRead);
-                            x ^= crc32fast::hash(&m);
-                            n += m.len() as u64;
-                        }
-                        std::hint::black_box(x);
-                        Ok(n)
-                    })
-                })
-                .collect();
-            hs.into_iter()
-                .map(|h| h.join().expect("ceiling thread"))
-                .collect()
-        });
-        let total = bytes.into_iter().sum::<Result<u64, String>>()?;
+        let total = crate::readbench::over_files(&files, k as usize, |p| {
+            let f = std::fs::File::open(p).map_err(|e| format!("{}: {e}", p.display()))?;
+            let m = granary::file::map_file(&f, p).map_err(|e| e.to_string())?;
+            let _ = m.advise(memmap2::Advice::PopulateRead);
+            std::hint::black_box(crc32fast::hash(&m));
+            Ok(m.len() as u64)
+        })?;
         Ok(total as f64 / 1e6 / t.elapsed().as_secs_f64())
     };
     let mut best: f64 = 0.0;

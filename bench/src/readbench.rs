@@ -106,36 +106,52 @@ fn page_cache_fill(files: &[(PathBuf, u64)]) -> Result<(f64, f64), String> {
     use std::io::Read;
     let t = Instant::now();
     let cpu0 = cpu_seconds();
-    let next = std::sync::atomic::AtomicUsize::new(0);
-    let total = std::sync::atomic::AtomicU64::new(0);
-    let read_all = || -> Result<(), String> {
+    let paths: Vec<&Path> = files.iter().map(|f| f.0.as_path()).collect();
+    let total = over_files(&paths, PAGE_CACHE_STREAMS, |p| {
         let mut buf = vec![0u8; 1 << 20];
+        let mut f = std::fs::File::open(p).map_err(|e| format!("{}: {e}", p.display()))?;
+        let mut n = 0u64;
         loop {
-            let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            let Some((p, _)) = files.get(i) else {
-                return Ok(());
-            };
-            let mut f = std::fs::File::open(p).map_err(|e| format!("{}: {e}", p.display()))?;
-            loop {
-                let n = f
-                    .read(&mut buf)
-                    .map_err(|e| format!("{}: {e}", p.display()))?;
-                if n == 0 {
-                    break;
-                }
-                total.fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
+            match f.read(&mut buf) {
+                Ok(0) => return Ok(n),
+                Ok(k) => n += k as u64,
+                Err(e) => return Err(format!("{}: {e}", p.display())),
             }
         }
-    };
-    std::thread::scope(|s| {
-        let hs: Vec<_> = (0..PAGE_CACHE_STREAMS).map(|_| s.spawn(read_all)).collect();
-        hs.into_iter().try_for_each(|h| {
-            h.join()
-                .map_err(|_| "a reading thread panicked".to_string())?
-        })
     })?;
     let secs = t.elapsed().as_secs_f64();
-    Ok((total.into_inner() as f64 / 1e6 / secs, cpu_seconds() - cpu0))
+    Ok((total as f64 / 1e6 / secs, cpu_seconds() - cpu0))
+}
+
+/// Runs `per_file` over `files` on `k` threads (thread `w` takes files `w`, `w + k`, ...):
+/// the sum of what it returns, or the first error.
+pub(crate) fn over_files<P: AsRef<Path> + Sync>(
+    files: &[P],
+    k: usize,
+    per_file: impl Fn(&Path) -> Result<u64, String> + Sync,
+) -> Result<u64, String> {
+    let k = k.max(1);
+    std::thread::scope(|s| {
+        let hs: Vec<_> = (0..k)
+            .map(|w| {
+                let per_file = &per_file;
+                s.spawn(move || -> Result<u64, String> {
+                    files
+                        .iter()
+                        .skip(w)
+                        .step_by(k)
+                        .map(|p| per_file(p.as_ref()))
+                        .sum()
+                })
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| {
+                h.join()
+                    .map_err(|_| "a reading thread panicked".to_string())?
+            })
+            .sum()
+    })
 }
 
 /// Queue depth of the deep fio reference: enough to reach the device's sequential bandwidth.

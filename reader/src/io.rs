@@ -520,10 +520,7 @@ fn run_pread(slots: &Slots, id: u64, threads: usize, batch: QueuedBatch) -> Resu
     let reqs = &reqs[..];
     let slices = piece_slices(&mut bufs, &pieces);
     let work = group_pieces(reqs, pieces.iter().zip(slices));
-    read_groups(reqs, work, threads, |read| {
-        let _slot = slots.take(id);
-        read()
-    })?;
+    read_groups(reqs, work, threads, Some((slots, id)))?;
     finish(bufs, skips, reqs)
 }
 
@@ -583,20 +580,22 @@ impl Drop for SlotGuard<'_> {
     }
 }
 
-/// Reads groups of [`group_pieces`] with up to `threads` threads, each group's reads run
-/// through `around` (which may wait for a slot first); the first error stops the rest and is
-/// returned.
+/// Reads groups of [`group_pieces`] with up to `threads` threads, each group holding one of
+/// `slots` (with its batch's id) while it is read, when given; the first error stops the rest
+/// and is returned.
 fn read_groups(
     reqs: &[Request],
     work: Vec<Vec<(&Piece, &mut [u8])>>,
     threads: usize,
-    around: impl Fn(&mut dyn FnMut() -> Result<()>) -> Result<()> + Sync,
+    slots: Option<(&Slots, u64)>,
 ) -> Result<()> {
+    let read = |group| {
+        let _slot = slots.map(|(s, batch)| s.take(batch));
+        read_group(reqs, group)
+    };
     let threads = threads.min(work.len()).max(1);
     if threads == 1 {
-        return work
-            .into_iter()
-            .try_for_each(|g| read_one(reqs, g, &around));
+        return work.into_iter().try_for_each(read);
     }
     let queue = Mutex::new(work.into_iter());
     let first_error: Mutex<Option<ReadError>> = Mutex::new(None);
@@ -609,7 +608,7 @@ fn read_groups(
                 }
                 let next = queue.lock().expect("queue lock").next();
                 let Some(group) = next else { return };
-                if let Err(e) = read_one(reqs, group, &around) {
+                if let Err(e) = read(group) {
                     failed.fetch_add(1, Ordering::Relaxed);
                     first_error.lock().expect("error lock").get_or_insert(e);
                     return;
@@ -621,16 +620,6 @@ fn read_groups(
         Some(e) => Err(e),
         None => Ok(()),
     }
-}
-
-/// [`read_group`] through `around`.
-fn read_one(
-    reqs: &[Request],
-    group: Vec<(&Piece, &mut [u8])>,
-    around: &impl Fn(&mut dyn FnMut() -> Result<()>) -> Result<()>,
-) -> Result<()> {
-    let mut group = Some(group);
-    around(&mut || read_group(reqs, group.take().unwrap_or_default()))
 }
 
 /// A batch of requests being read by the io_uring engine.
@@ -766,7 +755,7 @@ impl UringEngine {
             // Each source's ranges from one thread, several sources at once: an object
             // store's reads are network round trips, not ring submissions.
             let groups = group_pieces(&reqs, others);
-            if let Err(e) = read_groups(&reqs, groups, REMOTE_SOURCES_IN_FLIGHT, |read| read()) {
+            if let Err(e) = read_groups(&reqs, groups, REMOTE_SOURCES_IN_FLIGHT, None) {
                 error = Some(e);
             }
         }
