@@ -7,6 +7,7 @@
 #   bash bench/juicefs.sh                          # 5,000 files, report in bench-out/juicefs
 #   FILES=300 OUT=/tmp/jfs-report bash bench/juicefs.sh
 #   RUN=mount bash bench/juicefs.sh                # torchvision ImageFolder: raw vs granary mount
+#   RUN=mount ONLY="tier 100 %" bash bench/juicefs.sh   # only the rows naming this (and raw)
 #
 # On a real cluster, skip this script and point compare at the real mount instead:
 #   granary bench compare --raw /lustre/train --packed /lustre/train.granary --workers 8 --report out/
@@ -66,7 +67,7 @@ mount)
   fi
   mkdir -p "$WORK/local"
   "$PY" bench/python/mount_imagefolder.py --shared "$MNT" --granary "$G" --work "$WORK/local" \
-    --report "$OUT" --workers "$WORKERS" --epochs "${EPOCHS:-3}"
+    --report "$OUT" --workers "$WORKERS" --epochs "${EPOCHS:-3}" ${ONLY:+--only "$ONLY"}
   ;;
 *) echo "juicefs.sh: RUN must be compare or mount" >&2; exit 2 ;;
 esac

@@ -71,13 +71,18 @@ EOF
 /usr/bin/time -f "granary pack -o s3://: %e s, peak RSS %M KB" \
   $G pack "$WORK/src" -o "$DS" | tee "$OUT/pack.txt"
 SAMPLES=$(wc -l <"$WORK/keys.txt")
+SERVER_PID=$(cat "$WORK/server/pid")
+# CPU seconds of the server so far (all its threads): it shares this machine's cores with the
+# client, so the client's CPU per byte is taken from the server's.
+server_cpu() { awk -v t="$(getconf CLK_TCK)" '{sub(/.*\) /, ""); print ($12 + $13) / t}' "/proc/$SERVER_PID/stat"; }
 BYTES=$(du -sb "$WORK/local.granary" | cut -f1)
 
 run() { # case, extra args...
   local c=$1
   shift
   echo "== $c"
-  "$PY" bench/python/s3_loaders.py --case "$c" --workers "$WORKERS" --samples "$SAMPLES" "$@" \
+  "$PY" bench/python/s3_loaders.py --case "$c" --workers "$WORKERS" --samples "$SAMPLES" \
+    --server-pid "$SERVER_PID" "$@" \
     | sed "s/^{/{\"run\": $RUN_NO, /" | tee -a "$OUT/results.jsonl"
 }
 # The server's ceiling from a client nobody here wrote: curl (libcurl, C) fetching every chunk
@@ -95,12 +100,15 @@ for p in c.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefi
 PYEOF
   sync
   echo 3 >/proc/sys/vm/drop_caches
-  local t0 t1
+  local t0 t1 s0 s1
+  s0=$(server_cpu)
   t0=$(date +%s.%N)
-  curl -sS --fail --parallel --parallel-max "$n" --aws-sigv4 "aws:amz:$AWS_REGION:s3" \
+  /usr/bin/time -f '%U %S' -o "$WORK/curl.cpu" \
+    curl -sS --fail --parallel --parallel-max "$n" --aws-sigv4 "aws:amz:$AWS_REGION:s3" \
     --user "$AWS_ACCESS_KEY_ID:$AWS_SECRET_ACCESS_KEY" -K "$cfg" -w '%{size_download}\n' >"$WORK/curl.sizes"
   t1=$(date +%s.%N)
-  python3 -c "import json, sys; s = float(sys.argv[2]) - float(sys.argv[1]); b = sum(int(x) for x in open(sys.argv[3])); print(json.dumps({'run': $RUN_NO, 'case': 'ceiling-curl-$n', 'epoch': 1, 'bytes': b, 'seconds': s, 'mb_s': b / 1e6 / s, 'samples_s': $SAMPLES / s}))" "$t0" "$t1" "$WORK/curl.sizes" \
+  s1=$(server_cpu)
+  python3 -c "import json, sys; s = float(sys.argv[2]) - float(sys.argv[1]); b = sum(int(x) for x in open(sys.argv[3])); u, k = map(float, open(sys.argv[4]).read().split()[-2:]); print(json.dumps({'run': $RUN_NO, 'case': 'ceiling-curl-$n', 'epoch': 1, 'bytes': b, 'seconds': s, 'mb_s': b / 1e6 / s, 'samples_s': $SAMPLES / s, 'client_cpu_s': u + k, 'server_cpu_s': float(sys.argv[6]) - float(sys.argv[5])}))" "$t0" "$t1" "$WORK/curl.sizes" "$WORK/curl.cpu" "$s0" "$s1" \
     | tee -a "$OUT/results.jsonl"
 }
 rm -f "$OUT/results.jsonl"
@@ -151,6 +159,22 @@ for run in range(1, runs + 1):
     a1, b1, b2, c = rate("raw", 1, run), rate("granary", 1, run), rate("granary", 2, run), ceiling(run)
     print(f"run {run}: (c) = {c:,.0f} samples/s (the fastest client); (b)/(c) = {b1 / c:.2f} / {b2 / c:.2f} "
           f"in epochs 1 / 2 (goal >= 0.9); (b)/(a) = {b1 / a1:.1f}x (goal >= 10x)")
+def row(case, epoch, run):
+    return next((r for r in rows if r["case"] == case and r["epoch"] == epoch and r.get("run") == run), None)
+print()
+print("CPU seconds per GB delivered, epoch 1 (server + client; the two share this machine's cores):")
+for run in range(1, runs + 1):
+    cells = []
+    for case in ("ceiling", "ceiling-curl-16", "ceiling-curl-64", "granary"):
+        r = row(case, 1, run)
+        if r and "server_cpu_s" in r:
+            gb = r["bytes"] / 1e9
+            cells.append(f"{case} {r['server_cpu_s'] / gb:.2f} + {r['client_cpu_s'] / gb:.2f}")
+    g = row("granary", 1, run)
+    if g and "open_s" in g:
+        cells.append(f"granary's epoch 1: open {g['open_s']:.2f} s, first batch {g['first_s']:.2f} s after, "
+                     f"{g['seconds']:.2f} s in all")
+    print(f"run {run}: " + "; ".join(cells))
 d, loc = rate("tier", 2), rate("local", 1)
 print(f"(d) epoch 2 / local-disk cold = {d / loc:.2f} (goal >= 1)")
 EOF

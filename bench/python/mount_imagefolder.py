@@ -68,7 +68,9 @@ def jfs_stats(shared):
                     out["fuse_meta_ops"] += v
             elif name == "juicefs_fuse_read_size_bytes_sum":
                 out["read_bytes"] += v
-            elif name.startswith("juicefs_object_request_data_bytes") and 'method="GET"' in name:
+            # Older JuiceFS: ..._bytes{method="GET"}; 1.x: ..._bytes_GET.
+            elif name.startswith("juicefs_object_request_data_bytes") and (
+                    'method="GET"' in name or name.endswith("_GET")):
                 out["get_bytes"] += v
     return out
 
@@ -81,6 +83,34 @@ def granary_stats(mnt):
 
 def delta(after, before):
     return {k: after[k] - before.get(k, 0) for k in after if isinstance(after[k], (int, float))}
+
+
+def fetch_ceiling(shared, packed, threads=3):
+    """The packed dataset's chunk files read whole from the shared file system, cold, `threads`
+    files at a time (as the mount's fetchers do): the rate at which a first epoch through a
+    tier can get its bytes. Returns a row like run_epochs' (one epoch)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    names = sorted(os.path.join(packed, f) for f in os.listdir(packed) if f.endswith(".gchunk"))
+
+    def whole(path):
+        n = 0
+        with open(path, "rb", buffering=0) as f:
+            while True:
+                b = f.read(8 << 20)
+                if not b:
+                    return n
+                n += len(b)
+
+    drop_caches()
+    j, t = jfs_stats(shared), time.perf_counter()
+    with ThreadPoolExecutor(threads) as ex:
+        total = sum(ex.map(whole, names))
+    secs = time.perf_counter() - t
+    jd = delta(jfs_stats(shared), j) if j else {}
+    print(json.dumps({"fetch_ceiling_mb_s": total / 1e6 / secs, "bytes": total, "seconds": secs}),
+          flush=True)
+    return {"bytes": total, "seconds": secs, "shared": jd}
 
 
 def run_epochs(name, root, mnt, shared, epochs, workers, batch, sampler_kind, drop_every):
@@ -202,12 +232,14 @@ def main():
                                       args.batch, sampler, drop_every))
         finally:
             umount(args.granary, mnt)
+    print("== ceiling of a first epoch through a tier: the chunk files read whole, cold", flush=True)
+    fetch = fetch_ceiling(args.shared, packed)
     with open(os.path.join(args.report, "mount.json"), "w") as f:
-        json.dump({"dataset_bytes": size, "results": results}, f, indent=1)
-    write_table(results, size, os.path.join(args.report, "mount.txt"))
+        json.dump({"dataset_bytes": size, "results": results, "fetch_ceiling": fetch}, f, indent=1)
+    write_table(results, size, os.path.join(args.report, "mount.txt"), fetch)
 
 
-def write_table(results, size, path):
+def write_table(results, size, path, fetch=None):
     def rates(dropped):
         for r in results:
             if r["config"].startswith("raw files (") and ("dropped" in r["config"]) == dropped:
@@ -236,6 +268,18 @@ def write_table(results, size, path):
                 f"{'-' if hit is None else f'{hit:.0%}':>9}")
         sc = r["scan_shared"]
         lines.append(f"{'  (ImageFolder scan: %.2f s, %d meta ops)' % (r['scan_seconds'], sc.get('meta_ops', 0)):<66}")
+    if fetch:
+        # A first epoch through a tier moves every chunk file once from the shared file
+        # system: at best it takes as long as reading them whole.
+        samples = next((e["samples"] for r in results for e in r["epochs"]), 0)
+        first = raw_rate[False].get(1)
+        bound = samples / fetch["seconds"]
+        lines.append("")
+        lines.append(f"chunk files read whole from the shared FS, cold, 3 at a time: "
+                     f"{fetch['bytes'] / 1e6:,.0f} MB in {fetch['seconds']:.2f} s "
+                     f"({fetch['bytes'] / 1e6 / fetch['seconds']:,.0f} MB/s): a first epoch "
+                     f"that fetches every chunk once runs at most {bound:,.0f} samples/s"
+                     + (f" = {bound / first:.1f}x raw epoch 1" if first else ""))
     text = "\n".join(lines) + "\n"
     with open(path, "w") as f:
         f.write(text)

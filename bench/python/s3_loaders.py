@@ -14,7 +14,11 @@ Cases (each run in a process of its own so that its peak memory is its own):
 
 Every epoch drops the page cache first (`--drop` each epoch, or only before epoch 1), so the
 server reads from its disk. Samples are delivered as bytes (no image decoding). Writes one
-JSON line per epoch to stdout.
+JSON line per epoch to stdout, with where the epoch's time went (`open_s`: making the dataset,
+which fetches the snapshot in epoch 1; `first_s`: from then to the first batch, which starts
+the DataLoader workers) and the CPU seconds it cost: this process and its workers
+(`client_cpu_s`) and, with --server-pid, the S3 server (`server_cpu_s`). On a machine whose
+cores the server shares, the rate follows their sum per byte.
 
   python s3_loaders.py --case raw --url s3://granary/bench/raw --keys keys.txt --epochs 2
 """
@@ -75,7 +79,23 @@ def collate_list(batch):
     return batch
 
 
-def epoch_loader(args, epoch):
+def proc_cpu(pid):
+    """CPU seconds used so far by process `pid` (all its threads), or None."""
+    if not pid:
+        return None
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def own_cpu():
+    """CPU seconds of this process and its reaped children (DataLoader workers)."""
+    me = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def epoch_loader(args, epoch, marks):
     import torch
     from torch.utils.data import DataLoader
 
@@ -99,6 +119,7 @@ def epoch_loader(args, epoch):
     url = args.local if args.case == "local" else args.url
     ds = granary.IterableDataset(url, seed=1, batch_size=32, batch_format="list", **kw)
     ds.set_epoch(epoch)
+    marks["open"] = time.perf_counter()
     loader = DataLoader(ds, batch_size=None, num_workers=args.workers)
     for batch in loader:
         yield len(batch["data"]), sum(len(d) for d in batch["data"])
@@ -141,6 +162,7 @@ def main():
     ap.add_argument("--tier")
     ap.add_argument("--tier-size", type=int, default=0)
     ap.add_argument("--drop", choices=["first", "every"], default="first")
+    ap.add_argument("--server-pid", type=int, help="the S3 server's pid: its CPU per epoch is reported")
     args = ap.parse_args()
 
     # Libraries are loaded before the page cache is dropped: a cold epoch measures the data,
@@ -151,25 +173,39 @@ def main():
 
     if args.case == "ceiling":
         drop_caches()
+        cpu0, server0 = own_cpu(), proc_cpu(args.server_pid)
         total, secs, objects = ceiling(args)
-        print(json.dumps({"case": "ceiling", "epoch": 1, "bytes": total, "objects": objects,
-                          "seconds": secs, "mb_s": total / 1e6 / secs,
-                          "samples_s": (args.samples or 0) / secs}), flush=True)
+        row = {"case": "ceiling", "epoch": 1, "bytes": total, "objects": objects,
+               "seconds": secs, "mb_s": total / 1e6 / secs,
+               "samples_s": (args.samples or 0) / secs, "client_cpu_s": own_cpu() - cpu0}
+        if server0 is not None:
+            row["server_cpu_s"] = proc_cpu(args.server_pid) - server0
+        print(json.dumps(row), flush=True)
         return
     for epoch in range(1, args.epochs + 1):
         if epoch == 1 or args.drop == "every":
             drop_caches()
+        cpu0, server0 = own_cpu(), proc_cpu(args.server_pid)
         t0 = time.perf_counter()
         n = nbytes = 0
-        for k, b in epoch_loader(args, epoch):
+        marks = {}
+        for k, b in epoch_loader(args, epoch, marks):
+            if n == 0:
+                marks["first"] = time.perf_counter()
             n += k
             nbytes += b
         secs = time.perf_counter() - t0
         me = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         kids = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-        print(json.dumps({"case": args.case, "epoch": epoch, "samples": n, "bytes": nbytes,
-                          "seconds": secs, "samples_s": n / secs, "mb_s": nbytes / 1e6 / secs,
-                          "peak_rss_mb": max(me, kids) / 1024}), flush=True)
+        row = {"case": args.case, "epoch": epoch, "samples": n, "bytes": nbytes,
+               "seconds": secs, "samples_s": n / secs, "mb_s": nbytes / 1e6 / secs,
+               "peak_rss_mb": max(me, kids) / 1024, "client_cpu_s": own_cpu() - cpu0}
+        if "open" in marks:
+            row["open_s"] = marks["open"] - t0
+            row["first_s"] = marks.get("first", marks["open"]) - marks["open"]
+        if server0 is not None:
+            row["server_cpu_s"] = proc_cpu(args.server_pid) - server0
+        print(json.dumps(row), flush=True)
 
 
 if __name__ == "__main__":
