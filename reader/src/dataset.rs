@@ -707,7 +707,11 @@ impl Dataset {
                 }
                 ChunkBytes::Mapped(map)
             }
-            _ => {
+            local => {
+                // Read whole, front to back, whatever the handle's record-read advice.
+                if let Some(l) = local.filter(|l| !l.direct) {
+                    granary_store::advise(&l.file, granary_store::ReadPattern::Sequential);
+                }
                 // Exactly the checked length, or an error if the file ends sooner.
                 let mut v = vec![0u8; len as usize];
                 read_exact(&*f, &mut v, 0)?;

@@ -70,7 +70,7 @@ pub use granary_store::{
     decode_hot_map, decode_tier_index, effective_memory, hot_file_name, resident_share, Access,
     BytesFrom, ChunkSource, ChunkStore, DatasetId, HotChunk, HotMap, HotRecord, IoMode, LocalDir,
     LocalTier, OpenCounters, OpenCounts, Opener, Ownership, PeerStats, PeerStore, Peers, RangeRead,
-    RemoteKind, Source, StoreError, StoreStack, TierPolicy, TierStats, TierStore,
+    ReadPattern, RemoteKind, Source, StoreError, StoreStack, TierPolicy, TierStats, TierStore,
 };
 pub use importance::{batch_weights, ImportanceScores, SharedScores};
 pub use pathfmt::{escape_path, unescape_path};

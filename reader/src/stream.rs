@@ -26,6 +26,7 @@ use crate::io::{BufPool, Completed, Engine, IoKind, Pending, Request};
 use crate::plan::{EpochPlan, ShuffleMode};
 use crate::tier::{Admission, HotState, TierCounters, TierHits};
 use crate::window::{buffer_bytes, Prepared, Windows};
+use crate::ReadPattern;
 use crate::{Dataset, LocalTier, TierPolicy};
 use granary_store::local::Opener;
 use granary_store::{Access, IoMode, OpenCounters, OpenCounts};
@@ -210,7 +211,11 @@ impl EpochStream {
             // resident early); global plans read single records, which fault in as they are
             // read.
             populate: false,
-            sequential: mode != ShuffleMode::Global,
+            pattern: if mode == ShuffleMode::Global {
+                ReadPattern::Default
+            } else {
+                ReadPattern::Sequential
+            },
             counts: counts.clone(),
         };
         // io_uring shines on O_DIRECT reads; buffered reads of cold data are punted to its

@@ -23,10 +23,11 @@ pub mod tier;
 
 pub use error::{RemoteKind, Result, StoreError};
 pub use granary_format::DatasetId;
-pub use local::{effective_memory, resident_share, LocalDir, Opener};
+pub use local::{advise, effective_memory, resident_share, LocalDir, Opener};
 pub use peers::{Ownership, PeerStats, PeerStore, Peers};
 pub use seam::{
-    Access, BytesFrom, ChunkSource, ChunkStore, IoMode, OpenCounters, OpenCounts, RangeRead, Source,
+    Access, BytesFrom, ChunkSource, ChunkStore, IoMode, OpenCounters, OpenCounts, RangeRead,
+    ReadPattern, Source,
 };
 pub use stack::{StoreStack, TierStore};
 pub use tier::{

@@ -23,7 +23,7 @@ use std::sync::Arc;
 
 use crate::buf::{AlignedBuf, ALIGN};
 use crate::file::{count_metadata_ops, map_file, open_regular, IoFile};
-use crate::seam::{Access, ChunkStore, IoMode, OpenCounters, OpenCounts, Source};
+use crate::seam::{Access, ChunkStore, IoMode, OpenCounters, OpenCounts, ReadPattern, Source};
 use crate::{Result, StoreError};
 
 /// Opens one reader's local files as its [`Access`] says, and counts how. Shared by the layers
@@ -40,7 +40,7 @@ pub struct Opener {
     direct_ok: AtomicU8,
     populate: bool,
     map_resident: bool,
-    sequential: bool,
+    pattern: ReadPattern,
     counts: Arc<OpenCounters>,
 }
 
@@ -82,7 +82,7 @@ impl Opener {
             direct_ok: AtomicU8::new(UNPROBED),
             populate: a.populate,
             map_resident: a.map_resident,
-            sequential: a.sequential,
+            pattern: a.pattern,
             counts: a.counts.clone(),
         }
     }
@@ -170,10 +170,7 @@ impl Opener {
             return self.open_direct(path);
         }
         self.counts.buffered();
-        if self.sequential {
-            // Advice only: a kernel that ignores it reads the file with its default readahead.
-            let _ = rustix::fs::fadvise(&file, 0, None, rustix::fs::Advice::Sequential);
-        }
+        advise(&file, self.pattern);
         Ok(IoFile::unmapped_known(file, path, false, len))
     }
 
@@ -353,6 +350,17 @@ fn cgroup_memory_limit() -> Option<u64> {
         }
     }
     best
+}
+
+/// Tells the kernel how `file` will be read (advice only: a kernel that ignores it reads the
+/// file with its default readahead).
+pub fn advise(file: &std::fs::File, pattern: ReadPattern) {
+    let advice = match pattern {
+        ReadPattern::Default => return,
+        ReadPattern::Sequential => rustix::fs::Advice::Sequential,
+        ReadPattern::Random => rustix::fs::Advice::Random,
+    };
+    let _ = rustix::fs::fadvise(file, 0, None, advice);
 }
 
 #[cfg(test)]
