@@ -8,6 +8,7 @@
 #   FILES=300 OUT=/tmp/jfs-report bash bench/juicefs.sh
 #   RUN=mount bash bench/juicefs.sh                # torchvision ImageFolder: raw vs granary mount
 #   RUN=mount ONLY="tier 100 %" bash bench/juicefs.sh   # only the rows naming this (and raw)
+#   JFS_MOUNT_OPTS="--max-readahead 0" RUN=mount ...    # JuiceFS without its client readahead
 #
 # On a real cluster, skip this script and point compare at the real mount instead:
 #   granary bench compare --raw /lustre/train --packed /lustre/train.granary --workers 8 --report out/
@@ -46,7 +47,8 @@ $G pack "$WORK/src" -o "$WORK/src.granary" -q
 
 echo "== JuiceFS: SQLite metadata, local object store, FUSE mount (no client block cache)"
 juicefs format --storage file --bucket "$WORK/bucket/" "sqlite3://$WORK/meta.db" granary-bench >"$WORK/format.log" 2>&1
-juicefs mount -d --cache-size 0 --no-usage-report --log "$WORK/mount.log" "sqlite3://$WORK/meta.db" "$MNT" >"$WORK/mountcmd.log" 2>&1
+# shellcheck disable=SC2086
+juicefs mount -d --cache-size 0 ${JFS_MOUNT_OPTS:-} --no-usage-report --log "$WORK/mount.log" "sqlite3://$WORK/meta.db" "$MNT" >"$WORK/mountcmd.log" 2>&1
 cp -r "$WORK/src" "$MNT/raw"
 cp -r "$WORK/src.granary" "$MNT/raw.granary"
 sync
