@@ -1076,3 +1076,44 @@ fn modes_mtimes_and_empty_directories_survive_pack_and_extract() {
     assert!(!out0.join("valid").exists());
     assert_eq!(read_tree(&out0), read_tree(&src));
 }
+
+/// `bench plan` builds one shard's plan on a synthetic shape of any size: equal shares in
+/// every mode, and a clear refusal of a rank outside the world.
+#[test]
+fn bench_plan_builds_a_share_of_a_synthetic_shape() {
+    for mode in ["global", "chunkwise", "sequential"] {
+        let o = run_ok([
+            "bench",
+            "plan",
+            "--samples",
+            "100003",
+            "--world-size",
+            "7",
+            "--rank",
+            "6",
+            "--shuffle",
+            mode,
+            "--json",
+        ]);
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert_eq!(v["share"], 100003 / 7, "{mode}: {v}");
+        assert_eq!(v["chunks"], 100, "{mode}: {v}");
+        assert!(v["peak_rss_mb"].as_f64().is_some_and(|m| m > 0.0), "{v}");
+    }
+    let o = run([
+        "bench",
+        "plan",
+        "--samples",
+        "10",
+        "--world-size",
+        "2",
+        "--rank",
+        "2",
+    ]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        stderr(&o).contains("rank 2 is not in 0..2"),
+        "{}",
+        stderr(&o)
+    );
+}

@@ -75,8 +75,8 @@ pub use granary_store::{
 pub use importance::{batch_weights, ImportanceScores, SharedScores};
 pub use pathfmt::{escape_path, unescape_path};
 pub use plan::{
-    shuffle_quality, DatasetShape, EpochPlan, EpochState, PlanOptions, Sampling, Shard,
-    ShuffleMode, ShuffleQuality,
+    shuffle_quality, DatasetShape, EpochPlan, EpochState, KeyedPermutation, PlanOptions, Sampling,
+    Shard, ShuffleMode, ShuffleQuality,
 };
 pub use random::SampleReader;
 pub use stream::{EpochStream, Sample, StreamOptions};

@@ -117,6 +117,11 @@ pub struct EpochState {
 pub struct DatasetShape {
     /// `first[c]` is chunk c's first sample id; `first[C]` is the sample count.
     first: Vec<u64>,
+    /// `guide[b]` is the chunk holding sample `b << shift` (one entry per chunk or so): where
+    /// [`DatasetShape::chunk_of`]'s search starts, so that it touches a few entries of `first`
+    /// instead of ~log2(C) scattered ones (a global plan asks it for every sample).
+    guide: Vec<u32>,
+    shift: u32,
 }
 
 impl DatasetShape {
@@ -126,7 +131,23 @@ impl DatasetShape {
         for c in counts {
             first.push(first.last().unwrap() + c);
         }
-        DatasetShape { first }
+        let (chunks, n) = (first.len() as u64 - 1, *first.last().unwrap());
+        // Buckets of 2^shift samples, about as many as chunks.
+        let shift = (n / chunks.max(1)).max(1).ilog2();
+        let buckets = if n == 0 { 0 } else { ((n - 1) >> shift) + 1 };
+        let mut guide = Vec::with_capacity(buckets as usize);
+        let mut c = 0usize;
+        for b in 0..buckets {
+            while first[c + 1] <= b << shift {
+                c += 1;
+            }
+            guide.push(c as u32);
+        }
+        DatasetShape {
+            first,
+            guide,
+            shift,
+        }
     }
 
     pub fn samples(&self) -> u64 {
@@ -143,7 +164,17 @@ impl DatasetShape {
 
     /// The chunk holding sample `id`.
     pub fn chunk_of(&self, id: u64) -> u32 {
-        (self.first.partition_point(|&f| f <= id) - 1) as u32
+        let b = (id >> self.shift) as usize;
+        let Some(&lo) = self.guide.get(b) else {
+            // Past the last bucket: as the plain search over the chunk starts says.
+            return (self.first.partition_point(|&f| f <= id) - 1) as u32;
+        };
+        // Sample `id` lies in a chunk from guide[b] to guide[b + 1] (that one included).
+        let hi = self
+            .guide
+            .get(b + 1)
+            .map_or(self.first.len(), |&h| h as usize + 1);
+        lo + self.first[lo as usize + 1..hi].partition_point(|&f| f <= id) as u32
     }
 }
 
@@ -251,6 +282,76 @@ const TAG_RANK_ORDER: u64 = 6;
 const TAG_WINDOW: u64 = 7;
 const TAG_IMPORTANCE: u64 = 8;
 
+/// Rounds of [`KeyedPermutation`]'s Feistel network (four make a pseudo-random permutation
+/// of a Feistel network with random round functions; two more for margin, at ~2 ns each).
+const FEISTEL_ROUNDS: usize = 6;
+
+/// A keyed bijection on `0..n`: position `i` of a global shuffle is [`KeyedPermutation::at`]
+/// `(i)`, computed in O(1) time and memory, so that no rank holds the whole permutation (8
+/// bytes per sample: 8 GB at a billion samples). A balanced Feistel network on the smallest
+/// even number of bits that covers `n`, whose round function is SplitMix64's finaliser of
+/// the half-block and a round key; outputs past `n` are walked on through the network until
+/// they fall in range (cycle-walking keeps it a bijection; fewer than 4 steps on average, as
+/// the network's domain is under 4n).
+#[derive(Clone, Debug)]
+pub struct KeyedPermutation {
+    n: u64,
+    half: u32,
+    keys: [u64; FEISTEL_ROUNDS],
+}
+
+impl KeyedPermutation {
+    /// The permutation of `0..n` keyed by `key` (e.g. seed, epoch, a tag).
+    pub fn new(n: u64, key: &[u64]) -> Self {
+        let bits = (u64::BITS - n.saturating_sub(1).leading_zeros()).max(2);
+        let mut r = SplitMix64::keyed(key);
+        KeyedPermutation {
+            n,
+            half: bits.div_ceil(2),
+            keys: std::array::from_fn(|_| r.next_u64()),
+        }
+    }
+
+    /// The size of the domain.
+    pub fn len(&self) -> u64 {
+        self.n
+    }
+
+    /// True for the permutation of nothing.
+    pub fn is_empty(&self) -> bool {
+        self.n == 0
+    }
+
+    /// The image of `i` (`i < n`).
+    pub fn at(&self, i: u64) -> u64 {
+        assert!(i < self.n, "position {i} outside 0..{}", self.n);
+        let mut x = i;
+        loop {
+            x = self.feistel(x);
+            if x < self.n {
+                return x;
+            }
+        }
+    }
+
+    fn feistel(&self, x: u64) -> u64 {
+        let mask = (1u64 << self.half) - 1;
+        let (mut l, mut r) = (x >> self.half, x & mask);
+        for k in self.keys {
+            let mut z = r ^ k;
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            (l, r) = (r, l ^ ((z ^ (z >> 31)) & mask));
+        }
+        (l << self.half) | r
+    }
+}
+
+/// The global shuffle of `epoch`.
+fn global_permutation(shape: &DatasetShape, o: &PlanOptions, epoch: u64) -> KeyedPermutation {
+    KeyedPermutation::new(shape.samples(), &[o.seed, epoch, TAG_GLOBAL])
+}
+
 /// The epoch's global sequence before the per-rank cut.
 fn global_sequence(
     shape: &DatasetShape,
@@ -276,9 +377,8 @@ fn global_sequence(
     match o.mode {
         ShuffleMode::Sequential => (0..n).collect(),
         ShuffleMode::Global => {
-            let mut v: Vec<u64> = (0..n).collect();
-            SplitMix64::keyed(&[o.seed, epoch, TAG_GLOBAL]).shuffle(&mut v);
-            v
+            let p = global_permutation(shape, o, epoch);
+            (0..n).map(|i| p.at(i)).collect()
         }
         ShuffleMode::Chunkwise => {
             let order = chunk_order(shape, o, epoch, world);
@@ -375,23 +475,45 @@ pub fn chunk_readers(shape: &DatasetShape, o: &PlanOptions, epoch: u64, world: u
 /// `ceil(len / world)` (pad: positions past the end wrap to the start).
 fn cut_rank(seq: &[u64], world: u32, rank: u32, drop_last: bool) -> Vec<u64> {
     let n = seq.len();
-    if n == 0 {
-        return Vec::new();
-    }
-    let w = world as usize;
-    let per = if drop_last { n / w } else { n.div_ceil(w) };
-    (rank as usize * per..(rank as usize + 1) * per)
-        .map(|p| seq[p % n])
+    rank_positions(n as u64, world, rank, drop_last)
+        .map(|p| seq[(p % n as u64) as usize])
         .collect()
+}
+
+/// The positions of a sequence of `n` that rank `rank` takes (see [`cut_rank`]); past `n`
+/// when padding (they wrap to the start).
+fn rank_positions(n: u64, world: u32, rank: u32, drop_last: bool) -> Range<u64> {
+    if n == 0 {
+        return 0..0;
+    }
+    let w = u64::from(world);
+    let per = if drop_last { n / w } else { n.div_ceil(w) };
+    u64::from(rank) * per..(u64::from(rank) + 1) * per
 }
 
 /// Worker `k`'s contiguous part of a rank's share.
 fn split_worker(seq: &[u64], workers: u32, k: u32) -> &[u64] {
-    let (n, kk) = (seq.len(), workers as usize);
-    let (base, rem) = (n / kk, n % kk);
-    let start = k as usize * base + (k as usize).min(rem);
-    let len = base + usize::from((k as usize) < rem);
-    &seq[start..start + len]
+    let r = worker_range(seq.len() as u64, workers, k);
+    &seq[r.start as usize..r.end as usize]
+}
+
+/// Where worker `k`'s part lies in a share of `len` samples.
+fn worker_range(len: u64, workers: u32, k: u32) -> Range<u64> {
+    let (kk, k) = (u64::from(workers), u64::from(k));
+    let (base, rem) = (len / kk, len % kk);
+    let start = k * base + k.min(rem);
+    start..start + base + u64::from(k < rem)
+}
+
+/// `shard`'s part of a global epoch, evaluated position by position (O(share) memory).
+fn global_part(shape: &DatasetShape, o: &PlanOptions, epoch: u64, shard: &Shard) -> Vec<u64> {
+    let n = shape.samples();
+    let ranks = rank_positions(n, shard.world_size, shard.rank, o.drop_last);
+    let part = worker_range(ranks.end - ranks.start, shard.num_workers, shard.worker);
+    let p = global_permutation(shape, o, epoch);
+    (ranks.start + part.start..ranks.start + part.end)
+        .map(|i| p.at(i % n))
+        .collect()
 }
 
 /// Groups a shard's sequence into windows and shuffles within chunkwise windows.
@@ -468,7 +590,11 @@ fn fresh(
     shard: &Shard,
     probs: Option<&[f64]>,
 ) -> EpochPlan {
-    let rank = if probs.is_none() && o.mode != ShuffleMode::Global {
+    if probs.is_none() && o.mode == ShuffleMode::Global {
+        let part = global_part(shape, o, epoch, shard);
+        return windows(shape, o, epoch, shard, part);
+    }
+    let rank = if probs.is_none() {
         // The epoch is whole chunks in a chunk order: take this rank's positions straight from
         // it (O(chunks + share) memory) instead of building every rank's sequence (8 bytes per
         // sample of the dataset: 8 GB on every rank at a billion samples).
@@ -495,13 +621,9 @@ fn rank_share(
     drop_last: bool,
 ) -> Vec<u64> {
     let n = shape.samples() as usize;
-    if n == 0 {
-        return Vec::new();
-    }
-    let w = world as usize;
-    let per = if drop_last { n / w } else { n.div_ceil(w) };
-    let (mut p, end) = (rank as usize * per, (rank as usize + 1) * per);
-    let mut out = Vec::with_capacity(per);
+    let r = rank_positions(n as u64, world, rank, drop_last);
+    let (mut p, end) = (r.start as usize, r.end as usize);
+    let mut out = Vec::with_capacity(end - p);
     while p < end {
         // Positions past the end wrap to the start (padding).
         let q = p % n;
@@ -777,6 +899,100 @@ mod share_tests {
                     want,
                     "case {case} rank {rank}/{world}"
                 );
+            }
+        }
+    }
+
+    /// The keyed permutation is a bijection on 0..n for every n (cycle-walking included),
+    /// depends on its key, and is not close to the identity.
+    #[test]
+    fn keyed_permutation_is_a_keyed_bijection() {
+        for n in (0..70).chain([255, 256, 257, 1000, 4095, 4097, 65_537]) {
+            let p = KeyedPermutation::new(n, &[1, 2]);
+            let mut img: Vec<u64> = (0..n).map(|i| p.at(i)).collect();
+            let other: Vec<u64> = {
+                let q = KeyedPermutation::new(n, &[1, 3]);
+                (0..n).map(|i| q.at(i)).collect()
+            };
+            if n >= 16 {
+                let fixed = img
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, &v)| *i as u64 == v)
+                    .count();
+                assert!(
+                    fixed < (n as usize / 4).max(4),
+                    "n {n}: {fixed} fixed points"
+                );
+                assert_ne!(img, other, "n {n}: another key, the same order");
+            }
+            img.sort_unstable();
+            assert!(img.iter().copied().eq(0..n), "n {n}: not a bijection");
+        }
+        // The largest domains: in range, and distinct on a sample of positions.
+        let n = u64::MAX - 5;
+        let p = KeyedPermutation::new(n, &[9]);
+        let mut seen: Vec<u64> = (0..1000).map(|i| p.at(n - 1 - i * 7919)).collect();
+        assert!(seen.iter().all(|&v| v < n));
+        seen.sort_unstable();
+        seen.dedup();
+        assert_eq!(seen.len(), 1000);
+    }
+
+    /// The guided `chunk_of` answers as the plain search over chunk starts, for shapes with
+    /// empty chunks, one chunk, skewed sizes and ids past the end.
+    #[test]
+    fn chunk_of_matches_the_plain_search() {
+        let mut r = SplitMix64::new(3);
+        for case in 0..300 {
+            let chunks = 1 + r.below(if case % 3 == 0 { 3 } else { 60 });
+            let counts: Vec<u64> = (0..chunks)
+                .map(|_| match r.below(6) {
+                    0 => 0,
+                    1 => r.below(2000),
+                    _ => r.below(50),
+                })
+                .collect();
+            let shape = DatasetShape::from_counts(counts);
+            let n = shape.samples();
+            for id in (0..n + 3).chain([u64::MAX]) {
+                let want = (shape.first.partition_point(|&f| f <= id) - 1) as u32;
+                assert_eq!(shape.chunk_of(id), want, "case {case} id {id} of {n}");
+            }
+        }
+    }
+
+    /// A global shard's part, evaluated position by position, equals cutting the whole
+    /// permuted sequence for its rank and then its worker.
+    #[test]
+    fn global_part_equals_cutting_the_whole_sequence() {
+        let mut r = SplitMix64::new(11);
+        for case in 0..200 {
+            let counts: Vec<u64> = (0..1 + r.below(20)).map(|_| r.below(40)).collect();
+            let shape = DatasetShape::from_counts(counts);
+            let (world, workers) = (1 + r.below(7) as u32, 1 + r.below(4) as u32);
+            let o = PlanOptions {
+                mode: ShuffleMode::Global,
+                seed: case,
+                drop_last: case % 2 == 0,
+                ..PlanOptions::default()
+            };
+            let seq = global_sequence(&shape, &o, 5, world, None);
+            for rank in 0..world {
+                let share = cut_rank(&seq, world, rank, o.drop_last);
+                for worker in 0..workers {
+                    let shard = Shard {
+                        rank,
+                        world_size: world,
+                        worker,
+                        num_workers: workers,
+                    };
+                    assert_eq!(
+                        global_part(&shape, &o, 5, &shard),
+                        split_worker(&share, workers, worker),
+                        "case {case} rank {rank}/{world} worker {worker}/{workers}"
+                    );
+                }
             }
         }
     }

@@ -11,6 +11,7 @@ mod compare;
 mod gen;
 mod hits;
 mod pack;
+mod plan;
 mod read;
 
 /// Benchmarks: generate data, compare granary with the alternatives on the same data.
@@ -30,6 +31,7 @@ enum BenchCmd {
     CompareSide(compare::CompareSideArgs),
     Cache(cache::CacheArgs),
     Hits(hits::HitsArgs),
+    Plan(plan::PlanArgs),
 }
 
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
@@ -42,5 +44,6 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         BenchCmd::CompareSide(c) => compare::run_side(c),
         BenchCmd::Cache(c) => cache::run(c),
         BenchCmd::Hits(h) => hits::run(h),
+        BenchCmd::Plan(p) => plan::run(p),
     }
 }

@@ -1,0 +1,106 @@
+//! `granary bench plan`: one shard's epoch plan on a synthetic dataset shape of any size (no
+//! data is read or written): the time to build it and the process's peak memory.
+
+use std::process::ExitCode;
+use std::time::Instant;
+
+use granary::procstat::peak_rss_bytes;
+use granary::{DatasetShape, EpochPlan, PlanOptions, Shard, ShuffleMode};
+use serde_json::json;
+
+/// Time and peak memory of one shard's epoch plan on a synthetic dataset of any size.
+#[derive(clap::Args)]
+#[command(after_help = "Examples:
+  granary bench plan --samples 1000000000 --world-size 64 --shuffle global
+  granary bench plan --samples 100000000 --chunks 100000 --shuffle chunkwise --json
+
+The dataset is a shape only: --chunks chunks (default: one per 1,000 samples) sharing --samples
+samples equally. The plan is rank --rank's (worker --worker of --workers) for epoch --epoch.
+Peak RSS is the whole process's (VmHWM), the shape included; run one plan per process to
+compare plans.")]
+pub struct PlanArgs {
+    /// Samples in the dataset.
+    #[arg(long)]
+    samples: u64,
+    /// Chunks in the dataset (default: samples / 1,000, at least 1).
+    #[arg(long)]
+    chunks: Option<u64>,
+    /// Epoch order: chunkwise, global or sequential.
+    #[arg(long, default_value = "chunkwise", value_parser = ShuffleMode::parse)]
+    shuffle: ShuffleMode,
+    /// Distributed ranks.
+    #[arg(long, default_value_t = 64)]
+    world_size: u32,
+    /// The rank whose plan is built.
+    #[arg(long, default_value_t = 0)]
+    rank: u32,
+    /// Loader workers per rank.
+    #[arg(long, default_value_t = 1)]
+    workers: u32,
+    /// The worker whose plan is built.
+    #[arg(long, default_value_t = 0)]
+    worker: u32,
+    /// Epoch number.
+    #[arg(long, default_value_t = 0)]
+    epoch: u64,
+    /// Print JSON on stdout.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn run(a: PlanArgs) -> anyhow::Result<ExitCode> {
+    let chunks = a.chunks.unwrap_or(a.samples / 1000).max(1);
+    anyhow::ensure!(
+        chunks <= u64::from(u32::MAX),
+        "--chunks {chunks}: at most {} chunks",
+        u32::MAX
+    );
+    let t0 = Instant::now();
+    let (base, rem) = (a.samples / chunks, a.samples % chunks);
+    let shape = DatasetShape::from_counts((0..chunks).map(|c| base + u64::from(c < rem)));
+    let shape_s = t0.elapsed().as_secs_f64();
+    let rss_shape = peak_rss_bytes();
+    let shard = Shard {
+        rank: a.rank,
+        world_size: a.world_size,
+        worker: a.worker,
+        num_workers: a.workers,
+    };
+    let o = PlanOptions {
+        mode: a.shuffle,
+        ..PlanOptions::default()
+    };
+    let t1 = Instant::now();
+    let plan = EpochPlan::build(&shape, &o, a.epoch, shard, None).map_err(anyhow::Error::msg)?;
+    let plan_s = t1.elapsed().as_secs_f64();
+    let rss = peak_rss_bytes();
+    let mb = |b: Option<u64>| b.map(|b| b as f64 / 1e6);
+    if a.json {
+        super::super::print_json(&json!({
+            "samples": a.samples, "chunks": chunks, "shuffle": format!("{:?}", a.shuffle).to_lowercase(),
+            "world_size": a.world_size, "workers": a.workers, "share": plan.len(),
+            "windows": plan.windows.len(), "shape_seconds": shape_s, "plan_seconds": plan_s,
+            "peak_rss_mb_after_shape": mb(rss_shape), "peak_rss_mb": mb(rss),
+        }))?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!(
+        "{} samples in {chunks} chunks, {:?} plan of rank {} of {} (worker {} of {}): {} samples \
+         in {} windows",
+        a.samples,
+        a.shuffle,
+        a.rank,
+        a.world_size,
+        a.worker,
+        a.workers,
+        plan.len(),
+        plan.windows.len()
+    );
+    let show = |b: Option<u64>| b.map_or("unknown".into(), |b| format!("{:.0} MB", b as f64 / 1e6));
+    println!(
+        "shape {shape_s:.2} s (peak RSS {}), plan {plan_s:.2} s (peak RSS {})",
+        show(rss_shape),
+        show(rss)
+    );
+    Ok(ExitCode::SUCCESS)
+}
