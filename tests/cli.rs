@@ -1117,3 +1117,50 @@ fn bench_plan_builds_a_share_of_a_synthetic_shape() {
         stderr(&o)
     );
 }
+
+/// `bench gen --packed` writes the same samples (paths, bytes, labels) as generating the tree
+/// and packing it: `verify` prints the same content digest for both.
+#[test]
+fn bench_gen_packed_equals_packing_the_generated_tree() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (tree, a, b) = (
+        tmp.path().join("tree"),
+        tmp.path().join("a.granary"),
+        tmp.path().join("b.granary"),
+    );
+    let args = [
+        "--files",
+        "3001",
+        "--classes",
+        "7",
+        "--sizes",
+        "tiny",
+        "--seed",
+        "5",
+    ];
+    let gen = |out: &std::path::Path, extra: &[&str]| {
+        let mut v: Vec<std::ffi::OsString> = vec!["bench".into(), "gen".into(), out.into()];
+        v.extend(args.iter().chain(extra).map(|s| s.into()));
+        run_ok(v)
+    };
+    gen(&tree, &[]);
+    run_ok([
+        "pack".as_ref(),
+        tree.as_os_str(),
+        "-o".as_ref(),
+        a.as_os_str(),
+    ]);
+    gen(&b, &["--packed"]);
+    let digest = |ds: &std::path::Path| {
+        let o = run_ok(["verify".as_ref(), ds.as_os_str()]);
+        let out = String::from_utf8_lossy(&o.stdout).into_owned() + &stderr(&o);
+        let line = out
+            .lines()
+            .find(|l| l.starts_with("content digest:"))
+            .unwrap_or_else(|| panic!("no digest in {out}"))
+            .to_string();
+        assert!(out.contains("3001 samples"), "{out}");
+        line
+    };
+    assert_eq!(digest(&a), digest(&b));
+}

@@ -32,6 +32,15 @@ pub(super) struct GenArgs {
     /// Seed: the same seed gives the same tree.
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// Write the samples straight into a packed dataset at OUT (a directory, or an object
+    /// store URL: s3://...) through the writer API, with no tree of files: datasets of
+    /// 100 million samples and more can be made on one disk (`--files 100000000 --sizes 64`).
+    #[arg(long)]
+    packed: bool,
+    /// With --packed and an object store OUT: the local staging directory (default: one per
+    /// destination under the cache directory).
+    #[arg(long, requires = "packed")]
+    staging: Option<PathBuf>,
     /// Print the summary as JSON.
     #[arg(long)]
     json: bool,
@@ -58,6 +67,9 @@ pub(super) fn run(g: GenArgs, progress: bool) -> anyhow::Result<ExitCode> {
         seed: g.seed,
         progress,
     };
+    if g.packed {
+        return packed(&g, &opts);
+    }
     let s = granary_bench::gen::generate(&opts)
         .with_context(|| format!("generating {}", g.out.display()))?;
     if g.json {
@@ -70,6 +82,49 @@ pub(super) fn run(g: GenArgs, progress: bool) -> anyhow::Result<ExitCode> {
             super::super::human_bytes(s.bytes),
             s.out.display(),
             s.elapsed_s
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `--packed`: the same samples (paths, bytes, class labels) written into a dataset.
+fn packed(g: &GenArgs, opts: &GenOptions) -> anyhow::Result<ExitCode> {
+    use granary_bench::gen::{file_bytes, file_path};
+    use granary_packer::{Label, Writer, WriterOptions};
+    let out = g.out.to_string_lossy().into_owned();
+    let mut o = WriterOptions::new(&g.out);
+    o.seed = g.seed;
+    o.progress = opts.progress;
+    let dest = granary::remote::write_destination(&out, g.staging.as_deref())
+        .map_err(anyhow::Error::msg)?;
+    if let Some((u, staging)) = dest {
+        o.staging = Some(staging);
+        o.destination = Some(std::sync::Arc::new(u));
+    }
+    let t0 = std::time::Instant::now();
+    let mut w = Writer::create(o).with_context(|| format!("creating {out}"))?;
+    for i in 0..opts.files {
+        let path = file_path(opts, i);
+        let key = path.to_string_lossy();
+        let class = key.split('/').next().unwrap_or_default();
+        w.write(
+            key.as_bytes(),
+            file_bytes(opts, i),
+            Label::Name(class.as_bytes()),
+        )
+        .with_context(|| format!("writing sample {i} ({key}) to {out}"))?;
+    }
+    let s = w.finish().with_context(|| format!("finishing {out}"))?;
+    if g.json {
+        super::super::print_json(&s)?;
+    } else {
+        println!(
+            "packed {} samples in {} classes ({}) into {out} in {:.2} s (dataset id {})",
+            s.files,
+            s.classes,
+            super::super::human_bytes(s.bytes_in),
+            t0.elapsed().as_secs_f64(),
+            s.dataset_id
         );
     }
     Ok(ExitCode::SUCCESS)
