@@ -11,7 +11,8 @@ use granary_bench::gen::{Content, GenOptions, Sizes};
 #[derive(clap::Args)]
 #[command(
     after_help = "Examples:\n  granary bench gen data/imagenet --files 20000 --sizes imagenet\n  \
-granary bench gen data/tiny --files 1000000 --classes 1000 --sizes tiny\n\n\
+granary bench gen data/tiny --files 1000000 --classes 1000 --sizes tiny\n  \
+granary bench gen data/huge.granary --files 100000000 --sizes 64 --packed   # a dataset, no tree\n\n\
 Sizes: imagenet = lognormal, mean ~110 KiB; tiny = lognormal, mean ~1 KiB; or a fixed byte count."
 )]
 pub(super) struct GenArgs {
