@@ -274,10 +274,7 @@ fn import_webdataset(a: Args) -> anyhow::Result<ExitCode> {
     if let Some(m) = a.memory {
         o.memory = m;
     }
-    if let Some((u, staging)) = destination(&a)? {
-        o.staging = Some(staging);
-        o.destination = Some(std::sync::Arc::new(u));
-    }
+    writer_destination(&mut o, &a.out, a.staging.as_deref())?;
     let show = o.progress;
     let (s, counts) = granary_packer::import_webdataset(&sources, o, &|i, n, shard| {
         if show {
@@ -396,6 +393,22 @@ pub fn report(
         return Ok(ExitCode::from(3));
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Points a writer at `out` when it is an object store URL (its staging directory:
+/// `staging`, or the default one per destination); a local `out` leaves `o` as it is.
+pub(crate) fn writer_destination(
+    o: &mut granary_packer::WriterOptions,
+    out: &std::path::Path,
+    staging: Option<&std::path::Path>,
+) -> anyhow::Result<()> {
+    let dest = granary::remote::write_destination(&out.to_string_lossy(), staging)
+        .map_err(anyhow::Error::msg)?;
+    if let Some((u, staging)) = dest {
+        o.staging = Some(staging);
+        o.destination = Some(std::sync::Arc::new(u));
+    }
+    Ok(())
 }
 
 /// OUT as an object store and its staging directory (`--staging`, or the default one per

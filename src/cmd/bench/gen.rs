@@ -96,12 +96,7 @@ fn packed(g: &GenArgs, opts: &GenOptions) -> anyhow::Result<ExitCode> {
     let mut o = WriterOptions::new(&g.out);
     o.seed = g.seed;
     o.progress = opts.progress;
-    let dest = granary::remote::write_destination(&out, g.staging.as_deref())
-        .map_err(anyhow::Error::msg)?;
-    if let Some((u, staging)) = dest {
-        o.staging = Some(staging);
-        o.destination = Some(std::sync::Arc::new(u));
-    }
+    crate::cmd::pack::writer_destination(&mut o, &g.out, g.staging.as_deref())?;
     let t0 = std::time::Instant::now();
     let mut w = Writer::create(o).with_context(|| format!("creating {out}"))?;
     for i in 0..opts.files {
