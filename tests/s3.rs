@@ -636,3 +636,156 @@ fn webdataset_shards_in_the_store_import_into_the_store() {
     assert!(!o.status.success());
     assert!(stderr(&o).contains("shard-9.tar"), "{}", stderr(&o));
 }
+
+/// Bytes a file takes on disk (a sparse file: only the blocks written).
+fn allocated(p: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(p).unwrap().blocks() * 512
+}
+
+/// Offset and length of section `kind` of the snapshot `snap`.
+fn section(snap: &[u8], kind: u32) -> (usize, usize) {
+    let n = u32::from_le_bytes(snap[48..52].try_into().unwrap()) as usize;
+    (0..n)
+        .map(|i| &snap[64 + 32 * i..][..32])
+        .find(|e| u32::from_le_bytes(e[0..4].try_into().unwrap()) == kind)
+        .map(|e| {
+            let at = u64::from_le_bytes(e[8..16].try_into().unwrap()) as usize;
+            let len = u64::from_le_bytes(e[16..24].try_into().unwrap()) as usize;
+            (at, len)
+        })
+        .unwrap()
+}
+
+#[test]
+fn a_large_snapshot_is_read_in_checked_blocks() {
+    let Some(s3) = S3::new("paged") else { return };
+    let url = s3.sub("ds");
+    s3.ok(&[
+        "bench",
+        "gen",
+        &url,
+        "--packed",
+        "--files",
+        "40000",
+        "--sizes",
+        "100",
+        "--chunk-size",
+        "512KiB",
+    ]);
+    let store = ObjectUrl::parse(&url).unwrap();
+    let snap = store.get("snapshot.gsnap").unwrap().to_vec();
+    let (samples_at, samples_len) = section(&snap, 2);
+    assert_eq!(samples_len, 40000 * 40);
+    // The whole snapshot, fetched and checked at once (below the paging threshold).
+    let whole = s3.ok(&["verify", &url]);
+    let want = digest_of(&stdout(&whole), "digest of a complete epoch: ");
+    // Paged, each command in a fresh cache of its own.
+    let paged = |args: &[&str]| {
+        let home = tempfile::tempdir().unwrap();
+        let o = s3
+            .cmd()
+            .env("XDG_CACHE_HOME", home.path())
+            .env("GRANARY_SNAPSHOT_WHOLE_MAX", "0")
+            .args(args)
+            .output()
+            .unwrap();
+        let blocks: Vec<PathBuf> = std::fs::read_dir(home.path().join("granary/snapshots"))
+            .map(|rd| rd.flatten().map(|e| e.path()).collect())
+            .unwrap_or_default();
+        (o, blocks, home)
+    };
+    // `cat` by path: a few blocks, far less than the snapshot.
+    let (o, files, _home) = paged(&["cat", &url, "class_0007/00000107.JPEG"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(o.stdout.len(), 100);
+    assert_eq!(files.len(), 1, "{files:?}");
+    assert!(files[0].extension().unwrap() == "gblocks", "{files:?}");
+    let used = allocated(&files[0]);
+    assert!(
+        used * 4 < snap.len() as u64,
+        "cat fetched {used} bytes of a {}-byte snapshot",
+        snap.len()
+    );
+    // A chunk-wise epoch: the same digest, at most one snapshot GET per chunk.
+    let (o, files, home) = paged(&["read", &url, "--shuffle", "chunkwise", "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(r[0]["digest"], want.as_str());
+    let info = stdout(&s3.ok(&["info", &url, "--json"]));
+    let info: serde_json::Value = serde_json::from_str(&info).unwrap();
+    let n_chunks = info["chunks"].as_u64().unwrap();
+    assert!(n_chunks >= 5, "{n_chunks} chunks");
+    let gets = r[0]["snapshot_gets"].as_u64().unwrap();
+    assert!(
+        gets >= 1 && gets <= n_chunks,
+        "{gets} GETs for {n_chunks} chunks"
+    );
+    let fetched = r[0]["snapshot_bytes_fetched"].as_u64().unwrap();
+    assert!(fetched <= samples_len as u64 + 2 * 65536, "{fetched}");
+    assert!(allocated(&files[0]) < snap.len() as u64);
+    // Another process on the node finds the blocks there: no GET.
+    let o = s3
+        .cmd()
+        .env("XDG_CACHE_HOME", home.path())
+        .env("GRANARY_SNAPSHOT_WHOLE_MAX", "0")
+        .args(["read", &url, "--shuffle", "chunkwise", "--json"])
+        .output()
+        .unwrap();
+    let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(r[0]["digest"], want.as_str());
+    assert_eq!(r[0]["snapshot_gets"], 0);
+
+    // A damaged byte in the sample table: its block's CRC fails, naming the snapshot.
+    let tmp = tempfile::tempdir().unwrap();
+    let mut bad = snap.clone();
+    bad[samples_at + samples_len / 2] ^= 0x40;
+    put_object(&store, "snapshot.gsnap", &bad, &tmp.path().join("snap"));
+    let (o, _, _h) = paged(&["read", &url, "--shuffle", "chunkwise"]);
+    assert!(!o.status.success(), "a damaged block must fail the epoch");
+    let e = stderr(&o);
+    assert!(
+        e.contains("snapshot.gsnap") && e.contains("checksum mismatch") && e.contains("block"),
+        "{e}"
+    );
+    // A block damaged in the local cache is fetched again, not trusted.
+    put_object(&store, "snapshot.gsnap", &snap, &tmp.path().join("snap"));
+    let blocks = std::fs::read_dir(home.path().join("granary/snapshots"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.extension().is_some_and(|x| x == "gblocks"))
+        .unwrap();
+    {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&blocks)
+            .unwrap();
+        f.write_all_at(&[0xEE; 64], (samples_at + 4096) as u64)
+            .unwrap();
+    }
+    let o = s3
+        .cmd()
+        .env("XDG_CACHE_HOME", home.path())
+        .env("GRANARY_SNAPSHOT_WHOLE_MAX", "0")
+        .args(["read", &url, "--shuffle", "chunkwise", "--json"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(r[0]["digest"], want.as_str());
+    let mut back = vec![0u8; 64];
+    {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::File::open(&blocks).unwrap();
+        f.read_exact_at(&mut back, (samples_at + 4096) as u64)
+            .unwrap();
+    }
+    let at = samples_at + 4096;
+    assert_eq!(
+        back,
+        snap[at..at + 64],
+        "the damaged block is fetched again"
+    );
+}

@@ -39,6 +39,9 @@ pub enum FormatError {
         expected: u32,
         actual: u32,
     },
+    /// Bytes of a file read in pieces (a snapshot in an object store) could not be fetched.
+    #[error("{what}: {detail}")]
+    Unavailable { what: String, detail: String },
     /// A field holds a value the format does not allow.
     #[error("{what}: {detail}")]
     Invalid { what: String, detail: String },

@@ -8,6 +8,7 @@
 //! (IEEE, as computed by `crc32fast`).
 #![forbid(unsafe_code)]
 
+mod blocks;
 mod chunk;
 mod error;
 mod hash;
@@ -19,6 +20,10 @@ mod rng;
 mod snapshot;
 mod strtab;
 
+pub use blocks::{
+    check_block, BlockIndex, Pager, BLOCK_INDEX_HEADER_LEN, BLOCK_SIZE, MAX_BLOCK_SIZE,
+    MIN_BLOCK_SIZE,
+};
 pub use chunk::{
     decode_fields_block, decode_footer, ChunkFooter, ChunkHeader, ChunkSummary, ChunkWriter,
     Trailer, CHUNK_HEADER_LEN, CHUNK_TRAILER_LEN,
@@ -49,8 +54,11 @@ pub const ATTRS_MINOR: u16 = 2;
 pub const FIELDS_MINOR: u16 = 3;
 /// Minor version of a chunk file whose footer ends with a fields block.
 pub const CHUNK_FIELDS_MINOR: u16 = 1;
+/// Minor version of a snapshot with block checksums (format 1.4: kinds 14 and 15), which this
+/// crate writes into every snapshot.
+pub const BLOCKS_MINOR: u16 = 4;
 /// The newest minor version this crate writes (and names in version errors).
-pub const NEWEST_MINOR: u16 = FIELDS_MINOR;
+pub const NEWEST_MINOR: u16 = BLOCKS_MINOR;
 
 /// Magic bytes at offset 0 of a snapshot file.
 pub const SNAPSHOT_MAGIC: [u8; 8] = *b"GRNYSNAP";

@@ -2,14 +2,12 @@
 
 use std::ops::Range;
 
+use crate::blocks::{encode_block_sections, BlockHasher, BlockIndex, Pager, BLOCK_SIZE};
 use crate::error::{check_crc, check_magic_version, FormatError, Result};
 use crate::strtab::{encode_string_table, StringTable};
 use crate::{le, path_hash, ChunkSummary, SampleEntry, CHUNK_HEADER_LEN, CHUNK_TRAILER_LEN};
-use crate::{ChunkFields, FieldEntry, FIELDS_MINOR, FIELD_ENTRY_LEN};
-use crate::{
-    ATTRS_MINOR, FORMAT_MAJOR, LINEAGE_MINOR, MAX_SAMPLES, NO_LABEL, SAMPLE_ENTRY_LEN,
-    SNAPSHOT_MAGIC,
-};
+use crate::{ChunkFields, FieldEntry, FIELD_ENTRY_LEN};
+use crate::{BLOCKS_MINOR, FORMAT_MAJOR, MAX_SAMPLES, NO_LABEL, SAMPLE_ENTRY_LEN, SNAPSHOT_MAGIC};
 
 /// Length of the snapshot header; the section table follows it.
 pub const SNAPSHOT_HEADER_LEN: usize = 64;
@@ -51,6 +49,11 @@ pub enum SectionKind {
     FieldIndex = 12,
     /// Optional (format 1.3): the field entries ([`FieldEntry`], 24 bytes each).
     Fields = 13,
+    /// Format 1.4 (with kind 15): a CRC-32 per block of the snapshot ([`crate::BlockIndex`]).
+    BlockCrcs = 14,
+    /// Format 1.4 (with kind 14): the block size, the covered range and the CRCs of kind 14's
+    /// own blocks.
+    BlockIndex = 15,
 }
 
 /// One field of a sample, as the snapshot describes it.
@@ -210,6 +213,27 @@ struct Layout {
     dir_count: u64,
     /// Kinds 11 to 13, if present.
     fields: Option<FieldsLayout>,
+    /// Kinds 14 and 15, if present.
+    blocks: Option<BlockIndex>,
+}
+
+/// What [`Snapshot`]'s checks call before reading a range of the bytes (a pager's `need`).
+type Need<'a> = &'a dyn Fn(Range<usize>) -> Result<()>;
+
+/// Makes the parts of string table `r` that [`StringTable::parse`] reads present: the count,
+/// the first offset and the last.
+fn need_table(b: &[u8], need: Need, r: &Range<usize>) -> Result<()> {
+    need(r.start..(r.start + 16).min(r.end))?;
+    if r.len() >= 16 {
+        let count = le::u64_at(b, r.start);
+        if let Some(w) = count.checked_mul(8).and_then(|x| x.checked_add(8)) {
+            if w.saturating_add(8) <= r.len() as u64 {
+                let w = r.start + w as usize;
+                need(w..w + 8)?;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// A snapshot used in place over any byte container (a memory map, a `Vec`).
@@ -221,6 +245,7 @@ struct Layout {
 pub struct Snapshot<B> {
     bytes: B,
     l: Layout,
+    pager: Option<std::sync::Arc<dyn Pager>>,
 }
 
 /// What identifies a snapshot's content, read from its 64-byte header alone: the dataset id
@@ -248,12 +273,88 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
     /// that the chunk table is consistent with the sample table (ids dense, ranges contiguous,
     /// covering every sample).
     pub fn open(bytes: B) -> Result<Self> {
-        let l = Self::layout(bytes.as_ref())?;
-        Ok(Snapshot { bytes, l })
+        let l = Self::layout(bytes.as_ref(), &|_| Ok(()))?;
+        Ok(Snapshot {
+            bytes,
+            l,
+            pager: None,
+        })
     }
 
-    fn layout(b: &[u8]) -> Result<Layout> {
+    /// Opens a snapshot of which `bytes` holds only what `pager` has made present (the rest
+    /// reads as zeros until then): every read, at open and after, first asks the pager for
+    /// its range. Same checks as [`Snapshot::open`]; only the ranges they read are fetched.
+    pub fn open_paged(bytes: B, pager: std::sync::Arc<dyn Pager>) -> Result<Self> {
+        let len = bytes.as_ref().len();
+        let need = |r: Range<usize>| pager.need(r.start as u64..r.end.min(len) as u64);
+        let l = Self::layout(bytes.as_ref(), &need)?;
+        Ok(Snapshot {
+            bytes,
+            l,
+            pager: Some(pager),
+        })
+    }
+
+    /// Makes `r` present (a no-op for a snapshot held whole).
+    fn need(&self, r: Range<usize>) -> Result<()> {
+        match &self.pager {
+            None => Ok(()),
+            Some(p) => p.need(r.start as u64..r.end.min(self.b().len()) as u64),
+        }
+    }
+
+    /// Makes all of `r` present and returns it.
+    fn at(&self, r: Range<usize>) -> Result<&[u8]> {
+        self.need(r.clone())?;
+        Ok(&self.b()[r])
+    }
+
+    /// String table `r`, the parts `parse` reads made present.
+    fn table(&self, r: &Range<usize>, what: &'static str) -> Result<StringTable<'_>> {
+        if self.pager.is_some() {
+            need_table(self.b(), &|x| self.need(x), r)?;
+        }
+        StringTable::parse(&self.b()[r.clone()], what)
+    }
+
+    /// Item `i` of string table `r`, its offsets and bytes made present.
+    fn table_item(&self, r: &Range<usize>, what: &'static str, i: u64) -> Result<&[u8]> {
+        let t = self.table(r, what)?;
+        if self.pager.is_some() && i < t.len() {
+            let w = r.start + 8 + i as usize * 8;
+            self.need(w..w + 16)?;
+            let blob = r.start + 16 + t.len() as usize * 8;
+            let (a, e) = (le::u64_at(self.b(), w), le::u64_at(self.b(), w + 8));
+            if a <= e && e <= (r.end - blob) as u64 {
+                self.need(blob + a as usize..blob + e as usize)?;
+            }
+        }
+        t.get(i)
+    }
+
+    /// True when the snapshot's bytes are fetched in pieces ([`Snapshot::open_paged`]).
+    pub fn is_paged(&self) -> bool {
+        self.pager.is_some()
+    }
+
+    /// The block checksum layout (format 1.4), if the snapshot has one.
+    pub fn block_index(&self) -> Option<&BlockIndex> {
+        self.l.blocks.as_ref()
+    }
+
+    /// Makes sample `ids`' entries present with as few fetches as the pager can (one ranged
+    /// read for a chunk's samples); a no-op for a snapshot held whole.
+    pub fn prefetch_samples(&self, ids: Range<u64>) -> Result<()> {
+        let ids = ids.start.min(self.l.samples)..ids.end.min(self.l.samples);
+        let s = self.l.sample_tab.start;
+        self.need(
+            s + ids.start as usize * SAMPLE_ENTRY_LEN..s + ids.end as usize * SAMPLE_ENTRY_LEN,
+        )
+    }
+
+    fn layout(b: &[u8], need: Need) -> Result<Layout> {
         const WHAT: &str = "snapshot header";
+        need(0..SNAPSHOT_HEADER_LEN.min(b.len()))?;
         snapshot_key(b)?; // length, magic, version, header CRC
         let header_len = le::u32_at(b, 12);
         if header_len as usize != SNAPSHOT_HEADER_LEN || le::u32_at(b, 56) != 0 {
@@ -279,13 +380,14 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
                 b.len() as u64,
             ));
         }
+        need(SNAPSHOT_HEADER_LEN..tab_end)?;
         check_crc(
             "snapshot section table",
             le::u32_at(b, 52),
             &b[SNAPSHOT_HEADER_LEN..tab_end],
         )?;
         let mut sections = Vec::with_capacity(nsec as usize);
-        let mut found: [Option<Range<usize>>; 13] = Default::default();
+        let mut found: [Option<Range<usize>>; 15] = Default::default();
         for i in 0..nsec as usize {
             let e = &b[SNAPSHOT_HEADER_LEN + i * SECTION_ENTRY_LEN..][..SECTION_ENTRY_LEN];
             let s = Section {
@@ -307,7 +409,7 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
                     ),
                 ));
             }
-            if (1..=13).contains(&s.kind) {
+            if (1..=15).contains(&s.kind) {
                 let slot = &mut found[s.kind as usize - 1];
                 if slot.is_some() {
                     return Err(FormatError::invalid(
@@ -346,7 +448,10 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
             samples * SAMPLE_ENTRY_LEN as u64,
         )?;
         expect_len("snapshot path order", &order, samples * 4)?;
+        let blocks = block_sections(b, need, &mut found, &sections, tab_end)?;
+        need(hash.start..(hash.start + 8).min(hash.end))?;
         let hash_cap = path_index_capacity(b, &hash, samples)?;
+        need_table(b, need, &paths)?;
         let pt = StringTable::parse(&b[paths.clone()], "snapshot paths")?;
         if pt.len() != samples {
             return Err(FormatError::invalid(
@@ -354,14 +459,16 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
                 format!("{} paths for {samples} samples", pt.len()),
             ));
         }
+        need(classes.clone())?;
         StringTable::parse(&b[classes.clone()], "snapshot classes")?;
         let Optional {
             lineage,
             attrs,
             dirs,
             dir_count,
-        } = optional_sections(b, &mut found, samples)?;
-        let fields = fields_sections(b, &mut found, samples)?;
+        } = optional_sections(b, need, &mut found, samples)?;
+        let fields = fields_sections(b, need, &mut found, samples)?;
+        need(chunk_tab.clone())?;
         check_chunk_ranges(&b[chunk_tab.clone()], samples)?;
         Ok(Layout {
             major: le::u16_at(b, 8),
@@ -382,6 +489,7 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
             dirs,
             dir_count,
             fields,
+            blocks,
         })
     }
 
@@ -424,7 +532,7 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
         let Some(f) = &self.l.fields else {
             return Ok(Vec::new());
         };
-        StringTable::parse(&self.b()[f.names.clone()], "snapshot field names")?
+        self.table(&f.names, "snapshot field names")?
             .iter()
             .collect()
     }
@@ -442,13 +550,12 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
             return Ok(Vec::new());
         };
         let range = self.field_range(f, id)?;
-        let names = StringTable::parse(&self.b()[f.names.clone()], "snapshot field names")?;
+        let names = self.table(&f.names, "snapshot field names")?;
         let mut out = Vec::with_capacity(range.len());
         let mut offset = 0u64;
         for k in range {
-            let e = FieldEntry::decode(
-                &self.b()[f.table.start + k * FIELD_ENTRY_LEN..][..FIELD_ENTRY_LEN],
-            )?;
+            let at = f.table.start + k * FIELD_ENTRY_LEN;
+            let e = FieldEntry::decode(self.at(at..at + FIELD_ENTRY_LEN)?)?;
             out.push(SampleField {
                 name: names.get(e.name as u64)?,
                 offset,
@@ -491,12 +598,15 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
                 format!("{e} out of range ({} fields)", f.entries),
             ));
         }
-        let at = |i: u64| le::u64_at(self.b(), f.index.start + i as usize * 8);
+        let at = |i: u64| -> Result<u64> {
+            let o = f.index.start + i as usize * 8;
+            Ok(le::u64_at(self.at(o..o + 8)?, 0))
+        };
         // The last sample whose first field is at or before e.
         let (mut lo, mut hi) = (0u64, self.l.samples);
         while hi - lo > 1 {
             let mid = lo + (hi - lo) / 2;
-            if at(mid) <= e {
+            if at(mid)? <= e {
                 lo = mid;
             } else {
                 hi = mid;
@@ -519,9 +629,8 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
         };
         self.field_range(f, id)?
             .map(|k| {
-                let e = FieldEntry::decode(
-                    &self.b()[f.table.start + k * FIELD_ENTRY_LEN..][..FIELD_ENTRY_LEN],
-                )?;
+                let at = f.table.start + k * FIELD_ENTRY_LEN;
+                let e = FieldEntry::decode(self.at(at..at + FIELD_ENTRY_LEN)?)?;
                 if e.name as u64 >= f.name_count {
                     return Err(FormatError::invalid(
                         "snapshot fields",
@@ -541,7 +650,8 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
             ));
         }
         let at = f.index.start + id as usize * 8;
-        let (first, end) = (le::u64_at(self.b(), at), le::u64_at(self.b(), at + 8));
+        let w = self.at(at..at + 16)?;
+        let (first, end) = (le::u64_at(w, 0), le::u64_at(w, 8));
         if first >= end || end > f.entries {
             return Err(FormatError::invalid(
                 "snapshot field index",
@@ -569,7 +679,7 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
             ));
         }
         let at = r.start + id as usize * ATTRS_LEN;
-        FileAttrs::decode(&self.b()[at..at + ATTRS_LEN]).map(Some)
+        FileAttrs::decode(self.at(at..at + ATTRS_LEN)?).map(Some)
     }
 
     /// Number of directories recorded (format 1.2; 0 without the section).
@@ -585,9 +695,9 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
                 "the snapshot records none",
             ));
         };
-        let path = StringTable::parse(&self.b()[names.clone()], "snapshot directories")?.get(i)?;
+        let path = self.table_item(names, "snapshot directories", i)?;
         let at = attrs.start + i as usize * ATTRS_LEN;
-        Ok((path, FileAttrs::decode(&self.b()[at..at + ATTRS_LEN])?))
+        Ok((path, FileAttrs::decode(self.at(at..at + ATTRS_LEN)?)?))
     }
 
     /// The header CRC: with the dataset id, it identifies this snapshot's content (see
@@ -649,7 +759,7 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
             ));
         }
         let at = self.l.sample_tab.start + id as usize * SAMPLE_ENTRY_LEN;
-        Ok(SampleEntry::decode(&self.b()[at..at + SAMPLE_ENTRY_LEN]))
+        Ok(SampleEntry::decode(self.at(at..at + SAMPLE_ENTRY_LEN)?))
     }
 
     /// Chunk table entry `index`.
@@ -664,7 +774,7 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
             ));
         }
         let at = self.l.chunk_tab.start + index as usize * CHUNK_ENTRY_LEN;
-        Ok(ChunkEntry::decode(&self.b()[at..at + CHUNK_ENTRY_LEN]))
+        Ok(ChunkEntry::decode(self.at(at..at + CHUNK_ENTRY_LEN)?))
     }
 
     fn paths(&self) -> Result<StringTable<'_>> {
@@ -680,7 +790,7 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
 
     /// Path of sample `id` (raw bytes, relative, `/`-separated).
     pub fn path(&self, id: u64) -> Result<&[u8]> {
-        self.paths()?.get(id)
+        self.table_item(&self.l.paths, "snapshot paths", id)
     }
 
     /// Number of class names.
@@ -698,10 +808,10 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
         let h = path_hash(path);
         let tag = (h >> 32) as u32;
         let mask = self.l.hash_cap - 1;
-        let slots = &self.b()[self.l.hash.start + 8..self.l.hash.end];
+        let slots = self.l.hash.start + 8;
         let mut i = h & mask;
         for _ in 0..self.l.hash_cap {
-            let s = &slots[i as usize * 8..i as usize * 8 + 8];
+            let s = self.at(slots + i as usize * 8..slots + i as usize * 8 + 8)?;
             let id1 = le::u32_at(s, 0);
             if id1 == 0 {
                 return Ok(None);
@@ -722,7 +832,8 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
                 format!("{pos} out of range"),
             ));
         }
-        let id = le::u32_at(self.b(), self.l.order.start + pos as usize * 4) as u64;
+        let at = self.l.order.start + pos as usize * 4;
+        let id = le::u32_at(self.at(at..at + 4)?, 0) as u64;
         if id >= self.l.samples {
             return Err(FormatError::invalid(
                 "snapshot path order",
@@ -760,6 +871,9 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
     /// Checks the CRC of every section (known or not) and that every byte outside the header,
     /// the section table and the sections (alignment padding) is zero. Returns every problem.
     pub fn check_sections(&self) -> Vec<FormatError> {
+        if let Err(e) = self.need(0..self.b().len()) {
+            return vec![e];
+        }
         let mut errs: Vec<FormatError> = self
             .l
             .sections
@@ -795,6 +909,9 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
             }
             at = at.max(end);
         }
+        if let Some(e) = self.l.blocks.as_ref().and_then(|b| b.check(self.b()).err()) {
+            errs.push(e);
+        }
         errs
     }
 
@@ -803,6 +920,9 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
     /// path per sample found by the index, and a sorted path order. At most `limit` problems
     /// are returned.
     pub fn check_structure(&self, limit: usize) -> Vec<FormatError> {
+        if let Err(e) = self.need(0..self.b().len()) {
+            return vec![e];
+        }
         let mut errs = Vec::new();
         let mut push = |e: FormatError| {
             if errs.len() < limit {
@@ -1103,6 +1223,7 @@ fn expect_len(what: &'static str, r: &Range<usize>, want: u64) -> Result<()> {
 /// samples: sizes checked (O(1)), the lineage decoded.
 fn optional_sections(
     b: &[u8],
+    need: Need,
     found: &mut [Option<Range<usize>>],
     samples: u64,
 ) -> Result<Optional> {
@@ -1110,6 +1231,7 @@ fn optional_sections(
         None => Lineage::default(),
         Some(r) => {
             expect_len("snapshot lineage", &r, LINEAGE_LEN as u64)?;
+            need(r.clone())?;
             let l = &b[r];
             if le::u32_at(l, 12) != 0 {
                 return Err(FormatError::invalid(
@@ -1133,6 +1255,7 @@ fn optional_sections(
     ) {
         (None, None) => (None, 0),
         (Some(names), Some(da)) => {
+            need_table(b, need, &names)?;
             let n = StringTable::parse(&b[names.clone()], "snapshot directories")?.len();
             expect_len(
                 "snapshot directory attributes",
@@ -1160,6 +1283,7 @@ fn optional_sections(
 /// sizes checked, and the index's ends (O(1)).
 fn fields_sections(
     b: &[u8],
+    need: Need,
     found: &mut [Option<Range<usize>>],
     samples: u64,
 ) -> Result<Option<FieldsLayout>> {
@@ -1177,6 +1301,7 @@ fn fields_sections(
             ))
         }
     };
+    need(names.clone())?;
     let name_count = StringTable::parse(&b[names.clone()], "snapshot field names")?.len();
     expect_len(
         "snapshot field index",
@@ -1193,6 +1318,8 @@ fn fields_sections(
         ));
     }
     let entries = (table.len() / FIELD_ENTRY_LEN) as u64;
+    need(index.start..index.start + 8)?;
+    need(index.end - 8..index.end)?;
     let last = le::u64_at(b, index.end - 8);
     if le::u64_at(b, index.start) != 0 || last != entries {
         return Err(FormatError::invalid(
@@ -1207,6 +1334,56 @@ fn fields_sections(
         name_count,
         entries,
     }))
+}
+
+/// The block checksum sections (kinds 14 and 15, both or neither, the last two sections of
+/// the file): kind 15 read whole and checked against the section table (O(size of kind 15)).
+fn block_sections(
+    b: &[u8],
+    need: Need,
+    found: &mut [Option<Range<usize>>],
+    sections: &[Section],
+    table_end: usize,
+) -> Result<Option<BlockIndex>> {
+    let (crcs, index) = match (
+        found[SectionKind::BlockCrcs as usize - 1].take(),
+        found[SectionKind::BlockIndex as usize - 1].take(),
+    ) {
+        (None, None) => return Ok(None),
+        (Some(c), Some(i)) => (c, i),
+        _ => {
+            return Err(FormatError::invalid(
+                "snapshot section table",
+                "the block checksums and their index (kinds 14 and 15) come together",
+            ))
+        }
+    };
+    let others_end = sections
+        .iter()
+        .filter(|s| {
+            s.kind != SectionKind::BlockCrcs as u32 && s.kind != SectionKind::BlockIndex as u32
+        })
+        .map(|s| s.offset + s.len)
+        .max()
+        .unwrap_or(0);
+    if (crcs.start as u64) < others_end || index.start < crcs.end {
+        return Err(FormatError::invalid(
+            "snapshot section table",
+            "the block checksums and their index (kinds 14, 15) must be the last sections, in that order",
+        ));
+    }
+    need(index.clone())?;
+    let crc = sections
+        .iter()
+        .find(|s| s.kind == SectionKind::BlockIndex as u32)
+        .map_or(0, |s| s.crc);
+    check_crc("snapshot block index", crc, &b[index.clone()])?;
+    BlockIndex::parse(
+        &b[index],
+        crcs.start as u64..crcs.end as u64,
+        table_end as u64,
+    )
+    .map(Some)
 }
 
 /// The chunk table's promise that every plan and reader relies on, checked at open in O(chunks)
@@ -1267,6 +1444,8 @@ fn section_name(kind: u32) -> String {
         11 => "snapshot field names".into(),
         12 => "snapshot field index".into(),
         13 => "snapshot fields".into(),
+        14 => "snapshot block checksums".into(),
+        15 => "snapshot block index".into(),
         k => format!("snapshot section of kind {k}"),
     }
 }
@@ -1511,11 +1690,9 @@ impl SnapshotBuilder {
         Ok(())
     }
 
-    /// The sections to write, and the minor version they make: generation 0 without
-    /// attributes stays a plain 1.0 file, readable by every 1.x reader byte for byte; each
-    /// optional section raises the minor version to the one that introduced it (older readers
-    /// skip what they do not know).
-    fn kinds(&self) -> (Vec<SectionKind>, u16) {
+    /// The sections to write before the block checksums (kinds 14 and 15, always written since
+    /// format 1.4; older readers skip what they do not know).
+    fn kinds(&self) -> Vec<SectionKind> {
         let mut kinds = vec![
             SectionKind::Chunks,
             SectionKind::Samples,
@@ -1524,18 +1701,14 @@ impl SnapshotBuilder {
             SectionKind::PathOrder,
             SectionKind::Classes,
         ];
-        let mut minor = 0;
         if self.lineage.generation > 0 {
             kinds.push(SectionKind::Lineage);
-            minor = LINEAGE_MINOR;
         }
         if !self.attrs.is_empty() {
             kinds.push(SectionKind::FileAttrs);
-            minor = ATTRS_MINOR;
         }
         if !self.dirs.is_empty() {
             kinds.extend([SectionKind::Dirs, SectionKind::DirAttrs]);
-            minor = ATTRS_MINOR;
         }
         if self.with_fields == Some(true) {
             kinds.extend([
@@ -1543,9 +1716,8 @@ impl SnapshotBuilder {
                 SectionKind::FieldIndex,
                 SectionKind::Fields,
             ]);
-            minor = FIELDS_MINOR;
         }
-        (kinds, minor)
+        kinds
     }
 
     /// Serializes the snapshot. Fails if two samples share a path.
@@ -1684,26 +1856,60 @@ impl SnapshotBuilder {
                     .encode()
                 }),
             ),
+            // Computed from the bytes of all others, below.
+            SectionKind::BlockCrcs | SectionKind::BlockIndex => unreachable!("not in kinds()"),
         };
-        let (kinds, minor) = self.kinds();
-        let table_end = (SNAPSHOT_HEADER_LEN + kinds.len() * SECTION_ENTRY_LEN) as u64;
-        let mut table = vec![0u8; kinds.len() * SECTION_ENTRY_LEN];
-        let mut at = table_end;
-        for (i, &kind) in kinds.iter().enumerate() {
-            let (mut crc, mut len) = (crc32fast::Hasher::new(), 0u64);
-            emit(kind, &mut |b| {
-                crc.update(b);
-                len += b.len() as u64;
-                Ok(())
-            })?;
-            at = le::align8(at);
+        let kinds = self.kinds();
+        let minor = BLOCKS_MINOR;
+        let nsec = kinds.len() + 2;
+        let table_end = (SNAPSHOT_HEADER_LEN + nsec * SECTION_ENTRY_LEN) as u64;
+        let mut table = vec![0u8; nsec * SECTION_ENTRY_LEN];
+        let mut entry = |i: usize, kind: SectionKind, at: u64, len: u64, crc: u32| {
             let e = &mut table[i * SECTION_ENTRY_LEN..][..SECTION_ENTRY_LEN];
             e[0..4].copy_from_slice(&(kind as u32).to_le_bytes());
             e[8..16].copy_from_slice(&at.to_le_bytes());
             e[16..24].copy_from_slice(&len.to_le_bytes());
-            e[24..28].copy_from_slice(&crc.finalize().to_le_bytes());
+            e[24..28].copy_from_slice(&crc.to_le_bytes());
+        };
+        // First pass: each section's CRC and length, and the CRC of every block of the bytes
+        // from the section table's end to the block checksums (padding included).
+        let mut blocks = BlockHasher::new(BLOCK_SIZE as u64);
+        let mut at = table_end;
+        for (i, &kind) in kinds.iter().enumerate() {
+            let pad = le::align8(at) - at;
+            blocks.feed(&[0u8; 8][..pad as usize]);
+            at += pad;
+            let (mut crc, mut len) = (crc32fast::Hasher::new(), 0u64);
+            emit(kind, &mut |b| {
+                crc.update(b);
+                blocks.feed(b);
+                len += b.len() as u64;
+                Ok(())
+            })?;
+            entry(i, kind, at, len, crc.finalize());
             at += len;
         }
+        let pad = le::align8(at) - at;
+        blocks.feed(&[0u8; 8][..pad as usize]);
+        at += pad;
+        let (k14, k15) = encode_block_sections(BLOCK_SIZE, table_end..at, &blocks.finish());
+        let k15_at = le::align8(at + k14.len() as u64);
+        let i = kinds.len();
+        entry(
+            i,
+            SectionKind::BlockCrcs,
+            at,
+            k14.len() as u64,
+            crc32fast::hash(&k14),
+        );
+        let k15_crc = crc32fast::hash(&k15);
+        entry(
+            i + 1,
+            SectionKind::BlockIndex,
+            k15_at,
+            k15.len() as u64,
+            k15_crc,
+        );
         let mut h = [0u8; SNAPSHOT_HEADER_LEN];
         h[0..8].copy_from_slice(&SNAPSHOT_MAGIC);
         h[8..10].copy_from_slice(&FORMAT_MAJOR.to_le_bytes());
@@ -1712,7 +1918,7 @@ impl SnapshotBuilder {
         h[16..32].copy_from_slice(&self.dataset_id);
         h[32..40].copy_from_slice(&(n as u64).to_le_bytes());
         h[40..48].copy_from_slice(&(self.chunks.len() as u64).to_le_bytes());
-        h[48..52].copy_from_slice(&(kinds.len() as u32).to_le_bytes());
+        h[48..52].copy_from_slice(&(nsec as u32).to_le_bytes());
         h[52..56].copy_from_slice(&crc32fast::hash(&table).to_le_bytes());
         let crc = crc32fast::hash(&h[0..60]);
         h[60..64].copy_from_slice(&crc.to_le_bytes());
@@ -1727,6 +1933,12 @@ impl SnapshotBuilder {
                 pos += b.len() as u64;
                 w.write_all(b)
             })?;
+        }
+        for b in [&k14, &k15] {
+            let pad = le::align8(pos) - pos;
+            w.write_all(&[0u8; 8][..pad as usize])?;
+            w.write_all(b)?;
+            pos += pad + b.len() as u64;
         }
         Ok(pos)
     }

@@ -38,6 +38,8 @@ pub struct Dataset {
     snapshot_path: PathBuf,
     snap: Snapshot<Mapped>,
     store: Arc<dyn ChunkStore>,
+    /// For a snapshot read in blocks from an object store: what fetches them.
+    paged: Option<Arc<granary_store::snapcache::BlockPager>>,
 }
 
 impl std::fmt::Debug for Dataset {
@@ -76,11 +78,17 @@ impl Dataset {
     /// snapshot is fetched once into a local cache and chunks are read with ranged GETs
     /// ([`crate::remote`]).
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
+        Self::open_cached_in(path, &granary_store::object::snapshot_cache_dir())
+    }
+
+    /// [`Dataset::open`], with the snapshot of a dataset at a URL cached in `cache` instead
+    /// of the default snapshot cache (`GRANARY_SNAPSHOT_CACHE`).
+    pub fn open_cached_in(path: impl AsRef<Path>, cache: &Path) -> Result<Self> {
         let path = path.as_ref();
         if let Some(url) = path.to_str().filter(|s| granary_store::object::is_url(s)) {
             let u = Arc::new(granary_store::object::ObjectUrl::parse(url)?);
-            let snap = granary_store::object::fetch_snapshot(&u)?;
-            return Self::open_remote(&snap, u);
+            let snap = granary_store::snapcache::open_snapshot(&u, cache)?;
+            return Self::open_remote(&snap.path, snap.pager, u);
         }
         if let Some(url) = path
             .to_str()
@@ -91,16 +99,19 @@ impl Dataset {
                 granary_store::object::ObjectUrl::parse(url)?;
             }
         }
-        Self::open_in(path, None)
+        Self::open_in(path, None, None)
     }
 
     /// Opens a fetched snapshot (a local file) of the dataset at `url`, whose chunks are read
     /// from the object store.
     pub(crate) fn open_remote(
         snapshot: &Path,
+        paged: Option<Arc<granary_store::snapcache::BlockPager>>,
         url: Arc<granary_store::object::ObjectUrl>,
     ) -> Result<Self> {
-        let mut ds = Self::open_in(snapshot, None)?;
+        let pager = paged.clone().map(|p| p as Arc<dyn granary_format::Pager>);
+        let mut ds = Self::open_in(snapshot, None, pager)?;
+        ds.paged = paged;
         let sizes = (0..ds.snap.chunk_count())
             .map(|c| Ok(ds.chunk(c as u32)?.file_size))
             .collect::<Result<Vec<u64>>>()?;
@@ -112,10 +123,16 @@ impl Dataset {
     /// [`Dataset::open`]) with its chunks read from `store` instead of the snapshot's
     /// directory (O(1)).
     pub fn open_with_store(path: impl AsRef<Path>, store: Arc<dyn ChunkStore>) -> Result<Self> {
-        Self::open_in(path.as_ref(), Some(store))
+        Self::open_in(path.as_ref(), Some(store), None)
     }
 
-    fn open_in(path: &Path, store: Option<Arc<dyn ChunkStore>>) -> Result<Self> {
+    /// Opens the snapshot at `path`; with `pager`, a sparse copy whose blocks the pager
+    /// fetches as they are read ([`granary_store::snapcache`]).
+    fn open_in(
+        path: &Path,
+        store: Option<Arc<dyn ChunkStore>>,
+        pager: Option<Arc<dyn granary_format::Pager>>,
+    ) -> Result<Self> {
         let (dir, snapshot_path) = if path.is_dir() {
             (path.to_path_buf(), path.join(SNAPSHOT_FILE))
         } else {
@@ -153,21 +170,31 @@ impl Dataset {
         // Opening and looking up touch a handful of pages spread over the file: without this,
         // every cold page fault reads a whole readahead window (often megabytes) instead.
         let _ = map.advise(memmap2::Advice::Random);
-        let snap = Snapshot::open(map).map_err(|e| ReadError::format(&snapshot_path, e))?;
+        let snap = match pager {
+            None => Snapshot::open(map),
+            Some(p) => Snapshot::open_paged(map, p),
+        }
+        .map_err(|e| ReadError::format(&snapshot_path, e))?;
         let store = store.unwrap_or_else(|| Arc::new(LocalDir::new(&dir)));
         Ok(Dataset {
             dir,
             snapshot_path,
             snap,
             store,
+            paged: None,
         })
     }
 
     /// Opens the dataset and checks every snapshot section's CRC (O(snapshot size)); what the
     /// command-line tools use before they trust paths and offsets.
+    ///
+    /// A snapshot read in blocks from an object store is not fetched whole for this: each of
+    /// its blocks is checked against its CRC when fetched, before anything reads it.
     pub fn open_checked(path: impl AsRef<Path>) -> Result<Self> {
         let ds = Self::open(path)?;
-        ds.check_snapshot()?;
+        if !ds.snap.is_paged() {
+            ds.check_snapshot()?;
+        }
         Ok(ds)
     }
 
@@ -193,6 +220,12 @@ impl Dataset {
             .snap
             .bytes_container()
             .advise(memmap2::Advice::WillNeed);
+    }
+
+    /// For a snapshot read in blocks from an object store: the GETs issued and bytes fetched
+    /// for it so far by this process, its opening included (`None` for a snapshot held whole).
+    pub fn snapshot_fetched(&self) -> Option<(u64, u64)> {
+        self.paged.as_ref().map(|p| p.fetched())
     }
 
     /// Where the chunks are read from.
@@ -262,6 +295,34 @@ impl Dataset {
                 h.next_u64()
             }))
         })
+    }
+
+    /// Makes the sample entries of `ids` present before they are read one by one. For a
+    /// snapshot read in blocks from an object store: one fetch per run of nearby ids (a window
+    /// of a chunk-wise epoch: one per chunk at most, never one per sample). Nothing to do for
+    /// a snapshot held whole.
+    pub fn prefetch_samples(&self, ids: &[u64]) -> Result<()> {
+        if !self.snap.is_paged() || ids.is_empty() {
+            return Ok(());
+        }
+        // Ids closer than this share a run (a 64 KiB block holds 1,638 entries).
+        const GAP: u64 = 1024;
+        let mut sorted = ids.to_vec();
+        sorted.sort_unstable();
+        let mut start = sorted[0];
+        let mut prev = start;
+        for &id in &sorted[1..] {
+            if id > prev + GAP {
+                self.snap
+                    .prefetch_samples(start..prev + 1)
+                    .map_err(|e| self.fmt_err(e))?;
+                start = id;
+            }
+            prev = id;
+        }
+        self.snap
+            .prefetch_samples(start..prev + 1)
+            .map_err(|e| self.fmt_err(e))
     }
 
     /// Bytes of all chunk files (O(chunks)).

@@ -136,6 +136,8 @@ pub struct EpochTotals {
     /// The most bytes of read buffers (and mapped ranges) one worker held at once.
     pub peak_buffer_bytes: u64,
     pub elapsed_s: f64,
+    /// Seconds from the epoch's start to its first sample (any worker); `None` if it had none.
+    pub first_sample_s: Option<f64>,
 }
 
 /// Reads rank `rank`'s share of epoch `epoch` with `workers` loader workers (threads), each
@@ -165,6 +167,9 @@ pub fn read_epoch(
                     let mut r = EpochTotals::default();
                     for sample in st.by_ref() {
                         let sample = sample?;
+                        if r.samples == 0 {
+                            r.first_sample_s = Some(t.elapsed().as_secs_f64());
+                        }
                         r.samples += 1;
                         r.bytes += sample.data().len() as u64;
                         // The CRC the reader verified these bytes against (computing it
@@ -210,6 +215,10 @@ pub fn read_epoch(
         r.hits.admissions_failed += w.hits.admissions_failed;
         r.hits.admissions_skipped += w.hits.admissions_skipped;
         r.peak_buffer_bytes = r.peak_buffer_bytes.max(w.peak_buffer_bytes);
+        r.first_sample_s = match (r.first_sample_s, w.first_sample_s) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
     }
     r.elapsed_s = t.elapsed().as_secs_f64();
     Ok(r)
@@ -247,6 +256,12 @@ pub struct EpochReport {
     pub peak_rss_bytes: Option<u64>,
     /// With tiers shared between nodes: what came from where.
     pub peers: Option<PeerReport>,
+    /// For a snapshot read in blocks from an object store: the GETs and bytes this epoch
+    /// fetched of it (sample entries, beyond the chunks themselves).
+    pub snapshot_gets: Option<u64>,
+    pub snapshot_bytes_fetched: Option<u64>,
+    /// Seconds from the epoch's start to its first sample.
+    pub first_sample_s: Option<f64>,
 }
 
 /// One epoch's reads with tiers shared between nodes ([`crate::Peers`]).
@@ -281,7 +296,11 @@ pub fn measure_epoch(
     let dev0 = device_read_bytes();
     let peers = setup.stream.peers.as_ref();
     let events0 = peers.map(|p| p.stats());
+    let snap0 = ds.snapshot_fetched();
     let t = read_epoch(ds, setup, epoch, rank, world_size, workers)?;
+    let snap = snap0
+        .zip(ds.snapshot_fetched())
+        .map(|(a, b)| (b.0 - a.0, b.1 - a.1));
     let secs = t.elapsed_s.max(1e-9);
     let h = &t.hits;
     // Chunks from other nodes' tiers count as neither hits nor misses of this node's tier.
@@ -328,5 +347,8 @@ pub fn measure_epoch(
             }),
             _ => None,
         },
+        first_sample_s: t.first_sample_s,
+        snapshot_gets: snap.map(|s| s.0),
+        snapshot_bytes_fetched: snap.map(|s| s.1),
     })
 }

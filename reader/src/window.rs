@@ -253,6 +253,7 @@ impl Windows {
         // Chunks in order of first use, with their entry.
         let mut chunks: Vec<(u32, ChunkEntry)> = Vec::new();
         let mut chunk_index: HashMap<u32, usize> = HashMap::new();
+        self.ds.prefetch_samples(ids)?;
         for &id in ids {
             let info = self.ds.sample(id)?;
             let ce = self.ds.check_placement(&info)?;

@@ -347,8 +347,15 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
                     )
                 })
                 .unwrap_or_default();
+            let snap = match (r.snapshot_gets, r.snapshot_bytes_fetched) {
+                (Some(g), Some(b)) => format!(
+                    "; snapshot blocks: {g} GETs, {:.2} MB fetched",
+                    b as f64 / 1e6
+                ),
+                _ => String::new(),
+            };
             println!(
-                "epoch {:>3}: {} samples, {:.1} MB in {:.2} s: {:.0} samples/s, {:.1} MB/s, cpu {:.2} s, digest {} ({}; files: {} buffered, {} found resident, {} direct{device}){hits}; memory: peak buffers {:.0} MB per reader{rss}{peers}",
+                "epoch {:>3}: {} samples, {:.1} MB in {:.2} s: {:.0} samples/s, {:.1} MB/s, cpu {:.2} s, digest {} ({}; files: {} buffered, {} found resident, {} direct{device}){hits}; memory: peak buffers {:.0} MB per reader{rss}{peers}{snap}",
                 r.epoch, r.samples, r.bytes as f64 / 1e6, r.elapsed_s, r.samples_per_s, r.mb_per_s, r.cpu_s, r.digest, r.backend, o.buffered, o.resident, o.direct, r.peak_buffer_bytes as f64 / 1e6
             );
         }

@@ -1363,13 +1363,10 @@ pub fn snapshot_cache_dir() -> PathBuf {
     }
 }
 
-/// Fetches the snapshot of the dataset at `url` into the local cache unless the cached copy
-/// is current (one 64-byte ranged GET to tell), and returns the cached file's path. A fetched
-/// snapshot has every section's CRC checked before it is kept; it is written under a
-/// temporary name and renamed, so concurrent openers (every loader worker) never see half.
-pub fn fetch_snapshot(url: &ObjectUrl) -> Result<PathBuf> {
-    use granary_format::{snapshot_key, Snapshot, SNAPSHOT_FILE, SNAPSHOT_HEADER_LEN};
-    let snap_url = url.object_url(SNAPSHOT_FILE);
+/// The first 64 bytes of the snapshot of the dataset at `url` (one ranged GET), or an error
+/// that says what the prefix holds instead (an upload that has not finished).
+pub fn snapshot_head(url: &ObjectUrl) -> Result<bytes::Bytes> {
+    use granary_format::{SNAPSHOT_FILE, SNAPSHOT_HEADER_LEN};
     let head = match url.get_range(SNAPSHOT_FILE, 0..SNAPSHOT_HEADER_LEN as u64) {
         Err(StoreError::Remote {
             kind: RemoteKind::NotFound,
@@ -1388,12 +1385,23 @@ pub fn fetch_snapshot(url: &ObjectUrl) -> Result<PathBuf> {
         }
         r => r?,
     };
+    Ok(head)
+}
+
+/// Fetches the snapshot of the dataset at `url` into the local cache unless the cached copy
+/// is current (one 64-byte ranged GET to tell), and returns the cached file's path. A fetched
+/// snapshot has every section's CRC checked before it is kept; it is written under a
+/// temporary name and renamed, so concurrent openers (every loader worker) never see half.
+pub fn fetch_snapshot(url: &ObjectUrl, dir: &Path) -> Result<PathBuf> {
+    use granary_format::{snapshot_key, Snapshot, SNAPSHOT_FILE};
+    let snap_url = url.object_url(SNAPSHOT_FILE);
+    let head = snapshot_head(url)?;
     let (id, crc) = snapshot_key(&head).map_err(|e| StoreError::format(&snap_url, e))?;
-    let dir = snapshot_cache_dir();
     let cached = dir.join(format!("{}-{crc:08x}.gsnap", DatasetId(id)));
     if cached.is_file() {
         return Ok(cached);
     }
+    crate::snapcache::evict(dir, crate::snapcache::cache_budget(), &cached);
     let bytes = url.get(SNAPSHOT_FILE)?;
     let key = snapshot_key(&bytes).map_err(|e| StoreError::format(&snap_url, e))?;
     if key != (id, crc) {
@@ -1406,7 +1414,7 @@ pub fn fetch_snapshot(url: &ObjectUrl) -> Result<PathBuf> {
     if let Some(e) = snap.check_sections().into_iter().next() {
         return Err(StoreError::format(&snap_url, e));
     }
-    std::fs::create_dir_all(&dir).map_err(|e| StoreError::io("creating", &dir, e))?;
+    std::fs::create_dir_all(dir).map_err(|e| StoreError::io("creating", dir, e))?;
     let tmp = dir.join(format!(
         ".{}-{crc:08x}.{}.tmp",
         DatasetId(id),

@@ -68,7 +68,7 @@ fn all_problems(bytes: &[u8]) -> usize {
 fn open_and_query() {
     let (_, snap) = small();
     let s = Snapshot::open(&snap[..]).unwrap();
-    assert_eq!(s.version(), (1, 0));
+    assert_eq!(s.version(), (1, 4));
     assert_eq!(s.sample_count(), 3);
     assert_eq!(s.chunk_count(), 2);
     assert_eq!(s.path(1).unwrap(), b"dog/\xff.jpg");
@@ -113,7 +113,7 @@ fn unknown_major_version_names_both() {
     snap[8..10].copy_from_slice(&9u16.to_le_bytes());
     let err = Snapshot::open(&snap[..]).err().unwrap().to_string();
     assert!(
-        err.contains("9.0") && err.contains("major version 1"),
+        err.contains("9.4") && err.contains("major version 1"),
         "{err}"
     );
 }
@@ -271,7 +271,7 @@ fn attributes_and_directories_round_trip_as_format_1_2() {
     let snap = small_with_attrs();
     crate::local::dump_fuzz_seed("snapshot", "format-1.2-attrs-dirs", &snap);
     let s = Snapshot::open(&snap[..]).unwrap();
-    assert_eq!(s.version(), (1, 2));
+    assert_eq!(s.version(), (1, 4));
     assert!(s.has_attrs());
     assert_eq!(
         s.attrs(0).unwrap(),
@@ -368,4 +368,161 @@ fn the_builder_refuses_attributes_for_some_samples_and_bad_directories() {
     assert!(with(vec![], vec![(b"../up".to_vec(), a)]).is_err());
     assert!(with(vec![], vec![(b"d".to_vec(), a), (b"d".to_vec(), a)]).is_err());
     assert!(with(vec![a; 3], vec![(b"d".to_vec(), a)]).is_ok());
+}
+
+#[test]
+fn block_checksums_cover_every_byte_after_the_section_table() {
+    let (_, snap) = small();
+    let s = Snapshot::open(&snap[..]).unwrap();
+    let bi = s
+        .block_index()
+        .expect("format 1.4 writes block checksums")
+        .clone();
+    assert_eq!(bi.block_size, BLOCK_SIZE as u64);
+    assert!(bi.check(&snap).is_ok());
+    assert!(s.check_sections().is_empty());
+    // Every byte of the covered range is under a block CRC: a flip there is a block error
+    // (besides the section CRC that may also catch it).
+    for at in (bi.covered.start..bi.covered.end).step_by(7) {
+        let mut bad = snap.clone();
+        bad[at as usize] ^= 0x10;
+        assert!(
+            bi.check(&bad).is_err(),
+            "flip at {at} not caught by the blocks"
+        );
+    }
+    // A flip in kind 14 is caught by kind 15's page CRCs.
+    let mut bad = snap.clone();
+    bad[bi.crcs.start as usize] ^= 1;
+    let err = bi.check(&bad).unwrap_err().to_string();
+    assert!(err.contains("block checksums block 0"), "{err}");
+}
+
+#[test]
+fn block_index_refuses_inconsistent_layouts() {
+    let (_, snap) = small();
+    let s = Snapshot::open(&snap[..]).unwrap();
+    let bi = s.block_index().unwrap().clone();
+    let table_end = bi.covered.start;
+    let (_, k15) = crate::blocks::encode_block_sections(BLOCK_SIZE, bi.covered.clone(), &[0; 1]);
+    assert!(BlockIndex::parse(&k15, bi.crcs.clone(), table_end).is_ok());
+    assert!(BlockIndex::parse(&k15, bi.crcs.clone(), table_end + 8).is_err());
+    assert!(BlockIndex::parse(&k15[..20], bi.crcs.clone(), table_end).is_err());
+    let mut odd = k15.clone();
+    odd[0..4].copy_from_slice(&1000u32.to_le_bytes());
+    assert!(BlockIndex::parse(&odd, bi.crcs.clone(), table_end).is_err());
+    let longer = bi.crcs.start..bi.crcs.end + 4;
+    assert!(BlockIndex::parse(&k15, longer, table_end).is_err());
+}
+
+/// Records the ranges asked for (first run), or refuses any range outside them (second run).
+struct Recorder {
+    asked: std::sync::Mutex<Vec<Range<u64>>>,
+    allowed: Option<Vec<Range<u64>>>,
+}
+
+impl Pager for Recorder {
+    fn need(&self, r: Range<u64>) -> Result<()> {
+        if let Some(allowed) = &self.allowed {
+            if !r.is_empty() && !allowed.iter().any(|a| a.start <= r.start && r.end <= a.end) {
+                return Err(FormatError::invalid(
+                    "pager",
+                    format!("{r:?} was never asked"),
+                ));
+            }
+        }
+        self.asked.lock().unwrap().push(r);
+        Ok(())
+    }
+}
+
+/// Every query a reader makes of a paged snapshot.
+fn queries<B: AsRef<[u8]>>(s: &Snapshot<B>) -> Vec<String> {
+    let mut out = vec![format!(
+        "{:?}",
+        (s.sample_count(), s.chunk_count(), s.class_count())
+    )];
+    for c in 0..s.chunk_count() {
+        out.push(format!("{:?}", s.chunk(c)));
+    }
+    for id in 0..s.sample_count() {
+        let p = s.path(id).unwrap().to_vec();
+        out.push(format!("{:?}", (s.sample(id), s.lookup(&p), s.attrs(id))));
+    }
+    out.push(format!("{:?}", s.lookup(b"no/such/path")));
+    for pos in 0..s.sample_count() {
+        out.push(format!("{:?}", s.sorted_id(pos)));
+    }
+    out.push(format!("{:?}", s.prefix_range(b"cat/")));
+    for i in 0..s.dir_count() {
+        out.push(format!("{:?}", s.dir(i)));
+    }
+    out
+}
+
+#[test]
+fn a_paged_snapshot_reads_only_what_it_asks_for() {
+    for snap in [small().1, small_with_attrs()] {
+        let whole = queries(&Snapshot::open(&snap[..]).unwrap());
+        // First run: record what the queries ask for.
+        let rec = std::sync::Arc::new(Recorder {
+            asked: Default::default(),
+            allowed: None,
+        });
+        let s = Snapshot::open_paged(&snap[..], rec.clone()).unwrap();
+        assert_eq!(queries(&s), whole);
+        let asked = rec.asked.lock().unwrap().clone();
+        // Second run over bytes holding only what was asked for (the rest garbage): the same
+        // answers, so no accessor read a byte it had not asked for.
+        let mut masked = vec![0x5Au8; snap.len()];
+        for r in &asked {
+            masked[r.start as usize..r.end as usize]
+                .copy_from_slice(&snap[r.start as usize..r.end as usize]);
+        }
+        let strict = std::sync::Arc::new(Recorder {
+            asked: Default::default(),
+            allowed: Some(asked),
+        });
+        let s = Snapshot::open_paged(&masked[..], strict).unwrap();
+        assert_eq!(queries(&s), whole);
+    }
+}
+
+#[test]
+fn a_paged_open_asks_for_o_chunks_bytes() {
+    let recs: Vec<Vec<Rec>> = (0..50)
+        .map(|c| {
+            (0..200)
+                .map(|i| (format!("c{c}/{i:05}").into_bytes(), vec![c as u8; 3], 0))
+                .collect()
+        })
+        .collect();
+    let (_, snap) = build(&recs, &[b"x"]);
+    let rec = std::sync::Arc::new(Recorder {
+        asked: Default::default(),
+        allowed: None,
+    });
+    let s = Snapshot::open_paged(&snap[..], rec.clone()).unwrap();
+    let asked: u64 = rec
+        .asked
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|r| r.end - r.start)
+        .sum();
+    let tab_end = s.block_index().unwrap().covered.start;
+    // Header, section table, chunk table, classes, the block index, a few words.
+    let bound = tab_end + 50 * CHUNK_ENTRY_LEN as u64 + 200;
+    assert!(
+        asked <= bound,
+        "open asked for {asked} bytes of {}, bound {bound}",
+        snap.len()
+    );
+    // A chunk's sample entries are one range.
+    let c3 = s.chunk(3).unwrap().samples();
+    rec.asked.lock().unwrap().clear();
+    s.prefetch_samples(c3).unwrap();
+    let asked = rec.asked.lock().unwrap().clone();
+    assert_eq!(asked.len(), 1);
+    assert_eq!(asked[0].end - asked[0].start, 200 * SAMPLE_ENTRY_LEN as u64);
 }

@@ -38,6 +38,9 @@ pub(super) struct GenArgs {
     /// 100 million samples and more can be made on one disk (`--files 100000000 --sizes 64`).
     #[arg(long)]
     packed: bool,
+    /// With --packed: the target chunk size (as `granary pack --chunk-size`).
+    #[arg(long, requires = "packed", value_parser = crate::cmd::pack::parse_size, default_value = "32MiB")]
+    chunk_size: u64,
     /// With --packed and an object store OUT: the local staging directory (default: one per
     /// destination under the cache directory).
     #[arg(long, requires = "packed")]
@@ -95,6 +98,7 @@ fn packed(g: &GenArgs, opts: &GenOptions) -> anyhow::Result<ExitCode> {
     let out = g.out.to_string_lossy().into_owned();
     let mut o = WriterOptions::new(&g.out);
     o.seed = g.seed;
+    o.chunk_size = g.chunk_size;
     o.progress = opts.progress;
     crate::cmd::pack::writer_destination(&mut o, &g.out, g.staging.as_deref())?;
     let t0 = std::time::Instant::now();

@@ -13,6 +13,7 @@ mod hits;
 mod pack;
 mod plan;
 mod read;
+mod remote;
 
 /// Benchmarks: generate data, compare granary with the alternatives on the same data.
 #[derive(clap::Args)]
@@ -32,6 +33,7 @@ enum BenchCmd {
     Cache(cache::CacheArgs),
     Hits(hits::HitsArgs),
     Plan(plan::PlanArgs),
+    Remote(remote::RemoteArgs),
 }
 
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
@@ -45,5 +47,6 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         BenchCmd::Cache(c) => cache::run(c),
         BenchCmd::Hits(h) => hits::run(h),
         BenchCmd::Plan(p) => plan::run(p),
+        BenchCmd::Remote(r) => remote::run(r),
     }
 }

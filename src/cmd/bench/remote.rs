@@ -1,0 +1,218 @@
+//! `granary bench remote`: what opening and reading a dataset in an object store costs when
+//! its snapshot is read in blocks (format 1.4): bytes and GETs to open, to look up a path, to
+//! `cat` a file, and for one chunk-wise epoch beyond the chunks themselves.
+
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::Context;
+use granary::{Dataset, ReaderConfig, ShuffleMode};
+use granary_format::SplitMix64;
+use serde_json::json;
+
+/// Cost of opening, looking up and streaming a dataset at a URL, from a cold snapshot cache.
+#[derive(clap::Args)]
+#[command(after_help = "Examples:
+  granary bench remote s3://bucket/huge.granary
+  granary bench remote s3://bucket/huge.granary --world-size 64 --lookups 50 --json
+
+Every measurement starts from an empty snapshot cache of its own (a temporary directory), as on
+a node that has never opened the dataset. The paths looked up are drawn at random (--seed) and
+read first through another cold cache, so that drawing them costs the measured cache nothing.
+`cat` is a lookup plus the record's read (one ranged GET of the chunk). The epoch is rank
+--rank's share of a chunk-wise epoch at --world-size (--no-epoch skips it); its snapshot GETs
+and bytes are the sample entries it fetched beyond the chunks.
+
+Snapshots up to GRANARY_SNAPSHOT_WHOLE_MAX bytes (default 16 MiB) are fetched whole instead;
+set it to 0 to measure paging on a small dataset.")]
+pub struct RemoteArgs {
+    /// The dataset (an object store URL).
+    dataset: String,
+    /// Paths to look up (and as many to `cat`).
+    #[arg(long, default_value_t = 20)]
+    lookups: u32,
+    /// Distributed ranks of the epoch.
+    #[arg(long, default_value_t = 1)]
+    world_size: u32,
+    /// The rank whose share is read.
+    #[arg(long, default_value_t = 0)]
+    rank: u32,
+    /// Loader workers (threads).
+    #[arg(long, default_value_t = 1)]
+    workers: u32,
+    /// Skip the epoch.
+    #[arg(long)]
+    no_epoch: bool,
+    /// Seed of the paths drawn and of the epoch.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Print JSON on stdout.
+    #[arg(long)]
+    json: bool,
+}
+
+/// GETs and bytes of the snapshot fetched so far.
+fn fetched(ds: &Dataset) -> (u64, u64) {
+    ds.snapshot_fetched().unwrap_or((0, 0))
+}
+
+/// Median and largest of `v`.
+fn med_max(v: &mut [f64]) -> (f64, f64) {
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => (0.0, 0.0),
+        n => (v[n / 2], v[n - 1]),
+    }
+}
+
+pub fn run(a: RemoteArgs) -> anyhow::Result<ExitCode> {
+    anyhow::ensure!(
+        granary::remote::is_url(&a.dataset),
+        "{}: bench remote measures datasets in object stores (s3://, gs://, az://, http(s)://)",
+        a.dataset
+    );
+    let cold = || tempfile::tempdir().context("creating a temporary snapshot cache");
+    // The paths to look up, drawn through a cache of their own.
+    let probe_cache = cold()?;
+    let probe = Dataset::open_cached_in(&a.dataset, probe_cache.path())
+        .with_context(|| format!("opening {}", a.dataset))?;
+    let mut rng = SplitMix64::new(a.seed);
+    let n = probe.len();
+    anyhow::ensure!(n > 0, "{}: the dataset is empty", a.dataset);
+    let paths: Vec<Vec<u8>> = (0..2 * a.lookups)
+        .map(|_| Ok(probe.path(rng.next_u64() % n)?.to_vec()))
+        .collect::<anyhow::Result<_>>()?;
+    drop(probe);
+
+    // Open, cold.
+    let cache = cold()?;
+    let t = Instant::now();
+    let ds = Arc::new(
+        Dataset::open_cached_in(&a.dataset, cache.path())
+            .with_context(|| format!("opening {}", a.dataset))?,
+    );
+    let open_s = t.elapsed().as_secs_f64();
+    let paged = ds.snapshot_fetched().is_some();
+    let (open_gets, open_bytes) = fetched(&ds);
+    let snapshot_len = ds.snapshot().bytes().len() as u64;
+
+    // Lookups, then cats of other paths (each cold for its path).
+    let (lookups, cats) = paths.split_at(a.lookups as usize);
+    let measure = |paths: &[Vec<u8>], read: bool| -> anyhow::Result<serde_json::Value> {
+        let (mut ms, mut gets, mut bytes) = (Vec::new(), Vec::new(), Vec::new());
+        for p in paths {
+            let before = fetched(&ds);
+            let t = Instant::now();
+            let id = ds
+                .lookup(p)?
+                .with_context(|| format!("{} not found", granary::escape_path(p)))?;
+            if read {
+                ds.read(id)?;
+            }
+            ms.push(t.elapsed().as_secs_f64() * 1e3);
+            let after = fetched(&ds);
+            gets.push((after.0 - before.0) as f64);
+            bytes.push((after.1 - before.1) as f64);
+        }
+        let ((ms_med, ms_max), (g_med, g_max), (b_med, b_max)) =
+            (med_max(&mut ms), med_max(&mut gets), med_max(&mut bytes));
+        Ok(json!({
+            "count": paths.len(),
+            "ms_median": ms_med, "ms_max": ms_max,
+            "snapshot_gets_median": g_med, "snapshot_gets_max": g_max,
+            "snapshot_bytes_median": b_med, "snapshot_bytes_max": b_max,
+        }))
+    };
+    let lookup = measure(lookups, false)?;
+    let cat = measure(cats, true)?;
+
+    // One chunk-wise epoch (its own cold cache).
+    let epoch = if a.no_epoch {
+        serde_json::Value::Null
+    } else {
+        let cache = cold()?;
+        let t = Instant::now();
+        let ds = Arc::new(Dataset::open_cached_in(&a.dataset, cache.path())?);
+        let open_s = t.elapsed().as_secs_f64();
+        let mut c = ReaderConfig::default();
+        c.plan.mode = ShuffleMode::Chunkwise;
+        c.plan.seed = a.seed;
+        c.rank = a.rank;
+        c.world_size = a.world_size;
+        let reader = c.open(&ds)?;
+        reader.begin_epoch();
+        let setup = reader.setup()?;
+        let r = granary::measure_epoch(&ds, &setup, 0, a.rank, a.world_size, a.workers)?;
+        json!({
+            "rank": a.rank, "world_size": a.world_size, "workers": a.workers,
+            "open_s": open_s,
+            "samples": r.samples,
+            "first_sample_s": r.first_sample_s,
+            "elapsed_s": r.elapsed_s,
+            "samples_per_s": r.samples_per_s,
+            "bytes_read": r.bytes_read,
+            "snapshot_gets": r.snapshot_gets,
+            "snapshot_bytes_fetched": r.snapshot_bytes_fetched,
+            "peak_rss_bytes": r.peak_rss_bytes,
+        })
+    };
+    let v = json!({
+        "dataset": a.dataset,
+        "samples": ds.len(),
+        "chunks": ds.chunk_count(),
+        "snapshot_bytes": snapshot_len,
+        "paged": paged,
+        "open": { "s": open_s, "snapshot_gets": open_gets, "snapshot_bytes": open_bytes },
+        "lookup": lookup,
+        "cat": cat,
+        "epoch": epoch,
+    });
+    if a.json {
+        super::super::print_json(&v)?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    let mb = |x: &serde_json::Value| x.as_f64().unwrap_or(0.0) / 1e6;
+    println!(
+        "{}: {} samples, {} chunks, snapshot {:.1} MB ({})",
+        a.dataset,
+        ds.len(),
+        ds.chunk_count(),
+        snapshot_len as f64 / 1e6,
+        if paged {
+            "read in blocks"
+        } else {
+            "fetched whole"
+        }
+    );
+    println!(
+        "open:   {:.3} s, {open_gets} GETs, {:.3} MB",
+        open_s,
+        open_bytes as f64 / 1e6
+    );
+    for (name, m) in [("lookup", &lookup), ("cat", &cat)] {
+        println!(
+            "{name}: {:>6.1} ms median ({:.1} max), {} snapshot GETs median ({} max), {:.3} MB median",
+            m["ms_median"].as_f64().unwrap_or(0.0),
+            m["ms_max"].as_f64().unwrap_or(0.0),
+            m["snapshot_gets_median"],
+            m["snapshot_gets_max"],
+            mb(&m["snapshot_bytes_median"])
+        );
+    }
+    if !epoch.is_null() {
+        println!(
+            "epoch (rank {} of {}, chunk-wise): {} samples, first after {:.3} s, all in {:.2} s; \
+             snapshot beyond the chunks: {} GETs, {:.2} MB; peak RSS {:.0} MB",
+            a.rank,
+            a.world_size,
+            epoch["samples"],
+            epoch["first_sample_s"].as_f64().unwrap_or(0.0),
+            epoch["elapsed_s"].as_f64().unwrap_or(0.0),
+            epoch["snapshot_gets"],
+            mb(&epoch["snapshot_bytes_fetched"]),
+            mb(&epoch["peak_rss_bytes"])
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}

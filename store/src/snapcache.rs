@@ -1,0 +1,420 @@
+//! Snapshots of datasets in object stores, read in blocks (format 1.4).
+//!
+//! A snapshot costs ~100 bytes a sample; a reader of a billion-sample dataset must not fetch
+//! it whole. [`open_snapshot`] fetches only its header, its section table and its block index
+//! (kind 15), and returns a local *sparse* file of the snapshot's length plus a
+//! [`BlockPager`]: the reader maps the file and, before it reads any range, asks the pager,
+//! which fetches the blocks of the range that are not there yet with one ranged GET per run of
+//! missing blocks, checks each block's CRC (kind 14, itself fetched in checked pages) and
+//! writes it into the file. What a chunk-wise epoch plans from (the chunk table, the classes)
+//! is a few blocks; a chunk's sample entries are one range; a path lookup is a few blocks.
+//!
+//! The sparse file lives in the snapshot cache, named by the dataset id and the header CRC,
+//! and is shared by the processes of a node (every `DataLoader` worker): a block one process
+//! fetched is found by the others, which check its CRC before they trust it (a block not yet
+//! written reads as zeros and fails the check, unless its bytes are zeros, which is then
+//! right). Writes are whole blocks of the one snapshot the file is named after, so two
+//! processes fetching the same block write the same bytes. Nothing marks a block as present
+//! but its CRC, so a crash cannot leave a block marked and missing.
+//!
+//! The cache is bounded: opening a dataset evicts the least recently opened cached snapshots
+//! (whole files, blocks or whole copies) until the others take at most
+//! [`cache_budget`] bytes on disk. Evicting unlinks the file; a process that has it open keeps
+//! reading its blocks, and fetches into its own (now unlinked) copy until it exits.
+
+use std::fs::File;
+use std::ops::Range;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use granary_format::{
+    check_block, BlockIndex, FormatError, Pager, SECTION_ENTRY_LEN, SNAPSHOT_FILE,
+    SNAPSHOT_HEADER_LEN,
+};
+
+use crate::object::{ObjectUrl, GET_PART};
+use crate::{DatasetId, Result, StoreError};
+
+/// Snapshots up to this size are fetched whole (one GET; every section checked at once):
+/// paging pays off only for large ones. `GRANARY_SNAPSHOT_WHOLE_MAX` (bytes) overrides it.
+pub const WHOLE_MAX: u64 = 16 << 20;
+
+/// Environment variable overriding [`WHOLE_MAX`] (`0`: page every 1.4 snapshot).
+pub const WHOLE_MAX_ENV: &str = "GRANARY_SNAPSHOT_WHOLE_MAX";
+
+/// Environment variable bounding the snapshot cache (bytes on disk; default [`CACHE_BUDGET`]).
+pub const CACHE_BUDGET_ENV: &str = "GRANARY_SNAPSHOT_CACHE_MAX";
+
+/// Default bound of the snapshot cache: 16 GiB on disk.
+pub const CACHE_BUDGET: u64 = 16 << 30;
+
+/// A snapshot opened from an object store: a local file, whole or sparse.
+pub struct RemoteSnapshot {
+    /// The local file: the whole snapshot, or a sparse file of its length.
+    pub path: PathBuf,
+    /// For a sparse file, what fetches its blocks.
+    pub pager: Option<Arc<BlockPager>>,
+}
+
+/// Bytes that [`WHOLE_MAX_ENV`] or [`WHOLE_MAX`] says.
+pub fn whole_max() -> u64 {
+    std::env::var(WHOLE_MAX_ENV)
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(WHOLE_MAX)
+}
+
+/// Bytes that [`CACHE_BUDGET_ENV`] or [`CACHE_BUDGET`] says.
+pub fn cache_budget() -> u64 {
+    std::env::var(CACHE_BUDGET_ENV)
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(CACHE_BUDGET)
+}
+
+/// Opens the snapshot of the dataset at `url`: a cached whole copy if there is one, else a
+/// sparse file and its pager (format 1.4 snapshots larger than [`whole_max`]), else the whole
+/// snapshot fetched and checked ([`crate::object::fetch_snapshot`]). Cached in `dir`
+/// ([`crate::object::snapshot_cache_dir`] by default).
+pub fn open_snapshot(url: &Arc<ObjectUrl>, dir: &Path) -> Result<RemoteSnapshot> {
+    let whole = |_| {
+        crate::object::fetch_snapshot(url, dir).map(|path| RemoteSnapshot { path, pager: None })
+    };
+    let snap_url = url.object_url(SNAPSHOT_FILE);
+    let head = crate::object::snapshot_head(url)?;
+    let fmt = |e: FormatError| StoreError::format(&snap_url, e);
+    let (id, crc) = granary_format::snapshot_key(&head).map_err(fmt)?;
+    let name = format!("{}-{crc:08x}", DatasetId(id));
+    if dir.join(format!("{name}.gsnap")).is_file() || u16_at(&head, 10) < 4 {
+        return whole(());
+    }
+    let nsec = u32_at(&head, 48) as u64;
+    let table_end = SNAPSHOT_HEADER_LEN as u64 + nsec * SECTION_ENTRY_LEN as u64;
+    let table = url.get_range(SNAPSHOT_FILE, SNAPSHOT_HEADER_LEN as u64..table_end)?;
+    check(&snap_url, "section table", u32_at(&head, 52), &table)?;
+    let mut len = table_end;
+    let (mut crcs, mut index) = (None, None);
+    for e in table.chunks_exact(SECTION_ENTRY_LEN) {
+        let (kind, off, n) = (u32_at(e, 0), u64_at(e, 8), u64_at(e, 16));
+        let r = off..off.checked_add(n).ok_or_else(|| {
+            StoreError::damaged(&snap_url, format!("section of kind {kind} at {off}+{n}"))
+        })?;
+        len = len.max(r.end);
+        match kind {
+            14 => crcs = Some(r),
+            15 => index = Some((r, u32_at(e, 24))),
+            _ => {}
+        }
+    }
+    let (Some(crcs), Some((index, index_crc))) = (crcs, index) else {
+        return whole(());
+    };
+    if len <= whole_max() {
+        return whole(());
+    }
+    let k15 = url.get_range(SNAPSHOT_FILE, index.clone())?;
+    check(&snap_url, "block index", index_crc, &k15)?;
+    let bi = BlockIndex::parse(&k15, crcs, table_end).map_err(fmt)?;
+    std::fs::create_dir_all(dir).map_err(|e| StoreError::io("creating", dir, e))?;
+    let path = dir.join(format!("{name}.gblocks"));
+    evict(dir, cache_budget(), &path);
+    let file = sparse_file(&path, dir, &name, len)?;
+    let pager = BlockPager {
+        url: url.clone(),
+        snap_url,
+        path: path.clone(),
+        file,
+        done: (0..bi.block_count().div_ceil(64))
+            .map(|_| AtomicU64::new(0))
+            .collect(),
+        pages: (0..(bi.pages.len() as u64).div_ceil(64))
+            .map(|_| AtomicU64::new(0))
+            .collect(),
+        bi,
+        gets: AtomicU64::new(3),
+        fetched: AtomicU64::new((head.len() + table.len() + k15.len()) as u64),
+    };
+    // Header, section table and block index are checked: every process writes them.
+    let write = |at: u64, b: &[u8]| {
+        pager
+            .file
+            .write_all_at(b, at)
+            .map_err(|e| StoreError::io("writing", &pager.path, e))
+    };
+    write(0, &head)?;
+    write(SNAPSHOT_HEADER_LEN as u64, &table)?;
+    write(index.start, &k15)?;
+    Ok(RemoteSnapshot {
+        path,
+        pager: Some(Arc::new(pager)),
+    })
+}
+
+fn u16_at(b: &[u8], at: usize) -> u16 {
+    u16::from_le_bytes([b[at], b[at + 1]])
+}
+
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes(b[at..at + 4].try_into().expect("4 bytes"))
+}
+
+fn u64_at(b: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"))
+}
+
+fn check(url: &str, what: &str, expected: u32, b: &[u8]) -> Result<()> {
+    let actual = crc32fast::hash(b);
+    if actual != expected {
+        return Err(StoreError::damaged(
+            url,
+            format!("snapshot {what}: checksum mismatch (stored {expected:#010x}, computed {actual:#010x})"),
+        ));
+    }
+    Ok(())
+}
+
+/// The sparse file `path` of `len` bytes, created under a temporary name and linked into
+/// place (concurrent openers all end with the same file).
+fn sparse_file(path: &Path, dir: &Path, name: &str, len: u64) -> Result<File> {
+    let open = || {
+        std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)
+    };
+    let file = match open() {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let tmp = dir.join(format!(".{name}.{}.gblocks.tmp", std::process::id()));
+            let f = File::create(&tmp).map_err(|e| StoreError::io("creating", &tmp, e))?;
+            f.set_len(len)
+                .map_err(|e| StoreError::io("sizing", &tmp, e))?;
+            drop(f);
+            let linked = std::fs::hard_link(&tmp, path);
+            let _ = std::fs::remove_file(&tmp);
+            match linked {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+                Err(e) => return Err(StoreError::io("creating", path, e)),
+            }
+            open().map_err(|e| StoreError::io("opening", path, e))?
+        }
+        Err(e) => return Err(StoreError::io("opening", path, e)),
+    };
+    let have = file
+        .metadata()
+        .map_err(|e| StoreError::io("reading", path, e))?
+        .len();
+    if have != len {
+        return Err(StoreError::damaged(
+            path,
+            format!(
+                "cached snapshot blocks file is {have} bytes, the snapshot {len}: remove it \
+                 (it is only a cache)"
+            ),
+        ));
+    }
+    // Marks it as recently used for eviction.
+    let _ = file.set_modified(std::time::SystemTime::now());
+    Ok(file)
+}
+
+/// Removes the least recently used cached snapshots (by mtime) other than `keep` until the
+/// rest take at most `budget` bytes on disk. Best effort: a file another process removed
+/// first is skipped.
+pub fn evict(dir: &Path, budget: u64, keep: &Path) {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return;
+    };
+    let mut files: Vec<(std::time::SystemTime, u64, PathBuf)> = rd
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .filter(|p| {
+            p != keep
+                && p.extension()
+                    .is_some_and(|x| x == "gsnap" || x == "gblocks")
+                && !p
+                    .file_name()
+                    .is_some_and(|n| n.to_string_lossy().starts_with('.'))
+        })
+        .filter_map(|p| {
+            let m = std::fs::metadata(&p).ok()?;
+            Some((m.modified().ok()?, m.blocks() * 512, p))
+        })
+        .collect();
+    let mut total: u64 = files.iter().map(|f| f.1).sum();
+    files.sort();
+    for (_, size, p) in files {
+        if total <= budget {
+            break;
+        }
+        if std::fs::remove_file(&p).is_ok() {
+            total -= size;
+        }
+    }
+}
+
+/// Fetches a sparse snapshot's blocks on demand (see the module docs).
+pub struct BlockPager {
+    url: Arc<ObjectUrl>,
+    snap_url: String,
+    path: PathBuf,
+    file: File,
+    bi: BlockIndex,
+    /// One bit per covered block this process has checked.
+    done: Vec<AtomicU64>,
+    /// One bit per page of kind 14 this process has checked.
+    pages: Vec<AtomicU64>,
+    gets: AtomicU64,
+    fetched: AtomicU64,
+}
+
+fn is_set(bits: &[AtomicU64], i: u64) -> bool {
+    bits[(i / 64) as usize].load(Ordering::Acquire) & (1 << (i % 64)) != 0
+}
+
+fn set(bits: &[AtomicU64], i: u64) {
+    bits[(i / 64) as usize].fetch_or(1 << (i % 64), Ordering::Release);
+}
+
+impl std::fmt::Debug for BlockPager {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BlockPager")
+            .field("url", &self.snap_url)
+            .field("path", &self.path)
+            .finish()
+    }
+}
+
+impl BlockPager {
+    /// GETs issued and bytes fetched for the snapshot by this process (open included).
+    pub fn fetched(&self) -> (u64, u64) {
+        (
+            self.gets.load(Ordering::Relaxed),
+            self.fetched.load(Ordering::Relaxed),
+        )
+    }
+
+    /// The block layout.
+    pub fn blocks(&self) -> &BlockIndex {
+        &self.bi
+    }
+
+    /// The local bytes of `r` (zeros where nothing was written yet).
+    fn local(&self, r: &Range<u64>) -> Result<Vec<u8>> {
+        let mut buf = vec![0u8; (r.end - r.start) as usize];
+        self.file
+            .read_exact_at(&mut buf, r.start)
+            .map_err(|e| StoreError::io("reading", &self.path, e))?;
+        Ok(buf)
+    }
+
+    /// Fetches file range `r` (one ranged GET per [`GET_PART`]).
+    fn fetch(&self, r: Range<u64>) -> Result<Vec<u8>> {
+        let mut out = Vec::with_capacity((r.end - r.start) as usize);
+        let mut at = r.start;
+        while at < r.end {
+            let end = (at + GET_PART).min(r.end);
+            let b = self.url.get_range(SNAPSHOT_FILE, at..end)?;
+            self.gets.fetch_add(1, Ordering::Relaxed);
+            self.fetched.fetch_add(b.len() as u64, Ordering::Relaxed);
+            out.extend_from_slice(&b);
+            at = end;
+        }
+        Ok(out)
+    }
+
+    fn store(&self, at: u64, b: &[u8]) -> Result<()> {
+        self.file
+            .write_all_at(b, at)
+            .map_err(|e| StoreError::io("writing", &self.path, e))
+    }
+
+    fn damaged(&self, e: FormatError) -> StoreError {
+        StoreError::format(&self.snap_url, e)
+    }
+
+    /// Makes pages `ps` of kind 14 present and checked.
+    fn ensure_pages(&self, ps: Range<u64>) -> Result<()> {
+        for p in ps {
+            if is_set(&self.pages, p) {
+                continue;
+            }
+            let r = self.bi.page(p);
+            let want = self.bi.pages[p as usize];
+            if crc32fast::hash(&self.local(&r)?) != want {
+                let b = self.fetch(r.clone())?;
+                check_block("snapshot block checksums", p, want, &b)
+                    .map_err(|e| self.damaged(e))?;
+                self.store(r.start, &b)?;
+            }
+            set(&self.pages, p);
+        }
+        Ok(())
+    }
+
+    /// The stored CRC of covered block `b` (its page checked first).
+    fn block_crc(&self, b: u64) -> Result<u32> {
+        let (p, _) = self.bi.crc_at(b);
+        self.ensure_pages(p..p + 1)?;
+        let at = self.bi.crcs.start + b * 4;
+        Ok(u32_at(&self.local(&(at..at + 4))?, 0))
+    }
+
+    /// Makes covered blocks `bs` present and checked: blocks a process of the node already
+    /// wrote are checked in place, the rest fetched with one GET per run.
+    fn ensure_blocks(&self, bs: Range<u64>) -> Result<()> {
+        let mut missing = Vec::new();
+        for b in bs {
+            if is_set(&self.done, b) {
+                continue;
+            }
+            let want = self.block_crc(b)?;
+            if crc32fast::hash(&self.local(&self.bi.block(b))?) == want {
+                set(&self.done, b);
+            } else {
+                missing.push((b, want));
+            }
+        }
+        let mut i = 0;
+        while i < missing.len() {
+            let mut j = i + 1;
+            let most = (GET_PART / self.bi.block_size).max(1) as usize;
+            while j < missing.len() && missing[j].0 == missing[j - 1].0 + 1 && j - i < most {
+                j += 1;
+            }
+            let run = &missing[i..j];
+            let start = self.bi.block(run[0].0).start;
+            let bytes = self.fetch(start..self.bi.block(run[run.len() - 1].0).end)?;
+            for &(b, want) in run {
+                let r = self.bi.block(b);
+                let data = &bytes[(r.start - start) as usize..(r.end - start) as usize];
+                check_block("snapshot", b, want, data).map_err(|e| self.damaged(e))?;
+            }
+            self.store(start, &bytes)?;
+            for &(b, _) in run {
+                set(&self.done, b);
+            }
+            i = j;
+        }
+        Ok(())
+    }
+}
+
+impl Pager for BlockPager {
+    fn need(&self, range: Range<u64>) -> granary_format::Result<()> {
+        if range.is_empty() {
+            return Ok(());
+        }
+        let r = self
+            .ensure_pages(self.bi.pages_of(&range))
+            .and_then(|()| self.ensure_blocks(self.bi.blocks_of(&range)));
+        r.map_err(|e| FormatError::Unavailable {
+            what: self.snap_url.clone(),
+            detail: e.to_string(),
+        })
+    }
+}
