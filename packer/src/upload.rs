@@ -146,6 +146,30 @@ pub(crate) fn read_marker(work: &Path, plan: &Plan, c: u32) -> Option<ChunkSumma
     })
 }
 
+/// The full summary of uploaded chunk `slim.chunk_id` (whose entries and paths were dropped to
+/// keep memory flat) from its marker, which must agree with `slim`'s size and CRC.
+pub(crate) fn marker_summary(work: &Path, slim: ChunkSummary) -> Result<ChunkSummary, PackError> {
+    let c = slim.chunk_id;
+    let path = work.join(sent_name(c));
+    let m = std::fs::read(&path).map_err(|e| PackError::io("reading back", &path, e))?;
+    match decode_marker(&m, c) {
+        Some((size, crc, footer)) if size == slim.file_size && crc == slim.file_crc => {
+            Ok(ChunkSummary {
+                entries: footer.entries,
+                paths: footer.paths,
+                fields: footer.fields,
+                ..slim
+            })
+        }
+        _ => Err(PackError::Source {
+            path,
+            detail: format!(
+                "changed since it was written: not the marker of chunk {c} as uploaded"
+            ),
+        }),
+    }
+}
+
 /// Decodes an upload marker of chunk `c`: the chunk's size, whole-file CRC and footer; `None`
 /// if it is damaged or inconsistent.
 pub fn decode_marker(m: &[u8], c: u32) -> Option<(u64, u32, granary_format::ChunkFooter)> {

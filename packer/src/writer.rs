@@ -202,6 +202,26 @@ struct SpillRecord {
 }
 
 impl SpillRecord {
+    /// What holding this record in memory costs: its bytes, its key and names, and the
+    /// record's own size and one allocation's bookkeeping per buffer (for 64-byte samples the
+    /// overhead is most of it, so the memory budget must count it).
+    fn held_bytes(&self) -> u64 {
+        const PER_ALLOCATION: usize = 16;
+        let fields: usize = self
+            .fields
+            .iter()
+            .map(|(n, _, _)| {
+                std::mem::size_of::<(Vec<u8>, u64, u32)>() + n.capacity() + PER_ALLOCATION
+            })
+            .sum();
+        (std::mem::size_of::<SpillRecord>()
+            + self.key.capacity()
+            + self.label_name.capacity()
+            + self.enc.stored.capacity()
+            + fields
+            + 4 * PER_ALLOCATION) as u64
+    }
+
     /// The field directory of a kind-2 record: per field, name length u8, name, length u64,
     /// CRC-32 u32.
     fn directory(&self) -> Vec<u8> {
@@ -1221,7 +1241,6 @@ impl Writer {
         let done: Mutex<Vec<ChunkSummary>> = Mutex::new(Vec::new());
         let (tx, rx) = sync_channel::<(u32, Vec<SpillRecord>)>(1);
         let rx = Mutex::new(rx);
-        let slim = upload.is_none();
         std::thread::scope(|scope| -> Result<(), PackError> {
             for _ in 0..self.opts.threads.clamp(1, 4) {
                 let (rx, failed, done) = (&rx, &failed, &done);
@@ -1236,7 +1255,9 @@ impl Writer {
                             tx.send((s.chunk_id, s.file_size, s.file_crc))
                                 .map_err(|_| PackError::Upload("the upload stopped".into()))?;
                         }
-                        Ok(if slim { crate::slimmed(s) } else { s })
+                        // Entries and paths are read back at the end (from the chunk, or
+                        // from its upload marker): memory does not grow with the samples.
+                        Ok(crate::slimmed(s))
                     });
                     match r {
                         Ok(s) => done.lock().unwrap_or_else(|p| p.into_inner()).push(s),
@@ -1321,11 +1342,14 @@ impl Writer {
     ) -> Result<PackSummary, PackError> {
         let chunks = summaries.len() as u64;
         let mut t = crate::run::Totals::default();
-        let slim = self.opts.destination.is_none();
+        let uploaded = self.opts.destination.is_some();
         let dir = self.layout.chunks.clone();
         let full =
             |s: ChunkSummary, t: &mut crate::run::Totals| -> Result<ChunkSummary, PackError> {
-                let s = if slim { read_footer(&dir, s)? } else { s };
+                let s = match uploaded {
+                    false => read_footer(&dir, s)?,
+                    true => crate::upload::marker_summary(&dir, s)?,
+                };
                 t.count(&s);
                 Ok(s)
             };
@@ -1453,7 +1477,7 @@ fn spill_loop(rx: &Mutex<Receiver<Job>>, shared: &Shared, mode: CompressMode) {
             enc,
         };
         let b = job.bucket;
-        let size = rec.enc.stored.len() as u64;
+        let size = rec.held_bytes();
         if shared.held_bytes.fetch_add(size, Ordering::Relaxed) + size <= shared.budget {
             shared.held[b as usize]
                 .lock()
@@ -1657,6 +1681,28 @@ mod tests {
             },
             fields,
         }
+    }
+
+    /// The memory budget counts what a held record costs, not only its bytes: a 64-byte
+    /// sample costs several times that (10 M of them held 4.1 GB under a 512 MiB budget).
+    #[test]
+    fn a_held_record_counts_its_bookkeeping() {
+        let small = record(
+            b"class_0001/00000001.JPEG",
+            vec![],
+            vec![7; 64],
+            b"class_0001",
+        );
+        let cost = small.held_bytes();
+        assert!(
+            cost >= 64 + 24 + 10 + std::mem::size_of::<SpillRecord>() as u64,
+            "{cost}"
+        );
+        let big = record(b"k", vec![], vec![7; 1 << 20], b"");
+        assert!(big.held_bytes() >= 1 << 20);
+        assert!(big.held_bytes() < (1 << 20) + 512);
+        let fields = vec![(b"jpg".to_vec(), 3, 0), (b"txt".to_vec(), 2, 0)];
+        assert!(record(b"k", fields, vec![1; 5], b"").held_bytes() > big.held_bytes() - (1 << 20));
     }
 
     #[test]

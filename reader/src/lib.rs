@@ -39,6 +39,7 @@
 
 mod config;
 mod dataset;
+mod draws;
 mod epoch;
 mod error;
 mod extract;

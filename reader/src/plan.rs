@@ -11,6 +11,8 @@ use std::ops::Range;
 
 use granary_format::SplitMix64;
 
+use crate::draws::Importance;
+
 /// How an epoch is ordered.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ShuffleMode {
@@ -214,62 +216,25 @@ pub struct Sampling<'a> {
 }
 
 impl Sampling<'_> {
-    /// p_i for every sample (sums to 1).
+    /// Sample `i`'s mass: its score times the cache boost if the tier holds it.
+    pub fn mass(&self, i: u64) -> f64 {
+        let b = match self.cached {
+            Some(c) if c(i) => self.cache_boost.max(0.0),
+            _ => 1.0,
+        };
+        self.scores.score(i).max(0.0) * b
+    }
+
+    /// p_i for every sample (sums to 1): a table of N values, for tests and inspection; plans
+    /// compute p_i of the samples they draw only.
     pub fn probabilities(&self) -> Vec<f64> {
         let n = self.scores.len() as usize;
-        let mass: Vec<f64> = (0..n as u64)
-            .map(|i| {
-                let b = match self.cached {
-                    Some(c) if c(i) => self.cache_boost.max(0.0),
-                    _ => 1.0,
-                };
-                self.scores.score(i).max(0.0) * b
-            })
-            .collect();
+        let mass: Vec<f64> = (0..n as u64).map(|i| self.mass(i)).collect();
         let total: f64 = mass.iter().sum::<f64>().max(f64::MIN_POSITIVE);
         let a = self.alpha.clamp(0.0, 0.999_999);
         mass.iter()
             .map(|m| (1.0 - a) / n as f64 + a * m / total)
             .collect()
-    }
-}
-
-/// Vose's alias method: O(n) setup, O(1) per draw.
-struct Alias {
-    prob: Vec<f64>,
-    alias: Vec<usize>,
-}
-
-impl Alias {
-    fn new(p: &[f64]) -> Self {
-        let n = p.len();
-        let mut prob = vec![0.0; n];
-        let mut alias = vec![0; n];
-        let mut scaled: Vec<f64> = p.iter().map(|x| x * n as f64).collect();
-        let (mut small, mut large): (Vec<usize>, Vec<usize>) =
-            (0..n).partition(|&i| scaled[i] < 1.0);
-        while let (Some(s), Some(&l)) = (small.pop(), large.last()) {
-            prob[s] = scaled[s];
-            alias[s] = l;
-            scaled[l] -= 1.0 - scaled[s];
-            if scaled[l] < 1.0 {
-                large.pop();
-                small.push(l);
-            }
-        }
-        for i in small.into_iter().chain(large) {
-            prob[i] = 1.0;
-        }
-        Alias { prob, alias }
-    }
-
-    fn draw(&self, r: &mut SplitMix64) -> u64 {
-        let i = r.below(self.prob.len() as u64) as usize;
-        if r.next_f64() < self.prob[i] {
-            i as u64
-        } else {
-            self.alias[i] as u64
-        }
     }
 }
 
@@ -353,27 +318,9 @@ fn global_permutation(shape: &DatasetShape, o: &PlanOptions, epoch: u64) -> Keye
 }
 
 /// The epoch's global sequence before the per-rank cut.
-fn global_sequence(
-    shape: &DatasetShape,
-    o: &PlanOptions,
-    epoch: u64,
-    world: u32,
-    probs: Option<&[f64]>,
-) -> Vec<u64> {
+#[cfg(test)]
+fn global_sequence(shape: &DatasetShape, o: &PlanOptions, epoch: u64, world: u32) -> Vec<u64> {
     let n = shape.samples();
-    if let Some(probs) = probs.filter(|_| n > 0) {
-        // N draws with replacement, grouped by chunk in the epoch's chunk order so that the
-        // windows still read whole chunks.
-        let alias = Alias::new(probs);
-        let mut r = SplitMix64::keyed(&[o.seed, epoch, TAG_IMPORTANCE]);
-        let mut draws: Vec<u64> = (0..n).map(|_| alias.draw(&mut r)).collect();
-        let mut pos = vec![0usize; shape.chunks() as usize];
-        for (i, c) in chunk_order(shape, o, epoch, world).into_iter().enumerate() {
-            pos[c as usize] = i;
-        }
-        draws.sort_by_key(|&s| (pos[shape.chunk_of(s) as usize], s));
-        return draws;
-    }
     match o.mode {
         ShuffleMode::Sequential => (0..n).collect(),
         ShuffleMode::Global => {
@@ -588,24 +535,30 @@ fn fresh(
     o: &PlanOptions,
     epoch: u64,
     shard: &Shard,
-    probs: Option<&[f64]>,
+    probs: Option<&Importance>,
 ) -> EpochPlan {
     if probs.is_none() && o.mode == ShuffleMode::Global {
         let part = global_part(shape, o, epoch, shard);
         return windows(shape, o, epoch, shard, part);
     }
-    let rank = if probs.is_none() {
-        // The epoch is whole chunks in a chunk order: take this rank's positions straight from
-        // it (O(chunks + share) memory) instead of building every rank's sequence (8 bytes per
-        // sample of the dataset: 8 GB on every rank at a billion samples).
-        let order: Vec<u32> = match o.mode {
-            ShuffleMode::Sequential => (0..shape.chunks()).collect(),
-            _ => chunk_order(shape, o, epoch, shard.world_size),
-        };
-        rank_share(shape, &order, shard.world_size, shard.rank, o.drop_last)
-    } else {
-        let seq = global_sequence(shape, o, epoch, shard.world_size, probs);
-        cut_rank(&seq, shard.world_size, shard.rank, o.drop_last)
+    let rank = match probs {
+        None => {
+            // The epoch is whole chunks in a chunk order: take this rank's positions straight from
+            // it (O(chunks + share) memory) instead of building every rank's sequence (8 bytes per
+            // sample of the dataset: 8 GB on every rank at a billion samples).
+            let order: Vec<u32> = match o.mode {
+                ShuffleMode::Sequential => (0..shape.chunks()).collect(),
+                _ => chunk_order(shape, o, epoch, shard.world_size),
+            };
+            rank_share(shape, &order, shard.world_size, shard.rank, o.drop_last)
+        }
+        Some(imp) => {
+            // N draws with replacement, grouped by chunk in the epoch's chunk order so that the
+            // windows still read whole chunks; only this rank's positions are drawn.
+            let order = chunk_order(shape, o, epoch, shard.world_size);
+            let pos = rank_positions(shape.samples(), shard.world_size, shard.rank, o.drop_last);
+            imp.positions(shape, &[o.seed, epoch, TAG_IMPORTANCE], &order, pos)
+        }
     };
     let part = split_worker(&rank, shard.num_workers, shard.worker).to_vec();
     windows(shape, o, epoch, shard, part)
@@ -683,16 +636,17 @@ impl EpochPlan {
                 ));
             }
         }
-        // The probabilities are computed once and shared by every step (the redistribution
-        // after a resume rebuilds several old shards' plans).
-        let probs = sampling.map(Sampling::probabilities);
-        let mut p = Self::build_inner(shape, o, epoch, shard, resume, probs.as_deref())?;
-        if let Some(probs) = &probs {
+        // The chunks' draw counts are computed once and shared by every step (the
+        // redistribution after a resume rebuilds several old shards' plans).
+        let key = [o.seed, epoch, TAG_IMPORTANCE];
+        let imp = sampling.map(|sm| Importance::new(sm, shape, &key));
+        let mut p = Self::build_inner(shape, o, epoch, shard, resume, imp.as_ref())?;
+        if let Some(imp) = &imp {
             let n = shape.samples() as f64;
             p.weights = p
                 .samples
                 .iter()
-                .map(|&s| (1.0 / (n * probs[s as usize])) as f32)
+                .map(|&s| (1.0 / (n * imp.p(s))) as f32)
                 .collect();
         }
         Ok(p)
@@ -704,7 +658,7 @@ impl EpochPlan {
         epoch: u64,
         shard: Shard,
         resume: Option<&EpochState>,
-        probs: Option<&[f64]>,
+        probs: Option<&Importance>,
     ) -> Result<EpochPlan, String> {
         shard.check()?;
         if !(0.0..=1.0).contains(&o.locality) {
@@ -754,17 +708,16 @@ impl EpochPlan {
                 rest.extend_from_slice(&p.samples[done..]);
             }
         }
-        if o.mode != ShuffleMode::Global {
-            let order = global_sequence(shape, o, epoch, old.0, probs);
+        if o.mode != ShuffleMode::Global || probs.is_some() {
+            // The old epoch's chunk order: importance draws and chunk-wise epochs follow the
+            // shuffled order, sequential ones the chunk ids.
+            let order: Vec<u32> = match (o.mode, probs) {
+                (ShuffleMode::Sequential, None) => (0..shape.chunks()).collect(),
+                _ => chunk_order(shape, o, epoch, old.0),
+            };
             let mut chunk_pos = vec![0usize; shape.chunks() as usize];
-            let mut seen = vec![false; shape.chunks() as usize];
-            let mut next = 0;
-            for &s in &order {
-                let c = shape.chunk_of(s) as usize;
-                if !std::mem::replace(&mut seen[c], true) {
-                    chunk_pos[c] = next;
-                    next += 1;
-                }
+            for (i, &c) in order.iter().enumerate() {
+                chunk_pos[c as usize] = i;
             }
             rest.sort_by_key(|&s| (chunk_pos[shape.chunk_of(s) as usize], s));
         }
@@ -888,7 +841,7 @@ mod share_tests {
                 ..PlanOptions::default()
             };
             for rank in 0..world {
-                let seq = global_sequence(&shape, &o, 3, world, None);
+                let seq = global_sequence(&shape, &o, 3, world);
                 let want = cut_rank(&seq, world, rank, o.drop_last);
                 let order: Vec<u32> = match o.mode {
                     ShuffleMode::Sequential => (0..shape.chunks()).collect(),
@@ -977,7 +930,7 @@ mod share_tests {
                 drop_last: case % 2 == 0,
                 ..PlanOptions::default()
             };
-            let seq = global_sequence(&shape, &o, 5, world, None);
+            let seq = global_sequence(&shape, &o, 5, world);
             for rank in 0..world {
                 let share = cut_rank(&seq, world, rank, o.drop_last);
                 for worker in 0..workers {

@@ -462,7 +462,9 @@ fn queries<B: AsRef<[u8]>>(s: &Snapshot<B>) -> Vec<String> {
 
 #[test]
 fn a_paged_snapshot_reads_only_what_it_asks_for() {
-    for snap in [small().1, small_with_attrs()] {
+    for (name, snap) in [("small", small().1), ("attrs-dirs", small_with_attrs())] {
+        crate::local::dump_fuzz_seed("paged_snapshot", &format!("format-1.4-{name}"), &snap);
+        crate::local::dump_fuzz_seed("snapshot", &format!("format-1.4-{name}"), &snap);
         let whole = queries(&Snapshot::open(&snap[..]).unwrap());
         // First run: record what the queries ask for.
         let rec = std::sync::Arc::new(Recorder {

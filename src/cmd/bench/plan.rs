@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use granary::procstat::peak_rss_bytes;
-use granary::{DatasetShape, EpochPlan, PlanOptions, Shard, ShuffleMode};
+use granary::{DatasetShape, EpochPlan, PlanOptions, Sampling, Shard, ShuffleMode};
 use serde_json::json;
 
 /// Time and peak memory of one shard's epoch plan on a synthetic dataset of any size.
@@ -43,6 +43,10 @@ pub struct PlanArgs {
     /// Epoch number.
     #[arg(long, default_value_t = 0)]
     epoch: u64,
+    /// Importance sampling (alpha 0.5) from a score table of every sample, a tenth of them
+    /// reported with random losses; the table (5 bytes a sample) counts in the peak RSS.
+    #[arg(long)]
+    importance: bool,
     /// Print JSON on stdout.
     #[arg(long)]
     json: bool,
@@ -70,8 +74,25 @@ pub fn run(a: PlanArgs) -> anyhow::Result<ExitCode> {
         mode: a.shuffle,
         ..PlanOptions::default()
     };
+    let scores = a.importance.then(|| {
+        let mut t = granary::ImportanceScores::new(a.samples, 0.8);
+        let mut r = granary_format::SplitMix64::new(9);
+        let w: Vec<(u64, f32)> = (0..a.samples / 10)
+            .map(|_| (r.below(a.samples), (r.next_f64() * 5.0) as f32))
+            .collect();
+        t.apply(&w);
+        t
+    });
+    let rss_scores = peak_rss_bytes();
+    let sampling = scores.as_ref().map(|scores| Sampling {
+        scores,
+        alpha: 0.5,
+        cached: None,
+        cache_boost: 1.0,
+    });
     let t1 = Instant::now();
-    let plan = EpochPlan::build(&shape, &o, a.epoch, shard, None).map_err(anyhow::Error::msg)?;
+    let plan = EpochPlan::build_sampled(&shape, &o, a.epoch, shard, None, sampling.as_ref())
+        .map_err(anyhow::Error::msg)?;
     let plan_s = t1.elapsed().as_secs_f64();
     let rss = peak_rss_bytes();
     let mb = |b: Option<u64>| b.map(|b| b as f64 / 1e6);
@@ -80,7 +101,9 @@ pub fn run(a: PlanArgs) -> anyhow::Result<ExitCode> {
             "samples": a.samples, "chunks": chunks, "shuffle": format!("{:?}", a.shuffle).to_lowercase(),
             "world_size": a.world_size, "workers": a.workers, "share": plan.len(),
             "windows": plan.windows.len(), "shape_seconds": shape_s, "plan_seconds": plan_s,
-            "peak_rss_mb_after_shape": mb(rss_shape), "peak_rss_mb": mb(rss),
+            "importance": a.importance,
+            "peak_rss_mb_after_shape": mb(rss_shape), "peak_rss_mb_after_scores": mb(rss_scores),
+            "peak_rss_mb": mb(rss),
         }))?;
         return Ok(ExitCode::SUCCESS);
     }
@@ -98,8 +121,12 @@ pub fn run(a: PlanArgs) -> anyhow::Result<ExitCode> {
     );
     let show = |b: Option<u64>| b.map_or("unknown".into(), |b| format!("{:.0} MB", b as f64 / 1e6));
     println!(
-        "shape {shape_s:.2} s (peak RSS {}), plan {plan_s:.2} s (peak RSS {})",
+        "shape {shape_s:.2} s (peak RSS {}){}, plan {plan_s:.2} s (peak RSS {})",
         show(rss_shape),
+        match a.importance {
+            true => format!(", score table (peak RSS {})", show(rss_scores)),
+            false => String::new(),
+        },
         show(rss)
     );
     Ok(ExitCode::SUCCESS)

@@ -1,0 +1,90 @@
+//! A snapshot read in pieces (format 1.4, as from an object store): `Snapshot::open_paged` and
+//! every accessor, on any bytes. Whatever the bytes, every byte an accessor reads must be one
+//! it asked its pager for: the same queries over a copy that holds only the bytes asked for
+//! (the rest garbage) must give the same answers. The block index, when it parses, must check
+//! without panicking.
+#![no_main]
+use std::ops::Range;
+use std::sync::{Arc, Mutex};
+
+use granary_format::{FormatError, Pager, Snapshot};
+use libfuzzer_sys::fuzz_target;
+
+/// Records what is asked (first run); refuses anything else (second run).
+struct Recorder {
+    asked: Mutex<Vec<Range<u64>>>,
+    allowed: Option<Vec<Range<u64>>>,
+}
+
+impl Pager for Recorder {
+    fn need(&self, r: Range<u64>) -> granary_format::Result<()> {
+        if let Some(a) = &self.allowed {
+            if !r.is_empty() && !a.iter().any(|x| x.start <= r.start && r.end <= x.end) {
+                return Err(FormatError::Unavailable {
+                    what: "pager".into(),
+                    detail: format!("{r:?} never asked for"),
+                });
+            }
+        }
+        self.asked.lock().unwrap().push(r);
+        Ok(())
+    }
+}
+
+fn queries(data: &[u8], pager: Arc<Recorder>) -> Vec<String> {
+    let s = match Snapshot::open_paged(data, pager) {
+        Ok(s) => s,
+        Err(e) => return vec![format!("open: {e}")],
+    };
+    let mut out = vec![format!("{:?}", (s.sample_count(), s.chunk_count(), s.class_count()))];
+    if let Some(bi) = s.block_index() {
+        out.push(format!("{:?}", (bi.block_size, bi.covered.clone(), bi.crcs.clone())));
+    }
+    let n = s.sample_count();
+    for c in 0..s.chunk_count().min(64) {
+        out.push(format!("{:?}", s.chunk(c)));
+        if let Ok(c) = s.chunk(c) {
+            out.push(format!("{:?}", s.prefetch_samples(c.samples())));
+        }
+    }
+    for id in (0..n.min(256)).chain([n]) {
+        out.push(format!("{:?}", (s.sample(id), s.attrs(id), s.fields(id))));
+        let p = s.path(id).map(<[u8]>::to_vec);
+        out.push(format!("{p:?}"));
+        if let Ok(p) = p {
+            out.push(format!("{:?}", (s.lookup(&p), s.prefix_range(&p))));
+        }
+        out.push(format!("{:?}", s.sorted_id(id)));
+    }
+    for i in 0..s.dir_count().min(64) {
+        out.push(format!("{:?}", s.dir(i)));
+    }
+    out.push(format!("{:?}", s.lookup(b"no/such/path")));
+    out
+}
+
+fuzz_target!(|data: &[u8]| {
+    let rec = Arc::new(Recorder {
+        asked: Mutex::new(Vec::new()),
+        allowed: None,
+    });
+    let first = queries(data, rec.clone());
+    let asked = rec.asked.lock().unwrap().clone();
+    let mut masked = vec![0xA5u8; data.len()];
+    for r in &asked {
+        let (a, b) = (r.start as usize, (r.end as usize).min(data.len()));
+        if a < b {
+            masked[a..b].copy_from_slice(&data[a..b]);
+        }
+    }
+    let strict = Arc::new(Recorder {
+        asked: Mutex::new(Vec::new()),
+        allowed: Some(asked),
+    });
+    assert_eq!(queries(&masked, strict), first, "an accessor read bytes it did not ask for");
+    if let Ok(s) = Snapshot::open(data) {
+        if let Some(bi) = s.block_index() {
+            let _ = bi.check(data);
+        }
+    }
+});
