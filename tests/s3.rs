@@ -736,6 +736,39 @@ fn a_large_snapshot_is_read_in_checked_blocks() {
     assert_eq!(r[0]["digest"], want.as_str());
     assert_eq!(r[0]["snapshot_gets"], 0);
 
+    // `bench remote` measures the same from cold caches of its own.
+    let o = s3
+        .cmd()
+        .env("GRANARY_SNAPSHOT_WHOLE_MAX", "0")
+        .args([
+            "bench",
+            "remote",
+            &url,
+            "--lookups",
+            "3",
+            "--world-size",
+            "4",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let b: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(b["paged"], true);
+    assert!(
+        b["open"]["snapshot_bytes"].as_u64().unwrap() * 4 < snap.len() as u64,
+        "{b}"
+    );
+    assert!(
+        b["lookup"]["snapshot_gets_max"].as_f64().unwrap() <= 6.0,
+        "{b}"
+    );
+    assert_eq!(b["epoch"]["samples"], 10000);
+    assert!(
+        b["epoch"]["snapshot_gets"].as_u64().unwrap() <= n_chunks,
+        "{b}"
+    );
+
     // A damaged byte in the sample table: its block's CRC fails, naming the snapshot.
     let tmp = tempfile::tempdir().unwrap();
     let mut bad = snap.clone();

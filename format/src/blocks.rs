@@ -29,6 +29,11 @@ pub const BLOCK_INDEX_HEADER_LEN: usize = 24;
 pub trait Pager: Send + Sync {
     /// Makes `range` readable; ranges past the end are clamped by the caller.
     fn need(&self, range: Range<u64>) -> Result<()>;
+
+    /// Makes every range of `ranges` readable; a pager may fetch them concurrently.
+    fn need_all(&self, ranges: &[Range<u64>]) -> Result<()> {
+        ranges.iter().try_for_each(|r| self.need(r.clone()))
+    }
 }
 
 /// The block checksum layout of a snapshot (what kind 15 says, checked against the section

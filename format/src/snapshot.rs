@@ -345,11 +345,24 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
     /// Makes sample `ids`' entries present with as few fetches as the pager can (one ranged
     /// read for a chunk's samples); a no-op for a snapshot held whole.
     pub fn prefetch_samples(&self, ids: Range<u64>) -> Result<()> {
-        let ids = ids.start.min(self.l.samples)..ids.end.min(self.l.samples);
-        let s = self.l.sample_tab.start;
-        self.need(
-            s + ids.start as usize * SAMPLE_ENTRY_LEN..s + ids.end as usize * SAMPLE_ENTRY_LEN,
-        )
+        self.prefetch_sample_runs(&[ids])
+    }
+
+    /// [`Snapshot::prefetch_samples`] of several runs of ids at once (a pager may fetch them
+    /// concurrently).
+    pub fn prefetch_sample_runs(&self, runs: &[Range<u64>]) -> Result<()> {
+        let Some(p) = &self.pager else {
+            return Ok(());
+        };
+        let (s, n) = (self.l.sample_tab.start as u64, self.l.samples);
+        let ranges: Vec<Range<u64>> = runs
+            .iter()
+            .map(|ids| {
+                let (a, b) = (ids.start.min(n), ids.end.min(n));
+                s + a * SAMPLE_ENTRY_LEN as u64..s + b * SAMPLE_ENTRY_LEN as u64
+            })
+            .collect();
+        p.need_all(&ranges)
     }
 
     fn layout(b: &[u8], need: Need) -> Result<Layout> {

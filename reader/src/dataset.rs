@@ -309,19 +309,19 @@ impl Dataset {
         const GAP: u64 = 1024;
         let mut sorted = ids.to_vec();
         sorted.sort_unstable();
+        let mut runs = Vec::new();
         let mut start = sorted[0];
         let mut prev = start;
         for &id in &sorted[1..] {
             if id > prev + GAP {
-                self.snap
-                    .prefetch_samples(start..prev + 1)
-                    .map_err(|e| self.fmt_err(e))?;
+                runs.push(start..prev + 1);
                 start = id;
             }
             prev = id;
         }
+        runs.push(start..prev + 1);
         self.snap
-            .prefetch_samples(start..prev + 1)
+            .prefetch_sample_runs(&runs)
             .map_err(|e| self.fmt_err(e))
     }
 

@@ -364,57 +364,115 @@ impl BlockPager {
         Ok(u32_at(&self.local(&(at..at + 4))?, 0))
     }
 
-    /// Makes covered blocks `bs` present and checked: blocks a process of the node already
-    /// wrote are checked in place, the rest fetched with one GET per run.
-    fn ensure_blocks(&self, bs: Range<u64>) -> Result<()> {
+    /// The blocks of `ranges` that are not present yet (checked in place first: blocks a
+    /// process of the node already wrote count as present), with their stored CRCs, sorted.
+    fn missing(&self, ranges: &[Range<u64>]) -> Result<Vec<(u64, u32)>> {
         let mut missing = Vec::new();
-        for b in bs {
-            if is_set(&self.done, b) {
-                continue;
-            }
-            let want = self.block_crc(b)?;
-            if crc32fast::hash(&self.local(&self.bi.block(b))?) == want {
-                set(&self.done, b);
-            } else {
-                missing.push((b, want));
+        for r in ranges {
+            for b in self.bi.blocks_of(r) {
+                if is_set(&self.done, b) {
+                    continue;
+                }
+                let want = self.block_crc(b)?;
+                if crc32fast::hash(&self.local(&self.bi.block(b))?) == want {
+                    set(&self.done, b);
+                } else {
+                    missing.push((b, want));
+                }
             }
         }
-        let mut i = 0;
-        while i < missing.len() {
-            let mut j = i + 1;
-            let most = (GET_PART / self.bi.block_size).max(1) as usize;
-            while j < missing.len() && missing[j].0 == missing[j - 1].0 + 1 && j - i < most {
-                j += 1;
-            }
-            let run = &missing[i..j];
-            let start = self.bi.block(run[0].0).start;
-            let bytes = self.fetch(start..self.bi.block(run[run.len() - 1].0).end)?;
-            for &(b, want) in run {
-                let r = self.bi.block(b);
-                let data = &bytes[(r.start - start) as usize..(r.end - start) as usize];
-                check_block("snapshot", b, want, data).map_err(|e| self.damaged(e))?;
-            }
-            self.store(start, &bytes)?;
-            for &(b, _) in run {
-                set(&self.done, b);
-            }
-            i = j;
+        missing.sort_unstable();
+        missing.dedup();
+        Ok(missing)
+    }
+
+    /// Fetches one run of consecutive missing blocks with one GET, checks each, stores them.
+    fn fetch_run(&self, run: &[(u64, u32)]) -> Result<()> {
+        let start = self.bi.block(run[0].0).start;
+        let bytes = self.fetch(start..self.bi.block(run[run.len() - 1].0).end)?;
+        for &(b, want) in run {
+            let r = self.bi.block(b);
+            let data = &bytes[(r.start - start) as usize..(r.end - start) as usize];
+            check_block("snapshot", b, want, data).map_err(|e| self.damaged(e))?;
+        }
+        self.store(start, &bytes)?;
+        for &(b, _) in run {
+            set(&self.done, b);
         }
         Ok(())
     }
+
+    /// Makes every block of `ranges` present and checked: one GET per run of missing blocks
+    /// (at most [`GET_PART`] each), up to [`RUNS_IN_FLIGHT`] at once.
+    fn ensure(&self, ranges: &[Range<u64>]) -> Result<()> {
+        for r in ranges {
+            self.ensure_pages(self.bi.pages_of(r))?;
+        }
+        let missing = self.missing(ranges)?;
+        let most = (GET_PART / self.bi.block_size).max(1) as usize;
+        let mut runs: Vec<&[(u64, u32)]> = Vec::new();
+        let mut i = 0;
+        while i < missing.len() {
+            let mut j = i + 1;
+            while j < missing.len() && missing[j].0 == missing[j - 1].0 + 1 && j - i < most {
+                j += 1;
+            }
+            runs.push(&missing[i..j]);
+            i = j;
+        }
+        if runs.len() <= 1 {
+            return runs.first().map_or(Ok(()), |r| self.fetch_run(r));
+        }
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        let results: Vec<Result<()>> = std::thread::scope(|s| {
+            let workers: Vec<_> = (0..runs.len().min(RUNS_IN_FLIGHT))
+                .map(|_| {
+                    s.spawn(|| -> Result<()> {
+                        loop {
+                            let k = next.fetch_add(1, Ordering::Relaxed);
+                            let Some(run) = runs.get(k) else {
+                                return Ok(());
+                            };
+                            self.fetch_run(run)?;
+                        }
+                    })
+                })
+                .collect();
+            workers
+                .into_iter()
+                .map(|w| {
+                    w.join().unwrap_or_else(|_| {
+                        Err(StoreError::Invalid(format!(
+                            "{}: a thread fetching snapshot blocks panicked",
+                            self.snap_url
+                        )))
+                    })
+                })
+                .collect()
+        });
+        results.into_iter().collect()
+    }
+
+    fn unavailable(&self, e: StoreError) -> FormatError {
+        FormatError::Unavailable {
+            what: self.snap_url.clone(),
+            detail: e.to_string(),
+        }
+    }
 }
+
+/// Runs of missing blocks fetched at once by one [`Pager::need_all`] call.
+pub const RUNS_IN_FLIGHT: usize = 8;
 
 impl Pager for BlockPager {
     fn need(&self, range: Range<u64>) -> granary_format::Result<()> {
         if range.is_empty() {
             return Ok(());
         }
-        let r = self
-            .ensure_pages(self.bi.pages_of(&range))
-            .and_then(|()| self.ensure_blocks(self.bi.blocks_of(&range)));
-        r.map_err(|e| FormatError::Unavailable {
-            what: self.snap_url.clone(),
-            detail: e.to_string(),
-        })
+        self.ensure(&[range]).map_err(|e| self.unavailable(e))
+    }
+
+    fn need_all(&self, ranges: &[Range<u64>]) -> granary_format::Result<()> {
+        self.ensure(ranges).map_err(|e| self.unavailable(e))
     }
 }

@@ -128,34 +128,9 @@ pub fn run(a: RemoteArgs) -> anyhow::Result<ExitCode> {
     let cat = measure(cats, true)?;
 
     // One chunk-wise epoch (its own cold cache).
-    let epoch = if a.no_epoch {
-        serde_json::Value::Null
-    } else {
-        let cache = cold()?;
-        let t = Instant::now();
-        let ds = Arc::new(Dataset::open_cached_in(&a.dataset, cache.path())?);
-        let open_s = t.elapsed().as_secs_f64();
-        let mut c = ReaderConfig::default();
-        c.plan.mode = ShuffleMode::Chunkwise;
-        c.plan.seed = a.seed;
-        c.rank = a.rank;
-        c.world_size = a.world_size;
-        let reader = c.open(&ds)?;
-        reader.begin_epoch();
-        let setup = reader.setup()?;
-        let r = granary::measure_epoch(&ds, &setup, 0, a.rank, a.world_size, a.workers)?;
-        json!({
-            "rank": a.rank, "world_size": a.world_size, "workers": a.workers,
-            "open_s": open_s,
-            "samples": r.samples,
-            "first_sample_s": r.first_sample_s,
-            "elapsed_s": r.elapsed_s,
-            "samples_per_s": r.samples_per_s,
-            "bytes_read": r.bytes_read,
-            "snapshot_gets": r.snapshot_gets,
-            "snapshot_bytes_fetched": r.snapshot_bytes_fetched,
-            "peak_rss_bytes": r.peak_rss_bytes,
-        })
+    let epoch = match a.no_epoch {
+        true => serde_json::Value::Null,
+        false => measure_epoch(&a)?,
     };
     let v = json!({
         "dataset": a.dataset,
@@ -172,25 +147,64 @@ pub fn run(a: RemoteArgs) -> anyhow::Result<ExitCode> {
         super::super::print_json(&v)?;
         return Ok(ExitCode::SUCCESS);
     }
+    print_text(&a, &v);
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Rank `a.rank`'s share of one chunk-wise epoch, from a cold snapshot cache of its own.
+fn measure_epoch(a: &RemoteArgs) -> anyhow::Result<serde_json::Value> {
+    let cold = || tempfile::tempdir().context("creating a temporary snapshot cache");
+    let cache = cold()?;
+    let t = Instant::now();
+    let ds = Arc::new(Dataset::open_cached_in(&a.dataset, cache.path())?);
+    let open_s = t.elapsed().as_secs_f64();
+    let mut c = ReaderConfig::default();
+    c.plan.mode = ShuffleMode::Chunkwise;
+    c.plan.seed = a.seed;
+    c.rank = a.rank;
+    c.world_size = a.world_size;
+    let reader = c.open(&ds)?;
+    reader.begin_epoch();
+    let setup = reader.setup()?;
+    let r = granary::measure_epoch(&ds, &setup, 0, a.rank, a.world_size, a.workers)?;
+    Ok(json!({
+        "rank": a.rank, "world_size": a.world_size, "workers": a.workers,
+        "open_s": open_s,
+        "samples": r.samples,
+        "first_sample_s": r.first_sample_s,
+        "elapsed_s": r.elapsed_s,
+        "samples_per_s": r.samples_per_s,
+        "bytes_read": r.bytes_read,
+        "snapshot_gets": r.snapshot_gets,
+        "snapshot_bytes_fetched": r.snapshot_bytes_fetched,
+        "peak_rss_bytes": r.peak_rss_bytes,
+    }))
+}
+
+/// The human-readable report of `v` (what `--json` prints).
+fn print_text(a: &RemoteArgs, v: &serde_json::Value) {
     let mb = |x: &serde_json::Value| x.as_f64().unwrap_or(0.0) / 1e6;
+    let f = |x: &serde_json::Value| x.as_f64().unwrap_or(0.0);
     println!(
         "{}: {} samples, {} chunks, snapshot {:.1} MB ({})",
         a.dataset,
-        ds.len(),
-        ds.chunk_count(),
-        snapshot_len as f64 / 1e6,
-        if paged {
-            "read in blocks"
-        } else {
-            "fetched whole"
+        v["samples"],
+        v["chunks"],
+        mb(&v["snapshot_bytes"]),
+        match v["paged"].as_bool() {
+            Some(true) => "read in blocks",
+            _ => "fetched whole",
         }
     );
+    let open = &v["open"];
     println!(
-        "open:   {:.3} s, {open_gets} GETs, {:.3} MB",
-        open_s,
-        open_bytes as f64 / 1e6
+        "open:   {:.3} s, {} GETs, {:.3} MB",
+        f(&open["s"]),
+        open["snapshot_gets"],
+        mb(&open["snapshot_bytes"])
     );
-    for (name, m) in [("lookup", &lookup), ("cat", &cat)] {
+    let (lookup, cat, epoch) = (&v["lookup"], &v["cat"], &v["epoch"]);
+    for (name, m) in [("lookup", lookup), ("cat", cat)] {
         println!(
             "{name}: {:>6.1} ms median ({:.1} max), {} snapshot GETs median ({} max), {:.3} MB median",
             m["ms_median"].as_f64().unwrap_or(0.0),
@@ -214,5 +228,4 @@ pub fn run(a: RemoteArgs) -> anyhow::Result<ExitCode> {
             mb(&epoch["peak_rss_bytes"])
         );
     }
-    Ok(ExitCode::SUCCESS)
 }
