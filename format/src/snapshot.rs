@@ -348,6 +348,21 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
         self.prefetch_sample_runs(&[ids])
     }
 
+    /// Makes every path, the path order and the fields present at once (what a full listing
+    /// or a mount's directory tree reads): for a paged snapshot, large concurrent fetches
+    /// instead of a block at a time as paths are read; nothing for a snapshot held whole.
+    pub fn prefetch_paths(&self) -> Result<()> {
+        let Some(p) = &self.pager else {
+            return Ok(());
+        };
+        let r = |x: &Range<usize>| x.start as u64..x.end as u64;
+        let mut v = vec![r(&self.l.paths), r(&self.l.order)];
+        if let Some(f) = &self.l.fields {
+            v.extend([r(&f.index), r(&f.table)]);
+        }
+        p.need_all(&v)
+    }
+
     /// [`Snapshot::prefetch_samples`] of several runs of ids at once (a pager may fetch them
     /// concurrently).
     pub fn prefetch_sample_runs(&self, runs: &[Range<u64>]) -> Result<()> {

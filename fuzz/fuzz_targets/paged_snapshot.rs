@@ -56,6 +56,7 @@ fn queries(data: &[u8], pager: Arc<Recorder>) -> Vec<String> {
         }
         out.push(format!("{:?}", s.sorted_id(id)));
     }
+    out.push(format!("{:?}", s.prefetch_paths()));
     for i in 0..s.dir_count().min(64) {
         out.push(format!("{:?}", s.dir(i)));
     }

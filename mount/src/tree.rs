@@ -116,6 +116,8 @@ impl Tree {
     /// cannot form a tree (absolute or empty components, `.`/`..`, a name that is both a file
     /// and a directory) or whose path order is not sorted, naming the path.
     pub fn build(ds: &Dataset) -> Result<Tree, ReadError> {
+        // One pass over every path in path order: fetched at once if fetched at all.
+        ds.prefetch_paths()?;
         let n = ds.len();
         let fields = ds.has_fields();
         let files = match fields {

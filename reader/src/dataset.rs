@@ -325,6 +325,13 @@ impl Dataset {
             .map_err(|e| self.fmt_err(e))
     }
 
+    /// Makes every path and the path order present before a full listing (the mount's
+    /// tree, `ls` of everything): for a snapshot read in blocks from an object store, large
+    /// concurrent fetches instead of one block at a time; nothing for one held whole.
+    pub fn prefetch_paths(&self) -> Result<()> {
+        self.snap.prefetch_paths().map_err(|e| self.fmt_err(e))
+    }
+
     /// Bytes of all chunk files (O(chunks)).
     pub fn total_chunk_bytes(&self) -> Result<u64> {
         (0..self.chunk_count() as u32).try_fold(0u64, |acc, c| {

@@ -37,6 +37,10 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         true => granary_format::split_field_path(&prefix).map_or(&prefix[..], |(k, _)| k),
         false => &prefix[..],
     };
+    if key_prefix.is_empty() {
+        // Every path: fetched at once when the snapshot is read in blocks.
+        ds.prefetch_paths()?;
+    }
     let range = ds.snapshot().prefix_range(key_prefix)?;
     let classes = ds.classes()?;
     let mut out = BufWriter::new(std::io::stdout().lock());

@@ -527,4 +527,12 @@ fn a_paged_open_asks_for_o_chunks_bytes() {
     let asked = rec.asked.lock().unwrap().clone();
     assert_eq!(asked.len(), 1);
     assert_eq!(asked[0].end - asked[0].start, 200 * SAMPLE_ENTRY_LEN as u64);
+    // A full listing asks for the paths and the path order, whole, at once.
+    rec.asked.lock().unwrap().clear();
+    s.prefetch_paths().unwrap();
+    let asked = rec.asked.lock().unwrap().clone();
+    assert_eq!(asked.len(), 2);
+    assert_eq!(asked[1].end - asked[1].start, 10_000 * 4);
+    // A snapshot held whole asks nothing.
+    assert!(Snapshot::open(&snap[..]).unwrap().prefetch_paths().is_ok());
 }
