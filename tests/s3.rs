@@ -725,13 +725,15 @@ fn a_large_snapshot_is_read_in_checked_blocks() {
     assert!(fetched <= samples_len as u64 + 2 * 65536, "{fetched}");
     assert!(allocated(&files[0]) < snap.len() as u64);
     // Another process on the node finds the blocks there: no GET.
-    let o = s3
-        .cmd()
-        .env("XDG_CACHE_HOME", home.path())
-        .env("GRANARY_SNAPSHOT_WHOLE_MAX", "0")
-        .args(["read", &url, "--shuffle", "chunkwise", "--json"])
-        .output()
-        .unwrap();
+    let reread = || {
+        s3.cmd()
+            .env("XDG_CACHE_HOME", home.path())
+            .env("GRANARY_SNAPSHOT_WHOLE_MAX", "0")
+            .args(["read", &url, "--shuffle", "chunkwise", "--json"])
+            .output()
+            .unwrap()
+    };
+    let o = reread();
     let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(r[0]["digest"], want.as_str());
     assert_eq!(r[0]["snapshot_gets"], 0);
@@ -798,13 +800,7 @@ fn a_large_snapshot_is_read_in_checked_blocks() {
         f.write_all_at(&[0xEE; 64], (samples_at + 4096) as u64)
             .unwrap();
     }
-    let o = s3
-        .cmd()
-        .env("XDG_CACHE_HOME", home.path())
-        .env("GRANARY_SNAPSHOT_WHOLE_MAX", "0")
-        .args(["read", &url, "--shuffle", "chunkwise", "--json"])
-        .output()
-        .unwrap();
+    let o = reread();
     assert!(o.status.success(), "{}", stderr(&o));
     let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(r[0]["digest"], want.as_str());

@@ -238,6 +238,13 @@ impl BlockHasher {
         }
     }
 
+    /// Feeds the zeros (alignment padding) that bring file offset `at` to a multiple of 8.
+    pub(crate) fn pad8(&mut self, at: &mut u64) {
+        let pad = crate::le::align8(*at) - *at;
+        self.feed(&[0u8; 8][..pad as usize]);
+        *at += pad;
+    }
+
     pub(crate) fn finish(mut self) -> Vec<u32> {
         if self.filled > 0 {
             self.out.push(self.cur.finalize());

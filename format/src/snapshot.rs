@@ -1495,6 +1495,24 @@ fn in_pieces<T: AsRef<[u8]>>(
     f(&buf)
 }
 
+/// A section table entry.
+fn section_entry(kind: SectionKind, at: u64, len: u64, crc: u32) -> [u8; SECTION_ENTRY_LEN] {
+    let mut e = [0u8; SECTION_ENTRY_LEN];
+    e[0..4].copy_from_slice(&(kind as u32).to_le_bytes());
+    e[8..16].copy_from_slice(&at.to_le_bytes());
+    e[16..24].copy_from_slice(&len.to_le_bytes());
+    e[24..28].copy_from_slice(&crc.to_le_bytes());
+    e
+}
+
+/// Writes the zeros that bring `pos` to a multiple of 8.
+fn pad8(w: &mut impl std::io::Write, pos: &mut u64) -> std::io::Result<()> {
+    let pad = le::align8(*pos) - *pos;
+    w.write_all(&[0u8; 8][..pad as usize])?;
+    *pos += pad;
+    Ok(())
+}
+
 /// Builds a snapshot from finished chunks, in chunk id order.
 ///
 /// Memory: the builder keeps every path (the path index needs them all) and, unless they are
@@ -1893,20 +1911,15 @@ impl SnapshotBuilder {
         let table_end = (SNAPSHOT_HEADER_LEN + nsec * SECTION_ENTRY_LEN) as u64;
         let mut table = vec![0u8; nsec * SECTION_ENTRY_LEN];
         let mut entry = |i: usize, kind: SectionKind, at: u64, len: u64, crc: u32| {
-            let e = &mut table[i * SECTION_ENTRY_LEN..][..SECTION_ENTRY_LEN];
-            e[0..4].copy_from_slice(&(kind as u32).to_le_bytes());
-            e[8..16].copy_from_slice(&at.to_le_bytes());
-            e[16..24].copy_from_slice(&len.to_le_bytes());
-            e[24..28].copy_from_slice(&crc.to_le_bytes());
+            table[i * SECTION_ENTRY_LEN..][..SECTION_ENTRY_LEN]
+                .copy_from_slice(&section_entry(kind, at, len, crc));
         };
         // First pass: each section's CRC and length, and the CRC of every block of the bytes
         // from the section table's end to the block checksums (padding included).
         let mut blocks = BlockHasher::new(BLOCK_SIZE as u64);
         let mut at = table_end;
         for (i, &kind) in kinds.iter().enumerate() {
-            let pad = le::align8(at) - at;
-            blocks.feed(&[0u8; 8][..pad as usize]);
-            at += pad;
+            blocks.pad8(&mut at);
             let (mut crc, mut len) = (crc32fast::Hasher::new(), 0u64);
             emit(kind, &mut |b| {
                 crc.update(b);
@@ -1917,9 +1930,7 @@ impl SnapshotBuilder {
             entry(i, kind, at, len, crc.finalize());
             at += len;
         }
-        let pad = le::align8(at) - at;
-        blocks.feed(&[0u8; 8][..pad as usize]);
-        at += pad;
+        blocks.pad8(&mut at);
         let (k14, k15) = encode_block_sections(BLOCK_SIZE, table_end..at, &blocks.finish());
         let k15_at = le::align8(at + k14.len() as u64);
         let i = kinds.len();
@@ -1954,19 +1965,16 @@ impl SnapshotBuilder {
         w.write_all(&table)?;
         let mut pos = table_end;
         for &kind in &kinds {
-            let pad = le::align8(pos) - pos;
-            w.write_all(&[0u8; 8][..pad as usize])?;
-            pos += pad;
+            pad8(w, &mut pos)?;
             emit(kind, &mut |b| {
                 pos += b.len() as u64;
                 w.write_all(b)
             })?;
         }
         for b in [&k14, &k15] {
-            let pad = le::align8(pos) - pos;
-            w.write_all(&[0u8; 8][..pad as usize])?;
+            pad8(w, &mut pos)?;
             w.write_all(b)?;
-            pos += pad + b.len() as u64;
+            pos += b.len() as u64;
         }
         Ok(pos)
     }
