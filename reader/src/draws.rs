@@ -14,8 +14,6 @@ use std::ops::Range;
 
 use granary_format::SplitMix64;
 
-use crate::plan::{DatasetShape, Sampling};
-
 /// ln(k!) − Stirling's approximation `(k + ½) ln(k + 1) − (k + 1) + ½ ln 2π`, the tail of the
 /// series for ln Γ(k + 1): exact below 10, the next three terms above.
 fn stirling_tail(k: f64) -> f64 {
@@ -124,7 +122,10 @@ impl Alias {
         let mut scaled: Vec<f64> = p.iter().map(|x| x / total * n as f64).collect();
         let (mut small, mut large): (Vec<usize>, Vec<usize>) =
             (0..n).partition(|&i| scaled[i] < 1.0);
-        while let (Some(s), Some(&l)) = (small.pop(), large.last()) {
+        // Peek both before taking: popping `small` when `large` is empty (rounding) would
+        // drop that entry, leaving it probability 0 and its mass to entry 0.
+        while let (Some(&s), Some(&l)) = (small.last(), large.last()) {
+            small.pop();
             prob[s] = scaled[s];
             alias[s] = l;
             scaled[l] -= 1.0 - scaled[s];
@@ -149,65 +150,83 @@ impl Alias {
     }
 }
 
+/// A sample's mass (its score times its cache boost): p_i is proportional to it, mixed with
+/// the uniform floor.
+pub(crate) type Mass<'a> = &'a (dyn Fn(u64) -> f64 + Sync);
+
 /// One epoch's importance draws: how many fall in each chunk, and p_i on demand.
 pub(crate) struct Importance<'a> {
-    sm: &'a Sampling<'a>,
+    mass: Mass<'a>,
     n: u64,
     alpha: f64,
-    /// Σ of every sample's mass (score × cache boost).
+    /// Σ of every sample's mass.
     total: f64,
+    /// Chunk `c` holds samples `starts[c]..starts[c + 1]`.
+    starts: Vec<u64>,
     /// Draws per chunk (by chunk id); they add up to N.
     pub(crate) counts: Vec<u64>,
 }
 
 impl<'a> Importance<'a> {
-    /// One pass over the scores (the chunks' masses), then the chunks' counts; the same on
-    /// every rank for the same scores, seed and epoch.
-    pub(crate) fn new(sm: &'a Sampling<'a>, shape: &DatasetShape, key: &[u64]) -> Self {
-        let n = shape.samples();
-        let alpha = sm.alpha.clamp(0.0, 0.999_999);
-        let sums: Vec<f64> = (0..shape.chunks())
-            .map(|c| shape.chunk_samples(c).map(|i| sm.mass(i)).sum())
+    /// One pass over the masses (the chunks' sums), then the chunks' counts (chunk `c` holds
+    /// `lens[c]` samples, in id order); the same on every rank for the same scores and key.
+    pub(crate) fn new(
+        mass: Mass<'a>,
+        alpha: f64,
+        lens: impl Iterator<Item = u64>,
+        key: &[u64],
+    ) -> Self {
+        let mut starts = vec![0u64];
+        starts.extend(lens.scan(0u64, |at, len| {
+            *at += len;
+            Some(*at)
+        }));
+        let n = *starts.last().expect("starts from 0");
+        let alpha = alpha.clamp(0.0, 0.999_999);
+        let sums: Vec<f64> = starts
+            .windows(2)
+            .map(|w| (w[0]..w[1]).map(mass).sum())
             .collect();
         let total = sums.iter().sum::<f64>().max(f64::MIN_POSITIVE);
-        let mut imp = Importance {
-            sm,
-            n,
-            alpha,
-            total,
-            counts: Vec::new(),
-        };
         // Multinomial(N, M) by conditional binomials, in chunk id order.
         let mut r = SplitMix64::keyed(key);
         let (mut left, mut mass_left) = (n, 1.0f64);
-        imp.counts = (0..shape.chunks())
-            .map(|c| {
-                let len = shape.chunk_samples(c).end - shape.chunk_samples(c).start;
-                let m =
-                    (1.0 - alpha) * len as f64 / n.max(1) as f64 + alpha * sums[c as usize] / total;
-                let k = if c + 1 == shape.chunks() {
-                    left
-                } else {
-                    binomial(left, (m / mass_left).clamp(0.0, 1.0), &mut r)
+        let chunks = sums.len();
+        let counts = sums
+            .iter()
+            .enumerate()
+            .map(|(c, &sum)| {
+                let len = starts[c + 1] - starts[c];
+                let m = (1.0 - alpha) * len as f64 / n.max(1) as f64 + alpha * sum / total;
+                let k = match c + 1 == chunks {
+                    true => left,
+                    false => binomial(left, (m / mass_left).clamp(0.0, 1.0), &mut r),
                 };
                 left -= k;
                 mass_left = (mass_left - m).max(0.0);
                 k
             })
             .collect();
-        imp
+        Importance {
+            mass,
+            n,
+            alpha,
+            total,
+            starts,
+            counts,
+        }
     }
 
     /// p_i: (1 − α)/N + α · mass_i / Σ mass.
     pub(crate) fn p(&self, i: u64) -> f64 {
-        (1.0 - self.alpha) / self.n as f64 + self.alpha * self.sm.mass(i) / self.total
+        (1.0 - self.alpha) / self.n as f64 + self.alpha * (self.mass)(i) / self.total
     }
 
     /// The `counts[c]` draws in chunk `c`, sorted by sample id (keyed by the chunk, so any
     /// rank computes the same ones).
-    pub(crate) fn chunk_draws(&self, shape: &DatasetShape, key: &[u64], c: u32) -> Vec<u64> {
+    fn chunk_draws(&self, key: &[u64], c: u32) -> Vec<u64> {
         let k = self.counts[c as usize];
-        let ids = shape.chunk_samples(c);
+        let ids = self.starts[c as usize]..self.starts[c as usize + 1];
         if k == 0 || ids.is_empty() {
             return Vec::new();
         }
@@ -225,13 +244,7 @@ impl<'a> Importance<'a> {
 
     /// Positions `pos` (wrapping past N, for padding) of the epoch's sequence: the chunks'
     /// draws in chunk order `order`.
-    pub(crate) fn positions(
-        &self,
-        shape: &DatasetShape,
-        key: &[u64],
-        order: &[u32],
-        pos: Range<u64>,
-    ) -> Vec<u64> {
+    pub(crate) fn positions(&self, key: &[u64], order: &[u32], pos: Range<u64>) -> Vec<u64> {
         let n = self.n;
         let mut out = Vec::with_capacity((pos.end - pos.start) as usize);
         if n == 0 {
@@ -246,7 +259,7 @@ impl<'a> Importance<'a> {
             for &c in order {
                 let len = self.counts[c as usize];
                 if at + len > lo && at < hi {
-                    let d = self.chunk_draws(shape, key, c);
+                    let d = self.chunk_draws(key, c);
                     let from = (lo.max(at) - at) as usize;
                     let to = (hi.min(at + len) - at) as usize;
                     out.extend_from_slice(&d[from..to]);
@@ -310,36 +323,28 @@ mod tests {
     }
 
     /// Over many epochs, each sample is drawn N·p_i times per epoch on average (chunks of
-    /// uneven sizes, uneven scores), and every epoch has exactly N draws.
+    /// uneven sizes, uneven masses), and every epoch has exactly N draws.
     #[test]
     fn two_stage_draws_follow_p() {
-        let shape = DatasetShape::from_counts([5u64, 40, 1, 17, 0, 33]);
-        let n = shape.samples();
-        let mut scores = crate::ImportanceScores::new(n, 0.0);
-        let ids: Vec<u64> = (0..n).collect();
-        let losses: Vec<f32> = ids
-            .iter()
-            .map(|&i| ((i * 7919) % 13) as f32 + 0.5)
+        let lens = [5u64, 40, 1, 17, 0, 33];
+        let n: u64 = lens.iter().sum();
+        let mass = |i: u64| ((i * 7919) % 13) as f64 + 0.5;
+        let alpha = 0.9;
+        let total: f64 = (0..n).map(mass).sum();
+        let probs: Vec<f64> = (0..n)
+            .map(|i| (1.0 - alpha) / n as f64 + alpha * mass(i) / total)
             .collect();
-        scores.report(&ids, &losses).unwrap();
-        let sm = Sampling {
-            scores: &scores,
-            alpha: 0.9,
-            cached: None,
-            cache_boost: 1.0,
-        };
-        let probs = sm.probabilities();
         let epochs = 4000u64;
         let mut freq = vec![0u64; n as usize];
         for e in 0..epochs {
             let key = [1, e, 8];
-            let imp = Importance::new(&sm, &shape, &key);
+            let imp = Importance::new(&mass, alpha, lens.iter().copied(), &key);
             assert_eq!(imp.counts.iter().sum::<u64>(), n);
             for (i, &p) in probs.iter().enumerate() {
                 assert!((imp.p(i as u64) - p).abs() < 1e-12);
             }
-            let order: Vec<u32> = (0..shape.chunks()).collect();
-            let all = imp.positions(&shape, &key, &order, 0..n);
+            let order: Vec<u32> = (0..lens.len() as u32).collect();
+            let all = imp.positions(&key, &order, 0..n);
             assert_eq!(all.len() as u64, n);
             for s in all {
                 freq[s as usize] += 1;

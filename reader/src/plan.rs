@@ -557,7 +557,7 @@ fn fresh(
             // windows still read whole chunks; only this rank's positions are drawn.
             let order = chunk_order(shape, o, epoch, shard.world_size);
             let pos = rank_positions(shape.samples(), shard.world_size, shard.rank, o.drop_last);
-            imp.positions(shape, &[o.seed, epoch, TAG_IMPORTANCE], &order, pos)
+            imp.positions(&[o.seed, epoch, TAG_IMPORTANCE], &order, pos)
         }
     };
     let part = split_worker(&rank, shard.num_workers, shard.worker).to_vec();
@@ -639,7 +639,12 @@ impl EpochPlan {
         // The chunks' draw counts are computed once and shared by every step (the
         // redistribution after a resume rebuilds several old shards' plans).
         let key = [o.seed, epoch, TAG_IMPORTANCE];
-        let imp = sampling.map(|sm| Importance::new(sm, shape, &key));
+        let mass = |i: u64| sampling.map_or(1.0, |sm| sm.mass(i));
+        let lens = (0..shape.chunks()).map(|c| {
+            let r = shape.chunk_samples(c);
+            r.end - r.start
+        });
+        let imp = sampling.map(|sm| Importance::new(&mass, sm.alpha, lens, &key));
         let mut p = Self::build_inner(shape, o, epoch, shard, resume, imp.as_ref())?;
         if let Some(imp) = &imp {
             let n = shape.samples() as f64;
