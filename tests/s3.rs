@@ -581,6 +581,47 @@ fn an_interrupted_upload_leaves_no_multipart_upload_open() {
 }
 
 #[test]
+fn a_signal_while_an_upload_starts_aborts_the_upload_it_opens() {
+    let Some(s3) = S3::new("multipart-start") else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    write_tree(&src, &[(b"a/f1".to_vec(), bytes(1, 20 << 20))]);
+    let url = s3.sub("ds");
+    let store = ObjectUrl::parse(&url).unwrap();
+    let open = || store.open_uploads().unwrap().expect("S3 lists its uploads");
+    let upstream = std::env::var("AWS_ENDPOINT_URL").unwrap();
+    // The server opens the upload at once; its id reaches the pack 3 s later, so the signal
+    // arrives while the pack cannot yet know which upload to abort.
+    let relay = Relay::holding(
+        upstream.trim_start_matches("http://").to_string(),
+        b"InitiateMultipartUploadResult",
+        Duration::from_secs(3),
+    );
+    let mut c = s3.cmd();
+    c.args(["pack", src.to_str().unwrap(), "-o", &url])
+        .args(["--chunk-size", "16MiB", "--compress", "none"])
+        .env("AWS_ENDPOINT_URL", relay.url())
+        .stderr(std::process::Stdio::piped());
+    let child = c.spawn().unwrap();
+    wait_until("a multipart upload to start", || !open().is_empty());
+    let kill = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(kill.success());
+    let o = child.wait_with_output().unwrap();
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(130), "{err}");
+    assert!(
+        err.contains("interrupted (SIGINT): aborted 1 multipart upload"),
+        "{err}"
+    );
+    assert_eq!(open(), vec![], "the upload being started is still open");
+}
+
+#[test]
 fn webdataset_shards_in_the_store_import_into_the_store() {
     let Some(s3) = S3::new("wds-import") else {
         return;

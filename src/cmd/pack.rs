@@ -246,7 +246,9 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         o.staging = Some(staging);
         o.destination = Some(std::sync::Arc::new(u));
     }
-    let s = granary_packer::pack(&o).with_context(|| format!("packing {}", src.display()))?;
+    let s = granary_packer::pack(&o);
+    let_the_interruption_end_it();
+    let s = s.with_context(|| format!("packing {}", src.display()))?;
     report(&src, &s, a.run.json)
 }
 
@@ -276,12 +278,13 @@ fn import_webdataset(a: Args) -> anyhow::Result<ExitCode> {
     }
     writer_destination(&mut o, &a.out, a.staging.as_deref())?;
     let show = o.progress;
-    let (s, counts) = granary_packer::import_webdataset(&sources, o, &|i, n, shard| {
+    let imported = granary_packer::import_webdataset(&sources, o, &|i, n, shard| {
         if show {
             eprintln!("granary: reading shard {}/{n}: {shard}", i + 1);
         }
-    })
-    .with_context(|| format!("importing {}", sources.join(" ")))?;
+    });
+    let_the_interruption_end_it();
+    let (s, counts) = imported.with_context(|| format!("importing {}", sources.join(" ")))?;
     if !a.run.json {
         eprintln!(
             "granary: {} shards, {} tar members -> {} samples",
@@ -291,17 +294,34 @@ fn import_webdataset(a: Args) -> anyhow::Result<ExitCode> {
     report(std::path::Path::new(&sources[0]), &s, a.run.json)
 }
 
+/// Set when the thread of [`abort_uploads_on_signal`] takes a signal: it ends the process.
+static INTERRUPTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// If a signal is being handled, waits (up to two minutes) for its thread to abort the
+/// uploads, say so and exit with the signal's status, rather than exit first with the error
+/// the interruption caused ("not uploaded: the pack was interrupted").
+pub(crate) fn let_the_interruption_end_it() {
+    let t0 = std::time::Instant::now();
+    while INTERRUPTED.load(std::sync::atomic::Ordering::SeqCst)
+        && t0.elapsed() < std::time::Duration::from_secs(120)
+    {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
 /// On SIGINT or SIGTERM during a pack to an object store: aborts the multipart uploads in
 /// progress (the server drops their parts; left open, they are billed until a lifecycle rule
 /// removes them), says so, and exits with 128 + the signal's number. The work in `staging` is
 /// kept for `--resume`.
 fn abort_uploads_on_signal(staging: &std::path::Path) -> anyhow::Result<()> {
     use signal_hook::consts::{SIGINT, SIGTERM};
+    use std::sync::atomic::Ordering::SeqCst;
     let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM])
         .context("installing signal handlers")?;
     let staging = staging.to_path_buf();
     std::thread::spawn(move || {
         if let Some(sig) = signals.forever().next() {
+            INTERRUPTED.store(true, SeqCst);
             let name = if sig == SIGINT { "SIGINT" } else { "SIGTERM" };
             let aborted = granary::remote::abort_open_uploads();
             let ok: Vec<&str> = aborted
@@ -405,6 +425,7 @@ pub(crate) fn writer_destination(
     let dest = granary::remote::write_destination(&out.to_string_lossy(), staging)
         .map_err(anyhow::Error::msg)?;
     if let Some((u, staging)) = dest {
+        abort_uploads_on_signal(&staging)?;
         o.staging = Some(staging);
         o.destination = Some(std::sync::Arc::new(u));
     }

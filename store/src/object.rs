@@ -18,7 +18,7 @@ use std::future::Future;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures_util::stream::{self, StreamExt, TryStreamExt};
 use object_store::path::Path as ObjPath;
@@ -279,35 +279,54 @@ struct OpenUpload {
 }
 
 /// This process's multipart uploads in progress; `closed` once they were aborted for an
-/// interruption (no new one starts after that).
+/// interruption (no new one starts after that); `starting` counts the uploads whose start
+/// request is on its way (the server may list them before this process learns their ids).
 #[derive(Default)]
 struct Uploads {
     closed: bool,
     next: u64,
+    starting: usize,
     open: Vec<OpenUpload>,
 }
 
 static UPLOADS: Mutex<Uploads> = Mutex::new(Uploads {
     closed: false,
     next: 0,
+    starting: 0,
     open: Vec::new(),
 });
+
+/// Signalled when an upload's start request returns.
+static STARTED: std::sync::Condvar = std::sync::Condvar::new();
+
+/// How long an interruption waits for start requests on their way, so that it can abort the
+/// uploads they open.
+const START_WAIT: Duration = Duration::from_secs(30);
 
 fn uploads() -> std::sync::MutexGuard<'static, Uploads> {
     UPLOADS.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// Aborts every multipart upload this process has in progress (for a pack interrupted by a
-/// signal, before it exits), and refuses new ones from then on. Returns the URL of each upload
-/// and whether its abort succeeded (the server then drops its parts).
+/// signal, before it exits), and refuses new ones from then on. Start requests on their way
+/// are waited for (up to 30 s) so that the uploads they open are aborted too. Returns the URL
+/// of each upload and whether its abort succeeded (the server then drops its parts).
 pub fn abort_open_uploads() -> Vec<(String, Result<()>)> {
     use object_store::multipart::MultipartStore;
-    let open = {
+    let (open, unknown) = {
         let mut u = uploads();
         u.closed = true;
-        std::mem::take(&mut u.open)
+        let t0 = Instant::now();
+        while u.starting > 0 && t0.elapsed() < START_WAIT {
+            u = STARTED
+                .wait_timeout(u, START_WAIT.saturating_sub(t0.elapsed()))
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+        (std::mem::take(&mut u.open), u.starting)
     };
-    open.into_iter()
+    let mut done: Vec<(String, Result<()>)> = open
+        .into_iter()
         .map(|o| {
             let r = block_on(async { o.s3.abort_multipart(&o.key, &o.id).await }).and_then(|r| {
                 r.or_else(|e| match e {
@@ -317,7 +336,18 @@ pub fn abort_open_uploads() -> Vec<(String, Result<()>)> {
             });
             (o.url, r)
         })
-        .collect()
+        .collect();
+    if unknown > 0 {
+        done.push((
+            format!("{unknown} upload(s) being started"),
+            Err(StoreError::Invalid(format!(
+                "no answer to their start request within {}s: any upload they opened stays \
+                 open until --resume aborts it",
+                START_WAIT.as_secs()
+            ))),
+        ));
+    }
+    done
 }
 
 /// An upload left open on the server: its object's name under the prefix, and its id.
@@ -895,13 +925,22 @@ async fn put_parts(
 ) -> Result<()> {
     use object_store::multipart::{MultipartStore, PartId};
     use std::os::unix::fs::FileExt;
-    let id = s3
-        .create_multipart(key)
-        .await
-        .map_err(|e| remote_error("starting the upload of", url, e))?;
-    let token = {
+    let interrupted =
+        || StoreError::Invalid(format!("{url}: not uploaded: the pack was interrupted"));
+    {
         let mut u = uploads();
-        (!u.closed).then(|| {
+        if u.closed {
+            return Err(interrupted());
+        }
+        u.starting += 1;
+    }
+    let started = s3.create_multipart(key).await;
+    // Registered (or known to have failed) in the same step that ends its start, so that an
+    // interruption waiting for `starting` to reach 0 finds every upload the server opened.
+    let (token, closed) = {
+        let mut u = uploads();
+        u.starting -= 1;
+        let token = started.as_ref().ok().map(|id| {
             u.next += 1;
             let token = u.next;
             u.open.push(OpenUpload {
@@ -912,14 +951,16 @@ async fn put_parts(
                 url: url.to_string(),
             });
             token
-        })
+        });
+        STARTED.notify_all();
+        (token, u.closed)
     };
-    let Some(token) = token else {
-        let _ = s3.abort_multipart(key, &id).await;
-        return Err(StoreError::Invalid(format!(
-            "{url}: not uploaded: the pack was interrupted"
-        )));
-    };
+    let id = started.map_err(|e| remote_error("starting the upload of", url, e))?;
+    if closed {
+        // The interruption aborts it (it is on the list it takes).
+        return Err(interrupted());
+    }
+    let token = token.expect("a started upload is registered");
     let parts = len.div_ceil(PUT_PART as u64) as usize;
     let sent: Result<Vec<PartId>> = stream::iter(0..parts)
         .map(|i| {

@@ -314,20 +314,48 @@ pub struct Relay {
     silent: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
+/// How a relay treats what passes: at most `rate` bytes per second per connection and
+/// direction (0: no limit); a reply whose bytes contain `marker` held for `hold` before it is
+/// passed on (a slow answer to one kind of request).
+#[derive(Clone, Copy, Default)]
+struct Link {
+    rate: u64,
+    marker: &'static [u8],
+    hold: std::time::Duration,
+}
+
 impl Relay {
     /// Forwards to `upstream` at most `rate` bytes per second per connection and direction
     /// (a slow link, so that a test can act while a transfer is in progress).
     pub fn throttled(upstream: String, rate: u64) -> Relay {
-        Relay::start(Some(upstream), rate)
+        Relay::start(
+            Some(upstream),
+            Link {
+                rate,
+                ..Link::default()
+            },
+        )
+    }
+
+    /// Forwards to `upstream`, but holds each reply that contains `marker` for `hold` (the
+    /// server has acted on the request; the client does not know yet).
+    pub fn holding(upstream: String, marker: &'static [u8], hold: std::time::Duration) -> Relay {
+        Relay::start(
+            Some(upstream),
+            Link {
+                marker,
+                hold,
+                ..Link::default()
+            },
+        )
     }
 
     /// Forwards to `upstream` (`host:port`); `None`: silent from the start.
     pub fn new(upstream: Option<String>) -> Relay {
-        Relay::start(upstream, 0)
+        Relay::start(upstream, Link::default())
     }
 
-    /// `rate`: bytes per second per connection and direction, 0 for no limit.
-    fn start(upstream: Option<String>, rate: u64) -> Relay {
+    fn start(upstream: Option<String>, link: Link) -> Relay {
         use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
@@ -344,11 +372,11 @@ impl Relay {
                 match up {
                     Some(up) => {
                         let u2 = up.try_clone().unwrap();
-                        std::thread::spawn(move || relay_pipe(client, Some(up), &f1, rate));
-                        std::thread::spawn(move || relay_pipe(u2, Some(c2), &f2, rate));
+                        std::thread::spawn(move || relay_pipe(client, Some(up), &f1, link));
+                        std::thread::spawn(move || relay_pipe(u2, Some(c2), &f2, link));
                     }
                     None => {
-                        std::thread::spawn(move || relay_pipe(client, None, &f1, 0));
+                        std::thread::spawn(move || relay_pipe(client, None, &f1, link));
                     }
                 }
             }
@@ -367,13 +395,12 @@ impl Relay {
     }
 }
 
-/// Copies `from` to `to` until either ends, at most `rate` bytes per second (0: no limit);
-/// once `silent`, reads and drops.
+/// Copies `from` to `to` until either ends, as `link` says; once `silent`, reads and drops.
 fn relay_pipe(
     mut from: std::net::TcpStream,
     mut to: Option<std::net::TcpStream>,
     silent: &std::sync::atomic::AtomicBool,
-    rate: u64,
+    link: Link,
 ) {
     use std::io::{Read, Write};
     let mut buf = vec![0u8; 1 << 16];
@@ -386,11 +413,20 @@ fn relay_pipe(
             continue;
         }
         if let Some(t) = to.as_mut() {
+            if !link.marker.is_empty()
+                && buf[..n]
+                    .windows(link.marker.len())
+                    .any(|w| w == link.marker)
+            {
+                std::thread::sleep(link.hold);
+            }
             if t.write_all(&buf[..n]).is_err() {
                 break;
             }
-            if rate > 0 {
-                std::thread::sleep(std::time::Duration::from_secs_f64(n as f64 / rate as f64));
+            if link.rate > 0 {
+                std::thread::sleep(std::time::Duration::from_secs_f64(
+                    n as f64 / link.rate as f64,
+                ));
             }
         }
     }

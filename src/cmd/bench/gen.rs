@@ -102,19 +102,23 @@ fn packed(g: &GenArgs, opts: &GenOptions) -> anyhow::Result<ExitCode> {
     o.progress = opts.progress;
     crate::cmd::pack::writer_destination(&mut o, &g.out, g.staging.as_deref())?;
     let t0 = std::time::Instant::now();
-    let mut w = Writer::create(o).with_context(|| format!("creating {out}"))?;
-    for i in 0..opts.files {
-        let path = file_path(opts, i);
-        let key = path.to_string_lossy();
-        let class = key.split('/').next().unwrap_or_default();
-        w.write(
-            key.as_bytes(),
-            file_bytes(opts, i),
-            Label::Name(class.as_bytes()),
-        )
-        .with_context(|| format!("writing sample {i} ({key}) to {out}"))?;
-    }
-    let s = w.finish().with_context(|| format!("finishing {out}"))?;
+    let written = (|| {
+        let mut w = Writer::create(o).with_context(|| format!("creating {out}"))?;
+        for i in 0..opts.files {
+            let path = file_path(opts, i);
+            let key = path.to_string_lossy();
+            let class = key.split('/').next().unwrap_or_default();
+            w.write(
+                key.as_bytes(),
+                file_bytes(opts, i),
+                Label::Name(class.as_bytes()),
+            )
+            .with_context(|| format!("writing sample {i} ({key}) to {out}"))?;
+        }
+        w.finish().with_context(|| format!("finishing {out}"))
+    })();
+    crate::cmd::pack::let_the_interruption_end_it();
+    let s = written?;
     if g.json {
         super::super::print_json(&s)?;
     } else {
