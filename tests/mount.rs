@@ -123,8 +123,8 @@ fn fs_methods_serve_the_tree_byte_for_byte() {
     // `..` of a subdirectory is its parent; the root's is itself.
     assert_eq!(fs.lookup(c03, b"..").unwrap().ino.0, ROOT_INO);
     assert_eq!(fs.lookup(ROOT_INO, b"..").unwrap().ino.0, ROOT_INO);
-    // nlink of a directory: 2 + subdirectories (c03 holds `a`).
-    assert_eq!(fs.getattr(c03).unwrap().nlink, 3);
+    // nlink of a directory: 1, "not counted" (counting would list every directory looked up).
+    assert_eq!(fs.getattr(c03).unwrap().nlink, 1);
     // Reads past the end are empty; a zero-byte file reads as empty.
     let fh = fs.open(a.ino.0, false).unwrap();
     let (_, r) = fs.read(fh, 100, 10).unwrap();
@@ -918,4 +918,60 @@ fn samples_with_fields_are_mounted_as_key_dot_field_files() {
     let mnt = tmp.path().join("mnt");
     let _m = Mounted::new(&ds, &mnt, &[]);
     assert_eq!(read_tree(&mnt), sorted(members));
+}
+
+/// The names `readdir` lists in directory `ino` (without `.` and `..`), or its error.
+fn listed(fs: &MountFs, ino: u64) -> Result<Vec<Vec<u8>>, i32> {
+    let mut names = Vec::new();
+    fs.readdir(ino, 2, |_, name, _| {
+        names.push(name.to_vec());
+        false
+    })?;
+    Ok(names)
+}
+
+#[test]
+fn the_tree_is_made_as_it_is_visited_and_a_bad_name_fails_only_its_directory() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("ds");
+    let mut w = granary_packer::Writer::create(granary_packer::WriterOptions::new(&out)).unwrap();
+    // `a/b` is both a file and a directory; `d` mixes files and a subdirectory where they
+    // sort ('-' < '.' < '/').
+    for key in [
+        "a/b",
+        "a/b.txt",
+        "a/b/c",
+        "d/e/f/g.bin",
+        "d/e-1",
+        "d/e.txt",
+        "d/e/h",
+        "z",
+    ] {
+        let data = key.as_bytes().to_vec();
+        w.write(key.as_bytes(), data, granary_packer::Label::None)
+            .unwrap();
+    }
+    w.finish().unwrap();
+    let fs = mount_fs(&out, None, false);
+    assert_eq!(fs.tree().dir_count(), 1, "mounting visits only the root");
+    // A path walk makes known only the directories it passes.
+    let d = fs.lookup(ROOT_INO, b"d").unwrap().ino.0;
+    let e = fs.lookup(d, b"e").unwrap().ino.0;
+    let f = fs.lookup(e, b"f").unwrap().ino.0;
+    let g = fs.lookup(f, b"g.bin").unwrap();
+    assert_eq!(read_file(&fs, g.ino.0, 4096).unwrap(), b"d/e/f/g.bin");
+    assert_eq!(fs.tree().dir_count(), 4);
+    assert_eq!(fs.lookup(e, b"nothing").unwrap_err(), libc::ENOENT);
+    assert_eq!(fs.lookup(d, b"e.tx").unwrap_err(), libc::ENOENT);
+    // Listings in path order; a subdirectory listed and looked up is the same inode.
+    assert_eq!(listed(&fs, d).unwrap(), [&b"e-1"[..], b"e.txt", b"e"]);
+    assert_eq!(listed(&fs, e).unwrap(), [&b"f"[..], b"h"]);
+    assert_eq!(fs.lookup(d, b"e").unwrap().ino.0, e);
+    assert_eq!(listed(&fs, ROOT_INO).unwrap(), [&b"a"[..], b"d", b"z"]);
+    // `a` cannot be listed (EIO); everything else still serves.
+    let a = fs.lookup(ROOT_INO, b"a").unwrap().ino.0;
+    assert_eq!(listed(&fs, a).unwrap_err(), libc::EIO);
+    let z = fs.lookup(ROOT_INO, b"z").unwrap();
+    assert_eq!(read_file(&fs, z.ino.0, 4096).unwrap(), b"z");
+    assert_eq!(fs.tree().dir_count(), 5);
 }

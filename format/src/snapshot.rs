@@ -236,6 +236,10 @@ fn need_table(b: &[u8], need: Need, r: &Range<usize>) -> Result<()> {
     Ok(())
 }
 
+/// Probes of the path order fetched together by one round of a search of a paged snapshot
+/// (the number of block runs a pager fetches at once, minus one).
+const PROBES: usize = 7;
+
 /// A snapshot used in place over any byte container (a memory map, a `Vec`).
 ///
 /// [`Snapshot::open`] checks the header, the section table, the section sizes (O(1) in the
@@ -871,29 +875,143 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
         Ok(id)
     }
 
-    /// Positions in the path-sorted order of every path starting with `prefix` (binary search).
+    /// Positions in the path-sorted order of every path starting with `prefix`: a binary
+    /// search for the first, then [`Snapshot::prefix_end`] from there.
     pub fn prefix_range(&self, prefix: &[u8]) -> Result<Range<u64>> {
-        let key = |pos: u64| -> Result<&[u8]> { self.path(self.sorted_id(pos)?) };
-        let (mut lo, mut hi) = (0u64, self.l.samples);
-        while lo < hi {
-            let mid = lo + (hi - lo) / 2;
-            if key(mid)? < prefix {
-                lo = mid + 1;
-            } else {
-                hi = mid;
-            }
+        let start = self.lower_bound(prefix)?;
+        Ok(start..self.prefix_end(prefix, start)?)
+    }
+
+    /// The first position in the path order whose path is not less than `key` (a search;
+    /// `sample_count()` if there is none).
+    pub fn lower_bound(&self, key: &[u8]) -> Result<u64> {
+        self.first_false(0, self.l.samples, |p| p < key)
+    }
+
+    /// The end of the run of paths starting with `prefix` that begins at position `from`:
+    /// the first position from `from` on whose path does not start with `prefix` (`from`
+    /// itself if its path does not). Gallops from `from`, then searches: O(log run) paths
+    /// read, most of them near `from`.
+    pub fn prefix_end(&self, prefix: &[u8], from: u64) -> Result<u64> {
+        let n = self.l.samples;
+        let has =
+            |pos: u64| -> Result<bool> { Ok(self.path(self.sorted_id(pos)?)?.starts_with(prefix)) };
+        if from >= n || !has(from)? {
+            return Ok(from.min(n));
         }
-        let start = lo;
-        hi = self.l.samples;
-        while lo < hi {
-            let mid = lo + (hi - lo) / 2;
-            if key(mid)?.starts_with(prefix) {
-                lo = mid + 1;
-            } else {
-                hi = mid;
+        // `lo` holds the prefix; `hi` does not (or is the end). Paged, the probes of
+        // PROBES doublings are fetched together.
+        let (mut lo, mut step) = (from, 1u64);
+        let hi = 'gallop: loop {
+            let probes: Vec<u64> = (0..PROBES as u32)
+                .map_while(|k| {
+                    let p = lo.saturating_add(step.saturating_mul(1 << k));
+                    (p < n).then_some(p)
+                })
+                .collect();
+            self.prefetch_at(&probes)?;
+            for &p in &probes {
+                if !has(p)? {
+                    break 'gallop p;
+                }
+                lo = p;
             }
+            if probes.len() < PROBES {
+                break n;
+            }
+            step = step.saturating_mul(1 << PROBES);
+        };
+        self.first_false(lo + 1, hi, |p| p.starts_with(prefix))
+    }
+
+    /// The first position in `lo..hi` of the path order whose path fails `holds` (`hi` if
+    /// none), for a `holds` true on a prefix of the order. Paged, each round fetches
+    /// [`PROBES`] evenly spaced probes together and narrows the range by their number + 1:
+    /// a third of the dependent fetches of a binary search.
+    fn first_false(&self, mut lo: u64, mut hi: u64, holds: impl Fn(&[u8]) -> bool) -> Result<u64> {
+        let at = |pos: u64| -> Result<bool> { Ok(holds(self.path(self.sorted_id(pos)?)?)) };
+        while lo < hi {
+            if self.pager.is_none() || hi - lo <= 2 * PROBES as u64 {
+                let mid = lo + (hi - lo) / 2;
+                if at(mid)? {
+                    lo = mid + 1;
+                } else {
+                    hi = mid;
+                }
+                continue;
+            }
+            let k = PROBES as u64 + 1;
+            let probes: Vec<u64> = (1..k).map(|i| lo + (hi - lo) / k * i).collect();
+            self.prefetch_at(&probes)?;
+            let mut next = (lo, hi);
+            for &p in &probes {
+                if at(p)? {
+                    next.0 = p + 1;
+                } else {
+                    next.1 = p;
+                    break;
+                }
+            }
+            (lo, hi) = next;
         }
-        Ok(start..lo)
+        Ok(lo)
+    }
+
+    /// Makes the paths at positions `positions` of the path order present at once (what a
+    /// listing of those positions reads): the order's entries, then the paths' offsets, then
+    /// their bytes, each step's pieces fetched together. Nothing for a snapshot held whole.
+    pub fn prefetch_sorted_paths(&self, positions: Range<u64>) -> Result<()> {
+        let Some(p) = &self.pager else {
+            return Ok(());
+        };
+        let n = self.l.samples;
+        let (a, b) = (positions.start.min(n), positions.end.min(n));
+        if a >= b {
+            return Ok(());
+        }
+        let order = self.l.order.start as u64;
+        p.need(order + a * 4..order + b * 4)?;
+        self.prefetch_at(&(a..b).collect::<Vec<u64>>())
+    }
+
+    /// [`Snapshot::prefetch_sorted_paths`] of scattered positions (below `sample_count()`).
+    fn prefetch_at(&self, positions: &[u64]) -> Result<()> {
+        let Some(p) = &self.pager else {
+            return Ok(());
+        };
+        let order = self.l.order.start as u64;
+        let entries: Vec<Range<u64>> = positions
+            .iter()
+            .map(|&pos| order + pos * 4..order + pos * 4 + 4)
+            .collect();
+        p.need_all(&entries)?;
+        let t = self.table(&self.l.paths, "snapshot paths")?;
+        let r = &self.l.paths;
+        let ids: Vec<u64> = positions
+            .iter()
+            .map(|&pos| self.sorted_id(pos))
+            .collect::<Result<_>>()?;
+        let offsets: Vec<Range<u64>> = ids
+            .iter()
+            .filter(|&&id| id < t.len())
+            .map(|&id| {
+                let w = (r.start + 8) as u64 + id * 8;
+                w..w + 16
+            })
+            .collect();
+        p.need_all(&offsets)?;
+        let blob = (r.start + 16) as u64 + t.len() * 8;
+        let bytes: Vec<Range<u64>> = offsets
+            .iter()
+            .filter_map(|w| {
+                let (s, e) = (
+                    le::u64_at(self.b(), w.start as usize),
+                    le::u64_at(self.b(), w.start as usize + 8),
+                );
+                (s <= e && e <= (r.end as u64).saturating_sub(blob)).then(|| blob + s..blob + e)
+            })
+            .collect();
+        p.need_all(&bytes)
     }
 
     /// Checks the CRC of every section (known or not) and that every byte outside the header,

@@ -53,7 +53,8 @@ pub struct MountFs {
 struct Stats<'a> {
     dataset: String,
     samples: u64,
-    directories: usize,
+    /// Directories looked up or listed so far (the tree is made as it is visited).
+    directories_known: usize,
     tier: Option<String>,
     opens: u64,
     open_files: usize,
@@ -63,8 +64,8 @@ struct Stats<'a> {
 }
 
 impl MountFs {
-    /// The file system of the dataset `reader` reads: builds the directory tree (one pass over
-    /// the path order) and fixes every timestamp to the snapshot file's mtime. Files and
+    /// The file system of the dataset `reader` reads: its directory tree, materialised as it is
+    /// visited (nothing per sample is read now), and fixes every timestamp to the snapshot file's mtime. Files and
     /// directories belong to `uid`/`gid`.
     pub fn new(reader: TieredReader, uid: u32, gid: u32) -> Result<MountFs, ReadError> {
         let ds = reader.dataset().clone();
@@ -120,12 +121,10 @@ impl MountFs {
     /// (format 1.2); otherwise 0444 files, 0555 directories and the snapshot's mtime.
     pub fn attr(&self, node: Node) -> FsResult<FileAttr> {
         let (kind, size, recorded, nlink) = match node {
-            Node::Dir(d) => (
-                FileType::Directory,
-                4096,
-                self.tree.dir_attrs(d),
-                2 + self.tree.subdir_count(d),
-            ),
+            // A directory's link count is 1, "not counted" (as btrfs and many network file
+            // systems report; `find` then reads the directory instead of trusting it):
+            // counting subdirectories would mean listing every directory a lookup passes.
+            Node::Dir(d) => (FileType::Directory, 4096, self.tree.dir_attrs(d), 1),
             Node::File(file) => {
                 let ds = self.dataset();
                 let (id, field) = self
@@ -215,7 +214,11 @@ impl MountFs {
     ) -> FsResult<()> {
         let d = self.dir(ino)?;
         let ds = self.dataset();
-        let total = self.tree.entry_count(d) + 2;
+        let total = self
+            .tree
+            .entry_count(ds, d)
+            .map_err(|e| self.eio("listing a directory", &e))?
+            + 2;
         for pos in offset..total {
             let (node, name) = match pos {
                 0 => (Node::Dir(d), std::borrow::Cow::Borrowed(&b"."[..])),
@@ -229,11 +232,7 @@ impl MountFs {
                         .entry(ds, d, pos - 2)
                         .map_err(|e| self.eio("listing a directory", &e))?
                         .ok_or(libc::EIO)?;
-                    let name = match e.node {
-                        Node::Dir(sub) => std::borrow::Cow::Borrowed(self.tree.dir_name(sub)),
-                        Node::File(_) => e.name,
-                    };
-                    (e.node, name)
+                    (e.node, e.name)
                 }
             };
             if add(&self.attr(node)?, &name, pos + 1) {
@@ -349,7 +348,7 @@ impl MountFs {
         let s = Stats {
             dataset: ds.location(),
             samples: ds.len(),
-            directories: self.tree.dir_count(),
+            directories_known: self.tree.dir_count(),
             tier: self.reader.tier_dir().map(|p| p.display().to_string()),
             opens: self.opens.load(Relaxed),
             open_files: self.handles.lock().expect("handles").len(),

@@ -1,19 +1,28 @@
-//! The directory tree of a dataset, built once from the snapshot's path order.
+//! The directory tree of a dataset, materialised lazily: a directory becomes known when it
+//! is looked up or listed in its parent, and its listing is worked out when first asked for.
 //!
-//! Files need no per-file memory here: a file is its sample (inode = sample id + 2), found by
-//! name through the snapshot's path hash index, and listed through the path order. Only
-//! directories are materialised. Every path with a given prefix is contiguous in the path
-//! order, so a directory's entries are a few runs: its subdirectories, and runs of positions
-//! in the path order holding its direct files. Listing a directory of a million files reads
-//! only that directory's entries; building the tree is one pass over the sorted paths.
+//! Mounting reads nothing per sample, so it costs the same at a thousand samples as at a
+//! billion; memory grows with the directories visited, not with the dataset. Files need no
+//! per-file memory: a file is its sample (inode = sample id + 2), found by name through the
+//! snapshot's path hash index, and listed through the path order. Every path with a given
+//! prefix is contiguous in the path order, so a directory's entries are a few runs: its
+//! subdirectories, and runs of positions in the path order holding its direct files. Listing
+//! a directory reads its direct files' paths and, for each subdirectory, a few paths found by
+//! galloping past its subtree; looking a directory up is one binary search of the path order.
 //!
 //! In a dataset whose samples have named fields (format 1.3) the files are the fields, shown
 //! as `KEY.FIELD` (inode = the field's index among all field entries + 2); a run of samples
 //! then keeps each sample's first entry number (8 bytes a sample), so that listing stays a
 //! binary search.
+//!
+//! Paths that cannot form a tree (absolute or empty components, `.`/`..`, a name that is both
+//! a file and a directory, a path order out of order) are found when the directory holding
+//! them is listed or looked up, and that operation fails naming the path (`EIO` through the
+//! mount); `granary verify` checks the whole path order.
 
 use std::borrow::Cow;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, OnceLock, RwLock};
 
 use granary::{Dataset, ReadError};
 
@@ -22,6 +31,10 @@ pub const ROOT_INO: u64 = 1;
 
 /// Longest name a directory entry may have (Linux `NAME_MAX`).
 const NAME_MAX: usize = 255;
+
+/// Paths fetched together ahead of a listing's walk through a run of direct files: the first
+/// batch, and the most the batch grows to while the run goes on.
+const READAHEAD: (u64, u64) = (64, 1 << 16);
 
 /// One entry of a directory's listing, in order.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -37,18 +50,23 @@ enum Run {
     },
 }
 
+/// A directory's entries, worked out on first use.
+#[derive(Debug, Default)]
+struct Listing {
+    runs: Vec<Run>,
+    /// `starts[k]`: listing position of the first entry of `runs[k]`.
+    starts: Vec<u64>,
+    entries: u64,
+}
+
 #[derive(Debug)]
 struct Dir {
     /// Full path, without a trailing slash (empty for the root).
     path: Box<[u8]>,
     parent: u32,
-    runs: Vec<Run>,
-    /// `starts[k]`: listing position of the first entry of `runs[k]`.
-    starts: Vec<u64>,
-    entries: u64,
-    subdirs: u32,
     /// Mode and mtime as packed (datasets of format 1.2).
     attrs: Option<granary::FileAttrs>,
+    listing: OnceLock<Listing>,
 }
 
 /// What an inode is.
@@ -67,11 +85,20 @@ pub struct Entry<'a> {
     pub name: Cow<'a, [u8]>,
 }
 
-/// The tree: directories materialised, files resolved through the snapshot.
+/// The directories known so far.
+#[derive(Debug, Default)]
+struct Known {
+    dirs: Vec<Arc<Dir>>,
+    by_path: HashMap<Box<[u8]>, u32>,
+}
+
+/// The tree: directories materialised as they are visited, files resolved through the
+/// snapshot. Shared by the mount's threads.
 #[derive(Debug)]
 pub struct Tree {
-    dirs: Vec<Dir>,
-    by_path: HashMap<Box<[u8]>, u32>,
+    known: RwLock<Known>,
+    /// The directories the dataset records (empty ones too), as `D/`, sorted.
+    recorded: Vec<(Box<[u8]>, granary::FileAttrs)>,
     /// Number of files: samples, or field entries when the samples have fields.
     samples: u64,
     fields: bool,
@@ -103,6 +130,11 @@ fn check_path(path: &[u8]) -> Result<(), String> {
     Ok(())
 }
 
+/// [`check_path`] as the error of a mount.
+fn checked(path: &[u8]) -> Result<(), ReadError> {
+    check_path(path).map_err(|e| bad(format!("{e}: {:?}", granary::escape_path(path))))
+}
+
 /// Splits `path` at its last `/`: (directory, name).
 fn split_last(path: &[u8]) -> (&[u8], &[u8]) {
     match path.iter().rposition(|&b| b == b'/') {
@@ -111,187 +143,274 @@ fn split_last(path: &[u8]) -> (&[u8], &[u8]) {
     }
 }
 
+/// `dir/name` (`name` in the root).
+fn join(dir: &[u8], name: &[u8]) -> Vec<u8> {
+    let mut p = Vec::with_capacity(dir.len() + 1 + name.len());
+    if !dir.is_empty() {
+        p.extend_from_slice(dir);
+        p.push(b'/');
+    }
+    p.extend_from_slice(name);
+    p
+}
+
 impl Tree {
-    /// Builds the tree of `ds` in one pass over its path order. Refuses a snapshot whose paths
-    /// cannot form a tree (absolute or empty components, `.`/`..`, a name that is both a file
-    /// and a directory) or whose path order is not sorted, naming the path.
+    /// The tree of `ds`: only its root, and the directories the dataset records, are read
+    /// now (O(recorded directories), nothing per sample).
     pub fn build(ds: &Dataset) -> Result<Tree, ReadError> {
-        // One pass over every path in path order: fetched at once if fetched at all.
-        ds.prefetch_paths()?;
-        let n = ds.len();
         let fields = ds.has_fields();
         let files = match fields {
             true => ds.snapshot().field_entry_count(),
-            false => n,
+            false => ds.len(),
         };
         if files >= u64::MAX - ROOT_INO - 2 - u32::MAX as u64 {
             return Err(bad(format!("{files} files are too many for inode numbers")));
         }
-        let mut t = Tree {
-            dirs: vec![Dir {
-                path: Box::default(),
-                parent: 0,
-                runs: Vec::new(),
-                starts: Vec::new(),
-                entries: 0,
-                subdirs: 0,
-                attrs: None,
-            }],
-            by_path: HashMap::from([(Box::default(), 0)]),
-            samples: files,
-            fields,
-        };
-        // The directories the dataset records (empty ones too), each placed where its files
-        // would be in the path order: at the key `D/`.
-        let mut recorded: Vec<(Vec<u8>, granary::FileAttrs)> = ds
+        let mut recorded: Vec<(Box<[u8]>, granary::FileAttrs)> = ds
             .dirs()?
             .into_iter()
             .map(|(mut d, a)| {
                 d.push(b'/');
-                (d, a)
+                (d.into_boxed_slice(), a)
             })
             .collect();
         recorded.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-        let mut next_dir = 0;
-        // Directories from the root to the current one.
-        let mut stack: Vec<u32> = vec![0];
-        let mut prev: Option<&[u8]> = None;
-        for pos in 0..=n {
-            let path = match pos < n {
-                true => Some(ds.path(ds.sorted_id(pos)?)?),
-                false => None,
-            };
-            // Recorded directories that sort before this file (all of them after the last).
-            while let Some((key, attrs)) = recorded.get(next_dir) {
-                if path.is_some_and(|p| p < &key[..]) {
-                    break;
-                }
-                let dir = &key[..key.len() - 1];
-                check_path(dir)
-                    .map_err(|e| bad(format!("{e}: {:?}", granary::escape_path(dir))))?;
-                let d = t.enter(ds, &mut stack, dir)?;
-                t.dirs[d as usize].attrs = Some(*attrs);
-                next_dir += 1;
-            }
-            let Some(path) = path else { break };
-            let shown = || granary::escape_path(path);
-            check_path(path).map_err(|e| bad(format!("{e}: {:?}", shown())))?;
-            if prev.is_some_and(|p| p >= path) {
-                return Err(bad(format!(
-                    "the snapshot's path order is not sorted at {:?} (run `granary verify`)",
-                    shown()
-                )));
-            }
-            prev = Some(path);
-            let (dir, name) = split_last(path);
-            let count = match fields {
-                false => 1,
-                true => {
-                    let id = ds.sorted_id(pos)?;
-                    let fs = ds.fields(id)?;
-                    if let Some(f) = fs.iter().find(|f| name.len() + 1 + f.name.len() > NAME_MAX) {
-                        return Err(bad(format!(
-                            "a name of {} bytes: {:?}.{}",
-                            name.len() + 1 + f.name.len(),
-                            shown(),
-                            String::from_utf8_lossy(f.name)
-                        )));
-                    }
-                    fs.len() as u64
-                }
-            };
-            t.enter(ds, &mut stack, dir)?;
-            let cur = *stack.last().unwrap() as usize;
-            let d = &mut t.dirs[cur];
-            match d.runs.last_mut() {
-                Some(Run::Files { end, firsts, .. }) if *end == pos => {
-                    if fields {
-                        firsts.push(d.entries - d.starts.last().copied().unwrap_or(0));
-                    }
-                    *end += 1;
-                }
-                _ => {
-                    d.starts.push(d.entries);
-                    d.runs.push(Run::Files {
-                        start: pos,
-                        end: pos + 1,
-                        firsts: if fields { vec![0] } else { Vec::new() },
-                    });
-                }
-            }
-            d.entries += count;
-        }
-        Ok(t)
+        let root = Arc::new(Dir {
+            path: Box::default(),
+            parent: 0,
+            attrs: None,
+            listing: OnceLock::new(),
+        });
+        Ok(Tree {
+            known: RwLock::new(Known {
+                dirs: vec![root],
+                by_path: HashMap::from([(Box::default(), 0)]),
+            }),
+            recorded,
+            samples: files,
+            fields,
+        })
     }
 
-    /// Makes `stack` the chain of directories from the root to `dir`: leaves those that are not
-    /// its ancestors, creates the rest (in path order, each exactly once). Returns `dir`'s
-    /// index.
-    fn enter(&mut self, ds: &Dataset, stack: &mut Vec<u32>, dir: &[u8]) -> Result<u32, ReadError> {
-        while stack.len() > 1 {
-            let top = &self.dirs[*stack.last().unwrap() as usize].path;
-            if dir == &top[..] || (dir.starts_with(top) && dir.get(top.len()) == Some(&b'/')) {
-                break;
-            }
-            stack.pop();
-        }
-        loop {
-            let cur = *stack.last().unwrap();
-            let cur_len = self.dirs[cur as usize].path.len();
-            if cur_len == dir.len() {
-                return Ok(cur);
-            }
-            let from = if cur == 0 { 0 } else { cur_len + 1 };
-            let end = dir[from..]
-                .iter()
-                .position(|&b| b == b'/')
-                .map_or(dir.len(), |i| from + i);
-            let sub = self.add_dir(ds, cur, &dir[..end])?;
-            stack.push(sub);
-        }
+    fn known(&self) -> std::sync::RwLockReadGuard<'_, Known> {
+        self.known.read().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn add_dir(&mut self, ds: &Dataset, parent: u32, path: &[u8]) -> Result<u32, ReadError> {
-        let shown = || granary::escape_path(path);
-        if self.by_path.contains_key(path) {
-            return Err(bad(format!(
-                "directory {:?} appears twice in the path order (run `granary verify`)",
-                shown()
-            )));
+    fn get(&self, dir: u32) -> Arc<Dir> {
+        self.known().dirs[dir as usize].clone()
+    }
+
+    /// Recorded directories whose key starts with `prefix`, as a range of `recorded`.
+    fn recorded_under(&self, prefix: &[u8]) -> std::ops::Range<usize> {
+        let r = &self.recorded;
+        let a = r.partition_point(|(k, _)| &k[..] < prefix);
+        a..a + r[a..].partition_point(|(k, _)| k.starts_with(prefix))
+    }
+
+    /// The directory `path` (child of `parent`), made known if the dataset has it: a recorded
+    /// directory, or a path under `path/`. Refuses a name that is both a file and a directory.
+    fn child_dir(&self, ds: &Dataset, parent: u32, path: &[u8]) -> Result<Option<u32>, ReadError> {
+        if let Some(&d) = self.known().by_path.get(path) {
+            return Ok(Some(d));
         }
+        let mut key = path.to_vec();
+        key.push(b'/');
+        let exists = !self.recorded_under(&key).is_empty() || {
+            let at = ds.lower_bound(&key)?;
+            at < ds.len() && ds.path(ds.sorted_id(at)?)?.starts_with(&key)
+        };
+        if !exists {
+            return Ok(None);
+        }
+        self.add_dir(ds, parent, path).map(Some)
+    }
+
+    /// Makes directory `path` known (once), child of `parent`.
+    fn add_dir(&self, ds: &Dataset, parent: u32, path: &[u8]) -> Result<u32, ReadError> {
+        if let Some(&d) = self.known().by_path.get(path) {
+            return Ok(d);
+        }
+        checked(path)?;
         let file = match self.fields {
             true => ds.lookup_field(path)?.is_some(),
             false => ds.lookup(path)?.is_some(),
         };
         if file {
-            return Err(bad(format!("{:?} is both a file and a directory", shown())));
+            return Err(bad(format!(
+                "{:?} is both a file and a directory",
+                granary::escape_path(path)
+            )));
+        }
+        let mut key = path.to_vec();
+        key.push(b'/');
+        let attrs = self
+            .recorded
+            .binary_search_by(|(k, _)| k[..].cmp(&key))
+            .ok()
+            .map(|i| self.recorded[i].1);
+        let mut k = self.known.write().unwrap_or_else(|p| p.into_inner());
+        if let Some(&d) = k.by_path.get(path) {
+            return Ok(d);
         }
         let idx =
-            u32::try_from(self.dirs.len()).map_err(|_| bad("more than 2^32 directories".into()))?;
-        self.dirs.push(Dir {
+            u32::try_from(k.dirs.len()).map_err(|_| bad("more than 2^32 directories".into()))?;
+        k.dirs.push(Arc::new(Dir {
             path: path.into(),
             parent,
-            runs: Vec::new(),
-            starts: Vec::new(),
-            entries: 0,
-            subdirs: 0,
-            attrs: None,
-        });
-        self.by_path.insert(path.into(), idx);
-        let p = &mut self.dirs[parent as usize];
-        p.starts.push(p.entries);
-        p.runs.push(Run::Dir(idx));
-        p.entries += 1;
-        p.subdirs += 1;
+            attrs,
+            listing: OnceLock::new(),
+        }));
+        k.by_path.insert(path.into(), idx);
         Ok(idx)
     }
 
-    /// Number of directories, the root included.
-    pub fn dir_count(&self) -> usize {
-        self.dirs.len()
+    /// Directory `dir` with its listing worked out.
+    fn listed(&self, ds: &Dataset, dir: u32) -> Result<Arc<Dir>, ReadError> {
+        let d = self.get(dir);
+        if d.listing.get().is_none() {
+            let l = self.list(ds, dir, &d.path)?;
+            let _ = d.listing.set(l); // another thread may have listed it meanwhile: the same
+        }
+        Ok(d)
     }
 
-    /// Inode number of `node`: a file's is its sample id + 2, a directory's follows the files.
+    /// Works out the listing of directory `dir` (`path`): one walk through its positions in
+    /// the path order, merged with the directories the dataset records under it, skipping
+    /// each subdirectory's subtree by galloping past it.
+    fn list(&self, ds: &Dataset, dir: u32, path: &[u8]) -> Result<Listing, ReadError> {
+        let prefix: Vec<u8> = match dir {
+            0 => Vec::new(),
+            _ => [path, b"/"].concat(),
+        };
+        let range = match dir {
+            0 => 0..ds.len(),
+            _ => ds.prefix_range(&prefix)?,
+        };
+        let rec = self.recorded_under(&prefix);
+        let (mut pos, mut ri) = (range.start, rec.start);
+        let mut l = Listing::default();
+        let mut seen: HashSet<Vec<u8>> = HashSet::new();
+        let mut prev: Option<&[u8]> = None;
+        let (mut fetched_to, mut batch) = (pos, READAHEAD.0);
+        loop {
+            if pos < range.end && pos >= fetched_to {
+                fetched_to = (pos + batch).min(range.end);
+                ds.prefetch_sorted_paths(pos..fetched_to)?;
+                batch = (batch * 2).min(READAHEAD.1);
+            }
+            let file = match pos < range.end {
+                true => Some(ds.path(ds.sorted_id(pos)?)?),
+                false => None,
+            };
+            let rec_key = (ri < rec.end).then(|| &self.recorded[ri].0[..]);
+            let (key, is_file) = match (file, rec_key) {
+                (None, None) => break,
+                (Some(f), Some(r)) if r <= f => (r, false),
+                (Some(f), _) => (f, true),
+                (None, Some(r)) => (r, false),
+            };
+            if is_file {
+                checked(key)?;
+                if prev.is_some_and(|p| p >= key) || !key.starts_with(&prefix) {
+                    return Err(bad(format!(
+                        "the snapshot's path order is not sorted at {:?} (run `granary verify`)",
+                        granary::escape_path(key)
+                    )));
+                }
+                prev = Some(key);
+            }
+            let rest = &key[prefix.len()..];
+            if !is_file && rest.is_empty() {
+                // The record of this directory itself (`D/`).
+                ri += 1;
+                continue;
+            }
+            match rest.iter().position(|&b| b == b'/') {
+                Some(i) => {
+                    let name = &rest[..i];
+                    if !seen.insert(name.to_vec()) {
+                        return Err(bad(format!(
+                            "directory {:?} appears twice in the path order (run `granary verify`)",
+                            granary::escape_path(&[&prefix[..], name].concat())
+                        )));
+                    }
+                    let child = [&prefix[..], name].concat();
+                    let sub = self.add_dir(ds, dir, &child)?;
+                    l.starts.push(l.entries);
+                    l.runs.push(Run::Dir(sub));
+                    l.entries += 1;
+                    let below = [&child[..], b"/"].concat();
+                    pos = ds.prefix_end(&below, pos)?;
+                    ri = rec.start + self.recorded_under_from(&below, rec.start..rec.end);
+                    batch = READAHEAD.0;
+                    fetched_to = fetched_to.min(pos);
+                }
+                None => {
+                    self.add_file(ds, &mut l, pos, rest)?;
+                    pos += 1;
+                }
+            }
+        }
+        Ok(l)
+    }
+
+    /// The offset within `range` of `recorded` of the first key past every key starting with
+    /// `below` (and every key before it).
+    fn recorded_under_from(&self, below: &[u8], range: std::ops::Range<usize>) -> usize {
+        self.recorded[range].partition_point(|(k, _)| &k[..] < below || k.starts_with(below))
+    }
+
+    /// Adds the direct file at position `pos` (named `name`) to listing `l`.
+    fn add_file(
+        &self,
+        ds: &Dataset,
+        l: &mut Listing,
+        pos: u64,
+        name: &[u8],
+    ) -> Result<(), ReadError> {
+        let count = match self.fields {
+            false => 1,
+            true => {
+                let id = ds.sorted_id(pos)?;
+                let fs = ds.fields(id)?;
+                if let Some(f) = fs.iter().find(|f| name.len() + 1 + f.name.len() > NAME_MAX) {
+                    return Err(bad(format!(
+                        "a name of {} bytes: {:?}.{}",
+                        name.len() + 1 + f.name.len(),
+                        granary::escape_path(ds.path(id)?),
+                        String::from_utf8_lossy(f.name)
+                    )));
+                }
+                fs.len() as u64
+            }
+        };
+        match l.runs.last_mut() {
+            Some(Run::Files { end, firsts, .. }) if *end == pos => {
+                if self.fields {
+                    firsts.push(l.entries - l.starts.last().copied().unwrap_or(0));
+                }
+                *end += 1;
+            }
+            _ => {
+                l.starts.push(l.entries);
+                l.runs.push(Run::Files {
+                    start: pos,
+                    end: pos + 1,
+                    firsts: if self.fields { vec![0] } else { Vec::new() },
+                });
+            }
+        }
+        l.entries += count;
+        Ok(())
+    }
+
+    /// Number of directories known so far (looked up or listed), the root included.
+    pub fn dir_count(&self) -> usize {
+        self.known().dirs.len()
+    }
+
+    /// Inode number of `node`: a file's is its sample id + 2, a directory's follows the files
+    /// (in the order the directories became known).
     pub fn ino(&self, node: Node) -> u64 {
         match node {
             Node::Dir(0) => ROOT_INO,
@@ -310,36 +429,36 @@ impl Tree {
             return Some(Node::File(ino - ROOT_INO - 1));
         }
         let d = ino.checked_sub(self.samples + ROOT_INO)?;
-        (d > 0 && d < self.dirs.len() as u64).then_some(Node::Dir(d as u32))
+        (d > 0 && d < self.dir_count() as u64).then_some(Node::Dir(d as u32))
     }
 
     /// The entry `name` of directory `dir`.
     pub fn lookup(&self, ds: &Dataset, dir: u32, name: &[u8]) -> Result<Option<Node>, ReadError> {
-        let d = &self.dirs[dir as usize];
         if name.is_empty() || name.contains(&b'/') || name.len() > NAME_MAX {
             return Ok(None);
         }
-        let mut path = Vec::with_capacity(d.path.len() + 1 + name.len());
-        if dir != 0 {
-            path.extend_from_slice(&d.path);
-            path.push(b'/');
-        }
-        path.extend_from_slice(name);
-        if let Some(&sub) = self.by_path.get(&path[..]) {
+        let path = join(&self.get(dir).path, name);
+        if let Some(&sub) = self.known().by_path.get(&path[..]) {
             return Ok(Some(Node::Dir(sub)));
         }
-        if !self.fields {
-            return Ok(ds.lookup(&path)?.map(Node::File));
-        }
-        let Some((id, name)) = ds.lookup_field(&path)? else {
-            return Ok(None);
+        let file = match self.fields {
+            false => ds.lookup(&path)?.map(Node::File),
+            true => match ds.lookup_field(&path)? {
+                None => None,
+                Some((id, name)) => {
+                    let k = ds.fields(id)?.iter().position(|f| f.name == name);
+                    let first = ds
+                        .snapshot()
+                        .field_first(id)
+                        .map_err(|e| ReadError::Invalid(e.to_string()))?;
+                    k.map(|k| Node::File(first + k as u64))
+                }
+            },
         };
-        let k = ds.fields(id)?.iter().position(|f| f.name == name);
-        let first = ds
-            .snapshot()
-            .field_first(id)
-            .map_err(|e| ReadError::Invalid(e.to_string()))?;
-        Ok(k.map(|k| Node::File(first + k as u64)))
+        match file {
+            Some(f) => Ok(Some(f)),
+            None => Ok(self.child_dir(ds, dir, &path)?.map(Node::Dir)),
+        }
     }
 
     /// The sample a file is and, with fields, which of its fields.
@@ -356,30 +475,27 @@ impl Tree {
 
     /// Parent directory of `dir` (the root's is itself).
     pub fn parent(&self, dir: u32) -> u32 {
-        self.dirs[dir as usize].parent
+        self.get(dir).parent
     }
 
-    /// Number of entries of `dir` (without `.` and `..`).
-    pub fn entry_count(&self, dir: u32) -> u64 {
-        self.dirs[dir as usize].entries
+    /// Number of entries of `dir` (without `.` and `..`): lists it if it was not yet.
+    pub fn entry_count(&self, ds: &Dataset, dir: u32) -> Result<u64, ReadError> {
+        let d = self.listed(ds, dir)?;
+        Ok(d.listing.get().map_or(0, |l| l.entries))
     }
 
     /// Mode and mtime of `dir` as packed, if the dataset records them.
     pub fn dir_attrs(&self, dir: u32) -> Option<granary::FileAttrs> {
-        self.dirs[dir as usize].attrs
-    }
-
-    /// Number of subdirectories of `dir`.
-    pub fn subdir_count(&self, dir: u32) -> u32 {
-        self.dirs[dir as usize].subdirs
+        self.get(dir).attrs
     }
 
     /// Name of directory `dir` within its parent (empty for the root).
-    pub fn dir_name(&self, dir: u32) -> &[u8] {
-        split_last(&self.dirs[dir as usize].path).1
+    pub fn dir_name(&self, dir: u32) -> Vec<u8> {
+        split_last(&self.get(dir).path).1.to_vec()
     }
 
-    /// Entry number `k` (0-based, without `.` and `..`) of directory `dir`, if it exists.
+    /// Entry number `k` (0-based, without `.` and `..`) of directory `dir`, if it exists;
+    /// lists `dir` if it was not yet.
     pub fn entry<'a>(
         &self,
         ds: &'a Dataset,
@@ -389,18 +505,21 @@ impl Tree {
     where
         Self: 'a,
     {
-        let d = &self.dirs[dir as usize];
-        if k >= d.entries {
+        let d = self.listed(ds, dir)?;
+        let Some(l) = d.listing.get() else {
+            return Ok(None);
+        };
+        if k >= l.entries {
             return Ok(None);
         }
-        let r = d.starts.partition_point(|&s| s <= k) - 1;
-        match &d.runs[r] {
+        let r = l.starts.partition_point(|&s| s <= k) - 1;
+        match &l.runs[r] {
             Run::Dir(sub) => Ok(Some(Entry {
                 node: Node::Dir(*sub),
-                name: Cow::Borrowed(&[]),
+                name: Cow::Owned(self.dir_name(*sub)),
             })),
             Run::Files { start, firsts, .. } if self.fields => {
-                let local = k - d.starts[r];
+                let local = k - l.starts[r];
                 let i = firsts.partition_point(|&f| f <= local) - 1;
                 let j = local - firsts[i];
                 let id = ds.sorted_id(start + i as u64)?;
@@ -419,7 +538,7 @@ impl Tree {
                 }))
             }
             Run::Files { start, .. } => {
-                let pos = start + (k - d.starts[r]);
+                let pos = start + (k - l.starts[r]);
                 let id = ds.sorted_id(pos)?;
                 let name = split_last(ds.path(id)?).1;
                 Ok(Some(Entry {

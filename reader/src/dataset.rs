@@ -332,6 +332,41 @@ impl Dataset {
         self.snap.prefetch_paths().map_err(|e| self.fmt_err(e))
     }
 
+    /// [`Snapshot::prefetch_sorted_paths`]: the paths at `positions` of the path order
+    /// fetched together before a listing reads them one by one.
+    pub fn prefetch_sorted_paths(&self, positions: std::ops::Range<u64>) -> Result<()> {
+        self.snap
+            .prefetch_sorted_paths(positions)
+            .map_err(|e| self.fmt_err(e))
+    }
+
+    /// Positions in the path order of every path starting with `prefix`
+    /// ([`Snapshot::prefix_range`]).
+    pub fn prefix_range(&self, prefix: &[u8]) -> Result<std::ops::Range<u64>> {
+        let r = self
+            .snap
+            .prefix_range(prefix)
+            .map_err(|e| self.fmt_err(e))?;
+        self.intact(r)
+    }
+
+    /// The first position in the path order whose path is not less than `key`
+    /// ([`Snapshot::lower_bound`]).
+    pub fn lower_bound(&self, key: &[u8]) -> Result<u64> {
+        let r = self.snap.lower_bound(key).map_err(|e| self.fmt_err(e))?;
+        self.intact(r)
+    }
+
+    /// The end of the run of paths starting with `prefix` that begins at `from`
+    /// ([`Snapshot::prefix_end`]).
+    pub fn prefix_end(&self, prefix: &[u8], from: u64) -> Result<u64> {
+        let r = self
+            .snap
+            .prefix_end(prefix, from)
+            .map_err(|e| self.fmt_err(e))?;
+        self.intact(r)
+    }
+
     /// Bytes of all chunk files (O(chunks)).
     pub fn total_chunk_bytes(&self) -> Result<u64> {
         (0..self.chunk_count() as u32).try_fold(0u64, |acc, c| {

@@ -601,6 +601,88 @@ fn rank_share(
     out
 }
 
+/// What the shards of configuration `old` (ranks, workers) had not delivered of an epoch
+/// (`consumed`: each shard's count), in their order; regrouped by chunk in the epoch's chunk
+/// order when the epoch reads chunk by chunk. Builds every old shard's plan: 8 bytes per
+/// sample left.
+fn regrouped_rest(
+    shape: &DatasetShape,
+    o: &PlanOptions,
+    epoch: u64,
+    old: (u32, u32),
+    consumed: &[u64],
+    probs: Option<&Importance>,
+) -> Vec<u64> {
+    let mut rest = Vec::new();
+    for r in 0..old.0 {
+        for k in 0..old.1 {
+            let s = Shard {
+                rank: r,
+                world_size: old.0,
+                worker: k,
+                num_workers: old.1,
+            };
+            let p = fresh(shape, o, epoch, &s, probs);
+            let done = (consumed[(r * old.1 + k) as usize] as usize).min(p.samples.len());
+            rest.extend_from_slice(&p.samples[done..]);
+        }
+    }
+    if o.mode != ShuffleMode::Global || probs.is_some() {
+        // The old epoch's chunk order: importance draws and chunk-wise epochs follow the
+        // shuffled order, sequential ones the chunk ids.
+        let order: Vec<u32> = match (o.mode, probs) {
+            (ShuffleMode::Sequential, None) => (0..shape.chunks()).collect(),
+            _ => chunk_order(shape, o, epoch, old.0),
+        };
+        let mut chunk_pos = vec![0usize; shape.chunks() as usize];
+        for (i, &c) in order.iter().enumerate() {
+            chunk_pos[c as usize] = i;
+        }
+        rest.sort_by_key(|&s| (chunk_pos[shape.chunk_of(s) as usize], s));
+    }
+    rest
+}
+
+/// `shard`'s part of what the shards of configuration `old` had not delivered of a global
+/// epoch, without building it: each old shard's rest is a run of positions of the epoch's
+/// permutation, so the new part is found among the runs and evaluated position by position
+/// (O(old shards + part) memory; the same samples as cutting [`regrouped_rest`]).
+fn global_rest_part(
+    shape: &DatasetShape,
+    o: &PlanOptions,
+    epoch: u64,
+    shard: &Shard,
+    old: (u32, u32),
+    consumed: &[u64],
+) -> Vec<u64> {
+    let n = shape.samples();
+    // (position in the rest where the run starts, the run of epoch positions).
+    let mut runs: Vec<(u64, Range<u64>)> = Vec::new();
+    let mut total = 0u64;
+    for r in 0..old.0 {
+        let ranks = rank_positions(n, old.0, r, o.drop_last);
+        for k in 0..old.1 {
+            let part = worker_range(ranks.end - ranks.start, old.1, k);
+            let (a, b) = (ranks.start + part.start, ranks.start + part.end);
+            let done = consumed[(r * old.1 + k) as usize].min(b - a);
+            if a + done < b {
+                runs.push((total, a + done..b));
+                total += b - a - done;
+            }
+        }
+    }
+    let ranks = rank_positions(total, shard.world_size, shard.rank, o.drop_last);
+    let part = worker_range(ranks.end - ranks.start, shard.num_workers, shard.worker);
+    let p = global_permutation(shape, o, epoch);
+    (ranks.start + part.start..ranks.start + part.end)
+        .map(|i| {
+            let j = i % total;
+            let (at, run) = &runs[runs.partition_point(|(s, _)| *s <= j) - 1];
+            p.at((run.start + (j - at)) % n)
+        })
+        .collect()
+}
+
 impl EpochPlan {
     /// Builds `shard`'s plan for `epoch`; with `resume`, only what is left of the epoch.
     pub fn build(
@@ -697,37 +779,16 @@ impl EpochPlan {
             p.skip(shape, done as usize);
             return Ok(p);
         }
-        // Another configuration: what the old shards had not delivered yet, regrouped by
-        // chunk in the epoch's chunk order, is cut again for the new ranks and workers.
-        let mut rest = Vec::new();
-        for r in 0..old.0 {
-            for k in 0..old.1 {
-                let s = Shard {
-                    rank: r,
-                    world_size: old.0,
-                    worker: k,
-                    num_workers: old.1,
-                };
-                let p = fresh(shape, o, epoch, &s, probs);
-                let done = (st.consumed[(r * old.1 + k) as usize] as usize).min(p.samples.len());
-                rest.extend_from_slice(&p.samples[done..]);
+        // Another configuration: what the old shards had not delivered yet is cut again for
+        // the new ranks and workers.
+        let part = match o.mode == ShuffleMode::Global && probs.is_none() {
+            true => global_rest_part(shape, o, epoch, &shard, old, &st.consumed),
+            false => {
+                let rest = regrouped_rest(shape, o, epoch, old, &st.consumed, probs);
+                let rank = cut_rank(&rest, shard.world_size, shard.rank, o.drop_last);
+                split_worker(&rank, shard.num_workers, shard.worker).to_vec()
             }
-        }
-        if o.mode != ShuffleMode::Global || probs.is_some() {
-            // The old epoch's chunk order: importance draws and chunk-wise epochs follow the
-            // shuffled order, sequential ones the chunk ids.
-            let order: Vec<u32> = match (o.mode, probs) {
-                (ShuffleMode::Sequential, None) => (0..shape.chunks()).collect(),
-                _ => chunk_order(shape, o, epoch, old.0),
-            };
-            let mut chunk_pos = vec![0usize; shape.chunks() as usize];
-            for (i, &c) in order.iter().enumerate() {
-                chunk_pos[c as usize] = i;
-            }
-            rest.sort_by_key(|&s| (chunk_pos[shape.chunk_of(s) as usize], s));
-        }
-        let rank = cut_rank(&rest, shard.world_size, shard.rank, o.drop_last);
-        let part = split_worker(&rank, shard.num_workers, shard.worker).to_vec();
+        };
         Ok(windows(shape, o, epoch, &shard, part))
     }
 
@@ -949,6 +1010,48 @@ mod share_tests {
                         global_part(&shape, &o, 5, &shard),
                         split_worker(&share, workers, worker),
                         "case {case} rank {rank}/{world} worker {worker}/{workers}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_global_rest_part_equals_cutting_the_regrouped_rest() {
+        let mut r = SplitMix64::new(12);
+        for case in 0..300 {
+            let counts: Vec<u64> = (0..1 + r.below(12)).map(|_| r.below(30)).collect();
+            let shape = DatasetShape::from_counts(counts);
+            let old = (1 + r.below(6) as u32, 1 + r.below(3) as u32);
+            let o = PlanOptions {
+                mode: ShuffleMode::Global,
+                seed: case,
+                drop_last: case % 2 == 0,
+                ..PlanOptions::default()
+            };
+            // Each old shard delivered some of its part (all of it, none, or between).
+            let consumed: Vec<u64> = (0..old.0 * old.1)
+                .map(|_| match r.below(4) {
+                    0 => 0,
+                    1 => u64::MAX,
+                    _ => r.below(1 + shape.samples() / u64::from(old.0 * old.1).max(1)),
+                })
+                .collect();
+            let rest = regrouped_rest(&shape, &o, 3, old, &consumed, None);
+            let (world, workers) = (1 + r.below(7) as u32, 1 + r.below(4) as u32);
+            for rank in 0..world {
+                let share = cut_rank(&rest, world, rank, o.drop_last);
+                for worker in 0..workers {
+                    let shard = Shard {
+                        rank,
+                        world_size: world,
+                        worker,
+                        num_workers: workers,
+                    };
+                    assert_eq!(
+                        global_rest_part(&shape, &o, 3, &shard, old, &consumed),
+                        split_worker(&share, workers, worker),
+                        "case {case} {old:?} -> rank {rank}/{world} worker {worker}/{workers}"
                     );
                 }
             }

@@ -124,10 +124,10 @@ fn foreground(a: Args, mnt: &Path) -> anyhow::Result<ExitCode> {
         fsname: format!("{FS_SOURCE_PREFIX}{}", ds.location()),
         ..MountOptions::default()
     };
-    let (files, dirs) = (ds.len(), fs.tree().dir_count());
+    let files = ds.len();
     let ended = granary_mount::serve(fs.clone(), mnt, &opts, &stop, || {
         eprintln!(
-            "granary: mounted {} ({files} files, {dirs} directories) at {} in {:.2} s (pid {}); \
+            "granary: mounted {} ({files} files) at {} in {:.2} s (pid {}); \
              stop with Ctrl-C or `granary umount {}`",
             ds.location(),
             mnt.display(),

@@ -465,29 +465,36 @@ fn a_paged_snapshot_reads_only_what_it_asks_for() {
     for (name, snap) in [("small", small().1), ("attrs-dirs", small_with_attrs())] {
         crate::local::dump_fuzz_seed("paged_snapshot", &format!("format-1.4-{name}"), &snap);
         crate::local::dump_fuzz_seed("snapshot", &format!("format-1.4-{name}"), &snap);
-        let whole = queries(&Snapshot::open(&snap[..]).unwrap());
-        // First run: record what the queries ask for.
-        let rec = std::sync::Arc::new(Recorder {
-            asked: Default::default(),
-            allowed: None,
-        });
-        let s = Snapshot::open_paged(&snap[..], rec.clone()).unwrap();
-        assert_eq!(queries(&s), whole);
-        let asked = rec.asked.lock().unwrap().clone();
-        // Second run over bytes holding only what was asked for (the rest garbage): the same
-        // answers, so no accessor read a byte it had not asked for.
-        let mut masked = vec![0x5Au8; snap.len()];
-        for r in &asked {
-            masked[r.start as usize..r.end as usize]
-                .copy_from_slice(&snap[r.start as usize..r.end as usize]);
-        }
-        let strict = std::sync::Arc::new(Recorder {
-            asked: Default::default(),
-            allowed: Some(asked),
-        });
-        let s = Snapshot::open_paged(&masked[..], strict).unwrap();
-        assert_eq!(queries(&s), whole);
+        asks_only_for_what_it_reads(&snap, |s: &Snapshot<&[u8]>| queries(s));
     }
+}
+
+/// Checks that `answers` of a paged snapshot equal those of the whole one, and that they
+/// read no byte they did not ask for: run again over bytes holding only what the first run
+/// asked for (the rest garbage), with a pager that refuses anything else, they are the same.
+fn asks_only_for_what_it_reads<T: PartialEq + std::fmt::Debug>(
+    snap: &[u8],
+    answers: impl Fn(&Snapshot<&[u8]>) -> T,
+) {
+    let whole = answers(&Snapshot::open(snap).unwrap());
+    let rec = std::sync::Arc::new(Recorder {
+        asked: Default::default(),
+        allowed: None,
+    });
+    let s = Snapshot::open_paged(snap, rec.clone()).unwrap();
+    assert_eq!(answers(&s), whole);
+    let asked = rec.asked.lock().unwrap().clone();
+    let mut masked = vec![0x5Au8; snap.len()];
+    for r in &asked {
+        masked[r.start as usize..r.end as usize]
+            .copy_from_slice(&snap[r.start as usize..r.end as usize]);
+    }
+    let strict = std::sync::Arc::new(Recorder {
+        asked: Default::default(),
+        allowed: Some(asked),
+    });
+    let s = Snapshot::open_paged(&masked[..], strict).unwrap();
+    assert_eq!(answers(&s), whole);
 }
 
 #[test]
@@ -535,4 +542,58 @@ fn a_paged_open_asks_for_o_chunks_bytes() {
     assert_eq!(asked[1].end - asked[1].start, 10_000 * 4);
     // A snapshot held whole asks nothing.
     assert!(Snapshot::open(&snap[..]).unwrap().prefetch_paths().is_ok());
+}
+
+#[test]
+fn paged_searches_of_the_path_order_agree_with_binary_search_and_read_only_what_they_ask() {
+    // 10,000 paths: runs of every length the searches take apart.
+    let recs: Vec<Vec<Rec>> = (0..50)
+        .map(|c| {
+            (0..200)
+                .map(|i| (format!("c{c}/{:05}", i * 7).into_bytes(), vec![1], 0))
+                .collect()
+        })
+        .collect();
+    let (_, snap) = build(&recs, &[b"x"]);
+    let keys: Vec<&[u8]> = vec![
+        b"",
+        b"c",
+        b"c1",
+        b"c1/",
+        b"c10/",
+        b"c3/00007",
+        b"c3/0000",
+        b"c49/01393",
+        b"c49/",
+        b"d",
+        b"c25/006",
+        b"c0/00000",
+        b"b",
+    ];
+    let answers = |s: &Snapshot<&[u8]>| -> Vec<String> {
+        let mut out = Vec::new();
+        for k in &keys {
+            let lb = s.lower_bound(k).unwrap();
+            let range = s.prefix_range(k).unwrap();
+            out.push(format!("{k:?} {lb} {range:?} {:?}", s.prefix_end(k, lb)));
+            out.push(format!("{:?}", s.prefix_end(k, lb + 1)));
+        }
+        out
+    };
+    let whole = Snapshot::open(&snap[..]).unwrap();
+    // Against a plain scan of the sorted paths.
+    let paths: Vec<Vec<u8>> = (0..whole.sample_count())
+        .map(|p| whole.path(whole.sorted_id(p).unwrap()).unwrap().to_vec())
+        .collect();
+    for k in &keys {
+        let lb = paths.partition_point(|p| &p[..] < *k) as u64;
+        let end = lb
+            + paths[lb as usize..]
+                .iter()
+                .take_while(|p| p.starts_with(k))
+                .count() as u64;
+        assert_eq!(whole.lower_bound(k).unwrap(), lb, "{k:?}");
+        assert_eq!(whole.prefix_range(k).unwrap(), lb..end, "{k:?}");
+    }
+    asks_only_for_what_it_reads(&snap, answers);
 }
