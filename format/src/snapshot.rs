@@ -957,6 +957,23 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
         Ok(lo)
     }
 
+    /// Before a listing of `positions` of the path order: if the snapshot is paged and the
+    /// listing would touch most blocks of the paths anyway (a position for every 4 blocks or
+    /// more: paths are stored by sample id, so one directory's are scattered), fetches every
+    /// path and the path order at once, in large GETs ([`Snapshot::prefetch_paths`]). Returns
+    /// whether it did.
+    pub fn prefetch_for_listing(&self, positions: Range<u64>) -> Result<bool> {
+        let Some(bi) = self.l.blocks.as_ref().filter(|_| self.pager.is_some()) else {
+            return Ok(false);
+        };
+        let blocks = (self.l.paths.len() as u64).div_ceil(bi.block_size);
+        let whole = (positions.end.saturating_sub(positions.start)).saturating_mul(4) >= blocks;
+        if whole {
+            self.prefetch_paths()?;
+        }
+        Ok(whole)
+    }
+
     /// Makes the paths at positions `positions` of the path order present at once (what a
     /// listing of those positions reads): the order's entries, then the paths' offsets, then
     /// their bytes, each step's pieces fetched together. Nothing for a snapshot held whole.

@@ -291,9 +291,14 @@ impl Tree {
         let mut l = Listing::default();
         let mut seen: HashSet<Vec<u8>> = HashSet::new();
         let mut prev: Option<&[u8]> = None;
-        let (mut fetched_to, mut batch) = (pos, READAHEAD.0);
+        // A listing that would touch most blocks of the paths anyway fetches them whole, in
+        // large GETs, rather than a few at a time.
+        let whole = ds.prefetch_for_listing(range.clone())?;
+        let (mut fetched_to, mut batch) = (if whole { range.end } else { pos }, READAHEAD.0);
+        let mut in_files = false;
         loop {
-            if pos < range.end && pos >= fetched_to {
+            // Read ahead only through a run of direct files (a subdirectory needs one path).
+            if in_files && pos < range.end && pos >= fetched_to {
                 fetched_to = (pos + batch).min(range.end);
                 ds.prefetch_sorted_paths(pos..fetched_to)?;
                 batch = (batch * 2).min(READAHEAD.1);
@@ -343,11 +348,12 @@ impl Tree {
                     pos = ds.prefix_end(&below, pos)?;
                     ri = rec.start + self.recorded_under_from(&below, rec.start..rec.end);
                     batch = READAHEAD.0;
-                    fetched_to = fetched_to.min(pos);
+                    in_files = false;
                 }
                 None => {
                     self.add_file(ds, &mut l, pos, rest)?;
                     pos += 1;
+                    in_files = true;
                 }
             }
         }

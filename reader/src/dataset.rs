@@ -340,6 +340,14 @@ impl Dataset {
             .map_err(|e| self.fmt_err(e))
     }
 
+    /// [`Snapshot::prefetch_for_listing`]: every path fetched at once before a listing that
+    /// would touch most of them anyway.
+    pub fn prefetch_for_listing(&self, positions: std::ops::Range<u64>) -> Result<bool> {
+        self.snap
+            .prefetch_for_listing(positions)
+            .map_err(|e| self.fmt_err(e))
+    }
+
     /// Positions in the path order of every path starting with `prefix`
     /// ([`Snapshot::prefix_range`]).
     pub fn prefix_range(&self, prefix: &[u8]) -> Result<std::ops::Range<u64>> {
