@@ -748,6 +748,20 @@ fn a_large_snapshot_is_read_in_checked_blocks() {
         "cat fetched {used} bytes of a {}-byte snapshot",
         snap.len()
     );
+    // `ls` of a prefix, plain and --long: the same lines as from the whole snapshot, from a
+    // part of it.
+    for long in [false, true] {
+        let mut args = vec!["ls", &url[..], "class_0007/0000"];
+        if long {
+            args.push("--long");
+        }
+        let want = stdout(&s3.ok(&args));
+        assert!(want.lines().count() >= 2, "{want}");
+        let (o, files, _home) = paged(&args);
+        assert!(o.status.success(), "{}", stderr(&o));
+        assert_eq!(stdout(&o), want);
+        assert!(allocated(&files[0]) < snap.len() as u64);
+    }
     // A chunk-wise epoch: the same digest, at most one snapshot GET per chunk.
     let (o, files, home) = paged(&["read", &url, "--shuffle", "chunkwise", "--json"]);
     assert!(o.status.success(), "{}", stderr(&o));

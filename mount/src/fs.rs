@@ -219,6 +219,12 @@ impl MountFs {
             .entry_count(ds, d)
             .map_err(|e| self.eio("listing a directory", &e))?
             + 2;
+        if offset <= 2 && offset < total {
+            // A listing's files' attributes, fetched together rather than one by one.
+            self.tree
+                .prefetch_file_attrs(ds, d)
+                .map_err(|e| self.eio("listing a directory", &e))?;
+        }
         for pos in offset..total {
             let (node, name) = match pos {
                 0 => (Node::Dir(d), std::borrow::Cow::Borrowed(&b"."[..])),

@@ -410,6 +410,24 @@ impl Tree {
         Ok(())
     }
 
+    /// Makes the sample entries (and attributes) of `dir`'s files present at once, before a
+    /// listing that shows their attributes reads them one by one (readdirplus).
+    pub fn prefetch_file_attrs(&self, ds: &Dataset, dir: u32) -> Result<(), ReadError> {
+        let d = self.listed(ds, dir)?;
+        let Some(l) = d.listing.get() else {
+            return Ok(());
+        };
+        let mut ids = Vec::new();
+        for r in &l.runs {
+            if let Run::Files { start, end, .. } = r {
+                for pos in *start..*end {
+                    ids.push(ds.sorted_id(pos)?);
+                }
+            }
+        }
+        ds.prefetch_samples_at(&ids)
+    }
+
     /// Number of directories known so far (looked up or listed), the root included.
     pub fn dir_count(&self) -> usize {
         self.known().dirs.len()

@@ -348,6 +348,14 @@ impl Dataset {
             .map_err(|e| self.fmt_err(e))
     }
 
+    /// [`Snapshot::prefetch_samples_at`]: the entries and attributes of `ids` fetched
+    /// together before they are read one by one (a listing's files).
+    pub fn prefetch_samples_at(&self, ids: &[u64]) -> Result<()> {
+        self.snap
+            .prefetch_samples_at(ids)
+            .map_err(|e| self.fmt_err(e))
+    }
+
     /// Positions in the path order of every path starting with `prefix`
     /// ([`Snapshot::prefix_range`]).
     pub fn prefix_range(&self, prefix: &[u8]) -> Result<std::ops::Range<u64>> {

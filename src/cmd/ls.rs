@@ -24,6 +24,10 @@ pub struct Args {
     pub long: bool,
 }
 
+/// Positions of the path order whose paths are fetched together by `ls` of a snapshot read
+/// in blocks.
+const LS_BATCH: u64 = 1 << 16;
+
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     let ds = open_dataset(&a.dataset)?;
     let prefix = a
@@ -42,9 +46,22 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         ds.prefetch_paths()?;
     }
     let range = ds.snapshot().prefix_range(key_prefix)?;
+    // Read in blocks, the listed paths (and with --long their entries) are fetched together,
+    // a batch at a time (all at once when they are most blocks anyway), not one by one.
+    let whole = ds.prefetch_for_listing(range.clone())?;
     let classes = ds.classes()?;
     let mut out = BufWriter::new(std::io::stdout().lock());
-    for pos in range {
+    for pos in range.clone() {
+        if (pos - range.start) % LS_BATCH == 0 && ds.snapshot().is_paged() {
+            let batch = pos..(pos + LS_BATCH).min(range.end);
+            if !whole {
+                ds.prefetch_sorted_paths(batch.clone())?;
+            }
+            if a.long {
+                let ids: Vec<u64> = batch.map(|p| ds.sorted_id(p)).collect::<Result<_, _>>()?;
+                ds.prefetch_samples_at(&ids)?;
+            }
+        }
         let id = ds.snapshot().sorted_id(pos)?;
         if ds.has_fields() {
             let key = ds.path(id)?;
