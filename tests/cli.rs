@@ -1101,6 +1101,25 @@ fn bench_plan_builds_a_share_of_a_synthetic_shape() {
         assert_eq!(v["share"], 100003 / 7, "{mode}: {v}");
         assert_eq!(v["chunks"], 100, "{mode}: {v}");
         assert!(v["peak_rss_mb"].as_f64().is_some_and(|m| m > 0.0), "{v}");
+        // Resumed from 3 ranks that each delivered half their share (16,667 of 33,334): the
+        // 50,001 samples left, cut for 7 ranks.
+        let o = run_ok([
+            "bench",
+            "plan",
+            "--samples",
+            "100003",
+            "--world-size",
+            "7",
+            "--rank",
+            "6",
+            "--shuffle",
+            mode,
+            "--resume-from-world-size",
+            "3",
+            "--json",
+        ]);
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert_eq!(v["share"], 50001 / 7, "{mode}: {v}");
     }
     let o = run([
         "bench",

@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use granary::procstat::peak_rss_bytes;
-use granary::{DatasetShape, EpochPlan, PlanOptions, Sampling, Shard, ShuffleMode};
+use granary::{DatasetShape, EpochPlan, EpochState, PlanOptions, Sampling, Shard, ShuffleMode};
 use serde_json::json;
 
 /// Time and peak memory of one shard's epoch plan on a synthetic dataset of any size.
@@ -13,6 +13,7 @@ use serde_json::json;
 #[command(after_help = "Examples:
   granary bench plan --samples 1000000000 --world-size 64 --shuffle global
   granary bench plan --samples 100000000 --chunks 100000 --shuffle chunkwise --json
+  granary bench plan --samples 1000000000 --shuffle global --resume-from-world-size 32
 
 The dataset is a shape only: --chunks chunks (default: one per 1,000 samples) sharing --samples
 samples equally. The plan is rank --rank's (worker --worker of --workers) for epoch --epoch.
@@ -47,6 +48,11 @@ pub struct PlanArgs {
     /// reported with random losses; the table (5 bytes a sample) counts in the peak RSS.
     #[arg(long)]
     importance: bool,
+    /// Build the plan as the resumption, at --world-size, of an epoch stopped when every
+    /// shard of this many ranks (one worker each) had delivered half of its share: what is
+    /// left is redistributed to the new ranks.
+    #[arg(long, value_name = "RANKS")]
+    resume_from_world_size: Option<u32>,
     /// Print JSON on stdout.
     #[arg(long)]
     json: bool,
@@ -90,9 +96,25 @@ pub fn run(a: PlanArgs) -> anyhow::Result<ExitCode> {
         cached: None,
         cache_boost: 1.0,
     });
+    let resume = a.resume_from_world_size.map(|w| {
+        let half = a.samples.div_ceil(u64::from(w.max(1))) / 2;
+        EpochState {
+            epoch: a.epoch,
+            world_size: w,
+            num_workers: 1,
+            consumed: vec![half; w as usize],
+        }
+    });
     let t1 = Instant::now();
-    let plan = EpochPlan::build_sampled(&shape, &o, a.epoch, shard, None, sampling.as_ref())
-        .map_err(anyhow::Error::msg)?;
+    let plan = EpochPlan::build_sampled(
+        &shape,
+        &o,
+        a.epoch,
+        shard,
+        resume.as_ref(),
+        sampling.as_ref(),
+    )
+    .map_err(anyhow::Error::msg)?;
     let plan_s = t1.elapsed().as_secs_f64();
     let rss = peak_rss_bytes();
     let mb = |b: Option<u64>| b.map(|b| b as f64 / 1e6);
@@ -101,17 +123,19 @@ pub fn run(a: PlanArgs) -> anyhow::Result<ExitCode> {
             "samples": a.samples, "chunks": chunks, "shuffle": format!("{:?}", a.shuffle).to_lowercase(),
             "world_size": a.world_size, "workers": a.workers, "share": plan.len(),
             "windows": plan.windows.len(), "shape_seconds": shape_s, "plan_seconds": plan_s,
-            "importance": a.importance,
+            "importance": a.importance, "resume_from_world_size": a.resume_from_world_size,
             "peak_rss_mb_after_shape": mb(rss_shape), "peak_rss_mb_after_scores": mb(rss_scores),
             "peak_rss_mb": mb(rss),
         }))?;
         return Ok(ExitCode::SUCCESS);
     }
     println!(
-        "{} samples in {chunks} chunks, {:?} plan of rank {} of {} (worker {} of {}): {} samples \
-         in {} windows",
+        "{} samples in {chunks} chunks, {:?} plan{} of rank {} of {} (worker {} of {}): {} \
+         samples in {} windows",
         a.samples,
         a.shuffle,
+        a.resume_from_world_size
+            .map_or(String::new(), |w| format!(" resumed from {w} ranks")),
         a.rank,
         a.world_size,
         a.worker,
