@@ -1083,8 +1083,8 @@ fn modes_mtimes_and_empty_directories_survive_pack_and_extract() {
 /// every mode, and a clear refusal of a rank outside the world.
 #[test]
 fn bench_plan_builds_a_share_of_a_synthetic_shape() {
-    for mode in ["global", "chunkwise", "sequential"] {
-        let o = run_ok([
+    let plan = |mode: &str, extra: &[&str]| -> serde_json::Value {
+        let mut args = vec![
             "bench",
             "plan",
             "--samples",
@@ -1096,29 +1096,18 @@ fn bench_plan_builds_a_share_of_a_synthetic_shape() {
             "--shuffle",
             mode,
             "--json",
-        ]);
-        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        ];
+        args.extend_from_slice(extra);
+        serde_json::from_slice(&run_ok(args).stdout).unwrap()
+    };
+    for mode in ["global", "chunkwise", "sequential"] {
+        let v = plan(mode, &[]);
         assert_eq!(v["share"], 100003 / 7, "{mode}: {v}");
         assert_eq!(v["chunks"], 100, "{mode}: {v}");
         assert!(v["peak_rss_mb"].as_f64().is_some_and(|m| m > 0.0), "{v}");
         // Resumed from 3 ranks that each delivered half their share (16,667 of 33,334): the
         // 50,001 samples left, cut for 7 ranks.
-        let o = run_ok([
-            "bench",
-            "plan",
-            "--samples",
-            "100003",
-            "--world-size",
-            "7",
-            "--rank",
-            "6",
-            "--shuffle",
-            mode,
-            "--resume-from-world-size",
-            "3",
-            "--json",
-        ]);
-        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        let v = plan(mode, &["--resume-from-world-size", "3"]);
         assert_eq!(v["share"], 50001 / 7, "{mode}: {v}");
     }
     let o = run([

@@ -493,6 +493,25 @@ fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
     }
 }
 
+/// Sends SIGINT to the pack `child` once `uploading()` (a multipart upload is open); checks
+/// that it exits with 130 saying it aborted one upload; returns its stderr.
+fn interrupt_once_uploading(child: std::process::Child, uploading: impl FnMut() -> bool) -> String {
+    wait_until("a multipart upload to start", uploading);
+    let kill = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(kill.success());
+    let o = child.wait_with_output().unwrap();
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(130), "{err}");
+    assert!(
+        err.contains("interrupted (SIGINT): aborted 1 multipart upload"),
+        "{err}"
+    );
+    err
+}
+
 #[test]
 fn an_interrupted_upload_leaves_no_multipart_upload_open() {
     let Some(s3) = S3::new("multipart") else {
@@ -533,19 +552,7 @@ fn an_interrupted_upload_leaves_no_multipart_upload_open() {
 
     // SIGINT mid-upload: the upload in progress is aborted before the exit, and it says so.
     let child = pack(&[]);
-    wait_until("a multipart upload to start", || !open().is_empty());
-    let kill = Command::new("kill")
-        .args(["-INT", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(kill.success());
-    let o = child.wait_with_output().unwrap();
-    let err = stderr(&o);
-    assert_eq!(o.status.code(), Some(130), "{err}");
-    assert!(
-        err.contains("interrupted (SIGINT): aborted 1 multipart upload"),
-        "{err}"
-    );
+    let err = interrupt_once_uploading(child, || !open().is_empty());
     assert!(err.contains("--resume"), "{err}");
     assert_eq!(
         open(),
@@ -605,19 +612,7 @@ fn a_signal_while_an_upload_starts_aborts_the_upload_it_opens() {
         .env("AWS_ENDPOINT_URL", relay.url())
         .stderr(std::process::Stdio::piped());
     let child = c.spawn().unwrap();
-    wait_until("a multipart upload to start", || !open().is_empty());
-    let kill = Command::new("kill")
-        .args(["-INT", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(kill.success());
-    let o = child.wait_with_output().unwrap();
-    let err = stderr(&o);
-    assert_eq!(o.status.code(), Some(130), "{err}");
-    assert!(
-        err.contains("interrupted (SIGINT): aborted 1 multipart upload"),
-        "{err}"
-    );
+    interrupt_once_uploading(child, || !open().is_empty());
     assert_eq!(open(), vec![], "the upload being started is still open");
 }
 

@@ -412,7 +412,11 @@ impl Tree {
 
     /// Makes the sample entries (and attributes) of `dir`'s files present at once, before a
     /// listing that shows their attributes reads them one by one (readdirplus).
+    /// Nothing for a snapshot held whole (no ids are gathered).
     pub fn prefetch_file_attrs(&self, ds: &Dataset, dir: u32) -> Result<(), ReadError> {
+        if !ds.snapshot().is_paged() {
+            return Ok(());
+        }
         let d = self.listed(ds, dir)?;
         let Some(l) = d.listing.get() else {
             return Ok(());
