@@ -10,8 +10,6 @@
 //! chunk's alias table at a time; time: one pass over the scores, O(chunks) binomials, and
 //! the share's draws.
 
-use std::ops::Range;
-
 use granary_format::SplitMix64;
 
 /// ln(k!) − Stirling's approximation `(k + ½) ln(k + 1) − (k + 1) + ½ ln 2π`, the tail of the
@@ -224,7 +222,7 @@ impl<'a> Importance<'a> {
 
     /// The `counts[c]` draws in chunk `c`, sorted by sample id (keyed by the chunk, so any
     /// rank computes the same ones).
-    fn chunk_draws(&self, key: &[u64], c: u32) -> Vec<u64> {
+    pub(crate) fn chunk_draws(&self, key: &[u64], c: u32) -> Vec<u64> {
         let k = self.counts[c as usize];
         let ids = self.starts[c as usize]..self.starts[c as usize + 1];
         if k == 0 || ids.is_empty() {
@@ -240,38 +238,6 @@ impl<'a> Importance<'a> {
             .collect();
         v.sort_unstable();
         v
-    }
-
-    /// Positions `pos` (wrapping past N, for padding) of the epoch's sequence: the chunks'
-    /// draws in chunk order `order`.
-    pub(crate) fn positions(&self, key: &[u64], order: &[u32], pos: Range<u64>) -> Vec<u64> {
-        let n = self.n;
-        let mut out = Vec::with_capacity((pos.end - pos.start) as usize);
-        if n == 0 {
-            return out;
-        }
-        let mut p = pos.start;
-        while p < pos.end {
-            let q = p % n;
-            let take = (pos.end - p).min(n - q);
-            let (lo, hi) = (q, q + take);
-            let mut at = 0u64;
-            for &c in order {
-                let len = self.counts[c as usize];
-                if at + len > lo && at < hi {
-                    let d = self.chunk_draws(key, c);
-                    let from = (lo.max(at) - at) as usize;
-                    let to = (hi.min(at + len) - at) as usize;
-                    out.extend_from_slice(&d[from..to]);
-                }
-                at += len;
-                if at >= hi {
-                    break;
-                }
-            }
-            p += take;
-        }
-        out
     }
 }
 
@@ -343,8 +309,9 @@ mod tests {
             for (i, &p) in probs.iter().enumerate() {
                 assert!((imp.p(i as u64) - p).abs() < 1e-12);
             }
-            let order: Vec<u32> = (0..lens.len() as u32).collect();
-            let all = imp.positions(&key, &order, 0..n);
+            let all: Vec<u64> = (0..lens.len() as u32)
+                .flat_map(|c| imp.chunk_draws(&key, c))
+                .collect();
             assert_eq!(all.len() as u64, n);
             for s in all {
                 freq[s as usize] += 1;

@@ -49,6 +49,7 @@ mod pathfmt;
 pub mod plan;
 pub mod procstat;
 mod random;
+mod runs;
 mod stream;
 mod tier;
 mod verify;

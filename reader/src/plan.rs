@@ -12,6 +12,7 @@ use std::ops::Range;
 use granary_format::SplitMix64;
 
 use crate::draws::Importance;
+use crate::runs::{ChunkRuns, RunIds};
 
 /// How an epoch is ordered.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -420,6 +421,7 @@ pub fn chunk_readers(shape: &DatasetShape, o: &PlanOptions, epoch: u64, world: u
 
 /// Rank `rank`'s equal-count share of `seq`: `len / world` samples (drop_last) or
 /// `ceil(len / world)` (pad: positions past the end wrap to the start).
+#[cfg(test)]
 fn cut_rank(seq: &[u64], world: u32, rank: u32, drop_last: bool) -> Vec<u64> {
     let n = seq.len();
     rank_positions(n as u64, world, rank, drop_last)
@@ -439,6 +441,7 @@ fn rank_positions(n: u64, world: u32, rank: u32, drop_last: bool) -> Range<u64> 
 }
 
 /// Worker `k`'s contiguous part of a rank's share.
+#[cfg(test)]
 fn split_worker(seq: &[u64], workers: u32, k: u32) -> &[u64] {
     let r = worker_range(seq.len() as u64, workers, k);
     &seq[r.start as usize..r.end as usize]
@@ -452,13 +455,40 @@ fn worker_range(len: u64, workers: u32, k: u32) -> Range<u64> {
     start..start + base + u64::from(k < rem)
 }
 
+/// The positions of a sequence of `n` that `shard` takes: its worker's part of its rank's
+/// share (past `n` when padding).
+fn shard_positions(n: u64, shard: &Shard, drop_last: bool) -> Range<u64> {
+    let ranks = rank_positions(n, shard.world_size, shard.rank, drop_last);
+    let part = worker_range(ranks.end - ranks.start, shard.num_workers, shard.worker);
+    ranks.start + part.start..ranks.start + part.end
+}
+
+/// Every shard of configuration `old` (ranks, workers) of a sequence of `n`: the shard, its
+/// positions and the first it had not delivered (`consumed`: each shard's count).
+fn old_shards(
+    n: u64,
+    old: (u32, u32),
+    drop_last: bool,
+    consumed: &[u64],
+) -> impl Iterator<Item = (Shard, Range<u64>, u64)> + '_ {
+    (0..old.0 * old.1).map(move |i| {
+        let s = Shard {
+            rank: i / old.1,
+            world_size: old.0,
+            worker: i % old.1,
+            num_workers: old.1,
+        };
+        let pos = shard_positions(n, &s, drop_last);
+        let from = pos.start + consumed[i as usize].min(pos.end - pos.start);
+        (s, pos, from)
+    })
+}
+
 /// `shard`'s part of a global epoch, evaluated position by position (O(share) memory).
 fn global_part(shape: &DatasetShape, o: &PlanOptions, epoch: u64, shard: &Shard) -> Vec<u64> {
     let n = shape.samples();
-    let ranks = rank_positions(n, shard.world_size, shard.rank, o.drop_last);
-    let part = worker_range(ranks.end - ranks.start, shard.num_workers, shard.worker);
     let p = global_permutation(shape, o, epoch);
-    (ranks.start + part.start..ranks.start + part.end)
+    shard_positions(n, shard, o.drop_last)
         .map(|i| p.at(i % n))
         .collect()
 }
@@ -541,70 +571,45 @@ fn fresh(
         let part = global_part(shape, o, epoch, shard);
         return windows(shape, o, epoch, shard, part);
     }
-    let rank = match probs {
-        None => {
-            // The epoch is whole chunks in a chunk order: take this rank's positions straight from
-            // it (O(chunks + share) memory) instead of building every rank's sequence (8 bytes per
-            // sample of the dataset: 8 GB on every rank at a billion samples).
-            let order: Vec<u32> = match o.mode {
-                ShuffleMode::Sequential => (0..shape.chunks()).collect(),
-                _ => chunk_order(shape, o, epoch, shard.world_size),
-            };
-            rank_share(shape, &order, shard.world_size, shard.rank, o.drop_last)
-        }
-        Some(imp) => {
-            // N draws with replacement, grouped by chunk in the epoch's chunk order so that the
-            // windows still read whole chunks; only this rank's positions are drawn.
-            let order = chunk_order(shape, o, epoch, shard.world_size);
-            let pos = rank_positions(shape.samples(), shard.world_size, shard.rank, o.drop_last);
-            imp.positions(&[o.seed, epoch, TAG_IMPORTANCE], &order, pos)
-        }
-    };
-    let part = split_worker(&rank, shard.num_workers, shard.worker).to_vec();
+    // The epoch is whole chunks in a chunk order: take this shard's positions straight from
+    // it (O(chunks + share) memory) instead of building every rank's sequence (8 bytes per
+    // sample of the dataset: 8 GB on every rank at a billion samples).
+    let mut seq = chunk_runs(shape, o, epoch, shard.world_size, probs);
+    let part = seq.at(shard_positions(seq.len(), shard, o.drop_last));
     windows(shape, o, epoch, shard, part)
 }
 
-/// What [`cut_rank`] takes from the sequence that lists the chunks' samples in `order`,
-/// without building that sequence.
-fn rank_share(
-    shape: &DatasetShape,
-    order: &[u32],
+/// The sequence of an epoch read chunk by chunk by `world` ranks: uniform epochs list every
+/// chunk's samples in the epoch's chunk order (chunk ids when sequential), importance-sampled
+/// epochs the draws that fall in every chunk, in the epoch's chunk order.
+fn chunk_runs<'a>(
+    shape: &'a DatasetShape,
+    o: &PlanOptions,
+    epoch: u64,
     world: u32,
-    rank: u32,
-    drop_last: bool,
-) -> Vec<u64> {
-    let n = shape.samples() as usize;
-    let r = rank_positions(n as u64, world, rank, drop_last);
-    let (mut p, end) = (r.start as usize, r.end as usize);
-    let mut out = Vec::with_capacity(end - p);
-    while p < end {
-        // Positions past the end wrap to the start (padding).
-        let q = p % n;
-        let take = (end - p).min(n - q);
-        let (lo, hi) = (q, q + take);
-        let mut at = 0usize;
-        for &c in order {
-            let r = shape.chunk_samples(c);
-            let len = (r.end - r.start) as usize;
-            if at + len > lo && at < hi {
-                let from = lo.max(at) - at;
-                let to = hi.min(at + len) - at;
-                out.extend(r.start + from as u64..r.start + to as u64);
-            }
-            at += len;
-            if at >= hi {
-                break;
-            }
+    probs: Option<&'a Importance<'a>>,
+) -> ChunkRuns<'a> {
+    match probs {
+        None => {
+            let order: Vec<u32> = match o.mode {
+                ShuffleMode::Sequential => (0..shape.chunks()).collect(),
+                _ => chunk_order(shape, o, epoch, world),
+            };
+            ChunkRuns::new(order, RunIds::Samples(&shape.first))
         }
-        p += take;
+        Some(imp) => ChunkRuns::new(
+            chunk_order(shape, o, epoch, world),
+            RunIds::Draws(imp, vec![o.seed, epoch, TAG_IMPORTANCE]),
+        ),
     }
-    out
 }
 
 /// What the shards of configuration `old` (ranks, workers) had not delivered of an epoch
 /// (`consumed`: each shard's count), in their order; regrouped by chunk in the epoch's chunk
 /// order when the epoch reads chunk by chunk. Builds every old shard's plan: 8 bytes per
-/// sample left.
+/// sample left (the reference that [`global_rest_part`] and [`chunk_rest_part`] are tested
+/// against).
+#[cfg(test)]
 fn regrouped_rest(
     shape: &DatasetShape,
     o: &PlanOptions,
@@ -659,28 +664,107 @@ fn global_rest_part(
     // (position in the rest where the run starts, the run of epoch positions).
     let mut runs: Vec<(u64, Range<u64>)> = Vec::new();
     let mut total = 0u64;
-    for r in 0..old.0 {
-        let ranks = rank_positions(n, old.0, r, o.drop_last);
-        for k in 0..old.1 {
-            let part = worker_range(ranks.end - ranks.start, old.1, k);
-            let (a, b) = (ranks.start + part.start, ranks.start + part.end);
-            let done = consumed[(r * old.1 + k) as usize].min(b - a);
-            if a + done < b {
-                runs.push((total, a + done..b));
-                total += b - a - done;
-            }
+    for (_, pos, from) in old_shards(n, old, o.drop_last, consumed) {
+        if from < pos.end {
+            runs.push((total, from..pos.end));
+            total += pos.end - from;
         }
     }
-    let ranks = rank_positions(total, shard.world_size, shard.rank, o.drop_last);
-    let part = worker_range(ranks.end - ranks.start, shard.num_workers, shard.worker);
     let p = global_permutation(shape, o, epoch);
-    (ranks.start + part.start..ranks.start + part.end)
+    shard_positions(total, shard, o.drop_last)
         .map(|i| {
             let j = i % total;
             let (at, run) = &runs[runs.partition_point(|(s, _)| *s <= j) - 1];
             p.at((run.start + (j - at)) % n)
         })
         .collect()
+}
+
+/// `shard`'s part of what the shards of configuration `old` had not delivered of an epoch read
+/// chunk by chunk, without gathering it. Each old shard's rest is what its current window
+/// had not delivered (shuffled over the window) and a run of positions of the epoch's
+/// sequence; listed in sequence order (chunk order, then ids) they are cut for the new shards
+/// and evaluated position by position. O(old shards x window + chunks + part) memory; the
+/// same samples as cutting [`regrouped_rest`].
+fn chunk_rest_part(
+    shape: &DatasetShape,
+    o: &PlanOptions,
+    epoch: u64,
+    shard: &Shard,
+    old: (u32, u32),
+    consumed: &[u64],
+    probs: Option<&Importance>,
+) -> Vec<u64> {
+    let mut seq = chunk_runs(shape, o, epoch, old.0, probs);
+    let n = seq.len();
+    // Positions of the sequence left, each listed once for every old shard that had it left
+    // (padding repeats positions).
+    let mut pieces: Vec<Range<u64>> = Vec::new();
+    for (s, pos, from) in old_shards(n, old, o.drop_last, consumed) {
+        let mut run = from..pos.end;
+        if o.mode == ShuffleMode::Chunkwise && from < pos.end {
+            // Its current window was shuffled: what it had not delivered is scattered.
+            let (index, win) = seq.window_at(pos, o.window_chunks.max(1), from);
+            let mut left: Vec<u64> = win.clone().map(|p| p % n).collect();
+            let key = [
+                o.seed,
+                epoch,
+                TAG_WINDOW,
+                s.rank.into(),
+                s.worker.into(),
+                index,
+            ];
+            SplitMix64::keyed(&key).shuffle(&mut left);
+            pieces.extend(
+                left[(from - win.start) as usize..]
+                    .iter()
+                    .map(|&q| q..q + 1),
+            );
+            run = win.end..run.end;
+        }
+        let mut p = run.start;
+        while p < run.end {
+            let (q, take) = (p % n, (run.end - p).min(n - p % n));
+            pieces.push(q..q + take);
+            p += take;
+        }
+    }
+    // Sweep them into segments of positions listed the same number of times: (index of the
+    // segment's first sample in the rest, first position, positions, times).
+    let mut ends: Vec<(u64, i64)> = pieces
+        .iter()
+        .flat_map(|p| [(p.start, 1), (p.end, -1)])
+        .collect();
+    drop(pieces);
+    ends.sort_unstable();
+    let (mut segments, mut total, mut times) = (Vec::new(), 0u64, 0i64);
+    for (i, &(at, d)) in ends.iter().enumerate() {
+        times += d;
+        let next = ends.get(i + 1).map_or(at, |e| e.0);
+        if next > at && times > 0 {
+            segments.push((total, at, next - at, times as u64));
+            total += (next - at) * times as u64;
+        }
+    }
+    let Range { start: mut i, end } = shard_positions(total, shard, o.drop_last);
+    let mut out = Vec::with_capacity((end - i) as usize);
+    while i < end {
+        // Index `j` of the rest (wrapping past its end: padding).
+        let j = i % total;
+        let s = segments.partition_point(|s| s.0 <= j) - 1;
+        let (at, pos, len, times) = segments[s];
+        let take = (end - i).min(at + len * times - j);
+        if times == 1 {
+            seq.extend(pos + (j - at)..pos + (j - at) + take, &mut out);
+        } else {
+            for t in j..j + take {
+                let q = pos + (t - at) / times;
+                seq.extend(q..q + 1, &mut out);
+            }
+        }
+        i += take;
+    }
+    out
 }
 
 impl EpochPlan {
@@ -781,13 +865,11 @@ impl EpochPlan {
         }
         // Another configuration: what the old shards had not delivered yet is cut again for
         // the new ranks and workers.
-        let part = match o.mode == ShuffleMode::Global && probs.is_none() {
-            true => global_rest_part(shape, o, epoch, &shard, old, &st.consumed),
-            false => {
-                let rest = regrouped_rest(shape, o, epoch, old, &st.consumed, probs);
-                let rank = cut_rank(&rest, shard.world_size, shard.rank, o.drop_last);
-                split_worker(&rank, shard.num_workers, shard.worker).to_vec()
+        let part = match (o.mode, probs) {
+            (ShuffleMode::Global, None) => {
+                global_rest_part(shape, o, epoch, &shard, old, &st.consumed)
             }
+            _ => chunk_rest_part(shape, o, epoch, &shard, old, &st.consumed, probs),
         };
         Ok(windows(shape, o, epoch, &shard, part))
     }
@@ -882,7 +964,7 @@ pub fn shuffle_quality(
 mod share_tests {
     use super::*;
 
-    /// The rank share taken from the chunk order equals the cut of the full sequence, for
+    /// The rank share taken from the chunk runs equals the cut of the full sequence, for
     /// shapes with empty chunks, padding and dropping, every mode that reads whole chunks, and
     /// locality below 1.
     #[test]
@@ -909,12 +991,9 @@ mod share_tests {
             for rank in 0..world {
                 let seq = global_sequence(&shape, &o, 3, world);
                 let want = cut_rank(&seq, world, rank, o.drop_last);
-                let order: Vec<u32> = match o.mode {
-                    ShuffleMode::Sequential => (0..shape.chunks()).collect(),
-                    _ => chunk_order(&shape, &o, 3, world),
-                };
+                let mut runs = chunk_runs(&shape, &o, 3, world, None);
                 assert_eq!(
-                    rank_share(&shape, &order, world, rank, o.drop_last),
+                    runs.at(rank_positions(shape.samples(), world, rank, o.drop_last)),
                     want,
                     "case {case} rank {rank}/{world}"
                 );
@@ -1029,32 +1108,86 @@ mod share_tests {
                 drop_last: case % 2 == 0,
                 ..PlanOptions::default()
             };
-            // Each old shard delivered some of its part (all of it, none, or between).
-            let consumed: Vec<u64> = (0..old.0 * old.1)
-                .map(|_| match r.below(4) {
-                    0 => 0,
-                    1 => u64::MAX,
-                    _ => r.below(1 + shape.samples() / u64::from(old.0 * old.1).max(1)),
-                })
-                .collect();
+            let consumed = some_consumed(&mut r, &shape, old);
             let rest = regrouped_rest(&shape, &o, 3, old, &consumed, None);
-            let (world, workers) = (1 + r.below(7) as u32, 1 + r.below(4) as u32);
-            for rank in 0..world {
-                let share = cut_rank(&rest, world, rank, o.drop_last);
-                for worker in 0..workers {
-                    let shard = Shard {
-                        rank,
-                        world_size: world,
-                        worker,
-                        num_workers: workers,
-                    };
-                    assert_eq!(
-                        global_rest_part(&shape, &o, 3, &shard, old, &consumed),
-                        split_worker(&share, workers, worker),
-                        "case {case} {old:?} -> rank {rank}/{world} worker {worker}/{workers}"
-                    );
-                }
+            each_new_shard(&mut r, &rest, o.drop_last, |shard, want| {
+                let got = global_rest_part(&shape, &o, 3, shard, old, &consumed);
+                assert_eq!(got, want, "case {case} {old:?} -> {shard:?}");
+            });
+        }
+    }
+
+    /// What each shard of configuration `old` had delivered: all of its part, none, or some.
+    fn some_consumed(r: &mut SplitMix64, shape: &DatasetShape, old: (u32, u32)) -> Vec<u64> {
+        (0..old.0 * old.1)
+            .map(|_| match r.below(4) {
+                0 => 0,
+                1 => u64::MAX,
+                _ => r.below(2 + shape.samples() / u64::from(old.0 * old.1).max(1)),
+            })
+            .collect()
+    }
+
+    /// Calls `check` with every shard of a random new configuration and its cut of `rest`.
+    fn each_new_shard(
+        r: &mut SplitMix64,
+        rest: &[u64],
+        drop_last: bool,
+        mut check: impl FnMut(&Shard, &[u64]),
+    ) {
+        let (world, workers) = (1 + r.below(7) as u32, 1 + r.below(4) as u32);
+        for rank in 0..world {
+            let share = cut_rank(rest, world, rank, drop_last);
+            for worker in 0..workers {
+                let shard = Shard {
+                    rank,
+                    world_size: world,
+                    worker,
+                    num_workers: workers,
+                };
+                check(&shard, split_worker(&share, workers, worker));
             }
+        }
+    }
+
+    /// Resuming an epoch read chunk by chunk (chunk-wise, sequential, importance-sampled, or
+    /// global with importance) at another configuration gives each new shard exactly its cut
+    /// of everything the old shards had left, regrouped in chunk order.
+    #[test]
+    fn a_chunk_rest_part_equals_cutting_the_regrouped_rest() {
+        let mut r = SplitMix64::new(21);
+        let mass = |i: u64| ((i * 7919) % 11) as f64 + 0.25;
+        for case in 0..400 {
+            let counts: Vec<u64> = (0..1 + r.below(14))
+                .map(|_| if r.below(5) == 0 { 0 } else { r.below(30) })
+                .collect();
+            let shape = DatasetShape::from_counts(counts);
+            let old = (1 + r.below(6) as u32, 1 + r.below(3) as u32);
+            let o = PlanOptions {
+                mode: match case % 4 {
+                    0 => ShuffleMode::Sequential,
+                    3 => ShuffleMode::Global,
+                    _ => ShuffleMode::Chunkwise,
+                },
+                seed: case,
+                window_chunks: 1 + r.below(4) as usize,
+                drop_last: r.below(2) == 0,
+                locality: if case % 5 == 1 { 0.4 } else { 1.0 },
+            };
+            // Global epochs read chunk by chunk only when importance-sampled.
+            let sampled = o.mode == ShuffleMode::Global || r.below(3) == 0;
+            let lens = (0..shape.chunks()).map(|c| {
+                let s = shape.chunk_samples(c);
+                s.end - s.start
+            });
+            let imp =
+                sampled.then(|| Importance::new(&mass, 0.7, lens, &[case, 3, TAG_IMPORTANCE]));
+            let consumed = some_consumed(&mut r, &shape, old);
+            let rest = regrouped_rest(&shape, &o, 3, old, &consumed, imp.as_ref());
+            each_new_shard(&mut r, &rest, o.drop_last, |shard, want| {
+                let got = chunk_rest_part(&shape, &o, 3, shard, old, &consumed, imp.as_ref());
+                assert_eq!(got, want, "case {case} {o:?} {old:?} -> {shard:?}");
+            });
         }
     }
 }
