@@ -404,3 +404,65 @@ fn reads_golden_v1_4_block_checksums() {
     let err = bi.check(&bad).unwrap_err().to_string();
     assert!(err.contains("checksum mismatch"), "{err}");
 }
+
+fn golden_dir_1_5() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden/v1.5")
+}
+
+/// Format 1.5: the v1 source packed again; the snapshot gains path pages (kinds 16, 17).
+#[test]
+#[ignore = "writes the golden files; run only when creating them for a new format version"]
+fn write_golden_v1_5() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    write_tree(&src, &golden_source());
+    let out = golden_dir_1_5().join("dataset");
+    let _ = std::fs::remove_dir_all(&out);
+    std::fs::create_dir_all(golden_dir_1_5()).unwrap();
+    pack_golden(&src, &out);
+}
+
+#[test]
+fn reads_golden_v1_5_path_pages() {
+    let ds_path = golden_dir_1_5().join("dataset");
+    let ds = granary::Dataset::open_checked(&ds_path).expect("golden v1.5 dataset opens");
+    let s = ds.snapshot();
+    assert_eq!(s.version(), (1, 5));
+    let ix = s.page_index().unwrap().expect("1.5 has path pages");
+    assert_eq!(ix.len(), 1);
+    let mut want = golden_source();
+    want.sort();
+    // The pages list the path order: every path, sorted, at its own sample id.
+    let listed = s.sorted_paths(0..ds.len()).unwrap();
+    assert_eq!(
+        listed.iter().map(|e| e.1.clone()).collect::<Vec<_>>(),
+        want.iter().map(|w| w.0.clone()).collect::<Vec<_>>()
+    );
+    for (pos, (id, path)) in listed.iter().enumerate() {
+        assert_eq!(s.sorted_id(pos as u64).unwrap(), *id);
+        assert_eq!(s.lower_bound(path).unwrap(), pos as u64);
+        assert_eq!(&ds.read(*id).unwrap(), &want[pos].1);
+    }
+    let bananas = s.prefix_range(b"banana/").unwrap();
+    assert_eq!(bananas.end - bananas.start, 9);
+    assert!(granary::verify(&ds_path).is_clean());
+    let v1 = granary::Dataset::open(golden_dir().join("dataset")).unwrap();
+    assert_eq!(ds.content_digest().unwrap(), v1.content_digest().unwrap());
+    // The same searches on the 1.4 golden set (no pages) agree.
+    let v14 = granary::Dataset::open(golden_dir_1_4().join("dataset")).unwrap();
+    for key in [
+        &b""[..],
+        b"b",
+        b"banana/",
+        b"banana/caf",
+        b"cherry/",
+        b"z",
+        b"\xff",
+    ] {
+        assert_eq!(
+            s.prefix_range(key).unwrap(),
+            v14.snapshot().prefix_range(key).unwrap(),
+            "{key:?}"
+        );
+    }
+}

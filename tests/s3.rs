@@ -815,6 +815,13 @@ fn a_large_snapshot_is_read_in_checked_blocks() {
         b["lookup"]["snapshot_gets_max"].as_f64().unwrap() <= 6.0,
         "{b}"
     );
+    // A directory is found in the page index and a page or two (format 1.5), listed from
+    // consecutive pages.
+    assert!(
+        b["dir"]["snapshot_gets_median"].as_f64().unwrap() <= 3.0,
+        "{b}"
+    );
+    assert!(b["listed_paths"].as_u64().unwrap() > 0, "{b}");
     assert_eq!(b["epoch"]["samples"], 10000);
     assert!(
         b["epoch"]["snapshot_gets"].as_u64().unwrap() <= n_chunks,

@@ -15,6 +15,7 @@ mod hash;
 mod id;
 mod le;
 pub mod local;
+mod pages;
 mod record;
 mod rng;
 mod snapshot;
@@ -31,6 +32,7 @@ pub use chunk::{
 pub use error::{FormatError, Result};
 pub use hash::path_hash;
 pub use id::DatasetId;
+pub use pages::{PageIndex, PAGE_TARGET};
 pub use record::{check_chunk, check_fields, decode_record, ChunkCheck, MAX_ZSTD_RATIO};
 pub use rng::SplitMix64;
 pub use snapshot::{
@@ -57,8 +59,11 @@ pub const CHUNK_FIELDS_MINOR: u16 = 1;
 /// Minor version of a snapshot with block checksums (format 1.4: kinds 14 and 15), which this
 /// crate writes into every snapshot.
 pub const BLOCKS_MINOR: u16 = 4;
+/// Minor version of a snapshot with path pages (format 1.5: kinds 16 and 17), which this crate
+/// writes into every snapshot.
+pub const PAGES_MINOR: u16 = 5;
 /// The newest minor version this crate writes (and names in version errors).
-pub const NEWEST_MINOR: u16 = BLOCKS_MINOR;
+pub const NEWEST_MINOR: u16 = PAGES_MINOR;
 
 /// Magic bytes at offset 0 of a snapshot file.
 pub const SNAPSHOT_MAGIC: [u8; 8] = *b"GRNYSNAP";

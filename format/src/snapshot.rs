@@ -1,13 +1,18 @@
 //! The metadata snapshot: header, section table, and checksummed sections used in place.
 
 use std::ops::Range;
+use std::sync::Arc;
 
 use crate::blocks::{encode_block_sections, BlockHasher, BlockIndex, Pager, BLOCK_SIZE};
 use crate::error::{check_crc, check_magic_version, FormatError, Result};
+use crate::pages::{encode_pages, PageIndex};
 use crate::strtab::{encode_string_table, StringTable};
 use crate::{le, path_hash, ChunkSummary, SampleEntry, CHUNK_HEADER_LEN, CHUNK_TRAILER_LEN};
 use crate::{ChunkFields, FieldEntry, FIELD_ENTRY_LEN};
-use crate::{BLOCKS_MINOR, FORMAT_MAJOR, MAX_SAMPLES, NO_LABEL, SAMPLE_ENTRY_LEN, SNAPSHOT_MAGIC};
+use crate::{
+    BLOCKS_MINOR, FORMAT_MAJOR, MAX_SAMPLES, NO_LABEL, PAGES_MINOR, SAMPLE_ENTRY_LEN,
+    SNAPSHOT_MAGIC,
+};
 
 /// Length of the snapshot header; the section table follows it.
 pub const SNAPSHOT_HEADER_LEN: usize = 64;
@@ -54,6 +59,11 @@ pub enum SectionKind {
     /// Format 1.4 (with kind 14): the block size, the covered range and the CRCs of kind 14's
     /// own blocks.
     BlockIndex = 15,
+    /// Format 1.5 (with kind 17): the path order's paths and sample ids, front-coded in pages
+    /// ([`crate::PageIndex`]).
+    PathPages = 16,
+    /// Format 1.5 (with kind 16): every page's offset, first position and first path.
+    PathPageIndex = 17,
 }
 
 /// One field of a sample, as the snapshot describes it.
@@ -215,6 +225,8 @@ struct Layout {
     fields: Option<FieldsLayout>,
     /// Kinds 14 and 15, if present.
     blocks: Option<BlockIndex>,
+    /// Kinds 16 and 17 (path pages and their index), if present.
+    pages: Option<(Range<usize>, Range<usize>)>,
 }
 
 /// What [`Snapshot`]'s checks call before reading a range of the bytes (a pager's `need`).
@@ -246,7 +258,18 @@ pub struct Snapshot<B> {
     bytes: B,
     l: Layout,
     pager: Option<std::sync::Arc<dyn Pager>>,
+    /// Kind 17, parsed and checked on first use.
+    page_index: std::sync::OnceLock<PageIndex>,
+    /// The pages decoded last, the most recent last (a listing and the lookups that follow
+    /// it read the same few pages over and over).
+    decoded: std::sync::Mutex<Vec<(usize, Arc<Page>)>>,
 }
+
+/// A decoded page: each position's sample id and path, in path order.
+type Page = Vec<(u64, Vec<u8>)>;
+
+/// Decoded pages a snapshot keeps.
+const DECODED_PAGES: usize = 4;
 
 /// What identifies a snapshot's content, read from its 64-byte header alone: the dataset id
 /// and the header's CRC (which covers the counts and the section table's CRC, and through it
@@ -278,6 +301,8 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
             bytes,
             l,
             pager: None,
+            page_index: Default::default(),
+            decoded: Default::default(),
         })
     }
 
@@ -292,6 +317,8 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
             bytes,
             l,
             pager: Some(pager),
+            page_index: Default::default(),
+            decoded: Default::default(),
         })
     }
 
@@ -415,7 +442,7 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
             &b[SNAPSHOT_HEADER_LEN..tab_end],
         )?;
         let mut sections = Vec::with_capacity(nsec as usize);
-        let mut found: [Option<Range<usize>>; 15] = Default::default();
+        let mut found: [Option<Range<usize>>; 17] = Default::default();
         for i in 0..nsec as usize {
             let e = &b[SNAPSHOT_HEADER_LEN + i * SECTION_ENTRY_LEN..][..SECTION_ENTRY_LEN];
             let s = Section {
@@ -437,7 +464,7 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
                     ),
                 ));
             }
-            if (1..=15).contains(&s.kind) {
+            if (1..=17).contains(&s.kind) {
                 let slot = &mut found[s.kind as usize - 1];
                 if slot.is_some() {
                     return Err(FormatError::invalid(
@@ -496,6 +523,7 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
             dir_count,
         } = optional_sections(b, need, &mut found, samples)?;
         let fields = fields_sections(b, need, &mut found, samples)?;
+        let pages = page_sections(b, need, &mut found, samples)?;
         need(chunk_tab.clone())?;
         check_chunk_ranges(&b[chunk_tab.clone()], samples)?;
         Ok(Layout {
@@ -518,6 +546,7 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
             dir_count,
             fields,
             blocks,
+            pages,
         })
     }
 
@@ -833,6 +862,12 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
 
     /// Sample id whose path is exactly `path`, using the hash index (O(1) expected).
     pub fn lookup(&self, path: &[u8]) -> Result<Option<u64>> {
+        if let (Some(_), Some(ix)) = (&self.pager, self.page_index.get()) {
+            // Read in blocks, once a search or a listing has read the page index: one page
+            // (likely held already, a listing's), instead of a slot of the hash index and the
+            // candidate's path by id, each somewhere else in the snapshot.
+            return self.lookup_in_pages(ix, path);
+        }
         let h = path_hash(path);
         let tag = (h >> 32) as u32;
         let mask = self.l.hash_cap - 1;
@@ -878,10 +913,104 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
         Ok(start..self.prefix_end(prefix, start)?)
     }
 
-    /// The first position in the path order whose path is not less than `key` (a search;
-    /// `sample_count()` if there is none).
+    /// The first position in the path order whose path is not less than `key`
+    /// (`sample_count()` if there is none). With path pages (format 1.5): the index, then one
+    /// page; otherwise a binary search of the path order.
     pub fn lower_bound(&self, key: &[u8]) -> Result<u64> {
-        self.first_false(0, self.l.samples, |p| p < key)
+        let Some(ix) = self.page_index()? else {
+            return self.first_false(0, self.l.samples, |p| p < key);
+        };
+        if ix.is_empty() {
+            return Ok(0);
+        }
+        let p = ix.page_for(key);
+        let page = self.page(ix, p)?;
+        Ok(ix.positions(p).start + page.partition_point(|e| e.1.as_slice() < key) as u64)
+    }
+
+    /// The sample whose path is `key`, from the path pages.
+    fn lookup_in_pages(&self, ix: &PageIndex, key: &[u8]) -> Result<Option<u64>> {
+        if ix.is_empty() {
+            return Ok(None);
+        }
+        let page = self.page(ix, ix.page_for(key))?;
+        Ok(page
+            .binary_search_by(|e| e.1.as_slice().cmp(key))
+            .ok()
+            .map(|i| page[i].0))
+    }
+
+    /// Kind 17, parsed and checked once (its bytes fetched whole), if the snapshot has path
+    /// pages.
+    pub fn page_index(&self) -> Result<Option<&PageIndex>> {
+        let Some((pages, index)) = &self.l.pages else {
+            return Ok(None);
+        };
+        if let Some(ix) = self.page_index.get() {
+            return Ok(Some(ix));
+        }
+        let b = self.at(index.clone())?;
+        let ix = PageIndex::parse(b, pages.len() as u64, self.l.samples)?;
+        Ok(Some(self.page_index.get_or_init(|| ix)))
+    }
+
+    /// Page `p`'s entries (sample id, path), decoded and checked.
+    fn page(&self, ix: &PageIndex, p: usize) -> Result<Arc<Page>> {
+        let mut kept = self.decoded.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(i) = kept.iter().position(|k| k.0 == p) {
+            let k = kept.remove(i);
+            kept.push(k.clone());
+            return Ok(k.1);
+        }
+        drop(kept);
+        let page = Arc::new(ix.decode(p, self.page_bytes(ix, p)?, self.l.samples)?);
+        let mut kept = self.decoded.lock().unwrap_or_else(|e| e.into_inner());
+        if kept.len() >= DECODED_PAGES {
+            kept.remove(0);
+        }
+        kept.push((p, page.clone()));
+        Ok(page)
+    }
+
+    /// Page `p`'s bytes, made present.
+    fn page_bytes(&self, ix: &PageIndex, p: usize) -> Result<&[u8]> {
+        let start = self.l.pages.as_ref().map_or(0, |(r, _)| r.start);
+        let r = ix.bytes(p);
+        self.at(start + r.start as usize..start + r.end as usize)
+    }
+
+    /// The sample ids and paths at `positions` of the path order (clamped to it). With path
+    /// pages: the pages holding them, fetched together; otherwise each position's id and
+    /// path (fetched together first when the snapshot is read in blocks).
+    pub fn sorted_paths(&self, positions: Range<u64>) -> Result<Vec<(u64, Vec<u8>)>> {
+        let n = self.l.samples;
+        let (a, b) = (positions.start.min(n), positions.end.min(n));
+        if a >= b {
+            return Ok(Vec::new());
+        }
+        let Some(ix) = self.page_index()? else {
+            self.prefetch_sorted_paths(a..b)?;
+            return (a..b)
+                .map(|pos| {
+                    let id = self.sorted_id(pos)?;
+                    Ok((id, self.path(id)?.to_vec()))
+                })
+                .collect();
+        };
+        let pages = ix.page_of(a)..ix.page_of(b - 1) + 1;
+        if let (Some(pg), Some((r, _))) = (&self.pager, &self.l.pages) {
+            let r = r.start as u64;
+            let (s, e) = (ix.bytes(pages.start).start, ix.bytes(pages.end - 1).end);
+            pg.need(r + s..r + e)?;
+        }
+        let mut out = Vec::with_capacity((b - a) as usize);
+        for p in pages {
+            let at = ix.positions(p).start;
+            let entries = self.page(ix, p)?;
+            let (from, to) = (a.max(at) - at, b.min(ix.positions(p).end) - at);
+            out.extend_from_slice(&entries[from as usize..to as usize]);
+        }
+        Ok(out)
     }
 
     /// The end of the run of paths starting with `prefix` that begins at position `from`:
@@ -890,6 +1019,22 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
     /// read, most of them near `from`.
     pub fn prefix_end(&self, prefix: &[u8], from: u64) -> Result<u64> {
         let n = self.l.samples;
+        if self.l.pages.is_some() {
+            // Two searches of the pages: where the prefix's run starts and where the paths
+            // greater than all of it start.
+            let (start, end) = (
+                self.lower_bound(prefix)?,
+                match prefix_successor(prefix) {
+                    Some(s) => self.lower_bound(&s)?,
+                    None => n,
+                },
+            );
+            return Ok(if (start..end).contains(&from) {
+                end
+            } else {
+                from.min(n)
+            });
+        }
         let has =
             |pos: u64| -> Result<bool> { Ok(self.path(self.sorted_id(pos)?)?.starts_with(prefix)) };
         if from >= n || !has(from)? {
@@ -965,6 +1110,10 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
         let Some(bi) = self.l.blocks.as_ref().filter(|_| self.pager.is_some()) else {
             return Ok(false);
         };
+        if self.l.pages.is_some() {
+            // A listing reads contiguous pages instead.
+            return Ok(false);
+        }
         let blocks = (self.l.paths.len() as u64).div_ceil(bi.block_size);
         let whole = (positions.end.saturating_sub(positions.start)).saturating_mul(4) >= blocks;
         if whole {
@@ -976,7 +1125,7 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
     /// Makes the paths at positions `positions` of the path order present at once (what a
     /// listing of those positions reads): the order's entries, then the paths' offsets, then
     /// their bytes, each step's pieces fetched together. Nothing for a snapshot held whole.
-    pub fn prefetch_sorted_paths(&self, positions: Range<u64>) -> Result<()> {
+    fn prefetch_sorted_paths(&self, positions: Range<u64>) -> Result<()> {
         let Some(p) = &self.pager else {
             return Ok(());
         };
@@ -1201,7 +1350,43 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
             }
         }
         self.check_optional(&mut push);
+        self.check_pages(&mut push);
         errs
+    }
+
+    /// [`Snapshot::check_structure`] for the path pages (format 1.5): the index and every
+    /// page check, and together the pages list exactly the path order's ids and paths.
+    fn check_pages(&self, push: &mut impl FnMut(FormatError)) {
+        let ix = match self.page_index() {
+            Ok(Some(ix)) => ix,
+            Ok(None) => return,
+            Err(e) => return push(e),
+        };
+        for p in 0..ix.len() {
+            let b = match self.page_bytes(ix, p) {
+                Ok(b) => b,
+                Err(e) => return push(e),
+            };
+            let mut pos = ix.positions(p).start;
+            let mut wrong = None;
+            let walked = ix.walk(p, b, self.l.samples, |id, path| {
+                let want = self.sorted_id(pos).and_then(|i| Ok((i, self.path(i)?)));
+                if !want.is_ok_and(|w| w.0 == id && w.1 == path) {
+                    wrong = Some((pos, id));
+                    return false;
+                }
+                pos += 1;
+                true
+            });
+            match (walked, wrong) {
+                (Err(e), _) => push(e),
+                (_, Some((pos, id))) => push(FormatError::invalid(
+                    "snapshot path pages",
+                    format!("position {pos} holds sample {id}, not the path order's"),
+                )),
+                _ => {}
+            }
+        }
     }
 
     /// [`Snapshot::check_structure`] for the fields (format 1.3): names valid, sorted and
@@ -1576,6 +1761,63 @@ fn check_chunk_ranges(tab: &[u8], samples: u64) -> Result<()> {
     Ok(())
 }
 
+/// The snapshot header for `dataset_id` at minor version `minor`, with (samples, chunks,
+/// sections) `counts` and section table `table`.
+fn snapshot_header(
+    dataset_id: [u8; 16],
+    minor: u16,
+    counts: (u64, u64, u32),
+    table: &[u8],
+) -> [u8; SNAPSHOT_HEADER_LEN] {
+    let mut h = [0u8; SNAPSHOT_HEADER_LEN];
+    h[0..8].copy_from_slice(&SNAPSHOT_MAGIC);
+    h[8..10].copy_from_slice(&FORMAT_MAJOR.to_le_bytes());
+    h[10..12].copy_from_slice(&minor.to_le_bytes());
+    h[12..16].copy_from_slice(&(SNAPSHOT_HEADER_LEN as u32).to_le_bytes());
+    h[16..32].copy_from_slice(&dataset_id);
+    h[32..40].copy_from_slice(&counts.0.to_le_bytes());
+    h[40..48].copy_from_slice(&counts.1.to_le_bytes());
+    h[48..52].copy_from_slice(&counts.2.to_le_bytes());
+    h[52..56].copy_from_slice(&crc32fast::hash(table).to_le_bytes());
+    let crc = crc32fast::hash(&h[0..60]);
+    h[60..64].copy_from_slice(&crc.to_le_bytes());
+    h
+}
+
+/// The least byte string greater than every string starting with `prefix` (`None` when
+/// there is none: `prefix` empty or all 0xff).
+fn prefix_successor(prefix: &[u8]) -> Option<Vec<u8>> {
+    let keep = prefix.iter().rposition(|&b| b != 0xff)?;
+    let mut s = prefix[..=keep].to_vec();
+    s[keep] += 1;
+    Some(s)
+}
+
+/// Kinds 16 and 17, if present: both or neither, kind 17 sized for the pages it declares
+/// (O(1); the index itself is checked when first used).
+fn page_sections(
+    b: &[u8],
+    need: Need,
+    found: &mut [Option<Range<usize>>],
+    samples: u64,
+) -> Result<Option<(Range<usize>, Range<usize>)>> {
+    match (
+        found[SectionKind::PathPages as usize - 1].take(),
+        found[SectionKind::PathPageIndex as usize - 1].take(),
+    ) {
+        (None, None) => Ok(None),
+        (Some(pages), Some(index)) => {
+            need(index.start..(index.start + 8).min(index.end))?;
+            crate::pages::declared_pages(&b[index.clone()], samples)?;
+            Ok(Some((pages, index)))
+        }
+        _ => Err(FormatError::invalid(
+            "snapshot section table",
+            "the path pages and their index (kinds 16 and 17) come together",
+        )),
+    }
+}
+
 fn section_name(kind: u32) -> String {
     match kind {
         1 => "snapshot chunk table".into(),
@@ -1593,6 +1835,8 @@ fn section_name(kind: u32) -> String {
         13 => "snapshot fields".into(),
         14 => "snapshot block checksums".into(),
         15 => "snapshot block index".into(),
+        16 => "snapshot path pages".into(),
+        17 => "snapshot path page index".into(),
         k => format!("snapshot section of kind {k}"),
     }
 }
@@ -1660,6 +1904,8 @@ pub struct SnapshotBuilder {
     /// Field entries (names as ids of `field_names`) and each sample's count.
     field_entries: Vec<FieldEntry>,
     field_counts: Vec<u32>,
+    /// Whether to write path pages (kinds 16, 17); without them the snapshot is format 1.4.
+    pages: bool,
 }
 
 impl SnapshotBuilder {
@@ -1682,7 +1928,14 @@ impl SnapshotBuilder {
             field_names: Vec::new(),
             field_entries: Vec::new(),
             field_counts: Vec::new(),
+            pages: true,
         }
+    }
+
+    /// Writes the snapshot without path pages, as format 1.4 did: what tests of readers of
+    /// older snapshots build.
+    pub fn without_path_pages(&mut self) {
+        self.pages = false;
     }
 
     /// Adds the attributes of the next samples, in sample order. Either every sample gets
@@ -1882,6 +2135,9 @@ impl SnapshotBuilder {
                 SectionKind::Fields,
             ]);
         }
+        if self.pages {
+            kinds.extend([SectionKind::PathPages, SectionKind::PathPageIndex]);
+        }
         kinds
     }
 
@@ -1963,6 +2219,9 @@ impl SnapshotBuilder {
         let dir_names = encode_string_table(self.dirs.iter().map(|d| &d.0));
         let (field_names, rename) = self.sorted_field_names();
         let classes = encode_string_table(self.classes.iter());
+        let sorted = || order.iter().map(|&i| (self.path(i as usize), i));
+        // The pages are encoded again as they are written (twice): only their index is held.
+        let page_index = encode_pages(sorted(), |_, _, _| Ok(()))?;
         let mut lineage = [0u8; LINEAGE_LEN];
         lineage[0..8].copy_from_slice(&self.lineage.generation.to_le_bytes());
         lineage[8..12].copy_from_slice(&self.lineage.parent.to_le_bytes());
@@ -2021,11 +2280,17 @@ impl SnapshotBuilder {
                     .encode()
                 }),
             ),
+            SectionKind::PathPages => encode_pages(sorted(), |b, _, _| f(b)).map(drop),
+            SectionKind::PathPageIndex => f(&page_index),
             // Computed from the bytes of all others, below.
             SectionKind::BlockCrcs | SectionKind::BlockIndex => unreachable!("not in kinds()"),
         };
         let kinds = self.kinds();
-        let minor = BLOCKS_MINOR;
+        let minor = if self.pages {
+            PAGES_MINOR
+        } else {
+            BLOCKS_MINOR
+        };
         let nsec = kinds.len() + 2;
         let table_end = (SNAPSHOT_HEADER_LEN + nsec * SECTION_ENTRY_LEN) as u64;
         let mut table = vec![0u8; nsec * SECTION_ENTRY_LEN];
@@ -2068,19 +2333,8 @@ impl SnapshotBuilder {
             k15.len() as u64,
             k15_crc,
         );
-        let mut h = [0u8; SNAPSHOT_HEADER_LEN];
-        h[0..8].copy_from_slice(&SNAPSHOT_MAGIC);
-        h[8..10].copy_from_slice(&FORMAT_MAJOR.to_le_bytes());
-        h[10..12].copy_from_slice(&minor.to_le_bytes());
-        h[12..16].copy_from_slice(&(SNAPSHOT_HEADER_LEN as u32).to_le_bytes());
-        h[16..32].copy_from_slice(&self.dataset_id);
-        h[32..40].copy_from_slice(&(n as u64).to_le_bytes());
-        h[40..48].copy_from_slice(&(self.chunks.len() as u64).to_le_bytes());
-        h[48..52].copy_from_slice(&(nsec as u32).to_le_bytes());
-        h[52..56].copy_from_slice(&crc32fast::hash(&table).to_le_bytes());
-        let crc = crc32fast::hash(&h[0..60]);
-        h[60..64].copy_from_slice(&crc.to_le_bytes());
-        w.write_all(&h)?;
+        let counts = (n as u64, self.chunks.len() as u64, nsec as u32);
+        w.write_all(&snapshot_header(self.dataset_id, minor, counts, &table))?;
         w.write_all(&table)?;
         let mut pos = table_end;
         for &kind in &kinds {

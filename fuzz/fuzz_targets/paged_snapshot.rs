@@ -1,4 +1,4 @@
-//! A snapshot read in pieces (format 1.4, as from an object store): `Snapshot::open_paged` and
+//! A snapshot read in pieces (format 1.4 and later, as from an object store): `Snapshot::open_paged` and
 //! every accessor, on any bytes. Whatever the bytes, every byte an accessor reads must be one
 //! it asked its pager for: the same queries over a copy that holds only the bytes asked for
 //! (the rest garbage) must give the same answers. The block index, when it parses, must check
@@ -56,6 +56,8 @@ fn queries(data: &[u8], pager: Arc<Recorder>) -> Vec<String> {
         }
         out.push(format!("{:?}", s.sorted_id(id)));
     }
+    out.push(format!("{:?}", s.sorted_paths(0..n.min(300))));
+    out.push(format!("{:?}", (s.lower_bound(b"m"), s.prefix_end(b"m", 0))));
     out.push(format!("{:?}", s.prefetch_paths()));
     for i in 0..s.dir_count().min(64) {
         out.push(format!("{:?}", s.dir(i)));

@@ -1,6 +1,7 @@
 //! The snapshot: `Snapshot::open` and every accessor a reader calls, on any bytes. A snapshot
 //! that opens and passes the complete structural check must also be consistent: every path is
-//! found at its own id and the path order is sorted.
+//! found at its own id, the path order is sorted, and searches and listings of the path order
+//! (through the path pages of format 1.5, when present) agree with it.
 #![no_main]
 use granary_format::Snapshot;
 use libfuzzer_sys::fuzz_target;
@@ -29,6 +30,8 @@ fuzz_target!(|data: &[u8]| {
     let _ = s.path(n);
     let _ = s.lookup(b"no/such/path");
     let _ = s.prefix_range(b"");
+    let _ = (s.lower_bound(b"\xff"), s.prefix_end(b"a", 0), s.page_index());
+    let _ = (s.sorted_paths(0..n.min(4096)), s.sorted_paths(n.saturating_sub(3)..n + 3));
     let sections_ok = s.check_sections().is_empty();
     if sections_ok && s.check_structure(1 << 16).is_empty() {
         let mut prev: Option<&[u8]> = None;
@@ -37,7 +40,13 @@ fuzz_target!(|data: &[u8]| {
             let p = s.path(id).expect("a checked snapshot has every path");
             assert_eq!(s.lookup(p).unwrap(), Some(id), "a checked snapshot finds every path");
             assert!(prev.is_none_or(|q| q < p), "a checked path order is sorted");
+            assert_eq!(s.lower_bound(p).unwrap(), pos, "a checked path is found at its position");
             prev = Some(p);
+        }
+        let listed = s.sorted_paths(0..n).expect("a checked snapshot lists its paths");
+        for (pos, (id, p)) in listed.iter().enumerate() {
+            assert_eq!(s.sorted_id(pos as u64).unwrap(), *id, "listed in the path order");
+            assert_eq!(s.path(*id).unwrap(), p.as_slice(), "listed with its own path");
         }
     }
 });

@@ -55,6 +55,9 @@ struct Stats<'a> {
     samples: u64,
     /// Directories looked up or listed so far (the tree is made as it is visited).
     directories_known: usize,
+    /// GETs and bytes of the snapshot fetched so far (a snapshot read in blocks).
+    snapshot_gets: Option<u64>,
+    snapshot_bytes: Option<u64>,
     tier: Option<String>,
     opens: u64,
     open_files: usize,
@@ -355,6 +358,8 @@ impl MountFs {
             dataset: ds.location(),
             samples: ds.len(),
             directories_known: self.tree.dir_count(),
+            snapshot_gets: ds.snapshot_fetched().map(|f| f.0),
+            snapshot_bytes: ds.snapshot_fetched().map(|f| f.1),
             tier: self.reader.tier_dir().map(|p| p.display().to_string()),
             opens: self.opens.load(Relaxed),
             open_files: self.handles.lock().expect("handles").len(),

@@ -7,8 +7,10 @@
 //! snapshot's path hash index, and listed through the path order. Every path with a given
 //! prefix is contiguous in the path order, so a directory's entries are a few runs: its
 //! subdirectories, and runs of positions in the path order holding its direct files. Listing
-//! a directory reads its direct files' paths and, for each subdirectory, a few paths found by
-//! galloping past its subtree; looking a directory up is one binary search of the path order.
+//! a directory reads its direct files' paths and, for each subdirectory, where its subtree
+//! ends; looking a directory up is one search of the path order. With path pages (format 1.5)
+//! a search is the page index (read once) and one page, and a directory's paths are
+//! consecutive pages; older snapshots are searched by bisection through the paths by id.
 //!
 //! In a dataset whose samples have named fields (format 1.3) the files are the fields, shown
 //! as `KEY.FIELD` (inode = the field's index among all field entries + 2); a run of samples
@@ -22,7 +24,7 @@
 
 use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, OnceLock, RwLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
 use granary::{Dataset, ReadError};
 
@@ -35,6 +37,17 @@ const NAME_MAX: usize = 255;
 /// Paths fetched together ahead of a listing's walk through a run of direct files: the first
 /// batch, and the most the batch grows to while the run goes on.
 const READAHEAD: (u64, u64) = (64, 1 << 16);
+
+/// Paths read together when a directory's entries are read in order (readdir).
+const ENTRY_BATCH: u64 = 4096;
+
+/// Positions of the path order read last, with their sample ids and paths (a listing and the
+/// readdir after it read them in order).
+#[derive(Debug, Default)]
+struct Ahead {
+    at: std::ops::Range<u64>,
+    entries: Vec<(u64, Vec<u8>)>,
+}
 
 /// One entry of a directory's listing, in order.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -102,6 +115,7 @@ pub struct Tree {
     /// Number of files: samples, or field entries when the samples have fields.
     samples: u64,
     fields: bool,
+    ahead: Mutex<Ahead>,
 }
 
 fn bad(detail: String) -> ReadError {
@@ -189,7 +203,32 @@ impl Tree {
             recorded,
             samples: files,
             fields,
+            ahead: Mutex::default(),
         })
+    }
+
+    /// The sample id and path at position `pos` of the path order: from the positions read
+    /// last, or read now with the `batch - 1` after it (up to `end`).
+    fn sorted(
+        &self,
+        ds: &Dataset,
+        pos: u64,
+        batch: u64,
+        end: u64,
+    ) -> Result<(u64, Vec<u8>), ReadError> {
+        let mut a = self.ahead.lock().unwrap_or_else(|p| p.into_inner());
+        if !a.at.contains(&pos) {
+            let entries =
+                ds.sorted_paths(pos..pos.saturating_add(batch.max(1)).min(end).max(pos + 1))?;
+            *a = Ahead {
+                at: pos..pos + entries.len() as u64,
+                entries,
+            };
+        }
+        a.entries
+            .get(pos.wrapping_sub(a.at.start) as usize)
+            .cloned()
+            .ok_or_else(|| bad(format!("position {pos} of the path order is out of range")))
     }
 
     fn known(&self) -> std::sync::RwLockReadGuard<'_, Known> {
@@ -217,7 +256,7 @@ impl Tree {
         key.push(b'/');
         let exists = !self.recorded_under(&key).is_empty() || {
             let at = ds.lower_bound(&key)?;
-            at < ds.len() && ds.path(ds.sorted_id(at)?)?.starts_with(&key)
+            at < ds.len() && self.sorted(ds, at, 1, ds.len())?.1.starts_with(&key)
         };
         if !exists {
             return Ok(None);
@@ -290,25 +329,26 @@ impl Tree {
         let (mut pos, mut ri) = (range.start, rec.start);
         let mut l = Listing::default();
         let mut seen: HashSet<Vec<u8>> = HashSet::new();
-        let mut prev: Option<&[u8]> = None;
+        let mut prev: Option<Vec<u8>> = None;
         // A listing that would touch most blocks of the paths anyway fetches them whole, in
-        // large GETs, rather than a few at a time.
-        let whole = ds.prefetch_for_listing(range.clone())?;
-        let (mut fetched_to, mut batch) = (if whole { range.end } else { pos }, READAHEAD.0);
-        let mut in_files = false;
+        // large GETs, rather than a few at a time (snapshots without path pages).
+        ds.prefetch_for_listing(range.clone())?;
+        let (mut fetched_to, mut batch, mut in_files) = (pos, READAHEAD.0, false);
         loop {
-            // Read ahead only through a run of direct files (a subdirectory needs one path).
-            if in_files && pos < range.end && pos >= fetched_to {
-                fetched_to = (pos + batch).min(range.end);
-                ds.prefetch_sorted_paths(pos..fetched_to)?;
-                batch = (batch * 2).min(READAHEAD.1);
+            // Read ahead only through a run of direct files (a subdirectory needs one path),
+            // in batches that grow while the run goes on.
+            if pos >= fetched_to || !in_files {
+                fetched_to = pos + if in_files { batch } else { 1 };
+                if in_files {
+                    batch = (batch * 2).min(READAHEAD.1);
+                }
             }
             let file = match pos < range.end {
-                true => Some(ds.path(ds.sorted_id(pos)?)?),
+                true => Some(self.sorted(ds, pos, fetched_to - pos, range.end)?.1),
                 false => None,
             };
             let rec_key = (ri < rec.end).then(|| &self.recorded[ri].0[..]);
-            let (key, is_file) = match (file, rec_key) {
+            let (key, is_file) = match (file.as_deref(), rec_key) {
                 (None, None) => break,
                 (Some(f), Some(r)) if r <= f => (r, false),
                 (Some(f), _) => (f, true),
@@ -316,13 +356,13 @@ impl Tree {
             };
             if is_file {
                 checked(key)?;
-                if prev.is_some_and(|p| p >= key) || !key.starts_with(&prefix) {
+                if prev.as_deref().is_some_and(|p| p >= key) || !key.starts_with(&prefix) {
                     return Err(bad(format!(
                         "the snapshot's path order is not sorted at {:?} (run `granary verify`)",
                         granary::escape_path(key)
                     )));
                 }
-                prev = Some(key);
+                prev = Some(key.to_vec());
             }
             let rest = &key[prefix.len()..];
             if !is_file && rest.is_empty() {
@@ -546,16 +586,16 @@ impl Tree {
                 node: Node::Dir(*sub),
                 name: Cow::Owned(self.dir_name(*sub)),
             })),
-            Run::Files { start, firsts, .. } if self.fields => {
+            Run::Files { start, end, firsts } if self.fields => {
                 let local = k - l.starts[r];
                 let i = firsts.partition_point(|&f| f <= local) - 1;
                 let j = local - firsts[i];
-                let id = ds.sorted_id(start + i as u64)?;
+                let (id, path) = self.sorted(ds, start + i as u64, ENTRY_BATCH, *end)?;
                 let fs = ds.fields(id)?;
                 let f = fs
                     .get(j as usize)
                     .ok_or_else(|| bad(format!("sample {id} has fewer fields")))?;
-                let name = [split_last(ds.path(id)?).1, b".", f.name].concat();
+                let name = [split_last(&path).1, b".", f.name].concat();
                 let first = ds
                     .snapshot()
                     .field_first(id)
@@ -565,13 +605,12 @@ impl Tree {
                     name: Cow::Owned(name),
                 }))
             }
-            Run::Files { start, .. } => {
+            Run::Files { start, end, .. } => {
                 let pos = start + (k - l.starts[r]);
-                let id = ds.sorted_id(pos)?;
-                let name = split_last(ds.path(id)?).1;
+                let (id, path) = self.sorted(ds, pos, ENTRY_BATCH, *end)?;
                 Ok(Some(Entry {
                     node: Node::File(id),
-                    name: Cow::Borrowed(name),
+                    name: Cow::Owned(split_last(&path).1.to_vec()),
                 }))
             }
         }

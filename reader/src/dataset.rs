@@ -332,12 +332,15 @@ impl Dataset {
         self.snap.prefetch_paths().map_err(|e| self.fmt_err(e))
     }
 
-    /// [`Snapshot::prefetch_sorted_paths`]: the paths at `positions` of the path order
-    /// fetched together before a listing reads them one by one.
-    pub fn prefetch_sorted_paths(&self, positions: std::ops::Range<u64>) -> Result<()> {
-        self.snap
-            .prefetch_sorted_paths(positions)
-            .map_err(|e| self.fmt_err(e))
+    /// The sample ids and paths at `positions` of the path order ([`Snapshot::sorted_paths`]:
+    /// from the path pages when the snapshot has them, a few contiguous fetches when it is
+    /// read in blocks).
+    pub fn sorted_paths(&self, positions: std::ops::Range<u64>) -> Result<Vec<(u64, Vec<u8>)>> {
+        let v = self
+            .snap
+            .sorted_paths(positions)
+            .map_err(|e| self.fmt_err(e))?;
+        self.intact(v)
     }
 
     /// [`Snapshot::prefetch_for_listing`]: every path fetched at once before a listing that

@@ -48,65 +48,66 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     let range = ds.snapshot().prefix_range(key_prefix)?;
     // Read in blocks, the listed paths (and with --long their entries) are fetched together,
     // a batch at a time (all at once when they are most blocks anyway), not one by one.
-    let whole = ds.prefetch_for_listing(range.clone())?;
+    ds.prefetch_for_listing(range.clone())?;
     let classes = ds.classes()?;
+    let class = |label: u32| {
+        classes
+            .get(label as usize)
+            .map(|c| granary::escape_path(c))
+            .unwrap_or_else(|| "-".into())
+    };
     let mut out = BufWriter::new(std::io::stdout().lock());
-    for pos in range.clone() {
-        if (pos - range.start) % LS_BATCH == 0 && ds.snapshot().is_paged() {
-            let batch = pos..(pos + LS_BATCH).min(range.end);
-            if !whole {
-                ds.prefetch_sorted_paths(batch.clone())?;
-            }
-            if a.long {
-                let ids: Vec<u64> = batch.map(|p| ds.sorted_id(p)).collect::<Result<_, _>>()?;
-                ds.prefetch_samples_at(&ids)?;
-            }
-        }
-        let id = ds.snapshot().sorted_id(pos)?;
-        if ds.has_fields() {
-            let key = ds.path(id)?;
-            let s = ds.sample(id)?;
-            for f in ds.fields(id)? {
-                let name = [key, b".", f.name].concat();
-                if !name.starts_with(&prefix) {
-                    continue;
-                }
-                let path = granary::escape_path(&name);
-                if a.long {
-                    let class = classes
-                        .get(s.entry.label as usize)
-                        .map(|c| granary::escape_path(c))
-                        .unwrap_or_else(|| "-".into());
-                    writeln!(
-                        out,
-                        "{:>9} {:>12} {:>12} {:<4} {:>6} {:<16} {path}",
-                        id, f.len, f.len, "none", s.entry.chunk, class
-                    )?;
-                } else {
-                    writeln!(out, "{path}")?;
-                }
-            }
-            continue;
-        }
-        let path = granary::escape_path(ds.path(id)?);
+    let mut pos = range.start;
+    while pos < range.end {
+        let batch = ds.sorted_paths(pos..(pos + LS_BATCH).min(range.end))?;
+        anyhow::ensure!(
+            !batch.is_empty(),
+            "position {pos} of the path order is missing"
+        );
+        pos += batch.len() as u64;
         if a.long {
-            let s = ds.sample(id)?;
-            let class = classes
-                .get(s.entry.label as usize)
-                .map(|c| granary::escape_path(c))
-                .unwrap_or_else(|| "-".into());
-            writeln!(
-                out,
-                "{:>9} {:>12} {:>12} {:<4} {:>6} {:<16} {path}",
-                id,
-                s.entry.orig_len,
-                s.entry.stored_len,
-                s.compression.name(),
-                s.entry.chunk,
-                class
-            )?;
-        } else {
-            writeln!(out, "{path}")?;
+            let ids: Vec<u64> = batch.iter().map(|e| e.0).collect();
+            ds.prefetch_samples_at(&ids)?;
+        }
+        for (id, key) in batch {
+            if ds.has_fields() {
+                let s = ds.sample(id)?;
+                for f in ds.fields(id)? {
+                    let name = [&key[..], b".", f.name].concat();
+                    if !name.starts_with(&prefix) {
+                        continue;
+                    }
+                    let path = granary::escape_path(&name);
+                    if a.long {
+                        let (c, len) = (class(s.entry.label), f.len);
+                        let chunk = s.entry.chunk;
+                        writeln!(
+                            out,
+                            "{id:>9} {len:>12} {len:>12} {:<4} {chunk:>6} {c:<16} {path}",
+                            "none"
+                        )?;
+                    } else {
+                        writeln!(out, "{path}")?;
+                    }
+                }
+                continue;
+            }
+            let path = granary::escape_path(&key);
+            if a.long {
+                let s = ds.sample(id)?;
+                writeln!(
+                    out,
+                    "{:>9} {:>12} {:>12} {:<4} {:>6} {:<16} {path}",
+                    id,
+                    s.entry.orig_len,
+                    s.entry.stored_len,
+                    s.compression.name(),
+                    s.entry.chunk,
+                    class(s.entry.label)
+                )?;
+            } else {
+                writeln!(out, "{path}")?;
+            }
         }
     }
     out.flush()?;

@@ -7,9 +7,17 @@ type Rec = (Vec<u8>, Vec<u8>, u32);
 
 /// Builds a dataset in memory: chunk files and the snapshot bytes.
 fn build(chunks: &[Vec<Rec>], classes: &[&[u8]]) -> (Vec<Vec<u8>>, Vec<u8>) {
+    build_with(chunks, classes, true)
+}
+
+/// [`build`], with or without path pages (format 1.5 or 1.4).
+fn build_with(chunks: &[Vec<Rec>], classes: &[&[u8]], pages: bool) -> (Vec<Vec<u8>>, Vec<u8>) {
     let id = [0xAB; 16];
     let classes: Vec<Vec<u8>> = classes.iter().map(|c| c.to_vec()).collect();
     let mut b = SnapshotBuilder::new(id, classes.clone());
+    if !pages {
+        b.without_path_pages();
+    }
     let mut files = Vec::new();
     for (ci, recs) in chunks.iter().enumerate() {
         let mut w = ChunkWriter::new(Vec::new(), id, ci as u32).unwrap();
@@ -68,7 +76,7 @@ fn all_problems(bytes: &[u8]) -> usize {
 fn open_and_query() {
     let (_, snap) = small();
     let s = Snapshot::open(&snap[..]).unwrap();
-    assert_eq!(s.version(), (1, 4));
+    assert_eq!(s.version(), (1, 5));
     assert_eq!(s.sample_count(), 3);
     assert_eq!(s.chunk_count(), 2);
     assert_eq!(s.path(1).unwrap(), b"dog/\xff.jpg");
@@ -113,7 +121,7 @@ fn unknown_major_version_names_both() {
     snap[8..10].copy_from_slice(&9u16.to_le_bytes());
     let err = Snapshot::open(&snap[..]).err().unwrap().to_string();
     assert!(
-        err.contains("9.4") && err.contains("major version 1"),
+        err.contains("9.5") && err.contains("major version 1"),
         "{err}"
     );
 }
@@ -271,7 +279,7 @@ fn attributes_and_directories_round_trip_as_format_1_2() {
     let snap = small_with_attrs();
     crate::local::dump_fuzz_seed("snapshot", "format-1.2-attrs-dirs", &snap);
     let s = Snapshot::open(&snap[..]).unwrap();
-    assert_eq!(s.version(), (1, 4));
+    assert_eq!(s.version(), (1, 5));
     assert!(s.has_attrs());
     assert_eq!(
         s.attrs(0).unwrap(),
@@ -463,8 +471,8 @@ fn queries<B: AsRef<[u8]>>(s: &Snapshot<B>) -> Vec<String> {
 #[test]
 fn a_paged_snapshot_reads_only_what_it_asks_for() {
     for (name, snap) in [("small", small().1), ("attrs-dirs", small_with_attrs())] {
-        crate::local::dump_fuzz_seed("paged_snapshot", &format!("format-1.4-{name}"), &snap);
-        crate::local::dump_fuzz_seed("snapshot", &format!("format-1.4-{name}"), &snap);
+        crate::local::dump_fuzz_seed("paged_snapshot", &format!("format-1.5-{name}"), &snap);
+        crate::local::dump_fuzz_seed("snapshot", &format!("format-1.5-{name}"), &snap);
         asks_only_for_what_it_reads(&snap, |s: &Snapshot<&[u8]>| queries(s));
     }
 }
@@ -596,4 +604,123 @@ fn paged_searches_of_the_path_order_agree_with_binary_search_and_read_only_what_
         assert_eq!(whole.prefix_range(k).unwrap(), lb..end, "{k:?}");
     }
     asks_only_for_what_it_reads(&snap, answers);
+}
+
+/// Searches and listings of the path order give the same answers with path pages (format
+/// 1.5) as without (1.4: a binary search through the paths by id) and as a scan of the sorted
+/// paths, held whole or fetched in pieces, over many pages, keys between, before and after
+/// every path, prefixes ending in 0xff, and starting points inside and outside each run.
+#[test]
+fn path_pages_answer_as_the_path_order_does() {
+    let mut r = crate::SplitMix64::new(5);
+    let mut recs: Vec<Vec<Rec>> = (0..40)
+        .map(|c| {
+            (0..800)
+                .map(|i| {
+                    let dir = ["a", "ab", "b", "bb", "zz/deep/er"][(i % 5) as usize];
+                    let name = format!("{dir}/{:06}-{}", r.below(1 << 20), c * 800 + i);
+                    (name.into_bytes(), vec![1], 0)
+                })
+                .collect()
+        })
+        .collect();
+    // Names with raw 0xff bytes.
+    for (i, rec) in recs[0].iter_mut().enumerate().take(50) {
+        rec.0 = [&b"b\xff/"[..], format!("{i:03}").as_bytes()].concat();
+    }
+    for (i, rec) in recs[1].iter_mut().enumerate().take(50) {
+        rec.0 = [&b"b\xff\xff"[..], format!("{i:03}").as_bytes()].concat();
+    }
+    let (_, new) = build_with(&recs, &[b"x"], true);
+    let (_, old) = build_with(&recs, &[b"x"], false);
+    let s15 = Snapshot::open(&new[..]).unwrap();
+    let s14 = Snapshot::open(&old[..]).unwrap();
+    assert_eq!((s15.version(), s14.version()), ((1, 5), (1, 4)));
+    let ix = s15.page_index().unwrap().expect("1.5 has path pages");
+    assert!(ix.len() >= 5, "{} pages", ix.len());
+    assert!(s14.page_index().unwrap().is_none());
+    assert!(s15.check_structure(10).is_empty() && s15.check_sections().is_empty());
+    let n = s15.sample_count();
+    let paths: Vec<Vec<u8>> = (0..n)
+        .map(|p| s14.path(s14.sorted_id(p).unwrap()).unwrap().to_vec())
+        .collect();
+    let mut keys: Vec<Vec<u8>> = vec![
+        b"".to_vec(),
+        b"\xff".to_vec(),
+        b"b\xff".to_vec(),
+        b"b\xff\xff".to_vec(),
+        b"0".to_vec(),
+    ];
+    for i in (0..n as usize).step_by(401) {
+        let p = &paths[i];
+        keys.extend([
+            p.clone(),
+            p[..p.len() / 2].to_vec(),
+            [&p[..], b"\xff"].concat(),
+        ]);
+        if let Some(slash) = p.iter().position(|&b| b == b'/') {
+            keys.push(p[..slash + 1].to_vec());
+        }
+    }
+    // Every page's first path and the one before it.
+    for p in 0..ix.len() {
+        let at = ix.positions(p).start as usize;
+        keys.push(paths[at].clone());
+        keys.push(paths[at.saturating_sub(1)].clone());
+    }
+    let starts = |lb: u64| [0, lb.saturating_sub(1), lb, lb + 1, lb + 40, n];
+    // Exact lookups too: by the hash index, or (read in blocks, the page index read) by the
+    // pages.
+    let answers = |s: &Snapshot<&[u8]>| -> Vec<(u64, u64, Vec<u64>, Option<u64>)> {
+        keys.iter()
+            .map(|k| {
+                let lb = s.lower_bound(k).unwrap();
+                let ends = starts(lb).map(|from| s.prefix_end(k, from).unwrap());
+                let found = s.lookup(k).unwrap();
+                (lb, s.prefix_range(k).unwrap().end, ends.to_vec(), found)
+            })
+            .collect()
+    };
+    let want: Vec<(u64, u64, Vec<u64>, Option<u64>)> = keys
+        .iter()
+        .map(|k| {
+            let lb = paths.partition_point(|p| p < k) as u64;
+            let end_from = |from: u64| {
+                let mut e = from.min(n);
+                while e < n && paths[e as usize].starts_with(k) {
+                    e += 1;
+                }
+                e
+            };
+            let found = (paths.get(lb as usize) == Some(k)).then(|| s14.sorted_id(lb).unwrap());
+            (lb, end_from(lb), starts(lb).map(end_from).to_vec(), found)
+        })
+        .collect();
+    assert_eq!(answers(&s15), want);
+    assert_eq!(answers(&s14), want);
+    asks_only_for_what_it_reads(&new, answers);
+    // Listings of any run of positions, across pages.
+    let listing = |s: &Snapshot<&[u8]>| -> Vec<(u64, Vec<u8>)> {
+        [
+            0..0,
+            0..1,
+            0..n,
+            5..6000,
+            n - 1..n + 5,
+            7000..9000,
+            n + 1..n + 2,
+        ]
+        .into_iter()
+        .flat_map(|r| s.sorted_paths(r).unwrap())
+        .collect()
+    };
+    assert_eq!(listing(&s15), listing(&s14));
+    asks_only_for_what_it_reads(&new, listing);
+    let all: Vec<Vec<u8>> = s15
+        .sorted_paths(0..n)
+        .unwrap()
+        .into_iter()
+        .map(|e| e.1)
+        .collect();
+    assert_eq!(all, paths);
 }

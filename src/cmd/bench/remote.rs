@@ -1,6 +1,7 @@
 //! `granary bench remote`: what opening and reading a dataset in an object store costs when
 //! its snapshot is read in blocks (format 1.4): bytes and GETs to open, to look up a path, to
-//! `cat` a file, and for one chunk-wise epoch beyond the chunks themselves.
+//! `cat` a file, to find a directory and list it, and for one chunk-wise epoch beyond the
+//! chunks themselves.
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -20,7 +21,10 @@ use serde_json::json;
 Every measurement starts from an empty snapshot cache of its own (a temporary directory), as on
 a node that has never opened the dataset. The paths looked up are drawn at random (--seed) and
 read first through another cold cache, so that drawing them costs the measured cache nothing.
-`cat` is a lookup plus the record's read (one ranged GET of the chunk). The epoch is rank
+`cat` is a lookup plus the record's read (one ranged GET of the chunk). `dir` finds the
+directory of each looked-up path (the run of the path order under `DIR/`, as `granary ls URL
+DIR/` and the mount's lookups do); `list` then lists the first --lists of them (every path
+and sample id, as `granary ls` does). The epoch is rank
 --rank's share of a chunk-wise epoch at --world-size (--no-epoch skips it); its snapshot GETs
 and bytes are the sample entries it fetched beyond the chunks.
 
@@ -32,6 +36,9 @@ pub struct RemoteArgs {
     /// Paths to look up (and as many to `cat`).
     #[arg(long, default_value_t = 20)]
     lookups: u32,
+    /// Directories to list (of those found by `dir`).
+    #[arg(long, default_value_t = 2)]
+    lists: u32,
     /// Distributed ranks of the epoch.
     #[arg(long, default_value_t = 1)]
     world_size: u32,
@@ -97,19 +104,15 @@ pub fn run(a: RemoteArgs) -> anyhow::Result<ExitCode> {
     let (open_gets, open_bytes) = fetched(&ds);
     let snapshot_len = ds.snapshot().bytes().len() as u64;
 
-    // Lookups, then cats of other paths (each cold for its path).
+    // Lookups, then cats of other paths (each cold for its path), then the directories of the
+    // looked-up paths found and listed.
     let (lookups, cats) = paths.split_at(a.lookups as usize);
-    let measure = |paths: &[Vec<u8>], read: bool| -> anyhow::Result<serde_json::Value> {
+    let measure = |count: usize, op: &dyn Fn(usize) -> anyhow::Result<()>| {
         let (mut ms, mut gets, mut bytes) = (Vec::new(), Vec::new(), Vec::new());
-        for p in paths {
+        for i in 0..count {
             let before = fetched(&ds);
             let t = Instant::now();
-            let id = ds
-                .lookup(p)?
-                .with_context(|| format!("{} not found", granary::escape_path(p)))?;
-            if read {
-                ds.read(id)?;
-            }
+            op(i)?;
             ms.push(t.elapsed().as_secs_f64() * 1e3);
             let after = fetched(&ds);
             gets.push((after.0 - before.0) as f64);
@@ -117,15 +120,49 @@ pub fn run(a: RemoteArgs) -> anyhow::Result<ExitCode> {
         }
         let ((ms_med, ms_max), (g_med, g_max), (b_med, b_max)) =
             (med_max(&mut ms), med_max(&mut gets), med_max(&mut bytes));
-        Ok(json!({
-            "count": paths.len(),
+        anyhow::Ok(json!({
+            "count": count,
             "ms_median": ms_med, "ms_max": ms_max,
             "snapshot_gets_median": g_med, "snapshot_gets_max": g_max,
             "snapshot_bytes_median": b_med, "snapshot_bytes_max": b_max,
         }))
     };
-    let lookup = measure(lookups, false)?;
-    let cat = measure(cats, true)?;
+    let find = |p: &[u8]| -> anyhow::Result<u64> {
+        ds.lookup(p)?
+            .with_context(|| format!("{} not found", granary::escape_path(p)))
+    };
+    let lookup = measure(lookups.len(), &|i| find(&lookups[i]).map(drop))?;
+    let cat = measure(cats.len(), &|i| {
+        ds.read(find(&cats[i])?).map(drop).map_err(Into::into)
+    })?;
+    let dirs: Vec<Vec<u8>> = lookups
+        .iter()
+        .filter_map(|p| p.iter().rposition(|&b| b == b'/').map(|i| p[..=i].to_vec()))
+        .collect();
+    let dir = measure(dirs.len(), &|i| {
+        let r = ds.prefix_range(&dirs[i])?;
+        anyhow::ensure!(
+            !r.is_empty(),
+            "{:?} has no files",
+            granary::escape_path(&dirs[i])
+        );
+        Ok(())
+    })?;
+    let listed = std::cell::Cell::new(0u64);
+    let list = measure(dirs.len().min(a.lists as usize), &|i| {
+        let r = ds.prefix_range(&dirs[i])?;
+        let mut pos = r.start;
+        while pos < r.end {
+            let batch = ds.sorted_paths(pos..(pos + (1 << 16)).min(r.end))?;
+            anyhow::ensure!(
+                !batch.is_empty(),
+                "position {pos} of the path order is missing"
+            );
+            pos += batch.len() as u64;
+        }
+        listed.set(listed.get() + r.end - r.start);
+        Ok(())
+    })?;
 
     // One chunk-wise epoch (its own cold cache).
     let epoch = match a.no_epoch {
@@ -141,6 +178,9 @@ pub fn run(a: RemoteArgs) -> anyhow::Result<ExitCode> {
         "open": { "s": open_s, "snapshot_gets": open_gets, "snapshot_bytes": open_bytes },
         "lookup": lookup,
         "cat": cat,
+        "dir": dir,
+        "list": list,
+        "listed_paths": listed.get(),
         "epoch": epoch,
     });
     if a.json {
@@ -203,10 +243,11 @@ fn print_text(a: &RemoteArgs, v: &serde_json::Value) {
         open["snapshot_gets"],
         mb(&open["snapshot_bytes"])
     );
-    let (lookup, cat, epoch) = (&v["lookup"], &v["cat"], &v["epoch"]);
-    for (name, m) in [("lookup", lookup), ("cat", cat)] {
+    let epoch = &v["epoch"];
+    for name in ["lookup", "cat", "dir", "list"] {
+        let m = &v[name];
         println!(
-            "{name}: {:>6.1} ms median ({:.1} max), {} snapshot GETs median ({} max), {:.3} MB median",
+            "{name:<6}: {:>6.1} ms median ({:.1} max), {} snapshot GETs median ({} max), {:.3} MB median",
             m["ms_median"].as_f64().unwrap_or(0.0),
             m["ms_max"].as_f64().unwrap_or(0.0),
             m["snapshot_gets_median"],
@@ -214,6 +255,7 @@ fn print_text(a: &RemoteArgs, v: &serde_json::Value) {
             mb(&m["snapshot_bytes_median"])
         );
     }
+    println!("(listed {} paths in all)", v["listed_paths"]);
     if !epoch.is_null() {
         println!(
             "epoch (rank {} of {}, chunk-wise): {} samples, first after {:.3} s, all in {:.2} s; \
