@@ -62,19 +62,18 @@ fn encode_entry(shared: usize, path: &[u8], id: u32) -> Vec<u8> {
 }
 
 /// Encodes the entries `(path, sample id)` of the path order, in order, into pages: calls
-/// `page` with each page's bytes, first position and first path. Returns the page index
+/// `page` with each page's bytes. Returns the page index
 /// (kind 17) for a kind 16 that is those pages back to back.
 pub fn encode_pages<'a>(
     entries: impl Iterator<Item = (&'a [u8], u32)>,
-    mut page: impl FnMut(&[u8], u64, &[u8]) -> std::io::Result<()>,
+    mut page: impl FnMut(&[u8]) -> std::io::Result<()>,
 ) -> std::io::Result<Vec<u8>> {
     let (mut offsets, mut firsts, mut first_paths) =
         (vec![0u64], vec![0u64], Vec::<Vec<u8>>::new());
     let (mut buf, mut prev) = (Vec::new(), Vec::<u8>::new());
     let mut pos = 0u64;
-    let mut close = |buf: &mut Vec<u8>, first_paths: &[Vec<u8>], pos: u64| {
-        let first_path = first_paths.last().map_or(&[][..], |p| p.as_slice());
-        page(buf, *firsts.last().expect("from 0"), first_path)?;
+    let mut close = |buf: &mut Vec<u8>, pos: u64| {
+        page(buf)?;
         offsets.push(offsets.last().expect("from 0") + buf.len() as u64);
         firsts.push(pos);
         buf.clear();
@@ -83,7 +82,7 @@ pub fn encode_pages<'a>(
     for (path, id) in entries {
         let mut entry = encode_entry(shared_prefix(&prev, path), path, id);
         if !buf.is_empty() && buf.len() + entry.len() > PAGE_TARGET {
-            close(&mut buf, &first_paths, pos)?;
+            close(&mut buf, pos)?;
             entry = encode_entry(0, path, id);
         }
         if buf.is_empty() {
@@ -95,7 +94,7 @@ pub fn encode_pages<'a>(
         pos += 1;
     }
     if !buf.is_empty() {
-        close(&mut buf, &first_paths, pos)?;
+        close(&mut buf, pos)?;
     }
     let pages = first_paths.len() as u64;
     let mut out = Vec::with_capacity(8 + 16 * (pages as usize + 1));
@@ -316,7 +315,7 @@ mod tests {
             ps.iter()
                 .enumerate()
                 .map(|(i, p)| (p.as_slice(), (ps.len() - 1 - i) as u32)),
-            |b, _, _| {
+            |b| {
                 pages.extend_from_slice(b);
                 Ok(())
             },

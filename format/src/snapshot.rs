@@ -2221,7 +2221,7 @@ impl SnapshotBuilder {
         let classes = encode_string_table(self.classes.iter());
         let sorted = || order.iter().map(|&i| (self.path(i as usize), i));
         // The pages are encoded again as they are written (twice): only their index is held.
-        let page_index = encode_pages(sorted(), |_, _, _| Ok(()))?;
+        let page_index = encode_pages(sorted(), |_| Ok(()))?;
         let mut lineage = [0u8; LINEAGE_LEN];
         lineage[0..8].copy_from_slice(&self.lineage.generation.to_le_bytes());
         lineage[8..12].copy_from_slice(&self.lineage.parent.to_le_bytes());
@@ -2280,7 +2280,7 @@ impl SnapshotBuilder {
                     .encode()
                 }),
             ),
-            SectionKind::PathPages => encode_pages(sorted(), |b, _, _| f(b)).map(drop),
+            SectionKind::PathPages => encode_pages(sorted(), |b| f(b)).map(drop),
             SectionKind::PathPageIndex => f(&page_index),
             // Computed from the bytes of all others, below.
             SectionKind::BlockCrcs | SectionKind::BlockIndex => unreachable!("not in kinds()"),
