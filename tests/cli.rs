@@ -61,7 +61,7 @@ fn info_ls_cat_and_json() {
     .unwrap();
     assert_eq!(info["samples"], files.len() as u64);
     // Modes, mtimes and directories recorded (format 1.2), block checksums (1.4), path pages (1.5).
-    assert_eq!(info["format_version"], "1.5");
+    assert_eq!(info["format_version"], "1.6");
     assert_eq!(info["file_attributes"], true);
     let plain = tmp.path().join("plain");
     assert!(pack(&src, &plain, &["--no-metadata"]).status.success());
@@ -69,7 +69,7 @@ fn info_ls_cat_and_json() {
         &run_ok(["info".as_ref(), plain.as_os_str(), "--json".as_ref()]).stdout,
     )
     .unwrap();
-    assert_eq!(plain_info["format_version"], "1.5");
+    assert_eq!(plain_info["format_version"], "1.6");
     assert_eq!(plain_info["file_attributes"], false);
 
     // --chunk-files caps the files of a chunk whatever the chunk size.

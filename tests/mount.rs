@@ -54,7 +54,14 @@ fn read_file(fs: &MountFs, ino: u64, piece: u32) -> Result<Vec<u8>, i32> {
     Ok(out)
 }
 
-/// Every file under directory `ino` as (path, bytes), through readdir, lookup and read.
+/// The attributes a listing, a lookup and a stat must agree on.
+fn shown(a: &fuser::FileAttr) -> (u64, u64, u16, std::time::SystemTime, fuser::FileType) {
+    (a.ino.0, a.size, a.perm, a.mtime, a.kind)
+}
+
+/// Every file under directory `ino` as (path, bytes), through readdir, lookup and read. The
+/// attributes readdir(plus) shows (from the listing pages, format 1.6) are the lookup's and
+/// the stat's by inode (from the sample table and kind 8).
 fn walk_fs(fs: &MountFs, ino: u64, prefix: &[u8], out: &mut Vec<(Vec<u8>, Vec<u8>)>) {
     let mut entries = Vec::new();
     // A small reply buffer: listings resume at the offsets given.
@@ -62,6 +69,9 @@ fn walk_fs(fs: &MountFs, ino: u64, prefix: &[u8], out: &mut Vec<(Vec<u8>, Vec<u8
     loop {
         let mut got = 0;
         fs.readdir(ino, offset, |a, name, next| {
+            if name != b"." && name != b".." {
+                assert_eq!(shown(a), shown(&fs.getattr(a.ino.0).unwrap()), "{name:?}");
+            }
             entries.push((a.ino.0, a.kind, name.to_vec()));
             offset = next;
             got += 1;
@@ -77,6 +87,7 @@ fn walk_fs(fs: &MountFs, ino: u64, prefix: &[u8], out: &mut Vec<(Vec<u8>, Vec<u8
     for (child, kind, name) in &entries[2..] {
         let a = fs.lookup(ino, name).unwrap();
         assert_eq!(a.ino.0, *child, "lookup and readdir agree on {name:?}");
+        assert_eq!(shown(&a), shown(&fs.getattr(*child).unwrap()), "{name:?}");
         let mut path = prefix.to_vec();
         if !path.is_empty() {
             path.push(b'/');
@@ -134,6 +145,52 @@ fn fs_methods_serve_the_tree_byte_for_byte() {
     let empty = fs.lookup(c00, b"empty").unwrap();
     assert_eq!(empty.size, 0);
     assert_eq!(read_file(&fs, empty.ino.0, 4096).unwrap(), b"");
+}
+
+/// Every entry under directory `ino`: readdir's attributes (from listing pages when the
+/// snapshot has them) are the lookup's and the stat's by inode. Returns how many files.
+fn listing_agrees_with_stat(fs: &MountFs, ino: u64) -> usize {
+    let mut entries = Vec::new();
+    fs.readdir(ino, 0, |a, name, _| {
+        entries.push((*a, name.to_vec()));
+        false
+    })
+    .unwrap();
+    let mut files = 0;
+    for (a, name) in &entries[2..] {
+        assert_eq!(shown(a), shown(&fs.getattr(a.ino.0).unwrap()), "{name:?}");
+        assert_eq!(shown(a), shown(&fs.lookup(ino, name).unwrap()), "{name:?}");
+        files += match a.kind {
+            fuser::FileType::Directory => listing_agrees_with_stat(fs, a.ino.0),
+            _ => 1,
+        };
+    }
+    files
+}
+
+#[test]
+fn listings_show_what_stat_shows_in_every_format() {
+    let tmp = tempfile::tempdir().unwrap();
+    let files = mount_tree();
+    let plain = packed_tree(
+        &tmp.path().join("src"),
+        &files,
+        &tmp.path().join("plain"),
+        &["--chunk-size", "20KiB", "--no-metadata"],
+    );
+    let golden = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden");
+    for (ds, version, stats) in [
+        (packed(tmp.path(), &files), (1, 6), true),
+        (plain, (1, 6), true),
+        (golden.join("v1.5/dataset"), (1, 5), false),
+        (golden.join("v1.2/dataset"), (1, 2), false),
+    ] {
+        let fs = mount_fs(&ds, None, false);
+        let d = fs.dataset().clone();
+        assert_eq!(d.snapshot().version(), version, "{ds:?}");
+        assert_eq!(d.listings_carry_stats(), stats, "{ds:?}");
+        assert_eq!(listing_agrees_with_stat(&fs, ROOT_INO) as u64, d.len());
+    }
 }
 
 #[test]

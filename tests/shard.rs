@@ -363,7 +363,7 @@ fn append_adds_a_generation_and_old_readers_keep_reading() {
         reader.snapshot().header_crc()
     );
     // Lineage (1.1), every sample's mode and mtime, old and new (1.2), block checksums (1.4), path pages (1.5).
-    assert_eq!(now.snapshot().version(), (1, 5));
+    assert_eq!(now.snapshot().version(), (1, 6));
     for id in [0, reader.len() - 1, reader.len(), now.len() - 1] {
         let path = now.path(id).unwrap();
         let src = if id < reader.len() { &src } else { &new_src };

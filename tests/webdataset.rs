@@ -64,7 +64,7 @@ fn shards_import_as_field_samples_and_extract_to_the_same_files() {
     assert_eq!(s["files"], 360);
     assert_eq!(s["classes"], 5);
     let info = stdout(&run_ok(["info".as_ref(), ds.as_os_str()]));
-    assert!(info.contains("format         1.5"), "{info}");
+    assert!(info.contains("format         1.6"), "{info}");
     assert!(
         info.contains("fields         4: cls, jpg, json, txt"),
         "{info}"

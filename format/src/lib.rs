@@ -32,7 +32,7 @@ pub use chunk::{
 pub use error::{FormatError, Result};
 pub use hash::path_hash;
 pub use id::DatasetId;
-pub use pages::{PageIndex, PAGE_TARGET};
+pub use pages::{FileStat, PageEntries, PageIndex, PathEntry, PAGE_TARGET};
 pub use record::{check_chunk, check_fields, decode_record, ChunkCheck, MAX_ZSTD_RATIO};
 pub use rng::SplitMix64;
 pub use snapshot::{
@@ -62,8 +62,12 @@ pub const BLOCKS_MINOR: u16 = 4;
 /// Minor version of a snapshot with path pages (format 1.5: kinds 16 and 17), which this crate
 /// writes into every snapshot.
 pub const PAGES_MINOR: u16 = 5;
+/// Minor version of a snapshot with listing pages (format 1.6: kinds 18 and 19, path pages
+/// whose entries also carry each file's size, mode and mtime), which this crate writes into
+/// every snapshot.
+pub const LISTING_MINOR: u16 = 6;
 /// The newest minor version this crate writes (and names in version errors).
-pub const NEWEST_MINOR: u16 = PAGES_MINOR;
+pub const NEWEST_MINOR: u16 = LISTING_MINOR;
 
 /// Magic bytes at offset 0 of a snapshot file.
 pub const SNAPSHOT_MAGIC: [u8; 8] = *b"GRNYSNAP";

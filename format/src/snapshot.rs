@@ -5,13 +5,13 @@ use std::sync::Arc;
 
 use crate::blocks::{encode_block_sections, BlockHasher, BlockIndex, Pager, BLOCK_SIZE};
 use crate::error::{check_crc, check_magic_version, FormatError, Result};
-use crate::pages::{encode_pages, PageIndex};
+use crate::pages::{encode_pages, FileStat, PageEntries, PageIndex, PathEntry};
 use crate::strtab::{encode_string_table, StringTable};
 use crate::{le, path_hash, ChunkSummary, SampleEntry, CHUNK_HEADER_LEN, CHUNK_TRAILER_LEN};
 use crate::{ChunkFields, FieldEntry, FIELD_ENTRY_LEN};
 use crate::{
-    BLOCKS_MINOR, FORMAT_MAJOR, MAX_SAMPLES, NO_LABEL, PAGES_MINOR, SAMPLE_ENTRY_LEN,
-    SNAPSHOT_MAGIC,
+    BLOCKS_MINOR, FORMAT_MAJOR, LISTING_MINOR, MAX_SAMPLES, NO_LABEL, PAGES_MINOR,
+    SAMPLE_ENTRY_LEN, SNAPSHOT_MAGIC,
 };
 
 /// Length of the snapshot header; the section table follows it.
@@ -64,6 +64,12 @@ pub enum SectionKind {
     PathPages = 16,
     /// Format 1.5 (with kind 16): every page's offset, first position and first path.
     PathPageIndex = 17,
+    /// Format 1.6 (with kind 19, instead of kinds 16 and 17): kind 16's pages whose entries
+    /// also carry each file's size, and mode and mtime when kind 8 is present
+    /// ([`crate::FileStat`]).
+    ListingPages = 18,
+    /// Format 1.6 (with kind 18): kind 17's index, of kind 18.
+    ListingPageIndex = 19,
 }
 
 /// One field of a sample, as the snapshot describes it.
@@ -150,6 +156,16 @@ pub struct Lineage {
     pub parent: u32,
 }
 
+impl Lineage {
+    /// The lineage section (kind 7): generation `u64`, parent `u32`, reserved `u32` (zero).
+    fn encode(&self) -> [u8; LINEAGE_LEN] {
+        let mut b = [0u8; LINEAGE_LEN];
+        b[0..8].copy_from_slice(&self.generation.to_le_bytes());
+        b[8..12].copy_from_slice(&self.parent.to_le_bytes());
+        b
+    }
+}
+
 /// One entry of the chunk table.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ChunkEntry {
@@ -225,8 +241,17 @@ struct Layout {
     fields: Option<FieldsLayout>,
     /// Kinds 14 and 15, if present.
     blocks: Option<BlockIndex>,
-    /// Kinds 16 and 17 (path pages and their index), if present.
-    pages: Option<(Range<usize>, Range<usize>)>,
+    /// Kinds 16 and 17 (path pages and their index), or 18 and 19 (listing pages), if
+    /// present.
+    pages: Option<PagesLayout>,
+}
+
+/// Where a snapshot's pages and their index are, and what their entries carry.
+#[derive(Clone, Debug)]
+struct PagesLayout {
+    pages: Range<usize>,
+    index: Range<usize>,
+    entries: PageEntries,
 }
 
 /// What [`Snapshot`]'s checks call before reading a range of the bytes (a pager's `need`).
@@ -265,8 +290,8 @@ pub struct Snapshot<B> {
     decoded: std::sync::Mutex<Vec<(usize, Arc<Page>)>>,
 }
 
-/// A decoded page: each position's sample id and path, in path order.
-type Page = Vec<(u64, Vec<u8>)>;
+/// A decoded page: each position's sample id, path and (listing pages) stat, in path order.
+type Page = Vec<PathEntry>;
 
 /// Decoded pages a snapshot keeps.
 const DECODED_PAGES: usize = 4;
@@ -442,7 +467,7 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
             &b[SNAPSHOT_HEADER_LEN..tab_end],
         )?;
         let mut sections = Vec::with_capacity(nsec as usize);
-        let mut found: [Option<Range<usize>>; 17] = Default::default();
+        let mut found: [Option<Range<usize>>; 19] = Default::default();
         for i in 0..nsec as usize {
             let e = &b[SNAPSHOT_HEADER_LEN + i * SECTION_ENTRY_LEN..][..SECTION_ENTRY_LEN];
             let s = Section {
@@ -464,7 +489,7 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
                     ),
                 ));
             }
-            if (1..=17).contains(&s.kind) {
+            if (1..=19).contains(&s.kind) {
                 let slot = &mut found[s.kind as usize - 1];
                 if slot.is_some() {
                     return Err(FormatError::invalid(
@@ -523,7 +548,7 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
             dir_count,
         } = optional_sections(b, need, &mut found, samples)?;
         let fields = fields_sections(b, need, &mut found, samples)?;
-        let pages = page_sections(b, need, &mut found, samples)?;
+        let pages = page_sections(b, need, &mut found, samples, attrs.is_some())?;
         need(chunk_tab.clone())?;
         check_chunk_ranges(&b[chunk_tab.clone()], samples)?;
         Ok(Layout {
@@ -925,32 +950,70 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
         }
         let p = ix.page_for(key);
         let page = self.page(ix, p)?;
-        Ok(ix.positions(p).start + page.partition_point(|e| e.1.as_slice() < key) as u64)
+        Ok(ix.positions(p).start + page.partition_point(|e| e.path.as_slice() < key) as u64)
     }
 
     /// The sample whose path is `key`, from the path pages.
     fn lookup_in_pages(&self, ix: &PageIndex, key: &[u8]) -> Result<Option<u64>> {
+        Ok(self.page_entry(ix, key)?.map(|e| e.id))
+    }
+
+    /// The page entry whose path is `key`.
+    fn page_entry(&self, ix: &PageIndex, key: &[u8]) -> Result<Option<PathEntry>> {
         if ix.is_empty() {
             return Ok(None);
         }
         let page = self.page(ix, ix.page_for(key))?;
         Ok(page
-            .binary_search_by(|e| e.1.as_slice().cmp(key))
+            .binary_search_by(|e| e.path.as_slice().cmp(key))
             .ok()
-            .map(|i| page[i].0))
+            .map(|i| page[i].clone()))
     }
 
-    /// Kind 17, parsed and checked once (its bytes fetched whole), if the snapshot has path
-    /// pages.
+    /// Whether the snapshot's pages carry each file's size (and mode and mtime when
+    /// recorded): listing pages, format 1.6. A listing then shows them from the pages
+    /// ([`Snapshot::sorted_paths`]) without reading the sample table.
+    pub fn pages_carry_stats(&self) -> bool {
+        self.l
+            .pages
+            .as_ref()
+            .is_some_and(|p| p.entries != PageEntries::Paths)
+    }
+
+    /// The sample whose path is `path`, with its size and mode and mtime: from the listing
+    /// pages when the snapshot has them (the page index and one page, no sample table),
+    /// otherwise [`Snapshot::lookup`] and the sample's entries.
+    pub fn lookup_stat(&self, path: &[u8]) -> Result<Option<(u64, FileStat)>> {
+        if let (true, Some(ix)) = (self.pages_carry_stats(), self.page_index()?) {
+            return Ok(self
+                .page_entry(ix, path)?
+                .map(|e| (e.id, e.stat.expect("listing pages carry stats"))));
+        }
+        let Some(id) = self.lookup(path)? else {
+            return Ok(None);
+        };
+        Ok(Some((id, self.stat(id)?)))
+    }
+
+    /// Sample `id`'s size and (when recorded) mode and mtime, from the sample table and kind 8.
+    pub fn stat(&self, id: u64) -> Result<FileStat> {
+        Ok(FileStat {
+            size: self.sample(id)?.orig_len,
+            attrs: self.attrs(id)?,
+        })
+    }
+
+    /// Kind 17 (or 19), parsed and checked once (its bytes fetched whole), if the snapshot
+    /// has pages.
     pub fn page_index(&self) -> Result<Option<&PageIndex>> {
-        let Some((pages, index)) = &self.l.pages else {
+        let Some(pl) = &self.l.pages else {
             return Ok(None);
         };
         if let Some(ix) = self.page_index.get() {
             return Ok(Some(ix));
         }
-        let b = self.at(index.clone())?;
-        let ix = PageIndex::parse(b, pages.len() as u64, self.l.samples)?;
+        let b = self.at(pl.index.clone())?;
+        let ix = PageIndex::parse(b, pl.pages.len() as u64, self.l.samples, pl.entries)?;
         Ok(Some(self.page_index.get_or_init(|| ix)))
     }
 
@@ -974,15 +1037,16 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
 
     /// Page `p`'s bytes, made present.
     fn page_bytes(&self, ix: &PageIndex, p: usize) -> Result<&[u8]> {
-        let start = self.l.pages.as_ref().map_or(0, |(r, _)| r.start);
+        let start = self.l.pages.as_ref().map_or(0, |pl| pl.pages.start);
         let r = ix.bytes(p);
         self.at(start + r.start as usize..start + r.end as usize)
     }
 
-    /// The sample ids and paths at `positions` of the path order (clamped to it). With path
-    /// pages: the pages holding them, fetched together; otherwise each position's id and
-    /// path (fetched together first when the snapshot is read in blocks).
-    pub fn sorted_paths(&self, positions: Range<u64>) -> Result<Vec<(u64, Vec<u8>)>> {
+    /// The sample ids and paths at `positions` of the path order (clamped to it), and with
+    /// listing pages (format 1.6) each file's stat. With pages: the pages holding them,
+    /// fetched together; otherwise each position's id and path (fetched together first when
+    /// the snapshot is read in blocks).
+    pub fn sorted_paths(&self, positions: Range<u64>) -> Result<Vec<PathEntry>> {
         let n = self.l.samples;
         let (a, b) = (positions.start.min(n), positions.end.min(n));
         if a >= b {
@@ -993,13 +1057,17 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
             return (a..b)
                 .map(|pos| {
                     let id = self.sorted_id(pos)?;
-                    Ok((id, self.path(id)?.to_vec()))
+                    Ok(PathEntry {
+                        id,
+                        path: self.path(id)?.to_vec(),
+                        stat: None,
+                    })
                 })
                 .collect();
         };
         let pages = ix.page_of(a)..ix.page_of(b - 1) + 1;
-        if let (Some(pg), Some((r, _))) = (&self.pager, &self.l.pages) {
-            let r = r.start as u64;
+        if let (Some(pg), Some(pl)) = (&self.pager, &self.l.pages) {
+            let r = pl.pages.start as u64;
             let (s, e) = (ix.bytes(pages.start).start, ix.bytes(pages.end - 1).end);
             pg.need(r + s..r + e)?;
         }
@@ -1354,13 +1422,18 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
         errs
     }
 
-    /// [`Snapshot::check_structure`] for the path pages (format 1.5): the index and every
-    /// page check, and together the pages list exactly the path order's ids and paths.
+    /// [`Snapshot::check_structure`] for the pages (format 1.5 and 1.6): the index and every
+    /// page check, and together the pages list exactly the path order's ids and paths (and,
+    /// listing pages, each sample's size, mode and mtime).
     fn check_pages(&self, push: &mut impl FnMut(FormatError)) {
         let ix = match self.page_index() {
             Ok(Some(ix)) => ix,
             Ok(None) => return,
             Err(e) => return push(e),
+        };
+        let ix_kind = match ix.entries() {
+            PageEntries::Paths => SectionKind::PathPages as u32,
+            _ => SectionKind::ListingPages as u32,
         };
         for p in 0..ix.len() {
             let b = match self.page_bytes(ix, p) {
@@ -1369,9 +1442,10 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
             };
             let mut pos = ix.positions(p).start;
             let mut wrong = None;
-            let walked = ix.walk(p, b, self.l.samples, |id, path| {
+            let walked = ix.walk(p, b, self.l.samples, |id, path, stat| {
                 let want = self.sorted_id(pos).and_then(|i| Ok((i, self.path(i)?)));
-                if !want.is_ok_and(|w| w.0 == id && w.1 == path) {
+                let stat_ok = stat.is_none_or(|s| self.stat(id).is_ok_and(|t| t == s));
+                if !want.is_ok_and(|w| w.0 == id && w.1 == path) || !stat_ok {
                     wrong = Some((pos, id));
                     return false;
                 }
@@ -1381,8 +1455,11 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
             match (walked, wrong) {
                 (Err(e), _) => push(e),
                 (_, Some((pos, id))) => push(FormatError::invalid(
-                    "snapshot path pages",
-                    format!("position {pos} holds sample {id}, not the path order's"),
+                    section_name(ix_kind),
+                    format!(
+                        "position {pos} holds sample {id}, not the path order's, \
+                         or not that sample's size, mode or mtime"
+                    ),
                 )),
                 _ => {}
             }
@@ -1793,29 +1870,57 @@ fn prefix_successor(prefix: &[u8]) -> Option<Vec<u8>> {
     Some(s)
 }
 
-/// Kinds 16 and 17, if present: both or neither, kind 17 sized for the pages it declares
-/// (O(1); the index itself is checked when first used).
+/// Kinds 16 and 17, or 18 and 19, if present: each pair both or neither, at most one pair,
+/// the index sized for the pages it declares (O(1); the index itself is checked when first
+/// used). Listing pages' entries carry mode and mtime when the snapshot has kind 8 (`attrs`).
 fn page_sections(
     b: &[u8],
     need: Need,
     found: &mut [Option<Range<usize>>],
     samples: u64,
-) -> Result<Option<(Range<usize>, Range<usize>)>> {
-    match (
-        found[SectionKind::PathPages as usize - 1].take(),
-        found[SectionKind::PathPageIndex as usize - 1].take(),
+    attrs: bool,
+) -> Result<Option<PagesLayout>> {
+    let mut take = |pages: SectionKind, index: SectionKind| match (
+        found[pages as usize - 1].take(),
+        found[index as usize - 1].take(),
     ) {
         (None, None) => Ok(None),
-        (Some(pages), Some(index)) => {
-            need(index.start..(index.start + 8).min(index.end))?;
-            crate::pages::declared_pages(&b[index.clone()], samples)?;
-            Ok(Some((pages, index)))
-        }
+        (Some(pages), Some(index)) => Ok(Some((pages, index))),
         _ => Err(FormatError::invalid(
             "snapshot section table",
-            "the path pages and their index (kinds 16 and 17) come together",
+            format!(
+                "pages and their index (kinds {} and {}) come together",
+                pages as u32, index as u32
+            ),
         )),
-    }
+    };
+    let paths = take(SectionKind::PathPages, SectionKind::PathPageIndex)?;
+    let listing = take(SectionKind::ListingPages, SectionKind::ListingPageIndex)?;
+    let (pages, index, entries) = match (paths, listing) {
+        (None, None) => return Ok(None),
+        (Some((p, i)), None) => (p, i, PageEntries::Paths),
+        (None, Some((p, i))) => (
+            p,
+            i,
+            match attrs {
+                true => PageEntries::SizesAndAttrs,
+                false => PageEntries::Sizes,
+            },
+        ),
+        (Some(_), Some(_)) => {
+            return Err(FormatError::invalid(
+                "snapshot section table",
+                "both path pages (kinds 16, 17) and listing pages (kinds 18, 19)",
+            ))
+        }
+    };
+    need(index.start..(index.start + 8).min(index.end))?;
+    crate::pages::declared_pages(&b[index.clone()], samples, entries)?;
+    Ok(Some(PagesLayout {
+        pages,
+        index,
+        entries,
+    }))
 }
 
 fn section_name(kind: u32) -> String {
@@ -1837,6 +1942,8 @@ fn section_name(kind: u32) -> String {
         15 => "snapshot block index".into(),
         16 => "snapshot path pages".into(),
         17 => "snapshot path page index".into(),
+        18 => "snapshot listing pages".into(),
+        19 => "snapshot listing page index".into(),
         k => format!("snapshot section of kind {k}"),
     }
 }
@@ -1879,7 +1986,8 @@ fn pad8(w: &mut impl std::io::Write, pos: &mut u64) -> std::io::Result<()> {
 /// Builds a snapshot from finished chunks, in chunk id order.
 ///
 /// Memory: the builder keeps every path (the path index needs them all) and, unless they are
-/// spooled to a file ([`SnapshotBuilder::spool_samples`]), every sample entry.
+/// spooled to a file ([`SnapshotBuilder::spool_samples`]), every sample entry (spooled, their
+/// original lengths: 8 bytes a sample, for the listing pages).
 pub struct SnapshotBuilder {
     dataset_id: [u8; 16],
     classes: Vec<Vec<u8>>,
@@ -1904,8 +2012,22 @@ pub struct SnapshotBuilder {
     /// Field entries (names as ids of `field_names`) and each sample's count.
     field_entries: Vec<FieldEntry>,
     field_counts: Vec<u32>,
-    /// Whether to write path pages (kinds 16, 17); without them the snapshot is format 1.4.
-    pages: bool,
+    /// Original lengths of the samples, in order, when their entries are spooled (listing
+    /// pages carry them in path order).
+    spooled_sizes: Vec<u64>,
+    /// Which pages to write.
+    pages: BuiltPages,
+}
+
+/// The pages a [`SnapshotBuilder`] writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum BuiltPages {
+    /// None: format 1.4.
+    None,
+    /// Path pages (kinds 16, 17): format 1.5.
+    Paths,
+    /// Listing pages (kinds 18, 19): format 1.6.
+    Listing,
 }
 
 impl SnapshotBuilder {
@@ -1928,14 +2050,21 @@ impl SnapshotBuilder {
             field_names: Vec::new(),
             field_entries: Vec::new(),
             field_counts: Vec::new(),
-            pages: true,
+            spooled_sizes: Vec::new(),
+            pages: BuiltPages::Listing,
         }
     }
 
-    /// Writes the snapshot without path pages, as format 1.4 did: what tests of readers of
-    /// older snapshots build.
+    /// Writes the snapshot without pages, as format 1.4 did: what tests of readers of older
+    /// snapshots build.
     pub fn without_path_pages(&mut self) {
-        self.pages = false;
+        self.pages = BuiltPages::None;
+    }
+
+    /// Writes path pages without sizes, modes and mtimes (kinds 16 and 17), as format 1.5
+    /// did: what tests of readers of older snapshots build.
+    pub fn with_plain_path_pages(&mut self) {
+        self.pages = BuiltPages::Paths;
     }
 
     /// Adds the attributes of the next samples, in sample order. Either every sample gets
@@ -2045,7 +2174,8 @@ impl SnapshotBuilder {
                             "snapshot builder",
                             format!("spooling sample entries: {e}"),
                         )
-                    })?
+                    })?;
+                    self.spooled_sizes.push(e.orig_len);
                 }
             }
             self.sample_count += 1;
@@ -2059,6 +2189,20 @@ impl SnapshotBuilder {
             ));
         }
         Ok(())
+    }
+
+    /// Sample `i`'s size, mode and mtime, as listing pages carry them.
+    fn stat(&self, i: usize) -> FileStat {
+        // Spooled entries are not in `samples` (and `spool` is taken by the time the pages
+        // are written).
+        let size = match self.spooled_sizes.get(i) {
+            Some(&size) => size,
+            None => self.samples[i].orig_len,
+        };
+        FileStat {
+            size,
+            attrs: self.attrs.get(i).copied(),
+        }
     }
 
     fn path(&self, i: usize) -> &[u8] {
@@ -2135,10 +2279,24 @@ impl SnapshotBuilder {
                 SectionKind::Fields,
             ]);
         }
-        if self.pages {
-            kinds.extend([SectionKind::PathPages, SectionKind::PathPageIndex]);
+        match self.pages {
+            BuiltPages::None => {}
+            BuiltPages::Paths => kinds.extend([SectionKind::PathPages, SectionKind::PathPageIndex]),
+            BuiltPages::Listing => {
+                kinds.extend([SectionKind::ListingPages, SectionKind::ListingPageIndex])
+            }
         }
         kinds
+    }
+
+    /// The minor version written: that of the pages written (older versions' sections are
+    /// written only when needed, and readers of those versions ignore the newer ones).
+    fn minor(&self) -> u16 {
+        match self.pages {
+            BuiltPages::None => BLOCKS_MINOR,
+            BuiltPages::Paths => PAGES_MINOR,
+            BuiltPages::Listing => LISTING_MINOR,
+        }
     }
 
     /// Serializes the snapshot. Fails if two samples share a path.
@@ -2219,12 +2377,16 @@ impl SnapshotBuilder {
         let dir_names = encode_string_table(self.dirs.iter().map(|d| &d.0));
         let (field_names, rename) = self.sorted_field_names();
         let classes = encode_string_table(self.classes.iter());
-        let sorted = || order.iter().map(|&i| (self.path(i as usize), i));
+        let (me, listing) = (&self, self.pages == BuiltPages::Listing);
+        let sorted = || {
+            order.iter().map(move |&i| {
+                let stat = listing.then(|| me.stat(i as usize));
+                (me.path(i as usize), i, stat)
+            })
+        };
         // The pages are encoded again as they are written (twice): only their index is held.
         let page_index = encode_pages(sorted(), |_| Ok(()))?;
-        let mut lineage = [0u8; LINEAGE_LEN];
-        lineage[0..8].copy_from_slice(&self.lineage.generation.to_le_bytes());
-        lineage[8..12].copy_from_slice(&self.lineage.parent.to_le_bytes());
+        let lineage = self.lineage.encode();
 
         // Each section as the pieces it is written from: computed twice (CRC, then write)
         // instead of being assembled into a buffer.
@@ -2280,17 +2442,15 @@ impl SnapshotBuilder {
                     .encode()
                 }),
             ),
-            SectionKind::PathPages => encode_pages(sorted(), |b| f(b)).map(drop),
-            SectionKind::PathPageIndex => f(&page_index),
+            SectionKind::PathPages | SectionKind::ListingPages => {
+                encode_pages(sorted(), |b| f(b)).map(drop)
+            }
+            SectionKind::PathPageIndex | SectionKind::ListingPageIndex => f(&page_index),
             // Computed from the bytes of all others, below.
             SectionKind::BlockCrcs | SectionKind::BlockIndex => unreachable!("not in kinds()"),
         };
         let kinds = self.kinds();
-        let minor = if self.pages {
-            PAGES_MINOR
-        } else {
-            BLOCKS_MINOR
-        };
+        let minor = self.minor();
         let nsec = kinds.len() + 2;
         let table_end = (SNAPSHOT_HEADER_LEN + nsec * SECTION_ENTRY_LEN) as u64;
         let mut table = vec![0u8; nsec * SECTION_ENTRY_LEN];

@@ -52,7 +52,7 @@ fn queries(data: &[u8], pager: Arc<Recorder>) -> Vec<String> {
         let p = s.path(id).map(<[u8]>::to_vec);
         out.push(format!("{p:?}"));
         if let Ok(p) = p {
-            out.push(format!("{:?}", (s.lookup(&p), s.prefix_range(&p))));
+            out.push(format!("{:?}", (s.lookup(&p), s.prefix_range(&p), s.lookup_stat(&p))));
         }
         out.push(format!("{:?}", s.sorted_id(id)));
     }

@@ -23,6 +23,7 @@ fuzz_target!(|data: &[u8]| {
         let _ = s.sorted_id(id);
         if let Ok(p) = s.path(id) {
             let _ = s.lookup(p);
+            let _ = s.lookup_stat(p);
             let _ = s.prefix_range(p);
         }
     }
@@ -44,9 +45,12 @@ fuzz_target!(|data: &[u8]| {
             prev = Some(p);
         }
         let listed = s.sorted_paths(0..n).expect("a checked snapshot lists its paths");
-        for (pos, (id, p)) in listed.iter().enumerate() {
-            assert_eq!(s.sorted_id(pos as u64).unwrap(), *id, "listed in the path order");
-            assert_eq!(s.path(*id).unwrap(), p.as_slice(), "listed with its own path");
+        for (pos, e) in listed.iter().enumerate() {
+            assert_eq!(s.sorted_id(pos as u64).unwrap(), e.id, "listed in the path order");
+            assert_eq!(s.path(e.id).unwrap(), e.path.as_slice(), "listed with its own path");
+            if let Some(st) = e.stat {
+                assert_eq!(st, s.stat(e.id).unwrap(), "listed with its own size and attributes");
+            }
         }
     }
 });

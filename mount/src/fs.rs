@@ -123,12 +123,19 @@ impl MountFs {
     /// Modes and mtimes are the packed files' and directories' where the dataset records them
     /// (format 1.2); otherwise 0444 files, 0555 directories and the snapshot's mtime.
     pub fn attr(&self, node: Node) -> FsResult<FileAttr> {
-        let (kind, size, recorded, nlink) = match node {
+        self.attr_with(node, None)
+    }
+
+    /// [`Fs::attr`], given a file's stat when the caller has it at hand already (a listing
+    /// page's entry: then nothing is read).
+    fn attr_with(&self, node: Node, known: Option<granary::FileStat>) -> FsResult<FileAttr> {
+        let (kind, size, recorded, nlink) = match (node, known) {
             // A directory's link count is 1, "not counted" (as btrfs and many network file
             // systems report; `find` then reads the directory instead of trusting it):
             // counting subdirectories would mean listing every directory a lookup passes.
-            Node::Dir(d) => (FileType::Directory, 4096, self.tree.dir_attrs(d), 1),
-            Node::File(file) => {
+            (Node::Dir(d), _) => (FileType::Directory, 4096, self.tree.dir_attrs(d), 1),
+            (Node::File(_), Some(st)) => (FileType::RegularFile, st.size, st.attrs, 1),
+            (Node::File(file), None) => {
                 let ds = self.dataset();
                 let (id, field) = self
                     .tree
@@ -189,16 +196,16 @@ impl MountFs {
     /// directory table).
     pub fn lookup(&self, parent: u64, name: &[u8]) -> FsResult<FileAttr> {
         let d = self.dir(parent)?;
-        let node = match name {
-            b"." => Node::Dir(d),
-            b".." => Node::Dir(self.tree.parent(d)),
+        let (node, stat) = match name {
+            b"." => (Node::Dir(d), None),
+            b".." => (Node::Dir(self.tree.parent(d)), None),
             _ => self
                 .tree
                 .lookup(self.dataset(), d, name)
                 .map_err(|e| self.eio("looking up a path", &e))?
                 .ok_or(libc::ENOENT)?,
         };
-        self.attr(node)
+        self.attr_with(node, stat)
     }
 
     /// Checks that `ino` is a directory that can be listed.
@@ -229,11 +236,12 @@ impl MountFs {
                 .map_err(|e| self.eio("listing a directory", &e))?;
         }
         for pos in offset..total {
-            let (node, name) = match pos {
-                0 => (Node::Dir(d), std::borrow::Cow::Borrowed(&b"."[..])),
+            let (node, name, stat) = match pos {
+                0 => (Node::Dir(d), std::borrow::Cow::Borrowed(&b"."[..]), None),
                 1 => (
                     Node::Dir(self.tree.parent(d)),
                     std::borrow::Cow::Borrowed(&b".."[..]),
+                    None,
                 ),
                 _ => {
                     let e = self
@@ -241,10 +249,10 @@ impl MountFs {
                         .entry(ds, d, pos - 2)
                         .map_err(|e| self.eio("listing a directory", &e))?
                         .ok_or(libc::EIO)?;
-                    (e.node, e.name)
+                    (e.node, e.name, e.stat)
                 }
             };
-            if add(&self.attr(node)?, &name, pos + 1) {
+            if add(&self.attr_with(node, stat)?, &name, pos + 1) {
                 break;
             }
         }

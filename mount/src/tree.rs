@@ -26,7 +26,7 @@ use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
-use granary::{Dataset, ReadError};
+use granary::{Dataset, FileStat, PathEntry, ReadError};
 
 /// Inode of the root directory (FUSE's fixed root).
 pub const ROOT_INO: u64 = 1;
@@ -41,12 +41,12 @@ const READAHEAD: (u64, u64) = (64, 1 << 16);
 /// Paths read together when a directory's entries are read in order (readdir).
 const ENTRY_BATCH: u64 = 4096;
 
-/// Positions of the path order read last, with their sample ids and paths (a listing and the
-/// readdir after it read them in order).
+/// Positions of the path order read last, with their sample ids, paths and (listing pages)
+/// stats (a listing and the readdir after it read them in order).
 #[derive(Debug, Default)]
 struct Ahead {
     at: std::ops::Range<u64>,
-    entries: Vec<(u64, Vec<u8>)>,
+    entries: Vec<PathEntry>,
 }
 
 /// One entry of a directory's listing, in order.
@@ -96,6 +96,9 @@ pub enum Node {
 pub struct Entry<'a> {
     pub node: Node,
     pub name: Cow<'a, [u8]>,
+    /// A file's size, mode and mtime when the listing had them at hand (listing pages, format
+    /// 1.6, in a dataset without fields).
+    pub stat: Option<FileStat>,
 }
 
 /// The directories known so far.
@@ -207,15 +210,9 @@ impl Tree {
         })
     }
 
-    /// The sample id and path at position `pos` of the path order: from the positions read
-    /// last, or read now with the `batch - 1` after it (up to `end`).
-    fn sorted(
-        &self,
-        ds: &Dataset,
-        pos: u64,
-        batch: u64,
-        end: u64,
-    ) -> Result<(u64, Vec<u8>), ReadError> {
+    /// The sample id, path and (listing pages) stat at position `pos` of the path order:
+    /// from the positions read last, or read now with the `batch - 1` after it (up to `end`).
+    fn sorted(&self, ds: &Dataset, pos: u64, batch: u64, end: u64) -> Result<PathEntry, ReadError> {
         let mut a = self.ahead.lock().unwrap_or_else(|p| p.into_inner());
         if !a.at.contains(&pos) {
             let entries =
@@ -256,7 +253,7 @@ impl Tree {
         key.push(b'/');
         let exists = !self.recorded_under(&key).is_empty() || {
             let at = ds.lower_bound(&key)?;
-            at < ds.len() && self.sorted(ds, at, 1, ds.len())?.1.starts_with(&key)
+            at < ds.len() && self.sorted(ds, at, 1, ds.len())?.path.starts_with(&key)
         };
         if !exists {
             return Ok(None);
@@ -344,7 +341,7 @@ impl Tree {
                 }
             }
             let file = match pos < range.end {
-                true => Some(self.sorted(ds, pos, fetched_to - pos, range.end)?.1),
+                true => Some(self.sorted(ds, pos, fetched_to - pos, range.end)?.path),
                 false => None,
             };
             let rec_key = (ri < rec.end).then(|| &self.recorded[ri].0[..]);
@@ -452,9 +449,10 @@ impl Tree {
 
     /// Makes the sample entries (and attributes) of `dir`'s files present at once, before a
     /// listing that shows their attributes reads them one by one (readdirplus).
-    /// Nothing for a snapshot held whole (no ids are gathered).
+    /// Nothing for a snapshot held whole (no ids are gathered), or whose listing pages carry
+    /// the files' stats (format 1.6, without fields).
     pub fn prefetch_file_attrs(&self, ds: &Dataset, dir: u32) -> Result<(), ReadError> {
-        if !ds.snapshot().is_paged() {
+        if !ds.snapshot().is_paged() || self.stats_in_listings(ds) {
             return Ok(());
         }
         let d = self.listed(ds, dir)?;
@@ -500,14 +498,34 @@ impl Tree {
         (d > 0 && d < self.dir_count() as u64).then_some(Node::Dir(d as u32))
     }
 
-    /// The entry `name` of directory `dir`.
-    pub fn lookup(&self, ds: &Dataset, dir: u32, name: &[u8]) -> Result<Option<Node>, ReadError> {
+    /// Whether the listing pages carry the stats of the tree's files (format 1.6, files that
+    /// are samples, not fields).
+    fn stats_in_listings(&self, ds: &Dataset) -> bool {
+        !self.fields && ds.listings_carry_stats()
+    }
+
+    /// The entry `name` of directory `dir`, with a file's stat when the lookup found it at
+    /// hand (listing pages, format 1.6: the page that holds the path).
+    pub fn lookup(
+        &self,
+        ds: &Dataset,
+        dir: u32,
+        name: &[u8],
+    ) -> Result<Option<(Node, Option<FileStat>)>, ReadError> {
         if name.is_empty() || name.contains(&b'/') || name.len() > NAME_MAX {
             return Ok(None);
         }
         let path = join(&self.get(dir).path, name);
         if let Some(&sub) = self.known().by_path.get(&path[..]) {
-            return Ok(Some(Node::Dir(sub)));
+            return Ok(Some((Node::Dir(sub), None)));
+        }
+        if self.stats_in_listings(ds) {
+            if let Some((id, stat)) = ds.lookup_stat(&path)? {
+                return Ok(Some((Node::File(id), Some(stat))));
+            }
+            return Ok(self
+                .child_dir(ds, dir, &path)?
+                .map(|d| (Node::Dir(d), None)));
         }
         let file = match self.fields {
             false => ds.lookup(&path)?.map(Node::File),
@@ -524,8 +542,10 @@ impl Tree {
             },
         };
         match file {
-            Some(f) => Ok(Some(f)),
-            None => Ok(self.child_dir(ds, dir, &path)?.map(Node::Dir)),
+            Some(f) => Ok(Some((f, None))),
+            None => Ok(self
+                .child_dir(ds, dir, &path)?
+                .map(|d| (Node::Dir(d), None))),
         }
     }
 
@@ -585,12 +605,14 @@ impl Tree {
             Run::Dir(sub) => Ok(Some(Entry {
                 node: Node::Dir(*sub),
                 name: Cow::Owned(self.dir_name(*sub)),
+                stat: None,
             })),
             Run::Files { start, end, firsts } if self.fields => {
                 let local = k - l.starts[r];
                 let i = firsts.partition_point(|&f| f <= local) - 1;
                 let j = local - firsts[i];
-                let (id, path) = self.sorted(ds, start + i as u64, ENTRY_BATCH, *end)?;
+                let PathEntry { id, path, .. } =
+                    self.sorted(ds, start + i as u64, ENTRY_BATCH, *end)?;
                 let fs = ds.fields(id)?;
                 let f = fs
                     .get(j as usize)
@@ -603,14 +625,16 @@ impl Tree {
                 Ok(Some(Entry {
                     node: Node::File(first + j),
                     name: Cow::Owned(name),
+                    stat: None,
                 }))
             }
             Run::Files { start, end, .. } => {
                 let pos = start + (k - l.starts[r]);
-                let (id, path) = self.sorted(ds, pos, ENTRY_BATCH, *end)?;
+                let e = self.sorted(ds, pos, ENTRY_BATCH, *end)?;
                 Ok(Some(Entry {
-                    node: Node::File(id),
-                    name: Cow::Owned(split_last(&path).1.to_vec()),
+                    node: Node::File(e.id),
+                    name: Cow::Owned(split_last(&e.path).1.to_vec()),
+                    stat: e.stat,
                 }))
             }
         }

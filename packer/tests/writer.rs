@@ -398,7 +398,7 @@ fn samples_with_named_fields_are_field_groups_readable_field_by_field() {
     assert_eq!(s.files, 300);
 
     let snap = Snapshot::open(std::fs::read(out.join(SNAPSHOT_FILE)).unwrap()).unwrap();
-    assert_eq!(snap.version(), (1, 5));
+    assert_eq!(snap.version(), (1, 6));
     assert!(snap.has_fields());
     assert!(snap.check_sections().is_empty());
     assert_eq!(snap.check_structure(10), vec![]);

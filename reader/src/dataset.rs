@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use granary_format::{
-    decode_record, ChunkEntry, ChunkHeader, Compression, SampleEntry, Snapshot, CHUNK_HEADER_LEN,
-    CHUNK_TRAILER_LEN, SNAPSHOT_FILE, SNAPSHOT_HEADER_LEN,
+    decode_record, ChunkEntry, ChunkHeader, Compression, FileStat, PathEntry, SampleEntry,
+    Snapshot, CHUNK_HEADER_LEN, CHUNK_TRAILER_LEN, SNAPSHOT_FILE, SNAPSHOT_HEADER_LEN,
 };
 use granary_store::file::Mapped;
 
@@ -333,9 +333,9 @@ impl Dataset {
     }
 
     /// The sample ids and paths at `positions` of the path order ([`Snapshot::sorted_paths`]:
-    /// from the path pages when the snapshot has them, a few contiguous fetches when it is
-    /// read in blocks).
-    pub fn sorted_paths(&self, positions: std::ops::Range<u64>) -> Result<Vec<(u64, Vec<u8>)>> {
+    /// from the pages when the snapshot has them, a few contiguous fetches when it is read in
+    /// blocks), and, from listing pages (format 1.6), each file's size, mode and mtime.
+    pub fn sorted_paths(&self, positions: std::ops::Range<u64>) -> Result<Vec<PathEntry>> {
         let v = self
             .snap
             .sorted_paths(positions)
@@ -552,6 +552,25 @@ impl Dataset {
     pub fn path(&self, id: u64) -> Result<&[u8]> {
         let p = self.snap.path(id).map_err(|e| self.fmt_err(e))?;
         self.touched(p)
+    }
+
+    /// Whether listings carry each file's size, mode and mtime ([`Snapshot::pages_carry_stats`]:
+    /// listing pages, format 1.6).
+    pub fn listings_carry_stats(&self) -> bool {
+        self.snap.pages_carry_stats()
+    }
+
+    /// The sample whose path is `path` with its size (and mode and mtime when recorded)
+    /// ([`Snapshot::lookup_stat`]: from the listing pages when the snapshot has them).
+    pub fn lookup_stat(&self, path: &[u8]) -> Result<Option<(u64, FileStat)>> {
+        let v = self.snap.lookup_stat(path).map_err(|e| self.fmt_err(e))?;
+        self.intact(v)
+    }
+
+    /// Sample `id`'s size (original length) and, when recorded, mode and mtime.
+    pub fn stat(&self, id: u64) -> Result<FileStat> {
+        let v = self.snap.stat(id).map_err(|e| self.fmt_err(e))?;
+        self.intact(v)
     }
 
     /// Sample `id`'s file mode and mtime as packed; `None` for datasets that do not record

@@ -67,7 +67,7 @@ pub use epoch::{
 };
 pub use error::{ReadError, RecordError, Result};
 pub use extract::{extract, ExtractOptions, ExtractSummary};
-pub use granary_format::{Compression, FileAttrs, FormatError, NO_LABEL};
+pub use granary_format::{Compression, FileAttrs, FileStat, FormatError, PathEntry, NO_LABEL};
 pub use granary_store::{
     decode_hot_map, decode_tier_index, effective_memory, hot_file_name, resident_share, Access,
     BytesFrom, ChunkSource, ChunkStore, DatasetId, HotChunk, HotMap, HotRecord, IoMode, LocalDir,

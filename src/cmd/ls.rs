@@ -66,10 +66,10 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         );
         pos += batch.len() as u64;
         if a.long {
-            let ids: Vec<u64> = batch.iter().map(|e| e.0).collect();
+            let ids: Vec<u64> = batch.iter().map(|e| e.id).collect();
             ds.prefetch_samples_at(&ids)?;
         }
-        for (id, key) in batch {
+        for granary::PathEntry { id, path: key, .. } in batch {
             if ds.has_fields() {
                 let s = ds.sample(id)?;
                 for f in ds.fields(id)? {

@@ -7,16 +7,29 @@ type Rec = (Vec<u8>, Vec<u8>, u32);
 
 /// Builds a dataset in memory: chunk files and the snapshot bytes.
 fn build(chunks: &[Vec<Rec>], classes: &[&[u8]]) -> (Vec<Vec<u8>>, Vec<u8>) {
-    build_with(chunks, classes, true)
+    build_with(chunks, classes, LISTING_MINOR, false)
 }
 
 /// [`build`], with or without path pages (format 1.5 or 1.4).
-fn build_with(chunks: &[Vec<Rec>], classes: &[&[u8]], pages: bool) -> (Vec<Vec<u8>>, Vec<u8>) {
+/// A snapshot of `chunks` of format 1.`minor` (4: no pages, 5: path pages, 6: listing
+/// pages), with file attributes (sample `i`: [`attrs_of`]) if `attrs`.
+fn build_with(
+    chunks: &[Vec<Rec>],
+    classes: &[&[u8]],
+    minor: u16,
+    attrs: bool,
+) -> (Vec<Vec<u8>>, Vec<u8>) {
     let id = [0xAB; 16];
     let classes: Vec<Vec<u8>> = classes.iter().map(|c| c.to_vec()).collect();
     let mut b = SnapshotBuilder::new(id, classes.clone());
-    if !pages {
-        b.without_path_pages();
+    match minor {
+        BLOCKS_MINOR => b.without_path_pages(),
+        PAGES_MINOR => b.with_plain_path_pages(),
+        _ => {}
+    }
+    if attrs {
+        let n = chunks.iter().map(|c| c.len()).sum::<usize>();
+        b.push_attrs(&(0..n as u64).map(attrs_of).collect::<Vec<_>>());
     }
     let mut files = Vec::new();
     for (ci, recs) in chunks.iter().enumerate() {
@@ -37,6 +50,14 @@ fn build_with(chunks: &[Vec<Rec>], classes: &[&[u8]], pages: bool) -> (Vec<Vec<u
         files.push(bytes);
     }
     (files, b.build().unwrap())
+}
+
+/// The file attributes [`build_with`] gives sample `i`.
+fn attrs_of(i: u64) -> FileAttrs {
+    FileAttrs {
+        mode: [0o644, 0o600, 0o755, 0o7777][i as usize % 4],
+        mtime_ns: [-5, 1_700_000_000_123_456_789, i64::MAX][i as usize % 3] ^ (i as i64 * 977),
+    }
 }
 
 fn small() -> (Vec<Vec<u8>>, Vec<u8>) {
@@ -76,7 +97,7 @@ fn all_problems(bytes: &[u8]) -> usize {
 fn open_and_query() {
     let (_, snap) = small();
     let s = Snapshot::open(&snap[..]).unwrap();
-    assert_eq!(s.version(), (1, 5));
+    assert_eq!(s.version(), (1, 6));
     assert_eq!(s.sample_count(), 3);
     assert_eq!(s.chunk_count(), 2);
     assert_eq!(s.path(1).unwrap(), b"dog/\xff.jpg");
@@ -121,7 +142,7 @@ fn unknown_major_version_names_both() {
     snap[8..10].copy_from_slice(&9u16.to_le_bytes());
     let err = Snapshot::open(&snap[..]).err().unwrap().to_string();
     assert!(
-        err.contains("9.5") && err.contains("major version 1"),
+        err.contains("9.6") && err.contains("major version 1"),
         "{err}"
     );
 }
@@ -279,7 +300,7 @@ fn attributes_and_directories_round_trip_as_format_1_2() {
     let snap = small_with_attrs();
     crate::local::dump_fuzz_seed("snapshot", "format-1.2-attrs-dirs", &snap);
     let s = Snapshot::open(&snap[..]).unwrap();
-    assert_eq!(s.version(), (1, 5));
+    assert_eq!(s.version(), (1, 6));
     assert!(s.has_attrs());
     assert_eq!(
         s.attrs(0).unwrap(),
@@ -456,7 +477,9 @@ fn queries<B: AsRef<[u8]>>(s: &Snapshot<B>) -> Vec<String> {
     for id in 0..s.sample_count() {
         let p = s.path(id).unwrap().to_vec();
         out.push(format!("{:?}", (s.sample(id), s.lookup(&p), s.attrs(id))));
+        out.push(format!("{:?}", s.lookup_stat(&p)));
     }
+    out.push(format!("{:?}", s.sorted_paths(0..s.sample_count())));
     out.push(format!("{:?}", s.lookup(b"no/such/path")));
     for pos in 0..s.sample_count() {
         out.push(format!("{:?}", s.sorted_id(pos)));
@@ -471,8 +494,8 @@ fn queries<B: AsRef<[u8]>>(s: &Snapshot<B>) -> Vec<String> {
 #[test]
 fn a_paged_snapshot_reads_only_what_it_asks_for() {
     for (name, snap) in [("small", small().1), ("attrs-dirs", small_with_attrs())] {
-        crate::local::dump_fuzz_seed("paged_snapshot", &format!("format-1.5-{name}"), &snap);
-        crate::local::dump_fuzz_seed("snapshot", &format!("format-1.5-{name}"), &snap);
+        crate::local::dump_fuzz_seed("paged_snapshot", &format!("format-1.6-{name}"), &snap);
+        crate::local::dump_fuzz_seed("snapshot", &format!("format-1.6-{name}"), &snap);
         asks_only_for_what_it_reads(&snap, |s: &Snapshot<&[u8]>| queries(s));
     }
 }
@@ -607,9 +630,11 @@ fn paged_searches_of_the_path_order_agree_with_binary_search_and_read_only_what_
 }
 
 /// Searches and listings of the path order give the same answers with path pages (format
-/// 1.5) as without (1.4: a binary search through the paths by id) and as a scan of the sorted
-/// paths, held whole or fetched in pieces, over many pages, keys between, before and after
-/// every path, prefixes ending in 0xff, and starting points inside and outside each run.
+/// 1.5) and listing pages (1.6, with and without file attributes) as without (1.4: a binary
+/// search through the paths by id) and as a scan of the sorted paths, held whole or fetched in
+/// pieces, over many pages, keys between, before and after every path, prefixes ending in
+/// 0xff, and starting points inside and outside each run; listing pages' sizes, modes and
+/// mtimes are the sample table's and kind 8's.
 #[test]
 fn path_pages_answer_as_the_path_order_does() {
     let mut r = crate::SplitMix64::new(5);
@@ -619,7 +644,7 @@ fn path_pages_answer_as_the_path_order_does() {
                 .map(|i| {
                     let dir = ["a", "ab", "b", "bb", "zz/deep/er"][(i % 5) as usize];
                     let name = format!("{dir}/{:06}-{}", r.below(1 << 20), c * 800 + i);
-                    (name.into_bytes(), vec![1], 0)
+                    (name.into_bytes(), vec![1; (i % 9) as usize], 0)
                 })
                 .collect()
         })
@@ -631,15 +656,24 @@ fn path_pages_answer_as_the_path_order_does() {
     for (i, rec) in recs[1].iter_mut().enumerate().take(50) {
         rec.0 = [&b"b\xff\xff"[..], format!("{i:03}").as_bytes()].concat();
     }
-    let (_, new) = build_with(&recs, &[b"x"], true);
-    let (_, old) = build_with(&recs, &[b"x"], false);
-    let s15 = Snapshot::open(&new[..]).unwrap();
+    let (_, old) = build_with(&recs, &[b"x"], BLOCKS_MINOR, false);
+    let (_, b15) = build_with(&recs, &[b"x"], PAGES_MINOR, false);
+    let (_, b16) = build_with(&recs, &[b"x"], LISTING_MINOR, false);
+    let (_, b16a) = build_with(&recs, &[b"x"], LISTING_MINOR, true);
     let s14 = Snapshot::open(&old[..]).unwrap();
-    assert_eq!((s15.version(), s14.version()), ((1, 5), (1, 4)));
-    let ix = s15.page_index().unwrap().expect("1.5 has path pages");
+    let paged: Vec<Snapshot<&[u8]>> = [&b15, &b16, &b16a]
+        .map(|b| Snapshot::open(&b[..]).unwrap())
+        .into();
+    let versions: Vec<_> = paged.iter().map(|s| s.version()).collect();
+    assert_eq!(versions, [(1, 5), (1, 6), (1, 6)]);
+    assert_eq!(s14.version(), (1, 4));
+    let ix = paged[0].page_index().unwrap().expect("1.5 has path pages");
     assert!(ix.len() >= 5, "{} pages", ix.len());
     assert!(s14.page_index().unwrap().is_none());
-    assert!(s15.check_structure(10).is_empty() && s15.check_sections().is_empty());
+    for s in &paged {
+        assert!(s.check_structure(10).is_empty() && s.check_sections().is_empty());
+    }
+    let s15 = &paged[0];
     let n = s15.sample_count();
     let paths: Vec<Vec<u8>> = (0..n)
         .map(|p| s14.path(s14.sorted_id(p).unwrap()).unwrap().to_vec())
@@ -696,11 +730,26 @@ fn path_pages_answer_as_the_path_order_does() {
             (lb, end_from(lb), starts(lb).map(end_from).to_vec(), found)
         })
         .collect();
-    assert_eq!(answers(&s15), want);
+    for (s, b) in paged.iter().zip([&b15, &b16, &b16a]) {
+        assert_eq!(answers(s), want);
+        asks_only_for_what_it_reads(b, answers);
+    }
     assert_eq!(answers(&s14), want);
-    asks_only_for_what_it_reads(&new, answers);
+    listings_agree(&s14, &paged, &[&b15, &b16, &b16a], &paths);
+}
+
+/// [`path_pages_answer_as_the_path_order_does`]'s listings: any run of positions, across pages,
+/// lists the same entries with pages as without (`s14`), the listing pages' stats are the
+/// sample table's and kind 8's, and each snapshot asks only for what it reads.
+fn listings_agree(
+    s14: &Snapshot<&[u8]>,
+    paged: &[Snapshot<&[u8]>],
+    bytes: &[&Vec<u8>],
+    paths: &[Vec<u8>],
+) {
+    let n = s14.sample_count();
     // Listings of any run of positions, across pages.
-    let listing = |s: &Snapshot<&[u8]>| -> Vec<(u64, Vec<u8>)> {
+    let listing = |s: &Snapshot<&[u8]>| -> Vec<PathEntry> {
         [
             0..0,
             0..1,
@@ -714,13 +763,77 @@ fn path_pages_answer_as_the_path_order_does() {
         .flat_map(|r| s.sorted_paths(r).unwrap())
         .collect()
     };
-    assert_eq!(listing(&s15), listing(&s14));
-    asks_only_for_what_it_reads(&new, listing);
-    let all: Vec<Vec<u8>> = s15
-        .sorted_paths(0..n)
+    let plain = listing(s14);
+    assert!(plain.iter().all(|e| e.stat.is_none()));
+    assert_eq!(listing(&paged[0]), plain);
+    for (s, b) in paged.iter().zip(bytes) {
+        asks_only_for_what_it_reads(b, listing);
+        let stats: Vec<PathEntry> = listing(s);
+        let without: Vec<PathEntry> = stats
+            .iter()
+            .map(|e| PathEntry {
+                stat: None,
+                ..e.clone()
+            })
+            .collect();
+        assert_eq!(without, plain);
+        // Listing pages' stats are the sample table's and kind 8's; so are lookups'.
+        for e in &stats {
+            assert_eq!(e.stat.is_some(), s.pages_carry_stats());
+            if let Some(st) = e.stat {
+                assert_eq!(st, s.stat(e.id).unwrap());
+                assert_eq!(st.attrs.is_some(), s.has_attrs());
+            }
+        }
+        for e in stats.iter().step_by(97) {
+            let want = (e.id, s.stat(e.id).unwrap());
+            assert_eq!(s.lookup_stat(&e.path).unwrap(), Some(want));
+            assert_eq!(s14.lookup_stat(&e.path).unwrap().map(|x| x.0), Some(e.id));
+        }
+        assert_eq!(s.lookup_stat(b"b\xff/zz").unwrap(), None);
+        let all: Vec<Vec<u8>> = s
+            .sorted_paths(0..n)
+            .unwrap()
+            .into_iter()
+            .map(|e| e.path)
+            .collect();
+        assert_eq!(all, paths);
+    }
+    assert!(paged[2].sorted_paths(0..1).unwrap()[0]
+        .stat
         .unwrap()
-        .into_iter()
-        .map(|e| e.1)
-        .collect();
-    assert_eq!(all, paths);
+        .attrs
+        .is_some());
+    assert!(paged[1].sorted_paths(0..1).unwrap()[0]
+        .stat
+        .unwrap()
+        .attrs
+        .is_none());
+}
+
+/// `check_structure` (what `verify` runs) finds listing pages whose sizes, modes or mtimes
+/// are not the sample table's and kind 8's: what section CRCs cannot catch (a writer's bug).
+#[test]
+fn listing_pages_that_disagree_with_the_tables_are_found() {
+    let recs: Vec<Vec<Rec>> = vec![(0..50)
+        .map(|i| (format!("d/{i:03}").into_bytes(), vec![7; i], 0))
+        .collect()];
+    let (_, snap) = build_with(&recs, &[b"x"], LISTING_MINOR, true);
+    let s = Snapshot::open(&snap[..]).unwrap();
+    assert!(s.check_structure(10).is_empty());
+    let (attrs, samples) = (s.l.attrs.clone().unwrap(), s.l.sample_tab.clone());
+    for (at, what) in [
+        (attrs.start + 16 * 3, "mode"),
+        (attrs.start + 16 * 3 + 8, "mtime"),
+        (samples.start + 40 * 3 + 24, "size"),
+    ] {
+        let mut bad = snap.clone();
+        bad[at] ^= 1;
+        let errs = Snapshot::open(&bad[..]).unwrap().check_structure(10);
+        assert!(
+            errs.iter()
+                .any(|e| e.to_string().contains("snapshot listing pages")),
+            "{what}: {errs:?}"
+        );
+    }
 }

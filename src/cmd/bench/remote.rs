@@ -1,7 +1,7 @@
 //! `granary bench remote`: what opening and reading a dataset in an object store costs when
 //! its snapshot is read in blocks (format 1.4): bytes and GETs to open, to look up a path, to
-//! `cat` a file, to find a directory and list it, and for one chunk-wise epoch beyond the
-//! chunks themselves.
+//! `cat` a file, to find a directory and list it (paths, then sizes, modes and mtimes), and
+//! for one chunk-wise epoch beyond the chunks themselves.
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -24,7 +24,9 @@ read first through another cold cache, so that drawing them costs the measured c
 `cat` is a lookup plus the record's read (one ranged GET of the chunk). `dir` finds the
 directory of each looked-up path (the run of the path order under `DIR/`, as `granary ls URL
 DIR/` and the mount's lookups do); `list` then lists the first --lists of them (every path
-and sample id, as `granary ls` does). The epoch is rank
+and sample id, as `granary ls` does), and `list-l` lists them again with each file's size,
+mode and mtime (as `ls -l` on the mount shows them): its figures are what those cost beyond
+the paths. The epoch is rank
 --rank's share of a chunk-wise epoch at --world-size (--no-epoch skips it); its snapshot GETs
 and bytes are the sample entries it fetched beyond the chunks.
 
@@ -148,8 +150,11 @@ pub fn run(a: RemoteArgs) -> anyhow::Result<ExitCode> {
         );
         Ok(())
     })?;
+    // Lists directory `i`: paths and sample ids, and with `long` each file's size, mode and
+    // mtime (from the pages if they carry them; otherwise the sample table and kind 8 by
+    // sample id, fetched together first, as the mount and `ls --long` do).
     let listed = std::cell::Cell::new(0u64);
-    let list = measure(dirs.len().min(a.lists as usize), &|i| {
+    let list_dir = |i: usize, long: bool| {
         let r = ds.prefix_range(&dirs[i])?;
         let mut pos = r.start;
         while pos < r.end {
@@ -159,10 +164,22 @@ pub fn run(a: RemoteArgs) -> anyhow::Result<ExitCode> {
                 "position {pos} of the path order is missing"
             );
             pos += batch.len() as u64;
+            if long && batch.iter().any(|e| e.stat.is_none()) {
+                let ids: Vec<u64> = batch.iter().map(|e| e.id).collect();
+                ds.prefetch_samples_at(&ids)?;
+                for id in ids {
+                    std::hint::black_box(ds.stat(id)?);
+                }
+            }
         }
-        listed.set(listed.get() + r.end - r.start);
+        if !long {
+            listed.set(listed.get() + r.end - r.start);
+        }
         Ok(())
-    })?;
+    };
+    let lists = dirs.len().min(a.lists as usize);
+    let list = measure(lists, &|i| list_dir(i, false))?;
+    let list_l = measure(lists, &|i| list_dir(i, true))?;
 
     // One chunk-wise epoch (its own cold cache).
     let epoch = match a.no_epoch {
@@ -180,6 +197,7 @@ pub fn run(a: RemoteArgs) -> anyhow::Result<ExitCode> {
         "cat": cat,
         "dir": dir,
         "list": list,
+        "list-l": list_l,
         "listed_paths": listed.get(),
         "epoch": epoch,
     });
@@ -238,16 +256,16 @@ fn print_text(a: &RemoteArgs, v: &serde_json::Value) {
     );
     let open = &v["open"];
     println!(
-        "open:   {:.3} s, {} GETs, {:.3} MB",
+        "open:    {:.3} s, {} GETs, {:.3} MB",
         f(&open["s"]),
         open["snapshot_gets"],
         mb(&open["snapshot_bytes"])
     );
     let epoch = &v["epoch"];
-    for name in ["lookup", "cat", "dir", "list"] {
+    for name in ["lookup", "cat", "dir", "list", "list-l"] {
         let m = &v[name];
         println!(
-            "{name:<6}: {:>6.1} ms median ({:.1} max), {} snapshot GETs median ({} max), {:.3} MB median",
+            "{name:<7}: {:>6.1} ms median ({:.1} max), {} snapshot GETs median ({} max), {:.3} MB median",
             m["ms_median"].as_f64().unwrap_or(0.0),
             m["ms_max"].as_f64().unwrap_or(0.0),
             m["snapshot_gets_median"],
