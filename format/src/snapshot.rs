@@ -980,14 +980,17 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
             .is_some_and(|p| p.entries != PageEntries::Paths)
     }
 
-    /// The sample whose path is `path`, with its size and mode and mtime: from the listing
-    /// pages when the snapshot has them (the page index and one page, no sample table),
-    /// otherwise [`Snapshot::lookup`] and the sample's entries.
+    /// The sample whose path is `path`, with its size and mode and mtime. Read in blocks,
+    /// with listing pages: the page index (read once) and one page, usually decoded already
+    /// (a listing's); otherwise [`Snapshot::lookup`] and the sample's entries (held whole: a
+    /// hash probe and two entries, cheaper than decoding a page for each random lookup).
     pub fn lookup_stat(&self, path: &[u8]) -> Result<Option<(u64, FileStat)>> {
-        if let (true, Some(ix)) = (self.pages_carry_stats(), self.page_index()?) {
-            return Ok(self
-                .page_entry(ix, path)?
-                .map(|e| (e.id, e.stat.expect("listing pages carry stats"))));
+        if self.pager.is_some() && self.pages_carry_stats() {
+            if let Some(ix) = self.page_index()? {
+                return Ok(self
+                    .page_entry(ix, path)?
+                    .map(|e| (e.id, e.stat.expect("listing pages carry stats"))));
+            }
         }
         let Some(id) = self.lookup(path)? else {
             return Ok(None);

@@ -733,6 +733,13 @@ fn path_pages_answer_as_the_path_order_does() {
     for (s, b) in paged.iter().zip([&b15, &b16, &b16a]) {
         assert_eq!(answers(s), want);
         asks_only_for_what_it_reads(b, answers);
+        // Stats by path: held whole, the hash index and the tables by id; read in blocks,
+        // the listing pages (1.6).
+        asks_only_for_what_it_reads(b, |s: &Snapshot<&[u8]>| {
+            keys.iter()
+                .map(|k| s.lookup_stat(k).unwrap())
+                .collect::<Vec<_>>()
+        });
     }
     assert_eq!(answers(&s14), want);
     listings_agree(&s14, &paged, &[&b15, &b16, &b16a], &paths);
