@@ -184,7 +184,7 @@ pub struct PageIndex {
 
 impl PageEntries {
     /// The names of the pages' section and of their index, for errors.
-    fn names(self) -> (&'static str, &'static str) {
+    pub(crate) fn names(self) -> (&'static str, &'static str) {
         match self {
             PageEntries::Paths => (PAGES, INDEX),
             _ => (LISTING, LISTING_INDEX),

@@ -1434,10 +1434,6 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
             Ok(None) => return,
             Err(e) => return push(e),
         };
-        let ix_kind = match ix.entries() {
-            PageEntries::Paths => SectionKind::PathPages as u32,
-            _ => SectionKind::ListingPages as u32,
-        };
         for p in 0..ix.len() {
             let b = match self.page_bytes(ix, p) {
                 Ok(b) => b,
@@ -1458,7 +1454,7 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
             match (walked, wrong) {
                 (Err(e), _) => push(e),
                 (_, Some((pos, id))) => push(FormatError::invalid(
-                    section_name(ix_kind),
+                    ix.entries().names().0,
                     format!(
                         "position {pos} holds sample {id}, not the path order's, \
                          or not that sample's size, mode or mtime"

@@ -141,14 +141,11 @@ impl MountFs {
                     .tree
                     .file_sample(ds, file)
                     .map_err(|e| self.eio("reading the field index", &e))?;
-                let s = ds
-                    .sample(id)
-                    .map_err(|e| self.eio("reading the sample table", &e))?;
-                let a = ds
-                    .attrs(id)
-                    .map_err(|e| self.eio("reading the file attributes", &e))?;
+                let st = ds
+                    .stat(id)
+                    .map_err(|e| self.eio("reading the sample table and attributes", &e))?;
                 let size = match field {
-                    None => s.entry.orig_len,
+                    None => st.size,
                     Some(k) => ds
                         .fields(id)
                         .ok()
@@ -160,7 +157,7 @@ impl MountFs {
                             )
                         })?,
                 };
-                (FileType::RegularFile, size, a, 1)
+                (FileType::RegularFile, size, st.attrs, 1)
             }
         };
         let (perm, mtime) = match recorded {

@@ -504,8 +504,9 @@ impl Tree {
         !self.fields && ds.listings_carry_stats()
     }
 
-    /// The entry `name` of directory `dir`, with a file's stat when the lookup found it at
-    /// hand (listing pages, format 1.6: the page that holds the path).
+    /// The entry `name` of directory `dir`, with a file's stat when the file is a sample
+    /// ([`Dataset::lookup_stat`]: read in blocks with listing pages, the page that holds the
+    /// path; otherwise the tables by id, which the file's attributes need anyway).
     pub fn lookup(
         &self,
         ds: &Dataset,
@@ -519,16 +520,10 @@ impl Tree {
         if let Some(&sub) = self.known().by_path.get(&path[..]) {
             return Ok(Some((Node::Dir(sub), None)));
         }
-        if self.stats_in_listings(ds) {
-            if let Some((id, stat)) = ds.lookup_stat(&path)? {
-                return Ok(Some((Node::File(id), Some(stat))));
-            }
-            return Ok(self
-                .child_dir(ds, dir, &path)?
-                .map(|d| (Node::Dir(d), None)));
-        }
         let file = match self.fields {
-            false => ds.lookup(&path)?.map(Node::File),
+            false => ds
+                .lookup_stat(&path)?
+                .map(|(id, stat)| (Node::File(id), Some(stat))),
             true => match ds.lookup_field(&path)? {
                 None => None,
                 Some((id, name)) => {
@@ -537,12 +532,12 @@ impl Tree {
                         .snapshot()
                         .field_first(id)
                         .map_err(|e| ReadError::Invalid(e.to_string()))?;
-                    k.map(|k| Node::File(first + k as u64))
+                    k.map(|k| (Node::File(first + k as u64), None))
                 }
             },
         };
         match file {
-            Some(f) => Ok(Some((f, None))),
+            Some(f) => Ok(Some(f)),
             None => Ok(self
                 .child_dir(ds, dir, &path)?
                 .map(|d| (Node::Dir(d), None))),
