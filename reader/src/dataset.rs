@@ -39,7 +39,7 @@ pub struct Dataset {
     snap: Snapshot<Mapped>,
     store: Arc<dyn ChunkStore>,
     /// For a snapshot read in blocks from an object store: what fetches them.
-    paged: Option<Arc<granary_store::snapcache::BlockPager>>,
+    paged: Option<Arc<granary_store::object::snapcache::BlockPager>>,
 }
 
 impl std::fmt::Debug for Dataset {
@@ -87,7 +87,7 @@ impl Dataset {
         let path = path.as_ref();
         if let Some(url) = path.to_str().filter(|s| granary_store::object::is_url(s)) {
             let u = Arc::new(granary_store::object::ObjectUrl::parse(url)?);
-            let snap = granary_store::snapcache::open_snapshot(&u, cache)?;
+            let snap = granary_store::object::snapcache::open_snapshot(&u, cache)?;
             return Self::open_remote(&snap.path, snap.pager, u);
         }
         if let Some(url) = path
@@ -106,7 +106,7 @@ impl Dataset {
     /// from the object store.
     pub(crate) fn open_remote(
         snapshot: &Path,
-        paged: Option<Arc<granary_store::snapcache::BlockPager>>,
+        paged: Option<Arc<granary_store::object::snapcache::BlockPager>>,
         url: Arc<granary_store::object::ObjectUrl>,
     ) -> Result<Self> {
         let pager = paged.clone().map(|p| p as Arc<dyn granary_format::Pager>);
@@ -127,7 +127,7 @@ impl Dataset {
     }
 
     /// Opens the snapshot at `path`; with `pager`, a sparse copy whose blocks the pager
-    /// fetches as they are read ([`granary_store::snapcache`]).
+    /// fetches as they are read ([`granary_store::object::snapcache`]).
     fn open_in(
         path: &Path,
         store: Option<Arc<dyn ChunkStore>>,

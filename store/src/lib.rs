@@ -18,7 +18,7 @@ pub mod object;
 pub mod peers;
 mod seam;
 pub mod serving;
-pub mod snapcache;
+
 mod stack;
 pub mod tier;
 

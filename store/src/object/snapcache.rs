@@ -34,8 +34,9 @@ use granary_format::{
     SNAPSHOT_HEADER_LEN,
 };
 
-use crate::object::{ObjectUrl, GET_PART};
-use crate::{DatasetId, Result, StoreError};
+use super::paths::cache_home;
+use super::{ObjectUrl, GET_PART};
+use crate::{DatasetId, RemoteKind, Result, StoreError};
 
 /// Snapshots up to this size are fetched whole (one GET; every section checked at once):
 /// paging pays off only for large ones. `GRANARY_SNAPSHOT_WHOLE_MAX` (bytes) overrides it.
@@ -76,12 +77,10 @@ pub fn cache_budget() -> u64 {
 
 /// Opens the snapshot of the dataset at `url`: a cached whole copy if there is one, else a
 /// sparse file and its pager (format 1.4 snapshots larger than [`whole_max`]), else the whole
-/// snapshot fetched and checked ([`crate::object::fetch_snapshot`]). Cached in `dir`
-/// ([`crate::object::snapshot_cache_dir`] by default).
+/// snapshot fetched and checked ([`fetch_snapshot`]). Cached in `dir`
+/// ([`snapshot_cache_dir`] by default).
 pub fn open_snapshot(url: &Arc<ObjectUrl>, dir: &Path) -> Result<RemoteSnapshot> {
-    let whole = |_| {
-        crate::object::fetch_snapshot(url, dir).map(|path| RemoteSnapshot { path, pager: None })
-    };
+    let whole = |_| fetch_snapshot(url, dir).map(|path| RemoteSnapshot { path, pager: None });
     let snap_url = url.object_url(SNAPSHOT_FILE);
     let head = crate::object::snapshot_head(url)?;
     let fmt = |e: FormatError| StoreError::format(&snap_url, e);
@@ -475,4 +474,78 @@ impl Pager for BlockPager {
     fn need_all(&self, ranges: &[Range<u64>]) -> granary_format::Result<()> {
         self.ensure(ranges).map_err(|e| self.unavailable(e))
     }
+}
+
+/// Where fetched snapshots are kept: `GRANARY_SNAPSHOT_CACHE`, else `snapshots` in
+/// [`cache_home`].
+pub fn snapshot_cache_dir() -> PathBuf {
+    match std::env::var_os("GRANARY_SNAPSHOT_CACHE").filter(|v| !v.is_empty()) {
+        Some(d) => PathBuf::from(d),
+        None => cache_home().join("snapshots"),
+    }
+}
+
+/// The first 64 bytes of the snapshot of the dataset at `url` (one ranged GET), or an error
+/// that says what the prefix holds instead (an upload that has not finished).
+pub fn snapshot_head(url: &ObjectUrl) -> Result<bytes::Bytes> {
+    use granary_format::{SNAPSHOT_FILE, SNAPSHOT_HEADER_LEN};
+    let head = match url.get_range(SNAPSHOT_FILE, 0..SNAPSHOT_HEADER_LEN as u64) {
+        Err(StoreError::Remote {
+            kind: RemoteKind::NotFound,
+            ..
+        }) if url.list().is_ok_and(|l| {
+            l.iter()
+                .any(|(n, _)| granary_format::parse_chunk_file_name(n).is_some())
+        }) =>
+        {
+            return Err(StoreError::Invalid(format!(
+                "{}: holds chunks but no snapshot: an upload that has not finished (or was \
+                 interrupted: `granary pack ... -o {} --resume` continues it)",
+                url.url(),
+                url.url()
+            )));
+        }
+        r => r?,
+    };
+    Ok(head)
+}
+
+/// Fetches the snapshot of the dataset at `url` into the local cache unless the cached copy
+/// is current (one 64-byte ranged GET to tell), and returns the cached file's path. A fetched
+/// snapshot has every section's CRC checked before it is kept; it is written under a
+/// temporary name and renamed, so concurrent openers (every loader worker) never see half.
+pub fn fetch_snapshot(url: &ObjectUrl, dir: &Path) -> Result<PathBuf> {
+    use granary_format::{snapshot_key, Snapshot, SNAPSHOT_FILE};
+    let snap_url = url.object_url(SNAPSHOT_FILE);
+    let head = snapshot_head(url)?;
+    let (id, crc) = snapshot_key(&head).map_err(|e| StoreError::format(&snap_url, e))?;
+    let cached = dir.join(format!("{}-{crc:08x}.gsnap", DatasetId(id)));
+    if cached.is_file() {
+        return Ok(cached);
+    }
+    evict(dir, cache_budget(), &cached);
+    let bytes = url.get(SNAPSHOT_FILE)?;
+    let key = snapshot_key(&bytes).map_err(|e| StoreError::format(&snap_url, e))?;
+    if key != (id, crc) {
+        return Err(StoreError::damaged(
+            &snap_url,
+            "the snapshot was replaced while it was fetched; open the dataset again",
+        ));
+    }
+    let snap = Snapshot::open(&bytes[..]).map_err(|e| StoreError::format(&snap_url, e))?;
+    if let Some(e) = snap.check_sections().into_iter().next() {
+        return Err(StoreError::format(&snap_url, e));
+    }
+    std::fs::create_dir_all(dir).map_err(|e| StoreError::io("creating", dir, e))?;
+    let tmp = dir.join(format!(
+        ".{}-{crc:08x}.{}.tmp",
+        DatasetId(id),
+        std::process::id()
+    ));
+    // Not fsynced: a cached copy lost to a crash is fetched again.
+    granary_format::local::write_atomic(&cached, &tmp, false, |w| {
+        std::io::Write::write_all(w, &bytes)
+    })
+    .map_err(|e| StoreError::io("caching the snapshot in", &tmp, e))?;
+    Ok(cached)
 }

@@ -1,0 +1,149 @@
+//! Object store URLs, and [`ObjectUrl`]: a dataset prefix in a store.
+
+use std::future::Future;
+use std::path::Path;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use object_store::path::Path as ObjPath;
+
+use super::client::Clients;
+use super::runtime::block_on;
+use super::timeouts::{watched, Timeouts};
+use super::SCHEMES;
+use crate::{Result, StoreError};
+
+/// True if `s` is a URL granary reads through an object store (`scheme://...` with a known
+/// scheme). A local directory whose name merely looks like one can be written `./s3:/...`.
+pub fn is_url(s: &str) -> bool {
+    s.split_once("://")
+        .is_some_and(|(scheme, _)| SCHEMES.contains(&scheme.to_ascii_lowercase().as_str()))
+}
+
+/// True if `s` has the form of a URL (`scheme://...`), known scheme or not.
+pub fn looks_like_url(s: &str) -> bool {
+    s.split_once("://").is_some_and(|(scheme, _)| {
+        !scheme.is_empty()
+            && scheme
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c))
+    })
+}
+
+/// [`is_url`] for a path argument.
+pub fn is_url_path(p: &Path) -> bool {
+    p.to_str().is_some_and(is_url)
+}
+
+/// A dataset prefix in an object store: `scheme://bucket/prefix`.
+#[derive(Debug)]
+pub struct ObjectUrl {
+    pub(super) url: String,
+    pub(super) prefix: ObjPath,
+    /// This process's client (see the module documentation on forks).
+    pub(super) client: Mutex<Option<(u32, Clients)>>,
+    /// How long requests wait ([`Timeouts::from_env`] when parsed).
+    pub(super) timeouts: Timeouts,
+    /// A peer's tier (`granary serve`): every request bounded by `timeouts.request`, never
+    /// retried, and nothing logged while waiting (the peer layer handles a slow peer).
+    pub(super) peer: bool,
+    /// The job's secret, which signs every request to a peer (`crate::auth`).
+    pub(super) secret: Option<crate::auth::Secret>,
+    /// Certificates (PEM) a peer's TLS certificate must chain to: the peer is then `https`.
+    pub(super) peer_ca: Option<Vec<u8>>,
+}
+
+impl ObjectUrl {
+    /// Parses `url` (no request is made; the client is built on first use).
+    pub fn parse(url: &str) -> Result<Self> {
+        let bad = |why: &str| StoreError::Invalid(format!("{url}: {why}"));
+        let (scheme, rest) = url
+            .split_once("://")
+            .ok_or_else(|| bad("not a URL (scheme://bucket/prefix)"))?;
+        let scheme = scheme.to_ascii_lowercase();
+        if !SCHEMES.contains(&scheme.as_str()) {
+            return Err(bad(&format!(
+                "unknown scheme {scheme:?}: use s3://, gs://, az://, http(s):// or a local path"
+            )));
+        }
+        let rest = rest.trim_end_matches('/');
+        let (host, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+        if host.is_empty() {
+            return Err(bad("no bucket (or host) in the URL"));
+        }
+        let prefix =
+            ObjPath::parse(prefix).map_err(|e| bad(&format!("not a valid object prefix: {e}")))?;
+        Ok(ObjectUrl {
+            url: format!("{scheme}://{rest}"),
+            prefix,
+            client: Mutex::new(None),
+            timeouts: Timeouts::from_env()?,
+            peer: false,
+            secret: None,
+            peer_ca: None,
+        })
+    }
+
+    /// The tier of dataset `id_hex` served by the peer at `addr` (`host:port`, `granary
+    /// serve`): plain HTTP, each request bounded by `timeout` (connecting included) and never
+    /// retried, so a peer that is gone costs one timeout, not a backoff schedule; each signed
+    /// with `secret` when there is one; over TLS, the peer's certificate checked against
+    /// `ca` (PEM), when given.
+    pub fn peer(
+        addr: &str,
+        id_hex: &str,
+        timeout: Duration,
+        secret: Option<crate::auth::Secret>,
+        ca: Option<&[u8]>,
+    ) -> Result<Self> {
+        let scheme = if ca.is_some() { "https" } else { "http" };
+        let mut u = Self::parse(&format!("{scheme}://{addr}/{id_hex}"))?;
+        u.peer_ca = ca.map(<[u8]>::to_vec);
+        u.timeouts = Timeouts {
+            connect: timeout,
+            request: timeout,
+            retry: timeout,
+        };
+        u.peer = true;
+        u.secret = secret;
+        Ok(u)
+    }
+
+    /// The timeouts its requests use.
+    pub fn timeouts(&self) -> Timeouts {
+        self.timeouts
+    }
+
+    /// Runs `fut`, an operation on `url`, on this process's runtime. While it takes long, a
+    /// warning says so (once after the first notice, then at doubling intervals), naming the
+    /// URL, so that a store that does not answer is never a silent wait.
+    pub(super) fn run<F: Future>(&self, what: &str, url: &str, fut: F) -> Result<F::Output> {
+        if self.peer {
+            return block_on(fut);
+        }
+        block_on(watched(what, url, self.timeouts, fut))
+    }
+
+    /// The URL (normalised: no trailing slash).
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// The URL of object `name` under the prefix.
+    pub fn object_url(&self, name: &str) -> String {
+        format!("{}/{name}", self.url)
+    }
+
+    pub(super) fn key(&self, name: &str) -> ObjPath {
+        self.prefix.clone().join(name)
+    }
+
+    pub(super) fn scheme(&self) -> &str {
+        self.url.split_once("://").map_or("", |(s, _)| s)
+    }
+
+    /// True for stores that accept writes (not plain HTTP).
+    pub fn writable(&self) -> bool {
+        !matches!(self.scheme(), "http" | "https")
+    }
+}
