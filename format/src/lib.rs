@@ -15,7 +15,7 @@ mod hash;
 mod id;
 mod le;
 pub mod local;
-mod pages;
+
 mod record;
 mod rng;
 mod snapshot;
@@ -32,9 +32,9 @@ pub use chunk::{
 pub use error::{FormatError, Result};
 pub use hash::path_hash;
 pub use id::DatasetId;
-pub use pages::{FileStat, PageEntries, PageIndex, PathEntry, PAGE_TARGET};
 pub use record::{check_chunk, check_fields, decode_record, ChunkCheck, MAX_ZSTD_RATIO};
 pub use rng::SplitMix64;
+pub use snapshot::pages::{FileStat, PageEntries, PageIndex, PathEntry, PAGE_TARGET};
 pub use snapshot::{
     snapshot_key, ChunkEntry, FileAttrs, Lineage, SampleField, SectionKind, Snapshot,
     SnapshotBuilder, ATTRS_LEN, CHUNK_ENTRY_LEN, LINEAGE_LEN, SECTION_ENTRY_LEN,

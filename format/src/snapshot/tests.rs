@@ -1,5 +1,6 @@
 use super::*;
-use crate::{ChunkWriter, Compression};
+use crate::blocks::{BlockIndex, BLOCK_SIZE};
+use crate::{ChunkWriter, Compression, BLOCKS_MINOR, LISTING_MINOR, NO_LABEL, PAGES_MINOR};
 use proptest::prelude::*;
 
 /// (path, data, label) of one record.

@@ -13,9 +13,9 @@
 
 use std::ops::Range;
 
+use super::types::FileAttrs;
 use crate::error::{FormatError, Result};
 use crate::le;
-use crate::snapshot::FileAttrs;
 use crate::strtab::{encode_string_table, StringTable};
 
 /// A writer closes a page before an entry that would take it past this many bytes.
