@@ -20,8 +20,6 @@
 //! how many readers run at once, `GRANARY_CHAOS_SEED` the seed of the kills.
 //! `scripts/chaos.sh [SECONDS]` runs it long and prints its figures.
 
-mod common;
-
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -30,7 +28,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::common::*;
 
 fn env_u64(name: &str, default: u64) -> u64 {
     std::env::var(name)

@@ -1,11 +1,9 @@
 //! End-to-end tests of the `granary` binary.
 
-mod common;
-
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
-use common::*;
+use crate::common::*;
 
 #[test]
 fn round_trip_edge_tree_in_every_mode() {

@@ -5,12 +5,10 @@
 //! and JuiceFS; elsewhere they say why they did not run, and with `GRANARY_REQUIRE_FAULTS=1`
 //! (set by scripts/test.sh, which also installs JuiceFS) they fail instead.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::*;
+use crate::common::*;
 
 /// Whether the faults can be injected here; `None` with the reason when not.
 fn unavailable(tools: &[&str]) -> Option<String> {

@@ -3,12 +3,10 @@
 //! when deliberately creating golden files for a new format version). Every future granary must
 //! still read these files exactly.
 
-mod common;
-
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
-use common::*;
+use crate::common::*;
 
 fn golden_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden/v1")

@@ -2,15 +2,13 @@
 //! mounts through the CLI where this machine allows them (where it does not: skipped with the
 //! reason printed, or failed when the run requires FUSE, `GRANARY_REQUIRE_FUSE=1` or `CI=true`).
 
-mod common;
-
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::common::*;
 use granary_mount::{MountFs, Node, TieredReader, ROOT_INO};
 
 /// The edge tree plus names that interleave a directory's files with a subdirectory in path

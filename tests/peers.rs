@@ -6,14 +6,12 @@
 //! or foreign copy served by a peer is rejected; the server serves nothing but chunk copies of
 //! the datasets it was started for, read-only, and only to callers that hold the job's secret.
 
-mod common;
-
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::common::*;
 
 /// The job's secret in these tests (servers and readers get it through GRANARY_PEER_SECRET).
 const SECRET: &str = "test-job-secret-0123456789abcdef";

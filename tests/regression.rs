@@ -1,11 +1,9 @@
 //! Regression tests, each named after the defect it pins (issue 10: data safety). Every one of
 //! them failed on the code before its fix.
 
-mod common;
-
 use std::path::Path;
 
-use common::*;
+use crate::common::*;
 
 /// Every entry under `root` (files, links, empty directories) with what it is.
 fn inventory(root: &Path) -> Vec<(String, String)> {

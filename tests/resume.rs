@@ -1,11 +1,9 @@
 //! An interrupted pack (kill -9 mid-run) continues with --resume and produces the same dataset
 //! as an uninterrupted pack (up to the random dataset id).
 
-mod common;
-
 use std::path::Path;
 
-use common::*;
+use crate::common::*;
 
 fn chunk_files(ds: &Path) -> Vec<(String, Vec<u8>)> {
     let mut v: Vec<(String, Vec<u8>)> = std::fs::read_dir(ds)

@@ -3,13 +3,11 @@
 //! does both). Without a server (GRANARY_TEST_S3 unset) each test prints why it is skipped,
 //! unless GRANARY_REQUIRE_S3=1 (the CI), where that is a failure.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::common::*;
 use granary::remote::ObjectUrl;
 
 /// A fresh prefix in the test bucket plus private cache and staging directories, or `None`

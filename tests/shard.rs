@@ -1,14 +1,12 @@
 //! Sharded packing + merge, and append: the same content as a single pack, refusals that change
 //! nothing, a killed shard that resumes, and readers of an old snapshot during an append.
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
-use common::*;
+use crate::common::*;
 
 const ARGS: [&str; 4] = ["--chunk-size", "16KiB", "--seed", "3"];
 

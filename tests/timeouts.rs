@@ -2,12 +2,10 @@
 //! command within the timeouts' bound, with a warning while it waits and an error naming the
 //! URL (issue #31). No server is needed: the store is a local endpoint that never answers.
 
-mod common;
-
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::common::*;
 
 /// The timeouts the commands run with (seconds): connect, no answer, retries.
 const TIMEOUTS: [(&str, &str); 3] = [

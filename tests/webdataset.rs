@@ -1,11 +1,9 @@
 //! `granary pack --from webdataset`: tar shards to a dataset of samples with named fields, and
 //! back to the same files; bad shards refused with the shard and member named.
 
-mod common;
-
 use std::path::Path;
 
-use common::*;
+use crate::common::*;
 
 /// One tar member: (path, bytes).
 type Member = (String, Vec<u8>);

@@ -1,0 +1,16 @@
+//! Every integration test of this crate, in one binary (one link instead of one per file).
+
+mod common;
+
+mod chaos;
+mod cli;
+mod faults;
+mod golden;
+mod mount;
+mod peers;
+mod regression;
+mod resume;
+mod s3;
+mod shard;
+mod timeouts;
+mod webdataset;
