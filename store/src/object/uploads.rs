@@ -390,7 +390,8 @@ fn query_encode(s: &str) -> String {
 #[derive(Debug, serde::Deserialize)]
 #[serde(rename_all = "PascalCase")]
 struct UploadListing {
-    #[serde(default)]
+    /// Required: every S3 answer has it, so another document (an HTML error page from a
+    /// proxy, say) is an error rather than an empty listing.
     is_truncated: bool,
     #[serde(default)]
     next_key_marker: Option<String>,

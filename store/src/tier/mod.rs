@@ -13,12 +13,12 @@
 //! at which offset of which hot chunk; hot ids only grow, so a reader holding an old map never
 //! reads another chunk's bytes under a reused name.
 
+mod files;
+
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use granary_format::local;
 use granary_format::{
     chunk_file_name, ChunkEntry, ChunkHeader, ChunkWriter, Compression, SampleEntry,
     CHUNK_HEADER_LEN,
@@ -27,7 +27,10 @@ use serde::Serialize;
 
 use crate::file::IoFile;
 use crate::seam::{BytesFrom, ChunkSource, RangeRead};
-use crate::{DatasetId, Result, StoreError};
+use crate::{Result, StoreError};
+
+use files::*;
+pub use files::{decode_hot_map, decode_tier_index, lock_exclusive, write_atomic};
 
 /// What the tier keeps when it is full.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -144,117 +147,6 @@ impl HotMap {
     }
 }
 
-fn encode_hot_map(chunks: &BTreeMap<u32, HotChunk>) -> Vec<u8> {
-    let mut b = Vec::new();
-    b.extend_from_slice(&(chunks.len() as u64).to_le_bytes());
-    for h in chunks.values() {
-        b.extend_from_slice(&h.id.to_le_bytes());
-        b.extend_from_slice(&h.file_size.to_le_bytes());
-        b.extend_from_slice(&h.file_crc.to_le_bytes());
-        b.extend_from_slice(&(h.samples.len() as u64).to_le_bytes());
-        for &(s, off) in &h.samples {
-            b.extend_from_slice(&s.to_le_bytes());
-            b.extend_from_slice(&off.to_le_bytes());
-        }
-    }
-    local::HOT_MAP.frame(&b)
-}
-
-/// Decodes `hot.map` (SPEC.md appendix A); `None` when damaged.
-pub fn decode_hot_map(b: &[u8]) -> Option<BTreeMap<u32, HotChunk>> {
-    let body = local::HOT_MAP.unframe(b).ok()?;
-    let mut at = 0usize;
-    let mut take = |n: usize| -> Option<&[u8]> {
-        let s = body.get(at..at.checked_add(n)?)?;
-        at += n;
-        Some(s)
-    };
-    let u64_ = |s: &[u8]| u64::from_le_bytes(s.try_into().expect("8 bytes"));
-    let u32_ = |s: &[u8]| u32::from_le_bytes(s.try_into().expect("4 bytes"));
-    let count = u64_(take(8)?);
-    let mut out = BTreeMap::new();
-    for _ in 0..count {
-        let id = u32_(take(4)?);
-        let file_size = u64_(take(8)?);
-        let file_crc = u32_(take(4)?);
-        let n = u64_(take(8)?);
-        let raw = take(usize::try_from(n).ok()?.checked_mul(16)?)?;
-        let samples = raw
-            .chunks_exact(16)
-            .map(|c| (u64_(&c[..8]), u64_(&c[8..])))
-            .collect();
-        // Each hot chunk is listed once.
-        let dup = out.insert(
-            id,
-            HotChunk {
-                id,
-                file_size,
-                file_crc,
-                samples,
-            },
-        );
-        if dup.is_some() {
-            return None;
-        }
-    }
-    (at == body.len()).then_some(out)
-}
-
-/// The tier's content list (`index`, SPEC.md appendix A): a framed body of text lines,
-/// `next-hot N`, then `chunk|hot ID SIZE LAST_USE SCORE` per file.
-fn encode_index(index: &BTreeMap<Key, Entry>, next_hot: u32) -> Vec<u8> {
-    let mut body = format!("next-hot {next_hot}\n");
-    for (k, e) in index {
-        let (kind, id) = match k {
-            Key::Chunk(id) => ("chunk", id),
-            Key::Hot(id) => ("hot", id),
-        };
-        body += &format!("{kind} {id} {} {} {}\n", e.size, e.last_use, e.score);
-    }
-    local::TIER_INDEX.frame(body.as_bytes())
-}
-
-/// Decodes the content list: entries, use clock, next hot id; `None` if the frame is damaged
-/// or any line is not one the tier writes (the list is then rebuilt from the files).
-fn parse_index(b: &[u8]) -> Option<(BTreeMap<Key, Entry>, u64, u32)> {
-    let body = std::str::from_utf8(local::TIER_INDEX.unframe(b).ok()?).ok()?;
-    let mut index = BTreeMap::new();
-    let mut clock = 0;
-    let mut next_hot = None;
-    for line in body.lines() {
-        let f: Vec<&str> = line.split(' ').collect();
-        match f[..] {
-            ["next-hot", n] if next_hot.is_none() => next_hot = Some(n.parse().ok()?),
-            [kind, id, size, last, score] => {
-                let key = match kind {
-                    "chunk" => Key::Chunk(id.parse().ok()?),
-                    "hot" => Key::Hot(id.parse().ok()?),
-                    _ => return None,
-                };
-                let last: u64 = last.parse().ok()?;
-                let score: f64 = score.parse().ok()?;
-                let e = Entry {
-                    size: size.parse().ok()?,
-                    last_use: last,
-                    score,
-                };
-                clock = clock.max(last);
-                if index.insert(key, e).is_some() {
-                    return None;
-                }
-            }
-            _ => return None,
-        }
-    }
-    Some((index, clock, next_hot?))
-}
-
-/// Decodes a tier content list (for tools and fuzzing): `(files, use clock, next hot id)`,
-/// or `None` if it is damaged.
-pub fn decode_tier_index(b: &[u8]) -> Option<(usize, u64, u32)> {
-    parse_index(b).map(|(i, c, n)| (i.len(), c, n))
-}
-
 /// A record offered for a hot chunk: the sample, its snapshot entry, path and stored bytes.
 #[derive(Clone, Debug)]
 pub struct HotRecord {
@@ -318,66 +210,6 @@ impl Locked {
 
     fn used(&self) -> u64 {
         self.index.values().map(|e| e.size).sum()
-    }
-}
-
-pub(crate) fn hex(id: &[u8; 16]) -> String {
-    DatasetId(*id).to_string()
-}
-
-/// Parses the 32 hex digits of a tier directory's name (any other name, whatever its bytes,
-/// is `None`).
-fn parse_hex_id(name: &[u8]) -> Option<[u8; 16]> {
-    let id: DatasetId = std::str::from_utf8(name).ok()?.parse().ok()?;
-    Some(id.0)
-}
-
-/// Who writes a temporary file of the tier directory (named by [`write_atomic`]:
-/// `<stem>.tmp<pid>`), and so which lock says it is no longer being written.
-enum TempOwner {
-    /// Chunk copies, hot chunks, `index`, `hot.map`: the tier's lock.
-    Tier,
-    /// The score table: its own lock.
-    Scores,
-}
-
-fn temp_owner(name: &str) -> Option<TempOwner> {
-    let (stem, ext) = name.rsplit_once('.')?;
-    let pid = ext.strip_prefix("tmp")?;
-    if pid.is_empty() || !pid.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    match stem {
-        "scores" => Some(TempOwner::Scores),
-        "index" | "hot" => Some(TempOwner::Tier),
-        s if s.starts_with("chunk-") || s.starts_with("hot-") => Some(TempOwner::Tier),
-        _ => None,
-    }
-}
-
-/// True if the lock file at `path` is free (missing, or nobody holds it: then taken and
-/// released at once).
-fn try_lock(path: &Path) -> bool {
-    match File::open(path) {
-        Ok(f) => {
-            rustix::fs::flock(&f, rustix::fs::FlockOperation::NonBlockingLockExclusive).is_ok()
-        }
-        Err(e) => e.kind() == std::io::ErrorKind::NotFound,
-    }
-}
-
-/// Removes a tier entry whatever it turned out to be (a file, or a directory someone put under
-/// an entry's name); a missing one is fine.
-fn remove_entry(p: &Path) -> Result<()> {
-    let r = match std::fs::symlink_metadata(p) {
-        Ok(m) if m.is_dir() => std::fs::remove_dir_all(p),
-        Ok(_) => std::fs::remove_file(p),
-        Err(e) => Err(e),
-    };
-    match r {
-        Ok(()) => Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(StoreError::io("removing", p, e)),
     }
 }
 
@@ -995,163 +827,5 @@ impl Drop for LocalTier {
     }
 }
 
-/// Opens (creating it) the lock file at `path` and takes an exclusive `flock` on it, held until
-/// the returned file is dropped.
-pub fn lock_exclusive(path: &Path) -> Result<File> {
-    Ok(lock_file(path, true)?.expect("a waiting lock is always taken"))
-}
-
-/// Like [`lock_exclusive`], but `None` at once when another holder has the lock.
-fn try_lock_exclusive(path: &Path) -> Result<Option<File>> {
-    lock_file(path, false)
-}
-
-fn lock_file(path: &Path, wait: bool) -> Result<Option<File>> {
-    use rustix::fs::FlockOperation::{LockExclusive, NonBlockingLockExclusive};
-    let f = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(path)
-        .map_err(|e| StoreError::io("opening", path, e))?;
-    let op = if wait {
-        LockExclusive
-    } else {
-        NonBlockingLockExclusive
-    };
-    match rustix::fs::flock(&f, op) {
-        Ok(()) => Ok(Some(f)),
-        Err(rustix::io::Errno::WOULDBLOCK) if !wait => Ok(None),
-        Err(e) => Err(StoreError::io("locking", path, e.into())),
-    }
-}
-
-/// Writes `data` under a unique temporary name, fsyncs and renames it into place.
-pub fn write_atomic(path: &Path, data: &[u8]) -> Result<()> {
-    write_atomic_with(path, data, true)
-}
-
-/// [`write_atomic`], fsyncing the file and its directory only when `durable` (the rename
-/// still replaces the file whole).
-fn write_atomic_with(path: &Path, data: &[u8], durable: bool) -> Result<()> {
-    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-    local::write_atomic(path, &tmp, durable, |w| w.write_all(data))
-        .map_err(|e| StoreError::io("writing", path, e))
-}
-
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn hot_map_round_trip_and_damage() {
-        let mut m = BTreeMap::new();
-        m.insert(
-            3,
-            HotChunk {
-                id: 3,
-                file_size: 900,
-                file_crc: 7,
-                samples: vec![(10, 64), (99, 300)],
-            },
-        );
-        m.insert(
-            5,
-            HotChunk {
-                id: 5,
-                file_size: 100,
-                file_crc: 8,
-                samples: vec![],
-            },
-        );
-        let b = encode_hot_map(&m);
-        local::dump_fuzz_seed("hot_map", "two-chunks", &b);
-        assert_eq!(decode_hot_map(&b), Some(m));
-        for i in 0..b.len() {
-            let mut d = b.clone();
-            d[i] ^= 0x10;
-            assert_eq!(decode_hot_map(&d), None, "flip at {i} accepted");
-            assert_eq!(decode_hot_map(&b[..i]), None, "truncation at {i} accepted");
-        }
-        assert_eq!(parse_hot_file_name(&hot_file_name(42)), Some(42));
-        assert_eq!(parse_hot_file_name("hot-42.gchunk"), None);
-    }
-
-    #[test]
-    fn content_list_round_trip_and_damage() {
-        let mut m = BTreeMap::new();
-        let e = |size, last_use, score| Entry {
-            size,
-            last_use,
-            score,
-        };
-        m.insert(Key::Chunk(7), e(1 << 20, 12, 0.25));
-        m.insert(Key::Hot(2), e(4096, 40, 1.5e-9));
-        let b = encode_index(&m, 3);
-        local::dump_fuzz_seed("tier_index", "chunk-and-hot", &b);
-        let (got, clock, next) = parse_index(&b).expect("intact list");
-        assert_eq!((got.len(), clock, next), (2, 40, 3));
-        assert_eq!(got[&Key::Hot(2)].score, 1.5e-9);
-        for i in 0..b.len() {
-            let mut d = b.clone();
-            d[i] ^= 0x04;
-            assert!(parse_index(&d).is_none(), "flip at {i} accepted");
-            assert!(parse_index(&b[..i]).is_none(), "truncation at {i} accepted");
-        }
-        // A well-framed body with a line the tier never writes is not trusted either.
-        for body in [
-            "next-hot 1\nchunk x 1 2 3\n",
-            "chunk 1 2 3 4\n",
-            "next-hot 1\nodd 1 2 3 4\n",
-        ] {
-            assert!(
-                parse_index(&local::TIER_INDEX.frame(body.as_bytes())).is_none(),
-                "{body}"
-            );
-        }
-    }
-
-    #[test]
-    fn tier_directory_names_parse_whatever_their_bytes() {
-        let id = [
-            0xab, 0x01, 0, 0xff, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0, 0x10, 0xcd,
-        ];
-        assert_eq!(parse_hex_id(hex(&id).as_bytes()), Some(id));
-        assert_eq!(parse_hex_id(hex(&id).to_uppercase().as_bytes()), Some(id));
-        // 32 bytes that are not 32 characters (this panicked slicing inside a character).
-        assert_eq!(parse_hex_id("é".repeat(16).as_bytes()), None);
-        assert_eq!(
-            parse_hex_id(format!("a{}b", "é".repeat(15)).as_bytes()),
-            None
-        );
-        assert_eq!(parse_hex_id(b"+f+f+f+f+f+f+f+f+f+f+f+f+f+f+f+f"), None);
-        assert_eq!(parse_hex_id(&[0xff; 32]), None);
-        assert_eq!(parse_hex_id(b"abc"), None);
-    }
-
-    #[test]
-    fn temporary_names_and_their_owners() {
-        assert!(matches!(
-            temp_owner("chunk-00000001.tmp123"),
-            Some(TempOwner::Tier)
-        ));
-        assert!(matches!(
-            temp_owner("hot-00000001.tmp1"),
-            Some(TempOwner::Tier)
-        ));
-        assert!(matches!(temp_owner("index.tmp77"), Some(TempOwner::Tier)));
-        assert!(matches!(temp_owner("hot.tmp77"), Some(TempOwner::Tier)));
-        assert!(matches!(temp_owner("scores.tmp5"), Some(TempOwner::Scores)));
-        for other in [
-            "index",
-            "hot.map",
-            "scores.lock",
-            "chunk-00000001.gchunk",
-            "x.tmp1",
-            "index.tmp",
-            "index.tmpx",
-        ] {
-            assert!(temp_owner(other).is_none(), "{other}");
-        }
-    }
-}
+mod tests;

@@ -1,0 +1,428 @@
+//! The gather pass: each spill log read back in a seeded order, cut into chunks, and the
+//! snapshot (or the shard's part) written and published.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::BufWriter;
+use std::sync::atomic::AtomicU64;
+use std::sync::mpsc::{sync_channel, SyncSender};
+use std::sync::Mutex;
+
+use granary_format::{
+    chunk_file_name, parse_chunk_file_name, ChunkSummary, ChunkWriter, SNAPSHOT_FILE,
+};
+use granary_store::object::ObjectUrl;
+
+use crate::shard::{Part, PartChunk};
+use crate::{
+    hex_id, output, publish, read_footer, shared_key_of, spooled_builder, sync_dir, upload,
+    write_file_atomic, write_snapshot_atomic, PackError, PackSummary, PART_FILE,
+};
+
+use super::*;
+
+impl Writer {
+    /// Builds the chunks and the snapshot (or the shard's part) and publishes the dataset.
+    /// On failure the spill logs stay, for `resume`.
+    pub fn finish(mut self) -> Result<PackSummary, PackError> {
+        if self.finished {
+            return Err(PackError::Usage("the writer is closed already".into()));
+        }
+        self.finished = true;
+        self.drain(false)?;
+        if !self.resumed.is_empty() {
+            self.warnings.push(format!(
+                "{} samples of the interrupted writer were not written again; they are in the dataset",
+                self.resumed.len()
+            ));
+        }
+        if self.samples == 0 && self.opts.shard.is_none() {
+            // Nothing to lose: leave nothing behind either.
+            clear_spill(&self.layout.spill)?;
+            let _ = std::fs::remove_dir(&self.layout.spill);
+            return Err(PackError::Usage(format!(
+                "no samples were written: {} not created",
+                self.opts.out.display()
+            )));
+        }
+        let classes = self.classes();
+        let class_of: HashMap<Vec<u8>, u32> = classes
+            .iter()
+            .enumerate()
+            .map(|(i, c)| (c.clone(), i as u32))
+            .collect();
+        self.clear_outputs()?;
+        let dest = self.opts.destination.clone();
+        let gathered = match &dest {
+            None => self.gather(&classes, &class_of, None),
+            Some(d) => self.gather_uploading(d, &classes, &class_of),
+        }?;
+        let summary = self.finish_as_mode(gathered, classes)?;
+        let spill = &self.layout.spill;
+        match (&self.opts.destination, &self.layout.work) {
+            // The staging directory (spill logs, upload markers) has served its purpose.
+            (Some(_), Some(staging)) => std::fs::remove_dir_all(staging)
+                .map_err(|e| PackError::io("removing", staging, e))?,
+            _ => {
+                clear_spill(spill)?;
+                if self.opts.shard.is_none() {
+                    std::fs::remove_dir(spill).map_err(|e| PackError::io("removing", spill, e))?;
+                }
+            }
+        }
+        Ok(summary)
+    }
+
+    /// Removes what an interrupted `finish` may have left (chunks, snapshot), so the layout
+    /// is made anew.
+    pub(super) fn clear_outputs(&self) -> Result<(), PackError> {
+        let dir = &self.layout.chunks;
+        std::fs::create_dir_all(dir).map_err(|e| PackError::io("creating", dir, e))?;
+        if self.opts.destination.is_none() && self.opts.shard.is_none() {
+            // The build directory of a whole dataset: only what a build writes, then nothing.
+            output::check_replaceable(dir, output::Kind::Build)?;
+            return output::empty_dir(dir);
+        }
+        let shard = self.opts.shard;
+        let entries = std::fs::read_dir(dir).map_err(|e| PackError::io("listing", dir, e))?;
+        for e in entries {
+            let e = e.map_err(|e| PackError::io("listing", dir, e))?;
+            let name = e.file_name();
+            let name = name.to_string_lossy();
+            let id = parse_chunk_file_name(name.strip_suffix(".tmp").unwrap_or(&name));
+            let ours = match (shard, id) {
+                (Some(s), Some(id)) => id % s.count == s.index,
+                (None, Some(_)) => true,
+                (None, None) => {
+                    name == SNAPSHOT_FILE
+                        || name == "snapshot.tmp"
+                        || upload::parse_sent_name(&name).is_some()
+                }
+                (Some(_), None) => false,
+            };
+            if ours && e.file_type().is_ok_and(|t| t.is_file()) {
+                let p = e.path();
+                std::fs::remove_file(&p).map_err(|e| PackError::io("removing stale", &p, e))?;
+            }
+        }
+        Ok(())
+    }
+
+    pub(super) fn gather_uploading(
+        &mut self,
+        d: &ObjectUrl,
+        classes: &[Vec<u8>],
+        class_of: &HashMap<Vec<u8>, u32>,
+    ) -> Result<Vec<ChunkSummary>, PackError> {
+        let work = self.layout.chunks.clone();
+        let uploaded = AtomicU64::new(0);
+        std::thread::scope(|scope| {
+            let (tx, rx) = sync_channel::<upload::Written>(2);
+            let (uploaded, work) = (&uploaded, &work);
+            let uploader = scope.spawn(move || upload::upload_loop(d, work, rx, uploaded, &|_| {}));
+            let result = self.gather(classes, class_of, Some(&tx));
+            drop(tx);
+            let sent = uploader.join().unwrap_or_else(|_| {
+                Err(PackError::Upload(format!(
+                    "the upload thread to {} panicked",
+                    d.url()
+                )))
+            });
+            sent.and(result)
+        })
+    }
+
+    /// The second pass: every spill log in turn, its records in their seeded order, cut into
+    /// chunks. Returns each chunk's summary (slim where the chunk stays on local disk).
+    pub(super) fn gather(
+        &self,
+        classes: &[Vec<u8>],
+        class_of: &HashMap<Vec<u8>, u32>,
+        upload: Option<&SyncSender<upload::Written>>,
+    ) -> Result<Vec<ChunkSummary>, PackError> {
+        let pb = crate::progress_bar(self.opts.progress, Some(self.opts.buckets as u64));
+        pb.set_style(
+            indicatif::ProgressStyle::with_template(
+                "{spinner} writing chunks [{bar:30}] {pos}/{len} logs {msg}",
+            )
+            .expect("static template")
+            .progress_chars("=> "),
+        );
+        // Chunk writers: the copies into the page cache and the CRCs of one chunk are one
+        // thread's work, so chunks are written by several threads (the layout, cut here in
+        // order, does not depend on which finishes first).
+        let failed: Mutex<Option<PackError>> = Mutex::new(None);
+        let done: Mutex<Vec<ChunkSummary>> = Mutex::new(Vec::new());
+        let (tx, rx) = sync_channel::<(u32, Vec<SpillRecord>)>(1);
+        let rx = Mutex::new(rx);
+        std::thread::scope(|scope| -> Result<(), PackError> {
+            for _ in 0..self.opts.threads.clamp(1, 4) {
+                let (rx, failed, done) = (&rx, &failed, &done);
+                scope.spawn(move || loop {
+                    let job = rx.lock().unwrap_or_else(|p| p.into_inner()).recv();
+                    let Ok((id, recs)) = job else { return };
+                    if failed.lock().map(|f| f.is_some()).unwrap_or(true) {
+                        continue; // after a failure: drain, so the planner never blocks
+                    }
+                    let r = write_chunk(self, classes, id, recs).and_then(|s| {
+                        if let Some(tx) = upload {
+                            tx.send((s.chunk_id, s.file_size, s.file_crc))
+                                .map_err(|_| PackError::Upload("the upload stopped".into()))?;
+                        }
+                        // Entries and paths are read back at the end (from the chunk, or
+                        // from its upload marker): memory does not grow with the samples.
+                        Ok(crate::slimmed(s))
+                    });
+                    match r {
+                        Ok(s) => done.lock().unwrap_or_else(|p| p.into_inner()).push(s),
+                        Err(e) => {
+                            let mut f = failed.lock().unwrap_or_else(|p| p.into_inner());
+                            if f.is_none() {
+                                *f = Some(e);
+                            }
+                        }
+                    }
+                });
+            }
+            let mut asm = Assembler {
+                w: self,
+                current: Vec::new(),
+                bytes: 0,
+                chunks: 0,
+                tx: Some(tx),
+                failed: &failed,
+            };
+            let planned = self.plan_chunks(&mut asm, class_of, &pb);
+            let closed = planned.and_then(|_| asm.close());
+            drop(asm); // closes the channel: the writers finish and return
+            closed
+        })?;
+        if let Some(e) = failed.into_inner().unwrap_or_else(|p| p.into_inner()) {
+            return Err(e);
+        }
+        pb.finish_and_clear();
+        let mut done = done.into_inner().unwrap_or_else(|p| p.into_inner());
+        done.sort_unstable_by_key(|s| s.chunk_id);
+        Ok(done)
+    }
+
+    /// Feeds every record, log by log in seeded order, to the assembler.
+    pub(super) fn plan_chunks(
+        &self,
+        asm: &mut Assembler<'_>,
+        class_of: &HashMap<Vec<u8>, u32>,
+        pb: &indicatif::ProgressBar,
+    ) -> Result<(), PackError> {
+        for b in 0..self.opts.buckets {
+            let p = self.layout.spill.join(log_name(b));
+            let (f, mut recs) = read_log(&p, self.opts.seed, self.opts.gather_memory)?;
+            let held = std::mem::take(
+                &mut *self.shared.held[b as usize]
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner()),
+            );
+            recs.extend(
+                held.into_iter()
+                    .map(|r| (order_of(&r.key, self.opts.seed), Rec::Mem(r))),
+            );
+            recs.sort_unstable_by_key(|(o, _)| *o);
+            for (_, rec) in recs {
+                let mut rec = match rec {
+                    Rec::Mem(r) => r,
+                    Rec::Disk(off, n) => read_record(&f, &p, off, n)?,
+                };
+                if !rec.label_name.is_empty() {
+                    rec.label = *class_of.get(&rec.label_name).ok_or_else(|| {
+                        PackError::Usage(format!(
+                            "{}: class {:?} of key {:?} is not in the class table",
+                            p.display(),
+                            String::from_utf8_lossy(&rec.label_name),
+                            String::from_utf8_lossy(&rec.key)
+                        ))
+                    })?;
+                }
+                asm.push(rec)?;
+            }
+            pb.inc(1);
+            pb.set_message(format!("{} chunks", asm.chunks));
+        }
+        Ok(())
+    }
+
+    pub(super) fn finish_as_mode(
+        &mut self,
+        summaries: Vec<ChunkSummary>,
+        classes: Vec<Vec<u8>>,
+    ) -> Result<PackSummary, PackError> {
+        let chunks = summaries.len() as u64;
+        let mut t = crate::run::Totals::default();
+        let uploaded = self.opts.destination.is_some();
+        let dir = self.layout.chunks.clone();
+        let full =
+            |s: ChunkSummary, t: &mut crate::run::Totals| -> Result<ChunkSummary, PackError> {
+                let s = match uploaded {
+                    false => read_footer(&dir, s)?,
+                    true => crate::upload::marker_summary(&dir, s)?,
+                };
+                t.count(&s);
+                Ok(s)
+            };
+        t.bytes_out = summaries.iter().map(|s| s.file_size).sum();
+        let action = match (self.opts.shard, &self.layout.work) {
+            (Some(shard), _) => {
+                let mut list = Vec::with_capacity(summaries.len());
+                for s in summaries {
+                    let s = full(s, &mut t)?;
+                    list.push(PartChunk {
+                        chunk_id: s.chunk_id,
+                        file_size: s.file_size,
+                        file_crc: s.file_crc,
+                        samples: s.entries.len() as u64,
+                    });
+                }
+                let part = Part {
+                    shard,
+                    dataset_id: self.dataset_id,
+                    key: shared_key_of(&self.opts.settings(&[0; 16])),
+                    classes: classes.clone(),
+                    chunks: list,
+                };
+                write_file_atomic(&self.layout.spill.join(PART_FILE), &part.encode())?;
+                "shard"
+            }
+            (None, Some(work)) => {
+                let mut builder = spooled_builder(work, self.dataset_id, classes.clone())?;
+                for s in summaries {
+                    builder.push_chunk(&full(s, &mut t)?)?;
+                }
+                let snap = work.join(SNAPSHOT_FILE);
+                t.bytes_out += write_snapshot_atomic(&snap, builder)?;
+                match &self.opts.destination {
+                    Some(d) => {
+                        d.put_file(SNAPSHOT_FILE, &snap, &|_| {})?;
+                        std::fs::remove_file(&snap)
+                            .map_err(|e| PackError::io("removing", &snap, e))?;
+                    }
+                    None => {
+                        sync_dir(work)?;
+                        publish(work, &self.opts.out)?;
+                    }
+                }
+                "write"
+            }
+            (None, None) => unreachable!("a whole dataset has a build directory"),
+        };
+        Ok(PackSummary {
+            out: self.opts.out.clone(),
+            dataset_id: hex_id(&self.dataset_id),
+            shard: self.opts.shard.map(|s| s.to_string()),
+            action,
+            classes: classes.len() as u64,
+            chunks,
+            warnings: std::mem::take(&mut self.warnings),
+            ..t.summary(self.t0.elapsed().as_secs_f64())
+        })
+    }
+}
+
+/// Cuts records into chunks as they come (ids in order, cut where the next record would pass
+/// the chunk size or file count) and hands each chunk to the chunk writers.
+pub(super) struct Assembler<'a> {
+    pub(super) w: &'a Writer,
+    /// The chunk being filled: its records and their stored bytes.
+    pub(super) current: Vec<SpillRecord>,
+    pub(super) bytes: u64,
+    pub(super) chunks: usize,
+    pub(super) tx: Option<SyncSender<(u32, Vec<SpillRecord>)>>,
+    pub(super) failed: &'a Mutex<Option<PackError>>,
+}
+
+impl Assembler<'_> {
+    pub(super) fn push(&mut self, rec: SpillRecord) -> Result<(), PackError> {
+        let size = rec.enc.stored.len() as u64;
+        let full = !self.current.is_empty()
+            && (self.current.len() as u64 >= self.w.opts.chunk_files
+                || self.bytes + size > self.w.opts.chunk_size);
+        if full {
+            self.close()?;
+        }
+        self.bytes += size;
+        self.current.push(rec);
+        Ok(())
+    }
+
+    /// Hands the current chunk to a chunk writer.
+    pub(super) fn close(&mut self) -> Result<(), PackError> {
+        if self.current.is_empty() {
+            return Ok(());
+        }
+        if let Some(e) = self.failed.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            return Err(e);
+        }
+        self.w.layout.ids.check(self.chunks + 1)?;
+        let id = self.w.layout.ids.id(self.chunks);
+        self.chunks += 1;
+        self.bytes = 0;
+        let recs = std::mem::take(&mut self.current);
+        let sent = self
+            .tx
+            .as_ref()
+            .is_some_and(|tx| tx.send((id, recs)).is_ok());
+        if !sent {
+            let e = self.failed.lock().unwrap_or_else(|p| p.into_inner()).take();
+            return Err(e.unwrap_or_else(|| PackError::Usage("the chunk writers stopped".into())));
+        }
+        Ok(())
+    }
+}
+
+/// Writes chunk `id` of `recs` into `dir`: a temporary file, fsynced, renamed into place.
+pub(super) fn write_chunk(
+    w: &Writer,
+    classes: &[Vec<u8>],
+    id: u32,
+    recs: Vec<SpillRecord>,
+) -> Result<ChunkSummary, PackError> {
+    let path = w.layout.chunks.join(chunk_file_name(id));
+    let tmp = path.with_extension("gchunk.tmp");
+    let io = |e| PackError::io("writing", &tmp, e);
+    let f = File::create(&tmp).map_err(|e| PackError::io("creating", &tmp, e))?;
+    let out = BufWriter::with_capacity(1 << 20, f);
+    let mut cw = match w.with_fields == Some(true) {
+        true => ChunkWriter::with_fields(out, w.dataset_id, id),
+        false => ChunkWriter::new(out, w.dataset_id, id),
+    }
+    .map_err(io)?;
+    for rec in &recs {
+        if rec.fields.is_empty() {
+            cw.append(
+                &rec.key,
+                &rec.enc.stored,
+                rec.enc.compression,
+                rec.enc.orig_len,
+                rec.enc.crc32,
+                rec.label,
+            )
+        } else {
+            let mut at = 0usize;
+            let parts: Vec<(&[u8], &[u8], u32)> = rec
+                .fields
+                .iter()
+                .map(|(name, len, crc)| {
+                    let d = &rec.enc.stored[at..at + *len as usize];
+                    at += *len as usize;
+                    (&name[..], d, *crc)
+                })
+                .collect();
+            cw.append_group(&rec.key, &parts, rec.label)
+        }
+        .map_err(io)?;
+    }
+    drop(recs);
+    let (buf, summary) = cw.finish(classes).map_err(io)?;
+    let f = buf.into_inner().map_err(|e| io(e.into_error()))?;
+    f.sync_all().map_err(io)?;
+    drop(f);
+    std::fs::rename(&tmp, &path).map_err(|e| PackError::io("renaming", &tmp, e))?;
+    Ok(summary)
+}

@@ -1,0 +1,781 @@
+//! Writing a dataset from samples a program holds (the writer API), instead of from files.
+//!
+//! A caller hands over samples one by one, in whatever order its source has them (often
+//! sorted by class). To mix samples across chunks as `pack` does without holding the dataset,
+//! the writer works in two passes over local disk:
+//!
+//! 1. **Scatter.** Each sample is checksummed and compressed on the writer's threads and
+//!    appended to one of B spill logs (`spill-NNNN.log`), chosen by a seeded hash of its key.
+//!    Every log so receives a uniform random share of the whole stream, whatever its order.
+//! 2. **Gather** (at `finish`). Each log in turn is read back (whole when it fits the memory
+//!    budget, record by record otherwise), its records put in a seeded order of their keys, and
+//!    the logs' records are cut into chunks in that order. A chunk is thus a random subset of
+//!    the entire stream, not of a window of it: a class-sorted source gives class-mixed chunks.
+//!
+//! Memory holds one spill log's records at a time (or its index), the chunk being written,
+//! a bounded queue of samples on their way to the logs and a 16-byte hash per key (to refuse
+//! keys written twice). Data is written twice to local disk (log, then chunk), which is
+//! what it costs to mix a stream of unknown length uniformly.
+//!
+//! The logs are the resume state: after a crash (kill -9 too), `resume` reads them back,
+//! drops a torn last record, and the caller writes its samples again; keys already in a log
+//! are skipped (their bytes checked against the log's CRC). The dataset is built in the same
+//! hidden work directory as a pack and published by one rename (or, to an object store, with
+//! the snapshot uploaded last); with a shard, the result is a part for `merge`, as with
+//! `pack --shard`. The layout is a pure function of the set of samples and the seed.
+
+mod gather;
+mod options;
+mod spill;
+
+use std::collections::{HashMap, HashSet};
+use std::fs::File;
+use std::io::{BufReader, BufWriter, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{sync_channel, SyncSender};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use granary_format::local::WRITER_STATE;
+use granary_format::{path_hash, NO_LABEL, SNAPSHOT_FILE};
+
+use crate::{
+    new_dataset_id, output, shared_key_of, upload, work_dir, write_file_atomic, Ids, PackError,
+    PART_FILE,
+};
+
+pub use options::{WriterOptions, DEFAULT_BUCKETS, DEFAULT_GATHER_MEMORY};
+pub(crate) use spill::parse_log;
+use spill::*;
+
+const STATE_FILE: &str = "writer.state";
+/// Samples (of any size) queued between the caller and the writer's threads.
+const QUEUE: usize = 64;
+/// Bytes a spill log buffers before writing.
+const LOG_BUFFER: usize = 256 << 10;
+/// Fixed part of a spill record's body (see [`SpillRecord::encode_header`]).
+const RECORD_FIXED: usize = 32;
+/// Largest spill record body (a sample of up to 4 GiB less the key).
+const MAX_RECORD: u64 = u32::MAX as u64;
+
+/// A sample's label.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Label<'a> {
+    None,
+    /// An index into the class table (`classes`, or the names `0`, `1`, ... when none was given).
+    Index(u32),
+    /// A class name.
+    Name(&'a [u8]),
+}
+
+/// What [`Writer::write`] did with a sample.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Written {
+    /// Queued for the dataset.
+    New,
+    /// An interrupted writer had it already (same bytes): skipped.
+    Resumed,
+}
+
+/// How labels are given, which must not change within one dataset.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum LabelKind {
+    Unknown,
+    Index,
+    Name,
+}
+
+/// What the writer's threads share.
+struct Shared {
+    logs: Vec<Mutex<BufWriter<File>>>,
+    dir: PathBuf,
+    error: Mutex<Option<PackError>>,
+    queued_bytes: AtomicU64,
+    spilled: AtomicU64,
+    /// Samples held in memory per bucket (up to `budget` bytes in all), not in the logs.
+    held: Vec<Mutex<Vec<SpillRecord>>>,
+    held_bytes: AtomicU64,
+    budget: u64,
+}
+
+impl Shared {
+    fn fail(&self, e: PackError) {
+        let mut slot = self.error.lock().unwrap_or_else(|p| p.into_inner());
+        if slot.is_none() {
+            *slot = Some(e);
+        }
+    }
+
+    fn take_error(&self) -> Option<PackError> {
+        self.error.lock().unwrap_or_else(|p| p.into_inner()).take()
+    }
+}
+
+/// A sample on its way to a spill log.
+struct Job {
+    key: Vec<u8>,
+    data: Vec<u8>,
+    /// Named fields (their bytes back to back in `data`): name and length of each.
+    fields: Vec<(Vec<u8>, usize)>,
+    label: u32,
+    label_name: Vec<u8>,
+    bucket: u32,
+}
+
+/// Where a writer keeps its spill logs, builds its chunks and what it makes.
+struct Layout {
+    /// The spill logs and the state (locked for the writer's life).
+    spill: PathBuf,
+    /// Where chunk files are written.
+    chunks: PathBuf,
+    /// The build directory of a whole dataset (chunks and snapshot before publishing).
+    work: Option<PathBuf>,
+    ids: Ids,
+}
+
+/// A dataset being written from samples. See the module documentation.
+pub struct Writer {
+    opts: WriterOptions,
+    t0: Instant,
+    layout: Layout,
+    _lock: output::BuildLock,
+    dataset_id: [u8; 16],
+    shared: Arc<Shared>,
+    tx: Option<SyncSender<Job>>,
+    threads: Vec<JoinHandle<()>>,
+    seen: HashSet<u128>,
+    /// Keys an interrupted writer spilled and this one was not given again yet: key hash ->
+    /// CRC-32 of the original bytes.
+    resumed: HashMap<u128, u32>,
+    label_kind: LabelKind,
+    /// Whether the samples have named fields (format 1.3), once the first is written.
+    with_fields: Option<bool>,
+    /// Class names seen (labels by name without a class table).
+    names: HashSet<Vec<u8>>,
+    /// Highest class index seen (labels by index).
+    max_index: Option<u32>,
+    samples: u64,
+    resumed_samples: u64,
+    bytes_in: u64,
+    warnings: Vec<String>,
+    finished: bool,
+}
+
+impl std::fmt::Debug for Writer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Writer")
+            .field("out", &self.opts.out)
+            .field("samples", &self.samples)
+            .finish()
+    }
+}
+
+impl Writer {
+    /// Starts a dataset (or resumes an interrupted writer of it, with `resume`).
+    pub fn create(opts: WriterOptions) -> Result<Writer, PackError> {
+        if opts.chunk_size == 0 || opts.chunk_files == 0 {
+            return Err(PackError::Usage(
+                "chunk size and files per chunk must be at least 1".into(),
+            ));
+        }
+        if opts.buckets == 0 || opts.buckets > 65_536 {
+            return Err(PackError::Usage(
+                "the number of spill logs must be between 1 and 65536".into(),
+            ));
+        }
+        if opts.shard.is_some() && opts.destination.is_some() {
+            return Err(PackError::Usage(
+                "a shard writes to a directory (local or on a shared file system), not to an object store".into(),
+            ));
+        }
+        if let Some(c) = &opts.classes {
+            let mut sorted = c.clone();
+            sorted.sort();
+            sorted.dedup();
+            if sorted.len() != c.len() {
+                return Err(PackError::Usage("classes must be distinct".into()));
+            }
+        }
+        let layout = Self::layout(&opts)?;
+        let existed = layout.spill.join(STATE_FILE).exists();
+        let mut warnings = Vec::new();
+        match (&opts.destination, opts.shard) {
+            (None, None) if std::fs::symlink_metadata(&opts.out).is_ok() => {
+                if !opts.force {
+                    return Err(PackError::Usage(format!(
+                        "{} already exists; pass force (--force) to replace it",
+                        opts.out.display()
+                    )));
+                }
+                output::check_replaceable(&opts.out, output::Kind::Dataset)?;
+            }
+            (Some(d), _) => {
+                upload::check_destination(d, opts.force, opts.resume, &mut warnings)?;
+            }
+            _ => {}
+        }
+        if let Some(s) = opts.shard {
+            if opts.out.join(SNAPSHOT_FILE).exists() {
+                return Err(PackError::Usage(format!(
+                    "{} is a dataset already (merged, or written whole); shards build a new dataset",
+                    opts.out.display()
+                )));
+            }
+            if opts.out.join(s.dir_name()).join(PART_FILE).exists() && !opts.force {
+                return Err(PackError::Usage(format!(
+                    "shard {s} of {} finished already; run granary merge (or pass force, --force, to write it again)",
+                    opts.out.display()
+                )));
+            }
+        }
+        std::fs::create_dir_all(&layout.spill)
+            .map_err(|e| PackError::io("creating", &layout.spill, e))?;
+        let lock = output::BuildLock::take(&layout.spill, &opts.out)?;
+        let state_path = layout.spill.join(STATE_FILE);
+        let dataset_id = if existed && opts.resume {
+            Self::resumed_id(&opts, &state_path)?
+        } else {
+            if existed && !opts.force {
+                return Err(PackError::Usage(format!(
+                    "an interrupted writer of {} left its work in {}; pass resume (--resume) to continue it or force (--force) to start over",
+                    opts.out.display(),
+                    layout.spill.display()
+                )));
+            }
+            if opts.shard.is_some() {
+                std::fs::remove_file(layout.spill.join(PART_FILE)).ok();
+            }
+            clear_spill(&layout.spill)?;
+            let id = match opts.shard {
+                // Every shard derives the same id from what they share.
+                Some(s) => crate::shard::shared_dataset_id(
+                    &shared_key_of(&opts.settings(&[0; 16])),
+                    s.count,
+                    0,
+                    path_hash(b"granary writer"),
+                ),
+                None => new_dataset_id(opts.out.as_os_str().as_encoded_bytes()),
+            };
+            let state = WRITER_STATE.frame(opts.settings(&id).as_bytes());
+            write_file_atomic(&state_path, &state)?;
+            id
+        };
+        let mut logs = Vec::with_capacity(opts.buckets as usize);
+        for b in 0..opts.buckets {
+            let p = layout.spill.join(log_name(b));
+            let f = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&p)
+                .map_err(|e| PackError::io("opening", &p, e))?;
+            logs.push(Mutex::new(BufWriter::with_capacity(LOG_BUFFER, f)));
+        }
+        let shared = Arc::new(Shared {
+            logs,
+            dir: layout.spill.clone(),
+            error: Mutex::new(None),
+            queued_bytes: AtomicU64::new(0),
+            spilled: AtomicU64::new(0),
+            held: (0..opts.buckets).map(|_| Mutex::new(Vec::new())).collect(),
+            held_bytes: AtomicU64::new(0),
+            budget: opts.memory,
+        });
+        let mut w = Writer {
+            t0: Instant::now(),
+            layout,
+            _lock: lock,
+            dataset_id,
+            shared,
+            tx: None,
+            threads: Vec::new(),
+            seen: HashSet::new(),
+            resumed: HashMap::new(),
+            label_kind: LabelKind::Unknown,
+            with_fields: None,
+            names: HashSet::new(),
+            max_index: None,
+            samples: 0,
+            resumed_samples: 0,
+            bytes_in: 0,
+            warnings: Vec::new(),
+            finished: false,
+            opts,
+        };
+        if existed && w.opts.resume {
+            w.read_back(&mut warnings)?;
+        }
+        w.warnings = warnings;
+        w.start_threads();
+        Ok(w)
+    }
+
+    fn layout(opts: &WriterOptions) -> Result<Layout, PackError> {
+        Ok(match (&opts.shard, &opts.destination, &opts.staging) {
+            (Some(s), _, _) => {
+                let part = opts.out.join(s.dir_name());
+                Layout {
+                    spill: part,
+                    chunks: opts.out.clone(),
+                    work: None,
+                    ids: Ids {
+                        base: s.index,
+                        stride: s.count,
+                    },
+                }
+            }
+            (None, Some(_), Some(staging)) => Layout {
+                spill: staging.join("spill"),
+                chunks: staging.clone(),
+                work: Some(staging.clone()),
+                ids: Ids { base: 0, stride: 1 },
+            },
+            (None, Some(d), None) => {
+                return Err(PackError::Usage(format!(
+                    "writing to {} needs a local staging directory",
+                    d.url()
+                )))
+            }
+            (None, None, _) => {
+                let work = work_dir(&opts.out)?;
+                Layout {
+                    spill: spill_dir_of(&opts.out)?,
+                    chunks: work.clone(),
+                    work: Some(work),
+                    ids: Ids { base: 0, stride: 1 },
+                }
+            }
+        })
+    }
+
+    /// The dataset id of the interrupted writer whose state is at `path`, if its settings
+    /// are these.
+    fn resumed_id(opts: &WriterOptions, path: &Path) -> Result<[u8; 16], PackError> {
+        let bytes = std::fs::read(path).map_err(|e| PackError::io("reading", path, e))?;
+        let body = WRITER_STATE.unframe(&bytes).map_err(|e| {
+            PackError::Usage(format!(
+                "{} is damaged ({e}); start over with force (--force)",
+                path.display()
+            ))
+        })?;
+        let text = String::from_utf8_lossy(body);
+        let id_hex = text
+            .lines()
+            .find_map(|l| l.strip_prefix("dataset_id="))
+            .unwrap_or_default();
+        let id: granary_format::DatasetId = id_hex.parse().map_err(|_| {
+            PackError::Usage(format!(
+                "{} names no dataset id; start over with force (--force)",
+                path.display()
+            ))
+        })?;
+        let now = opts.settings(&id.0);
+        if now != text {
+            return Err(PackError::Usage(format!(
+                "cannot resume: the interrupted writer used other settings.\nrecorded:\n{text}now:\n{now}\
+                 resume with the recorded settings, or pass force (--force) to start over"
+            )));
+        }
+        Ok(id.0)
+    }
+
+    /// Reads the spill logs of an interrupted writer: every intact record's key becomes one
+    /// that is skipped when written again; a torn or damaged tail is cut off.
+    fn read_back(&mut self, warnings: &mut Vec<String>) -> Result<(), PackError> {
+        for b in 0..self.opts.buckets {
+            let p = self.layout.spill.join(log_name(b));
+            let f = File::open(&p).map_err(|e| PackError::io("opening", &p, e))?;
+            let mut r = BufReader::with_capacity(1 << 20, &f);
+            let mut good = 0u64;
+            loop {
+                match next_record(&mut r) {
+                    Ok(None) => break,
+                    Ok(Some((body, len))) => match SpillRecord::decode(body) {
+                        Ok(rec) => {
+                            good += len;
+                            self.note_label_of(&rec)?;
+                            self.with_fields = Some(!rec.fields.is_empty());
+                            self.resumed.insert(key_hash(&rec.key), rec.enc.crc32);
+                            self.bytes_in += rec.enc.orig_len;
+                        }
+                        Err(why) => {
+                            warnings.push(format!(
+                                "{}: {why} at byte {good}; dropped from there",
+                                p.display()
+                            ));
+                            break;
+                        }
+                    },
+                    Err(why) => {
+                        warnings.push(format!(
+                            "{}: {why} at byte {good} (cut short by the interruption); dropped from there",
+                            p.display()
+                        ));
+                        break;
+                    }
+                }
+            }
+            drop(r);
+            let len = f
+                .metadata()
+                .map_err(|e| PackError::io("inspecting", &p, e))?
+                .len();
+            if len != good {
+                let f = std::fs::OpenOptions::new()
+                    .write(true)
+                    .open(&p)
+                    .map_err(|e| PackError::io("opening", &p, e))?;
+                f.set_len(good)
+                    .map_err(|e| PackError::io("truncating", &p, e))?;
+            }
+        }
+        self.resumed_samples = 0;
+        self.samples = self.resumed.len() as u64;
+        Ok(())
+    }
+
+    fn note_label_of(&mut self, rec: &SpillRecord) -> Result<(), PackError> {
+        if !rec.label_name.is_empty() {
+            self.label_kind = LabelKind::Name;
+            self.names.insert(rec.label_name.clone());
+        } else if rec.label != NO_LABEL {
+            if self.opts.classes.is_none() {
+                self.label_kind = LabelKind::Index;
+            }
+            self.max_index = self.max_index.max(Some(rec.label));
+        }
+        Ok(())
+    }
+
+    fn start_threads(&mut self) {
+        let (tx, rx) = sync_channel::<Job>(QUEUE);
+        let rx = Arc::new(Mutex::new(rx));
+        for _ in 0..self.opts.threads.max(1) {
+            let (rx, shared, mode) = (rx.clone(), self.shared.clone(), self.opts.compress);
+            self.threads
+                .push(std::thread::spawn(move || spill_loop(&rx, &shared, mode)));
+        }
+        self.tx = Some(tx);
+    }
+
+    /// The number of samples the dataset has so far (with those of an interrupted writer).
+    pub fn len(&self) -> u64 {
+        self.samples
+    }
+
+    /// True before the first sample.
+    pub fn is_empty(&self) -> bool {
+        self.samples == 0
+    }
+
+    /// Samples skipped because the interrupted writer had them.
+    pub fn resumed(&self) -> u64 {
+        self.resumed_samples
+    }
+
+    /// Warnings so far (from reading back an interrupted writer's logs).
+    pub fn warnings(&self) -> &[String] {
+        &self.warnings
+    }
+
+    /// True if an interrupted writer spilled `key` already (and it was not written again yet):
+    /// a caller can skip producing its bytes.
+    pub fn has_resumed(&self, key: &[u8]) -> bool {
+        self.resumed.contains_key(&key_hash(key))
+    }
+
+    /// Adds one sample. `key` is its path in the dataset (a relative path: `/` separates
+    /// directories; no empty, `.` or `..` components). The sample is checksummed, compressed
+    /// and spilled on the writer's threads; an error of theirs is returned by the next call.
+    pub fn write(
+        &mut self,
+        key: &[u8],
+        data: Vec<u8>,
+        label: Label<'_>,
+    ) -> Result<Written, PackError> {
+        self.write_sample(key, data, Vec::new(), label)
+    }
+
+    /// Adds one sample with named fields (format 1.3): `(name, bytes)` in the order they are
+    /// to be stored. Names are file-name extensions (`jpg`, `txt`, `seg.png`), each once; the
+    /// key's last component holds no `.` (the fields show as files `KEY.NAME`). Fields are
+    /// stored raw. A dataset's samples all have fields or none do.
+    pub fn write_fields(
+        &mut self,
+        key: &[u8],
+        fields: Vec<(Vec<u8>, Vec<u8>)>,
+        label: Label<'_>,
+    ) -> Result<Written, PackError> {
+        let shown = String::from_utf8_lossy(key).into_owned();
+        if fields.is_empty() {
+            return Err(PackError::Usage(format!("sample {shown:?} has no fields")));
+        }
+        let mut names: Vec<&[u8]> = Vec::with_capacity(fields.len());
+        for (name, _) in &fields {
+            granary_format::check_field_name(name).map_err(|why| {
+                PackError::Usage(format!(
+                    "sample {shown:?}: field {:?} is not a valid field name: {why}",
+                    String::from_utf8_lossy(name)
+                ))
+            })?;
+            if names.contains(&&name[..]) {
+                return Err(PackError::Usage(format!(
+                    "sample {shown:?}: field {:?} given twice",
+                    String::from_utf8_lossy(name)
+                )));
+            }
+            names.push(name);
+        }
+        let total: usize = fields.iter().map(|(_, d)| d.len()).sum();
+        let mut data = Vec::with_capacity(total);
+        let mut list = Vec::with_capacity(fields.len());
+        for (name, d) in fields {
+            data.extend_from_slice(&d);
+            list.push((name, d.len()));
+        }
+        self.write_sample(key, data, list, label)
+    }
+
+    fn write_sample(
+        &mut self,
+        key: &[u8],
+        data: Vec<u8>,
+        fields: Vec<(Vec<u8>, usize)>,
+        label: Label<'_>,
+    ) -> Result<Written, PackError> {
+        if self.finished {
+            return Err(PackError::Usage("the writer is closed".into()));
+        }
+        if let Some(e) = self.shared.take_error() {
+            return Err(e);
+        }
+        let shown = || String::from_utf8_lossy(key).into_owned();
+        let grouped = !fields.is_empty();
+        let check = match grouped {
+            true => granary_format::check_field_key(key),
+            false => granary_format::check_relative_path(key),
+        };
+        check.map_err(|why| {
+            PackError::Usage(format!("key {:?} is not a valid path: {why}", shown()))
+        })?;
+        if *self.with_fields.get_or_insert(grouped) != grouped {
+            return Err(PackError::Usage(format!(
+                "sample {:?}: {}; a dataset's samples all have named fields or none do",
+                shown(),
+                if grouped {
+                    "has fields, but the samples before it were single blobs"
+                } else {
+                    "is a single blob, but the samples before it had named fields"
+                }
+            )));
+        }
+        let fields_len: usize = fields.iter().map(|(n, _)| n.len() + 13).sum();
+        let data_len = data.len() + fields_len;
+        if data_len as u64 + key.len() as u64 + RECORD_FIXED as u64 + 256 > MAX_RECORD {
+            return Err(PackError::Usage(format!(
+                "sample {:?} has {} bytes; a written sample holds less than 4 GiB",
+                shown(),
+                data.len()
+            )));
+        }
+        let (label, label_name) = self.label(label, &shown)?;
+        let h = key_hash(key);
+        if let Some(crc) = self.resumed.remove(&h) {
+            self.seen.insert(h);
+            if crc32fast::hash(&data) != crc {
+                return Err(PackError::Usage(format!(
+                    "key {:?} was written with other bytes before the interruption; a resumed writer must \
+                     be given the same samples (or start over with force, --force)",
+                    shown()
+                )));
+            }
+            self.resumed_samples += 1;
+            return Ok(Written::Resumed);
+        }
+        if !self.seen.insert(h) {
+            return Err(PackError::Usage(format!(
+                "key {:?} was written twice",
+                shown()
+            )));
+        }
+        self.samples += 1;
+        self.bytes_in += data.len() as u64;
+        if self.samples > granary_format::MAX_SAMPLES {
+            return Err(PackError::Usage(format!(
+                "a dataset holds at most {} samples",
+                granary_format::MAX_SAMPLES
+            )));
+        }
+        let bucket = bucket_of(key, self.opts.seed, self.opts.buckets);
+        self.shared
+            .queued_bytes
+            .fetch_add(data.len() as u64, Ordering::Relaxed);
+        let job = Job {
+            key: key.to_vec(),
+            data,
+            fields,
+            label,
+            label_name,
+            bucket,
+        };
+        let sent = self.tx.as_ref().map(|tx| tx.send(job).is_ok());
+        if sent != Some(true) {
+            return Err(self
+                .shared
+                .take_error()
+                .unwrap_or_else(|| PackError::Usage("the writer's threads stopped".into())));
+        }
+        Ok(Written::New)
+    }
+
+    /// Checks a label and turns it into what a spill record holds.
+    fn label(
+        &mut self,
+        label: Label<'_>,
+        shown: &dyn Fn() -> String,
+    ) -> Result<(u32, Vec<u8>), PackError> {
+        let kind = match label {
+            Label::None => return Ok((NO_LABEL, Vec::new())),
+            Label::Index(_) => LabelKind::Index,
+            Label::Name(_) => LabelKind::Name,
+        };
+        if let Some(classes) = &self.opts.classes {
+            return match label {
+                Label::Index(i) if (i as usize) < classes.len() => Ok((i, Vec::new())),
+                Label::Index(i) => Err(PackError::Usage(format!(
+                    "sample {:?}: label {i} but only {} classes were given",
+                    shown(),
+                    classes.len()
+                ))),
+                Label::Name(n) => match classes.iter().position(|c| c[..] == *n) {
+                    Some(i) => Ok((i as u32, Vec::new())),
+                    None => Err(PackError::Usage(format!(
+                        "sample {:?}: class {:?} is not one of the classes given",
+                        shown(),
+                        String::from_utf8_lossy(n)
+                    ))),
+                },
+                Label::None => unreachable!("returned above"),
+            };
+        }
+        if self.label_kind != LabelKind::Unknown && self.label_kind != kind {
+            return Err(PackError::Usage(format!(
+                "sample {:?}: labels are class indexes and class names mixed; give one kind (or pass classes)",
+                shown()
+            )));
+        }
+        if self.opts.shard.is_some() {
+            return Err(PackError::Usage(
+                "a shard with labels needs the class table (classes=...): every chunk carries it, and shards \
+                 cannot agree on one otherwise"
+                    .into(),
+            ));
+        }
+        self.label_kind = kind;
+        match label {
+            Label::Index(i) if i == NO_LABEL => Err(PackError::Usage(format!(
+                "sample {:?}: label {i} is too large",
+                shown()
+            ))),
+            Label::Index(i) => {
+                self.max_index = self.max_index.max(Some(i));
+                Ok((i, Vec::new()))
+            }
+            Label::Name(n) => {
+                if n.is_empty() {
+                    return Err(PackError::Usage(format!(
+                        "sample {:?}: a class name cannot be empty",
+                        shown()
+                    )));
+                }
+                if !self.names.contains(n) {
+                    self.names.insert(n.to_vec());
+                }
+                Ok((NO_LABEL, n.to_vec()))
+            }
+            Label::None => unreachable!("returned above"),
+        }
+    }
+
+    /// Bytes handed to [`write`](Self::write) that are not in a spill log yet.
+    pub fn queued_bytes(&self) -> u64 {
+        self.shared.queued_bytes.load(Ordering::Relaxed)
+    }
+
+    /// Stops the threads and flushes the logs to disk.
+    ///
+    /// The logs are not fsynced: they are the resume state after a crash of the process (the
+    /// page cache keeps what was written), and every record is checked by its CRC when read
+    /// back, so a log cut or damaged by a crash of the machine loses only its tail. With
+    /// `spill_held`, the samples held in memory go to the logs too (a writer stopped without
+    /// `finish` keeps them for `resume`).
+    fn drain(&mut self, spill_held: bool) -> Result<(), PackError> {
+        drop(self.tx.take());
+        let mut panicked = false;
+        for t in self.threads.drain(..) {
+            panicked |= t.join().is_err();
+        }
+        if let Some(e) = self.shared.take_error() {
+            return Err(e);
+        }
+        if panicked {
+            return Err(PackError::Usage("a writer thread panicked".into()));
+        }
+        for (b, log) in self.shared.logs.iter().enumerate() {
+            let mut log = log.lock().unwrap_or_else(|p| p.into_inner());
+            let p = self.layout.spill.join(log_name(b as u32));
+            if spill_held {
+                let held = std::mem::take(
+                    &mut *self.shared.held[b]
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner()),
+                );
+                for rec in held {
+                    rec.write_to(&mut *log)
+                        .map_err(|e| PackError::io("writing", &p, e))?;
+                }
+            }
+            log.flush().map_err(|e| PackError::io("writing", &p, e))?;
+        }
+        Ok(())
+    }
+
+    /// The class table the dataset gets.
+    fn classes(&self) -> Vec<Vec<u8>> {
+        if let Some(c) = &self.opts.classes {
+            return c.clone();
+        }
+        match self.label_kind {
+            LabelKind::Name => {
+                let mut v: Vec<Vec<u8>> = self.names.iter().cloned().collect();
+                v.sort();
+                v
+            }
+            LabelKind::Index => (0..=self.max_index.unwrap_or(0))
+                .map(|i| i.to_string().into_bytes())
+                .collect(),
+            LabelKind::Unknown => Vec::new(),
+        }
+    }
+}
+
+impl Drop for Writer {
+    fn drop(&mut self) {
+        // An unfinished writer keeps its logs for `resume`: stop the threads and flush.
+        if !self.finished {
+            let _ = self.drain(true);
+        } else if self
+            .shared
+            .held
+            .iter()
+            .any(|h| !h.lock().map(|v| v.is_empty()).unwrap_or(true))
+        {
+            // A finish that failed: what it had not gathered goes to the logs, for `resume`.
+            let _ = self.drain(true);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

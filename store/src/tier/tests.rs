@@ -1,0 +1,114 @@
+use super::*;
+use granary_format::local;
+
+#[test]
+fn hot_map_round_trip_and_damage() {
+    let mut m = BTreeMap::new();
+    m.insert(
+        3,
+        HotChunk {
+            id: 3,
+            file_size: 900,
+            file_crc: 7,
+            samples: vec![(10, 64), (99, 300)],
+        },
+    );
+    m.insert(
+        5,
+        HotChunk {
+            id: 5,
+            file_size: 100,
+            file_crc: 8,
+            samples: vec![],
+        },
+    );
+    let b = encode_hot_map(&m);
+    local::dump_fuzz_seed("hot_map", "two-chunks", &b);
+    assert_eq!(decode_hot_map(&b), Some(m));
+    for i in 0..b.len() {
+        let mut d = b.clone();
+        d[i] ^= 0x10;
+        assert_eq!(decode_hot_map(&d), None, "flip at {i} accepted");
+        assert_eq!(decode_hot_map(&b[..i]), None, "truncation at {i} accepted");
+    }
+    assert_eq!(parse_hot_file_name(&hot_file_name(42)), Some(42));
+    assert_eq!(parse_hot_file_name("hot-42.gchunk"), None);
+}
+
+#[test]
+fn content_list_round_trip_and_damage() {
+    let mut m = BTreeMap::new();
+    let e = |size, last_use, score| Entry {
+        size,
+        last_use,
+        score,
+    };
+    m.insert(Key::Chunk(7), e(1 << 20, 12, 0.25));
+    m.insert(Key::Hot(2), e(4096, 40, 1.5e-9));
+    let b = encode_index(&m, 3);
+    local::dump_fuzz_seed("tier_index", "chunk-and-hot", &b);
+    let (got, clock, next) = parse_index(&b).expect("intact list");
+    assert_eq!((got.len(), clock, next), (2, 40, 3));
+    assert_eq!(got[&Key::Hot(2)].score, 1.5e-9);
+    for i in 0..b.len() {
+        let mut d = b.clone();
+        d[i] ^= 0x04;
+        assert!(parse_index(&d).is_none(), "flip at {i} accepted");
+        assert!(parse_index(&b[..i]).is_none(), "truncation at {i} accepted");
+    }
+    // A well-framed body with a line the tier never writes is not trusted either.
+    for body in [
+        "next-hot 1\nchunk x 1 2 3\n",
+        "chunk 1 2 3 4\n",
+        "next-hot 1\nodd 1 2 3 4\n",
+    ] {
+        assert!(
+            parse_index(&local::TIER_INDEX.frame(body.as_bytes())).is_none(),
+            "{body}"
+        );
+    }
+}
+
+#[test]
+fn tier_directory_names_parse_whatever_their_bytes() {
+    let id = [
+        0xab, 0x01, 0, 0xff, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0, 0x10, 0xcd,
+    ];
+    assert_eq!(parse_hex_id(hex(&id).as_bytes()), Some(id));
+    assert_eq!(parse_hex_id(hex(&id).to_uppercase().as_bytes()), Some(id));
+    // 32 bytes that are not 32 characters (this panicked slicing inside a character).
+    assert_eq!(parse_hex_id("é".repeat(16).as_bytes()), None);
+    assert_eq!(
+        parse_hex_id(format!("a{}b", "é".repeat(15)).as_bytes()),
+        None
+    );
+    assert_eq!(parse_hex_id(b"+f+f+f+f+f+f+f+f+f+f+f+f+f+f+f+f"), None);
+    assert_eq!(parse_hex_id(&[0xff; 32]), None);
+    assert_eq!(parse_hex_id(b"abc"), None);
+}
+
+#[test]
+fn temporary_names_and_their_owners() {
+    assert!(matches!(
+        temp_owner("chunk-00000001.tmp123"),
+        Some(TempOwner::Tier)
+    ));
+    assert!(matches!(
+        temp_owner("hot-00000001.tmp1"),
+        Some(TempOwner::Tier)
+    ));
+    assert!(matches!(temp_owner("index.tmp77"), Some(TempOwner::Tier)));
+    assert!(matches!(temp_owner("hot.tmp77"), Some(TempOwner::Tier)));
+    assert!(matches!(temp_owner("scores.tmp5"), Some(TempOwner::Scores)));
+    for other in [
+        "index",
+        "hot.map",
+        "scores.lock",
+        "chunk-00000001.gchunk",
+        "x.tmp1",
+        "index.tmp",
+        "index.tmpx",
+    ] {
+        assert!(temp_owner(other).is_none(), "{other}");
+    }
+}
