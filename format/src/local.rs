@@ -12,11 +12,10 @@
 //! | 24 | `B` | body |
 //! | 24 + `B` | 4 | CRC-32 (IEEE) of bytes `[0, 24 + B)` |
 //!
-//! A file is exactly `28 + B` bytes. Files are replaced whole ([`write_atomic`]): a temporary
-//! file in the same directory, fsync, rename over the old name, fsync of the directory.
+//! A file is exactly `28 + B` bytes. Files are replaced whole (granary-store's `write` module): a
+//! temporary file in the same directory, fsync, rename over the old name, fsync of the directory.
 
-use std::fs::File;
-use std::io::{self, BufWriter, Read, Write};
+use std::io::{self, Read, Write};
 use std::path::Path;
 
 use crate::error::{FormatError, Result};
@@ -293,38 +292,6 @@ impl<R: Read> LocalReader<R> {
     }
 }
 
-/// Replaces `path` whole with what `write` writes: into `tmp` (same directory), fsynced when
-/// `durable`, renamed over `path`, then the directory fsynced when `durable`. `tmp` is removed
-/// if anything fails; `path` then still holds its old content (or nothing).
-pub fn write_atomic(
-    path: &Path,
-    tmp: &Path,
-    durable: bool,
-    write: impl FnOnce(&mut BufWriter<File>) -> io::Result<()>,
-) -> io::Result<()> {
-    let written = File::create(tmp).and_then(|f| {
-        let mut w = BufWriter::with_capacity(1 << 20, f);
-        write(&mut w)?;
-        let f = w.into_inner().map_err(|e| e.into_error())?;
-        if durable {
-            f.sync_all()?;
-        }
-        std::fs::rename(tmp, path)
-    });
-    if let Err(e) = written {
-        let _ = std::fs::remove_file(tmp);
-        return Err(e);
-    }
-    if durable {
-        let dir = match path.parent() {
-            Some(d) if !d.as_os_str().is_empty() => d,
-            _ => Path::new("."),
-        };
-        File::open(dir)?.sync_all()?;
-    }
-    Ok(())
-}
-
 /// Test vectors become fuzz seeds: with `GRANARY_FUZZ_SEEDS=DIR` set, a test that builds a
 /// valid file of some kind also writes it to `DIR/<target>/<name>` (scripts/fuzz.sh seeds its
 /// corpora this way). Does nothing otherwise.
@@ -401,23 +368,5 @@ mod tests {
         let mut r = LocalReader::new(&d[..], &PACK_PLAN, d.len() as u64).unwrap();
         r.read_body(&mut got).unwrap();
         assert!(r.finish().is_err());
-    }
-
-    #[test]
-    fn atomic_write_replaces_whole_or_keeps_the_old_file() {
-        let dir = tempfile::tempdir().unwrap();
-        let p = dir.path().join("index");
-        let tmp = dir.path().join("index.tmp1");
-        write_atomic(&p, &tmp, true, |w| w.write_all(&TIER_INDEX.frame(b"a"))).unwrap();
-        let failed = write_atomic(&p, &tmp, true, |w| {
-            w.write_all(b"half")?;
-            Err(io::Error::other("disk full"))
-        });
-        assert!(failed.is_err());
-        assert!(!tmp.exists());
-        assert_eq!(
-            TIER_INDEX.unframe(&std::fs::read(&p).unwrap()).unwrap(),
-            b"a"
-        );
     }
 }

@@ -13,6 +13,7 @@ mod files;
 mod meta;
 mod output;
 mod plan;
+pub(crate) mod publish;
 mod reindex;
 mod run;
 mod scan;
@@ -22,15 +23,13 @@ mod webdataset;
 mod writer;
 
 use std::collections::BTreeMap;
-use std::io::{BufWriter, Write};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::sync_channel;
 use std::time::{Duration, Instant};
 
 use granary_format::{
-    chunk_file_name, parse_chunk_file_name, ChunkSummary, ChunkWriter, Snapshot, SnapshotBuilder,
-    NO_LABEL, SNAPSHOT_FILE,
+    chunk_file_name, parse_chunk_file_name, ChunkSummary, Snapshot, NO_LABEL, SNAPSHOT_FILE,
 };
 use granary_store::object::ObjectUrl;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -41,6 +40,11 @@ pub use encode::{looks_compressed, CompressMode, DEFAULT_LEVEL};
 use files::FileTable;
 pub use granary_format::SplitMix64;
 use plan::Plan;
+pub(crate) use publish::{
+    publish_dataset, spooled_builder, sync_dir, write_file_atomic, write_snapshot_atomic,
+    write_snapshot_pending,
+};
+use publish::{write_chunk, ChunkRecord};
 pub use reindex::{reindex, ReindexSummary};
 pub use shard::{merge, shard_of, MergeSummary, ShardSpec, PART_FILE};
 pub use webdataset::{expand_braces, import_webdataset, ImportCounts};
@@ -740,7 +744,20 @@ fn write_chunks(
         let writer = scope.spawn(move || -> Result<Vec<ChunkSummary>, PackError> {
             let mut out = Vec::new();
             for (c, recs) in rx {
-                let s = write_chunk(place, plan, c, recs)?;
+                let files = plan.chunk_files(c);
+                let id = place.ids.id(c);
+                let records = recs.iter().map(|(k, e)| {
+                    let i = files[*k] as usize;
+                    ChunkRecord::plain(plan.files.path(i), e, plan.files.label[i])
+                });
+                let s = write_chunk(
+                    &place.chunks,
+                    plan.dataset_id,
+                    id,
+                    &plan.classes,
+                    false,
+                    records,
+                )?;
                 if let Some(tx) = sent {
                     if tx.send((s.chunk_id, s.file_size, s.file_crc)).is_err() {
                         return Err(PackError::Upload(
@@ -811,107 +828,6 @@ fn write_chunks(
     })
 }
 
-fn write_chunk(
-    place: &Place,
-    plan: &Plan,
-    c: usize,
-    recs: Vec<(usize, encode::Encoded)>,
-) -> Result<ChunkSummary, PackError> {
-    let files = plan.chunk_files(c);
-    let id = place.ids.id(c);
-    let final_path = place.chunks.join(chunk_file_name(id));
-    let tmp = final_path.with_extension("gchunk.tmp");
-    let f = std::fs::File::create(&tmp).map_err(|e| PackError::io("creating", &tmp, e))?;
-    let io = |e| PackError::io("writing", &tmp, e);
-    let mut w =
-        ChunkWriter::new(BufWriter::with_capacity(1 << 20, f), plan.dataset_id, id).map_err(io)?;
-    for (k, e) in recs {
-        let i = files[k] as usize;
-        w.append(
-            plan.files.path(i),
-            &e.stored,
-            e.compression,
-            e.orig_len,
-            e.crc32,
-            plan.files.label[i],
-        )
-        .map_err(io)?;
-    }
-    let (buf, summary) = w.finish(&plan.classes).map_err(io)?;
-    let f = buf.into_inner().map_err(|e| io(e.into_error()))?;
-    f.sync_all().map_err(io)?;
-    drop(f);
-    std::fs::rename(&tmp, &final_path).map_err(|e| PackError::io("renaming", &tmp, e))?;
-    Ok(summary)
-}
-
-/// A snapshot builder that keeps its sample table in an unnamed temporary file in `dir`
-/// instead of in memory (40 bytes per sample less at the peak of a pack, append or merge).
-pub(crate) fn spooled_builder(
-    dir: &Path,
-    dataset_id: [u8; 16],
-    classes: Vec<Vec<u8>>,
-) -> Result<SnapshotBuilder, PackError> {
-    let f = tempfile::tempfile_in(dir)
-        .map_err(|e| PackError::io("creating a temporary file in", dir, e))?;
-    let mut b = SnapshotBuilder::new(dataset_id, classes);
-    b.spool_samples(f)?;
-    Ok(b)
-}
-
-/// Writes the snapshot `b` builds to `path` like [`write_file_atomic`], streaming it (no copy
-/// of the snapshot in memory). Returns its length.
-pub fn write_snapshot_atomic(path: &Path, b: SnapshotBuilder) -> Result<u64, PackError> {
-    let (tmp, len) = write_snapshot_tmp(path, b)?;
-    rename_into_place(&tmp, path)?;
-    Ok(len)
-}
-
-/// Streams the snapshot `b` builds to `path` with the extension `tmp`, fsynced; returns that
-/// name and the length. Nothing is left behind on failure; a builder that cannot build (two
-/// samples share a path) fails before a byte is written, as [`PackError::Usage`].
-pub(crate) fn write_snapshot_tmp(
-    path: &Path,
-    b: SnapshotBuilder,
-) -> Result<(PathBuf, u64), PackError> {
-    let tmp = path.with_extension("tmp");
-    let written = std::fs::File::create(&tmp)
-        .map_err(|e| PackError::io("creating", &tmp, e))
-        .and_then(|f| {
-            let mut w = BufWriter::with_capacity(1 << 20, f);
-            let len = b.write_to(&mut w).map_err(|e| match e.kind() {
-                std::io::ErrorKind::InvalidData => PackError::Usage(e.to_string()),
-                _ => PackError::io("writing", &tmp, e),
-            })?;
-            let f = w
-                .into_inner()
-                .map_err(|e| PackError::io("writing", &tmp, e.into_error()))?;
-            f.sync_all()
-                .map_err(|e| PackError::io("writing", &tmp, e))?;
-            Ok(len)
-        });
-    match written {
-        Ok(len) => Ok((tmp, len)),
-        Err(e) => {
-            let _ = std::fs::remove_file(&tmp);
-            Err(e)
-        }
-    }
-}
-
-/// Renames the finished temporary file `tmp` to `path` and syncs the directory (removing
-/// `tmp` if the rename fails).
-pub(crate) fn rename_into_place(tmp: &Path, path: &Path) -> Result<(), PackError> {
-    if let Err(e) = std::fs::rename(tmp, path) {
-        let _ = std::fs::remove_file(tmp);
-        return Err(PackError::io("renaming", tmp, e));
-    }
-    match path.parent() {
-        Some(parent) => sync_dir(parent),
-        None => Ok(()),
-    }
-}
-
 /// The packer's parsers of node-local files (SPEC.md appendix A), for the fuzz targets in
 /// `fuzz/`: each takes untrusted bytes and returns whether they were accepted. Whatever is
 /// accepted must encode back to exactly the same bytes (asserted), so damaged bytes can never
@@ -952,50 +868,4 @@ pub mod parsers {
     pub fn upload_marker(b: &[u8]) -> bool {
         (0..3).any(|c| crate::upload::decode_marker(b, c).is_some())
     }
-}
-
-/// Writes `data` to `path` via a temporary file, fsync, rename and fsync of the directory
-/// ([`granary_format::local::write_atomic`]). On failure (a full disk, say) the temporary file
-/// is removed again.
-pub fn write_file_atomic(path: &Path, data: &[u8]) -> Result<(), PackError> {
-    let tmp = path.with_extension("tmp");
-    granary_format::local::write_atomic(path, &tmp, true, |w| w.write_all(data))
-        .map_err(|e| PackError::io("writing", &tmp, e))
-}
-
-pub(crate) fn sync_dir(dir: &Path) -> Result<(), PackError> {
-    let d = if dir.as_os_str().is_empty() {
-        Path::new(".")
-    } else {
-        dir
-    };
-    std::fs::File::open(d)
-        .and_then(|f| f.sync_all())
-        .map_err(|e| PackError::io("syncing", d, e))
-}
-
-/// Moves the finished work directory to `out`, replacing an existing `out` (only reached with
-/// `--force`, and only if it is a granary dataset) by first moving it aside, so that `out` is
-/// never missing a complete dataset.
-fn publish(work: &Path, out: &Path) -> Result<(), PackError> {
-    let parent = out
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    if std::fs::symlink_metadata(out).is_ok() {
-        // Checked at the start too; something may have appeared there since.
-        output::check_replaceable(out, output::Kind::Dataset)?;
-        let mut old_name = std::ffi::OsString::from(".");
-        old_name.push(out.file_name().unwrap_or_default());
-        old_name.push(format!(".old-{}", std::process::id()));
-        let old = parent.join(old_name);
-        std::fs::rename(out, &old).map_err(|e| PackError::io("moving aside", out, e))?;
-        std::fs::rename(work, out).map_err(|e| PackError::io("renaming", work, e))?;
-        sync_dir(parent)?;
-        std::fs::remove_dir_all(&old).map_err(|e| PackError::io("removing", &old, e))?;
-    } else {
-        std::fs::rename(work, out).map_err(|e| PackError::io("renaming", work, e))?;
-        sync_dir(parent)?;
-    }
-    Ok(())
 }

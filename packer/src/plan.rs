@@ -242,7 +242,8 @@ impl Plan {
     /// Writes the plan atomically (temporary name, fsync, rename, fsync of the directory).
     pub fn save(&self, path: &Path) -> Result<(), PackError> {
         let tmp = path.with_extension("tmp");
-        granary_format::local::write_atomic(path, &tmp, true, |w| self.write_to(w))
+        let durable = granary_store::write::Durability::FileAndDir;
+        granary_store::write::write_atomic(path, &tmp, durable, |w| self.write_to(w))
             .map_err(|e| PackError::io("writing", path, e))
     }
 }

@@ -16,11 +16,11 @@ use rayon::prelude::*;
 
 use crate::plan::{self, Plan};
 use crate::{
-    empty_summary, finished_shard, hex_id, in_dataset, make_plan, output, progress_bar, publish,
-    read_footer, remove_owned_chunks, scan_source, settings_text, shard, shared_key_of, slimmed,
-    spooled_builder, sync_dir, unchanged_summary, upload, verify_existing, work_dir, write_chunks,
-    write_file_atomic, write_snapshot_atomic, Build, Existing, Ids, LabelMode, Mode, PackError,
-    PackOptions, PackSummary, Place, Skipped, PART_FILE, PLAN_FILE,
+    empty_summary, finished_shard, hex_id, in_dataset, make_plan, output, progress_bar,
+    publish_dataset, read_footer, remove_owned_chunks, scan_source, settings_text, shard,
+    shared_key_of, slimmed, spooled_builder, sync_dir, unchanged_summary, upload, verify_existing,
+    work_dir, write_chunks, write_file_atomic, write_snapshot_atomic, Build, Existing, Ids,
+    LabelMode, Mode, PackError, PackOptions, PackSummary, Place, Skipped, PART_FILE, PLAN_FILE,
 };
 
 /// [`run_kept`], naming the work directory in the error once a plan was saved there: the
@@ -750,7 +750,7 @@ impl Run<'_> {
                 std::fs::remove_file(&plan_path)
                     .map_err(|e| PackError::io("removing", &plan_path, e))?;
                 sync_dir(work)?;
-                publish(work, &self.opts.out)
+                publish_dataset(work, &self.opts.out)
             }
         }
     }

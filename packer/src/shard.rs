@@ -22,6 +22,7 @@ use serde::Serialize;
 use crate::plan::{put_blob, Reader};
 use crate::{hex_id, write_file_atomic, PackError};
 use granary_format::local::SHARD_PART;
+use granary_store::write::Pending;
 
 /// File name of a finished shard's part file, inside its part directory. It is written last
 /// (atomically): a part directory without it is a shard still running or interrupted.
@@ -306,18 +307,24 @@ pub fn merge(ds: &Path) -> Result<MergeSummary, PackError> {
     let parts = read_parts(ds, &specs)?;
     let dataset_id = parts[0].dataset_id;
     check_part_chunks(ds, &parts, &files, n)?;
-    let built = build_snapshot(ds, parts, &files, &snap_path)?;
+    let Built {
+        snapshot,
+        snapshot_bytes,
+        fillers,
+        samples,
+        count,
+    } = build_snapshot(ds, parts, &files, &snap_path)?;
     // Write: filler chunks, the snapshot, then the part directories go.
-    publish_merge(ds, &specs, &built, &snap_path)?;
+    publish_merge(ds, &specs, snapshot, &fillers, &snap_path)?;
     Ok(MergeSummary {
         out: ds.to_path_buf(),
         dataset_id: hex_id(&dataset_id),
         merged: true,
         parts: n,
-        files: built.samples,
-        chunks: built.count,
-        filler_chunks: built.fillers.len() as u64,
-        snapshot_bytes: built.snapshot_bytes,
+        files: samples,
+        chunks: count,
+        filler_chunks: fillers.len() as u64,
+        snapshot_bytes,
         elapsed_s: t0.elapsed().as_secs_f64(),
     })
 }
@@ -520,7 +527,8 @@ fn check_part_chunks(
 
 /// A merged snapshot written under its temporary name, and what publishing it takes.
 struct Built {
-    tmp: PathBuf,
+    /// The snapshot, written and synced under its temporary name (dropped: removed).
+    snapshot: Pending,
     snapshot_bytes: u64,
     /// Empty chunks to write for ids no shard used.
     fillers: Vec<(PathBuf, Vec<u8>)>,
@@ -614,18 +622,19 @@ fn build_snapshot(
     }
     // The snapshot is streamed to its temporary name first: that is where duplicate paths are
     // found, before anything visible changes.
-    let (tmp, snapshot_bytes) = crate::write_snapshot_tmp(snap_path, b).map_err(|e| match e {
-        PackError::Usage(m) => usage(
-            ds,
-            format!(
+    let (snapshot, snapshot_bytes) =
+        crate::write_snapshot_pending(snap_path, b).map_err(|e| match e {
+            PackError::Usage(m) => usage(
+                ds,
+                format!(
                 "the parts do not form a dataset: {m} (were the shards given different inputs?)"
             ),
-        ),
-        e => e,
-    })?;
+            ),
+            e => e,
+        })?;
 
     Ok(Built {
-        tmp,
+        snapshot,
         snapshot_bytes,
         fillers,
         samples,
@@ -637,18 +646,17 @@ fn build_snapshot(
 fn publish_merge(
     ds: &Path,
     specs: &[ShardSpec],
-    built: &Built,
+    snapshot: Pending,
+    fillers: &[(PathBuf, Vec<u8>)],
     snap_path: &Path,
 ) -> Result<(), PackError> {
-    let (tmp, fillers) = (&built.tmp, &built.fillers);
-    let published = fillers
-        .iter()
-        .try_for_each(|(path, bytes)| write_file_atomic(path, bytes))
-        .and_then(|_| crate::rename_into_place(tmp, snap_path));
-    if published.is_err() {
-        let _ = std::fs::remove_file(tmp);
+    // A failure drops the snapshot, which removes its temporary file.
+    for (path, bytes) in fillers {
+        write_file_atomic(path, bytes)?;
     }
-    published?;
+    snapshot
+        .publish()
+        .map_err(|e| PackError::io("renaming into place", snap_path, e))?;
     for s in specs {
         let d = ds.join(s.dir_name());
         std::fs::remove_dir_all(&d).map_err(|e| PackError::io("removing", &d, e))?;

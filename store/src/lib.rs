@@ -21,6 +21,7 @@ pub mod serving;
 
 mod stack;
 pub mod tier;
+pub mod write;
 
 pub use error::{RemoteKind, Result, StoreError};
 pub use granary_format::DatasetId;

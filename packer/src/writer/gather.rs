@@ -2,24 +2,21 @@
 //! snapshot (or the shard's part) written and published.
 
 use std::collections::HashMap;
-use std::fs::File;
-use std::io::BufWriter;
 use std::sync::atomic::AtomicU64;
 use std::sync::mpsc::{sync_channel, SyncSender};
 use std::sync::Mutex;
 
-use granary_format::{
-    chunk_file_name, parse_chunk_file_name, ChunkSummary, ChunkWriter, SNAPSHOT_FILE,
-};
+use granary_format::{parse_chunk_file_name, ChunkSummary, SNAPSHOT_FILE};
 use granary_store::object::ObjectUrl;
 
 use crate::shard::{Part, PartChunk};
 use crate::{
-    hex_id, output, publish, read_footer, shared_key_of, spooled_builder, sync_dir, upload,
+    hex_id, output, publish_dataset, read_footer, shared_key_of, spooled_builder, sync_dir, upload,
     write_file_atomic, write_snapshot_atomic, PackError, PackSummary, PART_FILE,
 };
 
 use super::*;
+use crate::publish::{write_chunk, ChunkRecord};
 
 impl Writer {
     /// Builds the chunks and the snapshot (or the shard's part) and publishes the dataset.
@@ -164,7 +161,18 @@ impl Writer {
                     if failed.lock().map(|f| f.is_some()).unwrap_or(true) {
                         continue; // after a failure: drain, so the planner never blocks
                     }
-                    let r = write_chunk(self, classes, id, recs).and_then(|s| {
+                    let records = recs.iter().map(|r| ChunkRecord {
+                        key: &r.key,
+                        enc: &r.enc,
+                        label: r.label,
+                        fields: &r.fields,
+                    });
+                    let with_fields = self.with_fields == Some(true);
+                    let dir = &self.layout.chunks;
+                    let written =
+                        write_chunk(dir, self.dataset_id, id, classes, with_fields, records);
+                    drop(recs);
+                    let r = written.and_then(|s| {
                         if let Some(tx) = upload {
                             tx.send((s.chunk_id, s.file_size, s.file_crc))
                                 .map_err(|_| PackError::Upload("the upload stopped".into()))?;
@@ -305,7 +313,7 @@ impl Writer {
                     }
                     None => {
                         sync_dir(work)?;
-                        publish(work, &self.opts.out)?;
+                        publish_dataset(work, &self.opts.out)?;
                     }
                 }
                 "write"
@@ -374,55 +382,4 @@ impl Assembler<'_> {
         }
         Ok(())
     }
-}
-
-/// Writes chunk `id` of `recs` into `dir`: a temporary file, fsynced, renamed into place.
-pub(super) fn write_chunk(
-    w: &Writer,
-    classes: &[Vec<u8>],
-    id: u32,
-    recs: Vec<SpillRecord>,
-) -> Result<ChunkSummary, PackError> {
-    let path = w.layout.chunks.join(chunk_file_name(id));
-    let tmp = path.with_extension("gchunk.tmp");
-    let io = |e| PackError::io("writing", &tmp, e);
-    let f = File::create(&tmp).map_err(|e| PackError::io("creating", &tmp, e))?;
-    let out = BufWriter::with_capacity(1 << 20, f);
-    let mut cw = match w.with_fields == Some(true) {
-        true => ChunkWriter::with_fields(out, w.dataset_id, id),
-        false => ChunkWriter::new(out, w.dataset_id, id),
-    }
-    .map_err(io)?;
-    for rec in &recs {
-        if rec.fields.is_empty() {
-            cw.append(
-                &rec.key,
-                &rec.enc.stored,
-                rec.enc.compression,
-                rec.enc.orig_len,
-                rec.enc.crc32,
-                rec.label,
-            )
-        } else {
-            let mut at = 0usize;
-            let parts: Vec<(&[u8], &[u8], u32)> = rec
-                .fields
-                .iter()
-                .map(|(name, len, crc)| {
-                    let d = &rec.enc.stored[at..at + *len as usize];
-                    at += *len as usize;
-                    (&name[..], d, *crc)
-                })
-                .collect();
-            cw.append_group(&rec.key, &parts, rec.label)
-        }
-        .map_err(io)?;
-    }
-    drop(recs);
-    let (buf, summary) = cw.finish(classes).map_err(io)?;
-    let f = buf.into_inner().map_err(|e| io(e.into_error()))?;
-    f.sync_all().map_err(io)?;
-    drop(f);
-    std::fs::rename(&tmp, &path).map_err(|e| PackError::io("renaming", &tmp, e))?;
-    Ok(summary)
 }

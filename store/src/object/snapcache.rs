@@ -543,7 +543,7 @@ pub fn fetch_snapshot(url: &ObjectUrl, dir: &Path) -> Result<PathBuf> {
         std::process::id()
     ));
     // Not fsynced: a cached copy lost to a crash is fetched again.
-    granary_format::local::write_atomic(&cached, &tmp, false, |w| {
+    crate::write::write_atomic(&cached, &tmp, crate::write::Durability::Rename, |w| {
         std::io::Write::write_all(w, &bytes)
     })
     .map_err(|e| StoreError::io("caching the snapshot in", &tmp, e))?;

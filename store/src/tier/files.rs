@@ -10,6 +10,7 @@ use granary_format::local;
 use crate::{DatasetId, Result, StoreError};
 
 use super::*;
+use crate::write::Durability;
 
 pub(super) fn encode_hot_map(chunks: &BTreeMap<u32, HotChunk>) -> Vec<u8> {
     let mut b = Vec::new();
@@ -222,6 +223,10 @@ pub fn write_atomic(path: &Path, data: &[u8]) -> Result<()> {
 /// still replaces the file whole).
 pub(super) fn write_atomic_with(path: &Path, data: &[u8], durable: bool) -> Result<()> {
     let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-    local::write_atomic(path, &tmp, durable, |w| w.write_all(data))
+    let durability = match durable {
+        true => Durability::FileAndDir,
+        false => Durability::Rename,
+    };
+    crate::write::write_atomic(path, &tmp, durability, |w| w.write_all(data))
         .map_err(|e| StoreError::io("writing", path, e))
 }
