@@ -209,7 +209,7 @@ mod tests {
         let p = dir.path().join("full");
         let mut f = AtomicFile::create(&p, &tmp, Durability::Rename).unwrap();
         f.write_all(b"buffered").unwrap();
-        let e = f.publish().err().expect("a full device fails the flush");
+        let e = f.publish().expect_err("a full device fails the flush");
         assert_eq!(e.raw_os_error(), Some(libc::ENOSPC), "{e}");
         assert!(
             std::fs::symlink_metadata(&tmp).is_err(),
