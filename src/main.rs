@@ -100,17 +100,26 @@ fn main() -> ExitCode {
         log::set_max_level(log::LevelFilter::Warn);
     }
     let cli = Cli::parse();
-    // The store reads its timeouts from the environment (as Python's loaders do); an option
-    // given here wins over the variable. Set before any thread starts.
-    for (var, value) in [
-        ("GRANARY_CONNECT_TIMEOUT", cli.connect_timeout),
-        ("GRANARY_REQUEST_TIMEOUT", cli.request_timeout),
-        ("GRANARY_RETRY_TIMEOUT", cli.retry_timeout),
+    // The store's configuration, resolved once: defaults, the GRANARY_* variables, then the
+    // options given here (which clap also takes from their variables).
+    let mut store = match granary::StoreConfig::from_env() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("granary: error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let t = &mut store.timeouts;
+    for (slot, value) in [
+        (&mut t.connect, cli.connect_timeout),
+        (&mut t.request, cli.request_timeout),
+        (&mut t.retry, cli.retry_timeout),
     ] {
         if let Some(v) = value {
-            std::env::set_var(var, v.to_string());
+            *slot = std::time::Duration::from_secs_f64(v);
         }
     }
+    cmd::set_store_config(store);
     let res = match cli.cmd {
         Command::Pack(a) => cmd::pack::run(a),
         Command::Merge(a) => cmd::merge::run(a),

@@ -7,7 +7,8 @@ use granary_format::{
     check_chunk, chunk_file_name, parse_chunk_file_name, ChunkHeader, ChunkSummary, Snapshot,
     SnapshotBuilder, SNAPSHOT_FILE,
 };
-use granary_store::object::{is_url_path, ObjectUrl};
+use granary_store::object::ObjectUrl;
+use granary_store::{Location, StoreConfig};
 use rayon::prelude::*;
 use serde::Serialize;
 
@@ -30,16 +31,16 @@ pub struct ReindexSummary {
 /// Where the dataset's files are: a directory, or objects under a URL prefix.
 enum Place {
     Dir(PathBuf),
-    Url(ObjectUrl),
+    Url(std::sync::Arc<ObjectUrl>),
 }
 
 impl Place {
     /// A local directory, or a writable object-store URL.
-    fn of(dataset: &Path) -> Result<Place, PackError> {
-        if !is_url_path(dataset) {
-            return Ok(Place::Dir(dataset.to_path_buf()));
-        }
-        let url = ObjectUrl::parse(&dataset.to_string_lossy())?;
+    fn of(dataset: &Path, cfg: &StoreConfig) -> Result<Place, PackError> {
+        let url = match granary_store::open(dataset, cfg)? {
+            Location::Local(d) => return Ok(Place::Dir(d)),
+            Location::Object(u) => u,
+        };
         if !url.writable() {
             return Err(PackError::Usage(format!(
                 "{}: read-only (plain HTTP); reindex needs a store it can write (s3://, gs://, \
@@ -127,8 +128,12 @@ impl Place {
 /// ids must run 0..n without gaps and all chunks must carry the same dataset id and class
 /// table. Nothing is written unless all of that holds, and the snapshot is written last. A
 /// snapshot that is there and intact is replaced only with `force`.
-pub fn reindex(dataset: &Path, force: bool) -> Result<ReindexSummary, PackError> {
-    let place = Place::of(dataset)?;
+pub fn reindex(
+    dataset: &Path,
+    force: bool,
+    cfg: &StoreConfig,
+) -> Result<ReindexSummary, PackError> {
+    let place = Place::of(dataset, cfg)?;
     if !force {
         place.refuse_intact_snapshot()?;
     }

@@ -11,6 +11,7 @@ use std::io::Read;
 use std::path::Path;
 
 use granary_store::object::ObjectUrl;
+use granary_store::{Location, StoreConfig};
 
 use crate::writer::{Label, Writer, WriterOptions, Written};
 use crate::{PackError, PackSummary};
@@ -102,21 +103,20 @@ impl Read for RemoteReader {
     }
 }
 
-/// Opens shard `src` (a path or an object store URL) for reading.
-fn open_shard(src: &str) -> Result<Box<dyn Read>, PackError> {
-    if granary_store::object::is_url(src) {
-        let (dir, name) = src
-            .rsplit_once('/')
-            .filter(|(d, n)| !n.is_empty() && d.contains("://"))
+/// Opens shard `src` (a path or an object store URL, its client configured by `cfg`) for
+/// reading.
+fn open_shard(src: &str, cfg: &StoreConfig) -> Result<Box<dyn Read>, PackError> {
+    if let Location::Object(u) = granary_store::open(Path::new(src), cfg)? {
+        let (dir, name) = u
+            .as_object()
             .ok_or_else(|| PackError::Usage(format!("{src}: not a URL of an object")))?;
-        let dir = ObjectUrl::parse(dir).map_err(PackError::Destination)?;
         let size = dir
-            .size(name)
+            .size(&name)
             .map_err(PackError::Destination)?
             .ok_or_else(|| PackError::Usage(format!("{src}: no such object")))?;
         return Ok(Box::new(RemoteReader {
             dir,
-            name: name.to_string(),
+            name,
             size,
             pos: 0,
             buf: bytes::Bytes::new(),
@@ -204,11 +204,12 @@ pub fn import_webdataset(
     if shards.is_empty() {
         return Err(PackError::Usage("no shards to import".into()));
     }
+    let store = opts.store.clone();
     let mut w = Writer::create(opts)?;
     let mut counts = ImportCounts::default();
     for (i, shard) in shards.iter().enumerate() {
         progress(i, shards.len(), shard);
-        read_shard(&mut w, shard, &mut counts)?;
+        read_shard(&mut w, shard, &store, &mut counts)?;
         counts.shards += 1;
     }
     let summary = w.finish()?;
@@ -216,12 +217,17 @@ pub fn import_webdataset(
 }
 
 /// Reads one tar shard into the writer.
-fn read_shard(w: &mut Writer, shard: &str, counts: &mut ImportCounts) -> Result<(), PackError> {
+fn read_shard(
+    w: &mut Writer,
+    shard: &str,
+    store: &StoreConfig,
+    counts: &mut ImportCounts,
+) -> Result<(), PackError> {
     let bad = |detail: String| PackError::Source {
         path: shard.into(),
         detail,
     };
-    let mut archive = tar::Archive::new(open_shard(shard)?);
+    let mut archive = tar::Archive::new(open_shard(shard, store)?);
     let entries = archive
         .entries()
         .map_err(|e| bad(format!("not a tar archive: {e}")))?;

@@ -92,7 +92,10 @@ struct Dataset {
 impl Dataset {
     #[new]
     fn new(py: Python<'_>, path: PathBuf) -> PyResult<Self> {
-        let ds = py.detach(|| RsDataset::open(&path)).map_err(err)?;
+        let cfg = store_config()?;
+        let ds = py
+            .detach(|| RsDataset::open_with(&path, &cfg))
+            .map_err(err)?;
         Ok(Dataset {
             reader: SampleReader::new(Arc::new(ds)),
         })
@@ -298,6 +301,13 @@ impl Dataset {
             .map_err(err)?;
         Ok(plan.samples)
     }
+}
+
+/// The store's configuration: the defaults, changed by the `GRANARY_*` variables that are set
+/// (read here, at the front end, on every open: `granary.job_secret()` and users set them
+/// from Python).
+pub(crate) fn store_config() -> PyResult<granary::StoreConfig> {
+    granary::StoreConfig::from_env().map_err(|e| PyValueError::new_err(e.to_string()))
 }
 
 /// Keyword arguments taken one by one with their defaults; any left over is a TypeError, as
@@ -588,6 +598,12 @@ fn stream_config(
             secret,
             tls_ca,
         }),
+        // GRANARY_IO=uring|pread forces the backend, as `granary read` takes it.
+        backend: match std::env::var("GRANARY_IO").ok().filter(|v| !v.is_empty()) {
+            Some(v) => granary::io::IoKind::parse(&v)
+                .map_err(|e| PyValueError::new_err(format!("GRANARY_IO={v}: {e}")))?,
+            None => granary::io::IoKind::Auto,
+        },
         ..Default::default()
     };
     config.check().map_err(err)?;
@@ -635,6 +651,7 @@ impl Stream {
         }
         let [rank, world_size, worker, num_workers] = ids;
         let (config, resume) = stream_config(o, rank, world_size)?;
+        let cfg = store_config()?;
         let shard = Shard {
             rank,
             world_size,
@@ -642,7 +659,7 @@ impl Stream {
             num_workers,
         };
         let build = || -> Result<(EpochStream, usize, bool), ReadError> {
-            let ds = Arc::new(RsDataset::open(&path)?);
+            let ds = Arc::new(RsDataset::open_with(&path, &cfg)?);
             let reader = config.open(&ds)?;
             let setup = reader.setup()?;
             let plan = setup.plan(&ds, epoch, shard, resume.as_ref())?;
@@ -818,8 +835,9 @@ impl Scores {
                 "interval must be a positive number of seconds",
             ));
         }
+        let cfg = store_config()?;
         py.detach(|| {
-            let ds = RsDataset::open(&dataset)?;
+            let ds = RsDataset::open_with(&dataset, &cfg)?;
             let t = LocalTier::open(
                 &cache_dir,
                 ds.snapshot().dataset_id(),

@@ -3,7 +3,6 @@
 //! manager, bytes-like conversion and the progress bar.
 
 use std::path::PathBuf;
-use std::sync::Arc;
 
 use granary_packer::{Label, PackError, ShardSpec, Writer as RsWriter, WriterOptions, Written};
 use pyo3::exceptions::PyValueError;
@@ -35,11 +34,13 @@ pub(crate) enum PyLabel {
 
 /// An object store `out` (and its staging directory) as the writer's destination.
 fn set_destination(o: &mut WriterOptions, out: &str, staging: Option<PathBuf>) -> PyResult<()> {
-    if let Some((u, staging)) = granary::remote::write_destination(out, staging.as_deref())
-        .map_err(PyValueError::new_err)?
+    o.store = crate::store_config()?;
+    if let Some((u, staging)) =
+        granary::remote::write_destination(out, staging.as_deref(), &o.store)
+            .map_err(PyValueError::new_err)?
     {
         o.staging = Some(staging);
-        o.destination = Some(Arc::new(u));
+        o.destination = Some(u);
     }
     Ok(())
 }

@@ -16,6 +16,7 @@ use crate::escape_path;
 use granary_store::file::{local_file, map_file};
 use granary_store::local::LocalDir;
 use granary_store::{Access, ChunkSource, ChunkStore, LocalTier, RangeRead, Source, StoreStack};
+use granary_store::{Location, StoreConfig};
 
 /// Chunks up to this size are read into memory; larger ones are memory-mapped.
 const READ_WHOLE_LIMIT: u64 = 512 << 20;
@@ -76,30 +77,22 @@ impl Dataset {
     ///
     /// `path` may also be a URL (`s3://bucket/prefix`, `gs://`, `az://`, `http(s)://`): the
     /// snapshot is fetched once into a local cache and chunks are read with ranged GETs
-    /// ([`crate::remote`]).
+    /// ([`crate::remote`]). The store's default configuration is used; front ends resolve
+    /// theirs ([`StoreConfig::from_env`] and their flags) and call [`Dataset::open_with`].
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
-        Self::open_cached_in(path, &granary_store::object::snapshot_cache_dir())
+        Self::open_with(path, &StoreConfig::default())
     }
 
-    /// [`Dataset::open`], with the snapshot of a dataset at a URL cached in `cache` instead
-    /// of the default snapshot cache (`GRANARY_SNAPSHOT_CACHE`).
-    pub fn open_cached_in(path: impl AsRef<Path>, cache: &Path) -> Result<Self> {
-        let path = path.as_ref();
-        if let Some(url) = path.to_str().filter(|s| granary_store::object::is_url(s)) {
-            let u = Arc::new(granary_store::object::ObjectUrl::parse(url)?);
-            let snap = granary_store::object::snapcache::open_snapshot(&u, cache)?;
-            return Self::open_remote(&snap.path, snap.pager, u);
-        }
-        if let Some(url) = path
-            .to_str()
-            .filter(|s| granary_store::object::looks_like_url(s))
-        {
-            if !path.exists() {
-                // An unknown scheme: say so rather than "no such file".
-                granary_store::object::ObjectUrl::parse(url)?;
+    /// [`Dataset::open`] with the store configured by `cfg` (object store timeouts, where
+    /// fetched snapshots are cached, ...).
+    pub fn open_with(path: impl AsRef<Path>, cfg: &StoreConfig) -> Result<Self> {
+        match granary_store::open(path.as_ref(), cfg)? {
+            Location::Object(u) => {
+                let snap = granary_store::object::snapcache::open_snapshot(&u, cfg)?;
+                Self::open_remote(&snap.path, snap.pager, u)
             }
+            Location::Local(p) => Self::open_in(&p, None, None),
         }
-        Self::open_in(path, None, None)
     }
 
     /// Opens a fetched snapshot (a local file) of the dataset at `url`, whose chunks are read
@@ -191,7 +184,12 @@ impl Dataset {
     /// A snapshot read in blocks from an object store is not fetched whole for this: each of
     /// its blocks is checked against its CRC when fetched, before anything reads it.
     pub fn open_checked(path: impl AsRef<Path>) -> Result<Self> {
-        let ds = Self::open(path)?;
+        Self::open_checked_with(path, &StoreConfig::default())
+    }
+
+    /// [`Dataset::open_checked`] with the store configured by `cfg`.
+    pub fn open_checked_with(path: impl AsRef<Path>, cfg: &StoreConfig) -> Result<Self> {
+        let ds = Self::open_with(path, cfg)?;
         if !ds.snap.is_paged() {
             ds.check_snapshot()?;
         }

@@ -1,5 +1,6 @@
 //! The I/O engine: batches of large positional reads, several in flight, through io_uring or a
-//! pread thread pool with the same interface. `GRANARY_IO=uring|pread` forces a backend.
+//! pread thread pool with the same interface. Front ends map `GRANARY_IO=uring|pread` (or their
+//! own option) to a forced [`IoKind`].
 //!
 //! Files are opened with `O_DIRECT` where the file system allows it (reads then bypass the page
 //! cache and go straight into 4 KiB-aligned buffers); elsewhere (tmpfs, some FUSE mounts) they
@@ -30,7 +31,7 @@ pub const BUFFERED_PIECE: usize = 1 << 20;
 /// Which backend performs reads.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum IoKind {
-    /// io_uring if the kernel offers it, else pread; `GRANARY_IO` overrides.
+    /// io_uring if the kernel offers it, else pread.
     Auto,
     /// io_uring.
     Uring,
@@ -341,7 +342,7 @@ impl Drop for Engine {
 }
 
 impl Engine {
-    /// Creates the engine `kind` asks for (`Auto`: `GRANARY_IO`, else io_uring when available)
+    /// Creates the engine `kind` asks for (`Auto`: io_uring when available, else pread)
     /// with a buffer pool of [`POOL_BYTES`].
     pub fn new(kind: IoKind, queue_depth: usize, max_inflight_bytes: usize) -> Result<Engine> {
         Self::with_pool(
@@ -360,16 +361,6 @@ impl Engine {
         max_inflight_bytes: usize,
         pool: Arc<BufPool>,
     ) -> Result<Engine> {
-        let kind = match (kind, std::env::var("GRANARY_IO").ok().as_deref()) {
-            (IoKind::Auto, Some("pread")) => IoKind::Pread,
-            (IoKind::Auto, Some("uring")) => IoKind::Uring,
-            (IoKind::Auto, Some(other)) if !other.is_empty() => {
-                return Err(ReadError::Invalid(format!(
-                    "GRANARY_IO={other}: use uring or pread"
-                )))
-            }
-            (k, _) => k,
-        };
         let qd = queue_depth.clamp(1, 4096);
         let cap = max_inflight_bytes.max(MAX_PIECE);
         let ring = match kind {

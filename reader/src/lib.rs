@@ -71,8 +71,9 @@ pub use granary_format::{Compression, FileAttrs, FileStat, FormatError, PathEntr
 pub use granary_store::{
     decode_hot_map, decode_tier_index, effective_memory, hot_file_name, resident_share, Access,
     BytesFrom, ChunkSource, ChunkStore, DatasetId, HotChunk, HotMap, HotRecord, IoMode, LocalDir,
-    LocalTier, OpenCounters, OpenCounts, Opener, Ownership, PeerStats, PeerStore, Peers, RangeRead,
-    ReadPattern, RemoteKind, Source, StoreError, StoreStack, TierPolicy, TierStats, TierStore,
+    LocalTier, Location, OpenCounters, OpenCounts, Opener, Ownership, PeerStats, PeerStore, Peers,
+    RangeRead, ReadPattern, RemoteKind, Source, StoreConfig, StoreError, StoreStack, TierPolicy,
+    TierStats, TierStore,
 };
 pub use importance::{batch_weights, ImportanceScores, SharedScores};
 pub use pathfmt::{escape_path, unescape_path};
@@ -83,7 +84,7 @@ pub use plan::{
 pub use random::SampleReader;
 pub use stream::{EpochStream, Sample, StreamOptions};
 pub use tier::TierHits;
-pub use verify::{verify, Problem, VerifyReport};
+pub use verify::{verify, verify_with, Problem, VerifyReport};
 
 /// Read-buffer budget of one reader (one stream) by default ([`StreamOptions::memory`]), from
 /// which the shuffle window follows ([`Dataset::window_for_memory`]): the CLI's `--memory`,

@@ -223,12 +223,7 @@ impl EpochStream {
         // GB/s, 20,000 ImageNet-like files): a stream that reads mostly through the page cache
         // uses pread unless the backend is forced.
         let kind = match opts.io {
-            IoKind::Auto
-                if Opener::for_access(&access).mostly_buffered()
-                    && std::env::var_os("GRANARY_IO").is_none() =>
-            {
-                IoKind::Pread
-            }
+            IoKind::Auto if Opener::for_access(&access).mostly_buffered() => IoKind::Pread,
             k => k,
         };
         let budget = opts.memory.max(1) as usize;

@@ -6,6 +6,8 @@ use granary_format::{check_chunk, parse_chunk_file_name};
 use rayon::prelude::*;
 use serde_json::json;
 
+use granary_store::StoreConfig;
+
 use crate::{escape_path, Dataset, ReadError, RemoteKind};
 
 /// One problem found by [`verify`].
@@ -88,8 +90,13 @@ fn cannot_look(e: &ReadError, whole: bool) -> bool {
 /// and structural invariant; every chunk file's size, whole-file CRC, header, footer, every
 /// record's length and CRC; and that footers agree with the snapshot.
 pub fn verify(path: &Path) -> VerifyReport {
+    verify_with(path, &StoreConfig::default())
+}
+
+/// [`verify`] with the store configured by `cfg`.
+pub fn verify_with(path: &Path, cfg: &StoreConfig) -> VerifyReport {
     let mut r = VerifyReport::default();
-    let ds = match Dataset::open(path) {
+    let ds = match Dataset::open_with(path, cfg) {
         Ok(ds) => ds,
         Err(e) => {
             let p = Problem {

@@ -35,10 +35,23 @@ pub fn job_secret(file: Option<&Path>) -> anyhow::Result<Option<granary::auth::S
     })
 }
 
+/// The store configuration `main` resolved from the environment and the global options.
+static STORE: std::sync::OnceLock<granary::StoreConfig> = std::sync::OnceLock::new();
+
+/// Sets the store configuration every command uses (once, in `main`).
+pub fn set_store_config(c: granary::StoreConfig) {
+    let _ = STORE.set(c);
+}
+
+/// The store configuration every command uses.
+pub fn store_config() -> &'static granary::StoreConfig {
+    STORE.get_or_init(granary::StoreConfig::default)
+}
+
 /// Opens a dataset for the inspection commands: O(1) open plus every snapshot section CRC, so
 /// that paths and offsets are trusted only when intact.
 pub fn open_dataset(path: &Path) -> anyhow::Result<granary::Dataset> {
-    granary::Dataset::open_checked(path).map_err(|e| {
+    granary::Dataset::open_checked_with(path, store_config()).map_err(|e| {
         // Damage is what verify and reindex help with; an object store that cannot be reached
         // or a wrong argument is not.
         let hint = match &e {

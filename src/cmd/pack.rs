@@ -244,7 +244,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     if let Some((u, staging)) = destination(&a)? {
         abort_uploads_on_signal(&staging)?;
         o.staging = Some(staging);
-        o.destination = Some(std::sync::Arc::new(u));
+        o.destination = Some(u);
     }
     let s = granary_packer::pack(&o);
     let_the_interruption_end_it();
@@ -422,21 +422,29 @@ pub(crate) fn writer_destination(
     out: &std::path::Path,
     staging: Option<&std::path::Path>,
 ) -> anyhow::Result<()> {
-    let dest = granary::remote::write_destination(&out.to_string_lossy(), staging)
-        .map_err(anyhow::Error::msg)?;
+    let dest =
+        granary::remote::write_destination(&out.to_string_lossy(), staging, super::store_config())
+            .map_err(anyhow::Error::msg)?;
+    o.store = super::store_config().clone();
     if let Some((u, staging)) = dest {
         abort_uploads_on_signal(&staging)?;
         o.staging = Some(staging);
-        o.destination = Some(std::sync::Arc::new(u));
+        o.destination = Some(u);
     }
     Ok(())
 }
 
 /// OUT as an object store and its staging directory (`--staging`, or the default one per
 /// destination), or `None` for a local OUT.
-fn destination(a: &Args) -> anyhow::Result<Option<(granary::remote::ObjectUrl, PathBuf)>> {
-    granary::remote::write_destination(&a.out.to_string_lossy(), a.staging.as_deref())
-        .map_err(anyhow::Error::msg)
+fn destination(
+    a: &Args,
+) -> anyhow::Result<Option<(std::sync::Arc<granary::remote::ObjectUrl>, PathBuf)>> {
+    granary::remote::write_destination(
+        &a.out.to_string_lossy(),
+        a.staging.as_deref(),
+        super::store_config(),
+    )
+    .map_err(anyhow::Error::msg)
 }
 
 #[cfg(test)]

@@ -208,9 +208,9 @@ pub struct Args {
     /// memory, or of the memory cgroup's limit when lower).
     #[arg(long, value_parser = super::pack::parse_size_or_zero)]
     pub page_cache: Option<u64>,
-    /// I/O backend: auto (io_uring when the kernel offers it; GRANARY_IO=uring|pread
-    /// overrides), uring or pread.
-    #[arg(long, default_value = "auto", value_parser = IoKind::parse)]
+    /// I/O backend: auto (io_uring when the kernel offers it and the reads bypass the page
+    /// cache, else pread), uring or pread.
+    #[arg(long, default_value = "auto", env = "GRANARY_IO", value_parser = IoKind::parse)]
     pub backend: IoKind,
     /// Reads in flight per worker.
     #[arg(long, default_value_t = 8)]

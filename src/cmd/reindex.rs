@@ -22,7 +22,7 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
-    let s = granary_packer::reindex(&a.dataset, a.force)?;
+    let s = granary_packer::reindex(&a.dataset, a.force, super::store_config())?;
     if a.json {
         super::print_json(&s)?;
     } else {

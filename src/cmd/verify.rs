@@ -27,7 +27,7 @@ pub const EXIT_CANNOT_CHECK: u8 = 4;
 
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     let t = std::time::Instant::now();
-    let r = granary::verify(&a.dataset);
+    let r = granary::verify_with(&a.dataset, super::store_config());
     if a.json {
         super::print_json(&r.to_json())?;
     } else {

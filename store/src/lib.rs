@@ -10,6 +10,7 @@
 
 pub mod auth;
 pub mod buf;
+pub mod config;
 mod error;
 pub mod file;
 mod guard;
@@ -23,6 +24,7 @@ mod stack;
 pub mod tier;
 pub mod write;
 
+pub use config::{open, Location, StoreConfig};
 pub use error::{RemoteKind, Result, StoreError};
 pub use granary_format::DatasetId;
 pub use local::{advise, effective_memory, resident_share, LocalDir, Opener};

@@ -8,6 +8,7 @@ use granary_store::object::ObjectUrl;
 use crate::encode::CompressMode;
 use crate::shard::ShardSpec;
 use crate::{hex_id, DEFAULT_CHUNK_FILES, DEFAULT_CHUNK_SIZE};
+use granary_store::StoreConfig;
 
 /// Default bytes of samples a writer holds in memory before spilling: a sixteenth of the
 /// machine's memory, at most 512 MiB (256 MiB where the machine's memory is unknown). More
@@ -38,6 +39,8 @@ pub struct WriterOptions {
     /// `staging` must then name a local directory for the spill logs and chunks in transit.
     pub destination: Option<Arc<ObjectUrl>>,
     pub staging: Option<PathBuf>,
+    /// How the store reaches object stores (source shards at URLs, the destination).
+    pub store: StoreConfig,
     /// Write only this shard's part of a dataset, for `merge` (as `pack --shard` does).
     pub shard: Option<ShardSpec>,
     /// The class table, when labels are class names (or indexes into it). Required with a
@@ -70,6 +73,7 @@ impl WriterOptions {
             out: out.into(),
             destination: None,
             staging: None,
+            store: StoreConfig::default(),
             shard: None,
             classes: None,
             compress: CompressMode::Auto,

@@ -39,7 +39,7 @@ pub(super) fn run(r: ReadArgs) -> anyhow::Result<ExitCode> {
         workers: r.workers,
         window_chunks: match r.window {
             Some(w) => w,
-            None => granary::Dataset::open(&r.dataset)?
+            None => granary::Dataset::open_with(&r.dataset, crate::cmd::store_config())?
                 .window_for_memory(granary::DEFAULT_READER_MEMORY)?,
         },
         queue_depth: r.queue_depth,

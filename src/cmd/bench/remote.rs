@@ -84,7 +84,7 @@ pub fn run(a: RemoteArgs) -> anyhow::Result<ExitCode> {
     let cold = || tempfile::tempdir().context("creating a temporary snapshot cache");
     // The paths to look up, drawn through a cache of their own.
     let probe_cache = cold()?;
-    let probe = Dataset::open_cached_in(&a.dataset, probe_cache.path())
+    let probe = Dataset::open_with(&a.dataset, &cached_in(probe_cache.path()))
         .with_context(|| format!("opening {}", a.dataset))?;
     let mut rng = SplitMix64::new(a.seed);
     let n = probe.len();
@@ -98,7 +98,7 @@ pub fn run(a: RemoteArgs) -> anyhow::Result<ExitCode> {
     let cache = cold()?;
     let t = Instant::now();
     let ds = Arc::new(
-        Dataset::open_cached_in(&a.dataset, cache.path())
+        Dataset::open_with(&a.dataset, &cached_in(cache.path()))
             .with_context(|| format!("opening {}", a.dataset))?,
     );
     let open_s = t.elapsed().as_secs_f64();
@@ -214,7 +214,7 @@ fn measure_epoch(a: &RemoteArgs) -> anyhow::Result<serde_json::Value> {
     let cold = || tempfile::tempdir().context("creating a temporary snapshot cache");
     let cache = cold()?;
     let t = Instant::now();
-    let ds = Arc::new(Dataset::open_cached_in(&a.dataset, cache.path())?);
+    let ds = Arc::new(Dataset::open_with(&a.dataset, &cached_in(cache.path()))?);
     let open_s = t.elapsed().as_secs_f64();
     let mut c = ReaderConfig::default();
     c.plan.mode = ShuffleMode::Chunkwise;
@@ -287,5 +287,13 @@ fn print_text(a: &RemoteArgs, v: &serde_json::Value) {
             mb(&epoch["snapshot_bytes_fetched"]),
             mb(&epoch["peak_rss_bytes"])
         );
+    }
+}
+
+/// The store configuration with fetched snapshots cached in `dir`.
+fn cached_in(dir: &std::path::Path) -> granary::StoreConfig {
+    granary::StoreConfig {
+        snapshot_cache: dir.to_path_buf(),
+        ..crate::cmd::store_config().clone()
     }
 }

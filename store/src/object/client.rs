@@ -128,7 +128,7 @@ impl ObjectUrl {
         let store: Arc<dyn ObjectStore> = match self.scheme() {
             "s3" | "s3a" => {
                 use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey as C};
-                check_aws_credentials(&self.url)?;
+                check_aws_credentials(&self.url, self.aws_imds)?;
                 let b = client
                     .into_iter()
                     .fold(AmazonS3Builder::from_env(), |b, (k, v)| {
@@ -208,8 +208,9 @@ impl ObjectUrl {
 /// Refuses to start without credentials rather than let the client wait on an instance
 /// metadata service that is not there: S3 needs `AWS_ACCESS_KEY_ID` and
 /// `AWS_SECRET_ACCESS_KEY`, a web identity or container credentials, `AWS_SKIP_SIGNATURE=true`
-/// for public buckets, or `GRANARY_AWS_IMDS=1` on cloud instances whose role provides them.
-pub(super) fn check_aws_credentials(url: &str) -> Result<()> {
+/// for public buckets, or [`crate::StoreConfig::aws_imds`] (`GRANARY_AWS_IMDS=1`) on cloud
+/// instances whose role provides them.
+pub(super) fn check_aws_credentials(url: &str, imds: bool) -> Result<()> {
     let set = |k: &str| std::env::var_os(k).is_some_and(|v| !v.is_empty());
     let key = set("AWS_ACCESS_KEY_ID");
     let secret = set("AWS_SECRET_ACCESS_KEY");
@@ -231,7 +232,6 @@ pub(super) fn check_aws_credentials(url: &str) -> Result<()> {
     .iter()
     .any(|k| set(k));
     let anonymous = std::env::var("AWS_SKIP_SIGNATURE").is_ok_and(|v| v == "true" || v == "1");
-    let imds = std::env::var("GRANARY_AWS_IMDS").is_ok_and(|v| v == "1");
     if key || other || anonymous || imds {
         return Ok(());
     }

@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use super::timeouts::{CONNECT_TIMEOUT_ENV, REQUEST_TIMEOUT_ENV, RETRY_TIMEOUT_ENV};
+use crate::config::{CONNECT_TIMEOUT_ENV, REQUEST_TIMEOUT_ENV, RETRY_TIMEOUT_ENV};
 use crate::{RemoteKind, StoreError};
 
 /// An object store error as one a user can act on: what failed, on which URL, and why.

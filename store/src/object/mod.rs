@@ -30,10 +30,8 @@ pub use errors::remote_error;
 pub(crate) use ops::Sized;
 pub use paths::{cache_home, staging_dir, write_destination};
 pub use runtime::block_on;
-pub use snapcache::{fetch_snapshot, snapshot_cache_dir, snapshot_head};
-pub use timeouts::{
-    parse_seconds, Timeouts, CONNECT_TIMEOUT_ENV, REQUEST_TIMEOUT_ENV, RETRY_TIMEOUT_ENV,
-};
+pub use snapcache::{fetch_snapshot, snapshot_head};
+pub use timeouts::{parse_seconds, Timeouts};
 pub use uploads::{abort_open_uploads, OpenUploadInfo};
 pub use url::{is_url, is_url_path, looks_like_url, ObjectUrl};
 

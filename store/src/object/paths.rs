@@ -2,7 +2,10 @@
 
 use std::path::{Path, PathBuf};
 
-use super::url::{is_url, ObjectUrl};
+use std::sync::Arc;
+
+use super::url::ObjectUrl;
+use crate::{Location, StoreConfig};
 
 /// granary's local cache directory: `$XDG_CACHE_HOME/granary`, else `~/.cache/granary`.
 pub fn cache_home() -> PathBuf {
@@ -27,22 +30,26 @@ pub fn staging_dir(url: &str) -> PathBuf {
     cache_home().join("uploads").join(name)
 }
 
-/// Where a dataset written to `out` goes: `None` for a local path, else the object store and
-/// the local staging directory (`staging`, or [`staging_dir`]). Refuses read-only URLs, and a
-/// staging directory for a local path.
+/// Where a dataset written to `out` goes: `None` for a local path, else the object store (its
+/// client configured by `cfg`) and the local staging directory (`staging`, or
+/// [`staging_dir`]). Refuses read-only URLs, and a staging directory for a local path.
 pub fn write_destination(
     out: &str,
     staging: Option<&Path>,
-) -> std::result::Result<Option<(ObjectUrl, PathBuf)>, String> {
-    if !is_url(out) {
-        return match staging {
-            Some(_) => Err(format!(
-                "a staging directory is for writing to an object store URL; {out} is a local path"
-            )),
-            None => Ok(None),
-        };
-    }
-    let u = ObjectUrl::parse(out).map_err(|e| format!("{out}: {e}"))?;
+    cfg: &StoreConfig,
+) -> std::result::Result<Option<(Arc<ObjectUrl>, PathBuf)>, String> {
+    let u = match crate::open(Path::new(out), cfg).map_err(|e| format!("{out}: {e}"))? {
+        Location::Object(u) => u,
+        Location::Local(_) => {
+            return match staging {
+                Some(_) => Err(format!(
+                    "a staging directory is for writing to an object store URL; {out} is a \
+                     local path"
+                )),
+                None => Ok(None),
+            };
+        }
+    };
     if !u.writable() {
         return Err(format!(
             "{out}: http(s) URLs are read-only; write to s3://, gs:// or az://"

@@ -19,7 +19,7 @@
 //!
 //! The cache is bounded: opening a dataset evicts the least recently opened cached snapshots
 //! (whole files, blocks or whole copies) until the others take at most
-//! [`cache_budget`] bytes on disk. Evicting unlinks the file; a process that has it open keeps
+//! `StoreConfig::snapshot_cache_max` bytes on disk. Evicting unlinks the file; a process that has it open keeps
 //! reading its blocks, and fetches into its own (now unlinked) copy until it exits.
 
 use std::fs::File;
@@ -34,22 +34,8 @@ use granary_format::{
     SNAPSHOT_HEADER_LEN,
 };
 
-use super::paths::cache_home;
 use super::{ObjectUrl, GET_PART};
-use crate::{DatasetId, RemoteKind, Result, StoreError};
-
-/// Snapshots up to this size are fetched whole (one GET; every section checked at once):
-/// paging pays off only for large ones. `GRANARY_SNAPSHOT_WHOLE_MAX` (bytes) overrides it.
-pub const WHOLE_MAX: u64 = 16 << 20;
-
-/// Environment variable overriding [`WHOLE_MAX`] (`0`: page every 1.4 snapshot).
-pub const WHOLE_MAX_ENV: &str = "GRANARY_SNAPSHOT_WHOLE_MAX";
-
-/// Environment variable bounding the snapshot cache (bytes on disk; default [`CACHE_BUDGET`]).
-pub const CACHE_BUDGET_ENV: &str = "GRANARY_SNAPSHOT_CACHE_MAX";
-
-/// Default bound of the snapshot cache: 16 GiB on disk.
-pub const CACHE_BUDGET: u64 = 16 << 30;
+use crate::{DatasetId, RemoteKind, Result, StoreConfig, StoreError};
 
 /// A snapshot opened from an object store: a local file, whole or sparse.
 pub struct RemoteSnapshot {
@@ -59,28 +45,15 @@ pub struct RemoteSnapshot {
     pub pager: Option<Arc<BlockPager>>,
 }
 
-/// Bytes that [`WHOLE_MAX_ENV`] or [`WHOLE_MAX`] says.
-pub fn whole_max() -> u64 {
-    std::env::var(WHOLE_MAX_ENV)
-        .ok()
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(WHOLE_MAX)
-}
-
-/// Bytes that [`CACHE_BUDGET_ENV`] or [`CACHE_BUDGET`] says.
-pub fn cache_budget() -> u64 {
-    std::env::var(CACHE_BUDGET_ENV)
-        .ok()
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(CACHE_BUDGET)
-}
-
 /// Opens the snapshot of the dataset at `url`: a cached whole copy if there is one, else a
-/// sparse file and its pager (format 1.4 snapshots larger than [`whole_max`]), else the whole
-/// snapshot fetched and checked ([`fetch_snapshot`]). Cached in `dir`
-/// ([`snapshot_cache_dir`] by default).
-pub fn open_snapshot(url: &Arc<ObjectUrl>, dir: &Path) -> Result<RemoteSnapshot> {
-    let whole = |_| fetch_snapshot(url, dir).map(|path| RemoteSnapshot { path, pager: None });
+/// sparse file and its pager (format 1.4 snapshots larger than `cfg.snapshot_whole_max`), else
+/// the whole snapshot fetched and checked ([`fetch_snapshot`]). Cached in
+/// `cfg.snapshot_cache`, which is kept within `cfg.snapshot_cache_max` bytes.
+pub fn open_snapshot(url: &Arc<ObjectUrl>, cfg: &StoreConfig) -> Result<RemoteSnapshot> {
+    let dir = &cfg.snapshot_cache;
+    let budget = cfg.snapshot_cache_max;
+    let whole =
+        |_| fetch_snapshot(url, dir, budget).map(|path| RemoteSnapshot { path, pager: None });
     let snap_url = url.object_url(SNAPSHOT_FILE);
     let head = crate::object::snapshot_head(url)?;
     let fmt = |e: FormatError| StoreError::format(&snap_url, e);
@@ -110,7 +83,7 @@ pub fn open_snapshot(url: &Arc<ObjectUrl>, dir: &Path) -> Result<RemoteSnapshot>
     let (Some(crcs), Some((index, index_crc))) = (crcs, index) else {
         return whole(());
     };
-    if len <= whole_max() {
+    if len <= cfg.snapshot_whole_max {
         return whole(());
     }
     let k15 = url.get_range(SNAPSHOT_FILE, index.clone())?;
@@ -118,7 +91,7 @@ pub fn open_snapshot(url: &Arc<ObjectUrl>, dir: &Path) -> Result<RemoteSnapshot>
     let bi = BlockIndex::parse(&k15, crcs, table_end).map_err(fmt)?;
     std::fs::create_dir_all(dir).map_err(|e| StoreError::io("creating", dir, e))?;
     let path = dir.join(format!("{name}.gblocks"));
-    evict(dir, cache_budget(), &path);
+    evict(dir, budget, &path);
     let file = sparse_file(&path, dir, &name, len)?;
     let pager = BlockPager {
         url: url.clone(),
@@ -476,15 +449,6 @@ impl Pager for BlockPager {
     }
 }
 
-/// Where fetched snapshots are kept: `GRANARY_SNAPSHOT_CACHE`, else `snapshots` in
-/// [`cache_home`].
-pub fn snapshot_cache_dir() -> PathBuf {
-    match std::env::var_os("GRANARY_SNAPSHOT_CACHE").filter(|v| !v.is_empty()) {
-        Some(d) => PathBuf::from(d),
-        None => cache_home().join("snapshots"),
-    }
-}
-
 /// The first 64 bytes of the snapshot of the dataset at `url` (one ranged GET), or an error
 /// that says what the prefix holds instead (an upload that has not finished).
 pub fn snapshot_head(url: &ObjectUrl) -> Result<bytes::Bytes> {
@@ -514,7 +478,8 @@ pub fn snapshot_head(url: &ObjectUrl) -> Result<bytes::Bytes> {
 /// is current (one 64-byte ranged GET to tell), and returns the cached file's path. A fetched
 /// snapshot has every section's CRC checked before it is kept; it is written under a
 /// temporary name and renamed, so concurrent openers (every loader worker) never see half.
-pub fn fetch_snapshot(url: &ObjectUrl, dir: &Path) -> Result<PathBuf> {
+/// The other cached snapshots in `dir` are kept within `budget` bytes.
+pub fn fetch_snapshot(url: &ObjectUrl, dir: &Path, budget: u64) -> Result<PathBuf> {
     use granary_format::{snapshot_key, Snapshot, SNAPSHOT_FILE};
     let snap_url = url.object_url(SNAPSHOT_FILE);
     let head = snapshot_head(url)?;
@@ -523,7 +488,7 @@ pub fn fetch_snapshot(url: &ObjectUrl, dir: &Path) -> Result<PathBuf> {
     if cached.is_file() {
         return Ok(cached);
     }
-    evict(dir, cache_budget(), &cached);
+    evict(dir, budget, &cached);
     let bytes = url.get(SNAPSHOT_FILE)?;
     let key = snapshot_key(&bytes).map_err(|e| StoreError::format(&snap_url, e))?;
     if key != (id, crc) {

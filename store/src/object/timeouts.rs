@@ -3,14 +3,7 @@
 use std::future::Future;
 use std::time::Duration;
 
-use crate::{Result, StoreError};
-
-/// Environment variables that set [`Timeouts`] (seconds, decimals allowed).
-pub const CONNECT_TIMEOUT_ENV: &str = "GRANARY_CONNECT_TIMEOUT";
-/// See [`CONNECT_TIMEOUT_ENV`].
-pub const REQUEST_TIMEOUT_ENV: &str = "GRANARY_REQUEST_TIMEOUT";
-/// See [`CONNECT_TIMEOUT_ENV`].
-pub const RETRY_TIMEOUT_ENV: &str = "GRANARY_RETRY_TIMEOUT";
+use crate::config::{REQUEST_TIMEOUT_ENV, RETRY_TIMEOUT_ENV};
 
 /// The longest pause between two attempts of one request (the client's backoff doubles from
 /// 100 ms up to this).
@@ -46,25 +39,6 @@ impl Default for Timeouts {
 }
 
 impl Timeouts {
-    /// The defaults, changed by [`CONNECT_TIMEOUT_ENV`], [`REQUEST_TIMEOUT_ENV`] and
-    /// [`RETRY_TIMEOUT_ENV`] where set; a value that is not a positive number of seconds is an
-    /// error naming the variable.
-    pub fn from_env() -> Result<Self> {
-        let mut t = Timeouts::default();
-        for (var, slot) in [
-            (CONNECT_TIMEOUT_ENV, &mut t.connect),
-            (REQUEST_TIMEOUT_ENV, &mut t.request),
-            (RETRY_TIMEOUT_ENV, &mut t.retry),
-        ] {
-            if let Some(v) = std::env::var_os(var).filter(|v| !v.is_empty()) {
-                let v = v.to_string_lossy();
-                *slot = parse_seconds(&v)
-                    .map_err(|why| StoreError::Invalid(format!("{var}={v}: {why}")))?;
-            }
-        }
-        Ok(t)
-    }
-
     /// The longest one operation waits on a store that never answers: the retry window, one
     /// more attempt begun just before it closed, and one backoff pause.
     pub fn bound(&self) -> Duration {

@@ -11,7 +11,7 @@ use super::client::Clients;
 use super::runtime::block_on;
 use super::timeouts::{watched, Timeouts};
 use super::SCHEMES;
-use crate::{Result, StoreError};
+use crate::{Result, StoreConfig, StoreError};
 
 /// True if `s` is a URL granary reads through an object store (`scheme://...` with a known
 /// scheme). A local directory whose name merely looks like one can be written `./s3:/...`.
@@ -42,8 +42,10 @@ pub struct ObjectUrl {
     pub(super) prefix: ObjPath,
     /// This process's client (see the module documentation on forks).
     pub(super) client: Mutex<Option<(u32, Clients)>>,
-    /// How long requests wait ([`Timeouts::from_env`] when parsed).
+    /// How long requests wait.
     pub(super) timeouts: Timeouts,
+    /// S3 credentials may come from the instance's role ([`StoreConfig::aws_imds`]).
+    pub(super) aws_imds: bool,
     /// A peer's tier (`granary serve`): every request bounded by `timeouts.request`, never
     /// retried, and nothing logged while waiting (the peer layer handles a slow peer).
     pub(super) peer: bool,
@@ -54,8 +56,15 @@ pub struct ObjectUrl {
 }
 
 impl ObjectUrl {
-    /// Parses `url` (no request is made; the client is built on first use).
+    /// `url` with the default configuration (tests and tools; front ends resolve a
+    /// [`StoreConfig`] and use [`ObjectUrl::open`] or [`crate::open`]).
     pub fn parse(url: &str) -> Result<Self> {
+        Self::open(url, &StoreConfig::default())
+    }
+
+    /// Parses `url`, whose client `cfg` configures (no request is made; the client is built
+    /// on first use).
+    pub fn open(url: &str, cfg: &StoreConfig) -> Result<Self> {
         let bad = |why: &str| StoreError::Invalid(format!("{url}: {why}"));
         let (scheme, rest) = url
             .split_once("://")
@@ -77,11 +86,31 @@ impl ObjectUrl {
             url: format!("{scheme}://{rest}"),
             prefix,
             client: Mutex::new(None),
-            timeouts: Timeouts::from_env()?,
+            timeouts: cfg.timeouts,
+            aws_imds: cfg.aws_imds,
             peer: false,
             secret: None,
             peer_ca: None,
         })
+    }
+
+    /// This URL read as one object: the prefix above it (configured alike) and the object's
+    /// name, or `None` for a bucket or host without a path.
+    pub fn as_object(&self) -> Option<(ObjectUrl, String)> {
+        let (parent, name) = self.url.rsplit_once('/')?;
+        let prefix = self.prefix.parts().collect::<Vec<_>>();
+        let (_, above) = prefix.split_last()?;
+        let parent = ObjectUrl {
+            url: parent.to_string(),
+            prefix: above.iter().cloned().collect(),
+            client: Mutex::new(None),
+            timeouts: self.timeouts,
+            aws_imds: self.aws_imds,
+            peer: self.peer,
+            secret: self.secret.clone(),
+            peer_ca: self.peer_ca.clone(),
+        };
+        Some((parent, name.to_string()))
     }
 
     /// The tier of dataset `id_hex` served by the peer at `addr` (`host:port`, `granary
