@@ -4,6 +4,7 @@ mod common;
 
 mod chaos;
 mod cli;
+mod conformance;
 mod faults;
 mod golden;
 mod mount;

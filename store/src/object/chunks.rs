@@ -57,6 +57,11 @@ impl ChunkStore for ObjectChunks {
     }
 
     fn list(&self) -> Result<Vec<(String, PathBuf)>> {
+        // Plain HTTP has no listing (the client's WebDAV PROPFIND is refused by most servers):
+        // such a store cannot list, and says so by listing nothing, as the seam asks.
+        if !self.url.writable() {
+            return Ok(Vec::new());
+        }
         Ok(self
             .url
             .list()?
