@@ -531,23 +531,79 @@ fn scan_source(opts: &PackOptions, src: &Path, what: &str) -> Result<scan::ScanR
     found
 }
 
-/// Labels, orders and chunks the files. `classes` is the class table (when labelling by parent
-/// directory); `dataset_id` is given for shards and appends, drawn at random otherwise.
-#[allow(clippy::too_many_arguments)]
-fn make_plan(
-    opts: &PackOptions,
+/// What a pack's plan is made from: the scanned files and directories, how they are labelled
+/// (`classes` is the class table when labelling by parent directory), and the identity of the
+/// dataset they go into (`dataset_id` is given for shards and appends, drawn from `settings`
+/// and chance otherwise).
+struct PlanInput {
     settings: String,
-    mut files: FileTable,
+    files: FileTable,
     dirs: FileTable,
     classes: Vec<Vec<u8>>,
     labels: LabelMode,
     dataset_id: Option<[u8; 16]>,
+}
+
+/// Labels, orders and chunks the files.
+fn make_plan(
+    opts: &PackOptions,
+    input: PlanInput,
     warnings: &mut Vec<String>,
 ) -> Result<Plan, PackError> {
+    let PlanInput {
+        settings,
+        mut files,
+        dirs,
+        classes,
+        labels,
+        dataset_id,
+    } = input;
     let classes = match labels {
         LabelMode::None => Vec::new(),
         LabelMode::ParentDir => classes,
     };
+    files.label = labels_of(&files, &classes, labels, warnings)?;
+    if files.len() as u64 > granary_format::MAX_SAMPLES {
+        return Err(PackError::Usage(format!(
+            "{} files: a dataset holds at most {} samples",
+            files.len(),
+            granary_format::MAX_SAMPLES
+        )));
+    }
+    let mut order: Vec<u32> = (0..files.len() as u32).collect();
+    if opts.order == Order::Random {
+        SplitMix64::new(opts.seed).shuffle(&mut order);
+    }
+    let chunk_starts = Plan::assign_chunks(
+        order.iter().map(|&i| files.size[i as usize]),
+        opts.chunk_size,
+        opts.chunk_files,
+    );
+    Ok(Plan {
+        dataset_id: dataset_id.unwrap_or_else(|| new_dataset_id(settings.as_bytes())),
+        settings,
+        classes,
+        files,
+        order,
+        chunk_starts,
+        // A shard's part cannot carry them (a merged dataset records none).
+        dirs: if opts.no_metadata || opts.shard.is_some() {
+            FileTable::default()
+        } else {
+            dirs
+        },
+    })
+}
+
+/// Each file's label: its class directory's index in `classes` (by parent directory), or
+/// none. A class directory that is not in the table is an error; files outside any class
+/// directory are packed without a label, with a warning.
+fn labels_of(
+    files: &FileTable,
+    classes: &[Vec<u8>],
+    labels: LabelMode,
+    warnings: &mut Vec<String>,
+) -> Result<Vec<u32>, PackError> {
     let class_of: BTreeMap<&[u8], u32> = classes
         .iter()
         .enumerate()
@@ -555,7 +611,7 @@ fn make_plan(
         .collect();
     let mut unknown: Vec<Vec<u8>> = Vec::new();
     let mut unlabeled = 0u64;
-    files.label = files
+    let label: Vec<u32> = files
         .paths()
         .map(|rel| match labels {
             LabelMode::None => NO_LABEL,
@@ -594,36 +650,7 @@ fn make_plan(
             "{unlabeled} files lie directly in the source directory, outside any class directory: packed without a label"
         ));
     }
-    if files.len() as u64 > granary_format::MAX_SAMPLES {
-        return Err(PackError::Usage(format!(
-            "{} files: a dataset holds at most {} samples",
-            files.len(),
-            granary_format::MAX_SAMPLES
-        )));
-    }
-    let mut order: Vec<u32> = (0..files.len() as u32).collect();
-    if opts.order == Order::Random {
-        SplitMix64::new(opts.seed).shuffle(&mut order);
-    }
-    let chunk_starts = Plan::assign_chunks(
-        order.iter().map(|&i| files.size[i as usize]),
-        opts.chunk_size,
-        opts.chunk_files,
-    );
-    Ok(Plan {
-        dataset_id: dataset_id.unwrap_or_else(|| new_dataset_id(settings.as_bytes())),
-        settings,
-        classes,
-        files,
-        order,
-        chunk_starts,
-        // A shard's part cannot carry them (a merged dataset records none).
-        dirs: if opts.no_metadata || opts.shard.is_some() {
-            FileTable::default()
-        } else {
-            dirs
-        },
-    })
+    Ok(label)
 }
 
 fn empty_summary() -> ChunkSummary {

@@ -20,7 +20,8 @@ use crate::{
     publish_dataset, read_footer, remove_owned_chunks, scan_source, settings_text, shard,
     shared_key_of, slimmed, spooled_builder, sync_dir, unchanged_summary, upload, verify_existing,
     work_dir, write_chunks, write_file_atomic, write_snapshot_atomic, Build, Existing, Ids,
-    LabelMode, Mode, PackError, PackOptions, PackSummary, Place, Skipped, PART_FILE, PLAN_FILE,
+    LabelMode, Mode, PackError, PackOptions, PackSummary, Place, PlanInput, Skipped, PART_FILE,
+    PLAN_FILE,
 };
 
 /// [`run_kept`], naming the work directory in the error once a plan was saved there: the
@@ -405,17 +406,15 @@ impl Run<'_> {
                     .unwrap_or_default()
             )));
         }
-        let plan = make_plan(
-            opts,
+        let input = PlanInput {
             settings,
-            found.files,
-            found.dirs,
+            files: found.files,
+            dirs: found.dirs,
             classes,
             labels,
             dataset_id,
-            &mut self.warnings,
-        )
-        .inspect_err(|_| {
+        };
+        let plan = make_plan(opts, input, &mut self.warnings).inspect_err(|_| {
             // Nothing was written yet: leave no interrupted pack behind.
             let _ = std::fs::remove_dir_all(&work);
         })?;
