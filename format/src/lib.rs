@@ -20,6 +20,8 @@ mod record;
 mod rng;
 mod snapshot;
 mod strtab;
+#[cfg(any(test, feature = "test-support"))]
+pub mod testing;
 
 pub use blocks::{
     check_block, BlockIndex, Pager, BLOCK_INDEX_HEADER_LEN, BLOCK_SIZE, MAX_BLOCK_SIZE,

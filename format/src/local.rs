@@ -16,7 +16,6 @@
 //! temporary file in the same directory, fsync, rename over the old name, fsync of the directory.
 
 use std::io::{self, Read, Write};
-use std::path::Path;
 
 use crate::error::{FormatError, Result};
 
@@ -289,18 +288,6 @@ impl<R: Read> LocalReader<R> {
             });
         }
         Ok(())
-    }
-}
-
-/// Test vectors become fuzz seeds: with `GRANARY_FUZZ_SEEDS=DIR` set, a test that builds a
-/// valid file of some kind also writes it to `DIR/<target>/<name>` (scripts/fuzz.sh seeds its
-/// corpora this way). Does nothing otherwise.
-#[doc(hidden)]
-pub fn dump_fuzz_seed(target: &str, name: &str, bytes: &[u8]) {
-    if let Some(dir) = std::env::var_os("GRANARY_FUZZ_SEEDS") {
-        let dir = Path::new(&dir).join(target);
-        std::fs::create_dir_all(&dir).expect("creating the seed directory");
-        std::fs::write(dir.join(name), bytes).expect("writing a fuzz seed");
     }
 }
 

@@ -469,7 +469,7 @@ mod tests {
         assert_eq!(p.chunk_files(1), [0, 1]);
         assert_eq!(p.chunk_bytes(1), 12);
         let b = p.encode();
-        granary_format::local::dump_fuzz_seed("pack_plan", "three-files", &b);
+        granary_format::testing::dump_fuzz_seed("pack_plan", "three-files", &b);
         assert_eq!(decode(&b), Some(p));
         for cut in 0..b.len() {
             assert_eq!(decode(&b[..cut]), None, "cut at {cut}");

@@ -804,7 +804,7 @@ mod tests {
             chunks: vec![c0],
         };
         let b = p.encode();
-        granary_format::local::dump_fuzz_seed("part_file", "one-chunk", &b);
+        granary_format::testing::dump_fuzz_seed("part_file", "one-chunk", &b);
         assert_eq!(Part::decode(&b), Ok(p));
         for cut in 0..b.len() {
             assert!(Part::decode(&b[..cut]).is_err());

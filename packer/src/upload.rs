@@ -229,7 +229,7 @@ mod tests {
         let crc = granary_format::crc32(&bytes);
         write_marker(work.path(), 2, bytes.len() as u64, crc).unwrap();
         let m = std::fs::read(work.path().join(sent_name(2))).unwrap();
-        granary_format::local::dump_fuzz_seed("upload_marker", "two-records", &m);
+        granary_format::testing::dump_fuzz_seed("upload_marker", "two-records", &m);
         let (size, got_crc, footer) = decode_marker(&m, 2).expect("intact marker");
         assert_eq!((size, got_crc), (bytes.len() as u64, crc));
         assert_eq!(

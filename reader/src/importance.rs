@@ -388,7 +388,7 @@ mod tests {
         let t = ImportanceScores::load(&p).unwrap();
         assert_eq!(t, s);
         let b = std::fs::read(&p).unwrap();
-        granary_format::local::dump_fuzz_seed("score_table", "half-reported", &b);
+        granary_format::testing::dump_fuzz_seed("score_table", "half-reported", &b);
         for i in 0..b.len() {
             let mut d = b.clone();
             d[i] ^= 1;

@@ -6,10 +6,9 @@ use crate::error::{FormatError, Result};
 use crate::strtab::encode_string_table;
 use crate::FieldEntry;
 use crate::{le, path_hash, ChunkSummary, SampleEntry};
-use crate::{
-    BLOCKS_MINOR, FORMAT_MAJOR, LISTING_MINOR, MAX_SAMPLES, PAGES_MINOR, SAMPLE_ENTRY_LEN,
-    SNAPSHOT_MAGIC,
-};
+#[cfg(any(test, feature = "test-support"))]
+use crate::{BLOCKS_MINOR, PAGES_MINOR};
+use crate::{FORMAT_MAJOR, LISTING_MINOR, MAX_SAMPLES, SAMPLE_ENTRY_LEN, SNAPSHOT_MAGIC};
 
 use super::*;
 
@@ -115,9 +114,11 @@ pub struct SnapshotBuilder {
 /// The pages a [`SnapshotBuilder`] writes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum BuiltPages {
-    /// None: format 1.4.
+    /// None: format 1.4 (written for tests of readers of older snapshots only).
+    #[cfg(any(test, feature = "test-support"))]
     None,
-    /// Path pages (kinds 16, 17): format 1.5.
+    /// Path pages (kinds 16, 17): format 1.5 (likewise).
+    #[cfg(any(test, feature = "test-support"))]
     Paths,
     /// Listing pages (kinds 18, 19): format 1.6.
     Listing,
@@ -150,12 +151,14 @@ impl SnapshotBuilder {
 
     /// Writes the snapshot without pages, as format 1.4 did: what tests of readers of older
     /// snapshots build.
+    #[cfg(any(test, feature = "test-support"))]
     pub fn without_path_pages(&mut self) {
         self.pages = BuiltPages::None;
     }
 
     /// Writes path pages without sizes, modes and mtimes (kinds 16 and 17), as format 1.5
     /// did: what tests of readers of older snapshots build.
+    #[cfg(any(test, feature = "test-support"))]
     pub fn with_plain_path_pages(&mut self) {
         self.pages = BuiltPages::Paths;
     }
@@ -373,7 +376,9 @@ impl SnapshotBuilder {
             ]);
         }
         match self.pages {
+            #[cfg(any(test, feature = "test-support"))]
             BuiltPages::None => {}
+            #[cfg(any(test, feature = "test-support"))]
             BuiltPages::Paths => kinds.extend([SectionKind::PathPages, SectionKind::PathPageIndex]),
             BuiltPages::Listing => {
                 kinds.extend([SectionKind::ListingPages, SectionKind::ListingPageIndex])
@@ -386,7 +391,9 @@ impl SnapshotBuilder {
     /// written only when needed, and readers of those versions ignore the newer ones).
     fn minor(&self) -> u16 {
         match self.pages {
+            #[cfg(any(test, feature = "test-support"))]
             BuiltPages::None => BLOCKS_MINOR,
+            #[cfg(any(test, feature = "test-support"))]
             BuiltPages::Paths => PAGES_MINOR,
             BuiltPages::Listing => LISTING_MINOR,
         }

@@ -299,7 +299,7 @@ fn small_with_attrs() -> Vec<u8> {
 #[test]
 fn attributes_and_directories_round_trip_as_format_1_2() {
     let snap = small_with_attrs();
-    crate::local::dump_fuzz_seed("snapshot", "format-1.2-attrs-dirs", &snap);
+    crate::testing::dump_fuzz_seed("snapshot", "format-1.2-attrs-dirs", &snap);
     let s = Snapshot::open(&snap[..]).unwrap();
     assert_eq!(s.version(), (1, 6));
     assert!(s.has_attrs());
@@ -495,8 +495,8 @@ fn queries<B: AsRef<[u8]>>(s: &Snapshot<B>) -> Vec<String> {
 #[test]
 fn a_paged_snapshot_reads_only_what_it_asks_for() {
     for (name, snap) in [("small", small().1), ("attrs-dirs", small_with_attrs())] {
-        crate::local::dump_fuzz_seed("paged_snapshot", &format!("format-1.6-{name}"), &snap);
-        crate::local::dump_fuzz_seed("snapshot", &format!("format-1.6-{name}"), &snap);
+        crate::testing::dump_fuzz_seed("paged_snapshot", &format!("format-1.6-{name}"), &snap);
+        crate::testing::dump_fuzz_seed("snapshot", &format!("format-1.6-{name}"), &snap);
         asks_only_for_what_it_reads(&snap, |s: &Snapshot<&[u8]>| queries(s));
     }
 }

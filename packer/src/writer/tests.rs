@@ -52,7 +52,7 @@ fn spill_records_round_trip_and_a_torn_tail_is_cut() {
     record(b"b/group", fields, b"abcde".to_vec(), b"cat")
         .write_to(&mut log)
         .unwrap();
-    granary_format::local::dump_fuzz_seed("spill_log", "two-records", &log);
+    granary_format::testing::dump_fuzz_seed("spill_log", "two-records", &log);
     assert_eq!(parse_log(&log), 2);
     // Cut anywhere inside the second record: the first survives alone.
     let first_len = 4 + RECORD_FIXED + 6 + 5 + 4;

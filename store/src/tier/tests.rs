@@ -23,7 +23,7 @@ fn hot_map_round_trip_and_damage() {
         },
     );
     let b = encode_hot_map(&m);
-    local::dump_fuzz_seed("hot_map", "two-chunks", &b);
+    granary_format::testing::dump_fuzz_seed("hot_map", "two-chunks", &b);
     assert_eq!(decode_hot_map(&b), Some(m));
     for i in 0..b.len() {
         let mut d = b.clone();
@@ -46,7 +46,7 @@ fn content_list_round_trip_and_damage() {
     m.insert(Key::Chunk(7), e(1 << 20, 12, 0.25));
     m.insert(Key::Hot(2), e(4096, 40, 1.5e-9));
     let b = encode_index(&m, 3);
-    local::dump_fuzz_seed("tier_index", "chunk-and-hot", &b);
+    granary_format::testing::dump_fuzz_seed("tier_index", "chunk-and-hot", &b);
     let (got, clock, next) = parse_index(&b).expect("intact list");
     assert_eq!((got.len(), clock, next), (2, 40, 3));
     assert_eq!(got[&Key::Hot(2)].score, 1.5e-9);
