@@ -3,7 +3,8 @@
 //! against every store it has): a local directory (as opened plainly and as tuned for each I/O
 //! mode), an object store on the S3 test server and the same objects over plain HTTP, the
 //! local tier over each (empty, so that every read falls through, and full), a peer's tier
-//! served by `granary serve`, and whole stacks built as readers build them.
+//! served by `granary serve`, whole stacks built as readers build them, and the metering layer
+//! over several of them (it must change nothing but what it counts).
 //!
 //! The checks ([`conforms`]): every chunk opens with its file's length and a location naming
 //! it; batched ranges in any order (whole file, first and last byte, ranges that overlap, a
@@ -197,6 +198,11 @@ fn tier(dir: &Path, f: &Fixture, full: bool) -> Arc<LocalTier> {
     t
 }
 
+/// `store` behind the metering layer, which must change nothing but what it counts.
+fn metered(store: Arc<dyn ChunkStore>) -> granary::Metered {
+    granary::Metered::new(store, Arc::new(granary::Meter::default()))
+}
+
 fn access(mode: IoMode) -> Access {
     let mut a = Access::positional();
     a.mode = mode;
@@ -212,6 +218,7 @@ fn local_stores_and_their_layers_conform() {
     let dir: Arc<dyn ChunkStore> = Arc::new(LocalDir::new(&f.ds));
     conforms("local", &*dir, &f);
     expect_from(&*dir, &f, BytesFrom::Origin);
+    conforms("meter over local", &metered(dir.clone()), &f);
     for mode in [IoMode::Auto, IoMode::Direct, IoMode::Buffered] {
         let stack = StoreStack::plain(&dir, access(mode));
         conforms(&format!("local tuned {mode:?}"), &**stack.store(), &f);
@@ -232,6 +239,16 @@ fn local_stores_and_their_layers_conform() {
     );
     conforms("full tier over local", &full, &f);
     expect_from(&full, &f, BytesFrom::Tier);
+    let full = Arc::new(full);
+    conforms("meter over a full tier", &metered(full.clone()), &f);
+    expect_from(&metered(full), &f, BytesFrom::Tier);
+    let over_meter = TierStore::new(
+        tier(&tmp.path().join("empty"), &f, false),
+        Arc::new(metered(dir.clone())),
+        f.table.clone(),
+        &access(IoMode::Buffered),
+    );
+    conforms("empty tier over a meter over local", &over_meter, &f);
     for mode in [IoMode::Auto, IoMode::Direct] {
         let stack = StoreStack::with_tier(
             &dir,
@@ -298,6 +315,7 @@ fn object_stores_and_a_tier_over_them_conform() {
     };
     conforms("s3", &**remote.store(), &g);
     expect_from(&**remote.store(), &g, BytesFrom::Origin);
+    conforms("meter over s3", &metered(remote.store().clone()), &g);
     let empty = TierStore::new(
         tier(&tmp.path().join("empty"), &g, false),
         remote.store().clone(),
@@ -386,6 +404,9 @@ fn a_peers_tier_conforms() {
         let layer = granary::PeerStore::new(peers(None), dir.clone(), f.table.clone());
         conforms("peers over local", &layer, &f);
         expect_from(&layer, &f, BytesFrom::Peer);
+        let layer: Arc<dyn ChunkStore> = Arc::new(layer);
+        conforms("meter over peers", &metered(layer.clone()), &f);
+        expect_from(&metered(layer), &f, BytesFrom::Peer);
         let stack = StoreStack::with_tier(
             &dir,
             f.table.clone(),

@@ -71,9 +71,9 @@ pub use granary_format::{Compression, FileAttrs, FileStat, FormatError, PathEntr
 pub use granary_store::{
     decode_hot_map, decode_tier_index, effective_memory, hot_file_name, resident_share, Access,
     BytesFrom, ChunkSource, ChunkStore, DatasetId, HotChunk, HotMap, HotRecord, IoMode, LocalDir,
-    LocalTier, Location, OpenCounters, OpenCounts, Opener, Ownership, PeerStats, PeerStore, Peers,
-    RangeRead, ReadPattern, RemoteKind, Source, StoreConfig, StoreError, StoreStack, TierPolicy,
-    TierStats, TierStore,
+    LocalTier, Location, Meter, MeterReading, Metered, OpenCounters, OpenCounts, Opener, Ownership,
+    PeerStats, PeerStore, Peers, RangeRead, ReadPattern, RemoteKind, Source, StoreConfig,
+    StoreError, StoreStack, TierPolicy, TierStats, TierStore,
 };
 pub use importance::{batch_weights, ImportanceScores, SharedScores};
 pub use pathfmt::{escape_path, unescape_path};

@@ -15,6 +15,7 @@ mod error;
 pub mod file;
 mod guard;
 pub mod local;
+pub mod meter;
 pub mod object;
 pub mod peers;
 mod seam;
@@ -28,6 +29,7 @@ pub use config::{open, Location, StoreConfig};
 pub use error::{RemoteKind, Result, StoreError};
 pub use granary_format::DatasetId;
 pub use local::{advise, effective_memory, resident_share, LocalDir, Opener};
+pub use meter::{Meter, MeterReading, Metered};
 pub use peers::{Ownership, PeerStats, PeerStore, Peers};
 pub use seam::{
     Access, BytesFrom, ChunkSource, ChunkStore, IoMode, OpenCounters, OpenCounts, RangeRead,
