@@ -9,6 +9,8 @@
 #   RUN=mount bash bench/juicefs.sh                # torchvision ImageFolder: raw vs granary mount
 #   RUN=mount ONLY="tier 100 %" bash bench/juicefs.sh   # only the rows naming this (and raw)
 #   JFS_MOUNT_OPTS="--max-readahead 0" RUN=mount ...    # JuiceFS without its client readahead
+#   RUN=mountread GRANARY_BIN=... bash bench/juicefs.sh   # every file once through `granary mount`
+#                                                           # (no tier, then a fresh tier), no torch
 #
 # On a real cluster, skip this script and point compare at the real mount instead:
 #   granary bench compare --raw /lustre/train --packed /lustre/train.granary --workers 8 --report out/
@@ -77,5 +79,38 @@ mount)
   "$PY" bench/python/mount_imagefolder.py --shared "$MNT" --granary "$G" --work "$WORK/local" \
     --report "$OUT" --workers "$WORKERS" --epochs "${EPOCHS:-3}" ${ONLY:+--only "$ONLY"}
   ;;
-*) echo "juicefs.sh: RUN must be compare or mount" >&2; exit 2 ;;
+mountread)
+  # Every file of the packed copy read once through `granary mount` in a shuffled order, one
+  # open/read/close each as ImageFolder does (WORKERS threads), caches dropped first: without a
+  # tier, then through a fresh tier that fetches each chunk on first touch. Files/s per run.
+  mkdir -p "$WORK/local/mnt"
+  for tier in none fresh; do
+    extra=()
+    if [ "$tier" = fresh ]; then
+      rm -rf "$WORK/local/tier"
+      extra=(--cache-dir "$WORK/local/tier" --cache-size 100GiB)
+    fi
+    sync
+    echo 3 >/proc/sys/vm/drop_caches 2>/dev/null || true
+    "$G" mount "$MNT/raw.granary" "$WORK/local/mnt" "${extra[@]}" --log "$WORK/local/mount.log"
+    python3 - "$WORK/local/mnt" "$WORKERS" "$tier" <<'PY' | tee -a "$OUT/mountread.txt"
+import os, random, sys, time
+from concurrent.futures import ThreadPoolExecutor
+root, workers, tier = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+files = sorted(os.path.join(d, f) for d, _, fs in os.walk(root) for f in fs)
+random.Random(0).shuffle(files)
+def read(p):
+    with open(p, "rb") as f:
+        return len(f.read())
+t0 = time.perf_counter()
+with ThreadPoolExecutor(workers) as ex:
+    total = sum(ex.map(read, files))
+dt = time.perf_counter() - t0
+print(f"mountread tier={tier}: {len(files)} files, {total / 1e6:.0f} MB in {dt:.2f} s: "
+      f"{len(files) / dt:.0f} files/s, {total / dt / 1e6:.0f} MB/s")
+PY
+    "$G" umount "$WORK/local/mnt"
+  done
+  ;;
+*) echo "juicefs.sh: RUN must be compare, mount or mountread" >&2; exit 2 ;;
 esac

@@ -27,7 +27,8 @@ if [[ ${GRANARY_PEERS_INNER:-} != 1 ]]; then
     echo "peers.sh: needs root (a network namespace and a tc class on its loopback)" >&2
     exit 1
   fi
-  cargo build --release --quiet
+  # GRANARY_BIN: a granary binary already built (to compare two); else a release build.
+  [ -n "${GRANARY_BIN:-}" ] || cargo build --release --quiet
   ns=granary-peers-$$
   ip netns add "$ns"
   trap 'ip netns del "$ns"' EXIT
@@ -36,7 +37,11 @@ if [[ ${GRANARY_PEERS_INNER:-} != 1 ]]; then
   exit
 fi
 
-G=$PWD/target/release/granary
+G=${GRANARY_BIN:-$PWD/target/release/granary}
+# The job's secret: every server demands it and every reader signs with it (granary serve
+# refuses to start without one).
+GRANARY_PEER_SECRET=$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')
+export GRANARY_PEER_SECRET
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/granary-peers.XXXXXX")
 cleanup() {
   bash scripts/s3-server.sh stop "$WORK/server" || true
