@@ -136,7 +136,7 @@ fn run_row(
         };
         let sampling = (importance && e > 0).then_some(&sm);
         let plan = EpochPlan::build_sampled(&shape, &o.plan, e, Shard::WHOLE, None, sampling)
-            .map_err(granary::ReadError::Invalid)?;
+            .map_err(granary::ReadError::invalid)?;
         if e > 0 {
             let drawn: std::collections::HashSet<u64> = plan.samples.iter().copied().collect();
             easiest_seen += easiest.iter().filter(|id| drawn.contains(id)).count() as f64

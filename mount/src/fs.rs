@@ -153,7 +153,7 @@ impl MountFs {
                         .ok_or_else(|| {
                             self.eio(
                                 "reading the fields",
-                                &granary::ReadError::Invalid(format!("sample {id} field {k}")),
+                                &granary::ReadError::invalid(format!("sample {id} field {k}")),
                             )
                         })?,
                 };
@@ -307,14 +307,14 @@ impl MountFs {
                             Some(k) => {
                                 let fields = ds.fields(id)?;
                                 let f = fields.get(k).ok_or_else(|| {
-                                    granary::ReadError::Invalid(format!(
+                                    granary::ReadError::invalid(format!(
                                         "sample {id} has no field {k}"
                                     ))
                                 })?;
                                 data.get(f.offset as usize..(f.offset + f.len) as usize)
                                     .map(<[u8]>::to_vec)
                                     .ok_or_else(|| {
-                                        granary::ReadError::Invalid(format!(
+                                        granary::ReadError::invalid(format!(
                                             "sample {id}: its bytes do not hold field {k}"
                                         ))
                                     })

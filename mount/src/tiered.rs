@@ -432,7 +432,7 @@ fn fetch_one(t: &Tier, r: &SampleReader, c: &Counters, chunk: u32) -> Result<boo
     let bytes = Arc::new(ds.load_chunk(chunk)?);
     add(&c.bytes_fetched, bytes.len() as u64);
     if bytes.len() as u64 != ce.file_size || crc32fast::hash(&bytes) != ce.file_crc {
-        return Err(ReadError::Invalid(format!(
+        return Err(ReadError::invalid(format!(
             "chunk {chunk} ({}): its whole-file CRC does not match the snapshot",
             ds.chunk_path(chunk).display()
         )));

@@ -122,7 +122,7 @@ pub struct Tree {
 }
 
 fn bad(detail: String) -> ReadError {
-    ReadError::Invalid(format!("cannot mount this dataset: {detail}"))
+    ReadError::invalid(format!("cannot mount this dataset: {detail}"))
 }
 
 /// Checks that `path` can be a path in a file system tree: relative, no empty, `.` or `..`
@@ -531,7 +531,7 @@ impl Tree {
                     let first = ds
                         .snapshot()
                         .field_first(id)
-                        .map_err(|e| ReadError::Invalid(e.to_string()))?;
+                        .map_err(|e| ReadError::invalid(e.to_string()))?;
                     k.map(|k| (Node::File(first + k as u64), None))
                 }
             },
@@ -552,7 +552,7 @@ impl Tree {
         let (id, k) = ds
             .snapshot()
             .field_owner(file)
-            .map_err(|e| ReadError::Invalid(e.to_string()))?;
+            .map_err(|e| ReadError::invalid(e.to_string()))?;
         Ok((id, Some(k)))
     }
 
@@ -616,7 +616,7 @@ impl Tree {
                 let first = ds
                     .snapshot()
                     .field_first(id)
-                    .map_err(|e| ReadError::Invalid(e.to_string()))?;
+                    .map_err(|e| ReadError::invalid(e.to_string()))?;
                 Ok(Some(Entry {
                     node: Node::File(first + j),
                     name: Cow::Owned(name),

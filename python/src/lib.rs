@@ -53,17 +53,18 @@ create_exception!(
 /// with errno when the system gave one) for system calls that failed.
 fn err(e: ReadError) -> PyErr {
     let msg = e.to_string();
+    use granary::StoreError as S;
     match e {
-        ReadError::Invalid(m) => PyValueError::new_err(m),
-        ReadError::Format { .. } | ReadError::Record(_) | ReadError::Mismatch { .. } => {
+        ReadError::Store(S::Invalid(m)) => PyValueError::new_err(m),
+        ReadError::Store(S::Format { .. } | S::Damaged { .. }) | ReadError::Record(_) => {
             DamagedError::new_err(msg)
         }
         ReadError::Incomplete(m) => IncompleteError::new_err(m),
-        ReadError::Io { source, .. } => match source.raw_os_error() {
+        ReadError::Store(S::Io { source, .. }) => match source.raw_os_error() {
             Some(errno) => GranaryError::new_err((errno, msg)),
             None => GranaryError::new_err(msg),
         },
-        ReadError::Remote { kind, .. } => match kind {
+        ReadError::Store(S::Remote { kind, .. }) => match kind {
             granary::RemoteKind::NotFound => GranaryError::new_err((libc_enoent(), msg)),
             _ => GranaryError::new_err(msg),
         },

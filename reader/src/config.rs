@@ -138,7 +138,7 @@ impl Default for ReaderConfig {
 impl ReaderConfig {
     /// Checks what does not need the dataset.
     pub fn check(&self) -> Result<()> {
-        let bad = |m: String| Err(ReadError::Invalid(m));
+        let bad = |m: String| Err(ReadError::invalid(m));
         if !(0.0..=1.0).contains(&self.plan.locality) {
             return bad(format!(
                 "locality must be in [0, 1], not {}",
@@ -264,7 +264,7 @@ impl Reader {
         };
         let table = match path {
             Some(p) => Some(Arc::new(ImportanceScores::load(&p).map_err(|e| {
-                ReadError::Invalid(format!("loading scores {}: {e}", p.display()))
+                ReadError::invalid(format!("loading scores {}: {e}", p.display()))
             })?)),
             None => None,
         };
@@ -278,7 +278,7 @@ impl Reader {
                 Some(Arc::new(ImportanceScores::new(self.ds.len(), 0.8)))
             }
             None if importance => {
-                return Err(ReadError::Invalid(
+                return Err(ReadError::invalid(
                     "importance sampling needs scores: a score table file (--scores FILE), or \
                      a tier (--cache-dir) whose score table report() from training has written"
                         .into(),

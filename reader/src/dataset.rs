@@ -438,7 +438,7 @@ impl Dataset {
         io: &crate::StreamOptions,
     ) -> Result<crate::EpochStream> {
         let p = crate::EpochPlan::build(&self.shape()?, plan, epoch, shard, resume)
-            .map_err(ReadError::Invalid)?;
+            .map_err(ReadError::invalid)?;
         crate::EpochStream::new(self.clone(), p, plan.mode, io)
     }
 
@@ -696,7 +696,7 @@ impl Dataset {
                 data.get(f.offset as usize..(f.offset + f.len) as usize)
                     .map(|d| (f.name, d))
                     .ok_or_else(|| {
-                        ReadError::Invalid(format!(
+                        ReadError::invalid(format!(
                             "sample {id}: {} bytes do not hold its fields",
                             data.len()
                         ))
@@ -711,7 +711,7 @@ impl Dataset {
     /// an error.
     pub fn read_fields(&self, id: u64, names: Option<&[&[u8]]>) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
         if !self.has_fields() {
-            return Err(ReadError::Invalid(format!(
+            return Err(ReadError::invalid(format!(
                 "{}: the samples have no named fields",
                 self.location()
             )));
@@ -869,7 +869,7 @@ impl Dataset {
         let e = &info.entry;
         let stored = chunk
             .get(e.offset as usize..(e.offset + e.stored_len) as usize)
-            .ok_or_else(|| ReadError::Invalid(format!("sample {id}: chunk bytes too short")))?;
+            .ok_or_else(|| ReadError::invalid(format!("sample {id}: chunk bytes too short")))?;
         decode_record(e, stored).map_err(|err| self.record_error(&info, err))
     }
 }
@@ -885,13 +885,13 @@ pub fn ownership(
     capacities: &[u64],
 ) -> Result<granary_store::Ownership> {
     if nodes == 0 || world == 0 || !world.is_multiple_of(nodes) {
-        return Err(ReadError::Invalid(format!(
+        return Err(ReadError::invalid(format!(
             "{world} ranks cannot be spread evenly over {nodes} nodes: the world size must \
              be a multiple of the node count"
         )));
     }
     if capacities.len() != nodes as usize {
-        return Err(ReadError::Invalid(format!(
+        return Err(ReadError::invalid(format!(
             "{} tier capacities for {nodes} nodes",
             capacities.len()
         )));

@@ -47,7 +47,7 @@ impl EpochSetup {
     pub fn check(&self, ds: &Dataset) -> Result<()> {
         if let Some(s) = &self.stream.scores {
             if s.len() != ds.len() {
-                return Err(ReadError::Invalid(format!(
+                return Err(ReadError::invalid(format!(
                     "the score table has {} samples, the dataset {}",
                     s.len(),
                     ds.len()
@@ -56,14 +56,14 @@ impl EpochSetup {
         }
         if let Some(sm) = &self.sampling {
             if self.stream.scores.is_none() {
-                return Err(ReadError::Invalid(
+                return Err(ReadError::invalid(
                     "importance sampling needs a score table (written by report() from \
                      training, or ImportanceScores::save)"
                         .into(),
                 ));
             }
             if !(0.0..1.0).contains(&sm.alpha) {
-                return Err(ReadError::Invalid(format!(
+                return Err(ReadError::invalid(format!(
                     "alpha {} is not in [0, 1)",
                     sm.alpha
                 )));
@@ -101,7 +101,7 @@ impl EpochSetup {
             cache_boost: sm.cache_boost,
         });
         EpochPlan::build_sampled(&shape, &o, epoch, shard, resume, sm.as_ref())
-            .map_err(ReadError::Invalid)
+            .map_err(ReadError::invalid)
     }
 
     /// The stream of `shard`'s share of epoch `epoch`.

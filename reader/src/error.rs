@@ -1,74 +1,50 @@
 use std::path::PathBuf;
 
 use granary_format::FormatError;
-use granary_store::{RemoteKind, StoreError};
+use granary_store::StoreError;
 
 /// Result alias of the reader.
 pub type Result<T> = std::result::Result<T, ReadError>;
 
-/// Errors of the reader; each says which file, and where in it, was being read.
+/// Errors of the reader: what the store stack reported (local I/O, bytes that are not granary
+/// format or not what the snapshot says, object store requests, arguments or settings that
+/// cannot work), wrapped as it is; a damaged record, named by file, chunk, offset and sample;
+/// an epoch that stopped before its end.
 #[derive(Debug, thiserror::Error)]
 pub enum ReadError {
-    /// A system call failed.
-    #[error("{op} {}: {source}", path.display())]
-    Io {
-        op: &'static str,
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    /// A file's bytes are not valid granary format.
-    #[error("{}: {source}", path.display())]
-    Format {
-        path: PathBuf,
-        #[source]
-        source: FormatError,
-    },
-    /// A record is damaged: its bytes are not returned.
+    /// What the store stack (or the reader, in the store's terms) reported.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// A record whose bytes fail their checks.
     #[error(transparent)]
     Record(Box<RecordError>),
-    /// A file is not what the snapshot says: another dataset's chunk, another chunk id,
-    /// another size, or it changed while being read.
-    #[error("{}: {detail}", path.display())]
-    Mismatch { path: PathBuf, detail: String },
-    /// A reader thread failed or stopped: the epoch (or the batch) is incomplete.
+    /// A stream that ended before delivering every sample of its share (a reader thread that
+    /// died, a consumer that stopped): never a short epoch that looks complete.
     #[error("{0}")]
     Incomplete(String),
-    /// An object store request failed (after the client's retries).
-    #[error("{op} {url}: {detail}")]
-    Remote {
-        op: &'static str,
-        url: String,
-        detail: String,
-        /// Missing, refused, failing after retries, or other.
-        kind: RemoteKind,
-    },
-    /// An argument or option that is not possible as asked (out of range, inconsistent).
-    #[error("{0}")]
-    Invalid(String),
 }
 
 impl ReadError {
     pub(crate) fn io(op: &'static str, path: impl Into<PathBuf>, source: std::io::Error) -> Self {
-        ReadError::Io {
-            op,
-            path: path.into(),
-            source,
-        }
+        ReadError::Store(StoreError::io(op, path, source))
     }
 
     pub(crate) fn mismatch(path: impl Into<PathBuf>, detail: impl Into<String>) -> Self {
-        ReadError::Mismatch {
-            path: path.into(),
-            detail: detail.into(),
-        }
+        ReadError::Store(StoreError::damaged(path, detail))
     }
 
     pub(crate) fn format(path: impl Into<PathBuf>, source: FormatError) -> Self {
-        ReadError::Format {
-            path: path.into(),
-            source,
-        }
+        ReadError::Store(StoreError::format(path, source))
+    }
+
+    /// An argument or setting that cannot work as given.
+    pub fn invalid(message: String) -> Self {
+        ReadError::Store(StoreError::Invalid(message))
+    }
+
+    /// True for an argument or setting that cannot work as given.
+    pub fn is_invalid(&self) -> bool {
+        matches!(self, ReadError::Store(StoreError::Invalid(_)))
     }
 }
 
@@ -83,26 +59,4 @@ pub struct RecordError {
     pub sample_path: String,
     #[source]
     pub source: FormatError,
-}
-
-impl From<StoreError> for ReadError {
-    fn from(e: StoreError) -> Self {
-        match e {
-            StoreError::Io { op, path, source } => ReadError::Io { op, path, source },
-            StoreError::Format { path, source } => ReadError::Format { path, source },
-            StoreError::Damaged { path, detail } => ReadError::Mismatch { path, detail },
-            StoreError::Remote {
-                op,
-                url,
-                detail,
-                kind,
-            } => ReadError::Remote {
-                op,
-                url,
-                detail,
-                kind,
-            },
-            StoreError::Invalid(s) => ReadError::Invalid(s),
-        }
-    }
 }

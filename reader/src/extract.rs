@@ -130,7 +130,7 @@ const RESTORED_MODE: u32 = 0o1777;
 fn restore_dir(root: &Path, rel: &[u8], attrs: Option<granary_format::FileAttrs>) -> Result<()> {
     use std::os::unix::fs::PermissionsExt;
     granary_format::check_relative_path(rel).map_err(|why| {
-        ReadError::Invalid(format!("refusing unsafe path {}: {why}", escape_path(rel)))
+        ReadError::invalid(format!("refusing unsafe path {}: {why}", escape_path(rel)))
     })?;
     let mut dir = root.to_path_buf();
     for comp in rel.split(|&b| b == b'/') {
@@ -157,7 +157,7 @@ fn selected(ds: &Dataset, prefix: &[u8]) -> Result<Vec<u64>> {
     }
     let snap = ds.snapshot();
     let damaged = |pos: u64, id: u64| {
-        ReadError::Invalid(format!(
+        ReadError::invalid(format!(
             "{}: the snapshot's path order is damaged at position {pos} (sample {id}); nothing was extracted: run `granary verify`, then `granary reindex`",
             ds.snapshot_path().display()
         ))
@@ -191,7 +191,7 @@ fn write_new(
     attrs: Option<granary_format::FileAttrs>,
 ) -> Result<()> {
     granary_format::check_relative_path(rel).map_err(|why| {
-        ReadError::Invalid(format!("refusing unsafe path {}: {why}", escape_path(rel)))
+        ReadError::invalid(format!("refusing unsafe path {}: {why}", escape_path(rel)))
     })?;
     let comps: Vec<&[u8]> = rel.split(|&b| b == b'/').collect();
     let mut dir = root.to_path_buf();
@@ -230,13 +230,13 @@ fn ensure_real_dir(dir: &Path) -> Result<()> {
         match std::fs::symlink_metadata(dir) {
             Ok(m) if m.is_dir() => return Ok(()),
             Ok(m) if m.file_type().is_symlink() => {
-                return Err(ReadError::Invalid(format!(
+                return Err(ReadError::invalid(format!(
                     "refusing to extract through symbolic link {}",
                     dir.display()
                 )))
             }
             Ok(_) => {
-                return Err(ReadError::Invalid(format!(
+                return Err(ReadError::invalid(format!(
                     "{} exists and is not a directory",
                     dir.display()
                 )))
@@ -251,7 +251,7 @@ fn ensure_real_dir(dir: &Path) -> Result<()> {
             Err(e) => return Err(ReadError::io("inspecting", dir, e)),
         }
     }
-    Err(ReadError::Invalid(format!(
+    Err(ReadError::invalid(format!(
         "{} keeps changing",
         dir.display()
     )))

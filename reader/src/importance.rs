@@ -19,19 +19,19 @@ use granary_format::local::SCORE_TABLE;
 /// loss that is not finite.
 pub fn batch_weights(n: u64, ids: &[u64], losses: &[f32]) -> Result<Vec<(u64, f32)>> {
     if ids.len() != losses.len() {
-        return Err(ReadError::Invalid(format!(
+        return Err(ReadError::invalid(format!(
             "{} ids but {} losses",
             ids.len(),
             losses.len()
         )));
     }
     if let Some(id) = ids.iter().find(|&&id| id >= n) {
-        return Err(ReadError::Invalid(format!(
+        return Err(ReadError::invalid(format!(
             "sample id {id} out of range ({n} samples)"
         )));
     }
     if losses.iter().any(|l| !l.is_finite()) {
-        return Err(ReadError::Invalid("a loss is not finite".into()));
+        return Err(ReadError::invalid("a loss is not finite".into()));
     }
     let mut order: Vec<usize> = (0..ids.len()).collect();
     order.sort_by(|&a, &b| losses[a].total_cmp(&losses[b]));
@@ -153,7 +153,7 @@ impl ImportanceScores {
     pub fn load(path: &Path) -> Result<Self> {
         let b = std::fs::read(path).map_err(|e| ReadError::io("reading", path, e))?;
         Self::decode(&b).map_err(|why| {
-            ReadError::Invalid(format!("{}: not a score table ({why})", path.display()))
+            ReadError::invalid(format!("{}: not a score table ({why})", path.display()))
         })
     }
 

@@ -99,7 +99,7 @@ impl SampleReader {
         let chunk = info.entry.chunk;
         let f = self.source(chunk)?;
         match self.read_from(&f, info, out) {
-            Err(e) if f.bytes_from() == BytesFrom::Tier && !matches!(e, ReadError::Invalid(_)) => {
+            Err(e) if f.bytes_from() == BytesFrom::Tier && !e.is_invalid() => {
                 self.drop_copy(chunk, &e);
                 let f = self.source(chunk)?;
                 self.read_from(&f, info, out)
@@ -122,7 +122,7 @@ impl SampleReader {
         self.ds.check_placement(info)?;
         let e = &info.entry;
         if out.len() as u64 != e.orig_len {
-            return Err(ReadError::Invalid(format!(
+            return Err(ReadError::invalid(format!(
                 "sample {}: buffer of {} bytes for {} bytes",
                 info.id,
                 out.len(),

@@ -144,7 +144,7 @@ impl Sample {
     pub fn cut_error(&self) -> ReadError {
         match &self.data {
             SampleData::Shared(buf, ..) => cut_under_map(self.id, buf),
-            SampleData::Owned(_) => ReadError::Invalid(format!("sample {} is intact", self.id)),
+            SampleData::Owned(_) => ReadError::invalid(format!("sample {} is intact", self.id)),
         }
     }
 }
@@ -648,7 +648,7 @@ fn decode_window(ds: &Dataset, prep: Prepared, bufs: Vec<Arc<Completed>>) -> Vec
                 .data()
                 .get(at as usize..(at + e.stored_len) as usize)
                 .ok_or_else(|| {
-                    ReadError::Invalid(format!("sample {}: read buffer too short", ids[i]))
+                    ReadError::invalid(format!("sample {}: read buffer too short", ids[i]))
                 })?;
             let data = match decode_record(e, stored) {
                 Ok(std::borrow::Cow::Borrowed(_)) => {

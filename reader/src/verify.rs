@@ -6,7 +6,7 @@ use granary_format::{check_chunk, parse_chunk_file_name};
 use rayon::prelude::*;
 use serde_json::json;
 
-use granary_store::StoreConfig;
+use granary_store::{StoreConfig, StoreError};
 
 use crate::{escape_path, Dataset, ReadError, RemoteKind};
 
@@ -75,13 +75,13 @@ const STRUCTURE_LIMIT: usize = 1000;
 /// missing from a dataset that is there is damage.
 fn cannot_look(e: &ReadError, whole: bool) -> bool {
     match e {
-        ReadError::Remote { kind, .. } => whole || *kind != RemoteKind::NotFound,
-        ReadError::Io { source, .. } => match source.kind() {
+        ReadError::Store(StoreError::Remote { kind, .. }) => whole || *kind != RemoteKind::NotFound,
+        ReadError::Store(StoreError::Io { source, .. }) => match source.kind() {
             std::io::ErrorKind::PermissionDenied => true,
             std::io::ErrorKind::NotFound => whole,
             _ => false,
         },
-        ReadError::Invalid(_) => whole,
+        ReadError::Store(StoreError::Invalid(_)) => whole,
         _ => false,
     }
 }

@@ -49,9 +49,10 @@ fn reads_are_never_wrong(ds_path: &Path, files: &HashMap<Vec<u8>, Vec<u8>>) -> u
                 assert!(
                     matches!(
                         e,
-                        ReadError::Format { .. }
-                            | ReadError::Record(_)
-                            | ReadError::Mismatch { .. }
+                        ReadError::Store(
+                            granary::StoreError::Format { .. }
+                                | granary::StoreError::Damaged { .. }
+                        ) | ReadError::Record(_)
                     ),
                     "sample {id}: {e:?} is not reported as damage"
                 );

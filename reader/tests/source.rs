@@ -267,7 +267,10 @@ fn damage_in_a_store_is_an_error_naming_the_chunk_never_wrong_bytes() {
         .unwrap()
         .find_map(|x| x.err())
         .expect("a truncated chunk was served");
-    assert!(matches!(err, ReadError::Mismatch { .. }), "{err}");
+    assert!(
+        matches!(err, ReadError::Store(granary::StoreError::Damaged { .. })),
+        "{err}"
+    );
     assert!(mem.read(first).is_err());
 
     // A chunk missing from the store.

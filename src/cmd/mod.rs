@@ -55,7 +55,9 @@ pub fn open_dataset(path: &Path) -> anyhow::Result<granary::Dataset> {
         // Damage is what verify and reindex help with; an object store that cannot be reached
         // or a wrong argument is not.
         let hint = match &e {
-            granary::ReadError::Format { .. } | granary::ReadError::Mismatch { .. } => {
+            granary::ReadError::Store(
+                granary::StoreError::Format { .. } | granary::StoreError::Damaged { .. },
+            ) => {
                 " (run `granary verify` for a full report, `granary reindex` to rebuild a damaged snapshot)"
             }
             _ => "",
