@@ -35,9 +35,8 @@ pub(crate) enum PyLabel {
 /// An object store `out` (and its staging directory) as the writer's destination.
 fn set_destination(o: &mut WriterOptions, out: &str, staging: Option<PathBuf>) -> PyResult<()> {
     o.store = crate::store_config()?;
-    if let Some((u, staging)) =
-        granary::remote::write_destination(out, staging.as_deref(), &o.store)
-            .map_err(PyValueError::new_err)?
+    if let Some((u, staging)) = granary::write_destination(out, staging.as_deref(), &o.store)
+        .map_err(PyValueError::new_err)?
     {
         o.staging = Some(staging);
         o.destination = Some(u);

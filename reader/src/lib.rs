@@ -69,11 +69,11 @@ pub use error::{ReadError, RecordError, Result};
 pub use extract::{extract, ExtractOptions, ExtractSummary};
 pub use granary_format::{Compression, FileAttrs, FileStat, FormatError, PathEntry, NO_LABEL};
 pub use granary_store::{
-    decode_hot_map, decode_tier_index, effective_memory, hot_file_name, resident_share, Access,
-    BytesFrom, ChunkSource, ChunkStore, DatasetId, HotChunk, HotMap, HotRecord, IoMode, LocalDir,
-    LocalTier, Location, Meter, MeterReading, Metered, OpenCounters, OpenCounts, Opener, Ownership,
-    PeerStats, PeerStore, Peers, RangeRead, ReadPattern, RemoteKind, Source, StoreConfig,
-    StoreError, StoreStack, TierPolicy, TierStats, TierStore,
+    decode_hot_map, decode_tier_index, effective_memory, hot_file_name, resident_share,
+    write_destination, Access, BytesFrom, ChunkSource, ChunkStore, DatasetId, HotChunk, HotMap,
+    HotRecord, IoMode, LocalDir, LocalTier, Location, Meter, MeterReading, Metered, OpenCounters,
+    OpenCounts, Opener, Ownership, PeerStats, PeerStore, Peers, RangeRead, ReadPattern, RemoteKind,
+    Source, StoreConfig, StoreError, StoreStack, TierPolicy, TierStats, TierStore,
 };
 pub use importance::{batch_weights, ImportanceScores, SharedScores};
 pub use pathfmt::{escape_path, unescape_path};

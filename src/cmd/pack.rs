@@ -422,9 +422,8 @@ pub(crate) fn writer_destination(
     out: &std::path::Path,
     staging: Option<&std::path::Path>,
 ) -> anyhow::Result<()> {
-    let dest =
-        granary::remote::write_destination(&out.to_string_lossy(), staging, super::store_config())
-            .map_err(anyhow::Error::msg)?;
+    let dest = granary::write_destination(&out.to_string_lossy(), staging, super::store_config())
+        .map_err(anyhow::Error::msg)?;
     o.store = super::store_config().clone();
     if let Some((u, staging)) = dest {
         abort_uploads_on_signal(&staging)?;
@@ -439,7 +438,7 @@ pub(crate) fn writer_destination(
 fn destination(
     a: &Args,
 ) -> anyhow::Result<Option<(std::sync::Arc<granary::remote::ObjectUrl>, PathBuf)>> {
-    granary::remote::write_destination(
+    granary::write_destination(
         &a.out.to_string_lossy(),
         a.staging.as_deref(),
         super::store_config(),

@@ -1,16 +1,15 @@
-//! One store configuration, and the one factory that turns a path or a URL into a location.
+//! One store configuration.
 //!
 //! A front end (the CLI, the Python module, a benchmark) resolves a [`StoreConfig`] once: the
 //! defaults, then the `GRANARY_*` environment variables ([`StoreConfig::from_env`]), then its
 //! own flags or keywords. Nothing below reads the environment for these settings; everything
-//! that opens a location takes the configuration ([`open`]). The object store clients still
+//! that opens a location takes the configuration ([`crate::open`]). The object store clients still
 //! take their credentials and endpoints from the variables their users set (`AWS_*`,
 //! `GOOGLE_*`, `AZURE_*`), as the `object_store` crate documents.
 
-use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::path::PathBuf;
+use std::time::Duration;
 
-use crate::object::{cache_home, is_url, looks_like_url, ObjectUrl, Timeouts};
 use crate::{Result, StoreError};
 
 /// Environment variables [`StoreConfig::from_env`] reads (seconds, decimals allowed).
@@ -86,7 +85,7 @@ impl StoreConfig {
             (RETRY_TIMEOUT_ENV, &mut c.timeouts.retry),
         ] {
             if let Some(v) = text(k) {
-                *slot = crate::object::parse_seconds(&v).map_err(|why| bad(k, &v, &why))?;
+                *slot = parse_seconds(&v).map_err(|why| bad(k, &v, &why))?;
             }
         }
         if let Some(d) = var(SNAPSHOT_CACHE_ENV) {
@@ -114,47 +113,75 @@ impl StoreConfig {
     }
 }
 
-/// Where a dataset (or a file of one) is: a local path, or a prefix in an object store.
-#[derive(Clone, Debug)]
-pub enum Location {
-    /// A local path (a directory, or a file in one).
-    Local(PathBuf),
-    /// A prefix in an object store, with its client configured.
-    Object(Arc<ObjectUrl>),
+/// The longest pause between two attempts of one request (the client's backoff doubles from
+/// 100 ms up to this).
+pub(crate) const MAX_BACKOFF: Duration = Duration::from_secs(15);
+
+/// How long granary waits on an object store. A request that cannot connect within `connect`,
+/// or that receives no byte for `request` (waiting for the answer or within its body), fails
+/// and is retried with backoff until `retry` has passed since its first attempt; then the
+/// operation fails with an error naming the URL. A store that accepts connections and never
+/// answers therefore fails an operation within [`Timeouts::bound`]. A slow transfer that keeps
+/// making progress is never cut off.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Timeouts {
+    /// Establishing a connection.
+    pub connect: Duration,
+    /// No byte received for this long (the answer, or the next part of its body).
+    pub request: Duration,
+    /// Retrying a failed request, counted from its first attempt.
+    pub retry: Duration,
 }
 
-impl Location {
-    /// The object store prefix, if this is one.
-    pub fn object(&self) -> Option<&Arc<ObjectUrl>> {
-        match self {
-            Location::Object(u) => Some(u),
-            Location::Local(_) => None,
+impl Default for Timeouts {
+    /// 10 s to connect, 60 s without progress, 120 s of retries: long enough that a user on a
+    /// slow or busy link does not hit them, short enough that a dead endpoint is an error
+    /// within a few minutes rather than a hang.
+    fn default() -> Self {
+        Timeouts {
+            connect: Duration::from_secs(10),
+            request: Duration::from_secs(60),
+            retry: Duration::from_secs(120),
         }
     }
 }
 
-/// Turns `location` into a [`Location`]: a URL with a known scheme (`s3://`, `gs://`, `az://`,
-/// `http(s)://`) is an object store prefix configured by `cfg`; anything else is a local path,
-/// but a string of the form `scheme://...` with an unknown scheme, which is an error unless a
-/// local file of that name exists (write it `./name` to be sure). The one place that tells
-/// URLs from paths.
-pub fn open(location: &Path, cfg: &StoreConfig) -> Result<Location> {
-    if let Some(url) = location.to_str().filter(|s| is_url(s)) {
-        return Ok(Location::Object(Arc::new(ObjectUrl::open(url, cfg)?)));
+impl Timeouts {
+    /// The longest one operation waits on a store that never answers: the retry window, one
+    /// more attempt begun just before it closed, and one backoff pause.
+    pub fn bound(&self) -> Duration {
+        self.retry + self.request.max(self.connect) + MAX_BACKOFF.min(self.retry)
     }
-    if let Some(url) = location.to_str().filter(|s| looks_like_url(s)) {
-        if !location.exists() {
-            // An unknown scheme: say so rather than "no such file".
-            ObjectUrl::open(url, cfg)?;
-        }
+}
+
+/// A duration given as seconds ("10", "2.5"), positive and at most a day.
+pub fn parse_seconds(s: &str) -> std::result::Result<Duration, String> {
+    let secs: f64 = s
+        .trim()
+        .trim_end_matches('s')
+        .parse()
+        .map_err(|_| "not a number of seconds".to_string())?;
+    if !(secs > 0.0 && secs <= 86_400.0) {
+        return Err("must be more than 0 and at most 86400 seconds".into());
     }
-    Ok(Location::Local(location.to_path_buf()))
+    Ok(Duration::from_secs_f64(secs))
+}
+
+/// granary's local cache directory: `$XDG_CACHE_HOME/granary`, else `~/.cache/granary`.
+pub fn cache_home() -> PathBuf {
+    std::env::var_os("XDG_CACHE_HOME")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+        .unwrap_or_else(std::env::temp_dir)
+        .join("granary")
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::collections::HashMap;
+    use std::path::Path;
     use std::time::Duration;
 
     fn vars(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<std::ffi::OsString> {
@@ -196,20 +223,5 @@ mod tests {
                 .to_string();
             assert!(e.contains(k), "{e}");
         }
-    }
-
-    #[test]
-    fn open_tells_urls_from_paths() {
-        let cfg = StoreConfig::default();
-        let u = open(Path::new("s3://bucket/ds"), &cfg).unwrap();
-        assert_eq!(u.object().unwrap().url(), "s3://bucket/ds");
-        assert!(matches!(
-            open(Path::new("data/ds"), &cfg).unwrap(),
-            Location::Local(_)
-        ));
-        let e = open(Path::new("ftp://host/ds"), &cfg)
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("unknown scheme"), "{e}");
     }
 }

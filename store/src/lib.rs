@@ -15,6 +15,7 @@ mod error;
 pub mod file;
 mod guard;
 pub mod local;
+mod location;
 pub mod meter;
 pub mod object;
 pub mod peers;
@@ -25,10 +26,11 @@ mod stack;
 pub mod tier;
 pub mod write;
 
-pub use config::{open, Location, StoreConfig};
+pub use config::StoreConfig;
 pub use error::{RemoteKind, Result, StoreError};
 pub use granary_format::DatasetId;
 pub use local::{advise, effective_memory, resident_share, LocalDir, Opener};
+pub use location::{open, write_destination, Location};
 pub use meter::{Meter, MeterReading, Metered};
 pub use peers::{Ownership, PeerStats, PeerStore, Peers};
 pub use seam::{

@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use object_store::ObjectStore;
 
-use super::timeouts::MAX_BACKOFF;
 use super::ObjectUrl;
+use crate::config::MAX_BACKOFF;
 use crate::{Result, StoreError};
 
 /// Connects clients whose every request carries the job's proof (`crate::auth`).

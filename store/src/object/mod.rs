@@ -25,13 +25,13 @@ mod timeouts;
 mod uploads;
 mod url;
 
+pub use crate::config::{cache_home, parse_seconds, Timeouts};
 pub use chunks::ObjectChunks;
 pub use errors::remote_error;
 pub(crate) use ops::Sized;
-pub use paths::{cache_home, staging_dir, write_destination};
+pub use paths::staging_dir;
 pub use runtime::block_on;
 pub use snapcache::{fetch_snapshot, snapshot_head};
-pub use timeouts::{parse_seconds, Timeouts};
 pub use uploads::{abort_open_uploads, OpenUploadInfo};
 pub use url::{is_url, is_url_path, looks_like_url, ObjectUrl};
 

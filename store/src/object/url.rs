@@ -9,8 +9,9 @@ use object_store::path::Path as ObjPath;
 
 use super::client::Clients;
 use super::runtime::block_on;
-use super::timeouts::{watched, Timeouts};
+use super::timeouts::watched;
 use super::SCHEMES;
+use crate::config::Timeouts;
 use crate::{Result, StoreConfig, StoreError};
 
 /// True if `s` is a URL granary reads through an object store (`scheme://...` with a known
