@@ -104,12 +104,12 @@ class Writer:
                 self._bar = None
         self.out = out
         self.summary = None
-        self._w = _native.Writer(
-            out, shard=shard, classes=classes, compress=compress, chunk_size=int(chunk_size),
+        self._w = _native.Writer(out, dict(
+            shard=shard, classes=classes, compress=compress, chunk_size=int(chunk_size),
             chunk_files=int(chunk_files), seed=int(seed), buckets=int(buckets),
             gather_memory=int(gather_memory), memory=None if memory is None else int(memory),
             threads=threads, resume=bool(resume),
-            force=bool(force), progress=bool(progress), staging=staging)
+            force=bool(force), progress=bool(progress), staging=staging))
         for w in self._w.warnings:
             print(f"granary: {w}", file=sys.stderr)
 
@@ -200,6 +200,6 @@ def from_webdataset(shards, out, *, compress="auto", chunk_size=32 << 20, seed=0
     shards = [str(s) for s in shards]
     if progress is None:
         progress = sys.stderr.isatty()
-    return json.loads(_native.import_webdataset(
-        shards, str(out), compress=compress, chunk_size=int(chunk_size), seed=int(seed),
-        resume=bool(resume), force=bool(force), progress=bool(progress), staging=staging))
+    return json.loads(_native.import_webdataset(shards, str(out), dict(
+        compress=compress, chunk_size=int(chunk_size), seed=int(seed),
+        resume=bool(resume), force=bool(force), progress=bool(progress), staging=staging)))

@@ -58,57 +58,94 @@ pub(crate) struct Writer {
     inner: Option<RsWriter>,
 }
 
+/// The writer's options as `granary.Writer` passes them (every key present; `None` for
+/// what the caller left to the default).
+#[derive(FromPyObject)]
+#[pyo3(from_item_all)]
+pub(crate) struct WriterKeywords {
+    shard: Option<(u32, u32)>,
+    classes: Option<Vec<Vec<u8>>>,
+    compress: String,
+    chunk_size: u64,
+    chunk_files: u64,
+    seed: u64,
+    buckets: u32,
+    gather_memory: u64,
+    memory: Option<u64>,
+    threads: Option<usize>,
+    resume: bool,
+    force: bool,
+    progress: bool,
+    staging: Option<PathBuf>,
+}
+
+impl WriterKeywords {
+    /// The writer's options for `out` (its destination is set apart, with the staging).
+    fn into_options(self, out: &str) -> PyResult<WriterOptions> {
+        let mut o = WriterOptions::new(out);
+        if let Some((i, n)) = self.shard {
+            o.shard = Some(ShardSpec::parse(&format!("{i}/{n}")).map_err(PyValueError::new_err)?);
+        }
+        o.classes = self.classes;
+        o.compress =
+            granary_packer::CompressMode::parse(&self.compress).map_err(PyValueError::new_err)?;
+        o.chunk_size = self.chunk_size;
+        o.chunk_files = self.chunk_files;
+        o.seed = self.seed;
+        o.buckets = self.buckets;
+        o.gather_memory = self.gather_memory;
+        if let Some(m) = self.memory {
+            o.memory = m;
+        }
+        if let Some(t) = self.threads {
+            o.threads = t.max(1);
+        }
+        o.resume = self.resume;
+        o.force = self.force;
+        o.progress = self.progress;
+        Ok(o)
+    }
+}
+
+/// `import_webdataset`'s options as `granary.import_webdataset` passes them.
+#[derive(FromPyObject)]
+#[pyo3(from_item_all)]
+pub(crate) struct ImportKeywords {
+    compress: String,
+    chunk_size: u64,
+    seed: u64,
+    resume: bool,
+    force: bool,
+    progress: bool,
+    staging: Option<PathBuf>,
+}
+
+impl ImportKeywords {
+    fn into_options(self, out: &str) -> PyResult<WriterOptions> {
+        let mut o = WriterOptions::new(out);
+        o.compress =
+            granary_packer::CompressMode::parse(&self.compress).map_err(PyValueError::new_err)?;
+        o.chunk_size = self.chunk_size;
+        o.seed = self.seed;
+        o.resume = self.resume;
+        o.force = self.force;
+        o.progress = self.progress;
+        Ok(o)
+    }
+}
+
 fn closed() -> PyErr {
     PyValueError::new_err("the writer is closed")
 }
 
 #[pymethods]
 impl Writer {
+    /// `Writer(out, options)`: `options` is the dict `granary.Writer` builds from its keyword
+    /// arguments (the public signature, with Python's own argument errors, lives there).
     #[new]
-    #[pyo3(signature = (out, *, shard=None, classes=None, compress="auto", chunk_size=32 << 20,
-        chunk_files=granary_packer::DEFAULT_CHUNK_FILES, seed=0, buckets=granary_packer::DEFAULT_BUCKETS,
-        gather_memory=granary_packer::DEFAULT_GATHER_MEMORY, memory=None, threads=None, resume=false,
-        force=false, progress=false, staging=None))]
-    #[allow(clippy::too_many_arguments)]
-    fn new(
-        py: Python<'_>,
-        out: String,
-        shard: Option<(u32, u32)>,
-        classes: Option<Vec<Vec<u8>>>,
-        compress: &str,
-        chunk_size: u64,
-        chunk_files: u64,
-        seed: u64,
-        buckets: u32,
-        gather_memory: u64,
-        memory: Option<u64>,
-        threads: Option<usize>,
-        resume: bool,
-        force: bool,
-        progress: bool,
-        staging: Option<PathBuf>,
-    ) -> PyResult<Self> {
-        let mut o = WriterOptions::new(&out);
-        if let Some((i, n)) = shard {
-            o.shard = Some(ShardSpec::parse(&format!("{i}/{n}")).map_err(PyValueError::new_err)?);
-        }
-        o.classes = classes;
-        o.compress =
-            granary_packer::CompressMode::parse(compress).map_err(PyValueError::new_err)?;
-        o.chunk_size = chunk_size;
-        o.chunk_files = chunk_files;
-        o.seed = seed;
-        o.buckets = buckets;
-        o.gather_memory = gather_memory;
-        if let Some(m) = memory {
-            o.memory = m;
-        }
-        if let Some(t) = threads {
-            o.threads = t.max(1);
-        }
-        o.resume = resume;
-        o.force = force;
-        o.progress = progress;
+    fn new(py: Python<'_>, out: String, options: WriterKeywords) -> PyResult<Self> {
+        let staging = options.staging.clone();
+        let mut o = options.into_options(&out)?;
         set_destination(&mut o, &out, staging)?;
         let w = py.detach(|| RsWriter::create(o)).map_err(pack_err)?;
         Ok(Writer { inner: Some(w) })
@@ -209,28 +246,14 @@ pub(crate) fn merge(py: Python<'_>, out: PathBuf) -> PyResult<String> {
 /// Imports WebDataset tar shards (paths or URLs, brace patterns allowed) into a dataset at
 /// `out`, as `granary pack --from webdataset` does; returns the summary as JSON text.
 #[pyfunction]
-#[pyo3(signature = (sources, out, *, compress="auto", chunk_size=32 << 20, seed=0, resume=false,
-    force=false, progress=false, staging=None))]
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn import_webdataset(
     py: Python<'_>,
     sources: Vec<String>,
     out: String,
-    compress: &str,
-    chunk_size: u64,
-    seed: u64,
-    resume: bool,
-    force: bool,
-    progress: bool,
-    staging: Option<PathBuf>,
+    options: ImportKeywords,
 ) -> PyResult<String> {
-    let mut o = WriterOptions::new(&out);
-    o.compress = granary_packer::CompressMode::parse(compress).map_err(PyValueError::new_err)?;
-    o.chunk_size = chunk_size;
-    o.seed = seed;
-    o.resume = resume;
-    o.force = force;
-    o.progress = progress;
+    let staging = options.staging.clone();
+    let mut o = options.into_options(&out)?;
     set_destination(&mut o, &out, staging)?;
     let (s, _) = py
         .detach(|| granary_packer::import_webdataset(&sources, o, &|_, _, _| {}))
