@@ -59,7 +59,7 @@ fn err(e: ReadError) -> PyErr {
         ReadError::Store(S::Format { .. } | S::Damaged { .. }) | ReadError::Record(_) => {
             DamagedError::new_err(msg)
         }
-        ReadError::Incomplete(m) => IncompleteError::new_err(m),
+        ReadError::Incomplete(m) | ReadError::Store(S::Stopped(m)) => IncompleteError::new_err(m),
         ReadError::Store(S::Io { source, .. }) => match source.raw_os_error() {
             Some(errno) => GranaryError::new_err((errno, msg)),
             None => GranaryError::new_err(msg),

@@ -13,7 +13,7 @@ use granary_store::file::Mapped;
 
 use crate::error::{ReadError, RecordError, Result};
 use crate::escape_path;
-use granary_store::file::{local_file, map_file};
+use granary_store::file::map_file;
 use granary_store::local::LocalDir;
 use granary_store::{Access, ChunkSource, ChunkStore, LocalTier, RangeRead, Source, StoreStack};
 use granary_store::{Location, StoreConfig};
@@ -834,7 +834,7 @@ impl Dataset {
     pub fn load_chunk(&self, chunk: u32) -> Result<ChunkBytes> {
         let f = self.open_source(chunk)?;
         let len = f.len();
-        let bytes = match local_file(&*f) {
+        let bytes = match f.local() {
             Some(local) if len > READ_WHOLE_LIMIT => {
                 let map = map_file(&local.file, &local.path)?;
                 // The map has the file's size now, not when it was checked at open.

@@ -6,6 +6,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use granary_store::MeterReading;
 use serde::Serialize;
 
 use crate::error::{ReadError, Result};
@@ -138,6 +139,28 @@ pub struct EpochTotals {
     pub elapsed_s: f64,
     /// Seconds from the epoch's start to its first sample (any worker); `None` if it had none.
     pub first_sample_s: Option<f64>,
+    /// What passed through each layer of the store stack, summed over workers, top first.
+    pub layers: Vec<LayerReading>,
+}
+
+/// What passed through one layer of the readers' store stacks ([`granary_store::Metered`]):
+/// chunks opened, reads, ranges and bytes, failures, and the seconds readers waited in it
+/// (summed over workers; reads served from maps of the page cache wait for nothing).
+#[derive(Serialize, Clone, Debug, PartialEq)]
+pub struct LayerReading {
+    pub layer: &'static str,
+    #[serde(flatten)]
+    pub reading: MeterReading,
+}
+
+/// Adds one worker's layer readings to `total`, by layer name (in the order first seen).
+fn add_layers(total: &mut Vec<LayerReading>, worker: Vec<LayerReading>) {
+    for w in worker {
+        match total.iter_mut().find(|t| t.layer == w.layer) {
+            Some(t) => t.reading += w.reading,
+            None => total.push(w),
+        }
+    }
 }
 
 /// Reads rank `rank`'s share of epoch `epoch` with `workers` loader workers (threads), each
@@ -183,6 +206,11 @@ pub fn read_epoch(
                     r.backend = st.backend();
                     r.hits = st.tier_hits();
                     r.peak_buffer_bytes = st.peak_buffer_bytes();
+                    r.layers = st
+                        .layers()
+                        .into_iter()
+                        .map(|(layer, reading)| LayerReading { layer, reading })
+                        .collect();
                     Ok(r)
                 })
             })
@@ -215,6 +243,7 @@ pub fn read_epoch(
         r.hits.admissions_failed += w.hits.admissions_failed;
         r.hits.admissions_skipped += w.hits.admissions_skipped;
         r.peak_buffer_bytes = r.peak_buffer_bytes.max(w.peak_buffer_bytes);
+        add_layers(&mut r.layers, w.layers);
         r.first_sample_s = match (r.first_sample_s, w.first_sample_s) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
@@ -262,6 +291,9 @@ pub struct EpochReport {
     pub snapshot_bytes_fetched: Option<u64>,
     /// Seconds from the epoch's start to its first sample.
     pub first_sample_s: Option<f64>,
+    /// What passed through each layer of the store stack (tier, peers, origin, as configured),
+    /// summed over workers, top first, with the seconds the workers waited in it.
+    pub layers: Vec<LayerReading>,
 }
 
 /// One epoch's reads with tiers shared between nodes ([`crate::Peers`]).
@@ -350,5 +382,6 @@ pub fn measure_epoch(
         first_sample_s: t.first_sample_s,
         snapshot_gets: snap.map(|s| s.0),
         snapshot_bytes_fetched: snap.map(|s| s.1),
+        layers: t.layers,
     })
 }

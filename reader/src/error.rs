@@ -14,7 +14,7 @@ pub type Result<T> = std::result::Result<T, ReadError>;
 pub enum ReadError {
     /// What the store stack (or the reader, in the store's terms) reported.
     #[error(transparent)]
-    Store(#[from] StoreError),
+    Store(StoreError),
     /// A record whose bytes fail their checks.
     #[error(transparent)]
     Record(Box<RecordError>),
@@ -22,6 +22,17 @@ pub enum ReadError {
     /// died, a consumer that stopped): never a short epoch that looks complete.
     #[error("{0}")]
     Incomplete(String),
+}
+
+impl From<StoreError> for ReadError {
+    /// The store's error as it is, except a store thread that stopped (the I/O engine's): the
+    /// epoch it was reading for is incomplete.
+    fn from(e: StoreError) -> Self {
+        match e {
+            StoreError::Stopped(m) => ReadError::Incomplete(m),
+            e => ReadError::Store(e),
+        }
+    }
 }
 
 impl ReadError {

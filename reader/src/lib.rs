@@ -63,7 +63,8 @@ pub use config::{PeerConfig, Reader, ReaderConfig, SamplingMode, ScoreSource, Ti
 pub use dataset::ownership;
 pub use dataset::{ChunkBytes, Dataset, SampleInfo};
 pub use epoch::{
-    measure_epoch, read_epoch, EpochReport, EpochSetup, EpochTotals, ImportanceSampling, PeerReport,
+    measure_epoch, read_epoch, EpochReport, EpochSetup, EpochTotals, ImportanceSampling,
+    LayerReading, PeerReport,
 };
 pub use error::{ReadError, RecordError, Result};
 pub use extract::{extract, ExtractOptions, ExtractSummary};

@@ -29,7 +29,7 @@ use crate::window::{buffer_bytes, Prepared, Windows};
 use crate::ReadPattern;
 use crate::{Dataset, LocalTier, TierPolicy};
 use granary_store::local::Opener;
-use granary_store::{Access, IoMode, OpenCounters, OpenCounts};
+use granary_store::{Access, IoMode, MeterReading, OpenCounters, OpenCounts, StoreStack};
 
 /// Options of the I/O path.
 #[derive(Clone, Debug)]
@@ -185,6 +185,8 @@ pub struct EpochStream {
     backend: &'static str,
     bytes_read: Arc<AtomicU64>,
     stats: Arc<TierCounters>,
+    /// The stack the I/O thread reads through, for its layers' meters.
+    stack: StoreStack,
     pool: Arc<BufPool>,
     /// The last sample delivered as a slice of a map (its id and buffer), checked on the next
     /// call: see [`Sample::is_intact`].
@@ -237,6 +239,7 @@ impl EpochStream {
         let backend = engine.name();
         let stats = Arc::new(TierCounters::default());
         let windows = Self::windows(&ds, mode, opts, access, stats.clone())?;
+        let stack = windows.stack.clone();
         let (tx, rx) = sync_channel::<Msg>(0);
         let bytes_read = Arc::new(AtomicU64::new(0));
         let io = IoThread {
@@ -265,6 +268,7 @@ impl EpochStream {
             backend,
             bytes_read,
             stats,
+            stack,
             pool,
             watch: None,
         })
@@ -319,6 +323,12 @@ impl EpochStream {
     /// resident) or with O_DIRECT.
     pub fn open_counts(&self) -> OpenCounts {
         self.opens.get()
+    }
+
+    /// What passed through each layer of the stream's store stack so far (top first), and
+    /// how long the stream's reads waited in it.
+    pub fn layers(&self) -> Vec<(&'static str, MeterReading)> {
+        self.stack.layers()
     }
 
     /// Bytes read from storage so far.
@@ -470,7 +480,7 @@ impl IoThread {
             let read = if next.is_some() && failure.is_none() {
                 self.wait_submitting(t, &mut pending, &mut next)
             } else {
-                self.engine.wait(t)
+                self.engine.wait(t).map_err(ReadError::from)
             };
             let done = self.windows.complete(&prep, read);
             let (bufs, served) = match done {
@@ -561,10 +571,10 @@ impl IoThread {
         loop {
             // `t` is in flight too.
             if self.submit_if_room(pending.len() + 1, false, pending, next) {
-                return self.engine.wait(t);
+                return Ok(self.engine.wait(t)?);
             }
             match self.engine.wait_for(t, ROOM_POLL) {
-                Ok(r) => return r,
+                Ok(r) => return Ok(r?),
                 Err(back) => t = back,
             }
         }

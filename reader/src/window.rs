@@ -16,7 +16,6 @@ use crate::io::{BufPool, Completed, Engine, IoKind, Request};
 use crate::plan::ShuffleMode;
 use crate::tier::{Admission, HotState, Job, TierCounters};
 use crate::{Dataset, ImportanceScores};
-use granary_store::file::local_file;
 use granary_store::StoreStack;
 use granary_store::{BytesFrom, Source};
 
@@ -53,7 +52,7 @@ pub(crate) struct Served {
 /// What a stream's I/O thread keeps from window to window.
 pub(crate) struct Windows {
     pub(crate) ds: Arc<Dataset>,
-    stack: StoreStack,
+    pub(crate) stack: StoreStack,
     mode: ShuffleMode,
     range_gap: u64,
     /// Chunks open (a chunk's source serves every window that reads it).
@@ -78,7 +77,7 @@ fn covering(placed: &[(u64, usize)], reqs: &[Request], e: &SampleEntry) -> Optio
 
 /// Reads `reqs` with a small pread engine (refetches after a damaged copy).
 fn read_now(reqs: &[Request]) -> Result<Vec<Completed>> {
-    Engine::new(IoKind::Pread, 4, 64 << 20)?.read(reqs)
+    Ok(Engine::new(IoKind::Pread, 4, 64 << 20)?.read(reqs)?)
 }
 
 /// Requests for a window's samples, being assembled.
@@ -541,7 +540,7 @@ impl Windows {
     /// of the epoch mapped).
     pub(crate) fn release_maps(&mut self) {
         self.files
-            .retain(|_, f| local_file(&**f).is_none_or(|l| l.map.is_none()));
+            .retain(|_, f| f.local().is_none_or(|l| l.map.is_none()));
     }
 
     /// Counts a completed window by where its bytes came from; offers its origin-read chunks

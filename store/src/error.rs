@@ -57,6 +57,10 @@ pub enum StoreError {
     /// credentials).
     #[error("{0}")]
     Invalid(String),
+    /// A thread of the store (the I/O engine's) stopped before finishing what it was given:
+    /// the reads it had are lost, never returned short.
+    #[error("{0}")]
+    Stopped(String),
 }
 
 impl StoreError {

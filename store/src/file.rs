@@ -157,6 +157,10 @@ impl ChunkSource for IoFile {
     fn bytes_from(&self) -> BytesFrom {
         self.from
     }
+
+    fn local(&self) -> Option<&IoFile> {
+        Some(self)
+    }
 }
 
 /// Reads `r` with positional reads until its `need` bytes (and as many more as the file has,
@@ -222,10 +226,4 @@ pub fn map_file(file: &File, path: &Path) -> Result<Mapped> {
             std::io::Error::other("no SIGBUS guard for another map (8192 in use)"),
         )
     })
-}
-
-/// The local file behind `src`, which the engine reads its own way (io_uring, pread, or the
-/// map of a resident file); `None` for every other source.
-pub fn local_file(src: &dyn ChunkSource) -> Option<&IoFile> {
-    (src as &dyn std::any::Any).downcast_ref::<IoFile>()
 }

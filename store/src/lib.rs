@@ -11,6 +11,7 @@
 pub mod auth;
 pub mod buf;
 pub mod config;
+pub mod engine;
 mod error;
 pub mod file;
 mod guard;
@@ -34,8 +35,8 @@ pub use location::{open, write_destination, Location};
 pub use meter::{Meter, MeterReading, Metered};
 pub use peers::{Ownership, PeerStats, PeerStore, Peers};
 pub use seam::{
-    Access, BytesFrom, ChunkSource, ChunkStore, IoMode, OpenCounters, OpenCounts, RangeRead,
-    ReadPattern, Source,
+    Access, BytesFrom, ChunkSource, ChunkStore, IoMode, LocalRead, OpenCounters, OpenCounts,
+    RangeRead, ReadPattern, Source,
 };
 pub use stack::{StoreStack, TierStore};
 pub use tier::{

@@ -4,18 +4,17 @@
 //! seam (a wrapper that forgot a method would silently change what the store below does), so
 //! it can sit anywhere in a stack: over origin, over the peers, over the tier.
 //!
-//! Not wired into the readers yet: the I/O engine reads local files its own way (io_uring,
-//! pread, maps) by recognising their type, and a local file behind a meter would be read
-//! through [`ChunkSource::read_ranges`] instead, correctly but without that fast path. The
-//! engine moves into the store first (issue 45, item 2); the meter then wraps every layer of
-//! every reader.
+//! Over a local file it forwards the file to the I/O engine ([`ChunkSource::local`]), which
+//! reads it on its descriptor as it would unwrapped and reports what it read
+//! ([`ChunkSource::observe_local`]): the fast path is kept and every read still counted.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::seam::{Access, BytesFrom, ChunkSource, ChunkStore, RangeRead, Source};
+use crate::file::IoFile;
+use crate::seam::{Access, BytesFrom, ChunkSource, ChunkStore, LocalRead, RangeRead, Source};
 use crate::Result;
 
 /// What one layer saw, counted since it was made.
@@ -34,6 +33,17 @@ pub struct MeterReading {
     /// Seconds callers waited in opens and reads, summed over callers (two threads waiting one
     /// second each count two).
     pub wait_s: f64,
+}
+
+impl std::ops::AddAssign for MeterReading {
+    fn add_assign(&mut self, o: Self) {
+        self.opens += o.opens;
+        self.reads += o.reads;
+        self.ranges += o.ranges;
+        self.bytes += o.bytes;
+        self.errors += o.errors;
+        self.wait_s += o.wait_s;
+    }
 }
 
 /// The counters one [`Metered`] store and its sources add to.
@@ -162,6 +172,22 @@ impl ChunkSource for MeteredSource {
 
     fn bytes_from(&self) -> BytesFrom {
         self.inner.bytes_from()
+    }
+
+    fn local(&self) -> Option<&IoFile> {
+        self.inner.local()
+    }
+
+    fn observe_local(&self, read: LocalRead) {
+        let m = &self.meter;
+        m.reads.fetch_add(1, Relaxed);
+        m.ranges.fetch_add(read.ranges, Relaxed);
+        m.bytes.fetch_add(read.bytes, Relaxed);
+        m.wait_ns.fetch_add(read.waited.as_nanos() as u64, Relaxed);
+        if read.failed {
+            m.errors.fetch_add(1, Relaxed);
+        }
+        self.inner.observe_local(read);
     }
 }
 

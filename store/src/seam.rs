@@ -8,18 +8,22 @@
 //! `ObjectChunks` in the `remote` module); a reader builds the stack it needs
 //! ([`crate::StoreStack`]).
 //!
-//! The seam names none of its implementations. The I/O engine reads local files its own way
-//! (io_uring or pread, `O_DIRECT` or buffered, or as slices of a map of the page cache): it
-//! recognises them by their type (`local_file` in the `file` module); every other source is read
-//! through [`ChunkSource::read_ranges`], one call per source and batch, so it can issue the
-//! ranges concurrently. How a reader will read ([`Access`]) is a description stores may use
+//! The store's I/O engine ([`crate::engine`]) reads batches of ranges of many sources at once.
+//! A source that is a local file, or a layer over one, offers that file
+//! ([`ChunkSource::local`]): the engine reads it its own way (io_uring or pread, `O_DIRECT` or
+//! buffered, or as slices of a map of the page cache) and tells the source what it read
+//! ([`ChunkSource::observe_local`]), so a layer over a local file keeps the fast path and still
+//! sees every read. Every other source is read through [`ChunkSource::read_ranges`], one call
+//! per source and batch, so it can issue the ranges concurrently. How a reader will read ([`Access`]) is a description stores may use
 //! ([`ChunkStore::tuned`]).
 
 use std::fmt::Debug;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
+use std::time::Duration;
 
+use crate::file::IoFile;
 use crate::Result;
 
 /// Where the bytes of a source come from.
@@ -42,8 +46,22 @@ pub struct RangeRead<'a> {
     pub need: usize,
 }
 
+/// What the I/O engine read of a source on its local file ([`ChunkSource::local`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LocalRead {
+    /// Ranges read.
+    pub ranges: u64,
+    /// Bytes read (or served from the file's map).
+    pub bytes: u64,
+    /// The reader's wait attributed to these ranges: their share, by bytes, of the time their
+    /// batch took from submission to completion (nothing for bytes served from a map).
+    pub waited: Duration,
+    /// The read failed.
+    pub failed: bool,
+}
+
 /// An open chunk file.
-pub trait ChunkSource: Send + Sync + Debug + std::any::Any {
+pub trait ChunkSource: Send + Sync + Debug {
     /// Where the bytes are (a path, or a URL written as one), for errors.
     fn location(&self) -> &Path;
 
@@ -65,6 +83,21 @@ pub trait ChunkSource: Send + Sync + Debug + std::any::Any {
     /// it will try first.
     fn bytes_from(&self) -> BytesFrom {
         BytesFrom::Origin
+    }
+
+    /// The local file whose bytes this source serves as they are, which the store's I/O engine
+    /// may read itself (io_uring or pread on its descriptor, or slices of its map) instead of
+    /// calling [`ChunkSource::read_ranges`]. `None` (the default) for any other source. A
+    /// layer that wraps a source without changing its bytes forwards it, and learns of the
+    /// engine's reads through [`ChunkSource::observe_local`].
+    fn local(&self) -> Option<&IoFile> {
+        None
+    }
+
+    /// Told by the engine what it read through [`ChunkSource::local`]. Layers forward it to
+    /// the source they wrap.
+    fn observe_local(&self, read: LocalRead) {
+        let _ = read;
     }
 }
 

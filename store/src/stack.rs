@@ -2,7 +2,8 @@
 //! other nodes ([`crate::PeerStore`]) over origin storage (the dataset's own store, tuned for
 //! how this reader reads), any subset of them. Streams, random access and the mount open every
 //! chunk through a [`StoreStack`]; each source says where its bytes came from
-//! ([`crate::BytesFrom`]).
+//! ([`crate::BytesFrom`]). Every layer is metered ([`crate::Metered`]): what passed through
+//! it, and how long its reader waited there ([`StoreStack::layers`]).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -10,6 +11,7 @@ use std::sync::Arc;
 use granary_format::ChunkEntry;
 
 use crate::local::Opener;
+use crate::meter::{Meter, MeterReading, Metered};
 use crate::peers::{PeerStore, Peers};
 use crate::seam::{Access, BytesFrom, ChunkStore, OpenCounts, Source};
 use crate::tier::{HotChunk, LocalTier};
@@ -112,6 +114,19 @@ pub struct StoreStack {
     origin: Arc<dyn ChunkStore>,
     tier: Option<Arc<TierStore>>,
     access: Access,
+    /// Each layer's meter, top first.
+    meters: Vec<(&'static str, Arc<Meter>)>,
+}
+
+/// `store` counted in a new meter, added to `meters` under `layer`.
+fn metered(
+    store: Arc<dyn ChunkStore>,
+    layer: &'static str,
+    meters: &mut Vec<(&'static str, Arc<Meter>)>,
+) -> Arc<dyn ChunkStore> {
+    let meter = Arc::new(Meter::default());
+    meters.insert(0, (layer, meter.clone()));
+    Arc::new(Metered::new(store, meter))
 }
 
 impl StoreStack {
@@ -124,28 +139,37 @@ impl StoreStack {
         cache: Arc<LocalTier>,
         peers: Option<Arc<Peers>>,
     ) -> StoreStack {
-        let origin = store.tuned(&access).unwrap_or_else(|| store.clone());
+        let mut meters = Vec::new();
+        let tuned = store.tuned(&access).unwrap_or_else(|| store.clone());
+        let origin = metered(tuned, "origin", &mut meters);
         let below = match peers {
-            Some(p) => Arc::new(PeerStore::new(p, origin.clone(), chunks.clone())),
+            Some(p) => {
+                let peers = Arc::new(PeerStore::new(p, origin.clone(), chunks.clone()));
+                metered(peers, "peers", &mut meters)
+            }
             None => origin.clone(),
         };
         let tier = Arc::new(TierStore::new(cache, below, chunks, &access));
         StoreStack {
-            top: tier.clone(),
+            top: metered(tier.clone(), "tier", &mut meters),
             origin,
             tier: Some(tier),
             access,
+            meters,
         }
     }
 
     /// A dataset's own store alone, tuned for `access`.
     pub fn plain(store: &Arc<dyn ChunkStore>, access: Access) -> StoreStack {
-        let origin = store.tuned(&access).unwrap_or_else(|| store.clone());
+        let mut meters = Vec::new();
+        let tuned = store.tuned(&access).unwrap_or_else(|| store.clone());
+        let origin = metered(tuned, "origin", &mut meters);
         StoreStack {
             top: origin.clone(),
             origin,
             tier: None,
             access,
+            meters,
         }
     }
 
@@ -173,6 +197,16 @@ impl StoreStack {
     /// How this reader reads.
     pub fn access(&self) -> &Access {
         &self.access
+    }
+
+    /// What passed through each layer so far, top first: `tier` (everything the reader read,
+    /// when it has a tier), `peers` (what the tier did not serve), `origin` (what reached the
+    /// dataset's own storage), each with the time its reader waited in it.
+    pub fn layers(&self) -> Vec<(&'static str, MeterReading)> {
+        self.meters
+            .iter()
+            .map(|(name, m)| (*name, m.reading()))
+            .collect()
     }
 
     /// How the files were opened so far.
