@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use granary::{
     Access, BytesFrom, ChunkBytes, Dataset, ImportanceScores, LocalTier, ReadError, SampleInfo,
-    SampleReader,
+    SampleReader, ServedCounters,
 };
 use serde::Serialize;
 
@@ -56,10 +56,7 @@ pub struct ReadStats {
 
 #[derive(Default)]
 struct Counters {
-    samples_tier: AtomicU64,
-    samples_origin: AtomicU64,
-    bytes_tier: AtomicU64,
-    bytes_origin: AtomicU64,
+    served: ServedCounters,
     fetched: AtomicU64,
     bytes_fetched: AtomicU64,
     declined: AtomicU64,
@@ -158,11 +155,13 @@ impl TieredReader {
     pub fn stats(&self) -> ReadStats {
         let c = &*self.counters;
         let l = |a: &AtomicU64| a.load(Relaxed);
+        let served = c.served.get();
         ReadStats {
-            samples_from_tier: l(&c.samples_tier),
-            samples_from_origin: l(&c.samples_origin),
-            bytes_from_tier: l(&c.bytes_tier),
-            bytes_from_origin: l(&c.bytes_origin),
+            // Chunks a peer served count as origin's here: the mount reads without peers.
+            samples_from_tier: served.samples_tier,
+            samples_from_origin: served.samples_origin + served.samples_peers,
+            bytes_from_tier: served.bytes_tier,
+            bytes_from_origin: served.bytes_origin + served.bytes_peers,
             chunks_fetched: l(&c.fetched),
             bytes_fetched: l(&c.bytes_fetched),
             chunks_declined: l(&c.declined),
@@ -199,7 +198,7 @@ impl TieredReader {
             // A miss: the whole chunk is fetched (one large read) and this read waits for it,
             // unless a full tier would have to evict for a chunk that only this read wants
             // (see `fetch_and_wait`); then the origin answers.
-            if let (Some(t), true) = (&self.tier, src.bytes_from() != BytesFrom::Tier) {
+            if let (Some(t), false) = (&self.tier, src.bytes_from().is_copy()) {
                 if self.fetching.load(Relaxed) {
                     let ce = ds.chunk(chunk)?;
                     let fits = t.cache.used()? + ce.file_size <= t.cache.quota();
@@ -213,28 +212,24 @@ impl TieredReader {
             }
             match self.reader.read_from(&src, &info, &mut out) {
                 Ok(()) => return Ok(self.count(&info, src.bytes_from(), out)),
-                // Never served: dropped from the tier (logged), and the read starts over.
-                Err(e) if src.bytes_from() == BytesFrom::Tier => {
-                    self.reader.drop_copy(chunk, &e);
+                // Never served: the copy is given up (the tier drops it, logged), and the
+                // read starts over.
+                Err(e) if src.bytes_from().is_copy() => {
+                    self.reader.fall_back(chunk, &src, &e)?;
                     add(&self.counters.discarded, 1);
                 }
                 Err(e) => return Err(e),
             }
         }
-        let src = self.reader.origin_source(chunk)?;
-        self.reader.read_from(&src, &info, &mut out)?;
-        Ok(self.count(&info, BytesFrom::Origin, out))
+        // Two copies failed: read through whatever serves the chunk now, past every copy that
+        // fails, without fetching again.
+        let from = self.reader.read_served(&info, &mut out)?;
+        Ok(self.count(&info, from, out))
     }
 
     /// Counts a sample read from `from`.
     fn count(&self, info: &SampleInfo, from: BytesFrom, data: Vec<u8>) -> Vec<u8> {
-        let c = &self.counters;
-        let (s, b) = match from {
-            BytesFrom::Tier => (&c.samples_tier, &c.bytes_tier),
-            BytesFrom::Peer | BytesFrom::Origin => (&c.samples_origin, &c.bytes_origin),
-        };
-        add(s, 1);
-        add(b, info.entry.stored_len);
+        self.counters.served.add(from, 1, info.entry.stored_len);
         data
     }
 
@@ -259,7 +254,7 @@ impl TieredReader {
     /// hold open may have been evicted; its bytes stay valid but its space is not freed
     /// until it is closed).
     pub fn close_copies(&self) {
-        self.reader.forget(|_, s| s.bytes_from() == BytesFrom::Tier);
+        self.reader.forget(|_, s| s.bytes_from().is_copy());
     }
 
     /// Stops the fetcher (waiting for a fetch in progress to finish).
@@ -450,7 +445,7 @@ fn fetch_one(t: &Tier, r: &SampleReader, c: &Counters, chunk: u32) -> Result<boo
     if admitted? {
         add(&c.fetched, 1);
         // Admission may have evicted copies held open here: let their space go.
-        r.forget(|_, s| s.bytes_from() == BytesFrom::Tier);
+        r.forget(|_, s| s.bytes_from().is_copy());
         Ok(true)
     } else {
         add(&c.declined, 1);

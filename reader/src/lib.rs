@@ -74,7 +74,8 @@ pub use granary_store::{
     write_destination, Access, BytesFrom, ChunkSource, ChunkStore, DatasetId, HotChunk, HotMap,
     HotRecord, IoMode, LocalDir, LocalTier, Location, Meter, MeterReading, Metered, OpenCounters,
     OpenCounts, Opener, Ownership, PeerStats, PeerStore, Peers, RangeRead, ReadPattern, RemoteKind,
-    Source, StoreConfig, StoreError, StoreStack, TierPolicy, TierStats, TierStore,
+    ServedCounters, ServedCounts, Source, StoreConfig, StoreError, StoreStack, TierPolicy,
+    TierStats, TierStore,
 };
 pub use importance::{batch_weights, ImportanceScores, SharedScores};
 pub use pathfmt::{escape_path, unescape_path};

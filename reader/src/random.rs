@@ -9,13 +9,15 @@ use granary_format::{decode_record, Compression};
 use crate::dataset::{read_exact, SampleInfo};
 use crate::error::{ReadError, Result};
 use crate::Dataset;
+use granary_format::CHUNK_HEADER_LEN;
 use granary_store::StoreStack;
 use granary_store::{Access, BytesFrom, Source};
 
 /// Random access to samples: chunk files stay open (one open and header check per chunk, at
 /// most `MAX_OPEN` at a time), and raw records are read straight into the caller's buffer.
-/// With a tier in the stack, a chunk open at origin is looked up in the tier again on each
-/// read (a copy may have arrived since).
+/// A chunk opened below a tier moves to the tier's copy once one arrives
+/// ([`granary_store::ChunkSource::newer_copy`]); bytes that fail give their source up for the
+/// one below it ([`granary_store::ChunkSource::fall_back`]).
 pub struct SampleReader {
     ds: Arc<Dataset>,
     stack: StoreStack,
@@ -60,15 +62,13 @@ impl SampleReader {
             .expect("open chunk files")
             .get(&chunk)
             .cloned();
-        let src = match (cached, self.stack.tier()) {
-            (Some(f), None) => return Ok(f),
-            (Some(f), Some(_)) if f.bytes_from() == BytesFrom::Tier => return Ok(f),
-            (Some(f), Some(tier)) => match tier.open_copy(chunk)? {
+        let src = match cached {
+            Some(f) => match f.newer_copy()? {
                 // The tier checked the copy's size and header when it opened it.
                 Some(copy) => copy,
                 None => return Ok(f),
             },
-            (None, _) => self.ds.open_for_reads(&**self.stack.store(), chunk)?,
+            None => self.ds.open_for_reads(&**self.stack.store(), chunk)?,
         };
         let mut files = self.files.lock().expect("open chunk files");
         if files.len() >= Self::MAX_OPEN {
@@ -76,11 +76,6 @@ impl SampleReader {
         }
         files.insert(chunk, src.clone());
         Ok(src)
-    }
-
-    /// Chunk `chunk` opened at origin, past every layer (not kept open).
-    pub fn origin_source(&self, chunk: u32) -> Result<Source> {
-        self.ds.open_for_reads(&**self.stack.origin(), chunk)
     }
 
     /// Closes the open sources `drop_it` picks (chunk, source); later reads open them again.
@@ -92,29 +87,50 @@ impl SampleReader {
     }
 
     /// Reads sample `info` into `out`, which must be exactly its original length; checks
-    /// length and CRC-32 as [`Dataset::read`] does. A tier copy that fails (cut short,
-    /// removed, damaged) is dropped, logged with its path, and the sample read from the store
-    /// below the tier.
+    /// length and CRC-32 as [`Dataset::read`] does. A copy that fails (cut short, removed,
+    /// damaged) is given up, and the sample read from the store below it (the tier drops its
+    /// copy, logged with its path).
     pub fn read_into(&self, info: &SampleInfo, out: &mut [u8]) -> Result<()> {
+        self.read_served(info, out).map(|_| ())
+    }
+
+    /// [`SampleReader::read_into`], saying where the bytes came from in the end.
+    pub fn read_served(&self, info: &SampleInfo, out: &mut [u8]) -> Result<BytesFrom> {
         let chunk = info.entry.chunk;
-        let f = self.source(chunk)?;
-        match self.read_from(&f, info, out) {
-            Err(e) if f.bytes_from() == BytesFrom::Tier && !e.is_invalid() => {
-                self.drop_copy(chunk, &e);
-                let f = self.source(chunk)?;
-                self.read_from(&f, info, out)
+        let mut f = self.source(chunk)?;
+        loop {
+            match self.read_from(&f, info, out) {
+                Ok(()) => return Ok(f.bytes_from()),
+                Err(e) if !e.is_invalid() => match self.fall_back(chunk, &f, &e)? {
+                    Some(below) => f = below,
+                    None => return Err(e),
+                },
+                Err(e) => return Err(e),
             }
-            r => r,
         }
     }
 
-    /// Chunk `chunk`'s tier copy failed (`why`): closed here, removed from the tier and
-    /// logged with its path; the next [`SampleReader::source`] of the chunk opens it below.
-    pub fn drop_copy(&self, chunk: u32, why: &dyn std::fmt::Display) {
-        self.forget(|c, s| c == chunk && s.bytes_from() == BytesFrom::Tier);
-        if let Some(t) = self.stack.tier() {
-            t.drop_copy(chunk, why);
-        }
+    /// Gives up `f`, chunk `chunk`'s source whose bytes failed (`why`), for the one the layer
+    /// that served it names (the tier drops its copy, logged with its path, and opens the
+    /// chunk below it), its size and header checked; later reads of the chunk use it. `None`
+    /// when nothing lies below `f` (the failure is the dataset's own).
+    pub fn fall_back(
+        &self,
+        chunk: u32,
+        f: &Source,
+        why: &dyn std::fmt::Display,
+    ) -> Result<Option<Source>> {
+        let Some(below) = self.ds.fall_back(f, chunk, why)? else {
+            return Ok(None);
+        };
+        let mut head = [0u8; CHUNK_HEADER_LEN];
+        read_exact(&*below, &mut head, 0)?;
+        self.ds.check_chunk_header(&head, chunk, below.location())?;
+        self.files
+            .lock()
+            .expect("open chunk files")
+            .insert(chunk, below.clone());
+        Ok(Some(below))
     }
 
     /// [`SampleReader::read_into`] from `f`, a source of the sample's chunk.

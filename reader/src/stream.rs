@@ -288,19 +288,25 @@ impl EpochStream {
         // Peers share tiers only: without a local tier there is nothing to share.
         let peers = opts.peers.clone().filter(|_| cache.is_some());
         let stack = ds.stack(access, cache.clone(), peers.clone())?;
-        let tier = stack.tier().cloned();
-        let mut w = Windows::new(ds.clone(), stack, mode, opts.range_gap, stats.clone());
-        w.admission = cache.map(|c| {
+        // With a tier, chunks are read whole: they can be admitted, and copies are checked
+        // against the whole-file CRC.
+        let mut w = Windows::new(
+            ds.clone(),
+            stack.clone(),
+            mode,
+            opts.range_gap,
+            stats.clone(),
+        );
+        w.whole_files = cache.is_some();
+        w.admission = cache.clone().map(|c| {
             Admission::start(c, ds.clone(), opts.memory / 4, stats.clone(), peers.clone())
         });
         w.scores = opts.scores.clone();
         // An importance tier with a score table holds hot chunks (re-packed samples); a table
         // with no loss reported yet (every sample at the mean) says nothing to re-pack.
-        w.hot = match (tier, &opts.scores) {
-            (Some(t), Some(s))
-                if t.cache().policy() == TierPolicy::Importance && s.reported() > 0 =>
-            {
-                Some(HotState::new(ds, t, s.clone(), opts.memory)?)
+        w.hot = match (cache, &opts.scores) {
+            (Some(c), Some(s)) if c.policy() == TierPolicy::Importance && s.reported() > 0 => {
+                Some(HotState::new(ds, stack, c, s.clone(), opts.memory)?)
             }
             _ => None,
         };

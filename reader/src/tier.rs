@@ -12,8 +12,8 @@ use crate::error::Result;
 use crate::io::Completed;
 use crate::{Dataset, LocalTier};
 use granary_store::tier::{HotMap, HotRecord};
-use granary_store::TierStore;
-use granary_store::{BytesFrom, Source};
+use granary_store::StoreStack;
+use granary_store::{BytesFrom, ServedCounters, Source};
 
 /// Bytes a record costs in a hot chunk besides its stored bytes and path: its footer entry and
 /// path offset.
@@ -24,7 +24,7 @@ const HOT_RECORD_OVERHEAD: u64 = granary_format::SAMPLE_ENTRY_LEN as u64 + 8;
 /// (score per stored byte at or above `threshold`: the most important ones that fit the
 /// quota), and the records harvested from source reads, waiting to be re-packed.
 pub(crate) struct HotState {
-    tier: Arc<TierStore>,
+    stack: StoreStack,
     cache: Arc<LocalTier>,
     scores: Arc<crate::ImportanceScores>,
     map: HotMap,
@@ -42,11 +42,11 @@ pub(crate) struct HotState {
 impl HotState {
     pub(crate) fn new(
         ds: &Dataset,
-        tier: Arc<TierStore>,
+        stack: StoreStack,
+        cache: Arc<LocalTier>,
         scores: Arc<crate::ImportanceScores>,
         memory: u64,
     ) -> Result<HotState> {
-        let cache = tier.cache().clone();
         // The most important samples per byte that fit in 90 % of the quota, counting what a
         // hot chunk spends per record (footer entry, path) and per chunk (header, footer,
         // class table, trailer). Records are harvested in batches of an eighth of the quota
@@ -84,7 +84,7 @@ impl HotState {
         Ok(HotState {
             version: cache.hot_map_version(),
             map: cache.hot_map(),
-            tier,
+            stack,
             cache,
             scores,
             files: HashMap::new(),
@@ -119,7 +119,7 @@ impl HotState {
                     .map
                     .chunks
                     .get(&h)
-                    .and_then(|hc| self.tier.open_hot(hc));
+                    .and_then(|hc| self.stack.open_hot(hc));
                 self.files.insert(h, f.clone());
                 f
             }
@@ -213,12 +213,7 @@ pub struct TierHits {
 
 #[derive(Default)]
 pub(crate) struct TierCounters {
-    samples_tier: AtomicU64,
-    samples_origin: AtomicU64,
-    bytes_tier: AtomicU64,
-    bytes_origin: AtomicU64,
-    samples_peers: AtomicU64,
-    bytes_peers: AtomicU64,
+    served: ServedCounters,
     admissions_failed: AtomicU64,
     admissions_skipped: AtomicU64,
 }
@@ -227,13 +222,14 @@ impl TierCounters {
     /// The counts so far.
     pub(crate) fn hits(&self) -> TierHits {
         let l = |a: &AtomicU64| a.load(Relaxed);
+        let s = self.served.get();
         TierHits {
-            samples_from_tier: l(&self.samples_tier),
-            samples_from_origin: l(&self.samples_origin),
-            bytes_from_tier: l(&self.bytes_tier),
-            bytes_from_origin: l(&self.bytes_origin),
-            samples_from_peers: l(&self.samples_peers),
-            bytes_from_peers: l(&self.bytes_peers),
+            samples_from_tier: s.samples_tier,
+            samples_from_origin: s.samples_origin,
+            bytes_from_tier: s.bytes_tier,
+            bytes_from_origin: s.bytes_origin,
+            samples_from_peers: s.samples_peers,
+            bytes_from_peers: s.bytes_peers,
             admissions_failed: l(&self.admissions_failed),
             admissions_skipped: l(&self.admissions_skipped),
         }
@@ -261,13 +257,7 @@ impl TierCounters {
 
     /// Counts `samples` samples in `bytes` bytes that came from `from`.
     pub(crate) fn add(&self, from: BytesFrom, samples: u64, bytes: u64) {
-        let (s, b) = match from {
-            BytesFrom::Tier => (&self.samples_tier, &self.bytes_tier),
-            BytesFrom::Peer => (&self.samples_peers, &self.bytes_peers),
-            BytesFrom::Origin => (&self.samples_origin, &self.bytes_origin),
-        };
-        s.fetch_add(samples, Relaxed);
-        b.fetch_add(bytes, Relaxed);
+        self.served.add(from, samples, bytes);
     }
 }
 

@@ -3,7 +3,9 @@
 //! records against their own, chunk headers against the dataset), and counting where the
 //! bytes came from (`Windows::count`, which also offers source reads to the tier). Every chunk
 //! is opened through the stream's [`StoreStack`]; where its bytes came from is the source's
-//! [`BytesFrom`], never inferred from a path.
+//! [`BytesFrom`], never inferred from a path. Bytes that fail a check give their source up for
+//! the one the layer that served them names ([`granary_store::ChunkSource::fall_back`]): the
+//! windows verify, the store decides where to read again.
 
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
@@ -43,10 +45,11 @@ pub(crate) struct Prepared {
     req_chunk: Vec<u32>,
 }
 
-/// Which reads of a window the tier (or a peer) served intact.
+/// Where the chunks a window read whole, and its records from hot chunks, came from in the end
+/// (after any copy that failed was read again below it).
 pub(crate) struct Served {
     whole: Vec<BytesFrom>,
-    hot: Vec<bool>,
+    hot: Vec<BytesFrom>,
 }
 
 /// What a stream's I/O thread keeps from window to window.
@@ -55,6 +58,10 @@ pub(crate) struct Windows {
     pub(crate) stack: StoreStack,
     mode: ShuffleMode,
     range_gap: u64,
+    /// Chunk-wise and sequential windows read chunks whole (with a tier: whole chunks can be
+    /// admitted, and copies are checked against the whole-file CRC), not up to their last
+    /// record in the window.
+    pub(crate) whole_files: bool,
     /// Chunks open (a chunk's source serves every window that reads it).
     files: HashMap<u32, Source>,
     /// Chunks whose header has been checked (or is checked with the window being read).
@@ -106,6 +113,7 @@ impl Windows {
             stack,
             mode,
             range_gap,
+            whole_files: false,
             files: HashMap::new(),
             checked: HashSet::new(),
             hot: None,
@@ -125,30 +133,19 @@ impl Windows {
         Ok(f)
     }
 
-    /// Opens chunk `c` at origin (after a copy proved damaged); later windows use it too.
-    fn open_origin(&mut self, c: u32) -> Result<Source> {
-        let f = self.ds.open_chunk_in(&**self.stack.origin(), c)?;
-        self.files.insert(c, f.clone());
-        Ok(f)
-    }
-
-    /// Chunk `c` from the store its copy came from failed (`why`): a tier copy is dropped
-    /// (logged once, with its path) and the chunk opened in the store below the tier; a
-    /// peer's bytes were checked before use, so a failure there is origin's and origin is
-    /// opened. Later windows read the new source too. A chunk already moved off its copy is
-    /// not dropped again.
+    /// Chunk `c`'s bytes failed (`why`): its source is given up for the one the layer that
+    /// served it names (the tier discards its copy, logged once with its path, and the chunk
+    /// is opened below it; a peer's chunk is opened at origin), whose size is checked. Later
+    /// windows read the new source too. A source with nothing below it (the dataset's own) is
+    /// kept, and read again.
     fn reopen_below(&mut self, c: u32, why: &dyn std::fmt::Display) -> Result<Source> {
-        match self.files.get(&c).map(|f| f.bytes_from()) {
-            Some(BytesFrom::Tier) => {
-                if let Some(tier) = self.stack.tier() {
-                    tier.drop_copy(c, why);
-                }
-                let f = self.ds.open_chunk_in(&**self.stack.below_tier(), c)?;
-                self.files.insert(c, f.clone());
-                Ok(f)
+        let f = self.open(c)?;
+        match self.ds.fall_back(&f, c, why)? {
+            Some(below) => {
+                self.files.insert(c, below.clone());
+                Ok(below)
             }
-            Some(BytesFrom::Origin) => Ok(self.files[&c].clone()),
-            _ => self.open_origin(c),
+            None => Ok(f),
         }
     }
 
@@ -169,7 +166,8 @@ impl Windows {
     }
 
     /// Record `e`, whose hot chunk `h` failed (`why`): the hot chunk is dropped and the record
-    /// read from its source chunk at origin (whose header is checked on the way).
+    /// read from its source chunk (whose header is checked on the way, and the record's CRC:
+    /// a copy of the chunk that fails is given up for the store below it, until one passes).
     fn reread_hot(
         &mut self,
         h: u32,
@@ -182,26 +180,43 @@ impl Windows {
             );
             hs.discard(h)?;
         }
-        let f = match self.files.get(&e.chunk) {
-            Some(f) if f.bytes_from() == BytesFrom::Origin => f.clone(),
-            _ => self.open_origin(e.chunk)?,
-        };
-        let mut fresh = read_now(&[
-            Request {
-                source: f.clone(),
-                offset: 0,
-                len: CHUNK_HEADER_LEN,
-            },
-            Request {
-                source: f.clone(),
-                offset: e.offset,
-                len: e.stored_len as usize,
-            },
-        ])?;
-        self.ds
-            .check_chunk_header(fresh[0].data(), e.chunk, f.location())?;
-        self.checked.insert(e.chunk);
-        Ok(fresh.pop().expect("two requests, two buffers"))
+        let c = e.chunk;
+        let mut f = self.open(c)?;
+        loop {
+            let read = || -> Result<Completed> {
+                let mut fresh = read_now(&[
+                    Request {
+                        source: f.clone(),
+                        offset: 0,
+                        len: CHUNK_HEADER_LEN,
+                    },
+                    Request {
+                        source: f.clone(),
+                        offset: e.offset,
+                        len: e.stored_len as usize,
+                    },
+                ])?;
+                self.ds
+                    .check_chunk_header(fresh[0].data(), c, f.location())?;
+                let rec = fresh.pop().expect("two requests, two buffers");
+                decode_record(e, rec.data())
+                    .map_err(|err| crate::ReadError::format(f.location(), err))?;
+                Ok(rec)
+            };
+            match read() {
+                Ok(rec) => {
+                    self.checked.insert(c);
+                    return Ok(rec);
+                }
+                Err(err) => match self.ds.fall_back(&f, c, &err)? {
+                    Some(below) => {
+                        self.files.insert(c, below.clone());
+                        f = below;
+                    }
+                    None => return Err(err),
+                },
+            }
+        }
     }
 
     /// A window whose reads failed (`e`): when a tier copy may be the cause, each request is
@@ -213,11 +228,7 @@ impl Windows {
         prep: &Prepared,
         e: crate::ReadError,
     ) -> Result<(Vec<Completed>, HashSet<usize>)> {
-        if !prep
-            .reqs
-            .iter()
-            .any(|r| r.source.bytes_from() == BytesFrom::Tier)
-        {
+        if !prep.reqs.iter().any(|r| r.source.bytes_from().is_copy()) {
             return Err(e);
         }
         let mut bufs = Vec::with_capacity(prep.reqs.len());
@@ -225,7 +236,7 @@ impl Windows {
         for (i, r) in prep.reqs.iter().enumerate() {
             let got = match read_now(std::slice::from_ref(r)) {
                 Ok(mut b) => b.pop().expect("one request, one buffer"),
-                Err(err) if r.source.bytes_from() == BytesFrom::Tier => {
+                Err(err) if r.source.bytes_from().is_copy() => {
                     elsewhere.insert(i);
                     match prep.hot.iter().find(|&&(_, hr, _)| hr == i) {
                         Some(&(h, _, s)) => self.reread_hot(h, &prep.entries[s], &err)?,
@@ -281,7 +292,7 @@ impl Windows {
                 needed[chunk_index[&e.chunk]] += e.stored_len;
             }
         }
-        let whole_files = self.stack.tier().is_some();
+        let whole_files = self.whole_files;
         let mut plan = Plan::default();
         for (k, (c, ce)) in chunks.iter().enumerate() {
             // A chunk whose window samples all come from hot chunks is not read.
@@ -289,7 +300,7 @@ impl Windows {
                 continue;
             }
             let f = self.open(*c)?;
-            let copy = f.bytes_from() != BytesFrom::Origin;
+            let copy = f.bytes_from().is_copy();
             if self.mode == ShuffleMode::Global {
                 if !self.checked.contains(c) {
                     plan.header_req.push((*c, plan.reqs.len()));
@@ -458,24 +469,32 @@ impl Windows {
         };
         for &(c, i, copy) in &prep.whole {
             let ce = self.ds.chunk(c)?;
-            let from = prep.reqs[i].source.bytes_from();
             let moved = elsewhere.contains(&i);
-            let intact = copy && !moved && crc32fast::hash(bufs[i].data()) == ce.file_crc;
-            served
-                .whole
-                .push(if intact { from } else { BytesFrom::Origin });
-            if copy && !intact && !moved {
+            let damaged = copy && !moved && crc32fast::hash(bufs[i].data()) != ce.file_crc;
+            if damaged {
                 let why = "its bytes do not match the snapshot's CRC";
                 bufs[i] = self.reread_below(c, &prep.reqs[i], &why)?;
             }
+            // Where the bytes came from in the end: the source read, or the one read after it
+            // failed (which later windows of the chunk read too).
+            served.whole.push(if damaged || moved {
+                self.files[&c].bytes_from()
+            } else {
+                prep.reqs[i].source.bytes_from()
+            });
         }
         for &(h, i, s) in &prep.hot {
             let e = &prep.entries[s];
-            let intact = !elsewhere.contains(&i) && decode_record(e, bufs[i].data()).is_ok();
-            served.hot.push(intact);
-            if !intact && !elsewhere.contains(&i) {
+            let moved = elsewhere.contains(&i);
+            let intact = !moved && decode_record(e, bufs[i].data()).is_ok();
+            if !intact && !moved {
                 bufs[i] = self.reread_hot(h, e, &"a record's CRC does not match")?;
             }
+            served.hot.push(if intact {
+                prep.reqs[i].source.bytes_from()
+            } else {
+                self.files[&e.chunk].bytes_from()
+            });
         }
         if self.mode == ShuffleMode::Global {
             self.check_copy_records(prep, &mut bufs, &elsewhere)?;
@@ -487,7 +506,7 @@ impl Windows {
                 ds.check_chunk_header(&b.data()[..CHUNK_HEADER_LEN], c, at)
             };
             match check(&bufs[i], f.location()) {
-                Err(e) if f.bytes_from() == BytesFrom::Tier && !elsewhere.contains(&i) => {
+                Err(e) if f.bytes_from().is_copy() && !elsewhere.contains(&i) => {
                     bufs[i] = self.reread_below(c, &prep.reqs[i], &e)?;
                     let at = self.files[&c].location().to_path_buf();
                     check(&bufs[i], &at)?;
@@ -511,7 +530,7 @@ impl Windows {
         let mut bad: Vec<u32> = Vec::new();
         for (e, &(r, off)) in prep.entries.iter().zip(&prep.locs) {
             let r = r as usize;
-            if prep.reqs[r].source.bytes_from() != BytesFrom::Tier
+            if !prep.reqs[r].source.bytes_from().is_copy()
                 || elsewhere.contains(&r)
                 || bad.contains(&e.chunk)
             {
@@ -553,7 +572,7 @@ impl Windows {
             let n = prep.entries.iter().filter(|e| e.chunk == c).count() as u64;
             let bytes = bufs[i].data();
             stats.add(from, n, bytes.len() as u64);
-            if from != BytesFrom::Origin {
+            if from.is_copy() {
                 continue;
             }
             let Ok(ce) = ds.chunk(c) else { continue };
@@ -578,17 +597,13 @@ impl Windows {
                 a.offer(Job::Chunk(ce, bufs[i].clone(), score));
             }
         }
-        for (&(_, i, _), &ok) in prep.hot.iter().zip(&served.hot) {
-            let from = if ok {
-                BytesFrom::Tier
-            } else {
-                BytesFrom::Origin
-            };
+        for (&(_, i, _), &from) in prep.hot.iter().zip(&served.hot) {
             stats.add(from, 1, bufs[i].data().len() as u64);
         }
         for &(_, r, _) in &prep.ranges {
             let n = prep.locs.iter().filter(|l| l.0 as usize == r).count() as u64;
-            stats.add(BytesFrom::Origin, n, bufs[r].data().len() as u64);
+            let from = prep.reqs[r].source.bytes_from();
+            stats.add(from, n, bufs[r].data().len() as u64);
         }
         // Every record inside a range read may belong in a hot chunk, drawn or not. Ranges
         // of a chunk are consecutive in `prep.ranges`, sorted by offset.

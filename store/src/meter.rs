@@ -46,6 +46,55 @@ impl std::ops::AddAssign for MeterReading {
     }
 }
 
+/// Samples and bytes a reader delivered, by where they came from ([`BytesFrom`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ServedCounts {
+    pub samples_tier: u64,
+    pub bytes_tier: u64,
+    pub samples_peers: u64,
+    pub bytes_peers: u64,
+    pub samples_origin: u64,
+    pub bytes_origin: u64,
+}
+
+/// [`ServedCounts`] as a reader counts them.
+#[derive(Debug, Default)]
+pub struct ServedCounters {
+    samples: [AtomicU64; 3],
+    bytes: [AtomicU64; 3],
+}
+
+impl ServedCounters {
+    fn slot(from: BytesFrom) -> usize {
+        match from {
+            BytesFrom::Tier => 0,
+            BytesFrom::Peer => 1,
+            BytesFrom::Origin => 2,
+        }
+    }
+
+    /// Counts `samples` samples in `bytes` bytes that came from `from`.
+    pub fn add(&self, from: BytesFrom, samples: u64, bytes: u64) {
+        let i = Self::slot(from);
+        self.samples[i].fetch_add(samples, Relaxed);
+        self.bytes[i].fetch_add(bytes, Relaxed);
+    }
+
+    /// The counts so far.
+    pub fn get(&self) -> ServedCounts {
+        let s = |f| self.samples[Self::slot(f)].load(Relaxed);
+        let b = |f| self.bytes[Self::slot(f)].load(Relaxed);
+        ServedCounts {
+            samples_tier: s(BytesFrom::Tier),
+            bytes_tier: b(BytesFrom::Tier),
+            samples_peers: s(BytesFrom::Peer),
+            bytes_peers: b(BytesFrom::Peer),
+            samples_origin: s(BytesFrom::Origin),
+            bytes_origin: b(BytesFrom::Origin),
+        }
+    }
+}
+
 /// The counters one [`Metered`] store and its sources add to.
 #[derive(Debug, Default)]
 pub struct Meter {
@@ -138,6 +187,16 @@ struct MeteredSource {
     meter: Arc<Meter>,
 }
 
+impl MeteredSource {
+    /// `inner` (a source that replaces this one) counted in the same meter.
+    fn wrap(&self, inner: Source) -> Source {
+        Arc::new(MeteredSource {
+            inner,
+            meter: self.meter.clone(),
+        })
+    }
+}
+
 #[deny(clippy::missing_trait_methods)]
 impl ChunkSource for MeteredSource {
     fn location(&self) -> &Path {
@@ -176,6 +235,14 @@ impl ChunkSource for MeteredSource {
 
     fn local(&self) -> Option<&IoFile> {
         self.inner.local()
+    }
+
+    fn fall_back(&self, why: &dyn std::fmt::Display) -> Result<Option<Source>> {
+        Ok(self.inner.fall_back(why)?.map(|s| self.wrap(s)))
+    }
+
+    fn newer_copy(&self) -> Result<Option<Source>> {
+        Ok(self.inner.newer_copy()?.map(|s| self.wrap(s)))
     }
 
     fn observe_local(&self, read: LocalRead) {

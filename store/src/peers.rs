@@ -485,6 +485,17 @@ impl ChunkSource for PeerSource {
             BytesFrom::Peer
         }
     }
+
+    /// A peer's bytes are checked before they are used, so bytes that fail later are the
+    /// next store's (origin's): the chunk is opened there.
+    fn fall_back(&self, why: &dyn std::fmt::Display) -> Result<Option<Source>> {
+        log::debug!(
+            "chunk {} read through the peers failed ({why}); opened at {}",
+            self.ce.chunk_id,
+            self.next.location()
+        );
+        self.next.open_chunk(self.ce.chunk_id).map(Some)
+    }
 }
 
 #[cfg(test)]

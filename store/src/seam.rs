@@ -38,6 +38,15 @@ pub enum BytesFrom {
     Origin,
 }
 
+impl BytesFrom {
+    /// True for bytes from a copy (this node's tier, another node's): a reader checks them
+    /// against the snapshot before use and, when they fail, gives the source up
+    /// ([`ChunkSource::fall_back`]).
+    pub fn is_copy(self) -> bool {
+        self != BytesFrom::Origin
+    }
+}
+
 /// One range to read: `buf` receives the bytes at `offset`; the first `need` bytes must exist
 /// (the rest of `buf` may lie past the end of the source and is then left as it is).
 pub struct RangeRead<'a> {
@@ -98,6 +107,24 @@ pub trait ChunkSource: Send + Sync + Debug {
     /// the source they wrap.
     fn observe_local(&self, read: LocalRead) {
         let _ = read;
+    }
+
+    /// Gives this source up after bytes read from it failed (`why`: a read error, a short
+    /// read, bytes that do not match the snapshot), and returns the chunk opened where it
+    /// should be read instead. The layer that served the bytes decides: the tier discards its
+    /// copy (logged once, with its path) and opens the chunk in the store below it; a peer's
+    /// chunk is opened at origin. `None` (the default) when nothing lies below: the failure
+    /// is the dataset's own.
+    fn fall_back(&self, why: &dyn std::fmt::Display) -> Result<Option<Source>> {
+        let _ = why;
+        Ok(None)
+    }
+
+    /// For a chunk opened below a tier because the tier did not hold it: the tier's copy, if
+    /// one has arrived since (sources kept open for random reads move to it). `None` (the
+    /// default) otherwise.
+    fn newer_copy(&self) -> Result<Option<Source>> {
+        Ok(None)
     }
 }
 

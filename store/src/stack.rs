@@ -5,22 +5,30 @@
 //! ([`crate::BytesFrom`]). Every layer is metered ([`crate::Metered`]): what passed through
 //! it, and how long its reader waited there ([`StoreStack::layers`]).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use granary_format::ChunkEntry;
 
+use crate::file::IoFile;
 use crate::local::Opener;
 use crate::meter::{Meter, MeterReading, Metered};
 use crate::peers::{PeerStore, Peers};
-use crate::seam::{Access, BytesFrom, ChunkStore, OpenCounts, Source};
+use crate::seam::{
+    Access, BytesFrom, ChunkSource, ChunkStore, LocalRead, OpenCounts, RangeRead, Source,
+};
 use crate::tier::{HotChunk, LocalTier};
 use crate::Result;
 
 /// The local tier as a layer: a chunk the tier holds (its copy's size and header checked) is
 /// read from the copy, opened once and never mapped (someone may cut it short: then it is a
 /// short read naming the copy); any other chunk comes from the next store.
-#[derive(Debug)]
+///
+/// The layer owns what a copy's failure means ([`ChunkSource::fall_back`]): the copy is
+/// discarded, logged once with its path, and the chunk opened in the store below. A chunk
+/// opened below may later be served by a copy that arrived since
+/// ([`ChunkSource::newer_copy`]). Readers verify bytes; they never name the layer.
+#[derive(Debug, Clone)]
 pub struct TierStore {
     cache: Arc<LocalTier>,
     next: Arc<dyn ChunkStore>,
@@ -53,7 +61,7 @@ impl TierStore {
     /// Drops chunk `id`'s copy after it failed while read (`why`): removed from the tier and
     /// logged with its path; a failure to remove it is logged too (the read goes on from the
     /// next store either way).
-    pub fn drop_copy(&self, id: u32, why: &dyn std::fmt::Display) {
+    fn drop_copy(&self, id: u32, why: &dyn std::fmt::Display) {
         let path = self.cache.dir().join(granary_format::chunk_file_name(id));
         log::warn!(
             "tier copy {}: {why}; discarded, chunk {id} is read from {}",
@@ -66,19 +74,34 @@ impl TierStore {
     }
 
     /// Chunk `id`'s copy in the tier, if it holds a sound one.
-    pub fn open_copy(&self, id: u32) -> Result<Option<Source>> {
+    fn open_copy(&self, id: u32) -> Result<Option<Source>> {
         let Some(ce) = self.chunks.get(id as usize) else {
             return Ok(None);
         };
         let copy = self
             .cache
             .open_copy(ce, |p| self.opener.open_unmapped(p, Some(id)))?;
-        Ok(copy.map(|f| Arc::new(f) as Source))
+        Ok(copy.map(|file| {
+            Arc::new(TierCopy {
+                file,
+                tier: self.clone(),
+                id,
+            }) as Source
+        }))
+    }
+
+    /// Chunk `id` opened in the store below the tier.
+    fn open_below(&self, id: u32) -> Result<Source> {
+        Ok(Arc::new(Below {
+            inner: self.next.open_chunk(id)?,
+            tier: self.clone(),
+            id,
+        }))
     }
 
     /// Hot chunk `h`, if its file is present with the mapped size (another process may evict
     /// it meanwhile: then it is a miss).
-    pub fn open_hot(&self, h: &HotChunk) -> Option<Source> {
+    fn open_hot(&self, h: &HotChunk) -> Option<Source> {
         let p = self.cache.hot_path(h)?;
         let f = self.opener.open_unmapped(&p, Some(h.id)).ok()?;
         Some(Arc::new(f.serving(BytesFrom::Tier)))
@@ -97,7 +120,7 @@ impl ChunkStore for TierStore {
     fn open_chunk(&self, id: u32) -> Result<Source> {
         match self.open_copy(id)? {
             Some(copy) => Ok(copy),
-            None => self.next.open_chunk(id),
+            None => self.open_below(id),
         }
     }
 
@@ -106,12 +129,101 @@ impl ChunkStore for TierStore {
     }
 }
 
+/// A chunk's copy in the tier: read as the local file it is (the engine's fast path); when its
+/// bytes fail, discarded and replaced by the chunk opened below.
+#[derive(Debug)]
+struct TierCopy {
+    file: IoFile,
+    tier: TierStore,
+    id: u32,
+}
+
+impl ChunkSource for TierCopy {
+    fn location(&self) -> &Path {
+        &self.file.path
+    }
+
+    fn len(&self) -> u64 {
+        self.file.len
+    }
+
+    fn read_ranges(&self, reads: &mut [RangeRead<'_>]) -> Result<()> {
+        self.file.read_ranges(reads)
+    }
+
+    fn bytes_from(&self) -> BytesFrom {
+        BytesFrom::Tier
+    }
+
+    fn local(&self) -> Option<&IoFile> {
+        Some(&self.file)
+    }
+
+    fn fall_back(&self, why: &dyn std::fmt::Display) -> Result<Option<Source>> {
+        self.tier.drop_copy(self.id, why);
+        self.tier.open_below(self.id).map(Some)
+    }
+}
+
+/// A chunk the tier did not hold when it was opened, read from the store below; the tier's
+/// copy, once one arrives, is offered by [`ChunkSource::newer_copy`].
+#[derive(Debug)]
+struct Below {
+    inner: Source,
+    tier: TierStore,
+    id: u32,
+}
+
+#[deny(clippy::missing_trait_methods)]
+impl ChunkSource for Below {
+    fn location(&self) -> &Path {
+        self.inner.location()
+    }
+
+    fn len(&self) -> u64 {
+        self.inner.len()
+    }
+
+    fn is_empty(&self) -> bool {
+        self.inner.is_empty()
+    }
+
+    fn read_ranges(&self, reads: &mut [RangeRead<'_>]) -> Result<()> {
+        self.inner.read_ranges(reads)
+    }
+
+    fn bytes_from(&self) -> BytesFrom {
+        self.inner.bytes_from()
+    }
+
+    fn local(&self) -> Option<&IoFile> {
+        self.inner.local()
+    }
+
+    fn observe_local(&self, read: LocalRead) {
+        self.inner.observe_local(read)
+    }
+
+    fn fall_back(&self, why: &dyn std::fmt::Display) -> Result<Option<Source>> {
+        Ok(self.inner.fall_back(why)?.map(|inner| {
+            Arc::new(Below {
+                inner,
+                tier: self.tier.clone(),
+                id: self.id,
+            }) as Source
+        }))
+    }
+
+    fn newer_copy(&self) -> Result<Option<Source>> {
+        self.tier.open_copy(self.id)
+    }
+}
+
 /// The layers one reader reads through, built once per reader (a stream, a random-access
 /// reader, a mount).
 #[derive(Debug, Clone)]
 pub struct StoreStack {
     top: Arc<dyn ChunkStore>,
-    origin: Arc<dyn ChunkStore>,
     tier: Option<Arc<TierStore>>,
     access: Access,
     /// Each layer's meter, top first.
@@ -152,7 +264,6 @@ impl StoreStack {
         let tier = Arc::new(TierStore::new(cache, below, chunks, &access));
         StoreStack {
             top: metered(tier.clone(), "tier", &mut meters),
-            origin,
             tier: Some(tier),
             access,
             meters,
@@ -165,8 +276,7 @@ impl StoreStack {
         let tuned = store.tuned(&access).unwrap_or_else(|| store.clone());
         let origin = metered(tuned, "origin", &mut meters);
         StoreStack {
-            top: origin.clone(),
-            origin,
+            top: origin,
             tier: None,
             access,
             meters,
@@ -178,20 +288,11 @@ impl StoreStack {
         &self.top
     }
 
-    /// Origin storage alone (to read a chunk again after a copy proved damaged).
-    pub fn origin(&self) -> &Arc<dyn ChunkStore> {
-        &self.origin
-    }
-
-    /// The store under the tier (peers, else origin; origin without a tier): where a chunk is
-    /// read again when the tier's copy fails.
-    pub fn below_tier(&self) -> &Arc<dyn ChunkStore> {
-        self.tier.as_ref().map_or(&self.origin, |t| &t.next)
-    }
-
-    /// The tier layer, if any.
-    pub fn tier(&self) -> Option<&Arc<TierStore>> {
-        self.tier.as_ref()
+    /// Hot chunk `h` from the stack's tier (re-packed records of an importance tier), if the
+    /// stack has a tier and `h`'s file is present with the mapped size (another process may
+    /// evict it meanwhile: then it is a miss).
+    pub fn open_hot(&self, h: &HotChunk) -> Option<Source> {
+        self.tier.as_ref()?.open_hot(h)
     }
 
     /// How this reader reads.
