@@ -217,6 +217,13 @@ fn fs_methods_refuse_what_a_read_only_tree_cannot_do() {
         serde_json::from_slice(&fs.getxattr(ROOT_INO, b"user.granary.stats").unwrap()).unwrap();
     assert_eq!(stats["samples"], mount_tree().len() as u64);
     assert_eq!(stats["samples_from_origin"], 1);
+    // The stack's one layer (no tier here): what the sample read opened and read.
+    let layers = stats["layers"].as_array().unwrap();
+    assert_eq!(layers.len(), 1, "{layers:?}");
+    assert_eq!(layers[0]["layer"], "origin");
+    assert!(layers[0]["opens"].as_u64().unwrap() >= 1, "{layers:?}");
+    assert!(layers[0]["bytes"].as_u64().unwrap() >= 5, "{layers:?}");
+    assert_eq!(layers[0]["errors"], 0);
     assert_eq!(
         fs.getxattr(ROOT_INO, b"user.granary.pid").unwrap(),
         std::process::id().to_string().as_bytes()

@@ -64,6 +64,9 @@ struct Stats<'a> {
     uptime_s: f64,
     #[serde(flatten)]
     reads: &'a ReadStats,
+    /// What passed through each layer of the mount's store stack (tier, origin), with the
+    /// seconds reads waited there.
+    layers: Vec<granary::LayerReading>,
 }
 
 impl MountFs {
@@ -370,6 +373,7 @@ impl MountFs {
             open_files: self.handles.lock().expect("handles").len(),
             uptime_s: self.started.elapsed().as_secs_f64(),
             reads: &reads,
+            layers: self.reader.layers(),
         };
         serde_json::to_string(&s).expect("stats serialise")
     }

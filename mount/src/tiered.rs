@@ -13,8 +13,8 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use granary::{
-    Access, BytesFrom, ChunkBytes, Dataset, ImportanceScores, LocalTier, ReadError, SampleInfo,
-    SampleReader, ServedCounters,
+    Access, BytesFrom, ChunkBytes, Dataset, ImportanceScores, LayerReading, LocalTier, ReadError,
+    SampleInfo, SampleReader, ServedCounters,
 };
 use serde::Serialize;
 
@@ -277,6 +277,16 @@ impl TieredReader {
             (Some(t), true) => t.request(chunk),
             _ => false,
         }
+    }
+
+    /// What passed through each layer of the reader's store stack so far, top first.
+    pub fn layers(&self) -> Vec<LayerReading> {
+        self.reader
+            .stack()
+            .layers()
+            .into_iter()
+            .map(|(layer, reading)| LayerReading { layer, reading })
+            .collect()
     }
 
     /// Where the tier is, if there is one.

@@ -805,6 +805,27 @@ impl Stream {
             .then_some((h.samples_from_peers, h.bytes_from_peers))
     }
 
+    /// What passed through each layer of the stream's store stack so far, top first: one dict
+    /// per layer (``layer``: "tier", "peers" or "origin"; ``opens``, ``reads``, ``ranges``,
+    /// ``bytes``, ``errors``, and ``wait_s``, the seconds the stream's reads waited there).
+    fn layers<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyDict>>> {
+        let layers = self.inner.lock().expect("stream lock").layers();
+        layers
+            .into_iter()
+            .map(|(layer, m)| {
+                let d = PyDict::new(py);
+                d.set_item("layer", layer)?;
+                d.set_item("opens", m.opens)?;
+                d.set_item("reads", m.reads)?;
+                d.set_item("ranges", m.ranges)?;
+                d.set_item("bytes", m.bytes)?;
+                d.set_item("errors", m.errors)?;
+                d.set_item("wait_s", m.wait_s)?;
+                Ok(d)
+            })
+            .collect()
+    }
+
     /// Hits of the local tier so far: (samples from tier, samples from source, bytes from
     /// tier, bytes from source); None without a tier.
     fn cache_hits(&self) -> Option<(u64, u64, u64, u64)> {

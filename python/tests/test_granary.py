@@ -99,6 +99,24 @@ def test_packed_batches(packed):
         granary.IterableDataset(path, batch_format="arrow")
 
 
+def test_a_stream_reports_what_passed_through_each_layer(packed, tmp_path):
+    path, files = packed
+    stream = granary.Stream(path, 0, 0, 1, 0, 1)
+    data = sum(len(s[2]) for s in stream)
+    assert data == sum(len(v) for v in files.values())
+    (origin,) = stream.layers()
+    assert origin["layer"] == "origin" and origin["errors"] == 0
+    assert origin["opens"] >= 1 and origin["reads"] >= 1 and origin["wait_s"] >= 0
+    # Each chunk is read once per epoch, not more (records are stored compressed or raw).
+    chunks = sum(p.stat().st_size for p in path.glob("*.gchunk"))
+    assert 0 < origin["bytes"] <= chunks
+    tiered = granary.Stream(path, 0, 0, 1, 0, 1, cache_dir=str(tmp_path / "tier"),
+                            cache_size=1 << 30)
+    for _ in tiered:
+        pass
+    assert [x["layer"] for x in tiered.layers()] == ["tier", "origin"]
+
+
 def test_batches_gather_into_the_callers_buffer(packed):
     np = pytest.importorskip("numpy")
     path, files = packed

@@ -57,7 +57,7 @@ mod window;
 
 /// Object stores (`s3://`, `gs://`, `az://`, `http(s)://`): the store crate's.
 pub use granary_store::object as remote;
-pub use granary_store::{auth, file, local, serving};
+pub use granary_store::{auth, file, local, peers, serving};
 
 pub use config::{PeerConfig, Reader, ReaderConfig, SamplingMode, ScoreSource, TierConfig};
 pub use dataset::ownership;

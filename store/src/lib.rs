@@ -8,7 +8,6 @@
 //! [`StoreStack`] (tier → peers → origin, any subset) once; the packer writes objects through
 //! [`object::ObjectUrl`]. Errors say of which kind they are ([`StoreError`]).
 
-pub mod auth;
 pub mod buf;
 pub mod config;
 pub mod engine;
@@ -21,7 +20,6 @@ pub mod meter;
 pub mod object;
 pub mod peers;
 mod seam;
-pub mod serving;
 
 mod stack;
 pub mod tier;
@@ -33,6 +31,7 @@ pub use granary_format::DatasetId;
 pub use local::{advise, effective_memory, resident_share, LocalDir, Opener};
 pub use location::{open, write_destination, Location};
 pub use meter::{Meter, MeterReading, Metered, ServedCounters, ServedCounts};
+pub use peers::{auth, request as serving};
 pub use peers::{Ownership, PeerStats, PeerStore, Peers};
 pub use seam::{
     Access, BytesFrom, ChunkSource, ChunkStore, IoMode, LocalRead, OpenCounters, OpenCounts,

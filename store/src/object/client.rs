@@ -105,7 +105,7 @@ impl ObjectUrl {
         // The client's whole-request limit (30 s by default) would cut off a large GET on a
         // slow link and retry it forever; progress is watched by `read_timeout` instead, and
         // the whole request is only bounded for a peer.
-        let whole = if self.peer {
+        let whole = if self.peer.is_some() {
             t.request
         } else {
             Duration::from_secs(86_400)
@@ -117,7 +117,7 @@ impl ObjectUrl {
             (K::Timeout, secs(whole)),
         ];
         let retry = object_store::RetryConfig {
-            max_retries: if self.peer { 0 } else { 100 },
+            max_retries: if self.peer.is_some() { 0 } else { 100 },
             retry_timeout: t.retry,
             backoff: object_store::BackoffConfig {
                 max_backoff: MAX_BACKOFF,
@@ -178,7 +178,7 @@ impl ObjectUrl {
                     .with_connect_timeout(t.connect)
                     .with_read_timeout(t.request)
                     .with_timeout(whole);
-                if let Some(pem) = &self.peer_ca {
+                if let Some(pem) = self.peer.as_ref().and_then(|p| p.ca.as_ref()) {
                     let certs = object_store::Certificate::from_pem_bundle(pem).map_err(|e| {
                         StoreError::Invalid(format!("the peers' CA certificates: {e}"))
                     })?;
@@ -195,7 +195,7 @@ impl ObjectUrl {
                     .with_url(&bucket_url)
                     .with_retry(retry)
                     .with_client_options(options);
-                if let Some(secret) = &self.secret {
+                if let Some(secret) = self.peer.as_ref().and_then(|p| p.secret.as_ref()) {
                     b = b.with_http_connector(Signing(secret.clone()));
                 }
                 Arc::new(b.build().map_err(fail)?)

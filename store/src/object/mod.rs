@@ -33,6 +33,7 @@ pub use paths::staging_dir;
 pub use runtime::block_on;
 pub use snapcache::{fetch_snapshot, snapshot_head};
 pub use uploads::{abort_open_uploads, OpenUploadInfo};
+pub(crate) use url::PeerLink;
 pub use url::{is_url, is_url_path, looks_like_url, ObjectUrl};
 
 /// URL schemes granary reads (and, but for `http(s)`, writes).

@@ -47,13 +47,19 @@ pub struct ObjectUrl {
     pub(super) timeouts: Timeouts,
     /// S3 credentials may come from the instance's role ([`StoreConfig::aws_imds`]).
     pub(super) aws_imds: bool,
-    /// A peer's tier (`granary serve`): every request bounded by `timeouts.request`, never
-    /// retried, and nothing logged while waiting (the peer layer handles a slow peer).
-    pub(super) peer: bool,
-    /// The job's secret, which signs every request to a peer (`crate::auth`).
-    pub(super) secret: Option<crate::auth::Secret>,
-    /// Certificates (PEM) a peer's TLS certificate must chain to: the peer is then `https`.
-    pub(super) peer_ca: Option<Vec<u8>>,
+    /// Set for a peer's tier (`granary serve`, read by [`crate::peers`]' client): every
+    /// request bounded by `timeouts.request`, never retried, nothing logged while waiting (the
+    /// peer layer handles a slow peer), signed with the job's secret.
+    pub(super) peer: Option<PeerLink>,
+}
+
+/// How requests reach a peer's tier.
+#[derive(Debug, Clone)]
+pub(crate) struct PeerLink {
+    /// The job's secret, which signs every request (`crate::auth`).
+    pub(crate) secret: Option<crate::auth::Secret>,
+    /// Certificates (PEM) the peer's TLS certificate must chain to: the peer is then `https`.
+    pub(crate) ca: Option<Vec<u8>>,
 }
 
 impl ObjectUrl {
@@ -89,9 +95,7 @@ impl ObjectUrl {
             client: Mutex::new(None),
             timeouts: cfg.timeouts,
             aws_imds: cfg.aws_imds,
-            peer: false,
-            secret: None,
-            peer_ca: None,
+            peer: None,
         })
     }
 
@@ -107,35 +111,29 @@ impl ObjectUrl {
             client: Mutex::new(None),
             timeouts: self.timeouts,
             aws_imds: self.aws_imds,
-            peer: self.peer,
-            secret: self.secret.clone(),
-            peer_ca: self.peer_ca.clone(),
+            peer: self.peer.clone(),
         };
         Some((parent, name.to_string()))
     }
 
     /// The tier of dataset `id_hex` served by the peer at `addr` (`host:port`, `granary
-    /// serve`): plain HTTP, each request bounded by `timeout` (connecting included) and never
-    /// retried, so a peer that is gone costs one timeout, not a backoff schedule; each signed
-    /// with `secret` when there is one; over TLS, the peer's certificate checked against
-    /// `ca` (PEM), when given.
-    pub fn peer(
+    /// serve`), as the peers' client reads it: plain HTTP (TLS when `link` has a CA), each
+    /// request bounded by `timeout` (connecting included) and never retried, so a peer that
+    /// is gone costs one timeout, not a backoff schedule.
+    pub(crate) fn peer(
         addr: &str,
         id_hex: &str,
         timeout: Duration,
-        secret: Option<crate::auth::Secret>,
-        ca: Option<&[u8]>,
+        link: PeerLink,
     ) -> Result<Self> {
-        let scheme = if ca.is_some() { "https" } else { "http" };
+        let scheme = if link.ca.is_some() { "https" } else { "http" };
         let mut u = Self::parse(&format!("{scheme}://{addr}/{id_hex}"))?;
-        u.peer_ca = ca.map(<[u8]>::to_vec);
         u.timeouts = Timeouts {
             connect: timeout,
             request: timeout,
             retry: timeout,
         };
-        u.peer = true;
-        u.secret = secret;
+        u.peer = Some(link);
         Ok(u)
     }
 
@@ -148,7 +146,7 @@ impl ObjectUrl {
     /// warning says so (once after the first notice, then at doubling intervals), naming the
     /// URL, so that a store that does not answer is never a silent wait.
     pub(super) fn run<F: Future>(&self, what: &str, url: &str, fut: F) -> Result<F::Output> {
-        if self.peer {
+        if self.peer.is_some() {
             return block_on(fut);
         }
         block_on(watched(what, url, self.timeouts, fut))

@@ -9,6 +9,16 @@
 //!
 //! Only whole chunk copies are shared; a node's hot chunks (re-packed by importance) stay its
 //! own.
+//!
+//! The room: the layer and its ownership (here), the client that asks another node
+//! ([`client`]), the server that answers (`granary serve`, [`server`]), the requests it accepts
+//! ([`request`]) and the job's secret both sides share ([`auth`]).
+
+pub mod auth;
+mod client;
+pub mod request;
+#[cfg(feature = "server")]
+pub mod server;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
@@ -17,9 +27,10 @@ use std::time::Duration;
 
 use granary_format::{chunk_file_name, ChunkEntry};
 
-use crate::object::{ObjectUrl, Sized};
+use crate::object::Sized;
 use crate::seam::{BytesFrom, ChunkSource, ChunkStore, RangeRead, Source};
 use crate::{DatasetId, Result, StoreError};
+use client::PeerClient;
 
 const NO_OWNER: u32 = u32::MAX;
 
@@ -149,7 +160,7 @@ pub struct Peers {
     me: u32,
     addrs: Vec<String>,
     /// Each node's tier of this dataset; `None` for this node.
-    urls: Vec<Option<ObjectUrl>>,
+    clients: Vec<Option<PeerClient>>,
     ownership: Ownership,
     down: Vec<AtomicBool>,
     /// A rejected copy is reported once per peer and epoch.
@@ -187,13 +198,13 @@ impl Peers {
             )));
         }
         let id = DatasetId(dataset_id).to_string();
-        let mut urls = Vec::with_capacity(addrs.len());
+        let mut clients = Vec::with_capacity(addrs.len());
         for (n, a) in addrs.iter().enumerate() {
             check_addr(a)?;
-            urls.push(if n as u32 == me {
+            clients.push(if n as u32 == me {
                 None
             } else {
-                Some(ObjectUrl::peer(a, &id, timeout, secret.clone(), tls_ca)?)
+                Some(PeerClient::new(a, &id, timeout, secret.clone(), tls_ca)?)
             });
         }
         Ok(Peers {
@@ -201,7 +212,7 @@ impl Peers {
             down: addrs.iter().map(|_| AtomicBool::new(false)).collect(),
             rejected_said: addrs.iter().map(|_| AtomicBool::new(false)).collect(),
             addrs,
-            urls,
+            clients,
             ownership,
             counters: Counters::default(),
         })
@@ -272,7 +283,7 @@ impl Peers {
             c.unreachable.fetch_add(1, Relaxed);
             return false;
         }
-        let Some(url) = self.urls[n].as_ref() else {
+        let Some(peer) = self.clients[n].as_ref() else {
             return false;
         };
         let reject = |what: String| {
@@ -283,13 +294,13 @@ impl Peers {
                      snapshot's {} bytes and CRC {:08x}: rejected, read from origin (further \
                      rejections from this peer are counted, not printed, this epoch)",
                     self.addrs[n],
-                    url.object_url(name),
+                    peer.chunk_url(name),
                     ce.file_size,
                     ce.file_crc
                 );
             }
         };
-        match url.get_into(name, ce.file_size, parts) {
+        match peer.get_into(name, ce.file_size, parts) {
             Ok(Sized::Got(crc)) if crc == ce.file_crc => {
                 c.chunks_from_peers.fetch_add(1, Relaxed);
                 c.bytes_from_peers.fetch_add(ce.file_size, Relaxed);

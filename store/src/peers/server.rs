@@ -1,0 +1,387 @@
+//! `granary serve`: this node's tier, read-only over HTTP, for the other nodes of a job (the
+//! peers' client, [`super::client`], asks it).
+//!
+//! `GET` or `HEAD /<dataset id>/chunk-NNNNNNNN.gchunk`, with an optional single byte range
+//! (`Range: bytes=a-b`, `bytes=a-`, `bytes=-n`), parsed by [`super::request`]. Only the given
+//! datasets' tiers are served, only chunk copies (no hot chunks, index, scores or lock file),
+//! and nothing is ever written. Every request must carry a proof made with the job's secret
+//! ([`super::auth`]): without one it is refused (401, 403), and the refusal logged with the
+//! caller's address. Clients check every copy against the snapshot (size and whole-file CRC),
+//! so the server does not: a damaged copy is rejected where it is used.
+
+use std::collections::HashMap;
+use std::net::{SocketAddr, TcpListener};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::{Method, Request, Response, StatusCode};
+
+use super::auth::{Secret, Verifier};
+use crate::{Result, StoreError};
+
+fn invalid(msg: String) -> StoreError {
+    StoreError::Invalid(msg)
+}
+
+/// What a server serves, and to whom.
+pub struct ServeConfig {
+    /// Each dataset id (hex) served, and its tier directory.
+    pub tiers: HashMap<String, PathBuf>,
+    /// The job's secret, whose proofs every request must carry; `None` answers anyone who
+    /// reaches the port.
+    pub secret: Option<Secret>,
+    /// A certificate chain and its private key (PEM files): serve over TLS.
+    pub tls: Option<(PathBuf, PathBuf)>,
+    /// Threads answering requests.
+    pub threads: usize,
+}
+
+/// A bound server, ready to serve ([`PeerServer::serve`]).
+pub struct PeerServer {
+    listener: TcpListener,
+    addr: SocketAddr,
+    rt: tokio::runtime::Runtime,
+    served: Arc<Served>,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+}
+
+impl PeerServer {
+    /// Listens on `listen` (`HOST:PORT`; port 0: a free one) to serve what `cfg` says.
+    pub fn bind(listen: &str, cfg: ServeConfig) -> Result<PeerServer> {
+        let tls = match &cfg.tls {
+            Some((c, k)) => Some(tls_acceptor(c, k)?),
+            None => None,
+        };
+        let listener =
+            TcpListener::bind(listen).map_err(|e| StoreError::io("listening on", listen, e))?;
+        let addr = listener
+            .local_addr()
+            .and_then(|a| listener.set_nonblocking(true).map(|()| a))
+            .map_err(|e| StoreError::io("listening on", listen, e))?;
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(cfg.threads.max(1))
+            .thread_name("granary-serve")
+            .enable_io()
+            .enable_time()
+            .build()
+            .map_err(|e| StoreError::io("starting the server's runtime", listen, e))?;
+        let served = Arc::new(Served {
+            tiers: cfg.tiers,
+            verifier: cfg.secret.map(Verifier::new),
+            refused: Default::default(),
+        });
+        Ok(PeerServer {
+            listener,
+            addr,
+            rt,
+            served,
+            tls,
+        })
+    }
+
+    /// Where it listens: `http://HOST:PORT`, or `https://` with TLS.
+    pub fn url(&self) -> String {
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        format!("{scheme}://{}", self.addr)
+    }
+
+    /// True when requests must carry the job's proof.
+    pub fn checks_proofs(&self) -> bool {
+        self.served.verifier.is_some()
+    }
+
+    /// Serves until the process is stopped; returns only if the listener fails.
+    pub fn serve(self) -> Result<()> {
+        let PeerServer {
+            listener,
+            addr,
+            rt,
+            served,
+            tls,
+        } = self;
+        let r: std::io::Result<()> = rt.block_on(async move {
+            let listener = tokio::net::TcpListener::from_std(listener)?;
+            loop {
+                let (stream, from) = match listener.accept().await {
+                    Ok(s) => s,
+                    // Out of file descriptors or a connection reset before it was accepted:
+                    // the next one may work.
+                    Err(e) => {
+                        eprintln!("granary serve: accepting a connection failed: {e}");
+                        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                        continue;
+                    }
+                };
+                let _ = stream.set_nodelay(true);
+                tokio::spawn(connection(stream, from, served.clone(), tls.clone()));
+            }
+        });
+        r.map_err(|e| StoreError::io("serving on", addr.to_string(), e))
+    }
+}
+
+/// Answers the requests of one connection (a client that goes away mid-response is its own
+/// business).
+async fn connection(
+    stream: tokio::net::TcpStream,
+    from: SocketAddr,
+    served: Arc<Served>,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+) {
+    let svc = hyper::service::service_fn(move |req| {
+        let served = served.clone();
+        async move { Ok::<_, std::convert::Infallible>(answer(&served, req, from).await) }
+    });
+    let http = hyper::server::conn::http1::Builder::new();
+    match tls {
+        None => {
+            let _ = http
+                .serve_connection(hyper_util::rt::TokioIo::new(stream), svc)
+                .await;
+        }
+        Some(tls) => match tls.accept(stream).await {
+            Ok(s) => {
+                let _ = http
+                    .serve_connection(hyper_util::rt::TokioIo::new(s), svc)
+                    .await;
+            }
+            Err(e) => eprintln!("granary serve: TLS handshake with {from} failed: {e}"),
+        },
+    }
+}
+
+/// The TLS side of the server, from a certificate chain and its key (PEM files).
+fn tls_acceptor(cert: &Path, key: &Path) -> Result<tokio_rustls::TlsAcceptor> {
+    use rustls_pki_types::pem::PemObject;
+    use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+    use tokio_rustls::rustls;
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
+        .and_then(|it| it.collect::<std::result::Result<_, _>>())
+        .map_err(|e| invalid(format!("reading the certificate {}: {e}", cert.display())))?;
+    if certs.is_empty() {
+        return Err(invalid(format!("{}: no certificate in it", cert.display())));
+    }
+    let key = PrivateKeyDer::from_pem_file(key)
+        .map_err(|e| invalid(format!("reading the private key {}: {e}", key.display())))?;
+    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| invalid(format!("TLS: {e}")))?
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .map_err(|e| {
+            invalid(format!(
+                "the certificate and the key do not go together: {e}"
+            ))
+        })?;
+    Ok(tokio_rustls::TlsAcceptor::from(Arc::new(config)))
+}
+
+/// What the server may serve: each dataset id (hex) and its tier directory; who it answers.
+struct Served {
+    tiers: HashMap<String, PathBuf>,
+    /// `None`: --insecure.
+    verifier: Option<Verifier>,
+    refused: std::sync::atomic::AtomicU64,
+}
+
+fn reply(status: StatusCode, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
+    let mut r = Response::new(Full::new(body.into()));
+    *r.status_mut() = status;
+    r
+}
+
+/// The tier file a request names, if it is one the server may serve.
+fn file_for(served: &Served, path: &str) -> std::result::Result<PathBuf, &'static str> {
+    let (id, name) = super::request::chunk_request(path)?;
+    match served.tiers.get(id) {
+        Some(dir) => Ok(dir.join(name)),
+        None => Err("not found: this server does not serve that dataset\n"),
+    }
+}
+
+/// The refusal of `req` if it lacks the job's proof (logged with `from`: the first 20, then
+/// every 1000th).
+fn refusal(
+    served: &Served,
+    req: &Request<hyper::body::Incoming>,
+    from: std::net::SocketAddr,
+) -> Option<Response<Full<Bytes>>> {
+    let v = served.verifier.as_ref()?;
+    let header = |name| req.headers().get(name).and_then(|v| v.to_str().ok());
+    let checked = v.check(
+        req.method().as_str(),
+        req.uri().path(),
+        header(hyper::header::RANGE.as_str()),
+        header(super::auth::AUTH_HEADER),
+        super::auth::unix_now(),
+    );
+    let why = checked.err()?;
+    let n = served
+        .refused
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        + 1;
+    if n <= 20 || n.is_multiple_of(1000) {
+        eprintln!(
+            "granary serve: refused {} {} from {from}: {why} ({n} refused so far)",
+            req.method(),
+            req.uri().path()
+        );
+    }
+    let status = StatusCode::from_u16(why.status()).expect("401 or 403");
+    let mut r = reply(status, format!("refused: {why}\n"));
+    if status == StatusCode::UNAUTHORIZED {
+        r.headers_mut().insert(
+            hyper::header::WWW_AUTHENTICATE,
+            "granary-peer-v1".parse().expect("valid"),
+        );
+    }
+    Some(r)
+}
+
+async fn answer(
+    served: &Served,
+    req: Request<hyper::body::Incoming>,
+    from: std::net::SocketAddr,
+) -> Response<Full<Bytes>> {
+    if let Some(r) = refusal(served, &req, from) {
+        return r;
+    }
+    let head = match *req.method() {
+        Method::GET => false,
+        Method::HEAD => true,
+        _ => {
+            let mut r = reply(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "read-only: GET and HEAD only\n",
+            );
+            r.headers_mut()
+                .insert(hyper::header::ALLOW, "GET, HEAD".parse().expect("valid"));
+            return r;
+        }
+    };
+    let path = match file_for(served, req.uri().path()) {
+        Ok(p) => p,
+        Err(why) => return reply(StatusCode::NOT_FOUND, why),
+    };
+    let range = req
+        .headers()
+        .get(hyper::header::RANGE)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    // File reads block: off the runtime's threads.
+    let read = tokio::task::spawn_blocking(move || read_file(&path, range.as_deref(), head)).await;
+    match read {
+        Ok(r) => r,
+        Err(e) => reply(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("reading failed: {e}\n"),
+        ),
+    }
+}
+
+fn read_file(path: &Path, range: Option<&str>, head: bool) -> Response<Full<Bytes>> {
+    // The tier replaces and removes files whole; an open file keeps its bytes even if it is
+    // evicted while being read.
+    let f = match std::fs::File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return reply(StatusCode::NOT_FOUND, "not found: not in this tier\n")
+        }
+        Err(e) => {
+            return reply(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("opening failed: {e}\n"),
+            )
+        }
+    };
+    let size = match f.metadata() {
+        Ok(m) => m.len(),
+        Err(e) => {
+            return reply(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("inspecting failed: {e}\n"),
+            )
+        }
+    };
+    let (status, (start, end)) = match super::request::byte_range(range, size) {
+        Ok(None) => (StatusCode::OK, (0, size)),
+        Ok(Some(r)) => (StatusCode::PARTIAL_CONTENT, r),
+        Err(super::request::Unsatisfiable) => {
+            let mut r = reply(StatusCode::RANGE_NOT_SATISFIABLE, "");
+            r.headers_mut().insert(
+                hyper::header::CONTENT_RANGE,
+                format!("bytes */{size}").parse().expect("valid"),
+            );
+            return r;
+        }
+    };
+    let body = if head {
+        Bytes::new()
+    } else {
+        let mut buf = vec![0u8; (end - start) as usize];
+        if let Err(e) = f.read_exact_at(&mut buf, start) {
+            // Cut short under us (it cannot be replaced in place): say so rather than send less.
+            return reply(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("reading failed: {e}\n"),
+            );
+        }
+        Bytes::from(buf)
+    };
+    let mut r = reply(status, body);
+    let h = r.headers_mut();
+    h.insert(
+        hyper::header::CONTENT_TYPE,
+        "application/octet-stream".parse().expect("valid"),
+    );
+    h.insert(
+        hyper::header::ACCEPT_RANGES,
+        "bytes".parse().expect("valid"),
+    );
+    if head {
+        h.insert(
+            hyper::header::CONTENT_LENGTH,
+            (end - start).to_string().parse().expect("valid"),
+        );
+    }
+    if status == StatusCode::PARTIAL_CONTENT {
+        h.insert(
+            hyper::header::CONTENT_RANGE,
+            format!("bytes {start}-{}/{size}", end - 1)
+                .parse()
+                .expect("valid"),
+        );
+    }
+    r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_chunk_copies_of_the_datasets_served_are_files() {
+        let served = Served {
+            tiers: [("ab".to_string(), PathBuf::from("/t/ab"))].into(),
+            verifier: None,
+            refused: Default::default(),
+        };
+        assert_eq!(
+            file_for(&served, "/ab/chunk-00000007.gchunk"),
+            Ok(PathBuf::from("/t/ab/chunk-00000007.gchunk"))
+        );
+        // Another dataset's id; names that are not chunk copies are refused by
+        // `super::request::chunk_request` (its own test lists them).
+        for bad in [
+            "/cd/chunk-00000007.gchunk",
+            "/ab/index",
+            "/ab/../ab/chunk-00000007.gchunk",
+        ] {
+            assert!(file_for(&served, bad).is_err(), "{bad}");
+        }
+    }
+}
