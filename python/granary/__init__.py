@@ -18,7 +18,9 @@ data (never returned); ``IncompleteError`` when a reader thread failed (the epoc
 import os
 
 from ._native import Dataset as _NativeDataset
+from ._native import READER_DEFAULTS as _D
 from ._native import DamagedError, GranaryError, IncompleteError, Scores, Stream, __version__
+from ._native import check_reader_options as _check_reader_options
 from .parquet import from_parquet
 from .writer import Writer, from_webdataset, merge
 
@@ -249,53 +251,39 @@ class IterableDataset(_IterBase):
     def __init__(
         self,
         path,
-        shuffle="chunkwise",
-        seed=0,
+        shuffle=_D["shuffle"],
+        seed=_D["seed"],
         rank=None,
         world_size=None,
         drop_last=None,
         batch_size=None,
         cache_dir=None,
         cache_size=None,
-        policy="static",
-        sampling="uniform",
-        alpha=0.5,
-        cache_boost=4.0,
+        policy=_D["policy"],
+        sampling=_D["sampling"],
+        alpha=_D["alpha"],
+        cache_boost=_D["cache_boost"],
         window=None,
         memory=None,
         batch_format="list",
         pad=False,
-        locality=1.0,
+        locality=_D["locality"],
         transform=None,
         collate=None,
         peers=None,
         node=None,
-        peer_timeout=2.0,
-        ownership_epoch=0,
+        peer_timeout=_D["peer_timeout"],
+        ownership_epoch=_D["ownership_epoch"],
         peer_secret=None,
         peer_ca=None,
         fields=None,
     ):
-        if shuffle not in ("chunkwise", "global", "sequential"):
-            raise ValueError(f"shuffle must be chunkwise, global or sequential, not {shuffle!r}")
-        if policy not in ("lru", "static", "importance"):
-            raise ValueError(f"policy must be lru, static or importance, not {policy!r}")
-        if sampling not in ("uniform", "importance"):
-            raise ValueError(f"sampling must be uniform or importance, not {sampling!r}")
-        if (cache_dir is None) != (cache_size is None):
-            raise ValueError("cache_dir and cache_size go together")
-        if sampling == "importance" and cache_dir is None:
-            raise ValueError("sampling='importance' needs cache_dir: the score table lives there")
-        if not 0.0 <= alpha < 1.0:
-            raise ValueError(f"alpha must be in [0, 1), not {alpha}")
         if batch_size is not None and batch_size < 1:
             raise ValueError("batch_size must be a positive integer")
         if batch_format not in ("list", "tensor"):
             raise ValueError(f"batch_format must be list or tensor, not {batch_format!r}")
         if pad and drop_last:
             raise ValueError("pad=True fills the remainder that drop_last=True drops: pick one")
-        if not 0.0 <= float(locality) <= 1.0:
-            raise ValueError(f"locality must be in [0, 1], not {locality}")
         if transform is not None and not callable(transform):
             raise ValueError("transform must be callable")
         if transform is not None and batch_format == "tensor":
@@ -309,17 +297,26 @@ class IterableDataset(_IterBase):
             raise ValueError("collate applies to the list of a batch's samples: it needs "
                              "batch_size and batch_format='list'")
         if peers is not None:
-            if cache_dir is None:
-                raise ValueError("peers share tiers: they need cache_dir and cache_size")
             if isinstance(peers, str):
                 peers = [p for p in peers.split(",") if p]
             peers = [str(p) for p in peers]
-            if not peers:
-                raise ValueError("peers names no node")
         if (rank is None) != (world_size is None):
             raise ValueError("rank and world_size go together")
         if world_size is not None and not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is not in [0, {world_size})")
+        # The reader's own options, checked by the library as every stream will be: now,
+        # in the process that makes the dataset, not later in a DataLoader worker.
+        _check_reader_options(
+            shuffle=shuffle, seed=seed, window=window, memory=memory, locality=locality,
+            drop_last=not pad if drop_last is None else bool(drop_last),
+            cache_dir=cache_dir, cache_size=cache_size, policy=policy, sampling=sampling,
+            alpha=alpha, cache_boost=cache_boost, peers=peers, node=node,
+            peer_timeout=peer_timeout, ownership_epoch=ownership_epoch,
+            peer_secret=peer_secret, peer_ca=peer_ca,
+        )
+        if sampling == "importance" and cache_dir is None:
+            # report() feeds the node's score table next to the tier.
+            raise ValueError("sampling='importance' needs cache_dir: the score table lives there")
         self.root = os.fspath(path)
         self.fields = _field_list(fields)
         self._layout_ds = None

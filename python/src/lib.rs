@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use granary::{
     Dataset as RsDataset, EpochSetup, EpochState, EpochStream, LocalTier, PlanOptions, ReadError,
-    SampleReader, Shard, SharedScores, ShuffleMode, StreamOptions, TierPolicy,
+    SampleReader, Shard, SharedScores, StreamOptions, TierPolicy,
 };
 use numpy::{PyArray1, PyArrayMethods};
 use pyo3::create_exception;
@@ -266,30 +266,23 @@ impl Dataset {
         epoch: u64,
         options: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Vec<u64>> {
-        let mut o = Keywords::new("plan", options);
-        let seed = o.get("seed", 0u64)?;
-        let window: Option<usize> = o.get("window", None)?;
-        let memory: Option<u64> = o.get("memory", None)?;
-        let rank = o.get("rank", 0u32)?;
-        let world_size = o.get("world_size", 1u32)?;
-        let drop_last = o.get("drop_last", true)?;
-        let shuffle: String = o.get("shuffle", "chunkwise".to_string())?;
-        o.finish()?;
-        let mode = ShuffleMode::parse(&shuffle).map_err(PyValueError::new_err)?;
+        let empty = PyDict::new(py);
+        let o: granary::ReaderOptions = from_keywords("plan", options.unwrap_or(&empty))?;
         let setup = EpochSetup {
             plan: PlanOptions {
-                mode,
-                seed,
-                window_chunks: window.unwrap_or(0),
-                drop_last,
+                mode: o.shuffle,
+                seed: o.seed,
+                window_chunks: o.window.unwrap_or(0),
+                drop_last: o.drop_last,
                 locality: 1.0,
             },
             sampling: None,
             stream: StreamOptions {
-                memory: memory.unwrap_or(granary::DEFAULT_READER_MEMORY),
+                memory: o.memory.unwrap_or(granary::DEFAULT_READER_MEMORY),
                 ..Default::default()
             },
         };
+        let (rank, world_size) = (o.rank, o.world_size);
         let shard = Shard {
             rank,
             world_size,
@@ -311,85 +304,72 @@ pub(crate) fn store_config() -> PyResult<granary::StoreConfig> {
     granary::StoreConfig::from_env().map_err(|e| PyValueError::new_err(e.to_string()))
 }
 
-/// Keyword arguments taken one by one with their defaults; any left over is a TypeError, as
-/// for a Python function.
-struct Keywords<'a, 'py> {
-    func: &'static str,
-    dict: Option<&'a Bound<'py, PyDict>>,
-    taken: Vec<&'static str>,
+/// `T` (a library options struct) built from keyword arguments by its serde field names and
+/// defaults, with the errors a Python function gives: a keyword `T` has no field for, or a
+/// value of the wrong type, is a TypeError naming it; a value that cannot work (an unknown
+/// mode, a short secret) is a ValueError saying why. Path-like values are taken as their paths.
+fn from_keywords<T: serde::de::DeserializeOwned>(
+    func: &str,
+    kw: &Bound<'_, PyDict>,
+) -> PyResult<T> {
+    use pyo3::exceptions::PyTypeError;
+    let fspath = kw.py().import("os")?.getattr("fspath")?;
+    let plain = PyDict::new(kw.py());
+    for (k, v) in kw.iter() {
+        let v = if v.hasattr("__fspath__")? {
+            fspath.call1((v,))?
+        } else {
+            v
+        };
+        plain.set_item(k, v)?;
+    }
+    let mut unknown = Vec::new();
+    let mut py_de = pythonize::Depythonizer::from_object(plain.as_any());
+    let got: Result<T, _> = {
+        let mut note = |path: serde_ignored::Path<'_>| unknown.push(path.to_string());
+        serde_path_to_error::deserialize(serde_ignored::Deserializer::new(&mut py_de, &mut note))
+    };
+    if let Some(k) = unknown.first() {
+        return Err(PyTypeError::new_err(format!(
+            "{func}() got an unexpected keyword argument '{k}'"
+        )));
+    }
+    got.map_err(|e| {
+        let path = e.path().to_string();
+        let e: PyErr = e.into_inner().into();
+        let py = kw.py();
+        let text = e.value(py).to_string();
+        // A value of the wrong type (Python's own conversion refused it, or serde found
+        // another type than the option's) is a TypeError naming the argument; one of the
+        // right type that cannot work says why, as a ValueError.
+        let wrong_type = e.is_instance_of::<PyTypeError>(py)
+            || (e.get_type(py).is(py.get_type::<pyo3::exceptions::PyException>())
+                && text.starts_with("invalid type"));
+        if wrong_type {
+            PyTypeError::new_err(format!("{func}(): argument {path}: {text}"))
+        } else if e.get_type(py).is(py.get_type::<pyo3::exceptions::PyException>()) {
+            PyValueError::new_err(text)
+        } else {
+            PyValueError::new_err(format!("{func}(): argument {path}: {text}"))
+        }
+    })
 }
 
-impl<'a, 'py> Keywords<'a, 'py> {
-    fn new(func: &'static str, dict: Option<&'a Bound<'py, PyDict>>) -> Self {
-        Keywords {
-            func,
-            dict,
-            taken: Vec::new(),
-        }
-    }
-
-    /// The value of keyword `key` (`default` when absent or None where `T` is an Option).
-    fn get<T>(&mut self, key: &'static str, default: T) -> PyResult<T>
-    where
-        T: for<'b> FromPyObject<'b, 'py>,
-        for<'b> <T as FromPyObject<'b, 'py>>::Error: Into<PyErr>,
-    {
-        Ok(self.take::<T>(key)?.unwrap_or(default))
-    }
-
-    /// The value of keyword `key`, which must be given.
-    fn required<T>(&mut self, key: &'static str) -> PyResult<T>
-    where
-        T: for<'b> FromPyObject<'b, 'py>,
-        for<'b> <T as FromPyObject<'b, 'py>>::Error: Into<PyErr>,
-    {
-        self.take::<T>(key)?.ok_or_else(|| {
-            pyo3::exceptions::PyTypeError::new_err(format!(
-                "{}() missing required argument: '{key}'",
-                self.func
-            ))
-        })
-    }
-
-    /// Keyword `key` converted, if given.
-    fn take<T>(&mut self, key: &'static str) -> PyResult<Option<T>>
-    where
-        T: for<'b> FromPyObject<'b, 'py>,
-        for<'b> <T as FromPyObject<'b, 'py>>::Error: Into<PyErr>,
-    {
-        self.taken.push(key);
-        let given = match self.dict {
-            Some(d) => d.get_item(key)?,
-            None => None,
-        };
-        given
-            .map(|v| {
-                v.extract::<T>().map_err(|e| {
-                    let e: PyErr = e.into();
-                    pyo3::exceptions::PyTypeError::new_err(format!(
-                        "{}(): argument {key}: {e}",
-                        self.func
-                    ))
-                })
-            })
-            .transpose()
-    }
-
-    /// Fails on a keyword that was not taken.
-    fn finish(self) -> PyResult<()> {
-        if let Some(d) = self.dict {
-            for k in d.keys() {
-                let k: String = k.extract()?;
-                if !self.taken.contains(&k.as_str()) {
-                    return Err(pyo3::exceptions::PyTypeError::new_err(format!(
-                        "{}() got an unexpected keyword argument '{k}'",
-                        self.func
-                    )));
-                }
-            }
-        }
-        Ok(())
-    }
+/// Removes keyword `key` from `kw` and converts it, if given (a TypeError naming it if its
+/// type is wrong).
+fn pop_keyword<'py, T>(func: &str, kw: &Bound<'py, PyDict>, key: &str) -> PyResult<Option<T>>
+where
+    T: for<'b> FromPyObject<'b, 'py>,
+    for<'b> <T as FromPyObject<'b, 'py>>::Error: Into<PyErr>,
+{
+    let Some(v) = kw.get_item(key)? else {
+        return Ok(None);
+    };
+    kw.del_item(key)?;
+    v.extract::<T>().map(Some).map_err(|e| {
+        let e: PyErr = e.into();
+        pyo3::exceptions::PyTypeError::new_err(format!("{func}(): argument {key}: {e}"))
+    })
 }
 
 /// One streamed sample: (id, label, bytes, weight).
@@ -513,108 +493,65 @@ fn columns(samples: &[granary::Sample]) -> (Vec<u64>, Vec<u32>, Vec<f32>) {
     )
 }
 
-/// Stream's keyword options as the reader configuration (and the resume state).
+/// Stream's keyword options (`kw`, without the shard's) as the reader configuration, for rank
+/// `rank` of `world_size`: the library's options and checks, with what Python's loaders read
+/// differently from the command line (a score table that training creates as it reports) and
+/// the environment's variables (`GRANARY_PEER_SECRET`, `GRANARY_IO`), read here, at the
+/// front end.
 fn stream_config(
-    mut o: Keywords<'_, '_>,
+    kw: &Bound<'_, PyDict>,
     rank: u32,
     world_size: u32,
-) -> PyResult<(granary::ReaderConfig, Option<EpochState>)> {
-    let shuffle: String = o.get("shuffle", "chunkwise".to_string())?;
-    let seed = o.get("seed", 0u64)?;
-    let drop_last = o.get("drop_last", true)?;
-    let window: Option<usize> = o.get("window", None)?;
-    let memory: Option<u64> = o.get("memory", None)?;
-    let cache_dir: Option<PathBuf> = o.get("cache_dir", None)?;
-    let cache_size: Option<u64> = o.get("cache_size", None)?;
-    let policy: String = o.get("policy", "static".to_string())?;
-    let sampling: String = o.get("sampling", "uniform".to_string())?;
-    let alpha = o.get("alpha", 0.5f64)?;
-    let cache_boost = o.get("cache_boost", 4.0f64)?;
-    let resume: Option<(u64, u32, u32, Vec<u64>)> = o.get("resume", None)?;
-    let locality = o.get("locality", 1.0f64)?;
-    let peers: Option<Vec<String>> = o.get("peers", None)?;
-    let node: Option<u32> = o.get("node", None)?;
-    let peer_timeout = o.get("peer_timeout", 2.0f64)?;
-    let ownership_epoch = o.get("ownership_epoch", 0u64)?;
-    let peer_secret: Option<String> = o.get("peer_secret", None)?;
-    let peer_ca: Option<PathBuf> = o.get("peer_ca", None)?;
-    o.finish()?;
-    let tls_ca = match &peer_ca {
-        Some(f) => Some(std::fs::read(f).map_err(|e| {
-            PyValueError::new_err(format!("reading the CA file {}: {e}", f.display()))
-        })?),
-        None => None,
-    };
-    // The job's secret: given, else GRANARY_PEER_SECRET (which `granary.job_secret()` sets).
-    let secret = match &peer_secret {
-        Some(s) => Some(
-            granary::auth::Secret::new(s.as_bytes(), "peer_secret").map_err(|e| err(e.into()))?,
-        ),
-        None => granary::auth::Secret::from_env().map_err(|e| err(e.into()))?,
-    };
-    if peers.is_some() && cache_dir.is_none() {
-        return Err(PyValueError::new_err(
-            "peers share tiers: they need cache_dir and cache_size",
-        ));
+) -> PyResult<granary::ReaderConfig> {
+    let backend_given = kw.contains("backend")?;
+    let mut o: granary::ReaderOptions = from_keywords("Stream", kw)?;
+    o.rank = rank;
+    o.world_size = world_size;
+    o.lenient_scores = true;
+    if o.peer_secret.is_none() {
+        o.peer_secret = granary::auth::Secret::from_env().map_err(|e| err(e.into()))?;
     }
-    if !(peer_timeout > 0.0 && peer_timeout.is_finite()) {
-        return Err(PyValueError::new_err(format!(
-            "peer_timeout must be a positive number of seconds, not {peer_timeout}"
-        )));
-    }
-    let policy = TierPolicy::parse(&policy).map_err(PyValueError::new_err)?;
-    let tier = match (cache_dir, cache_size) {
-        (Some(dir), Some(quota)) => Some(granary::TierConfig { dir, quota, policy }),
-        (None, None) => None,
-        _ => {
-            return Err(PyValueError::new_err(
-                "cache_dir and cache_size go together",
-            ))
-        }
-    };
-    let config = granary::ReaderConfig {
-        plan: PlanOptions {
-            mode: ShuffleMode::parse(&shuffle).map_err(PyValueError::new_err)?,
-            seed,
-            // 0: as many chunks as the memory budget allows.
-            window_chunks: window.unwrap_or(0),
-            drop_last,
-            locality,
-        },
-        rank,
-        world_size,
-        memory: memory.unwrap_or(granary::DEFAULT_READER_MEMORY),
-        tier,
-        // The node's shared score table (re-read at every epoch); before any loss was
-        // reported, importance sampling starts uniform.
-        scores: granary::ScoreSource::Tier,
-        lenient_scores: true,
-        sampling: granary::SamplingMode::parse(&sampling, alpha, cache_boost)
-            .map_err(PyValueError::new_err)?,
-        peers: peers.map(|addrs| granary::PeerConfig {
-            addrs,
-            node,
-            timeout: Duration::from_secs_f64(peer_timeout),
-            ownership_epoch,
-            secret,
-            tls_ca,
-        }),
+    if !backend_given {
         // GRANARY_IO=uring|pread forces the backend, as `granary read` takes it.
-        backend: match std::env::var("GRANARY_IO").ok().filter(|v| !v.is_empty()) {
-            Some(v) => granary::io::IoKind::parse(&v)
-                .map_err(|e| PyValueError::new_err(format!("GRANARY_IO={v}: {e}")))?,
-            None => granary::io::IoKind::Auto,
-        },
-        ..Default::default()
+        if let Some(v) = std::env::var("GRANARY_IO").ok().filter(|v| !v.is_empty()) {
+            o.backend = v
+                .parse()
+                .map_err(|e| PyValueError::new_err(format!("GRANARY_IO={v}: {e}")))?;
+        }
+    }
+    o.config().map_err(err)
+}
+
+/// Checks a loader's reader options (keywords of `Stream`, without the shard) as the library
+/// does, before any stream is made: ValueError or TypeError as `Stream` would raise them.
+#[pyfunction]
+#[pyo3(signature = (**options))]
+fn check_reader_options(options: Option<&Bound<'_, PyDict>>) -> PyResult<()> {
+    let Some(kw) = options else {
+        return Ok(());
     };
-    config.check().map_err(err)?;
-    let resume = resume.map(|(epoch, world_size, num_workers, consumed)| EpochState {
-        epoch,
-        world_size,
-        num_workers,
-        consumed,
-    });
-    Ok((config, resume))
+    let mut o: granary::ReaderOptions = from_keywords("IterableDataset", kw)?;
+    // The shard is not known yet (DataLoader workers, torch.distributed): a peer list is
+    // checked for its nodes when a stream is made.
+    o.world_size = o.peers.as_ref().map_or(1, |p| p.len().max(1) as u32);
+    o.config().map(|_| ()).map_err(err)
+}
+
+/// The library's defaults of the reader options loaders take (`alpha`, `cache_boost`,
+/// `peer_timeout`, the modes, ...): the values Python's signatures show.
+fn reader_defaults(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
+    let o = granary::ReaderOptions::default();
+    let d = PyDict::new(py);
+    d.set_item("shuffle", o.shuffle.to_string())?;
+    d.set_item("seed", o.seed)?;
+    d.set_item("policy", o.policy.to_string())?;
+    d.set_item("sampling", o.sampling.to_string())?;
+    d.set_item("alpha", o.alpha)?;
+    d.set_item("cache_boost", o.cache_boost)?;
+    d.set_item("locality", o.locality)?;
+    d.set_item("peer_timeout", o.peer_timeout)?;
+    d.set_item("ownership_epoch", o.ownership_epoch.unwrap_or(0))?;
+    Ok(d)
 }
 
 #[pymethods]
@@ -635,7 +572,10 @@ impl Stream {
         options: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Self> {
         // rank, world_size, worker, num_workers: by position, or by name.
-        let mut o = Keywords::new("Stream", options);
+        let kw = match options {
+            Some(d) => d.copy()?,
+            None => PyDict::new(py),
+        };
         let names = ["rank", "world_size", "worker", "num_workers"];
         if shard.len() > names.len() {
             return Err(pyo3::exceptions::PyTypeError::new_err(
@@ -645,13 +585,32 @@ impl Stream {
         }
         let mut ids = [0u32; 4];
         for (i, name) in names.iter().enumerate() {
-            ids[i] = match shard.get_item(i) {
-                Ok(v) => v.extract()?,
-                Err(_) => o.required(name)?,
+            let named = pop_keyword::<u32>("Stream", &kw, name)?;
+            ids[i] = match (shard.get_item(i), named) {
+                (Ok(_), Some(_)) => {
+                    return Err(pyo3::exceptions::PyTypeError::new_err(format!(
+                        "Stream() got multiple values for argument '{name}'"
+                    )))
+                }
+                (Ok(v), None) => v.extract()?,
+                (Err(_), Some(v)) => v,
+                (Err(_), None) => {
+                    return Err(pyo3::exceptions::PyTypeError::new_err(format!(
+                        "Stream() missing required argument: '{name}'"
+                    )))
+                }
             };
         }
         let [rank, world_size, worker, num_workers] = ids;
-        let (config, resume) = stream_config(o, rank, world_size)?;
+        let resume = pop_keyword::<Option<(u64, u32, u32, Vec<u64>)>>("Stream", &kw, "resume")?
+            .flatten()
+            .map(|(epoch, world_size, num_workers, consumed)| EpochState {
+                epoch,
+                world_size,
+                num_workers,
+                consumed,
+            });
+        let config = stream_config(&kw, rank, world_size)?;
         let cfg = store_config()?;
         let shard = Shard {
             rank,
@@ -902,6 +861,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Stream>()?;
     m.add_class::<Scores>()?;
     m.add_class::<writer::Writer>()?;
+    m.add_function(wrap_pyfunction!(check_reader_options, m)?)?;
+    m.add("READER_DEFAULTS", reader_defaults(m.py())?)?;
     m.add_function(wrap_pyfunction!(writer::merge, m)?)?;
     m.add_function(wrap_pyfunction!(writer::import_webdataset, m)?)?;
     m.add("GranaryError", m.py().get_type::<GranaryError>())?;

@@ -27,20 +27,6 @@ pub enum SamplingMode {
     Importance(ImportanceSampling),
 }
 
-impl SamplingMode {
-    /// Parses `uniform` or `importance` (with `alpha` and `cache_boost`).
-    pub fn parse(s: &str, alpha: f64, cache_boost: f64) -> std::result::Result<Self, String> {
-        match s {
-            "uniform" => Ok(SamplingMode::Uniform),
-            "importance" => Ok(SamplingMode::Importance(ImportanceSampling {
-                alpha,
-                cache_boost,
-            })),
-            _ => Err(format!("unknown sampling {s:?}: use uniform or importance")),
-        }
-    }
-}
-
 /// Where the importance score table comes from.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub enum ScoreSource {

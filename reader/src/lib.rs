@@ -45,6 +45,7 @@ mod error;
 mod extract;
 mod importance;
 pub mod io;
+mod options;
 mod pathfmt;
 pub mod plan;
 pub mod procstat;
@@ -78,6 +79,9 @@ pub use granary_store::{
     TierStats, TierStore,
 };
 pub use importance::{batch_weights, ImportanceScores, SharedScores};
+pub use options::{
+    ReaderOptions, SamplingKind, DEFAULT_ALPHA, DEFAULT_CACHE_BOOST, DEFAULT_PEER_TIMEOUT_S,
+};
 pub use pathfmt::{escape_path, unescape_path};
 pub use plan::{
     shuffle_quality, DatasetShape, EpochPlan, EpochState, KeyedPermutation, PlanOptions, Sampling,

@@ -109,7 +109,7 @@ pub struct PeerArgs {
     pub node: Option<u32>,
     /// Seconds a peer may take to answer before it is marked down for the epoch (its chunks
     /// then come from origin storage).
-    #[arg(long, default_value_t = 2.0, value_name = "SECONDS")]
+    #[arg(long, default_value_t = granary::DEFAULT_PEER_TIMEOUT_S, value_name = "SECONDS")]
     pub peer_timeout: f64,
     /// Epoch whose plan decides which node keeps which chunk (default: the first epoch read).
     /// Every node of the job must use the same.
@@ -143,29 +143,19 @@ impl PeerArgs {
         Ok(addrs)
     }
 
-    /// The peer configuration, when --peers is given.
-    fn config(&self, first_epoch: u64) -> anyhow::Result<Option<granary::PeerConfig>> {
+    /// These arguments in `o` (the first epoch read is the default ownership epoch); the job's
+    /// secret is read from its file or the environment only when --peers is given.
+    fn apply(&self, o: &mut granary::ReaderOptions, first_epoch: u64) -> anyhow::Result<()> {
         let Some(list) = &self.peers else {
-            return Ok(None);
+            return Ok(());
         };
-        anyhow::ensure!(
-            self.peer_timeout > 0.0 && self.peer_timeout.is_finite(),
-            "--peer-timeout must be a positive number of seconds"
-        );
-        Ok(Some(granary::PeerConfig {
-            addrs: Self::addresses(list)?,
-            node: self.node,
-            timeout: std::time::Duration::from_secs_f64(self.peer_timeout),
-            ownership_epoch: self.ownership_epoch.unwrap_or(first_epoch),
-            secret: super::job_secret(self.peer_secret_file.as_deref())?,
-            tls_ca: match &self.peer_ca {
-                Some(f) => Some(
-                    std::fs::read(f)
-                        .with_context(|| format!("reading the CA file {}", f.display()))?,
-                ),
-                None => None,
-            },
-        }))
+        o.peers = Some(Self::addresses(list)?);
+        o.node = self.node;
+        o.peer_timeout = self.peer_timeout;
+        o.ownership_epoch = Some(self.ownership_epoch.unwrap_or(first_epoch));
+        o.peer_secret = super::job_secret(self.peer_secret_file.as_deref())?;
+        o.peer_ca = self.peer_ca.clone();
+        Ok(())
     }
 }
 
@@ -227,15 +217,16 @@ pub struct Args {
     /// Which samples an epoch reads: uniform (each once) or importance (N draws with
     /// probability (1-alpha)/N + alpha x score share, favouring what the tier holds; every
     /// sample gets the loss weight 1/(N p)). Needs scores.
-    #[arg(long, value_enum, default_value_t = SamplingArg::Uniform)]
-    pub sampling: SamplingArg,
+    #[arg(long, default_value_t = granary::SamplingKind::Uniform,
+          value_parser = sampling_names())]
+    pub sampling: granary::SamplingKind,
     /// Importance sampling mix, 0 (uniform draws) to below 1; every sample keeps at least
     /// probability (1-alpha)/N.
-    #[arg(long, default_value_t = 0.5)]
+    #[arg(long, default_value_t = granary::DEFAULT_ALPHA)]
     pub alpha: f64,
     /// How much importance sampling favours samples the tier holds (1 = not at all). Keep 1 when
     /// ranks on different nodes must draw the same epoch: tiers differ between nodes.
-    #[arg(long, default_value_t = 4.0)]
+    #[arg(long, default_value_t = granary::DEFAULT_CACHE_BOOST)]
     pub cache_boost: f64,
     /// With hot chunks (--policy importance), source chunks are read in ranges around the
     /// samples the hot chunks serve; a gap shorter than this is read, not skipped.
@@ -246,57 +237,50 @@ pub struct Args {
     pub json: bool,
 }
 
-/// `--sampling`.
-#[derive(Clone, Copy, clap::ValueEnum)]
-pub enum SamplingArg {
-    Uniform,
-    Importance,
+/// `--sampling`'s names, listed in `--help`.
+fn sampling_names() -> impl clap::builder::TypedValueParser<Value = granary::SamplingKind> {
+    use clap::builder::TypedValueParser;
+    clap::builder::PossibleValuesParser::new(["uniform", "importance"])
+        .try_map(|s| s.parse::<granary::SamplingKind>())
 }
 
 impl Args {
-    /// The reader configuration these arguments describe.
-    fn config(&self, ds: &granary::Dataset) -> anyhow::Result<granary::ReaderConfig> {
+    /// The reader configuration these arguments describe: the library's options, checked
+    /// there.
+    fn config(&self) -> anyhow::Result<granary::ReaderConfig> {
         let p = &self.plan;
-        Ok(granary::ReaderConfig {
-            plan: p.options(ds)?,
+        let mut o = granary::ReaderOptions {
+            shuffle: p.shuffle,
+            seed: p.seed,
+            window: p.window,
+            memory: Some(p.memory),
             rank: p.rank,
             world_size: p.world_size,
-            memory: p.memory,
-            io_mode: self.io,
-            page_cache_bytes: self.page_cache,
+            drop_last: !p.pad,
+            locality: p.locality,
+            io: self.io,
+            page_cache: self.page_cache,
             backend: self.backend,
             queue_depth: self.queue_depth,
             range_gap: self.range_gap,
-            tier: match (&self.tier.cache_dir, self.tier.cache_size) {
-                (Some(dir), Some(quota)) => Some(granary::TierConfig {
-                    dir: dir.clone(),
-                    quota,
-                    policy: self.tier.policy,
-                }),
-                _ => None,
-            },
-            scores: match &self.scores {
-                Some(f) => granary::ScoreSource::File(f.clone()),
-                None => granary::ScoreSource::Tier,
-            },
+            cache_dir: self.tier.cache_dir.clone(),
+            cache_size: self.tier.cache_size,
+            policy: self.tier.policy,
+            scores: self.scores.clone(),
             lenient_scores: false,
-            sampling: match self.sampling {
-                SamplingArg::Uniform => granary::SamplingMode::Uniform,
-                SamplingArg::Importance => {
-                    granary::SamplingMode::Importance(granary::ImportanceSampling {
-                        alpha: self.alpha,
-                        cache_boost: self.cache_boost,
-                    })
-                }
-            },
-            peers: self.peers.config(self.first_epoch)?,
-        })
+            sampling: self.sampling,
+            alpha: self.alpha,
+            cache_boost: self.cache_boost,
+            ..Default::default()
+        };
+        self.peers.apply(&mut o, self.first_epoch)?;
+        Ok(o.config()?)
     }
 }
 
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     let ds = Arc::new(super::open_dataset(&a.dataset)?);
-    let reader = a.config(&ds)?.open(&ds)?;
+    let reader = a.config()?.open(&ds)?;
     let mut reports = Vec::new();
     for epoch in a.first_epoch..a.first_epoch + a.epochs {
         reader.begin_epoch();

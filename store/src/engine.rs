@@ -58,6 +58,24 @@ impl IoKind {
         }
     }
 }
+
+impl std::str::FromStr for IoKind {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        IoKind::parse(s)
+    }
+}
+
+impl std::fmt::Display for IoKind {
+    /// The name [`IoKind::parse`] takes.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            IoKind::Auto => "auto",
+            IoKind::Uring => "uring",
+            IoKind::Pread => "pread",
+        })
+    }
+}
 /// One requested byte range of a chunk source.
 #[derive(Clone)]
 pub struct Request {

@@ -196,6 +196,17 @@ impl std::str::FromStr for IoMode {
     }
 }
 
+impl std::fmt::Display for IoMode {
+    /// The name [`IoMode::parse`] takes.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            IoMode::Auto => "auto",
+            IoMode::Direct => "direct",
+            IoMode::Buffered => "buffered",
+        })
+    }
+}
+
 /// How many files a reader opened each way.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct OpenCounts {

@@ -45,6 +45,24 @@ impl ShuffleMode {
     }
 }
 
+impl std::str::FromStr for ShuffleMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        ShuffleMode::parse(s)
+    }
+}
+
+impl std::fmt::Display for ShuffleMode {
+    /// The name [`ShuffleMode::parse`] takes.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            ShuffleMode::Chunkwise => "chunkwise",
+            ShuffleMode::Global => "global",
+            ShuffleMode::Sequential => "sequential",
+        })
+    }
+}
+
 /// Most samples per window in `global` mode (records are read one by one there; a window holds
 /// as many as W chunks do on average).
 pub const GLOBAL_WINDOW_SAMPLES: usize = 1024;

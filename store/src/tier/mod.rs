@@ -60,6 +60,24 @@ impl TierPolicy {
     }
 }
 
+impl std::str::FromStr for TierPolicy {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        TierPolicy::parse(s)
+    }
+}
+
+impl std::fmt::Display for TierPolicy {
+    /// The name [`TierPolicy::parse`] takes.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            TierPolicy::Lru => "lru",
+            TierPolicy::Static => "static",
+            TierPolicy::Importance => "importance",
+        })
+    }
+}
+
 /// A tier entry: a copy of a source chunk, or a hot chunk.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 enum Key {
