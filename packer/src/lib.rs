@@ -749,15 +749,14 @@ struct Build<'a> {
 }
 
 /// Reads, encodes and writes the plan's chunks `todo` (reading with `opts.io_threads`,
-/// writing on a thread of its own); each written chunk is also handed to `sent` (the
-/// uploader) if given.
+/// writing on a thread of its own); each written chunk is handed to `sink`.
 fn write_chunks(
     b: &Build<'_>,
     todo: &[usize],
     pb: &ProgressBar,
     files_done: &mut u64,
     skipped: &mut Vec<Skipped>,
-    sent: Option<&std::sync::mpsc::SyncSender<upload::Written>>,
+    sink: &upload::Sink<'_>,
 ) -> Result<Vec<ChunkSummary>, PackError> {
     let (opts, src, place, plan) = (b.opts, b.src, b.place, b.plan);
     let pool = rayon::ThreadPoolBuilder::new()
@@ -785,14 +784,10 @@ fn write_chunks(
                     false,
                     records,
                 )?;
-                if let Some(tx) = sent {
-                    if tx.send((s.chunk_id, s.file_size, s.file_crc)).is_err() {
-                        return Err(PackError::Upload(
-                            "the upload stopped (its error follows)".into(),
-                        ));
-                    }
-                }
-                out.push(if sent.is_none() { slimmed(s) } else { s });
+                sink.finished(&s)?;
+                // A chunk that stays local is read back from its footer at the end; an
+                // uploaded one is not there any more.
+                out.push(if sink.uploads() { s } else { slimmed(s) });
             }
             Ok(out)
         });

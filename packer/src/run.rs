@@ -5,7 +5,6 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::mpsc::sync_channel;
 use std::time::Instant;
 
 use crate::meta::Metadata;
@@ -553,46 +552,18 @@ impl Run<'_> {
         };
         let work = &self.place.work;
         let skipped = &mut self.skipped;
-        let Some(d) = self.dest else {
-            let written = write_chunks(&build, &todo, &pb, &mut files_done, skipped, None);
-            pb.finish_and_clear();
-            return written;
-        };
         // Verified local chunks of an interrupted pack to a destination still have to go up.
-        let unsent: Vec<upload::Written> = done
-            .values()
-            .filter(|s| work.join(chunk_file_name(s.chunk_id)).is_file())
-            .map(|s| (s.chunk_id, s.file_size, s.file_crc))
-            .collect();
-        let uploaded = std::sync::atomic::AtomicU64::new(0);
-        let written = std::thread::scope(|scope| {
-            // Two finished chunks may wait for the uploader; then the writer waits.
-            let (tx, rx) = sync_channel::<upload::Written>(2);
-            let (uploaded, pb) = (&uploaded, &pb);
-            let uploader = scope.spawn(move || {
-                upload::upload_loop(d, work, rx, uploaded, &|n| {
-                    pb.set_message(format!("uploaded {}", indicatif::HumanBytes(n)))
-                })
-            });
-            let mut result = Ok(Vec::new());
-            for w in unsent {
-                if tx.send(w).is_err() {
-                    break; // the uploader failed: its error is reported below
-                }
-            }
-            if !uploader.is_finished() {
-                result = write_chunks(&build, &todo, pb, &mut files_done, skipped, Some(&tx));
-            }
-            drop(tx);
-            let sent = uploader.join().unwrap_or_else(|_| {
-                Err(PackError::Upload(format!(
-                    "the upload thread to {} panicked",
-                    d.url()
-                )))
-            });
-            // The uploader's failure is the cause when both failed (the writer only saw the
-            // channel close).
-            sent.and(result)
+        let unsent: Vec<upload::Written> = match self.dest {
+            Some(_) => done
+                .values()
+                .filter(|s| work.join(chunk_file_name(s.chunk_id)).is_file())
+                .map(|s| (s.chunk_id, s.file_size, s.file_crc))
+                .collect(),
+            None => Vec::new(),
+        };
+        let progress = |n: u64| pb.set_message(format!("uploaded {}", indicatif::HumanBytes(n)));
+        let written = upload::with_sink(self.dest, work, unsent, &progress, |sink| {
+            write_chunks(&build, &todo, &pb, &mut files_done, skipped, sink)
         });
         pb.finish_and_clear();
         written

@@ -7,7 +7,7 @@
 
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::Receiver;
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 
 use granary_format::local::UPLOAD_MARKER;
 use granary_format::{
@@ -208,6 +208,74 @@ pub(crate) fn upload_loop(
         std::fs::remove_file(&path).map_err(|e| PackError::io("removing", &path, e))?;
     }
     Ok(())
+}
+
+/// Where a run's finished chunks go, as both pipelines (`pack`, the writer) hand them over: they
+/// stay in the build directory (a local dataset, a shard's part), or each goes to the uploader
+/// as soon as it is written ([`with_sink`]).
+pub(crate) struct Sink<'a> {
+    upload: Option<&'a SyncSender<Written>>,
+}
+
+impl Sink<'_> {
+    /// True when finished chunks are uploaded (and replaced locally by their markers).
+    pub(crate) fn uploads(&self) -> bool {
+        self.upload.is_some()
+    }
+
+    /// Hands over finished chunk `s`: to the uploader, if there is one (an error when the
+    /// uploader stopped: its own error is the run's).
+    pub(crate) fn finished(&self, s: &ChunkSummary) -> Result<(), PackError> {
+        match self.upload {
+            Some(tx) => tx
+                .send((s.chunk_id, s.file_size, s.file_crc))
+                .map_err(|_| PackError::Upload("the upload stopped (its error follows)".into())),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Runs `work` with the sink of `dest`: without one, chunks stay in `dir`; with one, an
+/// uploader thread sends each chunk of `dir` it is handed (first `first`: verified chunks an
+/// interrupted upload left), at most two waiting, while `work` writes, and `progress` is told
+/// the bytes uploaded so far. When both fail, the uploader's error is the cause (`work` only
+/// saw the channel close).
+pub(crate) fn with_sink<T>(
+    dest: Option<&ObjectUrl>,
+    dir: &Path,
+    first: Vec<Written>,
+    progress: &(dyn Fn(u64) + Sync),
+    work: impl FnOnce(&Sink<'_>) -> Result<T, PackError>,
+) -> Result<T, PackError> {
+    let Some(d) = dest else {
+        return work(&Sink { upload: None });
+    };
+    let uploaded = AtomicU64::new(0);
+    std::thread::scope(|scope| {
+        let (tx, rx) = sync_channel::<Written>(2);
+        let uploaded = &uploaded;
+        let uploader = scope.spawn(move || upload_loop(d, dir, rx, uploaded, progress));
+        let sent_first = first.into_iter().all(|w| tx.send(w).is_ok());
+        let result = match sent_first && !uploader.is_finished() {
+            true => Some(work(&Sink { upload: Some(&tx) })),
+            false => None, // the uploader failed: its error is reported below
+        };
+        drop(tx);
+        let sent = uploader.join().unwrap_or_else(|_| {
+            Err(PackError::Upload(format!(
+                "the upload thread to {} panicked",
+                d.url()
+            )))
+        });
+        match (sent, result) {
+            (Err(e), _) => Err(e),
+            (Ok(()), Some(r)) => r,
+            (Ok(()), None) => Err(PackError::Upload(format!(
+                "the upload thread to {} stopped",
+                d.url()
+            ))),
+        }
+    })
 }
 
 #[cfg(test)]

@@ -343,11 +343,16 @@ fn from_keywords<T: serde::de::DeserializeOwned>(
         // another type than the option's) is a TypeError naming the argument; one of the
         // right type that cannot work says why, as a ValueError.
         let wrong_type = e.is_instance_of::<PyTypeError>(py)
-            || (e.get_type(py).is(py.get_type::<pyo3::exceptions::PyException>())
+            || (e
+                .get_type(py)
+                .is(py.get_type::<pyo3::exceptions::PyException>())
                 && text.starts_with("invalid type"));
         if wrong_type {
             PyTypeError::new_err(format!("{func}(): argument {path}: {text}"))
-        } else if e.get_type(py).is(py.get_type::<pyo3::exceptions::PyException>()) {
+        } else if e
+            .get_type(py)
+            .is(py.get_type::<pyo3::exceptions::PyException>())
+        {
             PyValueError::new_err(text)
         } else {
             PyValueError::new_err(format!("{func}(): argument {path}: {text}"))

@@ -2,12 +2,10 @@
 //! snapshot (or the shard's part) written and published.
 
 use std::collections::HashMap;
-use std::sync::atomic::AtomicU64;
 use std::sync::mpsc::{sync_channel, SyncSender};
 use std::sync::Mutex;
 
 use granary_format::{parse_chunk_file_name, ChunkSummary, SNAPSHOT_FILE};
-use granary_store::object::ObjectUrl;
 
 use crate::shard::{Part, PartChunk};
 use crate::{
@@ -50,10 +48,10 @@ impl Writer {
             .collect();
         self.clear_outputs()?;
         let dest = self.opts.destination.clone();
-        let gathered = match &dest {
-            None => self.gather(&classes, &class_of, None),
-            Some(d) => self.gather_uploading(d, &classes, &class_of),
-        }?;
+        let dir = self.layout.chunks.clone();
+        let gathered = upload::with_sink(dest.as_deref(), &dir, Vec::new(), &|_| {}, |sink| {
+            self.gather(&classes, &class_of, sink)
+        })?;
         let summary = self.finish_as_mode(gathered, classes)?;
         let spill = &self.layout.spill;
         match (&self.opts.destination, &self.layout.work) {
@@ -105,37 +103,13 @@ impl Writer {
         Ok(())
     }
 
-    pub(super) fn gather_uploading(
-        &mut self,
-        d: &ObjectUrl,
-        classes: &[Vec<u8>],
-        class_of: &HashMap<Vec<u8>, u32>,
-    ) -> Result<Vec<ChunkSummary>, PackError> {
-        let work = self.layout.chunks.clone();
-        let uploaded = AtomicU64::new(0);
-        std::thread::scope(|scope| {
-            let (tx, rx) = sync_channel::<upload::Written>(2);
-            let (uploaded, work) = (&uploaded, &work);
-            let uploader = scope.spawn(move || upload::upload_loop(d, work, rx, uploaded, &|_| {}));
-            let result = self.gather(classes, class_of, Some(&tx));
-            drop(tx);
-            let sent = uploader.join().unwrap_or_else(|_| {
-                Err(PackError::Upload(format!(
-                    "the upload thread to {} panicked",
-                    d.url()
-                )))
-            });
-            sent.and(result)
-        })
-    }
-
     /// The second pass: every spill log in turn, its records in their seeded order, cut into
     /// chunks. Returns each chunk's summary (slim where the chunk stays on local disk).
     pub(super) fn gather(
         &self,
         classes: &[Vec<u8>],
         class_of: &HashMap<Vec<u8>, u32>,
-        upload: Option<&SyncSender<upload::Written>>,
+        sink: &upload::Sink<'_>,
     ) -> Result<Vec<ChunkSummary>, PackError> {
         let pb = crate::progress_bar(self.opts.progress, Some(self.opts.buckets as u64));
         pb.set_style(
@@ -173,10 +147,7 @@ impl Writer {
                         write_chunk(dir, self.dataset_id, id, classes, with_fields, records);
                     drop(recs);
                     let r = written.and_then(|s| {
-                        if let Some(tx) = upload {
-                            tx.send((s.chunk_id, s.file_size, s.file_crc))
-                                .map_err(|_| PackError::Upload("the upload stopped".into()))?;
-                        }
+                        sink.finished(&s)?;
                         // Entries and paths are read back at the end (from the chunk, or
                         // from its upload marker): memory does not grow with the samples.
                         Ok(crate::slimmed(s))
