@@ -24,11 +24,12 @@ use rayon::prelude::*;
 use crate::error::{ReadError, Result};
 use crate::io::{BufPool, Completed, Engine, IoKind, Pending, Request};
 use crate::plan::{EpochPlan, ShuffleMode};
-use crate::tier::{Admission, HotState, TierCounters, TierHits};
+use crate::tier::{HotState, TierCounters, TierHits};
 use crate::window::{buffer_bytes, Prepared, Windows};
 use crate::ReadPattern;
 use crate::{Dataset, LocalTier, TierPolicy};
 use granary_store::local::Opener;
+use granary_store::tier::Admission;
 use granary_store::{Access, IoMode, MeterReading, OpenCounters, OpenCounts, StoreStack};
 
 /// Options of the I/O path.
@@ -298,8 +299,15 @@ impl EpochStream {
             stats.clone(),
         );
         w.whole_files = cache.is_some();
-        w.admission = cache.clone().map(|c| {
-            Admission::start(c, ds.clone(), opts.memory / 4, stats.clone(), peers.clone())
+        w.admission = cache.as_ref().map(|c| {
+            let classes = ds.classes().unwrap_or_default();
+            Admission::start(
+                c.clone(),
+                classes.into_iter().map(<[u8]>::to_vec).collect(),
+                opts.memory / 4,
+                stats.admission.clone(),
+                peers.clone(),
+            )
         });
         w.scores = opts.scores.clone();
         // An importance tier with a score table holds hot chunks (re-packed samples); a table

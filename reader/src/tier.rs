@@ -1,23 +1,20 @@
-//! The local tier as a stream feeds it: hot chunks seen and fed (`HotState`), hits counted
-//! (`TierCounters`), and the background admission thread (`Admission`). The tier's storage
-//! itself (quota, policies, files, locking) is [`crate::cache`]; reading from it is the
-//! [`crate::TierStore`] layer of the stream's stack; the stream's windows (the `window`
-//! module) check, count and offer what they read.
+//! The local tier as a stream feeds it: hot chunks seen and harvested (`HotState`) and hits
+//! counted (`TierCounters`). The tier's storage itself (quota, policies, files, locking) and
+//! admission into it (`granary_store::tier::Admission`, the background thread a stream offers
+//! chunks and hot records to) are the store's; reading from it is the [`crate::TierStore`]
+//! layer of the stream's stack; the stream's windows (the `window` module) check, count and
+//! offer what they read.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 
 use crate::error::Result;
-use crate::io::Completed;
 use crate::{Dataset, LocalTier};
-use granary_store::tier::{HotMap, HotRecord};
+use granary_store::tier::{
+    Admission, AdmissionCounters, HotMap, HotRecord, Job, HOT_RECORD_OVERHEAD,
+};
 use granary_store::StoreStack;
 use granary_store::{BytesFrom, ServedCounters, Source};
-
-/// Bytes a record costs in a hot chunk besides its stored bytes and path: its footer entry and
-/// path offset.
-const HOT_RECORD_OVERHEAD: u64 = granary_format::SAMPLE_ENTRY_LEN as u64 + 8;
 
 /// The hot chunks of an importance tier as one stream sees and feeds them: which samples
 /// they hold (reloaded when another process changes them), which samples belong in them
@@ -211,18 +208,19 @@ pub struct TierHits {
     pub admissions_skipped: u64,
 }
 
+/// What one stream counts of its tier: samples and bytes by where they came from, and what
+/// admission failed to store or dropped.
 #[derive(Default)]
 pub(crate) struct TierCounters {
     served: ServedCounters,
-    admissions_failed: AtomicU64,
-    admissions_skipped: AtomicU64,
+    pub(crate) admission: Arc<AdmissionCounters>,
 }
 
 impl TierCounters {
     /// The counts so far.
     pub(crate) fn hits(&self) -> TierHits {
-        let l = |a: &AtomicU64| a.load(Relaxed);
         let s = self.served.get();
+        let (failed, skipped) = self.admission.get();
         TierHits {
             samples_from_tier: s.samples_tier,
             samples_from_origin: s.samples_origin,
@@ -230,268 +228,13 @@ impl TierCounters {
             bytes_from_origin: s.bytes_origin,
             samples_from_peers: s.samples_peers,
             bytes_from_peers: s.bytes_peers,
-            admissions_failed: l(&self.admissions_failed),
-            admissions_skipped: l(&self.admissions_skipped),
+            admissions_failed: failed,
+            admissions_skipped: skipped,
         }
-    }
-
-    /// Counts a failed admission (warning on the first); false if the tier's file system is
-    /// full, so that the stream stops admitting (it keeps serving what the tier holds).
-    fn admission_failed(&self, dir: &std::path::Path, e: &granary_store::StoreError) -> bool {
-        let full = matches!(e, granary_store::StoreError::Io { source, .. }
-            if matches!(source.kind(), std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded));
-        if self.admissions_failed.fetch_add(1, Relaxed) == 0 {
-            log::warn!(
-                "the local tier in {} could not store a chunk ({e}); reads go \
-                 on from the source{}",
-                dir.display(),
-                if full {
-                    ", and this stream admits nothing more"
-                } else {
-                    ""
-                }
-            );
-        }
-        !full
     }
 
     /// Counts `samples` samples in `bytes` bytes that came from `from`.
     pub(crate) fn add(&self, from: BytesFrom, samples: u64, bytes: u64) {
         self.served.add(from, samples, bytes);
-    }
-}
-
-/// Work for the admission thread: a source chunk's bytes with its importance, or records to
-/// re-pack into a hot chunk.
-pub(crate) enum Job {
-    /// The chunk's bytes are the read buffer itself (counted in the stream's budget while
-    /// they wait).
-    Chunk(granary_format::ChunkEntry, Arc<Completed>, f64),
-    /// Records, and the size of the hot chunks to make of them.
-    Hot(Vec<HotRecord>, u64),
-}
-
-impl Job {
-    fn bytes(&self) -> u64 {
-        match self {
-            Job::Chunk(ce, ..) => ce.file_size,
-            Job::Hot(r, _) => r
-                .iter()
-                .map(|r| r.stored.len() as u64 + HOT_RECORD_OVERHEAD + r.path.len() as u64)
-                .sum(),
-        }
-    }
-
-    fn per_byte(&self) -> f64 {
-        let score = match self {
-            Job::Chunk(_, _, s) => *s,
-            Job::Hot(r, _) => r.iter().map(|r| r.score).sum(),
-        };
-        score / self.bytes().max(1) as f64
-    }
-}
-
-/// Offers waiting for the admission thread (and their bytes), and whether the stream has
-/// finished.
-#[derive(Default)]
-struct Waiting {
-    jobs: std::collections::VecDeque<Job>,
-    bytes: u64,
-    done: bool,
-}
-
-type Mailbox = (std::sync::Mutex<Waiting>, std::sync::Condvar);
-
-/// Background admission into the tier: a queue of offers bounded in bytes, written by a
-/// thread of its own. An offer the tier has room for (or, with shared tiers, a chunk this node
-/// must keep) waits for room in the queue, so the tier fills completely even when it writes
-/// slower than the source reads; an offer that would make the full tier evict is dropped when
-/// the queue is full (the least valuable per byte first), and counted
-/// ([`TierHits::admissions_skipped`]).
-pub(crate) struct Admission {
-    slot: Arc<Mailbox>,
-    thread: std::thread::JoinHandle<()>,
-    /// Most bytes of offers waiting for the admission thread (hot records included).
-    max_waiting: u64,
-    /// With a shared tier, only the chunk copies this node owns are admitted.
-    peers: Option<Arc<crate::Peers>>,
-    cache: Arc<LocalTier>,
-    stats: Arc<TierCounters>,
-}
-
-impl Admission {
-    pub(crate) fn start(
-        cache: Arc<LocalTier>,
-        ds: Arc<Dataset>,
-        max_waiting: u64,
-        stats: Arc<TierCounters>,
-        peers: Option<Arc<crate::Peers>>,
-    ) -> Admission {
-        let slot: Arc<Mailbox> = Arc::default();
-        let s2 = slot.clone();
-        let (cache2, stats2) = (cache.clone(), stats.clone());
-        let thread = std::thread::spawn(move || admit_offers(&s2, &cache2, &ds, &stats2));
-        Admission {
-            slot,
-            thread,
-            max_waiting,
-            peers,
-            cache,
-            stats,
-        }
-    }
-
-    pub(crate) fn offer(&self, job: Job) {
-        // With a shared tier a chunk copy is admitted exactly when this node keeps it, and then
-        // it must be: other nodes will ask for it.
-        let must_keep = match (&job, &self.peers) {
-            (Job::Chunk(ce, ..), Some(p)) if !p.keeps(ce.chunk_id) => return,
-            (Job::Chunk(..), Some(_)) => true,
-            _ => false,
-        };
-        let (m, cv) = &*self.slot;
-        let mut g = m.lock().expect("admission lock");
-        // An offer the tier will take without evicting waits for room (the stream's read-ahead
-        // waits with it: the chunk's buffer is in its budget) instead of being dropped.
-        let wait = must_keep
-            || matches!(job, Job::Chunk(..))
-                && self
-                    .cache
-                    .used()
-                    .is_ok_and(|u| u + g.bytes + job.bytes() <= self.cache.quota());
-        let bytes = job.bytes();
-        while wait && !g.jobs.is_empty() && g.bytes + bytes > self.max_waiting && !g.done {
-            // Never wait on a thread that is gone.
-            if self.thread.is_finished() {
-                return;
-            }
-            g = cv
-                .wait_timeout(g, std::time::Duration::from_millis(100))
-                .expect("admission lock")
-                .0;
-        }
-        let skipped = self.enqueue(&mut g, job, wait);
-        drop(g);
-        cv.notify_all();
-        if skipped > 0 {
-            self.stats.admissions_skipped.fetch_add(skipped, Relaxed);
-        }
-    }
-
-    /// Queues `job` (`wait`: room was waited for; otherwise, in a full queue, the least
-    /// valuable offer per byte goes); returns how many offers were dropped.
-    fn enqueue(&self, g: &mut Waiting, job: Job, wait: bool) -> u64 {
-        let bytes = job.bytes();
-        let fits = g.bytes + bytes <= self.max_waiting;
-        let job = match job {
-            Job::Hot(more, target) => {
-                // Hot records join waiting ones (they are grouped into hot chunks as written);
-                // past the cap the newer records wait for the next epoch's harvest.
-                let waiting = g.jobs.iter_mut().find_map(|j| match j {
-                    Job::Hot(w, _) => Some(w),
-                    _ => None,
-                });
-                match waiting {
-                    Some(w) if fits => {
-                        w.extend(more);
-                        g.bytes += bytes;
-                        return 0;
-                    }
-                    Some(_) => return 1,
-                    None => Job::Hot(more, target),
-                }
-            }
-            job => job,
-        };
-        if wait || g.jobs.is_empty() || fits {
-            g.bytes += bytes;
-            g.jobs.push_back(job);
-            return 0;
-        }
-        // Full: the least valuable per byte (waiting or this one) goes.
-        let worst = g
-            .jobs
-            .iter()
-            .enumerate()
-            .min_by(|a, b| a.1.per_byte().total_cmp(&b.1.per_byte()))
-            .map(|(i, j)| (i, j.per_byte()));
-        if let Some((i, _)) = worst.filter(|&(_, w)| w < job.per_byte()) {
-            let old = g.jobs.remove(i).expect("index from the queue");
-            g.bytes -= old.bytes();
-            g.bytes += bytes;
-            g.jobs.push_back(job);
-        }
-        1
-    }
-
-    pub(crate) fn finish(self) {
-        {
-            let (m, cv) = &*self.slot;
-            m.lock().expect("admission lock").done = true;
-            cv.notify_all();
-        }
-        let _ = self.thread.join();
-    }
-}
-
-/// The admission thread: writes the offers of `slot` into the tier in order until the stream
-/// has finished and nothing waits. Errors only cost a missed admission; the epoch goes on from
-/// the source. On a full file system it stops admitting (offers are taken and dropped).
-fn admit_offers(slot: &Mailbox, cache: &LocalTier, ds: &Dataset, stats: &TierCounters) {
-    let mut admitting = true;
-    loop {
-        let job = {
-            let (m, cv) = slot;
-            let mut g = m.lock().expect("admission lock");
-            while g.jobs.is_empty() && !g.done {
-                g = cv.wait(g).expect("admission lock");
-            }
-            let job = g.jobs.pop_front();
-            if let Some(j) = &job {
-                g.bytes -= j.bytes();
-            }
-            // An offer may be waiting for room in the queue.
-            cv.notify_all();
-            match job {
-                Some(j) => j,
-                None => return,
-            }
-        };
-        if !admitting {
-            continue;
-        }
-        let mut failed = |e: granary_store::StoreError| {
-            admitting &= stats.admission_failed(cache.dir(), &e);
-        };
-        match job {
-            Job::Chunk(ce, bytes, score) => {
-                if let Err(e) = cache.admit(&ce, bytes.data(), score) {
-                    failed(e);
-                }
-            }
-            Job::Hot(records, target) => {
-                let classes = ds.classes().unwrap_or_default();
-                // Hot chunks of about `target` bytes each (offers merge while one is written).
-                let mut group = Vec::new();
-                let mut bytes = 0;
-                for r in records {
-                    bytes += r.stored.len() as u64 + HOT_RECORD_OVERHEAD + r.path.len() as u64;
-                    group.push(r);
-                    if bytes >= target {
-                        if let Err(e) = cache.admit_hot(&group, &classes) {
-                            failed(e);
-                            break;
-                        }
-                        group.clear();
-                        bytes = 0;
-                    }
-                }
-                if !group.is_empty() {
-                    if let Err(e) = cache.admit_hot(&group, &classes) {
-                        failed(e);
-                    }
-                }
-            }
-        }
     }
 }

@@ -16,8 +16,9 @@ use granary_format::{decode_record, ChunkEntry, SampleEntry, CHUNK_HEADER_LEN};
 use crate::error::Result;
 use crate::io::{BufPool, Completed, Engine, IoKind, Request};
 use crate::plan::ShuffleMode;
-use crate::tier::{Admission, HotState, Job, TierCounters};
+use crate::tier::{HotState, TierCounters};
 use crate::{Dataset, ImportanceScores};
+use granary_store::tier::{Admission, Job};
 use granary_store::StoreStack;
 use granary_store::{BytesFrom, Source};
 

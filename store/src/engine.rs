@@ -119,6 +119,12 @@ enum Bytes {
     Map(Source, #[allow(dead_code)] MapLease),
 }
 
+impl AsRef<[u8]> for Completed {
+    fn as_ref(&self) -> &[u8] {
+        self.data()
+    }
+}
+
 impl Completed {
     pub fn data(&self) -> &[u8] {
         match &self.bytes {

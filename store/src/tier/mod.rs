@@ -13,6 +13,7 @@
 //! at which offset of which hot chunk; hot ids only grow, so a reader holding an old map never
 //! reads another chunk's bytes under a reused name.
 
+mod admit;
 mod files;
 
 use std::collections::{BTreeMap, HashMap};
@@ -29,6 +30,7 @@ use crate::file::IoFile;
 use crate::seam::{BytesFrom, ChunkSource, RangeRead};
 use crate::{Result, StoreError};
 
+pub use admit::{Admission, AdmissionCounters, Job, HOT_RECORD_OVERHEAD};
 use files::*;
 pub use files::{decode_hot_map, decode_tier_index, lock_exclusive, write_atomic};
 
