@@ -1,7 +1,6 @@
 //! Opening a dataset and reading single samples.
 
 use std::borrow::Cow;
-use std::ops::Deref;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -13,13 +12,11 @@ use granary_store::file::Mapped;
 
 use crate::error::{ReadError, RecordError, Result};
 use crate::escape_path;
-use granary_store::file::map_file;
+pub use granary_store::file::ChunkBytes;
+use granary_store::file::{map_file, read_whole};
 use granary_store::local::LocalDir;
 use granary_store::{Access, ChunkSource, ChunkStore, LocalTier, RangeRead, Source, StoreStack};
 use granary_store::{Location, StoreConfig};
-
-/// Chunks up to this size are read into memory; larger ones are memory-mapped.
-const READ_WHOLE_LIMIT: u64 = 512 << 20;
 
 /// Metadata of one sample.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -49,24 +46,6 @@ impl std::fmt::Debug for Dataset {
             .field("snapshot", &self.snapshot_path)
             .field("store", &self.store)
             .finish()
-    }
-}
-
-/// The bytes of a whole chunk file, in memory or mapped.
-pub enum ChunkBytes {
-    /// Read into memory.
-    Owned(Vec<u8>),
-    /// Memory-mapped (chunks larger than 512 MiB).
-    Mapped(Mapped),
-}
-
-impl Deref for ChunkBytes {
-    type Target = [u8];
-    fn deref(&self) -> &[u8] {
-        match self {
-            ChunkBytes::Owned(v) => v,
-            ChunkBytes::Mapped(m) => m,
-        }
     }
 }
 
@@ -849,30 +828,7 @@ impl Dataset {
     /// 512 MiB) and checks its size and header against the snapshot.
     pub fn load_chunk(&self, chunk: u32) -> Result<ChunkBytes> {
         let f = self.open_source(chunk)?;
-        let len = f.len();
-        let bytes = match f.local() {
-            Some(local) if len > READ_WHOLE_LIMIT => {
-                let map = map_file(&local.file, &local.path)?;
-                // The map has the file's size now, not when it was checked at open.
-                if map.len() as u64 != len {
-                    return Err(ReadError::mismatch(
-                        f.location(),
-                        "changed size while being read",
-                    ));
-                }
-                ChunkBytes::Mapped(map)
-            }
-            local => {
-                // Read whole, front to back, whatever the handle's record-read advice.
-                if let Some(l) = local.filter(|l| !l.direct) {
-                    granary_store::advise(&l.file, granary_store::ReadPattern::Sequential);
-                }
-                // Exactly the checked length, or an error if the file ends sooner.
-                let mut v = vec![0u8; len as usize];
-                read_exact(&*f, &mut v, 0)?;
-                ChunkBytes::Owned(v)
-            }
-        };
+        let bytes = read_whole(&*f)?;
         self.check_chunk_header(&bytes, chunk, f.location())?;
         Ok(bytes)
     }

@@ -227,3 +227,62 @@ pub fn map_file(file: &File, path: &Path) -> Result<Mapped> {
         )
     })
 }
+
+/// Whole chunk files larger than this are mapped rather than read into memory.
+pub const READ_WHOLE_LIMIT: u64 = 512 << 20;
+
+/// The bytes of a whole chunk file, in memory or mapped.
+pub enum ChunkBytes {
+    /// Read into memory.
+    Owned(Vec<u8>),
+    /// Memory-mapped (local chunks larger than [`READ_WHOLE_LIMIT`]).
+    Mapped(Mapped),
+}
+
+impl std::ops::Deref for ChunkBytes {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            ChunkBytes::Owned(v) => v,
+            ChunkBytes::Mapped(m) => m,
+        }
+    }
+}
+
+impl AsRef<[u8]> for ChunkBytes {
+    fn as_ref(&self) -> &[u8] {
+        self
+    }
+}
+
+/// The whole of `src` (exactly the length it had when opened, or an error naming it): read
+/// front to back, or mapped when it is a local file larger than [`READ_WHOLE_LIMIT`].
+pub fn read_whole(src: &dyn ChunkSource) -> Result<ChunkBytes> {
+    let len = src.len();
+    match src.local() {
+        Some(local) if len > READ_WHOLE_LIMIT => {
+            let map = map_file(&local.file, &local.path)?;
+            // The map has the file's size now, not when it was opened.
+            if map.len() as u64 != len {
+                return Err(StoreError::damaged(
+                    src.location(),
+                    "changed size while being read",
+                ));
+            }
+            Ok(ChunkBytes::Mapped(map))
+        }
+        local => {
+            // Read whole, front to back, whatever the handle's record-read advice.
+            if let Some(l) = local.filter(|l| !l.direct) {
+                crate::advise(&l.file, crate::ReadPattern::Sequential);
+            }
+            let mut v = vec![0u8; len as usize];
+            src.read_ranges(&mut [RangeRead {
+                offset: 0,
+                buf: &mut v,
+                need: len as usize,
+            }])?;
+            Ok(ChunkBytes::Owned(v))
+        }
+    }
+}

@@ -17,6 +17,7 @@ use crate::peers::{PeerStore, Peers};
 use crate::seam::{
     Access, BytesFrom, ChunkSource, ChunkStore, LocalRead, OpenCounts, RangeRead, Source,
 };
+use crate::tier::fetch::{ChunkScore, Fetcher};
 use crate::tier::{HotChunk, LocalTier};
 use crate::Result;
 
@@ -88,6 +89,16 @@ impl TierStore {
                 id,
             }) as Source
         }))
+    }
+
+    /// Chunk `id`'s entry in the dataset's chunk table.
+    pub(crate) fn chunk_entry(&self, id: u32) -> Option<ChunkEntry> {
+        self.chunks.get(id as usize).cloned()
+    }
+
+    /// Chunk `id` opened in the next store itself (not wrapped as a chunk below the tier).
+    pub(crate) fn open_next(&self, id: u32) -> Result<Source> {
+        self.next.open_chunk(id)
     }
 
     /// Chunk `id` opened in the store below the tier.
@@ -293,6 +304,18 @@ impl StoreStack {
     /// evict it meanwhile: then it is a miss).
     pub fn open_hot(&self, h: &HotChunk) -> Option<Source> {
         self.tier.as_ref()?.open_hot(h)
+    }
+
+    /// Fetch-on-first-touch admission into the stack's tier (see [`Fetcher`]), with
+    /// `threads` fetch threads; `None` without a tier.
+    pub fn fetcher(
+        &self,
+        threads: usize,
+        score: ChunkScore,
+        admitted: Arc<dyn Fn() + Send + Sync>,
+    ) -> Option<Fetcher> {
+        let tier = self.tier.as_ref()?;
+        Some(Fetcher::start((**tier).clone(), threads, score, admitted))
     }
 
     /// How this reader reads.

@@ -14,6 +14,7 @@
 //! reads another chunk's bytes under a reused name.
 
 mod admit;
+pub mod fetch;
 mod files;
 
 use std::collections::{BTreeMap, HashMap};

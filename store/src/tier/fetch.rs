@@ -1,0 +1,336 @@
+//! Fetch on first touch (Monarch's placement), the tier's admission for readers that read
+//! single samples (the mount): a sample missing from the tier has its whole chunk copied into
+//! the tier by a fetch thread (one large sequential read from the store below instead of many
+//! small random ones), and later samples of that chunk come from local storage. A read may
+//! wait for its chunk's fetch ([`Fetcher::fetch_and_wait`]) when the chunk fits the tier's
+//! free space or is already on its way; a chunk the full tier would have to evict for is
+//! fetched only while the misses concentrate on it. A fetched chunk is checked against the
+//! snapshot (size and whole-file CRC) and served from memory ([`Fetcher::staged`]) while the
+//! tier writes it. The tier's policy and quota decide what stays.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use granary_format::ChunkEntry;
+
+use crate::file::{read_whole, ChunkBytes};
+use crate::stack::TierStore;
+use crate::{Result, StoreError};
+
+/// How long a chunk the tier declined is not offered again (the tier may change meanwhile).
+const DECLINED_FOR: Duration = Duration::from_secs(30);
+/// Longest a read waits for its chunk's fetch before it reads the store below itself.
+const WAIT_FOR_FETCH: Duration = Duration::from_secs(60);
+/// Misses remembered to tell an order that reads chunks together from a random one, and how
+/// many of them must be on one chunk before it is fetched at the cost of an eviction (a
+/// quarter: a chunk-wise order with windows of up to 4 chunks; a random order over more than
+/// ~16 chunks rarely).
+const RECENT_MISSES: usize = 32;
+const DENSE_MISSES: usize = 8;
+
+/// How important a chunk is, for the tier's admission (the sum of its samples' scores).
+pub type ChunkScore = Arc<dyn Fn(&ChunkEntry) -> f64 + Send + Sync>;
+
+/// What the fetcher did so far.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FetchCounts {
+    /// Chunks copied into the tier, and the bytes fetched for them.
+    pub fetched: u64,
+    pub bytes_fetched: u64,
+    /// Chunks fetched that the tier then declined, and fetches skipped because it would have.
+    pub declined: u64,
+    pub skipped: u64,
+    /// Fetches that failed (the samples still came from the store below).
+    pub errors: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    fetched: AtomicU64,
+    bytes_fetched: AtomicU64,
+    declined: AtomicU64,
+    skipped: AtomicU64,
+    errors: AtomicU64,
+}
+
+/// The fetch queue: chunks waiting, the ones being fetched, and recently declined ones.
+#[derive(Default)]
+struct Queue {
+    waiting: VecDeque<u32>,
+    queued: HashSet<u32>,
+    declined: HashMap<u32, Instant>,
+    /// Chunks of the latest misses that would need an eviction.
+    recent: VecDeque<u32>,
+    stop: bool,
+}
+
+/// What the fetch threads and the readers share.
+struct State {
+    tier: TierStore,
+    queue: Mutex<Queue>,
+    /// Fetch threads wait here for work.
+    wake: Condvar,
+    /// Readers wait here for a fetch to end.
+    fetched: Condvar,
+    /// Chunks fetched and checked, while the tier writes them: readers are served from here.
+    staged: Mutex<HashMap<u32, Arc<ChunkBytes>>>,
+    score: ChunkScore,
+    /// Called after the tier admitted a chunk (admission may have evicted copies a reader
+    /// holds open: it lets their space go).
+    admitted: Arc<dyn Fn() + Send + Sync>,
+    counters: Counters,
+}
+
+/// Fetch-on-first-touch admission into one stack's tier, with threads of its own (stopped
+/// when dropped).
+pub struct Fetcher {
+    state: Arc<State>,
+    threads: Mutex<Vec<std::thread::JoinHandle<()>>>,
+}
+
+impl Fetcher {
+    /// Starts `threads` fetch threads admitting into `tier` (each holds one chunk in memory
+    /// while it is read and admitted); `score` ranks a chunk for the tier's policy; `admitted`
+    /// is called after each chunk the tier took.
+    pub(crate) fn start(
+        tier: TierStore,
+        threads: usize,
+        score: ChunkScore,
+        admitted: Arc<dyn Fn() + Send + Sync>,
+    ) -> Fetcher {
+        let state = Arc::new(State {
+            tier,
+            queue: Mutex::default(),
+            wake: Condvar::new(),
+            fetched: Condvar::new(),
+            staged: Mutex::default(),
+            score,
+            admitted,
+            counters: Counters::default(),
+        });
+        let mut handles = Vec::new();
+        for i in 0..threads.max(1) {
+            let s = state.clone();
+            match std::thread::Builder::new()
+                .name(format!("granary-fetch-{i}"))
+                .spawn(move || fetch_loop(&s))
+            {
+                Ok(h) => handles.push(h),
+                Err(e) => log::warn!("cannot start fetch thread {i}: {e}"),
+            }
+        }
+        if handles.is_empty() {
+            // No thread to fetch: every request is declined, every read goes below.
+            state.queue.lock().expect("fetch queue").stop = true;
+        }
+        Fetcher {
+            state,
+            threads: Mutex::new(handles),
+        }
+    }
+
+    /// Queues `chunk` for fetching (unless queued, being fetched, or recently declined);
+    /// returns whether it is queued or being fetched now.
+    pub fn request(&self, chunk: u32) -> bool {
+        let mut q = self.state.queue.lock().expect("fetch queue");
+        self.state.enqueue(&mut q, chunk)
+    }
+
+    /// Whether chunk `chunk` fits the tier's free space now (no eviction needed).
+    pub fn fits(&self, chunk: u32) -> Result<bool> {
+        let t = &self.state.tier;
+        let size = t.chunk_entry(chunk).map_or(u64::MAX, |ce| ce.file_size);
+        Ok(t.cache().used()?.saturating_add(size) <= t.cache().quota())
+    }
+
+    /// Queues `chunk` (when it fits the tier's free space, or a quarter of the latest misses
+    /// were on it), moves it to the front and waits until its fetch ended (at most a minute).
+    /// False when this read should go to the store below (not fetched, declined, stopping,
+    /// timed out).
+    pub fn fetch_and_wait(&self, chunk: u32) -> Result<bool> {
+        let fits = self.fits(chunk)?;
+        let s = &self.state;
+        let mut q = s.queue.lock().expect("fetch queue");
+        let was_queued = q.queued.contains(&chunk);
+        // A chunk that needs an eviction is fetched only while the misses concentrate on it
+        // (an order that reads a chunk's samples together, such as the chunk-wise sampler's):
+        // under a random order over a tier smaller than the dataset each chunk would be
+        // fetched again and again for a sample or two, evicting what was just fetched.
+        if !fits && !was_queued {
+            q.recent.push_back(chunk);
+            if q.recent.len() > RECENT_MISSES {
+                q.recent.pop_front();
+            }
+            let share = q.recent.iter().filter(|&&c| c == chunk).count();
+            if share < DENSE_MISSES {
+                return Ok(false);
+            }
+        }
+        if !s.enqueue(&mut q, chunk) {
+            return Ok(false);
+        }
+        if let Some(i) = q.waiting.iter().position(|&c| c == chunk) {
+            q.waiting.remove(i);
+            q.waiting.push_front(chunk);
+        }
+        let t0 = Instant::now();
+        while q.queued.contains(&chunk) && !q.stop && !s.is_staged(chunk) {
+            let Some(left) = WAIT_FOR_FETCH.checked_sub(t0.elapsed()) else {
+                return Ok(false);
+            };
+            q = s.fetched.wait_timeout(q, left).expect("fetch queue").0;
+        }
+        Ok(!q.stop)
+    }
+
+    /// Chunk `chunk`'s bytes, fetched and checked against the snapshot, while the tier writes
+    /// them (a copy of the tier's, from memory).
+    pub fn staged(&self, chunk: u32) -> Option<Arc<ChunkBytes>> {
+        self.state
+            .staged
+            .lock()
+            .expect("staged")
+            .get(&chunk)
+            .cloned()
+    }
+
+    /// What the fetcher did so far.
+    pub fn counts(&self) -> FetchCounts {
+        let c = &self.state.counters;
+        let l = |a: &AtomicU64| a.load(Relaxed);
+        FetchCounts {
+            fetched: l(&c.fetched),
+            bytes_fetched: l(&c.bytes_fetched),
+            declined: l(&c.declined),
+            skipped: l(&c.skipped),
+            errors: l(&c.errors),
+        }
+    }
+
+    /// Stops the fetch threads (waiting for a fetch in progress to finish); later requests
+    /// are declined.
+    pub fn stop(&self) {
+        let s = &self.state;
+        s.queue.lock().expect("fetch queue").stop = true;
+        s.wake.notify_all();
+        s.fetched.notify_all();
+        for h in std::mem::take(&mut *self.threads.lock().expect("fetch threads")) {
+            let _ = h.join();
+        }
+    }
+}
+
+impl Drop for Fetcher {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+impl State {
+    fn enqueue(&self, q: &mut Queue, chunk: u32) -> bool {
+        if q.stop {
+            return false;
+        }
+        if q.queued.contains(&chunk) {
+            return true;
+        }
+        if let Some(t) = q.declined.get(&chunk) {
+            if t.elapsed() < DECLINED_FOR {
+                return false;
+            }
+            q.declined.remove(&chunk);
+        }
+        q.queued.insert(chunk);
+        q.waiting.push_back(chunk);
+        self.wake.notify_one();
+        true
+    }
+
+    fn is_staged(&self, chunk: u32) -> bool {
+        self.staged.lock().expect("staged").contains_key(&chunk)
+    }
+
+    /// Fetches one chunk; false when the tier holds it already or declined it.
+    fn fetch_one(&self, chunk: u32) -> Result<bool> {
+        let t = &self.tier;
+        let Some(ce) = t.chunk_entry(chunk) else {
+            return Err(StoreError::Invalid(format!(
+                "no chunk {chunk} in the dataset"
+            )));
+        };
+        let cache = t.cache();
+        if cache.resident_chunks()?.contains(&chunk) {
+            return Ok(true);
+        }
+        let score = (self.score)(&ce);
+        if !cache.would_admit(ce.file_size, score)? {
+            self.counters.skipped.fetch_add(1, Relaxed);
+            return Ok(false);
+        }
+        let src = t.open_next(chunk)?;
+        let bytes = Arc::new(read_whole(&*src)?);
+        self.counters
+            .bytes_fetched
+            .fetch_add(bytes.len() as u64, Relaxed);
+        if bytes.len() as u64 != ce.file_size || crc32fast::hash(&bytes) != ce.file_crc {
+            return Err(StoreError::damaged(
+                src.location(),
+                format!("chunk {chunk}: its whole-file CRC does not match the snapshot"),
+            ));
+        }
+        // Checked: readers waiting for this chunk are served from memory now, not after the
+        // tier's write and fsync.
+        self.staged
+            .lock()
+            .expect("staged")
+            .insert(chunk, bytes.clone());
+        drop(self.queue.lock().expect("fetch queue"));
+        self.fetched.notify_all();
+        let admitted = cache.admit(&ce, &bytes, score);
+        self.staged.lock().expect("staged").remove(&chunk);
+        if admitted? {
+            self.counters.fetched.fetch_add(1, Relaxed);
+            (self.admitted)();
+            Ok(true)
+        } else {
+            self.counters.declined.fetch_add(1, Relaxed);
+            Ok(false)
+        }
+    }
+}
+
+/// A fetch thread: takes chunks in the order they were first touched, skips those the tier
+/// holds or would decline, reads the rest whole (one large read) and admits them.
+fn fetch_loop(s: &State) {
+    loop {
+        let chunk = {
+            let mut q = s.queue.lock().expect("fetch queue");
+            loop {
+                if q.stop {
+                    return;
+                }
+                if let Some(c) = q.waiting.pop_front() {
+                    break c;
+                }
+                q = s.wake.wait(q).expect("fetch queue");
+            }
+        };
+        let outcome = s.fetch_one(chunk);
+        let mut q = s.queue.lock().expect("fetch queue");
+        q.queued.remove(&chunk);
+        s.fetched.notify_all();
+        match outcome {
+            Ok(true) => {}
+            Ok(false) => {
+                q.declined.insert(chunk, Instant::now());
+            }
+            Err(e) => {
+                s.counters.errors.fetch_add(1, Relaxed);
+                q.declined.insert(chunk, Instant::now());
+                log::warn!("fetching chunk {chunk} into the tier: {e}");
+            }
+        }
+    }
+}
