@@ -560,7 +560,7 @@ impl Windows {
     /// of the epoch mapped).
     pub(crate) fn release_maps(&mut self) {
         self.files
-            .retain(|_, f| f.local().is_none_or(|l| l.map.is_none()));
+            .retain(|_, f| f.local().is_none_or(|l| l.map().is_none()));
     }
 
     /// Counts a completed window by where its bytes came from; offers its origin-read chunks

@@ -325,7 +325,7 @@ impl ChunkSource for FastOnlySource {
         ))
     }
 
-    fn local(&self) -> Option<&granary::io::IoFile> {
+    fn local(&self) -> Option<&dyn granary::io::LocalFile> {
         self.inner.local()
     }
 

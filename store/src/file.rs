@@ -11,7 +11,7 @@ use memmap2::Mmap;
 pub use crate::guard::Mapped;
 
 use crate::buf::{AlignedBuf, ALIGN};
-use crate::seam::{BytesFrom, ChunkSource, RangeRead};
+use crate::seam::{BytesFrom, ChunkSource, LocalFile, RangeRead};
 use crate::{Result, StoreError};
 
 static METADATA_OPS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
@@ -65,20 +65,6 @@ pub struct IoFile {
 }
 
 impl IoFile {
-    /// True when this file's map no longer shows the file as it was mapped: a read past the
-    /// file's new end was caught by the SIGBUS guard ([`Mapped::is_cut`]), or the file is now
-    /// shorter than the map (the rest of its last page reads as zeros without a fault). One
-    /// `fstat`; false without a map.
-    pub fn map_cut(&self) -> bool {
-        self.map.as_ref().is_some_and(|m| {
-            m.is_cut()
-                || self
-                    .file
-                    .metadata()
-                    .map_or(true, |md| md.len() < m.len() as u64)
-        })
-    }
-
     /// A file read with reads (`direct`: opened with `O_DIRECT`), not through a map; its
     /// length comes from one `fstat`.
     pub fn unmapped(file: File, path: &Path, direct: bool) -> Result<Self> {
@@ -158,8 +144,40 @@ impl ChunkSource for IoFile {
         self.from
     }
 
-    fn local(&self) -> Option<&IoFile> {
+    fn local(&self) -> Option<&dyn LocalFile> {
         Some(self)
+    }
+}
+
+impl LocalFile for IoFile {
+    fn file(&self) -> &File {
+        &self.file
+    }
+
+    fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn direct(&self) -> bool {
+        self.direct
+    }
+
+    fn map(&self) -> Option<&Mapped> {
+        self.map.as_ref()
+    }
+
+    /// True when this file's map no longer shows the file as it was mapped: a read past the
+    /// file's new end was caught by the SIGBUS guard ([`Mapped::is_cut`]), or the file is now
+    /// shorter than the map (the rest of its last page reads as zeros without a fault). One
+    /// `fstat`; false without a map.
+    fn map_cut(&self) -> bool {
+        self.map.as_ref().is_some_and(|m| {
+            m.is_cut()
+                || self
+                    .file
+                    .metadata()
+                    .map_or(true, |md| md.len() < m.len() as u64)
+        })
     }
 }
 
@@ -261,7 +279,7 @@ pub fn read_whole(src: &dyn ChunkSource) -> Result<ChunkBytes> {
     let len = src.len();
     match src.local() {
         Some(local) if len > READ_WHOLE_LIMIT => {
-            let map = map_file(&local.file, &local.path)?;
+            let map = map_file(local.file(), local.path())?;
             // The map has the file's size now, not when it was opened.
             if map.len() as u64 != len {
                 return Err(StoreError::damaged(
@@ -273,8 +291,8 @@ pub fn read_whole(src: &dyn ChunkSource) -> Result<ChunkBytes> {
         }
         local => {
             // Read whole, front to back, whatever the handle's record-read advice.
-            if let Some(l) = local.filter(|l| !l.direct) {
-                crate::advise(&l.file, crate::ReadPattern::Sequential);
+            if let Some(l) = local.filter(|l| !l.direct()) {
+                crate::advise(l.file(), crate::ReadPattern::Sequential);
             }
             let mut v = vec![0u8; len as usize];
             src.read_ranges(&mut [RangeRead {

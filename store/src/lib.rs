@@ -8,6 +8,7 @@
 //! [`StoreStack`] (tier → peers → origin, any subset) once; the packer writes objects through
 //! [`object::ObjectUrl`]. Errors say of which kind they are ([`StoreError`]).
 
+pub mod auth;
 pub mod buf;
 pub mod config;
 pub mod engine;
@@ -31,14 +32,14 @@ pub use granary_format::DatasetId;
 pub use local::{advise, effective_memory, resident_share, LocalDir, Opener};
 pub use location::{open, write_destination, Location};
 pub use meter::{Meter, MeterReading, Metered, ServedCounters, ServedCounts};
-pub use peers::{auth, request as serving};
+pub use peers::request as serving;
 pub use peers::{Ownership, PeerStats, PeerStore, Peers};
 pub use seam::{
     Access, BytesFrom, ChunkSource, ChunkStore, IoMode, LocalRead, OpenCounters, OpenCounts,
     RangeRead, ReadPattern, Source,
 };
-pub use stack::{StoreStack, TierStore};
+pub use stack::StoreStack;
 pub use tier::{
     decode_hot_map, decode_tier_index, hot_file_name, HotChunk, HotMap, HotRecord, LocalTier,
-    TierPolicy, TierStats,
+    TierPolicy, TierStats, TierStore,
 };

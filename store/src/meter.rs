@@ -13,8 +13,9 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::file::IoFile;
-use crate::seam::{Access, BytesFrom, ChunkSource, ChunkStore, LocalRead, RangeRead, Source};
+use crate::seam::{
+    Access, BytesFrom, ChunkSource, ChunkStore, LocalFile, LocalRead, RangeRead, Source,
+};
 use crate::Result;
 
 /// What one layer saw, counted since it was made.
@@ -233,7 +234,7 @@ impl ChunkSource for MeteredSource {
         self.inner.bytes_from()
     }
 
-    fn local(&self) -> Option<&IoFile> {
+    fn local(&self) -> Option<&dyn LocalFile> {
         self.inner.local()
     }
 

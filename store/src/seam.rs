@@ -8,7 +8,7 @@
 //! `ObjectChunks` in the `remote` module); a reader builds the stack it needs
 //! ([`crate::StoreStack`]).
 //!
-//! The store's I/O engine ([`crate::engine`]) reads batches of ranges of many sources at once.
+//! The store's I/O engine (the `engine` module) reads batches of ranges of many sources at once.
 //! A source that is a local file, or a layer over one, offers that file
 //! ([`ChunkSource::local`]): the engine reads it its own way (io_uring or pread, `O_DIRECT` or
 //! buffered, or as slices of a map of the page cache) and tells the source what it read
@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::file::IoFile;
+use crate::guard::Mapped;
 use crate::Result;
 
 /// Where the bytes of a source come from.
@@ -69,6 +69,21 @@ pub struct LocalRead {
     pub failed: bool,
 }
 
+/// A local file as the I/O engine reads it itself ([`ChunkSource::local`]): with positional
+/// reads or io_uring on its descriptor, or as slices of its map.
+pub trait LocalFile: Send + Sync + Debug {
+    /// The open file.
+    fn file(&self) -> &std::fs::File;
+    /// Its path, for errors.
+    fn path(&self) -> &Path;
+    /// Opened with `O_DIRECT`: reads must be aligned.
+    fn direct(&self) -> bool;
+    /// The file mapped, when it is resident in the page cache: its reads are slices of the map.
+    fn map(&self) -> Option<&Mapped>;
+    /// True when the map no longer shows the file as it was mapped (cut short since).
+    fn map_cut(&self) -> bool;
+}
+
 /// An open chunk file.
 pub trait ChunkSource: Send + Sync + Debug {
     /// Where the bytes are (a path, or a URL written as one), for errors.
@@ -99,7 +114,7 @@ pub trait ChunkSource: Send + Sync + Debug {
     /// calling [`ChunkSource::read_ranges`]. `None` (the default) for any other source. A
     /// layer that wraps a source without changing its bytes forwards it, and learns of the
     /// engine's reads through [`ChunkSource::observe_local`].
-    fn local(&self) -> Option<&IoFile> {
+    fn local(&self) -> Option<&dyn LocalFile> {
         None
     }
 

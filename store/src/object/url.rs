@@ -47,7 +47,7 @@ pub struct ObjectUrl {
     pub(super) timeouts: Timeouts,
     /// S3 credentials may come from the instance's role ([`StoreConfig::aws_imds`]).
     pub(super) aws_imds: bool,
-    /// Set for a peer's tier (`granary serve`, read by [`crate::peers`]' client): every
+    /// Set for a peer's tier (`granary serve`, read by the peers' client): every
     /// request bounded by `timeouts.request`, never retried, nothing logged while waiting (the
     /// peer layer handles a slow peer), signed with the job's secret.
     pub(super) peer: Option<PeerLink>,

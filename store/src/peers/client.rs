@@ -1,7 +1,7 @@
 //! The peers' client: one other node's tier of one dataset, as this node reads it from that
 //! node's `granary serve` ([`super::server`]). It speaks the object module's HTTP (the same
 //! ranged GETs, the same runtime), configured the way a peer must be asked: every request
-//! signed with the job's secret ([`super::auth`]), bounded by the peer timeout (connecting
+//! signed with the job's secret ([`crate::auth`]), bounded by the peer timeout (connecting
 //! included) and never retried, over TLS when the job has a CA.
 
 use std::time::Duration;
@@ -22,7 +22,7 @@ impl PeerClient {
         addr: &str,
         id_hex: &str,
         timeout: Duration,
-        secret: Option<super::auth::Secret>,
+        secret: Option<crate::auth::Secret>,
         ca: Option<&[u8]>,
     ) -> Result<Self> {
         let link = PeerLink {

@@ -11,10 +11,9 @@
 //! own.
 //!
 //! The room: the layer and its ownership (here), the client that asks another node
-//! ([`client`]), the server that answers (`granary serve`, [`server`]), the requests it accepts
-//! ([`request`]) and the job's secret both sides share ([`auth`]).
+//! (`client`), the server that answers (`granary serve`, `server`), the requests it accepts
+//! ([`request`]); the job's secret both sides share is [`crate::auth`].
 
-pub mod auth;
 mod client;
 pub mod request;
 #[cfg(feature = "server")]

@@ -1,11 +1,11 @@
 //! `granary serve`: this node's tier, read-only over HTTP, for the other nodes of a job (the
-//! peers' client, [`super::client`], asks it).
+//! peers' client asks it).
 //!
 //! `GET` or `HEAD /<dataset id>/chunk-NNNNNNNN.gchunk`, with an optional single byte range
 //! (`Range: bytes=a-b`, `bytes=a-`, `bytes=-n`), parsed by [`super::request`]. Only the given
 //! datasets' tiers are served, only chunk copies (no hot chunks, index, scores or lock file),
 //! and nothing is ever written. Every request must carry a proof made with the job's secret
-//! ([`super::auth`]): without one it is refused (401, 403), and the refusal logged with the
+//! ([`crate::auth`]): without one it is refused (401, 403), and the refusal logged with the
 //! caller's address. Clients check every copy against the snapshot (size and whole-file CRC),
 //! so the server does not: a damaged copy is rejected where it is used.
 
@@ -19,7 +19,7 @@ use bytes::Bytes;
 use http_body_util::Full;
 use hyper::{Method, Request, Response, StatusCode};
 
-use super::auth::{Secret, Verifier};
+use crate::auth::{Secret, Verifier};
 use crate::{Result, StoreError};
 
 fn invalid(msg: String) -> StoreError {
@@ -216,8 +216,8 @@ fn refusal(
         req.method().as_str(),
         req.uri().path(),
         header(hyper::header::RANGE.as_str()),
-        header(super::auth::AUTH_HEADER),
-        super::auth::unix_now(),
+        header(crate::auth::AUTH_HEADER),
+        crate::auth::unix_now(),
     );
     let why = checked.err()?;
     let n = served

@@ -15,8 +15,8 @@ use std::time::{Duration, Instant};
 
 use granary_format::ChunkEntry;
 
+use super::TierStore;
 use crate::file::{read_whole, ChunkBytes};
-use crate::stack::TierStore;
 use crate::{Result, StoreError};
 
 /// How long a chunk the tier declined is not offered again (the tier may change meanwhile).

@@ -16,6 +16,7 @@
 mod admit;
 pub mod fetch;
 mod files;
+mod layer;
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
@@ -34,6 +35,7 @@ use crate::{Result, StoreError};
 pub use admit::{Admission, AdmissionCounters, Job, HOT_RECORD_OVERHEAD};
 use files::*;
 pub use files::{decode_hot_map, decode_tier_index, lock_exclusive, write_atomic};
+pub use layer::TierStore;
 
 /// What the tier keeps when it is full.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]

@@ -2,17 +2,16 @@
 //! io_uring or a pread thread pool with the same interface. Front ends map
 //! `GRANARY_IO=uring|pread` (or their own option) to a forced [`IoKind`].
 //!
-//! A source that is a local file, or a layer over one ([`ChunkSource::local`]), is read on its
-//! descriptor (or served from its map) and told what was read ([`ChunkSource::observe_local`]),
+//! A source that is a local file, or a layer over one ([`crate::ChunkSource::local`]), is read on its
+//! descriptor (or served from its map) and told what was read ([`crate::ChunkSource::observe_local`]),
 //! so a layer over a local file (the meter) keeps the fast path and still counts; every other
-//! source is read through [`ChunkSource::read_ranges`], one call per source and batch.
+//! source is read through [`crate::ChunkSource::read_ranges`], one call per source and batch.
 //!
 //! Files are opened with `O_DIRECT` where the file system allows it (reads then bypass the page
 //! cache and go straight into 4 KiB-aligned buffers); elsewhere (tmpfs, some FUSE mounts) they
 //! are read buffered. Short reads, `EINTR` and `EAGAIN` are retried; errors name the file and
 //! offset.
 
-use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -21,8 +20,12 @@ use crate::buf::MapLease;
 pub use crate::buf::{AlignedBuf, BufPool, ALIGN};
 use crate::file::{eof_at, pread_at_least};
 pub use crate::file::{metadata_ops, IoFile};
+pub use crate::seam::LocalFile;
 use crate::seam::{LocalRead, RangeRead, Source};
 use crate::{Result, StoreError};
+
+mod uring;
+use uring::UringEngine;
 
 /// Buffer bytes (idle and in use) of an engine made with [`Engine::new`].
 pub const POOL_BYTES: usize = 128 << 20;
@@ -87,19 +90,19 @@ pub struct Request {
 impl Request {
     /// The map its bytes come from, when its source is a resident local file.
     pub fn map(&self) -> Option<&crate::file::Mapped> {
-        self.source.local().and_then(|f| f.map.as_ref())
+        self.source.local().and_then(|f| f.map())
     }
 
     /// True when its source is a local file read through the page cache (not mapped).
     pub fn buffered_local(&self) -> bool {
         self.source
             .local()
-            .is_some_and(|f| !f.direct && f.map.is_none())
+            .is_some_and(|f| !f.direct() && f.map().is_none())
     }
 
     /// True when its source is a local file opened with `O_DIRECT` (reads must be aligned).
     pub fn direct(&self) -> bool {
-        self.source.local().is_some_and(|f| f.direct)
+        self.source.local().is_some_and(|f| f.direct())
     }
 }
 
@@ -130,7 +133,7 @@ impl Completed {
         match &self.bytes {
             Bytes::Buf(b) => &b.as_slice()[self.skip..self.skip + self.len],
             Bytes::Map(f, _) => {
-                let map = f.local().and_then(|f| f.map.as_deref());
+                let map = f.local().and_then(|f| f.map()).map(|m| &m[..]);
                 &map.expect("mapped file")[self.skip..self.skip + self.len]
             }
         }
@@ -141,7 +144,7 @@ impl Completed {
     /// fault in as read).
     pub fn populate(&self, at: usize, len: usize) {
         if let Bytes::Map(f, _) = &self.bytes {
-            if let Some(m) = f.local().and_then(|f| f.map.as_ref()) {
+            if let Some(m) = f.local().and_then(|f| f.map()) {
                 let _ = m.advise_range(memmap2::Advice::PopulateRead, self.skip + at, len);
             }
         }
@@ -279,7 +282,7 @@ fn finish(
 /// and a share of the batch's time `took` by its bytes (requests served from a map waited for
 /// nothing), so that the shares of one batch add up to its time.
 fn observe(reqs: &[Request], took: Duration) {
-    let read = |r: &Request| r.source.local().is_some_and(|f| f.map.is_none());
+    let read = |r: &Request| r.source.local().is_some_and(|f| f.map().is_none());
     let total: u64 = reqs.iter().filter(|r| read(r)).map(|r| r.len as u64).sum();
     for r in reqs.iter().filter(|r| r.source.local().is_some()) {
         let waited = if read(r) && total > 0 {
@@ -326,7 +329,7 @@ fn piece_slices<'a>(bufs: &'a mut [Slot], pieces: &[Piece]) -> Vec<&'a mut [u8]>
 
 /// Pieces (with their buffers) grouped for reading, each group by one thread: an O_DIRECT
 /// file's pieces one by one, the consecutive pieces of a page-cache read together, every other
-/// source's pieces together (one [`ChunkSource::read_ranges`] call per source and
+/// source's pieces together (one [`crate::ChunkSource::read_ranges`] call per source and
 /// batch, which the source may serve concurrently).
 fn group_pieces<'a, 'p>(
     reqs: &[Request],
@@ -343,7 +346,7 @@ fn group_pieces<'a, 'p>(
         // one thread, as the kernel's readahead expects (read in parallel they look random
         // to it, and it issues small requests); other ranges of it start groups of their own.
         // A remote source's ranges go to one thread (it batches them itself).
-        if local.is_some_and(|f| f.direct) {
+        if local.is_some_and(|f| f.direct()) {
             groups.push(vec![(p, dst)]);
             continue;
         }
@@ -380,7 +383,7 @@ fn read_group(reqs: &[Request], group: Vec<(&Piece, &mut [u8])>) -> Result<()> {
     match src.local() {
         Some(f) => reads
             .iter_mut()
-            .try_for_each(|r| pread_at_least(&f.file, &f.path, r))
+            .try_for_each(|r| pread_at_least(f.file(), f.path(), r))
             .inspect_err(|_| failed(&src)),
         None => src.read_ranges(&mut reads),
     }
@@ -692,301 +695,6 @@ fn read_groups(
     match first_error.into_inner().expect("error lock") {
         Some(e) => Err(e),
         None => Ok(()),
-    }
-}
-
-/// A batch of requests being read by the io_uring engine.
-struct Batch {
-    id: u64,
-    queued: Instant,
-    reqs: Vec<Request>,
-    bufs: Vec<Slot>,
-    /// Start address of each buffer's usable part (as an integer, so the engine stays `Send`;
-    /// 0 for a mapped request, which has no pieces).
-    addrs: Vec<usize>,
-    skips: Vec<usize>,
-    pieces: Vec<Piece>,
-    done: Vec<usize>,
-    /// Pieces not yet complete (queued or in flight).
-    remaining: usize,
-    /// Pieces of this batch in flight.
-    inflight: usize,
-    error: Option<StoreError>,
-    reply: Reply,
-}
-
-/// io_uring: one ring shared by a queue of batches, so the reads of the next batch keep the
-/// device busy while the previous batch's last reads complete. Lives on the engine's thread.
-struct UringEngine {
-    ring: io_uring::IoUring,
-    depth: usize,
-    max_inflight_bytes: usize,
-    batches: std::collections::VecDeque<Batch>,
-    /// (batch id, piece) waiting to be submitted, in order.
-    todo: std::collections::VecDeque<(u64, usize)>,
-    next_id: u64,
-    inflight: usize,
-    inflight_bytes: usize,
-    broken: bool,
-}
-
-impl UringEngine {
-    fn new(depth: usize, max_inflight_bytes: usize) -> Result<Self> {
-        let ring = io_uring::IoUring::new(depth.next_power_of_two() as u32)
-            .map_err(|e| StoreError::io("creating io_uring", "(kernel)", e))?;
-        Ok(UringEngine {
-            ring,
-            depth,
-            max_inflight_bytes,
-            batches: Default::default(),
-            todo: Default::default(),
-            next_id: 0,
-            inflight: 0,
-            inflight_bytes: 0,
-            broken: false,
-        })
-    }
-
-    fn batch_mut(&mut self, id: u64) -> Option<&mut Batch> {
-        let front = self.batches.front()?.id;
-        self.batches.get_mut(id.checked_sub(front)? as usize)
-    }
-
-    /// Serves the batches `rx` sends, in order, until the channel closes; each batch's result
-    /// goes to its reply channel as soon as it is complete.
-    fn serve(mut self, rx: std::sync::mpsc::Receiver<(QueuedBatch, Reply)>) {
-        let mut open = true;
-        loop {
-            // Block for work only when nothing is queued or in flight.
-            if self.batches.is_empty() {
-                match rx.recv() {
-                    Ok((b, reply)) => self.submit(b, reply),
-                    Err(_) => return,
-                }
-            }
-            while open {
-                match rx.try_recv() {
-                    Ok((b, reply)) => self.submit(b, reply),
-                    Err(std::sync::mpsc::TryRecvError::Empty) => break,
-                    Err(std::sync::mpsc::TryRecvError::Disconnected) => open = false,
-                }
-            }
-            self.fill();
-            while let Some(b) = self.batches.front() {
-                if !(b.remaining == 0 || (b.error.is_some() && b.inflight == 0)) {
-                    break;
-                }
-                let b = self.batches.pop_front().expect("checked above");
-                let id = b.id;
-                self.todo.retain(|(t, _)| *t != id);
-                let result = match b.error {
-                    Some(e) => Err(e),
-                    None => finish(b.bufs, b.skips, &b.reqs, b.queued),
-                };
-                let _ = b.reply.send(result);
-            }
-            if self.batches.is_empty() {
-                if !open {
-                    return;
-                }
-                continue;
-            }
-            if let Err(e) = self.reap() {
-                // The ring is unusable: every batch fails (their buffers stay with the engine,
-                // whose Drop keeps any the kernel may still write).
-                let msg = e.to_string();
-                for b in self.batches.iter_mut() {
-                    let _ = b.reply.send(Err(StoreError::Stopped(msg.clone())));
-                }
-                return;
-            }
-        }
-    }
-
-    /// Queues a batch of requests.
-    fn submit(&mut self, batch: QueuedBatch, reply: Reply) {
-        let QueuedBatch {
-            queued,
-            reqs,
-            mut bufs,
-            skips,
-            pieces,
-        } = batch;
-        // Sources that are not local files are read through their own batched reads, here
-        // and now; the ring reads the rest.
-        let on_ring: Vec<bool> = pieces
-            .iter()
-            .map(|p| reqs[p.req].source.local().is_some())
-            .collect();
-        let mut error = None;
-        if on_ring.iter().any(|l| !l) {
-            let slices = piece_slices(&mut bufs, &pieces);
-            let others = pieces
-                .iter()
-                .zip(slices)
-                .zip(&on_ring)
-                .filter(|(_, l)| !**l)
-                .map(|(x, _)| x);
-            // Each source's ranges from one thread, several sources at once: an object
-            // store's reads are network round trips, not ring submissions.
-            let groups = group_pieces(&reqs, others);
-            if let Err(e) = read_groups(&reqs, groups, REMOTE_SOURCES_IN_FLIGHT, None) {
-                error = Some(e);
-            }
-        }
-        let addrs = bufs
-            .iter_mut()
-            .map(|b| {
-                b.buf_mut()
-                    .map_or(0, |b| b.as_mut_slice().as_mut_ptr() as usize)
-            })
-            .collect();
-        let id = self.next_id;
-        self.next_id += 1;
-        let ring_pieces: Vec<usize> = (0..pieces.len()).filter(|&p| on_ring[p]).collect();
-        self.todo.extend(ring_pieces.iter().map(|&p| (id, p)));
-        self.batches.push_back(Batch {
-            id,
-            queued,
-            reqs,
-            bufs,
-            addrs,
-            skips,
-            done: vec![0; pieces.len()],
-            remaining: ring_pieces.len(),
-            inflight: 0,
-            pieces,
-            error,
-            reply,
-        });
-    }
-
-    /// Pushes queued pieces into the submission queue up to the depth and byte caps.
-    fn fill(&mut self) {
-        while self.inflight < self.depth && !self.broken {
-            let Some(&(id, i)) = self.todo.front() else {
-                break;
-            };
-            let (max_bytes, inflight) = (self.max_inflight_bytes, self.inflight_bytes);
-            let Some(b) = self.batch_mut(id) else {
-                self.todo.pop_front();
-                continue;
-            };
-            if b.error.is_some() {
-                // A failed batch reads nothing more.
-                b.remaining -= 1;
-                self.todo.pop_front();
-                continue;
-            }
-            let p = &b.pieces[i];
-            let len = p.len - b.done[i];
-            if inflight > 0 && inflight + len > max_bytes {
-                break;
-            }
-            let fd = match b.reqs[p.req].source.local() {
-                Some(f) => f.file.as_raw_fd(),
-                None => unreachable!("only local files' pieces are queued on the ring"),
-            };
-            let target = (b.addrs[p.req] + p.at + b.done[i]) as *mut u8;
-            let entry = io_uring::opcode::Read::new(io_uring::types::Fd(fd), target, len as u32)
-                .offset(p.offset + b.done[i] as u64)
-                .build()
-                .user_data((id << 24) | i as u64);
-            // SAFETY: `target..target + len` lies inside the usable part of `bufs[p.req]` of a
-            // batch this engine owns; the buffer's heap allocation is neither moved, read nor
-            // freed until the read completes (batches leave the engine only when none of their
-            // pieces is in flight, and Drop waits for every read in flight), and the file
-            // descriptor belongs to `reqs`, which the batch keeps open as long.
-            if unsafe { self.ring.submission().push(&entry) }.is_err() {
-                break;
-            }
-            self.todo.pop_front();
-            let b = self.batch_mut(id).expect("batch exists");
-            b.inflight += 1;
-            self.inflight += 1;
-            self.inflight_bytes += len;
-        }
-    }
-
-    /// Waits for one completion at least and processes every available one.
-    fn reap(&mut self) -> Result<()> {
-        match self.ring.submit_and_wait(1) {
-            Ok(_) => {}
-            Err(e)
-                if matches!(
-                    e.raw_os_error(),
-                    Some(libc::EINTR) | Some(libc::EAGAIN) | Some(libc::EBUSY)
-                ) => {}
-            Err(e) => {
-                self.broken = true;
-                return Err(StoreError::io("waiting on io_uring", "(kernel)", e));
-            }
-        }
-        let cqes: Vec<(u64, i32)> = self
-            .ring
-            .completion()
-            .map(|c| (c.user_data(), c.result()))
-            .collect();
-        for (ud, res) in cqes {
-            let (id, i) = (ud >> 24, (ud & 0xFF_FFFF) as usize);
-            self.inflight -= 1;
-            let Some(b) = self.batch_mut(id) else {
-                continue;
-            };
-            b.inflight -= 1;
-            let p = &b.pieces[i];
-            let asked = p.len - b.done[i];
-            let mut requeue = false;
-            if res == -libc::EINTR || res == -libc::EAGAIN {
-                requeue = true;
-            } else if res < 0 {
-                let e = std::io::Error::from_raw_os_error(-res);
-                let at = p.offset + b.done[i] as u64;
-                let path = b.reqs[p.req].source.location().to_path_buf();
-                failed(&b.reqs[p.req].source);
-                b.error.get_or_insert(StoreError::io(
-                    "reading",
-                    path,
-                    std::io::Error::new(e.kind(), format!("at offset {at}: {e}")),
-                ));
-                b.remaining -= 1;
-            } else if res == 0 {
-                if b.done[i] < p.need {
-                    let e = eof_at(b.reqs[p.req].source.location(), p.offset + b.done[i] as u64);
-                    failed(&b.reqs[p.req].source);
-                    b.error.get_or_insert(e);
-                }
-                b.remaining -= 1;
-            } else {
-                b.done[i] += res as usize;
-                if b.done[i] < p.need {
-                    requeue = true; // short read: ask for the rest
-                } else {
-                    b.remaining -= 1;
-                }
-            }
-            self.inflight_bytes -= asked;
-            if requeue {
-                self.todo.push_front((id, i));
-            }
-        }
-        Ok(())
-    }
-}
-
-impl Drop for UringEngine {
-    fn drop(&mut self) {
-        // Never free a buffer the kernel may still write: wait for every read in flight.
-        while self.inflight > 0 && !self.broken {
-            if self.reap().is_err() {
-                break;
-            }
-        }
-        if self.inflight > 0 {
-            for b in std::mem::take(&mut self.batches) {
-                std::mem::forget(b);
-            }
-        }
     }
 }
 

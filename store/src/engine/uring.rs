@@ -1,0 +1,307 @@
+//! The io_uring backend of the engine: one ring shared by a queue of batches, on the engine's
+//! thread, reading local files' pieces on their descriptors (other sources are read through
+//! their own batched reads when their batch is queued).
+
+use std::os::fd::AsRawFd;
+use std::time::Instant;
+
+use super::{
+    eof_at, failed, finish, group_pieces, piece_slices, read_groups, Piece, QueuedBatch, Reply,
+    Request, Slot, REMOTE_SOURCES_IN_FLIGHT,
+};
+use crate::{Result, StoreError};
+
+/// A batch of requests being read by the io_uring engine.
+struct Batch {
+    id: u64,
+    queued: Instant,
+    reqs: Vec<Request>,
+    bufs: Vec<Slot>,
+    /// Start address of each buffer's usable part (as an integer, so the engine stays `Send`;
+    /// 0 for a mapped request, which has no pieces).
+    addrs: Vec<usize>,
+    skips: Vec<usize>,
+    pieces: Vec<Piece>,
+    done: Vec<usize>,
+    /// Pieces not yet complete (queued or in flight).
+    remaining: usize,
+    /// Pieces of this batch in flight.
+    inflight: usize,
+    error: Option<StoreError>,
+    reply: Reply,
+}
+
+/// io_uring: one ring shared by a queue of batches, so the reads of the next batch keep the
+/// device busy while the previous batch's last reads complete. Lives on the engine's thread.
+pub(super) struct UringEngine {
+    ring: io_uring::IoUring,
+    depth: usize,
+    max_inflight_bytes: usize,
+    batches: std::collections::VecDeque<Batch>,
+    /// (batch id, piece) waiting to be submitted, in order.
+    todo: std::collections::VecDeque<(u64, usize)>,
+    next_id: u64,
+    inflight: usize,
+    inflight_bytes: usize,
+    broken: bool,
+}
+
+impl UringEngine {
+    pub(super) fn new(depth: usize, max_inflight_bytes: usize) -> Result<Self> {
+        let ring = io_uring::IoUring::new(depth.next_power_of_two() as u32)
+            .map_err(|e| StoreError::io("creating io_uring", "(kernel)", e))?;
+        Ok(UringEngine {
+            ring,
+            depth,
+            max_inflight_bytes,
+            batches: Default::default(),
+            todo: Default::default(),
+            next_id: 0,
+            inflight: 0,
+            inflight_bytes: 0,
+            broken: false,
+        })
+    }
+
+    fn batch_mut(&mut self, id: u64) -> Option<&mut Batch> {
+        let front = self.batches.front()?.id;
+        self.batches.get_mut(id.checked_sub(front)? as usize)
+    }
+
+    /// Serves the batches `rx` sends, in order, until the channel closes; each batch's result
+    /// goes to its reply channel as soon as it is complete.
+    pub(super) fn serve(mut self, rx: std::sync::mpsc::Receiver<(QueuedBatch, Reply)>) {
+        let mut open = true;
+        loop {
+            // Block for work only when nothing is queued or in flight.
+            if self.batches.is_empty() {
+                match rx.recv() {
+                    Ok((b, reply)) => self.submit(b, reply),
+                    Err(_) => return,
+                }
+            }
+            while open {
+                match rx.try_recv() {
+                    Ok((b, reply)) => self.submit(b, reply),
+                    Err(std::sync::mpsc::TryRecvError::Empty) => break,
+                    Err(std::sync::mpsc::TryRecvError::Disconnected) => open = false,
+                }
+            }
+            self.fill();
+            while let Some(b) = self.batches.front() {
+                if !(b.remaining == 0 || (b.error.is_some() && b.inflight == 0)) {
+                    break;
+                }
+                let b = self.batches.pop_front().expect("checked above");
+                let id = b.id;
+                self.todo.retain(|(t, _)| *t != id);
+                let result = match b.error {
+                    Some(e) => Err(e),
+                    None => finish(b.bufs, b.skips, &b.reqs, b.queued),
+                };
+                let _ = b.reply.send(result);
+            }
+            if self.batches.is_empty() {
+                if !open {
+                    return;
+                }
+                continue;
+            }
+            if let Err(e) = self.reap() {
+                // The ring is unusable: every batch fails (their buffers stay with the engine,
+                // whose Drop keeps any the kernel may still write).
+                let msg = e.to_string();
+                for b in self.batches.iter_mut() {
+                    let _ = b.reply.send(Err(StoreError::Stopped(msg.clone())));
+                }
+                return;
+            }
+        }
+    }
+
+    /// Queues a batch of requests.
+    fn submit(&mut self, batch: QueuedBatch, reply: Reply) {
+        let QueuedBatch {
+            queued,
+            reqs,
+            mut bufs,
+            skips,
+            pieces,
+        } = batch;
+        // Sources that are not local files are read through their own batched reads, here
+        // and now; the ring reads the rest.
+        let on_ring: Vec<bool> = pieces
+            .iter()
+            .map(|p| reqs[p.req].source.local().is_some())
+            .collect();
+        let mut error = None;
+        if on_ring.iter().any(|l| !l) {
+            let slices = piece_slices(&mut bufs, &pieces);
+            let others = pieces
+                .iter()
+                .zip(slices)
+                .zip(&on_ring)
+                .filter(|(_, l)| !**l)
+                .map(|(x, _)| x);
+            // Each source's ranges from one thread, several sources at once: an object
+            // store's reads are network round trips, not ring submissions.
+            let groups = group_pieces(&reqs, others);
+            if let Err(e) = read_groups(&reqs, groups, REMOTE_SOURCES_IN_FLIGHT, None) {
+                error = Some(e);
+            }
+        }
+        let addrs = bufs
+            .iter_mut()
+            .map(|b| {
+                b.buf_mut()
+                    .map_or(0, |b| b.as_mut_slice().as_mut_ptr() as usize)
+            })
+            .collect();
+        let id = self.next_id;
+        self.next_id += 1;
+        let ring_pieces: Vec<usize> = (0..pieces.len()).filter(|&p| on_ring[p]).collect();
+        self.todo.extend(ring_pieces.iter().map(|&p| (id, p)));
+        self.batches.push_back(Batch {
+            id,
+            queued,
+            reqs,
+            bufs,
+            addrs,
+            skips,
+            done: vec![0; pieces.len()],
+            remaining: ring_pieces.len(),
+            inflight: 0,
+            pieces,
+            error,
+            reply,
+        });
+    }
+
+    /// Pushes queued pieces into the submission queue up to the depth and byte caps.
+    fn fill(&mut self) {
+        while self.inflight < self.depth && !self.broken {
+            let Some(&(id, i)) = self.todo.front() else {
+                break;
+            };
+            let (max_bytes, inflight) = (self.max_inflight_bytes, self.inflight_bytes);
+            let Some(b) = self.batch_mut(id) else {
+                self.todo.pop_front();
+                continue;
+            };
+            if b.error.is_some() {
+                // A failed batch reads nothing more.
+                b.remaining -= 1;
+                self.todo.pop_front();
+                continue;
+            }
+            let p = &b.pieces[i];
+            let len = p.len - b.done[i];
+            if inflight > 0 && inflight + len > max_bytes {
+                break;
+            }
+            let fd = match b.reqs[p.req].source.local() {
+                Some(f) => f.file().as_raw_fd(),
+                None => unreachable!("only local files' pieces are queued on the ring"),
+            };
+            let target = (b.addrs[p.req] + p.at + b.done[i]) as *mut u8;
+            let entry = io_uring::opcode::Read::new(io_uring::types::Fd(fd), target, len as u32)
+                .offset(p.offset + b.done[i] as u64)
+                .build()
+                .user_data((id << 24) | i as u64);
+            // SAFETY: `target..target + len` lies inside the usable part of `bufs[p.req]` of a
+            // batch this engine owns; the buffer's heap allocation is neither moved, read nor
+            // freed until the read completes (batches leave the engine only when none of their
+            // pieces is in flight, and Drop waits for every read in flight), and the file
+            // descriptor belongs to `reqs`, which the batch keeps open as long.
+            if unsafe { self.ring.submission().push(&entry) }.is_err() {
+                break;
+            }
+            self.todo.pop_front();
+            let b = self.batch_mut(id).expect("batch exists");
+            b.inflight += 1;
+            self.inflight += 1;
+            self.inflight_bytes += len;
+        }
+    }
+
+    /// Waits for one completion at least and processes every available one.
+    fn reap(&mut self) -> Result<()> {
+        match self.ring.submit_and_wait(1) {
+            Ok(_) => {}
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::EINTR) | Some(libc::EAGAIN) | Some(libc::EBUSY)
+                ) => {}
+            Err(e) => {
+                self.broken = true;
+                return Err(StoreError::io("waiting on io_uring", "(kernel)", e));
+            }
+        }
+        let cqes: Vec<(u64, i32)> = self
+            .ring
+            .completion()
+            .map(|c| (c.user_data(), c.result()))
+            .collect();
+        for (ud, res) in cqes {
+            let (id, i) = (ud >> 24, (ud & 0xFF_FFFF) as usize);
+            self.inflight -= 1;
+            let Some(b) = self.batch_mut(id) else {
+                continue;
+            };
+            b.inflight -= 1;
+            let p = &b.pieces[i];
+            let asked = p.len - b.done[i];
+            let mut requeue = false;
+            if res == -libc::EINTR || res == -libc::EAGAIN {
+                requeue = true;
+            } else if res < 0 {
+                let e = std::io::Error::from_raw_os_error(-res);
+                let at = p.offset + b.done[i] as u64;
+                let path = b.reqs[p.req].source.location().to_path_buf();
+                failed(&b.reqs[p.req].source);
+                b.error.get_or_insert(StoreError::io(
+                    "reading",
+                    path,
+                    std::io::Error::new(e.kind(), format!("at offset {at}: {e}")),
+                ));
+                b.remaining -= 1;
+            } else if res == 0 {
+                if b.done[i] < p.need {
+                    let e = eof_at(b.reqs[p.req].source.location(), p.offset + b.done[i] as u64);
+                    failed(&b.reqs[p.req].source);
+                    b.error.get_or_insert(e);
+                }
+                b.remaining -= 1;
+            } else {
+                b.done[i] += res as usize;
+                if b.done[i] < p.need {
+                    requeue = true; // short read: ask for the rest
+                } else {
+                    b.remaining -= 1;
+                }
+            }
+            self.inflight_bytes -= asked;
+            if requeue {
+                self.todo.push_front((id, i));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Drop for UringEngine {
+    fn drop(&mut self) {
+        // Never free a buffer the kernel may still write: wait for every read in flight.
+        while self.inflight > 0 && !self.broken {
+            if self.reap().is_err() {
+                break;
+            }
+        }
+        if self.inflight > 0 {
+            for b in std::mem::take(&mut self.batches) {
+                std::mem::forget(b);
+            }
+        }
+    }
+}
