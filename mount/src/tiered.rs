@@ -144,23 +144,28 @@ impl TieredReader {
         // A damaged tier copy is dropped and the read starts over once (the chunk may be
         // fetched again); a second damaged copy sends the read to the origin.
         for _ in 0..2 {
-            if let Some(data) = self.read_staged(&info)? {
-                return Ok(self.count(&info, BytesFrom::Tier, data));
-            }
-            let mut src = self.reader.source(chunk)?;
+            // A chunk just fetched is read from memory while the tier writes it.
+            let staged = |f: &Fetcher| f.staged(chunk);
+            let (mut src, mut in_memory) = match self.fetcher.as_ref().and_then(staged) {
+                Some(s) => (s, true),
+                None => (self.reader.source(chunk)?, false),
+            };
             // A miss: the whole chunk is fetched (one large read) and this read waits for it,
             // unless a full tier would have to evict for a chunk that only this read wants
             // (see `fetch_and_wait`); then the origin answers.
             if let (Some(f), false) = (&self.fetcher, src.bytes_from().is_copy()) {
                 if f.fetch_and_wait(chunk)? {
-                    if let Some(data) = self.read_staged(&info)? {
-                        return Ok(self.count(&info, BytesFrom::Tier, data));
-                    }
-                    src = self.reader.source(chunk)?;
+                    (src, in_memory) = match f.staged(chunk) {
+                        Some(s) => (s, true),
+                        None => (self.reader.source(chunk)?, false),
+                    };
                 }
             }
             match self.reader.read_from(&src, &info, &mut out) {
                 Ok(()) => return Ok(self.count(&info, src.bytes_from(), out)),
+                // Bytes fetched passed the snapshot's whole-file CRC: a record of them that
+                // fails its own is the dataset's error.
+                Err(e) if in_memory => return Err(e),
                 // Never served: the copy is given up (the tier drops it, logged), and the
                 // read starts over.
                 Err(e) if src.bytes_from().is_copy() => {
@@ -180,21 +185,6 @@ impl TieredReader {
     fn count(&self, info: &SampleInfo, from: BytesFrom, data: Vec<u8>) -> Vec<u8> {
         self.counters.served.add(from, 1, info.entry.stored_len);
         data
-    }
-
-    /// The sample from a chunk just fetched and checked, while the tier writes it.
-    fn read_staged(&self, info: &SampleInfo) -> Result<Option<Vec<u8>>, ReadError> {
-        let Some(staged) = self
-            .fetcher
-            .as_ref()
-            .and_then(|f| f.staged(info.entry.chunk))
-        else {
-            return Ok(None);
-        };
-        // Whole-file CRC checked when fetched; the record's own CRC is checked again here.
-        Ok(Some(
-            self.dataset().decode_from(&staged, info.id)?.into_owned(),
-        ))
     }
 
     /// Forgets the open tier copies (after the tier's content changed elsewhere, a copy we

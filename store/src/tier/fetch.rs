@@ -16,7 +16,8 @@ use std::time::{Duration, Instant};
 use granary_format::ChunkEntry;
 
 use super::TierStore;
-use crate::file::{read_whole, ChunkBytes};
+use crate::file::{eof_at, read_whole, ChunkBytes};
+use crate::seam::{BytesFrom, ChunkSource, RangeRead, Source};
 use crate::{Result, StoreError};
 
 /// How long a chunk the tier declined is not offered again (the tier may change meanwhile).
@@ -185,15 +186,24 @@ impl Fetcher {
         Ok(!q.stop)
     }
 
-    /// Chunk `chunk`'s bytes, fetched and checked against the snapshot, while the tier writes
-    /// them (a copy of the tier's, from memory).
-    pub fn staged(&self, chunk: u32) -> Option<Arc<ChunkBytes>> {
-        self.state
+    /// Chunk `chunk` fetched and checked against the snapshot, while the tier writes it: its
+    /// bytes in memory as a source of the tier's (a copy like the tier's own). Not to be kept
+    /// open: it holds the whole chunk in memory.
+    pub fn staged(&self, chunk: u32) -> Option<Source> {
+        let bytes = self
+            .state
             .staged
             .lock()
             .expect("staged")
             .get(&chunk)
-            .cloned()
+            .cloned()?;
+        let location = self
+            .state
+            .tier
+            .cache()
+            .dir()
+            .join(granary_format::chunk_file_name(chunk));
+        Some(Arc::new(Staged { bytes, location }))
     }
 
     /// What the fetcher did so far.
@@ -332,5 +342,48 @@ fn fetch_loop(s: &State) {
                 log::warn!("fetching chunk {chunk} into the tier: {e}");
             }
         }
+    }
+}
+
+/// A chunk fetched and checked, in memory while the tier writes it.
+struct Staged {
+    bytes: Arc<ChunkBytes>,
+    /// Where the tier writes it, for messages.
+    location: std::path::PathBuf,
+}
+
+impl std::fmt::Debug for Staged {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Staged")
+            .field("location", &self.location)
+            .field("len", &self.bytes.len())
+            .finish()
+    }
+}
+
+impl ChunkSource for Staged {
+    fn location(&self) -> &std::path::Path {
+        &self.location
+    }
+
+    fn len(&self) -> u64 {
+        self.bytes.len() as u64
+    }
+
+    fn read_ranges(&self, reads: &mut [RangeRead<'_>]) -> Result<()> {
+        for r in reads.iter_mut() {
+            let have = self.bytes.len().saturating_sub(r.offset as usize);
+            if have < r.need {
+                return Err(eof_at(&self.location, r.offset + have as u64));
+            }
+            let n = have.min(r.buf.len());
+            let at = r.offset as usize;
+            r.buf[..n].copy_from_slice(&self.bytes[at..at + n]);
+        }
+        Ok(())
+    }
+
+    fn bytes_from(&self) -> BytesFrom {
+        BytesFrom::Tier
     }
 }
