@@ -125,14 +125,7 @@ impl ChunkSource for IoFile {
     fn read_ranges(&self, reads: &mut [RangeRead<'_>]) -> Result<()> {
         for r in reads.iter_mut() {
             match &self.map {
-                Some(m) => {
-                    let have = m.len().saturating_sub(r.offset as usize);
-                    if have < r.need {
-                        return Err(eof_at(&self.path, r.offset + have as u64));
-                    }
-                    let n = have.min(r.buf.len());
-                    r.buf[..n].copy_from_slice(&m[r.offset as usize..r.offset as usize + n]);
-                }
+                Some(m) => copy_range(m, &self.path, r)?,
                 None if self.direct => self.read_direct(r)?,
                 None => pread_at_least(&self.file, &self.path, r)?,
             }
@@ -213,6 +206,19 @@ pub fn pread_at_least(file: &std::fs::File, path: &Path, r: &mut RangeRead<'_>) 
             }
         }
     }
+    Ok(())
+}
+
+/// Serves `r` from `bytes`, a whole file held in memory (a map, a chunk fetched whole) at
+/// `path`: its `need` bytes must be there, and as many more as `bytes` has, up to its buffer.
+pub fn copy_range(bytes: &[u8], path: &Path, r: &mut RangeRead<'_>) -> Result<()> {
+    let have = bytes.len().saturating_sub(r.offset as usize);
+    if have < r.need {
+        return Err(eof_at(path, r.offset + have as u64));
+    }
+    let n = have.min(r.buf.len());
+    let at = r.offset as usize;
+    r.buf[..n].copy_from_slice(&bytes[at..at + n]);
     Ok(())
 }
 

@@ -127,6 +127,18 @@ impl Meter {
             self.errors.fetch_add(1, Relaxed);
         }
     }
+
+    /// Counts one read of `ranges` ranges that delivered `bytes` (none when it failed) after
+    /// `waited`, whoever performed it (the source itself, or the engine on its local file).
+    fn read(&self, ranges: u64, bytes: u64, waited: std::time::Duration, failed: bool) {
+        self.reads.fetch_add(1, Relaxed);
+        self.ranges.fetch_add(ranges, Relaxed);
+        self.bytes.fetch_add(bytes, Relaxed);
+        self.wait_ns.fetch_add(waited.as_nanos() as u64, Relaxed);
+        if failed {
+            self.errors.fetch_add(1, Relaxed);
+        }
+    }
 }
 
 /// A store whose every open and read is counted in a [`Meter`].
@@ -220,13 +232,9 @@ impl ChunkSource for MeteredSource {
             .sum();
         let t0 = Instant::now();
         let r = self.inner.read_ranges(reads);
-        let m = &self.meter;
-        m.reads.fetch_add(1, Relaxed);
-        m.ranges.fetch_add(reads.len() as u64, Relaxed);
-        if r.is_ok() {
-            m.bytes.fetch_add(bytes, Relaxed);
-        }
-        m.waited(t0, r.is_err());
+        let delivered = if r.is_ok() { bytes } else { 0 };
+        self.meter
+            .read(reads.len() as u64, delivered, t0.elapsed(), r.is_err());
         r
     }
 
@@ -247,14 +255,8 @@ impl ChunkSource for MeteredSource {
     }
 
     fn observe_local(&self, read: LocalRead) {
-        let m = &self.meter;
-        m.reads.fetch_add(1, Relaxed);
-        m.ranges.fetch_add(read.ranges, Relaxed);
-        m.bytes.fetch_add(read.bytes, Relaxed);
-        m.wait_ns.fetch_add(read.waited.as_nanos() as u64, Relaxed);
-        if read.failed {
-            m.errors.fetch_add(1, Relaxed);
-        }
+        self.meter
+            .read(read.ranges, read.bytes, read.waited, read.failed);
         self.inner.observe_local(read);
     }
 }

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use granary_format::ChunkEntry;
 
 use super::TierStore;
-use crate::file::{eof_at, read_whole, ChunkBytes};
+use crate::file::{copy_range, read_whole, ChunkBytes};
 use crate::seam::{BytesFrom, ChunkSource, RangeRead, Source};
 use crate::{Result, StoreError};
 
@@ -371,16 +371,9 @@ impl ChunkSource for Staged {
     }
 
     fn read_ranges(&self, reads: &mut [RangeRead<'_>]) -> Result<()> {
-        for r in reads.iter_mut() {
-            let have = self.bytes.len().saturating_sub(r.offset as usize);
-            if have < r.need {
-                return Err(eof_at(&self.location, r.offset + have as u64));
-            }
-            let n = have.min(r.buf.len());
-            let at = r.offset as usize;
-            r.buf[..n].copy_from_slice(&self.bytes[at..at + n]);
-        }
-        Ok(())
+        reads
+            .iter_mut()
+            .try_for_each(|r| copy_range(&self.bytes, &self.location, r))
     }
 
     fn bytes_from(&self) -> BytesFrom {
