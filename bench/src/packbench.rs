@@ -86,7 +86,7 @@ pub fn run(opts: &PackBenchOptions) -> Result<PackBenchResult, String> {
         }
         let mut po = opts.template.clone();
         po.src = src.clone();
-        po.out = opts.out.clone();
+        po.output.out = opts.out.clone();
         make_cold(&[&src]);
         let t = Instant::now();
         summary = Some(granary_packer::pack(&po).map_err(|e| e.to_string())?);

@@ -7,7 +7,7 @@ use std::path::Path;
 
 use granary_format::Compression;
 
-/// How records are compressed.
+/// How records are compressed. As data it is its name (`auto`, `none`, `zstd:LEVEL`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CompressMode {
     /// zstd where it saves at least 10 %; already-compressed formats (JPEG, PNG, ...) are
@@ -41,6 +41,26 @@ impl CompressMode {
                 Ok(CompressMode::Zstd(level))
             }
         }
+    }
+}
+
+impl std::str::FromStr for CompressMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        CompressMode::parse(s)
+    }
+}
+
+impl serde::Serialize for CompressMode {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for CompressMode {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let name = String::deserialize(d)?;
+        name.parse().map_err(serde::de::Error::custom)
     }
 }
 

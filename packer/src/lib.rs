@@ -11,6 +11,7 @@
 mod encode;
 mod files;
 mod meta;
+mod options;
 mod output;
 mod plan;
 pub(crate) mod publish;
@@ -31,7 +32,6 @@ use std::time::{Duration, Instant};
 use granary_format::{
     chunk_file_name, parse_chunk_file_name, ChunkSummary, Snapshot, NO_LABEL, SNAPSHOT_FILE,
 };
-use granary_store::object::ObjectUrl;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use rayon::prelude::*;
 use serde::Serialize;
@@ -39,6 +39,7 @@ use serde::Serialize;
 pub use encode::{looks_compressed, CompressMode, DEFAULT_LEVEL};
 use files::FileTable;
 pub use granary_format::SplitMix64;
+pub use options::{OutputOptions, DEFAULT_CHUNK_FILES, DEFAULT_CHUNK_SIZE};
 use plan::Plan;
 pub(crate) use publish::{
     publish_dataset, spooled_builder, sync_dir, write_file_atomic, write_snapshot_atomic,
@@ -50,13 +51,6 @@ pub use shard::{merge, shard_of, MergeSummary, ShardSpec, PART_FILE};
 pub use webdataset::{expand_braces, import_webdataset, ImportCounts};
 pub use writer::{Label, Writer, WriterOptions, Written, DEFAULT_BUCKETS, DEFAULT_GATHER_MEMORY};
 
-/// Default target chunk size (see docs/packing.md: measured on this project's reference machine).
-pub const DEFAULT_CHUNK_SIZE: u64 = 32 << 20;
-/// Default most files in one chunk. What a chunk costs the packer while it is read and written
-/// grows with its file count (~250 bytes a file), so a tree of 50-byte files would otherwise
-/// make 32 MiB chunks of 700,000 files; 65,536 files keep that under ~16 MiB a chunk and only
-/// change chunks whose files average under 512 bytes.
-pub const DEFAULT_CHUNK_FILES: u64 = 65_536;
 const PLAN_FILE: &str = "pack-plan.bin";
 /// Default number of reader threads (see docs/packing.md: measured).
 pub const DEFAULT_IO_THREADS: usize = 32;
@@ -127,34 +121,21 @@ pub enum Order {
     Walk,
 }
 
-/// Everything `pack` needs to know.
+/// Everything `pack` needs to know: where the dataset goes and how its chunks are cut (shared
+/// with the [`Writer`]), and how the source tree is read.
 #[derive(Clone, Debug)]
 pub struct PackOptions {
+    /// The dataset's destination, its chunking and mixing seed, resume and force.
+    pub output: OutputOptions,
     pub src: PathBuf,
-    pub out: PathBuf,
     pub files_from: Option<PathBuf>,
     pub follow_links: bool,
     pub labels: LabelMode,
     pub order: Order,
-    pub seed: u64,
-    pub compress: CompressMode,
-    pub chunk_size: u64,
-    /// Most files in one chunk.
-    pub chunk_files: u64,
-    pub force: bool,
-    pub resume: bool,
     pub skip_unreadable: bool,
-    pub progress: bool,
     /// Threads that read, checksum and compress source files. Reads block on storage, so more
     /// threads than cores keep more requests in flight.
     pub io_threads: usize,
-    /// Upload the dataset here instead of publishing it at `out` (which then only names it in
-    /// messages); built in `staging`, which must be set too.
-    pub destination: Option<std::sync::Arc<ObjectUrl>>,
-    /// The local build directory of a pack to an object store.
-    pub staging: Option<PathBuf>,
-    /// Pack only this shard's share of the files, as a part of `out` for [`merge`].
-    pub shard: Option<ShardSpec>,
     /// Do not record each file's mode and mtime and the tree's directories (format 1.2):
     /// the dataset then shows pack-time values, as format 1.0 datasets do.
     pub no_metadata: bool,
@@ -164,24 +145,14 @@ impl PackOptions {
     /// Options with the documented defaults.
     pub fn new(src: impl Into<PathBuf>, out: impl Into<PathBuf>) -> Self {
         PackOptions {
+            output: OutputOptions::new(out),
             src: src.into(),
-            out: out.into(),
             files_from: None,
             follow_links: false,
             labels: LabelMode::ParentDir,
             order: Order::Random,
-            seed: 0,
-            compress: CompressMode::Auto,
-            chunk_size: DEFAULT_CHUNK_SIZE,
-            chunk_files: DEFAULT_CHUNK_FILES,
-            force: false,
-            resume: false,
             skip_unreadable: false,
-            progress: false,
             io_threads: DEFAULT_IO_THREADS,
-            destination: None,
-            staging: None,
-            shard: None,
             no_metadata: false,
         }
     }
@@ -275,10 +246,10 @@ fn settings_text(o: &PackOptions, src: &Path) -> String {
         o.follow_links,
         o.labels,
         o.order,
-        o.seed,
-        o.compress,
-        o.chunk_size,
-        o.chunk_files,
+        o.output.seed,
+        o.output.compress,
+        o.output.chunk_size,
+        o.output.chunk_files,
         if o.no_metadata { "metadata=no\n" } else { "" }
     )
 }
@@ -294,13 +265,13 @@ fn progress_bar(show: bool, len: Option<u64>) -> ProgressBar {
     pb
 }
 
-/// Packs `opts.src` into a dataset at `opts.out`.
+/// Packs `opts.src` into a dataset at `opts.output.out`.
 ///
 /// Fails with a [`PackError`] naming the file and the problem; on failure the work directory is
 /// kept so that `resume` can continue. With `skip_unreadable`, files that cannot be read are
 /// listed in [`PackSummary::skipped`] instead.
 pub fn pack(opts: &PackOptions) -> Result<PackSummary, PackError> {
-    match opts.shard {
+    match opts.output.shard {
         Some(s) => run::run(opts, Mode::Shard(s)),
         None => run::run(opts, Mode::Whole),
     }
@@ -315,23 +286,23 @@ pub enum Existing {
     Skip,
 }
 
-/// Adds the files of `opts.src` to the dataset at `opts.out` as new chunks and publishes a new
+/// Adds the files of `opts.src` to the dataset at `opts.output.out` as new chunks and publishes a new
 /// snapshot (the next generation) that keeps every old chunk: readers of the old snapshot keep
 /// working until they reopen. Labels follow the dataset: a class it does not have is refused
 /// (every chunk carries the class table). Paths the dataset has already are refused or, with
 /// [`Existing::Skip`], left out. Interrupted, it continues with `resume` like a pack.
 pub fn append(opts: &PackOptions, existing: Existing) -> Result<PackSummary, PackError> {
-    if opts.destination.is_some() || opts.shard.is_some() {
+    if opts.output.destination.is_some() || opts.output.shard.is_some() {
         return Err(PackError::Usage(
             "append works on a dataset directory (local or on a shared file system), without --shard".into(),
         ));
     }
-    let snap_path = opts.out.join(SNAPSHOT_FILE);
+    let snap_path = opts.output.out.join(SNAPSHOT_FILE);
     let bytes = std::fs::read(&snap_path).map_err(|e| {
         if e.kind() == std::io::ErrorKind::NotFound {
             PackError::Usage(format!(
                 "{} is not a granary dataset (no {SNAPSHOT_FILE}); create it with granary pack",
-                opts.out.display()
+                opts.output.out.display()
             ))
         } else {
             PackError::io("reading", &snap_path, e)
@@ -342,7 +313,7 @@ pub fn append(opts: &PackOptions, existing: Existing) -> Result<PackSummary, Pac
         return Err(PackError::Usage(format!(
             "{}: its samples have named fields (format 1.3); append adds files, one blob each, \
              which cannot join them: write a new dataset (granary.Writer, --from webdataset)",
-            opts.out.display()
+            opts.output.out.display()
         )));
     }
     if let Some(e) = snap.check_sections().into_iter().next() {
@@ -442,7 +413,7 @@ fn finished_shard(
     })?;
     let files = part.chunks.iter().map(|c| c.samples).sum();
     Ok(Some(PackSummary {
-        out: opts.out.clone(),
+        out: opts.output.out.clone(),
         dataset_id: hex_id(&part.dataset_id),
         shard: Some(s.to_string()),
         action: "shard",
@@ -454,7 +425,7 @@ fn finished_shard(
         warnings: vec![format!(
             "shard {s} finished already ({} exists): nothing to do; run granary merge {} when all shards are done (--force packs it again)",
             p.display(),
-            opts.out.display()
+            opts.output.out.display()
         )],
         ..PackSummary::default()
     }))
@@ -512,7 +483,7 @@ fn remove_owned_chunks(place: &Place, mode: &Mode) -> Result<(), PackError> {
 
 /// Walks (or lists) and stats the source, with a spinner saying `what`.
 fn scan_source(opts: &PackOptions, src: &Path, what: &str) -> Result<scan::ScanResult, PackError> {
-    let pb = progress_bar(opts.progress, None);
+    let pb = progress_bar(opts.output.progress, None);
     pb.set_style(
         ProgressStyle::with_template(&format!(
             "{{spinner}} {what}: {{pos}} files found ({{elapsed}})"
@@ -524,7 +495,7 @@ fn scan_source(opts: &PackOptions, src: &Path, what: &str) -> Result<scan::ScanR
         opts.files_from.as_deref(),
         opts.follow_links,
         opts.skip_unreadable,
-        opts.shard,
+        opts.output.shard,
         &|n| pb.set_position(n),
     );
     pb.finish_and_clear();
@@ -572,12 +543,12 @@ fn make_plan(
     }
     let mut order: Vec<u32> = (0..files.len() as u32).collect();
     if opts.order == Order::Random {
-        SplitMix64::new(opts.seed).shuffle(&mut order);
+        SplitMix64::new(opts.output.seed).shuffle(&mut order);
     }
     let chunk_starts = Plan::assign_chunks(
         order.iter().map(|&i| files.size[i as usize]),
-        opts.chunk_size,
-        opts.chunk_files,
+        opts.output.chunk_size,
+        opts.output.chunk_files,
     );
     Ok(Plan {
         dataset_id: dataset_id.unwrap_or_else(|| new_dataset_id(settings.as_bytes())),
@@ -587,7 +558,7 @@ fn make_plan(
         order,
         chunk_starts,
         // A shard's part cannot carry them (a merged dataset records none).
-        dirs: if opts.no_metadata || opts.shard.is_some() {
+        dirs: if opts.no_metadata || opts.output.shard.is_some() {
             FileTable::default()
         } else {
             dirs
@@ -804,8 +775,12 @@ fn write_chunks(
                         let i = files[k] as usize;
                         let path = src.join(std::ffi::OsStr::from_bytes(table.path(i)));
                         let size = table.size[i];
-                        let r =
-                            encode::read_and_encode(&path, size, table.mtime_ns[i], opts.compress);
+                        let r = encode::read_and_encode(
+                            &path,
+                            size,
+                            table.mtime_ns[i],
+                            opts.output.compress,
+                        );
                         pb.inc(size);
                         (k, r)
                     })

@@ -66,7 +66,7 @@ fn run_kept(
     kept: &mut Option<PathBuf>,
 ) -> Result<PackSummary, PackError> {
     let t0 = Instant::now();
-    let (src, dest) = validate(opts, &mode)?;
+    let (src, dest) = validate(opts)?;
     let place = place(opts, &mode, dest)?;
     let mut run = Run {
         opts,
@@ -91,7 +91,7 @@ fn run_kept(
         // The output's parent directories too: `-o new/dir/train.granary` just works.
         std::fs::create_dir_all(&work).map_err(|e| PackError::io("creating", &work, e))?;
     }
-    let _lock = output::BuildLock::take(&work, &opts.out)?;
+    let _lock = output::BuildLock::take(&work, &opts.output.out)?;
     let scan_start = Instant::now();
     let plan = match run.plan_or_resume(existed)? {
         Next::Go(plan) => plan,
@@ -114,20 +114,8 @@ fn run_kept(
 }
 
 /// Checks the request: sizes, the source, and what can be written where.
-fn validate<'a>(
-    opts: &'a PackOptions,
-    mode: &Mode,
-) -> Result<(PathBuf, Option<&'a ObjectUrl>), PackError> {
-    if opts.chunk_size == 0 {
-        return Err(PackError::Usage(
-            "chunk size must be at least 1 byte".into(),
-        ));
-    }
-    if opts.chunk_files == 0 {
-        return Err(PackError::Usage(
-            "a chunk must be allowed at least 1 file".into(),
-        ));
-    }
+fn validate(opts: &PackOptions) -> Result<(PathBuf, Option<&ObjectUrl>), PackError> {
+    opts.output.check()?;
     let src = std::fs::canonicalize(&opts.src)
         .map_err(|e| PackError::io("opening source", &opts.src, e))?;
     if !src.is_dir() {
@@ -136,37 +124,27 @@ fn validate<'a>(
             opts.src.display()
         )));
     }
-    let dest = opts.destination.as_deref();
-    if dest.is_some() && !matches!(mode, Mode::Whole) {
-        return Err(PackError::Usage(
-            "sharded packing writes to a directory (local or on a shared file system), not to an object store".into(),
-        ));
-    }
+    let dest = opts.output.destination.as_deref();
     Ok((src, dest))
 }
 
 /// Where the run builds: its work directory and where its chunks go, with their ids.
 fn place(opts: &PackOptions, mode: &Mode, dest: Option<&ObjectUrl>) -> Result<Place, PackError> {
-    let out = &opts.out;
-    Ok(match (mode, dest, &opts.staging) {
-        (Mode::Whole, None, _) => {
+    let out = &opts.output.out;
+    // `OutputOptions::check` made sure a destination comes with its staging directory.
+    Ok(match (mode, dest, &opts.output.staging) {
+        (Mode::Whole, Some(_), Some(s)) => Place {
+            work: s.clone(),
+            chunks: s.clone(),
+            ids: Ids { base: 0, stride: 1 },
+        },
+        (Mode::Whole, _, _) => {
             let w = work_dir(out)?;
             Place {
                 chunks: w.clone(),
                 work: w,
                 ids: Ids { base: 0, stride: 1 },
             }
-        }
-        (Mode::Whole, Some(_), Some(s)) => Place {
-            work: s.clone(),
-            chunks: s.clone(),
-            ids: Ids { base: 0, stride: 1 },
-        },
-        (Mode::Whole, Some(d), None) => {
-            return Err(PackError::Usage(format!(
-                "packing to {} needs a local staging directory",
-                d.url()
-            )))
         }
         (Mode::Shard(s), _, _) => Place {
             work: out.join(s.dir_name()),
@@ -194,18 +172,22 @@ impl Run<'_> {
     /// existing dataset replaced only with `--force`. A shard finished by an earlier run is
     /// the run's result.
     fn check_output(&mut self) -> Result<Option<PackSummary>, PackError> {
-        let (opts, out, work) = (self.opts, &self.opts.out, &self.place.work);
+        let (opts, out, work) = (self.opts, &self.opts.output.out, &self.place.work);
         match self.dest {
             Some(_) => output::check_disjoint(&self.src, work, work)?,
             None => output::check_disjoint(&self.src, out, work)?,
         }
         if let Some(d) = self.dest {
-            self.remote_found =
-                upload::check_destination(d, opts.force, opts.resume, &mut self.warnings)?;
+            self.remote_found = upload::check_destination(
+                d,
+                opts.output.force,
+                opts.output.resume,
+                &mut self.warnings,
+            )?;
         }
         match &self.mode {
             Mode::Whole if self.dest.is_none() && std::fs::symlink_metadata(out).is_ok() => {
-                if !opts.force {
+                if !opts.output.force {
                     return Err(PackError::Usage(format!(
                         "{} already exists; pass --force to replace it",
                         out.display()
@@ -220,7 +202,7 @@ impl Run<'_> {
                         out.display()
                     )));
                 }
-                if !opts.force {
+                if !opts.output.force {
                     if let Some(done) = finished_shard(opts, *s, work, self.t0)? {
                         return Ok(Some(done));
                     }
@@ -250,7 +232,7 @@ impl Run<'_> {
     /// The plan of an interrupted run in the work directory, if it is to be resumed.
     fn earlier_plan(&mut self, settings: &str) -> Result<Option<Plan>, PackError> {
         let work = &self.place.work;
-        if self.opts.resume {
+        if self.opts.output.resume {
             let p = work.join(PLAN_FILE);
             match Plan::load(&p) {
                 Some(plan) if plan.settings == settings => Ok(Some(plan)),
@@ -274,7 +256,7 @@ impl Run<'_> {
                     Ok(None)
                 }
             }
-        } else if self.opts.force {
+        } else if self.opts.output.force {
             output::empty_dir(work)?;
             Ok(None)
         } else {
@@ -390,7 +372,7 @@ impl Run<'_> {
                 self.warnings
                     .push("no new files: the dataset is unchanged".into());
                 return Ok(Next::Done(Box::new(unchanged_summary(
-                    &opts.out,
+                    &opts.output.out,
                     snap,
                     self.t0,
                     std::mem::take(&mut self.skipped),
@@ -400,7 +382,8 @@ impl Run<'_> {
             return Err(PackError::Usage(format!(
                 "no files to pack in {}{}",
                 opts.src.display(),
-                opts.shard
+                opts.output
+                    .shard
                     .map(|s| format!(" for shard {s} ({} files in all)", found.names))
                     .unwrap_or_default()
             )));
@@ -531,7 +514,7 @@ impl Run<'_> {
     ) -> Result<Vec<ChunkSummary>, PackError> {
         let total_bytes: u64 = plan.files.size.iter().sum();
         let done_bytes: u64 = done.keys().map(|&c| plan.chunk_bytes(c)).sum();
-        let pb = progress_bar(self.opts.progress, Some(total_bytes));
+        let pb = progress_bar(self.opts.output.progress, Some(total_bytes));
         pb.set_style(
             ProgressStyle::with_template(
                 "{spinner} packing [{bar:30}] {bytes}/{total_bytes} {msg} {bytes_per_sec} ETA {eta}",
@@ -601,7 +584,7 @@ impl Run<'_> {
         drop(plan);
         let summaries = std::mem::take(&mut done).into_values();
         let work = &self.place.work;
-        let out = &self.opts.out;
+        let out = &self.opts.output.out;
         let (action, generation) = match &self.mode {
             Mode::Shard(shard) => {
                 // The part file is the shard's completion marker: written last, atomically.
@@ -686,7 +669,7 @@ impl Run<'_> {
         Ok(PackSummary {
             out: out.clone(),
             dataset_id: hex_id(&dataset_id),
-            shard: self.opts.shard.map(|s| s.to_string()),
+            shard: self.opts.output.shard.map(|s| s.to_string()),
             generation,
             action,
             classes: classes.len() as u64,
@@ -720,7 +703,7 @@ impl Run<'_> {
                 std::fs::remove_file(&plan_path)
                     .map_err(|e| PackError::io("removing", &plan_path, e))?;
                 sync_dir(work)?;
-                publish_dataset(work, &self.opts.out)
+                publish_dataset(work, &self.opts.output.out)
             }
         }
     }

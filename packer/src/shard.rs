@@ -46,8 +46,9 @@ pub fn shard_of(rel: &[u8], n: u32) -> u32 {
     ((mix64(path_hash(rel)) as u128 * n as u128) >> 64) as u32
 }
 
-/// Shard `index` of `count`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// Shard `index` of `count`. As data it is the pair `(index, count)`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(try_from = "(u32, u32)", into = "(u32, u32)")]
 pub struct ShardSpec {
     pub index: u32,
     pub count: u32,
@@ -118,6 +119,11 @@ impl ShardSpec {
             }
             (num("shard index", i)?, num("shard count", n)?)
         };
+        ShardSpec::new(index, count)
+    }
+
+    /// Shard `index` of `count`, if it is one (0 ≤ index < count ≤ 9999).
+    pub fn new(index: u32, count: u32) -> Result<ShardSpec, String> {
         if count == 0 || index >= count {
             return Err(format!(
                 "shard {index}/{count}: the index must lie in 0..{count} (shards are numbered from 0)"
@@ -151,6 +157,19 @@ impl ShardSpec {
             count: n.parse().ok()?,
         };
         (s.index < s.count).then_some(s)
+    }
+}
+
+impl TryFrom<(u32, u32)> for ShardSpec {
+    type Error = String;
+    fn try_from((index, count): (u32, u32)) -> Result<Self, String> {
+        ShardSpec::new(index, count)
+    }
+}
+
+impl From<ShardSpec> for (u32, u32) {
+    fn from(s: ShardSpec) -> Self {
+        (s.index, s.count)
     }
 }
 

@@ -30,10 +30,10 @@ fn layout(ds: &Path) -> Vec<(Vec<u8>, u32, u32)> {
 
 fn packed(src: &Path, out: &Path, order: Order, seed: u64) -> Vec<(Vec<u8>, u32, u32)> {
     let mut o = PackOptions::new(src, out);
-    o.chunk_size = 8 << 10;
+    o.output.chunk_size = 8 << 10;
     o.order = order;
-    o.seed = seed;
-    o.compress = granary_packer::CompressMode::None;
+    o.output.seed = seed;
+    o.output.compress = granary_packer::CompressMode::None;
     pack(&o).unwrap();
     layout(out)
 }

@@ -47,7 +47,7 @@ fn sample(i: u32) -> Vec<u8> {
 
 fn opts(out: &Path) -> WriterOptions {
     let mut o = WriterOptions::new(out);
-    o.chunk_size = 16 << 10;
+    o.output.chunk_size = 16 << 10;
     o.buckets = 8;
     o.threads = 2;
     // Some samples held in memory, most in the spill logs: both paths every time.
@@ -114,7 +114,7 @@ fn the_layout_is_a_function_of_the_samples_and_the_seed() {
     for (name, reverse) in [("a", false), ("b", true)] {
         let out = t.path().join(name);
         let mut o = opts(&out);
-        o.compress = CompressMode::None;
+        o.output.compress = CompressMode::None;
         let mut w = Writer::create(o).unwrap();
         let mut ids: Vec<u32> = (0..300).collect();
         if reverse {
@@ -221,12 +221,12 @@ fn an_interrupted_writer_resumes_skipping_what_it_had() {
     let e = Writer::create(opts(&out)).unwrap_err().to_string();
     assert!(e.contains("pass resume"), "{e}");
     let mut o = opts(&out);
-    o.resume = true;
-    o.seed = 9;
+    o.output.resume = true;
+    o.output.seed = 9;
     let e = Writer::create(o).unwrap_err().to_string();
     assert!(e.contains("other settings"), "{e}");
     let mut o = opts(&out);
-    o.resume = true;
+    o.output.resume = true;
     let mut w = Writer::create(o).unwrap();
     assert!(
         w.warnings().iter().any(|m| m.contains("spill-0003.log")),
@@ -268,7 +268,7 @@ fn a_resumed_key_with_other_bytes_is_refused() {
     w.write(b"a", b"first".to_vec(), Label::None).unwrap();
     drop(w);
     let mut o = opts(&out);
-    o.resume = true;
+    o.output.resume = true;
     let mut w = Writer::create(o).unwrap();
     assert!(w.has_resumed(b"a"));
     let e = w
@@ -285,7 +285,7 @@ fn shards_written_apart_merge_into_one_dataset() {
     let classes = vec![b"even".to_vec(), b"odd".to_vec()];
     for i in 0..3u32 {
         let mut o = opts(&out);
-        o.shard = Some(ShardSpec::parse(&format!("{i}/3")).unwrap());
+        o.output.shard = Some(ShardSpec::parse(&format!("{i}/3")).unwrap());
         o.classes = Some(classes.clone());
         let mut w = Writer::create(o).unwrap();
         for k in (0..600u32).filter(|k| k % 3 == i) {
@@ -299,7 +299,7 @@ fn shards_written_apart_merge_into_one_dataset() {
     }
     // A shard with labels but no class table is refused.
     let mut o = opts(&t.path().join("other"));
-    o.shard = Some(ShardSpec::parse("0/2").unwrap());
+    o.output.shard = Some(ShardSpec::parse("0/2").unwrap());
     let mut w = Writer::create(o).unwrap();
     assert!(w
         .write(b"k", vec![1], Label::Index(0))
@@ -454,7 +454,7 @@ fn a_resumed_writer_of_field_samples_keeps_them_fields() {
     }
     drop(w);
     let mut o = opts(&out);
-    o.resume = true;
+    o.output.resume = true;
     let mut w = Writer::create(o).unwrap();
     assert!(
         w.write(b"blob", vec![1], Label::None).is_err(),

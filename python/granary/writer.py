@@ -17,9 +17,14 @@ writes one of n parts; ``merge(out)`` joins them.
 """
 
 import json
+import os
 import sys
 
 from . import _native
+
+# The library's defaults (one place: the Rust options' `new`), shown in the signatures below.
+_W = _native.WRITER_DEFAULTS
+_O = _W["output"]
 
 __all__ = ["Writer", "from_webdataset", "merge"]
 
@@ -68,6 +73,13 @@ def _label(label):
     raise TypeError(f"label must be None, an int or a class name, not {type(label).__name__}")
 
 
+def _given(**options):
+    """The options given (not None; paths as their text): the others keep the library's
+    defaults."""
+    return {k: os.fspath(v) if hasattr(v, "__fspath__") else v
+            for k, v in options.items() if v is not None}
+
+
 class Writer:
     """Writes a granary dataset from samples; see the module documentation.
 
@@ -83,9 +95,10 @@ class Writer:
     memory, at most 512 MiB), ``gather_memory`` (bytes of one spill log read at once when closing).
     """
 
-    def __init__(self, out, *, shard=None, classes=None, compress="auto", chunk_size=32 << 20,
-                 seed=0, resume=False, force=False, progress=None, staging=None, threads=None,
-                 buckets=64, gather_memory=512 << 20, chunk_files=65536, memory=None):
+    def __init__(self, out, *, shard=None, classes=None, compress=_O["compress"],
+                 chunk_size=_O["chunk_size"], seed=_O["seed"], resume=False, force=False,
+                 progress=None, staging=None, threads=None, buckets=_W["buckets"],
+                 gather_memory=_W["gather_memory"], chunk_files=_O["chunk_files"], memory=None):
         out = str(out)
         if shard is not None:
             i, n = shard
@@ -104,12 +117,14 @@ class Writer:
                 self._bar = None
         self.out = out
         self.summary = None
-        self._w = _native.Writer(out, dict(
-            shard=shard, classes=classes, compress=compress, chunk_size=int(chunk_size),
-            chunk_files=int(chunk_files), seed=int(seed), buckets=int(buckets),
-            gather_memory=int(gather_memory), memory=None if memory is None else int(memory),
-            threads=threads, resume=bool(resume),
-            force=bool(force), progress=bool(progress), staging=staging))
+        options = dict(
+            output=_given(shard=shard, compress=compress, chunk_size=int(chunk_size),
+                          chunk_files=int(chunk_files), seed=int(seed), resume=bool(resume),
+                          force=bool(force), progress=bool(progress), staging=staging),
+            **_given(classes=classes, buckets=int(buckets), gather_memory=int(gather_memory),
+                     memory=None if memory is None else int(memory),
+                     threads=None if threads is None else max(1, int(threads))))
+        self._w = _native.Writer(out, options)
         for w in self._w.warnings:
             print(f"granary: {w}", file=sys.stderr)
 
@@ -189,8 +204,8 @@ def merge(out):
     return json.loads(_native.merge(str(out)))
 
 
-def from_webdataset(shards, out, *, compress="auto", chunk_size=32 << 20, seed=0, resume=False,
-                    force=False, progress=None, staging=None):
+def from_webdataset(shards, out, *, compress=_O["compress"], chunk_size=_O["chunk_size"],
+                    seed=_O["seed"], resume=False, force=False, progress=None, staging=None):
     """Imports WebDataset tar shards (``shards``: a path, URL or brace pattern such as
     ``"shards/{000000..000123}.tar"``, or a list of them) into a dataset at ``out``, as
     ``granary pack --from webdataset`` does: each key's members become one sample with named
@@ -200,6 +215,7 @@ def from_webdataset(shards, out, *, compress="auto", chunk_size=32 << 20, seed=0
     shards = [str(s) for s in shards]
     if progress is None:
         progress = sys.stderr.isatty()
-    return json.loads(_native.import_webdataset(shards, str(out), dict(
-        compress=compress, chunk_size=int(chunk_size), seed=int(seed),
-        resume=bool(resume), force=bool(force), progress=bool(progress), staging=staging)))
+    output = _given(compress=compress, chunk_size=int(chunk_size), seed=int(seed),
+                    resume=bool(resume),
+                    force=bool(force), progress=bool(progress), staging=staging)
+    return json.loads(_native.import_webdataset(shards, str(out), dict(output=output)))

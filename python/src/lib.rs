@@ -308,7 +308,7 @@ pub(crate) fn store_config() -> PyResult<granary::StoreConfig> {
 /// defaults, with the errors a Python function gives: a keyword `T` has no field for, or a
 /// value of the wrong type, is a TypeError naming it; a value that cannot work (an unknown
 /// mode, a short secret) is a ValueError saying why. Path-like values are taken as their paths.
-fn from_keywords<T: serde::de::DeserializeOwned>(
+pub(crate) fn from_keywords<T: serde::de::DeserializeOwned>(
     func: &str,
     kw: &Bound<'_, PyDict>,
 ) -> PyResult<T> {
@@ -335,7 +335,9 @@ fn from_keywords<T: serde::de::DeserializeOwned>(
         )));
     }
     got.map_err(|e| {
+        // A nested option (the writer's `output.seed`) is the keyword argument `seed`.
         let path = e.path().to_string();
+        let path = path.rsplit('.').next().unwrap_or_default().to_owned();
         let e: PyErr = e.into_inner().into();
         let py = kw.py();
         let text = e.value(py).to_string();
@@ -868,6 +870,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<writer::Writer>()?;
     m.add_function(wrap_pyfunction!(check_reader_options, m)?)?;
     m.add("READER_DEFAULTS", reader_defaults(m.py())?)?;
+    m.add("WRITER_DEFAULTS", writer::writer_defaults(m.py())?)?;
     m.add_function(wrap_pyfunction!(writer::merge, m)?)?;
     m.add_function(wrap_pyfunction!(writer::import_webdataset, m)?)?;
     m.add("GranaryError", m.py().get_type::<GranaryError>())?;

@@ -4,10 +4,10 @@
 
 use std::path::PathBuf;
 
-use granary_packer::{Label, PackError, ShardSpec, Writer as RsWriter, WriterOptions, Written};
+use granary_packer::{Label, PackError, Writer as RsWriter, WriterOptions, Written};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::types::PyBytes;
+use pyo3::types::{PyBytes, PyDict};
 
 use crate::GranaryError;
 
@@ -32,16 +32,32 @@ pub(crate) enum PyLabel {
     Name(Vec<u8>),
 }
 
-/// An object store `out` (and its staging directory) as the writer's destination.
-fn set_destination(o: &mut WriterOptions, out: &str, staging: Option<PathBuf>) -> PyResult<()> {
+/// The writer's options from the dict the Python side builds of its keyword arguments (only
+/// those given: the defaults are the library's), pointed at `out`, which may be an object
+/// store URL (then built in its staging directory).
+fn writer_options(func: &str, out: &str, kw: &Bound<'_, PyDict>) -> PyResult<WriterOptions> {
+    let mut o: WriterOptions = crate::from_keywords(func, kw)?;
+    o.output.out = out.into();
     o.store = crate::store_config()?;
-    if let Some((u, staging)) = granary::write_destination(out, staging.as_deref(), &o.store)
-        .map_err(PyValueError::new_err)?
+    if let Some((u, staging)) =
+        granary::write_destination(out, o.output.staging.as_deref(), &o.store)
+            .map_err(PyValueError::new_err)?
     {
-        o.staging = Some(staging);
-        o.destination = Some(u);
+        o.output.staging = Some(staging);
+        o.output.destination = Some(u);
     }
-    Ok(())
+    Ok(o)
+}
+
+/// The writer's documented defaults, as the dict `granary.Writer`'s signature shows (the
+/// memory and thread counts depend on the machine: there they are `None`).
+pub(crate) fn writer_defaults(py: Python<'_>) -> PyResult<Bound<'_, PyAny>> {
+    let d = pythonize::pythonize(py, &WriterOptions::default())
+        .map_err(|e| PyValueError::new_err(e.to_string()))?;
+    for k in ["memory", "threads"] {
+        d.set_item(k, py.None())?;
+    }
+    Ok(d)
 }
 
 /// The writer's label from what Python gave.
@@ -58,82 +74,6 @@ pub(crate) struct Writer {
     inner: Option<RsWriter>,
 }
 
-/// The writer's options as `granary.Writer` passes them (every key present; `None` for
-/// what the caller left to the default).
-#[derive(FromPyObject)]
-#[pyo3(from_item_all)]
-pub(crate) struct WriterKeywords {
-    shard: Option<(u32, u32)>,
-    classes: Option<Vec<Vec<u8>>>,
-    compress: String,
-    chunk_size: u64,
-    chunk_files: u64,
-    seed: u64,
-    buckets: u32,
-    gather_memory: u64,
-    memory: Option<u64>,
-    threads: Option<usize>,
-    resume: bool,
-    force: bool,
-    progress: bool,
-    staging: Option<PathBuf>,
-}
-
-impl WriterKeywords {
-    /// The writer's options for `out` (its destination is set apart, with the staging).
-    fn into_options(self, out: &str) -> PyResult<WriterOptions> {
-        let mut o = WriterOptions::new(out);
-        if let Some((i, n)) = self.shard {
-            o.shard = Some(ShardSpec::parse(&format!("{i}/{n}")).map_err(PyValueError::new_err)?);
-        }
-        o.classes = self.classes;
-        o.compress =
-            granary_packer::CompressMode::parse(&self.compress).map_err(PyValueError::new_err)?;
-        o.chunk_size = self.chunk_size;
-        o.chunk_files = self.chunk_files;
-        o.seed = self.seed;
-        o.buckets = self.buckets;
-        o.gather_memory = self.gather_memory;
-        if let Some(m) = self.memory {
-            o.memory = m;
-        }
-        if let Some(t) = self.threads {
-            o.threads = t.max(1);
-        }
-        o.resume = self.resume;
-        o.force = self.force;
-        o.progress = self.progress;
-        Ok(o)
-    }
-}
-
-/// `import_webdataset`'s options as `granary.import_webdataset` passes them.
-#[derive(FromPyObject)]
-#[pyo3(from_item_all)]
-pub(crate) struct ImportKeywords {
-    compress: String,
-    chunk_size: u64,
-    seed: u64,
-    resume: bool,
-    force: bool,
-    progress: bool,
-    staging: Option<PathBuf>,
-}
-
-impl ImportKeywords {
-    fn into_options(self, out: &str) -> PyResult<WriterOptions> {
-        let mut o = WriterOptions::new(out);
-        o.compress =
-            granary_packer::CompressMode::parse(&self.compress).map_err(PyValueError::new_err)?;
-        o.chunk_size = self.chunk_size;
-        o.seed = self.seed;
-        o.resume = self.resume;
-        o.force = self.force;
-        o.progress = self.progress;
-        Ok(o)
-    }
-}
-
 fn closed() -> PyErr {
     PyValueError::new_err("the writer is closed")
 }
@@ -143,10 +83,8 @@ impl Writer {
     /// `Writer(out, options)`: `options` is the dict `granary.Writer` builds from its keyword
     /// arguments (the public signature, with Python's own argument errors, lives there).
     #[new]
-    fn new(py: Python<'_>, out: String, options: WriterKeywords) -> PyResult<Self> {
-        let staging = options.staging.clone();
-        let mut o = options.into_options(&out)?;
-        set_destination(&mut o, &out, staging)?;
+    fn new(py: Python<'_>, out: String, options: &Bound<'_, PyDict>) -> PyResult<Self> {
+        let o = writer_options("Writer", &out, options)?;
         let w = py.detach(|| RsWriter::create(o)).map_err(pack_err)?;
         Ok(Writer { inner: Some(w) })
     }
@@ -250,11 +188,9 @@ pub(crate) fn import_webdataset(
     py: Python<'_>,
     sources: Vec<String>,
     out: String,
-    options: ImportKeywords,
+    options: &Bound<'_, PyDict>,
 ) -> PyResult<String> {
-    let staging = options.staging.clone();
-    let mut o = options.into_options(&out)?;
-    set_destination(&mut o, &out, staging)?;
+    let o = writer_options("from_webdataset", &out, options)?;
     let (s, _) = py
         .detach(|| granary_packer::import_webdataset(&sources, o, &|_, _, _| {}))
         .map_err(pack_err)?;

@@ -714,7 +714,7 @@ mod tests {
         }
         let out = tmp.path().join("ds");
         let mut o = granary_packer::PackOptions::new(&src, &out);
-        o.chunk_size = 2 << 10;
+        o.output.chunk_size = 2 << 10;
         granary_packer::pack(&o).unwrap();
         let ds = Arc::new(Dataset::open(&out).unwrap());
         let plan = PlanOptions {

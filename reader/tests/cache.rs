@@ -23,7 +23,7 @@ fn dataset(root: &Path, name: &str) -> Arc<Dataset> {
     }
     let out = root.join(name);
     let mut o = PackOptions::new(&src, &out);
-    o.chunk_size = 8 << 10;
+    o.output.chunk_size = 8 << 10;
     o.order = granary_packer::Order::Walk;
     pack(&o).unwrap();
     Arc::new(Dataset::open(&out).unwrap())

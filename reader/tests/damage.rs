@@ -24,7 +24,7 @@ fn make_dataset(root: &Path) -> (std::path::PathBuf, HashMap<Vec<u8>, Vec<u8>>) 
     }
     let ds = root.join("ds");
     let mut o = PackOptions::new(&src, &ds);
-    o.chunk_size = 8 << 10;
+    o.output.chunk_size = 8 << 10;
     pack(&o).unwrap();
     (ds, files)
 }

@@ -107,7 +107,7 @@ fn datasets(root: &Path) -> (Arc<Dataset>, Arc<Dataset>, Arc<MemStore>) {
     }
     let out = root.join("ds");
     let mut o = PackOptions::new(&src, &out);
-    o.chunk_size = 8 << 10;
+    o.output.chunk_size = 8 << 10;
     pack(&o).unwrap();
     let local = Arc::new(Dataset::open(&out).unwrap());
     let store = Arc::new(MemStore::default());

@@ -45,7 +45,7 @@ fn dataset(root: &Path, order: Order) -> (Arc<Dataset>, HashMap<Vec<u8>, Vec<u8>
     let files = source(&src);
     let out = root.join(format!("ds-{order:?}"));
     let mut o = PackOptions::new(&src, &out);
-    o.chunk_size = 6 << 10;
+    o.output.chunk_size = 6 << 10;
     o.order = order;
     pack(&o).unwrap();
     (Arc::new(Dataset::open(&out).unwrap()), files)

@@ -48,8 +48,8 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         );
     }
     let mut o = a.run.options(&a.files, &a.src, &a.dataset);
-    o.force = a.force;
-    o.resume = a.resume;
+    o.output.force = a.force;
+    o.output.resume = a.resume;
     let existing = if a.skip_existing {
         Existing::Skip
     } else {

@@ -4,7 +4,7 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::ValueEnum;
-use granary_packer::{CompressMode, LabelMode, Order, PackOptions};
+use granary_packer::{CompressMode, LabelMode, Order, OutputOptions, PackOptions};
 
 use super::human_bytes;
 
@@ -161,19 +161,27 @@ pub struct Run {
 }
 
 impl Run {
-    /// Options for packing `src` into `out` with these files and settings.
-    pub fn options(&self, files: &Files, src: &Path, out: &Path) -> PackOptions {
-        let mut o = PackOptions::new(src, out);
-        o.files_from = files.files_from.clone();
-        o.follow_links = files.follow_links;
+    /// Where and how a write to `out` cuts its chunks, with these settings (a local `out`:
+    /// [`to_object_store`] points it at a URL).
+    pub fn output(&self, out: &Path) -> OutputOptions {
+        let mut o = OutputOptions::new(out);
         o.seed = self.seed;
         o.compress = self.compress;
         o.chunk_size = self.chunk_size;
         o.chunk_files = self.chunk_files;
+        o.progress = !self.quiet && std::io::stderr().is_terminal();
+        o
+    }
+
+    /// Options for packing `src` into `out` with these files and settings.
+    pub fn options(&self, files: &Files, src: &Path, out: &Path) -> PackOptions {
+        let mut o = PackOptions::new(src, out);
+        o.output = self.output(out);
+        o.files_from = files.files_from.clone();
+        o.follow_links = files.follow_links;
         o.skip_unreadable = self.skip_unreadable;
         o.io_threads = self.io_threads;
         o.no_metadata = self.no_metadata;
-        o.progress = !self.quiet && std::io::stderr().is_terminal();
         o
     }
 }
@@ -238,14 +246,10 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         OrderArg::Random => Order::Random,
         OrderArg::Walk => Order::Walk,
     };
-    o.force = a.force;
-    o.resume = a.resume;
-    o.shard = a.shard;
-    if let Some((u, staging)) = destination(&a)? {
-        abort_uploads_on_signal(&staging)?;
-        o.staging = Some(staging);
-        o.destination = Some(u);
-    }
+    o.output.force = a.force;
+    o.output.resume = a.resume;
+    o.output.shard = a.shard;
+    to_object_store(&mut o.output, a.staging.as_deref())?;
     let s = granary_packer::pack(&o);
     let_the_interruption_end_it();
     let s = s.with_context(|| format!("packing {}", src.display()))?;
@@ -266,18 +270,15 @@ fn import_webdataset(a: Args) -> anyhow::Result<ExitCode> {
         .map(|p| p.to_string_lossy().into_owned())
         .collect();
     let mut o = granary_packer::WriterOptions::new(&a.out);
-    o.seed = a.run.seed;
-    o.compress = a.run.compress;
-    o.chunk_size = a.run.chunk_size;
-    o.chunk_files = a.run.chunk_files;
-    o.force = a.force;
-    o.resume = a.resume;
-    o.progress = !a.run.quiet && std::io::stderr().is_terminal();
+    o.output = a.run.output(&a.out);
+    o.output.force = a.force;
+    o.output.resume = a.resume;
     if let Some(m) = a.memory {
         o.memory = m;
     }
-    writer_destination(&mut o, &a.out, a.staging.as_deref())?;
-    let show = o.progress;
+    o.store = super::store_config().clone();
+    to_object_store(&mut o.output, a.staging.as_deref())?;
+    let show = o.output.progress;
     let imported = granary_packer::import_webdataset(&sources, o, &|i, n, shard| {
         if show {
             eprintln!("granary: reading shard {}/{n}: {shard}", i + 1);
@@ -415,35 +416,21 @@ pub fn report(
     Ok(ExitCode::SUCCESS)
 }
 
-/// Points a writer at `out` when it is an object store URL (its staging directory:
-/// `staging`, or the default one per destination); a local `out` leaves `o` as it is.
-pub(crate) fn writer_destination(
-    o: &mut granary_packer::WriterOptions,
-    out: &std::path::Path,
+/// Points a write at its `out` when that is an object store URL, built in `staging` (or the
+/// default staging directory of that destination), with its uploads aborted on a signal; a
+/// local `out` leaves `o` as it is.
+pub(crate) fn to_object_store(
+    o: &mut OutputOptions,
     staging: Option<&std::path::Path>,
 ) -> anyhow::Result<()> {
-    let dest = granary::write_destination(&out.to_string_lossy(), staging, super::store_config())
+    let dest = granary::write_destination(&o.out.to_string_lossy(), staging, super::store_config())
         .map_err(anyhow::Error::msg)?;
-    o.store = super::store_config().clone();
     if let Some((u, staging)) = dest {
         abort_uploads_on_signal(&staging)?;
         o.staging = Some(staging);
         o.destination = Some(u);
     }
     Ok(())
-}
-
-/// OUT as an object store and its staging directory (`--staging`, or the default one per
-/// destination), or `None` for a local OUT.
-fn destination(
-    a: &Args,
-) -> anyhow::Result<Option<(std::sync::Arc<granary::remote::ObjectUrl>, PathBuf)>> {
-    granary::write_destination(
-        &a.out.to_string_lossy(),
-        a.staging.as_deref(),
-        super::store_config(),
-    )
-    .map_err(anyhow::Error::msg)
 }
 
 #[cfg(test)]

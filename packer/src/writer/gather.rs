@@ -31,13 +31,13 @@ impl Writer {
                 self.resumed.len()
             ));
         }
-        if self.samples == 0 && self.opts.shard.is_none() {
+        if self.samples == 0 && self.opts.output.shard.is_none() {
             // Nothing to lose: leave nothing behind either.
             clear_spill(&self.layout.spill)?;
             let _ = std::fs::remove_dir(&self.layout.spill);
             return Err(PackError::Usage(format!(
                 "no samples were written: {} not created",
-                self.opts.out.display()
+                self.opts.output.out.display()
             )));
         }
         let classes = self.classes();
@@ -47,20 +47,20 @@ impl Writer {
             .map(|(i, c)| (c.clone(), i as u32))
             .collect();
         self.clear_outputs()?;
-        let dest = self.opts.destination.clone();
+        let dest = self.opts.output.destination.clone();
         let dir = self.layout.chunks.clone();
         let gathered = upload::with_sink(dest.as_deref(), &dir, Vec::new(), &|_| {}, |sink| {
             self.gather(&classes, &class_of, sink)
         })?;
         let summary = self.finish_as_mode(gathered, classes)?;
         let spill = &self.layout.spill;
-        match (&self.opts.destination, &self.layout.work) {
+        match (&self.opts.output.destination, &self.layout.work) {
             // The staging directory (spill logs, upload markers) has served its purpose.
             (Some(_), Some(staging)) => std::fs::remove_dir_all(staging)
                 .map_err(|e| PackError::io("removing", staging, e))?,
             _ => {
                 clear_spill(spill)?;
-                if self.opts.shard.is_none() {
+                if self.opts.output.shard.is_none() {
                     std::fs::remove_dir(spill).map_err(|e| PackError::io("removing", spill, e))?;
                 }
             }
@@ -73,12 +73,12 @@ impl Writer {
     pub(super) fn clear_outputs(&self) -> Result<(), PackError> {
         let dir = &self.layout.chunks;
         std::fs::create_dir_all(dir).map_err(|e| PackError::io("creating", dir, e))?;
-        if self.opts.destination.is_none() && self.opts.shard.is_none() {
+        if self.opts.output.destination.is_none() && self.opts.output.shard.is_none() {
             // The build directory of a whole dataset: only what a build writes, then nothing.
             output::check_replaceable(dir, output::Kind::Build)?;
             return output::empty_dir(dir);
         }
-        let shard = self.opts.shard;
+        let shard = self.opts.output.shard;
         let entries = std::fs::read_dir(dir).map_err(|e| PackError::io("listing", dir, e))?;
         for e in entries {
             let e = e.map_err(|e| PackError::io("listing", dir, e))?;
@@ -111,7 +111,7 @@ impl Writer {
         class_of: &HashMap<Vec<u8>, u32>,
         sink: &upload::Sink<'_>,
     ) -> Result<Vec<ChunkSummary>, PackError> {
-        let pb = crate::progress_bar(self.opts.progress, Some(self.opts.buckets as u64));
+        let pb = crate::progress_bar(self.opts.output.progress, Some(self.opts.buckets as u64));
         pb.set_style(
             indicatif::ProgressStyle::with_template(
                 "{spinner} writing chunks [{bar:30}] {pos}/{len} logs {msg}",
@@ -194,7 +194,7 @@ impl Writer {
     ) -> Result<(), PackError> {
         for b in 0..self.opts.buckets {
             let p = self.layout.spill.join(log_name(b));
-            let (f, mut recs) = read_log(&p, self.opts.seed, self.opts.gather_memory)?;
+            let (f, mut recs) = read_log(&p, self.opts.output.seed, self.opts.gather_memory)?;
             let held = std::mem::take(
                 &mut *self.shared.held[b as usize]
                     .lock()
@@ -202,7 +202,7 @@ impl Writer {
             );
             recs.extend(
                 held.into_iter()
-                    .map(|r| (order_of(&r.key, self.opts.seed), Rec::Mem(r))),
+                    .map(|r| (order_of(&r.key, self.opts.output.seed), Rec::Mem(r))),
             );
             recs.sort_unstable_by_key(|(o, _)| *o);
             for (_, rec) in recs {
@@ -235,7 +235,7 @@ impl Writer {
     ) -> Result<PackSummary, PackError> {
         let chunks = summaries.len() as u64;
         let mut t = crate::run::Totals::default();
-        let uploaded = self.opts.destination.is_some();
+        let uploaded = self.opts.output.destination.is_some();
         let dir = self.layout.chunks.clone();
         let full =
             |s: ChunkSummary, t: &mut crate::run::Totals| -> Result<ChunkSummary, PackError> {
@@ -247,7 +247,7 @@ impl Writer {
                 Ok(s)
             };
         t.bytes_out = summaries.iter().map(|s| s.file_size).sum();
-        let action = match (self.opts.shard, &self.layout.work) {
+        let action = match (self.opts.output.shard, &self.layout.work) {
             (Some(shard), _) => {
                 let mut list = Vec::with_capacity(summaries.len());
                 for s in summaries {
@@ -276,7 +276,7 @@ impl Writer {
                 }
                 let snap = work.join(SNAPSHOT_FILE);
                 t.bytes_out += write_snapshot_atomic(&snap, builder)?;
-                match &self.opts.destination {
+                match &self.opts.output.destination {
                     Some(d) => {
                         d.put_file(SNAPSHOT_FILE, &snap, &|_| {})?;
                         std::fs::remove_file(&snap)
@@ -284,7 +284,7 @@ impl Writer {
                     }
                     None => {
                         sync_dir(work)?;
-                        publish_dataset(work, &self.opts.out)?;
+                        publish_dataset(work, &self.opts.output.out)?;
                     }
                 }
                 "write"
@@ -292,9 +292,9 @@ impl Writer {
             (None, None) => unreachable!("a whole dataset has a build directory"),
         };
         Ok(PackSummary {
-            out: self.opts.out.clone(),
+            out: self.opts.output.out.clone(),
             dataset_id: hex_id(&self.dataset_id),
-            shard: self.opts.shard.map(|s| s.to_string()),
+            shard: self.opts.output.shard.map(|s| s.to_string()),
             action,
             classes: classes.len() as u64,
             chunks,
@@ -320,8 +320,8 @@ impl Assembler<'_> {
     pub(super) fn push(&mut self, rec: SpillRecord) -> Result<(), PackError> {
         let size = rec.enc.stored.len() as u64;
         let full = !self.current.is_empty()
-            && (self.current.len() as u64 >= self.w.opts.chunk_files
-                || self.bytes + size > self.w.opts.chunk_size);
+            && (self.current.len() as u64 >= self.w.opts.output.chunk_files
+                || self.bytes + size > self.w.opts.output.chunk_size);
         if full {
             self.close()?;
         }

@@ -166,7 +166,7 @@ pub struct Writer {
 impl std::fmt::Debug for Writer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Writer")
-            .field("out", &self.opts.out)
+            .field("out", &self.opts.output.out)
             .field("samples", &self.samples)
             .finish()
     }
@@ -175,19 +175,10 @@ impl std::fmt::Debug for Writer {
 impl Writer {
     /// Starts a dataset (or resumes an interrupted writer of it, with `resume`).
     pub fn create(opts: WriterOptions) -> Result<Writer, PackError> {
-        if opts.chunk_size == 0 || opts.chunk_files == 0 {
-            return Err(PackError::Usage(
-                "chunk size and files per chunk must be at least 1".into(),
-            ));
-        }
+        opts.output.check()?;
         if opts.buckets == 0 || opts.buckets > 65_536 {
             return Err(PackError::Usage(
                 "the number of spill logs must be between 1 and 65536".into(),
-            ));
-        }
-        if opts.shard.is_some() && opts.destination.is_some() {
-            return Err(PackError::Usage(
-                "a shard writes to a directory (local or on a shared file system), not to an object store".into(),
             ));
         }
         if let Some(c) = &opts.classes {
@@ -201,54 +192,54 @@ impl Writer {
         let layout = Self::layout(&opts)?;
         let existed = layout.spill.join(STATE_FILE).exists();
         let mut warnings = Vec::new();
-        match (&opts.destination, opts.shard) {
-            (None, None) if std::fs::symlink_metadata(&opts.out).is_ok() => {
-                if !opts.force {
+        match (&opts.output.destination, opts.output.shard) {
+            (None, None) if std::fs::symlink_metadata(&opts.output.out).is_ok() => {
+                if !opts.output.force {
                     return Err(PackError::Usage(format!(
                         "{} already exists; pass force (--force) to replace it",
-                        opts.out.display()
+                        opts.output.out.display()
                     )));
                 }
-                output::check_replaceable(&opts.out, output::Kind::Dataset)?;
+                output::check_replaceable(&opts.output.out, output::Kind::Dataset)?;
             }
             (Some(d), _) => {
-                upload::check_destination(d, opts.force, opts.resume, &mut warnings)?;
+                upload::check_destination(d, opts.output.force, opts.output.resume, &mut warnings)?;
             }
             _ => {}
         }
-        if let Some(s) = opts.shard {
-            if opts.out.join(SNAPSHOT_FILE).exists() {
+        if let Some(s) = opts.output.shard {
+            if opts.output.out.join(SNAPSHOT_FILE).exists() {
                 return Err(PackError::Usage(format!(
                     "{} is a dataset already (merged, or written whole); shards build a new dataset",
-                    opts.out.display()
+                    opts.output.out.display()
                 )));
             }
-            if opts.out.join(s.dir_name()).join(PART_FILE).exists() && !opts.force {
+            if opts.output.out.join(s.dir_name()).join(PART_FILE).exists() && !opts.output.force {
                 return Err(PackError::Usage(format!(
                     "shard {s} of {} finished already; run granary merge (or pass force, --force, to write it again)",
-                    opts.out.display()
+                    opts.output.out.display()
                 )));
             }
         }
         std::fs::create_dir_all(&layout.spill)
             .map_err(|e| PackError::io("creating", &layout.spill, e))?;
-        let lock = output::BuildLock::take(&layout.spill, &opts.out)?;
+        let lock = output::BuildLock::take(&layout.spill, &opts.output.out)?;
         let state_path = layout.spill.join(STATE_FILE);
-        let dataset_id = if existed && opts.resume {
+        let dataset_id = if existed && opts.output.resume {
             Self::resumed_id(&opts, &state_path)?
         } else {
-            if existed && !opts.force {
+            if existed && !opts.output.force {
                 return Err(PackError::Usage(format!(
                     "an interrupted writer of {} left its work in {}; pass resume (--resume) to continue it or force (--force) to start over",
-                    opts.out.display(),
+                    opts.output.out.display(),
                     layout.spill.display()
                 )));
             }
-            if opts.shard.is_some() {
+            if opts.output.shard.is_some() {
                 std::fs::remove_file(layout.spill.join(PART_FILE)).ok();
             }
             clear_spill(&layout.spill)?;
-            let id = match opts.shard {
+            let id = match opts.output.shard {
                 // Every shard derives the same id from what they share.
                 Some(s) => crate::shard::shared_dataset_id(
                     &shared_key_of(&opts.settings(&[0; 16])),
@@ -256,7 +247,7 @@ impl Writer {
                     0,
                     path_hash(b"granary writer"),
                 ),
-                None => new_dataset_id(opts.out.as_os_str().as_encoded_bytes()),
+                None => new_dataset_id(opts.output.out.as_os_str().as_encoded_bytes()),
             };
             let state = WRITER_STATE.frame(opts.settings(&id).as_bytes());
             write_file_atomic(&state_path, &state)?;
@@ -303,7 +294,7 @@ impl Writer {
             finished: false,
             opts,
         };
-        if existed && w.opts.resume {
+        if existed && w.opts.output.resume {
             w.read_back(&mut warnings)?;
         }
         w.warnings = warnings;
@@ -312,41 +303,42 @@ impl Writer {
     }
 
     fn layout(opts: &WriterOptions) -> Result<Layout, PackError> {
-        Ok(match (&opts.shard, &opts.destination, &opts.staging) {
-            (Some(s), _, _) => {
-                let part = opts.out.join(s.dir_name());
-                Layout {
-                    spill: part,
-                    chunks: opts.out.clone(),
-                    work: None,
-                    ids: Ids {
-                        base: s.index,
-                        stride: s.count,
-                    },
+        Ok(
+            match (
+                &opts.output.shard,
+                &opts.output.destination,
+                &opts.output.staging,
+            ) {
+                (Some(s), _, _) => {
+                    let part = opts.output.out.join(s.dir_name());
+                    Layout {
+                        spill: part,
+                        chunks: opts.output.out.clone(),
+                        work: None,
+                        ids: Ids {
+                            base: s.index,
+                            stride: s.count,
+                        },
+                    }
                 }
-            }
-            (None, Some(_), Some(staging)) => Layout {
-                spill: staging.join("spill"),
-                chunks: staging.clone(),
-                work: Some(staging.clone()),
-                ids: Ids { base: 0, stride: 1 },
-            },
-            (None, Some(d), None) => {
-                return Err(PackError::Usage(format!(
-                    "writing to {} needs a local staging directory",
-                    d.url()
-                )))
-            }
-            (None, None, _) => {
-                let work = work_dir(&opts.out)?;
-                Layout {
-                    spill: spill_dir_of(&opts.out)?,
-                    chunks: work.clone(),
-                    work: Some(work),
+                (None, Some(_), Some(staging)) => Layout {
+                    spill: staging.join("spill"),
+                    chunks: staging.clone(),
+                    work: Some(staging.clone()),
                     ids: Ids { base: 0, stride: 1 },
+                },
+                // `OutputOptions::check` made sure a destination comes with its staging directory.
+                (None, _, _) => {
+                    let work = work_dir(&opts.output.out)?;
+                    Layout {
+                        spill: spill_dir_of(&opts.output.out)?,
+                        chunks: work.clone(),
+                        work: Some(work),
+                        ids: Ids { base: 0, stride: 1 },
+                    }
                 }
-            }
-        })
+            },
+        )
     }
 
     /// The dataset id of the interrupted writer whose state is at `path`, if its settings
@@ -452,7 +444,7 @@ impl Writer {
         let (tx, rx) = sync_channel::<Job>(QUEUE);
         let rx = Arc::new(Mutex::new(rx));
         for _ in 0..self.opts.threads.max(1) {
-            let (rx, shared, mode) = (rx.clone(), self.shared.clone(), self.opts.compress);
+            let (rx, shared, mode) = (rx.clone(), self.shared.clone(), self.opts.output.compress);
             self.threads
                 .push(std::thread::spawn(move || spill_loop(&rx, &shared, mode)));
         }
@@ -607,7 +599,7 @@ impl Writer {
                 granary_format::MAX_SAMPLES
             )));
         }
-        let bucket = bucket_of(key, self.opts.seed, self.opts.buckets);
+        let bucket = bucket_of(key, self.opts.output.seed, self.opts.buckets);
         self.shared
             .queued_bytes
             .fetch_add(data.len() as u64, Ordering::Relaxed);
@@ -665,7 +657,7 @@ impl Writer {
                 shown()
             )));
         }
-        if self.opts.shard.is_some() {
+        if self.opts.output.shard.is_some() {
             return Err(PackError::Usage(
                 "a shard with labels needs the class table (classes=...): every chunk carries it, and shards \
                  cannot agree on one otherwise"

@@ -1,14 +1,11 @@
 //! What a writer is told: [`WriterOptions`] and the defaults.
 
 use std::path::PathBuf;
-use std::sync::Arc;
 
-use granary_store::object::ObjectUrl;
-
-use crate::encode::CompressMode;
-use crate::shard::ShardSpec;
-use crate::{hex_id, DEFAULT_CHUNK_FILES, DEFAULT_CHUNK_SIZE};
 use granary_store::StoreConfig;
+use serde::{Deserialize, Serialize};
+
+use crate::{hex_id, OutputOptions};
 
 /// Default bytes of samples a writer holds in memory before spilling: a sixteenth of the
 /// machine's memory, at most 512 MiB (256 MiB where the machine's memory is unknown). More
@@ -30,28 +27,22 @@ pub const DEFAULT_BUCKETS: u32 = 64;
 /// Default most bytes of one spill log read into memory at once when finishing.
 pub const DEFAULT_GATHER_MEMORY: u64 = 512 << 20;
 
-/// Everything a [`Writer`] needs to know.
-#[derive(Clone, Debug)]
+/// Everything a [`Writer`] needs to know: where the dataset goes and how its chunks are cut
+/// (shared with `pack`), and how the writer mixes what it is given. Plain data that
+/// (de)serializes by field names (Python builds it from keywords); the store's configuration
+/// and an object-store destination are the front end's to set.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(default)]
 pub struct WriterOptions {
-    /// The dataset directory to create (or, with `destination`, the name used in messages).
-    pub out: PathBuf,
-    /// Upload the dataset here instead (chunks as they are written, the snapshot last);
-    /// `staging` must then name a local directory for the spill logs and chunks in transit.
-    pub destination: Option<Arc<ObjectUrl>>,
-    pub staging: Option<PathBuf>,
+    /// The dataset's destination, its chunking and mixing seed, resume and force.
+    pub output: OutputOptions,
     /// How the store reaches object stores (source shards at URLs, the destination).
+    #[serde(skip)]
     pub store: StoreConfig,
-    /// Write only this shard's part of a dataset, for `merge` (as `pack --shard` does).
-    pub shard: Option<ShardSpec>,
     /// The class table, when labels are class names (or indexes into it). Required with a
     /// shard that has labels: every chunk of a dataset carries the same class table, and
     /// shards do not talk to each other.
     pub classes: Option<Vec<Vec<u8>>>,
-    pub compress: CompressMode,
-    pub chunk_size: u64,
-    pub chunk_files: u64,
-    /// Seed of the scatter and of the order within each log.
-    pub seed: u64,
     /// Number of spill logs.
     pub buckets: u32,
     /// Most bytes of one log read whole when finishing (larger ones are read record by record).
@@ -61,39 +52,32 @@ pub struct WriterOptions {
     pub memory: u64,
     /// Threads that checksum, compress and spill samples.
     pub threads: usize,
-    pub resume: bool,
-    pub force: bool,
-    pub progress: bool,
+}
+
+impl Default for WriterOptions {
+    fn default() -> Self {
+        WriterOptions::new(PathBuf::new())
+    }
 }
 
 impl WriterOptions {
     /// Options with the documented defaults.
     pub fn new(out: impl Into<PathBuf>) -> Self {
         WriterOptions {
-            out: out.into(),
-            destination: None,
-            staging: None,
+            output: OutputOptions::new(out),
             store: StoreConfig::default(),
-            shard: None,
             classes: None,
-            compress: CompressMode::Auto,
-            chunk_size: DEFAULT_CHUNK_SIZE,
-            chunk_files: DEFAULT_CHUNK_FILES,
-            seed: 0,
             buckets: DEFAULT_BUCKETS,
             gather_memory: DEFAULT_GATHER_MEMORY,
             memory: default_memory(),
             threads: std::thread::available_parallelism()
                 .map(|n| n.get())
                 .unwrap_or(2),
-            resume: false,
-            force: false,
-            progress: false,
         }
     }
 
     /// The settings a resumed writer must share with the interrupted one.
-    pub(super) fn settings(&self, dataset_id: &[u8; 16]) -> String {
+    pub(crate) fn settings(&self, dataset_id: &[u8; 16]) -> String {
         let classes = self.classes.as_ref().map(|c| {
             c.iter()
                 .map(|n| String::from_utf8_lossy(n).into_owned())
@@ -103,11 +87,11 @@ impl WriterOptions {
         format!(
             "writer=1\ndataset_id={}\nshard={}\ncompress={}\nchunk_size={}\nchunk_files={}\nseed={}\nbuckets={}\nclasses={}\n",
             hex_id(dataset_id),
-            self.shard.map(|s| s.to_string()).unwrap_or_default(),
-            self.compress,
-            self.chunk_size,
-            self.chunk_files,
-            self.seed,
+            self.output.shard.map(|s| s.to_string()).unwrap_or_default(),
+            self.output.compress,
+            self.output.chunk_size,
+            self.output.chunk_files,
+            self.output.seed,
             self.buckets,
             classes.unwrap_or_else(|| "-".into()),
         )

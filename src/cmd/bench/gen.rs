@@ -97,10 +97,11 @@ fn packed(g: &GenArgs, opts: &GenOptions) -> anyhow::Result<ExitCode> {
     use granary_packer::{Label, Writer, WriterOptions};
     let out = g.out.to_string_lossy().into_owned();
     let mut o = WriterOptions::new(&g.out);
-    o.seed = g.seed;
-    o.chunk_size = g.chunk_size;
-    o.progress = opts.progress;
-    crate::cmd::pack::writer_destination(&mut o, &g.out, g.staging.as_deref())?;
+    o.output.seed = g.seed;
+    o.output.chunk_size = g.chunk_size;
+    o.output.progress = opts.progress;
+    o.store = crate::cmd::store_config().clone();
+    crate::cmd::pack::to_object_store(&mut o.output, g.staging.as_deref())?;
     let t0 = std::time::Instant::now();
     let written = (|| {
         let mut w = Writer::create(o).with_context(|| format!("creating {out}"))?;

@@ -41,10 +41,10 @@ pub(super) struct PackArgs {
 
 pub(super) fn run(p: PackArgs, progress: bool) -> anyhow::Result<ExitCode> {
     let mut template = PackOptions::new(&p.src, &p.out);
-    template.compress = p.compress;
-    template.chunk_size = p.chunk_size;
-    template.progress = progress;
-    template.force = true;
+    template.output.compress = p.compress;
+    template.output.chunk_size = p.chunk_size;
+    template.output.progress = progress;
+    template.output.force = true;
     template.io_threads = p.io_threads;
     let opts = PackBenchOptions {
         src: p.src.clone(),
