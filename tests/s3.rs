@@ -658,6 +658,33 @@ fn webdataset_shards_in_the_store_import_into_the_store() {
     let x = tmp.path().join("x");
     s3.ok(&["extract", &out, "-o", x.to_str().unwrap()]);
     assert_eq!(read_tree(&x), sorted(all));
+    // Written again over it, smaller (--force): the prefix keeps no chunk of the earlier
+    // dataset that the new one does not name (the writer and pack publish alike).
+    s3.ok(&[
+        "pack",
+        "--from",
+        "webdataset",
+        &format!("{shards_url}/shard-0.tar"),
+        "-o",
+        &out,
+        "--chunk-size",
+        "4MiB",
+        "--force",
+    ]);
+    s3.ok(&["verify", &out]);
+    let mut names: Vec<String> = ObjectUrl::parse(&out)
+        .unwrap()
+        .list()
+        .unwrap()
+        .into_iter()
+        .map(|(n, _)| n)
+        .collect();
+    names.sort();
+    assert_eq!(
+        names,
+        ["chunk-00000000.gchunk", "snapshot.gsnap"],
+        "objects left at {out}"
+    );
     // A shard that is not there is named.
     let o = s3.run(&[
         "pack",

@@ -42,8 +42,7 @@ pub use granary_format::SplitMix64;
 pub use options::{OutputOptions, DEFAULT_CHUNK_FILES, DEFAULT_CHUNK_SIZE};
 use plan::Plan;
 pub(crate) use publish::{
-    publish_dataset, spooled_builder, sync_dir, write_file_atomic, write_snapshot_atomic,
-    write_snapshot_pending,
+    spooled_builder, sync_dir, write_file_atomic, write_snapshot_atomic, write_snapshot_pending,
 };
 use publish::{write_chunk, ChunkRecord};
 pub use reindex::{reindex, ReindexSummary};

@@ -7,7 +7,40 @@ use std::path::{Component, Path, PathBuf};
 
 use granary_format::{parse_chunk_file_name, SNAPSHOT_FILE};
 
-use crate::{PackError, PLAN_FILE};
+use crate::{upload, OutputOptions, PackError, PLAN_FILE};
+
+/// Claims the output of a new write (whole or a shard's part; not an append) before anything
+/// is written: an object-store destination must be empty or hold only what granary writes
+/// (returns what it holds, for the publish); a local dataset at `out` is replaced only with
+/// `force`; a shard's `out` must not be a dataset already.
+pub(crate) fn claim(
+    o: &OutputOptions,
+    warnings: &mut Vec<String>,
+) -> Result<Vec<(String, u64)>, PackError> {
+    let out = &o.out;
+    if o.shard.is_some() && out.join(SNAPSHOT_FILE).exists() {
+        return Err(PackError::Usage(format!(
+            "{} is a dataset already (merged, or written whole); shards build a new dataset: \
+             choose another output or remove it",
+            out.display()
+        )));
+    }
+    match &o.destination {
+        Some(d) => upload::check_destination(d, o.force, o.resume, warnings),
+        None => {
+            if o.shard.is_none() && std::fs::symlink_metadata(out).is_ok() {
+                if !o.force {
+                    return Err(PackError::Usage(format!(
+                        "{} already exists; pass --force (Python: force=True) to replace it",
+                        out.display()
+                    )));
+                }
+                check_replaceable(out, Kind::Dataset)?;
+            }
+            Ok(Vec::new())
+        }
+    }
+}
 
 /// `path` made absolute with every symbolic link and `..` resolved, also when its last
 /// components do not exist yet (they are then taken lexically: a missing directory cannot be a

@@ -6,7 +6,11 @@
 use std::io::Write;
 use std::path::Path;
 
-use granary_format::{chunk_file_name, ChunkSummary, ChunkWriter, SnapshotBuilder};
+use granary_format::{
+    chunk_file_name, parse_chunk_file_name, ChunkSummary, ChunkWriter, SnapshotBuilder,
+    SNAPSHOT_FILE,
+};
+use granary_store::object::ObjectUrl;
 use granary_store::write::{AtomicFile, Durability, Pending};
 
 use crate::encode::Encoded;
@@ -105,7 +109,7 @@ pub(crate) fn spooled_builder(
 /// Moves the finished work directory to `out`, replacing an existing `out` (only reached with
 /// `--force`, and only if it is a granary dataset) by first moving it aside, so that `out` is
 /// never missing a complete dataset.
-pub(crate) fn publish_dataset(work: &Path, out: &Path) -> Result<(), PackError> {
+fn publish_dataset(work: &Path, out: &Path) -> Result<(), PackError> {
     let parent = out
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
@@ -126,6 +130,45 @@ pub(crate) fn publish_dataset(work: &Path, out: &Path) -> Result<(), PackError> 
         sync_dir(parent)?;
     }
     Ok(())
+}
+
+/// Where a whole dataset goes once its chunks and snapshot are in its build directory.
+pub(crate) enum Target<'a> {
+    /// The build directory renamed to `out` (see [`publish_dataset`]).
+    Local(&'a Path),
+    /// The snapshot uploaded to `dest`, last: the chunks were uploaded as they were written,
+    /// and the chunks of an earlier dataset at the prefix that this one does not have (in
+    /// `found`, what the prefix held when the write began) are deleted first, so that the
+    /// prefix is a dataset only when complete and holds no object the snapshot does not name.
+    /// The build directory (the staging directory) is removed afterwards.
+    Remote {
+        dest: &'a ObjectUrl,
+        found: &'a [(String, u64)],
+    },
+}
+
+/// Publishes the whole dataset of `chunks` chunks whose snapshot is in `work`: the end every
+/// write of a whole dataset shares (`pack`, the writer and what feeds it).
+pub(crate) fn publish_whole(
+    work: &Path,
+    target: Target<'_>,
+    chunks: usize,
+) -> Result<(), PackError> {
+    match target {
+        Target::Local(out) => {
+            sync_dir(work)?;
+            publish_dataset(work, out)
+        }
+        Target::Remote { dest, found } => {
+            for (name, _) in found {
+                if parse_chunk_file_name(name).is_some_and(|c| c as usize >= chunks) {
+                    dest.delete(name)?;
+                }
+            }
+            dest.put_file(SNAPSHOT_FILE, &work.join(SNAPSHOT_FILE), &|_| {})?;
+            std::fs::remove_dir_all(work).map_err(|e| PackError::io("removing", work, e))
+        }
+    }
 }
 
 /// Writes the snapshot `b` builds to `path` (fsynced, renamed into place, directory fsynced),

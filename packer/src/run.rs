@@ -14,13 +14,13 @@ use indicatif::ProgressStyle;
 use rayon::prelude::*;
 
 use crate::plan::{self, Plan};
+use crate::publish::Target;
 use crate::{
     empty_summary, finished_shard, hex_id, in_dataset, make_plan, output, progress_bar,
-    publish_dataset, read_footer, remove_owned_chunks, scan_source, settings_text, shard,
-    shared_key_of, slimmed, spooled_builder, sync_dir, unchanged_summary, upload, verify_existing,
-    work_dir, write_chunks, write_file_atomic, write_snapshot_atomic, Build, Existing, Ids,
-    LabelMode, Mode, PackError, PackOptions, PackSummary, Place, PlanInput, Skipped, PART_FILE,
-    PLAN_FILE,
+    read_footer, remove_owned_chunks, scan_source, settings_text, shard, shared_key_of, slimmed,
+    spooled_builder, sync_dir, unchanged_summary, upload, verify_existing, work_dir, write_chunks,
+    write_file_atomic, write_snapshot_atomic, Build, Existing, Ids, LabelMode, Mode, PackError,
+    PackOptions, PackSummary, Place, PlanInput, Skipped, PART_FILE, PLAN_FILE,
 };
 
 /// [`run_kept`], naming the work directory in the error once a plan was saved there: the
@@ -177,39 +177,16 @@ impl Run<'_> {
             Some(_) => output::check_disjoint(&self.src, work, work)?,
             None => output::check_disjoint(&self.src, out, work)?,
         }
-        if let Some(d) = self.dest {
-            self.remote_found = upload::check_destination(
-                d,
-                opts.output.force,
-                opts.output.resume,
-                &mut self.warnings,
-            )?;
+        if !matches!(self.mode, Mode::Append { .. }) {
+            self.remote_found = output::claim(&opts.output, &mut self.warnings)?;
         }
-        match &self.mode {
-            Mode::Whole if self.dest.is_none() && std::fs::symlink_metadata(out).is_ok() => {
-                if !opts.output.force {
-                    return Err(PackError::Usage(format!(
-                        "{} already exists; pass --force to replace it",
-                        out.display()
-                    )));
+        if let Mode::Shard(s) = &self.mode {
+            if !opts.output.force {
+                if let Some(done) = finished_shard(opts, *s, work, self.t0)? {
+                    return Ok(Some(done));
                 }
-                output::check_replaceable(out, output::Kind::Dataset)?;
             }
-            Mode::Shard(s) => {
-                if out.join(SNAPSHOT_FILE).exists() {
-                    return Err(PackError::Usage(format!(
-                        "{} is a dataset already (merged, or packed whole); shards build a new dataset: choose another output or remove it",
-                        out.display()
-                    )));
-                }
-                if !opts.output.force {
-                    if let Some(done) = finished_shard(opts, *s, work, self.t0)? {
-                        return Ok(Some(done));
-                    }
-                }
-                std::fs::create_dir_all(out).map_err(|e| PackError::io("creating", out, e))?;
-            }
-            _ => {}
+            std::fs::create_dir_all(out).map_err(|e| PackError::io("creating", out, e))?;
         }
         Ok(None)
     }
@@ -682,30 +659,23 @@ impl Run<'_> {
         })
     }
 
-    /// Publishes a whole dataset whose snapshot is in the work directory: renamed into place,
-    /// or uploaded last (after removing the chunks of an earlier dataset there that this one
-    /// does not have), so that the prefix is a dataset only when complete.
+    /// Publishes a whole dataset whose snapshot is in the work directory (the plan, done
+    /// with, removed first).
     fn publish_whole(&self, planned_chunks: usize) -> Result<(), PackError> {
         let work = &self.place.work;
-        match self.dest {
-            Some(d) => {
-                for (name, _) in &self.remote_found {
-                    if parse_chunk_file_name(name).is_some_and(|c| c as usize >= planned_chunks) {
-                        d.delete(name)?;
-                    }
-                }
-                let snap_path = work.join(SNAPSHOT_FILE);
-                d.put_file(SNAPSHOT_FILE, &snap_path, &|_| {})?;
-                std::fs::remove_dir_all(work).map_err(|e| PackError::io("removing", work, e))
-            }
+        let target = match self.dest {
+            Some(dest) => Target::Remote {
+                dest,
+                found: &self.remote_found,
+            },
             None => {
                 let plan_path = work.join(PLAN_FILE);
                 std::fs::remove_file(&plan_path)
                     .map_err(|e| PackError::io("removing", &plan_path, e))?;
-                sync_dir(work)?;
-                publish_dataset(work, &self.opts.output.out)
+                Target::Local(&self.opts.output.out)
             }
-        }
+        };
+        crate::publish::publish_whole(work, target, planned_chunks)
     }
 }
 

@@ -9,12 +9,12 @@ use granary_format::{parse_chunk_file_name, ChunkSummary, SNAPSHOT_FILE};
 
 use crate::shard::{Part, PartChunk};
 use crate::{
-    hex_id, output, publish_dataset, read_footer, shared_key_of, spooled_builder, sync_dir, upload,
-    write_file_atomic, write_snapshot_atomic, PackError, PackSummary, PART_FILE,
+    hex_id, output, read_footer, shared_key_of, spooled_builder, upload, write_file_atomic,
+    write_snapshot_atomic, PackError, PackSummary, PART_FILE,
 };
 
 use super::*;
-use crate::publish::{write_chunk, ChunkRecord};
+use crate::publish::{publish_whole, write_chunk, ChunkRecord, Target};
 
 impl Writer {
     /// Builds the chunks and the snapshot (or the shard's part) and publishes the dataset.
@@ -54,15 +54,11 @@ impl Writer {
         })?;
         let summary = self.finish_as_mode(gathered, classes)?;
         let spill = &self.layout.spill;
-        match (&self.opts.output.destination, &self.layout.work) {
-            // The staging directory (spill logs, upload markers) has served its purpose.
-            (Some(_), Some(staging)) => std::fs::remove_dir_all(staging)
-                .map_err(|e| PackError::io("removing", staging, e))?,
-            _ => {
-                clear_spill(spill)?;
-                if self.opts.output.shard.is_none() {
-                    std::fs::remove_dir(spill).map_err(|e| PackError::io("removing", spill, e))?;
-                }
+        // Uploaded, the staging directory (spill logs, upload markers) went with the publish.
+        if self.opts.output.destination.is_none() {
+            clear_spill(spill)?;
+            if self.opts.output.shard.is_none() {
+                std::fs::remove_dir(spill).map_err(|e| PackError::io("removing", spill, e))?;
             }
         }
         Ok(summary)
@@ -274,19 +270,15 @@ impl Writer {
                 for s in summaries {
                     builder.push_chunk(&full(s, &mut t)?)?;
                 }
-                let snap = work.join(SNAPSHOT_FILE);
-                t.bytes_out += write_snapshot_atomic(&snap, builder)?;
-                match &self.opts.output.destination {
-                    Some(d) => {
-                        d.put_file(SNAPSHOT_FILE, &snap, &|_| {})?;
-                        std::fs::remove_file(&snap)
-                            .map_err(|e| PackError::io("removing", &snap, e))?;
-                    }
-                    None => {
-                        sync_dir(work)?;
-                        publish_dataset(work, &self.opts.output.out)?;
-                    }
-                }
+                t.bytes_out += write_snapshot_atomic(&work.join(SNAPSHOT_FILE), builder)?;
+                let target = match &self.opts.output.destination {
+                    Some(dest) => Target::Remote {
+                        dest,
+                        found: &self.remote_found,
+                    },
+                    None => Target::Local(&self.opts.output.out),
+                };
+                publish_whole(work, target, chunks as usize)?;
                 "write"
             }
             (None, None) => unreachable!("a whole dataset has a build directory"),

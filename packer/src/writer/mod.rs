@@ -39,11 +39,10 @@ use std::thread::JoinHandle;
 use std::time::Instant;
 
 use granary_format::local::WRITER_STATE;
-use granary_format::{path_hash, NO_LABEL, SNAPSHOT_FILE};
+use granary_format::{path_hash, NO_LABEL};
 
 use crate::{
-    new_dataset_id, output, shared_key_of, upload, work_dir, write_file_atomic, Ids, PackError,
-    PART_FILE,
+    new_dataset_id, output, shared_key_of, work_dir, write_file_atomic, Ids, PackError, PART_FILE,
 };
 
 pub use options::{WriterOptions, DEFAULT_BUCKETS, DEFAULT_GATHER_MEMORY};
@@ -160,6 +159,8 @@ pub struct Writer {
     resumed_samples: u64,
     bytes_in: u64,
     warnings: Vec<String>,
+    /// What the object-store destination held when the writer began (for the publish).
+    remote_found: Vec<(String, u64)>,
     finished: bool,
 }
 
@@ -192,28 +193,8 @@ impl Writer {
         let layout = Self::layout(&opts)?;
         let existed = layout.spill.join(STATE_FILE).exists();
         let mut warnings = Vec::new();
-        match (&opts.output.destination, opts.output.shard) {
-            (None, None) if std::fs::symlink_metadata(&opts.output.out).is_ok() => {
-                if !opts.output.force {
-                    return Err(PackError::Usage(format!(
-                        "{} already exists; pass force (--force) to replace it",
-                        opts.output.out.display()
-                    )));
-                }
-                output::check_replaceable(&opts.output.out, output::Kind::Dataset)?;
-            }
-            (Some(d), _) => {
-                upload::check_destination(d, opts.output.force, opts.output.resume, &mut warnings)?;
-            }
-            _ => {}
-        }
+        let remote_found = output::claim(&opts.output, &mut warnings)?;
         if let Some(s) = opts.output.shard {
-            if opts.output.out.join(SNAPSHOT_FILE).exists() {
-                return Err(PackError::Usage(format!(
-                    "{} is a dataset already (merged, or written whole); shards build a new dataset",
-                    opts.output.out.display()
-                )));
-            }
             if opts.output.out.join(s.dir_name()).join(PART_FILE).exists() && !opts.output.force {
                 return Err(PackError::Usage(format!(
                     "shard {s} of {} finished already; run granary merge (or pass force, --force, to write it again)",
@@ -291,6 +272,7 @@ impl Writer {
             resumed_samples: 0,
             bytes_in: 0,
             warnings: Vec::new(),
+            remote_found,
             finished: false,
             opts,
         };
