@@ -19,8 +19,8 @@ use crate::{
     empty_summary, finished_shard, hex_id, in_dataset, make_plan, output, progress_bar,
     read_footer, remove_owned_chunks, scan_source, settings_text, shard, shared_key_of, slimmed,
     spooled_builder, sync_dir, unchanged_summary, upload, verify_existing, work_dir, write_chunks,
-    write_file_atomic, write_snapshot_atomic, Build, Existing, Ids, LabelMode, Mode, PackError,
-    PackOptions, PackSummary, Place, PlanInput, Skipped, PART_FILE, PLAN_FILE,
+    write_snapshot_atomic, Build, Existing, Ids, LabelMode, Mode, PackError, PackOptions,
+    PackSummary, Place, PlanInput, Skipped, PLAN_FILE,
 };
 
 /// [`run_kept`], naming the work directory in the error once a plan was saved there: the
@@ -568,13 +568,7 @@ impl Run<'_> {
                 // Each chunk's footer is read back once, for the counts.
                 let mut chunks = Vec::with_capacity(chunks as usize);
                 for s in summaries {
-                    let s = full(s, &mut totals)?;
-                    chunks.push(shard::PartChunk {
-                        chunk_id: s.chunk_id,
-                        file_size: s.file_size,
-                        file_crc: s.file_crc,
-                        samples: s.entries.len() as u64,
-                    });
+                    chunks.push(shard::PartChunk::of(&full(s, &mut totals)?));
                 }
                 let part = shard::Part {
                     shard: *shard,
@@ -583,9 +577,7 @@ impl Run<'_> {
                     classes: classes.clone(),
                     chunks,
                 };
-                let bytes = part.encode();
-                totals.bytes_out += bytes.len() as u64;
-                write_file_atomic(&work.join(PART_FILE), &bytes)?;
+                totals.bytes_out += part.publish(work)?;
                 let plan_path = work.join(PLAN_FILE);
                 std::fs::remove_file(&plan_path)
                     .map_err(|e| PackError::io("removing", &plan_path, e))?;

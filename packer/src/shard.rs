@@ -204,6 +204,18 @@ pub(crate) struct PartChunk {
     pub samples: u64,
 }
 
+impl PartChunk {
+    /// A written chunk as its part file lists it.
+    pub(crate) fn of(s: &granary_format::ChunkSummary) -> Self {
+        PartChunk {
+            chunk_id: s.chunk_id,
+            file_size: s.file_size,
+            file_crc: s.file_crc,
+            samples: s.entries.len() as u64,
+        }
+    }
+}
+
 /// What a finished shard leaves for `merge`: its settings and its chunks.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) struct Part {
@@ -217,6 +229,14 @@ pub(crate) struct Part {
 }
 
 impl Part {
+    /// Writes this shard's part file into `dir`, its completion marker: atomically, after
+    /// every chunk. Returns its length.
+    pub(crate) fn publish(&self, dir: &std::path::Path) -> Result<u64, PackError> {
+        let bytes = self.encode();
+        write_file_atomic(&dir.join(PART_FILE), &bytes)?;
+        Ok(bytes.len() as u64)
+    }
+
     pub fn encode(&self) -> Vec<u8> {
         let mut b = Vec::new();
         b.extend_from_slice(&self.shard.index.to_le_bytes());

@@ -9,8 +9,8 @@ use granary_format::{parse_chunk_file_name, ChunkSummary, SNAPSHOT_FILE};
 
 use crate::shard::{Part, PartChunk};
 use crate::{
-    hex_id, output, read_footer, shared_key_of, spooled_builder, upload, write_file_atomic,
-    write_snapshot_atomic, PackError, PackSummary, PART_FILE,
+    hex_id, output, read_footer, shared_key_of, spooled_builder, upload, write_snapshot_atomic,
+    PackError, PackSummary,
 };
 
 use super::*;
@@ -247,13 +247,7 @@ impl Writer {
             (Some(shard), _) => {
                 let mut list = Vec::with_capacity(summaries.len());
                 for s in summaries {
-                    let s = full(s, &mut t)?;
-                    list.push(PartChunk {
-                        chunk_id: s.chunk_id,
-                        file_size: s.file_size,
-                        file_crc: s.file_crc,
-                        samples: s.entries.len() as u64,
-                    });
+                    list.push(PartChunk::of(&full(s, &mut t)?));
                 }
                 let part = Part {
                     shard,
@@ -262,7 +256,7 @@ impl Writer {
                     classes: classes.clone(),
                     chunks: list,
                 };
-                write_file_atomic(&self.layout.spill.join(PART_FILE), &part.encode())?;
+                t.bytes_out += part.publish(&self.layout.spill)?;
                 "shard"
             }
             (None, Some(work)) => {
