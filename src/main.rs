@@ -12,6 +12,7 @@ use clap::{Parser, Subcommand};
 #[command(
     name = "granary",
     version,
+    long_version = long_version(),
     about = "Pack millions of small files into large checksummed chunks; read them fast.",
     long_about = "granary turns a directory of many small files (an ImageFolder tree, say) into a \
 dataset: a few large chunk files plus one immutable metadata snapshot that answers every \
@@ -163,4 +164,22 @@ fn error_chain(e: &anyhow::Error) -> String {
         out.push_str(&text);
     }
     out
+}
+
+/// What `granary --version` prints: the version (one for the crates, the wheel and this
+/// command), the format it writes and reads, and the I/O backends this machine offers.
+fn long_version() -> &'static str {
+    static TEXT: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    TEXT.get_or_init(|| {
+        use granary_format::{FORMAT_MAJOR, NEWEST_MINOR};
+        let uring = match granary::io::uring_available() {
+            Ok(()) => "yes".to_owned(),
+            Err(why) => format!("no: {why}"),
+        };
+        format!(
+            "{}\nformat: writes {FORMAT_MAJOR}.{NEWEST_MINOR}, reads every {FORMAT_MAJOR}.x \
+             (format/SPEC.md)\nio_uring: {uring}\npread: yes",
+            env!("CARGO_PKG_VERSION")
+        )
+    })
 }

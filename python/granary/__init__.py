@@ -21,6 +21,7 @@ from ._native import Dataset as _NativeDataset
 from ._native import READER_DEFAULTS as _D
 from ._native import DamagedError, GranaryError, IncompleteError, Scores, Stream, __version__
 from ._native import check_reader_options as _check_reader_options
+from ._native import io_backends
 from .parquet import from_parquet
 from .writer import Writer, from_webdataset, merge
 
@@ -49,6 +50,7 @@ __all__ = [
     "__version__",
     "from_parquet",
     "from_webdataset",
+    "io_backends",
     "job_peers",
     "job_secret",
     "merge",

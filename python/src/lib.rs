@@ -304,6 +304,18 @@ pub(crate) fn store_config() -> PyResult<granary::StoreConfig> {
     granary::StoreConfig::from_env().map_err(|e| PyValueError::new_err(e.to_string()))
 }
 
+/// The I/O backends this process can read with: ``{"io_uring": bool, "io_uring_unavailable":
+/// str or None (why not: what switched it off, what to change), "pread": True}``.
+#[pyfunction]
+fn io_backends(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
+    let d = PyDict::new(py);
+    let uring = granary::io::uring_available();
+    d.set_item("io_uring", uring.is_ok())?;
+    d.set_item("io_uring_unavailable", uring.err())?;
+    d.set_item("pread", true)?;
+    Ok(d)
+}
+
 /// `T` (a library options struct) built from keyword arguments by its serde field names and
 /// defaults, with the errors a Python function gives: a keyword `T` has no field for, or a
 /// value of the wrong type, is a TypeError naming it; a value that cannot work (an unknown
@@ -771,6 +783,20 @@ impl Stream {
             .then_some((h.samples_from_peers, h.bytes_from_peers))
     }
 
+    /// The I/O backend the stream reads with: "uring" or "pread".
+    #[getter]
+    fn backend(&self) -> &'static str {
+        self.inner.lock().expect("stream lock").backend()
+    }
+
+    /// Why the stream reads with pread although the default backend prefers io_uring (what
+    /// switched io_uring off here, and what to change); None when it is no fallback.
+    #[getter]
+    fn backend_fallback(&self) -> Option<String> {
+        let st = self.inner.lock().expect("stream lock");
+        st.backend_fallback().map(str::to_owned)
+    }
+
     /// What passed through each layer of the stream's store stack so far, top first: one dict
     /// per layer (``layer``: "tier", "peers" or "origin"; ``opens``, ``reads``, ``ranges``,
     /// ``bytes``, ``errors``, and ``wait_s``, the seconds the stream's reads waited there).
@@ -869,6 +895,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Scores>()?;
     m.add_class::<writer::Writer>()?;
     m.add_function(wrap_pyfunction!(check_reader_options, m)?)?;
+    m.add_function(wrap_pyfunction!(io_backends, m)?)?;
     m.add("READER_DEFAULTS", reader_defaults(m.py())?)?;
     m.add("WRITER_DEFAULTS", writer::writer_defaults(m.py())?)?;
     m.add_function(wrap_pyfunction!(writer::merge, m)?)?;

@@ -130,6 +130,8 @@ pub struct EpochTotals {
     pub digest: u64,
     /// I/O backend used.
     pub backend: &'static str,
+    /// Why it is pread although io_uring was wanted (see [`crate::EpochStream::backend_fallback`]).
+    pub backend_fallback: Option<String>,
     /// How the chunk files were opened.
     pub opened: OpenCounts,
     /// What the local tier served.
@@ -204,6 +206,7 @@ pub fn read_epoch(
                     r.opened = st.open_counts();
                     r.bytes_read = st.bytes_read();
                     r.backend = st.backend();
+                    r.backend_fallback = st.backend_fallback().map(str::to_owned);
                     r.hits = st.tier_hits();
                     r.peak_buffer_bytes = st.peak_buffer_bytes();
                     r.layers = st
@@ -231,6 +234,7 @@ pub fn read_epoch(
         r.bytes_read += w.bytes_read;
         r.digest = r.digest.wrapping_add(w.digest);
         r.backend = w.backend;
+        r.backend_fallback = r.backend_fallback.or(w.backend_fallback);
         r.opened.buffered += w.opened.buffered;
         r.opened.resident += w.opened.resident;
         r.opened.direct += w.opened.direct;
@@ -266,6 +270,9 @@ pub struct EpochReport {
     pub cpu_s: f64,
     pub digest: String,
     pub backend: String,
+    /// Why the backend is pread although the default prefers io_uring (what switched io_uring
+    /// off, and what to change); null when it is not a fallback.
+    pub backend_fallback: Option<String>,
     /// Bytes this process had read from storage devices during the epoch (`read_bytes` of
     /// `/proc/self/io`: page-cache hits do not count), when the kernel reports it.
     pub device_read_bytes: Option<u64>,
@@ -349,6 +356,7 @@ pub fn measure_epoch(
         cpu_s: cpu_seconds() - cpu0,
         digest: format!("{:016x}", t.digest),
         backend: t.backend.to_string(),
+        backend_fallback: t.backend_fallback.clone(),
         device_read_bytes: match (dev0, device_read_bytes()) {
             (Some(a), Some(b)) => Some(b.saturating_sub(a)),
             _ => None,

@@ -184,6 +184,8 @@ pub struct EpochStream {
     delivered: u64,
     opens: Arc<OpenCounters>,
     backend: &'static str,
+    /// Why the stream reads with pread although io_uring was wanted.
+    backend_fallback: Option<String>,
     bytes_read: Arc<AtomicU64>,
     stats: Arc<TierCounters>,
     /// The stack the I/O thread reads through, for its layers' meters.
@@ -238,6 +240,7 @@ impl EpochStream {
             pool.clone(),
         )?;
         let backend = engine.name();
+        let backend_fallback = engine.fallback().map(str::to_owned);
         let stats = Arc::new(TierCounters::default());
         let windows = Self::windows(&ds, mode, opts, access, stats.clone())?;
         let stack = windows.stack.clone();
@@ -267,6 +270,7 @@ impl EpochStream {
             delivered: 0,
             opens: counts,
             backend,
+            backend_fallback,
             bytes_read,
             stats,
             stack,
@@ -331,6 +335,13 @@ impl EpochStream {
     /// The I/O backend in use ("uring" or "pread").
     pub fn backend(&self) -> &'static str {
         self.backend
+    }
+
+    /// Why the stream reads with pread although the default backend prefers io_uring (the
+    /// kernel refused the ring: switched off, blocked by seccomp, too little lockable memory);
+    /// `None` when it reads with io_uring or pread was asked for.
+    pub fn backend_fallback(&self) -> Option<&str> {
+        self.backend_fallback.as_deref()
     }
 
     /// How the files read so far were opened: through the page cache (kept resident, or found

@@ -198,8 +198,11 @@ pub struct Args {
     /// memory, or of the memory cgroup's limit when lower).
     #[arg(long, value_parser = super::pack::parse_size_or_zero)]
     pub page_cache: Option<u64>,
-    /// I/O backend: auto (io_uring when the kernel offers it and the reads bypass the page
-    /// cache, else pread), uring or pread.
+    /// I/O backend: auto (io_uring when the reads bypass the page cache, else pread; where the
+    /// kernel refuses io_uring - the sysctl kernel.io_uring_disabled, a container's seccomp
+    /// filter, a small memlock limit - pread, with a warning saying why and `backend_fallback`
+    /// in --json), uring (an error where it cannot run) or pread. `granary --version` tells
+    /// whether this machine offers io_uring.
     #[arg(long, default_value = "auto", env = "GRANARY_IO", value_parser = IoKind::parse)]
     pub backend: IoKind,
     /// Reads in flight per worker.

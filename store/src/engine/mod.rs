@@ -37,6 +37,29 @@ pub const MAX_PIECE: usize = 4 << 20;
 /// 1.4 (pieces of one file in order, two files at once).
 pub const BUFFERED_PIECE: usize = 1 << 20;
 
+/// Whether io_uring can be used in this process: `Ok(())`, or why not (what switched it off
+/// and what to change), found once by setting up a small ring. What `granary --version` and
+/// Python's `granary.io_backends()` report.
+pub fn uring_available() -> std::result::Result<(), &'static str> {
+    static WHY: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    match WHY.get_or_init(|| UringEngine::new(2, MAX_PIECE).err()) {
+        None => Ok(()),
+        Some(why) => Err(why),
+    }
+}
+
+/// Logs, once per process and reason, that reads go to pread because io_uring cannot run.
+fn said_once(why: &str) {
+    static SAID: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+    let mut said = SAID.lock().unwrap_or_else(|p| p.into_inner());
+    if !said.iter().any(|w| w == why) {
+        said.push(why.to_owned());
+        log::warn!(
+            "{why}: reading with pread instead (same results, less throughput on fast storage)"
+        );
+    }
+}
+
 /// Which backend performs reads.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum IoKind {
@@ -403,6 +426,8 @@ type Reply = std::sync::mpsc::SyncSender<Result<Vec<Completed>>>;
 /// taken from the pool when a batch is submitted.
 pub struct Engine {
     name: &'static str,
+    /// Why this engine reads with pread although io_uring was wanted (`auto`).
+    fallback: Option<String>,
     pool: Arc<BufPool>,
     tx: Option<std::sync::mpsc::Sender<(QueuedBatch, Reply)>>,
     thread: Option<std::thread::JoinHandle<()>>,
@@ -441,10 +466,25 @@ impl Engine {
     ) -> Result<Engine> {
         let qd = queue_depth.clamp(1, 4096);
         let cap = max_inflight_bytes.max(MAX_PIECE);
-        let ring = match kind {
-            IoKind::Pread => None,
-            IoKind::Uring => Some(UringEngine::new(qd, cap)?),
-            IoKind::Auto => UringEngine::new(qd, cap).ok(),
+        let (ring, fallback) = match kind {
+            IoKind::Pread => (None, None),
+            IoKind::Uring => match UringEngine::new(qd, cap) {
+                Ok(r) => (Some(r), None),
+                Err(why) => {
+                    return Err(StoreError::Invalid(format!(
+                        "the io_uring backend was asked for (--backend uring, GRANARY_IO=uring) \
+                         but cannot run: {why}; use the default backend (auto), which reads \
+                         with pread then"
+                    )))
+                }
+            },
+            IoKind::Auto => match UringEngine::new(qd, cap) {
+                Ok(r) => (Some(r), None),
+                Err(why) => {
+                    said_once(&why);
+                    (None, Some(why))
+                }
+            },
         };
         let (tx, rx) = std::sync::mpsc::channel::<(QueuedBatch, Reply)>();
         let name = if ring.is_some() { "uring" } else { "pread" };
@@ -456,6 +496,7 @@ impl Engine {
         .map_err(|e| StoreError::io("starting the I/O engine's thread", "(thread)", e))?;
         Ok(Engine {
             name,
+            fallback,
             pool,
             tx: Some(tx),
             thread: Some(thread),
@@ -470,6 +511,12 @@ impl Engine {
     /// Short name: "uring" or "pread".
     pub fn name(&self) -> &'static str {
         self.name
+    }
+
+    /// Why this engine reads with pread although the default backend prefers io_uring (the
+    /// kernel refused the ring); `None` if it reads with io_uring or pread was asked for.
+    pub fn fallback(&self) -> Option<&str> {
+        self.fallback.as_deref()
     }
 
     /// Queues a batch: its buffers are taken from the pool now and its reads start in the

@@ -46,10 +46,42 @@ pub(super) struct UringEngine {
     broken: bool,
 }
 
+/// Why setting up an io_uring ring failed with `e`, in the words an administrator needs: what
+/// switched it off and what to change.
+pub(super) fn why_no_uring(e: &std::io::Error) -> String {
+    let sysctl = std::fs::read_to_string("/proc/sys/kernel/io_uring_disabled")
+        .map(|v| v.trim().to_owned())
+        .unwrap_or_default();
+    match e.raw_os_error() {
+        Some(libc::EPERM | libc::EACCES) => match sysctl.as_str() {
+            "2" => "io_uring is switched off on this machine (sysctl kernel.io_uring_disabled = 2)"
+                .into(),
+            "1" => "io_uring is only for the group in kernel.io_uring_group here \
+                    (sysctl kernel.io_uring_disabled = 1)"
+                .into(),
+            _ => format!(
+                "setting up io_uring was refused ({e}): a seccomp filter (container runtimes \
+                 install one that blocks it) or a security module"
+            ),
+        },
+        Some(libc::ENOSYS) => "this kernel has no io_uring (ENOSYS)".into(),
+        Some(libc::ENOMEM) => format!(
+            "not enough lockable memory for an io_uring ring ({e}; raise the memlock limit, \
+             `ulimit -l`)"
+        ),
+        _ => format!("setting up io_uring failed: {e}"),
+    }
+}
+
 impl UringEngine {
-    pub(super) fn new(depth: usize, max_inflight_bytes: usize) -> Result<Self> {
+    /// A ring of `depth` entries (rounded up to a power of two), or why the kernel refused it
+    /// ([`why_no_uring`]).
+    pub(super) fn new(
+        depth: usize,
+        max_inflight_bytes: usize,
+    ) -> std::result::Result<Self, String> {
         let ring = io_uring::IoUring::new(depth.next_power_of_two() as u32)
-            .map_err(|e| StoreError::io("creating io_uring", "(kernel)", e))?;
+            .map_err(|e| why_no_uring(&e))?;
         Ok(UringEngine {
             ring,
             depth,
