@@ -47,7 +47,9 @@ fi
 sanitizer=${FUZZ_SANITIZER:-address}
 malloc_mb=${FUZZ_MALLOC_MB:-2048}
 out=$PWD/target/fuzz
-export CARGO_TARGET_DIR=$out/build-$sanitizer
+# The instrumented build lives outside the clone (as the venvs and the wheels' builds do), so a
+# fresh clone rebuilds only granary's own crates: FUZZ_BUILD_DIR to put it elsewhere.
+export CARGO_TARGET_DIR=${FUZZ_BUILD_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/granary/fuzz-build}-$sanitizer
 mapfile -t all < <(sed -n 's/^name = "\(.*\)"$/\1/p' fuzz/Cargo.toml | grep -v '^granary-fuzz$')
 targets=("$@")
 [ ${#targets[@]} -gt 0 ] || targets=("${all[@]}")

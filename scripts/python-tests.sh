@@ -29,7 +29,10 @@ if [ -z "${GRANARY_BIN:-}" ]; then
 fi
 
 # The wheel, and a PATH without cargo or rustc to install it with.
-wheel=$(bash scripts/build-wheel.sh)
+# Built where scripts/test-wheels.sh builds its wheels, outside the clone (a second run rebuilds
+# only granary's own crates).
+wheel=$(CARGO_TARGET_DIR="${XDG_CACHE_HOME:-$HOME/.cache}/granary/wheel-target" \
+  bash scripts/build-wheel.sh)
 echo "python tests: installing $wheel (no Rust toolchain on PATH)" >&2
 no_rust_path=$(printf '%s' "$PATH" | tr ':' '\n' | grep -v -e '\.cargo/bin' -e 'rustup' | paste -sd:)
 if env PATH="$no_rust_path" sh -c 'command -v cargo || command -v rustc' >/dev/null; then

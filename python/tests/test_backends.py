@@ -151,3 +151,15 @@ def test_a_seccomp_filter_blocking_io_uring_falls_back_to_pread(packed):
     out = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True,
                          text=True, check=True, preexec_fn=_deny_io_uring).stdout.split()
     assert out == ["pread", str(len(files))], out
+
+
+def test_the_wheel_installs_the_command_of_the_same_version():
+    cli = os.path.join(os.path.dirname(sys.executable), "granary")
+    if not os.path.exists(cli):
+        pytest.skip("no granary command beside this Python: the package was not installed from "
+                    "its wheel")
+    out = subprocess.run([cli, "--version"], capture_output=True, text=True, check=True).stdout
+    lines = out.splitlines()
+    assert lines[0] == f"granary {granary.__version__}", out
+    assert lines[1].startswith("format: writes 1."), out
+    assert any(l.startswith("io_uring: ") for l in lines), out
