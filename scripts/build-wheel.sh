@@ -12,19 +12,22 @@
 # extension's tag; this script checks both files' symbol versions too and refuses a wheel
 # that needs a newer glibc than its tag says.
 #
-# The tools (maturin, ziglang, cargo-zigbuild) go once into a build venv, target/py-build;
+# The tools (maturin, ziglang, cargo-zigbuild, auditwheel) go once into a build venv,
+# ~/.cache/granary/py-build;
 # the Rust target of another architecture is added with rustup. CARGO_TARGET_DIR is honoured
 # (scripts/test-wheels.sh keeps its cross builds outside the clone).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 py=${PYTHON:-python3}
-venv=target/py-build
+# Outside the clone: cargo-zigbuild names its linker wrappers after the tools' paths, and a
+# wrapper at a new path makes cargo rebuild every crate (its configuration changed).
+venv=${GRANARY_BUILD_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/granary/py-build}
 if ! [ -x "$venv/bin/cargo-zigbuild" ] || ! [ -x "$venv/bin/maturin" ]; then
   [ -x "$venv/bin/python" ] || "$py" -m venv "$venv"
   "$venv/bin/pip" install -q --disable-pip-version-check "maturin>=1.5,<2" "ziglang>=0.13,<0.18" \
     "cargo-zigbuild>=0.19,<0.25" auditwheel >&2
 fi
-export PATH="$PWD/$venv/bin:$PATH"
+export PATH="$venv/bin:$PATH"
 target_dir=${CARGO_TARGET_DIR:-$PWD/target}
 glibc=2.17
 tag=manylinux2014
