@@ -119,6 +119,15 @@ wheel_for() { # the wheel of architecture $1, built if target/wheel has none
 }
 
 status=0
+# Runs `bash -c $3` in chroot $2 and reports it as "wheels: $1: passed" (or failed).
+run_case() {
+  if in_chroot "$2" "$3"; then
+    echo "wheels: $1: passed"
+  else
+    echo "wheels: $1: failed"
+    status=1
+  fi
+}
 for arch in "${archs[@]}"; do
   case "$arch" in
     x86_64)
@@ -127,12 +136,8 @@ for arch in "${archs[@]}"; do
       install_wheel "$root" "$wheel"
       # The suite, from /opt so that the installed package is imported; its fixtures pack with
       # the wheel's command (no GRANARY_BIN, no target/ there).
-      if in_chroot "$root" 'cd /opt/granary-test && python3 -m pytest -p no:cacheprovider -q -rs tests'; then
-        echo "wheels: x86_64 in $release: passed"
-      else
-        echo "wheels: x86_64 in $release: failed"
-        status=1
-      fi
+      run_case "x86_64 in $release" "$root" \
+        'cd /opt/granary-test && python3 -m pytest -p no:cacheprovider -q -rs tests'
       ;;
     aarch64)
       if ! [ -e /proc/sys/fs/binfmt_misc/register ]; then
@@ -144,12 +149,7 @@ for arch in "${archs[@]}"; do
       wheel=$(wheel_for aarch64)
       root=$(chroot_of arm64)
       install_wheel "$root" "$wheel"
-      if in_chroot "$root" 'cd /opt && python3 /opt/granary-test/wheel-smoke.py'; then
-        echo "wheels: aarch64 in $release under qemu: passed"
-      else
-        echo "wheels: aarch64 in $release under qemu: failed"
-        status=1
-      fi
+      run_case "aarch64 in $release under qemu" "$root" 'cd /opt && python3 /opt/granary-test/wheel-smoke.py'
       ;;
     *)
       echo "test-wheels: unsupported architecture $arch" >&2
