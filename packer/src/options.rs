@@ -13,6 +13,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use granary_store::object::ObjectUrl;
+use granary_store::StoreConfig;
 use serde::{Deserialize, Serialize};
 
 use crate::encode::CompressMode;
@@ -79,6 +80,22 @@ impl OutputOptions {
             force: false,
             progress: false,
         }
+    }
+
+    /// Points the write at an object store when `out` is a URL: `destination`, and `staging` (as
+    /// given, or the default one for that destination). Returns the staging directory then;
+    /// `None` for a local `out`. Every front end resolves its output here.
+    pub fn resolve_destination(
+        &mut self,
+        cfg: &StoreConfig,
+    ) -> Result<Option<&std::path::Path>, PackError> {
+        let out = self.out.to_string_lossy().into_owned();
+        let dest = granary_store::write_destination(&out, self.staging.as_deref(), cfg)
+            .map_err(PackError::Usage)?;
+        Ok(dest.map(|(u, staging)| {
+            self.destination = Some(u);
+            &**self.staging.insert(staging)
+        }))
     }
 
     /// The checks every write makes before it touches anything.

@@ -39,13 +39,7 @@ fn writer_options(func: &str, out: &str, kw: &Bound<'_, PyDict>) -> PyResult<Wri
     let mut o: WriterOptions = crate::from_keywords(func, kw)?;
     o.output.out = out.into();
     o.store = crate::store_config()?;
-    if let Some((u, staging)) =
-        granary::write_destination(out, o.output.staging.as_deref(), &o.store)
-            .map_err(PyValueError::new_err)?
-    {
-        o.output.staging = Some(staging);
-        o.output.destination = Some(u);
-    }
+    o.output.resolve_destination(&o.store).map_err(pack_err)?;
     Ok(o)
 }
 

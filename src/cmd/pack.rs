@@ -423,12 +423,11 @@ pub(crate) fn to_object_store(
     o: &mut OutputOptions,
     staging: Option<&std::path::Path>,
 ) -> anyhow::Result<()> {
-    let dest = granary::write_destination(&o.out.to_string_lossy(), staging, super::store_config())
-        .map_err(anyhow::Error::msg)?;
-    if let Some((u, staging)) = dest {
-        abort_uploads_on_signal(&staging)?;
-        o.staging = Some(staging);
-        o.destination = Some(u);
+    if let Some(s) = staging {
+        o.staging = Some(s.to_path_buf());
+    }
+    if let Some(staging) = o.resolve_destination(super::store_config())? {
+        abort_uploads_on_signal(staging)?;
     }
     Ok(())
 }
