@@ -6,10 +6,8 @@ use std::io::Write;
 use crate::error::{check_crc, check_magic_version, FormatError, Result};
 use crate::strtab::{encode_string_table, StringTable};
 use crate::SAMPLE_ENTRY_LEN;
-use crate::{le, SampleEntry, CHUNK_END_MAGIC, CHUNK_MAGIC, FORMAT_MAJOR, FORMAT_MINOR};
-use crate::{
-    ChunkFields, Compression, FieldEntry, CHUNK_FIELDS_MINOR, FIELD_ENTRY_LEN, FLAG_FIELDS,
-};
+use crate::{le, SampleEntry, CHUNK_END_MAGIC, CHUNK_MAGIC, CHUNK_VERSION};
+use crate::{ChunkFields, Compression, FieldEntry, CHUNK_FIELDS, FIELD_ENTRY_LEN, FLAG_FIELDS};
 
 /// Length of the chunk header; records start at this offset.
 pub const CHUNK_HEADER_LEN: usize = 64;
@@ -25,7 +23,7 @@ pub struct ChunkHeader {
     pub dataset_id: [u8; 16],
     /// This chunk's id; the file is named [`crate::chunk_file_name`]`(chunk_id)`.
     pub chunk_id: u32,
-    /// The footer ends with a fields block (chunk minor version 1, format 1.3).
+    /// The footer ends with a fields block (feature bit [`CHUNK_FIELDS`]).
     pub fields: bool,
 }
 
@@ -34,13 +32,9 @@ impl ChunkHeader {
     pub fn encode(&self) -> [u8; CHUNK_HEADER_LEN] {
         let mut b = [0u8; CHUNK_HEADER_LEN];
         b[0..8].copy_from_slice(&CHUNK_MAGIC);
-        b[8..10].copy_from_slice(&FORMAT_MAJOR.to_le_bytes());
-        let minor = if self.fields {
-            CHUNK_FIELDS_MINOR
-        } else {
-            FORMAT_MINOR
-        };
-        b[10..12].copy_from_slice(&minor.to_le_bytes());
+        b[8..10].copy_from_slice(&CHUNK_VERSION.to_le_bytes());
+        let features = if self.fields { CHUNK_FIELDS } else { 0 };
+        b[10..12].copy_from_slice(&features.to_le_bytes());
         b[12..16].copy_from_slice(&(CHUNK_HEADER_LEN as u32).to_le_bytes());
         b[16..32].copy_from_slice(&self.dataset_id);
         b[32..36].copy_from_slice(&self.chunk_id.to_le_bytes());
@@ -61,6 +55,19 @@ impl ChunkHeader {
         }
         check_magic_version(WHAT, &CHUNK_MAGIC, b)?;
         check_crc(WHAT, le::u32_at(b, 60), &b[0..60])?;
+        let features = le::u16_at(b, 10);
+        if features & !crate::CHUNK_KNOWN_FEATURES != 0 {
+            return Err(FormatError::invalid(
+                WHAT,
+                format!(
+                    "feature bits {:#x} are unknown to this reader (a newer granary wrote it)",
+                    features & !crate::CHUNK_KNOWN_FEATURES
+                ),
+            ));
+        }
+        if b[36..60].iter().any(|&x| x != 0) {
+            return Err(FormatError::invalid(WHAT, "reserved bytes 36..60 are not zero"));
+        }
         let header_len = le::u32_at(b, 12);
         if header_len as usize != CHUNK_HEADER_LEN {
             return Err(FormatError::invalid(
@@ -71,7 +78,7 @@ impl ChunkHeader {
         Ok(ChunkHeader {
             dataset_id: le::id_at(b, 16),
             chunk_id: le::u32_at(b, 32),
-            fields: le::u16_at(b, 10) >= CHUNK_FIELDS_MINOR,
+            fields: features & CHUNK_FIELDS != 0,
         })
     }
 }
@@ -695,13 +702,18 @@ mod tests {
     }
 
     #[test]
-    fn rejects_future_major_version() {
-        let (mut bytes, _) = sample_chunk();
-        bytes[8..10].copy_from_slice(&2u16.to_le_bytes());
-        let err = ChunkHeader::decode(&bytes).unwrap_err().to_string();
-        assert!(
-            err.contains("2.0") && err.contains("major version 1"),
-            "{err}"
-        );
+    fn rejects_future_versions_and_unknown_features() {
+        let (bytes, _) = sample_chunk();
+        let with = |at: usize, v: u16| {
+            let mut b = bytes.clone();
+            b[at..at + 2].copy_from_slice(&v.to_le_bytes());
+            let crc = crc32fast::hash(&b[0..60]);
+            b[60..64].copy_from_slice(&crc.to_le_bytes());
+            ChunkHeader::decode(&b).unwrap_err().to_string()
+        };
+        let err = with(8, 2);
+        assert!(err.contains("version 2") && err.contains("version 1"), "{err}");
+        let err = with(10, 4);
+        assert!(err.contains("feature bits 0x4"), "{err}");
     }
 }

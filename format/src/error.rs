@@ -13,18 +13,6 @@ pub enum FormatError {
         expected: String,
         found: String,
     },
-    /// The file was written by a major version this reader does not support.
-    #[error(
-        "{what}: format version {found_major}.{found_minor} is not supported by this reader \
-         (it reads major version {supported_major}, up to {supported_major}.{supported_minor})"
-    )]
-    UnsupportedVersion {
-        what: &'static str,
-        found_major: u16,
-        found_minor: u16,
-        supported_major: u16,
-        supported_minor: u16,
-    },
     /// The bytes end before a structure does.
     #[error("{what}: truncated (need {needed} bytes, have {available})")]
     Truncated {
@@ -85,21 +73,21 @@ pub(crate) fn check_crc(what: impl Into<String>, expected: u32, data: &[u8]) -> 
     Ok(())
 }
 
-/// Checks magic and version fields common to snapshot and chunk headers.
+/// Checks the magic and the layout version of a chunk header.
 pub(crate) fn check_magic_version(what: &'static str, magic: &[u8; 8], bytes: &[u8]) -> Result<()> {
     if &bytes[0..8] != magic {
         return Err(FormatError::bad_magic(what, magic, &bytes[0..8]));
     }
-    let major = crate::le::u16_at(bytes, 8);
-    let minor = crate::le::u16_at(bytes, 10);
-    if major != crate::FORMAT_MAJOR {
-        return Err(FormatError::UnsupportedVersion {
+    let version = crate::le::u16_at(bytes, 8);
+    if version != crate::CHUNK_VERSION {
+        return Err(FormatError::invalid(
             what,
-            found_major: major,
-            found_minor: minor,
-            supported_major: crate::FORMAT_MAJOR,
-            supported_minor: crate::NEWEST_MINOR,
-        });
+            format!(
+                "chunk layout version {version} is not supported by this reader (it reads \
+                 version {})",
+                crate::CHUNK_VERSION
+            ),
+        ));
     }
     Ok(())
 }

@@ -1,4 +1,4 @@
-//! The granary on-disk format, version 1.
+//! The granary on-disk format, version 2.0.
 //!
 //! `SPEC.md` beside this crate is normative; this crate is its executable twin. Every constant
 //! and layout here is described there byte for byte, and a change to one changes the other.
@@ -8,12 +8,12 @@
 //! (IEEE, as computed by `crc32fast`).
 #![forbid(unsafe_code)]
 
-mod blocks;
 mod chunk;
 mod error;
 mod hash;
 mod id;
 mod le;
+mod legacy;
 pub mod local;
 
 mod record;
@@ -23,10 +23,6 @@ mod strtab;
 #[cfg(any(test, feature = "test-support"))]
 pub mod testing;
 
-pub use blocks::{
-    check_block, BlockIndex, Pager, BLOCK_INDEX_HEADER_LEN, BLOCK_SIZE, MAX_BLOCK_SIZE,
-    MIN_BLOCK_SIZE,
-};
 pub use chunk::{
     decode_fields_block, decode_footer, ChunkFooter, ChunkHeader, ChunkSummary, ChunkWriter,
     Trailer, CHUNK_HEADER_LEN, CHUNK_TRAILER_LEN,
@@ -36,40 +32,27 @@ pub use hash::path_hash;
 pub use id::DatasetId;
 pub use record::{check_chunk, check_fields, decode_record, ChunkCheck, MAX_ZSTD_RATIO};
 pub use rng::SplitMix64;
-pub use snapshot::pages::{FileStat, PageEntries, PageIndex, PathEntry, PAGE_TARGET};
+pub use legacy::{is_legacy_snapshot, read_legacy_snapshot, LegacySnapshot};
 pub use snapshot::{
-    snapshot_key, ChunkEntry, FileAttrs, Lineage, SampleField, SectionKind, Snapshot,
-    SnapshotBuilder, ATTRS_LEN, CHUNK_ENTRY_LEN, LINEAGE_LEN, SECTION_ENTRY_LEN,
-    SNAPSHOT_HEADER_LEN,
+    features, prefix_successor, snapshot_key, Blocks, ChunkEntry, FieldType, FileAttrs,
+    FileStat, Lineage, NsEntry, PageIndex, Pager, RecordEntry, SampleField, SectionKind,
+    Snapshot, SnapshotBuilder, SnapshotHeader, ATTRS_LEN, BLOCK_SHIFT, BLOCK_SHIFTS,
+    CHUNK_ENTRY_LEN, DTYPES, FIELDS_HEADER_LEN, LINEAGE_LEN, MAX_RECORD_OFFSET, NS_HEADER_LEN,
+    PAGE_TARGET, RECORD_LEN, SECTION_ENTRY_LEN, SECTION_TABLE_HEAD, SNAPSHOT_HEADER_LEN,
+    SNAP_FIELD_LEN,
 };
 pub use strtab::{encode_string_table, StringTable};
 
-/// Major format version written by this crate. Readers reject any other major version.
-pub const FORMAT_MAJOR: u16 = 1;
-/// Minor format version of chunk files (and of snapshots of generation 0). Minor versions only
-/// add optional sections.
-pub const FORMAT_MINOR: u16 = 0;
-/// Minor version of a snapshot that carries the lineage section (generation > 0; format 1.1).
-pub const LINEAGE_MINOR: u16 = 1;
-/// Minor version of a snapshot that carries file attributes or directories (format 1.2).
-pub const ATTRS_MINOR: u16 = 2;
-/// Minor version of a snapshot whose samples have named fields (format 1.3: kinds 11-13), and
-/// of the chunk files that carry a fields block in their footer (chunk minor 1).
-pub const FIELDS_MINOR: u16 = 3;
-/// Minor version of a chunk file whose footer ends with a fields block.
-pub const CHUNK_FIELDS_MINOR: u16 = 1;
-/// Minor version of a snapshot with block checksums (format 1.4: kinds 14 and 15), which this
-/// crate writes into every snapshot.
-pub const BLOCKS_MINOR: u16 = 4;
-/// Minor version of a snapshot with path pages (format 1.5: kinds 16 and 17), which this crate
-/// writes into every snapshot.
-pub const PAGES_MINOR: u16 = 5;
-/// Minor version of a snapshot with listing pages (format 1.6: kinds 18 and 19, path pages
-/// whose entries also carry each file's size, mode and mtime), which this crate writes into
-/// every snapshot.
-pub const LISTING_MINOR: u16 = 6;
-/// The newest minor version this crate writes (and names in version errors).
-pub const NEWEST_MINOR: u16 = LISTING_MINOR;
+/// Major version of the snapshot format this crate reads and writes. Features are added by
+/// feature bits in the header, never by a new minor version.
+pub const SNAPSHOT_MAJOR: u16 = 2;
+/// Version of the chunk file layout (bytes 8..10 of a chunk header). Bytes 10..12 hold the
+/// chunk's feature bits ([`CHUNK_FIELDS`]).
+pub const CHUNK_VERSION: u16 = 1;
+/// Chunk feature bit: the footer ends with a fields block (every record is a field group).
+pub const CHUNK_FIELDS: u16 = 1;
+/// The chunk feature bits this crate knows.
+pub const CHUNK_KNOWN_FEATURES: u16 = CHUNK_FIELDS;
 
 /// Magic bytes at offset 0 of a snapshot file.
 pub const SNAPSHOT_MAGIC: [u8; 8] = *b"GRNYSNAP";
@@ -86,8 +69,7 @@ pub const CHUNK_SUFFIX: &str = ".gchunk";
 /// Label value meaning "this sample has no label".
 pub const NO_LABEL: u32 = u32::MAX;
 
-/// Largest number of samples a v1 snapshot may hold (sample ids are stored as u32 in the path
-/// index and the sorted path order).
+/// Largest number of samples a snapshot may hold (positions in the namespace are u32).
 pub const MAX_SAMPLES: u64 = u32::MAX as u64 - 1;
 
 /// Length in bytes of one sample entry (snapshot sample table and chunk footer record table).
@@ -144,8 +126,8 @@ impl Compression {
     }
 }
 
-/// One sample: where its stored bytes are and how to check them. Used in the snapshot's sample
-/// table and, with identical layout, in every chunk footer.
+/// One sample: where its stored bytes are and how to check them: what a reader gets from the
+/// snapshot ([`Snapshot::sample`]) and what a chunk footer holds (40 bytes each).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SampleEntry {
     /// Chunk id holding the record.
@@ -160,21 +142,21 @@ pub struct SampleEntry {
     pub orig_len: u64,
     /// CRC-32 of the original bytes.
     pub crc32: u32,
-    /// Flags: bits 0..4 compression code, all other bits zero in v1.
+    /// Flags: bits 0..4 compression code, bit 4 field group, all other bits zero.
     pub flags: u32,
 }
 
 /// Mask of the compression code inside [`SampleEntry::flags`].
 pub const FLAG_COMPRESSION_MASK: u32 = 0xF;
-/// Flag bit (format 1.3): the record is a *field group*: the sample's named fields stored raw
+/// Flag bit: the record is a *field group*: the sample's named fields stored raw
 /// back to back; `crc32` and `orig_len` describe their concatenation, and the fields table
-/// (snapshot kinds 11-13, or the chunk footer's fields block) says where each field is.
+/// (the snapshot's fields section, or the chunk footer's fields block) says where each field is.
 pub const FLAG_FIELDS: u32 = 0x10;
 
-/// Length of one field entry (snapshot kind 13 and chunk footers' fields blocks).
+/// Length of one field entry in chunk footers' fields blocks.
 pub const FIELD_ENTRY_LEN: usize = 24;
 
-/// One named field of a sample (format 1.3): the index of its name in a field-name table, its
+/// One named field of a sample: the index of its name in a field-name table, its
 /// length and the CRC-32 of its bytes. Fields are stored raw; a sample's fields lie back to
 /// back in its record, in order.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -200,7 +182,7 @@ impl FieldEntry {
         if le::u32_at(b, 4) != 0 || le::u32_at(b, 20) != 0 {
             return Err(FormatError::invalid(
                 "field entry",
-                "flags or reserved field are not zero (fields are stored raw in format 1.3)",
+                "flags or reserved field are not zero (fields are stored raw)",
             ));
         }
         Ok(FieldEntry {
@@ -211,7 +193,7 @@ impl FieldEntry {
     }
 }
 
-/// The fields of a chunk's records (format 1.3): the chunk's field names and each record's
+/// The fields of a chunk's records: the chunk's field names and each record's
 /// fields.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ChunkFields {
@@ -287,7 +269,7 @@ impl SampleEntry {
         }
     }
 
-    /// True if the record is a field group (format 1.3).
+    /// True if the record is a field group.
     pub fn has_fields(&self) -> bool {
         self.flags & FLAG_FIELDS != 0
     }

@@ -87,6 +87,11 @@ impl<'a> StringTable<'a> {
         self.count
     }
 
+    /// The table's length in bytes (its count, offsets and items).
+    pub fn encoded_len(&self) -> u64 {
+        8 + self.offsets.len() as u64 + self.blob.len() as u64
+    }
+
     /// True when the table holds no items.
     pub fn is_empty(&self) -> bool {
         self.count == 0

@@ -1,150 +1,410 @@
-//! Samples with named fields (kinds 11 to 13).
+//! The fields section (feature FIELDS): field names and their types, each sample's fields.
+//!
+//! Section layout (offsets within the section):
+//!
+//! ```text
+//! 0    name_count K: u64
+//! 8    entry_count M: u64
+//! 16   names_len: u64
+//! 24   types_len: u64
+//! 32   names: a string table of K field names, sorted by bytes, distinct
+//!      types: a string table of K type descriptors, name by name
+//!      zero padding to a multiple of 8
+//!      index: (N + 1) × u64 (sample s has entries index[s]..index[s+1])
+//!      entries: M × 16 bytes: name u32, crc32 u32, len u64
+//! ```
 
 use std::ops::Range;
 
+use super::{Snapshot, SampleField};
 use crate::error::{FormatError, Result};
 use crate::le;
-use crate::{FieldEntry, FIELD_ENTRY_LEN};
+use crate::strtab::StringTable;
+use crate::FieldEntry;
 
-use super::*;
+/// Length of the fields section's header.
+pub const FIELDS_HEADER_LEN: usize = 32;
+/// Length of one field entry in the snapshot.
+pub const SNAP_FIELD_LEN: usize = 16;
+
+const WHAT: &str = "snapshot fields";
+
+/// What a field's bytes are, as its type descriptor says. Readers decode on request; the
+/// stored bytes are what `cat` and the mount serve.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum FieldType {
+    /// `bytes`: raw bytes.
+    Bytes,
+    /// `str`: UTF-8 text.
+    Str,
+    /// `json`: a UTF-8 JSON document.
+    Json,
+    /// `int`: a signed 64-bit integer, 8 bytes little-endian.
+    Int,
+    /// `ndarray:DTYPE:D0,D1,...`: the C-order little-endian elements of an array of that
+    /// element type and shape (`ndarray:DTYPE:` is a 0-dimensional array).
+    Ndarray {
+        /// The element type: `bool`, `int8`..`int64`, `uint8`..`uint64`, `float16`,
+        /// `float32`, `float64`.
+        dtype: String,
+        /// The shape.
+        shape: Vec<u64>,
+    },
+    /// `npy`: a NumPy `.npy` file (any element type and shape, per sample).
+    Npy,
+    /// `image:CODEC`: an encoded image (`jpeg`, `png`, `webp`, ...), decoded only on request.
+    Image(String),
+}
+
+/// Element types an `ndarray` descriptor may name, with their sizes in bytes.
+pub const DTYPES: [(&str, u64); 12] = [
+    ("bool", 1),
+    ("int8", 1),
+    ("int16", 2),
+    ("int32", 4),
+    ("int64", 8),
+    ("uint8", 1),
+    ("uint16", 2),
+    ("uint32", 4),
+    ("uint64", 8),
+    ("float16", 2),
+    ("float32", 4),
+    ("float64", 8),
+];
+
+impl FieldType {
+    /// Parses a type descriptor.
+    pub fn parse(d: &str) -> std::result::Result<FieldType, String> {
+        let bad = || Err(format!("unknown field type {d:?}"));
+        Ok(match d {
+            "bytes" => FieldType::Bytes,
+            "str" => FieldType::Str,
+            "json" => FieldType::Json,
+            "int" => FieldType::Int,
+            "npy" => FieldType::Npy,
+            _ => {
+                if let Some(codec) = d.strip_prefix("image:") {
+                    let ok = !codec.is_empty()
+                        && codec.len() <= 16
+                        && codec
+                            .bytes()
+                            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit());
+                    return match ok {
+                        true => Ok(FieldType::Image(codec.to_string())),
+                        false => bad(),
+                    };
+                }
+                let Some(rest) = d.strip_prefix("ndarray:") else {
+                    return bad();
+                };
+                let Some((dtype, shape)) = rest.split_once(':') else {
+                    return bad();
+                };
+                if !DTYPES.iter().any(|(n, _)| *n == dtype) {
+                    return Err(format!("unknown element type {dtype:?} in {d:?}"));
+                }
+                let shape: Vec<u64> = match shape {
+                    "" => Vec::new(),
+                    s => s
+                        .split(',')
+                        .map(|x| match x.parse::<u64>() {
+                            Ok(v) if x == v.to_string() => Ok(v),
+                            _ => Err(format!("bad dimension {x:?} in {d:?}")),
+                        })
+                        .collect::<std::result::Result<_, _>>()?,
+                };
+                if shape.len() > 32 {
+                    return Err(format!("more than 32 dimensions in {d:?}"));
+                }
+                FieldType::Ndarray {
+                    dtype: dtype.to_string(),
+                    shape,
+                }
+            }
+        })
+    }
+
+    /// The descriptor (what [`FieldType::parse`] reads back).
+    pub fn descriptor(&self) -> String {
+        match self {
+            FieldType::Bytes => "bytes".into(),
+            FieldType::Str => "str".into(),
+            FieldType::Json => "json".into(),
+            FieldType::Int => "int".into(),
+            FieldType::Npy => "npy".into(),
+            FieldType::Image(c) => format!("image:{c}"),
+            FieldType::Ndarray { dtype, shape } => {
+                let dims: Vec<String> = shape.iter().map(u64::to_string).collect();
+                format!("ndarray:{dtype}:{}", dims.join(","))
+            }
+        }
+    }
+
+    /// The length every value of this type has, if it is fixed (`int`, `ndarray`).
+    pub fn fixed_len(&self) -> Option<u64> {
+        match self {
+            FieldType::Int => Some(8),
+            FieldType::Ndarray { dtype, shape } => {
+                let item = DTYPES.iter().find(|(n, _)| n == dtype)?.1;
+                shape
+                    .iter()
+                    .try_fold(item, |acc, &d| acc.checked_mul(d))
+            }
+            _ => None,
+        }
+    }
+
+    /// Checks a value's bytes against the type: the fixed length, UTF-8 text.
+    pub fn check_value(&self, b: &[u8]) -> std::result::Result<(), String> {
+        if let Some(n) = self.fixed_len() {
+            if b.len() as u64 != n {
+                return Err(format!("{} bytes for {}, expected {n}", b.len(), self.descriptor()));
+            }
+        }
+        if matches!(self, FieldType::Str | FieldType::Json) && std::str::from_utf8(b).is_err() {
+            return Err(format!("{} value is not UTF-8", self.descriptor()));
+        }
+        Ok(())
+    }
+}
+
+/// Where the fields section's parts lie in the file (checked at open).
+#[derive(Clone, Debug)]
+pub(crate) struct FieldsLayout {
+    pub(crate) names: Range<usize>,
+    pub(crate) types: Range<usize>,
+    pub(crate) index: Range<usize>,
+    pub(crate) entries: Range<usize>,
+    pub(crate) name_count: u64,
+    pub(crate) entry_count: u64,
+}
+
+impl FieldsLayout {
+    /// Checks the header `h` of a fields section lying at `section` for `samples` samples.
+    pub(crate) fn parse(h: &[u8], section: Range<usize>, samples: u64) -> Result<FieldsLayout> {
+        let (k, m, nl, tl) = (
+            le::u64_at(h, 0),
+            le::u64_at(h, 8),
+            le::u64_at(h, 16),
+            le::u64_at(h, 24),
+        );
+        let len = section.len() as u64;
+        let tables = (FIELDS_HEADER_LEN as u64)
+            .checked_add(nl)
+            .and_then(|x| x.checked_add(tl))
+            .filter(|&x| x <= len);
+        let index = tables.map(le::align8);
+        let total = index
+            .and_then(|i| samples.checked_add(1)?.checked_mul(8)?.checked_add(i))
+            .and_then(|x| x.checked_add(m.checked_mul(SNAP_FIELD_LEN as u64)?));
+        if total != Some(len) || k > u32::MAX as u64 || m < samples {
+            return Err(FormatError::invalid(
+                WHAT,
+                format!(
+                    "{k} names, {m} entries, tables of {nl} + {tl} bytes do not make the \
+                     section's {len} bytes for {samples} samples"
+                ),
+            ));
+        }
+        let (index, at) = (index.expect("checked") as usize, section.start);
+        let entries_at = at + index + 8 * (samples as usize + 1);
+        Ok(FieldsLayout {
+            names: at + FIELDS_HEADER_LEN..at + FIELDS_HEADER_LEN + nl as usize,
+            types: at + FIELDS_HEADER_LEN + nl as usize..at + FIELDS_HEADER_LEN + (nl + tl) as usize,
+            index: at + index..entries_at,
+            entries: entries_at..section.end,
+            name_count: k,
+            entry_count: m,
+        })
+    }
+}
+
+/// Encodes the fields section: `names` sorted and distinct, their type descriptors, each
+/// sample's entry count (in sample order) and the entries (names index `names`).
+pub(crate) fn encode_fields(
+    names: &[Vec<u8>],
+    types: &[String],
+    counts: &[u32],
+    entries: &[FieldEntry],
+) -> Vec<u8> {
+    let nt = crate::encode_string_table(names.iter());
+    let tt = crate::encode_string_table(types.iter());
+    let mut out = Vec::new();
+    for v in [
+        names.len() as u64,
+        entries.len() as u64,
+        nt.len() as u64,
+        tt.len() as u64,
+    ] {
+        out.extend_from_slice(&v.to_le_bytes());
+    }
+    out.extend_from_slice(&nt);
+    out.extend_from_slice(&tt);
+    out.resize(le::align8(out.len() as u64) as usize, 0);
+    let mut at = 0u64;
+    out.extend_from_slice(&at.to_le_bytes());
+    for &c in counts {
+        at += c as u64;
+        out.extend_from_slice(&at.to_le_bytes());
+    }
+    for e in entries {
+        out.extend_from_slice(&e.name.to_le_bytes());
+        out.extend_from_slice(&e.crc32.to_le_bytes());
+        out.extend_from_slice(&e.len.to_le_bytes());
+    }
+    out
+}
 
 impl<B: AsRef<[u8]>> Snapshot<B> {
-    /// True if the dataset's samples have named fields (format 1.3).
+    /// True if the samples have named fields (feature FIELDS).
     pub fn has_fields(&self) -> bool {
-        self.l.fields.is_some()
+        self.fields.is_some()
     }
 
-    /// The field names of the dataset (sorted by bytes; empty without fields).
+    fn fl(&self) -> Result<&FieldsLayout> {
+        self.fields
+            .as_ref()
+            .ok_or_else(|| FormatError::invalid(WHAT, "the snapshot's samples have no fields"))
+    }
+
+    /// The field names, sorted (empty without fields).
     pub fn field_names(&self) -> Result<Vec<&[u8]>> {
-        let Some(f) = &self.l.fields else {
+        let Some(f) = &self.fields else {
             return Ok(Vec::new());
         };
-        self.table(&f.names, "snapshot field names")?
-            .iter()
-            .collect()
+        let t = StringTable::parse(self.at(f.names.clone())?, WHAT)?;
+        t.iter().collect()
     }
 
-    /// The fields of sample `id`, in record order (empty for a sample of a dataset without
-    /// fields).
-    pub fn fields(&self, id: u64) -> Result<Vec<SampleField<'_>>> {
-        let Some(f) = &self.l.fields else {
-            if id >= self.l.samples {
-                return Err(FormatError::invalid(
-                    "sample id",
-                    format!("{id} out of range (dataset has {} samples)", self.l.samples),
-                ));
-            }
+    /// Each field name's type, name by name (empty without fields).
+    pub fn field_types(&self) -> Result<Vec<FieldType>> {
+        let Some(f) = &self.fields else {
             return Ok(Vec::new());
         };
-        let range = self.field_range(f, id)?;
-        let names = self.table(&f.names, "snapshot field names")?;
-        let mut out = Vec::with_capacity(range.len());
-        let mut offset = 0u64;
-        for k in range {
-            let at = f.table.start + k * FIELD_ENTRY_LEN;
-            let e = FieldEntry::decode(self.at(at..at + FIELD_ENTRY_LEN)?)?;
-            out.push(SampleField {
-                name: names.get(e.name as u64)?,
-                offset,
-                len: e.len,
-                crc32: e.crc32,
-            });
-            offset = offset.saturating_add(e.len);
-        }
-        Ok(out)
-    }
-
-    /// Number of field entries of all samples (0 without fields).
-    pub fn field_entry_count(&self) -> u64 {
-        self.l.fields.as_ref().map_or(0, |f| f.entries)
-    }
-
-    /// The index of sample `id`'s first field among all field entries.
-    pub fn field_first(&self, id: u64) -> Result<u64> {
-        let Some(f) = &self.l.fields else {
-            return Err(FormatError::invalid(
-                "snapshot",
-                "the samples have no fields",
-            ));
-        };
-        Ok(self.field_range(f, id)?.start as u64)
-    }
-
-    /// The sample that field entry `e` belongs to and its position among that sample's fields
-    /// (a binary search of the field index).
-    pub fn field_owner(&self, e: u64) -> Result<(u64, usize)> {
-        let Some(f) = &self.l.fields else {
-            return Err(FormatError::invalid(
-                "snapshot",
-                "the samples have no fields",
-            ));
-        };
-        if e >= f.entries {
-            return Err(FormatError::invalid(
-                "field entry",
-                format!("{e} out of range ({} fields)", f.entries),
-            ));
-        }
-        let at = |i: u64| -> Result<u64> {
-            let o = f.index.start + i as usize * 8;
-            Ok(le::u64_at(self.at(o..o + 8)?, 0))
-        };
-        // The last sample whose first field is at or before e.
-        let (mut lo, mut hi) = (0u64, self.l.samples);
-        while hi - lo > 1 {
-            let mid = lo + (hi - lo) / 2;
-            if at(mid)? <= e {
-                lo = mid;
-            } else {
-                hi = mid;
-            }
-        }
-        let range = self.field_range(f, lo)?;
-        if !range.contains(&(e as usize)) {
-            return Err(FormatError::invalid(
-                "snapshot field index",
-                format!("field {e} belongs to no sample"),
-            ));
-        }
-        Ok((lo, e as usize - range.start))
-    }
-
-    /// The field entries of sample `id` (name indexes into [`Snapshot::field_names`]).
-    pub fn field_entries(&self, id: u64) -> Result<Vec<FieldEntry>> {
-        let Some(f) = &self.l.fields else {
-            return Ok(Vec::new());
-        };
-        self.field_range(f, id)?
-            .map(|k| {
-                let at = f.table.start + k * FIELD_ENTRY_LEN;
-                let e = FieldEntry::decode(self.at(at..at + FIELD_ENTRY_LEN)?)?;
-                if e.name as u64 >= f.name_count {
-                    return Err(FormatError::invalid(
-                        "snapshot fields",
-                        format!("sample {id} names field {} of {}", e.name, f.name_count),
-                    ));
-                }
-                Ok(e)
+        let t = StringTable::parse(self.at(f.types.clone())?, WHAT)?;
+        t.iter()
+            .map(|d| {
+                let d = d?;
+                let s = std::str::from_utf8(d)
+                    .map_err(|_| FormatError::invalid(WHAT, "a type descriptor is not UTF-8"))?;
+                FieldType::parse(s).map_err(|e| FormatError::invalid(WHAT, e))
             })
             .collect()
     }
 
-    pub(super) fn field_range(&self, f: &FieldsLayout, id: u64) -> Result<Range<usize>> {
-        if id >= self.l.samples {
-            return Err(FormatError::invalid(
-                "sample id",
-                format!("{id} out of range (dataset has {} samples)", self.l.samples),
-            ));
+    /// Number of field entries (0 without fields).
+    pub fn field_entry_count(&self) -> u64 {
+        self.fields.as_ref().map_or(0, |f| f.entry_count)
+    }
+
+    /// Sample `id`'s field entries: `index[id]..index[id + 1]`, checked against the entry
+    /// count.
+    pub fn field_range(&self, id: u64) -> Result<Range<u64>> {
+        let f = self.fl()?;
+        if id >= self.sample_count() {
+            return Err(FormatError::invalid(WHAT, format!("sample {id} out of range")));
         }
         let at = f.index.start + id as usize * 8;
         let w = self.at(at..at + 16)?;
-        let (first, end) = (le::u64_at(w, 0), le::u64_at(w, 8));
-        if first >= end || end > f.entries {
+        let (a, b) = (le::u64_at(w, 0), le::u64_at(w, 8));
+        if a >= b || b > f.entry_count || (id == 0 && a != 0) {
             return Err(FormatError::invalid(
-                "snapshot field index",
-                format!("sample {id} has fields {first}..{end} of {}", f.entries),
+                WHAT,
+                format!("sample {id}'s fields {a}..{b} of {}", f.entry_count),
             ));
         }
-        Ok(first as usize..end as usize)
+        Ok(a..b)
+    }
+
+    /// Field entry `e` (its name checked against the name count).
+    pub fn field_entry(&self, e: u64) -> Result<FieldEntry> {
+        let f = self.fl()?;
+        if e >= f.entry_count {
+            return Err(FormatError::invalid(WHAT, format!("field entry {e} out of range")));
+        }
+        let at = f.entries.start + e as usize * SNAP_FIELD_LEN;
+        let b = self.at(at..at + SNAP_FIELD_LEN)?;
+        let fe = FieldEntry {
+            name: le::u32_at(b, 0),
+            crc32: le::u32_at(b, 4),
+            len: le::u64_at(b, 8),
+        };
+        if fe.name as u64 >= f.name_count {
+            return Err(FormatError::invalid(
+                WHAT,
+                format!("field entry {e} names name {} of {}", fe.name, f.name_count),
+            ));
+        }
+        Ok(fe)
+    }
+
+    /// Sample `id`'s field entries.
+    pub fn field_entries(&self, id: u64) -> Result<Vec<FieldEntry>> {
+        self.field_range(id)?.map(|e| self.field_entry(e)).collect()
+    }
+
+    /// Sample `id`'s fields: names, offsets inside its record, lengths and CRCs.
+    pub fn fields(&self, id: u64) -> Result<Vec<SampleField<'_>>> {
+        let f = self.fl()?;
+        let names = StringTable::parse(self.at(f.names.clone())?, WHAT)?;
+        let mut offset = 0u64;
+        self.field_entries(id)?
+            .into_iter()
+            .map(|e| {
+                let s = SampleField {
+                    name: names.get(e.name as u64)?,
+                    offset,
+                    len: e.len,
+                    crc32: e.crc32,
+                };
+                offset = offset.checked_add(e.len).ok_or_else(|| {
+                    FormatError::invalid(WHAT, format!("sample {id}'s fields overflow"))
+                })?;
+                Ok(s)
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn type_descriptors_round_trip_and_bad_ones_are_refused() {
+        for d in [
+            "bytes",
+            "str",
+            "json",
+            "int",
+            "npy",
+            "image:jpeg",
+            "ndarray:uint8:32,32,3",
+            "ndarray:float32:",
+            "ndarray:bool:0",
+        ] {
+            assert_eq!(FieldType::parse(d).unwrap().descriptor(), d);
+        }
+        for d in [
+            "",
+            "blob",
+            "image:",
+            "image:JPEG",
+            "ndarray:uint8",
+            "ndarray:u8:3",
+            "ndarray:uint8:3,,3",
+            "ndarray:uint8:03",
+            "ndarray:uint8:-1",
+        ] {
+            assert!(FieldType::parse(d).is_err(), "{d}");
+        }
+        let t = FieldType::parse("ndarray:uint16:2,3").unwrap();
+        assert_eq!(t.fixed_len(), Some(12));
+        assert!(t.check_value(&[0; 12]).is_ok());
+        assert!(t.check_value(&[0; 11]).is_err());
+        assert!(FieldType::Str.check_value(b"\xff").is_err());
+        assert_eq!(FieldType::Int.fixed_len(), Some(8));
+        let huge = FieldType::parse("ndarray:uint64:18446744073709551615,2").unwrap();
+        assert_eq!(huge.fixed_len(), None, "overflow is no fixed length");
     }
 }

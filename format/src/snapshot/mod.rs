@@ -1,196 +1,504 @@
-//! The metadata snapshot: header, section table, and checksummed sections used in place.
+//! The metadata snapshot, format 2.0: a header, a body of sections (read in place), and the
+//! body's block CRCs. See `SPEC.md`.
 
 mod builder;
 mod check;
 mod fields;
-mod layout;
-mod pager;
-pub(crate) mod pages;
-mod paths;
+mod header;
+mod namespace;
 mod types;
 
 use std::ops::Range;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, OnceLock};
 
-use self::pages::{PageIndex, PathEntry};
-use crate::blocks::Pager;
-use crate::error::{check_crc, check_magic_version, FormatError, Result};
+use crate::error::{FormatError, Result};
 use crate::strtab::StringTable;
-use crate::ChunkFields;
-use crate::{le, ChunkSummary, SampleEntry};
-use crate::{SAMPLE_ENTRY_LEN, SNAPSHOT_MAGIC};
+use crate::{le, ChunkFields, ChunkSummary, Compression, SampleEntry, NO_LABEL};
 
 pub use builder::SnapshotBuilder;
-use layout::{need_table, FieldsLayout, Layout};
-pub use types::{ChunkEntry, FileAttrs, Lineage, SampleField, ATTRS_LEN, LINEAGE_LEN};
+pub use fields::{FieldType, DTYPES, FIELDS_HEADER_LEN, SNAP_FIELD_LEN};
+use fields::FieldsLayout;
+pub use header::{
+    features, Blocks, Pager, SnapshotHeader, BLOCK_SHIFT, BLOCK_SHIFTS, SNAPSHOT_HEADER_LEN,
+};
+use namespace::NsLayout;
+pub use namespace::{prefix_successor, FileStat, NsEntry, PageIndex, NS_HEADER_LEN, PAGE_TARGET};
+pub use types::{
+    ChunkEntry, FileAttrs, Lineage, RecordEntry, SampleField, ATTRS_LEN, CHUNK_ENTRY_LEN,
+    LINEAGE_LEN, MAX_RECORD_OFFSET, RECORD_LEN,
+};
 
-/// Length of the snapshot header; the section table follows it.
-pub const SNAPSHOT_HEADER_LEN: usize = 64;
+/// Length of the section table's count word and reserved word.
+pub const SECTION_TABLE_HEAD: usize = 8;
 /// Length of one section table entry.
-pub const SECTION_ENTRY_LEN: usize = 32;
-/// Length of one chunk table entry.
-pub const CHUNK_ENTRY_LEN: usize = 40;
-const MAX_SECTIONS: u32 = 1024;
+pub const SECTION_ENTRY_LEN: usize = 24;
+/// Most sections a snapshot may have.
+pub const MAX_SECTIONS: u32 = 64;
 
-/// Section kinds of format v1. Readers ignore kinds they do not know (added by minor versions).
+/// Section kinds of format 2.0.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u32)]
 pub enum SectionKind {
-    /// Chunk table: `chunk_count` × 40-byte entries.
-    Chunks = 1,
-    /// Sample table: `sample_count` × 40-byte [`SampleEntry`]s, in chunk order.
-    Samples = 2,
-    /// Path of each sample (string table, `sample_count` items).
-    Paths = 3,
-    /// Open-addressing hash index from path to sample id.
-    PathHash = 4,
-    /// Sample ids (u32) sorted by path bytes.
-    PathOrder = 5,
-    /// Class names (string table); labels index it.
-    Classes = 6,
-    /// Optional (format 1.1): the snapshot's generation and the snapshot it extends.
-    Lineage = 7,
-    /// Optional (format 1.2): each sample's file mode and mtime ([`FileAttrs`], 16 bytes per
-    /// sample, in sample order).
-    FileAttrs = 8,
-    /// Optional (format 1.2, with kind 10): the directories of the packed tree (string table,
-    /// sorted by bytes), empty ones included.
-    Dirs = 9,
-    /// Optional (format 1.2, with kind 9): each directory's mode and mtime (16 bytes each).
-    DirAttrs = 10,
-    /// Optional (format 1.3, with kinds 12 and 13): the field names (string table, sorted).
-    FieldNames = 11,
-    /// Optional (format 1.3): `sample_count + 1` u64s, the first field entry of each sample.
-    FieldIndex = 12,
-    /// Optional (format 1.3): the field entries ([`FieldEntry`], 24 bytes each).
-    Fields = 13,
-    /// Format 1.4 (with kind 15): a CRC-32 per block of the snapshot ([`crate::BlockIndex`]).
-    BlockCrcs = 14,
-    /// Format 1.4 (with kind 14): the block size, the covered range and the CRCs of kind 14's
-    /// own blocks.
-    BlockIndex = 15,
-    /// Format 1.5 (with kind 17): the path order's paths and sample ids, front-coded in pages
-    /// ([`crate::PageIndex`]).
-    PathPages = 16,
-    /// Format 1.5 (with kind 16): every page's offset, first position and first path.
-    PathPageIndex = 17,
-    /// Format 1.6 (with kind 19, instead of kinds 16 and 17): kind 16's pages whose entries
-    /// also carry each file's size, and mode and mtime when kind 8 is present
-    /// ([`crate::FileStat`]).
-    ListingPages = 18,
-    /// Format 1.6 (with kind 18): kind 17's index, of kind 18.
-    ListingPageIndex = 19,
+    /// The generation and the snapshot it extends ([`Lineage`], 16 bytes).
+    Lineage = 1,
+    /// The chunk table: one [`ChunkEntry`] (40 bytes) per chunk.
+    Chunks = 2,
+    /// The class names (a string table); labels index it.
+    Classes = 3,
+    /// Per chunk, how many of its samples carry each class.
+    ClassCounts = 4,
+    /// Feature FIELDS: field names, types, each sample's fields.
+    Fields = 5,
+    /// One [`RecordEntry`] (16 bytes) per sample, in sample id order.
+    Records = 6,
+    /// Every file and directory in path order ([`NsEntry`]), the page index, the id table.
+    Namespace = 7,
 }
 
-/// A snapshot used in place over any byte container (a memory map, a `Vec`).
+const KINDS: [SectionKind; 7] = [
+    SectionKind::Lineage,
+    SectionKind::Chunks,
+    SectionKind::Classes,
+    SectionKind::ClassCounts,
+    SectionKind::Fields,
+    SectionKind::Records,
+    SectionKind::Namespace,
+];
+
+impl SectionKind {
+    /// The section's name in errors.
+    pub fn name(self) -> &'static str {
+        match self {
+            SectionKind::Lineage => "snapshot lineage",
+            SectionKind::Chunks => "snapshot chunk table",
+            SectionKind::Classes => "snapshot classes",
+            SectionKind::ClassCounts => "snapshot class counts",
+            SectionKind::Fields => "snapshot fields",
+            SectionKind::Records => "snapshot record table",
+            SectionKind::Namespace => "snapshot namespace",
+        }
+    }
+
+    fn from_u32(k: u32) -> Option<SectionKind> {
+        KINDS.get((k as usize).wrapping_sub(1)).copied()
+    }
+}
+
+/// Where each section lies.
+#[derive(Clone, Debug, Default)]
+struct Sections {
+    at: [Option<Range<usize>>; 7],
+    /// Every entry of the table in order, unknown kinds included: (kind, range).
+    all: Vec<(u32, Range<usize>)>,
+}
+
+impl Sections {
+    fn get(&self, k: SectionKind) -> Range<usize> {
+        self.at[k as usize - 1].clone().unwrap_or(0..0)
+    }
+}
+
+/// A snapshot used in place over any byte container (a memory map, a `Vec`, a sparse file
+/// filled by a [`Pager`]).
 ///
-/// [`Snapshot::open`] checks the header, the section table, the section sizes (O(1) in the
-/// number of samples) and that the chunk table's sample ranges tile the sample table
-/// (O(chunks)). Accessors bounds-check what they read and return errors, never panic.
-/// [`Snapshot::check_sections`] and [`Snapshot::check_structure`] are the full O(n) checks.
+/// [`Snapshot::open`] checks the header, the block CRC table, the section table and every
+/// section's size (O(1) in the number of samples) and reads the chunk table (O(chunks)).
+/// Every byte of the body is used only after the CRC of its block was checked. Accessors
+/// bounds-check what they read and return errors, never panic. [`Snapshot::check_blocks`]
+/// and [`Snapshot::check_structure`] are the full O(n) checks.
 pub struct Snapshot<B> {
     bytes: B,
-    l: Layout,
-    pager: Option<std::sync::Arc<dyn Pager>>,
-    /// Kind 17, parsed and checked on first use.
-    page_index: std::sync::OnceLock<PageIndex>,
-    /// The pages decoded last, the most recent last (a listing and the lookups that follow
-    /// it read the same few pages over and over).
-    decoded: std::sync::Mutex<Vec<(usize, Arc<Page>)>>,
+    h: SnapshotHeader,
+    blocks: Blocks,
+    pager: Option<Arc<dyn Pager>>,
+    s: Sections,
+    lineage: Lineage,
+    chunks: Vec<ChunkEntry>,
+    class_count: u64,
+    ns: NsLayout,
+    fields: Option<FieldsLayout>,
+    page_index: OnceLock<PageIndex>,
+    /// The pages decoded last, the most recent last.
+    decoded: Mutex<Vec<(usize, Arc<Vec<NsEntry>>)>>,
 }
 
-/// A decoded page: each position's sample id, path and (listing pages) stat, in path order.
-type Page = Vec<PathEntry>;
-
 /// Decoded pages a snapshot keeps.
-const DECODED_PAGES: usize = 4;
+const DECODED_PAGES: usize = 8;
 
 /// What identifies a snapshot's content, read from its 64-byte header alone: the dataset id
-/// and the header's CRC (which covers the counts and the section table's CRC, and through it
-/// every section's CRC). Checks magic, version and the header CRC. A reader that fetches
-/// snapshots over a network keys its local copies by this, so one small ranged read tells
-/// whether a copy is current.
+/// and the header's CRC (which covers the counts, the features and the block CRC table's
+/// CRC, and through it every byte of the body). Checks magic, version and the header CRC.
 pub fn snapshot_key(header: &[u8]) -> Result<([u8; 16], u32)> {
-    const WHAT: &str = "snapshot header";
-    if header.len() < SNAPSHOT_HEADER_LEN {
-        return Err(FormatError::truncated(
-            WHAT,
-            SNAPSHOT_HEADER_LEN as u64,
-            header.len() as u64,
-        ));
-    }
-    check_magic_version(WHAT, &SNAPSHOT_MAGIC, header)?;
-    check_crc(WHAT, le::u32_at(header, 60), &header[0..60])?;
-    Ok((le::id_at(header, 16), le::u32_at(header, 60)))
+    let h = SnapshotHeader::decode(header)?;
+    Ok((h.dataset_id, h.header_crc))
 }
 
 impl<B: AsRef<[u8]>> Snapshot<B> {
-    /// Opens a snapshot: checks magic, version, header CRC, section table CRC, that every
-    /// required section is present once, in bounds, and sized for the counts in the header, and
-    /// that the chunk table is consistent with the sample table (ids dense, ranges contiguous,
-    /// covering every sample).
+    /// Opens a snapshot held whole (see the type's docs for what is checked).
     pub fn open(bytes: B) -> Result<Self> {
-        let l = Self::layout(bytes.as_ref(), &|_| Ok(()))?;
-        Ok(Snapshot {
-            bytes,
-            l,
-            pager: None,
-            page_index: Default::default(),
-            decoded: Default::default(),
-        })
+        Self::open_with(bytes, None)
     }
 
     /// Opens a snapshot of which `bytes` holds only what `pager` has made present (the rest
-    /// reads as zeros until then): every read, at open and after, first asks the pager for
-    /// its range. Same checks as [`Snapshot::open`]; only the ranges they read are fetched.
-    pub fn open_paged(bytes: B, pager: std::sync::Arc<dyn Pager>) -> Result<Self> {
-        let len = bytes.as_ref().len();
-        let need = |r: Range<usize>| pager.need(r.start as u64..r.end.min(len) as u64);
-        let l = Self::layout(bytes.as_ref(), &need)?;
-        Ok(Snapshot {
+    /// reads as zeros until then): every block is asked for before its first use.
+    pub fn open_paged(bytes: B, pager: Arc<dyn Pager>) -> Result<Self> {
+        Self::open_with(bytes, Some(pager))
+    }
+
+    fn open_with(bytes: B, pager: Option<Arc<dyn Pager>>) -> Result<Self> {
+        let b = bytes.as_ref();
+        let len = b.len() as u64;
+        let head = SNAPSHOT_HEADER_LEN as u64;
+        if let Some(p) = &pager {
+            p.need_all(&[0..head.min(len)])?;
+        }
+        let h = SnapshotHeader::decode(b)?;
+        if len != h.file_len() {
+            return Err(FormatError::invalid(
+                "snapshot",
+                format!(
+                    "file is {len} bytes, its header describes {} (truncated or extended)",
+                    h.file_len()
+                ),
+            ));
+        }
+        if let Some(p) = &pager {
+            p.need_all(&[h.crc_table()])?;
+        }
+        let t = h.crc_table();
+        let blocks = Blocks::parse(&h, &b[t.start as usize..t.end as usize])?;
+        let mut snap = Snapshot {
             bytes,
-            l,
-            pager: Some(pager),
-            page_index: Default::default(),
-            decoded: Default::default(),
-        })
-    }
-
-    /// Makes `r` present (a no-op for a snapshot held whole).
-    fn need(&self, r: Range<usize>) -> Result<()> {
-        match &self.pager {
-            None => Ok(()),
-            Some(p) => p.need(r.start as u64..r.end.min(self.b().len()) as u64),
+            h,
+            blocks,
+            pager,
+            s: Sections::default(),
+            lineage: Lineage::default(),
+            chunks: Vec::new(),
+            class_count: 0,
+            ns: NsLayout {
+                entries: 0,
+                pages: 0,
+                index: 0..0,
+                idtab: 0..0,
+                area: 0..0,
+            },
+            fields: None,
+            page_index: OnceLock::new(),
+            decoded: Mutex::new(Vec::new()),
+        };
+        snap.s = snap.section_table()?;
+        snap.lineage = Lineage::decode(snap.section(SectionKind::Lineage, LINEAGE_LEN)?)?;
+        snap.chunks = snap.chunk_table()?;
+        let classes = snap.s.get(SectionKind::Classes);
+        snap.class_count = StringTable::parse(snap.at(classes)?, "snapshot classes")?.len();
+        snap.check_class_counts_index()?;
+        let records = snap.s.get(SectionKind::Records);
+        let want = snap.h.samples * RECORD_LEN as u64;
+        if records.len() as u64 != want {
+            return Err(FormatError::invalid(
+                SectionKind::Records.name(),
+                format!("{} bytes, expected {want}", records.len()),
+            ));
         }
-    }
-
-    /// Makes all of `r` present and returns it.
-    fn at(&self, r: Range<usize>) -> Result<&[u8]> {
-        self.need(r.clone())?;
-        Ok(&self.b()[r])
-    }
-
-    /// String table `r`, the parts `parse` reads made present.
-    fn table(&self, r: &Range<usize>, what: &'static str) -> Result<StringTable<'_>> {
-        if self.pager.is_some() {
-            need_table(self.b(), &|x| self.need(x), r)?;
+        let ns = snap.s.get(SectionKind::Namespace);
+        let nh = snap.at(ns.start..(ns.start + NS_HEADER_LEN).min(ns.end))?;
+        if nh.len() < NS_HEADER_LEN {
+            return Err(FormatError::truncated(
+                SectionKind::Namespace.name(),
+                NS_HEADER_LEN as u64,
+                nh.len() as u64,
+            ));
         }
-        StringTable::parse(&self.b()[r.clone()], what)
+        snap.ns = NsLayout::parse(nh, ns, snap.h.samples)?;
+        if snap.h.has_fields() {
+            let f = snap.s.get(SectionKind::Fields);
+            let fh = snap.at(f.start..(f.start + FIELDS_HEADER_LEN).min(f.end))?;
+            if fh.len() < FIELDS_HEADER_LEN {
+                return Err(FormatError::truncated(
+                    SectionKind::Fields.name(),
+                    FIELDS_HEADER_LEN as u64,
+                    fh.len() as u64,
+                ));
+            }
+            snap.fields = Some(FieldsLayout::parse(fh, f, snap.h.samples)?);
+            snap.check_field_tables()?;
+        }
+        Ok(snap)
     }
 
-    /// Item `i` of string table `r`, its offsets and bytes made present.
-    fn table_item(&self, r: &Range<usize>, what: &'static str, i: u64) -> Result<&[u8]> {
-        let t = self.table(r, what)?;
-        if self.pager.is_some() && i < t.len() {
-            let w = r.start + 8 + i as usize * 8;
-            self.need(w..w + 16)?;
-            let blob = r.start + 16 + t.len() as usize * 8;
-            let (a, e) = (le::u64_at(self.b(), w), le::u64_at(self.b(), w + 8));
-            if a <= e && e <= (r.end - blob) as u64 {
-                self.need(blob + a as usize..blob + e as usize)?;
+    /// Reads and checks the section table: at most [`MAX_SECTIONS`] entries, each kind once,
+    /// sections back to back from the end of the table (each at the next multiple of 8) to
+    /// the end of the body; every kind 2.0 requires present, the fields section exactly with
+    /// its feature bit, other kinds only with a compatible feature bit this reader does not
+    /// know.
+    fn section_table(&self) -> Result<Sections> {
+        const WHAT: &str = "snapshot section table";
+        let head = SNAPSHOT_HEADER_LEN;
+        let w = self.at(head..head + SECTION_TABLE_HEAD)?;
+        let (k, reserved) = (le::u32_at(w, 0), le::u32_at(w, 4));
+        if k > MAX_SECTIONS || reserved != 0 {
+            return Err(FormatError::invalid(
+                WHAT,
+                format!("{k} sections (at most {MAX_SECTIONS}) or a reserved field set"),
+            ));
+        }
+        let start = head + SECTION_TABLE_HEAD;
+        let end = start + k as usize * SECTION_ENTRY_LEN;
+        let t = self.at(start..end)?.to_vec();
+        let mut s = Sections::default();
+        let mut at = le::align8(end as u64);
+        let unknown_compat = self.h.compat & !features::KNOWN_COMPAT != 0;
+        for (i, e) in t.chunks_exact(SECTION_ENTRY_LEN).enumerate() {
+            let (kind, off, len) = (le::u32_at(e, 0), le::u64_at(e, 8), le::u64_at(e, 16));
+            if le::u32_at(e, 4) != 0 {
+                return Err(FormatError::invalid(
+                    WHAT,
+                    format!("entry {i}: reserved field set"),
+                ));
+            }
+            let r_end = off.checked_add(len).filter(|&x| x <= self.h.body_end);
+            let Some(r_end) = r_end.filter(|_| off == at) else {
+                return Err(FormatError::invalid(
+                    WHAT,
+                    format!(
+                        "section {i} (kind {kind}) at {off}+{len}: sections lie back to back \
+                         from {at}, each at a multiple of 8, within the body"
+                    ),
+                ));
+            };
+            let r = off as usize..r_end as usize;
+            match SectionKind::from_u32(kind) {
+                Some(sk) => {
+                    let slot = &mut s.at[sk as usize - 1];
+                    if slot.is_some() {
+                        return Err(FormatError::invalid(
+                            WHAT,
+                            format!("{} appears twice", sk.name()),
+                        ));
+                    }
+                    *slot = Some(r.clone());
+                }
+                None if unknown_compat => {}
+                None => {
+                    return Err(FormatError::invalid(
+                        WHAT,
+                        format!(
+                            "section of unknown kind {kind} without a compatible feature bit \
+                             that could bring it"
+                        ),
+                    ))
+                }
+            }
+            s.all.push((kind, r));
+            at = le::align8(r_end);
+        }
+        let last = s.all.last().map_or(le::align8(end as u64), |(_, r)| r.end as u64);
+        if last != self.h.body_end {
+            return Err(FormatError::invalid(
+                WHAT,
+                format!(
+                    "sections end at {last}, the body at {}",
+                    self.h.body_end
+                ),
+            ));
+        }
+        for k in KINDS {
+            let present = s.at[k as usize - 1].is_some();
+            let wanted = k != SectionKind::Fields || self.h.has_fields();
+            if present != wanted {
+                return Err(FormatError::invalid(
+                    WHAT,
+                    match present {
+                        false => format!("required section {} is missing", k.name()),
+                        true => format!("{} is present without its feature bit", k.name()),
+                    },
+                ));
             }
         }
-        t.get(i)
+        Ok(s)
+    }
+
+    /// Section `k`'s bytes, which must be exactly `len` long.
+    fn section(&self, k: SectionKind, len: usize) -> Result<&[u8]> {
+        let r = self.s.get(k);
+        if r.len() != len {
+            return Err(FormatError::invalid(
+                k.name(),
+                format!("{} bytes, expected {len}", r.len()),
+            ));
+        }
+        self.at(r)
+    }
+
+    /// Reads and checks the chunk table: first samples rising from 0 to at most N, records
+    /// ending after the chunk header and before the trailer.
+    fn chunk_table(&self) -> Result<Vec<ChunkEntry>> {
+        let c = self.h.chunks as usize;
+        let b = self.section(SectionKind::Chunks, c * CHUNK_ENTRY_LEN)?;
+        let mut v: Vec<ChunkEntry> = b
+            .chunks_exact(CHUNK_ENTRY_LEN)
+            .enumerate()
+            .map(|(i, e)| ChunkEntry::decode(i as u32, e))
+            .collect();
+        let n = self.h.samples;
+        for i in 0..c {
+            let next = v.get(i + 1).map_or(n, |e| e.first_sample);
+            let e = &mut v[i];
+            let first_ok = if i == 0 { e.first_sample == 0 } else { true };
+            let min_end = crate::CHUNK_HEADER_LEN as u64;
+            let trailer = crate::CHUNK_TRAILER_LEN as u64;
+            if !first_ok
+                || next < e.first_sample
+                || next > n
+                || e.records_end < min_end
+                || e.records_end.saturating_add(trailer) > e.file_size
+            {
+                return Err(FormatError::invalid(
+                    SectionKind::Chunks.name(),
+                    format!(
+                        "chunk {i}: samples from {} to {next} of {n}, records ending at {} of a \
+                         {}-byte file",
+                        e.first_sample, e.records_end, e.file_size
+                    ),
+                ));
+            }
+            e.sample_count = next - e.first_sample;
+        }
+        if c == 0 && n != 0 {
+            return Err(FormatError::invalid(
+                SectionKind::Chunks.name(),
+                format!("no chunks for {n} samples"),
+            ));
+        }
+        Ok(v)
+    }
+
+    /// Checks the class counts' offsets: C + 1 of them, rising from 0 to the pairs' length.
+    fn check_class_counts_index(&self) -> Result<()> {
+        let r = self.s.get(SectionKind::ClassCounts);
+        let words = (self.h.chunks as usize + 1) * 8;
+        if r.len() < words {
+            return Err(FormatError::truncated(
+                SectionKind::ClassCounts.name(),
+                words as u64,
+                r.len() as u64,
+            ));
+        }
+        let b = self.at(r.start..r.start + words)?;
+        let offs: Vec<u64> = b.chunks_exact(8).map(|w| le::u64_at(w, 0)).collect();
+        let pairs = (r.len() - words) as u64;
+        if offs[0] != 0 || offs[offs.len() - 1] != pairs || offs.windows(2).any(|w| w[0] > w[1]) {
+            return Err(FormatError::invalid(
+                SectionKind::ClassCounts.name(),
+                format!("offsets do not rise from 0 to the {pairs} bytes of the counts"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Checks the fields' name and type tables: as many types as names, names valid, sorted,
+    /// distinct.
+    fn check_field_tables(&self) -> Result<()> {
+        let names = self.field_names()?;
+        let types = self.field_types()?;
+        let f = self.fields.as_ref().expect("fields");
+        if names.len() as u64 != f.name_count || types.len() != names.len() {
+            return Err(FormatError::invalid(
+                SectionKind::Fields.name(),
+                format!(
+                    "{} names and {} types, the header says {}",
+                    names.len(),
+                    types.len(),
+                    f.name_count
+                ),
+            ));
+        }
+        for (i, n) in names.iter().enumerate() {
+            if let Err(why) = crate::check_field_name(n) {
+                return Err(FormatError::invalid(SectionKind::Fields.name(), why));
+            }
+            if i > 0 && names[i - 1] >= *n {
+                return Err(FormatError::invalid(
+                    SectionKind::Fields.name(),
+                    "field names are not sorted and distinct",
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Makes the blocks of `r` present (through the pager) and checked, once each.
+    fn ensure(&self, ranges: &[Range<usize>]) -> Result<()> {
+        let mut missing: Vec<u64> = Vec::new();
+        for r in ranges {
+            let bs = self.blocks.blocks_of(&(r.start as u64..r.end as u64));
+            missing.extend(bs.filter(|&b| !self.blocks.is_checked(b)));
+        }
+        if missing.is_empty() {
+            return Ok(());
+        }
+        missing.sort_unstable();
+        missing.dedup();
+        if let Some(p) = &self.pager {
+            let mut runs: Vec<Range<u64>> = Vec::new();
+            for &b in &missing {
+                let r = self.blocks.block(b);
+                match runs.last_mut() {
+                    Some(last) if last.end == r.start => last.end = r.end,
+                    _ => runs.push(r),
+                }
+            }
+            p.need_all(&runs)?;
+        }
+        let b = self.b();
+        for blk in missing {
+            let r = self.blocks.block(blk);
+            self.blocks.check(blk, &b[r.start as usize..r.end as usize], &|| {
+                self.sections_in(&r)
+            })?;
+        }
+        Ok(())
+    }
+
+    /// The names of the sections (or the section table) that bytes `r` overlap.
+    fn sections_in(&self, r: &Range<u64>) -> String {
+        let table_end = (SNAPSHOT_HEADER_LEN + SECTION_TABLE_HEAD) as u64
+            + self.s.all.len() as u64 * SECTION_ENTRY_LEN as u64;
+        let mut names: Vec<String> = Vec::new();
+        if r.start < table_end.max(SNAPSHOT_HEADER_LEN as u64 + 8) {
+            names.push("the section table".into());
+        }
+        for (k, s) in &self.s.all {
+            if (s.start as u64) < r.end && (s.end as u64) > r.start {
+                names.push(SectionKind::from_u32(*k).map_or(format!("section kind {k}"), |k| {
+                    k.name().trim_start_matches("snapshot ").to_string()
+                }));
+            }
+        }
+        match names.is_empty() {
+            true => "padding".into(),
+            false => format!("holding {}", names.join(", ")),
+        }
+    }
+
+    /// Bytes `r` of the body, every block they touch checked first.
+    pub(crate) fn at(&self, r: Range<usize>) -> Result<&[u8]> {
+        let end = r.end.min(self.b().len());
+        if r.start > end {
+            return Err(FormatError::invalid(
+                "snapshot",
+                format!("range {}..{} past the end", r.start, r.end),
+            ));
+        }
+        self.ensure(std::slice::from_ref(&(r.start..end)))?;
+        Ok(&self.b()[r.start..end])
+    }
+
+    /// Makes every block of `ranges` present and checked at once (a pager fetches them
+    /// together): what a reader calls before a run of lookups.
+    pub fn prefetch(&self, ranges: &[Range<usize>]) -> Result<()> {
+        self.ensure(ranges)
     }
 
     fn b(&self) -> &[u8] {
@@ -202,89 +510,165 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
         &self.bytes
     }
 
-    /// The underlying bytes.
+    /// The underlying bytes (unchecked: use the accessors).
     pub fn bytes(&self) -> &[u8] {
         self.b()
     }
 
-    /// `(major, minor)` format version of this file.
+    /// The decoded header.
+    pub fn header(&self) -> &SnapshotHeader {
+        &self.h
+    }
+
+    /// The block CRCs and which blocks were checked.
+    pub fn blocks(&self) -> &Blocks {
+        &self.blocks
+    }
+
+    /// True if a pager fetches the snapshot's bytes.
+    pub fn is_paged(&self) -> bool {
+        self.pager.is_some()
+    }
+
+    /// `(major, minor)` format version of this file: (2, 0).
     pub fn version(&self) -> (u16, u16) {
-        (self.l.major, self.l.minor)
+        (crate::SNAPSHOT_MAJOR, 0)
     }
 
     /// The dataset id every chunk must carry.
     pub fn dataset_id(&self) -> [u8; 16] {
-        self.l.dataset_id
+        self.h.dataset_id
     }
 
-    /// The snapshot's generation (appends) and the snapshot it extends.
+    /// The header CRC: with the dataset id, it identifies this snapshot's content.
+    pub fn header_crc(&self) -> u32 {
+        self.h.header_crc
+    }
+
+    /// The snapshot's generation and the snapshot it extends.
     pub fn lineage(&self) -> Lineage {
-        self.l.lineage
+        self.lineage
     }
 
-    /// True if the snapshot records each file's mode and mtime (format 1.2).
+    /// Number of samples.
+    pub fn sample_count(&self) -> u64 {
+        self.h.samples
+    }
+
+    /// Number of chunks.
+    pub fn chunk_count(&self) -> u64 {
+        self.h.chunks as u64
+    }
+
+    /// Number of namespace entries: files and directories.
+    pub fn entry_count(&self) -> u64 {
+        self.ns.entries
+    }
+
+    /// Number of directories.
+    pub fn dir_count(&self) -> u64 {
+        self.ns.entries - self.h.samples
+    }
+
+    /// True if the snapshot records each file's and directory's mode and mtime.
     pub fn has_attrs(&self) -> bool {
-        self.l.attrs.is_some()
+        self.h.has_attrs()
     }
 
-    /// Sample `id`'s file mode and mtime as packed; `None` if the snapshot does not record
-    /// them.
-    pub fn attrs(&self, id: u64) -> Result<Option<FileAttrs>> {
-        let Some(r) = &self.l.attrs else {
-            return Ok(None);
-        };
-        if id >= self.l.samples {
+    /// Chunk table entry `index`.
+    pub fn chunk(&self, index: u64) -> Result<ChunkEntry> {
+        self.chunks.get(index as usize).copied().ok_or_else(|| {
+            FormatError::invalid(
+                "chunk index",
+                format!("{index} out of range (dataset has {} chunks)", self.h.chunks),
+            )
+        })
+    }
+
+    /// Every chunk table entry.
+    pub fn chunks(&self) -> &[ChunkEntry] {
+        &self.chunks
+    }
+
+    /// The chunk holding sample `id`.
+    pub fn chunk_of(&self, id: u64) -> Result<&ChunkEntry> {
+        if id >= self.h.samples {
             return Err(FormatError::invalid(
                 "sample id",
-                format!("{id} out of range (dataset has {} samples)", self.l.samples),
+                format!("{id} out of range (dataset has {} samples)", self.h.samples),
             ));
         }
-        let at = r.start + id as usize * ATTRS_LEN;
-        FileAttrs::decode(self.at(at..at + ATTRS_LEN)?).map(Some)
+        let i = self.chunks.partition_point(|c| c.first_sample <= id) - 1;
+        Ok(&self.chunks[i])
     }
 
-    /// Number of directories recorded (format 1.2; 0 without the section).
-    pub fn dir_count(&self) -> u64 {
-        self.l.dir_count
-    }
-
-    /// Directory `i` (in path order) and its mode and mtime.
-    pub fn dir(&self, i: u64) -> Result<(&[u8], FileAttrs)> {
-        let Some((names, attrs)) = &self.l.dirs else {
+    /// Record entry `id` as stored.
+    pub fn record(&self, id: u64) -> Result<RecordEntry> {
+        if id >= self.h.samples {
             return Err(FormatError::invalid(
-                "directory",
-                "the snapshot records none",
+                "sample id",
+                format!("{id} out of range (dataset has {} samples)", self.h.samples),
             ));
-        };
-        let path = self.table_item(names, "snapshot directories", i)?;
-        let at = attrs.start + i as usize * ATTRS_LEN;
-        Ok((path, FileAttrs::decode(self.at(at..at + ATTRS_LEN)?)?))
+        }
+        let at = self.s.get(SectionKind::Records).start + id as usize * RECORD_LEN;
+        Ok(RecordEntry::decode(self.at(at..at + RECORD_LEN)?))
     }
 
-    /// The header CRC: with the dataset id, it identifies this snapshot's content (see
-    /// [`snapshot_key`]).
-    pub fn header_crc(&self) -> u32 {
-        le::u32_at(self.b(), 60)
+    /// Sample `id`: its chunk, where its record lies and how to check it. The original
+    /// length of a compressed record is its namespace size (read from the namespace); a raw
+    /// record's is its stored length.
+    pub fn sample(&self, id: u64) -> Result<SampleEntry> {
+        let c = *self.chunk_of(id)?;
+        let r = self.record(id)?;
+        let end = match id + 1 < c.samples().end {
+            true => self.record(id + 1)?.offset,
+            false => c.records_end,
+        };
+        let bad = |why: String| {
+            Err(FormatError::invalid(
+                SectionKind::Records.name(),
+                format!("sample {id}: {why}"),
+            ))
+        };
+        let first_ok = id != c.first_sample || r.offset == crate::CHUNK_HEADER_LEN as u64;
+        if !first_ok || end < r.offset || r.offset < crate::CHUNK_HEADER_LEN as u64 {
+            return bad(format!(
+                "record at {}..{end} of chunk {} (records start at 64 and lie back to back)",
+                r.offset, c.chunk_id
+            ));
+        }
+        if r.label != NO_LABEL && r.label as u64 >= self.class_count {
+            return bad(format!("label {} of {} classes", r.label, self.class_count));
+        }
+        let mut e = SampleEntry {
+            chunk: c.chunk_id,
+            label: r.label,
+            offset: r.offset,
+            stored_len: end - r.offset,
+            orig_len: end - r.offset,
+            crc32: r.crc32,
+            flags: r.flags as u32,
+        };
+        if e.compression()? != Compression::None {
+            e.orig_len = self.stat(id)?.size;
+        }
+        Ok(e)
     }
 
     /// Everything the snapshot records about chunk `index`: its table entry, and the sample
-    /// entries and paths of its records (what the chunk's footer holds).
+    /// entries, paths and fields of its records (what the chunk's footer holds).
     pub fn chunk_summary(&self, index: u64) -> Result<ChunkSummary> {
         let c = self.chunk(index)?;
         let mut entries = Vec::with_capacity(c.sample_count as usize);
         let mut paths = Vec::with_capacity(c.sample_count as usize);
         for id in c.samples() {
             entries.push(self.sample(id)?);
-            paths.push(self.path(id)?.to_vec());
+            paths.push(self.path(id)?);
         }
         let fields = match self.has_fields() {
             false => None,
             true => Some(ChunkFields {
-                names: self
-                    .field_names()?
-                    .into_iter()
-                    .map(<[u8]>::to_vec)
-                    .collect(),
+                names: self.field_names()?.into_iter().map(<[u8]>::to_vec).collect(),
                 records: c
                     .samples()
                     .map(|id| self.field_entries(id))
@@ -301,94 +685,58 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
         })
     }
 
-    /// Number of samples.
-    pub fn sample_count(&self) -> u64 {
-        self.l.samples
-    }
-
-    /// Number of chunks.
-    pub fn chunk_count(&self) -> u64 {
-        self.l.chunks
-    }
-
-    /// Sample entry `id`.
-    pub fn sample(&self, id: u64) -> Result<SampleEntry> {
-        if id >= self.l.samples {
-            return Err(FormatError::invalid(
-                "sample id",
-                format!("{id} out of range (dataset has {} samples)", self.l.samples),
-            ));
-        }
-        let at = self.l.sample_tab.start + id as usize * SAMPLE_ENTRY_LEN;
-        Ok(SampleEntry::decode(self.at(at..at + SAMPLE_ENTRY_LEN)?))
-    }
-
-    /// Chunk table entry `index`.
-    pub fn chunk(&self, index: u64) -> Result<ChunkEntry> {
-        if index >= self.l.chunks {
-            return Err(FormatError::invalid(
-                "chunk index",
-                format!(
-                    "{index} out of range (dataset has {} chunks)",
-                    self.l.chunks
-                ),
-            ));
-        }
-        let at = self.l.chunk_tab.start + index as usize * CHUNK_ENTRY_LEN;
-        Ok(ChunkEntry::decode(self.at(at..at + CHUNK_ENTRY_LEN)?))
-    }
-
-    fn paths(&self) -> Result<StringTable<'_>> {
-        // Parsed successfully in `open`; parsed again (a few bounds checks) rather than
-        // trusted, since a mapped file can still change under the map (cut short by another
-        // process: it then reads as zeros).
-        StringTable::parse(&self.b()[self.l.paths.clone()], "snapshot paths")
-    }
-
     fn classes(&self) -> Result<StringTable<'_>> {
-        StringTable::parse(&self.b()[self.l.classes.clone()], "snapshot classes")
-    }
-
-    /// Path of sample `id` (raw bytes, relative, `/`-separated).
-    pub fn path(&self, id: u64) -> Result<&[u8]> {
-        self.table_item(&self.l.paths, "snapshot paths", id)
+        StringTable::parse(self.at(self.s.get(SectionKind::Classes))?, "snapshot classes")
     }
 
     /// Number of class names.
     pub fn class_count(&self) -> u64 {
-        self.classes().map_or(0, |t| t.len())
+        self.class_count
     }
 
     /// Class name `label`.
     pub fn class_name(&self, label: u32) -> Result<&[u8]> {
         self.classes()?.get(label as u64)
     }
-}
 
-fn section_name(kind: u32) -> String {
-    match kind {
-        1 => "snapshot chunk table".into(),
-        2 => "snapshot sample table".into(),
-        3 => "snapshot paths".into(),
-        4 => "snapshot path index".into(),
-        5 => "snapshot path order".into(),
-        6 => "snapshot classes".into(),
-        7 => "snapshot lineage".into(),
-        8 => "snapshot file attributes".into(),
-        9 => "snapshot directories".into(),
-        10 => "snapshot directory attributes".into(),
-        11 => "snapshot field names".into(),
-        12 => "snapshot field index".into(),
-        13 => "snapshot fields".into(),
-        14 => "snapshot block checksums".into(),
-        15 => "snapshot block index".into(),
-        16 => "snapshot path pages".into(),
-        17 => "snapshot path page index".into(),
-        18 => "snapshot listing pages".into(),
-        19 => "snapshot listing page index".into(),
-        k => format!("snapshot section of kind {k}"),
+    /// How many samples of chunk `index` carry each class: `(class, count)`, classes rising,
+    /// counts above 0 (the chunk's other samples have no label).
+    pub fn class_counts(&self, index: u64) -> Result<Vec<(u32, u64)>> {
+        const WHAT: &str = "snapshot class counts";
+        let c = self.chunk(index)?;
+        let r = self.s.get(SectionKind::ClassCounts);
+        let words = (self.h.chunks as usize + 1) * 8;
+        let w = self.at(r.start + index as usize * 8..r.start + index as usize * 8 + 16)?;
+        let (a, e) = (le::u64_at(w, 0) as usize, le::u64_at(w, 8) as usize);
+        let b = self.at(r.start + words + a..r.start + words + e)?;
+        let (mut at, mut out, mut next, mut total) = (0usize, Vec::new(), 0u64, 0u64);
+        while at < b.len() {
+            let (Some(d), Some(n)) = (
+                namespace::get_varint(b, &mut at),
+                namespace::get_varint(b, &mut at),
+            ) else {
+                return Err(FormatError::invalid(WHAT, format!("chunk {index}: cut short")));
+            };
+            let class = next.checked_add(d).filter(|&k| k < self.class_count);
+            total = total.saturating_add(n);
+            let Some(class) = class.filter(|_| n > 0 && total <= c.sample_count) else {
+                return Err(FormatError::invalid(
+                    WHAT,
+                    format!(
+                        "chunk {index}: a class beyond the {} classes, a zero count or more \
+                         labelled samples than the chunk's {}",
+                        self.class_count, c.sample_count
+                    ),
+                ));
+            };
+            out.push((class as u32, n));
+            next = class + 1;
+        }
+        Ok(out)
     }
 }
+
+mod lookup;
 
 #[cfg(test)]
 mod tests;

@@ -1,8 +1,8 @@
-//! The snapshot's fixed-width records: sample fields, file attributes, lineage, chunk entries.
+//! The snapshot's fixed-width records: chunk entries, record entries, lineage, file
+//! attributes, sample fields.
 
 use std::ops::Range;
 
-use super::CHUNK_ENTRY_LEN;
 use crate::error::{FormatError, Result};
 use crate::le;
 
@@ -19,9 +19,6 @@ pub struct SampleField<'a> {
     pub crc32: u32,
 }
 
-/// Length of a [`FileAttrs`] entry (kinds 8 and 10).
-pub const ATTRS_LEN: usize = 16;
-
 /// A file's or directory's permission bits and modification time, as packed.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct FileAttrs {
@@ -31,8 +28,17 @@ pub struct FileAttrs {
     pub mtime_ns: i64,
 }
 
+/// Length of a [`FileAttrs`] entry in node-local files (pack plans, legacy snapshots).
+pub const ATTRS_LEN: usize = 16;
+
 impl FileAttrs {
-    /// The 16-byte entry: `mode: u32`, reserved `u32` (zero), `mtime_ns: i64`.
+    /// The attributes a writer gives a directory its source does not describe.
+    pub const DIR_DEFAULT: FileAttrs = FileAttrs {
+        mode: 0o755,
+        mtime_ns: 0,
+    };
+
+    /// The 16-byte form: `mode: u32`, reserved `u32` (zero), `mtime_ns: i64`.
     pub fn encode(&self) -> [u8; ATTRS_LEN] {
         let mut b = [0u8; ATTRS_LEN];
         b[0..4].copy_from_slice(&self.mode.to_le_bytes());
@@ -40,17 +46,8 @@ impl FileAttrs {
         b
     }
 
-    /// The modification time as a [`std::time::SystemTime`].
-    pub fn modified(&self) -> std::time::SystemTime {
-        let d = std::time::Duration::from_nanos(self.mtime_ns.unsigned_abs());
-        if self.mtime_ns >= 0 {
-            std::time::UNIX_EPOCH + d
-        } else {
-            std::time::UNIX_EPOCH - d
-        }
-    }
-
-    /// Decodes an entry; a mode beyond `0o7777` or a non-zero reserved field is invalid.
+    /// Decodes the 16-byte form; a mode beyond `0o7777` or a non-zero reserved field is
+    /// invalid.
     pub fn decode(b: &[u8]) -> Result<FileAttrs> {
         let mode = le::u32_at(b, 0);
         if mode > 0o7777 || le::u32_at(b, 4) != 0 {
@@ -64,14 +61,23 @@ impl FileAttrs {
             mtime_ns: le::u64_at(b, 8) as i64,
         })
     }
+
+    /// The modification time as a [`std::time::SystemTime`].
+    pub fn modified(&self) -> std::time::SystemTime {
+        let d = std::time::Duration::from_nanos(self.mtime_ns.unsigned_abs());
+        if self.mtime_ns >= 0 {
+            std::time::UNIX_EPOCH + d
+        } else {
+            std::time::UNIX_EPOCH - d
+        }
+    }
 }
 
-/// Length of the lineage section (kind 7).
+/// Length of the lineage section.
 pub const LINEAGE_LEN: usize = 16;
 
 /// Which generation of a dataset a snapshot is: `granary append` publishes generation `g + 1`
-/// over every chunk of generation `g`, plus new ones. A snapshot without a lineage section is
-/// generation 0.
+/// over every chunk of generation `g`, plus new ones.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Lineage {
     /// 0 for a pack (or a merge of shards), +1 for each append.
@@ -81,53 +87,140 @@ pub struct Lineage {
 }
 
 impl Lineage {
-    /// The lineage section (kind 7): generation `u64`, parent `u32`, reserved `u32` (zero).
-    pub(super) fn encode(&self) -> [u8; LINEAGE_LEN] {
+    /// The lineage section: generation `u64`, parent `u32`, reserved `u32` (zero).
+    pub(crate) fn encode(&self) -> [u8; LINEAGE_LEN] {
         let mut b = [0u8; LINEAGE_LEN];
         b[0..8].copy_from_slice(&self.generation.to_le_bytes());
         b[8..12].copy_from_slice(&self.parent.to_le_bytes());
         b
     }
+
+    pub(crate) fn decode(b: &[u8]) -> Result<Lineage> {
+        let l = Lineage {
+            generation: le::u64_at(b, 0),
+            parent: le::u32_at(b, 8),
+        };
+        if le::u32_at(b, 12) != 0 || (l.generation == 0) != (l.parent == 0) {
+            return Err(FormatError::invalid(
+                "snapshot lineage",
+                format!(
+                    "generation {} with parent {:08x} (generation 0 has parent 0, no other \
+                     generation does), or a reserved field set",
+                    l.generation, l.parent
+                ),
+            ));
+        }
+        Ok(l)
+    }
 }
 
-/// One entry of the chunk table.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// Length of one chunk table entry.
+pub const CHUNK_ENTRY_LEN: usize = 40;
+
+/// One entry of the chunk table: the chunk file, its samples and what `info` and `plan`
+/// report about them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ChunkEntry {
-    /// Chunk id (equals the entry's index in v1).
+    /// Chunk id (the entry's index).
     pub chunk_id: u32,
     /// Length of the chunk file in bytes.
     pub file_size: u64,
     /// Id of the first sample stored in the chunk.
     pub first_sample: u64,
-    /// Number of samples stored in the chunk.
+    /// Number of samples stored in the chunk (from the next entry's `first_sample`).
     pub sample_count: u64,
+    /// Where the chunk's records end and its footer starts.
+    pub records_end: u64,
+    /// The original sizes of its samples, added up.
+    pub orig_bytes: u64,
+    /// How many of its records are compressed.
+    pub compressed: u32,
     /// CRC-32 of the whole chunk file.
     pub file_crc: u32,
 }
 
 impl ChunkEntry {
-    pub(super) fn encode(&self) -> [u8; CHUNK_ENTRY_LEN] {
+    /// The 40-byte form: `file_size`, `first_sample`, `records_end`, `orig_bytes` (u64 each),
+    /// `compressed`, `file_crc` (u32 each).
+    pub(crate) fn encode(&self) -> [u8; CHUNK_ENTRY_LEN] {
         let mut b = [0u8; CHUNK_ENTRY_LEN];
-        b[0..4].copy_from_slice(&self.chunk_id.to_le_bytes());
-        b[8..16].copy_from_slice(&self.file_size.to_le_bytes());
-        b[16..24].copy_from_slice(&self.first_sample.to_le_bytes());
-        b[24..32].copy_from_slice(&self.sample_count.to_le_bytes());
-        b[32..36].copy_from_slice(&self.file_crc.to_le_bytes());
+        b[0..8].copy_from_slice(&self.file_size.to_le_bytes());
+        b[8..16].copy_from_slice(&self.first_sample.to_le_bytes());
+        b[16..24].copy_from_slice(&self.records_end.to_le_bytes());
+        b[24..32].copy_from_slice(&self.orig_bytes.to_le_bytes());
+        b[32..36].copy_from_slice(&self.compressed.to_le_bytes());
+        b[36..40].copy_from_slice(&self.file_crc.to_le_bytes());
         b
     }
 
-    pub(super) fn decode(b: &[u8]) -> Self {
+    /// Decodes entry `chunk_id` (its `sample_count` is filled in from the next entry).
+    pub(crate) fn decode(chunk_id: u32, b: &[u8]) -> Self {
         ChunkEntry {
-            chunk_id: le::u32_at(b, 0),
-            file_size: le::u64_at(b, 8),
-            first_sample: le::u64_at(b, 16),
-            sample_count: le::u64_at(b, 24),
-            file_crc: le::u32_at(b, 32),
+            chunk_id,
+            file_size: le::u64_at(b, 0),
+            first_sample: le::u64_at(b, 8),
+            sample_count: 0,
+            records_end: le::u64_at(b, 16),
+            orig_bytes: le::u64_at(b, 24),
+            compressed: le::u32_at(b, 32),
+            file_crc: le::u32_at(b, 36),
         }
     }
 
     /// The sample ids stored in this chunk.
     pub fn samples(&self) -> Range<u64> {
         self.first_sample..self.first_sample.saturating_add(self.sample_count)
+    }
+
+    /// The bytes its records take (between the chunk header and the footer).
+    pub fn stored_bytes(&self) -> u64 {
+        self.records_end
+            .saturating_sub(crate::CHUNK_HEADER_LEN as u64)
+    }
+}
+
+/// Length of one record entry.
+pub const RECORD_LEN: usize = 16;
+
+/// Largest record offset a record entry holds (48 bits).
+pub const MAX_RECORD_OFFSET: u64 = (1 << 48) - 1;
+
+/// One record entry as stored: where the record starts in its chunk, its flags (compression
+/// code, field group), the CRC-32 of its original bytes and its label. Its length is where
+/// the next record of its chunk starts (or the chunk's `records_end`) minus its offset.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RecordEntry {
+    /// Offset of the stored record in its chunk file.
+    pub offset: u64,
+    /// Bits 0–3: compression code; bit 4: field group; others zero.
+    pub flags: u16,
+    /// CRC-32 of the original bytes.
+    pub crc32: u32,
+    /// Class index, or [`crate::NO_LABEL`].
+    pub label: u32,
+}
+
+impl RecordEntry {
+    /// The 16-byte form: `offset` as a 48-bit integer, `flags: u16`, `crc32: u32`,
+    /// `label: u32`.
+    pub fn encode(&self) -> [u8; RECORD_LEN] {
+        let mut b = [0u8; RECORD_LEN];
+        b[0..6].copy_from_slice(&self.offset.to_le_bytes()[..6]);
+        b[6..8].copy_from_slice(&self.flags.to_le_bytes());
+        b[8..12].copy_from_slice(&self.crc32.to_le_bytes());
+        b[12..16].copy_from_slice(&self.label.to_le_bytes());
+        b
+    }
+
+    /// Decodes an entry from exactly [`RECORD_LEN`] bytes (no semantic checks).
+    pub fn decode(b: &[u8]) -> Self {
+        let mut o = [0u8; 8];
+        o[..6].copy_from_slice(&b[0..6]);
+        RecordEntry {
+            offset: u64::from_le_bytes(o),
+            flags: le::u16_at(b, 6),
+            crc32: le::u32_at(b, 8),
+            label: le::u32_at(b, 12),
+        }
     }
 }

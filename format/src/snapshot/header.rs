@@ -1,0 +1,273 @@
+//! The snapshot header and the one integrity scheme: fixed blocks over the body, their CRC-32s
+//! in a table at the end of the file, the table's CRC in the header, the header's own CRC.
+//!
+//! Every reader applies it the same way: before it uses any byte of the body it checks the
+//! CRC of each block that byte lies in (once per block). A reader holding the whole file and
+//! one fetching it in ranged reads differ only in where the bytes come from.
+
+use std::ops::Range;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::error::{check_crc, FormatError, Result};
+use crate::le;
+use crate::{SNAPSHOT_MAGIC, SNAPSHOT_MAJOR};
+
+/// Length of the snapshot header; the body follows it.
+pub const SNAPSHOT_HEADER_LEN: usize = 64;
+/// log2 of the block size writers use (64 KiB).
+pub const BLOCK_SHIFT: u8 = 16;
+/// Smallest and largest log2 of a block size readers accept (4 KiB to 16 MiB).
+pub const BLOCK_SHIFTS: std::ops::RangeInclusive<u8> = 12..=24;
+
+/// Feature bits: what a snapshot holds beyond the base format.
+pub mod features {
+    /// Incompatible: every namespace entry carries mode and mtime.
+    pub const ATTRS: u32 = 1 << 0;
+    /// Incompatible: every sample is a field group; the fields section is present.
+    pub const FIELDS: u32 = 1 << 1;
+    /// The incompatible bits this crate knows.
+    pub const KNOWN_INCOMPAT: u32 = ATTRS | FIELDS;
+    /// The compatible bits this crate knows (none yet).
+    pub const KNOWN_COMPAT: u32 = 0;
+}
+
+/// The 64-byte snapshot header, decoded and checked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SnapshotHeader {
+    /// The dataset id every chunk must carry.
+    pub dataset_id: [u8; 16],
+    /// Number of samples.
+    pub samples: u64,
+    /// Number of chunks.
+    pub chunks: u32,
+    /// End of the body: where the block CRC table starts.
+    pub body_end: u64,
+    /// log2 of the block size.
+    pub block_shift: u8,
+    /// Incompatible feature bits ([`features`]).
+    pub incompat: u32,
+    /// Compatible feature bits.
+    pub compat: u32,
+    /// CRC-32 of the block CRC table.
+    pub table_crc: u32,
+    /// CRC-32 of header bytes 0..60.
+    pub header_crc: u32,
+}
+
+impl SnapshotHeader {
+    /// Encodes the header (computing its CRC).
+    pub fn encode(&self) -> [u8; SNAPSHOT_HEADER_LEN] {
+        let mut h = [0u8; SNAPSHOT_HEADER_LEN];
+        h[0..8].copy_from_slice(&SNAPSHOT_MAGIC);
+        h[8..10].copy_from_slice(&SNAPSHOT_MAJOR.to_le_bytes());
+        h[10] = self.block_shift;
+        h[12..16].copy_from_slice(&self.incompat.to_le_bytes());
+        h[16..32].copy_from_slice(&self.dataset_id);
+        h[32..40].copy_from_slice(&self.samples.to_le_bytes());
+        h[40..48].copy_from_slice(&self.body_end.to_le_bytes());
+        h[48..52].copy_from_slice(&self.compat.to_le_bytes());
+        h[52..56].copy_from_slice(&self.chunks.to_le_bytes());
+        h[56..60].copy_from_slice(&self.table_crc.to_le_bytes());
+        let crc = crc32fast::hash(&h[0..60]);
+        h[60..64].copy_from_slice(&crc.to_le_bytes());
+        h
+    }
+
+    /// Decodes and checks a header: magic, major version, CRC, reserved byte, block size,
+    /// limits, and that no incompatible feature bit is unknown.
+    pub fn decode(b: &[u8]) -> Result<SnapshotHeader> {
+        const WHAT: &str = "snapshot header";
+        if b.len() < SNAPSHOT_HEADER_LEN {
+            return Err(FormatError::truncated(
+                WHAT,
+                SNAPSHOT_HEADER_LEN as u64,
+                b.len() as u64,
+            ));
+        }
+        if b[0..8] != SNAPSHOT_MAGIC {
+            return Err(FormatError::bad_magic(WHAT, &SNAPSHOT_MAGIC, &b[0..8]));
+        }
+        let major = le::u16_at(b, 8);
+        if major != SNAPSHOT_MAJOR {
+            let hint = if major == 1 {
+                ": a granary 0.1 dataset; `granary upgrade DATASET` rewrites its snapshot as 2.0"
+            } else {
+                ""
+            };
+            return Err(FormatError::invalid(
+                WHAT,
+                format!(
+                    "format version {major} is not supported by this reader (it reads version \
+                     {SNAPSHOT_MAJOR}){hint}"
+                ),
+            ));
+        }
+        check_crc(WHAT, le::u32_at(b, 60), &b[0..60])?;
+        let h = SnapshotHeader {
+            dataset_id: le::id_at(b, 16),
+            samples: le::u64_at(b, 32),
+            chunks: le::u32_at(b, 52),
+            body_end: le::u64_at(b, 40),
+            block_shift: b[10],
+            incompat: le::u32_at(b, 12),
+            compat: le::u32_at(b, 48),
+            table_crc: le::u32_at(b, 56),
+            header_crc: le::u32_at(b, 60),
+        };
+        if b[11] != 0 {
+            return Err(FormatError::invalid(WHAT, "reserved byte 11 is not zero"));
+        }
+        if !BLOCK_SHIFTS.contains(&h.block_shift) {
+            return Err(FormatError::invalid(
+                WHAT,
+                format!(
+                    "block size 2^{} outside 2^{}..=2^{}",
+                    h.block_shift,
+                    BLOCK_SHIFTS.start(),
+                    BLOCK_SHIFTS.end()
+                ),
+            ));
+        }
+        let unknown = h.incompat & !features::KNOWN_INCOMPAT;
+        if unknown != 0 {
+            return Err(FormatError::invalid(
+                WHAT,
+                format!(
+                    "incompatible feature bits {unknown:#x} are unknown to this reader (a newer \
+                     granary wrote it)"
+                ),
+            ));
+        }
+        if h.samples > crate::MAX_SAMPLES
+            || h.body_end < SNAPSHOT_HEADER_LEN as u64 + 8
+            || h.body_end > 1 << 56
+        {
+            return Err(FormatError::invalid(
+                WHAT,
+                format!(
+                    "{} samples, body ending at {}: beyond the format's limits",
+                    h.samples, h.body_end
+                ),
+            ));
+        }
+        Ok(h)
+    }
+
+    /// Number of blocks of the body.
+    pub fn block_count(&self) -> u64 {
+        (self.body_end - SNAPSHOT_HEADER_LEN as u64).div_ceil(1 << self.block_shift)
+    }
+
+    /// Where the block CRC table lies.
+    pub fn crc_table(&self) -> Range<u64> {
+        self.body_end..self.body_end + 4 * self.block_count()
+    }
+
+    /// The length the file must have.
+    pub fn file_len(&self) -> u64 {
+        self.crc_table().end
+    }
+
+    /// Whether the snapshot's namespace entries carry mode and mtime.
+    pub fn has_attrs(&self) -> bool {
+        self.incompat & features::ATTRS != 0
+    }
+
+    /// Whether the snapshot's samples are field groups.
+    pub fn has_fields(&self) -> bool {
+        self.incompat & features::FIELDS != 0
+    }
+}
+
+/// The block CRC table of a snapshot, checked against its header, and which blocks a reader
+/// has checked so far.
+#[derive(Debug)]
+pub struct Blocks {
+    shift: u8,
+    body_end: u64,
+    crcs: Vec<u32>,
+    done: Vec<AtomicU64>,
+}
+
+impl Blocks {
+    /// Parses the CRC table `table` (the bytes [`SnapshotHeader::crc_table`] names) and checks
+    /// it against the header's CRC.
+    pub fn parse(h: &SnapshotHeader, table: &[u8]) -> Result<Blocks> {
+        const WHAT: &str = "snapshot block CRC table";
+        let want = 4 * h.block_count();
+        if table.len() as u64 != want {
+            return Err(FormatError::truncated(WHAT, want, table.len() as u64));
+        }
+        check_crc(WHAT, h.table_crc, table)?;
+        let crcs: Vec<u32> = table.chunks_exact(4).map(|c| le::u32_at(c, 0)).collect();
+        let done = (0..crcs.len().div_ceil(64))
+            .map(|_| AtomicU64::new(0))
+            .collect();
+        Ok(Blocks {
+            shift: h.block_shift,
+            body_end: h.body_end,
+            crcs,
+            done,
+        })
+    }
+
+    /// Number of blocks.
+    pub fn count(&self) -> u64 {
+        self.crcs.len() as u64
+    }
+
+    /// The bytes of block `b`.
+    pub fn block(&self, b: u64) -> Range<u64> {
+        let start = SNAPSHOT_HEADER_LEN as u64 + (b << self.shift);
+        start..(start + (1 << self.shift)).min(self.body_end)
+    }
+
+    /// The blocks holding any byte of `r` (clamped to the body).
+    pub fn blocks_of(&self, r: &Range<u64>) -> Range<u64> {
+        let h = SNAPSHOT_HEADER_LEN as u64;
+        let (s, e) = (r.start.max(h), r.end.min(self.body_end));
+        if s >= e {
+            return 0..0;
+        }
+        (s - h) >> self.shift..((e - 1 - h) >> self.shift) + 1
+    }
+
+    /// Block `b`'s stored CRC.
+    pub fn crc(&self, b: u64) -> u32 {
+        self.crcs[b as usize]
+    }
+
+    /// Whether block `b` was checked already.
+    pub fn is_checked(&self, b: u64) -> bool {
+        self.done[(b / 64) as usize].load(Ordering::Acquire) & (1 << (b % 64)) != 0
+    }
+
+    /// Checks block `b`'s bytes `data` (the whole block) and remembers it on success.
+    /// `section` names what the block holds, for the error.
+    pub fn check(&self, b: u64, data: &[u8], section: &dyn Fn() -> String) -> Result<()> {
+        let actual = crc32fast::hash(data);
+        if actual != self.crcs[b as usize] {
+            let r = self.block(b);
+            return Err(FormatError::ChecksumMismatch {
+                what: format!(
+                    "snapshot block {b} (bytes {}..{}, {})",
+                    r.start,
+                    r.end,
+                    section()
+                ),
+                expected: self.crcs[b as usize],
+                actual,
+            });
+        }
+        self.done[(b / 64) as usize].fetch_or(1 << (b % 64), Ordering::Release);
+        Ok(())
+    }
+}
+
+/// What a reader that fetches a snapshot in pieces provides: `need_all(ranges)` makes the
+/// bytes of `ranges` (snapshot file offsets, whole blocks) present in the container the
+/// snapshot reads, or fails. The snapshot checks every block's CRC itself after.
+pub trait Pager: Send + Sync {
+    /// Makes every range of `ranges` readable; a pager may fetch them concurrently.
+    fn need_all(&self, ranges: &[Range<u64>]) -> Result<()>;
+}

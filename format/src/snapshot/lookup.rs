@@ -1,0 +1,244 @@
+//! The namespace read: lookups, listings, paths and stats by sample id.
+//!
+//! A lookup or a listing takes the page index (parsed once, O(pages)), finds the page that
+//! can hold a key by bisection of the pages' first paths, and decodes that page (kept among
+//! the last few decoded). A path by sample id goes through the id table.
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use super::namespace::{prefix_successor, FileStat, NsEntry, PageIndex};
+use super::{SectionKind, Snapshot, DECODED_PAGES};
+use crate::error::{FormatError, Result};
+use crate::le;
+
+const NS: &str = "snapshot namespace";
+
+impl<B: AsRef<[u8]>> Snapshot<B> {
+    /// The page index, parsed and checked on first use.
+    pub fn page_index(&self) -> Result<&PageIndex> {
+        if let Some(ix) = self.page_index.get() {
+            return Ok(ix);
+        }
+        let b = self.at(self.ns.index.clone())?;
+        let ix = PageIndex::parse(b, &self.ns, self.h.samples, self.h.has_attrs())?;
+        Ok(self.page_index.get_or_init(|| ix))
+    }
+
+    /// Page `p`, decoded and checked (kept among the last [`DECODED_PAGES`] decoded).
+    pub fn page(&self, p: usize) -> Result<Arc<Vec<NsEntry>>> {
+        let ix = self.page_index()?;
+        {
+            let d = self.decoded.lock().expect("decoded pages");
+            if let Some((_, page)) = d.iter().find(|(q, _)| *q == p) {
+                return Ok(page.clone());
+            }
+        }
+        let r = ix.bytes(p);
+        let a = self.ns.area.start;
+        let page = Arc::new(ix.decode(p, self.at(a + r.start as usize..a + r.end as usize)?)?);
+        let mut d = self.decoded.lock().expect("decoded pages");
+        if d.len() >= DECODED_PAGES {
+            d.remove(0);
+        }
+        d.push((p, page.clone()));
+        Ok(page)
+    }
+
+    /// The first position whose path is not less than `key` (the entry count if none is).
+    pub fn lower_bound(&self, key: &[u8]) -> Result<u64> {
+        let ix = self.page_index()?;
+        if ix.is_empty() {
+            return Ok(0);
+        }
+        let p = ix.page_for(key);
+        let page = self.page(p)?;
+        Ok(ix.positions(p).start + page.partition_point(|e| e.path.as_slice() < key) as u64)
+    }
+
+    /// The entry whose path is exactly `path`, and its position.
+    pub fn find(&self, path: &[u8]) -> Result<Option<(u64, NsEntry)>> {
+        let ix = self.page_index()?;
+        if ix.is_empty() {
+            return Ok(None);
+        }
+        let p = ix.page_for(path);
+        let page = self.page(p)?;
+        Ok(page
+            .binary_search_by(|e| e.path.as_slice().cmp(path))
+            .ok()
+            .map(|i| (ix.positions(p).start + i as u64, page[i].clone())))
+    }
+
+    /// The sample whose file is exactly `path` (`None` for a directory or no entry).
+    pub fn lookup(&self, path: &[u8]) -> Result<Option<u64>> {
+        Ok(self.find(path)?.and_then(|(_, e)| e.id))
+    }
+
+    /// The sample whose file is `path`, with its size and mode and mtime.
+    pub fn lookup_stat(&self, path: &[u8]) -> Result<Option<(u64, FileStat)>> {
+        Ok(self.find(path)?.and_then(|(_, e)| {
+            e.id.map(|id| {
+                (
+                    id,
+                    FileStat {
+                        size: e.size,
+                        attrs: e.attrs,
+                    },
+                )
+            })
+        }))
+    }
+
+    /// The entries at `positions` (clamped to the entry count), in path order.
+    pub fn entries(&self, positions: Range<u64>) -> Result<Vec<NsEntry>> {
+        let end = positions.end.min(self.ns.entries);
+        let mut out = Vec::with_capacity(end.saturating_sub(positions.start) as usize);
+        let mut pos = positions.start;
+        let ix = self.page_index()?;
+        if pos < end {
+            // Every page of the run fetched at once.
+            let (p0, p1) = (ix.page_of(pos), ix.page_of(end - 1));
+            let a = self.ns.area.start;
+            self.prefetch(&[a + ix.bytes(p0).start as usize..a + ix.bytes(p1).end as usize])?;
+        }
+        while pos < end {
+            let p = ix.page_of(pos);
+            let page = self.page(p)?;
+            let first = ix.positions(p).start;
+            let take = (end.min(ix.positions(p).end) - pos) as usize;
+            let from = (pos - first) as usize;
+            out.extend_from_slice(&page[from..from + take]);
+            pos += take as u64;
+        }
+        Ok(out)
+    }
+
+    /// The entry at position `pos`.
+    pub fn entry(&self, pos: u64) -> Result<NsEntry> {
+        if pos >= self.ns.entries {
+            return Err(FormatError::invalid(
+                NS,
+                format!("position {pos} of {}", self.ns.entries),
+            ));
+        }
+        let ix = self.page_index()?;
+        let p = ix.page_of(pos);
+        Ok(self.page(p)?[(pos - ix.positions(p).start) as usize].clone())
+    }
+
+    /// The positions of the entries whose paths start with `prefix`.
+    pub fn prefix_range(&self, prefix: &[u8]) -> Result<Range<u64>> {
+        let start = self.lower_bound(prefix)?;
+        let end = match prefix_successor(prefix) {
+            Some(s) => self.lower_bound(&s)?,
+            None => self.ns.entries,
+        };
+        Ok(start..end.max(start))
+    }
+
+    /// Sample `id`'s position in the namespace (from the id table).
+    pub fn position(&self, id: u64) -> Result<u64> {
+        if id >= self.h.samples {
+            return Err(FormatError::invalid(
+                "sample id",
+                format!("{id} out of range (dataset has {} samples)", self.h.samples),
+            ));
+        }
+        let at = self.ns.idtab.start + id as usize * 4;
+        let pos = le::u32_at(self.at(at..at + 4)?, 0) as u64;
+        if pos >= self.ns.entries {
+            return Err(FormatError::invalid(
+                NS,
+                format!("id table: sample {id} at position {pos} of {}", self.ns.entries),
+            ));
+        }
+        Ok(pos)
+    }
+
+    /// Sample `id`'s namespace entry (its path, size and attributes), checked to be its own.
+    pub fn file_entry(&self, id: u64) -> Result<NsEntry> {
+        let pos = self.position(id)?;
+        let e = self.entry(pos)?;
+        if e.id != Some(id) {
+            return Err(FormatError::invalid(
+                NS,
+                format!(
+                    "id table: sample {id} at position {pos}, which holds {}",
+                    match e.id {
+                        Some(o) => format!("sample {o}"),
+                        None => "a directory".into(),
+                    }
+                ),
+            ));
+        }
+        Ok(e)
+    }
+
+    /// Path of sample `id`.
+    pub fn path(&self, id: u64) -> Result<Vec<u8>> {
+        Ok(self.file_entry(id)?.path)
+    }
+
+    /// Sample `id`'s size and (when recorded) mode and mtime.
+    pub fn stat(&self, id: u64) -> Result<FileStat> {
+        let e = self.file_entry(id)?;
+        Ok(FileStat {
+            size: e.size,
+            attrs: e.attrs,
+        })
+    }
+
+    /// Sample `id`'s mode and mtime; `None` if the snapshot does not record them.
+    pub fn attrs(&self, id: u64) -> Result<Option<super::FileAttrs>> {
+        match self.has_attrs() {
+            false => Ok(None),
+            true => Ok(self.file_entry(id)?.attrs),
+        }
+    }
+
+    /// Every directory, in path order, with its attributes (reads the whole namespace).
+    pub fn dirs(&self) -> Result<Vec<NsEntry>> {
+        let mut out = Vec::with_capacity(self.dir_count() as usize);
+        if self.dir_count() == 0 {
+            return Ok(out);
+        }
+        self.prefetch_namespace()?;
+        let ix = self.page_index()?;
+        for p in 0..ix.len() {
+            out.extend(self.page(p)?.iter().filter(|e| e.is_dir()).cloned());
+        }
+        Ok(out)
+    }
+
+    /// Fetches the whole namespace at once (a reader about to walk all of it).
+    pub fn prefetch_namespace(&self) -> Result<()> {
+        let s = self.s.get(SectionKind::Namespace);
+        self.prefetch(&[s])
+    }
+
+    /// Fetches the record entries of samples `ids` at once (a reader about to read them).
+    pub fn prefetch_records(&self, ids: Range<u64>) -> Result<()> {
+        let r = self.s.get(SectionKind::Records);
+        let end = ids.end.min(self.h.samples);
+        if ids.start >= end {
+            return Ok(());
+        }
+        // One more: a record's length is where the next one starts.
+        let end = (end + 1).min(self.h.samples);
+        let at = |i: u64| r.start + i as usize * super::RECORD_LEN;
+        self.prefetch(&[at(ids.start)..at(end)])
+    }
+
+    /// Fetches the id table entries and namespace pages of samples `ids` (a listing with
+    /// many lookups by id ahead).
+    pub fn prefetch_paths_of(&self, ids: &[u64]) -> Result<()> {
+        let at = |i: u64| self.ns.idtab.start + i as usize * 4;
+        let ranges: Vec<Range<usize>> = ids
+            .iter()
+            .filter(|&&i| i < self.h.samples)
+            .map(|&i| at(i)..at(i) + 4)
+            .collect();
+        self.prefetch(&ranges)
+    }
+}

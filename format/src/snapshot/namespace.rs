@@ -1,0 +1,513 @@
+//! The namespace: every file and directory of the dataset, in path order, front-coded in
+//! pages; an index of the pages; an id table from sample id to position.
+//!
+//! Section layout (offsets within the section):
+//!
+//! ```text
+//! 0            entries E: u64          (files N + directories)
+//! 8            pages P: u64            (0 exactly when E is 0)
+//! 16           first_paths_len: u64
+//! 24           pages_len: u64
+//! 32           reserved: u64 (zero)
+//! 40           offsets: (P + 1) × u64  (page p is pages[offsets[p]..offsets[p+1]])
+//! 40 + 8(P+1)  firsts: (P + 1) × u64   (page p holds positions firsts[p]..firsts[p+1])
+//! 40 + 16(P+1) first paths: a string table of P items (page p's first path)
+//!              zero padding to a multiple of 8
+//!              id table: N × u32 (the position of sample s)
+//!              zero padding to a multiple of 8
+//!              pages: pages_len bytes
+//! ```
+//!
+//! An entry: varint `shared`, varint `suffix_len`, the suffix, varint `tag` (0: a directory;
+//! `s + 1`: the file holding sample `s`), then for a file varint `size`, then with the ATTRS
+//! feature varint `mode` and the zigzag varint of `mtime_ns` minus the previous entry's in the
+//! page (0 before a page's first).
+
+use std::ops::Range;
+
+use super::types::FileAttrs;
+use crate::error::{FormatError, Result};
+use crate::le;
+use crate::strtab::{encode_string_table, StringTable};
+
+/// A writer closes a page before an entry that would take it past this many bytes.
+pub const PAGE_TARGET: usize = 4096;
+/// Length of the namespace section's header.
+pub const NS_HEADER_LEN: usize = 40;
+
+const NS: &str = "snapshot namespace";
+
+/// One entry of the namespace: a file (with the sample that holds it) or a directory.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NsEntry {
+    /// The path (raw bytes, relative, `/`-separated).
+    pub path: Vec<u8>,
+    /// The sample holding the file; `None` for a directory.
+    pub id: Option<u64>,
+    /// The file's size (its sample's original length); 0 for a directory.
+    pub size: u64,
+    /// Mode and mtime, when the snapshot records them (feature ATTRS).
+    pub attrs: Option<FileAttrs>,
+}
+
+impl NsEntry {
+    /// True for a directory.
+    pub fn is_dir(&self) -> bool {
+        self.id.is_none()
+    }
+}
+
+/// What a listing shows of a file: its size and, when recorded, its mode and mtime.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FileStat {
+    /// The sample's original length.
+    pub size: u64,
+    /// Mode and mtime as packed, when the snapshot records them.
+    pub attrs: Option<FileAttrs>,
+}
+
+fn zigzag(v: i64) -> u64 {
+    ((v << 1) ^ (v >> 63)) as u64
+}
+
+fn unzigzag(v: u64) -> i64 {
+    (v >> 1) as i64 ^ -((v & 1) as i64)
+}
+
+/// Appends `v` as unsigned LEB128.
+pub(crate) fn put_varint(out: &mut Vec<u8>, mut v: u64) {
+    while v >= 0x80 {
+        out.push(v as u8 | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
+}
+
+/// Reads an unsigned LEB128 of at most 10 bytes (`None` past the end or on overflow).
+pub(crate) fn get_varint(b: &[u8], at: &mut usize) -> Option<u64> {
+    let mut v = 0u64;
+    for i in 0..10 {
+        let byte = *b.get(*at)?;
+        *at += 1;
+        if i == 9 && byte > 1 {
+            return None;
+        }
+        v |= u64::from(byte & 0x7f) << (7 * i);
+        if byte < 0x80 {
+            return Some(v);
+        }
+    }
+    None
+}
+
+fn shared_prefix(a: &[u8], b: &[u8]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
+/// Encodes the namespace section from its entries, in path order.
+pub(crate) struct NsWriter {
+    attrs: bool,
+    pages: Vec<u8>,
+    page: Vec<u8>,
+    offsets: Vec<u64>,
+    firsts: Vec<u64>,
+    first_paths: Vec<Vec<u8>>,
+    prev: Vec<u8>,
+    prev_mtime: i64,
+    pos: u64,
+    /// Position of each sample id (`u32::MAX`: not seen yet).
+    idtab: Vec<u32>,
+}
+
+impl NsWriter {
+    /// A writer for `samples` samples; `attrs`: every entry carries mode and mtime.
+    pub(crate) fn new(samples: u64, attrs: bool) -> NsWriter {
+        NsWriter {
+            attrs,
+            pages: Vec::new(),
+            page: Vec::new(),
+            offsets: vec![0],
+            firsts: vec![0],
+            first_paths: Vec::new(),
+            prev: Vec::new(),
+            prev_mtime: 0,
+            pos: 0,
+            idtab: vec![u32::MAX; samples as usize],
+        }
+    }
+
+    fn encode(&self, shared: usize, path: &[u8], e: &EntryRef, prev_mtime: i64) -> Vec<u8> {
+        let mut b = Vec::with_capacity(path.len() - shared + 16);
+        put_varint(&mut b, shared as u64);
+        put_varint(&mut b, (path.len() - shared) as u64);
+        b.extend_from_slice(&path[shared..]);
+        match e.id {
+            None => put_varint(&mut b, 0),
+            Some(id) => {
+                put_varint(&mut b, id + 1);
+                put_varint(&mut b, e.size);
+            }
+        }
+        if self.attrs {
+            let a = e.attrs.unwrap_or_default();
+            put_varint(&mut b, u64::from(a.mode));
+            put_varint(&mut b, zigzag(a.mtime_ns.wrapping_sub(prev_mtime)));
+        }
+        b
+    }
+
+    fn close_page(&mut self) {
+        self.pages.extend_from_slice(&self.page);
+        self.offsets.push(self.pages.len() as u64);
+        self.firsts.push(self.pos);
+        self.page.clear();
+    }
+
+    /// Adds the next entry (paths strictly rising; the caller checks).
+    pub(crate) fn push(&mut self, path: &[u8], e: EntryRef) -> Result<()> {
+        if self.pos >= u32::MAX as u64 {
+            return Err(FormatError::invalid(NS, "more than 2^32 - 1 entries"));
+        }
+        let mut b = self.encode(shared_prefix(&self.prev, path), path, &e, self.prev_mtime);
+        if !self.page.is_empty() && self.page.len() + b.len() > PAGE_TARGET {
+            self.close_page();
+            b = self.encode(0, path, &e, 0);
+        }
+        if self.page.is_empty() {
+            self.first_paths.push(path.to_vec());
+        }
+        self.page.extend_from_slice(&b);
+        self.prev.clear();
+        self.prev.extend_from_slice(path);
+        self.prev_mtime = e.attrs.unwrap_or_default().mtime_ns;
+        if let Some(id) = e.id {
+            self.idtab[id as usize] = self.pos as u32;
+        }
+        self.pos += 1;
+        Ok(())
+    }
+
+    /// The whole section.
+    pub(crate) fn finish(mut self) -> Vec<u8> {
+        if !self.page.is_empty() {
+            self.close_page();
+        }
+        let p = self.first_paths.len() as u64;
+        let fp = encode_string_table(self.first_paths.iter());
+        let mut out = Vec::with_capacity(
+            NS_HEADER_LEN + 16 * (p as usize + 1) + fp.len() + 4 * self.idtab.len() + 16,
+        );
+        for v in [self.pos, p, fp.len() as u64, self.pages.len() as u64, 0] {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+        for v in self.offsets.iter().chain(&self.firsts) {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+        out.extend_from_slice(&fp);
+        out.resize(le::align8(out.len() as u64) as usize, 0);
+        for v in &self.idtab {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+        out.resize(le::align8(out.len() as u64) as usize, 0);
+        out.extend_from_slice(&self.pages);
+        out
+    }
+}
+
+/// An entry handed to [`NsWriter::push`].
+pub(crate) struct EntryRef {
+    pub(crate) id: Option<u64>,
+    pub(crate) size: u64,
+    pub(crate) attrs: Option<FileAttrs>,
+}
+
+/// Where the namespace's parts lie in the file, from its header (checked in O(1)).
+#[derive(Clone, Debug)]
+pub(crate) struct NsLayout {
+    pub(crate) entries: u64,
+    pub(crate) pages: u64,
+    /// Offsets, firsts and first paths.
+    pub(crate) index: Range<usize>,
+    pub(crate) idtab: Range<usize>,
+    pub(crate) area: Range<usize>,
+}
+
+impl NsLayout {
+    /// Checks the header `h` of a namespace section lying at `section` for `samples` samples.
+    pub(crate) fn parse(h: &[u8], section: Range<usize>, samples: u64) -> Result<NsLayout> {
+        let (e, p, fpl, pl) = (
+            le::u64_at(h, 0),
+            le::u64_at(h, 8),
+            le::u64_at(h, 16),
+            le::u64_at(h, 24),
+        );
+        let bad = |why: String| Err(FormatError::invalid(NS, why));
+        if le::u64_at(h, 32) != 0 {
+            return bad("reserved header field is not zero".into());
+        }
+        if e < samples || e >= u32::MAX as u64 || p > e || (p == 0) != (e == 0) {
+            return bad(format!("{e} entries in {p} pages for {samples} samples"));
+        }
+        let len = section.len() as u64;
+        let index_end = 16u64
+            .checked_mul(p + 1)
+            .and_then(|x| x.checked_add(NS_HEADER_LEN as u64))
+            .and_then(|x| x.checked_add(fpl));
+        let Some(index_end) = index_end.filter(|&x| x <= len) else {
+            return bad(format!("index of {p} pages does not fit in {len} bytes"));
+        };
+        let idtab = le::align8(index_end);
+        let area = le::align8(idtab + 4 * samples);
+        if area.checked_add(pl) != Some(len) {
+            return bad(format!(
+                "{len} bytes, but its parts take {}",
+                area.saturating_add(pl)
+            ));
+        }
+        let at = |x: u64| section.start + x as usize;
+        Ok(NsLayout {
+            entries: e,
+            pages: p,
+            index: at(NS_HEADER_LEN as u64)..at(index_end),
+            idtab: at(idtab)..at(idtab + 4 * samples),
+            area: at(area)..section.end,
+        })
+    }
+}
+
+/// The page index, parsed and checked: every page's bytes, positions and first path.
+#[derive(Clone, Debug)]
+pub struct PageIndex {
+    offsets: Vec<u64>,
+    firsts: Vec<u64>,
+    first_blob: Vec<u8>,
+    ends: Vec<usize>,
+    samples: u64,
+    attrs: bool,
+}
+
+impl PageIndex {
+    /// Parses the index bytes `b` (offsets, firsts, first paths) of namespace `l`: offsets
+    /// rising from 0 to the pages' length, firsts rising from 0 to the entry count, one first
+    /// path per page, rising. O(pages).
+    pub(crate) fn parse(b: &[u8], l: &NsLayout, samples: u64, attrs: bool) -> Result<PageIndex> {
+        let p = l.pages as usize;
+        let word = |i: usize| le::u64_at(b, 8 * i);
+        let offsets: Vec<u64> = (0..=p).map(word).collect();
+        let firsts: Vec<u64> = (p + 1..=2 * p + 1).map(word).collect();
+        let rising =
+            |v: &[u64], end: u64| v[0] == 0 && v[p] == end && v.windows(2).all(|w| w[0] < w[1]);
+        if !rising(&offsets, l.area.len() as u64) {
+            return Err(FormatError::invalid(
+                NS,
+                "page offsets do not rise from 0 to the length of the pages",
+            ));
+        }
+        if !rising(&firsts, l.entries) {
+            return Err(FormatError::invalid(
+                NS,
+                format!("page positions do not rise from 0 to {}", l.entries),
+            ));
+        }
+        let t = StringTable::parse(&b[16 * (p + 1)..], NS)?;
+        if t.len() != p as u64 || t.encoded_len() != (b.len() - 16 * (p + 1)) as u64 {
+            return Err(FormatError::invalid(
+                NS,
+                format!("{} first paths for {p} pages, or a table of another length", t.len()),
+            ));
+        }
+        let (mut first_blob, mut ends) = (Vec::new(), vec![0usize]);
+        for i in 0..p as u64 {
+            let path = t.get(i)?;
+            if i > 0 && path <= &first_blob[ends[i as usize - 1]..] {
+                return Err(FormatError::invalid(
+                    NS,
+                    format!("first path of page {i} does not follow the previous page's"),
+                ));
+            }
+            first_blob.extend_from_slice(path);
+            ends.push(first_blob.len());
+        }
+        Ok(PageIndex {
+            offsets,
+            firsts,
+            first_blob,
+            ends,
+            samples,
+            attrs,
+        })
+    }
+
+    /// Number of pages.
+    pub fn len(&self) -> usize {
+        self.ends.len() - 1
+    }
+
+    /// True when there are no pages (an empty namespace).
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Page `p`'s bytes within the pages.
+    pub fn bytes(&self, p: usize) -> Range<u64> {
+        self.offsets[p]..self.offsets[p + 1]
+    }
+
+    /// The positions page `p` holds.
+    pub fn positions(&self, p: usize) -> Range<u64> {
+        self.firsts[p]..self.firsts[p + 1]
+    }
+
+    /// Page `p`'s first path.
+    pub fn first_path(&self, p: usize) -> &[u8] {
+        &self.first_blob[self.ends[p]..self.ends[p + 1]]
+    }
+
+    /// The page holding position `pos` (below the entry count).
+    pub fn page_of(&self, pos: u64) -> usize {
+        self.firsts.partition_point(|&f| f <= pos) - 1
+    }
+
+    /// The last page whose first path is not greater than `key` (page 0 if none is).
+    pub fn page_for(&self, key: &[u8]) -> usize {
+        let (mut lo, mut hi) = (0, self.len());
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            match self.first_path(mid) <= key {
+                true => lo = mid + 1,
+                false => hi = mid,
+            }
+        }
+        lo.saturating_sub(1)
+    }
+
+    /// Decodes page `p` from its bytes `b`, checked ([`PageIndex::walk`]).
+    pub fn decode(&self, p: usize, b: &[u8]) -> Result<Vec<NsEntry>> {
+        let n = self.positions(p).end - self.positions(p).start;
+        let mut out = Vec::with_capacity(n as usize);
+        self.walk(p, b, |e| {
+            out.push(e);
+            true
+        })?;
+        Ok(out)
+    }
+
+    /// Calls `f` with page `p`'s entries in order until it returns false, checking each: the
+    /// first with `shared` 0 and the index's first path, every path greater than the one
+    /// before, tags naming samples that exist, modes within `0o7777`; reaching the end, that
+    /// the entries fill the page and are as many as its positions.
+    pub fn walk(&self, p: usize, b: &[u8], mut f: impl FnMut(NsEntry) -> bool) -> Result<u64> {
+        let bad = |why: String| FormatError::invalid(NS, format!("page {p}: {why}"));
+        let count = self.positions(p).end - self.positions(p).start;
+        let (mut at, mut seen, mut path) = (0usize, 0u64, Vec::<u8>::new());
+        let mut mtime = 0i64;
+        while at < b.len() {
+            let (Some(shared), Some(len)) = (get_varint(b, &mut at), get_varint(b, &mut at))
+            else {
+                return Err(bad(format!("entry {seen} is cut short")));
+            };
+            let end = (at as u64).checked_add(len).filter(|&e| e <= b.len() as u64);
+            let Some(end) = end.filter(|_| shared <= path.len() as u64) else {
+                return Err(bad(format!("entry {seen} does not fit")));
+            };
+            let suffix = &b[at..end as usize];
+            let rises = seen == 0 || suffix > &path[shared as usize..];
+            if (seen == 0 && (shared != 0 || suffix != self.first_path(p))) || !rises {
+                return Err(bad(format!("entry {seen} does not follow the one before")));
+            }
+            path.truncate(shared as usize);
+            path.extend_from_slice(suffix);
+            at = end as usize;
+            let Some(e) = self.rest(b, &mut at, &path, &mut mtime) else {
+                return Err(bad(format!(
+                    "entry {seen} ({}) is cut short, names a sample that does not exist or has \
+                     a mode beyond 7777",
+                    String::from_utf8_lossy(&path)
+                )));
+            };
+            seen += 1;
+            if !f(e) {
+                return Ok(seen);
+            }
+        }
+        if seen != count {
+            return Err(bad(format!("{seen} entries for {count} positions")));
+        }
+        Ok(seen)
+    }
+
+    /// The rest of an entry after its path: tag, size, attributes.
+    fn rest(&self, b: &[u8], at: &mut usize, path: &[u8], mtime: &mut i64) -> Option<NsEntry> {
+        let tag = get_varint(b, at)?;
+        let (id, size) = match tag {
+            0 => (None, 0),
+            t if t <= self.samples => (Some(t - 1), get_varint(b, at)?),
+            _ => return None,
+        };
+        let attrs = match self.attrs {
+            false => None,
+            true => {
+                let mode = u32::try_from(get_varint(b, at)?)
+                    .ok()
+                    .filter(|&m| m <= 0o7777)?;
+                *mtime = mtime.wrapping_add(unzigzag(get_varint(b, at)?));
+                Some(FileAttrs {
+                    mode,
+                    mtime_ns: *mtime,
+                })
+            }
+        };
+        Some(NsEntry {
+            path: path.to_vec(),
+            id,
+            size,
+            attrs,
+        })
+    }
+}
+
+/// The smallest byte string greater than every string starting with `prefix` (`None` when
+/// there is none: `prefix` is all 0xFF bytes, or empty).
+pub fn prefix_successor(prefix: &[u8]) -> Option<Vec<u8>> {
+    let mut s = prefix.to_vec();
+    while let Some(&last) = s.last() {
+        if last == 0xff {
+            s.pop();
+        } else {
+            *s.last_mut().expect("non-empty") += 1;
+            return Some(s);
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn varints_and_zigzag_round_trip() {
+        for v in [0u64, 1, 127, 128, 300, u32::MAX as u64, u64::MAX] {
+            let mut b = Vec::new();
+            put_varint(&mut b, v);
+            let mut at = 0;
+            assert_eq!(get_varint(&b, &mut at), Some(v));
+            assert_eq!(at, b.len());
+        }
+        assert_eq!(get_varint(&[0xff; 10], &mut 0), None);
+        assert_eq!(get_varint(&[0x80, 0x80], &mut 0), None);
+        for v in [0i64, 1, -1, 63, -64, i64::MAX, i64::MIN] {
+            assert_eq!(unzigzag(zigzag(v)), v);
+        }
+        assert_eq!((zigzag(-1), zigzag(1)), (1, 2));
+    }
+
+    #[test]
+    fn prefix_successors() {
+        assert_eq!(prefix_successor(b"ab"), Some(b"ac".to_vec()));
+        assert_eq!(prefix_successor(b"a\xff"), Some(b"b".to_vec()));
+        assert_eq!(prefix_successor(b"\xff\xff"), None);
+        assert_eq!(prefix_successor(b""), None);
+        assert_eq!(prefix_successor(b"a/"), Some(b"a0".to_vec()));
+    }
+}
