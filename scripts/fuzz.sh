@@ -83,7 +83,7 @@ for t in "${targets[@]}"; do
   # The committed corpus, plus the golden dataset's files for the format's own parsers.
   cp -r fuzz/corpus/"$t"/. "$work"/ 2>/dev/null || true
   case $t in
-    snapshot) for v in tests/golden/*/; do cp "$v"dataset/snapshot.gsnap "$work/golden-$(basename "$v")"; done ;;
+    snapshot|paged_snapshot|legacy_snapshot) for v in tests/golden/*/; do cp "$v"dataset/snapshot.gsnap "$work/golden-$(basename "$v")"; done ;;
     chunk) for v in tests/golden/*/; do for c in "$v"dataset/chunk-*.gchunk; do cp "$c" "$work/$(basename "$v")-$(basename "$c")"; done; done ;;
   esac
   log=$out/$t.log

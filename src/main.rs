@@ -66,6 +66,7 @@ enum Command {
     Read(cmd::read::Args),
     Plan(cmd::plan::Args),
     Reindex(cmd::reindex::Args),
+    Upgrade(cmd::upgrade::Args),
     Cache(cmd::cache::Args),
     Mount(cmd::mount::Args),
     Serve(cmd::serve::Args),
@@ -133,6 +134,7 @@ fn main() -> ExitCode {
         Command::Read(a) => cmd::read::run(a),
         Command::Plan(a) => cmd::plan::run(a),
         Command::Reindex(a) => cmd::reindex::run(a),
+        Command::Upgrade(a) => cmd::upgrade::run(a),
         Command::Cache(a) => cmd::cache::run(a),
         Command::Mount(a) => cmd::mount::run(a),
         Command::Serve(a) => cmd::serve::run(a),
@@ -171,14 +173,14 @@ fn error_chain(e: &anyhow::Error) -> String {
 fn long_version() -> &'static str {
     static TEXT: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     TEXT.get_or_init(|| {
-        use granary_format::{FORMAT_MAJOR, NEWEST_MINOR};
+        use granary_format::SNAPSHOT_MAJOR;
         let uring = match granary::io::uring_available() {
             Ok(()) => "yes".to_owned(),
             Err(why) => format!("no: {why}"),
         };
         format!(
-            "{}\nformat: writes {FORMAT_MAJOR}.{NEWEST_MINOR}, reads every {FORMAT_MAJOR}.x \
-             (format/SPEC.md)\nio_uring: {uring}\npread: yes",
+            "{}\nformat: {SNAPSHOT_MAJOR}.0, with feature bits (format/SPEC.md); 1.x datasets: \
+             `granary upgrade`\nio_uring: {uring}\npread: yes",
             env!("CARGO_PKG_VERSION")
         )
     })

@@ -58,8 +58,8 @@ fn info_ls_cat_and_json() {
     )
     .unwrap();
     assert_eq!(info["samples"], files.len() as u64);
-    // Modes, mtimes and directories recorded (format 1.2), block checksums (1.4), path pages (1.5).
-    assert_eq!(info["format_version"], "1.6");
+    // Modes, mtimes and directories recorded.
+    assert_eq!(info["format_version"], "2.0");
     assert_eq!(info["file_attributes"], true);
     let plain = tmp.path().join("plain");
     assert!(pack(&src, &plain, &["--no-metadata"]).status.success());
@@ -67,7 +67,7 @@ fn info_ls_cat_and_json() {
         &run_ok(["info".as_ref(), plain.as_os_str(), "--json".as_ref()]).stdout,
     )
     .unwrap();
-    assert_eq!(plain_info["format_version"], "1.6");
+    assert_eq!(plain_info["format_version"], "2.0");
     assert_eq!(plain_info["file_attributes"], false);
 
     // --chunk-files caps the files of a chunk whatever the chunk size.
@@ -370,14 +370,27 @@ fn crafted_snapshot_cannot_escape_the_target() {
     );
     let ds = tmp.path().join("ds");
     assert!(pack(&src, &ds, &[]).status.success());
+    // The snapshot rewritten with two paths that leave the target, as a hostile author would.
     let snap = ds.join(granary_format::SNAPSHOT_FILE);
-    let mut b = std::fs::read(&snap).unwrap();
-    for (from, to) in [(&b"xx/evil"[..], &b"../evil"[..]), (b"_tmp/ev", b"/tmp/ev")] {
-        let at = b.windows(from.len()).position(|w| w == from).unwrap();
-        b[at..at + from.len()].copy_from_slice(to);
+    let old = std::fs::read(&snap).unwrap();
+    let s = granary_format::Snapshot::open(&old[..]).unwrap();
+    let classes = (0..s.class_count())
+        .map(|c| s.class_name(c as u32).unwrap().to_vec())
+        .collect();
+    let mut b = granary_format::SnapshotBuilder::new(s.dataset_id(), classes);
+    b.unchecked_paths();
+    for c in 0..s.chunk_count() {
+        let mut sum = s.chunk_summary(c).unwrap();
+        for p in sum.paths.iter_mut() {
+            if p == b"xx/evil" {
+                *p = b"../evil".to_vec();
+            } else if p == b"_tmp/ev" {
+                *p = b"/tmp/ev".to_vec();
+            }
+        }
+        b.push_chunk(&sum).unwrap();
     }
-    reseal_snapshot(&mut b);
-    std::fs::write(&snap, &b).unwrap();
+    std::fs::write(&snap, b.build().unwrap()).unwrap();
     let out = tmp.path().join("deep/out");
     let o = run(["extract", ds.to_str().unwrap(), "-o", out.to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(1));
@@ -1021,7 +1034,7 @@ fn modes_mtimes_and_empty_directories_survive_pack_and_extract() {
     assert!(stdout(&o).contains("and 7 directories"), "{}", stdout(&o));
     let info = stdout(&run_ok(["info".as_ref(), ds.as_os_str()]));
     assert!(
-        info.contains("every file's mode and mtime, 7 directories"),
+        info.contains("every file's and directory's mode and mtime (7 directories)"),
         "{info}"
     );
     for p in [

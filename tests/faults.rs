@@ -557,7 +557,7 @@ fn juicefs_client_killed_mid_epoch_ends_the_stream_with_an_error_naming_the_chun
         let path = dataset.path(s.id).unwrap();
         assert_eq!(
             s.data(),
-            &by_path[path][..],
+            &by_path[&path[..]][..],
             "sample {} served wrong bytes",
             s.id
         );

@@ -1,12 +1,35 @@
-//! Golden files of format v1: a small dataset committed under tests/golden/v1/dataset, written
-//! once by `write_golden_v1` below (run it with `cargo test --test golden -- --ignored`, only
-//! when deliberately creating golden files for a new format version). Every future granary must
-//! still read these files exactly.
+//! Golden files. Format 2.0: datasets committed under tests/golden/v2*/dataset, written once
+//! by the ignored `write_golden_v2*` tests below; every later granary must read them exactly.
+//! Format 1.x (granary 0.1): the datasets under tests/golden/v1*/dataset, which granary now
+//! refuses to read with a message naming `granary upgrade`, and which `upgrade` turns into 2.0
+//! datasets that read exactly as the 1.x ones did (what these tests check, on copies).
 
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
 use crate::common::*;
+
+/// A copy of the 1.x golden dataset in `dir`, checked to be refused by name, then upgraded.
+fn upgraded(dir: &Path) -> (tempfile::TempDir, PathBuf) {
+    let tmp = tempfile::tempdir().unwrap();
+    let ds = tmp.path().join("dataset");
+    copy_dir(&dir.join("dataset"), &ds);
+    let o = run(["info".as_ref(), ds.as_os_str()]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("granary upgrade"), "{}", stderr(&o));
+    assert!(!stderr(&o).contains("reindex"), "no damage: {}", stderr(&o));
+    run_ok(["upgrade".as_ref(), ds.as_os_str()]);
+    assert!(ds.join(granary_packer::LEGACY_SNAPSHOT_FILE).is_file());
+    let o = run_ok(["upgrade".as_ref(), ds.as_os_str()]);
+    assert!(stdout(&o).contains("nothing to do"), "{}", stdout(&o));
+    (tmp, ds)
+}
+
+/// The header CRC of a 1.x golden snapshot (what its successor's lineage names).
+fn v1_header_crc(dir: &Path) -> u32 {
+    let b = std::fs::read(dir.join("dataset").join(granary_format::SNAPSHOT_FILE)).unwrap();
+    u32::from_le_bytes(b[60..64].try_into().unwrap())
+}
 
 fn golden_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden/v1")
@@ -50,22 +73,10 @@ fn pack_golden(src: &Path, out: &Path) {
 }
 
 #[test]
-#[ignore = "writes the golden files; run only when creating them for a new format version"]
-fn write_golden_v1() {
-    let tmp = tempfile::tempdir().unwrap();
-    let src = tmp.path().join("src");
-    write_tree(&src, &golden_source());
-    let out = golden_dir().join("dataset");
-    let _ = std::fs::remove_dir_all(&out);
-    std::fs::create_dir_all(golden_dir()).unwrap();
-    pack_golden(&src, &out);
-}
-
-#[test]
-fn reads_golden_v1() {
-    let ds_path = golden_dir().join("dataset");
-    let ds = granary::Dataset::open_checked(&ds_path).expect("golden v1 dataset opens");
-    assert_eq!(ds.snapshot().version(), (1, 0));
+fn upgrades_golden_v1() {
+    let (_tmp, ds_path) = upgraded(&golden_dir());
+    let ds = granary::Dataset::open_checked(&ds_path).expect("upgraded golden v1 dataset opens");
+    assert_eq!(ds.snapshot().version(), (2, 0));
     let want = golden_source();
     assert_eq!(ds.len(), want.len() as u64);
     assert!(ds.chunk_count() >= 3);
@@ -122,38 +133,14 @@ fn golden_appended() -> Vec<(Vec<u8>, Vec<u8>)> {
 }
 
 #[test]
-#[ignore = "writes the golden files; run only when creating them for a new format version"]
-fn write_golden_v1_1() {
-    let tmp = tempfile::tempdir().unwrap();
-    let src = tmp.path().join("src");
-    write_tree(&src, &golden_appended());
-    let out = golden_dir_1_1().join("dataset");
-    let _ = std::fs::remove_dir_all(&out);
-    std::fs::create_dir_all(&out).unwrap();
-    for e in std::fs::read_dir(golden_dir().join("dataset")).unwrap() {
-        let e = e.unwrap();
-        std::fs::copy(e.path(), out.join(e.file_name())).unwrap();
-    }
-    run_ok([
-        "append".as_ref(),
-        out.as_os_str(),
-        src.as_os_str(),
-        "--chunk-size".as_ref(),
-        "4KiB".as_ref(),
-        "--seed".as_ref(),
-        "1".as_ref(),
-    ]);
-}
-
-#[test]
-fn reads_golden_v1_1() {
-    let ds_path = golden_dir_1_1().join("dataset");
-    let ds = granary::Dataset::open_checked(&ds_path).expect("golden v1.1 dataset opens");
-    assert_eq!(ds.snapshot().version(), (1, 1));
-    let v1 = granary::Dataset::open_checked(golden_dir().join("dataset")).unwrap();
+fn upgrades_golden_v1_1() {
+    let (_tmp, ds_path) = upgraded(&golden_dir_1_1());
+    let ds = granary::Dataset::open_checked(&ds_path).expect("upgraded golden v1.1 opens");
+    let (_tmp1, v1_path) = upgraded(&golden_dir());
+    let v1 = granary::Dataset::open_checked(&v1_path).unwrap();
     let lineage = ds.snapshot().lineage();
     assert_eq!(lineage.generation, 1);
-    assert_eq!(lineage.parent, v1.snapshot().header_crc());
+    assert_eq!(lineage.parent, v1_header_crc(&golden_dir()));
     // Generation 1 keeps every chunk and sample id of generation 0.
     for c in 0..v1.chunk_count() {
         assert_eq!(
@@ -191,32 +178,10 @@ const GOLDEN_DIRS: [(&str, u32, i64); 4] = [
 ];
 
 #[test]
-#[ignore = "writes the golden files; run only when creating them for a new format version"]
-fn write_golden_v1_2() {
-    let tmp = tempfile::tempdir().unwrap();
-    let src = tmp.path().join("src");
-    let files = golden_source();
-    write_tree(&src, &files);
-    std::fs::create_dir_all(src.join("cherry/empty")).unwrap();
-    for (i, (p, _)) in files.iter().enumerate() {
-        let (mode, mtime) = golden_file_attrs(i);
-        set_attrs(&src.join(std::ffi::OsStr::from_bytes(p)), mode, mtime);
-    }
-    for (d, mode, mtime) in GOLDEN_DIRS.iter().rev() {
-        set_attrs(&src.join(d), *mode, *mtime);
-    }
-    let out = golden_dir_1_2().join("dataset");
-    let _ = std::fs::remove_dir_all(&out);
-    std::fs::create_dir_all(golden_dir_1_2()).unwrap();
-    pack_golden(&src, &out);
-}
-
-#[test]
-fn reads_golden_v1_2() {
+fn upgrades_golden_v1_2() {
     use std::os::unix::fs::{MetadataExt, PermissionsExt};
-    let ds_path = golden_dir_1_2().join("dataset");
-    let ds = granary::Dataset::open_checked(&ds_path).expect("golden v1.2 dataset opens");
-    assert_eq!(ds.snapshot().version(), (1, 2));
+    let (_tmp, ds_path) = upgraded(&golden_dir_1_2());
+    let ds = granary::Dataset::open_checked(&ds_path).expect("upgraded golden v1.2 opens");
     let want = golden_source();
     assert_eq!(ds.len(), want.len() as u64);
     for (i, (path, data)) in want.iter().enumerate() {
@@ -240,7 +205,13 @@ fn reads_golden_v1_2() {
             (d.as_bytes().to_vec(), a)
         })
         .collect();
-    assert_eq!(ds.dirs().unwrap(), dirs);
+    let got: Vec<(Vec<u8>, granary::FileAttrs)> = ds
+        .dirs()
+        .unwrap()
+        .into_iter()
+        .map(|d| (d.path, d.attrs.expect("attributes recorded")))
+        .collect();
+    assert_eq!(got, dirs);
     let r = granary::verify(&ds_path);
     assert!(r.is_clean(), "{:?}", r.problems);
     // Extracted with every mode, mtime and directory, the empty one too.
@@ -299,33 +270,9 @@ fn golden_members_1_3() -> Vec<(Vec<u8>, Vec<u8>)> {
 }
 
 #[test]
-#[ignore = "writes the golden files; run only when creating them for a new format version"]
-fn write_golden_v1_3() {
-    let tmp = tempfile::tempdir().unwrap();
-    let tar_path = tmp.path().join("golden.tar");
-    write_tar(&tar_path, &golden_members_1_3());
-    let out = golden_dir_1_3().join("dataset");
-    let _ = std::fs::remove_dir_all(&out);
-    std::fs::create_dir_all(golden_dir_1_3()).unwrap();
-    run_ok([
-        "pack",
-        "--from",
-        "webdataset",
-        tar_path.to_str().unwrap(),
-        "-o",
-        out.to_str().unwrap(),
-        "--chunk-size",
-        "8KiB",
-        "--seed",
-        "1",
-    ]);
-}
-
-#[test]
-fn reads_golden_v1_3_samples_with_fields() {
-    let ds_path = golden_dir_1_3().join("dataset");
-    let ds = granary::Dataset::open_checked(&ds_path).expect("golden v1.3 dataset opens");
-    assert_eq!(ds.snapshot().version(), (1, 3));
+fn upgrades_golden_v1_3_samples_with_fields() {
+    let (_tmp, ds_path) = upgraded(&golden_dir_1_3());
+    let ds = granary::Dataset::open_checked(&ds_path).expect("upgraded golden v1.3 opens");
     assert!(ds.has_fields());
     assert!(ds.chunk_count() >= 3);
     assert_eq!(
@@ -360,156 +307,265 @@ fn golden_dir_1_4() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden/v1.4")
 }
 
-/// Format 1.4: the v1 source packed again; the snapshot gains block checksums (kinds 14, 15).
-#[test]
-#[ignore = "writes the golden files; run only when creating them for a new format version"]
-fn write_golden_v1_4() {
-    let tmp = tempfile::tempdir().unwrap();
-    let src = tmp.path().join("src");
-    write_tree(&src, &golden_source());
-    let out = golden_dir_1_4().join("dataset");
-    let _ = std::fs::remove_dir_all(&out);
-    std::fs::create_dir_all(golden_dir_1_4()).unwrap();
-    pack_golden(&src, &out);
-}
-
-#[test]
-fn reads_golden_v1_4_block_checksums() {
-    let ds_path = golden_dir_1_4().join("dataset");
-    let ds = granary::Dataset::open_checked(&ds_path).expect("golden v1.4 dataset opens");
-    assert_eq!(ds.snapshot().version(), (1, 4));
-    let bi = ds
-        .snapshot()
-        .block_index()
-        .expect("1.4 has block checksums");
-    assert_eq!(bi.block_size, 65536);
-    assert_eq!(bi.covered.end, bi.crcs.start);
-    assert!(bi.check(ds.snapshot().bytes()).is_ok());
-    let want = golden_source();
-    assert_eq!(ds.len(), want.len() as u64);
-    for (path, data) in &want {
-        let id = ds.lookup(path).unwrap().expect("golden path present");
-        assert_eq!(&ds.read(id).unwrap(), data);
-    }
-    assert!(granary::verify(&ds_path).is_clean());
-    // The same files as the 1.0 golden set, however the snapshot grew.
-    let v1 = granary::Dataset::open(golden_dir().join("dataset")).unwrap();
-    assert_eq!(ds.content_digest().unwrap(), v1.content_digest().unwrap());
-    // A damaged byte anywhere after the section table fails its block's CRC.
-    let mut bad = ds.snapshot().bytes().to_vec();
-    let at = (bi.covered.start + bi.covered.end) as usize / 2;
-    bad[at] ^= 1;
-    let err = bi.check(&bad).unwrap_err().to_string();
-    assert!(err.contains("checksum mismatch"), "{err}");
-}
-
 fn golden_dir_1_5() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden/v1.5")
-}
-
-/// Format 1.5: the v1 source packed again; the snapshot gains path pages (kinds 16, 17).
-#[test]
-#[ignore = "writes the golden files; run only when creating them for a new format version"]
-fn write_golden_v1_5() {
-    let tmp = tempfile::tempdir().unwrap();
-    let src = tmp.path().join("src");
-    write_tree(&src, &golden_source());
-    let out = golden_dir_1_5().join("dataset");
-    let _ = std::fs::remove_dir_all(&out);
-    std::fs::create_dir_all(golden_dir_1_5()).unwrap();
-    pack_golden(&src, &out);
-}
-
-#[test]
-fn reads_golden_v1_5_path_pages() {
-    let ds = reads_paged_golden(&golden_dir_1_5(), (1, 5));
-    // Path pages carry no sizes, modes or mtimes.
-    let listed = ds.sorted_paths(0..ds.len()).unwrap();
-    assert!(listed.iter().all(|e| e.stat.is_none()));
-    assert!(!ds.listings_carry_stats());
-}
-
-/// The golden dataset in `dir`, of format `version` with pages (1.5 or later): opened,
-/// checked against the source, its pages listing the path order and searched as the 1.4
-/// golden set (no pages) is.
-fn reads_paged_golden(dir: &Path, version: (u16, u16)) -> granary::Dataset {
-    let ds_path = dir.join("dataset");
-    let ds = granary::Dataset::open_checked(&ds_path).expect("golden dataset opens");
-    let s = ds.snapshot();
-    assert_eq!(s.version(), version);
-    let ix = s.page_index().unwrap().expect("pages");
-    assert_eq!(ix.len(), 1);
-    let mut want = golden_source();
-    want.sort();
-    // The pages list the path order: every path, sorted, at its own sample id.
-    let listed = s.sorted_paths(0..ds.len()).unwrap();
-    assert_eq!(
-        listed.iter().map(|e| e.path.clone()).collect::<Vec<_>>(),
-        want.iter().map(|w| w.0.clone()).collect::<Vec<_>>()
-    );
-    for (pos, e) in listed.iter().enumerate() {
-        assert_eq!(s.sorted_id(pos as u64).unwrap(), e.id);
-        assert_eq!(s.lower_bound(&e.path).unwrap(), pos as u64);
-        assert_eq!(&ds.read(e.id).unwrap(), &want[pos].1);
-    }
-    let bananas = s.prefix_range(b"banana/").unwrap();
-    assert_eq!(bananas.end - bananas.start, 9);
-    assert!(granary::verify(&ds_path).is_clean());
-    let v1 = granary::Dataset::open(golden_dir().join("dataset")).unwrap();
-    assert_eq!(ds.content_digest().unwrap(), v1.content_digest().unwrap());
-    // The same searches on the 1.4 golden set (no pages) agree.
-    let v14 = granary::Dataset::open(golden_dir_1_4().join("dataset")).unwrap();
-    for key in [
-        &b""[..],
-        b"b",
-        b"banana/",
-        b"banana/caf",
-        b"cherry/",
-        b"z",
-        b"\xff",
-    ] {
-        assert_eq!(
-            s.prefix_range(key).unwrap(),
-            v14.snapshot().prefix_range(key).unwrap(),
-            "{key:?}"
-        );
-    }
-    ds
 }
 
 fn golden_dir_1_6() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden/v1.6")
 }
 
-/// Format 1.6: the v1 source packed again; the path pages become listing pages (kinds 18,
-/// 19), whose entries carry each file's size, mode and mtime.
+/// Formats 1.4 to 1.6: the v1 source packed again (the snapshots gained block checksums,
+/// path pages, listing pages); upgraded, each is the same dataset as the upgraded 1.0 one.
+#[test]
+fn upgrades_golden_v1_4_to_v1_6() {
+    let (_tmp1, v1_path) = upgraded(&golden_dir());
+    let v1 = granary::Dataset::open(&v1_path).unwrap();
+    let mut want = golden_source();
+    want.sort();
+    for dir in [golden_dir_1_4(), golden_dir_1_5(), golden_dir_1_6()] {
+        let (_tmp, ds_path) = upgraded(&dir);
+        let ds = granary::Dataset::open_checked(&ds_path).expect("upgraded golden opens");
+        assert_eq!(ds.content_digest().unwrap(), v1.content_digest().unwrap());
+        assert!(granary::verify(&ds_path).is_clean());
+        let s = ds.snapshot();
+        // The namespace lists every file, sorted, and the directories above them.
+        let files: Vec<granary::NsEntry> = s
+            .entries(0..s.entry_count())
+            .unwrap()
+            .into_iter()
+            .filter(|e| !e.is_dir())
+            .collect();
+        assert_eq!(
+            files.iter().map(|e| e.path.clone()).collect::<Vec<_>>(),
+            want.iter().map(|w| w.0.clone()).collect::<Vec<_>>()
+        );
+        for (e, w) in files.iter().zip(&want) {
+            let id = e.id.unwrap();
+            assert_eq!(&ds.read(id).unwrap(), &w.1);
+            assert_eq!(e.size, w.1.len() as u64);
+            assert_eq!(ds.lookup(&e.path).unwrap(), Some(id));
+        }
+        let dirs: Vec<Vec<u8>> = ds.dirs().unwrap().into_iter().map(|d| d.path).collect();
+        assert_eq!(
+            dirs,
+            vec![b"apple".to_vec(), b"banana".to_vec(), b"cherry".to_vec()]
+        );
+        let bananas = s.prefix_range(b"banana/").unwrap();
+        assert_eq!(bananas.end - bananas.start, 9);
+        assert_eq!(ds.lookup_stat(b"banana").unwrap(), None, "a directory");
+    }
+}
+
+fn golden_dir_2() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden/v2")
+}
+
+fn golden_dir_2_fields() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden/v2-fields")
+}
+
+/// The 2.0 golden source: the v1 source, its modes, mtimes and directories (the empty one
+/// too), and 3,000 small files in nested directories, enough for several namespace pages and
+/// several 64 KiB blocks of snapshot.
+fn golden_source_2() -> Vec<(Vec<u8>, Vec<u8>)> {
+    let mut v = golden_source();
+    for i in 0..3000u64 {
+        let path = format!("many/d{:02}/s{:02}/{i:05}.txt", i % 23, (i * 7) % 11);
+        v.push((path.into_bytes(), format!("small file {i}\n").into_bytes()));
+    }
+    v
+}
+
+/// The mode and mtime file `i` of [`golden_source_2`] has.
+fn golden_attrs_2(i: usize) -> (u32, i64) {
+    match i < golden_source().len() {
+        true => golden_file_attrs(i),
+        false => (0o640, 1_700_000_000_000_000_000 + i as i64 * 977),
+    }
+}
+
+/// Writes the 2.0 golden source tree (files, modes, mtimes, directories) under `src`.
+fn write_golden_source_2(src: &Path) {
+    let files = golden_source_2();
+    write_tree(src, &files);
+    std::fs::create_dir_all(src.join("cherry/empty")).unwrap();
+    for (i, (p, _)) in files.iter().enumerate() {
+        let (mode, mtime) = golden_attrs_2(i);
+        set_attrs(&src.join(std::ffi::OsStr::from_bytes(p)), mode, mtime);
+    }
+    for (d, mode, mtime) in GOLDEN_DIRS.iter().rev() {
+        set_attrs(&src.join(d), *mode, *mtime);
+    }
+}
+
+/// Format 2.0: the golden source packed (8 KiB chunks, seed 1): several chunks, zstd and raw
+/// records, attributes, an empty directory.
 #[test]
 #[ignore = "writes the golden files; run only when creating them for a new format version"]
-fn write_golden_v1_6() {
+fn write_golden_v2() {
     let tmp = tempfile::tempdir().unwrap();
     let src = tmp.path().join("src");
-    write_tree(&src, &golden_source());
-    let out = golden_dir_1_6().join("dataset");
+    write_golden_source_2(&src);
+    let out = golden_dir_2().join("dataset");
     let _ = std::fs::remove_dir_all(&out);
-    std::fs::create_dir_all(golden_dir_1_6()).unwrap();
+    std::fs::create_dir_all(golden_dir_2()).unwrap();
     pack_golden(&src, &out);
 }
 
+fn golden_dir_2_shards() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden/v2-shards")
+}
+
+/// Format 2.0, sharded: the golden source packed in three shards and merged (8 KiB chunks,
+/// seed 1), which leaves empty chunks (where a shard had fewer chunks than another).
 #[test]
-fn reads_golden_v1_6_listing_pages() {
-    let ds = reads_paged_golden(&golden_dir_1_6(), (1, 6));
-    assert!(ds.listings_carry_stats());
-    let mut want = golden_source();
-    want.sort();
-    // Every entry carries the file's size, and the mode and mtime kind 8 records.
-    let listed = ds.sorted_paths(0..ds.len()).unwrap();
-    for (e, w) in listed.iter().zip(&want) {
-        let st = e.stat.expect("listing pages carry stats");
-        assert_eq!(st.size, w.1.len() as u64);
-        let attrs = ds.attrs(e.id).unwrap();
-        assert!(attrs.is_some(), "the golden pack records attributes");
-        assert_eq!(st.attrs, attrs);
-        assert_eq!(ds.lookup_stat(&e.path).unwrap(), Some((e.id, st)));
+#[ignore = "writes the golden files; run only when creating them for a new format version"]
+fn write_golden_v2_shards() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    write_golden_source_2(&src);
+    let out = golden_dir_2_shards().join("dataset");
+    let _ = std::fs::remove_dir_all(&out);
+    std::fs::create_dir_all(golden_dir_2_shards()).unwrap();
+    for i in 0..3 {
+        let shard = format!("{i}/3");
+        run_ok([
+            "pack".as_ref(),
+            src.as_os_str(),
+            "-o".as_ref(),
+            out.as_os_str(),
+            "--chunk-size".as_ref(),
+            "8KiB".as_ref(),
+            "--seed".as_ref(),
+            "1".as_ref(),
+            "--shard".as_ref(),
+            shard.as_ref(),
+        ]);
     }
-    assert_eq!(ds.lookup_stat(b"banana/").unwrap(), None);
+    run_ok(["merge".as_ref(), out.as_os_str()]);
+}
+
+#[test]
+fn reads_golden_v2_shards_with_empty_chunks() {
+    let ds_path = golden_dir_2_shards().join("dataset");
+    let ds = granary::Dataset::open_checked(&ds_path).expect("golden v2 shards opens");
+    let s = ds.snapshot();
+    assert!(
+        s.chunks().iter().any(|c| c.sample_count == 0),
+        "an empty chunk"
+    );
+    assert!(granary::verify(&ds_path).is_clean());
+    let v2 = granary::Dataset::open(golden_dir_2().join("dataset")).unwrap();
+    assert_eq!(ds.content_digest().unwrap(), v2.content_digest().unwrap());
+    for (path, data) in golden_source_2().iter().step_by(7) {
+        let id = ds.lookup(path).unwrap().expect("golden path present");
+        assert_eq!(&ds.read(id).unwrap(), data);
+    }
+}
+
+#[test]
+fn reads_golden_v2() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let ds_path = golden_dir_2().join("dataset");
+    let ds = granary::Dataset::open_checked(&ds_path).expect("golden v2 dataset opens");
+    let s = ds.snapshot();
+    assert_eq!(s.version(), (2, 0));
+    assert!(s.has_attrs() && !s.has_fields());
+    assert!(s.blocks().count() >= 2, "{} blocks", s.blocks().count());
+    assert!(s.page_index().unwrap().len() >= 10);
+    let want = golden_source_2();
+    assert_eq!(ds.len(), want.len() as u64);
+    let mut compressed = 0;
+    for (i, (path, data)) in want.iter().enumerate() {
+        let id = ds.lookup(path).unwrap().expect("golden path present");
+        assert_eq!(&ds.read(id).unwrap(), data);
+        let (mode, mtime_ns) = golden_attrs_2(i);
+        assert_eq!(
+            ds.attrs(id).unwrap(),
+            Some(granary::FileAttrs { mode, mtime_ns })
+        );
+        compressed += (ds.sample(id).unwrap().compression == granary::Compression::Zstd) as u32;
+    }
+    assert!(compressed >= 6, "golden set must exercise zstd records");
+    // What info and plan read: the chunk table's sums and class counts.
+    let orig: u64 = s.chunks().iter().map(|c| c.orig_bytes).sum();
+    assert_eq!(orig, want.iter().map(|w| w.1.len() as u64).sum::<u64>());
+    let labelled: u64 = (0..s.chunk_count())
+        .flat_map(|c| s.class_counts(c).unwrap())
+        .map(|(_, n)| n)
+        .sum();
+    assert_eq!(
+        labelled,
+        want.len() as u64 - 1,
+        "every file but the root one has a class"
+    );
+    let dirs: Vec<Vec<u8>> = ds.dirs().unwrap().into_iter().map(|d| d.path).collect();
+    assert!(dirs.contains(&b"cherry/empty".to_vec()) && dirs.contains(&b"many/d07/s03".to_vec()));
+    let r = granary::verify(&ds_path);
+    assert!(r.is_clean(), "{:?}", r.problems);
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out");
+    run_ok([
+        "extract".as_ref(),
+        ds_path.as_os_str(),
+        "-o".as_ref(),
+        out.as_os_str(),
+    ]);
+    assert_eq!(read_tree(&out), sorted(want.clone()));
+    for (d, mode, mtime_ns) in GOLDEN_DIRS {
+        let m = std::fs::metadata(out.join(d)).unwrap();
+        assert_eq!(m.permissions().mode() & 0o7777, mode, "{d}");
+        assert_eq!(m.mtime() * 1_000_000_000 + m.mtime_nsec(), mtime_ns, "{d}");
+    }
+}
+
+/// Format 2.0 with fields: the 1.3 golden WebDataset members imported (8 KiB chunks, seed 1).
+#[test]
+#[ignore = "writes the golden files; run only when creating them for a new format version"]
+fn write_golden_v2_fields() {
+    let tmp = tempfile::tempdir().unwrap();
+    let tar_path = tmp.path().join("golden.tar");
+    write_tar(&tar_path, &golden_members_1_3());
+    let out = golden_dir_2_fields().join("dataset");
+    let _ = std::fs::remove_dir_all(&out);
+    std::fs::create_dir_all(golden_dir_2_fields()).unwrap();
+    run_ok([
+        "pack",
+        "--from",
+        "webdataset",
+        tar_path.to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+        "--chunk-size",
+        "8KiB",
+        "--seed",
+        "1",
+    ]);
+}
+
+#[test]
+fn reads_golden_v2_fields() {
+    let ds_path = golden_dir_2_fields().join("dataset");
+    let ds = granary::Dataset::open_checked(&ds_path).expect("golden v2 fields opens");
+    assert_eq!(ds.snapshot().version(), (2, 0));
+    assert!(ds.has_fields());
+    assert_eq!(
+        ds.field_names().unwrap(),
+        vec![&b"cls"[..], b"jpg", b"json", b"txt"]
+    );
+    assert_eq!(
+        ds.snapshot().field_types().unwrap(),
+        vec![granary_format::FieldType::Bytes; 4]
+    );
+    for (name, data) in &golden_members_1_3() {
+        let (id, field) = ds.lookup_field(name).unwrap().expect("member present");
+        let got = ds.read_fields(id, Some(&[&field[..]])).unwrap();
+        assert_eq!(&got[0].1, data, "{}", String::from_utf8_lossy(name));
+    }
+    assert!(granary::verify(&ds_path).is_clean());
+    // The same samples as the upgraded 1.3 golden set.
+    let (_tmp, v13) = upgraded(&golden_dir_1_3());
+    let v13 = granary::Dataset::open(&v13).unwrap();
+    assert_eq!(ds.content_digest().unwrap(), v13.content_digest().unwrap());
 }

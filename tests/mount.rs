@@ -167,7 +167,7 @@ fn listing_agrees_with_stat(fs: &MountFs, ino: u64) -> usize {
 }
 
 #[test]
-fn listings_show_what_stat_shows_in_every_format() {
+fn listings_show_what_stat_shows_with_and_without_metadata() {
     let tmp = tempfile::tempdir().unwrap();
     let files = mount_tree();
     let plain = packed_tree(
@@ -177,16 +177,18 @@ fn listings_show_what_stat_shows_in_every_format() {
         &["--chunk-size", "20KiB", "--no-metadata"],
     );
     let golden = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden");
-    for (ds, version, stats) in [
-        (packed(tmp.path(), &files), (1, 6), true),
-        (plain, (1, 6), true),
-        (golden.join("v1.5/dataset"), (1, 5), false),
-        (golden.join("v1.2/dataset"), (1, 2), false),
+    let upgraded = tmp.path().join("v1.2");
+    copy_dir(&golden.join("v1.2/dataset"), &upgraded);
+    run_ok(["upgrade".as_ref(), upgraded.as_os_str()]);
+    for (ds, attrs) in [
+        (packed(tmp.path(), &files), true),
+        (plain, false),
+        (upgraded, true),
     ] {
         let fs = mount_fs(&ds, None, false);
         let d = fs.dataset().clone();
-        assert_eq!(d.snapshot().version(), version, "{ds:?}");
-        assert_eq!(d.listings_carry_stats(), stats, "{ds:?}");
+        assert_eq!(d.snapshot().version(), (2, 0), "{ds:?}");
+        assert_eq!(d.snapshot().has_attrs(), attrs, "{ds:?}");
         assert_eq!(listing_agrees_with_stat(&fs, ROOT_INO) as u64, d.len());
     }
 }
@@ -995,14 +997,24 @@ fn listed(fs: &MountFs, ino: u64) -> Result<Vec<Vec<u8>>, i32> {
 #[test]
 fn the_tree_is_made_as_it_is_visited_and_a_bad_name_fails_only_its_directory() {
     let tmp = tempfile::tempdir().unwrap();
+    // A name that is both a file and a directory cannot be written at all.
+    let bad = tmp.path().join("bad");
+    let mut w = granary_packer::Writer::create(granary_packer::WriterOptions::new(&bad)).unwrap();
+    for key in ["a/b", "a/b/c"] {
+        w.write(key.as_bytes(), vec![1], granary_packer::Label::None)
+            .unwrap();
+    }
+    let e = w.finish().unwrap_err().to_string();
+    assert!(e.contains("a/b is both a file and a directory"), "{e}");
     let out = tmp.path().join("ds");
     let mut w = granary_packer::Writer::create(granary_packer::WriterOptions::new(&out)).unwrap();
-    // `a/b` is both a file and a directory; `d` mixes files and a subdirectory where they
-    // sort ('-' < '.' < '/').
+    // A name in `a` no file system takes (over 255 bytes); `d` mixes files and a
+    // subdirectory where they sort ('-' < '.' < '/').
+    let long = format!("a/{}", "x".repeat(300));
     for key in [
         "a/b",
         "a/b.txt",
-        "a/b/c",
+        &long,
         "d/e/f/g.bin",
         "d/e-1",
         "d/e.txt",
@@ -1026,7 +1038,7 @@ fn the_tree_is_made_as_it_is_visited_and_a_bad_name_fails_only_its_directory() {
     assert_eq!(fs.lookup(e, b"nothing").unwrap_err(), libc::ENOENT);
     assert_eq!(fs.lookup(d, b"e.tx").unwrap_err(), libc::ENOENT);
     // Listings in path order; a subdirectory listed and looked up is the same inode.
-    assert_eq!(listed(&fs, d).unwrap(), [&b"e-1"[..], b"e.txt", b"e"]);
+    assert_eq!(listed(&fs, d).unwrap(), [&b"e"[..], b"e-1", b"e.txt"]);
     assert_eq!(listed(&fs, e).unwrap(), [&b"f"[..], b"h"]);
     assert_eq!(fs.lookup(d, b"e").unwrap().ino.0, e);
     assert_eq!(listed(&fs, ROOT_INO).unwrap(), [&b"a"[..], b"d", b"z"]);

@@ -62,9 +62,9 @@ fn shards_import_as_field_samples_and_extract_to_the_same_files() {
     assert_eq!(s["files"], 360);
     assert_eq!(s["classes"], 5);
     let info = stdout(&run_ok(["info".as_ref(), ds.as_os_str()]));
-    assert!(info.contains("format         1.6"), "{info}");
+    assert!(info.contains("format         2.0"), "{info}");
     assert!(
-        info.contains("fields         4: cls, jpg, json, txt"),
+        info.contains("fields         4: cls (bytes), jpg (bytes), json (bytes), txt (bytes)"),
         "{info}"
     );
     run_ok(["verify".as_ref(), ds.as_os_str()]);

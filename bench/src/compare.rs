@@ -349,7 +349,7 @@ fn granary_epoch(o: &CompareOptions, epoch: u64) -> granary::Result<SideEpoch> {
                         let sample = sample?;
                         // The CRC-32 the reader verified over the delivered bytes.
                         let (len, crc) = (sample.data().len(), sample.crc32());
-                        out.add(ds.path(sample.id)?, len, crc, t0.elapsed());
+                        out.add(&ds.path(sample.id)?, len, crc, t0.elapsed());
                         t0 = Instant::now();
                     }
                     Ok(out)

@@ -159,11 +159,7 @@ fn time_lookups(ds: &granary::Dataset, n: u64) -> Result<(f64, f64), String> {
     }
     let mut r = SplitMix64::new(7);
     let paths: Vec<Vec<u8>> = (0..n)
-        .map(|_| {
-            ds.path(r.below(ds.len()))
-                .map(<[u8]>::to_vec)
-                .map_err(|e| e.to_string())
-        })
+        .map(|_| ds.path(r.below(ds.len())).map_err(|e| e.to_string()))
         .collect::<Result<_, _>>()?;
     for p in &paths {
         ds.lookup(p).map_err(|e| e.to_string())?;

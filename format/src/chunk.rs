@@ -66,7 +66,10 @@ impl ChunkHeader {
             ));
         }
         if b[36..60].iter().any(|&x| x != 0) {
-            return Err(FormatError::invalid(WHAT, "reserved bytes 36..60 are not zero"));
+            return Err(FormatError::invalid(
+                WHAT,
+                "reserved bytes 36..60 are not zero",
+            ));
         }
         let header_len = le::u32_at(b, 12);
         if header_len as usize != CHUNK_HEADER_LEN {
@@ -712,7 +715,10 @@ mod tests {
             ChunkHeader::decode(&b).unwrap_err().to_string()
         };
         let err = with(8, 2);
-        assert!(err.contains("version 2") && err.contains("version 1"), "{err}");
+        assert!(
+            err.contains("version 2") && err.contains("version 1"),
+            "{err}"
+        );
         let err = with(10, 4);
         assert!(err.contains("feature bits 0x4"), "{err}");
     }

@@ -55,16 +55,26 @@ pub fn read_legacy_snapshot(b: &[u8]) -> Result<LegacySnapshot> {
         return Err(FormatError::truncated(WHAT, 64, b.len() as u64));
     }
     if !is_legacy_snapshot(b) {
-        return Err(bad("not a format 1.x snapshot (magic or major version differ)"));
+        return Err(bad(
+            "not a format 1.x snapshot (magic or major version differ)",
+        ));
     }
     check_crc(WHAT, le::u32_at(b, 60), &b[0..60])?;
-    let (n, c, k) = (le::u64_at(b, 32), le::u64_at(b, 40), le::u32_at(b, 48) as usize);
+    let (n, c, k) = (
+        le::u64_at(b, 32),
+        le::u64_at(b, 40),
+        le::u32_at(b, 48) as usize,
+    );
     if k > 1024 || n > crate::MAX_SAMPLES || c > u32::MAX as u64 {
         return Err(bad(format!("{n} samples, {c} chunks, {k} sections")));
     }
     let table_end = 64 + 32 * k;
     if b.len() < table_end {
-        return Err(FormatError::truncated(WHAT, table_end as u64, b.len() as u64));
+        return Err(FormatError::truncated(
+            WHAT,
+            table_end as u64,
+            b.len() as u64,
+        ));
     }
     check_crc(
         "format 1.x section table",
@@ -79,19 +89,23 @@ pub fn read_legacy_snapshot(b: &[u8]) -> Result<LegacySnapshot> {
             return Err(bad(format!("section of kind {kind} lies outside the file")));
         };
         let s = &b[off as usize..end as usize];
-        check_crc(format!("format 1.x section of kind {kind}"), le::u32_at(e, 24), s)?;
+        check_crc(
+            format!("format 1.x section of kind {kind}"),
+            le::u32_at(e, 24),
+            s,
+        )?;
         if (1..20).contains(&kind) {
             sections[kind as usize] = Some(s);
         }
     }
-    let need = |kind: usize| sections[kind].ok_or_else(|| bad(format!("no section of kind {kind}")));
+    let need =
+        |kind: usize| sections[kind].ok_or_else(|| bad(format!("no section of kind {kind}")));
     let strings = |kind: usize| -> Result<Vec<Vec<u8>>> {
         let t = StringTable::parse(need(kind)?, WHAT)?;
         t.iter().map(|x| x.map(<[u8]>::to_vec)).collect()
     };
     let (chunk_tab, sample_tab) = (need(1)?, need(2)?);
-    if chunk_tab.len() as u64 != 40 * c || sample_tab.len() as u64 != SAMPLE_ENTRY_LEN as u64 * n
-    {
+    if chunk_tab.len() as u64 != 40 * c || sample_tab.len() as u64 != SAMPLE_ENTRY_LEN as u64 * n {
         return Err(bad("chunk or sample table sized for other counts"));
     }
     let paths = strings(3)?;
@@ -130,7 +144,9 @@ pub fn read_legacy_snapshot(b: &[u8]) -> Result<LegacySnapshot> {
     for (i, e) in chunk_tab.chunks_exact(40).enumerate() {
         let (first, count) = (le::u64_at(e, 16), le::u64_at(e, 24));
         if le::u32_at(e, 0) as usize != i || first != next || first + count > n {
-            return Err(bad(format!("chunk {i}'s entry does not follow the one before")));
+            return Err(bad(format!(
+                "chunk {i}'s entry does not follow the one before"
+            )));
         }
         next += count;
         let ids = first as usize..(first + count) as usize;
@@ -179,7 +195,9 @@ fn sample_fields(index: &[u8], table: &[u8], s: usize) -> Result<Vec<FieldEntry>
     let (a, e) = (le::u64_at(index, s * 8), le::u64_at(index, s * 8 + 8));
     let fits = a <= e && e.checked_mul(FIELD_ENTRY_LEN as u64) <= Some(table.len() as u64);
     if !fits {
-        return Err(bad(format!("sample {s}'s field entries {a}..{e} lie outside the table")));
+        return Err(bad(format!(
+            "sample {s}'s field entries {a}..{e} lie outside the table"
+        )));
     }
     (a..e)
         .map(|i| FieldEntry::decode(&table[i as usize * FIELD_ENTRY_LEN..][..FIELD_ENTRY_LEN]))

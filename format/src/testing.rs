@@ -13,3 +13,32 @@ pub fn dump_fuzz_seed(target: &str, name: &str, bytes: &[u8]) {
         std::fs::write(dir.join(name), bytes).expect("writing a fuzz seed");
     }
 }
+
+/// Recomputes every CRC of a snapshot (the body's blocks, the block CRC table's, the
+/// header's) after an edit, as a hostile author would, so the edit passes the checksum checks
+/// and reaches the structural ones. Does nothing (returns false) when the header's body end or
+/// block size cannot describe `b`.
+pub fn reseal_snapshot(b: &mut [u8]) -> bool {
+    if b.len() < 64 {
+        return false;
+    }
+    let body_end = u64::from_le_bytes(b[40..48].try_into().expect("8 bytes"));
+    let shift = b[10];
+    if !crate::BLOCK_SHIFTS.contains(&shift) || body_end < 64 || body_end > b.len() as u64 {
+        return false;
+    }
+    let body_end = body_end as usize;
+    let crcs: Vec<u8> = b[64..body_end]
+        .chunks(1 << shift)
+        .flat_map(|c| crc32fast::hash(c).to_le_bytes())
+        .collect();
+    let Some(table) = b.get_mut(body_end..body_end + crcs.len()) else {
+        return false;
+    };
+    table.copy_from_slice(&crcs);
+    let crc = crc32fast::hash(&crcs);
+    b[56..60].copy_from_slice(&crc.to_le_bytes());
+    let crc = crc32fast::hash(&b[0..60]);
+    b[60..64].copy_from_slice(&crc.to_le_bytes());
+    true
+}

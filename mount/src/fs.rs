@@ -300,7 +300,10 @@ impl MountFs {
                         .tree
                         .file_sample(ds, h.id)
                         .map_err(|e| self.eio("reading the field index", &e))?;
-                    let path = ds.path(id).map(granary::escape_path).unwrap_or_default();
+                    let path = ds
+                        .path(id)
+                        .map(|p| granary::escape_path(&p))
+                        .unwrap_or_default();
                     // The whole sample is read and checked; a field is its slice.
                     let d = self
                         .reader

@@ -3,30 +3,28 @@
 //!
 //! Mounting reads nothing per sample, so it costs the same at a thousand samples as at a
 //! billion; memory grows with the directories visited, not with the dataset. Files need no
-//! per-file memory: a file is its sample (inode = sample id + 2), found by name through the
-//! snapshot's path hash index, and listed through the path order. Every path with a given
-//! prefix is contiguous in the path order, so a directory's entries are a few runs: its
-//! subdirectories, and runs of positions in the path order holding its direct files. Listing
-//! a directory reads its direct files' paths and, for each subdirectory, where its subtree
-//! ends; looking a directory up is one search of the path order. With path pages (format 1.5)
-//! a search is the page index (read once) and one page, and a directory's paths are
-//! consecutive pages; older snapshots are searched by bisection through the paths by id.
+//! per-file memory: a file is its sample (inode = sample id + 2), found by name in the
+//! snapshot's namespace. The namespace lists every file and directory in path order, so a
+//! directory's entries are a few runs of it: its subdirectories (each an entry, followed by
+//! its subtree, which a listing skips with one search) and runs of positions holding its
+//! direct files. Looking a name up is the page index (read once) and one page; a listing reads
+//! consecutive pages, and the entries carry each file's size, mode and mtime.
 //!
-//! In a dataset whose samples have named fields (format 1.3) the files are the fields, shown
-//! as `KEY.FIELD` (inode = the field's index among all field entries + 2); a run of samples
-//! then keeps each sample's first entry number (8 bytes a sample), so that listing stays a
-//! binary search.
+//! In a dataset whose samples have named fields the files are the fields, shown as
+//! `KEY.FIELD` (inode = the field's index among all field entries + 2); a run of samples then
+//! keeps each sample's first entry number (8 bytes a sample), so that listing stays a binary
+//! search.
 //!
-//! Paths that cannot form a tree (absolute or empty components, `.`/`..`, a name that is both
-//! a file and a directory, a path order out of order) are found when the directory holding
+//! Paths that cannot form a tree (empty components, `.`/`..`, names over 255 bytes, a
+//! namespace out of order or without a file's directory) are found when the directory holding
 //! them is listed or looked up, and that operation fails naming the path (`EIO` through the
-//! mount); `granary verify` checks the whole path order.
+//! mount); `granary verify` checks the whole namespace.
 
 use std::borrow::Cow;
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
-use granary::{Dataset, FileStat, PathEntry, ReadError};
+use granary::{Dataset, FileStat, NsEntry, ReadError};
 
 /// Inode of the root directory (FUSE's fixed root).
 pub const ROOT_INO: u64 = 1;
@@ -41,12 +39,11 @@ const READAHEAD: (u64, u64) = (64, 1 << 16);
 /// Paths read together when a directory's entries are read in order (readdir).
 const ENTRY_BATCH: u64 = 4096;
 
-/// Positions of the path order read last, with their sample ids, paths and (listing pages)
-/// stats (a listing and the readdir after it read them in order).
+/// Namespace entries read last (a listing and the readdir after it read them in order).
 #[derive(Debug, Default)]
 struct Ahead {
     at: std::ops::Range<u64>,
-    entries: Vec<PathEntry>,
+    entries: Vec<NsEntry>,
 }
 
 /// One entry of a directory's listing, in order.
@@ -54,7 +51,7 @@ struct Ahead {
 enum Run {
     /// A subdirectory (index into the tree's directories).
     Dir(u32),
-    /// Direct files at positions `start..end` of the snapshot's path order; with fields,
+    /// Direct files at positions `start..end` of the snapshot's namespace; with fields,
     /// `firsts[i]` is the entry number (within the run) of position `start + i`'s first field.
     Files {
         start: u64,
@@ -77,7 +74,7 @@ struct Dir {
     /// Full path, without a trailing slash (empty for the root).
     path: Box<[u8]>,
     parent: u32,
-    /// Mode and mtime as packed (datasets of format 1.2).
+    /// Mode and mtime as packed, when the dataset records them.
     attrs: Option<granary::FileAttrs>,
     listing: OnceLock<Listing>,
 }
@@ -96,8 +93,8 @@ pub enum Node {
 pub struct Entry<'a> {
     pub node: Node,
     pub name: Cow<'a, [u8]>,
-    /// A file's size, mode and mtime when the listing had them at hand (listing pages, format
-    /// 1.6, in a dataset without fields).
+    /// A file's size, mode and mtime when the listing had them at hand (a dataset without
+    /// fields).
     pub stat: Option<FileStat>,
 }
 
@@ -113,8 +110,6 @@ struct Known {
 #[derive(Debug)]
 pub struct Tree {
     known: RwLock<Known>,
-    /// The directories the dataset records (empty ones too), as `D/`, sorted.
-    recorded: Vec<(Box<[u8]>, granary::FileAttrs)>,
     /// Number of files: samples, or field entries when the samples have fields.
     samples: u64,
     fields: bool,
@@ -172,8 +167,7 @@ fn join(dir: &[u8], name: &[u8]) -> Vec<u8> {
 }
 
 impl Tree {
-    /// The tree of `ds`: only its root, and the directories the dataset records, are read
-    /// now (O(recorded directories), nothing per sample).
+    /// The tree of `ds`: only its root now (nothing per sample or per directory).
     pub fn build(ds: &Dataset) -> Result<Tree, ReadError> {
         let fields = ds.has_fields();
         let files = match fields {
@@ -183,15 +177,6 @@ impl Tree {
         if files >= u64::MAX - ROOT_INO - 2 - u32::MAX as u64 {
             return Err(bad(format!("{files} files are too many for inode numbers")));
         }
-        let mut recorded: Vec<(Box<[u8]>, granary::FileAttrs)> = ds
-            .dirs()?
-            .into_iter()
-            .map(|(mut d, a)| {
-                d.push(b'/');
-                (d.into_boxed_slice(), a)
-            })
-            .collect();
-        recorded.sort_unstable_by(|a, b| a.0.cmp(&b.0));
         let root = Arc::new(Dir {
             path: Box::default(),
             parent: 0,
@@ -203,20 +188,19 @@ impl Tree {
                 dirs: vec![root],
                 by_path: HashMap::from([(Box::default(), 0)]),
             }),
-            recorded,
             samples: files,
             fields,
             ahead: Mutex::default(),
         })
     }
 
-    /// The sample id, path and (listing pages) stat at position `pos` of the path order:
-    /// from the positions read last, or read now with the `batch - 1` after it (up to `end`).
-    fn sorted(&self, ds: &Dataset, pos: u64, batch: u64, end: u64) -> Result<PathEntry, ReadError> {
+    /// The namespace entry at position `pos`: from the entries read last, or read now with
+    /// the `batch - 1` after it (up to `end`).
+    fn sorted(&self, ds: &Dataset, pos: u64, batch: u64, end: u64) -> Result<NsEntry, ReadError> {
         let mut a = self.ahead.lock().unwrap_or_else(|p| p.into_inner());
         if !a.at.contains(&pos) {
             let entries =
-                ds.sorted_paths(pos..pos.saturating_add(batch.max(1)).min(end).max(pos + 1))?;
+                ds.entries(pos..pos.saturating_add(batch.max(1)).min(end).max(pos + 1))?;
             *a = Ahead {
                 at: pos..pos + entries.len() as u64,
                 entries,
@@ -225,7 +209,7 @@ impl Tree {
         a.entries
             .get(pos.wrapping_sub(a.at.start) as usize)
             .cloned()
-            .ok_or_else(|| bad(format!("position {pos} of the path order is out of range")))
+            .ok_or_else(|| bad(format!("position {pos} of the namespace is out of range")))
     }
 
     fn known(&self) -> std::sync::RwLockReadGuard<'_, Known> {
@@ -236,54 +220,28 @@ impl Tree {
         self.known().dirs[dir as usize].clone()
     }
 
-    /// Recorded directories whose key starts with `prefix`, as a range of `recorded`.
-    fn recorded_under(&self, prefix: &[u8]) -> std::ops::Range<usize> {
-        let r = &self.recorded;
-        let a = r.partition_point(|(k, _)| &k[..] < prefix);
-        a..a + r[a..].partition_point(|(k, _)| k.starts_with(prefix))
-    }
-
-    /// The directory `path` (child of `parent`), made known if the dataset has it: a recorded
-    /// directory, or a path under `path/`. Refuses a name that is both a file and a directory.
+    /// The directory `path` (child of `parent`), made known if the namespace has it.
     fn child_dir(&self, ds: &Dataset, parent: u32, path: &[u8]) -> Result<Option<u32>, ReadError> {
         if let Some(&d) = self.known().by_path.get(path) {
             return Ok(Some(d));
         }
-        let mut key = path.to_vec();
-        key.push(b'/');
-        let exists = !self.recorded_under(&key).is_empty() || {
-            let at = ds.lower_bound(&key)?;
-            at < ds.len() && self.sorted(ds, at, 1, ds.len())?.path.starts_with(&key)
-        };
-        if !exists {
-            return Ok(None);
+        match ds.find(path)? {
+            Some((_, e)) if e.is_dir() => self.add_dir(parent, path, e.attrs).map(Some),
+            _ => Ok(None),
         }
-        self.add_dir(ds, parent, path).map(Some)
     }
 
-    /// Makes directory `path` known (once), child of `parent`.
-    fn add_dir(&self, ds: &Dataset, parent: u32, path: &[u8]) -> Result<u32, ReadError> {
+    /// Makes directory `path` known (once), child of `parent`, with its attributes.
+    fn add_dir(
+        &self,
+        parent: u32,
+        path: &[u8],
+        attrs: Option<granary::FileAttrs>,
+    ) -> Result<u32, ReadError> {
         if let Some(&d) = self.known().by_path.get(path) {
             return Ok(d);
         }
         checked(path)?;
-        let file = match self.fields {
-            true => ds.lookup_field(path)?.is_some(),
-            false => ds.lookup(path)?.is_some(),
-        };
-        if file {
-            return Err(bad(format!(
-                "{:?} is both a file and a directory",
-                granary::escape_path(path)
-            )));
-        }
-        let mut key = path.to_vec();
-        key.push(b'/');
-        let attrs = self
-            .recorded
-            .binary_search_by(|(k, _)| k[..].cmp(&key))
-            .ok()
-            .map(|i| self.recorded[i].1);
         let mut k = self.known.write().unwrap_or_else(|p| p.into_inner());
         if let Some(&d) = k.by_path.get(path) {
             return Ok(d);
@@ -311,28 +269,23 @@ impl Tree {
     }
 
     /// Works out the listing of directory `dir` (`path`): one walk through its positions in
-    /// the path order, merged with the directories the dataset records under it, skipping
-    /// each subdirectory's subtree by galloping past it.
+    /// the namespace, skipping each subdirectory's subtree with one search.
     fn list(&self, ds: &Dataset, dir: u32, path: &[u8]) -> Result<Listing, ReadError> {
         let prefix: Vec<u8> = match dir {
             0 => Vec::new(),
             _ => [path, b"/"].concat(),
         };
         let range = match dir {
-            0 => 0..ds.len(),
+            0 => 0..ds.entry_count(),
             _ => ds.prefix_range(&prefix)?,
         };
-        let rec = self.recorded_under(&prefix);
-        let (mut pos, mut ri) = (range.start, rec.start);
+        let mut pos = range.start;
         let mut l = Listing::default();
-        let mut seen: HashSet<Vec<u8>> = HashSet::new();
         let mut prev: Option<Vec<u8>> = None;
-        // A listing that would touch most blocks of the paths anyway fetches them whole, in
-        // large GETs, rather than a few at a time (snapshots without path pages).
-        ds.prefetch_for_listing(range.clone())?;
+        let mut subdirs: HashMap<Vec<u8>, u32> = HashMap::new();
         let (mut fetched_to, mut batch, mut in_files) = (pos, READAHEAD.0, false);
-        loop {
-            // Read ahead only through a run of direct files (a subdirectory needs one path),
+        while pos < range.end {
+            // Read ahead only through a run of direct files (a subdirectory needs one entry),
             // in batches that grow while the run goes on.
             if pos >= fetched_to || !in_files {
                 fetched_to = pos + if in_files { batch } else { 1 };
@@ -340,55 +293,42 @@ impl Tree {
                     batch = (batch * 2).min(READAHEAD.1);
                 }
             }
-            let file = match pos < range.end {
-                true => Some(self.sorted(ds, pos, fetched_to - pos, range.end)?.path),
-                false => None,
-            };
-            let rec_key = (ri < rec.end).then(|| &self.recorded[ri].0[..]);
-            let (key, is_file) = match (file.as_deref(), rec_key) {
-                (None, None) => break,
-                (Some(f), Some(r)) if r <= f => (r, false),
-                (Some(f), _) => (f, true),
-                (None, Some(r)) => (r, false),
-            };
-            if is_file {
-                checked(key)?;
-                if prev.as_deref().is_some_and(|p| p >= key) || !key.starts_with(&prefix) {
-                    return Err(bad(format!(
-                        "the snapshot's path order is not sorted at {:?} (run `granary verify`)",
-                        granary::escape_path(key)
-                    )));
-                }
-                prev = Some(key.to_vec());
+            let e = self.sorted(ds, pos, fetched_to - pos, range.end)?;
+            checked(&e.path)?;
+            let rest = e.path.strip_prefix(&prefix[..]).unwrap_or_default();
+            let slash = rest.iter().position(|&b| b == b'/');
+            // A subdirectory's entry comes before its subtree ("D" < "D/x"), but siblings may
+            // sort between them ("D-1", "D.txt" < "D/"): its subtree is skipped where it starts.
+            let below = slash.and_then(|i| subdirs.get(&rest[..i]).map(|_| i));
+            if prev.as_ref().is_some_and(|p| *p >= e.path)
+                || !e.path.starts_with(&prefix)
+                || (slash.is_some() && below.is_none())
+            {
+                return Err(bad(format!(
+                    "the snapshot's namespace is out of order or lacks the directory of {:?} \
+                     (run `granary verify`)",
+                    granary::escape_path(&e.path)
+                )));
             }
-            let rest = &key[prefix.len()..];
-            if !is_file && rest.is_empty() {
-                // The record of this directory itself (`D/`).
-                ri += 1;
-                continue;
-            }
-            match rest.iter().position(|&b| b == b'/') {
-                Some(i) => {
-                    let name = &rest[..i];
-                    if !seen.insert(name.to_vec()) {
-                        return Err(bad(format!(
-                            "directory {:?} appears twice in the path order (run `granary verify`)",
-                            granary::escape_path(&[&prefix[..], name].concat())
-                        )));
-                    }
-                    let child = [&prefix[..], name].concat();
-                    let sub = self.add_dir(ds, dir, &child)?;
-                    l.starts.push(l.entries);
-                    l.runs.push(Run::Dir(sub));
-                    l.entries += 1;
-                    let below = [&child[..], b"/"].concat();
-                    pos = ds.prefix_end(&below, pos)?;
-                    ri = rec.start + self.recorded_under_from(&below, rec.start..rec.end);
+            prev = Some(e.path.clone());
+            match (below, e.id) {
+                (Some(i), _) => {
+                    let sub = [&prefix[..], &rest[..=i]].concat();
+                    pos = ds.prefix_end(&sub)?.max(pos + 1);
                     batch = READAHEAD.0;
                     in_files = false;
                 }
-                None => {
-                    self.add_file(ds, &mut l, pos, rest)?;
+                (None, None) => {
+                    let sub = self.add_dir(dir, &e.path, e.attrs)?;
+                    subdirs.insert(rest.to_vec(), sub);
+                    l.starts.push(l.entries);
+                    l.runs.push(Run::Dir(sub));
+                    l.entries += 1;
+                    pos += 1;
+                    in_files = false;
+                }
+                (None, Some(id)) => {
+                    self.add_file(ds, &mut l, pos, id, rest)?;
                     pos += 1;
                     in_files = true;
                 }
@@ -397,30 +337,24 @@ impl Tree {
         Ok(l)
     }
 
-    /// The offset within `range` of `recorded` of the first key past every key starting with
-    /// `below` (and every key before it).
-    fn recorded_under_from(&self, below: &[u8], range: std::ops::Range<usize>) -> usize {
-        self.recorded[range].partition_point(|(k, _)| &k[..] < below || k.starts_with(below))
-    }
-
     /// Adds the direct file at position `pos` (named `name`) to listing `l`.
     fn add_file(
         &self,
         ds: &Dataset,
         l: &mut Listing,
         pos: u64,
+        id: u64,
         name: &[u8],
     ) -> Result<(), ReadError> {
         let count = match self.fields {
             false => 1,
             true => {
-                let id = ds.sorted_id(pos)?;
                 let fs = ds.fields(id)?;
                 if let Some(f) = fs.iter().find(|f| name.len() + 1 + f.name.len() > NAME_MAX) {
                     return Err(bad(format!(
                         "a name of {} bytes: {:?}.{}",
                         name.len() + 1 + f.name.len(),
-                        granary::escape_path(ds.path(id)?),
+                        granary::escape_path(&ds.path(id)?),
                         String::from_utf8_lossy(f.name)
                     )));
                 }
@@ -447,12 +381,11 @@ impl Tree {
         Ok(())
     }
 
-    /// Makes the sample entries (and attributes) of `dir`'s files present at once, before a
-    /// listing that shows their attributes reads them one by one (readdirplus).
-    /// Nothing for a snapshot held whole (no ids are gathered), or whose listing pages carry
-    /// the files' stats (format 1.6, without fields).
+    /// Makes the record entries of `dir`'s files present at once before a listing that
+    /// shows their sizes reads them one by one (readdirplus of a dataset with fields, whose
+    /// files are fields); nothing otherwise: the namespace entries carry the files' stats.
     pub fn prefetch_file_attrs(&self, ds: &Dataset, dir: u32) -> Result<(), ReadError> {
-        if !ds.snapshot().is_paged() || self.stats_in_listings(ds) {
+        if !ds.snapshot().is_paged() || !self.fields {
             return Ok(());
         }
         let d = self.listed(ds, dir)?;
@@ -463,7 +396,7 @@ impl Tree {
         for r in &l.runs {
             if let Run::Files { start, end, .. } = r {
                 for pos in *start..*end {
-                    ids.push(ds.sorted_id(pos)?);
+                    ids.extend(self.sorted(ds, pos, ENTRY_BATCH, *end)?.id);
                 }
             }
         }
@@ -498,15 +431,8 @@ impl Tree {
         (d > 0 && d < self.dir_count() as u64).then_some(Node::Dir(d as u32))
     }
 
-    /// Whether the listing pages carry the stats of the tree's files (format 1.6, files that
-    /// are samples, not fields).
-    fn stats_in_listings(&self, ds: &Dataset) -> bool {
-        !self.fields && ds.listings_carry_stats()
-    }
-
-    /// The entry `name` of directory `dir`, with a file's stat when the file is a sample
-    /// ([`Dataset::lookup_stat`]: read in blocks with listing pages, the page that holds the
-    /// path; otherwise the tables by id, which the file's attributes need anyway).
+    /// The entry `name` of directory `dir`, with a file's stat when the file is a sample (one
+    /// page of the namespace).
     pub fn lookup(
         &self,
         ds: &Dataset,
@@ -606,8 +532,9 @@ impl Tree {
                 let local = k - l.starts[r];
                 let i = firsts.partition_point(|&f| f <= local) - 1;
                 let j = local - firsts[i];
-                let PathEntry { id, path, .. } =
+                let NsEntry { id, path, .. } =
                     self.sorted(ds, start + i as u64, ENTRY_BATCH, *end)?;
+                let id = id.ok_or_else(|| bad(format!("position {start} is no file")))?;
                 let fs = ds.fields(id)?;
                 let f = fs
                     .get(j as usize)
@@ -626,10 +553,15 @@ impl Tree {
             Run::Files { start, end, .. } => {
                 let pos = start + (k - l.starts[r]);
                 let e = self.sorted(ds, pos, ENTRY_BATCH, *end)?;
+                let id =
+                    e.id.ok_or_else(|| bad(format!("position {pos} is no file")))?;
                 Ok(Some(Entry {
-                    node: Node::File(e.id),
+                    node: Node::File(id),
                     name: Cow::Owned(split_last(&e.path).1.to_vec()),
-                    stat: e.stat,
+                    stat: Some(FileStat {
+                        size: e.size,
+                        attrs: e.attrs,
+                    }),
                 }))
             }
         }

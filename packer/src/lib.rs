@@ -19,6 +19,7 @@ mod reindex;
 mod run;
 mod scan;
 mod shard;
+mod upgrade;
 mod upload;
 mod webdataset;
 mod writer;
@@ -47,6 +48,7 @@ pub(crate) use publish::{
 use publish::{write_chunk, ChunkRecord};
 pub use reindex::{reindex, ReindexSummary};
 pub use shard::{merge, shard_of, MergeSummary, ShardSpec, PART_FILE};
+pub use upgrade::{upgrade, UpgradeSummary, LEGACY_SNAPSHOT_FILE};
 pub use webdataset::{expand_braces, import_webdataset, ImportCounts};
 pub use writer::{Label, Writer, WriterOptions, Written, DEFAULT_BUCKETS, DEFAULT_GATHER_MEMORY};
 
@@ -315,7 +317,7 @@ pub fn append(opts: &PackOptions, existing: Existing) -> Result<PackSummary, Pac
             opts.output.out.display()
         )));
     }
-    if let Some(e) = snap.check_sections().into_iter().next() {
+    if let Some(e) = snap.check_blocks().into_iter().next() {
         return Err(PackError::Usage(format!(
             "{} is damaged ({e}); run granary verify and granary reindex before appending",
             snap_path.display()

@@ -55,9 +55,10 @@ impl Metadata {
     ) -> Result<Vec<(Vec<u8>, FileAttrs)>, PackError> {
         let mut all: std::collections::BTreeMap<Vec<u8>, FileAttrs> =
             self.dirs.iter().cloned().collect();
-        for i in 0..snap.dir_count() {
-            let (d, a) = snap.dir(i)?;
-            all.insert(d.to_vec(), a);
+        for d in snap.dirs()? {
+            if let Some(a) = d.attrs {
+                all.insert(d.path, a);
+            }
         }
         Ok(all.into_iter().collect())
     }

@@ -29,22 +29,22 @@ pub struct ReindexSummary {
 }
 
 /// Where the dataset's files are: a directory, or objects under a URL prefix.
-enum Place {
+pub(crate) enum Place {
     Dir(PathBuf),
     Url(std::sync::Arc<ObjectUrl>),
 }
 
 impl Place {
     /// A local directory, or a writable object-store URL.
-    fn of(dataset: &Path, cfg: &StoreConfig) -> Result<Place, PackError> {
+    pub(crate) fn of(dataset: &Path, cfg: &StoreConfig) -> Result<Place, PackError> {
         let url = match granary_store::open(dataset, cfg)? {
             Location::Local(d) => return Ok(Place::Dir(d)),
             Location::Object(u) => u,
         };
         if !url.writable() {
             return Err(PackError::Usage(format!(
-                "{}: read-only (plain HTTP); reindex needs a store it can write (s3://, gs://, \
-                 az://)",
+                "{}: read-only (plain HTTP); reindex and upgrade need a store they can write \
+                 (s3://, gs://, az://)",
                 url.url()
             )));
         }
@@ -57,7 +57,7 @@ impl Place {
             return Ok(());
         };
         let intact =
-            Snapshot::open(&old[..]).map(|s| (s.check_sections().is_empty(), s.sample_count()));
+            Snapshot::open(&old[..]).map(|s| (s.check_blocks().is_empty(), s.sample_count()));
         match intact {
             Ok((true, samples)) => Err(PackError::Usage(format!(
                 "{}: an intact snapshot is there ({samples} samples, every checksum right); \
@@ -68,14 +68,14 @@ impl Place {
         }
     }
 
-    fn location(&self, name: &str) -> PathBuf {
+    pub(crate) fn location(&self, name: &str) -> PathBuf {
         match self {
             Place::Dir(d) => d.join(name),
             Place::Url(u) => PathBuf::from(u.object_url(name)),
         }
     }
 
-    fn show(&self) -> String {
+    pub(crate) fn show(&self) -> String {
         match self {
             Place::Dir(d) => d.display().to_string(),
             Place::Url(u) => u.url().to_string(),
@@ -98,7 +98,7 @@ impl Place {
     }
 
     /// The whole of file `name`; `None` if there is none.
-    fn read(&self, name: &str) -> Result<Option<Vec<u8>>, PackError> {
+    pub(crate) fn read(&self, name: &str) -> Result<Option<Vec<u8>>, PackError> {
         match self {
             Place::Dir(d) => match std::fs::read(d.join(name)) {
                 Ok(b) => Ok(Some(b)),
@@ -115,10 +115,15 @@ impl Place {
 
     /// Writes the snapshot whole or not at all: a local file is written under a temporary
     /// name, synced and renamed; an object appears whole with its PUT.
-    fn write_snapshot(&self, snap: &[u8]) -> Result<(), PackError> {
+    pub(crate) fn write_snapshot(&self, snap: &[u8]) -> Result<(), PackError> {
+        self.write(SNAPSHOT_FILE, snap)
+    }
+
+    /// Writes file `name` whole or not at all (as [`Place::write_snapshot`]).
+    pub(crate) fn write(&self, name: &str, bytes: &[u8]) -> Result<(), PackError> {
         match self {
-            Place::Dir(d) => write_file_atomic(&d.join(SNAPSHOT_FILE), snap),
-            Place::Url(u) => Ok(u.put_bytes(SNAPSHOT_FILE, snap.to_vec())?),
+            Place::Dir(d) => write_file_atomic(&d.join(name), bytes),
+            Place::Url(u) => Ok(u.put_bytes(name, bytes.to_vec())?),
         }
     }
 }

@@ -14,7 +14,7 @@ type Samples = BTreeMap<Vec<u8>, (Vec<u8>, Option<Vec<u8>>)>;
 /// Every sample of the dataset at `ds`, after checking every chunk.
 fn read_all(ds: &Path) -> Samples {
     let snap = Snapshot::open(std::fs::read(ds.join(SNAPSHOT_FILE)).unwrap()).unwrap();
-    assert!(snap.check_sections().is_empty());
+    assert!(snap.check_blocks().is_empty());
     let mut out = BTreeMap::new();
     for c in 0..snap.chunk_count() {
         let ce = snap.chunk(c).unwrap();
@@ -398,9 +398,9 @@ fn samples_with_named_fields_are_field_groups_readable_field_by_field() {
     assert_eq!(s.files, 300);
 
     let snap = Snapshot::open(std::fs::read(out.join(SNAPSHOT_FILE)).unwrap()).unwrap();
-    assert_eq!(snap.version(), (1, 6));
+    assert_eq!(snap.version(), (2, 0));
     assert!(snap.has_fields());
-    assert!(snap.check_sections().is_empty());
+    assert!(snap.check_blocks().is_empty());
     assert_eq!(snap.check_structure(10), vec![]);
     assert_eq!(
         snap.field_names().unwrap(),

@@ -234,7 +234,7 @@ impl Dataset {
     /// Stored path of sample `id` (bytes, as on the source file system).
     fn path<'py>(&self, py: Python<'py>, id: u64) -> PyResult<Bound<'py, PyBytes>> {
         let p = self.reader.dataset().path(id).map_err(err)?;
-        Ok(PyBytes::new(py, p))
+        Ok(PyBytes::new(py, &p))
     }
 
     /// Class names (bytes), indexed by label.

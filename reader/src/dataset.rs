@@ -5,8 +5,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use granary_format::{
-    decode_record, ChunkEntry, ChunkHeader, Compression, FileStat, PathEntry, SampleEntry,
-    Snapshot, CHUNK_HEADER_LEN, CHUNK_TRAILER_LEN, SNAPSHOT_FILE, SNAPSHOT_HEADER_LEN,
+    decode_record, ChunkEntry, ChunkHeader, Compression, FileStat, NsEntry, SampleEntry, Snapshot,
+    CHUNK_HEADER_LEN, CHUNK_TRAILER_LEN, SNAPSHOT_FILE, SNAPSHOT_HEADER_LEN,
 };
 use granary_store::file::Mapped;
 
@@ -51,8 +51,9 @@ impl std::fmt::Debug for Dataset {
 
 impl Dataset {
     /// Opens the dataset at `path` (its directory, or its snapshot file). O(1): checks the
-    /// snapshot's header, section table and section sizes, not the section checksums
-    /// (see [`Dataset::check_snapshot`] and [`crate::verify`]).
+    /// snapshot's header, block CRC table, section table and section sizes; every other
+    /// block is checked before its first use (see [`Dataset::check_snapshot`] and
+    /// [`crate::verify`] for all at once).
     ///
     /// `path` may also be a URL (`s3://bucket/prefix`, `gs://`, `az://`, `http(s)://`): the
     /// snapshot is fetched once into a local cache and chunks are read with ranged GETs
@@ -157,11 +158,10 @@ impl Dataset {
         })
     }
 
-    /// Opens the dataset and checks every snapshot section's CRC (O(snapshot size)); what the
-    /// command-line tools use before they trust paths and offsets.
+    /// Opens the dataset and checks every block of the snapshot (O(snapshot size)).
     ///
     /// A snapshot read in blocks from an object store is not fetched whole for this: each of
-    /// its blocks is checked against its CRC when fetched, before anything reads it.
+    /// its blocks is checked against its CRC before first use anyway.
     pub fn open_checked(path: impl AsRef<Path>) -> Result<Self> {
         Self::open_checked_with(path, &StoreConfig::default())
     }
@@ -180,11 +180,11 @@ impl Dataset {
         self.store.location()
     }
 
-    /// Checks the CRC of every snapshot section; the first problem is returned.
+    /// Checks the CRC of every snapshot block and the padding; the first problem is returned.
     pub fn check_snapshot(&self) -> Result<()> {
         // A full sequential pass follows: ask for the whole file up front.
         self.prefetch_metadata();
-        match self.snap.check_sections().into_iter().next() {
+        match self.snap.check_blocks().into_iter().next() {
             Some(e) => Err(ReadError::format(&self.snapshot_path, e)),
             None => Ok(()),
         }
@@ -261,7 +261,7 @@ impl Dataset {
         let err = |e| ReadError::format(&self.snapshot_path, e);
         (0..self.len()).try_fold(0u64, |acc, id| {
             let e = self.snap.sample(id).map_err(err)?;
-            let path = granary_format::path_hash(self.snap.path(id).map_err(err)?);
+            let path = granary_format::path_hash(&self.snap.path(id).map_err(err)?);
             let class = match e.label {
                 granary_format::NO_LABEL => u64::MAX,
                 l => granary_format::path_hash(self.snap.class_name(l).map_err(err)?),
@@ -274,16 +274,15 @@ impl Dataset {
         })
     }
 
-    /// Makes the sample entries of `ids` present before they are read one by one. For a
-    /// snapshot read in blocks from an object store: one fetch per run of nearby ids (a window
-    /// of a chunk-wise epoch: one per chunk at most, never one per sample). Nothing to do for
-    /// a snapshot held whole.
+    /// Makes the record entries of `ids` present (and checked) before they are read one by
+    /// one: one fetch per run of nearby ids for a snapshot read in blocks from an object
+    /// store (a window of a chunk-wise epoch: one per chunk at most, never one per sample).
     pub fn prefetch_samples(&self, ids: &[u64]) -> Result<()> {
         if !self.snap.is_paged() || ids.is_empty() {
             return Ok(());
         }
-        // Ids closer than this share a run (a 64 KiB block holds 1,638 entries).
-        const GAP: u64 = 1024;
+        // Ids closer than this share a run (a 64 KiB block holds 4,096 entries).
+        const GAP: u64 = 2048;
         let mut sorted = ids.to_vec();
         sorted.sort_unstable();
         let mut runs = Vec::new();
@@ -297,42 +296,50 @@ impl Dataset {
             prev = id;
         }
         runs.push(start..prev + 1);
-        self.snap
-            .prefetch_sample_runs(&runs)
+        runs.into_iter()
+            .try_for_each(|r| self.snap.prefetch_records(r))
             .map_err(|e| self.fmt_err(e))
     }
 
-    /// Makes every path and the path order present before a full listing (the mount's
-    /// tree, `ls` of everything): for a snapshot read in blocks from an object store, large
-    /// concurrent fetches instead of one block at a time; nothing for one held whole.
-    pub fn prefetch_paths(&self) -> Result<()> {
-        self.snap.prefetch_paths().map_err(|e| self.fmt_err(e))
+    /// Makes the whole namespace present before a full listing (`ls` of everything, a
+    /// walk of the tree): for a snapshot read in blocks, large concurrent fetches instead of
+    /// one block at a time.
+    pub fn prefetch_namespace(&self) -> Result<()> {
+        self.snap.prefetch_namespace().map_err(|e| self.fmt_err(e))
     }
 
-    /// The sample ids and paths at `positions` of the path order ([`Snapshot::sorted_paths`]:
-    /// from the pages when the snapshot has them, a few contiguous fetches when it is read in
-    /// blocks), and, from listing pages (format 1.6), each file's size, mode and mtime.
-    pub fn sorted_paths(&self, positions: std::ops::Range<u64>) -> Result<Vec<PathEntry>> {
-        let v = self
-            .snap
-            .sorted_paths(positions)
-            .map_err(|e| self.fmt_err(e))?;
+    /// The namespace entries (files and directories) at `positions`, in path order; the pages
+    /// of the run are fetched at once when the snapshot is read in blocks.
+    pub fn entries(&self, positions: std::ops::Range<u64>) -> Result<Vec<NsEntry>> {
+        let v = self.snap.entries(positions).map_err(|e| self.fmt_err(e))?;
         self.intact(v)
     }
 
-    /// [`Snapshot::prefetch_for_listing`]: every path fetched at once before a listing that
-    /// would touch most of them anyway.
-    pub fn prefetch_for_listing(&self, positions: std::ops::Range<u64>) -> Result<bool> {
-        self.snap
-            .prefetch_for_listing(positions)
-            .map_err(|e| self.fmt_err(e))
+    /// The namespace entry at position `pos`.
+    pub fn entry(&self, pos: u64) -> Result<NsEntry> {
+        let v = self.snap.entry(pos).map_err(|e| self.fmt_err(e))?;
+        self.intact(v)
     }
 
-    /// [`Snapshot::prefetch_samples_at`]: the entries and attributes of `ids` fetched
-    /// together before they are read one by one (a listing's files).
+    /// Number of namespace entries (files and directories).
+    pub fn entry_count(&self) -> u64 {
+        self.snap.entry_count()
+    }
+
+    /// The entry whose path is exactly `path` (a file or a directory) and its position.
+    pub fn find(&self, path: &[u8]) -> Result<Option<(u64, NsEntry)>> {
+        let v = self.snap.find(path).map_err(|e| self.fmt_err(e))?;
+        self.intact(v)
+    }
+
+    /// The record entries of `ids` fetched together before they are read one by one (a
+    /// listing's files).
     pub fn prefetch_samples_at(&self, ids: &[u64]) -> Result<()> {
-        self.snap
-            .prefetch_samples_at(ids)
+        if !self.snap.is_paged() {
+            return Ok(());
+        }
+        ids.iter()
+            .try_for_each(|&id| self.snap.prefetch_records(id..id + 1))
             .map_err(|e| self.fmt_err(e))
     }
 
@@ -353,14 +360,13 @@ impl Dataset {
         self.intact(r)
     }
 
-    /// The end of the run of paths starting with `prefix` that begins at `from`
-    /// ([`Snapshot::prefix_end`]).
-    pub fn prefix_end(&self, prefix: &[u8], from: u64) -> Result<u64> {
-        let r = self
-            .snap
-            .prefix_end(prefix, from)
-            .map_err(|e| self.fmt_err(e))?;
-        self.intact(r)
+    /// The first position after every path starting with `prefix` (the entry count if none
+    /// follows).
+    pub fn prefix_end(&self, prefix: &[u8]) -> Result<u64> {
+        match granary_format::prefix_successor(prefix) {
+            Some(s) => self.lower_bound(&s),
+            None => Ok(self.entry_count()),
+        }
     }
 
     /// Bytes of all chunk files (O(chunks)).
@@ -542,19 +548,12 @@ impl Dataset {
     }
 
     /// Path of sample `id` relative to the packed directory (raw bytes).
-    pub fn path(&self, id: u64) -> Result<&[u8]> {
+    pub fn path(&self, id: u64) -> Result<Vec<u8>> {
         let p = self.snap.path(id).map_err(|e| self.fmt_err(e))?;
-        self.touched(p)
+        self.intact(p)
     }
 
-    /// Whether listings carry each file's size, mode and mtime ([`Snapshot::pages_carry_stats`]:
-    /// listing pages, format 1.6).
-    pub fn listings_carry_stats(&self) -> bool {
-        self.snap.pages_carry_stats()
-    }
-
-    /// The sample whose path is `path` with its size (and mode and mtime when recorded)
-    /// ([`Snapshot::lookup_stat`]: from the listing pages when the snapshot has them).
+    /// The sample whose path is `path` with its size (and mode and mtime when recorded).
     pub fn lookup_stat(&self, path: &[u8]) -> Result<Option<(u64, FileStat)>> {
         let v = self.snap.lookup_stat(path).map_err(|e| self.fmt_err(e))?;
         self.intact(v)
@@ -567,35 +566,23 @@ impl Dataset {
     }
 
     /// Sample `id`'s file mode and mtime as packed; `None` for datasets that do not record
-    /// them (format before 1.2, or packed with `--no-metadata`).
+    /// them (packed with `--no-metadata`, or written from sources that have none).
     pub fn attrs(&self, id: u64) -> Result<Option<granary_format::FileAttrs>> {
         let a = self.snap.attrs(id).map_err(|e| self.fmt_err(e))?;
         self.intact(a)
     }
 
-    /// The directories of the packed tree (empty ones included), sorted by path, with their
-    /// modes and mtimes; empty for datasets that do not record them.
-    pub fn dirs(&self) -> Result<Vec<(Vec<u8>, granary_format::FileAttrs)>> {
-        let dirs = (0..self.snap.dir_count())
-            .map(|i| {
-                self.snap
-                    .dir(i)
-                    .map(|(p, a)| (p.to_vec(), a))
-                    .map_err(|e| self.fmt_err(e))
-            })
-            .collect::<Result<Vec<_>>>()?;
+    /// The directories of the namespace (every ancestor of a file, and the empty ones the
+    /// source recorded), sorted by path, with their modes and mtimes when recorded. Reads the
+    /// whole namespace.
+    pub fn dirs(&self) -> Result<Vec<NsEntry>> {
+        let dirs = self.snap.dirs().map_err(|e| self.fmt_err(e))?;
         self.intact(dirs)
     }
 
     /// Sample id of `path`, if the dataset holds it.
     pub fn lookup(&self, path: &[u8]) -> Result<Option<u64>> {
         let id = self.snap.lookup(path).map_err(|e| self.fmt_err(e))?;
-        self.intact(id)
-    }
-
-    /// The sample id at position `pos` of the path-sorted order.
-    pub fn sorted_id(&self, pos: u64) -> Result<u64> {
-        let id = self.snap.sorted_id(pos).map_err(|e| self.fmt_err(e))?;
         self.intact(id)
     }
 
@@ -619,7 +606,7 @@ impl Dataset {
     ) -> ReadError {
         let sample_path = self
             .path(info.id)
-            .map(escape_path)
+            .map(|p| escape_path(&p))
             .unwrap_or_else(|_| "?".into());
         ReadError::Record(Box::new(RecordError {
             path: self.chunk_path(info.entry.chunk),

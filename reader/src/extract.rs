@@ -64,7 +64,7 @@ pub fn extract(ds: &Dataset, opts: &ExtractOptions) -> Result<ExtractSummary> {
                 Ok(b) => b,
                 Err(e) => {
                     for id in ids {
-                        let p = ds.path(id).map(escape_path).unwrap_or_default();
+                        let p = ds.path(id).map(|p| escape_path(&p)).unwrap_or_default();
                         s.failed.push((p, e.to_string()));
                     }
                     return s;
@@ -72,6 +72,7 @@ pub fn extract(ds: &Dataset, opts: &ExtractOptions) -> Result<ExtractSummary> {
             };
             for id in ids {
                 let path = ds.path(id).unwrap_or_default();
+                let path = &path[..];
                 let shown = escape_path(path);
                 let res = ds.decode_from(&bytes, id).and_then(|data| {
                     let attrs = if opts.metadata { ds.attrs(id)? } else { None };
@@ -109,13 +110,13 @@ pub fn extract(ds: &Dataset, opts: &ExtractOptions) -> Result<ExtractSummary> {
     }
     // Directories last, deepest first: creating files changes a directory's mtime, and a
     // directory without write permission could not take its files.
-    for (d, a) in ds.dirs()?.iter().rev() {
-        if !d.starts_with(&opts.prefix) {
+    for d in ds.dirs()?.iter().rev() {
+        if !d.path.starts_with(&opts.prefix) {
             continue;
         }
-        match restore_dir(&opts.out_dir, d, opts.metadata.then_some(*a)) {
+        match restore_dir(&opts.out_dir, &d.path, d.attrs.filter(|_| opts.metadata)) {
             Ok(()) => total.dirs += 1,
-            Err(e) => total.failed.push((escape_path(d), e.to_string())),
+            Err(e) => total.failed.push((escape_path(&d.path), e.to_string())),
         }
     }
     total.failed.sort();
@@ -147,8 +148,8 @@ fn restore_dir(root: &Path, rel: &[u8], attrs: Option<granary_format::FileAttrs>
     Ok(())
 }
 
-/// The samples to extract: every id once for the whole tree (the path order is not needed);
-/// for a prefix, the range the sorted path order gives, checked on the way as far as extraction
+/// The samples to extract: every id once for the whole tree (the namespace is not needed);
+/// for a prefix, the files of the namespace's range of it, checked on the way as far as extraction
 /// relies on it: strictly sorted, no sample twice, every path under the prefix (a crafted order
 /// would skip or repeat files).
 fn selected(ds: &Dataset, prefix: &[u8]) -> Result<Vec<u64>> {
@@ -158,7 +159,7 @@ fn selected(ds: &Dataset, prefix: &[u8]) -> Result<Vec<u64>> {
     let snap = ds.snapshot();
     let damaged = |pos: u64, id: u64| {
         ReadError::invalid(format!(
-            "{}: the snapshot's path order is damaged at position {pos} (sample {id}); nothing was extracted: run `granary verify`, then `granary reindex`",
+            "{}: the snapshot's namespace is damaged at position {pos} (sample {id}); nothing was extracted: run `granary verify`, then `granary reindex`",
             ds.snapshot_path().display()
         ))
     };
@@ -166,18 +167,25 @@ fn selected(ds: &Dataset, prefix: &[u8]) -> Result<Vec<u64>> {
         .prefix_range(prefix)
         .map_err(|e| ReadError::format(ds.snapshot_path(), e))?;
     let mut seen = std::collections::HashSet::new();
-    let mut prev: Option<&[u8]> = None;
+    let mut prev: Option<Vec<u8>> = None;
     let mut ids = Vec::new();
-    for pos in range {
-        let id = snap
-            .sorted_id(pos)
-            .map_err(|e| ReadError::format(ds.snapshot_path(), e))?;
-        let path = ds.path(id)?;
-        if !seen.insert(id) || prev.is_some_and(|p| p >= path) || !path.starts_with(prefix) {
-            return Err(damaged(pos, id));
+    let mut pos = range.start;
+    while pos < range.end {
+        let batch = ds.entries(pos..range.end.min(pos + 4096))?;
+        if batch.is_empty() {
+            return Err(damaged(pos, 0));
         }
-        prev = Some(path);
-        ids.push(id);
+        for e in batch {
+            let bad = prev.as_ref().is_some_and(|p| *p >= e.path) || !e.path.starts_with(prefix);
+            if let Some(id) = e.id {
+                if !seen.insert(id) || bad {
+                    return Err(damaged(pos, id));
+                }
+                ids.push(id);
+            }
+            prev = Some(e.path);
+            pos += 1;
+        }
     }
     Ok(ids)
 }

@@ -69,7 +69,7 @@ pub use epoch::{
 };
 pub use error::{ReadError, RecordError, Result};
 pub use extract::{extract, ExtractOptions, ExtractSummary};
-pub use granary_format::{Compression, FileAttrs, FileStat, FormatError, PathEntry, NO_LABEL};
+pub use granary_format::{Compression, FileAttrs, FileStat, FormatError, NsEntry, NO_LABEL};
 pub use granary_store::{
     decode_hot_map, decode_tier_index, effective_memory, hot_file_name, resident_share,
     write_destination, Access, BytesFrom, ChunkSource, ChunkStore, DatasetId, HotChunk, HotMap,

@@ -117,7 +117,7 @@ pub fn verify_with(path: &Path, cfg: &StoreConfig) -> VerifyReport {
     r.digest = ds.full_digest().ok();
     r.content_digest = ds.content_digest().ok();
     for e in snap
-        .check_sections()
+        .check_blocks()
         .into_iter()
         .chain(snap.check_structure(STRUCTURE_LIMIT))
     {

@@ -41,7 +41,7 @@ fn reads_are_never_wrong(ds_path: &Path, files: &HashMap<Vec<u8>, Vec<u8>>) -> u
             (Ok(p), Ok(data)) => {
                 assert_eq!(
                     Some(&data),
-                    files.get(p),
+                    files.get(&p),
                     "sample {id} returned wrong bytes"
                 );
             }
@@ -163,7 +163,7 @@ fn files_cut_short_under_their_maps_are_errors_not_sigbus() {
     let first = st.next().unwrap().unwrap();
     assert_eq!(
         Some(&first.data().to_vec()),
-        files.get(ds.path(first.id).unwrap())
+        files.get(&ds.path(first.id).unwrap())
     );
     assert!(st.open_counts().resident > 0, "the stream mapped nothing");
     for c in 0..ds.chunk_count() as u32 {
@@ -179,7 +179,7 @@ fn files_cut_short_under_their_maps_are_errors_not_sigbus() {
     let (mut good, mut wrong, mut error) = (1, 0, None);
     for s in st {
         match s {
-            Ok(s) if Some(&s.data().to_vec()) == files.get(ds.path(s.id).unwrap()) => good += 1,
+            Ok(s) if Some(&s.data().to_vec()) == files.get(&ds.path(s.id).unwrap()) => good += 1,
             Ok(s) => {
                 assert!(
                     !s.is_intact(),

@@ -121,7 +121,7 @@ fn both_backends_deliver_identical_checked_bytes() {
         let total: usize = reference.iter().map(|v| v.len()).sum();
         assert_eq!(total, 480);
         for (id, data) in reference.iter().flatten() {
-            assert_eq!(Some(data), files.get(ds.path(*id).unwrap()), "sample {id}");
+            assert_eq!(Some(data), files.get(&ds.path(*id).unwrap()), "sample {id}");
         }
         // The order is the plan's order.
         let plan = EpochPlan::build(
@@ -214,7 +214,7 @@ fn damage_mid_epoch_is_an_error_naming_chunk_and_offset() {
         let err = loop {
             match st.next() {
                 Some(Ok(s)) => {
-                    assert_eq!(Some(&s.data().to_vec()), files.get(ds.path(s.id).unwrap()));
+                    assert_eq!(Some(&s.data().to_vec()), files.get(&ds.path(s.id).unwrap()));
                     assert_ne!(s.id, victim, "damaged sample delivered");
                     ok += 1;
                 }
@@ -340,7 +340,7 @@ fn resident_chunks_are_mapped_and_cold_ones_read_as_the_mode_says() {
         let mut mapped = 0;
         for s in st.by_ref() {
             let s = s.unwrap();
-            assert_eq!(Some(&s.data().to_vec()), files.get(ds.path(s.id).unwrap()));
+            assert_eq!(Some(&s.data().to_vec()), files.get(&ds.path(s.id).unwrap()));
             mapped += s.is_zero_copy() as u64;
         }
         (st.open_counts(), mapped)
@@ -452,7 +452,7 @@ fn the_memory_budget_holds_in_every_mode() {
                 let mut seen = 0;
                 for x in st.by_ref() {
                     let x = x.unwrap();
-                    assert_eq!(Some(&x.data().to_vec()), files.get(ds.path(x.id).unwrap()));
+                    assert_eq!(Some(&x.data().to_vec()), files.get(&ds.path(x.id).unwrap()));
                     seen += 1;
                 }
                 assert_eq!(seen, n, "{what}, epoch {epoch}, memory {memory}");

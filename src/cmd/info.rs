@@ -23,16 +23,14 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     let ds = open_dataset(&a.dataset)?;
     let snap = ds.snapshot();
     let (major, minor) = snap.version();
-    let (mut stored, mut orig, mut compressed) = (0u64, 0u64, 0u64);
-    for id in 0..ds.len() {
-        let s = ds.sample(id)?;
-        stored += s.entry.stored_len;
-        orig += s.entry.orig_len;
-        compressed += (s.compression != granary::Compression::None) as u64;
-    }
-    let mut chunk_bytes = 0u64;
-    for c in 0..ds.chunk_count() {
-        chunk_bytes += ds.chunk(c as u32)?.file_size;
+    // Everything below comes from the chunk table (O(chunks)), so that a remote dataset's
+    // info reads a few blocks of its snapshot, never its per-sample tables.
+    let (mut stored, mut orig, mut compressed, mut chunk_bytes) = (0u64, 0u64, 0u64, 0u64);
+    for c in snap.chunks() {
+        stored += c.stored_bytes();
+        orig += c.orig_bytes;
+        compressed += c.compressed as u64;
+        chunk_bytes += c.file_size;
     }
     let classes: Vec<String> = ds
         .classes()?
@@ -40,11 +38,22 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         .map(granary::escape_path)
         .collect();
     let id = granary_packer::hex_id(&snap.dataset_id());
-    // Format 1.3: the names of the samples' fields.
+    // The samples' fields and their types.
+    let types = snap.field_types().map_err(|e| anyhow::anyhow!("{e}"))?;
     let fields: Vec<String> = ds
         .field_names()?
         .iter()
         .map(|n| String::from_utf8_lossy(n).into_owned())
+        .collect();
+    let typed: Vec<String> = fields
+        .iter()
+        .zip(&types)
+        .map(|(n, t)| format!("{n} ({})", t.descriptor()))
+        .collect();
+    let field_types: serde_json::Map<String, serde_json::Value> = fields
+        .iter()
+        .zip(&types)
+        .map(|(n, t)| (n.clone(), t.descriptor().into()))
         .collect();
     let mut out = std::io::stdout().lock();
     if a.json {
@@ -63,6 +72,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
             "file_attributes": snap.has_attrs(),
             "directories": snap.dir_count(),
             "fields": fields,
+            "field_types": field_types,
         });
         super::print_json(&v)?;
         return Ok(ExitCode::SUCCESS);
@@ -95,21 +105,21 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
             out,
             "fields         {}: {} (each sample's files KEY.FIELD)",
             fields.len(),
-            fields.join(", ")
+            typed.join(", ")
         )?;
     }
     writeln!(
         out,
         "metadata       {}",
-        match (snap.has_attrs(), snap.dir_count()) {
-            (false, 0) => "none recorded (shown as 0444 files, 0555 directories)".to_string(),
-            (a, d) => format!(
-                "{}{d} directories with their modes and mtimes",
-                if a {
-                    "every file's mode and mtime, "
-                } else {
-                    ""
-                }
+        match snap.has_attrs() {
+            false => format!(
+                "{} directories; no modes or mtimes recorded (shown as 0444 files, 0555 \
+                 directories)",
+                snap.dir_count()
+            ),
+            true => format!(
+                "every file's and directory's mode and mtime ({} directories)",
+                snap.dir_count()
             ),
         }
     )?;

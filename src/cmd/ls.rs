@@ -24,8 +24,7 @@ pub struct Args {
     pub long: bool,
 }
 
-/// Positions of the path order whose paths are fetched together by `ls` of a snapshot read
-/// in blocks.
+/// Namespace positions fetched together by `ls` of a snapshot read in blocks.
 const LS_BATCH: u64 = 1 << 16;
 
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
@@ -43,12 +42,9 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     };
     if key_prefix.is_empty() {
         // Every path: fetched at once when the snapshot is read in blocks.
-        ds.prefetch_paths()?;
+        ds.prefetch_namespace()?;
     }
     let range = ds.snapshot().prefix_range(key_prefix)?;
-    // Read in blocks, the listed paths (and with --long their entries) are fetched together,
-    // a batch at a time (all at once when they are most blocks anyway), not one by one.
-    ds.prefetch_for_listing(range.clone())?;
     let classes = ds.classes()?;
     let class = |label: u32| {
         classes
@@ -59,17 +55,20 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     let mut out = BufWriter::new(std::io::stdout().lock());
     let mut pos = range.start;
     while pos < range.end {
-        let batch = ds.sorted_paths(pos..(pos + LS_BATCH).min(range.end))?;
+        let batch = ds.entries(pos..(pos + LS_BATCH).min(range.end))?;
         anyhow::ensure!(
             !batch.is_empty(),
-            "position {pos} of the path order is missing"
+            "position {pos} of the namespace is missing"
         );
         pos += batch.len() as u64;
         if a.long {
-            let ids: Vec<u64> = batch.iter().map(|e| e.id).collect();
+            let ids: Vec<u64> = batch.iter().filter_map(|e| e.id).collect();
             ds.prefetch_samples_at(&ids)?;
         }
-        for granary::PathEntry { id, path: key, .. } in batch {
+        for e in batch {
+            let (Some(id), key) = (e.id, e.path) else {
+                continue;
+            };
             if ds.has_fields() {
                 let s = ds.sample(id)?;
                 for f in ds.fields(id)? {

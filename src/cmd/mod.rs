@@ -14,6 +14,7 @@ pub mod plan;
 pub mod read;
 pub mod reindex;
 pub mod serve;
+pub mod upgrade;
 pub mod verify;
 
 use std::io::Write;
@@ -55,6 +56,8 @@ pub fn open_dataset(path: &Path) -> anyhow::Result<granary::Dataset> {
         // Damage is what verify and reindex help with; an object store that cannot be reached
         // or a wrong argument is not.
         let hint = match &e {
+            // An older format is no damage: the error names `granary upgrade`.
+            e if e.to_string().contains("granary upgrade") => "",
             granary::ReadError::Store(
                 granary::StoreError::Format { .. } | granary::StoreError::Damaged { .. },
             ) => {

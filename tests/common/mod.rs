@@ -238,48 +238,24 @@ pub fn sorted(mut v: Vec<(Vec<u8>, Vec<u8>)>) -> Vec<(Vec<u8>, Vec<u8>)> {
     v
 }
 
-/// Recomputes every CRC of a snapshot (blocks, sections, section table, header) after a deliberate
-/// edit, as a hostile author would, so the edit passes the checksum checks.
+/// Recomputes every CRC of a snapshot after a deliberate edit, as a hostile author would
+/// ([`granary_format::testing::reseal_snapshot`]).
 pub fn reseal_snapshot(b: &mut [u8]) {
-    let u32_at = |b: &[u8], at: usize| u32::from_le_bytes(b[at..at + 4].try_into().unwrap());
-    let u64_at = |b: &[u8], at: usize| u64::from_le_bytes(b[at..at + 8].try_into().unwrap());
-    let n = u32_at(b, 48) as usize;
-    let section = |b: &[u8], kind: u32| {
-        (0..n)
-            .map(|i| 64 + i * 32)
-            .find(|&e| u32_at(b, e) == kind)
-            .map(|e| {
-                let off = u64_at(b, e + 8) as usize;
-                off..off + u64_at(b, e + 16) as usize
-            })
-    };
-    // Format 1.4: the block checksums (kind 14) of the covered range, then kind 15's CRCs of
-    // kind 14's pieces.
-    if let (Some(k14), Some(k15)) = (section(b, 14), section(b, 15)) {
-        let bs = u32_at(b, k15.start) as usize;
-        let (start, end) = (
-            u64_at(b, k15.start + 8) as usize,
-            u64_at(b, k15.start + 16) as usize,
-        );
-        for (i, at) in (start..end).step_by(bs).enumerate() {
-            let crc = crc32fast::hash(&b[at..(at + bs).min(end)]);
-            b[k14.start + 4 * i..][..4].copy_from_slice(&crc.to_le_bytes());
-        }
-        for (i, at) in k14.clone().step_by(bs).enumerate() {
-            let crc = crc32fast::hash(&b[at..(at + bs).min(k14.end)]);
-            b[k15.start + 24 + 4 * i..][..4].copy_from_slice(&crc.to_le_bytes());
+    assert!(
+        granary_format::testing::reseal_snapshot(b),
+        "not a 2.0 snapshot"
+    );
+}
+
+/// Copies the files of directory `from` (not its subdirectories) into a new directory `to`.
+pub fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        if e.file_type().unwrap().is_file() {
+            std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
         }
     }
-    for i in 0..n {
-        let e = 64 + i * 32;
-        let (off, len) = (u64_at(b, e + 8) as usize, u64_at(b, e + 16) as usize);
-        let crc = crc32fast::hash(&b[off..off + len]);
-        b[e + 24..e + 28].copy_from_slice(&crc.to_le_bytes());
-    }
-    let crc = crc32fast::hash(&b[64..64 + n * 32]);
-    b[52..56].copy_from_slice(&crc.to_le_bytes());
-    let crc = crc32fast::hash(&b[0..60]);
-    b[60..64].copy_from_slice(&crc.to_le_bytes());
 }
 
 /// Extracts the dataset `ds` to `out` with the binary and returns the tree it wrote.

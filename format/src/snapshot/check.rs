@@ -40,9 +40,8 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
         if !out.is_empty() {
             return out;
         }
-        let table_end = SNAPSHOT_HEADER_LEN
-            + SECTION_TABLE_HEAD
-            + self.s.all.len() * SECTION_ENTRY_LEN;
+        let table_end =
+            SNAPSHOT_HEADER_LEN + SECTION_TABLE_HEAD + self.s.all.len() * SECTION_ENTRY_LEN;
         let mut gaps = Vec::new();
         let mut prev = table_end;
         for (_, r) in &self.s.all {
@@ -232,7 +231,10 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
                 Ok(_) => {
                     errs.push(FormatError::invalid(
                         "snapshot class counts",
-                        format!("chunk {}: counts differ from its samples' labels", c.chunk_id),
+                        format!(
+                            "chunk {}: counts differ from its samples' labels",
+                            c.chunk_id
+                        ),
                     ));
                 }
                 Err(e) => {

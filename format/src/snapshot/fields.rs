@@ -16,7 +16,7 @@
 
 use std::ops::Range;
 
-use super::{Snapshot, SampleField};
+use super::{SampleField, Snapshot};
 use crate::error::{FormatError, Result};
 use crate::le;
 use crate::strtab::StringTable;
@@ -146,9 +146,7 @@ impl FieldType {
             FieldType::Int => Some(8),
             FieldType::Ndarray { dtype, shape } => {
                 let item = DTYPES.iter().find(|(n, _)| n == dtype)?.1;
-                shape
-                    .iter()
-                    .try_fold(item, |acc, &d| acc.checked_mul(d))
+                shape.iter().try_fold(item, |acc, &d| acc.checked_mul(d))
             }
             _ => None,
         }
@@ -158,7 +156,11 @@ impl FieldType {
     pub fn check_value(&self, b: &[u8]) -> std::result::Result<(), String> {
         if let Some(n) = self.fixed_len() {
             if b.len() as u64 != n {
-                return Err(format!("{} bytes for {}, expected {n}", b.len(), self.descriptor()));
+                return Err(format!(
+                    "{} bytes for {}, expected {n}",
+                    b.len(),
+                    self.descriptor()
+                ));
             }
         }
         if matches!(self, FieldType::Str | FieldType::Json) && std::str::from_utf8(b).is_err() {
@@ -210,7 +212,8 @@ impl FieldsLayout {
         let entries_at = at + index + 8 * (samples as usize + 1);
         Ok(FieldsLayout {
             names: at + FIELDS_HEADER_LEN..at + FIELDS_HEADER_LEN + nl as usize,
-            types: at + FIELDS_HEADER_LEN + nl as usize..at + FIELDS_HEADER_LEN + (nl + tl) as usize,
+            types: at + FIELDS_HEADER_LEN + nl as usize
+                ..at + FIELDS_HEADER_LEN + (nl + tl) as usize,
             index: at + index..entries_at,
             entries: entries_at..section.end,
             name_count: k,
@@ -302,7 +305,10 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
     pub fn field_range(&self, id: u64) -> Result<Range<u64>> {
         let f = self.fl()?;
         if id >= self.sample_count() {
-            return Err(FormatError::invalid(WHAT, format!("sample {id} out of range")));
+            return Err(FormatError::invalid(
+                WHAT,
+                format!("sample {id} out of range"),
+            ));
         }
         let at = f.index.start + id as usize * 8;
         let w = self.at(at..at + 16)?;
@@ -316,11 +322,52 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
         Ok(a..b)
     }
 
+    /// The index of sample `id`'s first field among all field entries.
+    pub fn field_first(&self, id: u64) -> Result<u64> {
+        Ok(self.field_range(id)?.start)
+    }
+
+    /// The sample that field entry `e` belongs to and its position among that sample's
+    /// fields (a bisection of the field index).
+    pub fn field_owner(&self, e: u64) -> Result<(u64, usize)> {
+        let f = self.fl()?;
+        if e >= f.entry_count {
+            return Err(FormatError::invalid(
+                WHAT,
+                format!("field entry {e} out of range ({} entries)", f.entry_count),
+            ));
+        }
+        let at = |i: u64| -> Result<u64> {
+            let o = f.index.start + i as usize * 8;
+            Ok(le::u64_at(self.at(o..o + 8)?, 0))
+        };
+        // The last sample whose first field is at or before e.
+        let (mut lo, mut hi) = (0u64, self.sample_count());
+        while hi - lo > 1 {
+            let mid = lo + (hi - lo) / 2;
+            match at(mid)? <= e {
+                true => lo = mid,
+                false => hi = mid,
+            }
+        }
+        let range = self.field_range(lo)?;
+        if !range.contains(&e) {
+            return Err(FormatError::invalid(
+                WHAT,
+                format!("field entry {e} belongs to no sample"),
+            ));
+        }
+        Ok((lo, (e - range.start) as usize))
+    }
+
     /// Field entry `e` (its name checked against the name count).
     pub fn field_entry(&self, e: u64) -> Result<FieldEntry> {
         let f = self.fl()?;
         if e >= f.entry_count {
-            return Err(FormatError::invalid(WHAT, format!("field entry {e} out of range")));
+            return Err(FormatError::invalid(
+                WHAT,
+                format!("field entry {e} out of range"),
+            ));
         }
         let at = f.entries.start + e as usize * SNAP_FIELD_LEN;
         let b = self.at(at..at + SNAP_FIELD_LEN)?;

@@ -100,7 +100,8 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
             // Every page of the run fetched at once.
             let (p0, p1) = (ix.page_of(pos), ix.page_of(end - 1));
             let a = self.ns.area.start;
-            self.prefetch(&[a + ix.bytes(p0).start as usize..a + ix.bytes(p1).end as usize])?;
+            let run = a + ix.bytes(p0).start as usize..a + ix.bytes(p1).end as usize;
+            self.prefetch(std::slice::from_ref(&run))?;
         }
         while pos < end {
             let p = ix.page_of(pos);
@@ -150,7 +151,10 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
         if pos >= self.ns.entries {
             return Err(FormatError::invalid(
                 NS,
-                format!("id table: sample {id} at position {pos} of {}", self.ns.entries),
+                format!(
+                    "id table: sample {id} at position {pos} of {}",
+                    self.ns.entries
+                ),
             ));
         }
         Ok(pos)
@@ -227,7 +231,7 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
         // One more: a record's length is where the next one starts.
         let end = (end + 1).min(self.h.samples);
         let at = |i: u64| r.start + i as usize * super::RECORD_LEN;
-        self.prefetch(&[at(ids.start)..at(end)])
+        self.prefetch(std::slice::from_ref(&(at(ids.start)..at(end))))
     }
 
     /// Fetches the id table entries and namespace pages of samples `ids` (a listing with

@@ -16,8 +16,8 @@ use crate::strtab::StringTable;
 use crate::{le, ChunkFields, ChunkSummary, Compression, SampleEntry, NO_LABEL};
 
 pub use builder::SnapshotBuilder;
-pub use fields::{FieldType, DTYPES, FIELDS_HEADER_LEN, SNAP_FIELD_LEN};
 use fields::FieldsLayout;
+pub use fields::{FieldType, DTYPES, FIELDS_HEADER_LEN, SNAP_FIELD_LEN};
 pub use header::{
     features, Blocks, Pager, SnapshotHeader, BLOCK_SHIFT, BLOCK_SHIFTS, SNAPSHOT_HEADER_LEN,
 };
@@ -150,7 +150,7 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
         let len = b.len() as u64;
         let head = SNAPSHOT_HEADER_LEN as u64;
         if let Some(p) = &pager {
-            p.need_all(&[0..head.min(len)])?;
+            p.need_all(std::slice::from_ref(&(0..head.min(len))))?;
         }
         let h = SnapshotHeader::decode(b)?;
         if len != h.file_len() {
@@ -293,14 +293,14 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
             s.all.push((kind, r));
             at = le::align8(r_end);
         }
-        let last = s.all.last().map_or(le::align8(end as u64), |(_, r)| r.end as u64);
+        let last = s
+            .all
+            .last()
+            .map_or(le::align8(end as u64), |(_, r)| r.end as u64);
         if last != self.h.body_end {
             return Err(FormatError::invalid(
                 WHAT,
-                format!(
-                    "sections end at {last}, the body at {}",
-                    self.h.body_end
-                ),
+                format!("sections end at {last}, the body at {}", self.h.body_end),
             ));
         }
         for k in KINDS {
@@ -454,9 +454,10 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
         let b = self.b();
         for blk in missing {
             let r = self.blocks.block(blk);
-            self.blocks.check(blk, &b[r.start as usize..r.end as usize], &|| {
-                self.sections_in(&r)
-            })?;
+            self.blocks
+                .check(blk, &b[r.start as usize..r.end as usize], &|| {
+                    self.sections_in(&r)
+                })?;
         }
         Ok(())
     }
@@ -471,9 +472,11 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
         }
         for (k, s) in &self.s.all {
             if (s.start as u64) < r.end && (s.end as u64) > r.start {
-                names.push(SectionKind::from_u32(*k).map_or(format!("section kind {k}"), |k| {
-                    k.name().trim_start_matches("snapshot ").to_string()
-                }));
+                names.push(
+                    SectionKind::from_u32(*k).map_or(format!("section kind {k}"), |k| {
+                        k.name().trim_start_matches("snapshot ").to_string()
+                    }),
+                );
             }
         }
         match names.is_empty() {
@@ -580,7 +583,10 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
         self.chunks.get(index as usize).copied().ok_or_else(|| {
             FormatError::invalid(
                 "chunk index",
-                format!("{index} out of range (dataset has {} chunks)", self.h.chunks),
+                format!(
+                    "{index} out of range (dataset has {} chunks)",
+                    self.h.chunks
+                ),
             )
         })
     }
@@ -668,7 +674,11 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
         let fields = match self.has_fields() {
             false => None,
             true => Some(ChunkFields {
-                names: self.field_names()?.into_iter().map(<[u8]>::to_vec).collect(),
+                names: self
+                    .field_names()?
+                    .into_iter()
+                    .map(<[u8]>::to_vec)
+                    .collect(),
                 records: c
                     .samples()
                     .map(|id| self.field_entries(id))
@@ -686,7 +696,10 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
     }
 
     fn classes(&self) -> Result<StringTable<'_>> {
-        StringTable::parse(self.at(self.s.get(SectionKind::Classes))?, "snapshot classes")
+        StringTable::parse(
+            self.at(self.s.get(SectionKind::Classes))?,
+            "snapshot classes",
+        )
     }
 
     /// Number of class names.
@@ -715,7 +728,10 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
                 namespace::get_varint(b, &mut at),
                 namespace::get_varint(b, &mut at),
             ) else {
-                return Err(FormatError::invalid(WHAT, format!("chunk {index}: cut short")));
+                return Err(FormatError::invalid(
+                    WHAT,
+                    format!("chunk {index}: cut short"),
+                ));
             };
             let class = next.checked_add(d).filter(|&k| k < self.class_count);
             total = total.saturating_add(n);

@@ -313,7 +313,10 @@ impl PageIndex {
         if t.len() != p as u64 || t.encoded_len() != (b.len() - 16 * (p + 1)) as u64 {
             return Err(FormatError::invalid(
                 NS,
-                format!("{} first paths for {p} pages, or a table of another length", t.len()),
+                format!(
+                    "{} first paths for {p} pages, or a table of another length",
+                    t.len()
+                ),
             ));
         }
         let (mut first_blob, mut ends) = (Vec::new(), vec![0usize]);
@@ -402,11 +405,12 @@ impl PageIndex {
         let (mut at, mut seen, mut path) = (0usize, 0u64, Vec::<u8>::new());
         let mut mtime = 0i64;
         while at < b.len() {
-            let (Some(shared), Some(len)) = (get_varint(b, &mut at), get_varint(b, &mut at))
-            else {
+            let (Some(shared), Some(len)) = (get_varint(b, &mut at), get_varint(b, &mut at)) else {
                 return Err(bad(format!("entry {seen} is cut short")));
             };
-            let end = (at as u64).checked_add(len).filter(|&e| e <= b.len() as u64);
+            let end = (at as u64)
+                .checked_add(len)
+                .filter(|&e| e <= b.len() as u64);
             let Some(end) = end.filter(|_| shared <= path.len() as u64) else {
                 return Err(bad(format!("entry {seen} does not fit")));
             };

@@ -14,7 +14,10 @@ fn build_with(chunks: &[Vec<Rec>], classes: &[&[u8]], attrs: bool) -> (Vec<Vec<u
     if attrs {
         let n = chunks.iter().map(|c| c.len()).sum::<usize>();
         b.push_attrs(&(0..n as u64).map(attrs_of).collect::<Vec<_>>());
-        b.dirs(vec![(b"cat".to_vec(), attrs_of(7)), (b"empty/dir".to_vec(), attrs_of(8))]);
+        b.dirs(vec![
+            (b"cat".to_vec(), attrs_of(7)),
+            (b"empty/dir".to_vec(), attrs_of(8)),
+        ]);
     }
     let mut files = Vec::new();
     for (ci, recs) in chunks.iter().enumerate() {
@@ -26,8 +29,15 @@ fn build_with(chunks: &[Vec<Rec>], classes: &[&[u8]], attrs: bool) -> (Vec<Vec<u
                 true => (&z[..], Compression::Zstd),
                 false => (&data[..], Compression::None),
             };
-            w.append(path, stored, comp, data.len() as u64, crate::crc32(data), *label)
-                .unwrap();
+            w.append(
+                path,
+                stored,
+                comp,
+                data.len() as u64,
+                crate::crc32(data),
+                *label,
+            )
+            .unwrap();
         }
         let (bytes, s) = w.finish(&classes).unwrap();
         b.push_chunk(&s).unwrap();
@@ -68,7 +78,11 @@ fn many(n: usize, per: usize, attrs: bool) -> (Vec<Vec<u8>>, Vec<u8>, Vec<Rec>) 
             let class = (i * 7) % 3;
             let path = format!("class_{class}/sub_{:02}/{:07}.jpg", (i * 13) % 17, i);
             let data = format!("sample {i} ").repeat(1 + i % 5).into_bytes();
-            (path.into_bytes(), data, if i % 11 == 0 { NO_LABEL } else { class as u32 })
+            (
+                path.into_bytes(),
+                data,
+                if i % 11 == 0 { NO_LABEL } else { class as u32 },
+            )
         })
         .collect();
     let chunks: Vec<Vec<Rec>> = recs.chunks(per).map(|c| c.to_vec()).collect();
@@ -76,23 +90,8 @@ fn many(n: usize, per: usize, attrs: bool) -> (Vec<Vec<u8>>, Vec<u8>, Vec<Rec>) 
     (files, snap, recs)
 }
 
-/// Recomputes every block CRC, the table's CRC and the header CRC of a snapshot whose body
-/// was changed: what a writer with a bug (not a damaged file) produces.
 fn reseal(b: &mut [u8]) {
-    let h = SnapshotHeader::decode(b).unwrap();
-    let bs = 1usize << h.block_shift;
-    let body = SNAPSHOT_HEADER_LEN..h.body_end as usize;
-    let crcs: Vec<u8> = b[body]
-        .chunks(bs)
-        .flat_map(|c| crc32fast::hash(c).to_le_bytes())
-        .collect();
-    let t = h.crc_table();
-    b[t.start as usize..t.end as usize].copy_from_slice(&crcs);
-    let h2 = SnapshotHeader {
-        table_crc: crc32fast::hash(&crcs),
-        ..h
-    };
-    b[..SNAPSHOT_HEADER_LEN].copy_from_slice(&h2.encode());
+    assert!(crate::testing::reseal_snapshot(b));
 }
 
 /// Sets header fields through `f` and reseals.
@@ -115,7 +114,10 @@ fn err_of(b: &[u8]) -> String {
         Ok(s) => {
             let mut v = s.check_blocks();
             v.extend(s.check_structure(10));
-            v.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("; ")
+            v.iter()
+                .map(|e| e.to_string())
+                .collect::<Vec<_>>()
+                .join("; ")
         }
     }
 }
@@ -181,7 +183,11 @@ fn open_and_query() {
     let c0 = s.chunk(0).unwrap();
     assert_eq!((c0.orig_bytes, c0.compressed, c0.records_end), (4, 0, 68));
     assert!(s.check_blocks().is_empty());
-    assert!(s.check_structure(10).is_empty(), "{:?}", s.check_structure(10));
+    assert!(
+        s.check_structure(10).is_empty(),
+        "{:?}",
+        s.check_structure(10)
+    );
     assert_eq!(exercise(&snap), 0);
     assert!(!s.has_attrs() && !s.has_fields());
 }
@@ -207,7 +213,10 @@ fn many_samples_round_trip_through_pages_and_blocks() {
         // Sample entries are the chunks' footers' entries.
         for (c, f) in files.iter().enumerate() {
             let check = crate::check_chunk(f, &ID, c as u32).unwrap();
-            assert_eq!(s.chunk_summary(c as u64).unwrap().entries, check.footer.entries);
+            assert_eq!(
+                s.chunk_summary(c as u64).unwrap().entries,
+                check.footer.entries
+            );
             assert_eq!(s.chunk(c as u64).unwrap().file_crc, check.file_crc);
         }
         // The namespace: every file, every ancestor directory (and the given ones), sorted.
@@ -228,7 +237,12 @@ fn many_samples_round_trip_through_pages_and_blocks() {
             .into_iter()
             .map(|e| e.path)
             .collect();
-        assert!(got == want, "{} entries, expected {}", got.len(), want.len());
+        assert!(
+            got == want,
+            "{} entries, expected {}",
+            got.len(),
+            want.len()
+        );
         if attrs {
             let d = s.find(b"empty/dir").unwrap().unwrap().1;
             assert_eq!(d.attrs, Some(attrs_of(8)));
@@ -242,7 +256,11 @@ fn many_samples_round_trip_through_pages_and_blocks() {
             .count();
         assert_eq!(r.end - r.start, n as u64);
         assert!(s.check_blocks().is_empty());
-        assert!(s.check_structure(10).is_empty(), "{:?}", s.check_structure(10));
+        assert!(
+            s.check_structure(10).is_empty(),
+            "{:?}",
+            s.check_structure(10)
+        );
     }
 }
 
@@ -267,7 +285,10 @@ fn fields_and_types_round_trip() {
     b.push_chunk(&summary).unwrap();
     b.field_types(vec![
         (b"cls".to_vec(), FieldType::Int),
-        (b"jpg".to_vec(), FieldType::parse("ndarray:uint8:3,4").unwrap()),
+        (
+            b"jpg".to_vec(),
+            FieldType::parse("ndarray:uint8:3,4").unwrap(),
+        ),
         (b"json".to_vec(), FieldType::Json),
     ]);
     let snap = b.build().unwrap();
@@ -289,7 +310,11 @@ fn fields_and_types_round_trip() {
     assert_eq!(f.iter().map(|x| x.len).collect::<Vec<_>>(), vec![8, 12, 7]);
     assert_eq!(f[1].offset, 8);
     assert_eq!(s.field_entry_count(), 150);
-    assert!(s.check_structure(10).is_empty(), "{:?}", s.check_structure(10));
+    assert!(
+        s.check_structure(10).is_empty(),
+        "{:?}",
+        s.check_structure(10)
+    );
     // A type for a field no sample has is refused.
     let mut b = SnapshotBuilder::new(ID, vec![]);
     b.push_chunk(&summary).unwrap();
@@ -311,7 +336,11 @@ fn empty_datasets_and_empty_chunks() {
     assert_eq!(s.prefix_range(b"").unwrap(), 0..0);
     assert_eq!(exercise(&snap), 0);
     let (_, snap) = build(
-        &[vec![], vec![(b"a".to_vec(), b"x".to_vec(), NO_LABEL)], vec![]],
+        &[
+            vec![],
+            vec![(b"a".to_vec(), b"x".to_vec(), NO_LABEL)],
+            vec![],
+        ],
         &[],
     );
     let s = Snapshot::open(&snap[..]).unwrap();
@@ -335,7 +364,10 @@ fn builder_refuses_what_the_format_cannot_hold() {
     assert!(both.contains("both a file and a directory"), "{both}");
     let mut b = SnapshotBuilder::new(ID, vec![]);
     b.push_attrs(&[FileAttrs::default()]);
-    assert!(b.build().is_err(), "attributes for samples that do not exist");
+    assert!(
+        b.build().is_err(),
+        "attributes for samples that do not exist"
+    );
 }
 
 fn build_err(chunks: &[Vec<Rec>]) -> String {
@@ -360,7 +392,10 @@ fn feature_bits_and_sections_must_agree() {
     let e = err_of(&with_header(&snap, |h| h.incompat |= 1 << 9));
     assert!(e.contains("incompatible feature bits 0x200"), "{e}");
     let e = err_of(&with_header(&snap, |h| h.incompat |= features::FIELDS));
-    assert!(e.contains("required section snapshot fields is missing"), "{e}");
+    assert!(
+        e.contains("required section snapshot fields is missing"),
+        "{e}"
+    );
     // Unknown compatible bits are fine.
     assert_eq!(err_of(&with_header(&snap, |h| h.compat |= 1 << 3)), "");
     // A fields section without its bit.
@@ -401,7 +436,10 @@ fn damaged_ids_pages_and_index_are_named() {
     let p = 3;
     let fp = ix.first_path(p).to_vec();
     let at = index.start
-        + (b[index.clone()].windows(fp.len()).position(|w| w == fp).unwrap());
+        + (b[index.clone()]
+            .windows(fp.len())
+            .position(|w| w == fp)
+            .unwrap());
     b[at + fp.len() - 1] ^= 1;
     reseal(&mut b);
     let e = err_of(&b);
@@ -424,7 +462,10 @@ fn damaged_ids_pages_and_index_are_named() {
 #[test]
 fn truncated_and_flipped_snapshots_serve_nothing_unchecked() {
     let (_, snap, _) = many(3000, 700, true);
-    for cut in (0..snap.len()).step_by(snap.len() / 97).chain([snap.len() - 1]) {
+    for cut in (0..snap.len())
+        .step_by(snap.len() / 97)
+        .chain([snap.len() - 1])
+    {
         assert!(Snapshot::open(&snap[..cut]).is_err(), "cut at {cut}");
     }
     for at in (0..snap.len()).step_by(snap.len() / 61 + 1) {
@@ -460,14 +501,21 @@ fn a_paged_snapshot_asks_only_for_what_it_uses() {
     let s = Snapshot::open_paged(&snap[..], rec.clone()).unwrap();
     let at_open = asked(&rec);
     // The header, the CRC table and the blocks holding the small sections.
-    assert!(at_open <= 3 * 65536 + 4096, "open asked for {at_open} of {} bytes", snap.len());
+    assert!(
+        at_open <= 3 * 65536 + 4096,
+        "open asked for {at_open} of {} bytes",
+        snap.len()
+    );
     let _ = (s.chunk(29).unwrap(), s.class_counts(29).unwrap());
     let id = s.lookup(&recs[31_337].0).unwrap().unwrap();
     assert_eq!(id, 31_337);
     let e = s.sample(id).unwrap();
     assert_eq!(e.orig_len, recs[31_337].1.len() as u64);
     let used = asked(&rec) - at_open;
-    assert!(used <= 6 * 65536, "a lookup and a read asked for {used} bytes");
+    assert!(
+        used <= 6 * 65536,
+        "a lookup and a read asked for {used} bytes"
+    );
     assert!((snap.len() as u64) > 10 * 65536);
     // Each block is asked for once.
     let _ = s.lookup(&recs[31_337].0).unwrap();

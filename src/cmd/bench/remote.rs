@@ -151,24 +151,21 @@ pub fn run(a: RemoteArgs) -> anyhow::Result<ExitCode> {
         Ok(())
     })?;
     // Lists directory `i`: paths and sample ids, and with `long` each file's size, mode and
-    // mtime (from the pages if they carry them; otherwise the sample table and kind 8 by
-    // sample id, fetched together first, as the mount and `ls --long` do).
+    // mtime (all in the namespace entries).
     let listed = std::cell::Cell::new(0u64);
     let list_dir = |i: usize, long: bool| {
         let r = ds.prefix_range(&dirs[i])?;
         let mut pos = r.start;
         while pos < r.end {
-            let batch = ds.sorted_paths(pos..(pos + (1 << 16)).min(r.end))?;
+            let batch = ds.entries(pos..(pos + (1 << 16)).min(r.end))?;
             anyhow::ensure!(
                 !batch.is_empty(),
-                "position {pos} of the path order is missing"
+                "position {pos} of the namespace is missing"
             );
             pos += batch.len() as u64;
-            if long && batch.iter().any(|e| e.stat.is_none()) {
-                let ids: Vec<u64> = batch.iter().map(|e| e.id).collect();
-                ds.prefetch_samples_at(&ids)?;
-                for id in ids {
-                    std::hint::black_box(ds.stat(id)?);
+            if long {
+                for e in &batch {
+                    std::hint::black_box((e.size, e.attrs));
                 }
             }
         }

@@ -1,13 +1,15 @@
-//! Snapshots of datasets in object stores, read in blocks (format 1.4).
+//! Snapshots of datasets in object stores, read in blocks.
 //!
-//! A snapshot costs ~100 bytes a sample; a reader of a billion-sample dataset must not fetch
-//! it whole. [`open_snapshot`] fetches only its header, its section table and its block index
-//! (kind 15), and returns a local *sparse* file of the snapshot's length plus a
-//! [`BlockPager`]: the reader maps the file and, before it reads any range, asks the pager,
-//! which fetches the blocks of the range that are not there yet with one ranged GET per run of
-//! missing blocks, checks each block's CRC (kind 14, itself fetched in checked pages) and
-//! writes it into the file. What a chunk-wise epoch plans from (the chunk table, the classes)
-//! is a few blocks; a chunk's sample entries are one range; a path lookup is a few blocks.
+//! A snapshot costs tens of bytes a sample; a reader of a billion-sample dataset must not
+//! fetch it whole. [`open_snapshot`] fetches only its 64-byte header and its block CRC table
+//! (4 bytes per 64 KiB block, checked against the header), and returns a local *sparse* file
+//! of the snapshot's length plus a [`BlockPager`]: the reader maps the file and, before it
+//! uses any block, asks the pager, which fetches the blocks that are not there yet with one
+//! ranged GET per run of missing blocks (several runs at once), checks each block's CRC and
+//! writes it into the file; the reader checks each block again before its first use. What
+//! `info` and a chunk-wise epoch plan from (the section table, the lineage, the chunk table,
+//! the classes) lies in the first blocks; a chunk's record entries are one range; a path
+//! lookup is the page index (once) and one page.
 //!
 //! The sparse file lives in the snapshot cache, named by the dataset id and the header CRC,
 //! and is shared by the processes of a node (every `DataLoader` worker): a block one process
@@ -29,10 +31,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use granary_format::{
-    check_block, BlockIndex, FormatError, Pager, SECTION_ENTRY_LEN, SNAPSHOT_FILE,
-    SNAPSHOT_HEADER_LEN,
-};
+use granary_format::{Blocks, FormatError, Pager, SnapshotHeader, SNAPSHOT_FILE};
 
 use super::{ObjectUrl, GET_PART};
 use crate::{DatasetId, RemoteKind, Result, StoreConfig, StoreError};
@@ -46,9 +45,9 @@ pub struct RemoteSnapshot {
 }
 
 /// Opens the snapshot of the dataset at `url`: a cached whole copy if there is one, else a
-/// sparse file and its pager (format 1.4 snapshots larger than `cfg.snapshot_whole_max`), else
-/// the whole snapshot fetched and checked ([`fetch_snapshot`]). Cached in
-/// `cfg.snapshot_cache`, which is kept within `cfg.snapshot_cache_max` bytes.
+/// sparse file and its pager (snapshots larger than `cfg.snapshot_whole_max`), else the whole
+/// snapshot fetched and checked ([`fetch_snapshot`]). Cached in `cfg.snapshot_cache`, which
+/// is kept within `cfg.snapshot_cache_max` bytes.
 pub fn open_snapshot(url: &Arc<ObjectUrl>, cfg: &StoreConfig) -> Result<RemoteSnapshot> {
     let dir = &cfg.snapshot_cache;
     let budget = cfg.snapshot_cache_max;
@@ -57,94 +56,33 @@ pub fn open_snapshot(url: &Arc<ObjectUrl>, cfg: &StoreConfig) -> Result<RemoteSn
     let snap_url = url.object_url(SNAPSHOT_FILE);
     let head = crate::object::snapshot_head(url)?;
     let fmt = |e: FormatError| StoreError::format(&snap_url, e);
-    let (id, crc) = granary_format::snapshot_key(&head).map_err(fmt)?;
-    let name = format!("{}-{crc:08x}", DatasetId(id));
-    if dir.join(format!("{name}.gsnap")).is_file() || u16_at(&head, 10) < 4 {
+    let h = SnapshotHeader::decode(&head).map_err(fmt)?;
+    let name = format!("{}-{:08x}", DatasetId(h.dataset_id), h.header_crc);
+    if dir.join(format!("{name}.gsnap")).is_file() || h.file_len() <= cfg.snapshot_whole_max {
         return whole(());
     }
-    let nsec = u32_at(&head, 48) as u64;
-    let table_end = SNAPSHOT_HEADER_LEN as u64 + nsec * SECTION_ENTRY_LEN as u64;
-    let table = url.get_range(SNAPSHOT_FILE, SNAPSHOT_HEADER_LEN as u64..table_end)?;
-    check(&snap_url, "section table", u32_at(&head, 52), &table)?;
-    let mut len = table_end;
-    let (mut crcs, mut index) = (None, None);
-    for e in table.chunks_exact(SECTION_ENTRY_LEN) {
-        let (kind, off, n) = (u32_at(e, 0), u64_at(e, 8), u64_at(e, 16));
-        let r = off..off.checked_add(n).ok_or_else(|| {
-            StoreError::damaged(&snap_url, format!("section of kind {kind} at {off}+{n}"))
-        })?;
-        len = len.max(r.end);
-        match kind {
-            14 => crcs = Some(r),
-            15 => index = Some((r, u32_at(e, 24))),
-            _ => {}
-        }
-    }
-    let (Some(crcs), Some((index, index_crc))) = (crcs, index) else {
-        return whole(());
-    };
-    if len <= cfg.snapshot_whole_max {
-        return whole(());
-    }
-    let k15 = url.get_range(SNAPSHOT_FILE, index.clone())?;
-    check(&snap_url, "block index", index_crc, &k15)?;
-    let bi = BlockIndex::parse(&k15, crcs, table_end).map_err(fmt)?;
+    let table = url.get_range(SNAPSHOT_FILE, h.crc_table())?;
+    let blocks = Blocks::parse(&h, &table).map_err(fmt)?;
     std::fs::create_dir_all(dir).map_err(|e| StoreError::io("creating", dir, e))?;
     let path = dir.join(format!("{name}.gblocks"));
     evict(dir, budget, &path);
-    let file = sparse_file(&path, dir, &name, len)?;
+    let file = sparse_file(&path, dir, &name, h.file_len())?;
     let pager = BlockPager {
         url: url.clone(),
         snap_url,
         path: path.clone(),
         file,
-        done: (0..bi.block_count().div_ceil(64))
-            .map(|_| AtomicU64::new(0))
-            .collect(),
-        pages: (0..(bi.pages.len() as u64).div_ceil(64))
-            .map(|_| AtomicU64::new(0))
-            .collect(),
-        bi,
-        gets: AtomicU64::new(3),
-        fetched: AtomicU64::new((head.len() + table.len() + k15.len()) as u64),
+        blocks,
+        gets: AtomicU64::new(2),
+        fetched: AtomicU64::new((head.len() + table.len()) as u64),
     };
-    // Header, section table and block index are checked: every process writes them.
-    let write = |at: u64, b: &[u8]| {
-        pager
-            .file
-            .write_all_at(b, at)
-            .map_err(|e| StoreError::io("writing", &pager.path, e))
-    };
-    write(0, &head)?;
-    write(SNAPSHOT_HEADER_LEN as u64, &table)?;
-    write(index.start, &k15)?;
+    // Header and CRC table are checked: every process writes them.
+    pager.store(0, &head)?;
+    pager.store(h.crc_table().start, &table)?;
     Ok(RemoteSnapshot {
         path,
         pager: Some(Arc::new(pager)),
     })
-}
-
-fn u16_at(b: &[u8], at: usize) -> u16 {
-    u16::from_le_bytes([b[at], b[at + 1]])
-}
-
-fn u32_at(b: &[u8], at: usize) -> u32 {
-    u32::from_le_bytes(b[at..at + 4].try_into().expect("4 bytes"))
-}
-
-fn u64_at(b: &[u8], at: usize) -> u64 {
-    u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"))
-}
-
-fn check(url: &str, what: &str, expected: u32, b: &[u8]) -> Result<()> {
-    let actual = crc32fast::hash(b);
-    if actual != expected {
-        return Err(StoreError::damaged(
-            url,
-            format!("snapshot {what}: checksum mismatch (stored {expected:#010x}, computed {actual:#010x})"),
-        ));
-    }
-    Ok(())
 }
 
 /// The sparse file `path` of `len` bytes, created under a temporary name and linked into
@@ -235,21 +173,10 @@ pub struct BlockPager {
     snap_url: String,
     path: PathBuf,
     file: File,
-    bi: BlockIndex,
-    /// One bit per covered block this process has checked.
-    done: Vec<AtomicU64>,
-    /// One bit per page of kind 14 this process has checked.
-    pages: Vec<AtomicU64>,
+    /// The block CRCs, and which blocks this process has checked in its file.
+    blocks: Blocks,
     gets: AtomicU64,
     fetched: AtomicU64,
-}
-
-fn is_set(bits: &[AtomicU64], i: u64) -> bool {
-    bits[(i / 64) as usize].load(Ordering::Acquire) & (1 << (i % 64)) != 0
-}
-
-fn set(bits: &[AtomicU64], i: u64) {
-    bits[(i / 64) as usize].fetch_or(1 << (i % 64), Ordering::Release);
 }
 
 impl std::fmt::Debug for BlockPager {
@@ -268,11 +195,6 @@ impl BlockPager {
             self.gets.load(Ordering::Relaxed),
             self.fetched.load(Ordering::Relaxed),
         )
-    }
-
-    /// The block layout.
-    pub fn blocks(&self) -> &BlockIndex {
-        &self.bi
     }
 
     /// The local bytes of `r` (zeros where nothing was written yet).
@@ -309,47 +231,18 @@ impl BlockPager {
         StoreError::format(&self.snap_url, e)
     }
 
-    /// Makes pages `ps` of kind 14 present and checked.
-    fn ensure_pages(&self, ps: Range<u64>) -> Result<()> {
-        for p in ps {
-            if is_set(&self.pages, p) {
-                continue;
-            }
-            let r = self.bi.page(p);
-            let want = self.bi.pages[p as usize];
-            if crc32fast::hash(&self.local(&r)?) != want {
-                let b = self.fetch(r.clone())?;
-                check_block("snapshot block checksums", p, want, &b)
-                    .map_err(|e| self.damaged(e))?;
-                self.store(r.start, &b)?;
-            }
-            set(&self.pages, p);
-        }
-        Ok(())
-    }
-
-    /// The stored CRC of covered block `b` (its page checked first).
-    fn block_crc(&self, b: u64) -> Result<u32> {
-        let (p, _) = self.bi.crc_at(b);
-        self.ensure_pages(p..p + 1)?;
-        let at = self.bi.crcs.start + b * 4;
-        Ok(u32_at(&self.local(&(at..at + 4))?, 0))
-    }
-
-    /// The blocks of `ranges` that are not present yet (checked in place first: blocks a
-    /// process of the node already wrote count as present), with their stored CRCs, sorted.
-    fn missing(&self, ranges: &[Range<u64>]) -> Result<Vec<(u64, u32)>> {
+    /// The blocks of `ranges` that are not present yet, sorted (checked in place first:
+    /// blocks a process of the node already wrote count as present).
+    fn missing(&self, ranges: &[Range<u64>]) -> Result<Vec<u64>> {
         let mut missing = Vec::new();
         for r in ranges {
-            for b in self.bi.blocks_of(r) {
-                if is_set(&self.done, b) {
+            for b in self.blocks.blocks_of(r) {
+                if self.blocks.is_checked(b) {
                     continue;
                 }
-                let want = self.block_crc(b)?;
-                if crc32fast::hash(&self.local(&self.bi.block(b))?) == want {
-                    set(&self.done, b);
-                } else {
-                    missing.push((b, want));
+                let local = self.local(&self.blocks.block(b))?;
+                if self.blocks.check(b, &local, &String::new).is_err() {
+                    missing.push(b);
                 }
             }
         }
@@ -359,34 +252,30 @@ impl BlockPager {
     }
 
     /// Fetches one run of consecutive missing blocks with one GET, checks each, stores them.
-    fn fetch_run(&self, run: &[(u64, u32)]) -> Result<()> {
-        let start = self.bi.block(run[0].0).start;
-        let bytes = self.fetch(start..self.bi.block(run[run.len() - 1].0).end)?;
-        for &(b, want) in run {
-            let r = self.bi.block(b);
+    fn fetch_run(&self, run: &[u64]) -> Result<()> {
+        let start = self.blocks.block(run[0]).start;
+        let bytes = self.fetch(start..self.blocks.block(run[run.len() - 1]).end)?;
+        for &b in run {
+            let r = self.blocks.block(b);
             let data = &bytes[(r.start - start) as usize..(r.end - start) as usize];
-            check_block("snapshot", b, want, data).map_err(|e| self.damaged(e))?;
+            self.blocks
+                .check(b, data, &|| "as fetched".into())
+                .map_err(|e| self.damaged(e))?;
         }
-        self.store(start, &bytes)?;
-        for &(b, _) in run {
-            set(&self.done, b);
-        }
-        Ok(())
+        self.store(start, &bytes)
     }
 
     /// Makes every block of `ranges` present and checked: one GET per run of missing blocks
     /// (at most [`GET_PART`] each), up to [`RUNS_IN_FLIGHT`] at once.
     fn ensure(&self, ranges: &[Range<u64>]) -> Result<()> {
-        for r in ranges {
-            self.ensure_pages(self.bi.pages_of(r))?;
-        }
         let missing = self.missing(ranges)?;
-        let most = (GET_PART / self.bi.block_size).max(1) as usize;
-        let mut runs: Vec<&[(u64, u32)]> = Vec::new();
+        let bs = self.blocks.block(0).end - self.blocks.block(0).start;
+        let most = (GET_PART / bs.max(1)).max(1) as usize;
+        let mut runs: Vec<&[u64]> = Vec::new();
         let mut i = 0;
         while i < missing.len() {
             let mut j = i + 1;
-            while j < missing.len() && missing[j].0 == missing[j - 1].0 + 1 && j - i < most {
+            while j < missing.len() && missing[j] == missing[j - 1] + 1 && j - i < most {
                 j += 1;
             }
             runs.push(&missing[i..j]);
@@ -424,28 +313,17 @@ impl BlockPager {
         });
         results.into_iter().collect()
     }
-
-    fn unavailable(&self, e: StoreError) -> FormatError {
-        FormatError::Unavailable {
-            what: self.snap_url.clone(),
-            detail: e.to_string(),
-        }
-    }
 }
 
 /// Runs of missing blocks fetched at once by one [`Pager::need_all`] call.
 pub const RUNS_IN_FLIGHT: usize = 8;
 
 impl Pager for BlockPager {
-    fn need(&self, range: Range<u64>) -> granary_format::Result<()> {
-        if range.is_empty() {
-            return Ok(());
-        }
-        self.ensure(&[range]).map_err(|e| self.unavailable(e))
-    }
-
     fn need_all(&self, ranges: &[Range<u64>]) -> granary_format::Result<()> {
-        self.ensure(ranges).map_err(|e| self.unavailable(e))
+        self.ensure(ranges).map_err(|e| FormatError::Unavailable {
+            what: self.snap_url.clone(),
+            detail: e.to_string(),
+        })
     }
 }
 
@@ -498,7 +376,7 @@ pub fn fetch_snapshot(url: &ObjectUrl, dir: &Path, budget: u64) -> Result<PathBu
         ));
     }
     let snap = Snapshot::open(&bytes[..]).map_err(|e| StoreError::format(&snap_url, e))?;
-    if let Some(e) = snap.check_sections().into_iter().next() {
+    if let Some(e) = snap.check_blocks().into_iter().next() {
         return Err(StoreError::format(&snap_url, e));
     }
     std::fs::create_dir_all(dir).map_err(|e| StoreError::io("creating", dir, e))?;
