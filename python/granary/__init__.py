@@ -104,7 +104,7 @@ class Dataset(_MapBase):
 
     @property
     def field_names(self):
-        """The names of the samples' fields (format 1.3), sorted; empty without fields."""
+        """The names of the samples' fields, sorted; empty without fields."""
         return self._native().field_names()
 
     def lookup(self, path):

@@ -124,7 +124,7 @@ impl Dataset {
         Ok((data, info.entry.label))
     }
 
-    /// True if the samples have named fields (format 1.3).
+    /// True if the samples have named fields.
     #[getter]
     fn has_fields(&self) -> bool {
         self.reader.dataset().has_fields()

@@ -161,5 +161,5 @@ def test_the_wheel_installs_the_command_of_the_same_version():
     out = subprocess.run([cli, "--version"], capture_output=True, text=True, check=True).stdout
     lines = out.splitlines()
     assert lines[0] == f"granary {granary.__version__}", out
-    assert lines[1].startswith("format: writes 1."), out
+    assert lines[1].startswith("format: 2.0"), out
     assert any(l.startswith("io_uring: ") for l in lines), out

@@ -7,7 +7,7 @@
 use std::ops::Range;
 use std::sync::Arc;
 
-use super::namespace::{prefix_successor, FileStat, NsEntry, PageIndex};
+use super::namespace::{prefix_successor, EntryView, FileStat, NsEntry, PageIndex};
 use super::{SectionKind, Snapshot, DECODED_PAGES};
 use crate::error::{FormatError, Result};
 use crate::le;
@@ -45,6 +45,43 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
         Ok(page)
     }
 
+    /// Walks page `p`'s entries in order (from the decoded copy if one is kept, else from its
+    /// bytes without decoding the rest of the page) until `f` returns something; `f` gets each
+    /// entry's index in the page.
+    fn scan<T>(
+        &self,
+        p: usize,
+        mut f: impl FnMut(usize, &EntryView<'_>) -> Option<T>,
+    ) -> Result<Option<T>> {
+        let kept = {
+            let d = self.decoded.lock().expect("decoded pages");
+            d.iter()
+                .find(|(q, _)| *q == p)
+                .map(|(_, page)| page.clone())
+        };
+        if let Some(page) = kept {
+            return Ok(page.iter().enumerate().find_map(|(i, e)| {
+                let v = EntryView {
+                    path: &e.path,
+                    id: e.id,
+                    size: e.size,
+                    attrs: e.attrs,
+                };
+                f(i, &v)
+            }));
+        }
+        let ix = self.page_index()?;
+        let r = ix.bytes(p);
+        let a = self.ns.area.start;
+        let (mut out, mut i) = (None, 0usize);
+        ix.walk(p, self.at(a + r.start as usize..a + r.end as usize)?, |e| {
+            out = f(i, e);
+            i += 1;
+            out.is_none()
+        })?;
+        Ok(out)
+    }
+
     /// The first position whose path is not less than `key` (the entry count if none is).
     pub fn lower_bound(&self, key: &[u8]) -> Result<u64> {
         let ix = self.page_index()?;
@@ -52,8 +89,9 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
             return Ok(0);
         }
         let p = ix.page_for(key);
-        let page = self.page(p)?;
-        Ok(ix.positions(p).start + page.partition_point(|e| e.path.as_slice() < key) as u64)
+        let at = self.scan(p, |i, e| (e.path >= key).then_some(i as u64))?;
+        let r = ix.positions(p);
+        Ok(at.map_or(r.end, |i| r.start + i))
     }
 
     /// The entry whose path is exactly `path`, and its position.
@@ -63,11 +101,13 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
             return Ok(None);
         }
         let p = ix.page_for(path);
-        let page = self.page(p)?;
-        Ok(page
-            .binary_search_by(|e| e.path.as_slice().cmp(path))
-            .ok()
-            .map(|i| (ix.positions(p).start + i as u64, page[i].clone())))
+        let first = ix.positions(p).start;
+        let hit = self.scan(p, |i, e| match e.path.cmp(path) {
+            std::cmp::Ordering::Less => None,
+            std::cmp::Ordering::Equal => Some(Some((first + i as u64, e.to_entry()))),
+            std::cmp::Ordering::Greater => Some(None),
+        })?;
+        Ok(hit.flatten())
     }
 
     /// The sample whose file is exactly `path` (`None` for a directory or no entry).
@@ -125,7 +165,9 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
         }
         let ix = self.page_index()?;
         let p = ix.page_of(pos);
-        Ok(self.page(p)?[(pos - ix.positions(p).start) as usize].clone())
+        let want = (pos - ix.positions(p).start) as usize;
+        self.scan(p, |i, e| (i == want).then(|| e.to_entry()))?
+            .ok_or_else(|| FormatError::invalid(NS, format!("position {pos} is missing")))
     }
 
     /// The positions of the entries whose paths start with `prefix`.

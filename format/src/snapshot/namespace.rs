@@ -57,6 +57,31 @@ impl NsEntry {
     }
 }
 
+/// An entry as a page walk meets it: its path borrowed from the walk.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EntryView<'a> {
+    /// The path.
+    pub path: &'a [u8],
+    /// The sample holding the file; `None` for a directory.
+    pub id: Option<u64>,
+    /// The file's size; 0 for a directory.
+    pub size: u64,
+    /// Mode and mtime, when recorded.
+    pub attrs: Option<FileAttrs>,
+}
+
+impl EntryView<'_> {
+    /// The entry, owned.
+    pub fn to_entry(&self) -> NsEntry {
+        NsEntry {
+            path: self.path.to_vec(),
+            id: self.id,
+            size: self.size,
+            attrs: self.attrs,
+        }
+    }
+}
+
 /// What a listing shows of a file: its size and, when recorded, its mode and mtime.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FileStat {
@@ -389,7 +414,7 @@ impl PageIndex {
         let n = self.positions(p).end - self.positions(p).start;
         let mut out = Vec::with_capacity(n as usize);
         self.walk(p, b, |e| {
-            out.push(e);
+            out.push(e.to_entry());
             true
         })?;
         Ok(out)
@@ -399,7 +424,12 @@ impl PageIndex {
     /// first with `shared` 0 and the index's first path, every path greater than the one
     /// before, tags naming samples that exist, modes within `0o7777`; reaching the end, that
     /// the entries fill the page and are as many as its positions.
-    pub fn walk(&self, p: usize, b: &[u8], mut f: impl FnMut(NsEntry) -> bool) -> Result<u64> {
+    pub fn walk(
+        &self,
+        p: usize,
+        b: &[u8],
+        mut f: impl FnMut(&EntryView<'_>) -> bool,
+    ) -> Result<u64> {
         let bad = |why: String| FormatError::invalid(NS, format!("page {p}: {why}"));
         let count = self.positions(p).end - self.positions(p).start;
         let (mut at, mut seen, mut path) = (0usize, 0u64, Vec::<u8>::new());
@@ -422,7 +452,7 @@ impl PageIndex {
             path.truncate(shared as usize);
             path.extend_from_slice(suffix);
             at = end as usize;
-            let Some(e) = self.rest(b, &mut at, &path, &mut mtime) else {
+            let Some(tail) = self.rest(b, &mut at, &mut mtime) else {
                 return Err(bad(format!(
                     "entry {seen} ({}) is cut short, names a sample that does not exist or has \
                      a mode beyond 7777",
@@ -430,7 +460,11 @@ impl PageIndex {
                 )));
             };
             seen += 1;
-            if !f(e) {
+            let e = EntryView {
+                path: &path,
+                ..tail
+            };
+            if !f(&e) {
                 return Ok(seen);
             }
         }
@@ -441,7 +475,7 @@ impl PageIndex {
     }
 
     /// The rest of an entry after its path: tag, size, attributes.
-    fn rest(&self, b: &[u8], at: &mut usize, path: &[u8], mtime: &mut i64) -> Option<NsEntry> {
+    fn rest(&self, b: &[u8], at: &mut usize, mtime: &mut i64) -> Option<EntryView<'static>> {
         let tag = get_varint(b, at)?;
         let (id, size) = match tag {
             0 => (None, 0),
@@ -461,8 +495,8 @@ impl PageIndex {
                 })
             }
         };
-        Some(NsEntry {
-            path: path.to_vec(),
+        Some(EntryView {
+            path: &[],
             id,
             size,
             attrs,
