@@ -72,7 +72,7 @@ pub struct EntryView<'a> {
 
 impl EntryView<'_> {
     /// The entry, owned.
-    pub fn to_entry(&self) -> NsEntry {
+    pub fn to_entry(self) -> NsEntry {
         NsEntry {
             path: self.path.to_vec(),
             id: self.id,
