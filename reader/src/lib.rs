@@ -84,8 +84,8 @@ pub use options::{
 };
 pub use pathfmt::{escape_path, unescape_path};
 pub use plan::{
-    shuffle_quality, DatasetShape, EpochPlan, EpochState, KeyedPermutation, PlanOptions, Sampling,
-    Shard, ShuffleMode, ShuffleQuality,
+    labels_from_class_counts, shuffle_quality, DatasetShape, EpochPlan, EpochState,
+    KeyedPermutation, PlanOptions, Sampling, Shard, ShuffleMode, ShuffleQuality,
 };
 pub use random::SampleReader;
 pub use stream::{EpochStream, Sample, StreamOptions};

@@ -18,7 +18,7 @@ use crate::runs::{ChunkRuns, RunIds};
 
 pub use keyed::KeyedPermutation;
 use keyed::*;
-pub use quality::{shuffle_quality, ShuffleQuality};
+pub use quality::{labels_from_class_counts, shuffle_quality, ShuffleQuality};
 
 /// How an epoch is ordered.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
