@@ -124,7 +124,7 @@ impl MountFs {
     /// Attributes of `node`.
     ///
     /// Modes and mtimes are the packed files' and directories' where the dataset records them
-    /// (format 1.2); otherwise 0444 files, 0555 directories and the snapshot's mtime.
+    /// (feature ATTRS); otherwise 0444 files, 0555 directories and the snapshot's mtime.
     pub fn attr(&self, node: Node) -> FsResult<FileAttr> {
         self.attr_with(node, None)
     }
@@ -146,7 +146,7 @@ impl MountFs {
                     .map_err(|e| self.eio("reading the field index", &e))?;
                 let st = ds
                     .stat(id)
-                    .map_err(|e| self.eio("reading the sample table and attributes", &e))?;
+                    .map_err(|e| self.eio("reading the namespace", &e))?;
                 let size = match field {
                     None => st.size,
                     Some(k) => ds
@@ -192,8 +192,8 @@ impl MountFs {
         self.attr(self.node(ino)?)
     }
 
-    /// The entry `name` of directory `parent` (O(1): the snapshot's path index, or the
-    /// directory table).
+    /// The entry `name` of directory `parent` (one namespace page, or a directory already
+    /// known).
     pub fn lookup(&self, parent: u64, name: &[u8]) -> FsResult<FileAttr> {
         let d = self.dir(parent)?;
         let (node, stat) = match name {

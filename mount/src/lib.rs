@@ -3,7 +3,7 @@
 //! metadata and the local tier underneath.
 //!
 //! - [`Tree`]: the directory tree, materialised only for directories (files are samples,
-//!   found through the snapshot's path index and listed through its path order).
+//!   found and listed through the snapshot's namespace).
 //! - [`TieredReader`]: whole samples, CRC-checked, from the local tier or the dataset's
 //!   storage, with Monarch's placement (a chunk's first touch copies it into the tier in the
 //!   background).

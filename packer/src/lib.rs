@@ -137,8 +137,8 @@ pub struct PackOptions {
     /// Threads that read, checksum and compress source files. Reads block on storage, so more
     /// threads than cores keep more requests in flight.
     pub io_threads: usize,
-    /// Do not record each file's mode and mtime and the tree's directories (format 1.2):
-    /// the dataset then shows pack-time values, as format 1.0 datasets do.
+    /// Do not record each file's mode and mtime and the tree's empty directories: the
+    /// dataset then shows pack-time values.
     pub no_metadata: bool,
 }
 
@@ -312,7 +312,7 @@ pub fn append(opts: &PackOptions, existing: Existing) -> Result<PackSummary, Pac
     let snap = Snapshot::open(bytes)?;
     if snap.has_fields() {
         return Err(PackError::Usage(format!(
-            "{}: its samples have named fields (format 1.3); append adds files, one blob each, \
+            "{}: its samples have named fields; append adds files, one blob each, \
              which cannot join them: write a new dataset (granary.Writer, --from webdataset)",
             opts.output.out.display()
         )));

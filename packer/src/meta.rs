@@ -1,4 +1,4 @@
-//! What a pack records about its files besides their bytes (format 1.2): each file's mode and
+//! What a pack records about its files besides their bytes (the ATTRS feature): each file's mode and
 //! mtime and the tree's directories, taken from the plan before it is dropped.
 
 use granary_format::{ChunkSummary, FileAttrs, Snapshot};

@@ -92,7 +92,7 @@ pub(crate) fn write_chunk<'a>(
     Ok(summary)
 }
 
-/// A snapshot builder that keeps its sample table in an unnamed temporary file in `dir`
+/// A snapshot builder that keeps its record table in an unnamed temporary file in `dir`
 /// instead of in memory (40 bytes per sample less at the peak of a pack, append or merge).
 pub(crate) fn spooled_builder(
     dir: &Path,

@@ -556,7 +556,7 @@ impl Run<'_> {
         let (dataset_id, classes, planned_chunks) =
             (plan.dataset_id, plan.classes.clone(), plan.chunk_count());
         let shared = shared_key_of(&plan.settings);
-        // What format 1.2 records besides the bytes (not with --no-metadata).
+        // What the ATTRS feature records besides the bytes (not with --no-metadata).
         let meta = (!self.opts.no_metadata).then(|| Metadata::take(&mut plan));
         drop(plan);
         let summaries = std::mem::take(&mut done).into_values();

@@ -343,7 +343,7 @@ impl Dataset {
             .map_err(|e| self.fmt_err(e))
     }
 
-    /// Positions in the path order of every path starting with `prefix`
+    /// Positions in the namespace of every path starting with `prefix`
     /// ([`Snapshot::prefix_range`]).
     pub fn prefix_range(&self, prefix: &[u8]) -> Result<std::ops::Range<u64>> {
         let r = self
@@ -353,7 +353,7 @@ impl Dataset {
         self.intact(r)
     }
 
-    /// The first position in the path order whose path is not less than `key`
+    /// The first position in the namespace whose path is not less than `key`
     /// ([`Snapshot::lower_bound`]).
     pub fn lower_bound(&self, key: &[u8]) -> Result<u64> {
         let r = self.snap.lower_bound(key).map_err(|e| self.fmt_err(e))?;
@@ -646,7 +646,7 @@ impl Dataset {
         Ok(ce)
     }
 
-    /// True if the dataset's samples have named fields (format 1.3).
+    /// True if the dataset's samples have named fields.
     pub fn has_fields(&self) -> bool {
         self.snap.has_fields()
     }

@@ -20,7 +20,7 @@ pub struct ExtractOptions {
     /// Only paths starting with these bytes.
     pub prefix: Vec<u8>,
     /// Restore each file's and directory's mode and mtime where the dataset records them
-    /// (format 1.2); otherwise files get the umask's mode and the time of the extraction.
+    /// (not packed with `--no-metadata`); otherwise files get the umask's mode and the time of the extraction.
     /// Empty directories are created either way.
     pub metadata: bool,
 }
@@ -44,7 +44,7 @@ pub fn extract(ds: &Dataset, opts: &ExtractOptions) -> Result<ExtractSummary> {
     std::fs::create_dir_all(&opts.out_dir)
         .map_err(|e| ReadError::io("creating", &opts.out_dir, e))?;
     let mut by_chunk: BTreeMap<u32, Vec<u64>> = BTreeMap::new();
-    // With fields (format 1.3) each sample is the files KEY.FIELD: the prefix selects keys
+    // With fields each sample is the files KEY.FIELD: the prefix selects keys
     // first, then the file names.
     let key_prefix = match ds.has_fields() {
         true => granary_format::split_field_path(&opts.prefix).map_or(&opts.prefix[..], |(k, _)| k),

@@ -13,7 +13,7 @@ use super::{human_bytes, open_dataset};
     after_help = "Examples:\n  granary extract train.granary -o ./restored\n  granary extract train.granary -o ./dogs dog/\n\n\
 Paths that would leave DIR (absolute, '..', through symbolic links) are refused, existing files are \
 never overwritten, and damaged records are reported and not written. Exit status 1 if any sample \
-could not be restored. Each file's and directory's mode and mtime are restored where the dataset records them (format 1.2; set-user-id and set-group-id bits are not), empty directories included."
+could not be restored. Each file's and directory's mode and mtime are restored where the dataset records them (set-user-id and set-group-id bits are not), empty directories included."
 )]
 pub struct Args {
     /// Dataset directory (or its snapshot file).

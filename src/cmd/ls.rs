@@ -34,7 +34,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         .as_ref()
         .map(|p| p.as_bytes().to_vec())
         .unwrap_or_default();
-    // With fields (format 1.3) a sample is the files KEY.FIELD: the prefix selects keys
+    // With fields a sample is the files KEY.FIELD: the prefix selects keys
     // first, then the file names.
     let key_prefix = match ds.has_fields() {
         true => granary_format::split_field_path(&prefix).map_or(&prefix[..], |(k, _)| k),

@@ -21,7 +21,7 @@ pub enum From {
     /// A directory tree of files (one sample per file).
     Files,
     /// WebDataset tar shards: members KEY.FIELD grouped by key into samples with named fields
-    /// (format 1.3), the label from the `.cls` field.
+    /// (named fields), the label from the `.cls` field.
     Webdataset,
 }
 
@@ -149,7 +149,7 @@ pub struct Run {
     pub io_threads: usize,
     /// Do not record each file's mode and mtime and the tree's directories (empty ones
     /// included): the mount and extract then show pack-time values (0444 files, the time of
-    /// the pack), as for datasets of format 1.0.
+    /// the pack).
     #[arg(long)]
     pub no_metadata: bool,
     /// Print the summary as JSON on stdout.

@@ -43,7 +43,7 @@ pub struct StoreConfig {
     /// Where fetched snapshots are kept (default `snapshots` in the cache home:
     /// `$XDG_CACHE_HOME/granary`, else `~/.cache/granary`).
     pub snapshot_cache: PathBuf,
-    /// Snapshots up to this many bytes are fetched whole; larger ones (format 1.4 and later)
+    /// Snapshots up to this many bytes are fetched whole; larger ones
     /// are read in checked blocks.
     pub snapshot_whole_max: u64,
     /// Bytes on disk the snapshot cache may take (least recently opened copies go first).

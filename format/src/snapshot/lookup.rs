@@ -7,12 +7,23 @@
 use std::ops::Range;
 use std::sync::Arc;
 
-use super::namespace::{prefix_successor, EntryView, FileStat, NsEntry, PageIndex};
+use super::namespace::{
+    prefix_successor, EntryView, FileStat, NsEntry, PageIndex, RESTART_INTERVAL,
+};
 use super::{SectionKind, Snapshot, DECODED_PAGES};
 use crate::error::{FormatError, Result};
 use crate::le;
 
 const NS: &str = "snapshot namespace";
+
+/// Where a walk through a page starts.
+#[derive(Clone, Copy)]
+enum From<'a> {
+    /// At the entry with this index in the page.
+    Index(usize),
+    /// At the first entry whose path is not less than this key.
+    Key(&'a [u8]),
+}
 
 impl<B: AsRef<[u8]>> Snapshot<B> {
     /// The page index, parsed and checked on first use.
@@ -45,12 +56,13 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
         Ok(page)
     }
 
-    /// Walks page `p`'s entries in order (from the decoded copy if one is kept, else from its
-    /// bytes without decoding the rest of the page) until `f` returns something; `f` gets each
-    /// entry's index in the page.
+    /// Walks page `p`'s entries in order from where `from` says (from the decoded copy if one
+    /// is kept, else from its bytes, starting at the restart before it, without decoding the
+    /// rest of the page) until `f` returns something; `f` gets each entry's index in the page.
     fn scan<T>(
         &self,
         p: usize,
+        from: From<'_>,
         mut f: impl FnMut(usize, &EntryView<'_>) -> Option<T>,
     ) -> Result<Option<T>> {
         let kept = {
@@ -60,7 +72,11 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
                 .map(|(_, page)| page.clone())
         };
         if let Some(page) = kept {
-            return Ok(page.iter().enumerate().find_map(|(i, e)| {
+            let start = match from {
+                From::Index(i) => i,
+                From::Key(key) => page.partition_point(|e| e.path.as_slice() < key),
+            };
+            return Ok(page.iter().enumerate().skip(start).find_map(|(i, e)| {
                 let v = EntryView {
                     path: &e.path,
                     id: e.id,
@@ -73,8 +89,26 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
         let ix = self.page_index()?;
         let r = ix.bytes(p);
         let a = self.ns.area.start;
-        let (mut out, mut i) = (None, 0usize);
-        ix.walk(p, self.at(a + r.start as usize..a + r.end as usize)?, |e| {
+        let b = self.at(a + r.start as usize..a + r.end as usize)?;
+        let restarts = ix.restarts(p, b)?;
+        let k = match from {
+            From::Index(i) => i / RESTART_INTERVAL,
+            From::Key(key) => {
+                // The last restart whose path is not greater than the key (restart 0's is the
+                // page's first path, which is not, or the page would not have been chosen).
+                let (mut lo, mut hi) = (0usize, restarts.len());
+                while hi - lo > 1 {
+                    let mid = lo + (hi - lo) / 2;
+                    match ix.restart_path(p, restarts.entries, restarts.get(mid))? <= key {
+                        true => lo = mid,
+                        false => hi = mid,
+                    }
+                }
+                lo
+            }
+        };
+        let (mut out, mut i) = (None, k * RESTART_INTERVAL);
+        ix.walk_restarts(p, &restarts, k, &mut |e| {
             out = f(i, e);
             i += 1;
             out.is_none()
@@ -89,7 +123,9 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
             return Ok(0);
         }
         let p = ix.page_for(key);
-        let at = self.scan(p, |i, e| (e.path >= key).then_some(i as u64))?;
+        let at = self.scan(p, From::Key(key), |i, e| {
+            (e.path >= key).then_some(i as u64)
+        })?;
         let r = ix.positions(p);
         Ok(at.map_or(r.end, |i| r.start + i))
     }
@@ -102,7 +138,7 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
         }
         let p = ix.page_for(path);
         let first = ix.positions(p).start;
-        let hit = self.scan(p, |i, e| match e.path.cmp(path) {
+        let hit = self.scan(p, From::Key(path), |i, e| match e.path.cmp(path) {
             std::cmp::Ordering::Less => None,
             std::cmp::Ordering::Equal => Some(Some((first + i as u64, e.to_entry()))),
             std::cmp::Ordering::Greater => Some(None),
@@ -166,8 +202,10 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
         let ix = self.page_index()?;
         let p = ix.page_of(pos);
         let want = (pos - ix.positions(p).start) as usize;
-        self.scan(p, |i, e| (i == want).then(|| e.to_entry()))?
-            .ok_or_else(|| FormatError::invalid(NS, format!("position {pos} is missing")))
+        self.scan(p, From::Index(want), |i, e| {
+            (i == want).then(|| e.to_entry())
+        })?
+        .ok_or_else(|| FormatError::invalid(NS, format!("position {pos} is missing")))
     }
 
     /// The positions of the entries whose paths start with `prefix`.

@@ -22,7 +22,10 @@ pub use header::{
     features, Blocks, Pager, SnapshotHeader, BLOCK_SHIFT, BLOCK_SHIFTS, SNAPSHOT_HEADER_LEN,
 };
 use namespace::NsLayout;
-pub use namespace::{prefix_successor, FileStat, NsEntry, PageIndex, NS_HEADER_LEN, PAGE_TARGET};
+pub use namespace::{
+    prefix_successor, EntryView, FileStat, NsEntry, PageIndex, NS_HEADER_LEN, PAGE_TARGET,
+    RESTART_INTERVAL,
+};
 pub use types::{
     ChunkEntry, FileAttrs, Lineage, RecordEntry, SampleField, ATTRS_LEN, CHUNK_ENTRY_LEN,
     LINEAGE_LEN, MAX_RECORD_OFFSET, RECORD_LEN,

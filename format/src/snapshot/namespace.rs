@@ -30,8 +30,12 @@ use crate::error::{FormatError, Result};
 use crate::le;
 use crate::strtab::{encode_string_table, StringTable};
 
-/// A writer closes a page before an entry that would take it past this many bytes.
+/// A writer closes a page before an entry that would take it (with its restart table) past
+/// this many bytes.
 pub const PAGE_TARGET: usize = 4096;
+/// Every this many entries of a page, an entry is a **restart**: it shares nothing with the
+/// one before and its mtime delta counts from 0, so decoding can start there.
+pub const RESTART_INTERVAL: usize = 16;
 /// Length of the namespace section's header.
 pub const NS_HEADER_LEN: usize = 40;
 
@@ -140,6 +144,9 @@ pub(crate) struct NsWriter {
     prev: Vec<u8>,
     prev_mtime: i64,
     pos: u64,
+    /// Offsets of the current page's restarts, and how many entries it holds.
+    restarts: Vec<u32>,
+    in_page: usize,
     /// Position of each sample id (`u32::MAX`: not seen yet).
     idtab: Vec<u32>,
 }
@@ -157,6 +164,8 @@ impl NsWriter {
             prev: Vec::new(),
             prev_mtime: 0,
             pos: 0,
+            restarts: Vec::new(),
+            in_page: 0,
             idtab: vec![u32::MAX; samples as usize],
         }
     }
@@ -182,10 +191,17 @@ impl NsWriter {
     }
 
     fn close_page(&mut self) {
+        for r in &self.restarts {
+            self.page.extend_from_slice(&r.to_le_bytes());
+        }
+        self.page
+            .extend_from_slice(&(self.restarts.len() as u32).to_le_bytes());
         self.pages.extend_from_slice(&self.page);
         self.offsets.push(self.pages.len() as u64);
         self.firsts.push(self.pos);
         self.page.clear();
+        self.restarts.clear();
+        self.in_page = 0;
     }
 
     /// Adds the next entry (paths strictly rising; the caller checks).
@@ -193,15 +209,24 @@ impl NsWriter {
         if self.pos >= u32::MAX as u64 {
             return Err(FormatError::invalid(NS, "more than 2^32 - 1 entries"));
         }
-        let mut b = self.encode(shared_prefix(&self.prev, path), path, &e, self.prev_mtime);
-        if !self.page.is_empty() && self.page.len() + b.len() > PAGE_TARGET {
+        let restart = self.in_page.is_multiple_of(RESTART_INTERVAL);
+        let mut b = match restart {
+            true => self.encode(0, path, &e, 0),
+            false => self.encode(shared_prefix(&self.prev, path), path, &e, self.prev_mtime),
+        };
+        let trailer = 4 * (self.restarts.len() + restart as usize + 1);
+        if self.in_page > 0 && self.page.len() + b.len() + trailer > PAGE_TARGET {
             self.close_page();
             b = self.encode(0, path, &e, 0);
         }
-        if self.page.is_empty() {
+        if self.in_page == 0 {
             self.first_paths.push(path.to_vec());
         }
+        if self.in_page.is_multiple_of(RESTART_INTERVAL) {
+            self.restarts.push(self.page.len() as u32);
+        }
         self.page.extend_from_slice(&b);
+        self.in_page += 1;
         self.prev.clear();
         self.prev.extend_from_slice(path);
         self.prev_mtime = e.attrs.unwrap_or_default().mtime_ns;
@@ -214,7 +239,7 @@ impl NsWriter {
 
     /// The whole section.
     pub(crate) fn finish(mut self) -> Vec<u8> {
-        if !self.page.is_empty() {
+        if self.in_page > 0 {
             self.close_page();
         }
         let p = self.first_paths.len() as u64;
@@ -420,34 +445,115 @@ impl PageIndex {
         Ok(out)
     }
 
+    /// Page `p`'s restart table, checked against its bytes `b` (O(1)): as many restarts as it
+    /// has groups of [`RESTART_INTERVAL`] entries; the first at 0 and the last inside the
+    /// entries (that they rise is checked as the entries are walked past them).
+    pub fn restarts<'b>(&self, p: usize, b: &'b [u8]) -> Result<Restarts<'b>> {
+        let bad = |why: String| FormatError::invalid(NS, format!("page {p}: {why}"));
+        let count = (self.positions(p).end - self.positions(p).start) as usize;
+        let want = count.div_ceil(RESTART_INTERVAL);
+        if b.len() < 4 || le::u32_at(b, b.len() - 4) as usize != want {
+            return Err(bad(format!("no restart table for {count} entries")));
+        }
+        let Some(end) = b.len().checked_sub(4 + 4 * want) else {
+            return Err(bad("restart table longer than the page".into()));
+        };
+        let r = Restarts {
+            entries: &b[..end],
+            table: &b[end..b.len() - 4],
+        };
+        if want == 0 || r.get(0) != 0 || r.get(want - 1) as usize >= end {
+            return Err(bad("restart offsets do not start at 0 inside the entries".into()));
+        }
+        Ok(r)
+    }
+
+    /// The path of the restart at `at` in page `p`'s entries (it shares nothing with the
+    /// entry before it).
+    pub fn restart_path<'b>(&self, p: usize, entries: &'b [u8], at: u32) -> Result<&'b [u8]> {
+        let bad = || FormatError::invalid(NS, format!("page {p}: restart at {at} is damaged"));
+        let mut i = at as usize;
+        let (Some(0), Some(len)) = (get_varint(entries, &mut i), get_varint(entries, &mut i))
+        else {
+            return Err(bad());
+        };
+        let end = (i as u64)
+            .checked_add(len)
+            .filter(|&e| e <= entries.len() as u64);
+        end.map(|e| &entries[i..e as usize]).ok_or_else(bad)
+    }
+
     /// Calls `f` with page `p`'s entries in order until it returns false, checking each: the
-    /// first with `shared` 0 and the index's first path, every path greater than the one
-    /// before, tags naming samples that exist, modes within `0o7777`; reaching the end, that
-    /// the entries fill the page and are as many as its positions.
-    pub fn walk(
+    /// first with the index's first path, every restart sharing nothing and where the restart
+    /// table says, every path greater than the one before, tags naming samples that exist,
+    /// modes within `0o7777`; reaching the end, that the entries fill the page up to its
+    /// restart table and are as many as its positions. Returns how many entries were visited.
+    pub fn walk(&self, p: usize, b: &[u8], f: impl FnMut(&EntryView<'_>) -> bool) -> Result<u64> {
+        self.walk_from(p, b, 0, f)
+    }
+
+    /// [`PageIndex::walk`] from restart `k` (entry `k` × [`RESTART_INTERVAL`] of the page);
+    /// `f` gets the entries from there.
+    pub fn walk_from(
         &self,
         p: usize,
         b: &[u8],
+        k: usize,
         mut f: impl FnMut(&EntryView<'_>) -> bool,
+    ) -> Result<u64> {
+        let restarts = self.restarts(p, b)?;
+        self.walk_restarts(p, &restarts, k, &mut f)
+    }
+
+    /// [`PageIndex::walk_from`] over a restart table already checked.
+    pub fn walk_restarts(
+        &self,
+        p: usize,
+        restarts: &Restarts<'_>,
+        k: usize,
+        f: &mut dyn FnMut(&EntryView<'_>) -> bool,
     ) -> Result<u64> {
         let bad = |why: String| FormatError::invalid(NS, format!("page {p}: {why}"));
         let count = self.positions(p).end - self.positions(p).start;
-        let (mut at, mut seen, mut path) = (0usize, 0u64, Vec::<u8>::new());
-        let mut mtime = 0i64;
+        if k >= restarts.len() {
+            return Err(bad(format!("restart {k} of {}", restarts.len())));
+        }
+        let start = restarts.get(k);
+        let b = restarts.entries;
+        let (mut at, mut seen) = (start as usize, (k * RESTART_INTERVAL) as u64);
+        let (mut path, mut mtime) = (Vec::<u8>::new(), 0i64);
+        let first = seen;
         while at < b.len() {
+            let restart = (seen as usize).is_multiple_of(RESTART_INTERVAL);
+            let r = seen as usize / RESTART_INTERVAL;
+            if restart && (r >= restarts.len() || restarts.get(r) != at as u32) {
+                return Err(bad(format!(
+                    "entry {seen} is not where the restart table says"
+                )));
+            }
             let (Some(shared), Some(len)) = (get_varint(b, &mut at), get_varint(b, &mut at)) else {
                 return Err(bad(format!("entry {seen} is cut short")));
             };
             let end = (at as u64)
                 .checked_add(len)
                 .filter(|&e| e <= b.len() as u64);
-            let Some(end) = end.filter(|_| shared <= path.len() as u64) else {
+            let Some(end) = end.filter(|_| shared <= path.len() as u64 && !(restart && shared > 0))
+            else {
                 return Err(bad(format!("entry {seen} does not fit")));
             };
             let suffix = &b[at..end as usize];
-            let rises = seen == 0 || suffix > &path[shared as usize..];
-            if (seen == 0 && (shared != 0 || suffix != self.first_path(p))) || !rises {
+            let rises = seen == first || {
+                let old = &path[shared as usize..];
+                match restart {
+                    false => suffix > old,
+                    true => suffix > &path[..],
+                }
+            };
+            if (seen == 0 && suffix != self.first_path(p)) || !rises {
                 return Err(bad(format!("entry {seen} does not follow the one before")));
+            }
+            if restart {
+                mtime = 0;
             }
             path.truncate(shared as usize);
             path.extend_from_slice(suffix);
@@ -465,13 +571,13 @@ impl PageIndex {
                 ..tail
             };
             if !f(&e) {
-                return Ok(seen);
+                return Ok(seen - first);
             }
         }
         if seen != count {
             return Err(bad(format!("{seen} entries for {count} positions")));
         }
-        Ok(seen)
+        Ok(seen - first)
     }
 
     /// The rest of an entry after its path: tag, size, attributes.
@@ -501,6 +607,31 @@ impl PageIndex {
             size,
             attrs,
         })
+    }
+}
+
+/// A page's restart table, over the page's entries.
+#[derive(Clone, Copy, Debug)]
+pub struct Restarts<'b> {
+    /// The page's entries (the page without its restart table).
+    pub entries: &'b [u8],
+    table: &'b [u8],
+}
+
+impl Restarts<'_> {
+    /// Number of restarts.
+    pub fn len(&self) -> usize {
+        self.table.len() / 4
+    }
+
+    /// True for a page without entries (never in a valid snapshot).
+    pub fn is_empty(&self) -> bool {
+        self.table.is_empty()
+    }
+
+    /// Offset of restart `k` in the entries (below [`Restarts::len`]).
+    pub fn get(&self, k: usize) -> u32 {
+        le::u32_at(self.table, 4 * k)
     }
 }
 

@@ -444,18 +444,44 @@ fn damaged_ids_pages_and_index_are_named() {
     reseal(&mut b);
     let e = err_of(&b);
     assert!(e.contains("snapshot namespace"), "{e}");
-    // Entries out of order inside a page: two suffix bytes swapped.
+    // Entries out of order inside a page: entry 2's suffix made to start with a 0 byte.
     let mut b = snap.clone();
     let page = area.start + ix.bytes(5).start as usize;
-    let tail = page + 40;
-    let (x, y) = (b[tail], b[tail + 1]);
-    b[tail] = y;
-    b[tail + 1] = x;
-    reseal(&mut b);
-    if x != y {
-        let e = err_of(&b);
-        assert!(e.contains("snapshot namespace"), "{e}");
+    let mut at = page;
+    let varint = |b: &[u8], at: &mut usize| super::namespace::get_varint(b, at).unwrap();
+    for entry in 0..3 {
+        varint(&b, &mut at);
+        let len = varint(&b, &mut at) as usize;
+        if entry == 2 {
+            assert!(len > 0);
+            b[at] = 0;
+            break;
+        }
+        at += len;
+        // tag, size (files), mode and mtime delta (attributes)
+        let tag = varint(&b, &mut at);
+        if tag != 0 {
+            varint(&b, &mut at);
+        }
+        varint(&b, &mut at);
+        varint(&b, &mut at);
     }
+    reseal(&mut b);
+    let e = err_of(&b);
+    assert!(
+        e.contains("snapshot namespace") && e.contains("does not follow"),
+        "{e}"
+    );
+    // A restart table that points elsewhere.
+    let mut b = snap.clone();
+    let end = area.start + ix.bytes(5).end as usize;
+    b[end - 8] ^= 1;
+    reseal(&mut b);
+    let e = err_of(&b);
+    assert!(
+        e.contains("snapshot namespace") && e.contains("restart"),
+        "{e}"
+    );
     let _ = ns;
 }
 

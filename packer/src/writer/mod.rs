@@ -149,7 +149,7 @@ pub struct Writer {
     /// CRC-32 of the original bytes.
     resumed: HashMap<u128, u32>,
     label_kind: LabelKind,
-    /// Whether the samples have named fields (format 1.3), once the first is written.
+    /// Whether the samples have named fields, once the first is written.
     with_fields: Option<bool>,
     /// Class names seen (labels by name without a class table).
     names: HashSet<Vec<u8>>,
@@ -471,7 +471,7 @@ impl Writer {
         self.write_sample(key, data, Vec::new(), label)
     }
 
-    /// Adds one sample with named fields (format 1.3): `(name, bytes)` in the order they are
+    /// Adds one sample with named fields: `(name, bytes)` in the order they are
     /// to be stored. Names are file-name extensions (`jpg`, `txt`, `seg.png`), each once; the
     /// key's last component holds no `.` (the fields show as files `KEY.NAME`). Fields are
     /// stored raw. A dataset's samples all have fields or none do.

@@ -1,5 +1,5 @@
 //! `granary bench remote`: what opening and reading a dataset in an object store costs when
-//! its snapshot is read in blocks (format 1.4): bytes and GETs to open, to look up a path, to
+//! its snapshot is read in blocks: bytes and GETs to open, to look up a path, to
 //! `cat` a file, to find a directory and list it (paths, then sizes, modes and mtimes), and
 //! for one chunk-wise epoch beyond the chunks themselves.
 
@@ -22,7 +22,7 @@ Every measurement starts from an empty snapshot cache of its own (a temporary di
 a node that has never opened the dataset. The paths looked up are drawn at random (--seed) and
 read first through another cold cache, so that drawing them costs the measured cache nothing.
 `cat` is a lookup plus the record's read (one ranged GET of the chunk). `dir` finds the
-directory of each looked-up path (the run of the path order under `DIR/`, as `granary ls URL
+directory of each looked-up path (the run of the namespace under `DIR/`, as `granary ls URL
 DIR/` and the mount's lookups do); `list` then lists the first --lists of them (every path
 and sample id, as `granary ls` does), and `list-l` lists them again with each file's size,
 mode and mtime (as `ls -l` on the mount shows them): its figures are what those cost beyond
