@@ -23,14 +23,15 @@ REPORT=${REPORT:-bench/reports/issue47}
 FILES=${FILES:-1000000}
 BIG=${BIG:-10000000}
 REPEAT=${REPEAT:-2}
+# Which parts to run (all by default); results of each part go to their own file.
+PARTS=${PARTS:-pack big s3}
 mkdir -p "$WORK" "$REPORT"
 WORK=$(cd "$WORK" && pwd)
 cp "$A" "$WORK/granary-a"
 cp "$B" "$WORK/granary-b"
 A=$WORK/granary-a
 B=$WORK/granary-b
-OUT=$REPORT/results.tsv
-printf 'side\tmeasure\tvalue\n' > "$OUT"
+OUT=
 rec() { printf '%s\t%s\t%s\n' "$1" "$2" "$3" | tee -a "$OUT" >&2; }
 drop() {
     sync
@@ -52,8 +53,15 @@ if [ "$(id -u)" = 0 ] && command -v mkfs.ext4 > /dev/null && ! mountpoint -q "$T
     mount -o loop "$WORK/trees.img" "$TREES"
     MOUNTED=1
 fi
+part() {
+    case " $PARTS " in *" $1 "*) ;; *) return 1 ;; esac
+    OUT=$REPORT/results-$1.tsv
+    printf 'side\tmeasure\tvalue\n' > "$OUT"
+}
 tree=$TREES/tree
-[ -d "$tree" ] || "$B" bench gen "$tree" --files "$FILES" --classes 1000 --sizes 48 --content random > /dev/null
+if part pack && [ ! -d "$tree" ]; then
+    "$B" bench gen "$tree" --files "$FILES" --classes 1000 --sizes 48 --content random > /dev/null
+fi
 
 # Peak RSS (KB) and wall seconds of a command, from /usr/bin/time.
 timed() {
@@ -64,7 +72,7 @@ timed() {
 }
 size_of() { stat -c %s "$1/snapshot.gsnap"; }
 
-for r in $(seq 1 "$REPEAT"); do
+part pack && for r in $(seq 1 "$REPEAT"); do
     for side in a b; do
         bin=$WORK/granary-$side
         ds=$WORK/ds-$side
@@ -89,17 +97,17 @@ for r in $(seq 1 "$REPEAT"); do
     done
 done
 
-for side in a b; do
+part big && for side in a b; do
     bin=$WORK/granary-$side
     big=$WORK/big-$side
-    rm -rf "$big"
+    rm -rf "$big" "$WORK/.big-$side.spill" "$WORK/.big-$side.partial"
     timed "$bin" bench gen "$big" --packed --files "$BIG" --sizes 64
     rec "$side" "big_gen_s" "$wall"
     rec "$side" "big_snapshot_bytes_per_sample" "$(awk -v s="$(size_of "$big")" -v n="$BIG" 'BEGIN{printf "%.1f", s/n}')"
     rm -rf "$big"
 done
 
-if [ -n "${AWS_ENDPOINT_URL:-}" ]; then
+if [ -n "${AWS_ENDPOINT_URL:-}" ] && part s3; then
     for side in a b; do
         bin=$WORK/granary-$side
         url=s3://granary/format-$side-$FILES
@@ -125,4 +133,4 @@ if [ -n "${AWS_ENDPOINT_URL:-}" ]; then
         GRANARY_SNAPSHOT_WHOLE_MAX=0 "$bin" bench remote "$bigurl" --lookups 20 --lists 2 --world-size 64 --json > "$REPORT/remote-$side.json"
     done
 fi
-echo "results in $OUT" >&2
+echo "results in $REPORT/results-*.tsv" >&2

@@ -7,7 +7,10 @@ use crate::error::{check_crc, check_magic_version, FormatError, Result};
 use crate::strtab::{encode_string_table, StringTable};
 use crate::SAMPLE_ENTRY_LEN;
 use crate::{le, SampleEntry, CHUNK_END_MAGIC, CHUNK_MAGIC, CHUNK_VERSION};
-use crate::{ChunkFields, Compression, FieldEntry, CHUNK_FIELDS, FIELD_ENTRY_LEN, FLAG_FIELDS};
+use crate::{
+    ChunkFields, Compression, FieldEntry, FieldType, CHUNK_FIELDS, CHUNK_TYPES, FIELD_ENTRY_LEN,
+    FLAG_FIELDS,
+};
 
 /// Length of the chunk header; records start at this offset.
 pub const CHUNK_HEADER_LEN: usize = 64;
@@ -25,6 +28,8 @@ pub struct ChunkHeader {
     pub chunk_id: u32,
     /// The footer ends with a fields block (feature bit [`CHUNK_FIELDS`]).
     pub fields: bool,
+    /// The fields block carries each name's type (feature bit [`CHUNK_TYPES`]).
+    pub types: bool,
 }
 
 impl ChunkHeader {
@@ -33,7 +38,8 @@ impl ChunkHeader {
         let mut b = [0u8; CHUNK_HEADER_LEN];
         b[0..8].copy_from_slice(&CHUNK_MAGIC);
         b[8..10].copy_from_slice(&CHUNK_VERSION.to_le_bytes());
-        let features = if self.fields { CHUNK_FIELDS } else { 0 };
+        let features =
+            if self.fields { CHUNK_FIELDS } else { 0 } | if self.types { CHUNK_TYPES } else { 0 };
         b[10..12].copy_from_slice(&features.to_le_bytes());
         b[12..16].copy_from_slice(&(CHUNK_HEADER_LEN as u32).to_le_bytes());
         b[16..32].copy_from_slice(&self.dataset_id);
@@ -71,6 +77,9 @@ impl ChunkHeader {
                 "reserved bytes 36..60 are not zero",
             ));
         }
+        if features & CHUNK_TYPES != 0 && features & CHUNK_FIELDS == 0 {
+            return Err(FormatError::invalid(WHAT, "field types without fields"));
+        }
         let header_len = le::u32_at(b, 12);
         if header_len as usize != CHUNK_HEADER_LEN {
             return Err(FormatError::invalid(
@@ -82,6 +91,7 @@ impl ChunkHeader {
             dataset_id: le::id_at(b, 16),
             chunk_id: le::u32_at(b, 32),
             fields: features & CHUNK_FIELDS != 0,
+            types: features & CHUNK_TYPES != 0,
         })
     }
 }
@@ -161,14 +171,20 @@ pub struct ChunkFooter {
     pub fields: Option<ChunkFields>,
 }
 
-/// Encodes a fields block: the names (a string table, preceded by its length as u64), the
-/// number of field entries m (u64), one u32 field count per record, then the m entries.
+/// Encodes a fields block: the names (a string table, preceded by its length as u64), with
+/// types (`f.types` not empty) the types likewise, the number of field entries m (u64), one
+/// u32 field count per record, then the m entries.
 pub fn encode_fields_block(f: &ChunkFields) -> Vec<u8> {
     let names = encode_string_table(f.names.iter());
     let m: usize = f.records.iter().map(Vec::len).sum();
     let mut b = Vec::with_capacity(16 + names.len() + 4 * f.records.len() + m * FIELD_ENTRY_LEN);
     b.extend_from_slice(&(names.len() as u64).to_le_bytes());
     b.extend_from_slice(&names);
+    if !f.types.is_empty() {
+        let types = encode_string_table(f.types.iter());
+        b.extend_from_slice(&(types.len() as u64).to_le_bytes());
+        b.extend_from_slice(&types);
+    }
     b.extend_from_slice(&(m as u64).to_le_bytes());
     for r in &f.records {
         b.extend_from_slice(&(r.len() as u32).to_le_bytes());
@@ -179,26 +195,47 @@ pub fn encode_fields_block(f: &ChunkFields) -> Vec<u8> {
     b
 }
 
-/// Decodes the fields block of a footer of `n` records, checking its layout and names (each a
-/// valid field name, sorted, distinct), that every record has at least one field and every
-/// entry names one of the names.
-pub fn decode_fields_block(b: &[u8], n: u64) -> Result<ChunkFields> {
-    const WHAT: &str = "chunk footer fields";
-    let short = || FormatError::invalid(WHAT, "shorter than its lengths say");
-    if b.len() < 8 {
+/// A string table preceded by its length (u64) at `at` in `b`: its items and where it ends.
+fn sized_table(b: &[u8], at: usize, what: &'static str) -> Result<(Vec<Vec<u8>>, usize)> {
+    let short = || FormatError::invalid(what, "shorter than its lengths say");
+    if b.len() < at.saturating_add(8) {
         return Err(short());
     }
-    let names_len = le::u64_at(b, 0);
-    let names_end = 8usize
-        .checked_add(usize::try_from(names_len).map_err(|_| short())?)
+    let len = le::u64_at(b, at);
+    let end = (at + 8)
+        .checked_add(usize::try_from(len).map_err(|_| short())?)
         .filter(|&e| e.checked_add(8).is_some_and(|x| x <= b.len()))
         .ok_or_else(short)?;
-    let table = StringTable::parse(&b[8..names_end], "chunk footer field names")?;
+    let table = StringTable::parse(&b[at + 8..end], what)?;
     table.validate()?;
-    let names: Vec<Vec<u8>> = table
+    let items = table
         .iter()
         .map(|x| x.map(<[u8]>::to_vec))
         .collect::<Result<_>>()?;
+    Ok((items, end))
+}
+
+/// Decodes the fields block of a footer of `n` records (with each name's type when `typed`),
+/// checking its layout, names (each a valid field name, sorted, distinct) and types (one per
+/// name, each a known descriptor), that every record has at least one field and every entry
+/// names one of the names.
+pub fn decode_fields_block(b: &[u8], n: u64, typed: bool) -> Result<ChunkFields> {
+    const WHAT: &str = "chunk footer fields";
+    let (names, mut names_end) = sized_table(b, 0, "chunk footer field names")?;
+    let mut types = Vec::new();
+    if typed {
+        let (t, end) = sized_table(b, names_end, "chunk footer field types")?;
+        if t.len() != names.len() {
+            return Err(FormatError::invalid(WHAT, "not one type per field name"));
+        }
+        for d in t {
+            let d = String::from_utf8(d)
+                .map_err(|_| FormatError::invalid(WHAT, "a type descriptor is not UTF-8"))?;
+            FieldType::parse(&d).map_err(|e| FormatError::invalid(WHAT, e))?;
+            types.push(d);
+        }
+        names_end = end;
+    }
     for (i, name) in names.iter().enumerate() {
         crate::check_field_name(name)
             .map_err(|why| FormatError::invalid(WHAT, format!("name {i}: {why}")))?;
@@ -257,7 +294,11 @@ pub fn decode_fields_block(b: &[u8], n: u64) -> Result<ChunkFields> {
             format!("{m} fields but the records use {next}"),
         ));
     }
-    Ok(ChunkFields { names, records })
+    Ok(ChunkFields {
+        names,
+        types,
+        records,
+    })
 }
 
 /// Checks a field group's entry against its fields: the group flag set, and lengths that add
@@ -281,7 +322,8 @@ pub fn check_group(entry: &SampleEntry, fields: &[FieldEntry]) -> Result<()> {
 
 /// Decodes a footer body and checks it against its trailer and the chunk header: CRC, entry
 /// layout (records back to back from offset 64 up to the footer), chunk ids and paths.
-pub fn decode_footer(body: &[u8], trailer: &Trailer, chunk_id: u32) -> Result<ChunkFooter> {
+pub fn decode_footer(body: &[u8], trailer: &Trailer, header: &ChunkHeader) -> Result<ChunkFooter> {
+    let chunk_id = header.chunk_id;
     const WHAT: &str = "chunk footer";
     if body.len() as u64 != trailer.footer_len {
         return Err(FormatError::truncated(
@@ -322,9 +364,15 @@ pub fn decode_footer(body: &[u8], trailer: &Trailer, chunk_id: u32) -> Result<Ch
     let classes_end = paths_end + classes_len as usize;
     let paths = StringTable::parse(&body[entries_end..paths_end], "chunk footer paths")?;
     let classes = StringTable::parse(&body[paths_end..classes_end], "chunk footer classes")?;
-    let fields = match &body[classes_end..] {
-        [] => None,
-        block => Some(decode_fields_block(block, count)?),
+    let fields = match (&body[classes_end..], header.fields) {
+        ([], false) => None,
+        (block, true) => Some(decode_fields_block(block, count, header.types)?),
+        (_, false) => {
+            return Err(FormatError::invalid(
+                WHAT,
+                "bytes after the class table, but the header announces no fields block",
+            ))
+        }
     };
     if paths.len() != count {
         return Err(FormatError::invalid(
@@ -440,9 +488,10 @@ pub struct ChunkWriter<W: Write> {
     crc: crc32fast::Hasher,
     entries: Vec<SampleEntry>,
     paths: Vec<Vec<u8>>,
-    /// With fields (format 1.3): the names seen and each record's fields (names as strings
-    /// until the footer sorts them).
+    /// With fields: each record's fields (names as strings until the footer sorts them).
     fields: Option<Vec<Vec<NamedField>>>,
+    /// Field types declared ([`ChunkWriter::field_types`]); other names are `bytes`.
+    types: std::collections::BTreeMap<Vec<u8>, String>,
 }
 
 impl<W: Write> ChunkWriter<W> {
@@ -451,8 +500,8 @@ impl<W: Write> ChunkWriter<W> {
         Self::start(out, dataset_id, chunk_id, false)
     }
 
-    /// Starts a chunk whose records are field groups (format 1.3: chunk minor version 1, a
-    /// fields block in the footer); append them with [`ChunkWriter::append_group`].
+    /// Starts a chunk whose records are field groups (a fields block with each name's type in
+    /// the footer); append them with [`ChunkWriter::append_group`].
     pub fn with_fields(out: W, dataset_id: [u8; 16], chunk_id: u32) -> std::io::Result<Self> {
         Self::start(out, dataset_id, chunk_id, true)
     }
@@ -466,12 +515,14 @@ impl<W: Write> ChunkWriter<W> {
             entries: Vec::new(),
             paths: Vec::new(),
             fields: fields.then(Vec::new),
+            types: Default::default(),
         };
         w.write(
             &ChunkHeader {
                 dataset_id,
                 chunk_id,
                 fields,
+                types: fields,
             }
             .encode(),
         )?;
@@ -575,6 +626,20 @@ impl<W: Write> ChunkWriter<W> {
         Ok(entry)
     }
 
+    /// Declares field types (descriptors of SPEC.md §6.5, checked); a name not declared is
+    /// `bytes`. Any time before [`ChunkWriter::finish`].
+    pub fn field_types(
+        &mut self,
+        types: &std::collections::BTreeMap<Vec<u8>, String>,
+    ) -> std::io::Result<()> {
+        for d in types.values() {
+            FieldType::parse(d)
+                .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+        }
+        self.types = types.clone();
+        Ok(())
+    }
+
     /// Number of bytes written so far.
     pub fn position(&self) -> u64 {
         self.pos
@@ -601,7 +666,15 @@ impl<W: Write> ChunkWriter<W> {
                         .collect()
                 })
                 .collect();
-            ChunkFields { names, records }
+            let types = names
+                .iter()
+                .map(|n| self.types.get(n).cloned().unwrap_or_else(|| "bytes".into()))
+                .collect();
+            ChunkFields {
+                names,
+                types,
+                records,
+            }
         });
         let block = fields.as_ref().map(encode_fields_block).unwrap_or_default();
         let mut body = Vec::with_capacity(
@@ -670,7 +743,7 @@ mod tests {
             bytes.len() as u64,
         )?;
         let body = &bytes[t.footer_offset as usize..(t.footer_offset + t.footer_len) as usize];
-        Ok((h, decode_footer(body, &t, h.chunk_id)?))
+        Ok((h, decode_footer(body, &t, &h)?))
     }
 
     #[test]
@@ -719,7 +792,9 @@ mod tests {
             err.contains("version 2") && err.contains("version 1"),
             "{err}"
         );
+        let err = with(10, 8);
+        assert!(err.contains("feature bits 0x8"), "{err}");
         let err = with(10, 4);
-        assert!(err.contains("feature bits 0x4"), "{err}");
+        assert!(err.contains("field types without fields"), "{err}");
     }
 }

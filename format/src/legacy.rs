@@ -158,6 +158,7 @@ pub fn read_legacy_snapshot(b: &[u8]) -> Result<LegacySnapshot> {
             None => None,
             Some((names, index, table)) => Some(ChunkFields {
                 names: names.clone(),
+                types: Vec::new(),
                 records: ids
                     .clone()
                     .map(|s| sample_fields(index, table, s))

@@ -50,8 +50,10 @@ pub const SNAPSHOT_MAJOR: u16 = 2;
 pub const CHUNK_VERSION: u16 = 1;
 /// Chunk feature bit: the footer ends with a fields block (every record is a field group).
 pub const CHUNK_FIELDS: u16 = 1;
+/// Chunk feature bit (with [`CHUNK_FIELDS`]): the fields block carries each name's type.
+pub const CHUNK_TYPES: u16 = 4;
 /// The chunk feature bits this crate knows.
-pub const CHUNK_KNOWN_FEATURES: u16 = CHUNK_FIELDS;
+pub const CHUNK_KNOWN_FEATURES: u16 = CHUNK_FIELDS | CHUNK_TYPES;
 
 /// Magic bytes at offset 0 of a snapshot file.
 pub const SNAPSHOT_MAGIC: [u8; 8] = *b"GRNYSNAP";
@@ -198,6 +200,9 @@ impl FieldEntry {
 pub struct ChunkFields {
     /// The names the chunk's fields use, sorted by bytes, distinct.
     pub names: Vec<Vec<u8>>,
+    /// Each name's type descriptor (SPEC.md §6.5), name by name; empty for a chunk whose
+    /// fields block carries no types (chunk feature bit [`CHUNK_TYPES`] clear: a 1.x chunk).
+    pub types: Vec<String>,
     /// Per record, in record order: its fields (name indexes into `names`).
     pub records: Vec<Vec<FieldEntry>>,
 }

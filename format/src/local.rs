@@ -66,7 +66,7 @@ pub const SHARD_PART: LocalKind = LocalKind {
 /// The marker of a chunk uploaded to an object store.
 pub const UPLOAD_MARKER: LocalKind = LocalKind {
     magic: *b"GRNYSENT",
-    version: 2,
+    version: 3,
     what: "upload marker",
 };
 
@@ -77,8 +77,15 @@ pub const WRITER_STATE: LocalKind = LocalKind {
     what: "writer state",
 };
 
+/// The field types a dataset writer was told (`field.types` in its spill directory).
+pub const FIELD_TYPES: LocalKind = LocalKind {
+    magic: *b"GRNYTYPS",
+    version: 1,
+    what: "writer field types",
+};
+
 /// Every kind, for tools that identify a file by its magic.
-pub const LOCAL_KINDS: [LocalKind; 7] = [
+pub const LOCAL_KINDS: [LocalKind; 8] = [
     TIER_INDEX,
     HOT_MAP,
     SCORE_TABLE,
@@ -86,6 +93,7 @@ pub const LOCAL_KINDS: [LocalKind; 7] = [
     SHARD_PART,
     UPLOAD_MARKER,
     WRITER_STATE,
+    FIELD_TYPES,
 ];
 
 impl LocalKind {

@@ -138,11 +138,11 @@ pub fn check_chunk(bytes: &[u8], dataset_id: &[u8; 16], chunk_id: u32) -> Result
         bytes.len() as u64,
     )?;
     let body = &bytes[t.footer_offset as usize..(t.footer_offset + t.footer_len) as usize];
-    let footer = decode_footer(body, &t, chunk_id)?;
+    let footer = decode_footer(body, &t, &header)?;
     if header.fields != footer.fields.is_some() {
         return Err(FormatError::invalid(
             "chunk header",
-            "its minor version and the footer disagree on a fields block",
+            "its feature bits and the footer disagree on a fields block",
         ));
     }
     let bad_records = footer

@@ -658,8 +658,15 @@ pub(crate) fn read_footer(dir: &Path, s: ChunkSummary) -> Result<ChunkSummary, P
     };
     let tail = granary_format::CHUNK_TRAILER_LEN as u64;
     let mut t = [0u8; granary_format::CHUNK_TRAILER_LEN];
-    if s.file_size < tail {
+    if s.file_size < tail + granary_format::CHUNK_HEADER_LEN as u64 {
         return Err(bad("too short".into()));
+    }
+    let mut h = [0u8; granary_format::CHUNK_HEADER_LEN];
+    f.read_exact_at(&mut h, 0)
+        .map_err(|e| PackError::io("reading back", &path, e))?;
+    let header = granary_format::ChunkHeader::decode(&h).map_err(|e| bad(e.to_string()))?;
+    if header.chunk_id != s.chunk_id {
+        return Err(bad(format!("holds chunk id {}", header.chunk_id)));
     }
     f.read_exact_at(&mut t, s.file_size - tail)
         .map_err(|e| PackError::io("reading back", &path, e))?;
@@ -668,8 +675,8 @@ pub(crate) fn read_footer(dir: &Path, s: ChunkSummary) -> Result<ChunkSummary, P
     let mut body = vec![0u8; trailer.footer_len as usize];
     f.read_exact_at(&mut body, trailer.footer_offset)
         .map_err(|e| PackError::io("reading back", &path, e))?;
-    let footer = granary_format::decode_footer(&body, &trailer, s.chunk_id)
-        .map_err(|e| bad(e.to_string()))?;
+    let footer =
+        granary_format::decode_footer(&body, &trailer, &header).map_err(|e| bad(e.to_string()))?;
     Ok(ChunkSummary {
         entries: footer.entries,
         paths: footer.paths,
@@ -753,7 +760,7 @@ fn write_chunks(
                     plan.dataset_id,
                     id,
                     &plan.classes,
-                    false,
+                    None,
                     records,
                 )?;
                 sink.finished(&s)?;

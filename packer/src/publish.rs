@@ -39,7 +39,8 @@ impl<'a> ChunkRecord<'a> {
 }
 
 /// Writes chunk `id` of dataset `dataset_id` into `dir` from `records` (in order), with the
-/// class table `classes` and, when `with_fields`, a fields block. The file is fsynced before
+/// class table `classes` and, with `fields` (each name's type; names not in it are `bytes`),
+/// a fields block. The file is fsynced before
 /// it takes its name (`chunk-NNNNNNNN.gchunk`, written as `.gchunk.tmp`); the caller syncs the
 /// directory once for many chunks. Nothing is left under either name on failure.
 pub(crate) fn write_chunk<'a>(
@@ -47,7 +48,7 @@ pub(crate) fn write_chunk<'a>(
     dataset_id: [u8; 16],
     id: u32,
     classes: &[Vec<u8>],
-    with_fields: bool,
+    fields: Option<&std::collections::BTreeMap<Vec<u8>, String>>,
     records: impl IntoIterator<Item = ChunkRecord<'a>>,
 ) -> Result<ChunkSummary, PackError> {
     let path = dir.join(chunk_file_name(id));
@@ -55,11 +56,14 @@ pub(crate) fn write_chunk<'a>(
     let file = AtomicFile::create(&path, &tmp, Durability::File)
         .map_err(|e| PackError::io("creating", &tmp, e))?;
     let io = |e| PackError::io("writing", &tmp, e);
-    let mut w = match with_fields {
-        true => ChunkWriter::with_fields(file, dataset_id, id),
-        false => ChunkWriter::new(file, dataset_id, id),
+    let mut w = match fields {
+        Some(_) => ChunkWriter::with_fields(file, dataset_id, id),
+        None => ChunkWriter::new(file, dataset_id, id),
     }
     .map_err(io)?;
+    if let Some(types) = fields {
+        w.field_types(types).map_err(io)?;
+    }
     for r in records {
         let e = r.enc;
         if r.fields.is_empty() {

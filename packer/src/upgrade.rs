@@ -131,7 +131,12 @@ fn check_same(new: &[u8], old: &granary_format::LegacySnapshot) -> Result<(), St
         let n = s
             .chunk_summary(c.chunk_id as u64)
             .map_err(|e| e.to_string())?;
-        if n.entries != c.entries || n.paths != c.paths || n.fields != c.fields {
+        let same_fields = match (&n.fields, &c.fields) {
+            (None, None) => true,
+            (Some(a), Some(b)) => a.names == b.names && a.records == b.records,
+            _ => false,
+        };
+        if n.entries != c.entries || n.paths != c.paths || !same_fields {
             return Err(format!("chunk {} differs", c.chunk_id));
         }
         for _ in &c.entries {

@@ -11,8 +11,8 @@ use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 
 use granary_format::local::UPLOAD_MARKER;
 use granary_format::{
-    chunk_file_name, decode_footer, parse_chunk_file_name, ChunkSummary, Trailer,
-    CHUNK_TRAILER_LEN, SNAPSHOT_FILE,
+    chunk_file_name, decode_footer, parse_chunk_file_name, ChunkHeader, ChunkSummary, Trailer,
+    CHUNK_HEADER_LEN, CHUNK_TRAILER_LEN, SNAPSHOT_FILE,
 };
 
 use granary_store::object::ObjectUrl;
@@ -112,6 +112,9 @@ pub(crate) fn write_marker(work: &Path, c: u32, size: u64, crc: u32) -> Result<(
     use std::os::unix::fs::FileExt;
     let path = work.join(chunk_file_name(c));
     let f = std::fs::File::open(&path).map_err(|e| PackError::io("opening", &path, e))?;
+    let mut header = [0u8; CHUNK_HEADER_LEN];
+    f.read_exact_at(&mut header, 0)
+        .map_err(|e| PackError::io("reading", &path, e))?;
     let mut trailer = [0u8; CHUNK_TRAILER_LEN];
     f.read_exact_at(&mut trailer, size - CHUNK_TRAILER_LEN as u64)
         .map_err(|e| PackError::io("reading", &path, e))?;
@@ -119,10 +122,12 @@ pub(crate) fn write_marker(work: &Path, c: u32, size: u64, crc: u32) -> Result<(
     let mut body = vec![0u8; t.footer_len as usize];
     f.read_exact_at(&mut body, t.footer_offset)
         .map_err(|e| PackError::io("reading", &path, e))?;
-    let mut m = Vec::with_capacity(MARKER_FIXED + CHUNK_TRAILER_LEN + body.len());
+    let mut m =
+        Vec::with_capacity(MARKER_FIXED + CHUNK_HEADER_LEN + CHUNK_TRAILER_LEN + body.len());
     m.extend_from_slice(&size.to_le_bytes());
     m.extend_from_slice(&crc.to_le_bytes());
     m.extend_from_slice(&0u32.to_le_bytes());
+    m.extend_from_slice(&header);
     m.extend_from_slice(&trailer);
     m.extend_from_slice(&body);
     crate::write_file_atomic(&work.join(sent_name(c)), &UPLOAD_MARKER.frame(&m))
@@ -174,15 +179,21 @@ pub(crate) fn marker_summary(work: &Path, slim: ChunkSummary) -> Result<ChunkSum
 /// if it is damaged or inconsistent.
 pub fn decode_marker(m: &[u8], c: u32) -> Option<(u64, u32, granary_format::ChunkFooter)> {
     let content = UPLOAD_MARKER.unframe(m).ok()?;
-    if content.len() < MARKER_FIXED + CHUNK_TRAILER_LEN || content[12..16] != [0; 4] {
+    let fixed = MARKER_FIXED + CHUNK_HEADER_LEN + CHUNK_TRAILER_LEN;
+    if content.len() < fixed || content[12..16] != [0; 4] {
         return None;
     }
     let size = u64::from_le_bytes(content[0..8].try_into().ok()?);
     let crc = u32::from_le_bytes(content[8..12].try_into().ok()?);
-    let trailer = &content[MARKER_FIXED..MARKER_FIXED + CHUNK_TRAILER_LEN];
-    let body = &content[MARKER_FIXED + CHUNK_TRAILER_LEN..];
+    let header =
+        ChunkHeader::decode(&content[MARKER_FIXED..MARKER_FIXED + CHUNK_HEADER_LEN]).ok()?;
+    let trailer = &content[MARKER_FIXED + CHUNK_HEADER_LEN..fixed];
+    let body = &content[fixed..];
     let t = Trailer::decode(trailer, size).ok()?;
-    let footer = decode_footer(body, &t, c).ok()?;
+    if header.chunk_id != c {
+        return None;
+    }
+    let footer = decode_footer(body, &t, &header).ok()?;
     Some((size, crc, footer))
 }
 

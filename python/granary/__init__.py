@@ -22,6 +22,7 @@ from ._native import READER_DEFAULTS as _D
 from ._native import DamagedError, GranaryError, IncompleteError, Scores, Stream, __version__
 from ._native import check_reader_options as _check_reader_options
 from ._native import io_backends
+from . import _types
 from .parquet import from_parquet
 from .writer import Writer, from_webdataset, merge
 
@@ -64,15 +65,21 @@ class Dataset(_MapBase):
     straight into it. ``transform``, if given, is applied to it (``ds[i] -> (transform(data),
     label)``), in the DataLoader worker that reads it, as torchvision's datasets do.
     ``ds.lookup(path)``, ``ds.path(i)`` and ``ds.classes`` use the snapshot only (no I/O).
+
+    A sample with named fields is ``{name: value}``, each value decoded by its field's type
+    (an array, a str, a JSON value, an int, bytes: see ``granary._types``); ``raw=True`` gives
+    every field's stored bytes instead. ``fields`` reads only the fields named.
     """
 
-    def __init__(self, path, transform=None, fields=None):
+    def __init__(self, path, transform=None, fields=None, raw=False):
         if transform is not None and not callable(transform):
             raise ValueError("transform must be callable")
         self.root = os.fspath(path)
         self.transform = transform
         self.fields = _field_list(fields)
+        self.raw = bool(raw)
         self._ds = None
+        self._types = None
         native = self._native()  # fail early on a bad path
         if self.fields is not None and not native.has_fields:
             raise ValueError(f"{self.root}: the samples have no named fields to choose from")
@@ -96,6 +103,10 @@ class Dataset(_MapBase):
         if native.has_fields:
             fields, label = native.read_fields(i, self.fields)
             data = dict(fields)
+            if not self.raw:
+                if self._types is None:
+                    self._types = native.field_types()
+                data = _types.decode_fields(data, self._types)
         else:
             data, label = native.read(i)
         if self.transform is not None:
@@ -124,14 +135,22 @@ class Dataset(_MapBase):
     def dataset_id(self):
         return self._native().dataset_id
 
+    @property
+    def field_types(self):
+        """Each field's type descriptor (``{name: descriptor}``); empty without fields."""
+        return self._native().field_types()
+
     def __getstate__(self):
-        return {"root": self.root, "transform": self.transform, "fields": self.fields}
+        return {"root": self.root, "transform": self.transform, "fields": self.fields,
+                "raw": self.raw}
 
     def __setstate__(self, state):
         self.root = state["root"]
         self.transform = state.get("transform")
         self.fields = state.get("fields")
+        self.raw = state.get("raw", False)
         self._ds = None
+        self._types = None
 
     def __repr__(self):
         return f"granary.Dataset({self.root!r})"
@@ -149,19 +168,16 @@ def _field_list(fields):
 
 
 def _split_fields(data, layout, wanted):
-    """{name: slice of data} for a sample's field layout [(name, offset, length)]."""
-    return {n: data[o:o + k] for n, o, k in layout if wanted is None or n in wanted}
+    """{name: value} for a sample's field layout [(name, offset, length, type)]: each field's
+    slice of ``data`` decoded by its type (``raw``: layouts whose types are all bytes)."""
+    return {n: _types.decode(data[o:o + k], t)
+            for n, o, k, t in layout if wanted is None or n in wanted}
 
 
 def _fields_of_batch(data, layouts, wanted):
-    """{name: [per-sample slice or None]} for a batch's per-sample payloads."""
-    names = sorted({n for lay in layouts for n, _, _ in lay if wanted is None or n in wanted})
-    out = {n: [None] * len(layouts) for n in names}
-    for j, lay in enumerate(layouts):
-        for n, o, k in lay:
-            if n in out:
-                out[n][j] = data[j][o:o + k]
-    return out
+    """{name: [per-sample value or None]} for a batch's per-sample payloads (a fixed-shape
+    array field stacked into one array)."""
+    return _types.batch_fields(data, layouts, wanted)
 
 
 def _layouts_for(layouts, ids, wanted):
@@ -172,6 +188,11 @@ def _layouts_for(layouts, ids, wanted):
     if wanted is not None:
         lay = [[f for f in sample if f[0] in wanted] for sample in lay]
     return lay
+
+
+def _raw_layouts(layouts):
+    """``layouts`` with every field's type made ``bytes`` (``raw=True``)."""
+    return lambda ids: [[(n, o, k, "bytes") for n, o, k, _ in s] for s in layouts(ids)]
 
 
 def _index(i):
@@ -279,6 +300,7 @@ class IterableDataset(_IterBase):
         peer_secret=None,
         peer_ca=None,
         fields=None,
+        raw=False,
     ):
         if batch_size is not None and batch_size < 1:
             raise ValueError("batch_size must be a positive integer")
@@ -321,6 +343,7 @@ class IterableDataset(_IterBase):
             raise ValueError("sampling='importance' needs cache_dir: the score table lives there")
         self.root = os.fspath(path)
         self.fields = _field_list(fields)
+        self.raw = bool(raw)
         self._layout_ds = None
         self.shuffle = shuffle
         self.seed = int(seed)
@@ -467,7 +490,10 @@ class IterableDataset(_IterBase):
             self._layout_ds = _NativeDataset(self.root)
             if self.fields is not None and not self._layout_ds.has_fields:
                 raise ValueError(f"{self.root}: the samples have no named fields to choose from")
-        return self._layout_ds.field_layouts if self._layout_ds.has_fields else None
+        if not self._layout_ds.has_fields:
+            return None
+        layouts = self._layout_ds.field_layouts
+        return _raw_layouts(layouts) if self.raw else layouts
 
     def _batches(self, stream, weighted, transform, collate, layouts=None):
         """(samples, item) per batch of ``stream``. With numpy the batch is gathered into one

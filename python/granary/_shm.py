@@ -268,15 +268,13 @@ def assemble(arr, offsets, ids, labels, weights, packed, layouts=None):
         data = arr
     item = {"id": ids, "label": labels, "data": data}
     if layouts is not None:
-        # Format 1.3: {field name: [each sample's field, a view of its bytes, or None]}.
+        # {field name: [each sample's value (bytes fields: a view of its bytes), or None]};
+        # a fixed-shape array field stacked.
+        from . import _types
+
         views = data if not packed else [data[int(offsets[j]):int(offsets[j + 1])]
                                          for j in range(len(layouts))]
-        names = sorted({n for lay in layouts for n, _, _ in lay})
-        fields = {n: [None] * len(layouts) for n in names}
-        for j, lay in enumerate(layouts):
-            for n, o, k in lay:
-                fields[n][j] = views[j][o:o + k]
-        item["fields"] = fields
+        item["fields"] = _types.batch_fields(views, layouts)
     if packed:
         item["offsets"] = offsets
     if weights is not None:

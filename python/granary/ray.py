@@ -141,7 +141,7 @@ def _read_chunks(path, chunks, has_fields, names):
             layouts = ds.field_layouts([i for i, _, _ in samples])
             per = {n: [None] * len(samples) for n in names}
             for j, ((_, _, data), lay) in enumerate(zip(samples, layouts)):
-                for n, o, k in lay:
+                for n, o, k, _ in lay:
                     per[n][j] = data[o:o + k]
             for n in names:
                 cols[n] = pa.array(per[n], pa.binary())

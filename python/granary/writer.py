@@ -20,7 +20,7 @@ import json
 import os
 import sys
 
-from . import _native
+from . import _native, _types
 
 # The library's defaults (one place: the Rust options' `new`), shown in the signatures below.
 _W = _native.WRITER_DEFAULTS
@@ -93,13 +93,23 @@ class Writer:
     URL destination), ``threads``, ``buckets`` (spill logs), ``memory`` (bytes of samples held
     in memory before the rest go to the spill logs; default a sixteenth of the machine's
     memory, at most 512 MiB), ``gather_memory`` (bytes of one spill log read at once when closing).
+
+    Fields are typed: each field's values keep their type through the dataset (see
+    ``granary._types``): a numpy array is stored as ``ndarray:DTYPE:SHAPE`` and read back as an
+    array of that type and shape, a ``str`` as text, a dict or list as JSON, an ``int`` as a
+    64-bit integer, bytes as bytes. The first value of a field sets its type; ``schema``
+    (``{name: descriptor}``) declares types instead, e.g. ``{"img": "npy"}`` for arrays of
+    several shapes, ``{"jpg": "image:jpeg"}`` for encoded images.
     """
 
     def __init__(self, out, *, shard=None, classes=None, compress=_O["compress"],
                  chunk_size=_O["chunk_size"], seed=_O["seed"], resume=False, force=False,
                  progress=None, staging=None, threads=None, buckets=_W["buckets"],
-                 gather_memory=_W["gather_memory"], chunk_files=_O["chunk_files"], memory=None):
+                 gather_memory=_W["gather_memory"], chunk_files=_O["chunk_files"], memory=None,
+                 schema=None):
         out = str(out)
+        if schema is not None:
+            schema = {str(k): str(v) for k, v in dict(schema).items()}
         if shard is not None:
             i, n = shard
             shard = (int(i), int(n))
@@ -123,8 +133,10 @@ class Writer:
                           force=bool(force), progress=bool(progress), staging=staging),
             **_given(classes=classes, buckets=int(buckets), gather_memory=int(gather_memory),
                      memory=None if memory is None else int(memory),
-                     threads=None if threads is None else max(1, int(threads))))
+                     threads=None if threads is None else max(1, int(threads)), schema=schema))
         self._w = _native.Writer(out, options)
+        # Each field's type: declared, or set by its first value (a resumed writer's kept).
+        self._types = dict(self._w.field_types)
         for w in self._w.warnings:
             print(f"granary: {w}", file=sys.stderr)
 
@@ -132,8 +144,10 @@ class Writer:
         """Adds one sample under ``key`` (a relative path: ``/`` separates directories).
         ``data`` is bytes-like, or a dict of named fields (``{"jpg": ..., "txt": ...}``: names
         are file-name extensions; the key's last component then holds no ``.``; a dataset's
-        samples all have fields or none do). Returns True if it was written, False if an
-        interrupted writer had it already (resume).
+        samples all have fields or none do), whose values may be bytes-like, ``str``, ``int``,
+        JSON-able (dict, list, float, bool, None) or numpy arrays (see the class
+        documentation). Returns True if it was written, False if an interrupted writer had it
+        already (resume).
         """
         k = _key(key)
         if isinstance(data, dict):
@@ -143,13 +157,25 @@ class Writer:
             for name, value in data.items():
                 if not isinstance(name, str):
                     raise TypeError(f"sample {key!r}: field names are str, not {type(name).__name__}")
-                fields.append((name.encode("ascii", "replace"), _data(value, f"{key}.{name}")))
+                fields.append((name.encode("ascii", "replace"),
+                               self._typed(name, value, f"sample {key!r}, field {name!r}")))
             new = self._w.write_fields(k, fields, _label(label))
         else:
             new = self._w.write(k, _data(data, key), _label(label))
         if self._bar is not None:
             self._bar.update(1)
         return new
+
+    def _typed(self, name, value, what):
+        """The bytes of field ``name``'s ``value``, its type declared on first sight."""
+        t = self._types.get(name)
+        if t is None:
+            t = _types.infer(value, what)
+            self._w.declare_field_type(name.encode("ascii", "replace"), t)
+            self._types[name] = t
+        elif t == "bytes":
+            return _data(value, what)
+        return _types.encode(value, t, what)
 
     def has_resumed(self, key):
         """True if an interrupted writer had ``key``: its bytes need not be produced again."""

@@ -81,6 +81,10 @@ fn hex(id: &[u8; 16]) -> String {
 }
 
 /// A sample's fields as Python gets them: (name, bytes) in stored order.
+/// A field of a sample as Python lays it out: name, offset in the sample's bytes, length,
+/// type descriptor.
+type FieldLayout = (String, u64, u64, String);
+
 type NamedFields<'py> = Vec<(String, Bound<'py, PyBytes>)>;
 
 /// A packed dataset for random access: `len`, `read(i) -> (bytes, label)`, lookups.
@@ -139,9 +143,40 @@ impl Dataset {
             .collect())
     }
 
-    /// Per sample of `ids`: its fields as (name, offset in the sample's bytes, length).
-    fn field_layouts(&self, ids: Vec<u64>) -> PyResult<Vec<Vec<(String, u64, u64)>>> {
+    /// Each field name's type descriptor (`{name: descriptor}`; empty without fields).
+    fn field_types(&self) -> PyResult<std::collections::BTreeMap<String, String>> {
         let ds = self.reader.dataset();
+        let names = ds.field_names().map_err(err)?;
+        let types = ds
+            .snapshot()
+            .field_types()
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        Ok(names
+            .iter()
+            .zip(types)
+            .map(|(n, t)| (String::from_utf8_lossy(n).into_owned(), t.descriptor()))
+            .collect())
+    }
+
+    /// Per sample of `ids`: its fields as (name, offset in the sample's bytes, length, type
+    /// descriptor).
+    fn field_layouts(&self, ids: Vec<u64>) -> PyResult<Vec<Vec<FieldLayout>>> {
+        let ds = self.reader.dataset();
+        let names = ds.field_names().map_err(err)?;
+        let types: Vec<String> = ds
+            .snapshot()
+            .field_types()
+            .map_err(|e| PyValueError::new_err(e.to_string()))?
+            .iter()
+            .map(|t| t.descriptor())
+            .collect();
+        let type_of = |n: &[u8]| {
+            names
+                .iter()
+                .position(|m| *m == n)
+                .and_then(|k| types.get(k).cloned())
+                .unwrap_or_else(|| "bytes".into())
+        };
         ids.iter()
             .map(|&id| {
                 Ok(ds
@@ -153,6 +188,7 @@ impl Dataset {
                             String::from_utf8_lossy(f.name).into_owned(),
                             f.offset,
                             f.len,
+                            type_of(f.name),
                         )
                     })
                     .collect())

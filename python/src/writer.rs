@@ -121,6 +121,23 @@ impl Writer {
         Ok(written == Written::New)
     }
 
+    /// Declares field `name`'s type (a descriptor such as `str`, `json`, `int`,
+    /// `ndarray:uint8:32,32,3`, `npy`); every value of the field then has it.
+    fn declare_field_type(&mut self, name: Vec<u8>, descriptor: String) -> PyResult<()> {
+        let w = self.inner.as_mut().ok_or_else(closed)?;
+        w.declare_field_type(&name, &descriptor).map_err(pack_err)
+    }
+
+    /// The field types declared so far (`{name: descriptor}`), a resumed writer's included.
+    #[getter]
+    fn field_types(&self) -> PyResult<std::collections::BTreeMap<String, String>> {
+        let w = self.inner.as_ref().ok_or_else(closed)?;
+        Ok(w.field_types()
+            .iter()
+            .map(|(n, t)| (String::from_utf8_lossy(n).into_owned(), t.clone()))
+            .collect())
+    }
+
     /// True if an interrupted writer had `key` (not written again yet).
     fn has_resumed(&self, key: Vec<u8>) -> PyResult<bool> {
         Ok(self.inner.as_ref().ok_or_else(closed)?.has_resumed(&key))

@@ -244,13 +244,31 @@ fn check_bytes(ds: &Dataset, c: u32, loc: &str, bytes: &[u8]) -> (u64, Vec<Probl
             ),
         );
     } else {
+        // A chunk whose fields block carries types: each the snapshot's for its name.
+        if let Some(f) = check.footer.fields.as_ref().filter(|f| !f.types.is_empty()) {
+            let names = ds.field_names().unwrap_or_default();
+            let types = ds.snapshot().field_types().unwrap_or_default();
+            for (n, t) in f.names.iter().zip(&f.types) {
+                let mine = names.iter().position(|m| m == n).and_then(|k| types.get(k));
+                if mine.is_none_or(|m| m.descriptor() != *t) {
+                    p(
+                        loc.clone(),
+                        format!(
+                            "chunk {c}: field {} is {t} in the footer, {} in the snapshot",
+                            String::from_utf8_lossy(n),
+                            mine.map_or("absent".into(), |m| m.descriptor())
+                        ),
+                    );
+                }
+            }
+        }
         for (i, id) in ce.samples().enumerate() {
             let same_entry = ds
                 .snapshot()
                 .sample(id)
                 .is_ok_and(|s| s == check.footer.entries[i]);
             let same_path = ds.path(id).is_ok_and(|s| s == check.footer.paths[i]);
-            // Format 1.3: the same fields, by name, length and CRC.
+            // The same fields, by name, length and CRC.
             let same_fields = match &check.footer.fields {
                 None => !ds.snapshot().has_fields(),
                 Some(f) => ds.snapshot().fields(id).is_ok_and(|mine| {

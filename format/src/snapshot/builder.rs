@@ -43,7 +43,8 @@ pub struct SnapshotBuilder {
     field_names: Vec<Vec<u8>>,
     field_entries: Vec<FieldEntry>,
     field_counts: Vec<u32>,
-    field_types: Vec<(Vec<u8>, FieldType)>,
+    /// Field types the chunks' fields blocks declared.
+    chunk_types: HashMap<Vec<u8>, String>,
     /// Paths are taken as given (tests of readers against hostile snapshots).
     unchecked: bool,
 }
@@ -71,7 +72,7 @@ impl SnapshotBuilder {
             field_names: Vec::new(),
             field_entries: Vec::new(),
             field_counts: Vec::new(),
-            field_types: Vec::new(),
+            chunk_types: HashMap::new(),
             unchecked: false,
         }
     }
@@ -100,11 +101,6 @@ impl SnapshotBuilder {
     /// Records the snapshot's lineage.
     pub fn lineage(&mut self, l: Lineage) {
         self.lineage = l;
-    }
-
-    /// Declares field types (a field not named here is `bytes`).
-    pub fn field_types(&mut self, types: Vec<(Vec<u8>, FieldType)>) {
-        self.field_types = types;
     }
 
     /// Keeps the record table (16 bytes per sample) in `file` instead of in memory. `file`
@@ -233,6 +229,25 @@ impl SnapshotBuilder {
         let Some(f) = &c.fields else {
             return Ok(());
         };
+        if !f.types.is_empty() && f.types.len() != f.names.len() {
+            return Err(invalid("a chunk's field types do not match its names"));
+        }
+        for (n, t) in f.names.iter().zip(&f.types) {
+            FieldType::parse(t).map_err(invalid)?;
+            match self.chunk_types.get(n) {
+                Some(old) if old != t => {
+                    return Err(invalid(format!(
+                        "field {} is {old} in one chunk and {t} in chunk {}",
+                        String::from_utf8_lossy(n),
+                        c.chunk_id
+                    )))
+                }
+                Some(_) => {}
+                None => {
+                    self.chunk_types.insert(n.clone(), t.clone());
+                }
+            }
+        }
         for (r, s) in f.records.iter().zip(&c.entries) {
             crate::chunk::check_group(s, r)?;
             for e in r {
@@ -375,23 +390,15 @@ impl SnapshotBuilder {
         for (new, (_, old)) in sorted.iter().enumerate() {
             rename[*old as usize] = new as u32;
         }
-        for (n, _) in &self.field_types {
-            if !self.field_ids.contains_key(n) {
-                return Err(invalid(format!(
-                    "a type is given for field {}, which no sample has",
-                    String::from_utf8_lossy(n)
-                )));
-            }
-        }
         let names: Vec<Vec<u8>> = sorted.iter().map(|(n, _)| (*n).clone()).collect();
+        // Each name's type as its chunks declared it (a 1.x chunk declares none: bytes).
         let types: Vec<String> = names
             .iter()
             .map(|n| {
-                self.field_types
-                    .iter()
-                    .find(|(m, _)| m == n)
-                    .map_or(FieldType::Bytes, |(_, t)| t.clone())
-                    .descriptor()
+                self.chunk_types
+                    .get(n)
+                    .cloned()
+                    .unwrap_or_else(|| FieldType::Bytes.descriptor())
             })
             .collect();
         let entries: Vec<FieldEntry> = self
@@ -443,12 +450,7 @@ impl SnapshotBuilder {
         drop(order);
         let fields = match with_fields {
             true => Some(self.fields_section().map_err(inv)?),
-            false => {
-                if !self.field_types.is_empty() {
-                    return Err(inv(invalid("field types for samples without fields")));
-                }
-                None
-            }
+            false => None,
         };
         let lineage = self.lineage.encode();
         let chunks: Vec<u8> = self.chunks.iter().flat_map(|c| c.encode()).collect();

@@ -682,6 +682,11 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
                     .into_iter()
                     .map(<[u8]>::to_vec)
                     .collect(),
+                types: self
+                    .field_types()?
+                    .into_iter()
+                    .map(|t| t.descriptor())
+                    .collect(),
                 records: c
                     .samples()
                     .map(|id| self.field_entries(id))

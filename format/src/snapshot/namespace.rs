@@ -463,7 +463,9 @@ impl PageIndex {
             table: &b[end..b.len() - 4],
         };
         if want == 0 || r.get(0) != 0 || r.get(want - 1) as usize >= end {
-            return Err(bad("restart offsets do not start at 0 inside the entries".into()));
+            return Err(bad(
+                "restart offsets do not start at 0 inside the entries".into()
+            ));
         }
         Ok(r)
     }

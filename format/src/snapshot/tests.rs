@@ -281,16 +281,20 @@ fn fields_and_types_round_trip() {
         w.append_group(format!("s/{i:03}").as_bytes(), &fields, NO_LABEL)
             .unwrap();
     }
-    let (_, summary) = w.finish::<&[u8]>(&[]).unwrap();
+    let types: std::collections::BTreeMap<Vec<u8>, String> = [
+        (b"cls".to_vec(), "int".to_string()),
+        (b"jpg".to_vec(), "ndarray:uint8:3,4".to_string()),
+        (b"json".to_vec(), "json".to_string()),
+    ]
+    .into();
+    w.field_types(&types).unwrap();
+    let (bytes, summary) = w.finish::<&[u8]>(&[]).unwrap();
+    let check = crate::check_chunk(&bytes, &ID, 0).unwrap();
+    assert_eq!(
+        check.footer.fields.as_ref().unwrap().types,
+        ["int", "ndarray:uint8:3,4", "json"]
+    );
     b.push_chunk(&summary).unwrap();
-    b.field_types(vec![
-        (b"cls".to_vec(), FieldType::Int),
-        (
-            b"jpg".to_vec(),
-            FieldType::parse("ndarray:uint8:3,4").unwrap(),
-        ),
-        (b"json".to_vec(), FieldType::Json),
-    ]);
     let snap = b.build().unwrap();
     let s = Snapshot::open(&snap[..]).unwrap();
     assert!(s.has_fields());
@@ -315,11 +319,22 @@ fn fields_and_types_round_trip() {
         "{:?}",
         s.check_structure(10)
     );
-    // A type for a field no sample has is refused.
+    // Chunks that disagree on a field's type are refused.
+    let mut other = summary.clone();
+    other.chunk_id = 1;
+    other.fields.as_mut().unwrap().types[0] = "str".into();
     let mut b = SnapshotBuilder::new(ID, vec![]);
     b.push_chunk(&summary).unwrap();
-    b.field_types(vec![(b"png".to_vec(), FieldType::Bytes)]);
-    assert!(b.build().is_err());
+    let e = b.push_chunk(&other).unwrap_err().to_string();
+    assert!(
+        e.contains("field cls is int in one chunk and str in chunk 1"),
+        "{e}"
+    );
+    // An unknown type descriptor in a chunk is refused.
+    let mut w = ChunkWriter::with_fields(Vec::new(), ID, 0).unwrap();
+    let bad: std::collections::BTreeMap<Vec<u8>, String> =
+        [(b"cls".to_vec(), "blob".to_string())].into();
+    assert!(w.field_types(&bad).is_err());
     let _ = FieldEntry {
         name: 0,
         len: 0,

@@ -137,10 +137,9 @@ impl Writer {
                         label: r.label,
                         fields: &r.fields,
                     });
-                    let with_fields = self.with_fields == Some(true);
+                    let types = (self.with_fields == Some(true)).then_some(&self.types);
                     let dir = &self.layout.chunks;
-                    let written =
-                        write_chunk(dir, self.dataset_id, id, classes, with_fields, records);
+                    let written = write_chunk(dir, self.dataset_id, id, classes, types, records);
                     drop(recs);
                     let r = written.and_then(|s| {
                         sink.finished(&s)?;

@@ -38,7 +38,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
-use granary_format::local::WRITER_STATE;
+use granary_format::local::{FIELD_TYPES, WRITER_STATE};
 use granary_format::{path_hash, NO_LABEL};
 
 use crate::{
@@ -50,6 +50,8 @@ pub(crate) use spill::parse_log;
 use spill::*;
 
 const STATE_FILE: &str = "writer.state";
+/// The field types declared so far, beside the writer state (a resumed writer keeps them).
+const TYPES_FILE: &str = "field.types";
 /// Samples (of any size) queued between the caller and the writer's threads.
 const QUEUE: usize = 64;
 /// Bytes a spill log buffers before writing.
@@ -161,6 +163,8 @@ pub struct Writer {
     warnings: Vec<String>,
     /// What the object-store destination held when the writer began (for the publish).
     remote_found: Vec<(String, u64)>,
+    /// Each field name's type descriptor, declared or from the schema.
+    types: std::collections::BTreeMap<Vec<u8>, String>,
     finished: bool,
 }
 
@@ -273,11 +277,16 @@ impl Writer {
             bytes_in: 0,
             warnings: Vec::new(),
             remote_found,
+            types: Default::default(),
             finished: false,
             opts,
         };
+        for (n, t) in w.opts.schema.clone() {
+            w.declare_field_type(n.as_bytes(), &t)?;
+        }
         if existed && w.opts.output.resume {
             w.read_back(&mut warnings)?;
+            w.read_types()?;
         }
         w.warnings = warnings;
         w.start_threads();
@@ -469,6 +478,67 @@ impl Writer {
         label: Label<'_>,
     ) -> Result<Written, PackError> {
         self.write_sample(key, data, Vec::new(), label)
+    }
+
+    /// Declares field `name`'s type (a descriptor of SPEC.md §6.5: `str`, `json`, `int`,
+    /// `ndarray:DTYPE:SHAPE`, `npy`, `image:CODEC`, `bytes`), which every sample's field of that
+    /// name then has; a name never declared is `bytes`. Declaring a name again with another
+    /// type is an error (a field's values are all of one type). Kept across `resume`.
+    pub fn declare_field_type(&mut self, name: &[u8], descriptor: &str) -> Result<(), PackError> {
+        let shown = String::from_utf8_lossy(name).into_owned();
+        granary_format::check_field_name(name).map_err(|why| {
+            PackError::Usage(format!("field {shown:?} is not a valid field name: {why}"))
+        })?;
+        granary_format::FieldType::parse(descriptor)
+            .map_err(|e| PackError::Usage(format!("field {shown:?}: {e}")))?;
+        match self.types.get(name) {
+            Some(t) if t == descriptor => return Ok(()),
+            Some(t) => {
+                return Err(PackError::Usage(format!(
+                    "field {shown:?} holds {t} values; it cannot also hold {descriptor} (declare \
+                     a type that fits every value, such as npy for arrays of several shapes)"
+                )))
+            }
+            None => {}
+        }
+        self.types.insert(name.to_vec(), descriptor.to_string());
+        let body: String = self
+            .types
+            .iter()
+            .map(|(n, t)| format!("{}={t}\n", String::from_utf8_lossy(n)))
+            .collect();
+        write_file_atomic(
+            &self.layout.spill.join(TYPES_FILE),
+            &FIELD_TYPES.frame(body.as_bytes()),
+        )
+    }
+
+    /// Reads back the field types an interrupted writer declared.
+    fn read_types(&mut self) -> Result<(), PackError> {
+        let path = self.layout.spill.join(TYPES_FILE);
+        let bytes = match std::fs::read(&path) {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(PackError::io("reading", &path, e)),
+        };
+        let body = FIELD_TYPES.unframe(&bytes).map_err(|e| PackError::Source {
+            path: path.clone(),
+            detail: e.to_string(),
+        })?;
+        let text = String::from_utf8_lossy(body).into_owned();
+        for line in text.lines() {
+            let (n, t) = line.split_once('=').ok_or_else(|| PackError::Source {
+                path: path.clone(),
+                detail: format!("not a field type: {line:?}"),
+            })?;
+            self.declare_field_type(n.as_bytes(), t)?;
+        }
+        Ok(())
+    }
+
+    /// The field types declared so far.
+    pub fn field_types(&self) -> &std::collections::BTreeMap<Vec<u8>, String> {
+        &self.types
     }
 
     /// Adds one sample with named fields: `(name, bytes)` in the order they are

@@ -52,6 +52,10 @@ pub struct WriterOptions {
     pub memory: u64,
     /// Threads that checksum, compress and spill samples.
     pub threads: usize,
+    /// Declared field types: name -> type descriptor (`str`, `json`, `int`,
+    /// `ndarray:uint8:32,32,3`, `npy`, `image:jpeg`, `bytes`; SPEC.md §6.5). Fields not named
+    /// here take the type [`crate::Writer::declare_field_type`] gives them, else `bytes`.
+    pub schema: std::collections::BTreeMap<String, String>,
 }
 
 impl Default for WriterOptions {
@@ -73,6 +77,7 @@ impl WriterOptions {
             threads: std::thread::available_parallelism()
                 .map(|n| n.get())
                 .unwrap_or(2),
+            schema: Default::default(),
         }
     }
 
@@ -84,8 +89,13 @@ impl WriterOptions {
                 .collect::<Vec<_>>()
                 .join("\u{1f}")
         });
+        let schema: Vec<String> = self
+            .schema
+            .iter()
+            .map(|(n, t)| format!("{n}:{t}"))
+            .collect();
         format!(
-            "writer=1\ndataset_id={}\nshard={}\ncompress={}\nchunk_size={}\nchunk_files={}\nseed={}\nbuckets={}\nclasses={}\n",
+            "writer=1\ndataset_id={}\nshard={}\ncompress={}\nchunk_size={}\nchunk_files={}\nseed={}\nbuckets={}\nclasses={}\nschema={}\n",
             hex_id(dataset_id),
             self.output.shard.map(|s| s.to_string()).unwrap_or_default(),
             self.output.compress,
@@ -94,6 +104,7 @@ impl WriterOptions {
             self.output.seed,
             self.buckets,
             classes.unwrap_or_else(|| "-".into()),
+            schema.join("\u{1f}"),
         )
     }
 }

@@ -240,6 +240,8 @@ pub(super) fn log_name(b: u32) -> String {
 /// True for the names a writer keeps in its spill directory.
 pub(crate) fn spill_file(name: &str) -> bool {
     name == STATE_FILE
+        || name == TYPES_FILE
+        || name == "field.tmp"
         || name == "writer.tmp"
         || (name.starts_with("spill-") && name.ends_with(".log"))
 }
