@@ -60,16 +60,17 @@ fn golden_source() -> Vec<(Vec<u8>, Vec<u8>)> {
 /// Packs `src` into golden dataset `out` as every golden version was packed (8 KiB chunks,
 /// seed 1): several chunks, with zstd and raw records.
 fn pack_golden(src: &Path, out: &Path) {
-    run_ok([
-        "pack".as_ref(),
-        src.as_os_str(),
-        "-o".as_ref(),
-        out.as_os_str(),
-        "--chunk-size".as_ref(),
-        "8KiB".as_ref(),
-        "--seed".as_ref(),
-        "1".as_ref(),
-    ]);
+    pack_golden_with(src, out, &[]);
+}
+
+/// [`pack_golden`] with `extra` arguments.
+fn pack_golden_with(src: &Path, out: &Path, extra: &[&str]) {
+    let o = pack(
+        src,
+        out,
+        &[&["--chunk-size", "8KiB", "--seed", "1"], extra].concat(),
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
 }
 
 #[test]
@@ -105,13 +106,7 @@ fn upgrades_golden_v1() {
     // The binary reads it too, byte-exact.
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("out");
-    run_ok([
-        "extract".as_ref(),
-        ds_path.as_os_str(),
-        "-o".as_ref(),
-        out.as_os_str(),
-    ]);
-    assert_eq!(read_tree(&out), sorted(want));
+    assert_eq!(extracted(&ds_path, &out), sorted(want));
 }
 
 fn golden_dir_1_1() -> PathBuf {
@@ -169,6 +164,18 @@ fn golden_file_attrs(i: usize) -> (u32, i64) {
     (mode, 1_600_000_000_000_000_000 + i as i64 * 1_000_000_123)
 }
 
+/// Checks that the directories of [`GOLDEN_DIRS`] were restored under `out` with their modes
+/// and mtimes.
+fn assert_golden_dirs(out: &Path) {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    for (d, mode, mtime_ns) in GOLDEN_DIRS {
+        let m = std::fs::metadata(out.join(d)).unwrap();
+        assert!(m.is_dir(), "{d}");
+        assert_eq!(m.permissions().mode() & 0o7777, mode, "{d}");
+        assert_eq!(m.mtime() * 1_000_000_000 + m.mtime_nsec(), mtime_ns, "{d}");
+    }
+}
+
 /// Directories of the 1.2 golden source: (path, mode, mtime ns); `cherry/empty` is empty.
 const GOLDEN_DIRS: [(&str, u32, i64); 4] = [
     ("apple", 0o755, 1_550_000_000_000_000_001),
@@ -217,25 +224,14 @@ fn upgrades_golden_v1_2() {
     // Extracted with every mode, mtime and directory, the empty one too.
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("out");
-    run_ok([
-        "extract".as_ref(),
-        ds_path.as_os_str(),
-        "-o".as_ref(),
-        out.as_os_str(),
-    ]);
-    assert_eq!(read_tree(&out), sorted(want.clone()));
+    assert_eq!(extracted(&ds_path, &out), sorted(want.clone()));
     for (i, (p, _)) in want.iter().enumerate() {
         let m = std::fs::metadata(out.join(std::ffi::OsStr::from_bytes(p))).unwrap();
         let (mode, mtime_ns) = golden_file_attrs(i);
         assert_eq!(m.permissions().mode() & 0o7777, mode);
         assert_eq!(m.mtime() * 1_000_000_000 + m.mtime_nsec(), mtime_ns);
     }
-    for (d, mode, mtime_ns) in GOLDEN_DIRS {
-        let m = std::fs::metadata(out.join(d)).unwrap();
-        assert!(m.is_dir(), "{d}");
-        assert_eq!(m.permissions().mode() & 0o7777, mode, "{d}");
-        assert_eq!(m.mtime() * 1_000_000_000 + m.mtime_nsec(), mtime_ns, "{d}");
-    }
+    assert_golden_dirs(&out);
 }
 
 fn golden_dir_1_3() -> PathBuf {
@@ -294,13 +290,7 @@ fn upgrades_golden_v1_3_samples_with_fields() {
     assert!(r.is_clean(), "{:?}", r.problems);
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("out");
-    run_ok([
-        "extract".as_ref(),
-        ds_path.as_os_str(),
-        "-o".as_ref(),
-        out.as_os_str(),
-    ]);
-    assert_eq!(read_tree(&out), sorted(want));
+    assert_eq!(extracted(&ds_path, &out), sorted(want));
 }
 
 fn golden_dir_1_4() -> PathBuf {
@@ -429,19 +419,7 @@ fn write_golden_v2_shards() {
     let _ = std::fs::remove_dir_all(&out);
     std::fs::create_dir_all(golden_dir_2_shards()).unwrap();
     for i in 0..3 {
-        let shard = format!("{i}/3");
-        run_ok([
-            "pack".as_ref(),
-            src.as_os_str(),
-            "-o".as_ref(),
-            out.as_os_str(),
-            "--chunk-size".as_ref(),
-            "8KiB".as_ref(),
-            "--seed".as_ref(),
-            "1".as_ref(),
-            "--shard".as_ref(),
-            shard.as_ref(),
-        ]);
+        pack_golden_with(&src, &out, &["--shard", &format!("{i}/3")]);
     }
     run_ok(["merge".as_ref(), out.as_os_str()]);
 }
@@ -466,7 +444,6 @@ fn reads_golden_v2_shards_with_empty_chunks() {
 
 #[test]
 fn reads_golden_v2() {
-    use std::os::unix::fs::{MetadataExt, PermissionsExt};
     let ds_path = golden_dir_2().join("dataset");
     let ds = granary::Dataset::open_checked(&ds_path).expect("golden v2 dataset opens");
     let s = ds.snapshot();
@@ -506,18 +483,8 @@ fn reads_golden_v2() {
     assert!(r.is_clean(), "{:?}", r.problems);
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("out");
-    run_ok([
-        "extract".as_ref(),
-        ds_path.as_os_str(),
-        "-o".as_ref(),
-        out.as_os_str(),
-    ]);
-    assert_eq!(read_tree(&out), sorted(want.clone()));
-    for (d, mode, mtime_ns) in GOLDEN_DIRS {
-        let m = std::fs::metadata(out.join(d)).unwrap();
-        assert_eq!(m.permissions().mode() & 0o7777, mode, "{d}");
-        assert_eq!(m.mtime() * 1_000_000_000 + m.mtime_nsec(), mtime_ns, "{d}");
-    }
+    assert_eq!(extracted(&ds_path, &out), sorted(want.clone()));
+    assert_golden_dirs(&out);
 }
 
 /// Format 2.0 with fields: the 1.3 golden WebDataset members imported (8 KiB chunks, seed 1).
@@ -530,18 +497,7 @@ fn write_golden_v2_fields() {
     let out = golden_dir_2_fields().join("dataset");
     let _ = std::fs::remove_dir_all(&out);
     std::fs::create_dir_all(golden_dir_2_fields()).unwrap();
-    run_ok([
-        "pack",
-        "--from",
-        "webdataset",
-        tar_path.to_str().unwrap(),
-        "-o",
-        out.to_str().unwrap(),
-        "--chunk-size",
-        "8KiB",
-        "--seed",
-        "1",
-    ]);
+    import_tar(&tar_path, &out, &["--chunk-size", "8KiB", "--seed", "1"]);
 }
 
 #[test]

@@ -924,16 +924,7 @@ fn field_dataset(tmp: &Path) -> (PathBuf, Files) {
     let tar_path = tmp.join("shard.tar");
     write_tar(&tar_path, &members);
     let ds = tmp.join("fields.granary");
-    run_ok([
-        "pack",
-        "--from",
-        "webdataset",
-        tar_path.to_str().unwrap(),
-        "-o",
-        ds.to_str().unwrap(),
-        "--chunk-size",
-        "16KiB",
-    ]);
+    import_tar(&tar_path, &ds, &["--chunk-size", "16KiB"]);
     (ds, members)
 }
 

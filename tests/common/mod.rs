@@ -48,6 +48,20 @@ pub fn pack(src: &Path, out: &Path, extra: &[&str]) -> Output {
     run(args)
 }
 
+/// Runs `granary pack --from webdataset TAR -o OUT EXTRA...`, asserting success.
+pub fn import_tar(tar: &Path, out: &Path, extra: &[&str]) -> Output {
+    let mut args: Vec<&OsStr> = vec![
+        "pack".as_ref(),
+        "--from".as_ref(),
+        "webdataset".as_ref(),
+        tar.as_os_str(),
+        "-o".as_ref(),
+        out.as_os_str(),
+    ];
+    args.extend(extra.iter().map(OsStr::new));
+    run_ok(args)
+}
+
 /// Writes `files` under `src`, packs them to `out` with `extra` arguments (asserting success)
 /// and returns `out`.
 pub fn packed_tree(
