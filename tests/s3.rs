@@ -704,11 +704,12 @@ fn allocated(p: &Path) -> u64 {
     std::fs::metadata(p).unwrap().blocks() * 512
 }
 
-/// Offset and length of section `kind` of the snapshot `snap`.
+/// Offset and length of section `kind` of the snapshot `snap` (SPEC.md §5.4: the count at 64,
+/// then 24-byte entries from 72).
 fn section(snap: &[u8], kind: u32) -> (usize, usize) {
-    let n = u32::from_le_bytes(snap[48..52].try_into().unwrap()) as usize;
+    let n = u32::from_le_bytes(snap[64..68].try_into().unwrap()) as usize;
     (0..n)
-        .map(|i| &snap[64 + 32 * i..][..32])
+        .map(|i| &snap[72 + 24 * i..][..24])
         .find(|e| u32::from_le_bytes(e[0..4].try_into().unwrap()) == kind)
         .map(|e| {
             let at = u64::from_le_bytes(e[8..16].try_into().unwrap()) as usize;
@@ -736,8 +737,9 @@ fn a_large_snapshot_is_read_in_checked_blocks() {
     ]);
     let store = ObjectUrl::parse(&url).unwrap();
     let snap = store.get("snapshot.gsnap").unwrap().to_vec();
-    let (samples_at, samples_len) = section(&snap, 2);
-    assert_eq!(samples_len, 40000 * 40);
+    // The record table (kind 6): 16 bytes a sample.
+    let (samples_at, samples_len) = section(&snap, 6);
+    assert_eq!(samples_len, 40000 * 16);
     // The whole snapshot, fetched and checked at once (below the paging threshold).
     let whole = s3.ok(&["verify", &url]);
     let want = digest_of(&stdout(&whole), "digest of a complete epoch: ");
@@ -840,8 +842,8 @@ fn a_large_snapshot_is_read_in_checked_blocks() {
         b["lookup"]["snapshot_gets_max"].as_f64().unwrap() <= 6.0,
         "{b}"
     );
-    // A directory is found in the page index and a page or two (format 1.5), listed from
-    // consecutive pages.
+    // A directory is found in the page index and a page or two, listed from consecutive
+    // pages.
     assert!(
         b["dir"]["snapshot_gets_median"].as_f64().unwrap() <= 3.0,
         "{b}"
@@ -853,7 +855,7 @@ fn a_large_snapshot_is_read_in_checked_blocks() {
         "{b}"
     );
 
-    // A damaged byte in the sample table: its block's CRC fails, naming the snapshot.
+    // A damaged byte in the record table: its block's CRC fails, naming the snapshot.
     let tmp = tempfile::tempdir().unwrap();
     let mut bad = snap.clone();
     bad[samples_at + samples_len / 2] ^= 0x40;
