@@ -1185,3 +1185,75 @@ fn bench_gen_packed_equals_packing_the_generated_tree() {
     };
     assert_eq!(digest(&a), digest(&b));
 }
+
+#[test]
+fn field_values_must_fit_their_types() {
+    let tmp = tempfile::tempdir().unwrap();
+    // The writer refuses a value that does not fit its field's declared type.
+    let mut w =
+        granary_packer::Writer::create(granary_packer::WriterOptions::new(tmp.path().join("w")))
+            .unwrap();
+    w.declare_field_type(b"n", "int").unwrap();
+    w.declare_field_type(b"t", "str").unwrap();
+    let e = w
+        .write_fields(
+            b"a",
+            vec![(b"n".to_vec(), vec![1, 2, 3])],
+            granary_packer::Label::None,
+        )
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("field \"n\": 3 bytes for int, expected 8"),
+        "{e}"
+    );
+    let e = w
+        .write_fields(
+            b"b",
+            vec![(b"t".to_vec(), vec![0xff])],
+            granary_packer::Label::None,
+        )
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("not UTF-8"), "{e}");
+    drop(w);
+    // A dataset written without that check (as a hostile author would): verify names the
+    // value, its field and its record.
+    let ds = tmp.path().join("ds");
+    std::fs::create_dir_all(&ds).unwrap();
+    let id = [9u8; 16];
+    let mut cw = granary_format::ChunkWriter::with_fields(Vec::new(), id, 0).unwrap();
+    let types = [
+        (b"j".to_vec(), "json".to_string()),
+        (b"n".to_vec(), "int".to_string()),
+    ]
+    .into();
+    cw.field_types(&types).unwrap();
+    for (key, n, j) in [
+        (&b"k0"[..], &7i64.to_le_bytes()[..], &b"{\"a\":1}"[..]),
+        (b"k1", b"123", b"{broken"),
+    ] {
+        let f = [
+            (&b"j"[..], j, granary_format::crc32(j)),
+            (&b"n"[..], n, granary_format::crc32(n)),
+        ];
+        cw.append_group(key, &f, granary_format::NO_LABEL).unwrap();
+    }
+    let (bytes, summary) = cw.finish::<&[u8]>(&[]).unwrap();
+    std::fs::write(ds.join(granary_format::chunk_file_name(0)), bytes).unwrap();
+    let mut b = granary_format::SnapshotBuilder::new(id, vec![]);
+    b.push_chunk(&summary).unwrap();
+    std::fs::write(ds.join(granary_format::SNAPSHOT_FILE), b.build().unwrap()).unwrap();
+    let o = run(["verify", ds.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
+    let out = stdout(&o);
+    assert!(
+        out.contains("record 1 (k1), field n: 3 bytes for int"),
+        "{out}"
+    );
+    assert!(
+        out.contains("record 1 (k1), field j: not a JSON document"),
+        "{out}"
+    );
+    assert!(!out.contains("(k0)"), "{out}");
+}

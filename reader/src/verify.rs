@@ -244,6 +244,33 @@ fn check_bytes(ds: &Dataset, c: u32, loc: &str, bytes: &[u8]) -> (u64, Vec<Probl
             ),
         );
     } else {
+        // Every field's bytes are a value of its type (fixed lengths, UTF-8, JSON).
+        if let Some(f) = &check.footer.fields {
+            let names = ds.field_names().unwrap_or_default();
+            let types = ds.snapshot().field_types().unwrap_or_default();
+            for (i, fields) in f.records.iter().enumerate() {
+                let mut at = check.footer.entries[i].offset as usize;
+                for e in fields {
+                    let end = at.saturating_add(e.len as usize).min(bytes.len());
+                    let name = &f.names[e.name as usize];
+                    let t = names
+                        .iter()
+                        .position(|m| m == name)
+                        .and_then(|k| types.get(k));
+                    if let Some(Err(why)) = t.map(|t| check_value(t, &bytes[at.min(end)..end])) {
+                        p(
+                            format!("{loc} (chunk {c}, offset {at})"),
+                            format!(
+                                "record {i} ({}), field {}: {why}",
+                                escape_path(&check.footer.paths[i]),
+                                String::from_utf8_lossy(name)
+                            ),
+                        );
+                    }
+                    at = end;
+                }
+            }
+        }
         // A chunk whose fields block carries types: each the snapshot's for its name.
         if let Some(f) = check.footer.fields.as_ref().filter(|f| !f.types.is_empty()) {
             let names = ds.field_names().unwrap_or_default();
@@ -297,4 +324,15 @@ fn check_bytes(ds: &Dataset, c: u32, loc: &str, bytes: &[u8]) -> (u64, Vec<Probl
         }
     }
     (records, problems)
+}
+
+/// Checks a field's bytes against its type: the fixed length of `int` and `ndarray`, UTF-8 for
+/// `str`, a JSON document for `json`.
+fn check_value(t: &granary_format::FieldType, b: &[u8]) -> std::result::Result<(), String> {
+    t.check_value(b)?;
+    if *t == granary_format::FieldType::Json {
+        serde_json::from_slice::<serde::de::IgnoredAny>(b)
+            .map_err(|e| format!("not a JSON document: {e}"))?;
+    }
+    Ok(())
 }

@@ -571,6 +571,20 @@ impl Writer {
             }
             names.push(name);
         }
+        // A declared type's values: the fixed length of int and ndarray fields, UTF-8 text for
+        // str and json ones (verify also parses the JSON).
+        for (name, d) in &fields {
+            let Some(t) = self.types.get(name) else {
+                continue;
+            };
+            let t = granary_format::FieldType::parse(t).map_err(PackError::Usage)?;
+            t.check_value(d).map_err(|why| {
+                PackError::Usage(format!(
+                    "sample {shown:?}: field {:?}: {why}",
+                    String::from_utf8_lossy(name)
+                ))
+            })?;
+        }
         let total: usize = fields.iter().map(|(_, d)| d.len()).sum();
         let mut data = Vec::with_capacity(total);
         let mut list = Vec::with_capacity(fields.len());
