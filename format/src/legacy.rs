@@ -49,8 +49,11 @@ pub fn is_legacy_snapshot(header: &[u8]) -> bool {
     header.len() >= 10 && header[0..8] == SNAPSHOT_MAGIC && le::u16_at(header, 8) == 1
 }
 
-/// Decodes and checks a whole 1.x snapshot.
-pub fn read_legacy_snapshot(b: &[u8]) -> Result<LegacySnapshot> {
+/// The sample and chunk counts of a 1.x snapshot and its sections by kind, after the header
+/// CRC, the section table's CRC and every section's CRC are checked.
+type LegacySections<'b> = (u64, u64, [Option<&'b [u8]>; 20]);
+
+fn legacy_sections(b: &[u8]) -> Result<LegacySections<'_>> {
     if b.len() < 64 {
         return Err(FormatError::truncated(WHAT, 64, b.len() as u64));
     }
@@ -98,6 +101,12 @@ pub fn read_legacy_snapshot(b: &[u8]) -> Result<LegacySnapshot> {
             sections[kind as usize] = Some(s);
         }
     }
+    Ok((n, c, sections))
+}
+
+/// Decodes and checks a whole 1.x snapshot.
+pub fn read_legacy_snapshot(b: &[u8]) -> Result<LegacySnapshot> {
+    let (n, c, sections) = legacy_sections(b)?;
     let need =
         |kind: usize| sections[kind].ok_or_else(|| bad(format!("no section of kind {kind}")));
     let strings = |kind: usize| -> Result<Vec<Vec<u8>>> {

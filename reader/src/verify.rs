@@ -244,51 +244,7 @@ fn check_bytes(ds: &Dataset, c: u32, loc: &str, bytes: &[u8]) -> (u64, Vec<Probl
             ),
         );
     } else {
-        // Every field's bytes are a value of its type (fixed lengths, UTF-8, JSON).
-        if let Some(f) = &check.footer.fields {
-            let names = ds.field_names().unwrap_or_default();
-            let types = ds.snapshot().field_types().unwrap_or_default();
-            for (i, fields) in f.records.iter().enumerate() {
-                let mut at = check.footer.entries[i].offset as usize;
-                for e in fields {
-                    let end = at.saturating_add(e.len as usize).min(bytes.len());
-                    let name = &f.names[e.name as usize];
-                    let t = names
-                        .iter()
-                        .position(|m| m == name)
-                        .and_then(|k| types.get(k));
-                    if let Some(Err(why)) = t.map(|t| check_value(t, &bytes[at.min(end)..end])) {
-                        p(
-                            format!("{loc} (chunk {c}, offset {at})"),
-                            format!(
-                                "record {i} ({}), field {}: {why}",
-                                escape_path(&check.footer.paths[i]),
-                                String::from_utf8_lossy(name)
-                            ),
-                        );
-                    }
-                    at = end;
-                }
-            }
-        }
-        // A chunk whose fields block carries types: each the snapshot's for its name.
-        if let Some(f) = check.footer.fields.as_ref().filter(|f| !f.types.is_empty()) {
-            let names = ds.field_names().unwrap_or_default();
-            let types = ds.snapshot().field_types().unwrap_or_default();
-            for (n, t) in f.names.iter().zip(&f.types) {
-                let mine = names.iter().position(|m| m == n).and_then(|k| types.get(k));
-                if mine.is_none_or(|m| m.descriptor() != *t) {
-                    p(
-                        loc.clone(),
-                        format!(
-                            "chunk {c}: field {} is {t} in the footer, {} in the snapshot",
-                            String::from_utf8_lossy(n),
-                            mine.map_or("absent".into(), |m| m.descriptor())
-                        ),
-                    );
-                }
-            }
-        }
+        check_fields(ds, c, &loc, bytes, &check, &mut p);
         for (i, id) in ce.samples().enumerate() {
             let same_entry = ds
                 .snapshot()
@@ -324,6 +280,63 @@ fn check_bytes(ds: &Dataset, c: u32, loc: &str, bytes: &[u8]) -> (u64, Vec<Probl
         }
     }
     (records, problems)
+}
+
+/// Checks chunk `c`'s fields against the snapshot's types: every field's bytes a value of its
+/// type, and a typed fields block declaring the snapshot's type for each name.
+fn check_fields(
+    ds: &Dataset,
+    c: u32,
+    loc: &str,
+    bytes: &[u8],
+    check: &granary_format::ChunkCheck,
+    p: &mut dyn FnMut(String, String),
+) {
+    // Every field's bytes are a value of its type (fixed lengths, UTF-8, JSON).
+    if let Some(f) = &check.footer.fields {
+        let names = ds.field_names().unwrap_or_default();
+        let types = ds.snapshot().field_types().unwrap_or_default();
+        for (i, fields) in f.records.iter().enumerate() {
+            let mut at = check.footer.entries[i].offset as usize;
+            for e in fields {
+                let end = at.saturating_add(e.len as usize).min(bytes.len());
+                let name = &f.names[e.name as usize];
+                let t = names
+                    .iter()
+                    .position(|m| m == name)
+                    .and_then(|k| types.get(k));
+                if let Some(Err(why)) = t.map(|t| check_value(t, &bytes[at.min(end)..end])) {
+                    p(
+                        format!("{loc} (chunk {c}, offset {at})"),
+                        format!(
+                            "record {i} ({}), field {}: {why}",
+                            escape_path(&check.footer.paths[i]),
+                            String::from_utf8_lossy(name)
+                        ),
+                    );
+                }
+                at = end;
+            }
+        }
+    }
+    // A chunk whose fields block carries types: each the snapshot's for its name.
+    if let Some(f) = check.footer.fields.as_ref().filter(|f| !f.types.is_empty()) {
+        let names = ds.field_names().unwrap_or_default();
+        let types = ds.snapshot().field_types().unwrap_or_default();
+        for (n, t) in f.names.iter().zip(&f.types) {
+            let mine = names.iter().position(|m| m == n).and_then(|k| types.get(k));
+            if mine.is_none_or(|m| m.descriptor() != *t) {
+                p(
+                    loc.to_string(),
+                    format!(
+                        "chunk {c}: field {} is {t} in the footer, {} in the snapshot",
+                        String::from_utf8_lossy(n),
+                        mine.map_or("absent".into(), |m| m.descriptor())
+                    ),
+                );
+            }
+        }
+    }
 }
 
 /// Checks a field's bytes against its type: the fixed length of `int` and `ndarray`, UTF-8 for

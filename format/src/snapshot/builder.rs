@@ -424,153 +424,191 @@ impl SnapshotBuilder {
         Ok(out)
     }
 
-    /// Writes the snapshot to `w`; returns its length. Everything is checked before the first
-    /// byte is written. The record table is read twice from its spool (once for the block
-    /// CRCs, once to write) rather than held.
-    pub fn write_to(mut self, w: &mut impl Write) -> std::io::Result<u64> {
-        let inv = |e: FormatError| std::io::Error::new(std::io::ErrorKind::InvalidData, e);
+    /// Checks what the builder was given and builds every section but the record table in
+    /// memory (the namespace sorts every path).
+    fn sections(&self) -> Result<Body> {
         let n = self.sample_count;
-        let spool = match self.spool.take() {
-            Some(b) => Some(b.into_inner().map_err(|e| e.into_error())?),
-            None => None,
-        };
         if !self.attrs.is_empty() && self.attrs.len() as u64 != n {
-            return Err(inv(invalid(format!(
+            return Err(invalid(format!(
                 "attributes for {} of {n} samples",
                 self.attrs.len()
-            ))));
+            )));
         }
         if let Some(a) = self.attrs.iter().find(|a| a.mode > 0o7777) {
-            return Err(inv(invalid(format!("mode {:o} beyond 7777", a.mode))));
+            return Err(invalid(format!("mode {:o} beyond 7777", a.mode)));
         }
         let with_attrs = !self.attrs.is_empty() || (n == 0 && !self.dirs.is_empty());
         let with_fields = self.with_fields == Some(true);
-        let order = self.path_order().map_err(inv)?;
-        let ns = self.namespace(&order, with_attrs).map_err(inv)?;
-        drop(order);
-        let fields = match with_fields {
-            true => Some(self.fields_section().map_err(inv)?),
-            false => None,
-        };
-        let lineage = self.lineage.encode();
-        let chunks: Vec<u8> = self.chunks.iter().flat_map(|c| c.encode()).collect();
-        let classes = crate::encode_string_table(self.classes.iter());
+        let ns = self.namespace(&self.path_order()?, with_attrs)?;
         let mut counts: Vec<u8> = self
             .class_ends
             .iter()
             .flat_map(|e| e.to_le_bytes())
             .collect();
         counts.extend_from_slice(&self.class_pairs);
-        let records_len = n * RECORD_LEN as u64;
-
-        let mut kinds = vec![
-            SectionKind::Lineage,
-            SectionKind::Chunks,
-            SectionKind::Classes,
-            SectionKind::ClassCounts,
+        let mut sections = vec![
+            (SectionKind::Lineage, self.lineage.encode().to_vec()),
+            (
+                SectionKind::Chunks,
+                self.chunks.iter().flat_map(|c| c.encode()).collect(),
+            ),
+            (
+                SectionKind::Classes,
+                crate::encode_string_table(self.classes.iter()),
+            ),
+            (SectionKind::ClassCounts, counts),
         ];
-        if fields.is_some() {
-            kinds.push(SectionKind::Fields);
+        if with_fields {
+            sections.push((SectionKind::Fields, self.fields_section()?));
         }
-        kinds.extend([SectionKind::Records, SectionKind::Namespace]);
-        let len_of = |k: SectionKind| match k {
-            SectionKind::Lineage => lineage.len() as u64,
-            SectionKind::Chunks => chunks.len() as u64,
-            SectionKind::Classes => classes.len() as u64,
-            SectionKind::ClassCounts => counts.len() as u64,
-            SectionKind::Fields => fields.as_ref().map_or(0, |f| f.len() as u64),
-            SectionKind::Records => records_len,
-            SectionKind::Namespace => ns.len() as u64,
-        };
-        let table_end =
-            (SNAPSHOT_HEADER_LEN + SECTION_TABLE_HEAD + kinds.len() * SECTION_ENTRY_LEN) as u64;
-        let mut table = Vec::with_capacity(table_end as usize - SNAPSHOT_HEADER_LEN);
-        table.extend_from_slice(&(kinds.len() as u32).to_le_bytes());
-        table.extend_from_slice(&0u32.to_le_bytes());
-        let (mut at, mut body_end) = (le::align8(table_end), table_end);
-        for &k in &kinds {
-            table.extend_from_slice(&(k as u32).to_le_bytes());
-            table.extend_from_slice(&0u32.to_le_bytes());
-            table.extend_from_slice(&at.to_le_bytes());
-            table.extend_from_slice(&len_of(k).to_le_bytes());
-            body_end = at + len_of(k);
-            at = le::align8(body_end);
-        }
+        sections.extend([
+            (SectionKind::Records, Vec::new()),
+            (SectionKind::Namespace, ns),
+        ]);
+        let incompat =
+            (with_attrs as u32 * features::ATTRS) | (with_fields as u32 * features::FIELDS);
+        Ok(Body::lay_out(sections, n * RECORD_LEN as u64, incompat))
+    }
 
-        let emit = |f: &mut dyn FnMut(&[u8]) -> std::io::Result<()>| -> std::io::Result<()> {
-            f(&table)?;
-            let mut pos = table_end;
-            for &k in &kinds {
-                let pad = le::align8(pos) - pos;
-                f(&[0u8; 8][..pad as usize])?;
-                pos += pad + len_of(k);
-                match k {
-                    SectionKind::Lineage => f(&lineage)?,
-                    SectionKind::Chunks => f(&chunks)?,
-                    SectionKind::Classes => f(&classes)?,
-                    SectionKind::ClassCounts => f(&counts)?,
-                    SectionKind::Fields => f(fields.as_deref().unwrap_or_default())?,
-                    SectionKind::Namespace => f(&ns)?,
-                    SectionKind::Records => match &spool {
-                        None => {
-                            for piece in self.records.chunks(4096) {
-                                f(piece.as_flattened())?;
-                            }
-                        }
-                        Some(file) => {
-                            use std::os::unix::fs::FileExt;
-                            let mut buf = vec![0u8; 1 << 20];
-                            let mut at = 0u64;
-                            while at < records_len {
-                                let k = (records_len - at).min(buf.len() as u64) as usize;
-                                file.read_exact_at(&mut buf[..k], at)?;
-                                f(&buf[..k])?;
-                                at += k as u64;
-                            }
-                        }
-                    },
-                }
-            }
-            Ok(())
+    /// Writes the snapshot to `w`; returns its length. Everything is checked before the first
+    /// byte is written. The body is produced twice (once for the block CRCs, which the header
+    /// needs, once to write), the record table read from its spool each time rather than held.
+    pub fn write_to(mut self, w: &mut impl Write) -> std::io::Result<u64> {
+        let inv = |e: FormatError| std::io::Error::new(std::io::ErrorKind::InvalidData, e);
+        let spool = match self.spool.take() {
+            Some(b) => Some(b.into_inner().map_err(|e| e.into_error())?),
+            None => None,
         };
-        // First pass: the CRC of every block of the body.
-        let bs = 1usize << BLOCK_SHIFT;
-        let (mut crcs, mut cur, mut fill) = (Vec::<u8>::new(), crc32fast::Hasher::new(), 0usize);
-        let mut total = 0u64;
-        emit(&mut |mut b: &[u8]| {
-            total += b.len() as u64;
-            while !b.is_empty() {
-                let k = (bs - fill).min(b.len());
-                cur.update(&b[..k]);
-                fill += k;
-                b = &b[k..];
-                if fill == bs {
-                    let done = std::mem::replace(&mut cur, crc32fast::Hasher::new());
-                    crcs.extend_from_slice(&done.finalize().to_le_bytes());
-                    fill = 0;
+        let body = self.sections().map_err(inv)?;
+        let records = |f: Sink<'_>| match &spool {
+            None => self
+                .records
+                .chunks(4096)
+                .try_for_each(|piece| f(piece.as_flattened())),
+            Some(file) => {
+                use std::os::unix::fs::FileExt;
+                let mut buf = vec![0u8; 1 << 20];
+                let mut at = 0u64;
+                while at < body.records_len {
+                    let k = (body.records_len - at).min(buf.len() as u64) as usize;
+                    file.read_exact_at(&mut buf[..k], at)?;
+                    f(&buf[..k])?;
+                    at += k as u64;
                 }
+                Ok(())
             }
-            Ok(())
-        })?;
-        if fill > 0 {
-            crcs.extend_from_slice(&cur.finalize().to_le_bytes());
-        }
-        debug_assert_eq!(SNAPSHOT_HEADER_LEN as u64 + total, body_end);
+        };
+        let crcs = block_crcs(|f| body.emit(&records, f))?;
         let header = SnapshotHeader {
             dataset_id: self.dataset_id,
-            samples: n,
+            samples: self.sample_count,
             chunks: self.chunks.len() as u32,
-            body_end,
+            body_end: body.end,
             block_shift: BLOCK_SHIFT,
-            incompat: (with_attrs as u32 * features::ATTRS)
-                | (with_fields as u32 * features::FIELDS),
+            incompat: body.incompat,
             compat: 0,
             table_crc: crc32fast::hash(&crcs),
             header_crc: 0,
         };
         w.write_all(&header.encode())?;
-        emit(&mut |b| w.write_all(b))?;
+        body.emit(&records, &mut |b| w.write_all(b))?;
         w.write_all(&crcs)?;
-        Ok(body_end + crcs.len() as u64)
+        Ok(body.end + crcs.len() as u64)
     }
+}
+
+/// Where bytes being written go, piece by piece.
+type Sink<'a> = &'a mut dyn FnMut(&[u8]) -> std::io::Result<()>;
+
+/// A snapshot's body laid out: the section table, the sections (all but the record table held
+/// in memory) and where the body ends.
+struct Body {
+    table: Vec<u8>,
+    sections: Vec<(SectionKind, Vec<u8>)>,
+    records_len: u64,
+    end: u64,
+    incompat: u32,
+}
+
+impl Body {
+    /// Places `sections` (in order; the record table's bytes come from elsewhere and are
+    /// `records_len` long) after the section table, each at the next multiple of 8.
+    fn lay_out(sections: Vec<(SectionKind, Vec<u8>)>, records_len: u64, incompat: u32) -> Body {
+        let len_of = |(k, b): &(SectionKind, Vec<u8>)| match k {
+            SectionKind::Records => records_len,
+            _ => b.len() as u64,
+        };
+        let table_end =
+            (SNAPSHOT_HEADER_LEN + SECTION_TABLE_HEAD + sections.len() * SECTION_ENTRY_LEN) as u64;
+        let mut table = Vec::with_capacity(table_end as usize - SNAPSHOT_HEADER_LEN);
+        table.extend_from_slice(&(sections.len() as u32).to_le_bytes());
+        table.extend_from_slice(&0u32.to_le_bytes());
+        let (mut at, mut end) = (le::align8(table_end), table_end);
+        for s in &sections {
+            table.extend_from_slice(&(s.0 as u32).to_le_bytes());
+            table.extend_from_slice(&0u32.to_le_bytes());
+            table.extend_from_slice(&at.to_le_bytes());
+            table.extend_from_slice(&len_of(s).to_le_bytes());
+            end = at + len_of(s);
+            at = le::align8(end);
+        }
+        Body {
+            table,
+            sections,
+            records_len,
+            end,
+            incompat,
+        }
+    }
+
+    /// Hands the body's bytes to `f` in order: the table, then each section after its padding
+    /// (the record table's from `records`).
+    fn emit(
+        &self,
+        records: &dyn Fn(Sink<'_>) -> std::io::Result<()>,
+        f: Sink<'_>,
+    ) -> std::io::Result<()> {
+        f(&self.table)?;
+        let mut pos = (SNAPSHOT_HEADER_LEN + self.table.len()) as u64;
+        for (k, b) in &self.sections {
+            let pad = le::align8(pos) - pos;
+            f(&[0u8; 8][..pad as usize])?;
+            match k {
+                SectionKind::Records => {
+                    records(f)?;
+                    pos += pad + self.records_len;
+                }
+                _ => {
+                    f(b)?;
+                    pos += pad + b.len() as u64;
+                }
+            }
+        }
+        debug_assert_eq!(pos, self.end);
+        Ok(())
+    }
+}
+
+/// The CRC-32 of every block of the bytes `emit` hands out, in order (the block CRC table).
+fn block_crcs(emit: impl FnOnce(Sink<'_>) -> std::io::Result<()>) -> std::io::Result<Vec<u8>> {
+    let bs = 1usize << BLOCK_SHIFT;
+    let (mut crcs, mut cur, mut fill) = (Vec::<u8>::new(), crc32fast::Hasher::new(), 0usize);
+    emit(&mut |mut b: &[u8]| {
+        while !b.is_empty() {
+            let k = (bs - fill).min(b.len());
+            cur.update(&b[..k]);
+            fill += k;
+            b = &b[k..];
+            if fill == bs {
+                let done = std::mem::replace(&mut cur, crc32fast::Hasher::new());
+                crcs.extend_from_slice(&done.finalize().to_le_bytes());
+                fill = 0;
+            }
+        }
+        Ok(())
+    })?;
+    if fill > 0 {
+        crcs.extend_from_slice(&cur.finalize().to_le_bytes());
+    }
+    Ok(crcs)
 }
