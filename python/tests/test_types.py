@@ -34,12 +34,18 @@ def same(a, b):
     return type(a) is type(b) and a == b
 
 
-def test_fields_read_back_as_the_types_and_values_written(tmp_path):
+def written(tmp_path, n):
+    """A dataset of ``typed_samples(n)`` written with small chunks, and its samples."""
     out = tmp_path / "t.granary"
-    src = typed_samples(60)
+    src = typed_samples(n)
     with granary.Writer(out, chunk_size=16 << 10, progress=False) as w:
         for k, f in src:
             w.write(k, f)
+    return out, src
+
+
+def test_fields_read_back_as_the_types_and_values_written(tmp_path):
+    out, src = written(tmp_path, 60)
     ds = granary.Dataset(out)
     assert ds.field_types == {
         "cls": "int", "emb": "ndarray:float32:8", "img": "ndarray:uint8:32,32,3",
@@ -67,11 +73,7 @@ def test_fields_read_back_as_the_types_and_values_written(tmp_path):
 
 @pytest.mark.parametrize("batch", [None, 8])
 def test_streams_give_typed_fields_and_stack_fixed_shape_arrays(tmp_path, batch):
-    out = tmp_path / "t.granary"
-    src = typed_samples(40)
-    with granary.Writer(out, chunk_size=16 << 10, progress=False) as w:
-        for k, f in src:
-            w.write(k, f)
+    out, src = written(tmp_path, 40)
     ds = granary.Dataset(out)
     want = {i: dict(src)[ds.path(i)] for i in range(len(ds))}
     seen = 0

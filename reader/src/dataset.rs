@@ -335,9 +335,6 @@ impl Dataset {
     /// The record entries of `ids` fetched together before they are read one by one (a
     /// listing's files).
     pub fn prefetch_samples_at(&self, ids: &[u64]) -> Result<()> {
-        if !self.snap.is_paged() {
-            return Ok(());
-        }
         ids.iter()
             .try_for_each(|&id| self.snap.prefetch_records(id..id + 1))
             .map_err(|e| self.fmt_err(e))

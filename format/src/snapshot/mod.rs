@@ -205,25 +205,14 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
             ));
         }
         let ns = snap.s.get(SectionKind::Namespace);
-        let nh = snap.at(ns.start..(ns.start + NS_HEADER_LEN).min(ns.end))?;
-        if nh.len() < NS_HEADER_LEN {
-            return Err(FormatError::truncated(
-                SectionKind::Namespace.name(),
-                NS_HEADER_LEN as u64,
-                nh.len() as u64,
-            ));
-        }
-        snap.ns = NsLayout::parse(nh, ns, snap.h.samples)?;
+        snap.ns = NsLayout::parse(
+            snap.section_head(SectionKind::Namespace, NS_HEADER_LEN)?,
+            ns,
+            snap.h.samples,
+        )?;
         if snap.h.has_fields() {
             let f = snap.s.get(SectionKind::Fields);
-            let fh = snap.at(f.start..(f.start + FIELDS_HEADER_LEN).min(f.end))?;
-            if fh.len() < FIELDS_HEADER_LEN {
-                return Err(FormatError::truncated(
-                    SectionKind::Fields.name(),
-                    FIELDS_HEADER_LEN as u64,
-                    fh.len() as u64,
-                ));
-            }
+            let fh = snap.section_head(SectionKind::Fields, FIELDS_HEADER_LEN)?;
             snap.fields = Some(FieldsLayout::parse(fh, f, snap.h.samples)?);
             snap.check_field_tables()?;
         }
@@ -320,6 +309,16 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
             }
         }
         Ok(s)
+    }
+
+    /// The first `len` bytes of section `k` (its header), which must be there.
+    fn section_head(&self, k: SectionKind, len: usize) -> Result<&[u8]> {
+        let r = self.s.get(k);
+        let h = self.at(r.start..(r.start + len).min(r.end))?;
+        if h.len() < len {
+            return Err(FormatError::truncated(k.name(), len as u64, h.len() as u64));
+        }
+        Ok(h)
     }
 
     /// Section `k`'s bytes, which must be exactly `len` long.
