@@ -17,9 +17,9 @@ use super::read::PlanArgs;
 Shuffle quality is measured on labels over the whole epoch (all shares concatenated): mean length
 of same-label runs, and the mean total-variation distance between the label histogram of each
 block of 256 consecutive samples and the epoch's, next to the same numbers for a global shuffle.
-A snapshot read in blocks from an object store gives it from each chunk's class counts (a
-few blocks) rather than every sample's label (the record table): labels drawn from those counts
-in a seeded order, which give the same figures for a shuffled plan of a packed dataset.")]
+The labels are drawn from each chunk's class counts in a seeded order (a few blocks of the
+snapshot, not every sample's record entry): for a shuffled plan of a packed dataset they give
+the figures the samples' own labels give.")]
 pub struct Args {
     /// Dataset directory.
     pub dataset: PathBuf,
@@ -64,23 +64,14 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     sorted.dedup();
     let repeats = before - sorted.len();
     let missing = ds.len() as usize - sorted.len();
-    // Read in blocks, the labels come from the chunks' class counts: O(chunks) bytes instead
-    // of the record table.
-    let from_counts = ds.snapshot().is_paged();
-    let counted = match from_counts {
-        false => Vec::new(),
-        true => {
-            let counts = (0..ds.chunk_count())
-                .map(|c| ds.snapshot().class_counts(c))
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(|e| anyhow::anyhow!("{}: {e}", a.dataset.display()))?;
-            labels_from_class_counts(&shape, &counts)
-        }
-    };
-    let label = |id: u64| match from_counts {
-        true => counted.get(id as usize).copied().unwrap_or(u32::MAX),
-        false => ds.sample(id).map(|s| s.entry.label).unwrap_or(u32::MAX),
-    };
+    // The labels come from the chunks' class counts (O(chunks) bytes of the snapshot, wherever
+    // it is), not from every sample's record entry.
+    let counts = (0..ds.chunk_count())
+        .map(|c| ds.snapshot().class_counts(c))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| anyhow::anyhow!("{}: {e}", a.dataset.display()))?;
+    let drawn = labels_from_class_counts(&shape, &counts);
+    let label = |id: u64| drawn.get(id as usize).copied().unwrap_or(u32::MAX);
     let q = shuffle_quality(&shape, label, &all, 256);
     let global = PlanOptions {
         mode: ShuffleMode::Global,
@@ -95,7 +86,6 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         super::print_json(&json!({
             "epoch": a.epoch, "samples": ds.len(), "delivered": all.len(), "repeats": repeats,
             "not_delivered": missing, "shares": shares, "quality": q, "global_quality": gq,
-            "quality_from": if from_counts { "chunk class counts" } else { "labels" },
         }))?;
         return Ok(ExitCode::SUCCESS);
     }
@@ -120,13 +110,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         repeats,
         missing
     );
-    println!(
-        "  shuffle quality          this plan   global shuffle{}",
-        match from_counts {
-            true => "   (labels drawn from each chunk's class counts)",
-            false => "",
-        }
-    );
+    println!("  shuffle quality          this plan   global shuffle");
     println!(
         "    mean same-label run    {:>9.3}   {:>14.3}",
         q.mean_label_run, gq.mean_label_run
