@@ -385,7 +385,7 @@ impl Tree {
     /// shows their sizes reads them one by one (readdirplus of a dataset with fields, whose
     /// files are fields); nothing otherwise: the namespace entries carry the files' stats.
     pub fn prefetch_file_attrs(&self, ds: &Dataset, dir: u32) -> Result<(), ReadError> {
-        if !ds.snapshot().is_paged() || !self.fields {
+        if !self.fields {
             return Ok(());
         }
         let d = self.listed(ds, dir)?;
