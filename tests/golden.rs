@@ -384,6 +384,24 @@ fn write_golden_source_2(src: &Path) {
         let (mode, mtime) = golden_attrs_2(i);
         set_attrs(&src.join(std::ffi::OsStr::from_bytes(p)), mode, mtime);
     }
+    // Every directory gets fixed attributes (those the tree creates take the clock's).
+    let subdirs = (0..23).flat_map(|d| (0..11).map(move |s| (d, s)));
+    for (i, (d, s)) in subdirs.enumerate() {
+        let sub = src.join(format!("many/d{d:02}"));
+        set_attrs(
+            &sub.join(format!("s{s:02}")),
+            0o750,
+            1_650_000_000_000_000_000 + i as i64,
+        );
+    }
+    for d in 0..23 {
+        set_attrs(
+            &src.join(format!("many/d{d:02}")),
+            0o755,
+            1_640_000_000_000_000_000 + d,
+        );
+    }
+    set_attrs(&src.join("many"), 0o755, 1_630_000_000_000_000_000);
     for (d, mode, mtime) in GOLDEN_DIRS.iter().rev() {
         set_attrs(&src.join(d), *mode, *mtime);
     }
@@ -440,6 +458,50 @@ fn reads_golden_v2_shards_with_empty_chunks() {
         let id = ds.lookup(path).unwrap().expect("golden path present");
         assert_eq!(&ds.read(id).unwrap(), data);
     }
+    // The same namespace as the single pack: every file's size and attributes, every
+    // directory with its own (each shard's chunks record the directories it owns).
+    let entries =
+        |s: &granary_format::Snapshot<_>| -> Vec<(Vec<u8>, u64, Option<granary::FileAttrs>)> {
+            let all = s.entries(0..s.entry_count()).unwrap();
+            all.into_iter().map(|e| (e.path, e.size, e.attrs)).collect()
+        };
+    let (mine, single) = (entries(s), entries(v2.snapshot()));
+    let differ = mine.iter().zip(&single).find(|(a, b)| a != b);
+    assert!(mine.len() == single.len() && differ.is_none(), "{differ:?}");
+}
+
+/// The chunk footers of the 2.0 golden set record what its namespace needs: every record's
+/// mode and mtime, and (chunk 0) every directory; a snapshot rebuilt from them is the same.
+#[test]
+fn golden_v2_chunks_record_attributes_and_directories() {
+    let dir = golden_dir_2().join("dataset");
+    let ds = granary::Dataset::open(&dir).unwrap();
+    let mut dirs = Vec::new();
+    for c in 0..ds.snapshot().chunk_count() as u32 {
+        let bytes = std::fs::read(dir.join(granary_format::chunk_file_name(c))).unwrap();
+        let check = granary_format::check_chunk(&bytes, &ds.snapshot().dataset_id(), c).unwrap();
+        let first = ds.snapshot().chunk(c as u64).unwrap().first_sample;
+        for (k, a) in check.footer.attrs.unwrap().iter().enumerate() {
+            assert_eq!(Some(*a), ds.attrs(first + k as u64).unwrap());
+        }
+        dirs.extend(check.footer.dirs);
+    }
+    let want: Vec<(Vec<u8>, granary::FileAttrs)> = ds
+        .dirs()
+        .unwrap()
+        .into_iter()
+        .map(|d| (d.path, d.attrs.unwrap()))
+        .collect();
+    assert_eq!(dirs, want);
+    let tmp = tempfile::tempdir().unwrap();
+    let copy = tmp.path().join("ds");
+    copy_dir(&dir, &copy);
+    let snap = std::fs::read(dir.join(granary_format::SNAPSHOT_FILE)).unwrap();
+    run_ok(["reindex".as_ref(), copy.as_os_str(), "--force".as_ref()]);
+    assert_eq!(
+        std::fs::read(copy.join(granary_format::SNAPSHOT_FILE)).unwrap(),
+        snap
+    );
 }
 
 #[test]

@@ -434,8 +434,8 @@ fn reindex_rebuilds_a_lost_snapshot_in_the_store() {
     let tmp = tempfile::tempdir().unwrap();
     let (src, _) = src_tree(tmp.path());
     let url = s3.sub("ds");
-    // Without modes, mtimes and directories (chunks do not carry them): rebuilt byte for byte.
-    s3.pack(&src, &url, &["--no-metadata"]);
+    // Rebuilt byte for byte from the chunks (which carry modes, mtimes and directories).
+    s3.pack(&src, &url, &[]);
     let store = ObjectUrl::parse(&url).unwrap();
     let snap = granary_format::SNAPSHOT_FILE;
     let original = store.get(snap).unwrap().to_vec();

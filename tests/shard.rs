@@ -422,3 +422,117 @@ fn append_adds_a_generation_and_old_readers_keep_reading() {
     assert!(o.status.success(), "{}", stderr(&o));
     assert_eq!(verify_json(&single)["content_digest"], v["content_digest"]);
 }
+
+/// Every entry of a dataset's namespace: path, whether a directory, size and attributes.
+type Namespace = Vec<(Vec<u8>, bool, u64, Option<granary::FileAttrs>)>;
+
+fn namespace(ds: &Path) -> Namespace {
+    let d = granary::Dataset::open_checked(ds).unwrap();
+    let s = d.snapshot();
+    s.entries(0..s.entry_count())
+        .unwrap()
+        .into_iter()
+        .map(|e| (e.path.clone(), e.is_dir(), e.size, e.attrs))
+        .collect()
+}
+
+/// Packs `src` in `n` shards at once and merges them.
+fn sharded(src: &Path, ds: &Path, n: u32, extra: &[&str]) {
+    let children: Vec<_> = (0..n)
+        .map(|i| {
+            let mut args: Vec<std::ffi::OsString> = vec![
+                "pack".into(),
+                src.into(),
+                "-o".into(),
+                ds.into(),
+                "--json".into(),
+            ];
+            args.extend(["--shard".into(), format!("{i}/{n}").into()]);
+            args.extend(ARGS.iter().chain(extra).map(Into::into));
+            spawn(args)
+        })
+        .collect();
+    for c in children {
+        wait_json(c);
+    }
+    run_ok(["merge".as_ref(), ds.as_os_str()]);
+}
+
+/// Pack, shards + merge, a file list and reindex record the same namespace for the same tree:
+/// every file's size, mode and mtime, every directory (empty ones too) with its own.
+#[test]
+fn every_way_of_packing_records_the_same_namespace() {
+    use std::os::unix::fs::PermissionsExt;
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    write_tree(&src, &tree(300));
+    for (i, e) in walkdir::WalkDir::new(&src).into_iter().enumerate() {
+        let e = e.unwrap();
+        if e.file_type().is_file() && i % 7 == 0 {
+            let mode = [0o600, 0o755, 0o640][i % 3];
+            std::fs::set_permissions(e.path(), std::fs::Permissions::from_mode(mode)).unwrap();
+        }
+    }
+    for d in ["class3/empty", "zz/a/b"] {
+        std::fs::create_dir_all(src.join(d)).unwrap();
+    }
+    std::fs::set_permissions(src.join("zz/a"), std::fs::Permissions::from_mode(0o700)).unwrap();
+    let single = tmp.path().join("single");
+    assert!(pack(&src, &single, &ARGS).status.success());
+    let want = namespace(&single);
+    let dirs: Vec<&[u8]> = want.iter().filter(|e| e.1).map(|e| &e.0[..]).collect();
+    assert!(dirs.contains(&&b"zz/a/b"[..]) && dirs.contains(&&b"class3/empty"[..]));
+    let zz = want.iter().find(|e| e.0 == b"zz/a").unwrap();
+    assert_eq!(zz.3.unwrap().mode, 0o700, "{zz:?}");
+    assert!(want.iter().filter(|e| !e.1).all(|e| e.3.is_some()));
+    let digest = |ds: &Path| verify_json(ds)["content_digest"].clone();
+
+    // Three shards and a merge: the same namespace, the same content.
+    let merged = tmp.path().join("merged");
+    sharded(&src, &merged, 3, &[]);
+    assert_eq!(namespace(&merged), want);
+    assert_eq!(digest(&merged), digest(&single));
+    // Reindex of the merged dataset rebuilds its snapshot byte for byte.
+    let snap = merged.join(granary_format::SNAPSHOT_FILE);
+    let original = std::fs::read(&snap).unwrap();
+    std::fs::remove_file(&snap).unwrap();
+    run_ok(["reindex".as_ref(), merged.as_os_str()]);
+    assert_eq!(std::fs::read(&snap).unwrap(), original);
+
+    // A file list records the directories above its files (not the empty ones: it names
+    // none), with their attributes.
+    let list = tmp.path().join("list");
+    let names: Vec<u8> = want
+        .iter()
+        .filter(|e| !e.1)
+        .flat_map(|e| [&e.0[..], b"\n"].concat())
+        .collect();
+    std::fs::write(&list, names).unwrap();
+    let listed = tmp.path().join("listed");
+    let o = pack(
+        &src,
+        &listed,
+        &[&ARGS[..], &["--files-from", list.to_str().unwrap()]].concat(),
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let ancestors: Namespace = want
+        .iter()
+        .filter(|e| ![&b"class3/empty"[..], b"zz", b"zz/a", b"zz/a/b"].contains(&&e.0[..]))
+        .cloned()
+        .collect();
+    assert_eq!(namespace(&listed), ancestors);
+
+    // More shards than the tree has files: shards without files still record the
+    // directories they own (in an empty chunk).
+    let small = tmp.path().join("small");
+    write_tree(&small, &[(b"d/x".to_vec(), b"1".to_vec())]);
+    for d in ["d/e1", "e2", "e3/f", "e4"] {
+        std::fs::create_dir_all(small.join(d)).unwrap();
+    }
+    let one = tmp.path().join("one");
+    assert!(pack(&small, &one, &ARGS).status.success());
+    let many = tmp.path().join("many");
+    sharded(&small, &many, 5, &[]);
+    assert_eq!(namespace(&many), namespace(&one));
+    assert_eq!(namespace(&one).len(), 7, "{:?}", namespace(&one));
+}

@@ -8,9 +8,12 @@ use crate::strtab::{encode_string_table, StringTable};
 use crate::SAMPLE_ENTRY_LEN;
 use crate::{le, SampleEntry, CHUNK_END_MAGIC, CHUNK_MAGIC, CHUNK_VERSION};
 use crate::{
-    ChunkFields, Compression, FieldEntry, FieldType, CHUNK_FIELDS, CHUNK_TYPES, FIELD_ENTRY_LEN,
-    FLAG_FIELDS,
+    ChunkFields, Compression, FieldEntry, FieldType, FileAttrs, ATTRS_LEN, CHUNK_ATTRS,
+    CHUNK_FIELDS, CHUNK_TYPES, FIELD_ENTRY_LEN, FLAG_FIELDS,
 };
+
+/// A directory as a chunk footer carries it: its path and attributes.
+pub type DirAttrs = (Vec<u8>, FileAttrs);
 
 /// Length of the chunk header; records start at this offset.
 pub const CHUNK_HEADER_LEN: usize = 64;
@@ -30,6 +33,8 @@ pub struct ChunkHeader {
     pub fields: bool,
     /// The fields block carries each name's type (feature bit [`CHUNK_TYPES`]).
     pub types: bool,
+    /// The footer has an attributes block (feature bit [`CHUNK_ATTRS`]).
+    pub attrs: bool,
 }
 
 impl ChunkHeader {
@@ -38,8 +43,9 @@ impl ChunkHeader {
         let mut b = [0u8; CHUNK_HEADER_LEN];
         b[0..8].copy_from_slice(&CHUNK_MAGIC);
         b[8..10].copy_from_slice(&CHUNK_VERSION.to_le_bytes());
-        let features =
-            if self.fields { CHUNK_FIELDS } else { 0 } | if self.types { CHUNK_TYPES } else { 0 };
+        let features = (self.fields as u16 * CHUNK_FIELDS)
+            | (self.types as u16 * CHUNK_TYPES)
+            | (self.attrs as u16 * CHUNK_ATTRS);
         b[10..12].copy_from_slice(&features.to_le_bytes());
         b[12..16].copy_from_slice(&(CHUNK_HEADER_LEN as u32).to_le_bytes());
         b[16..32].copy_from_slice(&self.dataset_id);
@@ -92,6 +98,7 @@ impl ChunkHeader {
             chunk_id: le::u32_at(b, 32),
             fields: features & CHUNK_FIELDS != 0,
             types: features & CHUNK_TYPES != 0,
+            attrs: features & CHUNK_ATTRS != 0,
         })
     }
 }
@@ -169,6 +176,10 @@ pub struct ChunkFooter {
     /// The records' fields (format 1.3; every record is a field group), if the footer has a
     /// fields block.
     pub fields: Option<ChunkFields>,
+    /// With an attributes block: each record's mode and mtime, in record order.
+    pub attrs: Option<Vec<FileAttrs>>,
+    /// With an attributes block: the directories this chunk records (sorted, distinct).
+    pub dirs: Vec<DirAttrs>,
 }
 
 /// Encodes a fields block: the names (a string table, preceded by its length as u64), with
@@ -195,8 +206,14 @@ pub fn encode_fields_block(f: &ChunkFields) -> Vec<u8> {
     b
 }
 
-/// A string table preceded by its length (u64) at `at` in `b`: its items and where it ends.
-fn sized_table(b: &[u8], at: usize, what: &'static str) -> Result<(Vec<Vec<u8>>, usize)> {
+/// A string table preceded by its length (u64) at `at` in `b`, with at least `after` bytes
+/// after it: its items and where it ends.
+fn sized_table(
+    b: &[u8],
+    at: usize,
+    after: usize,
+    what: &'static str,
+) -> Result<(Vec<Vec<u8>>, usize)> {
     let short = || FormatError::invalid(what, "shorter than its lengths say");
     if b.len() < at.saturating_add(8) {
         return Err(short());
@@ -204,7 +221,7 @@ fn sized_table(b: &[u8], at: usize, what: &'static str) -> Result<(Vec<Vec<u8>>,
     let len = le::u64_at(b, at);
     let end = (at + 8)
         .checked_add(usize::try_from(len).map_err(|_| short())?)
-        .filter(|&e| e.checked_add(8).is_some_and(|x| x <= b.len()))
+        .filter(|&e| e.checked_add(after).is_some_and(|x| x <= b.len()))
         .ok_or_else(short)?;
     let table = StringTable::parse(&b[at + 8..end], what)?;
     table.validate()?;
@@ -215,16 +232,74 @@ fn sized_table(b: &[u8], at: usize, what: &'static str) -> Result<(Vec<Vec<u8>>,
     Ok((items, end))
 }
 
+/// Encodes an attributes block: one [`FileAttrs`] per record, then the directories' paths (a
+/// string table preceded by its length as u64) and one [`FileAttrs`] per directory.
+fn encode_attrs_block(attrs: &[FileAttrs], dirs: &[DirAttrs]) -> Vec<u8> {
+    let paths = encode_string_table(dirs.iter().map(|d| &d.0));
+    let mut b = Vec::with_capacity((attrs.len() + dirs.len()) * ATTRS_LEN + 8 + paths.len());
+    for a in attrs {
+        b.extend_from_slice(&a.encode());
+    }
+    b.extend_from_slice(&(paths.len() as u64).to_le_bytes());
+    b.extend_from_slice(&paths);
+    for (_, a) in dirs {
+        b.extend_from_slice(&a.encode());
+    }
+    b
+}
+
+/// Decodes the attributes block at the start of `b` for `n` records: the records' attributes,
+/// the directories (each a valid relative path, sorted and distinct) and where the block ends.
+fn decode_attrs_block(b: &[u8], n: u64) -> Result<(Vec<FileAttrs>, Vec<DirAttrs>, usize)> {
+    const WHAT: &str = "chunk footer attributes";
+    let short = || FormatError::invalid(WHAT, "shorter than its lengths say");
+    let files_len = n
+        .checked_mul(ATTRS_LEN as u64)
+        .filter(|&l| l <= b.len() as u64)
+        .ok_or_else(short)? as usize;
+    let attrs = b[..files_len]
+        .chunks_exact(ATTRS_LEN)
+        .map(FileAttrs::decode)
+        .collect::<Result<Vec<_>>>()?;
+    let (paths, paths_end) = sized_table(b, files_len, 0, "chunk footer directories")?;
+    let end = paths
+        .len()
+        .checked_mul(ATTRS_LEN)
+        .and_then(|l| l.checked_add(paths_end))
+        .filter(|&e| e <= b.len())
+        .ok_or_else(short)?;
+    for (i, p) in paths.iter().enumerate() {
+        crate::check_relative_path(p).map_err(|why| {
+            FormatError::invalid(
+                WHAT,
+                format!("directory {}: {why}", String::from_utf8_lossy(p)),
+            )
+        })?;
+        if i > 0 && paths[i - 1] >= *p {
+            return Err(FormatError::invalid(
+                WHAT,
+                "directories not sorted and distinct",
+            ));
+        }
+    }
+    let dirs = paths
+        .into_iter()
+        .zip(b[paths_end..end].chunks_exact(ATTRS_LEN))
+        .map(|(p, a)| Ok((p, FileAttrs::decode(a)?)))
+        .collect::<Result<Vec<_>>>()?;
+    Ok((attrs, dirs, end))
+}
+
 /// Decodes the fields block of a footer of `n` records (with each name's type when `typed`),
 /// checking its layout, names (each a valid field name, sorted, distinct) and types (one per
 /// name, each a known descriptor), that every record has at least one field and every entry
 /// names one of the names.
 pub fn decode_fields_block(b: &[u8], n: u64, typed: bool) -> Result<ChunkFields> {
     const WHAT: &str = "chunk footer fields";
-    let (names, mut names_end) = sized_table(b, 0, "chunk footer field names")?;
+    let (names, mut names_end) = sized_table(b, 0, 8, "chunk footer field names")?;
     let mut types = Vec::new();
     if typed {
-        let (t, end) = sized_table(b, names_end, "chunk footer field types")?;
+        let (t, end) = sized_table(b, names_end, 8, "chunk footer field types")?;
         if t.len() != names.len() {
             return Err(FormatError::invalid(WHAT, "not one type per field name"));
         }
@@ -348,7 +423,6 @@ pub fn decode_footer(body: &[u8], trailer: &Trailer, header: &ChunkHeader) -> Re
         .and_then(|x| x.checked_add(FOOTER_FIXED_LEN))
         .and_then(|x| x.checked_add(paths_len))
         .and_then(|x| x.checked_add(classes_len));
-    // What follows the class table is the fields block (format 1.3), if anything.
     if total.is_none_or(|t| t > body.len() as u64) {
         return Err(FormatError::invalid(
             WHAT,
@@ -364,13 +438,22 @@ pub fn decode_footer(body: &[u8], trailer: &Trailer, header: &ChunkHeader) -> Re
     let classes_end = paths_end + classes_len as usize;
     let paths = StringTable::parse(&body[entries_end..paths_end], "chunk footer paths")?;
     let classes = StringTable::parse(&body[paths_end..classes_end], "chunk footer classes")?;
-    let fields = match (&body[classes_end..], header.fields) {
+    // Then the attributes block and the fields block, each if the header announces it.
+    let (attrs, dirs, attrs_end) = match header.attrs {
+        true => {
+            let (a, d, len) = decode_attrs_block(&body[classes_end..], count)?;
+            (Some(a), d, classes_end + len)
+        }
+        false => (None, Vec::new(), classes_end),
+    };
+    let fields = match (&body[attrs_end..], header.fields) {
         ([], false) => None,
         (block, true) => Some(decode_fields_block(block, count, header.types)?),
         (_, false) => {
             return Err(FormatError::invalid(
                 WHAT,
-                "bytes after the class table, but the header announces no fields block",
+                "bytes after the class table and attributes, but the header announces no \
+                 fields block",
             ))
         }
     };
@@ -456,6 +539,8 @@ pub fn decode_footer(body: &[u8], trailer: &Trailer, header: &ChunkHeader) -> Re
         paths,
         classes,
         fields,
+        attrs,
+        dirs,
     })
 }
 
@@ -474,6 +559,44 @@ pub struct ChunkSummary {
     pub paths: Vec<Vec<u8>>,
     /// The records' fields (format 1.3), if the chunk's records are field groups.
     pub fields: Option<ChunkFields>,
+    /// Each record's mode and mtime, if the chunk records them (feature bit [`CHUNK_ATTRS`]).
+    pub attrs: Option<Vec<FileAttrs>>,
+    /// The directories the chunk records, with their attributes.
+    pub dirs: Vec<DirAttrs>,
+}
+
+impl ChunkSummary {
+    /// Chunk `chunk_id` of `file_size` bytes and CRC `file_crc`, without its records: what a
+    /// caller that reads the footer later keeps.
+    pub fn bare(chunk_id: u32, file_size: u64, file_crc: u32) -> Self {
+        ChunkSummary {
+            chunk_id,
+            file_size,
+            file_crc,
+            entries: Vec::new(),
+            paths: Vec::new(),
+            fields: None,
+            attrs: None,
+            dirs: Vec::new(),
+        }
+    }
+
+    /// The summary of chunk `chunk_id` of `file_size` bytes and CRC `file_crc` with the records
+    /// of its decoded `footer`.
+    pub fn from_footer(chunk_id: u32, file_size: u64, file_crc: u32, f: ChunkFooter) -> Self {
+        ChunkSummary {
+            entries: f.entries,
+            paths: f.paths,
+            fields: f.fields,
+            attrs: f.attrs,
+            dirs: f.dirs,
+            ..Self::bare(chunk_id, file_size, file_crc)
+        }
+    }
+}
+
+fn invalid_input(m: String) -> std::io::Error {
+    std::io::Error::new(std::io::ErrorKind::InvalidInput, m)
 }
 
 /// A field as the chunk writer collects it: name, length, CRC-32.
@@ -492,21 +615,36 @@ pub struct ChunkWriter<W: Write> {
     fields: Option<Vec<Vec<NamedField>>>,
     /// Field types declared ([`ChunkWriter::field_types`]); other names are `bytes`.
     types: std::collections::BTreeMap<Vec<u8>, String>,
+    /// With an attributes block: the records' attributes so far, and the directories.
+    attrs: Option<(Vec<FileAttrs>, Vec<DirAttrs>)>,
 }
 
 impl<W: Write> ChunkWriter<W> {
     /// Starts a chunk by writing its header.
     pub fn new(out: W, dataset_id: [u8; 16], chunk_id: u32) -> std::io::Result<Self> {
-        Self::start(out, dataset_id, chunk_id, false)
+        Self::start(out, dataset_id, chunk_id, false, false)
     }
 
     /// Starts a chunk whose records are field groups (a fields block with each name's type in
     /// the footer); append them with [`ChunkWriter::append_group`].
     pub fn with_fields(out: W, dataset_id: [u8; 16], chunk_id: u32) -> std::io::Result<Self> {
-        Self::start(out, dataset_id, chunk_id, true)
+        Self::start(out, dataset_id, chunk_id, true, false)
     }
 
-    fn start(out: W, dataset_id: [u8; 16], chunk_id: u32, fields: bool) -> std::io::Result<Self> {
+    /// Starts a chunk of files that records each record's mode and mtime
+    /// ([`ChunkWriter::attrs`] after each [`ChunkWriter::append`]) and directories
+    /// ([`ChunkWriter::dirs`]) in an attributes block.
+    pub fn with_attrs(out: W, dataset_id: [u8; 16], chunk_id: u32) -> std::io::Result<Self> {
+        Self::start(out, dataset_id, chunk_id, false, true)
+    }
+
+    fn start(
+        out: W,
+        dataset_id: [u8; 16],
+        chunk_id: u32,
+        fields: bool,
+        attrs: bool,
+    ) -> std::io::Result<Self> {
         let mut w = ChunkWriter {
             out,
             chunk_id,
@@ -516,6 +654,7 @@ impl<W: Write> ChunkWriter<W> {
             paths: Vec::new(),
             fields: fields.then(Vec::new),
             types: Default::default(),
+            attrs: attrs.then(Default::default),
         };
         w.write(
             &ChunkHeader {
@@ -523,10 +662,48 @@ impl<W: Write> ChunkWriter<W> {
                 chunk_id,
                 fields,
                 types: fields,
+                attrs,
             }
             .encode(),
         )?;
         Ok(w)
+    }
+
+    /// Gives the record appended last its attributes (a mode beyond `0o7777` is refused).
+    /// Only in a chunk started with [`ChunkWriter::with_attrs`]; every record needs them.
+    pub fn attrs(&mut self, a: FileAttrs) -> std::io::Result<()> {
+        let n = self.entries.len();
+        match &mut self.attrs {
+            Some((list, _)) if list.len() + 1 == n && a.mode <= 0o7777 => {
+                list.push(a);
+                Ok(())
+            }
+            _ => Err(invalid_input(format!(
+                "attributes {a:?} for record {n}: only once per record, in a chunk with \
+                 attributes, mode at most 7777"
+            ))),
+        }
+    }
+
+    /// Records directories (valid relative paths, any order, each once) with their
+    /// attributes. Only in a chunk started with [`ChunkWriter::with_attrs`].
+    pub fn dirs(&mut self, mut dirs: Vec<DirAttrs>) -> std::io::Result<()> {
+        dirs.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        if let Some(w) = dirs.windows(2).find(|w| w[0].0 == w[1].0) {
+            let p = String::from_utf8_lossy(&w[0].0);
+            return Err(invalid_input(format!("directory {p} given twice")));
+        }
+        for (p, a) in &dirs {
+            crate::check_relative_path(p).map_err(|why| invalid_input(why.to_string()))?;
+            if a.mode > 0o7777 {
+                return Err(invalid_input(format!("directory mode {:o}", a.mode)));
+            }
+        }
+        match &mut self.attrs {
+            Some((_, d)) => *d = dirs,
+            None => return Err(invalid_input("a chunk without attributes".into())),
+        }
+        Ok(())
     }
 
     /// Appends one sample with named fields as a field group: the fields' bytes back to back.
@@ -676,7 +853,23 @@ impl<W: Write> ChunkWriter<W> {
                 records,
             }
         });
-        let block = fields.as_ref().map(encode_fields_block).unwrap_or_default();
+        let attrs = self.attrs.take();
+        if let Some((a, _)) = &attrs {
+            if a.len() != self.entries.len() {
+                return Err(invalid_input(format!(
+                    "attributes for {} of {} records",
+                    a.len(),
+                    self.entries.len()
+                )));
+            }
+        }
+        let mut block = attrs
+            .as_ref()
+            .map(|(a, d)| encode_attrs_block(a, d))
+            .unwrap_or_default();
+        if let Some(f) = &fields {
+            block.extend_from_slice(&encode_fields_block(f));
+        }
         let mut body = Vec::with_capacity(
             FOOTER_FIXED_LEN as usize
                 + self.entries.len() * SAMPLE_ENTRY_LEN
@@ -707,6 +900,8 @@ impl<W: Write> ChunkWriter<W> {
             entries: std::mem::take(&mut self.entries),
             paths: std::mem::take(&mut self.paths),
             fields,
+            attrs: attrs.as_ref().map(|(a, _)| a.clone()),
+            dirs: attrs.map(|(_, d)| d).unwrap_or_default(),
         };
         Ok((self.out, summary))
     }
@@ -717,7 +912,27 @@ mod tests {
     use super::*;
 
     fn sample_chunk() -> (Vec<u8>, ChunkSummary) {
-        let mut w = ChunkWriter::new(Vec::new(), [7; 16], 3).unwrap();
+        chunk_with(false)
+    }
+
+    const DIR_ATTRS: FileAttrs = FileAttrs {
+        mode: 0o750,
+        mtime_ns: -3,
+    };
+
+    fn file_attrs(i: i64) -> FileAttrs {
+        FileAttrs {
+            mode: 0o644,
+            mtime_ns: 1_700_000_000_000_000_000 + i,
+        }
+    }
+
+    /// Two records; with `attrs`, their attributes and directories `b` and `e/f`.
+    fn chunk_with(attrs: bool) -> (Vec<u8>, ChunkSummary) {
+        let mut w = match attrs {
+            true => ChunkWriter::with_attrs(Vec::new(), [7; 16], 3).unwrap(),
+            false => ChunkWriter::new(Vec::new(), [7; 16], 3).unwrap(),
+        };
         w.append(
             b"a/x",
             b"hello",
@@ -727,10 +942,56 @@ mod tests {
             0,
         )
         .unwrap();
+        if attrs {
+            w.attrs(file_attrs(1)).unwrap();
+        }
         w.append(b"b/y", b"", Compression::None, 0, crate::crc32(b""), 1)
             .unwrap();
+        if attrs {
+            w.attrs(file_attrs(2)).unwrap();
+            w.dirs(vec![
+                (b"e/f".to_vec(), DIR_ATTRS),
+                (b"b".to_vec(), DIR_ATTRS),
+            ])
+            .unwrap();
+        }
         let (bytes, s) = w.finish(&[b"a".as_slice(), b"b"]).unwrap();
         (bytes, s)
+    }
+
+    #[test]
+    fn attributes_round_trip_and_every_flip_and_cut_is_detected() {
+        let (bytes, s) = chunk_with(true);
+        let (h, f) = decode_all(&bytes).unwrap();
+        assert!(h.attrs && !h.fields);
+        assert_eq!(f.attrs, Some(vec![file_attrs(1), file_attrs(2)]));
+        assert_eq!(s.attrs, f.attrs);
+        let dirs = vec![(b"b".to_vec(), DIR_ATTRS), (b"e/f".to_vec(), DIR_ATTRS)];
+        assert_eq!((&f.dirs, &s.dirs), (&dirs, &dirs));
+        for pos in (0..bytes.len()).filter(|p| !(64..69).contains(p)) {
+            let mut d = bytes.clone();
+            d[pos] ^= 0x20;
+            assert!(decode_all(&d).is_err(), "flip at {pos} not detected");
+        }
+        for cut in 0..bytes.len() {
+            assert!(decode_all(&bytes[..cut]).is_err(), "cut at {cut}");
+        }
+        // Without the feature bit, the block is bytes the header does not announce.
+        let mut d = bytes.clone();
+        d[10] = 0;
+        let crc = crc32fast::hash(&d[0..60]);
+        d[60..64].copy_from_slice(&crc.to_le_bytes());
+        let err = decode_all(&d).unwrap_err().to_string();
+        assert!(err.contains("announces no fields block"), "{err}");
+        // The writer refuses what the block cannot hold.
+        let mut w = ChunkWriter::with_attrs(Vec::new(), [7; 16], 0).unwrap();
+        assert!(w.dirs(vec![(b"../x".to_vec(), DIR_ATTRS)]).is_err());
+        let twice = vec![(b"d".to_vec(), DIR_ATTRS), (b"d".to_vec(), DIR_ATTRS)];
+        assert!(w.dirs(twice).is_err());
+        assert!(ChunkWriter::new(Vec::new(), [7; 16], 0)
+            .unwrap()
+            .dirs(Vec::new())
+            .is_err());
     }
 
     fn decode_all(bytes: &[u8]) -> Result<(ChunkHeader, ChunkFooter)> {

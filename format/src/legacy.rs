@@ -30,10 +30,11 @@ pub struct LegacySnapshot {
     pub dataset_id: [u8; 16],
     /// The class names.
     pub classes: Vec<Vec<u8>>,
-    /// Every chunk, with its samples' entries, paths and fields.
+    /// Every chunk, with its samples' entries, paths, fields and (if the snapshot recorded
+    /// them) modes and mtimes.
     pub chunks: Vec<ChunkSummary>,
-    /// Each sample's mode and mtime, if the snapshot recorded them.
-    pub attrs: Option<Vec<FileAttrs>>,
+    /// Whether the snapshot recorded modes and mtimes.
+    pub attrs: bool,
     /// The recorded directories and their attributes.
     pub dirs: Vec<(Vec<u8>, FileAttrs)>,
     /// The generation (0 without a lineage section).
@@ -175,12 +176,11 @@ pub fn read_legacy_snapshot(b: &[u8]) -> Result<LegacySnapshot> {
             }),
         };
         chunks.push(ChunkSummary {
-            chunk_id: i as u32,
-            file_size: le::u64_at(e, 8),
-            file_crc: le::u32_at(e, 32),
             entries,
-            paths: paths[ids].to_vec(),
+            paths: paths[ids.clone()].to_vec(),
             fields,
+            attrs: attrs.as_ref().map(|a| a[ids].to_vec()),
+            ..ChunkSummary::bare(i as u32, le::u64_at(e, 8), le::u32_at(e, 32))
         });
     }
     if next != n {
@@ -191,7 +191,7 @@ pub fn read_legacy_snapshot(b: &[u8]) -> Result<LegacySnapshot> {
         dataset_id: le::id_at(b, 16),
         classes: strings(6)?,
         chunks,
-        attrs,
+        attrs: attrs.is_some(),
         dirs,
         lineage,
     })

@@ -25,7 +25,7 @@ pub mod testing;
 
 pub use chunk::{
     decode_fields_block, decode_footer, ChunkFooter, ChunkHeader, ChunkSummary, ChunkWriter,
-    Trailer, CHUNK_HEADER_LEN, CHUNK_TRAILER_LEN,
+    DirAttrs, Trailer, CHUNK_HEADER_LEN, CHUNK_TRAILER_LEN,
 };
 pub use error::{FormatError, Result};
 pub use hash::path_hash;
@@ -52,8 +52,11 @@ pub const CHUNK_VERSION: u16 = 1;
 pub const CHUNK_FIELDS: u16 = 1;
 /// Chunk feature bit (with [`CHUNK_FIELDS`]): the fields block carries each name's type.
 pub const CHUNK_TYPES: u16 = 4;
+/// Chunk feature bit: the footer has an attributes block (each record's mode and mtime, and
+/// directories of the packed tree), so that a snapshot rebuilt from chunks keeps them.
+pub const CHUNK_ATTRS: u16 = 2;
 /// The chunk feature bits this crate knows.
-pub const CHUNK_KNOWN_FEATURES: u16 = CHUNK_FIELDS | CHUNK_TYPES;
+pub const CHUNK_KNOWN_FEATURES: u16 = CHUNK_FIELDS | CHUNK_ATTRS | CHUNK_TYPES;
 
 /// Magic bytes at offset 0 of a snapshot file.
 pub const SNAPSHOT_MAGIC: [u8; 8] = *b"GRNYSNAP";

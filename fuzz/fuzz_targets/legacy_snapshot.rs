@@ -14,10 +14,9 @@ fuzz_target!(|data: &[u8]| {
             return;
         }
     }
-    if let Some(a) = &l.attrs {
-        b.push_attrs(a);
+    if b.push_dirs(l.dirs.clone()).is_err() {
+        return;
     }
-    b.dirs(l.dirs.clone());
     let Ok(new) = b.build() else { return };
     let s = Snapshot::open(&new[..]).expect("a built snapshot opens");
     assert!(s.check_blocks().is_empty(), "a built snapshot's blocks check");

@@ -47,22 +47,16 @@ impl FileTable {
         }
     }
 
-    pub fn path(&self, i: usize) -> &[u8] {
-        &self.bytes[self.start(i)..self.ends[i] as usize]
+    /// Entry `i`'s mode and mtime.
+    pub fn attrs(&self, i: usize) -> granary_format::FileAttrs {
+        granary_format::FileAttrs {
+            mode: self.mode[i],
+            mtime_ns: self.mtime_ns[i],
+        }
     }
 
-    /// The index of `p` in a table sorted by path.
-    pub fn find(&self, p: &[u8]) -> Option<usize> {
-        let (mut lo, mut hi) = (0, self.len());
-        while lo < hi {
-            let mid = (lo + hi) / 2;
-            match self.path(mid).cmp(p) {
-                std::cmp::Ordering::Less => lo = mid + 1,
-                std::cmp::Ordering::Greater => hi = mid,
-                std::cmp::Ordering::Equal => return Some(mid),
-            }
-        }
-        None
+    pub fn path(&self, i: usize) -> &[u8] {
+        &self.bytes[self.start(i)..self.ends[i] as usize]
     }
 
     pub fn paths(&self) -> impl Iterator<Item = &[u8]> + '_ {

@@ -10,7 +10,6 @@
 
 mod encode;
 mod files;
-mod meta;
 mod options;
 mod output;
 mod plan;
@@ -45,7 +44,7 @@ use plan::Plan;
 pub(crate) use publish::{
     spooled_builder, sync_dir, write_file_atomic, write_snapshot_atomic, write_snapshot_pending,
 };
-use publish::{write_chunk, ChunkRecord};
+use publish::{write_chunk, ChunkRecord, Contents};
 pub use reindex::{reindex, ReindexSummary};
 pub use shard::{merge, shard_of, MergeSummary, ShardSpec, PART_FILE};
 pub use upgrade::{upgrade, UpgradeSummary, LEGACY_SNAPSHOT_FILE};
@@ -251,9 +250,16 @@ fn settings_text(o: &PackOptions, src: &Path) -> String {
         o.output.compress,
         o.output.chunk_size,
         o.output.chunk_files,
-        if o.no_metadata { "metadata=no\n" } else { "" }
+        if o.no_metadata {
+            format!("{NO_METADATA_SETTING}\n")
+        } else {
+            String::new()
+        }
     )
 }
+
+/// The line of a plan's settings that says the pack records no modes, mtimes and directories.
+const NO_METADATA_SETTING: &str = "metadata=no";
 
 fn progress_bar(show: bool, len: Option<u64>) -> ProgressBar {
     let target = if show {
@@ -546,11 +552,20 @@ fn make_plan(
     if opts.order == Order::Random {
         SplitMix64::new(opts.output.seed).shuffle(&mut order);
     }
-    let chunk_starts = Plan::assign_chunks(
+    let mut chunk_starts = Plan::assign_chunks(
         order.iter().map(|&i| files.size[i as usize]),
         opts.output.chunk_size,
         opts.output.chunk_files,
     );
+    let dirs = if opts.no_metadata {
+        FileTable::default()
+    } else {
+        dirs
+    };
+    // Directories without files still need a chunk to record them.
+    if chunk_starts.len() == 1 && !dirs.is_empty() {
+        chunk_starts.push(0);
+    }
     Ok(Plan {
         dataset_id: dataset_id.unwrap_or_else(|| new_dataset_id(settings.as_bytes())),
         settings,
@@ -558,12 +573,7 @@ fn make_plan(
         files,
         order,
         chunk_starts,
-        // A shard's part cannot carry them (a merged dataset records none).
-        dirs: if opts.no_metadata || opts.output.shard.is_some() {
-            FileTable::default()
-        } else {
-            dirs
-        },
+        dirs,
     })
 }
 
@@ -626,24 +636,12 @@ fn labels_of(
 }
 
 fn empty_summary() -> ChunkSummary {
-    ChunkSummary {
-        chunk_id: 0,
-        file_size: 0,
-        file_crc: 0,
-        entries: Vec::new(),
-        paths: Vec::new(),
-        fields: None,
-    }
+    ChunkSummary::bare(0, 0, 0)
 }
 
-/// `s` without its entries and paths (see [`read_footer`]).
+/// `s` without its records (see [`read_footer`]).
 fn slimmed(s: ChunkSummary) -> ChunkSummary {
-    ChunkSummary {
-        entries: Vec::new(),
-        paths: Vec::new(),
-        fields: None,
-        ..s
-    }
+    ChunkSummary::bare(s.chunk_id, s.file_size, s.file_crc)
 }
 
 /// `s` (a chunk in `dir` with its id and size) with the entries and paths of its footer, read
@@ -677,12 +675,12 @@ pub(crate) fn read_footer(dir: &Path, s: ChunkSummary) -> Result<ChunkSummary, P
         .map_err(|e| PackError::io("reading back", &path, e))?;
     let footer =
         granary_format::decode_footer(&body, &trailer, &header).map_err(|e| bad(e.to_string()))?;
-    Ok(ChunkSummary {
-        entries: footer.entries,
-        paths: footer.paths,
-        fields: footer.fields,
-        ..s
-    })
+    Ok(ChunkSummary::from_footer(
+        s.chunk_id,
+        s.file_size,
+        s.file_crc,
+        footer,
+    ))
 }
 
 /// Reads back chunk `c` of an earlier run; keeps it only if it checks completely and holds
@@ -694,28 +692,37 @@ fn verify_existing(place: &Place, plan: &Plan, c: usize) -> Option<ChunkSummary>
     if !check.bad_records.is_empty() || !footer_matches_plan(plan, c, &check.footer) {
         return None;
     }
-    Some(ChunkSummary {
-        chunk_id: id,
-        file_size: bytes.len() as u64,
-        file_crc: check.file_crc,
-        entries: check.footer.entries,
-        paths: check.footer.paths,
-        fields: check.footer.fields,
-    })
+    let size = bytes.len() as u64;
+    Some(ChunkSummary::from_footer(
+        id,
+        size,
+        check.file_crc,
+        check.footer,
+    ))
 }
 
 /// True if a chunk footer holds (a subset, in order, of) the files the plan puts in chunk `c`,
-/// with the plan's sizes, labels and classes.
+/// with the plan's sizes, labels, classes, attributes and directories (or none of those two,
+/// as the plan says).
 fn footer_matches_plan(plan: &Plan, c: usize, footer: &granary_format::ChunkFooter) -> bool {
-    if footer.classes != plan.classes {
+    let dirs = plan.records_attrs().then(|| plan.chunk_dirs(c));
+    if footer.classes != plan.classes || footer.attrs.is_some() != dirs.is_some() {
+        return false;
+    }
+    if dirs.is_some_and(|d| d != footer.dirs) {
         return false;
     }
     let f = &plan.files;
     let mut want = plan.chunk_files(c).iter().map(|&i| i as usize);
-    footer.paths.iter().zip(&footer.entries).all(|(p, e)| {
+    footer.paths.iter().enumerate().all(|(k, p)| {
+        let e = &footer.entries[k];
         want.by_ref()
             .find(|&i| f.path(i) == &p[..])
-            .is_some_and(|i| f.size[i] == e.orig_len && f.label[i] == e.label)
+            .is_some_and(|i| {
+                f.size[i] == e.orig_len
+                    && f.label[i] == e.label
+                    && footer.attrs.as_ref().is_none_or(|a| a[k] == f.attrs(i))
+            })
     })
 }
 
@@ -738,6 +745,8 @@ fn write_chunks(
     sink: &upload::Sink<'_>,
 ) -> Result<Vec<ChunkSummary>, PackError> {
     let (opts, src, place, plan) = (b.opts, b.src, b.place, b.plan);
+    // Modes, mtimes and directories go into the chunks (unless --no-metadata).
+    let with_attrs = !opts.no_metadata;
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(opts.io_threads.max(1))
         .thread_name(|i| format!("granary-read-{i}"))
@@ -753,16 +762,17 @@ fn write_chunks(
                 let id = place.ids.id(c);
                 let records = recs.iter().map(|(k, e)| {
                     let i = files[*k] as usize;
-                    ChunkRecord::plain(plan.files.path(i), e, plan.files.label[i])
+                    ChunkRecord {
+                        key: plan.files.path(i),
+                        enc: e,
+                        label: plan.files.label[i],
+                        fields: &[],
+                        attrs: with_attrs.then(|| plan.files.attrs(i)),
+                    }
                 });
-                let s = write_chunk(
-                    &place.chunks,
-                    plan.dataset_id,
-                    id,
-                    &plan.classes,
-                    None,
-                    records,
-                )?;
+                let contents = Contents::Files(with_attrs.then(|| plan.chunk_dirs(c)));
+                let at = (plan.dataset_id, id);
+                let s = write_chunk(&place.chunks, at, &plan.classes, contents, records)?;
                 sink.finished(&s)?;
                 // A chunk that stays local is read back from its footer at the end; an
                 // uploaded one is not there any more.

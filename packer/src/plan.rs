@@ -44,6 +44,25 @@ impl Plan {
         &self.order[self.chunk_starts[c] as usize..self.chunk_starts[c + 1] as usize]
     }
 
+    /// Whether the pack records modes, mtimes and directories (not with `--no-metadata`).
+    pub fn records_attrs(&self) -> bool {
+        !self
+            .settings
+            .lines()
+            .any(|l| l == crate::NO_METADATA_SETTING)
+    }
+
+    /// The directories chunk `c` records: the first chunk of a pack (or of a shard, which
+    /// scanned the directories it owns) records all of them, the others none.
+    pub fn chunk_dirs(&self, c: usize) -> Vec<granary_format::DirAttrs> {
+        match c {
+            0 => (0..self.dirs.len())
+                .map(|i| (self.dirs.path(i).to_vec(), self.dirs.attrs(i)))
+                .collect(),
+            _ => Vec::new(),
+        }
+    }
+
     /// Bytes of chunk `c`'s files.
     pub fn chunk_bytes(&self, c: usize) -> u64 {
         self.chunk_files(c)

@@ -7,8 +7,8 @@ use std::io::Write;
 use std::path::Path;
 
 use granary_format::{
-    chunk_file_name, parse_chunk_file_name, ChunkSummary, ChunkWriter, SnapshotBuilder,
-    SNAPSHOT_FILE,
+    chunk_file_name, parse_chunk_file_name, ChunkSummary, ChunkWriter, DirAttrs, FileAttrs,
+    SnapshotBuilder, SNAPSHOT_FILE,
 };
 use granary_store::object::ObjectUrl;
 use granary_store::write::{AtomicFile, Durability, Pending};
@@ -18,37 +18,34 @@ use crate::{output, PackError};
 
 /// One record of a chunk being written: its path (the key), its bytes as stored and how they
 /// were encoded, its label; for a sample with named fields, each field's name, stored length
-/// and CRC (the fields' stored bytes back to back are `enc.stored`).
+/// and CRC (the fields' stored bytes back to back are `enc.stored`); for a file of a chunk
+/// that records attributes, its mode and mtime.
 pub(crate) struct ChunkRecord<'a> {
     pub key: &'a [u8],
     pub enc: &'a Encoded,
     pub label: u32,
     pub fields: &'a [(Vec<u8>, u64, u32)],
+    pub attrs: Option<FileAttrs>,
 }
 
-impl<'a> ChunkRecord<'a> {
-    /// A record without fields.
-    pub fn plain(key: &'a [u8], enc: &'a Encoded, label: u32) -> Self {
-        ChunkRecord {
-            key,
-            enc,
-            label,
-            fields: &[],
-        }
-    }
+/// What a chunk's records are besides their bytes.
+pub(crate) enum Contents<'a> {
+    /// Files; with `Some(dirs)` the chunk records each file's attributes and these
+    /// directories (what the snapshot's namespace needs, so it can be rebuilt from chunks).
+    Files(Option<Vec<DirAttrs>>),
+    /// Samples with named fields, each name's type given (names not in it are `bytes`).
+    Fields(&'a std::collections::BTreeMap<Vec<u8>, String>),
 }
 
 /// Writes chunk `id` of dataset `dataset_id` into `dir` from `records` (in order), with the
-/// class table `classes` and, with `fields` (each name's type; names not in it are `bytes`),
-/// a fields block. The file is fsynced before
-/// it takes its name (`chunk-NNNNNNNN.gchunk`, written as `.gchunk.tmp`); the caller syncs the
-/// directory once for many chunks. Nothing is left under either name on failure.
+/// class table `classes`, holding `contents`. The file is fsynced before it takes its name
+/// (`chunk-NNNNNNNN.gchunk`, written as `.gchunk.tmp`); the caller syncs the directory once
+/// for many chunks. Nothing is left under either name on failure.
 pub(crate) fn write_chunk<'a>(
     dir: &Path,
-    dataset_id: [u8; 16],
-    id: u32,
+    (dataset_id, id): ([u8; 16], u32),
     classes: &[Vec<u8>],
-    fields: Option<&std::collections::BTreeMap<Vec<u8>, String>>,
+    contents: Contents<'_>,
     records: impl IntoIterator<Item = ChunkRecord<'a>>,
 ) -> Result<ChunkSummary, PackError> {
     let path = dir.join(chunk_file_name(id));
@@ -56,14 +53,19 @@ pub(crate) fn write_chunk<'a>(
     let file = AtomicFile::create(&path, &tmp, Durability::File)
         .map_err(|e| PackError::io("creating", &tmp, e))?;
     let io = |e| PackError::io("writing", &tmp, e);
-    let mut w = match fields {
-        Some(_) => ChunkWriter::with_fields(file, dataset_id, id),
-        None => ChunkWriter::new(file, dataset_id, id),
-    }
-    .map_err(io)?;
-    if let Some(types) = fields {
-        w.field_types(types).map_err(io)?;
-    }
+    let mut w = match &contents {
+        Contents::Fields(types) => {
+            let mut w = ChunkWriter::with_fields(file, dataset_id, id).map_err(io)?;
+            w.field_types(types).map_err(io)?;
+            w
+        }
+        Contents::Files(Some(dirs)) => {
+            let mut w = ChunkWriter::with_attrs(file, dataset_id, id).map_err(io)?;
+            w.dirs(dirs.clone()).map_err(io)?;
+            w
+        }
+        Contents::Files(None) => ChunkWriter::new(file, dataset_id, id).map_err(io)?,
+    };
     for r in records {
         let e = r.enc;
         if r.fields.is_empty() {
@@ -89,6 +91,9 @@ pub(crate) fn write_chunk<'a>(
             w.append_group(r.key, &parts, r.label)
         }
         .map_err(io)?;
+        if let Some(a) = r.attrs {
+            w.attrs(a).map_err(io)?;
+        }
     }
     let (file, summary) = w.finish(classes).map_err(io)?;
     file.publish()

@@ -15,7 +15,7 @@ use serde::Serialize;
 use crate::{hex_id, write_file_atomic, PackError};
 
 /// A checked chunk: its summary, dataset id and class table.
-type CheckedChunk = (ChunkSummary, [u8; 16], Vec<Vec<u8>>);
+type CheckedChunk = ([u8; 16], Vec<Vec<u8>>, ChunkSummary);
 
 /// What `reindex` rebuilt.
 #[derive(Clone, Debug, Serialize)]
@@ -24,6 +24,11 @@ pub struct ReindexSummary {
     pub chunks: u64,
     pub samples: u64,
     pub snapshot_bytes: u64,
+    /// Directories of the rebuilt namespace (recorded in chunks, or ancestors of paths).
+    pub directories: u64,
+    /// Whether every chunk recorded its files' modes and mtimes (chunks of a pack with
+    /// `--no-metadata`, of the Writer or of granary 0.1 before format 2.0 do not).
+    pub file_attributes: bool,
     /// Where the snapshot was written.
     pub snapshot: String,
 }
@@ -193,23 +198,16 @@ pub fn reindex(
                 });
             }
             Ok((
-                ChunkSummary {
-                    chunk_id: id,
-                    file_size: bytes.len() as u64,
-                    file_crc: check.file_crc,
-                    entries: check.footer.entries,
-                    paths: check.footer.paths,
-                    fields: check.footer.fields,
-                },
                 header.dataset_id,
-                check.footer.classes,
+                check.footer.classes.clone(),
+                ChunkSummary::from_footer(id, bytes.len() as u64, check.file_crc, check.footer),
             ))
         })
         .collect();
     let mut chunks = Vec::with_capacity(checked.len());
     let mut first: Option<([u8; 16], Vec<Vec<u8>>)> = None;
     for r in checked {
-        let (s, id, classes) = r?;
+        let (id, classes, s) = r?;
         match &first {
             None => first = Some((id, classes)),
             Some((id0, c0)) => {
@@ -240,9 +238,14 @@ pub fn reindex(
     // Footers are checksummed but can still be crafted (paths leaving the tree, labels past the
     // class table): the rebuilt snapshot must pass the full structural check before it is
     // written (O(samples), small next to reading every chunk above).
-    let problems = Snapshot::open(&snap[..])
+    let opened = Snapshot::open(&snap[..]);
+    let problems = opened
+        .as_ref()
         .map(|s| s.check_structure(5))
-        .unwrap_or_else(|e| vec![e]);
+        .unwrap_or_else(|e| vec![e.clone()]);
+    let (directories, file_attributes) = opened
+        .as_ref()
+        .map_or((0, false), |s| (s.dir_count(), s.has_attrs()));
     if !problems.is_empty() {
         let list: Vec<String> = problems.iter().map(|e| e.to_string()).collect();
         return Err(PackError::Usage(format!(
@@ -258,5 +261,7 @@ pub fn reindex(
         chunks: chunks.len() as u64,
         samples,
         snapshot_bytes: snap.len() as u64,
+        directories,
+        file_attributes,
     })
 }

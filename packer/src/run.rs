@@ -7,8 +7,9 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Instant;
 
-use crate::meta::Metadata;
-use granary_format::{chunk_file_name, parse_chunk_file_name, ChunkSummary, SNAPSHOT_FILE};
+use granary_format::{
+    chunk_file_name, parse_chunk_file_name, ChunkSummary, FileAttrs, SNAPSHOT_FILE,
+};
 use granary_store::object::ObjectUrl;
 use indicatif::ProgressStyle;
 use rayon::prelude::*;
@@ -343,7 +344,10 @@ impl Run<'_> {
                 (classes, labels, Some(snap.dataset_id()))
             }
         };
-        if found.files.is_empty() {
+        // A shard may own no files of a small tree (its part still records the directories
+        // it owns); a pack needs files.
+        let empty_shard = opts.output.shard.is_some() && found.names > 0;
+        if found.files.is_empty() && !empty_shard {
             let _ = std::fs::remove_dir_all(&work);
             if let Mode::Append { snap, .. } = &self.mode {
                 self.warnings
@@ -357,12 +361,8 @@ impl Run<'_> {
                 ))));
             }
             return Err(PackError::Usage(format!(
-                "no files to pack in {}{}",
-                opts.src.display(),
-                opts.output
-                    .shard
-                    .map(|s| format!(" for shard {s} ({} files in all)", found.names))
-                    .unwrap_or_default()
+                "no files to pack in {}",
+                opts.src.display()
             )));
         }
         let input = PlanInput {
@@ -533,7 +533,7 @@ impl Run<'_> {
     /// only its size and CRC were kept), and sums the run up.
     fn finish(
         self,
-        mut plan: Plan,
+        plan: Plan,
         mut done: BTreeMap<usize, ChunkSummary>,
         chunks_resumed: u64,
         scan_s: f64,
@@ -556,8 +556,6 @@ impl Run<'_> {
         let (dataset_id, classes, planned_chunks) =
             (plan.dataset_id, plan.classes.clone(), plan.chunk_count());
         let shared = shared_key_of(&plan.settings);
-        // What the ATTRS feature records besides the bytes (not with --no-metadata).
-        let meta = (!self.opts.no_metadata).then(|| Metadata::take(&mut plan));
         drop(plan);
         let summaries = std::mem::take(&mut done).into_values();
         let work = &self.place.work;
@@ -584,26 +582,18 @@ impl Run<'_> {
                 ("shard", 0)
             }
             Mode::Append { snap, .. } => {
+                // The dataset's chunks, then its directories (which keep their attributes
+                // where the appended tree has them too: the order reindex reads them in),
+                // then the new chunks. Attributes are all samples' or none.
                 let mut builder = spooled_builder(work, dataset_id, classes.clone())?;
                 for c in 0..snap.chunk_count() {
                     builder.push_chunk(&snap.chunk_summary(c)?)?;
                 }
-                // Attributes are all samples' or none: kept if the dataset had them.
-                let keep = meta.as_ref().filter(|_| snap.has_attrs());
-                if keep.is_some() {
-                    for id in 0..snap.sample_count() {
-                        builder.push_attrs(&[snap.attrs(id)?.unwrap_or_default()]);
-                    }
-                }
+                let dirs = snap.dirs()?.into_iter();
+                builder
+                    .push_dirs(dirs.map(|d| (d.path, d.attrs.unwrap_or(FileAttrs::DIR_DEFAULT))))?;
                 for s in summaries {
-                    let s = full(s, &mut totals)?;
-                    if let Some(m) = keep {
-                        builder.push_attrs(&m.attrs_of(&s));
-                    }
-                    builder.push_chunk(&s)?;
-                }
-                if let Some(m) = &meta {
-                    builder.dirs(m.dirs_with(snap)?);
+                    builder.push_chunk(&full(s, &mut totals)?)?;
                 }
                 let generation = snap.lineage().generation + 1;
                 builder.lineage(granary_format::Lineage {
@@ -621,14 +611,7 @@ impl Run<'_> {
             Mode::Whole => {
                 let mut builder = spooled_builder(work, dataset_id, classes.clone())?;
                 for s in summaries {
-                    let s = full(s, &mut totals)?;
-                    if let Some(m) = &meta {
-                        builder.push_attrs(&m.attrs_of(&s));
-                    }
-                    builder.push_chunk(&s)?;
-                }
-                if let Some(m) = meta {
-                    builder.dirs(m.dirs);
+                    builder.push_chunk(&full(s, &mut totals)?)?;
                 }
                 totals.bytes_out += write_snapshot_atomic(&work.join(SNAPSHOT_FILE), builder)?;
                 self.publish_whole(planned_chunks)?;

@@ -20,8 +20,8 @@ pub(crate) fn mtime_ns(m: &std::fs::Metadata) -> i64 {
 pub(crate) struct ScanResult {
     /// The regular files, sorted by path, with size, inode and mtime (labels not yet filled).
     pub files: FileTable,
-    /// The directories a walk passed (not the root), sorted by path, with mode and mtime
-    /// (none for a file list).
+    /// The directories a walk passed, or the ancestors of the files listed (not the root),
+    /// sorted by path, with mode and mtime; of a shard, those it owns.
     pub dirs: FileTable,
     pub skipped: Vec<Skipped>,
     pub warnings: Vec<String>,
@@ -78,8 +78,14 @@ pub(crate) fn scan(
     }
     classes.sort_unstable();
     classes.dedup();
+    if files_from.is_some() {
+        dirs = list_ancestors(src, &files);
+    }
+    // Each shard records the directories it owns (by the same hash as files), so that the
+    // merged dataset records every directory once.
     if let Some(s) = shard {
         files.retain(|_, r| s.owns(r));
+        dirs.retain(|_, r| s.owns(r));
     }
     files.sort_by_path();
     if let Some(dup) = files.first_duplicate() {
@@ -260,6 +266,45 @@ fn walk(
     }
     on_found(out.len() as u64);
     Ok(out)
+}
+
+/// The directories of a file list: every ancestor of a name listed, stat'ed in parallel, sorted
+/// (one that cannot be stat'ed is not recorded, as in a walk: the files are what a pack is
+/// about, and a missing one is reported when it is stat'ed).
+fn list_ancestors(src: &Path, files: &FileTable) -> FileTable {
+    let mut names: Vec<&[u8]> = Vec::new();
+    let mut last: &[u8] = b"";
+    for rel in files.paths() {
+        let parent = &rel[..rel.iter().rposition(|&b| b == b'/').unwrap_or(0)];
+        if parent != last {
+            last = parent;
+            names.extend(
+                parent
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, &b)| b == b'/')
+                    .map(|(i, _)| &parent[..i])
+                    .chain((!parent.is_empty()).then_some(parent)),
+            );
+        }
+    }
+    names.sort_unstable();
+    names.dedup();
+    let found: Vec<Option<(u32, i64)>> = names
+        .par_iter()
+        .map(|d| {
+            let m = std::fs::metadata(abs(src, d)).ok().filter(|m| m.is_dir())?;
+            let mode = std::os::unix::fs::MetadataExt::mode(&m) & 0o7777;
+            Some((mode, mtime_ns(&m)))
+        })
+        .collect();
+    let mut dirs = FileTable::default();
+    for (d, f) in names.iter().zip(found) {
+        if let Some((mode, mtime)) = f {
+            dirs.push_dir(d, mode, mtime);
+        }
+    }
+    dirs
 }
 
 /// Reads a file list: NUL-separated if it contains a NUL byte, newline-separated otherwise.

@@ -616,18 +616,8 @@ fn build_snapshot(
     for id in 0..count as u32 {
         if let Some((c, shard)) = by_id.remove(&id) {
             let path = ds.join(chunk_file_name(id));
-            let full = crate::read_footer(
-                ds,
-                ChunkSummary {
-                    chunk_id: id,
-                    file_size: c.file_size,
-                    file_crc: c.file_crc,
-                    entries: Vec::new(),
-                    paths: Vec::new(),
-                    fields: None,
-                },
-            )
-            .map_err(|e| usage(ds, format!("{e}; rerun shard {shard} with --force")))?;
+            let full = crate::read_footer(ds, ChunkSummary::bare(id, c.file_size, c.file_crc))
+                .map_err(|e| usage(ds, format!("{e}; rerun shard {shard} with --force")))?;
             if full.entries.len() as u64 != c.samples {
                 return Err(usage(
                     ds,

@@ -87,10 +87,7 @@ pub fn upgrade(dataset: &Path, cfg: &StoreConfig) -> Result<UpgradeSummary, Pack
     for c in &legacy.chunks {
         b.push_chunk(c)?;
     }
-    if let Some(a) = &legacy.attrs {
-        b.push_attrs(a);
-    }
-    b.dirs(legacy.dirs.clone());
+    b.push_dirs(legacy.dirs.clone())?;
     let new = b.build()?;
     check_same(&new, &legacy).map_err(|why| {
         PackError::Usage(format!(
@@ -106,7 +103,7 @@ pub fn upgrade(dataset: &Path, cfg: &StoreConfig) -> Result<UpgradeSummary, Pack
         samples: legacy.chunks.iter().map(|c| c.entries.len() as u64).sum(),
         chunks: legacy.chunks.len() as u64,
         directories: Snapshot::open(&new[..]).map_or(0, |s| s.dir_count()),
-        file_attributes: legacy.attrs.is_some(),
+        file_attributes: legacy.attrs,
         old_bytes: old.len() as u64,
         new_bytes: new.len() as u64,
         kept: place.location(LEGACY_SNAPSHOT_FILE).display().to_string(),
@@ -139,9 +136,9 @@ fn check_same(new: &[u8], old: &granary_format::LegacySnapshot) -> Result<(), St
         if n.entries != c.entries || n.paths != c.paths || !same_fields {
             return Err(format!("chunk {} differs", c.chunk_id));
         }
-        for _ in &c.entries {
+        for k in 0..c.entries.len() {
             let a = s.attrs(id).map_err(|e| e.to_string())?;
-            if a != old.attrs.as_ref().map(|v| v[id as usize]) {
+            if a != c.attrs.as_ref().map(|v| v[k]) {
                 return Err(format!("sample {id}'s attributes differ"));
             }
             id += 1;
@@ -149,7 +146,7 @@ fn check_same(new: &[u8], old: &granary_format::LegacySnapshot) -> Result<(), St
     }
     for (d, a) in &old.dirs {
         let found = s.find(d).map_err(|e| e.to_string())?;
-        let want = old.attrs.is_some().then_some(*a);
+        let want = old.attrs.then_some(*a);
         if !found.is_some_and(|(_, e)| e.is_dir() && e.attrs == want) {
             return Err(format!("directory {} differs", String::from_utf8_lossy(d)));
         }

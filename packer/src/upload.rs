@@ -141,14 +141,7 @@ pub(crate) fn read_marker(work: &Path, plan: &Plan, c: u32) -> Option<ChunkSumma
     if !crate::footer_matches_plan(plan, c as usize, &footer) {
         return None;
     }
-    Some(ChunkSummary {
-        chunk_id: c,
-        file_size: size,
-        file_crc: crc,
-        entries: footer.entries,
-        paths: footer.paths,
-        fields: footer.fields,
-    })
+    Some(ChunkSummary::from_footer(c, size, crc, footer))
 }
 
 /// The full summary of uploaded chunk `slim.chunk_id` (whose entries and paths were dropped to
@@ -159,12 +152,7 @@ pub(crate) fn marker_summary(work: &Path, slim: ChunkSummary) -> Result<ChunkSum
     let m = std::fs::read(&path).map_err(|e| PackError::io("reading back", &path, e))?;
     match decode_marker(&m, c) {
         Some((size, crc, footer)) if size == slim.file_size && crc == slim.file_crc => {
-            Ok(ChunkSummary {
-                entries: footer.entries,
-                paths: footer.paths,
-                fields: footer.fields,
-                ..slim
-            })
+            Ok(ChunkSummary::from_footer(c, size, crc, footer))
         }
         _ => Err(PackError::Source {
             path,

@@ -265,7 +265,13 @@ fn check_bytes(ds: &Dataset, c: u32, loc: &str, bytes: &[u8]) -> (u64, Vec<Probl
                         })
                 }),
             };
-            if !same_entry || !same_path || !same_fields {
+            // Attributes a footer records are the snapshot's (a snapshot upgraded from 1.x
+            // records them where its chunks do not).
+            let same_attrs = match (&check.footer.attrs, ds.snapshot().has_attrs()) {
+                (Some(a), true) => ds.snapshot().attrs(id).is_ok_and(|m| m == Some(a[i])),
+                (Some(_), false) | (None, _) => true,
+            };
+            if !same_entry || !same_path || !same_fields || !same_attrs {
                 p(
                     format!(
                         "{loc} (chunk {c}, offset {})",
@@ -277,6 +283,20 @@ fn check_bytes(ds: &Dataset, c: u32, loc: &str, bytes: &[u8]) -> (u64, Vec<Probl
                     ),
                 );
             }
+        }
+    }
+    // Every directory a footer records is one of the snapshot's (whose attributes are those
+    // of the first chunk that records it).
+    for (d, _) in &check.footer.dirs {
+        let found = ds.snapshot().find(d);
+        if !found.is_ok_and(|f| f.is_some_and(|(_, e)| e.is_dir())) {
+            p(
+                loc.clone(),
+                format!(
+                    "chunk {c}: the footer records directory {}, the snapshot does not",
+                    escape_path(d)
+                ),
+            );
         }
     }
     (records, problems)

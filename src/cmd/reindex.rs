@@ -27,9 +27,19 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         super::print_json(&s)?;
     } else {
         println!(
-            "rebuilt {} from {} chunks: {} samples, dataset id {} (file modes, mtimes and \
-             directories are not kept in chunks: not restored)",
-            s.snapshot, s.chunks, s.samples, s.dataset_id
+            "rebuilt {} from {} chunks: {} samples, {} directories, dataset id {}; file modes \
+             and mtimes {}",
+            s.snapshot,
+            s.chunks,
+            s.samples,
+            s.directories,
+            s.dataset_id,
+            if s.file_attributes {
+                "restored"
+            } else {
+                "not restored (not every chunk records them: packed with --no-metadata, \
+                 written by the Writer, or by granary before format 2.0)"
+            }
         );
     }
     Ok(ExitCode::SUCCESS)

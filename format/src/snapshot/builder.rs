@@ -36,8 +36,12 @@ pub struct SnapshotBuilder {
     path_ends: Vec<u64>,
     sizes: Vec<u64>,
     lineage: Lineage,
+    /// Each sample's attributes while every chunk with records has carried them.
     attrs: Vec<FileAttrs>,
-    dirs: Vec<(Vec<u8>, FileAttrs)>,
+    /// Whether the chunks with records so far all carried attributes (`None`: no records yet).
+    with_attrs: Option<bool>,
+    /// Directories given, the first attributes given for a path kept.
+    dirs: BTreeMap<Vec<u8>, FileAttrs>,
     with_fields: Option<bool>,
     field_ids: HashMap<Vec<u8>, u32>,
     field_names: Vec<Vec<u8>>,
@@ -66,7 +70,8 @@ impl SnapshotBuilder {
             sizes: Vec::new(),
             lineage: Lineage::default(),
             attrs: Vec::new(),
-            dirs: Vec::new(),
+            with_attrs: None,
+            dirs: BTreeMap::new(),
             with_fields: None,
             field_ids: HashMap::new(),
             field_names: Vec::new(),
@@ -84,18 +89,55 @@ impl SnapshotBuilder {
         self.unchecked = true;
     }
 
-    /// Adds the attributes of the next samples, in sample order. Either every sample gets
-    /// attributes (the snapshot then has the ATTRS feature) or none does.
-    pub fn push_attrs(&mut self, a: &[FileAttrs]) {
-        self.attrs.extend_from_slice(a);
+    /// Records directories with their attributes (any order), empty ones included, as a
+    /// chunk's attributes block does: a directory already given (by an earlier chunk or
+    /// call) keeps its attributes. Every ancestor of every path is a directory of the
+    /// snapshot whether or not it is given; one not given gets [`FileAttrs::DIR_DEFAULT`].
+    pub fn push_dirs(
+        &mut self,
+        dirs: impl IntoIterator<Item = (Vec<u8>, FileAttrs)>,
+    ) -> Result<()> {
+        for (d, a) in dirs {
+            crate::check_relative_path(&d).map_err(|why| {
+                FormatError::invalid(format!("directory {}", String::from_utf8_lossy(&d)), why)
+            })?;
+            if a.mode > 0o7777 {
+                return Err(invalid(format!("mode {:o} beyond 7777", a.mode)));
+            }
+            self.dirs.entry(d).or_insert(a);
+        }
+        Ok(())
     }
 
-    /// Records directories of the packed tree with their attributes (any order; each path
-    /// once), empty ones included. Every ancestor of every path is a directory of the
-    /// snapshot whether or not it is given here; one not given gets
-    /// [`FileAttrs::DIR_DEFAULT`].
-    pub fn dirs(&mut self, dirs: Vec<(Vec<u8>, FileAttrs)>) {
-        self.dirs = dirs;
+    /// Takes chunk `c`'s attributes and directories. The snapshot records attributes (the
+    /// ATTRS feature) only if every chunk with records carries them.
+    fn push_attrs(&mut self, c: &ChunkSummary) -> Result<()> {
+        if let Some(a) = &c.attrs {
+            if a.len() != c.entries.len() {
+                return Err(invalid(format!(
+                    "chunk {}: attributes for {} of {} records",
+                    c.chunk_id,
+                    a.len(),
+                    c.entries.len()
+                )));
+            }
+            if let Some(x) = a.iter().find(|x| x.mode > 0o7777) {
+                return Err(invalid(format!("mode {:o} beyond 7777", x.mode)));
+            }
+        }
+        if !c.entries.is_empty() {
+            match (self.with_attrs, &c.attrs) {
+                (None | Some(true), Some(a)) => {
+                    self.with_attrs = Some(true);
+                    self.attrs.extend_from_slice(a);
+                }
+                (_, None) | (Some(false), _) => {
+                    self.with_attrs = Some(false);
+                    self.attrs = Vec::new();
+                }
+            }
+        }
+        self.push_dirs(c.dirs.iter().cloned())
     }
 
     /// Records the snapshot's lineage.
@@ -133,6 +175,7 @@ impl SnapshotBuilder {
             return Err(invalid("entries, paths and fields differ"));
         }
         self.push_fields(c)?;
+        self.push_attrs(c)?;
         let mut e = ChunkEntry {
             chunk_id: c.chunk_id,
             file_size: c.file_size,
@@ -296,21 +339,7 @@ impl SnapshotBuilder {
     /// Every directory of the namespace, sorted: those given and every ancestor of a path
     /// (given attributes, or [`FileAttrs::DIR_DEFAULT`]).
     fn all_dirs(&self, order: &[u32]) -> Result<Vec<(Vec<u8>, FileAttrs)>> {
-        let mut dirs: BTreeMap<Vec<u8>, FileAttrs> = BTreeMap::new();
-        for (d, a) in &self.dirs {
-            crate::check_relative_path(d).map_err(|why| {
-                FormatError::invalid(format!("directory {}", String::from_utf8_lossy(d)), why)
-            })?;
-            if a.mode > 0o7777 {
-                return Err(invalid(format!("mode {:o} beyond 7777", a.mode)));
-            }
-            if dirs.insert(d.clone(), *a).is_some() {
-                return Err(invalid(format!(
-                    "directory {} given twice",
-                    String::from_utf8_lossy(d)
-                )));
-            }
-        }
+        let mut dirs = self.dirs.clone();
         let ancestors = |p: &[u8], dirs: &mut BTreeMap<Vec<u8>, FileAttrs>| {
             for (i, _) in p.iter().enumerate().filter(|(_, &b)| b == b'/') {
                 dirs.entry(p[..i].to_vec())
@@ -355,7 +384,7 @@ impl SnapshotBuilder {
                         EntryRef {
                             id: Some(id as u64),
                             size: self.sizes[id],
-                            attrs: self.attrs.get(id).copied(),
+                            attrs: attrs.then(|| self.attrs[id]),
                         },
                     )?;
                     f += 1;
@@ -428,16 +457,8 @@ impl SnapshotBuilder {
     /// memory (the namespace sorts every path).
     fn sections(&self) -> Result<Body> {
         let n = self.sample_count;
-        if !self.attrs.is_empty() && self.attrs.len() as u64 != n {
-            return Err(invalid(format!(
-                "attributes for {} of {n} samples",
-                self.attrs.len()
-            )));
-        }
-        if let Some(a) = self.attrs.iter().find(|a| a.mode > 0o7777) {
-            return Err(invalid(format!("mode {:o} beyond 7777", a.mode)));
-        }
-        let with_attrs = !self.attrs.is_empty() || (n == 0 && !self.dirs.is_empty());
+        // Without samples, directories given make a tree with attributes.
+        let with_attrs = self.with_attrs.unwrap_or(n == 0 && !self.dirs.is_empty());
         let with_fields = self.with_fields == Some(true);
         let ns = self.namespace(&self.path_order()?, with_attrs)?;
         let mut counts: Vec<u8> = self

@@ -664,7 +664,8 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
     }
 
     /// Everything the snapshot records about chunk `index`: its table entry, and the sample
-    /// entries, paths and fields of its records (what the chunk's footer holds).
+    /// entries, paths, fields and attributes of its records (what the chunk's footer holds
+    /// but its directories: those are the snapshot's, [`Snapshot::dirs`]).
     pub fn chunk_summary(&self, index: u64) -> Result<ChunkSummary> {
         let c = self.chunk(index)?;
         let mut entries = Vec::with_capacity(c.sample_count as usize);
@@ -692,13 +693,20 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
                     .collect::<Result<_>>()?,
             }),
         };
+        let attrs = match self.has_attrs() {
+            false => None,
+            true => Some(
+                c.samples()
+                    .map(|id| Ok(self.attrs(id)?.unwrap_or_default()))
+                    .collect::<Result<_>>()?,
+            ),
+        };
         Ok(ChunkSummary {
-            chunk_id: c.chunk_id,
-            file_size: c.file_size,
-            file_crc: c.file_crc,
             entries,
             paths,
             fields,
+            attrs,
+            ..ChunkSummary::bare(c.chunk_id, c.file_size, c.file_crc)
         })
     }
 

@@ -11,17 +11,20 @@ const ID: [u8; 16] = [0xAB; 16];
 fn build_with(chunks: &[Vec<Rec>], classes: &[&[u8]], attrs: bool) -> (Vec<Vec<u8>>, Vec<u8>) {
     let classes: Vec<Vec<u8>> = classes.iter().map(|c| c.to_vec()).collect();
     let mut b = SnapshotBuilder::new(ID, classes.clone());
-    if attrs {
-        let n = chunks.iter().map(|c| c.len()).sum::<usize>();
-        b.push_attrs(&(0..n as u64).map(attrs_of).collect::<Vec<_>>());
-        b.dirs(vec![
-            (b"cat".to_vec(), attrs_of(7)),
-            (b"empty/dir".to_vec(), attrs_of(8)),
-        ]);
-    }
     let mut files = Vec::new();
+    let mut sample = 0u64;
     for (ci, recs) in chunks.iter().enumerate() {
-        let mut w = ChunkWriter::new(Vec::new(), ID, ci as u32).unwrap();
+        let mut w = match attrs {
+            true => ChunkWriter::with_attrs(Vec::new(), ID, ci as u32).unwrap(),
+            false => ChunkWriter::new(Vec::new(), ID, ci as u32).unwrap(),
+        };
+        // The first chunk records the directories (the second one repeats one, with other
+        // attributes: the first chunk's win).
+        if attrs && ci < 2 {
+            let mut dirs = vec![(b"cat".to_vec(), attrs_of(7 + ci as u64))];
+            dirs.extend((ci == 0).then(|| (b"empty/dir".to_vec(), attrs_of(8))));
+            w.dirs(dirs).unwrap();
+        }
         for (i, (path, data, label)) in recs.iter().enumerate() {
             // Every third record compressed (when it shrinks).
             let z = zstd::bulk::compress(data, 3).unwrap();
@@ -38,6 +41,10 @@ fn build_with(chunks: &[Vec<Rec>], classes: &[&[u8]], attrs: bool) -> (Vec<Vec<u
                 *label,
             )
             .unwrap();
+            if attrs {
+                w.attrs(attrs_of(sample)).unwrap();
+            }
+            sample += 1;
         }
         let (bytes, s) = w.finish(&classes).unwrap();
         b.push_chunk(&s).unwrap();
@@ -377,11 +384,35 @@ fn builder_refuses_what_the_format_cannot_hold() {
         (b"a/x".to_vec(), b"2".to_vec(), NO_LABEL),
     ]]);
     assert!(both.contains("both a file and a directory"), "{both}");
-    let mut b = SnapshotBuilder::new(ID, vec![]);
-    b.push_attrs(&[FileAttrs::default()]);
+    let mut w = ChunkWriter::with_attrs(Vec::new(), ID, 0).unwrap();
+    w.append(
+        b"x",
+        b"1",
+        Compression::None,
+        1,
+        crate::crc32(b"1"),
+        NO_LABEL,
+    )
+    .unwrap();
+    w.attrs(FileAttrs::default()).unwrap();
+    assert!(w.attrs(FileAttrs::default()).is_err(), "attributes twice");
+    let (_, mut s) = w.finish::<&[u8]>(&[]).unwrap();
+    s.attrs.as_mut().unwrap().push(FileAttrs::default());
+    let err = SnapshotBuilder::new(ID, vec![]).push_chunk(&s).unwrap_err();
+    assert!(err.to_string().contains("attributes for 2 of 1"), "{err}");
+    let mut w = ChunkWriter::with_attrs(Vec::new(), ID, 0).unwrap();
+    w.append(
+        b"x",
+        b"1",
+        Compression::None,
+        1,
+        crate::crc32(b"1"),
+        NO_LABEL,
+    )
+    .unwrap();
     assert!(
-        b.build().is_err(),
-        "attributes for samples that do not exist"
+        w.finish::<&[u8]>(&[]).is_err(),
+        "a record without attributes"
     );
 }
 

@@ -14,7 +14,7 @@ use crate::{
 };
 
 use super::*;
-use crate::publish::{publish_whole, write_chunk, ChunkRecord, Target};
+use crate::publish::{publish_whole, write_chunk, ChunkRecord, Contents, Target};
 
 impl Writer {
     /// Builds the chunks and the snapshot (or the shard's part) and publishes the dataset.
@@ -136,10 +136,14 @@ impl Writer {
                         enc: &r.enc,
                         label: r.label,
                         fields: &r.fields,
+                        attrs: None,
                     });
-                    let types = (self.with_fields == Some(true)).then_some(&self.types);
-                    let dir = &self.layout.chunks;
-                    let written = write_chunk(dir, self.dataset_id, id, classes, types, records);
+                    let contents = match self.with_fields == Some(true) {
+                        true => Contents::Fields(&self.types),
+                        false => Contents::Files(None),
+                    };
+                    let at = (self.dataset_id, id);
+                    let written = write_chunk(&self.layout.chunks, at, classes, contents, records);
                     drop(recs);
                     let r = written.and_then(|s| {
                         sink.finished(&s)?;
