@@ -19,9 +19,10 @@ fn invalid(detail: impl Into<String>) -> FormatError {
 
 /// Builds a snapshot from finished chunks, in chunk id order.
 ///
-/// Memory: every path (the namespace is sorted from them), each sample's size (8 bytes) and,
-/// unless spooled to a file ([`SnapshotBuilder::spool_samples`]), each record entry (16
-/// bytes).
+/// Memory: every path (the namespace is sorted from them), each sample's size (8 bytes) and
+/// attributes (16 bytes, with them) and, unless spooled to a file
+/// ([`SnapshotBuilder::spool_samples`]), each record entry (16 bytes) and the namespace's
+/// pages.
 pub struct SnapshotBuilder {
     dataset_id: [u8; 16],
     classes: Vec<Vec<u8>>,
@@ -29,8 +30,8 @@ pub struct SnapshotBuilder {
     /// Class counts: each chunk's encoded pairs, back to back, and where each chunk's end.
     class_pairs: Vec<u8>,
     class_ends: Vec<u64>,
-    records: Vec<[u8; RECORD_LEN]>,
-    spool: Option<std::io::BufWriter<std::fs::File>>,
+    /// The record table, then (once built) the namespace's pages.
+    bulk: Bulk,
     sample_count: u64,
     path_blob: Vec<u8>,
     path_ends: Vec<u64>,
@@ -62,8 +63,7 @@ impl SnapshotBuilder {
             chunks: Vec::new(),
             class_pairs: Vec::new(),
             class_ends: vec![0],
-            records: Vec::new(),
-            spool: None,
+            bulk: Bulk::Mem(Vec::new()),
             sample_count: 0,
             path_blob: Vec::new(),
             path_ends: Vec::new(),
@@ -145,15 +145,19 @@ impl SnapshotBuilder {
         self.lineage = l;
     }
 
-    /// Keeps the record table (16 bytes per sample) in `file` instead of in memory. `file`
-    /// must be empty, readable and writable. Call before the first chunk.
+    /// Keeps the record table (16 bytes per sample) and the namespace's pages in `file`
+    /// instead of in memory. `file` must be empty, readable and writable. Call before the
+    /// first chunk.
     pub fn spool_samples(&mut self, file: std::fs::File) -> Result<()> {
         if self.sample_count > 0 {
             return Err(invalid(
                 "samples can be spooled only before the first chunk",
             ));
         }
-        self.spool = Some(std::io::BufWriter::with_capacity(1 << 20, file));
+        self.bulk = Bulk::File {
+            w: std::io::BufWriter::with_capacity(1 << 20, file),
+            len: 0,
+        };
         Ok(())
     }
 
@@ -222,12 +226,9 @@ impl SnapshotBuilder {
                 label: s.label,
             }
             .encode();
-            match &mut self.spool {
-                None => self.records.push(r),
-                Some(w) => w
-                    .write_all(&r)
-                    .map_err(|e| invalid(format!("spooling record entries: {e}")))?,
-            }
+            self.bulk
+                .append(&r)
+                .map_err(|e| invalid(format!("spooling record entries: {e}")))?;
             self.sizes.push(s.orig_len);
             self.sample_count += 1;
             self.path_blob.extend_from_slice(p);
@@ -362,10 +363,13 @@ impl SnapshotBuilder {
         Ok(dirs.into_iter().collect())
     }
 
-    /// The namespace section: files and directories merged in path order.
-    fn namespace(&self, order: &[u32], attrs: bool) -> Result<Vec<u8>> {
+    /// The namespace section, files and directories merged in path order: its head, and its
+    /// pages appended to `bulk` (where they lie there).
+    fn namespace(&self, order: &[u32], attrs: bool, bulk: &mut Bulk) -> Result<Section> {
         let dirs = self.all_dirs(order)?;
-        let mut w = NsWriter::new(self.sample_count, attrs);
+        let at = bulk.len();
+        let mut sink = |b: &[u8]| bulk.append(b);
+        let mut w = NsWriter::new(self.sample_count, attrs, &mut sink);
         let (mut f, mut d) = (0usize, 0usize);
         while f < order.len() || d < dirs.len() {
             let fp = order.get(f).map(|&i| self.path(i as usize));
@@ -403,7 +407,8 @@ impl SnapshotBuilder {
                 }
             }
         }
-        Ok(w.finish())
+        let head = w.finish()?;
+        Ok(Section::new(SectionKind::Namespace, head, at..bulk.len()))
     }
 
     /// The fields section, names sorted (entries renamed to match) and typed.
@@ -453,73 +458,53 @@ impl SnapshotBuilder {
         Ok(out)
     }
 
-    /// Checks what the builder was given and builds every section but the record table in
-    /// memory (the namespace sorts every path).
-    fn sections(&self) -> Result<Body> {
+    /// Checks what the builder was given and builds every section: in memory but for the
+    /// record table and the namespace's pages (in `bulk`).
+    fn sections(&self, bulk: &mut Bulk) -> Result<Body> {
         let n = self.sample_count;
         // Without samples, directories given make a tree with attributes.
         let with_attrs = self.with_attrs.unwrap_or(n == 0 && !self.dirs.is_empty());
         let with_fields = self.with_fields == Some(true);
-        let ns = self.namespace(&self.path_order()?, with_attrs)?;
+        let ns = self.namespace(&self.path_order()?, with_attrs, bulk)?;
         let mut counts: Vec<u8> = self
             .class_ends
             .iter()
             .flat_map(|e| e.to_le_bytes())
             .collect();
         counts.extend_from_slice(&self.class_pairs);
+        let mem = |kind, b| Section::new(kind, b, 0..0);
         let mut sections = vec![
-            (SectionKind::Lineage, self.lineage.encode().to_vec()),
-            (
+            mem(SectionKind::Lineage, self.lineage.encode().to_vec()),
+            mem(
                 SectionKind::Chunks,
                 self.chunks.iter().flat_map(|c| c.encode()).collect(),
             ),
-            (
+            mem(
                 SectionKind::Classes,
                 crate::encode_string_table(self.classes.iter()),
             ),
-            (SectionKind::ClassCounts, counts),
+            mem(SectionKind::ClassCounts, counts),
         ];
         if with_fields {
-            sections.push((SectionKind::Fields, self.fields_section()?));
+            sections.push(mem(SectionKind::Fields, self.fields_section()?));
         }
-        sections.extend([
-            (SectionKind::Records, Vec::new()),
-            (SectionKind::Namespace, ns),
-        ]);
+        let records = Section::new(SectionKind::Records, Vec::new(), 0..n * RECORD_LEN as u64);
+        sections.extend([records, ns]);
         let incompat =
             (with_attrs as u32 * features::ATTRS) | (with_fields as u32 * features::FIELDS);
-        Ok(Body::lay_out(sections, n * RECORD_LEN as u64, incompat))
+        Ok(Body::lay_out(sections, incompat))
     }
 
     /// Writes the snapshot to `w`; returns its length. Everything is checked before the first
     /// byte is written. The body is produced twice (once for the block CRCs, which the header
-    /// needs, once to write), the record table read from its spool each time rather than held.
+    /// needs, once to write), the record table and the namespace's pages read from their
+    /// spool each time rather than held.
     pub fn write_to(mut self, w: &mut impl Write) -> std::io::Result<u64> {
         let inv = |e: FormatError| std::io::Error::new(std::io::ErrorKind::InvalidData, e);
-        let spool = match self.spool.take() {
-            Some(b) => Some(b.into_inner().map_err(|e| e.into_error())?),
-            None => None,
-        };
-        let body = self.sections().map_err(inv)?;
-        let records = |f: Sink<'_>| match &spool {
-            None => self
-                .records
-                .chunks(4096)
-                .try_for_each(|piece| f(piece.as_flattened())),
-            Some(file) => {
-                use std::os::unix::fs::FileExt;
-                let mut buf = vec![0u8; 1 << 20];
-                let mut at = 0u64;
-                while at < body.records_len {
-                    let k = (body.records_len - at).min(buf.len() as u64) as usize;
-                    file.read_exact_at(&mut buf[..k], at)?;
-                    f(&buf[..k])?;
-                    at += k as u64;
-                }
-                Ok(())
-            }
-        };
-        let crcs = block_crcs(|f| body.emit(&records, f))?;
+        let mut bulk = std::mem::replace(&mut self.bulk, Bulk::Mem(Vec::new()));
+        let body = self.sections(&mut bulk).map_err(inv)?;
+        let bulk = bulk.finish()?;
+        let crcs = block_crcs(|f| body.emit(&bulk, f))?;
         let header = SnapshotHeader {
             dataset_id: self.dataset_id,
             samples: self.sample_count,
@@ -532,7 +517,7 @@ impl SnapshotBuilder {
             header_crc: 0,
         };
         w.write_all(&header.encode())?;
-        body.emit(&records, &mut |b| w.write_all(b))?;
+        body.emit(&bulk, &mut |b| w.write_all(b))?;
         w.write_all(&crcs)?;
         Ok(body.end + crcs.len() as u64)
     }
@@ -541,24 +526,99 @@ impl SnapshotBuilder {
 /// Where bytes being written go, piece by piece.
 type Sink<'a> = &'a mut dyn FnMut(&[u8]) -> std::io::Result<()>;
 
-/// A snapshot's body laid out: the section table, the sections (all but the record table held
-/// in memory) and where the body ends.
+/// The bytes a builder holds until the snapshot is written (the record table, then the
+/// namespace's pages), in memory or appended to a spool file.
+enum Bulk {
+    Mem(Vec<u8>),
+    File {
+        w: std::io::BufWriter<std::fs::File>,
+        len: u64,
+    },
+}
+
+impl Bulk {
+    fn append(&mut self, b: &[u8]) -> std::io::Result<()> {
+        match self {
+            Bulk::Mem(v) => v.extend_from_slice(b),
+            Bulk::File { w, len } => {
+                w.write_all(b)?;
+                *len += b.len() as u64;
+            }
+        }
+        Ok(())
+    }
+
+    fn len(&self) -> u64 {
+        match self {
+            Bulk::Mem(v) => v.len() as u64,
+            Bulk::File { len, .. } => *len,
+        }
+    }
+
+    /// Done appending: the bytes, readable.
+    fn finish(self) -> std::io::Result<Spooled> {
+        Ok(match self {
+            Bulk::Mem(v) => Spooled::Mem(v),
+            Bulk::File { w, .. } => Spooled::File(w.into_inner().map_err(|e| e.into_error())?),
+        })
+    }
+}
+
+/// A builder's bulk bytes once written.
+enum Spooled {
+    Mem(Vec<u8>),
+    File(std::fs::File),
+}
+
+impl Spooled {
+    /// Hands bytes `r` to `f`, at most 1 MiB at a time.
+    fn emit(&self, r: std::ops::Range<u64>, f: Sink<'_>) -> std::io::Result<()> {
+        match self {
+            Spooled::Mem(v) => f(&v[r.start as usize..r.end as usize]),
+            Spooled::File(file) => {
+                use std::os::unix::fs::FileExt;
+                let mut buf = vec![0u8; (1 << 20).min(r.end - r.start) as usize];
+                let mut at = r.start;
+                while at < r.end {
+                    let k = (r.end - at).min(buf.len() as u64) as usize;
+                    file.read_exact_at(&mut buf[..k], at)?;
+                    f(&buf[..k])?;
+                    at += k as u64;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+/// A section's bytes: a head in memory, then a range of the builder's bulk bytes.
+struct Section {
+    kind: SectionKind,
+    head: Vec<u8>,
+    tail: std::ops::Range<u64>,
+}
+
+impl Section {
+    fn new(kind: SectionKind, head: Vec<u8>, tail: std::ops::Range<u64>) -> Self {
+        Section { kind, head, tail }
+    }
+
+    fn len(&self) -> u64 {
+        self.head.len() as u64 + self.tail.end - self.tail.start
+    }
+}
+
+/// A snapshot's body laid out: the section table, the sections and where the body ends.
 struct Body {
     table: Vec<u8>,
-    sections: Vec<(SectionKind, Vec<u8>)>,
-    records_len: u64,
+    sections: Vec<Section>,
     end: u64,
     incompat: u32,
 }
 
 impl Body {
-    /// Places `sections` (in order; the record table's bytes come from elsewhere and are
-    /// `records_len` long) after the section table, each at the next multiple of 8.
-    fn lay_out(sections: Vec<(SectionKind, Vec<u8>)>, records_len: u64, incompat: u32) -> Body {
-        let len_of = |(k, b): &(SectionKind, Vec<u8>)| match k {
-            SectionKind::Records => records_len,
-            _ => b.len() as u64,
-        };
+    /// Places `sections` (in order) after the section table, each at the next multiple of 8.
+    fn lay_out(sections: Vec<Section>, incompat: u32) -> Body {
         let table_end =
             (SNAPSHOT_HEADER_LEN + SECTION_TABLE_HEAD + sections.len() * SECTION_ENTRY_LEN) as u64;
         let mut table = Vec::with_capacity(table_end as usize - SNAPSHOT_HEADER_LEN);
@@ -566,44 +626,31 @@ impl Body {
         table.extend_from_slice(&0u32.to_le_bytes());
         let (mut at, mut end) = (le::align8(table_end), table_end);
         for s in &sections {
-            table.extend_from_slice(&(s.0 as u32).to_le_bytes());
+            table.extend_from_slice(&(s.kind as u32).to_le_bytes());
             table.extend_from_slice(&0u32.to_le_bytes());
             table.extend_from_slice(&at.to_le_bytes());
-            table.extend_from_slice(&len_of(s).to_le_bytes());
-            end = at + len_of(s);
+            table.extend_from_slice(&s.len().to_le_bytes());
+            end = at + s.len();
             at = le::align8(end);
         }
         Body {
             table,
             sections,
-            records_len,
             end,
             incompat,
         }
     }
 
-    /// Hands the body's bytes to `f` in order: the table, then each section after its padding
-    /// (the record table's from `records`).
-    fn emit(
-        &self,
-        records: &dyn Fn(Sink<'_>) -> std::io::Result<()>,
-        f: Sink<'_>,
-    ) -> std::io::Result<()> {
+    /// Hands the body's bytes to `f` in order: the table, then each section after its padding.
+    fn emit(&self, bulk: &Spooled, f: Sink<'_>) -> std::io::Result<()> {
         f(&self.table)?;
         let mut pos = (SNAPSHOT_HEADER_LEN + self.table.len()) as u64;
-        for (k, b) in &self.sections {
+        for s in &self.sections {
             let pad = le::align8(pos) - pos;
             f(&[0u8; 8][..pad as usize])?;
-            match k {
-                SectionKind::Records => {
-                    records(f)?;
-                    pos += pad + self.records_len;
-                }
-                _ => {
-                    f(b)?;
-                    pos += pad + b.len() as u64;
-                }
-            }
+            f(&s.head)?;
+            bulk.emit(s.tail.clone(), f)?;
+            pos += pad + s.len();
         }
         debug_assert_eq!(pos, self.end);
         Ok(())

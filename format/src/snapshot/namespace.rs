@@ -133,10 +133,14 @@ fn shared_prefix(a: &[u8], b: &[u8]) -> usize {
     a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
 
-/// Encodes the namespace section from its entries, in path order.
-pub(crate) struct NsWriter {
+/// Encodes the namespace section from its entries, in path order: its head (header, page
+/// index, id table) in memory, its pages handed to a sink as they close (they are the
+/// section's tail, and most of its bytes).
+pub(crate) struct NsWriter<'a> {
     attrs: bool,
-    pages: Vec<u8>,
+    /// Where each closed page goes, and the bytes handed to it so far.
+    sink: &'a mut dyn FnMut(&[u8]) -> std::io::Result<()>,
+    pages_len: u64,
     page: Vec<u8>,
     offsets: Vec<u64>,
     firsts: Vec<u64>,
@@ -151,12 +155,18 @@ pub(crate) struct NsWriter {
     idtab: Vec<u32>,
 }
 
-impl NsWriter {
-    /// A writer for `samples` samples; `attrs`: every entry carries mode and mtime.
-    pub(crate) fn new(samples: u64, attrs: bool) -> NsWriter {
+impl<'a> NsWriter<'a> {
+    /// A writer for `samples` samples, pages to `sink`; `attrs`: every entry carries mode and
+    /// mtime.
+    pub(crate) fn new(
+        samples: u64,
+        attrs: bool,
+        sink: &'a mut dyn FnMut(&[u8]) -> std::io::Result<()>,
+    ) -> NsWriter<'a> {
         NsWriter {
             attrs,
-            pages: Vec::new(),
+            sink,
+            pages_len: 0,
             page: Vec::new(),
             offsets: vec![0],
             firsts: vec![0],
@@ -190,18 +200,21 @@ impl NsWriter {
         b
     }
 
-    fn close_page(&mut self) {
+    fn close_page(&mut self) -> Result<()> {
         for r in &self.restarts {
             self.page.extend_from_slice(&r.to_le_bytes());
         }
         self.page
             .extend_from_slice(&(self.restarts.len() as u32).to_le_bytes());
-        self.pages.extend_from_slice(&self.page);
-        self.offsets.push(self.pages.len() as u64);
+        (self.sink)(&self.page)
+            .map_err(|e| FormatError::invalid(NS, format!("writing a page: {e}")))?;
+        self.pages_len += self.page.len() as u64;
+        self.offsets.push(self.pages_len);
         self.firsts.push(self.pos);
         self.page.clear();
         self.restarts.clear();
         self.in_page = 0;
+        Ok(())
     }
 
     /// Adds the next entry (paths strictly rising; the caller checks).
@@ -216,7 +229,7 @@ impl NsWriter {
         };
         let trailer = 4 * (self.restarts.len() + restart as usize + 1);
         if self.in_page > 0 && self.page.len() + b.len() + trailer > PAGE_TARGET {
-            self.close_page();
+            self.close_page()?;
             b = self.encode(0, path, &e, 0);
         }
         if self.in_page == 0 {
@@ -237,17 +250,17 @@ impl NsWriter {
         Ok(())
     }
 
-    /// The whole section.
-    pub(crate) fn finish(mut self) -> Vec<u8> {
+    /// The section's head; its pages (handed to the sink) follow it.
+    pub(crate) fn finish(mut self) -> Result<Vec<u8>> {
         if self.in_page > 0 {
-            self.close_page();
+            self.close_page()?;
         }
         let p = self.first_paths.len() as u64;
         let fp = encode_string_table(self.first_paths.iter());
         let mut out = Vec::with_capacity(
             NS_HEADER_LEN + 16 * (p as usize + 1) + fp.len() + 4 * self.idtab.len() + 16,
         );
-        for v in [self.pos, p, fp.len() as u64, self.pages.len() as u64, 0] {
+        for v in [self.pos, p, fp.len() as u64, self.pages_len, 0] {
             out.extend_from_slice(&v.to_le_bytes());
         }
         for v in self.offsets.iter().chain(&self.firsts) {
@@ -259,8 +272,7 @@ impl NsWriter {
             out.extend_from_slice(&v.to_le_bytes());
         }
         out.resize(le::align8(out.len() as u64) as usize, 0);
-        out.extend_from_slice(&self.pages);
-        out
+        Ok(out)
     }
 }
 
