@@ -68,16 +68,18 @@ class Dataset(_MapBase):
 
     A sample with named fields is ``{name: value}``, each value decoded by its field's type
     (an array, a str, a JSON value, an int, bytes: see ``granary._types``); ``raw=True`` gives
-    every field's stored bytes instead. ``fields`` reads only the fields named.
+    every field's stored bytes instead. ``fields`` reads only the fields named. Image fields
+    are their encoded bytes, or with ``images="pil"`` decoded PIL images (PIL needed then).
     """
 
-    def __init__(self, path, transform=None, fields=None, raw=False):
+    def __init__(self, path, transform=None, fields=None, raw=False, images="bytes"):
         if transform is not None and not callable(transform):
             raise ValueError("transform must be callable")
         self.root = os.fspath(path)
         self.transform = transform
         self.fields = _field_list(fields)
         self.raw = bool(raw)
+        self.images = _types.check_images(images)
         self._ds = None
         self._types = None
         native = self._native()  # fail early on a bad path
@@ -105,7 +107,8 @@ class Dataset(_MapBase):
             data = dict(fields)
             if not self.raw:
                 if self._types is None:
-                    self._types = native.field_types()
+                    self._types = {n: _types.asked(t, images=self.images)
+                                   for n, t in native.field_types().items()}
                 data = _types.decode_fields(data, self._types)
         else:
             data, label = native.read(i)
@@ -142,13 +145,14 @@ class Dataset(_MapBase):
 
     def __getstate__(self):
         return {"root": self.root, "transform": self.transform, "fields": self.fields,
-                "raw": self.raw}
+                "raw": self.raw, "images": self.images}
 
     def __setstate__(self, state):
         self.root = state["root"]
         self.transform = state.get("transform")
         self.fields = state.get("fields")
         self.raw = state.get("raw", False)
+        self.images = state.get("images", "bytes")
         self._ds = None
         self._types = None
 
@@ -190,9 +194,13 @@ def _layouts_for(layouts, ids, wanted):
     return lay
 
 
-def _raw_layouts(layouts):
-    """``layouts`` with every field's type made ``bytes`` (``raw=True``)."""
-    return lambda ids: [[(n, o, k, "bytes") for n, o, k, _ in s] for s in layouts(ids)]
+def _asked_layouts(layouts, raw, images):
+    """``layouts`` with every field's type the one it is read by (``raw``: ``bytes``;
+    ``images="pil"``: images decoded)."""
+    def asked(ids):
+        return [[(n, o, k, _types.asked(t, raw, images)) for n, o, k, t in s]
+                for s in layouts(ids)]
+    return asked
 
 
 def _index(i):
@@ -301,6 +309,7 @@ class IterableDataset(_IterBase):
         peer_ca=None,
         fields=None,
         raw=False,
+        images="bytes",
     ):
         if batch_size is not None and batch_size < 1:
             raise ValueError("batch_size must be a positive integer")
@@ -344,6 +353,7 @@ class IterableDataset(_IterBase):
         self.root = os.fspath(path)
         self.fields = _field_list(fields)
         self.raw = bool(raw)
+        self.images = _types.check_images(images)
         self._layout_ds = None
         self.shuffle = shuffle
         self.seed = int(seed)
@@ -493,7 +503,9 @@ class IterableDataset(_IterBase):
         if not self._layout_ds.has_fields:
             return None
         layouts = self._layout_ds.field_layouts
-        return _raw_layouts(layouts) if self.raw else layouts
+        if not self.raw and self.images == "bytes":
+            return layouts
+        return _asked_layouts(layouts, self.raw, self.images)
 
     def _batches(self, stream, weighted, transform, collate, layouts=None):
         """(samples, item) per batch of ``stream``. With numpy the batch is gathered into one

@@ -12,11 +12,12 @@ bool, None                                                      back as a list)
 numpy array         ``ndarray:DTYPE:SHAPE`` (C order,           a read-only numpy array over
                     little-endian)                              the bytes read (no copy)
 any array           ``npy`` (declared: one ``.npy`` per value)  a numpy array
-encoded image       ``image:CODEC`` (declared)                  ``bytes`` (decode it yourself)
+encoded image       ``image:CODEC`` (declared; bytes, or a      ``bytes``; a PIL image with
+(bytes or PIL)      PIL image encoded as CODEC)                 ``images="pil"``
 ==================  ==========================================  ===============================
 
-numpy is needed only for arrays. Reading with ``raw=True`` gives the stored bytes of every
-field instead.
+numpy is needed only for arrays, PIL only for images given or read as PIL images. Reading with
+``raw=True`` gives the stored bytes of every field instead.
 """
 
 import io
@@ -38,6 +39,35 @@ def _numpy():
 def _has_numpy():
     import sys
     return "numpy" in sys.modules
+
+
+IMAGES = ("bytes", "pil")
+
+
+def check_images(images):
+    """``images`` as a reader's option: how image fields are read."""
+    if images not in IMAGES:
+        raise ValueError(f"images must be one of {', '.join(IMAGES)}, not {images!r}")
+    return images
+
+
+def asked(descriptor, raw=False, images="bytes"):
+    """The descriptor a reader decodes a field by: ``bytes`` with ``raw``; an image's with
+    ``:pil`` appended when PIL images are asked for (a reader's own, never stored)."""
+    if raw:
+        return "bytes"
+    if images == "pil" and descriptor.startswith("image:"):
+        return descriptor + ":pil"
+    return descriptor
+
+
+def _pil():
+    try:
+        from PIL import Image
+    except ImportError as e:
+        raise ImportError("PIL is needed for images read or written as PIL images "
+                          "(pip install pillow)") from e
+    return Image
 
 
 def _bytes_like(value, what):
@@ -84,6 +114,14 @@ def encode(value, descriptor, what):
     """The bytes that store ``value`` as ``descriptor``; a TypeError or ValueError naming
     ``what`` when it does not fit."""
     kind, _, rest = descriptor.partition(":")
+    if kind == "image" and not isinstance(value, (bytes, bytearray, memoryview)):
+        image = _pil()
+        if not isinstance(value, image.Image):
+            raise TypeError(f"{what}: an image field takes encoded bytes or a PIL image, not "
+                            f"{type(value).__name__}")
+        buf = io.BytesIO()
+        value.save(buf, format="JPEG" if rest == "jpg" else rest.upper())
+        return buf.getvalue()
     if kind in ("bytes", "image"):
         return _bytes_like(value, what)
     if kind == "str":
@@ -127,6 +165,10 @@ def encode(value, descriptor, what):
 def decode(data, descriptor):
     """The value stored as ``data`` (bytes, or a buffer) with ``descriptor``."""
     kind, _, rest = descriptor.partition(":")
+    if kind == "image" and rest.endswith(":pil"):
+        img = _pil().open(io.BytesIO(bytes(data)))
+        img.load()
+        return img
     if kind in ("bytes", "image"):
         return data
     if kind == "str":

@@ -113,3 +113,43 @@ def test_a_field_keeps_one_type_and_npy_takes_any_array(tmp_path):
         assert got["x"].shape == (i + 1, 2) and got["x"].dtype == np.int16
     with pytest.raises(ValueError, match="unknown field type"):
         granary.Writer(tmp_path / "c.granary", progress=False, schema={"x": "blob"})
+
+
+def test_images_are_bytes_unless_pil_images_are_asked_for(tmp_path):
+    """An ``image:png`` field stores what it is given (encoded bytes, or a PIL image encoded as
+    PNG); it reads back as those bytes, and as PIL images only with ``images="pil"``."""
+    Image = pytest.importorskip("PIL.Image")  # in the torch2 suite (requirements-torch2.txt)
+    import io
+    out = tmp_path / "img.granary"
+    pixels = [np.full((4, 5, 3), i * 40, np.uint8) for i in range(6)]
+    encoded = []
+    with granary.Writer(out, schema={"png": "image:png"}, progress=False) as w:
+        for i, px in enumerate(pixels):
+            img = Image.fromarray(px)
+            if i % 2:
+                buf = io.BytesIO()
+                img.save(buf, format="PNG")
+                value = buf.getvalue()
+            else:
+                value = img
+            w.write(f"s{i}", {"png": value, "i": i})
+    ds = granary.Dataset(out)
+    assert ds.field_types["png"] == "image:png"
+    pil = granary.Dataset(out, images="pil")
+    for k in range(len(ds)):
+        i = ds[k][0]["i"]
+        stored = ds[k][0]["png"]
+        assert isinstance(stored, bytes) and stored.startswith(b"\x89PNG")
+        got = pil[k][0]["png"]
+        assert isinstance(got, Image.Image) and got.size == (5, 4)
+        assert (np.asarray(got) == pixels[i]).all()
+    batches = list(granary.IterableDataset(out, batch_size=3, images="pil"))
+    assert sum(len(b["id"]) for b in batches) == len(pixels)
+    for b in batches:
+        for j, i in enumerate(b["fields"]["i"]):
+            assert (np.asarray(b["fields"]["png"][j]) == pixels[i]).all()
+    with pytest.raises(ValueError, match="images must be"):
+        granary.Dataset(out, images="cv2")
+    with pytest.raises(TypeError, match="PIL image"):
+        granary.Writer(tmp_path / "bad.granary", schema={"p": "image:png"},
+                       progress=False).write("s", {"p": 3})
