@@ -64,7 +64,7 @@ fn shards_import_as_field_samples_and_extract_to_the_same_files() {
     let info = stdout(&run_ok(["info".as_ref(), ds.as_os_str()]));
     assert!(info.contains("format         2.0"), "{info}");
     assert!(
-        info.contains("fields         4: cls (bytes), jpg (bytes), json (bytes), txt (bytes)"),
+        info.contains("fields         4: cls (bytes), jpg (image:jpeg), json (bytes), txt (bytes)"),
         "{info}"
     );
     run_ok(["verify".as_ref(), ds.as_os_str()]);

@@ -166,6 +166,23 @@ fn label_of(fields: &[(Vec<u8>, Vec<u8>)]) -> Label<'_> {
     }
 }
 
+/// The codec of a field whose extension (what follows its last `.`) names an image format,
+/// as WebDataset's decoders read it: the field is then typed `image:CODEC` (its bytes are
+/// stored as they are; readers decode them only on request). Other fields stay `bytes`: a
+/// `txt` or `json` member is not checked to be UTF-8 or JSON, so it is not typed as such.
+fn image_codec(field: &[u8]) -> Option<&'static str> {
+    let ext = field.rsplit(|&b| b == b'.').next()?;
+    Some(match ext.to_ascii_lowercase().as_slice() {
+        b"jpg" | b"jpeg" => "jpeg",
+        b"png" => "png",
+        b"webp" => "webp",
+        b"gif" => "gif",
+        b"bmp" => "bmp",
+        b"tif" | b"tiff" => "tiff",
+        _ => return None,
+    })
+}
+
 fn flush(w: &mut Writer, p: Option<Pending>) -> Result<(), PackError> {
     let Some(p) = p else { return Ok(()) };
     let Pending { key, fields, shard } = p;
@@ -181,6 +198,11 @@ fn flush(w: &mut Writer, p: Option<Pending>) -> Result<(), PackError> {
         (None, None) => Label::None,
     };
     let shown = String::from_utf8_lossy(&key).into_owned();
+    for (name, _) in &fields {
+        if let Some(codec) = image_codec(name) {
+            w.declare_field_type(name, &format!("image:{codec}"))?;
+        }
+    }
     match w.write_fields(&key, fields, label) {
         Ok(Written::New | Written::Resumed) => Ok(()),
         Err(PackError::Usage(m)) => {
@@ -307,6 +329,15 @@ mod tests {
         assert!(expand_braces("{3..1}").is_err());
         assert!(expand_braces("{x}").is_err());
         assert!(expand_braces("{1..2").is_err());
+    }
+
+    #[test]
+    fn image_members_are_typed_by_extension() {
+        assert_eq!(image_codec(b"jpg"), Some("jpeg"));
+        assert_eq!(image_codec(b"seg.PNG"), Some("png"));
+        assert_eq!(image_codec(b"left.webp"), Some("webp"));
+        assert_eq!(image_codec(b"json"), None);
+        assert_eq!(image_codec(b"jpg.txt"), None);
     }
 
     #[test]
