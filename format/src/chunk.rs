@@ -395,6 +395,32 @@ pub fn check_group(entry: &SampleEntry, fields: &[FieldEntry]) -> Result<()> {
     Ok(())
 }
 
+/// The blocks after a footer's class table, each if the header announces it: the attributes
+/// block (records' attributes, directories), then the fields block.
+type Blocks = (Option<Vec<FileAttrs>>, Vec<DirAttrs>, Option<ChunkFields>);
+
+fn decode_blocks(b: &[u8], count: u64, header: &ChunkHeader) -> Result<Blocks> {
+    let (attrs, dirs, attrs_end) = match header.attrs {
+        true => {
+            let (a, d, len) = decode_attrs_block(b, count)?;
+            (Some(a), d, len)
+        }
+        false => (None, Vec::new(), 0),
+    };
+    let fields = match (&b[attrs_end..], header.fields) {
+        ([], false) => None,
+        (block, true) => Some(decode_fields_block(block, count, header.types)?),
+        (_, false) => {
+            return Err(FormatError::invalid(
+                "chunk footer",
+                "bytes after the class table and attributes, but the header announces no \
+                 fields block",
+            ))
+        }
+    };
+    Ok((attrs, dirs, fields))
+}
+
 /// Decodes a footer body and checks it against its trailer and the chunk header: CRC, entry
 /// layout (records back to back from offset 64 up to the footer), chunk ids and paths.
 pub fn decode_footer(body: &[u8], trailer: &Trailer, header: &ChunkHeader) -> Result<ChunkFooter> {
@@ -438,25 +464,7 @@ pub fn decode_footer(body: &[u8], trailer: &Trailer, header: &ChunkHeader) -> Re
     let classes_end = paths_end + classes_len as usize;
     let paths = StringTable::parse(&body[entries_end..paths_end], "chunk footer paths")?;
     let classes = StringTable::parse(&body[paths_end..classes_end], "chunk footer classes")?;
-    // Then the attributes block and the fields block, each if the header announces it.
-    let (attrs, dirs, attrs_end) = match header.attrs {
-        true => {
-            let (a, d, len) = decode_attrs_block(&body[classes_end..], count)?;
-            (Some(a), d, classes_end + len)
-        }
-        false => (None, Vec::new(), classes_end),
-    };
-    let fields = match (&body[attrs_end..], header.fields) {
-        ([], false) => None,
-        (block, true) => Some(decode_fields_block(block, count, header.types)?),
-        (_, false) => {
-            return Err(FormatError::invalid(
-                WHAT,
-                "bytes after the class table and attributes, but the header announces no \
-                 fields block",
-            ))
-        }
-    };
+    let (attrs, dirs, fields) = decode_blocks(&body[classes_end..], count, header)?;
     if paths.len() != count {
         return Err(FormatError::invalid(
             WHAT,

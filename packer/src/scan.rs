@@ -94,54 +94,9 @@ pub(crate) fn scan(
             String::from_utf8_lossy(dup)
         )));
     }
-    // Size, inode and mtime of each file, in parallel, straight into the table's columns;
-    // what is not a regular file or cannot be stat'ed is marked and dropped below.
-    const REGULAR: u8 = 0;
-    const NOT_REGULAR: u8 = 1;
-    const FAILED: u8 = 2;
+    // What is not a regular file or cannot be stat'ed is marked and dropped below.
     let n = files.len();
-    let (mut size, mut ino, mut mtime) = (vec![0u64; n], vec![0u64; n], vec![0i64; n]);
-    let mut mode = vec![0u32; n];
-    let mut kind = vec![REGULAR; n];
-    let failures = std::sync::Mutex::new(Vec::<(usize, String)>::new());
-    {
-        let files = &files;
-        let failures = &failures;
-        size.par_iter_mut()
-            .zip(ino.par_iter_mut())
-            .zip(mtime.par_iter_mut())
-            .zip(mode.par_iter_mut())
-            .zip(kind.par_iter_mut())
-            .enumerate()
-            .for_each(|(i, ((((size, ino), mtime), mode), kind))| {
-                let p = abs(src, files.path(i));
-                let md = if follow_links {
-                    std::fs::metadata(&p)
-                } else {
-                    std::fs::symlink_metadata(&p)
-                };
-                match md {
-                    Ok(m) if m.is_file() => {
-                        *size = m.len();
-                        *ino = std::os::unix::fs::MetadataExt::ino(&m);
-                        *mtime = mtime_ns(&m);
-                        *mode = std::os::unix::fs::MetadataExt::mode(&m) & 0o7777;
-                    }
-                    Ok(_) => *kind = NOT_REGULAR,
-                    Err(e) => {
-                        *kind = FAILED;
-                        let mut f = failures.lock().unwrap_or_else(|p| p.into_inner());
-                        f.push((i, format!("cannot stat: {e}")));
-                    }
-                }
-            });
-    }
-    files.size = size;
-    files.ino = ino;
-    files.mtime_ns = mtime;
-    files.mode = mode;
-    let mut failures = failures.into_inner().unwrap_or_else(|p| p.into_inner());
-    failures.sort_unstable_by_key(|(i, _)| *i);
+    let (kind, failures) = stat_files(src, &mut files, follow_links);
     if let Some((i, reason)) = failures.first() {
         if !skip_unreadable {
             return Err(PackError::Source {
@@ -186,6 +141,65 @@ pub(crate) fn scan(
         names,
         names_digest,
     })
+}
+
+/// What a file's stat found.
+const REGULAR: u8 = 0;
+const NOT_REGULAR: u8 = 1;
+const FAILED: u8 = 2;
+
+/// Size, inode, mtime and mode of each file, in parallel, straight into the table's columns;
+/// returns each file's kind ([`REGULAR`], [`NOT_REGULAR`], [`FAILED`]) and the failures (by
+/// index, sorted).
+fn stat_files(
+    src: &Path,
+    files: &mut FileTable,
+    follow_links: bool,
+) -> (Vec<u8>, Vec<(usize, String)>) {
+    let n = files.len();
+    let (mut size, mut ino, mut mtime) = (vec![0u64; n], vec![0u64; n], vec![0i64; n]);
+    let mut mode = vec![0u32; n];
+    let mut kind = vec![REGULAR; n];
+    let failures = std::sync::Mutex::new(Vec::<(usize, String)>::new());
+    {
+        let files = &*files;
+        let failures = &failures;
+        size.par_iter_mut()
+            .zip(ino.par_iter_mut())
+            .zip(mtime.par_iter_mut())
+            .zip(mode.par_iter_mut())
+            .zip(kind.par_iter_mut())
+            .enumerate()
+            .for_each(|(i, ((((size, ino), mtime), mode), kind))| {
+                let p = abs(src, files.path(i));
+                let md = if follow_links {
+                    std::fs::metadata(&p)
+                } else {
+                    std::fs::symlink_metadata(&p)
+                };
+                match md {
+                    Ok(m) if m.is_file() => {
+                        *size = m.len();
+                        *ino = std::os::unix::fs::MetadataExt::ino(&m);
+                        *mtime = mtime_ns(&m);
+                        *mode = std::os::unix::fs::MetadataExt::mode(&m) & 0o7777;
+                    }
+                    Ok(_) => *kind = NOT_REGULAR,
+                    Err(e) => {
+                        *kind = FAILED;
+                        let mut f = failures.lock().unwrap_or_else(|p| p.into_inner());
+                        f.push((i, format!("cannot stat: {e}")));
+                    }
+                }
+            });
+    }
+    files.size = size;
+    files.ino = ino;
+    files.mtime_ns = mtime;
+    files.mode = mode;
+    let mut failures = failures.into_inner().unwrap_or_else(|p| p.into_inner());
+    failures.sort_unstable_by_key(|(i, _)| *i);
+    (kind, failures)
 }
 
 fn walk(

@@ -384,34 +384,29 @@ fn builder_refuses_what_the_format_cannot_hold() {
         (b"a/x".to_vec(), b"2".to_vec(), NO_LABEL),
     ]]);
     assert!(both.contains("both a file and a directory"), "{both}");
-    let mut w = ChunkWriter::with_attrs(Vec::new(), ID, 0).unwrap();
-    w.append(
-        b"x",
-        b"1",
-        Compression::None,
-        1,
-        crate::crc32(b"1"),
-        NO_LABEL,
-    )
-    .unwrap();
+    // A chunk with attributes holding one record "x".
+    let one = || {
+        let mut w = ChunkWriter::with_attrs(Vec::new(), ID, 0).unwrap();
+        w.append(
+            b"x",
+            b"1",
+            Compression::None,
+            1,
+            crate::crc32(b"1"),
+            NO_LABEL,
+        )
+        .unwrap();
+        w
+    };
+    let mut w = one();
     w.attrs(FileAttrs::default()).unwrap();
     assert!(w.attrs(FileAttrs::default()).is_err(), "attributes twice");
     let (_, mut s) = w.finish::<&[u8]>(&[]).unwrap();
     s.attrs.as_mut().unwrap().push(FileAttrs::default());
     let err = SnapshotBuilder::new(ID, vec![]).push_chunk(&s).unwrap_err();
     assert!(err.to_string().contains("attributes for 2 of 1"), "{err}");
-    let mut w = ChunkWriter::with_attrs(Vec::new(), ID, 0).unwrap();
-    w.append(
-        b"x",
-        b"1",
-        Compression::None,
-        1,
-        crate::crc32(b"1"),
-        NO_LABEL,
-    )
-    .unwrap();
     assert!(
-        w.finish::<&[u8]>(&[]).is_err(),
+        one().finish::<&[u8]>(&[]).is_err(),
         "a record without attributes"
     );
 }
