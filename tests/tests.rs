@@ -14,4 +14,5 @@ mod resume;
 mod s3;
 mod shard;
 mod timeouts;
+mod view;
 mod webdataset;

@@ -15,6 +15,7 @@ mod id;
 mod le;
 mod legacy;
 pub mod local;
+pub mod view;
 
 mod record;
 mod rng;
@@ -41,6 +42,7 @@ pub use snapshot::{
     RESTART_INTERVAL, SECTION_ENTRY_LEN, SECTION_TABLE_HEAD, SNAPSHOT_HEADER_LEN, SNAP_FIELD_LEN,
 };
 pub use strtab::{encode_string_table, StringTable};
+pub use view::ViewFile;
 
 /// Major version of the snapshot format this crate reads and writes. Features are added by
 /// feature bits in the header, never by a new minor version.

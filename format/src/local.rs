@@ -84,8 +84,16 @@ pub const FIELD_TYPES: LocalKind = LocalKind {
     what: "writer field types",
 };
 
+/// A view: a subset of a dataset's samples (`granary view`), pinned to the dataset's id and
+/// generation. Not node-local (it travels with a job's configuration), but framed the same way.
+pub const VIEW_FILE: LocalKind = LocalKind {
+    magic: *b"GRNYVIEW",
+    version: 1,
+    what: "view file",
+};
+
 /// Every kind, for tools that identify a file by its magic.
-pub const LOCAL_KINDS: [LocalKind; 8] = [
+pub const LOCAL_KINDS: [LocalKind; 9] = [
     TIER_INDEX,
     HOT_MAP,
     SCORE_TABLE,
@@ -94,6 +102,7 @@ pub const LOCAL_KINDS: [LocalKind; 8] = [
     UPLOAD_MARKER,
     WRITER_STATE,
     FIELD_TYPES,
+    VIEW_FILE,
 ];
 
 impl LocalKind {

@@ -70,6 +70,9 @@ class Dataset(_MapBase):
     (an array, a str, a JSON value, an int, bytes: see ``granary._types``); ``raw=True`` gives
     every field's stored bytes instead. ``fields`` reads only the fields named. Image fields
     are their encoded bytes, or with ``images="pil"`` decoded PIL images (PIL needed then).
+
+    ``path`` may be a view file (``granary view``): ``ds[i]`` is then the view's i-th sample,
+    ``len(ds)`` the view's size, and ``lookup`` finds only the view's samples.
     """
 
     def __init__(self, path, transform=None, fields=None, raw=False, images="bytes"):
@@ -92,7 +95,7 @@ class Dataset(_MapBase):
         return self._ds
 
     def __len__(self):
-        return len(self._native())
+        return self._native().selected()
 
     def __getitem__(self, i):
         n = len(self)
@@ -102,6 +105,7 @@ class Dataset(_MapBase):
         if not 0 <= i < n:
             raise IndexError(f"sample {i} out of range ({n} samples)")
         native = self._native()
+        i = native.id_at(i)
         if native.has_fields:
             fields, label = native.read_fields(i, self.fields)
             data = dict(fields)
@@ -122,12 +126,15 @@ class Dataset(_MapBase):
         return self._native().field_names()
 
     def lookup(self, path):
-        """Sample id stored under ``path`` (str or bytes), or None."""
-        return self._native().lookup(os.fsencode(path))
+        """Index of the sample stored under ``path`` (str or bytes), or None."""
+        native = self._native()
+        id = native.lookup(os.fsencode(path))
+        return None if id is None else native.position_of(id)
 
     def path(self, i):
         """The stored path of sample ``i`` (undecodable bytes kept as surrogate escapes)."""
-        return os.fsdecode(self._native().path(_index(i)))
+        native = self._native()
+        return os.fsdecode(native.path(native.id_at(_index(i))))
 
     @property
     def classes(self):

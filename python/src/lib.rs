@@ -110,6 +110,36 @@ impl Dataset {
         self.reader.dataset().len() as usize
     }
 
+    /// Samples selected: a view's (opened through a view file), else every sample.
+    fn selected(&self) -> usize {
+        let ds = self.reader.dataset();
+        ds.view().map_or(ds.len(), |v| v.ids.len() as u64) as usize
+    }
+
+    /// The sample id at position `i` of the selection (`i` itself without a view).
+    fn id_at(&self, i: u64) -> PyResult<u64> {
+        let ds = self.reader.dataset();
+        let id = match ds.view() {
+            None => (i < ds.len()).then_some(i),
+            Some(v) => v.ids.get(i as usize).copied(),
+        };
+        id.ok_or_else(|| {
+            PyIndexError::new_err(format!(
+                "sample {i} out of range ({} samples)",
+                self.selected()
+            ))
+        })
+    }
+
+    /// The position of sample `id` in the selection (`id` itself without a view), or None if
+    /// the view does not hold it.
+    fn position_of(&self, id: u64) -> Option<u64> {
+        match self.reader.dataset().view() {
+            None => Some(id),
+            Some(v) => v.ids.binary_search(&id).ok().map(|k| k as u64),
+        }
+    }
+
     /// Sample `id`'s original bytes (CRC-checked) and label.
     fn read<'py>(&self, py: Python<'py>, id: u64) -> PyResult<(Bound<'py, PyBytes>, u32)> {
         let ds = self.reader.dataset();

@@ -38,6 +38,8 @@ pub struct Dataset {
     store: Arc<dyn ChunkStore>,
     /// For a snapshot read in blocks from an object store: what fetches them.
     paged: Option<Arc<granary_store::object::snapcache::BlockPager>>,
+    /// Opened through a view file: the samples epochs are planned over.
+    view: Option<Arc<crate::View>>,
 }
 
 impl std::fmt::Debug for Dataset {
@@ -66,6 +68,9 @@ impl Dataset {
     /// [`Dataset::open`] with the store configured by `cfg` (object store timeouts, where
     /// fetched snapshots are cached, ...).
     pub fn open_with(path: impl AsRef<Path>, cfg: &StoreConfig) -> Result<Self> {
+        if crate::view::is_view_file(path.as_ref()) {
+            return crate::view::open(path.as_ref(), cfg);
+        }
         match granary_store::open(path.as_ref(), cfg)? {
             Location::Object(u) => {
                 let snap = granary_store::object::snapcache::open_snapshot(&u, cfg)?;
@@ -155,7 +160,19 @@ impl Dataset {
             snap,
             store,
             paged: None,
+            view: None,
         })
+    }
+
+    /// This dataset with `view`'s selection attached (what opening a view file gives).
+    pub(crate) fn with_view(mut self, view: crate::View) -> Self {
+        self.view = Some(Arc::new(view));
+        self
+    }
+
+    /// The view this dataset was opened through, if any: epochs deliver its samples only.
+    pub fn view(&self) -> Option<&crate::View> {
+        self.view.as_deref()
     }
 
     /// Opens the dataset and checks every block of the snapshot (O(snapshot size)).
@@ -401,12 +418,17 @@ impl Dataset {
         Ok(o)
     }
 
-    /// The chunk sample ranges that epoch plans are computed from (O(chunks)).
+    /// The chunk sample ranges that epoch plans are computed from (O(chunks)); through a view,
+    /// each chunk's selected samples (O(chunks + selected)).
     pub fn shape(&self) -> Result<crate::DatasetShape> {
         let counts = (0..self.chunk_count() as u32)
             .map(|c| self.chunk(c).map(|ce| ce.sample_count))
             .collect::<Result<Vec<u64>>>()?;
-        Ok(crate::DatasetShape::from_counts(counts))
+        let shape = crate::DatasetShape::from_counts(counts);
+        Ok(match &self.view {
+            None => shape,
+            Some(v) => shape.select(v.ids.clone()),
+        })
     }
 
     /// Streams `shard`'s share of `epoch` as planned by `plan` (resuming from `resume` if

@@ -54,11 +54,12 @@ mod runs;
 mod stream;
 mod tier;
 mod verify;
+mod view;
 mod window;
 
 /// Object stores (`s3://`, `gs://`, `az://`, `http(s)://`): the store crate's.
 pub use granary_store::object as remote;
-pub use granary_store::{auth, file, local, peers, serving};
+pub use granary_store::{auth, file, local, peers, serving, write};
 
 pub use config::{PeerConfig, Reader, ReaderConfig, SamplingMode, ScoreSource, TierConfig};
 pub use dataset::ownership;
@@ -91,6 +92,7 @@ pub use random::SampleReader;
 pub use stream::{EpochStream, Sample, StreamOptions};
 pub use tier::TierHits;
 pub use verify::{verify, verify_with, Problem, VerifyReport};
+pub use view::View;
 
 /// Read-buffer budget of one reader (one stream) by default ([`StreamOptions::memory`]), from
 /// which the shuffle window follows ([`Dataset::window_for_memory`]): the CLI's `--memory`,

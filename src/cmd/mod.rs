@@ -16,6 +16,7 @@ pub mod reindex;
 pub mod serve;
 pub mod upgrade;
 pub mod verify;
+pub mod view;
 
 use std::io::Write;
 use std::path::Path;

@@ -63,15 +63,10 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     let before = sorted.len();
     sorted.dedup();
     let repeats = before - sorted.len();
-    let missing = ds.len() as usize - sorted.len();
-    // The labels come from the chunks' class counts (O(chunks) bytes of the snapshot, wherever
-    // it is), not from every sample's record entry.
-    let counts = (0..ds.chunk_count())
-        .map(|c| ds.snapshot().class_counts(c))
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| anyhow::anyhow!("{}: {e}", a.dataset.display()))?;
-    let drawn = labels_from_class_counts(&shape, &counts);
-    let label = |id: u64| drawn.get(id as usize).copied().unwrap_or(u32::MAX);
+    let samples = shape.samples();
+    let missing = samples as usize - sorted.len();
+    let label = plan_labels(&ds, &shape, &a.dataset)?;
+    let label = |id: u64| label(id);
     let q = shuffle_quality(&shape, label, &all, 256);
     let global = PlanOptions {
         mode: ShuffleMode::Global,
@@ -84,7 +79,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     let gq = shuffle_quality(&shape, label, &g, 256);
     if a.json {
         super::print_json(&json!({
-            "epoch": a.epoch, "samples": ds.len(), "delivered": all.len(), "repeats": repeats,
+            "epoch": a.epoch, "samples": samples, "delivered": all.len(), "repeats": repeats,
             "not_delivered": missing, "shares": shares, "quality": q, "global_quality": gq,
         }))?;
         return Ok(ExitCode::SUCCESS);
@@ -93,7 +88,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         "epoch {} of {} ({} samples, {} chunks), {:?} shuffle, window {} chunks",
         a.epoch,
         a.dataset.display(),
-        ds.len(),
+        samples,
         ds.chunk_count(),
         opts.mode,
         opts.window_chunks
@@ -124,4 +119,35 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         q.same_chunk_pairs, gq.same_chunk_pairs
     );
     Ok(ExitCode::SUCCESS)
+}
+
+/// Each delivered sample's label for the shuffle-quality figures. Of a dataset: drawn from the
+/// chunks' class counts (O(chunks) bytes of the snapshot, wherever it is), not read from every
+/// sample's record entry; of a view (whose samples are a subset of each chunk's): the selected
+/// samples' own labels.
+fn plan_labels(
+    ds: &granary::Dataset,
+    shape: &granary::DatasetShape,
+    name: &std::path::Path,
+) -> anyhow::Result<Box<dyn Fn(u64) -> u32>> {
+    let err = |e: granary::FormatError| anyhow::anyhow!("{}: {e}", name.display());
+    if let Some(v) = ds.view() {
+        let ids = v.ids.clone();
+        let labels = ids
+            .iter()
+            .map(|&id| ds.snapshot().sample(id).map(|s| s.label))
+            .collect::<Result<Vec<u32>, _>>()
+            .map_err(err)?;
+        return Ok(Box::new(move |id| {
+            ids.binary_search(&id).map_or(u32::MAX, |k| labels[k])
+        }));
+    }
+    let counts = (0..ds.chunk_count())
+        .map(|c| ds.snapshot().class_counts(c))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(err)?;
+    let drawn = labels_from_class_counts(shape, &counts);
+    Ok(Box::new(move |id| {
+        drawn.get(id as usize).copied().unwrap_or(u32::MAX)
+    }))
 }

@@ -5,7 +5,7 @@ mod builder;
 mod check;
 mod fields;
 mod header;
-mod namespace;
+pub(crate) mod namespace;
 mod types;
 
 use std::ops::Range;

@@ -149,6 +149,9 @@ pub struct DatasetShape {
     /// instead of ~log2(C) scattered ones (a global plan asks it for every sample).
     guide: Vec<u32>,
     shift: u32,
+    /// Of a view ([`DatasetShape::select`]): the dataset sample id of each position, rising.
+    /// Plans are computed over positions and hand out these ids.
+    ids: Option<std::sync::Arc<[u64]>>,
 }
 
 impl DatasetShape {
@@ -174,6 +177,32 @@ impl DatasetShape {
             first,
             guide,
             shift,
+            ids: None,
+        }
+    }
+
+    /// The shape of the samples `ids` (rising, each below [`DatasetShape::samples`]) of this
+    /// dataset: each chunk holds its selected samples, numbered 0..ids.len() in id order.
+    pub fn select(&self, ids: std::sync::Arc<[u64]>) -> DatasetShape {
+        let mut counts = vec![0u64; self.chunks() as usize];
+        for &id in ids.iter() {
+            counts[self.chunk_of(id) as usize] += 1;
+        }
+        DatasetShape {
+            ids: Some(ids),
+            ..Self::from_counts(counts)
+        }
+    }
+
+    /// The chunk holding dataset sample `id` (what a plan hands out; through a view, a selected
+    /// sample's id, or `None` for one the view does not hold).
+    pub fn chunk_of_sample(&self, id: u64) -> Option<u32> {
+        match &self.ids {
+            None => (id < self.samples()).then(|| self.chunk_of(id)),
+            Some(ids) => ids
+                .binary_search(&id)
+                .ok()
+                .map(|pos| self.chunk_of(pos as u64)),
         }
     }
 
@@ -688,6 +717,11 @@ impl EpochPlan {
         sampling: Option<&Sampling>,
     ) -> Result<EpochPlan, String> {
         if let Some(sm) = sampling {
+            if shape.ids.is_some() {
+                return Err("importance sampling through a view is not supported yet: \
+                            sample the whole dataset, or make a dataset of the view's samples"
+                    .into());
+            }
             if !(0.0..1.0).contains(&sm.alpha) {
                 return Err(format!("alpha {} is not in [0, 1)", sm.alpha));
             }
@@ -716,6 +750,12 @@ impl EpochPlan {
                 .iter()
                 .map(|&s| (1.0 / (n * imp.p(s))) as f32)
                 .collect();
+        }
+        // Through a view the plan was made over positions: hand out the samples' ids.
+        if let Some(ids) = &shape.ids {
+            for s in &mut p.samples {
+                *s = ids[*s as usize];
+            }
         }
         Ok(p)
     }

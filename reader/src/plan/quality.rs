@@ -51,7 +51,7 @@ pub fn shuffle_quality(
     }
     let same = seq
         .windows(2)
-        .filter(|w| shape.chunk_of(w[0]) == shape.chunk_of(w[1]))
+        .filter(|w| shape.chunk_of_sample(w[0]) == shape.chunk_of_sample(w[1]))
         .count();
     ShuffleQuality {
         mean_label_run: labels.len() as f64 / runs as f64,
