@@ -174,6 +174,43 @@ fn a_view_reads_its_samples_exactly_once_on_any_shards_and_resumes() {
         ),
         (120.into(), 120.into(), 0.into())
     );
+    // ls, cat and extract see the view's samples only; the mount refuses a view.
+    let mut paths: Vec<Vec<u8>> = expect.iter().map(|&i| full.path(i).unwrap()).collect();
+    paths.sort();
+    let ls = run_ok(["ls".as_ref(), v.as_os_str()]);
+    let listed: Vec<Vec<u8>> = ls
+        .stdout
+        .split(|&b| b == b'\n')
+        .filter(|l| !l.is_empty())
+        .map(<[u8]>::to_vec)
+        .collect();
+    assert_eq!(listed, paths);
+    let one = String::from_utf8(paths[0].clone()).unwrap();
+    let c = run_ok(["cat", v.to_str().unwrap(), &one]);
+    assert_eq!(c.stdout, want[&paths[0]]);
+    let other = String::from_utf8(full.path(0).unwrap()).unwrap();
+    assert!(!expect.contains(&0));
+    assert!(!run(["cat", v.to_str().unwrap(), &other]).status.success());
+    let out = tmp.path().join("extracted");
+    let got = extracted(&v, &out);
+    assert_eq!(
+        got,
+        paths
+            .iter()
+            .map(|p| (p.clone(), want[p].clone()))
+            .collect::<Vec<_>>()
+    );
+    std::fs::create_dir(tmp.path().join("mnt")).unwrap();
+    let m = run([
+        "mount".as_ref(),
+        v.as_os_str(),
+        tmp.path().join("mnt").as_os_str(),
+    ]);
+    assert!(
+        !m.status.success() && stderr(&m).contains("is a view"),
+        "{}",
+        stderr(&m)
+    );
     // Other criteria: a prefix, ids and paths from files, intersected.
     let ids = tmp.path().join("ids.txt");
     std::fs::write(&ids, "0\n1\n2\n3\n4\n5\n599\n").unwrap();

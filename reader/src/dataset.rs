@@ -346,7 +346,7 @@ impl Dataset {
     /// The entry whose path is exactly `path` (a file or a directory) and its position.
     pub fn find(&self, path: &[u8]) -> Result<Option<(u64, NsEntry)>> {
         let v = self.snap.find(path).map_err(|e| self.fmt_err(e))?;
-        self.intact(v)
+        self.intact(v.filter(|(_, e)| e.id.is_none_or(|id| self.selects(id))))
     }
 
     /// The record entries of `ids` fetched together before they are read one by one (a
@@ -572,10 +572,19 @@ impl Dataset {
         self.intact(p)
     }
 
-    /// The sample whose path is `path` with its size (and mode and mtime when recorded).
+    /// The sample whose path is `path` with its size (and mode and mtime when recorded); through
+    /// a view, only a sample the view holds.
     pub fn lookup_stat(&self, path: &[u8]) -> Result<Option<(u64, FileStat)>> {
         let v = self.snap.lookup_stat(path).map_err(|e| self.fmt_err(e))?;
-        self.intact(v)
+        self.intact(v.filter(|(id, _)| self.selects(*id)))
+    }
+
+    /// True if sample `id` is one of the dataset's (of the view's, through a view).
+    pub fn selects(&self, id: u64) -> bool {
+        match &self.view {
+            None => id < self.len(),
+            Some(v) => v.ids.binary_search(&id).is_ok(),
+        }
     }
 
     /// Sample `id`'s size (original length) and, when recorded, mode and mtime.
@@ -599,10 +608,10 @@ impl Dataset {
         self.intact(dirs)
     }
 
-    /// Sample id of `path`, if the dataset holds it.
+    /// Sample id of `path`, if the dataset (through a view: the view) holds it.
     pub fn lookup(&self, path: &[u8]) -> Result<Option<u64>> {
         let id = self.snap.lookup(path).map_err(|e| self.fmt_err(e))?;
-        self.intact(id)
+        self.intact(id.filter(|&id| self.selects(id)))
     }
 
     /// Class names, indexed by label.

@@ -148,11 +148,21 @@ fn restore_dir(root: &Path, rel: &[u8], attrs: Option<granary_format::FileAttrs>
     Ok(())
 }
 
-/// The samples to extract: every id once for the whole tree (the namespace is not needed);
+/// The samples to extract (through a view, those of the view): every id once for the whole
+/// tree (the namespace is not needed);
 /// for a prefix, the files of the namespace's range of it, checked on the way as far as extraction
 /// relies on it: strictly sorted, no sample twice, every path under the prefix (a crafted order
 /// would skip or repeat files).
 fn selected(ds: &Dataset, prefix: &[u8]) -> Result<Vec<u64>> {
+    let ids = selected_in(ds, prefix)?;
+    // Through a view, its samples only.
+    Ok(match ds.view() {
+        None => ids,
+        Some(_) => ids.into_iter().filter(|&id| ds.selects(id)).collect(),
+    })
+}
+
+fn selected_in(ds: &Dataset, prefix: &[u8]) -> Result<Vec<u64>> {
     if prefix.is_empty() {
         return Ok((0..ds.len()).collect());
     }

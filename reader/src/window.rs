@@ -83,6 +83,27 @@ fn covering(placed: &[(u64, usize)], reqs: &[Request], e: &SampleEntry) -> Optio
     (e.offset + e.stored_len <= start + reqs[r].len as u64).then_some(r)
 }
 
+/// A view's window reads a chunk in ranges around its records when they are less than this
+/// share of the chunk's record bytes, and the chunk whole otherwise (`bench/views.sh` measures
+/// the crossover).
+pub(crate) const SPARSE_SHARE: f64 = 0.5;
+
+/// Whether a view's window that needs `needed` bytes of chunk `ce` reads them in ranges
+/// (`GRANARY_VIEW_READS=ranges` or `chunks` forces one way, for measurements).
+fn sparse(needed: u64, ce: &ChunkEntry) -> bool {
+    static FORCED: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
+    let forced = FORCED.get_or_init(|| match std::env::var("GRANARY_VIEW_READS").as_deref() {
+        Ok("ranges") => Some(true),
+        Ok("chunks") => Some(false),
+        _ => None,
+    });
+    let span = ce
+        .records_end
+        .saturating_sub(CHUNK_HEADER_LEN as u64)
+        .max(1);
+    forced.unwrap_or((needed as f64) < SPARSE_SHARE * span as f64)
+}
+
 /// Reads `reqs` with a small pread engine (refetches after a damaged copy).
 fn read_now(reqs: &[Request]) -> Result<Vec<Completed>> {
     Ok(Engine::new(IoKind::Pread, 4, 64 << 20)?.read(reqs)?)
@@ -311,7 +332,10 @@ impl Windows {
                         len: CHUNK_HEADER_LEN,
                     });
                 }
-            } else if self.hot.is_some() && !copy {
+            } else if !copy
+                && (self.hot.is_some()
+                    || (self.ds.view().is_some() && !whole_files && sparse(needed[k], ce)))
+            {
                 self.plan_ranges(&mut plan, *c, f, &entries, &in_hot);
             } else {
                 // Whole ranges from the chunk start: the header is checked on the way. With a

@@ -66,7 +66,8 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
             ds.prefetch_samples_at(&ids)?;
         }
         for e in batch {
-            let (Some(id), key) = (e.id, e.path) else {
+            // Directories are not listed; through a view, only its samples are.
+            let (Some(id), key) = (e.id.filter(|&id| ds.selects(id)), e.path) else {
                 continue;
             };
             if ds.has_fields() {
