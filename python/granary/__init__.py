@@ -24,6 +24,7 @@ from ._native import check_reader_options as _check_reader_options
 from ._native import io_backends
 from . import _types
 from .parquet import from_parquet
+from .views import make_view
 from .writer import Writer, from_webdataset, merge
 
 try:  # torch is optional
@@ -54,6 +55,7 @@ __all__ = [
     "io_backends",
     "job_peers",
     "job_secret",
+    "make_view",
     "merge",
 ]
 

@@ -951,6 +951,24 @@ impl Scores {
     }
 }
 
+/// Writes a view of the dataset at `dataset` holding sample `ids` to `output` (see
+/// `granary.make_view`); returns how many samples it holds.
+#[pyfunction]
+fn write_view(
+    py: Python<'_>,
+    dataset: PathBuf,
+    output: PathBuf,
+    ids: Vec<u64>,
+    description: String,
+) -> PyResult<usize> {
+    let cfg = store_config()?;
+    py.detach(|| {
+        let ds = RsDataset::open_checked_with(&dataset, &cfg)?;
+        granary::write_view(&dataset, &ds, &output, ids, description).map(|v| v.ids.len())
+    })
+    .map_err(err)
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     // The reader's diagnostics (a full tier, a peer marked down) go to Python's `logging`
@@ -962,6 +980,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<writer::Writer>()?;
     m.add_function(wrap_pyfunction!(check_reader_options, m)?)?;
     m.add_function(wrap_pyfunction!(io_backends, m)?)?;
+    m.add_function(wrap_pyfunction!(write_view, m)?)?;
     m.add("READER_DEFAULTS", reader_defaults(m.py())?)?;
     m.add("WRITER_DEFAULTS", writer::writer_defaults(m.py())?)?;
     m.add_function(wrap_pyfunction!(writer::merge, m)?)?;

@@ -198,3 +198,28 @@ def test_ray_writes_through_a_datasink_and_reads_chunks_as_blocks(ray_local, tmp
     assert got == want
     blobs = granary.ray.read_granary(str(out2)).take_all()
     assert sorted(r["data"] for r in blobs) == sorted(r["image"] for r in src)
+
+
+def test_a_view_by_a_parquet_score_column_keyed_by_path(tmp_path):
+    """A quality column in Parquet, keyed by path, chooses a view's samples (no rewrite)."""
+    need("pyarrow")
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    src = tmp_path / "src"
+    paths = [f"c{i % 4}/s{i:03}.bin" for i in range(80)]
+    for i, p in enumerate(paths):
+        (src / p).parent.mkdir(parents=True, exist_ok=True)
+        (src / p).write_bytes(bytes([i]) * 10)
+    ds = tmp_path / "ds"
+    assert run("pack", src, "-o", ds).returncode == 0
+    quality = [((i * 37) % 100) / 100 for i in range(len(paths))]
+    table = pa.table({"path": paths[::-1], "quality": quality[::-1]})
+    pq.write_table(table, tmp_path / "q.parquet")
+    out = tmp_path / "good.gview"
+    m = granary.make_view(ds, out, parquet=tmp_path / "q.parquet", column="quality",
+                          key_column="path", min_score=0.5)
+    want = sorted(p for p, q in zip(paths, quality) if q >= 0.5)
+    v = granary.Dataset(out)
+    assert m == len(v) == len(want)
+    assert sorted(v.path(i) for i in range(len(v))) == want
+    assert run("read", out).returncode == 0

@@ -75,3 +75,94 @@ pub(crate) fn open(path: &Path, cfg: &StoreConfig) -> Result<Dataset> {
         ids: v.ids.into(),
     }))
 }
+
+/// Writes a view of `ds` (opened from `dataset`, as the user named it) holding `ids` (any
+/// order; repeats dropped; each below the sample count) to `output`, atomically; returns the
+/// view as written. The view names its dataset by URL, or by a path relative to the view
+/// file's directory (so the two can move together; absolute when they share nothing but the
+/// root).
+pub fn write_view(
+    dataset: &Path,
+    ds: &Dataset,
+    output: &Path,
+    mut ids: Vec<u64>,
+    description: String,
+) -> Result<ViewFile> {
+    if ds.view().is_some() {
+        return Err(ReadError::invalid(format!(
+            "{} is a view; make views of the dataset itself",
+            dataset.display()
+        )));
+    }
+    ids.sort_unstable();
+    ids.dedup();
+    let snap = ds.snapshot();
+    if let Some(&bad) = ids.iter().find(|&&i| i >= snap.sample_count()) {
+        return Err(ReadError::invalid(format!(
+            "sample {bad} of a dataset of {} samples",
+            snap.sample_count()
+        )));
+    }
+    if ids.is_empty() {
+        return Err(ReadError::invalid(format!(
+            "{description}: selects no sample of {}",
+            dataset.display()
+        )));
+    }
+    let view = ViewFile {
+        dataset_id: snap.dataset_id(),
+        generation: snap.lineage().generation,
+        samples: snap.sample_count(),
+        location: location(dataset, output)?,
+        description,
+        ids,
+    };
+    let bytes = view.encode();
+    let tmp = output.with_extension("gview.tmp");
+    let durable = granary_store::write::Durability::FileAndDir;
+    granary_store::write::write_atomic(output, &tmp, durable, |f| {
+        std::io::Write::write_all(f, &bytes)
+    })
+    .map_err(|e| ReadError::io("writing view", output, e))?;
+    Ok(view)
+}
+
+/// Where a view file at `output` says its dataset `dataset` is.
+fn location(dataset: &Path, output: &Path) -> Result<String> {
+    let s = dataset.to_string_lossy();
+    if granary_store::object::is_url(&s) {
+        return Ok(s.into_owned());
+    }
+    let canon = |p: &Path| std::fs::canonicalize(p).map_err(|e| ReadError::io("resolving", p, e));
+    let ds = canon(dataset)?;
+    let dir = output
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let dir = canon(dir)?;
+    let common = ds
+        .components()
+        .zip(dir.components())
+        .take_while(|(a, b)| a == b)
+        .count();
+    let up = dir.components().count() - common;
+    let rel: PathBuf = std::iter::repeat_n(std::path::Component::ParentDir, up)
+        .map(|c| c.as_os_str().to_owned())
+        .chain(
+            ds.components()
+                .skip(common)
+                .map(|c| c.as_os_str().to_owned()),
+        )
+        .collect();
+    let text = match (common > 1, rel.as_os_str().is_empty()) {
+        (true, true) => PathBuf::from("."),
+        (true, false) => rel,
+        (false, _) => ds,
+    };
+    text.into_os_string().into_string().map_err(|p| {
+        ReadError::invalid(format!(
+            "{}: not UTF-8, cannot be written in a view file",
+            p.to_string_lossy()
+        ))
+    })
+}

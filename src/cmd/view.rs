@@ -3,7 +3,6 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use granary::Dataset;
-use granary_format::ViewFile;
 use serde_json::json;
 
 /// Choose a subset of a dataset's samples, saved as a view file usable wherever the dataset is.
@@ -54,37 +53,10 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         anyhow::bail!("{} exists; pass --force to replace it", a.output.display());
     }
     let ds = super::open_dataset(&a.dataset)?;
-    if ds.view().is_some() {
-        anyhow::bail!(
-            "{} is a view; make views of the dataset itself",
-            a.dataset.display()
-        );
-    }
     let (ids, description) = select(&ds, &a)?;
-    if ids.is_empty() {
-        anyhow::bail!(
-            "{description}: selects no sample of {}",
-            a.dataset.display()
-        );
-    }
-    let snap = ds.snapshot();
-    let view = ViewFile {
-        dataset_id: snap.dataset_id(),
-        generation: snap.lineage().generation,
-        samples: snap.sample_count(),
-        location: location(&a.dataset, &a.output)?,
-        description: description.clone(),
-        ids,
-    };
+    let view = granary::write_view(&a.dataset, &ds, &a.output, ids, description.clone())?;
     let bytes = view.encode();
-    let tmp = a.output.with_extension("gview.tmp");
-    granary::write::write_atomic(
-        &a.output,
-        &tmp,
-        granary::write::Durability::FileAndDir,
-        |f| std::io::Write::write_all(f, &bytes),
-    )
-    .map_err(|e| anyhow::anyhow!("writing {}: {e}", a.output.display()))?;
+    let snap = ds.snapshot();
     let shape = Dataset::open_with(&a.output, super::store_config())?.shape()?;
     let chunks = (0..shape.chunks())
         .filter(|&c| !shape.chunk_samples(c).is_empty())
@@ -107,49 +79,6 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         );
     }
     Ok(ExitCode::SUCCESS)
-}
-
-/// Where the view file says its dataset is: a URL as given; a local dataset relative to the
-/// view file's directory (so the two can move together), absolute when they share nothing.
-fn location(dataset: &Path, output: &Path) -> anyhow::Result<String> {
-    let s = dataset.to_string_lossy();
-    if granary::remote::is_url(&s) {
-        return Ok(s.into_owned());
-    }
-    let ds = std::fs::canonicalize(dataset)?;
-    let dir = output
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    let dir = std::fs::canonicalize(dir)?;
-    let common = ds
-        .components()
-        .zip(dir.components())
-        .take_while(|(a, b)| a == b)
-        .count();
-    let rel: PathBuf = std::iter::repeat_n(
-        std::path::Component::ParentDir,
-        dir.components().count() - common,
-    )
-    .map(|c| c.as_os_str().to_owned())
-    .chain(
-        ds.components()
-            .skip(common)
-            .map(|c| c.as_os_str().to_owned()),
-    )
-    .collect();
-    let rel = if rel.as_os_str().is_empty() {
-        PathBuf::from(".")
-    } else {
-        rel
-    };
-    let text = if common > 1 { rel } else { ds };
-    text.into_os_string().into_string().map_err(|p| {
-        anyhow::anyhow!(
-            "{}: not UTF-8, cannot be written in a view file",
-            p.to_string_lossy()
-        )
-    })
 }
 
 /// The ids every kind of criterion given keeps (each kind a sorted list, intersected), and the
