@@ -158,6 +158,11 @@ fn a_view_reads_its_samples_exactly_once_on_any_shards_and_resumes() {
     let r = run_ok(["read".as_ref(), v.as_os_str(), "--json".as_ref()]);
     let r: serde_json::Value = serde_json::from_slice(&r.stdout).unwrap();
     assert_eq!(r[0]["samples"], 120);
+    let delivered: u64 = expect
+        .iter()
+        .map(|&i| full.sample(i).unwrap().entry.stored_len)
+        .sum();
+    assert_eq!(r[0]["bytes"], delivered);
     let p = run_ok([
         "plan".as_ref(),
         v.as_os_str(),
@@ -166,6 +171,9 @@ fn a_view_reads_its_samples_exactly_once_on_any_shards_and_resumes() {
         "--json".as_ref(),
     ]);
     let p: serde_json::Value = serde_json::from_slice(&p.stdout).unwrap();
+    // The plan says what the epoch reads, as the read then measures.
+    assert_eq!(p["view_reads"]["read"], r[0]["bytes_read"], "{p}");
+    assert_eq!(p["view_reads"]["delivered"], delivered);
     assert_eq!(
         (
             p["samples"].clone(),
@@ -311,4 +319,51 @@ fn views_are_refused_against_another_dataset_or_generation_and_when_damaged() {
     assert!(pack(&src, &ds, &["--chunk-size", "32KiB"]).status.success());
     let err = Dataset::open(&v).unwrap_err().to_string();
     assert!(err.contains("make the view again"), "{err}");
+}
+
+/// A view keeping a few large records of each chunk reads ranges around them (not the chunks),
+/// delivers the right bytes, and `plan` predicts the bytes the read then counts.
+#[test]
+fn a_sparse_view_reads_ranges_around_its_records() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    let files: Vec<(Vec<u8>, Vec<u8>)> = (0..60u64)
+        .map(|i| (format!("d/f{i:03}.bin").into_bytes(), bytes(i, 80 << 10)))
+        .collect();
+    write_tree(&src, &files);
+    let want: BTreeMap<Vec<u8>, Vec<u8>> = files.iter().cloned().collect();
+    let ds_path = tmp.path().join("ds");
+    assert!(pack(&src, &ds_path, &["--chunk-size", "1MiB"])
+        .status
+        .success());
+    let ids = tmp.path().join("ids.txt");
+    std::fs::write(
+        &ids,
+        (0..60)
+            .step_by(7)
+            .map(|i| format!("{i}\n"))
+            .collect::<String>(),
+    )
+    .unwrap();
+    let v = tmp.path().join("sparse.gview");
+    assert!(view(&ds_path, &v, &["--ids-from", ids.to_str().unwrap()])
+        .status
+        .success());
+    let ds = Arc::new(Dataset::open(&v).unwrap());
+    let o = PlanOptions::default();
+    let mut got = delivered(&ds, &o, Shard::WHOLE, None, &want);
+    got.sort_unstable();
+    assert_eq!(got, (0..60).step_by(7).collect::<Vec<u64>>());
+    let r = run_ok(["read".as_ref(), v.as_os_str(), "--json".as_ref()]);
+    let r: serde_json::Value = serde_json::from_slice(&r.stdout).unwrap();
+    let (read, delivered) = (
+        r[0]["bytes_read"].as_u64().unwrap(),
+        r[0]["bytes"].as_u64().unwrap(),
+    );
+    // Nine records of 80 KiB, and a header per chunk: not the 4.7 MiB of chunks.
+    assert!(read < delivered + 64 * 8, "{read} read for {delivered}");
+    let p = run_ok(["plan".as_ref(), v.as_os_str(), "--json".as_ref()]);
+    let p: serde_json::Value = serde_json::from_slice(&p.stdout).unwrap();
+    assert_eq!(p["view_reads"]["read"], read, "{p}");
+    assert!(p["view_reads"]["chunks_in_ranges"].as_u64().unwrap() > 0);
 }

@@ -92,7 +92,7 @@ pub use random::SampleReader;
 pub use stream::{EpochStream, Sample, StreamOptions};
 pub use tier::TierHits;
 pub use verify::{verify, verify_with, Problem, VerifyReport};
-pub use view::{write_view, View};
+pub use view::{view_reads, write_view, View, ViewReads};
 
 /// Read-buffer budget of one reader (one stream) by default ([`StreamOptions::memory`]), from
 /// which the shuffle window follows ([`Dataset::window_for_memory`]): the CLI's `--memory`,

@@ -166,3 +166,51 @@ fn location(dataset: &Path, output: &Path) -> Result<String> {
         ))
     })
 }
+
+/// What one epoch of a view reads from its dataset's chunks (chunk-wise or sequential, without
+/// a tier), as the reader chooses per chunk: ranges around the selected records, or the chunk
+/// up to its last selected record.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct ViewReads {
+    /// Bytes of the selected samples as stored.
+    pub delivered: u64,
+    /// Bytes read for them.
+    pub read: u64,
+    pub chunks_whole: u64,
+    pub chunks_in_ranges: u64,
+}
+
+/// What an epoch of `ds`'s view reads (reads every selected sample's record entry), with
+/// `range_gap` as the stream's. `None` without a view.
+pub fn view_reads(ds: &Dataset, range_gap: u64) -> Result<Option<ViewReads>> {
+    let Some(v) = ds.view() else {
+        return Ok(None);
+    };
+    let shape = ds.shape()?;
+    let mut r = ViewReads::default();
+    for c in 0..shape.chunks() {
+        let pos = shape.chunk_samples(c);
+        if pos.is_empty() {
+            continue;
+        }
+        let ids = &v.ids[pos.start as usize..pos.end as usize];
+        ds.prefetch_samples(ids)?;
+        let mut want = Vec::with_capacity(ids.len());
+        for &id in ids {
+            let e = ds.sample(id)?.entry;
+            want.push((e.offset, e.offset + e.stored_len));
+        }
+        let needed: u64 = want.iter().map(|(a, b)| b - a).sum();
+        r.delivered += needed;
+        let ce = ds.chunk(c)?;
+        if crate::window::sparse(needed, &ce) {
+            r.chunks_in_ranges += 1;
+            let ranges = crate::window::coalesce(want, range_gap, true);
+            r.read += ranges.iter().map(|(a, b)| b - a).sum::<u64>();
+        } else {
+            r.chunks_whole += 1;
+            r.read += want.iter().map(|w| w.1).max().unwrap_or(0);
+        }
+    }
+    Ok(Some(r))
+}

@@ -90,7 +90,7 @@ pub(crate) const SPARSE_SHARE: f64 = 0.5;
 
 /// Whether a view's window that needs `needed` bytes of chunk `ce` reads them in ranges
 /// (`GRANARY_VIEW_READS=ranges` or `chunks` forces one way, for measurements).
-fn sparse(needed: u64, ce: &ChunkEntry) -> bool {
+pub(crate) fn sparse(needed: u64, ce: &ChunkEntry) -> bool {
     static FORCED: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
     let forced = FORCED.get_or_init(|| match std::env::var("GRANARY_VIEW_READS").as_deref() {
         Ok("ranges") => Some(true),
@@ -102,6 +102,28 @@ fn sparse(needed: u64, ce: &ChunkEntry) -> bool {
         .saturating_sub(CHUNK_HEADER_LEN as u64)
         .max(1);
     forced.unwrap_or((needed as f64) < SPARSE_SHARE * span as f64)
+}
+
+/// The reads of records at `want` (start, end) of a chunk: sorted, a gap shorter than `gap`
+/// read rather than skipped, and with `with_header` the chunk's header read first (joined to
+/// the first range when that starts within `gap` of it).
+pub(crate) fn coalesce(mut want: Vec<(u64, u64)>, gap: u64, with_header: bool) -> Vec<(u64, u64)> {
+    want.sort_unstable();
+    let mut merged: Vec<(u64, u64)> = Vec::new();
+    for (start, end) in want {
+        match merged.last_mut() {
+            Some(last) if start <= last.1 + gap => last.1 = last.1.max(end),
+            _ => merged.push((start, end)),
+        }
+    }
+    if with_header && !merged.is_empty() {
+        if merged[0].0 <= gap + CHUNK_HEADER_LEN as u64 {
+            merged[0].0 = 0;
+        } else {
+            merged.insert(0, (0, CHUNK_HEADER_LEN as u64));
+        }
+    }
+    merged
 }
 
 /// Reads `reqs` with a small pread engine (refetches after a damaged copy).
@@ -437,26 +459,15 @@ impl Windows {
         entries: &[SampleEntry],
         in_hot: &[Option<(u32, Source, u64)>],
     ) {
-        let mut want: Vec<(u64, u64)> = entries
+        let want: Vec<(u64, u64)> = entries
             .iter()
             .zip(in_hot)
             .filter(|(e, h)| e.chunk == c && h.is_none())
             .map(|(e, _)| (e.offset, e.offset + e.stored_len))
             .collect();
-        want.sort_unstable();
-        let mut merged: Vec<(u64, u64)> = Vec::new();
-        for (start, end) in want {
-            match merged.last_mut() {
-                Some(last) if start <= last.1 + self.range_gap => last.1 = last.1.max(end),
-                _ => merged.push((start, end)),
-            }
-        }
-        if !self.checked.contains(&c) && !merged.is_empty() {
-            if merged[0].0 <= self.range_gap + CHUNK_HEADER_LEN as u64 {
-                merged[0].0 = 0;
-            } else {
-                merged.insert(0, (0, CHUNK_HEADER_LEN as u64));
-            }
+        let with_header = !self.checked.contains(&c);
+        let merged = coalesce(want, self.range_gap, with_header);
+        if with_header && !merged.is_empty() {
             plan.header_req.push((c, plan.reqs.len()));
         }
         let list = plan.placed.entry(c).or_default();

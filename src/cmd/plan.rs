@@ -77,10 +77,13 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         g.extend(build(&global, shard)?.samples);
     }
     let gq = shuffle_quality(&shape, label, &g, 256);
+    // A view reads ranges of its chunks or whole chunks: what an epoch of it costs.
+    let reads = granary::view_reads(&ds, granary::StreamOptions::default().range_gap)?;
     if a.json {
         super::print_json(&json!({
             "epoch": a.epoch, "samples": samples, "delivered": all.len(), "repeats": repeats,
             "not_delivered": missing, "shares": shares, "quality": q, "global_quality": gq,
+            "view_reads": reads,
         }))?;
         return Ok(ExitCode::SUCCESS);
     }
@@ -105,6 +108,16 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         repeats,
         missing
     );
+    if let Some(r) = reads {
+        println!(
+            "  view: its samples hold {}; an epoch reads {} ({} chunks in ranges around them, \
+             {} whole)",
+            super::human_bytes(r.delivered),
+            super::human_bytes(r.read),
+            r.chunks_in_ranges,
+            r.chunks_whole
+        );
+    }
     println!("  shuffle quality          this plan   global shuffle");
     println!(
         "    mean same-label run    {:>9.3}   {:>14.3}",
