@@ -145,6 +145,49 @@ fn fs_methods_serve_the_tree_byte_for_byte() {
     assert_eq!(read_file(&fs, empty.ino.0, 4096).unwrap(), b"");
 }
 
+/// A view mounts as the tree of its files: listings skip the files it leaves out (runs of
+/// namespace positions split around them), lookups do not find them, reads serve the rest.
+#[test]
+fn a_view_mounts_as_its_files_only() {
+    let tmp = tempfile::tempdir().unwrap();
+    let files = mount_tree();
+    let ds = packed(tmp.path(), &files);
+    let full = granary::Dataset::open(&ds).unwrap();
+    // Every other file of the dataset, in id order.
+    let ids: String = (0..full.len())
+        .step_by(2)
+        .map(|i| format!("{i}\n"))
+        .collect();
+    std::fs::write(tmp.path().join("ids"), ids).unwrap();
+    let view = tmp.path().join("half.gview");
+    let o = run([
+        "view".as_ref(),
+        ds.as_os_str(),
+        "-o".as_ref(),
+        view.as_os_str(),
+        "--ids-from".as_ref(),
+        tmp.path().join("ids").as_os_str(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let fs = mount_fs(&view, None, false);
+    let mut got = Vec::new();
+    walk_fs(&fs, ROOT_INO, b"", &mut got);
+    let want: Vec<(Vec<u8>, Vec<u8>)> = (0..full.len())
+        .step_by(2)
+        .map(|i| {
+            let p = full.path(i).unwrap();
+            let d = files.iter().find(|f| f.0 == p).unwrap().1.clone();
+            (p, d)
+        })
+        .collect();
+    assert_eq!(sorted(got), sorted(want));
+    // A file the view leaves out is not there.
+    let left_out = full.path(1).unwrap();
+    let (dir, name) = left_out.split_at(left_out.iter().rposition(|&b| b == b'/').unwrap());
+    let d = fs.lookup(ROOT_INO, dir).unwrap().ino.0;
+    assert_eq!(fs.lookup(d, &name[1..]).unwrap_err(), libc::ENOENT);
+}
+
 /// Every entry under directory `ino`: readdir's attributes (from listing pages when the
 /// snapshot has them) are the lookup's and the stat's by inode. Returns how many files.
 fn listing_agrees_with_stat(fs: &MountFs, ino: u64) -> usize {

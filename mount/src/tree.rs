@@ -328,7 +328,10 @@ impl Tree {
                     in_files = false;
                 }
                 (None, Some(id)) => {
-                    self.add_file(ds, &mut l, pos, id, rest)?;
+                    // Through a view, its files only (a file left out ends a run).
+                    if ds.selects(id) {
+                        self.add_file(ds, &mut l, pos, id, rest)?;
+                    }
                     pos += 1;
                     in_files = true;
                 }

@@ -102,13 +102,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
 fn foreground(a: Args, mnt: &Path) -> anyhow::Result<ExitCode> {
     let t0 = Instant::now();
     let ds = Arc::new(super::open_dataset(&a.dataset)?);
-    // The mount lists directories by runs of namespace positions, which a view's gaps break.
-    anyhow::ensure!(
-        ds.view().is_none(),
-        "{} is a view: mounting a view is not supported yet (mount its dataset, or `granary \
-         extract` the view's files)",
-        a.dataset.display()
-    );
+
     let cache = a.tier.open(&ds)?;
     let reader = TieredReader::new(ds.clone(), cache, !a.no_fetch)?;
     let uid = rustix::process::geteuid().as_raw();
