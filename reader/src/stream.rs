@@ -216,7 +216,9 @@ impl EpochStream {
             // resident early); global plans read single records, which fault in as they are
             // read.
             populate: false,
-            pattern: if mode == ShuffleMode::Global {
+            // A view's windows may read ranges scattered over its chunks: no sequential
+            // readahead past them.
+            pattern: if mode == ShuffleMode::Global || ds.view().is_some() {
                 ReadPattern::Default
             } else {
                 ReadPattern::Sequential

@@ -84,9 +84,11 @@ fn covering(placed: &[(u64, usize)], reqs: &[Request], e: &SampleEntry) -> Optio
 }
 
 /// A view's window reads a chunk in ranges around its records when they are less than this
-/// share of the chunk's record bytes, and the chunk whole otherwise (`bench/views.sh` measures
-/// the crossover).
-pub(crate) const SPARSE_SHARE: f64 = 0.5;
+/// share of the chunk's record bytes, and the chunk whole otherwise: the crossover
+/// `bench/views.sh` measured cold on ImageNet-like records, between 50 and 75 % (ranges took
+/// 0.76–0.81× the time of whole chunks at 50 %, 0.94–1.12× at 75 %, in two runs;
+/// `bench/reports/views/report.md`).
+pub(crate) const SPARSE_SHARE: f64 = 0.65;
 
 /// Whether a view's window that needs `needed` bytes of chunk `ce` reads them in ranges
 /// (`GRANARY_VIEW_READS=ranges` or `chunks` forces one way, for measurements).
