@@ -902,3 +902,41 @@ fn a_large_snapshot_is_read_in_checked_blocks() {
         "the damaged block is fetched again"
     );
 }
+
+/// A view of a dataset in the object store names it by URL and reads from the store: the
+/// view's samples only, and `plan`'s prediction of the bytes is what the read fetches.
+#[test]
+fn a_view_of_a_dataset_in_the_store() {
+    let Some(s3) = S3::new("view") else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let (src, files) = src_tree(tmp.path());
+    let url = s3.sub("ds");
+    s3.pack(&src, &url, &[]);
+    let keep: Vec<&[u8]> = files.iter().map(|f| &f.0[..]).step_by(3).collect();
+    let list = tmp.path().join("paths.txt");
+    let text: Vec<u8> = keep.iter().flat_map(|p| [*p, b"\n"].concat()).collect();
+    std::fs::write(&list, text).unwrap();
+    let v = tmp.path().join("v.gview");
+    let o = s3.ok(&[
+        "view",
+        &url,
+        "-o",
+        v.to_str().unwrap(),
+        "--paths-from",
+        list.to_str().unwrap(),
+        "--json",
+    ]);
+    let j: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(j["dataset"], url.as_str());
+    assert_eq!(j["selected"], keep.len() as u64);
+    let r = s3.ok(&["read", v.to_str().unwrap(), "--json"]);
+    let r: serde_json::Value = serde_json::from_slice(&r.stdout).unwrap();
+    assert_eq!(r[0]["samples"], keep.len() as u64);
+    let p = s3.ok(&["plan", v.to_str().unwrap(), "--json"]);
+    let p: serde_json::Value = serde_json::from_slice(&p.stdout).unwrap();
+    assert_eq!(p["view_reads"]["read"], r[0]["bytes_read"], "{p}");
+    let ls = stdout(&s3.ok(&["ls", v.to_str().unwrap()]));
+    let mut want: Vec<String> = keep.iter().map(|p| granary::escape_path(p)).collect();
+    want.sort();
+    assert_eq!(ls.lines().map(str::to_string).collect::<Vec<_>>(), want);
+}
