@@ -225,3 +225,55 @@ fn a_chunk_rest_part_equals_cutting_the_regrouped_rest() {
         });
     }
 }
+
+/// A view's shape: plans over its positions hand out the selected ids, each once, chunk by
+/// chunk; importance sampling through a view is refused (its scores are the dataset's).
+#[test]
+fn a_view_shape_plans_its_ids_and_refuses_importance_sampling() {
+    let full = DatasetShape::from_counts(vec![5, 0, 7, 4]);
+    let ids: std::sync::Arc<[u64]> = vec![0, 3, 6, 7, 11, 15].into();
+    let view = full.select(ids.clone());
+    assert_eq!(view.samples(), 6);
+    assert_eq!(
+        (0..4)
+            .map(|c| view.chunk_samples(c).end - view.chunk_samples(c).start)
+            .collect::<Vec<_>>(),
+        vec![2, 0, 3, 1]
+    );
+    assert_eq!(view.chunk_of_sample(11), Some(2));
+    assert_eq!(view.chunk_of_sample(12), None);
+    for mode in [
+        ShuffleMode::Chunkwise,
+        ShuffleMode::Global,
+        ShuffleMode::Sequential,
+    ] {
+        let o = PlanOptions {
+            mode,
+            window_chunks: 1,
+            ..PlanOptions::default()
+        };
+        let p = EpochPlan::build(&view, &o, 0, Shard::WHOLE, None).unwrap();
+        let mut got = p.samples.clone();
+        got.sort_unstable();
+        assert_eq!(got, ids.to_vec(), "{mode:?}");
+        for w in &p.windows {
+            let mut cs: Vec<u32> = p.samples[w.range.clone()]
+                .iter()
+                .map(|&s| view.chunk_of_sample(s).unwrap())
+                .collect();
+            cs.sort_unstable();
+            cs.dedup();
+            assert!(cs.iter().all(|c| w.chunks.contains(c)), "{mode:?}");
+        }
+    }
+    let scores = crate::ImportanceScores::new(6, 0.5);
+    let sm = Sampling {
+        scores: &scores,
+        alpha: 0.5,
+        cached: None,
+        cache_boost: 1.0,
+    };
+    let o = PlanOptions::default();
+    let err = EpochPlan::build_sampled(&view, &o, 0, Shard::WHOLE, None, Some(&sm)).unwrap_err();
+    assert!(err.contains("through a view"), "{err}");
+}
