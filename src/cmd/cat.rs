@@ -15,7 +15,8 @@ use super::open_dataset;
 A path with non-UTF-8 bytes can be given as `granary ls` shows it (\\xNN escapes)."
 )]
 pub struct Args {
-    /// Dataset directory (or its snapshot file).
+    /// Dataset directory (or its snapshot file), its URL (s3://, gs://, az://), or a view file
+    /// (`granary view`: the view's samples only).
     pub dataset: PathBuf,
     /// Path of the sample, relative to the packed directory.
     #[arg(required_unless_present = "id", conflicts_with = "id")]

@@ -16,7 +16,8 @@ never overwritten, and damaged records are reported and not written. Exit status
 could not be restored. Each file's and directory's mode and mtime are restored where the dataset records them (set-user-id and set-group-id bits are not), empty directories included."
 )]
 pub struct Args {
-    /// Dataset directory (or its snapshot file).
+    /// Dataset directory (or its snapshot file), its URL (s3://, gs://, az://), or a view file
+    /// (`granary view`: the view's samples only).
     pub dataset: PathBuf,
     /// Target directory (created if missing).
     #[arg(short, long, value_name = "DIR")]

@@ -15,7 +15,8 @@ A dataset whose samples have named fields (written with fields, or imported from
 lists each field as the file KEY.FIELD, as WebDataset names them."
 )]
 pub struct Args {
-    /// Dataset directory (or its snapshot file).
+    /// Dataset directory (or its snapshot file), its URL (s3://, gs://, az://), or a view file
+    /// (`granary view`: the view's samples only).
     pub dataset: PathBuf,
     /// Only paths starting with PREFIX.
     pub prefix: Option<OsString>,

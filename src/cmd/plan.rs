@@ -21,7 +21,8 @@ The labels are drawn from each chunk's class counts in a seeded order (a few blo
 snapshot, not every sample's record entry): for a shuffled plan of a packed dataset they give
 the figures the samples' own labels give.")]
 pub struct Args {
-    /// Dataset directory.
+    /// Dataset directory (or its snapshot file), its URL (s3://, gs://, az://), or a view file
+    /// (`granary view`: the view's samples only).
     pub dataset: PathBuf,
     #[command(flatten)]
     pub plan: PlanArgs,

@@ -179,7 +179,8 @@ CRC-32 of the bytes delivered, so it is order-independent and the digests of all
 workers) of an epoch add up to the digest `granary verify` prints exactly when every sample was
 delivered once with the right bytes (with --pad or importance sampling, samples repeat).")]
 pub struct Args {
-    /// Dataset directory.
+    /// Dataset directory (or its snapshot file), its URL (s3://, gs://, az://), or a view file
+    /// (`granary view`: the view's samples only).
     pub dataset: PathBuf,
     #[command(flatten)]
     pub plan: PlanArgs,
