@@ -156,7 +156,7 @@ pub struct LayerReading {
 }
 
 /// Adds one worker's layer readings to `total`, by layer name (in the order first seen).
-fn add_layers(total: &mut Vec<LayerReading>, worker: Vec<LayerReading>) {
+pub(crate) fn add_layers(total: &mut Vec<LayerReading>, worker: Vec<LayerReading>) {
     for w in worker {
         match total.iter_mut().find(|t| t.layer == w.layer) {
             Some(t) => t.reading += w.reading,
@@ -238,14 +238,7 @@ pub fn read_epoch(
         r.opened.buffered += w.opened.buffered;
         r.opened.resident += w.opened.resident;
         r.opened.direct += w.opened.direct;
-        r.hits.samples_from_tier += w.hits.samples_from_tier;
-        r.hits.samples_from_origin += w.hits.samples_from_origin;
-        r.hits.bytes_from_tier += w.hits.bytes_from_tier;
-        r.hits.bytes_from_origin += w.hits.bytes_from_origin;
-        r.hits.samples_from_peers += w.hits.samples_from_peers;
-        r.hits.bytes_from_peers += w.hits.bytes_from_peers;
-        r.hits.admissions_failed += w.hits.admissions_failed;
-        r.hits.admissions_skipped += w.hits.admissions_skipped;
+        r.hits += w.hits;
         r.peak_buffer_bytes = r.peak_buffer_bytes.max(w.peak_buffer_bytes);
         add_layers(&mut r.layers, w.layers);
         r.first_sample_s = match (r.first_sample_s, w.first_sample_s) {

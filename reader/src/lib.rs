@@ -45,6 +45,7 @@ mod error;
 mod extract;
 mod importance;
 pub mod io;
+pub mod mix;
 mod options;
 mod pathfmt;
 pub mod plan;
@@ -80,6 +81,10 @@ pub use granary_store::{
     TierStats, TierStore,
 };
 pub use importance::{batch_weights, ImportanceScores, SharedScores};
+pub use mix::{
+    epoch_counts, read_mix_epoch, Interleave, MixPlan, MixReader, MixReport, MixState, MixStream,
+    Mixture, SampleStream, Share, SourceMark, SourceSpec, SourceTotals,
+};
 pub use options::{
     ReaderOptions, SamplingKind, DEFAULT_ALPHA, DEFAULT_CACHE_BOOST, DEFAULT_PEER_TIMEOUT_S,
 };

@@ -47,6 +47,17 @@ impl<'a> ChunkRuns<'a> {
         }
     }
 
+    /// Keeps the first `n` positions (all of them when there are no more).
+    pub(crate) fn truncate(&mut self, n: u64) {
+        if n >= self.len() {
+            return;
+        }
+        let i = self.ends.partition_point(|&e| e < n);
+        self.order.truncate(i + 1);
+        self.ends.truncate(i + 1);
+        self.ends[i] = n;
+    }
+
     /// Positions in the sequence.
     pub(crate) fn len(&self) -> u64 {
         self.ends.last().copied().unwrap_or(0)

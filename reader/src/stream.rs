@@ -98,6 +98,8 @@ pub struct Sample {
     pub label: u32,
     /// Importance-sampling weight 1/(N·p) (1 for uniform plans): multiply the loss by it.
     pub weight: f32,
+    /// Which source of a mixture it came from (its index in the mixture; 0 outside one).
+    pub source: u32,
     crc32: u32,
     data: SampleData,
 }
@@ -702,6 +704,7 @@ fn decode_window(ds: &Dataset, prep: Prepared, bufs: Vec<Arc<Completed>>) -> Vec
                 id: ids[i],
                 label: labels[i],
                 weight: weights.get(i).copied().unwrap_or(1.0),
+                source: 0,
                 crc32: e.crc32,
                 data,
             })

@@ -208,6 +208,19 @@ pub struct TierHits {
     pub admissions_skipped: u64,
 }
 
+impl std::ops::AddAssign for TierHits {
+    fn add_assign(&mut self, o: TierHits) {
+        self.samples_from_tier += o.samples_from_tier;
+        self.samples_from_origin += o.samples_from_origin;
+        self.bytes_from_tier += o.bytes_from_tier;
+        self.bytes_from_origin += o.bytes_from_origin;
+        self.samples_from_peers += o.samples_from_peers;
+        self.bytes_from_peers += o.bytes_from_peers;
+        self.admissions_failed += o.admissions_failed;
+        self.admissions_skipped += o.admissions_skipped;
+    }
+}
+
 /// What one stream counts of its tier: samples and bytes by where they came from, and what
 /// admission failed to store or dropped.
 #[derive(Default)]

@@ -152,6 +152,10 @@ pub struct DatasetShape {
     /// Of a view ([`DatasetShape::select`]): the dataset sample id of each position, rising.
     /// Plans are computed over positions and hand out these ids.
     ids: Option<std::sync::Arc<[u64]>>,
+    /// Of a mixture's source ([`DatasetShape::take`]): the samples an epoch delivers, when not
+    /// every sample once: the first ones of the epoch's order, or passes over it with a new
+    /// order each.
+    take: Option<u64>,
 }
 
 impl DatasetShape {
@@ -178,7 +182,40 @@ impl DatasetShape {
             guide,
             shift,
             ids: None,
+            take: None,
         }
+    }
+
+    /// This shape with epochs of `n` samples: the first `n` of the epoch's order when `n` is
+    /// below the sample count (whole chunks in the chunk order, then part of one), otherwise
+    /// every sample once per pass, `n / samples` passes and the start of one more, each pass
+    /// in an order of its own (the first pass in the epoch's usual order). What a mixture
+    /// asks of each source.
+    pub fn take(mut self, n: u64) -> DatasetShape {
+        self.take = Some(n);
+        self
+    }
+
+    /// Samples an epoch delivers before the cut per rank: the sample count, or what
+    /// [`DatasetShape::take`] set.
+    pub fn epoch_len(&self) -> u64 {
+        self.take.unwrap_or_else(|| self.samples())
+    }
+
+    /// The shape of the first `chunks` chunks (what a dataset was before generations were
+    /// appended to it: appends keep every chunk and sample id).
+    pub fn prefix(&self, chunks: u32) -> DatasetShape {
+        let counts = (0..chunks.min(self.chunks())).map(|c| {
+            let r = self.chunk_samples(c);
+            r.end - r.start
+        });
+        let mut s = DatasetShape::from_counts(counts);
+        if let Some(ids) = &self.ids {
+            let n = s.samples() as usize;
+            s.ids = Some(ids[..n].into());
+        }
+        s.take = self.take;
+        s
     }
 
     /// The shape of the samples `ids` (rising, each below [`DatasetShape::samples`]) of this
@@ -190,6 +227,7 @@ impl DatasetShape {
         }
         DatasetShape {
             ids: Some(ids),
+            take: self.take,
             ..Self::from_counts(counts)
         }
     }
@@ -412,11 +450,74 @@ fn old_shards(
 
 /// `shard`'s part of a global epoch, evaluated position by position (O(share) memory).
 fn global_part(shape: &DatasetShape, o: &PlanOptions, epoch: u64, shard: &Shard) -> Vec<u64> {
-    let n = shape.samples();
-    let p = global_permutation(shape, o, epoch);
-    shard_positions(n, shard, o.drop_last)
-        .map(|i| p.at(i % n))
+    let g = GlobalOrder::new(shape, o, epoch);
+    shard_positions(g.len(), shard, o.drop_last)
+        .map(|i| g.at(i))
         .collect()
+}
+
+/// A global epoch's sequence, position by position: the epoch's permutation, or for a shape
+/// that takes another count ([`DatasetShape::take`]) the start of it, or passes over the
+/// samples with a permutation each.
+struct GlobalOrder {
+    samples: u64,
+    len: u64,
+    passes: Vec<KeyedPermutation>,
+}
+
+impl GlobalOrder {
+    fn new(shape: &DatasetShape, o: &PlanOptions, epoch: u64) -> Self {
+        let (samples, len) = (shape.samples(), shape.epoch_len());
+        let passes = if samples == 0 {
+            0
+        } else {
+            len.div_ceil(samples)
+        };
+        let passes = (0..passes.max(1))
+            .map(|p| match p {
+                0 => global_permutation(shape, o, epoch),
+                _ => KeyedPermutation::new(samples, &[o.seed, epoch, TAG_GLOBAL, p]),
+            })
+            .collect();
+        GlobalOrder {
+            samples,
+            len,
+            passes,
+        }
+    }
+
+    fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// The sample at position `i` (past the end: wrapped to the start, as padding does).
+    fn at(&self, i: u64) -> u64 {
+        let i = i % self.len;
+        self.passes[(i / self.samples) as usize].at(i % self.samples)
+    }
+}
+
+/// The chunk order of an epoch read chunk by chunk, with as many passes over the chunks as
+/// the shape's epoch needs ([`DatasetShape::take`]): the first in the epoch's order
+/// (sequential: chunk ids), the others each in a seeded order of its own.
+fn pass_order(shape: &DatasetShape, o: &PlanOptions, epoch: u64, world: u32) -> Vec<u32> {
+    let first: Vec<u32> = match o.mode {
+        ShuffleMode::Sequential => (0..shape.chunks()).collect(),
+        _ => chunk_order(shape, o, epoch, world),
+    };
+    let (samples, len) = (shape.samples(), shape.epoch_len());
+    if samples == 0 || len <= samples {
+        return first;
+    }
+    let mut order = first;
+    for pass in 1..len.div_ceil(samples) {
+        let mut next: Vec<u32> = (0..shape.chunks()).collect();
+        if o.mode != ShuffleMode::Sequential {
+            SplitMix64::keyed(&[o.seed, epoch, TAG_CHUNKS, pass]).shuffle(&mut next);
+        }
+        order.extend(next);
+    }
+    order
 }
 
 /// Groups a shard's sequence into windows and shuffles within chunkwise windows.
@@ -517,11 +618,12 @@ fn chunk_runs<'a>(
 ) -> ChunkRuns<'a> {
     match probs {
         None => {
-            let order: Vec<u32> = match o.mode {
-                ShuffleMode::Sequential => (0..shape.chunks()).collect(),
-                _ => chunk_order(shape, o, epoch, world),
-            };
-            ChunkRuns::new(order, RunIds::Samples(&shape.first))
+            let mut runs = ChunkRuns::new(
+                pass_order(shape, o, epoch, world),
+                RunIds::Samples(&shape.first),
+            );
+            runs.truncate(shape.epoch_len());
+            runs
         }
         Some(imp) => ChunkRuns::new(
             chunk_order(shape, o, epoch, world),
@@ -586,7 +688,8 @@ fn global_rest_part(
     old: (u32, u32),
     consumed: &[u64],
 ) -> Vec<u64> {
-    let n = shape.samples();
+    let g = GlobalOrder::new(shape, o, epoch);
+    let n = g.len();
     // (position in the rest where the run starts, the run of epoch positions).
     let mut runs: Vec<(u64, Range<u64>)> = Vec::new();
     let mut total = 0u64;
@@ -596,12 +699,11 @@ fn global_rest_part(
             total += pos.end - from;
         }
     }
-    let p = global_permutation(shape, o, epoch);
     shard_positions(total, shard, o.drop_last)
         .map(|i| {
             let j = i % total;
             let (at, run) = &runs[runs.partition_point(|(s, _)| *s <= j) - 1];
-            p.at((run.start + (j - at)) % n)
+            g.at(run.start + (j - at))
         })
         .collect()
 }
@@ -724,6 +826,13 @@ impl EpochPlan {
             }
             if !(0.0..1.0).contains(&sm.alpha) {
                 return Err(format!("alpha {} is not in [0, 1)", sm.alpha));
+            }
+            if shape.take.is_some() {
+                return Err(
+                    "importance sampling of a mixture's source is not supported yet: \
+                            sample each dataset on its own"
+                        .into(),
+                );
             }
             if sm.scores.len() != shape.samples() {
                 return Err(format!(

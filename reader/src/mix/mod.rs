@@ -1,0 +1,492 @@
+//! Mixtures: one epoch over several datasets (sources), each contributing a number of samples
+//! set by its share (a weight, or a repeat or choose count).
+//!
+//! Each source's part of the epoch is an ordinary epoch plan of that source
+//! ([`DatasetShape::take`]: the first samples of its chunk order, or passes over it), cut
+//! for ranks and workers as any plan is, so every rank gets the same count of every source
+//! and reads each source chunk by chunk in windows of its own. A shard delivers its parts
+//! interleaved by [`Interleave`]: the j-th of a part's c samples sits at (j + ½) / c of the
+//! shard's epoch, so every source is spread evenly over it and any prefix of the epoch holds
+//! each source in its share (±1 sample).
+//!
+//! Resume ([`MixState`]) needs nothing but the count each shard delivered: replaying the
+//! interleave gives how many of each source that was, which is an ordinary [`EpochState`] of
+//! that source; each source's rest is redistributed as a single dataset's is. The state
+//! carries each source's epoch count and shape, so a resumed epoch is the epoch that was
+//! checkpointed: new weights apply from the next epoch, and a source that gained a
+//! generation since is read as it was (its first chunks) until the epoch ends.
+
+mod source;
+
+use std::cmp::{Ordering, Reverse};
+use std::collections::BinaryHeap;
+
+use granary_format::SplitMix64;
+
+use crate::plan::{DatasetShape, EpochPlan, EpochState, PlanOptions, Shard};
+
+pub use source::{
+    read_mix_epoch, MixReader, MixReport, MixStream, Mixture, SampleStream, SourceSpec,
+    SourceTotals,
+};
+
+/// How much of each epoch a source contributes.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Share {
+    /// A share of the epoch's samples (weights are relative: 5/3/2 = 0.5/0.3/0.2). Every
+    /// source of a mixture has a weight, or none has.
+    Weight(f64),
+    /// This many times the source's samples per epoch (0.5: half of them, a different half
+    /// each epoch; 2: each sample twice).
+    Repeat(f64),
+    /// This many samples per epoch.
+    Choose(u64),
+}
+
+impl std::str::FromStr for Share {
+    type Err = String;
+    /// `0.5` or `weight=0.5`, `repeat=2`, `choose=10000`.
+    fn from_str(s: &str) -> Result<Self, String> {
+        let (kind, v) = s.split_once('=').unwrap_or(("weight", s));
+        let num = |v: &str| {
+            v.trim()
+                .parse::<f64>()
+                .map_err(|_| format!("{kind} {v:?} is not a number"))
+        };
+        let share = match kind.trim() {
+            "weight" => Share::Weight(num(v)?),
+            "repeat" => Share::Repeat(num(v)?),
+            "choose" => Share::Choose(
+                v.trim()
+                    .parse()
+                    .map_err(|_| format!("choose {v:?} is not a count of samples"))?,
+            ),
+            k => {
+                return Err(format!(
+                    "unknown share {k:?}: use weight=W, repeat=R or choose=N"
+                ))
+            }
+        };
+        Ok(share)
+    }
+}
+
+impl std::fmt::Display for Share {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Share::Weight(w) => write!(f, "weight={w}"),
+            Share::Repeat(r) => write!(f, "repeat={r}"),
+            Share::Choose(n) => write!(f, "choose={n}"),
+        }
+    }
+}
+
+/// Samples each source contributes to an epoch: with weights, `epoch_size` (default: every
+/// source's samples together) apportioned by weight (largest remainders, so the counts add up
+/// exactly and each is within one sample of its weight's share); otherwise each source's
+/// repeat or choose count (a source without either has repeat 1).
+pub fn epoch_counts(
+    sizes: &[u64],
+    shares: &[Share],
+    epoch_size: Option<u64>,
+) -> Result<Vec<u64>, String> {
+    if sizes.is_empty() {
+        return Err("a mixture needs at least one source".into());
+    }
+    if shares.len() != sizes.len() {
+        return Err(format!(
+            "{} shares for {} sources: give one per source",
+            shares.len(),
+            sizes.len()
+        ));
+    }
+    let weights: Vec<f64> = shares
+        .iter()
+        .filter_map(|s| match s {
+            Share::Weight(w) => Some(*w),
+            _ => None,
+        })
+        .collect();
+    if !weights.is_empty() && weights.len() != shares.len() {
+        return Err("give every source a weight, or none (repeat=R / choose=N instead)".into());
+    }
+    for (i, s) in shares.iter().enumerate() {
+        let bad = match *s {
+            Share::Weight(v) | Share::Repeat(v) => !(v.is_finite() && v > 0.0),
+            Share::Choose(n) => n == 0,
+        };
+        if bad {
+            return Err(format!(
+                "source {i}: {s} is not a positive number (leave a source out rather than give \
+                 it nothing)"
+            ));
+        }
+    }
+    let counts: Vec<u64> = if weights.is_empty() {
+        if epoch_size.is_some() {
+            return Err("an epoch size goes with weights; repeat and choose set counts".into());
+        }
+        shares
+            .iter()
+            .zip(sizes)
+            .map(|(s, &n)| match *s {
+                Share::Repeat(r) => (r * n as f64).round() as u64,
+                Share::Choose(k) => k,
+                Share::Weight(_) => unreachable!("no weights here"),
+            })
+            .collect()
+    } else {
+        let total = epoch_size.unwrap_or_else(|| sizes.iter().sum());
+        apportion(total, &weights)
+    };
+    for (i, (&c, &n)) in counts.iter().zip(sizes).enumerate() {
+        if c > 0 && n == 0 {
+            return Err(format!("source {i} has no samples to give {c}"));
+        }
+    }
+    Ok(counts)
+}
+
+/// `total` split by `weights` (positive): floors of the exact shares, the rest one each to
+/// the largest remainders (ties to the earlier source).
+fn apportion(total: u64, weights: &[f64]) -> Vec<u64> {
+    let sum: f64 = weights.iter().sum();
+    let exact: Vec<f64> = weights.iter().map(|w| total as f64 * w / sum).collect();
+    let mut counts: Vec<u64> = exact.iter().map(|e| e.floor() as u64).collect();
+    let given: u64 = counts.iter().sum();
+    let mut by_rest: Vec<usize> = (0..weights.len()).collect();
+    by_rest.sort_by(|&a, &b| {
+        let (ra, rb) = (exact[a] - exact[a].floor(), exact[b] - exact[b].floor());
+        rb.partial_cmp(&ra)
+            .unwrap_or(Ordering::Equal)
+            .then(a.cmp(&b))
+    });
+    for &i in by_rest
+        .iter()
+        .cycle()
+        .take(total.saturating_sub(given) as usize)
+    {
+        counts[i] += 1;
+    }
+    counts
+}
+
+/// The seed of source `i`'s plans: sources with the same chunk counts get different orders.
+pub fn source_seed(seed: u64, i: usize) -> u64 {
+    SplitMix64::keyed(&[seed, TAG_MIX_SEED, i as u64]).next_u64()
+}
+
+const TAG_MIX_SEED: u64 = 0x006d_6978;
+
+/// The j-th of c samples of a source, placed at (2j + 1) / 2c of a shard's epoch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Slot {
+    num: u64,
+    den: u64,
+    source: u32,
+}
+
+impl Ord for Slot {
+    fn cmp(&self, o: &Self) -> Ordering {
+        (u128::from(self.num) * u128::from(o.den))
+            .cmp(&(u128::from(o.num) * u128::from(self.den)))
+            .then(self.source.cmp(&o.source))
+    }
+}
+
+impl PartialOrd for Slot {
+    fn partial_cmp(&self, o: &Self) -> Option<Ordering> {
+        Some(self.cmp(o))
+    }
+}
+
+/// The order in which a shard delivers its parts' samples: an iterator of source indices,
+/// `counts[i]` of source i, each source spread evenly (see the module documentation).
+#[derive(Clone, Debug)]
+pub struct Interleave {
+    counts: Vec<u64>,
+    next: Vec<u64>,
+    heap: BinaryHeap<Reverse<Slot>>,
+}
+
+impl Interleave {
+    /// From the start.
+    pub fn new(counts: &[u64]) -> Self {
+        Self::resume(counts, &vec![0; counts.len()])
+    }
+
+    /// After `done[i]` samples of each source were delivered (as replaying the order says).
+    pub fn resume(counts: &[u64], done: &[u64]) -> Self {
+        let mut it = Interleave {
+            counts: counts.to_vec(),
+            next: done.to_vec(),
+            heap: BinaryHeap::with_capacity(counts.len()),
+        };
+        for i in 0..counts.len() {
+            it.push(i);
+        }
+        it
+    }
+
+    fn push(&mut self, i: usize) {
+        let (j, c) = (self.next[i], self.counts[i]);
+        if j < c {
+            self.heap.push(Reverse(Slot {
+                num: 2 * j + 1,
+                den: 2 * c,
+                source: i as u32,
+            }));
+        }
+    }
+
+    /// How many of each source the first `k` picks of the order over `counts` are.
+    pub fn counts_after(counts: &[u64], k: u64) -> Vec<u64> {
+        let mut it = Interleave::new(counts);
+        for _ in 0..k {
+            if it.next().is_none() {
+                break;
+            }
+        }
+        it.next
+    }
+
+    /// Samples left to deliver.
+    pub fn remaining(&self) -> u64 {
+        self.counts.iter().zip(&self.next).map(|(c, n)| c - n).sum()
+    }
+}
+
+impl Iterator for Interleave {
+    type Item = usize;
+    fn next(&mut self) -> Option<usize> {
+        let Reverse(s) = self.heap.pop()?;
+        let i = s.source as usize;
+        self.next[i] += 1;
+        self.push(i);
+        Some(i)
+    }
+}
+
+/// What a source was when an epoch was planned: its dataset (the id the front end checks),
+/// its chunk and sample counts (of the generation read) and the samples the epoch took of it.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct SourceMark {
+    pub dataset: String,
+    pub chunks: u32,
+    pub samples: u64,
+    pub take: u64,
+}
+
+/// Where a mixture's epoch stands: the configuration reading it, how many samples each
+/// (rank, worker) had delivered (`rank * num_workers + worker`), and every source as it was
+/// planned. Resumed with the same configuration it continues exactly; with another world size
+/// or worker count each source's rest is redistributed; in both cases nothing is repeated or
+/// skipped.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct MixState {
+    pub epoch: u64,
+    pub world_size: u32,
+    pub num_workers: u32,
+    pub consumed: Vec<u64>,
+    pub sources: Vec<SourceMark>,
+}
+
+/// One source of a plan: its shape (with [`DatasetShape::take`] set to its epoch count), its
+/// plan options, and its mark for resume states.
+#[derive(Clone, Debug)]
+pub struct PlanSource {
+    pub shape: DatasetShape,
+    pub options: PlanOptions,
+    pub mark: SourceMark,
+}
+
+/// One shard's plan of a mixture's epoch: each source's part and the order they interleave.
+#[derive(Clone, Debug)]
+pub struct MixPlan {
+    pub epoch: u64,
+    pub parts: Vec<EpochPlan>,
+    pub order: Interleave,
+}
+
+impl MixPlan {
+    /// `shard`'s plan of `epoch`; with `resume`, what is left of the epoch it was taken in.
+    pub fn build(
+        sources: &[PlanSource],
+        epoch: u64,
+        shard: Shard,
+        resume: Option<&MixState>,
+    ) -> Result<MixPlan, String> {
+        let Some(st) = resume else {
+            let parts = sources
+                .iter()
+                .map(|s| EpochPlan::build(&s.shape, &s.options, epoch, shard, None))
+                .collect::<Result<Vec<_>, _>>()?;
+            let counts: Vec<u64> = parts.iter().map(|p| p.len() as u64).collect();
+            return Ok(MixPlan {
+                epoch,
+                parts,
+                order: Interleave::new(&counts),
+            });
+        };
+        let shapes = resumed_shapes(sources, st, epoch)?;
+        // Each old shard's parts (fresh plans: a state is taken in a fresh epoch) and how
+        // many of each it delivered.
+        let (old_w, old_k) = (st.world_size, st.num_workers);
+        let mut per_source: Vec<Vec<u64>> = vec![Vec::new(); sources.len()];
+        let mut mine = None;
+        for (slot, &done) in st.consumed.iter().enumerate() {
+            let old = Shard {
+                rank: slot as u32 / old_k,
+                world_size: old_w,
+                worker: slot as u32 % old_k,
+                num_workers: old_k,
+            };
+            let counts: Vec<u64> = shapes
+                .iter()
+                .zip(sources)
+                .map(|(sh, s)| part_len(sh, &s.options, old))
+                .collect();
+            if done > counts.iter().sum() {
+                return Err(format!(
+                    "resume state: shard {slot} delivered {done} samples of an epoch that gives \
+                     it {}",
+                    counts.iter().sum::<u64>()
+                ));
+            }
+            let after = Interleave::counts_after(&counts, done);
+            for (i, a) in after.iter().enumerate() {
+                per_source[i].push(*a);
+            }
+            if old == shard {
+                mine = Some((counts, after));
+            }
+        }
+        let parts = shapes
+            .iter()
+            .zip(sources)
+            .zip(&per_source)
+            .map(|((sh, s), consumed)| {
+                let state = EpochState {
+                    epoch,
+                    world_size: old_w,
+                    num_workers: old_k,
+                    consumed: consumed.clone(),
+                };
+                EpochPlan::build(sh, &s.options, epoch, shard, Some(&state))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let order = match mine {
+            // The same configuration: the interleave goes on where it stopped.
+            Some((counts, after)) => Interleave::resume(&counts, &after),
+            None => Interleave::new(&parts.iter().map(|p| p.len() as u64).collect::<Vec<_>>()),
+        };
+        Ok(MixPlan {
+            epoch,
+            parts,
+            order,
+        })
+    }
+
+    /// Samples in the plan.
+    pub fn len(&self) -> u64 {
+        self.order.remaining()
+    }
+
+    /// True when the plan delivers nothing.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The samples in delivery order: (source, sample id). For tests and inspection; streams
+    /// read the parts.
+    pub fn sequence(&self) -> Vec<(usize, u64)> {
+        let mut at = vec![0usize; self.parts.len()];
+        self.order
+            .clone()
+            .map(|i| {
+                at[i] += 1;
+                (i, self.parts[i].samples[at[i] - 1])
+            })
+            .collect()
+    }
+}
+
+/// How many samples `shard`'s part of a source's epoch holds.
+fn part_len(shape: &DatasetShape, o: &PlanOptions, shard: Shard) -> u64 {
+    let n = shape.epoch_len();
+    if n == 0 {
+        return 0;
+    }
+    let w = u64::from(shard.world_size);
+    let per = if o.drop_last { n / w } else { n.div_ceil(w) };
+    let (k, i) = (u64::from(shard.num_workers), u64::from(shard.worker));
+    per / k + u64::from(i < per % k)
+}
+
+/// The sources' shapes as the checkpointed epoch planned them: the state's counts, and each
+/// source's first chunks when it gained a generation since.
+fn resumed_shapes(
+    sources: &[PlanSource],
+    st: &MixState,
+    epoch: u64,
+) -> Result<Vec<DatasetShape>, String> {
+    if st.epoch != epoch {
+        return Err(format!(
+            "resume state is for epoch {}, not {epoch}",
+            st.epoch
+        ));
+    }
+    if st.sources.len() != sources.len() {
+        return Err(format!(
+            "resume state of a mixture of {} sources, this one has {}",
+            st.sources.len(),
+            sources.len()
+        ));
+    }
+    if st.world_size == 0
+        || st.num_workers == 0
+        || st.consumed.len() != (st.world_size * st.num_workers) as usize
+    {
+        return Err(format!(
+            "resume state lists {} counts for {} ranks x {} workers",
+            st.consumed.len(),
+            st.world_size,
+            st.num_workers
+        ));
+    }
+    sources
+        .iter()
+        .zip(&st.sources)
+        .enumerate()
+        .map(|(i, (s, m))| {
+            if !m.dataset.is_empty() && m.dataset != s.mark.dataset {
+                return Err(format!(
+                    "resume state: source {i} was dataset {}, this mixture's is {}",
+                    m.dataset, s.mark.dataset
+                ));
+            }
+            if m.chunks > s.shape.chunks() {
+                return Err(format!(
+                    "resume state: source {i} had {} chunks, it has {} now (a dataset only \
+                     grows by appended generations)",
+                    m.chunks,
+                    s.shape.chunks()
+                ));
+            }
+            let shape = s.shape.prefix(m.chunks);
+            if shape.samples() != m.samples {
+                return Err(format!(
+                    "resume state: source {i}'s first {} chunks held {} samples, they hold {} \
+                     now",
+                    m.chunks,
+                    m.samples,
+                    shape.samples()
+                ));
+            }
+            Ok(shape.take(m.take))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,571 @@
+//! Mixtures opened on datasets and read: [`Mixture`] (the sources and their shares),
+//! [`MixReader`] (a reader configuration opened for every source: tier, peers, memory) and
+//! [`MixStream`] (one shard's epoch, its sources' streams interleaved).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use serde::Serialize;
+
+use super::SourceMark;
+use super::{epoch_counts, source_seed, Interleave, MixPlan, MixState, PlanSource, Share};
+use crate::config::{Reader, ReaderConfig, SamplingMode};
+use crate::epoch::{add_layers, LayerReading};
+use crate::error::{ReadError, Result};
+use crate::{Dataset, DatasetShape, EpochStream, MeterReading, Sample, Shard, TierHits};
+
+/// A stream of samples with the reader's counters: one dataset's ([`EpochStream`]) or a
+/// mixture's ([`MixStream`]). What front ends hold.
+pub trait SampleStream: Iterator<Item = Result<Sample>> + Send {
+    /// The I/O backend ("uring" or "pread"; a mixture's first source's).
+    fn backend(&self) -> &'static str;
+    /// Why it reads with pread although io_uring was wanted.
+    fn backend_fallback(&self) -> Option<&str>;
+    /// What passed through each layer of the store stacks so far, top first.
+    fn layers(&self) -> Vec<(&'static str, MeterReading)>;
+    /// How much came from the local tiers so far.
+    fn tier_hits(&self) -> TierHits;
+}
+
+impl SampleStream for EpochStream {
+    fn backend(&self) -> &'static str {
+        EpochStream::backend(self)
+    }
+    fn backend_fallback(&self) -> Option<&str> {
+        EpochStream::backend_fallback(self)
+    }
+    fn layers(&self) -> Vec<(&'static str, MeterReading)> {
+        EpochStream::layers(self)
+    }
+    fn tier_hits(&self) -> TierHits {
+        EpochStream::tier_hits(self)
+    }
+}
+
+/// A source as a user names it: a dataset (path, URL or view file) and its share.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SourceSpec {
+    pub location: PathBuf,
+    pub share: Share,
+}
+
+impl SourceSpec {
+    /// A mixture file: one source per line, `LOCATION [weight=W | repeat=R | choose=N | W]`
+    /// (no share: repeat=1), and optionally a line `epoch-size N`; `#` starts a comment.
+    /// Relative locations are relative to the file's directory. Returns the sources and the
+    /// epoch size.
+    pub fn read_file(path: &Path) -> Result<(Vec<SourceSpec>, Option<u64>)> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| ReadError::io("reading the mixture file", path, e))?;
+        let base = path.parent().unwrap_or(Path::new("."));
+        let mut specs = Vec::new();
+        let mut epoch_size = None;
+        for (n, line) in text.lines().enumerate() {
+            let line = line.split('#').next().unwrap_or("").trim();
+            if line.is_empty() {
+                continue;
+            }
+            let bad = |m: String| ReadError::invalid(format!("{}:{}: {m}", path.display(), n + 1));
+            if let Some(v) = line.strip_prefix("epoch-size") {
+                let v = v.trim();
+                epoch_size = Some(
+                    v.parse()
+                        .map_err(|_| bad(format!("epoch-size {v:?} is not a sample count")))?,
+                );
+                continue;
+            }
+            let (loc, share) = match line.rsplit_once(char::is_whitespace) {
+                Some((loc, s)) => match s.parse::<Share>() {
+                    Ok(share) => (loc.trim(), share),
+                    Err(e) if s.contains('=') => return Err(bad(e)),
+                    Err(_) => (line, Share::Repeat(1.0)),
+                },
+                None => (line, Share::Repeat(1.0)),
+            };
+            let location = if loc.contains("://") || Path::new(loc).is_absolute() {
+                PathBuf::from(loc)
+            } else {
+                base.join(loc)
+            };
+            specs.push(SourceSpec { location, share });
+        }
+        if specs.is_empty() {
+            return Err(ReadError::invalid(format!(
+                "{}: the mixture file names no source",
+                path.display()
+            )));
+        }
+        Ok((specs, epoch_size))
+    }
+}
+
+/// The datasets of a mixture and what each contributes to an epoch.
+pub struct Mixture {
+    sources: Vec<MixSource>,
+    epoch_size: Option<u64>,
+}
+
+struct MixSource {
+    name: String,
+    ds: Arc<Dataset>,
+    share: Share,
+    shape: DatasetShape,
+    count: u64,
+    mark: SourceMark,
+}
+
+impl Mixture {
+    /// The mixture of `datasets` (a name for messages, the opened dataset) with `shares`:
+    /// checks the shares ([`epoch_counts`]) and that no dataset (or view) appears twice.
+    pub fn new(
+        datasets: Vec<(String, Arc<Dataset>)>,
+        shares: &[Share],
+        epoch_size: Option<u64>,
+    ) -> Result<Mixture> {
+        let mut shapes = Vec::with_capacity(datasets.len());
+        for (i, (name, ds)) in datasets.iter().enumerate() {
+            for (other, ods) in &datasets[..i] {
+                let same_ids = match (ds.view(), ods.view()) {
+                    (None, None) => true,
+                    (Some(a), Some(b)) => a.ids == b.ids,
+                    _ => false,
+                };
+                if ds.snapshot().dataset_id() == ods.snapshot().dataset_id() && same_ids {
+                    return Err(ReadError::invalid(format!(
+                        "{name} and {other} are the same samples of one dataset: give it once, \
+                         with a larger share (repeat=2 reads each sample twice)"
+                    )));
+                }
+            }
+            shapes.push(ds.shape()?);
+        }
+        let sizes: Vec<u64> = shapes.iter().map(DatasetShape::samples).collect();
+        let counts = epoch_counts(&sizes, shares, epoch_size).map_err(ReadError::invalid)?;
+        let sources = datasets
+            .into_iter()
+            .zip(shapes)
+            .zip(shares.iter().zip(counts))
+            .map(|(((name, ds), shape), (&share, count))| MixSource {
+                mark: SourceMark {
+                    dataset: granary_format::DatasetId(ds.snapshot().dataset_id()).to_string(),
+                    chunks: shape.chunks(),
+                    samples: shape.samples(),
+                    take: count,
+                },
+                name,
+                ds,
+                share,
+                shape,
+                count,
+            })
+            .collect();
+        Ok(Mixture {
+            sources,
+            epoch_size,
+        })
+    }
+
+    /// Opens every source of `specs` with `open` and makes the mixture.
+    pub fn open(
+        specs: &[SourceSpec],
+        epoch_size: Option<u64>,
+        open: impl Fn(&Path) -> Result<Dataset>,
+    ) -> Result<Mixture> {
+        let datasets = specs
+            .iter()
+            .map(|s| {
+                Ok((
+                    s.location.display().to_string(),
+                    Arc::new(open(&s.location)?),
+                ))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let shares: Vec<Share> = specs.iter().map(|s| s.share).collect();
+        Self::new(datasets, &shares, epoch_size)
+    }
+
+    /// Sources in the mixture.
+    pub fn len(&self) -> usize {
+        self.sources.len()
+    }
+
+    /// True for no sources (never: [`Mixture::new`] refuses it).
+    pub fn is_empty(&self) -> bool {
+        self.sources.is_empty()
+    }
+
+    /// Source `i`'s name, dataset, share, samples and epoch count.
+    pub fn name(&self, i: usize) -> &str {
+        &self.sources[i].name
+    }
+    pub fn dataset(&self, i: usize) -> &Arc<Dataset> {
+        &self.sources[i].ds
+    }
+    pub fn share(&self, i: usize) -> Share {
+        self.sources[i].share
+    }
+    pub fn samples(&self, i: usize) -> u64 {
+        self.sources[i].shape.samples()
+    }
+    /// Samples source `i` contributes to every epoch.
+    pub fn count(&self, i: usize) -> u64 {
+        self.sources[i].count
+    }
+    /// The epoch size asked for (weights only).
+    pub fn epoch_size(&self) -> Option<u64> {
+        self.epoch_size
+    }
+}
+
+/// A reader configuration opened for every source of a mixture. Each source gets its own
+/// plan seed (derived from the seed), a share of the memory budget and of the tier's quota
+/// (half split evenly, half by epoch counts), and its own tier and peers as a dataset read
+/// alone would.
+pub struct MixReader {
+    mix: Arc<Mixture>,
+    readers: Vec<Reader>,
+}
+
+impl MixReader {
+    /// Opens `config` for every source of `mix`.
+    pub fn open(mix: Arc<Mixture>, config: &ReaderConfig) -> Result<MixReader> {
+        if config.plan.locality < 1.0 {
+            return Err(ReadError::invalid(
+                "locality below 1 is not supported for mixtures yet".into(),
+            ));
+        }
+        if matches!(config.sampling, SamplingMode::Importance(_)) {
+            return Err(ReadError::invalid(
+                "importance sampling of a mixture is not supported yet: sample each dataset on \
+                 its own"
+                    .into(),
+            ));
+        }
+        let total: u64 = (0..mix.len()).map(|i| mix.count(i)).sum::<u64>().max(1);
+        let n = mix.len() as f64;
+        let readers = (0..mix.len())
+            .map(|i| {
+                let part = (mix.count(i) as f64 / total as f64 + 1.0 / n) / 2.0;
+                let mut c = config.clone();
+                c.plan.seed = source_seed(config.plan.seed, i);
+                c.memory = ((config.memory as f64 * part) as u64).max(1);
+                if let Some(t) = &mut c.tier {
+                    t.quota = ((t.quota as f64 * part) as u64).max(1);
+                }
+                c.open(mix.dataset(i))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(MixReader { mix, readers })
+    }
+
+    /// The mixture.
+    pub fn mixture(&self) -> &Arc<Mixture> {
+        &self.mix
+    }
+
+    /// Source `i`'s reader.
+    pub fn reader(&self, i: usize) -> &Reader {
+        &self.readers[i]
+    }
+
+    /// A new epoch: every peer is asked again.
+    pub fn begin_epoch(&self) {
+        for r in &self.readers {
+            r.begin_epoch();
+        }
+    }
+
+    /// The plan sources (shape with the epoch count, resolved options, mark) of this epoch.
+    pub fn plan_sources(&self) -> Result<Vec<PlanSource>> {
+        self.readers
+            .iter()
+            .zip(&self.mix.sources)
+            .map(|(r, s)| {
+                let setup = r.setup()?;
+                Ok(PlanSource {
+                    shape: s.shape.clone().take(s.count),
+                    options: setup.plan_options(&s.ds)?,
+                    mark: s.mark.clone(),
+                })
+            })
+            .collect()
+    }
+
+    /// `shard`'s plan of `epoch` (what is left of it with `resume`).
+    pub fn plan(&self, epoch: u64, shard: Shard, resume: Option<&MixState>) -> Result<MixPlan> {
+        MixPlan::build(&self.plan_sources()?, epoch, shard, resume).map_err(ReadError::invalid)
+    }
+
+    /// `shard`'s stream of `epoch` (what is left of it with `resume`).
+    pub fn stream(&self, epoch: u64, shard: Shard, resume: Option<&MixState>) -> Result<MixStream> {
+        let plan = self.plan(epoch, shard, resume)?;
+        let len = plan.len();
+        let streams = plan
+            .parts
+            .into_iter()
+            .zip(&self.readers)
+            .map(|(p, r)| {
+                let setup = r.setup()?;
+                EpochStream::new(r.dataset().clone(), p, setup.plan.mode, &setup.stream)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(MixStream {
+            streams,
+            order: plan.order,
+            len,
+            delivered: 0,
+            done: false,
+        })
+    }
+
+    /// A resume state for `epoch` at this configuration, nothing consumed yet, with every
+    /// source's mark: what front ends fill with their counts.
+    pub fn state(&self, epoch: u64, world_size: u32, num_workers: u32) -> MixState {
+        MixState {
+            epoch,
+            world_size,
+            num_workers,
+            consumed: vec![0; (world_size * num_workers) as usize],
+            sources: self.mix.sources.iter().map(|s| s.mark.clone()).collect(),
+        }
+    }
+}
+
+/// One shard's epoch of a mixture: its sources' streams, read in the plan's interleave. Each
+/// sample carries its source ([`Sample::source`]). A source's stream that ends before the
+/// plan says, or has samples past it, is an error, never a short epoch.
+pub struct MixStream {
+    streams: Vec<EpochStream>,
+    order: Interleave,
+    len: u64,
+    delivered: u64,
+    done: bool,
+}
+
+impl MixStream {
+    /// Samples the shard's plan holds (after any resume).
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// True when it delivers nothing.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The most bytes of read buffers the sources' streams held at once, summed.
+    pub fn peak_buffer_bytes(&self) -> u64 {
+        self.streams.iter().map(|s| s.peak_buffer_bytes()).sum()
+    }
+
+    /// Bytes read from storage so far.
+    pub fn bytes_read(&self) -> u64 {
+        self.streams.iter().map(|s| s.bytes_read()).sum()
+    }
+
+    fn fail(&mut self, e: ReadError) -> Option<Result<Sample>> {
+        self.done = true;
+        Some(Err(e))
+    }
+}
+
+impl Iterator for MixStream {
+    type Item = Result<Sample>;
+
+    fn next(&mut self) -> Option<Result<Sample>> {
+        if self.done {
+            return None;
+        }
+        let Some(i) = self.order.next() else {
+            // Every source must have ended too (its stream received its end).
+            self.done = true;
+            for (i, s) in self.streams.iter_mut().enumerate() {
+                if let Some(x) = s.next() {
+                    let e = x.err().unwrap_or_else(|| {
+                        ReadError::Incomplete(format!(
+                            "source {i} has samples past its part of the epoch"
+                        ))
+                    });
+                    return self.fail(e);
+                }
+            }
+            return None;
+        };
+        match self.streams[i].next() {
+            Some(Ok(mut s)) => {
+                s.source = i as u32;
+                self.delivered += 1;
+                Some(Ok(s))
+            }
+            Some(Err(e)) => self.fail(e),
+            None => {
+                let e = ReadError::Incomplete(format!(
+                    "source {i}'s stream ended before its part of the epoch did; the epoch is \
+                     incomplete after {} samples",
+                    self.delivered
+                ));
+                self.fail(e)
+            }
+        }
+    }
+}
+
+impl SampleStream for MixStream {
+    fn backend(&self) -> &'static str {
+        self.streams.first().map_or("pread", |s| s.backend())
+    }
+    fn backend_fallback(&self) -> Option<&str> {
+        self.streams.iter().find_map(|s| s.backend_fallback())
+    }
+    fn layers(&self) -> Vec<(&'static str, MeterReading)> {
+        let mut total = Vec::new();
+        for s in &self.streams {
+            let mine = s
+                .layers()
+                .into_iter()
+                .map(|(layer, reading)| LayerReading { layer, reading })
+                .collect();
+            add_layers(&mut total, mine);
+        }
+        total.into_iter().map(|l| (l.layer, l.reading)).collect()
+    }
+    fn tier_hits(&self) -> TierHits {
+        let mut h = TierHits::default();
+        for s in &self.streams {
+            h += s.tier_hits();
+        }
+        h
+    }
+}
+
+/// What one source gave a rank's epoch.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct SourceTotals {
+    pub source: String,
+    pub share: String,
+    pub samples: u64,
+    /// This source's part of the samples delivered.
+    pub fraction: f64,
+    pub bytes: u64,
+    /// Order-independent digest of the source's samples (as `granary read` prints for a
+    /// dataset alone).
+    pub digest: String,
+}
+
+/// What one rank's epoch of a mixture delivered, summed over its workers.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct MixReport {
+    pub epoch: u64,
+    pub samples: u64,
+    pub bytes: u64,
+    pub bytes_read: u64,
+    pub elapsed_s: f64,
+    pub samples_per_s: f64,
+    pub mb_per_s: f64,
+    pub backend: String,
+    pub peak_buffer_bytes: u64,
+    pub sources: Vec<SourceTotals>,
+    pub layers: Vec<LayerReading>,
+}
+
+/// Reads rank `rank`'s share of a mixture's epoch with `workers` loader workers (threads),
+/// touching every byte; a worker's error ends the epoch with it.
+pub fn read_mix_epoch(
+    reader: &MixReader,
+    epoch: u64,
+    rank: u32,
+    world_size: u32,
+    workers: u32,
+) -> Result<MixReport> {
+    let t = Instant::now();
+    let k = workers.max(1);
+    let n = reader.mix.len();
+    // (samples, bytes, digest) per source, bytes read, backend, peak buffers, layers.
+    type Worker = (
+        Vec<(u64, u64, u64)>,
+        u64,
+        &'static str,
+        u64,
+        Vec<LayerReading>,
+    );
+    let results: Vec<Result<Worker>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..k)
+            .map(|w| {
+                s.spawn(move || -> Result<Worker> {
+                    let shard = Shard {
+                        rank,
+                        world_size,
+                        worker: w,
+                        num_workers: k,
+                    };
+                    let mut st = reader.stream(epoch, shard, None)?;
+                    let mut per = vec![(0u64, 0u64, 0u64); n];
+                    for sample in st.by_ref() {
+                        let sample = sample?;
+                        let p = &mut per[sample.source as usize];
+                        p.0 += 1;
+                        p.1 += sample.data().len() as u64;
+                        p.2 =
+                            p.2.wrapping_add(crate::digest_term(sample.id, sample.crc32()));
+                    }
+                    let layers = st
+                        .layers()
+                        .into_iter()
+                        .map(|(layer, reading)| LayerReading { layer, reading })
+                        .collect();
+                    Ok((
+                        per,
+                        st.bytes_read(),
+                        st.backend(),
+                        st.peak_buffer_bytes(),
+                        layers,
+                    ))
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|p| Err(crate::stream::thread_died("loader worker", &*p)))
+            })
+            .collect()
+    });
+    let mut r = MixReport {
+        epoch,
+        ..Default::default()
+    };
+    let mut per = vec![(0u64, 0u64, 0u64); n];
+    for res in results {
+        let (p, read, backend, peak, layers) = res?;
+        for (a, b) in per.iter_mut().zip(p) {
+            a.0 += b.0;
+            a.1 += b.1;
+            a.2 = a.2.wrapping_add(b.2);
+        }
+        r.bytes_read += read;
+        r.backend = backend.to_string();
+        r.peak_buffer_bytes = r.peak_buffer_bytes.max(peak);
+        add_layers(&mut r.layers, layers);
+    }
+    r.samples = per.iter().map(|p| p.0).sum();
+    r.bytes = per.iter().map(|p| p.1).sum();
+    r.sources = per
+        .iter()
+        .enumerate()
+        .map(|(i, p)| SourceTotals {
+            source: reader.mix.name(i).to_string(),
+            share: reader.mix.share(i).to_string(),
+            samples: p.0,
+            fraction: p.0 as f64 / r.samples.max(1) as f64,
+            bytes: p.1,
+            digest: format!("{:016x}", p.2),
+        })
+        .collect();
+    r.elapsed_s = t.elapsed().as_secs_f64();
+    let secs = r.elapsed_s.max(1e-9);
+    r.samples_per_s = r.samples as f64 / secs;
+    r.mb_per_s = r.bytes as f64 / 1e6 / secs;
+    Ok(r)
+}
