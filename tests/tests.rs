@@ -7,6 +7,7 @@ mod cli;
 mod conformance;
 mod faults;
 mod golden;
+mod mix;
 mod mount;
 mod peers;
 mod regression;

@@ -8,6 +8,7 @@ pub mod extract;
 pub mod info;
 pub mod ls;
 pub mod merge;
+pub mod mix;
 pub mod mount;
 pub mod pack;
 pub mod plan;

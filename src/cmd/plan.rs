@@ -13,6 +13,7 @@ use super::read::PlanArgs;
 #[command(after_help = "Examples:
   granary plan train.granary --world-size 4 --workers 2
   granary plan train.granary --shuffle chunkwise --window 8 --json
+  granary plan web.granary books.granary --weights 0.7,0.3 --world-size 8   # a mixture's shares
 
 Shuffle quality is measured on labels over the whole epoch (all shares concatenated): mean length
 of same-label runs, and the mean total-variation distance between the label histogram of each
@@ -22,8 +23,12 @@ snapshot, not every sample's record entry): for a shuffled plan of a packed data
 the figures the samples' own labels give.")]
 pub struct Args {
     /// Dataset directory (or its snapshot file), its URL (s3://, gs://, az://), or a view file
-    /// (`granary view`: the view's samples only).
-    pub dataset: PathBuf,
+    /// (`granary view`: the view's samples only). Several: a mixture (--weights); the plan
+    /// then shows each source's share per epoch and per rank.
+    #[arg(required_unless_present = "mixture", num_args = 1..)]
+    pub datasets: Vec<PathBuf>,
+    #[command(flatten)]
+    pub mix: super::mix::MixArgs,
     #[command(flatten)]
     pub plan: PlanArgs,
     /// Epoch number.
@@ -35,7 +40,13 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
-    let ds = super::open_dataset(&a.dataset)?;
+    if let Some(mix) = a.mix.open(&a.datasets)? {
+        let config = a.plan.reader_options().config()?;
+        super::mix::plan(mix, &config, &a)?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    let dataset = &a.datasets[0];
+    let ds = super::open_dataset(dataset)?;
     let shape = ds.shape()?;
     let opts = a.plan.options(&ds)?;
     let shards: Vec<Shard> = (0..a.plan.world_size)
@@ -66,7 +77,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     let repeats = before - sorted.len();
     let samples = shape.samples();
     let missing = samples as usize - sorted.len();
-    let label = plan_labels(&ds, &shape, &a.dataset)?;
+    let label = plan_labels(&ds, &shape, dataset)?;
     let label = |id: u64| label(id);
     let q = shuffle_quality(&shape, label, &all, 256);
     let global = PlanOptions {
@@ -91,7 +102,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     println!(
         "epoch {} of {} ({} samples, {} chunks), {:?} shuffle, window {} chunks",
         a.epoch,
-        a.dataset.display(),
+        dataset.display(),
         samples,
         ds.chunk_count(),
         opts.mode,

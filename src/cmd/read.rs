@@ -43,6 +43,21 @@ pub struct PlanArgs {
 }
 
 impl PlanArgs {
+    /// These arguments as reader options (the rest at their defaults).
+    pub fn reader_options(&self) -> granary::ReaderOptions {
+        granary::ReaderOptions {
+            shuffle: self.shuffle,
+            seed: self.seed,
+            window: self.window,
+            memory: Some(self.memory),
+            rank: self.rank,
+            world_size: self.world_size,
+            drop_last: !self.pad,
+            locality: self.locality,
+            ..Default::default()
+        }
+    }
+
     /// Plan options for `ds` (the window follows from the memory budget unless given).
     pub fn options(&self, ds: &granary::Dataset) -> anyhow::Result<PlanOptions> {
         let window = match self.window {
@@ -170,6 +185,9 @@ impl PeerArgs {
   granary read train.granary --epochs 3 --cache-dir /ssd/gcache --cache-size 20GiB --policy static
   granary read train.granary --cache-dir /ssd/gcache --cache-size 20GiB --policy importance
   granary read train.granary --cache-dir /ssd/gcache --cache-size 20GiB --policy importance --sampling importance --alpha 0.5
+  granary read web.granary books.granary code.granary --weights 0.5,0.3,0.2   # a mixture
+  granary read a.granary b.granary --weights repeat=2,choose=10000
+  granary read --mixture blend.txt --epochs 3 --json
 
 With --policy importance the tier keeps hot chunks of the samples that matter most, chosen by
 the node's shared score table (written by the training loop's report(); or --scores FILE).
@@ -177,11 +195,22 @@ the node's shared score table (written by the training loop's report(); or --sco
 The digest covers content: a sum (mod 2^64) of a keyed hash of each delivered sample's id and the
 CRC-32 of the bytes delivered, so it is order-independent and the digests of all ranks (and
 workers) of an epoch add up to the digest `granary verify` prints exactly when every sample was
-delivered once with the right bytes (with --pad or importance sampling, samples repeat).")]
+delivered once with the right bytes (with --pad or importance sampling, samples repeat).
+
+A mixture reads one epoch over several datasets: each source gives its share of the epoch (its
+weight's share of all their samples or of --epoch-size, or repeat=R / choose=N samples),
+planned chunk-wise on its own with its own windows and read by its own stream, interleaved
+evenly; every rank gets the same count of every source. Each source's digest is printed: with
+repeat=1 (the default for several datasets) it equals that dataset's `granary verify` digest
+when all ranks' digests are added up.")]
 pub struct Args {
     /// Dataset directory (or its snapshot file), its URL (s3://, gs://, az://), or a view file
-    /// (`granary view`: the view's samples only).
-    pub dataset: PathBuf,
+    /// (`granary view`: the view's samples only). Several: a mixture, one epoch over all of
+    /// them (--weights).
+    #[arg(required_unless_present = "mixture", num_args = 1..)]
+    pub datasets: Vec<PathBuf>,
+    #[command(flatten)]
+    pub mix: super::mix::MixArgs,
     #[command(flatten)]
     pub plan: PlanArgs,
     /// Number of epochs.
@@ -252,16 +281,7 @@ impl Args {
     /// The reader configuration these arguments describe: the library's options, checked
     /// there.
     fn config(&self) -> anyhow::Result<granary::ReaderConfig> {
-        let p = &self.plan;
         let mut o = granary::ReaderOptions {
-            shuffle: p.shuffle,
-            seed: p.seed,
-            window: p.window,
-            memory: Some(p.memory),
-            rank: p.rank,
-            world_size: p.world_size,
-            drop_last: !p.pad,
-            locality: p.locality,
             io: self.io,
             page_cache: self.page_cache,
             backend: self.backend,
@@ -275,7 +295,7 @@ impl Args {
             sampling: self.sampling,
             alpha: self.alpha,
             cache_boost: self.cache_boost,
-            ..Default::default()
+            ..self.plan.reader_options()
         };
         self.peers.apply(&mut o, self.first_epoch)?;
         Ok(o.config()?)
@@ -283,7 +303,11 @@ impl Args {
 }
 
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
-    let ds = Arc::new(super::open_dataset(&a.dataset)?);
+    if let Some(mix) = a.mix.open(&a.datasets)? {
+        super::mix::read(mix, &a.config()?, &a)?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    let ds = Arc::new(super::open_dataset(&a.datasets[0])?);
     let reader = a.config()?.open(&ds)?;
     let mut reports = Vec::new();
     for epoch in a.first_epoch..a.first_epoch + a.epochs {

@@ -268,13 +268,16 @@ impl Iterator for Interleave {
 }
 
 /// What a source was when an epoch was planned: its dataset (the id the front end checks),
-/// its chunk and sample counts (of the generation read) and the samples the epoch took of it.
+/// its chunk and sample counts (of the generation read), the samples the epoch took of it and
+/// its window (which follows from the memory budget's share and the chunk sizes, both of
+/// which may have changed since).
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct SourceMark {
     pub dataset: String,
     pub chunks: u32,
     pub samples: u64,
     pub take: u64,
+    pub window: u64,
 }
 
 /// Where a mixture's epoch stands: the configuration reading it, how many samples each
@@ -329,6 +332,17 @@ impl MixPlan {
             });
         };
         let shapes = resumed_shapes(sources, st, epoch)?;
+        // The checkpointed epoch's windows.
+        let sources: Vec<PlanSource> = sources
+            .iter()
+            .zip(&st.sources)
+            .map(|(s, m)| {
+                let mut s = s.clone();
+                s.options.window_chunks = m.window.max(1) as usize;
+                s
+            })
+            .collect();
+        let sources = &sources[..];
         // Each old shard's parts (fresh plans: a state is taken in a fresh epoch) and how
         // many of each it delivered.
         let (old_w, old_k) = (st.world_size, st.num_workers);

@@ -152,6 +152,7 @@ impl Mixture {
                     chunks: shape.chunks(),
                     samples: shape.samples(),
                     take: count,
+                    window: 0,
                 },
                 name,
                 ds,
@@ -282,11 +283,13 @@ impl MixReader {
             .iter()
             .zip(&self.mix.sources)
             .map(|(r, s)| {
-                let setup = r.setup()?;
+                let options = r.setup()?.plan_options(&s.ds)?;
+                let mut mark = s.mark.clone();
+                mark.window = options.window_chunks as u64;
                 Ok(PlanSource {
                     shape: s.shape.clone().take(s.count),
-                    options: setup.plan_options(&s.ds)?,
-                    mark: s.mark.clone(),
+                    options,
+                    mark,
                 })
             })
             .collect()
@@ -321,14 +324,14 @@ impl MixReader {
 
     /// A resume state for `epoch` at this configuration, nothing consumed yet, with every
     /// source's mark: what front ends fill with their counts.
-    pub fn state(&self, epoch: u64, world_size: u32, num_workers: u32) -> MixState {
-        MixState {
+    pub fn state(&self, epoch: u64, world_size: u32, num_workers: u32) -> Result<MixState> {
+        Ok(MixState {
             epoch,
             world_size,
             num_workers,
             consumed: vec![0; (world_size * num_workers) as usize],
-            sources: self.mix.sources.iter().map(|s| s.mark.clone()).collect(),
-        }
+            sources: self.plan_sources()?.into_iter().map(|s| s.mark).collect(),
+        })
     }
 }
 

@@ -11,6 +11,7 @@ fn source(i: usize, chunks: u32, take: u64, mode: ShuffleMode) -> PlanSource {
         chunks: shape.chunks(),
         samples: shape.samples(),
         take,
+        window: 2,
     };
     PlanSource {
         shape: shape.take(take),
