@@ -57,6 +57,7 @@ __all__ = [
     "job_secret",
     "make_view",
     "merge",
+    "Mixture",
 ]
 
 
@@ -288,6 +289,9 @@ class IterableDataset(_IterBase):
     ``window`` (chunks) is given.
     """
 
+    # A mixture of datasets (``granary.Mixture``): samples carry their source.
+    _mixture = False
+
     def __init__(
         self,
         path,
@@ -427,18 +431,9 @@ class IterableDataset(_IterBase):
 
     # -- iteration -----------------------------------------------------------------------
 
-    def _stream(self):
-        rank, world = self._rank_world()
-        worker, workers = self._worker()
-        self._shard = (rank, world, worker, workers)
-        resume = self._resume if self._resume and self._resume[0] == self.epoch else None
-        return Stream(
-            self.root,
-            self.epoch,
-            rank,
-            world,
-            worker,
-            workers,
+    def _stream_options(self):
+        """The reader's keyword options of this dataset's streams."""
+        return dict(
             shuffle=self.shuffle,
             seed=self.seed,
             drop_last=self.drop_last,
@@ -450,7 +445,6 @@ class IterableDataset(_IterBase):
             sampling=self.sampling,
             alpha=self.alpha,
             cache_boost=self.cache_boost,
-            resume=resume,
             locality=self.locality,
             peers=self.peers,
             node=self.node,
@@ -459,6 +453,14 @@ class IterableDataset(_IterBase):
             peer_secret=self.peer_secret,
             peer_ca=self.peer_ca,
         )
+
+    def _stream(self):
+        rank, world = self._rank_world()
+        worker, workers = self._worker()
+        self._shard = (rank, world, worker, workers)
+        resume = self._resume if self._resume and self._resume[0] == self.epoch else None
+        return Stream(self.root, self.epoch, rank, world, worker, workers, resume=resume,
+                      **self._stream_options())
 
     def __iter__(self):
         # Losses reported through this object reach the table before the epoch is planned.
@@ -483,10 +485,13 @@ class IterableDataset(_IterBase):
         weighted = self.sampling == "importance"
         transform = self.transform
         layouts = self._layouts()
+        mixture = self._mixture
         if self.batch_size is None:
-            for i, label, data, weight in stream:
+            for i, label, data, weight, source in stream:
                 self._consumed += 1
                 item = {"id": i, "label": label}
+                if mixture:
+                    item["source"] = source
                 if layouts is not None:
                     item["fields"] = _split_fields(data, layouts([i])[0], self.fields)
                 if transform is not None:
@@ -533,9 +538,9 @@ class IterableDataset(_IterBase):
                 if batch is None:
                     return
                 if packed:
-                    ids, labels, data, offsets, weights = batch
+                    ids, labels, data, offsets, weights, sources = batch
                 else:
-                    ids, labels, data, weights = batch
+                    ids, labels, data, weights, sources = batch
                     if transform is not None:
                         data = [transform(d) for d in data]
                     if collate is not None:
@@ -551,22 +556,26 @@ class IterableDataset(_IterBase):
                     item["offsets"] = offsets
                 if weighted:
                     item["weight"] = weights
+                if self._mixture:
+                    item["source"] = sources
                 yield len(ids), item
         from . import _shm  # needs numpy
 
         in_worker = _tud is not None and _tud.get_worker_info() is not None
         if in_worker and transform is None and collate is None:
-            yield from _shm.worker_batches(stream, n, packed, weighted, layouts, self.fields)
+            yield from _shm.worker_batches(stream, n, packed, weighted, layouts, self.fields,
+                                           self._mixture)
             return
         while True:
             batch = stream.next_batch_array(n)
             if batch is None:
                 return
-            ids, labels, arr, offsets, weights = batch
+            ids, labels, arr, offsets, weights, sources = batch
             item = _shm.assemble(arr, offsets, np.asarray(ids, np.int64),
                                  np.asarray(labels, np.int64),
                                  np.asarray(weights, np.float32) if weighted else None, packed,
-                                 _layouts_for(layouts, ids, self.fields))
+                                 _layouts_for(layouts, ids, self.fields),
+                                 np.asarray(sources, np.int64) if self._mixture else None)
             if transform is not None:
                 item["data"] = [transform(d) for d in item["data"]]
             if collate is not None:
@@ -821,3 +830,6 @@ class ChunkwiseSampler(_SamplerBase):
     def __setstate__(self, state):
         self.__dict__.update(state)
         self._ds = _NativeDataset(self.dataset)
+
+
+from .mixture import Mixture  # noqa: E402 (subclasses IterableDataset, defined above)

@@ -96,15 +96,16 @@ class Ring:
     def array(self, slot, nbytes):
         return np.frombuffer(self.segs[slot].mm, np.uint8, count=nbytes)
 
-    def record(self, slot, nbytes, offsets, ids, labels, weights, packed, layouts=None):
+    def record(self, slot, nbytes, offsets, ids, labels, weights, packed, layouts=None,
+               sources=None):
         seg = self.segs[slot]
         ctl_fd = None if self.ctl[_ACK_CTL] else reduction.DupFd(self.ctl_fd)
         (acked,) = struct.unpack_from("<Q", self.ctl, _ACK_SEG + 8 * slot)
         seg_fd = None if acked == seg.serial else reduction.DupFd(seg.fd)
         args = (self.token, self.pid, ctl_fd, slot, seg.serial, seg_fd, seg.size, nbytes,
-                offsets, ids, labels, weights, packed, layouts)
+                offsets, ids, labels, weights, packed, layouts, sources)
         return Batch(_attach, args, lambda: assemble(self.array(slot, nbytes), offsets, ids,
-                                                     labels, weights, packed, layouts))
+                                                     labels, weights, packed, layouts, sources))
 
 
 _ring = None
@@ -212,7 +213,7 @@ def _release(ctl, slot):
 
 
 def _attach(token, pid, ctl_fd, slot, serial, seg_fd, size, nbytes, offsets, ids, labels,
-            weights, packed, layouts=None):
+            weights, packed, layouts=None, sources=None):
     r = _attached.get(token)
     if r is None:
         if ctl_fd is None:
@@ -242,13 +243,13 @@ def _attach(token, pid, ctl_fd, slot, serial, seg_fd, size, nbytes, offsets, ids
     arr = np.frombuffer(have[1], np.uint8, count=nbytes)
     # Every view below is made from `arr`: the slot is free again once the last one is gone.
     weakref.finalize(arr, _release, r.ctl, slot).atexit = False
-    return assemble(arr, offsets, ids, labels, weights, packed, layouts)
+    return assemble(arr, offsets, ids, labels, weights, packed, layouts, sources)
 
 
-def assemble(arr, offsets, ids, labels, weights, packed, layouts=None):
+def assemble(arr, offsets, ids, labels, weights, packed, layouts=None, sources=None):
     """The batch dict from a uint8 array of the samples back to back: per-sample views (uint8
     tensors with torch, numpy arrays without) or, ``packed``, the array and the offsets; ids
-    and labels as int64 tensors (numpy arrays without torch)."""
+    and labels as int64 tensors (numpy arrays without torch); of a mixture, ``"source"``."""
     try:
         import torch
     except ImportError:
@@ -261,6 +262,8 @@ def assemble(arr, offsets, ids, labels, weights, packed, layouts=None):
         ids, labels = torch.from_numpy(ids), torch.from_numpy(labels)
         if weights is not None:
             weights = torch.from_numpy(weights)
+        if sources is not None:
+            sources = torch.from_numpy(sources)
         offsets = offsets_t
     elif not packed:
         data = np.split(arr, offsets[1:-1])
@@ -279,10 +282,12 @@ def assemble(arr, offsets, ids, labels, weights, packed, layouts=None):
         item["offsets"] = offsets
     if weights is not None:
         item["weight"] = weights
+    if sources is not None:
+        item["source"] = sources
     return item
 
 
-def worker_batches(stream, n, packed, weighted, layouts=None, wanted=None):
+def worker_batches(stream, n, packed, weighted, layouts=None, wanted=None, mixture=False):
     """(samples, record) per batch of ``stream``, gathered into this worker's ring."""
     r = ring()
     taken = []
@@ -303,10 +308,11 @@ def worker_batches(stream, n, packed, weighted, layouts=None, wanted=None):
             raise
         if batch is None:
             return
-        ids, labels, arr, offsets, weights = batch
+        ids, labels, arr, offsets, weights, sources = batch
         ids = np.asarray(ids, np.int64)
         labels = np.asarray(labels, np.int64)
         weights = np.asarray(weights, np.float32) if weighted else None
+        sources = np.asarray(sources, np.int64) if mixture else None
         lay = None
         if layouts is not None:
             lay = layouts([int(i) for i in ids])
@@ -314,9 +320,9 @@ def worker_batches(stream, n, packed, weighted, layouts=None, wanted=None):
                 lay = [[f for f in s if f[0] in wanted] for s in lay]
         slot = taken[0]
         if slot is None:  # every slot is taken: the bytes are pickled, a copy
-            args = (arr, offsets, ids, labels, weights, packed, lay)
+            args = (arr, offsets, ids, labels, weights, packed, lay, sources)
             yield len(ids), Batch(assemble, args, lambda a=args: assemble(*a))
         else:
             del arr  # the segment may be replaced later: nothing here keeps a view of it
             yield len(ids), r.record(slot, int(offsets[-1]), offsets, ids, labels, weights, packed,
-                                     lay)
+                                     lay, sources)

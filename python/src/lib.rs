@@ -543,6 +543,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Scores>()?;
     m.add_class::<writer::Writer>()?;
     m.add_function(wrap_pyfunction!(stream::check_reader_options, m)?)?;
+    m.add_function(wrap_pyfunction!(stream::mixture_info, m)?)?;
     m.add_function(wrap_pyfunction!(io_backends, m)?)?;
     m.add_function(wrap_pyfunction!(write_view, m)?)?;
     m.add("READER_DEFAULTS", stream::reader_defaults(m.py())?)?;

@@ -4,18 +4,21 @@
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
-use granary::{Dataset as RsDataset, EpochState, EpochStream, ReadError, Shard};
+use granary::{
+    Dataset as RsDataset, EpochState, EpochStream, MixReader, MixState, Mixture, ReadError,
+    SampleStream, Shard, Share, SourceMark, SourceSpec,
+};
 use numpy::{PyArray1, PyArrayMethods};
-use pyo3::exceptions::PyValueError;
+use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyByteArray, PyBytes, PyDict, PyList, PyTuple};
 
 use crate::{err, from_keywords, pop_keyword, store_config};
 
-/// One streamed sample: (id, label, bytes, weight).
-type PySample<'py> = (u64, u32, Bound<'py, PyBytes>, f32);
-/// A batch of samples: (ids, labels, list of bytes, weights).
-type PyBatch<'py> = (Vec<u64>, Vec<u32>, Bound<'py, PyList>, Vec<f32>);
+/// One streamed sample: (id, label, bytes, weight, source).
+type PySample<'py> = (u64, u32, Bound<'py, PyBytes>, f32, u32);
+/// A batch of samples: (ids, labels, list of bytes, weights, sources).
+type PyBatch<'py> = (Vec<u64>, Vec<u32>, Bound<'py, PyList>, Vec<f32>, Vec<u32>);
 
 /// After the samples' bytes were copied for Python: an error if one of them was a slice of a
 /// map whose file was cut short meanwhile (the copy may hold zeros, see
@@ -63,13 +66,14 @@ fn gather_into(samples: &[granary::Sample], dst: &mut [u8]) {
     }
 }
 
-/// A packed batch: (ids, labels, all bytes, offsets, weights).
+/// A packed batch: (ids, labels, all bytes, offsets, weights, sources).
 type PyPackedBatch<'py> = (
     Vec<u64>,
     Vec<u32>,
     Bound<'py, PyByteArray>,
     Vec<i64>,
     Vec<f32>,
+    Vec<u32>,
 );
 
 /// A packed batch in numpy arrays: (ids, labels, uint8 bytes, int64 offsets, weights).
@@ -79,15 +83,18 @@ type PyArrayBatch<'py> = (
     Bound<'py, PyArray1<u8>>,
     Bound<'py, PyArray1<i64>>,
     Vec<f32>,
+    Vec<u32>,
 );
 
-/// One (rank, worker) share of one epoch, streamed: iterate `(id, label, bytes, weight)`, or
-/// take batches with `next_batch(n)`.
+/// One (rank, worker) share of one epoch of a dataset or a mixture, streamed: iterate
+/// `(id, label, bytes, weight, source)`, or take batches with `next_batch(n)`.
 #[pyclass(frozen, module = "granary._native")]
 pub(crate) struct Stream {
-    inner: Mutex<EpochStream>,
+    inner: Mutex<Box<dyn SampleStream>>,
     len: usize,
     cache: bool,
+    /// Of a mixture: each source as the epoch was planned (what a resume state records).
+    marks: Option<Vec<SourceMark>>,
 }
 
 impl Stream {
@@ -116,21 +123,132 @@ impl Stream {
         }
         let (buf, offsets) = py.detach(|| gather(&got));
         still_intact(&got)?;
-        let (ids, labels, weights) = columns(&got);
-        Ok(Some((ids, labels, buf, offsets, weights)))
+        let (ids, labels, weights, sources) = columns(&got);
+        Ok(Some((ids, labels, buf, offsets, weights, sources)))
     }
 }
 
 /// A packed batch before it becomes Python objects.
-type Packed = (Vec<u64>, Vec<u32>, Vec<u8>, Vec<i64>, Vec<f32>);
+type Packed = (Vec<u64>, Vec<u32>, Vec<u8>, Vec<i64>, Vec<f32>, Vec<u32>);
 
-/// Ids, labels and loss weights of `samples`.
-fn columns(samples: &[granary::Sample]) -> (Vec<u64>, Vec<u32>, Vec<f32>) {
+/// Ids, labels, loss weights and sources of `samples`.
+type Columns = (Vec<u64>, Vec<u32>, Vec<f32>, Vec<u32>);
+
+fn columns(samples: &[granary::Sample]) -> Columns {
     (
         samples.iter().map(|s| s.id).collect(),
         samples.iter().map(|s| s.label).collect(),
         samples.iter().map(|s| s.weight).collect(),
+        samples.iter().map(|s| s.source).collect(),
     )
+}
+
+/// A mixture's sources as the library takes them: `shares` one per source.
+fn mix_specs(sources: Vec<PathBuf>, shares: &[String]) -> PyResult<Vec<SourceSpec>> {
+    if shares.len() != sources.len() {
+        return Err(PyValueError::new_err(format!(
+            "{} shares for {} sources: give one per source",
+            shares.len(),
+            sources.len()
+        )));
+    }
+    sources
+        .into_iter()
+        .zip(shares)
+        .map(|(location, s)| {
+            let share = s.parse::<Share>().map_err(PyValueError::new_err)?;
+            Ok(SourceSpec { location, share })
+        })
+        .collect()
+}
+
+/// The mixture of `specs` opened for `config`.
+fn mix_reader(
+    specs: &[SourceSpec],
+    epoch_size: Option<u64>,
+    config: &granary::ReaderConfig,
+) -> Result<MixReader, ReadError> {
+    let cfg = granary::StoreConfig::from_env().map_err(|e| ReadError::invalid(e.to_string()))?;
+    let mix = Mixture::open(specs, epoch_size, |p| RsDataset::open_with(p, &cfg))?;
+    MixReader::open(Arc::new(mix), config)
+}
+
+/// `mixture_info(sources, shares, epoch_size, **options)`: opens and checks a mixture as
+/// `Stream.mixture` would (the same errors) and returns (each source's samples per epoch,
+/// each source as an epoch plans it: the `sources` of a resume state).
+#[pyfunction]
+#[pyo3(signature = (sources, shares, epoch_size, **options))]
+pub(crate) fn mixture_info<'py>(
+    py: Python<'py>,
+    sources: Vec<PathBuf>,
+    shares: Vec<String>,
+    epoch_size: Option<u64>,
+    options: Option<&Bound<'py, PyDict>>,
+) -> PyResult<(Vec<u64>, Bound<'py, PyAny>)> {
+    let kw = match options {
+        Some(d) => d.copy()?,
+        None => PyDict::new(py),
+    };
+    let specs = mix_specs(sources, &shares)?;
+    let config = stream_config(&kw, 0, 1)?;
+    let (counts, marks) = py
+        .detach(|| -> Result<_, ReadError> {
+            let reader = mix_reader(&specs, epoch_size, &config)?;
+            let mix = reader.mixture();
+            let counts = (0..mix.len()).map(|i| mix.count(i)).collect();
+            Ok((counts, reader.state(0, 1, 1)?.sources))
+        })
+        .map_err(err)?;
+    let marks = pythonize::pythonize(py, &marks)
+        .map_err(|e| PyValueError::new_err(format!("mixture state: {e}")))?;
+    Ok((counts, marks))
+}
+
+/// The shard (rank, world_size, worker, num_workers: by position in `shard`, or by name in
+/// `options`) and the other keyword options of `func`.
+fn shard_and_options<'py>(
+    py: Python<'py>,
+    func: &str,
+    shard: &Bound<'py, PyTuple>,
+    options: Option<&Bound<'py, PyDict>>,
+) -> PyResult<(Shard, Bound<'py, PyDict>)> {
+    let kw = match options {
+        Some(d) => d.copy()?,
+        None => PyDict::new(py),
+    };
+    let names = ["rank", "world_size", "worker", "num_workers"];
+    if shard.len() > names.len() {
+        return Err(PyTypeError::new_err(format!(
+            "{func}() takes rank, world_size, worker and num_workers by position after the \
+             epoch; everything else by keyword"
+        )));
+    }
+    let mut ids = [0u32; 4];
+    for (i, name) in names.iter().enumerate() {
+        let named = pop_keyword::<u32>(func, &kw, name)?;
+        ids[i] = match (shard.get_item(i), named) {
+            (Ok(_), Some(_)) => {
+                return Err(PyTypeError::new_err(format!(
+                    "{func}() got multiple values for argument '{name}'"
+                )))
+            }
+            (Ok(v), None) => v.extract()?,
+            (Err(_), Some(v)) => v,
+            (Err(_), None) => {
+                return Err(PyTypeError::new_err(format!(
+                    "{func}() missing required argument: '{name}'"
+                )))
+            }
+        };
+    }
+    let [rank, world_size, worker, num_workers] = ids;
+    let shard = Shard {
+        rank,
+        world_size,
+        worker,
+        num_workers,
+    };
+    Ok((shard, kw))
 }
 
 /// Stream's keyword options (`kw`, without the shard's) as the reader configuration, for rank
@@ -211,37 +329,7 @@ impl Stream {
         shard: &Bound<'_, PyTuple>,
         options: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Self> {
-        // rank, world_size, worker, num_workers: by position, or by name.
-        let kw = match options {
-            Some(d) => d.copy()?,
-            None => PyDict::new(py),
-        };
-        let names = ["rank", "world_size", "worker", "num_workers"];
-        if shard.len() > names.len() {
-            return Err(pyo3::exceptions::PyTypeError::new_err(
-                "Stream() takes path, epoch, rank, world_size, worker and num_workers by \
-                 position; everything else by keyword",
-            ));
-        }
-        let mut ids = [0u32; 4];
-        for (i, name) in names.iter().enumerate() {
-            let named = pop_keyword::<u32>("Stream", &kw, name)?;
-            ids[i] = match (shard.get_item(i), named) {
-                (Ok(_), Some(_)) => {
-                    return Err(pyo3::exceptions::PyTypeError::new_err(format!(
-                        "Stream() got multiple values for argument '{name}'"
-                    )))
-                }
-                (Ok(v), None) => v.extract()?,
-                (Err(_), Some(v)) => v,
-                (Err(_), None) => {
-                    return Err(pyo3::exceptions::PyTypeError::new_err(format!(
-                        "Stream() missing required argument: '{name}'"
-                    )))
-                }
-            };
-        }
-        let [rank, world_size, worker, num_workers] = ids;
+        let (shard, kw) = shard_and_options(py, "Stream", shard, options)?;
         let resume = pop_keyword::<Option<(u64, u32, u32, Vec<u64>)>>("Stream", &kw, "resume")?
             .flatten()
             .map(|(epoch, world_size, num_workers, consumed)| EpochState {
@@ -250,15 +338,9 @@ impl Stream {
                 num_workers,
                 consumed,
             });
-        let config = stream_config(&kw, rank, world_size)?;
+        let config = stream_config(&kw, shard.rank, shard.world_size)?;
         let cfg = store_config()?;
-        let shard = Shard {
-            rank,
-            world_size,
-            worker,
-            num_workers,
-        };
-        let build = || -> Result<(EpochStream, usize, bool), ReadError> {
+        let build = || -> Result<Stream, ReadError> {
             let ds = Arc::new(RsDataset::open_with(&path, &cfg)?);
             let reader = config.open(&ds)?;
             let setup = reader.setup()?;
@@ -266,14 +348,77 @@ impl Stream {
             let len = plan.samples.len();
             let mode = setup.plan.mode;
             let stream = EpochStream::new(ds, plan, mode, &setup.stream)?;
-            Ok((stream, len, reader.tier().is_some()))
+            Ok(Stream {
+                inner: Mutex::new(Box::new(stream)),
+                len,
+                cache: reader.tier().is_some(),
+                marks: None,
+            })
         };
-        let (stream, len, cache) = py.detach(build).map_err(err)?;
-        Ok(Stream {
-            inner: Mutex::new(stream),
-            len,
-            cache,
-        })
+        py.detach(build).map_err(err)
+    }
+
+    /// `Stream.mixture(sources, shares, epoch_size, epoch, rank, world_size, worker,
+    /// num_workers, **options)`: a share of one epoch of the mixture of `sources` (paths,
+    /// URLs or view files), `shares` one per source ("0.5", "weight=0.5", "repeat=2",
+    /// "choose=1000"), `epoch_size` (weights only) or None; options as for `Stream`, `resume`
+    /// a mixture state (a dict: epoch, world_size, num_workers, consumed, sources). Samples
+    /// carry their source's index.
+    #[staticmethod]
+    #[pyo3(signature = (sources, shares, epoch_size, epoch, *shard, **options))]
+    fn mixture(
+        py: Python<'_>,
+        sources: Vec<PathBuf>,
+        shares: Vec<String>,
+        epoch_size: Option<u64>,
+        epoch: u64,
+        shard: &Bound<'_, PyTuple>,
+        options: Option<&Bound<'_, PyDict>>,
+    ) -> PyResult<Self> {
+        let (shard, kw) = shard_and_options(py, "Stream.mixture", shard, options)?;
+        let resume: Option<MixState> = match kw.get_item("resume")? {
+            Some(v) => {
+                kw.del_item("resume")?;
+                if v.is_none() {
+                    None
+                } else {
+                    Some(pythonize::depythonize(&v).map_err(|e| {
+                        PyValueError::new_err(format!("resume is not a mixture's state: {e}"))
+                    })?)
+                }
+            }
+            None => None,
+        };
+        let specs = mix_specs(sources, &shares)?;
+        let config = stream_config(&kw, shard.rank, shard.world_size)?;
+        let build = || -> Result<Stream, ReadError> {
+            let reader = mix_reader(&specs, epoch_size, &config)?;
+            let marks = match &resume {
+                Some(st) => st.sources.clone(),
+                None => reader.state(epoch, 1, 1)?.sources,
+            };
+            let stream = reader.stream(epoch, shard, resume.as_ref())?;
+            Ok(Stream {
+                len: stream.len() as usize,
+                inner: Mutex::new(Box::new(stream)),
+                cache: config.tier.is_some(),
+                marks: Some(marks),
+            })
+        };
+        py.detach(build).map_err(err)
+    }
+
+    /// Of a mixture's stream: each source as the epoch was planned (dataset id, chunks,
+    /// samples, the samples the epoch takes, window), the `sources` of its resume state;
+    /// None for a dataset's.
+    fn mix_marks<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
+        self.marks
+            .as_ref()
+            .map(|m| {
+                pythonize::pythonize(py, m)
+                    .map_err(|e| PyValueError::new_err(format!("mixture state: {e}")))
+            })
+            .transpose()
     }
 
     /// Samples in this share of the epoch (after any resume).
@@ -293,7 +438,7 @@ impl Stream {
             Some(Ok(s)) => {
                 let data = PyBytes::new(py, s.data());
                 still_intact(std::slice::from_ref(&s))?;
-                Ok(Some((s.id, s.label, data, s.weight)))
+                Ok(Some((s.id, s.label, data, s.weight, s.source)))
             }
         }
     }
@@ -307,8 +452,8 @@ impl Stream {
         }
         let data = PyList::new(py, got.iter().map(|s| PyBytes::new(py, s.data())))?;
         still_intact(&got)?;
-        let (ids, labels, weights) = columns(&got);
-        Ok(Some((ids, labels, data, weights)))
+        let (ids, labels, weights, sources) = columns(&got);
+        Ok(Some((ids, labels, data, weights, sources)))
     }
 
     /// Up to `n` samples packed into one buffer: (ids, labels, bytes of every sample back to
@@ -321,7 +466,7 @@ impl Stream {
         py: Python<'py>,
         n: usize,
     ) -> PyResult<Option<PyPackedBatch<'py>>> {
-        let Some((ids, labels, buf, offsets, weights)) = self.take_packed(py, n)? else {
+        let Some((ids, labels, buf, offsets, weights, sources)) = self.take_packed(py, n)? else {
             return Ok(None);
         };
         // A bytearray: tensors and arrays made over it are writable, as torch expects.
@@ -331,6 +476,7 @@ impl Stream {
             PyByteArray::new(py, &buf),
             offsets,
             weights,
+            sources,
         )))
     }
 
@@ -341,11 +487,11 @@ impl Stream {
         py: Python<'py>,
         n: usize,
     ) -> PyResult<Option<PyArrayBatch<'py>>> {
-        let Some((ids, labels, buf, offsets, weights)) = self.take_packed(py, n)? else {
+        let Some((ids, labels, buf, offsets, weights, sources)) = self.take_packed(py, n)? else {
             return Ok(None);
         };
         let (buf, offsets) = (PyArray1::from_vec(py, buf), PyArray1::from_vec(py, offsets));
-        Ok(Some((ids, labels, buf, offsets, weights)))
+        Ok(Some((ids, labels, buf, offsets, weights, sources)))
     }
 
     /// [`Stream::next_batch_array`] gathered into a buffer of the caller's: `alloc(nbytes)`
@@ -386,13 +532,14 @@ impl Stream {
             py.detach(|| gather_into(&got, dst));
             still_intact(&got)?;
         }
-        let (ids, labels, weights) = columns(&got);
+        let (ids, labels, weights, sources) = columns(&got);
         Ok(Some((
             ids,
             labels,
             arr.clone(),
             PyArray1::from_vec(py, offsets(&got)),
             weights,
+            sources,
         )))
     }
 

@@ -128,7 +128,7 @@ def test_batches_gather_into_the_callers_buffer(packed):
         asked.append(n)
         return np.full(n + 7, 0xEE, dtype=np.uint8)  # larger than asked: the tail is left alone
 
-    ids, labels, buf, off, _ = stream.next_batch_into(20, alloc)
+    ids, labels, buf, off, _, _ = stream.next_batch_into(20, alloc)
     assert len(ids) == 20 and asked == [int(off[-1])] and len(buf) == asked[0] + 7
     assert (buf[asked[0]:] == 0xEE).all()
     for k, i in enumerate(ids):

@@ -39,7 +39,7 @@ def read(path, epoch, rank, tiers, addrs, **kw):
     kw.setdefault("peer_secret", SECRET)
     s = granary.Stream(str(path), epoch, rank, 2, 0, 1, cache_dir=str(tiers[rank]),
                        cache_size=1 << 20, peers=addrs, peer_timeout=0.5, **kw)
-    got = {i: bytes(d) for i, _, d, _ in s}
+    got = {i: bytes(d) for i, _, d, _, _ in s}
     return got, s.peer_hits()
 
 

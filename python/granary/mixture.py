@@ -1,0 +1,120 @@
+"""``Mixture``: one epoch over several datasets, each in its share, for DataLoader."""
+
+import os
+
+from . import IterableDataset
+from ._native import Stream, mixture_info
+
+
+class Mixture(IterableDataset):
+    """Chunk-wise shuffled epochs over several datasets at once, for ``DataLoader``.
+
+    ``sources``: datasets (paths, URLs or view files). Each epoch holds from each source its
+    share: ``weights`` (relative: ``[0.5, 0.3, 0.2]``; the epoch then has ``epoch_size``
+    samples, by default all sources' samples together), or per source in ``shares`` a weight
+    or ``"repeat=R"`` (R times its samples per epoch; 0.5 takes a different half every epoch)
+    or ``"choose=N"`` (N samples). Without either, every sample of every source once.
+
+    Every item carries ``"source"``, the index of the source it came from (per sample, or a
+    tensor per batch), and ``"id"``, the sample's id in that source. Each source is read
+    chunk-wise in windows of its own, with its own share of ``memory`` and of the tier's
+    ``cache_size`` (half split evenly, half by epoch counts); the sources' samples are
+    interleaved evenly, so any part of an epoch holds every source in its share. Every rank
+    gets the same number of samples of every source.
+
+    ``state_dict()`` / ``load_state_dict()`` resume an epoch exactly, also under another world
+    size or worker count (what is left of each source is redistributed; as for one dataset,
+    a remainder that does not divide by the new ranks is cut by ``drop_last`` or padded).
+    The state carries each source as its epoch was planned: a resumed epoch keeps the weights
+    and the generation of the checkpoint, new weights or appended samples apply from the next
+    epoch. A state of another mixture (other datasets, in another order) is refused.
+
+    Every other argument is ``IterableDataset``'s, except importance sampling (``sampling=
+    "importance"``), ``locality`` below 1 and ``fields``, which a mixture does not support yet.
+    """
+
+    _mixture = True
+
+    def __init__(self, sources, weights=None, *, shares=None, epoch_size=None, **kwargs):
+        if isinstance(sources, (str, bytes, os.PathLike)):
+            raise ValueError("sources is a list of datasets (one dataset: use IterableDataset)")
+        sources = [os.fspath(s) for s in sources]
+        if not sources:
+            raise ValueError("a mixture needs at least one source")
+        if weights is not None and shares is not None:
+            raise ValueError("give weights or shares, not both")
+        if weights is not None:
+            shares = [f"weight={float(w)!r}" for w in weights]
+        elif shares is not None:
+            shares = [str(s) for s in shares]
+        else:
+            shares = ["repeat=1"] * len(sources)
+        if kwargs.get("sampling", "uniform") != "uniform":
+            raise ValueError("importance sampling of a mixture is not supported yet: sample each "
+                             "dataset on its own")
+        if float(kwargs.get("locality", 1.0)) < 1.0:
+            raise ValueError("locality below 1 is not supported for mixtures yet")
+        if kwargs.get("fields") is not None:
+            raise ValueError("fields of a mixture's samples are not supported yet: each sample's "
+                             "data is its stored bytes")
+        super().__init__(sources[0], **kwargs)
+        self.sources = sources
+        self.shares = shares
+        self.epoch_size = None if epoch_size is None else int(epoch_size)
+        self._marks = None
+        self._resume_sources = None
+        # Fail early, here: the shares, the datasets, the same dataset twice.
+        self.counts = self._info()[0]
+
+    def _info(self):
+        return mixture_info(self.sources, self.shares, self.epoch_size,
+                            **self._stream_options())
+
+    def _layouts(self):
+        return None
+
+    def _stream(self):
+        rank, world = self._rank_world()
+        worker, workers = self._worker()
+        self._shard = (rank, world, worker, workers)
+        resume = None
+        if self._resume and self._resume[0] == self.epoch:
+            epoch, old_world, old_workers, consumed = self._resume
+            resume = {"epoch": epoch, "world_size": old_world, "num_workers": old_workers,
+                      "consumed": consumed, "sources": self._resume_sources}
+        stream = Stream.mixture(self.sources, self.shares, self.epoch_size, self.epoch, rank,
+                                world, worker, workers, resume=resume, **self._stream_options())
+        self._marks = stream.mix_marks()
+        return stream
+
+    def state_dict(self):
+        """``IterableDataset.state_dict()`` plus each source as the epoch was planned
+        (``"sources"``: dataset id, chunks, samples, the samples the epoch takes, window)."""
+        state = super().state_dict()
+        marks = self._marks if self._marks is not None else self._info()[1]
+        state["sources"] = [dict(m) for m in marks]
+        return state
+
+    def load_state_dict(self, state):
+        """Resumes from ``state_dict()`` of the same mixture (see the class documentation)."""
+        if "sources" not in state:
+            raise ValueError("state has no 'sources': it is a single dataset's, not a mixture's")
+        sources = [dict(m) for m in state["sources"]]
+        if len(sources) != len(self.sources):
+            raise ValueError(f"state of a mixture of {len(sources)} sources, this one has "
+                             f"{len(self.sources)}")
+        super().load_state_dict(state)
+        self._resume_sources = sources
+
+    def report(self, ids, losses):
+        raise ValueError("report() feeds importance sampling, which a mixture does not support "
+                         "yet")
+
+    def __getstate__(self):
+        state = super().__getstate__()
+        state["_marks"] = None
+        return state
+
+    def __repr__(self):
+        return (f"granary.Mixture({self.sources!r}, shares={self.shares!r}, "
+                f"seed={self.seed}, epoch={self.epoch})")
