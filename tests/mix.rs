@@ -382,3 +382,43 @@ fn bad_mixtures_are_refused_with_a_reason() {
         .collect();
     assert_eq!(counts, vec![700, 300]);
 }
+
+/// Views are sources like datasets: two views of one dataset (disjoint prefixes) and another
+/// dataset, each sample from its own view, the same view twice refused.
+#[test]
+fn views_are_sources_of_a_mixture() {
+    let tmp = tempfile::tempdir().unwrap();
+    let sets = three(tmp.path());
+    let files: Vec<Files> = vec![sets[0].1.clone(), sets[0].1.clone(), sets[1].1.clone()];
+    let mut paths = Vec::new();
+    for prefix in ["web/c0/", "web/c1/"] {
+        let v = tmp.path().join(format!("{}.gview", &prefix[4..6]));
+        run_ok([
+            "view".as_ref(),
+            sets[0].0.as_os_str(),
+            "-o".as_ref(),
+            v.as_os_str(),
+            "--prefix".as_ref(),
+            std::ffi::OsStr::new(prefix),
+        ]);
+        paths.push(v);
+    }
+    paths.push(sets[1].0.clone());
+    let shares = [Share::Repeat(1.0), Share::Choose(50), Share::Repeat(0.5)];
+    let r = reader(&paths, &shares, 4 << 20);
+    let got = counted(read(&r, 0, Shard::WHOLE, None, usize::MAX, &files));
+    let of = |s: u32| got.keys().filter(|k| k.0 == s).collect::<Vec<_>>();
+    assert_eq!(of(0).len(), 300);
+    assert!(of(0).iter().all(|k| k.1.starts_with(b"web/c0/")));
+    assert_eq!(of(1).len(), 50);
+    assert!(of(1).iter().all(|k| k.1.starts_with(b"web/c1/")));
+    assert_eq!(of(2).len(), 180);
+    assert!(got.values().all(|&c| c == 1));
+    let p: Vec<&std::ffi::OsStr> = paths.iter().map(|p| p.as_os_str()).collect();
+    let o = run(["read".as_ref(), p[0], p[0]]);
+    assert!(
+        stderr(&o).contains("the same samples of one dataset"),
+        "{}",
+        stderr(&o)
+    );
+}

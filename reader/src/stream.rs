@@ -68,6 +68,11 @@ pub struct StreamOptions {
     /// lacks is asked of the node that owns it before origin storage, and the local tier admits
     /// only the chunk copies this node owns.
     pub peers: Option<Arc<crate::Peers>>,
+    /// Read buffers shared with other streams of one consumer (a mixture's sources, read in
+    /// turn): their read-ahead shares the pool's budget ([`BufPool::cap`]) instead of each
+    /// holding a part of it; `memory` then only sized the windows. `None`: a pool of its own
+    /// of `memory` bytes.
+    pub shared_pool: Option<Arc<BufPool>>,
     /// Test hook: panic in this thread after its first window.
     #[cfg(test)]
     pub(crate) panic_in: Option<&'static str>,
@@ -86,6 +91,7 @@ impl Default for StreamOptions {
             scores: None,
             range_gap: 64 << 10,
             peers: None,
+            shared_pool: None,
             #[cfg(test)]
             panic_in: None,
         }
@@ -235,8 +241,13 @@ impl EpochStream {
             IoKind::Auto if Opener::for_access(&access).mostly_buffered() => IoKind::Pread,
             k => k,
         };
-        let budget = opts.memory.max(1) as usize;
-        let pool = BufPool::new(budget);
+        let (pool, budget) = match &opts.shared_pool {
+            Some(p) => (p.clone(), p.cap()),
+            None => {
+                let budget = opts.memory.max(1) as usize;
+                (BufPool::new(budget), budget)
+            }
+        };
         let engine = Engine::with_pool(
             kind,
             opts.queue_depth,

@@ -14,6 +14,7 @@ use crate::config::{Reader, ReaderConfig, SamplingMode};
 use crate::epoch::{add_layers, LayerReading};
 use crate::error::{ReadError, Result};
 use crate::{Dataset, DatasetShape, EpochStream, MeterReading, Sample, Shard, TierHits};
+use granary_store::buf::BufPool;
 
 /// A stream of samples with the reader's counters: one dataset's ([`EpochStream`]) or a
 /// mixture's ([`MixStream`]). What front ends hold.
@@ -220,12 +221,15 @@ impl Mixture {
 }
 
 /// A reader configuration opened for every source of a mixture. Each source gets its own
-/// plan seed (derived from the seed), a share of the memory budget and of the tier's quota
-/// (half split evenly, half by epoch counts), and its own tier and peers as a dataset read
-/// alone would.
+/// plan seed (derived from the seed), its own tier and peers as a dataset read alone would,
+/// and a share of the tier's quota and of the memory budget (half split evenly, half by epoch
+/// counts), from which its window follows. Its read-ahead is not cut to that share: a
+/// shard's streams share one pool of read buffers of the whole budget, so that whichever
+/// source the consumer is about to need can read ahead.
 pub struct MixReader {
     mix: Arc<Mixture>,
     readers: Vec<Reader>,
+    memory: u64,
 }
 
 impl MixReader {
@@ -257,12 +261,26 @@ impl MixReader {
                 c.open(mix.dataset(i))
             })
             .collect::<Result<Vec<_>>>()?;
-        Ok(MixReader { mix, readers })
+        Ok(MixReader {
+            mix,
+            readers,
+            memory: config.memory,
+        })
     }
 
     /// The mixture.
     pub fn mixture(&self) -> &Arc<Mixture> {
         &self.mix
+    }
+
+    /// The read buffers a shard's streams may hold whatever the budget: up to three windows
+    /// of at least one chunk per source (the one consumed, one decoded and waiting, one being
+    /// read), at each source's mean chunk size. A budget below it may be exceeded and leaves
+    /// little to read ahead with (cold epochs slow down).
+    pub fn min_memory(&self) -> Result<u64> {
+        (0..self.mix.len())
+            .map(|i| Ok(3 * mean_chunk_charge(self.mix.dataset(i))?))
+            .sum()
     }
 
     /// Source `i`'s reader.
@@ -304,16 +322,19 @@ impl MixReader {
     pub fn stream(&self, epoch: u64, shard: Shard, resume: Option<&MixState>) -> Result<MixStream> {
         let plan = self.plan(epoch, shard, resume)?;
         let len = plan.len();
+        let pool = BufPool::new(self.memory.max(1) as usize);
         let streams = plan
             .parts
             .into_iter()
             .zip(&self.readers)
             .map(|(p, r)| {
-                let setup = r.setup()?;
+                let mut setup = r.setup()?;
+                setup.stream.shared_pool = Some(pool.clone());
                 EpochStream::new(r.dataset().clone(), p, setup.plan.mode, &setup.stream)
             })
             .collect::<Result<Vec<_>>>()?;
         Ok(MixStream {
+            pool,
             streams,
             order: plan.order,
             len,
@@ -335,10 +356,18 @@ impl MixReader {
     }
 }
 
+/// The read-buffer bytes a chunk of `ds` of the mean size takes.
+fn mean_chunk_charge(ds: &Dataset) -> Result<u64> {
+    let mean = ds.total_chunk_bytes()? / ds.chunk_count().max(1);
+    Ok(BufPool::charge(mean as usize + 2 * granary_store::buf::ALIGN) as u64)
+}
+
 /// One shard's epoch of a mixture: its sources' streams, read in the plan's interleave. Each
 /// sample carries its source ([`Sample::source`]). A source's stream that ends before the
 /// plan says, or has samples past it, is an error, never a short epoch.
 pub struct MixStream {
+    /// The read buffers all its sources' streams share.
+    pool: Arc<BufPool>,
     streams: Vec<EpochStream>,
     order: Interleave,
     len: u64,
@@ -357,9 +386,9 @@ impl MixStream {
         self.len == 0
     }
 
-    /// The most bytes of read buffers the sources' streams held at once, summed.
+    /// The most bytes of read buffers the sources' streams held at once (together).
     pub fn peak_buffer_bytes(&self) -> u64 {
-        self.streams.iter().map(|s| s.peak_buffer_bytes()).sum()
+        self.pool.peak_in_use() as u64
     }
 
     /// Bytes read from storage so far.
@@ -467,7 +496,10 @@ pub struct MixReport {
     pub samples_per_s: f64,
     pub mb_per_s: f64,
     pub backend: String,
+    /// The most bytes of read buffers one worker's streams held at once (all its sources').
     pub peak_buffer_bytes: u64,
+    /// The process's peak resident set so far (`VmHWM`), when the kernel reports it.
+    pub peak_rss_bytes: Option<u64>,
     pub sources: Vec<SourceTotals>,
     pub layers: Vec<LayerReading>,
 }
@@ -570,5 +602,6 @@ pub fn read_mix_epoch(
     let secs = r.elapsed_s.max(1e-9);
     r.samples_per_s = r.samples as f64 / secs;
     r.mb_per_s = r.bytes as f64 / 1e6 / secs;
+    r.peak_rss_bytes = crate::procstat::peak_rss_bytes();
     Ok(r)
 }

@@ -1,0 +1,119 @@
+#!/usr/bin/env bash
+# Mixtures against one dataset (issue 48): three datasets of different sizes mixed 0.5 / 0.3 /
+# 0.2 against one dataset packed from all their files, the same samples and bytes per epoch.
+#
+#   bash bench/mixture.sh                     # 6,000 ImageNet-like files (~660 MB), 3 repeats
+#   FILES=20000 REPEAT=5 WORKERS=2 MEMORY="128MiB 512MiB" bash bench/mixture.sh
+#
+# The three trees hold 50 %, 30 % and 20 % of FILES; with weights 0.5,0.3,0.2 and the default
+# epoch size (every sample together) a mixture's epoch delivers each sample once, as the one
+# dataset's does. Both are read through `granary read --json` (the mixture: `granary read A B C
+# --weights 0.5,0.3,0.2`), cold (page cache dropped; root needed, else the runs say they are
+# warm) and warm (read once just before), sides alternated; medians of REPEAT runs. Each
+# mixture epoch's share of every source is checked against its weight. Both sides read with
+# each read-buffer budget of MEMORY (`--memory`; default: the library's 128 MiB, and 384 MiB:
+# a mixture holds three windows per source, at least a chunk each). Report:
+# bench/reports/mixture/report.md (raw: results.tsv).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+FILES=${FILES:-6000}
+REPEAT=${REPEAT:-3}
+WORKERS=${WORKERS:-1}
+MEMORY=${MEMORY:-128MiB 384MiB}
+WORK=${WORK:-bench-out/mixture}
+REPORT=${REPORT:-bench/reports/mixture}
+mkdir -p "$WORK" "$REPORT"
+WORK=$(cd "$WORK" && pwd)
+cargo build -q --release --bin granary
+G=$WORK/granary
+cp target/release/granary "$G"
+drop() {
+    sync
+    if [ -w /proc/sys/vm/drop_caches ]; then echo 3 > /proc/sys/vm/drop_caches
+    else echo "warning: cannot drop the page cache (not root): runs are warm" >&2; fi
+}
+names=(web books code)
+counts=($((FILES * 5 / 10)) $((FILES * 3 / 10)) $((FILES - FILES * 5 / 10 - FILES * 3 / 10)))
+if [ ! -d "$WORK/all.granary" ]; then
+    rm -rf "$WORK"/src-* "$WORK"/*.granary
+    mkdir -p "$WORK/src-all"
+    for k in 0 1 2; do
+        n=${names[$k]}
+        "$G" bench gen "$WORK/src-$n" --files "${counts[$k]}" --classes 50 --sizes imagenet \
+            --content random --seed $((k + 11)) > /dev/null
+        "$G" pack "$WORK/src-$n" -o "$WORK/$n.granary" > /dev/null
+        # The same files under one root (hard links: no second copy on disk).
+        cp -al "$WORK/src-$n" "$WORK/src-all/$n"
+    done
+    "$G" pack "$WORK/src-all" -o "$WORK/all.granary" > /dev/null
+fi
+OUT=$REPORT/results.tsv
+printf 'side\tstate\tmemory\trun\tsamples\tbytes\telapsed_s\tsamples_per_s\tpeak_rss_mb\tpeak_buffers_mb\tfractions\n' > "$OUT"
+one() { # side state memory
+    local args
+    if [ "$1" = mixture ]; then
+        args=("$WORK/web.granary" "$WORK/books.granary" "$WORK/code.granary" --weights 0.5,0.3,0.2)
+    else
+        args=("$WORK/all.granary")
+    fi
+    args+=(--workers "$WORKERS" --memory "$3")
+    if [ "$2" = warm ]; then "$G" read "${args[@]}" > /dev/null; else drop; fi
+    "$G" read "${args[@]}" --json | python3 -c '
+import json, sys
+r = json.load(sys.stdin)[0]
+fr = ",".join("%.5f" % s["fraction"] for s in r.get("sources", []))
+rss = (r.get("peak_rss_bytes") or 0) / 1e6
+print("\t".join(str(x) for x in [sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], r["samples"],
+      r["bytes"], round(r["elapsed_s"], 3), round(r["samples_per_s"]), round(rss),
+      round(r["peak_buffer_bytes"] / 1e6), fr or "-"]))
+' "$1" "$2" "$3" "$run" | tee -a "$OUT" >&2
+}
+for run in $(seq 1 "$REPEAT"); do
+    for mem in $MEMORY; do
+        for state in cold warm; do
+            one one-dataset "$state" "$mem"
+            one mixture "$state" "$mem"
+        done
+    done
+done
+python3 - "$OUT" "$REPORT/report.md" "$FILES" "$REPEAT" "$WORKERS" <<'PY'
+import collections, statistics, sys
+rows = [l.rstrip("\n").split("\t") for l in open(sys.argv[1])][1:]
+rate = collections.defaultdict(list)
+rss = collections.defaultdict(list)
+bufs = collections.defaultdict(list)
+worst = 0.0
+samples = {}
+mems = []
+for side, state, mem, run, n, b, t, sps, peak, pb, fr in rows:
+    rate[(side, state, mem)].append(float(sps))
+    rss[(side, state, mem)].append(float(peak))
+    bufs[(side, state, mem)].append(float(pb))
+    samples[side] = (int(n), int(b))
+    if mem not in mems:
+        mems.append(mem)
+    if fr != "-":
+        got = [float(x) for x in fr.split(",")]
+        worst = max(worst, max(abs(g - w) for g, w in zip(got, (0.5, 0.3, 0.2))))
+med = lambda d, k: statistics.median(d[k])
+out = ["# Mixtures against one dataset (`bash bench/mixture.sh`)", "",
+       f"{sys.argv[3]} ImageNet-like files (random contents) in three datasets of 50 / 30 / 20 %, "
+       f"mixed 0.5 / 0.3 / 0.2 (`granary read A B C --weights 0.5,0.3,0.2`), against one "
+       f"dataset packed from all of them (`granary read ALL`): the same samples and bytes per "
+       f"epoch; {sys.argv[5]} worker(s); medians of {sys.argv[4]} runs, sides alternated "
+       f"(raw: `results.tsv`).", "",
+       "| --memory | state | one dataset, samples/s | mixture, samples/s | mixture / one | peak buffers one / mixture, MB | peak RSS one / mixture, MB |",
+       "|---|---|---:|---:|---:|---:|---:|"]
+for mem in mems:
+    for state in ("cold", "warm"):
+        a, m = med(rate, ("one-dataset", state, mem)), med(rate, ("mixture", state, mem))
+        ba, bm = med(bufs, ("one-dataset", state, mem)), med(bufs, ("mixture", state, mem))
+        ra, rm = med(rss, ("one-dataset", state, mem)), med(rss, ("mixture", state, mem))
+        out.append(f"| {mem} | {state} | {a:,.0f} | {m:,.0f} | **{m / a:.2f}×** | "
+                   f"{ba:.0f} / {bm:.0f} | {ra:.0f} / {rm:.0f} |")
+n, b = samples["mixture"]
+out += ["", f"Each epoch: {n} samples, {b / 1e6:.0f} MB. Every mixture epoch's share of each "
+        f"source within **{worst * 100:.3f} %** of its weight (goal ≤ 1 %)."]
+open(sys.argv[2], "w").write("\n".join(out) + "\n")
+print("\n".join(out))
+PY
