@@ -7,7 +7,8 @@
 # The extension is built once, as the wheel users install (scripts/build-wheel.sh), and each
 # venv installs *that wheel* with no Rust toolchain on PATH and pip told to build nothing
 # (--only-binary=:all:, --no-index): the run fails if installing it needed a compiler.
-# Then runs examples/train_digits.py and, small, examples/train_jpeg.py.
+# Then runs examples/train_digits.py and, small, examples/train_jpeg.py; the engines' tests
+# (Parquet, Spark, Ray) and Grain's (with CPU JAX), each in a venv of their own.
 # Prints one line "python tests: N passed, N failed, N skipped" at the end.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -119,6 +120,22 @@ for ex in parquet_captions webdataset_shards; do
     status=1
   fi
 done
+# Grain and CPU JAX (granary.grain.DataSource) in a venv of their own outside the clone
+# (python/requirements-grain.txt, ~0.5 GB, under a minute to install once per machine).
+grainvenv="${XDG_CACHE_HOME:-$HOME/.cache}/granary/grain"
+[ -x "$grainvenv/bin/python" ] || "$py" -m venv "$grainvenv"
+"$grainvenv/bin/pip" install -q --disable-pip-version-check -r python/requirements-grain.txt
+env PATH="$no_rust_path" "$grainvenv/bin/pip" install -q --disable-pip-version-check \
+  --force-reinstall --no-deps --no-index --only-binary=:all: "$wheel"
+out=$(mktemp)
+set +e
+env GRANARY_REQUIRE_GRAIN=1 "$grainvenv/bin/python" -m pytest -p no:cacheprovider -q -rs \
+  python/tests/test_grain.py 2>&1 | tee "$out"
+rc=${PIPESTATUS[0]}
+set -e
+tail -n 1 "$out" | sed "s/^/grain: /" >> "$totals"
+rm -f "$out"
+[ "$rc" -eq 0 ] || status=1
 awk '{ for (i = 2; i <= NF; i++) { if ($(i) ~ /^passed/) p += $(i-1); if ($(i) ~ /^failed/) f += $(i-1);
        if ($(i) ~ /^skipped/) s += $(i-1); if ($(i) ~ /^error/) f += $(i-1) } }
      END { printf "python tests: %d passed, %d failed, %d skipped\n", p, f, s }' "$totals"
