@@ -940,3 +940,70 @@ fn a_view_of_a_dataset_in_the_store() {
     want.sort();
     assert_eq!(ls.lines().map(str::to_string).collect::<Vec<_>>(), want);
 }
+
+/// Where a reader waits: behind a slow link (512 KiB/s a connection) to the store, the consumer's waits land
+/// on origin; the next epoch, served by the local tier, hardly waits on origin at all. The
+/// parts always add up to the wait.
+#[test]
+fn waits_land_on_the_layer_that_is_slow() {
+    let Some(s3) = S3::new("waits") else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    let files = numbered_tree(120, 3, |i| 20_000 + (i as usize % 7) * 1000);
+    write_tree(&src, &files);
+    let url = s3.sub("ds");
+    s3.ok(&[
+        "pack",
+        src.to_str().unwrap(),
+        "-o",
+        &url,
+        "--chunk-size",
+        "256KiB",
+    ]);
+    let upstream = std::env::var("AWS_ENDPOINT_URL").unwrap();
+    let relay = Relay::throttled(
+        upstream.trim_start_matches("http://").to_string(),
+        512 << 10,
+    );
+    let tier = tmp.path().join("tier");
+    let o = s3
+        .cmd()
+        .args([
+            "read",
+            &url,
+            "--json",
+            "--epochs",
+            "2",
+            "--cache-size",
+            "1GiB",
+        ])
+        .arg("--cache-dir")
+        .arg(&tier)
+        .env("AWS_ENDPOINT_URL", relay.url())
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let w = |e: usize, k: &str| r[e]["waits"][k].as_f64().unwrap();
+    for e in 0..2 {
+        let parts: f64 = [
+            "tier_s", "peers_s", "origin_s", "check_s", "plan_s", "other_s",
+        ]
+        .iter()
+        .map(|k| w(e, k))
+        .sum();
+        assert!(
+            (parts - w(e, "waited_s")).abs() <= 1e-6 + w(e, "waited_s") * 1e-6,
+            "{r}"
+        );
+    }
+    // 2.8 MB over 8 connections at 512 KiB/s each: most of the first epoch is waiting, on
+    // origin.
+    assert!(w(0, "waited_s") > 0.3, "{r}");
+    assert!(w(0, "origin_s") > 0.8 * w(0, "waited_s"), "{r}");
+    // The second epoch reads the tier.
+    assert!(w(1, "origin_s") < 0.1 * w(0, "origin_s"), "{r}");
+    assert_eq!(r[1]["cache"]["bytes_from_source"], 0, "{r}");
+}

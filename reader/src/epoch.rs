@@ -143,6 +143,8 @@ pub struct EpochTotals {
     pub first_sample_s: Option<f64>,
     /// What passed through each layer of the store stack, summed over workers, top first.
     pub layers: Vec<LayerReading>,
+    /// How long the workers waited for samples, and on what, summed over workers.
+    pub waits: crate::WaitReport,
 }
 
 /// What passed through one layer of the readers' store stacks ([`granary_store::Metered`]):
@@ -214,6 +216,7 @@ pub fn read_epoch(
                         .into_iter()
                         .map(|(layer, reading)| LayerReading { layer, reading })
                         .collect();
+                    r.waits = st.waits();
                     Ok(r)
                 })
             })
@@ -241,6 +244,7 @@ pub fn read_epoch(
         r.hits += w.hits;
         r.peak_buffer_bytes = r.peak_buffer_bytes.max(w.peak_buffer_bytes);
         add_layers(&mut r.layers, w.layers);
+        r.waits += w.waits;
         r.first_sample_s = match (r.first_sample_s, w.first_sample_s) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
@@ -294,6 +298,11 @@ pub struct EpochReport {
     /// What passed through each layer of the store stack (tier, peers, origin, as configured),
     /// summed over workers, top first, with the seconds the workers waited in it.
     pub layers: Vec<LayerReading>,
+    /// How long the workers waited for samples (asked and found none decoded), and what the
+    /// reader was doing meanwhile: waiting for reads from the tier, other nodes' tiers or
+    /// origin, checking CRCs and decompressing, planning windows, or anything else; the
+    /// parts add up to `waited_s`. Summed over workers.
+    pub waits: crate::WaitReport,
 }
 
 /// One epoch's reads with tiers shared between nodes ([`crate::Peers`]).
@@ -384,5 +393,6 @@ pub fn measure_epoch(
         snapshot_gets: snap.map(|s| s.0),
         snapshot_bytes_fetched: snap.map(|s| s.1),
         layers: t.layers,
+        waits: t.waits,
     })
 }

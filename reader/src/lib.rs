@@ -56,6 +56,7 @@ mod stream;
 mod tier;
 mod verify;
 mod view;
+mod waits;
 mod window;
 
 /// Object stores (`s3://`, `gs://`, `az://`, `http(s)://`): the store crate's.
@@ -98,6 +99,7 @@ pub use stream::{EpochStream, Sample, StreamOptions};
 pub use tier::TierHits;
 pub use verify::{verify, verify_with, Problem, VerifyReport};
 pub use view::{view_reads, write_view, View, ViewReads};
+pub use waits::WaitReport;
 
 /// Read-buffer budget of one reader (one stream) by default ([`StreamOptions::memory`]), from
 /// which the shuffle window follows ([`Dataset::window_for_memory`]): the CLI's `--memory`,

@@ -17,6 +17,7 @@ use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 use std::sync::Arc;
+use std::time::Instant;
 
 use granary_format::decode_record;
 use rayon::prelude::*;
@@ -25,6 +26,7 @@ use crate::error::{ReadError, Result};
 use crate::io::{BufPool, Completed, Engine, IoKind, Pending, Request};
 use crate::plan::{EpochPlan, ShuffleMode};
 use crate::tier::{HotState, TierCounters, TierHits};
+use crate::waits::{read_shares, Phase, Timeline, WaitReport};
 use crate::window::{buffer_bytes, Prepared, Windows};
 use crate::ReadPattern;
 use crate::{Dataset, LocalTier, TierPolicy};
@@ -202,6 +204,8 @@ pub struct EpochStream {
     /// The last sample delivered as a slice of a map (its id and buffer), checked on the next
     /// call: see [`Sample::is_intact`].
     watch: Option<(u64, Arc<Completed>)>,
+    /// What the I/O thread did, and what the consumer's waits were attributed to.
+    timeline: Arc<Timeline>,
 }
 
 impl EpochStream {
@@ -261,7 +265,9 @@ impl EpochStream {
         let stack = windows.stack.clone();
         let (tx, rx) = sync_channel::<Msg>(0);
         let bytes_read = Arc::new(AtomicU64::new(0));
+        let timeline = Arc::new(Timeline::default());
         let io = IoThread {
+            timeline: timeline.clone(),
             windows,
             engine,
             pool: pool.clone(),
@@ -291,6 +297,7 @@ impl EpochStream {
             stack,
             pool,
             watch: None,
+            timeline,
         })
     }
 
@@ -376,6 +383,11 @@ impl EpochStream {
         self.bytes_read.load(Relaxed)
     }
 
+    /// How long the consumer waited for samples so far, and on what ([`WaitReport`]).
+    pub fn waits(&self) -> WaitReport {
+        self.timeline.report()
+    }
+
     /// How much of the epoch so far came from the local tier.
     pub fn tier_hits(&self) -> TierHits {
         self.stats.hits()
@@ -427,7 +439,9 @@ impl Iterator for EpochStream {
             if self.done {
                 return None;
             }
+            let t0 = std::time::Instant::now();
             let msg = self.rx.recv();
+            self.timeline.waited(t0, std::time::Instant::now());
             match msg {
                 Ok(Msg::Window(v)) => self.current = v.into_iter(),
                 Ok(Msg::End) => {
@@ -460,6 +474,7 @@ impl Iterator for EpochStream {
 /// The stream's I/O thread: prepares windows, keeps their reads in flight within the budget,
 /// checks and decodes each completed window and hands it to the consumer.
 struct IoThread {
+    timeline: Arc<Timeline>,
     windows: Windows,
     engine: Engine,
     pool: Arc<BufPool>,
@@ -498,7 +513,10 @@ impl IoThread {
                     let Some(w) = windows.next() else { break };
                     let ids = &plan.samples[w.range.clone()];
                     let weights = plan.weights.get(w.range.clone()).unwrap_or(&[]);
-                    match self.windows.prepare(ids, weights) {
+                    let t = Instant::now();
+                    let prepared = self.windows.prepare(ids, weights);
+                    self.timeline.record(t, Phase::Plan);
+                    match prepared {
                         Ok(p) => next = Some(p),
                         Err(e) => {
                             failure = Some(e);
@@ -517,12 +535,18 @@ impl IoThread {
             // A prepared window waits for room: submit it as soon as the consumer frees
             // buffers, not only when the oldest window completes, so that the reads in flight
             // fill the budget (the device's bandwidth grows with bytes in flight).
+            let read_start = Instant::now();
+            let before = self.timeline.on().then(|| self.windows.stack.layers());
             let read = if next.is_some() && failure.is_none() {
                 self.wait_submitting(t, &mut pending, &mut next)
             } else {
                 self.engine.wait(t).map_err(ReadError::from)
             };
             let done = self.windows.complete(&prep, read);
+            if let Some(before) = before {
+                let shares = read_shares(&before, &self.windows.stack.layers());
+                self.timeline.record(read_start, Phase::Read(shares));
+            }
             let (bufs, served) = match done {
                 Ok(d) => d,
                 Err(e) => {
@@ -539,12 +563,14 @@ impl IoThread {
             self.windows.count(&prep, &bufs, &served);
             let ds = &self.windows.ds;
             let populate = self.populate;
+            let check_start = Instant::now();
             let samples = decode_pool.install(|| {
                 if populate {
                     populate_maps(&bufs);
                 }
                 decode_window(ds, prep, bufs)
             });
+            self.timeline.record(check_start, Phase::Check);
             #[cfg(test)]
             if self.panic_in == Some("decode") {
                 decode_pool.install(|| panic!("injected into decoding"));

@@ -111,7 +111,7 @@ pub fn read(
         if !a.json {
             println!(
                 "epoch {:>3}: {} samples, {:.1} MB in {:.2} s: {:.0} samples/s, {:.1} MB/s ({}; \
-                 memory: peak buffers {:.0} MB per reader)",
+                 memory: peak buffers {:.0} MB per reader); {}",
                 r.epoch,
                 r.samples,
                 r.bytes as f64 / 1e6,
@@ -119,7 +119,8 @@ pub fn read(
                 r.samples_per_s,
                 r.mb_per_s,
                 r.backend,
-                r.peak_buffer_bytes as f64 / 1e6
+                r.peak_buffer_bytes as f64 / 1e6,
+                super::waits_text(&r.waits)
             );
             for (i, s) in r.sources.iter().enumerate() {
                 println!(

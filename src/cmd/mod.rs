@@ -80,6 +80,24 @@ pub fn print_json(v: &impl serde::Serialize) -> anyhow::Result<()> {
 }
 
 /// Human-readable byte count.
+/// What a reader's consumer waited on, for `read`'s text output: "waited 1.20 s (origin 0.90,
+/// check 0.20, other 0.10)", the parts above a millisecond.
+pub fn waits_text(w: &granary::WaitReport) -> String {
+    let parts: Vec<String> = [
+        ("tier", w.tier_s),
+        ("peers", w.peers_s),
+        ("origin", w.origin_s),
+        ("check", w.check_s),
+        ("plan", w.plan_s),
+        ("other", w.other_s),
+    ]
+    .iter()
+    .filter(|(_, v)| *v >= 0.0005)
+    .map(|(k, v)| format!("{k} {v:.3}"))
+    .collect();
+    format!("waited {:.3} s ({})", w.waited_s, parts.join(", "))
+}
+
 pub fn human_bytes(n: u64) -> String {
     const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
     let mut x = n as f64;

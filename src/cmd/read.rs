@@ -367,8 +367,8 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
                 _ => String::new(),
             };
             println!(
-                "epoch {:>3}: {} samples, {:.1} MB in {:.2} s: {:.0} samples/s, {:.1} MB/s, cpu {:.2} s, digest {} ({}; files: {} buffered, {} found resident, {} direct{device}){hits}; memory: peak buffers {:.0} MB per reader{rss}{peers}{snap}",
-                r.epoch, r.samples, r.bytes as f64 / 1e6, r.elapsed_s, r.samples_per_s, r.mb_per_s, r.cpu_s, r.digest, r.backend, o.buffered, o.resident, o.direct, r.peak_buffer_bytes as f64 / 1e6
+                "epoch {:>3}: {} samples, {:.1} MB in {:.2} s: {:.0} samples/s, {:.1} MB/s, cpu {:.2} s, digest {} ({}; files: {} buffered, {} found resident, {} direct{device}){hits}; memory: peak buffers {:.0} MB per reader{rss}{peers}{snap}; {}",
+                r.epoch, r.samples, r.bytes as f64 / 1e6, r.elapsed_s, r.samples_per_s, r.mb_per_s, r.cpu_s, r.digest, r.backend, o.buffered, o.resident, o.direct, r.peak_buffer_bytes as f64 / 1e6, super::waits_text(&r.waits)
             );
         }
         reports.push(r);

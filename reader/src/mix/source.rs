@@ -13,7 +13,9 @@ use super::{epoch_counts, source_seed, Interleave, MixPlan, MixState, PlanSource
 use crate::config::{Reader, ReaderConfig, SamplingMode};
 use crate::epoch::{add_layers, LayerReading};
 use crate::error::{ReadError, Result};
-use crate::{Dataset, DatasetShape, EpochStream, MeterReading, Sample, Shard, TierHits};
+use crate::{
+    Dataset, DatasetShape, EpochStream, MeterReading, Sample, Shard, TierHits, WaitReport,
+};
 use granary_store::buf::BufPool;
 
 /// A stream of samples with the reader's counters: one dataset's ([`EpochStream`]) or a
@@ -27,6 +29,8 @@ pub trait SampleStream: Iterator<Item = Result<Sample>> + Send {
     fn layers(&self) -> Vec<(&'static str, MeterReading)>;
     /// How much came from the local tiers so far.
     fn tier_hits(&self) -> TierHits;
+    /// How long the consumer waited so far, and on what.
+    fn waits(&self) -> WaitReport;
 }
 
 impl SampleStream for EpochStream {
@@ -41,6 +45,9 @@ impl SampleStream for EpochStream {
     }
     fn tier_hits(&self) -> TierHits {
         EpochStream::tier_hits(self)
+    }
+    fn waits(&self) -> WaitReport {
+        EpochStream::waits(self)
     }
 }
 
@@ -469,6 +476,13 @@ impl SampleStream for MixStream {
         }
         h
     }
+    fn waits(&self) -> WaitReport {
+        let mut w = WaitReport::default();
+        for s in &self.streams {
+            w += s.waits();
+        }
+        w
+    }
 }
 
 /// What one source gave a rank's epoch.
@@ -502,6 +516,8 @@ pub struct MixReport {
     pub peak_rss_bytes: Option<u64>,
     pub sources: Vec<SourceTotals>,
     pub layers: Vec<LayerReading>,
+    /// How long the workers waited for samples, and on what (see [`crate::EpochReport`]).
+    pub waits: WaitReport,
 }
 
 /// Reads rank `rank`'s share of a mixture's epoch with `workers` loader workers (threads),
@@ -523,6 +539,7 @@ pub fn read_mix_epoch(
         &'static str,
         u64,
         Vec<LayerReading>,
+        WaitReport,
     );
     let results: Vec<Result<Worker>> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..k)
@@ -555,6 +572,7 @@ pub fn read_mix_epoch(
                         st.backend(),
                         st.peak_buffer_bytes(),
                         layers,
+                        st.waits(),
                     ))
                 })
             })
@@ -573,7 +591,8 @@ pub fn read_mix_epoch(
     };
     let mut per = vec![(0u64, 0u64, 0u64); n];
     for res in results {
-        let (p, read, backend, peak, layers) = res?;
+        let (p, read, backend, peak, layers, waits) = res?;
+        r.waits += waits;
         for (a, b) in per.iter_mut().zip(p) {
             a.0 += b.0;
             a.1 += b.1;

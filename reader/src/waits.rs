@@ -1,0 +1,247 @@
+//! Where a stream's consumer waits, and on what.
+//!
+//! The consumer waits when it asks for a sample and the next window is not decoded yet (in
+//! [`crate::EpochStream`]'s `next`, on the channel from the I/O thread). The I/O thread records
+//! what it does as a timeline of phases: waiting for reads (split among the store stack's
+//! layers by the time its reads waited in each during that phase: the tier, the other nodes'
+//! tiers, origin), checking CRCs and decompressing, planning the next window (sample lookups,
+//! snapshot blocks fetched from an object store included). Each wait of the consumer is
+//! attributed to the phases it overlapped, and what no phase covers (the hand-over itself,
+//! bookkeeping) to `other`: the parts add up to the wait exactly. Phases that ended before a
+//! wait did are dropped: the timeline holds only what a future wait can overlap.
+
+use std::sync::Mutex;
+use std::time::Instant;
+
+use serde::Serialize;
+
+/// What the I/O thread was doing.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) enum Phase {
+    /// Waiting for reads: the shares of the tier, the peers and origin in that time.
+    Read([f64; 3]),
+    /// Checking CRCs and decompressing (on the decode pool).
+    Check,
+    /// Planning a window: sample lookups, snapshot blocks.
+    Plan,
+}
+
+/// Seconds a consumer waited, by what the reader was doing meanwhile.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct WaitReport {
+    /// Seconds the consumer waited for samples (asked and found none decoded).
+    pub waited_s: f64,
+    /// Times it waited.
+    pub waits: u64,
+    /// ... while the reader waited for reads from this node's tier,
+    pub tier_s: f64,
+    /// ... from other nodes' tiers,
+    pub peers_s: f64,
+    /// ... from origin storage (the dataset's own: a file system or an object store),
+    pub origin_s: f64,
+    /// ... checked CRCs and decompressed,
+    pub check_s: f64,
+    /// ... planned a window (sample lookups, snapshot blocks),
+    pub plan_s: f64,
+    /// ... or did anything else (handing the window over, bookkeeping).
+    pub other_s: f64,
+}
+
+impl std::ops::AddAssign for WaitReport {
+    fn add_assign(&mut self, o: WaitReport) {
+        self.waited_s += o.waited_s;
+        self.waits += o.waits;
+        self.tier_s += o.tier_s;
+        self.peers_s += o.peers_s;
+        self.origin_s += o.origin_s;
+        self.check_s += o.check_s;
+        self.plan_s += o.plan_s;
+        self.other_s += o.other_s;
+    }
+}
+
+impl std::ops::Sub for WaitReport {
+    type Output = WaitReport;
+    fn sub(self, o: WaitReport) -> WaitReport {
+        WaitReport {
+            waited_s: self.waited_s - o.waited_s,
+            waits: self.waits - o.waits,
+            tier_s: self.tier_s - o.tier_s,
+            peers_s: self.peers_s - o.peers_s,
+            origin_s: self.origin_s - o.origin_s,
+            check_s: self.check_s - o.check_s,
+            plan_s: self.plan_s - o.plan_s,
+            other_s: self.other_s - o.other_s,
+        }
+    }
+}
+
+/// The I/O thread's recent phases and what the consumer's waits were attributed to so far.
+#[derive(Debug)]
+pub(crate) struct Timeline {
+    inner: Mutex<Inner>,
+    /// Off (`GRANARY_WAIT_TIMING=off`, for measuring what timing costs): nothing recorded.
+    on: bool,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    phases: Vec<(Instant, Instant, Phase)>,
+    report: WaitReport,
+}
+
+impl Default for Timeline {
+    fn default() -> Self {
+        Timeline {
+            inner: Mutex::default(),
+            on: std::env::var("GRANARY_WAIT_TIMING").map_or(true, |v| v != "off"),
+        }
+    }
+}
+
+impl Timeline {
+    /// True when waits are timed.
+    pub(crate) fn on(&self) -> bool {
+        self.on
+    }
+
+    /// The I/O thread did `phase` from `start` until now.
+    pub(crate) fn record(&self, start: Instant, phase: Phase) {
+        if self.on {
+            let end = Instant::now();
+            let mut g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+            g.phases.push((start, end, phase));
+        }
+    }
+
+    /// The consumer waited from `t0` to `t1`: attributed to the phases it overlapped.
+    pub(crate) fn waited(&self, t0: Instant, t1: Instant) {
+        if !self.on {
+            return;
+        }
+        let mut g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let total = t1.saturating_duration_since(t0).as_secs_f64();
+        let mut covered = 0.0;
+        let mut parts = WaitReport {
+            waited_s: total,
+            waits: 1,
+            ..Default::default()
+        };
+        for &(s, e, phase) in &g.phases {
+            let (s, e) = (s.max(t0), e.min(t1));
+            if e <= s {
+                continue;
+            }
+            let d = (e - s).as_secs_f64();
+            covered += d;
+            match phase {
+                Phase::Read([t, p, o]) => {
+                    parts.tier_s += d * t;
+                    parts.peers_s += d * p;
+                    parts.origin_s += d * o;
+                }
+                Phase::Check => parts.check_s += d,
+                Phase::Plan => parts.plan_s += d,
+            }
+        }
+        parts.other_s = (total - covered).max(0.0);
+        g.report += parts;
+        // Later waits start after t1.
+        g.phases.retain(|&(_, e, _)| e > t1);
+    }
+
+    /// What the waits so far were attributed to.
+    pub(crate) fn report(&self) -> WaitReport {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner()).report
+    }
+}
+
+/// The shares of the tier, the peers and origin in the time a stream's reads waited, from
+/// the wait each layer's meter added (`before` and `after` a phase, top first as
+/// [`crate::StoreStack::layers`] lists them): layers are nested (the tier's meter counts what
+/// the peers and origin served too), so each layer's own time is its wait less the next
+/// one's. Without any wait, origin's (the reads were served from maps, or not timed).
+pub(crate) fn read_shares(
+    before: &[(&'static str, granary_store::MeterReading)],
+    after: &[(&'static str, granary_store::MeterReading)],
+) -> [f64; 3] {
+    let waits: Vec<(&str, f64)> = after
+        .iter()
+        .zip(before)
+        .map(|((name, a), (_, b))| (*name, (a.wait_s - b.wait_s).max(0.0)))
+        .collect();
+    let mut own = [0.0f64; 3];
+    for (i, (name, w)) in waits.iter().enumerate() {
+        let below = waits.get(i + 1).map_or(0.0, |x| x.1);
+        let slot = match *name {
+            "tier" => 0,
+            "peers" => 1,
+            _ => 2,
+        };
+        own[slot] += (w - below).max(0.0);
+    }
+    let sum: f64 = own.iter().sum();
+    if sum <= 0.0 {
+        return [0.0, 0.0, 1.0];
+    }
+    own.map(|x| x / sum)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn a_wait_is_split_by_the_phases_it_overlaps_and_adds_up() {
+        let tl = Timeline {
+            inner: Mutex::default(),
+            on: true,
+        };
+        let t = Instant::now();
+        let at = |ms: u64| t + Duration::from_millis(ms);
+        {
+            let mut g = tl.inner.lock().unwrap();
+            g.phases
+                .push((at(0), at(40), Phase::Read([0.25, 0.0, 0.75])));
+            g.phases.push((at(40), at(60), Phase::Check));
+            g.phases.push((at(70), at(80), Phase::Plan));
+            g.phases
+                .push((at(100), at(200), Phase::Read([0.0, 0.0, 1.0])));
+        }
+        // The consumer waited from 20 to 90 ms: 20 ms of reads, 20 of checks, 10 of planning,
+        // 20 of nothing recorded.
+        tl.waited(at(20), at(90));
+        let r = tl.report();
+        let close = |a: f64, b: f64| (a - b).abs() < 1e-9;
+        assert!(close(r.waited_s, 0.070), "{r:?}");
+        assert!(close(r.tier_s, 0.005) && close(r.origin_s, 0.015), "{r:?}");
+        assert!(close(r.check_s, 0.020) && close(r.plan_s, 0.010), "{r:?}");
+        assert!(close(r.other_s, 0.020), "{r:?}");
+        let parts = r.tier_s + r.peers_s + r.origin_s + r.check_s + r.plan_s + r.other_s;
+        assert!(close(parts, r.waited_s));
+        // Phases that ended before the wait did are gone; the one after stays.
+        assert_eq!(tl.inner.lock().unwrap().phases.len(), 1);
+    }
+
+    #[test]
+    fn read_time_goes_to_each_layers_own_wait() {
+        let m = |w: f64| granary_store::MeterReading {
+            wait_s: w,
+            ..Default::default()
+        };
+        // The tier's meter counts everything (3 s), the peers' what the tier missed (2 s),
+        // origin what the peers missed (0.5 s): own times 1, 1.5, 0.5.
+        let before = [("tier", m(0.0)), ("peers", m(0.0)), ("origin", m(0.0))];
+        let after = [("tier", m(3.0)), ("peers", m(2.0)), ("origin", m(0.5))];
+        let s = read_shares(&before, &after);
+        assert!(
+            (s[0] - 1.0 / 3.0).abs() < 1e-9 && (s[1] - 0.5).abs() < 1e-9,
+            "{s:?}"
+        );
+        assert_eq!(
+            read_shares(&[("origin", m(1.0))], &[("origin", m(1.0))]),
+            [0.0, 0.0, 1.0]
+        );
+    }
+}
