@@ -1259,3 +1259,48 @@ fn field_values_must_fit_their_types() {
     );
     assert!(!out.contains("(k0)"), "{out}");
 }
+
+/// `read --metrics FILE` writes each epoch's figures in Prometheus' text format: the waits by
+/// part adding up to the JSON's `waited_s`, the samples, each layer's bytes.
+#[test]
+fn read_writes_prometheus_metrics() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    write_tree(&src, &numbered_tree(200, 4, |i| 500 + i as usize));
+    let ds = tmp.path().join("ds");
+    assert!(pack(&src, &ds, &["--chunk-size", "16KiB"]).status.success());
+    let prom = tmp.path().join("m/granary.prom");
+    std::fs::create_dir_all(prom.parent().unwrap()).unwrap();
+    let o = run_ok([
+        "read".as_ref(),
+        ds.as_os_str(),
+        "--json".as_ref(),
+        "--metrics".as_ref(),
+        prom.as_os_str(),
+    ]);
+    let j: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let text = std::fs::read_to_string(&prom).unwrap();
+    let value = |name: &str| -> f64 {
+        let line = text
+            .lines()
+            .find(|l| l.starts_with(name))
+            .unwrap_or_else(|| panic!("{name} missing: {text}"));
+        line.rsplit(' ').next().unwrap().parse().unwrap()
+    };
+    assert_eq!(value("granary_samples "), 200.0);
+    assert_eq!(
+        value("granary_layer_bytes{layer=\"origin\"}"),
+        j[0]["bytes_read"].as_f64().unwrap()
+    );
+    let parts: f64 = ["tier", "peers", "origin", "check", "plan", "other"]
+        .iter()
+        .map(|p| value(&format!("granary_wait_seconds{{part=\"{p}\"}}")))
+        .sum();
+    let waited = j[0]["waits"]["waited_s"].as_f64().unwrap();
+    assert!((parts - waited).abs() < 1e-5, "{parts} vs {waited}");
+    assert_eq!(
+        std::fs::read_dir(prom.parent().unwrap()).unwrap().count(),
+        1,
+        "no temporary left"
+    );
+}

@@ -25,6 +25,7 @@ from ._native import io_backends
 from . import _types
 from .parquet import from_parquet
 from .views import make_view
+from .waits import WaitMeter
 from .writer import Writer, from_webdataset, merge
 
 try:  # torch is optional
@@ -58,6 +59,7 @@ __all__ = [
     "make_view",
     "merge",
     "Mixture",
+    "WaitMeter",
 ]
 
 
@@ -287,6 +289,12 @@ class IterableDataset(_IterBase):
     ``memory`` is each reader's read-buffer budget in bytes (one reader per DataLoader worker;
     default ``None``: the library's 128 MiB). The shuffle window follows from it unless
     ``window`` (chunks) is given.
+
+    ``waits=True`` (with ``batch_size``) adds ``"waits"`` to every batch: the seconds the
+    process that made it (a DataLoader worker) spent on it, by what the reader waited on
+    (``tier_s``, ``peers_s``, ``origin_s``, ``check_s``, ``plan_s``, ``other_s``) and
+    ``python_s`` (gathering, assembling, ``transform``); ``granary.WaitMeter`` turns them into
+    where the training loop waits.
     """
 
     # A mixture of datasets (``granary.Mixture``): samples carry their source.
@@ -323,6 +331,7 @@ class IterableDataset(_IterBase):
         fields=None,
         raw=False,
         images="bytes",
+        waits=False,
     ):
         if batch_size is not None and batch_size < 1:
             raise ValueError("batch_size must be a positive integer")
@@ -332,6 +341,8 @@ class IterableDataset(_IterBase):
             raise ValueError("pad=True fills the remainder that drop_last=True drops: pick one")
         if transform is not None and not callable(transform):
             raise ValueError("transform must be callable")
+        if waits and batch_size is None:
+            raise ValueError("waits are reported per batch: they need batch_size")
         if transform is not None and batch_format == "tensor":
             raise ValueError(
                 "transform applies per sample; batch_format='tensor' packs a batch's bytes "
@@ -367,6 +378,7 @@ class IterableDataset(_IterBase):
         self.fields = _field_list(fields)
         self.raw = bool(raw)
         self.images = _types.check_images(images)
+        self.report_waits = bool(waits)
         self._layout_ds = None
         self.shuffle = shuffle
         self.seed = int(seed)
@@ -500,13 +512,38 @@ class IterableDataset(_IterBase):
                 if weighted:
                     item["weight"] = weight
                 yield item
-        else:
+        elif not self.report_waits:
             for n, item in self._batches(stream, weighted, transform, self.collate, layouts):
                 self._consumed += n
                 yield item
+        else:
+            yield from self._timed_batches(stream, weighted, transform, layouts)
         # The resumed remainder is done; the epoch's next iteration starts it afresh.
         self._resume = None
         self._redistributed = False
+
+    def _timed_batches(self, stream, weighted, transform, layouts):
+        """The batches, each with ``"waits"``: the seconds this process spent making it, by
+        what it waited on (the reader's parts, see ``Stream.waits()``) and ``python_s``, the
+        rest of its time on that batch (gathering, assembling, ``transform``/``collate``)."""
+        import time
+
+        from . import _shm
+
+        keys = ("tier_s", "peers_s", "origin_s", "check_s", "plan_s", "other_s")
+        last = stream.waits()
+        t = time.perf_counter()
+        for n, item in self._batches(stream, weighted, transform, self.collate, layouts):
+            made = time.perf_counter() - t
+            now = stream.waits()
+            parts = {k: now[k] - last[k] for k in keys}
+            waited = now["waited_s"] - last["waited_s"]
+            parts["python_s"] = max(made - waited, 0.0)
+            parts["made_s"] = made
+            last = now
+            self._consumed += n
+            yield _shm.with_extra(item, {"waits": parts})
+            t = time.perf_counter()
 
     def _layouts(self):
         """None for a dataset without fields; else ids -> each sample's field layout."""

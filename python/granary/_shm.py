@@ -171,6 +171,22 @@ class Batch:
         return f"<granary batch for the training process ({self.fn.__name__})>"
 
 
+def _extended(fn, args, extra):
+    d = fn(*args)
+    d.update(extra)
+    return d
+
+
+def with_extra(item, extra):
+    """``item`` (a batch dict or a ``Batch`` record) with the keys of ``extra`` added, as it
+    crosses to the training process."""
+    if isinstance(item, Batch):
+        local = item.local
+        return Batch(_extended, (item.fn, item.args, extra), lambda: {**local(), **extra})
+    item.update(extra)
+    return item
+
+
 # -- the training process's side --------------------------------------------------------------
 
 

@@ -586,6 +586,15 @@ impl Stream {
             .collect()
     }
 
+    /// How long the consumer of this stream waited for samples so far, and on what the reader
+    /// spent that time: a dict of seconds (``waited_s``; ``tier_s``, ``peers_s``, ``origin_s``:
+    /// waiting for reads from that layer; ``check_s``: CRC checks and decompression; ``plan_s``:
+    /// planning windows; ``other_s``: the rest; the parts add up to ``waited_s``) and ``waits``.
+    fn waits<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let w = self.inner.lock().expect("stream lock").waits();
+        pythonize::pythonize(py, &w).map_err(|e| PyValueError::new_err(format!("waits: {e}")))
+    }
+
     /// Hits of the local tier so far: (samples from tier, samples from source, bytes from
     /// tier, bytes from source); None without a tier.
     fn cache_hits(&self) -> Option<(u64, u64, u64, u64)> {

@@ -108,6 +108,10 @@ pub fn read(
         reader.begin_epoch();
         let r = granary::read_mix_epoch(&reader, epoch, p.rank, p.world_size, p.workers)
             .with_context(|| format!("reading epoch {epoch}"))?;
+        if let Some(path) = &a.metrics {
+            let text = super::prometheus_text(epoch, r.samples, r.elapsed_s, &r.waits, &r.layers);
+            super::write_atomically(path, &text)?;
+        }
         if !a.json {
             println!(
                 "epoch {:>3}: {} samples, {:.1} MB in {:.2} s: {:.0} samples/s, {:.1} MB/s ({}; \

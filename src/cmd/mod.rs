@@ -98,6 +98,65 @@ pub fn waits_text(w: &granary::WaitReport) -> String {
     format!("waited {:.3} s ({})", w.waited_s, parts.join(", "))
 }
 
+/// An epoch's figures in Prometheus' text exposition format (`read --metrics FILE`): the
+/// consumer's waits by part, each layer's bytes and read wait, samples and seconds.
+pub fn prometheus_text(
+    epoch: u64,
+    samples: u64,
+    elapsed_s: f64,
+    w: &granary::WaitReport,
+    layers: &[granary::LayerReading],
+) -> String {
+    let mut t = String::new();
+    t.push_str(
+        "# HELP granary_wait_seconds Seconds the readers' consumers waited for samples in the \
+         last epoch, by what the reader was doing.\n# TYPE granary_wait_seconds gauge\n",
+    );
+    for (part, v) in [
+        ("tier", w.tier_s),
+        ("peers", w.peers_s),
+        ("origin", w.origin_s),
+        ("check", w.check_s),
+        ("plan", w.plan_s),
+        ("other", w.other_s),
+    ] {
+        t.push_str(&format!("granary_wait_seconds{{part=\"{part}\"}} {v:.6}\n"));
+    }
+    t.push_str("# HELP granary_layer_bytes Bytes each layer of the store stack served in the last epoch.\n# TYPE granary_layer_bytes gauge\n");
+    for l in layers {
+        t.push_str(&format!(
+            "granary_layer_bytes{{layer=\"{}\"}} {}\n",
+            l.layer, l.reading.bytes
+        ));
+    }
+    t.push_str("# HELP granary_layer_read_wait_seconds Seconds reads waited in each layer in the last epoch (summed over reads in flight).\n# TYPE granary_layer_read_wait_seconds gauge\n");
+    for l in layers {
+        t.push_str(&format!(
+            "granary_layer_read_wait_seconds{{layer=\"{}\"}} {:.6}\n",
+            l.layer, l.reading.wait_s
+        ));
+    }
+    t.push_str(&format!(
+        "# HELP granary_epoch The last epoch read.\n# TYPE granary_epoch gauge\ngranary_epoch {epoch}\n\
+         # HELP granary_samples Samples the last epoch delivered.\n# TYPE granary_samples gauge\ngranary_samples {samples}\n\
+         # HELP granary_epoch_seconds Seconds the last epoch took.\n# TYPE granary_epoch_seconds gauge\ngranary_epoch_seconds {elapsed_s:.6}\n"
+    ));
+    t
+}
+
+/// Writes `text` to `path` through a temporary file and a rename (a textfile collector never
+/// reads half a file).
+pub fn write_atomically(path: &Path, text: &str) -> anyhow::Result<()> {
+    let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
+    anyhow::Context::with_context(std::fs::write(&tmp, text), || {
+        format!("writing {}", tmp.display())
+    })?;
+    anyhow::Context::with_context(std::fs::rename(&tmp, path), || {
+        format!("renaming to {}", path.display())
+    })?;
+    Ok(())
+}
+
 pub fn human_bytes(n: u64) -> String {
     const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
     let mut x = n as f64;

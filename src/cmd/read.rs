@@ -268,6 +268,11 @@ pub struct Args {
     /// Print JSON on stdout.
     #[arg(long)]
     pub json: bool,
+    /// After each epoch, write its figures (the consumer's waits by part, each layer's bytes
+    /// and read waits, samples, seconds) to FILE in Prometheus' text format (for a node
+    /// exporter's textfile collector), replacing it atomically.
+    #[arg(long, value_name = "FILE")]
+    pub metrics: Option<PathBuf>,
 }
 
 /// `--sampling`'s names, listed in `--help`.
@@ -317,6 +322,10 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         let p = &a.plan;
         let r = granary::measure_epoch(&ds, &setup, epoch, p.rank, p.world_size, p.workers)
             .with_context(|| format!("reading epoch {epoch}"))?;
+        if let Some(path) = &a.metrics {
+            let text = super::prometheus_text(epoch, r.samples, r.elapsed_s, &r.waits, &r.layers);
+            super::write_atomically(path, &text)?;
+        }
         if !a.json {
             let hits = match (r.cache_sample_hit_ratio, r.cache_byte_hit_ratio) {
                 (Some(s), Some(b)) => format!(
