@@ -26,7 +26,7 @@ use crate::error::{ReadError, Result};
 use crate::io::{BufPool, Completed, Engine, IoKind, Pending, Request};
 use crate::plan::{EpochPlan, ShuffleMode};
 use crate::tier::{HotState, TierCounters, TierHits};
-use crate::waits::{read_shares, Phase, Timeline, WaitReport};
+use crate::waits::{plan_shares, read_shares, Phase, Timeline, WaitReport};
 use crate::window::{buffer_bytes, Prepared, Windows};
 use crate::ReadPattern;
 use crate::{Dataset, LocalTier, TierPolicy};
@@ -514,8 +514,14 @@ impl IoThread {
                     let ids = &plan.samples[w.range.clone()];
                     let weights = plan.weights.get(w.range.clone()).unwrap_or(&[]);
                     let t = Instant::now();
+                    let before = self.timeline.on().then(|| self.windows.stack.layers());
                     let prepared = self.windows.prepare(ids, weights);
-                    self.timeline.record(t, Phase::Plan);
+                    if let Some(before) = before {
+                        let secs = t.elapsed().as_secs_f64();
+                        let after = self.windows.stack.layers();
+                        let shares = plan_shares(&before, &after, secs);
+                        self.timeline.record(t, Phase::Plan(shares));
+                    }
                     match prepared {
                         Ok(p) => next = Some(p),
                         Err(e) => {

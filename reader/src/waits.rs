@@ -22,8 +22,10 @@ pub(crate) enum Phase {
     Read([f64; 3]),
     /// Checking CRCs and decompressing (on the decode pool).
     Check,
-    /// Planning a window: sample lookups, snapshot blocks.
-    Plan,
+    /// Planning a window: sample lookups, snapshot blocks, and opening its chunks, which waits
+    /// in the store's layers: the shares of the phase spent in the tier, the peers and origin
+    /// (the rest is planning).
+    Plan([f64; 3]),
 }
 
 /// Seconds a consumer waited, by what the reader was doing meanwhile.
@@ -141,7 +143,12 @@ impl Timeline {
                     parts.origin_s += d * o;
                 }
                 Phase::Check => parts.check_s += d,
-                Phase::Plan => parts.plan_s += d,
+                Phase::Plan([t, p, o]) => {
+                    parts.tier_s += d * t;
+                    parts.peers_s += d * p;
+                    parts.origin_s += d * o;
+                    parts.plan_s += d * (1.0 - t - p - o).max(0.0);
+                }
             }
         }
         parts.other_s = (total - covered).max(0.0);
@@ -156,12 +163,12 @@ impl Timeline {
     }
 }
 
-/// The shares of the tier, the peers and origin in the time a stream's reads waited, from
-/// the wait each layer's meter added (`before` and `after` a phase, top first as
+/// The seconds the tier, the peers and origin each waited of their own between two readings
+/// of a stack's meters (`before` and `after` a phase, top first as
 /// [`crate::StoreStack::layers`] lists them): layers are nested (the tier's meter counts what
 /// the peers and origin served too), so each layer's own time is its wait less the next
-/// one's. Without any wait, origin's (the reads were served from maps, or not timed).
-pub(crate) fn read_shares(
+/// one's.
+fn own_waits(
     before: &[(&'static str, granary_store::MeterReading)],
     after: &[(&'static str, granary_store::MeterReading)],
 ) -> [f64; 3] {
@@ -180,11 +187,37 @@ pub(crate) fn read_shares(
         };
         own[slot] += (w - below).max(0.0);
     }
+    own
+}
+
+/// A read phase's split among the layers: in proportion to their own waits during it
+/// ([`own_waits`]); without any wait, origin's (the reads were served from maps).
+pub(crate) fn read_shares(
+    before: &[(&'static str, granary_store::MeterReading)],
+    after: &[(&'static str, granary_store::MeterReading)],
+) -> [f64; 3] {
+    let own = own_waits(before, after);
     let sum: f64 = own.iter().sum();
     if sum <= 0.0 {
         return [0.0, 0.0, 1.0];
     }
     own.map(|x| x / sum)
+}
+
+/// A planning phase of `secs` seconds: the shares the layers' own waits during it take of it
+/// (the I/O thread opens chunks itself while planning; at most the whole phase).
+pub(crate) fn plan_shares(
+    before: &[(&'static str, granary_store::MeterReading)],
+    after: &[(&'static str, granary_store::MeterReading)],
+    secs: f64,
+) -> [f64; 3] {
+    let own = own_waits(before, after);
+    let sum: f64 = own.iter().sum();
+    if sum <= 0.0 || secs <= 0.0 {
+        return [0.0; 3];
+    }
+    let scale = (sum.min(secs) / secs) / sum;
+    own.map(|x| x * scale)
 }
 
 #[cfg(test)]
@@ -205,18 +238,19 @@ mod tests {
             g.phases
                 .push((at(0), at(40), Phase::Read([0.25, 0.0, 0.75])));
             g.phases.push((at(40), at(60), Phase::Check));
-            g.phases.push((at(70), at(80), Phase::Plan));
+            g.phases
+                .push((at(70), at(80), Phase::Plan([0.5, 0.0, 0.0])));
             g.phases
                 .push((at(100), at(200), Phase::Read([0.0, 0.0, 1.0])));
         }
-        // The consumer waited from 20 to 90 ms: 20 ms of reads, 20 of checks, 10 of planning,
-        // 20 of nothing recorded.
+        // The consumer waited from 20 to 90 ms: 20 ms of reads, 20 of checks, 10 of planning
+        // (half of it opening chunks in the tier), 20 of nothing recorded.
         tl.waited(at(20), at(90));
         let r = tl.report();
         let close = |a: f64, b: f64| (a - b).abs() < 1e-9;
         assert!(close(r.waited_s, 0.070), "{r:?}");
-        assert!(close(r.tier_s, 0.005) && close(r.origin_s, 0.015), "{r:?}");
-        assert!(close(r.check_s, 0.020) && close(r.plan_s, 0.010), "{r:?}");
+        assert!(close(r.tier_s, 0.010) && close(r.origin_s, 0.015), "{r:?}");
+        assert!(close(r.check_s, 0.020) && close(r.plan_s, 0.005), "{r:?}");
         assert!(close(r.other_s, 0.020), "{r:?}");
         let parts = r.tier_s + r.peers_s + r.origin_s + r.check_s + r.plan_s + r.other_s;
         assert!(close(parts, r.waited_s));
@@ -243,5 +277,11 @@ mod tests {
             read_shares(&[("origin", m(1.0))], &[("origin", m(1.0))]),
             [0.0, 0.0, 1.0]
         );
+        // Planning for 2 s, of which the tier's opens waited 0.5 s; a layer that waited longer
+        // than the phase (reads in flight completing meanwhile) takes the whole phase.
+        let p = plan_shares(&[("tier", m(0.0))], &[("tier", m(0.5))], 2.0);
+        assert!((p[0] - 0.25).abs() < 1e-9, "{p:?}");
+        let p = plan_shares(&[("origin", m(0.0))], &[("origin", m(5.0))], 2.0);
+        assert!((p[2] - 1.0).abs() < 1e-9, "{p:?}");
     }
 }
