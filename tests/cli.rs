@@ -1304,3 +1304,130 @@ fn read_writes_prometheus_metrics() {
         "no temporary left"
     );
 }
+
+/// The bill before the run: `plan --bill --prices` predicts per rank what `read` then
+/// measures - requests and bytes of origin and of the tier, and origin's cost - for
+/// chunk-wise and global epochs, a view, and a tier before and after it fills.
+#[test]
+fn the_bill_before_the_run_is_what_the_run_reads() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    write_tree(
+        &src,
+        &numbered_tree(600, 5, |i| 300 + (i as usize * 37) % 4000),
+    );
+    let ds = tmp.path().join("ds");
+    assert!(pack(&src, &ds, &["--chunk-size", "32KiB"]).status.success());
+    let view = tmp.path().join("v.gview");
+    run_ok([
+        "view".as_ref(),
+        ds.as_os_str(),
+        "-o".as_ref(),
+        view.as_os_str(),
+        "--class".as_ref(),
+        "c1".as_ref(),
+    ]);
+    let tier = tmp.path().join("tier");
+    let json = |args: Vec<&std::ffi::OsStr>| -> serde_json::Value {
+        serde_json::from_slice(&run_ok(args).stdout).unwrap()
+    };
+    let os = |s: &'static str| std::ffi::OsStr::new(s);
+    // With a tier, one worker per rank: two workers share the chunk on their boundary, and
+    // the second to read it may find it admitted by the first (the prediction counts it as
+    // origin's); the plan of every rank is made before rank 0 admits anything, so only rank 0's
+    // is compared with the plan (the others with read's own prediction, made just before).
+    for (target, extra, workers) in [
+        (&ds, vec![], "2"),
+        (&ds, vec!["--shuffle", "global"], "2"),
+        (&view, vec![], "2"),
+        (
+            &ds,
+            vec!["--cache-dir", "TIER", "--cache-size", "1GiB"],
+            "1",
+        ),
+        (
+            &ds,
+            vec!["--cache-dir", "TIER", "--cache-size", "1GiB"],
+            "1",
+        ),
+    ] {
+        let tiered = !extra.is_empty() && extra[0] == "--cache-dir";
+        let extra: Vec<&std::ffi::OsStr> = extra
+            .iter()
+            .map(|e| {
+                if *e == "TIER" {
+                    tier.as_os_str()
+                } else {
+                    os(e)
+                }
+            })
+            .collect();
+        let mut plan = vec![os("plan"), target.as_os_str(), os("--json"), os("--prices")];
+        plan.extend([
+            os("0.0004,0.09"),
+            os("--world-size"),
+            os("2"),
+            os("--workers"),
+            os(workers),
+        ]);
+        plan.extend(extra.iter().copied());
+        let bill = json(plan);
+        for rank in 0..2u64 {
+            let r = rank.to_string();
+            let mut read = vec![os("read"), target.as_os_str(), os("--json"), os("--prices")];
+            read.extend([
+                os("0.0004,0.09"),
+                os("--world-size"),
+                os("2"),
+                os("--workers"),
+                os(workers),
+            ]);
+            read.extend([os("--rank"), std::ffi::OsStr::new(&r)]);
+            read.extend(extra.iter().copied());
+            let got = json(read);
+            let predicted = &bill["ranks"][rank as usize]["layers"];
+            let measured = &got[0]["bill"]["measured"];
+            let in_read = &got[0]["bill"]["predicted"];
+            if rank == 0 || !tiered {
+                assert_eq!(predicted, in_read, "{target:?} {extra:?}");
+            }
+            for (p, m) in in_read
+                .as_array()
+                .unwrap()
+                .iter()
+                .zip(measured.as_array().unwrap())
+            {
+                assert_eq!(p["layer"], m["layer"]);
+                assert_eq!(
+                    p["requests"], m["requests"],
+                    "{target:?} {extra:?}: {p} vs {m}"
+                );
+                assert_eq!(p["bytes"], m["bytes"], "{target:?} {extra:?}: {p} vs {m}");
+            }
+        }
+    }
+    // After the tier filled (the last two runs read every chunk once), origin is free.
+    let mut plan = vec![os("plan"), ds.as_os_str(), os("--json"), os("--prices")];
+    plan.extend([
+        os("0.0004,0.09"),
+        os("--cache-dir"),
+        tier.as_os_str(),
+        os("--cache-size"),
+        os("1GiB"),
+    ]);
+    let b = json(plan);
+    let origin = b["total"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["layer"] == "origin")
+        .unwrap();
+    assert_eq!(origin["bytes"], 0, "{b}");
+    assert_eq!(origin["cost"], 0.0, "{b}");
+    let o = run([os("plan"), ds.as_os_str(), os("--prices"), os("0.1")]);
+    assert!(
+        stderr(&o).contains("PER_1000_REQUESTS,PER_GB"),
+        "{}",
+        stderr(&o)
+    );
+}

@@ -1007,3 +1007,32 @@ fn waits_land_on_the_layer_that_is_slow() {
     assert!(w(1, "origin_s") < 0.1 * w(0, "origin_s"), "{r}");
     assert_eq!(r[1]["cache"]["bytes_from_source"], 0, "{r}");
 }
+
+/// The bill of an epoch read from the object store: `plan --prices` predicts the GETs and bytes
+/// (and their cost) that `read --prices` then measures at origin.
+#[test]
+fn the_bill_of_an_epoch_from_the_store() {
+    let Some(s3) = S3::new("bill") else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    write_tree(
+        &src,
+        &numbered_tree(300, 3, |i| 2_000 + (i as usize % 11) * 500),
+    );
+    let url = s3.sub("ds");
+    s3.pack(&src, &url, &[]);
+    let plan = s3.ok(&["plan", &url, "--json", "--prices", "0.0004,0.09"]);
+    let plan: serde_json::Value = serde_json::from_slice(&plan.stdout).unwrap();
+    let read = s3.ok(&["read", &url, "--json", "--prices", "0.0004,0.09"]);
+    let read: serde_json::Value = serde_json::from_slice(&read.stdout).unwrap();
+    let predicted = &plan["total"][0];
+    let measured = &read[0]["bill"]["measured"][0];
+    assert_eq!(predicted["layer"], "origin");
+    assert!(predicted["gets"].as_u64().unwrap() > 10, "{plan}");
+    for k in ["requests", "gets", "bytes", "cost"] {
+        assert_eq!(predicted[k], measured[k], "{k}: {plan} vs {read}");
+    }
+    assert_eq!(measured["bytes"], read[0]["bytes_read"], "{read}");
+}

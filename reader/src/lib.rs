@@ -37,6 +37,7 @@
 //! # }
 //! ```
 
+pub mod bill;
 mod config;
 mod dataset;
 mod draws;

@@ -595,6 +595,24 @@ impl Windows {
     /// After a window of a chunk-wise or sequential plan: a chunk belongs to one window, so its
     /// map goes with the window's samples, not with the stream (which would keep every chunk
     /// of the epoch mapped).
+    /// What reading the window of `ids` would ask of each layer, without reading it: each
+    /// request's layer (where its source's bytes come from) and its length within the chunk.
+    /// For a bill before the run (`crate::bill`); files are let go after each window.
+    pub(crate) fn predict(&mut self, ids: &[u64]) -> Result<Vec<(BytesFrom, u64)>> {
+        let (_, reqs) = self.prepare(ids, &[])?;
+        let out = reqs
+            .iter()
+            .map(|r| {
+                let len = (r.len as u64).min(r.source.len().saturating_sub(r.offset));
+                (r.source.bytes_from(), len)
+            })
+            .collect();
+        if self.mode != ShuffleMode::Global {
+            self.files.clear();
+        }
+        Ok(out)
+    }
+
     pub(crate) fn release_maps(&mut self) {
         self.files
             .retain(|_, f| f.local().is_none_or(|l| l.map().is_none()));

@@ -14,6 +14,8 @@ use super::read::PlanArgs;
   granary plan train.granary --world-size 4 --workers 2
   granary plan train.granary --shuffle chunkwise --window 8 --json
   granary plan web.granary books.granary --weights 0.7,0.3 --world-size 8   # a mixture's shares
+  granary plan s3://bucket/train.granary --world-size 64 --prices 0.0004,0.09  # the bill, per rank
+  granary plan train.granary --bill --cache-dir /ssd/gcache --cache-size 200GiB   # tier vs origin
 
 Shuffle quality is measured on labels over the whole epoch (all shares concatenated): mean length
 of same-label runs, and the mean total-variation distance between the label histogram of each
@@ -34,6 +36,17 @@ pub struct Args {
     /// Epoch number.
     #[arg(long, default_value_t = 0)]
     pub epoch: u64,
+    /// The bill before the run: per rank, the requests and bytes the epoch will ask of the
+    /// local tier (with --cache-dir: the chunks it holds now) and of origin, from the reader's
+    /// own window planning, without reading.
+    #[arg(long)]
+    pub bill: bool,
+    /// Origin's prices, to price the bill (implies --bill): PER_1000_REQUESTS,PER_GB (e.g.
+    /// 0.0004,0.09), or @FILE with lines `per_1000_requests = ...` and `per_gb = ...`.
+    #[arg(long, value_name = "PRICES")]
+    pub prices: Option<String>,
+    #[command(flatten)]
+    pub tier: super::read::TierArgs,
     /// Print JSON on stdout.
     #[arg(long)]
     pub json: bool,
@@ -46,6 +59,9 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     let dataset = &a.datasets[0];
+    if a.bill || a.prices.is_some() {
+        return bill(&a, dataset);
+    }
     let ds = super::open_dataset(dataset)?;
     let shape = ds.shape()?;
     let opts = a.plan.options(&ds)?;
@@ -175,4 +191,64 @@ fn plan_labels(
     Ok(Box::new(move |id| {
         drawn.get(id as usize).copied().unwrap_or(u32::MAX)
     }))
+}
+
+/// `plan --bill`: each rank's requests and bytes per layer, priced with --prices.
+fn bill(a: &Args, dataset: &std::path::Path) -> anyhow::Result<ExitCode> {
+    let ds = std::sync::Arc::new(super::open_dataset(dataset)?);
+    let prices = a
+        .prices
+        .as_deref()
+        .map(granary::bill::Prices::parse)
+        .transpose()?;
+    let mut o = a.plan.reader_options();
+    o.cache_dir = a.tier.cache_dir.clone();
+    o.cache_size = a.tier.cache_size;
+    o.policy = a.tier.policy;
+    let setup = o.config()?.open(&ds)?.setup()?;
+    let p = &a.plan;
+    let b = granary::bill::predict(
+        &ds,
+        &setup,
+        a.epoch,
+        0..p.world_size,
+        p.world_size,
+        p.workers,
+        prices,
+    )?;
+    if a.json {
+        super::print_json(&b)?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!(
+        "epoch {} of {}: what {} rank(s) x {} worker(s) will read, per rank (from the reader's \
+         own window planning; nothing read)",
+        a.epoch,
+        dataset.display(),
+        p.world_size,
+        p.workers
+    );
+    let line = |l: &granary::bill::LayerBill| {
+        let cost = l.cost.map(|c| format!(", cost {c:.6}")).unwrap_or_default();
+        format!(
+            "{} {} requests ({} GETs), {}{cost}",
+            l.layer,
+            l.requests,
+            l.gets,
+            super::human_bytes(l.bytes)
+        )
+    };
+    for r in &b.ranks {
+        let parts: Vec<String> = r.layers.iter().map(line).collect();
+        println!("  rank {:>3}: {}", r.rank, parts.join("; "));
+    }
+    let parts: Vec<String> = b.total.iter().map(line).collect();
+    println!("  all ranks: {}", parts.join("; "));
+    if let Some(pr) = prices {
+        println!(
+            "  prices: {} per 1,000 requests, {} per GB (origin only; the tier is this node's disk)",
+            pr.per_1000_requests, pr.per_gb
+        );
+    }
+    Ok(ExitCode::SUCCESS)
 }

@@ -268,6 +268,11 @@ pub struct Args {
     /// Print JSON on stdout.
     #[arg(long)]
     pub json: bool,
+    /// Origin's prices (PER_1000_REQUESTS,PER_GB or @FILE, as `granary plan --prices`): each
+    /// epoch's report gets `bill`, this rank's predicted requests, bytes and cost per layer
+    /// (`granary plan --bill`'s figures, computed before the epoch) beside the measured ones.
+    #[arg(long, value_name = "PRICES")]
+    pub prices: Option<String>,
     /// After each epoch, write its figures (the consumer's waits by part, each layer's bytes
     /// and read waits, samples, seconds) to FILE in Prometheus' text format (for a node
     /// exporter's textfile collector), replacing it atomically.
@@ -314,14 +319,53 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     }
     let ds = Arc::new(super::open_dataset(&a.datasets[0])?);
     let reader = a.config()?.open(&ds)?;
+    let prices = a
+        .prices
+        .as_deref()
+        .map(granary::bill::Prices::parse)
+        .transpose()?;
     let mut reports = Vec::new();
+    let mut bills = Vec::new();
     for epoch in a.first_epoch..a.first_epoch + a.epochs {
         reader.begin_epoch();
         // Scores are re-read every epoch: training processes keep reporting into them.
         let setup = reader.setup()?;
         let p = &a.plan;
+        let mut bill_text = String::new();
+        let predicted = match prices {
+            Some(pr) => Some(granary::bill::predict(
+                &ds,
+                &setup,
+                epoch,
+                p.rank..p.rank + 1,
+                p.world_size,
+                p.workers,
+                Some(pr),
+            )?),
+            None => None,
+        };
         let r = granary::measure_epoch(&ds, &setup, epoch, p.rank, p.world_size, p.workers)
             .with_context(|| format!("reading epoch {epoch}"))?;
+        if let Some(b) = predicted {
+            let measured = granary::bill::measured(&r.layers, prices);
+            for (pl, ml) in b.total.iter().zip(&measured) {
+                bill_text.push_str(&format!(
+                    "\n  {}: predicted {} requests, {}{}; measured {} requests, {}{}",
+                    pl.layer,
+                    pl.requests,
+                    super::human_bytes(pl.bytes),
+                    pl.cost
+                        .map(|c| format!(", cost {c:.6}"))
+                        .unwrap_or_default(),
+                    ml.requests,
+                    super::human_bytes(ml.bytes),
+                    ml.cost
+                        .map(|c| format!(", cost {c:.6}"))
+                        .unwrap_or_default()
+                ));
+            }
+            bills.push(serde_json::json!({"predicted": b.total, "measured": measured}));
+        }
         if let Some(path) = &a.metrics {
             let text = super::prometheus_text(epoch, r.samples, r.elapsed_s, &r.waits, &r.layers);
             super::write_atomically(path, &text)?;
@@ -379,11 +423,24 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
                 "epoch {:>3}: {} samples, {:.1} MB in {:.2} s: {:.0} samples/s, {:.1} MB/s, cpu {:.2} s, digest {} ({}; files: {} buffered, {} found resident, {} direct{device}){hits}; memory: peak buffers {:.0} MB per reader{rss}{peers}{snap}; {}",
                 r.epoch, r.samples, r.bytes as f64 / 1e6, r.elapsed_s, r.samples_per_s, r.mb_per_s, r.cpu_s, r.digest, r.backend, o.buffered, o.resident, o.direct, r.peak_buffer_bytes as f64 / 1e6, super::waits_text(&r.waits)
             );
+            if !bill_text.is_empty() {
+                println!("  bill (this rank):{bill_text}");
+            }
         }
         reports.push(r);
     }
     if a.json {
-        super::print_json(&reports)?;
+        if bills.is_empty() {
+            super::print_json(&reports)?;
+        } else {
+            let mut out = Vec::new();
+            for (r, b) in reports.iter().zip(bills) {
+                let mut v = serde_json::to_value(r)?;
+                v["bill"] = b;
+                out.push(v);
+            }
+            super::print_json(&out)?;
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

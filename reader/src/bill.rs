@@ -1,0 +1,292 @@
+//! The bill before the run: what an epoch will ask of each layer of the store stack (the
+//! local tier, origin) per rank, and what origin will cost at a store's prices; and the same
+//! figures from what the meters counted, to set beside it.
+//!
+//! The prediction runs the reader's own window planning ([`crate::window::Windows`]) over each
+//! rank's and worker's plan without reading: the same requests a stream would submit, each
+//! with the layer its chunk opens in now (a chunk the tier holds is the tier's, any other
+//! origin's). What it does not foresee: chunks admitted to the tier during the epoch and read
+//! again in it (a chunk split between two workers' shares), hot chunks of the importance policy,
+//! and other nodes' tiers (chunks they would serve are counted as origin's). An object store
+//! serves each range in parts of at most [`crate::remote::GET_PART`] bytes, one GET each: the
+//! cost counts GETs that way.
+
+use std::sync::Arc;
+
+use serde::Serialize;
+
+use crate::error::{ReadError, Result};
+use crate::tier::TierCounters;
+use crate::window::Windows;
+use crate::{Access, BytesFrom, Dataset, EpochSetup, LayerReading, OpenCounters, Shard};
+
+/// What an origin store charges (in any currency): per 1,000 requests (GETs) and per GB read.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct Prices {
+    pub per_1000_requests: f64,
+    pub per_gb: f64,
+}
+
+impl Prices {
+    /// `requests` GETs and `bytes` bytes at these prices.
+    pub fn cost(&self, requests: u64, bytes: u64) -> f64 {
+        requests as f64 / 1000.0 * self.per_1000_requests + bytes as f64 / 1e9 * self.per_gb
+    }
+
+    /// `PER_1000_REQUESTS,PER_GB` (e.g. `0.0004,0.09`), or a file of lines `per_1000_requests
+    /// = 0.0004` and `per_gb = 0.09` (`#` starts a comment) when `spec` names one (`@FILE`).
+    pub fn parse(spec: &str) -> Result<Prices> {
+        let bad = |m: String| ReadError::invalid(m);
+        let num = |k: &str, v: &str| -> Result<f64> {
+            let x: f64 = v
+                .trim()
+                .parse()
+                .map_err(|_| bad(format!("price {k} {v:?} is not a number")))?;
+            if !(x.is_finite() && x >= 0.0) {
+                return Err(bad(format!("price {k} {v} is not a price (0 or more)")));
+            }
+            Ok(x)
+        };
+        if let Some(file) = spec.strip_prefix('@') {
+            let text = std::fs::read_to_string(file)
+                .map_err(|e| ReadError::io("reading the prices", file, e))?;
+            let mut p = Prices::default();
+            let (mut req, mut gb) = (false, false);
+            for (n, line) in text.lines().enumerate() {
+                let line = line.split('#').next().unwrap_or("").trim();
+                if line.is_empty() {
+                    continue;
+                }
+                let (k, v) = line
+                    .split_once('=')
+                    .ok_or_else(|| bad(format!("{file}:{}: not `name = price`", n + 1)))?;
+                match k.trim() {
+                    "per_1000_requests" => (p.per_1000_requests, req) = (num(k, v)?, true),
+                    "per_gb" => (p.per_gb, gb) = (num(k, v)?, true),
+                    k => {
+                        return Err(bad(format!(
+                            "{file}:{}: unknown price {k:?}: per_1000_requests or per_gb",
+                            n + 1
+                        )))
+                    }
+                }
+            }
+            if !(req && gb) {
+                return Err(bad(format!("{file}: give per_1000_requests and per_gb")));
+            }
+            return Ok(p);
+        }
+        let (r, g) = spec.split_once(',').ok_or_else(|| {
+            bad(format!(
+                "prices {spec:?}: give PER_1000_REQUESTS,PER_GB (e.g. 0.0004,0.09) or @FILE"
+            ))
+        })?;
+        Ok(Prices {
+            per_1000_requests: num("per 1000 requests", r)?,
+            per_gb: num("per GB", g)?,
+        })
+    }
+}
+
+/// Requests and bytes one layer serves (`requests`: ranges read, as the meters count them;
+/// `gets`: the GETs an object store serves them with).
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct LayerBill {
+    pub layer: &'static str,
+    pub requests: u64,
+    pub gets: u64,
+    pub bytes: u64,
+    /// At the prices given (origin only: the tier is this node's own disk).
+    pub cost: Option<f64>,
+}
+
+/// One rank's share of an epoch's bill.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct RankBill {
+    pub rank: u32,
+    pub layers: Vec<LayerBill>,
+}
+
+/// An epoch's bill, predicted.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Bill {
+    pub epoch: u64,
+    pub prices: Option<Prices>,
+    pub ranks: Vec<RankBill>,
+    /// Every rank's together.
+    pub total: Vec<LayerBill>,
+}
+
+fn gets_of(len: u64) -> u64 {
+    len.div_ceil(crate::remote::GET_PART).max(1)
+}
+
+/// `layers` with its origin's cost at `prices`.
+fn priced(mut layers: Vec<LayerBill>, prices: Option<Prices>) -> Vec<LayerBill> {
+    for l in &mut layers {
+        if l.layer == "origin" {
+            l.cost = prices.map(|p| p.cost(l.gets, l.bytes));
+        }
+    }
+    layers
+}
+
+/// What reading `ranks` of `epoch` (of `world_size`, `workers` loader workers each) as `setup`
+/// says will ask of the tier and origin, per rank, priced at `prices`.
+pub fn predict(
+    ds: &Arc<Dataset>,
+    setup: &EpochSetup,
+    epoch: u64,
+    ranks: std::ops::Range<u32>,
+    world_size: u32,
+    workers: u32,
+    prices: Option<Prices>,
+) -> Result<Bill> {
+    let o = setup.plan_options(ds)?;
+    let mut bill = Bill {
+        epoch,
+        prices,
+        ..Default::default()
+    };
+    let mut total = [(0u64, 0u64, 0u64); 2];
+    for rank in ranks {
+        let mut layers = [(0u64, 0u64, 0u64); 2];
+        for worker in 0..workers.max(1) {
+            let shard = Shard {
+                rank,
+                world_size,
+                worker,
+                num_workers: workers.max(1),
+            };
+            let plan = setup.plan(ds, epoch, shard, None)?;
+            let access = Access {
+                mode: setup.stream.io_mode,
+                dataset_bytes: ds.total_chunk_bytes()?,
+                page_cache_bytes: setup.stream.page_cache_bytes,
+                seed: 0,
+                map_resident: false,
+                populate: false,
+                pattern: crate::ReadPattern::Default,
+                counts: Arc::new(OpenCounters::default()),
+            };
+            let tier = setup
+                .stream
+                .tier
+                .clone()
+                .filter(|_| o.mode != crate::ShuffleMode::Global);
+            let whole = tier.is_some();
+            let stack = ds.stack(access, tier, None)?;
+            let stats = Arc::new(TierCounters::default());
+            let mut w = Windows::new(ds.clone(), stack, o.mode, setup.stream.range_gap, stats);
+            w.whole_files = whole;
+            for win in &plan.windows {
+                for (from, len) in w.predict(&plan.samples[win.range.clone()])? {
+                    let i = usize::from(from != BytesFrom::Tier);
+                    layers[i].0 += 1;
+                    layers[i].1 += gets_of(len);
+                    layers[i].2 += len;
+                }
+            }
+        }
+        let has_tier = setup.stream.tier.is_some();
+        let list: Vec<LayerBill> = [("tier", 0usize), ("origin", 1)]
+            .into_iter()
+            .filter(|(name, _)| has_tier || *name == "origin")
+            .map(|(layer, i)| {
+                total[i].0 += layers[i].0;
+                total[i].1 += layers[i].1;
+                total[i].2 += layers[i].2;
+                LayerBill {
+                    layer,
+                    requests: layers[i].0,
+                    gets: layers[i].1,
+                    bytes: layers[i].2,
+                    cost: None,
+                }
+            })
+            .collect();
+        bill.ranks.push(RankBill {
+            rank,
+            layers: priced(list, prices),
+        });
+    }
+    let has_tier = setup.stream.tier.is_some();
+    bill.total = priced(
+        [("tier", 0usize), ("origin", 1)]
+            .into_iter()
+            .filter(|(name, _)| has_tier || *name == "origin")
+            .map(|(layer, i)| LayerBill {
+                layer,
+                requests: total[i].0,
+                gets: total[i].1,
+                bytes: total[i].2,
+                cost: None,
+            })
+            .collect(),
+        prices,
+    );
+    Ok(bill)
+}
+
+/// What the meters counted of an epoch, as a bill: each layer's own requests (ranges) and
+/// bytes (the meters are nested: the tier's counts what the layers below served too), origin
+/// priced at `prices` with its ranges as GETs (each at most [`crate::remote::GET_PART`] bytes
+/// when chunks are).
+pub fn measured(layers: &[LayerReading], prices: Option<Prices>) -> Vec<LayerBill> {
+    let out = layers
+        .iter()
+        .enumerate()
+        .map(|(i, l)| {
+            let below = layers.get(i + 1).map(|b| b.reading);
+            let (r, b) = match below {
+                Some(x) => (
+                    l.reading.ranges.saturating_sub(x.ranges),
+                    l.reading.bytes.saturating_sub(x.bytes),
+                ),
+                None => (l.reading.ranges, l.reading.bytes),
+            };
+            LayerBill {
+                layer: l.layer,
+                requests: r,
+                gets: r,
+                bytes: b,
+                cost: None,
+            }
+        })
+        .collect();
+    priced(out, prices)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prices_parse_and_refuse() {
+        let p = Prices::parse("0.0004,0.09").unwrap();
+        assert_eq!(p.per_gb, 0.09);
+        assert!((p.cost(10_000, 2_000_000_000) - (0.004 + 0.18)).abs() < 1e-12);
+        for bad in ["0.1", "x,1", "1,-2", "1,nan"] {
+            assert!(Prices::parse(bad).is_err(), "{bad}");
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("p.txt");
+        std::fs::write(
+            &f,
+            "# S3 standard\nper_1000_requests = 0.0004\nper_gb = 0.09 # out\n",
+        )
+        .unwrap();
+        let at = format!("@{}", f.display());
+        assert_eq!(Prices::parse(&at).unwrap(), p);
+        std::fs::write(&f, "per_gb = 0.09\n").unwrap();
+        assert!(Prices::parse(&at)
+            .unwrap_err()
+            .to_string()
+            .contains("give per_1000_requests"));
+        std::fs::write(&f, "per_tb = 1\n").unwrap();
+        assert!(Prices::parse(&at)
+            .unwrap_err()
+            .to_string()
+            .contains("unknown price"));
+    }
+}
