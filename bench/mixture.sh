@@ -4,6 +4,7 @@
 #
 #   bash bench/mixture.sh                     # 6,000 ImageNet-like files (~660 MB), 3 repeats
 #   FILES=20000 REPEAT=5 WORKERS=2 MEMORY="128MiB 512MiB" bash bench/mixture.sh
+#   CHUNK=8MiB bash bench/mixture.sh           # datasets packed with --chunk-size 8MiB
 #
 # The three trees hold 50 %, 30 % and 20 % of FILES; with weights 0.5,0.3,0.2 and the default
 # epoch size (every sample together) a mixture's epoch delivers each sample once, as the one
@@ -20,6 +21,7 @@ FILES=${FILES:-6000}
 REPEAT=${REPEAT:-3}
 WORKERS=${WORKERS:-1}
 MEMORY=${MEMORY:-128MiB 384MiB}
+CHUNK=${CHUNK:-}
 WORK=${WORK:-bench-out/mixture}
 REPORT=${REPORT:-bench/reports/mixture}
 mkdir -p "$WORK" "$REPORT"
@@ -34,27 +36,30 @@ drop() {
 }
 names=(web books code)
 counts=($((FILES * 5 / 10)) $((FILES * 3 / 10)) $((FILES - FILES * 5 / 10 - FILES * 3 / 10)))
-if [ ! -d "$WORK/all.granary" ]; then
+sfx=${CHUNK:+-$CHUNK}
+packopt=(${CHUNK:+--chunk-size "$CHUNK"})
+if [ ! -d "$WORK/src-all" ]; then
     rm -rf "$WORK"/src-* "$WORK"/*.granary
     mkdir -p "$WORK/src-all"
     for k in 0 1 2; do
         n=${names[$k]}
         "$G" bench gen "$WORK/src-$n" --files "${counts[$k]}" --classes 50 --sizes imagenet \
             --content random --seed $((k + 11)) > /dev/null
-        "$G" pack "$WORK/src-$n" -o "$WORK/$n.granary" > /dev/null
         # The same files under one root (hard links: no second copy on disk).
         cp -al "$WORK/src-$n" "$WORK/src-all/$n"
     done
-    "$G" pack "$WORK/src-all" -o "$WORK/all.granary" > /dev/null
 fi
+for n in web books code all; do
+    [ -d "$WORK/$n$sfx.granary" ] || "$G" pack "$WORK/src-$n" -o "$WORK/$n$sfx.granary" "${packopt[@]}" > /dev/null
+done
 OUT=$REPORT/results.tsv
 printf 'side\tstate\tmemory\trun\tsamples\tbytes\telapsed_s\tsamples_per_s\tpeak_rss_mb\tpeak_buffers_mb\tfractions\n' > "$OUT"
 one() { # side state memory
     local args
     if [ "$1" = mixture ]; then
-        args=("$WORK/web.granary" "$WORK/books.granary" "$WORK/code.granary" --weights 0.5,0.3,0.2)
+        args=("$WORK/web$sfx.granary" "$WORK/books$sfx.granary" "$WORK/code$sfx.granary" --weights 0.5,0.3,0.2)
     else
-        args=("$WORK/all.granary")
+        args=("$WORK/all$sfx.granary")
     fi
     args+=(--workers "$WORKERS" --memory "$3")
     if [ "$2" = warm ]; then "$G" read "${args[@]}" > /dev/null; else drop; fi
@@ -76,7 +81,7 @@ for run in $(seq 1 "$REPEAT"); do
         done
     done
 done
-python3 - "$OUT" "$REPORT/report.md" "$FILES" "$REPEAT" "$WORKERS" <<'PY'
+python3 - "$OUT" "$REPORT/report.md" "$FILES" "$REPEAT" "$WORKERS" "${CHUNK:-32MiB (the default)}" <<'PY'
 import collections, statistics, sys
 rows = [l.rstrip("\n").split("\t") for l in open(sys.argv[1])][1:]
 rate = collections.defaultdict(list)
@@ -97,7 +102,8 @@ for side, state, mem, run, n, b, t, sps, peak, pb, fr in rows:
         worst = max(worst, max(abs(g - w) for g, w in zip(got, (0.5, 0.3, 0.2))))
 med = lambda d, k: statistics.median(d[k])
 out = ["# Mixtures against one dataset (`bash bench/mixture.sh`)", "",
-       f"{sys.argv[3]} ImageNet-like files (random contents) in three datasets of 50 / 30 / 20 %, "
+       f"{sys.argv[3]} ImageNet-like files (random contents) in three datasets of 50 / 30 / 20 % "
+       f"(chunks of {sys.argv[6]}), "
        f"mixed 0.5 / 0.3 / 0.2 (`granary read A B C --weights 0.5,0.3,0.2`), against one "
        f"dataset packed from all of them (`granary read ALL`): the same samples and bytes per "
        f"epoch; {sys.argv[5]} worker(s); medians of {sys.argv[4]} runs, sides alternated "
