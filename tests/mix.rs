@@ -422,3 +422,92 @@ fn views_are_sources_of_a_mixture() {
         stderr(&o)
     );
 }
+
+/// Importance sampling per source: each source draws its epoch count by the score table next
+/// to its own tier, favouring its high-score samples, with loss weights 1/(N p).
+#[test]
+fn importance_sampling_works_per_source() {
+    let tmp = tempfile::tempdir().unwrap();
+    let sets = three(tmp.path());
+    let paths: Vec<PathBuf> = sets[..2].iter().map(|s| s.0.clone()).collect();
+    let tier = tmp.path().join("tier");
+    // Each source's table: its samples under c0/ score 100 times the others.
+    for p in &paths {
+        let ds = Dataset::open(p).unwrap();
+        let t = granary::LocalTier::open(
+            &tier,
+            ds.snapshot().dataset_id(),
+            64 << 20,
+            granary::TierPolicy::Static,
+        )
+        .unwrap();
+        // Scores set directly (as report() leaves them after training): c0 100, others 1.
+        let mut s = granary::ImportanceScores::new(ds.len(), 0.0);
+        let scores: Vec<(u64, f32)> = (0..ds.len())
+            .map(|i| {
+                let c0 = ds.path(i).unwrap().windows(3).any(|w| w == b"/c0");
+                (i, if c0 { 100.0 } else { 1.0 })
+            })
+            .collect();
+        s.apply(&scores);
+        s.save(&t.scores_path()).unwrap();
+    }
+    let specs: Vec<SourceSpec> = paths
+        .iter()
+        .zip([Share::Weight(0.6), Share::Weight(0.4)])
+        .map(|(p, share)| SourceSpec {
+            location: p.clone(),
+            share,
+        })
+        .collect();
+    let mix = Mixture::open(&specs, None, |p| Dataset::open(p)).unwrap();
+    let config = ReaderConfig {
+        memory: 4 << 20,
+        tier: Some(granary::TierConfig {
+            dir: tier.clone(),
+            quota: 128 << 20,
+            policy: granary::TierPolicy::Static,
+        }),
+        sampling: granary::SamplingMode::Importance(granary::ImportanceSampling {
+            alpha: 0.8,
+            cache_boost: 1.0,
+        }),
+        ..Default::default()
+    };
+    let r = MixReader::open(Arc::new(mix), &config).unwrap();
+    let mut per = [0u64; 2];
+    let mut c0 = [0u64; 2];
+    let mut weights = Vec::new();
+    for x in r.stream(0, Shard::WHOLE, None).unwrap() {
+        let x = x.unwrap();
+        let s = x.source as usize;
+        per[s] += 1;
+        let path = r.mixture().dataset(s).path(x.id).unwrap();
+        if path.windows(3).any(|w| w == b"/c0") {
+            c0[s] += 1;
+        }
+        weights.push(x.weight);
+    }
+    // 1260 samples an epoch: 756 / 504 draws; c0 holds a third of each source's samples but
+    // draws most of its samples.
+    assert_eq!(per, [756, 504]);
+    for s in 0..2 {
+        assert!(
+            c0[s] as f64 > 0.6 * per[s] as f64,
+            "source {s}: {c0:?} of {per:?}"
+        );
+    }
+    assert!(
+        weights.iter().any(|&w| w < 0.5) && weights.iter().any(|&w| w > 1.5),
+        "{weights:?}"
+    );
+    // One score file for every source is refused.
+    let mut one = config.clone();
+    one.scores = granary::ScoreSource::File(tmp.path().join("s.bin"));
+    let mix = Mixture::open(&specs, None, |p| Dataset::open(p)).unwrap();
+    let e = MixReader::open(Arc::new(mix), &one)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("score tables next to their tiers"), "{e}");
+}

@@ -29,8 +29,12 @@ class Mixture(IterableDataset):
     and the generation of the checkpoint, new weights or appended samples apply from the next
     epoch. A state of another mixture (other datasets, in another order) is refused.
 
-    Every other argument is ``IterableDataset``'s, except importance sampling (``sampling=
-    "importance"``), ``locality`` below 1 and ``fields``, which a mixture does not support yet.
+    Importance sampling (``sampling="importance"``, with ``cache_dir``) and the importance tier
+    work per source: each source draws its epoch count by the score table next to its own tier,
+    which ``report(ids, losses, sources=batch["source"])`` feeds.
+
+    Every other argument is ``IterableDataset``'s, except ``locality`` below 1 and ``fields``,
+    which a mixture does not support yet.
     """
 
     _mixture = True
@@ -49,9 +53,6 @@ class Mixture(IterableDataset):
             shares = [str(s) for s in shares]
         else:
             shares = ["repeat=1"] * len(sources)
-        if kwargs.get("sampling", "uniform") != "uniform":
-            raise ValueError("importance sampling of a mixture is not supported yet: sample each "
-                             "dataset on its own")
         if float(kwargs.get("locality", 1.0)) < 1.0:
             raise ValueError("locality below 1 is not supported for mixtures yet")
         if kwargs.get("fields") is not None:
@@ -63,6 +64,7 @@ class Mixture(IterableDataset):
         self.epoch_size = None if epoch_size is None else int(epoch_size)
         self._marks = None
         self._resume_sources = None
+        self._tables = None
         # Fail early, here: the shares, the datasets, the same dataset twice.
         self.counts = self._info()[0]
 
@@ -106,13 +108,47 @@ class Mixture(IterableDataset):
         super().load_state_dict(state)
         self._resume_sources = sources
 
-    def report(self, ids, losses):
-        raise ValueError("report() feeds importance sampling, which a mixture does not support "
-                         "yet")
+    def report(self, ids, losses, sources=None):
+        """Per-sample losses of a batch, keyed by each sample's source and id (``batch["source"]``
+        and ``batch["id"]``): each source's losses go to the score table next to its own tier
+        (``cache_dir``), which ``policy="importance"`` and ``sampling="importance"`` use for that
+        source. Non-blocking, as ``IterableDataset.report``."""
+        from . import _as_list
+        from ._native import Scores
+
+        if self.cache_dir is None:
+            raise ValueError("report() needs cache_dir: the score tables live next to the tiers")
+        if sources is None:
+            raise ValueError("a mixture's losses need each sample's source: report(ids, losses, "
+                             "sources=batch['source'])")
+        ids, losses, sources = _as_list(ids, int), _as_list(losses, float), _as_list(sources, int)
+        if not len(ids) == len(losses) == len(sources):
+            raise ValueError(f"{len(ids)} ids, {len(losses)} losses, {len(sources)} sources")
+        if self._tables is None:
+            self._tables = {}
+        by = {}
+        for i, l, s in zip(ids, losses, sources):
+            if not 0 <= s < len(self.sources):
+                raise ValueError(f"source {s} is not in 0..{len(self.sources)}")
+            by.setdefault(s, ([], []))
+            by[s][0].append(i)
+            by[s][1].append(l)
+        for s, (si, sl) in by.items():
+            if s not in self._tables:
+                self._tables[s] = Scores(self.sources[s], self.cache_dir)
+            self._tables[s].report(si, sl)
+        self._reported = True
+
+    def flush_scores(self):
+        """Merges reported losses into every source's table now (also done every 2 s)."""
+        for t in (self._tables or {}).values():
+            t.flush()
+        self._reported = False
 
     def __getstate__(self):
         state = super().__getstate__()
         state["_marks"] = None
+        state["_tables"] = None
         return state
 
     def __repr__(self):

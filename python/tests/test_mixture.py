@@ -137,7 +137,7 @@ def test_bad_mixtures_are_refused(three):
         (dict(weights=[1, 1]), "2 shares for 3 sources"),
         (dict(shares=["repeat=1", "often=2", "choose=3"]), "unknown share"),
         (dict(weights=[1, 1, 1], shares=["1", "1", "1"]), "weights or shares"),
-        (dict(weights=[1, 1, 1], sampling="importance"), "not supported yet"),
+        (dict(weights=[1, 1, 1], sampling="importance"), "needs cache_dir"),
         (dict(weights=[1, 1, 1], locality=0.5), "not supported for mixtures yet"),
     ]:
         with pytest.raises(ValueError, match=want):
@@ -155,3 +155,40 @@ def test_bad_mixtures_are_refused(three):
     mix.load_state_dict(other.state_dict())
     with pytest.raises(ValueError, match="source 0 was dataset"):
         next(iter(mix))
+
+
+def test_importance_sampling_per_source(three, tmp_path):
+    paths = [p for p, _ in three]
+    tier = tmp_path / "tier"
+    mix = granary.Mixture(paths[:2], weights=[0.5, 0.5], batch_size=32, cache_dir=tier,
+                          cache_size=64 << 20, sampling="importance", alpha=0.9, cache_boost=1.0)
+    assert mix.counts == [210, 210]
+    # The samples of c0 lose much more than the others, in both sources.
+    names = [granary.Dataset(p) for p in paths[:2]]
+    for epoch in range(3):
+        mix.set_epoch(epoch)
+        for b in mix:
+            ids, srcs = b["id"].tolist(), b["source"].tolist()
+            losses = [9.0 if "/c0/" in names[s].path(i) else 0.1 for i, s in zip(ids, srcs)]
+            mix.report(ids, losses, sources=srcs)
+    mix.flush_scores()
+    mix.set_epoch(5)
+    seen = collections.Counter()
+    w = {True: [], False: []}
+    for b in mix:
+        for i, s, wt in zip(b["id"].tolist(), b["source"].tolist(), b["weight"].tolist()):
+            seen[s] += 1
+            w["/c0/" in names[s].path(i)].append(wt)
+    assert seen == {0: 210, 1: 210}
+    # Each source's table now scores c0 above the rest (SHADE's rank weights: ln(10 + rank)),
+    # so c0's samples are drawn with a higher probability: a lower loss weight 1/(N p).
+    mean = {k: sum(v) / len(v) for k, v in w.items()}
+    assert mean[True] < mean[False], mean
+    for s in (0, 1):
+        table = granary.Scores(paths[s], tier)
+        n = len(names[s])
+        hi = [table.score(i) for i in range(n) if "/c0/" in names[s].path(i)]
+        lo = [table.score(i) for i in range(n) if "/c0/" not in names[s].path(i)]
+        assert sum(hi) / len(hi) > sum(lo) / len(lo) + 0.3, s
+    with pytest.raises(ValueError, match="each sample's source"):
+        mix.report([0], [1.0])

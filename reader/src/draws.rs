@@ -161,18 +161,31 @@ pub(crate) struct Importance<'a> {
     total: f64,
     /// Chunk `c` holds samples `starts[c]..starts[c + 1]`.
     starts: Vec<u64>,
-    /// Draws per chunk (by chunk id); they add up to N.
+    /// Draws per chunk (by chunk id); they add up to N (or the draws asked for).
     pub(crate) counts: Vec<u64>,
 }
 
 impl<'a> Importance<'a> {
     /// One pass over the masses (the chunks' sums), then the chunks' counts (chunk `c` holds
     /// `lens[c]` samples, in id order); the same on every rank for the same scores and key.
+    #[cfg(test)]
     pub(crate) fn new(
         mass: Mass<'a>,
         alpha: f64,
         lens: impl Iterator<Item = u64>,
         key: &[u64],
+    ) -> Self {
+        Self::with_draws(mass, alpha, lens, key, None)
+    }
+
+    /// [`Importance::new`] drawing `draws` samples (default N, the sample count): a mixture's
+    /// source gives its epoch count ([`crate::DatasetShape::take`]); p_i is unchanged.
+    pub(crate) fn with_draws(
+        mass: Mass<'a>,
+        alpha: f64,
+        lens: impl Iterator<Item = u64>,
+        key: &[u64],
+        draws: Option<u64>,
     ) -> Self {
         let mut starts = vec![0u64];
         starts.extend(lens.scan(0u64, |at, len| {
@@ -188,7 +201,7 @@ impl<'a> Importance<'a> {
         let total = sums.iter().sum::<f64>().max(f64::MIN_POSITIVE);
         // Multinomial(N, M) by conditional binomials, in chunk id order.
         let mut r = SplitMix64::keyed(key);
-        let (mut left, mut mass_left) = (n, 1.0f64);
+        let (mut left, mut mass_left) = (draws.unwrap_or(n), 1.0f64);
         let chunks = sums.len();
         let counts = sums
             .iter()

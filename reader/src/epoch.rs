@@ -84,6 +84,19 @@ impl EpochSetup {
         self.check(ds)?;
         let shape = ds.shape()?;
         let o = self.plan_options(ds)?;
+        self.plan_of(&shape, &o, epoch, shard, resume)
+    }
+
+    /// [`EpochSetup::plan`] of a given shape and options (a mixture's source: its epoch count
+    /// and resumed shape, its options).
+    pub fn plan_of(
+        &self,
+        shape: &crate::DatasetShape,
+        o: &PlanOptions,
+        epoch: u64,
+        shard: Shard,
+        resume: Option<&EpochState>,
+    ) -> Result<EpochPlan> {
         let sampling = match (&self.sampling, &self.stream.scores) {
             (Some(sm), Some(scores)) => Some((sm, scores)),
             _ => None,
@@ -101,7 +114,7 @@ impl EpochSetup {
             cached: Some(&in_tier),
             cache_boost: sm.cache_boost,
         });
-        EpochPlan::build_sampled(&shape, &o, epoch, shard, resume, sm.as_ref())
+        EpochPlan::build_sampled(shape, o, epoch, shard, resume, sm.as_ref())
             .map_err(ReadError::invalid)
     }
 

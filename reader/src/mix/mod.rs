@@ -311,18 +311,41 @@ pub struct MixPlan {
     pub order: Interleave,
 }
 
+/// Plans one source's part of an epoch: (source index, its shape, its options, the shard, a
+/// resume state of that source). [`MixPlan::build`] plans uniform parts; a reader passes its
+/// sources' setups (importance sampling from each source's scores).
+pub type PartPlanner<'a> = dyn Fn(usize, &DatasetShape, &PlanOptions, Shard, Option<&EpochState>) -> Result<EpochPlan, String>
+    + 'a;
+
 impl MixPlan {
-    /// `shard`'s plan of `epoch`; with `resume`, what is left of the epoch it was taken in.
+    /// `shard`'s plan of `epoch`, every sample of each part drawn uniformly; with `resume`,
+    /// what is left of the epoch it was taken in.
     pub fn build(
         sources: &[PlanSource],
         epoch: u64,
         shard: Shard,
         resume: Option<&MixState>,
     ) -> Result<MixPlan, String> {
+        let uniform =
+            |_: usize, sh: &DatasetShape, o: &PlanOptions, s: Shard, st: Option<&EpochState>| {
+                EpochPlan::build(sh, o, epoch, s, st)
+            };
+        Self::build_with(sources, epoch, shard, resume, &uniform)
+    }
+
+    /// [`MixPlan::build`] with each part planned by `plan`.
+    pub fn build_with(
+        sources: &[PlanSource],
+        epoch: u64,
+        shard: Shard,
+        resume: Option<&MixState>,
+        plan: &PartPlanner,
+    ) -> Result<MixPlan, String> {
         let Some(st) = resume else {
             let parts = sources
                 .iter()
-                .map(|s| EpochPlan::build(&s.shape, &s.options, epoch, shard, None))
+                .enumerate()
+                .map(|(i, s)| plan(i, &s.shape, &s.options, shard, None))
                 .collect::<Result<Vec<_>, _>>()?;
             let counts: Vec<u64> = parts.iter().map(|p| p.len() as u64).collect();
             return Ok(MixPlan {
@@ -379,14 +402,15 @@ impl MixPlan {
             .iter()
             .zip(sources)
             .zip(&per_source)
-            .map(|((sh, s), consumed)| {
+            .enumerate()
+            .map(|(i, ((sh, s), consumed))| {
                 let state = EpochState {
                     epoch,
                     world_size: old_w,
                     num_workers: old_k,
                     consumed: consumed.clone(),
                 };
-                EpochPlan::build(sh, &s.options, epoch, shard, Some(&state))
+                plan(i, sh, &s.options, shard, Some(&state))
             })
             .collect::<Result<Vec<_>, _>>()?;
         let order = match mine {

@@ -247,10 +247,12 @@ impl MixReader {
                 "locality below 1 is not supported for mixtures yet".into(),
             ));
         }
-        if matches!(config.sampling, SamplingMode::Importance(_)) {
+        if matches!(config.sampling, SamplingMode::Importance(_))
+            && matches!(config.scores, crate::ScoreSource::File(_))
+        {
             return Err(ReadError::invalid(
-                "importance sampling of a mixture is not supported yet: sample each dataset on \
-                 its own"
+                "a mixture's sources are sampled by the score tables next to their tiers \
+                 (--cache-dir), not by one score file"
                     .into(),
             ));
         }
@@ -302,13 +304,22 @@ impl MixReader {
         }
     }
 
+    /// Every source's setup for an epoch (its score table read again).
+    fn setups(&self) -> Result<Vec<crate::EpochSetup>> {
+        self.readers.iter().map(|r| r.setup()).collect()
+    }
+
     /// The plan sources (shape with the epoch count, resolved options, mark) of this epoch.
     pub fn plan_sources(&self) -> Result<Vec<PlanSource>> {
-        self.readers
+        self.plan_sources_of(&self.setups()?)
+    }
+
+    fn plan_sources_of(&self, setups: &[crate::EpochSetup]) -> Result<Vec<PlanSource>> {
+        setups
             .iter()
             .zip(&self.mix.sources)
-            .map(|(r, s)| {
-                let options = r.setup()?.plan_options(&s.ds)?;
+            .map(|(setup, s)| {
+                let options = setup.plan_options(&s.ds)?;
                 let mut mark = s.mark.clone();
                 mark.window = options.window_chunks as u64;
                 Ok(PlanSource {
@@ -322,20 +333,46 @@ impl MixReader {
 
     /// `shard`'s plan of `epoch` (what is left of it with `resume`).
     pub fn plan(&self, epoch: u64, shard: Shard, resume: Option<&MixState>) -> Result<MixPlan> {
-        MixPlan::build(&self.plan_sources()?, epoch, shard, resume).map_err(ReadError::invalid)
+        self.plan_with(&self.setups()?, epoch, shard, resume)
+    }
+
+    /// [`MixReader::plan`] with each source planned by its setup (importance sampling by its
+    /// scores, when asked).
+    fn plan_with(
+        &self,
+        setups: &[crate::EpochSetup],
+        epoch: u64,
+        shard: Shard,
+        resume: Option<&MixState>,
+    ) -> Result<MixPlan> {
+        for (setup, s) in setups.iter().zip(&self.mix.sources) {
+            setup.check(&s.ds)?;
+        }
+        let part = |i: usize,
+                    sh: &DatasetShape,
+                    o: &crate::PlanOptions,
+                    s: Shard,
+                    st: Option<&crate::EpochState>| {
+            setups[i]
+                .plan_of(sh, o, epoch, s, st)
+                .map_err(|e| format!("source {i} ({}): {e}", self.mix.name(i)))
+        };
+        let sources = self.plan_sources_of(setups)?;
+        MixPlan::build_with(&sources, epoch, shard, resume, &part).map_err(ReadError::invalid)
     }
 
     /// `shard`'s stream of `epoch` (what is left of it with `resume`).
     pub fn stream(&self, epoch: u64, shard: Shard, resume: Option<&MixState>) -> Result<MixStream> {
-        let plan = self.plan(epoch, shard, resume)?;
+        let setups = self.setups()?;
+        let plan = self.plan_with(&setups, epoch, shard, resume)?;
         let len = plan.len();
         let pool = BufPool::new(self.memory.max(1) as usize);
         let streams = plan
             .parts
             .into_iter()
             .zip(&self.readers)
-            .map(|(p, r)| {
-                let mut setup = r.setup()?;
+            .zip(setups)
+            .map(|((p, r), mut setup)| {
                 setup.stream.shared_pool = Some(pool.clone());
                 EpochStream::new(r.dataset().clone(), p, setup.plan.mode, &setup.stream)
             })

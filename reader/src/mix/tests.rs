@@ -407,3 +407,91 @@ fn new_weights_and_new_generations_wait_for_the_next_epoch() {
     let e = MixPlan::build(&src, 1, Shard::WHOLE, Some(&over)).unwrap_err();
     assert!(e.contains("delivered 10000 samples"), "{e}");
 }
+
+/// Importance-sampled parts: each source draws its epoch count (not its sample count), and a
+/// resume under another world size delivers the rest of the same draws.
+#[test]
+fn importance_sampled_parts_draw_their_counts_and_resume() {
+    let src = mixture(ShuffleMode::Chunkwise);
+    let tables: Vec<crate::ImportanceScores> = src
+        .iter()
+        .map(|s| {
+            let n = s.shape.samples();
+            let mut t = crate::ImportanceScores::new(n, 0.0);
+            let w: Vec<(u64, f32)> = (0..n).map(|i| (i, 1.0 + (i % 5) as f32 * 10.0)).collect();
+            t.apply(&w);
+            t
+        })
+        .collect();
+    let plan = |i: usize, sh: &DatasetShape, o: &PlanOptions, s: Shard, st: Option<&EpochState>| {
+        let sm = crate::Sampling {
+            scores: &tables[i],
+            alpha: 0.7,
+            cached: None,
+            cache_boost: 1.0,
+        };
+        EpochPlan::build_sampled(sh, o, 2, s, st, Some(&sm))
+    };
+    let run = |world: u32, resume: Option<&MixState>| -> BTreeMap<(usize, u64), u32> {
+        let mut m = BTreeMap::new();
+        for s in shards(world, 1) {
+            let p = MixPlan::build_with(&src, 2, s, resume, &plan).unwrap();
+            assert!(p.parts.iter().all(|x| x.weights.len() == x.samples.len()));
+            for x in p.sequence() {
+                *m.entry(x).or_insert(0) += 1;
+            }
+        }
+        m
+    };
+    let whole = run(1, None);
+    for (i, s) in src.iter().enumerate() {
+        let n: u32 = whole.iter().filter(|(k, _)| k.0 == i).map(|(_, c)| c).sum();
+        assert_eq!(u64::from(n), s.mark.take, "source {i}");
+    }
+    // Nothing consumed at 1 rank, all of it read by 1 rank again: the same draws; the
+    // high-score samples (i % 5 == 4) drawn more than the low ones.
+    let st = MixState {
+        epoch: 2,
+        world_size: 1,
+        num_workers: 1,
+        consumed: vec![0],
+        sources: src.iter().map(|s| s.mark.clone()).collect(),
+    };
+    assert_eq!(run(1, Some(&st)), whole);
+    // 100 delivered at 1 rank, the rest at 2 ranks: nothing twice, fewer than 2 of each
+    // source's draws lost to the equal cut.
+    let first = MixPlan::build_with(&src, 2, Shard::WHOLE, None, &plan)
+        .unwrap()
+        .sequence();
+    let mut got = BTreeMap::new();
+    for x in &first[..100] {
+        *got.entry(*x).or_insert(0) += 1;
+    }
+    let st = MixState {
+        consumed: vec![100],
+        ..st
+    };
+    for (k, c) in run(2, Some(&st)) {
+        *got.entry(k).or_insert(0) += c;
+    }
+    assert!(got
+        .iter()
+        .all(|(k, c)| whole.get(k).is_some_and(|w| w >= c)));
+    for i in 0..src.len() {
+        let n = |m: &BTreeMap<(usize, u64), u32>| -> u32 {
+            m.iter().filter(|(k, _)| k.0 == i).map(|(_, c)| c).sum()
+        };
+        assert!(n(&whole) - n(&got) < 2, "source {i}");
+    }
+    let hi: u32 = whole
+        .iter()
+        .filter(|(k, _)| k.1 % 5 == 4)
+        .map(|(_, c)| c)
+        .sum();
+    let lo: u32 = whole
+        .iter()
+        .filter(|(k, _)| k.1 % 5 == 0)
+        .map(|(_, c)| c)
+        .sum();
+    assert!(hi > 3 * lo, "{hi} vs {lo}");
+}

@@ -827,13 +827,6 @@ impl EpochPlan {
             if !(0.0..1.0).contains(&sm.alpha) {
                 return Err(format!("alpha {} is not in [0, 1)", sm.alpha));
             }
-            if shape.take.is_some() {
-                return Err(
-                    "importance sampling of a mixture's source is not supported yet: \
-                            sample each dataset on its own"
-                        .into(),
-                );
-            }
             if sm.scores.len() != shape.samples() {
                 return Err(format!(
                     "{} scores for {} samples",
@@ -850,7 +843,9 @@ impl EpochPlan {
             let r = shape.chunk_samples(c);
             r.end - r.start
         });
-        let imp = sampling.map(|sm| Importance::new(&mass, sm.alpha, lens, &key));
+        // A mixture's source draws its epoch count.
+        let imp =
+            sampling.map(|sm| Importance::with_draws(&mass, sm.alpha, lens, &key, shape.take));
         let mut p = Self::build_inner(shape, o, epoch, shard, resume, imp.as_ref())?;
         if let Some(imp) = &imp {
             let n = shape.samples() as f64;
