@@ -331,101 +331,25 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         // Scores are re-read every epoch: training processes keep reporting into them.
         let setup = reader.setup()?;
         let p = &a.plan;
-        let mut bill_text = String::new();
-        let predicted = match prices {
-            Some(pr) => Some(granary::bill::predict(
-                &ds,
-                &setup,
-                epoch,
-                p.rank..p.rank + 1,
-                p.world_size,
-                p.workers,
-                Some(pr),
-            )?),
-            None => None,
-        };
+        // The bill is predicted before the epoch: what the tier holds then.
+        let predicted = prices
+            .map(|pr| {
+                let ranks = p.rank..p.rank + 1;
+                granary::bill::predict(&ds, &setup, epoch, ranks, p.world_size, p.workers, Some(pr))
+            })
+            .transpose()?;
         let r = granary::measure_epoch(&ds, &setup, epoch, p.rank, p.world_size, p.workers)
             .with_context(|| format!("reading epoch {epoch}"))?;
-        if let Some(b) = predicted {
-            let measured = granary::bill::measured(&r.layers, prices);
-            for (pl, ml) in b.total.iter().zip(&measured) {
-                bill_text.push_str(&format!(
-                    "\n  {}: predicted {} requests, {}{}; measured {} requests, {}{}",
-                    pl.layer,
-                    pl.requests,
-                    super::human_bytes(pl.bytes),
-                    pl.cost
-                        .map(|c| format!(", cost {c:.6}"))
-                        .unwrap_or_default(),
-                    ml.requests,
-                    super::human_bytes(ml.bytes),
-                    ml.cost
-                        .map(|c| format!(", cost {c:.6}"))
-                        .unwrap_or_default()
-                ));
-            }
-            bills.push(serde_json::json!({"predicted": b.total, "measured": measured}));
-        }
         if let Some(path) = &a.metrics {
             let text = super::prometheus_text(epoch, r.samples, r.elapsed_s, &r.waits, &r.layers);
             super::write_atomically(path, &text)?;
         }
+        let bill = predicted.map(|b| (b.total, granary::bill::measured(&r.layers, prices)));
         if !a.json {
-            let hits = match (r.cache_sample_hit_ratio, r.cache_byte_hit_ratio) {
-                (Some(s), Some(b)) => format!(
-                    ", cache hits {:.1} % of samples, {:.1} % of bytes",
-                    s * 100.0,
-                    b * 100.0
-                ),
-                _ => String::new(),
-            };
-            let device = r
-                .device_read_bytes
-                .map(|b| format!(", {:.1} MB from the device", b as f64 / 1e6))
-                .unwrap_or_default();
-            let o = r.opened;
-            let rss = r
-                .peak_rss_bytes
-                .map(|b| format!(", process peak RSS {:.0} MB", b as f64 / 1e6))
-                .unwrap_or_default();
-            let peers = r
-                .peers
-                .as_ref()
-                .map(|p| {
-                    let down = if p.down.is_empty() {
-                        String::new()
-                    } else {
-                        format!(", down: {}", p.down.join(" "))
-                    };
-                    format!(
-                        "; node {} (ownership {}): {:.1} MB from its tier, {:.1} MB from peers, \
-                         {:.1} MB from origin ({} chunks missing at their owner, {} rejected, \
-                         {} unreachable{down})",
-                        p.node,
-                        p.ownership,
-                        p.bytes_from_local_tier as f64 / 1e6,
-                        p.bytes_from_peers as f64 / 1e6,
-                        p.bytes_from_origin as f64 / 1e6,
-                        p.events.missing_at_owner,
-                        p.events.rejected,
-                        p.events.unreachable
-                    )
-                })
-                .unwrap_or_default();
-            let snap = match (r.snapshot_gets, r.snapshot_bytes_fetched) {
-                (Some(g), Some(b)) => format!(
-                    "; snapshot blocks: {g} GETs, {:.2} MB fetched",
-                    b as f64 / 1e6
-                ),
-                _ => String::new(),
-            };
-            println!(
-                "epoch {:>3}: {} samples, {:.1} MB in {:.2} s: {:.0} samples/s, {:.1} MB/s, cpu {:.2} s, digest {} ({}; files: {} buffered, {} found resident, {} direct{device}){hits}; memory: peak buffers {:.0} MB per reader{rss}{peers}{snap}; {}",
-                r.epoch, r.samples, r.bytes as f64 / 1e6, r.elapsed_s, r.samples_per_s, r.mb_per_s, r.cpu_s, r.digest, r.backend, o.buffered, o.resident, o.direct, r.peak_buffer_bytes as f64 / 1e6, super::waits_text(&r.waits)
-            );
-            if !bill_text.is_empty() {
-                println!("  bill (this rank):{bill_text}");
-            }
+            print_epoch(&r, bill.as_ref());
+        }
+        if let Some((predicted, measured)) = bill {
+            bills.push(serde_json::json!({"predicted": predicted, "measured": measured}));
         }
         reports.push(r);
     }
@@ -443,6 +367,81 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// One epoch's text report; with `bill`, the predicted and measured figures per layer.
+fn print_epoch(
+    r: &granary::EpochReport,
+    bill: Option<&(Vec<granary::bill::LayerBill>, Vec<granary::bill::LayerBill>)>,
+) {
+    let hits = match (r.cache_sample_hit_ratio, r.cache_byte_hit_ratio) {
+        (Some(s), Some(b)) => format!(
+            ", cache hits {:.1} % of samples, {:.1} % of bytes",
+            s * 100.0,
+            b * 100.0
+        ),
+        _ => String::new(),
+    };
+    let device = r
+        .device_read_bytes
+        .map(|b| format!(", {:.1} MB from the device", b as f64 / 1e6))
+        .unwrap_or_default();
+    let o = r.opened;
+    let rss = r
+        .peak_rss_bytes
+        .map(|b| format!(", process peak RSS {:.0} MB", b as f64 / 1e6))
+        .unwrap_or_default();
+    let peers = r.peers.as_ref().map(peers_text).unwrap_or_default();
+    let snap = match (r.snapshot_gets, r.snapshot_bytes_fetched) {
+        (Some(g), Some(b)) => format!(
+            "; snapshot blocks: {g} GETs, {:.2} MB fetched",
+            b as f64 / 1e6
+        ),
+        _ => String::new(),
+    };
+    println!(
+        "epoch {:>3}: {} samples, {:.1} MB in {:.2} s: {:.0} samples/s, {:.1} MB/s, cpu {:.2} s, digest {} ({}; files: {} buffered, {} found resident, {} direct{device}){hits}; memory: peak buffers {:.0} MB per reader{rss}{peers}{snap}; {}",
+        r.epoch, r.samples, r.bytes as f64 / 1e6, r.elapsed_s, r.samples_per_s, r.mb_per_s, r.cpu_s, r.digest, r.backend, o.buffered, o.resident, o.direct, r.peak_buffer_bytes as f64 / 1e6, super::waits_text(&r.waits)
+    );
+    let Some((predicted, measured)) = bill else {
+        return;
+    };
+    let cost = |c: Option<f64>| c.map(|c| format!(", cost {c:.6}")).unwrap_or_default();
+    println!("  bill (this rank):");
+    for (pl, ml) in predicted.iter().zip(measured) {
+        println!(
+            "  {}: predicted {} requests, {}{}; measured {} requests, {}{}",
+            pl.layer,
+            pl.requests,
+            super::human_bytes(pl.bytes),
+            cost(pl.cost),
+            ml.requests,
+            super::human_bytes(ml.bytes),
+            cost(ml.cost)
+        );
+    }
+}
+
+/// The shared tiers' part of an epoch's text report.
+fn peers_text(p: &granary::PeerReport) -> String {
+    let down = if p.down.is_empty() {
+        String::new()
+    } else {
+        format!(", down: {}", p.down.join(" "))
+    };
+    format!(
+        "; node {} (ownership {}): {:.1} MB from its tier, {:.1} MB from peers, \
+         {:.1} MB from origin ({} chunks missing at their owner, {} rejected, \
+         {} unreachable{down})",
+        p.node,
+        p.ownership,
+        p.bytes_from_local_tier as f64 / 1e6,
+        p.bytes_from_peers as f64 / 1e6,
+        p.bytes_from_origin as f64 / 1e6,
+        p.events.missing_at_owner,
+        p.events.rejected,
+        p.events.unreachable
+    )
 }
 
 #[cfg(test)]
