@@ -158,6 +158,9 @@ pub struct EpochTotals {
     pub layers: Vec<LayerReading>,
     /// How long the workers waited for samples, and on what, summed over workers.
     pub waits: crate::WaitReport,
+    /// Per source of a mixture (one entry for a dataset): samples, bytes, digest.
+    #[serde(skip)]
+    pub per_source: Vec<(u64, u64, u64)>,
 }
 
 /// What passed through one layer of the readers' store stacks ([`granary_store::Metered`]):
@@ -190,20 +193,35 @@ pub fn read_epoch(
     world_size: u32,
     workers: u32,
 ) -> Result<EpochTotals> {
-    let t = Instant::now();
     // A bad setup fails here, before any worker starts.
     setup.check(ds)?;
+    read_shards(rank, world_size, workers, &|shard| {
+        setup.stream(ds.clone(), epoch, shard, None)
+    })
+}
+
+/// Reads rank `rank`'s share with `workers` loader workers (threads), each streaming the share
+/// `open` gives it and touching every byte; a worker's error ends the epoch with it. What a
+/// dataset's and a mixture's epochs have in common.
+pub(crate) fn read_shards<S: crate::SampleStream>(
+    rank: u32,
+    world_size: u32,
+    workers: u32,
+    open: &(dyn Fn(Shard) -> Result<S> + Sync),
+) -> Result<EpochTotals> {
+    let t = Instant::now();
+    let k = workers.max(1);
     let results: Vec<Result<EpochTotals>> = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..workers.max(1))
+        let handles: Vec<_> = (0..k)
             .map(|w| {
                 s.spawn(move || -> Result<EpochTotals> {
                     let shard = Shard {
                         rank,
                         world_size,
                         worker: w,
-                        num_workers: workers.max(1),
+                        num_workers: k,
                     };
-                    let mut st = setup.stream(ds.clone(), epoch, shard, None)?;
+                    let mut st = open(shard)?;
                     let mut r = EpochTotals::default();
                     for sample in st.by_ref() {
                         let sample = sample?;
@@ -211,12 +229,18 @@ pub fn read_epoch(
                             r.first_sample_s = Some(t.elapsed().as_secs_f64());
                         }
                         r.samples += 1;
-                        r.bytes += sample.data().len() as u64;
+                        let n = sample.data().len() as u64;
+                        r.bytes += n;
                         // The CRC the reader verified these bytes against (computing it
                         // again would be a second pass over every byte, in the epoch's time).
-                        r.digest = r
-                            .digest
-                            .wrapping_add(crate::digest_term(sample.id, sample.crc32()));
+                        let term = crate::digest_term(sample.id, sample.crc32());
+                        r.digest = r.digest.wrapping_add(term);
+                        let i = sample.source as usize;
+                        if r.per_source.len() <= i {
+                            r.per_source.resize(i + 1, (0, 0, 0));
+                        }
+                        let p = &mut r.per_source[i];
+                        (p.0, p.1, p.2) = (p.0 + 1, p.1 + n, p.2.wrapping_add(term));
                     }
                     r.opened = st.open_counts();
                     r.bytes_read = st.bytes_read();
@@ -244,27 +268,39 @@ pub fn read_epoch(
     });
     let mut r = EpochTotals::default();
     for res in results {
-        let w = res?;
-        r.samples += w.samples;
-        r.bytes += w.bytes;
-        r.bytes_read += w.bytes_read;
-        r.digest = r.digest.wrapping_add(w.digest);
-        r.backend = w.backend;
-        r.backend_fallback = r.backend_fallback.or(w.backend_fallback);
-        r.opened.buffered += w.opened.buffered;
-        r.opened.resident += w.opened.resident;
-        r.opened.direct += w.opened.direct;
-        r.hits += w.hits;
-        r.peak_buffer_bytes = r.peak_buffer_bytes.max(w.peak_buffer_bytes);
-        add_layers(&mut r.layers, w.layers);
-        r.waits += w.waits;
-        r.first_sample_s = match (r.first_sample_s, w.first_sample_s) {
+        r.add(res?);
+    }
+    r.elapsed_s = t.elapsed().as_secs_f64();
+    Ok(r)
+}
+
+impl EpochTotals {
+    /// Adds one worker's figures.
+    fn add(&mut self, w: EpochTotals) {
+        self.samples += w.samples;
+        self.bytes += w.bytes;
+        self.bytes_read += w.bytes_read;
+        self.digest = self.digest.wrapping_add(w.digest);
+        self.backend = w.backend;
+        self.backend_fallback = self.backend_fallback.take().or(w.backend_fallback);
+        self.opened.buffered += w.opened.buffered;
+        self.opened.resident += w.opened.resident;
+        self.opened.direct += w.opened.direct;
+        self.hits += w.hits;
+        self.peak_buffer_bytes = self.peak_buffer_bytes.max(w.peak_buffer_bytes);
+        add_layers(&mut self.layers, w.layers);
+        self.waits += w.waits;
+        if self.per_source.len() < w.per_source.len() {
+            self.per_source.resize(w.per_source.len(), (0, 0, 0));
+        }
+        for (a, b) in self.per_source.iter_mut().zip(w.per_source) {
+            (a.0, a.1, a.2) = (a.0 + b.0, a.1 + b.1, a.2.wrapping_add(b.2));
+        }
+        self.first_sample_s = match (self.first_sample_s, w.first_sample_s) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };
     }
-    r.elapsed_s = t.elapsed().as_secs_f64();
-    Ok(r)
 }
 
 /// What one epoch delivered.

@@ -4,7 +4,6 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Instant;
 
 use serde::Serialize;
 
@@ -13,6 +12,7 @@ use super::{epoch_counts, source_seed, Interleave, MixPlan, MixState, PlanSource
 use crate::config::{Reader, ReaderConfig, SamplingMode};
 use crate::epoch::{add_layers, LayerReading};
 use crate::error::{ReadError, Result};
+use crate::OpenCounts;
 use crate::{
     Dataset, DatasetShape, EpochStream, MeterReading, Sample, Shard, TierHits, WaitReport,
 };
@@ -31,6 +31,12 @@ pub trait SampleStream: Iterator<Item = Result<Sample>> + Send {
     fn tier_hits(&self) -> TierHits;
     /// How long the consumer waited so far, and on what.
     fn waits(&self) -> WaitReport;
+    /// Bytes read from storage so far.
+    fn bytes_read(&self) -> u64;
+    /// The most bytes of read buffers held at once.
+    fn peak_buffer_bytes(&self) -> u64;
+    /// How the files read so far were opened.
+    fn open_counts(&self) -> OpenCounts;
 }
 
 impl SampleStream for EpochStream {
@@ -48,6 +54,15 @@ impl SampleStream for EpochStream {
     }
     fn waits(&self) -> WaitReport {
         EpochStream::waits(self)
+    }
+    fn bytes_read(&self) -> u64 {
+        EpochStream::bytes_read(self)
+    }
+    fn peak_buffer_bytes(&self) -> u64 {
+        EpochStream::peak_buffer_bytes(self)
+    }
+    fn open_counts(&self) -> OpenCounts {
+        EpochStream::open_counts(self)
     }
 }
 
@@ -520,6 +535,22 @@ impl SampleStream for MixStream {
         }
         w
     }
+    fn bytes_read(&self) -> u64 {
+        MixStream::bytes_read(self)
+    }
+    fn peak_buffer_bytes(&self) -> u64 {
+        MixStream::peak_buffer_bytes(self)
+    }
+    fn open_counts(&self) -> OpenCounts {
+        let mut o = OpenCounts::default();
+        for s in &self.streams {
+            let c = s.open_counts();
+            o.buffered += c.buffered;
+            o.resident += c.resident;
+            o.direct += c.direct;
+        }
+        o
+    }
 }
 
 /// What one source gave a rank's epoch.
@@ -566,98 +597,36 @@ pub fn read_mix_epoch(
     world_size: u32,
     workers: u32,
 ) -> Result<MixReport> {
-    let t = Instant::now();
-    let k = workers.max(1);
-    let n = reader.mix.len();
-    // (samples, bytes, digest) per source, bytes read, backend, peak buffers, layers.
-    type Worker = (
-        Vec<(u64, u64, u64)>,
-        u64,
-        &'static str,
-        u64,
-        Vec<LayerReading>,
-        WaitReport,
-    );
-    let results: Vec<Result<Worker>> = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..k)
-            .map(|w| {
-                s.spawn(move || -> Result<Worker> {
-                    let shard = Shard {
-                        rank,
-                        world_size,
-                        worker: w,
-                        num_workers: k,
-                    };
-                    let mut st = reader.stream(epoch, shard, None)?;
-                    let mut per = vec![(0u64, 0u64, 0u64); n];
-                    for sample in st.by_ref() {
-                        let sample = sample?;
-                        let p = &mut per[sample.source as usize];
-                        p.0 += 1;
-                        p.1 += sample.data().len() as u64;
-                        p.2 =
-                            p.2.wrapping_add(crate::digest_term(sample.id, sample.crc32()));
-                    }
-                    let layers = st
-                        .layers()
-                        .into_iter()
-                        .map(|(layer, reading)| LayerReading { layer, reading })
-                        .collect();
-                    Ok((
-                        per,
-                        st.bytes_read(),
-                        st.backend(),
-                        st.peak_buffer_bytes(),
-                        layers,
-                        st.waits(),
-                    ))
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| {
-                h.join()
-                    .unwrap_or_else(|p| Err(crate::stream::thread_died("loader worker", &*p)))
-            })
-            .collect()
-    });
-    let mut r = MixReport {
+    let t = crate::epoch::read_shards(rank, world_size, workers, &|shard| {
+        reader.stream(epoch, shard, None)
+    })?;
+    let mut per = t.per_source.clone();
+    per.resize(reader.mix.len(), (0, 0, 0));
+    let secs = t.elapsed_s.max(1e-9);
+    Ok(MixReport {
         epoch,
-        ..Default::default()
-    };
-    let mut per = vec![(0u64, 0u64, 0u64); n];
-    for res in results {
-        let (p, read, backend, peak, layers, waits) = res?;
-        r.waits += waits;
-        for (a, b) in per.iter_mut().zip(p) {
-            a.0 += b.0;
-            a.1 += b.1;
-            a.2 = a.2.wrapping_add(b.2);
-        }
-        r.bytes_read += read;
-        r.backend = backend.to_string();
-        r.peak_buffer_bytes = r.peak_buffer_bytes.max(peak);
-        add_layers(&mut r.layers, layers);
-    }
-    r.samples = per.iter().map(|p| p.0).sum();
-    r.bytes = per.iter().map(|p| p.1).sum();
-    r.sources = per
-        .iter()
-        .enumerate()
-        .map(|(i, p)| SourceTotals {
-            source: reader.mix.name(i).to_string(),
-            share: reader.mix.share(i).to_string(),
-            samples: p.0,
-            fraction: p.0 as f64 / r.samples.max(1) as f64,
-            bytes: p.1,
-            digest: format!("{:016x}", p.2),
-        })
-        .collect();
-    r.elapsed_s = t.elapsed().as_secs_f64();
-    let secs = r.elapsed_s.max(1e-9);
-    r.samples_per_s = r.samples as f64 / secs;
-    r.mb_per_s = r.bytes as f64 / 1e6 / secs;
-    r.peak_rss_bytes = crate::procstat::peak_rss_bytes();
-    Ok(r)
+        samples: t.samples,
+        bytes: t.bytes,
+        bytes_read: t.bytes_read,
+        elapsed_s: t.elapsed_s,
+        samples_per_s: t.samples as f64 / secs,
+        mb_per_s: t.bytes as f64 / 1e6 / secs,
+        backend: t.backend.to_string(),
+        peak_buffer_bytes: t.peak_buffer_bytes,
+        peak_rss_bytes: crate::procstat::peak_rss_bytes(),
+        sources: per
+            .iter()
+            .enumerate()
+            .map(|(i, p)| SourceTotals {
+                source: reader.mix.name(i).to_string(),
+                share: reader.mix.share(i).to_string(),
+                samples: p.0,
+                fraction: p.0 as f64 / t.samples.max(1) as f64,
+                bytes: p.1,
+                digest: format!("{:016x}", p.2),
+            })
+            .collect(),
+        layers: t.layers,
+        waits: t.waits,
+    })
 }
