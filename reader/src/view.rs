@@ -214,3 +214,38 @@ pub fn view_reads(ds: &Dataset, range_gap: u64) -> Result<Option<ViewReads>> {
     }
     Ok(Some(r))
 }
+
+/// Whether most of the chunk files holding `ds`'s view are wholly in the page cache (read
+/// whole by an epoch of the dataset, say): then maps of them serve the view's records
+/// fastest. From `mincore` on up to [`PROBES`] of its chunks (none read, no readahead);
+/// false for chunks that are not local files.
+pub(crate) fn chunks_mostly_resident(ds: &Dataset) -> bool {
+    let Some(v) = ds.view() else {
+        return false;
+    };
+    let n = v.ids.len();
+    let mut chunks: Vec<u32> = Vec::new();
+    for k in 0..PROBES.min(n) {
+        match ds.sample(v.ids[k * n / PROBES.min(n)]) {
+            Ok(s) => chunks.push(s.entry.chunk),
+            Err(_) => return false,
+        }
+    }
+    chunks.dedup();
+    if chunks.is_empty() {
+        return false;
+    }
+    let resident = chunks
+        .iter()
+        .filter(|&&c| {
+            std::fs::File::open(ds.chunk_path(c)).is_ok_and(|f| {
+                let len = f.metadata().map_or(0, |m| m.len());
+                granary_store::resident_share(&f, len) >= 0.9
+            })
+        })
+        .count();
+    2 * resident > chunks.len()
+}
+
+/// Chunks [`chunks_mostly_resident`] looks at, at most.
+const PROBES: usize = 16;
