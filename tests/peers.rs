@@ -674,3 +674,77 @@ fn peers_over_tls_read_only_from_servers_their_ca_signed() {
         "{log}"
     );
 }
+
+/// The bill with peers: chunks another node keeps are predicted from the peers, this node's
+/// own (absent from its tier) from origin; together what the bill without peers says. Epoch 1:
+/// in epoch 0, whose plan decides ownership, each node reads only what it keeps.
+#[test]
+fn the_bill_counts_chunks_other_nodes_keep_as_the_peers() {
+    let tmp = tempfile::tempdir().unwrap();
+    let files = numbered_tree(200, 4, |i| 3_000 + i as usize * 7);
+    let ds = packed_tree(
+        &tmp.path().join("src"),
+        &files,
+        &tmp.path().join("ds"),
+        &["--chunk-size", "32KiB"],
+    );
+    let ds = std::sync::Arc::new(granary::Dataset::open(&ds).unwrap());
+    let tier = granary::TierConfig {
+        dir: tmp.path().join("tier"),
+        quota: 64 << 20,
+        policy: granary::TierPolicy::Static,
+    };
+    let config = |peers: bool| granary::ReaderConfig {
+        rank: 0,
+        world_size: 2,
+        tier: Some(tier.clone()),
+        peers: peers.then(|| granary::PeerConfig {
+            addrs: vec!["127.0.0.1:9".into(), "127.0.0.1:10".into()],
+            node: Some(0),
+            timeout: std::time::Duration::from_secs(1),
+            ownership_epoch: 0,
+            secret: None,
+            tls_ca: None,
+        }),
+        ..Default::default()
+    };
+    let predict = |peers: bool| {
+        let reader = config(peers).open(&ds).unwrap();
+        let setup = reader.setup().unwrap();
+        let b = granary::bill::predict(&ds, &setup, 1, 0..1, 2, 1, None).unwrap();
+        (b.total, reader.peers().map(|p| p.ownership().clone()))
+    };
+    let (alone, _) = predict(false);
+    let (shared, ownership) = predict(true);
+    let layer = |b: &[granary::bill::LayerBill], name: &str| {
+        b.iter()
+            .find(|l| l.layer == name)
+            .cloned()
+            .unwrap_or_default()
+    };
+    assert_eq!(
+        shared.iter().map(|l| l.layer).collect::<Vec<_>>(),
+        ["tier", "peers", "origin"]
+    );
+    let (p, o) = (layer(&shared, "peers"), layer(&shared, "origin"));
+    assert!(p.requests > 0 && o.requests > 0, "{shared:?}");
+    assert_eq!(p.requests + o.requests, layer(&alone, "origin").requests);
+    assert_eq!(p.bytes + o.bytes, layer(&alone, "origin").bytes);
+    // The peers' share is the chunks node 1 keeps among those rank 0 reads.
+    let own = ownership.unwrap();
+    let plan = config(false).open(&ds).unwrap().setup().unwrap();
+    let shard = granary::Shard {
+        rank: 0,
+        world_size: 2,
+        worker: 0,
+        num_workers: 1,
+    };
+    let ep = plan.plan(&ds, 1, shard, None).unwrap();
+    let read: u64 = ep
+        .windows
+        .iter()
+        .flat_map(|w| w.chunks.iter())
+        .filter(|&&c| own.owner(c) == Some(1))
+        .count() as u64;
+    assert_eq!(p.requests, read, "{shared:?}");
+}

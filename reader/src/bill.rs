@@ -5,9 +5,10 @@
 //! The prediction runs the reader's own window planning ([`crate::window::Windows`]) over each
 //! rank's and worker's plan without reading: the same requests a stream would submit, each
 //! with the layer its chunk opens in now (a chunk the tier holds is the tier's, any other
-//! origin's). What it does not foresee: chunks admitted to the tier during the epoch and read
-//! again in it (a chunk split between two workers' shares), hot chunks of the importance policy,
-//! and other nodes' tiers (chunks they would serve are counted as origin's). An object store
+//! origin's, or with peers the node's that keeps it, taken to hold it). What it does not
+//! foresee: chunks admitted to the tier during the epoch and read again in it (a chunk split
+//! between two workers' shares), hot chunks of the importance policy, and peers that do not
+//! hold their chunks yet or do not answer (their chunks then come from origin). An object store
 //! serves each range in parts of at most [`crate::remote::GET_PART`] bytes, one GET each: the
 //! cost counts GETs that way.
 
@@ -117,6 +118,19 @@ pub struct Bill {
     pub total: Vec<LayerBill>,
 }
 
+/// The layers a reader set up as `setup` has, top first, with their index in the tallies.
+fn present(setup: &EpochSetup) -> impl Iterator<Item = (&'static str, usize)> {
+    let (tier, peers) = (setup.stream.tier.is_some(), setup.stream.peers.is_some());
+    [
+        ("tier", 0usize, tier),
+        ("peers", 1, tier && peers),
+        ("origin", 2, true),
+    ]
+    .into_iter()
+    .filter(|l| l.2)
+    .map(|(name, i, _)| (name, i))
+}
+
 fn gets_of(len: u64) -> u64 {
     len.div_ceil(crate::remote::GET_PART).max(1)
 }
@@ -148,9 +162,11 @@ pub fn predict(
         prices,
         ..Default::default()
     };
-    let mut total = [(0u64, 0u64, 0u64); 2];
+    // (requests, GETs, bytes) of the tier, the peers and origin.
+    let mut total = [(0u64, 0u64, 0u64); 3];
+    let peers = setup.stream.peers.as_ref();
     for rank in ranks {
-        let mut layers = [(0u64, 0u64, 0u64); 2];
+        let mut layers = [(0u64, 0u64, 0u64); 3];
         for worker in 0..workers.max(1) {
             let shard = Shard {
                 rank,
@@ -180,18 +196,22 @@ pub fn predict(
             let mut w = Windows::new(ds.clone(), stack, o.mode, setup.stream.range_gap, stats);
             w.whole_files = whole;
             for win in &plan.windows {
-                for (from, len) in w.predict(&plan.samples[win.range.clone()])? {
-                    let i = usize::from(from != BytesFrom::Tier);
+                for (from, c, len) in w.predict(&plan.samples[win.range.clone()])? {
+                    // A chunk another node keeps comes from its tier (once it holds it).
+                    let elsewhere =
+                        peers.is_some_and(|p| p.ownership().owner(c).is_some_and(|o| o != p.me()));
+                    let i = match from {
+                        BytesFrom::Tier => 0,
+                        _ if elsewhere => 1,
+                        _ => 2,
+                    };
                     layers[i].0 += 1;
                     layers[i].1 += gets_of(len);
                     layers[i].2 += len;
                 }
             }
         }
-        let has_tier = setup.stream.tier.is_some();
-        let list: Vec<LayerBill> = [("tier", 0usize), ("origin", 1)]
-            .into_iter()
-            .filter(|(name, _)| has_tier || *name == "origin")
+        let list: Vec<LayerBill> = present(setup)
             .map(|(layer, i)| {
                 total[i].0 += layers[i].0;
                 total[i].1 += layers[i].1;
@@ -210,11 +230,8 @@ pub fn predict(
             layers: priced(list, prices),
         });
     }
-    let has_tier = setup.stream.tier.is_some();
     bill.total = priced(
-        [("tier", 0usize), ("origin", 1)]
-            .into_iter()
-            .filter(|(name, _)| has_tier || *name == "origin")
+        present(setup)
             .map(|(layer, i)| LayerBill {
                 layer,
                 requests: total[i].0,

@@ -596,15 +596,24 @@ impl Windows {
     /// map goes with the window's samples, not with the stream (which would keep every chunk
     /// of the epoch mapped).
     /// What reading the window of `ids` would ask of each layer, without reading it: each
-    /// request's layer (where its source's bytes come from) and its length within the chunk.
-    /// For a bill before the run (`crate::bill`); files are let go after each window.
-    pub(crate) fn predict(&mut self, ids: &[u64]) -> Result<Vec<(BytesFrom, u64)>> {
-        let (_, reqs) = self.prepare(ids, &[])?;
+    /// request's layer (where its source's bytes come from), its chunk and its length within
+    /// the chunk. For a bill before the run (`crate::bill`); files are let go after each
+    /// window.
+    pub(crate) fn predict(&mut self, ids: &[u64]) -> Result<Vec<(BytesFrom, u32, u64)>> {
+        let (prep, reqs) = self.prepare(ids, &[])?;
+        // Each request's chunk: what the window's bookkeeping says, else its records'.
+        let mut chunk = prep.req_chunk.clone();
+        for (&(r, _), e) in prep.locs.iter().zip(&prep.entries) {
+            if chunk[r as usize] == u32::MAX {
+                chunk[r as usize] = e.chunk;
+            }
+        }
         let out = reqs
             .iter()
-            .map(|r| {
+            .zip(chunk)
+            .map(|(r, c)| {
                 let len = (r.len as u64).min(r.source.len().saturating_sub(r.offset));
-                (r.source.bytes_from(), len)
+                (r.source.bytes_from(), c, len)
             })
             .collect();
         if self.mode != ShuffleMode::Global {
