@@ -196,11 +196,11 @@ def _fields_of_batch(data, layouts, wanted):
     return _types.batch_fields(data, layouts, wanted)
 
 
-def _layouts_for(layouts, ids, wanted):
+def _layouts_for(layouts, ids, wanted, sources):
     """The batch's field layouts, restricted to ``wanted``, or None without fields."""
     if layouts is None:
         return None
-    lay = layouts([int(i) for i in ids])
+    lay = layouts([int(i) for i in ids], sources)
     if wanted is not None:
         lay = [[f for f in sample if f[0] in wanted] for sample in lay]
     return lay
@@ -505,7 +505,7 @@ class IterableDataset(_IterBase):
                 if mixture:
                     item["source"] = source
                 if layouts is not None:
-                    item["fields"] = _split_fields(data, layouts([i])[0], self.fields)
+                    item["fields"] = _split_fields(data, layouts([i], [source])[0], self.fields)
                 if transform is not None:
                     data = transform(data)
                 item["data"] = data
@@ -546,7 +546,8 @@ class IterableDataset(_IterBase):
             t = time.perf_counter()
 
     def _layouts(self):
-        """None for a dataset without fields; else ids -> each sample's field layout."""
+        """None for a dataset without fields; else (ids, sources) -> each sample's field layout
+        (``sources``, each sample's source in a mixture, unused here)."""
         if self._layout_ds is None:
             self._layout_ds = _NativeDataset(self.root)
             if self.fields is not None and not self._layout_ds.has_fields:
@@ -554,9 +555,9 @@ class IterableDataset(_IterBase):
         if not self._layout_ds.has_fields:
             return None
         layouts = self._layout_ds.field_layouts
-        if not self.raw and self.images == "bytes":
-            return layouts
-        return _asked_layouts(layouts, self.raw, self.images)
+        if self.raw or self.images != "bytes":
+            layouts = _asked_layouts(layouts, self.raw, self.images)
+        return lambda ids, sources=None: layouts(ids)
 
     def _batches(self, stream, weighted, transform, collate, layouts=None):
         """(samples, item) per batch of ``stream``. With numpy the batch is gathered into one
@@ -588,7 +589,8 @@ class IterableDataset(_IterBase):
                         views = [data[offsets[j]:offsets[j + 1]] for j in range(len(ids))]
                     else:
                         views = data
-                    item["fields"] = _fields_of_batch(views, layouts(list(ids)), self.fields)
+                    item["fields"] = _fields_of_batch(views, layouts(list(ids), sources),
+                                                      self.fields)
                 if packed:
                     item["offsets"] = offsets
                 if weighted:
@@ -611,7 +613,7 @@ class IterableDataset(_IterBase):
             item = _shm.assemble(arr, offsets, np.asarray(ids, np.int64),
                                  np.asarray(labels, np.int64),
                                  np.asarray(weights, np.float32) if weighted else None, packed,
-                                 _layouts_for(layouts, ids, self.fields),
+                                 _layouts_for(layouts, ids, self.fields, sources),
                                  np.asarray(sources, np.int64) if self._mixture else None)
             if transform is not None:
                 item["data"] = [transform(d) for d in item["data"]]

@@ -325,13 +325,14 @@ def worker_batches(stream, n, packed, weighted, layouts=None, wanted=None, mixtu
         if batch is None:
             return
         ids, labels, arr, offsets, weights, sources = batch
+        lay = None
+        if layouts is not None:
+            lay = layouts([int(i) for i in ids], sources)
         ids = np.asarray(ids, np.int64)
         labels = np.asarray(labels, np.int64)
         weights = np.asarray(weights, np.float32) if weighted else None
         sources = np.asarray(sources, np.int64) if mixture else None
-        lay = None
         if layouts is not None:
-            lay = layouts([int(i) for i in ids])
             if wanted is not None:
                 lay = [[f for f in s if f[0] in wanted] for s in lay]
         slot = taken[0]

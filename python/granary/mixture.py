@@ -33,8 +33,9 @@ class Mixture(IterableDataset):
     work per source: each source draws its epoch count by the score table next to its own tier,
     which ``report(ids, losses, sources=batch["source"])`` feeds.
 
-    Every other argument is ``IterableDataset``'s, except ``locality`` below 1 and ``fields``,
-    which a mixture does not support yet.
+    Samples with named fields come with ``"fields"`` as from ``IterableDataset``, each by its
+    own source's layout (a source without fields gives none). Every other argument is
+    ``IterableDataset``'s, except ``locality`` below 1, which a mixture does not support yet.
     """
 
     _mixture = True
@@ -55,9 +56,6 @@ class Mixture(IterableDataset):
             shares = ["repeat=1"] * len(sources)
         if float(kwargs.get("locality", 1.0)) < 1.0:
             raise ValueError("locality below 1 is not supported for mixtures yet")
-        if kwargs.get("fields") is not None:
-            raise ValueError("fields of a mixture's samples are not supported yet: each sample's "
-                             "data is its stored bytes")
         super().__init__(sources[0], **kwargs)
         self.sources = sources
         self.shares = shares
@@ -65,6 +63,7 @@ class Mixture(IterableDataset):
         self._marks = None
         self._resume_sources = None
         self._tables = None
+        self._natives = None
         # Fail early, here: the shares, the datasets, the same dataset twice.
         self.counts = self._info()[0]
 
@@ -73,7 +72,37 @@ class Mixture(IterableDataset):
                             **self._stream_options())
 
     def _layouts(self):
-        return None
+        """None when no source has named fields; else (ids, sources) -> each sample's field
+        layout from its own source (no fields: an empty layout)."""
+        from . import _NativeDataset, _asked_layouts
+
+        if self._natives is None:
+            self._natives = [_NativeDataset(p) for p in self.sources]
+        has = [n.has_fields for n in self._natives]
+        if not any(has):
+            if self.fields is not None:
+                raise ValueError("no source of the mixture has named fields to choose from")
+            return None
+        per = []
+        for n, h in zip(self._natives, has):
+            lay = n.field_layouts if h else (lambda ids: [[] for _ in ids])
+            if self.raw or self.images != "bytes":
+                lay = _asked_layouts(lay, self.raw, self.images)
+            per.append(lay)
+
+        def layouts(ids, sources):
+            out = [None] * len(ids)
+            by = {}
+            for k, (i, s) in enumerate(zip(ids, sources)):
+                by.setdefault(int(s), ([], []))
+                by[int(s)][0].append(k)
+                by[int(s)][1].append(int(i))
+            for s, (ks, si) in by.items():
+                for k, lay in zip(ks, per[s](si)):
+                    out[k] = lay
+            return out
+
+        return layouts
 
     def _stream(self):
         rank, world = self._rank_world()
@@ -149,6 +178,7 @@ class Mixture(IterableDataset):
         state = super().__getstate__()
         state["_marks"] = None
         state["_tables"] = None
+        state["_natives"] = None
         return state
 
     def __repr__(self):

@@ -192,3 +192,28 @@ def test_importance_sampling_per_source(three, tmp_path):
         assert sum(hi) / len(hi) > sum(lo) / len(lo) + 0.3, s
     with pytest.raises(ValueError, match="each sample's source"):
         mix.report([0], [1.0])
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_fields_come_from_each_samples_own_source(three, tmp_path, workers):
+    out = tmp_path / "f.granary"
+    want = {}
+    with granary.Writer(out, chunk_size=16 << 10, progress=False) as w:
+        for i in range(90):
+            f = {"jpg": os.urandom(100 + i), "txt": b"caption %d" % i}
+            w.write(f"s{i:03d}", f, label=i % 2)
+            want[f"s{i:03d}"] = f
+    names = granary.Dataset(out)
+    plain = three[2][0]
+    mix = granary.Mixture([str(out), plain], shares=["repeat=1", "repeat=1"], batch_size=16, seed=2)
+    seen = collections.Counter()
+    for b in DataLoader(mix, batch_size=None, num_workers=workers):
+        fields = b["fields"]
+        for k, (s, i) in enumerate(_pairs(b)):
+            seen[s] += 1
+            if s == 0:
+                exp = want[names.path(i)]
+                assert bytes(fields["txt"][k]) == exp["txt"] or fields["txt"][k] == exp["txt"].decode()
+            else:
+                assert all(col[k] is None for col in fields.values())
+    assert seen == {0: 90, 1: 60}
