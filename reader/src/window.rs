@@ -597,7 +597,7 @@ impl Windows {
     /// of the epoch mapped).
     /// What reading the window of `ids` would ask of each layer, without reading it: each
     /// request's layer (where its source's bytes come from), its chunk and its length within
-    /// the chunk. For a bill before the run (`crate::bill`); files are let go after each
+    /// the chunk. For a bill before the run; files are let go after each
     /// window.
     pub(crate) fn predict(&mut self, ids: &[u64]) -> Result<Vec<(BytesFrom, u32, u64)>> {
         let (prep, reqs) = self.prepare(ids, &[])?;
