@@ -349,6 +349,14 @@ fn bad_mixtures_are_refused_with_a_reason() {
         &[w("read"), p[0], p[1], w("--locality"), w("0.5")],
         "not supported for mixtures yet",
     );
+    fails(
+        &[w("read"), p[0], p[1], w("--prices"), w("1,1")],
+        "the bill of a mixture",
+    );
+    fails(
+        &[w("plan"), p[0], p[1], w("--bill")],
+        "the bill of a mixture",
+    );
     let file = tmp.path().join("blend.txt");
     std::fs::write(
         &file,

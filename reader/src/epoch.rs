@@ -381,9 +381,7 @@ pub fn measure_epoch(
     world_size: u32,
     workers: u32,
 ) -> Result<EpochReport> {
-    use crate::procstat::{cpu_seconds, device_read_bytes, peak_rss_bytes};
-    let cpu0 = cpu_seconds();
-    let dev0 = device_read_bytes();
+    let start = Start::now();
     let peers = setup.stream.peers.as_ref();
     let events0 = peers.map(|p| p.stats());
     let snap0 = ds.snapshot_fetched();
@@ -391,57 +389,85 @@ pub fn measure_epoch(
     let snap = snap0
         .zip(ds.snapshot_fetched())
         .map(|(a, b)| (b.0 - a.0, b.1 - a.1));
-    let secs = t.elapsed_s.max(1e-9);
-    let h = &t.hits;
-    // Chunks from other nodes' tiers count as neither hits nor misses of this node's tier.
-    let ratio = |a: u64, b: u64, peer: u64| a as f64 / (a + b + peer).max(1) as f64;
     let tier = setup.stream.tier.is_some();
-    Ok(EpochReport {
-        epoch,
-        samples: t.samples,
-        bytes: t.bytes,
-        bytes_read: t.bytes_read,
-        elapsed_s: t.elapsed_s,
-        samples_per_s: t.samples as f64 / secs,
-        mb_per_s: t.bytes as f64 / 1e6 / secs,
-        cpu_s: cpu_seconds() - cpu0,
-        digest: format!("{:016x}", t.digest),
-        backend: t.backend.to_string(),
-        backend_fallback: t.backend_fallback.clone(),
-        device_read_bytes: match (dev0, device_read_bytes()) {
-            (Some(a), Some(b)) => Some(b.saturating_sub(a)),
-            _ => None,
-        },
-        opened: t.opened,
-        cache_sample_hit_ratio: tier.then(|| {
-            ratio(
-                h.samples_from_tier,
-                h.samples_from_origin,
-                h.samples_from_peers,
-            )
+    let h = t.hits;
+    let mut r = start.report(epoch, t, tier);
+    r.peers = match (peers, events0) {
+        (Some(p), Some(e0)) if tier => Some(PeerReport {
+            node: p.me(),
+            ownership: p.ownership().fingerprint(),
+            bytes_from_local_tier: h.bytes_from_tier,
+            bytes_from_peers: h.bytes_from_peers,
+            bytes_from_origin: h.bytes_from_origin,
+            events: p.stats() - e0,
+            down: p.down(),
         }),
-        cache_byte_hit_ratio: tier
-            .then(|| ratio(h.bytes_from_tier, h.bytes_from_origin, h.bytes_from_peers)),
-        cache_admissions_failed: tier.then_some(h.admissions_failed),
-        cache: tier.then_some(*h),
-        peak_buffer_bytes: t.peak_buffer_bytes,
-        peak_rss_bytes: peak_rss_bytes(),
-        peers: match (peers, events0) {
-            (Some(p), Some(e0)) if tier => Some(PeerReport {
-                node: p.me(),
-                ownership: p.ownership().fingerprint(),
-                bytes_from_local_tier: h.bytes_from_tier,
-                bytes_from_peers: h.bytes_from_peers,
-                bytes_from_origin: h.bytes_from_origin,
-                events: p.stats() - e0,
-                down: p.down(),
+        _ => None,
+    };
+    r.snapshot_gets = snap.map(|s| s.0);
+    r.snapshot_bytes_fetched = snap.map(|s| s.1);
+    Ok(r)
+}
+
+/// The process's counters when an epoch starts, to measure it by.
+pub(crate) struct Start {
+    cpu_s: f64,
+    device: Option<u64>,
+}
+
+impl Start {
+    pub(crate) fn now() -> Start {
+        Start {
+            cpu_s: crate::procstat::cpu_seconds(),
+            device: crate::procstat::device_read_bytes(),
+        }
+    }
+
+    /// The epoch that read `t` since, as `granary read` reports it: throughput, CPU time,
+    /// device bytes, the tier's hit ratios (`tier`: a tier was configured) and the process's
+    /// peak RSS (no peers or snapshot figures: the caller knows those).
+    pub(crate) fn report(&self, epoch: u64, t: EpochTotals, tier: bool) -> EpochReport {
+        use crate::procstat::{cpu_seconds, device_read_bytes, peak_rss_bytes};
+        let secs = t.elapsed_s.max(1e-9);
+        let h = t.hits;
+        // Chunks from other nodes' tiers count as neither hits nor misses of this node's tier.
+        let ratio = |a: u64, b: u64, peer: u64| a as f64 / (a + b + peer).max(1) as f64;
+        EpochReport {
+            epoch,
+            samples: t.samples,
+            bytes: t.bytes,
+            bytes_read: t.bytes_read,
+            elapsed_s: t.elapsed_s,
+            samples_per_s: t.samples as f64 / secs,
+            mb_per_s: t.bytes as f64 / 1e6 / secs,
+            cpu_s: cpu_seconds() - self.cpu_s,
+            digest: format!("{:016x}", t.digest),
+            backend: t.backend.to_string(),
+            backend_fallback: t.backend_fallback,
+            device_read_bytes: match (self.device, device_read_bytes()) {
+                (Some(a), Some(b)) => Some(b.saturating_sub(a)),
+                _ => None,
+            },
+            opened: t.opened,
+            cache_sample_hit_ratio: tier.then(|| {
+                ratio(
+                    h.samples_from_tier,
+                    h.samples_from_origin,
+                    h.samples_from_peers,
+                )
             }),
-            _ => None,
-        },
-        first_sample_s: t.first_sample_s,
-        snapshot_gets: snap.map(|s| s.0),
-        snapshot_bytes_fetched: snap.map(|s| s.1),
-        layers: t.layers,
-        waits: t.waits,
-    })
+            cache_byte_hit_ratio: tier
+                .then(|| ratio(h.bytes_from_tier, h.bytes_from_origin, h.bytes_from_peers)),
+            cache_admissions_failed: tier.then_some(h.admissions_failed),
+            cache: tier.then_some(h),
+            peak_buffer_bytes: t.peak_buffer_bytes,
+            peak_rss_bytes: peak_rss_bytes(),
+            peers: None,
+            first_sample_s: t.first_sample_s,
+            snapshot_gets: None,
+            snapshot_bytes_fetched: None,
+            layers: t.layers,
+            waits: t.waits,
+        }
+    }
 }

@@ -88,6 +88,10 @@ pub fn read(
     config: &granary::ReaderConfig,
     a: &super::read::Args,
 ) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        a.prices.is_none(),
+        "--prices: the bill of a mixture is not supported yet (bill each dataset on its own)"
+    );
     let reader = MixReader::open(Arc::new(mix), config)?;
     let least = reader.min_memory()?;
     if least > config.memory {
@@ -108,24 +112,8 @@ pub fn read(
         reader.begin_epoch();
         let r = granary::read_mix_epoch(&reader, epoch, p.rank, p.world_size, p.workers)
             .with_context(|| format!("reading epoch {epoch}"))?;
-        if let Some(path) = &a.metrics {
-            let text = super::prometheus_text(epoch, r.samples, r.elapsed_s, &r.waits, &r.layers);
-            super::write_atomically(path, &text)?;
-        }
+        super::read::report_epoch(a, &r.report, None)?;
         if !a.json {
-            println!(
-                "epoch {:>3}: {} samples, {:.1} MB in {:.2} s: {:.0} samples/s, {:.1} MB/s ({}; \
-                 memory: peak buffers {:.0} MB per reader); {}",
-                r.epoch,
-                r.samples,
-                r.bytes as f64 / 1e6,
-                r.elapsed_s,
-                r.samples_per_s,
-                r.mb_per_s,
-                r.backend,
-                r.peak_buffer_bytes as f64 / 1e6,
-                super::waits_text(&r.waits)
-            );
             for (i, s) in r.sources.iter().enumerate() {
                 println!(
                     "  source {i} {} ({}): {} samples ({:.2} %), {:.1} MB, digest {}",
@@ -152,6 +140,10 @@ pub fn plan(
     config: &granary::ReaderConfig,
     a: &super::plan::Args,
 ) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        !a.bill && a.prices.is_none(),
+        "--bill/--prices: the bill of a mixture is not supported yet (bill each dataset on its own)"
+    );
     let reader = MixReader::open(Arc::new(mix), config)?;
     let mix = reader.mixture().clone();
     let sources = reader.plan_sources()?;

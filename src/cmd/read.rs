@@ -340,14 +340,8 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
             .transpose()?;
         let r = granary::measure_epoch(&ds, &setup, epoch, p.rank, p.world_size, p.workers)
             .with_context(|| format!("reading epoch {epoch}"))?;
-        if let Some(path) = &a.metrics {
-            let text = super::prometheus_text(epoch, r.samples, r.elapsed_s, &r.waits, &r.layers);
-            super::write_atomically(path, &text)?;
-        }
         let bill = predicted.map(|b| (b.total, granary::bill::measured(&r.layers, prices)));
-        if !a.json {
-            print_epoch(&r, bill.as_ref());
-        }
+        report_epoch(&a, &r, bill.as_ref())?;
         if let Some((predicted, measured)) = bill {
             bills.push(serde_json::json!({"predicted": predicted, "measured": measured}));
         }
@@ -367,6 +361,23 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// What `read` does with an epoch's report (a dataset's or a mixture's): its metrics file, and
+/// its text unless `--json`.
+pub(super) fn report_epoch(
+    a: &Args,
+    r: &granary::EpochReport,
+    bill: Option<&(Vec<granary::bill::LayerBill>, Vec<granary::bill::LayerBill>)>,
+) -> anyhow::Result<()> {
+    if let Some(path) = &a.metrics {
+        let text = super::prometheus_text(r.epoch, r.samples, r.elapsed_s, &r.waits, &r.layers);
+        super::write_atomically(path, &text)?;
+    }
+    if !a.json {
+        print_epoch(r, bill);
+    }
+    Ok(())
 }
 
 /// One epoch's text report; with `bill`, the predicted and measured figures per layer.

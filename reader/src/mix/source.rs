@@ -12,6 +12,7 @@ use super::{epoch_counts, source_seed, Interleave, MixPlan, MixState, PlanSource
 use crate::config::{Reader, ReaderConfig, SamplingMode};
 use crate::epoch::{add_layers, LayerReading};
 use crate::error::{ReadError, Result};
+use crate::EpochReport;
 use crate::OpenCounts;
 use crate::{
     Dataset, DatasetShape, EpochStream, MeterReading, Sample, Shard, TierHits, WaitReport,
@@ -567,25 +568,13 @@ pub struct SourceTotals {
     pub digest: String,
 }
 
-/// What one rank's epoch of a mixture delivered, summed over its workers.
+/// What one rank's epoch of a mixture delivered, summed over its workers: what a dataset's
+/// epoch reports (`granary read`'s figures, over every source) and each source's part.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct MixReport {
-    pub epoch: u64,
-    pub samples: u64,
-    pub bytes: u64,
-    pub bytes_read: u64,
-    pub elapsed_s: f64,
-    pub samples_per_s: f64,
-    pub mb_per_s: f64,
-    pub backend: String,
-    /// The most bytes of read buffers one worker's streams held at once (all its sources').
-    pub peak_buffer_bytes: u64,
-    /// The process's peak resident set so far (`VmHWM`), when the kernel reports it.
-    pub peak_rss_bytes: Option<u64>,
+    #[serde(flatten)]
+    pub report: EpochReport,
     pub sources: Vec<SourceTotals>,
-    pub layers: Vec<LayerReading>,
-    /// How long the workers waited for samples, and on what (see [`crate::EpochReport`]).
-    pub waits: WaitReport,
 }
 
 /// Reads rank `rank`'s share of a mixture's epoch with `workers` loader workers (threads),
@@ -597,23 +586,16 @@ pub fn read_mix_epoch(
     world_size: u32,
     workers: u32,
 ) -> Result<MixReport> {
+    let start = crate::epoch::Start::now();
     let t = crate::epoch::read_shards(rank, world_size, workers, &|shard| {
         reader.stream(epoch, shard, None)
     })?;
     let mut per = t.per_source.clone();
     per.resize(reader.mix.len(), (0, 0, 0));
-    let secs = t.elapsed_s.max(1e-9);
+    let samples = t.samples;
+    let tier = reader.readers.iter().any(|r| r.tier().is_some());
     Ok(MixReport {
-        epoch,
-        samples: t.samples,
-        bytes: t.bytes,
-        bytes_read: t.bytes_read,
-        elapsed_s: t.elapsed_s,
-        samples_per_s: t.samples as f64 / secs,
-        mb_per_s: t.bytes as f64 / 1e6 / secs,
-        backend: t.backend.to_string(),
-        peak_buffer_bytes: t.peak_buffer_bytes,
-        peak_rss_bytes: crate::procstat::peak_rss_bytes(),
+        report: start.report(epoch, t, tier),
         sources: per
             .iter()
             .enumerate()
@@ -621,12 +603,10 @@ pub fn read_mix_epoch(
                 source: reader.mix.name(i).to_string(),
                 share: reader.mix.share(i).to_string(),
                 samples: p.0,
-                fraction: p.0 as f64 / t.samples.max(1) as f64,
+                fraction: p.0 as f64 / samples.max(1) as f64,
                 bytes: p.1,
                 digest: format!("{:016x}", p.2),
             })
             .collect(),
-        layers: t.layers,
-        waits: t.waits,
     })
 }
