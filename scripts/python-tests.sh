@@ -43,6 +43,19 @@ fi
 venvs="$PWD/target/py-venvs"
 totals=$(mktemp)
 trap 'rm -f "$totals"' EXIT
+# Runs a pytest command and counts its summary line under NAME.
+count_tests() { # name, command...
+  local name=$1 out rc
+  shift
+  out=$(mktemp)
+  set +e
+  "$@" 2>&1 | tee "$out"
+  rc=${PIPESTATUS[0]}
+  set -e
+  tail -n 1 "$out" | sed "s/^/$name: /" >> "$totals"
+  rm -f "$out"
+  [ "$rc" -eq 0 ] || status=1
+}
 run_suite() { # name, extra venv flags, venv directory, extra requirements file
   local dir="${3:-$venvs/$1}"
   [ -x "$dir/bin/python" ] || "$py" -m venv $2 "$dir"
@@ -52,23 +65,15 @@ run_suite() { # name, extra venv flags, venv directory, extra requirements file
   "$dir/bin/pip" install -q --disable-pip-version-check pytest
   env PATH="$no_rust_path" "$dir/bin/pip" install -q --disable-pip-version-check \
     --force-reinstall --no-deps --no-index --only-binary=:all: "$wheel"
-  local out
-  out=$(mktemp)
   # Run from the checkout root so that the installed package, not python/granary, is imported.
-  set +e
-  "$dir/bin/python" -m pytest -p no:cacheprovider -q -rs python/tests 2>&1 | tee "$out"
-  local rc=${PIPESTATUS[0]}
-  set -e
-  tail -n 1 "$out" | sed "s/^/$1: /" >> "$totals"
-  rm -f "$out"
-  return "$rc"
+  count_tests "$1" "$dir/bin/python" -m pytest -p no:cacheprovider -q -rs python/tests
 }
 status=0
-run_suite torch --system-site-packages || status=1
+run_suite torch --system-site-packages
 torch2="${XDG_CACHE_HOME:-$HOME/.cache}/granary/torch2"
-run_suite torch2 "" "$torch2" python/requirements-torch2.txt || status=1
+run_suite torch2 "" "$torch2" python/requirements-torch2.txt
 rm -rf "$venvs/plain"  # a fresh venv: nothing in it but the wheel and pytest
-run_suite plain "" || status=1
+run_suite plain ""
 # The example: a real training loop; fails if chunk-wise or importance sampling trail a global
 # shuffle by more than a point of test accuracy.
 if "$venvs/torch/bin/python" examples/train_digits.py --seeds 0,1,2; then
@@ -97,21 +102,20 @@ if ! command -v java >/dev/null 2>&1; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
     openjdk-17-jre-headless >/dev/null
 fi
-engines="${XDG_CACHE_HOME:-$HOME/.cache}/granary/engines"
-[ -x "$engines/bin/python" ] || "$py" -m venv "$engines"
-"$engines/bin/pip" install -q --disable-pip-version-check -r python/requirements-engines.txt
-env PATH="$no_rust_path" "$engines/bin/pip" install -q --disable-pip-version-check \
-  --force-reinstall --no-deps --no-index --only-binary=:all: "$wheel"
-out=$(mktemp)
-set +e
-unshare -n sh -c 'ip link set lo up && exec "$@"' sh env GRANARY_REQUIRE_ENGINES=1 \
-  RAY_USAGE_STATS_ENABLED=0 "$engines/bin/python" -m pytest -p no:cacheprovider -q -rs \
-  python/tests/test_engines.py 2>&1 | tee "$out"
-rc=${PIPESTATUS[0]}
-set -e
-tail -n 1 "$out" | sed "s/^/engines: /" >> "$totals"
-rm -f "$out"
-[ "$rc" -eq 0 ] || status=1
+# A venv of its own outside the clone (under ${XDG_CACHE_HOME:-~/.cache}/granary/NAME) with a
+# requirements file and the wheel, installed as in run_suite; prints its directory.
+own_venv() { # name, requirements file
+  local dir="${XDG_CACHE_HOME:-$HOME/.cache}/granary/$1"
+  [ -x "$dir/bin/python" ] || "$py" -m venv "$dir" >&2
+  "$dir/bin/pip" install -q --disable-pip-version-check -r "$2" >&2
+  env PATH="$no_rust_path" "$dir/bin/pip" install -q --disable-pip-version-check \
+    --force-reinstall --no-deps --no-index --only-binary=:all: "$wheel" >&2
+  printf '%s' "$dir"
+}
+engines=$(own_venv engines python/requirements-engines.txt)
+count_tests engines unshare -n sh -c 'ip link set lo up && exec "$@"' sh env \
+  GRANARY_REQUIRE_ENGINES=1 RAY_USAGE_STATS_ENABLED=0 "$engines/bin/python" -m pytest \
+  -p no:cacheprovider -q -rs python/tests/test_engines.py
 for ex in parquet_captions webdataset_shards; do
   if unshare -n sh -c 'ip link set lo up && exec "$@"' sh "$engines/bin/python" "examples/$ex.py"; then
     echo "example: 1 passed" >> "$totals"
@@ -122,20 +126,9 @@ for ex in parquet_captions webdataset_shards; do
 done
 # Grain and CPU JAX (granary.grain.DataSource) in a venv of their own outside the clone
 # (python/requirements-grain.txt, ~0.5 GB, under a minute to install once per machine).
-grainvenv="${XDG_CACHE_HOME:-$HOME/.cache}/granary/grain"
-[ -x "$grainvenv/bin/python" ] || "$py" -m venv "$grainvenv"
-"$grainvenv/bin/pip" install -q --disable-pip-version-check -r python/requirements-grain.txt
-env PATH="$no_rust_path" "$grainvenv/bin/pip" install -q --disable-pip-version-check \
-  --force-reinstall --no-deps --no-index --only-binary=:all: "$wheel"
-out=$(mktemp)
-set +e
-env GRANARY_REQUIRE_GRAIN=1 "$grainvenv/bin/python" -m pytest -p no:cacheprovider -q -rs \
-  python/tests/test_grain.py 2>&1 | tee "$out"
-rc=${PIPESTATUS[0]}
-set -e
-tail -n 1 "$out" | sed "s/^/grain: /" >> "$totals"
-rm -f "$out"
-[ "$rc" -eq 0 ] || status=1
+grainvenv=$(own_venv grain python/requirements-grain.txt)
+count_tests grain env GRANARY_REQUIRE_GRAIN=1 "$grainvenv/bin/python" -m pytest \
+  -p no:cacheprovider -q -rs python/tests/test_grain.py
 awk '{ for (i = 2; i <= NF; i++) { if ($(i) ~ /^passed/) p += $(i-1); if ($(i) ~ /^failed/) f += $(i-1);
        if ($(i) ~ /^skipped/) s += $(i-1); if ($(i) ~ /^error/) f += $(i-1) } }
      END { printf "python tests: %d passed, %d failed, %d skipped\n", p, f, s }' "$totals"
