@@ -24,16 +24,7 @@ MEMORY=${MEMORY:-128MiB 384MiB}
 CHUNK=${CHUNK:-}
 WORK=${WORK:-bench-out/mixture}
 REPORT=${REPORT:-bench/reports/mixture}
-mkdir -p "$WORK" "$REPORT"
-WORK=$(cd "$WORK" && pwd)
-cargo build -q --release --bin granary
-G=$WORK/granary
-cp target/release/granary "$G"
-drop() {
-    sync
-    if [ -w /proc/sys/vm/drop_caches ]; then echo 3 > /proc/sys/vm/drop_caches
-    else echo "warning: cannot drop the page cache (not root): runs are warm" >&2; fi
-}
+. bench/common.sh
 names=(web books code)
 counts=($((FILES * 5 / 10)) $((FILES * 3 / 10)) $((FILES - FILES * 5 / 10 - FILES * 3 / 10)))
 sfx=${CHUNK:+-$CHUNK}

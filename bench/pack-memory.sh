@@ -18,17 +18,7 @@ WORK=${WORK:-bench-out/pack-memory}
 REPORT=${REPORT:-bench/reports/pack-memory}
 COUNTS=${COUNTS:-1000000 10000000}
 SIZE=${SIZE:-48}
-mkdir -p "$WORK" "$REPORT"
-WORK=$(cd "$WORK" && pwd)
-cargo build -q --release --bin granary
-# A copy: rebuilding the tree's binary during a long run must not change the one measured.
-G=$WORK/granary
-cp target/release/granary "$G"
-
-drop() {
-    sync
-    if [ -w /proc/sys/vm/drop_caches ]; then echo 3 > /proc/sys/vm/drop_caches; else echo "warning: cannot drop the page cache (not root): runs are warm" >&2; fi
-}
+. bench/common.sh
 
 TREES=$WORK/trees
 MOUNTED=

@@ -19,16 +19,7 @@ FILES=${FILES:-4000}
 REPEAT=${REPEAT:-3}
 WORK=${WORK:-bench-out/views}
 REPORT=${REPORT:-bench/reports/views}
-mkdir -p "$WORK" "$REPORT"
-WORK=$(cd "$WORK" && pwd)
-cargo build -q --release --bin granary
-G=$WORK/granary
-cp target/release/granary "$G"
-drop() {
-    sync
-    if [ -w /proc/sys/vm/drop_caches ]; then echo 3 > /proc/sys/vm/drop_caches
-    else echo "warning: cannot drop the page cache (not root): runs are warm" >&2; fi
-}
+. bench/common.sh
 src=$WORK/src
 ds=$WORK/ds
 if [ ! -d "$ds" ]; then

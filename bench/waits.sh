@@ -26,12 +26,8 @@ RATE=${RATE:-40}
 WORK=${WORK:-bench-out/waits}
 REPORT=${REPORT:-bench/reports/waits}
 PY=${PY:-${XDG_CACHE_HOME:-$HOME/.cache}/granary/torch2/bin/python}
-mkdir -p "$WORK" "$REPORT"
-WORK=$(cd "$WORK" && pwd)
 [ "$(id -u)" = 0 ] || { echo "bench/waits.sh needs root (loop mounts, blkio cgroups)" >&2; exit 1; }
-cargo build -q --release --bin granary
-G=$WORK/granary
-cp target/release/granary "$G"
+. bench/common.sh
 wheel=$(bash scripts/build-wheel.sh)
 "$PY" -m pip install -q --force-reinstall --no-deps "$wheel"
 cg=/sys/fs/cgroup/blkio/granary-bench-waits
@@ -61,7 +57,6 @@ if [ ! -d "$ds" ]; then
     rm -rf "$WORK/src"
 fi
 mkdir -p "$cg"
-drop() { sync; echo 3 > /proc/sys/vm/drop_caches; }
 limit() { # device or "none"
     for d in "$(dev "$WORK/origin")" "$(dev "$WORK/tier")"; do
         echo "$d 0" > "$cg/blkio.throttle.read_bps_device" 2>/dev/null || true
