@@ -49,6 +49,21 @@ pub struct WaitReport {
     pub other_s: f64,
 }
 
+impl WaitReport {
+    /// The parts of `waited_s`, named as reports name them (`tier`, `peers`, `origin`,
+    /// `check`, `plan`, `other`): they add up to it.
+    pub fn parts(&self) -> [(&'static str, f64); 6] {
+        [
+            ("tier", self.tier_s),
+            ("peers", self.peers_s),
+            ("origin", self.origin_s),
+            ("check", self.check_s),
+            ("plan", self.plan_s),
+            ("other", self.other_s),
+        ]
+    }
+}
+
 impl std::ops::AddAssign for WaitReport {
     fn add_assign(&mut self, o: WaitReport) {
         self.waited_s += o.waited_s;
@@ -252,7 +267,7 @@ mod tests {
         assert!(close(r.tier_s, 0.010) && close(r.origin_s, 0.015), "{r:?}");
         assert!(close(r.check_s, 0.020) && close(r.plan_s, 0.005), "{r:?}");
         assert!(close(r.other_s, 0.020), "{r:?}");
-        let parts = r.tier_s + r.peers_s + r.origin_s + r.check_s + r.plan_s + r.other_s;
+        let parts: f64 = r.parts().iter().map(|p| p.1).sum();
         assert!(close(parts, r.waited_s));
         // Phases that ended before the wait did are gone; the one after stays.
         assert_eq!(tl.inner.lock().unwrap().phases.len(), 1);

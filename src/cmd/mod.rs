@@ -83,18 +83,12 @@ pub fn print_json(v: &impl serde::Serialize) -> anyhow::Result<()> {
 /// What a reader's consumer waited on, for `read`'s text output: "waited 1.20 s (origin 0.90,
 /// check 0.20, other 0.10)", the parts above a millisecond.
 pub fn waits_text(w: &granary::WaitReport) -> String {
-    let parts: Vec<String> = [
-        ("tier", w.tier_s),
-        ("peers", w.peers_s),
-        ("origin", w.origin_s),
-        ("check", w.check_s),
-        ("plan", w.plan_s),
-        ("other", w.other_s),
-    ]
-    .iter()
-    .filter(|(_, v)| *v >= 0.0005)
-    .map(|(k, v)| format!("{k} {v:.3}"))
-    .collect();
+    let parts: Vec<String> = w
+        .parts()
+        .iter()
+        .filter(|(_, v)| *v >= 0.0005)
+        .map(|(k, v)| format!("{k} {v:.3}"))
+        .collect();
     format!("waited {:.3} s ({})", w.waited_s, parts.join(", "))
 }
 
@@ -107,40 +101,59 @@ pub fn prometheus_text(
     w: &granary::WaitReport,
     layers: &[granary::LayerReading],
 ) -> String {
+    // One gauge family: its help line, type line and samples (labels, value).
+    fn family(t: &mut String, name: &str, help: &str, rows: &[(String, String)]) {
+        t.push_str(&format!("# HELP {name} {help}\n# TYPE {name} gauge\n"));
+        for (labels, value) in rows {
+            t.push_str(&format!("{name}{labels} {value}\n"));
+        }
+    }
+    let by_layer = |v: &dyn Fn(&granary::MeterReading) -> String| -> Vec<(String, String)> {
+        layers
+            .iter()
+            .map(|l| (format!("{{layer=\"{}\"}}", l.layer), v(&l.reading)))
+            .collect()
+    };
     let mut t = String::new();
-    t.push_str(
-        "# HELP granary_wait_seconds Seconds the readers' consumers waited for samples in the \
-         last epoch, by what the reader was doing.\n# TYPE granary_wait_seconds gauge\n",
+    let waits: Vec<(String, String)> = w
+        .parts()
+        .iter()
+        .map(|(part, v)| (format!("{{part=\"{part}\"}}"), format!("{v:.6}")))
+        .collect();
+    family(
+        &mut t,
+        "granary_wait_seconds",
+        "Seconds the readers' consumers waited for samples in the last epoch, by what the \
+         reader was doing.",
+        &waits,
     );
-    for (part, v) in [
-        ("tier", w.tier_s),
-        ("peers", w.peers_s),
-        ("origin", w.origin_s),
-        ("check", w.check_s),
-        ("plan", w.plan_s),
-        ("other", w.other_s),
+    family(
+        &mut t,
+        "granary_layer_bytes",
+        "Bytes each layer of the store stack served in the last epoch.",
+        &by_layer(&|m| m.bytes.to_string()),
+    );
+    family(
+        &mut t,
+        "granary_layer_read_wait_seconds",
+        "Seconds reads waited in each layer in the last epoch (summed over reads in flight).",
+        &by_layer(&|m| format!("{:.6}", m.wait_s)),
+    );
+    for (name, help, value) in [
+        ("granary_epoch", "The last epoch read.", epoch.to_string()),
+        (
+            "granary_samples",
+            "Samples the last epoch delivered.",
+            samples.to_string(),
+        ),
+        (
+            "granary_epoch_seconds",
+            "Seconds the last epoch took.",
+            format!("{elapsed_s:.6}"),
+        ),
     ] {
-        t.push_str(&format!("granary_wait_seconds{{part=\"{part}\"}} {v:.6}\n"));
+        family(&mut t, name, help, &[(String::new(), value)]);
     }
-    t.push_str("# HELP granary_layer_bytes Bytes each layer of the store stack served in the last epoch.\n# TYPE granary_layer_bytes gauge\n");
-    for l in layers {
-        t.push_str(&format!(
-            "granary_layer_bytes{{layer=\"{}\"}} {}\n",
-            l.layer, l.reading.bytes
-        ));
-    }
-    t.push_str("# HELP granary_layer_read_wait_seconds Seconds reads waited in each layer in the last epoch (summed over reads in flight).\n# TYPE granary_layer_read_wait_seconds gauge\n");
-    for l in layers {
-        t.push_str(&format!(
-            "granary_layer_read_wait_seconds{{layer=\"{}\"}} {:.6}\n",
-            l.layer, l.reading.wait_s
-        ));
-    }
-    t.push_str(&format!(
-        "# HELP granary_epoch The last epoch read.\n# TYPE granary_epoch gauge\ngranary_epoch {epoch}\n\
-         # HELP granary_samples Samples the last epoch delivered.\n# TYPE granary_samples gauge\ngranary_samples {samples}\n\
-         # HELP granary_epoch_seconds Seconds the last epoch took.\n# TYPE granary_epoch_seconds gauge\ngranary_epoch_seconds {elapsed_s:.6}\n"
-    ));
     t
 }
 
