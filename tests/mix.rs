@@ -183,6 +183,13 @@ fn a_mixture_reads_each_sources_share_with_its_bytes_and_digest() {
     assert_eq!(per_source(0), (450, 450), "half of web, each sample once");
     assert_eq!(per_source(1), (360, 720), "books twice");
     assert_eq!(per_source(2), (100, 100), "100 of code");
+    // Each source reads with the budget it has alone (its window is the one it gets alone),
+    // the shard's streams sharing a pool of that budget per source.
+    assert_eq!(r.memory(), 3 * (8 << 20));
+    for (i, s) in r.plan_sources().unwrap().iter().enumerate() {
+        let alone = Dataset::open(&paths[i]).unwrap().window_for_memory(8 << 20);
+        assert_eq!(s.options.window_chunks, alone.unwrap(), "source {i}");
+    }
     // The plan shows each source's share per epoch and per rank.
     let mut a = vec!["plan".as_ref(), p[0], p[1], p[2]];
     a.extend(["--weights", "5,3,2", "--world-size", "3", "--json"].map(std::ffi::OsStr::new));

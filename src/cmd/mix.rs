@@ -93,19 +93,6 @@ pub fn read(
         "--prices: the bill of a mixture is not supported yet (bill each dataset on its own)"
     );
     let reader = MixReader::open(Arc::new(mix), config)?;
-    let least = reader.min_memory()?;
-    if least > config.memory {
-        eprintln!(
-            "granary: warning: a mixture keeps up to three windows of at least a chunk per \
-             source in memory ({} for these {} sources), more than --memory {}: the budget may \
-             be exceeded and little is read ahead (cold epochs slow down); give --memory {} or \
-             more",
-            super::human_bytes(least),
-            reader.mixture().len(),
-            super::human_bytes(config.memory),
-            super::human_bytes(least)
-        );
-    }
     let p = &a.plan;
     let mut reports = Vec::new();
     for epoch in a.first_epoch..a.first_epoch + a.epochs {

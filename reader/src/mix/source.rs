@@ -245,10 +245,16 @@ impl Mixture {
 
 /// A reader configuration opened for every source of a mixture. Each source gets its own
 /// plan seed (derived from the seed), its own tier and peers as a dataset read alone would,
-/// and a share of the tier's quota and of the memory budget (half split evenly, half by epoch
-/// counts), from which its window follows. Its read-ahead is not cut to that share: a
-/// shard's streams share one pool of read buffers of the whole budget, so that whichever
+/// a share of the tier's quota (half split evenly, half by epoch counts), and the memory
+/// budget a dataset read alone gets: its window is the one `memory` gives it alone, and a
+/// shard's streams share one pool of read buffers of `memory` per source, so that whichever
 /// source the consumer is about to need can read ahead.
+///
+/// Why per source: a stream holds up to three windows of at least a chunk (consumed, decoded,
+/// being read), so k sources need 3k chunks whatever the budget; split from one dataset's
+/// budget they exceeded it and read little ahead (cold: 0.75–0.83× one dataset of the same
+/// files at 128 MiB, 0.91× at 291 MiB, 0.98× at 384 MiB, three sources of 32 MiB chunks;
+/// 0.78× / 0.87× / 0.94× with 8 MiB chunks at 128 / 256 / 384 MiB: docs/reading.md).
 pub struct MixReader {
     mix: Arc<Mixture>,
     readers: Vec<Reader>,
@@ -279,7 +285,6 @@ impl MixReader {
                 let part = (mix.count(i) as f64 / total as f64 + 1.0 / n) / 2.0;
                 let mut c = config.clone();
                 c.plan.seed = source_seed(config.plan.seed, i);
-                c.memory = ((config.memory as f64 * part) as u64).max(1);
                 if let Some(t) = &mut c.tier {
                     t.quota = ((t.quota as f64 * part) as u64).max(1);
                 }
@@ -287,9 +292,9 @@ impl MixReader {
             })
             .collect::<Result<Vec<_>>>()?;
         Ok(MixReader {
+            memory: config.memory.saturating_mul(readers.len().max(1) as u64),
             mix,
             readers,
-            memory: config.memory,
         })
     }
 
@@ -298,14 +303,10 @@ impl MixReader {
         &self.mix
     }
 
-    /// The read buffers a shard's streams may hold whatever the budget: up to three windows
-    /// of at least one chunk per source (the one consumed, one decoded and waiting, one being
-    /// read), at each source's mean chunk size. A budget below it may be exceeded and leaves
-    /// little to read ahead with (cold epochs slow down).
-    pub fn min_memory(&self) -> Result<u64> {
-        (0..self.mix.len())
-            .map(|i| Ok(3 * mean_chunk_charge(self.mix.dataset(i))?))
-            .sum()
+    /// The read-buffer budget of a shard's streams together: the reader's `memory` per
+    /// source.
+    pub fn memory(&self) -> u64 {
+        self.memory
     }
 
     /// Source `i`'s reader.
@@ -414,12 +415,6 @@ impl MixReader {
             sources: self.plan_sources()?.into_iter().map(|s| s.mark).collect(),
         })
     }
-}
-
-/// The read-buffer bytes a chunk of `ds` of the mean size takes.
-fn mean_chunk_charge(ds: &Dataset) -> Result<u64> {
-    let mean = ds.total_chunk_bytes()? / ds.chunk_count().max(1);
-    Ok(BufPool::charge(mean as usize + 2 * granary_store::buf::ALIGN) as u64)
 }
 
 /// One shard's epoch of a mixture: its sources' streams, read in the plan's interleave. Each
