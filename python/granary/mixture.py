@@ -17,10 +17,11 @@ class Mixture(IterableDataset):
 
     Every item carries ``"source"``, the index of the source it came from (per sample, or a
     tensor per batch), and ``"id"``, the sample's id in that source. Each source is read
-    chunk-wise in windows of its own, with its own share of ``memory`` and of the tier's
-    ``cache_size`` (half split evenly, half by epoch counts); the sources' samples are
-    interleaved evenly, so any part of an epoch holds every source in its share. Every rank
-    gets the same number of samples of every source.
+    chunk-wise in windows of its own, with ``memory`` of read buffers (per source: a worker
+    holds up to that many times the sources) and a share of the tier's ``cache_size`` (half
+    split evenly, half by epoch counts); the sources read ahead in the order the epoch needs
+    them. The sources' samples are interleaved evenly, so any part of an epoch holds every
+    source in its share. Every rank gets the same number of samples of every source.
 
     ``state_dict()`` / ``load_state_dict()`` resume an epoch exactly, also under another world
     size or worker count (what is left of each source is redistributed; as for one dataset,

@@ -52,6 +52,7 @@ mod pathfmt;
 pub mod plan;
 pub mod procstat;
 mod random;
+mod readahead;
 mod runs;
 mod stream;
 mod tier;
@@ -96,6 +97,7 @@ pub use plan::{
     KeyedPermutation, PlanOptions, Sampling, Shard, ShuffleMode, ShuffleQuality,
 };
 pub use random::SampleReader;
+pub use readahead::{ReadAheadSeat, SharedReadAhead};
 pub use stream::{EpochStream, Sample, StreamOptions};
 pub use tier::TierHits;
 pub use verify::{verify, verify_with, Problem, VerifyReport};

@@ -70,11 +70,11 @@ pub struct StreamOptions {
     /// lacks is asked of the node that owns it before origin storage, and the local tier admits
     /// only the chunk copies this node owns.
     pub peers: Option<Arc<crate::Peers>>,
-    /// Read buffers shared with other streams of one consumer (a mixture's sources, read in
-    /// turn): their read-ahead shares the pool's budget ([`BufPool::cap`]) instead of each
-    /// holding a part of it; `memory` then only sized the windows. `None`: a pool of its own
-    /// of `memory` bytes.
-    pub shared_pool: Option<Arc<BufPool>>,
+    /// Read-ahead shared with other streams of one consumer (a mixture's sources, read in
+    /// turn): their pool of read buffers, whose budget ([`BufPool::cap`]) they share instead
+    /// of each holding `memory` (which then only sizes the windows), and their order of reads
+    /// ahead (see [`crate::SharedReadAhead`]). `None`: a pool of its own of `memory` bytes.
+    pub shared: Option<crate::ReadAheadSeat>,
     /// Test hook: panic in this thread after its first window.
     #[cfg(test)]
     pub(crate) panic_in: Option<&'static str>,
@@ -93,7 +93,7 @@ impl Default for StreamOptions {
             scores: None,
             range_gap: 64 << 10,
             peers: None,
-            shared_pool: None,
+            shared: None,
             #[cfg(test)]
             panic_in: None,
         }
@@ -265,8 +265,8 @@ impl EpochStream {
         } else {
             opts.queue_depth
         };
-        let (pool, budget) = match &opts.shared_pool {
-            Some(p) => (p.clone(), p.cap()),
+        let (pool, budget) = match &opts.shared {
+            Some(seat) => (seat.pool().clone(), seat.pool().cap()),
             None => {
                 let budget = opts.memory.max(1) as usize;
                 (BufPool::new(budget), budget)
@@ -287,6 +287,7 @@ impl EpochStream {
             engine,
             pool: pool.clone(),
             budget,
+            seat: opts.shared.clone(),
             populate: mode != ShuffleMode::Global,
             global: mode == ShuffleMode::Global,
             bytes_read: bytes_read.clone(),
@@ -494,6 +495,8 @@ struct IoThread {
     engine: Engine,
     pool: Arc<BufPool>,
     budget: usize,
+    /// Its place in read-ahead shared with other streams (a mixture's sources).
+    seat: Option<crate::ReadAheadSeat>,
     /// Populate the mapped ranges of a window before checking it (chunk-wise reads).
     populate: bool,
     /// Global plans: chunks stay open across windows (records of any chunk come any time).
@@ -506,6 +509,8 @@ struct IoThread {
 
 impl IoThread {
     fn run(mut self, plan: EpochPlan) {
+        // However the thread ends, nothing of it waits to read ahead any more.
+        let _leaving = self.seat.clone().map(crate::readahead::Leaving);
         let decode_pool = match decode_pool() {
             Ok(p) => p,
             Err(e) => {
@@ -516,8 +521,8 @@ impl IoThread {
         // Windows whose reads are in flight (both engines read in the background while this
         // thread decodes or waits for the consumer), and the next window, prepared, waiting
         // for room in the budget.
-        let mut pending: VecDeque<(Prepared, Pending)> = VecDeque::new();
-        let mut next: Option<(Prepared, Vec<Request>)> = None;
+        let mut pending: VecDeque<InFlightWindow> = VecDeque::new();
+        let mut next: Option<WaitingWindow> = None;
         let mut windows = plan.windows.iter();
         let mut failure = None;
         loop {
@@ -538,7 +543,7 @@ impl IoThread {
                         self.timeline.record(t, Phase::Plan(shares));
                     }
                     match prepared {
-                        Ok(p) => next = Some(p),
+                        Ok((prep, reqs)) => next = Some((prep, reqs, w.range.start as u64)),
                         Err(e) => {
                             failure = Some(e);
                             break;
@@ -550,7 +555,7 @@ impl IoThread {
                     break;
                 }
             }
-            let Some((prep, t)) = pending.pop_front() else {
+            let Some((prep, t, counted)) = pending.pop_front() else {
                 break;
             };
             // A prepared window waits for room: submit it as soon as the consumer frees
@@ -563,6 +568,7 @@ impl IoThread {
             } else {
                 self.engine.wait(t).map_err(ReadError::from)
             };
+            drop(counted);
             let done = self.windows.complete(&prep, read);
             if let Some(before) = before {
                 let shares = read_shares(&before, &self.windows.stack.layers());
@@ -597,6 +603,11 @@ impl IoThread {
                 decode_pool.install(|| panic!("injected into decoding"));
             }
             let stop = samples.iter().any(|x| x.is_err());
+            // Waiting for the consumer, this stream submits nothing: a window of it waiting to
+            // read ahead must not hold the other streams' back meanwhile.
+            if let Some(seat) = &self.seat {
+                seat.step_aside();
+            }
             // The consumer takes this window when it has finished the previous one; meanwhile
             // the reads queued above go on.
             if self.tx.send(Msg::Window(samples)).is_err() || stop {
@@ -611,7 +622,7 @@ impl IoThread {
         }
         // Complete what is still in flight before the buffers go (the engines' Drop also
         // waits), then report a failure after every sample before it.
-        for (_, t) in pending {
+        for (_, t, _) in pending {
             let _ = self.engine.wait(t);
         }
         if let Some(e) = failure {
@@ -625,25 +636,39 @@ impl IoThread {
 
 impl IoThread {
     /// Submits the prepared window `next` if the budget has room for it with `ahead` windows
-    /// in flight (`force`: in any case), queuing it on `pending`; true if it did.
+    /// in flight, and reads shared with other streams let it read ahead now (`force`: in any
+    /// case), queuing it on `pending`; true if it did.
     fn submit_if_room(
         &mut self,
         ahead: usize,
         force: bool,
-        pending: &mut VecDeque<(Prepared, Pending)>,
-        next: &mut Option<(Prepared, Vec<Request>)>,
+        pending: &mut VecDeque<InFlightWindow>,
+        next: &mut Option<WaitingWindow>,
     ) -> bool {
-        let Some((_, reqs)) = next.as_ref() else {
+        let Some((_, reqs, first)) = next.as_ref() else {
             return false;
         };
-        let fits =
-            ahead < MAX_WINDOWS_AHEAD && self.pool.in_use() + buffer_bytes(reqs) <= self.budget;
-        if !fits && !force {
-            return false;
-        }
-        let (prep, reqs) = next.take().expect("checked above");
+        let bytes = buffer_bytes(reqs);
+        let fits = ahead < MAX_WINDOWS_AHEAD && self.pool.in_use() + bytes <= self.budget;
+        // What the shared read-ahead orders is reads; ranges of maps of resident files (a
+        // warm epoch) read nothing and go as the budget allows.
+        let reads: usize = reqs
+            .iter()
+            .filter(|r| r.map().is_none())
+            .map(|r| r.len)
+            .sum();
+        let counted = match &self.seat {
+            Some(seat) if reads > 0 && force => Some(seat.read_now(reads)),
+            Some(seat) if reads > 0 && fits => match seat.try_read_ahead(*first, reads) {
+                Some(c) => Some(c),
+                None => return false,
+            },
+            _ if fits || force => None,
+            _ => return false,
+        };
+        let (prep, reqs, _) = next.take().expect("checked above");
         let t = self.engine.submit(reqs);
-        pending.push_back((prep, t));
+        pending.push_back((prep, t, counted));
         true
     }
 
@@ -652,8 +677,8 @@ impl IoThread {
     fn wait_submitting(
         &mut self,
         mut t: Pending,
-        pending: &mut VecDeque<(Prepared, Pending)>,
-        next: &mut Option<(Prepared, Vec<Request>)>,
+        pending: &mut VecDeque<InFlightWindow>,
+        next: &mut Option<WaitingWindow>,
     ) -> Result<Vec<Completed>> {
         loop {
             // `t` is in flight too.
@@ -667,6 +692,14 @@ impl IoThread {
         }
     }
 }
+
+/// A window whose reads are in flight, counted in the read-ahead shared with other streams
+/// (if any) until it completes.
+type InFlightWindow = (Prepared, Pending, Option<crate::readahead::InFlight>);
+
+/// The next window, prepared, waiting for room: its reads and its first sample's index in
+/// the plan.
+type WaitingWindow = (Prepared, Vec<Request>, u64);
 
 /// Reads in flight, at least, for a view read mostly in ranges (see [`EpochStream::new`]). On
 /// the 10 % class view, cold: pread 8 in flight 0.061–0.071 s, 16 and 32 0.089–0.113 s;

@@ -21,7 +21,8 @@ pub struct PlanArgs {
     pub window: Option<usize>,
     /// Read-buffer budget of one reader (per worker; RSS is this plus ~20 MB): the window is
     /// budget / (3 x mean chunk size), since three windows are in memory (consumed, decoded,
-    /// read); what is left reads further ahead.
+    /// read); what is left reads further ahead. A mixture reads each of its sources with this
+    /// budget (its streams share a pool of it per source).
     #[arg(long, default_value = "128MiB", value_parser = super::pack::parse_size)]
     pub memory: u64,
     /// This process's distributed rank.

@@ -250,6 +250,12 @@ impl Interleave {
         it.next
     }
 
+    /// Where source `i` stands: (its samples delivered, its count). Its next sample is needed
+    /// at (2 delivered + 1) / (2 count) of the order.
+    pub fn position(&self, i: usize) -> (u64, u64) {
+        (self.next[i], self.counts[i])
+    }
+
     /// Samples left to deliver.
     pub fn remaining(&self) -> u64 {
         self.counts.iter().zip(&self.next).map(|(c, n)| c - n).sum()

@@ -19,6 +19,8 @@ use crate::{
 };
 use granary_store::buf::BufPool;
 
+use crate::{ReadAheadSeat, SharedReadAhead};
+
 /// A stream of samples with the reader's counters: one dataset's ([`EpochStream`]) or a
 /// mixture's ([`MixStream`]). What front ends hold.
 pub trait SampleStream: Iterator<Item = Result<Sample>> + Send {
@@ -384,13 +386,19 @@ impl MixReader {
         let plan = self.plan_with(&setups, epoch, shard, resume)?;
         let len = plan.len();
         let pool = BufPool::new(self.memory.max(1) as usize);
+        // Reads ahead in the order the interleave needs them, as many in flight as one
+        // source's budget (what one dataset read alone has).
+        let n = self.readers.len().max(1);
+        let shared = SharedReadAhead::new(n, pool.clone(), self.memory as usize / n);
         let streams = plan
             .parts
             .into_iter()
             .zip(&self.readers)
             .zip(setups)
-            .map(|((p, r), mut setup)| {
-                setup.stream.shared_pool = Some(pool.clone());
+            .enumerate()
+            .map(|(i, ((p, r), mut setup))| {
+                let (first, count) = plan.order.position(i);
+                setup.stream.shared = Some(ReadAheadSeat::new(shared.clone(), i, first, count));
                 EpochStream::new(r.dataset().clone(), p, setup.plan.mode, &setup.stream)
             })
             .collect::<Result<Vec<_>>>()?;
