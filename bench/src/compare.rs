@@ -103,6 +103,20 @@ pub struct SideEpoch {
     pub peak_rss_bytes: Option<u64>,
     /// Peak memory of its cgroup, page cache included (limited state).
     pub cgroup_peak_bytes: Option<u64>,
+    /// Warm state: the share of the side's files' pages the page cache held right before the
+    /// epoch (`mincore`; this machine pages out what sat idle, so it is checked, and the
+    /// files read again when short of 1).
+    #[serde(default)]
+    pub resident: Option<f64>,
+    /// Warm state, granary side: one CRC-32 pass over the same resident chunk files, measured
+    /// right before the epoch (MB/s): what checking every byte costs at least, each file
+    /// mapped for the pass (as a reader's first epoch in a process maps it) ...
+    #[serde(default)]
+    pub ceiling_mb_per_s: Option<f64>,
+    /// ... and over maps made and filled before the pass (as later epochs of one process
+    /// find them kept): the checksum alone.
+    #[serde(default)]
+    pub ceiling_kept_mb_per_s: Option<f64>,
     pub digest: String,
     /// Per-sample wait times in microseconds, sorted (for the latency plot; not in the
     /// report's JSON).
@@ -130,35 +144,54 @@ pub struct CompareResult {
     pub startup_ratio: f64,
     pub metadata_ratio: f64,
     pub digests_match: bool,
-    /// Warm state: the memory ceiling, one CRC-32 pass over the resident chunk files (MB/s).
+    /// Warm state: the memory ceiling, one CRC-32 pass over the resident chunk files (MB/s),
+    /// the median of the passes measured before each warm granary epoch.
     pub crc_ceiling_mb_per_s: Option<f64>,
 }
 
 /// One CRC-32 pass over the chunk files of `packed` (resident: read just before) with `k`
-/// threads, each file mapped, populated and checksummed whole, files shared round-robin: what
-/// checking every byte of a warm epoch costs at least, without a plan, a shuffle or a copy.
-/// The best of three passes (MB/s).
-pub fn crc_ceiling(packed: &Path, k: u32) -> Result<f64, String> {
+/// threads, files shared round-robin: what checking every byte of a warm epoch costs at
+/// least, without a plan, a shuffle or a copy. Returns (each file mapped, populated and
+/// checksummed in the pass; the files mapped and populated before, checksummed in the pass),
+/// the best of three passes each (MB/s).
+pub fn crc_ceiling(packed: &Path, k: u32) -> Result<(f64, f64), String> {
     let ds = Dataset::open(packed).map_err(|e| e.to_string())?;
     let files: Vec<PathBuf> = (0..ds.chunk_count() as u32)
         .map(|c| ds.chunk_path(c))
         .collect();
-    let pass = || -> Result<f64, String> {
+    let map = |p: &Path| -> Result<granary::file::Mapped, String> {
+        let f = std::fs::File::open(p).map_err(|e| format!("{}: {e}", p.display()))?;
+        let m = granary::file::map_file(&f, p).map_err(|e| e.to_string())?;
+        let _ = m.advise(memmap2::Advice::PopulateRead);
+        Ok(m)
+    };
+    let made = || -> Result<f64, String> {
         let t = Instant::now();
         let total = crate::readbench::over_files(&files, k as usize, |p| {
-            let f = std::fs::File::open(p).map_err(|e| format!("{}: {e}", p.display()))?;
-            let m = granary::file::map_file(&f, p).map_err(|e| e.to_string())?;
-            let _ = m.advise(memmap2::Advice::PopulateRead);
+            let m = map(p)?;
             std::hint::black_box(crc32fast::hash(&m));
             Ok(m.len() as u64)
         })?;
         Ok(total as f64 / 1e6 / t.elapsed().as_secs_f64())
     };
-    let mut best: f64 = 0.0;
+    let maps = files
+        .iter()
+        .map(|p| map(p))
+        .collect::<Result<Vec<_>, _>>()?;
+    let kept = || -> Result<f64, String> {
+        let t = Instant::now();
+        let total = crate::readbench::over_files(&maps, k as usize, |m| {
+            std::hint::black_box(crc32fast::hash(m));
+            Ok(m.len() as u64)
+        })?;
+        Ok(total as f64 / 1e6 / t.elapsed().as_secs_f64())
+    };
+    let (mut best_made, mut best_kept): (f64, f64) = (0.0, 0.0);
     for _ in 0..3 {
-        best = best.max(pass()?);
+        best_made = best_made.max(made()?);
+        best_kept = best_kept.max(kept()?);
     }
-    Ok(best)
+    Ok((best_made, best_kept))
 }
 
 fn digest_term(path: &[u8], crc: u32) -> u64 {
@@ -181,6 +214,9 @@ struct WorkerOut {
     digest: u64,
     check_s: f64,
     latencies_us: Vec<f64>,
+    /// Samples known by id (granary), with their CRC-32: their paths are looked up for the
+    /// digest after the clock stopped (a training loop does not look them up).
+    by_id: Vec<(u64, u32)>,
 }
 
 impl WorkerOut {
@@ -189,6 +225,14 @@ impl WorkerOut {
         self.samples += 1;
         self.bytes += len as u64;
         self.digest = self.digest.wrapping_add(digest_term(path, crc));
+        self.latencies_us.push(waited.as_secs_f64() * 1e6);
+    }
+
+    /// Counts a sample known by its id, whose path is looked up after the epoch.
+    fn add_id(&mut self, id: u64, len: usize, crc: u32, waited: std::time::Duration) {
+        self.samples += 1;
+        self.bytes += len as u64;
+        self.by_id.push((id, crc));
         self.latencies_us.push(waited.as_secs_f64() * 1e6);
     }
 
@@ -201,24 +245,29 @@ impl WorkerOut {
     }
 }
 
-/// Folds the workers' results into `s` and computes rates and percentiles.
+/// Folds the workers' results into `s` and computes rates and percentiles; the paths of
+/// samples known by id come from `path` once the clock stopped.
 fn fold<E>(
     mut s: SideEpoch,
     workers: Vec<Result<WorkerOut, E>>,
     started: Instant,
     cpu0: f64,
+    path: impl Fn(u64) -> Result<Vec<u8>, E>,
 ) -> Result<SideEpoch, E> {
+    s.elapsed_s = started.elapsed().as_secs_f64();
+    s.cpu_s = cpu_seconds() - cpu0;
     let (mut lat, mut digest) = (Vec::new(), 0u64);
     for w in workers {
         let w = w?;
         s.samples += w.samples;
         s.bytes += w.bytes;
         digest = digest.wrapping_add(w.digest);
+        for (id, crc) in w.by_id {
+            digest = digest.wrapping_add(digest_term(&path(id)?, crc));
+        }
         s.check_s += w.check_s;
         lat.extend(w.latencies_us);
     }
-    s.elapsed_s = started.elapsed().as_secs_f64();
-    s.cpu_s = cpu_seconds() - cpu0;
     Ok(finish(s, lat, digest))
 }
 
@@ -306,7 +355,9 @@ fn raw_epoch(o: &CompareOptions, epoch: u64) -> std::io::Result<SideEpoch> {
         metadata_ops: list_ops + 2 * files_read,
         ..Default::default()
     };
-    fold(s, results, t, cpu0)
+    fold(s, results, t, cpu0, |_| {
+        Err(std::io::Error::other("raw samples have paths"))
+    })
 }
 
 /// One granary epoch: open the snapshot, plan, stream a chunk-wise epoch with `workers`.
@@ -349,7 +400,7 @@ fn granary_epoch(o: &CompareOptions, epoch: u64) -> granary::Result<SideEpoch> {
                         let sample = sample?;
                         // The CRC-32 the reader verified over the delivered bytes.
                         let (len, crc) = (sample.data().len(), sample.crc32());
-                        out.add(&ds.path(sample.id)?, len, crc, t0.elapsed());
+                        out.add_id(sample.id, len, crc, t0.elapsed());
                         t0 = Instant::now();
                     }
                     Ok(out)
@@ -366,7 +417,7 @@ fn granary_epoch(o: &CompareOptions, epoch: u64) -> granary::Result<SideEpoch> {
         startup_s,
         ..Default::default()
     };
-    let mut s = fold(s, results, t, cpu0)?;
+    let mut s = fold(s, results, t, cpu0, |id| ds.path(id))?;
     s.metadata_ops = granary::io::metadata_ops() - ops0;
     Ok(s)
 }
@@ -400,6 +451,41 @@ pub(crate) fn warm_up(root: &Path) -> std::io::Result<()> {
         }
     }
     Ok(())
+}
+
+/// The share of the pages of the files under `root` that the page cache holds (`mincore`,
+/// weighted by size; no read, no readahead).
+pub fn resident_share(root: &Path) -> Result<f64, String> {
+    let (mut held, mut total) = (0f64, 0f64);
+    for e in walkdir::WalkDir::new(root) {
+        let e = e.map_err(|e| e.to_string())?;
+        if e.file_type().is_file() {
+            let f = std::fs::File::open(e.path())
+                .map_err(|x| format!("{}: {x}", e.path().display()))?;
+            let len = f
+                .metadata()
+                .map_err(|x| format!("{}: {x}", e.path().display()))?
+                .len();
+            held += granary::local::resident_share(&f, len) * len as f64;
+            total += len as f64;
+        }
+    }
+    Ok(if total == 0.0 { 1.0 } else { held / total })
+}
+
+/// Makes the files under `root` resident for a warm epoch: reads them again while the page
+/// cache holds less than all of them (this machine pages out what sat idle), at most three
+/// times; returns the share held right before the epoch.
+fn ensure_resident(root: &Path) -> Result<f64, String> {
+    let mut share = resident_share(root)?;
+    for _ in 0..3 {
+        if share >= 1.0 {
+            break;
+        }
+        warm_up(root).map_err(|e| format!("warming {}: {e}", root.display()))?;
+        share = resident_share(root)?;
+    }
+    Ok(share)
 }
 
 /// Runs one side's epoch in a process of its own (`side_exe`), in a memory cgroup of `limit`
@@ -478,7 +564,7 @@ fn side_process(
 
 /// Runs `epochs` epochs of each side in every state asked for, raw first.
 pub fn run(o: &CompareOptions) -> Result<CompareResult, String> {
-    let mut crc_ceiling_mb_per_s = None;
+    let mut ceilings = Vec::new();
     let mut raw_epochs = Vec::new();
     let mut granary_epochs = Vec::new();
     let states = if o.states.is_empty() {
@@ -498,7 +584,6 @@ pub fn run(o: &CompareOptions) -> Result<CompareResult, String> {
                 for t in [&o.raw, &o.packed] {
                     warm_up(t).map_err(|e| format!("warming {}: {e}", t.display()))?;
                 }
-                crc_ceiling_mb_per_s = Some(crc_ceiling(&o.packed, o.workers)?);
             }
             State::Limited => {
                 make_cold_with(o.cold, &[&o.raw, &o.packed]);
@@ -512,18 +597,35 @@ pub fn run(o: &CompareOptions) -> Result<CompareResult, String> {
                     State::Cold => make_cold_with(o.cold, &[&o.raw, &o.packed]),
                     _ => None,
                 };
+                let warm = state == State::Warm;
+                // The ceiling first: the residency check is the last thing before the epoch.
+                let ceiling = match side {
+                    Side::Granary if warm => Some(crc_ceiling(&o.packed, o.workers)?),
+                    _ => None,
+                };
+                let resident = match side {
+                    _ if !warm => None,
+                    Side::Raw => Some(ensure_resident(&o.raw)?),
+                    Side::Granary => Some(ensure_resident(&o.packed)?),
+                };
                 let mut s = match &o.side_exe {
                     Some(exe) => side_process(o, exe, side, epoch, limit)?,
                     None => run_side(o, side, epoch)?,
                 };
                 s.cold = cold;
                 s.state = Some(state);
+                s.resident = resident;
+                s.ceiling_mb_per_s = ceiling.map(|c| c.0);
+                s.ceiling_kept_mb_per_s = ceiling.map(|c| c.1);
                 Ok(s)
             };
             raw_epochs.push(one(Side::Raw)?);
             granary_epochs.push(one(Side::Granary)?);
         }
     }
+    ceilings.extend(granary_epochs.iter().filter_map(|g| g.ceiling_mb_per_s));
+    ceilings.sort_by(f64::total_cmp);
+    let crc_ceiling_mb_per_s = ceilings.get(ceilings.len() / 2).copied();
     let ratios: Vec<f64> = raw_epochs
         .iter()
         .zip(&granary_epochs)
@@ -605,23 +707,31 @@ pub fn render(r: &CompareResult) -> String {
                 x.check_s,
                 x.cpu_s_per_gb(),
                 rss,
-                x.cold.map(|c| format!("{c:?}")).unwrap_or_else(|| "none".into()),
+                match (x.resident, x.cold) {
+                    (Some(share), _) => format!("res {:.0}%", share * 100.0),
+                    (None, Some(c)) => format!("{c:?}"),
+                    (None, None) => "none".into(),
+                },
                 ratio
             );
         }
     }
-    if let Some(c) = r.crc_ceiling_mb_per_s {
-        let warm: Vec<String> = r
-            .granary_epochs
-            .iter()
-            .filter(|g| g.state == Some(State::Warm))
-            .map(|g| format!("{:.2}x", g.mb_per_s / c.max(1e-9)))
-            .collect();
+    let warm: Vec<(f64, f64, f64)> = r
+        .granary_epochs
+        .iter()
+        .filter_map(|g| Some((g.ceiling_mb_per_s?, g.ceiling_kept_mb_per_s?, g.mb_per_s)))
+        .collect();
+    if !warm.is_empty() {
+        let each = |f: &dyn Fn(&(f64, f64, f64)) -> String| -> String {
+            warm.iter().map(f).collect::<Vec<_>>().join(" / ")
+        };
         s += &format!(
-            "  memory ceiling: one CRC-32 pass over the resident chunk files with {} threads, {:.0} MB/s; granary's warm epochs reach {} of it\n",
+            "  memory ceiling: one CRC-32 pass over the resident chunk files with {} threads, measured before each warm epoch: {} MB/s mapping each file in the pass ({} MB/s over maps made before); granary's warm epochs (a process each) reach {} of it ({})\n",
             r.workers,
-            c,
-            warm.join(" / ")
+            each(&|(c, _, _)| format!("{c:.0}")),
+            each(&|(_, c, _)| format!("{c:.0}")),
+            each(&|(c, _, g)| format!("{:.2}x", g / c.max(1e-9))),
+            each(&|(_, c, g)| format!("{:.2}x", g / c.max(1e-9)))
         );
     }
     s += &format!(

@@ -123,12 +123,12 @@ fn page_cache_fill(files: &[(PathBuf, u64)]) -> Result<(f64, f64), String> {
     Ok((total as f64 / 1e6 / secs, cpu_seconds() - cpu0))
 }
 
-/// Runs `per_file` over `files` on `k` threads (thread `w` takes files `w`, `w + k`, ...):
-/// the sum of what it returns, or the first error.
-pub(crate) fn over_files<P: AsRef<Path> + Sync>(
+/// Runs `per_file` over `files` (paths, or anything standing for a file) on `k` threads
+/// (thread `w` takes files `w`, `w + k`, ...): the sum of what it returns, or the first error.
+pub(crate) fn over_files<P: Sync>(
     files: &[P],
     k: usize,
-    per_file: impl Fn(&Path) -> Result<u64, String> + Sync,
+    per_file: impl Fn(&P) -> Result<u64, String> + Sync,
 ) -> Result<u64, String> {
     let k = k.max(1);
     std::thread::scope(|s| {
@@ -136,12 +136,7 @@ pub(crate) fn over_files<P: AsRef<Path> + Sync>(
             .map(|w| {
                 let per_file = &per_file;
                 s.spawn(move || -> Result<u64, String> {
-                    files
-                        .iter()
-                        .skip(w)
-                        .step_by(k)
-                        .map(|p| per_file(p.as_ref()))
-                        .sum()
+                    files.iter().skip(w).step_by(k).map(per_file).sum()
                 })
             })
             .collect();

@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 
 use memmap2::Mmap;
+use std::sync::Arc;
 
 pub use crate::guard::Mapped;
 
@@ -56,8 +57,9 @@ pub struct IoFile {
     pub path: PathBuf,
     pub direct: bool,
     /// The file mapped, when it is resident in the page cache: requests on it complete at once
-    /// as slices of the map (no read, no copy, no buffer).
-    pub map: Option<Mapped>,
+    /// as slices of the map (no read, no copy, no buffer); perhaps a map kept from an earlier
+    /// window ([`crate::mapcache`]).
+    pub map: Option<Arc<Mapped>>,
     /// Its length when opened.
     pub len: u64,
     /// Where its bytes come from (the dataset's storage, or a copy in the local tier).
@@ -156,7 +158,7 @@ impl LocalFile for IoFile {
     }
 
     fn map(&self) -> Option<&Mapped> {
-        self.map.as_ref()
+        self.map.as_deref()
     }
 
     /// True when this file's map no longer shows the file as it was mapped: a read past the

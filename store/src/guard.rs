@@ -52,7 +52,13 @@ static mut PREVIOUS: Option<libc::sigaction> = None;
 pub struct Mapped {
     map: Mmap,
     slot: usize,
+    /// Per [`POPULATE_PIECE`] of the map: its page tables were filled once
+    /// ([`Mapped::populate`]).
+    populated: Box<[AtomicBool]>,
 }
+
+/// What [`Mapped::populate`] fills at a time, and remembers it filled.
+pub const POPULATE_PIECE: usize = 2 << 20;
 
 impl Mapped {
     /// Registers `map`; `None` if the handler cannot be installed or the table is full (the
@@ -78,10 +84,36 @@ impl Mapped {
                 s.len.store(len, Ordering::Relaxed);
                 s.cut.store(false, Ordering::Relaxed);
                 s.start.store(start.max(1), Ordering::Release);
-                return Some(Mapped { map, slot: i });
+                let pieces = len.div_ceil(POPULATE_PIECE);
+                let populated = (0..pieces).map(|_| AtomicBool::new(false)).collect();
+                return Some(Mapped {
+                    map,
+                    slot: i,
+                    populated,
+                });
             }
         }
         None
+    }
+
+    /// Fills the page tables of `[at, at + len)` of the map in one call per piece instead of a
+    /// fault per page (best effort: before Linux 5.14 the pages fault in as read), once per
+    /// piece of the map's life: a map kept across windows ([`crate::mapcache`]) is filled
+    /// once (pages the kernel reclaims meanwhile fault in again when read).
+    pub fn populate(&self, at: usize, len: usize) {
+        let end = (at + len).min(self.map.len());
+        if at >= end {
+            return;
+        }
+        for p in at / POPULATE_PIECE..end.div_ceil(POPULATE_PIECE) {
+            if !self.populated[p].swap(true, Ordering::Relaxed) {
+                let from = p * POPULATE_PIECE;
+                let n = POPULATE_PIECE.min(self.map.len() - from);
+                let _ = self
+                    .map
+                    .advise_range(memmap2::Advice::PopulateRead, from, n);
+            }
+        }
     }
 
     /// True once a read found part of the file gone (truncated after it was mapped): bytes

@@ -17,6 +17,7 @@ pub mod file;
 mod guard;
 pub mod local;
 mod location;
+pub mod mapcache;
 pub mod meter;
 pub mod object;
 pub mod peers;

@@ -168,7 +168,7 @@ impl Completed {
     pub fn populate(&self, at: usize, len: usize) {
         if let Bytes::Map(f, _) = &self.bytes {
             if let Some(m) = f.local().and_then(|f| f.map()) {
-                let _ = m.advise_range(memmap2::Advice::PopulateRead, self.skip + at, len);
+                m.populate(self.skip + at, len);
             }
         }
     }
