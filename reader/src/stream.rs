@@ -773,9 +773,13 @@ fn decode_window(ds: &Dataset, prep: Prepared, bufs: Vec<Arc<Completed>>) -> Vec
         weights,
         ..
     } = prep;
-    (0..ids.len())
-        .into_par_iter()
-        .map(|i| {
+    // Checked in file order (the records of a buffer front to back, which the memory
+    // system streams), delivered in the window's shuffled order.
+    let mut order: Vec<usize> = (0..ids.len()).collect();
+    order.sort_unstable_by_key(|&i| locs[i]);
+    let checked: Vec<Result<Sample>> = order
+        .par_iter()
+        .map(|&i| {
             let (b, at) = locs[i];
             let e = &entries[i];
             let buf = &bufs[b as usize];
@@ -805,6 +809,13 @@ fn decode_window(ds: &Dataset, prep: Prepared, bufs: Vec<Arc<Completed>>) -> Vec
                 data,
             })
         })
+        .collect();
+    let mut out: Vec<Option<Result<Sample>>> = (0..ids.len()).map(|_| None).collect();
+    for (k, r) in order.into_iter().zip(checked) {
+        out[k] = Some(r);
+    }
+    out.into_iter()
+        .map(|r| r.expect("every sample checked once"))
         .collect()
 }
 
