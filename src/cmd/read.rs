@@ -226,7 +226,9 @@ pub struct Args {
     #[arg(long, default_value = "auto", value_parser = granary::IoMode::parse)]
     pub io: granary::IoMode,
     /// Page cache auto mode may fill with this dataset, e.g. 8GiB (default: half the node's
-    /// memory, or of the memory cgroup's limit when lower).
+    /// memory, or of the memory cgroup's limit when lower). Also bounds the maps of resident
+    /// chunks a process keeps from one epoch to the next (they show in its RSS as file pages;
+    /// 0 keeps none).
     #[arg(long, value_parser = super::pack::parse_size_or_zero)]
     pub page_cache: Option<u64>,
     /// I/O backend: auto (io_uring when the reads bypass the page cache, else pread; where the
