@@ -193,12 +193,12 @@ impl Opener {
         path: &Path,
         keep: bool,
     ) -> Option<Arc<crate::file::Mapped>> {
-        if let Some(m) = crate::mapcache::get(md) {
+        if let Some(m) = crate::mapcache::MapCache::global().get(md) {
             return Some(m);
         }
         let m = Arc::new(map_file(file, path).ok()?);
         if keep {
-            crate::mapcache::put(md, path, m.clone(), self.keep_maps);
+            crate::mapcache::MapCache::global().put(md, path, m.clone(), self.keep_maps);
         }
         Some(m)
     }
@@ -479,5 +479,50 @@ mod tests {
         let f = std::fs::File::open(&p).unwrap();
         assert_eq!(resident_share(&f, 1 << 20), 1.0);
         assert!(effective_memory() > 64 << 20);
+        // cachestat (where the kernel has it) agrees, and sees a file pushed out of memory.
+        if let Some(share) = cached_share(&f) {
+            assert_eq!(share, 1.0);
+            f.sync_all().unwrap();
+            let _ = rustix::fs::fadvise(&f, 0, None, rustix::fs::Advice::DontNeed);
+            let after = cached_share(&f).expect("cachestat worked once");
+            assert!(after < 1.0, "{after}");
+            assert!((after - resident_share(&f, 1 << 20)).abs() < 0.01);
+        }
+    }
+
+    #[test]
+    fn a_kept_chunk_is_mapped_once_and_its_map_found_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("chunk");
+        std::fs::write(&p, vec![3u8; 3 << 20]).unwrap();
+        let keeps = Opener::for_access(&Access {
+            dataset_bytes: 3 << 20,
+            page_cache_bytes: Some(64 << 20),
+            ..Access::plain(IoMode::Auto)
+        });
+        let a = keeps.open(&p, Some(0)).unwrap();
+        let b = keeps.open(&p, Some(0)).unwrap();
+        let (ma, mb) = (
+            a.map.clone().expect("resident"),
+            b.map.clone().expect("resident"),
+        );
+        assert!(Arc::ptr_eq(&ma, &mb), "the second open finds the first map");
+        // Rewritten: another file, another map.
+        drop((a, b));
+        std::fs::write(&p, vec![4u8; 2 << 20]).unwrap();
+        let c = keeps.open(&p, Some(0)).unwrap();
+        let mc = c.map.clone().expect("resident");
+        assert!(!Arc::ptr_eq(&ma, &mc) && mc.len() == 2 << 20 && mc[0] == 4);
+        // A budget of nothing keeps nothing.
+        let none = Opener::for_access(&Access {
+            dataset_bytes: 3 << 20,
+            page_cache_bytes: Some(0),
+            ..Access::plain(IoMode::Auto)
+        });
+        let q = dir.path().join("other");
+        std::fs::write(&q, vec![5u8; 1 << 20]).unwrap();
+        let x = none.open(&q, Some(0)).unwrap().map.expect("resident");
+        let y = none.open(&q, Some(0)).unwrap().map.expect("resident");
+        assert!(!Arc::ptr_eq(&x, &y));
     }
 }

@@ -57,58 +57,73 @@ struct Inner {
     bytes: u64,
 }
 
-fn cache() -> &'static Mutex<Inner> {
-    static CACHE: OnceLock<Mutex<Inner>> = OnceLock::new();
-    CACHE.get_or_init(Default::default)
+/// Kept maps (the process's: [`MapCache::global`]).
+#[derive(Default)]
+pub struct MapCache {
+    inner: Mutex<Inner>,
 }
 
-fn lock() -> std::sync::MutexGuard<'static, Inner> {
-    // A map table: a panic elsewhere leaves it consistent.
-    cache().lock().unwrap_or_else(|e| e.into_inner())
-}
+impl MapCache {
+    /// The process's.
+    pub fn global() -> &'static MapCache {
+        static CACHE: OnceLock<MapCache> = OnceLock::new();
+        CACHE.get_or_init(Default::default)
+    }
 
-/// The kept map of the file whose metadata is `md`, unless it was cut short under it.
-pub fn get(md: &std::fs::Metadata) -> Option<Arc<Mapped>> {
-    let key = Key::of(md);
-    let mut c = lock();
-    let map = c.maps.get(&key)?.0.clone();
-    if map.is_cut() {
-        c.remove(&key);
-        return None;
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        // A map table: a panic elsewhere leaves it consistent.
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
-    Some(map)
-}
 
-/// Keeps `map` of `path` (metadata `md`) within `budget` bytes of kept maps.
-pub fn put(md: &std::fs::Metadata, path: &Path, map: Arc<Mapped>, budget: u64) {
-    let key = Key::of(md);
-    let len = map.len() as u64;
-    if len > budget {
-        return;
+    /// The kept map of the file whose metadata is `md`, unless it was cut short under it.
+    pub fn get(&self, md: &std::fs::Metadata) -> Option<Arc<Mapped>> {
+        let key = Key::of(md);
+        let mut c = self.lock();
+        let map = c.maps.get(&key)?.0.clone();
+        if map.is_cut() {
+            c.remove(&key);
+            return None;
+        }
+        Some(map)
     }
-    let mut c = lock();
-    if c.maps.contains_key(&key) {
-        return;
-    }
-    // The oldest entry's file removed or replaced: its blocks are free once its map goes.
-    if let Some(old) = c.order.front().copied() {
-        let gone = c
-            .maps
-            .get(&old)
-            .is_some_and(|(_, p)| std::fs::metadata(p).map_or(true, |m| Key::of(&m) != old));
-        if gone {
+
+    /// Keeps `map` of `path` (metadata `md`) within `budget` bytes of kept maps.
+    pub fn put(&self, md: &std::fs::Metadata, path: &Path, map: Arc<Mapped>, budget: u64) {
+        let key = Key::of(md);
+        let len = map.len() as u64;
+        if len > budget {
+            return;
+        }
+        let mut c = self.lock();
+        if c.maps.contains_key(&key) {
+            return;
+        }
+        // The oldest entry's file removed or replaced: its blocks are free once its map goes.
+        if let Some(old) = c.order.front().copied() {
+            let gone = c
+                .maps
+                .get(&old)
+                .is_some_and(|(_, p)| std::fs::metadata(p).map_or(true, |m| Key::of(&m) != old));
+            if gone {
+                c.remove(&old);
+            }
+        }
+        while c.bytes + len > budget || c.maps.len() >= MAX_MAPS {
+            let Some(old) = c.order.front().copied() else {
+                break;
+            };
             c.remove(&old);
         }
+        c.bytes += len;
+        c.order.push_back(key);
+        c.maps.insert(key, (map, path.to_path_buf()));
     }
-    while c.bytes + len > budget || c.maps.len() >= MAX_MAPS {
-        let Some(old) = c.order.front().copied() else {
-            break;
-        };
-        c.remove(&old);
+
+    /// Maps kept now and their bytes.
+    pub fn kept(&self) -> (usize, u64) {
+        let c = self.lock();
+        (c.maps.len(), c.bytes)
     }
-    c.bytes += len;
-    c.order.push_back(key);
-    c.maps.insert(key, (map, path.to_path_buf()));
 }
 
 impl Inner {
@@ -118,12 +133,6 @@ impl Inner {
             self.order.retain(|k| k != key);
         }
     }
-}
-
-/// Maps kept now and their bytes (for tests and reports).
-pub fn kept() -> (usize, u64) {
-    let c = lock();
-    (c.maps.len(), c.bytes)
 }
 
 #[cfg(test)]
@@ -141,43 +150,44 @@ mod tests {
         Arc::new(crate::file::map_file(f, p).unwrap())
     }
 
-    // One test: the cache is per process, and other tests of this crate map files too.
     #[test]
     fn kept_maps_are_found_by_file_bounded_and_dropped_when_their_file_changes() {
+        let c = MapCache::default();
         let tmp = tempfile::tempdir().unwrap();
         let (pa, fa) = file(tmp.path(), "a", 8192);
         let (pb, fb) = file(tmp.path(), "b", 8192);
         let ma = fa.metadata().unwrap();
-        put(&ma, &pa, map(&pa, &fa), 1 << 20);
-        assert!(get(&ma).is_some(), "the same file finds its map");
+        c.put(&ma, &pa, map(&pa, &fa), 1 << 20);
+        assert!(c.get(&ma).is_some(), "the same file finds its map");
         assert!(
-            get(&fb.metadata().unwrap()).is_none(),
+            c.get(&fb.metadata().unwrap()).is_none(),
             "another file does not"
         );
         // Rewritten in place (new size): another file.
         std::fs::write(&pa, vec![1u8; 4096]).unwrap();
         let ma2 = std::fs::metadata(&pa).unwrap();
         assert!(
-            get(&ma2).is_none(),
+            c.get(&ma2).is_none(),
             "a rewritten file is not the one mapped"
         );
         // Over the budget, the oldest goes; and a removed file's map goes at the next insertion.
         let mb = fb.metadata().unwrap();
-        put(&mb, &pb, map(&pb, &fb), 8192);
+        c.put(&mb, &pb, map(&pb, &fb), 8192);
         assert!(
-            get(&ma).is_none() && get(&mb).is_some(),
+            c.get(&ma).is_none() && c.get(&mb).is_some(),
             "budget of one map: the oldest went"
         );
         std::fs::remove_file(&pb).unwrap();
         let (pc, fc) = file(tmp.path(), "c", 4096);
         let mc = fc.metadata().unwrap();
-        put(&mc, &pc, map(&pc, &fc), 1 << 20);
-        assert!(get(&mb).is_none(), "the removed file's map was dropped");
-        assert!(get(&mc).is_some());
+        c.put(&mc, &pc, map(&pc, &fc), 1 << 20);
+        assert!(c.get(&mb).is_none(), "the removed file's map was dropped");
+        assert!(c.get(&mc).is_some());
         // Larger than the budget: not kept.
         let (pd, fd) = file(tmp.path(), "d", 16384);
         let md = fd.metadata().unwrap();
-        put(&md, &pd, map(&pd, &fd), 8192);
-        assert!(get(&md).is_none());
+        c.put(&md, &pd, map(&pd, &fd), 8192);
+        assert!(c.get(&md).is_none());
+        assert_eq!(c.kept(), (1, 4096));
     }
 }
