@@ -159,7 +159,12 @@ pub(crate) fn read_and_encode(
     let mut data = Vec::new();
     data.try_reserve_exact(cap.saturating_add(1))
         .map_err(|_| format!("cannot allocate {cap} bytes to read it"))?;
-    f.read_to_end(&mut data)
+    // Through `take`: `File::read_to_end` would ask the file its size and position first (an
+    // fstat and an lseek per file, 100,000 syscalls on a tree of 50,000 files) although the
+    // scan's size is reserved already; one byte more than expected shows a file that grew.
+    (&mut f)
+        .take(expected_size.saturating_add(1))
+        .read_to_end(&mut data)
         .map_err(|e| format!("read error: {e}"))?;
     let after = f.metadata().map_err(|e| format!("cannot stat: {e}"))?;
     if data.len() as u64 != expected_size
