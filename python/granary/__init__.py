@@ -288,7 +288,10 @@ class IterableDataset(_IterBase):
 
     ``memory`` is each reader's read-buffer budget in bytes (one reader per DataLoader worker;
     default ``None``: the library's 128 MiB). The shuffle window follows from it unless
-    ``window`` (chunks) is given.
+    ``window`` (chunks) is given. ``page_cache`` (bytes; default ``None``: half the node's
+    memory, or of the cgroup's limit) is the page cache a reader keeps the dataset's chunks
+    resident in, and bounds the maps of resident chunks each worker keeps from one epoch to
+    the next (they show in its RSS as file pages); ``0`` keeps none.
 
     ``waits=True`` (with ``batch_size``) adds ``"waits"`` to every batch: the seconds the
     process that made it (a DataLoader worker) spent on it, by what the reader waited on
@@ -317,6 +320,7 @@ class IterableDataset(_IterBase):
         cache_boost=_D["cache_boost"],
         window=None,
         memory=None,
+        page_cache=None,
         batch_format="list",
         pad=False,
         locality=_D["locality"],
@@ -365,6 +369,7 @@ class IterableDataset(_IterBase):
         # in the process that makes the dataset, not later in a DataLoader worker.
         _check_reader_options(
             shuffle=shuffle, seed=seed, window=window, memory=memory, locality=locality,
+            page_cache=page_cache,
             drop_last=not pad if drop_last is None else bool(drop_last),
             cache_dir=cache_dir, cache_size=cache_size, policy=policy, sampling=sampling,
             alpha=alpha, cache_boost=cache_boost, peers=peers, node=node,
@@ -397,6 +402,7 @@ class IterableDataset(_IterBase):
         self.cache_boost = float(cache_boost)
         self.window = window
         self.memory = None if memory is None else int(memory)
+        self.page_cache = None if page_cache is None else int(page_cache)
         self.batch_format = batch_format
         self.peers = peers
         self.node = None if node is None else int(node)
@@ -451,6 +457,7 @@ class IterableDataset(_IterBase):
             drop_last=self.drop_last,
             window=self.window,
             memory=self.memory,
+            page_cache=self.page_cache,
             cache_dir=self.cache_dir,
             cache_size=self.cache_size,
             policy=self.policy,

@@ -43,6 +43,23 @@ def test_dataloader_covers_every_sample_exactly_once(packed, workers, context):
     assert sorted(got) == list(range(240))
 
 
+@pytest.mark.parametrize("page_cache", [0, 1 << 30])
+def test_the_page_cache_budget_reaches_the_workers_readers(packed, page_cache):
+    # 0: nothing kept resident, no map kept; 1 GiB: every chunk kept. Both deliver every
+    # sample once, with its bytes.
+    path, files = packed
+    ds = granary.IterableDataset(path, seed=2, batch_size=16, page_cache=page_cache)
+    assert ds.page_cache == page_cache
+    got = {}
+    for b in DataLoader(ds, batch_size=None, num_workers=2):
+        for i, d in zip(b["id"].tolist(), b["data"]):
+            got[i] = bytes(d.numpy())
+    assert sorted(got) == list(range(240))
+    assert sorted(got.values()) == sorted(files.values())
+    with pytest.raises((ValueError, TypeError, OverflowError)):
+        granary.IterableDataset(path, page_cache=-1)
+
+
 class ReadInWorker(torch.utils.data.IterableDataset):
     """Wraps ``inner`` inside the worker and reads each batch there, as a dataset that
     filters or logs would, before DataLoader sends it on."""
