@@ -98,7 +98,7 @@ impl Mapped {
 
     /// Fills the page tables of `[at, at + len)` of the map in one call per piece instead of a
     /// fault per page (best effort: before Linux 5.14 the pages fault in as read), once per
-    /// piece of the map's life: a map kept across windows ([`crate::mapcache`]) is filled
+    /// piece of the map's life: a map kept across windows (by the map cache) is filled
     /// once (pages the kernel reclaims meanwhile fault in again when read).
     pub fn populate(&self, at: usize, len: usize) {
         let end = (at + len).min(self.map.len());
