@@ -1431,3 +1431,45 @@ fn the_bill_before_the_run_is_what_the_run_reads() {
         stderr(&o)
     );
 }
+
+/// A resident dataset's chunk maps are kept for the next epoch within the page-cache budget,
+/// and `read` says so (they are in the process's RSS); `--page-cache 0` keeps none. Both read
+/// every sample with the same digest.
+#[test]
+fn kept_maps_are_reported_and_bounded_by_the_page_cache_budget() {
+    let tmp = tempfile::tempdir().unwrap();
+    let files: Vec<(Vec<u8>, Vec<u8>)> = (0..300u64)
+        .map(|i| {
+            let p = format!("c{}/f{i:03}.bin", i % 3).into_bytes();
+            (p, bytes(i, 2000 + (i as usize * 53) % 3000))
+        })
+        .collect();
+    let ds = packed_tree(
+        &tmp.path().join("src"),
+        &files,
+        &tmp.path().join("ds"),
+        &["--chunk-size", "64KiB", "--compress", "none"],
+    );
+    let read = |extra: &[&str]| -> serde_json::Value {
+        let mut a = vec!["read", ds.to_str().unwrap(), "--epochs", "2", "--json"];
+        a.extend(extra);
+        serde_json::from_slice(&run_ok(a).stdout).unwrap()
+    };
+    let kept = read(&[]);
+    let none = read(&["--page-cache", "0"]);
+    let total: u64 = std::fs::read_dir(&ds)
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".gchunk"))
+        .map(|e| e.metadata().unwrap().len())
+        .sum();
+    // The chunks were just written: resident, so the first epoch maps and keeps all of them.
+    assert_eq!(kept[1]["kept_map_bytes"].as_u64(), Some(total), "{kept}");
+    assert_eq!(none[1]["kept_map_bytes"].as_u64(), Some(0), "{none}");
+    for e in 0..2 {
+        assert_eq!(kept[e]["samples"], 300);
+        assert_eq!(kept[e]["digest"], none[e]["digest"]);
+    }
+    let text = stdout(&run_ok(["read", ds.to_str().unwrap()]));
+    assert!(text.contains("maps of resident chunks kept"), "{text}");
+}

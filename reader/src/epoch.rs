@@ -336,6 +336,10 @@ pub struct EpochReport {
     pub peak_buffer_bytes: u64,
     /// The process's peak resident set so far (`VmHWM`), when the kernel reports it.
     pub peak_rss_bytes: Option<u64>,
+    /// Bytes of the maps of resident chunks the process keeps for its next epochs (page cache,
+    /// counted in its RSS as file pages; bounded by the page-cache budget).
+    #[serde(default)]
+    pub kept_map_bytes: u64,
     /// With tiers shared between nodes: what came from where.
     pub peers: Option<PeerReport>,
     /// For a snapshot read in blocks from an object store: the GETs and bytes this epoch
@@ -462,6 +466,7 @@ impl Start {
             cache: tier.then_some(h),
             peak_buffer_bytes: t.peak_buffer_bytes,
             peak_rss_bytes: peak_rss_bytes(),
+            kept_map_bytes: granary_store::mapcache::MapCache::global().kept().1,
             peers: None,
             first_sample_s: t.first_sample_s,
             snapshot_gets: None,

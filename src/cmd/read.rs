@@ -405,6 +405,14 @@ fn print_epoch(
         .peak_rss_bytes
         .map(|b| format!(", process peak RSS {:.0} MB", b as f64 / 1e6))
         .unwrap_or_default();
+    // Page cache the process keeps mapped for its next epochs: in its RSS, not memory of its own.
+    let rss = match r.kept_map_bytes {
+        0 => rss,
+        k => format!(
+            "{rss} (of which {:.0} MB maps of resident chunks kept for the next epoch)",
+            k as f64 / 1e6
+        ),
+    };
     let peers = r.peers.as_ref().map(peers_text).unwrap_or_default();
     let snap = match (r.snapshot_gets, r.snapshot_bytes_fetched) {
         (Some(g), Some(b)) => format!(

@@ -156,9 +156,15 @@ impl Opener {
         let keep = chunk.is_some_and(|c| self.keeps(c));
         let map = match (len > 0 && self.map_resident && may_map).then(|| cached_share(&file)) {
             Some(Some(share)) if share >= RESIDENT_SHARE => self.map_of(&file, &md, path, keep),
-            Some(None) => self
-                .map_of(&file, &md, path, false)
-                .filter(|m| mapped_share(m) >= RESIDENT_SHARE),
+            Some(None) => {
+                let m = self
+                    .map_of(&file, &md, path, false)
+                    .filter(|m| mapped_share(m) >= RESIDENT_SHARE);
+                if let Some(m) = m.as_ref().filter(|_| keep) {
+                    crate::mapcache::MapCache::global().put(&md, path, m.clone(), self.keep_maps);
+                }
+                m
+            }
             _ => None,
         };
         if let Some(map) = map {
