@@ -45,7 +45,7 @@ for f in sorted(glob.glob(f"{rep}/compare-*.json")):
                     f"{g['samples_per_s']:,.0f} | **{x:.2f}×** | {cm:,.0f} / {ck:,.0f} | "
                     f"{g['mb_per_s'] / cm:.2f}× / {g['mb_per_s'] / ck:.2f}× | "
                     f"{min(r['resident'], g['resident']) * 100:.1f} % | "
-                    f"{g['peak_rss_bytes'] / 1e6:,.0f} MB |")
+                    f"{g['peak_rss_bytes'] / 1e6:,.0f} MB ({g.get('kept_map_bytes', 0) / 1e6:,.0f} MB of it kept maps) |")
     k = [g["ceiling_kept_mb_per_s"] for g in c["granary_epochs"]]
     read = json.load(open(f.replace("compare-", "read-")))
     later = [e["mb_per_s"] for e in read[1:]]

@@ -642,6 +642,30 @@ fn bench_gen_pack_and_compare_write_matching_digests_and_a_report() {
         assert!(c["metadata_ratio"].as_f64().unwrap() > 10.0, "{c}");
         assert_eq!(c["ratios"].as_array().unwrap().len(), 2);
     }
+    // Warm: both trees checked resident right before each side, the CRC-32 ceilings measured
+    // before the granary epoch, the maps its process kept reported.
+    let o = run_ok([
+        "bench",
+        "compare",
+        "--raw",
+        raw.to_str().unwrap(),
+        "--packed",
+        ds.to_str().unwrap(),
+        "--states",
+        "warm",
+        "--json",
+    ]);
+    let c: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let (r, g) = (&c["raw_epochs"][0], &c["granary_epochs"][0]);
+    assert_eq!(
+        (r["resident"].as_f64(), g["resident"].as_f64()),
+        (Some(1.0), Some(1.0)),
+        "{c}"
+    );
+    assert!(g["ceiling_mb_per_s"].as_f64().unwrap() > 0.0, "{c}");
+    assert!(g["ceiling_kept_mb_per_s"].as_f64().unwrap() > 0.0, "{c}");
+    assert!(g["kept_map_bytes"].as_u64().unwrap() > 0, "{c}");
+    assert_eq!(c["digests_match"], true);
     let md = std::fs::read_to_string(report.join("report.md")).unwrap();
     assert!(
         md.contains("digests match") && md.contains("throughput.svg"),

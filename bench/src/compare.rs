@@ -101,6 +101,10 @@ pub struct SideEpoch {
     pub check_s: f64,
     /// Peak resident set of the side's process (when it ran in one of its own).
     pub peak_rss_bytes: Option<u64>,
+    /// Granary side: bytes of the maps of resident chunks its process kept at the end (page
+    /// cache counted in that RSS as file pages, not memory of the reader's own).
+    #[serde(default)]
+    pub kept_map_bytes: u64,
     /// Peak memory of its cgroup, page cache included (limited state).
     pub cgroup_peak_bytes: Option<u64>,
     /// Warm state: the share of the side's files' pages the page cache held right before the
@@ -418,6 +422,7 @@ fn granary_epoch(o: &CompareOptions, epoch: u64) -> granary::Result<SideEpoch> {
         ..Default::default()
     };
     let mut s = fold(s, results, t, cpu0, |id| ds.path(id))?;
+    s.kept_map_bytes = granary::local::kept_map_bytes();
     s.metadata_ops = granary::io::metadata_ops() - ops0;
     Ok(s)
 }
@@ -661,7 +666,7 @@ pub fn render(r: &CompareResult) -> String {
         r.workers
     );
     s += &format!(
-        "  {:<8} {:<8} {:>5} {:>10} {:>10} {:>9} {:>9} {:>10} {:>10} {:>10} {:>8} {:>9} {:>9} {:>8} {:>9}\n",
+        "  {:<8} {:<8} {:>5} {:>10} {:>10} {:>9} {:>9} {:>10} {:>10} {:>10} {:>8} {:>9} {:>22} {:>8} {:>9}\n",
         "side",
         "state",
         "epoch",
@@ -692,8 +697,13 @@ pub fn render(r: &CompareResult) -> String {
                 .peak_rss_bytes
                 .map(|b| format!("{:.0} MB", b as f64 / 1e6))
                 .unwrap_or_else(|| "-".into());
+            // Kept maps are page cache in the RSS: say how much of it.
+            let rss = match x.kept_map_bytes {
+                0 => rss,
+                k => format!("{rss} ({:.0} maps)", k as f64 / 1e6),
+            };
             s += &format!(
-                "  {:<8} {:<8} {:>5} {:>10.4} {:>10.0} {:>9.1} {:>9.0} {:>10.0} {:>10} {:>10.2} {:>8.2} {:>9.2} {:>9} {:>8} {:>9}\n",
+                "  {:<8} {:<8} {:>5} {:>10.4} {:>10.0} {:>9.1} {:>9.0} {:>10.0} {:>10} {:>10.2} {:>8.2} {:>9.2} {:>22} {:>8} {:>9}\n",
                 name,
                 state,
                 x.epoch,

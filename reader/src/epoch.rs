@@ -466,7 +466,7 @@ impl Start {
             cache: tier.then_some(h),
             peak_buffer_bytes: t.peak_buffer_bytes,
             peak_rss_bytes: peak_rss_bytes(),
-            kept_map_bytes: granary_store::mapcache::MapCache::global().kept().1,
+            kept_map_bytes: granary_store::local::kept_map_bytes(),
             peers: None,
             first_sample_s: t.first_sample_s,
             snapshot_gets: None,

@@ -301,6 +301,12 @@ impl ChunkStore for LocalDir {
     }
 }
 
+/// Bytes of the maps of resident chunks this process keeps for its next epochs
+/// ([`crate::mapcache`]).
+pub fn kept_map_bytes() -> u64 {
+    crate::mapcache::MapCache::global().kept().1
+}
+
 /// The share of `f`'s pages (`len` bytes) that the page cache holds, from `mincore` on a
 /// mapping of the file: exact, and unlike a probing read it starts no readahead (which would
 /// pull a cold file into memory just by asking). 0 where the file cannot be mapped.
