@@ -652,11 +652,14 @@ impl IoThread {
         let fits = ahead < MAX_WINDOWS_AHEAD && self.pool.in_use() + bytes <= self.budget;
         // What the shared read-ahead orders is reads; ranges of maps of resident files (a
         // warm epoch) read nothing and go as the budget allows.
-        let reads: usize = reqs
-            .iter()
-            .filter(|r| r.map().is_none())
-            .map(|r| r.len)
-            .sum();
+        let reads: usize = match &self.seat {
+            Some(_) => reqs
+                .iter()
+                .filter(|r| r.map().is_none())
+                .map(|r| r.len)
+                .sum(),
+            None => 0,
+        };
         let counted = match &self.seat {
             Some(seat) if reads > 0 && force => Some(seat.read_now(reads)),
             Some(seat) if reads > 0 && fits => match seat.try_read_ahead(*first, reads) {

@@ -152,19 +152,14 @@ impl Opener {
         let len = md.len();
         // The residency check: one `cachestat` call where the kernel has it, else `mincore` on
         // the map that then serves the reads.
-        // A kept chunk's map is kept for the next window and epoch ([`crate::mapcache`]).
-        let keep = chunk.is_some_and(|c| self.keeps(c));
-        let map = match (len > 0 && self.map_resident && may_map).then(|| cached_share(&file)) {
-            Some(Some(share)) if share >= RESIDENT_SHARE => self.map_of(&file, &md, path, keep),
-            Some(None) => {
-                let m = self
-                    .map_of(&file, &md, path, false)
-                    .filter(|m| mapped_share(m) >= RESIDENT_SHARE);
-                if let Some(m) = m.as_ref().filter(|_| keep) {
-                    crate::mapcache::MapCache::global().put(&md, path, m.clone(), self.keep_maps);
-                }
-                m
+        let map = match (len > 0 && self.map_resident && may_map).then(|| cached_share(&file, len))
+        {
+            Some(Some(share)) if share >= RESIDENT_SHARE => {
+                self.map_of(&file, &md, path, chunk, |_| true)
             }
+            Some(None) => self.map_of(&file, &md, path, chunk, |m| {
+                mapped_share(m) >= RESIDENT_SHARE
+            }),
             _ => None,
         };
         if let Some(map) = map {
@@ -190,21 +185,28 @@ impl Opener {
         Ok(IoFile::unmapped_known(file, path, false, len))
     }
 
-    /// A map of `file` (metadata `md`): the one kept from before, or a new one, kept when
-    /// `keep` says.
+    /// A map of `file` (metadata `md`) whose pages `resident` finds all in memory: the one kept
+    /// from before, or a new one, kept ([`crate::mapcache`]) when `chunk` is one the opener
+    /// keeps resident.
     fn map_of(
         &self,
         file: &std::fs::File,
         md: &std::fs::Metadata,
         path: &Path,
-        keep: bool,
+        chunk: Option<u32>,
+        resident: impl Fn(&crate::file::Mapped) -> bool,
     ) -> Option<Arc<crate::file::Mapped>> {
-        if let Some(m) = crate::mapcache::MapCache::global().get(md) {
-            return Some(m);
+        let cache = crate::mapcache::MapCache::global();
+        if let Some(m) = cache.get(md) {
+            return resident(&m).then_some(m);
         }
         let m = Arc::new(map_file(file, path).ok()?);
-        if keep {
-            crate::mapcache::MapCache::global().put(md, path, m.clone(), self.keep_maps);
+        if !resident(&m) {
+            return None;
+        }
+        // A kept chunk's map is kept for the next window and epoch.
+        if chunk.is_some_and(|c| self.keeps(c)) {
+            cache.put(md, path, m.clone(), self.keep_maps);
         }
         Some(m)
     }
@@ -317,11 +319,11 @@ pub fn resident_share(f: &std::fs::File, len: u64) -> f64 {
     map_file(f, Path::new("(residency probe)")).map_or(0.0, |m| mapped_share(&m))
 }
 
-/// The share of `f`'s pages that the page cache holds, from `cachestat` (Linux 6.5): one call
+/// The share of `f`'s pages (`len` bytes) that the page cache holds, from `cachestat` (Linux 6.5): one call
 /// that walks the file's folios, where `mincore` looks up every 4 KiB page (on a warm epoch
 /// of 32 MiB chunks, `mincore` was 5 % of the reader's cycles). `None` where the kernel lacks
 /// it or a seccomp filter refuses it.
-fn cached_share(f: &std::fs::File) -> Option<f64> {
+fn cached_share(f: &std::fs::File, len: u64) -> Option<f64> {
     use std::os::fd::AsRawFd;
     /// `cachestat`'s number, the same on every architecture (added after the tables merged).
     const SYS_CACHESTAT: libc::c_long = 451;
@@ -343,7 +345,6 @@ fn cached_share(f: &std::fs::File) -> Option<f64> {
     if MISSING.load(Relaxed) {
         return None;
     }
-    let len = f.metadata().ok()?.len();
     if len == 0 {
         return Some(1.0);
     }
@@ -492,11 +493,12 @@ mod tests {
         assert_eq!(resident_share(&f, 1 << 20), 1.0);
         assert!(effective_memory() > 64 << 20);
         // cachestat (where the kernel has it) agrees, and sees a file pushed out of memory.
-        if let Some(share) = cached_share(&f) {
+        if let Some(share) = cached_share(&f, f.metadata().unwrap().len()) {
             assert_eq!(share, 1.0);
             f.sync_all().unwrap();
             let _ = rustix::fs::fadvise(&f, 0, None, rustix::fs::Advice::DontNeed);
-            let after = cached_share(&f).expect("cachestat worked once");
+            let after =
+                cached_share(&f, f.metadata().unwrap().len()).expect("cachestat worked once");
             assert!(after < 1.0, "{after}");
             assert!((after - resident_share(&f, 1 << 20)).abs() < 0.01);
         }
