@@ -830,6 +830,20 @@ impl<W: Write> ChunkWriter<W> {
         self.pos
     }
 
+    /// The chunk's id.
+    pub fn chunk_id(&self) -> u32 {
+        self.chunk_id
+    }
+
+    /// Replaces every record's label `l` so far by `f(l)`: a writer that learns its class
+    /// table only at the end gives provisional labels, then the table's. Any time before
+    /// [`ChunkWriter::finish`] (the labels are in the footer only).
+    pub fn map_labels(&mut self, f: impl Fn(u32) -> u32) {
+        for e in &mut self.entries {
+            e.label = f(e.label);
+        }
+    }
+
     /// Writes the footer (with `classes`) and trailer; returns the writer and the summary.
     pub fn finish<C: AsRef<[u8]>>(mut self, classes: &[C]) -> std::io::Result<(W, ChunkSummary)> {
         let paths = encode_string_table(self.paths.iter());

@@ -67,30 +67,7 @@ pub(crate) fn write_chunk<'a>(
         Contents::Files(None) => ChunkWriter::new(file, dataset_id, id).map_err(io)?,
     };
     for r in records {
-        let e = r.enc;
-        if r.fields.is_empty() {
-            w.append(
-                r.key,
-                &e.stored,
-                e.compression,
-                e.orig_len,
-                e.crc32,
-                r.label,
-            )
-        } else {
-            let mut at = 0usize;
-            let parts: Vec<(&[u8], &[u8], u32)> = r
-                .fields
-                .iter()
-                .map(|(name, len, crc)| {
-                    let d = &e.stored[at..at + *len as usize];
-                    at += *len as usize;
-                    (&name[..], d, *crc)
-                })
-                .collect();
-            w.append_group(r.key, &parts, r.label)
-        }
-        .map_err(io)?;
+        append_record(&mut w, &r).map_err(io)?;
         if let Some(a) = r.attrs {
             w.attrs(a).map_err(io)?;
         }
@@ -99,6 +76,38 @@ pub(crate) fn write_chunk<'a>(
     file.publish()
         .map_err(|e| PackError::io("writing", &tmp, e))?;
     Ok(summary)
+}
+
+/// Appends `r` to `w`: a blob as it is stored, a field group field by field (its attributes
+/// are the caller's).
+pub(crate) fn append_record<W: std::io::Write>(
+    w: &mut ChunkWriter<W>,
+    r: &ChunkRecord<'_>,
+) -> std::io::Result<()> {
+    let e = r.enc;
+    if r.fields.is_empty() {
+        w.append(
+            r.key,
+            &e.stored,
+            e.compression,
+            e.orig_len,
+            e.crc32,
+            r.label,
+        )?;
+        return Ok(());
+    }
+    let mut at = 0usize;
+    let parts: Vec<(&[u8], &[u8], u32)> = r
+        .fields
+        .iter()
+        .map(|(name, len, crc)| {
+            let d = &e.stored[at..at + *len as usize];
+            at += *len as usize;
+            (&name[..], d, *crc)
+        })
+        .collect();
+    w.append_group(r.key, &parts, r.label)?;
+    Ok(())
 }
 
 /// A snapshot builder that keeps its record table in an unnamed temporary file in `dir`

@@ -493,3 +493,138 @@ fn a_dataset_held_in_memory_is_the_same_as_one_spilled() {
     }
     assert_eq!(layouts[0], layouts[1]);
 }
+
+/// Writes samples 0..n (10 classes in class order, labels by name) and returns the summary.
+fn write_sorted(o: WriterOptions, n: u32) -> granary_packer::PackSummary {
+    let mut w = Writer::create(o).unwrap();
+    for i in 0..n {
+        let class = format!("class{:02}", i * 10 / n);
+        let key = format!("{class}/{i:05}.bin");
+        w.write(key.as_bytes(), sample(i), Label::Name(class.as_bytes()))
+            .unwrap();
+    }
+    w.finish().unwrap()
+}
+
+/// With the expected count, samples go straight into chunks: the same samples and labels,
+/// chunks of about the chunk size, each a mix of the classes of a class-sorted stream, and no
+/// spill log on the way.
+#[test]
+fn an_expected_count_writes_straight_into_mixed_chunks() {
+    let t = tempfile::tempdir().unwrap();
+    let out = t.path().join("ds.granary");
+    let mut o = opts(&out);
+    o.expected = Some(1000);
+    let s = write_sorted(o, 1000);
+    assert_eq!((s.files, s.classes), (1000, 10));
+    assert!(s.warnings.is_empty(), "{:?}", s.warnings);
+    assert!(!t.path().join(".ds.granary.spill").exists());
+    let all = read_all(&out);
+    assert_eq!(all.len(), 1000);
+    for i in 0..1000u32 {
+        let class = format!("class{:02}", i / 100);
+        let (data, c) = &all[format!("{class}/{i:05}.bin").as_bytes()];
+        assert_eq!(*data, sample(i));
+        assert_eq!(c.as_deref(), Some(class.as_bytes()), "sample {i}");
+    }
+    let snap = Snapshot::open(std::fs::read(out.join(SNAPSHOT_FILE)).unwrap()).unwrap();
+    // 1000 samples of ~500 bytes on average in 16 KiB chunks: about 31 chunks.
+    let n = snap.chunk_count();
+    assert!((20..=45).contains(&n), "{n} chunks");
+    for c in 0..n {
+        let ce = snap.chunk(c).unwrap();
+        let labels: BTreeSet<u32> = ce
+            .samples()
+            .map(|id| snap.sample(id).unwrap().label)
+            .collect();
+        assert!(labels.len() >= 6, "chunk {c}: classes {labels:?}");
+        assert!(
+            ce.file_size < 3 * (16 << 10),
+            "chunk {c}: {} bytes",
+            ce.file_size
+        );
+    }
+}
+
+/// Named fields, a count far too low (a warning, larger chunks, every sample there), fewer
+/// samples than it takes to size the chunks, and resume refused with the reason.
+#[test]
+fn an_expected_count_far_off_still_writes_every_sample() {
+    let t = tempfile::tempdir().unwrap();
+    // Far too low: 100 expected, 1000 written.
+    let out = t.path().join("low");
+    let mut o = opts(&out);
+    o.expected = Some(100);
+    let s = write_sorted(o, 1000);
+    assert_eq!(s.files, 1000);
+    assert!(
+        s.warnings.iter().any(|w| w.contains("were expected")),
+        "{:?}",
+        s.warnings
+    );
+    assert_eq!(read_all(&out).len(), 1000);
+    // Far too high: fewer samples than slots; empty slots make no chunk.
+    let out = t.path().join("high");
+    let mut o = opts(&out);
+    o.expected = Some(1_000_000);
+    let s = write_sorted(o, 50);
+    assert!(s.chunks <= 50, "{} chunks", s.chunks);
+    let all = read_all(&out);
+    assert_eq!(all.len(), 50);
+    // Named fields go straight in too.
+    let out = t.path().join("fields");
+    let mut o = opts(&out);
+    o.expected = Some(200);
+    let mut w = Writer::create(o).unwrap();
+    for i in 0..200u32 {
+        let fields = vec![
+            (b"jpg".to_vec(), sample(i)),
+            (b"txt".to_vec(), format!("caption {i}").into_bytes()),
+        ];
+        w.write_fields(format!("s/{i:04}").as_bytes(), fields, Label::Index(i % 3))
+            .unwrap();
+    }
+    assert_eq!(w.finish().unwrap().files, 200);
+    let all = read_all(&out);
+    assert_eq!(all.len(), 200);
+    let (data, class) = &all[&b"s/0007"[..]];
+    assert_eq!(data[..], [sample(7), b"caption 7".to_vec()].concat()[..]);
+    assert_eq!(class.as_deref(), Some(&b"1"[..]));
+    // Nothing to resume from: refused, saying why; a zero count too.
+    let mut o = opts(&t.path().join("r"));
+    o.expected = Some(10);
+    o.output.resume = true;
+    let e = Writer::create(o).unwrap_err().to_string();
+    assert!(e.contains("nothing to resume"), "{e}");
+    let mut o = opts(&t.path().join("z"));
+    o.expected = Some(0);
+    assert!(Writer::create(o)
+        .unwrap_err()
+        .to_string()
+        .contains("at least 1"));
+}
+
+/// A writer with an expected count stopped without finishing leaves no chunk behind, and the
+/// next writer of the same dataset starts over without being told to.
+#[test]
+fn an_unfinished_writer_with_an_expected_count_leaves_nothing() {
+    let t = tempfile::tempdir().unwrap();
+    let out = t.path().join("ds");
+    let mut o = opts(&out);
+    o.expected = Some(300);
+    let mut w = Writer::create(o.clone()).unwrap();
+    for i in 0..300u32 {
+        w.write(format!("s/{i}").as_bytes(), sample(i), Label::None)
+            .unwrap();
+    }
+    drop(w);
+    assert!(!out.exists());
+    let partial = t.path().join(".ds.partial");
+    let left: Vec<_> = std::fs::read_dir(&partial)
+        .map(|d| d.map(|e| e.unwrap().file_name()).collect())
+        .unwrap_or_default();
+    assert!(left.is_empty(), "left behind: {left:?}");
+    let s = write_sorted(o, 300);
+    assert_eq!(s.files, 300);
+    assert_eq!(read_all(&out).len(), 300);
+}

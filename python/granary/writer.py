@@ -94,6 +94,13 @@ class Writer:
     in memory before the rest go to the spill logs; default a sixteenth of the machine's
     memory, at most 512 MiB), ``gather_memory`` (bytes of one spill log read at once when closing).
 
+    ``expected`` (about how many samples will be written, e.g. ``len(dataset)``) lets samples go
+    straight into chunks, each picked by a seeded hash of the key among as many as the expected
+    bytes need (the first samples tell their mean size): still a uniform mix of a class-sorted
+    stream, but written to disk once and while they come instead of through the spill logs, so
+    closing is quick. A count far too low makes chunks larger (a warning says so); such a
+    writer cannot be resumed (an interrupted one starts over).
+
     Fields are typed: each field's values keep their type through the dataset (see
     ``granary._types``): a numpy array is stored as ``ndarray:DTYPE:SHAPE`` and read back as an
     array of that type and shape, a ``str`` as text, a dict or list as JSON, an ``int`` as a
@@ -106,7 +113,7 @@ class Writer:
                  chunk_size=_O["chunk_size"], seed=_O["seed"], resume=False, force=False,
                  progress=None, staging=None, threads=None, buckets=_W["buckets"],
                  gather_memory=_W["gather_memory"], chunk_files=_O["chunk_files"], memory=None,
-                 schema=None):
+                 schema=None, expected=None):
         out = str(out)
         if schema is not None:
             schema = {str(k): str(v) for k, v in dict(schema).items()}
@@ -133,7 +140,8 @@ class Writer:
                           force=bool(force), progress=bool(progress), staging=staging),
             **_given(classes=classes, buckets=int(buckets), gather_memory=int(gather_memory),
                      memory=None if memory is None else int(memory),
-                     threads=None if threads is None else max(1, int(threads)), schema=schema))
+                     threads=None if threads is None else max(1, int(threads)), schema=schema,
+                     expected=None if expected is None else int(expected)))
         self._w = _native.Writer(out, options)
         # Each field's type: declared, or set by its first value (a resumed writer's kept).
         self._types = dict(self._w.field_types)

@@ -63,6 +63,30 @@ def test_written_samples_read_back_byte_exact_with_labels(tmp_path):
     assert mixed and min(mixed) >= 3, by_chunk
 
 
+def test_an_expected_count_writes_straight_into_mixed_chunks(tmp_path):
+    """expected=N: samples go straight into chunks, still a mix of a class-sorted stream,
+    byte-exact; resume with it is refused, saying why."""
+    src = samples(600)
+    out = tmp_path / "e.granary"
+    with granary.Writer(out, chunk_size=32 << 10, progress=False, expected=len(src)) as w:
+        for key, data, c in src:
+            assert w.write(key, data, label=c) is True
+    assert w.summary["files"] == 600 and not w.summary["warnings"]
+    assert not (tmp_path / ".e.granary.spill").exists()
+    _, got = read_back(out)
+    assert got == {k: (d, c) for k, d, c in src}
+    assert run("verify", out).returncode == 0
+    by_chunk = {}
+    for line in run("ls", out, "--long").stdout.decode().splitlines():
+        _id, _orig, _stored, _comp, chunk, cls, _path = line.split()
+        by_chunk.setdefault(chunk, []).append(cls)
+    assert len(by_chunk) > 5
+    mixed = [len(set(v)) for v in by_chunk.values() if len(v) >= 20]
+    assert mixed and min(mixed) >= 3, by_chunk
+    with pytest.raises(ValueError, match="nothing to resume"):
+        granary.Writer(tmp_path / "r.granary", expected=10, resume=True, progress=False)
+
+
 def test_bytes_like_inputs_and_int_labels(tmp_path):
     out = tmp_path / "b.granary"
     want = {}

@@ -24,6 +24,8 @@ impl Writer {
             return Err(PackError::Usage("the writer is closed already".into()));
         }
         self.finished = true;
+        // With an expected count but fewer samples than it takes to size the chunks: now.
+        self.start_direct()?;
         self.drain(false)?;
         if !self.resumed.is_empty() {
             self.warnings.push(format!(
@@ -46,12 +48,23 @@ impl Writer {
             .enumerate()
             .map(|(i, c)| (c.clone(), i as u32))
             .collect();
-        self.clear_outputs()?;
+        if self.shared.direct.get().is_none() {
+            self.clear_outputs()?;
+        }
         let dest = self.opts.output.destination.clone();
         let dir = self.layout.chunks.clone();
-        let gathered = upload::with_sink(dest.as_deref(), &dir, Vec::new(), &|_| {}, |sink| {
-            self.gather(&classes, &class_of, sink)
-        })?;
+        let gathered =
+            upload::with_sink(
+                dest.as_deref(),
+                &dir,
+                Vec::new(),
+                &|_| {},
+                |sink| match self.shared.direct.get() {
+                    Some(d) => d.finish(&classes, &class_of, &self.types, self.opts.threads, sink),
+                    None => self.gather(&classes, &class_of, sink),
+                },
+            )?;
+        self.warn_if_oversized(&gathered);
         let summary = self.finish_as_mode(gathered, classes)?;
         let spill = &self.layout.spill;
         // Uploaded, the staging directory (spill logs, upload markers) went with the publish.
@@ -62,6 +75,25 @@ impl Writer {
             }
         }
         Ok(summary)
+    }
+
+    /// A warning when the expected count was far below what was written: the chunks came out
+    /// larger than the chunk size by as much.
+    fn warn_if_oversized(&mut self, chunks: &[ChunkSummary]) {
+        let Some(expected) = self.opts.expected else {
+            return;
+        };
+        let bytes: u64 = chunks.iter().map(|c| c.file_size).sum();
+        let mean = bytes / chunks.len().max(1) as u64;
+        if self.samples > expected.saturating_mul(3) / 2 && mean > self.opts.output.chunk_size {
+            self.warnings.push(format!(
+                "{} samples were written where {expected} were expected: the chunks average {} MiB \
+                 against the chunk size of {} MiB (give the expected count as it is)",
+                self.samples,
+                mean >> 20,
+                self.opts.output.chunk_size >> 20
+            ));
+        }
     }
 
     /// Removes what an interrupted `finish` may have left (chunks, snapshot), so the layout

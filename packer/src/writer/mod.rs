@@ -15,7 +15,9 @@
 //! Memory holds one spill log's records at a time (or its index), the chunk being written,
 //! a bounded queue of samples on their way to the logs and a 16-byte hash per key (to refuse
 //! keys written twice). Data is written twice to local disk (log, then chunk), which is
-//! what it costs to mix a stream of unknown length uniformly.
+//! what it costs to mix a stream of unknown length uniformly. Told how many samples to expect
+//! ([`WriterOptions::expected`]), the writer skips both passes and appends each sample to its
+//! chunk as it comes (`direct.rs`).
 //!
 //! The logs are the resume state: after a crash (kill -9 too), `resume` reads them back,
 //! drops a torn last record, and the caller writes its samples again; keys already in a log
@@ -24,6 +26,7 @@
 //! the snapshot uploaded last); with a shard, the result is a part for `merge`, as with
 //! `pack --shard`. The layout is a pure function of the set of samples and the seed.
 
+mod direct;
 mod gather;
 mod options;
 mod spill;
@@ -99,6 +102,9 @@ struct Shared {
     held: Vec<Mutex<Vec<SpillRecord>>>,
     held_bytes: AtomicU64,
     budget: u64,
+    /// With an expected sample count: the chunks samples go straight to (set once the first
+    /// samples told their mean size; see [`direct`]).
+    direct: std::sync::OnceLock<direct::Direct>,
 }
 
 impl Shared {
@@ -165,6 +171,9 @@ pub struct Writer {
     remote_found: Vec<(String, u64)>,
     /// Each field name's type descriptor, declared or from the schema.
     types: std::collections::BTreeMap<Vec<u8>, String>,
+    /// With an expected sample count, until its chunks are sized: the first samples, held.
+    probe: Option<Vec<Job>>,
+    probe_bytes: u64,
     finished: bool,
 }
 
@@ -193,6 +202,19 @@ impl Writer {
             if sorted.len() != c.len() {
                 return Err(PackError::Usage("classes must be distinct".into()));
             }
+        }
+        let direct = opts.expected.is_some();
+        if opts.expected == Some(0) {
+            return Err(PackError::Usage(
+                "the expected number of samples must be at least 1".into(),
+            ));
+        }
+        if direct && opts.output.resume {
+            return Err(PackError::Usage(
+                "a writer given the expected number of samples writes them straight into chunks and \
+                 keeps nothing to resume from: leave out resume (--resume), or the expected count"
+                    .into(),
+            ));
         }
         let layout = Self::layout(&opts)?;
         let existed = layout.spill.join(STATE_FILE).exists();
@@ -234,12 +256,16 @@ impl Writer {
                 ),
                 None => new_dataset_id(opts.output.out.as_os_str().as_encoded_bytes()),
             };
-            let state = WRITER_STATE.frame(opts.settings(&id).as_bytes());
-            write_file_atomic(&state_path, &state)?;
+            if !direct {
+                // The resume state (a writer straight into chunks has none).
+                let state = WRITER_STATE.frame(opts.settings(&id).as_bytes());
+                write_file_atomic(&state_path, &state)?;
+            }
             id
         };
-        let mut logs = Vec::with_capacity(opts.buckets as usize);
-        for b in 0..opts.buckets {
+        let spill_logs = if direct { 0 } else { opts.buckets };
+        let mut logs = Vec::with_capacity(spill_logs as usize);
+        for b in 0..spill_logs {
             let p = layout.spill.join(log_name(b));
             let f = std::fs::OpenOptions::new()
                 .create(true)
@@ -254,9 +280,10 @@ impl Writer {
             error: Mutex::new(None),
             queued_bytes: AtomicU64::new(0),
             spilled: AtomicU64::new(0),
-            held: (0..opts.buckets).map(|_| Mutex::new(Vec::new())).collect(),
+            held: (0..spill_logs).map(|_| Mutex::new(Vec::new())).collect(),
             held_bytes: AtomicU64::new(0),
             budget: opts.memory,
+            direct: Default::default(),
         });
         let mut w = Writer {
             t0: Instant::now(),
@@ -278,9 +305,15 @@ impl Writer {
             warnings: Vec::new(),
             remote_found,
             types: Default::default(),
+            probe: direct.then(Vec::new),
+            probe_bytes: 0,
             finished: false,
             opts,
         };
+        if direct {
+            // The chunks are built from the first sample on: what an earlier build left goes.
+            w.clear_outputs()?;
+        }
         for (n, t) in w.opts.schema.clone() {
             w.declare_field_type(n.as_bytes(), &t)?;
         }
@@ -665,18 +698,41 @@ impl Writer {
                 granary_format::MAX_SAMPLES
             )));
         }
-        let bucket = bucket_of(key, self.opts.output.seed, self.opts.buckets);
-        self.shared
-            .queued_bytes
-            .fetch_add(data.len() as u64, Ordering::Relaxed);
         let job = Job {
             key: key.to_vec(),
             data,
             fields,
             label,
             label_name,
-            bucket,
+            bucket: 0,
         };
+        self.dispatch(job)?;
+        Ok(Written::New)
+    }
+
+    /// Hands a sample to the writer's threads, for its spill log or (with an expected count)
+    /// its chunk; while the chunks are not sized yet, holds it.
+    fn dispatch(&mut self, mut job: Job) -> Result<(), PackError> {
+        if let Some(probe) = &mut self.probe {
+            self.probe_bytes += job.data.len() as u64;
+            probe.push(job);
+            let sized = self.probe_bytes >= direct::PROBE_BYTES
+                || probe.len() >= direct::PROBE_SAMPLES
+                || self.samples >= self.opts.expected.unwrap_or(0);
+            return match sized {
+                true => self.start_direct(),
+                false => Ok(()),
+            };
+        }
+        let slots = self
+            .shared
+            .direct
+            .get()
+            .map_or(self.opts.buckets, |d| d.slots());
+        job.bucket = bucket_of(&job.key, self.opts.output.seed, slots);
+        self.shared
+            .queued_bytes
+            .fetch_add(job.data.len() as u64, Ordering::Relaxed);
         let sent = self.tx.as_ref().map(|tx| tx.send(job).is_ok());
         if sent != Some(true) {
             return Err(self
@@ -684,7 +740,33 @@ impl Writer {
                 .take_error()
                 .unwrap_or_else(|| PackError::Usage("the writer's threads stopped".into())));
         }
-        Ok(Written::New)
+        Ok(())
+    }
+
+    /// Sizes the chunks from the samples held so far (their mean size and the expected
+    /// count) and sends those samples to them.
+    fn start_direct(&mut self) -> Result<(), PackError> {
+        let Some(probe) = self.probe.take() else {
+            return Ok(());
+        };
+        let mean = self.probe_bytes as f64 / probe.len().max(1) as f64;
+        let expected = self.opts.expected.unwrap_or(0).max(self.samples);
+        let out = &self.opts.output;
+        let slots = direct::slots_for(expected, mean, out.chunk_size, out.chunk_files);
+        let d = direct::Direct::new(
+            &self.layout.chunks,
+            self.dataset_id,
+            self.layout.ids,
+            self.with_fields == Some(true),
+            slots,
+        );
+        if self.shared.direct.set(d).is_err() {
+            return Err(PackError::Usage("the chunks were sized twice".into()));
+        }
+        for job in probe {
+            self.dispatch(job)?;
+        }
+        Ok(())
     }
 
     /// Checks a label and turns it into what a spill record holds.
@@ -823,11 +905,18 @@ impl Drop for Writer {
         // An unfinished writer keeps its logs for `resume`: stop the threads and flush.
         if !self.finished {
             let _ = self.drain(true);
-        } else if self
-            .shared
-            .held
-            .iter()
-            .any(|h| !h.lock().map(|v| v.is_empty()).unwrap_or(true))
+        }
+        let shared = self.shared.clone();
+        if let Some(d) = shared.direct.get() {
+            // Straight into chunks, nothing resumes: what a finish did not name goes.
+            let _ = self.drain(false);
+            d.abandon();
+        } else if self.finished
+            && self
+                .shared
+                .held
+                .iter()
+                .any(|h| !h.lock().map(|v| v.is_empty()).unwrap_or(true))
         {
             // A finish that failed: what it had not gathered goes to the logs, for `resume`.
             let _ = self.drain(true);

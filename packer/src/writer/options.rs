@@ -52,6 +52,11 @@ pub struct WriterOptions {
     pub memory: u64,
     /// Threads that checksum, compress and spill samples.
     pub threads: usize,
+    /// About how many samples will be written. With it, samples go straight into chunks
+    /// (chosen by a seeded hash of the key among as many as the expected bytes need) instead
+    /// of through the spill logs: written to local disk once, while they come; such a writer
+    /// cannot be resumed. See `writer::direct`.
+    pub expected: Option<u64>,
     /// Declared field types: name -> type descriptor (`str`, `json`, `int`,
     /// `ndarray:uint8:32,32,3`, `npy`, `image:jpeg`, `bytes`; SPEC.md §6.5). Fields not named
     /// here take the type [`crate::Writer::declare_field_type`] gives them, else `bytes`.
@@ -77,6 +82,7 @@ impl WriterOptions {
             threads: std::thread::available_parallelism()
                 .map(|n| n.get())
                 .unwrap_or(2),
+            expected: None,
             schema: Default::default(),
         }
     }

@@ -316,6 +316,15 @@ pub(super) fn spill_loop(rx: &Mutex<Receiver<Job>>, shared: &Shared, mode: Compr
             enc,
         };
         let b = job.bucket;
+        if let Some(d) = shared.direct.get() {
+            // An expected count: the sample goes straight into its chunk.
+            if let Err(e) = d.append(b, rec) {
+                shared.fail(e);
+                return;
+            }
+            shared.queued_bytes.fetch_sub(n, Ordering::Relaxed);
+            continue;
+        }
         let size = rec.held_bytes();
         if shared.held_bytes.fetch_add(size, Ordering::Relaxed) + size <= shared.budget {
             shared.held[b as usize]

@@ -1,0 +1,297 @@
+//! Samples straight into chunks, when the caller says how many samples to expect.
+//!
+//! Without a count, a stream of unknown length is mixed uniformly only by writing it twice
+//! (spill logs, then chunks: the module documentation). Given the expected number of samples
+//! N, the writer sizes the dataset once: it holds the first samples (up to [`PROBE_BYTES`] or
+//! [`PROBE_SAMPLES`]) to learn their mean stored size s, opens K = ⌈N·s / chunk size⌉ chunk
+//! slots (at least ⌈N / chunk files⌉ with a file count), and appends every sample to the slot
+//! a seeded hash of its key picks. Each chunk is so a uniform random subset of the whole
+//! stream, as with the spill logs, while the bytes reach local disk once and the kernel writes
+//! them back as they come instead of all at `finish`. Within a chunk, samples stay in the
+//! order they came (readers shuffle within their windows); the layout so depends on that order
+//! and on the probe, not only on the set of samples and the seed.
+//!
+//! A count far off changes the chunks' size, not their mixing: a count twice too low gives
+//! chunks about twice the chunk size (the finish warns). A slot that gets no sample makes no
+//! chunk. Chunk files are built as `chunk-NNNNNNNN.gchunk.tmp` with their header first, each
+//! slot buffering up to [`SLOT_BUFFER`] bytes (a file is opened to append each buffer-full, so
+//! no descriptor is held per slot); `finish` writes each footer (with the class table, known
+//! only then), fsyncs and names the file. There is nothing to resume from: an interrupted
+//! writer with an expected count starts over (its partial chunks are removed).
+
+use std::fs::OpenOptions;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+use std::collections::HashMap;
+
+use granary_format::{chunk_file_name, ChunkSummary, ChunkWriter, NO_LABEL};
+
+use super::spill::SpillRecord;
+use crate::publish::{append_record, ChunkRecord};
+use crate::{upload, Ids, PackError};
+
+/// Stored bytes of the first samples held to learn their mean size.
+pub(super) const PROBE_BYTES: u64 = 64 << 20;
+/// The most samples held to learn their mean size.
+pub(super) const PROBE_SAMPLES: usize = 4096;
+/// The most chunk slots (a count wildly off, or tiny chunks, must not make millions of files).
+pub(super) const MAX_SLOTS: u64 = 1 << 20;
+/// Bytes a slot buffers before appending them to its file.
+pub(super) const SLOT_BUFFER: usize = 1 << 20;
+/// All slots' buffers together stay below this (a slot buffers at least 16 KiB).
+const BUFFERS: usize = 64 << 20;
+
+/// Appends to a file it opens for each buffer-full (no descriptor held between).
+pub(super) struct Appender {
+    path: PathBuf,
+    buf: Vec<u8>,
+    cap: usize,
+}
+
+impl Appender {
+    fn create(path: PathBuf, cap: usize) -> std::io::Result<Appender> {
+        std::fs::File::create(&path)?;
+        Ok(Appender {
+            path,
+            buf: Vec::new(),
+            cap,
+        })
+    }
+
+    fn append(&self, b: &[u8]) -> std::io::Result<()> {
+        OpenOptions::new()
+            .append(true)
+            .open(&self.path)?
+            .write_all(b)
+    }
+}
+
+impl Write for Appender {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        if self.buf.len() + b.len() > self.cap {
+            self.flush()?;
+            if b.len() >= self.cap {
+                self.append(b)?;
+                return Ok(b.len());
+            }
+        }
+        if self.buf.capacity() == 0 {
+            self.buf.reserve_exact(self.cap);
+        }
+        self.buf.extend_from_slice(b);
+        Ok(b.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        if !self.buf.is_empty() {
+            self.append(&self.buf)?;
+            self.buf.clear();
+        }
+        Ok(())
+    }
+}
+
+/// One chunk being filled: made on its first sample.
+#[derive(Default)]
+struct Slot {
+    w: Option<ChunkWriter<Appender>>,
+}
+
+/// The chunk slots samples go to, shared by the writer's threads.
+pub(super) struct Direct {
+    dir: PathBuf,
+    dataset_id: [u8; 16],
+    ids: Ids,
+    fields: bool,
+    slots: Vec<Mutex<Slot>>,
+    /// Chunks made so far (the next one's index among the dataset's chunks).
+    made: Mutex<usize>,
+    /// Provisional class indexes of labels given by name, in the order first seen (the
+    /// class table, sorted, is known only at `finish`).
+    names: Mutex<HashMap<Vec<u8>, u32>>,
+    buffer: usize,
+}
+
+/// The number of chunk slots for `expected` samples of `mean` stored bytes.
+pub(super) fn slots_for(expected: u64, mean: f64, chunk_size: u64, chunk_files: u64) -> u64 {
+    let by_bytes = (expected as f64 * mean / chunk_size.max(1) as f64).ceil() as u64;
+    let by_files = expected.div_ceil(chunk_files.max(1));
+    by_bytes.max(by_files).clamp(1, MAX_SLOTS)
+}
+
+impl Direct {
+    pub(super) fn new(
+        dir: &Path,
+        dataset_id: [u8; 16],
+        ids: Ids,
+        fields: bool,
+        slots: u64,
+    ) -> Direct {
+        Direct {
+            dir: dir.to_path_buf(),
+            dataset_id,
+            ids,
+            fields,
+            slots: (0..slots).map(|_| Mutex::default()).collect(),
+            made: Mutex::new(0),
+            names: Mutex::default(),
+            buffer: (BUFFERS / slots as usize).clamp(16 << 10, SLOT_BUFFER),
+        }
+    }
+
+    pub(super) fn slots(&self) -> u32 {
+        self.slots.len() as u32
+    }
+
+    /// Appends an encoded sample to chunk slot `slot`.
+    pub(super) fn append(&self, slot: u32, rec: SpillRecord) -> Result<(), PackError> {
+        let label = match rec.label_name.is_empty() {
+            true => rec.label,
+            false => {
+                let mut names = self.names.lock().unwrap_or_else(|p| p.into_inner());
+                let next = names.len() as u32;
+                *names.entry(rec.label_name).or_insert(next)
+            }
+        };
+        let mut s = self.slots[slot as usize]
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if s.w.is_none() {
+            s.w = Some(self.make_chunk()?);
+        }
+        let w = s.w.as_mut().expect("made above");
+        let r = ChunkRecord {
+            key: &rec.key,
+            enc: &rec.enc,
+            label,
+            fields: &rec.fields,
+            attrs: None,
+        };
+        append_record(w, &r)
+            .map_err(|e| PackError::io("writing", &self.tmp_path(w.chunk_id()), e))?;
+        Ok(())
+    }
+
+    fn tmp_path(&self, id: u32) -> PathBuf {
+        self.dir
+            .join(chunk_file_name(id))
+            .with_extension("gchunk.tmp")
+    }
+
+    fn make_chunk(&self) -> Result<ChunkWriter<Appender>, PackError> {
+        let mut made = self.made.lock().unwrap_or_else(|p| p.into_inner());
+        self.ids.check(*made + 1)?;
+        let id = self.ids.id(*made);
+        let path = self.tmp_path(id);
+        let io = |e| PackError::io("writing", &path, e);
+        let out = Appender::create(path.clone(), self.buffer).map_err(io)?;
+        let w = match self.fields {
+            true => ChunkWriter::with_fields(out, self.dataset_id, id),
+            false => ChunkWriter::new(out, self.dataset_id, id),
+        }
+        .map_err(io)?;
+        *made += 1;
+        Ok(w)
+    }
+
+    /// Finishes every chunk: footer with the class table, fsync, its name. Chunks are
+    /// finished on up to `threads` threads; each goes to `sink` once named. Returns the
+    /// chunks' slim summaries in id order.
+    pub(super) fn finish(
+        &self,
+        classes: &[Vec<u8>],
+        class_of: &HashMap<Vec<u8>, u32>,
+        types: &std::collections::BTreeMap<Vec<u8>, String>,
+        threads: usize,
+        sink: &upload::Sink<'_>,
+    ) -> Result<Vec<ChunkSummary>, PackError> {
+        // Provisional index -> the class table's.
+        let names = self.names.lock().unwrap_or_else(|p| p.into_inner());
+        let mut remap = vec![NO_LABEL; names.len()];
+        for (name, &i) in names.iter() {
+            remap[i as usize] = *class_of.get(name).ok_or_else(|| {
+                PackError::Usage(format!(
+                    "class {:?} is not in the class table",
+                    String::from_utf8_lossy(name)
+                ))
+            })?;
+        }
+        let by_name = !names.is_empty();
+        drop(names);
+        let next = AtomicU64::new(0);
+        let done: Mutex<Vec<ChunkSummary>> = Mutex::default();
+        let failed: Mutex<Option<PackError>> = Mutex::default();
+        std::thread::scope(|scope| {
+            for _ in 0..threads.clamp(1, 4) {
+                scope.spawn(|| loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed) as usize;
+                    let stop = failed.lock().map(|f| f.is_some()).unwrap_or(true);
+                    if i >= self.slots.len() || stop {
+                        return;
+                    }
+                    let taken = self.slots[i]
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .w
+                        .take();
+                    let Some(mut w) = taken else { continue };
+                    if by_name {
+                        w.map_labels(|l| remap.get(l as usize).copied().unwrap_or(l));
+                    }
+                    let r = self.finish_chunk(w, classes, types).and_then(|s| {
+                        sink.finished(&s)?;
+                        Ok(crate::slimmed(s))
+                    });
+                    match r {
+                        Ok(s) => done.lock().unwrap_or_else(|p| p.into_inner()).push(s),
+                        Err(e) => {
+                            let mut f = failed.lock().unwrap_or_else(|p| p.into_inner());
+                            f.get_or_insert(e);
+                        }
+                    }
+                });
+            }
+        });
+        if let Some(e) = failed.into_inner().unwrap_or_else(|p| p.into_inner()) {
+            return Err(e);
+        }
+        let mut done = done.into_inner().unwrap_or_else(|p| p.into_inner());
+        done.sort_unstable_by_key(|s| s.chunk_id);
+        Ok(done)
+    }
+
+    fn finish_chunk(
+        &self,
+        mut w: ChunkWriter<Appender>,
+        classes: &[Vec<u8>],
+        types: &std::collections::BTreeMap<Vec<u8>, String>,
+    ) -> Result<ChunkSummary, PackError> {
+        let id = w.chunk_id();
+        let tmp = self.tmp_path(id);
+        let io = |e| PackError::io("writing", &tmp, e);
+        if self.fields {
+            w.field_types(types).map_err(io)?;
+        }
+        let (mut out, summary) = w.finish(classes).map_err(io)?;
+        out.flush().map_err(io)?;
+        std::fs::File::open(&tmp)
+            .and_then(|f| f.sync_all())
+            .map_err(io)?;
+        let path = self.dir.join(chunk_file_name(id));
+        std::fs::rename(&tmp, &path).map_err(|e| PackError::io("naming", &tmp, e))?;
+        Ok(summary)
+    }
+
+    /// Removes the chunks of an unfinished writer (nothing resumes from them).
+    pub(super) fn abandon(&self) {
+        for s in &self.slots {
+            let taken = s.lock().unwrap_or_else(|p| p.into_inner()).w.take();
+            if let Some(w) = taken {
+                let _ = std::fs::remove_file(self.tmp_path(w.chunk_id()));
+            }
+        }
+    }
+}
