@@ -39,6 +39,17 @@ def read_back(path):
     return ds, got
 
 
+def assert_chunks_mix_classes(out):
+    """Chunks mix a class-sorted stream: every chunk of 20+ samples holds 3 of the 5 classes."""
+    by_chunk = {}
+    for line in run("ls", out, "--long").stdout.decode().splitlines():
+        _id, _orig, _stored, _comp, chunk, cls, _path = line.split()
+        by_chunk.setdefault(chunk, []).append(cls)
+    assert len(by_chunk) > 5
+    mixed = [len(set(v)) for v in by_chunk.values() if len(v) >= 20]
+    assert mixed and min(mixed) >= 3, by_chunk
+
+
 def test_written_samples_read_back_byte_exact_with_labels(tmp_path):
     src = samples(600)
     out = tmp_path / "w.granary"
@@ -53,14 +64,7 @@ def test_written_samples_read_back_byte_exact_with_labels(tmp_path):
     k, d, _ = src[17]
     assert run("cat", out, k).stdout == d
     assert run("verify", out).returncode == 0
-    # Chunks mix the sorted classes: every chunk of 20+ samples holds at least 3 of the 5.
-    by_chunk = {}
-    for line in run("ls", out, "--long").stdout.decode().splitlines():
-        _id, _orig, _stored, _comp, chunk, cls, _path = line.split()
-        by_chunk.setdefault(chunk, []).append(cls)
-    assert len(by_chunk) > 5
-    mixed = [len(set(v)) for v in by_chunk.values() if len(v) >= 20]
-    assert mixed and min(mixed) >= 3, by_chunk
+    assert_chunks_mix_classes(out)
 
 
 def test_an_expected_count_writes_straight_into_mixed_chunks(tmp_path):
@@ -76,13 +80,7 @@ def test_an_expected_count_writes_straight_into_mixed_chunks(tmp_path):
     _, got = read_back(out)
     assert got == {k: (d, c) for k, d, c in src}
     assert run("verify", out).returncode == 0
-    by_chunk = {}
-    for line in run("ls", out, "--long").stdout.decode().splitlines():
-        _id, _orig, _stored, _comp, chunk, cls, _path = line.split()
-        by_chunk.setdefault(chunk, []).append(cls)
-    assert len(by_chunk) > 5
-    mixed = [len(set(v)) for v in by_chunk.values() if len(v) >= 20]
-    assert mixed and min(mixed) >= 3, by_chunk
+    assert_chunks_mix_classes(out)
     with pytest.raises(ValueError, match="nothing to resume"):
         granary.Writer(tmp_path / "r.granary", expected=10, resume=True, progress=False)
 

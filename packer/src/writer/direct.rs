@@ -241,17 +241,8 @@ impl Direct {
                     if by_name {
                         w.map_labels(|l| remap.get(l as usize).copied().unwrap_or(l));
                     }
-                    let r = self.finish_chunk(w, classes, types).and_then(|s| {
-                        sink.finished(&s)?;
-                        Ok(crate::slimmed(s))
-                    });
-                    match r {
-                        Ok(s) => done.lock().unwrap_or_else(|p| p.into_inner()).push(s),
-                        Err(e) => {
-                            let mut f = failed.lock().unwrap_or_else(|p| p.into_inner());
-                            f.get_or_insert(e);
-                        }
-                    }
+                    let written = self.finish_chunk(w, classes, types);
+                    super::gather::settle(written, sink, &done, &failed);
                 });
             }
         });

@@ -177,21 +177,7 @@ impl Writer {
                     let at = (self.dataset_id, id);
                     let written = write_chunk(&self.layout.chunks, at, classes, contents, records);
                     drop(recs);
-                    let r = written.and_then(|s| {
-                        sink.finished(&s)?;
-                        // Entries and paths are read back at the end (from the chunk, or
-                        // from its upload marker): memory does not grow with the samples.
-                        Ok(crate::slimmed(s))
-                    });
-                    match r {
-                        Ok(s) => done.lock().unwrap_or_else(|p| p.into_inner()).push(s),
-                        Err(e) => {
-                            let mut f = failed.lock().unwrap_or_else(|p| p.into_inner());
-                            if f.is_none() {
-                                *f = Some(e);
-                            }
-                        }
-                    }
+                    settle(written, sink, done, failed);
                 });
             }
             let mut asm = Assembler {
@@ -322,6 +308,30 @@ impl Writer {
             warnings: std::mem::take(&mut self.warnings),
             ..t.summary(self.t0.elapsed().as_secs_f64())
         })
+    }
+}
+
+/// A chunk written, or not: handed to `sink` and kept in `done`, slim (entries and paths are
+/// read back at the end, from the chunk or its upload marker, so memory does not grow with the
+/// samples); or the first error kept in `failed`.
+pub(super) fn settle(
+    written: Result<ChunkSummary, PackError>,
+    sink: &upload::Sink<'_>,
+    done: &Mutex<Vec<ChunkSummary>>,
+    failed: &Mutex<Option<PackError>>,
+) {
+    let r = written.and_then(|s| {
+        sink.finished(&s)?;
+        Ok(crate::slimmed(s))
+    });
+    match r {
+        Ok(s) => done.lock().unwrap_or_else(|p| p.into_inner()).push(s),
+        Err(e) => {
+            failed
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get_or_insert(e);
+        }
     }
 }
 

@@ -203,19 +203,8 @@ impl Writer {
                 return Err(PackError::Usage("classes must be distinct".into()));
             }
         }
+        opts.check_expected()?;
         let direct = opts.expected.is_some();
-        if opts.expected == Some(0) {
-            return Err(PackError::Usage(
-                "the expected number of samples must be at least 1".into(),
-            ));
-        }
-        if direct && opts.output.resume {
-            return Err(PackError::Usage(
-                "a writer given the expected number of samples writes them straight into chunks and \
-                 keeps nothing to resume from: leave out resume (--resume), or the expected count"
-                    .into(),
-            ));
-        }
         let layout = Self::layout(&opts)?;
         let existed = layout.spill.join(STATE_FILE).exists();
         let mut warnings = Vec::new();

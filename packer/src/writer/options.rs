@@ -87,6 +87,24 @@ impl WriterOptions {
         }
     }
 
+    /// Refuses an expected count of zero, or one given with resume (a writer straight into
+    /// chunks keeps nothing to resume from).
+    pub(crate) fn check_expected(&self) -> Result<(), crate::PackError> {
+        if self.expected == Some(0) {
+            return Err(crate::PackError::Usage(
+                "the expected number of samples must be at least 1".into(),
+            ));
+        }
+        if self.expected.is_some() && self.output.resume {
+            return Err(crate::PackError::Usage(
+                "a writer given the expected number of samples writes them straight into chunks and \
+                 keeps nothing to resume from: leave out resume (--resume), or the expected count"
+                    .into(),
+            ));
+        }
+        Ok(())
+    }
+
     /// The settings a resumed writer must share with the interrupted one.
     pub(crate) fn settings(&self, dataset_id: &[u8; 16]) -> String {
         let classes = self.classes.as_ref().map(|c| {
