@@ -891,23 +891,22 @@ impl Writer {
 
 impl Drop for Writer {
     fn drop(&mut self) {
-        // An unfinished writer keeps its logs for `resume`: stop the threads and flush.
-        if !self.finished {
-            let _ = self.drain(true);
-        }
         let shared = self.shared.clone();
         if let Some(d) = shared.direct.get() {
-            // Straight into chunks, nothing resumes: what a finish did not name goes.
+            // Straight into chunks, nothing resumes: stop the threads; what a finish did not
+            // name goes.
             let _ = self.drain(false);
             d.abandon();
-        } else if self.finished
-            && self
-                .shared
-                .held
-                .iter()
-                .any(|h| !h.lock().map(|v| v.is_empty()).unwrap_or(true))
-        {
-            // A finish that failed: what it had not gathered goes to the logs, for `resume`.
+            return;
+        }
+        let unfinished = !self.finished;
+        // A finish that failed leaves what it had not gathered in memory.
+        let held = shared
+            .held
+            .iter()
+            .any(|h| !h.lock().map(|v| v.is_empty()).unwrap_or(true));
+        if unfinished || held {
+            // Kept for `resume`: stop the threads, the held samples to their logs, flushed.
             let _ = self.drain(true);
         }
     }
