@@ -10,8 +10,11 @@ recommends:
                the files, DataLoader(shuffle=True, batch_size=B, num_workers=W), each file
                opened and read whole
   granary      granary.IterableDataset(ds, batch_size=B) in DataLoader(batch_size=None,
-               num_workers=W): chunk-wise shuffle, each sample a uint8 tensor view of the
-               batch's buffer (the worker's shared-memory ring)
+               num_workers=W): chunk-wise shuffle, each sample a uint8 tensor view: of the
+               training process's own map of the chunk file when the worker read it from a
+               map (warm, resident), else of the batch's buffer (the worker's shared-memory
+               ring)
+  granary-ring the same with zero_copy=False: every batch through the ring (a copy)
   granary-tensor  the same with batch_format="tensor" (one tensor and offsets per batch)
   granary-inproc  the per-sample batches iterated in the training process: the reader's own
                I/O and checksum threads instead of DataLoader worker processes
@@ -36,6 +39,7 @@ buffer each: a copy out of the page cache and nothing else). Prints a table, gra
 to the fastest other loader cold and warm, and the ceilings; --json writes the numbers.
 
   python bench/python/loaders.py --src TREE --work DIR [--workers 2] [--batch 64] [--epochs 3]
+                                [--touch]
 """
 
 import argparse
@@ -148,10 +152,11 @@ def load_raw(src, workers, batch, epoch):
                                 num_workers=workers, collate_fn=collate_raw))
 
 
-def _granary(out, batch, epoch, fmt):
+def _granary(out, batch, epoch, fmt, zero_copy=True):
     import granary
 
-    ds = granary.IterableDataset(out, batch_size=batch, seed=1, batch_format=fmt)
+    ds = granary.IterableDataset(out, batch_size=batch, seed=1, batch_format=fmt,
+                                 zero_copy=zero_copy)
     ds.set_epoch(epoch)
     return ds
 
@@ -163,11 +168,20 @@ def load_granary(out, workers, batch, epoch):
     yield from sizes(b["data"] for b in DataLoader(ds, batch_size=None, num_workers=workers))
 
 
+def load_granary_ring(out, workers, batch, epoch):
+    from torch.utils.data import DataLoader
+
+    ds = _granary(out, batch, epoch, "list", zero_copy=False)
+    yield from sizes(b["data"] for b in DataLoader(ds, batch_size=None, num_workers=workers))
+
+
 def load_granary_tensor(out, workers, batch, epoch):
     from torch.utils.data import DataLoader
 
     ds = _granary(out, batch, epoch, "tensor")
     for b in DataLoader(ds, batch_size=None, num_workers=workers):
+        if TOUCH:
+            touch(b["data"])
         yield len(b["offsets"]) - 1, int(b["offsets"][-1])
 
 
@@ -208,8 +222,20 @@ def load_floor(src, workers, batch, epoch):
     yield from sizes(b["data"] for b in DataLoader(Floor(), batch_size=None, num_workers=workers))
 
 
+TOUCH = False  # --touch: the loop reads one byte of every 4 KiB page of every sample
+
+
+def touch(x):
+    """Reads one byte per 4 KiB page of ``x`` (a tensor, array or bytes): what a decoder's
+    first pass over the sample costs in page faults and cache misses, without the decode."""
+    return sum(memoryview(x.numpy() if hasattr(x, "numpy") else x).cast("B")[::4096])
+
+
 def sizes(batches):
     for b in batches:
+        if TOUCH:
+            for x in b:
+                touch(x)
         yield len(b), sum(len(x) for x in b)
 
 
@@ -243,6 +269,7 @@ def load_litdata(out, workers, batch, epoch):
 LOADERS = {
     "raw": (None, None, load_raw, ["torch.utils.data"]),
     "granary": ("granary", convert_granary, load_granary, ["torch.utils.data", "granary"]),
+    "granary-ring": ("granary", convert_granary, load_granary_ring, ["torch.utils.data", "granary"]),
     "granary-tensor": ("granary", convert_granary, load_granary_tensor, ["torch.utils.data", "granary"]),
     "granary-inproc": ("granary", convert_granary, load_granary_inproc, ["torch", "granary"]),
     "webdataset": ("webdataset", convert_webdataset, load_webdataset, ["torch.utils.data", "webdataset"]),
@@ -299,6 +326,8 @@ def run_child(a):
     import importlib
     import resource
 
+    global TOUCH
+    TOUCH = a.touch
     dirname, _, load, modules = LOADERS[a.child]
     for m in modules:
         importlib.import_module(m)
@@ -331,6 +360,9 @@ def main():
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--only", default=",".join(LOADERS))
     ap.add_argument("--json", help="write the results here")
+    ap.add_argument("--touch", action="store_true",
+                    help="the training loop reads one byte of every 4 KiB page of every sample "
+                         "(page faults and cache misses a decoder would meet), not only lengths")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child:
@@ -363,6 +395,8 @@ def main():
     for name in names:
         args = [sys.executable, __file__, "--child", name, "--src", str(src), "--work", str(work),
                 "--workers", str(a.workers), "--batch", str(a.batch), "--epochs", str(a.epochs)]
+        if a.touch:
+            args.append("--touch")
         r = subprocess.run(args, capture_output=True, text=True)
         if r.returncode != 0:
             print(f"  {name}: failed\n{r.stderr[-2000:]}", file=sys.stderr)

@@ -293,6 +293,14 @@ class IterableDataset(_IterBase):
     resident in, and bounds the maps of resident chunks each worker keeps from one epoch to
     the next (they show in its RSS as file pages); ``0`` keeps none.
 
+    ``zero_copy`` (default True): a DataLoader worker's batch (``batch_format="list"``, no
+    ``transform`` or ``collate`` in the worker, no tier) whose samples all lie in chunk files
+    it keeps mapped (a resident local dataset) crosses to the training process as places in
+    those files, which that process maps itself, privately: its per-sample tensors are views
+    of the page cache, checked by the worker, copied by nobody (writing into one changes that
+    process's copy only). Other batches, and all with ``False``, are gathered into the worker's
+    shared-memory ring.
+
     ``waits=True`` (with ``batch_size``) adds ``"waits"`` to every batch: the seconds the
     process that made it (a DataLoader worker) spent on it, by what the reader waited on
     (``tier_s``, ``peers_s``, ``origin_s``, ``check_s``, ``plan_s``, ``other_s``) and
@@ -321,6 +329,7 @@ class IterableDataset(_IterBase):
         window=None,
         memory=None,
         page_cache=None,
+        zero_copy=True,
         batch_format="list",
         pad=False,
         locality=_D["locality"],
@@ -403,6 +412,7 @@ class IterableDataset(_IterBase):
         self.window = window
         self.memory = None if memory is None else int(memory)
         self.page_cache = None if page_cache is None else int(page_cache)
+        self.zero_copy = bool(zero_copy)
         self.batch_format = batch_format
         self.peers = peers
         self.node = None if node is None else int(node)
@@ -609,8 +619,11 @@ class IterableDataset(_IterBase):
 
         in_worker = _tud is not None and _tud.get_worker_info() is not None
         if in_worker and transform is None and collate is None:
+            # Per-sample views of chunk files that are not the tier's (which may evict
+            # them) cross without a copy when they are mapped.
+            zero_copy = self.zero_copy and not packed and self.cache_dir is None
             yield from _shm.worker_batches(stream, n, packed, weighted, layouts, self.fields,
-                                           self._mixture)
+                                           self._mixture, zero_copy)
             return
         while True:
             batch = stream.next_batch_array(n)

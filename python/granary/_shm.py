@@ -14,6 +14,15 @@ sends tensors) until the training process acknowledges it in the control page, s
 that never arrives costs nothing but a retry. Rings are per process: a forked child makes its
 own. When every segment is taken (the training loop keeps more batches than the ring has
 slots), the batch is pickled instead, a copy but never wrong.
+
+When every sample of a batch lies in a chunk file the reader keeps mapped (a resident local
+dataset, warm), even the ring is skipped: the record says which file, where and how long, and
+the training process maps those files itself (privately, guarded against truncation, checked
+to be the same files by device and inode) and hands out views of them (``attach_files``). The
+worker checked the samples' CRC-32 over those very page-cache pages; the bytes are copied by
+nobody. Each batch has maps of its own (a loop that writes into a sample changes its private
+copy of the page, which no later batch sees), gone with its last view; past ``_MAX_LIVE`` maps
+alive the samples are read instead. A file cut short under them is an error at the next batch.
 """
 
 import mmap
@@ -262,29 +271,39 @@ def _attach(token, pid, ctl_fd, slot, serial, seg_fd, size, nbytes, offsets, ids
     return assemble(arr, offsets, ids, labels, weights, packed, layouts, sources)
 
 
+def _torch():
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch
+
+
 def assemble(arr, offsets, ids, labels, weights, packed, layouts=None, sources=None):
     """The batch dict from a uint8 array of the samples back to back: per-sample views (uint8
     tensors with torch, numpy arrays without) or, ``packed``, the array and the offsets; ids
     and labels as int64 tensors (numpy arrays without torch); of a mixture, ``"source"``."""
-    try:
-        import torch
-    except ImportError:
-        torch = None
+    torch = _torch()
     if torch is not None:
         data = torch.from_numpy(arr)
-        offsets_t = torch.from_numpy(offsets)
         if not packed:
             data = list(torch.split(data, np.diff(offsets).tolist()))
+    elif not packed:
+        data = np.split(arr, offsets[1:-1])
+    else:
+        data = arr
+    return _item(torch, data, offsets, ids, labels, weights, packed, layouts, sources)
+
+
+def _item(torch, data, offsets, ids, labels, weights, packed, layouts, sources):
+    """The batch dict around ``data`` (per-sample views, or the packed array)."""
+    if torch is not None:
+        offsets = torch.from_numpy(offsets)
         ids, labels = torch.from_numpy(ids), torch.from_numpy(labels)
         if weights is not None:
             weights = torch.from_numpy(weights)
         if sources is not None:
             sources = torch.from_numpy(sources)
-        offsets = offsets_t
-    elif not packed:
-        data = np.split(arr, offsets[1:-1])
-    else:
-        data = arr
     item = {"id": ids, "label": labels, "data": data}
     if layouts is not None:
         # {field name: [each sample's value (bytes fields: a view of its bytes), or None]};
@@ -303,8 +322,104 @@ def assemble(arr, offsets, ids, labels, weights, packed, layouts=None, sources=N
     return item
 
 
-def worker_batches(stream, n, packed, weighted, layouts=None, wanted=None, mixture=False):
-    """(samples, record) per batch of ``stream``, gathered into this worker's ring."""
+# -- batches as places in mapped chunk files ----------------------------------------------------
+
+# Maps are made per batch, never kept for the next one: a training loop that writes into a
+# sample's tensor changes its own private copy of that page, which a later batch must not see.
+_live = [0]  # maps alive in this process (their views are): bounded by _MAX_LIVE
+_MAX_LIVE = 2048  # past it (the loop keeps that many batches), batches are read, a copy
+_in_use = []  # the FileMaps of the last batch handed out: checked again at the next one
+
+
+def _unmapped():
+    _live[0] -= 1
+
+
+def _map_file(path, dev, ino, torch):
+    """(FileMap, the whole file as a tensor or array), or None when too many are alive."""
+    if _live[0] >= _MAX_LIVE:
+        return None
+    from ._native import map_file
+
+    arr, fm = map_file(path, dev, ino)
+    _live[0] += 1
+    weakref.finalize(arr, _unmapped).atexit = False
+    return fm, torch.from_numpy(arr) if torch is not None else arr
+
+
+def _read(path, dev, ino, starts, lens, torch):
+    """The samples at ``starts`` / ``lens`` of the file, read (a copy), from the same file."""
+    from . import DamagedError
+
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        if (st.st_dev, st.st_ino) != (dev, ino):
+            raise DamagedError(f"{os.fsdecode(path)}: this is not the file a DataLoader worker "
+                               "read the batch from: it was replaced since")
+        out = []
+        for a, n in zip(starts.tolist(), lens.tolist()):
+            b = os.pread(fd, n, a)
+            if len(b) != n:
+                raise DamagedError(f"{os.fsdecode(path)}: cut short under a batch (wanted "
+                                   f"{n} bytes at {a}, got {len(b)})")
+            arr = np.frombuffer(bytearray(b), np.uint8)
+            out.append(torch.from_numpy(arr) if torch is not None else arr)
+        return out
+    finally:
+        os.close(fd)
+
+
+def _slices(base, starts, lens, torch):
+    """Views of ``base`` at ``starts`` / ``lens`` (sorted by start): one split of the range
+    they span, gaps included, unless two overlap (a sample drawn twice)."""
+    ends = starts + lens
+    gaps = starts[1:] - ends[:-1]
+    if len(starts) > 1 and (gaps < 0).any():
+        return [base[int(a):int(b)] for a, b in zip(starts, ends)]
+    sizes = np.empty(2 * len(starts) - 1, np.int64)
+    sizes[0::2] = lens
+    sizes[1::2] = gaps
+    span = base[int(starts[0]):int(ends[-1])]
+    if torch is not None:
+        pieces = torch.split(span, sizes.tolist())
+    else:
+        pieces = np.split(span, np.cumsum(sizes)[:-1])
+    return pieces[0::2]
+
+
+def attach_files(files, which, starts, offsets, ids, labels, weights, packed, layouts=None,
+                 sources=None):
+    """The batch dict of a record of places in chunk files (``worker_batches``), as views of
+    this process's own maps of those files."""
+    global _in_use
+    for fm in _in_use:  # a file cut short while the previous batch was read
+        fm.check()
+    torch = _torch()
+    lens = np.diff(offsets)
+    data = [None] * len(ids)
+    maps = []
+    for k, (path, dev, ino) in enumerate(files):
+        js = np.flatnonzero(which == k) if len(files) > 1 else np.arange(len(ids))
+        js = js[np.argsort(starts[js], kind="stable")]
+        m = _map_file(path, dev, ino, torch)
+        if m is None:
+            views = _read(path, dev, ino, starts[js], lens[js], torch)
+        else:
+            maps.append(m[0])
+            views = _slices(m[1], starts[js], lens[js], torch)
+        for j, view in zip(js.tolist(), views):
+            data[j] = view
+    _in_use = maps
+    for fm in maps:
+        fm.check()
+    return _item(torch, data, offsets, ids, labels, weights, packed, layouts, sources)
+
+
+def worker_batches(stream, n, packed, weighted, layouts=None, wanted=None, mixture=False,
+                   zero_copy=False):
+    """(samples, record) per batch of ``stream``, gathered into this worker's ring, or, with
+    ``zero_copy`` and every sample in a mapped chunk file, as places in those files."""
     r = ring()
     taken = []
 
@@ -315,8 +430,14 @@ def worker_batches(stream, n, packed, weighted, layouts=None, wanted=None, mixtu
 
     while True:
         taken.clear()
+        refs = None
         try:
-            batch = stream.next_batch_into(n, alloc)
+            if zero_copy:
+                batch = stream.next_batch_refs(n, alloc)
+                if batch is not None:
+                    *batch, refs = batch
+            else:
+                batch = stream.next_batch_into(n, alloc)
         except BaseException:
             for slot in taken:
                 if slot is not None:
@@ -335,6 +456,12 @@ def worker_batches(stream, n, packed, weighted, layouts=None, wanted=None, mixtu
         if layouts is not None:
             if wanted is not None:
                 lay = [[f for f in s if f[0] in wanted] for s in lay]
+        if refs is not None:  # nothing copied: the training process maps the files
+            files, which, starts = refs
+            args = (files, np.asarray(which, np.int32), np.asarray(starts, np.int64), offsets,
+                    ids, labels, weights, packed, lay, sources)
+            yield len(ids), Batch(attach_files, args, lambda a=args: attach_files(*a))
+            continue
         slot = taken[0]
         if slot is None:  # every slot is taken: the bytes are pickled, a copy
             args = (arr, offsets, ids, labels, weights, packed, lay, sources)

@@ -7,9 +7,13 @@
 //! one the caller provides, such as a segment of a DataLoader worker's shared-memory ring),
 //! which the Python package hands out as per-sample views. The stable ABI this one wheel is
 //! built for (CPython >= 3.9) has no buffer protocol for extension types before 3.11, hence
-//! numpy arrays rather than views of the read buffers themselves.
-#![forbid(unsafe_code)]
+//! numpy arrays rather than views of the read buffers themselves. A DataLoader worker's batch
+//! of samples that lie in mapped chunk files crosses to the training process as places in those
+//! files, which it maps itself (`handover`): the one `unsafe` block of this crate, which lends
+//! such a map to numpy.
+#![deny(unsafe_code)]
 
+mod handover;
 mod stream;
 mod writer;
 
@@ -542,6 +546,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<stream::Stream>()?;
     m.add_class::<Scores>()?;
     m.add_class::<writer::Writer>()?;
+    m.add_class::<handover::FileMap>()?;
+    m.add_function(wrap_pyfunction!(handover::map_file, m)?)?;
     m.add_function(wrap_pyfunction!(stream::check_reader_options, m)?)?;
     m.add_function(wrap_pyfunction!(stream::mixture_info, m)?)?;
     m.add_function(wrap_pyfunction!(io_backends, m)?)?;

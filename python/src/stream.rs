@@ -66,6 +66,47 @@ fn gather_into(samples: &[granary::Sample], dst: &mut [u8]) {
     }
 }
 
+/// The samples gathered into the array `alloc(nbytes)` returns (see
+/// `Stream::next_batch_into`), with their columns.
+fn gather_batch<'py>(
+    py: Python<'py>,
+    got: &[granary::Sample],
+    alloc: &Bound<'py, PyAny>,
+) -> PyResult<PyArrayBatch<'py>> {
+    let total = packed_len(got);
+    let out = alloc.call1((total,))?;
+    let arr = out.cast::<PyArray1<u8>>().map_err(|_| {
+        PyValueError::new_err("alloc(nbytes) must return a one-dimensional numpy uint8 array")
+    })?;
+    {
+        let mut rw = arr.try_readwrite().map_err(|e| {
+            PyValueError::new_err(format!(
+                "alloc(nbytes) returned an array that cannot be written: {e}"
+            ))
+        })?;
+        let dst = rw.as_slice_mut().map_err(|e| {
+            PyValueError::new_err(format!("alloc(nbytes) returned a strided array: {e}"))
+        })?;
+        if dst.len() < total {
+            return Err(PyValueError::new_err(format!(
+                "alloc({total}) returned an array of only {} bytes",
+                dst.len()
+            )));
+        }
+        py.detach(|| gather_into(got, dst));
+        still_intact(got)?;
+    }
+    let (ids, labels, weights, sources) = columns(got);
+    Ok((
+        ids,
+        labels,
+        arr.clone(),
+        PyArray1::from_vec(py, offsets(got)),
+        weights,
+        sources,
+    ))
+}
+
 /// A packed batch: (ids, labels, all bytes, offsets, weights, sources).
 type PyPackedBatch<'py> = (
     Vec<u64>,
@@ -509,38 +550,35 @@ impl Stream {
         if got.is_empty() {
             return Ok(None);
         }
-        let total = packed_len(&got);
-        let out = alloc.call1((total,))?;
-        let arr = out.cast::<PyArray1<u8>>().map_err(|_| {
-            PyValueError::new_err("alloc(nbytes) must return a one-dimensional numpy uint8 array")
-        })?;
-        {
-            let mut rw = arr.try_readwrite().map_err(|e| {
-                PyValueError::new_err(format!(
-                    "alloc(nbytes) returned an array that cannot be written: {e}"
-                ))
-            })?;
-            let dst = rw.as_slice_mut().map_err(|e| {
-                PyValueError::new_err(format!("alloc(nbytes) returned a strided array: {e}"))
-            })?;
-            if dst.len() < total {
-                return Err(PyValueError::new_err(format!(
-                    "alloc({total}) returned an array of only {} bytes",
-                    dst.len()
-                )));
-            }
-            py.detach(|| gather_into(&got, dst));
-            still_intact(&got)?;
+        gather_batch(py, &got, alloc).map(Some)
+    }
+
+    /// [`Stream::next_batch_into`], except that when every sample of the batch is a slice of
+    /// a mapped local chunk file nothing is copied: returns (ids, labels, None, offsets,
+    /// weights, sources, (files, file index per sample, offset per sample in its file)), each
+    /// file as (path, device, inode), for another process to map ([`crate::handover`]); else
+    /// the batch gathered by `alloc` as [`Stream::next_batch_into`] does, and None last.
+    fn next_batch_refs<'py>(
+        &self,
+        py: Python<'py>,
+        n: usize,
+        alloc: &Bound<'py, PyAny>,
+    ) -> PyResult<Option<Bound<'py, PyTuple>>> {
+        let got = self.take(py, n)?;
+        if got.is_empty() {
+            return Ok(None);
         }
-        let (ids, labels, weights, sources) = columns(&got);
-        Ok(Some((
-            ids,
-            labels,
-            arr.clone(),
-            PyArray1::from_vec(py, offsets(&got)),
-            weights,
-            sources,
-        )))
+        if let Some(refs) = crate::handover::refs_of(&got)? {
+            still_intact(&got)?;
+            let (ids, labels, weights, sources) = columns(&got);
+            let offsets = PyArray1::from_vec(py, offsets(&got));
+            let none = py.None().into_bound(py);
+            let t = (ids, labels, none, offsets, weights, sources, refs);
+            return Ok(Some(t.into_pyobject(py)?));
+        }
+        let (ids, labels, arr, offsets, weights, sources) = gather_batch(py, &got, alloc)?;
+        let t = (ids, labels, arr, offsets, weights, sources, py.None());
+        Ok(Some(t.into_pyobject(py)?))
     }
 
     /// What other nodes' tiers served so far (with ``peers``): (samples, bytes); None without

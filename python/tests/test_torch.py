@@ -109,6 +109,101 @@ def test_batches_cross_from_workers_in_a_reused_shared_memory_ring(packed, conte
         assert a.segs and max(serial for serial, _ in a.segs.values()) <= 8
 
 
+@pytest.fixture(scope="module")
+def raw_packed(tmp_path_factory):
+    """(dataset dir, {path: bytes}): 240 files stored raw (no zstd) in 16 KiB chunks, just
+    written, so resident: every chunk is read through its map."""
+    from conftest import make_tree, run
+
+    tmp = tmp_path_factory.mktemp("raw")
+    files = make_tree(tmp / "src", 240)
+    out = tmp / "train.granary"
+    run("pack", tmp / "src", "-o", out, "--chunk-size", "16KiB", "--compress", "none")
+    return out, files
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_mapped_batches_cross_from_workers_without_a_copy(raw_packed, context):
+    # Every sample lies in a mapped chunk: the batches arrive as places in the chunk files,
+    # which this process maps itself; no ring is attached, every byte is the file's.
+    from granary import _shm
+
+    path, files = raw_packed
+    m = granary.Dataset(path)
+    before_rings = set(_shm._attached)
+    ds = granary.IterableDataset(path, seed=3, batch_size=8)
+    seen, mapped = [], set()
+    loader = DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context=context)
+    for b in loader:
+        mapped.update(os.path.basename(fm.path) for fm in _shm._in_use)
+        for i, x in zip(b["id"].tolist(), b["data"]):
+            assert x.dtype == torch.uint8
+            assert bytes(x.numpy()) == files[m.path(i)]
+            seen.append(i)
+    assert sorted(seen) == list(range(240))
+    assert set(_shm._attached) == before_rings
+    assert mapped == {p.name for p in path.iterdir() if p.name.endswith(".gchunk")}
+    del b, x
+    assert _shm._live[0] == 0  # every map went with its batch
+    # Writing into a sample changes this process's copy only: the next epoch reads the file.
+    b = next(iter(DataLoader(ds, batch_size=None, num_workers=1)))
+    x = b["data"][0]
+    x.fill_(0xAB)
+    again = {}
+    for b in DataLoader(ds, batch_size=None, num_workers=1):
+        again.update(zip(b["id"].tolist(), (bytes(x.numpy()) for x in b["data"])))
+    assert all(again[i] == files[m.path(i)] for i in range(240))
+    del b, x
+    # Past the bound on maps alive (a loop that keeps many batches), batches are read instead.
+    bound = _shm._MAX_LIVE
+    _shm._MAX_LIVE = 0
+    try:
+        held = list(DataLoader(ds, batch_size=None, num_workers=2))
+        assert _shm._live[0] == 0
+        for b in held:
+            for i, x in zip(b["id"].tolist(), b["data"]):
+                assert bytes(x.numpy()) == files[m.path(i)]
+    finally:
+        _shm._MAX_LIVE = bound
+    # zero_copy=False: through the ring.
+    ds = granary.IterableDataset(path, seed=3, batch_size=8, zero_copy=False)
+    assert sorted(ids_of(DataLoader(ds, batch_size=None, num_workers=2))) == list(range(240))
+    assert len(set(_shm._attached) - before_rings) == 2
+
+
+def test_a_replaced_or_cut_chunk_under_mapped_batches_is_an_error(tmp_path):
+    # The training process maps the file the worker named only if it is that file (device and
+    # inode); a file cut short under its maps is an error at the next batch, never a SIGBUS.
+    import numpy as np
+    from conftest import make_tree, run
+    from granary import _shm
+
+    files = make_tree(tmp_path / "src", 60)
+    path = tmp_path / "train.granary"
+    run("pack", tmp_path / "src", "-o", path, "--chunk-size", "16KiB", "--compress", "none")
+    chunk = sorted(p for p in path.iterdir() if p.name.endswith(".gchunk"))[0]
+    st = chunk.stat()
+    offsets = np.array([0, 100, 300], np.int64)
+    ids = np.array([0, 1], np.int64)
+
+    def attach(ino):
+        return _shm.attach_files([(str(chunk), st.st_dev, ino)], np.zeros(2, np.int32),
+                                 np.array([64, 4096 * 3], np.int64), offsets, ids, ids, None,
+                                 False)
+
+    with pytest.raises(granary.DamagedError, match="not the file a DataLoader worker read"):
+        attach(st.st_ino + 1)
+    b = attach(st.st_ino)
+    assert [len(x) for x in b["data"]] == [100, 200]
+    assert bytes(b["data"][0].numpy()) == chunk.read_bytes()[64:164]
+    with open(chunk, "r+b") as f:
+        f.truncate(4096)
+    assert int(b["data"][1].sum()) == 0  # past the new end: zeros, not SIGBUS
+    with pytest.raises(granary.DamagedError, match="cut short"):
+        attach(st.st_ino)
+    _shm._in_use = []
+
+
 def test_held_batches_are_never_overwritten(packed):
     # The training loop keeps every batch: their segments are not reused, and past the ring's
     # slots batches are pickled instead. Every byte still matches at the end.

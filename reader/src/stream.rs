@@ -140,6 +140,18 @@ impl Sample {
         matches!(self.data, SampleData::Shared(..))
     }
 
+    /// Where `data()` lies when it is a slice of a local file's map (no copy was made): the
+    /// file's path, the open file, and the offset of `data()[0]` in it. Another process may
+    /// map the same file there and read the same checked bytes.
+    pub fn mapped_file(&self) -> Option<(&std::path::Path, &std::fs::File, u64)> {
+        match &self.data {
+            SampleData::Shared(buf, at, _) => buf
+                .mapped_file()
+                .map(|(path, file, start)| (path, file, start + *at as u64)),
+            SampleData::Owned(_) => None,
+        }
+    }
+
     /// False if `data()` is a slice of a map whose file was found cut short (truncated by
     /// another process) since the sample was checked: its bytes may read as zeros. A consumer
     /// that copies the bytes (Python does) checks this after the copy; the stream checks it

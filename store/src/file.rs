@@ -9,7 +9,7 @@ use std::sync::atomic::Ordering;
 use memmap2::Mmap;
 use std::sync::Arc;
 
-pub use crate::guard::Mapped;
+pub use crate::guard::{Mapped, PrivateMapped};
 
 use crate::buf::{AlignedBuf, ALIGN};
 use crate::seam::{BytesFrom, ChunkSource, LocalFile, RangeRead};
@@ -246,6 +246,25 @@ pub fn map_file(file: &File, path: &Path) -> Result<Mapped> {
     // such a fault into zeros and a flag (`Mapped::is_cut`) that the checks above it see.
     let map = unsafe { Mmap::map(file) }.map_err(|e| StoreError::io("memory-mapping", path, e))?;
     Mapped::new(map).ok_or_else(|| {
+        StoreError::io(
+            "memory-mapping",
+            path,
+            std::io::Error::other("no SIGBUS guard for another map (8192 in use)"),
+        )
+    })
+}
+
+/// Maps `file` privately (copy on write), guarded against the file being cut short
+/// ([`PrivateMapped`]): another process's view of bytes this one checked, that it may write
+/// into without changing the file.
+pub fn map_file_private(file: &File, path: &Path) -> Result<PrivateMapped> {
+    // SAFETY: as for `map_file`: the files mapped are immutable once published, and a
+    // truncation under the map is caught by the SIGBUS guard it is registered with before it
+    // is returned. The map is private: writes through it go to this process's copies of the
+    // pages, never to the file or to other processes' maps.
+    let map = unsafe { memmap2::MmapOptions::new().map_copy(file) }
+        .map_err(|e| StoreError::io("memory-mapping", path, e))?;
+    PrivateMapped::new(map).ok_or_else(|| {
         StoreError::io(
             "memory-mapping",
             path,

@@ -18,7 +18,7 @@ use std::ops::Deref;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Once;
 
-use memmap2::Mmap;
+use memmap2::{Mmap, MmapMut};
 
 /// Maps registered at once. A map beyond this is refused ([`Mapped::new`] gives `None`) and
 /// the caller reads the file instead.
@@ -28,6 +28,8 @@ struct Slot {
     start: AtomicUsize,
     len: AtomicUsize,
     cut: AtomicBool,
+    /// The map may be written (a private copy-on-write map): its zero pages must be too.
+    writable: AtomicBool,
 }
 
 #[allow(clippy::declare_interior_mutable_const)]
@@ -35,6 +37,7 @@ const EMPTY: Slot = Slot {
     start: AtomicUsize::new(0),
     len: AtomicUsize::new(0),
     cut: AtomicBool::new(false),
+    writable: AtomicBool::new(false),
 };
 
 static TABLE: [Slot; SLOTS] = [EMPTY; SLOTS];
@@ -64,36 +67,14 @@ impl Mapped {
     /// Registers `map`; `None` if the handler cannot be installed or the table is full (the
     /// caller then reads instead of mapping). An empty map needs no guard.
     pub fn new(map: Mmap) -> Option<Mapped> {
-        install();
-        if !INSTALLED.load(Ordering::Acquire) {
-            return None;
-        }
-        let (start, len) = (map.as_ptr() as usize, map.len());
-        let first = HINT.fetch_add(1, Ordering::Relaxed);
-        for k in 0..SLOTS {
-            let i = (first + k) % SLOTS;
-            let s = &TABLE[i];
-            if s.start.load(Ordering::Relaxed) != 0 {
-                continue;
-            }
-            // Claim the slot with a marker, fill it, then publish the start.
-            if s.start
-                .compare_exchange(0, usize::MAX, Ordering::Acquire, Ordering::Relaxed)
-                .is_ok()
-            {
-                s.len.store(len, Ordering::Relaxed);
-                s.cut.store(false, Ordering::Relaxed);
-                s.start.store(start.max(1), Ordering::Release);
-                let pieces = len.div_ceil(POPULATE_PIECE);
-                let populated = (0..pieces).map(|_| AtomicBool::new(false)).collect();
-                return Some(Mapped {
-                    map,
-                    slot: i,
-                    populated,
-                });
-            }
-        }
-        None
+        let slot = register(map.as_ptr() as usize, map.len(), false)?;
+        let pieces = map.len().div_ceil(POPULATE_PIECE);
+        let populated = (0..pieces).map(|_| AtomicBool::new(false)).collect();
+        Some(Mapped {
+            map,
+            slot,
+            populated,
+        })
     }
 
     /// Fills the page tables of `[at, at + len)` of the map in one call per piece instead of a
@@ -144,6 +125,76 @@ impl Drop for Mapped {
     }
 }
 
+/// Claims a slot of the table for the map at `start..start + len`; `None` if the handler
+/// cannot be installed or the table is full.
+fn register(start: usize, len: usize, writable: bool) -> Option<usize> {
+    install();
+    if !INSTALLED.load(Ordering::Acquire) {
+        return None;
+    }
+    let first = HINT.fetch_add(1, Ordering::Relaxed);
+    for k in 0..SLOTS {
+        let i = (first + k) % SLOTS;
+        let s = &TABLE[i];
+        if s.start.load(Ordering::Relaxed) != 0 {
+            continue;
+        }
+        // Claim the slot with a marker, fill it, then publish the start.
+        if s.start
+            .compare_exchange(0, usize::MAX, Ordering::Acquire, Ordering::Relaxed)
+            .is_ok()
+        {
+            s.len.store(len, Ordering::Relaxed);
+            s.cut.store(false, Ordering::Relaxed);
+            s.writable.store(writable, Ordering::Relaxed);
+            s.start.store(start.max(1), Ordering::Release);
+            return Some(i);
+        }
+    }
+    None
+}
+
+/// A private, copy-on-write map of a file, guarded as [`Mapped`] is: reads share the page
+/// cache's pages (no copy), a write makes a private copy of its page and never reaches the
+/// file. For handing a file's bytes to code that may write into them (a training process
+/// given tensors that are views of a chunk file).
+#[derive(Debug)]
+pub struct PrivateMapped {
+    map: MmapMut,
+    slot: usize,
+}
+
+impl PrivateMapped {
+    /// Registers `map` (a private map: `MmapOptions::map_copy`); `None` as for
+    /// [`Mapped::new`].
+    pub fn new(map: MmapMut) -> Option<PrivateMapped> {
+        let slot = register(map.as_ptr() as usize, map.len(), true)?;
+        Some(PrivateMapped { map, slot })
+    }
+
+    /// The map's bytes.
+    pub fn bytes(&self) -> &[u8] {
+        &self.map
+    }
+
+    /// The map's bytes, for writing (copy on write: the file does not change).
+    pub fn bytes_mut(&mut self) -> &mut [u8] {
+        &mut self.map
+    }
+
+    /// True once a read found part of the file gone (as [`Mapped::is_cut`]).
+    pub fn is_cut(&self) -> bool {
+        TABLE[self.slot].cut.load(Ordering::Acquire)
+    }
+}
+
+impl Drop for PrivateMapped {
+    /// Unregistered before the map goes (the field is dropped after this).
+    fn drop(&mut self) {
+        TABLE[self.slot].start.store(0, Ordering::Release);
+    }
+}
+
 fn install() {
     INSTALL.call_once(|| {
         // SAFETY: sysconf has no preconditions.
@@ -188,15 +239,21 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut 
             continue;
         }
         let at = addr & !(page - 1);
-        // SAFETY: `at..at + page` lies within a live read-only map of ours (registered until
-        // just before it is unmapped, and only read by this process): replacing that page
-        // with an anonymous zero page changes what reads of it return, nothing else. mmap is
-        // a plain system call, safe to make in a signal handler.
+        let prot = if s.writable.load(Ordering::Relaxed) {
+            libc::PROT_READ | libc::PROT_WRITE
+        } else {
+            libc::PROT_READ
+        };
+        // SAFETY: `at..at + page` lies within a live map of ours (registered until just
+        // before it is unmapped), read-only or private (copy-on-write, so its pages are this
+        // process's alone): replacing that page with an anonymous zero page of the same
+        // protection changes what accesses to it see, nothing else. mmap is a plain system
+        // call, safe to make in a signal handler.
         let r = unsafe {
             libc::mmap(
                 at as *mut libc::c_void,
                 page,
-                libc::PROT_READ,
+                prot,
                 libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
                 -1,
                 0,
@@ -265,5 +322,30 @@ mod tests {
         // Another map of a whole file is not marked.
         let m2 = Mapped::new(unsafe { Mmap::map(&f) }.unwrap()).unwrap();
         assert!(!m2.is_cut());
+    }
+
+    #[test]
+    fn a_private_map_is_written_privately_and_survives_a_cut() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("f");
+        std::fs::write(&p, vec![7u8; 3 * 4096]).unwrap();
+        let f = std::fs::File::open(&p).unwrap();
+        // SAFETY: a private test file, truncated below on purpose.
+        let map = unsafe { memmap2::MmapOptions::new().map_copy(&f) }.unwrap();
+        let mut m = PrivateMapped::new(map).unwrap();
+        m.bytes_mut()[0] = 9;
+        assert_eq!(m.bytes()[0], 9);
+        assert_eq!(std::fs::read(&p).unwrap()[0], 7, "the write stayed private");
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&p)
+            .unwrap()
+            .set_len(4096)
+            .unwrap();
+        // Past the new end: zeros that can be written, not SIGBUS; the flag says so.
+        assert_eq!(m.bytes()[2 * 4096 + 5], 0);
+        assert!(m.is_cut());
+        m.bytes_mut()[2 * 4096 + 5] = 1;
+        assert_eq!(m.bytes()[2 * 4096 + 5], 1);
     }
 }

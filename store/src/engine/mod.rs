@@ -186,6 +186,17 @@ impl Completed {
         }
     }
 
+    /// For bytes in a map: the mapped file, its path, and the offset in it where `data()`
+    /// starts.
+    pub fn mapped_file(&self) -> Option<(&std::path::Path, &std::fs::File, u64)> {
+        match &self.bytes {
+            Bytes::Map(f, _) => f
+                .local()
+                .map(|l| (f.location(), l.file(), self.skip as u64)),
+            Bytes::Buf(_) => None,
+        }
+    }
+
     /// True when the bytes are in a map whose file was cut short (truncated by another
     /// process) since it was mapped: pages of it read as zeros (one `fstat`).
     pub fn is_cut(&self) -> bool {
