@@ -22,7 +22,7 @@ to be the same files by device and inode) and hands out views of them (``attach_
 worker checked the samples' CRC-32 over those very page-cache pages; the bytes are copied by
 nobody. Each batch has maps of its own (a loop that writes into a sample changes its private
 copy of the page, which no later batch sees), gone with its last view; past ``_MAX_LIVE`` maps
-alive the samples are read instead. A file cut short under them is an error at the next batch.
+alive the samples are copied out of a map made for that batch alone. A file cut short under them is an error at the next batch.
 """
 
 import mmap
@@ -327,7 +327,7 @@ def _item(torch, data, offsets, ids, labels, weights, packed, layouts, sources):
 # Maps are made per batch, never kept for the next one: a training loop that writes into a
 # sample's tensor changes its own private copy of that page, which a later batch must not see.
 _live = [0]  # maps alive in this process (their views are): bounded by _MAX_LIVE
-_MAX_LIVE = 2048  # past it (the loop keeps that many batches), batches are read, a copy
+_MAX_LIVE = 2048  # past it (the loop keeps that many batches), batches are copied
 _in_use = []  # the FileMaps of the last batch handed out: checked again at the next one
 
 
@@ -336,38 +336,16 @@ def _unmapped():
 
 
 def _map_file(path, dev, ino, torch):
-    """(FileMap, the whole file as a tensor or array), or None when too many are alive."""
-    if _live[0] >= _MAX_LIVE:
-        return None
+    """(FileMap, the whole file as a tensor or array, whether it stays mapped): past
+    ``_MAX_LIVE`` maps alive the map is only for copying the batch's samples out of."""
     from ._native import map_file
 
     arr, fm = map_file(path, dev, ino)
+    if _live[0] >= _MAX_LIVE:
+        return fm, arr, False
     _live[0] += 1
     weakref.finalize(arr, _unmapped).atexit = False
-    return fm, torch.from_numpy(arr) if torch is not None else arr
-
-
-def _read(path, dev, ino, starts, lens, torch):
-    """The samples at ``starts`` / ``lens`` of the file, read (a copy), from the same file."""
-    from . import DamagedError
-
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        st = os.fstat(fd)
-        if (st.st_dev, st.st_ino) != (dev, ino):
-            raise DamagedError(f"{os.fsdecode(path)}: this is not the file a DataLoader worker "
-                               "read the batch from: it was replaced since")
-        out = []
-        for a, n in zip(starts.tolist(), lens.tolist()):
-            b = os.pread(fd, n, a)
-            if len(b) != n:
-                raise DamagedError(f"{os.fsdecode(path)}: cut short under a batch (wanted "
-                                   f"{n} bytes at {a}, got {len(b)})")
-            arr = np.frombuffer(bytearray(b), np.uint8)
-            out.append(torch.from_numpy(arr) if torch is not None else arr)
-        return out
-    finally:
-        os.close(fd)
+    return fm, torch.from_numpy(arr) if torch is not None else arr, True
 
 
 def _slices(base, starts, lens, torch):
@@ -402,12 +380,15 @@ def attach_files(files, which, starts, offsets, ids, labels, weights, packed, la
     for k, (path, dev, ino) in enumerate(files):
         js = np.flatnonzero(which == k) if len(files) > 1 else np.arange(len(ids))
         js = js[np.argsort(starts[js], kind="stable")]
-        m = _map_file(path, dev, ino, torch)
-        if m is None:
-            views = _read(path, dev, ino, starts[js], lens[js], torch)
-        else:
-            maps.append(m[0])
-            views = _slices(m[1], starts[js], lens[js], torch)
+        fm, base, kept = _map_file(path, dev, ino, torch)
+        views = _slices(base, starts[js], lens[js], None if not kept else torch)
+        if kept:
+            maps.append(fm)
+        else:  # copied out, then checked: the map goes with this function
+            views = [np.array(v) for v in views]
+            if torch is not None:
+                views = [torch.from_numpy(v) for v in views]
+            fm.check()
         for j, view in zip(js.tolist(), views):
             data[j] = view
     _in_use = maps

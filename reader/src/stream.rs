@@ -174,8 +174,8 @@ impl Sample {
 
 fn cut_under_map(id: u64, buf: &Completed) -> ReadError {
     ReadError::mismatch(
-        buf.location()
-            .unwrap_or_else(|| std::path::Path::new("(mapped chunk)")),
+        buf.mapped_file()
+            .map_or(std::path::Path::new("(mapped chunk)"), |(path, ..)| path),
         format!(
             "the file was cut short (truncated by another process) while sample {id} was read \
              from its map: its bytes may have read as zeros; the epoch stops here"

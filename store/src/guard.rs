@@ -296,6 +296,12 @@ mod tests {
     use super::*;
     use std::io::Write;
 
+    /// Truncates the file at `p` to `len` bytes, as another process would under a map.
+    fn cut(p: &std::path::Path, len: u64) {
+        let f = std::fs::OpenOptions::new().write(true).open(p).unwrap();
+        f.set_len(len).unwrap();
+    }
+
     #[test]
     fn a_file_cut_short_under_its_map_reads_zeros_and_says_so() {
         let dir = tempfile::tempdir().unwrap();
@@ -307,12 +313,7 @@ mod tests {
         let m = Mapped::new(unsafe { Mmap::map(&f) }.unwrap()).unwrap();
         assert_eq!(m[0], 7);
         assert!(!m.is_cut());
-        std::fs::OpenOptions::new()
-            .write(true)
-            .open(&p)
-            .unwrap()
-            .set_len(4096)
-            .unwrap();
+        cut(&p, 4096);
         // Past the new end: zeros, not SIGBUS; before it, the file's bytes.
         let tail: u64 = m[4096..].iter().map(|&b| b as u64).sum();
         assert_eq!(tail, 0);
@@ -336,12 +337,7 @@ mod tests {
         m.bytes_mut()[0] = 9;
         assert_eq!(m.bytes()[0], 9);
         assert_eq!(std::fs::read(&p).unwrap()[0], 7, "the write stayed private");
-        std::fs::OpenOptions::new()
-            .write(true)
-            .open(&p)
-            .unwrap()
-            .set_len(4096)
-            .unwrap();
+        cut(&p, 4096);
         // Past the new end: zeros that can be written, not SIGBUS; the flag says so.
         assert_eq!(m.bytes()[2 * 4096 + 5], 0);
         assert!(m.is_cut());

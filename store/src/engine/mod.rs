@@ -178,14 +178,6 @@ impl Completed {
         matches!(self.bytes, Bytes::Map(..))
     }
 
-    /// The file of a mapped request.
-    pub fn location(&self) -> Option<&std::path::Path> {
-        match &self.bytes {
-            Bytes::Map(f, _) => Some(f.location()),
-            Bytes::Buf(_) => None,
-        }
-    }
-
     /// For bytes in a map: the mapped file, its path, and the offset in it where `data()`
     /// starts.
     pub fn mapped_file(&self) -> Option<(&std::path::Path, &std::fs::File, u64)> {
