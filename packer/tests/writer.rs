@@ -55,6 +55,13 @@ fn opts(out: &Path) -> WriterOptions {
     o
 }
 
+/// [`opts`] for a writer told to expect `n` samples (written straight into chunks).
+fn expecting(out: &Path, n: u64) -> WriterOptions {
+    let mut o = opts(out);
+    o.expected = Some(n);
+    o
+}
+
 #[test]
 fn a_class_sorted_stream_becomes_class_mixed_chunks_byte_exact() {
     let t = tempfile::tempdir().unwrap();
@@ -513,8 +520,7 @@ fn write_sorted(o: WriterOptions, n: u32) -> granary_packer::PackSummary {
 fn an_expected_count_writes_straight_into_mixed_chunks() {
     let t = tempfile::tempdir().unwrap();
     let out = t.path().join("ds.granary");
-    let mut o = opts(&out);
-    o.expected = Some(1000);
+    let o = expecting(&out, 1000);
     let s = write_sorted(o, 1000);
     assert_eq!((s.files, s.classes), (1000, 10));
     assert!(s.warnings.is_empty(), "{:?}", s.warnings);
@@ -553,8 +559,7 @@ fn an_expected_count_far_off_still_writes_every_sample() {
     let t = tempfile::tempdir().unwrap();
     // Far too low: 100 expected, 1000 written.
     let out = t.path().join("low");
-    let mut o = opts(&out);
-    o.expected = Some(100);
+    let o = expecting(&out, 100);
     let s = write_sorted(o, 1000);
     assert_eq!(s.files, 1000);
     assert!(
@@ -565,16 +570,14 @@ fn an_expected_count_far_off_still_writes_every_sample() {
     assert_eq!(read_all(&out).len(), 1000);
     // Far too high: fewer samples than slots; empty slots make no chunk.
     let out = t.path().join("high");
-    let mut o = opts(&out);
-    o.expected = Some(1_000_000);
+    let o = expecting(&out, 1_000_000);
     let s = write_sorted(o, 50);
     assert!(s.chunks <= 50, "{} chunks", s.chunks);
     let all = read_all(&out);
     assert_eq!(all.len(), 50);
     // Named fields go straight in too.
     let out = t.path().join("fields");
-    let mut o = opts(&out);
-    o.expected = Some(200);
+    let o = expecting(&out, 200);
     let mut w = Writer::create(o).unwrap();
     for i in 0..200u32 {
         let fields = vec![
@@ -591,13 +594,11 @@ fn an_expected_count_far_off_still_writes_every_sample() {
     assert_eq!(data[..], [sample(7), b"caption 7".to_vec()].concat()[..]);
     assert_eq!(class.as_deref(), Some(&b"1"[..]));
     // Nothing to resume from: refused, saying why; a zero count too.
-    let mut o = opts(&t.path().join("r"));
-    o.expected = Some(10);
+    let mut o = expecting(&t.path().join("r"), 10);
     o.output.resume = true;
     let e = Writer::create(o).unwrap_err().to_string();
     assert!(e.contains("nothing to resume"), "{e}");
-    let mut o = opts(&t.path().join("z"));
-    o.expected = Some(0);
+    let o = expecting(&t.path().join("z"), 0);
     assert!(Writer::create(o)
         .unwrap_err()
         .to_string()
@@ -610,8 +611,7 @@ fn an_expected_count_far_off_still_writes_every_sample() {
 fn an_unfinished_writer_with_an_expected_count_leaves_nothing() {
     let t = tempfile::tempdir().unwrap();
     let out = t.path().join("ds");
-    let mut o = opts(&out);
-    o.expected = Some(300);
+    let o = expecting(&out, 300);
     let mut w = Writer::create(o.clone()).unwrap();
     for i in 0..300u32 {
         w.write(format!("s/{i}").as_bytes(), sample(i), Label::None)
