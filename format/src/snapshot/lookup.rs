@@ -283,7 +283,10 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
 
     /// Every directory, in path order, with its attributes (reads the whole namespace).
     pub fn dirs(&self) -> Result<Vec<NsEntry>> {
-        let mut out = Vec::with_capacity(self.dir_count() as usize);
+        // The count is the header's: reserve no more than the namespace could hold (an entry
+        // takes at least one byte), so that a hostile count is not an allocation.
+        let ns = self.s.get(SectionKind::Namespace).len();
+        let mut out = Vec::with_capacity((self.dir_count() as usize).min(ns));
         if self.dir_count() == 0 {
             return Ok(out);
         }
