@@ -135,15 +135,58 @@ pub(crate) struct Encoded {
     pub crc32: u32,
 }
 
-/// Reads `path` and encodes it. `expected_size` and `expected_mtime_ns` are what the scan saw:
-/// a file whose size or mtime differs now, or changes while it is read, is an error (the
-/// dataset would silently differ from the source otherwise).
-pub(crate) fn read_and_encode(
-    path: &Path,
-    expected_size: u64,
-    expected_mtime_ns: i64,
-    mode: CompressMode,
-) -> Result<Encoded, String> {
+impl Encoded {
+    pub fn view(&self) -> EncodedRef<'_> {
+        EncodedRef {
+            stored: &self.stored,
+            compression: self.compression,
+            orig_len: self.orig_len,
+            crc32: self.crc32,
+        }
+    }
+}
+
+/// A record as the chunk writer takes it: its bytes as stored, wherever they are kept, and
+/// how they were encoded.
+#[derive(Clone, Copy)]
+pub(crate) struct EncodedRef<'a> {
+    pub stored: &'a [u8],
+    pub compression: Compression,
+    pub orig_len: u64,
+    pub crc32: u32,
+}
+
+/// What encoding a record's bytes found: the CRC-32 of the original and, where compression
+/// pays, the compressed bytes (otherwise the record is stored as it is, from wherever the
+/// original is kept).
+pub(crate) struct Encoding {
+    pub crc32: u32,
+    pub compressed: Option<Vec<u8>>,
+}
+
+impl Encoding {
+    /// The record, given the original bytes it was made from.
+    pub fn view<'a>(&'a self, original: &'a [u8]) -> EncodedRef<'a> {
+        let (stored, compression) = match &self.compressed {
+            Some(z) => (&z[..], Compression::Zstd),
+            None => (original, Compression::None),
+        };
+        EncodedRef {
+            stored,
+            compression,
+            orig_len: original.len() as u64,
+            crc32: self.crc32,
+        }
+    }
+}
+
+/// Reads `path` into `buf`, which is exactly as long as the scan saw the file.
+/// `expected_mtime_ns` is what the scan saw too: a file whose size or mtime differs now, or
+/// changes while it is read, is an error (the dataset would silently differ from the source
+/// otherwise). `buf` is the caller's, so that one allocation serves many files (a pack reads
+/// a chunk's files into one buffer, reused for later chunks).
+pub(crate) fn read_into(path: &Path, expected_mtime_ns: i64, buf: &mut [u8]) -> Result<(), String> {
+    let expected_size = buf.len() as u64;
     let mut f = std::fs::File::open(path).map_err(|e| format!("cannot open: {e}"))?;
     let before = f.metadata().map_err(|e| format!("cannot stat: {e}"))?;
     if before.len() != expected_size {
@@ -155,62 +198,89 @@ pub(crate) fn read_and_encode(
     if crate::scan::mtime_ns(&before) != expected_mtime_ns {
         return Err("modified since the scan (its mtime changed)".into());
     }
-    let cap = usize::try_from(expected_size).map_err(|_| "file too large".to_string())?;
-    let mut data = Vec::new();
-    data.try_reserve_exact(cap.saturating_add(1))
-        .map_err(|_| format!("cannot allocate {cap} bytes to read it"))?;
-    // Through `take`: `File::read_to_end` would ask the file its size and position first (an
-    // fstat and an lseek per file, 100,000 syscalls on a tree of 50,000 files) although the
-    // scan's size is reserved already; one byte more than expected shows a file that grew.
-    (&mut f)
-        .take(expected_size.saturating_add(1))
-        .read_to_end(&mut data)
-        .map_err(|e| format!("read error: {e}"))?;
+    let mut read = 0usize;
+    // Until the buffer is full, then one byte more: a file that grew shows it.
+    let mut probe = [0u8; 1];
+    loop {
+        let into = match buf.get_mut(read..).filter(|b| !b.is_empty()) {
+            Some(rest) => rest,
+            None => &mut probe[..],
+        };
+        match f.read(into) {
+            Ok(0) => break,
+            Ok(n) => read += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(format!("read error: {e}")),
+        }
+        if read > buf.len() {
+            break;
+        }
+    }
     let after = f.metadata().map_err(|e| format!("cannot stat: {e}"))?;
-    if data.len() as u64 != expected_size
+    if read != buf.len()
         || after.len() != before.len()
         || after.mtime() != before.mtime()
         || after.mtime_nsec() != before.mtime_nsec()
     {
+        let read = match read > buf.len() {
+            true => "more".to_string(),
+            false => read.to_string(),
+        };
         return Err(format!(
-            "changed while being read (expected {expected_size} bytes, read {})",
-            data.len()
+            "changed while being read (expected {expected_size} bytes, read {read})",
         ));
     }
-    encode_bytes(data, mode)
+    Ok(())
 }
 
-/// Encodes the bytes of one record (CRC-32 of the original, compressed as `mode` says).
-pub(crate) fn encode_bytes(data: Vec<u8>, mode: CompressMode) -> Result<Encoded, String> {
-    let crc32 = crc32fast::hash(&data);
+/// Encodes the bytes of one record where they are: their CRC-32, and the compressed bytes if
+/// `mode` compresses them.
+pub(crate) fn encode_in_place(data: &[u8], mode: CompressMode) -> Result<Encoding, String> {
+    let crc32 = crc32fast::hash(data);
     let orig_len = data.len() as u64;
     let level = match mode {
         CompressMode::None => None,
         CompressMode::Zstd(l) => Some(l),
-        CompressMode::Auto if looks_compressed(&data) => None,
+        CompressMode::Auto if looks_compressed(data) => None,
         CompressMode::Auto => Some(DEFAULT_LEVEL),
     };
     if let Some(level) = level.filter(|_| data.len() >= MIN_COMPRESS_LEN) {
-        let z = compress(&data, level).map_err(|e| format!("zstd failed: {e}"))?;
+        let z = compress(data, level).map_err(|e| format!("zstd failed: {e}"))?;
         // auto keeps zstd only where it saves at least 10 %; explicit zstd wherever it helps.
         let keep = match mode {
             CompressMode::Auto => z.len() as u64 * 10 <= orig_len * 9,
             _ => (z.len() as u64) < orig_len,
         };
         if keep {
-            return Ok(Encoded {
-                stored: z,
-                compression: Compression::Zstd,
-                orig_len,
+            return Ok(Encoding {
                 crc32,
+                compressed: Some(z),
             });
         }
     }
-    Ok(Encoded {
-        stored: data,
-        compression: Compression::None,
-        orig_len,
+    Ok(Encoding {
         crc32,
+        compressed: None,
+    })
+}
+
+/// Encodes the bytes of one record (CRC-32 of the original, compressed as `mode` says).
+pub(crate) fn encode_bytes(data: Vec<u8>, mode: CompressMode) -> Result<Encoded, String> {
+    let e = encode_in_place(&data, mode)?;
+    let orig_len = data.len() as u64;
+    Ok(match e.compressed {
+        Some(z) => Encoded {
+            stored: z,
+            compression: Compression::Zstd,
+            orig_len,
+            crc32: e.crc32,
+        },
+        None => Encoded {
+            stored: data,
+            compression: Compression::None,
+            orig_len,
+            crc32: e.crc32,
+        },
     })
 }
 
@@ -229,6 +299,13 @@ mod tests {
 
     fn mtime(p: &Path) -> i64 {
         crate::scan::mtime_ns(&std::fs::metadata(p).unwrap())
+    }
+
+    /// What a pack does with one file: read it into a buffer of the scan's size, encode it.
+    fn read_and_encode(p: &Path, size: u64, t: i64, mode: CompressMode) -> Result<Encoded, String> {
+        let mut buf = vec![0u8; size as usize];
+        read_into(p, t, &mut buf)?;
+        encode_bytes(buf, mode)
     }
 
     #[test]

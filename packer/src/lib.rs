@@ -734,8 +734,32 @@ struct Build<'a> {
     plan: &'a Plan,
 }
 
+/// Chunks written at once: writing into the page cache costs the kernel about as much CPU
+/// as reading out of it, so one writer thread bounds a pack from and to fast storage.
+const WRITERS: usize = 2;
+
+/// A chunk's files as read: `arena` holds each file's bytes back to back in the plan's order
+/// (`files[k]` at `at`), and each record read says how it is encoded (a file that could not be
+/// read and is skipped has no record; its bytes in the arena are not used).
+struct ReadChunk {
+    c: usize,
+    arena: Vec<u8>,
+    recs: Vec<ReadRecord>,
+}
+
+struct ReadRecord {
+    k: usize,
+    at: usize,
+    len: usize,
+    enc: encode::Encoding,
+}
+
 /// Reads, encodes and writes the plan's chunks `todo` (reading with `opts.io_threads`,
-/// writing on a thread of its own); each written chunk is handed to `sink`.
+/// writing with [`WRITERS`] threads of their own); each written chunk is handed to `sink`.
+///
+/// A chunk's files are read into one buffer (the arena), which goes back to the reading side
+/// once the chunk is written: no allocation and no fresh zeroed pages per file, and a record
+/// stored as it is goes from the arena to the chunk file without another copy.
 fn write_chunks(
     b: &Build<'_>,
     todo: &[usize],
@@ -744,7 +768,7 @@ fn write_chunks(
     skipped: &mut Vec<Skipped>,
     sink: &upload::Sink<'_>,
 ) -> Result<Vec<ChunkSummary>, PackError> {
-    let (opts, src, place, plan) = (b.opts, b.src, b.place, b.plan);
+    let (opts, place, plan) = (b.opts, b.place, b.plan);
     // Modes, mtimes and directories go into the chunks (unless --no-metadata).
     let with_attrs = !opts.no_metadata;
     let pool = rayon::ThreadPoolBuilder::new()
@@ -752,71 +776,92 @@ fn write_chunks(
         .thread_name(|i| format!("granary-read-{i}"))
         .build()
         .map_err(|e| PackError::Usage(format!("cannot start reader threads: {e}")))?;
-    std::thread::scope(|scope| {
-        // One chunk in the channel, one being written, one being read: bounded memory.
-        let (tx, rx) = sync_channel::<(usize, Vec<(usize, encode::Encoded)>)>(1);
-        let writer = scope.spawn(move || -> Result<Vec<ChunkSummary>, PackError> {
-            let mut out = Vec::new();
-            for (c, recs) in rx {
-                let files = plan.chunk_files(c);
-                let id = place.ids.id(c);
-                let records = recs.iter().map(|(k, e)| {
-                    let i = files[*k] as usize;
-                    ChunkRecord {
-                        key: plan.files.path(i),
-                        enc: e,
-                        label: plan.files.label[i],
-                        fields: &[],
-                        attrs: with_attrs.then(|| plan.files.attrs(i)),
-                    }
-                });
-                let contents = Contents::Files(with_attrs.then(|| plan.chunk_dirs(c)));
-                let at = (plan.dataset_id, id);
-                let s = write_chunk(&place.chunks, at, &plan.classes, contents, records)?;
-                sink.finished(&s)?;
-                // A chunk that stays local is read back from its footer at the end; an
-                // uploaded one is not there any more.
-                out.push(if sink.uploads() { s } else { slimmed(s) });
+    // An arena much larger than a chunk (a chunk of one huge file) is not kept for later.
+    let keep_arena =
+        usize::try_from(opts.output.chunk_size.saturating_mul(2)).unwrap_or(usize::MAX);
+    // One chunk in the channel, one being written by each writer, one being read: bounded
+    // memory.
+    let (tx, rx) = sync_channel::<ReadChunk>(1);
+    let (back_tx, back_rx) = std::sync::mpsc::channel::<Vec<u8>>();
+    // Each writer holds the receiver: when the last one stops (failed or panicked), sending
+    // fails instead of waiting for ever.
+    let rx = std::sync::Arc::new(std::sync::Mutex::new(rx));
+    // Set by a writer that failed: nothing more is read (its error is reported below).
+    let failed = std::sync::atomic::AtomicBool::new(false);
+    let write_one = |ReadChunk { c, arena, recs }: ReadChunk| -> Result<ChunkSummary, PackError> {
+        let files = plan.chunk_files(c);
+        let id = place.ids.id(c);
+        let records = recs.iter().map(|r| {
+            let i = files[r.k] as usize;
+            ChunkRecord {
+                key: plan.files.path(i),
+                enc: r.enc.view(&arena[r.at..r.at + r.len]),
+                label: plan.files.label[i],
+                fields: &[],
+                attrs: with_attrs.then(|| plan.files.attrs(i)),
             }
-            Ok(out)
         });
+        let contents = Contents::Files(with_attrs.then(|| plan.chunk_dirs(c)));
+        let at = (plan.dataset_id, id);
+        let s = write_chunk(&place.chunks, at, &plan.classes, contents, records)?;
+        if arena.capacity() <= keep_arena {
+            let _ = back_tx.send(arena); // the reading side may have finished
+        }
+        sink.finished(&s)?;
+        // A chunk that stays local is read back from its footer at the end; an
+        // uploaded one is not there any more.
+        Ok(if sink.uploads() { s } else { slimmed(s) })
+    };
+    std::thread::scope(|scope| {
+        let writers: Vec<_> = (0..WRITERS)
+            .map(|_| {
+                let (rx, write_one, failed) = (rx.clone(), &write_one, &failed);
+                scope.spawn(move || -> Result<Vec<ChunkSummary>, PackError> {
+                    let mut out = Vec::new();
+                    loop {
+                        let next = match rx.lock() {
+                            Ok(rx) => rx.recv(),
+                            Err(_) => return Ok(out), // the other writer panicked: said below
+                        };
+                        let Ok(chunk) = next else { return Ok(out) };
+                        match write_one(chunk) {
+                            Ok(s) => out.push(s),
+                            Err(e) => {
+                                failed.store(true, std::sync::atomic::Ordering::Relaxed);
+                                return Err(e);
+                            }
+                        }
+                    }
+                })
+            })
+            .collect();
+        drop(rx);
         let mut failure = None;
         for &c in todo {
-            let (files, table) = (plan.chunk_files(c), &plan.files);
-            // Read in inode order (close to on-disk order); keep the plan's record order.
-            let mut order: Vec<usize> = (0..files.len()).collect();
-            order.sort_unstable_by_key(|&k| table.ino[files[k] as usize]);
-            let mut read: Vec<(usize, Result<encode::Encoded, String>)> = pool.install(|| {
-                order
-                    .par_iter()
-                    .map(|&k| {
-                        let i = files[k] as usize;
-                        let path = src.join(std::ffi::OsStr::from_bytes(table.path(i)));
-                        let size = table.size[i];
-                        let r = encode::read_and_encode(
-                            &path,
-                            size,
-                            table.mtime_ns[i],
-                            opts.output.compress,
-                        );
-                        pb.inc(size);
-                        (k, r)
-                    })
-                    .collect()
-            });
-            read.sort_unstable_by_key(|(i, _)| *i);
-            let mut recs = Vec::with_capacity(files.len());
-            for (k, r) in read.into_iter() {
-                let rel = table.path(files[k] as usize);
+            if failed.load(std::sync::atomic::Ordering::Relaxed) {
+                break;
+            }
+            let arena = back_rx.try_recv().unwrap_or_default();
+            let read = match read_chunk(b, &pool, pb, c, arena) {
+                Ok(r) => r,
+                Err(e) => {
+                    failure = Some(e);
+                    break;
+                }
+            };
+            let mut recs = Vec::with_capacity(read.read.len());
+            for (k, r) in read.read {
+                let rel = plan.files.path(plan.chunk_files(c)[k] as usize);
+                let (at, len) = read.spans[k];
                 match r {
-                    Ok(e) => recs.push((k, e)),
+                    Ok(enc) => recs.push(ReadRecord { k, at, len, enc }),
                     Err(reason) if opts.skip_unreadable => skipped.push(Skipped {
                         path: rel.to_vec(),
                         reason,
                     }),
                     Err(detail) => {
                         failure = Some(PackError::Source {
-                            path: src.join(std::ffi::OsStr::from_bytes(rel)),
+                            path: b.src.join(std::ffi::OsStr::from_bytes(rel)),
                             detail,
                         });
                         break;
@@ -828,19 +873,105 @@ fn write_chunks(
             }
             *files_done += recs.len() as u64;
             pb.set_message(format!("{} files", *files_done));
-            if tx.send((c, recs)).is_err() {
-                break; // the writer failed; its error is reported below
+            let chunk = ReadChunk {
+                c,
+                arena: read.arena,
+                recs,
+            };
+            if tx.send(chunk).is_err() {
+                break; // the writers failed; their error is reported below
             }
         }
         drop(tx);
-        let written = writer
-            .join()
-            .map_err(|_| PackError::Usage("chunk writer thread panicked".into()))?;
+        let mut written = Ok(Vec::new());
+        for w in writers {
+            let r = w
+                .join()
+                .map_err(|_| PackError::Usage("chunk writer thread panicked".into()))?;
+            written = match (written, r) {
+                (Ok(mut all), Ok(w)) => {
+                    all.extend(w);
+                    Ok(all)
+                }
+                (Err(e), _) | (_, Err(e)) => Err(e),
+            };
+        }
         match (failure, written) {
             (_, Err(e)) | (Some(e), _) => Err(e),
             (None, Ok(w)) => Ok(w),
         }
     })
+}
+
+/// A chunk's files read into `arena` (the `k`th file of the chunk at `spans[k]`: offset,
+/// length), each with its encoding or why it could not be read, in the plan's order.
+struct ReadResults {
+    arena: Vec<u8>,
+    spans: Vec<(usize, usize)>,
+    read: Vec<(usize, Result<encode::Encoding, String>)>,
+}
+
+/// Reads chunk `c`'s files into `arena` (grown to fit them) with the reader threads, in inode
+/// order (close to on-disk order), and encodes each where it lies.
+fn read_chunk(
+    b: &Build<'_>,
+    pool: &rayon::ThreadPool,
+    pb: &ProgressBar,
+    c: usize,
+    mut arena: Vec<u8>,
+) -> Result<ReadResults, PackError> {
+    let (files, table) = (b.plan.chunk_files(c), &b.plan.files);
+    let mut spans = Vec::with_capacity(files.len());
+    let mut total = 0usize;
+    for &f in files {
+        let i = f as usize;
+        let len = usize::try_from(table.size[i])
+            .ok()
+            .filter(|l| total.checked_add(*l).is_some())
+            .ok_or_else(|| PackError::Source {
+                path: b.src.join(std::ffi::OsStr::from_bytes(table.path(i))),
+                detail: "file too large for this machine's address space".into(),
+            })?;
+        spans.push((total, len));
+        total += len;
+    }
+    if arena.len() < total {
+        arena.try_reserve_exact(total - arena.len()).map_err(|_| {
+            PackError::Usage(format!(
+                "cannot allocate {total} bytes to read chunk {c}'s files"
+            ))
+        })?;
+        arena.resize(total, 0);
+    }
+    // Each file's place in the arena, handed to the reader threads in inode order.
+    let mut slots: Vec<Option<&mut [u8]>> = Vec::with_capacity(files.len());
+    let mut rest = &mut arena[..total];
+    for &(_, len) in &spans {
+        let (slot, tail) = std::mem::take(&mut rest).split_at_mut(len);
+        slots.push(Some(slot));
+        rest = tail;
+    }
+    let mut order: Vec<usize> = (0..files.len()).collect();
+    order.sort_unstable_by_key(|&k| table.ino[files[k] as usize]);
+    let work: Vec<(usize, &mut [u8])> = order
+        .into_iter()
+        .map(|k| (k, slots[k].take().expect("each file once")))
+        .collect();
+    let mode = b.opts.output.compress;
+    let mut read: Vec<(usize, Result<encode::Encoding, String>)> = pool.install(|| {
+        work.into_par_iter()
+            .map(|(k, buf)| {
+                let i = files[k] as usize;
+                let path = b.src.join(std::ffi::OsStr::from_bytes(table.path(i)));
+                let r = encode::read_into(&path, table.mtime_ns[i], buf)
+                    .and_then(|()| encode::encode_in_place(buf, mode));
+                pb.inc(table.size[i]);
+                (k, r)
+            })
+            .collect()
+    });
+    read.sort_unstable_by_key(|(k, _)| *k);
+    Ok(ReadResults { arena, spans, read })
 }
 
 /// The packer's parsers of node-local files (SPEC.md appendix A), for the fuzz targets in

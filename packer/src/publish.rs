@@ -13,7 +13,7 @@ use granary_format::{
 use granary_store::object::ObjectUrl;
 use granary_store::write::{AtomicFile, Durability, Pending};
 
-use crate::encode::Encoded;
+use crate::encode::EncodedRef;
 use crate::{output, PackError};
 
 /// One record of a chunk being written: its path (the key), its bytes as stored and how they
@@ -22,7 +22,7 @@ use crate::{output, PackError};
 /// that records attributes, its mode and mtime.
 pub(crate) struct ChunkRecord<'a> {
     pub key: &'a [u8],
-    pub enc: &'a Encoded,
+    pub enc: EncodedRef<'a>,
     pub label: u32,
     pub fields: &'a [(Vec<u8>, u64, u32)],
     pub attrs: Option<FileAttrs>,
@@ -37,6 +37,11 @@ pub(crate) enum Contents<'a> {
     Fields(&'a std::collections::BTreeMap<Vec<u8>, String>),
 }
 
+/// The buffer in front of a chunk file: records this large or larger are written from where
+/// they are, smaller ones gathered (a copy of 2 GB costs a pack of 20,000 ImageNet files
+/// 0.2 s of CPU).
+const CHUNK_BUFFER: usize = 64 << 10;
+
 /// Writes chunk `id` of dataset `dataset_id` into `dir` from `records` (in order), with the
 /// class table `classes`, holding `contents`. The file is fsynced before it takes its name
 /// (`chunk-NNNNNNNN.gchunk`, written as `.gchunk.tmp`); the caller syncs the directory once
@@ -50,7 +55,7 @@ pub(crate) fn write_chunk<'a>(
 ) -> Result<ChunkSummary, PackError> {
     let path = dir.join(chunk_file_name(id));
     let tmp = path.with_extension("gchunk.tmp");
-    let file = AtomicFile::create(&path, &tmp, Durability::File)
+    let file = AtomicFile::with_buffer(&path, &tmp, Durability::File, CHUNK_BUFFER)
         .map_err(|e| PackError::io("creating", &tmp, e))?;
     let io = |e| PackError::io("writing", &tmp, e);
     let mut w = match &contents {
@@ -88,7 +93,7 @@ pub(crate) fn append_record<W: std::io::Write>(
     if r.fields.is_empty() {
         w.append(
             r.key,
-            &e.stored,
+            e.stored,
             e.compression,
             e.orig_len,
             e.crc32,

@@ -43,11 +43,23 @@ impl AtomicFile {
     /// Starts `path`, written under `tmp` (which must be in the same directory) until it is
     /// published. An old file at `tmp` is replaced.
     pub fn create(path: &Path, tmp: &Path, durability: Durability) -> io::Result<Self> {
+        Self::with_buffer(path, tmp, durability, BUFFER)
+    }
+
+    /// As [`AtomicFile::create`], with a buffer of `buffer` bytes: a write at least that large
+    /// goes to the file as it is, without a copy into the buffer (a chunk's records of 100 KB
+    /// and more), smaller ones are gathered.
+    pub fn with_buffer(
+        path: &Path,
+        tmp: &Path,
+        durability: Durability,
+        buffer: usize,
+    ) -> io::Result<Self> {
         let f = File::create(tmp)?;
         Ok(AtomicFile {
             path: path.to_path_buf(),
             tmp: tmp.to_path_buf(),
-            w: Some(BufWriter::with_capacity(BUFFER, f)),
+            w: Some(BufWriter::with_capacity(buffer, f)),
             durability,
             handed_over: false,
         })

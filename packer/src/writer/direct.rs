@@ -165,7 +165,7 @@ impl Direct {
         let w = s.w.as_mut().expect("made above");
         let r = ChunkRecord {
             key: &rec.key,
-            enc: &rec.enc,
+            enc: rec.enc.view(),
             label,
             fields: &rec.fields,
             attrs: None,

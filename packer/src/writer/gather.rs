@@ -165,7 +165,7 @@ impl Writer {
                     }
                     let records = recs.iter().map(|r| ChunkRecord {
                         key: &r.key,
-                        enc: &r.enc,
+                        enc: r.enc.view(),
                         label: r.label,
                         fields: &r.fields,
                         attrs: None,
