@@ -11,7 +11,8 @@ themselves are not the writer's memory). Samples are ~110 KB "JPEG" payloads
 (`granary bench gen`), stored uncompressed by every writer (granary's auto compression sees
 JPEG magic and stores raw).
 
-  python bench/python/writers.py --src TREE --work DIR [--only granary,mds,...] [--json OUT]
+  python bench/python/writers.py --src TREE --work DIR [--only granary,mds,...] [--repeat N]
+      [--json OUT]
 
 Peers need their packages (bench/python/requirements-peers.txt, in the torch 2 venv); a writer
 whose package is missing is listed as such and skipped.
@@ -201,14 +202,15 @@ def main():
     ap.add_argument("--work", required=True, help="where the outputs go")
     ap.add_argument("--only", default=",".join(WRITERS))
     ap.add_argument("--repeat", type=int, default=1,
-                    help="runs per writer (the median run is reported, with every run's rate)")
+                    help="rounds (each runs every writer and the CLI once; the median run is "
+                         "reported, with every run's rate, and each ratio per round)")
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child:
         return run_child(a)
     Path(a.work).mkdir(parents=True, exist_ok=True)
-    rows = {}
+    rows, present = {}, []
     for name in a.only.split(","):
         if name not in WRITERS:
             sys.exit(f"unknown writer {name} (writers: {', '.join(WRITERS)})")
@@ -216,24 +218,33 @@ def main():
         probe = subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True)
         if probe.returncode != 0:
             rows[name] = {"missing": f"{module} is not installed"}
-            continue
-        runs = []
-        for _ in range(a.repeat):
+        else:
+            present.append(name)
+    # Rounds: every writer, then the CLI, once per round. This VM's speed drifts by tens of
+    # percent over minutes; a ratio is taken within each round, and its median and spread over
+    # the rounds are reported.
+    pack = "granary pack (CLI, files)"
+    runs = {name: [] for name in present + [pack]}
+    for _ in range(a.repeat):
+        for name in present:
             p = subprocess.run([sys.executable, __file__, "--child", name, "--src", a.src,
                                 "--work", a.work], capture_output=True, text=True)
             if p.returncode != 0:
                 sys.exit(f"{name} failed:\n{p.stderr}")
-            runs.append(json.loads(p.stdout.strip().splitlines()[-1]))
-        runs.sort(key=lambda r: r["samples_per_s"])
-        rows[name] = dict(runs[len(runs) // 2], runs=[r["samples_per_s"] for r in runs])
-        shutil.rmtree(Path(a.work) / name, ignore_errors=True)
-    packs = sorted((r for r in (cli_pack(a) for _ in range(a.repeat)) if r),
-                   key=lambda r: r["samples_per_s"])
-    rows["granary pack (CLI, files)"] = (
-        dict(packs[len(packs) // 2], runs=[r["samples_per_s"] for r in packs]) if packs else None)
-    shutil.rmtree(Path(a.work) / "cli-pack", ignore_errors=True)
+            runs[name].append(json.loads(p.stdout.strip().splitlines()[-1]))
+            shutil.rmtree(Path(a.work) / name, ignore_errors=True)
+        r = cli_pack(a)
+        if r:
+            runs[pack].append(r)
+        shutil.rmtree(Path(a.work) / "cli-pack", ignore_errors=True)
+    for name, rs in runs.items():
+        if rs:
+            median = sorted(rs, key=lambda r: r["samples_per_s"])[len(rs) // 2]
+            rows[name] = dict(median, runs=[r["samples_per_s"] for r in rs])
+        elif name == pack:
+            rows[name] = None
     print(f"{'writer':28} {'samples/s':>10} {'MB/s':>8} {'peak RSS MB':>12} {'over samples':>13}"
-          f"  runs (samples/s)")
+          f"  runs in round order (samples/s)")
     for name, r in rows.items():
         if r is None or "missing" in r:
             print(f"{name:28} {(r or {}).get('missing', 'not run')}")
@@ -244,21 +255,33 @@ def main():
         print(f"{name:28} {r['samples_per_s']:10.0f} {r['mb_per_s']:8.0f} {r['peak_rss_mb']:12.0f} "
               f"{'' if over is None else f'{over:.0f}'}{f' (+{kids:.0f} child)' if kids > 1 else '':>13}"
               f"  {spread}")
-    peers = [r for n, r in rows.items()
-             if n in WRITERS and not n.startswith("granary") and r and "missing" not in r]
-    cli = rows.get("granary pack (CLI, files)")
-    for name in ("granary", "granary-expected"):
-        g = rows.get(name)
-        if not g or "missing" in g:
-            continue
-        if peers:
-            best = max(peers, key=lambda r: r["samples_per_s"])
-            print(f"{name} / fastest peer writer: {g['samples_per_s'] / best['samples_per_s']:.2f}x")
-        if cli:
-            print(f"{name} / granary pack from files: {g['samples_per_s'] / cli['samples_per_s']:.2f}x")
-    if cli and peers:
-        best = max(peers, key=lambda r: r["samples_per_s"])
-        print(f"granary pack from files / fastest peer writer: {cli['samples_per_s'] / best['samples_per_s']:.2f}x")
+    peers = [n for n in present if not n.startswith("granary")]
+    rounds = range(a.repeat)
+
+    def ratio(name, over):
+        """Per round: `name`'s rate over `over`'s (a name, or None for the fastest peer)."""
+        if not runs.get(name) or (over is None and not peers) or (over and not runs.get(over)):
+            return None
+        per = []
+        for i in rounds:
+            base = (max(runs[p][i]["samples_per_s"] for p in peers) if over is None
+                    else runs[over][i]["samples_per_s"])
+            per.append(runs[name][i]["samples_per_s"] / base)
+        return {"median": sorted(per)[len(per) // 2], "rounds": per}
+
+    ratios = {}
+    for name, over, what in [("granary", None, "fastest peer writer"),
+                             ("granary", pack, "granary pack from files"),
+                             ("granary-expected", None, "fastest peer writer"),
+                             ("granary-expected", pack, "granary pack from files"),
+                             (pack, None, "fastest peer writer")]:
+        r = ratio(name, over)
+        if r:
+            label = f"{'granary pack from files' if name == pack else name} / {what}"
+            ratios[label] = r
+            spread = ", ".join(f"{x:.2f}" for x in r["rounds"])
+            print(f"{label}: {r['median']:.2f}x (median over rounds; each round: {spread})")
+    rows["ratios (within each round)"] = ratios
     if a.json:
         Path(a.json).write_text(json.dumps(rows, indent=1))
 

@@ -734,9 +734,20 @@ struct Build<'a> {
     plan: &'a Plan,
 }
 
-/// Chunks written at once: writing into the page cache costs the kernel about as much CPU
-/// as reading out of it, so one writer thread bounds a pack from and to fast storage.
-const WRITERS: usize = 2;
+/// Chunk data a pack holds at most in its buffers, unless three chunks are more: it decides
+/// how many chunks are written at once (one chunk is being read, one waits, the rest are being
+/// written).
+const PACK_BUFFERS: u64 = 256 << 20;
+
+/// Chunks written at once, up to four: one writer thread bounded a pack from and to fast
+/// storage (writing into the page cache costs the kernel more CPU than reading out of it), and
+/// on a disk each writer waits for its chunk's fsync while the others copy. 20,000 files,
+/// 7 alternated runs: tmpfs 1.42 s with one writer, 1.10 s with two, the same with four;
+/// disk (fsynced) 1.85–2.04 s with two, 1.60–1.67 s with four.
+fn writer_threads(chunk_size: u64) -> usize {
+    let fit = PACK_BUFFERS / chunk_size.max(1);
+    usize::try_from(fit.saturating_sub(2).clamp(1, 4)).unwrap_or(1)
+}
 
 /// A chunk's files as read: `arena` holds each file's bytes back to back in the plan's order
 /// (`files[k]` at `at`), and each record read says how it is encoded (a file that could not be
@@ -755,7 +766,7 @@ struct ReadRecord {
 }
 
 /// Reads, encodes and writes the plan's chunks `todo` (reading with `opts.io_threads`,
-/// writing with [`WRITERS`] threads of their own); each written chunk is handed to `sink`.
+/// writing with [`writer_threads`] threads of their own); each written chunk is handed to `sink`.
 ///
 /// A chunk's files are read into one buffer (the arena), which goes back to the reading side
 /// once the chunk is written: no allocation and no fresh zeroed pages per file, and a record
@@ -779,8 +790,8 @@ fn write_chunks(
     // An arena much larger than a chunk (a chunk of one huge file) is not kept for later.
     let keep_arena =
         usize::try_from(opts.output.chunk_size.saturating_mul(2)).unwrap_or(usize::MAX);
-    // One chunk in the channel, one being written by each writer, one being read: bounded
-    // memory.
+    // One chunk in the channel, one being written by each writer, one being read: at most
+    // max(PACK_BUFFERS, 3 chunks) of data.
     let (tx, rx) = sync_channel::<ReadChunk>(1);
     let (back_tx, back_rx) = std::sync::mpsc::channel::<Vec<u8>>();
     // Each writer holds the receiver: when the last one stops (failed or panicked), sending
@@ -813,7 +824,7 @@ fn write_chunks(
         Ok(if sink.uploads() { s } else { slimmed(s) })
     };
     std::thread::scope(|scope| {
-        let writers: Vec<_> = (0..WRITERS)
+        let writers: Vec<_> = (0..writer_threads(opts.output.chunk_size))
             .map(|_| {
                 let (rx, write_one, failed) = (rx.clone(), &write_one, &failed);
                 scope.spawn(move || -> Result<Vec<ChunkSummary>, PackError> {

@@ -91,14 +91,7 @@ pub(crate) fn append_record<W: std::io::Write>(
 ) -> std::io::Result<()> {
     let e = r.enc;
     if r.fields.is_empty() {
-        w.append(
-            r.key,
-            e.stored,
-            e.compression,
-            e.orig_len,
-            e.crc32,
-            r.label,
-        )?;
+        w.append(r.key, e.stored, e.compression, e.orig_len, e.crc32, r.label)?;
         return Ok(());
     }
     let mut at = 0usize;
