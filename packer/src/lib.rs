@@ -26,6 +26,7 @@ mod writer;
 use std::collections::BTreeMap;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::sync_channel;
 use std::time::{Duration, Instant};
 
@@ -779,17 +780,11 @@ fn write_chunks(
     skipped: &mut Vec<Skipped>,
     sink: &upload::Sink<'_>,
 ) -> Result<Vec<ChunkSummary>, PackError> {
-    let (opts, place, plan) = (b.opts, b.place, b.plan);
-    // Modes, mtimes and directories go into the chunks (unless --no-metadata).
-    let with_attrs = !opts.no_metadata;
     let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(opts.io_threads.max(1))
+        .num_threads(b.opts.io_threads.max(1))
         .thread_name(|i| format!("granary-read-{i}"))
         .build()
         .map_err(|e| PackError::Usage(format!("cannot start reader threads: {e}")))?;
-    // An arena much larger than a chunk (a chunk of one huge file) is not kept for later.
-    let keep_arena =
-        usize::try_from(opts.output.chunk_size.saturating_mul(2)).unwrap_or(usize::MAX);
     // One chunk in the channel, one being written by each writer, one being read: at most
     // max(PACK_BUFFERS, 3 chunks) of data.
     let (tx, rx) = sync_channel::<ReadChunk>(1);
@@ -798,97 +793,36 @@ fn write_chunks(
     // fails instead of waiting for ever.
     let rx = std::sync::Arc::new(std::sync::Mutex::new(rx));
     // Set by a writer that failed: nothing more is read (its error is reported below).
-    let failed = std::sync::atomic::AtomicBool::new(false);
-    let write_one = |ReadChunk { c, arena, recs }: ReadChunk| -> Result<ChunkSummary, PackError> {
-        let files = plan.chunk_files(c);
-        let id = place.ids.id(c);
-        let records = recs.iter().map(|r| {
-            let i = files[r.k] as usize;
-            ChunkRecord {
-                key: plan.files.path(i),
-                enc: r.enc.view(&arena[r.at..r.at + r.len]),
-                label: plan.files.label[i],
-                fields: &[],
-                attrs: with_attrs.then(|| plan.files.attrs(i)),
-            }
-        });
-        let contents = Contents::Files(with_attrs.then(|| plan.chunk_dirs(c)));
-        let at = (plan.dataset_id, id);
-        let s = write_chunk(&place.chunks, at, &plan.classes, contents, records)?;
-        if arena.capacity() <= keep_arena {
-            let _ = back_tx.send(arena); // the reading side may have finished
-        }
-        sink.finished(&s)?;
-        // A chunk that stays local is read back from its footer at the end; an
-        // uploaded one is not there any more.
-        Ok(if sink.uploads() { s } else { slimmed(s) })
+    let failed = AtomicBool::new(false);
+    let out = ChunkOut {
+        b,
+        sink,
+        back: back_tx,
     };
     std::thread::scope(|scope| {
-        let writers: Vec<_> = (0..writer_threads(opts.output.chunk_size))
+        let writers: Vec<_> = (0..writer_threads(b.opts.output.chunk_size))
             .map(|_| {
-                let (rx, write_one, failed) = (rx.clone(), &write_one, &failed);
-                scope.spawn(move || -> Result<Vec<ChunkSummary>, PackError> {
-                    let mut out = Vec::new();
-                    loop {
-                        let next = match rx.lock() {
-                            Ok(rx) => rx.recv(),
-                            Err(_) => return Ok(out), // the other writer panicked: said below
-                        };
-                        let Ok(chunk) = next else { return Ok(out) };
-                        match write_one(chunk) {
-                            Ok(s) => out.push(s),
-                            Err(e) => {
-                                failed.store(true, std::sync::atomic::Ordering::Relaxed);
-                                return Err(e);
-                            }
-                        }
-                    }
-                })
+                let (rx, out, failed) = (rx.clone(), &out, &failed);
+                scope.spawn(move || out.write_all(&rx, failed))
             })
             .collect();
         drop(rx);
         let mut failure = None;
         for &c in todo {
-            if failed.load(std::sync::atomic::Ordering::Relaxed) {
+            if failed.load(Ordering::Relaxed) {
                 break;
             }
             let arena = back_rx.try_recv().unwrap_or_default();
-            let read = match read_chunk(b, &pool, pb, c, arena) {
-                Ok(r) => r,
+            let chunk = read_chunk(b, &pool, pb, c, arena).and_then(|r| r.accept(b, c, skipped));
+            let chunk = match chunk {
+                Ok(chunk) => chunk,
                 Err(e) => {
                     failure = Some(e);
                     break;
                 }
             };
-            let mut recs = Vec::with_capacity(read.read.len());
-            for (k, r) in read.read {
-                let rel = plan.files.path(plan.chunk_files(c)[k] as usize);
-                let (at, len) = read.spans[k];
-                match r {
-                    Ok(enc) => recs.push(ReadRecord { k, at, len, enc }),
-                    Err(reason) if opts.skip_unreadable => skipped.push(Skipped {
-                        path: rel.to_vec(),
-                        reason,
-                    }),
-                    Err(detail) => {
-                        failure = Some(PackError::Source {
-                            path: b.src.join(std::ffi::OsStr::from_bytes(rel)),
-                            detail,
-                        });
-                        break;
-                    }
-                }
-            }
-            if failure.is_some() {
-                break;
-            }
-            *files_done += recs.len() as u64;
+            *files_done += chunk.recs.len() as u64;
             pb.set_message(format!("{} files", *files_done));
-            let chunk = ReadChunk {
-                c,
-                arena: read.arena,
-                recs,
-            };
             if tx.send(chunk).is_err() {
                 break; // the writers failed; their error is reported below
             }
@@ -914,12 +848,109 @@ fn write_chunks(
     })
 }
 
+/// The writing side of a pack: chunks as read become chunk files, and their arenas go back.
+struct ChunkOut<'a, 'b> {
+    b: &'a Build<'b>,
+    sink: &'a upload::Sink<'a>,
+    back: std::sync::mpsc::Sender<Vec<u8>>,
+}
+
+impl ChunkOut<'_, '_> {
+    /// One writer thread: writes chunks from `rx` until it closes; on an error sets `failed`
+    /// and stops.
+    fn write_all(
+        &self,
+        rx: &std::sync::Mutex<std::sync::mpsc::Receiver<ReadChunk>>,
+        failed: &AtomicBool,
+    ) -> Result<Vec<ChunkSummary>, PackError> {
+        let mut out = Vec::new();
+        loop {
+            let next = match rx.lock() {
+                Ok(rx) => rx.recv(),
+                Err(_) => return Ok(out), // another writer panicked: its join says so
+            };
+            let Ok(chunk) = next else { return Ok(out) };
+            match self.write(chunk) {
+                Ok(s) => out.push(s),
+                Err(e) => {
+                    failed.store(true, Ordering::Relaxed);
+                    return Err(e);
+                }
+            }
+        }
+    }
+
+    fn write(&self, ReadChunk { c, arena, recs }: ReadChunk) -> Result<ChunkSummary, PackError> {
+        let (plan, place) = (self.b.plan, self.b.place);
+        // Modes, mtimes and directories go into the chunks (unless --no-metadata).
+        let with_attrs = !self.b.opts.no_metadata;
+        let files = plan.chunk_files(c);
+        let records = recs.iter().map(|r| {
+            let i = files[r.k] as usize;
+            ChunkRecord {
+                key: plan.files.path(i),
+                enc: r.enc.view(&arena[r.at..r.at + r.len]),
+                label: plan.files.label[i],
+                fields: &[],
+                attrs: with_attrs.then(|| plan.files.attrs(i)),
+            }
+        });
+        let contents = Contents::Files(with_attrs.then(|| plan.chunk_dirs(c)));
+        let at = (plan.dataset_id, place.ids.id(c));
+        let s = write_chunk(&place.chunks, at, &plan.classes, contents, records)?;
+        // An arena much larger than a chunk (a chunk of one huge file) is not kept.
+        if arena.capacity() as u64 <= self.b.opts.output.chunk_size.saturating_mul(2) {
+            let _ = self.back.send(arena); // the reading side may have finished
+        }
+        self.sink.finished(&s)?;
+        // A chunk that stays local is read back from its footer at the end; an uploaded one
+        // is not there any more.
+        Ok(if self.sink.uploads() { s } else { slimmed(s) })
+    }
+}
+
 /// A chunk's files read into `arena` (the `k`th file of the chunk at `spans[k]`: offset,
 /// length), each with its encoding or why it could not be read, in the plan's order.
 struct ReadResults {
     arena: Vec<u8>,
     spans: Vec<(usize, usize)>,
     read: Vec<(usize, Result<encode::Encoding, String>)>,
+}
+
+impl ReadResults {
+    /// The chunk to write: every record read, in the plan's order; a file that could not be
+    /// read is skipped (`--skip-unreadable`: listed in `skipped`) or the pack's error.
+    fn accept(
+        self,
+        b: &Build<'_>,
+        c: usize,
+        skipped: &mut Vec<Skipped>,
+    ) -> Result<ReadChunk, PackError> {
+        let files = b.plan.chunk_files(c);
+        let mut recs = Vec::with_capacity(self.read.len());
+        for (k, r) in self.read {
+            let (at, len) = self.spans[k];
+            match r {
+                Ok(enc) => recs.push(ReadRecord { k, at, len, enc }),
+                Err(reason) if b.opts.skip_unreadable => skipped.push(Skipped {
+                    path: b.plan.files.path(files[k] as usize).to_vec(),
+                    reason,
+                }),
+                Err(detail) => {
+                    let rel = b.plan.files.path(files[k] as usize);
+                    return Err(PackError::Source {
+                        path: b.src.join(std::ffi::OsStr::from_bytes(rel)),
+                        detail,
+                    });
+                }
+            }
+        }
+        Ok(ReadChunk {
+            c,
+            arena: self.arena,
+            recs,
+        })
+    }
 }
 
 /// Reads chunk `c`'s files into `arena` (grown to fit them) with the reader threads, in inode
