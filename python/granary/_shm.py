@@ -22,7 +22,8 @@ to be the same files by device and inode) and hands out views of them (``attach_
 worker checked the samples' CRC-32 over those very page-cache pages; the bytes are copied by
 nobody. Each batch has maps of its own (a loop that writes into a sample changes its private
 copy of the page, which no later batch sees), gone with its last view; past ``_MAX_LIVE`` maps
-alive the samples are copied out of a map made for that batch alone. A file cut short under them is an error at the next batch.
+alive the samples are copied out of a map made for that batch alone. A file cut short under
+them is an error at the next batch.
 """
 
 import mmap
@@ -381,7 +382,7 @@ def attach_files(files, which, starts, offsets, ids, labels, weights, packed, la
         js = np.flatnonzero(which == k) if len(files) > 1 else np.arange(len(ids))
         js = js[np.argsort(starts[js], kind="stable")]
         fm, base, kept = _map_file(path, dev, ino, torch)
-        views = _slices(base, starts[js], lens[js], None if not kept else torch)
+        views = _slices(base, starts[js], lens[js], torch if kept else None)
         if kept:
             maps.append(fm)
         else:  # copied out, then checked: the map goes with this function
