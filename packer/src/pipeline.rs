@@ -4,15 +4,13 @@
 
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::sync_channel;
 
 use granary_format::ChunkSummary;
 use indicatif::ProgressBar;
 use rayon::prelude::*;
 
-use crate::publish::{write_chunk, ChunkRecord, Contents};
-use crate::{encode, slimmed, upload, PackError, PackOptions, Place, Plan, Skipped};
+use crate::publish::{write_chunk, write_in_parallel, ChunkRecord, Contents, MAX_CHUNK_WRITERS};
+use crate::{encode, upload, PackError, PackOptions, Place, Plan, Skipped};
 
 /// What writing chunks needs: the options, the source, where chunks go, and the plan.
 pub(crate) struct Build<'a> {
@@ -27,14 +25,14 @@ pub(crate) struct Build<'a> {
 /// written).
 const PACK_BUFFERS: u64 = 256 << 20;
 
-/// Chunks written at once, up to four: one writer thread bounded a pack from and to fast
+/// Chunks written at once, up to [`MAX_CHUNK_WRITERS`]: one writer thread bounded a pack from and to fast
 /// storage (writing into the page cache costs the kernel more CPU than reading out of it), and
 /// on a disk each writer waits for its chunk's fsync while the others copy. 20,000 files,
 /// 7 alternated runs: tmpfs 1.42 s with one writer, 1.10 s with two, the same with four;
 /// disk (fsynced) 1.85–2.04 s with two, 1.60–1.67 s with four.
 fn writer_threads(chunk_size: u64) -> usize {
     let fit = PACK_BUFFERS / chunk_size.max(1);
-    usize::try_from(fit.saturating_sub(2).clamp(1, 4)).unwrap_or(1)
+    usize::try_from(fit.saturating_sub(2).clamp(1, MAX_CHUNK_WRITERS as u64)).unwrap_or(1)
 }
 
 /// A chunk's files as read: `arena` holds each file's bytes back to back in the plan's order
@@ -54,7 +52,8 @@ struct ReadRecord {
 }
 
 /// Reads, encodes and writes the plan's chunks `todo` (reading with `opts.io_threads`,
-/// writing with [`writer_threads`] threads of their own); each written chunk is handed to `sink`.
+/// writing with [`writer_threads`] threads of their own); each written chunk is handed to
+/// `sink`. Returns the written chunks' slim summaries (see [`write_in_parallel`]).
 ///
 /// A chunk's files are read into one buffer (the arena), which goes back to the reading side
 /// once the chunk is written: no allocation and no fresh zeroed pages per file, and a record
@@ -72,128 +71,57 @@ pub(crate) fn write_chunks(
         .thread_name(|i| format!("granary-read-{i}"))
         .build()
         .map_err(|e| PackError::Usage(format!("cannot start reader threads: {e}")))?;
-    // One chunk in the channel, one being written by each writer, one being read: at most
-    // max(PACK_BUFFERS, 3 chunks) of data.
-    let (tx, rx) = sync_channel::<ReadChunk>(1);
+    // Arenas of written chunks, back to the reading side.
     let (back_tx, back_rx) = std::sync::mpsc::channel::<Vec<u8>>();
-    // Each writer holds the receiver: when the last one stops (failed or panicked), sending
-    // fails instead of waiting for ever.
-    let rx = std::sync::Arc::new(std::sync::Mutex::new(rx));
-    // Set by a writer that failed: nothing more is read (its error is reported below).
-    let failed = AtomicBool::new(false);
-    let out = ChunkOut {
-        b,
-        sink,
-        back: back_tx,
-    };
-    std::thread::scope(|scope| {
-        let writers: Vec<_> = (0..writer_threads(b.opts.output.chunk_size))
-            .map(|_| {
-                let (rx, out, failed) = (rx.clone(), &out, &failed);
-                scope.spawn(move || out.write_all(&rx, failed))
-            })
-            .collect();
-        drop(rx);
-        let mut failure = None;
+    let threads = writer_threads(b.opts.output.chunk_size);
+    let write = |chunk: ReadChunk| write_read_chunk(b, chunk, &back_tx);
+    let ((), written) = write_in_parallel(threads, sink, write, |feed| {
         for &c in todo {
-            if failed.load(Ordering::Relaxed) {
-                break;
+            if feed.stopped() {
+                break; // the writers' error is the result
             }
             let arena = back_rx.try_recv().unwrap_or_default();
-            let chunk = read_chunk(b, &pool, pb, c, arena).and_then(|r| r.accept(b, c, skipped));
-            let chunk = match chunk {
-                Ok(chunk) => chunk,
-                Err(e) => {
-                    failure = Some(e);
-                    break;
-                }
-            };
+            let chunk = read_chunk(b, &pool, pb, c, arena)?.accept(b, c, skipped)?;
             *files_done += chunk.recs.len() as u64;
             pb.set_message(format!("{} files", *files_done));
-            if tx.send(chunk).is_err() {
-                break; // the writers failed; their error is reported below
+            if !feed.send(chunk) {
+                break;
             }
         }
-        drop(tx);
-        let mut written = Ok(Vec::new());
-        for w in writers {
-            let r = w
-                .join()
-                .map_err(|_| PackError::Usage("chunk writer thread panicked".into()))?;
-            written = match (written, r) {
-                (Ok(mut all), Ok(w)) => {
-                    all.extend(w);
-                    Ok(all)
-                }
-                (Err(e), _) | (_, Err(e)) => Err(e),
-            };
-        }
-        match (failure, written) {
-            (_, Err(e)) | (Some(e), _) => Err(e),
-            (None, Ok(w)) => Ok(w),
-        }
-    })
+        Ok(())
+    })?;
+    Ok(written)
 }
 
-/// The writing side of a pack: chunks as read become chunk files, and their arenas go back.
-struct ChunkOut<'a, 'b> {
-    b: &'a Build<'b>,
-    sink: &'a upload::Sink<'a>,
-    back: std::sync::mpsc::Sender<Vec<u8>>,
-}
-
-impl ChunkOut<'_, '_> {
-    /// One writer thread: writes chunks from `rx` until it closes; on an error sets `failed`
-    /// and stops.
-    fn write_all(
-        &self,
-        rx: &std::sync::Mutex<std::sync::mpsc::Receiver<ReadChunk>>,
-        failed: &AtomicBool,
-    ) -> Result<Vec<ChunkSummary>, PackError> {
-        let mut out = Vec::new();
-        loop {
-            let next = match rx.lock() {
-                Ok(rx) => rx.recv(),
-                Err(_) => return Ok(out), // another writer panicked: its join says so
-            };
-            let Ok(chunk) = next else { return Ok(out) };
-            match self.write(chunk) {
-                Ok(s) => out.push(s),
-                Err(e) => {
-                    failed.store(true, Ordering::Relaxed);
-                    return Err(e);
-                }
-            }
+/// Writes a chunk as read into its chunk file, then hands its arena back to the reading side
+/// (on `back`).
+fn write_read_chunk(
+    b: &Build<'_>,
+    ReadChunk { c, arena, recs }: ReadChunk,
+    back: &std::sync::mpsc::Sender<Vec<u8>>,
+) -> Result<ChunkSummary, PackError> {
+    let (plan, place) = (b.plan, b.place);
+    // Modes, mtimes and directories go into the chunks (unless --no-metadata).
+    let with_attrs = !b.opts.no_metadata;
+    let files = plan.chunk_files(c);
+    let records = recs.iter().map(|r| {
+        let i = files[r.k] as usize;
+        ChunkRecord {
+            key: plan.files.path(i),
+            enc: r.enc.view(&arena[r.at..r.at + r.len]),
+            label: plan.files.label[i],
+            fields: &[],
+            attrs: with_attrs.then(|| plan.files.attrs(i)),
         }
+    });
+    let contents = Contents::Files(with_attrs.then(|| plan.chunk_dirs(c)));
+    let at = (plan.dataset_id, place.ids.id(c));
+    let s = write_chunk(&place.chunks, at, &plan.classes, contents, records)?;
+    // An arena much larger than a chunk (a chunk of one huge file) is not kept.
+    if arena.capacity() as u64 <= b.opts.output.chunk_size.saturating_mul(2) {
+        let _ = back.send(arena); // the reading side may have finished
     }
-
-    fn write(&self, ReadChunk { c, arena, recs }: ReadChunk) -> Result<ChunkSummary, PackError> {
-        let (plan, place) = (self.b.plan, self.b.place);
-        // Modes, mtimes and directories go into the chunks (unless --no-metadata).
-        let with_attrs = !self.b.opts.no_metadata;
-        let files = plan.chunk_files(c);
-        let records = recs.iter().map(|r| {
-            let i = files[r.k] as usize;
-            ChunkRecord {
-                key: plan.files.path(i),
-                enc: r.enc.view(&arena[r.at..r.at + r.len]),
-                label: plan.files.label[i],
-                fields: &[],
-                attrs: with_attrs.then(|| plan.files.attrs(i)),
-            }
-        });
-        let contents = Contents::Files(with_attrs.then(|| plan.chunk_dirs(c)));
-        let at = (plan.dataset_id, place.ids.id(c));
-        let s = write_chunk(&place.chunks, at, &plan.classes, contents, records)?;
-        // An arena much larger than a chunk (a chunk of one huge file) is not kept.
-        if arena.capacity() as u64 <= self.b.opts.output.chunk_size.saturating_mul(2) {
-            let _ = self.back.send(arena); // the reading side may have finished
-        }
-        self.sink.finished(&s)?;
-        // A chunk that stays local is read back from its footer at the end; an uploaded one
-        // is not there any more.
-        Ok(if self.sink.uploads() { s } else { slimmed(s) })
-    }
+    Ok(s)
 }
 
 /// A chunk's files read into `arena` (the `k`th file of the chunk at `spans[k]`: offset,

@@ -4,7 +4,10 @@
 //! publish of the work directory.
 
 use std::io::Write;
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::Path;
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use granary_format::{
     chunk_file_name, parse_chunk_file_name, ChunkSummary, ChunkWriter, DirAttrs, FileAttrs,
@@ -14,7 +17,7 @@ use granary_store::object::ObjectUrl;
 use granary_store::write::{AtomicFile, Durability, Pending};
 
 use crate::encode::EncodedRef;
-use crate::{output, PackError};
+use crate::{output, upload, PackError};
 
 /// One record of a chunk being written: its path (the key), its bytes as stored and how they
 /// were encoded, its label; for a sample with named fields, each field's name, stored length
@@ -81,6 +84,134 @@ pub(crate) fn write_chunk<'a>(
     file.publish()
         .map_err(|e| PackError::io("writing", &tmp, e))?;
     Ok(summary)
+}
+
+/// The most chunks written at once: each chunk writer is one thread's copies into the page
+/// cache and CRCs, and waits for its chunk's fsync; past four, on two cores, more threads only
+/// hold more chunks in memory.
+pub(crate) const MAX_CHUNK_WRITERS: usize = 4;
+
+/// The caller's side of [`write_in_parallel`]: where it hands each chunk to write.
+pub(crate) struct Feed<'a, J> {
+    tx: SyncSender<J>,
+    failed: &'a Mutex<Option<PackError>>,
+}
+
+impl<J> Feed<'_, J> {
+    /// Hands `job` to a chunk writer, waiting while every writer is busy and one job waits.
+    /// False once a chunk could not be written (that failure is the result of
+    /// [`write_in_parallel`]): the caller stops making chunks.
+    pub(crate) fn send(&self, job: J) -> bool {
+        !self.stopped() && self.tx.send(job).is_ok()
+    }
+
+    /// True once a chunk could not be written.
+    pub(crate) fn stopped(&self) -> bool {
+        self.failed
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_some()
+    }
+}
+
+/// Writes chunks on `threads` threads (1 to [`MAX_CHUNK_WRITERS`]) while `feed` makes them:
+/// every job `feed` sends becomes a chunk file by `write`, and each chunk written goes to
+/// `sink` (uploaded, where the run uploads). The one way every writer of chunks runs in
+/// parallel: `pack` (jobs: files read), the writer's gather (records read from spill logs) and
+/// its direct finish (chunks filled as samples came).
+///
+/// Returns what `feed` returned and the written chunks' summaries in id order, slim (only id,
+/// size and CRC: memory does not grow with the samples; [`full_summary`] reads the rest
+/// back). The first chunk that could not be written — a writer that panicked included — is
+/// the error, before `feed`'s own (which usually only saw the writers stop); after it, jobs
+/// still sent are dropped unwritten and `feed` is told to stop.
+pub(crate) fn write_in_parallel<J: Send, T>(
+    threads: usize,
+    sink: &upload::Sink<'_>,
+    write: impl Fn(J) -> Result<ChunkSummary, PackError> + Sync,
+    feed: impl FnOnce(&Feed<'_, J>) -> Result<T, PackError>,
+) -> Result<(T, Vec<ChunkSummary>), PackError> {
+    let failed: Mutex<Option<PackError>> = Mutex::new(None);
+    let done: Mutex<Vec<ChunkSummary>> = Mutex::new(Vec::new());
+    // At most one job waits: a pack holds one chunk being read, one waiting and one per writer.
+    let (tx, rx) = sync_channel::<J>(1);
+    // Each writer holds the receiver: were every writer gone, sending fails instead of waiting
+    // for ever.
+    let rx = Arc::new(Mutex::new(rx));
+    let fed = std::thread::scope(|scope| {
+        for _ in 0..threads.clamp(1, MAX_CHUNK_WRITERS) {
+            let (rx, failed, done, write) = (Arc::clone(&rx), &failed, &done, &write);
+            scope.spawn(move || write_jobs(&rx, write, sink, done, failed));
+        }
+        drop(rx);
+        let feed_side = Feed {
+            tx,
+            failed: &failed,
+        };
+        let fed = feed(&feed_side);
+        drop(feed_side); // closes the channel: the writers finish what is sent and return
+        fed
+    });
+    if let Some(e) = failed.into_inner().unwrap_or_else(PoisonError::into_inner) {
+        return Err(e);
+    }
+    let mut done = done.into_inner().unwrap_or_else(PoisonError::into_inner);
+    done.sort_unstable_by_key(|s| s.chunk_id);
+    Ok((fed?, done))
+}
+
+/// One chunk writer of [`write_in_parallel`]: writes jobs until the channel closes, keeping
+/// the first failure in `failed` and dropping the jobs that come after it.
+fn write_jobs<J>(
+    rx: &Mutex<Receiver<J>>,
+    write: &(impl Fn(J) -> Result<ChunkSummary, PackError> + Sync),
+    sink: &upload::Sink<'_>,
+    done: &Mutex<Vec<ChunkSummary>>,
+    failed: &Mutex<Option<PackError>>,
+) {
+    loop {
+        let job = rx.lock().unwrap_or_else(PoisonError::into_inner).recv();
+        let Ok(job) = job else { return };
+        if failed
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_some()
+        {
+            continue; // drained, so the feeding side never waits on a stopped writer
+        }
+        let written = catch_unwind(AssertUnwindSafe(|| write(job))).unwrap_or_else(|panic| {
+            let why = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_default();
+            Err(PackError::Usage(format!(
+                "a chunk writer thread panicked: {why}"
+            )))
+        });
+        match written.and_then(|s| sink.finished(&s).map(|()| crate::slimmed(s))) {
+            Ok(s) => done.lock().unwrap_or_else(PoisonError::into_inner).push(s),
+            Err(e) => {
+                failed
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .get_or_insert(e);
+            }
+        }
+    }
+}
+
+/// The full summary of written chunk `slim` (see [`write_in_parallel`]): read back from the
+/// chunk's footer in `dir`, or, where the chunk was uploaded, from its upload marker there.
+pub(crate) fn full_summary(
+    dir: &Path,
+    uploaded: bool,
+    slim: ChunkSummary,
+) -> Result<ChunkSummary, PackError> {
+    match uploaded {
+        true => upload::marker_summary(dir, slim),
+        false => crate::read_footer(dir, slim),
+    }
 }
 
 /// Appends `r` to `w`: a blob as it is stored, a field group field by field (its attributes
@@ -226,4 +357,91 @@ pub(crate) fn write_file_atomic(path: &Path, data: &[u8]) -> Result<(), PackErro
 /// Fsyncs directory `dir`, so that the renames in it survive a crash.
 pub(crate) fn sync_dir(dir: &Path) -> Result<(), PackError> {
     granary_store::write::sync_dir(dir).map_err(|e| PackError::io("syncing", dir, e))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+
+    /// Runs `write_in_parallel` with three writers over jobs 0..n, fed by the caller.
+    fn run(
+        n: u32,
+        write: impl Fn(u32) -> Result<ChunkSummary, PackError> + Sync,
+    ) -> (Result<Vec<ChunkSummary>, PackError>, u32) {
+        let dir = tempfile::tempdir().unwrap();
+        let mut sent = 0;
+        let r = upload::with_sink(None, dir.path(), Vec::new(), &|_| {}, |sink| {
+            write_in_parallel(3, sink, write, |feed| {
+                for id in 0..n {
+                    if !feed.send(id) {
+                        break;
+                    }
+                    sent += 1;
+                }
+                Ok(())
+            })
+        });
+        (r.map(|((), done)| done), sent)
+    }
+
+    #[test]
+    fn every_chunk_is_written_once_and_summaries_come_back_slim_in_id_order() {
+        let calls = AtomicUsize::new(0);
+        let (done, sent) = run(50, |id| {
+            calls.fetch_add(1, Ordering::Relaxed);
+            let mut s = ChunkSummary::bare(id, 100 + u64::from(id), id * 7);
+            s.paths.push(b"x".to_vec());
+            Ok(s)
+        });
+        let done = done.unwrap();
+        assert_eq!((sent, calls.load(Ordering::Relaxed)), (50, 50));
+        let ids: Vec<u32> = done.iter().map(|s| s.chunk_id).collect();
+        assert_eq!(ids, (0..50).collect::<Vec<_>>());
+        assert!(done.iter().all(|s| s.paths.is_empty() && s.file_crc == s.chunk_id * 7));
+    }
+
+    #[test]
+    fn the_first_failure_is_the_error_and_stops_the_feed() {
+        let calls = AtomicUsize::new(0);
+        let (done, sent) = run(1000, |id| {
+            calls.fetch_add(1, Ordering::Relaxed);
+            if id == 5 {
+                return Err(PackError::Usage("chunk 5 broke".into()));
+            }
+            // Each other chunk takes a millisecond: all 1,000 would take a third of a second.
+            std::thread::sleep(std::time::Duration::from_millis(1));
+            Ok(ChunkSummary::bare(id, 1, 0))
+        });
+        let e = done.unwrap_err().to_string();
+        assert!(e.contains("chunk 5 broke"), "{e}");
+        // The feed was stopped long before the end, and what it sent after is not written.
+        assert!(sent < 500, "sent {sent}");
+        assert!(calls.load(Ordering::Relaxed) < 500);
+    }
+
+    #[test]
+    fn a_writer_that_panics_is_an_error_naming_it_not_a_hang() {
+        let (done, sent) = run(100, |id| match id {
+            3 => panic!("bad record in chunk 3"),
+            _ => Ok(ChunkSummary::bare(id, 1, 0)),
+        });
+        let e = done.unwrap_err().to_string();
+        assert!(e.contains("panicked") && e.contains("bad record in chunk 3"), "{e}");
+        assert!(sent >= 4, "sent {sent}");
+    }
+
+    #[test]
+    fn the_writers_error_comes_before_the_feeds_own() {
+        let dir = tempfile::tempdir().unwrap();
+        let r = upload::with_sink(None, dir.path(), Vec::new(), &|_| {}, |sink| {
+            let write = |_: u32| Err(PackError::Usage("disk full".into()));
+            write_in_parallel(2, sink, write, |feed| {
+                while feed.send(0) {}
+                Err::<(), _>(PackError::Usage("the feed saw the writers stop".into()))
+            })
+        });
+        assert!(r.unwrap_err().to_string().contains("disk full"));
+    }
 }

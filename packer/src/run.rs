@@ -15,10 +15,10 @@ use indicatif::ProgressStyle;
 use rayon::prelude::*;
 
 use crate::plan::{self, Plan};
-use crate::publish::Target;
+use crate::publish::{full_summary, Target};
 use crate::{
     empty_summary, finished_shard, hex_id, in_dataset, make_plan, output, progress_bar,
-    read_footer, remove_owned_chunks, scan_source, settings_text, shard, shared_key_of, slimmed,
+    remove_owned_chunks, scan_source, settings_text, shard, shared_key_of, slimmed,
     spooled_builder, sync_dir, unchanged_summary, upload, verify_existing, work_dir, write_chunks,
     write_snapshot_atomic, Build, Existing, Ids, LabelMode, Mode, PackError, PackOptions,
     PackSummary, Place, PlanInput, Skipped, PLAN_FILE,
@@ -470,13 +470,11 @@ impl Run<'_> {
                 }
             }
         }
-        // Chunks that stay on local disk keep only their size and CRC in memory; their entries
-        // and paths are read back from their footers when the snapshot is built (a pack's
-        // memory then does not grow by ~100 bytes per file while it writes).
-        if self.dest.is_none() {
-            for s in done.values_mut() {
-                *s = slimmed(std::mem::replace(s, empty_summary()));
-            }
+        // Chunks kept keep only their size and CRC in memory, as written ones do; their
+        // entries and paths are read back from their footers (or upload markers) when the
+        // snapshot is built (a pack's memory then does not grow by ~100 bytes per file).
+        for s in done.values_mut() {
+            *s = slimmed(std::mem::replace(s, empty_summary()));
         }
         Ok(done)
     }
@@ -503,7 +501,9 @@ impl Run<'_> {
         let todo: Vec<usize> = (0..plan.chunk_count())
             .filter(|c| !done.contains_key(c))
             .collect();
-        let mut files_done: u64 = done.values().map(|s| s.entries.len() as u64).sum();
+        // Files in the chunks kept, less those the interrupted run skipped (listed already).
+        let kept_files: usize = done.keys().map(|&c| plan.chunk_files(c).len()).sum();
+        let mut files_done = kept_files.saturating_sub(self.skipped.len()) as u64;
         let build = Build {
             opts: self.opts,
             src: &self.src,
@@ -543,11 +543,11 @@ impl Run<'_> {
             bytes_out: done.values().map(|s| s.file_size).sum(),
             ..Totals::default()
         };
-        let slim = self.dest.is_none();
+        let uploaded = self.dest.is_some();
         let chunk_dir = self.place.chunks.clone();
         // Every chunk's full summary, in id order, counted as it goes by.
         let full = |s: ChunkSummary, t: &mut Totals| -> Result<ChunkSummary, PackError> {
-            let s = if slim { read_footer(&chunk_dir, s)? } else { s };
+            let s = full_summary(&chunk_dir, uploaded, s)?;
             t.count(&s);
             Ok(s)
         };

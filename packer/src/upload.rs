@@ -217,11 +217,6 @@ pub(crate) struct Sink<'a> {
 }
 
 impl Sink<'_> {
-    /// True when finished chunks are uploaded (and replaced locally by their markers).
-    pub(crate) fn uploads(&self) -> bool {
-        self.upload.is_some()
-    }
-
     /// Hands over finished chunk `s`: to the uploader, if there is one (an error when the
     /// uploader stopped: its own error is the run's).
     pub(crate) fn finished(&self, s: &ChunkSummary) -> Result<(), PackError> {

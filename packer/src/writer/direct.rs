@@ -22,7 +22,6 @@
 use std::fs::OpenOptions;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use std::collections::HashMap;
@@ -30,7 +29,7 @@ use std::collections::HashMap;
 use granary_format::{chunk_file_name, ChunkSummary, ChunkWriter, NO_LABEL};
 
 use super::spill::SpillRecord;
-use crate::publish::{append_record, ChunkRecord};
+use crate::publish::{append_record, write_in_parallel, ChunkRecord};
 use crate::{upload, Ids, PackError};
 
 /// Stored bytes of the first samples held to learn their mean size.
@@ -221,36 +220,23 @@ impl Direct {
         }
         let by_name = !names.is_empty();
         drop(names);
-        let next = AtomicU64::new(0);
-        let done: Mutex<Vec<ChunkSummary>> = Mutex::default();
-        let failed: Mutex<Option<PackError>> = Mutex::default();
-        std::thread::scope(|scope| {
-            for _ in 0..threads.clamp(1, 4) {
-                scope.spawn(|| loop {
-                    let i = next.fetch_add(1, Ordering::Relaxed) as usize;
-                    let stop = failed.lock().map(|f| f.is_some()).unwrap_or(true);
-                    if i >= self.slots.len() || stop {
-                        return;
-                    }
-                    let taken = self.slots[i]
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .w
-                        .take();
-                    let Some(mut w) = taken else { continue };
-                    if by_name {
-                        w.map_labels(|l| remap.get(l as usize).copied().unwrap_or(l));
-                    }
-                    let written = self.finish_chunk(w, classes, types);
-                    super::gather::settle(written, sink, &done, &failed);
-                });
+        let write = |mut w: ChunkWriter<Appender>| {
+            if by_name {
+                w.map_labels(|l| remap.get(l as usize).copied().unwrap_or(l));
             }
-        });
-        if let Some(e) = failed.into_inner().unwrap_or_else(|p| p.into_inner()) {
-            return Err(e);
-        }
-        let mut done = done.into_inner().unwrap_or_else(|p| p.into_inner());
-        done.sort_unstable_by_key(|s| s.chunk_id);
+            self.finish_chunk(w, classes, types)
+        };
+        let ((), done) = write_in_parallel(threads, sink, write, |feed| {
+            for slot in &self.slots {
+                let taken = slot.lock().unwrap_or_else(|p| p.into_inner()).w.take();
+                if let Some(w) = taken {
+                    if !feed.send(w) {
+                        break; // the failure is the result; `abandon` removes every unnamed chunk
+                    }
+                }
+            }
+            Ok(())
+        })?;
         Ok(done)
     }
 
@@ -276,13 +262,15 @@ impl Direct {
         Ok(summary)
     }
 
-    /// Removes the chunks of an unfinished writer (nothing resumes from them).
+    /// Removes the chunks of an unfinished writer (nothing resumes from them): those still
+    /// in their slots and those a failed finish took but did not name.
     pub(super) fn abandon(&self) {
         for s in &self.slots {
-            let taken = s.lock().unwrap_or_else(|p| p.into_inner()).w.take();
-            if let Some(w) = taken {
-                let _ = std::fs::remove_file(self.tmp_path(w.chunk_id()));
-            }
+            drop(s.lock().unwrap_or_else(|p| p.into_inner()).w.take());
+        }
+        let made = *self.made.lock().unwrap_or_else(|p| p.into_inner());
+        for i in 0..made {
+            let _ = std::fs::remove_file(self.tmp_path(self.ids.id(i)));
         }
     }
 }

@@ -2,19 +2,20 @@
 //! snapshot (or the shard's part) written and published.
 
 use std::collections::HashMap;
-use std::sync::mpsc::{sync_channel, SyncSender};
-use std::sync::Mutex;
 
 use granary_format::{parse_chunk_file_name, ChunkSummary, SNAPSHOT_FILE};
 
 use crate::shard::{Part, PartChunk};
 use crate::{
-    hex_id, output, read_footer, shared_key_of, spooled_builder, upload, write_snapshot_atomic,
-    PackError, PackSummary,
+    hex_id, output, shared_key_of, spooled_builder, upload, write_snapshot_atomic, PackError,
+    PackSummary,
 };
 
 use super::*;
-use crate::publish::{publish_whole, write_chunk, ChunkRecord, Contents, Target};
+use crate::publish::{
+    full_summary, publish_whole, write_chunk, write_in_parallel, ChunkRecord, Contents, Feed,
+    Target,
+};
 
 impl Writer {
     /// Builds the chunks and the snapshot (or the shard's part) and publishes the dataset.
@@ -147,58 +148,39 @@ impl Writer {
             .expect("static template")
             .progress_chars("=> "),
         );
-        // Chunk writers: the copies into the page cache and the CRCs of one chunk are one
-        // thread's work, so chunks are written by several threads (the layout, cut here in
-        // order, does not depend on which finishes first).
-        let failed: Mutex<Option<PackError>> = Mutex::new(None);
-        let done: Mutex<Vec<ChunkSummary>> = Mutex::new(Vec::new());
-        let (tx, rx) = sync_channel::<(u32, Vec<SpillRecord>)>(1);
-        let rx = Mutex::new(rx);
-        std::thread::scope(|scope| -> Result<(), PackError> {
-            for _ in 0..self.opts.threads.clamp(1, 4) {
-                let (rx, failed, done) = (&rx, &failed, &done);
-                scope.spawn(move || loop {
-                    let job = rx.lock().unwrap_or_else(|p| p.into_inner()).recv();
-                    let Ok((id, recs)) = job else { return };
-                    if failed.lock().map(|f| f.is_some()).unwrap_or(true) {
-                        continue; // after a failure: drain, so the planner never blocks
-                    }
-                    let records = recs.iter().map(|r| ChunkRecord {
-                        key: &r.key,
-                        enc: r.enc.view(),
-                        label: r.label,
-                        fields: &r.fields,
-                        attrs: None,
-                    });
-                    let contents = match self.with_fields == Some(true) {
-                        true => Contents::Fields(&self.types),
-                        false => Contents::Files(None),
-                    };
-                    let at = (self.dataset_id, id);
-                    let written = write_chunk(&self.layout.chunks, at, classes, contents, records);
-                    drop(recs);
-                    settle(written, sink, done, failed);
-                });
-            }
+        // The layout, cut here in order, does not depend on which chunk writer finishes first.
+        let write = |(id, recs): (u32, Vec<SpillRecord>)| {
+            let records = recs.iter().map(|r| ChunkRecord {
+                key: &r.key,
+                enc: r.enc.view(),
+                label: r.label,
+                fields: &r.fields,
+                attrs: None,
+            });
+            let contents = match self.with_fields == Some(true) {
+                true => Contents::Fields(&self.types),
+                false => Contents::Files(None),
+            };
+            write_chunk(
+                &self.layout.chunks,
+                (self.dataset_id, id),
+                classes,
+                contents,
+                records,
+            )
+        };
+        let ((), done) = write_in_parallel(self.opts.threads, sink, write, |feed| {
             let mut asm = Assembler {
                 w: self,
                 current: Vec::new(),
                 bytes: 0,
                 chunks: 0,
-                tx: Some(tx),
-                failed: &failed,
+                feed,
             };
-            let planned = self.plan_chunks(&mut asm, class_of, &pb);
-            let closed = planned.and_then(|_| asm.close());
-            drop(asm); // closes the channel: the writers finish and return
-            closed
+            self.plan_chunks(&mut asm, class_of, &pb)?;
+            asm.close()
         })?;
-        if let Some(e) = failed.into_inner().unwrap_or_else(|p| p.into_inner()) {
-            return Err(e);
-        }
         pb.finish_and_clear();
-        let mut done = done.into_inner().unwrap_or_else(|p| p.into_inner());
-        done.sort_unstable_by_key(|s| s.chunk_id);
         Ok(done)
     }
 
@@ -256,10 +238,7 @@ impl Writer {
         let dir = self.layout.chunks.clone();
         let full =
             |s: ChunkSummary, t: &mut crate::run::Totals| -> Result<ChunkSummary, PackError> {
-                let s = match uploaded {
-                    false => read_footer(&dir, s)?,
-                    true => crate::upload::marker_summary(&dir, s)?,
-                };
+                let s = full_summary(&dir, uploaded, s)?;
                 t.count(&s);
                 Ok(s)
             };
@@ -311,30 +290,6 @@ impl Writer {
     }
 }
 
-/// A chunk written, or not: handed to `sink` and kept in `done`, slim (entries and paths are
-/// read back at the end, from the chunk or its upload marker, so memory does not grow with the
-/// samples); or the first error kept in `failed`.
-pub(super) fn settle(
-    written: Result<ChunkSummary, PackError>,
-    sink: &upload::Sink<'_>,
-    done: &Mutex<Vec<ChunkSummary>>,
-    failed: &Mutex<Option<PackError>>,
-) {
-    let r = written.and_then(|s| {
-        sink.finished(&s)?;
-        Ok(crate::slimmed(s))
-    });
-    match r {
-        Ok(s) => done.lock().unwrap_or_else(|p| p.into_inner()).push(s),
-        Err(e) => {
-            failed
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .get_or_insert(e);
-        }
-    }
-}
-
 /// Cuts records into chunks as they come (ids in order, cut where the next record would pass
 /// the chunk size or file count) and hands each chunk to the chunk writers.
 pub(super) struct Assembler<'a> {
@@ -343,8 +298,7 @@ pub(super) struct Assembler<'a> {
     pub(super) current: Vec<SpillRecord>,
     pub(super) bytes: u64,
     pub(super) chunks: usize,
-    pub(super) tx: Option<SyncSender<(u32, Vec<SpillRecord>)>>,
-    pub(super) failed: &'a Mutex<Option<PackError>>,
+    pub(super) feed: &'a Feed<'a, (u32, Vec<SpillRecord>)>,
 }
 
 impl Assembler<'_> {
@@ -366,22 +320,15 @@ impl Assembler<'_> {
         if self.current.is_empty() {
             return Ok(());
         }
-        if let Some(e) = self.failed.lock().unwrap_or_else(|p| p.into_inner()).take() {
-            return Err(e);
-        }
         self.w.layout.ids.check(self.chunks + 1)?;
         let id = self.w.layout.ids.id(self.chunks);
         self.chunks += 1;
         self.bytes = 0;
         let recs = std::mem::take(&mut self.current);
-        let sent = self
-            .tx
-            .as_ref()
-            .is_some_and(|tx| tx.send((id, recs)).is_ok());
-        if !sent {
-            let e = self.failed.lock().unwrap_or_else(|p| p.into_inner()).take();
-            return Err(e.unwrap_or_else(|| PackError::Usage("the chunk writers stopped".into())));
+        match self.feed.send((id, recs)) {
+            true => Ok(()),
+            // The writers' own error is the result (see `write_in_parallel`).
+            false => Err(PackError::Usage("the chunk writers stopped".into())),
         }
-        Ok(())
     }
 }
