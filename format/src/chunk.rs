@@ -610,6 +610,19 @@ fn invalid_input(m: String) -> std::io::Error {
 /// A field as the chunk writer collects it: name, length, CRC-32.
 type NamedField = (Vec<u8>, u64, u32);
 
+/// One record of [`ChunkWriter::append_run`]: what [`ChunkWriter::append`] takes, but its
+/// bytes (which are in the run), and its attributes where the chunk has them.
+#[derive(Clone, Copy, Debug)]
+pub struct RunRecord<'a> {
+    pub path: &'a [u8],
+    pub stored_len: u64,
+    pub compression: Compression,
+    pub orig_len: u64,
+    pub crc32: u32,
+    pub label: u32,
+    pub attrs: Option<FileAttrs>,
+}
+
 /// Streams a chunk file: header, then records, then footer and trailer. Tracks offsets and the
 /// whole-file CRC as bytes are written.
 pub struct ChunkWriter<W: Write> {
@@ -829,6 +842,77 @@ impl<W: Write> ChunkWriter<W> {
         self.entries.push(entry);
         self.paths.push(path.to_vec());
         Ok(entry)
+    }
+
+    /// Appends records whose stored bytes lie back to back in `run` (each record's
+    /// `stored_len` of it, in order), written with one write: a caller that laid a chunk's
+    /// records out in memory hands them over whole, so that the file below can take them from
+    /// where they are (see `granary_store::write::AtomicFile::direct`). The chunk is the one
+    /// [`ChunkWriter::append`] of each record in turn (then [`ChunkWriter::attrs`] with its
+    /// `attrs`) makes. Lengths that do not add up to `run`'s are refused before anything is
+    /// written.
+    pub fn append_run<'r>(
+        &mut self,
+        run: &[u8],
+        records: impl IntoIterator<Item = RunRecord<'r>>,
+    ) -> std::io::Result<()> {
+        if self.fields.is_some() {
+            return Err(invalid_input(
+                "a chunk with fields takes field groups only".into(),
+            ));
+        }
+        let records: Vec<RunRecord<'r>> = records.into_iter().collect();
+        let total = records
+            .iter()
+            .try_fold(0u64, |t, r| t.checked_add(r.stored_len));
+        if total != Some(run.len() as u64) {
+            return Err(invalid_input(format!(
+                "{} records of {total:?} stored bytes in a run of {}",
+                records.len(),
+                run.len()
+            )));
+        }
+        let attrs_ok = |r: &RunRecord<'_>| match (r.attrs, &self.attrs) {
+            (Some(a), Some(_)) => a.mode <= 0o7777,
+            (None, None) => true,
+            _ => false,
+        };
+        if let Some(r) = records.iter().find(|r| !attrs_ok(r)) {
+            return Err(invalid_input(format!(
+                "attributes {:?} of record {:?}: every record of a chunk with attributes has \
+                 them (mode at most 7777), and only there",
+                r.attrs,
+                String::from_utf8_lossy(r.path)
+            )));
+        }
+        self.out.write_all(run)?;
+        let mut at = 0usize;
+        for r in records {
+            let stored = &run[at..at + r.stored_len as usize];
+            at += stored.len();
+            match r.compression {
+                // The record's CRC-32 is that of its stored bytes: combined, not computed again.
+                Compression::None if r.orig_len == r.stored_len => self.crc.combine(
+                    &crc32fast::Hasher::new_with_initial_len(r.crc32, r.stored_len),
+                ),
+                _ => self.crc.update(stored),
+            }
+            self.entries.push(SampleEntry {
+                chunk: self.chunk_id,
+                label: r.label,
+                offset: self.pos,
+                stored_len: r.stored_len,
+                orig_len: r.orig_len,
+                crc32: r.crc32,
+                flags: r.compression.code(),
+            });
+            self.paths.push(r.path.to_vec());
+            self.pos += r.stored_len;
+            if let (Some(a), Some((list, _))) = (r.attrs, &mut self.attrs) {
+                list.push(a);
+            }
+        }
+        Ok(())
     }
 
     /// Declares field types (descriptors of SPEC.md §6.5, checked); a name not declared is
@@ -1082,6 +1166,74 @@ mod tests {
             .unwrap();
         let (bytes, s) = w.finish::<&[u8]>(&[]).unwrap();
         assert_ne!(s.file_crc, crate::crc32(&bytes));
+    }
+
+    #[test]
+    fn a_run_makes_the_chunk_its_records_appended_one_by_one_make() {
+        let big: Vec<u8> = (0..70_000u32).map(|i| (i * 13 % 251) as u8).collect();
+        // Path, stored bytes, compression, original length, CRC-32.
+        type Rec<'a> = (&'static [u8], &'a [u8], Compression, u64, u32);
+        let recs: [Rec<'_>; 4] = [
+            (
+                b"a/raw",
+                &big,
+                Compression::None,
+                big.len() as u64,
+                crate::crc32(&big),
+            ),
+            (b"a/empty", b"", Compression::None, 0, crate::crc32(b"")),
+            (b"b/z", b"zstd bytes", Compression::Zstd, 400, 0x1234),
+            (
+                b"b/tail",
+                &big[..9],
+                Compression::None,
+                9,
+                crate::crc32(&big[..9]),
+            ),
+        ];
+        let run: Vec<u8> = recs.iter().flat_map(|r| r.1.iter().copied()).collect();
+        for with_attrs in [false, true] {
+            let start = |w: Vec<u8>| match with_attrs {
+                true => ChunkWriter::with_attrs(w, [2; 16], 5).unwrap(),
+                false => ChunkWriter::new(w, [2; 16], 5).unwrap(),
+            };
+            let attrs = |i: usize| with_attrs.then(|| file_attrs(i as i64));
+            let mut one = start(Vec::new());
+            for (i, (path, stored, c, orig, crc)) in recs.iter().enumerate() {
+                one.append(path, stored, *c, *orig, *crc, i as u32).unwrap();
+                if let Some(a) = attrs(i) {
+                    one.attrs(a).unwrap();
+                }
+            }
+            let mut all = start(Vec::new());
+            let run_of = |i: usize, r: &Rec<'_>| RunRecord {
+                path: r.0,
+                stored_len: r.1.len() as u64,
+                compression: r.2,
+                orig_len: r.3,
+                crc32: r.4,
+                label: i as u32,
+                attrs: attrs(i),
+            };
+            all.append_run(&run, recs.iter().enumerate().map(|(i, r)| run_of(i, r)))
+                .unwrap();
+            let (a, sa) = one.finish::<&[u8]>(&[b"x"]).unwrap();
+            let (b, sb) = all.finish::<&[u8]>(&[b"x"]).unwrap();
+            assert_eq!(a, b, "attrs {with_attrs}");
+            assert_eq!((sa.file_crc, &sa.entries), (sb.file_crc, &sb.entries));
+            assert_eq!(sb.file_crc, crate::crc32(&b));
+            // Lengths that do not add up, and attributes where the chunk has none (or the
+            // other way round), are refused before a byte is written.
+            let mut w = start(Vec::new());
+            let short = recs.iter().enumerate().map(|(i, r)| run_of(i, r));
+            assert!(w.append_run(&run[1..], short).is_err());
+            let wrong = recs.iter().enumerate().map(|(i, r)| RunRecord {
+                attrs: (!with_attrs).then(|| file_attrs(1)),
+                ..run_of(i, r)
+            });
+            assert!(w.append_run(&run, wrong).is_err());
+            assert_eq!(w.position(), CHUNK_HEADER_LEN as u64);
+        }
     }
 
     #[test]

@@ -26,7 +26,7 @@ pub mod testing;
 
 pub use chunk::{
     decode_fields_block, decode_footer, ChunkFooter, ChunkHeader, ChunkSummary, ChunkWriter,
-    DirAttrs, Trailer, CHUNK_HEADER_LEN, CHUNK_TRAILER_LEN,
+    DirAttrs, RunRecord, Trailer, CHUNK_HEADER_LEN, CHUNK_TRAILER_LEN,
 };
 pub use error::{FormatError, Result};
 pub use hash::path_hash;

@@ -164,22 +164,6 @@ pub(crate) struct Encoding {
     pub compressed: Option<Vec<u8>>,
 }
 
-impl Encoding {
-    /// The record, given the original bytes it was made from.
-    pub fn view<'a>(&'a self, original: &'a [u8]) -> EncodedRef<'a> {
-        let (stored, compression) = match &self.compressed {
-            Some(z) => (&z[..], Compression::Zstd),
-            None => (original, Compression::None),
-        };
-        EncodedRef {
-            stored,
-            compression,
-            orig_len: original.len() as u64,
-            crc32: self.crc32,
-        }
-    }
-}
-
 /// Reads `path` into `buf`, which is exactly as long as the scan saw the file.
 /// `expected_mtime_ns` is what the scan saw too: a file whose size or mtime differs now, or
 /// changes while it is read, is an error (the dataset would silently differ from the source

@@ -9,7 +9,10 @@ use granary_format::ChunkSummary;
 use indicatif::ProgressBar;
 use rayon::prelude::*;
 
-use crate::publish::{write_chunk, write_in_parallel, ChunkRecord, Contents, MAX_CHUNK_WRITERS};
+use granary_format::{Compression, RunRecord, CHUNK_HEADER_LEN};
+use granary_store::buf::AlignedBuf;
+
+use crate::publish::{write_chunk_run, write_in_parallel, Contents, MAX_CHUNK_WRITERS};
 use crate::{encode, upload, PackError, PackOptions, Place, Plan, Skipped};
 
 /// What writing chunks needs: the options, the source, where chunks go, and the plan.
@@ -36,11 +39,12 @@ fn writer_threads(chunk_size: u64) -> usize {
 }
 
 /// A chunk's files as read: `arena` holds each file's bytes back to back in the plan's order
-/// (`files[k]` at `at`), and each record read says how it is encoded (a file that could not be
-/// read and is skipped has no record; its bytes in the arena are not used).
+/// (`files[k]` at `at`), from [`CHUNK_HEADER_LEN`] on, where they lie in the chunk file; each
+/// record read says how it is encoded (a file that could not be read and is skipped has no
+/// record; its bytes in the arena are not used).
 struct ReadChunk {
     c: usize,
-    arena: Vec<u8>,
+    arena: AlignedBuf,
     recs: Vec<ReadRecord>,
 }
 
@@ -72,7 +76,7 @@ pub(crate) fn write_chunks(
         .build()
         .map_err(|e| PackError::Usage(format!("cannot start reader threads: {e}")))?;
     // Arenas of written chunks, back to the reading side.
-    let (back_tx, back_rx) = std::sync::mpsc::channel::<Vec<u8>>();
+    let (back_tx, back_rx) = std::sync::mpsc::channel::<AlignedBuf>();
     let threads = writer_threads(b.opts.output.chunk_size);
     let write = |chunk: ReadChunk| write_read_chunk(b, chunk, &back_tx);
     let ((), written) = write_in_parallel(threads, sink, write, |feed| {
@@ -80,7 +84,7 @@ pub(crate) fn write_chunks(
             if feed.stopped() {
                 break; // the writers' error is the result
             }
-            let arena = back_rx.try_recv().unwrap_or_default();
+            let arena = back_rx.try_recv().ok();
             let chunk = read_chunk(b, &pool, pb, c, arena)?.accept(b, c, skipped)?;
             *files_done += chunk.recs.len() as u64;
             pb.set_message(format!("{} files", *files_done));
@@ -95,30 +99,54 @@ pub(crate) fn write_chunks(
 
 /// Writes a chunk as read into its chunk file, then hands its arena back to the reading side
 /// (on `back`).
+///
+/// The records' stored bytes are made one run in the arena, where they lie in the chunk file:
+/// files stored as they are stay where they were read (unless a skipped or compressed file
+/// before them moves them down), compressed ones are copied in. The run so goes from the
+/// arena to the device with no copy where the chunk is written with `O_DIRECT`.
 fn write_read_chunk(
     b: &Build<'_>,
-    ReadChunk { c, arena, recs }: ReadChunk,
-    back: &std::sync::mpsc::Sender<Vec<u8>>,
+    ReadChunk { c, mut arena, recs }: ReadChunk,
+    back: &std::sync::mpsc::Sender<AlignedBuf>,
 ) -> Result<ChunkSummary, PackError> {
     let (plan, place) = (b.plan, b.place);
     // Modes, mtimes and directories go into the chunks (unless --no-metadata).
     let with_attrs = !b.opts.no_metadata;
     let files = plan.chunk_files(c);
-    let records = recs.iter().map(|r| {
+    let bytes = arena.as_mut_slice();
+    let mut end = CHUNK_HEADER_LEN;
+    let mut run = Vec::with_capacity(recs.len());
+    for r in &recs {
+        let (stored_len, compression) = match &r.enc.compressed {
+            Some(z) => {
+                bytes[end..end + z.len()].copy_from_slice(z);
+                (z.len(), Compression::Zstd)
+            }
+            None => {
+                if r.at != end {
+                    bytes.copy_within(r.at..r.at + r.len, end);
+                }
+                (r.len, Compression::None)
+            }
+        };
         let i = files[r.k] as usize;
-        ChunkRecord {
-            key: plan.files.path(i),
-            enc: r.enc.view(&arena[r.at..r.at + r.len]),
+        run.push(RunRecord {
+            path: plan.files.path(i),
+            stored_len: stored_len as u64,
+            compression,
+            orig_len: r.len as u64,
+            crc32: r.enc.crc32,
             label: plan.files.label[i],
-            fields: &[],
             attrs: with_attrs.then(|| plan.files.attrs(i)),
-        }
-    });
+        });
+        end += stored_len;
+    }
     let contents = Contents::Files(with_attrs.then(|| plan.chunk_dirs(c)));
     let at = (plan.dataset_id, place.ids.id(c));
-    let s = write_chunk(&place.chunks, at, &plan.classes, contents, records)?;
+    let body = &arena.as_slice()[CHUNK_HEADER_LEN..end];
+    let s = write_chunk_run(&place.chunks, at, &plan.classes, contents, body, run)?;
     // An arena much larger than a chunk (a chunk of one huge file) is not kept.
-    if arena.capacity() as u64 <= b.opts.output.chunk_size.saturating_mul(2) {
+    if arena.as_slice().len() as u64 <= b.opts.output.chunk_size.saturating_mul(2) {
         let _ = back.send(arena); // the reading side may have finished
     }
     Ok(s)
@@ -127,7 +155,7 @@ fn write_read_chunk(
 /// A chunk's files read into `arena` (the `k`th file of the chunk at `spans[k]`: offset,
 /// length), each with its encoding or why it could not be read, in the plan's order.
 struct ReadResults {
-    arena: Vec<u8>,
+    arena: AlignedBuf,
     spans: Vec<(usize, usize)>,
     read: Vec<(usize, Result<encode::Encoding, String>)>,
 }
@@ -168,18 +196,19 @@ impl ReadResults {
     }
 }
 
-/// Reads chunk `c`'s files into `arena` (grown to fit them) with the reader threads, in inode
-/// order (close to on-disk order), and encodes each where it lies.
+/// Reads chunk `c`'s files into `arena` (a new one where it is missing or too small) with
+/// the reader threads, in inode order (close to on-disk order), each where it lies in the
+/// chunk file if all are stored as they are, and encodes each where it lies.
 fn read_chunk(
     b: &Build<'_>,
     pool: &rayon::ThreadPool,
     pb: &ProgressBar,
     c: usize,
-    mut arena: Vec<u8>,
+    arena: Option<AlignedBuf>,
 ) -> Result<ReadResults, PackError> {
     let (files, table) = (b.plan.chunk_files(c), &b.plan.files);
     let mut spans = Vec::with_capacity(files.len());
-    let mut total = 0usize;
+    let mut total = CHUNK_HEADER_LEN;
     for &f in files {
         let i = f as usize;
         let len = usize::try_from(table.size[i])
@@ -192,17 +221,20 @@ fn read_chunk(
         spans.push((total, len));
         total += len;
     }
-    if arena.len() < total {
-        arena.try_reserve_exact(total - arena.len()).map_err(|_| {
-            PackError::Usage(format!(
-                "cannot allocate {total} bytes to read chunk {c}'s files"
-            ))
-        })?;
-        arena.resize(total, 0);
-    }
+    let chunk_size = usize::try_from(b.opts.output.chunk_size).unwrap_or(usize::MAX);
+    let mut arena = match arena {
+        Some(a) if a.as_slice().len() >= total => a,
+        // Room for a whole chunk: a reused arena then fits the chunks that follow.
+        _ => AlignedBuf::try_new(total.max(chunk_size.saturating_add(CHUNK_HEADER_LEN)))
+            .ok_or_else(|| {
+                PackError::Usage(format!(
+                    "cannot allocate {total} bytes to read chunk {c}'s files"
+                ))
+            })?,
+    };
     // Each file's place in the arena, handed to the reader threads in inode order.
     let mut slots: Vec<Option<&mut [u8]>> = Vec::with_capacity(files.len());
-    let mut rest = &mut arena[..total];
+    let mut rest = &mut arena.as_mut_slice()[CHUNK_HEADER_LEN..total];
     for &(_, len) in &spans {
         let (slot, tail) = std::mem::take(&mut rest).split_at_mut(len);
         slots.push(Some(slot));

@@ -44,26 +44,44 @@ impl Block {
     /// A block of `footprint` bytes whose usable part, `footprint - ALIGN` bytes at least,
     /// starts at a 4 KiB boundary (at a 2 MiB one for blocks of 2 MiB and more).
     fn new(footprint: usize) -> Block {
-        if footprint >= HUGE {
-            // The map is 2 MiB longer than the footprint so that its usable part can start at
-            // a huge-page boundary; pages never touched take no memory.
-            if let Ok(map) = memmap2::MmapMut::map_anon(footprint + HUGE) {
-                let start = (map.as_ptr() as usize).next_multiple_of(HUGE) - map.as_ptr() as usize;
-                // Best effort: without transparent huge pages the buffer has ordinary pages.
-                let _ = map.advise_range(memmap2::Advice::HugePage, start, footprint);
-                return Block {
-                    mem: Mem::Anon(map),
-                    start,
-                    footprint,
-                };
-            }
+        Self::mapped(footprint).unwrap_or_else(|| Self::heap(vec![0u8; footprint]))
+    }
+
+    /// As [`Block::new`]; `None` where the memory cannot be had.
+    fn try_new(footprint: usize) -> Option<Block> {
+        Self::mapped(footprint).or_else(|| {
+            let mut vec = Vec::new();
+            vec.try_reserve_exact(footprint).ok()?;
+            vec.resize(footprint, 0);
+            Some(Self::heap(vec))
+        })
+    }
+
+    /// A block of 2 MiB or more as an anonymous map (`None` for a smaller one, or where the
+    /// map cannot be made).
+    fn mapped(footprint: usize) -> Option<Block> {
+        if footprint < HUGE {
+            return None;
         }
-        let vec = vec![0u8; footprint];
-        let start = vec.as_ptr().align_offset(ALIGN).min(ALIGN);
-        Block {
-            mem: Mem::Heap(vec),
+        // The map is 2 MiB longer than the footprint so that its usable part can start at a
+        // huge-page boundary; pages never touched take no memory.
+        let map = memmap2::MmapMut::map_anon(footprint.checked_add(HUGE)?).ok()?;
+        let start = (map.as_ptr() as usize).next_multiple_of(HUGE) - map.as_ptr() as usize;
+        // Best effort: without transparent huge pages the buffer has ordinary pages.
+        let _ = map.advise_range(memmap2::Advice::HugePage, start, footprint);
+        Some(Block {
+            mem: Mem::Anon(map),
             start,
             footprint,
+        })
+    }
+
+    fn heap(vec: Vec<u8>) -> Block {
+        let start = vec.as_ptr().align_offset(ALIGN).min(ALIGN);
+        Block {
+            footprint: vec.len(),
+            mem: Mem::Heap(vec),
+            start,
         }
     }
 
@@ -96,6 +114,14 @@ impl AlignedBuf {
     /// A zeroed buffer of `len` usable bytes, not pooled.
     pub fn new(len: usize) -> Self {
         Self::from_block(Block::new(BufPool::fresh_size(len)), len, None)
+    }
+
+    /// As [`AlignedBuf::new`]; `None` where the memory cannot be had (a buffer as large as a
+    /// file the caller was given).
+    pub fn try_new(len: usize) -> Option<Self> {
+        len.checked_add(HUGE)?; // sizes are rounded up by less than that
+        let block = Block::try_new(BufPool::fresh_size(len))?;
+        Some(Self::from_block(block, len, None))
     }
 
     fn from_block(block: Block, len: usize, pool: Option<Arc<BufPool>>) -> Self {

@@ -11,7 +11,10 @@
 
 use std::fs::File;
 use std::io::{self, BufWriter, Write};
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+
+use crate::buf::{AlignedBuf, ALIGN};
 
 /// What survives a crash of the machine once a file is published.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -29,11 +32,19 @@ pub enum Durability {
 /// Buffer of the writer in front of the file.
 const BUFFER: usize = 1 << 20;
 
+/// Buffer of a file written with `O_DIRECT`: each write of it is one request to the device
+/// (its memory is huge pages where the kernel has them: see [`crate::buf`]).
+const DIRECT_BUFFER: usize = 4 << 20;
+
+/// The least a write to a file written with `O_DIRECT` must be to go to the device from the
+/// caller's memory (see `DirectOut::write_in_place`): smaller ones are gathered.
+const IN_PLACE_MIN: usize = 1 << 20;
+
 /// A file being written that appears under its name only when published.
 pub struct AtomicFile {
     path: PathBuf,
     tmp: PathBuf,
-    w: Option<BufWriter<File>>,
+    w: Option<Out>,
     durability: Durability,
     /// Set once [`AtomicFile::finish`] handed the temporary file to a [`Pending`].
     handed_over: bool,
@@ -56,13 +67,45 @@ impl AtomicFile {
         buffer: usize,
     ) -> io::Result<Self> {
         let f = File::create(tmp)?;
-        Ok(AtomicFile {
+        Ok(Self::over(
+            path,
+            tmp,
+            durability,
+            Out::Buffered(BufWriter::with_capacity(buffer, f)),
+        ))
+    }
+
+    /// As [`AtomicFile::create`], written past the page cache (`O_DIRECT`) where the file
+    /// system takes it: whole buffers of 4 MiB go from memory to the device, the last part
+    /// through the page cache. For large files that are written once and not read back soon
+    /// (a pack's chunk files): the kernel neither copies their bytes into the page cache nor
+    /// writes them back later, and they push nothing else out of memory. Where `O_DIRECT` is
+    /// refused (tmpfs and some network file systems, at the open or at the first write), the
+    /// file is written through the page cache as [`AtomicFile::create`] writes it.
+    pub fn direct(path: &Path, tmp: &Path, durability: Durability) -> io::Result<Self> {
+        let out = match DirectOut::create(tmp) {
+            Ok(d) => Out::Direct(d),
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                Out::Buffered(BufWriter::with_capacity(BUFFER, File::create(tmp)?))
+            }
+            Err(e) => return Err(e),
+        };
+        Ok(Self::over(path, tmp, durability, out))
+    }
+
+    fn over(path: &Path, tmp: &Path, durability: Durability, out: Out) -> Self {
+        AtomicFile {
             path: path.to_path_buf(),
             tmp: tmp.to_path_buf(),
-            w: Some(BufWriter::with_capacity(buffer, f)),
+            w: Some(out),
             durability,
             handed_over: false,
-        })
+        }
+    }
+
+    /// True when the file is being written past the page cache (see [`AtomicFile::direct`]).
+    pub fn is_direct(&self) -> bool {
+        matches!(&self.w, Some(Out::Direct(d)) if d.direct)
     }
 
     /// The temporary name it is written under, for errors.
@@ -72,8 +115,10 @@ impl AtomicFile {
 
     /// Flushes and (as the durability says) fsyncs the file, without renaming it yet.
     pub fn finish(mut self) -> io::Result<Pending> {
-        let w = self.w.take().expect("an AtomicFile is finished once");
-        let f = w.into_inner().map_err(|e| e.into_error())?;
+        let f = match self.w.take().expect("an AtomicFile is finished once") {
+            Out::Buffered(w) => w.into_inner().map_err(|e| e.into_error())?,
+            Out::Direct(d) => d.finish()?,
+        };
         if self.durability != Durability::Rename {
             f.sync_all()?;
         }
@@ -108,22 +153,251 @@ impl Write for AtomicFile {
 }
 
 impl AtomicFile {
-    fn writer(&mut self) -> &mut BufWriter<File> {
-        self.w
+    fn writer(&mut self) -> &mut dyn Write {
+        match self
+            .w
             .as_mut()
             .expect("an AtomicFile is written before it is finished")
+        {
+            Out::Buffered(w) => w,
+            Out::Direct(d) => d,
+        }
     }
 }
 
 impl Drop for AtomicFile {
     fn drop(&mut self) {
         // Unflushed bytes go with the file (a flush on drop could only fail again).
-        if let Some(w) = self.w.take() {
+        if let Some(Out::Buffered(w)) = self.w.take() {
             let _ = w.into_parts();
         }
         if !self.handed_over {
             let _ = std::fs::remove_file(&self.tmp);
         }
+    }
+}
+
+/// How an [`AtomicFile`]'s bytes reach its file.
+enum Out {
+    Buffered(BufWriter<File>),
+    Direct(DirectOut),
+}
+
+/// A file written with `O_DIRECT`: bytes are gathered in an aligned buffer, each full buffer
+/// written at its (aligned) offset; the last, partial buffer is written through the page
+/// cache at [`DirectOut::finish`] (a direct write must be a whole number of blocks).
+struct DirectOut {
+    f: File,
+    buf: AlignedBuf,
+    /// Bytes gathered in `buf`.
+    len: usize,
+    /// Where `buf` goes in the file.
+    at: u64,
+    /// False once the file system refused a direct write: `O_DIRECT` is off for the file and
+    /// the buffer is written through the page cache.
+    direct: bool,
+}
+
+impl DirectOut {
+    fn create(path: &Path) -> io::Result<DirectOut> {
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(path)?;
+        Ok(DirectOut {
+            f,
+            buf: AlignedBuf::new(DIRECT_BUFFER),
+            len: 0,
+            at: 0,
+            direct: true,
+        })
+    }
+
+    /// Writes the gathered bytes (a whole buffer, unless `last`) at their offset.
+    fn drain(&mut self, last: bool) -> io::Result<()> {
+        if self.direct && (last || !self.len.is_multiple_of(ALIGN)) {
+            // The end of the file: through the page cache.
+            self.direct = direct_off(&self.f)?;
+        }
+        let bytes = &self.buf.as_slice()[..self.len];
+        match self.f.write_all_at(bytes, self.at) {
+            Err(e) if self.direct && e.raw_os_error() == Some(libc::EINVAL) => {
+                // Alignment this file system does not take: the rest as any other file.
+                self.direct = direct_off(&self.f)?;
+                self.f.write_all_at(bytes, self.at)?;
+            }
+            r => r?,
+        }
+        self.at += self.len as u64;
+        self.len = 0;
+        Ok(())
+    }
+
+    /// Writes what is left and hands the file back (not yet synced).
+    fn finish(mut self) -> io::Result<File> {
+        if self.len > 0 {
+            self.drain(true)?;
+        }
+        Ok(self.f)
+    }
+}
+
+/// Turns `O_DIRECT` off for `f`; returns false (the file is no longer direct).
+fn direct_off(f: &File) -> io::Result<bool> {
+    let flags = rustix::fs::fcntl_getfl(f)?;
+    rustix::fs::fcntl_setfl(f, flags - rustix::fs::OFlags::DIRECT)?;
+    Ok(false)
+}
+
+impl DirectOut {
+    /// Writes the whole blocks of `b` straight from `b` (no copy into the buffer) when they
+    /// lie at a block boundary in memory where they go at one in the file, and `b` is large:
+    /// a caller that laid its bytes out so (a pack reads a chunk's files to where they lie in
+    /// the chunk, a block's worth past the chunk's header) hands the device its memory. The
+    /// bytes up to the block boundary go into the buffer first, which is written out. Returns
+    /// the bytes taken, `None` when `b` goes through the buffer.
+    fn write_in_place(&mut self, b: &[u8]) -> io::Result<Option<usize>> {
+        let pos = self.at + self.len as u64;
+        let gap = (ALIGN - (pos % ALIGN as u64) as usize) % ALIGN;
+        let aligned = (b.as_ptr() as usize)
+            .wrapping_add(gap)
+            .is_multiple_of(ALIGN);
+        if !self.direct || !aligned || b.len() < gap + IN_PLACE_MIN {
+            return Ok(None);
+        }
+        // `at` is at a block boundary, so the buffer with the gap filled is whole blocks (and
+        // no fuller than the buffer: it is drained whenever it is full).
+        self.buf.as_mut_slice()[self.len..self.len + gap].copy_from_slice(&b[..gap]);
+        self.len += gap;
+        if self.len > 0 {
+            self.drain(false)?;
+        }
+        if !self.direct {
+            return Ok(Some(gap)); // the file system refused direct writes: the rest as usual
+        }
+        let whole = (b.len() - gap) / ALIGN * ALIGN;
+        let blocks = &b[gap..gap + whole];
+        match self.f.write_all_at(blocks, self.at) {
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                self.direct = direct_off(&self.f)?;
+                self.f.write_all_at(blocks, self.at)?;
+            }
+            r => r?,
+        }
+        self.at += whole as u64;
+        Ok(Some(gap + whole))
+    }
+}
+
+impl Write for DirectOut {
+    fn write(&mut self, b: &[u8]) -> io::Result<usize> {
+        if let Some(n) = self.write_in_place(b)? {
+            return Ok(n);
+        }
+        let n = b.len().min(DIRECT_BUFFER - self.len);
+        self.buf.as_mut_slice()[self.len..self.len + n].copy_from_slice(&b[..n]);
+        self.len += n;
+        if self.len == DIRECT_BUFFER {
+            self.drain(false)?;
+        }
+        Ok(n)
+    }
+
+    /// Nothing: a partial buffer can be written only at the end (see [`DirectOut::finish`]).
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Appends to a file it opens for each buffer-full, so that many can be filled at once
+/// without a descriptor each (the writer's chunk slots). Whole blocks are appended past the
+/// page cache (`O_DIRECT`) where the file system takes it, the bytes of the last partial
+/// block staying in the buffer; [`Write::flush`] appends everything through the page cache
+/// and ends the file's direct appends (a direct append must start at a block boundary).
+pub struct Appender {
+    path: PathBuf,
+    /// Made on the first write.
+    buf: Option<AlignedBuf>,
+    len: usize,
+    cap: usize,
+    direct: bool,
+}
+
+impl Appender {
+    /// Creates (or empties) `path`, to be appended to through a buffer of about `buffer`
+    /// bytes (at least a block).
+    pub fn create(path: PathBuf, buffer: usize) -> io::Result<Appender> {
+        File::create(&path)?;
+        Ok(Appender {
+            path,
+            buf: None,
+            len: 0,
+            // Whole blocks, less one so that the buffer's memory is `buffer` (see crate::buf).
+            cap: (buffer / ALIGN).saturating_sub(1).max(1) * ALIGN,
+            direct: true,
+        })
+    }
+
+    /// The file appended to.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Appends the buffer's whole blocks (all of it when `all`), keeping the rest.
+    fn append(&mut self, all: bool) -> io::Result<()> {
+        let Some(buf) = self.buf.as_mut() else {
+            return Ok(());
+        };
+        let n = match all || !self.direct {
+            true => self.len,
+            false => self.len / ALIGN * ALIGN,
+        };
+        if n == 0 {
+            return Ok(());
+        }
+        let bytes = &buf.as_slice()[..n];
+        let open = |direct: bool| {
+            std::fs::OpenOptions::new()
+                .append(true)
+                .custom_flags(if direct { libc::O_DIRECT } else { 0 })
+                .open(&self.path)
+        };
+        let direct = self.direct && n.is_multiple_of(ALIGN);
+        let written = open(direct).and_then(|mut f| f.write_all(bytes));
+        match written {
+            Err(e) if direct && e.raw_os_error() == Some(libc::EINVAL) => {
+                // This file system takes no direct appends: through the page cache from now.
+                self.direct = false;
+                open(false)?.write_all(bytes)?;
+            }
+            r => r?,
+        }
+        if all || n % ALIGN != 0 {
+            self.direct = false; // the file no longer ends at a block boundary
+        }
+        buf.as_mut_slice().copy_within(n..self.len, 0);
+        self.len -= n;
+        Ok(())
+    }
+}
+
+impl Write for Appender {
+    fn write(&mut self, b: &[u8]) -> io::Result<usize> {
+        let cap = self.cap;
+        let buf = self.buf.get_or_insert_with(|| AlignedBuf::new(cap));
+        let n = b.len().min(cap - self.len);
+        buf.as_mut_slice()[self.len..self.len + n].copy_from_slice(&b[..n]);
+        self.len += n;
+        if self.len == cap {
+            self.append(false)?;
+        }
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.append(true)
     }
 }
 
@@ -228,6 +502,106 @@ mod tests {
             "the temporary name stays"
         );
         assert!(!p.exists());
+    }
+
+    /// Writes `parts` (offsets into one aligned source buffer, so that some start at a block
+    /// boundary of memory) through a direct file and returns what the file holds and what
+    /// was meant.
+    fn direct_round_trip(parts: &[(usize, usize)]) -> (Vec<u8>, Vec<u8>, bool) {
+        let dir = tempfile::tempdir().unwrap();
+        let (p, tmp) = (dir.path().join("c"), dir.path().join("c.tmp"));
+        let mut src = AlignedBuf::new(12 << 20);
+        for (i, b) in src.as_mut_slice().iter_mut().enumerate() {
+            *b = (i * 31 % 253) as u8;
+        }
+        let mut f = AtomicFile::direct(&p, &tmp, Durability::File).unwrap();
+        let direct = f.is_direct();
+        let mut want = Vec::new();
+        for &(at, len) in parts {
+            let b = &src.as_slice()[at..at + len];
+            f.write_all(b).unwrap();
+            want.extend_from_slice(b);
+        }
+        f.publish().unwrap();
+        (std::fs::read(&p).unwrap(), want, direct)
+    }
+
+    #[test]
+    fn a_direct_file_holds_exactly_what_was_written_however_it_was_cut() {
+        let cases: [&[(usize, usize)]; 7] = [
+            &[],
+            &[(5, 100)],
+            // A header, then a run lying a header's length past a block boundary (in place).
+            &[(0, 64), (4096 + 64, 9 << 20), (3, 1000)],
+            // The same run one byte off (through the buffer).
+            &[(0, 64), (4096 + 65, 9 << 20)],
+            // Whole buffers and their edges.
+            &[(0, 4 << 20), (0, 1), (0, (4 << 20) - 1), (7, 4096)],
+            &[(1, 1 << 20), (0, 3 << 20), (4096, 5 << 20)],
+            // Many small writes that cross buffer boundaries.
+            &[(10, 333_333); 20],
+        ];
+        for parts in cases {
+            let (got, want, _) = direct_round_trip(parts);
+            assert_eq!(got.len(), want.len(), "{parts:?}");
+            assert!(got == want, "{parts:?}: the bytes differ");
+        }
+        // Where this test runs (ext4), the file system takes O_DIRECT.
+        let (_, _, direct) = direct_round_trip(&[(0, 1)]);
+        let fs_direct = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(tempfile::tempdir().unwrap().path().join("probe"))
+            .is_ok();
+        assert_eq!(direct, fs_direct);
+    }
+
+    #[test]
+    fn a_direct_file_that_fails_leaves_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let tmp = dir.path().join("full.tmp");
+        std::os::unix::fs::symlink("/dev/full", &tmp).unwrap();
+        let p = dir.path().join("full");
+        let big = AlignedBuf::new(5 << 20);
+        let r = AtomicFile::direct(&p, &tmp, Durability::File)
+            .and_then(|mut f| f.write_all(big.as_slice()).and_then(|()| f.publish()));
+        let e = r.expect_err("a full device fails");
+        assert_eq!(e.raw_os_error(), Some(libc::ENOSPC), "{e}");
+        assert!(std::fs::symlink_metadata(&tmp).is_err());
+        assert!(!p.exists());
+    }
+
+    #[test]
+    fn appended_files_hold_exactly_what_was_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let data: Vec<u8> = (0..3_000_000u32).map(|i| (i * 17 % 251) as u8).collect();
+        // (buffer, write sizes): buffer-fulls of whole blocks, writes larger than the buffer,
+        // a flush in the middle (the rest then goes through the page cache).
+        let cases: [(usize, &[usize]); 4] = [
+            (16 << 10, &[64, 100_000, 1, 4096, 250_000]),
+            (1 << 20, &[64, 2_500_000, 7]),
+            (20_000, &[5; 10]),
+            (64 << 10, &[0]),
+        ];
+        for (i, (buffer, sizes)) in cases.iter().enumerate() {
+            let p = dir.path().join(format!("a{i}"));
+            let mut a = Appender::create(p.clone(), *buffer).unwrap();
+            let mut at = 0;
+            for (k, n) in sizes.iter().enumerate() {
+                a.write_all(&data[at..at + n]).unwrap();
+                at += n;
+                if k == 2 {
+                    a.flush().unwrap();
+                }
+            }
+            a.write_all(&data[at..at + 3333]).unwrap();
+            at += 3333;
+            a.flush().unwrap();
+            let got = std::fs::read(&p).unwrap();
+            assert!(got == data[..at], "case {i}: {} bytes of {at}", got.len());
+        }
     }
 
     #[test]

@@ -19,7 +19,6 @@
 //! only then), fsyncs and names the file. There is nothing to resume from: an interrupted
 //! writer with an expected count starts over (its partial chunks are removed).
 
-use std::fs::OpenOptions;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -27,6 +26,7 @@ use std::sync::Mutex;
 use std::collections::HashMap;
 
 use granary_format::{chunk_file_name, ChunkSummary, ChunkWriter, NO_LABEL};
+use granary_store::write::Appender;
 
 use super::spill::SpillRecord;
 use crate::publish::{append_record, write_in_parallel, ChunkRecord};
@@ -42,56 +42,6 @@ pub(super) const MAX_SLOTS: u64 = 1 << 20;
 pub(super) const SLOT_BUFFER: usize = 1 << 20;
 /// All slots' buffers together stay below this (a slot buffers at least 16 KiB).
 const BUFFERS: usize = 64 << 20;
-
-/// Appends to a file it opens for each buffer-full (no descriptor held between).
-pub(super) struct Appender {
-    path: PathBuf,
-    buf: Vec<u8>,
-    cap: usize,
-}
-
-impl Appender {
-    fn create(path: PathBuf, cap: usize) -> std::io::Result<Appender> {
-        std::fs::File::create(&path)?;
-        Ok(Appender {
-            path,
-            buf: Vec::new(),
-            cap,
-        })
-    }
-
-    fn append(&self, b: &[u8]) -> std::io::Result<()> {
-        OpenOptions::new()
-            .append(true)
-            .open(&self.path)?
-            .write_all(b)
-    }
-}
-
-impl Write for Appender {
-    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-        if self.buf.len() + b.len() > self.cap {
-            self.flush()?;
-            if b.len() >= self.cap {
-                self.append(b)?;
-                return Ok(b.len());
-            }
-        }
-        if self.buf.capacity() == 0 {
-            self.buf.reserve_exact(self.cap);
-        }
-        self.buf.extend_from_slice(b);
-        Ok(b.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        if !self.buf.is_empty() {
-            self.append(&self.buf)?;
-            self.buf.clear();
-        }
-        Ok(())
-    }
-}
 
 /// One chunk being filled: made on its first sample.
 #[derive(Default)]
