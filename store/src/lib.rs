@@ -8,6 +8,7 @@
 //! [`StoreStack`] (tier → peers → origin, any subset) once; the packer writes objects through
 //! [`object::ObjectUrl`]. Errors say of which kind they are ([`StoreError`]).
 
+pub mod append;
 pub mod auth;
 pub mod buf;
 pub mod config;

@@ -311,96 +311,6 @@ impl Write for DirectOut {
     }
 }
 
-/// Appends to a file it opens for each buffer-full, so that many can be filled at once
-/// without a descriptor each (the writer's chunk slots). Whole blocks are appended past the
-/// page cache (`O_DIRECT`) where the file system takes it, the bytes of the last partial
-/// block staying in the buffer; [`Write::flush`] appends everything through the page cache
-/// and ends the file's direct appends (a direct append must start at a block boundary).
-pub struct Appender {
-    path: PathBuf,
-    /// Made on the first write.
-    buf: Option<AlignedBuf>,
-    len: usize,
-    cap: usize,
-    direct: bool,
-}
-
-impl Appender {
-    /// Creates (or empties) `path`, to be appended to through a buffer of about `buffer`
-    /// bytes (at least a block).
-    pub fn create(path: PathBuf, buffer: usize) -> io::Result<Appender> {
-        File::create(&path)?;
-        Ok(Appender {
-            path,
-            buf: None,
-            len: 0,
-            // Whole blocks, less one so that the buffer's memory is `buffer` (see crate::buf).
-            cap: (buffer / ALIGN).saturating_sub(1).max(1) * ALIGN,
-            direct: true,
-        })
-    }
-
-    /// The file appended to.
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-
-    /// Appends the buffer's whole blocks (all of it when `all`), keeping the rest.
-    fn append(&mut self, all: bool) -> io::Result<()> {
-        let Some(buf) = self.buf.as_mut() else {
-            return Ok(());
-        };
-        let n = match all || !self.direct {
-            true => self.len,
-            false => self.len / ALIGN * ALIGN,
-        };
-        if n == 0 {
-            return Ok(());
-        }
-        let bytes = &buf.as_slice()[..n];
-        let open = |direct: bool| {
-            std::fs::OpenOptions::new()
-                .append(true)
-                .custom_flags(if direct { libc::O_DIRECT } else { 0 })
-                .open(&self.path)
-        };
-        let direct = self.direct && n.is_multiple_of(ALIGN);
-        let written = open(direct).and_then(|mut f| f.write_all(bytes));
-        match written {
-            Err(e) if direct && e.raw_os_error() == Some(libc::EINVAL) => {
-                // This file system takes no direct appends: through the page cache from now.
-                self.direct = false;
-                open(false)?.write_all(bytes)?;
-            }
-            r => r?,
-        }
-        if all || n % ALIGN != 0 {
-            self.direct = false; // the file no longer ends at a block boundary
-        }
-        buf.as_mut_slice().copy_within(n..self.len, 0);
-        self.len -= n;
-        Ok(())
-    }
-}
-
-impl Write for Appender {
-    fn write(&mut self, b: &[u8]) -> io::Result<usize> {
-        let cap = self.cap;
-        let buf = self.buf.get_or_insert_with(|| AlignedBuf::new(cap));
-        let n = b.len().min(cap - self.len);
-        buf.as_mut_slice()[self.len..self.len + n].copy_from_slice(&b[..n]);
-        self.len += n;
-        if self.len == cap {
-            self.append(false)?;
-        }
-        Ok(n)
-    }
-
-    fn flush(&mut self) -> io::Result<()> {
-        self.append(true)
-    }
-}
-
 /// A file written whole and synced, waiting to be renamed into place.
 pub struct Pending {
     path: PathBuf,
@@ -571,37 +481,6 @@ mod tests {
         assert_eq!(e.raw_os_error(), Some(libc::ENOSPC), "{e}");
         assert!(std::fs::symlink_metadata(&tmp).is_err());
         assert!(!p.exists());
-    }
-
-    #[test]
-    fn appended_files_hold_exactly_what_was_written() {
-        let dir = tempfile::tempdir().unwrap();
-        let data: Vec<u8> = (0..3_000_000u32).map(|i| (i * 17 % 251) as u8).collect();
-        // (buffer, write sizes): buffer-fulls of whole blocks, writes larger than the buffer,
-        // a flush in the middle (the rest then goes through the page cache).
-        let cases: [(usize, &[usize]); 4] = [
-            (16 << 10, &[64, 100_000, 1, 4096, 250_000]),
-            (1 << 20, &[64, 2_500_000, 7]),
-            (20_000, &[5; 10]),
-            (64 << 10, &[0]),
-        ];
-        for (i, (buffer, sizes)) in cases.iter().enumerate() {
-            let p = dir.path().join(format!("a{i}"));
-            let mut a = Appender::create(p.clone(), *buffer).unwrap();
-            let mut at = 0;
-            for (k, n) in sizes.iter().enumerate() {
-                a.write_all(&data[at..at + n]).unwrap();
-                at += n;
-                if k == 2 {
-                    a.flush().unwrap();
-                }
-            }
-            a.write_all(&data[at..at + 3333]).unwrap();
-            at += 3333;
-            a.flush().unwrap();
-            let got = std::fs::read(&p).unwrap();
-            assert!(got == data[..at], "case {i}: {} bytes of {at}", got.len());
-        }
     }
 
     #[test]

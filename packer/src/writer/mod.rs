@@ -748,7 +748,7 @@ impl Writer {
             self.layout.ids,
             self.with_fields == Some(true),
             slots,
-        );
+        )?;
         if self.shared.direct.set(d).is_err() {
             return Err(PackError::Usage("the chunks were sized twice".into()));
         }

@@ -1,0 +1,358 @@
+//! Appending to many files at once, without a descriptor each, the writes in the background.
+//!
+//! The writer told how many samples to expect fills one chunk file per slot, hundreds at a
+//! time. Each file has an [`Appender`], which gathers bytes in a buffer of whole blocks; a full
+//! buffer goes to the [`Appends`] all of them share, whose threads write it at its offset in
+//! its file (opened for that write) while the appender fills another buffer. The writes go
+//! past the page cache (`O_DIRECT`) where the file system takes it: the kernel neither copies
+//! the bytes into memory nor writes them back later, and the caller does not wait for the
+//! device. A file system that refuses a direct write gets the rest through the page cache.
+//!
+//! Memory: one buffer per appender being filled, and at most `in_flight` more, queued or
+//! being written (an appender whose buffer is full waits for one of them). A failed write is
+//! the error of every later call on any appender of the pool, naming the file.
+
+use std::collections::VecDeque;
+use std::fs::{File, OpenOptions};
+use std::io::{self, Write};
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::thread::JoinHandle;
+
+use crate::buf::{AlignedBuf, ALIGN};
+
+/// The background writes of many [`Appender`]s (see the module documentation).
+pub struct Appends {
+    shared: Arc<Shared>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+struct Shared {
+    state: Mutex<State>,
+    /// Signalled whenever a write is queued or completes, or the pool closes.
+    changed: Condvar,
+    /// Bytes in a buffer: whole blocks.
+    cap: usize,
+    in_flight: usize,
+}
+
+struct State {
+    queue: VecDeque<Job>,
+    /// Writes queued or being written.
+    pending: usize,
+    /// Buffers of completed writes, for the next full appender.
+    free: Vec<AlignedBuf>,
+    /// False once the file system refused a direct write.
+    direct: bool,
+    /// The first failed write: what, and where.
+    failed: Option<(io::ErrorKind, String)>,
+    closed: bool,
+}
+
+/// A full buffer to write at `at` in `path`.
+struct Job {
+    path: Arc<PathBuf>,
+    at: u64,
+    buf: AlignedBuf,
+}
+
+impl Appends {
+    /// A pool writing on `threads` threads from buffers of about `buffer` bytes, at most
+    /// `in_flight` of them queued or being written.
+    pub fn new(buffer: usize, threads: usize, in_flight: usize) -> io::Result<Appends> {
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State {
+                queue: VecDeque::new(),
+                pending: 0,
+                free: Vec::new(),
+                direct: true,
+                failed: None,
+                closed: false,
+            }),
+            changed: Condvar::new(),
+            // Whole blocks, less one so that a buffer's memory is `buffer` (see crate::buf).
+            cap: (buffer / ALIGN).saturating_sub(1).max(1) * ALIGN,
+            in_flight: in_flight.max(1),
+        });
+        let mut pool = Appends {
+            shared,
+            threads: Vec::new(),
+        };
+        for i in 0..threads.max(1) {
+            let shared = Arc::clone(&pool.shared);
+            let t = std::thread::Builder::new()
+                .name(format!("granary-append-{i}"))
+                .spawn(move || shared.run())?;
+            pool.threads.push(t);
+        }
+        Ok(pool)
+    }
+
+    /// Waits until every buffer handed over is written; the first failure if one failed.
+    pub fn wait_idle(&self) -> io::Result<()> {
+        let mut st = self.shared.lock();
+        while st.pending > 0 {
+            st = self.shared.wait(st);
+        }
+        st.check()
+    }
+}
+
+impl Drop for Appends {
+    fn drop(&mut self) {
+        {
+            let mut st = self.shared.lock();
+            st.closed = true;
+            // Writes not yet begun are dropped: a pool goes only when its files are
+            // finished (nothing is queued) or abandoned.
+            st.pending -= st.queue.len();
+            st.queue.clear();
+        }
+        self.shared.changed.notify_all();
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+impl State {
+    fn check(&self) -> io::Result<()> {
+        match &self.failed {
+            Some((kind, what)) => Err(io::Error::new(*kind, what.clone())),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn wait<'a>(&self, st: MutexGuard<'a, State>) -> MutexGuard<'a, State> {
+        self.changed
+            .wait(st)
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// One writer thread: writes queued buffers until the pool closes.
+    fn run(&self) {
+        loop {
+            let (job, direct) = {
+                let mut st = self.lock();
+                loop {
+                    if let Some(job) = st.queue.pop_front() {
+                        break (job, st.direct);
+                    }
+                    if st.closed {
+                        return;
+                    }
+                    st = self.wait(st);
+                }
+            };
+            // A file flushed before its end (not how the writer uses it) goes on unaligned.
+            let direct = direct && job.at.is_multiple_of(ALIGN as u64);
+            let written = write_at(&job.path, &job.buf.as_slice()[..self.cap], job.at, direct);
+            let mut st = self.lock();
+            st.pending -= 1;
+            match written {
+                Ok(refused) => st.direct &= !refused,
+                Err(e) => {
+                    let what = format!("writing {} at {}: {e}", job.path.display(), job.at);
+                    st.failed.get_or_insert((e.kind(), what));
+                }
+            }
+            if st.free.len() < self.in_flight {
+                st.free.push(job.buf);
+            }
+            drop(st);
+            self.changed.notify_all();
+        }
+    }
+
+    /// A buffer to fill: a free one, or a new one while fewer than `in_flight` writes are
+    /// pending (otherwise it waits for one to complete).
+    fn take(&self) -> io::Result<AlignedBuf> {
+        let mut st = self.lock();
+        loop {
+            st.check()?;
+            if let Some(b) = st.free.pop() {
+                return Ok(b);
+            }
+            if st.pending < self.in_flight {
+                drop(st);
+                return AlignedBuf::try_new(self.cap).ok_or_else(|| {
+                    io::Error::new(io::ErrorKind::OutOfMemory, "no memory for a write buffer")
+                });
+            }
+            st = self.wait(st);
+        }
+    }
+
+    fn submit(&self, job: Job) -> io::Result<()> {
+        let mut st = self.lock();
+        st.check()?;
+        st.queue.push_back(job);
+        st.pending += 1;
+        drop(st);
+        self.changed.notify_all();
+        Ok(())
+    }
+}
+
+/// Writes `bytes` at `at` in the existing file `path`, with `O_DIRECT` when `direct`; returns
+/// true when the file system refused the direct write (it was written through the page cache
+/// then).
+fn write_at(path: &Path, bytes: &[u8], at: u64, direct: bool) -> io::Result<bool> {
+    let open = |direct: bool| {
+        OpenOptions::new()
+            .write(true)
+            .custom_flags(if direct { libc::O_DIRECT } else { 0 })
+            .open(path)
+    };
+    match open(direct).and_then(|f| f.write_all_at(bytes, at)) {
+        Err(e) if direct && e.raw_os_error() == Some(libc::EINVAL) => {
+            open(false)?.write_all_at(bytes, at)?;
+            Ok(true)
+        }
+        r => r.map(|()| false),
+    }
+}
+
+/// Appends to one file through an [`Appends`]: full buffers are written in the background;
+/// [`Write::flush`] writes the rest (through the page cache) and waits until every write of
+/// the pool is done, so that the file is whole afterwards (to be fsynced, renamed).
+pub struct Appender {
+    path: Arc<PathBuf>,
+    pool: Arc<Shared>,
+    /// The buffer being filled, taken on the first write after a full one was handed over.
+    buf: Option<AlignedBuf>,
+    len: usize,
+    /// Where `buf` goes in the file.
+    at: u64,
+}
+
+impl Appender {
+    /// Creates (or empties) `path`, to be appended to through `pool`.
+    pub fn create(path: PathBuf, pool: &Appends) -> io::Result<Appender> {
+        File::create(&path)?;
+        Ok(Appender {
+            path: Arc::new(path),
+            pool: Arc::clone(&pool.shared),
+            buf: None,
+            len: 0,
+            at: 0,
+        })
+    }
+
+    /// The file appended to.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Write for Appender {
+    fn write(&mut self, b: &[u8]) -> io::Result<usize> {
+        let cap = self.pool.cap;
+        let buf = match &mut self.buf {
+            Some(buf) => buf,
+            None => self.buf.insert(self.pool.take()?),
+        };
+        let n = b.len().min(cap - self.len);
+        buf.as_mut_slice()[self.len..self.len + n].copy_from_slice(&b[..n]);
+        self.len += n;
+        if self.len == cap {
+            let buf = self.buf.take().expect("filled above");
+            let (path, at) = (Arc::clone(&self.path), self.at);
+            self.pool.submit(Job { path, at, buf })?;
+            self.at += cap as u64;
+            self.len = 0;
+        }
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        if let Some(buf) = &self.buf {
+            let rest = &buf.as_slice()[..self.len];
+            OpenOptions::new()
+                .write(true)
+                .open(&*self.path)?
+                .write_all_at(rest, self.at)?;
+            self.at += self.len as u64;
+            self.len = 0;
+        }
+        let mut st = self.pool.lock();
+        while st.pending > 0 {
+            st = self.pool.wait(st);
+        }
+        st.check()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn appended_files_hold_exactly_what_was_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let data: Vec<u8> = (0..3_000_000u32).map(|i| (i * 17 % 251) as u8).collect();
+        // (buffer, write sizes): buffer-fulls of whole blocks, writes larger than the buffer,
+        // a flush in the middle (the rest then lies in the file before the next buffer).
+        let cases: [(usize, &[usize]); 4] = [
+            (16 << 10, &[64, 100_000, 1, 4096, 250_000]),
+            (1 << 20, &[64, 2_500_000, 7]),
+            (20_000, &[5; 10]),
+            (64 << 10, &[0]),
+        ];
+        for (i, (buffer, sizes)) in cases.iter().enumerate() {
+            // Two files filled in turns through one pool of two threads and two buffers.
+            let pool = Appends::new(*buffer, 2, 2).unwrap();
+            let paths = [0, 1].map(|k| dir.path().join(format!("a{i}-{k}")));
+            let mut a = paths.clone().map(|p| Appender::create(p, &pool).unwrap());
+            let mut at = 0;
+            for (k, n) in sizes.iter().enumerate() {
+                for f in &mut a {
+                    f.write_all(&data[at..at + n]).unwrap();
+                }
+                at += n;
+                if k == 2 {
+                    a[0].flush().unwrap();
+                }
+            }
+            for f in &mut a {
+                f.write_all(&data[at..at + 3333]).unwrap();
+                f.flush().unwrap();
+            }
+            at += 3333;
+            for p in &paths {
+                let got = std::fs::read(p).unwrap();
+                assert!(got == data[..at], "case {i}: {} bytes of {at}", got.len());
+            }
+        }
+    }
+
+    #[test]
+    fn a_failed_background_write_is_the_next_calls_error_naming_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let pool = Appends::new(16 << 10, 1, 1).unwrap();
+        let p = dir.path().join("gone");
+        let mut a = Appender::create(p.clone(), &pool).unwrap();
+        // The file disappears: the background write of the first full buffer cannot open it.
+        std::fs::remove_file(&p).unwrap();
+        let chunk = vec![7u8; 64 << 10];
+        let mut err = None;
+        for _ in 0..8 {
+            if let Err(e) = a.write_all(&chunk) {
+                err = Some(e);
+                break;
+            }
+        }
+        let e = err
+            .or_else(|| a.flush().err())
+            .expect("the failure comes back");
+        assert!(e.to_string().contains("gone"), "{e}");
+        assert!(pool.wait_idle().is_err());
+    }
+}
