@@ -6,7 +6,8 @@
 //! its file (opened for that write) while the appender fills another buffer. The writes go
 //! past the page cache (`O_DIRECT`) where the file system takes it: the kernel neither copies
 //! the bytes into memory nor writes them back later, and the caller does not wait for the
-//! device. A file system that refuses a direct write gets the rest through the page cache.
+//! device. A file system that refuses a direct write, or whose files live in memory (tmpfs),
+//! gets them through the page cache.
 //!
 //! Memory: one buffer per appender being filled, and at most `in_flight` more, queued or
 //! being written (an appender whose buffer is full waits for one of them). A failed write is
@@ -236,7 +237,10 @@ pub struct Appender {
 impl Appender {
     /// Creates (or empties) `path`, to be appended to through `pool`.
     pub fn create(path: PathBuf, pool: &Appends) -> io::Result<Appender> {
-        File::create(&path)?;
+        let f = File::create(&path)?;
+        if !crate::write::direct_pays(&f) {
+            pool.shared.lock().direct = false;
+        }
         Ok(Appender {
             path: Arc::new(path),
             pool: Arc::clone(&pool.shared),

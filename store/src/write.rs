@@ -11,7 +11,7 @@
 
 use std::fs::File;
 use std::io::{self, BufWriter, Write};
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use crate::buf::{AlignedBuf, ALIGN};
@@ -199,13 +199,15 @@ struct DirectOut {
 }
 
 impl DirectOut {
+    /// `path` created, with `O_DIRECT` on where it pays (see [`direct_pays`]); `Err` of
+    /// `EINVAL` where the file system refuses it.
     fn create(path: &Path) -> io::Result<DirectOut> {
-        let f = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .custom_flags(libc::O_DIRECT)
-            .open(path)?;
+        let f = File::create(path)?;
+        if !direct_pays(&f) {
+            return Err(io::Error::from_raw_os_error(libc::EINVAL));
+        }
+        let flags = rustix::fs::fcntl_getfl(&f)?;
+        rustix::fs::fcntl_setfl(&f, flags | rustix::fs::OFlags::DIRECT)?;
         Ok(DirectOut {
             f,
             buf: AlignedBuf::new(DIRECT_BUFFER),
@@ -241,6 +243,20 @@ impl DirectOut {
             self.drain(true)?;
         }
         Ok(self.f)
+    }
+}
+
+/// Whether writing `f` past the page cache pays: not on a file system whose files live in
+/// memory (tmpfs, ramfs), where a direct write is a copy into the page cache plus an attempt
+/// to drop it again (the default `Writer`'s chunks to tmpfs: 4,100-4,800 samples/s direct,
+/// 5,000-5,300 through the page cache, 3 alternated runs).
+pub(crate) fn direct_pays(f: &File) -> bool {
+    use rustix::fs::FsWord;
+    /// tmpfs's and ramfs's `f_type` (linux/magic.h).
+    const MEMORY: [u32; 2] = [0x0102_1994, 0x8584_58f6];
+    match rustix::fs::fstatfs(f) {
+        Ok(st) => !MEMORY.iter().any(|&m| st.f_type == m as FsWord),
+        Err(_) => false,
     }
 }
 
@@ -377,6 +393,7 @@ fn parent_of(path: &Path) -> &Path {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::OpenOptionsExt;
 
     #[test]
     fn atomic_write_replaces_whole_or_keeps_the_old_file() {
@@ -456,7 +473,7 @@ mod tests {
             assert_eq!(got.len(), want.len(), "{parts:?}");
             assert!(got == want, "{parts:?}: the bytes differ");
         }
-        // Where this test runs (ext4), the file system takes O_DIRECT.
+        // Where this test runs (ext4 here), the file is direct; on tmpfs it is not.
         let (_, _, direct) = direct_round_trip(&[(0, 1)]);
         let fs_direct = std::fs::OpenOptions::new()
             .write(true)
@@ -464,8 +481,28 @@ mod tests {
             .truncate(true)
             .custom_flags(libc::O_DIRECT)
             .open(tempfile::tempdir().unwrap().path().join("probe"))
-            .is_ok();
+            .is_ok_and(|f| direct_pays(&f));
         assert_eq!(direct, fs_direct);
+    }
+
+    #[test]
+    fn a_file_on_tmpfs_is_written_through_the_page_cache() {
+        // /dev/shm, where /proc/mounts says it is tmpfs (it is on Linux machines as a rule).
+        let mounts = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
+        if !mounts
+            .lines()
+            .any(|l| l.split(' ').nth(1) == Some("/dev/shm") && l.contains(" tmpfs "))
+        {
+            eprintln!("skipped: /dev/shm is not tmpfs here");
+            return;
+        }
+        let dir = tempfile::tempdir_in("/dev/shm").unwrap();
+        let (p, tmp) = (dir.path().join("c"), dir.path().join("c.tmp"));
+        let mut f = AtomicFile::direct(&p, &tmp, Durability::File).unwrap();
+        assert!(!f.is_direct());
+        f.write_all(&[5; 10_000]).unwrap();
+        f.publish().unwrap();
+        assert_eq!(std::fs::read(&p).unwrap(), vec![5; 10_000]);
     }
 
     #[test]
