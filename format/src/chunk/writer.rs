@@ -1,0 +1,436 @@
+//! Writing chunk files: [`ChunkWriter`] streams the header, the records and the footer, and
+//! tracks offsets and the whole-file CRC-32 as it goes.
+
+use std::io::Write;
+
+use super::*;
+
+fn invalid_input(m: String) -> std::io::Error {
+    std::io::Error::new(std::io::ErrorKind::InvalidInput, m)
+}
+
+/// A field as the chunk writer collects it: name, length, CRC-32.
+type NamedField = (Vec<u8>, u64, u32);
+
+/// One record of [`ChunkWriter::append_run`]: what [`ChunkWriter::append`] takes, but its
+/// bytes (which are in the run), and its attributes where the chunk has them.
+#[derive(Clone, Copy, Debug)]
+pub struct RunRecord<'a> {
+    pub path: &'a [u8],
+    pub stored_len: u64,
+    pub compression: Compression,
+    pub orig_len: u64,
+    pub crc32: u32,
+    pub label: u32,
+    pub attrs: Option<FileAttrs>,
+}
+
+/// Streams a chunk file: header, then records, then footer and trailer. Tracks offsets and the
+/// whole-file CRC as bytes are written.
+pub struct ChunkWriter<W: Write> {
+    out: W,
+    chunk_id: u32,
+    pos: u64,
+    crc: crc32fast::Hasher,
+    entries: Vec<SampleEntry>,
+    paths: Vec<Vec<u8>>,
+    /// With fields: each record's fields (names as strings until the footer sorts them).
+    fields: Option<Vec<Vec<NamedField>>>,
+    /// Field types declared ([`ChunkWriter::field_types`]); other names are `bytes`.
+    types: std::collections::BTreeMap<Vec<u8>, String>,
+    /// With an attributes block: the records' attributes so far, and the directories.
+    attrs: Option<(Vec<FileAttrs>, Vec<DirAttrs>)>,
+}
+
+impl<W: Write> ChunkWriter<W> {
+    /// Starts a chunk by writing its header.
+    pub fn new(out: W, dataset_id: [u8; 16], chunk_id: u32) -> std::io::Result<Self> {
+        Self::start(out, dataset_id, chunk_id, false, false)
+    }
+
+    /// Starts a chunk whose records are field groups (a fields block with each name's type in
+    /// the footer); append them with [`ChunkWriter::append_group`].
+    pub fn with_fields(out: W, dataset_id: [u8; 16], chunk_id: u32) -> std::io::Result<Self> {
+        Self::start(out, dataset_id, chunk_id, true, false)
+    }
+
+    /// Starts a chunk of files that records each record's mode and mtime
+    /// ([`ChunkWriter::attrs`] after each [`ChunkWriter::append`]) and directories
+    /// ([`ChunkWriter::dirs`]) in an attributes block.
+    pub fn with_attrs(out: W, dataset_id: [u8; 16], chunk_id: u32) -> std::io::Result<Self> {
+        Self::start(out, dataset_id, chunk_id, false, true)
+    }
+
+    fn start(
+        out: W,
+        dataset_id: [u8; 16],
+        chunk_id: u32,
+        fields: bool,
+        attrs: bool,
+    ) -> std::io::Result<Self> {
+        let mut w = ChunkWriter {
+            out,
+            chunk_id,
+            pos: 0,
+            crc: crc32fast::Hasher::new(),
+            entries: Vec::new(),
+            paths: Vec::new(),
+            fields: fields.then(Vec::new),
+            types: Default::default(),
+            attrs: attrs.then(Default::default),
+        };
+        w.write(
+            &ChunkHeader {
+                dataset_id,
+                chunk_id,
+                fields,
+                types: fields,
+                attrs,
+            }
+            .encode(),
+        )?;
+        Ok(w)
+    }
+
+    /// Gives the record appended last its attributes (a mode beyond `0o7777` is refused).
+    /// Only in a chunk started with [`ChunkWriter::with_attrs`]; every record needs them.
+    pub fn attrs(&mut self, a: FileAttrs) -> std::io::Result<()> {
+        let n = self.entries.len();
+        match &mut self.attrs {
+            Some((list, _)) if list.len() + 1 == n && a.mode <= 0o7777 => {
+                list.push(a);
+                Ok(())
+            }
+            _ => Err(invalid_input(format!(
+                "attributes {a:?} for record {n}: only once per record, in a chunk with \
+                 attributes, mode at most 7777"
+            ))),
+        }
+    }
+
+    /// Records directories (valid relative paths, any order, each once) with their
+    /// attributes. Only in a chunk started with [`ChunkWriter::with_attrs`].
+    pub fn dirs(&mut self, mut dirs: Vec<DirAttrs>) -> std::io::Result<()> {
+        dirs.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        if let Some(w) = dirs.windows(2).find(|w| w[0].0 == w[1].0) {
+            let p = String::from_utf8_lossy(&w[0].0);
+            return Err(invalid_input(format!("directory {p} given twice")));
+        }
+        for (p, a) in &dirs {
+            crate::check_relative_path(p).map_err(|why| invalid_input(why.to_string()))?;
+            if a.mode > 0o7777 {
+                return Err(invalid_input(format!("directory mode {:o}", a.mode)));
+            }
+        }
+        match &mut self.attrs {
+            Some((_, d)) => *d = dirs,
+            None => return Err(invalid_input("a chunk without attributes".into())),
+        }
+        Ok(())
+    }
+
+    /// Appends one sample with named fields as a field group: the fields' bytes back to back.
+    /// `fields` are (name, bytes, CRC-32 of the bytes); names must be valid field names, each
+    /// once in the sample. Only in a chunk started with [`ChunkWriter::with_fields`].
+    pub fn append_group(
+        &mut self,
+        path: &[u8],
+        fields: &[(&[u8], &[u8], u32)],
+        label: u32,
+    ) -> std::io::Result<SampleEntry> {
+        let invalid = |m: String| std::io::Error::new(std::io::ErrorKind::InvalidInput, m);
+        if self.fields.is_none() {
+            return Err(invalid(
+                "a chunk without fields takes no field groups".into(),
+            ));
+        }
+        crate::check_field_key(path).map_err(|why| invalid(why.to_string()))?;
+        if fields.is_empty() {
+            return Err(invalid("a field group has at least one field".into()));
+        }
+        let mut names: Vec<&[u8]> = Vec::with_capacity(fields.len());
+        for (name, _, _) in fields {
+            crate::check_field_name(name).map_err(|why| invalid(why.to_string()))?;
+            if names.contains(name) {
+                return Err(invalid(format!(
+                    "field {:?} twice",
+                    String::from_utf8_lossy(name)
+                )));
+            }
+            names.push(name);
+        }
+        let offset = self.pos;
+        let mut group = crc32fast::Hasher::new();
+        let mut total = 0u64;
+        let mut list = Vec::with_capacity(fields.len());
+        for (name, data, crc) in fields {
+            self.write_hashed(data, *crc)?;
+            group.combine(&crc32fast::Hasher::new_with_initial_len(
+                *crc,
+                data.len() as u64,
+            ));
+            total += data.len() as u64;
+            list.push((name.to_vec(), data.len() as u64, *crc));
+        }
+        let entry = SampleEntry {
+            chunk: self.chunk_id,
+            label,
+            offset,
+            stored_len: total,
+            orig_len: total,
+            crc32: group.finalize(),
+            flags: FLAG_FIELDS,
+        };
+        self.entries.push(entry);
+        self.paths.push(path.to_vec());
+        self.fields.as_mut().expect("checked above").push(list);
+        Ok(entry)
+    }
+
+    fn write(&mut self, b: &[u8]) -> std::io::Result<()> {
+        self.out.write_all(b)?;
+        self.crc.update(b);
+        self.pos += b.len() as u64;
+        Ok(())
+    }
+
+    /// Writes bytes whose CRC-32 the caller computed over these very bytes: the whole-file
+    /// CRC-32 is combined from it (a few dozen multiplications) instead of computed over the
+    /// bytes a second time. A wrong `crc` makes the file's CRC-32 wrong as well as the
+    /// record's, so verification finds it either way.
+    fn write_hashed(&mut self, b: &[u8], crc: u32) -> std::io::Result<()> {
+        self.out.write_all(b)?;
+        self.crc.combine(&crc32fast::Hasher::new_with_initial_len(
+            crc,
+            b.len() as u64,
+        ));
+        self.pos += b.len() as u64;
+        Ok(())
+    }
+
+    /// Appends one record. `stored` is what goes on disk (compressed per `compression`),
+    /// `orig_len` and `crc32` describe the original bytes (for a record stored as it is,
+    /// `crc32` is also the CRC-32 of `stored`, and the whole-file CRC-32 is combined from it).
+    pub fn append(
+        &mut self,
+        path: &[u8],
+        stored: &[u8],
+        compression: Compression,
+        orig_len: u64,
+        crc32: u32,
+        label: u32,
+    ) -> std::io::Result<SampleEntry> {
+        if self.fields.is_some() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "a chunk with fields takes field groups only",
+            ));
+        }
+        let entry = SampleEntry {
+            chunk: self.chunk_id,
+            label,
+            offset: self.pos,
+            stored_len: stored.len() as u64,
+            orig_len,
+            crc32,
+            flags: compression.code(),
+        };
+        match compression {
+            Compression::None if orig_len == stored.len() as u64 => {
+                self.write_hashed(stored, crc32)?
+            }
+            _ => self.write(stored)?,
+        }
+        self.entries.push(entry);
+        self.paths.push(path.to_vec());
+        Ok(entry)
+    }
+
+    /// Appends records whose stored bytes lie back to back in `run` (each record's
+    /// `stored_len` of it, in order), written with one write: a caller that laid a chunk's
+    /// records out in memory hands them over whole, so that the file below can take them from
+    /// where they are (see `granary_store::write::AtomicFile::direct`). The chunk is the one
+    /// [`ChunkWriter::append`] of each record in turn (then [`ChunkWriter::attrs`] with its
+    /// `attrs`) makes. Lengths that do not add up to `run`'s are refused before anything is
+    /// written.
+    pub fn append_run<'r>(
+        &mut self,
+        run: &[u8],
+        records: impl IntoIterator<Item = RunRecord<'r>>,
+    ) -> std::io::Result<()> {
+        if self.fields.is_some() {
+            return Err(invalid_input(
+                "a chunk with fields takes field groups only".into(),
+            ));
+        }
+        let records: Vec<RunRecord<'r>> = records.into_iter().collect();
+        let total = records
+            .iter()
+            .try_fold(0u64, |t, r| t.checked_add(r.stored_len));
+        if total != Some(run.len() as u64) {
+            return Err(invalid_input(format!(
+                "{} records of {total:?} stored bytes in a run of {}",
+                records.len(),
+                run.len()
+            )));
+        }
+        let attrs_ok = |r: &RunRecord<'_>| match (r.attrs, &self.attrs) {
+            (Some(a), Some(_)) => a.mode <= 0o7777,
+            (None, None) => true,
+            _ => false,
+        };
+        if let Some(r) = records.iter().find(|r| !attrs_ok(r)) {
+            return Err(invalid_input(format!(
+                "attributes {:?} of record {:?}: every record of a chunk with attributes has \
+                 them (mode at most 7777), and only there",
+                r.attrs,
+                String::from_utf8_lossy(r.path)
+            )));
+        }
+        self.out.write_all(run)?;
+        let mut at = 0usize;
+        for r in records {
+            let stored = &run[at..at + r.stored_len as usize];
+            at += stored.len();
+            match r.compression {
+                // The record's CRC-32 is that of its stored bytes: combined, not computed again.
+                Compression::None if r.orig_len == r.stored_len => self.crc.combine(
+                    &crc32fast::Hasher::new_with_initial_len(r.crc32, r.stored_len),
+                ),
+                _ => self.crc.update(stored),
+            }
+            self.entries.push(SampleEntry {
+                chunk: self.chunk_id,
+                label: r.label,
+                offset: self.pos,
+                stored_len: r.stored_len,
+                orig_len: r.orig_len,
+                crc32: r.crc32,
+                flags: r.compression.code(),
+            });
+            self.paths.push(r.path.to_vec());
+            self.pos += r.stored_len;
+            if let (Some(a), Some((list, _))) = (r.attrs, &mut self.attrs) {
+                list.push(a);
+            }
+        }
+        Ok(())
+    }
+
+    /// Declares field types (descriptors of SPEC.md §6.5, checked); a name not declared is
+    /// `bytes`. Any time before [`ChunkWriter::finish`].
+    pub fn field_types(
+        &mut self,
+        types: &std::collections::BTreeMap<Vec<u8>, String>,
+    ) -> std::io::Result<()> {
+        for d in types.values() {
+            FieldType::parse(d)
+                .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+        }
+        self.types = types.clone();
+        Ok(())
+    }
+
+    /// Number of bytes written so far.
+    pub fn position(&self) -> u64 {
+        self.pos
+    }
+
+    /// The chunk's id.
+    pub fn chunk_id(&self) -> u32 {
+        self.chunk_id
+    }
+
+    /// Replaces every record's label `l` so far by `f(l)`: a writer that learns its class
+    /// table only at the end gives provisional labels, then the table's. Any time before
+    /// [`ChunkWriter::finish`] (the labels are in the footer only).
+    pub fn map_labels(&mut self, f: impl Fn(u32) -> u32) {
+        for e in &mut self.entries {
+            e.label = f(e.label);
+        }
+    }
+
+    /// Writes the footer (with `classes`) and trailer; returns the writer and the summary.
+    pub fn finish<C: AsRef<[u8]>>(mut self, classes: &[C]) -> std::io::Result<(W, ChunkSummary)> {
+        let paths = encode_string_table(self.paths.iter());
+        let classes = encode_string_table(classes.iter());
+        let fields = self.fields.take().map(|recs| {
+            let mut names: Vec<Vec<u8>> =
+                recs.iter().flatten().map(|(n, _, _)| n.clone()).collect();
+            names.sort_unstable();
+            names.dedup();
+            let records = recs
+                .into_iter()
+                .map(|r| {
+                    r.into_iter()
+                        .map(|(n, len, crc32)| FieldEntry {
+                            name: names.binary_search(&n).expect("collected above") as u32,
+                            len,
+                            crc32,
+                        })
+                        .collect()
+                })
+                .collect();
+            let types = names
+                .iter()
+                .map(|n| self.types.get(n).cloned().unwrap_or_else(|| "bytes".into()))
+                .collect();
+            ChunkFields {
+                names,
+                types,
+                records,
+            }
+        });
+        let attrs = self.attrs.take();
+        if let Some((a, _)) = &attrs {
+            if a.len() != self.entries.len() {
+                return Err(invalid_input(format!(
+                    "attributes for {} of {} records",
+                    a.len(),
+                    self.entries.len()
+                )));
+            }
+        }
+        let mut block = attrs
+            .as_ref()
+            .map(|(a, d)| encode_attrs_block(a, d))
+            .unwrap_or_default();
+        if let Some(f) = &fields {
+            block.extend_from_slice(&encode_fields_block(f));
+        }
+        let mut body = Vec::with_capacity(
+            FOOTER_FIXED_LEN as usize
+                + self.entries.len() * SAMPLE_ENTRY_LEN
+                + paths.len()
+                + classes.len()
+                + block.len(),
+        );
+        body.extend_from_slice(&(self.entries.len() as u64).to_le_bytes());
+        body.extend_from_slice(&(paths.len() as u64).to_le_bytes());
+        body.extend_from_slice(&(classes.len() as u64).to_le_bytes());
+        for e in &self.entries {
+            body.extend_from_slice(&e.encode());
+        }
+        body.extend_from_slice(&paths);
+        body.extend_from_slice(&classes);
+        body.extend_from_slice(&block);
+        let trailer = Trailer {
+            footer_offset: self.pos,
+            footer_len: body.len() as u64,
+            footer_crc: crc32fast::hash(&body),
+        };
+        self.write(&body)?;
+        self.write(&trailer.encode())?;
+        let summary = ChunkSummary {
+            chunk_id: self.chunk_id,
+            file_size: self.pos,
+            file_crc: self.crc.clone().finalize(),
+            entries: std::mem::take(&mut self.entries),
+            paths: std::mem::take(&mut self.paths),
+            fields,
+            attrs: attrs.as_ref().map(|(a, _)| a.clone()),
+            dirs: attrs.map(|(_, d)| d).unwrap_or_default(),
+        };
+        Ok((self.out, summary))
+    }
+}
