@@ -207,11 +207,7 @@ fn write_jobs<J>(
             continue; // drained, so the feeding side never waits on a stopped writer
         }
         let written = catch_unwind(AssertUnwindSafe(|| write(job))).unwrap_or_else(|panic| {
-            let why = panic
-                .downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| panic.downcast_ref::<String>().cloned())
-                .unwrap_or_default();
+            let why = granary_store::panic_message(&*panic);
             Err(PackError::Usage(format!(
                 "a chunk writer thread panicked: {why}"
             )))

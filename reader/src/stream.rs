@@ -742,11 +742,7 @@ fn populate_maps(bufs: &[Arc<Completed>]) {
 
 /// The error for a reader thread that panicked, with the panic's message.
 pub(crate) fn thread_died(which: &str, panic: &(dyn std::any::Any + Send)) -> ReadError {
-    let msg = panic
-        .downcast_ref::<&str>()
-        .copied()
-        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
-        .unwrap_or("no message");
+    let msg = granary_store::panic_message(panic);
     ReadError::Incomplete(format!("granary's {which} thread panicked: {msg}"))
 }
 

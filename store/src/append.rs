@@ -16,12 +16,13 @@
 use std::collections::VecDeque;
 use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 
 use crate::buf::{AlignedBuf, ALIGN};
+use crate::write::{direct_pays, set_direct, write_all_at};
 
 /// The background writes of many [`Appender`]s (see the module documentation).
 pub struct Appends {
@@ -206,19 +207,10 @@ impl Shared {
 /// true when the file system refused the direct write (it was written through the page cache
 /// then).
 fn write_at(path: &Path, bytes: &[u8], at: u64, direct: bool) -> io::Result<bool> {
-    let open = |direct: bool| {
-        OpenOptions::new()
-            .write(true)
-            .custom_flags(if direct { libc::O_DIRECT } else { 0 })
-            .open(path)
-    };
-    match open(direct).and_then(|f| f.write_all_at(bytes, at)) {
-        Err(e) if direct && e.raw_os_error() == Some(libc::EINVAL) => {
-            open(false)?.write_all_at(bytes, at)?;
-            Ok(true)
-        }
-        r => r.map(|()| false),
-    }
+    let f = OpenOptions::new().write(true).open(path)?;
+    let mut on = direct && set_direct(&f, true)?;
+    write_all_at(&f, bytes, at, &mut on)?;
+    Ok(direct && !on)
 }
 
 /// Appends to one file through an [`Appends`]: full buffers are written in the background;
@@ -238,7 +230,7 @@ impl Appender {
     /// Creates (or empties) `path`, to be appended to through `pool`.
     pub fn create(path: PathBuf, pool: &Appends) -> io::Result<Appender> {
         let f = File::create(&path)?;
-        if !crate::write::direct_pays(&f) {
+        if !direct_pays(&f) {
             pool.shared.lock().direct = false;
         }
         Ok(Appender {
@@ -248,11 +240,6 @@ impl Appender {
             len: 0,
             at: 0,
         })
-    }
-
-    /// The file appended to.
-    pub fn path(&self) -> &Path {
-        &self.path
     }
 }
 

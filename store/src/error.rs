@@ -98,3 +98,12 @@ impl StoreError {
         }
     }
 }
+
+/// The message a panic carried (`panic!("...")` or a formatted one), or "no message".
+pub fn panic_message(panic: &(dyn std::any::Any + Send)) -> &str {
+    panic
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("no message")
+}

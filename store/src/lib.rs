@@ -29,7 +29,7 @@ pub mod tier;
 pub mod write;
 
 pub use config::StoreConfig;
-pub use error::{RemoteKind, Result, StoreError};
+pub use error::{panic_message, RemoteKind, Result, StoreError};
 pub use granary_format::DatasetId;
 pub use local::{advise, effective_memory, resident_share, LocalDir, Opener};
 pub use location::{open, write_destination, Location};

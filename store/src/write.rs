@@ -79,16 +79,15 @@ impl AtomicFile {
     /// system takes it: whole buffers of 4 MiB go from memory to the device, the last part
     /// through the page cache. For large files that are written once and not read back soon
     /// (a pack's chunk files): the kernel neither copies their bytes into the page cache nor
-    /// writes them back later, and they push nothing else out of memory. Where `O_DIRECT` is
-    /// refused (tmpfs and some network file systems, at the open or at the first write), the
-    /// file is written through the page cache as [`AtomicFile::create`] writes it.
+    /// writes them back later, and they push nothing else out of memory. Where `O_DIRECT` does
+    /// not pay ([`direct_pays`]: tmpfs) or is refused (some network file systems, at the open
+    /// or at a write), the file is written through the page cache as [`AtomicFile::create`]
+    /// writes it.
     pub fn direct(path: &Path, tmp: &Path, durability: Durability) -> io::Result<Self> {
-        let out = match DirectOut::create(tmp) {
-            Ok(d) => Out::Direct(d),
-            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
-                Out::Buffered(BufWriter::with_capacity(BUFFER, File::create(tmp)?))
-            }
-            Err(e) => return Err(e),
+        let f = File::create(tmp)?;
+        let out = match direct_pays(&f) && set_direct(&f, true)? {
+            true => Out::Direct(DirectOut::new(f)),
+            false => Out::Buffered(BufWriter::with_capacity(BUFFER, f)),
         };
         Ok(Self::over(path, tmp, durability, out))
     }
@@ -199,39 +198,25 @@ struct DirectOut {
 }
 
 impl DirectOut {
-    /// `path` created, with `O_DIRECT` on where it pays (see [`direct_pays`]); `Err` of
-    /// `EINVAL` where the file system refuses it.
-    fn create(path: &Path) -> io::Result<DirectOut> {
-        let f = File::create(path)?;
-        if !direct_pays(&f) {
-            return Err(io::Error::from_raw_os_error(libc::EINVAL));
-        }
-        let flags = rustix::fs::fcntl_getfl(&f)?;
-        rustix::fs::fcntl_setfl(&f, flags | rustix::fs::OFlags::DIRECT)?;
-        Ok(DirectOut {
+    /// Writing `f`, which has `O_DIRECT` on.
+    fn new(f: File) -> DirectOut {
+        DirectOut {
             f,
             buf: AlignedBuf::new(DIRECT_BUFFER),
             len: 0,
             at: 0,
             direct: true,
-        })
+        }
     }
 
     /// Writes the gathered bytes (a whole buffer, unless `last`) at their offset.
     fn drain(&mut self, last: bool) -> io::Result<()> {
         if self.direct && (last || !self.len.is_multiple_of(ALIGN)) {
             // The end of the file: through the page cache.
-            self.direct = direct_off(&self.f)?;
+            self.direct = set_direct(&self.f, false)?;
         }
         let bytes = &self.buf.as_slice()[..self.len];
-        match self.f.write_all_at(bytes, self.at) {
-            Err(e) if self.direct && e.raw_os_error() == Some(libc::EINVAL) => {
-                // Alignment this file system does not take: the rest as any other file.
-                self.direct = direct_off(&self.f)?;
-                self.f.write_all_at(bytes, self.at)?;
-            }
-            r => r?,
-        }
+        write_all_at(&self.f, bytes, self.at, &mut self.direct)?;
         self.at += self.len as u64;
         self.len = 0;
         Ok(())
@@ -260,11 +245,34 @@ pub(crate) fn direct_pays(f: &File) -> bool {
     }
 }
 
-/// Turns `O_DIRECT` off for `f`; returns false (the file is no longer direct).
-fn direct_off(f: &File) -> io::Result<bool> {
+/// Turns `O_DIRECT` on or off for `f`; returns whether it is on (false where the file system
+/// refuses it).
+pub(crate) fn set_direct(f: &File, on: bool) -> io::Result<bool> {
+    use rustix::fs::OFlags;
     let flags = rustix::fs::fcntl_getfl(f)?;
-    rustix::fs::fcntl_setfl(f, flags - rustix::fs::OFlags::DIRECT)?;
-    Ok(false)
+    let flags = if on {
+        flags | OFlags::DIRECT
+    } else {
+        flags - OFlags::DIRECT
+    };
+    match rustix::fs::fcntl_setfl(f, flags) {
+        Ok(()) => Ok(on),
+        Err(e) if on && e == rustix::io::Errno::INVAL => Ok(false),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Writes all of `bytes` at `at` in `f`. Where `*direct` and the file system refuses the
+/// write as it stands (`EINVAL`: an alignment it does not take), turns `O_DIRECT` off for `f`,
+/// clears `*direct` and writes through the page cache.
+pub(crate) fn write_all_at(f: &File, bytes: &[u8], at: u64, direct: &mut bool) -> io::Result<()> {
+    match f.write_all_at(bytes, at) {
+        Err(e) if *direct && e.raw_os_error() == Some(libc::EINVAL) => {
+            *direct = set_direct(f, false)?;
+            f.write_all_at(bytes, at)
+        }
+        r => r,
+    }
 }
 
 impl DirectOut {
@@ -294,14 +302,7 @@ impl DirectOut {
             return Ok(Some(gap)); // the file system refused direct writes: the rest as usual
         }
         let whole = (b.len() - gap) / ALIGN * ALIGN;
-        let blocks = &b[gap..gap + whole];
-        match self.f.write_all_at(blocks, self.at) {
-            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
-                self.direct = direct_off(&self.f)?;
-                self.f.write_all_at(blocks, self.at)?;
-            }
-            r => r?,
-        }
+        write_all_at(&self.f, &b[gap..gap + whole], self.at, &mut self.direct)?;
         self.at += whole as u64;
         Ok(Some(gap + whole))
     }
@@ -395,6 +396,14 @@ mod tests {
     use super::*;
     use std::os::unix::fs::OpenOptionsExt;
 
+    /// A file `full` to be written as `full.tmp`, a link to /dev/full (which takes the open
+    /// and refuses every write with ENOSPC).
+    fn full_device(dir: &Path) -> (PathBuf, PathBuf) {
+        let tmp = dir.join("full.tmp");
+        std::os::unix::fs::symlink("/dev/full", &tmp).unwrap();
+        (dir.join("full"), tmp)
+    }
+
     #[test]
     fn atomic_write_replaces_whole_or_keeps_the_old_file() {
         let dir = tempfile::tempdir().unwrap();
@@ -417,9 +426,7 @@ mod tests {
         // /dev/full takes the open and refuses every write with ENOSPC: the buffered bytes fail
         // only when finish flushes them.
         let dir = tempfile::tempdir().unwrap();
-        let tmp = dir.path().join("full.tmp");
-        std::os::unix::fs::symlink("/dev/full", &tmp).unwrap();
-        let p = dir.path().join("full");
+        let (p, tmp) = full_device(dir.path());
         let mut f = AtomicFile::create(&p, &tmp, Durability::Rename).unwrap();
         f.write_all(b"buffered").unwrap();
         let e = f.publish().expect_err("a full device fails the flush");
@@ -508,9 +515,7 @@ mod tests {
     #[test]
     fn a_direct_file_that_fails_leaves_nothing() {
         let dir = tempfile::tempdir().unwrap();
-        let tmp = dir.path().join("full.tmp");
-        std::os::unix::fs::symlink("/dev/full", &tmp).unwrap();
-        let p = dir.path().join("full");
+        let (p, tmp) = full_device(dir.path());
         let big = AlignedBuf::new(5 << 20);
         let r = AtomicFile::direct(&p, &tmp, Durability::File)
             .and_then(|mut f| f.write_all(big.as_slice()).and_then(|()| f.publish()));

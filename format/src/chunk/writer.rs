@@ -189,23 +189,60 @@ impl<W: Write> ChunkWriter<W> {
 
     fn write(&mut self, b: &[u8]) -> std::io::Result<()> {
         self.out.write_all(b)?;
-        self.crc.update(b);
-        self.pos += b.len() as u64;
+        self.count(b, None);
         Ok(())
     }
 
-    /// Writes bytes whose CRC-32 the caller computed over these very bytes: the whole-file
-    /// CRC-32 is combined from it (a few dozen multiplications) instead of computed over the
-    /// bytes a second time. A wrong `crc` makes the file's CRC-32 wrong as well as the
-    /// record's, so verification finds it either way.
+    /// Writes bytes whose CRC-32 the caller computed over these very bytes (see
+    /// [`ChunkWriter::count`]).
     fn write_hashed(&mut self, b: &[u8], crc: u32) -> std::io::Result<()> {
         self.out.write_all(b)?;
-        self.crc.combine(&crc32fast::Hasher::new_with_initial_len(
-            crc,
-            b.len() as u64,
-        ));
-        self.pos += b.len() as u64;
+        self.count(b, Some(crc));
         Ok(())
+    }
+
+    /// Counts `b`, just written, into the position and the whole-file CRC-32: combined from
+    /// `crc`, the CRC-32 the caller computed over these very bytes (a few dozen
+    /// multiplications), instead of computed over the bytes a second time. A wrong `crc`
+    /// makes the file's CRC-32 wrong as well as the record's, so verification finds it
+    /// either way.
+    fn count(&mut self, b: &[u8], crc: Option<u32>) {
+        match crc {
+            Some(crc) => self.crc.combine(&crc32fast::Hasher::new_with_initial_len(
+                crc,
+                b.len() as u64,
+            )),
+            None => self.crc.update(b),
+        }
+        self.pos += b.len() as u64;
+    }
+
+    /// Records the record whose stored bytes `stored` were just written (see
+    /// [`ChunkWriter::append`]): its entry and path, and its bytes counted.
+    fn record(
+        &mut self,
+        path: &[u8],
+        stored: &[u8],
+        compression: Compression,
+        orig_len: u64,
+        crc32: u32,
+        label: u32,
+    ) -> SampleEntry {
+        let entry = SampleEntry {
+            chunk: self.chunk_id,
+            label,
+            offset: self.pos,
+            stored_len: stored.len() as u64,
+            orig_len,
+            crc32,
+            flags: compression.code(),
+        };
+        // A record stored as it is: its CRC-32 is that of its stored bytes.
+        let own = matches!(compression, Compression::None) && orig_len == stored.len() as u64;
+        self.count(stored, own.then_some(crc32));
+        self.entries.push(entry);
+        self.paths.push(path.to_vec());
+        entry
     }
 
     /// Appends one record. `stored` is what goes on disk (compressed per `compression`),
@@ -226,24 +263,8 @@ impl<W: Write> ChunkWriter<W> {
                 "a chunk with fields takes field groups only",
             ));
         }
-        let entry = SampleEntry {
-            chunk: self.chunk_id,
-            label,
-            offset: self.pos,
-            stored_len: stored.len() as u64,
-            orig_len,
-            crc32,
-            flags: compression.code(),
-        };
-        match compression {
-            Compression::None if orig_len == stored.len() as u64 => {
-                self.write_hashed(stored, crc32)?
-            }
-            _ => self.write(stored)?,
-        }
-        self.entries.push(entry);
-        self.paths.push(path.to_vec());
-        Ok(entry)
+        self.out.write_all(stored)?;
+        Ok(self.record(path, stored, compression, orig_len, crc32, label))
     }
 
     /// Appends records whose stored bytes lie back to back in `run` (each record's
@@ -292,24 +313,7 @@ impl<W: Write> ChunkWriter<W> {
         for r in records {
             let stored = &run[at..at + r.stored_len as usize];
             at += stored.len();
-            match r.compression {
-                // The record's CRC-32 is that of its stored bytes: combined, not computed again.
-                Compression::None if r.orig_len == r.stored_len => self.crc.combine(
-                    &crc32fast::Hasher::new_with_initial_len(r.crc32, r.stored_len),
-                ),
-                _ => self.crc.update(stored),
-            }
-            self.entries.push(SampleEntry {
-                chunk: self.chunk_id,
-                label: r.label,
-                offset: self.pos,
-                stored_len: r.stored_len,
-                orig_len: r.orig_len,
-                crc32: r.crc32,
-                flags: r.compression.code(),
-            });
-            self.paths.push(r.path.to_vec());
-            self.pos += r.stored_len;
+            self.record(r.path, stored, r.compression, r.orig_len, r.crc32, r.label);
             if let (Some(a), Some((list, _))) = (r.attrs, &mut self.attrs) {
                 list.push(a);
             }
