@@ -428,6 +428,7 @@ class IterableDataset(_IterBase):
         self._scores = None
         self._reported = False  # losses reported since the last merge
         _NativeDataset(self.root)  # fail early on a bad path
+        self._box = _EpochBox()
 
     # -- configuration -------------------------------------------------------------------
 
@@ -435,10 +436,21 @@ class IterableDataset(_IterBase):
         """Selects the epoch the next iteration streams (its own shuffle), and merges the
         losses reported so far into the score table so that it samples and caches by them."""
         self._merge_reported()
-        if int(epoch) != self.epoch:
+        self._set_epoch(int(epoch))
+        self._box.publish(self.epoch)
+
+    def _set_epoch(self, epoch):
+        if epoch != self.epoch:
             self._resume = None
             self._consumed = 0
-        self.epoch = int(epoch)
+        self.epoch = epoch
+
+    def _follow(self):
+        """In a persistent DataLoader worker: takes up the epoch the training process set since
+        this copy was made (``set_epoch`` there cannot reach here otherwise)."""
+        changed = self._box.changed()
+        if changed is not None:
+            self._set_epoch(changed)
 
     def _rank_world(self):
         if _tud is not None:
@@ -492,6 +504,7 @@ class IterableDataset(_IterBase):
                       **self._stream_options())
 
     def __iter__(self):
+        self._follow()
         # Losses reported through this object reach the table before the epoch is planned.
         self._merge_reported()
         try:
@@ -685,6 +698,7 @@ class IterableDataset(_IterBase):
         self.epoch = int(state["epoch"])
         self._resume = (self.epoch, world, workers, consumed)
         self._consumed = 0
+        self._box.publish(self.epoch, resumed=True)
 
     # -- importance ------------------------------------------------------------------
 
@@ -723,12 +737,67 @@ class IterableDataset(_IterBase):
 
     def __setstate__(self, state):
         self.__dict__.update(state)
+        if "_box" not in state:  # pickled by an older version
+            self._box = _EpochBox()
 
     def __repr__(self):
         return (
             f"granary.IterableDataset({self.root!r}, shuffle={self.shuffle!r}, seed={self.seed}, "
             f"epoch={self.epoch})"
         )
+
+
+class _EpochBox:
+    """The epoch a dataset's training-process copy is at, shared with its DataLoader workers.
+
+    A persistent worker (``DataLoader(persistent_workers=True)``) keeps the copy of the dataset
+    it was started with; ``set_epoch()`` in the training process changes only that process's
+    copy. The box is shared memory those workers inherit (fork) or receive as they start
+    (spawn): the process that made it writes the epoch there, and each copy, at the start of an
+    iteration, takes up an epoch written since it last looked. A resume state loaded in the
+    training process after its persistent workers started cannot reach them (their copies hold
+    the old one): such an iteration is an error, never an epoch read twice. Pickled other than
+    for a starting process (a copy, Ray, Spark) the box stays behind: the copy is on its own.
+    """
+
+    def __init__(self):
+        from multiprocessing.sharedctypes import RawArray
+
+        self.owner = os.getpid()
+        self.shared = RawArray("q", 2)  # epoch, count of resume states loaded
+        self.seen = (0, 0)
+
+    def publish(self, epoch, resumed=False):
+        if self.shared is None or os.getpid() != self.owner:
+            return  # a worker's copy: its epoch is its own (StatefulDataLoader restores it)
+        self.shared[0] = epoch
+        if resumed:
+            self.shared[1] += 1
+        self.seen = (self.shared[0], self.shared[1])
+
+    def changed(self):
+        """The epoch set in the owning process since this copy last looked, or None."""
+        if self.shared is None or os.getpid() == self.owner:
+            return None
+        now = (self.shared[0], self.shared[1])
+        if now == self.seen:
+            return None
+        if now[1] != self.seen[1]:
+            raise RuntimeError(
+                "load_state_dict() was called in the training process after this DataLoader's "
+                "persistent workers started, and their copies of the dataset cannot see it: "
+                "load the state before the DataLoader's first iteration, or make a new DataLoader"
+            )
+        self.seen = now
+        return now[0]
+
+    def __getstate__(self):
+        from multiprocessing import context
+
+        state = dict(self.__dict__)
+        if context.get_spawning_popen() is None:
+            state["shared"] = None  # not for a process being started: nothing to share
+        return state
 
 
 def job_secret(group=None):

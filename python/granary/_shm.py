@@ -382,6 +382,14 @@ def attach_files(files, which, starts, offsets, ids, labels, weights, packed, la
         js = np.flatnonzero(which == k) if len(files) > 1 else np.arange(len(ids))
         js = js[np.argsort(starts[js], kind="stable")]
         fm, base, kept = _map_file(path, dev, ino, torch)
+        end = int((starts[js] + lens[js]).max()) if len(js) else 0
+        if end > len(base):
+            from ._native import DamagedError
+
+            raise DamagedError(
+                f"{path}: cut short to {len(base)} bytes since a DataLoader worker read "
+                f"samples up to byte {end} of it (ids {ids[js].tolist()[:8]})"
+            )
         views = _slices(base, starts[js], lens[js], torch if kept else None)
         if kept:
             maps.append(fm)

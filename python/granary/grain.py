@@ -8,7 +8,10 @@ id and its size (what Grain's checkpoints record), and pickling as configuration
 Grain worker process opens the dataset itself). Grain's samplers, sharding, transformations
 and checkpointing (``DataLoader`` iterators' ``get_state`` / ``set_state``) then work as with
 any source: ``grain.DataLoader(data_source=src, sampler=grain.samplers.IndexSampler(len(src),
-shuffle=True, seed=0), operations=[grain.transforms.Batch(64)])``.
+shuffle=True, seed=0), operations=[Decode(), grain.transforms.Batch(64)])``, where
+``Decode`` is the ``grain.transforms.Map`` that turns each sample's bytes into an array of one
+shape (Grain's ``Batch`` stacks arrays: samples of different lengths, such as encoded images,
+cannot be batched as they are).
 
 Grain reads record by record in its sampler's order: each sample is one local lookup and one
 read (``Dataset``'s path). For chunk-wise epochs with large sequential reads, use

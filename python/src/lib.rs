@@ -31,14 +31,14 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 
 create_exception!(
-    _native,
+    granary._native,
     GranaryError,
     PyOSError,
     "A dataset, chunk, tier or score file is missing, damaged or unreadable."
 );
 
 create_exception!(
-    _native,
+    granary._native,
     DamagedError,
     GranaryError,
     "A file's bytes are damaged or do not match the dataset's snapshot (another dataset's \
@@ -46,7 +46,7 @@ create_exception!(
 );
 
 create_exception!(
-    _native,
+    granary._native,
     IncompleteError,
     GranaryError,
     "A reader thread failed or stopped: the epoch is incomplete (never silently short)."

@@ -104,3 +104,26 @@ def test_a_view_is_a_grain_source_of_its_samples(packed, tmp_path):
     names = granary.Dataset(ds)
     got = sorted(names.path(i) for b in loader(src) for i in b["id"].tolist())
     assert got == sorted(k for k in want if k.startswith("c1/"))
+
+
+def test_damage_read_in_grain_worker_processes_is_raised_not_a_hang(tmp_path):
+    # Grain's worker processes send their exceptions pickled: a granary error must survive it.
+    src_dir = tmp_path / "src"
+    for i in range(400):
+        p = src_dir / f"c{i % 4}" / f"f{i:04}.bin"
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(os.urandom(64))
+    ds = tmp_path / "ds"
+    run("pack", src_dir, "-o", ds, "--chunk-size", "4KiB", "--compress", "none")
+    chunk = sorted(p for p in ds.iterdir() if p.name.endswith(".gchunk"))[1]
+    with open(chunk, "r+b") as f:
+        f.seek(chunk.stat().st_size // 2)
+        b = f.read(1)
+        f.seek(-1, 1)
+        f.write(bytes([b[0] ^ 0xFF]))
+    with pytest.raises(Exception) as caught:
+        for _ in loader(granary.grain.DataSource(ds), workers=2):
+            pass
+    # Grain re-raises the worker's exception itself, or wraps it naming it.
+    text = f"{type(caught.value).__name__}: {caught.value} {caught.value.__cause__!r}"
+    assert "DamagedError" in text and chunk.name in text, text
