@@ -74,9 +74,29 @@ impl std::str::FromStr for Share {
 impl std::fmt::Display for Share {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Share::Weight(w) => write!(f, "weight={w}"),
-            Share::Repeat(r) => write!(f, "repeat={r}"),
+            Share::Weight(w) => write!(f, "weight={}", Number(*w)),
+            Share::Repeat(r) => write!(f, "repeat={}", Number(*r)),
             Share::Choose(n) => write!(f, "choose={n}"),
+        }
+    }
+}
+
+/// The most samples a mixture's epoch takes (all sources together, and so from any one): a
+/// plan holds a few bytes per sample of its rank's epoch, so a count past this would size an
+/// allocation by a typo (`repeat=1e300`, `--epoch-size 100000000000`).
+pub const MAX_EPOCH_SAMPLES: u64 = 1 << 32;
+
+/// A number as a user writes it: plain where that is short (`0.5`, `2`), with an exponent
+/// where it is not (`1e300`, not 301 digits); either way the text parses back to it.
+struct Number(f64);
+
+impl std::fmt::Display for Number {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let v = self.0;
+        if v == 0.0 || (1e-6..1e16).contains(&v.abs()) {
+            write!(f, "{v}")
+        } else {
+            write!(f, "{v:?}")
         }
     }
 }
@@ -84,7 +104,8 @@ impl std::fmt::Display for Share {
 /// Samples each source contributes to an epoch: with weights, `epoch_size` (default: every
 /// source's samples together) apportioned by weight (largest remainders, so the counts add up
 /// exactly and each is within one sample of its weight's share); otherwise each source's
-/// repeat or choose count (a source without either has repeat 1).
+/// repeat or choose count (a source without either has repeat 1). Every count, and their
+/// sum, is checked against [`MAX_EPOCH_SAMPLES`] before anything is planned.
 pub fn epoch_counts(
     sizes: &[u64],
     shares: &[Share],
@@ -122,23 +143,42 @@ pub fn epoch_counts(
             ));
         }
     }
+    let too_many = |what: String| {
+        format!(
+            "{what}: an epoch takes at most {MAX_EPOCH_SAMPLES} samples (a plan holds a few \
+             bytes per sample)"
+        )
+    };
     let counts: Vec<u64> = if weights.is_empty() {
         if epoch_size.is_some() {
             return Err("an epoch size goes with weights; repeat and choose set counts".into());
         }
-        shares
-            .iter()
-            .zip(sizes)
-            .map(|(s, &n)| match *s {
-                Share::Repeat(r) => (r * n as f64).round() as u64,
-                Share::Choose(k) => k,
+        let mut counts = Vec::with_capacity(shares.len());
+        for (i, (s, &n)) in shares.iter().zip(sizes).enumerate() {
+            let c = match *s {
+                Share::Repeat(r) => r * n as f64,
+                Share::Choose(k) => k as f64,
                 Share::Weight(_) => unreachable!("no weights here"),
-            })
-            .collect()
+            };
+            if c > MAX_EPOCH_SAMPLES as f64 {
+                return Err(too_many(format!(
+                    "source {i}: {s} of {n} samples is {c:.0}"
+                )));
+            }
+            counts.push(c.round() as u64);
+        }
+        counts
     } else {
         let total = epoch_size.unwrap_or_else(|| sizes.iter().sum());
-        apportion(total, &weights)
+        if total > MAX_EPOCH_SAMPLES {
+            return Err(too_many(format!("an epoch size of {total}")));
+        }
+        apportion(total, &weights)?
     };
+    let sum = counts.iter().fold(0u64, |a, &c| a.saturating_add(c));
+    if sum > MAX_EPOCH_SAMPLES {
+        return Err(too_many(format!("the sources' counts add up to {sum}")));
+    }
     for (i, (&c, &n)) in counts.iter().zip(sizes).enumerate() {
         if c > 0 && n == 0 {
             return Err(format!("source {i} has no samples to give {c}"));
@@ -147,11 +187,22 @@ pub fn epoch_counts(
     Ok(counts)
 }
 
-/// `total` split by `weights` (positive): floors of the exact shares, the rest one each to
-/// the largest remainders (ties to the earlier source).
-fn apportion(total: u64, weights: &[f64]) -> Vec<u64> {
-    let sum: f64 = weights.iter().sum();
-    let exact: Vec<f64> = weights.iter().map(|w| total as f64 * w / sum).collect();
+/// `total` split by `weights` (positive, finite): floors of the exact shares, the rest one
+/// each to the largest remainders (ties to the earlier source). The weights are taken relative
+/// to the largest first, so that no sum or product of them overflows; a weight so small beside
+/// it that its ratio is no number (below about 1e-308) is an error, never a silent nothing.
+fn apportion(total: u64, weights: &[f64]) -> Result<Vec<u64>, String> {
+    let max = weights.iter().copied().fold(0.0, f64::max);
+    let rel: Vec<f64> = weights.iter().map(|w| w / max).collect();
+    if let Some(i) = rel.iter().position(|&r| r == 0.0 || !r.is_normal()) {
+        return Err(format!(
+            "source {i}: weight={} is too small beside weight={} to be a share",
+            Number(weights[i]),
+            Number(max)
+        ));
+    }
+    let sum: f64 = rel.iter().sum();
+    let exact: Vec<f64> = rel.iter().map(|w| total as f64 * w / sum).collect();
     let mut counts: Vec<u64> = exact.iter().map(|e| e.floor() as u64).collect();
     let given: u64 = counts.iter().sum();
     let mut by_rest: Vec<usize> = (0..weights.len()).collect();
@@ -168,7 +219,7 @@ fn apportion(total: u64, weights: &[f64]) -> Vec<u64> {
     {
         counts[i] += 1;
     }
-    counts
+    Ok(counts)
 }
 
 /// The seed of source `i`'s plans: sources with the same chunk counts get different orders.

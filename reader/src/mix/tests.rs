@@ -135,6 +135,43 @@ fn bad_shares_are_refused_with_a_reason() {
             "source 0 has no samples",
         ),
         (vec![], vec![], None, "at least one source"),
+        // Numbers that would size a plan past its bound, or overflow on the way there.
+        (
+            vec![1000, 1000, 1000],
+            vec![w(1e305), w(1.0), w(1.0)],
+            Some(100_000_000_000),
+            "an epoch size of 100000000000",
+        ),
+        (
+            vec![10],
+            vec![Share::Repeat(1e300)],
+            None,
+            "source 0: repeat=1e300 of 10 samples",
+        ),
+        (
+            vec![10],
+            vec![Share::Choose(u64::MAX)],
+            None,
+            "at most 4294967296 samples",
+        ),
+        (
+            vec![10, 10],
+            vec![Share::Choose(1 << 31), Share::Choose((1 << 31) + 1)],
+            None,
+            "add up to 4294967297",
+        ),
+        (
+            vec![10, 10, 10],
+            vec![w(1.0); 3],
+            Some(u64::MAX),
+            "at most 4294967296",
+        ),
+        (
+            vec![10, 10, 10],
+            vec![w(1e308), w(1e308), w(1e-300)],
+            None,
+            "source 2: weight=1e-300 is too small",
+        ),
     ] {
         let e = epoch_counts(&sizes, &shares, size).unwrap_err();
         assert!(e.contains(want), "{e} (wanted {want})");
@@ -148,6 +185,11 @@ fn bad_shares_are_refused_with_a_reason() {
         assert!(e.contains(want), "{s}: {e}");
     }
     assert_eq!("0.25".parse::<Share>(), Ok(Share::Weight(0.25)));
+    // Huge weights are relative: no sum or product of them overflows into nothing.
+    let c = epoch_counts(&[1000; 3], &[w(1e305), w(1.0), w(1.0)], None).unwrap();
+    assert_eq!(c, vec![3000, 0, 0]);
+    let c = epoch_counts(&[1000; 3], &[w(1e308), w(1e308), w(1e307)], None).unwrap();
+    assert_eq!(c, vec![1429, 1428, 143]);
     assert_eq!("repeat=2".parse::<Share>(), Ok(Share::Repeat(2.0)));
 }
 
