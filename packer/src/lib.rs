@@ -477,7 +477,7 @@ fn remove_owned_chunks(place: &Place, mode: &Mode) -> Result<(), PackError> {
         let e = e.map_err(|e| PackError::io("listing", &place.chunks, e))?;
         let name = e.file_name();
         let name = name.to_string_lossy();
-        let id = parse_chunk_file_name(name.strip_suffix(".tmp").unwrap_or(&name));
+        let id = parse_chunk_file_name(output::final_name(&name));
         if id.is_some_and(owned) {
             let p = e.path();
             std::fs::remove_file(&p).map_err(|e| PackError::io("removing stale", &p, e))?;

@@ -260,9 +260,8 @@ impl Plan {
 
     /// Writes the plan atomically (temporary name, fsync, rename, fsync of the directory).
     pub fn save(&self, path: &Path) -> Result<(), PackError> {
-        let tmp = path.with_extension("tmp");
         let durable = granary_store::write::Durability::FileAndDir;
-        granary_store::write::write_atomic(path, &tmp, durable, |w| self.write_to(w))
+        granary_store::write::write_atomic(path, durable, |w| self.write_to(w))
             .map_err(|e| PackError::io("writing", path, e))
     }
 }

@@ -89,9 +89,9 @@ fn write_chunk_with(
     append: impl FnOnce(&mut ChunkWriter<AtomicFile>) -> std::io::Result<()>,
 ) -> Result<ChunkSummary, PackError> {
     let path = dir.join(chunk_file_name(id));
-    let tmp = path.with_extension("gchunk.tmp");
-    let file = AtomicFile::direct(&path, &tmp, Durability::File)
-        .map_err(|e| PackError::io("creating", &tmp, e))?;
+    let file = AtomicFile::direct(&path, Durability::File)
+        .map_err(|e| PackError::io("creating", &path, e))?;
+    let tmp = file.tmp_path().to_path_buf();
     let io = |e| PackError::io("writing", &tmp, e);
     let mut w = match &contents {
         Contents::Fields(types) => {
@@ -358,9 +358,9 @@ pub(crate) fn write_snapshot_pending(
     path: &Path,
     b: SnapshotBuilder,
 ) -> Result<(Pending, u64), PackError> {
-    let tmp = path.with_extension("tmp");
-    let mut f = AtomicFile::create(path, &tmp, Durability::FileAndDir)
-        .map_err(|e| PackError::io("creating", &tmp, e))?;
+    let mut f = AtomicFile::create(path, Durability::FileAndDir)
+        .map_err(|e| PackError::io("creating", path, e))?;
+    let tmp = f.tmp_path().to_path_buf();
     let len = b.write_to(&mut f).map_err(|e| match e.kind() {
         std::io::ErrorKind::InvalidData => PackError::Usage(e.to_string()),
         _ => PackError::io("writing", &tmp, e),
@@ -372,9 +372,8 @@ pub(crate) fn write_snapshot_pending(
 /// Writes `data` to `path` whole: a temporary file, fsync, rename and fsync of the directory.
 /// On failure (a full disk, say) the temporary file is removed again.
 pub(crate) fn write_file_atomic(path: &Path, data: &[u8]) -> Result<(), PackError> {
-    let tmp = path.with_extension("tmp");
-    granary_store::write::write_atomic(path, &tmp, Durability::FileAndDir, |w| w.write_all(data))
-        .map_err(|e| PackError::io("writing", &tmp, e))
+    granary_store::write::write_atomic(path, Durability::FileAndDir, |w| w.write_all(data))
+        .map_err(|e| PackError::io("writing", path, e))
 }
 
 /// Fsyncs directory `dir`, so that the renames in it survive a crash.

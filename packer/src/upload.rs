@@ -32,6 +32,7 @@ pub(crate) fn sent_name(c: u32) -> String {
 
 /// The chunk id of a marker name (or of its temporary file).
 pub(crate) fn parse_sent_name(name: &str) -> Option<u32> {
+    let name = granary_store::write::temp_target(name).unwrap_or(name);
     let stem = name
         .strip_suffix(".sent")
         .or_else(|| name.strip_suffix(".tmp"))?;

@@ -118,12 +118,9 @@ pub fn write_view(
         ids,
     };
     let bytes = view.encode();
-    let tmp = output.with_extension("gview.tmp");
     let durable = granary_store::write::Durability::FileAndDir;
-    granary_store::write::write_atomic(output, &tmp, durable, |f| {
-        std::io::Write::write_all(f, &bytes)
-    })
-    .map_err(|e| ReadError::io("writing view", output, e))?;
+    granary_store::write::write_atomic(output, durable, |f| std::io::Write::write_all(f, &bytes))
+        .map_err(|e| ReadError::io("writing view", output, e))?;
     Ok(view)
 }
 

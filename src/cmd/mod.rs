@@ -157,17 +157,47 @@ pub fn prometheus_text(
     t
 }
 
-/// Writes `text` to `path` through a temporary file and a rename (a textfile collector never
-/// reads half a file).
-pub fn write_atomically(path: &Path, text: &str) -> anyhow::Result<()> {
-    let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
-    anyhow::Context::with_context(std::fs::write(&tmp, text), || {
-        format!("writing {}", tmp.display())
-    })?;
-    anyhow::Context::with_context(std::fs::rename(&tmp, path), || {
-        format!("renaming to {}", path.display())
-    })?;
+/// Refuses `path` as a report the command writes (`--metrics`): a target that is not a
+/// regular file (`/dev/null`, a directory, a link), a dataset's or view's own file, or any
+/// file in a dataset's directory, before anything is read.
+pub fn check_report_target(path: &Path) -> anyhow::Result<()> {
+    granary::write::check_target(path)?;
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy())
+        .unwrap_or_default();
+    if [".gsnap", ".gchunk", ".gview"]
+        .iter()
+        .any(|e| name.ends_with(e))
+    {
+        anyhow::bail!(
+            "{}: a granary file's name; a report is never written over a dataset's or view's \
+             files",
+            path.display()
+        );
+    }
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    if dir.join(granary_format::SNAPSHOT_FILE).exists() {
+        anyhow::bail!(
+            "{}: inside the dataset {}; write reports elsewhere (a dataset's directory holds \
+             only its own files)",
+            path.display(),
+            dir.display()
+        );
+    }
     Ok(())
+}
+
+/// Writes `text` to `path` whole (a textfile collector never reads half a file), as every
+/// file granary writes: see `granary_store::write`.
+pub fn write_atomically(path: &Path, text: &str) -> anyhow::Result<()> {
+    check_report_target(path)?;
+    let durable = granary::write::Durability::Rename;
+    granary::write::write_atomic(path, durable, |w| w.write_all(text.as_bytes()))
+        .map_err(|e| anyhow::anyhow!("writing {}: {e}", path.display()))
 }
 
 pub fn human_bytes(n: u64) -> String {

@@ -316,6 +316,9 @@ impl Args {
 }
 
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
+    if let Some(path) = &a.metrics {
+        super::check_report_target(path)?;
+    }
     if let Some(mix) = a.mix.open(&a.datasets)? {
         super::mix::read(mix, &a.config()?, &a)?;
         return Ok(ExitCode::SUCCESS);

@@ -1,13 +1,18 @@
 //! The write side of local storage: files that appear under their name only complete.
 //!
-//! Every file granary writes into a dataset, a staging directory, the tier or a cache goes
-//! through [`AtomicFile`]: written under a temporary name in the same directory, flushed,
-//! fsynced as its [`Durability`] says, renamed over the final name, and the directory fsynced
-//! when asked. A file dropped before it is published (an error, a panic, a full disk) takes
-//! its temporary file with it; the final name then still holds its old content, or nothing.
-//! A publish can also be split in two ([`AtomicFile::finish`], then [`Pending::publish`]), so
-//! that a caller can check or write something else between the last byte and the rename (a
-//! merge writes its snapshot, then the parts' removal markers, then renames the snapshot).
+//! Every file granary writes (chunks, snapshots, views, plans, tier entries, cached
+//! snapshots, metrics) goes through [`AtomicFile`]: written under a temporary name of its own
+//! beside the final one ([`temp_target`] tells such a name), created exclusively (never a
+//! file or link that was there), flushed, fsynced as its [`Durability`] says, renamed over the
+//! final name, and the directory fsynced when asked. A final name that exists and is not a
+//! regular file (a device, a directory, a link) is refused before anything is written. A
+//! file dropped before it is published (an error, a panic, a full disk) takes its temporary
+//! file with it; the final name then still holds its old content, or nothing. Temporary
+//! files left by a process that was killed are removed by the next writer of the same name
+//! on the same host. A publish can also be split in two ([`AtomicFile::finish`], then
+//! [`Pending::publish`]), so that a caller can check or write something else between the last
+//! byte and the rename (a merge writes its snapshot, then the parts' removal markers, then
+//! renames the snapshot).
 
 use std::fs::File;
 use std::io::{self, BufWriter, Write};
@@ -51,25 +56,20 @@ pub struct AtomicFile {
 }
 
 impl AtomicFile {
-    /// Starts `path`, written under `tmp` (which must be in the same directory) until it is
-    /// published. An old file at `tmp` is replaced.
-    pub fn create(path: &Path, tmp: &Path, durability: Durability) -> io::Result<Self> {
-        Self::with_buffer(path, tmp, durability, BUFFER)
+    /// Starts `path`, written under a temporary name of its own beside it until it is
+    /// published (see the module).
+    pub fn create(path: &Path, durability: Durability) -> io::Result<Self> {
+        Self::with_buffer(path, durability, BUFFER)
     }
 
     /// As [`AtomicFile::create`], with a buffer of `buffer` bytes: a write at least that large
     /// goes to the file as it is, without a copy into the buffer (a chunk's records of 100 KB
     /// and more), smaller ones are gathered.
-    pub fn with_buffer(
-        path: &Path,
-        tmp: &Path,
-        durability: Durability,
-        buffer: usize,
-    ) -> io::Result<Self> {
-        let f = File::create(tmp)?;
+    pub fn with_buffer(path: &Path, durability: Durability, buffer: usize) -> io::Result<Self> {
+        let (tmp, f) = open_temp(path)?;
         Ok(Self::over(
             path,
-            tmp,
+            &tmp,
             durability,
             Out::Buffered(BufWriter::with_capacity(buffer, f)),
         ))
@@ -83,9 +83,19 @@ impl AtomicFile {
     /// not pay ([`direct_pays`]: tmpfs) or is refused (some network file systems, at the open
     /// or at a write), the file is written through the page cache as [`AtomicFile::create`]
     /// writes it.
-    pub fn direct(path: &Path, tmp: &Path, durability: Durability) -> io::Result<Self> {
-        let f = File::create(tmp)?;
-        let out = match direct_pays(&f) && set_direct(&f, true)? {
+    pub fn direct(path: &Path, durability: Durability) -> io::Result<Self> {
+        let (tmp, f) = open_temp(path)?;
+        Self::direct_over(path, &tmp, f, durability)
+    }
+
+    fn direct_over(path: &Path, tmp: &Path, f: File, durability: Durability) -> io::Result<Self> {
+        let direct = match direct_pays(&f) {
+            true => set_direct(&f, true).inspect_err(|_| {
+                let _ = std::fs::remove_file(tmp);
+            })?,
+            false => false,
+        };
+        let out = match direct {
             true => Out::Direct(DirectOut::new(f)),
             false => Out::Buffered(BufWriter::with_capacity(BUFFER, f)),
         };
@@ -361,17 +371,118 @@ impl Drop for Pending {
     }
 }
 
-/// Replaces `path` whole with what `write` writes, under the temporary name `tmp` (same
-/// directory); see [`AtomicFile`].
+/// Replaces `path` whole with what `write` writes; see [`AtomicFile`].
 pub fn write_atomic(
     path: &Path,
-    tmp: &Path,
     durability: Durability,
     write: impl FnOnce(&mut AtomicFile) -> io::Result<()>,
 ) -> io::Result<()> {
-    let mut f = AtomicFile::create(path, tmp, durability)?;
+    let mut f = AtomicFile::create(path, durability)?;
     write(&mut f)?;
     f.publish()
+}
+
+/// Refuses to replace `path` when it exists and is not a regular file: a rename over a device
+/// (`/dev/null`), a directory or a symbolic link would replace that thing itself.
+pub fn check_target(path: &Path) -> io::Result<()> {
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if !m.file_type().is_file() => {
+            let what = if m.file_type().is_symlink() {
+                "a symbolic link"
+            } else if m.is_dir() {
+                "a directory"
+            } else {
+                "not a regular file"
+            };
+            Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "{} is {what}: granary replaces only regular files, whole, and will not \
+                     replace it",
+                    path.display()
+                ),
+            ))
+        }
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// The name of the file `name` is a temporary file for (`NAME.HOST-PID-SEQ.tmp`, as
+/// [`AtomicFile`] names them), or None when `name` is not one.
+pub fn temp_target(name: &str) -> Option<&str> {
+    let (target, tag) = name.strip_suffix(".tmp")?.rsplit_once('.')?;
+    let mut parts = tag.split('-');
+    let ok = |p: Option<&str>| {
+        p.is_some_and(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_hexdigit()))
+    };
+    match ok(parts.next()) && ok(parts.next()) && ok(parts.next()) && parts.next().is_none() {
+        true if !target.is_empty() => Some(target),
+        _ => None,
+    }
+}
+
+/// This host, as 8 hex digits of its name: temporary names say which host's process made
+/// them, so that only this host's dead processes' files are swept.
+fn host_tag() -> &'static str {
+    static TAG: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    TAG.get_or_init(|| {
+        let name = rustix::system::uname();
+        let h = crc32fast::hash(name.nodename().to_bytes());
+        format!("{h:08x}")
+    })
+}
+
+/// Creates the temporary file for `path` (which [`check_target`] accepts) beside it, under a
+/// name no other writer uses (this host, this process, a counter), exclusively: an existing
+/// file or link of that name is an error, never followed. First removes the temporary files
+/// of `path` that processes of this host which no longer run left behind (killed mid-write).
+fn open_temp(path: &Path) -> io::Result<(PathBuf, File)> {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static SEQ: AtomicU64 = AtomicU64::new(0);
+    check_target(path)?;
+    let name = path.file_name().and_then(|n| n.to_str()).ok_or_else(|| {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{}: not a file name granary can write", path.display()),
+        )
+    })?;
+    sweep_dead_temps(parent_of(path), name);
+    let seq = SEQ.fetch_add(1, Ordering::Relaxed);
+    let tmp = path.with_file_name(format!(
+        "{name}.{}-{:x}-{seq:x}.tmp",
+        host_tag(),
+        std::process::id()
+    ));
+    let f = File::options().write(true).create_new(true).open(&tmp)?;
+    Ok((tmp, f))
+}
+
+/// Removes `dir`'s temporary files for `name` made on this host by processes that are gone.
+/// Best effort: a directory that cannot be listed is left as it is.
+fn sweep_dead_temps(dir: &Path, name: &str) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    let prefix = format!("{name}.{}-", host_tag());
+    for e in entries.flatten() {
+        let file = e.file_name();
+        let Some(f) = file.to_str() else { continue };
+        if temp_target(f) != Some(name) || !f.starts_with(&prefix) {
+            continue;
+        }
+        let pid = f[prefix.len()..].split('-').next();
+        let Some(pid) = pid.and_then(|p| i32::from_str_radix(p, 16).ok()) else {
+            continue;
+        };
+        // Signal 0 sends nothing: it asks whether the process exists.
+        let gone = rustix::process::Pid::from_raw(pid)
+            .is_some_and(|p| rustix::process::test_kill_process(p) == Err(rustix::io::Errno::SRCH));
+        if gone {
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
 }
 
 /// Fsyncs directory `dir` (`.` for an empty path), so that the renames in it survive a crash.
@@ -396,27 +507,36 @@ mod tests {
     use super::*;
     use std::os::unix::fs::OpenOptionsExt;
 
-    /// A file `full` to be written as `full.tmp`, a link to /dev/full (which takes the open
-    /// and refuses every write with ENOSPC).
-    fn full_device(dir: &Path) -> (PathBuf, PathBuf) {
+    /// A file `full` written as `full.tmp`, a link to /dev/full (which takes the open and
+    /// refuses every write with ENOSPC): the file open on it, to be written through.
+    fn full_device(dir: &Path) -> (PathBuf, PathBuf, File) {
         let tmp = dir.join("full.tmp");
         std::os::unix::fs::symlink("/dev/full", &tmp).unwrap();
-        (dir.join("full"), tmp)
+        let f = File::options().write(true).open(&tmp).unwrap();
+        (dir.join("full"), tmp, f)
+    }
+
+    /// The temporary files in `dir`.
+    fn temps(dir: &Path) -> Vec<String> {
+        std::fs::read_dir(dir)
+            .unwrap()
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .filter(|n| temp_target(n).is_some())
+            .collect()
     }
 
     #[test]
     fn atomic_write_replaces_whole_or_keeps_the_old_file() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("index");
-        let tmp = dir.path().join("index.tmp1");
         for d in [Durability::Rename, Durability::File, Durability::FileAndDir] {
-            write_atomic(&p, &tmp, d, |w| w.write_all(b"old")).unwrap();
-            let failed = write_atomic(&p, &tmp, d, |w| {
+            write_atomic(&p, d, |w| w.write_all(b"old")).unwrap();
+            let failed = write_atomic(&p, d, |w| {
                 w.write_all(b"half")?;
                 Err(io::Error::other("disk full"))
             });
             assert!(failed.is_err());
-            assert!(!tmp.exists(), "{d:?}: the temporary file stays");
+            assert_eq!(temps(dir.path()), Vec::<String>::new(), "{d:?}");
             assert_eq!(std::fs::read(&p).unwrap(), b"old");
         }
     }
@@ -426,8 +546,9 @@ mod tests {
         // /dev/full takes the open and refuses every write with ENOSPC: the buffered bytes fail
         // only when finish flushes them.
         let dir = tempfile::tempdir().unwrap();
-        let (p, tmp) = full_device(dir.path());
-        let mut f = AtomicFile::create(&p, &tmp, Durability::Rename).unwrap();
+        let (p, tmp, file) = full_device(dir.path());
+        let buffered = Out::Buffered(BufWriter::with_capacity(BUFFER, file));
+        let mut f = AtomicFile::over(&p, &tmp, Durability::Rename, buffered);
         f.write_all(b"buffered").unwrap();
         let e = f.publish().expect_err("a full device fails the flush");
         assert_eq!(e.raw_os_error(), Some(libc::ENOSPC), "{e}");
@@ -443,12 +564,12 @@ mod tests {
     /// was meant.
     fn direct_round_trip(parts: &[(usize, usize)]) -> (Vec<u8>, Vec<u8>, bool) {
         let dir = tempfile::tempdir().unwrap();
-        let (p, tmp) = (dir.path().join("c"), dir.path().join("c.tmp"));
+        let p = dir.path().join("c");
         let mut src = AlignedBuf::new(12 << 20);
         for (i, b) in src.as_mut_slice().iter_mut().enumerate() {
             *b = (i * 31 % 253) as u8;
         }
-        let mut f = AtomicFile::direct(&p, &tmp, Durability::File).unwrap();
+        let mut f = AtomicFile::direct(&p, Durability::File).unwrap();
         let direct = f.is_direct();
         let mut want = Vec::new();
         for &(at, len) in parts {
@@ -504,8 +625,8 @@ mod tests {
             return;
         }
         let dir = tempfile::tempdir_in("/dev/shm").unwrap();
-        let (p, tmp) = (dir.path().join("c"), dir.path().join("c.tmp"));
-        let mut f = AtomicFile::direct(&p, &tmp, Durability::File).unwrap();
+        let p = dir.path().join("c");
+        let mut f = AtomicFile::direct(&p, Durability::File).unwrap();
         assert!(!f.is_direct());
         f.write_all(&[5; 10_000]).unwrap();
         f.publish().unwrap();
@@ -515,9 +636,9 @@ mod tests {
     #[test]
     fn a_direct_file_that_fails_leaves_nothing() {
         let dir = tempfile::tempdir().unwrap();
-        let (p, tmp) = full_device(dir.path());
+        let (p, tmp, file) = full_device(dir.path());
         let big = AlignedBuf::new(5 << 20);
-        let r = AtomicFile::direct(&p, &tmp, Durability::File)
+        let r = AtomicFile::direct_over(&p, &tmp, file, Durability::File)
             .and_then(|mut f| f.write_all(big.as_slice()).and_then(|()| f.publish()));
         let e = r.expect_err("a full device fails");
         assert_eq!(e.raw_os_error(), Some(libc::ENOSPC), "{e}");
@@ -529,20 +650,81 @@ mod tests {
     fn a_pending_file_is_renamed_only_when_published() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("snapshot.gsnap");
-        let tmp = dir.path().join("snapshot.tmp");
-        let mut f = AtomicFile::create(&p, &tmp, Durability::FileAndDir).unwrap();
+        let mut f = AtomicFile::create(&p, Durability::FileAndDir).unwrap();
         f.write_all(b"new").unwrap();
         let pending = f.finish().unwrap();
+        let tmp = pending.tmp_path().to_path_buf();
         assert!(!p.exists() && tmp.exists());
+        assert_eq!(
+            temp_target(tmp.file_name().unwrap().to_str().unwrap()),
+            Some("snapshot.gsnap")
+        );
         drop(pending);
         assert!(
             !p.exists() && !tmp.exists(),
             "an unpublished file is removed"
         );
-        let mut f = AtomicFile::create(&p, &tmp, Durability::FileAndDir).unwrap();
+        let mut f = AtomicFile::create(&p, Durability::FileAndDir).unwrap();
         f.write_all(b"new").unwrap();
         f.finish().unwrap().publish().unwrap();
         assert_eq!(std::fs::read(&p).unwrap(), b"new");
-        assert!(!tmp.exists());
+        assert_eq!(temps(dir.path()), Vec::<String>::new());
+    }
+
+    #[test]
+    fn a_target_that_is_not_a_regular_file_is_refused_and_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink("/dev/null", &link).unwrap();
+        let sub = dir.path().join("sub");
+        std::fs::create_dir(&sub).unwrap();
+        for (p, what) in [(&link, "a symbolic link"), (&sub, "a directory")] {
+            let e = write_atomic(p, Durability::Rename, |w| w.write_all(b"x")).unwrap_err();
+            assert!(e.to_string().contains(what), "{e}");
+        }
+        assert!(std::fs::symlink_metadata(&link)
+            .unwrap()
+            .file_type()
+            .is_symlink());
+        assert!(sub.is_dir());
+        let e = write_atomic(Path::new("/dev/null"), Durability::Rename, |_| Ok(())).unwrap_err();
+        assert!(e.to_string().contains("not a regular file"), "{e}");
+        assert_eq!(temps(dir.path()), Vec::<String>::new());
+    }
+
+    #[test]
+    fn temporary_names_are_unique_and_a_dead_writers_are_swept() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("m.prom");
+        let a = AtomicFile::create(&p, Durability::Rename).unwrap();
+        let b = AtomicFile::create(&p, Durability::Rename).unwrap();
+        assert_ne!(a.tmp_path(), b.tmp_path());
+        // One left by a process of this host that is gone (pid 0x7ffffffe runs nowhere), one
+        // by another host's process, and names that are not ours.
+        let dead = dir
+            .path()
+            .join(format!("m.prom.{}-7ffffffe-0.tmp", host_tag()));
+        let other = dir.path().join("m.prom.00000000-7ffffffe-0.tmp");
+        for f in [&dead, &other, &dir.path().join("m.prom.tmp")] {
+            std::fs::write(f, b"left").unwrap();
+        }
+        drop((a, b));
+        write_atomic(&p, Durability::Rename, |w| w.write_all(b"x")).unwrap();
+        assert!(!dead.exists() && other.exists());
+        let mut left = temps(dir.path());
+        left.sort();
+        assert_eq!(left, vec!["m.prom.00000000-7ffffffe-0.tmp".to_string()]);
+        for (name, target) in [
+            (
+                "chunk-00000001.gchunk.0a1b2c3d-1f-0.tmp",
+                Some("chunk-00000001.gchunk"),
+            ),
+            ("snapshot.tmp", None),
+            ("x.gchunk.tmp", None),
+            ("x.zz-1-2.tmp", None),
+            (".1-2-3.tmp", None),
+        ] {
+            assert_eq!(temp_target(name), target, "{name}");
+        }
     }
 }

@@ -113,12 +113,12 @@ impl Writer {
             let e = e.map_err(|e| PackError::io("listing", dir, e))?;
             let name = e.file_name();
             let name = name.to_string_lossy();
-            let id = parse_chunk_file_name(name.strip_suffix(".tmp").unwrap_or(&name));
+            let id = parse_chunk_file_name(output::final_name(&name));
             let ours = match (shard, id) {
                 (Some(s), Some(id)) => id % s.count == s.index,
                 (None, Some(_)) => true,
                 (None, None) => {
-                    name == SNAPSHOT_FILE
+                    output::final_name(&name) == SNAPSHOT_FILE
                         || name == "snapshot.tmp"
                         || upload::parse_sent_name(&name).is_some()
                 }

@@ -239,6 +239,9 @@ pub(super) fn log_name(b: u32) -> String {
 
 /// True for the names a writer keeps in its spill directory.
 pub(crate) fn spill_file(name: &str) -> bool {
+    if let Some(target) = granary_store::write::temp_target(name) {
+        return spill_file(target);
+    }
     name == STATE_FILE
         || name == TYPES_FILE
         || name == "field.tmp"

@@ -380,15 +380,10 @@ pub fn fetch_snapshot(url: &ObjectUrl, dir: &Path, budget: u64) -> Result<PathBu
         return Err(StoreError::format(&snap_url, e));
     }
     std::fs::create_dir_all(dir).map_err(|e| StoreError::io("creating", dir, e))?;
-    let tmp = dir.join(format!(
-        ".{}-{crc:08x}.{}.tmp",
-        DatasetId(id),
-        std::process::id()
-    ));
     // Not fsynced: a cached copy lost to a crash is fetched again.
-    crate::write::write_atomic(&cached, &tmp, crate::write::Durability::Rename, |w| {
+    crate::write::write_atomic(&cached, crate::write::Durability::Rename, |w| {
         std::io::Write::write_all(w, &bytes)
     })
-    .map_err(|e| StoreError::io("caching the snapshot in", &tmp, e))?;
+    .map_err(|e| StoreError::io("caching the snapshot in", &cached, e))?;
     Ok(cached)
 }

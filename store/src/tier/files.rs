@@ -134,8 +134,9 @@ pub(super) fn parse_hex_id(name: &[u8]) -> Option<[u8; 16]> {
     Some(id.0)
 }
 
-/// Who writes a temporary file of the tier directory (named by [`write_atomic`]:
-/// `<stem>.tmp<pid>`), and so which lock says it is no longer being written.
+/// Who writes a temporary file of the tier directory (named by [`write_atomic`] as every
+/// [`crate::write::AtomicFile`] is: `<name>.<host>-<pid>-<n>.tmp`; tiers of earlier versions
+/// named them `<stem>.tmp<pid>`), and so which lock says it is no longer being written.
 pub(super) enum TempOwner {
     /// Chunk copies, hot chunks, `index`, `hot.map`: the tier's lock.
     Tier,
@@ -144,11 +145,17 @@ pub(super) enum TempOwner {
 }
 
 pub(super) fn temp_owner(name: &str) -> Option<TempOwner> {
-    let (stem, ext) = name.rsplit_once('.')?;
-    let pid = ext.strip_prefix("tmp")?;
-    if pid.is_empty() || !pid.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
+    let stem = match crate::write::temp_target(name) {
+        Some(target) => target.split('.').next()?,
+        None => {
+            let (stem, ext) = name.rsplit_once('.')?;
+            let pid = ext.strip_prefix("tmp")?;
+            if pid.is_empty() || !pid.bytes().all(|b| b.is_ascii_digit()) {
+                return None;
+            }
+            stem
+        }
+    };
     match stem {
         "scores" => Some(TempOwner::Scores),
         "index" | "hot" => Some(TempOwner::Tier),
@@ -222,11 +229,10 @@ pub fn write_atomic(path: &Path, data: &[u8]) -> Result<()> {
 /// [`write_atomic`], fsyncing the file and its directory only when `durable` (the rename
 /// still replaces the file whole).
 pub(super) fn write_atomic_with(path: &Path, data: &[u8], durable: bool) -> Result<()> {
-    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
     let durability = match durable {
         true => Durability::FileAndDir,
         false => Durability::Rename,
     };
-    crate::write::write_atomic(path, &tmp, durability, |w| w.write_all(data))
+    crate::write::write_atomic(path, durability, |w| w.write_all(data))
         .map_err(|e| StoreError::io("writing", path, e))
 }

@@ -100,6 +100,19 @@ fn temporary_names_and_their_owners() {
     assert!(matches!(temp_owner("index.tmp77"), Some(TempOwner::Tier)));
     assert!(matches!(temp_owner("hot.tmp77"), Some(TempOwner::Tier)));
     assert!(matches!(temp_owner("scores.tmp5"), Some(TempOwner::Scores)));
+    for (name, tier) in [
+        ("chunk-00000001.gchunk.0a0b0c0d-1f-0.tmp", true),
+        ("hot-00000002.gchunk.0a0b0c0d-1f-3.tmp", true),
+        ("index.0a0b0c0d-1f-0.tmp", true),
+        ("hot.map.0a0b0c0d-1f-0.tmp", true),
+        ("scores.0a0b0c0d-1f-0.tmp", false),
+    ] {
+        match temp_owner(name) {
+            Some(TempOwner::Tier) => assert!(tier, "{name}"),
+            Some(TempOwner::Scores) => assert!(!tier, "{name}"),
+            None => panic!("{name} is a temporary file of the tier"),
+        }
+    }
     for other in [
         "index",
         "hot.map",
