@@ -459,3 +459,132 @@ fn readers_killed_mid_write_leave_the_tier_within_its_quota() {
     assert_eq!(on_disk(), 0);
     eprintln!("worst on disk between kills: {worst} bytes (quota {quota})");
 }
+
+/// A copy of the 1.x golden dataset (format 1.6) in a new temporary directory.
+fn golden_v1_copy() -> (tempfile::TempDir, std::path::PathBuf) {
+    let tmp = tempfile::tempdir().unwrap();
+    let ds = tmp.path().join("dataset");
+    let golden = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden/v1.6/dataset");
+    copy_dir(&golden, &ds);
+    (tmp, ds)
+}
+
+/// The names in `dir` that are not the dataset's own files.
+fn strays(dir: &Path) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| !n.ends_with(".gchunk") && n != "snapshot.gsnap" && n != "snapshot-1.x.gsnap")
+        .collect()
+}
+
+#[test]
+fn metrics_are_never_written_over_what_is_not_a_report() {
+    let tmp = tempfile::tempdir().unwrap();
+    let files = numbered_tree(40, 2, |_| 100);
+    let ds = packed_tree(&tmp.path().join("src"), &files, &tmp.path().join("ds"), &[]);
+    let link = tmp.path().join("null-link");
+    std::os::unix::fs::symlink("/dev/null", &link).unwrap();
+    let sub = tmp.path().join("a-dir");
+    std::fs::create_dir(&sub).unwrap();
+    let snap = ds.join("snapshot.gsnap");
+    let before = std::fs::read(&snap).unwrap();
+    for (target, want) in [
+        (link.clone(), "a symbolic link"),
+        (sub.clone(), "a directory"),
+        (snap.clone(), "a granary file's name"),
+        (ds.join("m.prom"), "inside the dataset"),
+    ] {
+        let o = run([
+            "read".as_ref(),
+            ds.as_os_str(),
+            "--metrics".as_ref(),
+            target.as_os_str(),
+        ]);
+        assert_eq!(
+            o.status.code(),
+            Some(1),
+            "{}: {}",
+            target.display(),
+            stderr(&o)
+        );
+        assert!(
+            stderr(&o).contains(want),
+            "{}: {}",
+            target.display(),
+            stderr(&o)
+        );
+    }
+    assert!(std::fs::symlink_metadata(&link)
+        .unwrap()
+        .file_type()
+        .is_symlink());
+    assert!(sub.is_dir());
+    assert_eq!(std::fs::read(&snap).unwrap(), before);
+    assert_eq!(strays(&ds), Vec::<String>::new());
+    // A regular file is replaced whole, and nothing else is left beside it.
+    let m = tmp.path().join("m.prom");
+    std::fs::write(&m, b"old").unwrap();
+    run_ok([
+        "read".as_ref(),
+        ds.as_os_str(),
+        "--metrics".as_ref(),
+        m.as_os_str(),
+    ]);
+    assert!(std::fs::read_to_string(&m)
+        .unwrap()
+        .contains("granary_epoch_seconds"));
+    let left: Vec<_> = std::fs::read_dir(tmp.path())
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.contains(".tmp"))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+}
+
+#[test]
+fn an_intact_1x_dataset_is_pointed_to_upgrade_not_called_damaged_or_reindexed() {
+    let (_tmp, ds) = golden_v1_copy();
+    let snap = ds.join("snapshot.gsnap");
+    let before = std::fs::read(&snap).unwrap();
+    let o = run(["verify".as_ref(), ds.as_os_str()]);
+    assert_eq!(o.status.code(), Some(3), "{}{}", stdout(&o), stderr(&o));
+    assert!(stdout(&o).contains("UPGRADE") && stdout(&o).contains("granary upgrade"));
+    assert!(!stdout(&o).contains("DAMAGED"), "{}", stdout(&o));
+    let o = run(["reindex".as_ref(), ds.as_os_str()]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(stderr(&o).contains("granary upgrade"), "{}", stderr(&o));
+    assert_eq!(
+        std::fs::read(&snap).unwrap(),
+        before,
+        "reindex replaced a 1.x snapshot"
+    );
+    // Upgraded, it verifies; and `pack --force` may replace it (the kept 1.x snapshot is
+    // the dataset's own file).
+    run_ok(["upgrade".as_ref(), ds.as_os_str()]);
+    run_ok(["verify".as_ref(), ds.as_os_str()]);
+    let src = tempfile::tempdir().unwrap();
+    write_tree(src.path(), &numbered_tree(10, 2, |_| 50));
+    let o = pack(src.path(), &ds, &["--force"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    run_ok(["verify".as_ref(), ds.as_os_str()]);
+}
+
+#[test]
+fn concurrent_upgrades_of_one_dataset_all_end_in_the_upgraded_dataset() {
+    for round in 0..3 {
+        let (_tmp, ds) = golden_v1_copy();
+        let children: Vec<_> = (0..4)
+            .map(|_| spawn(["upgrade".as_ref(), ds.as_os_str()]))
+            .collect();
+        for c in children {
+            let o = c.wait_with_output().unwrap();
+            assert!(o.status.success(), "round {round}: {}", stderr(&o));
+        }
+        run_ok(["verify".as_ref(), ds.as_os_str()]);
+        assert_eq!(strays(&ds), Vec::<String>::new(), "round {round}");
+        assert!(ds.join("snapshot-1.x.gsnap").is_file());
+    }
+}

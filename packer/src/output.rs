@@ -104,6 +104,15 @@ pub(crate) fn check_disjoint(src: &Path, out: &Path, work: &Path) -> Result<(), 
     Ok(())
 }
 
+/// The name a file in a build directory will have once written: `name` itself, or what a
+/// temporary file is being written for (`AtomicFile`'s names, or the `NAME.tmp` of builds
+/// that earlier versions interrupted).
+pub(crate) fn final_name(name: &str) -> &str {
+    granary_store::write::temp_target(name)
+        .or_else(|| name.strip_suffix(".tmp"))
+        .unwrap_or(name)
+}
+
 /// What kind of directory [`check_replaceable`] expects.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Kind {
@@ -115,7 +124,17 @@ pub(crate) enum Kind {
 
 /// True for the names a pack writes into `kind` of directory.
 fn ours(name: &str, kind: Kind) -> bool {
-    if name == SNAPSHOT_FILE || parse_chunk_file_name(name).is_some() {
+    // The 1.x snapshot `upgrade` keeps is the dataset's too.
+    if name == SNAPSHOT_FILE
+        || name == crate::upgrade::LEGACY_SNAPSHOT_FILE
+        || parse_chunk_file_name(name).is_some()
+    {
+        return true;
+    }
+    // A file being written (`AtomicFile`'s temporary names), or one of the fixed temporary
+    // names of builds that earlier versions interrupted.
+    if kind == Kind::Build && granary_store::write::temp_target(name).is_some_and(|t| ours(t, kind))
+    {
         return true;
     }
     kind == Kind::Build
@@ -204,6 +223,51 @@ impl BuildLock {
     }
 }
 
+/// An exclusive lock on a published dataset's directory, held by every command that rewrites
+/// it in place (`append`, `upgrade`, `reindex`): two of them never interleave their writes.
+/// A second one waits for the first (saying so once) up to [`DatasetLock::WAIT`], then fails
+/// naming the dataset.
+pub(crate) struct DatasetLock {
+    _dir: File,
+}
+
+impl DatasetLock {
+    /// The longest a command waits for another one rewriting the same dataset.
+    pub(crate) const WAIT: std::time::Duration = std::time::Duration::from_secs(120);
+
+    pub(crate) fn take(dataset: &Path, what: &str) -> Result<Self, PackError> {
+        use rustix::fs::FlockOperation::NonBlockingLockExclusive;
+        let dir = File::open(dataset).map_err(|e| PackError::io("opening", dataset, e))?;
+        let start = std::time::Instant::now();
+        let mut said = false;
+        loop {
+            match rustix::fs::flock(&dir, NonBlockingLockExclusive) {
+                Ok(()) => return Ok(DatasetLock { _dir: dir }),
+                Err(rustix::io::Errno::WOULDBLOCK) if start.elapsed() < Self::WAIT => {
+                    if !said {
+                        eprintln!(
+                            "granary {what}: waiting for another granary command rewriting {} \
+                             (it holds the lock on the directory)",
+                            dataset.display()
+                        );
+                        said = true;
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(50));
+                }
+                Err(rustix::io::Errno::WOULDBLOCK) => {
+                    return Err(PackError::Usage(format!(
+                        "{}: another granary command has been rewriting it for {} s (it holds \
+                         the lock on the directory); run {what} again once it is done",
+                        dataset.display(),
+                        Self::WAIT.as_secs()
+                    )))
+                }
+                Err(e) => return Err(PackError::io("locking", dataset, e.into())),
+            }
+        }
+    }
+}
+
 /// Removes everything in `dir` (a build directory checked by [`check_replaceable`]) but keeps
 /// the directory itself, so the lock on it stays held.
 pub(crate) fn empty_dir(dir: &Path) -> Result<(), PackError> {
@@ -240,6 +304,13 @@ mod tests {
         assert!(!ours("pack-plan.bin", Kind::Dataset));
         assert!(ours("pack-plan.bin", Kind::Build));
         assert!(ours("chunk-00000003.gchunk.tmp", Kind::Build));
+        assert!(ours(
+            "chunk-00000003.gchunk.0a0b0c0d-1f2-0.tmp",
+            Kind::Build
+        ));
+        assert!(ours("snapshot.gsnap.0a0b0c0d-1f2-3.tmp", Kind::Build));
+        assert!(!ours("snapshot.gsnap.0a0b0c0d-1f2-3.tmp", Kind::Dataset));
+        assert!(!ours("notes.txt.0a0b0c0d-1f2-3.tmp", Kind::Build));
         assert!(!ours("chunk-3.gchunk", Kind::Build));
         assert!(!ours("important.txt", Kind::Build));
     }

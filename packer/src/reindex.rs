@@ -56,11 +56,35 @@ impl Place {
         Ok(Place::Url(url))
     }
 
+    /// Locks a local dataset's directory for a command that rewrites it (`what`); an object
+    /// store has no lock (its snapshot is replaced by one PUT).
+    pub(crate) fn lock(&self, what: &str) -> Result<Option<crate::output::DatasetLock>, PackError> {
+        match self {
+            Place::Dir(d) => crate::output::DatasetLock::take(d, what).map(Some),
+            Place::Url(_) => Ok(None),
+        }
+    }
+
     /// An error if an intact snapshot is there (every section's checksum right).
     fn refuse_intact_snapshot(&self) -> Result<(), PackError> {
         let Some(old) = self.read(SNAPSHOT_FILE)? else {
             return Ok(());
         };
+        if granary_format::is_legacy_snapshot(&old) {
+            if let Ok(l) = granary_format::read_legacy_snapshot(&old) {
+                return Err(PackError::Usage(format!(
+                    "{}: an intact snapshot of format {}.{} is there ({} samples); `granary \
+                     upgrade {}` rewrites it as 2.0 keeping everything it records (file modes, \
+                     mtimes, empty directories, which chunks do not hold); reindex replaces it \
+                     only with --force",
+                    self.location(SNAPSHOT_FILE).display(),
+                    l.version.0,
+                    l.version.1,
+                    l.chunks.iter().map(|c| c.entries.len()).sum::<usize>(),
+                    self.show()
+                )));
+            }
+        }
         let intact =
             Snapshot::open(&old[..]).map(|s| (s.check_blocks().is_empty(), s.sample_count()));
         match intact {
@@ -144,6 +168,7 @@ pub fn reindex(
     cfg: &StoreConfig,
 ) -> Result<ReindexSummary, PackError> {
     let place = Place::of(dataset, cfg)?;
+    let _lock = place.lock("reindex")?;
     if !force {
         place.refuse_intact_snapshot()?;
     }

@@ -93,6 +93,10 @@ fn run_kept(
         std::fs::create_dir_all(&work).map_err(|e| PackError::io("creating", &work, e))?;
     }
     let _lock = output::BuildLock::take(&work, &opts.output.out)?;
+    let _dataset_lock = match run.mode {
+        Mode::Append { .. } => Some(output::DatasetLock::take(&opts.output.out, "append")?),
+        _ => None,
+    };
     let scan_start = Instant::now();
     let plan = match run.plan_or_resume(existed)? {
         Next::Go(plan) => plan,

@@ -46,6 +46,8 @@ pub struct UpgradeSummary {
 /// rebuilds a 2.0 snapshot from the chunks.
 pub fn upgrade(dataset: &Path, cfg: &StoreConfig) -> Result<UpgradeSummary, PackError> {
     let place = Place::of(dataset, cfg)?;
+    // Another upgrade of the same dataset finishes first; this one then finds 2.0.
+    let _lock = place.lock("upgrade")?;
     let snap_loc = place.location(SNAPSHOT_FILE).display().to_string();
     let old = place.read(SNAPSHOT_FILE)?.ok_or_else(|| {
         PackError::Usage(format!(

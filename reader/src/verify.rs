@@ -37,12 +37,16 @@ pub struct VerifyReport {
     pub digest: Option<u64>,
     /// The layout-independent digest of the content ([`Dataset::content_digest`]).
     pub content_digest: Option<u64>,
+    /// Set when the dataset is of format 1.x with an intact snapshot: nothing is damaged, but
+    /// this version reads it only once `granary upgrade` has rewritten its snapshot (what to
+    /// run, said in full).
+    pub needs_upgrade: Option<String>,
 }
 
 impl VerifyReport {
     /// True when everything was looked at and nothing is wrong.
     pub fn is_clean(&self) -> bool {
-        self.problems.is_empty() && self.unreadable.is_empty()
+        self.problems.is_empty() && self.unreadable.is_empty() && self.needs_upgrade.is_none()
     }
 
     /// True when damage was found.
@@ -63,6 +67,7 @@ impl VerifyReport {
             "notes": self.notes,
             "digest": self.digest.map(|d| format!("{d:016x}")),
             "content_digest": self.content_digest.map(|d| format!("{d:016x}")),
+            "needs_upgrade": self.needs_upgrade,
         })
     }
 }
@@ -94,10 +99,42 @@ pub fn verify(path: &Path) -> VerifyReport {
 }
 
 /// [`verify`] with the store configured by `cfg`.
+/// True when `path` holds a format 1.x snapshot that reads back whole.
+fn legacy_intact(path: &Path, cfg: &StoreConfig) -> bool {
+    let bytes = match granary_store::open(path, cfg) {
+        Ok(granary_store::Location::Local(p)) => {
+            let p = if p.is_dir() {
+                p.join(granary_format::SNAPSHOT_FILE)
+            } else {
+                p
+            };
+            std::fs::read(p).ok()
+        }
+        Ok(granary_store::Location::Object(u)) => u
+            .get(granary_format::SNAPSHOT_FILE)
+            .ok()
+            .map(|b| b.to_vec()),
+        Err(_) => None,
+    };
+    bytes.is_some_and(|b| {
+        granary_format::is_legacy_snapshot(&b) && granary_format::read_legacy_snapshot(&b).is_ok()
+    })
+}
+
 pub fn verify_with(path: &Path, cfg: &StoreConfig) -> VerifyReport {
     let mut r = VerifyReport::default();
     let ds = match Dataset::open_with(path, cfg) {
         Ok(ds) => ds,
+        Err(e) if legacy_intact(path, cfg) => {
+            r.needs_upgrade = Some(format!(
+                "{}: a dataset of format 1.x whose snapshot is intact ({e}); run `granary \
+                 upgrade {}` to read it with this version (it keeps every fact the snapshot \
+                 records; `reindex` would lose file modes, mtimes and empty directories)",
+                path.display(),
+                path.display()
+            ));
+            return r;
+        }
         Err(e) => {
             let p = Problem {
                 location: path.display().to_string(),

@@ -10,9 +10,11 @@ use super::human_bytes;
 It also prints the digest a complete epoch of `granary read` must show (the sum over the ranks' \
 digests): the snapshot's record checksums, keyed by sample id.\n\n\
 Exit status: 0 when the dataset is intact, 1 when any damage is found (every problem is listed \
-with its file, chunk, offset and sample path), 4 when nothing was found damaged but something \
-could not be looked at (a missing dataset or bucket, refused credentials or permissions, \
-storage that did not answer: CANNOT CHECK lines), 2 on a usage error."
+with its file, chunk, offset and sample path), 3 when it is a dataset of format 1.x with an \
+intact snapshot (UPGRADE line: `granary upgrade DATASET` makes it readable), 4 when nothing was \
+found damaged but something could not be looked at (a missing dataset or bucket, refused \
+credentials or permissions, storage that did not answer: CANNOT CHECK lines), 2 on a usage \
+error."
 )]
 pub struct Args {
     /// Dataset directory (or its snapshot file).
@@ -25,12 +27,18 @@ pub struct Args {
 /// Exit status of a verify that found no damage but could not look at everything.
 pub const EXIT_CANNOT_CHECK: u8 = 4;
 
+/// Exit status of a verify of an intact dataset of format 1.x (`granary upgrade` reads it).
+pub const EXIT_NEEDS_UPGRADE: u8 = 3;
+
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     let t = std::time::Instant::now();
     let r = granary::verify_with(&a.dataset, super::store_config());
     if a.json {
         super::print_json(&r.to_json())?;
     } else {
+        if let Some(u) = &r.needs_upgrade {
+            println!("UPGRADE {u}");
+        }
         for p in &r.problems {
             println!("DAMAGED {}: {}", p.location, p.detail);
         }
@@ -56,6 +64,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
             human_bytes(r.bytes_checked),
             secs,
             match (r.problems.len(), r.unreadable.len()) {
+                (0, 0) if r.needs_upgrade.is_some() => "format 1.x: run granary upgrade".into(),
                 (0, 0) => "OK".to_string(),
                 (0, n) => format!("not checked: {n} could not be read"),
                 (d, 0) => format!("{d} problems"),
@@ -65,6 +74,8 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     }
     Ok(if r.is_damaged() {
         ExitCode::FAILURE
+    } else if r.needs_upgrade.is_some() {
+        ExitCode::from(EXIT_NEEDS_UPGRADE)
     } else if !r.is_clean() {
         ExitCode::from(EXIT_CANNOT_CHECK)
     } else {
