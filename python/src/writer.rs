@@ -3,6 +3,7 @@
 //! manager, bytes-like conversion and the progress bar.
 
 use std::path::PathBuf;
+use std::sync::Mutex;
 
 use granary_packer::{Label, PackError, Writer as RsWriter, WriterOptions, Written};
 use pyo3::exceptions::PyValueError;
@@ -63,13 +64,46 @@ fn to_label(l: &Option<PyLabel>) -> Label<'_> {
     }
 }
 
+/// The writer behind `granary.Writer`. Its methods may be called from several threads at once:
+/// each call holds the writer for its duration (taken with the GIL released, so that a call
+/// waiting for another never blocks the thread it waits for), and every sample any thread
+/// wrote is in the dataset `finish` publishes.
 #[pyclass(module = "granary._native")]
 pub(crate) struct Writer {
-    inner: Option<RsWriter>,
+    inner: Mutex<Option<RsWriter>>,
 }
 
 fn closed() -> PyErr {
     PyValueError::new_err("the writer is closed")
+}
+
+impl Writer {
+    /// Runs `f` on the open writer, with the GIL released while it waits for and holds it.
+    fn with<T: Send>(
+        &self,
+        py: Python<'_>,
+        f: impl FnOnce(&mut RsWriter) -> Result<T, PackError> + Send,
+    ) -> PyResult<T> {
+        py.detach(|| {
+            let mut g = self.lock()?;
+            let w = g.as_mut().ok_or_else(|| Err(closed()))?;
+            f(w).map_err(Ok)
+        })
+        .map_err(|e| e.map_or_else(|py_err| py_err, pack_err))
+    }
+
+    /// The writer, or an error naming what happened when a call into it panicked (the
+    /// samples after that are not known to be whole: nothing more is taken).
+    fn lock(
+        &self,
+    ) -> Result<std::sync::MutexGuard<'_, Option<RsWriter>>, Result<PackError, PyErr>> {
+        self.inner.lock().map_err(|_| {
+            Err(PyValueError::new_err(
+                "the writer failed in another call (a panic, reported there); it takes no more \
+                 samples: abort() it and write again with resume=True",
+            ))
+        })
+    }
 }
 
 #[pymethods]
@@ -80,23 +114,22 @@ impl Writer {
     fn new(py: Python<'_>, out: String, options: &Bound<'_, PyDict>) -> PyResult<Self> {
         let o = writer_options("Writer", &out, options)?;
         let w = py.detach(|| RsWriter::create(o)).map_err(pack_err)?;
-        Ok(Writer { inner: Some(w) })
+        Ok(Writer {
+            inner: Mutex::new(Some(w)),
+        })
     }
 
     /// Adds one sample; True if it was written, False if an interrupted writer had it.
     #[pyo3(signature = (key, data, label=None))]
     fn write(
-        &mut self,
+        &self,
         py: Python<'_>,
         key: Vec<u8>,
         data: &Bound<'_, PyBytes>,
         label: Option<PyLabel>,
     ) -> PyResult<bool> {
-        let w = self.inner.as_mut().ok_or_else(closed)?;
         let data = data.as_bytes().to_vec();
-        let written = py
-            .detach(|| w.write(&key, data, to_label(&label)))
-            .map_err(pack_err)?;
+        let written = self.with(py, |w| w.write(&key, data, to_label(&label)))?;
         Ok(written == Written::New)
     }
 
@@ -104,81 +137,92 @@ impl Writer {
     /// an interrupted writer had it.
     #[pyo3(signature = (key, fields, label=None))]
     fn write_fields(
-        &mut self,
+        &self,
         py: Python<'_>,
         key: Vec<u8>,
         fields: Vec<(Vec<u8>, Bound<'_, PyBytes>)>,
         label: Option<PyLabel>,
     ) -> PyResult<bool> {
-        let w = self.inner.as_mut().ok_or_else(closed)?;
         let fields: Vec<(Vec<u8>, Vec<u8>)> = fields
             .into_iter()
             .map(|(n, d)| (n, d.as_bytes().to_vec()))
             .collect();
-        let written = py
-            .detach(|| w.write_fields(&key, fields, to_label(&label)))
-            .map_err(pack_err)?;
+        let written = self.with(py, |w| w.write_fields(&key, fields, to_label(&label)))?;
         Ok(written == Written::New)
     }
 
     /// Declares field `name`'s type (a descriptor such as `str`, `json`, `int`,
     /// `ndarray:uint8:32,32,3`, `npy`); every value of the field then has it.
-    fn declare_field_type(&mut self, name: Vec<u8>, descriptor: String) -> PyResult<()> {
-        let w = self.inner.as_mut().ok_or_else(closed)?;
-        w.declare_field_type(&name, &descriptor).map_err(pack_err)
+    fn declare_field_type(
+        &self,
+        py: Python<'_>,
+        name: Vec<u8>,
+        descriptor: String,
+    ) -> PyResult<()> {
+        self.with(py, |w| w.declare_field_type(&name, &descriptor))
     }
 
     /// The field types declared so far (`{name: descriptor}`), a resumed writer's included.
     #[getter]
-    fn field_types(&self) -> PyResult<std::collections::BTreeMap<String, String>> {
-        let w = self.inner.as_ref().ok_or_else(closed)?;
-        Ok(w.field_types()
-            .iter()
-            .map(|(n, t)| (String::from_utf8_lossy(n).into_owned(), t.clone()))
-            .collect())
+    fn field_types(&self, py: Python<'_>) -> PyResult<std::collections::BTreeMap<String, String>> {
+        self.with(py, |w| {
+            Ok(w.field_types()
+                .iter()
+                .map(|(n, t)| (String::from_utf8_lossy(n).into_owned(), t.clone()))
+                .collect())
+        })
     }
 
     /// True if an interrupted writer had `key` (not written again yet).
-    fn has_resumed(&self, key: Vec<u8>) -> PyResult<bool> {
-        Ok(self.inner.as_ref().ok_or_else(closed)?.has_resumed(&key))
+    fn has_resumed(&self, py: Python<'_>, key: Vec<u8>) -> PyResult<bool> {
+        self.with(py, |w| Ok(w.has_resumed(&key)))
     }
 
-    fn __len__(&self) -> PyResult<usize> {
-        Ok(self.inner.as_ref().ok_or_else(closed)?.len() as usize)
+    fn __len__(&self, py: Python<'_>) -> PyResult<usize> {
+        self.with(py, |w| Ok(w.len() as usize))
     }
 
     /// Samples skipped because an interrupted writer had them.
     #[getter]
-    fn resumed(&self) -> PyResult<u64> {
-        Ok(self.inner.as_ref().ok_or_else(closed)?.resumed())
+    fn resumed(&self, py: Python<'_>) -> PyResult<u64> {
+        self.with(py, |w| Ok(w.resumed()))
     }
 
     #[getter]
-    fn warnings(&self) -> PyResult<Vec<String>> {
-        Ok(self.inner.as_ref().ok_or_else(closed)?.warnings().to_vec())
+    fn warnings(&self, py: Python<'_>) -> PyResult<Vec<String>> {
+        self.with(py, |w| Ok(w.warnings().to_vec()))
     }
 
     #[getter]
-    fn closed(&self) -> bool {
-        self.inner.is_none()
+    fn closed(&self, py: Python<'_>) -> bool {
+        py.detach(|| self.inner.lock().map_or(true, |g| g.is_none()))
     }
 
     /// Builds the chunks and the snapshot and publishes the dataset; returns the summary as
-    /// JSON text.
-    fn finish(&mut self, py: Python<'_>) -> PyResult<String> {
-        let w = self
-            .inner
-            .take()
-            .ok_or_else(|| PyValueError::new_err("the writer is closed already"))?;
-        let s = py.detach(|| w.finish()).map_err(pack_err)?;
+    /// JSON text. Waits for calls of other threads under way; later ones find it closed.
+    fn finish(&self, py: Python<'_>) -> PyResult<String> {
+        let s = py
+            .detach(|| {
+                let w = self
+                    .lock()?
+                    .take()
+                    .ok_or_else(|| Err(PyValueError::new_err("the writer is closed already")))?;
+                w.finish().map_err(Ok)
+            })
+            .map_err(|e| e.map_or_else(|py_err| py_err, pack_err))?;
         serde_json::to_string(&s).map_err(|e| PyValueError::new_err(e.to_string()))
     }
 
     /// Stops without publishing; the spill logs stay for `resume`.
-    fn abort(&mut self, py: Python<'_>) {
-        if let Some(w) = self.inner.take() {
-            py.detach(|| drop(w));
-        }
+    fn abort(&self, py: Python<'_>) {
+        py.detach(|| {
+            // A writer that panicked is dropped all the same.
+            let w = match self.inner.lock() {
+                Ok(mut g) => g.take(),
+                Err(poisoned) => poisoned.into_inner().take(),
+            };
+            drop(w);
+        });
     }
 }
 

@@ -328,3 +328,50 @@ def test_from_webdataset_imports_tar_shards_as_field_samples(tmp_path):
         assert label == int(fields["cls"])
     with pytest.raises(granary.GranaryError, match="shard-000009.tar"):
         granary.from_webdataset(tmp_path / "shard-000009.tar", tmp_path / "none.granary")
+
+
+@pytest.mark.parametrize("expected", [None, 3000])
+def test_one_writer_used_from_several_threads_keeps_every_sample(tmp_path, expected):
+    import threading
+
+    data = samples(3000)
+    out = tmp_path / "ds.granary"
+    kw = {} if expected is None else {"expected": expected}
+    w = granary.Writer(out, **kw)
+    errors = []
+
+    def feed(part):
+        try:
+            for key, d, c in part:
+                w.write(key, d, c)
+        except BaseException as e:  # noqa: BLE001 - the test reports any
+            errors.append(e)
+
+    threads = [threading.Thread(target=feed, args=(data[i::2],)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert w.close()["files"] == 3000
+    _, got = read_back(out)
+    assert got == {k: (d, c) for k, d, c in data}
+
+
+def test_a_key_that_is_both_a_file_and_a_directory_is_refused_when_written(tmp_path):
+    out = tmp_path / "ds.granary"
+    w = granary.Writer(out)
+    w.write("a/k3", b"file")
+    with pytest.raises(ValueError, match=r'"a/k3/sub" lies under "a/k3"' ):
+        w.write("a/k3/sub", b"under a file")
+    w.write("b/k4/sub", b"in a directory")
+    with pytest.raises(ValueError, match=r'"b/k4" is a directory of keys written before' ):
+        w.write("b/k4", b"a directory")
+    w.abort()
+    # Resumed: the refused samples were never spilled, so nothing stops the rerun.
+    w = granary.Writer(out, resume=True)
+    assert w.write("a/k3", b"file") is False and w.write("b/k4/sub", b"in a directory") is False
+    w.write("c", b"new")
+    assert w.close()["files"] == 3
+    _, got = read_back(out)
+    assert sorted(got) == ["a/k3", "b/k4/sub", "c"]

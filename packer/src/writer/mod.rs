@@ -153,6 +153,9 @@ pub struct Writer {
     tx: Option<SyncSender<Job>>,
     threads: Vec<JoinHandle<()>>,
     seen: HashSet<u128>,
+    /// Hashes of the directories the keys so far lie in (`a` and `a/b` for `a/b/c`), so that
+    /// a key that is both a file and a directory is refused when it is written.
+    dirs: HashSet<u128>,
     /// Keys an interrupted writer spilled and this one was not given again yet: key hash ->
     /// CRC-32 of the original bytes.
     resumed: HashMap<u128, u32>,
@@ -283,6 +286,7 @@ impl Writer {
             tx: None,
             threads: Vec::new(),
             seen: HashSet::new(),
+            dirs: HashSet::new(),
             resumed: HashMap::new(),
             label_kind: LabelKind::Unknown,
             with_fields: None,
@@ -617,6 +621,41 @@ impl Writer {
         self.write_sample(key, data, list, label)
     }
 
+    /// Refuses `key` (hash `h`) when it would be a file where an earlier key has a directory,
+    /// or lie under an earlier key as if that were a directory (`a/k3` and `a/k3/sub`): the
+    /// namespace of a dataset holds each path once, as a file or as a directory. Then records
+    /// the directories `key` lies in.
+    fn place_in_tree(
+        &mut self,
+        key: &[u8],
+        h: u128,
+        shown: &dyn Fn() -> String,
+    ) -> Result<(), PackError> {
+        if self.dirs.contains(&h) {
+            return Err(PackError::Usage(format!(
+                "key {:?} is a directory of keys written before ({:?}): a path is a file or a \
+                 directory, not both",
+                shown(),
+                format!("{}/...", shown())
+            )));
+        }
+        let slashes = key.iter().enumerate().filter(|(_, &b)| b == b'/');
+        let dirs: Vec<u128> = slashes.map(|(i, _)| key_hash(&key[..i])).collect();
+        for (k, d) in dirs.iter().enumerate() {
+            if self.seen.contains(d) || self.resumed.contains_key(d) {
+                let end = key.iter().enumerate().filter(|(_, &b)| b == b'/').nth(k);
+                let file = String::from_utf8_lossy(&key[..end.map_or(key.len(), |(i, _)| i)]);
+                return Err(PackError::Usage(format!(
+                    "key {:?} lies under {file:?}, which was written before as a sample (a \
+                     file): a path is a file or a directory, not both",
+                    shown()
+                )));
+            }
+        }
+        self.dirs.extend(dirs);
+        Ok(())
+    }
+
     fn write_sample(
         &mut self,
         key: &[u8],
@@ -661,6 +700,7 @@ impl Writer {
         }
         let (label, label_name) = self.label(label, &shown)?;
         let h = key_hash(key);
+        self.place_in_tree(key, h, &shown)?;
         if let Some(crc) = self.resumed.remove(&h) {
             self.seen.insert(h);
             if crc32fast::hash(&data) != crc {
