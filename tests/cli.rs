@@ -856,9 +856,21 @@ fn several_reader_processes_share_one_tier_within_its_quota() {
                     }
                     let tmp = tier_dir.join("damage.partial");
                     std::fs::write(&tmp, &b).unwrap();
-                    if std::fs::rename(&tmp, e.path()).is_ok() {
+                    // Under the tier's lock, as every change of the tier is, and only over a
+                    // copy still there: a rename after the tier evicted the copy would bring
+                    // back a file the tier no longer counts (more bytes than its quota, by the
+                    // damager's doing).
+                    let lock = std::fs::OpenOptions::new()
+                        .create(true)
+                        .truncate(false)
+                        .write(true)
+                        .open(tier_dir.join("lock"))
+                        .unwrap();
+                    rustix::fs::flock(&lock, rustix::fs::FlockOperation::LockExclusive).unwrap();
+                    if e.path().exists() && std::fs::rename(&tmp, e.path()).is_ok() {
                         n += 1;
                     }
+                    drop(lock);
                 }
                 std::thread::sleep(std::time::Duration::from_millis(5));
             }

@@ -130,6 +130,10 @@ def test_mapped_batches_cross_from_workers_without_a_copy(raw_packed, context):
 
     path, files = raw_packed
     m = granary.Dataset(path)
+    # Resident first: pack writes chunks past the page cache, and this machine's kernel drops
+    # pages nobody touched for a minute (a chunk not resident is read into the ring instead).
+    for p in path.iterdir():
+        p.read_bytes()
     before_rings = set(_shm._attached)
     ds = granary.IterableDataset(path, seed=3, batch_size=8)
     seen, mapped = [], set()
