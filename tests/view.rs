@@ -141,6 +141,8 @@ fn a_view_reads_its_samples_exactly_once_on_any_shards_and_resumes() {
             world_size: 2,
             num_workers: 1,
             consumed,
+            column: None,
+            then: None,
         };
         for rank in 0..3 {
             let s = Shard {

@@ -499,9 +499,21 @@ class IterableDataset(_IterBase):
         rank, world = self._rank_world()
         worker, workers = self._worker()
         self._shard = (rank, world, worker, workers)
-        resume = self._resume if self._resume and self._resume[0] == self.epoch else None
+        st = self._resumed_state()
+        resume = None
+        if st is not None:
+            then = st.get("then")
+            resume = (st["epoch"], st["world_size"], st["num_workers"], st["consumed"],
+                      st.get("worker"),
+                      None if then is None else (then["world_size"], then["num_workers"],
+                                                 then["consumed"]))
         return Stream(self.root, self.epoch, rank, world, worker, workers, resume=resume,
                       **self._stream_options())
+
+    def _resumed_state(self):
+        """The loaded resume state, if it is of the epoch about to be read."""
+        st = self._resume
+        return st if st is not None and st["epoch"] == self.epoch else None
 
     def __iter__(self):
         self._follow()
@@ -518,12 +530,19 @@ class IterableDataset(_IterBase):
         rank, world, worker, workers = self._shard
         self._consumed = 0
         self._redistributed = False
-        if self._resume is not None and self._resume[0] == self.epoch:
-            _, old_world, old_workers, counts = self._resume
-            if (old_world, old_workers) == (world, workers):
-                self._consumed = counts[rank * workers + worker]
+        self._pending = False
+        st = self._resumed_state()
+        if st is not None:
+            then = st.get("then")
+            slot = rank * workers + worker
+            if then is None and (st["world_size"], st["num_workers"]) == (world, workers):
+                self._consumed = st["consumed"][slot]
             else:
+                # Resumed under another configuration: counted from the start of the
+                # resumed plan (or from where it was checkpointed at this configuration).
                 self._redistributed = True
+                if then is not None and (then["world_size"], then["num_workers"]) == (world, workers):
+                    self._consumed = then["consumed"][slot]
         weighted = self.sampling == "importance"
         transform = self.transform
         layouts = self._layouts()
@@ -657,48 +676,101 @@ class IterableDataset(_IterBase):
     # -- resume (torchdata StatefulDataLoader protocol) ----------------------------------
 
     def state_dict(self):
-        """Where this share stands: epoch, configuration and samples consumed. Ranks are
-        assumed to advance in lockstep (equal shares, the same number of steps), so this
-        rank's count stands for every rank; inside DataLoader workers each worker reports its
-        own slot (StatefulDataLoader keeps one state per worker and restores each from its
-        own, which is all an exact resume reads). Called in the training process while plain
-        DataLoader workers do the iterating, it knows only the epoch: a resume from it restarts
-        that epoch."""
-        if self._redistributed:
-            raise RuntimeError(
-                "state_dict() is not available while an epoch resumed under another world size "
-                "or worker count is read; take it after the epoch ends"
-            )
+        """Where this share stands: what it resumes (``"of"``: the dataset's id, generation
+        and sample count, and a view's selection; a mixture's sources), the epoch, the seed and
+        shuffle, the configuration (``world_size``, ``num_workers``) and the samples consumed.
+
+        Ranks are taken to advance in lockstep (equal shares, the same number of steps), so
+        this rank's count stands for every rank. Inside DataLoader workers each worker reports
+        its own count (``"worker"``: StatefulDataLoader keeps one state per worker and restores
+        each into the worker of the same index); such a state resumes at any world size with
+        the same worker count. An epoch resumed under another configuration can be
+        checkpointed again (``"then"``: how far it got there) and resumed at that
+        configuration. Called in the training process while plain DataLoader workers do the
+        iterating, it knows only the epoch: a resume from it restarts that epoch."""
+        pending = self._resumed_state()
+        if pending is not None and getattr(self, "_pending", False):
+            # Loaded, not read yet (StatefulDataLoader asks a worker as it starts): the state
+            # is still the one loaded.
+            return {k: v for k, v in pending.items()}
         rank, world, worker, workers = self._shard or (*self._rank_world(), *self._worker())
-        consumed = [0] * (world * workers)
+        own = [0] * (world * workers)
         for r in range(world):
-            consumed[r * workers + worker] = self._consumed
+            own[r * workers + worker] = self._consumed
+        column = worker if workers > 1 else None
+        st = self._resumed_state() if self._redistributed else None
+        if st is not None:
+            state = {k: v for k, v in st.items() if k != "then"}
+            state["then"] = {"world_size": world, "num_workers": workers, "consumed": own}
+            return state
         return {
+            "kind": self._kind(),
+            "of": self._identity(),
             "epoch": self.epoch,
             "world_size": world,
             "num_workers": workers,
-            "consumed": consumed,
+            "consumed": own,
+            "worker": column,
             "seed": self.seed,
             "shuffle": self.shuffle,
         }
 
+    def _kind(self):
+        return self._identity()["kind"]
+
+    def _identity(self):
+        """What a resume state of this object resumes (see ``state_dict``)."""
+        if getattr(self, "_ident", None) is None:
+            self._ident = dict(_NativeDataset(self.root).identity)
+        return self._ident
+
     def load_state_dict(self, state):
         """Resumes from ``state_dict()``: the next iteration streams what is left of that
         epoch (exactly, with the same world size and workers; redistributed otherwise, with
-        nothing repeated or skipped)."""
+        nothing repeated or skipped). A state of anything else (another dataset, generation,
+        view or a mixture) is refused, naming both."""
         for k in ("epoch", "world_size", "num_workers", "consumed"):
             if k not in state:
                 raise ValueError(f"state has no {k!r}")
+        self._check_state_identity(state)
         if state.get("seed", self.seed) != self.seed or state.get("shuffle", self.shuffle) != self.shuffle:
             raise ValueError("state comes from a dataset with another seed or shuffle")
-        consumed = [int(c) for c in state["consumed"]]
+        st = dict(state)
+        st["consumed"] = [int(c) for c in state["consumed"]]
         world, workers = int(state["world_size"]), int(state["num_workers"])
-        if world < 1 or workers < 1 or len(consumed) != world * workers:
-            raise ValueError(f"state lists {len(consumed)} counts for {world} ranks x {workers} workers")
-        self.epoch = int(state["epoch"])
-        self._resume = (self.epoch, world, workers, consumed)
+        if world < 1 or workers < 1 or len(st["consumed"]) != world * workers:
+            raise ValueError(f"state lists {len(st['consumed'])} counts for {world} ranks x {workers} workers")
+        worker = state.get("worker")
+        if worker is not None and not 0 <= int(worker) < workers:
+            raise ValueError(f"state of worker {worker} of {workers}")
+        then = state.get("then")
+        if then is not None:
+            tw, tk = int(then["world_size"]), int(then["num_workers"])
+            tc = [int(c) for c in then["consumed"]]
+            if tw < 1 or tk < 1 or len(tc) != tw * tk:
+                raise ValueError(f"state's 'then' lists {len(tc)} counts for {tw} ranks x {tk} workers")
+            st["then"] = {"world_size": tw, "num_workers": tk, "consumed": tc}
+        st.update(epoch=int(state["epoch"]), world_size=world, num_workers=workers,
+                  worker=None if worker is None else int(worker))
+        self.epoch = st["epoch"]
+        self._resume = st
+        self._pending = True
         self._consumed = 0
         self._box.publish(self.epoch, resumed=True)
+
+    def _check_state_identity(self, state):
+        kind = state.get("kind")
+        if kind is None:
+            raise ValueError(
+                "the state names nothing it resumes (no 'kind' and 'of': made by an earlier "
+                "granary); resume at the next epoch (set_epoch) instead"
+            )
+        mine = self._identity()
+        if kind != mine["kind"] or state.get("of") != mine:
+            raise ValueError(
+                f"the state resumes {kind} {state.get('of')}, not this {mine['kind']} {mine} "
+                f"({self.root}): its counts would skip or repeat other samples"
+            )
 
     # -- importance ------------------------------------------------------------------
 

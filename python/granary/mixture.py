@@ -110,10 +110,12 @@ class Mixture(IterableDataset):
         worker, workers = self._worker()
         self._shard = (rank, world, worker, workers)
         resume = None
-        if self._resume and self._resume[0] == self.epoch:
-            epoch, old_world, old_workers, consumed = self._resume
-            resume = {"epoch": epoch, "world_size": old_world, "num_workers": old_workers,
-                      "consumed": consumed, "sources": self._resume_sources}
+        st = self._resumed_state()
+        if st is not None:
+            resume = {"epoch": st["epoch"], "world_size": st["world_size"],
+                      "num_workers": st["num_workers"], "consumed": st["consumed"],
+                      "sources": self._resume_sources, "column": st.get("worker"),
+                      "then": st.get("then")}
         stream = Stream.mixture(self.sources, self.shares, self.epoch_size, self.epoch, rank,
                                 world, worker, workers, resume=resume, **self._stream_options())
         self._marks = stream.mix_marks()
@@ -123,9 +125,20 @@ class Mixture(IterableDataset):
         """``IterableDataset.state_dict()`` plus each source as the epoch was planned
         (``"sources"``: dataset id, chunks, samples, the samples the epoch takes, window)."""
         state = super().state_dict()
-        marks = self._marks if self._marks is not None else self._info()[1]
-        state["sources"] = [dict(m) for m in marks]
+        if "sources" not in state:
+            marks = self._marks if self._marks is not None else self._info()[1]
+            state["sources"] = [dict(m) for m in marks]
         return state
+
+    def _identity(self):
+        """A mixture is its sources, in order (their weights may change between a checkpoint
+        and its resume: the resumed epoch keeps the checkpointed ones)."""
+        if getattr(self, "_ident", None) is None:
+            from . import _NativeDataset
+
+            self._ident = {"kind": "mixture",
+                           "sources": [dict(_NativeDataset(s).identity) for s in self.sources]}
+        return self._ident
 
     def load_state_dict(self, state):
         """Resumes from ``state_dict()`` of the same mixture (see the class documentation)."""

@@ -34,31 +34,39 @@ class WaitMeter:
         self.loader = loader
         self.batches = []
         self._wall = 0.0
+        self._tail = 0.0
 
     def __iter__(self):
+        """Every moment of the loop is a wait or a step: the first wait includes
+        ``iter(loader)`` (where DataLoader starts its workers), each step runs from the batch
+        handed to the loop until the loop asks for the next, and the last wait (for the
+        loader to say it is done: workers ending) is ``handoff_s`` of the report."""
         self.batches = []
-        t_start = time.perf_counter()
+        self._tail = 0.0
+        t_start = t0 = time.perf_counter()
         it = iter(self.loader)
-        t_step = None
+        stepping = None  # (record, when its batch was handed to the loop)
         try:
             while True:
-                t0 = time.perf_counter()
                 try:
                     batch = next(it)
                 except StopIteration:
+                    self._tail = time.perf_counter() - t0
                     break
                 t1 = time.perf_counter()
                 rec = self._attribute(batch, t1 - t0)
                 rec["step_s"] = 0.0
-                if t_step is not None:
-                    self.batches[-1]["step_s"] = t0 - t_step
                 self.batches.append(rec)
+                stepping = (rec, t1)
                 yield batch
-                t_step = time.perf_counter()
-            if t_step is not None and self.batches:
-                self.batches[-1]["step_s"] = t0 - t_step
+                t0 = time.perf_counter()
+                rec["step_s"] = t0 - t1
+                stepping = None
         finally:
-            self._wall = time.perf_counter() - t_start
+            now = time.perf_counter()
+            if stepping is not None:  # the loop stopped inside its step (break, an error)
+                stepping[0]["step_s"] = now - stepping[1]
+            self._wall = now - t_start
 
     @staticmethod
     def _attribute(batch, wait):
@@ -89,6 +97,9 @@ class WaitMeter:
         r = {"batches": n, "wall_s": self._wall}
         for k in ("wait_s", "step_s") + PARTS:
             r[k] = sum(b[k] for b in self.batches)
+        # The last wait, for the loader to end (no batch to attribute it to).
+        r["wait_s"] += self._tail
+        r["handoff_s"] += self._tail
         r["batches_per_s"] = n / self._wall if self._wall > 0 else 0.0
         r["data_free_batches_per_s"] = n / r["step_s"] if r["step_s"] > 0 else float("inf")
         return r
@@ -121,9 +132,9 @@ class WaitMeter:
         ]
         text = "\n".join(lines) + "\n"
         if path is not None:
-            path = os.fspath(path)
-            tmp = f"{path}.tmp.{os.getpid()}"
-            with open(tmp, "w") as f:
-                f.write(text)
-            os.replace(tmp, path)
+            from ._native import publish_file
+
+            # As every file granary writes: a temporary file of its own, then a rename over
+            # a regular file (never over a device, a link or a dataset's files).
+            publish_file(os.fspath(path), text.encode())
         return text

@@ -75,6 +75,25 @@ pub(crate) fn err(e: ReadError) -> PyErr {
     }
 }
 
+/// A 128-bit digest of a list of sample ids (two independent 64-bit lanes of a strong mixing
+/// function over the ids and their count): what names a view's selection in a resume state.
+fn ids_digest(ids: &[u64]) -> u128 {
+    let mix = |mut z: u64| {
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    };
+    let (mut a, mut b) = (
+        mix(ids.len() as u64 ^ 0x6772_616e),
+        mix(!(ids.len() as u64)),
+    );
+    for &id in ids {
+        a = mix(a ^ id).rotate_left(17);
+        b = mix(b.wrapping_add(id) ^ 0x9e37_79b9_7f4a_7c15).rotate_left(29);
+    }
+    (u128::from(a) << 64) | u128::from(b)
+}
+
 /// ENOENT (Linux), so that a missing object is a `FileNotFoundError` like a missing file.
 fn libc_enoent() -> i32 {
     2
@@ -319,6 +338,32 @@ impl Dataset {
         hex(&self.reader.dataset().snapshot().dataset_id())
     }
 
+    /// What a resume state pins: `{"kind": "dataset" | "view", "dataset": id, "generation":
+    /// appends so far, "samples": count}`, and of a view `"selected"` (its size) and
+    /// `"selection"`, a 128-bit digest of its sample ids.
+    #[getter]
+    fn identity<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let ds = self.reader.dataset();
+        let snap = ds.snapshot();
+        let d = PyDict::new(py);
+        d.set_item(
+            "kind",
+            if ds.view().is_some() {
+                "view"
+            } else {
+                "dataset"
+            },
+        )?;
+        d.set_item("dataset", hex(&snap.dataset_id()))?;
+        d.set_item("generation", snap.lineage().generation)?;
+        d.set_item("samples", snap.sample_count())?;
+        if let Some(v) = ds.view() {
+            d.set_item("selected", v.ids.len())?;
+            d.set_item("selection", format!("{:032x}", ids_digest(&v.ids)))?;
+        }
+        Ok(d)
+    }
+
     #[getter]
     fn chunk_count(&self) -> u64 {
         self.reader.dataset().chunk_count()
@@ -537,6 +582,20 @@ fn write_view(
     .map_err(err)
 }
 
+/// Writes a report (`WaitMeter.prometheus(path)`) as every file granary writes, refusing what
+/// is not a report's place (see `granary::write::publish_report`): a ValueError naming it.
+#[pyfunction]
+fn publish_file(py: Python<'_>, path: PathBuf, data: Vec<u8>) -> PyResult<()> {
+    py.detach(|| granary::write::publish_report(&path, &data))
+        .map_err(|e| match e.kind() {
+            std::io::ErrorKind::InvalidInput => PyValueError::new_err(e.to_string()),
+            _ => GranaryError::new_err((
+                e.raw_os_error().unwrap_or(0),
+                format!("{}: {e}", path.display()),
+            )),
+        })
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     // The reader's diagnostics (a full tier, a peer marked down) go to Python's `logging`
@@ -552,6 +611,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(stream::mixture_info, m)?)?;
     m.add_function(wrap_pyfunction!(io_backends, m)?)?;
     m.add_function(wrap_pyfunction!(write_view, m)?)?;
+    m.add_function(wrap_pyfunction!(publish_file, m)?)?;
     m.add("READER_DEFAULTS", stream::reader_defaults(m.py())?)?;
     m.add("WRITER_DEFAULTS", writer::writer_defaults(m.py())?)?;
     m.add_function(wrap_pyfunction!(writer::merge, m)?)?;

@@ -371,14 +371,27 @@ impl Stream {
         options: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Self> {
         let (shard, kw) = shard_and_options(py, "Stream", shard, options)?;
-        let resume = pop_keyword::<Option<(u64, u32, u32, Vec<u64>)>>("Stream", &kw, "resume")?
+        // (epoch, world size, workers, counts, the worker whose own state it is, and where
+        // an epoch resumed under another configuration got there: (world size, workers,
+        // counts)); see `granary::EpochState`.
+        type Then = (u32, u32, Vec<u64>);
+        type Resume = (u64, u32, u32, Vec<u64>, Option<u32>, Option<Then>);
+        let resume = pop_keyword::<Option<Resume>>("Stream", &kw, "resume")?
             .flatten()
-            .map(|(epoch, world_size, num_workers, consumed)| EpochState {
-                epoch,
-                world_size,
-                num_workers,
-                consumed,
-            });
+            .map(
+                |(epoch, world_size, num_workers, consumed, column, then)| EpochState {
+                    epoch,
+                    world_size,
+                    num_workers,
+                    consumed,
+                    column,
+                    then: then.map(|(world_size, num_workers, consumed)| granary::Continued {
+                        world_size,
+                        num_workers,
+                        consumed,
+                    }),
+                },
+            );
         let config = stream_config(&kw, shard.rank, shard.world_size)?;
         let cfg = store_config()?;
         let build = || -> Result<Stream, ReadError> {

@@ -173,3 +173,65 @@ def test_a_state_loaded_after_persistent_workers_started_is_refused(packed):
     ds.load_state_dict(state)
     with pytest.raises(RuntimeError, match="persistent workers"):
         _ids(loader)
+
+
+def _sdl_epoch(sdl, make, world, workers, state=None, steps=None, **kw):
+    """Every rank of ``world`` reads its share through a StatefulDataLoader with ``workers``
+    workers and default settings (a snapshot every step), from ``state`` if given; with
+    ``steps`` each rank stops there (ranks in lockstep) and rank 0's checkpoint is returned.
+    (source, id) pairs delivered, and the checkpoint."""
+    got, checkpoint = [], None
+    for rank in range(world):
+        ds = make(rank=rank, world_size=world)
+        dl = sdl.StatefulDataLoader(ds, batch_size=None, num_workers=workers, **kw)
+        if state is not None:
+            dl.load_state_dict(state)
+        for n, b in enumerate(dl):
+            src = b["source"].tolist() if "source" in b else [0] * len(b["id"])
+            got.extend(zip(src, b["id"].tolist()))
+            if steps is not None and n + 1 == steps:
+                if rank == 0:
+                    checkpoint = dl.state_dict()
+                break
+    return got, checkpoint
+
+
+@pytest.mark.parametrize("kind", ["dataset", "mixture"])
+@pytest.mark.parametrize("worlds", [(2, 3), (3, 2), (2, 1)])
+def test_stateful_dataloader_resumes_at_another_world_size_exactly(tmp_path, kind, worlds):
+    # The issue's case: StatefulDataLoader with default settings, 2 workers, a checkpoint at
+    # world size 2 resumed at 3 (and back): each sample of the epoch once, none twice.
+    import collections
+
+    sdl = pytest.importorskip("torchdata.stateful_dataloader")
+    from conftest import make_tree, run
+
+    paths = []
+    for name in ("a", "b"):
+        make_tree(tmp_path / name, 300, seed=len(paths))
+        out = tmp_path / f"{name}.granary"
+        run("pack", tmp_path / name, "-o", out, "--chunk-size", "8KiB")
+        paths.append(out)
+
+    def make(**kw):
+        if kind == "mixture":
+            return granary.Mixture(paths, weights=[0.6, 0.4], seed=4, batch_size=10, **kw)
+        return granary.IterableDataset(paths[0], seed=4, batch_size=10, **kw)
+
+    old, new = worlds
+    full = collections.Counter(_sdl_epoch(sdl, make, old, 2)[0])
+    first, state = _sdl_epoch(sdl, make, old, 2, steps=5)
+    # Checkpointed again after the resume, and resumed from that at the same world size.
+    second, state2 = _sdl_epoch(sdl, make, new, 2, state=state, steps=3)
+    rest, _ = _sdl_epoch(sdl, make, new, 2, state=state2)
+    got = collections.Counter(first + second + rest)
+    twice = {k: c for k, c in got.items() if c > full[k]}
+    assert not twice, f"{len(twice)} samples delivered twice"
+    missing = sum(full.values()) - sum(got.values())
+    # The equal cut per rank may leave out of each worker's rest fewer than a sample per new
+    # rank and source (drop_last), never more.
+    assert 0 <= missing < 2 * new * 2, missing
+    # A third world size within the epoch is refused, naming the one to use.
+    if new + 1 != old:
+        with pytest.raises(Exception, match="a third configuration"):
+            _sdl_epoch(sdl, make, new + 1, 2, state=state2)

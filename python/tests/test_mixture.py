@@ -150,11 +150,10 @@ def test_bad_mixtures_are_refused(three):
     single = granary.IterableDataset(paths[0]).state_dict()
     with pytest.raises(ValueError, match="not a mixture's"):
         mix.load_state_dict(single)
-    # The state of another mixture (its sources in another order) is refused when read.
+    # The state of another mixture (its sources in another order) is refused.
     other = granary.Mixture(list(reversed(paths)), weights=[1, 1, 1])
-    mix.load_state_dict(other.state_dict())
-    with pytest.raises(ValueError, match="source 0 was dataset"):
-        next(iter(mix))
+    with pytest.raises(ValueError, match="the state resumes mixture"):
+        mix.load_state_dict(other.state_dict())
 
 
 def test_importance_sampling_per_source(three, tmp_path):

@@ -73,3 +73,33 @@ def test_batches_without_waits_are_all_handoff(packed):
     assert abs(r["handoff_s"] - r["wait_s"]) < 1e-9
     with pytest.raises(ValueError, match="need batch_size"):
         granary.IterableDataset(packed, waits=True)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_the_meter_agrees_with_what_the_loop_measures(packed, workers, tmp_path):
+    # Every moment of the loop is a wait or a step: worker start-up and the final wait for
+    # the workers to end are waits; a step is the loop's own time (2 ms of work here).
+    import time
+
+    ds = granary.IterableDataset(packed, batch_size=16, waits=True, seed=1)
+    loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=workers)
+    meter = granary.WaitMeter(loader)
+    steps = 0.0
+    t_start = time.perf_counter()
+    for _ in meter:
+        s = time.perf_counter()
+        time.sleep(0.002)
+        steps += time.perf_counter() - s
+    wall = time.perf_counter() - t_start
+    waited = wall - steps
+    r = meter.report()
+    assert abs(r["wait_s"] - waited) <= 0.05 * waited + 0.002, (r, waited)
+    assert abs(r["step_s"] - steps) <= 0.05 * steps + 0.002, (r, steps)
+    assert abs(sum(r[k] for k in PARTS) - r["wait_s"]) < 1e-6
+    # Headspace from the step's own time: about 1 / 2 ms, not millions.
+    assert 0.8 * r["batches"] / steps <= r["data_free_batches_per_s"] <= r["batches"] / steps * 1.05
+    # Reports go where reports may: not over a device or a dataset's files.
+    with pytest.raises(ValueError, match="not a regular file"):
+        meter.prometheus("/dev/null")
+    with pytest.raises(ValueError, match="inside the dataset"):
+        meter.prometheus(os.path.join(packed, "waits.prom"))

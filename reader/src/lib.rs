@@ -30,7 +30,7 @@
 //!     }
 //! }
 //! // Resume epoch 3 after 1000 samples, even with another world size or worker count:
-//! let state = EpochState { epoch: 3, world_size: 1, num_workers: 1, consumed: vec![1000] };
+//! let state = EpochState { epoch: 3, world_size: 1, num_workers: 1, consumed: vec![1000], column: None, then: None };
 //! let rest = ds.stream_epoch(&plan, 3, shard, Some(&state), &StreamOptions::default())?;
 //! # drop(rest);
 //! # Ok(())
@@ -93,7 +93,7 @@ pub use options::{
 };
 pub use pathfmt::{escape_path, unescape_path};
 pub use plan::{
-    labels_from_class_counts, shuffle_quality, DatasetShape, EpochPlan, EpochState,
+    labels_from_class_counts, shuffle_quality, Continued, DatasetShape, EpochPlan, EpochState,
     KeyedPermutation, PlanOptions, Sampling, Shard, ShuffleMode, ShuffleQuality,
 };
 pub use random::SampleReader;

@@ -147,6 +147,19 @@ pub fn verify_with(path: &Path, cfg: &StoreConfig) -> VerifyReport {
             return r;
         }
     };
+    if let Some(v) = ds.view() {
+        r.notes.push(format!(
+            "{} is a view selecting {} of the {} samples of the dataset at {}: the whole \
+             dataset was verified (the counts below are the dataset's)",
+            path.display(),
+            v.ids.len(),
+            ds.len(),
+            ds.snapshot_path()
+                .parent()
+                .unwrap_or(Path::new("."))
+                .display()
+        ));
+    }
     let snap_loc = ds.snapshot_path().display().to_string();
     let snap = ds.snapshot();
     r.samples = snap.sample_count();

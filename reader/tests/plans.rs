@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 
-use granary::{DatasetShape, EpochPlan, EpochState, PlanOptions, Shard, ShuffleMode};
+use granary::{Continued, DatasetShape, EpochPlan, EpochState, PlanOptions, Shard, ShuffleMode};
 use proptest::prelude::*;
 
 /// Worker `worker` of `num_workers` on rank `rank` of `world_size`.
@@ -116,7 +116,7 @@ proptest! {
     fn resume_with_the_same_configuration_continues_exactly(shape in shape(), o in options(), world in 1u32..4, workers in 1u32..4, seedpos in any::<u64>()) {
         let shares = all_shares(&shape, &o, 1, world, workers);
         let consumed: Vec<u64> = shares.iter().flatten().enumerate().map(|(i, p)| (seedpos.rotate_left(i as u32 * 7)) % (p.len() as u64 + 1)).collect();
-        let st = EpochState { epoch: 1, world_size: world, num_workers: workers, consumed: consumed.clone() };
+        let st = EpochState { epoch: 1, world_size: world, num_workers: workers, consumed: consumed.clone(), column: None, then: None };
         for (i, p) in shares.iter().flatten().enumerate() {
             let s = shard(i as u32 / workers, world, i as u32 % workers, workers);
             let r = EpochPlan::build(&shape, &o, 1, s, Some(&st)).unwrap();
@@ -129,7 +129,7 @@ proptest! {
         prop_assume!((world, workers) != (world2, workers2));
         let shares = all_shares(&shape, &o, 2, world, workers);
         let consumed: Vec<u64> = shares.iter().flatten().enumerate().map(|(i, p)| (seedpos.rotate_left(i as u32 * 5)) % (p.len() as u64 + 1)).collect();
-        let st = EpochState { epoch: 2, world_size: world, num_workers: workers, consumed: consumed.clone() };
+        let st = EpochState { epoch: 2, world_size: world, num_workers: workers, consumed: consumed.clone(), column: None, then: None };
         let mut seen = counts(shares.iter().flatten().zip(&consumed).flat_map(|(p, &c)| p.samples[..c as usize].iter().copied()));
         let planned = counts(shares.iter().flatten().flat_map(|p| p.samples.iter().copied()));
         let mut after: Vec<usize> = Vec::new();
@@ -160,6 +160,73 @@ proptest! {
         }
         let delivered_after: usize = after.iter().sum();
         prop_assert!(delivered_after.abs_diff(remaining) < world2 as usize, "{} after, {} remaining", delivered_after, remaining);
+    }
+
+    /// An epoch resumed under another configuration and checkpointed there goes on exactly
+    /// from that checkpoint at that configuration; a third configuration is refused.
+    #[test]
+    fn a_resumed_epoch_checkpointed_again_goes_on_exactly(shape in shape(), o in options(), world in 1u32..4, workers in 1u32..3, world2 in 1u32..4, workers2 in 1u32..3, seedpos in any::<u64>()) {
+        prop_assume!((world, workers) != (world2, workers2));
+        let shares = all_shares(&shape, &o, 5, world, workers);
+        let consumed: Vec<u64> = shares.iter().flatten().enumerate().map(|(i, p)| (seedpos.rotate_left(i as u32 * 3)) % (p.len() as u64 + 1)).collect();
+        let first = EpochState { epoch: 5, world_size: world, num_workers: workers, consumed, column: None, then: None };
+        let slots: Vec<Shard> = (0..world2 * workers2).map(|i| shard(i / workers2, world2, i % workers2, workers2)).collect();
+        let resumed: Vec<EpochPlan> = slots.iter().map(|&s| EpochPlan::build(&shape, &o, 5, s, Some(&first)).unwrap()).collect();
+        let again: Vec<u64> = resumed.iter().enumerate().map(|(i, p)| seedpos.rotate_right(i as u32 * 7) % (p.len() as u64 + 1)).collect();
+        let st = EpochState { then: Some(Continued { world_size: world2, num_workers: workers2, consumed: again.clone() }), ..first.clone() };
+        for ((s, p), &n) in slots.iter().zip(&resumed).zip(&again) {
+            let rest = EpochPlan::build(&shape, &o, 5, *s, Some(&st)).unwrap();
+            prop_assert_eq!(&rest.samples[..], &p.samples[n as usize..]);
+        }
+        let e = EpochPlan::build(&shape, &o, 5, shard(0, world2 + 1, 0, workers2), Some(&st)).unwrap_err();
+        prop_assert!(e.contains("a third configuration"), "{}", e);
+    }
+
+    /// StatefulDataLoader's way: every worker keeps its own state (its own count, the same on
+    /// every rank as ranks run in lockstep) and is restored from it, at any world size with
+    /// the same worker count. Together the new workers deliver the rest of the epoch: nothing
+    /// twice, and with drop_last fewer than world2 left out per worker column.
+    #[test]
+    fn each_workers_own_state_resumes_the_epoch_at_another_world_size(shape in shape(), o in options(), world in 1u32..4, workers in 1u32..4, world2 in 1u32..5, seedpos in any::<u64>()) {
+        let shares = all_shares(&shape, &o, 3, world, workers);
+        // Worker k's count, the same on every rank (lockstep: rank 0's share is as long).
+        let per_worker: Vec<u64> = (0..workers as usize).map(|k| seedpos.rotate_left(k as u32 * 11) % (shares[0][k].len() as u64 + 1)).collect();
+        let consumed: Vec<u64> = (0..world * workers).map(|i| per_worker[(i % workers) as usize]).collect();
+        let mut seen = counts(shares.iter().flatten().zip(&consumed).flat_map(|(p, &c)| p.samples[..(c as usize).min(p.len())].iter().copied()));
+        let planned = counts(shares.iter().flatten().flat_map(|p| p.samples.iter().copied()));
+        let mut after: Vec<usize> = vec![0; world2 as usize];
+        for k in 0..workers {
+            // The state worker k saved: its own column alone is known.
+            let mut own = vec![0; consumed.len()];
+            for r in 0..world {
+                own[(r * workers + k) as usize] = per_worker[k as usize];
+            }
+            let st = EpochState { epoch: 3, world_size: world, num_workers: workers, consumed: own, column: Some(k), then: None };
+            for (r, total) in after.iter_mut().enumerate() {
+                let p = EpochPlan::build(&shape, &o, 3, shard(r as u32, world2, k, workers), Some(&st)).unwrap();
+                *total += p.len();
+                for id in p.samples {
+                    *seen.entry(id).or_default() += 1;
+                }
+            }
+            // Another worker's index, or another worker count, is refused.
+            if workers > 1 {
+                prop_assert!(EpochPlan::build(&shape, &o, 3, shard(0, world2, (k + 1) % workers, workers), Some(&st)).is_err());
+            }
+            prop_assert!(EpochPlan::build(&shape, &o, 3, shard(0, world2, 0, workers + 1), Some(&st)).is_err());
+        }
+        prop_assert!(after.windows(2).all(|w| w[0] == w[1]), "unequal ranks after resume {:?}", after);
+        for (id, &c) in &planned {
+            let got = seen.get(id).copied().unwrap_or(0);
+            if o.drop_last {
+                prop_assert!(got <= c, "sample {} delivered {} times, planned {}", id, got, c);
+            } else {
+                prop_assert!(got >= c, "sample {} delivered {} times, planned {}", id, got, c);
+            }
+        }
+        let remaining: usize = planned.values().sum::<usize>() - consumed.iter().zip(shares.iter().flatten()).map(|(&c, p)| (c as usize).min(p.len())).sum::<usize>();
+        let delivered_after: usize = after.iter().sum();
+        prop_assert!(delivered_after.abs_diff(remaining) < (world2 * workers) as usize, "{} after, {} remaining", delivered_after, remaining);
     }
 }
 
@@ -226,6 +293,8 @@ fn resume_at_every_position_same_and_other_configuration() {
                 world_size: 1,
                 num_workers: 1,
                 consumed: vec![done],
+                column: None,
+                then: None,
             };
             let same = EpochPlan::build(&shape, &o, 0, Shard::WHOLE, Some(&st)).unwrap();
             assert_eq!(
@@ -318,6 +387,8 @@ fn importance_plans_are_deterministic_partitioned_resumable_and_weighted() {
                 world_size: 3,
                 num_workers: 2,
                 consumed,
+                column: None,
+                then: None,
             };
             let rest = build(s, Some(&st));
             assert_eq!(rest.samples, p.samples[17..]);

@@ -349,6 +349,13 @@ pub struct MixState {
     pub num_workers: u32,
     pub consumed: Vec<u64>,
     pub sources: Vec<SourceMark>,
+    /// One loader worker's own state (see [`EpochState::column`]).
+    #[serde(default)]
+    pub column: Option<u32>,
+    /// Where the epoch got under another configuration it was resumed at (see
+    /// [`EpochState::then`]).
+    #[serde(default)]
+    pub then: Option<crate::Continued>,
 }
 
 /// One source of a plan: its shape (with [`DatasetShape::take`] set to its epoch count), its
@@ -466,6 +473,8 @@ impl MixPlan {
                     world_size: old_w,
                     num_workers: old_k,
                     consumed: consumed.clone(),
+                    column: st.column,
+                    then: None,
                 };
                 plan(i, sh, &s.options, shard, Some(&state))
             })
@@ -475,16 +484,36 @@ impl MixPlan {
             Some((counts, after)) => Interleave::resume(&counts, &after),
             None => Interleave::new(&parts.iter().map(|p| p.len() as u64).collect::<Vec<_>>()),
         };
-        Ok(MixPlan {
+        let mut plan = MixPlan {
             epoch,
             parts,
             order,
-        })
+        };
+        if let Some(then) = &st.then {
+            // Read on under the configuration it was resumed at: less what this shard
+            // delivered there.
+            plan.skip(&shapes, then.done_by(&shard)?);
+        }
+        Ok(plan)
     }
 
     /// Samples in the plan.
     pub fn len(&self) -> u64 {
         self.order.remaining()
+    }
+
+    /// Drops the first `n` deliveries of the plan (`shapes`: its sources' shapes).
+    fn skip(&mut self, shapes: &[DatasetShape], n: u64) {
+        let mut taken = vec![0usize; self.parts.len()];
+        for _ in 0..n {
+            match self.order.next() {
+                Some(i) => taken[i] += 1,
+                None => break,
+            }
+        }
+        for ((p, shape), t) in self.parts.iter_mut().zip(shapes).zip(taken) {
+            p.skip(shape, t);
+        }
     }
 
     /// True when the plan delivers nothing.

@@ -421,6 +421,8 @@ impl MixReader {
             num_workers,
             consumed: vec![0; (world_size * num_workers) as usize],
             sources: self.plan_sources()?.into_iter().map(|s| s.mark).collect(),
+            column: None,
+            then: None,
         })
     }
 }

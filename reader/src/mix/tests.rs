@@ -309,6 +309,8 @@ fn check_resume(
         num_workers: from.1,
         consumed,
         sources: src.iter().map(|s| s.mark.clone()).collect(),
+        column: None,
+        then: None,
     };
     let mut lens = Vec::new();
     for s in shards(to.0, to.1) {
@@ -396,6 +398,8 @@ fn the_same_configuration_resumes_exactly_where_it_stopped() {
         num_workers: 2,
         consumed: vec![5, 9, 0, 3],
         sources: src.iter().map(|s| s.mark.clone()).collect(),
+        column: None,
+        then: None,
     };
     st.consumed[2] = 23; // this shard's slot: rank 1, worker 0
     let rest = MixPlan::build(&src, 2, s, Some(&st)).unwrap().sequence();
@@ -412,6 +416,8 @@ fn new_weights_and_new_generations_wait_for_the_next_epoch() {
         num_workers: 1,
         consumed: vec![0, 0],
         sources: src.iter().map(|s| s.mark.clone()).collect(),
+        column: None,
+        then: None,
     };
     // Other weights now, and source 1 gained a generation (three more chunks).
     let mut now = src.clone();
@@ -498,6 +504,8 @@ fn importance_sampled_parts_draw_their_counts_and_resume() {
         num_workers: 1,
         consumed: vec![0],
         sources: src.iter().map(|s| s.mark.clone()).collect(),
+        column: None,
+        then: None,
     };
     assert_eq!(run(1, Some(&st)), whole);
     // 100 delivered at 1 rank, the rest at 2 ranks: nothing twice, fewer than 2 of each

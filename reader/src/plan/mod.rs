@@ -131,12 +131,53 @@ impl Shard {
 /// (rank, worker) had consumed, indexed `rank * num_workers + worker`. A small state: resuming
 /// from it with the same configuration continues exactly; with another world size or worker
 /// count the rest of the epoch is redistributed, never repeating or skipping a sample.
+///
+/// `column: Some(w)` is the state of one loader worker `w` (what StatefulDataLoader keeps: each
+/// worker's own state, restored into the worker of the same index). Only column `w`'s counts
+/// are known (ranks advance in lockstep, so they are the same on every rank); such a state
+/// resumes worker `w` of a configuration with as many workers: exactly, at the same world
+/// size; at another, the rest of column `w` over all old ranks is cut among the new ranks'
+/// workers `w`. Together the workers of every new rank read the rest of the epoch once.
+///
+/// `then`: the epoch was resumed from this state under another configuration and read on
+/// there before it was checkpointed again (see [`Continued`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EpochState {
     pub epoch: u64,
     pub world_size: u32,
     pub num_workers: u32,
     pub consumed: Vec<u64>,
+    pub column: Option<u32>,
+    pub then: Option<Continued>,
+}
+
+/// How far an epoch resumed under another configuration got there: the configuration and how
+/// many samples each of its (rank, worker) delivered of its resumed plan. Such a state resumes
+/// at that configuration (each shard skips its count of the resumed plan); a third
+/// configuration within one epoch is refused, naming the one to use.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Continued {
+    pub world_size: u32,
+    pub num_workers: u32,
+    pub consumed: Vec<u64>,
+}
+
+impl Continued {
+    /// How many samples `shard` delivered of its resumed plan, or why `shard` cannot go on
+    /// from this state.
+    pub fn done_by(&self, shard: &Shard) -> Result<u64, String> {
+        if (shard.world_size, shard.num_workers) != (self.world_size, self.num_workers)
+            || self.consumed.len() != (self.world_size * self.num_workers) as usize
+        {
+            return Err(format!(
+                "this epoch was resumed at world size {} with {} loader workers and checkpointed \
+                 there; resume it with that configuration (not world size {} with {} workers: \
+                 a third configuration within one epoch is not supported), or at the next epoch",
+                self.world_size, self.num_workers, shard.world_size, shard.num_workers
+            ));
+        }
+        Ok(self.consumed[(shard.rank * shard.num_workers + shard.worker) as usize])
+    }
 }
 
 /// The shape of a dataset that plans depend on: the sample range of every chunk.
@@ -879,6 +920,18 @@ impl EpochPlan {
         let Some(st) = resume else {
             return Ok(fresh(shape, o, epoch, &shard, probs));
         };
+        if let Some(then) = &st.then {
+            // Resumed under `then`'s configuration first: this shard's part of that, less
+            // what it delivered there.
+            let done = then.done_by(&shard)?;
+            let first = EpochState {
+                then: None,
+                ..st.clone()
+            };
+            let mut p = Self::build_inner(shape, o, epoch, shard, Some(&first), probs)?;
+            p.skip(shape, done as usize);
+            return Ok(p);
+        }
         if st.epoch != epoch {
             return Err(format!(
                 "resume state is for epoch {}, not {epoch}",
@@ -897,6 +950,16 @@ impl EpochPlan {
                 old.1
             ));
         }
+        if let Some(col) = st.column {
+            if col >= old.1 || shard.num_workers != old.1 || shard.worker != col {
+                return Err(format!(
+                    "resume state of loader worker {col} of {} (one worker's own state, as \
+                     StatefulDataLoader keeps them) resumes worker {col} of {} workers, not \
+                     worker {} of {}",
+                    old.1, old.1, shard.worker, shard.num_workers
+                ));
+            }
+        }
         if old == (shard.world_size, shard.num_workers) {
             // Same configuration: continue exactly where this shard stopped.
             let mut p = fresh(shape, o, epoch, &shard, probs);
@@ -905,12 +968,27 @@ impl EpochPlan {
             return Ok(p);
         }
         // Another configuration: what the old shards had not delivered yet is cut again for
-        // the new ranks and workers.
-        let part = match (o.mode, probs) {
-            (ShuffleMode::Global, None) => {
-                global_rest_part(shape, o, epoch, &shard, old, &st.consumed)
+        // the new ranks and workers; of a worker's own state, what its column had not
+        // delivered, for the new ranks' workers of that index (the other columns count as
+        // delivered: their workers cut theirs).
+        let (consumed, cut) = match st.column {
+            None => (st.consumed.clone(), shard),
+            Some(col) => {
+                let known = |i: usize| i as u32 % old.1 == col;
+                let consumed = (st.consumed.iter().enumerate())
+                    .map(|(i, &c)| if known(i) { c } else { u64::MAX })
+                    .collect();
+                let cut = Shard {
+                    worker: 0,
+                    num_workers: 1,
+                    ..shard
+                };
+                (consumed, cut)
             }
-            _ => chunk_rest_part(shape, o, epoch, &shard, old, &st.consumed, probs),
+        };
+        let part = match (o.mode, probs) {
+            (ShuffleMode::Global, None) => global_rest_part(shape, o, epoch, &cut, old, &consumed),
+            _ => chunk_rest_part(shape, o, epoch, &cut, old, &consumed, probs),
         };
         Ok(windows(shape, o, epoch, &shard, part))
     }

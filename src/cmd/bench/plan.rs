@@ -103,6 +103,8 @@ pub fn run(a: PlanArgs) -> anyhow::Result<ExitCode> {
             world_size: w,
             num_workers: 1,
             consumed: vec![half; w as usize],
+            column: None,
+            then: None,
         }
     });
     let t1 = Instant::now();
