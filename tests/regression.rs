@@ -588,3 +588,185 @@ fn concurrent_upgrades_of_one_dataset_all_end_in_the_upgraded_dataset() {
         assert!(ds.join("snapshot-1.x.gsnap").is_file());
     }
 }
+
+#[test]
+fn a_view_is_what_cat_info_and_verify_speak_of() {
+    let tmp = tempfile::tempdir().unwrap();
+    let files = numbered_tree(60, 3, |_| 100);
+    let ds = packed_tree(&tmp.path().join("src"), &files, &tmp.path().join("ds"), &[]);
+    let view = tmp.path().join("c1.gview");
+    run_ok([
+        "view".as_ref(),
+        ds.as_os_str(),
+        "-o".as_ref(),
+        view.as_os_str(),
+        "--class".as_ref(),
+        "c1".as_ref(),
+    ]);
+    let d = granary::Dataset::open(&view).unwrap();
+    let inside = d.view().unwrap().ids[0];
+    let outside = (0..d.len()).find(|&i| !d.selects(i)).unwrap();
+    run_ok([
+        "cat".as_ref(),
+        view.as_os_str(),
+        "--id".as_ref(),
+        inside.to_string().as_ref(),
+    ]);
+    let o = run([
+        "cat".as_ref(),
+        view.as_os_str(),
+        "--id".as_ref(),
+        outside.to_string().as_ref(),
+    ]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        stderr(&o).contains(&format!("no sample {outside} there")),
+        "{}",
+        stderr(&o)
+    );
+    assert!(o.stdout.is_empty());
+    let o = run_ok(["info".as_ref(), view.as_os_str()]);
+    assert!(
+        stdout(&o).contains("selects        20 of the dataset's 60 samples"),
+        "{}",
+        stdout(&o)
+    );
+    let o = run_ok(["verify".as_ref(), view.as_os_str()]);
+    assert!(
+        stdout(&o).contains("is a view selecting 20 of the 60 samples"),
+        "{}",
+        stdout(&o)
+    );
+    // A damaged view is made again: nothing points at the dataset's snapshot.
+    let mut b = std::fs::read(&view).unwrap();
+    let mid = b.len() / 2;
+    b[mid] ^= 0xff;
+    std::fs::write(&view, &b).unwrap();
+    let o = run(["info".as_ref(), view.as_os_str()]);
+    assert!(
+        stderr(&o).contains("make it again with `granary view`"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(!stderr(&o).contains("reindex"), "{}", stderr(&o));
+}
+
+#[test]
+fn cat_reads_names_as_ls_shows_them() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    write_tree(
+        &src,
+        &[
+            (b"p\\q".to_vec(), b"one".to_vec()),
+            (b"p\\\\q".to_vec(), b"two".to_vec()),
+        ],
+    );
+    let ds = tmp.path().join("ds");
+    assert!(pack(&src, &ds, &[]).status.success());
+    let listed = stdout(&run_ok(["ls".as_ref(), ds.as_os_str()]));
+    let names: Vec<&str> = listed.lines().collect();
+    assert_eq!(names, ["p\\\\\\\\q", "p\\\\q"]);
+    for (name, want) in names.iter().zip(["two", "one"]) {
+        let o = run_ok(["cat".as_ref(), ds.as_os_str(), name.as_ref()]);
+        assert_eq!(o.stdout, want.as_bytes(), "{name}");
+    }
+}
+
+#[test]
+fn a_pack_that_fails_in_its_scan_leaves_nothing_that_blocks_the_next() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    write_tree(&src, &numbered_tree(5, 1, |_| 10));
+    let list = tmp.path().join("list");
+    let first = read_tree(&src)[0].0.clone();
+    std::fs::write(&list, [&first[..], b"\nmissing/file\n"].concat()).unwrap();
+    let out = tmp.path().join("out");
+    let o = pack(&src, &out, &["--files-from", list.to_str().unwrap()]);
+    assert!(!o.status.success());
+    assert!(!tmp.path().join(".out.partial").exists());
+    std::fs::write(&list, [&first[..], b"\n"].concat()).unwrap();
+    let o = pack(&src, &out, &["--files-from", list.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    // A chunk size larger than the machine can allocate packs with buffers of what is there.
+    let o = pack(&src, &tmp.path().join("big"), &["--chunk-size", "1TiB"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+}
+
+#[test]
+fn the_view_help_example_selects_something() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    write_tree(
+        &src,
+        &[
+            (b"train/part-0/a/x.jpg".to_vec(), b"1".to_vec()),
+            (b"train/part-0/y.jpg".to_vec(), b"2".to_vec()),
+            (b"train/part-0/z.txt".to_vec(), b"3".to_vec()),
+            (b"train/part-1/w.jpg".to_vec(), b"4".to_vec()),
+        ],
+    );
+    let ds = tmp.path().join("ds");
+    assert!(pack(&src, &ds, &[]).status.success());
+    let help = stdout(&run_ok(["view", "--help"]));
+    let line = help.lines().find(|l| l.contains("--glob '")).unwrap();
+    let glob = line.split('\'').nth(1).unwrap();
+    let prefix = line
+        .split("--prefix ")
+        .nth(1)
+        .unwrap()
+        .split(' ')
+        .next()
+        .unwrap();
+    let v = tmp.path().join("v.gview");
+    let o = run_ok([
+        "view".as_ref(),
+        ds.as_os_str(),
+        "--prefix".as_ref(),
+        prefix.as_ref(),
+        "--glob".as_ref(),
+        glob.as_ref(),
+        "-o".as_ref(),
+        v.as_os_str(),
+    ]);
+    assert!(stdout(&o).contains("2 of 4 samples"), "{}", stdout(&o));
+}
+
+#[test]
+fn mixture_numbers_past_their_bound_are_refused_before_planning() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut ds = Vec::new();
+    for name in ["a", "b", "c"] {
+        let files = numbered_tree(20, 1, |_| 10);
+        ds.push(packed_tree(
+            &tmp.path().join(format!("src-{name}")),
+            &files,
+            &tmp.path().join(name),
+            &[],
+        ));
+    }
+    let d: Vec<&str> = ds.iter().map(|p| p.to_str().unwrap()).collect();
+    for (extra, want) in [
+        (
+            vec!["--weights", "1e305,1,1", "--epoch-size", "100000000000"],
+            "an epoch size of 100000000000",
+        ),
+        (
+            vec!["--weights", "repeat=1e300,repeat=1,repeat=1"],
+            "repeat=1e300 of 20 samples",
+        ),
+        (
+            vec!["--weights", "choose=18446744073709551615,repeat=1,repeat=1"],
+            "at most 4294967296 samples",
+        ),
+        (
+            vec!["--weights", "1,1,1", "--epoch-size", "18446744073709551615"],
+            "at most 4294967296 samples",
+        ),
+        (vec!["--weights", "1e308,1e308,1e-300"], "too small beside"),
+    ] {
+        let o = run([&["read"], &d[..], &extra[..]].concat());
+        assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+        assert!(stderr(&o).contains(want), "{extra:?}: {}", stderr(&o));
+    }
+}

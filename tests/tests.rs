@@ -5,6 +5,7 @@ mod common;
 mod chaos;
 mod cli;
 mod conformance;
+mod crash;
 mod faults;
 mod golden;
 mod mix;

@@ -224,8 +224,11 @@ fn read_chunk(
     let chunk_size = usize::try_from(b.opts.output.chunk_size).unwrap_or(usize::MAX);
     let mut arena = match arena {
         Some(a) if a.as_slice().len() >= total => a,
-        // Room for a whole chunk: a reused arena then fits the chunks that follow.
+        // Room for a whole chunk: a reused arena then fits the chunks that follow. Where
+        // that is more than the machine gives (`--chunk-size 1TiB`), room for this chunk's
+        // files alone.
         _ => AlignedBuf::try_new(total.max(chunk_size.saturating_add(CHUNK_HEADER_LEN)))
+            .or_else(|| AlignedBuf::try_new(total))
             .ok_or_else(|| {
                 PackError::Usage(format!(
                     "cannot allocate {total} bytes to read chunk {c}'s files"

@@ -277,25 +277,60 @@ pub(crate) fn spooled_builder(
 }
 
 /// Moves the finished work directory to `out`, replacing an existing `out` (only reached with
-/// `--force`, and only if it is a granary dataset) by first moving it aside, so that `out` is
-/// never missing a complete dataset.
+/// `--force`, and only if it is a granary dataset) in one step: the two directories are
+/// exchanged (`renameat2(RENAME_EXCHANGE)`), so that `out` holds the old dataset or the new
+/// one at every moment, then the old one is moved to a name of its own and removed. Where
+/// the file system cannot exchange, the old one is first moved aside (a moment without `out`).
 fn publish_dataset(work: &Path, out: &Path) -> Result<(), PackError> {
+    use granary_store::write::crash_point;
     let parent = out
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
         .unwrap_or(Path::new("."));
+    let mut old_prefix = std::ffi::OsString::from(".");
+    old_prefix.push(out.file_name().unwrap_or_default());
+    old_prefix.push(".old-");
+    // Datasets replaced by a publish that was killed before it removed them (publishes of
+    // `out` take turns: the caller holds the build's lock).
+    if let Ok(rd) = std::fs::read_dir(parent) {
+        let prefix = old_prefix.as_encoded_bytes();
+        for e in rd.flatten() {
+            if e.file_name().as_encoded_bytes().starts_with(prefix) {
+                let stale = e.path();
+                if output::check_replaceable(&stale, output::Kind::Dataset).is_ok() {
+                    crash_point("remove", &stale);
+                    std::fs::remove_dir_all(&stale)
+                        .map_err(|e| PackError::io("removing", &stale, e))?;
+                }
+            }
+        }
+    }
     if std::fs::symlink_metadata(out).is_ok() {
         // Checked at the start too; something may have appeared there since.
         output::check_replaceable(out, output::Kind::Dataset)?;
-        let mut old_name = std::ffi::OsString::from(".");
-        old_name.push(out.file_name().unwrap_or_default());
-        old_name.push(format!(".old-{}", std::process::id()));
+        let mut old_name = old_prefix;
+        old_name.push(std::process::id().to_string());
         let old = parent.join(old_name);
-        std::fs::rename(out, &old).map_err(|e| PackError::io("moving aside", out, e))?;
-        std::fs::rename(work, out).map_err(|e| PackError::io("renaming", work, e))?;
+        crash_point("exchange", out);
+        let cwd = rustix::fs::CWD;
+        match rustix::fs::renameat_with(cwd, work, cwd, out, rustix::fs::RenameFlags::EXCHANGE) {
+            Ok(()) => {
+                // The old dataset is where the build was.
+                crash_point("rename", work);
+                std::fs::rename(work, &old).map_err(|e| PackError::io("moving aside", work, e))?;
+            }
+            Err(rustix::io::Errno::INVAL | rustix::io::Errno::NOSYS) => {
+                std::fs::rename(out, &old).map_err(|e| PackError::io("moving aside", out, e))?;
+                crash_point("rename", work);
+                std::fs::rename(work, out).map_err(|e| PackError::io("renaming", work, e))?;
+            }
+            Err(e) => return Err(PackError::io("exchanging with", out, e.into())),
+        }
         sync_dir(parent)?;
+        crash_point("remove", &old);
         std::fs::remove_dir_all(&old).map_err(|e| PackError::io("removing", &old, e))?;
     } else {
+        crash_point("rename", work);
         std::fs::rename(work, out).map_err(|e| PackError::io("renaming", work, e))?;
         sync_dir(parent)?;
     }

@@ -15,7 +15,7 @@ use indicatif::ProgressStyle;
 use rayon::prelude::*;
 
 use crate::plan::{self, Plan};
-use crate::publish::{full_summary, Target};
+use crate::publish::{full_summary, write_snapshot_pending, Target};
 use crate::{
     empty_summary, finished_shard, hex_id, in_dataset, make_plan, output, progress_bar,
     remove_owned_chunks, scan_source, settings_text, shard, shared_key_of, slimmed,
@@ -98,9 +98,17 @@ fn run_kept(
         _ => None,
     };
     let scan_start = Instant::now();
-    let plan = match run.plan_or_resume(existed)? {
-        Next::Go(plan) => plan,
-        Next::Done(summary) => return Ok(*summary),
+    let plan = match run.plan_or_resume(existed) {
+        Ok(Next::Go(plan)) => plan,
+        Ok(Next::Done(summary)) => return Ok(*summary),
+        Err(e) => {
+            // Failed before a plan was saved (in the scan, say): a build directory this run
+            // made holds nothing to resume and would only block the next run.
+            if !existed && std::fs::read_dir(&work).is_ok_and(|mut d| d.next().is_none()) {
+                let _ = std::fs::remove_dir(&work);
+            }
+            return Err(e);
+        }
     };
     *kept = Some(work);
     let scan_s = scan_start.elapsed().as_secs_f64();
@@ -238,7 +246,10 @@ impl Run<'_> {
                     Ok(None)
                 }
             }
-        } else if self.opts.output.force {
+        } else if self.opts.output.force || !work.join(PLAN_FILE).exists() {
+            // Without a plan there is nothing to resume (a run stopped before its scan ended,
+            // or one killed while it published: the dataset it replaced waits there to be
+            // removed): it goes, as `--resume` would start over too.
             output::empty_dir(work)?;
             Ok(None)
         } else {
@@ -606,8 +617,20 @@ impl Run<'_> {
                 });
                 // The switch: readers that open from now on see the new generation; the old
                 // snapshot stays valid for those that have it open (its chunks are all still
-                // here).
-                totals.bytes_out += write_snapshot_atomic(&out.join(SNAPSHOT_FILE), builder)?;
+                // here). The plan goes just before it: killed between the two, the next
+                // append starts over (its chunks past the dataset's are removed); killed
+                // after it, the next append finds the new generation and a build directory
+                // without a plan, which it clears.
+                let (pending, len) = write_snapshot_pending(&out.join(SNAPSHOT_FILE), builder)?;
+                let plan_path = work.join(PLAN_FILE);
+                granary_store::write::crash_point("remove", &plan_path);
+                std::fs::remove_file(&plan_path)
+                    .map_err(|e| PackError::io("removing", &plan_path, e))?;
+                pending
+                    .publish()
+                    .map_err(|e| PackError::io("renaming into place", out, e))?;
+                totals.bytes_out += len;
+                granary_store::write::crash_point("remove", work);
                 std::fs::remove_dir_all(work).map_err(|e| PackError::io("removing", work, e))?;
                 sync_dir(out)?;
                 ("append", generation)

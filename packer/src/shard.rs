@@ -335,6 +335,11 @@ fn filler_chunk(dataset_id: [u8; 16], id: u32, classes: &[Vec<u8>]) -> (Vec<u8>,
 /// it is, and a merge interrupted after its snapshot finishes.
 pub fn merge(ds: &Path) -> Result<MergeSummary, PackError> {
     let t0 = Instant::now();
+    // A second merge of the same parts waits, then finds them merged.
+    let _lock = match ds.is_dir() {
+        true => Some(crate::output::DatasetLock::take(ds, "merge")?),
+        false => None,
+    };
     let (specs, files) = list_parts(ds)?;
     let snap_path = ds.join(SNAPSHOT_FILE);
     if specs.is_empty() {

@@ -31,6 +31,23 @@ pub struct Args {
 
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     let ds = open_dataset(&a.dataset)?;
+    if let Some(id) = a.id {
+        // Through a view, only its samples: as PATH finds only the view's.
+        if id >= ds.len() || !ds.selects(id) {
+            bail!(
+                "{}: no sample {id} there ({})",
+                a.dataset.display(),
+                match ds.view() {
+                    Some(v) => format!("a view of {} samples of its dataset", v.ids.len()),
+                    None => format!(
+                        "out of range: {} samples, ids 0 to {}",
+                        ds.len(),
+                        ds.len().saturating_sub(1)
+                    ),
+                }
+            );
+        }
+    }
     if ds.has_fields() {
         return cat_field(&ds, &a);
     }
@@ -40,14 +57,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     let id = match (a.id, &a.path) {
         (Some(id), _) => id,
         (None, Some(p)) => {
-            let raw = p.as_bytes();
-            let found = match ds.lookup(raw)? {
-                Some(id) => Some(id),
-                None => match granary::unescape_path(raw) {
-                    Some(u) if u != raw => ds.lookup(&u)?,
-                    _ => None,
-                },
-            };
+            let found = find(p.as_bytes(), |n| ds.lookup(n))?;
             match found {
                 Some(id) => id,
                 None => bail!(
@@ -88,13 +98,7 @@ fn cat_field(ds: &granary::Dataset, a: &Args) -> anyhow::Result<ExitCode> {
         }
         (None, Some(p)) => {
             let raw = p.as_bytes();
-            let found = match ds.lookup_field(raw)? {
-                Some(x) => Some(x),
-                None => match granary::unescape_path(raw) {
-                    Some(u) if u != raw => ds.lookup_field(&u)?,
-                    _ => None,
-                },
-            };
+            let found = find(raw, |n| ds.lookup_field(n))?;
             match found {
                 Some(x) => x,
                 None => {
@@ -132,4 +136,18 @@ fn cat_field(ds: &granary::Dataset, a: &Args) -> anyhow::Result<ExitCode> {
     out.write_all(&data)?;
     out.flush()?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// Finds the file named `raw` as `ls` shows names first (`p\\q` is the file `p\q`), then as
+/// given (a name that is no escaped form, or names nothing unescaped).
+fn find<T>(
+    raw: &[u8],
+    lookup: impl Fn(&[u8]) -> granary::Result<Option<T>>,
+) -> granary::Result<Option<T>> {
+    if let Some(u) = granary::unescape_path(raw).filter(|u| u != raw) {
+        if let Some(x) = lookup(&u)? {
+            return Ok(Some(x));
+        }
+    }
+    lookup(raw)
 }

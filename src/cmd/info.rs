@@ -73,11 +73,30 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
             "directories": snap.dir_count(),
             "fields": fields,
             "field_types": field_types,
+            "view": ds.view().map(|v| json!({
+                "file": v.file.display().to_string(),
+                "description": v.description,
+                "selected": v.ids.len(),
+            })),
         });
         super::print_json(&v)?;
         return Ok(ExitCode::SUCCESS);
     }
-    writeln!(out, "dataset        {}", a.dataset.display())?;
+    match ds.view() {
+        // What the user named is a view: say so first; the rest is its dataset's.
+        Some(v) => {
+            writeln!(out, "view           {}", a.dataset.display())?;
+            writeln!(
+                out,
+                "selects        {} of the dataset's {} samples ({})",
+                v.ids.len(),
+                ds.len(),
+                v.description
+            )?;
+            writeln!(out, "of dataset     (below)")?;
+        }
+        None => writeln!(out, "dataset        {}", a.dataset.display())?,
+    }
     writeln!(out, "format         {major}.{minor}")?;
     let lineage = ds.snapshot().lineage();
     if lineage.generation > 0 {

@@ -60,6 +60,8 @@ pub fn open_dataset(path: &Path) -> anyhow::Result<granary::Dataset> {
         let hint = match &e {
             // An older format is no damage: the error names `granary upgrade`.
             e if e.to_string().contains("granary upgrade") => "",
+            // A damaged view is made again; its dataset needs nothing.
+            _ if is_view_file(path) => " (a damaged view file: make it again with `granary view`)",
             granary::ReadError::Store(
                 granary::StoreError::Format { .. } | granary::StoreError::Damaged { .. },
             ) => {
@@ -69,6 +71,15 @@ pub fn open_dataset(path: &Path) -> anyhow::Result<granary::Dataset> {
         };
         anyhow::Error::new(e).context(format!("cannot use dataset {}{hint}", path.display()))
     })
+}
+
+/// True if `path` is a local file that starts as a view file does.
+fn is_view_file(path: &Path) -> bool {
+    use std::io::Read;
+    let mut head = [0u8; 8];
+    std::fs::File::open(path)
+        .and_then(|mut f| f.read_exact(&mut head))
+        .is_ok_and(|()| granary_format::ViewFile::is_view(&head))
 }
 
 /// Prints `v` as pretty JSON on stdout.
@@ -157,46 +168,16 @@ pub fn prometheus_text(
     t
 }
 
-/// Refuses `path` as a report the command writes (`--metrics`): a target that is not a
-/// regular file (`/dev/null`, a directory, a link), a dataset's or view's own file, or any
-/// file in a dataset's directory, before anything is read.
+/// Refuses `path` as a report the command writes (`--metrics`) before anything is read: see
+/// `granary::write::check_report_target`.
 pub fn check_report_target(path: &Path) -> anyhow::Result<()> {
-    granary::write::check_target(path)?;
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy())
-        .unwrap_or_default();
-    if [".gsnap", ".gchunk", ".gview"]
-        .iter()
-        .any(|e| name.ends_with(e))
-    {
-        anyhow::bail!(
-            "{}: a granary file's name; a report is never written over a dataset's or view's \
-             files",
-            path.display()
-        );
-    }
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => Path::new("."),
-    };
-    if dir.join(granary_format::SNAPSHOT_FILE).exists() {
-        anyhow::bail!(
-            "{}: inside the dataset {}; write reports elsewhere (a dataset's directory holds \
-             only its own files)",
-            path.display(),
-            dir.display()
-        );
-    }
-    Ok(())
+    Ok(granary::write::check_report_target(path)?)
 }
 
 /// Writes `text` to `path` whole (a textfile collector never reads half a file), as every
-/// file granary writes: see `granary_store::write`.
+/// file granary writes: see `granary::write::publish_report`.
 pub fn write_atomically(path: &Path, text: &str) -> anyhow::Result<()> {
-    check_report_target(path)?;
-    let durable = granary::write::Durability::Rename;
-    granary::write::write_atomic(path, durable, |w| w.write_all(text.as_bytes()))
+    granary::write::publish_report(path, text.as_bytes())
         .map_err(|e| anyhow::anyhow!("writing {}: {e}", path.display()))
 }
 

@@ -9,7 +9,7 @@ use serde_json::json;
 #[derive(clap::Args)]
 #[command(
     after_help = "Examples:\n  granary view train.granary --class cat --class dog -o pets.gview\n  \
-granary view train.granary --prefix train/part-0 --glob '*.jpg' -o part0-jpg.gview\n  \
+granary view train.granary --prefix train/part-0 --glob '**/*.jpg' -o part0-jpg.gview\n  \
 granary view s3://bucket/train --ids-from keep.txt -o keep.gview\n  \
 granary read pets.gview --world-size 8 --rank 3    # a view reads like a dataset\n\n\
 A sample is selected when it matches every kind of criterion given, and any one value of each \

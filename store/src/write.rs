@@ -124,11 +124,13 @@ impl AtomicFile {
 
     /// Flushes and (as the durability says) fsyncs the file, without renaming it yet.
     pub fn finish(mut self) -> io::Result<Pending> {
+        crash_point("write", &self.path);
         let f = match self.w.take().expect("an AtomicFile is finished once") {
             Out::Buffered(w) => w.into_inner().map_err(|e| e.into_error())?,
             Out::Direct(d) => d.finish()?,
         };
         if self.durability != Durability::Rename {
+            crash_point("fsync", &self.path);
             f.sync_all()?;
         }
         self.handed_over = true;
@@ -354,6 +356,7 @@ impl Pending {
 
     /// Renames it over the final name (then fsyncs the directory where the durability says).
     pub fn publish(mut self) -> io::Result<()> {
+        crash_point("rename", &self.path);
         std::fs::rename(&self.tmp, &self.path)?;
         self.published = true;
         if self.durability == Durability::FileAndDir {
@@ -409,6 +412,45 @@ pub fn check_target(path: &Path) -> io::Result<()> {
     }
 }
 
+/// Writes a report (metrics, a summary) to `path` whole, as every file is written, after
+/// refusing what is not a report's place: a target that is not a regular file
+/// ([`check_target`]), a dataset's or view's own file (`.gsnap`, `.gchunk`, `.gview`), or any
+/// file in a dataset's directory.
+pub fn publish_report(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    check_report_target(path)?;
+    write_atomic(path, Durability::Rename, |w| w.write_all(bytes))
+}
+
+/// The checks of [`publish_report`], to make before the work whose report it is.
+pub fn check_report_target(path: &Path) -> io::Result<()> {
+    check_target(path)?;
+    let refuse = |why: String| Err(io::Error::new(io::ErrorKind::InvalidInput, why));
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy())
+        .unwrap_or_default();
+    if [".gsnap", ".gchunk", ".gview"]
+        .iter()
+        .any(|e| name.ends_with(e))
+    {
+        return refuse(format!(
+            "{}: a granary file's name; a report is never written over a dataset's or view's \
+             files",
+            path.display()
+        ));
+    }
+    let dir = parent_of(path);
+    if dir.join(granary_format::SNAPSHOT_FILE).exists() {
+        return refuse(format!(
+            "{}: inside the dataset {}; write reports elsewhere (a dataset's directory holds \
+             only its own files)",
+            path.display(),
+            dir.display()
+        ));
+    }
+    Ok(())
+}
+
 /// The name of the file `name` is a temporary file for (`NAME.HOST-PID-SEQ.tmp`, as
 /// [`AtomicFile`] names them), or None when `name` is not one.
 pub fn temp_target(name: &str) -> Option<&str> {
@@ -456,6 +498,7 @@ fn open_temp(path: &Path) -> io::Result<(PathBuf, File)> {
         std::process::id()
     ));
     let f = File::options().write(true).create_new(true).open(&tmp)?;
+    crash_point("create", path);
     Ok((tmp, f))
 }
 
@@ -492,7 +535,45 @@ pub fn sync_dir(dir: &Path) -> io::Result<()> {
     } else {
         dir
     };
+    crash_point("fsync-dir", d);
     File::open(d)?.sync_all()
+}
+
+/// A place where a command that writes may be killed: before each step of publishing a file
+/// (its temporary file created, its last bytes written, its fsync, its rename, its directory's
+/// fsync) and before each rename or removal a command makes around whole datasets. The
+/// crash harness (`tests/crash.rs`) runs a command with `GRANARY_CRASH_LOG=FILE` to list the
+/// points it passes, then once for each with `GRANARY_CRASH_AT=N`: the process kills itself
+/// (SIGKILL, nothing cleaned up) at the N-th point. Without either variable this is one
+/// relaxed atomic load.
+pub fn crash_point(what: &str, path: &Path) {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::OnceLock;
+    static ARMED: OnceLock<(Option<u64>, Option<PathBuf>)> = OnceLock::new();
+    static PASSED: AtomicU64 = AtomicU64::new(0);
+    let (at, log) = ARMED.get_or_init(|| {
+        let at = std::env::var("GRANARY_CRASH_AT")
+            .ok()
+            .and_then(|v| v.parse().ok());
+        let log = std::env::var_os("GRANARY_CRASH_LOG").map(PathBuf::from);
+        (at, log)
+    });
+    if at.is_none() && log.is_none() {
+        return;
+    }
+    let n = PASSED.fetch_add(1, Ordering::SeqCst) + 1;
+    if let Some(log) = log {
+        use std::io::Write as _;
+        if let Ok(mut f) = File::options().create(true).append(true).open(log) {
+            let _ = writeln!(f, "{n} {what} {}", path.display());
+        }
+    }
+    if *at == Some(n) {
+        let _ =
+            rustix::process::kill_process(rustix::process::getpid(), rustix::process::Signal::KILL);
+        // SIGKILL cannot be caught: nothing runs after it.
+        std::process::abort();
+    }
 }
 
 fn parent_of(path: &Path) -> &Path {

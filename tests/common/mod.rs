@@ -266,8 +266,11 @@ pub fn copy_dir(from: &Path, to: &Path) {
     std::fs::create_dir_all(to).unwrap();
     for e in std::fs::read_dir(from).unwrap() {
         let e = e.unwrap();
-        if e.file_type().unwrap().is_file() {
+        let t = e.file_type().unwrap();
+        if t.is_file() {
             std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
+        } else if t.is_dir() {
+            copy_dir(&e.path(), &to.join(e.file_name()));
         }
     }
 }

@@ -217,10 +217,12 @@ impl Direct {
         }
         let (mut out, summary) = w.finish(classes).map_err(io)?;
         out.flush().map_err(io)?;
+        granary_store::write::crash_point("fsync", &tmp);
         std::fs::File::open(&tmp)
             .and_then(|f| f.sync_all())
             .map_err(io)?;
         let path = self.dir.join(chunk_file_name(id));
+        granary_store::write::crash_point("rename", &path);
         std::fs::rename(&tmp, &path).map_err(|e| PackError::io("naming", &tmp, e))?;
         Ok(summary)
     }
