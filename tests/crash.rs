@@ -172,6 +172,8 @@ fn exercise(case: &Case) -> (usize, usize) {
                 "already",
                 "an intact snapshot is there",
                 "holds no shard parts",
+                "exists; pass --force to replace it",
+                "in the dataset already",
             ]
             .iter()
             .any(|w| e.contains(w));
@@ -354,46 +356,27 @@ fn cases(w: &World) -> Vec<Case> {
             places: Box::new(out_places),
         });
     }
-    {
-        let ds = ds.clone();
+    // Commands that rewrite a copy of a dataset in place, run again as they are.
+    let mut in_place = |name: &'static str, template: &Path, lose_snapshot: bool| {
+        let template = template.to_path_buf();
         v.push(Case {
-            name: "reindex",
+            name,
             setup: Box::new(move |d| {
-                copy_dir(&ds, &d.join("out"));
-                std::fs::remove_file(d.join("out").join(granary_format::SNAPSHOT_FILE)).unwrap();
-                os(&[&"reindex", &d.join("out")])
+                copy_dir(&template, &d.join("out"));
+                if lose_snapshot {
+                    std::fs::remove_file(d.join("out").join(granary_format::SNAPSHOT_FILE))
+                        .unwrap();
+                }
+                os(&[&name, &d.join("out")])
             }),
             state: Box::new(ds_state),
-            recover: Box::new(|d| os(&[&"reindex", &d.join("out")])),
+            recover: Box::new(move |d| os(&[&name, &d.join("out")])),
             places: Box::new(out_places),
         });
-    }
-    {
-        let golden = golden.clone();
-        v.push(Case {
-            name: "upgrade",
-            setup: Box::new(move |d| {
-                copy_dir(&golden, &d.join("out"));
-                os(&[&"upgrade", &d.join("out")])
-            }),
-            state: Box::new(ds_state),
-            recover: Box::new(|d| os(&[&"upgrade", &d.join("out")])),
-            places: Box::new(out_places),
-        });
-    }
-    {
-        let parts = parts.clone();
-        v.push(Case {
-            name: "merge",
-            setup: Box::new(move |d| {
-                copy_dir(&parts, &d.join("out"));
-                os(&[&"merge", &d.join("out")])
-            }),
-            state: Box::new(ds_state),
-            recover: Box::new(|d| os(&[&"merge", &d.join("out")])),
-            places: Box::new(out_places),
-        });
-    }
+    };
+    in_place("reindex", &ds, true);
+    in_place("upgrade", &golden, false);
+    in_place("merge", &parts, false);
     {
         let tar = tar.clone();
         let args = move |d: &Path| {
@@ -441,7 +424,17 @@ fn cases(w: &World) -> Vec<Case> {
                     .map_err(|_| format!("the view does not open: {}", stderr(&o)))?;
                 Ok(format!("view of {}", v["view"]["selected"]))
             }),
-            recover: Box::new(move |d| os(&[&"view", &ds2, &"-o", &view(d), &"--class", &"c1"])),
+            recover: Box::new(move |d| {
+                os(&[
+                    &"view",
+                    &ds2,
+                    &"-o",
+                    &view(d),
+                    &"--class",
+                    &"c1",
+                    &"--force",
+                ])
+            }),
             places: Box::new(|d| vec![d.to_path_buf()]),
         });
     }

@@ -142,15 +142,21 @@ def test_persistent_workers_read_the_epoch_set_in_the_training_process(packed, c
     assert seen[0] != seen[1] != seen[2]
 
 
-def test_a_mixture_with_persistent_workers_draws_another_part_each_epoch(tmp_path):
+def _two_datasets(tmp_path, n):
+    """Datasets a and b of ``n`` files each, 8 KiB chunks."""
     from conftest import make_tree, run
 
     paths = []
     for name in ("a", "b"):
-        make_tree(tmp_path / name, 200, seed=len(paths))
+        make_tree(tmp_path / name, n, seed=len(paths))
         out = tmp_path / f"{name}.granary"
         run("pack", tmp_path / name, "-o", out, "--chunk-size", "8KiB")
         paths.append(out)
+    return paths
+
+
+def test_a_mixture_with_persistent_workers_draws_another_part_each_epoch(tmp_path):
+    paths = _two_datasets(tmp_path, 200)
     mix = granary.Mixture(paths, shares=["repeat=0.5", "repeat=1"], batch_size=10)
     loader = DataLoader(mix, batch_size=None, num_workers=2, persistent_workers=True)
     halves = []
@@ -204,14 +210,7 @@ def test_stateful_dataloader_resumes_at_another_world_size_exactly(tmp_path, kin
     import collections
 
     sdl = pytest.importorskip("torchdata.stateful_dataloader")
-    from conftest import make_tree, run
-
-    paths = []
-    for name in ("a", "b"):
-        make_tree(tmp_path / name, 300, seed=len(paths))
-        out = tmp_path / f"{name}.granary"
-        run("pack", tmp_path / name, "-o", out, "--chunk-size", "8KiB")
-        paths.append(out)
+    paths = _two_datasets(tmp_path, 300)
 
     def make(**kw):
         if kind == "mixture":
@@ -235,3 +234,22 @@ def test_stateful_dataloader_resumes_at_another_world_size_exactly(tmp_path, kin
     if new + 1 != old:
         with pytest.raises(Exception, match="a third configuration"):
             _sdl_epoch(sdl, make, new + 1, 2, state=state2)
+
+
+def test_a_snapshot_replaced_between_epochs_is_an_error_not_an_empty_epoch(tmp_path):
+    # Another dataset's snapshot put in place under running workers: the next epoch's chunks
+    # do not match it, and that is raised in the training process (it ended "normally" with
+    # 0 samples when the workers' errors were dropped).
+    path, chunks = _dataset(tmp_path)
+    from conftest import make_tree, run
+
+    make_tree(tmp_path / "other", 300, seed=7)
+    run("pack", tmp_path / "other", "-o", tmp_path / "other.granary", "--chunk-size", "64KiB",
+        "--compress", "none")
+    ds = granary.IterableDataset(path, batch_size=32)
+    loader = DataLoader(ds, batch_size=None, num_workers=2, persistent_workers=True, timeout=120)
+    assert _count(loader) == 600
+    (path / "snapshot.gsnap").write_bytes((tmp_path / "other.granary" / "snapshot.gsnap").read_bytes())
+    ds.set_epoch(1)
+    with pytest.raises(granary.GranaryError):
+        _count(loader)
