@@ -109,18 +109,21 @@ def test_a_view_is_a_grain_source_of_its_samples(packed, tmp_path):
 def test_damage_read_in_grain_worker_processes_is_raised_not_a_hang(tmp_path):
     # Grain's worker processes send their exceptions pickled: a granary error must survive it.
     src_dir = tmp_path / "src"
+    contents = []
     for i in range(400):
         p = src_dir / f"c{i % 4}" / f"f{i:04}.bin"
         p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_bytes(os.urandom(64))
+        contents.append(os.urandom(64))
+        p.write_bytes(contents[-1])
     ds = tmp_path / "ds"
     run("pack", src_dir, "-o", ds, "--chunk-size", "4KiB", "--compress", "none")
     chunk = sorted(p for p in ds.iterdir() if p.name.endswith(".gchunk"))[1]
+    # A byte of a sample's data (not of the chunk's footer, which readers do not use).
+    body = chunk.read_bytes()
+    at = next(body.find(c) for c in contents if body.find(c) >= 0) + 10
     with open(chunk, "r+b") as f:
-        f.seek(chunk.stat().st_size // 2)
-        b = f.read(1)
-        f.seek(-1, 1)
-        f.write(bytes([b[0] ^ 0xFF]))
+        f.seek(at)
+        f.write(bytes([body[at] ^ 0xFF]))
     with pytest.raises(Exception) as caught:
         for _ in loader(granary.grain.DataSource(ds), workers=2):
             pass
