@@ -490,7 +490,7 @@ fn open_temp(path: &Path) -> io::Result<(PathBuf, File)> {
             format!("{}: not a file name granary can write", path.display()),
         )
     })?;
-    sweep_dead_temps(parent_of(path), name);
+    sweep_dead_temps(parent_of(path));
     let seq = SEQ.fetch_add(1, Ordering::Relaxed);
     let tmp = path.with_file_name(format!(
         "{name}.{}-{:x}-{seq:x}.tmp",
@@ -502,20 +502,39 @@ fn open_temp(path: &Path) -> io::Result<(PathBuf, File)> {
     Ok((tmp, f))
 }
 
-/// Removes `dir`'s temporary files for `name` made on this host by processes that are gone.
-/// Best effort: a directory that cannot be listed is left as it is.
-fn sweep_dead_temps(dir: &Path, name: &str) {
+/// Removes `dir`'s temporary files made on this host by processes that are gone, once per
+/// directory and process (a pack writing thousands of chunks into one directory lists it once,
+/// not once per chunk): what a process killed mid-write left, which no later writer of this
+/// process can have made. Best effort: a directory that cannot be listed is left as it is.
+fn sweep_dead_temps(dir: &Path) {
+    use std::collections::HashSet;
+    use std::sync::{Mutex, OnceLock};
+    static SWEPT: OnceLock<Mutex<HashSet<PathBuf>>> = OnceLock::new();
+    let swept = SWEPT.get_or_init(Default::default);
+    if !swept
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .insert(dir.to_path_buf())
+    {
+        return;
+    }
     let Ok(entries) = std::fs::read_dir(dir) else {
         return;
     };
-    let prefix = format!("{name}.{}-", host_tag());
+    let tag = format!(".{}-", host_tag());
     for e in entries.flatten() {
         let file = e.file_name();
         let Some(f) = file.to_str() else { continue };
-        if temp_target(f) != Some(name) || !f.starts_with(&prefix) {
+        let Some(target) = temp_target(f) else {
+            continue;
+        };
+        let Some(prefix) = f.get(..target.len() + tag.len()) else {
+            continue;
+        };
+        if !prefix.ends_with(&tag) {
             continue;
         }
-        let pid = f[prefix.len()..].split('-').next();
+        let pid = f[target.len() + tag.len()..].split('-').next();
         let Some(pid) = pid.and_then(|p| i32::from_str_radix(p, 16).ok()) else {
             continue;
         };
@@ -777,21 +796,25 @@ mod tests {
     fn temporary_names_are_unique_and_a_dead_writers_are_swept() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("m.prom");
-        let a = AtomicFile::create(&p, Durability::Rename).unwrap();
-        let b = AtomicFile::create(&p, Durability::Rename).unwrap();
-        assert_ne!(a.tmp_path(), b.tmp_path());
         // One left by a process of this host that is gone (pid 0x7ffffffe runs nowhere), one
-        // by another host's process, and names that are not ours.
+        // of another file, one by another host's process, and names that are not ours.
         let dead = dir
             .path()
             .join(format!("m.prom.{}-7ffffffe-0.tmp", host_tag()));
+        let dead_other = dir
+            .path()
+            .join(format!("index.{}-7ffffffe-3.tmp", host_tag()));
         let other = dir.path().join("m.prom.00000000-7ffffffe-0.tmp");
-        for f in [&dead, &other, &dir.path().join("m.prom.tmp")] {
+        for f in [&dead, &dead_other, &other, &dir.path().join("m.prom.tmp")] {
             std::fs::write(f, b"left").unwrap();
         }
+        // The first file this process writes in the directory sweeps it.
+        let a = AtomicFile::create(&p, Durability::Rename).unwrap();
+        let b = AtomicFile::create(&p, Durability::Rename).unwrap();
+        assert_ne!(a.tmp_path(), b.tmp_path());
+        assert!(!dead.exists() && !dead_other.exists() && other.exists());
         drop((a, b));
         write_atomic(&p, Durability::Rename, |w| w.write_all(b"x")).unwrap();
-        assert!(!dead.exists() && other.exists());
         let mut left = temps(dir.path());
         left.sort();
         assert_eq!(left, vec!["m.prom.00000000-7ffffffe-0.tmp".to_string()]);
