@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Format 2.0 against the binary before it (issue 47), side by side in one run on this machine:
+# Format 2.0 against the binary before it, side by side in one run on this machine:
 # snapshot bytes per sample, pack time and peak RSS per file, local lookups, shard + merge, and
 # what the first commands on a remote dataset fetch.
 #

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Mixtures against one dataset (issue 48): three datasets of different sizes mixed 0.5 / 0.3 /
+# Mixtures against one dataset: three datasets of different sizes mixed 0.5 / 0.3 /
 # 0.2 against one dataset packed from all their files, the same samples and bytes per epoch.
 #
 #   bash bench/mixture.sh                     # 6,000 ImageNet-like files (~660 MB), 3 repeats

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# `granary pack` against tar on a real tree (issue 49): the Rust toolchain's documentation
+# `granary pack` against tar on a real tree: the Rust toolchain's documentation
 # (~52,000 HTML, JS, CSS and font files, 650 MB) unless TREE says otherwise.
 #
 #   bash bench/pack-tar.sh                 # needs root to drop the page cache

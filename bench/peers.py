@@ -1,4 +1,4 @@
-"""Tiers shared by the nodes of one job vs node-private tiers (issue #17): the driver that
+"""Tiers shared by the nodes of one job vs node-private tiers: the driver that
 bench/peers.sh runs inside its network namespace. Standard library only.
 
 Each "node" is a directory with its own tier and (when shared) a `granary serve` process; each

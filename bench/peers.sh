@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Tiers shared by the nodes of one job vs node-private tiers (issue #17), on S3 with a limited
+# Tiers shared by the nodes of one job vs node-private tiers, on S3 with a limited
 # origin bandwidth.
 #
 #   bash bench/peers.sh                  # 6,000 ImageNet-like files, origin 800 Mbit/s

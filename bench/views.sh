@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Views against datasets (issue 48): the epoch of a view read cold, by ranges around its
+# Views against datasets: the epoch of a view read cold, by ranges around its
 # records or by whole chunks, beside a dataset rewritten from the same files and the full one.
 #
 #   bash bench/views.sh                       # 4,000 ImageNet-like files (~440 MB), 3 repeats

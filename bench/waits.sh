@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Where a training loop waits (issue 48): the waits' attribution with a slow origin and with a
+# Where a training loop waits: the waits' attribution with a slow origin and with a
 # slow tier, checked against the loop's own measure, its cost, and the loop's headspace.
 #
 #   bash bench/waits.sh                      # 2,000 ImageNet-like files (~220 MB), 3 repeats

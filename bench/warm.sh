@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Warm epochs (issue 49): a dataset the page cache holds, read by granary against the same
+# Warm epochs: a dataset the page cache holds, read by granary against the same
 # files read as ImageFolder does, and against one CRC-32 pass over the same resident bytes.
 #
 #   bash bench/warm.sh                    # 20,000 ImageNet-like files (2.26 GB), 3 rounds

@@ -258,6 +258,26 @@ fn world() -> World {
     }
 }
 
+/// A pack into `d/out` with `args`: after a kill, resumed where it kept work, replaced where
+/// it published already.
+fn packing(name: &'static str, args: impl Fn(&Path) -> Vec<OsString> + Clone + 'static) -> Case {
+    let again = args.clone();
+    Case {
+        name,
+        setup: Box::new(args),
+        state: Box::new(|d| dataset_state(&d.join("out"))),
+        recover: Box::new(move |d| {
+            let flag = if d.join("out").exists() {
+                "--force"
+            } else {
+                "--resume"
+            };
+            [again(d), os(&[&flag])].concat()
+        }),
+        places: Box::new(|d| vec![d.to_path_buf(), d.join("out")]),
+    }
+}
+
 fn cases(w: &World) -> Vec<Case> {
     let ds_state = |d: &Path| dataset_state(&d.join("out"));
     let out_places = |d: &Path| vec![d.to_path_buf(), d.join("out")];
@@ -283,22 +303,7 @@ fn cases(w: &World) -> Vec<Case> {
                 &"8KiB",
             ])
         };
-        let again = args.clone();
-        v.push(Case {
-            name: "pack",
-            setup: Box::new(args),
-            state: Box::new(ds_state),
-            recover: Box::new(move |d| {
-                // Resumed where it kept work; replaced where it published already.
-                let flag = if d.join("out").exists() {
-                    "--force"
-                } else {
-                    "--resume"
-                };
-                [again(d), os(&[&flag])].concat()
-            }),
-            places: Box::new(out_places),
-        });
+        v.push(packing("pack", args));
     }
     {
         let (ds, other) = (ds.clone(), other.clone());
@@ -391,22 +396,7 @@ fn cases(w: &World) -> Vec<Case> {
                 &"4KiB",
             ])
         };
-        let again = args.clone();
-        v.push(Case {
-            name: "pack --from webdataset (the Writer)",
-            setup: Box::new(args),
-            state: Box::new(ds_state),
-            recover: Box::new(move |d| {
-                // Resumed where it kept work; replaced where it published already.
-                let flag = if d.join("out").exists() {
-                    "--force"
-                } else {
-                    "--resume"
-                };
-                [again(d), os(&[&flag])].concat()
-            }),
-            places: Box::new(out_places),
-        });
+        v.push(packing("pack --from webdataset (the Writer)", args));
     }
     {
         let ds = ds.clone();

@@ -1,4 +1,4 @@
-//! Regression tests, each named after the defect it pins (issue 10: data safety). Every one of
+//! Regression tests, each named after the defect it pins (data safety). Every one of
 //! them failed on the code before its fix.
 
 use std::path::Path;

@@ -1,6 +1,6 @@
 //! Bounded waits: an object store that accepts connections and never answers fails every
 //! command within the timeouts' bound, with a warning while it waits and an error naming the
-//! URL (issue #31). No server is needed: the store is a local endpoint that never answers.
+//! URL. No server is needed: the store is a local endpoint that never answers.
 
 use std::path::Path;
 use std::time::{Duration, Instant};

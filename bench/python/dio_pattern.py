@@ -1,5 +1,5 @@
 """The device's write rate for one pattern of direct writes: what bounds a writer that writes
-that way (issue 49: `Writer(expected=N)` writes each chunk slot's full buffer, about 1 MiB, to
+that way (`Writer(expected=N)` writes each chunk slot's full buffer, about 1 MiB, to
 one of ~68 chunk files from four threads; `granary pack` writes whole chunks).
 
 Writes --total bytes as --size KiB `O_DIRECT` writes spread round-robin over --files files

@@ -104,6 +104,10 @@ pub(crate) fn check_disjoint(src: &Path, out: &Path, work: &Path) -> Result<(), 
     Ok(())
 }
 
+/// Where `upgrade` keeps the 1.x snapshot it replaced (in the dataset's directory or prefix):
+/// one of a dataset's own files.
+pub const LEGACY_SNAPSHOT_FILE: &str = "snapshot-1.x.gsnap";
+
 /// The name a file in a build directory will have once written: `name` itself, or what a
 /// temporary file is being written for (`AtomicFile`'s names, or the `NAME.tmp` of builds
 /// that earlier versions interrupted).
@@ -126,7 +130,7 @@ pub(crate) enum Kind {
 fn ours(name: &str, kind: Kind) -> bool {
     // The 1.x snapshot `upgrade` keeps is the dataset's too.
     if name == SNAPSHOT_FILE
-        || name == crate::upgrade::LEGACY_SNAPSHOT_FILE
+        || name == LEGACY_SNAPSHOT_FILE
         || parse_chunk_file_name(name).is_some()
     {
         return true;

@@ -14,8 +14,7 @@ use serde::Serialize;
 use crate::reindex::Place;
 use crate::{hex_id, PackError};
 
-/// Where `upgrade` keeps the 1.x snapshot it replaced (in the dataset's directory or prefix).
-pub const LEGACY_SNAPSHOT_FILE: &str = "snapshot-1.x.gsnap";
+pub use crate::output::LEGACY_SNAPSHOT_FILE;
 
 /// What `upgrade` did.
 #[derive(Clone, Debug, Serialize)]
