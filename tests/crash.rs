@@ -62,7 +62,7 @@ fn dataset_state(ds: &Path) -> Result<String, String> {
     match o.status.code() {
         Some(0) => Ok(format!(
             "content {}",
-            v["content_digest"].as_str().unwrap_or("?")
+            v["samples_digest"].as_str().unwrap_or("?")
         )),
         Some(3) => Ok("1.x".into()),
         _ => Err(format!("{}: not intact: {v}", ds.display())),

@@ -186,9 +186,10 @@ fn dataset_with_section(tmp: &Path, kind: u32, edit: impl Fn(&mut [u8])) -> std:
     );
     let snap = ds.join(granary_format::SNAPSHOT_FILE);
     let mut b = std::fs::read(&snap).unwrap();
-    let n = u32::from_le_bytes(b[64..68].try_into().unwrap()) as usize;
+    let head = granary_format::SNAPSHOT_HEADER_LEN;
+    let n = u32::from_le_bytes(b[head..head + 4].try_into().unwrap()) as usize;
     let (off, len) = (0..n)
-        .map(|i| 72 + i * 24)
+        .map(|i| head + 8 + i * 24)
         .find(|&e| u32::from_le_bytes(b[e..e + 4].try_into().unwrap()) == kind)
         .map(|e| {
             let at = |o: usize| u64::from_le_bytes(b[e + o..e + o + 8].try_into().unwrap());

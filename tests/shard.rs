@@ -115,7 +115,7 @@ fn sharded_pack_and_merge_equal_a_single_pack() {
         assert_eq!(m["merged"], true);
         assert_eq!(m["files"], files.len() as u64);
         let got = verify_json(&ds);
-        assert_eq!(got["content_digest"], want["content_digest"], "{n} shards");
+        assert_eq!(got["samples_digest"], want["samples_digest"], "{n} shards");
         assert_eq!(got["samples"], want["samples"]);
         assert!(got["notes"].as_array().unwrap().is_empty(), "{got}");
         // A complete epoch reads every sample once, right.
@@ -358,7 +358,7 @@ fn append_adds_a_generation_and_old_readers_keep_reading() {
     assert_eq!(now.snapshot().lineage().generation, 1);
     assert_eq!(
         now.snapshot().lineage().parent,
-        reader.snapshot().header_crc()
+        reader.snapshot().content_digest()
     );
     // Lineage, and every sample's mode and mtime, old and new.
     assert_eq!(now.snapshot().version(), (2, 0));
@@ -420,7 +420,7 @@ fn append_adds_a_generation_and_old_readers_keep_reading() {
     let single = tmp.path().join("single");
     let o = pack(&everything, &single, &ARGS);
     assert!(o.status.success(), "{}", stderr(&o));
-    assert_eq!(verify_json(&single)["content_digest"], v["content_digest"]);
+    assert_eq!(verify_json(&single)["samples_digest"], v["samples_digest"]);
 }
 
 /// Every entry of a dataset's namespace: path, whether a directory, size and attributes.
@@ -485,7 +485,7 @@ fn every_way_of_packing_records_the_same_namespace() {
     let zz = want.iter().find(|e| e.0 == b"zz/a").unwrap();
     assert_eq!(zz.3.unwrap().mode, 0o700, "{zz:?}");
     assert!(want.iter().filter(|e| !e.1).all(|e| e.3.is_some()));
-    let digest = |ds: &Path| verify_json(ds)["content_digest"].clone();
+    let digest = |ds: &Path| verify_json(ds)["samples_digest"].clone();
 
     // Three shards and a merge: the same namespace, the same content.
     let merged = tmp.path().join("merged");

@@ -16,5 +16,6 @@ mod resume;
 mod s3;
 mod shard;
 mod timeouts;
+mod vectors;
 mod view;
 mod webdataset;

@@ -43,6 +43,11 @@ impl From<[u8; 16]> for DatasetId {
     }
 }
 
+/// 16 bytes (a dataset id or a content digest) as 32 lowercase hex digits.
+pub fn hex16(b: &[u8; 16]) -> String {
+    DatasetId(*b).to_string()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

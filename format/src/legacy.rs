@@ -139,9 +139,11 @@ pub fn read_legacy_snapshot(b: &[u8]) -> Result<LegacySnapshot> {
     };
     let lineage = match sections[7] {
         None => Lineage::default(),
+        // A 1.x lineage names its parent by a header CRC, which 2.0 does not record (its
+        // parents are named by a content digest): the generation is kept, the parent unknown.
         Some(s) if s.len() == 16 => Lineage {
             generation: le::u64_at(s, 0),
-            parent: le::u32_at(s, 8),
+            parent: [0; 16],
         },
         Some(_) => return Err(bad("lineage section is not 16 bytes")),
     };

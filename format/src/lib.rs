@@ -30,16 +30,17 @@ pub use chunk::{
 };
 pub use error::{FormatError, Result};
 pub use hash::path_hash;
-pub use id::DatasetId;
+pub use id::{hex16, DatasetId};
 pub use legacy::{is_legacy_snapshot, read_legacy_snapshot, LegacySnapshot};
 pub use record::{check_chunk, check_fields, decode_record, ChunkCheck, MAX_ZSTD_RATIO};
 pub use rng::SplitMix64;
 pub use snapshot::{
-    features, prefix_successor, snapshot_key, Blocks, ChunkEntry, EntryView, FieldType, FileAttrs,
-    FileStat, Lineage, NsEntry, PageIndex, Pager, RecordEntry, SampleField, SectionKind, Snapshot,
-    SnapshotBuilder, SnapshotHeader, ATTRS_LEN, BLOCK_SHIFT, BLOCK_SHIFTS, CHUNK_ENTRY_LEN, DTYPES,
-    FIELDS_HEADER_LEN, LINEAGE_LEN, MAX_RECORD_OFFSET, NS_HEADER_LEN, PAGE_TARGET, RECORD_LEN,
-    RESTART_INTERVAL, SECTION_ENTRY_LEN, SECTION_TABLE_HEAD, SNAPSHOT_HEADER_LEN, SNAP_FIELD_LEN,
+    features, prefix_successor, snapshot_key, Blocks, ChunkEntry, ContentDigest, EntryView,
+    FieldType, FileAttrs, FileStat, Lineage, NsEntry, PageIndex, Pager, RecordEntry, SampleField,
+    SectionKind, Snapshot, SnapshotBuilder, SnapshotHeader, ATTRS_LEN, BLOCK_SHIFT, BLOCK_SHIFTS,
+    CHUNK_ENTRY_LEN, DIGEST_PREFIX, DTYPES, FIELDS_HEADER_LEN, LINEAGE_LEN, MAX_RECORD_OFFSET,
+    NS_HEADER_LEN, PAGE_TARGET, RECORD_LEN, RESTART_INTERVAL, SECTION_ENTRY_LEN,
+    SECTION_TABLE_HEAD, SNAPSHOT_HEADER_LEN, SNAP_FIELD_LEN,
 };
 pub use strtab::{encode_string_table, StringTable};
 pub use view::ViewFile;

@@ -19,16 +19,18 @@ pub fn dump_fuzz_seed(target: &str, name: &str, bytes: &[u8]) {
 /// and reaches the structural ones. Does nothing (returns false) when the header's body end or
 /// block size cannot describe `b`.
 pub fn reseal_snapshot(b: &mut [u8]) -> bool {
-    if b.len() < 64 {
+    let head = crate::SNAPSHOT_HEADER_LEN;
+    if b.len() < head {
         return false;
     }
     let body_end = u64::from_le_bytes(b[40..48].try_into().expect("8 bytes"));
     let shift = b[10];
-    if !crate::BLOCK_SHIFTS.contains(&shift) || body_end < 64 || body_end > b.len() as u64 {
+    if !crate::BLOCK_SHIFTS.contains(&shift) || body_end < head as u64 || body_end > b.len() as u64
+    {
         return false;
     }
     let body_end = body_end as usize;
-    let crcs: Vec<u8> = b[64..body_end]
+    let crcs: Vec<u8> = b[head..body_end]
         .chunks(1 << shift)
         .flat_map(|c| crc32fast::hash(c).to_le_bytes())
         .collect();
@@ -36,9 +38,11 @@ pub fn reseal_snapshot(b: &mut [u8]) -> bool {
         return false;
     };
     table.copy_from_slice(&crcs);
+    let digest = crate::ContentDigest::of_file(&b[..body_end + crcs.len()]);
+    b[56..72].copy_from_slice(&digest);
     let crc = crc32fast::hash(&crcs);
-    b[56..60].copy_from_slice(&crc.to_le_bytes());
-    let crc = crc32fast::hash(&b[0..60]);
-    b[60..64].copy_from_slice(&crc.to_le_bytes());
+    b[88..92].copy_from_slice(&crc.to_le_bytes());
+    let crc = crc32fast::hash(&b[0..92]);
+    b[92..96].copy_from_slice(&crc.to_le_bytes());
     true
 }

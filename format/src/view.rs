@@ -5,15 +5,16 @@
 //! | size | field |
 //! |---:|---|
 //! | 16 | dataset id |
-//! | 8 | the dataset's generation (its lineage) when the view was made |
+//! | 16 | the content digest of the dataset's snapshot when the view was made |
+//! | 8 | the dataset's generation (its lineage) then, for messages |
 //! | 8 | the dataset's sample count N |
 //! | 8 + k | where the dataset is: u64 length k, then UTF-8 (a path, relative to the view file's directory unless absolute, or a URL) |
 //! | 8 + d | what was selected, for people: u64 length d, then UTF-8 |
 //! | 8 | M, the number of samples selected (at least 1) |
 //! | rest | the M sample ids, rising: the first as a varint, then each one's gap to the one before (at least 1) as a varint |
 //!
-//! A reader refuses a view whose dataset has another id or generation (the ids would name other
-//! samples), ids that do not rise or reach N, and any byte more or less.
+//! A reader refuses a view whose dataset has another id or content digest (the ids could name
+//! other samples), ids that do not rise or reach N, and any byte more or less.
 
 use crate::error::{FormatError, Result};
 use crate::local::VIEW_FILE;
@@ -23,6 +24,8 @@ use crate::snapshot::namespace::{get_varint, put_varint};
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ViewFile {
     pub dataset_id: [u8; 16],
+    /// The content digest of the snapshot the view was made of: what it pins.
+    pub snapshot: [u8; 16],
     pub generation: u64,
     /// The dataset's sample count.
     pub samples: u64,
@@ -43,6 +46,7 @@ impl ViewFile {
     pub fn encode(&self) -> Vec<u8> {
         let mut b = Vec::with_capacity(64 + self.location.len() + 2 * self.ids.len());
         b.extend_from_slice(&self.dataset_id);
+        b.extend_from_slice(&self.snapshot);
         b.extend_from_slice(&self.generation.to_le_bytes());
         b.extend_from_slice(&self.samples.to_le_bytes());
         for s in [&self.location, &self.description] {
@@ -69,8 +73,9 @@ impl ViewFile {
                 .ok_or_else(short)
         };
         let dataset_id: [u8; 16] = body.get(..16).ok_or_else(short)?.try_into().expect("16");
-        let (generation, samples) = (u64_at(16)?, u64_at(24)?);
-        let mut at = 32usize;
+        let snapshot: [u8; 16] = body.get(16..32).ok_or_else(short)?.try_into().expect("16");
+        let (generation, samples) = (u64_at(32)?, u64_at(40)?);
+        let mut at = 48usize;
         let mut text = || -> Result<String> {
             let len = usize::try_from(u64_at(at)?).map_err(|_| short())?;
             let s = body
@@ -111,6 +116,7 @@ impl ViewFile {
         }
         Ok(ViewFile {
             dataset_id,
+            snapshot,
             generation,
             samples,
             location,
@@ -132,6 +138,7 @@ mod tests {
     fn sample() -> ViewFile {
         ViewFile {
             dataset_id: [9; 16],
+            snapshot: [7; 16],
             generation: 2,
             samples: 1000,
             location: "../data/train.granary".into(),

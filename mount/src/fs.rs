@@ -309,7 +309,19 @@ impl MountFs {
                         .reader
                         .read(id)
                         .and_then(|data| match field {
-                            None => Ok(data),
+                            // The size `stat` showed (the namespace's) is what a read hands out,
+                            // or an error: never another number of bytes.
+                            None => {
+                                let shown = ds.stat(id)?.size;
+                                if data.len() as u64 != shown {
+                                    return Err(granary::ReadError::invalid(format!(
+                                        "sample {id}: its record holds {} bytes, its namespace \
+                                         entry says {shown}",
+                                        data.len()
+                                    )));
+                                }
+                                Ok(data)
+                            }
                             Some(k) => {
                                 let fields = ds.fields(id)?;
                                 let f = fields.get(k).ok_or_else(|| {

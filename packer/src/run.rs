@@ -211,9 +211,9 @@ impl Run<'_> {
             Mode::Whole => {}
             Mode::Shard(s) => settings.push_str(&format!("shard={s}\n")),
             Mode::Append { snap, .. } => settings.push_str(&format!(
-                "append_after_chunk={}\nparent={:08x}\n",
+                "append_after_chunk={}\nparent={}\n",
                 snap.chunk_count(),
-                snap.header_crc()
+                granary_format::hex16(&snap.content_digest())
             )),
         }
         settings
@@ -613,7 +613,7 @@ impl Run<'_> {
                 let generation = snap.lineage().generation + 1;
                 builder.lineage(granary_format::Lineage {
                     generation,
-                    parent: snap.header_crc(),
+                    parent: snap.content_digest(),
                 });
                 // The switch: readers that open from now on see the new generation; the old
                 // snapshot stays valid for those that have it open (its chunks are all still

@@ -75,23 +75,19 @@ pub(crate) fn err(e: ReadError) -> PyErr {
     }
 }
 
-/// A 128-bit digest of a list of sample ids (two independent 64-bit lanes of a strong mixing
-/// function over the ids and their count): what names a view's selection in a resume state.
-fn ids_digest(ids: &[u64]) -> u128 {
-    let mix = |mut z: u64| {
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    };
-    let (mut a, mut b) = (
-        mix(ids.len() as u64 ^ 0x6772_616e),
-        mix(!(ids.len() as u64)),
-    );
+/// A 128-bit digest of a list of sample ids (the first 16 bytes of SHA-256 over the count and
+/// the ids, each a little-endian u64): what names a view's selection in a resume state.
+fn ids_digest(ids: &[u64]) -> String {
+    use sha2::Digest;
+    let mut h = sha2::Sha256::new();
+    h.update((ids.len() as u64).to_le_bytes());
     for &id in ids {
-        a = mix(a ^ id).rotate_left(17);
-        b = mix(b.wrapping_add(id) ^ 0x9e37_79b9_7f4a_7c15).rotate_left(29);
+        h.update(id.to_le_bytes());
     }
-    (u128::from(a) << 64) | u128::from(b)
+    h.finalize()[..16]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 /// ENOENT (Linux), so that a missing object is a `FileNotFoundError` like a missing file.
@@ -338,9 +334,10 @@ impl Dataset {
         hex(&self.reader.dataset().snapshot().dataset_id())
     }
 
-    /// What a resume state pins: `{"kind": "dataset" | "view", "dataset": id, "generation":
-    /// appends so far, "samples": count}`, and of a view `"selected"` (its size) and
-    /// `"selection"`, a 128-bit digest of its sample ids.
+    /// What a resume state pins: `{"kind": "dataset" | "view", "dataset": id, "snapshot": the
+    /// snapshot's 128-bit content digest, "generation": appends so far, "samples": count}`,
+    /// and of a view `"selected"` (its size) and `"selection"`, a 128-bit digest of its sample
+    /// ids.
     #[getter]
     fn identity<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let ds = self.reader.dataset();
@@ -355,11 +352,12 @@ impl Dataset {
             },
         )?;
         d.set_item("dataset", hex(&snap.dataset_id()))?;
+        d.set_item("snapshot", hex(&snap.content_digest()))?;
         d.set_item("generation", snap.lineage().generation)?;
         d.set_item("samples", snap.sample_count())?;
         if let Some(v) = ds.view() {
             d.set_item("selected", v.ids.len())?;
-            d.set_item("selection", format!("{:032x}", ids_digest(&v.ids)))?;
+            d.set_item("selection", ids_digest(&v.ids))?;
         }
         Ok(d)
     }

@@ -274,7 +274,7 @@ impl Dataset {
     /// samples of a keyed hash of the path, the original length and CRC-32, and the class name.
     /// Two datasets holding the same files with the same labels have the same content digest
     /// however they were packed (one process or shards, any chunk size, order or seed).
-    pub fn content_digest(&self) -> Result<u64> {
+    pub fn samples_digest(&self) -> Result<u64> {
         let err = |e| ReadError::format(&self.snapshot_path, e);
         (0..self.len()).try_fold(0u64, |acc, id| {
             let e = self.snap.sample(id).map_err(err)?;

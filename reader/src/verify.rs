@@ -35,8 +35,8 @@ pub struct VerifyReport {
     /// The digest a complete epoch delivers ([`Dataset::full_digest`]), as `granary read`
     /// prints it; `None` when the snapshot could not be read.
     pub digest: Option<u64>,
-    /// The layout-independent digest of the content ([`Dataset::content_digest`]).
-    pub content_digest: Option<u64>,
+    /// The layout-independent digest of the content ([`Dataset::samples_digest`]).
+    pub samples_digest: Option<u64>,
     /// Set when the dataset is of format 1.x with an intact snapshot: nothing is damaged, but
     /// this version reads it only once `granary upgrade` has rewritten its snapshot (what to
     /// run, said in full).
@@ -66,7 +66,7 @@ impl VerifyReport {
             "unreadable": self.unreadable.iter().map(|p| json!({"location": p.location, "detail": p.detail})).collect::<Vec<_>>(),
             "notes": self.notes,
             "digest": self.digest.map(|d| format!("{d:016x}")),
-            "content_digest": self.content_digest.map(|d| format!("{d:016x}")),
+            "samples_digest": self.samples_digest.map(|d| format!("{d:016x}")),
             "needs_upgrade": self.needs_upgrade,
         })
     }
@@ -165,7 +165,7 @@ pub fn verify_with(path: &Path, cfg: &StoreConfig) -> VerifyReport {
     r.samples = snap.sample_count();
     r.chunks = snap.chunk_count();
     r.digest = ds.full_digest().ok();
-    r.content_digest = ds.content_digest().ok();
+    r.samples_digest = ds.samples_digest().ok();
     for e in snap
         .check_blocks()
         .into_iter()

@@ -37,7 +37,7 @@ pub(crate) fn is_view_file(path: &Path) -> bool {
 
 /// Opens the view file at `path`: its dataset (where the file says, a relative path taken from
 /// the file's directory) with the selection attached, after checking that the dataset is the
-/// one the view was made of (id, generation, sample count).
+/// one the view was made of (id and content digest).
 pub(crate) fn open(path: &Path, cfg: &StoreConfig) -> Result<Dataset> {
     let bytes = std::fs::read(path).map_err(|e| ReadError::io("reading view", path, e))?;
     let v = ViewFile::decode(&bytes).map_err(|e| ReadError::format(path, e))?;
@@ -52,20 +52,23 @@ pub(crate) fn open(path: &Path, cfg: &StoreConfig) -> Result<Dataset> {
     let snap = ds.snapshot();
     let generation = snap.lineage().generation;
     let same = snap.dataset_id() == v.dataset_id
-        && generation == v.generation
+        && snap.content_digest() == v.snapshot
         && snap.sample_count() == v.samples;
     if !same {
+        let hex = granary_format::hex16;
         return Err(ReadError::invalid(format!(
-            "{}: the view was made of dataset {} generation {} ({} samples), but {} is dataset \
-             {} generation {} ({} samples): its ids would name other samples; make the view \
-             again (`granary view`)",
+            "{}: the view was made of dataset {} generation {} (content {}, {} samples), but {} \
+             is dataset {} generation {} (content {}, {} samples): its ids could name other \
+             samples; make the view again (`granary view`)",
             path.display(),
-            granary_format::DatasetId(v.dataset_id),
+            hex(&v.dataset_id),
             v.generation,
+            hex(&v.snapshot),
             v.samples,
             target.display(),
-            granary_format::DatasetId(snap.dataset_id()),
+            hex(&snap.dataset_id()),
             generation,
+            hex(&snap.content_digest()),
             snap.sample_count()
         )));
     }
@@ -111,6 +114,7 @@ pub fn write_view(
     }
     let view = ViewFile {
         dataset_id: snap.dataset_id(),
+        snapshot: snap.content_digest(),
         generation: snap.lineage().generation,
         samples: snap.sample_count(),
         location: location(dataset, output)?,

@@ -72,6 +72,16 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     let data = ds
         .read(id)
         .with_context(|| format!("reading sample {id}"))?;
+    // What `ls` shows as the size (the namespace's) is what `cat` writes, or an error.
+    let shown = ds.stat(id)?.size;
+    if data.len() as u64 != shown {
+        bail!(
+            "{}: sample {id}'s record holds {} bytes, its namespace entry says {shown}: the \
+             snapshot is damaged (`granary verify` checks every sample)",
+            a.dataset.display(),
+            data.len()
+        );
+    }
     let mut out = std::io::stdout().lock();
     out.write_all(&data)?;
     out.flush()?;

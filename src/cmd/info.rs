@@ -2,6 +2,7 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use granary_format::hex16;
 use serde_json::json;
 
 use super::{human_bytes, open_dataset};
@@ -55,12 +56,15 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         .zip(&types)
         .map(|(n, t)| (n.clone(), t.descriptor().into()))
         .collect();
+    let lineage = snap.lineage();
     let mut out = std::io::stdout().lock();
     if a.json {
         let v = json!({
             "format_version": format!("{major}.{minor}"),
             "generation": ds.snapshot().lineage().generation,
+            "parent": lineage.has_parent().then(|| hex16(&lineage.parent)),
             "dataset_id": id,
+            "content_digest": hex16(&snap.content_digest()),
             "samples": ds.len(),
             "chunks": ds.chunk_count(),
             "bytes_original": orig,
@@ -98,15 +102,23 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         None => writeln!(out, "dataset        {}", a.dataset.display())?,
     }
     writeln!(out, "format         {major}.{minor}")?;
-    let lineage = ds.snapshot().lineage();
     if lineage.generation > 0 {
+        let parent = if lineage.has_parent() {
+            format!(
+                "the snapshot with content digest {}",
+                hex16(&lineage.parent)
+            )
+        } else {
+            "a snapshot upgraded from 1.x, whose digest is not recorded".to_string()
+        };
         writeln!(
             out,
-            "generation     {} (appended to the snapshot with header CRC {:08x})",
-            lineage.generation, lineage.parent
+            "generation     {} (appended to {parent})",
+            lineage.generation
         )?;
     }
     writeln!(out, "dataset id     {id}")?;
+    writeln!(out, "content digest {}", hex16(&snap.content_digest()))?;
     writeln!(
         out,
         "samples        {} ({} compressed)",

@@ -51,8 +51,8 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         if let Some(d) = r.digest {
             println!("digest of a complete epoch: {d:016x} (what `granary read` prints when every sample arrives once, right)");
         }
-        if let Some(d) = r.content_digest {
-            println!("content digest: {d:016x} (paths, bytes and labels: the same for every dataset of the same files, however packed)");
+        if let Some(d) = r.samples_digest {
+            println!("samples digest: {d:016x} (paths, bytes and labels: the same for every dataset of the same files, however packed)");
         }
         let secs = t.elapsed().as_secs_f64();
         println!(

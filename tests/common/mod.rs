@@ -433,7 +433,11 @@ fn relay_pipe(
 pub fn set_attrs(p: &Path, mode: u32, mtime_ns: i64) {
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap();
-    let t = std::time::UNIX_EPOCH + std::time::Duration::from_nanos(mtime_ns as u64);
+    let d = std::time::Duration::from_nanos(mtime_ns.unsigned_abs());
+    let t = match mtime_ns < 0 {
+        true => std::time::UNIX_EPOCH - d,
+        false => std::time::UNIX_EPOCH + d,
+    };
     std::fs::File::open(p)
         .unwrap()
         .set_times(std::fs::FileTimes::new().set_modified(t))

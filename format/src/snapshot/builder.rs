@@ -4,7 +4,9 @@ use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
 
 use super::fields::{encode_fields, FieldType};
-use super::header::{SnapshotHeader, BLOCK_SHIFT, SNAPSHOT_HEADER_LEN};
+use super::header::{
+    ContentDigest, SnapshotHeader, BLOCK_SHIFT, DIGEST_PREFIX, SNAPSHOT_HEADER_LEN,
+};
 use super::namespace::{put_varint, EntryRef, NsWriter};
 use super::types::{ChunkEntry, FileAttrs, Lineage, RecordEntry, MAX_RECORD_OFFSET, RECORD_LEN};
 use super::{features, SectionKind, SECTION_ENTRY_LEN, SECTION_TABLE_HEAD};
@@ -504,8 +506,7 @@ impl SnapshotBuilder {
         let mut bulk = std::mem::replace(&mut self.bulk, Bulk::Mem(Vec::new()));
         let body = self.sections(&mut bulk).map_err(inv)?;
         let bulk = bulk.finish()?;
-        let crcs = block_crcs(|f| body.emit(&bulk, f))?;
-        let header = SnapshotHeader {
+        let mut header = SnapshotHeader {
             dataset_id: self.dataset_id,
             samples: self.sample_count,
             chunks: self.chunks.len() as u32,
@@ -513,9 +514,21 @@ impl SnapshotBuilder {
             block_shift: BLOCK_SHIFT,
             incompat: body.incompat,
             compat: 0,
-            table_crc: crc32fast::hash(&crcs),
+            digest: [0; 16],
+            table_crc: 0,
             header_crc: 0,
         };
+        let mut digest = ContentDigest::new();
+        digest.update(&header.encode()[..DIGEST_PREFIX]);
+        let crcs = block_crcs(|f| {
+            body.emit(&bulk, &mut |b| {
+                digest.update(b);
+                f(b)
+            })
+        })?;
+        digest.update(&crcs);
+        header.digest = digest.finish();
+        header.table_crc = crc32fast::hash(&crcs);
         w.write_all(&header.encode())?;
         body.emit(&bulk, &mut |b| w.write_all(b))?;
         w.write_all(&crcs)?;

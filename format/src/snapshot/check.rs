@@ -3,7 +3,7 @@
 
 use std::collections::HashSet;
 
-use super::{Snapshot, SECTION_ENTRY_LEN, SECTION_TABLE_HEAD, SNAPSHOT_HEADER_LEN};
+use super::{ContentDigest, Snapshot, SECTION_ENTRY_LEN, SECTION_TABLE_HEAD, SNAPSHOT_HEADER_LEN};
 use crate::error::{FormatError, Result};
 use crate::{Compression, NO_LABEL};
 
@@ -58,7 +58,32 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
                 Err(e) => out.push(e),
             }
         }
+        if out.is_empty() {
+            if let Err(e) = self.check_digest() {
+                out.push(e);
+            }
+        }
         out
+    }
+
+    /// Recomputes the content digest over the whole file (every block made present first) and
+    /// compares it with the header's: what a plain open trusts.
+    pub fn check_digest(&self) -> Result<()> {
+        let len = self.h.file_len() as usize;
+        let b = self.at(0..len)?;
+        let actual = ContentDigest::of_file(b);
+        if actual != self.h.digest {
+            return Err(FormatError::invalid(
+                "snapshot",
+                format!(
+                    "content digest {} in the header, {} computed from the file: a writer \
+                     named this snapshot's content wrongly",
+                    crate::hex16(&self.h.digest),
+                    crate::hex16(&actual)
+                ),
+            ));
+        }
+        Ok(())
     }
 
     /// Checks every rule about the sections' contents, O(n): records back to back inside

@@ -13,7 +13,10 @@ use crate::le;
 use crate::{SNAPSHOT_MAGIC, SNAPSHOT_MAJOR};
 
 /// Length of the snapshot header; the body follows it.
-pub const SNAPSHOT_HEADER_LEN: usize = 64;
+pub const SNAPSHOT_HEADER_LEN: usize = 96;
+/// Header bytes `0..DIGEST_PREFIX` start what the content digest covers (then the body and
+/// the block CRC table).
+pub const DIGEST_PREFIX: usize = 56;
 /// log2 of the block size writers use (64 KiB).
 pub const BLOCK_SHIFT: u8 = 16;
 /// Smallest and largest log2 of a block size readers accept (4 KiB to 16 MiB).
@@ -31,7 +34,7 @@ pub mod features {
     pub const KNOWN_COMPAT: u32 = 0;
 }
 
-/// The 64-byte snapshot header, decoded and checked.
+/// The 96-byte snapshot header, decoded and checked.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SnapshotHeader {
     /// The dataset id every chunk must carry.
@@ -48,9 +51,12 @@ pub struct SnapshotHeader {
     pub incompat: u32,
     /// Compatible feature bits.
     pub compat: u32,
+    /// The content digest: the first 16 bytes of SHA-256 over header bytes 0..56, the body
+    /// and the block CRC table. With the dataset id, what identifies the snapshot's content.
+    pub digest: [u8; 16],
     /// CRC-32 of the block CRC table.
     pub table_crc: u32,
-    /// CRC-32 of header bytes 0..60.
+    /// CRC-32 of header bytes 0..92.
     pub header_crc: u32,
 }
 
@@ -67,9 +73,10 @@ impl SnapshotHeader {
         h[40..48].copy_from_slice(&self.body_end.to_le_bytes());
         h[48..52].copy_from_slice(&self.compat.to_le_bytes());
         h[52..56].copy_from_slice(&self.chunks.to_le_bytes());
-        h[56..60].copy_from_slice(&self.table_crc.to_le_bytes());
-        let crc = crc32fast::hash(&h[0..60]);
-        h[60..64].copy_from_slice(&crc.to_le_bytes());
+        h[56..72].copy_from_slice(&self.digest);
+        h[88..92].copy_from_slice(&self.table_crc.to_le_bytes());
+        let crc = crc32fast::hash(&h[0..92]);
+        h[92..96].copy_from_slice(&crc.to_le_bytes());
         h
     }
 
@@ -102,7 +109,7 @@ impl SnapshotHeader {
                 ),
             ));
         }
-        check_crc(WHAT, le::u32_at(b, 60), &b[0..60])?;
+        check_crc(WHAT, le::u32_at(b, 92), &b[0..92])?;
         let h = SnapshotHeader {
             dataset_id: le::id_at(b, 16),
             samples: le::u64_at(b, 32),
@@ -111,11 +118,15 @@ impl SnapshotHeader {
             block_shift: b[10],
             incompat: le::u32_at(b, 12),
             compat: le::u32_at(b, 48),
-            table_crc: le::u32_at(b, 56),
-            header_crc: le::u32_at(b, 60),
+            digest: le::id_at(b, 56),
+            table_crc: le::u32_at(b, 88),
+            header_crc: le::u32_at(b, 92),
         };
-        if b[11] != 0 {
-            return Err(FormatError::invalid(WHAT, "reserved byte 11 is not zero"));
+        if b[11] != 0 || b[72..88].iter().any(|&x| x != 0) {
+            return Err(FormatError::invalid(
+                WHAT,
+                "reserved byte 11 or bytes 72..88 are not zero",
+            ));
         }
         if !BLOCK_SHIFTS.contains(&h.block_shift) {
             return Err(FormatError::invalid(
@@ -176,6 +187,38 @@ impl SnapshotHeader {
     /// Whether the snapshot's samples are field groups.
     pub fn has_fields(&self) -> bool {
         self.incompat & features::FIELDS != 0
+    }
+}
+
+/// Computes a snapshot's content digest from the bytes it covers, in file order: header bytes
+/// `0..DIGEST_PREFIX`, then the body, then the block CRC table.
+#[derive(Clone, Default)]
+pub struct ContentDigest(sha2::Sha256);
+
+impl ContentDigest {
+    /// Starts a digest.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds the next covered bytes.
+    pub fn update(&mut self, b: &[u8]) {
+        sha2::Digest::update(&mut self.0, b);
+    }
+
+    /// The digest: SHA-256's first 16 bytes.
+    pub fn finish(self) -> [u8; 16] {
+        let full = sha2::Digest::finalize(self.0);
+        full[..16].try_into().expect("SHA-256 has 32 bytes")
+    }
+
+    /// The content digest of a whole snapshot file `b` (whose header says where its body ends:
+    /// the caller checked the header).
+    pub fn of_file(b: &[u8]) -> [u8; 16] {
+        let mut d = ContentDigest::new();
+        d.update(&b[..DIGEST_PREFIX]);
+        d.update(&b[SNAPSHOT_HEADER_LEN.min(b.len())..]);
+        d.finish()
     }
 }
 

@@ -130,7 +130,9 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
         Ok(at.map_or(r.end, |i| r.start + i))
     }
 
-    /// The entry whose path is exactly `path`, and its position.
+    /// The entry whose path is exactly `path`, and its position. A file's tag is checked
+    /// against the id table (which must lead back to this position), so that a tag naming
+    /// another sample is an error rather than that sample's bytes under this path.
     pub fn find(&self, path: &[u8]) -> Result<Option<(u64, NsEntry)>> {
         let ix = self.page_index()?;
         if ix.is_empty() {
@@ -143,6 +145,18 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
             std::cmp::Ordering::Equal => Some(Some((first + i as u64, e.to_entry()))),
             std::cmp::Ordering::Greater => Some(None),
         })?;
+        if let Some((pos, NsEntry { id: Some(id), .. })) = &hit.as_ref().and_then(|h| h.as_ref()) {
+            let back = self.position(*id)?;
+            if back != *pos {
+                return Err(FormatError::invalid(
+                    NS,
+                    format!(
+                        "the entry at position {pos} is tagged sample {id}, whose id table entry \
+                         is position {back}: the tag or the id table is wrong"
+                    ),
+                ));
+            }
+        }
         Ok(hit.flatten())
     }
 

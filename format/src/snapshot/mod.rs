@@ -19,7 +19,8 @@ pub use builder::SnapshotBuilder;
 use fields::FieldsLayout;
 pub use fields::{FieldType, DTYPES, FIELDS_HEADER_LEN, SNAP_FIELD_LEN};
 pub use header::{
-    features, Blocks, Pager, SnapshotHeader, BLOCK_SHIFT, BLOCK_SHIFTS, SNAPSHOT_HEADER_LEN,
+    features, Blocks, ContentDigest, Pager, SnapshotHeader, BLOCK_SHIFT, BLOCK_SHIFTS,
+    DIGEST_PREFIX, SNAPSHOT_HEADER_LEN,
 };
 use namespace::NsLayout;
 pub use namespace::{
@@ -128,12 +129,12 @@ pub struct Snapshot<B> {
 /// Decoded pages a snapshot keeps.
 const DECODED_PAGES: usize = 8;
 
-/// What identifies a snapshot's content, read from its 64-byte header alone: the dataset id
-/// and the header's CRC (which covers the counts, the features and the block CRC table's
-/// CRC, and through it every byte of the body). Checks magic, version and the header CRC.
-pub fn snapshot_key(header: &[u8]) -> Result<([u8; 16], u32)> {
+/// What identifies a snapshot's content, read from its 96-byte header alone: the dataset id
+/// and the content digest (a 128-bit digest of the counts, the features, the body and the
+/// block CRC table). Checks magic, version and the header CRC.
+pub fn snapshot_key(header: &[u8]) -> Result<([u8; 16], [u8; 16])> {
     let h = SnapshotHeader::decode(header)?;
-    Ok((h.dataset_id, h.header_crc))
+    Ok((h.dataset_id, h.digest))
 }
 
 impl<B: AsRef<[u8]>> Snapshot<B> {
@@ -545,9 +546,11 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
         self.h.dataset_id
     }
 
-    /// The header CRC: with the dataset id, it identifies this snapshot's content.
-    pub fn header_crc(&self) -> u32 {
-        self.h.header_crc
+    /// The content digest (128 bits, from the header): with the dataset id, it identifies this
+    /// snapshot's content. Opening trusts it as the header CRC covers it; `verify` recomputes
+    /// it ([`Snapshot::check_digest`]).
+    pub fn content_digest(&self) -> [u8; 16] {
+        self.h.digest
     }
 
     /// The snapshot's generation and the snapshot it extends.

@@ -101,12 +101,13 @@ fn reseal(b: &mut [u8]) {
     assert!(crate::testing::reseal_snapshot(b));
 }
 
-/// Sets header fields through `f` and reseals.
+/// Sets header fields through `f` and reseals (the content digest covers them).
 fn with_header(b: &[u8], f: impl FnOnce(&mut SnapshotHeader)) -> Vec<u8> {
     let mut b = b.to_vec();
     let mut h = SnapshotHeader::decode(&b).unwrap();
     f(&mut h);
     b[..SNAPSHOT_HEADER_LEN].copy_from_slice(&h.encode());
+    reseal(&mut b);
     b
 }
 
@@ -587,4 +588,44 @@ fn a_paged_snapshot_asks_only_for_what_it_uses() {
     // Each block is asked for once.
     let _ = s.lookup(&recs[31_337].0).unwrap();
     assert_eq!(asked(&rec) - at_open, used);
+}
+
+#[test]
+fn the_content_digest_names_the_content() {
+    let (_, snap) = small();
+    let s = Snapshot::open(&snap[..]).unwrap();
+    assert!(s.check_digest().is_ok());
+    assert_eq!(s.content_digest(), crate::ContentDigest::of_file(&snap));
+    // Any byte of the body changed (and every CRC made right again) changes the digest.
+    let mut other = snap.clone();
+    let last = s.header().body_end as usize - 1;
+    other[last] ^= 1;
+    reseal(&mut other);
+    let o = Snapshot::open(&other[..]).unwrap();
+    assert_ne!(o.content_digest(), s.content_digest());
+    // A header whose digest is wrong (its CRC made right) opens, and `verify` says so.
+    let mut wrong = snap.clone();
+    wrong[56] ^= 1;
+    let crc = crc32fast::hash(&wrong[..92]);
+    wrong[92..96].copy_from_slice(&crc.to_le_bytes());
+    let w = Snapshot::open(&wrong[..]).unwrap();
+    let e = w.check_digest().unwrap_err().to_string();
+    assert!(e.contains("content digest"), "{e}");
+    assert!(w
+        .check_blocks()
+        .iter()
+        .any(|e| e.to_string().contains("digest")));
+}
+
+#[test]
+fn a_lineage_names_its_parent_by_digest() {
+    for (generation, parent, ok) in [
+        (0, [0u8; 16], true),
+        (0, [1u8; 16], false),
+        (1, [0u8; 16], true),
+        (3, [0xab; 16], true),
+    ] {
+        let l = Lineage { generation, parent };
+        assert_eq!(Lineage::decode(&l.encode()).is_ok(), ok, "{l:?}");
+    }
 }

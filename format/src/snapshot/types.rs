@@ -74,7 +74,7 @@ impl FileAttrs {
 }
 
 /// Length of the lineage section.
-pub const LINEAGE_LEN: usize = 16;
+pub const LINEAGE_LEN: usize = 24;
 
 /// Which generation of a dataset a snapshot is: `granary append` publishes generation `g + 1`
 /// over every chunk of generation `g`, plus new ones.
@@ -82,35 +82,40 @@ pub const LINEAGE_LEN: usize = 16;
 pub struct Lineage {
     /// 0 for a pack (or a merge of shards), +1 for each append.
     pub generation: u64,
-    /// `header_crc` of the snapshot this one extends (0 for generation 0).
-    pub parent: u32,
+    /// The content digest of the snapshot this one extends: zero at generation 0, and where
+    /// it is not known (a snapshot upgraded from 1.x, whose lineage named a CRC only).
+    pub parent: [u8; 16],
 }
 
 impl Lineage {
-    /// The lineage section: generation `u64`, parent `u32`, reserved `u32` (zero).
+    /// The lineage section: generation `u64`, parent (16 bytes).
     pub(crate) fn encode(&self) -> [u8; LINEAGE_LEN] {
         let mut b = [0u8; LINEAGE_LEN];
         b[0..8].copy_from_slice(&self.generation.to_le_bytes());
-        b[8..12].copy_from_slice(&self.parent.to_le_bytes());
+        b[8..24].copy_from_slice(&self.parent);
         b
     }
 
     pub(crate) fn decode(b: &[u8]) -> Result<Lineage> {
         let l = Lineage {
             generation: le::u64_at(b, 0),
-            parent: le::u32_at(b, 8),
+            parent: le::id_at(b, 8),
         };
-        if le::u32_at(b, 12) != 0 || (l.generation == 0) != (l.parent == 0) {
+        if l.generation == 0 && l.parent != [0; 16] {
             return Err(FormatError::invalid(
                 "snapshot lineage",
                 format!(
-                    "generation {} with parent {:08x} (generation 0 has parent 0, no other \
-                     generation does), or a reserved field set",
-                    l.generation, l.parent
+                    "generation 0 names a parent ({}); a packed dataset has none",
+                    crate::hex16(&l.parent)
                 ),
             ));
         }
         Ok(l)
+    }
+
+    /// Whether the parent is recorded.
+    pub fn has_parent(&self) -> bool {
+        self.parent != [0; 16]
     }
 }
 

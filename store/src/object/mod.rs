@@ -5,7 +5,7 @@
 //! A dataset at a URL is the same directory of immutable files as on disk, as objects under a
 //! prefix. `granary::Dataset::open` fetches the snapshot once and keeps it in a local cache keyed by the
 //! dataset id and the snapshot header's CRC ([`granary_format::snapshot_key`]), so reopening
-//! costs one 64-byte ranged GET; chunks are read with ranged GETs ([`ObjectChunks`]), many in
+//! costs one 96-byte ranged GET; chunks are read with ranged GETs ([`ObjectChunks`]), many in
 //! flight, sizes taken from the snapshot (no HEAD per chunk). Everything the local reader
 //! checks (headers, sizes, CRCs of every record) is checked the same way: a truncated or
 //! replaced object is an error naming its URL, never short or wrong bytes.

@@ -1,7 +1,7 @@
 //! Snapshots of datasets in object stores, read in blocks.
 //!
 //! A snapshot costs tens of bytes a sample; a reader of a billion-sample dataset must not
-//! fetch it whole. [`open_snapshot`] fetches only its 64-byte header and its block CRC table
+//! fetch it whole. [`open_snapshot`] fetches only its 96-byte header and its block CRC table
 //! (4 bytes per 64 KiB block, checked against the header), and returns a local *sparse* file
 //! of the snapshot's length plus a [`BlockPager`]: the reader maps the file and, before it
 //! uses any block, asks the pager, which fetches the blocks that are not there yet with one
@@ -11,7 +11,7 @@
 //! the classes) lies in the first blocks; a chunk's record entries are one range; a path
 //! lookup is the page index (once) and one page.
 //!
-//! The sparse file lives in the snapshot cache, named by the dataset id and the header CRC,
+//! The sparse file lives in the snapshot cache, named by the dataset id and the content digest,
 //! and is shared by the processes of a node (every `DataLoader` worker): a block one process
 //! fetched is found by the others, which check its CRC before they trust it (a block not yet
 //! written reads as zeros and fails the check, unless its bytes are zeros, which is then
@@ -57,7 +57,7 @@ pub fn open_snapshot(url: &Arc<ObjectUrl>, cfg: &StoreConfig) -> Result<RemoteSn
     let head = crate::object::snapshot_head(url)?;
     let fmt = |e: FormatError| StoreError::format(&snap_url, e);
     let h = SnapshotHeader::decode(&head).map_err(fmt)?;
-    let name = format!("{}-{:08x}", DatasetId(h.dataset_id), h.header_crc);
+    let name = format!("{}-{}", DatasetId(h.dataset_id), DatasetId(h.digest));
     if dir.join(format!("{name}.gsnap")).is_file() || h.file_len() <= cfg.snapshot_whole_max {
         return whole(());
     }
@@ -327,7 +327,7 @@ impl Pager for BlockPager {
     }
 }
 
-/// The first 64 bytes of the snapshot of the dataset at `url` (one ranged GET), or an error
+/// The header (first 96 bytes) of the snapshot of the dataset at `url` (one ranged GET), or an error
 /// that says what the prefix holds instead (an upload that has not finished).
 pub fn snapshot_head(url: &ObjectUrl) -> Result<bytes::Bytes> {
     use granary_format::{SNAPSHOT_FILE, SNAPSHOT_HEADER_LEN};
@@ -353,7 +353,7 @@ pub fn snapshot_head(url: &ObjectUrl) -> Result<bytes::Bytes> {
 }
 
 /// Fetches the snapshot of the dataset at `url` into the local cache unless the cached copy
-/// is current (one 64-byte ranged GET to tell), and returns the cached file's path. A fetched
+/// is current (one 96-byte ranged GET to tell), and returns the cached file's path. A fetched
 /// snapshot has every section's CRC checked before it is kept; it is written under a
 /// temporary name and renamed, so concurrent openers (every loader worker) never see half.
 /// The other cached snapshots in `dir` are kept within `budget` bytes.
@@ -361,15 +361,15 @@ pub fn fetch_snapshot(url: &ObjectUrl, dir: &Path, budget: u64) -> Result<PathBu
     use granary_format::{snapshot_key, Snapshot, SNAPSHOT_FILE};
     let snap_url = url.object_url(SNAPSHOT_FILE);
     let head = snapshot_head(url)?;
-    let (id, crc) = snapshot_key(&head).map_err(|e| StoreError::format(&snap_url, e))?;
-    let cached = dir.join(format!("{}-{crc:08x}.gsnap", DatasetId(id)));
+    let (id, digest) = snapshot_key(&head).map_err(|e| StoreError::format(&snap_url, e))?;
+    let cached = dir.join(format!("{}-{}.gsnap", DatasetId(id), DatasetId(digest)));
     if cached.is_file() {
         return Ok(cached);
     }
     evict(dir, budget, &cached);
     let bytes = url.get(SNAPSHOT_FILE)?;
     let key = snapshot_key(&bytes).map_err(|e| StoreError::format(&snap_url, e))?;
-    if key != (id, crc) {
+    if key != (id, digest) {
         return Err(StoreError::damaged(
             &snap_url,
             "the snapshot was replaced while it was fetched; open the dataset again",
