@@ -9,7 +9,8 @@
 # scripts/test.sh sets, or CI=true). cargo-fuzz is installed into ~/.cache/granary/cargo-fuzz if it is not
 # on PATH. Targets are built once with AddressSanitizer (set FUZZ_SANITIZER=none for plain
 # builds: faster, but no allocation limit). Each run starts from the committed corpus
-# fuzz/corpus/<target> (seeded from tests/golden and from the unit tests' vectors:
+# fuzz/corpus/<target> (seeded from tests/golden, the format's test vectors in format/testdata,
+# and the unit tests' vectors:
 # `GRANARY_FUZZ_SEEDS=fuzz/corpus cargo test --lib` writes them) and works in a copy under
 # target/fuzz/, so the tree is not changed; FUZZ_MINIMIZE=1 merges what a run found back into
 # fuzz/corpus, minimised (cargo fuzz cmin).
@@ -83,8 +84,8 @@ for t in "${targets[@]}"; do
   # The committed corpus, plus the golden dataset's files for the format's own parsers.
   cp -r fuzz/corpus/"$t"/. "$work"/ 2>/dev/null || true
   case $t in
-    snapshot|paged_snapshot|legacy_snapshot) for v in tests/golden/*/; do cp "$v"dataset/snapshot.gsnap "$work/golden-$(basename "$v")"; done ;;
-    chunk) for v in tests/golden/*/; do for c in "$v"dataset/chunk-*.gchunk; do cp "$c" "$work/$(basename "$v")-$(basename "$c")"; done; done ;;
+    snapshot|paged_snapshot|legacy_snapshot) for v in tests/golden/*/ format/testdata/*/; do cp "$v"dataset/snapshot.gsnap "$work/golden-$(basename "$v")"; done ;;
+    chunk) for v in tests/golden/*/ format/testdata/*/; do for c in "$v"dataset/chunk-*.gchunk; do cp "$c" "$work/$(basename "$v")-$(basename "$c")"; done; done ;;
   esac
   log=$out/$t.log
   set +e

@@ -435,6 +435,7 @@ class IterableDataset(_IterBase):
     def set_epoch(self, epoch):
         """Selects the epoch the next iteration streams (its own shuffle), and merges the
         losses reported so far into the score table so that it samples and caches by them."""
+        self._box.check_workers()
         self._merge_reported()
         self._set_epoch(int(epoch))
         self._box.publish(self.epoch)
@@ -521,6 +522,11 @@ class IterableDataset(_IterBase):
         self._merge_reported()
         try:
             yield from self._iterate()
+        except Exception as e:
+            # Told to the training process through shared memory too: an error that a
+            # DataLoader's queue failed to carry cannot pass as the end of this share.
+            self._box.fail(self.epoch, e)
+            raise
         finally:
             # ... and those reported during it (here, or in this worker) before the next one.
             self._merge_reported()
@@ -687,7 +693,10 @@ class IterableDataset(_IterBase):
         the same worker count. An epoch resumed under another configuration can be
         checkpointed again (``"then"``: how far it got there) and resumed at that
         configuration. Called in the training process while plain DataLoader workers do the
-        iterating, it knows only the epoch: a resume from it restarts that epoch."""
+        iterating, it knows only the epoch: a resume from it restarts that epoch. In the
+        training process it raises ``IncompleteError`` if a DataLoader worker failed since the
+        last check (``set_epoch`` checks too), so no checkpoint passes over a failed share."""
+        self._box.check_workers()
         pending = self._resumed_state()
         if pending is not None and getattr(self, "_pending", False):
             # Loaded, not read yet (StatefulDataLoader asks a worker as it starts): the state
@@ -836,8 +845,10 @@ class _EpochBox:
         from multiprocessing.sharedctypes import RawArray
 
         self.owner = os.getpid()
-        self.shared = RawArray("q", 2)  # epoch, count of resume states loaded
+        self.shared = RawArray("q", 3)  # epoch, resume states loaded, worker failures
+        self.failure = RawArray("c", 1024)  # the last worker failure, in words
         self.seen = (0, 0)
+        self.failures_seen = 0
 
     def publish(self, epoch, resumed=False):
         if self.shared is None or os.getpid() != self.owner:
@@ -846,6 +857,30 @@ class _EpochBox:
         if resumed:
             self.shared[1] += 1
         self.seen = (self.shared[0], self.shared[1])
+
+    def fail(self, epoch, error):
+        """In a worker: records that its share of ``epoch`` ended with ``error``."""
+        if self.shared is None or os.getpid() == self.owner:
+            return  # in the training process the error is raised where it happens
+        pid = os.getpid()
+        what = f"{type(error).__name__} in the worker process {pid}, epoch {epoch}: {error}"
+        self.failure.value = what.encode("utf-8", "replace")[:1023]
+        self.shared[2] += 1
+
+    def check_workers(self):
+        """In the training process: raises ``IncompleteError`` once for each worker failure
+        recorded since the last check, even if the worker's own error reached the caller
+        (the epoch it belonged to is incomplete either way)."""
+        if self.shared is None or os.getpid() != self.owner:
+            return
+        failures = self.shared[2]
+        if failures != self.failures_seen:
+            self.failures_seen = failures
+            raise IncompleteError(
+                f"a DataLoader worker failed ({failures} so far; the last: "
+                f"{self.failure.value.decode('utf-8', 'replace')}): the epoch it belonged to is "
+                "incomplete, even if no error reached this process; resume from the last "
+                "checkpoint")
 
     def changed(self):
         """The epoch set in the owning process since this copy last looked, or None."""
@@ -869,6 +904,7 @@ class _EpochBox:
         state = dict(self.__dict__)
         if context.get_spawning_popen() is None:
             state["shared"] = None  # not for a process being started: nothing to share
+            state["failure"] = None
         return state
 
 

@@ -253,3 +253,31 @@ def test_a_snapshot_replaced_between_epochs_is_an_error_not_an_empty_epoch(tmp_p
     ds.set_epoch(1)
     with pytest.raises(granary.GranaryError):
         _count(loader)
+
+
+def test_a_worker_error_the_queue_cannot_carry_is_still_raised(tmp_path):
+    """The last line of defence: a worker's error that torch's queue drops (here an exception
+    of a class no process can import, so it cannot be pickled) ends that worker's share early
+    with no error in the loop; ``set_epoch`` and ``state_dict`` in the training process then
+    raise ``IncompleteError`` naming it, so the short epoch cannot pass as complete."""
+    path, _ = _dataset(tmp_path, n=300)
+
+    def transform(data):
+        class Local(Exception):  # defined in a function: cannot be pickled
+            pass
+        if data[:1] == b"\x00" or len(data) % 7 == 3:
+            raise Local("a transform failed in the worker")
+        return data
+
+    ds = granary.IterableDataset(path, transform=transform)
+    ds.set_epoch(0)
+    loader = DataLoader(ds, batch_size=None, num_workers=2)
+    try:
+        n = _count(loader)
+    except Exception:
+        n = None  # torch may report the worker's failure itself: that is fine too
+    if n is not None:
+        assert n < 300
+    with pytest.raises(granary.IncompleteError, match="Local in the worker process"):
+        ds.state_dict()
+    ds.set_epoch(1)  # raised once per failure: the next epoch proceeds
