@@ -1,6 +1,6 @@
 //! Views: a subset of a dataset's samples chosen once (`granary view`, [`create_view`]) and
 //! saved as a small checksummed file ([`granary_format::ViewFile`]) pinned to the dataset's id
-//! and generation. Opening the file opens the dataset with the selection attached: epoch plans
+//! and its snapshot's content digest. Opening the file opens the dataset with the selection attached: epoch plans
 //! are computed over the selected samples alone (chunk-wise as usual: each chunk holds its
 //! selected samples), so streams, ranks, workers and resume work on a view as on a dataset,
 //! and nothing of the dataset is rewritten.

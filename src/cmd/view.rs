@@ -15,7 +15,8 @@ granary read pets.gview --world-size 8 --rank 3    # a view reads like a dataset
 A sample is selected when it matches every kind of criterion given, and any one value of each \
 kind (--class a --class b: either class). The view file (a few bytes per selected sample) \
 names the dataset (a path relative to the view file, or the URL) and is pinned to its id and \
-generation: after an append the view is refused, and must be made again. Epochs of a view are \
+its snapshot's content digest: after an append (or any other change) the view is refused, and \
+must be made again. Epochs of a view are \
 planned over its samples alone, chunk-wise as usual; nothing of the dataset is rewritten."
 )]
 pub struct Args {
