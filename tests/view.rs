@@ -143,6 +143,7 @@ fn a_view_reads_its_samples_exactly_once_on_any_shards_and_resumes() {
             consumed,
             column: None,
             then: None,
+            chunks: None,
         };
         for rank in 0..3 {
             let s = Shard {

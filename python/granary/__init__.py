@@ -443,6 +443,7 @@ class IterableDataset(_IterBase):
     def _set_epoch(self, epoch):
         if epoch != self.epoch:
             self._resume = None
+            self._epoch_of = None
             self._consumed = 0
         self.epoch = epoch
 
@@ -504,10 +505,13 @@ class IterableDataset(_IterBase):
         resume = None
         if st is not None:
             then = st.get("then")
+            of = st.get("of")
+            earlier = of is not None and of != self._identity()
             resume = (st["epoch"], st["world_size"], st["num_workers"], st["consumed"],
                       st.get("worker"),
                       None if then is None else (then["world_size"], then["num_workers"],
-                                                 then["consumed"]))
+                                                 then["consumed"]),
+                      of["chunks"] if earlier else None)
         return Stream(self.root, self.epoch, rank, world, worker, workers, resume=resume,
                       **self._stream_options())
 
@@ -534,6 +538,10 @@ class IterableDataset(_IterBase):
     def _iterate(self):
         stream = self._stream()
         rank, world, worker, workers = self._shard
+        # What this iteration's epoch was planned over (a resumed state's, which may be of the
+        # previous generation), for the states taken of it.
+        st = self._resumed_state()
+        self._epoch_of = None if st is None else st.get("of")
         self._consumed = 0
         self._redistributed = False
         self._pending = False
@@ -712,9 +720,12 @@ class IterableDataset(_IterBase):
             state = {k: v for k, v in st.items() if k != "then"}
             state["then"] = {"world_size": world, "num_workers": workers, "consumed": own}
             return state
+        # An epoch resumed from a state of the previous generation is still that epoch: its
+        # state names what it was planned over.
+        of = (pending or {}).get("of") or getattr(self, "_epoch_of", None) or self._identity()
         return {
             "kind": self._kind(),
-            "of": self._identity(),
+            "of": of,
             "epoch": self.epoch,
             "world_size": world,
             "num_workers": workers,
@@ -768,6 +779,8 @@ class IterableDataset(_IterBase):
         self._box.publish(self.epoch, resumed=True)
 
     def _check_state_identity(self, state):
+        """Refuses a state of anything but this dataset (view, mixture): its snapshot, or for
+        a dataset its parent (one append since: that epoch resumes as it was planned)."""
         kind = state.get("kind")
         if kind is None:
             raise ValueError(
@@ -775,7 +788,7 @@ class IterableDataset(_IterBase):
                 "granary); resume at the next epoch (set_epoch) instead"
             )
         mine = self._identity()
-        if kind != mine["kind"] or state.get("of") != mine:
+        if kind != mine["kind"] or not _resumable(state.get("of"), mine):
             raise ValueError(
                 f"the state resumes {kind} {state.get('of')}, not this {mine['kind']} {mine} "
                 f"({self.root}): its counts would skip or repeat other samples"
@@ -826,6 +839,22 @@ class IterableDataset(_IterBase):
             f"granary.IterableDataset({self.root!r}, shuffle={self.shuffle!r}, seed={self.seed}, "
             f"epoch={self.epoch})"
         )
+
+
+def _resumable(of, mine):
+    """Whether a state taken of ``of`` resumes on ``mine`` (identities as ``state_dict``
+    records them): the same snapshot, or a dataset's next generation (its parent is the
+    state's snapshot: an append keeps every chunk and sample id, so the epoch is resumed as it
+    was planned, over the chunks it had). A mixture: each source so."""
+    if of == mine:
+        return True
+    if not isinstance(of, dict) or of.get("kind") != mine.get("kind"):
+        return False
+    if mine["kind"] == "mixture":
+        a, b = of.get("sources") or [], mine["sources"]
+        return len(a) == len(b) and all(_resumable(x, y) for x, y in zip(a, b))
+    return (mine["kind"] == "dataset" and of.get("dataset") == mine["dataset"]
+            and of.get("snapshot") is not None and mine.get("parent") == of["snapshot"])
 
 
 class _EpochBox:

@@ -335,9 +335,9 @@ impl Dataset {
     }
 
     /// What a resume state pins: `{"kind": "dataset" | "view", "dataset": id, "snapshot": the
-    /// snapshot's 128-bit content digest, "generation": appends so far, "samples": count}`,
-    /// and of a view `"selected"` (its size) and `"selection"`, a 128-bit digest of its sample
-    /// ids.
+    /// snapshot's 128-bit content digest, "parent": the digest of the snapshot it extends (or
+    /// None), "generation": appends so far, "samples": count, "chunks": count}`, and of a view
+    /// `"selected"` (its size) and `"selection"`, a 128-bit digest of its sample ids.
     #[getter]
     fn identity<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let ds = self.reader.dataset();
@@ -353,8 +353,11 @@ impl Dataset {
         )?;
         d.set_item("dataset", hex(&snap.dataset_id()))?;
         d.set_item("snapshot", hex(&snap.content_digest()))?;
-        d.set_item("generation", snap.lineage().generation)?;
+        let lineage = snap.lineage();
+        d.set_item("parent", lineage.has_parent().then(|| hex(&lineage.parent)))?;
+        d.set_item("generation", lineage.generation)?;
         d.set_item("samples", snap.sample_count())?;
+        d.set_item("chunks", snap.chunk_count())?;
         if let Some(v) = ds.view() {
             d.set_item("selected", v.ids.len())?;
             d.set_item("selection", ids_digest(&v.ids))?;

@@ -371,15 +371,24 @@ impl Stream {
         options: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Self> {
         let (shard, kw) = shard_and_options(py, "Stream", shard, options)?;
-        // (epoch, world size, workers, counts, the worker whose own state it is, and where
-        // an epoch resumed under another configuration got there: (world size, workers,
-        // counts)); see `granary::EpochState`.
+        // (epoch, world size, workers, counts, the worker whose own state it is, where an
+        // epoch resumed under another configuration got there: (world size, workers, counts),
+        // and the chunks an epoch of an earlier generation was planned over); see
+        // `granary::EpochState`.
         type Then = (u32, u32, Vec<u64>);
-        type Resume = (u64, u32, u32, Vec<u64>, Option<u32>, Option<Then>);
+        type Resume = (
+            u64,
+            u32,
+            u32,
+            Vec<u64>,
+            Option<u32>,
+            Option<Then>,
+            Option<u32>,
+        );
         let resume = pop_keyword::<Option<Resume>>("Stream", &kw, "resume")?
             .flatten()
             .map(
-                |(epoch, world_size, num_workers, consumed, column, then)| EpochState {
+                |(epoch, world_size, num_workers, consumed, column, then, chunks)| EpochState {
                     epoch,
                     world_size,
                     num_workers,
@@ -390,6 +399,7 @@ impl Stream {
                         num_workers,
                         consumed,
                     }),
+                    chunks,
                 },
             );
         let config = stream_config(&kw, shard.rank, shard.world_size)?;

@@ -1,5 +1,6 @@
 """Resume that composes, checked against a model: hundreds of drawn cases of (loader, world
-size, workers, checkpoint step, next world size, next workers, a second checkpoint there), each
+size, workers, checkpoint step, an append after the checkpoint, next world size, next workers,
+a second checkpoint there), each
 checked for "each sample of the epoch exactly once" (less what the equal cut per rank drops)
 and "each epoch its own order". The loaders are played in process, as they call the dataset:
 a plain loop (one state for the rank, ``state_dict()`` alone) and StatefulDataLoader (one
@@ -108,7 +109,26 @@ def _epoch(make, world, workers, loader, states=None, steps=None):
     return got, checkpoint
 
 
-def test_resume_composes_across_loaders_world_sizes_and_workers(sources):
+def _appended_copy(src, tmp, case):
+    """A copy of dataset ``src`` and a function that appends a few samples to it."""
+    import shutil
+
+    copy = tmp / f"case{case}.granary"
+    shutil.copytree(src, copy)
+
+    done = []
+
+    def append():
+        more = tmp / f"more{case}-{len(done)}"
+        for k in range(5):
+            (more / "c0").mkdir(parents=True, exist_ok=True)
+            (more / "c0" / f"appended-{len(done)}-{k}.bin").write_bytes(b"appended %d" % k)
+        run("append", copy, more, "--chunk-size", "2KiB")
+        done.append(more)
+    return copy, append
+
+
+def test_resume_composes_across_loaders_world_sizes_and_workers(sources, tmp_path):
     rng = random.Random(62)
     stats = collections.Counter()
     largest = [0, 0]
@@ -123,24 +143,34 @@ def test_resume_composes_across_loaders_world_sizes_and_workers(sources):
         epoch, seed = rng.randint(0, 3), rng.randint(0, 9)
         kw = dict(seed=seed, batch_size=rng.choice([3, 7]),
                   shuffle=rng.choice(["chunkwise", "global", "sequential"]))
+        # An append between the checkpoint and its resume (to a copy): the epoch resumes as
+        # it was planned; the appended samples wait for the next epoch.
+        appended = rng.random() < 0.1
+        srcs, append = list(sources), None
+        if appended:
+            srcs[0], append = _appended_copy(sources[0], tmp_path, case)
 
         def make(worker, **more):
             if mixture:
-                ds = MixShard(sources, weights=[0.7, 0.3], worker=worker, **kw, **more)
+                ds = MixShard(srcs, weights=[0.7, 0.3], worker=worker, **kw, **more)
             else:
-                ds = Shard(sources[0], worker=worker, **kw, **more)
+                ds = Shard(srcs[0], worker=worker, **kw, **more)
             ds.set_epoch(epoch)
             return ds
 
         full = collections.Counter(_epoch(make, world, workers, "plain" if workers == 1 else loader)[0])
         steps = rng.randint(0, 12)
         first, state = _epoch(make, world, workers, loader, steps=steps)
+        if append is not None:
+            append()
+            stats["appended"] += 1
         steps2 = rng.randint(0, 8)
         second, state2 = _epoch(make, world2, workers2, loader, states=state, steps=steps2)
         rest, _ = _epoch(make, world2, workers2, loader, states=state2)
         got = collections.Counter(first + second + rest)
         what = (f"case {case}: {'mixture' if mixture else 'dataset'} {loader} {world}x{workers} "
-                f"-> {world2}x{workers2}, steps {steps}/{steps2}, {kw}")
+                f"-> {world2}x{workers2}, steps {steps}/{steps2}, {kw}"
+                f"{', appended between' if appended else ''}")
         twice = {k: c for k, c in got.items() if c > full[k]}
         assert not twice, f"{what}: {len(twice)} delivered twice"
         missing = sum(full.values()) - sum(got.values())
@@ -157,9 +187,9 @@ def test_resume_composes_across_loaders_world_sizes_and_workers(sources):
     ea = [p for item in a for p in _pairs(item)]
     eb = [p for item in b for p in _pairs(item)]
     assert sorted(ea) == sorted(eb) and ea != eb
-    print(f"resume model: {stats['cases']} cases, largest world size {largest[0]}, "
-          f"largest worker count {largest[1]}, 0 duplicates, {stats['missing']} left out by "
-          "equal cuts (drop_last)")
+    print(f"resume model: {stats['cases']} cases ({stats['appended']} with an append between "
+          f"checkpoint and resume), largest world size {largest[0]}, largest worker count "
+          f"{largest[1]}, 0 duplicates, {stats['missing']} left out by equal cuts (drop_last)")
 
 
 def test_a_state_resumes_only_what_it_was_taken_of(sources, tmp_path):
@@ -187,17 +217,22 @@ def test_a_state_resumes_only_what_it_was_taken_of(sources, tmp_path):
     # A state that names nothing is refused.
     with pytest.raises(ValueError, match="made by an earlier granary"):
         a.load_state_dict({k: v for k, v in state.items() if k not in ("kind", "of")})
-    # After an append the dataset is another generation: refused, never skipped into.
-    import shutil
-
-    copy = tmp_path / "copy.granary"
-    shutil.copytree(sources[0], copy)
-    b = granary.IterableDataset(copy, seed=1)
+    # After an append the state resumes its epoch as planned (the new samples wait for the
+    # next epoch); after two, the generation it was taken of cannot be proven an ancestor.
+    copy, append = _appended_copy(sources[0], tmp_path, "x")
+    b = granary.IterableDataset(copy, seed=1, batch_size=4)
+    whole = [i for item in b for i in item["id"].tolist()]
     it = iter(b)
-    next(it)
+    first = [i for _ in range(5) for i in next(it)["id"].tolist()]
     state = b.state_dict()
-    (tmp_path / "more" / "c0").mkdir(parents=True)
-    (tmp_path / "more" / "c0" / "appended.bin").write_bytes(b"new sample")
-    run("append", copy, tmp_path / "more")
-    with pytest.raises(ValueError, match="'generation': 1"):
+    append()
+    c = granary.IterableDataset(copy, seed=1, batch_size=4)
+    c.load_state_dict(state)
+    rest = [i for item in c for i in item["id"].tolist()]
+    assert sorted(first + rest) == sorted(whole)
+    assert c.state_dict()["of"] == state["of"]  # still that epoch
+    c.set_epoch(1)
+    assert len([i for item in c for i in item["id"].tolist()]) == len(whole) + 5
+    append()
+    with pytest.raises(ValueError, match="'generation': 2"):
         granary.IterableDataset(copy, seed=1).load_state_dict(state)

@@ -82,7 +82,23 @@ impl EpochSetup {
         resume: Option<&EpochState>,
     ) -> Result<EpochPlan> {
         self.check(ds)?;
-        let shape = ds.shape()?;
+        let mut shape = ds.shape()?;
+        if let Some(c) = resume.and_then(|r| r.chunks) {
+            // An epoch of an earlier generation: its plan, over the chunks it had.
+            if u64::from(c) > ds.chunk_count() || ds.view().is_some() {
+                return Err(ReadError::invalid(format!(
+                    "the resume state's epoch was planned over {c} chunks; {} has {}{}",
+                    ds.location(),
+                    ds.chunk_count(),
+                    if ds.view().is_some() {
+                        " and is a view"
+                    } else {
+                        ""
+                    }
+                )));
+            }
+            shape = shape.prefix(c);
+        }
         let o = self.plan_options(ds)?;
         self.plan_of(&shape, &o, epoch, shard, resume)
     }

@@ -30,7 +30,7 @@
 //!     }
 //! }
 //! // Resume epoch 3 after 1000 samples, even with another world size or worker count:
-//! let state = EpochState { epoch: 3, world_size: 1, num_workers: 1, consumed: vec![1000], column: None, then: None };
+//! let state = EpochState { epoch: 3, world_size: 1, num_workers: 1, consumed: vec![1000], column: None, then: None, chunks: None };
 //! let rest = ds.stream_epoch(&plan, 3, shard, Some(&state), &StreamOptions::default())?;
 //! # drop(rest);
 //! # Ok(())

@@ -116,7 +116,7 @@ proptest! {
     fn resume_with_the_same_configuration_continues_exactly(shape in shape(), o in options(), world in 1u32..4, workers in 1u32..4, seedpos in any::<u64>()) {
         let shares = all_shares(&shape, &o, 1, world, workers);
         let consumed: Vec<u64> = shares.iter().flatten().enumerate().map(|(i, p)| (seedpos.rotate_left(i as u32 * 7)) % (p.len() as u64 + 1)).collect();
-        let st = EpochState { epoch: 1, world_size: world, num_workers: workers, consumed: consumed.clone(), column: None, then: None };
+        let st = EpochState { epoch: 1, world_size: world, num_workers: workers, consumed: consumed.clone(), column: None, then: None, chunks: None };
         for (i, p) in shares.iter().flatten().enumerate() {
             let s = shard(i as u32 / workers, world, i as u32 % workers, workers);
             let r = EpochPlan::build(&shape, &o, 1, s, Some(&st)).unwrap();
@@ -129,7 +129,7 @@ proptest! {
         prop_assume!((world, workers) != (world2, workers2));
         let shares = all_shares(&shape, &o, 2, world, workers);
         let consumed: Vec<u64> = shares.iter().flatten().enumerate().map(|(i, p)| (seedpos.rotate_left(i as u32 * 5)) % (p.len() as u64 + 1)).collect();
-        let st = EpochState { epoch: 2, world_size: world, num_workers: workers, consumed: consumed.clone(), column: None, then: None };
+        let st = EpochState { epoch: 2, world_size: world, num_workers: workers, consumed: consumed.clone(), column: None, then: None, chunks: None };
         let mut seen = counts(shares.iter().flatten().zip(&consumed).flat_map(|(p, &c)| p.samples[..c as usize].iter().copied()));
         let planned = counts(shares.iter().flatten().flat_map(|p| p.samples.iter().copied()));
         let mut after: Vec<usize> = Vec::new();
@@ -169,7 +169,7 @@ proptest! {
         prop_assume!((world, workers) != (world2, workers2));
         let shares = all_shares(&shape, &o, 5, world, workers);
         let consumed: Vec<u64> = shares.iter().flatten().enumerate().map(|(i, p)| (seedpos.rotate_left(i as u32 * 3)) % (p.len() as u64 + 1)).collect();
-        let first = EpochState { epoch: 5, world_size: world, num_workers: workers, consumed, column: None, then: None };
+        let first = EpochState { epoch: 5, world_size: world, num_workers: workers, consumed, column: None, then: None, chunks: None };
         let slots: Vec<Shard> = (0..world2 * workers2).map(|i| shard(i / workers2, world2, i % workers2, workers2)).collect();
         let resumed: Vec<EpochPlan> = slots.iter().map(|&s| EpochPlan::build(&shape, &o, 5, s, Some(&first)).unwrap()).collect();
         let again: Vec<u64> = resumed.iter().enumerate().map(|(i, p)| seedpos.rotate_right(i as u32 * 7) % (p.len() as u64 + 1)).collect();
@@ -201,7 +201,7 @@ proptest! {
             for r in 0..world {
                 own[(r * workers + k) as usize] = per_worker[k as usize];
             }
-            let st = EpochState { epoch: 3, world_size: world, num_workers: workers, consumed: own, column: Some(k), then: None };
+            let st = EpochState { epoch: 3, world_size: world, num_workers: workers, consumed: own, column: Some(k), then: None, chunks: None };
             for (r, total) in after.iter_mut().enumerate() {
                 let p = EpochPlan::build(&shape, &o, 3, shard(r as u32, world2, k, workers), Some(&st)).unwrap();
                 *total += p.len();
@@ -295,6 +295,7 @@ fn resume_at_every_position_same_and_other_configuration() {
                 consumed: vec![done],
                 column: None,
                 then: None,
+                chunks: None,
             };
             let same = EpochPlan::build(&shape, &o, 0, Shard::WHOLE, Some(&st)).unwrap();
             assert_eq!(
@@ -389,6 +390,7 @@ fn importance_plans_are_deterministic_partitioned_resumable_and_weighted() {
                 consumed,
                 column: None,
                 then: None,
+                chunks: None,
             };
             let rest = build(s, Some(&st));
             assert_eq!(rest.samples, p.samples[17..]);

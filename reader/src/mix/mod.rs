@@ -475,6 +475,7 @@ impl MixPlan {
                     consumed: consumed.clone(),
                     column: st.column,
                     then: None,
+                    chunks: None,
                 };
                 plan(i, sh, &s.options, shard, Some(&state))
             })

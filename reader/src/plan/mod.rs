@@ -141,6 +141,10 @@ impl Shard {
 ///
 /// `then`: the epoch was resumed from this state under another configuration and read on
 /// there before it was checkpointed again (see [`Continued`]).
+///
+/// `chunks: Some(c)`: the epoch was planned over the dataset's first `c` chunks (it was
+/// checkpointed at an earlier generation; appends keep every chunk and sample id), and is
+/// resumed as it was planned; the next epoch is planned over the whole dataset.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EpochState {
     pub epoch: u64,
@@ -149,6 +153,7 @@ pub struct EpochState {
     pub consumed: Vec<u64>,
     pub column: Option<u32>,
     pub then: Option<Continued>,
+    pub chunks: Option<u32>,
 }
 
 /// How far an epoch resumed under another configuration got there: the configuration and how
@@ -926,6 +931,7 @@ impl EpochPlan {
             let done = then.done_by(&shard)?;
             let first = EpochState {
                 then: None,
+                chunks: None,
                 ..st.clone()
             };
             let mut p = Self::build_inner(shape, o, epoch, shard, Some(&first), probs)?;

@@ -105,6 +105,7 @@ pub fn run(a: PlanArgs) -> anyhow::Result<ExitCode> {
             consumed: vec![half; w as usize],
             column: None,
             then: None,
+            chunks: None,
         }
     });
     let t1 = Instant::now();
