@@ -223,3 +223,40 @@ def test_a_view_by_a_parquet_score_column_keyed_by_path(tmp_path):
     assert m == len(v) == len(want)
     assert sorted(v.path(i) for i in range(len(v))) == want
     assert run("read", out).returncode == 0
+
+
+def test_damage_read_in_a_ray_task_reaches_the_driver_as_damaged_error(ray_local, tmp_path):
+    """A flipped byte in a chunk read by a Ray task: the driver gets a ``DamagedError`` naming
+    the chunk (granary's exceptions pickle as themselves, so Ray's task error keeps the type)."""
+    import granary.ray
+
+    src = tmp_path / "src"
+    for i in range(120):
+        (src / f"c{i % 2}").mkdir(parents=True, exist_ok=True)
+        (src / f"c{i % 2}" / f"f{i:03d}.bin").write_bytes(bytes([i % 251]) * (500 + i))
+    out = tmp_path / "ds.granary"
+    run("pack", src, "-o", out, "--chunk-size", "8KiB", "--compress", "none")
+    chunk = sorted(out.glob("chunk-*.gchunk"))[1]
+    b = bytearray(chunk.read_bytes())
+    b[200] ^= 0xFF
+    chunk.write_bytes(bytes(b))
+    with pytest.raises(Exception) as e:
+        granary.ray.read_granary(str(out)).take_all()
+    assert isinstance(e.value, granary.DamagedError) or isinstance(
+        getattr(e.value, "cause", None), granary.DamagedError), repr(e.value)
+    assert chunk.name in str(e.value)
+
+
+def test_a_writer_error_in_a_spark_task_names_itself_in_the_driver(spark, tmp_path):
+    """Two rows with one key: the granary writer in the Spark task refuses the second, and the
+    job fails in the driver with granary's message (never a dataset missing a row)."""
+    import granary.spark
+
+    df = spark.createDataFrame([("same", bytearray(b"one")), ("same", bytearray(b"two"))],
+                               ["id", "image"]).coalesce(1)
+    out = tmp_path / "dup.granary"
+    with pytest.raises(Exception) as e:
+        granary.spark.write(df, str(out), key="id", data="image")
+    assert "same" in str(e.value) and ("twice" in str(e.value) or "already" in str(e.value)), \
+        str(e.value)[-2000:]
+    assert not (out / "snapshot.gsnap").exists()
