@@ -1254,7 +1254,7 @@ fn bench_gen_packed_equals_packing_the_generated_tree() {
         let out = String::from_utf8_lossy(&o.stdout).into_owned() + &stderr(&o);
         let line = out
             .lines()
-            .find(|l| l.starts_with("content digest:"))
+            .find(|l| l.starts_with("samples digest:"))
             .unwrap_or_else(|| panic!("no digest in {out}"))
             .to_string();
         assert!(out.contains("3001 samples"), "{out}");
