@@ -2,7 +2,7 @@
 # Sharded packing benchmark: the same tree packed by one process and by N = 2 and 4 shard
 # processes plus `granary merge`, cold (page cache dropped before each), in one run. Reports wall
 # time, files/s, peak RSS per process, merge time, and checks that every result verifies and
-# holds the same content (layout-independent content digest) and that an epoch reads it all.
+# holds the same content (layout-independent samples digest) and that an epoch reads it all.
 #
 #   bash bench/shard.sh                 # generates a 1,000,000-file tree under $WORK first
 #   SRC=path/to/tree bash bench/shard.sh
@@ -57,7 +57,7 @@ import json, sys, os
 work, report = sys.argv[1], sys.argv[2]
 rows = [l.split("\t") for l in open(os.path.join(work, "results.tsv")).read().split("\n") if l]
 out = []
-out.append("| processes | wall (pack + merge) | files/s | per process: wall s, files, files/s, peak RSS MB | merge | merge peak RSS | content digest | epoch digest = verify digest |")
+out.append("| processes | wall (pack + merge) | files/s | per process: wall s, files, files/s, peak RSS MB | merge | merge peak RSS | samples digest | epoch digest = verify digest |")
 out.append("|---|---:|---:|---|---:|---:|---|---|")
 digests = set()
 for n, t0, t1, t2 in rows:
@@ -77,16 +77,16 @@ for n, t0, t1, t2 in rows:
     v = json.load(open(os.path.join(work, f"verify-{n}.json")))
     r = json.load(open(os.path.join(work, f"read-{n}.json")))
     assert v["clean"], v
-    digests.add(v["content_digest"])
+    digests.add(v["samples_digest"])
     same = "yes" if r[0]["digest"] == v["digest"] and r[0]["samples"] == v["samples"] else "NO"
-    out.append(f"| {n} | {wall:.1f} s | {files/wall:,.0f} | {'<br>'.join(procs)} | {merge} | {mrss} | `{v['content_digest']}` | {same} |")
+    out.append(f"| {n} | {wall:.1f} s | {files/wall:,.0f} | {'<br>'.join(procs)} | {merge} | {mrss} | `{v['samples_digest']}` | {same} |")
 plan = []
 for n, *_ in rows:
     p = json.load(open(os.path.join(work, f"plan-{n}.json")))
     q, g = p["quality"], p["global_quality"]
     plan.append(f"{n} process(es): " + ", ".join(f"{k} {q[k]:.4f} (global shuffle {g[k]:.4f})" for k in sorted(q)))
 text = "\n".join(out)
-text += "\n\nAll results hold the same content: " + ("**yes**" if len(digests) == 1 else "**NO**") + f" ({len(digests)} distinct content digests).\n"
+text += "\n\nAll results hold the same content: " + ("**yes**" if len(digests) == 1 else "**NO**") + f" ({len(digests)} distinct samples digests).\n"
 text += "\nShuffle quality of an epoch plan (`granary plan --json`), per process count:\n\n```\n" + "\n".join(plan) + "\n```\n"
 open(os.path.join(report, "report.md"), "w").write("# Sharded packing\n\n" + text)
 print(text)
