@@ -96,15 +96,20 @@ impl Ownership {
         (0..self.owner.len() as u32).filter(move |&c| self.owner[c as usize] == node)
     }
 
-    /// A short fingerprint of the whole table (CRC-32 of the owners, in hex): equal on every
-    /// node of a job exactly when they agree on who keeps what.
+    /// A fingerprint of the whole table (the first 8 bytes of SHA-256 over the node count and
+    /// the owners, in hex): equal on every node of a job exactly when they agree on who keeps
+    /// what.
     pub fn fingerprint(&self) -> String {
-        let mut h = crc32fast::Hasher::new();
-        h.update(&self.nodes.to_le_bytes());
+        use sha2::Digest;
+        let mut h = sha2::Sha256::new();
+        h.update(self.nodes.to_le_bytes());
         for o in &self.owner {
-            h.update(&o.to_le_bytes());
+            h.update(o.to_le_bytes());
         }
-        format!("{:08x}", h.finalize())
+        h.finalize()[..8]
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect()
     }
 }
 
