@@ -10,6 +10,9 @@ use crate::{Compression, SampleEntry};
 /// data by more than about 43,700× per block); bounds what a hostile entry can make us allocate.
 pub const MAX_ZSTD_RATIO: u64 = 65_536;
 
+/// The first four bytes of a zstd frame (RFC 8878 magic number 0xFD2FB528, little-endian).
+const ZSTD_MAGIC: [u8; 4] = [0x28, 0xB5, 0x2F, 0xFD];
+
 /// Decodes a record's stored bytes into its original bytes and checks length and CRC-32.
 /// Raw records are returned borrowed (no copy).
 pub fn decode_record<'a>(entry: &SampleEntry, stored: &'a [u8]) -> Result<Cow<'a, [u8]>> {
@@ -35,6 +38,16 @@ pub fn decode_record<'a>(entry: &SampleEntry, stored: &'a [u8]) -> Result<Cow<'a
                         "claims {} original bytes from {} stored bytes",
                         entry.orig_len, entry.stored_len
                     ),
+                ));
+            }
+            // Exactly one zstd frame (no skippable frame, no second frame, no trailing bytes):
+            // the decoder would otherwise take what follows the frame as more content.
+            let one_frame = stored.starts_with(&ZSTD_MAGIC)
+                && zstd::zstd_safe::find_frame_compressed_size(stored).ok() == Some(stored.len());
+            if !one_frame {
+                return Err(FormatError::invalid(
+                    "record",
+                    "stored bytes are not exactly one zstd frame",
                 ));
             }
             match zstd::zstd_safe::get_frame_content_size(stored) {
@@ -202,6 +215,35 @@ mod tests {
             } else {
                 assert_eq!(c.bad_records.len(), 1, "flip at {pos}");
             }
+        }
+    }
+
+    #[test]
+    fn a_zstd_record_is_exactly_one_frame() {
+        let orig = b"one frame, one frame, one frame".repeat(4);
+        let z = zstd::bulk::compress(&orig, 3).unwrap();
+        let entry = |stored: &[u8]| SampleEntry {
+            chunk: 0,
+            label: 0,
+            offset: 64,
+            stored_len: stored.len() as u64,
+            orig_len: orig.len() as u64,
+            crc32: crate::crc32(&orig),
+            flags: 1,
+        };
+        assert_eq!(decode_record(&entry(&z), &z).unwrap().as_ref(), &orig[..]);
+        // A second (empty) frame, trailing bytes, a skippable frame in front: all decode to
+        // the same bytes or fail in the decoder; every one is refused as a record.
+        let empty = zstd::bulk::compress(b"", 3).unwrap();
+        let mut skippable = vec![0x50, 0x2A, 0x4D, 0x18, 2, 0, 0, 0, 7, 7];
+        skippable.extend_from_slice(&z);
+        for bad in [
+            [&z[..], &empty].concat(),
+            [&z[..], b"\0"].concat(),
+            skippable,
+        ] {
+            let e = decode_record(&entry(&bad), &bad).unwrap_err().to_string();
+            assert!(e.contains("one zstd frame"), "{e}");
         }
     }
 

@@ -93,14 +93,12 @@ impl ViewFile {
         }
         let mut ids: Vec<u64> = Vec::with_capacity(m as usize);
         for k in 0..m {
-            let start = at;
-            let v = get_varint(body, &mut at).ok_or_else(short)?;
             // One encoding per value: a longer one is damage, not another way to say it.
-            let mut canonical = Vec::with_capacity(10);
-            put_varint(&mut canonical, v);
-            if canonical.len() != at - start {
-                return Err(bad(format!("id {k} is not in its shortest encoding")));
-            }
+            let v = get_varint(body, &mut at).ok_or_else(|| {
+                bad(format!(
+                    "id {k} is cut short, or not a varint in its shortest encoding"
+                ))
+            })?;
             let id = match ids.last() {
                 None => v,
                 Some(&p) if v >= 1 => p.checked_add(v).ok_or_else(|| bad("ids overflow"))?,

@@ -154,14 +154,19 @@ fn label_of(fields: &[(Vec<u8>, Vec<u8>)]) -> Label<'_> {
         None => Label::None,
         Some((_, v)) => {
             let t = v.trim_ascii();
-            match std::str::from_utf8(t)
+            if t.is_empty() {
+                return Label::None;
+            }
+            if !t.iter().all(u8::is_ascii_digit) {
+                return Label::Name(t);
+            }
+            // ASCII digits (leading zeros allowed, no sign) are a class index; one too large
+            // (saturated here) is refused by the writer, never taken for a class name.
+            let i = std::str::from_utf8(t)
                 .ok()
                 .and_then(|s| s.parse::<u32>().ok())
-            {
-                Some(i) if i != u32::MAX => Label::Index(i),
-                _ if t.is_empty() => Label::None,
-                _ => Label::Name(t),
-            }
+                .unwrap_or(u32::MAX);
+            Label::Index(i)
         }
     }
 }
@@ -360,5 +365,17 @@ mod tests {
             Label::Name(b"dog")
         );
         assert_eq!(label_of(&[(b"jpg".to_vec(), b"x".to_vec())]), Label::None);
+        // Digits only are an index (leading zeros too); a sign makes a name; a number past
+        // u32 saturates, for the writer to refuse.
+        for (v, want) in [
+            (&b"007\n"[..], Label::Index(7)),
+            (b"+7", Label::Name(b"+7")),
+            (b"-1", Label::Name(b"-1")),
+            (b"4000000000", Label::Index(4_000_000_000)),
+            (b"99999999999999999999999", Label::Index(u32::MAX)),
+            (b" \t\n", Label::None),
+        ] {
+            assert_eq!(label_of(&[(b"cls".to_vec(), v.to_vec())]), want, "{v:?}");
+        }
     }
 }

@@ -365,10 +365,47 @@ impl SnapshotBuilder {
         Ok(dirs.into_iter().collect())
     }
 
+    /// Refuses a directory whose path is a field file's, `KEY.NAME` (one name for two things).
+    fn check_field_files(&self, order: &[u32], dirs: &[(Vec<u8>, FileAttrs)]) -> Result<()> {
+        let mut starts: Option<Vec<usize>> = None;
+        for (d, _) in dirs {
+            let Some((key, name)) = crate::split_field_path(d) else {
+                continue;
+            };
+            let Ok(i) = order.binary_search_by(|&s| self.path(s as usize).cmp(key)) else {
+                continue;
+            };
+            let starts = starts.get_or_insert_with(|| {
+                let mut v = vec![0usize];
+                for &c in &self.field_counts {
+                    v.push(v[v.len() - 1] + c as usize);
+                }
+                v
+            });
+            let s = order[i] as usize;
+            let fields = &self.field_entries[starts[s]..starts[s + 1]];
+            if fields
+                .iter()
+                .any(|f| self.field_names[f.name as usize] == name)
+            {
+                return Err(invalid(format!(
+                    "{} is both a directory and the file of key {}'s field {}",
+                    String::from_utf8_lossy(d),
+                    String::from_utf8_lossy(key),
+                    String::from_utf8_lossy(name)
+                )));
+            }
+        }
+        Ok(())
+    }
+
     /// The namespace section, files and directories merged in path order: its head, and its
     /// pages appended to `bulk` (where they lie there).
     fn namespace(&self, order: &[u32], attrs: bool, bulk: &mut Bulk) -> Result<Section> {
         let dirs = self.all_dirs(order)?;
+        if self.with_fields == Some(true) {
+            self.check_field_files(order, &dirs)?;
+        }
         let at = bulk.len();
         let mut sink = |b: &[u8]| bulk.append(b);
         let mut w = NsWriter::new(self.sample_count, attrs, &mut sink);

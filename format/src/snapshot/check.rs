@@ -27,8 +27,8 @@ impl Errors {
 }
 
 impl<B: AsRef<[u8]>> Snapshot<B> {
-    /// Checks every block's CRC and that the padding between sections is zero. Returns every
-    /// problem found (empty: intact).
+    /// Checks every block's CRC, that the padding between sections and inside them is zero,
+    /// and the content digest. Returns every problem found (empty: intact).
     pub fn check_blocks(&self) -> Vec<FormatError> {
         let mut out = Vec::new();
         for b in 0..self.blocks.count() {
@@ -47,6 +47,13 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
         for (_, r) in &self.s.all {
             gaps.push(prev..r.start);
             prev = r.end;
+        }
+        // The padding inside sections: after the namespace's first paths and its id table,
+        // after the fields' type table.
+        gaps.push(self.ns.index.end..self.ns.idtab.start);
+        gaps.push(self.ns.idtab.end..self.ns.area.start);
+        if let Some(f) = &self.fields {
+            gaps.push(f.types.end..f.index.start);
         }
         for g in gaps {
             match self.at(g.clone()) {
@@ -148,6 +155,20 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
                 }
                 match e.id {
                     None => {
+                        // With fields, a directory is never a field file `KEY.NAME` too.
+                        let clash = crate::split_field_path(&e.path)
+                            .filter(|_| fields)
+                            .and_then(|(key, name)| {
+                                let id = self.lookup(key).ok()??;
+                                let f = self.fields(id).ok()?;
+                                f.iter().any(|f| f.name == name).then_some(())
+                            });
+                        if clash.is_some() {
+                            errs.push(FormatError::invalid(
+                                NS,
+                                format!("{}: a directory and a sample's field file", what()),
+                            ));
+                        }
                         dirs.insert(e.path.clone());
                     }
                     Some(id) => {

@@ -116,10 +116,15 @@ impl FieldType {
                 if shape.len() > 32 {
                     return Err(format!("more than 32 dimensions in {d:?}"));
                 }
-                FieldType::Ndarray {
+                let t = FieldType::Ndarray {
                     dtype: dtype.to_string(),
                     shape,
+                };
+                // Its values have one length, which a u64 holds.
+                if t.fixed_len().is_none() {
+                    return Err(format!("{d:?} describes values of 2^64 bytes or more"));
                 }
+                t
             }
         })
     }
@@ -146,7 +151,10 @@ impl FieldType {
             FieldType::Int => Some(8),
             FieldType::Ndarray { dtype, shape } => {
                 let item = DTYPES.iter().find(|(n, _)| n == dtype)?.1;
-                shape.iter().try_fold(item, |acc, &d| acc.checked_mul(d))
+                match shape.contains(&0) {
+                    true => Some(0),
+                    false => shape.iter().try_fold(item, |acc, &d| acc.checked_mul(d)),
+                }
             }
             _ => None,
         }
@@ -451,7 +459,22 @@ mod tests {
         assert!(t.check_value(&[0; 11]).is_err());
         assert!(FieldType::Str.check_value(b"\xff").is_err());
         assert_eq!(FieldType::Int.fixed_len(), Some(8));
-        let huge = FieldType::parse("ndarray:uint64:18446744073709551615,2").unwrap();
-        assert_eq!(huge.fixed_len(), None, "overflow is no fixed length");
+        // Every ndarray type has a length: one that overflows is refused, a 0 dimension is
+        // an empty array.
+        for huge in [
+            "ndarray:uint64:18446744073709551615,2",
+            "ndarray:uint8:4294967296,4294967296",
+            "ndarray:uint16:9223372036854775808",
+        ] {
+            assert!(FieldType::parse(huge).is_err(), "{huge}");
+        }
+        let t = FieldType::parse("ndarray:uint8:4294967296,4294967295").unwrap();
+        assert_eq!(t.fixed_len(), Some(u32::MAX as u64 * (1 << 32)));
+        for d in [
+            "ndarray:float64:3,0,18446744073709551615",
+            "ndarray:float64:18446744073709551615,0",
+        ] {
+            assert_eq!(FieldType::parse(d).unwrap().fixed_len(), Some(0), "{d}");
+        }
     }
 }

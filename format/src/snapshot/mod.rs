@@ -335,7 +335,8 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
     }
 
     /// Reads and checks the chunk table: first samples rising from 0 to at most N, records
-    /// ending after the chunk header and before the trailer.
+    /// ending after the chunk header and before the trailer (at the header, with nothing
+    /// counted, in an empty chunk).
     fn chunk_table(&self) -> Result<Vec<ChunkEntry>> {
         let c = self.h.chunks as usize;
         let b = self.section(SectionKind::Chunks, c * CHUNK_ENTRY_LEN)?;
@@ -351,7 +352,11 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
             let first_ok = if i == 0 { e.first_sample == 0 } else { true };
             let min_end = crate::CHUNK_HEADER_LEN as u64;
             let trailer = crate::CHUNK_TRAILER_LEN as u64;
+            // An empty chunk's records end where they start, and it has nothing to count.
+            let empty_ok = next != e.first_sample
+                || (e.records_end == min_end && e.orig_bytes == 0 && e.compressed == 0);
             if !first_ok
+                || !empty_ok
                 || next < e.first_sample
                 || next > n
                 || e.records_end < min_end
@@ -642,10 +647,15 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
             ))
         };
         let first_ok = id != c.first_sample || r.offset == crate::CHUNK_HEADER_LEN as u64;
-        if !first_ok || end < r.offset || r.offset < crate::CHUNK_HEADER_LEN as u64 {
+        if !first_ok
+            || end < r.offset
+            || end > c.records_end
+            || r.offset < crate::CHUNK_HEADER_LEN as u64
+        {
             return bad(format!(
-                "record at {}..{end} of chunk {} (records start at 64 and lie back to back)",
-                r.offset, c.chunk_id
+                "record at {}..{end} of chunk {} (records lie back to back from 64 to its \
+                 records_end {})",
+                r.offset, c.chunk_id, c.records_end
             ));
         }
         if r.label != NO_LABEL && r.label as u64 >= self.class_count {

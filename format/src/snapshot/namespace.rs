@@ -112,7 +112,8 @@ pub(crate) fn put_varint(out: &mut Vec<u8>, mut v: u64) {
     out.push(v as u8);
 }
 
-/// Reads an unsigned LEB128 of at most 10 bytes (`None` past the end or on overflow).
+/// Reads an unsigned LEB128 of at most 10 bytes in its shortest form (`None` past the end, on
+/// overflow, or for an overlong encoding: a last byte of 0 after the first).
 pub(crate) fn get_varint(b: &[u8], at: &mut usize) -> Option<u64> {
     let mut v = 0u64;
     for i in 0..10 {
@@ -123,7 +124,7 @@ pub(crate) fn get_varint(b: &[u8], at: &mut usize) -> Option<u64> {
         }
         v |= u64::from(byte & 0x7f) << (7 * i);
         if byte < 0x80 {
-            return Some(v);
+            return (i == 0 || byte != 0).then_some(v);
         }
     }
     None
@@ -679,6 +680,12 @@ mod tests {
         }
         assert_eq!(get_varint(&[0xff; 10], &mut 0), None);
         assert_eq!(get_varint(&[0x80, 0x80], &mut 0), None);
+        // Only the shortest form: a value padded with a 0x80 byte and a final 0 is refused.
+        assert_eq!(get_varint(&[0x00], &mut 0), Some(0));
+        assert_eq!(get_varint(&[0x80, 0x01], &mut 0), Some(128));
+        for overlong in [&[0x80, 0x00][..], &[0x81, 0x80, 0x00], &[0xff, 0x00]] {
+            assert_eq!(get_varint(overlong, &mut 0), None, "{overlong:?}");
+        }
         for v in [0i64, 1, -1, 63, -64, i64::MAX, i64::MIN] {
             assert_eq!(unzigzag(zigzag(v)), v);
         }

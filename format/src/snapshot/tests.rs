@@ -629,3 +629,88 @@ fn a_lineage_names_its_parent_by_digest() {
         assert_eq!(Lineage::decode(&l.encode()).is_ok(), ok, "{l:?}");
     }
 }
+
+#[test]
+fn a_record_ends_at_its_chunks_records_end() {
+    let (_, snap) = small();
+    let s = Snapshot::open(&snap[..]).unwrap();
+    assert_eq!(s.chunk(0).unwrap().samples(), 0..2);
+    let first = s.sample(0).unwrap();
+    assert!(first.offset + first.stored_len > 64);
+    drop(s);
+    // Chunk 0's records said to end at 64: its first record, which ends where the second
+    // starts, lies past that end.
+    let mut b = snap.clone();
+    let at = section_of(&snap, SectionKind::Chunks).start + 16;
+    b[at..at + 8].copy_from_slice(&64u64.to_le_bytes());
+    reseal(&mut b);
+    let s = Snapshot::open(&b[..]).unwrap();
+    let e = s.sample(0).unwrap_err().to_string();
+    assert!(e.contains("records_end 64"), "{e}");
+}
+
+#[test]
+fn padding_inside_sections_is_zero() {
+    // 301 samples: the id table (4 bytes each) is followed by 4 bytes of padding.
+    let (_, snap, _) = many(301, 100, false);
+    let s = Snapshot::open(&snap[..]).unwrap();
+    let pad = s.ns.idtab.end..s.ns.area.start;
+    assert_eq!(pad.len(), 4);
+    assert!(s.check_blocks().is_empty());
+    drop(s);
+    let mut b = snap.clone();
+    b[pad.start + 1] = 1;
+    reseal(&mut b);
+    let e = err_of(&b);
+    assert!(e.contains("padding") && e.contains("not zero"), "{e}");
+}
+
+/// A dataset with fields: key `x` (field `jpg`) and key `DIR/y` (field `txt`).
+fn field_files_beside(dir: &[u8]) -> Result<Vec<u8>> {
+    let mut b = SnapshotBuilder::new(ID, vec![]);
+    let mut w = ChunkWriter::with_fields(Vec::new(), ID, 0).unwrap();
+    let f = |name: &'static [u8]| (name, &b"v"[..], crate::crc32(b"v"));
+    w.append_group(b"x", &[f(b"jpg")], NO_LABEL).unwrap();
+    w.append_group(&[dir, b"/y"].concat(), &[f(b"txt")], NO_LABEL)
+        .unwrap();
+    b.push_chunk(&w.finish::<&[u8]>(&[]).unwrap().1)?;
+    b.build()
+}
+
+#[test]
+fn a_directory_is_never_a_field_file() {
+    // The directory x.jpg would be listed beside the file x.jpg of key x.
+    let e = field_files_beside(b"x.jpg").unwrap_err().to_string();
+    assert!(e.contains("both a directory and the file of key x"), "{e}");
+    // x.png names no field of x; x.jpf none either, until a hostile writer renames it.
+    assert!(field_files_beside(b"x.png").is_ok());
+    let snap = field_files_beside(b"x.jpf").unwrap();
+    assert_eq!(err_of(&snap), "");
+    let at = snap.windows(4).position(|w| w == b".jpf").unwrap();
+    let mut b = snap.clone();
+    b[at + 3] = b'g';
+    reseal(&mut b);
+    let e = err_of(&b);
+    assert!(
+        e.contains("x.jpg: a directory and a sample's field file"),
+        "{e}"
+    );
+}
+
+#[test]
+fn an_empty_chunk_has_nothing_to_count() {
+    let (_, snap) = build(
+        &[vec![], vec![(b"a".to_vec(), b"x".to_vec(), NO_LABEL)]],
+        &[],
+    );
+    assert_eq!(err_of(&snap), "");
+    let table = section_of(&snap, SectionKind::Chunks).start;
+    // Chunk 0 is empty: records ending past 64, original bytes or compressed records are lies.
+    for (at, v) in [(16, 65u64), (24, 1), (32, 1)] {
+        let mut b = snap.clone();
+        b[table + at] = v as u8;
+        reseal(&mut b);
+        let e = err_of(&b);
+        assert!(e.contains("chunk 0: samples from 0 to 0"), "{at}: {e}");
+    }
+}

@@ -64,6 +64,10 @@ const RECORD_FIXED: usize = 32;
 /// Largest spill record body (a sample of up to 4 GiB less the key).
 const MAX_RECORD: u64 = u32::MAX as u64;
 
+/// Class indexes given without a class table are below this (SPEC.md §8): the class table is
+/// then every number up to the largest index, which must stay a table, not an exhaustion.
+pub const MAX_INDEX_LABEL: u32 = 1 << 24;
+
 /// A sample's label.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Label<'a> {
@@ -843,8 +847,10 @@ impl Writer {
         }
         self.label_kind = kind;
         match label {
-            Label::Index(i) if i == NO_LABEL => Err(PackError::Usage(format!(
-                "sample {:?}: label {i} is too large",
+            Label::Index(i) if i >= MAX_INDEX_LABEL => Err(PackError::Usage(format!(
+                "sample {:?}: label {i} is too large: without a class table, class indexes are \
+                 below {MAX_INDEX_LABEL} (the dataset gets a class named for every number up to \
+                 the largest); pass classes",
                 shown()
             ))),
             Label::Index(i) => {

@@ -71,3 +71,20 @@ fn spill_records_round_trip_and_a_torn_tail_is_cut() {
         assert!(parse_log(&bad) < 2 || i < 4, "flip at {i}");
     }
 }
+
+/// Class indexes without a class table make a table of every number up to the largest: an
+/// index of 2^24 or more is refused (a `cls` of 4000000000 would be four billion names).
+#[test]
+fn class_indexes_without_a_class_table_are_bounded() {
+    let t = tempfile::tempdir().unwrap();
+    let mut w = Writer::create(WriterOptions::new(t.path().join("ds"))).unwrap();
+    for i in [MAX_INDEX_LABEL, 4_000_000_000, u32::MAX] {
+        let e = w
+            .write(b"big", vec![1], Label::Index(i))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("too large"), "{i}: {e}");
+    }
+    w.write(b"ok", vec![1], Label::Index(2)).unwrap();
+    assert_eq!(w.finish().unwrap().classes, 3);
+}
