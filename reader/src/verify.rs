@@ -284,6 +284,21 @@ fn check_bytes(ds: &Dataset, c: u32, loc: &str, bytes: &[u8]) -> (u64, Vec<Probl
             ),
         );
     }
+    // Every chunk carries the snapshot's class table (SPEC.md §4), byte for byte.
+    let classes = ds.classes();
+    if !classes.as_ref().is_ok_and(|t| {
+        t.len() == check.footer.classes.len()
+            && t.iter().zip(&check.footer.classes).all(|(a, b)| *a == &b[..])
+    }) {
+        p(
+            loc.clone(),
+            format!(
+                "chunk {c}: its footer's class table ({} classes) is not the snapshot's ({})",
+                check.footer.classes.len(),
+                classes.map_or_else(|e| e.to_string(), |t| t.len().to_string())
+            ),
+        );
+    }
     let records = check.footer.entries.len() as u64;
     if records != ce.sample_count {
         p(
