@@ -7,7 +7,8 @@
 # The extension is built once, as the wheel users install (scripts/build-wheel.sh), and each
 # venv installs *that wheel* with no Rust toolchain on PATH and pip told to build nothing
 # (--only-binary=:all:, --no-index): the run fails if installing it needed a compiler.
-# Then runs examples/train_digits.py and, small, examples/train_jpeg.py; the engines' tests
+# Then the pure-Python reader of the format (format/python) in a venv of its own. Then runs
+# examples/train_digits.py and, small, examples/train_jpeg.py; the engines' tests
 # (Parquet, Spark, Ray) and Grain's (with CPU JAX), each in a venv of their own.
 # Prints one line "python tests: N passed, N failed, N skipped" at the end.
 set -euo pipefail
@@ -74,6 +75,13 @@ torch2="${XDG_CACHE_HOME:-$HOME/.cache}/granary/torch2"
 run_suite torch2 "" "$torch2" python/requirements-torch2.txt
 rm -rf "$venvs/plain"  # a fresh venv: nothing in it but the wheel and pytest
 run_suite plain ""
+# The format's second reader (format/python/granary_format.py: pure Python, written from
+# SPEC.md alone) against the test vectors, their damaged variants and the golden datasets, in a
+# venv of its own with nothing but pytest and zstandard (no wheel: it needs none).
+fmtvenv="$venvs/format"
+[ -x "$fmtvenv/bin/python" ] || "$py" -m venv "$fmtvenv"
+"$fmtvenv/bin/pip" install -q --disable-pip-version-check pytest zstandard
+count_tests format "$fmtvenv/bin/python" -m pytest -p no:cacheprovider -q -rs format/python
 # The example: a real training loop; fails if chunk-wise or importance sampling trail a global
 # shuffle by more than a point of test accuracy.
 if "$venvs/torch/bin/python" examples/train_digits.py --seeds 0,1,2; then
