@@ -781,13 +781,23 @@ fn verify_compares_each_chunks_class_table_with_the_snapshots() {
     std::fs::create_dir_all(&ds).unwrap();
     let id = [7u8; 16];
     let mut b = granary_format::SnapshotBuilder::new(id, vec![b"cat".to_vec(), b"dog".to_vec()]);
-    for (c, table) in [(0u32, vec![&b"cat"[..], b"dog"]), (1, vec![&b"cat"[..], b"emu"])] {
+    for (c, table) in [
+        (0u32, vec![&b"cat"[..], b"dog"]),
+        (1, vec![&b"cat"[..], b"emu"]),
+    ] {
         let mut w = granary_format::ChunkWriter::new(Vec::new(), id, c).unwrap();
         let data = format!("sample of chunk {c}").into_bytes();
         let crc = granary_format::crc32(&data);
         let path = format!("cat/{c}.bin").into_bytes();
-        w.append(&path, &data, granary_format::Compression::None, data.len() as u64, crc, 0)
-            .unwrap();
+        w.append(
+            &path,
+            &data,
+            granary_format::Compression::None,
+            data.len() as u64,
+            crc,
+            0,
+        )
+        .unwrap();
         let (bytes, summary) = w.finish(&table).unwrap();
         std::fs::write(ds.join(granary_format::chunk_file_name(c)), bytes).unwrap();
         b.push_chunk(&summary).unwrap();
@@ -797,5 +807,8 @@ fn verify_compares_each_chunks_class_table_with_the_snapshots() {
     assert_ne!(o.status.code(), Some(0));
     let text = stdout(&o) + &stderr(&o);
     assert!(text.contains("chunk 1: its footer's class table"), "{text}");
-    assert!(!text.contains("chunk 0: its footer's class table"), "{text}");
+    assert!(
+        !text.contains("chunk 0: its footer's class table"),
+        "{text}"
+    );
 }

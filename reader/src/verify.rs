@@ -288,7 +288,9 @@ fn check_bytes(ds: &Dataset, c: u32, loc: &str, bytes: &[u8]) -> (u64, Vec<Probl
     let classes = ds.classes();
     if !classes.as_ref().is_ok_and(|t| {
         t.len() == check.footer.classes.len()
-            && t.iter().zip(&check.footer.classes).all(|(a, b)| *a == &b[..])
+            && t.iter()
+                .zip(&check.footer.classes)
+                .all(|(a, b)| *a == &b[..])
     }) {
         p(
             loc.clone(),
