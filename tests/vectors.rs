@@ -548,6 +548,16 @@ fn damaged_variants() -> Vec<Value> {
             "sample",
             json!(first_in(2)),
         ),
+        bad(
+            "ATTRS with FIELDS, resealed",
+            "fields",
+            vec![
+                json!({"file": snap, "op": "put", "at": 12, "hex": "03"}),
+                reseal(),
+            ],
+            "damaged",
+            "open",
+        ),
         with(
             bad(
                 "field byte",
@@ -815,6 +825,13 @@ fn write_vectors() {
         &BTreeMap::new(),
     );
 
+    write_damaged();
+}
+
+/// Writes `format/testdata/damaged.json` from the vectors as they are.
+#[test]
+#[ignore = "writes the damaged variants; run only when they change"]
+fn write_damaged() {
     let items: Vec<String> = damaged_variants().iter().map(|v| format!(" {v}")).collect();
     let text = format!("[\n{}\n]\n", items.join(",\n"));
     std::fs::write(testdata().join("damaged.json"), text).unwrap();

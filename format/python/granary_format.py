@@ -202,13 +202,9 @@ def _unzstd(stored, where):
 # The dataset
 
 
-def open_dataset(path):
-    """Open the dataset in directory `path`, making the opening checks of §9."""
-    return Dataset(path)
-
-
 class Dataset:
-    """A granary 2.0 dataset: its snapshot read whole, its chunk files read on demand."""
+    """A granary 2.0 dataset: its snapshot read whole (the opening checks of §9 made), its
+    chunk files read on demand. ``open_dataset(path)`` is this class."""
 
     def __init__(self, directory):
         self.directory = os.fspath(directory)
@@ -242,8 +238,9 @@ class Dataset:
             raise Damaged(f"{where}: header CRC mismatch (bytes 0..92)")
         if zero or any(zeros):
             raise Damaged(f"{where}: reserved header bytes (11, 72..88) are not zero")
-        if not 12 <= shift <= 24 or n > (1 << 32) - 2 or body_end < 104:
-            raise Damaged(f"{where}: block_shift, sample count or body_end out of range")
+        if not 12 <= shift <= 24 or n > (1 << 32) - 2 or body_end < 104 or incompat == 3:
+            raise Damaged(f"{where}: block_shift, sample count, body_end or feature bits out of "
+                          "range (ATTRS and FIELDS are never set together)")
         if incompat & ~(ATTRS | FIELDS):
             raise Unsupported(f"{where}: unknown incompatible feature bits {incompat:#x}")
         nblocks = -(-(body_end - 96) >> shift)
@@ -893,6 +890,9 @@ def main(argv=None):
         print(f"{type(e).__name__}: {e}", file=sys.stderr)
         return 1
     return 0
+
+
+open_dataset = Dataset
 
 
 if __name__ == "__main__":

@@ -149,6 +149,12 @@ impl SnapshotHeader {
                 ),
             ));
         }
+        if h.has_attrs() && h.has_fields() {
+            return Err(FormatError::invalid(
+                WHAT,
+                "feature bits ATTRS and FIELDS together (field groups record no attributes)",
+            ));
+        }
         if h.samples > crate::MAX_SAMPLES
             || h.body_end < SNAPSHOT_HEADER_LEN as u64 + 8
             || h.body_end > 1 << 56
