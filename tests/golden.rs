@@ -234,7 +234,7 @@ fn golden_dir_1_3() -> PathBuf {
 }
 
 /// The WebDataset members the 1.3 golden dataset (samples with named fields) was imported from.
-fn golden_members_1_3() -> Vec<(Vec<u8>, Vec<u8>)> {
+pub(crate) fn golden_members_1_3() -> Vec<(Vec<u8>, Vec<u8>)> {
     let mut v = Vec::new();
     for i in 0..14u64 {
         let key = format!("part{}/{i:04}", i % 2);

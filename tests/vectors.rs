@@ -287,9 +287,12 @@ fn fields_source() -> Vec<FieldSample> {
         .collect()
 }
 
+/// Writes vector `name` unless it exists (delete `format/testdata/NAME` to write it again).
 fn write_vector(name: &str, what: &str, ds: &Path, src: &BTreeMap<Vec<u8>, Src>) {
     let dir = testdata().join(name);
-    let _ = std::fs::remove_dir_all(&dir);
+    if dir.exists() {
+        return;
+    }
     std::fs::create_dir_all(&dir).unwrap();
     copy_dir(ds, &dir.join("dataset"));
     let v = describe(&dir.join("dataset"), what, src);
@@ -593,13 +596,12 @@ fn damaged_variants() -> Vec<Value> {
     ]
 }
 
-/// Writes `format/testdata` (every vector and `damaged.json`).
+/// Writes `format/testdata`: every vector not there yet, and `damaged.json`.
 #[test]
 #[ignore = "writes the test vectors; run only when the format changes"]
 fn write_vectors() {
     let tmp = tempfile::tempdir().unwrap();
     let t = tmp.path();
-    let _ = std::fs::remove_dir_all(testdata());
     std::fs::create_dir_all(testdata()).unwrap();
 
     // files: a packed tree (ATTRS, labels, raw and zstd records, pages, two blocks).
@@ -793,6 +795,35 @@ fn write_vectors() {
         "a WebDataset tar imported: fields, labels from cls",
         &t.join("wds.ds"),
         &wsrc,
+    );
+
+    // untyped: chunks without feature bit 2 (written by granary 0.1.0, declaring no field
+    // types: every field is `bytes`), the golden dataset of them with its source.
+    let mut usrc: BTreeMap<Vec<u8>, Src> = BTreeMap::new();
+    // Fields in the order the tar listed them (which is the order the records keep).
+    for (name, data) in crate::golden::golden_members_1_3() {
+        let dot = name.iter().rposition(|&b| b == b'.').unwrap();
+        let (key, field) = (
+            name[..dot].to_vec(),
+            String::from_utf8(name[dot + 1..].to_vec()).unwrap(),
+        );
+        let s = usrc.entry(key).or_insert(Src {
+            data: Vec::new(),
+            fields: Some(Vec::new()),
+            attrs: None,
+        });
+        s.data.extend_from_slice(&data);
+        s.fields
+            .as_mut()
+            .unwrap()
+            .push((field, "bytes".to_string(), data));
+    }
+    let golden = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden/v2-fields/dataset");
+    write_vector(
+        "untyped",
+        "field groups in chunks without feature bit 2 (no declared types)",
+        &golden,
+        &usrc,
     );
 
     // empty: zero samples in one empty chunk that lists directories (pack and the writer
