@@ -9,7 +9,7 @@
 //! writes it into the file; the reader checks each block again before its first use. What
 //! `info` and a chunk-wise epoch plan from (the section table, the lineage, the chunk table,
 //! the classes) lies in the first blocks; a chunk's record entries are one range; a path
-//! lookup is the page index (once) and one page.
+//! lookup is the page index (once), one page and the id table's block that must lead back to it.
 //!
 //! The sparse file lives in the snapshot cache, named by the dataset id and the content digest,
 //! and is shared by the processes of a node (every `DataLoader` worker): a block one process
