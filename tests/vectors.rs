@@ -574,6 +574,46 @@ fn damaged_variants() -> Vec<Value> {
         ),
         with(
             bad(
+                "field-group bit without fields, resealed",
+                "files",
+                vec![
+                    json!({"file": snap, "op": "put", "at": records + 16 * 3 + 6, "hex": "10"}),
+                    reseal(),
+                ],
+                "damaged",
+                "read",
+            ),
+            "sample",
+            json!(3),
+        ),
+        with(
+            bad(
+                "a field named twice, resealed",
+                "fields",
+                {
+                    // Sample 0's second field entry names its first entry's field.
+                    let f = Layout::of(&testdata().join("fields/dataset"));
+                    let (fs, _) = f.section(5);
+                    let u64_at =
+                        |o: usize| u64::from_le_bytes(f.snap[o..o + 8].try_into().unwrap());
+                    let n = u64_at(32) as usize;
+                    let index =
+                        fs + (32 + u64_at(fs + 16) + u64_at(fs + 24)).next_multiple_of(8) as usize;
+                    let entries = index + 8 * (n + 1);
+                    let first = hex(&f.snap[entries..entries + 4]);
+                    vec![
+                        json!({"file": snap, "op": "put", "at": entries + 16, "hex": first}),
+                        reseal(),
+                    ]
+                },
+                "damaged",
+                "read",
+            ),
+            "sample",
+            json!(0),
+        ),
+        with(
+            bad(
                 "appended chunk missing",
                 "appended",
                 vec![json!({"file": chunk_name(2), "op": "delete"})],
@@ -999,9 +1039,13 @@ fn damaged_vectors() {
             ("open", Err(e)) => e.to_string(),
             (_, Err(e)) => panic!("{name}: did not open: {e}"),
             ("read", Ok(d)) => {
+                // Reading a sample: its bytes and, with fields, each field.
                 let s = v["sample"].as_u64().unwrap();
-                d.read(s)
-                    .err()
+                let read = d.read(s).and_then(|_| match d.has_fields() {
+                    true => d.read_fields(s, None).map(drop),
+                    false => Ok(()),
+                });
+                read.err()
                     .unwrap_or_else(|| panic!("{name}: read {s}"))
                     .to_string()
             }

@@ -303,8 +303,18 @@ fn views_are_refused_against_another_dataset_or_generation_and_when_damaged() {
     run_ok(["append".as_ref(), ds.as_os_str(), more.as_os_str()]);
     let err = Dataset::open(&v).unwrap_err().to_string();
     assert!(
-        err.contains("generation 1") && err.contains("make the view again"),
+        err.contains("a stale view")
+            && err.contains("generation 1")
+            && err.contains("make the view again"),
         "{err}"
+    );
+    // The commands say it is stale (not damaged), and verify counts it as a problem (exit 1).
+    let o = run(["read".as_ref(), v.as_os_str()]);
+    assert!(!stderr(&o).contains("damaged"), "{}", stderr(&o));
+    assert!(stderr(&o).contains("a stale view"), "{}", stderr(&o));
+    assert_eq!(
+        run(["verify".as_ref(), v.as_os_str()]).status.code(),
+        Some(1)
     );
     // Another dataset at the same place.
     std::fs::remove_dir_all(&ds).unwrap();

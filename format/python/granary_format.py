@@ -614,8 +614,8 @@ class Dataset:
         at = self._field_entries + 16 * start
         self._need(at, 16 * (end - start))
         rows = list(struct.iter_unpack("<IIQ", self._buf[at:at + 16 * (end - start)]))
-        if any(name >= len(self.field_names) for name, _, _ in rows):
-            raise Damaged(f"{self._snap}: a field entry of sample {s} names no field")
+        if len({n for n, _, _ in rows if n < len(self.field_names)}) != len(rows):   # distinct
+            raise Damaged(f"{self._snap}: a field entry of sample {s} names no field, or twice")
         return rows
 
     def _split(self, s, data, rows):

@@ -305,8 +305,9 @@ def test_damaged(case, tmp_path):
     else:
         ds = gf.open_dataset(root)
         with pytest.raises(error) as caught:
-            if when == "read":
+            if when == "read":     # a sample's bytes and, with fields, each field
                 ds.read(case["sample"])
+                ds.fields(case["sample"])
             elif when == "lookup":
                 s = ds.lookup(bytes.fromhex(case["path_hex"]))
                 assert s is not None, "the lookup found nothing, it raised nothing"

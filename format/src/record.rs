@@ -53,13 +53,18 @@ pub fn decode_record<'a>(entry: &SampleEntry, stored: &'a [u8]) -> Result<Cow<'a
             match zstd::zstd_safe::get_frame_content_size(stored) {
                 Ok(Some(n)) if n == entry.orig_len => {}
                 other => {
+                    let declared = match other {
+                        Ok(Some(n)) => format!("a content size of {n}"),
+                        Ok(None) => "no content size".to_string(),
+                        Err(_) => "an unreadable content size".to_string(),
+                    };
                     return Err(FormatError::invalid(
                         "record",
                         format!(
-                            "zstd frame declares content size {other:?}, entry says {}",
+                            "zstd frame declares {declared}, its namespace entry says {}",
                             entry.orig_len
                         ),
-                    ))
+                    ));
                 }
             }
             let out = zstd::bulk::decompress(stored, entry.orig_len as usize)

@@ -788,10 +788,15 @@ class IterableDataset(_IterBase):
                 "granary); resume at the next epoch (set_epoch) instead"
             )
         mine = self._identity()
-        if kind != mine["kind"] or not _resumable(state.get("of"), mine):
+        of = state.get("of")
+        if kind != mine["kind"] or not _resumable(of, mine):
+            why = ""
+            if kind == mine["kind"] and _changed_since(of, mine):
+                why = (" (it changed since the state was taken: a state resumes on its own "
+                       "snapshot, or after one append; resume at the next epoch instead)")
             raise ValueError(
-                f"the state resumes {kind} {state.get('of')}, not this {mine['kind']} {mine} "
-                f"({self.root}): its counts would skip or repeat other samples"
+                f"the state resumes {kind} {of}, not this {mine['kind']} {mine} "
+                f"({self.root}){why}: its counts would skip or repeat other samples"
             )
 
     # -- importance ------------------------------------------------------------------
@@ -855,6 +860,17 @@ def _resumable(of, mine):
         return len(a) == len(b) and all(_resumable(x, y) for x, y in zip(a, b))
     return (mine["kind"] == "dataset" and of.get("dataset") == mine["dataset"]
             and of.get("snapshot") is not None and mine.get("parent") == of["snapshot"])
+
+
+def _changed_since(of, mine):
+    """Whether ``mine`` is the dataset (each source of the mixture) ``of`` was taken of, at
+    another snapshot: the same dataset ids, other contents."""
+    if not isinstance(of, dict):
+        return False
+    if mine["kind"] == "mixture":
+        a, b = of.get("sources") or [], mine["sources"]
+        return len(a) == len(b) and all(x.get("dataset") == y["dataset"] for x, y in zip(a, b))
+    return of.get("dataset") == mine["dataset"] and of.get("snapshot") != mine["snapshot"]
 
 
 class _EpochBox:

@@ -234,5 +234,5 @@ def test_a_state_resumes_only_what_it_was_taken_of(sources, tmp_path):
     c.set_epoch(1)
     assert len([i for item in c for i in item["id"].tolist()]) == len(whole) + 5
     append()
-    with pytest.raises(ValueError, match="'generation': 2"):
+    with pytest.raises(ValueError, match="'generation': 2.*or after one append"):
         granary.IterableDataset(copy, seed=1).load_state_dict(state)

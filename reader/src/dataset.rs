@@ -693,8 +693,9 @@ impl Dataset {
     }
 
     /// Splits the bytes of sample `id` (as [`Dataset::read`] or a stream gives them, checked
-    /// whole) into its fields: `(name, bytes)` in stored order. A sample without fields is one
-    /// unnamed field.
+    /// whole) into its fields: `(name, bytes)` in stored order, each checked against its own
+    /// CRC-32 (the whole record's CRC does not tell which bytes are which field's). A sample
+    /// without fields is one unnamed field.
     pub fn split_fields<'d>(&self, id: u64, data: &'d [u8]) -> Result<Vec<(&[u8], &'d [u8])>> {
         let fields = self.fields(id)?;
         if fields.is_empty() {
@@ -703,14 +704,22 @@ impl Dataset {
         fields
             .iter()
             .map(|f| {
-                data.get(f.offset as usize..(f.offset + f.len) as usize)
-                    .map(|d| (f.name, d))
+                let d = data
+                    .get(f.offset as usize..(f.offset + f.len) as usize)
                     .ok_or_else(|| {
                         ReadError::invalid(format!(
                             "sample {id}: {} bytes do not hold its fields",
                             data.len()
                         ))
-                    })
+                    })?;
+                if granary_format::crc32(d) != f.crc32 {
+                    return Err(ReadError::invalid(format!(
+                        "sample {id}: field {} fails its CRC-32 (the snapshot's field table \
+                         does not match the record)",
+                        escape_path(f.name)
+                    )));
+                }
+                Ok((f.name, d))
             })
             .collect()
     }

@@ -75,8 +75,18 @@ pub fn extract(ds: &Dataset, opts: &ExtractOptions) -> Result<ExtractSummary> {
                 let path = &path[..];
                 let shown = escape_path(path);
                 let res = ds.decode_from(&bytes, id).and_then(|data| {
-                    let attrs = if opts.metadata { ds.attrs(id)? } else { None };
+                    let stat = ds.stat(id)?;
+                    let attrs = if opts.metadata { stat.attrs } else { None };
                     if !ds.has_fields() {
+                        // The size the namespace shows is the file's, or an error.
+                        if stat.size != data.len() as u64 {
+                            return Err(crate::ReadError::invalid(format!(
+                                "sample {id}: its record holds {} bytes, its namespace entry \
+                                 says {}",
+                                data.len(),
+                                stat.size
+                            )));
+                        }
                         return write_new(&opts.out_dir, path, &data, attrs)
                             .map(|_| (1, data.len() as u64));
                     }

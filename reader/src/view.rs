@@ -57,9 +57,9 @@ pub(crate) fn open(path: &Path, cfg: &StoreConfig) -> Result<Dataset> {
     if !same {
         let hex = granary_format::hex16;
         return Err(ReadError::invalid(format!(
-            "{}: the view was made of dataset {} generation {} (content {}, {} samples), but {} \
-             is dataset {} generation {} (content {}, {} samples): its ids could name other \
-             samples; make the view again (`granary view`)",
+            "{}: a stale view: it was made of dataset {} generation {} (content {}, {} \
+             samples), but {} is now dataset {} generation {} (content {}, {} samples), and its \
+             ids could name other samples; make the view again (`granary view`)",
             path.display(),
             hex(&v.dataset_id),
             v.generation,

@@ -100,7 +100,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
                     out,
                     "{:>9} {:>12} {:>12} {:<4} {:>6} {:<16} {path}",
                     id,
-                    s.entry.orig_len,
+                    e.size, // the namespace's: what `cat` and the mount hand out
                     s.entry.stored_len,
                     s.compression.name(),
                     s.entry.chunk,

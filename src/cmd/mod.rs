@@ -58,8 +58,10 @@ pub fn open_dataset(path: &Path) -> anyhow::Result<granary::Dataset> {
         // Damage is what verify and reindex help with; an object store that cannot be reached
         // or a wrong argument is not.
         let hint = match &e {
-            // An older format is no damage: the error names `granary upgrade`.
+            // An older format is no damage: the error names `granary upgrade`; a stale view
+            // says what changed and to make it again.
             e if e.to_string().contains("granary upgrade") => "",
+            e if e.to_string().contains("a stale view") => "",
             // A damaged view is made again; its dataset needs nothing.
             _ if is_view_file(path) => " (a damaged view file: make it again with `granary view`)",
             granary::ReadError::Store(

@@ -403,7 +403,8 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
         let f = self.fl()?;
         let names = StringTable::parse(self.at(f.names.clone())?, WHAT)?;
         let mut offset = 0u64;
-        self.field_entries(id)?
+        let fields: Vec<SampleField<'_>> = self
+            .field_entries(id)?
             .into_iter()
             .map(|e| {
                 let s = SampleField {
@@ -417,7 +418,20 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
                 })?;
                 Ok(s)
             })
-            .collect()
+            .collect::<Result<_>>()?;
+        // A name twice would give a reader the choice of which bytes it means (SPEC.md §3).
+        for (i, f) in fields.iter().enumerate() {
+            if fields[..i].iter().any(|g| g.name == f.name) {
+                return Err(FormatError::invalid(
+                    WHAT,
+                    format!(
+                        "sample {id} has field {:?} twice",
+                        String::from_utf8_lossy(f.name)
+                    ),
+                ));
+            }
+        }
+        Ok(fields)
     }
 }
 

@@ -661,6 +661,12 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
         if r.label != NO_LABEL && r.label as u64 >= self.class_count {
             return bad(format!("label {} of {} classes", r.label, self.class_count));
         }
+        if (r.flags as u32 & crate::FLAG_FIELDS != 0) != self.h.has_fields() {
+            return bad(format!(
+                "flags {:#x}: the field-group bit is set exactly when the snapshot has fields",
+                r.flags
+            ));
+        }
         let mut e = SampleEntry {
             chunk: c.chunk_id,
             label: r.label,
