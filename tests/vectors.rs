@@ -1075,3 +1075,23 @@ fn damaged_vectors() {
         );
     }
 }
+
+/// `ls --long` shows beside a path only its own sample's sizes and class: with a tag and the id
+/// table disagreeing (a damaged variant) it fails, naming the entry.
+#[test]
+fn a_long_listing_checks_the_id_table() {
+    let variants: Vec<Value> =
+        serde_json::from_slice(&std::fs::read(testdata().join("damaged.json")).unwrap()).unwrap();
+    let v = variants
+        .iter()
+        .find(|v| v["name"] == "tag and id table disagree, resealed")
+        .unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let ds = tmp.path().join("dataset");
+    copy_dir(&testdata().join("files/dataset"), &ds);
+    run_ok(["ls".as_ref(), "--long".as_ref(), ds.as_os_str()]);
+    apply(&ds, v["edits"].as_array().unwrap());
+    let o = run(["ls".as_ref(), "--long".as_ref(), ds.as_os_str()]);
+    assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
+    assert!(stderr(&o).contains("id table"), "{}", stderr(&o));
+}

@@ -352,6 +352,13 @@ impl Tree {
         let count = match self.fields {
             false => 1,
             true => {
+                // A key shown as NAME.FIELD files must split back into it (SPEC.md §3).
+                if name.contains(&b'.') {
+                    return Err(bad(format!(
+                        "a key with fields whose last component holds a '.': {:?}",
+                        granary::escape_path(name)
+                    )));
+                }
                 let fs = ds.fields(id)?;
                 if let Some(f) = fs.iter().find(|f| name.len() + 1 + f.name.len() > NAME_MAX) {
                     return Err(bad(format!(

@@ -61,17 +61,35 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
             !batch.is_empty(),
             "position {pos} of the namespace is missing"
         );
+        let first = pos;
         pos += batch.len() as u64;
         if a.long {
             let ids: Vec<u64> = batch.iter().filter_map(|e| e.id).collect();
             ds.prefetch_samples_at(&ids)?;
         }
-        for e in batch {
+        for (at, e) in (first..).zip(batch) {
             // Directories are not listed; through a view, only its samples are.
             let (Some(id), key) = (e.id.filter(|&id| ds.selects(id)), e.path) else {
                 continue;
             };
+            // What is shown beside a path is its own sample's (the id table leads back), and a
+            // key shown as KEY.NAME files splits back into that key (SPEC.md §3, §7).
+            if a.long && ds.snapshot().position(id)? != at {
+                anyhow::bail!(
+                    "{}: the namespace entry of {} is tagged sample {id}, whose id table entry \
+                     is another position: the snapshot is damaged (`granary verify`)",
+                    a.dataset.display(),
+                    granary::escape_path(&key)
+                );
+            }
             if ds.has_fields() {
+                if let Err(why) = granary_format::check_field_key(&key) {
+                    anyhow::bail!(
+                        "{}: key {}: {why}: the snapshot is damaged (`granary verify`)",
+                        a.dataset.display(),
+                        granary::escape_path(&key)
+                    );
+                }
                 let s = ds.sample(id)?;
                 for f in ds.fields(id)? {
                     let name = [&key[..], b".", f.name].concat();
