@@ -51,6 +51,9 @@ class WaitMeter:
                 try:
                     batch = next(it)
                 except StopIteration:
+                    # The loader's end: dropping the iterator joins its workers (DataLoader
+                    # does it when its iterator goes), which the last wait includes.
+                    it = None
                     self._tail = time.perf_counter() - t0
                     break
                 t1 = time.perf_counter()
