@@ -221,18 +221,18 @@ def test_a_state_resumes_only_what_it_was_taken_of(sources, tmp_path):
     # next epoch); after two, the generation it was taken of cannot be proven an ancestor.
     copy, append = _appended_copy(sources[0], tmp_path, "x")
     b = granary.IterableDataset(copy, seed=1, batch_size=4)
-    whole = [i for item in b for i in item["id"].tolist()]
+    whole = [int(i) for item in b for i in item["id"]]
     it = iter(b)
-    first = [i for _ in range(5) for i in next(it)["id"].tolist()]
+    first = [int(i) for _ in range(5) for i in next(it)["id"]]
     state = b.state_dict()
     append()
     c = granary.IterableDataset(copy, seed=1, batch_size=4)
     c.load_state_dict(state)
-    rest = [i for item in c for i in item["id"].tolist()]
+    rest = [int(i) for item in c for i in item["id"]]
     assert sorted(first + rest) == sorted(whole)
     assert c.state_dict()["of"] == state["of"]  # still that epoch
     c.set_epoch(1)
-    assert len([i for item in c for i in item["id"].tolist()]) == len(whole) + 5
+    assert len([int(i) for item in c for i in item["id"]]) == len(whole) + 5
     append()
     with pytest.raises(ValueError, match="'generation': 2.*or after one append"):
         granary.IterableDataset(copy, seed=1).load_state_dict(state)
