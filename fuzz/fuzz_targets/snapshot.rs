@@ -9,7 +9,7 @@ use libfuzzer_sys::fuzz_target;
 
 fn exercise(data: &[u8]) {
     let Ok(s) = Snapshot::open(data) else { return };
-    let _ = (s.version(), s.dataset_id(), s.lineage(), s.header_crc());
+    let _ = (s.version(), s.dataset_id(), s.lineage(), s.content_digest());
     let n = s.sample_count();
     for i in 0..s.chunk_count().min(256) {
         let _ = (s.chunk(i), s.chunk_summary(i), s.class_counts(i));
