@@ -588,6 +588,62 @@ fn damaged_variants() -> Vec<Value> {
         ),
         with(
             bad(
+                "compression code 2, resealed",
+                "files",
+                vec![
+                    json!({"file": snap, "op": "put", "at": records + 16 * 4 + 6, "hex": "02"}),
+                    reseal(),
+                ],
+                "damaged",
+                "read",
+            ),
+            "sample",
+            json!(4),
+        ),
+        with(
+            bad(
+                "unknown chunk feature bit, header CRC made right",
+                "files",
+                {
+                    // A chunk of a snapshot whose features the reader knows cannot hold more:
+                    // damage, not a newer format.
+                    let c = std::fs::read(files.join(chunk_name(1))).unwrap();
+                    let mut h = c[..64].to_vec();
+                    h[11] |= 0x80;
+                    let crc = crc32fast::hash(&h[..60]);
+                    vec![
+                        json!({"file": chunk_name(1), "op": "put", "at": 11, "hex": hex(&h[11..12])}),
+                        json!({"file": chunk_name(1), "op": "put", "at": 60, "hex": hex(&crc.to_le_bytes())}),
+                    ]
+                },
+                "damaged",
+                "read",
+            ),
+            "sample",
+            json!(first_in(1)),
+        ),
+        bad(
+            "unknown type descriptor, resealed",
+            "fields",
+            {
+                // The fields section's types table: "str" (txt's type) becomes "stx".
+                let f = Layout::of(&testdata().join("fields/dataset"));
+                let (fs, len) = f.section(5);
+                let at = f.snap[fs..fs + len]
+                    .windows(3)
+                    .position(|w| w == b"str")
+                    .expect("a str type")
+                    + fs;
+                vec![
+                    json!({"file": snap, "op": "put", "at": at + 2, "hex": "78"}),
+                    reseal(),
+                ]
+            },
+            "damaged",
+            "open",
+        ),
+        with(
+            bad(
                 "a field named twice, resealed",
                 "fields",
                 {

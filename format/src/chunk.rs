@@ -73,7 +73,8 @@ impl ChunkHeader {
             return Err(FormatError::invalid(
                 WHAT,
                 format!(
-                    "feature bits {:#x} are unknown to this reader (a newer granary wrote it)",
+                    "feature bits {:#x} are unknown: a chunk of a dataset whose snapshot this \
+                     reader knows holds only known ones (damaged, or another format's chunk)",
                     features & !crate::CHUNK_KNOWN_FEATURES
                 ),
             ));
