@@ -1013,7 +1013,7 @@ fn reader_processes_share_an_importance_tier_of_hot_chunks() {
     );
     assert!(v[0]["hot_samples"].as_u64().unwrap() > 0, "{v}");
     // No sample is in two hot chunks, and every hot record is the sample's stored bytes.
-    let hot = tier.hot_map();
+    let hot = tier.hot_map(dataset.snapshot().chunks());
     let listed: usize = hot.chunks.values().map(|h| h.samples.len()).sum();
     assert_eq!(listed, hot.by_sample.len(), "a sample re-packed twice");
     for h in hot.chunks.values() {

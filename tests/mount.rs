@@ -358,7 +358,7 @@ fn first_touch_fetches_chunks_into_the_tier_and_a_damaged_copy_is_never_served()
     assert_eq!(s.samples_from_origin, 0);
     assert_eq!(s.samples_from_tier, d.len());
     wait_for("every chunk in the tier", || {
-        cache.resident_chunks().unwrap().len() as u64 == d.chunk_count()
+        cache.resident_chunks(d.snapshot().chunks()).unwrap().len() as u64 == d.chunk_count()
     });
     let before = fs.reader().stats();
     all(&fs);
@@ -379,7 +379,10 @@ fn first_touch_fetches_chunks_into_the_tier_and_a_damaged_copy_is_never_served()
         d.read(target).unwrap()
     );
     assert_eq!(fs.reader().stats().tier_copies_discarded, 1);
-    assert!(!cache.resident_chunks().unwrap().contains(&e.chunk));
+    assert!(!cache
+        .resident_chunks(d.snapshot().chunks())
+        .unwrap()
+        .contains(&e.chunk));
 
     // Without fetching the tier is only read: nothing new comes in.
     let tmp2 = tempfile::tempdir().unwrap();
@@ -389,7 +392,10 @@ fn first_touch_fetches_chunks_into_the_tier_and_a_damaged_copy_is_never_served()
     let fs = mount_fs(&ds, Some(empty.clone()), false);
     all(&fs);
     std::thread::sleep(Duration::from_millis(200));
-    assert!(empty.resident_chunks().unwrap().is_empty());
+    assert!(empty
+        .resident_chunks(d.snapshot().chunks())
+        .unwrap()
+        .is_empty());
     assert_eq!(fs.reader().stats().chunks_fetched, 0);
 }
 

@@ -371,20 +371,27 @@ fn the_server_serves_only_chunk_copies_of_its_datasets_read_only() {
     let ds = small_dataset(tmp.path(), &[]);
     let node = Node::start(&[&ds], tmp.path().join("tier"));
     fill_tier(&ds, &node.tier);
-    let id = granary::Dataset::open(&ds).unwrap().snapshot().dataset_id();
+    let d = granary::Dataset::open(&ds).unwrap();
+    let id = d.snapshot().dataset_id();
     let hex: String = id.iter().map(|b| format!("{b:02x}")).collect();
-    let copy =
-        std::fs::read(granary::LocalTier::tier_dir(&node.tier, &id).join("chunk-00000000.gchunk"))
-            .unwrap();
-    let path = format!("/{hex}/chunk-00000000.gchunk");
+    let name = granary::copy_file_name(0, &d.chunk(0).unwrap().digest);
+    let tier = granary::LocalTier::tier_dir(&node.tier, &id);
+    let copy = std::fs::read(tier.join(&name)).unwrap();
+    let path = format!("/{hex}/{name}");
     assert_eq!(http(&node.addr, "GET", &path), (200, copy.clone()));
     assert_eq!(http(&node.addr, "HEAD", &path).0, 200);
     for p in [
         format!("/{hex}/index"),
         format!("/{hex}/lock"),
-        format!("/{hex}/../{hex}/chunk-00000000.gchunk"),
-        format!("/{hex}/chunk-00000009.gchunk"),
-        format!("/{}/chunk-00000000.gchunk", "0".repeat(32)),
+        format!("/{hex}/../{hex}/{name}"),
+        format!("/{hex}/chunk-00000000.gchunk"),
+        // Another digest (another generation's chunk 0), another chunk id, another dataset.
+        format!("/{hex}/{}", granary::copy_file_name(0, &[7; 16])),
+        format!(
+            "/{hex}/{}",
+            granary::copy_file_name(9, &d.chunk(0).unwrap().digest)
+        ),
+        format!("/{}/{name}", "0".repeat(32)),
         "/".to_string(),
     ] {
         assert_eq!(http(&node.addr, "GET", &p).0, 404, "{p}");
@@ -393,11 +400,7 @@ fn the_server_serves_only_chunk_copies_of_its_datasets_read_only() {
         assert_eq!(http(&node.addr, m, &path).0, 405, "{m}");
     }
     // Nothing was changed by any of it.
-    assert_eq!(
-        std::fs::read(granary::LocalTier::tier_dir(&node.tier, &id).join("chunk-00000000.gchunk"))
-            .unwrap(),
-        copy
-    );
+    assert_eq!(std::fs::read(tier.join(&name)).unwrap(), copy);
 }
 
 #[test]

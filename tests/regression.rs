@@ -205,18 +205,18 @@ fn dataset_with_section(tmp: &Path, kind: u32, edit: impl Fn(&mut [u8])) -> std:
 #[test]
 fn wrong_sample_count_in_a_resealed_chunk_table_is_refused_not_a_panic() {
     type Edit = fn(&mut [u8]);
-    // Chunk 1's first sample (bytes 8..16 of its 40-byte entry).
+    // Chunk 1's first sample (bytes 8..16 of its 56-byte entry).
     let edits: [(&str, Edit); 3] = [
         ("300000000", |t| {
-            t[48..56].copy_from_slice(&300_000_000u64.to_le_bytes())
+            t[64..72].copy_from_slice(&300_000_000u64.to_le_bytes())
         }),
         ("u64::MAX", |t| {
-            t[48..56].copy_from_slice(&u64::MAX.to_le_bytes())
+            t[64..72].copy_from_slice(&u64::MAX.to_le_bytes())
         }),
         // Chunk 2 starting before chunk 1: ranges that overlap.
         ("overlap", |t| {
-            let c1 = u64::from_le_bytes(t[48..56].try_into().unwrap());
-            t[88..96].copy_from_slice(&(c1 - 1).to_le_bytes());
+            let c1 = u64::from_le_bytes(t[64..72].try_into().unwrap());
+            t[120..128].copy_from_slice(&(c1 - 1).to_le_bytes());
         }),
     ];
     for (what, edit) in edits {

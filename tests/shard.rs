@@ -194,7 +194,7 @@ fn merge_refuses_bad_parts_and_changes_nothing() {
     let mut old = good.clone();
     old[8] = 2;
     std::fs::write(&part1, &old).unwrap();
-    refused("version 2; this granary reads version 3");
+    refused("version 2; this granary reads version 4");
     std::fs::write(&part1, &good).unwrap();
 
     let c4 = ds.join(granary_format::chunk_file_name(4)); // shard 1's second chunk

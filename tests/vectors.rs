@@ -150,7 +150,10 @@ fn describe(ds: &Path, what: &str, src: &BTreeMap<Vec<u8>, Src>) -> Value {
     let chunks: Vec<Value> = snap
         .chunks()
         .iter()
-        .map(|c| json!({"id": c.chunk_id, "samples": c.sample_count, "file_size": c.file_size}))
+        .map(|c| {
+            json!({"id": c.chunk_id, "samples": c.sample_count, "file_size": c.file_size,
+                   "digest": hex(&c.digest)})
+        })
         .collect();
     json!({
         "description": what,
@@ -539,6 +542,33 @@ fn damaged_variants() -> Vec<Value> {
             ),
             "sample",
             json!(0),
+        ),
+        bad(
+            "chunk of other bytes with the same CRC-32s",
+            "files",
+            {
+                // Five bytes of a raw record changed so that its CRC-32, and so the chunk's,
+                // stay: only the chunk's digest says it is not the chunk the snapshot lists.
+                let d = granary::Dataset::open(&files).unwrap();
+                let e = (0..d.len())
+                    .map(|s| d.sample(s).unwrap().entry)
+                    .find(|e| e.flags == 0 && e.stored_len >= 16)
+                    .expect("a raw record");
+                let c = std::fs::read(files.join(chunk_name(e.chunk))).unwrap();
+                let (at, len) = (e.offset as usize, e.stored_len as usize);
+                let fix = granary_format::testing::crc_preserving_fix(len, 0, 8);
+                let mut forged = c[at..at + len].to_vec();
+                forged[0] ^= 1;
+                for (k, b) in fix.iter().enumerate() {
+                    forged[8 + k] ^= b;
+                }
+                assert_eq!(crc32fast::hash(&forged), crc32fast::hash(&c[at..at + len]));
+                vec![
+                    json!({"file": chunk_name(e.chunk), "op": "put", "at": at, "hex": hex(&forged[..12])}),
+                ]
+            },
+            "damaged",
+            "verify",
         ),
         with(
             bad(

@@ -124,8 +124,8 @@ fn run_row(
     for e in 0..o.epochs.max(2) {
         scores.flush()?;
         let table = scores.snapshot();
-        let hot = cache.hot_map();
-        let whole = cache.resident_chunks()?;
+        let hot = cache.hot_map(ds.snapshot().chunks());
+        let whole = cache.resident_chunks(ds.snapshot().chunks())?;
         let in_tier =
             |id: u64| hot.by_sample.contains_key(&id) || whole.contains(&shape.chunk_of(id));
         let sm = Sampling {

@@ -50,7 +50,7 @@ class Unsupported(FormatError):
 
 # A chunk table entry (§6.2), with its id and number of samples.
 Chunk = namedtuple("Chunk", "id first_sample samples file_size records_end orig_bytes compressed "
-                            "file_crc")
+                            "file_crc digest")
 # A namespace entry (§6.7): sample and size are None for a directory; mode, mtime_ns without ATTRS.
 Entry = namedtuple("Entry", "path sample size mode mtime_ns")
 
@@ -307,13 +307,13 @@ class Dataset:
         if self.generation == 0 and any(parent):
             raise Damaged(f"{snap}: lineage at {off}: generation 0 with a non-zero parent")
         self.parent = parent.hex() if any(parent) else None
-        off, _ = self._section(2, 40 * c)
-        self._need(off, 40 * c)
-        rows = list(struct.iter_unpack("<QQQQII", self._buf[off:off + 40 * c]))
+        off, _ = self._section(2, 56 * c)
+        self._need(off, 56 * c)
+        rows = list(struct.iter_unpack("<QQQQII16s", self._buf[off:off + 56 * c]))
         if c == 0 and n:
             raise Damaged(f"{snap}: {n} samples but no chunks")
         self.chunks = []
-        for i, (size, first, records_end, orig, compressed, crc) in enumerate(rows):
+        for i, (size, first, records_end, orig, compressed, crc, digest) in enumerate(rows):
             nxt = rows[i + 1][1] if i + 1 < c else n
             if (first != 0 if i == 0 else first < rows[i - 1][1]) or nxt < first:
                 raise Damaged(f"{snap}: chunk table entry {i}: first_sample {first} out of order")
@@ -322,7 +322,7 @@ class Dataset:
                 raise Damaged(f"{snap}: chunk table entry {i}: records_end {records_end} does "
                               f"not fit in file_size {size}, or an empty chunk's fields are wrong")
             self.chunks.append(Chunk(i, first, nxt - first, size, records_end, orig, compressed,
-                                     crc))
+                                     crc, digest))
         self._firsts = [ch.first_sample for ch in self.chunks]
         off, length = self._section(3)
         self._need(off, length)
@@ -700,8 +700,8 @@ class Dataset:
         """Check chunk `ch` (open as `f`) against the snapshot; returns its feature bits."""
         features, name = self._check_chunk(f, ch), f.name
         with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-            if zlib.crc32(buf) != ch.file_crc:
-                raise Damaged(f"{name}: whole-file CRC-32 does not match the chunk table's")
+            if zlib.crc32(buf) != ch.file_crc or hashlib.sha256(buf).digest()[:16] != ch.digest:
+                raise Damaged(f"{name}: whole-file CRC-32 or digest differs from the chunk table's")
             foot = _parse_footer(buf, features, name)
             if (foot["offset"], foot["n"]) != (ch.records_end, ch.samples):
                 raise Damaged(f"{name}: footer offset or record count differs from the snapshot")

@@ -211,8 +211,8 @@ def test_vector(name):
         assert getattr(ds, key) == expected[key], key
     assert _hexes(ds.classes) == expected["classes_hex"]
     assert ds.entry_count == expected["entries"]
-    assert [{"id": c.id, "samples": c.samples, "file_size": c.file_size} for c in ds.chunks] \
-        == expected["chunks"]
+    assert [{"id": c.id, "samples": c.samples, "file_size": c.file_size, "digest": c.digest.hex()}
+            for c in ds.chunks] == expected["chunks"]
     assert [{"path_hex": e.path.hex(), "mode": e.mode, "mtime_ns": e.mtime_ns}
             for e in ds.entries() if e.sample is None] == expected["dirs"]
     assert ds.sample_count == len(expected["samples"])

@@ -563,6 +563,8 @@ pub struct ChunkSummary {
     pub file_size: u64,
     /// CRC-32 of the whole file.
     pub file_crc: u32,
+    /// The chunk's identity: the first 16 bytes of SHA-256 over the whole file.
+    pub digest: [u8; 16],
     /// Record entries in file order.
     pub entries: Vec<SampleEntry>,
     /// Path of each record.
@@ -576,13 +578,14 @@ pub struct ChunkSummary {
 }
 
 impl ChunkSummary {
-    /// Chunk `chunk_id` of `file_size` bytes and CRC `file_crc`, without its records: what a
-    /// caller that reads the footer later keeps.
-    pub fn bare(chunk_id: u32, file_size: u64, file_crc: u32) -> Self {
+    /// Chunk `chunk_id` of `file_size` bytes, CRC `file_crc` and digest `digest`, without its
+    /// records: what a caller that reads the footer later keeps.
+    pub fn bare(chunk_id: u32, file_size: u64, file_crc: u32, digest: [u8; 16]) -> Self {
         ChunkSummary {
             chunk_id,
             file_size,
             file_crc,
+            digest,
             entries: Vec::new(),
             paths: Vec::new(),
             fields: None,
@@ -591,16 +594,22 @@ impl ChunkSummary {
         }
     }
 
-    /// The summary of chunk `chunk_id` of `file_size` bytes and CRC `file_crc` with the records
-    /// of its decoded `footer`.
-    pub fn from_footer(chunk_id: u32, file_size: u64, file_crc: u32, f: ChunkFooter) -> Self {
+    /// The summary of chunk `chunk_id` of `file_size` bytes, CRC `file_crc` and digest `digest`
+    /// with the records of its decoded `footer`.
+    pub fn from_footer(
+        chunk_id: u32,
+        file_size: u64,
+        file_crc: u32,
+        digest: [u8; 16],
+        f: ChunkFooter,
+    ) -> Self {
         ChunkSummary {
             entries: f.entries,
             paths: f.paths,
             fields: f.fields,
             attrs: f.attrs,
             dirs: f.dirs,
-            ..Self::bare(chunk_id, file_size, file_crc)
+            ..Self::bare(chunk_id, file_size, file_crc, digest)
         }
     }
 }

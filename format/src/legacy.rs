@@ -182,7 +182,8 @@ pub fn read_legacy_snapshot(b: &[u8]) -> Result<LegacySnapshot> {
             paths: paths[ids.clone()].to_vec(),
             fields,
             attrs: attrs.as_ref().map(|a| a[ids].to_vec()),
-            ..ChunkSummary::bare(i as u32, le::u64_at(e, 8), le::u32_at(e, 32))
+            // 1.x recorded no digest: `granary upgrade` hashes each chunk file for it.
+            ..ChunkSummary::bare(i as u32, le::u64_at(e, 8), le::u32_at(e, 32), [0; 16])
         });
     }
     if next != n {

@@ -32,7 +32,9 @@ pub use error::{FormatError, Result};
 pub use hash::path_hash;
 pub use id::{hex16, DatasetId};
 pub use legacy::{is_legacy_snapshot, read_legacy_snapshot, LegacySnapshot};
-pub use record::{check_chunk, check_fields, decode_record, ChunkCheck, MAX_ZSTD_RATIO};
+pub use record::{
+    check_chunk, check_fields, chunk_digest, decode_record, ChunkCheck, MAX_ZSTD_RATIO,
+};
 pub use rng::SplitMix64;
 pub use snapshot::{
     features, prefix_successor, snapshot_key, Blocks, ChunkEntry, ContentDigest, EntryView,

@@ -36,13 +36,13 @@ pub struct LocalKind {
 /// The tier's content list (`index`): text lines, see SPEC.md appendix A.
 pub const TIER_INDEX: LocalKind = LocalKind {
     magic: *b"GRNYTIDX",
-    version: 1,
+    version: 2,
     what: "tier content list",
 };
 /// The tier's `hot.map`: which samples its hot chunks hold.
 pub const HOT_MAP: LocalKind = LocalKind {
     magic: *b"GRNYHOTM",
-    version: 1,
+    version: 2,
     what: "hot chunk map",
 };
 /// A score table (per-sample importance).
@@ -60,13 +60,13 @@ pub const PACK_PLAN: LocalKind = LocalKind {
 /// A finished shard's part file.
 pub const SHARD_PART: LocalKind = LocalKind {
     magic: *b"GRNYPART",
-    version: 3,
+    version: 4,
     what: "part file",
 };
 /// The marker of a chunk uploaded to an object store.
 pub const UPLOAD_MARKER: LocalKind = LocalKind {
     magic: *b"GRNYSENT",
-    version: 3,
+    version: 4,
     what: "upload marker",
 };
 

@@ -116,6 +116,13 @@ pub fn check_fields(fields: &[crate::FieldEntry], data: &[u8]) -> Result<()> {
     Ok(())
 }
 
+/// A chunk file's digest, its identity: the first 16 bytes of SHA-256 over the whole file.
+pub fn chunk_digest(bytes: &[u8]) -> [u8; 16] {
+    let mut d = crate::ContentDigest::new();
+    d.update(bytes);
+    d.finish()
+}
+
 /// The result of checking a whole chunk file.
 #[derive(Debug)]
 pub struct ChunkCheck {
@@ -123,6 +130,8 @@ pub struct ChunkCheck {
     pub footer: ChunkFooter,
     /// CRC-32 of the whole file.
     pub file_crc: u32,
+    /// The chunk's digest: SHA-256 of the whole file, its first 16 bytes.
+    pub digest: [u8; 16],
     /// Records that failed to decode or check: (index in footer, error).
     pub bad_records: Vec<(usize, FormatError)>,
 }
@@ -179,6 +188,7 @@ pub fn check_chunk(bytes: &[u8], dataset_id: &[u8; 16], chunk_id: u32) -> Result
     Ok(ChunkCheck {
         footer,
         file_crc: crc32fast::hash(bytes),
+        digest: chunk_digest(bytes),
         bad_records,
     })
 }
@@ -201,7 +211,7 @@ mod tests {
         let (bytes, s) = w.finish(&[b"class0"]).unwrap();
         let c = check_chunk(&bytes, &[1; 16], 0).unwrap();
         assert!(c.bad_records.is_empty());
-        assert_eq!(c.file_crc, s.file_crc);
+        assert_eq!((c.file_crc, c.digest), (s.file_crc, s.digest));
         assert!(check_chunk(&bytes, &[2; 16], 0).is_err());
         assert!(check_chunk(&bytes, &[1; 16], 1).is_err());
         // Flip every byte of both records: each flip is either reported or (for bits zstd
@@ -212,6 +222,7 @@ mod tests {
             d[pos] ^= 0x10;
             let c = check_chunk(&d, &[1; 16], 0).unwrap();
             assert_ne!(c.file_crc, s.file_crc);
+            assert_ne!(c.digest, s.digest);
             if c.bad_records.is_empty() {
                 for e in &c.footer.entries {
                     let got = decode_record(e, &d[e.offset as usize..][..e.stored_len as usize]);

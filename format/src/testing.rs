@@ -46,3 +46,41 @@ pub fn reseal_snapshot(b: &mut [u8]) -> bool {
     b[92..96].copy_from_slice(&crc.to_le_bytes());
     true
 }
+
+/// The four bytes at `fix` that, xor-ed into a `len`-byte message together with `0x01` at
+/// `flip`, leave its CRC-32 as it was. CRC-32 is affine in its input, so the change a flip
+/// makes is cancelled by solving 32 linear equations over GF(2) in the 32 bits at `fix`.
+pub fn crc_preserving_fix(len: usize, flip: usize, fix: usize) -> [u8; 4] {
+    let zero = crate::crc32(&vec![0u8; len]);
+    let change = |set: &[(usize, u8)]| {
+        let mut v = vec![0u8; len];
+        for &(i, b) in set {
+            v[i] ^= b;
+        }
+        crate::crc32(&v) ^ zero
+    };
+    // Gaussian elimination: each pivot is (column value, which fix bits make it).
+    let mut pivots: Vec<(u32, u32)> = Vec::new();
+    for k in 0..32usize {
+        let (mut v, mut m) = (change(&[(fix + k / 8, 1 << (k % 8))]), 1u32 << k);
+        for &(pv, pm) in &pivots {
+            if v ^ pv < v {
+                v ^= pv;
+                m ^= pm;
+            }
+        }
+        if v != 0 {
+            pivots.push((v, m));
+            pivots.sort_by_key(|p| std::cmp::Reverse(p.0));
+        }
+    }
+    let (mut t, mut m) = (change(&[(flip, 1)]), 0u32);
+    for &(pv, pm) in &pivots {
+        if t ^ pv < t {
+            t ^= pv;
+            m ^= pm;
+        }
+    }
+    assert_eq!(t, 0, "four consecutive bytes always cancel a CRC-32 change");
+    m.to_le_bytes()
+}

@@ -1,6 +1,6 @@
 //! What `granary serve` takes from the network: the request path, the `Range` header and the
 //! `x-granary-auth` proof. Parsing never panics; a path is accepted only as one chunk name of
-//! one dataset; a range lies inside the file; no proof made without the secret passes, and a
+//! one dataset (its id and digest); a range lies inside the file; no proof made without the secret passes, and a
 //! proof made with it passes once.
 #![no_main]
 use granary::auth::{parse_proof, Secret, Verifier};
@@ -12,10 +12,10 @@ fuzz_target!(|data: &[u8]| {
     let mut f = s.splitn(4, '\n');
     let (path, range, proof) = (f.next().unwrap_or(""), f.next(), f.next());
     // The id is only a key looked up among the served datasets; the name is the one file
-    // name joined to a tier directory: exactly a chunk's, so no separator and no `..`.
+    // name joined to a tier directory: exactly a chunk copy's, so no separator and no `..`.
     if let Ok((id, name)) = chunk_request(path) {
-        let n = granary_format::parse_chunk_file_name(name).expect("a chunk name");
-        assert_eq!(granary_format::chunk_file_name(n), name);
+        let (n, digest) = granary::parse_copy_file_name(name).expect("a copy's name");
+        assert_eq!(granary::copy_file_name(n, &digest), name);
         assert!(!id.contains('/') && !name.contains('/') && !name.contains(".."));
     }
     let size = data.len() as u64;

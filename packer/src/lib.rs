@@ -634,12 +634,12 @@ fn labels_of(
 }
 
 fn empty_summary() -> ChunkSummary {
-    ChunkSummary::bare(0, 0, 0)
+    ChunkSummary::bare(0, 0, 0, [0; 16])
 }
 
 /// `s` without its records (see [`read_footer`]).
 fn slimmed(s: ChunkSummary) -> ChunkSummary {
-    ChunkSummary::bare(s.chunk_id, s.file_size, s.file_crc)
+    ChunkSummary::bare(s.chunk_id, s.file_size, s.file_crc, s.digest)
 }
 
 /// `s` (a chunk in `dir` with its id and size) with the entries and paths of its footer, read
@@ -677,6 +677,7 @@ pub(crate) fn read_footer(dir: &Path, s: ChunkSummary) -> Result<ChunkSummary, P
         s.chunk_id,
         s.file_size,
         s.file_crc,
+        s.digest,
         footer,
     ))
 }
@@ -695,6 +696,7 @@ fn verify_existing(place: &Place, plan: &Plan, c: usize) -> Option<ChunkSummary>
         id,
         size,
         check.file_crc,
+        check.digest,
         check.footer,
     ))
 }

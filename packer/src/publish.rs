@@ -448,7 +448,7 @@ mod tests {
         let calls = AtomicUsize::new(0);
         let (done, sent) = run(50, |id| {
             calls.fetch_add(1, Ordering::Relaxed);
-            let mut s = ChunkSummary::bare(id, 100 + u64::from(id), id * 7);
+            let mut s = ChunkSummary::bare(id, 100 + u64::from(id), id * 7, [3; 16]);
             s.paths.push(b"x".to_vec());
             Ok(s)
         });
@@ -471,7 +471,7 @@ mod tests {
             }
             // Each other chunk takes a millisecond: all 1,000 would take a third of a second.
             std::thread::sleep(std::time::Duration::from_millis(1));
-            Ok(ChunkSummary::bare(id, 1, 0))
+            Ok(ChunkSummary::bare(id, 1, 0, [0; 16]))
         });
         let e = done.unwrap_err().to_string();
         assert!(e.contains("chunk 5 broke"), "{e}");
@@ -484,7 +484,7 @@ mod tests {
     fn a_writer_that_panics_is_an_error_naming_it_not_a_hang() {
         let (done, sent) = run(100, |id| match id {
             3 => panic!("bad record in chunk 3"),
-            _ => Ok(ChunkSummary::bare(id, 1, 0)),
+            _ => Ok(ChunkSummary::bare(id, 1, 0, [0; 16])),
         });
         let e = done.unwrap_err().to_string();
         assert!(

@@ -225,7 +225,13 @@ pub fn reindex(
             Ok((
                 header.dataset_id,
                 check.footer.classes.clone(),
-                ChunkSummary::from_footer(id, bytes.len() as u64, check.file_crc, check.footer),
+                ChunkSummary::from_footer(
+                    id,
+                    bytes.len() as u64,
+                    check.file_crc,
+                    check.digest,
+                    check.footer,
+                ),
             ))
         })
         .collect();

@@ -532,7 +532,7 @@ impl Run<'_> {
             Some(_) => done
                 .values()
                 .filter(|s| work.join(chunk_file_name(s.chunk_id)).is_file())
-                .map(|s| (s.chunk_id, s.file_size, s.file_crc))
+                .map(|s| (s.chunk_id, s.file_size, s.file_crc, s.digest))
                 .collect(),
             None => Vec::new(),
         };

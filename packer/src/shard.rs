@@ -201,6 +201,7 @@ pub(crate) struct PartChunk {
     pub chunk_id: u32,
     pub file_size: u64,
     pub file_crc: u32,
+    pub digest: [u8; 16],
     pub samples: u64,
 }
 
@@ -211,6 +212,7 @@ impl PartChunk {
             chunk_id: s.chunk_id,
             file_size: s.file_size,
             file_crc: s.file_crc,
+            digest: s.digest,
             samples: s.entries.len() as u64,
         }
     }
@@ -249,6 +251,7 @@ impl Part {
             b.extend_from_slice(&c.chunk_id.to_le_bytes());
             b.extend_from_slice(&c.file_size.to_le_bytes());
             b.extend_from_slice(&c.file_crc.to_le_bytes());
+            b.extend_from_slice(&c.digest);
             b.extend_from_slice(&c.samples.to_le_bytes());
         }
         SHARD_PART.frame(&b)
@@ -275,8 +278,8 @@ impl Part {
             .collect::<Result<Vec<_>, _>>()
             .ok()?;
         let nc = r.u64()?;
-        // Every chunk takes 24 bytes here: a count the file cannot hold is a lie.
-        if nc > body.len() as u64 / 24 {
+        // Every chunk takes 40 bytes here: a count the file cannot hold is a lie.
+        if nc > body.len() as u64 / 40 {
             return None;
         }
         let mut chunks = Vec::with_capacity(nc as usize);
@@ -285,6 +288,7 @@ impl Part {
                 chunk_id: r.u32()?,
                 file_size: r.u64()?,
                 file_crc: r.u32()?,
+                digest: r.take(16)?.try_into().ok()?,
                 samples: r.u64()?,
             });
         }
@@ -621,8 +625,11 @@ fn build_snapshot(
     for id in 0..count as u32 {
         if let Some((c, shard)) = by_id.remove(&id) {
             let path = ds.join(chunk_file_name(id));
-            let full = crate::read_footer(ds, ChunkSummary::bare(id, c.file_size, c.file_crc))
-                .map_err(|e| usage(ds, format!("{e}; rerun shard {shard} with --force")))?;
+            let full = crate::read_footer(
+                ds,
+                ChunkSummary::bare(id, c.file_size, c.file_crc, c.digest),
+            )
+            .map_err(|e| usage(ds, format!("{e}; rerun shard {shard} with --force")))?;
             if full.entries.len() as u64 != c.samples {
                 return Err(usage(
                     ds,
@@ -828,6 +835,7 @@ mod tests {
             chunk_id: 1,
             file_size: 1 << 40,
             file_crc: 0xdead_beef,
+            digest: [9; 16],
             samples: 7,
         };
         let p = Part {

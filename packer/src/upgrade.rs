@@ -1,14 +1,16 @@
 //! `upgrade`: rewrite a format 1.x dataset's snapshot as format 2.0, in a local directory or
 //! under an object-store URL. Chunk files are not touched: 1.x chunks are valid 2.0 chunks
-//! (their header's minor version is the feature bit of a fields block).
+//! (their header's minor version is the feature bit of a fields block). Each is read once, for
+//! the digest 2.0 records and 1.x did not.
 
 use std::path::Path;
 
 use granary_format::{
-    is_legacy_snapshot, read_legacy_snapshot, Snapshot, SnapshotBuilder, SnapshotHeader,
-    SNAPSHOT_FILE,
+    chunk_digest, chunk_file_name, is_legacy_snapshot, read_legacy_snapshot, LegacySnapshot,
+    Snapshot, SnapshotBuilder, SnapshotHeader, SNAPSHOT_FILE,
 };
 use granary_store::StoreConfig;
+use rayon::prelude::*;
 use serde::Serialize;
 
 use crate::reindex::Place;
@@ -75,7 +77,7 @@ pub fn upgrade(dataset: &Path, cfg: &StoreConfig) -> Result<UpgradeSummary, Pack
             "{snap_loc}: not a granary snapshot of format 1.x or 2.0"
         )));
     }
-    let legacy = read_legacy_snapshot(&old).map_err(|e| {
+    let mut legacy = read_legacy_snapshot(&old).map_err(|e| {
         PackError::Usage(format!(
             "{snap_loc}: the 1.x snapshot is damaged ({e}); `granary reindex {} --force` \
              rebuilds a 2.0 snapshot from the chunks (without file modes, mtimes and empty \
@@ -83,6 +85,7 @@ pub fn upgrade(dataset: &Path, cfg: &StoreConfig) -> Result<UpgradeSummary, Pack
             place.show()
         ))
     })?;
+    hash_chunks(&place, &mut legacy)?;
     let mut b = SnapshotBuilder::new(legacy.dataset_id, legacy.classes.clone());
     b.lineage(legacy.lineage);
     for c in &legacy.chunks {
@@ -108,6 +111,32 @@ pub fn upgrade(dataset: &Path, cfg: &StoreConfig) -> Result<UpgradeSummary, Pack
         old_bytes: old.len() as u64,
         new_bytes: new.len() as u64,
         kept: place.location(LEGACY_SNAPSHOT_FILE).display().to_string(),
+    })
+}
+
+/// Gives each chunk the digest format 2.0 records (1.x did not), from its file, which must be
+/// the one the 1.x snapshot lists (its size and whole-file CRC-32): a chunk missing, damaged or
+/// replaced stops the upgrade before anything is written.
+fn hash_chunks(place: &Place, legacy: &mut LegacySnapshot) -> Result<(), PackError> {
+    legacy.chunks.par_iter_mut().try_for_each(|c| {
+        let name = chunk_file_name(c.chunk_id);
+        let refuse = |what: String| {
+            PackError::Usage(format!(
+                "{}: {what}, not the chunk the 1.x snapshot lists ({} bytes, CRC-32 {:08x}); \
+                 nothing written (restore the chunk, then upgrade; `granary verify` names what \
+                 else is damaged)",
+                place.location(&name).display(),
+                c.file_size,
+                c.file_crc
+            ))
+        };
+        let bytes = place.read(&name)?.ok_or_else(|| refuse("missing".into()))?;
+        let crc = crc32fast::hash(&bytes);
+        if bytes.len() as u64 != c.file_size || crc != c.file_crc {
+            return Err(refuse(format!("{} bytes, CRC-32 {crc:08x}", bytes.len())));
+        }
+        c.digest = chunk_digest(&bytes);
+        Ok(())
     })
 }
 

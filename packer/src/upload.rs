@@ -22,7 +22,7 @@ use crate::PackError;
 
 /// Size, CRC and a reserved u32 before the chunk's trailer in a marker's body (a node-local
 /// file, SPEC.md appendix A, kind `UPLOAD_MARKER`).
-const MARKER_FIXED: usize = 8 + 4 + 4;
+const MARKER_FIXED: usize = 8 + 4 + 4 + 16;
 
 /// Name of the marker left in the staging directory for an uploaded chunk.
 pub(crate) fn sent_name(c: u32) -> String {
@@ -39,8 +39,8 @@ pub(crate) fn parse_sent_name(name: &str) -> Option<u32> {
     parse_chunk_file_name(&format!("{stem}.gchunk"))
 }
 
-/// What the writer tells the uploader: chunk id, file size, whole-file CRC.
-pub(crate) type Written = (u32, u64, u32);
+/// What the writer tells the uploader: chunk id, file size, whole-file CRC, digest.
+pub(crate) type Written = (u32, u64, u32, [u8; 16]);
 
 /// Checks what the destination holds before a pack writes there: nothing, or only what a
 /// granary pack writes. A dataset there needs `force` (its snapshot is removed first, so no
@@ -109,7 +109,13 @@ pub(crate) fn check_destination(
 
 /// Writes the marker of uploaded chunk `c` (read from its local file, which the caller then
 /// removes).
-pub(crate) fn write_marker(work: &Path, c: u32, size: u64, crc: u32) -> Result<(), PackError> {
+pub(crate) fn write_marker(
+    work: &Path,
+    c: u32,
+    size: u64,
+    crc: u32,
+    digest: &[u8; 16],
+) -> Result<(), PackError> {
     use std::os::unix::fs::FileExt;
     let path = work.join(chunk_file_name(c));
     let f = std::fs::File::open(&path).map_err(|e| PackError::io("opening", &path, e))?;
@@ -128,6 +134,7 @@ pub(crate) fn write_marker(work: &Path, c: u32, size: u64, crc: u32) -> Result<(
     m.extend_from_slice(&size.to_le_bytes());
     m.extend_from_slice(&crc.to_le_bytes());
     m.extend_from_slice(&0u32.to_le_bytes());
+    m.extend_from_slice(digest);
     m.extend_from_slice(&header);
     m.extend_from_slice(&trailer);
     m.extend_from_slice(&body);
@@ -138,11 +145,11 @@ pub(crate) fn write_marker(work: &Path, c: u32, size: u64, crc: u32) -> Result<(
 /// the chunk the plan asks for.
 pub(crate) fn read_marker(work: &Path, plan: &Plan, c: u32) -> Option<ChunkSummary> {
     let m = std::fs::read(work.join(sent_name(c))).ok()?;
-    let (size, crc, footer) = decode_marker(&m, c)?;
+    let (size, crc, digest, footer) = decode_marker(&m, c)?;
     if !crate::footer_matches_plan(plan, c as usize, &footer) {
         return None;
     }
-    Some(ChunkSummary::from_footer(c, size, crc, footer))
+    Some(ChunkSummary::from_footer(c, size, crc, digest, footer))
 }
 
 /// The full summary of uploaded chunk `slim.chunk_id` (whose entries and paths were dropped to
@@ -152,8 +159,10 @@ pub(crate) fn marker_summary(work: &Path, slim: ChunkSummary) -> Result<ChunkSum
     let path = work.join(sent_name(c));
     let m = std::fs::read(&path).map_err(|e| PackError::io("reading back", &path, e))?;
     match decode_marker(&m, c) {
-        Some((size, crc, footer)) if size == slim.file_size && crc == slim.file_crc => {
-            Ok(ChunkSummary::from_footer(c, size, crc, footer))
+        Some((size, crc, digest, footer))
+            if size == slim.file_size && crc == slim.file_crc && digest == slim.digest =>
+        {
+            Ok(ChunkSummary::from_footer(c, size, crc, digest, footer))
         }
         _ => Err(PackError::Source {
             path,
@@ -164,9 +173,11 @@ pub(crate) fn marker_summary(work: &Path, slim: ChunkSummary) -> Result<ChunkSum
     }
 }
 
-/// Decodes an upload marker of chunk `c`: the chunk's size, whole-file CRC and footer; `None`
-/// if it is damaged or inconsistent.
-pub fn decode_marker(m: &[u8], c: u32) -> Option<(u64, u32, granary_format::ChunkFooter)> {
+/// What an upload marker says of its chunk: size, whole-file CRC, digest and footer.
+pub type Marker = (u64, u32, [u8; 16], granary_format::ChunkFooter);
+
+/// Decodes an upload marker of chunk `c`; `None` if it is damaged or inconsistent.
+pub fn decode_marker(m: &[u8], c: u32) -> Option<Marker> {
     let content = UPLOAD_MARKER.unframe(m).ok()?;
     let fixed = MARKER_FIXED + CHUNK_HEADER_LEN + CHUNK_TRAILER_LEN;
     if content.len() < fixed || content[12..16] != [0; 4] {
@@ -174,6 +185,7 @@ pub fn decode_marker(m: &[u8], c: u32) -> Option<(u64, u32, granary_format::Chun
     }
     let size = u64::from_le_bytes(content[0..8].try_into().ok()?);
     let crc = u32::from_le_bytes(content[8..12].try_into().ok()?);
+    let digest: [u8; 16] = content[16..32].try_into().ok()?;
     let header =
         ChunkHeader::decode(&content[MARKER_FIXED..MARKER_FIXED + CHUNK_HEADER_LEN]).ok()?;
     let trailer = &content[MARKER_FIXED + CHUNK_HEADER_LEN..fixed];
@@ -183,7 +195,7 @@ pub fn decode_marker(m: &[u8], c: u32) -> Option<(u64, u32, granary_format::Chun
         return None;
     }
     let footer = decode_footer(body, &t, &header).ok()?;
-    Some((size, crc, footer))
+    Some((size, crc, digest, footer))
 }
 
 /// Uploads each chunk the writer finished, then leaves its marker and removes the local file.
@@ -196,7 +208,7 @@ pub(crate) fn upload_loop(
     uploaded: &AtomicU64,
     on_progress: &(dyn Fn(u64) + Sync),
 ) -> Result<(), PackError> {
-    for (c, size, crc) in rx {
+    for (c, size, crc, digest) in rx {
         let name = chunk_file_name(c);
         let path = work.join(&name);
         dest.put_file(&name, &path, &|n| {
@@ -204,7 +216,7 @@ pub(crate) fn upload_loop(
             on_progress(total);
         })
         .map_err(PackError::Destination)?;
-        write_marker(work, c, size, crc)?;
+        write_marker(work, c, size, crc, &digest)?;
         std::fs::remove_file(&path).map_err(|e| PackError::io("removing", &path, e))?;
     }
     Ok(())
@@ -223,7 +235,7 @@ impl Sink<'_> {
     pub(crate) fn finished(&self, s: &ChunkSummary) -> Result<(), PackError> {
         match self.upload {
             Some(tx) => tx
-                .send((s.chunk_id, s.file_size, s.file_crc))
+                .send((s.chunk_id, s.file_size, s.file_crc, s.digest))
                 .map_err(|_| PackError::Upload("the upload stopped (its error follows)".into())),
             None => Ok(()),
         }
@@ -290,11 +302,16 @@ mod tests {
         let (bytes, summary) = w.finish(&[b"a", b"b"]).unwrap();
         std::fs::write(work.path().join(chunk_file_name(2)), &bytes).unwrap();
         let crc = granary_format::crc32(&bytes);
-        write_marker(work.path(), 2, bytes.len() as u64, crc).unwrap();
+        let digest = granary_format::chunk_digest(&bytes);
+        assert_eq!((crc, digest), (summary.file_crc, summary.digest));
+        write_marker(work.path(), 2, bytes.len() as u64, crc, &digest).unwrap();
         let m = std::fs::read(work.path().join(sent_name(2))).unwrap();
         granary_format::testing::dump_fuzz_seed("upload_marker", "two-records", &m);
-        let (size, got_crc, footer) = decode_marker(&m, 2).expect("intact marker");
-        assert_eq!((size, got_crc), (bytes.len() as u64, crc));
+        let (size, got_crc, got_digest, footer) = decode_marker(&m, 2).expect("intact marker");
+        assert_eq!(
+            (size, got_crc, got_digest),
+            (bytes.len() as u64, crc, digest)
+        );
         assert_eq!(
             (footer.entries, footer.paths),
             (summary.entries, summary.paths)

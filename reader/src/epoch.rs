@@ -100,13 +100,14 @@ impl EpochSetup {
             shape = shape.prefix(c);
         }
         let o = self.plan_options(ds)?;
-        self.plan_of(&shape, &o, epoch, shard, resume)
+        self.plan_of(ds, &shape, &o, epoch, shard, resume)
     }
 
-    /// [`EpochSetup::plan`] of a given shape and options (a mixture's source: its epoch count
-    /// and resumed shape, its options).
+    /// [`EpochSetup::plan`] of `ds` in a given shape and options (a mixture's source: its
+    /// epoch count and resumed shape, its options).
     pub fn plan_of(
         &self,
+        ds: &Dataset,
         shape: &crate::DatasetShape,
         o: &PlanOptions,
         epoch: u64,
@@ -119,7 +120,10 @@ impl EpochSetup {
         };
         // What the tier holds (hot samples, whole chunks), for the sampler to favour.
         let (hot, whole) = match (&self.stream.tier, sampling) {
-            (Some(c), Some(_)) => (c.hot_map(), c.resident_chunks()?),
+            (Some(c), Some(_)) => {
+                let chunks = ds.snapshot().chunks();
+                (c.hot_map(chunks), c.resident_chunks(chunks)?)
+            }
             _ => Default::default(),
         };
         let in_tier =

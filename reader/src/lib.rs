@@ -76,12 +76,12 @@ pub use error::{ReadError, RecordError, Result};
 pub use extract::{extract, ExtractOptions, ExtractSummary};
 pub use granary_format::{Compression, FileAttrs, FileStat, FormatError, NsEntry, NO_LABEL};
 pub use granary_store::{
-    decode_hot_map, decode_tier_index, effective_memory, hot_file_name, resident_share,
-    write_destination, Access, BytesFrom, ChunkSource, ChunkStore, DatasetId, HotChunk, HotMap,
-    HotRecord, IoMode, LocalDir, LocalTier, Location, Meter, MeterReading, Metered, OpenCounters,
-    OpenCounts, Opener, Ownership, PeerStats, PeerStore, Peers, RangeRead, ReadPattern, RemoteKind,
-    ServedCounters, ServedCounts, Source, StoreConfig, StoreError, StoreStack, TierPolicy,
-    TierStats, TierStore,
+    copy_file_name, decode_hot_map, decode_tier_index, effective_memory, hot_file_name,
+    parse_copy_file_name, resident_share, write_destination, Access, BytesFrom, ChunkSource,
+    ChunkStore, DatasetId, HotChunk, HotMap, HotRecord, IoMode, LocalDir, LocalTier, Location,
+    Meter, MeterReading, Metered, OpenCounters, OpenCounts, Opener, Ownership, PeerStats,
+    PeerStore, Peers, RangeRead, ReadPattern, RemoteKind, ServedCounters, ServedCounts, Source,
+    StoreConfig, StoreError, StoreStack, TierPolicy, TierStats, TierStore,
 };
 pub use importance::{batch_weights, ImportanceScores, SharedScores};
 pub use mix::{

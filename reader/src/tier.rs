@@ -25,6 +25,8 @@ pub(crate) struct HotState {
     cache: Arc<LocalTier>,
     scores: Arc<crate::ImportanceScores>,
     map: HotMap,
+    /// The dataset's chunk table: hot chunks made from chunks of other digests are not used.
+    chunks: Arc<[granary_format::ChunkEntry]>,
     version: Option<u64>,
     files: HashMap<u32, Option<Source>>,
     threshold: f64,
@@ -80,7 +82,8 @@ impl HotState {
         cache.rescore_hot(|id| scores.score(id))?;
         Ok(HotState {
             version: cache.hot_map_version(),
-            map: cache.hot_map(),
+            chunks: ds.snapshot().chunks().into(),
+            map: cache.hot_map(ds.snapshot().chunks()),
             stack,
             cache,
             scores,
@@ -99,7 +102,7 @@ impl HotState {
         let v = self.cache.hot_map_version();
         if v != self.version {
             self.version = v;
-            self.map = self.cache.hot_map();
+            self.map = self.cache.hot_map(&self.chunks);
             let map = &self.map;
             self.files.retain(|id, _| map.chunks.contains_key(id));
         }
@@ -159,9 +162,13 @@ impl HotState {
         }
         self.harvested.insert(id);
         self.pending_bytes += cost;
+        let Ok(source) = ds.chunk(info.entry.chunk) else {
+            return;
+        };
         self.pending.push(HotRecord {
             id,
             entry: info.entry,
+            source: source.digest,
             path: path.to_vec(),
             stored: stored.to_vec(),
             score: self.scores.score(id),

@@ -276,6 +276,17 @@ fn check_bytes(ds: &Dataset, c: u32, loc: &str, bytes: &[u8]) -> (u64, Vec<Probl
             ),
         );
     }
+    if check.digest != ce.digest {
+        p(
+            loc.clone(),
+            format!(
+                "chunk {c}: digest mismatch (snapshot {}, file {}): not the chunk the snapshot \
+                 lists",
+                granary_format::hex16(&ce.digest),
+                granary_format::hex16(&check.digest)
+            ),
+        );
+    }
     for (i, err) in &check.bad_records {
         let e = &check.footer.entries[*i];
         p(

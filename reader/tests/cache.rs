@@ -144,21 +144,32 @@ fn damaged_or_foreign_copies_are_misses_and_the_tier_survives_restart() {
     assert_eq!(cache.stats().unwrap().entries, 3);
     let dir = cache.stats().unwrap().dir;
     // Truncated copy: a miss, and removed.
-    let p1 = dir.join(granary_format::chunk_file_name(1));
+    let copy = |c: u32| dir.join(granary::copy_file_name(c, &ds.chunk(c).unwrap().digest));
+    let p1 = copy(1);
     let b = std::fs::read(&p1).unwrap();
     std::fs::write(&p1, &b[..b.len() - 10]).unwrap();
     assert!(cache.lookup(&ds.chunk(1).unwrap()).unwrap().is_none());
     assert!(!p1.exists());
     // Another dataset's chunk of the same size under the same name: a miss.
-    let p2 = dir.join(granary_format::chunk_file_name(2));
+    let p2 = copy(2);
     let foreign = chunk_bytes(&other, 2);
     assert_eq!(foreign.len() as u64, ds.chunk(2).unwrap().file_size);
     std::fs::write(&p2, &foreign).unwrap();
     assert!(cache.lookup(&ds.chunk(2).unwrap()).unwrap().is_none());
-    // A damaged content list is rebuilt from the files present.
+    // A damaged content list is rebuilt from the files present; a copy named by its id alone
+    // (as earlier versions named them: no digest says which bytes it holds) is removed.
+    let unkeyed = dir.join(granary_format::chunk_file_name(3));
+    std::fs::write(&unkeyed, chunk_bytes(&ds, 3)).unwrap();
     std::fs::write(dir.join("index"), b"garbage").unwrap();
     let cache = LocalTier::open(&root, id, u64::MAX, TierPolicy::Lru).unwrap();
     assert_eq!(cache.stats().unwrap().entries, 1);
+    assert!(cache.lookup(&ds.chunk(0).unwrap()).unwrap().is_some());
+    assert!(!unkeyed.exists());
+    // Chunk 0 of another digest (another generation's chunk 0 with other bytes): a miss,
+    // whatever its size and CRC-32, and the copy of this digest stays.
+    let mut later = ds.chunk(0).unwrap();
+    later.digest[0] ^= 1;
+    assert!(cache.lookup(&later).unwrap().is_none());
     assert!(cache.lookup(&ds.chunk(0).unwrap()).unwrap().is_some());
     cache.clear().unwrap();
     assert_eq!(cache.stats().unwrap().entries, 0);
@@ -363,7 +374,7 @@ fn hot_chunks_hold_the_important_samples_and_beat_whole_chunks() {
         stream_checked(&ds, p0, &io, &expected);
         let st = cache.stats().unwrap();
         assert!(st.bytes <= quota, "{st:?}");
-        let hot = cache.hot_map();
+        let hot = cache.hot_map(ds.snapshot().chunks());
         if policy == TierPolicy::Importance {
             // Every important sample was re-packed, from many source chunks.
             for s in (0..n).filter(|s| s % 5 == 0) {
@@ -453,7 +464,7 @@ fn damaged_hot_chunks_are_refetched_never_served() {
     let shape = ds.shape().unwrap();
     let p = |e| EpochPlan::build(&shape, &plan, e, Shard::WHOLE, None).unwrap();
     stream_checked(&ds, p(0), &io, &expected);
-    let hot = cache.hot_map();
+    let hot = cache.hot_map(ds.snapshot().chunks());
     assert!(!hot.chunks.is_empty());
     // A plan of important samples only, so that they are served from the hot chunks.
     let mut only_hot = p(1);
@@ -484,7 +495,7 @@ fn damaged_hot_chunks_are_refetched_never_served() {
     }
     // A truncated hot chunk is a miss too.
     stream_checked(&ds, p(2), &io, &expected);
-    let hot = cache.hot_map();
+    let hot = cache.hot_map(ds.snapshot().chunks());
     let hc = hot.chunks.values().next().expect("re-harvested");
     let path = cache.hot_path(hc).unwrap();
     let b = std::fs::read(&path).unwrap();
@@ -727,7 +738,10 @@ fn hits_take_no_lock_write_nothing_and_uses_reach_the_lru_order_in_batches() {
         .expect("a hit waited for the tier's lock");
     assert_eq!(hits, n as usize - 1);
     t.join().unwrap();
-    assert!(reader.resident_chunks().unwrap().contains(&0));
+    assert!(reader
+        .resident_chunks(ds.snapshot().chunks())
+        .unwrap()
+        .contains(&0));
     drop(holder);
     assert_eq!(index(), before, "a hit rewrote the content list");
     // Dropping the handle writes its uses: chunk 0, used last, survives the eviction that
@@ -737,7 +751,7 @@ fn hits_take_no_lock_write_nothing_and_uses_reach_the_lru_order_in_batches() {
     assert!(writer
         .admit(&ds.chunk(n - 1).unwrap(), &chunk_bytes(&ds, n - 1), 1.0)
         .unwrap());
-    let held = writer.resident_chunks().unwrap();
+    let held = writer.resident_chunks(ds.snapshot().chunks()).unwrap();
     assert!(held.contains(&0), "{held:?}");
     assert!(!held.contains(&1), "{held:?}");
     // A full batch of uses is written without dropping the handle.
@@ -883,5 +897,93 @@ fn tier_files_removed_cut_short_or_damaged_while_read_fall_back_to_the_source() 
             .iter()
             .any(|l| l.contains("tier copy") && l.contains(".gchunk")),
         "no drop of a tier copy was logged with its path"
+    );
+}
+
+/// A chunk replaced by one of the same size, whole-file CRC-32 and record CRC-32s (a CRC-32
+/// collision, made on purpose here): the snapshot rebuilt over it differs only in the chunk's
+/// digest. The tier's copy of the old chunk is keyed by the old digest, so it is never served
+/// for the new one: the epoch delivers the new bytes. (Keyed by id, size and CRC-32, the old
+/// copy passed every check and its bytes were delivered.)
+#[test]
+fn a_copy_of_other_bytes_with_the_same_crcs_is_never_served() {
+    use granary::{PlanOptions, Shard, StreamOptions};
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    for i in 0..40u32 {
+        let mut rng = granary_format::SplitMix64::new(u64::from(i));
+        let bytes: Vec<u8> = (0..3000).map(|_| rng.next_u64() as u8).collect();
+        std::fs::create_dir_all(src.join("c")).unwrap();
+        std::fs::write(src.join(format!("c/f{i:02}")), bytes).unwrap();
+    }
+    let out = tmp.path().join("ds");
+    let mut o = PackOptions::new(&src, &out);
+    o.output.chunk_size = 16 << 10;
+    o.output.compress = granary_packer::CompressMode::None;
+    pack(&o).unwrap();
+    let ds = Dataset::open(&out).unwrap();
+    let id = ds.snapshot().dataset_id();
+    let cache =
+        Arc::new(LocalTier::open(&tmp.path().join("tier"), id, u64::MAX, TierPolicy::Lru).unwrap());
+    for c in 0..ds.chunk_count() as u32 {
+        assert!(cache
+            .admit(&ds.chunk(c).unwrap(), &chunk_bytes(&ds, c), 1.0)
+            .unwrap());
+    }
+    // Sample 0's record, changed in its first byte and made to keep its CRC-32 by four more.
+    let s0 = ds.sample(0).unwrap().entry;
+    let (c, at, len) = (s0.chunk, s0.offset as usize, s0.stored_len as usize);
+    let old_entry = ds.chunk(c).unwrap();
+    let mut forged = chunk_bytes(&ds, c);
+    let fix = granary_format::testing::crc_preserving_fix(len, 0, 8);
+    forged[at] ^= 1;
+    for (k, b) in fix.iter().enumerate() {
+        forged[at + 8 + k] ^= b;
+    }
+    assert_eq!(crc32fast::hash(&forged), old_entry.file_crc);
+    assert_eq!(crc32fast::hash(&forged[at..at + len]), s0.crc32);
+    std::fs::write(ds.chunk_path(c), &forged).unwrap();
+    drop(ds);
+    granary_packer::reindex(&out, true, &Default::default()).unwrap();
+    let ds = Arc::new(Dataset::open(&out).unwrap());
+    let new_entry = ds.chunk(c).unwrap();
+    assert_eq!(
+        (
+            new_entry.file_size,
+            new_entry.file_crc,
+            ds.snapshot().dataset_id()
+        ),
+        (old_entry.file_size, old_entry.file_crc, id)
+    );
+    assert_ne!(new_entry.digest, old_entry.digest);
+    assert!(
+        cache.lookup(&new_entry).unwrap().is_none(),
+        "the old bytes' copy was taken"
+    );
+    assert!(!cache
+        .resident_chunks(ds.snapshot().chunks())
+        .unwrap()
+        .contains(&c));
+    let io = StreamOptions {
+        tier: Some(cache.clone()),
+        ..StreamOptions::default()
+    };
+    let mut st = ds
+        .stream_epoch(&PlanOptions::default(), 0, Shard::WHOLE, None, &io)
+        .unwrap();
+    let mut n = 0;
+    for s in st.by_ref() {
+        let s = s.unwrap();
+        let want = match s.id {
+            0 => forged[at..at + len].to_vec(),
+            _ => ds.read(s.id).unwrap(),
+        };
+        assert_eq!(s.data(), &want[..], "sample {}", s.id);
+        n += 1;
+    }
+    assert_eq!(n, ds.len());
+    assert!(
+        st.tier_hits().samples_from_tier > 0,
+        "the other chunks' copies still serve"
     );
 }

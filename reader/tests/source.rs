@@ -217,7 +217,12 @@ fn the_tier_in_front_of_a_store_serves_later_epochs_without_reading_it() {
     // Admission is best effort (an offer made while the tier is busy writing is dropped):
     // epochs go on until every chunk has its copy.
     let mut n = 0;
-    while cache.resident_chunks().unwrap().len() < mem.chunk_count() as usize {
+    while cache
+        .resident_chunks(mem.snapshot().chunks())
+        .unwrap()
+        .len()
+        < mem.chunk_count() as usize
+    {
         assert!(n < 30, "chunks never reached the tier");
         assert!(sorted(epoch(&mem, &o, &s, n)) == want, "epoch {n}");
         n += 1;

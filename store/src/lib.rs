@@ -42,6 +42,6 @@ pub use seam::{
 };
 pub use stack::StoreStack;
 pub use tier::{
-    decode_hot_map, decode_tier_index, hot_file_name, HotChunk, HotMap, HotRecord, LocalTier,
-    TierPolicy, TierStats, TierStore,
+    copy_file_name, decode_hot_map, decode_tier_index, hot_file_name, parse_copy_file_name,
+    HotChunk, HotMap, HotRecord, LocalTier, TierPolicy, TierStats, TierStore,
 };

@@ -1,5 +1,5 @@
 //! Writing chunk files: [`ChunkWriter`] streams the header, the records and the footer, and
-//! tracks offsets and the whole-file CRC-32 as it goes.
+//! tracks offsets, the whole-file CRC-32 and the whole-file digest as it goes.
 
 use std::io::Write;
 
@@ -32,6 +32,7 @@ pub struct ChunkWriter<W: Write> {
     chunk_id: u32,
     pos: u64,
     crc: crc32fast::Hasher,
+    digest: crate::ContentDigest,
     entries: Vec<SampleEntry>,
     paths: Vec<Vec<u8>>,
     /// With fields: each record's fields (names as strings until the footer sorts them).
@@ -73,6 +74,7 @@ impl<W: Write> ChunkWriter<W> {
             chunk_id,
             pos: 0,
             crc: crc32fast::Hasher::new(),
+            digest: crate::ContentDigest::new(),
             entries: Vec::new(),
             paths: Vec::new(),
             fields: fields.then(Vec::new),
@@ -201,12 +203,13 @@ impl<W: Write> ChunkWriter<W> {
         Ok(())
     }
 
-    /// Counts `b`, just written, into the position and the whole-file CRC-32: combined from
-    /// `crc`, the CRC-32 the caller computed over these very bytes (a few dozen
-    /// multiplications), instead of computed over the bytes a second time. A wrong `crc`
-    /// makes the file's CRC-32 wrong as well as the record's, so verification finds it
-    /// either way.
+    /// Counts `b`, just written, into the position, the whole-file digest (SHA-256 over every
+    /// byte: the chunk's identity) and the whole-file CRC-32: combined from `crc`, the CRC-32
+    /// the caller computed over these very bytes (a few dozen multiplications), instead of
+    /// computed over the bytes a second time. A wrong `crc` makes the file's CRC-32 wrong as
+    /// well as the record's, so verification finds it either way.
     fn count(&mut self, b: &[u8], crc: Option<u32>) {
+        self.digest.update(b);
         match crc {
             Some(crc) => self.crc.combine(&crc32fast::Hasher::new_with_initial_len(
                 crc,
@@ -429,6 +432,7 @@ impl<W: Write> ChunkWriter<W> {
             chunk_id: self.chunk_id,
             file_size: self.pos,
             file_crc: self.crc.clone().finalize(),
+            digest: std::mem::take(&mut self.digest).finish(),
             entries: std::mem::take(&mut self.entries),
             paths: std::mem::take(&mut self.paths),
             fields,

@@ -189,6 +189,7 @@ impl SnapshotBuilder {
             sample_count: c.entries.len() as u64,
             records_end: crate::CHUNK_HEADER_LEN as u64,
             file_crc: c.file_crc,
+            digest: c.digest,
             ..Default::default()
         };
         let mut labels: BTreeMap<u32, u64> = BTreeMap::new();

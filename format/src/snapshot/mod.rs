@@ -725,7 +725,7 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
             paths,
             fields,
             attrs,
-            ..ChunkSummary::bare(c.chunk_id, c.file_size, c.file_crc)
+            ..ChunkSummary::bare(c.chunk_id, c.file_size, c.file_crc, c.digest)
         })
     }
 

@@ -120,7 +120,7 @@ impl Lineage {
 }
 
 /// Length of one chunk table entry.
-pub const CHUNK_ENTRY_LEN: usize = 40;
+pub const CHUNK_ENTRY_LEN: usize = 56;
 
 /// One entry of the chunk table: the chunk file, its samples and what `info` and `plan`
 /// report about them.
@@ -142,11 +142,14 @@ pub struct ChunkEntry {
     pub compressed: u32,
     /// CRC-32 of the whole chunk file.
     pub file_crc: u32,
+    /// The chunk's identity: the first 16 bytes of SHA-256 over the whole chunk file. What
+    /// keys a copy of the chunk (in a tier, at a peer); the CRC-32 checks the copy's bytes.
+    pub digest: [u8; 16],
 }
 
 impl ChunkEntry {
-    /// The 40-byte form: `file_size`, `first_sample`, `records_end`, `orig_bytes` (u64 each),
-    /// `compressed`, `file_crc` (u32 each).
+    /// The 56-byte form: `file_size`, `first_sample`, `records_end`, `orig_bytes` (u64 each),
+    /// `compressed`, `file_crc` (u32 each), `digest` (16 bytes).
     pub(crate) fn encode(&self) -> [u8; CHUNK_ENTRY_LEN] {
         let mut b = [0u8; CHUNK_ENTRY_LEN];
         b[0..8].copy_from_slice(&self.file_size.to_le_bytes());
@@ -155,6 +158,7 @@ impl ChunkEntry {
         b[24..32].copy_from_slice(&self.orig_bytes.to_le_bytes());
         b[32..36].copy_from_slice(&self.compressed.to_le_bytes());
         b[36..40].copy_from_slice(&self.file_crc.to_le_bytes());
+        b[40..56].copy_from_slice(&self.digest);
         b
     }
 
@@ -169,6 +173,7 @@ impl ChunkEntry {
             orig_bytes: le::u64_at(b, 24),
             compressed: le::u32_at(b, 32),
             file_crc: le::u32_at(b, 36),
+            digest: le::id_at(b, 40),
         }
     }
 

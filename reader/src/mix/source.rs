@@ -373,7 +373,7 @@ impl MixReader {
                     s: Shard,
                     st: Option<&crate::EpochState>| {
             setups[i]
-                .plan_of(sh, o, epoch, s, st)
+                .plan_of(&self.mix.sources[i].ds, sh, o, epoch, s, st)
                 .map_err(|e| format!("source {i} ({}): {e}", self.mix.name(i)))
         };
         let sources = self.plan_sources_of(setups)?;

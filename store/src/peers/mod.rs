@@ -24,7 +24,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
 
-use granary_format::{chunk_file_name, ChunkEntry};
+use granary_format::ChunkEntry;
 
 use crate::object::Sized;
 use crate::seam::{BytesFrom, ChunkSource, ChunkStore, RangeRead, Source};
@@ -404,7 +404,7 @@ impl ChunkStore for PeerStore {
         else {
             return self.next.open_chunk(id);
         };
-        let name = chunk_file_name(id);
+        let name = crate::tier::copy_file_name(id, &ce.digest);
         let location = PathBuf::from(format!("http://{}/{name}", self.peers.addrs[node as usize]));
         Ok(Arc::new(PeerSource {
             peers: self.peers.clone(),

@@ -2,21 +2,17 @@
 //! `fuzz/fuzz_targets/peer_request.rs`): the request path, which must name exactly one chunk
 //! copy of one dataset, and a single byte range.
 
-/// The dataset id (as written, not yet checked against the served ones) and chunk file name a
-/// request path names: `/<id>/chunk-NNNNNNNN.gchunk`, spelled exactly as the format spells
-/// chunk names; `Err` with the reason otherwise (nothing else in a tier is ever served).
+/// The dataset id (as written, not yet checked against the served ones) and copy file name a
+/// request path names: `/<id>/chunk-NNNNNNNN-<digest>.gchunk`, spelled exactly as a tier names
+/// a copy of the chunk with that id and digest ([`crate::tier::copy_file_name`]); `Err` with
+/// the reason otherwise (nothing else in a tier is ever served, and a copy only to whoever
+/// names its digest).
 pub fn chunk_request(path: &str) -> Result<(&str, &str), &'static str> {
     let mut parts = path.trim_start_matches('/').split('/');
     let (Some(id), Some(name), None) = (parts.next(), parts.next(), parts.next()) else {
-        return Err("not found: ask for /<dataset id>/chunk-NNNNNNNN.gchunk\n");
+        return Err("not found: ask for /<dataset id>/chunk-NNNNNNNN-<digest>.gchunk\n");
     };
-    let n = name
-        .strip_prefix("chunk-")
-        .and_then(|r| r.strip_suffix(granary_format::CHUNK_SUFFIX))
-        .filter(|d| d.len() >= 8 && d.bytes().all(|b| b.is_ascii_digit()))
-        .and_then(|d| d.parse::<u32>().ok())
-        .filter(|&n| granary_format::chunk_file_name(n) == name);
-    match n {
+    match crate::tier::parse_copy_file_name(name) {
         Some(_) => Ok((id, name)),
         None => Err("not found: only chunk copies are served\n"),
     }
@@ -93,12 +89,18 @@ mod tests {
     }
 
     #[test]
-    fn only_chunk_file_names_are_requests() {
+    fn only_chunk_copy_names_are_requests() {
+        let copy = crate::tier::copy_file_name(7, &[0x3c; 16]);
         assert_eq!(
-            chunk_request("/ab/chunk-00000007.gchunk"),
-            Ok(("ab", "chunk-00000007.gchunk"))
+            chunk_request(&format!("/ab/{copy}")),
+            Ok(("ab", copy.as_str()))
         );
+        let upper = format!("/ab/{}", copy.to_uppercase());
+        let dotted = format!("/ab/../ab/{copy}");
         for bad in [
+            "/ab/chunk-00000007.gchunk",
+            &upper,
+            &dotted,
             "/ab/hot-00000001.gchunk",
             "/ab/index",
             "/ab/lock",

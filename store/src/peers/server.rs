@@ -1,7 +1,8 @@
 //! `granary serve`: this node's tier, read-only over HTTP, for the other nodes of a job (the
 //! peers' client asks it).
 //!
-//! `GET` or `HEAD /<dataset id>/chunk-NNNNNNNN.gchunk`, with an optional single byte range
+//! `GET` or `HEAD /<dataset id>/chunk-NNNNNNNN-<digest>.gchunk` (a copy's name in the tier:
+//! whoever asks names the chunk's digest, so a copy of other bytes is never what answers), with an optional single byte range
 //! (`Range: bytes=a-b`, `bytes=a-`, `bytes=-n`), parsed by [`super::request`]. Only the given
 //! datasets' tiers are served, only chunk copies (no hot chunks, index, scores or lock file),
 //! and nothing is ever written. Every request must carry a proof made with the job's secret
@@ -370,18 +371,20 @@ mod tests {
             verifier: None,
             refused: Default::default(),
         };
+        let copy = crate::tier::copy_file_name(7, &[0x11; 16]);
         assert_eq!(
-            file_for(&served, "/ab/chunk-00000007.gchunk"),
-            Ok(PathBuf::from("/t/ab/chunk-00000007.gchunk"))
+            file_for(&served, &format!("/ab/{copy}")),
+            Ok(PathBuf::from(format!("/t/ab/{copy}")))
         );
         // Another dataset's id; names that are not chunk copies are refused by
         // `super::request::chunk_request` (its own test lists them).
         for bad in [
-            "/cd/chunk-00000007.gchunk",
-            "/ab/index",
-            "/ab/../ab/chunk-00000007.gchunk",
+            format!("/cd/{copy}"),
+            "/ab/index".into(),
+            format!("/ab/../ab/{copy}"),
+            "/ab/chunk-00000007.gchunk".into(),
         ] {
-            assert!(file_for(&served, bad).is_err(), "{bad}");
+            assert!(file_for(&served, &bad).is_err(), "{bad}");
         }
     }
 }

@@ -197,12 +197,12 @@ impl Fetcher {
             .expect("staged")
             .get(&chunk)
             .cloned()?;
-        let location = self
-            .state
-            .tier
+        let tier = &self.state.tier;
+        let ce = tier.chunk_entry(chunk)?;
+        let location = tier
             .cache()
             .dir()
-            .join(granary_format::chunk_file_name(chunk));
+            .join(super::copy_file_name(chunk, &ce.digest));
         Some(Arc::new(Staged { bytes, location }))
     }
 
@@ -271,7 +271,7 @@ impl State {
             )));
         };
         let cache = t.cache();
-        if cache.resident_chunks()?.contains(&chunk) {
+        if cache.holds(&ce)? {
             return Ok(true);
         }
         let score = (self.score)(&ce);

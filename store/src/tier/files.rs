@@ -19,6 +19,11 @@ pub(super) fn encode_hot_map(chunks: &BTreeMap<u32, HotChunk>) -> Vec<u8> {
         b.extend_from_slice(&h.id.to_le_bytes());
         b.extend_from_slice(&h.file_size.to_le_bytes());
         b.extend_from_slice(&h.file_crc.to_le_bytes());
+        b.extend_from_slice(&(h.sources.len() as u64).to_le_bytes());
+        for (id, digest) in &h.sources {
+            b.extend_from_slice(&id.to_le_bytes());
+            b.extend_from_slice(digest);
+        }
         b.extend_from_slice(&(h.samples.len() as u64).to_le_bytes());
         for &(s, off) in &h.samples {
             b.extend_from_slice(&s.to_le_bytes());
@@ -28,7 +33,7 @@ pub(super) fn encode_hot_map(chunks: &BTreeMap<u32, HotChunk>) -> Vec<u8> {
     local::HOT_MAP.frame(&b)
 }
 
-/// Decodes `hot.map` (SPEC.md appendix A); `None` when damaged.
+/// Decodes `hot.map` (docs/internals.md); `None` when damaged.
 pub fn decode_hot_map(b: &[u8]) -> Option<BTreeMap<u32, HotChunk>> {
     let body = local::HOT_MAP.unframe(b).ok()?;
     let mut at = 0usize;
@@ -46,6 +51,12 @@ pub fn decode_hot_map(b: &[u8]) -> Option<BTreeMap<u32, HotChunk>> {
         let file_size = u64_(take(8)?);
         let file_crc = u32_(take(4)?);
         let n = u64_(take(8)?);
+        let raw = take(usize::try_from(n).ok()?.checked_mul(20)?)?;
+        let sources = raw
+            .chunks_exact(20)
+            .map(|c| (u32_(&c[..4]), c[4..].try_into().expect("16 bytes")))
+            .collect();
+        let n = u64_(take(8)?);
         let raw = take(usize::try_from(n).ok()?.checked_mul(16)?)?;
         let samples = raw
             .chunks_exact(16)
@@ -58,6 +69,7 @@ pub fn decode_hot_map(b: &[u8]) -> Option<BTreeMap<u32, HotChunk>> {
                 id,
                 file_size,
                 file_crc,
+                sources,
                 samples,
             },
         );
@@ -68,14 +80,15 @@ pub fn decode_hot_map(b: &[u8]) -> Option<BTreeMap<u32, HotChunk>> {
     (at == body.len()).then_some(out)
 }
 
-/// The tier's content list (`index`, SPEC.md appendix A): a framed body of text lines,
-/// `next-hot N`, then `chunk|hot ID SIZE LAST_USE SCORE` per file.
+/// The tier's content list (`index`, docs/internals.md): a framed body of text lines,
+/// `next-hot N`, then `chunk ID-DIGEST SIZE LAST_USE SCORE` or `hot ID SIZE LAST_USE SCORE`
+/// per file.
 pub(super) fn encode_index(index: &BTreeMap<Key, Entry>, next_hot: u32) -> Vec<u8> {
     let mut body = format!("next-hot {next_hot}\n");
     for (k, e) in index {
         let (kind, id) = match k {
-            Key::Chunk(id) => ("chunk", id),
-            Key::Hot(id) => ("hot", id),
+            Key::Chunk(id, digest) => ("chunk", format!("{id}-{}", hex(digest))),
+            Key::Hot(id) => ("hot", id.to_string()),
         };
         body += &format!("{kind} {id} {} {} {}\n", e.size, e.last_use, e.score);
     }
@@ -95,7 +108,10 @@ pub(super) fn parse_index(b: &[u8]) -> Option<(BTreeMap<Key, Entry>, u64, u32)> 
             ["next-hot", n] if next_hot.is_none() => next_hot = Some(n.parse().ok()?),
             [kind, id, size, last, score] => {
                 let key = match kind {
-                    "chunk" => Key::Chunk(id.parse().ok()?),
+                    "chunk" => {
+                        let (id, digest) = id.split_once('-')?;
+                        Key::Chunk(id.parse().ok()?, parse_hex_id(digest.as_bytes())?)
+                    }
                     "hot" => Key::Hot(id.parse().ok()?),
                     _ => return None,
                 };

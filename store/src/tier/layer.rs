@@ -57,13 +57,16 @@ impl TierStore {
     /// logged with its path; a failure to remove it is logged too (the read goes on from the
     /// next store either way).
     fn drop_copy(&self, id: u32, why: &dyn std::fmt::Display) {
-        let path = self.cache.dir().join(granary_format::chunk_file_name(id));
+        let Some(ce) = self.chunks.get(id as usize) else {
+            return;
+        };
+        let path = self.cache.dir().join(super::copy_file_name(id, &ce.digest));
         log::warn!(
             "tier copy {}: {why}; discarded, chunk {id} is read from {}",
             path.display(),
             self.next.location()
         );
-        if let Err(e) = self.cache.discard(id) {
+        if let Err(e) = self.cache.discard(ce) {
             log::warn!("tier copy {}: cannot discard it: {e}", path.display());
         }
     }

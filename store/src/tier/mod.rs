@@ -23,8 +23,7 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use granary_format::{
-    chunk_file_name, ChunkEntry, ChunkHeader, ChunkWriter, Compression, SampleEntry,
-    CHUNK_HEADER_LEN,
+    ChunkEntry, ChunkHeader, ChunkWriter, Compression, SampleEntry, CHUNK_HEADER_LEN,
 };
 use serde::Serialize;
 
@@ -86,17 +85,41 @@ impl std::fmt::Display for TierPolicy {
 /// A tier entry: a copy of a source chunk, or a hot chunk.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 enum Key {
-    Chunk(u32),
+    /// A copy of a chunk of the dataset: its id and digest (two generations' chunk `id` with
+    /// other bytes are two entries).
+    Chunk(u32, [u8; 16]),
     Hot(u32),
 }
 
 impl Key {
     fn file_name(self) -> String {
         match self {
-            Key::Chunk(id) => chunk_file_name(id),
+            Key::Chunk(id, digest) => copy_file_name(id, &digest),
             Key::Hot(id) => hot_file_name(id),
         }
     }
+
+    /// The key of chunk `ce`'s copy.
+    fn copy(ce: &ChunkEntry) -> Key {
+        Key::Chunk(ce.chunk_id, ce.digest)
+    }
+}
+
+/// File name of the copy of chunk `id` with digest `digest` in a tier directory (and the name
+/// a peer asks for it by): `chunk-NNNNNNNN-<32 hex digits>.gchunk`.
+pub fn copy_file_name(id: u32, digest: &[u8; 16]) -> String {
+    format!("chunk-{id:08}-{}.gchunk", hex(digest))
+}
+
+/// The chunk id and digest a tier copy's file name spells, exactly as [`copy_file_name`] does.
+pub fn parse_copy_file_name(name: &str) -> Option<(u32, [u8; 16])> {
+    let (id, digest) = name
+        .strip_prefix("chunk-")?
+        .strip_suffix(".gchunk")?
+        .split_once('-')?;
+    let id: u32 = id.parse().ok()?;
+    let digest = parse_hex_id(digest.as_bytes())?;
+    (copy_file_name(id, &digest) == name).then_some((id, digest))
 }
 
 /// File name of hot chunk `id` in a tier directory.
@@ -130,13 +153,25 @@ pub struct TierStats {
     pub hot_samples: u64,
 }
 
-/// One hot chunk: its file's size and CRC, and (sample id, record offset) of every record.
+/// One hot chunk: its file's size and CRC, the chunks its records were copied from (id and
+/// digest), and (sample id, record offset) of every record.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct HotChunk {
     pub id: u32,
     pub file_size: u64,
     pub file_crc: u32,
+    pub sources: Vec<(u32, [u8; 16])>,
     pub samples: Vec<(u64, u64)>,
+}
+
+impl HotChunk {
+    /// Whether every chunk its records came from is in `chunks` with the same digest: its
+    /// samples are then those of the dataset `chunks` describe.
+    pub fn current(&self, chunks: &[ChunkEntry]) -> bool {
+        self.sources
+            .iter()
+            .all(|(id, d)| chunks.get(*id as usize).is_some_and(|ce| ce.digest == *d))
+    }
 }
 
 /// Which samples the tier's hot chunks hold.
@@ -148,7 +183,9 @@ pub struct HotMap {
 }
 
 impl HotMap {
-    fn from_chunks(chunks: BTreeMap<u32, HotChunk>) -> Self {
+    /// The map of the hot chunks in `chunks` whose sources are all in `current`.
+    fn from_chunks(mut chunks: BTreeMap<u32, HotChunk>, current: &[ChunkEntry]) -> Self {
+        chunks.retain(|_, h| h.current(current));
         let mut by_sample = HashMap::new();
         for h in chunks.values() {
             for &(s, off) in &h.samples {
@@ -170,11 +207,13 @@ impl HotMap {
     }
 }
 
-/// A record offered for a hot chunk: the sample, its snapshot entry, path and stored bytes.
+/// A record offered for a hot chunk: the sample, its snapshot entry, the digest of the chunk
+/// it was read from (`entry.chunk`), path and stored bytes.
 #[derive(Clone, Debug)]
 pub struct HotRecord {
     pub id: u64,
     pub entry: SampleEntry,
+    pub source: [u8; 16],
     pub path: Vec<u8>,
     pub stored: Vec<u8>,
     pub score: f64,
@@ -408,7 +447,7 @@ impl LocalTier {
         index.retain(|k, e| {
             let listed = match k {
                 Key::Hot(id) => hot.get(id).is_some_and(|h| h.file_size == e.size),
-                Key::Chunk(_) => true,
+                Key::Chunk(..) => true,
             };
             listed
                 && std::fs::symlink_metadata(self.dir.join(k.file_name()))
@@ -430,11 +469,14 @@ impl LocalTier {
                     }
                     continue;
                 }
-                let key = match (
-                    granary_format::parse_chunk_file_name(&name),
-                    parse_hot_file_name(&name),
-                ) {
-                    (Some(id), _) => Key::Chunk(id),
+                if granary_format::parse_chunk_file_name(&name).is_some() {
+                    // A copy named by its id alone (tiers of earlier versions): no digest says
+                    // which bytes it holds, so it is never served; its space is freed.
+                    let _ = remove_entry(&f.path());
+                    continue;
+                }
+                let key = match (parse_copy_file_name(&name), parse_hot_file_name(&name)) {
+                    (Some((id, digest)), _) => Key::Chunk(id, digest),
                     (_, Some(id)) => Key::Hot(id),
                     _ => continue,
                 };
@@ -450,7 +492,7 @@ impl LocalTier {
                 if let (false, Ok(m)) = (index.contains_key(&key), f.metadata()) {
                     let adopt = match key {
                         Key::Hot(id) => hot.get(&id).is_some_and(|h| h.file_size == m.len()),
-                        Key::Chunk(_) => true,
+                        Key::Chunk(..) => true,
                     };
                     if adopt {
                         index.insert(
@@ -495,8 +537,8 @@ impl LocalTier {
         write_atomic(&self.dir.join("hot.map"), &encode_hot_map(&hot))
     }
 
-    /// Path of chunk `id`'s copy if the tier holds it and its size and header match the
-    /// snapshot's chunk entry; a mismatching copy is removed (a miss, never served). A hit
+    /// Path of chunk `ce`'s copy if the tier holds one of its digest and its size and header
+    /// match the entry; a mismatching copy is removed (a miss, never served). A hit
     /// takes no lock and writes nothing: the content list is this handle's (revalidated by one
     /// `stat`), and the use is noted for a later batched write.
     pub fn lookup(&self, ce: &ChunkEntry) -> Result<Option<PathBuf>> {
@@ -513,11 +555,11 @@ impl LocalTier {
         ce: &ChunkEntry,
         open: impl FnOnce(&Path) -> Result<IoFile>,
     ) -> Result<Option<IoFile>> {
-        let key = Key::Chunk(ce.chunk_id);
+        let key = Key::copy(ce);
         if !self.current()?.index.contains_key(&key) {
             return Ok(None);
         }
-        let p = self.dir.join(chunk_file_name(ce.chunk_id));
+        let p = self.dir.join(key.file_name());
         // Gone, not a regular file (a FIFO, a directory), unreadable or damaged: never waited
         // on, dropped from the list and removed if it can be (if not, it stays a miss).
         let f = match open(&p) {
@@ -533,7 +575,7 @@ impl LocalTier {
                         p.display()
                     );
                 }
-                let _ = self.discard(ce.chunk_id);
+                let _ = self.discard(ce);
                 return Ok(None);
             }
         };
@@ -555,7 +597,7 @@ impl LocalTier {
                 ce.chunk_id,
                 ce.file_size
             );
-            self.discard(ce.chunk_id)?;
+            self.discard(ce)?;
             return Ok(None);
         }
         self.note_use(key);
@@ -568,10 +610,10 @@ impl LocalTier {
         Ok(())
     }
 
-    /// Removes chunk `id`'s copy (for example after a record in it failed its CRC).
-    pub fn discard(&self, id: u32) -> Result<()> {
+    /// Removes chunk `ce`'s copy (for example after a record in it failed its CRC).
+    pub fn discard(&self, ce: &ChunkEntry) -> Result<()> {
         let mut l = self.lock()?;
-        self.remove(&mut l, Key::Chunk(id))?;
+        self.remove(&mut l, Key::copy(ce))?;
         self.write_index(&l, true)
     }
 
@@ -583,9 +625,11 @@ impl LocalTier {
         self.write_index(&l, true)
     }
 
-    /// The hot-sample map as last written (consistent: it is replaced atomically).
-    pub fn hot_map(&self) -> HotMap {
-        HotMap::from_chunks(self.read_hot_chunks())
+    /// The hot-sample map as last written (consistent: it is replaced atomically), of the hot
+    /// chunks whose records all come from chunks of `chunks` (a dataset's chunk table), digests
+    /// equal: a hot chunk made from another generation's chunk of other bytes is not used.
+    pub fn hot_map(&self, chunks: &[ChunkEntry]) -> HotMap {
+        HotMap::from_chunks(self.read_hot_chunks(), chunks)
     }
 
     /// A token that changes whenever `hot.map` is replaced (its inode), `None` without one.
@@ -615,14 +659,23 @@ impl LocalTier {
         Ok(())
     }
 
-    /// Ids of the source chunks the tier holds whole (without touching their use clock).
-    pub fn resident_chunks(&self) -> Result<std::collections::HashSet<u32>> {
+    /// Whether the tier holds a copy of chunk `ce` (its id and digest), without opening it.
+    pub fn holds(&self, ce: &ChunkEntry) -> Result<bool> {
+        Ok(self.current()?.index.contains_key(&Key::copy(ce)))
+    }
+
+    /// Ids of the chunks of `chunks` (a dataset's chunk table) the tier holds whole, digests
+    /// equal (without touching their use clock).
+    pub fn resident_chunks(&self, chunks: &[ChunkEntry]) -> Result<std::collections::HashSet<u32>> {
         Ok(self
             .current()?
             .index
             .keys()
             .filter_map(|k| match k {
-                Key::Chunk(id) => Some(*id),
+                Key::Chunk(id, d) => chunks
+                    .get(*id as usize)
+                    .is_some_and(|ce| ce.digest == *d)
+                    .then_some(*id),
                 Key::Hot(_) => None,
             })
             .collect())
@@ -703,7 +756,7 @@ impl LocalTier {
             return Ok(false);
         }
         let mut l = self.lock()?;
-        let key = Key::Chunk(ce.chunk_id);
+        let key = Key::copy(ce);
         let clock = l.touch(key);
         if l.index.contains_key(&key) {
             self.write_index(&l, true)?;
@@ -754,7 +807,9 @@ impl LocalTier {
         let mut w = ChunkWriter::new(Vec::new(), self.dataset_id, id)
             .map_err(|e| StoreError::io("building", self.dir.join(hot_file_name(id)), e))?;
         let mut samples = Vec::with_capacity(fresh.len());
+        let mut sources = std::collections::BTreeSet::new();
         for r in &fresh {
+            sources.insert((r.entry.chunk, r.source));
             let comp = Compression::from_code(r.entry.flags).unwrap_or(Compression::None);
             let e = w
                 .append(
@@ -788,6 +843,7 @@ impl LocalTier {
                 id,
                 file_size: summary.file_size,
                 file_crc: summary.file_crc,
+                sources: sources.into_iter().collect(),
                 samples,
             },
         );
@@ -815,7 +871,7 @@ impl LocalTier {
             .keys()
             .filter_map(|k| match k {
                 Key::Hot(id) => Some(*id),
-                Key::Chunk(_) => None,
+                Key::Chunk(..) => None,
             })
             .collect();
         Ok(TierStats {

@@ -10,6 +10,7 @@ fn hot_map_round_trip_and_damage() {
             id: 3,
             file_size: 900,
             file_crc: 7,
+            sources: vec![(0, [1; 16]), (4, [2; 16])],
             samples: vec![(10, 64), (99, 300)],
         },
     );
@@ -19,6 +20,7 @@ fn hot_map_round_trip_and_damage() {
             id: 5,
             file_size: 100,
             file_crc: 8,
+            sources: vec![],
             samples: vec![],
         },
     );
@@ -33,6 +35,16 @@ fn hot_map_round_trip_and_damage() {
     }
     assert_eq!(parse_hot_file_name(&hot_file_name(42)), Some(42));
     assert_eq!(parse_hot_file_name("hot-42.gchunk"), None);
+    let d = [0x5a; 16];
+    assert_eq!(parse_copy_file_name(&copy_file_name(42, &d)), Some((42, d)));
+    for bad in [
+        "chunk-00000042.gchunk".to_string(),
+        format!("chunk-42-{}.gchunk", hex(&d)),
+        copy_file_name(42, &d).to_uppercase(),
+        copy_file_name(42, &d).replace(".gchunk", ".gchunk.tmp"),
+    ] {
+        assert_eq!(parse_copy_file_name(&bad), None, "{bad}");
+    }
 }
 
 #[test]
@@ -43,7 +55,7 @@ fn content_list_round_trip_and_damage() {
         last_use,
         score,
     };
-    m.insert(Key::Chunk(7), e(1 << 20, 12, 0.25));
+    m.insert(Key::Chunk(7, [0xa5; 16]), e(1 << 20, 12, 0.25));
     m.insert(Key::Hot(2), e(4096, 40, 1.5e-9));
     let b = encode_index(&m, 3);
     granary_format::testing::dump_fuzz_seed("tier_index", "chunk-and-hot", &b);
@@ -59,6 +71,8 @@ fn content_list_round_trip_and_damage() {
     // A well-framed body with a line the tier never writes is not trusted either.
     for body in [
         "next-hot 1\nchunk x 1 2 3\n",
+        "next-hot 1\nchunk 7 1 2 3\n",
+        "next-hot 1\nchunk 7-00 1 2 3\n",
         "chunk 1 2 3 4\n",
         "next-hot 1\nodd 1 2 3 4\n",
     ] {
