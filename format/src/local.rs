@@ -1,4 +1,4 @@
-//! One framing for granary's node-local files (SPEC.md, appendix A, informative): the tier's
+//! One framing for granary's node-local files (docs/internals.md, "Node-local files"): the tier's
 //! content list, `hot.map` and score table, the packer's plan, shard part files and upload
 //! markers. None of them is part of a dataset; each is state one machine keeps for itself. The
 //! frame makes each of them self-describing and checkable the same way:
@@ -33,7 +33,7 @@ pub struct LocalKind {
     pub what: &'static str,
 }
 
-/// The tier's content list (`index`): text lines, see SPEC.md appendix A.
+/// The tier's content list (`index`): text lines, see docs/internals.md.
 pub const TIER_INDEX: LocalKind = LocalKind {
     magic: *b"GRNYTIDX",
     version: 2,

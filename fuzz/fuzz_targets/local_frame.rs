@@ -1,4 +1,4 @@
-//! The frame of every node-local file (SPEC.md appendix A): whatever unframes, frames back to
+//! The frame of every node-local file (docs/internals.md): whatever unframes, frames back to
 //! the same bytes.
 #![no_main]
 use granary_format::local::{LocalReader, LOCAL_KINDS};

@@ -726,7 +726,7 @@ fn footer_matches_plan(plan: &Plan, c: usize, footer: &granary_format::ChunkFoot
     })
 }
 
-/// The packer's parsers of node-local files (SPEC.md appendix A), for the fuzz targets in
+/// The packer's parsers of node-local files (docs/internals.md), for the fuzz targets in
 /// `fuzz/`: each takes untrusted bytes and returns whether they were accepted. Whatever is
 /// accepted must encode back to exactly the same bytes (asserted), so damaged bytes can never
 /// pass as another valid value. Not a stable API.

@@ -11,7 +11,7 @@ use granary_format::{encode_string_table, StringTable, NO_LABEL};
 use crate::files::FileTable;
 use crate::PackError;
 
-// The plan is a node-local file (SPEC.md appendix A, kind `PACK_PLAN`). Version 2 added each
+// The plan is a node-local file (docs/internals.md, kind `PACK_PLAN`). Version 2 added each
 // file's mtime; version 3 stored the files as columns (path arena, then one column per
 // attribute) and the chunk order as a permutation; version 4 is version 3's body in the
 // common frame; version 5 adds each file's mode and the directories of the tree (format 1.2).

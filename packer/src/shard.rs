@@ -27,9 +27,10 @@ use granary_store::write::Pending;
 /// File name of a finished shard's part file, inside its part directory. It is written last
 /// (atomically): a part directory without it is a shard still running or interrupted.
 pub const PART_FILE: &str = "part.gpart";
-// A part file is a node-local file (SPEC.md appendix A, kind `SHARD_PART`). Version 2 listed
+// A part file is a node-local file (docs/internals.md, kind `SHARD_PART`). Version 2 listed
 // chunks only (version 1 also carried every entry and path, which merge now reads from the
-// chunks' footers); version 3 is version 2's body in the common frame.
+// chunks' footers); version 3 is version 2's body in the common frame; version 4 adds each
+// chunk's digest.
 
 /// The SplitMix64 finalizer: a stable 64-bit mix (never change it: it decides which shard
 /// packs which file).

@@ -21,7 +21,7 @@ use crate::plan::Plan;
 use crate::PackError;
 
 /// Size, CRC and a reserved u32 before the chunk's trailer in a marker's body (a node-local
-/// file, SPEC.md appendix A, kind `UPLOAD_MARKER`).
+/// file, docs/internals.md, kind `UPLOAD_MARKER`).
 const MARKER_FIXED: usize = 8 + 4 + 4 + 16;
 
 /// Name of the marker left in the staging directory for an uploaded chunk.

@@ -130,7 +130,7 @@ impl ImportanceScores {
         }
     }
 
-    /// Writes the table to `path` atomically (SPEC.md appendix A: framed, temporary file,
+    /// Writes the table to `path` atomically (docs/internals.md: framed, temporary file,
     /// fsync, rename, fsync of the directory).
     pub fn save(&self, path: &Path) -> Result<()> {
         Ok(granary_store::tier::write_atomic(path, &self.encode())?)

@@ -119,10 +119,33 @@ fn static_fills_then_declines_and_importance_keeps_the_best() {
         "the weakest was evicted"
     );
     assert!(imp.lookup(&ds.chunk(4).unwrap()).unwrap().is_some());
-    // Bytes that do not match the snapshot's CRC are never admitted.
+    // Bytes that are not the chunk the snapshot lists are an error naming it, never a copy.
     let mut bad = chunk_bytes(&ds, 5);
     bad[100] ^= 1;
-    assert!(!imp.admit(&ds.chunk(5).unwrap(), &bad, 100.0).unwrap());
+    let e = imp.admit(&ds.chunk(5).unwrap(), &bad, 100.0).unwrap_err();
+    assert!(e.to_string().contains("chunk 5"), "{e}");
+    assert!(imp.lookup(&ds.chunk(5).unwrap()).unwrap().is_none());
+}
+
+#[test]
+fn a_tier_opened_with_a_smaller_quota_shrinks_to_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ds = dataset(tmp.path(), "ds");
+    let id = ds.snapshot().dataset_id();
+    let root = tmp.path().join("cache");
+    let big = LocalTier::open(&root, id, u64::MAX, TierPolicy::Static).unwrap();
+    for c in 0..ds.chunk_count() as u32 {
+        assert!(big
+            .admit(&ds.chunk(c).unwrap(), &chunk_bytes(&ds, c), 1.0)
+            .unwrap());
+    }
+    let held = big.used().unwrap();
+    drop(big);
+    let small = LocalTier::open(&root, id, held / 3, TierPolicy::Static).unwrap();
+    assert!(small.retain_current(ds.snapshot().chunks()).unwrap() >= held - held / 3);
+    assert!(small.used().unwrap() <= held / 3);
+    // Within its quota and every copy current: nothing to do.
+    assert_eq!(small.retain_current(ds.snapshot().chunks()).unwrap(), 0);
 }
 
 #[test]
@@ -964,6 +987,10 @@ fn a_copy_of_other_bytes_with_the_same_crcs_is_never_served() {
         .resident_chunks(ds.snapshot().chunks())
         .unwrap()
         .contains(&c));
+    let old_copy = cache
+        .dir()
+        .join(granary::copy_file_name(c, &old_entry.digest));
+    assert!(old_copy.is_file());
     let io = StreamOptions {
         tier: Some(cache.clone()),
         ..StreamOptions::default()
@@ -986,4 +1013,6 @@ fn a_copy_of_other_bytes_with_the_same_crcs_is_never_served() {
         st.tier_hits().samples_from_tier > 0,
         "the other chunks' copies still serve"
     );
+    // The reader removed the copy no reader of this dataset can use.
+    assert!(!old_copy.exists(), "a stale copy kept");
 }

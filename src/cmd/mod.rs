@@ -1,6 +1,7 @@
 //! One module per subcommand.
 
 pub mod append;
+pub mod args;
 pub mod bench;
 pub mod cache;
 pub mod cat;
@@ -8,7 +9,6 @@ pub mod extract;
 pub mod info;
 pub mod ls;
 pub mod merge;
-pub mod mix;
 pub mod mount;
 pub mod pack;
 pub mod plan;

@@ -46,7 +46,7 @@ pub struct Args {
     /// Directory to mount it on.
     pub mountpoint: PathBuf,
     #[command(flatten)]
-    pub tier: super::read::TierArgs,
+    pub tier: super::args::TierArgs,
     /// Only read from the tier, never copy chunks into it on first touch.
     #[arg(long)]
     pub no_fetch: bool,

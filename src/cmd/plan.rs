@@ -1,12 +1,15 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use std::sync::Arc;
+
 use granary::{
-    labels_from_class_counts, shuffle_quality, EpochPlan, PlanOptions, Shard, ShuffleMode,
+    labels_from_class_counts, shuffle_quality, EpochPlan, MixPlan, MixReader, Mixture, PlanOptions,
+    Shard, ShuffleMode,
 };
 use serde_json::json;
 
-use super::read::PlanArgs;
+use super::args::PlanArgs;
 
 /// Show an epoch plan: every share's size and windows, coverage, and shuffle quality.
 #[derive(clap::Args)]
@@ -30,7 +33,7 @@ pub struct Args {
     #[arg(required_unless_present = "mixture", num_args = 1..)]
     pub datasets: Vec<PathBuf>,
     #[command(flatten)]
-    pub mix: super::mix::MixArgs,
+    pub mix: super::args::MixArgs,
     #[command(flatten)]
     pub plan: PlanArgs,
     /// Epoch number.
@@ -46,7 +49,7 @@ pub struct Args {
     #[arg(long, value_name = "PRICES")]
     pub prices: Option<String>,
     #[command(flatten)]
-    pub tier: super::read::TierArgs,
+    pub tier: super::args::TierArgs,
     /// Print JSON on stdout.
     #[arg(long)]
     pub json: bool,
@@ -55,7 +58,7 @@ pub struct Args {
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     if let Some(mix) = a.mix.open(&a.datasets)? {
         let config = a.plan.reader_options().config()?;
-        super::mix::plan(mix, &config, &a)?;
+        plan_mixture(mix, &config, &a)?;
         return Ok(ExitCode::SUCCESS);
     }
     let dataset = &a.datasets[0];
@@ -251,4 +254,79 @@ fn bill(a: &Args, dataset: &std::path::Path) -> anyhow::Result<ExitCode> {
         );
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `granary plan` of a mixture: each source's count per epoch and per rank and worker.
+fn plan_mixture(mix: Mixture, config: &granary::ReaderConfig, a: &Args) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        !a.bill && a.prices.is_none(),
+        "--bill/--prices: the bill of a mixture is not supported yet (bill each dataset on its own)"
+    );
+    let reader = MixReader::open(Arc::new(mix), config)?;
+    let mix = reader.mixture().clone();
+    let sources = reader.plan_sources()?;
+    let p = &a.plan;
+    let total: u64 = (0..mix.len()).map(|i| mix.count(i)).sum();
+    let mut shares = Vec::new();
+    let mut delivered = vec![0u64; mix.len()];
+    for rank in 0..p.world_size {
+        for worker in 0..p.workers {
+            let shard = Shard {
+                rank,
+                world_size: p.world_size,
+                worker,
+                num_workers: p.workers,
+            };
+            let plan =
+                MixPlan::build(&sources, a.epoch, shard, None).map_err(anyhow::Error::msg)?;
+            let per: Vec<usize> = plan.parts.iter().map(|x| x.len()).collect();
+            let windows: Vec<usize> = plan.parts.iter().map(|x| x.windows.len()).collect();
+            for (d, n) in delivered.iter_mut().zip(&per) {
+                *d += *n as u64;
+            }
+            shares.push(
+                json!({"rank": rank, "worker": worker, "samples": plan.len(),
+                               "per_source": per, "windows_per_source": windows}),
+            );
+        }
+    }
+    let listed: Vec<_> = (0..mix.len())
+        .map(|i| {
+            json!({"source": mix.name(i), "share": mix.share(i).to_string(),
+                   "samples": mix.samples(i), "epoch_count": mix.count(i),
+                   "fraction": mix.count(i) as f64 / total.max(1) as f64,
+                   "delivered": delivered[i], "window": sources[i].options.window_chunks})
+        })
+        .collect();
+    if a.json {
+        return super::print_json(&json!({"epoch": a.epoch, "samples": total,
+            "delivered": delivered.iter().sum::<u64>(), "sources": listed, "shares": shares}));
+    }
+    println!(
+        "epoch {} of a mixture of {} sources: {} samples, {} shuffle",
+        a.epoch,
+        mix.len(),
+        total,
+        p.shuffle
+    );
+    for (i, s) in listed.iter().enumerate() {
+        println!(
+            "  source {i} {} ({}): {} of its {} samples an epoch ({:.2} % of the epoch), {} \
+             delivered by the shares below, window {} chunks",
+            s["source"].as_str().unwrap_or(""),
+            s["share"].as_str().unwrap_or(""),
+            s["epoch_count"],
+            s["samples"],
+            s["fraction"].as_f64().unwrap_or(0.0) * 100.0,
+            s["delivered"],
+            s["window"]
+        );
+    }
+    for s in &shares {
+        println!(
+            "  rank {:>3} worker {:>2}: {:>9} samples, per source {}",
+            s["rank"], s["worker"], s["samples"], s["per_source"]
+        );
+    }
+    Ok(())
 }

@@ -67,8 +67,8 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
                 (0, 0) if r.needs_upgrade.is_some() => "format 1.x: run granary upgrade".into(),
                 (0, 0) => "OK".to_string(),
                 (0, n) => format!("not checked: {n} could not be read"),
-                (d, 0) => format!("{d} problems"),
-                (d, n) => format!("{d} problems, and {n} could not be read"),
+                (d, 0) => format!("{d} problem{}", plural(d)),
+                (d, n) => format!("{d} problem{}, and {n} could not be read", plural(d)),
             }
         );
     }
@@ -81,4 +81,12 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     } else {
         ExitCode::SUCCESS
     })
+}
+
+fn plural(n: usize) -> &'static str {
+    if n == 1 {
+        ""
+    } else {
+        "s"
+    }
 }

@@ -47,6 +47,14 @@ impl StoreStack {
         cache: Arc<LocalTier>,
         peers: Option<Arc<Peers>>,
     ) -> StoreStack {
+        // Copies no reader of this dataset can use, and what exceeds the quota, go first.
+        if let Err(e) = cache.retain_current(&chunks) {
+            log::warn!(
+                "the local tier in {}: cannot drop the copies of other chunks ({e}); they stay \
+                 until evicted",
+                cache.dir().display()
+            );
+        }
         let mut meters = Vec::new();
         let tuned = store.tuned(&access).unwrap_or_else(|| store.clone());
         let origin = metered(tuned, "origin", &mut meters);

@@ -12,8 +12,8 @@ use crate::{Result, StoreError};
 
 /// What [`ObjectUrl::get_into`] found.
 pub(crate) enum Sized {
-    /// All of it, with this CRC-32.
-    Got(u32),
+    /// All of it, with this digest (the first 16 bytes of SHA-256, as a chunk's).
+    Got([u8; 16]),
     Missing,
     /// Another length than asked for (the body is not read).
     Wrong(u64),
@@ -43,7 +43,7 @@ impl ObjectUrl {
     /// Object `name`, if it is `size` bytes long, streamed into `parts` one after another (no
     /// second copy in memory; they must hold `size` bytes together): its length is checked
     /// before its body is read, so that a peer announcing another size costs nothing. Returns
-    /// the CRC-32 of what was written.
+    /// the digest of what was written (SHA-256's first 16 bytes: a chunk's identity).
     pub(crate) fn get_into(&self, name: &str, size: u64, parts: &mut [&mut [u8]]) -> Result<Sized> {
         let client = self.client()?;
         let key = self.key(name);
@@ -57,7 +57,7 @@ impl ObjectUrl {
             if res.meta.size != size {
                 return Ok(Sized::Wrong(res.meta.size));
             }
-            let mut crc = crc32fast::Hasher::new();
+            let mut digest = granary_format::ContentDigest::new();
             let (mut part, mut at, mut total) = (0usize, 0usize, 0u64);
             let mut body = res.into_stream();
             while let Some(got) = body.next().await {
@@ -66,7 +66,7 @@ impl ObjectUrl {
                 if total > size {
                     return Ok(Sized::Wrong(total));
                 }
-                crc.update(&got);
+                digest.update(&got);
                 let mut rest: &[u8] = &got;
                 while !rest.is_empty() {
                     let dst = &mut parts[part][at..];
@@ -80,7 +80,7 @@ impl ObjectUrl {
                 }
             }
             Ok(if total == size {
-                Sized::Got(crc.finalize())
+                Sized::Got(digest.finish())
             } else {
                 Sized::Wrong(total)
             })

@@ -2,7 +2,7 @@
 //! every node can compute every rank's plan, so every node knows which node's tier keeps which
 //! chunk without asking anyone ([`Ownership`]). A read goes local tier → owner's tier (over
 //! HTTP, served by `granary serve`) → origin storage, and every hop is checked: a peer's copy
-//! must have the chunk's size and whole-file CRC from the snapshot, or it is rejected and the
+//! must have the chunk's size and digest (SHA-256) from the snapshot, or it is rejected and the
 //! chunk comes from origin. A peer that fails or does not answer within the timeout is marked
 //! down until the next epoch ([`Peers::begin_epoch`]) and its chunks come from origin: a dead
 //! node costs speed, never data, and never a hang.
@@ -117,11 +117,11 @@ impl Ownership {
 /// an interval).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct PeerStats {
-    /// Chunks a peer served, with the snapshot's size and CRC, and their bytes.
+    /// Chunks a peer served, with the snapshot's size and digest, and their bytes.
     pub chunks_from_peers: u64,
     pub bytes_from_peers: u64,
     /// Chunks read from origin storage although another node owns them, by reason: the owner
-    /// did not hold it yet, served a copy that failed the size or CRC check, or failed to
+    /// did not hold it yet, served a copy that failed the size or digest check, or failed to
     /// answer (or was already marked down); and the bytes read from origin for them.
     pub missing_at_owner: u64,
     pub rejected: u64,
@@ -295,23 +295,25 @@ impl Peers {
             if !self.rejected_said[n].swap(true, Relaxed) {
                 log::warn!(
                     "peer {} (node {node}) served {} with {what}, not the \
-                     snapshot's {} bytes and CRC {:08x}: rejected, read from origin (further \
+                     snapshot's {} bytes and digest {}: rejected, read from origin (further \
                      rejections from this peer are counted, not printed, this epoch)",
                     self.addrs[n],
                     peer.chunk_url(name),
                     ce.file_size,
-                    ce.file_crc
+                    granary_format::hex16(&ce.digest)
                 );
             }
         };
         match peer.get_into(name, ce.file_size, parts) {
-            Ok(Sized::Got(crc)) if crc == ce.file_crc => {
+            // The whole copy's SHA-256, not only its CRC-32: a peer is another machine, and a
+            // copy with the right CRCs but other bytes must not pass.
+            Ok(Sized::Got(digest)) if digest == ce.digest => {
                 c.chunks_from_peers.fetch_add(1, Relaxed);
                 c.bytes_from_peers.fetch_add(ce.file_size, Relaxed);
                 true
             }
-            Ok(Sized::Got(crc)) => {
-                reject(format!("CRC {crc:08x}"));
+            Ok(Sized::Got(digest)) => {
+                reject(format!("digest {}", granary_format::hex16(&digest)));
                 false
             }
             Ok(Sized::Wrong(len)) => {
@@ -370,7 +372,7 @@ fn check_addr(a: &str) -> Result<()> {
 }
 
 /// The job's other nodes as a layer: a chunk that another node keeps is asked of that node
-/// first (its copy checked for size and CRC) and read from the next store when that fails;
+/// first (its copy checked for size and digest) and read from the next store when that fails;
 /// every other chunk comes from the next store.
 #[derive(Debug)]
 pub struct PeerStore {

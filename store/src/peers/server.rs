@@ -111,7 +111,7 @@ impl PeerServer {
                     // Out of file descriptors or a connection reset before it was accepted:
                     // the next one may work.
                     Err(e) => {
-                        eprintln!("granary serve: accepting a connection failed: {e}");
+                        log::warn!("serve: accepting a connection failed: {e}");
                         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
                         continue;
                     }
@@ -149,7 +149,7 @@ async fn connection(
                     .serve_connection(hyper_util::rt::TokioIo::new(s), svc)
                     .await;
             }
-            Err(e) => eprintln!("granary serve: TLS handshake with {from} failed: {e}"),
+            Err(e) => log::warn!("serve: TLS handshake with {from} failed: {e}"),
         },
     }
 }
@@ -226,8 +226,8 @@ fn refusal(
         .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
         + 1;
     if n <= 20 || n.is_multiple_of(1000) {
-        eprintln!(
-            "granary serve: refused {} {} from {from}: {why} ({n} refused so far)",
+        log::warn!(
+            "serve: refused {} {} from {from}: {why} ({n} refused so far)",
             req.method(),
             req.uri().path()
         );

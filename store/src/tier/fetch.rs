@@ -284,12 +284,7 @@ impl State {
         self.counters
             .bytes_fetched
             .fetch_add(bytes.len() as u64, Relaxed);
-        if bytes.len() as u64 != ce.file_size || crc32fast::hash(&bytes) != ce.file_crc {
-            return Err(StoreError::damaged(
-                src.location(),
-                format!("chunk {chunk}: its whole-file CRC does not match the snapshot"),
-            ));
-        }
+        super::LocalTier::check_copy(&ce, &bytes, src.location())?;
         // Checked: readers waiting for this chunk are served from memory now, not after the
         // tier's write and fsync.
         self.staged
@@ -298,7 +293,7 @@ impl State {
             .insert(chunk, bytes.clone());
         drop(self.queue.lock().expect("fetch queue"));
         self.fetched.notify_all();
-        let admitted = cache.admit(&ce, &bytes, score);
+        let admitted = cache.admit_checked(&ce, &bytes, score);
         self.staged.lock().expect("staged").remove(&chunk);
         if admitted? {
             self.counters.fetched.fetch_add(1, Relaxed);

@@ -469,9 +469,11 @@ impl LocalTier {
                     }
                     continue;
                 }
-                if granary_format::parse_chunk_file_name(&name).is_some() {
-                    // A copy named by its id alone (tiers of earlier versions): no digest says
-                    // which bytes it holds, so it is never served; its space is freed.
+                let copy_like = name.starts_with("chunk-") && name.ends_with(".gchunk");
+                if copy_like && parse_copy_file_name(&name).is_none() {
+                    // Named like a copy but not as the tier names one: by its id alone (tiers
+                    // of earlier versions: no digest says which bytes it holds), or otherwise
+                    // spelled. Never served; its space is freed.
                     let _ = remove_entry(&f.path());
                     continue;
                 }
@@ -733,6 +735,53 @@ impl LocalTier {
         Ok(true)
     }
 
+    /// Brings the tier in line with the dataset whose chunk table is `chunks`, as a reader of
+    /// it starts. Copies of chunks the table does not list with their digest (another
+    /// generation's or another pack's under the same dataset id) and hot chunks made from such
+    /// chunks are removed: no reader of this dataset can use them, and kept they would hold
+    /// the quota for ever (a static tier evicts nothing). Then, while the tier holds more than
+    /// its quota (opened with a smaller one than it was filled with), entries are evicted least
+    /// recently used first. A reader of another generation still running meets misses, never
+    /// wrong bytes. Returns the bytes freed.
+    pub fn retain_current(&self, chunks: &[ChunkEntry]) -> Result<u64> {
+        let mut l = self.lock()?;
+        let hot = self.read_hot_chunks();
+        let before = l.used();
+        let mut victims: Vec<Key> = l
+            .index
+            .keys()
+            .copied()
+            .filter(|k| match k {
+                Key::Chunk(id, d) => chunks.get(*id as usize).is_none_or(|ce| ce.digest != *d),
+                Key::Hot(id) => hot.get(id).is_some_and(|h| !h.current(chunks)),
+            })
+            .collect();
+        let mut used = before - victims.iter().map(|k| l.index[k].size).sum::<u64>();
+        let mut by_use: Vec<(Key, Entry)> = l.index.iter().map(|(k, e)| (*k, *e)).collect();
+        by_use.sort_by_key(|(_, e)| e.last_use);
+        for (k, e) in by_use {
+            if used <= self.quota {
+                break;
+            }
+            if !victims.contains(&k) {
+                used -= e.size;
+                victims.push(k);
+            }
+        }
+        if victims.is_empty() {
+            return Ok(0);
+        }
+        let hot_removed = victims.iter().any(|k| matches!(k, Key::Hot(_)));
+        for k in victims {
+            self.remove(&mut l, k)?;
+        }
+        if hot_removed {
+            self.write_hot_map(&l, hot)?;
+        }
+        self.write_index(&l, true)?;
+        Ok(before - l.used())
+    }
+
     /// Bytes the tier holds now (its content list, revalidated by one `stat`).
     pub fn used(&self) -> Result<u64> {
         Ok(self.current()?.index.values().map(|e| e.size).sum())
@@ -748,13 +797,36 @@ impl LocalTier {
             .is_some())
     }
 
-    /// Offers chunk `ce`'s bytes (checked against the snapshot's size and whole-file CRC) to
-    /// the tier with importance `score`; returns whether it was admitted. Never exceeds the
-    /// quota: evicts per policy, or declines.
+    /// Offers chunk `ce`'s bytes to the tier with importance `score`; returns whether it was
+    /// admitted. Never exceeds the quota: evicts per policy, or declines. Bytes that are not
+    /// the chunk the snapshot lists (its size and digest: SHA-256 over them, once per copy)
+    /// are an error naming the chunk, never a copy.
     pub fn admit(&self, ce: &ChunkEntry, bytes: &[u8], score: f64) -> Result<bool> {
-        if bytes.len() as u64 != ce.file_size || crc32fast::hash(bytes) != ce.file_crc {
-            return Ok(false);
+        Self::check_copy(ce, bytes, &self.dir.join(Key::copy(ce).file_name()))?;
+        self.admit_checked(ce, bytes, score)
+    }
+
+    /// Whether `bytes` are chunk `ce` as the snapshot lists it: its size and digest (SHA-256
+    /// over every byte); an error naming the chunk and `location` otherwise.
+    pub(crate) fn check_copy(ce: &ChunkEntry, bytes: &[u8], location: &Path) -> Result<()> {
+        if bytes.len() as u64 == ce.file_size && granary_format::chunk_digest(bytes) == ce.digest {
+            return Ok(());
         }
+        Err(StoreError::damaged(
+            location,
+            format!(
+                "chunk {}: {} bytes that are not the chunk the snapshot lists ({} bytes, digest \
+                 {}): not kept (`granary verify` checks the dataset)",
+                ce.chunk_id,
+                bytes.len(),
+                ce.file_size,
+                hex(&ce.digest)
+            ),
+        ))
+    }
+
+    /// [`LocalTier::admit`] of bytes [`LocalTier::check_copy`] passed.
+    pub(crate) fn admit_checked(&self, ce: &ChunkEntry, bytes: &[u8], score: f64) -> Result<bool> {
         let mut l = self.lock()?;
         let key = Key::copy(ce);
         let clock = l.touch(key);
