@@ -642,37 +642,65 @@ fn slimmed(s: ChunkSummary) -> ChunkSummary {
     ChunkSummary::bare(s.chunk_id, s.file_size, s.file_crc, s.digest)
 }
 
-/// `s` (a chunk in `dir` with its id and size) with the entries and paths of its footer, read
-/// back (the trailer says where it is; its CRC is checked).
-pub(crate) fn read_footer(dir: &Path, s: ChunkSummary) -> Result<ChunkSummary, PackError> {
+/// A chunk file's header, trailer and footer as they lie on disk (the footer's bytes not
+/// decoded yet): what reading a written chunk's footer back reads, once.
+pub(crate) struct FooterBytes {
+    pub head: [u8; granary_format::CHUNK_HEADER_LEN],
+    pub header: granary_format::ChunkHeader,
+    pub tail: [u8; granary_format::CHUNK_TRAILER_LEN],
+    pub trailer: granary_format::Trailer,
+    pub body: Vec<u8>,
+}
+
+/// Reads back the header, trailer and footer bytes of chunk `id`, `size` bytes, in `dir` (the
+/// file granary wrote: a header of another chunk id, a trailer that does not fit the size, is
+/// "changed since it was written").
+pub(crate) fn read_footer_bytes(dir: &Path, id: u32, size: u64) -> Result<FooterBytes, PackError> {
+    use granary_format::{ChunkHeader, Trailer, CHUNK_HEADER_LEN, CHUNK_TRAILER_LEN};
     use std::os::unix::fs::FileExt;
-    let path = dir.join(chunk_file_name(s.chunk_id));
+    let path = dir.join(chunk_file_name(id));
     let f = std::fs::File::open(&path).map_err(|e| PackError::io("reading back", &path, e))?;
     let bad = |detail: String| PackError::Source {
         path: path.clone(),
         detail: format!("changed since it was written: {detail}"),
     };
-    let tail = granary_format::CHUNK_TRAILER_LEN as u64;
-    let mut t = [0u8; granary_format::CHUNK_TRAILER_LEN];
-    if s.file_size < tail + granary_format::CHUNK_HEADER_LEN as u64 {
+    if size < (CHUNK_TRAILER_LEN + CHUNK_HEADER_LEN) as u64 {
         return Err(bad("too short".into()));
     }
-    let mut h = [0u8; granary_format::CHUNK_HEADER_LEN];
-    f.read_exact_at(&mut h, 0)
-        .map_err(|e| PackError::io("reading back", &path, e))?;
-    let header = granary_format::ChunkHeader::decode(&h).map_err(|e| bad(e.to_string()))?;
-    if header.chunk_id != s.chunk_id {
+    let read = |buf: &mut [u8], at: u64| {
+        f.read_exact_at(buf, at)
+            .map_err(|e| PackError::io("reading back", &path, e))
+    };
+    let mut head = [0u8; CHUNK_HEADER_LEN];
+    read(&mut head, 0)?;
+    let header = ChunkHeader::decode(&head).map_err(|e| bad(e.to_string()))?;
+    if header.chunk_id != id {
         return Err(bad(format!("holds chunk id {}", header.chunk_id)));
     }
-    f.read_exact_at(&mut t, s.file_size - tail)
-        .map_err(|e| PackError::io("reading back", &path, e))?;
-    let trailer =
-        granary_format::Trailer::decode(&t, s.file_size).map_err(|e| bad(e.to_string()))?;
+    let mut tail = [0u8; CHUNK_TRAILER_LEN];
+    read(&mut tail, size - CHUNK_TRAILER_LEN as u64)?;
+    let trailer = Trailer::decode(&tail, size).map_err(|e| bad(e.to_string()))?;
     let mut body = vec![0u8; trailer.footer_len as usize];
-    f.read_exact_at(&mut body, trailer.footer_offset)
-        .map_err(|e| PackError::io("reading back", &path, e))?;
-    let footer =
-        granary_format::decode_footer(&body, &trailer, &header).map_err(|e| bad(e.to_string()))?;
+    read(&mut body, trailer.footer_offset)?;
+    Ok(FooterBytes {
+        head,
+        header,
+        tail,
+        trailer,
+        body,
+    })
+}
+
+/// `s` (a chunk in `dir` with its id and size) with the entries and paths of its footer, read
+/// back (the trailer says where it is; its CRC is checked).
+pub(crate) fn read_footer(dir: &Path, s: ChunkSummary) -> Result<ChunkSummary, PackError> {
+    let b = read_footer_bytes(dir, s.chunk_id, s.file_size)?;
+    let footer = granary_format::decode_footer(&b.body, &b.trailer, &b.header).map_err(|e| {
+        PackError::Source {
+            path: dir.join(chunk_file_name(s.chunk_id)),
+            detail: format!("changed since it was written: {e}"),
+        }
+    })?;
     Ok(ChunkSummary::from_footer(
         s.chunk_id,
         s.file_size,

@@ -116,19 +116,12 @@ pub(crate) fn write_marker(
     crc: u32,
     digest: &[u8; 16],
 ) -> Result<(), PackError> {
-    use std::os::unix::fs::FileExt;
-    let path = work.join(chunk_file_name(c));
-    let f = std::fs::File::open(&path).map_err(|e| PackError::io("opening", &path, e))?;
-    let mut header = [0u8; CHUNK_HEADER_LEN];
-    f.read_exact_at(&mut header, 0)
-        .map_err(|e| PackError::io("reading", &path, e))?;
-    let mut trailer = [0u8; CHUNK_TRAILER_LEN];
-    f.read_exact_at(&mut trailer, size - CHUNK_TRAILER_LEN as u64)
-        .map_err(|e| PackError::io("reading", &path, e))?;
-    let t = Trailer::decode(&trailer, size)?;
-    let mut body = vec![0u8; t.footer_len as usize];
-    f.read_exact_at(&mut body, t.footer_offset)
-        .map_err(|e| PackError::io("reading", &path, e))?;
+    let crate::FooterBytes {
+        head: header,
+        tail: trailer,
+        body,
+        ..
+    } = crate::read_footer_bytes(work, c, size)?;
     let mut m =
         Vec::with_capacity(MARKER_FIXED + CHUNK_HEADER_LEN + CHUNK_TRAILER_LEN + body.len());
     m.extend_from_slice(&size.to_le_bytes());

@@ -18,7 +18,7 @@ read (``Dataset``'s path). For chunk-wise epochs with large sequential reads, us
 ``IterableDataset`` (PyTorch) or ``granary read``.
 """
 
-from . import Dataset
+from ._dataset import Dataset
 
 try:  # numpy comes with Grain and JAX
     import numpy as _np

@@ -2,7 +2,7 @@
 
 import os
 
-from . import IterableDataset
+from ._iterable import IterableDataset
 from ._native import Stream, mixture_info
 
 
@@ -75,7 +75,8 @@ class Mixture(IterableDataset):
     def _layouts(self):
         """None when no source has named fields; else (ids, sources) -> each sample's field
         layout from its own source (no fields: an empty layout)."""
-        from . import _NativeDataset, _asked_layouts
+        from ._iterable import _asked_layouts
+        from ._native import Dataset as _NativeDataset
 
         if self._natives is None:
             self._natives = [_NativeDataset(p) for p in self.sources]
@@ -134,7 +135,7 @@ class Mixture(IterableDataset):
         """A mixture is its sources, in order (their weights may change between a checkpoint
         and its resume: the resumed epoch keeps the checkpointed ones)."""
         if getattr(self, "_ident", None) is None:
-            from . import _NativeDataset
+            from ._native import Dataset as _NativeDataset
 
             self._ident = {"kind": "mixture",
                            "sources": [dict(_NativeDataset(s).identity) for s in self.sources]}
@@ -156,7 +157,7 @@ class Mixture(IterableDataset):
         and ``batch["id"]``): each source's losses go to the score table next to its own tier
         (``cache_dir``), which ``policy="importance"`` and ``sampling="importance"`` use for that
         source. Non-blocking, as ``IterableDataset.report``."""
-        from . import _as_list
+        from ._iterable import _as_list
         from ._native import Scores
 
         if self.cache_dir is None:

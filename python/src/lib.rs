@@ -374,7 +374,8 @@ impl Dataset {
     /// delivers them (chunk-wise by default): what a sampler over a mounted tree follows so
     /// that each chunk is read once, in large reads, per epoch. Keywords: `seed` (0),
     /// `window`, `memory`, `rank` (0), `world_size` (1), `drop_last` (True), `shuffle`
-    /// ("chunkwise").
+    /// ("chunkwise"), `locality` (1.0); any other reader option is refused (a plan does not
+    /// read, so it would be ignored).
     #[pyo3(signature = (epoch, **options))]
     fn plan(
         &self,
@@ -382,15 +383,35 @@ impl Dataset {
         epoch: u64,
         options: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Vec<u64>> {
+        const TAKES: [&str; 8] = [
+            "seed",
+            "window",
+            "memory",
+            "rank",
+            "world_size",
+            "drop_last",
+            "shuffle",
+            "locality",
+        ];
         let empty = PyDict::new(py);
-        let o: granary::ReaderOptions = from_keywords("plan", options.unwrap_or(&empty))?;
+        let options = options.unwrap_or(&empty);
+        for k in options.keys() {
+            let k: String = k.extract()?;
+            if !TAKES.contains(&k.as_str()) {
+                return Err(pyo3::exceptions::PyTypeError::new_err(format!(
+                    "plan() does not use '{k}': a plan reads nothing (it takes {})",
+                    TAKES.join(", ")
+                )));
+            }
+        }
+        let o: granary::ReaderOptions = from_keywords("plan", options)?;
         let setup = EpochSetup {
             plan: PlanOptions {
                 mode: o.shuffle,
                 seed: o.seed,
                 window_chunks: o.window.unwrap_or(0),
                 drop_last: o.drop_last,
-                locality: 1.0,
+                locality: o.locality,
             },
             sampling: None,
             stream: StreamOptions {

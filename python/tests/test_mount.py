@@ -55,6 +55,12 @@ def test_plan_is_every_sample_once_in_chunk_order(packed):
     assert len(halves[0]) == len(halves[1]) == len(files) // 2
     with pytest.raises(ValueError):
         ds._ds.plan(0, shuffle="sideways")
+    # Locality is a plan's own option; options that only reading uses are refused, not ignored.
+    homes = [ds._ds.plan(0, seed=3, rank=r, world_size=2, locality=0.0) for r in (0, 1)]
+    assert sorted(homes[0] + homes[1]) == sorted(halves[0] + halves[1])
+    for bad in ({"cache_dir": "/tmp/x"}, {"io": "direct"}, {"prefetch": 2}):
+        with pytest.raises(TypeError, match="does not use"):
+            ds._ds.plan(0, **bad)
 
 
 def test_sampler_over_a_mount_orders_an_image_folder_style_list(mounted):
