@@ -108,30 +108,32 @@ class WaitMeter:
         return r
 
     def prometheus(self, path=None, labels=None):
-        """The report in Prometheus' text exposition format: ``granary_wait_seconds{part=...}``
-        per part, ``granary_step_seconds``, ``granary_batches``, ``granary_wall_seconds``
-        (with ``labels``, a dict, on every sample). Written to ``path`` (through a temporary
-        file and a rename) if given; returned either way."""
+        """The report in Prometheus' text exposition format: ``granary_train_wait_seconds{part=...}``
+        per part, ``granary_train_step_seconds``, ``granary_train_batches``,
+        ``granary_train_wall_seconds`` (with ``labels``, a dict, on every sample); the
+        ``granary_train_`` families are the training loop's, apart from ``granary read
+        --metrics``'s ``granary_wait_seconds`` (a reader's consumers). Written to ``path``
+        (through a temporary file and a rename) if given; returned either way."""
         r = self.report()
         extra = "".join(f',{k}="{v}"' for k, v in (labels or {}).items())
         plain = "{" + extra[1:] + "}" if extra else ""
         lines = [
-            "# HELP granary_wait_seconds Seconds the training loop waited for batches, by what "
+            "# HELP granary_train_wait_seconds Seconds the training loop waited for batches, by what "
             "the data path spent them on.",
-            "# TYPE granary_wait_seconds gauge",
+            "# TYPE granary_train_wait_seconds gauge",
         ]
         for k in PARTS:
-            lines.append(f'granary_wait_seconds{{part="{k[:-2]}"{extra}}} {r[k]:.6f}')
+            lines.append(f'granary_train_wait_seconds{{part="{k[:-2]}"{extra}}} {r[k]:.6f}')
         lines += [
-            "# HELP granary_step_seconds Seconds the training loop spent in its own steps.",
-            "# TYPE granary_step_seconds gauge",
-            f"granary_step_seconds{plain} {r['step_s']:.6f}",
-            "# HELP granary_wall_seconds Seconds the last epoch took.",
-            "# TYPE granary_wall_seconds gauge",
-            f"granary_wall_seconds{plain} {r['wall_s']:.6f}",
-            "# HELP granary_batches Batches the last epoch delivered.",
-            "# TYPE granary_batches gauge",
-            f"granary_batches{plain} {r['batches']}",
+            "# HELP granary_train_step_seconds Seconds the training loop spent in its own steps.",
+            "# TYPE granary_train_step_seconds gauge",
+            f"granary_train_step_seconds{plain} {r['step_s']:.6f}",
+            "# HELP granary_train_wall_seconds Seconds the last epoch took.",
+            "# TYPE granary_train_wall_seconds gauge",
+            f"granary_train_wall_seconds{plain} {r['wall_s']:.6f}",
+            "# HELP granary_train_batches Batches the last epoch delivered.",
+            "# TYPE granary_train_batches gauge",
+            f"granary_train_batches{plain} {r['batches']}",
         ]
         text = "\n".join(lines) + "\n"
         if path is not None:

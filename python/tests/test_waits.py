@@ -61,8 +61,8 @@ def test_a_wait_meter_splits_each_wait_by_what_made_the_batch(packed, workers, t
     assert abs(sum(r[k] for k in PARTS) - r["wait_s"]) < 1e-6
     text = meter.prometheus(tmp_path / "granary.prom", labels={"job": "t"})
     assert (tmp_path / "granary.prom").read_text() == text
-    assert 'granary_wait_seconds{part="origin",job="t"}' in text
-    assert f'granary_batches{{job="t"}} {n}' in text
+    assert 'granary_train_wait_seconds{part="origin",job="t"}' in text
+    assert f'granary_train_batches{{job="t"}} {n}' in text
 
 
 def test_batches_without_waits_are_all_handoff(packed):

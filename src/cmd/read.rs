@@ -127,6 +127,12 @@ impl Args {
     /// The reader configuration these arguments describe: the library's options, checked
     /// there.
     fn config(&self) -> anyhow::Result<granary::ReaderConfig> {
+        Ok(self.options()?.config()?)
+    }
+
+    /// The library's reader options these arguments give (flags left out stay at the
+    /// library's defaults: see the test below).
+    fn options(&self) -> anyhow::Result<granary::ReaderOptions> {
         let mut o = granary::ReaderOptions {
             io: self.io,
             page_cache: self.page_cache,
@@ -144,7 +150,7 @@ impl Args {
             ..self.plan.reader_options()
         };
         self.peers.apply(&mut o, self.first_epoch)?;
-        Ok(o.config()?)
+        Ok(o)
     }
 }
 
@@ -339,11 +345,29 @@ fn read_mixture(mix: Mixture, config: &granary::ReaderConfig, a: &Args) -> anyho
 
 #[cfg(test)]
 mod tests {
+    /// Every reader option `granary read` leaves at its default is the library's default (its
+    /// memory budget given explicitly): the command line states no default of its own that
+    /// could drift from `ReaderOptions::default()`.
     #[test]
-    fn the_default_memory_is_the_readers() {
-        assert_eq!(
-            super::super::pack::parse_size("128MiB"),
-            Ok(granary::DEFAULT_READER_MEMORY)
-        );
+    fn the_flags_defaults_are_the_librarys() {
+        use clap::Parser;
+        let env = [
+            "GRANARY_IO",
+            "GRANARY_PEERS",
+            "GRANARY_PEER_SECRET",
+            "GRANARY_PEER_CA",
+        ];
+        if env.iter().any(|v| std::env::var_os(v).is_some()) {
+            return; // the flags' variables would set options here
+        }
+        let cli = crate::Cli::try_parse_from(["granary", "read", "ds"]).unwrap();
+        let crate::Command::Read(a) = cli.cmd else {
+            panic!("not read")
+        };
+        let mut got = a.options().unwrap();
+        assert_eq!(got.memory, Some(granary::DEFAULT_READER_MEMORY));
+        got.memory = None;
+        let want = granary::ReaderOptions::default();
+        assert_eq!(format!("{got:?}"), format!("{want:?}"));
     }
 }
