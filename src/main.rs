@@ -50,7 +50,7 @@ struct Cli {
 }
 
 fn seconds(s: &str) -> Result<f64, String> {
-    granary::remote::parse_seconds(s).map(|d| d.as_secs_f64())
+    granary_store::object::parse_seconds(s).map(|d| d.as_secs_f64())
 }
 
 #[derive(Subcommand)]

@@ -77,7 +77,7 @@ fn leftovers(places: &[PathBuf]) -> Vec<String> {
         let Ok(rd) = std::fs::read_dir(p) else { return };
         for e in rd.flatten() {
             let name = e.file_name().to_string_lossy().into_owned();
-            let stray = granary::write::temp_target(&name).is_some()
+            let stray = granary_store::write::temp_target(&name).is_some()
                 || name.ends_with(".tmp")
                 || name.ends_with(".partial")
                 || name.contains(".old-");

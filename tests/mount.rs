@@ -883,7 +883,7 @@ fn a_read_through_the_mount_of_a_store_gone_silent_is_eio_within_the_bound() {
     // 1 s without an answer); within `Timeouts::bound` (7 s here). The kernel asks again after
     // a failed read (readahead, then the read): both must not wait, so one read of the file
     // must end well before two operations could.
-    let t = granary::remote::Timeouts {
+    let t = granary_store::object::Timeouts {
         connect: Duration::from_secs(1),
         request: Duration::from_secs(1),
         retry: Duration::from_secs(3),

@@ -195,8 +195,8 @@ fn fill_tier(ds: &Path, dir: &Path) {
 /// A GET (or other method) on the server, signed with the job's secret; the status code and
 /// body.
 fn http(addr: &str, method: &str, path: &str) -> (u16, Vec<u8>) {
-    let secret = granary::auth::Secret::new(SECRET.as_bytes(), "test").unwrap();
-    let proof = secret.sign(method, path, None, granary::auth::unix_now());
+    let secret = granary_store::auth::Secret::new(SECRET.as_bytes(), "test").unwrap();
+    let proof = secret.sign(method, path, None, granary_store::auth::unix_now());
     http_with(addr, method, path, Some(&proof))
 }
 
@@ -438,7 +438,7 @@ fn chunks_larger_than_one_read_piece_come_whole_from_their_owner() {
 
 #[test]
 fn the_server_answers_only_requests_signed_with_the_jobs_secret() {
-    use granary::auth::{unix_now, Secret};
+    use granary_store::auth::{unix_now, Secret};
     let tmp = tempfile::tempdir().unwrap();
     let ds = small_dataset(tmp.path(), &["--chunk-size", "4KiB"]);
     // No secret and no --insecure: it does not start.

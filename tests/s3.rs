@@ -8,7 +8,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use crate::common::*;
-use granary::remote::ObjectUrl;
+use granary_store::object::ObjectUrl;
 
 /// A fresh prefix in the test bucket plus private cache and staging directories, or `None`
 /// (with the reason printed) when no server is configured.

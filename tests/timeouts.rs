@@ -17,7 +17,7 @@ const TIMEOUTS: [(&str, &str); 3] = [
 /// The bound these timeouts promise (`Timeouts::bound`: retries + one more attempt + one
 /// backoff pause) plus time to start a process and give up.
 fn bound() -> Duration {
-    let t = granary::remote::Timeouts {
+    let t = granary_store::object::Timeouts {
         connect: Duration::from_secs(1),
         request: Duration::from_secs(1),
         retry: Duration::from_secs(2),

@@ -163,9 +163,9 @@ pub fn crc_ceiling(packed: &Path, k: u32) -> Result<(f64, f64), String> {
     let files: Vec<PathBuf> = (0..ds.chunk_count() as u32)
         .map(|c| ds.chunk_path(c))
         .collect();
-    let map = |p: &Path| -> Result<granary::file::Mapped, String> {
+    let map = |p: &Path| -> Result<granary_store::file::Mapped, String> {
         let f = std::fs::File::open(p).map_err(|e| format!("{}: {e}", p.display()))?;
-        let m = granary::file::map_file(&f, p).map_err(|e| e.to_string())?;
+        let m = granary_store::file::map_file(&f, p).map_err(|e| e.to_string())?;
         let _ = m.advise(memmap2::Advice::PopulateRead);
         Ok(m)
     };
@@ -422,7 +422,7 @@ fn granary_epoch(o: &CompareOptions, epoch: u64) -> granary::Result<SideEpoch> {
         ..Default::default()
     };
     let mut s = fold(s, results, t, cpu0, |id| ds.path(id))?;
-    s.kept_map_bytes = granary::local::kept_map_bytes();
+    s.kept_map_bytes = granary_store::local::kept_map_bytes();
     s.metadata_ops = granary::io::metadata_ops() - ops0;
     Ok(s)
 }
@@ -471,7 +471,7 @@ pub fn resident_share(root: &Path) -> Result<f64, String> {
                 .metadata()
                 .map_err(|x| format!("{}: {x}", e.path().display()))?
                 .len();
-            held += granary::local::resident_share(&f, len) * len as f64;
+            held += granary_store::local::resident_share(&f, len) * len as f64;
             total += len as f64;
         }
     }

@@ -1,7 +1,7 @@
 //! Dataset URLs (`s3://bucket/prefix` and kin): parsing never panics and a parsed URL names
 //! its objects under its prefix.
 #![no_main]
-use granary::remote::{is_url, looks_like_url, ObjectUrl};
+use granary_store::object::{is_url, looks_like_url, ObjectUrl};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

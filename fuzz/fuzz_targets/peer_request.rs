@@ -3,8 +3,8 @@
 //! one dataset (its id and digest); a range lies inside the file; no proof made without the secret passes, and a
 //! proof made with it passes once.
 #![no_main]
-use granary::auth::{parse_proof, Secret, Verifier};
-use granary::serving::{byte_range, chunk_request};
+use granary_store::auth::{parse_proof, Secret, Verifier};
+use granary_store::serving::{byte_range, chunk_request};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -14,8 +14,8 @@
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
-use granary::file::{map_file_private, PrivateMapped};
 use granary::{ReadError, Sample, StoreError};
+use granary_store::file::{map_file_private, PrivateMapped};
 use numpy::ndarray::ArrayViewMut1;
 use numpy::PyArray1;
 use pyo3::prelude::*;

@@ -605,10 +605,10 @@ fn write_view(
 }
 
 /// Writes a report (`WaitMeter.prometheus(path)`) as every file granary writes, refusing what
-/// is not a report's place (see `granary::write::publish_report`): a ValueError naming it.
+/// is not a report's place (see `granary_store::write::publish_report`): a ValueError naming it.
 #[pyfunction]
 fn publish_file(py: Python<'_>, path: PathBuf, data: Vec<u8>) -> PyResult<()> {
-    py.detach(|| granary::write::publish_report(&path, &data))
+    py.detach(|| granary_store::write::publish_report(&path, &data))
         .map_err(|e| match e.kind() {
             std::io::ErrorKind::InvalidInput => PyValueError::new_err(e.to_string()),
             _ => GranaryError::new_err((

@@ -308,7 +308,7 @@ fn stream_config(
     o.world_size = world_size;
     o.lenient_scores = true;
     if o.peer_secret.is_none() {
-        o.peer_secret = granary::auth::Secret::from_env().map_err(|e| err(e.into()))?;
+        o.peer_secret = granary_store::auth::Secret::from_env().map_err(|e| err(e.into()))?;
     }
     if !backend_given {
         // GRANARY_IO=uring|pread forces the backend, as `granary read` takes it.

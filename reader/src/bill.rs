@@ -9,7 +9,7 @@
 //! foresee: chunks admitted to the tier during the epoch and read again in it (a chunk split
 //! between two workers' shares), hot chunks of the importance policy, and peers that do not
 //! hold their chunks yet or do not answer (their chunks then come from origin). An object store
-//! serves each range in parts of at most [`crate::remote::GET_PART`] bytes, one GET each: the
+//! serves each range in parts of at most [`granary_store::object::GET_PART`] bytes, one GET each: the
 //! cost counts GETs that way.
 
 use std::sync::Arc;
@@ -132,7 +132,7 @@ fn present(setup: &EpochSetup) -> impl Iterator<Item = (&'static str, usize)> {
 }
 
 fn gets_of(len: u64) -> u64 {
-    len.div_ceil(crate::remote::GET_PART).max(1)
+    len.div_ceil(granary_store::object::GET_PART).max(1)
 }
 
 /// `layers` with its origin's cost at `prices`.
@@ -247,7 +247,7 @@ pub fn predict(
 
 /// What the meters counted of an epoch, as a bill: each layer's own requests (ranges) and
 /// bytes (the meters are nested: the tier's counts what the layers below served too), origin
-/// priced at `prices` with its ranges as GETs (each at most [`crate::remote::GET_PART`] bytes
+/// priced at `prices` with its ranges as GETs (each at most [`granary_store::object::GET_PART`] bytes
 /// when chunks are).
 pub fn measured(layers: &[LayerReading], prices: Option<Prices>) -> Vec<LayerBill> {
     let out = layers

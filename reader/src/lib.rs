@@ -61,10 +61,6 @@ mod view;
 mod waits;
 mod window;
 
-/// Object stores (`s3://`, `gs://`, `az://`, `http(s)://`): the store crate's.
-pub use granary_store::object as remote;
-pub use granary_store::{auth, file, local, peers, serving, write};
-
 pub use config::{PeerConfig, Reader, ReaderConfig, SamplingMode, ScoreSource, TierConfig};
 pub use dataset::ownership;
 pub use dataset::{ChunkBytes, Dataset, SampleInfo};

@@ -40,7 +40,7 @@ pub struct Args {
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     if a.dataset
         .to_str()
-        .is_some_and(granary::remote::looks_like_url)
+        .is_some_and(granary_store::object::looks_like_url)
     {
         anyhow::bail!(
             "{}: append works on a dataset directory (local or on a shared file system)",

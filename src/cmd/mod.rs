@@ -31,10 +31,10 @@ pub fn is_broken_pipe(e: &anyhow::Error) -> bool {
 }
 
 /// The job's peer secret: from `file` if given, else from GRANARY_PEER_SECRET, else none.
-pub fn job_secret(file: Option<&Path>) -> anyhow::Result<Option<granary::auth::Secret>> {
+pub fn job_secret(file: Option<&Path>) -> anyhow::Result<Option<granary_store::auth::Secret>> {
     Ok(match file {
-        Some(f) => Some(granary::auth::Secret::from_file(f)?),
-        None => granary::auth::Secret::from_env()?,
+        Some(f) => Some(granary_store::auth::Secret::from_file(f)?),
+        None => granary_store::auth::Secret::from_env()?,
     })
 }
 
@@ -171,15 +171,15 @@ pub fn prometheus_text(
 }
 
 /// Refuses `path` as a report the command writes (`--metrics`) before anything is read: see
-/// `granary::write::check_report_target`.
+/// `granary_store::write::check_report_target`.
 pub fn check_report_target(path: &Path) -> anyhow::Result<()> {
-    Ok(granary::write::check_report_target(path)?)
+    Ok(granary_store::write::check_report_target(path)?)
 }
 
 /// Writes `text` to `path` whole (a textfile collector never reads half a file), as every
-/// file granary writes: see `granary::write::publish_report`.
+/// file granary writes: see `granary_store::write::publish_report`.
 pub fn write_atomically(path: &Path, text: &str) -> anyhow::Result<()> {
-    granary::write::publish_report(path, text.as_bytes())
+    granary_store::write::publish_report(path, text.as_bytes())
         .map_err(|e| anyhow::anyhow!("writing {}: {e}", path.display()))
 }
 

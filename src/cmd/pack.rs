@@ -324,7 +324,7 @@ fn abort_uploads_on_signal(staging: &std::path::Path) -> anyhow::Result<()> {
         if let Some(sig) = signals.forever().next() {
             INTERRUPTED.store(true, SeqCst);
             let name = if sig == SIGINT { "SIGINT" } else { "SIGTERM" };
-            let aborted = granary::remote::abort_open_uploads();
+            let aborted = granary_store::object::abort_open_uploads();
             let ok: Vec<&str> = aborted
                 .iter()
                 .filter(|(_, r)| r.is_ok())

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Context;
-use granary::peers::server::{PeerServer, ServeConfig};
+use granary_store::peers::server::{PeerServer, ServeConfig};
 
 /// Serve this node's local tier to the other nodes of a training job (read-only HTTP).
 #[derive(clap::Args)]

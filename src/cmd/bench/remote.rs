@@ -77,7 +77,7 @@ fn med_max(v: &mut [f64]) -> (f64, f64) {
 
 pub fn run(a: RemoteArgs) -> anyhow::Result<ExitCode> {
     anyhow::ensure!(
-        granary::remote::is_url(&a.dataset),
+        granary_store::object::is_url(&a.dataset),
         "{}: bench remote measures datasets in object stores (s3://, gs://, az://, http(s)://)",
         a.dataset
     );
