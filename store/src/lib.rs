@@ -12,6 +12,7 @@ pub mod append;
 pub mod auth;
 pub mod buf;
 pub mod config;
+mod copy_name;
 pub mod engine;
 mod error;
 pub mod file;
@@ -29,6 +30,7 @@ pub mod tier;
 pub mod write;
 
 pub use config::StoreConfig;
+pub use copy_name::{copy_file_name, parse_copy_file_name};
 pub use error::{panic_message, RemoteKind, Result, StoreError};
 pub use granary_format::DatasetId;
 pub use local::{advise, effective_memory, resident_share, LocalDir, Opener};
@@ -42,6 +44,6 @@ pub use seam::{
 };
 pub use stack::StoreStack;
 pub use tier::{
-    copy_file_name, decode_hot_map, decode_tier_index, hot_file_name, parse_copy_file_name,
-    HotChunk, HotMap, HotRecord, LocalTier, TierPolicy, TierStats, TierStore,
+    decode_hot_map, decode_tier_index, hot_file_name, HotChunk, HotMap, HotRecord, LocalTier,
+    TierPolicy, TierStats, TierStore,
 };

@@ -406,7 +406,7 @@ impl ChunkStore for PeerStore {
         else {
             return self.next.open_chunk(id);
         };
-        let name = crate::tier::copy_file_name(id, &ce.digest);
+        let name = crate::copy_file_name(id, &ce.digest);
         let location = PathBuf::from(format!("http://{}/{name}", self.peers.addrs[node as usize]));
         Ok(Arc::new(PeerSource {
             peers: self.peers.clone(),

@@ -4,7 +4,7 @@
 
 /// The dataset id (as written, not yet checked against the served ones) and copy file name a
 /// request path names: `/<id>/chunk-NNNNNNNN-<digest>.gchunk`, spelled exactly as a tier names
-/// a copy of the chunk with that id and digest ([`crate::tier::copy_file_name`]); `Err` with
+/// a copy of the chunk with that id and digest ([`crate::copy_file_name`]); `Err` with
 /// the reason otherwise (nothing else in a tier is ever served, and a copy only to whoever
 /// names its digest).
 pub fn chunk_request(path: &str) -> Result<(&str, &str), &'static str> {
@@ -12,7 +12,7 @@ pub fn chunk_request(path: &str) -> Result<(&str, &str), &'static str> {
     let (Some(id), Some(name), None) = (parts.next(), parts.next(), parts.next()) else {
         return Err("not found: ask for /<dataset id>/chunk-NNNNNNNN-<digest>.gchunk\n");
     };
-    match crate::tier::parse_copy_file_name(name) {
+    match crate::parse_copy_file_name(name) {
         Some(_) => Ok((id, name)),
         None => Err("not found: only chunk copies are served\n"),
     }
@@ -90,7 +90,7 @@ mod tests {
 
     #[test]
     fn only_chunk_copy_names_are_requests() {
-        let copy = crate::tier::copy_file_name(7, &[0x3c; 16]);
+        let copy = crate::copy_file_name(7, &[0x3c; 16]);
         assert_eq!(
             chunk_request(&format!("/ab/{copy}")),
             Ok(("ab", copy.as_str()))

@@ -371,7 +371,7 @@ mod tests {
             verifier: None,
             refused: Default::default(),
         };
-        let copy = crate::tier::copy_file_name(7, &[0x11; 16]);
+        let copy = crate::copy_file_name(7, &[0x11; 16]);
         assert_eq!(
             file_for(&served, &format!("/ab/{copy}")),
             Ok(PathBuf::from(format!("/t/ab/{copy}")))

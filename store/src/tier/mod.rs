@@ -22,6 +22,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
+use crate::copy_name::{copy_file_name, parse_copy_file_name};
 use granary_format::{
     ChunkEntry, ChunkHeader, ChunkWriter, Compression, SampleEntry, CHUNK_HEADER_LEN,
 };
@@ -103,23 +104,6 @@ impl Key {
     fn copy(ce: &ChunkEntry) -> Key {
         Key::Chunk(ce.chunk_id, ce.digest)
     }
-}
-
-/// File name of the copy of chunk `id` with digest `digest` in a tier directory (and the name
-/// a peer asks for it by): `chunk-NNNNNNNN-<32 hex digits>.gchunk`.
-pub fn copy_file_name(id: u32, digest: &[u8; 16]) -> String {
-    format!("chunk-{id:08}-{}.gchunk", hex(digest))
-}
-
-/// The chunk id and digest a tier copy's file name spells, exactly as [`copy_file_name`] does.
-pub fn parse_copy_file_name(name: &str) -> Option<(u32, [u8; 16])> {
-    let (id, digest) = name
-        .strip_prefix("chunk-")?
-        .strip_suffix(".gchunk")?
-        .split_once('-')?;
-    let id: u32 = id.parse().ok()?;
-    let digest = parse_hex_id(digest.as_bytes())?;
-    (copy_file_name(id, &digest) == name).then_some((id, digest))
 }
 
 /// File name of hot chunk `id` in a tier directory.
