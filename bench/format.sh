@@ -19,7 +19,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 : "${A:?A=path of the granary binary before}" "${B:?B=path of the granary binary after}"
 WORK=${WORK:-bench-out/format}
-REPORT=${REPORT:-bench/reports/issue47}
+REPORT=${REPORT:-bench/reports/format}
 FILES=${FILES:-1000000}
 BIG=${BIG:-10000000}
 REPEAT=${REPEAT:-2}
