@@ -78,6 +78,7 @@ fn sequential_baseline(files: &[(PathBuf, u64)], qd: usize) -> granary::Result<(
             source: Arc::new(opener.open(p, None)?),
             offset: 0,
             len: *len as usize,
+            expect: Default::default(),
         };
         pending.push_back(engine.submit(vec![req]));
         if pending.len() > 2 {

@@ -11,8 +11,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use granary::{
-    Access, BytesFrom, Dataset, ImportanceScores, LayerReading, LocalTier, ReadError, SampleInfo,
-    SampleReader, ServedCounters,
+    Access, Dataset, ImportanceScores, LayerReading, LocalTier, ReadError, SampleReader,
+    ServedCounters, Source,
 };
 use granary_store::tier::fetch::{ChunkScore, Fetcher};
 use serde::Serialize;
@@ -47,7 +47,6 @@ pub struct ReadStats {
 struct Counters {
     served: ServedCounters,
     read_errors: AtomicU64,
-    discarded: AtomicU64,
 }
 
 fn add(a: &AtomicU64, n: u64) {
@@ -121,7 +120,7 @@ impl TieredReader {
             fetches_skipped: f.skipped,
             fetch_errors: f.errors,
             read_errors: l(&c.read_errors),
-            tier_copies_discarded: l(&c.discarded),
+            tier_copies_discarded: self.stack_reading("tier").fallbacks,
         }
     }
 
@@ -137,54 +136,34 @@ impl TieredReader {
     }
 
     fn read_inner(&self, id: u64) -> Result<Vec<u8>, ReadError> {
-        let ds = self.dataset();
-        let info = ds.sample(id)?;
-        let chunk = info.entry.chunk;
+        let info = self.dataset().sample(id)?;
         let mut out = vec![0u8; info.entry.orig_len as usize];
-        // A damaged tier copy is dropped and the read starts over once (the chunk may be
-        // fetched again); a second damaged copy sends the read to the origin.
-        for _ in 0..2 {
-            // A chunk just fetched is read from memory while the tier writes it.
-            let staged = |f: &Fetcher| f.staged(chunk);
-            let (mut src, mut in_memory) = match self.fetcher.as_ref().and_then(staged) {
-                Some(s) => (s, true),
-                None => (self.reader.source(chunk)?, false),
-            };
-            // A miss: the whole chunk is fetched (one large read) and this read waits for it,
-            // unless a full tier would have to evict for a chunk that only this read wants
-            // (see `fetch_and_wait`); then the origin answers.
-            if let (Some(f), false) = (&self.fetcher, src.bytes_from().is_copy()) {
-                if f.fetch_and_wait(chunk)? {
-                    (src, in_memory) = match f.staged(chunk) {
-                        Some(s) => (s, true),
-                        None => (self.reader.source(chunk)?, false),
-                    };
-                }
-            }
-            match self.reader.read_from(&src, &info, &mut out) {
-                Ok(()) => return Ok(self.count(&info, src.bytes_from(), out)),
-                // Bytes fetched passed the snapshot's whole-file CRC: a record of them that
-                // fails its own is the dataset's error.
-                Err(e) if in_memory => return Err(e),
-                // Never served: the copy is given up (the tier drops it, logged), and the
-                // read starts over.
-                Err(e) if src.bytes_from().is_copy() => {
-                    self.reader.fall_back(chunk, &src, &e)?;
-                    add(&self.counters.discarded, 1);
-                }
-                Err(e) => return Err(e),
-            }
-        }
-        // Two copies failed: read through whatever serves the chunk now, past every copy that
-        // fails, without fetching again.
-        let from = self.reader.read_served(&info, &mut out)?;
-        Ok(self.count(&info, from, out))
+        let src = self.source(info.entry.chunk)?;
+        // The store verifies what a copy serves: a tier copy that fails is dropped (logged)
+        // and the sample read below it. Bytes fetched passed the snapshot's whole-file CRC: a
+        // record of them that fails its own is the dataset's error.
+        let from = self.reader.read_from(&src, &info, &mut out)?;
+        self.counters.served.add(from, 1, info.entry.stored_len);
+        Ok(out)
     }
 
-    /// Counts a sample read from `from`.
-    fn count(&self, info: &SampleInfo, from: BytesFrom, data: Vec<u8>) -> Vec<u8> {
-        self.counters.served.add(from, 1, info.entry.stored_len);
-        data
+    /// Where chunk `chunk` is read: a chunk just fetched from memory while the tier writes
+    /// it; on a miss, the whole chunk fetched first (one large read) unless a full tier would
+    /// have to evict for a chunk that only this read wants (see `fetch_and_wait`); else the
+    /// reader's source of it (the tier's copy, or the origin).
+    fn source(&self, chunk: u32) -> Result<Source, ReadError> {
+        let Some(f) = &self.fetcher else {
+            return self.reader.source(chunk);
+        };
+        if let Some(s) = f.staged(chunk) {
+            return Ok(s);
+        }
+        if !f.holds(chunk)? && f.fetch_and_wait(chunk)? {
+            if let Some(s) = f.staged(chunk) {
+                return Ok(s);
+            }
+        }
+        self.reader.source(chunk)
     }
 
     /// Forgets the open tier copies (after the tier's content changed elsewhere, a copy we
@@ -205,6 +184,14 @@ impl TieredReader {
     /// whether it is queued or being fetched.
     pub fn prefetch(&self, chunk: u32) -> bool {
         self.fetcher.as_ref().is_some_and(|f| f.request(chunk))
+    }
+
+    /// What passed through layer `name` of the reader's store stack so far (nothing for a
+    /// layer it does not have).
+    fn stack_reading(&self, name: &str) -> granary::MeterReading {
+        let layers = self.reader.stack().layers();
+        let found = layers.into_iter().find(|(layer, _)| *layer == name);
+        found.map(|(_, r)| r).unwrap_or_default()
     }
 
     /// What passed through each layer of the reader's store stack so far, top first.

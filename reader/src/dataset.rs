@@ -489,22 +489,6 @@ impl Dataset {
         Ok(src)
     }
 
-    /// Gives up `src`, a source of chunk `id` whose bytes failed (`why`), for the source the
-    /// layer that served it names ([`ChunkSource::fall_back`]), its length checked against the
-    /// chunk table; `None` when nothing lies below it (the failure is the dataset's own).
-    pub fn fall_back(
-        &self,
-        src: &Source,
-        id: u32,
-        why: &dyn std::fmt::Display,
-    ) -> Result<Option<Source>> {
-        let Some(below) = src.fall_back(why)? else {
-            return Ok(None);
-        };
-        self.check_chunk_size(&self.chunk(id)?, &*below)?;
-        Ok(Some(below))
-    }
-
     fn fmt_err(&self, e: granary_format::FormatError) -> ReadError {
         self.cut_error()
             .unwrap_or_else(|| ReadError::format(&self.snapshot_path, e))

@@ -6,18 +6,17 @@ use std::sync::{Arc, Mutex};
 
 use granary_format::{decode_record, Compression};
 
-use crate::dataset::{read_exact, SampleInfo};
+use crate::dataset::SampleInfo;
 use crate::error::{ReadError, Result};
 use crate::Dataset;
-use granary_format::CHUNK_HEADER_LEN;
+use granary_store::verified::{read_into, Expect};
 use granary_store::StoreStack;
 use granary_store::{Access, BytesFrom, Source};
 
 /// Random access to samples: chunk files stay open (one open and header check per chunk, at
-/// most `MAX_OPEN` at a time), and raw records are read straight into the caller's buffer.
-/// A chunk opened below a tier moves to the tier's copy once one arrives
-/// ([`granary_store::ChunkSource::newer_copy`]); bytes that fail give their source up for the
-/// one below it ([`granary_store::ChunkSource::fall_back`]).
+/// most `MAX_OPEN` at a time), and raw records are read straight into the caller's buffer,
+/// verified by the store (a copy that fails is read again below it; a chunk read below a tier
+/// moves to the tier's copy once one arrives).
 pub struct SampleReader {
     ds: Arc<Dataset>,
     stack: StoreStack,
@@ -56,20 +55,10 @@ impl SampleReader {
     /// The open source of `chunk` (opened through the stack if not open yet, its size and
     /// header checked).
     pub fn source(&self, chunk: u32) -> Result<Source> {
-        let cached = self
-            .files
-            .lock()
-            .expect("open chunk files")
-            .get(&chunk)
-            .cloned();
-        let src = match cached {
-            Some(f) => match f.newer_copy()? {
-                // The tier checked the copy's size and header when it opened it.
-                Some(copy) => copy,
-                None => return Ok(f),
-            },
-            None => self.ds.open_for_reads(&**self.stack.store(), chunk)?,
-        };
+        if let Some(f) = self.files.lock().expect("open chunk files").get(&chunk) {
+            return Ok(f.clone());
+        }
+        let src = self.ds.open_for_reads(&**self.stack.store(), chunk)?;
         let mut files = self.files.lock().expect("open chunk files");
         if files.len() >= Self::MAX_OPEN {
             files.clear();
@@ -87,54 +76,16 @@ impl SampleReader {
     }
 
     /// Reads sample `info` into `out`, which must be exactly its original length; checks
-    /// length and CRC-32 as [`Dataset::read`] does. A copy that fails (cut short, removed,
-    /// damaged) is given up, and the sample read from the store below it (the tier drops its
-    /// copy, logged with its path).
+    /// length and CRC-32 as [`Dataset::read`] does. The store verifies bytes from a copy (a
+    /// copy that fails is given up, logged with its path, and the sample read below it).
     pub fn read_into(&self, info: &SampleInfo, out: &mut [u8]) -> Result<()> {
-        self.read_served(info, out).map(|_| ())
+        let f = self.source(info.entry.chunk)?;
+        self.read_from(&f, info, out).map(|_| ())
     }
 
-    /// [`SampleReader::read_into`], saying where the bytes came from in the end.
-    pub fn read_served(&self, info: &SampleInfo, out: &mut [u8]) -> Result<BytesFrom> {
-        let chunk = info.entry.chunk;
-        let mut f = self.source(chunk)?;
-        loop {
-            match self.read_from(&f, info, out) {
-                Ok(()) => return Ok(f.bytes_from()),
-                Err(e) if !e.is_invalid() => match self.fall_back(chunk, &f, &e)? {
-                    Some(below) => f = below,
-                    None => return Err(e),
-                },
-                Err(e) => return Err(e),
-            }
-        }
-    }
-
-    /// Gives up `f`, chunk `chunk`'s source whose bytes failed (`why`), for the one the layer
-    /// that served it names (the tier drops its copy, logged with its path, and opens the
-    /// chunk below it), its size and header checked; later reads of the chunk use it. `None`
-    /// when nothing lies below `f` (the failure is the dataset's own).
-    pub fn fall_back(
-        &self,
-        chunk: u32,
-        f: &Source,
-        why: &dyn std::fmt::Display,
-    ) -> Result<Option<Source>> {
-        let Some(below) = self.ds.fall_back(f, chunk, why)? else {
-            return Ok(None);
-        };
-        let mut head = [0u8; CHUNK_HEADER_LEN];
-        read_exact(&*below, &mut head, 0)?;
-        self.ds.check_chunk_header(&head, chunk, below.location())?;
-        self.files
-            .lock()
-            .expect("open chunk files")
-            .insert(chunk, below.clone());
-        Ok(Some(below))
-    }
-
-    /// [`SampleReader::read_into`] from `f`, a source of the sample's chunk.
-    pub fn read_from(&self, f: &Source, info: &SampleInfo, out: &mut [u8]) -> Result<()> {
+    /// [`SampleReader::read_into`] from `f`, a source of the sample's chunk; says where the
+    /// bytes came from in the end.
+    pub fn read_from(&self, f: &Source, info: &SampleInfo, out: &mut [u8]) -> Result<BytesFrom> {
         self.ds.check_placement(info)?;
         let e = &info.entry;
         if out.len() as u64 != e.orig_len {
@@ -145,17 +96,20 @@ impl SampleReader {
                 e.orig_len
             )));
         }
-        let read = |buf: &mut [u8]| read_exact(&**f, buf, e.offset);
+        let expect = Expect {
+            records: Arc::new([(0, *e)]),
+            ..Expect::default()
+        };
+        let read = |buf: &mut [u8]| read_into(f, e.offset, buf, &expect);
         if info.compression == Compression::None {
-            read(out)?;
-            return decode_record(e, out)
-                .map(|_| ())
-                .map_err(|err| self.ds.record_error(info, err));
+            let from = read(out)?;
+            decode_record(e, out).map_err(|err| self.ds.record_error(info, err))?;
+            return Ok(from);
         }
         let mut stored = vec![0u8; e.stored_len as usize];
-        read(&mut stored)?;
+        let from = read(&mut stored)?;
         let data = decode_record(e, &stored).map_err(|err| self.ds.record_error(info, err))?;
         out.copy_from_slice(&data);
-        Ok(())
+        Ok(from)
     }
 }

@@ -586,7 +586,7 @@ impl IoThread {
                 let shares = read_shares(&before, &self.windows.stack.layers());
                 self.timeline.record(read_start, Phase::Read(shares));
             }
-            let (bufs, served) = match done {
+            let bufs = match done {
                 Ok(d) => d,
                 Err(e) => {
                     failure = Some(e);
@@ -599,7 +599,7 @@ impl IoThread {
             let bufs: Vec<Arc<Completed>> = bufs.into_iter().map(Arc::new).collect();
             let n: u64 = bufs.iter().map(|b| b.data().len() as u64).sum();
             self.bytes_read.fetch_add(n, Relaxed);
-            self.windows.count(&prep, &bufs, &served);
+            self.windows.count(&prep, &bufs);
             let ds = &self.windows.ds;
             let populate = self.populate;
             let check_start = Instant::now();

@@ -127,13 +127,6 @@ impl HotState {
         Some((h, f, off))
     }
 
-    /// Drops hot chunk `h` (a record in it failed its CRC) from the tier and from this view.
-    pub(crate) fn discard(&mut self, h: u32) -> Result<()> {
-        self.map.forget(h);
-        self.files.remove(&h);
-        Ok(self.cache.discard_hot(h)?)
-    }
-
     fn wants(&self, id: u64, stored_len: u64, cost: u64) -> bool {
         let per_byte = self.scores.score(id) / stored_len.max(1) as f64;
         (per_byte > self.threshold || (per_byte == self.threshold && cost <= self.tie_room))

@@ -1,26 +1,25 @@
-//! One stream's windows: what to read for each (`Windows::prepare`), checking what was read
-//! (`Windows::complete`: tier and peer copies against the snapshot's whole-file CRC, hot
-//! records against their own, chunk headers against the dataset), and counting where the
-//! bytes came from (`Windows::count`, which also offers source reads to the tier). Every chunk
-//! is opened through the stream's [`StoreStack`]; where its bytes came from is the source's
-//! [`BytesFrom`], never inferred from a path. Bytes that fail a check give their source up for
-//! the one the layer that served them names ([`granary_store::ChunkSource::fall_back`]): the
-//! windows verify, the store decides where to read again.
+//! One stream's windows: what to read for each and what its bytes must be
+//! (`Windows::prepare`: chunk headers of this dataset, whole files with the snapshot's CRC,
+//! records with theirs), the chunk headers checked once read (`Windows::complete`), and what
+//! was read counted by where it came from and offered to the tier (`Windows::count`). Every
+//! chunk is opened through the stream's [`StoreStack`], whose engine returns verified bytes:
+//! a copy (this node's tier, a peer's, a hot chunk) that fails what a read expects is given up
+//! and read again below it, inside the store ([`granary_store::verified`]).
 
 use std::collections::{HashMap, HashSet};
-use std::path::Path;
 use std::sync::Arc;
 
-use granary_format::{decode_record, ChunkEntry, SampleEntry, CHUNK_HEADER_LEN};
+use granary_format::{ChunkEntry, SampleEntry, CHUNK_HEADER_LEN};
 
 use crate::error::Result;
-use crate::io::{BufPool, Completed, Engine, IoKind, Request};
+use crate::io::{BufPool, Completed, Request};
 use crate::plan::ShuffleMode;
 use crate::tier::{HotState, TierCounters};
 use crate::{Dataset, ImportanceScores};
+use granary_store::engine::{Expect, Relocate};
 use granary_store::tier::{Admission, Job};
 use granary_store::StoreStack;
-use granary_store::{BytesFrom, Source};
+use granary_store::{BytesFrom, DatasetId, Source};
 
 /// A window whose reads are queued: what decoding needs once they complete.
 pub(crate) struct Prepared {
@@ -32,30 +31,23 @@ pub(crate) struct Prepared {
     pub(crate) weights: Vec<f32>,
     /// Chunk headers to check, and the request whose bytes start with them.
     header_req: Vec<(u32, usize)>,
-    /// With a tier: chunks read whole, their request, and whether from a copy (this node's
-    /// tier or a peer's).
-    whole: Vec<(u32, usize, bool)>,
+    /// With a tier: chunks read whole, and their request.
+    whole: Vec<(u32, usize)>,
     /// Records read from hot chunks: (hot chunk id, request, sample index in the window).
     hot: Vec<(u32, usize, usize)>,
     /// Ranges of source chunks read around records served by hot chunks: (chunk, request,
     /// offset of the range in the chunk).
     ranges: Vec<(u32, usize, u64)>,
-    /// The window's requests (to read one again from another store when a tier copy fails),
-    /// and per request the chunk whose bytes it reads.
+    /// The window's requests, and per request the chunk whose bytes it reads.
     reqs: Vec<Request>,
     req_chunk: Vec<u32>,
-}
-
-/// Where the chunks a window read whole, and its records from hot chunks, came from in the end
-/// (after any copy that failed was read again below it).
-pub(crate) struct Served {
-    whole: Vec<BytesFrom>,
-    hot: Vec<BytesFrom>,
 }
 
 /// What a stream's I/O thread keeps from window to window.
 pub(crate) struct Windows {
     pub(crate) ds: Arc<Dataset>,
+    /// The dataset's id, which every chunk header read must carry.
+    id: DatasetId,
     pub(crate) stack: StoreStack,
     mode: ShuffleMode,
     range_gap: u64,
@@ -128,17 +120,12 @@ pub(crate) fn coalesce(mut want: Vec<(u64, u64)>, gap: u64, with_header: bool) -
     merged
 }
 
-/// Reads `reqs` with a small pread engine (refetches after a damaged copy).
-fn read_now(reqs: &[Request]) -> Result<Vec<Completed>> {
-    Ok(Engine::new(IoKind::Pread, 4, 64 << 20)?.read(reqs)?)
-}
-
 /// Requests for a window's samples, being assembled.
 #[derive(Default)]
 struct Plan {
     reqs: Vec<Request>,
     header_req: Vec<(u32, usize)>,
-    whole: Vec<(u32, usize, bool)>,
+    whole: Vec<(u32, usize)>,
     ranges: Vec<(u32, usize, u64)>,
     /// Per chunk read in one piece or in ranges: (start, request) sorted by start.
     placed: HashMap<u32, Vec<(u64, usize)>>,
@@ -155,6 +142,7 @@ impl Windows {
         stats: Arc<TierCounters>,
     ) -> Windows {
         Windows {
+            id: DatasetId(ds.snapshot().dataset_id()),
             ds,
             stack,
             mode,
@@ -177,123 +165,6 @@ impl Windows {
         let f = self.ds.open_chunk_in(&**self.stack.store(), c)?;
         self.files.insert(c, f.clone());
         Ok(f)
-    }
-
-    /// Chunk `c`'s bytes failed (`why`): its source is given up for the one the layer that
-    /// served it names (the tier discards its copy, logged once with its path, and the chunk
-    /// is opened below it; a peer's chunk is opened at origin), whose size is checked. Later
-    /// windows read the new source too. A source with nothing below it (the dataset's own) is
-    /// kept, and read again.
-    fn reopen_below(&mut self, c: u32, why: &dyn std::fmt::Display) -> Result<Source> {
-        let f = self.open(c)?;
-        match self.ds.fall_back(&f, c, why)? {
-            Some(below) => {
-                self.files.insert(c, below.clone());
-                Ok(below)
-            }
-            None => Ok(f),
-        }
-    }
-
-    /// Request `r` read again from chunk `c`'s store below its failed copy.
-    fn reread_below(
-        &mut self,
-        c: u32,
-        r: &Request,
-        why: &dyn std::fmt::Display,
-    ) -> Result<Completed> {
-        let source = self.reopen_below(c, why)?;
-        let mut got = read_now(&[Request {
-            source,
-            offset: r.offset,
-            len: r.len,
-        }])?;
-        Ok(got.pop().expect("one request, one buffer"))
-    }
-
-    /// Record `e`, whose hot chunk `h` failed (`why`): the hot chunk is dropped and the record
-    /// read from its source chunk (whose header is checked on the way, and the record's CRC:
-    /// a copy of the chunk that fails is given up for the store below it, until one passes).
-    fn reread_hot(
-        &mut self,
-        h: u32,
-        e: &SampleEntry,
-        why: &dyn std::fmt::Display,
-    ) -> Result<Completed> {
-        if let Some(hs) = self.hot.as_mut() {
-            log::warn!(
-                "hot chunk {h} in the tier: {why}; dropped, its records are read from their chunks"
-            );
-            hs.discard(h)?;
-        }
-        let c = e.chunk;
-        let mut f = self.open(c)?;
-        loop {
-            let read = || -> Result<Completed> {
-                let mut fresh = read_now(&[
-                    Request {
-                        source: f.clone(),
-                        offset: 0,
-                        len: CHUNK_HEADER_LEN,
-                    },
-                    Request {
-                        source: f.clone(),
-                        offset: e.offset,
-                        len: e.stored_len as usize,
-                    },
-                ])?;
-                self.ds
-                    .check_chunk_header(fresh[0].data(), c, f.location())?;
-                let rec = fresh.pop().expect("two requests, two buffers");
-                decode_record(e, rec.data())
-                    .map_err(|err| crate::ReadError::format(f.location(), err))?;
-                Ok(rec)
-            };
-            match read() {
-                Ok(rec) => {
-                    self.checked.insert(c);
-                    return Ok(rec);
-                }
-                Err(err) => match self.ds.fall_back(&f, c, &err)? {
-                    Some(below) => {
-                        self.files.insert(c, below.clone());
-                        f = below;
-                    }
-                    None => return Err(err),
-                },
-            }
-        }
-    }
-
-    /// A window whose reads failed (`e`): when a tier copy may be the cause, each request is
-    /// read again alone, and one that fails on a tier copy (cut short, removed, unreadable)
-    /// is read from the store below the tier instead, the copy dropped. Returns the buffers
-    /// and the requests read elsewhere. Any other failure is the window's error.
-    fn salvage(
-        &mut self,
-        prep: &Prepared,
-        e: crate::ReadError,
-    ) -> Result<(Vec<Completed>, HashSet<usize>)> {
-        if !prep.reqs.iter().any(|r| r.source.bytes_from().is_copy()) {
-            return Err(e);
-        }
-        let mut bufs = Vec::with_capacity(prep.reqs.len());
-        let mut elsewhere = HashSet::new();
-        for (i, r) in prep.reqs.iter().enumerate() {
-            let got = match read_now(std::slice::from_ref(r)) {
-                Ok(mut b) => b.pop().expect("one request, one buffer"),
-                Err(err) if r.source.bytes_from().is_copy() => {
-                    elsewhere.insert(i);
-                    match prep.hot.iter().find(|&&(_, hr, _)| hr == i) {
-                        Some(&(h, _, s)) => self.reread_hot(h, &prep.entries[s], &err)?,
-                        None => self.reread_below(prep.req_chunk[i], r, &err)?,
-                    }
-                }
-                Err(err) => return Err(err),
-            };
-            bufs.push(got);
-        }
-        Ok((bufs, elsewhere))
     }
 
     /// Plans a window's reads: whole ranges from each chunk's start (chunkwise, sequential),
@@ -346,17 +217,21 @@ impl Windows {
                 continue;
             }
             let f = self.open(*c)?;
-            let copy = f.bytes_from().is_copy();
+            let header = (!self.checked.contains(c)).then_some((self.id, *c));
             if self.mode == ShuffleMode::Global {
-                if !self.checked.contains(c) {
+                if header.is_some() {
                     plan.header_req.push((*c, plan.reqs.len()));
                     plan.reqs.push(Request {
                         source: f,
                         offset: 0,
                         len: CHUNK_HEADER_LEN,
+                        expect: Expect {
+                            header,
+                            ..Expect::default()
+                        },
                     });
                 }
-            } else if !copy
+            } else if !f.whole_reads()
                 && (self.hot.is_some()
                     || (self.ds.view().is_some() && !whole_files && sparse(needed[k], ce)))
             {
@@ -375,17 +250,22 @@ impl Windows {
                         .max()
                         .unwrap_or(0)
                 };
-                if !self.checked.contains(c) {
+                if header.is_some() {
                     plan.header_req.push((*c, plan.reqs.len()));
                 }
                 if whole_files {
-                    plan.whole.push((*c, plan.reqs.len(), copy));
+                    plan.whole.push((*c, plan.reqs.len()));
                 }
                 plan.placed.insert(*c, vec![(0, plan.reqs.len())]);
                 plan.reqs.push(Request {
                     source: f,
                     offset: 0,
                     len: end.max(CHUNK_HEADER_LEN as u64) as usize,
+                    expect: Expect {
+                        header,
+                        file_crc: whole_files.then_some(ce.file_crc),
+                        ..Expect::default()
+                    },
                 });
             }
         }
@@ -401,9 +281,20 @@ impl Windows {
                 continue;
             }
             locs[i] = (plan.reqs.len() as u32, 0);
+            // The record is checked where it comes from a copy; a hot chunk's that fails is
+            // read from the record's own chunk.
+            let mut expect = Expect {
+                records: Arc::new([(0, *e)]),
+                ..Expect::default()
+            };
             let (source, offset) = match in_hot[i].take() {
                 Some((h, file, offset)) => {
                     hot_reads.push((h, plan.reqs.len(), i));
+                    expect.relocate = Some(Relocate {
+                        store: self.stack.store().clone(),
+                        chunk: e.chunk,
+                        offset: e.offset,
+                    });
                     (file, offset)
                 }
                 // Global plans: one read per record.
@@ -413,6 +304,7 @@ impl Windows {
                 source,
                 offset,
                 len: e.stored_len as usize,
+                expect,
             });
         }
         // Headers are checked when this window's reads complete, before any of its samples (or
@@ -424,7 +316,7 @@ impl Windows {
         for &(c, r) in &plan.header_req {
             req_chunk[r] = c;
         }
-        for &(c, r, _) in &plan.whole {
+        for &(c, r) in &plan.whole {
             req_chunk[r] = c;
         }
         for &(c, r, _) in &plan.ranges {
@@ -461,14 +353,15 @@ impl Windows {
         entries: &[SampleEntry],
         in_hot: &[Option<(u32, Source, u64)>],
     ) {
-        let want: Vec<(u64, u64)> = entries
+        let mine: Vec<&SampleEntry> = entries
             .iter()
             .zip(in_hot)
             .filter(|(e, h)| e.chunk == c && h.is_none())
-            .map(|(e, _)| (e.offset, e.offset + e.stored_len))
+            .map(|(e, _)| e)
             .collect();
+        let want = mine.iter().map(|e| (e.offset, e.offset + e.stored_len));
         let with_header = !self.checked.contains(&c);
-        let merged = coalesce(want, self.range_gap, with_header);
+        let merged = coalesce(want.collect(), self.range_gap, with_header);
         if with_header && !merged.is_empty() {
             plan.header_req.push((c, plan.reqs.len()));
         }
@@ -476,125 +369,41 @@ impl Windows {
         for (start, end) in merged {
             plan.ranges.push((c, plan.reqs.len(), start));
             list.push((start, plan.reqs.len()));
+            // What the range holds, checked where it comes from a copy.
+            let records = mine
+                .iter()
+                .filter(|e| e.offset >= start && e.offset + e.stored_len <= end)
+                .map(|e| (e.offset - start, **e))
+                .collect();
             plan.reqs.push(Request {
                 source: f.clone(),
                 offset: start,
                 len: (end - start) as usize,
+                expect: Expect {
+                    header: (start == 0 && with_header).then_some((self.id, c)),
+                    records,
+                    ..Expect::default()
+                },
             });
         }
     }
 
-    /// Checks a completed window: chunk copies (this node's tier, a peer's) must match the
-    /// snapshot's whole-file CRC and records from hot chunks their record CRC (a damaged copy
-    /// is discarded and the data read again from origin, which later windows then use too),
-    /// and chunk headers must belong to this dataset.
-    ///
-    /// A tier copy that fails in any way (a read error, a short read, a CRC mismatch, a wrong
-    /// header) is dropped, logged once with its path, and its bytes read from the store below
-    /// the tier: the window goes on with the right bytes.
+    /// Checks a completed window, whose bytes the store verified (a copy that failed was read
+    /// again below it): every chunk header read must be this dataset's.
     pub(crate) fn complete(
         &mut self,
         prep: &Prepared,
         read: Result<Vec<Completed>>,
-    ) -> Result<(Vec<Completed>, Served)> {
-        let (mut bufs, elsewhere) = match read {
-            Ok(b) => (b, HashSet::new()),
-            Err(e) => self.salvage(prep, e)?,
-        };
-        let mut served = Served {
-            whole: Vec::with_capacity(prep.whole.len()),
-            hot: Vec::with_capacity(prep.hot.len()),
-        };
-        for &(c, i, copy) in &prep.whole {
-            let ce = self.ds.chunk(c)?;
-            let moved = elsewhere.contains(&i);
-            let damaged = copy && !moved && crc32fast::hash(bufs[i].data()) != ce.file_crc;
-            if damaged {
-                let why = "its bytes do not match the snapshot's CRC";
-                bufs[i] = self.reread_below(c, &prep.reqs[i], &why)?;
-            }
-            // Where the bytes came from in the end: the source read, or the one read after it
-            // failed (which later windows of the chunk read too).
-            served.whole.push(if damaged || moved {
-                self.files[&c].bytes_from()
-            } else {
-                prep.reqs[i].source.bytes_from()
-            });
-        }
-        for &(h, i, s) in &prep.hot {
-            let e = &prep.entries[s];
-            let moved = elsewhere.contains(&i);
-            let intact = !moved && decode_record(e, bufs[i].data()).is_ok();
-            if !intact && !moved {
-                bufs[i] = self.reread_hot(h, e, &"a record's CRC does not match")?;
-            }
-            served.hot.push(if intact {
-                prep.reqs[i].source.bytes_from()
-            } else {
-                self.files[&e.chunk].bytes_from()
-            });
-        }
-        if self.mode == ShuffleMode::Global {
-            self.check_copy_records(prep, &mut bufs, &elsewhere)?;
-        }
+    ) -> Result<Vec<Completed>> {
+        let bufs = read?;
         for &(c, i) in &prep.header_req {
-            let f = prep.reqs[i].source.clone();
-            let ds = self.ds.clone();
-            let check = |b: &Completed, at: &Path| {
-                ds.check_chunk_header(&b.data()[..CHUNK_HEADER_LEN], c, at)
-            };
-            match check(&bufs[i], f.location()) {
-                Err(e) if f.bytes_from().is_copy() && !elsewhere.contains(&i) => {
-                    bufs[i] = self.reread_below(c, &prep.reqs[i], &e)?;
-                    let at = self.files[&c].location().to_path_buf();
-                    check(&bufs[i], &at)?;
-                }
-                r => r?,
-            }
+            let head = &bufs[i].data()[..CHUNK_HEADER_LEN];
+            self.ds
+                .check_chunk_header(head, c, prep.reqs[i].source.location())?;
         }
-        Ok((bufs, served))
+        Ok(bufs)
     }
 
-    /// Global plans read a tier copy record by record, with no whole-file CRC: each such
-    /// record is checked here, and a copy with a damaged one is dropped and the window's
-    /// reads of it made again below the tier (a damaged record must never end the epoch when
-    /// a sound copy of it exists).
-    fn check_copy_records(
-        &mut self,
-        prep: &Prepared,
-        bufs: &mut [Completed],
-        elsewhere: &HashSet<usize>,
-    ) -> Result<()> {
-        let mut bad: Vec<u32> = Vec::new();
-        for (e, &(r, off)) in prep.entries.iter().zip(&prep.locs) {
-            let r = r as usize;
-            if !prep.reqs[r].source.bytes_from().is_copy()
-                || elsewhere.contains(&r)
-                || bad.contains(&e.chunk)
-            {
-                continue;
-            }
-            let rec = bufs[r]
-                .data()
-                .get(off as usize..(off + e.stored_len) as usize);
-            if rec.is_none_or(|rec| decode_record(e, rec).is_err()) {
-                bad.push(e.chunk);
-            }
-        }
-        for c in bad {
-            let why = "a record's CRC does not match";
-            for (r, req) in prep.reqs.iter().enumerate() {
-                if prep.req_chunk[r] == c && !elsewhere.contains(&r) {
-                    bufs[r] = self.reread_below(c, req, &why)?;
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// After a window of a chunk-wise or sequential plan: a chunk belongs to one window, so its
-    /// map goes with the window's samples, not with the stream (which would keep every chunk
-    /// of the epoch mapped).
     /// What reading the window of `ids` would ask of each layer, without reading it: each
     /// request's layer (where its source's bytes come from), its chunk and its length within
     /// the chunk. For a bill before the run; files are let go after each
@@ -622,24 +431,26 @@ impl Windows {
         Ok(out)
     }
 
+    /// After a window of a chunk-wise or sequential plan: a chunk belongs to one window, so its
+    /// map goes with the window's samples, not with the stream (which would keep every chunk
+    /// of the epoch mapped).
     pub(crate) fn release_maps(&mut self) {
-        self.files
-            .retain(|_, f| f.local().is_none_or(|l| l.map().is_none()));
+        self.files.retain(|_, f| !f.mapped());
     }
 
-    /// Counts a completed window by where its bytes came from; offers its origin-read chunks
-    /// for admission, or with hot chunks harvests the records that belong in them.
-    pub(crate) fn count(&mut self, prep: &Prepared, bufs: &[Arc<Completed>], served: &Served) {
+    /// Counts a completed window by where its bytes came from; offers the chunks it read whole
+    /// to the tier's admission, or with hot chunks harvests the records that belong in them.
+    pub(crate) fn count(&mut self, prep: &Prepared, bufs: &[Arc<Completed>]) {
         let ds = &self.ds;
         let stats = &self.stats;
         let admission = self.admission.as_ref();
-        for (&(c, i, _), &from) in prep.whole.iter().zip(&served.whole) {
+        for &(c, i) in &prep.whole {
             let n = prep.entries.iter().filter(|e| e.chunk == c).count() as u64;
             let bytes = bufs[i].data();
-            stats.add(from, n, bytes.len() as u64);
-            if from.is_copy() {
+            stats.add(bufs[i].from(), n, bytes.len() as u64);
+            let Some(a) = admission.filter(|a| a.takes(&bufs[i])) else {
                 continue;
-            }
+            };
             let Ok(ce) = ds.chunk(c) else { continue };
             if let Some(h) = self.hot.as_mut() {
                 for id in ce.samples() {
@@ -648,11 +459,11 @@ impl Windows {
                         if let Some(rec) =
                             bytes.get(e.offset as usize..(e.offset + e.stored_len) as usize)
                         {
-                            h.harvest(ds, id, rec, admission);
+                            h.harvest(ds, id, rec, Some(a));
                         }
                     }
                 }
-            } else if let Some(a) = admission {
+            } else {
                 // A chunk's importance: the sum of its samples' scores (equal without a
                 // score table, so that importance admission then only adds hysteresis).
                 let score = match &self.scores {
@@ -662,13 +473,12 @@ impl Windows {
                 a.offer(Job::Chunk(ce, bufs[i].clone(), score));
             }
         }
-        for (&(_, i, _), &from) in prep.hot.iter().zip(&served.hot) {
-            stats.add(from, 1, bufs[i].data().len() as u64);
+        for &(_, i, _) in &prep.hot {
+            stats.add(bufs[i].from(), 1, bufs[i].data().len() as u64);
         }
         for &(_, r, _) in &prep.ranges {
             let n = prep.locs.iter().filter(|l| l.0 as usize == r).count() as u64;
-            let from = prep.reqs[r].source.bytes_from();
-            stats.add(from, n, bufs[r].data().len() as u64);
+            stats.add(bufs[r].from(), n, bufs[r].data().len() as u64);
         }
         // Every record inside a range read may belong in a hot chunk, drawn or not. Ranges
         // of a chunk are consecutive in `prep.ranges`, sorted by offset.
@@ -685,8 +495,9 @@ impl Windows {
                         continue;
                     };
                     let at = (e.offset - start) as usize;
-                    if let Some(rec) = bufs[r].data().get(at..at + e.stored_len as usize) {
-                        h.harvest(ds, id, rec, admission);
+                    let rec = bufs[r].data().get(at..at + e.stored_len as usize);
+                    if let (Some(rec), Some(a)) = (rec, admission.filter(|a| a.takes(&bufs[r]))) {
+                        h.harvest(ds, id, rec, Some(a));
                     }
                 }
             }

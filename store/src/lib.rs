@@ -27,6 +27,7 @@ mod seam;
 
 mod stack;
 pub mod tier;
+pub mod verified;
 pub mod write;
 
 pub use config::StoreConfig;

@@ -31,6 +31,9 @@ pub struct MeterReading {
     pub bytes: u64,
     /// Opens and reads that failed.
     pub errors: u64,
+    /// Copies (a tier's, a peer's) given up for the layer below after their bytes failed
+    /// (layers nest: the tier's count includes the peers').
+    pub fallbacks: u64,
     /// Seconds callers waited in opens and reads, summed over callers (two threads waiting one
     /// second each count two).
     pub wait_s: f64,
@@ -43,6 +46,7 @@ impl std::ops::AddAssign for MeterReading {
         self.ranges += o.ranges;
         self.bytes += o.bytes;
         self.errors += o.errors;
+        self.fallbacks += o.fallbacks;
         self.wait_s += o.wait_s;
     }
 }
@@ -104,6 +108,7 @@ pub struct Meter {
     ranges: AtomicU64,
     bytes: AtomicU64,
     errors: AtomicU64,
+    fallbacks: AtomicU64,
     wait_ns: AtomicU64,
 }
 
@@ -116,6 +121,7 @@ impl Meter {
             ranges: self.ranges.load(Relaxed),
             bytes: self.bytes.load(Relaxed),
             errors: self.errors.load(Relaxed),
+            fallbacks: self.fallbacks.load(Relaxed),
             wait_s: self.wait_ns.load(Relaxed) as f64 / 1e9,
         }
     }
@@ -200,16 +206,6 @@ struct MeteredSource {
     meter: Arc<Meter>,
 }
 
-impl MeteredSource {
-    /// `inner` (a source that replaces this one) counted in the same meter.
-    fn wrap(&self, inner: Source) -> Source {
-        Arc::new(MeteredSource {
-            inner,
-            meter: self.meter.clone(),
-        })
-    }
-}
-
 #[deny(clippy::missing_trait_methods)]
 impl ChunkSource for MeteredSource {
     fn location(&self) -> &Path {
@@ -246,12 +242,20 @@ impl ChunkSource for MeteredSource {
         self.inner.local()
     }
 
-    fn fall_back(&self, why: &dyn std::fmt::Display) -> Result<Option<Source>> {
-        Ok(self.inner.fall_back(why)?.map(|s| self.wrap(s)))
+    fn fall_back(&self, why: &str, served: BytesFrom) -> Result<bool> {
+        let moved = self.inner.fall_back(why, served)?;
+        if moved {
+            self.meter.fallbacks.fetch_add(1, Relaxed);
+        }
+        Ok(moved)
     }
 
-    fn newer_copy(&self) -> Result<Option<Source>> {
-        Ok(self.inner.newer_copy()?.map(|s| self.wrap(s)))
+    fn whole_reads(&self) -> bool {
+        self.inner.whole_reads()
+    }
+
+    fn mapped(&self) -> bool {
+        self.inner.mapped()
     }
 
     fn observe_local(&self, read: LocalRead) {

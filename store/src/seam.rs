@@ -39,9 +39,9 @@ pub enum BytesFrom {
 }
 
 impl BytesFrom {
-    /// True for bytes from a copy (this node's tier, another node's): a reader checks them
-    /// against the snapshot before use and, when they fail, gives the source up
-    /// ([`ChunkSource::fall_back`]).
+    /// True for bytes from a copy (this node's tier, another node's): the store checks them
+    /// against the snapshot before use and, when they fail, gives the copy up
+    /// ([`ChunkSource::fall_back`], [`crate::verified`]).
     pub fn is_copy(self) -> bool {
         self != BytesFrom::Origin
     }
@@ -118,28 +118,35 @@ pub trait ChunkSource: Send + Sync + Debug {
         None
     }
 
+    /// True when this source is best read whole: a copy (checked against the snapshot's
+    /// whole-file CRC when read whole) or a peer's chunk (peers serve whole chunks only).
+    fn whole_reads(&self) -> bool {
+        self.bytes_from().is_copy()
+    }
+
+    /// True when this source's reads are slices of a map of the page cache (which the
+    /// reader's RSS counts while the source is open).
+    fn mapped(&self) -> bool {
+        self.local().is_some_and(|l| l.map().is_some())
+    }
+
     /// Told by the engine what it read through [`ChunkSource::local`]. Layers forward it to
     /// the source they wrap.
     fn observe_local(&self, read: LocalRead) {
         let _ = read;
     }
 
-    /// Gives this source up after bytes read from it failed (`why`: a read error, a short
-    /// read, bytes that do not match the snapshot), and returns the chunk opened where it
-    /// should be read instead. The layer that served the bytes decides: the tier discards its
-    /// copy (logged once, with its path) and opens the chunk in the store below it; a peer's
-    /// chunk is opened at origin. `None` (the default) when nothing lies below: the failure
-    /// is the dataset's own.
-    fn fall_back(&self, why: &dyn std::fmt::Display) -> Result<Option<Source>> {
-        let _ = why;
-        Ok(None)
-    }
-
-    /// For a chunk opened below a tier because the tier did not hold it: the tier's copy, if
-    /// one has arrived since (sources kept open for random reads move to it). `None` (the
-    /// default) otherwise.
-    fn newer_copy(&self) -> Result<Option<Source>> {
-        Ok(None)
+    /// Gives up what this source served after those bytes failed (`why`: a read error, a
+    /// short read, bytes that do not match the snapshot; `served`: where they came from), so
+    /// that its later reads come from the layer below: the tier discards its copy (logged
+    /// once, with its path) and reads the chunk in the store below it; a peer's chunk is read
+    /// at origin. True when the source now reads elsewhere (also when it already moved past
+    /// `served`, for another reader's failure); false (the default) when nothing lies below
+    /// it: the failure is the dataset's own. Called by the store's verified reads
+    /// ([`crate::verified`]) only.
+    fn fall_back(&self, why: &str, served: BytesFrom) -> Result<bool> {
+        let _ = (why, served);
+        Ok(false)
     }
 }
 

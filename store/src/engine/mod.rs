@@ -21,7 +21,8 @@ pub use crate::buf::{AlignedBuf, BufPool, ALIGN};
 use crate::file::{eof_at, pread_at_least};
 pub use crate::file::{metadata_ops, IoFile};
 pub use crate::seam::LocalFile;
-use crate::seam::{LocalRead, RangeRead, Source};
+use crate::seam::{BytesFrom, LocalRead, RangeRead, Source};
+pub use crate::verified::{Expect, Relocate};
 use crate::{Result, StoreError};
 
 mod uring;
@@ -102,12 +103,14 @@ impl std::fmt::Display for IoKind {
         })
     }
 }
-/// One requested byte range of a chunk source.
+/// One requested byte range of a chunk source, and what its bytes must be (checked where
+/// they come from a copy: see [`crate::verified`]).
 #[derive(Clone)]
 pub struct Request {
     pub source: Source,
     pub offset: u64,
     pub len: usize,
+    pub expect: Expect,
 }
 
 impl Request {
@@ -134,6 +137,7 @@ pub struct Completed {
     bytes: Bytes,
     skip: usize,
     len: usize,
+    from: BytesFrom,
 }
 
 /// Where a completed request's bytes are.
@@ -143,6 +147,8 @@ enum Bytes {
     /// In the file's map (bounds checked when the request completed), counted in the pool's
     /// bytes in use while borrowed: mapped pages are in the reader's RSS as long.
     Map(Source, #[allow(dead_code)] MapLease),
+    /// Read again alone after a copy failed ([`crate::verified`]).
+    Owned(Vec<u8>),
 }
 
 impl AsRef<[u8]> for Completed {
@@ -159,7 +165,24 @@ impl Completed {
                 let map = f.local().and_then(|f| f.map()).map(|m| &m[..]);
                 &map.expect("mapped file")[self.skip..self.skip + self.len]
             }
+            Bytes::Owned(v) => v,
         }
+    }
+
+    /// Bytes read into a vector of their own (a re-read after a copy failed).
+    pub(crate) fn owned(bytes: Vec<u8>, from: BytesFrom) -> Completed {
+        Completed {
+            len: bytes.len(),
+            bytes: Bytes::Owned(bytes),
+            skip: 0,
+            from,
+        }
+    }
+
+    /// Where the bytes came from in the end (after any copy that failed was read again below
+    /// it): for counts by layer.
+    pub fn from(&self) -> BytesFrom {
+        self.from
     }
 
     /// Maps the pages of `data()[at..at + len]` into the page tables in one call instead of
@@ -185,7 +208,7 @@ impl Completed {
             Bytes::Map(f, _) => f
                 .local()
                 .map(|l| (f.location(), l.file(), self.skip as u64)),
-            Bytes::Buf(_) => None,
+            Bytes::Buf(_) | Bytes::Owned(_) => None,
         }
     }
 
@@ -194,7 +217,7 @@ impl Completed {
     pub fn is_cut(&self) -> bool {
         match &self.bytes {
             Bytes::Map(f, _) => f.local().is_some_and(|f| f.map_cut()),
-            Bytes::Buf(_) => false,
+            Bytes::Buf(_) | Bytes::Owned(_) => false,
         }
     }
 }
@@ -297,6 +320,7 @@ fn finish(
                 bytes,
                 skip,
                 len: r.len,
+                from: r.source.bytes_from(),
             })
         })
         .collect::<Result<Vec<_>>>()?;
@@ -529,7 +553,7 @@ impl Engine {
         let (bufs, skips, pieces) = plan_pieces(&reqs, &self.pool);
         let batch = QueuedBatch {
             queued: Instant::now(),
-            reqs,
+            reqs: reqs.clone(),
             bufs,
             skips,
             pieces,
@@ -540,22 +564,25 @@ impl Engine {
             .as_ref()
             .is_some_and(|tx| tx.send((batch, reply)).is_ok());
         match sent {
-            true => Pending(done),
+            true => Pending(done, reqs),
             false => {
                 let (reply, done) = std::sync::mpsc::sync_channel(1);
                 let _ = reply.send(Err(StoreError::Stopped(format!(
                     "granary's {} thread has stopped",
                     self.name
                 ))));
-                Pending(done)
+                Pending(done, reqs)
             }
         }
     }
 
-    /// Completes a batch returned by [`Engine::submit`]: its buffers in request order, or the
-    /// first error (naming file and offset) once none of its reads is in flight any more.
+    /// Completes a batch returned by [`Engine::submit`]: its buffers in request order, each
+    /// verified ([`crate::verified::settle`]: bytes of a copy that fail what their request
+    /// expects are read again below the copy), or the first error (naming file and offset)
+    /// once none of its reads is in flight any more.
     pub fn wait(&mut self, p: Pending) -> Result<Vec<Completed>> {
-        p.0.recv().map_err(|_| self.ended())?
+        let read = p.0.recv().map_err(|_| self.ended());
+        crate::verified::settle(&p.1, read.and_then(|r| r))
     }
 
     /// The error for a batch whose reply will never come.
@@ -574,7 +601,7 @@ impl Engine {
         timeout: std::time::Duration,
     ) -> std::result::Result<Result<Vec<Completed>>, Pending> {
         match p.0.recv_timeout(timeout) {
-            Ok(r) => Ok(r),
+            Ok(r) => Ok(crate::verified::settle(&p.1, r)),
             Err(std::sync::mpsc::RecvTimeoutError::Timeout) => Err(p),
             Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => Ok(Err(self.ended())),
         }
@@ -588,8 +615,11 @@ impl Engine {
     }
 }
 
-/// A batch submitted to an [`Engine`].
-pub struct Pending(std::sync::mpsc::Receiver<Result<Vec<Completed>>>);
+/// A batch submitted to an [`Engine`]: its reply, and its requests (to settle it).
+pub struct Pending(
+    std::sync::mpsc::Receiver<Result<Vec<Completed>>>,
+    Vec<Request>,
+);
 
 /// Requests queued on an engine, with their buffers and pieces.
 struct QueuedBatch {

@@ -416,6 +416,7 @@ impl ChunkStore for PeerStore {
             location,
             next: self.next.clone(),
             fell_back: Default::default(),
+            given_up: Default::default(),
         }))
     }
 
@@ -436,6 +437,8 @@ struct PeerSource {
     next: Arc<dyn ChunkStore>,
     /// Whether the latest read came from the next store.
     fell_back: AtomicBool,
+    /// Bytes from the peer failed once: every later read goes to the next store.
+    given_up: AtomicBool,
 }
 
 impl ChunkSource for PeerSource {
@@ -467,6 +470,7 @@ impl ChunkSource for PeerSource {
         }
         if end == size
             && !parts.is_empty()
+            && !self.given_up.load(Relaxed)
             && self
                 .peers
                 .fetch_into(self.node, &self.name, &self.ce, &mut parts)
@@ -503,15 +507,19 @@ impl ChunkSource for PeerSource {
         }
     }
 
-    /// A peer's bytes are checked before they are used, so bytes that fail later are the
-    /// next store's (origin's): the chunk is opened there.
-    fn fall_back(&self, why: &dyn std::fmt::Display) -> Result<Option<Source>> {
+    /// A peer's bytes that fail are given up for the next store's (origin's), for this read
+    /// and every later one; bytes that came from origin and fail are the dataset's own.
+    fn fall_back(&self, why: &str, served: BytesFrom) -> Result<bool> {
+        if served != BytesFrom::Peer {
+            return Ok(false);
+        }
         log::debug!(
-            "chunk {} read through the peers failed ({why}); opened at {}",
+            "chunk {} read through the peers failed ({why}); read at {} from now on",
             self.ce.chunk_id,
             self.next.location()
         );
-        self.next.open_chunk(self.ce.chunk_id).map(Some)
+        self.given_up.store(true, Relaxed);
+        Ok(true)
     }
 }
 

@@ -141,6 +141,13 @@ impl Admission {
         }
     }
 
+    /// Whether bytes a reader consumed are worth offering (a chunk read whole, records for hot
+    /// chunks): only what did not come from a copy (this node's tier has it, or a peer keeps
+    /// it for the job).
+    pub fn takes(&self, read: &crate::engine::Completed) -> bool {
+        !read.from().is_copy()
+    }
+
     /// Offers `job` for admission (see the type's documentation for when it waits).
     pub fn offer(&self, job: Job) {
         // With a shared tier a chunk copy is admitted exactly when this node keeps it, and then

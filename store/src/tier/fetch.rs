@@ -139,6 +139,15 @@ impl Fetcher {
         self.state.enqueue(&mut q, chunk)
     }
 
+    /// Whether the tier holds chunk `chunk` (a copy with the snapshot's digest).
+    pub fn holds(&self, chunk: u32) -> Result<bool> {
+        let t = &self.state.tier;
+        match t.chunk_entry(chunk) {
+            Some(ce) => t.cache().holds(&ce),
+            None => Ok(false),
+        }
+    }
+
     /// Whether chunk `chunk` fits the tier's free space now (no eviction needed).
     pub fn fits(&self, chunk: u32) -> Result<bool> {
         let t = &self.state.tier;

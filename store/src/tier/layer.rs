@@ -1,9 +1,10 @@
 //! The local tier as a layer of a store stack ([`TierStore`]): copies served as the local files
-//! they are, a failed copy given up for the store below, a chunk opened below moved to a copy
-//! that arrived.
+//! they are, a failed copy given up for the store below, a chunk read below moved to a copy
+//! that arrived, hot chunks dropped when a record of theirs fails.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::*};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use granary_format::ChunkEntry;
 
@@ -20,9 +21,9 @@ use crate::Result;
 /// short read naming the copy); any other chunk comes from the next store.
 ///
 /// The layer owns what a copy's failure means ([`ChunkSource::fall_back`]): the copy is
-/// discarded, logged once with its path, and the chunk opened in the store below. A chunk
-/// opened below may later be served by a copy that arrived since
-/// ([`ChunkSource::newer_copy`]). Readers verify bytes; they never name the layer.
+/// discarded, logged once with its path, and the chunk read in the store below. A chunk
+/// read below may later be served by a copy that arrived since. The store's verified reads
+/// ([`crate::verified`]) check the bytes; readers never name the layer.
 #[derive(Debug, Clone)]
 pub struct TierStore {
     cache: Arc<LocalTier>,
@@ -79,13 +80,7 @@ impl TierStore {
         let copy = self
             .cache
             .open_copy(ce, |p| self.opener.open_unmapped(p, Some(id)))?;
-        Ok(copy.map(|file| {
-            Arc::new(TierCopy {
-                file,
-                tier: self.clone(),
-                id,
-            }) as Source
-        }))
+        Ok(copy.map(|file| Arc::new(file.serving(BytesFrom::Tier)) as Source))
     }
 
     /// Chunk `id`'s entry in the dataset's chunk table.
@@ -93,26 +88,40 @@ impl TierStore {
         self.chunks.get(id as usize).cloned()
     }
 
-    /// Chunk `id` opened in the next store itself (not wrapped as a chunk below the tier).
+    /// Chunk `id` opened in the next store itself.
     pub(crate) fn open_next(&self, id: u32) -> Result<Source> {
         self.next.open_chunk(id)
     }
 
-    /// Chunk `id` opened in the store below the tier.
+    /// Chunk `id` opened in the store below the tier, its size checked against the chunk
+    /// table (a copy's size was checked when the tier admitted it).
     fn open_below(&self, id: u32) -> Result<Source> {
-        Ok(Arc::new(Below {
-            inner: self.next.open_chunk(id)?,
-            tier: self.clone(),
-            id,
-        }))
+        let src = self.next.open_chunk(id)?;
+        match self.chunks.get(id as usize) {
+            Some(ce) if src.len() != ce.file_size => Err(crate::StoreError::damaged(
+                src.location(),
+                format!(
+                    "chunk {id}: file is {} bytes, the snapshot says {}",
+                    src.len(),
+                    ce.file_size
+                ),
+            )),
+            _ => Ok(src),
+        }
     }
 
     /// Hot chunk `h`, if its file is present with the mapped size (another process may evict
-    /// it meanwhile: then it is a miss).
+    /// it meanwhile: then it is a miss). Its records that fail are read from their own chunks
+    /// ([`crate::verified::Relocate`]), the hot chunk dropped.
     pub(crate) fn open_hot(&self, h: &HotChunk) -> Option<Source> {
         let p = self.cache.hot_path(h)?;
-        let f = self.opener.open_unmapped(&p, Some(h.id)).ok()?;
-        Some(Arc::new(f.serving(BytesFrom::Tier)))
+        let file = self.opener.open_unmapped(&p, Some(h.id)).ok()?;
+        Some(Arc::new(HotSource {
+            file: file.serving(BytesFrom::Tier),
+            cache: self.cache.clone(),
+            id: h.id,
+            dropped: AtomicBool::new(false),
+        }))
     }
 }
 
@@ -126,10 +135,20 @@ impl ChunkStore for TierStore {
     }
 
     fn open_chunk(&self, id: u32) -> Result<Source> {
-        match self.open_copy(id)? {
-            Some(copy) => Ok(copy),
-            None => self.open_below(id),
-        }
+        let first = match self.open_copy(id)? {
+            Some(copy) => copy,
+            None => self.open_below(id)?,
+        };
+        Ok(Arc::new(
+            TierChunk {
+                tier: self.clone(),
+                id,
+                levels: Default::default(),
+                set: AtomicUsize::new(0),
+                change: Mutex::new(()),
+            }
+            .with(first),
+        ))
     }
 
     fn list(&self) -> Result<Vec<(String, PathBuf)>> {
@@ -137,16 +156,125 @@ impl ChunkStore for TierStore {
     }
 }
 
-/// A chunk's copy in the tier: read as the local file it is (the engine's fast path); when its
-/// bytes fail, discarded and replaced by the chunk opened below.
+/// The most sources a chunk opened through the tier moves through: a copy, the store below,
+/// a copy that arrived, ... (moves to a newer copy stop while fewer than 4 places are left, so
+/// that falling back always can).
+const LEVELS: usize = 8;
+
+/// A chunk opened through the tier: its copy when the tier holds a sound one, else the store
+/// below. A copy whose bytes fail is discarded (logged once, with its path) and the chunk
+/// read below from then on ([`ChunkSource::fall_back`]); a chunk read below moves to a copy
+/// that arrived since, for random reads (sources kept open across many reads). Every source
+/// it moved through stays open until it is dropped, so that the local file it lends the
+/// engine ([`ChunkSource::local`]) stays valid while a read of it is in flight.
 #[derive(Debug)]
-struct TierCopy {
-    file: IoFile,
+struct TierChunk {
     tier: TierStore,
     id: u32,
+    levels: [OnceLock<Source>; LEVELS],
+    /// How many of `levels` are set; the last one serves.
+    set: AtomicUsize,
+    /// Moves are made one at a time.
+    change: Mutex<()>,
 }
 
-impl ChunkSource for TierCopy {
+impl TierChunk {
+    fn with(self, first: Source) -> Self {
+        let _ = self.levels[0].set(first);
+        self.set.store(1, Release);
+        self
+    }
+
+    /// The source that serves now.
+    fn current(&self) -> &Source {
+        let n = self.set.load(Acquire);
+        self.levels[n - 1].get().expect("levels are set in order")
+    }
+
+    /// Makes `src` the source that serves; false when no place is left.
+    fn push(&self, src: Source) -> bool {
+        let n = self.set.load(Acquire);
+        if n == LEVELS || self.levels[n].set(src).is_err() {
+            return false;
+        }
+        self.set.store(n + 1, Release);
+        true
+    }
+
+    /// A chunk read below moves to the tier's copy once one arrived (random reads keep a
+    /// source open across many reads); never from a map (its slices may be in use).
+    fn move_to_copy(&self) -> Result<()> {
+        let cur = self.current();
+        if cur.bytes_from() == BytesFrom::Tier
+            || cur.local().is_some_and(|l| l.map().is_some())
+            || self.set.load(Acquire) + 4 > LEVELS
+        {
+            return Ok(());
+        }
+        if let Some(copy) = self.tier.open_copy(self.id)? {
+            let _g = self.change.lock().expect("tier chunk lock");
+            if self.current().bytes_from() != BytesFrom::Tier {
+                self.push(copy);
+            }
+        }
+        Ok(())
+    }
+}
+
+impl ChunkSource for TierChunk {
+    fn location(&self) -> &Path {
+        self.current().location()
+    }
+
+    fn len(&self) -> u64 {
+        self.current().len()
+    }
+
+    fn read_ranges(&self, reads: &mut [RangeRead<'_>]) -> Result<()> {
+        self.move_to_copy()?;
+        self.current().read_ranges(reads)
+    }
+
+    fn bytes_from(&self) -> BytesFrom {
+        self.current().bytes_from()
+    }
+
+    fn local(&self) -> Option<&dyn LocalFile> {
+        self.current().local()
+    }
+
+    fn observe_local(&self, read: LocalRead) {
+        self.current().observe_local(read)
+    }
+
+    fn fall_back(&self, why: &str, served: BytesFrom) -> Result<bool> {
+        let _g = self.change.lock().expect("tier chunk lock");
+        let cur = self.current().clone();
+        if cur.bytes_from() != served {
+            // Another reader's failure moved it already.
+            return Ok(true);
+        }
+        if served != BytesFrom::Tier {
+            return cur.fall_back(why, served);
+        }
+        self.tier.drop_copy(self.id, &why);
+        let below = self.tier.open_below(self.id)?;
+        Ok(self.push(below))
+    }
+}
+
+/// A hot chunk in the tier: records the tier re-packed, read as the local file it is. When one
+/// of its records fails, the hot chunk is removed (once); the record is then read from its own
+/// chunk (the store below does not hold this file).
+#[derive(Debug)]
+struct HotSource {
+    file: IoFile,
+    cache: Arc<LocalTier>,
+    id: u32,
+    dropped: AtomicBool,
+}
+
+impl ChunkSource for HotSource {
     fn location(&self) -> &Path {
         &self.file.path
     }
@@ -167,62 +295,14 @@ impl ChunkSource for TierCopy {
         Some(&self.file)
     }
 
-    fn fall_back(&self, why: &dyn std::fmt::Display) -> Result<Option<Source>> {
-        self.tier.drop_copy(self.id, why);
-        self.tier.open_below(self.id).map(Some)
-    }
-}
-
-/// A chunk the tier did not hold when it was opened, read from the store below; the tier's
-/// copy, once one arrives, is offered by [`ChunkSource::newer_copy`].
-#[derive(Debug)]
-struct Below {
-    inner: Source,
-    tier: TierStore,
-    id: u32,
-}
-
-#[deny(clippy::missing_trait_methods)]
-impl ChunkSource for Below {
-    fn location(&self) -> &Path {
-        self.inner.location()
-    }
-
-    fn len(&self) -> u64 {
-        self.inner.len()
-    }
-
-    fn is_empty(&self) -> bool {
-        self.inner.is_empty()
-    }
-
-    fn read_ranges(&self, reads: &mut [RangeRead<'_>]) -> Result<()> {
-        self.inner.read_ranges(reads)
-    }
-
-    fn bytes_from(&self) -> BytesFrom {
-        self.inner.bytes_from()
-    }
-
-    fn local(&self) -> Option<&dyn LocalFile> {
-        self.inner.local()
-    }
-
-    fn observe_local(&self, read: LocalRead) {
-        self.inner.observe_local(read)
-    }
-
-    fn fall_back(&self, why: &dyn std::fmt::Display) -> Result<Option<Source>> {
-        Ok(self.inner.fall_back(why)?.map(|inner| {
-            Arc::new(Below {
-                inner,
-                tier: self.tier.clone(),
-                id: self.id,
-            }) as Source
-        }))
-    }
-
-    fn newer_copy(&self) -> Result<Option<Source>> {
-        self.tier.open_copy(self.id)
+    fn fall_back(&self, why: &str, _: BytesFrom) -> Result<bool> {
+        if !self.dropped.swap(true, Relaxed) {
+            log::warn!(
+                "hot chunk {} in the tier: {why}; dropped, its records are read from their chunks",
+                self.id
+            );
+            self.cache.discard_hot(self.id)?;
+        }
+        Ok(false)
     }
 }
