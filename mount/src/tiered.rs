@@ -12,9 +12,9 @@ use std::time::{Duration, Instant};
 
 use granary::{
     Access, Dataset, ImportanceScores, LayerReading, LocalTier, ReadError, SampleReader,
-    ServedCounters, Source,
+    ServedCounters,
 };
-use granary_store::tier::fetch::{ChunkScore, Fetcher};
+use granary_store::tier::fetch::ChunkScore;
 use serde::Serialize;
 
 /// Chunks fetched at once (each holds one chunk in memory while it is read and admitted).
@@ -57,9 +57,8 @@ fn add(a: &AtomicU64, n: u64) {
 pub struct TieredReader {
     /// Reads through the store stack: the tier's copies (one open per copy), else origin.
     reader: Arc<SampleReader>,
-    /// The local tier, and its fetch-on-first-touch admission (none when only read).
+    /// The local tier (whose stack layer fetches on first touch unless the mount only reads).
     cache: Option<Arc<LocalTier>>,
-    fetcher: Option<Fetcher>,
     counters: Arc<Counters>,
 }
 
@@ -74,21 +73,22 @@ impl TieredReader {
         let counters: Arc<Counters> = Arc::default();
         let stack = ds.stack(Access::positional(), cache.clone(), None)?;
         let reader = Arc::new(SampleReader::with_stack(ds.clone(), stack));
-        let fetcher = match (&cache, fetch) {
-            (Some(c), true) => {
-                let r = reader.clone();
-                // Admission may have evicted copies held open here: let their space go.
-                let admitted = Arc::new(move || r.forget(|_, s| s.bytes_from().is_copy()));
-                reader
-                    .stack()
-                    .fetcher(FETCH_THREADS, chunk_score(ds, c.clone()), admitted)
-            }
-            _ => None,
-        };
+        if let (Some(c), true) = (&cache, fetch) {
+            // Admission may have evicted copies held open here: let their space go.
+            let r = Arc::downgrade(&reader);
+            let admitted = Arc::new(move || {
+                if let Some(r) = r.upgrade() {
+                    r.forget(|_, _| true);
+                }
+            });
+            let score = chunk_score(ds, c.clone());
+            reader
+                .stack()
+                .fetch_on_touch(FETCH_THREADS, score, admitted);
+        }
         Ok(TieredReader {
             reader,
             cache,
-            fetcher,
             counters,
         })
     }
@@ -103,11 +103,7 @@ impl TieredReader {
         let c = &*self.counters;
         let l = |a: &AtomicU64| a.load(Relaxed);
         let served = c.served.get();
-        let f = self
-            .fetcher
-            .as_ref()
-            .map(Fetcher::counts)
-            .unwrap_or_default();
+        let f = self.reader.stack().fetch_counts();
         ReadStats {
             // Chunks a peer served count as origin's here: the mount reads without peers.
             samples_from_tier: served.samples_tier,
@@ -126,7 +122,7 @@ impl TieredReader {
 
     /// Sample `id`'s original bytes, CRC-checked: from the tier's copy of its chunk if there
     /// is one (a damaged copy is removed and the origin read instead), else after fetching
-    /// the chunk into the tier (see `fetch_and_wait`), else from the origin.
+    /// the chunk into the tier, else from the origin.
     pub fn read(&self, id: u64) -> Result<Vec<u8>, ReadError> {
         let r = self.read_inner(id);
         if r.is_err() {
@@ -138,52 +134,24 @@ impl TieredReader {
     fn read_inner(&self, id: u64) -> Result<Vec<u8>, ReadError> {
         let info = self.dataset().sample(id)?;
         let mut out = vec![0u8; info.entry.orig_len as usize];
-        let src = self.source(info.entry.chunk)?;
-        // The store verifies what a copy serves: a tier copy that fails is dropped (logged)
-        // and the sample read below it. Bytes fetched passed the snapshot's whole-file CRC: a
-        // record of them that fails its own is the dataset's error.
+        // The stack fetches the chunk into the tier on a miss (and this read may wait for it),
+        // and verifies what a copy serves: a tier copy that fails is dropped (logged) and the
+        // sample read below it.
+        let src = self.reader.source(info.entry.chunk)?;
         let from = self.reader.read_from(&src, &info, &mut out)?;
         self.counters.served.add(from, 1, info.entry.stored_len);
         Ok(out)
     }
 
-    /// Where chunk `chunk` is read: a chunk just fetched from memory while the tier writes
-    /// it; on a miss, the whole chunk fetched first (one large read) unless a full tier would
-    /// have to evict for a chunk that only this read wants (see `fetch_and_wait`); else the
-    /// reader's source of it (the tier's copy, or the origin).
-    fn source(&self, chunk: u32) -> Result<Source, ReadError> {
-        let Some(f) = &self.fetcher else {
-            return self.reader.source(chunk);
-        };
-        if let Some(s) = f.staged(chunk) {
-            return Ok(s);
-        }
-        if !f.holds(chunk)? && f.fetch_and_wait(chunk)? {
-            if let Some(s) = f.staged(chunk) {
-                return Ok(s);
-            }
-        }
-        self.reader.source(chunk)
-    }
-
-    /// Forgets the open tier copies (after the tier's content changed elsewhere, a copy we
-    /// hold open may have been evicted; its bytes stay valid but its space is not freed
-    /// until it is closed).
-    pub fn close_copies(&self) {
-        self.reader.forget(|_, s| s.bytes_from().is_copy());
-    }
-
-    /// Stops the fetcher (waiting for a fetch in progress to finish).
+    /// Stops fetching into the tier (waiting for a fetch in progress to finish).
     pub fn shutdown(&self) {
-        if let Some(f) = &self.fetcher {
-            f.stop();
-        }
+        self.reader.stack().stop_fetching();
     }
 
-    /// Asks for chunk `chunk` to be fetched into the tier (no-op without a fetcher); returns
+    /// Asks for chunk `chunk` to be fetched into the tier (no-op without fetching); returns
     /// whether it is queued or being fetched.
     pub fn prefetch(&self, chunk: u32) -> bool {
-        self.fetcher.as_ref().is_some_and(|f| f.request(chunk))
+        self.reader.stack().prefetch(chunk)
     }
 
     /// What passed through layer `name` of the reader's store stack so far (nothing for a

@@ -12,7 +12,7 @@ use granary_format::ChunkEntry;
 use crate::meter::{Meter, MeterReading, Metered};
 use crate::peers::{PeerStore, Peers};
 use crate::seam::{Access, ChunkStore, OpenCounts, Source};
-use crate::tier::fetch::{ChunkScore, Fetcher};
+use crate::tier::fetch::{ChunkScore, FetchCounts, Fetcher};
 use crate::tier::{HotChunk, LocalTier, TierStore};
 
 /// The layers one reader reads through, built once per reader (a stream, a random-access
@@ -99,16 +99,41 @@ impl StoreStack {
         self.tier.as_ref()?.open_hot(h)
     }
 
-    /// Fetch-on-first-touch admission into the stack's tier (see [`Fetcher`]), with
-    /// `threads` fetch threads; `None` without a tier.
-    pub fn fetcher(
+    /// Fetch on first touch into the stack's tier ([`TierStore::fetch_on_touch`]: a read that
+    /// misses the tier has its whole chunk copied in, and may wait for it), with `threads`
+    /// fetch threads; `admitted` is told after each chunk the tier took. False without a tier.
+    pub fn fetch_on_touch(
         &self,
         threads: usize,
         score: ChunkScore,
         admitted: Arc<dyn Fn() + Send + Sync>,
-    ) -> Option<Fetcher> {
-        let tier = self.tier.as_ref()?;
-        Some(Fetcher::start((**tier).clone(), threads, score, admitted))
+    ) -> bool {
+        self.tier
+            .as_ref()
+            .is_some_and(|t| t.fetch_on_touch(threads, score, admitted))
+    }
+
+    /// What fetching on first touch did so far (nothing without it).
+    pub fn fetch_counts(&self) -> FetchCounts {
+        self.fetcher().map(Fetcher::counts).unwrap_or_default()
+    }
+
+    /// Asks for chunk `chunk` to be fetched into the tier ahead of its reads; whether it is
+    /// queued or being fetched (false without fetching on first touch).
+    pub fn prefetch(&self, chunk: u32) -> bool {
+        self.fetcher().is_some_and(|f| f.request(chunk))
+    }
+
+    /// Stops fetching on first touch (waiting for a fetch in progress); later misses read
+    /// below the tier.
+    pub fn stop_fetching(&self) {
+        if let Some(f) = self.fetcher() {
+            f.stop();
+        }
+    }
+
+    fn fetcher(&self) -> Option<&Fetcher> {
+        self.tier.as_ref()?.fetcher()
     }
 
     /// How this reader reads.

@@ -5,7 +5,7 @@
 //! wait for its chunk's fetch ([`Fetcher::fetch_and_wait`]) when the chunk fits the tier's
 //! free space or is already on its way; a chunk the full tier would have to evict for is
 //! fetched only while the misses concentrate on it. A fetched chunk is checked against the
-//! snapshot (size and whole-file CRC) and served from memory ([`Fetcher::staged`]) while the
+//! snapshot (size and whole-file CRC) and served from memory ([`Fetcher::fetched`]) while the
 //! tier writes it. The tier's policy and quota decide what stays.
 
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -16,8 +16,7 @@ use std::time::{Duration, Instant};
 use granary_format::ChunkEntry;
 
 use super::TierStore;
-use crate::file::{copy_range, read_whole, ChunkBytes};
-use crate::seam::{BytesFrom, ChunkSource, RangeRead, Source};
+use crate::file::{read_whole, ChunkBytes};
 use crate::{Result, StoreError};
 
 /// How long a chunk the tier declined is not offered again (the tier may change meanwhile).
@@ -195,24 +194,27 @@ impl Fetcher {
         Ok(!q.stop)
     }
 
-    /// Chunk `chunk` fetched and checked against the snapshot, while the tier writes it: its
-    /// bytes in memory as a source of the tier's (a copy like the tier's own). Not to be kept
-    /// open: it holds the whole chunk in memory.
-    pub fn staged(&self, chunk: u32) -> Option<Source> {
-        let bytes = self
-            .state
+    /// Chunk `chunk`'s bytes for a read that touched it and missed the tier: in memory when
+    /// fetched and checked and not yet written to the tier, or once fetched now (when
+    /// [`Fetcher::fetch_and_wait`] says so); `None` when the read should go to the tier's copy
+    /// (written meanwhile) or below it.
+    pub fn fetched(&self, chunk: u32) -> Result<Option<Arc<ChunkBytes>>> {
+        if let Some(b) = self.staged_bytes(chunk) {
+            return Ok(Some(b));
+        }
+        Ok(match self.fetch_and_wait(chunk)? {
+            true => self.staged_bytes(chunk),
+            false => None,
+        })
+    }
+
+    fn staged_bytes(&self, chunk: u32) -> Option<Arc<ChunkBytes>> {
+        self.state
             .staged
             .lock()
             .expect("staged")
             .get(&chunk)
-            .cloned()?;
-        let tier = &self.state.tier;
-        let ce = tier.chunk_entry(chunk)?;
-        let location = tier
-            .cache()
-            .dir()
-            .join(super::copy_file_name(chunk, &ce.digest));
-        Some(Arc::new(Staged { bytes, location }))
+            .cloned()
     }
 
     /// What the fetcher did so far.
@@ -238,6 +240,14 @@ impl Fetcher {
         for h in std::mem::take(&mut *self.threads.lock().expect("fetch threads")) {
             let _ = h.join();
         }
+    }
+}
+
+impl std::fmt::Debug for Fetcher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Fetcher")
+            .field("counts", &self.counts())
+            .finish()
     }
 }
 
@@ -346,41 +356,5 @@ fn fetch_loop(s: &State) {
                 log::warn!("fetching chunk {chunk} into the tier: {e}");
             }
         }
-    }
-}
-
-/// A chunk fetched and checked, in memory while the tier writes it.
-struct Staged {
-    bytes: Arc<ChunkBytes>,
-    /// Where the tier writes it, for messages.
-    location: std::path::PathBuf,
-}
-
-impl std::fmt::Debug for Staged {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Staged")
-            .field("location", &self.location)
-            .field("len", &self.bytes.len())
-            .finish()
-    }
-}
-
-impl ChunkSource for Staged {
-    fn location(&self) -> &std::path::Path {
-        &self.location
-    }
-
-    fn len(&self) -> u64 {
-        self.bytes.len() as u64
-    }
-
-    fn read_ranges(&self, reads: &mut [RangeRead<'_>]) -> Result<()> {
-        reads
-            .iter_mut()
-            .try_for_each(|r| copy_range(&self.bytes, &self.location, r))
-    }
-
-    fn bytes_from(&self) -> BytesFrom {
-        BytesFrom::Tier
     }
 }

@@ -8,8 +8,9 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use granary_format::ChunkEntry;
 
+use super::fetch::{ChunkScore, Fetcher};
 use super::{HotChunk, LocalTier};
-use crate::file::IoFile;
+use crate::file::{copy_range, IoFile};
 use crate::local::Opener;
 use crate::seam::{
     Access, BytesFrom, ChunkSource, ChunkStore, LocalFile, LocalRead, RangeRead, Source,
@@ -30,6 +31,8 @@ pub struct TierStore {
     next: Arc<dyn ChunkStore>,
     chunks: Arc<[ChunkEntry]>,
     opener: Arc<Opener>,
+    /// Fetch on first touch, for readers of single samples ([`TierStore::fetch_on_touch`]).
+    fetch: Arc<OnceLock<Fetcher>>,
 }
 
 impl TierStore {
@@ -46,7 +49,35 @@ impl TierStore {
             next,
             chunks,
             opener: Arc::new(Opener::for_access(access)),
+            fetch: Arc::default(),
         }
+    }
+
+    /// From now on a chunk this tier does not hold has its whole chunk fetched into the tier
+    /// when a read first touches it (one large read instead of many small ones, Monarch's
+    /// placement), and the read waits for that fetch when the chunk fits the tier's free space
+    /// or is on its way already (see [`Fetcher::fetch_and_wait`]); `threads` fetch at once,
+    /// `score` ranks a chunk for the tier's policy, `admitted` is told after each chunk the
+    /// tier took. False if it fetches already.
+    pub fn fetch_on_touch(
+        &self,
+        threads: usize,
+        score: ChunkScore,
+        admitted: Arc<dyn Fn() + Send + Sync>,
+    ) -> bool {
+        // The fetcher's own view of the tier does not fetch (no cycle through it).
+        let plain = TierStore {
+            fetch: Arc::default(),
+            ..self.clone()
+        };
+        self.fetch
+            .set(Fetcher::start(plain, threads, score, admitted))
+            .is_ok()
+    }
+
+    /// The fetcher, once [`TierStore::fetch_on_touch`] started it.
+    pub fn fetcher(&self) -> Option<&Fetcher> {
+        self.fetch.get()
     }
 
     /// The tier.
@@ -139,16 +170,7 @@ impl ChunkStore for TierStore {
             Some(copy) => copy,
             None => self.open_below(id)?,
         };
-        Ok(Arc::new(
-            TierChunk {
-                tier: self.clone(),
-                id,
-                levels: Default::default(),
-                set: AtomicUsize::new(0),
-                change: Mutex::new(()),
-            }
-            .with(first),
-        ))
+        Ok(Arc::new(TierChunk::new(self.clone(), id, first)))
     }
 
     fn list(&self) -> Result<Vec<(String, PathBuf)>> {
@@ -176,13 +198,23 @@ struct TierChunk {
     set: AtomicUsize,
     /// Moves are made one at a time.
     change: Mutex<()>,
+    /// The latest read was served from a chunk just fetched, in memory while the tier writes
+    /// it (see [`TierStore::fetch_on_touch`]).
+    fetched: AtomicBool,
 }
 
 impl TierChunk {
-    fn with(self, first: Source) -> Self {
-        let _ = self.levels[0].set(first);
-        self.set.store(1, Release);
-        self
+    fn new(tier: TierStore, id: u32, first: Source) -> Self {
+        let levels: [OnceLock<Source>; LEVELS] = Default::default();
+        let _ = levels[0].set(first);
+        TierChunk {
+            tier,
+            id,
+            levels,
+            set: AtomicUsize::new(1),
+            change: Mutex::new(()),
+            fetched: AtomicBool::new(false),
+        }
     }
 
     /// The source that serves now.
@@ -205,10 +237,7 @@ impl TierChunk {
     /// source open across many reads); never from a map (its slices may be in use).
     fn move_to_copy(&self) -> Result<()> {
         let cur = self.current();
-        if cur.bytes_from() == BytesFrom::Tier
-            || cur.local().is_some_and(|l| l.map().is_some())
-            || self.set.load(Acquire) + 4 > LEVELS
-        {
+        if cur.bytes_from().is_copy() || cur.mapped() || self.set.load(Acquire) + 4 > LEVELS {
             return Ok(());
         }
         if let Some(copy) = self.tier.open_copy(self.id)? {
@@ -232,11 +261,24 @@ impl ChunkSource for TierChunk {
 
     fn read_ranges(&self, reads: &mut [RangeRead<'_>]) -> Result<()> {
         self.move_to_copy()?;
+        if let (Some(f), false) = (self.tier.fetch.get(), self.current().bytes_from().is_copy()) {
+            if let Some(bytes) = f.fetched(self.id)? {
+                self.fetched.store(true, Relaxed);
+                let at = self.current().location();
+                return reads.iter_mut().try_for_each(|r| copy_range(&bytes, at, r));
+            }
+            // Fetched and written meanwhile: the copy serves.
+            self.move_to_copy()?;
+        }
+        self.fetched.store(false, Relaxed);
         self.current().read_ranges(reads)
     }
 
     fn bytes_from(&self) -> BytesFrom {
-        self.current().bytes_from()
+        match self.fetched.load(Relaxed) {
+            true => BytesFrom::Tier,
+            false => self.current().bytes_from(),
+        }
     }
 
     fn local(&self) -> Option<&dyn LocalFile> {
@@ -248,6 +290,11 @@ impl ChunkSource for TierChunk {
     }
 
     fn fall_back(&self, why: &str, served: BytesFrom) -> Result<bool> {
+        // Bytes fetched passed the snapshot's whole-file CRC: a record of them that fails its
+        // own is the dataset's error.
+        if self.fetched.load(Relaxed) && served == BytesFrom::Tier {
+            return Ok(false);
+        }
         let _g = self.change.lock().expect("tier chunk lock");
         let cur = self.current().clone();
         if cur.bytes_from() != served {
