@@ -4,7 +4,6 @@ mod common;
 
 mod chaos;
 mod cli;
-mod conformance;
 mod crash;
 mod faults;
 mod golden;

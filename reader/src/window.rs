@@ -261,8 +261,10 @@ impl Windows {
                     source: f,
                     offset: 0,
                     len: end.max(CHUNK_HEADER_LEN as u64) as usize,
+                    // A whole file's CRC-32 does not tell chunks apart by their headers
+                    // (each ends with its own CRC): a copy read whole is checked for both.
                     expect: Expect {
-                        header,
+                        header: header.or(whole_files.then_some((self.id, *c))),
                         file_crc: whole_files.then_some(ce.file_crc),
                         ..Expect::default()
                     },

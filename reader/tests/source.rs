@@ -288,68 +288,13 @@ fn damage_in_a_store_is_an_error_naming_the_chunk_never_wrong_bytes() {
     assert_eq!(n, 1, "one error, then the stream ends");
 }
 
-/// A layer over a local store whose sources refuse `read_ranges` but offer their local file to
-/// the I/O engine, counting what the engine reports having read.
-#[derive(Debug)]
-struct FastOnly {
-    inner: Arc<dyn ChunkStore>,
-    observed: Arc<AtomicU64>,
-}
-
-#[derive(Debug)]
-struct FastOnlySource {
-    inner: Source,
-    observed: Arc<AtomicU64>,
-}
-
-impl ChunkStore for FastOnly {
-    fn chunk_location(&self, id: u32) -> PathBuf {
-        self.inner.chunk_location(id)
-    }
-
-    fn open_chunk(&self, id: u32) -> granary_store::Result<Source> {
-        Ok(Arc::new(FastOnlySource {
-            inner: self.inner.open_chunk(id)?,
-            observed: self.observed.clone(),
-        }))
-    }
-}
-
-impl ChunkSource for FastOnlySource {
-    fn location(&self) -> &Path {
-        self.inner.location()
-    }
-
-    fn len(&self) -> u64 {
-        self.inner.len()
-    }
-
-    fn read_ranges(&self, _: &mut [RangeRead<'_>]) -> granary_store::Result<()> {
-        Err(StoreError::Invalid(
-            "read through read_ranges: the engine lost the fast path".into(),
-        ))
-    }
-
-    fn local(&self) -> Option<&dyn granary::io::LocalFile> {
-        self.inner.local()
-    }
-
-    fn observe_local(&self, read: granary_store::LocalRead) {
-        assert!(!read.failed, "{read:?}");
-        self.observed.fetch_add(read.bytes, Relaxed);
-        self.inner.observe_local(read);
-    }
-}
-
 #[test]
 fn a_layer_over_local_files_keeps_the_engines_fast_path_and_the_meter_counts_it() {
     let tmp = tempfile::tempdir().unwrap();
     let (local, _, _) = datasets(tmp.path());
-    let observed = Arc::new(AtomicU64::new(0));
-    let wrapped = FastOnly {
-        inner: Arc::new(granary::LocalDir::new(tmp.path().join("ds"))),
-        observed: observed.clone(),
-    };
+    let (wrapped, observed) = granary_store::testing::FastOnly::over(Arc::new(
+        granary::LocalDir::new(tmp.path().join("ds")),
+    ));
     let ds = Arc::new(Dataset::open_with_store(tmp.path().join("ds"), Arc::new(wrapped)).unwrap());
     for mode in [
         ShuffleMode::Chunkwise,

@@ -26,6 +26,7 @@ pub mod peers;
 mod seam;
 
 mod stack;
+pub mod testing;
 pub mod tier;
 pub mod verified;
 pub mod write;
