@@ -12,9 +12,10 @@ use std::time::{Duration, Instant};
 
 use granary::{
     Access, Dataset, ImportanceScores, LayerReading, LocalTier, ReadError, SampleReader,
-    ServedCounters,
+    ServedCounters, Weighed,
 };
 use granary_store::tier::fetch::ChunkScore;
+use granary_store::tier::{chunk_importance, Importance};
 use serde::Serialize;
 
 /// Chunks fetched at once (each holds one chunk in memory while it is read and admitted).
@@ -202,9 +203,12 @@ fn chunk_score(ds: Arc<Dataset>, cache: Arc<LocalTier>) -> ChunkScore {
             }
             s.0.clone()
         };
-        match scores {
-            Some(s) if s.len() == ds.len() => ce.samples().map(|id| s.score(id)).sum(),
-            _ => ce.sample_count as f64,
-        }
+        let weighed = scores
+            .filter(|s| s.len() == ds.len())
+            .map(|scores| Weighed {
+                ds: ds.clone(),
+                scores,
+            });
+        chunk_importance(ce, weighed.as_ref().map(|w| w as &dyn Importance))
     })
 }

@@ -15,7 +15,7 @@ use crate::escape_path;
 pub use granary_store::file::ChunkBytes;
 use granary_store::file::{map_file, read_whole};
 use granary_store::local::LocalDir;
-use granary_store::{Access, ChunkSource, ChunkStore, LocalTier, RangeRead, Source, StoreStack};
+use granary_store::{Access, ChunkSource, ChunkStore, LocalTier, Source, StoreStack};
 use granary_store::{Location, StoreConfig};
 
 /// Metadata of one sample.
@@ -742,7 +742,7 @@ impl Dataset {
                 ));
             }
             let mut data = vec![0u8; field.len as usize];
-            read_exact(&*f, &mut data, info.entry.offset + field.offset)?;
+            read_exact(&f, &mut data, info.entry.offset + field.offset)?;
             let actual = granary_format::crc32(&data);
             if actual != field.crc32 {
                 return Err(self.record_error(
@@ -782,7 +782,7 @@ impl Dataset {
         self.check_placement(&info)?;
         let f = self.open_for_reads(&*self.store, info.entry.chunk)?;
         let mut stored = vec![0u8; info.entry.stored_len as usize];
-        read_exact(&*f, &mut stored, info.entry.offset)?;
+        read_exact(&f, &mut stored, info.entry.offset)?;
         match decode_record(&info.entry, &stored) {
             Ok(Cow::Borrowed(_)) => Ok(stored),
             Ok(Cow::Owned(v)) => Ok(v),
@@ -794,7 +794,7 @@ impl Dataset {
     pub(crate) fn open_for_reads(&self, store: &dyn ChunkStore, chunk: u32) -> Result<Source> {
         let f = self.open_chunk_in(store, chunk)?;
         let mut head = [0u8; CHUNK_HEADER_LEN];
-        read_exact(&*f, &mut head, 0)?;
+        read_exact(&f, &mut head, 0)?;
         self.check_chunk_header(&head, chunk, f.location())?;
         Ok(f)
     }
@@ -888,8 +888,10 @@ pub fn ownership(
     Ok(granary_store::Ownership::assign(&home, &sizes, capacities))
 }
 
-/// Reads `buf.len()` bytes of `f` at `offset`.
-pub(crate) fn read_exact(f: &dyn ChunkSource, buf: &mut [u8], offset: u64) -> Result<()> {
-    let need = buf.len();
-    Ok(f.read_ranges(&mut [RangeRead { offset, buf, need }])?)
+/// Reads `buf.len()` bytes of `f` at `offset`, through the store's one function for single
+/// reads (bytes from a copy checked and, when they fail, read below it).
+pub(crate) fn read_exact(f: &Source, buf: &mut [u8], offset: u64) -> Result<()> {
+    let unchecked = granary_store::verified::Expect::default();
+    granary_store::verified::read_into(f, offset, buf, &unchecked)?;
+    Ok(())
 }

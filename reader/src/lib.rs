@@ -95,7 +95,7 @@ pub use plan::{
 pub use random::SampleReader;
 pub use readahead::{ReadAheadSeat, SharedReadAhead};
 pub use stream::{EpochStream, Sample, StreamOptions};
-pub use tier::TierHits;
+pub use tier::{TierHits, Weighed};
 pub use verify::{verify, verify_with, Problem, VerifyReport};
 pub use view::{view_reads, write_view, View, ViewReads};
 pub use waits::WaitReport;

@@ -25,13 +25,13 @@ use rayon::prelude::*;
 use crate::error::{ReadError, Result};
 use crate::io::{BufPool, Completed, Engine, IoKind, Pending, Request};
 use crate::plan::{EpochPlan, ShuffleMode};
-use crate::tier::{HotState, TierCounters, TierHits};
+use crate::tier::{TierCounters, TierHits};
 use crate::waits::{plan_shares, read_shares, Phase, Timeline, WaitReport};
 use crate::window::{buffer_bytes, Prepared, Windows};
 use crate::ReadPattern;
-use crate::{Dataset, LocalTier, TierPolicy};
+use crate::{Dataset, LocalTier};
 use granary_store::local::Opener;
-use granary_store::tier::Admission;
+use granary_store::tier::{Admission, Importance};
 use granary_store::{Access, IoMode, MeterReading, OpenCounters, OpenCounts, StoreStack};
 
 /// Options of the I/O path.
@@ -363,15 +363,16 @@ impl EpochStream {
                 peers.clone(),
             )
         });
-        w.scores = opts.scores.clone();
-        // An importance tier with a score table holds hot chunks (re-packed samples); a table
-        // with no loss reported yet (every sample at the mean) says nothing to re-pack.
-        w.hot = match (cache, &opts.scores) {
-            (Some(c), Some(s)) if c.policy() == TierPolicy::Importance && s.reported() > 0 => {
-                Some(HotState::new(ds, stack, c, s.clone(), opts.memory)?)
-            }
+        let importance = opts.scores.clone().map(|scores| {
+            let ds = ds.clone();
+            Arc::new(crate::tier::Weighed { ds, scores }) as Arc<dyn Importance>
+        });
+        // An importance tier with a score table holds hot chunks (re-packed samples).
+        w.hot = match (&importance, cache.is_some()) {
+            (Some(i), true) => stack.hot_chunks(i.clone(), opts.memory)?,
             _ => None,
         };
+        w.importance = importance;
         Ok(w)
     }
 

@@ -1,182 +1,45 @@
-//! The local tier as a stream feeds it: hot chunks seen and harvested (`HotState`) and hits
-//! counted (`TierCounters`). The tier's storage itself (quota, policies, files, locking) and
-//! admission into it (`granary_store::tier::Admission`, the background thread a stream offers
-//! chunks and hot records to) are the store's; reading from it is the [`crate::TierStore`]
-//! layer of the stream's stack; the stream's windows (the `window` module) check, count and
-//! offer what they read.
+//! The local tier as a stream counts it (`TierHits`, `TierCounters`), and the dataset's samples
+//! weighed for the tier's admission (`Weighed`). The tier's storage itself (quota, policies,
+//! files, locking), admission into it (`granary_store::tier::Admission`) and its hot chunks
+//! (`granary_store::tier::HotChunks`) are the store's; reading from it is the
+//! [`crate::TierStore`] layer of the stream's stack.
 
-use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-use crate::error::Result;
-use crate::{Dataset, LocalTier};
-use granary_store::tier::{
-    Admission, AdmissionCounters, HotMap, HotRecord, Job, HOT_RECORD_OVERHEAD,
-};
-use granary_store::StoreStack;
-use granary_store::{BytesFrom, ServedCounters, Source};
+use crate::{Dataset, ImportanceScores};
+use granary_format::SampleEntry;
+use granary_store::tier::{AdmissionCounters, Importance};
+use granary_store::{BytesFrom, ServedCounters, StoreError};
 
-/// The hot chunks of an importance tier as one stream sees and feeds them: which samples
-/// they hold (reloaded when another process changes them), which samples belong in them
-/// (score per stored byte at or above `threshold`: the most important ones that fit the
-/// quota), and the records harvested from source reads, waiting to be re-packed.
-pub(crate) struct HotState {
-    stack: StoreStack,
-    cache: Arc<LocalTier>,
-    scores: Arc<crate::ImportanceScores>,
-    map: HotMap,
-    /// The dataset's chunk table: hot chunks made from chunks of other digests are not used.
-    chunks: Arc<[granary_format::ChunkEntry]>,
-    version: Option<u64>,
-    files: HashMap<u32, Option<Source>>,
-    threshold: f64,
-    /// Bytes still allowed for samples exactly at the threshold.
-    tie_room: u64,
-    pending: Vec<HotRecord>,
-    pending_bytes: u64,
-    target: u64,
-    harvested: HashSet<u64>,
+/// A dataset's samples weighed by a score table, as the tier's admission asks
+/// ([`granary_store::tier::chunk_importance`], hot chunks).
+pub struct Weighed {
+    pub ds: Arc<Dataset>,
+    pub scores: Arc<ImportanceScores>,
 }
 
-impl HotState {
-    pub(crate) fn new(
-        ds: &Dataset,
-        stack: StoreStack,
-        cache: Arc<LocalTier>,
-        scores: Arc<crate::ImportanceScores>,
-        memory: u64,
-    ) -> Result<HotState> {
-        // The most important samples per byte that fit in 90 % of the quota, counting what a
-        // hot chunk spends per record (footer entry, path) and per chunk (header, footer,
-        // class table, trailer). Records are harvested in batches of an eighth of the quota
-        // (at most an eighth of the stream's memory budget).
-        let target = (cache.quota() / 8).min(memory / 8).clamp(4 << 10, 32 << 20);
-        let classes = ds.classes()?;
-        let per_chunk = 160 + classes.iter().map(|c| 8 + c.len() as u64).sum::<u64>();
-        let budget =
-            (cache.quota() / 10 * 9).saturating_sub(per_chunk * (cache.quota() / target + 1));
-        // Before any loss is reported every score is the same: nothing is hot yet.
-        let n = if scores.reported() == 0 { 0 } else { ds.len() };
-        let mut v: Vec<(f64, u64)> = Vec::with_capacity(n as usize);
-        for id in 0..n {
-            let len = ds.sample(id)?.entry.stored_len;
-            let cost = len + HOT_RECORD_OVERHEAD + ds.path(id)?.len() as u64;
-            v.push((scores.score(id) / len.max(1) as f64, cost));
-        }
-        v.sort_by(|a, b| b.0.total_cmp(&a.0));
-        let mut used = 0u64;
-        let mut threshold = f64::INFINITY;
-        let mut above = 0u64;
-        for (per_byte, cost) in v {
-            if used + cost > budget {
-                break;
-            }
-            if per_byte < threshold {
-                above = used;
-            }
-            used += cost;
-            threshold = per_byte;
-        }
-        // Samples exactly at the threshold (ties) only while the budget lasts.
-        let tie_room = budget.saturating_sub(above);
-        cache.rescore_hot(|id| scores.score(id))?;
-        Ok(HotState {
-            version: cache.hot_map_version(),
-            chunks: ds.snapshot().chunks().into(),
-            map: cache.hot_map(ds.snapshot().chunks()),
-            stack,
-            cache,
-            scores,
-            files: HashMap::new(),
-            threshold,
-            tie_room,
-            target,
-            pending: Vec::new(),
-            pending_bytes: 0,
-            harvested: HashSet::new(),
-        })
+impl Importance for Weighed {
+    fn samples(&self) -> u64 {
+        self.ds.len()
     }
 
-    /// Picks up hot chunks admitted or evicted by any process since the last look.
-    pub(crate) fn refresh(&mut self) {
-        let v = self.cache.hot_map_version();
-        if v != self.version {
-            self.version = v;
-            self.map = self.cache.hot_map(&self.chunks);
-            let map = &self.map;
-            self.files.retain(|id, _| map.chunks.contains_key(id));
-        }
+    fn sample(&self, id: u64) -> granary_store::Result<(SampleEntry, Vec<u8>)> {
+        let fail = |e: crate::ReadError| StoreError::Invalid(e.to_string());
+        let entry = self.ds.sample(id).map_err(fail)?.entry;
+        Ok((entry, self.ds.path(id).map_err(fail)?))
     }
 
-    /// Where the tier holds sample `id`: its hot chunk id, file and record offset.
-    pub(crate) fn locate(&mut self, id: u64) -> Option<(u32, Source, u64)> {
-        let (h, off) = *self.map.by_sample.get(&id)?;
-        let f = match self.files.get(&h) {
-            Some(f) => f.clone(),
-            None => {
-                // Another process may evict it between map and open: then it is a miss.
-                let f = self
-                    .map
-                    .chunks
-                    .get(&h)
-                    .and_then(|hc| self.stack.open_hot(hc));
-                self.files.insert(h, f.clone());
-                f
-            }
-        }?;
-        Some((h, f, off))
+    fn score(&self, id: u64) -> f64 {
+        self.scores.score(id)
     }
 
-    fn wants(&self, id: u64, stored_len: u64, cost: u64) -> bool {
-        let per_byte = self.scores.score(id) / stored_len.max(1) as f64;
-        (per_byte > self.threshold || (per_byte == self.threshold && cost <= self.tie_room))
-            && !self.map.by_sample.contains_key(&id)
-            && !self.harvested.contains(&id)
+    fn reported(&self) -> bool {
+        self.scores.reported() > 0
     }
 
-    /// Keeps a copy of sample `id`'s stored record if it belongs in a hot chunk; hands a full
-    /// batch to `admission`.
-    pub(crate) fn harvest(
-        &mut self,
-        ds: &Dataset,
-        id: u64,
-        stored: &[u8],
-        admission: Option<&Admission>,
-    ) {
-        let Ok(info) = ds.sample(id) else { return };
-        let Ok(path) = ds.path(id) else { return };
-        let len = info.entry.stored_len;
-        let cost = len + HOT_RECORD_OVERHEAD + path.len() as u64;
-        if stored.len() as u64 != len || !self.wants(id, len, cost) {
-            return;
-        }
-        if self.scores.score(id) / len.max(1) as f64 == self.threshold {
-            self.tie_room -= cost;
-        }
-        self.harvested.insert(id);
-        self.pending_bytes += cost;
-        let Ok(source) = ds.chunk(info.entry.chunk) else {
-            return;
-        };
-        self.pending.push(HotRecord {
-            id,
-            entry: info.entry,
-            source: source.digest,
-            path: path.to_vec(),
-            stored: stored.to_vec(),
-            score: self.scores.score(id),
-        });
-        if self.pending_bytes >= self.target {
-            self.flush(admission);
-        }
-    }
-
-    pub(crate) fn flush(&mut self, admission: Option<&Admission>) {
-        if let (Some(a), false) = (admission, self.pending.is_empty()) {
-            a.offer(Job::Hot(std::mem::take(&mut self.pending), self.target));
-        }
-        self.pending.clear();
-        self.pending_bytes = 0;
+    fn classes(&self) -> Vec<Vec<u8>> {
+        let classes = self.ds.classes().unwrap_or_default();
+        classes.into_iter().map(<[u8]>::to_vec).collect()
     }
 }
 

@@ -14,10 +14,10 @@ use granary_format::{ChunkEntry, SampleEntry, CHUNK_HEADER_LEN};
 use crate::error::Result;
 use crate::io::{BufPool, Completed, Request};
 use crate::plan::ShuffleMode;
-use crate::tier::{HotState, TierCounters};
-use crate::{Dataset, ImportanceScores};
+use crate::tier::TierCounters;
+use crate::Dataset;
 use granary_store::engine::{Expect, Relocate};
-use granary_store::tier::{Admission, Job};
+use granary_store::tier::{chunk_importance, Admission, HotChunks, Importance, Job};
 use granary_store::StoreStack;
 use granary_store::{BytesFrom, DatasetId, Source};
 
@@ -33,8 +33,8 @@ pub(crate) struct Prepared {
     header_req: Vec<(u32, usize)>,
     /// With a tier: chunks read whole, and their request.
     whole: Vec<(u32, usize)>,
-    /// Records read from hot chunks: (hot chunk id, request, sample index in the window).
-    hot: Vec<(u32, usize, usize)>,
+    /// Records read from hot chunks: (request, sample index in the window).
+    hot: Vec<(usize, usize)>,
     /// Ranges of source chunks read around records served by hot chunks: (chunk, request,
     /// offset of the range in the chunk).
     ranges: Vec<(u32, usize, u64)>,
@@ -60,11 +60,11 @@ pub(crate) struct Windows {
     /// Chunks whose header has been checked (or is checked with the window being read).
     checked: HashSet<u32>,
     /// Hot chunks (an importance tier with scores).
-    pub(crate) hot: Option<HotState>,
+    pub(crate) hot: Option<HotChunks>,
     /// Admission into the tier.
     pub(crate) admission: Option<Admission>,
-    /// Importance scores, which rank whole chunks for admission without hot chunks.
-    pub(crate) scores: Option<Arc<ImportanceScores>>,
+    /// The samples' importance, which ranks whole chunks for admission without hot chunks.
+    pub(crate) importance: Option<Arc<dyn Importance>>,
     stats: Arc<TierCounters>,
 }
 
@@ -152,7 +152,7 @@ impl Windows {
             checked: HashSet::new(),
             hot: None,
             admission: None,
-            scores: None,
+            importance: None,
             stats,
         }
     }
@@ -194,7 +194,7 @@ impl Windows {
         }
         let labels: Vec<u32> = entries.iter().map(|e| e.label).collect();
         // Which samples the hot chunks can serve.
-        let mut in_hot: Vec<Option<(u32, Source, u64)>> = vec![None; ids.len()];
+        let mut in_hot: Vec<Option<(Source, u64)>> = vec![None; ids.len()];
         if let (Some(h), false) = (self.hot.as_mut(), self.mode == ShuffleMode::Global) {
             h.refresh();
             for (i, &id) in ids.iter().enumerate() {
@@ -290,8 +290,8 @@ impl Windows {
                 ..Expect::default()
             };
             let (source, offset) = match in_hot[i].take() {
-                Some((h, file, offset)) => {
-                    hot_reads.push((h, plan.reqs.len(), i));
+                Some((file, offset)) => {
+                    hot_reads.push((plan.reqs.len(), i));
                     expect.relocate = Some(Relocate {
                         store: self.stack.store().clone(),
                         chunk: e.chunk,
@@ -353,7 +353,7 @@ impl Windows {
         c: u32,
         f: Source,
         entries: &[SampleEntry],
-        in_hot: &[Option<(u32, Source, u64)>],
+        in_hot: &[Option<(Source, u64)>],
     ) {
         let mine: Vec<&SampleEntry> = entries
             .iter()
@@ -461,21 +461,16 @@ impl Windows {
                         if let Some(rec) =
                             bytes.get(e.offset as usize..(e.offset + e.stored_len) as usize)
                         {
-                            h.harvest(ds, id, rec, Some(a));
+                            h.harvest(id, rec, a);
                         }
                     }
                 }
             } else {
-                // A chunk's importance: the sum of its samples' scores (equal without a
-                // score table, so that importance admission then only adds hysteresis).
-                let score = match &self.scores {
-                    Some(t) => ce.samples().map(|id| t.score(id)).sum(),
-                    None => ce.sample_count as f64,
-                };
+                let score = chunk_importance(&ce, self.importance.as_deref());
                 a.offer(Job::Chunk(ce, bufs[i].clone(), score));
             }
         }
-        for &(_, i, _) in &prep.hot {
+        for &(i, _) in &prep.hot {
             stats.add(bufs[i].from(), 1, bufs[i].data().len() as u64);
         }
         for &(_, r, _) in &prep.ranges {
@@ -499,7 +494,7 @@ impl Windows {
                     let at = (e.offset - start) as usize;
                     let rec = bufs[r].data().get(at..at + e.stored_len as usize);
                     if let (Some(rec), Some(a)) = (rec, admission.filter(|a| a.takes(&bufs[r]))) {
-                        h.harvest(ds, id, rec, Some(a));
+                        h.harvest(id, rec, a);
                     }
                 }
             }
@@ -508,8 +503,8 @@ impl Windows {
 
     /// The end of the epoch: hot records still waiting go to the tier, and admission finishes.
     pub(crate) fn finish(mut self) {
-        if let Some(h) = self.hot.as_mut() {
-            h.flush(self.admission.as_ref());
+        if let (Some(h), Some(a)) = (self.hot.as_mut(), self.admission.as_ref()) {
+            h.flush(a);
         }
         if let Some(a) = self.admission {
             a.finish();

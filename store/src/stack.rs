@@ -11,9 +11,9 @@ use granary_format::ChunkEntry;
 
 use crate::meter::{Meter, MeterReading, Metered};
 use crate::peers::{PeerStore, Peers};
-use crate::seam::{Access, ChunkStore, OpenCounts, Source};
+use crate::seam::{Access, ChunkStore, OpenCounts};
 use crate::tier::fetch::{ChunkScore, FetchCounts, Fetcher};
-use crate::tier::{HotChunk, LocalTier, TierStore};
+use crate::tier::{HotChunks, Importance, LocalTier, TierStore};
 
 /// The layers one reader reads through, built once per reader (a stream, a random-access
 /// reader, a mount).
@@ -92,11 +92,18 @@ impl StoreStack {
         &self.top
     }
 
-    /// Hot chunk `h` from the stack's tier (re-packed records of an importance tier), if the
-    /// stack has a tier and `h`'s file is present with the mapped size (another process may
-    /// evict it meanwhile: then it is a miss).
-    pub fn open_hot(&self, h: &HotChunk) -> Option<Source> {
-        self.tier.as_ref()?.open_hot(h)
+    /// The hot chunks of the stack's tier for a reader with `memory` bytes of budget whose
+    /// samples weigh as `importance` says ([`HotChunks`]); `None` without a tier, or when the
+    /// tier keeps none (its policy is not importance, or no loss was reported yet).
+    pub fn hot_chunks(
+        &self,
+        importance: Arc<dyn Importance>,
+        memory: u64,
+    ) -> crate::Result<Option<HotChunks>> {
+        match &self.tier {
+            Some(t) => HotChunks::open(t, importance, memory),
+            None => Ok(None),
+        }
     }
 
     /// Fetch on first touch into the stack's tier ([`TierStore::fetch_on_touch`]: a read that

@@ -114,6 +114,11 @@ impl TierStore {
         Ok(copy.map(|file| Arc::new(file.serving(BytesFrom::Tier)) as Source))
     }
 
+    /// The dataset's chunk table.
+    pub(crate) fn chunk_table(&self) -> Arc<[ChunkEntry]> {
+        self.chunks.clone()
+    }
+
     /// Chunk `id`'s entry in the dataset's chunk table.
     pub(crate) fn chunk_entry(&self, id: u32) -> Option<ChunkEntry> {
         self.chunks.get(id as usize).cloned()

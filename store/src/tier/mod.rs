@@ -16,6 +16,7 @@
 mod admit;
 pub mod fetch;
 mod files;
+mod hot;
 mod layer;
 
 use std::collections::{BTreeMap, HashMap};
@@ -35,6 +36,7 @@ use crate::{Result, StoreError};
 pub use admit::{Admission, AdmissionCounters, Job, HOT_RECORD_OVERHEAD};
 use files::*;
 pub use files::{decode_hot_map, decode_tier_index, lock_exclusive, write_atomic};
+pub use hot::{chunk_importance, HotChunks, Importance};
 pub use layer::TierStore;
 
 /// What the tier keeps when it is full.
