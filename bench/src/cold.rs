@@ -16,31 +16,18 @@ pub enum ColdMethod {
     None,
 }
 
-/// How `compare` makes caches cold before each epoch.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ColdMode {
-    /// drop_caches where permitted, else fadvise.
-    Auto,
-    /// drop_caches only.
-    Drop,
-    /// posix_fadvise(DONTNEED) on every file only.
-    Fadvise,
-    /// Leave the caches alone (warm epochs).
-    None,
-}
-
-impl ColdMode {
-    /// Parses `auto`, `drop`, `fadvise` or `none`.
-    pub fn parse(s: &str) -> Result<Self, String> {
-        match s {
-            "auto" => Ok(ColdMode::Auto),
-            "drop" => Ok(ColdMode::Drop),
-            "fadvise" => Ok(ColdMode::Fadvise),
-            "none" => Ok(ColdMode::None),
-            _ => Err(format!(
-                "unknown cold mode {s:?}: use auto, drop, fadvise or none"
-            )),
-        }
+granary_format::named_enum! {
+    /// How `compare` makes caches cold before each epoch.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub enum ColdMode ("cold mode") {
+        /// drop_caches where permitted, else fadvise.
+        Auto = "auto",
+        /// drop_caches only.
+        Drop = "drop",
+        /// posix_fadvise(DONTNEED) on every file only.
+        Fadvise = "fadvise",
+        /// Leave the caches alone (warm epochs).
+        None = "none",
     }
 }
 

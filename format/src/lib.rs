@@ -15,6 +15,7 @@ mod id;
 mod le;
 mod legacy;
 pub mod local;
+pub mod names;
 pub mod view;
 
 mod record;

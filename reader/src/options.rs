@@ -7,7 +7,6 @@
 //! Environment variables are not read here: front ends read them.
 
 use std::path::PathBuf;
-use std::str::FromStr;
 use std::time::Duration;
 
 use serde::{Deserialize, Deserializer};
@@ -24,44 +23,16 @@ pub const DEFAULT_CACHE_BOOST: f64 = 4.0;
 /// Default seconds a peer may take to answer (`peer_timeout`, `--peer-timeout`).
 pub const DEFAULT_PEER_TIMEOUT_S: f64 = 2.0;
 
-/// Which samples an epoch reads, by name.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum SamplingKind {
-    /// Every sample once.
-    #[default]
-    Uniform,
-    /// Importance sampling (`alpha`, `cache_boost`; needs scores).
-    Importance,
-}
-
-impl FromStr for SamplingKind {
-    type Err = String;
-    fn from_str(s: &str) -> std::result::Result<Self, String> {
-        match s {
-            "uniform" => Ok(SamplingKind::Uniform),
-            "importance" => Ok(SamplingKind::Importance),
-            _ => Err(format!("unknown sampling {s:?}: use uniform or importance")),
-        }
+granary_format::named_enum! {
+    /// Which samples an epoch reads, by name.
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+    pub enum SamplingKind ("sampling") {
+        /// Every sample once.
+        #[default]
+        Uniform = "uniform",
+        /// Importance sampling (`alpha`, `cache_boost`; needs scores).
+        Importance = "importance",
     }
-}
-
-impl std::fmt::Display for SamplingKind {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            SamplingKind::Uniform => "uniform",
-            SamplingKind::Importance => "importance",
-        })
-    }
-}
-
-/// Deserializes a value of one of the enums above from the name users write.
-fn by_name<'de, D, T>(d: D) -> std::result::Result<T, D::Error>
-where
-    D: Deserializer<'de>,
-    T: FromStr<Err = String>,
-{
-    let s = String::deserialize(d)?;
-    T::from_str(&s).map_err(serde::de::Error::custom)
 }
 
 /// Deserializes the job's secret from its text.
@@ -81,7 +52,6 @@ where
 #[serde(default)]
 pub struct ReaderOptions {
     /// Epoch order.
-    #[serde(deserialize_with = "by_name")]
     pub shuffle: ShuffleMode,
     pub seed: u64,
     /// Chunks per shuffle window (`None`: as many as `memory` allows).
@@ -95,11 +65,9 @@ pub struct ReaderOptions {
     /// Fraction of chunks reassigned between ranks each epoch, 0..1.
     pub locality: f64,
     /// Page cache or `O_DIRECT`, and the page cache `auto` may fill.
-    #[serde(deserialize_with = "by_name")]
     pub io: IoMode,
     pub page_cache: Option<u64>,
     /// I/O backend and reads in flight.
-    #[serde(deserialize_with = "by_name")]
     pub backend: IoKind,
     pub queue_depth: usize,
     /// With hot chunks, gaps shorter than this are read rather than skipped.
@@ -107,7 +75,6 @@ pub struct ReaderOptions {
     /// The local tier: its directory and byte quota (both or neither), and policy.
     pub cache_dir: Option<PathBuf>,
     pub cache_size: Option<u64>,
-    #[serde(deserialize_with = "by_name")]
     pub policy: TierPolicy,
     /// A score table file (`None`: the node's shared table next to the tier).
     pub scores: Option<PathBuf>,
@@ -115,7 +82,6 @@ pub struct ReaderOptions {
     /// before any table exists starts from uniform scores, instead of both being errors.
     /// Python's loaders set it: training creates the table as it reports losses.
     pub lenient_scores: bool,
-    #[serde(deserialize_with = "by_name")]
     pub sampling: SamplingKind,
     pub alpha: f64,
     pub cache_boost: f64,

@@ -183,49 +183,19 @@ pub trait ChunkStore: Send + Sync + Debug {
     }
 }
 
-/// How a reader reads chunk files through the page cache.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum IoMode {
-    /// Through the page cache where the data is resident or meant to stay (see
-    /// [`crate::Opener`]), `O_DIRECT` elsewhere.
-    #[default]
-    Auto,
-    /// Always `O_DIRECT` where the file system allows it (cold benchmarks, or data that must
-    /// not occupy memory).
-    Direct,
-    /// Always through the page cache.
-    Buffered,
-}
-
-impl IoMode {
-    /// Parses `auto`, `direct` or `buffered`.
-    pub fn parse(s: &str) -> std::result::Result<Self, String> {
-        match s {
-            "auto" => Ok(IoMode::Auto),
-            "direct" => Ok(IoMode::Direct),
-            "buffered" => Ok(IoMode::Buffered),
-            _ => Err(format!(
-                "unknown I/O mode {s:?}: use auto, direct or buffered"
-            )),
-        }
-    }
-}
-
-impl std::str::FromStr for IoMode {
-    type Err = String;
-    fn from_str(s: &str) -> std::result::Result<Self, String> {
-        IoMode::parse(s)
-    }
-}
-
-impl std::fmt::Display for IoMode {
-    /// The name [`IoMode::parse`] takes.
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            IoMode::Auto => "auto",
-            IoMode::Direct => "direct",
-            IoMode::Buffered => "buffered",
-        })
+granary_format::named_enum! {
+    /// How a reader reads chunk files through the page cache.
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+    pub enum IoMode ("I/O mode") {
+        /// Through the page cache where the data is resident or meant to stay (see
+        /// [`crate::Opener`]), `O_DIRECT` elsewhere.
+        #[default]
+        Auto = "auto",
+        /// Always `O_DIRECT` where the file system allows it (cold benchmarks, or data that must
+        /// not occupy memory).
+        Direct = "direct",
+        /// Always through the page cache.
+        Buffered = "buffered",
     }
 }
 

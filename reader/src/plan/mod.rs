@@ -20,46 +20,16 @@ pub use keyed::KeyedPermutation;
 use keyed::*;
 pub use quality::{labels_from_class_counts, shuffle_quality, ShuffleQuality};
 
-/// How an epoch is ordered.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ShuffleMode {
-    /// Permute chunk order, read windows of W chunks, shuffle samples within each window.
-    Chunkwise,
-    /// Fully random sample order (record-level reads).
-    Global,
-    /// Snapshot order.
-    Sequential,
-}
-
-impl ShuffleMode {
-    /// Parses `chunkwise`, `global` or `sequential`.
-    pub fn parse(s: &str) -> Result<Self, String> {
-        match s {
-            "chunkwise" => Ok(ShuffleMode::Chunkwise),
-            "global" => Ok(ShuffleMode::Global),
-            "sequential" => Ok(ShuffleMode::Sequential),
-            _ => Err(format!(
-                "unknown shuffle mode {s:?}: use chunkwise, global or sequential"
-            )),
-        }
-    }
-}
-
-impl std::str::FromStr for ShuffleMode {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        ShuffleMode::parse(s)
-    }
-}
-
-impl std::fmt::Display for ShuffleMode {
-    /// The name [`ShuffleMode::parse`] takes.
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            ShuffleMode::Chunkwise => "chunkwise",
-            ShuffleMode::Global => "global",
-            ShuffleMode::Sequential => "sequential",
-        })
+granary_format::named_enum! {
+    /// How an epoch is ordered.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub enum ShuffleMode ("shuffle mode") {
+        /// Permute chunk order, read windows of W chunks, shuffle samples within each window.
+        Chunkwise = "chunkwise",
+        /// Fully random sample order (record-level reads).
+        Global = "global",
+        /// Snapshot order.
+        Sequential = "sequential",
     }
 }
 

@@ -61,48 +61,19 @@ fn said_once(why: &str) {
     }
 }
 
-/// Which backend performs reads.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum IoKind {
-    /// io_uring if the kernel offers it, else pread.
-    Auto,
-    /// io_uring.
-    Uring,
-    /// A pool of threads issuing pread.
-    Pread,
-}
-
-impl IoKind {
-    /// Parses `auto`, `uring` or `pread`.
-    pub fn parse(s: &str) -> std::result::Result<Self, String> {
-        match s {
-            "auto" => Ok(IoKind::Auto),
-            "uring" | "io_uring" => Ok(IoKind::Uring),
-            "pread" => Ok(IoKind::Pread),
-            _ => Err(format!(
-                "unknown I/O backend {s:?}: use auto, uring or pread"
-            )),
-        }
+granary_format::named_enum! {
+    /// Which backend performs reads.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub enum IoKind ("I/O backend") {
+        /// io_uring if the kernel offers it, else pread.
+        Auto = "auto",
+        /// io_uring.
+        Uring = "uring" | "io_uring",
+        /// A pool of threads issuing pread.
+        Pread = "pread",
     }
 }
 
-impl std::str::FromStr for IoKind {
-    type Err = String;
-    fn from_str(s: &str) -> std::result::Result<Self, String> {
-        IoKind::parse(s)
-    }
-}
-
-impl std::fmt::Display for IoKind {
-    /// The name [`IoKind::parse`] takes.
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            IoKind::Auto => "auto",
-            IoKind::Uring => "uring",
-            IoKind::Pread => "pread",
-        })
-    }
-}
 /// One requested byte range of a chunk source, and what its bytes must be (checked where
 /// they come from a copy: see [`crate::verified`]).
 #[derive(Clone)]

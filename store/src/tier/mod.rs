@@ -39,49 +39,18 @@ pub use files::{decode_hot_map, decode_tier_index, lock_exclusive, write_atomic}
 pub use hot::{chunk_importance, HotChunks, Importance};
 pub use layer::TierStore;
 
-/// What the tier keeps when it is full.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum TierPolicy {
-    /// Evict the least recently used chunk.
-    Lru,
-    /// Fill until full, never evict.
-    Static,
-    /// Keep the entries of highest importance per byte; a newcomer must beat the weakest
-    /// resident by 10 % (hysteresis against churn). With a score table the tier holds hot
-    /// chunks re-packed from the samples of highest score per byte.
-    Importance,
-}
-
-impl TierPolicy {
-    /// Parses `lru`, `static` or `importance`.
-    pub fn parse(s: &str) -> std::result::Result<Self, String> {
-        match s {
-            "lru" => Ok(TierPolicy::Lru),
-            "static" => Ok(TierPolicy::Static),
-            "importance" => Ok(TierPolicy::Importance),
-            _ => Err(format!(
-                "unknown cache policy {s:?}: use lru, static or importance"
-            )),
-        }
-    }
-}
-
-impl std::str::FromStr for TierPolicy {
-    type Err = String;
-    fn from_str(s: &str) -> std::result::Result<Self, String> {
-        TierPolicy::parse(s)
-    }
-}
-
-impl std::fmt::Display for TierPolicy {
-    /// The name [`TierPolicy::parse`] takes.
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            TierPolicy::Lru => "lru",
-            TierPolicy::Static => "static",
-            TierPolicy::Importance => "importance",
-        })
+granary_format::named_enum! {
+    /// What the tier keeps when it is full.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub enum TierPolicy ("cache policy") {
+        /// Evict the least recently used chunk.
+        Lru = "lru",
+        /// Fill until full, never evict.
+        Static = "static",
+        /// Keep the entries of highest importance per byte; a newcomer must beat the weakest
+        /// resident by 10 % (hysteresis against churn). With a score table the tier holds hot
+        /// chunks re-packed from the samples of highest score per byte.
+        Importance = "importance",
     }
 }
 
