@@ -52,11 +52,6 @@ impl ReadError {
     pub fn invalid(message: String) -> Self {
         ReadError::Store(StoreError::Invalid(message))
     }
-
-    /// True for an argument or setting that cannot work as given.
-    pub fn is_invalid(&self) -> bool {
-        matches!(self, ReadError::Store(StoreError::Invalid(_)))
-    }
 }
 
 /// A damaged record: which file, chunk, offset and sample.

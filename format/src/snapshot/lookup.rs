@@ -330,16 +330,4 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
         let at = |i: u64| r.start + i as usize * super::RECORD_LEN;
         self.prefetch(std::slice::from_ref(&(at(ids.start)..at(end))))
     }
-
-    /// Fetches the id table entries and namespace pages of samples `ids` (a listing with
-    /// many lookups by id ahead).
-    pub fn prefetch_paths_of(&self, ids: &[u64]) -> Result<()> {
-        let at = |i: u64| self.ns.idtab.start + i as usize * 4;
-        let ranges: Vec<Range<usize>> = ids
-            .iter()
-            .filter(|&&i| i < self.h.samples)
-            .map(|&i| at(i)..at(i) + 4)
-            .collect();
-        self.prefetch(&ranges)
-    }
 }
