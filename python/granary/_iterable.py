@@ -71,6 +71,21 @@ def _as_list(x, kind):
     return [kind(v) for v in x]
 
 
+# The reader's options a dataset takes as keywords and gives every stream (the library
+# checks them, and knows their defaults: READER_DEFAULTS).
+_READER_OPTIONS = (
+    "shuffle", "seed", "drop_last", "window", "memory", "page_cache", "cache_dir",
+    "cache_size", "policy", "sampling", "alpha", "cache_boost", "locality", "peers", "node",
+    "peer_timeout", "ownership_epoch", "peer_secret", "peer_ca",
+)
+# How an option is kept once checked (None stays None); the others as given.
+_KEPT_AS = dict(
+    seed=int, locality=float, alpha=float, cache_boost=float, peer_timeout=float,
+    ownership_epoch=int, memory=int, page_cache=int, cache_size=int, node=int,
+    cache_dir=os.fspath, peer_ca=os.fspath, peer_secret=str,
+)
+
+
 class IterableDataset(_IterBase):
     """Chunk-wise shuffled epochs of a packed dataset, for ``torch.utils.data.DataLoader``.
 
@@ -213,17 +228,13 @@ class IterableDataset(_IterBase):
             raise ValueError("rank and world_size go together")
         if world_size is not None and not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is not in [0, {world_size})")
-        # The reader's own options, checked by the library as every stream will be: now,
-        # in the process that makes the dataset, not later in a DataLoader worker.
-        _check_reader_options(
-            shuffle=shuffle, seed=seed, window=window, memory=memory, locality=locality,
-            page_cache=page_cache,
-            drop_last=not pad if drop_last is None else bool(drop_last),
-            cache_dir=cache_dir, cache_size=cache_size, policy=policy, sampling=sampling,
-            alpha=alpha, cache_boost=cache_boost, peers=peers, node=node,
-            peer_timeout=peer_timeout, ownership_epoch=ownership_epoch,
-            peer_secret=peer_secret, peer_ca=peer_ca,
-        )
+        drop_last = not pad if drop_last is None else bool(drop_last)
+        # The reader's own options (_READER_OPTIONS), checked by the library as every stream
+        # will be: now, in the process that makes the dataset, not later in a DataLoader
+        # worker; then kept as attributes, as _KEPT_AS says.
+        given = locals()
+        options = {name: given[name] for name in _READER_OPTIONS}
+        _check_reader_options(**options)
         if sampling == "importance" and cache_dir is None:
             # report() feeds the node's score table next to the tier.
             raise ValueError("sampling='importance' needs cache_dir: the score table lives there")
@@ -233,32 +244,16 @@ class IterableDataset(_IterBase):
         self.images = _types.check_images(images)
         self.report_waits = bool(waits)
         self._layout_ds = None
-        self.shuffle = shuffle
-        self.seed = int(seed)
+        for name, value in options.items():
+            keep = _KEPT_AS.get(name)
+            setattr(self, name, value if keep is None or value is None else keep(value))
         self.rank = rank
         self.world_size = world_size
-        self.drop_last = not pad if drop_last is None else bool(drop_last)
-        self.locality = float(locality)
         self.transform = transform
         self.collate = collate
         self.batch_size = batch_size
-        self.cache_dir = None if cache_dir is None else os.fspath(cache_dir)
-        self.cache_size = None if cache_size is None else int(cache_size)
-        self.policy = policy
-        self.sampling = sampling
-        self.alpha = float(alpha)
-        self.cache_boost = float(cache_boost)
-        self.window = window
-        self.memory = None if memory is None else int(memory)
-        self.page_cache = None if page_cache is None else int(page_cache)
         self.zero_copy = bool(zero_copy)
         self.batch_format = batch_format
-        self.peers = peers
-        self.node = None if node is None else int(node)
-        self.peer_timeout = float(peer_timeout)
-        self.peer_secret = None if peer_secret is None else str(peer_secret)
-        self.peer_ca = None if peer_ca is None else os.fspath(peer_ca)
-        self.ownership_epoch = int(ownership_epoch)
         self.epoch = 0
         self._resume = None
         self._consumed = 0
@@ -314,27 +309,7 @@ class IterableDataset(_IterBase):
 
     def _stream_options(self):
         """The reader's keyword options of this dataset's streams."""
-        return dict(
-            shuffle=self.shuffle,
-            seed=self.seed,
-            drop_last=self.drop_last,
-            window=self.window,
-            memory=self.memory,
-            page_cache=self.page_cache,
-            cache_dir=self.cache_dir,
-            cache_size=self.cache_size,
-            policy=self.policy,
-            sampling=self.sampling,
-            alpha=self.alpha,
-            cache_boost=self.cache_boost,
-            locality=self.locality,
-            peers=self.peers,
-            node=self.node,
-            peer_timeout=self.peer_timeout,
-            ownership_epoch=self.ownership_epoch,
-            peer_secret=self.peer_secret,
-            peer_ca=self.peer_ca,
-        )
+        return {name: getattr(self, name) for name in _READER_OPTIONS}
 
     def _stream(self):
         rank, world = self._rank_world()
