@@ -28,7 +28,7 @@ mod seam;
 mod stack;
 pub mod testing;
 pub mod tier;
-pub mod verified;
+pub use engine::verified;
 pub mod write;
 
 pub use config::StoreConfig;

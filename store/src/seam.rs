@@ -41,7 +41,7 @@ pub enum BytesFrom {
 impl BytesFrom {
     /// True for bytes from a copy (this node's tier, another node's): the store checks them
     /// against the snapshot before use and, when they fail, gives the copy up
-    /// ([`ChunkSource::fall_back`], [`crate::verified`]).
+    /// ([`ChunkSource::fall_back`], the engine's verified reads).
     pub fn is_copy(self) -> bool {
         self != BytesFrom::Origin
     }
@@ -143,7 +143,7 @@ pub trait ChunkSource: Send + Sync + Debug {
     /// at origin. True when the source now reads elsewhere (also when it already moved past
     /// `served`, for another reader's failure); false (the default) when nothing lies below
     /// it: the failure is the dataset's own. Called by the store's verified reads
-    /// ([`crate::verified`]) only.
+    /// (`engine::verified`) only.
     fn fall_back(&self, why: &str, served: BytesFrom) -> Result<bool> {
         let _ = (why, served);
         Ok(false)

@@ -22,10 +22,11 @@ use crate::file::{eof_at, pread_at_least};
 pub use crate::file::{metadata_ops, IoFile};
 pub use crate::seam::LocalFile;
 use crate::seam::{BytesFrom, LocalRead, RangeRead, Source};
-pub use crate::verified::{Expect, Relocate};
 use crate::{Result, StoreError};
+pub use verified::{Expect, Relocate};
 
 mod uring;
+pub mod verified;
 use uring::UringEngine;
 
 /// Buffer bytes (idle and in use) of an engine made with [`Engine::new`].
@@ -75,7 +76,7 @@ granary_format::named_enum! {
 }
 
 /// One requested byte range of a chunk source, and what its bytes must be (checked where
-/// they come from a copy: see [`crate::verified`]).
+/// they come from a copy: see [`verified`]).
 #[derive(Clone)]
 pub struct Request {
     pub source: Source,
@@ -118,7 +119,7 @@ enum Bytes {
     /// In the file's map (bounds checked when the request completed), counted in the pool's
     /// bytes in use while borrowed: mapped pages are in the reader's RSS as long.
     Map(Source, #[allow(dead_code)] MapLease),
-    /// Read again alone after a copy failed ([`crate::verified`]).
+    /// Read again alone after a copy failed ([`verified`]).
     Owned(Vec<u8>),
 }
 
@@ -548,12 +549,12 @@ impl Engine {
     }
 
     /// Completes a batch returned by [`Engine::submit`]: its buffers in request order, each
-    /// verified ([`crate::verified::settle`]: bytes of a copy that fail what their request
+    /// verified ([`verified::settle`]: bytes of a copy that fail what their request
     /// expects are read again below the copy), or the first error (naming file and offset)
     /// once none of its reads is in flight any more.
     pub fn wait(&mut self, p: Pending) -> Result<Vec<Completed>> {
         let read = p.0.recv().map_err(|_| self.ended());
-        crate::verified::settle(&p.1, read.and_then(|r| r))
+        verified::settle(&p.1, read.and_then(|r| r))
     }
 
     /// The error for a batch whose reply will never come.
@@ -572,7 +573,7 @@ impl Engine {
         timeout: std::time::Duration,
     ) -> std::result::Result<Result<Vec<Completed>>, Pending> {
         match p.0.recv_timeout(timeout) {
-            Ok(r) => Ok(crate::verified::settle(&p.1, r)),
+            Ok(r) => Ok(verified::settle(&p.1, r)),
             Err(std::sync::mpsc::RecvTimeoutError::Timeout) => Err(p),
             Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => Ok(Err(self.ended())),
         }

@@ -1,7 +1,7 @@
 //! Verified reads: what a read's bytes must be ([`Expect`]), and the one place where bytes
 //! from a copy (this node's tier, another node's, a hot chunk) are checked against it and,
 //! when they fail, given up for the layer below (see [`crate::ChunkSource::fall_back`]) and
-//! read again there. The engine settles every batch this way ([`crate::engine::Engine::wait`]),
+//! read again there. The engine settles every batch this way ([`super::Engine::wait`]),
 //! and random reads call [`read_into`]: a reader gets verified bytes or an error naming
 //! the chunk, and never loops, retries or names a layer.
 //!
@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use granary_format::{decode_record, ChunkHeader, DatasetId, SampleEntry, CHUNK_HEADER_LEN};
 
-use crate::engine::{Completed, Request};
+use super::{Completed, Request};
 use crate::seam::{BytesFrom, ChunkStore, RangeRead, Source};
 use crate::{Result, StoreError};
 
