@@ -19,7 +19,7 @@ use serde::Serialize;
 use crate::error::{ReadError, Result};
 use crate::tier::TierCounters;
 use crate::window::Windows;
-use crate::{Access, BytesFrom, Dataset, EpochSetup, LayerReading, OpenCounters, Shard};
+use crate::{Access, Dataset, EpochSetup, LayerReading, OpenCounters, Shard};
 
 /// What an origin store charges (in any currency): per 1,000 requests (GETs) and per GB read.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
@@ -196,12 +196,12 @@ pub fn predict(
             let mut w = Windows::new(ds.clone(), stack, o.mode, setup.stream.range_gap, stats);
             w.whole_files = whole;
             for win in &plan.windows {
-                for (from, c, len) in w.predict(&plan.samples[win.range.clone()])? {
+                for (layer, c, len) in w.predict(&plan.samples[win.range.clone()])? {
                     // A chunk another node keeps comes from its tier (once it holds it).
                     let elsewhere =
                         peers.is_some_and(|p| p.ownership().owner(c).is_some_and(|o| o != p.me()));
-                    let i = match from {
-                        BytesFrom::Tier => 0,
+                    let i = match layer {
+                        "tier" => 0,
                         _ if elsewhere => 1,
                         _ => 2,
                     };

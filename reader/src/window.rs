@@ -19,7 +19,7 @@ use crate::Dataset;
 use granary_store::engine::{Expect, Relocate};
 use granary_store::tier::{chunk_importance, Admission, HotChunks, Importance, Job};
 use granary_store::StoreStack;
-use granary_store::{BytesFrom, DatasetId, Source};
+use granary_store::{DatasetId, Source};
 
 /// A window whose reads are queued: what decoding needs once they complete.
 pub(crate) struct Prepared {
@@ -407,10 +407,10 @@ impl Windows {
     }
 
     /// What reading the window of `ids` would ask of each layer, without reading it: each
-    /// request's layer (where its source's bytes come from), its chunk and its length within
-    /// the chunk. For a bill before the run; files are let go after each
+    /// request's layer (the stack's name of the layer that serves its source), its chunk and
+    /// its length within the chunk. For a bill before the run; files are let go after each
     /// window.
-    pub(crate) fn predict(&mut self, ids: &[u64]) -> Result<Vec<(BytesFrom, u32, u64)>> {
+    pub(crate) fn predict(&mut self, ids: &[u64]) -> Result<Vec<(&'static str, u32, u64)>> {
         let (prep, reqs) = self.prepare(ids, &[])?;
         // Each request's chunk: what the window's bookkeeping says, else its records'.
         let mut chunk = prep.req_chunk.clone();
@@ -424,7 +424,7 @@ impl Windows {
             .zip(chunk)
             .map(|(r, c)| {
                 let len = (r.len as u64).min(r.source.len().saturating_sub(r.offset));
-                (r.source.bytes_from(), c, len)
+                (self.stack.layer_serving(&r.source), c, len)
             })
             .collect();
         if self.mode != ShuffleMode::Global {

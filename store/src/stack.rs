@@ -11,7 +11,7 @@ use granary_format::ChunkEntry;
 
 use crate::meter::{Meter, MeterReading, Metered};
 use crate::peers::{PeerStore, Peers};
-use crate::seam::{Access, ChunkStore, OpenCounts};
+use crate::seam::{Access, BytesFrom, ChunkStore, OpenCounts, Source};
 use crate::tier::fetch::{ChunkScore, FetchCounts, Fetcher};
 use crate::tier::{HotChunks, Importance, LocalTier, TierStore};
 
@@ -141,6 +141,16 @@ impl StoreStack {
 
     fn fetcher(&self) -> Option<&Fetcher> {
         self.tier.as_ref()?.fetcher()
+    }
+
+    /// The layer of this stack whose bytes `source` (a chunk opened through it) serves now,
+    /// by the name its meter has in [`StoreStack::layers`]: `tier`, `peers` or `origin`.
+    pub fn layer_serving(&self, source: &Source) -> &'static str {
+        match source.bytes_from() {
+            BytesFrom::Tier => "tier",
+            BytesFrom::Peer => "peers",
+            BytesFrom::Origin => "origin",
+        }
     }
 
     /// How this reader reads.
