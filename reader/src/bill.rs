@@ -16,10 +16,13 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
+use crate::dataset::Dataset;
+use crate::epoch::{EpochSetup, LayerReading};
 use crate::error::{ReadError, Result};
+use crate::plan::Shard;
 use crate::tier::TierCounters;
 use crate::window::Windows;
-use crate::{Access, Dataset, EpochSetup, LayerReading, OpenCounters, Shard};
+use granary_store::{Access, OpenCounters};
 
 /// What an origin store charges (in any currency): per 1,000 requests (GETs) and per GB read.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]

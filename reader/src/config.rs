@@ -10,12 +10,14 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::dataset::Dataset;
+use crate::epoch::{EpochSetup, ImportanceSampling};
 use crate::error::{ReadError, Result};
+use crate::importance::ImportanceScores;
 use crate::io::IoKind;
-use crate::{
-    Dataset, EpochSetup, ImportanceSampling, ImportanceScores, IoMode, LocalTier, Peers,
-    PlanOptions, StreamOptions, TierPolicy,
-};
+use crate::plan::PlanOptions;
+use crate::stream::StreamOptions;
+use granary_store::{IoMode, LocalTier, Peers, TierPolicy};
 
 /// Which samples an epoch reads.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]

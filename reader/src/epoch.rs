@@ -9,11 +9,12 @@ use std::time::Instant;
 use granary_store::MeterReading;
 use serde::Serialize;
 
+use crate::dataset::Dataset;
 use crate::error::{ReadError, Result};
-use crate::{
-    Dataset, EpochPlan, EpochState, EpochStream, OpenCounts, PlanOptions, Sampling, Shard,
-    StreamOptions, TierHits,
-};
+use crate::plan::{EpochPlan, EpochState, PlanOptions, Sampling, Shard};
+use crate::stream::{EpochStream, StreamOptions};
+use crate::tier::TierHits;
+use granary_store::OpenCounts;
 
 /// Importance sampling: N draws with probability (1 − alpha)/N + alpha × score share, samples
 /// the tier holds favoured `cache_boost` times; every sample gets the loss weight 1/(N p).

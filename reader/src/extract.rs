@@ -9,8 +9,9 @@ use std::path::{Path, PathBuf};
 
 use rayon::prelude::*;
 
+use crate::dataset::Dataset;
 use crate::error::{ReadError, Result};
-use crate::{escape_path, Dataset};
+use crate::pathfmt::escape_path;
 
 /// What to extract and where.
 #[derive(Clone, Debug)]

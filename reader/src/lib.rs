@@ -63,7 +63,7 @@ mod window;
 
 pub use config::{PeerConfig, Reader, ReaderConfig, SamplingMode, ScoreSource, TierConfig};
 pub use dataset::ownership;
-pub use dataset::{ChunkBytes, Dataset, SampleInfo};
+pub use dataset::{ChunkBytes, Dataset, SampleInfo, View};
 pub use epoch::{
     measure_epoch, read_epoch, EpochReport, EpochSetup, EpochTotals, ImportanceSampling,
     LayerReading, PeerReport,
@@ -97,7 +97,7 @@ pub use readahead::{ReadAheadSeat, SharedReadAhead};
 pub use stream::{EpochStream, Sample, StreamOptions};
 pub use tier::{TierHits, Weighed};
 pub use verify::{verify, verify_with, Problem, VerifyReport};
-pub use view::{view_reads, write_view, View, ViewReads};
+pub use view::{view_reads, write_view, ViewReads};
 pub use waits::WaitReport;
 
 /// Read-buffer budget of one reader (one stream) by default ([`StreamOptions::memory`]), from

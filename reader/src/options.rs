@@ -12,9 +12,12 @@ use std::time::Duration;
 use serde::{Deserialize, Deserializer};
 
 use crate::config::{PeerConfig, ReaderConfig, SamplingMode, ScoreSource, TierConfig};
+use crate::epoch::ImportanceSampling;
 use crate::error::{ReadError, Result};
 use crate::io::IoKind;
-use crate::{ImportanceSampling, IoMode, PlanOptions, ShuffleMode, StreamOptions, TierPolicy};
+use crate::plan::{PlanOptions, ShuffleMode};
+use crate::stream::StreamOptions;
+use granary_store::{IoMode, TierPolicy};
 
 /// Default importance sampling mix (`alpha`, `--alpha`).
 pub const DEFAULT_ALPHA: f64 = 0.5;

@@ -6,9 +6,9 @@ use std::sync::{Arc, Mutex};
 
 use granary_format::{decode_record, Compression};
 
+use crate::dataset::Dataset;
 use crate::dataset::SampleInfo;
 use crate::error::{ReadError, Result};
-use crate::Dataset;
 use granary_store::verified::{read_into, Expect};
 use granary_store::StoreStack;
 use granary_store::{Access, BytesFrom, Source};

@@ -22,16 +22,17 @@ use std::time::Instant;
 use granary_format::decode_record;
 use rayon::prelude::*;
 
+use crate::dataset::Dataset;
 use crate::error::{ReadError, Result};
 use crate::io::{BufPool, Completed, Engine, IoKind, Pending, Request};
 use crate::plan::{EpochPlan, ShuffleMode};
 use crate::tier::{TierCounters, TierHits};
 use crate::waits::{plan_shares, read_shares, Phase, Timeline, WaitReport};
 use crate::window::{buffer_bytes, Prepared, Windows};
-use crate::ReadPattern;
-use crate::{Dataset, LocalTier};
 use granary_store::local::Opener;
 use granary_store::tier::{Admission, Importance};
+use granary_store::LocalTier;
+use granary_store::ReadPattern;
 use granary_store::{Access, IoMode, MeterReading, OpenCounters, OpenCounts, StoreStack};
 
 /// Options of the I/O path.

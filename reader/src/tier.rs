@@ -6,7 +6,8 @@
 
 use std::sync::Arc;
 
-use crate::{Dataset, ImportanceScores};
+use crate::dataset::Dataset;
+use crate::importance::ImportanceScores;
 use granary_format::SampleEntry;
 use granary_store::tier::{AdmissionCounters, Importance};
 use granary_store::{BytesFrom, ServedCounters, StoreError};

@@ -8,7 +8,10 @@ use serde_json::json;
 
 use granary_store::{StoreConfig, StoreError};
 
-use crate::{escape_path, Dataset, ReadError, RemoteKind};
+use crate::dataset::Dataset;
+use crate::error::ReadError;
+use crate::pathfmt::escape_path;
+use granary_store::RemoteKind;
 
 /// One problem found by [`verify`].
 #[derive(Clone, Debug, PartialEq, Eq)]

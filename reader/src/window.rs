@@ -11,11 +11,11 @@ use std::sync::Arc;
 
 use granary_format::{ChunkEntry, SampleEntry, CHUNK_HEADER_LEN};
 
+use crate::dataset::Dataset;
 use crate::error::Result;
 use crate::io::{BufPool, Completed, Request};
 use crate::plan::ShuffleMode;
 use crate::tier::TierCounters;
-use crate::Dataset;
 use granary_store::engine::{Expect, Relocate};
 use granary_store::tier::{chunk_importance, Admission, HotChunks, Importance, Job};
 use granary_store::StoreStack;

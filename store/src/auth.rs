@@ -17,7 +17,7 @@ use std::sync::Mutex;
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
-use crate::{Result, StoreError};
+use crate::error::{Result, StoreError};
 
 /// The request header that carries the proof.
 pub const AUTH_HEADER: &str = "x-granary-auth";

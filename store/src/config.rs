@@ -10,7 +10,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::{Result, StoreError};
+use crate::error::{Result, StoreError};
 
 /// Environment variables [`StoreConfig::from_env`] reads (seconds, decimals allowed).
 pub const CONNECT_TIMEOUT_ENV: &str = "GRANARY_CONNECT_TIMEOUT";

@@ -12,8 +12,8 @@ use std::sync::Arc;
 pub use crate::guard::{Mapped, PrivateMapped};
 
 use crate::buf::{AlignedBuf, ALIGN};
+use crate::error::{Result, StoreError};
 use crate::seam::{BytesFrom, ChunkSource, LocalFile, RangeRead};
-use crate::{Result, StoreError};
 
 static METADATA_OPS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 

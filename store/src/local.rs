@@ -22,9 +22,9 @@ use std::sync::atomic::{AtomicU8, Ordering::Relaxed};
 use std::sync::Arc;
 
 use crate::buf::{AlignedBuf, ALIGN};
+use crate::error::{Result, StoreError};
 use crate::file::{count_metadata_ops, map_file, open_regular, IoFile};
 use crate::seam::{Access, ChunkStore, IoMode, OpenCounters, OpenCounts, ReadPattern, Source};
-use crate::{Result, StoreError};
 
 /// Opens one reader's local files as its [`Access`] says, and counts how. Shared by the layers
 /// of the reader's stack (the origin directory and the local tier), so that both follow one

@@ -4,8 +4,9 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use crate::config::StoreConfig;
+use crate::error::Result;
 use crate::object::{is_url, looks_like_url, staging_dir, ObjectUrl};
-use crate::{Result, StoreConfig};
 
 /// Where a dataset (or a file of one) is: a local path, or a prefix in an object store.
 #[derive(Clone, Debug)]

@@ -13,10 +13,10 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Instant;
 
+use crate::error::Result;
 use crate::seam::{
     Access, BytesFrom, ChunkSource, ChunkStore, LocalFile, LocalRead, RangeRead, Source,
 };
-use crate::Result;
 
 /// What one layer saw, counted since it was made.
 #[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize)]

@@ -23,8 +23,8 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::error::Result;
 use crate::guard::Mapped;
-use crate::Result;
 
 /// Where the bytes of a source come from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]

@@ -5,8 +5,8 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 
+use crate::error::{Result, StoreError};
 use crate::seam::{ChunkSource, ChunkStore, LocalFile, LocalRead, RangeRead, Source};
-use crate::{Result, StoreError};
 
 /// A layer over a local store whose sources refuse `read_ranges` but offer their local file to
 /// the I/O engine, counting the bytes the engine reports having read: a read that lost the

@@ -10,16 +10,19 @@ use serde::Serialize;
 use super::SourceMark;
 use super::{epoch_counts, source_seed, Interleave, MixPlan, MixState, PlanSource, Share};
 use crate::config::{Reader, ReaderConfig, SamplingMode};
+use crate::dataset::Dataset;
+use crate::epoch::EpochReport;
 use crate::epoch::{add_layers, LayerReading};
 use crate::error::{ReadError, Result};
-use crate::EpochReport;
-use crate::OpenCounts;
-use crate::{
-    Dataset, DatasetShape, EpochStream, MeterReading, Sample, Shard, TierHits, WaitReport,
-};
+use crate::plan::{DatasetShape, Shard};
+use crate::stream::{EpochStream, Sample};
+use crate::tier::TierHits;
+use crate::waits::WaitReport;
 use granary_store::buf::BufPool;
+use granary_store::MeterReading;
+use granary_store::OpenCounts;
 
-use crate::{ReadAheadSeat, SharedReadAhead};
+use crate::readahead::{ReadAheadSeat, SharedReadAhead};
 
 /// A stream of samples with the reader's counters: one dataset's ([`EpochStream`]) or a
 /// mixture's ([`MixStream`]). What front ends hold.

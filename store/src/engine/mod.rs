@@ -18,11 +18,11 @@ use std::time::{Duration, Instant};
 
 use crate::buf::MapLease;
 pub use crate::buf::{AlignedBuf, BufPool, ALIGN};
+use crate::error::{Result, StoreError};
 use crate::file::{eof_at, pread_at_least};
 pub use crate::file::{metadata_ops, IoFile};
 pub use crate::seam::LocalFile;
 use crate::seam::{BytesFrom, LocalRead, RangeRead, Source};
-use crate::{Result, StoreError};
 pub use verified::{Expect, Relocate};
 
 mod uring;

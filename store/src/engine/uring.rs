@@ -9,7 +9,7 @@ use super::{
     eof_at, failed, finish, group_pieces, piece_slices, read_groups, Piece, QueuedBatch, Reply,
     Request, Slot, REMOTE_SOURCES_IN_FLIGHT,
 };
-use crate::{Result, StoreError};
+use crate::error::{Result, StoreError};
 
 /// A batch of requests being read by the io_uring engine.
 struct Batch {

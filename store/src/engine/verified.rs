@@ -13,8 +13,8 @@ use std::sync::Arc;
 use granary_format::{decode_record, ChunkHeader, DatasetId, SampleEntry, CHUNK_HEADER_LEN};
 
 use super::{Completed, Request};
+use crate::error::{Result, StoreError};
 use crate::seam::{BytesFrom, ChunkStore, RangeRead, Source};
-use crate::{Result, StoreError};
 
 /// What the bytes of a read must be. The default expects nothing (no check).
 #[derive(Clone, Debug, Default)]

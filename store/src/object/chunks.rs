@@ -8,8 +8,8 @@ use futures_util::stream::{self, StreamExt, TryStreamExt};
 
 use super::ops::fetch_range_into;
 use super::{ObjectUrl, GETS_IN_FLIGHT, GET_PART};
+use crate::error::{Result, StoreError};
 use crate::seam::{ChunkSource, ChunkStore, RangeRead, Source};
-use crate::{Result, StoreError};
 
 /// The chunk files of a dataset under a URL prefix. Chunk sizes come from the snapshot, so
 /// opening a chunk costs no request.

@@ -7,7 +7,7 @@ use object_store::ObjectStore;
 
 use super::ObjectUrl;
 use crate::config::MAX_BACKOFF;
-use crate::{Result, StoreError};
+use crate::error::{Result, StoreError};
 
 /// Connects clients whose every request carries the job's proof (`crate::auth`).
 #[derive(Debug)]

@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use crate::config::{CONNECT_TIMEOUT_ENV, REQUEST_TIMEOUT_ENV, RETRY_TIMEOUT_ENV};
-use crate::{RemoteKind, StoreError};
+use crate::error::{RemoteKind, StoreError};
 
 /// An object store error as one a user can act on: what failed, on which URL, and why.
 pub fn remote_error(op: &'static str, url: &str, e: object_store::Error) -> StoreError {

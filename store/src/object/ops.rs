@@ -8,7 +8,7 @@ use object_store::{GetOptions, ObjectStore, ObjectStoreExt, PutPayload};
 
 use super::errors::{remote_error, truncated};
 use super::ObjectUrl;
-use crate::{Result, StoreError};
+use crate::error::{Result, StoreError};
 
 /// What [`ObjectUrl::get_into`] found.
 pub(crate) enum Sized {

@@ -3,7 +3,7 @@
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 
-use crate::{Result, StoreError};
+use crate::error::{Result, StoreError};
 
 /// Runs `f` to completion on this process's runtime (started on first use, and again in a
 /// forked child). Must not be called from inside an async task.

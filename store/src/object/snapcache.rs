@@ -34,7 +34,9 @@ use std::sync::Arc;
 use granary_format::{Blocks, FormatError, Pager, SnapshotHeader, SNAPSHOT_FILE};
 
 use super::{ObjectUrl, GET_PART};
-use crate::{DatasetId, RemoteKind, Result, StoreConfig, StoreError};
+use crate::config::StoreConfig;
+use crate::error::{RemoteKind, Result, StoreError};
+use granary_format::DatasetId;
 
 /// A snapshot opened from an object store: a local file, whole or sparse.
 pub struct RemoteSnapshot {

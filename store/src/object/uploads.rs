@@ -12,7 +12,7 @@ use object_store::{ObjectStoreExt, PutPayload, WriteMultipart};
 use super::errors::remote_error;
 use super::runtime::block_on;
 use super::{ObjectUrl, PUTS_IN_FLIGHT, PUT_PART};
-use crate::{RemoteKind, Result, StoreError};
+use crate::error::{RemoteKind, Result, StoreError};
 
 /// A multipart upload in progress, which [`abort_open_uploads`] can abort from any thread.
 struct OpenUpload {

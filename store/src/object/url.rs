@@ -11,8 +11,9 @@ use super::client::Clients;
 use super::runtime::block_on;
 use super::timeouts::watched;
 use super::SCHEMES;
+use crate::config::StoreConfig;
 use crate::config::Timeouts;
-use crate::{Result, StoreConfig, StoreError};
+use crate::error::{Result, StoreError};
 
 /// True if `s` is a URL granary reads through an object store (`scheme://...` with a known
 /// scheme). A local directory whose name merely looks like one can be written `./s3:/...`.

@@ -6,8 +6,8 @@
 
 use std::time::Duration;
 
+use crate::error::Result;
 use crate::object::{ObjectUrl, PeerLink, Sized};
-use crate::Result;
 
 /// One node's tier of one dataset, read over HTTP.
 #[derive(Debug)]

@@ -26,10 +26,11 @@ use std::time::Duration;
 
 use granary_format::ChunkEntry;
 
+use crate::error::{Result, StoreError};
 use crate::object::Sized;
 use crate::seam::{BytesFrom, ChunkSource, ChunkStore, RangeRead, Source};
-use crate::{DatasetId, Result, StoreError};
 use client::PeerClient;
+use granary_format::DatasetId;
 
 const NO_OWNER: u32 = u32::MAX;
 

@@ -21,7 +21,7 @@ use http_body_util::Full;
 use hyper::{Method, Request, Response, StatusCode};
 
 use crate::auth::{Secret, Verifier};
-use crate::{Result, StoreError};
+use crate::error::{Result, StoreError};
 
 fn invalid(msg: String) -> StoreError {
     StoreError::Invalid(msg)

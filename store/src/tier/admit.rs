@@ -10,8 +10,8 @@ use std::sync::Arc;
 use granary_format::ChunkEntry;
 
 use super::{HotRecord, LocalTier};
+use crate::error::StoreError;
 use crate::peers::Peers;
-use crate::StoreError;
 
 /// Bytes a record costs in a hot chunk besides its stored bytes and path: its footer entry and
 /// path offset.

@@ -16,8 +16,8 @@ use std::time::{Duration, Instant};
 use granary_format::ChunkEntry;
 
 use super::TierStore;
+use crate::error::{Result, StoreError};
 use crate::file::{read_whole, ChunkBytes};
-use crate::{Result, StoreError};
 
 /// How long a chunk the tier declined is not offered again (the tier may change meanwhile).
 const DECLINED_FOR: Duration = Duration::from_secs(30);

@@ -7,7 +7,8 @@ use std::path::Path;
 
 use granary_format::local;
 
-use crate::{DatasetId, Result, StoreError};
+use crate::error::{Result, StoreError};
+use granary_format::DatasetId;
 
 use super::*;
 use crate::write::Durability;

@@ -14,8 +14,8 @@ use granary_format::{ChunkEntry, SampleEntry};
 use super::{
     Admission, HotMap, HotRecord, Job, LocalTier, TierPolicy, TierStore, HOT_RECORD_OVERHEAD,
 };
+use crate::error::Result;
 use crate::seam::Source;
-use crate::Result;
 
 /// What the tier's admission needs to know of a dataset's samples: their entries and paths,
 /// and how important each is now (the training loop's reported losses).

@@ -10,12 +10,12 @@ use granary_format::ChunkEntry;
 
 use super::fetch::{ChunkScore, Fetcher};
 use super::{HotChunk, LocalTier};
+use crate::error::Result;
 use crate::file::{copy_range, IoFile};
 use crate::local::Opener;
 use crate::seam::{
     Access, BytesFrom, ChunkSource, ChunkStore, LocalFile, LocalRead, RangeRead, Source,
 };
-use crate::Result;
 
 /// The local tier as a layer: a chunk the tier holds (its copy's size and header checked) is
 /// read from the copy, opened once and never mapped (someone may cut it short: then it is a

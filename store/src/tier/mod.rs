@@ -29,9 +29,9 @@ use granary_format::{
 };
 use serde::Serialize;
 
+use crate::error::{Result, StoreError};
 use crate::file::IoFile;
 use crate::seam::{BytesFrom, ChunkSource, RangeRead};
-use crate::{Result, StoreError};
 
 pub use admit::{Admission, AdmissionCounters, Job, HOT_RECORD_OVERHEAD};
 use files::*;

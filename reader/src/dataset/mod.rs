@@ -1,5 +1,8 @@
 //! Opening a dataset and reading single samples.
 
+mod view;
+pub use view::View;
+
 use std::borrow::Cow;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -11,7 +14,7 @@ use granary_format::{
 use granary_store::file::Mapped;
 
 use crate::error::{ReadError, RecordError, Result};
-use crate::escape_path;
+use crate::pathfmt::escape_path;
 pub use granary_store::file::ChunkBytes;
 use granary_store::file::{map_file, read_whole};
 use granary_store::local::LocalDir;
@@ -39,7 +42,7 @@ pub struct Dataset {
     /// For a snapshot read in blocks from an object store: what fetches them.
     paged: Option<Arc<granary_store::object::snapcache::BlockPager>>,
     /// Opened through a view file: the samples epochs are planned over.
-    view: Option<Arc<crate::View>>,
+    view: Option<Arc<View>>,
 }
 
 impl std::fmt::Debug for Dataset {
@@ -55,7 +58,7 @@ impl Dataset {
     /// Opens the dataset at `path` (its directory, or its snapshot file). O(1): checks the
     /// snapshot's header, block CRC table, section table and section sizes; every other
     /// block is checked before its first use (see [`Dataset::check_snapshot`] and
-    /// [`crate::verify`] for all at once).
+    /// `granary::verify` for all at once).
     ///
     /// `path` may also be a URL (`s3://bucket/prefix`, `gs://`, `az://`, `http(s)://`): the
     /// snapshot is fetched once into a local cache and chunks are read with ranged GETs
@@ -68,8 +71,8 @@ impl Dataset {
     /// [`Dataset::open`] with the store configured by `cfg` (object store timeouts, where
     /// fetched snapshots are cached, ...).
     pub fn open_with(path: impl AsRef<Path>, cfg: &StoreConfig) -> Result<Self> {
-        if crate::view::is_view_file(path.as_ref()) {
-            return crate::view::open(path.as_ref(), cfg);
+        if view::is_view_file(path.as_ref()) {
+            return view::open(path.as_ref(), cfg);
         }
         match granary_store::open(path.as_ref(), cfg)? {
             Location::Object(u) => {
@@ -165,13 +168,13 @@ impl Dataset {
     }
 
     /// This dataset with `view`'s selection attached (what opening a view file gives).
-    pub(crate) fn with_view(mut self, view: crate::View) -> Self {
+    pub(crate) fn with_view(mut self, view: View) -> Self {
         self.view = Some(Arc::new(view));
         self
     }
 
     /// The view this dataset was opened through, if any: epochs deliver its samples only.
-    pub fn view(&self) -> Option<&crate::View> {
+    pub fn view(&self) -> Option<&View> {
         self.view.as_deref()
     }
 
