@@ -1548,3 +1548,55 @@ fn kept_maps_are_reported_and_bounded_by_the_page_cache_budget() {
     let text = stdout(&run_ok(["read", ds.to_str().unwrap()]));
     assert!(text.contains("maps of resident chunks kept"), "{text}");
 }
+
+/// The tier's own score table damaged (emptied, or not a table): every policy reads on without
+/// it, saying so; an explicit `--scores FILE` that is not a table stays an error naming it. A
+/// global shuffle with a tier says once that it reads the dataset itself.
+#[test]
+fn a_damaged_tier_score_table_is_a_miss_and_a_global_shuffle_says_it_skips_the_tier() {
+    let tmp = tempfile::tempdir().unwrap();
+    let files = numbered_tree(60, 3, |i| 300 + i as usize * 7);
+    let ds = packed_tree(&tmp.path().join("src"), &files, &tmp.path().join("ds"), &[]);
+    let cache = tmp.path().join("tier");
+    let read = |extra: &[&str]| {
+        let mut a = vec!["read", ds.to_str().unwrap(), "--json"];
+        a.extend_from_slice(&[
+            "--cache-dir",
+            cache.to_str().unwrap(),
+            "--cache-size",
+            "1GiB",
+        ]);
+        a.extend_from_slice(extra);
+        run(a)
+    };
+    let first = read(&[]);
+    assert!(first.status.success(), "{}", stderr(&first));
+    let id = granary::Dataset::open(&ds).unwrap().snapshot().dataset_id();
+    let scores = granary::LocalTier::tier_dir(&cache, &id).join("scores");
+    for (i, damage) in [&b""[..], &b"not a table at all"[..]]
+        .into_iter()
+        .enumerate()
+    {
+        std::fs::write(&scores, damage).unwrap();
+        for policy in ["static", "lru", "importance"] {
+            let o = read(&["--policy", policy]);
+            assert!(o.status.success(), "damage {i}, {policy}: {}", stderr(&o));
+            let e = stderr(&o);
+            assert!(e.contains("score table cannot be used"), "{policy}: {e}");
+        }
+    }
+    let bad = tmp.path().join("bad.scores");
+    std::fs::write(&bad, b"nope").unwrap();
+    let o = read(&["--scores", bad.to_str().unwrap()]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("bad.scores"), "{}", stderr(&o));
+    std::fs::remove_file(&scores).unwrap();
+    let o = read(&["--shuffle", "global"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(
+        stderr(&o).matches("the local tier is not used").count(),
+        1,
+        "{}",
+        stderr(&o)
+    );
+}

@@ -40,7 +40,8 @@ pub struct ReadStats {
     pub fetch_errors: u64,
     /// Reads answered with EIO: damaged records or unreadable storage.
     pub read_errors: u64,
-    /// Tier copies found damaged, removed, and read from the origin instead.
+    /// Tier copies (and hot chunks) this mount found damaged - when it opened them or as it
+    /// read them -, removed, and read from the origin instead.
     pub tier_copies_discarded: u64,
 }
 
@@ -117,7 +118,7 @@ impl TieredReader {
             fetches_skipped: f.skipped,
             fetch_errors: f.errors,
             read_errors: l(&c.read_errors),
-            tier_copies_discarded: self.stack_reading("tier").fallbacks,
+            tier_copies_discarded: self.cache.as_ref().map_or(0, |c| c.dropped()),
         }
     }
 
@@ -153,14 +154,6 @@ impl TieredReader {
     /// whether it is queued or being fetched.
     pub fn prefetch(&self, chunk: u32) -> bool {
         self.reader.stack().prefetch(chunk)
-    }
-
-    /// What passed through layer `name` of the reader's store stack so far (nothing for a
-    /// layer it does not have).
-    fn stack_reading(&self, name: &str) -> granary::MeterReading {
-        let layers = self.reader.stack().layers();
-        let found = layers.into_iter().find(|(layer, _)| *layer == name);
-        found.map(|(_, r)| r).unwrap_or_default()
     }
 
     /// What passed through each layer of the reader's store stack so far, top first.

@@ -618,11 +618,34 @@ fn publish_file(py: Python<'_>, path: PathBuf, data: Vec<u8>) -> PyResult<()> {
         })
 }
 
+/// Python's `logging` while the interpreter can be attached to; stderr (warnings and errors)
+/// once it is shutting down or gone: a background thread (the tier's admission, a peer) may
+/// log after the training script ended, which must neither panic nor lose the message.
+struct PythonOrStderr(pyo3_log::Logger);
+
+impl log::Log for PythonOrStderr {
+    fn enabled(&self, m: &log::Metadata<'_>) -> bool {
+        Python::try_attach(|_| self.0.enabled(m)).unwrap_or(m.level() <= log::Level::Warn)
+    }
+
+    fn log(&self, r: &log::Record<'_>) {
+        if Python::try_attach(|_| self.0.log(r)).is_none() && r.level() <= log::Level::Warn {
+            eprintln!("{}: {}: {}", r.level(), r.target(), r.args());
+        }
+    }
+
+    fn flush(&self) {}
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     // The reader's diagnostics (a full tier, a peer marked down) go to Python's `logging`
-    // (loggers named after the Rust modules, e.g. "granary_store.peers").
-    let _ = pyo3_log::try_init();
+    // (loggers named after the Rust modules, e.g. "granary_store.peers"), or to stderr once
+    // the interpreter is shutting down.
+    if let Ok(py_logger) = pyo3_log::Logger::new(m.py(), pyo3_log::Caching::LoggersAndLevels) {
+        let _ = log::set_boxed_logger(Box::new(PythonOrStderr(py_logger)))
+            .map(|()| log::set_max_level(log::LevelFilter::Debug));
+    }
     m.add_class::<Dataset>()?;
     m.add_class::<stream::Stream>()?;
     m.add_class::<Scores>()?;

@@ -251,9 +251,16 @@ impl Reader {
             _ => None,
         };
         let table = match path {
-            Some(p) => Some(Arc::new(ImportanceScores::load(&p).map_err(|e| {
-                ReadError::invalid(format!("loading scores {}: {e}", p.display()))
-            })?)),
+            Some(p) => match ImportanceScores::load(&p) {
+                Ok(t) => Some(Arc::new(t)),
+                // The tier's own table, damaged: like a damaged copy, a miss (training's next
+                // report() writes it again), not the end of the epoch.
+                Err(e) if matches!(c.scores, ScoreSource::Tier) => {
+                    log::warn!("the tier's score table cannot be used ({e}); read without it");
+                    None
+                }
+                Err(e) => return Err(ReadError::invalid(format!("loading the score table: {e}"))),
+            },
             None => None,
         };
         let table = table.filter(|t| !c.lenient_scores || t.len() == self.ds.len());

@@ -341,6 +341,16 @@ impl EpochStream {
     ) -> Result<Windows> {
         // Global plans read single records: no tier.
         let cache = opts.tier.clone().filter(|_| mode != ShuffleMode::Global);
+        if opts.tier.is_some() && cache.is_none() {
+            static SAID: std::sync::Once = std::sync::Once::new();
+            SAID.call_once(|| {
+                log::warn!(
+                    "a global shuffle reads single records from the dataset itself: the local \
+                     tier is not used (it serves chunk-wise and sequential epochs, random access \
+                     and the mount)"
+                )
+            });
+        }
         // Peers share tiers only: without a local tier there is nothing to share.
         let peers = opts.peers.clone().filter(|_| cache.is_some());
         let stack = ds.stack(access, cache.clone(), peers.clone())?;

@@ -350,8 +350,9 @@ impl ChunkSource for HotSource {
     fn fall_back(&self, why: &str, _: BytesFrom) -> Result<bool> {
         if !self.dropped.swap(true, Relaxed) {
             log::warn!(
-                "hot chunk {} in the tier: {why}; dropped, its records are read from their chunks",
-                self.id
+                "hot chunk {}: {why}; dropped from the tier, its records are read from their \
+                 chunks",
+                self.file.path.display()
             );
             self.cache.discard_hot(self.id)?;
         }

@@ -182,6 +182,8 @@ pub struct LocalTier {
     quota: u64,
     policy: TierPolicy,
     view: std::sync::Mutex<View>,
+    /// Copies and hot chunks this handle dropped as damaged (or gone bad in another way).
+    dropped: std::sync::atomic::AtomicU64,
 }
 
 /// Identity of the `index` file: any process replacing it (rename of a new file) changes it.
@@ -256,6 +258,7 @@ impl LocalTier {
             quota,
             policy,
             view: Default::default(),
+            dropped: Default::default(),
         })
     }
 
@@ -531,8 +534,13 @@ impl LocalTier {
                         "tier copy {}: cannot open it ({e}); dropped from the tier",
                         p.display()
                     );
+                    let _ = self.discard(ce);
+                } else if let Ok(mut l) = self.lock() {
+                    // Gone: only the list still names it.
+                    let _ = self
+                        .remove(&mut l, key)
+                        .and_then(|()| self.write_index(&l, true));
                 }
-                let _ = self.discard(ce);
                 return Ok(None);
             }
         };
@@ -567,15 +575,27 @@ impl LocalTier {
         Ok(())
     }
 
-    /// Removes chunk `ce`'s copy (for example after a record in it failed its CRC).
+    /// Removes chunk `ce`'s copy, found damaged (it failed its checks when opened or read);
+    /// counted in [`LocalTier::dropped`].
     pub fn discard(&self, ce: &ChunkEntry) -> Result<()> {
+        self.dropped
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let mut l = self.lock()?;
         self.remove(&mut l, Key::copy(ce))?;
         self.write_index(&l, true)
     }
 
-    /// Removes hot chunk `id` (for example after a record in it failed its CRC).
+    /// Copies and hot chunks this handle dropped as damaged so far: found so when opened
+    /// (cut short, replaced, unreadable) or when their bytes failed as they were read.
+    pub fn dropped(&self) -> u64 {
+        self.dropped.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Removes hot chunk `id`, found damaged (a record in it failed its CRC); counted in
+    /// [`LocalTier::dropped`].
     pub fn discard_hot(&self, id: u32) -> Result<()> {
+        self.dropped
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let mut l = self.lock()?;
         self.remove(&mut l, Key::Hot(id))?;
         self.write_hot_map(&l, self.read_hot_chunks())?;
