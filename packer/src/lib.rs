@@ -657,19 +657,23 @@ pub(crate) struct FooterBytes {
 /// "changed since it was written").
 pub(crate) fn read_footer_bytes(dir: &Path, id: u32, size: u64) -> Result<FooterBytes, PackError> {
     use granary_format::{ChunkHeader, Trailer, CHUNK_HEADER_LEN, CHUNK_TRAILER_LEN};
-    use std::os::unix::fs::FileExt;
+    use granary_store::{verified, ChunkStore};
     let path = dir.join(chunk_file_name(id));
-    let f = std::fs::File::open(&path).map_err(|e| PackError::io("reading back", &path, e))?;
     let bad = |detail: String| PackError::Source {
         path: path.clone(),
         detail: format!("changed since it was written: {detail}"),
     };
-    if size < (CHUNK_TRAILER_LEN + CHUNK_HEADER_LEN) as u64 {
-        return Err(bad("too short".into()));
+    let src = granary_store::LocalDir::new(dir)
+        .open_chunk(id)
+        .map_err(|e| bad(e.to_string()))?;
+    if size < (CHUNK_TRAILER_LEN + CHUNK_HEADER_LEN) as u64 || src.len() != size {
+        return Err(bad(format!("{} bytes, written as {size}", src.len())));
     }
+    let unchecked = verified::Expect::default();
     let read = |buf: &mut [u8], at: u64| {
-        f.read_exact_at(buf, at)
-            .map_err(|e| PackError::io("reading back", &path, e))
+        verified::read_into(&src, at, buf, &unchecked)
+            .map(|_| ())
+            .map_err(|e| bad(e.to_string()))
     };
     let mut head = [0u8; CHUNK_HEADER_LEN];
     read(&mut head, 0)?;
@@ -714,7 +718,9 @@ pub(crate) fn read_footer(dir: &Path, s: ChunkSummary) -> Result<ChunkSummary, P
 /// (a subsequence of) exactly the files the plan puts there.
 fn verify_existing(place: &Place, plan: &Plan, c: usize) -> Option<ChunkSummary> {
     let id = place.ids.id(c);
-    let bytes = std::fs::read(place.chunks.join(chunk_file_name(id))).ok()?;
+    let src =
+        granary_store::ChunkStore::open_chunk(&granary_store::LocalDir::new(&place.chunks), id);
+    let bytes = granary_store::file::read_whole(&*src.ok()?).ok()?;
     let check = granary_format::check_chunk(&bytes, &plan.dataset_id, id).ok()?;
     if !check.bad_records.is_empty() || !footer_matches_plan(plan, c, &check.footer) {
         return None;

@@ -7,8 +7,9 @@ use granary_format::{
     check_chunk, chunk_file_name, parse_chunk_file_name, ChunkHeader, ChunkSummary, Snapshot,
     SnapshotBuilder, SNAPSHOT_FILE,
 };
+use granary_store::file::ChunkBytes;
 use granary_store::object::ObjectUrl;
-use granary_store::{Location, StoreConfig};
+use granary_store::{LocalDir, Location, StoreConfig};
 use rayon::prelude::*;
 use serde::Serialize;
 
@@ -126,6 +127,25 @@ impl Place {
         }
     }
 
+    /// The whole of chunk `id`'s file, read through the store; `None` if there is none.
+    fn read_chunk(&self, id: u32) -> Result<Option<ChunkBytes>, PackError> {
+        match self {
+            Place::Dir(d) => {
+                let src = match granary_store::ChunkStore::open_chunk(&LocalDir::new(d), id) {
+                    Ok(src) => src,
+                    Err(granary_store::StoreError::Io { source, .. })
+                        if source.kind() == std::io::ErrorKind::NotFound =>
+                    {
+                        return Ok(None)
+                    }
+                    Err(e) => return Err(e.into()),
+                };
+                Ok(Some(granary_store::file::read_whole(&*src)?))
+            }
+            Place::Url(_) => Ok(self.read(&chunk_file_name(id))?.map(ChunkBytes::Owned)),
+        }
+    }
+
     /// The whole of file `name`; `None` if there is none.
     pub(crate) fn read(&self, name: &str) -> Result<Option<Vec<u8>>, PackError> {
         match self {
@@ -200,7 +220,7 @@ pub fn reindex(
         .par_iter()
         .map(|&id| {
             let path = place.location(&chunk_file_name(id));
-            let bytes = place.read(&chunk_file_name(id))?.ok_or_else(|| PackError::Source {
+            let bytes = place.read_chunk(id)?.ok_or_else(|| PackError::Source {
                 path: path.clone(),
                 detail: "vanished while reindexing".into(),
             })?;

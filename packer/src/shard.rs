@@ -648,7 +648,11 @@ fn build_snapshot(
         }
         let (bytes, s) = filler_chunk(dataset_id, id, &classes);
         let path = ds.join(chunk_file_name(id));
-        if files.contains_key(&id) && std::fs::read(&path).ok().as_deref() != Some(&bytes[..]) {
+        let on_disk = || {
+            let src = granary_store::ChunkStore::open_chunk(&granary_store::LocalDir::new(ds), id);
+            granary_store::file::read_whole(&*src.ok()?).ok()
+        };
+        if files.contains_key(&id) && on_disk().as_deref() != Some(&bytes[..]) {
             return Err(usage(
                 ds,
                 format!(
