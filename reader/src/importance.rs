@@ -151,7 +151,8 @@ impl ImportanceScores {
 
     /// Reads a table written by [`ImportanceScores::save`]; damaged files are errors.
     pub fn load(path: &Path) -> Result<Self> {
-        let b = std::fs::read(path).map_err(|e| ReadError::io("reading", path, e))?;
+        let b = granary_store::file::read_regular(path)
+            .map_err(|e| ReadError::io("reading", path, e))?;
         Self::decode(&b).map_err(|why| {
             ReadError::invalid(format!("{}: not a score table ({why})", path.display()))
         })

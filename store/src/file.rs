@@ -331,3 +331,34 @@ pub fn read_whole(src: &dyn ChunkSource) -> Result<ChunkBytes> {
         }
     }
 }
+
+/// [`open_regular`] for writing, creating the file if needed (a lock file of the tier): a FIFO
+/// or a directory put under its name is an error at once, never waited on.
+pub fn open_regular_for_writing(path: &Path) -> std::io::Result<File> {
+    let not_regular =
+        || std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a regular file");
+    // A FIFO without a reader would answer the open below with ENXIO: name it for what it is.
+    if std::fs::symlink_metadata(path).is_ok_and(|m| !m.is_file()) {
+        return Err(not_regular());
+    }
+    let f = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)?;
+    if !f.metadata()?.is_file() {
+        return Err(not_regular());
+    }
+    Ok(f)
+}
+
+/// The bytes of the file at `path`, a regular file (one of the tier's, a score table): a
+/// FIFO or a directory put under its name is an error, never waited on.
+pub fn read_regular(path: &Path) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    let mut f = open_regular(path, 0)?;
+    let mut b = Vec::new();
+    f.read_to_end(&mut b)?;
+    Ok(b)
+}

@@ -184,7 +184,7 @@ pub(super) fn temp_owner(name: &str) -> Option<TempOwner> {
 /// True if the lock file at `path` is free (missing, or nobody holds it: then taken and
 /// released at once).
 pub(super) fn try_lock(path: &Path) -> bool {
-    match File::open(path) {
+    match crate::file::open_regular(path, 0) {
         Ok(f) => {
             rustix::fs::flock(&f, rustix::fs::FlockOperation::NonBlockingLockExclusive).is_ok()
         }
@@ -220,11 +220,7 @@ pub(super) fn try_lock_exclusive(path: &Path) -> Result<Option<File>> {
 
 pub(super) fn lock_file(path: &Path, wait: bool) -> Result<Option<File>> {
     use rustix::fs::FlockOperation::{LockExclusive, NonBlockingLockExclusive};
-    let f = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(path)
+    let f = crate::file::open_regular_for_writing(path)
         .map_err(|e| StoreError::io("opening", path, e))?;
     let op = if wait {
         LockExclusive

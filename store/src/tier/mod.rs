@@ -392,7 +392,7 @@ impl LocalTier {
 
     /// The content list of `index` if it is present and intact: entries, use clock, next hot id.
     fn parse_index(&self) -> Option<(BTreeMap<Key, Entry>, u64, u32)> {
-        parse_index(&std::fs::read(self.dir.join("index")).ok()?)
+        parse_index(&crate::file::read_regular(&self.dir.join("index")).ok()?)
     }
 
     /// Reads the content list; a missing or damaged list is rebuilt from the files present
@@ -474,7 +474,7 @@ impl LocalTier {
     }
 
     fn read_hot_chunks(&self) -> BTreeMap<u32, HotChunk> {
-        std::fs::read(self.dir.join("hot.map"))
+        crate::file::read_regular(&self.dir.join("hot.map"))
             .ok()
             .and_then(|b| decode_hot_map(&b))
             .unwrap_or_default()

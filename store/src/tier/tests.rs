@@ -139,3 +139,50 @@ fn temporary_names_and_their_owners() {
         assert!(temp_owner(other).is_none(), "{other}");
     }
 }
+
+/// A FIFO put under the name of the tier's lock, content list or hot map is never waited on:
+/// lookups treat the list and the map as missing, and what needs the lock (or must replace
+/// the list) is an error naming the file, at once.
+#[test]
+fn fifos_under_the_tiers_own_names_are_never_waited_on() {
+    let tmp = tempfile::tempdir().unwrap();
+    let t = LocalTier::open(tmp.path(), [3; 16], 1 << 20, TierPolicy::Lru).unwrap();
+    let dir = t.dir().to_path_buf();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let fifo = |name: &str| {
+            let p = dir.join(name);
+            let _ = std::fs::remove_file(&p);
+            rustix::fs::mknodat(
+                rustix::fs::CWD,
+                &p,
+                rustix::fs::FileType::Fifo,
+                rustix::fs::Mode::from_raw_mode(0o644),
+                0,
+            )
+            .unwrap();
+        };
+        fifo("index");
+        fifo("hot.map");
+        let used = t.used().map_err(|e| e.to_string());
+        let listed = t.hot_map(&[]).chunks.is_empty()
+            && used.as_ref().map_or_else(|e| e.contains("index"), |_| true);
+        fifo("lock");
+        let ce = ChunkEntry {
+            chunk_id: 0,
+            file_size: 10,
+            ..Default::default()
+        };
+        let locked = t.discard(&ce).map_err(|e| e.to_string());
+        let _ = tx.send((listed, locked));
+    });
+    let (listed, locked) = rx
+        .recv_timeout(std::time::Duration::from_secs(30))
+        .expect("a FIFO in the tier was waited on");
+    assert!(listed, "a FIFO list or hot map is read as missing");
+    let e = locked.expect_err("a FIFO lock cannot be taken");
+    assert!(
+        e.contains("lock") && e.contains("not a regular file"),
+        "{e}"
+    );
+}
