@@ -22,7 +22,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 
 use crate::buf::{AlignedBuf, ALIGN};
-use crate::write::{direct_pays, set_direct, write_all_at};
+use crate::write::{crash_point, direct_pays, set_direct, write_all_at, Durability, Pending};
 
 /// The background writes of many [`Appender`]s (see the module documentation).
 pub struct Appends {
@@ -240,6 +240,25 @@ impl Appender {
             len: 0,
             at: 0,
         })
+    }
+}
+
+impl Appender {
+    /// The file written whole (every write of the pool done) and synced as `durability` says,
+    /// to be renamed over `path` ([`Pending::publish`]), as every file granary writes is:
+    /// nothing stays under either name if it is dropped unpublished.
+    pub fn finish(mut self, path: &Path, durability: Durability) -> io::Result<Pending> {
+        crash_point("write", path);
+        self.flush()?;
+        if durability != Durability::Rename {
+            crash_point("fsync", path);
+            File::open(&*self.path)?.sync_all()?;
+        }
+        Ok(Pending::written(
+            path.to_path_buf(),
+            self.path.to_path_buf(),
+            durability,
+        ))
     }
 }
 

@@ -349,6 +349,17 @@ pub struct Pending {
 }
 
 impl Pending {
+    /// A file written whole under `tmp` (and synced, as `durability` says), to be renamed over
+    /// `path`.
+    pub(crate) fn written(path: PathBuf, tmp: PathBuf, durability: Durability) -> Pending {
+        Pending {
+            path,
+            tmp,
+            durability,
+            published: false,
+        }
+    }
+
     /// The temporary name it is written under.
     pub fn tmp_path(&self) -> &Path {
         &self.tmp

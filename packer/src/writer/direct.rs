@@ -22,7 +22,6 @@
 //! only then), fsyncs and names the file. There is nothing to resume from: an interrupted
 //! writer with an expected count starts over (its partial chunks are removed).
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
@@ -30,6 +29,7 @@ use std::collections::HashMap;
 
 use granary_format::{chunk_file_name, ChunkSummary, ChunkWriter, NO_LABEL};
 use granary_store::append::{Appender, Appends};
+use granary_store::write::Durability;
 
 use super::spill::SpillRecord;
 use crate::publish::{append_record, write_in_parallel, ChunkRecord};
@@ -215,15 +215,11 @@ impl Direct {
         if self.fields {
             w.field_types(types).map_err(io)?;
         }
-        let (mut out, summary) = w.finish(classes).map_err(io)?;
-        out.flush().map_err(io)?;
-        granary_store::write::crash_point("fsync", &tmp);
-        std::fs::File::open(&tmp)
-            .and_then(|f| f.sync_all())
-            .map_err(io)?;
+        let (out, summary) = w.finish(classes).map_err(io)?;
         let path = self.dir.join(chunk_file_name(id));
-        granary_store::write::crash_point("rename", &path);
-        std::fs::rename(&tmp, &path).map_err(|e| PackError::io("naming", &tmp, e))?;
+        out.finish(&path, Durability::File)
+            .and_then(|pending| pending.publish())
+            .map_err(io)?;
         Ok(summary)
     }
 
