@@ -76,12 +76,18 @@ enum Command {
 }
 
 /// The libraries' diagnostics (warnings about a full tier, a peer marked down, a mount's
-/// failed read) on standard error, as `granary: warning: ...`.
+/// failed read) on standard error, as `granary: warning: ...`. The FUSE library's own
+/// warnings are its bookkeeping (an unmount it retries after `granary umount` did it), not the
+/// user's: only its errors are shown.
 struct StderrLog;
 
 impl log::Log for StderrLog {
     fn enabled(&self, m: &log::Metadata<'_>) -> bool {
-        m.level() <= log::Level::Warn
+        let most = match m.target().starts_with("fuser") {
+            true => log::Level::Error,
+            false => log::Level::Warn,
+        };
+        m.level() <= most
     }
 
     fn log(&self, r: &log::Record<'_>) {

@@ -162,6 +162,36 @@ impl fuser::Filesystem for Fuse {
         }
     }
 
+    /// A close of a read-only file: nothing to write back (answered without the log line
+    /// FUSE's default gives each close).
+    fn flush(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _lock_owner: LockOwner,
+        reply: ReplyEmpty,
+    ) {
+        reply.ok();
+    }
+
+    /// No ioctl is a mount's: "not a terminal" (what `open()` from Python asks, TCGETS, gets
+    /// from any regular file), answered without the log line FUSE's default gives each call.
+    #[allow(clippy::too_many_arguments)]
+    fn ioctl(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _flags: fuser::IoctlFlags,
+        _cmd: u32,
+        _in_data: &[u8],
+        _out_size: u32,
+        reply: fuser::ReplyIoctl,
+    ) {
+        reply.error(Errno::ENOTTY);
+    }
+
     fn access(&self, _req: &Request, ino: INodeNo, _mask: fuser::AccessFlags, reply: ReplyEmpty) {
         match self.0.getattr(ino.0) {
             Ok(_) => reply.ok(),
