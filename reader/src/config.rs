@@ -142,7 +142,9 @@ impl ReaderConfig {
             let nodes = p.addrs.len() as u32;
             if self.tier.is_none() {
                 return bad(
-                    "peers share tiers: they need a local tier (directory and quota)".into(),
+                    "peers share tiers: they need a local tier (its directory and \
+                     quota: cache_dir and cache_size, --cache-dir and --cache-size)"
+                        .into(),
                 );
             }
             if nodes == 0 {

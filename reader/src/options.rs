@@ -156,19 +156,11 @@ impl ReaderOptions {
                 )
             }
         };
-        if self.peers.is_some() && tier.is_none() {
-            return bad(
-                "peers share tiers: they need a local tier (cache_dir and cache_size)".into(),
-            );
-        }
         if !(self.peer_timeout > 0.0 && self.peer_timeout.is_finite()) {
             return bad(format!(
                 "peer_timeout must be a positive number of seconds, not {}",
                 self.peer_timeout
             ));
-        }
-        if !self.locality.is_finite() {
-            return bad(format!("locality must be in [0, 1], not {}", self.locality));
         }
         let tls_ca = match &self.peer_ca {
             Some(f) => Some(std::fs::read(f).map_err(|e| {
