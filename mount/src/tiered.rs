@@ -11,8 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use granary::{
-    Access, Dataset, ImportanceScores, LayerReading, LocalTier, ReadError, SampleReader,
-    ServedCounters, Weighed,
+    Access, Dataset, ImportanceScores, LayerReading, LocalTier, ReadError, SampleReader, Weighed,
 };
 use granary_store::tier::fetch::ChunkScore;
 use granary_store::tier::{chunk_importance, Importance};
@@ -47,7 +46,6 @@ pub struct ReadStats {
 
 #[derive(Default)]
 struct Counters {
-    served: ServedCounters,
     read_errors: AtomicU64,
 }
 
@@ -104,14 +102,15 @@ impl TieredReader {
     pub fn stats(&self) -> ReadStats {
         let c = &*self.counters;
         let l = |a: &AtomicU64| a.load(Relaxed);
-        let served = c.served.get();
+        let stack = self.reader.stack();
+        let (tier, origin) = (stack.layer("tier"), stack.layer("origin"));
         let f = self.reader.stack().fetch_counts();
         ReadStats {
-            // Chunks a peer served count as origin's here: the mount reads without peers.
-            samples_from_tier: served.samples_tier,
-            samples_from_origin: served.samples_origin + served.samples_peers,
-            bytes_from_tier: served.bytes_tier,
-            bytes_from_origin: served.bytes_origin + served.bytes_peers,
+            // The mount reads without peers.
+            samples_from_tier: tier.served_samples,
+            samples_from_origin: origin.served_samples,
+            bytes_from_tier: tier.served_bytes,
+            bytes_from_origin: origin.served_bytes,
             chunks_fetched: f.fetched,
             bytes_fetched: f.bytes_fetched,
             chunks_declined: f.declined,
@@ -141,7 +140,7 @@ impl TieredReader {
         // sample read below it.
         let src = self.reader.source(info.entry.chunk)?;
         let from = self.reader.read_from(&src, &info, &mut out)?;
-        self.counters.served.add(from, 1, info.entry.stored_len);
+        self.reader.stack().served(from, 1, info.entry.stored_len);
         Ok(out)
     }
 

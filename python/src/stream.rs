@@ -627,22 +627,17 @@ impl Stream {
     }
 
     /// What passed through each layer of the stream's store stack so far, top first: one dict
-    /// per layer (``layer``: "tier", "peers" or "origin"; ``opens``, ``reads``, ``ranges``,
-    /// ``bytes``, ``errors``, and ``wait_s``, the seconds the stream's reads waited there).
-    fn layers<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyDict>>> {
+    /// per layer, as `granary read --json` reports it (``layer``: "tier", "peers" or "origin";
+    /// ``opens``, ``reads``, ``ranges``, ``bytes``, ``errors``, ``fallbacks``,
+    /// ``served_samples``, ``served_bytes``, and ``wait_s``, the seconds the stream's reads
+    /// waited there).
+    fn layers<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyAny>>> {
         let layers = self.inner.lock().expect("stream lock").layers();
         layers
             .into_iter()
-            .map(|(layer, m)| {
-                let d = PyDict::new(py);
-                d.set_item("layer", layer)?;
-                d.set_item("opens", m.opens)?;
-                d.set_item("reads", m.reads)?;
-                d.set_item("ranges", m.ranges)?;
-                d.set_item("bytes", m.bytes)?;
-                d.set_item("errors", m.errors)?;
-                d.set_item("wait_s", m.wait_s)?;
-                Ok(d)
+            .map(|(layer, reading)| {
+                pythonize::pythonize(py, &granary::LayerReading { layer, reading })
+                    .map_err(|e| PyValueError::new_err(format!("layers: {e}")))
             })
             .collect()
     }

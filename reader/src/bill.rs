@@ -20,7 +20,6 @@ use crate::dataset::Dataset;
 use crate::epoch::{EpochSetup, LayerReading};
 use crate::error::{ReadError, Result};
 use crate::plan::Shard;
-use crate::tier::TierCounters;
 use crate::window::Windows;
 use granary_store::{Access, OpenCounters};
 
@@ -195,8 +194,7 @@ pub fn predict(
                 .filter(|_| o.mode != crate::ShuffleMode::Global);
             let whole = tier.is_some();
             let stack = ds.stack(access, tier, None)?;
-            let stats = Arc::new(TierCounters::default());
-            let mut w = Windows::new(ds.clone(), stack, o.mode, setup.stream.range_gap, stats);
+            let mut w = Windows::new(ds.clone(), stack, o.mode, setup.stream.range_gap);
             w.whole_files = whole;
             for win in &plan.windows {
                 for (layer, c, len) in w.predict(&plan.samples[win.range.clone()])? {

@@ -76,8 +76,8 @@ pub use granary_store::{
     parse_copy_file_name, resident_share, write_destination, Access, BytesFrom, ChunkSource,
     ChunkStore, DatasetId, HotChunk, HotMap, HotRecord, IoMode, LocalDir, LocalTier, Location,
     Meter, MeterReading, Metered, OpenCounters, OpenCounts, Opener, Ownership, PeerStats,
-    PeerStore, Peers, RangeRead, ReadPattern, RemoteKind, ServedCounters, ServedCounts, Source,
-    StoreConfig, StoreError, StoreStack, TierPolicy, TierStats, TierStore,
+    PeerStore, Peers, RangeRead, ReadPattern, RemoteKind, Source, StoreConfig, StoreError,
+    StoreStack, TierPolicy, TierStats, TierStore,
 };
 pub use importance::{batch_weights, ImportanceScores, SharedScores};
 pub use mix::{

@@ -356,13 +356,7 @@ impl EpochStream {
         let stack = ds.stack(access, cache.clone(), peers.clone())?;
         // With a tier, chunks are read whole: they can be admitted, and copies are checked
         // against the whole-file CRC.
-        let mut w = Windows::new(
-            ds.clone(),
-            stack.clone(),
-            mode,
-            opts.range_gap,
-            stats.clone(),
-        );
+        let mut w = Windows::new(ds.clone(), stack.clone(), mode, opts.range_gap);
         w.whole_files = cache.is_some();
         w.admission = cache.as_ref().map(|c| {
             let classes = ds.classes().unwrap_or_default();
@@ -430,7 +424,7 @@ impl EpochStream {
 
     /// How much of the epoch so far came from the local tier.
     pub fn tier_hits(&self) -> TierHits {
-        self.stats.hits()
+        self.stats.hits(&self.stack)
     }
 }
 

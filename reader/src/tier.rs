@@ -1,4 +1,5 @@
-//! The local tier as a stream counts it (`TierHits`, `TierCounters`), and the dataset's samples
+//! The local tier as a stream reports it (`TierHits`, from its stack's meters and admission's
+//! counts: `TierCounters`), and the dataset's samples
 //! weighed for the tier's admission (`Weighed`). The tier's storage itself (quota, policies,
 //! files, locking), admission into it (`granary_store::tier::Admission`) and its hot chunks
 //! (`granary_store::tier::HotChunks`) are the store's; reading from it is the
@@ -10,7 +11,7 @@ use crate::dataset::Dataset;
 use crate::importance::ImportanceScores;
 use granary_format::SampleEntry;
 use granary_store::tier::{AdmissionCounters, Importance};
-use granary_store::{BytesFrom, ServedCounters, StoreError};
+use granary_store::{StoreError, StoreStack};
 
 /// A dataset's samples weighed by a score table, as the tier's admission asks
 /// ([`granary_store::tier::chunk_importance`], hot chunks).
@@ -85,33 +86,31 @@ impl std::ops::AddAssign for TierHits {
     }
 }
 
-/// What one stream counts of its tier: samples and bytes by where they came from, and what
-/// admission failed to store or dropped.
+/// What one stream's admission into the tier failed to store or dropped (what it served, by
+/// layer, is its stack's meters').
 #[derive(Default)]
 pub(crate) struct TierCounters {
-    served: ServedCounters,
     pub(crate) admission: Arc<AdmissionCounters>,
 }
 
 impl TierCounters {
-    /// The counts so far.
-    pub(crate) fn hits(&self) -> TierHits {
-        let s = self.served.get();
+    /// The counts so far, with what each layer of `stack` served.
+    pub(crate) fn hits(&self, stack: &StoreStack) -> TierHits {
+        let (tier, peers, origin) = (
+            stack.layer("tier"),
+            stack.layer("peers"),
+            stack.layer("origin"),
+        );
         let (failed, skipped) = self.admission.get();
         TierHits {
-            samples_from_tier: s.samples_tier,
-            samples_from_origin: s.samples_origin,
-            bytes_from_tier: s.bytes_tier,
-            bytes_from_origin: s.bytes_origin,
-            samples_from_peers: s.samples_peers,
-            bytes_from_peers: s.bytes_peers,
+            samples_from_tier: tier.served_samples,
+            samples_from_origin: origin.served_samples,
+            bytes_from_tier: tier.served_bytes,
+            bytes_from_origin: origin.served_bytes,
+            samples_from_peers: peers.served_samples,
+            bytes_from_peers: peers.served_bytes,
             admissions_failed: failed,
             admissions_skipped: skipped,
         }
-    }
-
-    /// Counts `samples` samples in `bytes` bytes that came from `from`.
-    pub(crate) fn add(&self, from: BytesFrom, samples: u64, bytes: u64) {
-        self.served.add(from, samples, bytes);
     }
 }

@@ -15,7 +15,6 @@ use crate::dataset::Dataset;
 use crate::error::Result;
 use crate::io::{BufPool, Completed, Request};
 use crate::plan::ShuffleMode;
-use crate::tier::TierCounters;
 use granary_store::engine::{Expect, Relocate};
 use granary_store::tier::{chunk_importance, Admission, HotChunks, Importance, Job};
 use granary_store::StoreStack;
@@ -65,7 +64,6 @@ pub(crate) struct Windows {
     pub(crate) admission: Option<Admission>,
     /// The samples' importance, which ranks whole chunks for admission without hot chunks.
     pub(crate) importance: Option<Arc<dyn Importance>>,
-    stats: Arc<TierCounters>,
 }
 
 /// The read among `placed` (start, request; sorted by start) whose bytes hold record `e`.
@@ -132,14 +130,13 @@ struct Plan {
 }
 
 impl Windows {
-    /// The windows of a stream of `ds` that reads through `stack` and counts where its bytes
-    /// came from in `stats` (no hot chunks, admission or scores until they are set).
+    /// The windows of a stream of `ds` that reads through `stack` (which counts where its
+    /// bytes came from); no hot chunks, admission or scores until they are set.
     pub(crate) fn new(
         ds: Arc<Dataset>,
         stack: StoreStack,
         mode: ShuffleMode,
         range_gap: u64,
-        stats: Arc<TierCounters>,
     ) -> Windows {
         Windows {
             id: DatasetId(ds.snapshot().dataset_id()),
@@ -153,7 +150,6 @@ impl Windows {
             hot: None,
             admission: None,
             importance: None,
-            stats,
         }
     }
 
@@ -444,12 +440,11 @@ impl Windows {
     /// to the tier's admission, or with hot chunks harvests the records that belong in them.
     pub(crate) fn count(&mut self, prep: &Prepared, bufs: &[Arc<Completed>]) {
         let ds = &self.ds;
-        let stats = &self.stats;
         let admission = self.admission.as_ref();
         for &(c, i) in &prep.whole {
             let n = prep.entries.iter().filter(|e| e.chunk == c).count() as u64;
             let bytes = bufs[i].data();
-            stats.add(bufs[i].from(), n, bytes.len() as u64);
+            self.stack.served(bufs[i].from(), n, bytes.len() as u64);
             let Some(a) = admission.filter(|a| a.takes(&bufs[i])) else {
                 continue;
             };
@@ -471,11 +466,13 @@ impl Windows {
             }
         }
         for &(i, _) in &prep.hot {
-            stats.add(bufs[i].from(), 1, bufs[i].data().len() as u64);
+            self.stack
+                .served(bufs[i].from(), 1, bufs[i].data().len() as u64);
         }
         for &(_, r, _) in &prep.ranges {
             let n = prep.locs.iter().filter(|l| l.0 as usize == r).count() as u64;
-            stats.add(bufs[r].from(), n, bufs[r].data().len() as u64);
+            self.stack
+                .served(bufs[r].from(), n, bufs[r].data().len() as u64);
         }
         // Every record inside a range read may belong in a hot chunk, drawn or not. Ranges
         // of a chunk are consecutive in `prep.ranges`, sorted by offset.

@@ -37,7 +37,7 @@ pub use error::{panic_message, RemoteKind, Result, StoreError};
 pub use granary_format::DatasetId;
 pub use local::{advise, effective_memory, resident_share, LocalDir, Opener};
 pub use location::{open, write_destination, Location};
-pub use meter::{Meter, MeterReading, Metered, ServedCounters, ServedCounts};
+pub use meter::{Meter, MeterReading, Metered};
 pub use peers::request as serving;
 pub use peers::{Ownership, PeerStats, PeerStore, Peers};
 pub use seam::{

@@ -34,6 +34,10 @@ pub struct MeterReading {
     /// Copies (a tier's, a peer's) given up for the layer below after their bytes failed
     /// (layers nest: the tier's count includes the peers').
     pub fallbacks: u64,
+    /// Samples delivered from this layer's own bytes, and their bytes (not nested: a sample
+    /// counts in the layer that served it alone; [`crate::StoreStack::served`]).
+    pub served_samples: u64,
+    pub served_bytes: u64,
     /// Seconds callers waited in opens and reads, summed over callers (two threads waiting one
     /// second each count two).
     pub wait_s: f64,
@@ -47,56 +51,9 @@ impl std::ops::AddAssign for MeterReading {
         self.bytes += o.bytes;
         self.errors += o.errors;
         self.fallbacks += o.fallbacks;
+        self.served_samples += o.served_samples;
+        self.served_bytes += o.served_bytes;
         self.wait_s += o.wait_s;
-    }
-}
-
-/// Samples and bytes a reader delivered, by where they came from ([`BytesFrom`]).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct ServedCounts {
-    pub samples_tier: u64,
-    pub bytes_tier: u64,
-    pub samples_peers: u64,
-    pub bytes_peers: u64,
-    pub samples_origin: u64,
-    pub bytes_origin: u64,
-}
-
-/// [`ServedCounts`] as a reader counts them.
-#[derive(Debug, Default)]
-pub struct ServedCounters {
-    samples: [AtomicU64; 3],
-    bytes: [AtomicU64; 3],
-}
-
-impl ServedCounters {
-    fn slot(from: BytesFrom) -> usize {
-        match from {
-            BytesFrom::Tier => 0,
-            BytesFrom::Peer => 1,
-            BytesFrom::Origin => 2,
-        }
-    }
-
-    /// Counts `samples` samples in `bytes` bytes that came from `from`.
-    pub fn add(&self, from: BytesFrom, samples: u64, bytes: u64) {
-        let i = Self::slot(from);
-        self.samples[i].fetch_add(samples, Relaxed);
-        self.bytes[i].fetch_add(bytes, Relaxed);
-    }
-
-    /// The counts so far.
-    pub fn get(&self) -> ServedCounts {
-        let s = |f| self.samples[Self::slot(f)].load(Relaxed);
-        let b = |f| self.bytes[Self::slot(f)].load(Relaxed);
-        ServedCounts {
-            samples_tier: s(BytesFrom::Tier),
-            bytes_tier: b(BytesFrom::Tier),
-            samples_peers: s(BytesFrom::Peer),
-            bytes_peers: b(BytesFrom::Peer),
-            samples_origin: s(BytesFrom::Origin),
-            bytes_origin: b(BytesFrom::Origin),
-        }
     }
 }
 
@@ -109,6 +66,8 @@ pub struct Meter {
     bytes: AtomicU64,
     errors: AtomicU64,
     fallbacks: AtomicU64,
+    served_samples: AtomicU64,
+    served_bytes: AtomicU64,
     wait_ns: AtomicU64,
 }
 
@@ -122,8 +81,16 @@ impl Meter {
             bytes: self.bytes.load(Relaxed),
             errors: self.errors.load(Relaxed),
             fallbacks: self.fallbacks.load(Relaxed),
+            served_samples: self.served_samples.load(Relaxed),
+            served_bytes: self.served_bytes.load(Relaxed),
             wait_s: self.wait_ns.load(Relaxed) as f64 / 1e9,
         }
+    }
+
+    /// Counts `samples` samples in `bytes` bytes delivered from this layer's own bytes.
+    pub fn served(&self, samples: u64, bytes: u64) {
+        self.served_samples.fetch_add(samples, Relaxed);
+        self.served_bytes.fetch_add(bytes, Relaxed);
     }
 
     fn waited(&self, t0: Instant, failed: bool) {

@@ -143,14 +143,30 @@ impl StoreStack {
         self.tier.as_ref()?.fetcher()
     }
 
-    /// The layer of this stack whose bytes `source` (a chunk opened through it) serves now,
-    /// by the name its meter has in [`StoreStack::layers`]: `tier`, `peers` or `origin`.
-    pub fn layer_serving(&self, source: &Source) -> &'static str {
-        match source.bytes_from() {
+    /// Counts `samples` samples in `bytes` bytes a reader delivered from bytes that came from
+    /// `from` (a completed read's [`crate::engine::Completed::from`]), in that layer's meter.
+    pub fn served(&self, from: BytesFrom, samples: u64, bytes: u64) {
+        let layer = Self::layer_of(from);
+        let meter = self.meters.iter().find(|(name, _)| *name == layer);
+        // A stack without that layer (bytes of a fetch, counted as the tier's, in a stack
+        // that has one): the top's.
+        if let Some((_, m)) = meter.or(self.meters.first()) {
+            m.served(samples, bytes);
+        }
+    }
+
+    fn layer_of(from: BytesFrom) -> &'static str {
+        match from {
             BytesFrom::Tier => "tier",
             BytesFrom::Peer => "peers",
             BytesFrom::Origin => "origin",
         }
+    }
+
+    /// The layer of this stack whose bytes `source` (a chunk opened through it) serves now,
+    /// by the name its meter has in [`StoreStack::layers`]: `tier`, `peers` or `origin`.
+    pub fn layer_serving(&self, source: &Source) -> &'static str {
+        Self::layer_of(source.bytes_from())
     }
 
     /// How this reader reads.
@@ -166,6 +182,12 @@ impl StoreStack {
             .iter()
             .map(|(name, m)| (*name, m.reading()))
             .collect()
+    }
+
+    /// What passed through layer `name` so far (nothing for a layer the stack does not have).
+    pub fn layer(&self, name: &str) -> MeterReading {
+        let m = self.meters.iter().find(|(layer, _)| *layer == name);
+        m.map(|(_, m)| m.reading()).unwrap_or_default()
     }
 
     /// How the files were opened so far.
