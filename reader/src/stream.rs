@@ -26,7 +26,7 @@ use crate::dataset::Dataset;
 use crate::error::{ReadError, Result};
 use crate::io::{BufPool, Completed, Engine, IoKind, Pending, Request};
 use crate::plan::{EpochPlan, ShuffleMode};
-use crate::tier::{TierCounters, TierHits};
+use crate::tier::TierHits;
 use crate::waits::{plan_shares, read_shares, Phase, Timeline, WaitReport};
 use crate::window::{buffer_bytes, Prepared, Windows};
 use granary_store::local::Opener;
@@ -210,7 +210,6 @@ pub struct EpochStream {
     /// Why the stream reads with pread although io_uring was wanted.
     backend_fallback: Option<String>,
     bytes_read: Arc<AtomicU64>,
-    stats: Arc<TierCounters>,
     /// The stack the I/O thread reads through, for its layers' meters.
     stack: StoreStack,
     pool: Arc<BufPool>,
@@ -288,8 +287,7 @@ impl EpochStream {
         let engine = Engine::with_pool(kind, queue_depth, opts.max_inflight_bytes, pool.clone())?;
         let backend = engine.name();
         let backend_fallback = engine.fallback().map(str::to_owned);
-        let stats = Arc::new(TierCounters::default());
-        let windows = Self::windows(&ds, mode, opts, access, stats.clone())?;
+        let windows = Self::windows(&ds, mode, opts, access)?;
         let stack = windows.stack.clone();
         let (tx, rx) = sync_channel::<Msg>(0);
         let bytes_read = Arc::new(AtomicU64::new(0));
@@ -322,7 +320,6 @@ impl EpochStream {
             backend,
             backend_fallback,
             bytes_read,
-            stats,
             stack,
             pool,
             watch: None,
@@ -337,7 +334,6 @@ impl EpochStream {
         mode: ShuffleMode,
         opts: &StreamOptions,
         access: Access,
-        stats: Arc<TierCounters>,
     ) -> Result<Windows> {
         // Global plans read single records: no tier.
         let cache = opts.tier.clone().filter(|_| mode != ShuffleMode::Global);
@@ -364,7 +360,7 @@ impl EpochStream {
                 c.clone(),
                 classes.into_iter().map(<[u8]>::to_vec).collect(),
                 opts.memory / 4,
-                stats.admission.clone(),
+                stack.meter("tier").unwrap_or_default(),
                 peers.clone(),
             )
         });
@@ -424,7 +420,7 @@ impl EpochStream {
 
     /// How much of the epoch so far came from the local tier.
     pub fn tier_hits(&self) -> TierHits {
-        self.stats.hits(&self.stack)
+        TierHits::of(&self.stack)
     }
 }
 

@@ -1,5 +1,5 @@
-//! The local tier as a stream reports it (`TierHits`, from its stack's meters and admission's
-//! counts: `TierCounters`), and the dataset's samples
+//! The local tier as a stream reports it (`TierHits`, from its stack's meters), and the
+//! dataset's samples
 //! weighed for the tier's admission (`Weighed`). The tier's storage itself (quota, policies,
 //! files, locking), admission into it (`granary_store::tier::Admission`) and its hot chunks
 //! (`granary_store::tier::HotChunks`) are the store's; reading from it is the
@@ -10,7 +10,7 @@ use std::sync::Arc;
 use crate::dataset::Dataset;
 use crate::importance::ImportanceScores;
 use granary_format::SampleEntry;
-use granary_store::tier::{AdmissionCounters, Importance};
+use granary_store::tier::Importance;
 use granary_store::{StoreError, StoreStack};
 
 /// A dataset's samples weighed by a score table, as the tier's admission asks
@@ -86,22 +86,15 @@ impl std::ops::AddAssign for TierHits {
     }
 }
 
-/// What one stream's admission into the tier failed to store or dropped (what it served, by
-/// layer, is its stack's meters').
-#[derive(Default)]
-pub(crate) struct TierCounters {
-    pub(crate) admission: Arc<AdmissionCounters>,
-}
-
-impl TierCounters {
-    /// The counts so far, with what each layer of `stack` served.
-    pub(crate) fn hits(&self, stack: &StoreStack) -> TierHits {
+impl TierHits {
+    /// A stream's counts so far, from the meters of its `stack`: what each layer served, and
+    /// what the tier's admission failed to store or dropped.
+    pub(crate) fn of(stack: &StoreStack) -> TierHits {
         let (tier, peers, origin) = (
             stack.layer("tier"),
             stack.layer("peers"),
             stack.layer("origin"),
         );
-        let (failed, skipped) = self.admission.get();
         TierHits {
             samples_from_tier: tier.served_samples,
             samples_from_origin: origin.served_samples,
@@ -109,8 +102,8 @@ impl TierCounters {
             bytes_from_origin: origin.served_bytes,
             samples_from_peers: peers.served_samples,
             bytes_from_peers: peers.served_bytes,
-            admissions_failed: failed,
-            admissions_skipped: skipped,
+            admissions_failed: tier.admissions_failed,
+            admissions_skipped: tier.admissions_skipped,
         }
     }
 }

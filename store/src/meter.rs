@@ -38,6 +38,10 @@ pub struct MeterReading {
     /// counts in the layer that served it alone; [`crate::StoreStack::served`]).
     pub served_samples: u64,
     pub served_bytes: u64,
+    /// Offers the tier's admission failed to store (a full or failing disk), and offers it
+    /// dropped because its queue was full while the tier was full too (the tier's layer only).
+    pub admissions_failed: u64,
+    pub admissions_skipped: u64,
     /// Seconds callers waited in opens and reads, summed over callers (two threads waiting one
     /// second each count two).
     pub wait_s: f64,
@@ -53,6 +57,8 @@ impl std::ops::AddAssign for MeterReading {
         self.fallbacks += o.fallbacks;
         self.served_samples += o.served_samples;
         self.served_bytes += o.served_bytes;
+        self.admissions_failed += o.admissions_failed;
+        self.admissions_skipped += o.admissions_skipped;
         self.wait_s += o.wait_s;
     }
 }
@@ -68,6 +74,8 @@ pub struct Meter {
     fallbacks: AtomicU64,
     served_samples: AtomicU64,
     served_bytes: AtomicU64,
+    admissions_failed: AtomicU64,
+    admissions_skipped: AtomicU64,
     wait_ns: AtomicU64,
 }
 
@@ -83,6 +91,8 @@ impl Meter {
             fallbacks: self.fallbacks.load(Relaxed),
             served_samples: self.served_samples.load(Relaxed),
             served_bytes: self.served_bytes.load(Relaxed),
+            admissions_failed: self.admissions_failed.load(Relaxed),
+            admissions_skipped: self.admissions_skipped.load(Relaxed),
             wait_s: self.wait_ns.load(Relaxed) as f64 / 1e9,
         }
     }
@@ -91,6 +101,16 @@ impl Meter {
     pub fn served(&self, samples: u64, bytes: u64) {
         self.served_samples.fetch_add(samples, Relaxed);
         self.served_bytes.fetch_add(bytes, Relaxed);
+    }
+
+    /// Counts an offer the tier failed to store; how many had failed before.
+    pub(crate) fn admission_failed(&self) -> u64 {
+        self.admissions_failed.fetch_add(1, Relaxed)
+    }
+
+    /// Counts `n` offers dropped.
+    pub(crate) fn admissions_skipped(&self, n: u64) {
+        self.admissions_skipped.fetch_add(n, Relaxed);
     }
 
     fn waited(&self, t0: Instant, failed: bool) {

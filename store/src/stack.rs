@@ -184,6 +184,12 @@ impl StoreStack {
             .collect()
     }
 
+    /// Layer `name`'s meter (the tier's counts its admission too), if the stack has that layer.
+    pub fn meter(&self, name: &str) -> Option<Arc<Meter>> {
+        let m = self.meters.iter().find(|(layer, _)| *layer == name);
+        m.map(|(_, m)| m.clone())
+    }
+
     /// What passed through layer `name` so far (nothing for a layer the stack does not have).
     pub fn layer(&self, name: &str) -> MeterReading {
         let m = self.meters.iter().find(|(layer, _)| *layer == name);

@@ -4,53 +4,38 @@
 //! dropped first when the tier would have to evict.
 
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 
 use granary_format::ChunkEntry;
 
 use super::{HotRecord, LocalTier};
 use crate::error::StoreError;
+use crate::meter::Meter;
 use crate::peers::Peers;
 
 /// Bytes a record costs in a hot chunk besides its stored bytes and path: its footer entry and
 /// path offset.
 pub const HOT_RECORD_OVERHEAD: u64 = granary_format::SAMPLE_ENTRY_LEN as u64 + 8;
 
-/// Offers the tier failed to store, and offers dropped because the queue was full while the
-/// tier was full too.
-#[derive(Debug, Default)]
-pub struct AdmissionCounters {
-    failed: AtomicU64,
-    skipped: AtomicU64,
-}
-
-impl AdmissionCounters {
-    /// (failed, skipped) so far.
-    pub fn get(&self) -> (u64, u64) {
-        (self.failed.load(Relaxed), self.skipped.load(Relaxed))
+/// Counts a failed admission into the tier at `dir` in `meter` (warning on the first); false if
+/// the tier's file system is full, so that the stream stops admitting (it keeps serving what
+/// the tier holds).
+fn failed(meter: &Meter, dir: &Path, e: &StoreError) -> bool {
+    let full = matches!(e, StoreError::Io { source, .. }
+        if matches!(source.kind(), std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded));
+    if meter.admission_failed() == 0 {
+        log::warn!(
+            "the local tier in {} could not store a chunk ({e}); reads go \
+             on from the source{}",
+            dir.display(),
+            if full {
+                ", and this stream admits nothing more"
+            } else {
+                ""
+            }
+        );
     }
-
-    /// Counts a failed admission into the tier at `dir` (warning on the first); false if the
-    /// tier's file system is full, so that the stream stops admitting (it keeps serving what
-    /// the tier holds).
-    fn failed(&self, dir: &Path, e: &StoreError) -> bool {
-        let full = matches!(e, StoreError::Io { source, .. }
-            if matches!(source.kind(), std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded));
-        if self.failed.fetch_add(1, Relaxed) == 0 {
-            log::warn!(
-                "the local tier in {} could not store a chunk ({e}); reads go \
-                 on from the source{}",
-                dir.display(),
-                if full {
-                    ", and this stream admits nothing more"
-                } else {
-                    ""
-                }
-            );
-        }
-        !full
-    }
+    !full
 }
 
 /// Work for the admission thread: a source chunk's bytes with its importance, or records to
@@ -99,7 +84,7 @@ type Mailbox = (std::sync::Mutex<Waiting>, std::sync::Condvar);
 /// must keep) waits for room in the queue, so the tier fills completely even when it writes
 /// slower than the source reads; an offer that would make the full tier evict is dropped when
 /// the queue is full (the least valuable per byte first), and counted
-/// ([`AdmissionCounters`]).
+/// (in the tier layer's meter: [`crate::MeterReading::admissions_skipped`]).
 pub struct Admission {
     slot: Arc<Mailbox>,
     /// `None` if no thread could be started: offers are then dropped (and counted).
@@ -109,19 +94,19 @@ pub struct Admission {
     /// With a shared tier, only the chunk copies this node owns are admitted.
     peers: Option<Arc<Peers>>,
     cache: Arc<LocalTier>,
-    counts: Arc<AdmissionCounters>,
+    counts: Arc<Meter>,
 }
 
 impl Admission {
     /// Starts admitting into `cache` what is offered, with at most `max_waiting` bytes of
     /// offers waiting; hot chunks carry the dataset's class table `classes`; with `peers`
     /// (a shared tier) only the chunk copies this node keeps are admitted. Failures and
-    /// dropped offers are counted in `counts`.
+    /// dropped offers are counted in `counts`, the tier layer's meter.
     pub fn start(
         cache: Arc<LocalTier>,
         classes: Vec<Vec<u8>>,
         max_waiting: u64,
-        counts: Arc<AdmissionCounters>,
+        counts: Arc<Meter>,
         peers: Option<Arc<Peers>>,
     ) -> Admission {
         let slot: Arc<Mailbox> = Arc::default();
@@ -171,7 +156,7 @@ impl Admission {
         while wait && !g.jobs.is_empty() && g.bytes + bytes > self.max_waiting && !g.done {
             // Never wait on a thread that is gone.
             if self.thread.as_ref().is_none_or(|t| t.is_finished()) {
-                self.counts.skipped.fetch_add(1, Relaxed);
+                self.counts.admissions_skipped(1);
                 return;
             }
             g = cv
@@ -183,7 +168,7 @@ impl Admission {
         drop(g);
         cv.notify_all();
         if skipped > 0 {
-            self.counts.skipped.fetch_add(skipped, Relaxed);
+            self.counts.admissions_skipped(skipped);
         }
     }
 
@@ -249,12 +234,7 @@ impl Admission {
 /// The admission thread: writes the offers of `slot` into the tier in order until the stream
 /// has finished and nothing waits. Errors only cost a missed admission; the epoch goes on from
 /// the source. On a full file system it stops admitting (offers are taken and dropped).
-fn admit_offers(
-    slot: &Mailbox,
-    cache: &LocalTier,
-    classes: &[Vec<u8>],
-    counts: &AdmissionCounters,
-) {
+fn admit_offers(slot: &Mailbox, cache: &LocalTier, classes: &[Vec<u8>], counts: &Meter) {
     let mut admitting = true;
     loop {
         let job = {
@@ -278,7 +258,7 @@ fn admit_offers(
             continue;
         }
         let mut failed = |e: StoreError| {
-            admitting &= counts.failed(cache.dir(), &e);
+            admitting &= failed(counts, cache.dir(), &e);
         };
         match job {
             Job::Chunk(ce, bytes, score) => {

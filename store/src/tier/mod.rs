@@ -33,7 +33,7 @@ use crate::error::{Result, StoreError};
 use crate::file::IoFile;
 use crate::seam::{BytesFrom, ChunkSource, RangeRead};
 
-pub use admit::{Admission, AdmissionCounters, Job, HOT_RECORD_OVERHEAD};
+pub use admit::{Admission, Job, HOT_RECORD_OVERHEAD};
 use files::*;
 pub use files::{decode_hot_map, decode_tier_index, lock_exclusive, write_atomic};
 pub use hot::{chunk_importance, HotChunks, Importance};
