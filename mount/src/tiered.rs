@@ -104,18 +104,17 @@ impl TieredReader {
         let l = |a: &AtomicU64| a.load(Relaxed);
         let stack = self.reader.stack();
         let (tier, origin) = (stack.layer("tier"), stack.layer("origin"));
-        let f = self.reader.stack().fetch_counts();
         ReadStats {
             // The mount reads without peers.
             samples_from_tier: tier.served_samples,
             samples_from_origin: origin.served_samples,
             bytes_from_tier: tier.served_bytes,
             bytes_from_origin: origin.served_bytes,
-            chunks_fetched: f.fetched,
-            bytes_fetched: f.bytes_fetched,
-            chunks_declined: f.declined,
-            fetches_skipped: f.skipped,
-            fetch_errors: f.errors,
+            chunks_fetched: tier.chunks_fetched,
+            bytes_fetched: tier.bytes_fetched,
+            chunks_declined: tier.fetches_declined,
+            fetches_skipped: tier.fetches_skipped,
+            fetch_errors: tier.fetch_errors,
             read_errors: l(&c.read_errors),
             tier_copies_discarded: self.cache.as_ref().map_or(0, |c| c.dropped()),
         }

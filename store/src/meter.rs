@@ -42,6 +42,14 @@ pub struct MeterReading {
     /// dropped because its queue was full while the tier was full too (the tier's layer only).
     pub admissions_failed: u64,
     pub admissions_skipped: u64,
+    /// Fetch on first touch (the tier's layer only): chunks fetched and kept, the bytes read
+    /// for fetches, chunks fetched that the tier then declined, fetches skipped because it
+    /// would have, and fetches that failed (the samples still came from below).
+    pub chunks_fetched: u64,
+    pub bytes_fetched: u64,
+    pub fetches_declined: u64,
+    pub fetches_skipped: u64,
+    pub fetch_errors: u64,
     /// Seconds callers waited in opens and reads, summed over callers (two threads waiting one
     /// second each count two).
     pub wait_s: f64,
@@ -59,6 +67,11 @@ impl std::ops::AddAssign for MeterReading {
         self.served_bytes += o.served_bytes;
         self.admissions_failed += o.admissions_failed;
         self.admissions_skipped += o.admissions_skipped;
+        self.chunks_fetched += o.chunks_fetched;
+        self.bytes_fetched += o.bytes_fetched;
+        self.fetches_declined += o.fetches_declined;
+        self.fetches_skipped += o.fetches_skipped;
+        self.fetch_errors += o.fetch_errors;
         self.wait_s += o.wait_s;
     }
 }
@@ -76,6 +89,11 @@ pub struct Meter {
     served_bytes: AtomicU64,
     admissions_failed: AtomicU64,
     admissions_skipped: AtomicU64,
+    pub(crate) chunks_fetched: AtomicU64,
+    pub(crate) bytes_fetched: AtomicU64,
+    pub(crate) fetches_declined: AtomicU64,
+    pub(crate) fetches_skipped: AtomicU64,
+    pub(crate) fetch_errors: AtomicU64,
     wait_ns: AtomicU64,
 }
 
@@ -93,6 +111,11 @@ impl Meter {
             served_bytes: self.served_bytes.load(Relaxed),
             admissions_failed: self.admissions_failed.load(Relaxed),
             admissions_skipped: self.admissions_skipped.load(Relaxed),
+            chunks_fetched: self.chunks_fetched.load(Relaxed),
+            bytes_fetched: self.bytes_fetched.load(Relaxed),
+            fetches_declined: self.fetches_declined.load(Relaxed),
+            fetches_skipped: self.fetches_skipped.load(Relaxed),
+            fetch_errors: self.fetch_errors.load(Relaxed),
             wait_s: self.wait_ns.load(Relaxed) as f64 / 1e9,
         }
     }

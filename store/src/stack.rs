@@ -12,7 +12,7 @@ use granary_format::ChunkEntry;
 use crate::meter::{Meter, MeterReading, Metered};
 use crate::peers::{PeerStore, Peers};
 use crate::seam::{Access, BytesFrom, ChunkStore, OpenCounts, Source};
-use crate::tier::fetch::{ChunkScore, FetchCounts, Fetcher};
+use crate::tier::fetch::{ChunkScore, Fetcher};
 use crate::tier::{HotChunks, Importance, LocalTier, TierStore};
 
 /// The layers one reader reads through, built once per reader (a stream, a random-access
@@ -115,14 +115,10 @@ impl StoreStack {
         score: ChunkScore,
         admitted: Arc<dyn Fn() + Send + Sync>,
     ) -> bool {
+        let meter = self.meter("tier").unwrap_or_default();
         self.tier
             .as_ref()
-            .is_some_and(|t| t.fetch_on_touch(threads, score, admitted))
-    }
-
-    /// What fetching on first touch did so far (nothing without it).
-    pub fn fetch_counts(&self) -> FetchCounts {
-        self.fetcher().map(Fetcher::counts).unwrap_or_default()
+            .is_some_and(|t| t.fetch_on_touch(threads, score, admitted, meter))
     }
 
     /// Asks for chunk `chunk` to be fetched into the tier ahead of its reads; whether it is

@@ -9,7 +9,7 @@
 //! tier writes it. The tier's policy and quota decide what stays.
 
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -18,6 +18,7 @@ use granary_format::ChunkEntry;
 use super::TierStore;
 use crate::error::{Result, StoreError};
 use crate::file::{read_whole, ChunkBytes};
+use crate::meter::Meter;
 
 /// How long a chunk the tier declined is not offered again (the tier may change meanwhile).
 const DECLINED_FOR: Duration = Duration::from_secs(30);
@@ -32,28 +33,6 @@ const DENSE_MISSES: usize = 8;
 
 /// How important a chunk is, for the tier's admission (the sum of its samples' scores).
 pub type ChunkScore = Arc<dyn Fn(&ChunkEntry) -> f64 + Send + Sync>;
-
-/// What the fetcher did so far.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct FetchCounts {
-    /// Chunks copied into the tier, and the bytes fetched for them.
-    pub fetched: u64,
-    pub bytes_fetched: u64,
-    /// Chunks fetched that the tier then declined, and fetches skipped because it would have.
-    pub declined: u64,
-    pub skipped: u64,
-    /// Fetches that failed (the samples still came from the store below).
-    pub errors: u64,
-}
-
-#[derive(Default)]
-struct Counters {
-    fetched: AtomicU64,
-    bytes_fetched: AtomicU64,
-    declined: AtomicU64,
-    skipped: AtomicU64,
-    errors: AtomicU64,
-}
 
 /// The fetch queue: chunks waiting, the ones being fetched, and recently declined ones.
 #[derive(Default)]
@@ -80,7 +59,8 @@ struct State {
     /// Called after the tier admitted a chunk (admission may have evicted copies a reader
     /// holds open: it lets their space go).
     admitted: Arc<dyn Fn() + Send + Sync>,
-    counters: Counters,
+    /// The tier layer's meter, which counts the fetches.
+    meter: Arc<Meter>,
 }
 
 /// Fetch-on-first-touch admission into one stack's tier, with threads of its own (stopped
@@ -93,12 +73,14 @@ pub struct Fetcher {
 impl Fetcher {
     /// Starts `threads` fetch threads admitting into `tier` (each holds one chunk in memory
     /// while it is read and admitted); `score` ranks a chunk for the tier's policy; `admitted`
-    /// is called after each chunk the tier took.
+    /// is called after each chunk the tier took; fetches are counted in `meter` (the tier
+    /// layer's).
     pub(crate) fn start(
         tier: TierStore,
         threads: usize,
         score: ChunkScore,
         admitted: Arc<dyn Fn() + Send + Sync>,
+        meter: Arc<Meter>,
     ) -> Fetcher {
         let state = Arc::new(State {
             tier,
@@ -108,7 +90,7 @@ impl Fetcher {
             staged: Mutex::default(),
             score,
             admitted,
-            counters: Counters::default(),
+            meter,
         });
         let mut handles = Vec::new();
         for i in 0..threads.max(1) {
@@ -217,19 +199,6 @@ impl Fetcher {
             .cloned()
     }
 
-    /// What the fetcher did so far.
-    pub fn counts(&self) -> FetchCounts {
-        let c = &self.state.counters;
-        let l = |a: &AtomicU64| a.load(Relaxed);
-        FetchCounts {
-            fetched: l(&c.fetched),
-            bytes_fetched: l(&c.bytes_fetched),
-            declined: l(&c.declined),
-            skipped: l(&c.skipped),
-            errors: l(&c.errors),
-        }
-    }
-
     /// Stops the fetch threads (waiting for a fetch in progress to finish); later requests
     /// are declined.
     pub fn stop(&self) {
@@ -246,7 +215,7 @@ impl Fetcher {
 impl std::fmt::Debug for Fetcher {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Fetcher")
-            .field("counts", &self.counts())
+            .field("counts", &self.state.meter.reading())
             .finish()
     }
 }
@@ -295,12 +264,12 @@ impl State {
         }
         let score = (self.score)(&ce);
         if !cache.would_admit(ce.file_size, score)? {
-            self.counters.skipped.fetch_add(1, Relaxed);
+            self.meter.fetches_skipped.fetch_add(1, Relaxed);
             return Ok(false);
         }
         let src = t.open_next(chunk)?;
         let bytes = Arc::new(read_whole(&*src)?);
-        self.counters
+        self.meter
             .bytes_fetched
             .fetch_add(bytes.len() as u64, Relaxed);
         super::LocalTier::check_copy(&ce, &bytes, src.location())?;
@@ -315,11 +284,11 @@ impl State {
         let admitted = cache.admit_checked(&ce, &bytes, score);
         self.staged.lock().expect("staged").remove(&chunk);
         if admitted? {
-            self.counters.fetched.fetch_add(1, Relaxed);
+            self.meter.chunks_fetched.fetch_add(1, Relaxed);
             (self.admitted)();
             Ok(true)
         } else {
-            self.counters.declined.fetch_add(1, Relaxed);
+            self.meter.fetches_declined.fetch_add(1, Relaxed);
             Ok(false)
         }
     }
@@ -351,7 +320,7 @@ fn fetch_loop(s: &State) {
                 q.declined.insert(chunk, Instant::now());
             }
             Err(e) => {
-                s.counters.errors.fetch_add(1, Relaxed);
+                s.meter.fetch_errors.fetch_add(1, Relaxed);
                 q.declined.insert(chunk, Instant::now());
                 log::warn!("fetching chunk {chunk} into the tier: {e}");
             }

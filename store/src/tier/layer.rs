@@ -58,12 +58,13 @@ impl TierStore {
     /// placement), and the read waits for that fetch when the chunk fits the tier's free space
     /// or is on its way already (see [`Fetcher::fetch_and_wait`]); `threads` fetch at once,
     /// `score` ranks a chunk for the tier's policy, `admitted` is told after each chunk the
-    /// tier took. False if it fetches already.
+    /// tier took, and the fetches are counted in `meter`. False if it fetches already.
     pub fn fetch_on_touch(
         &self,
         threads: usize,
         score: ChunkScore,
         admitted: Arc<dyn Fn() + Send + Sync>,
+        meter: Arc<crate::meter::Meter>,
     ) -> bool {
         // The fetcher's own view of the tier does not fetch (no cycle through it).
         let plain = TierStore {
@@ -71,7 +72,7 @@ impl TierStore {
             ..self.clone()
         };
         self.fetch
-            .set(Fetcher::start(plain, threads, score, admitted))
+            .set(Fetcher::start(plain, threads, score, admitted, meter))
             .is_ok()
     }
 
