@@ -30,7 +30,14 @@ def main():
     ap.add_argument("--rows", type=int, default=2000)
     ap.add_argument("--work", help="directory for the files (default: a temporary one)")
     a = ap.parse_args()
-    work = Path(a.work or tempfile.mkdtemp(prefix="granary-parquet-"))
+    if a.work:
+        run(a, Path(a.work))
+    else:
+        with tempfile.TemporaryDirectory(prefix="granary-parquet-") as tmp:
+            run(a, Path(tmp))
+
+
+def run(a, work):
     work.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(0)
     imgs, caps, labels = [], [], []

@@ -40,7 +40,14 @@ def main():
     ap.add_argument("--samples", type=int, default=2000)
     ap.add_argument("--work", help="directory for the files (default: a temporary one)")
     a = ap.parse_args()
-    work = Path(a.work or tempfile.mkdtemp(prefix="granary-wds-"))
+    if a.work:
+        run(a, Path(a.work))
+    else:
+        with tempfile.TemporaryDirectory(prefix="granary-wds-") as tmp:
+            run(a, Path(tmp))
+
+
+def run(a, work):
     shutil.rmtree(work / "shards", ignore_errors=True)
     (work / "shards").mkdir(parents=True)
     rng = np.random.default_rng(0)
