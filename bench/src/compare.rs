@@ -221,6 +221,8 @@ struct WorkerOut {
     /// Samples known by id (granary), with their CRC-32: their paths are looked up for the
     /// digest after the clock stopped (a training loop does not look them up).
     by_id: Vec<(u64, u32)>,
+    /// File-system metadata calls its reads made (granary: its stream's layers' count).
+    metadata_ops: u64,
 }
 
 impl WorkerOut {
@@ -270,6 +272,7 @@ fn fold<E>(
             digest = digest.wrapping_add(digest_term(&path(id)?, crc));
         }
         s.check_s += w.check_s;
+        s.metadata_ops += w.metadata_ops;
         lat.extend(w.latencies_us);
     }
     Ok(finish(s, lat, digest))
@@ -367,7 +370,6 @@ fn raw_epoch(o: &CompareOptions, epoch: u64) -> std::io::Result<SideEpoch> {
 /// One granary epoch: open the snapshot, plan, stream a chunk-wise epoch with `workers`.
 fn granary_epoch(o: &CompareOptions, epoch: u64) -> granary::Result<SideEpoch> {
     let cpu0 = cpu_seconds();
-    let ops0 = granary::io::metadata_ops();
     let t = Instant::now();
     let ds = Arc::new(Dataset::open(&o.packed)?);
     // The reader configuration users get by default (`granary read`, Python): the window
@@ -397,16 +399,17 @@ fn granary_epoch(o: &CompareOptions, epoch: u64) -> granary::Result<SideEpoch> {
                         worker: w,
                         num_workers: k,
                     };
-                    let st = setup.stream(ds.clone(), epoch, shard, None)?;
+                    let mut st = setup.stream(ds.clone(), epoch, shard, None)?;
                     let mut out = WorkerOut::default();
                     let mut t0 = Instant::now();
-                    for sample in st {
+                    for sample in st.by_ref() {
                         let sample = sample?;
                         // The CRC-32 the reader verified over the delivered bytes.
                         let (len, crc) = (sample.data().len(), sample.crc32());
                         out.add_id(sample.id, len, crc, t0.elapsed());
                         t0 = Instant::now();
                     }
+                    out.metadata_ops = st.layers().iter().map(|l| l.1.metadata_ops).sum();
                     Ok(out)
                 })
             })
@@ -419,11 +422,12 @@ fn granary_epoch(o: &CompareOptions, epoch: u64) -> granary::Result<SideEpoch> {
     let s = SideEpoch {
         epoch,
         startup_s,
+        // Opening the snapshot; the workers' reads add theirs.
+        metadata_ops: ds.snapshot_reading().metadata_ops,
         ..Default::default()
     };
     let mut s = fold(s, results, t, cpu0, |id| ds.path(id))?;
     s.kept_map_bytes = granary_store::local::kept_map_bytes();
-    s.metadata_ops = granary::io::metadata_ops() - ops0;
     Ok(s)
 }
 

@@ -21,7 +21,7 @@ use crate::epoch::{EpochSetup, LayerReading};
 use crate::error::{ReadError, Result};
 use crate::plan::Shard;
 use crate::window::Windows;
-use granary_store::{Access, OpenCounters};
+use granary_store::Access;
 
 /// What an origin store charges (in any currency): per 1,000 requests (GETs) and per GB read.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
@@ -185,7 +185,7 @@ pub fn predict(
                 map_resident: false,
                 populate: false,
                 pattern: crate::ReadPattern::Default,
-                counts: Arc::new(OpenCounters::default()),
+                meter: Arc::default(),
             };
             let tier = setup
                 .stream

@@ -14,7 +14,6 @@ use crate::error::{ReadError, Result};
 use crate::plan::{EpochPlan, EpochState, PlanOptions, Sampling, Shard};
 use crate::stream::{EpochStream, StreamOptions};
 use crate::tier::TierHits;
-use granary_store::OpenCounts;
 
 /// Importance sampling: N draws with probability (1 − alpha)/N + alpha × score share, samples
 /// the tier holds favoured `cache_boost` times; every sample gets the loss weight 1/(N p).
@@ -166,8 +165,6 @@ pub struct EpochTotals {
     pub backend: &'static str,
     /// Why it is pread although io_uring was wanted (see [`crate::EpochStream::backend_fallback`]).
     pub backend_fallback: Option<String>,
-    /// How the chunk files were opened.
-    pub opened: OpenCounts,
     /// What the local tier served.
     pub hits: TierHits,
     /// The most bytes of read buffers (and mapped ranges) one worker held at once.
@@ -263,7 +260,6 @@ pub(crate) fn read_shards<S: crate::SampleStream>(
                         let p = &mut r.per_source[i];
                         (p.0, p.1, p.2) = (p.0 + 1, p.1 + n, p.2.wrapping_add(term));
                     }
-                    r.opened = st.open_counts();
                     r.bytes_read = st.bytes_read();
                     r.backend = st.backend();
                     r.backend_fallback = st.backend_fallback().map(str::to_owned);
@@ -304,9 +300,6 @@ impl EpochTotals {
         self.digest = self.digest.wrapping_add(w.digest);
         self.backend = w.backend;
         self.backend_fallback = self.backend_fallback.take().or(w.backend_fallback);
-        self.opened.buffered += w.opened.buffered;
-        self.opened.resident += w.opened.resident;
-        self.opened.direct += w.opened.direct;
         self.hits += w.hits;
         self.peak_buffer_bytes = self.peak_buffer_bytes.max(w.peak_buffer_bytes);
         add_layers(&mut self.layers, w.layers);
@@ -343,8 +336,6 @@ pub struct EpochReport {
     /// Bytes this process had read from storage devices during the epoch (`read_bytes` of
     /// `/proc/self/io`: page-cache hits do not count), when the kernel reports it.
     pub device_read_bytes: Option<u64>,
-    /// How the chunk files were opened (page cache or O_DIRECT), summed over workers.
-    pub opened: OpenCounts,
     /// Share of samples and of bytes served by the local tier (when one is configured).
     pub cache_sample_hit_ratio: Option<f64>,
     pub cache_byte_hit_ratio: Option<f64>,
@@ -379,7 +370,9 @@ pub struct EpochReport {
     pub waits: crate::WaitReport,
 }
 
-/// One epoch's reads with tiers shared between nodes ([`crate::Peers`]).
+/// One epoch's reads with tiers shared between nodes ([`crate::Peers`]); what the peers did
+/// (chunks they served, chunks missing at their owner, rejected, unreachable; peers marked
+/// down) is the `peers` layer's reading in [`EpochReport::layers`].
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct PeerReport {
     /// This node, and the fingerprint of who keeps what (equal on every node of the job).
@@ -390,8 +383,6 @@ pub struct PeerReport {
     pub bytes_from_local_tier: u64,
     pub bytes_from_peers: u64,
     pub bytes_from_origin: u64,
-    /// The epoch's peer events (asked, missing, rejected, unreachable; peers marked down).
-    pub events: crate::PeerStats,
     /// Peers marked down at the end of the epoch.
     pub down: Vec<String>,
 }
@@ -408,29 +399,25 @@ pub fn measure_epoch(
 ) -> Result<EpochReport> {
     let start = Start::now();
     let peers = setup.stream.peers.as_ref();
-    let events0 = peers.map(|p| p.stats());
     let snap0 = ds.snapshot_fetched();
     let t = read_epoch(ds, setup, epoch, rank, world_size, workers)?;
-    let snap = snap0
-        .zip(ds.snapshot_fetched())
-        .map(|(a, b)| (b.0 - a.0, b.1 - a.1));
+    let snap = snap0.zip(ds.snapshot_fetched()).map(|(a, b)| b - a);
     let tier = setup.stream.tier.is_some();
     let h = t.hits;
     let mut r = start.report(epoch, t, tier);
-    r.peers = match (peers, events0) {
-        (Some(p), Some(e0)) if tier => Some(PeerReport {
+    r.peers = match peers {
+        Some(p) if tier => Some(PeerReport {
             node: p.me(),
             ownership: p.ownership().fingerprint(),
             bytes_from_local_tier: h.bytes_from_tier,
             bytes_from_peers: h.bytes_from_peers,
             bytes_from_origin: h.bytes_from_origin,
-            events: p.stats() - e0,
             down: p.down(),
         }),
         _ => None,
     };
-    r.snapshot_gets = snap.map(|s| s.0);
-    r.snapshot_bytes_fetched = snap.map(|s| s.1);
+    r.snapshot_gets = snap.map(|s| s.reads);
+    r.snapshot_bytes_fetched = snap.map(|s| s.bytes);
     Ok(r)
 }
 
@@ -473,7 +460,6 @@ impl Start {
                 (Some(a), Some(b)) => Some(b.saturating_sub(a)),
                 _ => None,
             },
-            opened: t.opened,
             cache_sample_hit_ratio: tier.then(|| {
                 ratio(
                     h.samples_from_tier,

@@ -75,9 +75,8 @@ pub use granary_store::{
     copy_file_name, decode_hot_map, decode_tier_index, effective_memory, hot_file_name,
     parse_copy_file_name, resident_share, write_destination, Access, BytesFrom, ChunkSource,
     ChunkStore, DatasetId, HotChunk, HotMap, HotRecord, IoMode, LocalDir, LocalTier, Location,
-    Meter, MeterReading, Metered, OpenCounters, OpenCounts, Opener, Ownership, PeerStats,
-    PeerStore, Peers, RangeRead, ReadPattern, RemoteKind, Source, StoreConfig, StoreError,
-    StoreStack, TierPolicy, TierStats, TierStore,
+    Meter, MeterReading, Metered, Opener, Ownership, PeerStore, Peers, RangeRead, ReadPattern,
+    RemoteKind, Source, StoreConfig, StoreError, StoreStack, TierPolicy, TierStats, TierStore,
 };
 pub use importance::{batch_weights, ImportanceScores, SharedScores};
 pub use mix::{

@@ -33,7 +33,7 @@ use granary_store::local::Opener;
 use granary_store::tier::{Admission, Importance};
 use granary_store::LocalTier;
 use granary_store::ReadPattern;
-use granary_store::{Access, IoMode, MeterReading, OpenCounters, OpenCounts, StoreStack};
+use granary_store::{Access, IoMode, MeterReading, StoreStack};
 
 /// Options of the I/O path.
 #[derive(Clone, Debug)]
@@ -205,7 +205,6 @@ pub struct EpochStream {
     /// Joined when the channel closes without [`Msg::End`], for the panic's message.
     io_thread: Option<std::thread::JoinHandle<()>>,
     delivered: u64,
-    opens: Arc<OpenCounters>,
     backend: &'static str,
     /// Why the stream reads with pread although io_uring was wanted.
     backend_fallback: Option<String>,
@@ -228,7 +227,6 @@ impl EpochStream {
         mode: ShuffleMode,
         opts: &StreamOptions,
     ) -> Result<Self> {
-        let counts = Arc::new(OpenCounters::default());
         // A view that keeps a small share of the samples reads most chunks in ranges: many
         // small reads scattered over the chunk files. Those go best as copies (no maps of whole
         // chunks faulted in range by range), through io_uring (the pread engine's threads are
@@ -260,7 +258,7 @@ impl EpochStream {
             } else {
                 ReadPattern::Sequential
             },
-            counts: counts.clone(),
+            meter: Arc::default(),
         };
         // io_uring shines on O_DIRECT reads; buffered reads of cold data are punted to its
         // worker threads and ran at half the speed of pread threads here (0.8–0.9 vs 1.7–1.8
@@ -316,7 +314,6 @@ impl EpochStream {
             done: false,
             io_thread: Some(io_thread),
             delivered: 0,
-            opens: counts,
             backend,
             backend_fallback,
             bytes_read,
@@ -394,12 +391,6 @@ impl EpochStream {
     /// `None` when it reads with io_uring or pread was asked for.
     pub fn backend_fallback(&self) -> Option<&str> {
         self.backend_fallback.as_deref()
-    }
-
-    /// How the files read so far were opened: through the page cache (kept resident, or found
-    /// resident) or with O_DIRECT.
-    pub fn open_counts(&self) -> OpenCounts {
-        self.opens.get()
     }
 
     /// What passed through each layer of the stream's store stack so far (top first), and

@@ -165,7 +165,8 @@ fn files_cut_short_under_their_maps_are_errors_not_sigbus() {
         Some(&first.data().to_vec()),
         files.get(&ds.path(first.id).unwrap())
     );
-    assert!(st.open_counts().resident > 0, "the stream mapped nothing");
+    let origin = st.layers().into_iter().find(|l| l.0 == "origin").unwrap().1;
+    assert!(origin.opened_resident > 0, "the stream mapped nothing");
     for c in 0..ds.chunk_count() as u32 {
         let f = std::fs::OpenOptions::new()
             .write(true)

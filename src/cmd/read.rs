@@ -242,7 +242,7 @@ fn print_epoch(
         .device_read_bytes
         .map(|b| format!(", {:.1} MB from the device", b as f64 / 1e6))
         .unwrap_or_default();
-    let o = r.opened;
+    let o = layer(&r.layers, "origin");
     let rss = r
         .peak_rss_bytes
         .map(|b| format!(", process peak RSS {:.0} MB", b as f64 / 1e6))
@@ -255,7 +255,11 @@ fn print_epoch(
             k as f64 / 1e6
         ),
     };
-    let peers = r.peers.as_ref().map(peers_text).unwrap_or_default();
+    let peers = r
+        .peers
+        .as_ref()
+        .map(|p| peers_text(p, &layer(&r.layers, "peers")))
+        .unwrap_or_default();
     let snap = match (r.snapshot_gets, r.snapshot_bytes_fetched) {
         (Some(g), Some(b)) => format!(
             "; snapshot blocks: {g} GETs, {:.2} MB fetched",
@@ -265,7 +269,7 @@ fn print_epoch(
     };
     println!(
         "epoch {:>3}: {} samples, {:.1} MB in {:.2} s: {:.0} samples/s, {:.1} MB/s, cpu {:.2} s, digest {} ({}; files: {} buffered, {} found resident, {} direct{device}){hits}; memory: peak buffers {:.0} MB per reader{rss}{peers}{snap}; {}",
-        r.epoch, r.samples, r.bytes as f64 / 1e6, r.elapsed_s, r.samples_per_s, r.mb_per_s, r.cpu_s, r.digest, r.backend, o.buffered, o.resident, o.direct, r.peak_buffer_bytes as f64 / 1e6, super::waits_text(&r.waits)
+        r.epoch, r.samples, r.bytes as f64 / 1e6, r.elapsed_s, r.samples_per_s, r.mb_per_s, r.cpu_s, r.digest, r.backend, o.opened_buffered, o.opened_resident, o.opened_direct, r.peak_buffer_bytes as f64 / 1e6, super::waits_text(&r.waits)
     );
     let Some((predicted, measured)) = bill else {
         return;
@@ -286,8 +290,14 @@ fn print_epoch(
     }
 }
 
-/// The shared tiers' part of an epoch's text report.
-fn peers_text(p: &granary::PeerReport) -> String {
+/// Layer `name`'s reading among `layers` (zeros when the stack had no such layer).
+fn layer(layers: &[granary::LayerReading], name: &str) -> granary::MeterReading {
+    let l = layers.iter().find(|l| l.layer == name);
+    l.map(|l| l.reading).unwrap_or_default()
+}
+
+/// The shared tiers' part of an epoch's text report (`events`: the peers layer's reading).
+fn peers_text(p: &granary::PeerReport, events: &granary::MeterReading) -> String {
     let down = if p.down.is_empty() {
         String::new()
     } else {
@@ -302,9 +312,9 @@ fn peers_text(p: &granary::PeerReport) -> String {
         p.bytes_from_local_tier as f64 / 1e6,
         p.bytes_from_peers as f64 / 1e6,
         p.bytes_from_origin as f64 / 1e6,
-        p.events.missing_at_owner,
-        p.events.rejected,
-        p.events.unreachable
+        events.missing_at_owner,
+        events.rejected,
+        events.unreachable
     )
 }
 

@@ -4,7 +4,6 @@
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering;
 
 use memmap2::Mmap;
 use std::sync::Arc;
@@ -14,19 +13,6 @@ pub use crate::guard::{Mapped, PrivateMapped};
 use crate::buf::{AlignedBuf, ALIGN};
 use crate::error::{Result, StoreError};
 use crate::seam::{BytesFrom, ChunkSource, LocalFile, RangeRead};
-
-static METADATA_OPS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-
-/// Counts metadata operations (opens, stats) the reader issues, for benchmarks.
-pub fn count_metadata_ops(n: u64) {
-    METADATA_OPS.fetch_add(n, Ordering::Relaxed);
-}
-
-/// Metadata operations (file opens and stats) issued by this process's granary readers so far:
-/// what a parallel file system's metadata server would see.
-pub fn metadata_ops() -> u64 {
-    METADATA_OPS.load(Ordering::Relaxed)
-}
 
 /// Opens `path` for reading only if it is a regular file: a FIFO, device or directory with a
 /// data file's name (in a dataset or a tier) is an error at once instead of an `open` that
@@ -70,7 +56,6 @@ impl IoFile {
     /// A file read with reads (`direct`: opened with `O_DIRECT`), not through a map; its
     /// length comes from one `fstat`.
     pub fn unmapped(file: File, path: &Path, direct: bool) -> Result<Self> {
-        count_metadata_ops(1);
         let len = file
             .metadata()
             .map_err(|e| StoreError::io("inspecting", path, e))?

@@ -39,10 +39,9 @@ pub use local::{advise, effective_memory, resident_share, LocalDir, Opener};
 pub use location::{open, write_destination, Location};
 pub use meter::{Meter, MeterReading, Metered};
 pub use peers::request as serving;
-pub use peers::{Ownership, PeerStats, PeerStore, Peers};
+pub use peers::{Ownership, PeerStore, Peers};
 pub use seam::{
-    Access, BytesFrom, ChunkSource, ChunkStore, IoMode, LocalRead, OpenCounters, OpenCounts,
-    RangeRead, ReadPattern, Source,
+    Access, BytesFrom, ChunkSource, ChunkStore, IoMode, LocalRead, RangeRead, ReadPattern, Source,
 };
 pub use stack::StoreStack;
 pub use tier::{

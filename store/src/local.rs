@@ -23,8 +23,9 @@ use std::sync::Arc;
 
 use crate::buf::{AlignedBuf, ALIGN};
 use crate::error::{Result, StoreError};
-use crate::file::{count_metadata_ops, map_file, open_regular, IoFile};
-use crate::seam::{Access, ChunkStore, IoMode, OpenCounters, OpenCounts, ReadPattern, Source};
+use crate::file::{map_file, open_regular, IoFile};
+use crate::meter::Meter;
+use crate::seam::{Access, ChunkStore, IoMode, ReadPattern, Source};
 
 /// Opens one reader's local files as its [`Access`] says, and counts how. Shared by the layers
 /// of the reader's stack (the origin directory and the local tier), so that both follow one
@@ -44,7 +45,7 @@ pub struct Opener {
     /// cache the dataset may keep resident.
     keep_maps: u64,
     pattern: ReadPattern,
-    counts: Arc<OpenCounters>,
+    meter: Arc<Meter>,
 }
 
 /// Share of a file's pages that must be resident for it to be mapped: all of them. A page
@@ -87,7 +88,7 @@ impl Opener {
             map_resident: a.map_resident,
             keep_maps: budget,
             pattern: a.pattern,
-            counts: a.counts.clone(),
+            meter: a.meter.clone(),
         }
     }
 
@@ -110,11 +111,6 @@ impl Opener {
     /// An opener for random access to a few records at a time (see [`Access::positional`]).
     pub fn positional() -> Self {
         Opener::for_access(&Access::positional())
-    }
-
-    /// How the files were opened so far.
-    pub fn counts(&self) -> OpenCounts {
-        self.counts.get()
     }
 
     /// True when Auto keeps chunk `chunk` resident (read buffered in every epoch).
@@ -144,7 +140,7 @@ impl Opener {
         if self.mode == IoMode::Direct {
             return self.open_direct(path);
         }
-        count_metadata_ops(2); // open and fstat
+        self.meter.metadata_ops(2); // open and fstat
         let file = open_regular(path, 0).map_err(|e| StoreError::io("opening", path, e))?;
         let md = file
             .metadata()
@@ -168,7 +164,7 @@ impl Opener {
                 // kernels before 5.14 the pages fault in as they are read).
                 map.populate(0, map.len());
             }
-            self.counts.resident();
+            self.meter.opened_resident.fetch_add(1, Relaxed);
             let mut f = IoFile::unmapped_known(file, path, false, len);
             f.map = Some(map);
             return Ok(f);
@@ -180,7 +176,7 @@ impl Opener {
             drop(file);
             return self.open_direct(path);
         }
-        self.counts.buffered();
+        self.meter.opened_buffered.fetch_add(1, Relaxed);
         advise(&file, self.pattern);
         Ok(IoFile::unmapped_known(file, path, false, len))
     }
@@ -215,7 +211,7 @@ impl Opener {
     /// read on the first file), buffered otherwise.
     fn open_direct(&self, path: &Path) -> Result<IoFile> {
         if self.direct_ok.load(Relaxed) != NO_DIRECT {
-            count_metadata_ops(1);
+            self.meter.metadata_ops(1);
             match open_regular(path, libc::O_DIRECT) {
                 Ok(file) => {
                     if self.direct_ok.load(Relaxed) == UNPROBED {
@@ -230,7 +226,8 @@ impl Opener {
                         self.direct_ok.store(verdict, Relaxed);
                     }
                     if self.direct_ok.load(Relaxed) == DIRECT_OK {
-                        self.counts.direct();
+                        self.meter.opened_direct.fetch_add(1, Relaxed);
+                        self.meter.metadata_ops(1); // its fstat
                         return IoFile::unmapped(file, path, true);
                     }
                 }
@@ -242,9 +239,9 @@ impl Opener {
                 Err(e) => return Err(StoreError::io("opening", path, e)),
             }
         }
-        count_metadata_ops(1);
+        self.meter.metadata_ops(2); // open and fstat
         let file = open_regular(path, 0).map_err(|e| StoreError::io("opening", path, e))?;
-        self.counts.buffered();
+        self.meter.opened_buffered.fetch_add(1, Relaxed);
         IoFile::unmapped(file, path, false)
     }
 }

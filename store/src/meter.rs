@@ -18,112 +18,123 @@ use crate::seam::{
     Access, BytesFrom, ChunkSource, ChunkStore, LocalFile, LocalRead, RangeRead, Source,
 };
 
-/// What one layer saw, counted since it was made.
-#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize)]
-pub struct MeterReading {
+/// Declares the counts of a layer once: the live counters ([`Meter`]), their value
+/// ([`MeterReading`]), how a meter is read, and how readings add up and subtract.
+macro_rules! counts {
+    ($($(#[$doc:meta])* $name:ident,)*) => {
+        /// What one layer saw, counted since it was made (subtract two readings for an
+        /// interval; add workers' readings for a process's).
+        #[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize)]
+        pub struct MeterReading {
+            $($(#[$doc])* pub $name: u64,)*
+            /// Seconds callers waited in opens and reads, summed over callers (two threads
+            /// waiting one second each count two).
+            pub wait_s: f64,
+        }
+
+        /// The counters one layer ([`Metered`]) and what works inside it add to.
+        #[derive(Debug, Default)]
+        pub struct Meter {
+            $(pub(crate) $name: AtomicU64,)*
+            wait_ns: AtomicU64,
+        }
+
+        impl Meter {
+            /// The counts so far.
+            pub fn reading(&self) -> MeterReading {
+                MeterReading {
+                    $($name: self.$name.load(Relaxed),)*
+                    wait_s: self.wait_ns.load(Relaxed) as f64 / 1e9,
+                }
+            }
+        }
+
+        impl std::ops::AddAssign for MeterReading {
+            fn add_assign(&mut self, o: Self) {
+                $(self.$name += o.$name;)*
+                self.wait_s += o.wait_s;
+            }
+        }
+
+        impl std::ops::Sub for MeterReading {
+            type Output = MeterReading;
+            fn sub(self, o: Self) -> MeterReading {
+                MeterReading {
+                    $($name: self.$name.saturating_sub(o.$name),)*
+                    wait_s: self.wait_s - o.wait_s,
+                }
+            }
+        }
+    };
+}
+
+counts! {
     /// Chunks opened.
-    pub opens: u64,
+    opens,
     /// `read_ranges` calls (a batch of ranges of one chunk each).
-    pub reads: u64,
+    reads,
     /// Ranges read.
-    pub ranges: u64,
+    ranges,
     /// Bytes read (the ranges' lengths as asked, up to the end of the chunk).
-    pub bytes: u64,
+    bytes,
     /// Opens and reads that failed.
-    pub errors: u64,
+    errors,
     /// Copies (a tier's, a peer's) given up for the layer below after their bytes failed
     /// (layers nest: the tier's count includes the peers').
-    pub fallbacks: u64,
-    /// Samples delivered from this layer's own bytes, and their bytes (not nested: a sample
-    /// counts in the layer that served it alone; [`crate::StoreStack::served`]).
-    pub served_samples: u64,
-    pub served_bytes: u64,
-    /// Offers the tier's admission failed to store (a full or failing disk), and offers it
-    /// dropped because its queue was full while the tier was full too (the tier's layer only).
-    pub admissions_failed: u64,
-    pub admissions_skipped: u64,
-    /// Fetch on first touch (the tier's layer only): chunks fetched and kept, the bytes read
-    /// for fetches, chunks fetched that the tier then declined, fetches skipped because it
-    /// would have, and fetches that failed (the samples still came from below).
-    pub chunks_fetched: u64,
-    pub bytes_fetched: u64,
-    pub fetches_declined: u64,
-    pub fetches_skipped: u64,
-    pub fetch_errors: u64,
-    /// Seconds callers waited in opens and reads, summed over callers (two threads waiting one
-    /// second each count two).
-    pub wait_s: f64,
-}
-
-impl std::ops::AddAssign for MeterReading {
-    fn add_assign(&mut self, o: Self) {
-        self.opens += o.opens;
-        self.reads += o.reads;
-        self.ranges += o.ranges;
-        self.bytes += o.bytes;
-        self.errors += o.errors;
-        self.fallbacks += o.fallbacks;
-        self.served_samples += o.served_samples;
-        self.served_bytes += o.served_bytes;
-        self.admissions_failed += o.admissions_failed;
-        self.admissions_skipped += o.admissions_skipped;
-        self.chunks_fetched += o.chunks_fetched;
-        self.bytes_fetched += o.bytes_fetched;
-        self.fetches_declined += o.fetches_declined;
-        self.fetches_skipped += o.fetches_skipped;
-        self.fetch_errors += o.fetch_errors;
-        self.wait_s += o.wait_s;
-    }
-}
-
-/// The counters one [`Metered`] store and its sources add to.
-#[derive(Debug, Default)]
-pub struct Meter {
-    opens: AtomicU64,
-    reads: AtomicU64,
-    ranges: AtomicU64,
-    bytes: AtomicU64,
-    errors: AtomicU64,
-    fallbacks: AtomicU64,
-    served_samples: AtomicU64,
-    served_bytes: AtomicU64,
-    admissions_failed: AtomicU64,
-    admissions_skipped: AtomicU64,
-    pub(crate) chunks_fetched: AtomicU64,
-    pub(crate) bytes_fetched: AtomicU64,
-    pub(crate) fetches_declined: AtomicU64,
-    pub(crate) fetches_skipped: AtomicU64,
-    pub(crate) fetch_errors: AtomicU64,
-    wait_ns: AtomicU64,
+    fallbacks,
+    /// Samples delivered from this layer's own bytes (not nested: a sample counts in the
+    /// layer that served it alone; [`crate::StoreStack::served`]).
+    served_samples,
+    /// Their bytes.
+    served_bytes,
+    /// Files a local store opened through the page cache (not resident yet, but kept resident,
+    /// or the mode says so), found resident and mapped (served without a read or a copy), and
+    /// opened with `O_DIRECT` (the origin layer only).
+    opened_buffered,
+    opened_resident,
+    opened_direct,
+    /// File-system metadata calls (open, stat) a local store made (for a dataset's snapshot:
+    /// those of opening it).
+    metadata_ops,
+    /// Offers the tier's admission failed to store (a full or failing disk).
+    admissions_failed,
+    /// Offers it dropped because its queue was full while the tier was full too.
+    admissions_skipped,
+    /// Fetch on first touch (the tier's layer only): chunks fetched and kept, and the bytes
+    /// read for fetches.
+    chunks_fetched,
+    bytes_fetched,
+    /// Chunks fetched that the tier then declined, and fetches skipped because it would have.
+    fetches_declined,
+    fetches_skipped,
+    /// Fetches that failed (the samples still came from below).
+    fetch_errors,
+    /// Chunks other nodes' tiers served with the snapshot's size and digest, and their bytes
+    /// (the peers' layer only).
+    chunks_from_peers,
+    bytes_from_peers,
+    /// Chunks another node owns read from origin instead, by reason: the owner did not hold it
+    /// yet, served a copy that failed the size or digest check, or did not answer (or was
+    /// already marked down).
+    missing_at_owner,
+    rejected,
+    unreachable,
+    /// The bytes read from origin for them.
+    bytes_from_origin,
+    /// Times a peer was marked down (at most once per peer and epoch).
+    peers_marked_down,
 }
 
 impl Meter {
-    /// The counts so far.
-    pub fn reading(&self) -> MeterReading {
-        MeterReading {
-            opens: self.opens.load(Relaxed),
-            reads: self.reads.load(Relaxed),
-            ranges: self.ranges.load(Relaxed),
-            bytes: self.bytes.load(Relaxed),
-            errors: self.errors.load(Relaxed),
-            fallbacks: self.fallbacks.load(Relaxed),
-            served_samples: self.served_samples.load(Relaxed),
-            served_bytes: self.served_bytes.load(Relaxed),
-            admissions_failed: self.admissions_failed.load(Relaxed),
-            admissions_skipped: self.admissions_skipped.load(Relaxed),
-            chunks_fetched: self.chunks_fetched.load(Relaxed),
-            bytes_fetched: self.bytes_fetched.load(Relaxed),
-            fetches_declined: self.fetches_declined.load(Relaxed),
-            fetches_skipped: self.fetches_skipped.load(Relaxed),
-            fetch_errors: self.fetch_errors.load(Relaxed),
-            wait_s: self.wait_ns.load(Relaxed) as f64 / 1e9,
-        }
-    }
-
     /// Counts `samples` samples in `bytes` bytes delivered from this layer's own bytes.
     pub fn served(&self, samples: u64, bytes: u64) {
         self.served_samples.fetch_add(samples, Relaxed);
         self.served_bytes.fetch_add(bytes, Relaxed);
+    }
+
+    /// Counts `n` file-system metadata calls.
+    pub fn metadata_ops(&self, n: u64) {
+        self.metadata_ops.fetch_add(n, Relaxed);
     }
 
     /// Counts an offer the tier failed to store; how many had failed before.

@@ -19,12 +19,12 @@
 
 use std::fmt::Debug;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
 
 use crate::error::Result;
 use crate::guard::Mapped;
+use crate::meter::Meter;
 
 /// Where the bytes of a source come from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
@@ -199,51 +199,6 @@ granary_format::named_enum! {
     }
 }
 
-/// How many files a reader opened each way.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
-pub struct OpenCounts {
-    /// Read through the page cache (not resident yet, but kept resident, or the mode says so).
-    pub buffered: u64,
-    /// Found resident and mapped: served from the page cache without a read or a copy.
-    pub resident: u64,
-    /// Read with `O_DIRECT`.
-    pub direct: u64,
-}
-
-/// [`OpenCounts`] shared by the layers of one reader's stack.
-#[derive(Debug, Default)]
-pub struct OpenCounters {
-    buffered: AtomicU64,
-    resident: AtomicU64,
-    direct: AtomicU64,
-}
-
-impl OpenCounters {
-    /// The counts so far.
-    pub fn get(&self) -> OpenCounts {
-        OpenCounts {
-            buffered: self.buffered.load(Relaxed),
-            resident: self.resident.load(Relaxed),
-            direct: self.direct.load(Relaxed),
-        }
-    }
-
-    /// Counts one file opened through the page cache.
-    pub fn buffered(&self) {
-        self.buffered.fetch_add(1, Relaxed);
-    }
-
-    /// Counts one resident file mapped.
-    pub fn resident(&self) {
-        self.resident.fetch_add(1, Relaxed);
-    }
-
-    /// Counts one file opened with `O_DIRECT`.
-    pub fn direct(&self) {
-        self.direct.fetch_add(1, Relaxed);
-    }
-}
-
 /// How a reader will read a dataset's chunks; stores that can use it tune themselves
 /// ([`ChunkStore::tuned`]), others ignore it.
 #[derive(Clone, Debug)]
@@ -263,8 +218,9 @@ pub struct Access {
     pub populate: bool,
     /// How files opened through the page cache are read, told to the kernel as advice.
     pub pattern: ReadPattern,
-    /// How the files were opened, counted.
-    pub counts: Arc<OpenCounters>,
+    /// The meter of the layer that reads with this access (origin): how its files were
+    /// opened and the metadata calls that took.
+    pub meter: Arc<Meter>,
 }
 
 /// How a reader reads the files it opens through the page cache, advised to the kernel
@@ -306,7 +262,7 @@ impl Access {
             map_resident: true,
             populate: true,
             pattern: ReadPattern::Default,
-            counts: Arc::default(),
+            meter: Arc::default(),
         }
     }
 }

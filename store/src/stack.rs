@@ -11,7 +11,7 @@ use granary_format::ChunkEntry;
 
 use crate::meter::{Meter, MeterReading, Metered};
 use crate::peers::{PeerStore, Peers};
-use crate::seam::{Access, BytesFrom, ChunkStore, OpenCounts, Source};
+use crate::seam::{Access, BytesFrom, ChunkStore, Source};
 use crate::tier::fetch::{ChunkScore, Fetcher};
 use crate::tier::{HotChunks, Importance, LocalTier, TierStore};
 
@@ -26,13 +26,13 @@ pub struct StoreStack {
     meters: Vec<(&'static str, Arc<Meter>)>,
 }
 
-/// `store` counted in a new meter, added to `meters` under `layer`.
+/// `store` counted in `meter`, added to `meters` under `layer`.
 fn metered(
     store: Arc<dyn ChunkStore>,
     layer: &'static str,
+    meter: Arc<Meter>,
     meters: &mut Vec<(&'static str, Arc<Meter>)>,
 ) -> Arc<dyn ChunkStore> {
-    let meter = Arc::new(Meter::default());
     meters.insert(0, (layer, meter.clone()));
     Arc::new(Metered::new(store, meter))
 }
@@ -57,17 +57,18 @@ impl StoreStack {
         }
         let mut meters = Vec::new();
         let tuned = store.tuned(&access).unwrap_or_else(|| store.clone());
-        let origin = metered(tuned, "origin", &mut meters);
+        let origin = metered(tuned, "origin", access.meter.clone(), &mut meters);
         let below = match peers {
             Some(p) => {
-                let peers = Arc::new(PeerStore::new(p, origin.clone(), chunks.clone()));
-                metered(peers, "peers", &mut meters)
+                let meter = Arc::new(Meter::default());
+                let peers = PeerStore::new(p, origin.clone(), chunks.clone(), meter.clone());
+                metered(Arc::new(peers), "peers", meter, &mut meters)
             }
             None => origin.clone(),
         };
         let tier = Arc::new(TierStore::new(cache, below, chunks, &access));
         StoreStack {
-            top: metered(tier.clone(), "tier", &mut meters),
+            top: metered(tier.clone(), "tier", Arc::default(), &mut meters),
             tier: Some(tier),
             access,
             meters,
@@ -78,7 +79,7 @@ impl StoreStack {
     pub fn plain(store: &Arc<dyn ChunkStore>, access: Access) -> StoreStack {
         let mut meters = Vec::new();
         let tuned = store.tuned(&access).unwrap_or_else(|| store.clone());
-        let origin = metered(tuned, "origin", &mut meters);
+        let origin = metered(tuned, "origin", access.meter.clone(), &mut meters);
         StoreStack {
             top: origin,
             tier: None,
@@ -190,10 +191,5 @@ impl StoreStack {
     pub fn layer(&self, name: &str) -> MeterReading {
         let m = self.meters.iter().find(|(layer, _)| *layer == name);
         m.map(|(_, m)| m.reading()).unwrap_or_default()
-    }
-
-    /// How the files were opened so far.
-    pub fn open_counts(&self) -> OpenCounts {
-        self.access.counts.get()
     }
 }

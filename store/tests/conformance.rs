@@ -593,9 +593,17 @@ fn a_peers_tier_conforms() {
         Arc::new(p.unwrap())
     };
     let dir: Arc<dyn ChunkStore> = Arc::new(LocalDir::new(&f.ds));
-    let layer = PeerStore::new(peers(), dir.clone(), f.table.clone());
+    let meter = Arc::new(Meter::default());
+    let layer = PeerStore::new(peers(), dir.clone(), f.table.clone(), meter.clone());
     conforms("peers over local", &layer, &f);
+    // What the peers did is counted in the layer's meter: every whole read came from the peer
+    // (ranges are read from origin).
+    let before = meter.reading();
     expect_from(&layer, &f, BytesFrom::Peer);
+    let r = meter.reading() - before;
+    let all: u64 = f.chunks.iter().map(|c| c.len() as u64).sum();
+    assert_eq!((r.chunks_from_peers, r.bytes_from_peers), (n as u64, all));
+    assert_eq!((r.rejected, r.unreachable, r.bytes_from_origin), (0, 0, 0));
     let layer: Arc<dyn ChunkStore> = Arc::new(layer);
     conforms("meter over peers", &metered(layer.clone()), &f);
     expect_from(&metered(layer), &f, BytesFrom::Peer);
@@ -633,4 +641,10 @@ fn a_peers_tier_conforms() {
         BytesFrom::Origin
     );
     assert!(buf == f.chunks[2]);
+    let r = stack.layer("peers");
+    assert_eq!(
+        (r.rejected, r.bytes_from_origin),
+        (1, f.chunks[2].len() as u64),
+        "{r:?}"
+    );
 }

@@ -19,7 +19,7 @@ pub use granary_store::file::ChunkBytes;
 use granary_store::file::{map_file, read_whole};
 use granary_store::local::LocalDir;
 use granary_store::{Access, ChunkSource, ChunkStore, LocalTier, Source, StoreStack};
-use granary_store::{Location, StoreConfig};
+use granary_store::{Location, MeterReading, StoreConfig};
 
 /// Metadata of one sample.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -41,6 +41,8 @@ pub struct Dataset {
     store: Arc<dyn ChunkStore>,
     /// For a snapshot read in blocks from an object store: what fetches them.
     paged: Option<Arc<granary_store::object::snapcache::BlockPager>>,
+    /// What opening the snapshot file took (its metadata calls).
+    opening: MeterReading,
     /// Opened through a view file: the samples epochs are planned over.
     view: Option<Arc<View>>,
 }
@@ -145,8 +147,6 @@ impl Dataset {
                 },
             ));
         }
-        // is_dir, open, fstat, and the map's own fstat.
-        granary_store::file::count_metadata_ops(4);
         let map = map_file(&file, &snapshot_path)?;
         // Opening and looking up touch a handful of pages spread over the file: without this,
         // every cold page fault reads a whole readahead window (often megabytes) instead.
@@ -163,6 +163,11 @@ impl Dataset {
             snap,
             store,
             paged: None,
+            // is_dir, open, fstat, and the map's own fstat.
+            opening: MeterReading {
+                metadata_ops: 4,
+                ..MeterReading::default()
+            },
             view: None,
         })
     }
@@ -221,8 +226,18 @@ impl Dataset {
 
     /// For a snapshot read in blocks from an object store: the GETs issued and bytes fetched
     /// for it so far by this process, its opening included (`None` for a snapshot held whole).
-    pub fn snapshot_fetched(&self) -> Option<(u64, u64)> {
+    pub fn snapshot_fetched(&self) -> Option<MeterReading> {
         self.paged.as_ref().map(|p| p.fetched())
+    }
+
+    /// What reading the snapshot took so far: opening it (its metadata calls), and for a
+    /// snapshot read in blocks the GETs (`reads`) and bytes fetched of it.
+    pub fn snapshot_reading(&self) -> MeterReading {
+        let mut r = self.opening;
+        if let Some(p) = &self.paged {
+            r += p.fetched();
+        }
+        r
     }
 
     /// Where the chunks are read from.

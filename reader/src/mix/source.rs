@@ -20,7 +20,6 @@ use crate::tier::TierHits;
 use crate::waits::WaitReport;
 use granary_store::buf::BufPool;
 use granary_store::MeterReading;
-use granary_store::OpenCounts;
 
 use crate::readahead::{ReadAheadSeat, SharedReadAhead};
 
@@ -41,8 +40,6 @@ pub trait SampleStream: Iterator<Item = Result<Sample>> + Send {
     fn bytes_read(&self) -> u64;
     /// The most bytes of read buffers held at once.
     fn peak_buffer_bytes(&self) -> u64;
-    /// How the files read so far were opened.
-    fn open_counts(&self) -> OpenCounts;
 }
 
 impl SampleStream for EpochStream {
@@ -66,9 +63,6 @@ impl SampleStream for EpochStream {
     }
     fn peak_buffer_bytes(&self) -> u64 {
         EpochStream::peak_buffer_bytes(self)
-    }
-    fn open_counts(&self) -> OpenCounts {
-        EpochStream::open_counts(self)
     }
 }
 
@@ -549,16 +543,6 @@ impl SampleStream for MixStream {
     }
     fn peak_buffer_bytes(&self) -> u64 {
         MixStream::peak_buffer_bytes(self)
-    }
-    fn open_counts(&self) -> OpenCounts {
-        let mut o = OpenCounts::default();
-        for s in &self.streams {
-            let c = s.open_counts();
-            o.buffered += c.buffered;
-            o.resident += c.resident;
-            o.direct += c.direct;
-        }
-        o
     }
 }
 

@@ -63,7 +63,7 @@ pub struct RemoteArgs {
 
 /// GETs and bytes of the snapshot fetched so far.
 fn fetched(ds: &Dataset) -> (u64, u64) {
-    ds.snapshot_fetched().unwrap_or((0, 0))
+    ds.snapshot_fetched().map_or((0, 0), |r| (r.reads, r.bytes))
 }
 
 /// Median and largest of `v`.

@@ -28,7 +28,7 @@ use std::fs::File;
 use std::ops::Range;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use granary_format::{Blocks, FormatError, Pager, SnapshotHeader, SNAPSHOT_FILE};
@@ -36,6 +36,7 @@ use granary_format::{Blocks, FormatError, Pager, SnapshotHeader, SNAPSHOT_FILE};
 use super::{ObjectUrl, GET_PART};
 use crate::config::StoreConfig;
 use crate::error::{RemoteKind, Result, StoreError};
+use crate::meter::{Meter, MeterReading};
 use granary_format::DatasetId;
 
 /// A snapshot opened from an object store: a local file, whole or sparse.
@@ -75,9 +76,13 @@ pub fn open_snapshot(url: &Arc<ObjectUrl>, cfg: &StoreConfig) -> Result<RemoteSn
         path: path.clone(),
         file,
         blocks,
-        gets: AtomicU64::new(2),
-        fetched: AtomicU64::new((head.len() + table.len()) as u64),
+        meter: Meter::default(),
     };
+    pager.meter.reads.fetch_add(2, Ordering::Relaxed);
+    pager
+        .meter
+        .bytes
+        .fetch_add((head.len() + table.len()) as u64, Ordering::Relaxed);
     // Header and CRC table are checked: every process writes them.
     pager.store(0, &head)?;
     pager.store(h.crc_table().start, &table)?;
@@ -177,8 +182,8 @@ pub struct BlockPager {
     file: File,
     /// The block CRCs, and which blocks this process has checked in its file.
     blocks: Blocks,
-    gets: AtomicU64,
-    fetched: AtomicU64,
+    /// GETs of the snapshot (`reads`) and the bytes they fetched.
+    meter: Meter,
 }
 
 impl std::fmt::Debug for BlockPager {
@@ -191,12 +196,10 @@ impl std::fmt::Debug for BlockPager {
 }
 
 impl BlockPager {
-    /// GETs issued and bytes fetched for the snapshot by this process (open included).
-    pub fn fetched(&self) -> (u64, u64) {
-        (
-            self.gets.load(Ordering::Relaxed),
-            self.fetched.load(Ordering::Relaxed),
-        )
+    /// GETs issued (`reads`) and bytes fetched for the snapshot by this process (open
+    /// included).
+    pub fn fetched(&self) -> MeterReading {
+        self.meter.reading()
     }
 
     /// The local bytes of `r` (zeros where nothing was written yet).
@@ -215,8 +218,10 @@ impl BlockPager {
         while at < r.end {
             let end = (at + GET_PART).min(r.end);
             let b = self.url.get_range(SNAPSHOT_FILE, at..end)?;
-            self.gets.fetch_add(1, Ordering::Relaxed);
-            self.fetched.fetch_add(b.len() as u64, Ordering::Relaxed);
+            self.meter.reads.fetch_add(1, Ordering::Relaxed);
+            self.meter
+                .bytes
+                .fetch_add(b.len() as u64, Ordering::Relaxed);
             out.extend_from_slice(&b);
             at = end;
         }

@@ -20,13 +20,14 @@ pub mod request;
 pub mod server;
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
 
 use granary_format::ChunkEntry;
 
 use crate::error::{Result, StoreError};
+use crate::meter::Meter;
 use crate::object::Sized;
 use crate::seam::{BytesFrom, ChunkSource, ChunkStore, RangeRead, Source};
 use client::PeerClient;
@@ -114,50 +115,6 @@ impl Ownership {
     }
 }
 
-/// What the peers did for a stream (or since the [`Peers`] were made; subtract two readings for
-/// an interval).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
-pub struct PeerStats {
-    /// Chunks a peer served, with the snapshot's size and digest, and their bytes.
-    pub chunks_from_peers: u64,
-    pub bytes_from_peers: u64,
-    /// Chunks read from origin storage although another node owns them, by reason: the owner
-    /// did not hold it yet, served a copy that failed the size or digest check, or failed to
-    /// answer (or was already marked down); and the bytes read from origin for them.
-    pub missing_at_owner: u64,
-    pub rejected: u64,
-    pub unreachable: u64,
-    pub bytes_from_origin: u64,
-    /// Times a peer was marked down (at most once per peer and epoch).
-    pub peers_marked_down: u64,
-}
-
-impl std::ops::Sub for PeerStats {
-    type Output = PeerStats;
-    fn sub(self, o: PeerStats) -> PeerStats {
-        PeerStats {
-            chunks_from_peers: self.chunks_from_peers - o.chunks_from_peers,
-            bytes_from_peers: self.bytes_from_peers - o.bytes_from_peers,
-            missing_at_owner: self.missing_at_owner - o.missing_at_owner,
-            rejected: self.rejected - o.rejected,
-            unreachable: self.unreachable - o.unreachable,
-            bytes_from_origin: self.bytes_from_origin - o.bytes_from_origin,
-            peers_marked_down: self.peers_marked_down - o.peers_marked_down,
-        }
-    }
-}
-
-#[derive(Default, Debug)]
-struct Counters {
-    chunks_from_peers: AtomicU64,
-    bytes_from_peers: AtomicU64,
-    missing_at_owner: AtomicU64,
-    rejected: AtomicU64,
-    unreachable: AtomicU64,
-    bytes_from_origin: AtomicU64,
-    peers_marked_down: AtomicU64,
-}
-
 /// The other nodes of a job, as one node reads from them: their addresses (`granary serve`),
 /// who keeps what, and who is down this epoch.
 #[derive(Debug)]
@@ -170,7 +127,6 @@ pub struct Peers {
     down: Vec<AtomicBool>,
     /// A rejected copy is reported once per peer and epoch.
     rejected_said: Vec<AtomicBool>,
-    counters: Counters,
 }
 
 impl Peers {
@@ -219,7 +175,6 @@ impl Peers {
             addrs,
             clients,
             ownership,
-            counters: Counters::default(),
         })
     }
 
@@ -256,21 +211,6 @@ impl Peers {
             .collect()
     }
 
-    /// What the peers did so far.
-    pub fn stats(&self) -> PeerStats {
-        let c = &self.counters;
-        let l = |a: &AtomicU64| a.load(Relaxed);
-        PeerStats {
-            chunks_from_peers: l(&c.chunks_from_peers),
-            bytes_from_peers: l(&c.bytes_from_peers),
-            missing_at_owner: l(&c.missing_at_owner),
-            rejected: l(&c.rejected),
-            unreachable: l(&c.unreachable),
-            bytes_from_origin: l(&c.bytes_from_origin),
-            peers_marked_down: l(&c.peers_marked_down),
-        }
-    }
-
     /// Whether chunk `chunk` is asked of another node first: it has an owner, not this node,
     /// and that node is not down.
     fn owner_elsewhere(&self, chunk: u32) -> Option<u32> {
@@ -280,10 +220,16 @@ impl Peers {
 
     /// Chunk `ce` from `node`'s tier into `parts` (holding its size together, in order), if
     /// that node has it, answers, and its copy checks out; false otherwise (`parts` then hold
-    /// whatever arrived).
-    fn fetch_into(&self, node: u32, name: &str, ce: &ChunkEntry, parts: &mut [&mut [u8]]) -> bool {
+    /// whatever arrived). What happened is counted in `c`.
+    fn fetch_into(
+        &self,
+        node: u32,
+        name: &str,
+        ce: &ChunkEntry,
+        parts: &mut [&mut [u8]],
+        c: &Meter,
+    ) -> bool {
         let n = node as usize;
-        let c = &self.counters;
         if self.down[n].load(Relaxed) {
             c.unreachable.fetch_add(1, Relaxed);
             return false;
@@ -380,15 +326,24 @@ pub struct PeerStore {
     peers: Arc<Peers>,
     next: Arc<dyn ChunkStore>,
     chunks: Arc<[ChunkEntry]>,
+    /// The layer's meter, where what the peers did is counted.
+    meter: Arc<Meter>,
 }
 
 impl PeerStore {
-    /// `peers` in front of `next`, for a dataset whose chunk table is `chunks`.
-    pub fn new(peers: Arc<Peers>, next: Arc<dyn ChunkStore>, chunks: Arc<[ChunkEntry]>) -> Self {
+    /// `peers` in front of `next`, for a dataset whose chunk table is `chunks`; what they do is
+    /// counted in `meter` (the layer's, [`crate::Metered`]).
+    pub fn new(
+        peers: Arc<Peers>,
+        next: Arc<dyn ChunkStore>,
+        chunks: Arc<[ChunkEntry]>,
+        meter: Arc<Meter>,
+    ) -> Self {
         PeerStore {
             peers,
             next,
             chunks,
+            meter,
         }
     }
 }
@@ -416,6 +371,7 @@ impl ChunkStore for PeerStore {
             name,
             location,
             next: self.next.clone(),
+            meter: self.meter.clone(),
             fell_back: Default::default(),
             given_up: Default::default(),
         }))
@@ -436,6 +392,7 @@ struct PeerSource {
     name: String,
     location: PathBuf,
     next: Arc<dyn ChunkStore>,
+    meter: Arc<Meter>,
     /// Whether the latest read came from the next store.
     fell_back: AtomicBool,
     /// Bytes from the peer failed once: every later read goes to the next store.
@@ -474,7 +431,7 @@ impl ChunkSource for PeerSource {
             && !self.given_up.load(Relaxed)
             && self
                 .peers
-                .fetch_into(self.node, &self.name, &self.ce, &mut parts)
+                .fetch_into(self.node, &self.name, &self.ce, &mut parts, &self.meter)
         {
             self.fell_back.store(false, Relaxed);
             return Ok(());
@@ -492,8 +449,7 @@ impl ChunkSource for PeerSource {
         }
         origin.read_ranges(reads)?;
         let n: u64 = reads.iter().map(|r| r.buf.len() as u64).sum();
-        self.peers
-            .counters
+        self.meter
             .bytes_from_origin
             .fetch_add(n.min(self.ce.file_size), Relaxed);
         self.fell_back.store(true, Relaxed);
