@@ -72,17 +72,20 @@ def _as_list(x, kind):
 
 
 # The reader's options a dataset takes as keywords and gives every stream (the library
-# checks them, and knows their defaults: READER_DEFAULTS).
+# checks them, and knows every option and its default: READER_DEFAULTS; rank and world_size
+# come per stream, lenient_scores is the loader's own).
 _READER_OPTIONS = (
-    "shuffle", "seed", "drop_last", "window", "memory", "page_cache", "cache_dir",
-    "cache_size", "policy", "sampling", "alpha", "cache_boost", "locality", "peers", "node",
-    "peer_timeout", "ownership_epoch", "peer_secret", "peer_ca",
+    "shuffle", "seed", "drop_last", "window", "memory", "page_cache", "io", "backend",
+    "queue_depth", "range_gap", "cache_dir", "cache_size", "policy", "scores", "sampling",
+    "alpha", "cache_boost", "locality", "peers", "node", "peer_timeout", "ownership_epoch",
+    "peer_secret", "peer_ca",
 )
 # How an option is kept once checked (None stays None); the others as given.
 _KEPT_AS = dict(
     seed=int, locality=float, alpha=float, cache_boost=float, peer_timeout=float,
     ownership_epoch=int, memory=int, page_cache=int, cache_size=int, node=int,
-    cache_dir=os.fspath, peer_ca=os.fspath, peer_secret=str,
+    queue_depth=int, range_gap=int, cache_dir=os.fspath, peer_ca=os.fspath, scores=os.fspath,
+    peer_secret=str,
 )
 
 
@@ -145,7 +148,12 @@ class IterableDataset(_IterBase):
     ``window`` (chunks) is given. ``page_cache`` (bytes; default ``None``: half the node's
     memory, or of the cgroup's limit) is the page cache a reader keeps the dataset's chunks
     resident in, and bounds the maps of resident chunks each worker keeps from one epoch to
-    the next (they show in its RSS as file pages); ``0`` keeps none.
+    the next (they show in its RSS as file pages); ``0`` keeps none. ``io`` (``"auto"``,
+    ``"direct"``, ``"buffered"``), ``backend`` (``"auto"``, ``"uring"``, ``"pread"``; default
+    ``None``: the ``GRANARY_IO`` variable, else ``"auto"``),
+    ``queue_depth`` (reads in flight per reader) and ``range_gap`` (bytes) are ``granary
+    read``'s flags of the same names, with the same defaults; ``scores`` names a score table
+    file (``ImportanceScores.save``) instead of the node's shared one next to the tier.
 
     ``zero_copy`` (default True): a DataLoader worker's batch (``batch_format="list"``, no
     ``transform`` or ``collate`` in the worker, no tier) whose samples all lie in chunk files
@@ -183,6 +191,11 @@ class IterableDataset(_IterBase):
         window=None,
         memory=None,
         page_cache=None,
+        io=_D["io"],
+        backend=None,
+        queue_depth=_D["queue_depth"],
+        range_gap=_D["range_gap"],
+        scores=None,
         zero_copy=True,
         batch_format="list",
         pad=False,
@@ -233,7 +246,7 @@ class IterableDataset(_IterBase):
         # will be: now, in the process that makes the dataset, not later in a DataLoader
         # worker; then kept as attributes, as _KEPT_AS says.
         given = locals()
-        options = {name: given[name] for name in _READER_OPTIONS}
+        options = {name: given[name] for name in _READER_OPTIONS if given[name] is not None}
         _check_reader_options(**options)
         if sampling == "importance" and cache_dir is None:
             # report() feeds the node's score table next to the tier.
@@ -244,8 +257,8 @@ class IterableDataset(_IterBase):
         self.images = _types.check_images(images)
         self.report_waits = bool(waits)
         self._layout_ds = None
-        for name, value in options.items():
-            keep = _KEPT_AS.get(name)
+        for name in _READER_OPTIONS:
+            value, keep = given[name], _KEPT_AS.get(name)
             setattr(self, name, value if keep is None or value is None else keep(value))
         self.rank = rank
         self.world_size = world_size
@@ -309,7 +322,9 @@ class IterableDataset(_IterBase):
 
     def _stream_options(self):
         """The reader's keyword options of this dataset's streams."""
-        return {name: getattr(self, name) for name in _READER_OPTIONS}
+        # None is the library's default (for backend: GRANARY_IO, else auto).
+        options = ((name, getattr(self, name)) for name in _READER_OPTIONS)
+        return {name: v for name, v in options if v is not None}
 
     def _stream(self):
         rank, world = self._rank_world()

@@ -336,21 +336,11 @@ pub(crate) fn check_reader_options(options: Option<&Bound<'_, PyDict>>) -> PyRes
     o.config().map(|_| ()).map_err(err)
 }
 
-/// The library's defaults of the reader options loaders take (`alpha`, `cache_boost`,
-/// `peer_timeout`, the modes, ...): the values Python's signatures show.
-pub(crate) fn reader_defaults(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
-    let o = granary::ReaderOptions::default();
-    let d = PyDict::new(py);
-    d.set_item("shuffle", o.shuffle.to_string())?;
-    d.set_item("seed", o.seed)?;
-    d.set_item("policy", o.policy.to_string())?;
-    d.set_item("sampling", o.sampling.to_string())?;
-    d.set_item("alpha", o.alpha)?;
-    d.set_item("cache_boost", o.cache_boost)?;
-    d.set_item("locality", o.locality)?;
-    d.set_item("peer_timeout", o.peer_timeout)?;
-    d.set_item("ownership_epoch", o.ownership_epoch.unwrap_or(0))?;
-    Ok(d)
+/// Every reader option by name with the library's default (`None` for "decided later", as
+/// `ReaderOptions` says; the job's secret shows as `None`): the values Python's signatures show.
+pub(crate) fn reader_defaults(py: Python<'_>) -> PyResult<Bound<'_, PyAny>> {
+    pythonize::pythonize(py, &granary::ReaderOptions::default())
+        .map_err(|e| pyo3::exceptions::PyRuntimeError::new_err(e.to_string()))
 }
 
 #[pymethods]

@@ -414,3 +414,31 @@ def test_stream_arguments_by_position_or_name_and_unknown_ones_refused(packed):
         granary.Stream(path, 0, 0, 1, 0, 1, seed="three")
     with pytest.raises(ValueError, match="unknown sampling"):
         granary.Stream(path, 0, 0, 1, 0, 1, sampling="sideways")
+
+
+def test_every_reader_option_is_a_loader_keyword_with_the_librarys_default(packed):
+    """The library declares the reader's options once (READER_DEFAULTS: every option and its
+    default); the loader takes each as a keyword (rank and world_size per stream, as
+    torch.distributed says; lenient_scores is the loader's own), defaulting to the library's
+    value or to None (the library's default, for backend GRANARY_IO's), and hands them to
+    every stream."""
+    import inspect
+
+    from granary import _iterable
+
+    defaults = granary._native.READER_DEFAULTS
+    params = inspect.signature(granary.IterableDataset.__init__).parameters
+    assert set(_iterable._READER_OPTIONS) <= set(defaults)
+    for name, value in defaults.items():
+        if name == "lenient_scores":
+            continue
+        assert name in params, f"reader option {name} is not a loader keyword"
+        assert params[name].default in (value, None), (name, params[name].default, value)
+    for name in set(defaults) - {"rank", "world_size", "lenient_scores"}:
+        assert name in _iterable._READER_OPTIONS, f"{name} is not handed to streams"
+    path, files = packed
+    ds = granary.IterableDataset(path, io="buffered", backend="pread", queue_depth=4,
+                                 range_gap=0)
+    assert sorted(len(s["data"]) for s in ds) == sorted(len(b) for b in files.values())
+    with pytest.raises(ValueError, match="queue_depth"):
+        granary.IterableDataset(path, queue_depth=0)

@@ -70,6 +70,9 @@ pub struct PeerConfig {
     pub tls_ca: Option<Vec<u8>>,
 }
 
+/// The most reads in flight a reader may ask for (the engine's limit).
+pub const MAX_QUEUE_DEPTH: usize = 4096;
+
 /// Everything that decides how one rank reads a dataset.
 #[derive(Clone, Debug)]
 pub struct ReaderConfig {
@@ -131,6 +134,12 @@ impl ReaderConfig {
             return bad(format!(
                 "locality must be in [0, 1], not {}",
                 self.plan.locality
+            ));
+        }
+        if !(1..=MAX_QUEUE_DEPTH).contains(&self.queue_depth) {
+            return bad(format!(
+                "queue_depth must be 1 to {MAX_QUEUE_DEPTH} reads in flight, not {}",
+                self.queue_depth
             ));
         }
         if let SamplingMode::Importance(s) = self.sampling {

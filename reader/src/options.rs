@@ -3,13 +3,14 @@
 //! place they are written), and [`ReaderOptions::config`] checks them and makes the
 //! [`ReaderConfig`] every front end reads with. The options are plain data: the enums parse
 //! from and print as the names users write (`FromStr`, `Display`), and the whole struct
-//! deserializes (serde) from a map of those names, which is how Python builds it from keywords.
+//! deserializes (serde) from a map of those names, which is how Python builds it from keywords,
+//! and serializes to one, which is how Python learns every option and its default.
 //! Environment variables are not read here: front ends read them.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
-use serde::{Deserialize, Deserializer};
+use serde::{Deserialize, Deserializer, Serialize};
 
 use crate::config::{PeerConfig, ReaderConfig, SamplingMode, ScoreSource, TierConfig};
 use crate::epoch::ImportanceSampling;
@@ -49,9 +50,17 @@ where
         .map_err(serde::de::Error::custom)
 }
 
+/// The job's secret never leaves in a serialization: it shows as none.
+fn hidden<S: serde::Serializer>(
+    _: &Option<granary_store::auth::Secret>,
+    s: S,
+) -> std::result::Result<S::Ok, S::Error> {
+    s.serialize_none()
+}
+
 /// Everything a user says about how one rank reads a dataset, by the names of Python's
 /// keywords (the CLI's flags are the same names with dashes).
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(default)]
 pub struct ReaderOptions {
     /// Epoch order.
@@ -96,7 +105,7 @@ pub struct ReaderOptions {
     /// The epoch whose plan decides which node keeps which chunk (`None`: 0).
     pub ownership_epoch: Option<u64>,
     /// The job's secret (its text), which signs every request to a peer.
-    #[serde(deserialize_with = "secret")]
+    #[serde(deserialize_with = "secret", serialize_with = "hidden")]
     pub peer_secret: Option<granary_store::auth::Secret>,
     /// CA certificates (a PEM file) the peers' TLS certificates chain to.
     pub peer_ca: Option<PathBuf>,

@@ -380,4 +380,28 @@ mod tests {
         let want = granary::ReaderOptions::default();
         assert_eq!(format!("{got:?}"), format!("{want:?}"));
     }
+
+    /// Every reader option is a flag of `granary read` (its name with dashes, or the flag named
+    /// here): an option cannot be added to the library and Python alone.
+    #[test]
+    fn every_reader_option_is_a_flag() {
+        use clap::CommandFactory;
+        let cli = crate::Cli::command();
+        let read = cli.find_subcommand("read").unwrap();
+        let flags: Vec<&str> = read.get_arguments().filter_map(|a| a.get_long()).collect();
+        let options = serde_json::to_value(granary::ReaderOptions::default()).unwrap();
+        for name in options.as_object().unwrap().keys() {
+            let flag = match name.as_str() {
+                "drop_last" => "pad".to_string(),
+                "peer_secret" => "peer-secret-file".to_string(),
+                // Python's loaders set it: training creates the table as it reports losses.
+                "lenient_scores" => continue,
+                n => n.replace('_', "-"),
+            };
+            assert!(
+                flags.contains(&flag.as_str()),
+                "reader option {name}: no --{flag}"
+            );
+        }
+    }
 }
