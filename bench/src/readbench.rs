@@ -80,7 +80,7 @@ fn sequential_baseline(files: &[(PathBuf, u64)], qd: usize) -> granary::Result<(
             len: *len as usize,
             expect: Default::default(),
         };
-        pending.push_back(engine.submit(vec![req]));
+        pending.push_back(engine.submit(vec![req].into()));
         if pending.len() > 2 {
             for b in engine.wait(pending.pop_front().expect("non-empty"))? {
                 total += b.data().len() as u64;

@@ -24,7 +24,7 @@ use rayon::prelude::*;
 
 use crate::dataset::Dataset;
 use crate::error::{ReadError, Result};
-use crate::io::{BufPool, Completed, Engine, IoKind, Pending, Request};
+use crate::io::{BufPool, Completed, Engine, IoKind, Pending};
 use crate::plan::{EpochPlan, ShuffleMode};
 use crate::tier::TierHits;
 use crate::waits::{plan_shares, read_shares, Phase, Timeline, WaitReport};
@@ -548,7 +548,7 @@ impl IoThread {
                         self.timeline.record(t, Phase::Plan(shares));
                     }
                     match prepared {
-                        Ok((prep, reqs)) => next = Some((prep, reqs, w.range.start as u64)),
+                        Ok(prep) => next = Some((prep, w.range.start as u64)),
                         Err(e) => {
                             failure = Some(e);
                             break;
@@ -650,9 +650,10 @@ impl IoThread {
         pending: &mut VecDeque<InFlightWindow>,
         next: &mut Option<WaitingWindow>,
     ) -> bool {
-        let Some((_, reqs, first)) = next.as_ref() else {
+        let Some((prep, first)) = next.as_ref() else {
             return false;
         };
+        let reqs = prep.requests();
         let bytes = buffer_bytes(reqs);
         let fits = ahead < MAX_WINDOWS_AHEAD && self.pool.in_use() + bytes <= self.budget;
         // What the shared read-ahead orders is reads; ranges of maps of resident files (a
@@ -674,8 +675,8 @@ impl IoThread {
             _ if fits || force => None,
             _ => return false,
         };
-        let (prep, reqs, _) = next.take().expect("checked above");
-        let t = self.engine.submit(reqs);
+        let (prep, _) = next.take().expect("checked above");
+        let t = self.engine.submit(prep.shared_requests());
         pending.push_back((prep, t, counted));
         true
     }
@@ -707,7 +708,7 @@ type InFlightWindow = (Prepared, Pending, Option<crate::readahead::InFlight>);
 
 /// The next window, prepared, waiting for room: its reads and its first sample's index in
 /// the plan.
-type WaitingWindow = (Prepared, Vec<Request>, u64);
+type WaitingWindow = (Prepared, u64);
 
 /// Reads in flight, at least, for a view read mostly in ranges (see [`EpochStream::new`]). On
 /// the 10 % class view, cold: pread 8 in flight 0.061–0.071 s, 16 and 32 0.089–0.113 s;

@@ -37,9 +37,22 @@ pub(crate) struct Prepared {
     /// Ranges of source chunks read around records served by hot chunks: (chunk, request,
     /// offset of the range in the chunk).
     ranges: Vec<(u32, usize, u64)>,
-    /// The window's requests, and per request the chunk whose bytes it reads.
-    reqs: Vec<Request>,
+    /// The window's requests (shared with the engine that reads them), and per request the
+    /// chunk whose bytes it reads.
+    reqs: Arc<[Request]>,
     req_chunk: Vec<u32>,
+}
+
+impl Prepared {
+    /// The window's requests.
+    pub(crate) fn requests(&self) -> &[Request] {
+        &self.reqs
+    }
+
+    /// The window's requests, shared, for the engine to read.
+    pub(crate) fn shared_requests(&self) -> Arc<[Request]> {
+        self.reqs.clone()
+    }
 }
 
 /// What a stream's I/O thread keeps from window to window.
@@ -118,6 +131,9 @@ pub(crate) fn coalesce(mut want: Vec<(u64, u64)>, gap: u64, with_header: bool) -
     merged
 }
 
+/// The chunks a window reads, in order of first use, with their chunk table entries.
+type WindowChunks = Vec<(u32, ChunkEntry)>;
+
 /// Requests for a window's samples, being assembled.
 #[derive(Default)]
 struct Plan {
@@ -127,6 +143,26 @@ struct Plan {
     ranges: Vec<(u32, usize, u64)>,
     /// Per chunk read in one piece or in ranges: (start, request) sorted by start.
     placed: HashMap<u32, Vec<(u64, usize)>>,
+    /// Records read from hot chunks: (request, sample index in the window).
+    hot: Vec<(usize, usize)>,
+}
+
+impl Plan {
+    /// Per request, the chunk whose bytes it reads: what the plan placed, else the chunk of
+    /// the records read by it (`locs`: each record's request).
+    fn req_chunks(&self, entries: &[SampleEntry], locs: &[(u32, u64)]) -> Vec<u32> {
+        let mut req_chunk = vec![u32::MAX; self.reqs.len()];
+        let placed = self.header_req.iter().chain(&self.whole).copied();
+        for (c, r) in placed.chain(self.ranges.iter().map(|&(c, r, _)| (c, r))) {
+            req_chunk[r] = c;
+        }
+        for (e, &(r, _)) in entries.iter().zip(locs) {
+            if req_chunk[r as usize] == u32::MAX {
+                req_chunk[r as usize] = e.chunk;
+            }
+        }
+        req_chunk
+    }
 }
 
 impl Windows {
@@ -167,56 +203,91 @@ impl Windows {
     /// or one read per record plus a header read per chunk not seen yet (global). With hot
     /// chunks, samples they hold are read from them, and a source chunk read from origin is
     /// read in ranges around them.
-    pub(crate) fn prepare(
-        &mut self,
-        ids: &[u64],
-        weights: &[f32],
-    ) -> Result<(Prepared, Vec<Request>)> {
+    pub(crate) fn prepare(&mut self, ids: &[u64], weights: &[f32]) -> Result<Prepared> {
+        let (entries, chunks) = self.entries(ids)?;
+        let mut in_hot = self.in_hot(ids);
+        let mut plan = Plan::default();
+        self.plan_chunks(&mut plan, &chunks, &entries, &in_hot)?;
+        let locs = self.plan_records(&mut plan, &entries, &mut in_hot);
+        // Headers are checked when this window's reads complete, before any of its samples (or
+        // of a later window) is delivered.
+        for (c, _) in &plan.header_req {
+            self.checked.insert(*c);
+        }
+        let req_chunk = plan.req_chunks(&entries, &locs);
+        Ok(Prepared {
+            ids: ids.to_vec(),
+            locs,
+            labels: entries.iter().map(|e| e.label).collect(),
+            entries,
+            weights: weights.to_vec(),
+            header_req: plan.header_req,
+            whole: plan.whole,
+            hot: plan.hot,
+            ranges: plan.ranges,
+            reqs: plan.reqs.into(),
+            req_chunk,
+        })
+    }
+
+    /// The entries of samples `ids`, and their chunks in order of first use with the chunk
+    /// table's entry (each sample's placement checked against it).
+    fn entries(&self, ids: &[u64]) -> Result<(Vec<SampleEntry>, WindowChunks)> {
         let mut entries = Vec::with_capacity(ids.len());
-        // Chunks in order of first use, with their entry.
-        let mut chunks: Vec<(u32, ChunkEntry)> = Vec::new();
-        let mut chunk_index: HashMap<u32, usize> = HashMap::new();
+        let mut chunks = WindowChunks::new();
+        let mut seen: HashSet<u32> = HashSet::new();
         self.ds.prefetch_samples(ids)?;
         for &id in ids {
             let info = self.ds.sample(id)?;
             let ce = self.ds.check_placement(&info)?;
-            if let std::collections::hash_map::Entry::Vacant(v) =
-                chunk_index.entry(info.entry.chunk)
-            {
-                v.insert(chunks.len());
+            if seen.insert(info.entry.chunk) {
                 chunks.push((info.entry.chunk, ce));
             }
             entries.push(info.entry);
         }
-        let labels: Vec<u32> = entries.iter().map(|e| e.label).collect();
-        // Which samples the hot chunks can serve.
-        let mut in_hot: Vec<Option<(Source, u64)>> = vec![None; ids.len()];
-        if let (Some(h), false) = (self.hot.as_mut(), self.mode == ShuffleMode::Global) {
-            h.refresh();
-            for (i, &id) in ids.iter().enumerate() {
-                in_hot[i] = h.locate(id);
+        Ok((entries, chunks))
+    }
+
+    /// Per sample of `ids`: the hot chunk that holds it and where, if any (not for global
+    /// plans, which read single records).
+    fn in_hot(&mut self, ids: &[u64]) -> Vec<Option<(Source, u64)>> {
+        match (self.hot.as_mut(), self.mode == ShuffleMode::Global) {
+            (Some(h), false) => {
+                h.refresh();
+                ids.iter().map(|&id| h.locate(id)).collect()
             }
+            _ => vec![None; ids.len()],
         }
+    }
+
+    /// The reads of each chunk of the window: its header (global), ranges around what the hot
+    /// chunks do not serve (hot chunks, sparse views), or one range from its start.
+    fn plan_chunks(
+        &mut self,
+        plan: &mut Plan,
+        chunks: &WindowChunks,
+        entries: &[SampleEntry],
+        in_hot: &[Option<(Source, u64)>],
+    ) -> Result<()> {
         // Per chunk: bytes the window needs from the source if hot samples come from hot
         // chunks.
-        let mut needed = vec![0u64; chunks.len()];
-        for (i, e) in entries.iter().enumerate() {
-            if in_hot[i].is_none() {
-                needed[chunk_index[&e.chunk]] += e.stored_len;
+        let mut needed: HashMap<u32, u64> = HashMap::new();
+        for (e, h) in entries.iter().zip(in_hot) {
+            if h.is_none() {
+                *needed.entry(e.chunk).or_default() += e.stored_len;
             }
         }
-        let whole_files = self.whole_files;
-        let mut plan = Plan::default();
-        for (k, (c, ce)) in chunks.iter().enumerate() {
+        for &(c, ce) in chunks {
+            let needed = needed.get(&c).copied().unwrap_or(0);
             // A chunk whose window samples all come from hot chunks is not read.
-            if self.hot.is_some() && needed[k] == 0 && !self.files.contains_key(c) {
+            if self.hot.is_some() && needed == 0 && !self.files.contains_key(&c) {
                 continue;
             }
-            let f = self.open(*c)?;
-            let header = (!self.checked.contains(c)).then_some((self.id, *c));
+            let f = self.open(c)?;
+            let header = (!self.checked.contains(&c)).then_some((self.id, c));
             if self.mode == ShuffleMode::Global {
                 if header.is_some() {
-                    plan.header_req.push((*c, plan.reqs.len()));
+                    plan.header_req.push((c, plan.reqs.len()));
                     plan.reqs.push(Request {
                         source: f,
                         offset: 0,
@@ -229,46 +300,68 @@ impl Windows {
                 }
             } else if !f.whole_reads()
                 && (self.hot.is_some()
-                    || (self.ds.view().is_some() && !whole_files && sparse(needed[k], ce)))
+                    || (self.ds.view().is_some() && !self.whole_files && sparse(needed, &ce)))
             {
-                self.plan_ranges(&mut plan, *c, f, &entries, &in_hot);
+                self.plan_ranges(plan, c, f, entries, in_hot);
             } else {
-                // Whole ranges from the chunk start: the header is checked on the way. With a
-                // tier, whole files: they can be admitted, and copies are checked against the
-                // whole-file CRC.
-                let end = if whole_files {
-                    ce.file_size
-                } else {
-                    entries
-                        .iter()
-                        .filter(|e| e.chunk == *c)
-                        .map(|e| e.offset + e.stored_len)
-                        .max()
-                        .unwrap_or(0)
-                };
-                if header.is_some() {
-                    plan.header_req.push((*c, plan.reqs.len()));
-                }
-                if whole_files {
-                    plan.whole.push((*c, plan.reqs.len()));
-                }
-                plan.placed.insert(*c, vec![(0, plan.reqs.len())]);
-                plan.reqs.push(Request {
-                    source: f,
-                    offset: 0,
-                    len: end.max(CHUNK_HEADER_LEN as u64) as usize,
-                    // A whole file's CRC-32 does not tell chunks apart by their headers
-                    // (each ends with its own CRC): a copy read whole is checked for both.
-                    expect: Expect {
-                        header: header.or(whole_files.then_some((self.id, *c))),
-                        file_crc: whole_files.then_some(ce.file_crc),
-                        ..Expect::default()
-                    },
-                });
+                self.plan_from_start(plan, (c, ce), f, header, entries);
             }
         }
-        let mut locs: Vec<(u32, u64)> = vec![(0, 0); ids.len()];
-        let mut hot_reads = Vec::new();
+        Ok(())
+    }
+
+    /// One range of chunk `c` from its start: to its last record in the window, or with a tier
+    /// the whole file (it can be admitted, and a copy is checked against the whole-file CRC);
+    /// the header (`header`: not checked yet) is checked on the way.
+    fn plan_from_start(
+        &self,
+        plan: &mut Plan,
+        (c, ce): (u32, ChunkEntry),
+        f: Source,
+        header: Option<(DatasetId, u32)>,
+        entries: &[SampleEntry],
+    ) {
+        let whole = self.whole_files;
+        let end = match whole {
+            true => ce.file_size,
+            false => entries
+                .iter()
+                .filter(|e| e.chunk == c)
+                .map(|e| e.offset + e.stored_len)
+                .max()
+                .unwrap_or(0),
+        };
+        if header.is_some() {
+            plan.header_req.push((c, plan.reqs.len()));
+        }
+        if whole {
+            plan.whole.push((c, plan.reqs.len()));
+        }
+        plan.placed.insert(c, vec![(0, plan.reqs.len())]);
+        plan.reqs.push(Request {
+            source: f,
+            offset: 0,
+            len: end.max(CHUNK_HEADER_LEN as u64) as usize,
+            // A whole file's CRC-32 does not tell chunks apart by their headers (each ends
+            // with its own CRC): a copy read whole is checked for both.
+            expect: Expect {
+                header: header.or(whole.then_some((self.id, c))),
+                file_crc: whole.then_some(ce.file_crc),
+                ..Expect::default()
+            },
+        });
+    }
+
+    /// Where each sample's record is read: inside a read planned for its chunk, or in a read
+    /// of its own (from a hot chunk, or a global plan's single record). Returns each sample's
+    /// (request, offset in it).
+    fn plan_records(
+        &self,
+        plan: &mut Plan,
+        entries: &[SampleEntry],
+        in_hot: &mut [Option<(Source, u64)>],
+    ) -> Vec<(u32, u64)> {
+        let mut locs: Vec<(u32, u64)> = vec![(0, 0); entries.len()];
         for (i, e) in entries.iter().enumerate() {
             if let Some(r) = plan
                 .placed
@@ -287,7 +380,7 @@ impl Windows {
             };
             let (source, offset) = match in_hot[i].take() {
                 Some((file, offset)) => {
-                    hot_reads.push((plan.reqs.len(), i));
+                    plan.hot.push((plan.reqs.len(), i));
                     expect.relocate = Some(Relocate {
                         store: self.stack.store().clone(),
                         chunk: e.chunk,
@@ -305,40 +398,7 @@ impl Windows {
                 expect,
             });
         }
-        // Headers are checked when this window's reads complete, before any of its samples (or
-        // of a later window) is delivered.
-        for (c, _) in &plan.header_req {
-            self.checked.insert(*c);
-        }
-        let mut req_chunk = vec![u32::MAX; plan.reqs.len()];
-        for &(c, r) in &plan.header_req {
-            req_chunk[r] = c;
-        }
-        for &(c, r) in &plan.whole {
-            req_chunk[r] = c;
-        }
-        for &(c, r, _) in &plan.ranges {
-            req_chunk[r] = c;
-        }
-        for (e, &(r, _)) in entries.iter().zip(&locs) {
-            if req_chunk[r as usize] == u32::MAX {
-                req_chunk[r as usize] = e.chunk;
-            }
-        }
-        let prep = Prepared {
-            ids: ids.to_vec(),
-            locs,
-            entries,
-            labels,
-            weights: weights.to_vec(),
-            header_req: plan.header_req,
-            whole: plan.whole,
-            hot: hot_reads,
-            ranges: plan.ranges,
-            reqs: plan.reqs.clone(),
-            req_chunk,
-        };
-        Ok((prep, plan.reqs))
+        locs
     }
 
     /// The records of chunk `c` that the hot chunks do not hold, in ranges that skip no less
@@ -407,18 +467,12 @@ impl Windows {
     /// its length within the chunk. For a bill before the run; files are let go after each
     /// window.
     pub(crate) fn predict(&mut self, ids: &[u64]) -> Result<Vec<(&'static str, u32, u64)>> {
-        let (prep, reqs) = self.prepare(ids, &[])?;
-        // Each request's chunk: what the window's bookkeeping says, else its records'.
-        let mut chunk = prep.req_chunk.clone();
-        for (&(r, _), e) in prep.locs.iter().zip(&prep.entries) {
-            if chunk[r as usize] == u32::MAX {
-                chunk[r as usize] = e.chunk;
-            }
-        }
-        let out = reqs
+        let prep = self.prepare(ids, &[])?;
+        let out = prep
+            .reqs
             .iter()
-            .zip(chunk)
-            .map(|(r, c)| {
+            .zip(&prep.req_chunk)
+            .map(|(r, &c)| {
                 let len = (r.len as u64).min(r.source.len().saturating_sub(r.offset));
                 (self.stack.layer_serving(&r.source), c, len)
             })

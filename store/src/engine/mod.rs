@@ -520,8 +520,9 @@ impl Engine {
 
     /// Queues a batch: its buffers are taken from the pool now and its reads start in the
     /// background at once, after those of the batches before it. Collect it with
-    /// [`Engine::wait`].
-    pub fn submit(&mut self, reqs: Vec<Request>) -> Pending {
+    /// [`Engine::wait`]. The requests are shared, not copied: the batch and its [`Pending`]
+    /// (which settles it) each hold them.
+    pub fn submit(&mut self, reqs: Arc<[Request]>) -> Pending {
         let (bufs, skips, pieces) = plan_pieces(&reqs, &self.pool);
         let batch = QueuedBatch {
             queued: Instant::now(),
@@ -582,7 +583,7 @@ impl Engine {
     /// Reads every request; results are in request order. On error, every read in flight is
     /// completed before returning, and the error names the file and offset.
     pub fn read(&mut self, reqs: &[Request]) -> Result<Vec<Completed>> {
-        let p = self.submit(reqs.to_vec());
+        let p = self.submit(reqs.into());
         self.wait(p)
     }
 }
@@ -590,13 +591,13 @@ impl Engine {
 /// A batch submitted to an [`Engine`]: its reply, and its requests (to settle it).
 pub struct Pending(
     std::sync::mpsc::Receiver<Result<Vec<Completed>>>,
-    Vec<Request>,
+    Arc<[Request]>,
 );
 
 /// Requests queued on an engine, with their buffers and pieces.
 struct QueuedBatch {
     queued: Instant,
-    reqs: Vec<Request>,
+    reqs: Arc<[Request]>,
     bufs: Vec<Slot>,
     skips: Vec<usize>,
     pieces: Vec<Piece>,

@@ -15,7 +15,7 @@ use crate::error::{Result, StoreError};
 struct Batch {
     id: u64,
     queued: Instant,
-    reqs: Vec<Request>,
+    reqs: std::sync::Arc<[Request]>,
     bufs: Vec<Slot>,
     /// Start address of each buffer's usable part (as an integer, so the engine stays `Send`;
     /// 0 for a mapped request, which has no pieces).
