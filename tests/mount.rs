@@ -180,6 +180,9 @@ fn a_view_mounts_as_its_files_only() {
             (p, d)
         })
         .collect();
+    // Its statistics count the view's samples.
+    let stats: serde_json::Value = serde_json::from_str(&fs.stats_json()).unwrap();
+    assert_eq!(stats["samples"], want.len() as u64);
     assert_eq!(sorted(got), sorted(want));
     // A file the view leaves out is not there.
     let left_out = full.path(1).unwrap();

@@ -379,7 +379,7 @@ impl MountFs {
         let ds = self.dataset();
         let s = Stats {
             dataset: ds.location(),
-            samples: ds.len(),
+            samples: ds.selected_len(),
             directories_known: self.tree.dir_count(),
             snapshot_gets: ds.snapshot_fetched().map(|f| f.reads),
             snapshot_bytes: ds.snapshot_fetched().map(|f| f.bytes),
@@ -396,7 +396,8 @@ impl MountFs {
     /// (total bytes, files) for `statfs`.
     pub fn totals(&self) -> (u64, u64) {
         let bytes = self.dataset().total_chunk_bytes().unwrap_or(0);
-        (bytes, self.dataset().len() + self.tree.dir_count() as u64)
+        let files = self.dataset().selected_len();
+        (bytes, files + self.tree.dir_count() as u64)
     }
 
     /// How long the kernel may cache attributes and entries: everything is immutable.

@@ -131,8 +131,7 @@ impl Dataset {
 
     /// Samples selected: a view's (opened through a view file), else every sample.
     fn selected(&self) -> usize {
-        let ds = self.reader.dataset();
-        ds.view().map_or(ds.len(), |v| v.ids.len() as u64) as usize
+        self.reader.dataset().selected_len() as usize
     }
 
     /// The sample id at position `i` of the selection (`i` itself without a view).

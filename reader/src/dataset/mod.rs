@@ -265,6 +265,13 @@ impl Dataset {
         self.snap.sample_count()
     }
 
+    /// Samples selected: a view's (opened through a view file), else every sample.
+    pub fn selected_len(&self) -> u64 {
+        self.view
+            .as_ref()
+            .map_or(self.len(), |v| v.ids.len() as u64)
+    }
+
     /// True when the dataset holds no samples.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
