@@ -1600,3 +1600,59 @@ fn a_damaged_tier_score_table_is_a_miss_and_a_global_shuffle_says_it_skips_the_t
         stderr(&o)
     );
 }
+
+/// Every delivered sample counts in the layer that served it, whatever the order and the
+/// stack: without a tier (chunk-wise, global, a view) origin serves them all; with a warm tier
+/// the tier does, and the tier's copies are opened in the tier's meter, not origin's.
+#[test]
+fn every_sample_counts_in_the_layer_that_served_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let files = numbered_tree(600, 3, |i| 500 + (i as usize * 37) % 3000);
+    let (src, ds) = (tmp.path().join("src"), tmp.path().join("ds"));
+    let ds = packed_tree(&src, &files, &ds, &["--chunk-size", "64KiB"]);
+    let layer = |r: &serde_json::Value, name: &str| -> serde_json::Value {
+        let l = r["layers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|l| l["layer"] == name);
+        l.unwrap_or_else(|| panic!("no layer {name} in {r}"))
+            .clone()
+    };
+    let read = |extra: &[&str]| -> serde_json::Value {
+        let mut args = vec!["read", ds.to_str().unwrap(), "--json"];
+        args.extend_from_slice(extra);
+        let v: serde_json::Value = serde_json::from_slice(&run_ok(&args).stdout).unwrap();
+        v[0].clone()
+    };
+    for order in ["chunkwise", "global", "sequential"] {
+        let r = read(&["--shuffle", order]);
+        let origin = layer(&r, "origin");
+        assert_eq!(origin["served_samples"], 600, "{order}: {r}");
+        assert!(origin["served_bytes"].as_u64().unwrap() >= r["bytes"].as_u64().unwrap());
+        let opened = ["opened_buffered", "opened_resident", "opened_direct"]
+            .map(|k| origin[k].as_u64().unwrap())
+            .iter()
+            .sum::<u64>();
+        assert_eq!(opened, origin["opens"].as_u64().unwrap(), "{order}: {r}");
+        assert!(
+            origin["metadata_ops"].as_u64().unwrap() >= 2 * opened,
+            "{order}: {r}"
+        );
+    }
+    let tier = tmp.path().join("tier");
+    let with_tier = [
+        "--cache-dir",
+        tier.to_str().unwrap(),
+        "--cache-size",
+        "1GiB",
+    ];
+    read(&with_tier);
+    let warm = read(&with_tier);
+    let (t, o) = (layer(&warm, "tier"), layer(&warm, "origin"));
+    assert_eq!(t["served_samples"], 600, "{warm}");
+    assert_eq!(o["served_samples"], 0, "{warm}");
+    assert_eq!(o["opens"], 0, "{warm}");
+    assert_eq!(o["metadata_ops"], 0, "origin opened nothing: {warm}");
+    assert!(t["metadata_ops"].as_u64().unwrap() > 0, "{warm}");
+}

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use granary::{
-    Dataset, Interleave, MixReader, MixState, Mixture, ReaderConfig, Shard, Share, SourceSpec,
+    Dataset, Interleave, MixReader, MixState, Mixture, ReaderOptions, Shard, Share, SourceSpec,
 };
 
 use crate::common::*;
@@ -48,8 +48,8 @@ fn reader(paths: &[PathBuf], shares: &[Share], memory: u64) -> MixReader {
         })
         .collect();
     let mix = Mixture::open(&specs, None, |p| Dataset::open(p)).unwrap();
-    let config = ReaderConfig {
-        memory,
+    let config = ReaderOptions {
+        memory: Some(memory),
         ..Default::default()
     };
     MixReader::open(Arc::new(mix), &config).unwrap()
@@ -476,17 +476,14 @@ fn importance_sampling_works_per_source() {
         })
         .collect();
     let mix = Mixture::open(&specs, None, |p| Dataset::open(p)).unwrap();
-    let config = ReaderConfig {
-        memory: 4 << 20,
-        tier: Some(granary::TierConfig {
-            dir: tier.clone(),
-            quota: 128 << 20,
-            policy: granary::TierPolicy::Static,
-        }),
-        sampling: granary::SamplingMode::Importance(granary::ImportanceSampling {
-            alpha: 0.8,
-            cache_boost: 1.0,
-        }),
+    let config = ReaderOptions {
+        memory: Some(4 << 20),
+        cache_dir: Some(tier.clone()),
+        cache_size: Some(128 << 20),
+        policy: granary::TierPolicy::Static,
+        sampling: granary::SamplingKind::Importance,
+        alpha: 0.8,
+        cache_boost: 1.0,
         ..Default::default()
     };
     let r = MixReader::open(Arc::new(mix), &config).unwrap();
@@ -518,7 +515,7 @@ fn importance_sampling_works_per_source() {
     );
     // One score file for every source is refused.
     let mut one = config.clone();
-    one.scores = granary::ScoreSource::File(tmp.path().join("s.bin"));
+    one.scores = Some(tmp.path().join("s.bin"));
     let mix = Mixture::open(&specs, None, |p| Dataset::open(p)).unwrap();
     let e = MixReader::open(Arc::new(mix), &one)
         .err()

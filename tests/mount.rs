@@ -180,9 +180,14 @@ fn a_view_mounts_as_its_files_only() {
             (p, d)
         })
         .collect();
-    // Its statistics count the view's samples.
+    // Its statistics count the view's samples, statfs their bytes.
     let stats: serde_json::Value = serde_json::from_str(&fs.stats_json()).unwrap();
     assert_eq!(stats["samples"], want.len() as u64);
+    let stored: u64 = (0..full.len())
+        .step_by(2)
+        .map(|i| full.sample(i).unwrap().entry.stored_len)
+        .sum();
+    assert_eq!(fs.totals().0, stored);
     assert_eq!(sorted(got), sorted(want));
     // A file the view leaves out is not there.
     let left_out = full.path(1).unwrap();

@@ -701,23 +701,16 @@ fn the_bill_counts_chunks_other_nodes_keep_as_the_peers() {
         &["--chunk-size", "32KiB"],
     );
     let ds = std::sync::Arc::new(granary::Dataset::open(&ds).unwrap());
-    let tier = granary::TierConfig {
-        dir: tmp.path().join("tier"),
-        quota: 64 << 20,
-        policy: granary::TierPolicy::Static,
-    };
-    let config = |peers: bool| granary::ReaderConfig {
+    let config = |peers: bool| granary::ReaderOptions {
         rank: 0,
         world_size: 2,
-        tier: Some(tier.clone()),
-        peers: peers.then(|| granary::PeerConfig {
-            addrs: vec!["127.0.0.1:9".into(), "127.0.0.1:10".into()],
-            node: Some(0),
-            timeout: std::time::Duration::from_secs(1),
-            ownership_epoch: 0,
-            secret: None,
-            tls_ca: None,
-        }),
+        cache_dir: Some(tmp.path().join("tier")),
+        cache_size: Some(64 << 20),
+        policy: granary::TierPolicy::Static,
+        peers: peers.then(|| vec!["127.0.0.1:9".into(), "127.0.0.1:10".into()]),
+        node: Some(0),
+        peer_timeout: 1.0,
+        ownership_epoch: Some(0),
         ..Default::default()
     };
     let predict = |peers: bool| {

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
-use granary::{Dataset, PlanOptions, ReaderConfig, Shard};
+use granary::{Dataset, ReaderOptions, Shard};
 use granary_format::SplitMix64;
 use serde::Serialize;
 
@@ -372,18 +372,13 @@ fn granary_epoch(o: &CompareOptions, epoch: u64) -> granary::Result<SideEpoch> {
     let cpu0 = cpu_seconds();
     let t = Instant::now();
     let ds = Arc::new(Dataset::open(&o.packed)?);
-    // The reader configuration users get by default (`granary read`, Python): the window
-    // follows from the default memory budget, not the library's bare default of 8 chunks.
-    let config = ReaderConfig {
-        plan: PlanOptions {
-            seed: o.seed,
-            window_chunks: 0,
-            ..PlanOptions::default()
-        },
-        io_mode: o.io,
-        ..ReaderConfig::default()
+    // The reader options users get by default (`granary read`, Python).
+    let options = ReaderOptions {
+        seed: o.seed,
+        io: o.io,
+        ..ReaderOptions::default()
     };
-    let setup = config.open(&ds)?.setup()?;
+    let setup = options.open(&ds)?.setup()?;
     let startup_s = t.elapsed().as_secs_f64();
     let t = Instant::now();
     let k = o.workers.max(1);

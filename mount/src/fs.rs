@@ -46,6 +46,8 @@ pub struct MountFs {
     next_fh: AtomicU64,
     opens: AtomicU64,
     started: std::time::Instant,
+    /// The bytes `statfs` reports: the chunk files', or a view's samples' (summed once).
+    used_bytes: std::sync::OnceLock<u64>,
 }
 
 /// `user.granary.stats`: what the mount did so far.
@@ -89,6 +91,7 @@ impl MountFs {
             next_fh: AtomicU64::new(1),
             opens: AtomicU64::new(0),
             started: std::time::Instant::now(),
+            used_bytes: std::sync::OnceLock::new(),
         })
     }
 
@@ -393,10 +396,19 @@ impl MountFs {
         serde_json::to_string(&s).expect("stats serialise")
     }
 
-    /// (total bytes, files) for `statfs`.
+    /// (total bytes, files) for `statfs`: a view's are its samples'.
     pub fn totals(&self) -> (u64, u64) {
-        let bytes = self.dataset().total_chunk_bytes().unwrap_or(0);
-        let files = self.dataset().selected_len();
+        let ds = self.dataset();
+        let bytes = *self.used_bytes.get_or_init(|| match ds.view() {
+            None => ds.total_chunk_bytes().unwrap_or(0),
+            Some(v) => v
+                .ids
+                .iter()
+                .filter_map(|&id| ds.sample(id).ok())
+                .map(|s| s.entry.stored_len)
+                .sum(),
+        });
+        let files = ds.selected_len();
         (bytes, files + self.tree.dir_count() as u64)
     }
 

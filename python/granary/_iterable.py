@@ -153,7 +153,8 @@ class IterableDataset(_IterBase):
     ``None``: the ``GRANARY_IO`` variable, else ``"auto"``),
     ``queue_depth`` (reads in flight per reader) and ``range_gap`` (bytes) are ``granary
     read``'s flags of the same names, with the same defaults; ``scores`` names a score table
-    file (``ImportanceScores.save``) instead of the node's shared one next to the tier.
+    file instead of the node's shared one next to the tier (the table ``report()`` feeds through
+    ``granary.Scores`` is such a file: a copy of it serves another job).
 
     ``zero_copy`` (default True): a DataLoader worker's batch (``batch_format="list"``, no
     ``transform`` or ``collate`` in the worker, no tier) whose samples all lie in chunk files
@@ -248,9 +249,10 @@ class IterableDataset(_IterBase):
         given = locals()
         options = {name: given[name] for name in _READER_OPTIONS if given[name] is not None}
         _check_reader_options(**options)
-        if sampling == "importance" and cache_dir is None:
+        if sampling == "importance" and cache_dir is None and scores is None:
             # report() feeds the node's score table next to the tier.
-            raise ValueError("sampling='importance' needs cache_dir: the score table lives there")
+            raise ValueError("sampling='importance' needs cache_dir (the score table report() "
+                             "feeds lives there) or a score table file (scores=)")
         self.root = os.fspath(path)
         self.fields = _field_list(fields)
         self.raw = bool(raw)

@@ -207,7 +207,7 @@ fn mix_specs(sources: Vec<PathBuf>, shares: &[String]) -> PyResult<Vec<SourceSpe
 fn mix_reader(
     specs: &[SourceSpec],
     epoch_size: Option<u64>,
-    config: &granary::ReaderConfig,
+    config: &granary::ReaderOptions,
 ) -> Result<MixReader, ReadError> {
     let cfg = granary::StoreConfig::from_env().map_err(|e| ReadError::invalid(e.to_string()))?;
     let mix = Mixture::open(specs, epoch_size, |p| RsDataset::open_with(p, &cfg))?;
@@ -301,11 +301,19 @@ fn stream_config(
     kw: &Bound<'_, PyDict>,
     rank: u32,
     world_size: u32,
-) -> PyResult<granary::ReaderConfig> {
-    let backend_given = kw.contains("backend")?;
-    let mut o: granary::ReaderOptions = from_keywords("Stream", kw)?;
+) -> PyResult<granary::ReaderOptions> {
+    let mut o = loader_options("Stream", kw)?;
     o.rank = rank;
     o.world_size = world_size;
+    o.check().map_err(err)?;
+    Ok(o)
+}
+
+/// The keywords `kw` of `func` as reader options, with what a loader adds: a lenient tier
+/// score table, and the job's secret and the backend from the environment when not given.
+fn loader_options(func: &str, kw: &Bound<'_, PyDict>) -> PyResult<granary::ReaderOptions> {
+    let backend_given = kw.contains("backend")?;
+    let mut o: granary::ReaderOptions = from_keywords(func, kw)?;
     o.lenient_scores = true;
     if o.peer_secret.is_none() {
         o.peer_secret = granary_store::auth::Secret::from_env().map_err(|e| err(e.into()))?;
@@ -318,7 +326,7 @@ fn stream_config(
                 .map_err(|e| PyValueError::new_err(format!("GRANARY_IO={v}: {e}")))?;
         }
     }
-    o.config().map_err(err)
+    Ok(o)
 }
 
 /// Checks a loader's reader options (keywords of `Stream`, without the shard) as the library
@@ -329,11 +337,11 @@ pub(crate) fn check_reader_options(options: Option<&Bound<'_, PyDict>>) -> PyRes
     let Some(kw) = options else {
         return Ok(());
     };
-    let mut o: granary::ReaderOptions = from_keywords("IterableDataset", kw)?;
+    let mut o = loader_options("IterableDataset", kw)?;
     // The shard is not known yet (DataLoader workers, torch.distributed): a peer list is
     // checked for its nodes when a stream is made.
     o.world_size = o.peers.as_ref().map_or(1, |p| p.len().max(1) as u32);
-    o.config().map(|_| ()).map_err(err)
+    o.check().map_err(err)
 }
 
 /// Every reader option by name with the library's default (`None` for "decided later", as
@@ -350,7 +358,7 @@ impl Stream {
     /// cache_size, policy ("static"), sampling ("uniform"), alpha (0.5), cache_boost (4.0),
     /// resume, locality (1.0), peers, node, peer_timeout (2.0), ownership_epoch (0),
     /// peer_secret (default: GRANARY_PEER_SECRET), peer_ca (a PEM file: peers over TLS). The
-    /// arguments become a `granary::ReaderConfig`; the reader library does the rest.
+    /// arguments become a `granary::ReaderOptions`; the reader library does the rest.
     #[new]
     #[pyo3(signature = (path, epoch, *shard, **options))]
     fn new(
@@ -455,7 +463,7 @@ impl Stream {
             Ok(Stream {
                 len: stream.len() as usize,
                 inner: Mutex::new(Box::new(stream)),
-                cache: config.tier.is_some(),
+                cache: config.cache_dir.is_some(),
                 marks: Some(marks),
             })
         };

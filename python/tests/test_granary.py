@@ -419,7 +419,7 @@ def test_stream_arguments_by_position_or_name_and_unknown_ones_refused(packed):
 def test_every_reader_option_is_a_loader_keyword_with_the_librarys_default(packed):
     """The library declares the reader's options once (READER_DEFAULTS: every option and its
     default); the loader takes each as a keyword (rank and world_size per stream, as
-    torch.distributed says; lenient_scores is the loader's own), defaulting to the library's
+    torch.distributed says), defaulting to the library's
     value or to None (the library's default, for backend GRANARY_IO's), and hands them to
     every stream."""
     import inspect
@@ -429,12 +429,11 @@ def test_every_reader_option_is_a_loader_keyword_with_the_librarys_default(packe
     defaults = granary._native.READER_DEFAULTS
     params = inspect.signature(granary.IterableDataset.__init__).parameters
     assert set(_iterable._READER_OPTIONS) <= set(defaults)
+    assert "lenient_scores" not in defaults  # the loader's own, not an option
     for name, value in defaults.items():
-        if name == "lenient_scores":
-            continue
         assert name in params, f"reader option {name} is not a loader keyword"
         assert params[name].default in (value, None), (name, params[name].default, value)
-    for name in set(defaults) - {"rank", "world_size", "lenient_scores"}:
+    for name in set(defaults) - {"rank", "world_size"}:
         assert name in _iterable._READER_OPTIONS, f"{name} is not handed to streams"
     path, files = packed
     ds = granary.IterableDataset(path, io="buffered", backend="pread", queue_depth=4,

@@ -402,7 +402,8 @@ pub fn measure_epoch(
     let snap0 = ds.snapshot_fetched();
     let t = read_epoch(ds, setup, epoch, rank, world_size, workers)?;
     let snap = snap0.zip(ds.snapshot_fetched()).map(|(a, b)| b - a);
-    let tier = setup.stream.tier.is_some();
+    // Global plans read single records, never through the tier: no hit ratio to report.
+    let tier = setup.stream.tier.is_some() && setup.plan.mode != crate::ShuffleMode::Global;
     let h = t.hits;
     let mut r = start.report(epoch, t, tier);
     r.peers = match peers {

@@ -61,7 +61,7 @@ mod view;
 mod waits;
 mod window;
 
-pub use config::{PeerConfig, Reader, ReaderConfig, SamplingMode, ScoreSource, TierConfig};
+pub use config::Reader;
 pub use dataset::ownership;
 pub use dataset::{ChunkBytes, Dataset, SampleInfo, View};
 pub use epoch::{

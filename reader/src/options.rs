@@ -1,18 +1,18 @@
-//! A reader's options by name, as its users give them: `granary read`'s flags and Python's
-//! keywords are the same options with the same defaults ([`ReaderOptions::default`], the one
-//! place they are written), and [`ReaderOptions::config`] checks them and makes the
-//! [`ReaderConfig`] every front end reads with. The options are plain data: the enums parse
+//! A reader's options by name, as its users give them: the one reader configuration, which
+//! `granary read`'s flags, Python's keywords, the benchmarks and mixtures all build, with its
+//! defaults ([`ReaderOptions::default`], the one place they are written) and its checks
+//! ([`ReaderOptions::check`]); [`ReaderOptions::open`] opens what it names for a dataset
+//! ([`Reader`]). The options are plain data: the enums parse
 //! from and print as the names users write (`FromStr`, `Display`), and the whole struct
 //! deserializes (serde) from a map of those names, which is how Python builds it from keywords,
 //! and serializes to one, which is how Python learns every option and its default.
 //! Environment variables are not read here: front ends read them.
 
 use std::path::PathBuf;
-use std::time::Duration;
 
 use serde::{Deserialize, Deserializer, Serialize};
 
-use crate::config::{PeerConfig, ReaderConfig, SamplingMode, ScoreSource, TierConfig};
+use crate::config::Reader;
 use crate::epoch::ImportanceSampling;
 use crate::error::{ReadError, Result};
 use crate::io::IoKind;
@@ -92,7 +92,9 @@ pub struct ReaderOptions {
     pub scores: Option<PathBuf>,
     /// A tier table that does not match the dataset is ignored, and importance sampling
     /// before any table exists starts from uniform scores, instead of both being errors.
-    /// Python's loaders set it: training creates the table as it reports losses.
+    /// Python's loaders set it: training creates the table as it reports losses. Not an
+    /// option users give (not serialized: not among Python's `READER_DEFAULTS`).
+    #[serde(skip_serializing)]
     pub lenient_scores: bool,
     pub sampling: SamplingKind,
     pub alpha: f64,
@@ -146,78 +148,121 @@ impl Default for ReaderOptions {
     }
 }
 
+/// The most reads in flight a reader may ask for (the engine's limit).
+pub const MAX_QUEUE_DEPTH: usize = 4096;
+
 impl ReaderOptions {
-    /// Checks the options and makes the reader configuration they describe (reading the
-    /// peers' CA file). Every check of what a user gives is here or in
-    /// [`ReaderConfig::check`], which this runs.
-    pub fn config(self) -> Result<ReaderConfig> {
+    /// Checks what does not need the dataset: every check of what a user gives is here
+    /// ([`ReaderOptions::open`] runs it).
+    pub fn check(&self) -> Result<()> {
         let bad = |m: String| Err(ReadError::invalid(m));
-        let tier = match (self.cache_dir, self.cache_size) {
-            (Some(dir), Some(quota)) => Some(TierConfig {
-                dir,
-                quota,
-                policy: self.policy,
-            }),
-            (None, None) => None,
-            _ => {
-                return bad(
-                    "cache_dir and cache_size go together (the tier's directory and quota)".into(),
-                )
+        if self.cache_dir.is_some() != self.cache_size.is_some() {
+            return bad(
+                "cache_dir and cache_size go together (the tier's directory and quota)".into(),
+            );
+        }
+        if !(0.0..=1.0).contains(&self.locality) {
+            return bad(format!("locality must be in [0, 1], not {}", self.locality));
+        }
+        if self.memory == Some(0) {
+            return bad("memory must be a positive number of bytes".into());
+        }
+        if let Some(f) = &self.scores {
+            // Its contents are checked when an epoch loads it (training may rewrite it).
+            if let Err(e) = std::fs::File::open(f) {
+                return bad(format!("the score table {}: {e}", f.display()));
             }
-        };
+        }
+        if !(1..=MAX_QUEUE_DEPTH).contains(&self.queue_depth) {
+            return bad(format!(
+                "queue_depth must be 1 to {MAX_QUEUE_DEPTH} reads in flight, not {}",
+                self.queue_depth
+            ));
+        }
+        if self.sampling == SamplingKind::Importance && !(0.0..1.0).contains(&self.alpha) {
+            return bad(format!("alpha {} is not in [0, 1)", self.alpha));
+        }
         if !(self.peer_timeout > 0.0 && self.peer_timeout.is_finite()) {
             return bad(format!(
                 "peer_timeout must be a positive number of seconds, not {}",
                 self.peer_timeout
             ));
         }
-        let tls_ca = match &self.peer_ca {
-            Some(f) => Some(std::fs::read(f).map_err(|e| {
-                ReadError::invalid(format!("reading the CA file {}: {e}", f.display()))
-            })?),
-            None => None,
+        if let Some(addrs) = &self.peers {
+            let nodes = addrs.len() as u32;
+            if self.cache_dir.is_none() {
+                return bad(
+                    "peers share tiers: they need a local tier (its directory and \
+                     quota: cache_dir and cache_size, --cache-dir and --cache-size)"
+                        .into(),
+                );
+            }
+            if nodes == 0 {
+                return bad("the peer list names no node".into());
+            }
+            if !self.world_size.is_multiple_of(nodes) {
+                return bad(format!(
+                    "world size {} is not a multiple of the {nodes} nodes in the peer list",
+                    self.world_size
+                ));
+            }
+        }
+        self.tls_ca()?;
+        Ok(())
+    }
+
+    /// The plan these options ask for (`window_chunks` 0: as many chunks as `memory` allows).
+    pub fn plan(&self) -> PlanOptions {
+        PlanOptions {
+            mode: self.shuffle,
+            seed: self.seed,
+            window_chunks: self.window.unwrap_or(0),
+            drop_last: self.drop_last,
+            locality: self.locality,
+        }
+    }
+
+    /// The read-buffer budget of one reader.
+    pub fn memory_budget(&self) -> u64 {
+        self.memory.unwrap_or(crate::DEFAULT_READER_MEMORY)
+    }
+
+    /// Importance sampling's parameters, when the options ask for it.
+    pub fn importance(&self) -> Option<ImportanceSampling> {
+        (self.sampling == SamplingKind::Importance).then_some(ImportanceSampling {
+            alpha: self.alpha,
+            cache_boost: self.cache_boost,
+        })
+    }
+
+    /// The peers' CA certificates (the file `peer_ca` names), read.
+    pub(crate) fn tls_ca(&self) -> Result<Option<Vec<u8>>> {
+        let Some(f) = &self.peer_ca else {
+            return Ok(None);
         };
-        let config = ReaderConfig {
-            plan: PlanOptions {
-                mode: self.shuffle,
-                seed: self.seed,
-                // 0: as many chunks as the memory budget allows.
-                window_chunks: self.window.unwrap_or(0),
-                drop_last: self.drop_last,
-                locality: self.locality,
-            },
-            rank: self.rank,
-            world_size: self.world_size,
-            memory: self.memory.unwrap_or(crate::DEFAULT_READER_MEMORY),
+        let ca = std::fs::read(f)
+            .map_err(|e| ReadError::invalid(format!("reading the CA file {}: {e}", f.display())))?;
+        Ok(Some(ca))
+    }
+
+    /// Checks the options and opens what they name for `ds` ([`Reader`]: the tier, the peers,
+    /// each epoch's setup).
+    pub fn open(self, ds: &std::sync::Arc<crate::dataset::Dataset>) -> Result<Reader> {
+        Reader::open(self, ds)
+    }
+
+    /// The stream options of an epoch read with these options (no tier, scores or peers: the
+    /// [`Reader`] adds what it opened).
+    pub(crate) fn stream(&self) -> StreamOptions {
+        StreamOptions {
+            io: self.backend,
             io_mode: self.io,
             page_cache_bytes: self.page_cache,
-            backend: self.backend,
             queue_depth: self.queue_depth,
+            memory: self.memory_budget(),
             range_gap: self.range_gap,
-            tier,
-            scores: match self.scores {
-                Some(f) => ScoreSource::File(f),
-                None => ScoreSource::Tier,
-            },
-            lenient_scores: self.lenient_scores,
-            sampling: match self.sampling {
-                SamplingKind::Uniform => SamplingMode::Uniform,
-                SamplingKind::Importance => SamplingMode::Importance(ImportanceSampling {
-                    alpha: self.alpha,
-                    cache_boost: self.cache_boost,
-                }),
-            },
-            peers: self.peers.map(|addrs| PeerConfig {
-                addrs,
-                node: self.node,
-                timeout: Duration::from_secs_f64(self.peer_timeout),
-                ownership_epoch: self.ownership_epoch.unwrap_or(0),
-                secret: self.peer_secret,
-                tls_ca,
-            }),
-        };
-        config.check()?;
-        Ok(config)
+            ..StreamOptions::default()
+        }
     }
 }
 
@@ -249,21 +294,9 @@ mod tests {
     }
 
     #[test]
-    fn the_defaults_make_the_default_configuration() {
-        let c = ReaderOptions::default().config().unwrap();
-        let d = ReaderConfig::default();
-        assert_eq!(c.plan, d.plan);
-        assert_eq!(
-            (c.memory, c.io_mode, c.backend, c.queue_depth, c.range_gap),
-            (d.memory, d.io_mode, d.backend, d.queue_depth, d.range_gap)
-        );
-        assert!(c.tier.is_none() && c.peers.is_none());
-    }
-
-    #[test]
     fn what_cannot_work_is_refused_by_name() {
         let refused = |o: ReaderOptions, what: &str| {
-            let e = o.config().unwrap_err().to_string();
+            let e = o.check().unwrap_err().to_string();
             assert!(e.contains(what), "{e}");
         };
         refused(
@@ -304,6 +337,13 @@ mod tests {
                 ..Default::default()
             },
             "locality",
+        );
+        refused(
+            ReaderOptions {
+                queue_depth: 0,
+                ..Default::default()
+            },
+            "queue_depth",
         );
     }
 }

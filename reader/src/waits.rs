@@ -178,45 +178,58 @@ impl Timeline {
     }
 }
 
-/// The seconds the tier, the peers and origin each waited of their own between two readings
-/// of a stack's meters (`before` and `after` a phase, top first as
-/// [`crate::StoreStack::layers`] lists them): layers are nested (the tier's meter counts what
-/// the peers and origin served too), so each layer's own time is its wait less the next
+/// What the tier, the peers and origin each did of their own between two readings of a
+/// stack's meters (`before` and `after` a phase, top first as [`crate::StoreStack::layers`]
+/// lists them), as `count` measures a reading: layers are nested (the tier's meter counts
+/// what the peers and origin served too), so each layer's own part is its count less the next
 /// one's.
-fn own_waits(
+fn own(
     before: &[(&'static str, granary_store::MeterReading)],
     after: &[(&'static str, granary_store::MeterReading)],
+    count: impl Fn(&granary_store::MeterReading) -> f64,
 ) -> [f64; 3] {
-    let waits: Vec<(&str, f64)> = after
+    let deltas: Vec<(&str, f64)> = after
         .iter()
         .zip(before)
-        .map(|((name, a), (_, b))| (*name, (a.wait_s - b.wait_s).max(0.0)))
+        .map(|((name, a), (_, b))| (*name, (count(a) - count(b)).max(0.0)))
         .collect();
     let mut own = [0.0f64; 3];
-    for (i, (name, w)) in waits.iter().enumerate() {
-        let below = waits.get(i + 1).map_or(0.0, |x| x.1);
+    for (i, (name, d)) in deltas.iter().enumerate() {
+        let below = deltas.get(i + 1).map_or(0.0, |x| x.1);
         let slot = match *name {
             "tier" => 0,
             "peers" => 1,
             _ => 2,
         };
-        own[slot] += (w - below).max(0.0);
+        own[slot] += (d - below).max(0.0);
     }
     own
 }
 
+/// The seconds each layer waited of its own between two readings.
+fn own_waits(
+    before: &[(&'static str, granary_store::MeterReading)],
+    after: &[(&'static str, granary_store::MeterReading)],
+) -> [f64; 3] {
+    own(before, after, |r| r.wait_s)
+}
+
 /// A read phase's split among the layers: in proportion to their own waits during it
-/// ([`own_waits`]); without any wait, origin's (the reads were served from maps).
+/// ([`own_waits`]); without any wait (reads served from maps of the page cache), in
+/// proportion to the bytes each layer served of its own; with neither, origin's.
 pub(crate) fn read_shares(
     before: &[(&'static str, granary_store::MeterReading)],
     after: &[(&'static str, granary_store::MeterReading)],
 ) -> [f64; 3] {
-    let own = own_waits(before, after);
-    let sum: f64 = own.iter().sum();
-    if sum <= 0.0 {
-        return [0.0, 0.0, 1.0];
+    let waits = own_waits(before, after);
+    let bytes = own(before, after, |r| r.bytes as f64);
+    for shares in [waits, bytes] {
+        let sum: f64 = shares.iter().sum();
+        if sum > 0.0 {
+            return shares.map(|x| x / sum);
+        }
     }
-    own.map(|x| x / sum)
+    [0.0, 0.0, 1.0]
 }
 
 /// A planning phase of `secs` seconds: the shares the layers' own waits during it take of it

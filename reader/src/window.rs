@@ -18,7 +18,7 @@ use crate::plan::ShuffleMode;
 use granary_store::engine::{Expect, Relocate};
 use granary_store::tier::{chunk_importance, Admission, HotChunks, Importance, Job};
 use granary_store::StoreStack;
-use granary_store::{DatasetId, Source};
+use granary_store::{BytesFrom, DatasetId, Source};
 
 /// A window whose reads are queued: what decoding needs once they complete.
 pub(crate) struct Prepared {
@@ -32,8 +32,6 @@ pub(crate) struct Prepared {
     header_req: Vec<(u32, usize)>,
     /// With a tier: chunks read whole, and their request.
     whole: Vec<(u32, usize)>,
-    /// Records read from hot chunks: (request, sample index in the window).
-    hot: Vec<(usize, usize)>,
     /// Ranges of source chunks read around records served by hot chunks: (chunk, request,
     /// offset of the range in the chunk).
     ranges: Vec<(u32, usize, u64)>,
@@ -143,8 +141,6 @@ struct Plan {
     ranges: Vec<(u32, usize, u64)>,
     /// Per chunk read in one piece or in ranges: (start, request) sorted by start.
     placed: HashMap<u32, Vec<(u64, usize)>>,
-    /// Records read from hot chunks: (request, sample index in the window).
-    hot: Vec<(usize, usize)>,
 }
 
 impl Plan {
@@ -223,7 +219,6 @@ impl Windows {
             weights: weights.to_vec(),
             header_req: plan.header_req,
             whole: plan.whole,
-            hot: plan.hot,
             ranges: plan.ranges,
             reqs: plan.reqs.into(),
             req_chunk,
@@ -380,7 +375,6 @@ impl Windows {
             };
             let (source, offset) = match in_hot[i].take() {
                 Some((file, offset)) => {
-                    plan.hot.push((plan.reqs.len(), i));
                     expect.relocate = Some(Relocate {
                         store: self.stack.store().clone(),
                         chunk: e.chunk,
@@ -493,12 +487,26 @@ impl Windows {
     /// Counts a completed window by where its bytes came from; offers the chunks it read whole
     /// to the tier's admission, or with hot chunks harvests the records that belong in them.
     pub(crate) fn count(&mut self, prep: &Prepared, bufs: &[Arc<Completed>]) {
+        // Every read in the layer whose bytes served it: (samples, bytes read) by layer.
+        let mut samples = vec![0u64; bufs.len()];
+        for &(r, _) in &prep.locs {
+            samples[r as usize] += 1;
+        }
+        let mut served: Vec<(BytesFrom, u64, u64)> = Vec::with_capacity(3);
+        for (b, n) in bufs.iter().zip(samples) {
+            let (from, bytes) = (b.from(), b.data().len() as u64);
+            match served.iter_mut().find(|s| s.0 == from) {
+                Some(s) => (s.1, s.2) = (s.1 + n, s.2 + bytes),
+                None => served.push((from, n, bytes)),
+            }
+        }
+        for (from, samples, bytes) in served {
+            self.stack.served(from, samples, bytes);
+        }
         let ds = &self.ds;
         let admission = self.admission.as_ref();
         for &(c, i) in &prep.whole {
-            let n = prep.entries.iter().filter(|e| e.chunk == c).count() as u64;
             let bytes = bufs[i].data();
-            self.stack.served(bufs[i].from(), n, bytes.len() as u64);
             let Some(a) = admission.filter(|a| a.takes(&bufs[i])) else {
                 continue;
             };
@@ -518,15 +526,6 @@ impl Windows {
                 let score = chunk_importance(&ce, self.importance.as_deref());
                 a.offer(Job::Chunk(ce, bufs[i].clone(), score));
             }
-        }
-        for &(i, _) in &prep.hot {
-            self.stack
-                .served(bufs[i].from(), 1, bufs[i].data().len() as u64);
-        }
-        for &(_, r, _) in &prep.ranges {
-            let n = prep.locs.iter().filter(|l| l.0 as usize == r).count() as u64;
-            self.stack
-                .served(bufs[r].from(), n, bufs[r].data().len() as u64);
         }
         // Every record inside a range read may belong in a hot chunk, drawn or not. Ranges
         // of a chunk are consecutive in `prep.ranges`, sorted by offset.

@@ -1016,3 +1016,24 @@ fn a_copy_of_other_bytes_with_the_same_crcs_is_never_served() {
     // The reader removed the copy no reader of this dataset can use.
     assert!(!old_copy.exists(), "a stale copy kept");
 }
+
+/// A reader that tolerates a tier score table of another size (Python's loaders: training
+/// writes it as it reports) still refuses a score file the user named that does not fit.
+#[test]
+fn a_named_score_file_must_fit_even_for_a_lenient_reader() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ds = dataset(tmp.path(), "ds");
+    let file = tmp.path().join("other.scores");
+    granary::ImportanceScores::new(ds.len() + 5, 0.8)
+        .save(&file)
+        .unwrap();
+    let options = granary::ReaderOptions {
+        scores: Some(file),
+        lenient_scores: true,
+        sampling: granary::SamplingKind::Importance,
+        ..Default::default()
+    };
+    let setup = options.open(&ds).unwrap().setup().unwrap();
+    let e = setup.check(&ds).unwrap_err().to_string();
+    assert!(e.contains("the score table has"), "{e}");
+}

@@ -57,7 +57,8 @@ pub struct Args {
 
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     if let Some(mix) = a.mix.open(&a.datasets)? {
-        let config = a.plan.reader_options().config()?;
+        let config = a.plan.reader_options();
+        config.check()?;
         plan_mixture(mix, &config, &a)?;
         return Ok(ExitCode::SUCCESS);
     }
@@ -208,7 +209,7 @@ fn bill(a: &Args, dataset: &std::path::Path) -> anyhow::Result<ExitCode> {
     o.cache_dir = a.tier.cache_dir.clone();
     o.cache_size = a.tier.cache_size;
     o.policy = a.tier.policy;
-    let setup = o.config()?.open(&ds)?.setup()?;
+    let setup = o.open(&ds)?.setup()?;
     let p = &a.plan;
     let b = granary::bill::predict(
         &ds,
@@ -257,7 +258,7 @@ fn bill(a: &Args, dataset: &std::path::Path) -> anyhow::Result<ExitCode> {
 }
 
 /// `granary plan` of a mixture: each source's count per epoch and per rank and worker.
-fn plan_mixture(mix: Mixture, config: &granary::ReaderConfig, a: &Args) -> anyhow::Result<()> {
+fn plan_mixture(mix: Mixture, config: &granary::ReaderOptions, a: &Args) -> anyhow::Result<()> {
     anyhow::ensure!(
         !a.bill && a.prices.is_none(),
         "--bill/--prices: the bill of a mixture is not supported yet (bill each dataset on its own)"

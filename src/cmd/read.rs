@@ -97,8 +97,9 @@ pub struct Args {
     /// ranks on different nodes must draw the same epoch: tiers differ between nodes.
     #[arg(long, default_value_t = granary::DEFAULT_CACHE_BOOST)]
     pub cache_boost: f64,
-    /// With hot chunks (--policy importance), source chunks are read in ranges around the
-    /// samples the hot chunks serve; a gap shorter than this is read, not skipped.
+    /// Where chunks are read in ranges - around the samples hot chunks serve (--policy
+    /// importance), or the samples of a view that keeps few of a chunk's - a gap shorter than
+    /// this between two ranges is read, not skipped.
     #[arg(long, default_value = "64KiB", value_parser = super::pack::parse_size_or_zero)]
     pub range_gap: u64,
     /// Print JSON on stdout.
@@ -124,10 +125,11 @@ fn sampling_names() -> impl clap::builder::TypedValueParser<Value = granary::Sam
 }
 
 impl Args {
-    /// The reader configuration these arguments describe: the library's options, checked
-    /// there.
-    fn config(&self) -> anyhow::Result<granary::ReaderConfig> {
-        Ok(self.options()?.config()?)
+    /// The reader options these arguments describe, checked by the library.
+    fn config(&self) -> anyhow::Result<granary::ReaderOptions> {
+        let o = self.options()?;
+        o.check()?;
+        Ok(o)
     }
 
     /// The library's reader options these arguments give (flags left out stay at the
@@ -319,7 +321,7 @@ fn peers_text(p: &granary::PeerReport, events: &granary::MeterReading) -> String
 }
 
 /// `granary read` of a mixture.
-fn read_mixture(mix: Mixture, config: &granary::ReaderConfig, a: &Args) -> anyhow::Result<()> {
+fn read_mixture(mix: Mixture, config: &granary::ReaderOptions, a: &Args) -> anyhow::Result<()> {
     anyhow::ensure!(
         a.prices.is_none(),
         "--prices: the bill of a mixture is not supported yet (bill each dataset on its own)"
@@ -394,8 +396,6 @@ mod tests {
             let flag = match name.as_str() {
                 "drop_last" => "pad".to_string(),
                 "peer_secret" => "peer-secret-file".to_string(),
-                // Python's loaders set it: training creates the table as it reports losses.
-                "lenient_scores" => continue,
                 n => n.replace('_', "-"),
             };
             assert!(

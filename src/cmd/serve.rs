@@ -16,7 +16,7 @@ use granary_store::peers::server::{PeerServer, ServeConfig};
   granary read train.granary --cache-dir /ssd/gcache --cache-size 200GiB \\
       --peers 10.0.0.5:7070,10.0.0.6:7070,10.0.0.7:7070,10.0.0.8:7070 --rank R --world-size 4
 
-The server answers GET and HEAD for /<dataset id>/chunk-NNNNNNNN.gchunk (single byte ranges
+The server answers GET and HEAD for /<dataset id>/chunk-NNNNNNNN-<digest>.gchunk (single byte ranges
 supported) from the tier directory of each dataset named, and nothing else: no other dataset,
 no other file, no writes. Only the job's own readers are answered: every request carries an
 HMAC-SHA256 proof made with the job's secret (--secret-file, or GRANARY_PEER_SECRET; readers
@@ -25,7 +25,7 @@ a 60 s window and never accepted twice; any other request is refused (401 withou
 with a wrong, stale or replayed one) and logged with the caller's address. The bytes travel in
 the clear unless --tls-cert/--tls-key are given (readers then pass --peer-ca): bind a plain
 server to the job's internal network. Readers check every chunk they
-receive against their snapshot (size and CRC-32), so a damaged or foreign copy is rejected and
+receive against their snapshot (size and SHA-256 digest), so a damaged or foreign copy is rejected and
 read from origin storage instead. A secret: head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n'
 (Python: granary.job_secret() makes one on rank 0 and shares it).
 

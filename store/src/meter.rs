@@ -85,7 +85,8 @@ counts! {
     /// Samples delivered from this layer's own bytes (not nested: a sample counts in the
     /// layer that served it alone; [`crate::StoreStack::served`]).
     served_samples,
-    /// Their bytes.
+    /// The bytes read from this layer's own bytes to deliver them (whole chunks, ranges,
+    /// records: what was read, not only the samples' records).
     served_bytes,
     /// Files a local store opened through the page cache (not resident yet, but kept resident,
     /// or the mode says so), found resident and mapped (served without a read or a copy), and
@@ -119,8 +120,9 @@ counts! {
     missing_at_owner,
     rejected,
     unreachable,
-    /// The bytes read from origin for them.
-    bytes_from_origin,
+    /// The bytes read from origin for them (the peers' report's `bytes_from_origin` is all
+    /// that came from origin).
+    bytes_from_origin_instead,
     /// Times a peer was marked down (at most once per peer and epoch).
     peers_marked_down,
 }

@@ -66,9 +66,15 @@ impl StoreStack {
             }
             None => origin.clone(),
         };
-        let tier = Arc::new(TierStore::new(cache, below, chunks, &access));
+        // The tier opens its copies as the reader reads, counted in its own meter.
+        let meter = Arc::new(Meter::default());
+        let copies = Access {
+            meter: meter.clone(),
+            ..access.clone()
+        };
+        let tier = Arc::new(TierStore::new(cache, below, chunks, &copies));
         StoreStack {
-            top: metered(tier.clone(), "tier", Arc::default(), &mut meters),
+            top: metered(tier.clone(), "tier", meter, &mut meters),
             tier: Some(tier),
             access,
             meters,

@@ -603,7 +603,10 @@ fn a_peers_tier_conforms() {
     let r = meter.reading() - before;
     let all: u64 = f.chunks.iter().map(|c| c.len() as u64).sum();
     assert_eq!((r.chunks_from_peers, r.bytes_from_peers), (n as u64, all));
-    assert_eq!((r.rejected, r.unreachable, r.bytes_from_origin), (0, 0, 0));
+    assert_eq!(
+        (r.rejected, r.unreachable, r.bytes_from_origin_instead),
+        (0, 0, 0)
+    );
     let layer: Arc<dyn ChunkStore> = Arc::new(layer);
     conforms("meter over peers", &metered(layer.clone()), &f);
     expect_from(&metered(layer), &f, BytesFrom::Peer);
@@ -643,7 +646,7 @@ fn a_peers_tier_conforms() {
     assert!(buf == f.chunks[2]);
     let r = stack.layer("peers");
     assert_eq!(
-        (r.rejected, r.bytes_from_origin),
+        (r.rejected, r.bytes_from_origin_instead),
         (1, f.chunks[2].len() as u64),
         "{r:?}"
     );

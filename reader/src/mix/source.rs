@@ -9,11 +9,12 @@ use serde::Serialize;
 
 use super::SourceMark;
 use super::{epoch_counts, source_seed, Interleave, MixPlan, MixState, PlanSource, Share};
-use crate::config::{Reader, ReaderConfig, SamplingMode};
+use crate::config::Reader;
 use crate::dataset::Dataset;
 use crate::epoch::EpochReport;
 use crate::epoch::{add_layers, LayerReading};
 use crate::error::{ReadError, Result};
+use crate::options::ReaderOptions;
 use crate::plan::{DatasetShape, Shard};
 use crate::stream::{EpochStream, Sample};
 use crate::tier::TierHits;
@@ -261,16 +262,14 @@ pub struct MixReader {
 }
 
 impl MixReader {
-    /// Opens `config` for every source of `mix`.
-    pub fn open(mix: Arc<Mixture>, config: &ReaderConfig) -> Result<MixReader> {
-        if config.plan.locality < 1.0 {
+    /// Opens `options` for every source of `mix`.
+    pub fn open(mix: Arc<Mixture>, options: &ReaderOptions) -> Result<MixReader> {
+        if options.locality < 1.0 {
             return Err(ReadError::invalid(
                 "locality below 1 is not supported for mixtures yet".into(),
             ));
         }
-        if matches!(config.sampling, SamplingMode::Importance(_))
-            && matches!(config.scores, crate::ScoreSource::File(_))
-        {
+        if options.scores.is_some() {
             return Err(ReadError::invalid(
                 "a mixture's sources are sampled by the score tables next to their tiers \
                  (--cache-dir), not by one score file"
@@ -282,16 +281,16 @@ impl MixReader {
         let readers = (0..mix.len())
             .map(|i| {
                 let part = (mix.count(i) as f64 / total as f64 + 1.0 / n) / 2.0;
-                let mut c = config.clone();
-                c.plan.seed = source_seed(config.plan.seed, i);
-                if let Some(t) = &mut c.tier {
-                    t.quota = ((t.quota as f64 * part) as u64).max(1);
-                }
-                c.open(mix.dataset(i))
+                let mut o = options.clone();
+                o.seed = source_seed(options.seed, i);
+                o.cache_size = o.cache_size.map(|q| ((q as f64 * part) as u64).max(1));
+                o.open(mix.dataset(i))
             })
             .collect::<Result<Vec<_>>>()?;
         Ok(MixReader {
-            memory: config.memory.saturating_mul(readers.len().max(1) as u64),
+            memory: options
+                .memory_budget()
+                .saturating_mul(readers.len().max(1) as u64),
             mix,
             readers,
         })
@@ -585,7 +584,11 @@ pub fn read_mix_epoch(
     let mut per = t.per_source.clone();
     per.resize(reader.mix.len(), (0, 0, 0));
     let samples = t.samples;
-    let tier = reader.readers.iter().any(|r| r.tier().is_some());
+    let tier = reader.readers.iter().any(|r| r.tier().is_some())
+        && reader
+            .readers
+            .iter()
+            .any(|r| r.options().shuffle != crate::ShuffleMode::Global);
     Ok(MixReport {
         report: start.report(epoch, t, tier),
         sources: per

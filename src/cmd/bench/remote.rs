@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::Context;
-use granary::{Dataset, ReaderConfig, ShuffleMode};
+use granary::{Dataset, ReaderOptions, ShuffleMode};
 use granary_format::SplitMix64;
 use serde_json::json;
 
@@ -213,12 +213,14 @@ fn measure_epoch(a: &RemoteArgs) -> anyhow::Result<serde_json::Value> {
     let t = Instant::now();
     let ds = Arc::new(Dataset::open_with(&a.dataset, &cached_in(cache.path()))?);
     let open_s = t.elapsed().as_secs_f64();
-    let mut c = ReaderConfig::default();
-    c.plan.mode = ShuffleMode::Chunkwise;
-    c.plan.seed = a.seed;
-    c.rank = a.rank;
-    c.world_size = a.world_size;
-    let reader = c.open(&ds)?;
+    let reader = ReaderOptions {
+        shuffle: ShuffleMode::Chunkwise,
+        seed: a.seed,
+        rank: a.rank,
+        world_size: a.world_size,
+        ..ReaderOptions::default()
+    }
+    .open(&ds)?;
     reader.begin_epoch();
     let setup = reader.setup()?;
     let r = granary::measure_epoch(&ds, &setup, 0, a.rank, a.world_size, a.workers)?;

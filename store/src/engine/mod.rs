@@ -243,8 +243,13 @@ fn plan_pieces(reqs: &[Request], pool: &Arc<BufPool>) -> (Vec<Slot>, Vec<usize>,
         bufs.push(Slot::Buf(pool.get(total)));
         skips.push((r.offset - start) as usize);
         let mut at = 0;
+        // A source that is not a local file (an object store, a peer) gets the range whole:
+        // it splits it into its own requests (an object store's GETs of up to `GET_PART`), so
+        // that a whole chunk is one GET, not one per piece.
         let piece = if r.buffered_local() {
             BUFFERED_PIECE
+        } else if r.source.local().is_none() {
+            total.max(1)
         } else {
             MAX_PIECE
         };

@@ -409,8 +409,8 @@ impl ChunkSource for PeerSource {
     }
 
     fn read_ranges(&self, reads: &mut [RangeRead<'_>]) -> Result<()> {
-        // The stream reads a peer's chunk whole (in pieces of at most `io::MAX_PIECE`, back to
-        // back): streamed from the peer straight into them. Anything else (or a peer that
+        // The stream reads a peer's chunk whole (in one range, or pieces back to back):
+        // streamed from the peer straight into them. Anything else (or a peer that
         // fails) is read from the next store.
         let size = self.ce.file_size as usize;
         let mut order: Vec<&mut RangeRead<'_>> = reads.iter_mut().collect();
@@ -450,7 +450,7 @@ impl ChunkSource for PeerSource {
         origin.read_ranges(reads)?;
         let n: u64 = reads.iter().map(|r| r.buf.len() as u64).sum();
         self.meter
-            .bytes_from_origin
+            .bytes_from_origin_instead
             .fetch_add(n.min(self.ce.file_size), Relaxed);
         self.fell_back.store(true, Relaxed);
         Ok(())
