@@ -14,7 +14,6 @@
 //! [`crate::Dataset::window_for_memory`] sizes windows so that those three fit the budget.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 use std::sync::Arc;
 use std::time::Instant;
@@ -208,7 +207,6 @@ pub struct EpochStream {
     backend: &'static str,
     /// Why the stream reads with pread although io_uring was wanted.
     backend_fallback: Option<String>,
-    bytes_read: Arc<AtomicU64>,
     /// The stack the I/O thread reads through, for its layers' meters.
     stack: StoreStack,
     pool: Arc<BufPool>,
@@ -288,7 +286,6 @@ impl EpochStream {
         let windows = Self::windows(&ds, mode, opts, access)?;
         let stack = windows.stack.clone();
         let (tx, rx) = sync_channel::<Msg>(0);
-        let bytes_read = Arc::new(AtomicU64::new(0));
         let timeline = Arc::new(Timeline::default());
         let io = IoThread {
             timeline: timeline.clone(),
@@ -299,7 +296,6 @@ impl EpochStream {
             seat: opts.shared.clone(),
             populate: mode != ShuffleMode::Global,
             global: mode == ShuffleMode::Global,
-            bytes_read: bytes_read.clone(),
             tx,
             #[cfg(test)]
             panic_in: opts.panic_in,
@@ -316,7 +312,6 @@ impl EpochStream {
             delivered: 0,
             backend,
             backend_fallback,
-            bytes_read,
             stack,
             pool,
             watch: None,
@@ -399,9 +394,9 @@ impl EpochStream {
         self.stack.layers()
     }
 
-    /// Bytes read from storage so far.
+    /// Bytes read from storage so far (what every layer served of its own).
     pub fn bytes_read(&self) -> u64 {
-        self.bytes_read.load(Relaxed)
+        self.layers().iter().map(|l| l.1.served_bytes).sum()
     }
 
     /// How long the consumer waited for samples so far, and on what ([`WaitReport`]).
@@ -506,7 +501,6 @@ struct IoThread {
     populate: bool,
     /// Global plans: chunks stay open across windows (records of any chunk come any time).
     global: bool,
-    bytes_read: Arc<AtomicU64>,
     tx: SyncSender<Msg>,
     #[cfg(test)]
     panic_in: Option<&'static str>,
@@ -590,8 +584,6 @@ impl IoThread {
                 self.windows.release_maps();
             }
             let bufs: Vec<Arc<Completed>> = bufs.into_iter().map(Arc::new).collect();
-            let n: u64 = bufs.iter().map(|b| b.data().len() as u64).sum();
-            self.bytes_read.fetch_add(n, Relaxed);
             self.windows.count(&prep, &bufs);
             let ds = &self.windows.ds;
             let populate = self.populate;
