@@ -12,6 +12,14 @@ use crate::importance::ImportanceScores;
 use crate::options::ReaderOptions;
 use granary_store::{LocalTier, Peers};
 
+impl ReaderOptions {
+    /// Checks the options and opens what they name for `ds` ([`Reader`]: the tier, the peers,
+    /// each epoch's setup).
+    pub fn open(self, ds: &Arc<Dataset>) -> Result<Reader> {
+        Reader::open(self, ds)
+    }
+}
+
 /// Reader options opened for a dataset: its tier and peers, and each epoch's setup.
 pub struct Reader {
     ds: Arc<Dataset>,

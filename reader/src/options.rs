@@ -1,8 +1,8 @@
 //! A reader's options by name, as its users give them: the one reader configuration, which
 //! `granary read`'s flags, Python's keywords, the benchmarks and mixtures all build, with its
 //! defaults ([`ReaderOptions::default`], the one place they are written) and its checks
-//! ([`ReaderOptions::check`]); [`ReaderOptions::open`] opens what it names for a dataset
-//! ([`Reader`]). The options are plain data: the enums parse
+//! ([`ReaderOptions::check`]); `ReaderOptions::open` opens what it names for a dataset
+//! (`crate::Reader`). The options are plain data: the enums parse
 //! from and print as the names users write (`FromStr`, `Display`), and the whole struct
 //! deserializes (serde) from a map of those names, which is how Python builds it from keywords,
 //! and serializes to one, which is how Python learns every option and its default.
@@ -12,7 +12,6 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Deserializer, Serialize};
 
-use crate::config::Reader;
 use crate::epoch::ImportanceSampling;
 use crate::error::{ReadError, Result};
 use crate::io::IoKind;
@@ -245,14 +244,8 @@ impl ReaderOptions {
         Ok(Some(ca))
     }
 
-    /// Checks the options and opens what they name for `ds` ([`Reader`]: the tier, the peers,
-    /// each epoch's setup).
-    pub fn open(self, ds: &std::sync::Arc<crate::dataset::Dataset>) -> Result<Reader> {
-        Reader::open(self, ds)
-    }
-
     /// The stream options of an epoch read with these options (no tier, scores or peers: the
-    /// [`Reader`] adds what it opened).
+    /// `Reader` adds what it opened).
     pub(crate) fn stream(&self) -> StreamOptions {
         StreamOptions {
             io: self.backend,

@@ -13,6 +13,7 @@ pub mod auth;
 pub mod buf;
 pub mod config;
 mod copy_name;
+pub mod counts;
 pub mod engine;
 mod error;
 pub mod file;
@@ -33,11 +34,12 @@ pub mod write;
 
 pub use config::StoreConfig;
 pub use copy_name::{copy_file_name, parse_copy_file_name};
+pub use counts::{Meter, MeterReading};
 pub use error::{panic_message, RemoteKind, Result, StoreError};
 pub use granary_format::DatasetId;
 pub use local::{advise, effective_memory, resident_share, LocalDir, Opener};
 pub use location::{open, write_destination, Location};
-pub use meter::{Meter, MeterReading, Metered};
+pub use meter::Metered;
 pub use peers::request as serving;
 pub use peers::{Ownership, PeerStore, Peers};
 pub use seam::{

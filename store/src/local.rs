@@ -22,9 +22,9 @@ use std::sync::atomic::{AtomicU8, Ordering::Relaxed};
 use std::sync::Arc;
 
 use crate::buf::{AlignedBuf, ALIGN};
+use crate::counts::Meter;
 use crate::error::{Result, StoreError};
 use crate::file::{map_file, open_regular, IoFile};
-use crate::meter::Meter;
 use crate::seam::{Access, ChunkStore, IoMode, ReadPattern, Source};
 
 /// Opens one reader's local files as its [`Access`] says, and counts how. Shared by the layers

@@ -22,9 +22,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::counts::Meter;
 use crate::error::Result;
 use crate::guard::Mapped;
-use crate::meter::Meter;
 
 /// Where the bytes of a source come from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]

@@ -9,7 +9,8 @@ use std::sync::Arc;
 
 use granary_format::ChunkEntry;
 
-use crate::meter::{Meter, MeterReading, Metered};
+use crate::counts::{Meter, MeterReading};
+use crate::meter::Metered;
 use crate::peers::{PeerStore, Peers};
 use crate::seam::{Access, BytesFrom, ChunkStore, Source};
 use crate::tier::fetch::{ChunkScore, Fetcher};

@@ -35,8 +35,8 @@ use granary_format::{Blocks, FormatError, Pager, SnapshotHeader, SNAPSHOT_FILE};
 
 use super::{ObjectUrl, GET_PART};
 use crate::config::StoreConfig;
+use crate::counts::{Meter, MeterReading};
 use crate::error::{RemoteKind, Result, StoreError};
-use crate::meter::{Meter, MeterReading};
 use granary_format::DatasetId;
 
 /// A snapshot opened from an object store: a local file, whole or sparse.

@@ -26,8 +26,8 @@ use std::time::Duration;
 
 use granary_format::ChunkEntry;
 
+use crate::counts::Meter;
 use crate::error::{Result, StoreError};
-use crate::meter::Meter;
 use crate::object::Sized;
 use crate::seam::{BytesFrom, ChunkSource, ChunkStore, RangeRead, Source};
 use client::PeerClient;

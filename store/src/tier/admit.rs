@@ -9,8 +9,8 @@ use std::sync::Arc;
 use granary_format::ChunkEntry;
 
 use super::{HotRecord, LocalTier};
+use crate::counts::Meter;
 use crate::error::StoreError;
-use crate::meter::Meter;
 use crate::peers::Peers;
 
 /// Bytes a record costs in a hot chunk besides its stored bytes and path: its footer entry and

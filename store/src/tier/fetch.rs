@@ -16,9 +16,9 @@ use std::time::{Duration, Instant};
 use granary_format::ChunkEntry;
 
 use super::TierStore;
+use crate::counts::Meter;
 use crate::error::{Result, StoreError};
 use crate::file::{read_whole, ChunkBytes};
-use crate::meter::Meter;
 
 /// How long a chunk the tier declined is not offered again (the tier may change meanwhile).
 const DECLINED_FOR: Duration = Duration::from_secs(30);

@@ -64,7 +64,7 @@ impl TierStore {
         threads: usize,
         score: ChunkScore,
         admitted: Arc<dyn Fn() + Send + Sync>,
-        meter: Arc<crate::meter::Meter>,
+        meter: Arc<crate::counts::Meter>,
     ) -> bool {
         // The fetcher's own view of the tier does not fetch (no cycle through it).
         let plain = TierStore {
