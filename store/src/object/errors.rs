@@ -4,6 +4,7 @@ use std::path::PathBuf;
 
 use crate::config::{CONNECT_TIMEOUT_ENV, REQUEST_TIMEOUT_ENV, RETRY_TIMEOUT_ENV};
 use crate::error::{RemoteKind, StoreError};
+use object_store::client::{HttpError, HttpErrorKind};
 
 /// An object store error as one a user can act on: what failed, on which URL, and why.
 pub fn remote_error(op: &'static str, url: &str, e: object_store::Error) -> StoreError {
@@ -35,7 +36,10 @@ pub fn remote_error(op: &'static str, url: &str, e: object_store::Error) -> Stor
                  fewer readers or a larger --memory window make fewer requests): {said}"
             )
         }
-        _ if timed_out(&e) => format!(
+        _ if failed_as(&e, HttpErrorKind::Connect) => {
+            format!("could not connect (refused, unreachable or not resolved): {said}")
+        }
+        _ if failed_as(&e, HttpErrorKind::Timeout) => format!(
             "the store did not answer: no connection, or no byte, within the timeouts \
              ({CONNECT_TIMEOUT_ENV}, {REQUEST_TIMEOUT_ENV}), and retries ran out after \
              {RETRY_TIMEOUT_ENV} ({said})"
@@ -59,13 +63,12 @@ pub fn remote_error(op: &'static str, url: &str, e: object_store::Error) -> Stor
     }
 }
 
-/// True if `e` ends in a request that timed out or could not connect.
-fn timed_out(e: &object_store::Error) -> bool {
-    use object_store::client::{HttpError, HttpErrorKind};
+/// True if `e` ends in a request that failed as `kind` says (timed out, could not connect).
+fn failed_as(e: &object_store::Error, kind: HttpErrorKind) -> bool {
     let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(e);
     while let Some(c) = cause {
         if let Some(h) = c.downcast_ref::<HttpError>() {
-            return matches!(h.kind(), HttpErrorKind::Timeout | HttpErrorKind::Connect);
+            return std::mem::discriminant(&h.kind()) == std::mem::discriminant(&kind);
         }
         cause = c.source();
     }
