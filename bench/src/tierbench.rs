@@ -10,8 +10,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use granary::{
-    Dataset, EpochPlan, EpochStream, LocalTier, PlanOptions, Sampling, Shard, SharedScores,
-    TierPolicy,
+    Dataset, EpochPlan, EpochStream, LocalTier, MeterReading, PlanOptions, Sampling, Shard,
+    SharedScores, TierPolicy,
 };
 use serde::Serialize;
 
@@ -113,7 +113,9 @@ fn run_row(
     let scores = SharedScores::open(&cache.scores_path(), ds.len(), 0.8, Duration::from_secs(1))?;
     let shape = ds.shape()?;
     let mut seen = vec![0u32; ds.len() as usize];
-    let (mut hits, mut epochs) = (granary::TierHits::default(), 0u64);
+    // The tier's and origin's readings, summed over the epochs after the first.
+    let (mut tier, mut origin, mut epochs) =
+        (MeterReading::default(), MeterReading::default(), 0u64);
     let mut easiest: Vec<u64> = (0..ds.len()).collect();
     easiest.sort_by(|&a, &b| {
         crate::cachesim::difficulty(o.seed, a).total_cmp(&crate::cachesim::difficulty(o.seed, b))
@@ -178,13 +180,13 @@ fn run_row(
             report(&mut batch, &mut seen)?;
         }
         if e > 0 {
-            let h = st.tier_hits();
-            hits.samples_from_tier += h.samples_from_tier;
-            hits.samples_from_origin += h.samples_from_origin;
-            hits.bytes_from_tier += h.bytes_from_tier;
-            hits.bytes_from_origin += h.bytes_from_origin;
-            hits.admissions_failed += h.admissions_failed;
-            hits.admissions_skipped += h.admissions_skipped;
+            for (name, r) in st.layers() {
+                match name {
+                    "tier" => tier += r,
+                    "origin" => origin += r,
+                    _ => {}
+                }
+            }
             epochs += 1;
         }
     }
@@ -194,9 +196,9 @@ fn run_row(
         fraction: f,
         policy,
         sampling: if importance { "importance" } else { "uniform" }.into(),
-        sample_hit_ratio: ratio(hits.samples_from_tier, hits.samples_from_origin),
-        byte_hit_ratio: ratio(hits.bytes_from_tier, hits.bytes_from_origin),
-        source_bytes_per_epoch: hits.bytes_from_origin as f64 / epochs.max(1) as f64,
+        sample_hit_ratio: ratio(tier.served_samples, origin.served_samples),
+        byte_hit_ratio: ratio(tier.served_bytes, origin.served_bytes),
+        source_bytes_per_epoch: origin.served_bytes as f64 / epochs.max(1) as f64,
         tier_bytes: st.bytes,
         hot_samples: st.hot_samples,
         easiest_seen_per_epoch: easiest_seen / epochs.max(1) as f64,

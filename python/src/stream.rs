@@ -605,9 +605,8 @@ impl Stream {
     /// What other nodes' tiers served so far (with ``peers``): (samples, bytes); None without
     /// a tier.
     fn peer_hits(&self) -> Option<(u64, u64)> {
-        let h = self.inner.lock().expect("stream lock").tier_hits();
-        self.cache
-            .then_some((h.samples_from_peers, h.bytes_from_peers))
+        let p = self.layer("peers");
+        self.cache.then_some((p.served_samples, p.served_bytes))
     }
 
     /// The I/O backend the stream reads with: "uring" or "pread".
@@ -652,12 +651,25 @@ impl Stream {
     /// Hits of the local tier so far: (samples from tier, samples from source, bytes from
     /// tier, bytes from source); None without a tier.
     fn cache_hits(&self) -> Option<(u64, u64, u64, u64)> {
-        let h = self.inner.lock().expect("stream lock").tier_hits();
+        let (t, o) = (self.layer("tier"), self.layer("origin"));
         self.cache.then_some((
-            h.samples_from_tier,
-            h.samples_from_origin,
-            h.bytes_from_tier,
-            h.bytes_from_origin,
+            t.served_samples,
+            o.served_samples,
+            t.served_bytes,
+            o.served_bytes,
         ))
+    }
+}
+
+impl Stream {
+    /// Layer `name`'s reading so far, summed over the stream's stacks (a mixture's sources).
+    fn layer(&self, name: &str) -> granary::MeterReading {
+        let mut r = granary::MeterReading::default();
+        for (layer, reading) in self.inner.lock().expect("stream lock").layers() {
+            if layer == name {
+                r += reading;
+            }
+        }
+        r
     }
 }

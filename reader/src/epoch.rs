@@ -13,7 +13,6 @@ use crate::dataset::Dataset;
 use crate::error::{ReadError, Result};
 use crate::plan::{EpochPlan, EpochState, PlanOptions, Sampling, Shard};
 use crate::stream::{EpochStream, StreamOptions};
-use crate::tier::TierHits;
 
 /// Importance sampling: N draws with probability (1 − alpha)/N + alpha × score share, samples
 /// the tier holds favoured `cache_boost` times; every sample gets the loss weight 1/(N p).
@@ -165,8 +164,6 @@ pub struct EpochTotals {
     pub backend: &'static str,
     /// Why it is pread although io_uring was wanted (see [`crate::EpochStream::backend_fallback`]).
     pub backend_fallback: Option<String>,
-    /// What the local tier served.
-    pub hits: TierHits,
     /// The most bytes of read buffers (and mapped ranges) one worker held at once.
     pub peak_buffer_bytes: u64,
     pub elapsed_s: f64,
@@ -189,6 +186,12 @@ pub struct LayerReading {
     pub layer: &'static str,
     #[serde(flatten)]
     pub reading: MeterReading,
+}
+
+/// Layer `name`'s reading among `layers` (zeros when the stack had no such layer).
+pub fn layer_reading(layers: &[LayerReading], name: &str) -> MeterReading {
+    let l = layers.iter().find(|l| l.layer == name);
+    l.map(|l| l.reading).unwrap_or_default()
 }
 
 /// Adds one worker's layer readings to `total`, by layer name (in the order first seen).
@@ -263,7 +266,6 @@ pub(crate) fn read_shards<S: crate::SampleStream>(
                     r.bytes_read = st.bytes_read();
                     r.backend = st.backend();
                     r.backend_fallback = st.backend_fallback().map(str::to_owned);
-                    r.hits = st.tier_hits();
                     r.peak_buffer_bytes = st.peak_buffer_bytes();
                     r.layers = st
                         .layers()
@@ -300,7 +302,6 @@ impl EpochTotals {
         self.digest = self.digest.wrapping_add(w.digest);
         self.backend = w.backend;
         self.backend_fallback = self.backend_fallback.take().or(w.backend_fallback);
-        self.hits += w.hits;
         self.peak_buffer_bytes = self.peak_buffer_bytes.max(w.peak_buffer_bytes);
         add_layers(&mut self.layers, w.layers);
         self.waits += w.waits;
@@ -340,10 +341,8 @@ pub struct EpochReport {
     pub cache_sample_hit_ratio: Option<f64>,
     pub cache_byte_hit_ratio: Option<f64>,
     /// Chunks the tier failed to store (full or failing disk; reads went on from the source).
+    /// The counts behind these (what each layer served) are in `layers`.
     pub cache_admissions_failed: Option<u64>,
-    /// The tier's counts behind those ratios (samples and bytes from the tier, from origin
-    /// storage, and from other nodes' tiers).
-    pub cache: Option<TierHits>,
     /// The most bytes of read buffers (and borrowed maps) one worker's stream held at once.
     pub peak_buffer_bytes: u64,
     /// The process's peak resident set so far (`VmHWM`), when the kernel reports it.
@@ -404,15 +403,16 @@ pub fn measure_epoch(
     let snap = snap0.zip(ds.snapshot_fetched()).map(|(a, b)| b - a);
     // Global plans read single records, never through the tier: no hit ratio to report.
     let tier = setup.stream.tier.is_some() && setup.plan.mode != crate::ShuffleMode::Global;
-    let h = t.hits;
+    let served = |name| layer_reading(&t.layers, name).served_bytes;
+    let (from_tier, from_peers, from_origin) = (served("tier"), served("peers"), served("origin"));
     let mut r = start.report(epoch, t, tier);
     r.peers = match peers {
         Some(p) if tier => Some(PeerReport {
             node: p.me(),
             ownership: p.ownership().fingerprint(),
-            bytes_from_local_tier: h.bytes_from_tier,
-            bytes_from_peers: h.bytes_from_peers,
-            bytes_from_origin: h.bytes_from_origin,
+            bytes_from_local_tier: from_tier,
+            bytes_from_peers: from_peers,
+            bytes_from_origin: from_origin,
             down: p.down(),
         }),
         _ => None,
@@ -442,7 +442,8 @@ impl Start {
     pub(crate) fn report(&self, epoch: u64, t: EpochTotals, tier: bool) -> EpochReport {
         use crate::procstat::{cpu_seconds, device_read_bytes, peak_rss_bytes};
         let secs = t.elapsed_s.max(1e-9);
-        let h = t.hits;
+        let layer = |name| layer_reading(&t.layers, name);
+        let (tr, pr, or) = (layer("tier"), layer("peers"), layer("origin"));
         // Chunks from other nodes' tiers count as neither hits nor misses of this node's tier.
         let ratio = |a: u64, b: u64, peer: u64| a as f64 / (a + b + peer).max(1) as f64;
         EpochReport {
@@ -461,17 +462,11 @@ impl Start {
                 (Some(a), Some(b)) => Some(b.saturating_sub(a)),
                 _ => None,
             },
-            cache_sample_hit_ratio: tier.then(|| {
-                ratio(
-                    h.samples_from_tier,
-                    h.samples_from_origin,
-                    h.samples_from_peers,
-                )
-            }),
+            cache_sample_hit_ratio: tier
+                .then(|| ratio(tr.served_samples, or.served_samples, pr.served_samples)),
             cache_byte_hit_ratio: tier
-                .then(|| ratio(h.bytes_from_tier, h.bytes_from_origin, h.bytes_from_peers)),
-            cache_admissions_failed: tier.then_some(h.admissions_failed),
-            cache: tier.then_some(h),
+                .then(|| ratio(tr.served_bytes, or.served_bytes, pr.served_bytes)),
+            cache_admissions_failed: tier.then_some(tr.admissions_failed),
             peak_buffer_bytes: t.peak_buffer_bytes,
             peak_rss_bytes: peak_rss_bytes(),
             kept_map_bytes: granary_store::local::kept_map_bytes(),

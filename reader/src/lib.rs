@@ -65,8 +65,8 @@ pub use config::Reader;
 pub use dataset::ownership;
 pub use dataset::{ChunkBytes, Dataset, SampleInfo, View};
 pub use epoch::{
-    measure_epoch, read_epoch, EpochReport, EpochSetup, EpochTotals, ImportanceSampling,
-    LayerReading, PeerReport,
+    layer_reading, measure_epoch, read_epoch, EpochReport, EpochSetup, EpochTotals,
+    ImportanceSampling, LayerReading, PeerReport,
 };
 pub use error::{ReadError, RecordError, Result};
 pub use extract::{extract, ExtractOptions, ExtractSummary};
@@ -94,7 +94,7 @@ pub use plan::{
 pub use random::SampleReader;
 pub use readahead::{ReadAheadSeat, SharedReadAhead};
 pub use stream::{EpochStream, Sample, StreamOptions};
-pub use tier::{TierHits, Weighed};
+pub use tier::Weighed;
 pub use verify::{verify, verify_with, Problem, VerifyReport};
 pub use view::{view_reads, write_view, ViewReads};
 pub use waits::WaitReport;

@@ -25,7 +25,6 @@ use crate::dataset::Dataset;
 use crate::error::{ReadError, Result};
 use crate::io::{BufPool, Completed, Engine, IoKind, Pending};
 use crate::plan::{EpochPlan, ShuffleMode};
-use crate::tier::TierHits;
 use crate::waits::{plan_shares, read_shares, Phase, Timeline, WaitReport};
 use crate::window::{buffer_bytes, Prepared, Windows};
 use granary_store::local::Opener;
@@ -402,11 +401,6 @@ impl EpochStream {
     /// How long the consumer waited for samples so far, and on what ([`WaitReport`]).
     pub fn waits(&self) -> WaitReport {
         self.timeline.report()
-    }
-
-    /// How much of the epoch so far came from the local tier.
-    pub fn tier_hits(&self) -> TierHits {
-        TierHits::of(&self.stack)
     }
 }
 

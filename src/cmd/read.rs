@@ -244,7 +244,7 @@ fn print_epoch(
         .device_read_bytes
         .map(|b| format!(", {:.1} MB from the device", b as f64 / 1e6))
         .unwrap_or_default();
-    let o = layer(&r.layers, "origin");
+    let o = granary::layer_reading(&r.layers, "origin");
     let rss = r
         .peak_rss_bytes
         .map(|b| format!(", process peak RSS {:.0} MB", b as f64 / 1e6))
@@ -260,7 +260,7 @@ fn print_epoch(
     let peers = r
         .peers
         .as_ref()
-        .map(|p| peers_text(p, &layer(&r.layers, "peers")))
+        .map(|p| peers_text(p, &granary::layer_reading(&r.layers, "peers")))
         .unwrap_or_default();
     let snap = match (r.snapshot_gets, r.snapshot_bytes_fetched) {
         (Some(g), Some(b)) => format!(
@@ -290,12 +290,6 @@ fn print_epoch(
             cost(ml.cost)
         );
     }
-}
-
-/// Layer `name`'s reading among `layers` (zeros when the stack had no such layer).
-fn layer(layers: &[granary::LayerReading], name: &str) -> granary::MeterReading {
-    let l = layers.iter().find(|l| l.layer == name);
-    l.map(|l| l.reading).unwrap_or_default()
 }
 
 /// The shared tiers' part of an epoch's text report (`events`: the peers layer's reading).

@@ -17,7 +17,6 @@ use crate::error::{ReadError, Result};
 use crate::options::ReaderOptions;
 use crate::plan::{DatasetShape, Shard};
 use crate::stream::{EpochStream, Sample};
-use crate::tier::TierHits;
 use crate::waits::WaitReport;
 use granary_store::buf::BufPool;
 use granary_store::MeterReading;
@@ -33,8 +32,6 @@ pub trait SampleStream: Iterator<Item = Result<Sample>> + Send {
     fn backend_fallback(&self) -> Option<&str>;
     /// What passed through each layer of the store stacks so far, top first.
     fn layers(&self) -> Vec<(&'static str, MeterReading)>;
-    /// How much came from the local tiers so far.
-    fn tier_hits(&self) -> TierHits;
     /// How long the consumer waited so far, and on what.
     fn waits(&self) -> WaitReport;
     /// Bytes read from storage so far.
@@ -52,9 +49,6 @@ impl SampleStream for EpochStream {
     }
     fn layers(&self) -> Vec<(&'static str, MeterReading)> {
         EpochStream::layers(self)
-    }
-    fn tier_hits(&self) -> TierHits {
-        EpochStream::tier_hits(self)
     }
     fn waits(&self) -> WaitReport {
         EpochStream::waits(self)
@@ -522,13 +516,6 @@ impl SampleStream for MixStream {
             add_layers(&mut total, mine);
         }
         total.into_iter().map(|l| (l.layer, l.reading)).collect()
-    }
-    fn tier_hits(&self) -> TierHits {
-        let mut h = TierHits::default();
-        for s in &self.streams {
-            h += s.tier_hits();
-        }
-        h
     }
     fn waits(&self) -> WaitReport {
         let mut w = WaitReport::default();
