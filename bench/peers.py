@@ -91,7 +91,11 @@ class Job:
             if rep["digest"] != want:
                 sys.exit(f"{self.name}: rank {r} epoch {epoch}: digest {rep['digest']} != {want}")
             reports.append(rep)
-        c = [r["cache"] for r in reports]
+
+        def served(r, layer):
+            # What one layer of the rank's stack served of its own ("layers" in read --json).
+            return sum(x["served_bytes"] for x in r["layers"] if x["layer"] == layer)
+
         row = {
             "config": self.name,
             "epoch": epoch,
@@ -100,10 +104,10 @@ class Job:
             "samples": sum(r["samples"] for r in reports),
             "wall_s": round(wall, 2),
             "samples_per_s": round(sum(r["samples"] for r in reports) / wall),
-            "origin_bytes_readers": sum(x["bytes_from_source"] for x in c),
+            "origin_bytes_readers": sum(served(r, "origin") for r in reports),
             "origin_bytes_tc": origin_sent,
-            "local_tier_bytes": sum(x["bytes_from_cache"] for x in c),
-            "peer_bytes": sum(x["bytes_from_peers"] for x in c),
+            "local_tier_bytes": sum(served(r, "tier") for r in reports),
+            "peer_bytes": sum(served(r, "peers") for r in reports),
             "peak_rss_mb": max(round(r["peak_rss_bytes"] / 1e6) for r in reports),
             "digests_ok": True,
         }

@@ -1656,3 +1656,23 @@ fn every_sample_counts_in_the_layer_that_served_it() {
     assert_eq!(o["metadata_ops"], 0, "origin opened nothing: {warm}");
     assert!(t["metadata_ops"].as_u64().unwrap() > 0, "{warm}");
 }
+
+/// `--metrics` into a directory that does not exist is refused before the epoch is read, not
+/// after it (the epoch's report would be lost).
+#[test]
+fn metrics_into_a_missing_directory_is_refused_before_reading() {
+    let tmp = tempfile::tempdir().unwrap();
+    let files = numbered_tree(20, 2, |i| 100 + i as usize);
+    let (src, ds) = (tmp.path().join("src"), tmp.path().join("ds"));
+    let ds = packed_tree(&src, &files, &ds, &[]);
+    let target = tmp.path().join("missing").join("m.prom");
+    let o = run([
+        "read",
+        ds.to_str().unwrap(),
+        "--metrics",
+        target.to_str().unwrap(),
+    ]);
+    assert!(!o.status.success());
+    assert!(stdout(&o).is_empty(), "an epoch was read: {}", stdout(&o));
+    assert!(stderr(&o).contains("no such directory"), "{}", stderr(&o));
+}

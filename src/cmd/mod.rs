@@ -143,7 +143,8 @@ pub fn prometheus_text(
     family(
         &mut t,
         "granary_layer_bytes",
-        "Bytes each layer of the store stack served in the last epoch.",
+        "Bytes read through each layer of the store stack in the last epoch (nested: a \
+         layer's include what the layers below it read).",
         &by_layer(&|m| m.bytes.to_string()),
     );
     family(

@@ -278,16 +278,29 @@ fn print_epoch(
     };
     let cost = |c: Option<f64>| c.map(|c| format!(", cost {c:.6}")).unwrap_or_default();
     println!("  bill (this rank):");
-    for (pl, ml) in predicted.iter().zip(measured) {
+    // By layer name: a stack may lack a layer the prediction lists (a tier a global epoch
+    // does not use), and the other way round.
+    let mut names: Vec<&str> = predicted.iter().map(|l| l.layer).collect();
+    for l in measured.iter() {
+        if !names.contains(&l.layer) {
+            names.push(l.layer);
+        }
+    }
+    let side = |bills: &[granary::bill::LayerBill], name: &str| {
+        let l = bills.iter().find(|l| l.layer == name).cloned();
+        let l = l.unwrap_or_default();
+        format!(
+            "{} requests, {}{}",
+            l.requests,
+            super::human_bytes(l.bytes),
+            cost(l.cost)
+        )
+    };
+    for name in names {
         println!(
-            "  {}: predicted {} requests, {}{}; measured {} requests, {}{}",
-            pl.layer,
-            pl.requests,
-            super::human_bytes(pl.bytes),
-            cost(pl.cost),
-            ml.requests,
-            super::human_bytes(ml.bytes),
-            cost(ml.cost)
+            "  {name}: predicted {}; measured {}",
+            side(predicted, name),
+            side(measured, name)
         );
     }
 }

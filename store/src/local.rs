@@ -92,6 +92,11 @@ impl Opener {
         }
     }
 
+    /// The meter its opens are counted in (the layer's that opens with it).
+    pub(crate) fn meter(&self) -> &Arc<Meter> {
+        &self.meter
+    }
+
     /// True when most files will be read through the page cache (Buffered, or Auto with a
     /// budget for most of the dataset).
     pub fn mostly_buffered(&self) -> bool {

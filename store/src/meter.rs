@@ -78,6 +78,12 @@ struct MeteredSource {
     meter: Arc<Meter>,
 }
 
+/// `inner`, its reads counted in `meter` (a source a layer opens itself, outside its store's
+/// `open_chunk`: the tier's hot chunks).
+pub(crate) fn metered_source(inner: Source, meter: Arc<Meter>) -> Source {
+    Arc::new(MeteredSource { inner, meter })
+}
+
 #[deny(clippy::missing_trait_methods)]
 impl ChunkSource for MeteredSource {
     fn location(&self) -> &Path {

@@ -459,6 +459,12 @@ pub fn check_report_target(path: &Path) -> io::Result<()> {
             dir.display()
         ));
     }
+    if !dir.is_dir() {
+        return Err(io::Error::new(
+            io::ErrorKind::NotFound,
+            format!("{}: no such directory", dir.display()),
+        ));
+    }
     Ok(())
 }
 

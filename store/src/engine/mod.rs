@@ -270,11 +270,12 @@ fn plan_pieces(reqs: &[Request], pool: &Arc<BufPool>) -> (Vec<Slot>, Vec<usize>,
 }
 
 /// The completed requests of a batch queued at `queued`, each told to its source if the engine
-/// read it on a local file ([`observe`]).
+/// read it on a local file (`local`, decided when the batch was queued: [`observe`]).
 fn finish(
     bufs: Vec<Slot>,
     skips: Vec<usize>,
     reqs: &[Request],
+    local: &[bool],
     queued: Instant,
 ) -> Result<Vec<Completed>> {
     let done = bufs
@@ -301,17 +302,25 @@ fn finish(
             })
         })
         .collect::<Result<Vec<_>>>()?;
-    observe(reqs, queued.elapsed());
+    observe(reqs, local, queued.elapsed());
     Ok(done)
 }
 
-/// Tells each source the engine read on its local file what it read: one range per request,
-/// and a share of the batch's time `took` by its bytes (requests served from a map waited for
-/// nothing), so that the shares of one batch add up to its time.
-fn observe(reqs: &[Request], took: Duration) {
+/// Which of `reqs` the engine reads on their local file (the others through their source's
+/// own reads, which count them): decided once, when the batch is queued, since a source may
+/// move to a local copy while it is read.
+fn local_requests(reqs: &[Request]) -> Vec<bool> {
+    reqs.iter().map(|r| r.source.local().is_some()).collect()
+}
+
+/// Tells each source the engine read on its local file (`local`) what it read: one range per
+/// request, and a share of the batch's time `took` by its bytes (requests served from a map
+/// waited for nothing), so that the shares of one batch add up to its time.
+fn observe(reqs: &[Request], local: &[bool], took: Duration) {
     let read = |r: &Request| r.source.local().is_some_and(|f| f.map().is_none());
-    let total: u64 = reqs.iter().filter(|r| read(r)).map(|r| r.len as u64).sum();
-    for r in reqs.iter().filter(|r| r.source.local().is_some()) {
+    let on_file = || reqs.iter().zip(local).filter(|(_, &l)| l).map(|(r, _)| r);
+    let total: u64 = on_file().filter(|r| read(r)).map(|r| r.len as u64).sum();
+    for r in on_file() {
         let waited = if read(r) && total > 0 {
             took.mul_f64(r.len as f64 / total as f64)
         } else {
@@ -393,12 +402,14 @@ fn group_pieces<'a, 'p>(
     groups
 }
 
-/// Reads one group of [`group_pieces`].
-fn read_group(reqs: &[Request], group: Vec<(&Piece, &mut [u8])>) -> Result<()> {
+/// Reads one group of [`group_pieces`]: on the local file where the batch was planned so
+/// (`local`), else through the source's own reads.
+fn read_group(reqs: &[Request], local: &[bool], group: Vec<(&Piece, &mut [u8])>) -> Result<()> {
     let Some(first) = group.first() else {
         return Ok(());
     };
     let src = reqs[first.0.req].source.clone();
+    let on_file = local[first.0.req];
     let mut reads: Vec<RangeRead<'_>> = group
         .into_iter()
         .map(|(p, buf)| RangeRead {
@@ -407,7 +418,7 @@ fn read_group(reqs: &[Request], group: Vec<(&Piece, &mut [u8])>) -> Result<()> {
             need: p.need,
         })
         .collect();
-    match src.local() {
+    match src.local().filter(|_| on_file) {
         Some(f) => reads
             .iter_mut()
             .try_for_each(|r| pread_at_least(f.file(), f.path(), r))
@@ -531,6 +542,7 @@ impl Engine {
         let (bufs, skips, pieces) = plan_pieces(&reqs, &self.pool);
         let batch = QueuedBatch {
             queued: Instant::now(),
+            local: local_requests(&reqs),
             reqs: reqs.clone(),
             bufs,
             skips,
@@ -603,6 +615,8 @@ pub struct Pending(
 struct QueuedBatch {
     queued: Instant,
     reqs: Arc<[Request]>,
+    /// Which requests are read on their local file ([`local_requests`]).
+    local: Vec<bool>,
     bufs: Vec<Slot>,
     skips: Vec<usize>,
     pieces: Vec<Piece>,
@@ -647,6 +661,7 @@ fn run_pread(slots: &Slots, id: u64, threads: usize, batch: QueuedBatch) -> Resu
     let QueuedBatch {
         queued,
         reqs,
+        local,
         mut bufs,
         skips,
         pieces,
@@ -654,8 +669,8 @@ fn run_pread(slots: &Slots, id: u64, threads: usize, batch: QueuedBatch) -> Resu
     let reqs = &reqs[..];
     let slices = piece_slices(&mut bufs, &pieces);
     let work = group_pieces(reqs, pieces.iter().zip(slices));
-    read_groups(reqs, work, threads, Some((slots, id)))?;
-    finish(bufs, skips, reqs, queued)
+    read_groups(reqs, &local, work, threads, Some((slots, id)))?;
+    finish(bufs, skips, reqs, &local, queued)
 }
 
 /// The reads the pread engine's batches may have in flight together. A free slot goes to the
@@ -719,13 +734,14 @@ impl Drop for SlotGuard<'_> {
 /// and is returned.
 fn read_groups(
     reqs: &[Request],
+    local: &[bool],
     work: Vec<Vec<(&Piece, &mut [u8])>>,
     threads: usize,
     slots: Option<(&Slots, u64)>,
 ) -> Result<()> {
     let read = |group| {
         let _slot = slots.map(|(s, batch)| s.take(batch));
-        read_group(reqs, group)
+        read_group(reqs, local, group)
     };
     let threads = threads.min(work.len()).max(1);
     if threads == 1 {

@@ -16,6 +16,11 @@ struct Batch {
     id: u64,
     queued: Instant,
     reqs: std::sync::Arc<[Request]>,
+    /// Which requests are read on their local file (decided when the batch was queued), and
+    /// that file's descriptor (-1 for the others): a source that moves to another file while
+    /// the batch is read keeps this one open.
+    local: Vec<bool>,
+    fds: Vec<i32>,
     bufs: Vec<Slot>,
     /// Start address of each buffer's usable part (as an integer, so the engine stays `Send`;
     /// 0 for a mapped request, which has no pieces).
@@ -129,7 +134,7 @@ impl UringEngine {
                 self.todo.retain(|(t, _)| *t != id);
                 let result = match b.error {
                     Some(e) => Err(e),
-                    None => finish(b.bufs, b.skips, &b.reqs, b.queued),
+                    None => finish(b.bufs, b.skips, &b.reqs, &b.local, b.queued),
                 };
                 let _ = b.reply.send(result);
             }
@@ -156,16 +161,14 @@ impl UringEngine {
         let QueuedBatch {
             queued,
             reqs,
+            local,
             mut bufs,
             skips,
             pieces,
         } = batch;
-        // Sources that are not local files are read through their own batched reads, here
-        // and now; the ring reads the rest.
-        let on_ring: Vec<bool> = pieces
-            .iter()
-            .map(|p| reqs[p.req].source.local().is_some())
-            .collect();
+        // Sources that are not local files (when the batch was queued) are read through their
+        // own batched reads, here and now; the ring reads the rest.
+        let on_ring: Vec<bool> = pieces.iter().map(|p| local[p.req]).collect();
         let mut error = None;
         if on_ring.iter().any(|l| !l) {
             let slices = piece_slices(&mut bufs, &pieces);
@@ -178,7 +181,7 @@ impl UringEngine {
             // Each source's ranges from one thread, several sources at once: an object
             // store's reads are network round trips, not ring submissions.
             let groups = group_pieces(&reqs, others);
-            if let Err(e) = read_groups(&reqs, groups, REMOTE_SOURCES_IN_FLIGHT, None) {
+            if let Err(e) = read_groups(&reqs, &local, groups, REMOTE_SOURCES_IN_FLIGHT, None) {
                 error = Some(e);
             }
         }
@@ -196,7 +199,16 @@ impl UringEngine {
         self.batches.push_back(Batch {
             id,
             queued,
+            fds: reqs
+                .iter()
+                .zip(&local)
+                .map(|(r, &l)| match r.source.local().filter(|_| l) {
+                    Some(f) => f.file().as_raw_fd(),
+                    None => -1,
+                })
+                .collect(),
             reqs,
+            local,
             bufs,
             addrs,
             skips,
@@ -231,10 +243,8 @@ impl UringEngine {
             if inflight > 0 && inflight + len > max_bytes {
                 break;
             }
-            let fd = match b.reqs[p.req].source.local() {
-                Some(f) => f.file().as_raw_fd(),
-                None => unreachable!("only local files' pieces are queued on the ring"),
-            };
+            // Only local files' pieces are queued on the ring (`on_ring`).
+            let fd = b.fds[p.req];
             let target = (b.addrs[p.req] + p.at + b.done[i]) as *mut u8;
             let entry = io_uring::opcode::Read::new(io_uring::types::Fd(fd), target, len as u32)
                 .offset(p.offset + b.done[i] as u64)

@@ -13,6 +13,7 @@ use super::{HotChunk, LocalTier};
 use crate::error::Result;
 use crate::file::{copy_range, IoFile};
 use crate::local::Opener;
+use crate::meter::metered_source;
 use crate::seam::{
     Access, BytesFrom, ChunkSource, ChunkStore, LocalFile, LocalRead, RangeRead, Source,
 };
@@ -153,12 +154,14 @@ impl TierStore {
     pub(crate) fn open_hot(&self, h: &HotChunk) -> Option<Source> {
         let p = self.cache.hot_path(h)?;
         let file = self.opener.open_unmapped(&p, Some(h.id)).ok()?;
-        Some(Arc::new(HotSource {
+        let hot = Arc::new(HotSource {
             file: file.serving(BytesFrom::Tier),
             cache: self.cache.clone(),
             id: h.id,
             dropped: AtomicBool::new(false),
-        }))
+        });
+        // Read beside the tier's `open_chunk`, counted in its meter all the same.
+        Some(metered_source(hot, self.opener.meter().clone()))
     }
 }
 
