@@ -708,7 +708,7 @@ fn the_bill_counts_chunks_other_nodes_keep_as_the_peers() {
         cache_size: Some(64 << 20),
         policy: granary::TierPolicy::Static,
         peers: peers.then(|| vec!["127.0.0.1:9".into(), "127.0.0.1:10".into()]),
-        node: Some(0),
+        node: peers.then_some(0),
         peer_timeout: 1.0,
         ownership_epoch: Some(0),
         ..Default::default()

@@ -55,7 +55,8 @@ class Mixture(IterableDataset):
             shares = [str(s) for s in shares]
         else:
             shares = ["repeat=1"] * len(sources)
-        if float(kwargs.get("locality", 1.0)) < 1.0:
+        locality = kwargs.get("locality")
+        if locality is not None and float(locality) < 1.0:
             raise ValueError("locality below 1 is not supported for mixtures yet")
         super().__init__(sources[0], **kwargs)
         self.sources = sources

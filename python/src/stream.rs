@@ -413,7 +413,9 @@ impl Stream {
             Ok(Stream {
                 inner: Mutex::new(Box::new(stream)),
                 len,
-                cache: reader.tier().is_some(),
+                // A global epoch reads single records, never through the tier.
+                cache: reader.tier().is_some()
+                    && reader.options().shuffle != granary::ShuffleMode::Global,
                 marks: None,
             })
         };
@@ -463,7 +465,7 @@ impl Stream {
             Ok(Stream {
                 len: stream.len() as usize,
                 inner: Mutex::new(Box::new(stream)),
-                cache: config.cache_dir.is_some(),
+                cache: config.cache_dir.is_some() && config.shuffle != granary::ShuffleMode::Global,
                 marks: Some(marks),
             })
         };

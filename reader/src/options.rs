@@ -181,6 +181,18 @@ impl ReaderOptions {
         if self.sampling == SamplingKind::Importance && !(0.0..1.0).contains(&self.alpha) {
             return bad(format!("alpha {} is not in [0, 1)", self.alpha));
         }
+        if !(self.cache_boost > 0.0 && self.cache_boost.is_finite()) {
+            return bad(format!(
+                "cache_boost must be a positive number (1: no favour), not {}",
+                self.cache_boost
+            ));
+        }
+        if self.cache_size == Some(0) {
+            return bad("cache_size must be a positive number of bytes".into());
+        }
+        if self.node.is_some() && self.peers.is_none() {
+            return bad("node numbers this node in the peer list: it needs peers".into());
+        }
         if !(self.peer_timeout > 0.0 && self.peer_timeout.is_finite()) {
             return bad(format!(
                 "peer_timeout must be a positive number of seconds, not {}",
@@ -337,6 +349,30 @@ mod tests {
                 ..Default::default()
             },
             "queue_depth",
+        );
+        for boost in [0.0, -1.0, f64::NAN] {
+            refused(
+                ReaderOptions {
+                    cache_boost: boost,
+                    ..Default::default()
+                },
+                "cache_boost",
+            );
+        }
+        refused(
+            ReaderOptions {
+                cache_dir: Some("t".into()),
+                cache_size: Some(0),
+                ..Default::default()
+            },
+            "cache_size",
+        );
+        refused(
+            ReaderOptions {
+                node: Some(1),
+                ..Default::default()
+            },
+            "needs peers",
         );
     }
 }
