@@ -221,15 +221,13 @@ pub(crate) fn read_shares(
     before: &[(&'static str, granary_store::MeterReading)],
     after: &[(&'static str, granary_store::MeterReading)],
 ) -> [f64; 3] {
-    let waits = own_waits(before, after);
-    let bytes = own(before, after, |r| r.bytes as f64);
-    for shares in [waits, bytes] {
-        let sum: f64 = shares.iter().sum();
-        if sum > 0.0 {
-            return shares.map(|x| x / sum);
-        }
-    }
-    [0.0, 0.0, 1.0]
+    let share = |own: [f64; 3]| {
+        let sum: f64 = own.iter().sum();
+        (sum > 0.0).then(|| own.map(|x| x / sum))
+    };
+    share(own_waits(before, after))
+        .or_else(|| share(own(before, after, |r| r.bytes as f64)))
+        .unwrap_or([0.0, 0.0, 1.0])
 }
 
 /// A planning phase of `secs` seconds: the shares the layers' own waits during it take of it

@@ -220,9 +220,13 @@ impl Slot {
     }
 }
 
-/// Buffers and pieces to read for `reqs`; a request on a mapped file gets no buffer and no
-/// pieces, only a lease on the map.
-fn plan_pieces(reqs: &[Request], pool: &Arc<BufPool>) -> (Vec<Slot>, Vec<usize>, Vec<Piece>) {
+/// Buffers and pieces to read for `reqs` (`local`: those read on their local file); a request
+/// on a mapped file gets no buffer and no pieces, only a lease on the map.
+fn plan_pieces(
+    reqs: &[Request],
+    local: &[bool],
+    pool: &Arc<BufPool>,
+) -> (Vec<Slot>, Vec<usize>, Vec<Piece>) {
     let mut bufs = Vec::with_capacity(reqs.len());
     let mut skips = Vec::with_capacity(reqs.len());
     let mut pieces = Vec::new();
@@ -248,7 +252,7 @@ fn plan_pieces(reqs: &[Request], pool: &Arc<BufPool>) -> (Vec<Slot>, Vec<usize>,
         // that a whole chunk is one GET, not one per piece.
         let piece = if r.buffered_local() {
             BUFFERED_PIECE
-        } else if r.source.local().is_none() {
+        } else if !local[i] {
             total.max(1)
         } else {
             MAX_PIECE
@@ -539,10 +543,11 @@ impl Engine {
     /// [`Engine::wait`]. The requests are shared, not copied: the batch and its [`Pending`]
     /// (which settles it) each hold them.
     pub fn submit(&mut self, reqs: Arc<[Request]>) -> Pending {
-        let (bufs, skips, pieces) = plan_pieces(&reqs, &self.pool);
+        let local = local_requests(&reqs);
+        let (bufs, skips, pieces) = plan_pieces(&reqs, &local, &self.pool);
         let batch = QueuedBatch {
             queued: Instant::now(),
-            local: local_requests(&reqs),
+            local,
             reqs: reqs.clone(),
             bufs,
             skips,
