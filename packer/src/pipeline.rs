@@ -12,8 +12,9 @@ use rayon::prelude::*;
 use granary_format::{Compression, RunRecord, CHUNK_HEADER_LEN};
 use granary_store::buf::AlignedBuf;
 
-use crate::publish::{write_chunk_run, write_in_parallel, Contents, MAX_CHUNK_WRITERS};
+use crate::publish::{write_chunk_run, write_in_parallel, MAX_CHUNK_WRITERS, NO_TYPES};
 use crate::{encode, upload, PackError, PackOptions, Place, Plan, Skipped};
+use granary_store::chunk_file::Records;
 
 /// What writing chunks needs: the options, the source, where chunks go, and the plan.
 pub(crate) struct Build<'a> {
@@ -141,10 +142,20 @@ fn write_read_chunk(
         });
         end += stored_len;
     }
-    let contents = Contents::Files(with_attrs.then(|| plan.chunk_dirs(c)));
+    let records = match with_attrs {
+        true => Records::Attrs(plan.chunk_dirs(c)),
+        false => Records::Plain,
+    };
     let at = (plan.dataset_id, place.ids.id(c));
     let body = &arena.as_slice()[CHUNK_HEADER_LEN..end];
-    let s = write_chunk_run(&place.chunks, at, &plan.classes, contents, body, run)?;
+    let s = write_chunk_run(
+        &place.chunks,
+        at,
+        &plan.classes,
+        (records, &NO_TYPES),
+        body,
+        run,
+    )?;
     // An arena much larger than a chunk (a chunk of one huge file) is not kept.
     if arena.as_slice().len() as u64 <= b.opts.output.chunk_size.saturating_mul(2) {
         let _ = back.send(arena); // the reading side may have finished

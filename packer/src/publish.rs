@@ -3,6 +3,7 @@
 //! the writer API and everything that feeds it), snapshots, parts, state files, and the final
 //! publish of the work directory.
 
+use std::collections::BTreeMap;
 use std::io::Write;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::Path;
@@ -10,9 +11,10 @@ use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use granary_format::{
-    chunk_file_name, parse_chunk_file_name, ChunkSummary, ChunkWriter, DirAttrs, FileAttrs,
-    RunRecord, SnapshotBuilder, SNAPSHOT_FILE,
+    chunk_file_name, parse_chunk_file_name, ChunkSummary, ChunkWriter, FileAttrs, RunRecord,
+    SnapshotBuilder, SNAPSHOT_FILE,
 };
+use granary_store::chunk_file::{ChunkFile, Records};
 use granary_store::object::ObjectUrl;
 use granary_store::write::{AtomicFile, Durability, Pending};
 
@@ -31,14 +33,12 @@ pub(crate) struct ChunkRecord<'a> {
     pub attrs: Option<FileAttrs>,
 }
 
-/// What a chunk's records are besides their bytes.
-pub(crate) enum Contents<'a> {
-    /// Files; with `Some(dirs)` the chunk records each file's attributes and these
-    /// directories (what the snapshot's namespace needs, so it can be rebuilt from chunks).
-    Files(Option<Vec<DirAttrs>>),
-    /// Samples with named fields, each name's type given (names not in it are `bytes`).
-    Fields(&'a std::collections::BTreeMap<Vec<u8>, String>),
-}
+/// What a chunk's records are besides their bytes: their kind, and the types of named
+/// fields.
+pub(crate) type Contents<'a> = (Records, &'a BTreeMap<Vec<u8>, String>);
+
+/// The field types of a chunk without named fields.
+pub(crate) static NO_TYPES: BTreeMap<Vec<u8>, String> = BTreeMap::new();
 
 /// Writes chunk `id` of dataset `dataset_id` into `dir` from `records` (in order), with the
 /// class table `classes`, holding `contents`: see [`write_chunk_with`].
@@ -75,17 +75,17 @@ pub(crate) fn write_chunk_run<'r>(
     write_chunk_with(dir, at, classes, contents, |w| w.append_run(run, records))
 }
 
-/// Writes chunk `id` of dataset `dataset_id` into `dir`: its header, the records `append`
-/// appends, and its footer with the class table `classes`, holding `contents`. The file is
-/// written past the page cache where the file system allows ([`AtomicFile::direct`]: the
-/// kernel copies none of a pack's bytes into memory and writes none back later) and fsynced
-/// before it takes its name (`chunk-NNNNNNNN.gchunk`, written as `.gchunk.tmp`); the caller
-/// syncs the directory once for many chunks. Nothing is left under either name on failure.
+/// Writes chunk `id` of dataset `dataset_id` into `dir` ([`ChunkFile`]): its header, the
+/// records `append` appends, and its footer with the class table `classes`, holding
+/// `contents`. The file is written past the page cache where the file system allows
+/// ([`AtomicFile::direct`]: the kernel copies none of a pack's bytes into memory and writes
+/// none back later) and fsynced before it takes its name; the caller syncs the directory once
+/// for many chunks. Nothing is left under either name on failure.
 fn write_chunk_with(
     dir: &Path,
     (dataset_id, id): ([u8; 16], u32),
     classes: &[Vec<u8>],
-    contents: Contents<'_>,
+    (records, types): Contents<'_>,
     append: impl FnOnce(&mut ChunkWriter<AtomicFile>) -> std::io::Result<()>,
 ) -> Result<ChunkSummary, PackError> {
     let path = dir.join(chunk_file_name(id));
@@ -93,24 +93,9 @@ fn write_chunk_with(
         .map_err(|e| PackError::io("creating", &path, e))?;
     let tmp = file.tmp_path().to_path_buf();
     let io = |e| PackError::io("writing", &tmp, e);
-    let mut w = match &contents {
-        Contents::Fields(types) => {
-            let mut w = ChunkWriter::with_fields(file, dataset_id, id).map_err(io)?;
-            w.field_types(types).map_err(io)?;
-            w
-        }
-        Contents::Files(Some(dirs)) => {
-            let mut w = ChunkWriter::with_attrs(file, dataset_id, id).map_err(io)?;
-            w.dirs(dirs.clone()).map_err(io)?;
-            w
-        }
-        Contents::Files(None) => ChunkWriter::new(file, dataset_id, id).map_err(io)?,
-    };
-    append(&mut w).map_err(io)?;
-    let (file, summary) = w.finish(classes).map_err(io)?;
-    file.publish()
-        .map_err(|e| PackError::io("writing", &tmp, e))?;
-    Ok(summary)
+    let mut f = ChunkFile::create(file, dataset_id, id, records).map_err(io)?;
+    append(f.records()).map_err(io)?;
+    f.publish(classes, types).map_err(io)
 }
 
 /// The most chunks written at once: each chunk writer is one thread's copies into the page

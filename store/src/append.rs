@@ -22,7 +22,9 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 
 use crate::buf::{AlignedBuf, ALIGN};
-use crate::write::{crash_point, direct_pays, set_direct, write_all_at, Durability, Pending};
+use crate::write::{
+    crash_point, direct_pays, open_temp, set_direct, write_all_at, Durability, Pending, Seal,
+};
 
 /// The background writes of many [`Appender`]s (see the module documentation).
 pub struct Appends {
@@ -217,7 +219,13 @@ fn write_at(path: &Path, bytes: &[u8], at: u64, direct: bool) -> io::Result<bool
 /// [`Write::flush`] writes the rest (through the page cache) and waits until every write of
 /// the pool is done, so that the file is whole afterwards (to be fsynced, renamed).
 pub struct Appender {
+    /// The temporary file appended to.
     path: Arc<PathBuf>,
+    /// The name it takes when published, and what is synced before.
+    target: PathBuf,
+    durability: Durability,
+    /// Set once [`Appender::seal`] handed the temporary file to a [`Pending`].
+    handed_over: bool,
     pool: Arc<Shared>,
     /// The buffer being filled, taken on the first write after a full one was handed over.
     buf: Option<AlignedBuf>,
@@ -227,14 +235,19 @@ pub struct Appender {
 }
 
 impl Appender {
-    /// Creates (or empties) `path`, to be appended to through `pool`.
-    pub fn create(path: PathBuf, pool: &Appends) -> io::Result<Appender> {
-        let f = File::create(&path)?;
+    /// Starts `target`, appended to through `pool` under a temporary name of its own beside
+    /// it until it is published, as every file granary writes ([`crate::write`]): dropped
+    /// unpublished, it takes its temporary file with it.
+    pub fn create(target: &Path, durability: Durability, pool: &Appends) -> io::Result<Appender> {
+        let (tmp, f) = open_temp(target)?;
         if !direct_pays(&f) {
             pool.shared.lock().direct = false;
         }
         Ok(Appender {
-            path: Arc::new(path),
+            path: Arc::new(tmp),
+            target: target.to_path_buf(),
+            durability,
+            handed_over: false,
             pool: Arc::clone(&pool.shared),
             buf: None,
             len: 0,
@@ -243,22 +256,34 @@ impl Appender {
     }
 }
 
-impl Appender {
-    /// The file written whole (every write of the pool done) and synced as `durability` says,
-    /// to be renamed over `path` ([`Pending::publish`]), as every file granary writes is:
-    /// nothing stays under either name if it is dropped unpublished.
-    pub fn finish(mut self, path: &Path, durability: Durability) -> io::Result<Pending> {
-        crash_point("write", path);
+impl Seal for Appender {
+    /// The file written whole (every write of the pool done) and synced as its durability
+    /// says, to be renamed over its target ([`Pending::publish`]).
+    fn seal(mut self) -> io::Result<Pending> {
+        crash_point("write", &self.target);
         self.flush()?;
-        if durability != Durability::Rename {
-            crash_point("fsync", path);
+        if self.durability != Durability::Rename {
+            crash_point("fsync", &self.target);
             File::open(&*self.path)?.sync_all()?;
         }
+        self.handed_over = true;
         Ok(Pending::written(
-            path.to_path_buf(),
+            std::mem::take(&mut self.target),
             self.path.to_path_buf(),
-            durability,
+            self.durability,
         ))
+    }
+
+    fn tmp_path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Drop for Appender {
+    fn drop(&mut self) {
+        if !self.handed_over {
+            let _ = std::fs::remove_file(&*self.path);
+        }
     }
 }
 
@@ -320,7 +345,9 @@ mod tests {
             // Two files filled in turns through one pool of two threads and two buffers.
             let pool = Appends::new(*buffer, 2, 2).unwrap();
             let paths = [0, 1].map(|k| dir.path().join(format!("a{i}-{k}")));
-            let mut a = paths.clone().map(|p| Appender::create(p, &pool).unwrap());
+            let mut a = paths
+                .clone()
+                .map(|p| Appender::create(&p, Durability::Rename, &pool).unwrap());
             let mut at = 0;
             for (k, n) in sizes.iter().enumerate() {
                 for f in &mut a {
@@ -336,7 +363,8 @@ mod tests {
                 f.flush().unwrap();
             }
             at += 3333;
-            for p in &paths {
+            for (f, p) in a.into_iter().zip(&paths) {
+                f.seal().unwrap().publish().unwrap();
                 let got = std::fs::read(p).unwrap();
                 assert!(got == data[..at], "case {i}: {} bytes of {at}", got.len());
             }
@@ -347,10 +375,9 @@ mod tests {
     fn a_failed_background_write_is_the_next_calls_error_naming_the_file() {
         let dir = tempfile::tempdir().unwrap();
         let pool = Appends::new(16 << 10, 1, 1).unwrap();
-        let p = dir.path().join("gone");
-        let mut a = Appender::create(p.clone(), &pool).unwrap();
+        let mut a = Appender::create(&dir.path().join("gone"), Durability::Rename, &pool).unwrap();
         // The file disappears: the background write of the first full buffer cannot open it.
-        std::fs::remove_file(&p).unwrap();
+        std::fs::remove_file(a.tmp_path()).unwrap();
         let chunk = vec![7u8; 64 << 10];
         let mut err = None;
         for _ in 0..8 {
@@ -364,5 +391,16 @@ mod tests {
             .expect("the failure comes back");
         assert!(e.to_string().contains("gone"), "{e}");
         assert!(pool.wait_idle().is_err());
+    }
+
+    #[test]
+    fn an_appender_dropped_unpublished_leaves_no_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let pool = Appends::new(16 << 10, 1, 1).unwrap();
+        let mut a = Appender::create(&dir.path().join("x"), Durability::File, &pool).unwrap();
+        a.write_all(&[1u8; 40 << 10]).unwrap();
+        drop(a);
+        pool.wait_idle().ok();
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
     }
 }

@@ -11,6 +11,7 @@
 pub mod append;
 pub mod auth;
 pub mod buf;
+pub mod chunk_file;
 pub mod config;
 mod copy_name;
 pub mod counts;

@@ -340,6 +340,27 @@ impl Write for DirectOut {
     }
 }
 
+/// A file being written under a temporary name, sealed (written whole and synced as its
+/// durability says) into a [`Pending`] rename: [`AtomicFile`], and the [`crate::append::Appender`]
+/// whose writes go to the device in the background. A chunk file is built on either
+/// ([`crate::chunk_file`]).
+pub trait Seal: Write {
+    /// Writes what is left, syncs as the durability says, and hands the file to its rename.
+    fn seal(self) -> io::Result<Pending>;
+    /// The temporary name it is written under, for errors.
+    fn tmp_path(&self) -> &Path;
+}
+
+impl Seal for AtomicFile {
+    fn seal(self) -> io::Result<Pending> {
+        self.finish()
+    }
+
+    fn tmp_path(&self) -> &Path {
+        &self.tmp
+    }
+}
+
 /// A file written whole and synced, waiting to be renamed into place.
 pub struct Pending {
     path: PathBuf,
@@ -497,7 +518,7 @@ fn host_tag() -> &'static str {
 /// name no other writer uses (this host, this process, a counter), exclusively: an existing
 /// file or link of that name is an error, never followed. First removes the temporary files
 /// of `path` that processes of this host which no longer run left behind (killed mid-write).
-fn open_temp(path: &Path) -> io::Result<(PathBuf, File)> {
+pub(crate) fn open_temp(path: &Path) -> io::Result<(PathBuf, File)> {
     use std::sync::atomic::{AtomicU64, Ordering};
     static SEQ: AtomicU64 = AtomicU64::new(0);
     check_target(path)?;

@@ -14,8 +14,8 @@
 //!
 //! A count far off changes the chunks' size, not their mixing: a count twice too low gives
 //! chunks about twice the chunk size (the finish warns). A slot that gets no sample makes no
-//! chunk. Chunk files are built as `chunk-NNNNNNNN.gchunk.tmp` with their header first, each
-//! slot buffering up to [`SLOT_BUFFER`] bytes; full buffers are written by
+//! chunk. Chunk files are built under a temporary name ([`ChunkFile`]) with their header first,
+//! each slot buffering up to [`SLOT_BUFFER`] bytes; full buffers are written by
 //! [`APPEND_THREADS`] threads in the background ([`granary_store::append`]: a file is opened
 //! for each, so no descriptor is held per slot); `finish` writes each footer (with the class
 //! table, known
@@ -27,9 +27,10 @@ use std::sync::Mutex;
 
 use std::collections::HashMap;
 
-use granary_format::{chunk_file_name, ChunkSummary, ChunkWriter, NO_LABEL};
+use granary_format::{chunk_file_name, ChunkSummary, NO_LABEL};
 use granary_store::append::{Appender, Appends};
-use granary_store::write::Durability;
+use granary_store::chunk_file::{ChunkFile, Records};
+use granary_store::write::{Durability, Seal};
 
 use super::spill::SpillRecord;
 use crate::publish::{append_record, write_in_parallel, ChunkRecord};
@@ -55,7 +56,7 @@ const APPENDS_IN_FLIGHT: usize = 8;
 /// One chunk being filled: made on its first sample.
 #[derive(Default)]
 struct Slot {
-    w: Option<ChunkWriter<Appender>>,
+    w: Option<ChunkFile<Appender>>,
 }
 
 /// The chunk slots samples go to, shared by the writer's threads.
@@ -124,7 +125,7 @@ impl Direct {
         if s.w.is_none() {
             s.w = Some(self.make_chunk()?);
         }
-        let w = s.w.as_mut().expect("made above");
+        let f = s.w.as_mut().expect("made above");
         let r = ChunkRecord {
             key: &rec.key,
             enc: rec.enc.view(),
@@ -132,31 +133,25 @@ impl Direct {
             fields: &rec.fields,
             attrs: None,
         };
-        append_record(w, &r)
-            .map_err(|e| PackError::io("writing", &self.tmp_path(w.chunk_id()), e))?;
-        Ok(())
+        append_record(f.records(), &r).map_err(|e| PackError::io("writing", f.tmp_path(), e))
     }
 
-    fn tmp_path(&self, id: u32) -> PathBuf {
-        self.dir
-            .join(chunk_file_name(id))
-            .with_extension("gchunk.tmp")
-    }
-
-    fn make_chunk(&self) -> Result<ChunkWriter<Appender>, PackError> {
+    fn make_chunk(&self) -> Result<ChunkFile<Appender>, PackError> {
         let mut made = self.made.lock().unwrap_or_else(|p| p.into_inner());
         self.ids.check(*made + 1)?;
         let id = self.ids.id(*made);
-        let path = self.tmp_path(id);
-        let io = |e| PackError::io("writing", &path, e);
-        let out = Appender::create(path.clone(), &self.appends).map_err(io)?;
-        let w = match self.fields {
-            true => ChunkWriter::with_fields(out, self.dataset_id, id),
-            false => ChunkWriter::new(out, self.dataset_id, id),
-        }
-        .map_err(io)?;
+        let path = self.dir.join(chunk_file_name(id));
+        let out = Appender::create(&path, Durability::File, &self.appends)
+            .map_err(|e| PackError::io("creating", &path, e))?;
+        let records = match self.fields {
+            true => Records::Fields,
+            false => Records::Plain,
+        };
+        let tmp = out.tmp_path().to_path_buf();
+        let f = ChunkFile::create(out, self.dataset_id, id, records)
+            .map_err(|e| PackError::io("writing", &tmp, e))?;
         *made += 1;
-        Ok(w)
+        Ok(f)
     }
 
     /// Finishes every chunk: footer with the class table, fsync, its name. Chunks are
@@ -183,9 +178,10 @@ impl Direct {
         }
         let by_name = !names.is_empty();
         drop(names);
-        let write = |mut w: ChunkWriter<Appender>| {
+        let write = |mut w: ChunkFile<Appender>| {
             if by_name {
-                w.map_labels(|l| remap.get(l as usize).copied().unwrap_or(l));
+                w.records()
+                    .map_labels(|l| remap.get(l as usize).copied().unwrap_or(l));
             }
             self.finish_chunk(w, classes, types)
         };
@@ -205,33 +201,20 @@ impl Direct {
 
     fn finish_chunk(
         &self,
-        mut w: ChunkWriter<Appender>,
+        f: ChunkFile<Appender>,
         classes: &[Vec<u8>],
         types: &std::collections::BTreeMap<Vec<u8>, String>,
     ) -> Result<ChunkSummary, PackError> {
-        let id = w.chunk_id();
-        let tmp = self.tmp_path(id);
-        let io = |e| PackError::io("writing", &tmp, e);
-        if self.fields {
-            w.field_types(types).map_err(io)?;
-        }
-        let (out, summary) = w.finish(classes).map_err(io)?;
-        let path = self.dir.join(chunk_file_name(id));
-        out.finish(&path, Durability::File)
-            .and_then(|pending| pending.publish())
-            .map_err(io)?;
-        Ok(summary)
+        let tmp = f.tmp_path().to_path_buf();
+        f.publish(classes, types)
+            .map_err(|e| PackError::io("writing", &tmp, e))
     }
 
-    /// Removes the chunks of an unfinished writer (nothing resumes from them): those still
-    /// in their slots and those a failed finish took but did not name.
+    /// Removes the chunks of an unfinished writer still in their slots (nothing resumes from
+    /// them; a chunk a failed finish took went with its writer).
     pub(super) fn abandon(&self) {
         for s in &self.slots {
             drop(s.lock().unwrap_or_else(|p| p.into_inner()).w.take());
-        }
-        let made = *self.made.lock().unwrap_or_else(|p| p.into_inner());
-        for i in 0..made {
-            let _ = std::fs::remove_file(self.tmp_path(self.ids.id(i)));
         }
     }
 }

@@ -10,11 +10,11 @@ use crate::{
     hex_id, output, shared_key_of, spooled_builder, upload, write_snapshot_atomic, PackError,
     PackSummary,
 };
+use granary_store::chunk_file::Records;
 
 use super::*;
 use crate::publish::{
-    full_summary, publish_whole, write_chunk, write_in_parallel, ChunkRecord, Contents, Feed,
-    Target,
+    full_summary, publish_whole, write_chunk, write_in_parallel, ChunkRecord, Feed, Target,
 };
 
 impl Writer {
@@ -150,23 +150,23 @@ impl Writer {
         );
         // The layout, cut here in order, does not depend on which chunk writer finishes first.
         let write = |(id, recs): (u32, Vec<SpillRecord>)| {
-            let records = recs.iter().map(|r| ChunkRecord {
+            let records_of = recs.iter().map(|r| ChunkRecord {
                 key: &r.key,
                 enc: r.enc.view(),
                 label: r.label,
                 fields: &r.fields,
                 attrs: None,
             });
-            let contents = match self.with_fields == Some(true) {
-                true => Contents::Fields(&self.types),
-                false => Contents::Files(None),
+            let records = match self.with_fields == Some(true) {
+                true => Records::Fields,
+                false => Records::Plain,
             };
             write_chunk(
                 &self.layout.chunks,
                 (self.dataset_id, id),
                 classes,
-                contents,
-                records,
+                (records, &self.types),
+                records_of,
             )
         };
         let ((), done) = write_in_parallel(self.opts.threads, sink, write, |feed| {

@@ -24,14 +24,14 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use crate::copy_name::{copy_file_name, parse_copy_file_name};
-use granary_format::{
-    ChunkEntry, ChunkHeader, ChunkWriter, Compression, SampleEntry, CHUNK_HEADER_LEN,
-};
+use granary_format::{ChunkEntry, ChunkHeader, Compression, SampleEntry, CHUNK_HEADER_LEN};
 use serde::Serialize;
 
+use crate::chunk_file::{ChunkFile, Records};
 use crate::error::{Result, StoreError};
 use crate::file::IoFile;
 use crate::seam::{BytesFrom, ChunkSource, RangeRead};
+use crate::write::{AtomicFile, Durability};
 
 pub use admit::{Admission, Job, HOT_RECORD_OVERHEAD};
 use files::*;
@@ -851,14 +851,20 @@ impl LocalTier {
             return Ok(0);
         }
         let id = l.next_hot;
-        let mut w = ChunkWriter::new(Vec::new(), self.dataset_id, id)
-            .map_err(|e| StoreError::io("building", self.dir.join(hot_file_name(id)), e))?;
+        let key = Key::Hot(id);
+        let path = self.dir.join(key.file_name());
+        let building = |e| StoreError::io("building", &path, e);
+        // Not fsynced: every record read from a hot chunk is CRC-checked.
+        let out = AtomicFile::create(&path, Durability::Rename).map_err(building)?;
+        let mut f =
+            ChunkFile::create(out, self.dataset_id, id, Records::Plain).map_err(building)?;
         let mut samples = Vec::with_capacity(fresh.len());
         let mut sources = std::collections::BTreeSet::new();
         for r in &fresh {
             sources.insert((r.entry.chunk, r.source));
             let comp = Compression::from_code(r.entry.flags).unwrap_or(Compression::None);
-            let e = w
+            let e = f
+                .records()
                 .append(
                     &r.path,
                     &r.stored,
@@ -867,23 +873,19 @@ impl LocalTier {
                     r.entry.crc32,
                     r.entry.label,
                 )
-                .map_err(|e| StoreError::io("building", self.dir.join(hot_file_name(id)), e))?;
+                .map_err(building)?;
             samples.push((r.id, e.offset));
         }
-        let (bytes, summary) = w
-            .finish(classes)
-            .map_err(|e| StoreError::io("building", self.dir.join(hot_file_name(id)), e))?;
+        let (file, summary) = f.finish(classes, &BTreeMap::new()).map_err(building)?;
         let score: f64 = fresh.iter().map(|r| r.score).sum();
-        let per_byte = score / bytes.len().max(1) as f64;
-        if !self.make_room(&mut l, bytes.len() as u64, per_byte)? {
+        let per_byte = score / summary.file_size.max(1) as f64;
+        if !self.make_room(&mut l, summary.file_size, per_byte)? {
             self.write_index(&l, true)?;
-            return Ok(0);
+            return Ok(0); // `file` goes unpublished
         }
-        let key = Key::Hot(id);
         // The file first, then the map that names it, then the index: a crash in between
-        // leaves an unmapped file, removed on the next change. Not fsynced: every record read
-        // from a hot chunk is CRC-checked.
-        write_atomic_with(&self.dir.join(key.file_name()), &bytes, false)?;
+        // leaves an unmapped file, removed on the next change.
+        file.publish().map_err(building)?;
         hot.insert(
             id,
             HotChunk {

@@ -1,0 +1,86 @@
+//! The one way a chunk file is built: created under a temporary name beside its final one,
+//! its header written, records appended, its footer (class table, field types) written, then
+//! sealed and renamed into place, as every file granary writes ([`crate::write`]). The bytes go
+//! through an [`AtomicFile`](crate::write::AtomicFile) (a pack's chunks, past the page cache;
+//! a tier's hot chunks, buffered) or an [`Appender`](crate::append::Appender) (the writer's
+//! chunks filled in the background); a chunk dropped before it is published leaves nothing.
+
+use std::collections::BTreeMap;
+use std::io;
+use std::path::{Path, PathBuf};
+
+use granary_format::{ChunkSummary, ChunkWriter, DirAttrs};
+
+use crate::write::{Pending, Seal};
+
+/// What a chunk's records are besides their bytes.
+pub enum Records {
+    /// Files or samples with nothing more.
+    Plain,
+    /// Files with their attributes, and these directories (what a snapshot's namespace
+    /// needs, so that it can be rebuilt from the chunks).
+    Attrs(Vec<DirAttrs>),
+    /// Samples with named fields (their types are given when the chunk is finished).
+    Fields,
+}
+
+/// A chunk file being built (see the module).
+pub struct ChunkFile<W: Seal> {
+    w: ChunkWriter<W>,
+    fields: bool,
+    tmp: PathBuf,
+}
+
+impl<W: Seal> ChunkFile<W> {
+    /// Starts chunk `id` of dataset `dataset_id` on `out`: writes its header.
+    pub fn create(out: W, dataset_id: [u8; 16], id: u32, records: Records) -> io::Result<Self> {
+        let fields = matches!(records, Records::Fields);
+        let tmp = out.tmp_path().to_path_buf();
+        let w = match records {
+            Records::Plain => ChunkWriter::new(out, dataset_id, id)?,
+            Records::Fields => ChunkWriter::with_fields(out, dataset_id, id)?,
+            Records::Attrs(dirs) => {
+                let mut w = ChunkWriter::with_attrs(out, dataset_id, id)?;
+                w.dirs(dirs)?;
+                w
+            }
+        };
+        Ok(ChunkFile { w, fields, tmp })
+    }
+
+    /// Where records are appended.
+    pub fn records(&mut self) -> &mut ChunkWriter<W> {
+        &mut self.w
+    }
+
+    /// The temporary name the chunk is written under, for errors.
+    pub fn tmp_path(&self) -> &Path {
+        &self.tmp
+    }
+
+    /// Writes the footer with the class table `classes` (and, for samples with fields, the
+    /// fields' `types`) and seals the file: whole and synced, not yet under its name, so that
+    /// a caller can decide (a tier makes room for it) before [`Pending::publish`].
+    pub fn finish<C: AsRef<[u8]>>(
+        mut self,
+        classes: &[C],
+        types: &BTreeMap<Vec<u8>, String>,
+    ) -> io::Result<(Pending, ChunkSummary)> {
+        if self.fields {
+            self.w.field_types(types)?;
+        }
+        let (out, summary) = self.w.finish(classes)?;
+        Ok((out.seal()?, summary))
+    }
+
+    /// [`ChunkFile::finish`], then the rename into place.
+    pub fn publish<C: AsRef<[u8]>>(
+        self,
+        classes: &[C],
+        types: &BTreeMap<Vec<u8>, String>,
+    ) -> io::Result<ChunkSummary> {
+        let (pending, summary) = self.finish(classes, types)?;
+        pending.publish()?;
+        Ok(summary)
+    }
+}
