@@ -1,7 +1,7 @@
 //! Everything the packer writes into a dataset goes through the store's write side
-//! ([`granary_store::write::AtomicFile`]): chunk files (the one [`write_chunk`], used by `pack`,
-//! the writer API and everything that feeds it), snapshots, parts, state files, and the final
-//! publish of the work directory.
+//! ([`granary_store::write::AtomicFile`]): chunk files (built as every chunk file is, by
+//! [`granary_store::chunk_file::ChunkFile`]: [`write_chunk`] for `pack` and the writer API),
+//! snapshots, parts, state files, and the final publish of the work directory.
 
 use std::collections::BTreeMap;
 use std::io::Write;

@@ -719,11 +719,10 @@ fn check_chunk_header(
     dataset_id: [u8; 16],
     id: u32,
 ) -> Result<(), PackError> {
-    use std::io::Read;
+    use granary_store::ChunkStore;
     let mut h = [0u8; CHUNK_HEADER_LEN];
-    std::fs::File::open(path)
-        .and_then(|mut f| f.read_exact(&mut h))
-        .map_err(|e| PackError::io("reading", path, e))?;
+    let src = granary_store::LocalDir::new(ds).open_chunk(id)?;
+    granary_store::verified::read_into(&src, 0, &mut h, &Default::default())?;
     let header = ChunkHeader::decode(&h).map_err(|e| PackError::Source {
         path: path.to_path_buf(),
         detail: e.to_string(),
