@@ -319,8 +319,9 @@ fn loader_options(func: &str, kw: &Bound<'_, PyDict>) -> PyResult<granary::Reade
         o.peer_secret = granary_store::auth::Secret::from_env().map_err(|e| err(e.into()))?;
     }
     if !backend_given {
-        // GRANARY_IO=uring|pread forces the backend, as `granary read` takes it.
-        if let Some(v) = std::env::var("GRANARY_IO").ok().filter(|v| !v.is_empty()) {
+        // GRANARY_IO=uring|pread forces the backend, as `granary read` takes it (set but
+        // empty, it is refused there, so here too).
+        if let Ok(v) = std::env::var("GRANARY_IO") {
             o.backend = v
                 .parse()
                 .map_err(|e| PyValueError::new_err(format!("GRANARY_IO={v}: {e}")))?;

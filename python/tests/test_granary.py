@@ -441,3 +441,16 @@ def test_every_reader_option_is_a_loader_keyword_with_the_librarys_default(packe
     assert sorted(len(s["data"]) for s in ds) == sorted(len(b) for b in files.values())
     with pytest.raises(ValueError, match="queue_depth"):
         granary.IterableDataset(path, queue_depth=0)
+
+
+def test_granary_io_is_taken_as_granary_read_takes_it(packed, monkeypatch):
+    """GRANARY_IO chooses the backend when the call does not; a value `granary read` refuses
+    (empty included) is refused here too, naming the variable."""
+    path, files = packed
+    monkeypatch.setenv("GRANARY_IO", "pread")
+    assert sum(1 for _ in granary.IterableDataset(path)) == len(files)
+    for bad in ("", "sideways"):
+        monkeypatch.setenv("GRANARY_IO", bad)
+        with pytest.raises(ValueError, match="GRANARY_IO"):
+            list(granary.IterableDataset(path))
+    assert sum(1 for _ in granary.IterableDataset(path, backend="pread")) == len(files)
