@@ -471,19 +471,9 @@ fn remove_owned_chunks(place: &Place, mode: &Mode) -> Result<(), PackError> {
         Mode::Shard(s) => id % s.count == s.index,
         Mode::Append { .. } => id >= place.ids.base,
     };
-    let rd =
-        std::fs::read_dir(&place.chunks).map_err(|e| PackError::io("listing", &place.chunks, e))?;
-    for e in rd {
-        let e = e.map_err(|e| PackError::io("listing", &place.chunks, e))?;
-        let name = e.file_name();
-        let name = name.to_string_lossy();
-        let id = parse_chunk_file_name(output::final_name(&name));
-        if id.is_some_and(owned) {
-            let p = e.path();
-            std::fs::remove_file(&p).map_err(|e| PackError::io("removing stale", &p, e))?;
-        }
-    }
-    Ok(())
+    output::remove_files_where(&place.chunks, |name, _| {
+        parse_chunk_file_name(output::final_name(name)).is_some_and(owned)
+    })
 }
 
 /// Walks (or lists) and stats the source, with a spinner saying `what`.

@@ -275,10 +275,22 @@ impl DatasetLock {
 /// Removes everything in `dir` (a build directory checked by [`check_replaceable`]) but keeps
 /// the directory itself, so the lock on it stays held.
 pub(crate) fn empty_dir(dir: &Path) -> Result<(), PackError> {
+    remove_files_where(dir, |_, _| true)
+}
+
+/// Removes the entries of `dir` for which `ours(name, is a regular file)` holds.
+pub(crate) fn remove_files_where(
+    dir: &Path,
+    ours: impl Fn(&str, bool) -> bool,
+) -> Result<(), PackError> {
     let entries = std::fs::read_dir(dir).map_err(|e| PackError::io("listing", dir, e))?;
     for e in entries {
-        let p = e.map_err(|e| PackError::io("listing", dir, e))?.path();
-        std::fs::remove_file(&p).map_err(|e| PackError::io("removing", &p, e))?;
+        let e = e.map_err(|e| PackError::io("listing", dir, e))?;
+        let is_file = e.file_type().is_ok_and(|t| t.is_file());
+        if ours(&e.file_name().to_string_lossy(), is_file) {
+            let p = e.path();
+            std::fs::remove_file(&p).map_err(|e| PackError::io("removing", &p, e))?;
+        }
     }
     Ok(())
 }

@@ -133,7 +133,6 @@ type PyArrayBatch<'py> = (
 pub(crate) struct Stream {
     inner: Mutex<Box<dyn SampleStream>>,
     len: usize,
-    cache: bool,
     /// Of a mixture: each source as the epoch was planned (what a resume state records).
     marks: Option<Vec<SourceMark>>,
 }
@@ -414,9 +413,6 @@ impl Stream {
             Ok(Stream {
                 inner: Mutex::new(Box::new(stream)),
                 len,
-                // A global epoch reads single records, never through the tier.
-                cache: reader.tier().is_some()
-                    && reader.options().shuffle != granary::ShuffleMode::Global,
                 marks: None,
             })
         };
@@ -466,7 +462,6 @@ impl Stream {
             Ok(Stream {
                 len: stream.len() as usize,
                 inner: Mutex::new(Box::new(stream)),
-                cache: config.cache_dir.is_some() && config.shuffle != granary::ShuffleMode::Global,
                 marks: Some(marks),
             })
         };
@@ -605,13 +600,6 @@ impl Stream {
         Ok(Some(t.into_pyobject(py)?))
     }
 
-    /// What other nodes' tiers served so far (with ``peers``): (samples, bytes); None without
-    /// a tier.
-    fn peer_hits(&self) -> Option<(u64, u64)> {
-        let p = self.layer("peers");
-        self.cache.then_some((p.served_samples, p.served_bytes))
-    }
-
     /// The I/O backend the stream reads with: "uring" or "pread".
     #[getter]
     fn backend(&self) -> &'static str {
@@ -649,30 +637,5 @@ impl Stream {
     fn waits<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let w = self.inner.lock().expect("stream lock").waits();
         pythonize::pythonize(py, &w).map_err(|e| PyValueError::new_err(format!("waits: {e}")))
-    }
-
-    /// Hits of the local tier so far: (samples from tier, samples from source, bytes from
-    /// tier, bytes from source); None without a tier.
-    fn cache_hits(&self) -> Option<(u64, u64, u64, u64)> {
-        let (t, o) = (self.layer("tier"), self.layer("origin"));
-        self.cache.then_some((
-            t.served_samples,
-            o.served_samples,
-            t.served_bytes,
-            o.served_bytes,
-        ))
-    }
-}
-
-impl Stream {
-    /// Layer `name`'s reading so far, summed over the stream's stacks (a mixture's sources).
-    fn layer(&self, name: &str) -> granary::MeterReading {
-        let mut r = granary::MeterReading::default();
-        for (layer, reading) in self.inner.lock().expect("stream lock").layers() {
-            if layer == name {
-                r += reading;
-            }
-        }
-        r
     }
 }

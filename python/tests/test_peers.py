@@ -40,7 +40,8 @@ def read(path, epoch, rank, tiers, addrs, **kw):
     s = granary.Stream(str(path), epoch, rank, 2, 0, 1, cache_dir=str(tiers[rank]),
                        cache_size=1 << 20, peers=addrs, peer_timeout=0.5, **kw)
     got = {i: bytes(d) for i, _, d, _, _ in s}
-    return got, s.peer_hits()
+    peers = [la for la in s.layers() if la["layer"] == "peers"]
+    return got, (sum(la["served_samples"] for la in peers), sum(la["served_bytes"] for la in peers))
 
 
 def test_a_rank_reads_the_other_nodes_tier_and_survives_its_death(packed, nodes):

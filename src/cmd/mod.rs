@@ -177,13 +177,6 @@ pub fn check_report_target(path: &Path) -> anyhow::Result<()> {
     Ok(granary_store::write::check_report_target(path)?)
 }
 
-/// Writes `text` to `path` whole (a textfile collector never reads half a file), as every
-/// file granary writes: see `granary_store::write::publish_report`.
-pub fn write_atomically(path: &Path, text: &str) -> anyhow::Result<()> {
-    granary_store::write::publish_report(path, text.as_bytes())
-        .map_err(|e| anyhow::anyhow!("writing {}: {e}", path.display()))
-}
-
 pub fn human_bytes(n: u64) -> String {
     const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
     let mut x = n as f64;

@@ -219,7 +219,9 @@ pub(super) fn report_epoch(
 ) -> anyhow::Result<()> {
     if let Some(path) = &a.metrics {
         let text = super::prometheus_text(r.epoch, r.samples, r.elapsed_s, &r.waits, &r.layers);
-        super::write_atomically(path, &text)?;
+        // Whole (a textfile collector never reads half a file), as every file granary writes.
+        granary_store::write::publish_report(path, text.as_bytes())
+            .map_err(|e| anyhow::anyhow!("writing {}: {e}", path.display()))?;
     }
     if !a.json {
         print_epoch(r, bill);

@@ -108,28 +108,19 @@ impl Writer {
             return output::empty_dir(dir);
         }
         let shard = self.opts.output.shard;
-        let entries = std::fs::read_dir(dir).map_err(|e| PackError::io("listing", dir, e))?;
-        for e in entries {
-            let e = e.map_err(|e| PackError::io("listing", dir, e))?;
-            let name = e.file_name();
-            let name = name.to_string_lossy();
-            let id = parse_chunk_file_name(output::final_name(&name));
-            let ours = match (shard, id) {
+        output::remove_files_where(dir, |name, is_file| {
+            let ours = match (shard, parse_chunk_file_name(output::final_name(name))) {
                 (Some(s), Some(id)) => id % s.count == s.index,
                 (None, Some(_)) => true,
                 (None, None) => {
-                    output::final_name(&name) == SNAPSHOT_FILE
+                    output::final_name(name) == SNAPSHOT_FILE
                         || name == "snapshot.tmp"
-                        || upload::parse_sent_name(&name).is_some()
+                        || upload::parse_sent_name(name).is_some()
                 }
                 (Some(_), None) => false,
             };
-            if ours && e.file_type().is_ok_and(|t| t.is_file()) {
-                let p = e.path();
-                std::fs::remove_file(&p).map_err(|e| PackError::io("removing stale", &p, e))?;
-            }
-        }
-        Ok(())
+            ours && is_file
+        })
     }
 
     /// The second pass: every spill log in turn, its records in their seeded order, cut into

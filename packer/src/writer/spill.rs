@@ -258,16 +258,7 @@ pub(super) fn spill_dir_of(out: &Path) -> Result<PathBuf, PackError> {
 
 /// Removes a writer's own files from `dir` (refusing anything else there).
 pub(super) fn clear_spill(dir: &Path) -> Result<(), PackError> {
-    let entries = std::fs::read_dir(dir).map_err(|e| PackError::io("listing", dir, e))?;
-    for e in entries {
-        let e = e.map_err(|e| PackError::io("listing", dir, e))?;
-        let name = e.file_name();
-        if name.to_str().is_some_and(spill_file) {
-            let p = e.path();
-            std::fs::remove_file(&p).map_err(|e| PackError::io("removing", &p, e))?;
-        }
-    }
-    Ok(())
+    crate::output::remove_files_where(dir, |name, _| spill_file(name))
 }
 
 /// A writer thread: takes samples off the queue, encodes them and appends them to their log.

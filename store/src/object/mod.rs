@@ -34,7 +34,7 @@ pub use runtime::block_on;
 pub use snapcache::{fetch_snapshot, snapshot_head};
 pub use uploads::{abort_open_uploads, OpenUploadInfo};
 pub(crate) use url::PeerLink;
-pub use url::{is_url, is_url_path, looks_like_url, ObjectUrl};
+pub use url::{is_url, looks_like_url, ObjectUrl};
 
 /// URL schemes granary reads (and, but for `http(s)`, writes).
 pub const SCHEMES: &[&str] = &["s3", "s3a", "gs", "az", "abfs", "abfss", "http", "https"];

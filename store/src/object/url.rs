@@ -1,7 +1,6 @@
 //! Object store URLs, and [`ObjectUrl`]: a dataset prefix in a store.
 
 use std::future::Future;
-use std::path::Path;
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -30,11 +29,6 @@ pub fn looks_like_url(s: &str) -> bool {
                 .chars()
                 .all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c))
     })
-}
-
-/// [`is_url`] for a path argument.
-pub fn is_url_path(p: &Path) -> bool {
-    p.to_str().is_some_and(is_url)
 }
 
 /// A dataset prefix in an object store: `scheme://bucket/prefix`.
