@@ -28,7 +28,7 @@ use crate::plan::{EpochPlan, ShuffleMode};
 use crate::waits::{plan_shares, read_shares, Phase, Timeline, WaitReport};
 use crate::window::{buffer_bytes, Prepared, Windows};
 use granary_store::local::Opener;
-use granary_store::tier::{Admission, Importance};
+use granary_store::tier::Importance;
 use granary_store::LocalTier;
 use granary_store::ReadPattern;
 use granary_store::{Access, IoMode, MeterReading, StoreStack};
@@ -345,26 +345,13 @@ impl EpochStream {
         // against the whole-file CRC.
         let mut w = Windows::new(ds.clone(), stack.clone(), mode, opts.range_gap);
         w.whole_files = cache.is_some();
-        w.admission = cache.as_ref().map(|c| {
-            let classes = ds.classes().unwrap_or_default();
-            Admission::start(
-                c.clone(),
-                classes.into_iter().map(<[u8]>::to_vec).collect(),
-                opts.memory / 4,
-                stack.meter("tier").unwrap_or_default(),
-                peers.clone(),
-            )
-        });
         let importance = opts.scores.clone().map(|scores| {
             let ds = ds.clone();
             Arc::new(crate::tier::Weighed { ds, scores }) as Arc<dyn Importance>
         });
-        // An importance tier with a score table holds hot chunks (re-packed samples).
-        w.hot = match (&importance, cache.is_some()) {
-            (Some(i), true) => stack.hot_chunks(i.clone(), opts.memory)?,
-            _ => None,
-        };
-        w.importance = importance;
+        let classes = ds.classes().unwrap_or_default();
+        let classes = classes.into_iter().map(<[u8]>::to_vec).collect();
+        w.feed = stack.tier_feed(classes, importance, opts.memory)?;
         Ok(w)
     }
 

@@ -1,7 +1,7 @@
-//! The dataset's samples weighed for the tier's admission (`Weighed`). The tier's storage itself (quota, policies,
-//! files, locking), admission into it (`granary_store::tier::Admission`) and its hot chunks
-//! (`granary_store::tier::HotChunks`) are the store's; reading from it is the
-//! [`crate::TierStore`] layer of the stream's stack.
+//! The dataset's samples weighed for the tier's admission (`Weighed`). The tier's storage
+//! itself (quota, policies, files, locking), what a stream's reads feed it with (admission
+//! and hot chunks: `granary_store::tier::TierFeed`) and reading from it (its layer of the
+//! stream's stack) are the store's.
 
 use std::sync::Arc;
 

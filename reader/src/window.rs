@@ -16,7 +16,7 @@ use crate::error::Result;
 use crate::io::{BufPool, Completed, Request};
 use crate::plan::ShuffleMode;
 use granary_store::engine::{Expect, Relocate};
-use granary_store::tier::{chunk_importance, Admission, HotChunks, Importance, Job};
+use granary_store::tier::TierFeed;
 use granary_store::StoreStack;
 use granary_store::{BytesFrom, DatasetId, Source};
 
@@ -69,12 +69,8 @@ pub(crate) struct Windows {
     files: HashMap<u32, Source>,
     /// Chunks whose header has been checked (or is checked with the window being read).
     checked: HashSet<u32>,
-    /// Hot chunks (an importance tier with scores).
-    pub(crate) hot: Option<HotChunks>,
-    /// Admission into the tier.
-    pub(crate) admission: Option<Admission>,
-    /// The samples' importance, which ranks whole chunks for admission without hot chunks.
-    pub(crate) importance: Option<Arc<dyn Importance>>,
+    /// What the window's reads feed the tier with (admission, hot chunks).
+    pub(crate) feed: Option<TierFeed>,
 }
 
 /// The read among `placed` (start, request; sorted by start) whose bytes hold record `e`.
@@ -179,9 +175,7 @@ impl Windows {
             whole_files: false,
             files: HashMap::new(),
             checked: HashSet::new(),
-            hot: None,
-            admission: None,
-            importance: None,
+            feed: None,
         }
     }
 
@@ -246,11 +240,8 @@ impl Windows {
     /// Per sample of `ids`: the hot chunk that holds it and where, if any (not for global
     /// plans, which read single records).
     fn in_hot(&mut self, ids: &[u64]) -> Vec<Option<(Source, u64)>> {
-        match (self.hot.as_mut(), self.mode == ShuffleMode::Global) {
-            (Some(h), false) => {
-                h.refresh();
-                ids.iter().map(|&id| h.locate(id)).collect()
-            }
+        match (self.feed.as_mut(), self.mode == ShuffleMode::Global) {
+            (Some(f), false) => f.hot_samples(ids),
             _ => vec![None; ids.len()],
         }
     }
@@ -275,7 +266,7 @@ impl Windows {
         for &(c, ce) in chunks {
             let needed = needed.get(&c).copied().unwrap_or(0);
             // A chunk whose window samples all come from hot chunks is not read.
-            if self.hot.is_some() && needed == 0 && !self.files.contains_key(&c) {
+            if self.has_hot() && needed == 0 && !self.files.contains_key(&c) {
                 continue;
             }
             let f = self.open(c)?;
@@ -294,7 +285,7 @@ impl Windows {
                     });
                 }
             } else if !f.whole_reads()
-                && (self.hot.is_some()
+                && (self.has_hot()
                     || (self.ds.view().is_some() && !self.whole_files && sparse(needed, &ce)))
             {
                 self.plan_ranges(plan, c, f, entries, in_hot);
@@ -503,62 +494,32 @@ impl Windows {
         for (from, samples, bytes) in served {
             self.stack.served(from, samples, bytes);
         }
-        let ds = &self.ds;
-        let admission = self.admission.as_ref();
+        let Some(feed) = self.feed.as_mut() else {
+            return;
+        };
         for &(c, i) in &prep.whole {
-            let bytes = bufs[i].data();
-            let Some(a) = admission.filter(|a| a.takes(&bufs[i])) else {
-                continue;
-            };
-            let Ok(ce) = ds.chunk(c) else { continue };
-            if let Some(h) = self.hot.as_mut() {
-                for id in ce.samples() {
-                    if let Ok(info) = ds.sample(id) {
-                        let e = info.entry;
-                        if let Some(rec) =
-                            bytes.get(e.offset as usize..(e.offset + e.stored_len) as usize)
-                        {
-                            h.harvest(id, rec, a);
-                        }
-                    }
-                }
-            } else {
-                let score = chunk_importance(&ce, self.importance.as_deref());
-                a.offer(Job::Chunk(ce, bufs[i].clone(), score));
-            }
+            feed.consumed_whole(c, &bufs[i]);
         }
-        // Every record inside a range read may belong in a hot chunk, drawn or not. Ranges
-        // of a chunk are consecutive in `prep.ranges`, sorted by offset.
-        if let Some(h) = self.hot.as_mut() {
-            for group in prep.ranges.chunk_by(|a, b| a.0 == b.0) {
-                let Ok(ce) = ds.chunk(group[0].0) else {
-                    continue;
-                };
-                for id in ce.samples() {
-                    let Ok(info) = ds.sample(id) else { continue };
-                    let e = info.entry;
-                    let k = group.partition_point(|&(_, _, start)| start <= e.offset);
-                    let Some(&(_, r, start)) = k.checked_sub(1).and_then(|k| group.get(k)) else {
-                        continue;
-                    };
-                    let at = (e.offset - start) as usize;
-                    let rec = bufs[r].data().get(at..at + e.stored_len as usize);
-                    if let (Some(rec), Some(a)) = (rec, admission.filter(|a| a.takes(&bufs[r]))) {
-                        h.harvest(id, rec, a);
-                    }
-                }
-            }
+        // Ranges of a chunk are consecutive in `prep.ranges`, sorted by offset.
+        for group in prep.ranges.chunk_by(|a, b| a.0 == b.0) {
+            let ranges: Vec<_> = group
+                .iter()
+                .map(|&(_, r, start)| (start, &bufs[r]))
+                .collect();
+            feed.consumed_ranges(group[0].0, &ranges);
         }
     }
 
-    /// The end of the epoch: hot records still waiting go to the tier, and admission finishes.
-    pub(crate) fn finish(mut self) {
-        if let (Some(h), Some(a)) = (self.hot.as_mut(), self.admission.as_ref()) {
-            h.flush(a);
+    /// The end of the epoch: what the tier was fed is admitted.
+    pub(crate) fn finish(self) {
+        if let Some(f) = self.feed {
+            f.finish();
         }
-        if let Some(a) = self.admission {
-            a.finish();
-        }
+    }
+
+    /// Whether hot chunks serve samples of the windows.
+    fn has_hot(&self) -> bool {
+        self.feed.as_ref().is_some_and(TierFeed::has_hot)
     }
 }
 

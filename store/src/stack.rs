@@ -14,7 +14,7 @@ use crate::meter::Metered;
 use crate::peers::{PeerStore, Peers};
 use crate::seam::{Access, BytesFrom, ChunkStore, Source};
 use crate::tier::fetch::{ChunkScore, Fetcher};
-use crate::tier::{HotChunks, Importance, LocalTier, TierStore};
+use crate::tier::{Admission, HotChunks, Importance, LocalTier, TierFeed, TierStore};
 
 /// The layers one reader reads through, built once per reader (a stream, a random-access
 /// reader, a mount).
@@ -22,6 +22,8 @@ use crate::tier::{HotChunks, Importance, LocalTier, TierStore};
 pub struct StoreStack {
     top: Arc<dyn ChunkStore>,
     tier: Option<Arc<TierStore>>,
+    /// The job's other nodes, when the tier is shared with them.
+    peers: Option<Arc<Peers>>,
     access: Access,
     /// Each layer's meter, top first.
     meters: Vec<(&'static str, Arc<Meter>)>,
@@ -59,7 +61,7 @@ impl StoreStack {
         let mut meters = Vec::new();
         let tuned = store.tuned(&access).unwrap_or_else(|| store.clone());
         let origin = metered(tuned, "origin", access.meter.clone(), &mut meters);
-        let below = match peers {
+        let below = match peers.clone() {
             Some(p) => {
                 let meter = Arc::new(Meter::default());
                 let peers = PeerStore::new(p, origin.clone(), chunks.clone(), meter.clone());
@@ -77,6 +79,7 @@ impl StoreStack {
         StoreStack {
             top: metered(tier.clone(), "tier", meter, &mut meters),
             tier: Some(tier),
+            peers,
             access,
             meters,
         }
@@ -90,6 +93,7 @@ impl StoreStack {
         StoreStack {
             top: origin,
             tier: None,
+            peers: None,
             access,
             meters,
         }
@@ -100,18 +104,37 @@ impl StoreStack {
         &self.top
     }
 
-    /// The hot chunks of the stack's tier for a reader with `memory` bytes of budget whose
-    /// samples weigh as `importance` says ([`HotChunks`]); `None` without a tier, or when the
-    /// tier keeps none (its policy is not importance, or no loss was reported yet).
-    pub fn hot_chunks(
+    /// What a stream's reads feed the stack's tier with ([`TierFeed`]): admission with at most
+    /// a quarter of `memory` (the stream's budget) of offers waiting, hot chunks carrying the
+    /// class table `classes` when the tier's policy is importance and `importance` (the
+    /// samples' scores) says something, whole chunks ranked by it otherwise. With peers, only
+    /// the copies this node keeps are admitted. `None` without a tier.
+    pub fn tier_feed(
         &self,
-        importance: Arc<dyn Importance>,
+        classes: Vec<Vec<u8>>,
+        importance: Option<Arc<dyn Importance>>,
         memory: u64,
-    ) -> crate::Result<Option<HotChunks>> {
-        match &self.tier {
-            Some(t) => HotChunks::open(t, importance, memory),
-            None => Ok(None),
-        }
+    ) -> crate::Result<Option<TierFeed>> {
+        let Some(t) = &self.tier else {
+            return Ok(None);
+        };
+        let hot = match &importance {
+            Some(i) => HotChunks::open(t, i.clone(), memory)?,
+            None => None,
+        };
+        let admission = Admission::start(
+            t.cache().clone(),
+            classes,
+            memory / 4,
+            self.meter("tier").unwrap_or_default(),
+            self.peers.clone(),
+        );
+        Ok(Some(TierFeed::new(
+            admission,
+            hot,
+            importance,
+            t.chunk_table(),
+        )))
     }
 
     /// Fetch on first touch into the stack's tier ([`TierStore::fetch_on_touch`]: a read that

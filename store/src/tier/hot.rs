@@ -126,7 +126,7 @@ impl HotChunks {
     }
 
     /// Picks up hot chunks admitted or evicted by any process since the last look.
-    pub fn refresh(&mut self) {
+    pub(crate) fn refresh(&mut self) {
         let v = self.cache.hot_map_version();
         if v != self.version {
             self.version = v;
@@ -139,7 +139,7 @@ impl HotChunks {
     /// Where the tier holds sample `id`: its hot chunk's source and the record's offset in
     /// it. (Its bytes are checked when read: a record that fails drops the hot chunk, and is
     /// read from its own chunk, [`crate::verified::Relocate`].)
-    pub fn locate(&mut self, id: u64) -> Option<(Source, u64)> {
+    pub(crate) fn locate(&mut self, id: u64) -> Option<(Source, u64)> {
         let (h, off) = *self.map.by_sample.get(&id)?;
         let f = match self.files.get(&h) {
             Some(f) => f.clone(),
@@ -164,26 +164,34 @@ impl HotChunks {
             && !self.harvested.contains(&id)
     }
 
-    /// Keeps a copy of sample `id`'s stored record if it belongs in a hot chunk; hands a full
-    /// batch to `admission`.
-    pub fn harvest(&mut self, id: u64, stored: &[u8], admission: &Admission) {
+    /// Keeps a copy of sample `id`'s stored record (what `record` finds for its entry, if
+    /// anything) if it belongs in a hot chunk; hands a full batch to `admission`.
+    pub(crate) fn harvest<'a>(
+        &mut self,
+        id: u64,
+        record: impl FnOnce(&SampleEntry) -> Option<&'a [u8]>,
+        admission: &Admission,
+    ) {
         let Ok((entry, path)) = self.importance.sample(id) else {
             return;
         };
         let len = entry.stored_len;
         let cost = len + HOT_RECORD_OVERHEAD + path.len() as u64;
-        if stored.len() as u64 != len || !self.wants(id, len, cost) {
+        if !self.wants(id, len, cost) {
             return;
         }
+        let Some(stored) = record(&entry).filter(|r| r.len() as u64 == len) else {
+            return;
+        };
+        let Some(source) = self.chunks.get(entry.chunk as usize) else {
+            return;
+        };
         let score = self.importance.score(id);
         if score / len.max(1) as f64 == self.threshold {
             self.tie_room -= cost;
         }
         self.harvested.insert(id);
         self.pending_bytes += cost;
-        let Some(source) = self.chunks.get(entry.chunk as usize) else {
-            return;
-        };
         self.pending.push(HotRecord {
             id,
             entry,
@@ -198,7 +206,7 @@ impl HotChunks {
     }
 
     /// Hands the records harvested so far to `admission`.
-    pub fn flush(&mut self, admission: &Admission) {
+    pub(crate) fn flush(&mut self, admission: &Admission) {
         if !self.pending.is_empty() {
             admission.offer(Job::Hot(std::mem::take(&mut self.pending), self.target));
         }

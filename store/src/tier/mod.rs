@@ -14,6 +14,7 @@
 //! reads another chunk's bytes under a reused name.
 
 mod admit;
+mod feed;
 pub mod fetch;
 mod files;
 mod hot;
@@ -33,10 +34,12 @@ use crate::file::IoFile;
 use crate::seam::{BytesFrom, ChunkSource, RangeRead};
 use crate::write::{AtomicFile, Durability};
 
-pub use admit::{Admission, Job, HOT_RECORD_OVERHEAD};
+pub(crate) use admit::{Admission, Job, HOT_RECORD_OVERHEAD};
+pub use feed::TierFeed;
 use files::*;
 pub use files::{decode_hot_map, decode_tier_index, lock_exclusive, write_atomic};
-pub use hot::{chunk_importance, HotChunks, Importance};
+pub(crate) use hot::HotChunks;
+pub use hot::{chunk_importance, Importance};
 pub use layer::TierStore;
 
 granary_format::named_enum! {
