@@ -341,9 +341,8 @@ impl Write for DirectOut {
 }
 
 /// A file being written under a temporary name, sealed (written whole and synced as its
-/// durability says) into a [`Pending`] rename: [`AtomicFile`], and the [`crate::append::Appender`]
-/// whose writes go to the device in the background. A chunk file is built on either
-/// ([`crate::chunk_file`]).
+/// durability says) into a [`Pending`] rename: [`AtomicFile`], and the appender (append.rs)
+/// whose writes go to the device in the background. A chunk file is built on either.
 pub trait Seal: Write {
     /// Writes what is left, syncs as the durability says, and hands the file to its rename.
     fn seal(self) -> io::Result<Pending>;
