@@ -72,10 +72,10 @@ pub use error::{ReadError, RecordError, Result};
 pub use extract::{extract, ExtractOptions, ExtractSummary};
 pub use granary_format::{Compression, FileAttrs, FileStat, FormatError, NsEntry, NO_LABEL};
 pub use granary_store::{
-    copy_file_name, decode_hot_map, decode_tier_index, hot_file_name, parse_copy_file_name,
-    resident_share, Access, ChunkSource, ChunkStore, DatasetId, IoMode, LocalDir, LocalTier,
-    MeterReading, Opener, Peers, RangeRead, ReadPattern, RemoteKind, Source, StoreConfig,
-    StoreError, TierPolicy,
+    copy_file_name, decode_hot_map, decode_tier_index, effective_memory, hot_file_name,
+    parse_copy_file_name, resident_share, Access, BytesFrom, ChunkSource, ChunkStore, DatasetId,
+    IoMode, LocalDir, LocalTier, MeterReading, Opener, Ownership, Peers, RangeRead, ReadPattern,
+    RemoteKind, Source, StoreConfig, StoreError, StoreStack, TierPolicy, TierStats,
 };
 pub use importance::{batch_weights, ImportanceScores, SharedScores};
 pub use mix::{

@@ -500,8 +500,10 @@ impl Windows {
         for &(c, i) in &prep.whole {
             feed.consumed_whole(c, &bufs[i]);
         }
-        // Ranges of a chunk are consecutive in `prep.ranges`, sorted by offset.
-        for group in prep.ranges.chunk_by(|a, b| a.0 == b.0) {
+        // Ranges of a chunk are consecutive in `prep.ranges`, sorted by offset; they feed only
+        // hot chunks.
+        let hot = feed.has_hot();
+        for group in prep.ranges.chunk_by(|a, b| a.0 == b.0).filter(|_| hot) {
             let ranges: Vec<_> = group
                 .iter()
                 .map(|&(_, r, start)| (start, &bufs[r]))

@@ -1,17 +1,18 @@
 //! The one way a chunk file is built: created under a temporary name beside its final one,
 //! its header written, records appended, its footer (class table, field types) written, then
 //! sealed and renamed into place, as every file granary writes ([`crate::write`]). The bytes go
-//! through an [`AtomicFile`](crate::write::AtomicFile) (a pack's chunks, past the page cache;
-//! a tier's hot chunks, buffered) or an [`Appender`](crate::append::Appender) (the writer's
-//! chunks filled in the background); a chunk dropped before it is published leaves nothing.
+//! through an [`AtomicFile`] (a pack's chunks, past the page cache), an
+//! [`Appender`](crate::append::Appender) (the writer's chunks filled in the background) or
+//! [`InMemory`] (a tier's hot chunks, written once the tier has made room for them); a chunk
+//! dropped before it is published leaves nothing.
 
 use std::collections::BTreeMap;
-use std::io;
+use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
 use granary_format::{ChunkSummary, ChunkWriter, DirAttrs};
 
-use crate::write::{Pending, Seal};
+use crate::write::{AtomicFile, Durability, Pending, Seal};
 
 /// What a chunk's records are besides their bytes.
 pub enum Records {
@@ -59,28 +60,71 @@ impl<W: Seal> ChunkFile<W> {
     }
 
     /// Writes the footer with the class table `classes` (and, for samples with fields, the
-    /// fields' `types`) and seals the file: whole and synced, not yet under its name, so that
-    /// a caller can decide (a tier makes room for it) before [`Pending::publish`].
+    /// fields' `types`); hands back the output, not sealed yet, so that a caller can decide
+    /// before the file is written or named (a tier makes room for a hot chunk built
+    /// [`InMemory`] first).
     pub fn finish<C: AsRef<[u8]>>(
         mut self,
         classes: &[C],
         types: &BTreeMap<Vec<u8>, String>,
-    ) -> io::Result<(Pending, ChunkSummary)> {
+    ) -> io::Result<(W, ChunkSummary)> {
         if self.fields {
             self.w.field_types(types)?;
         }
-        let (out, summary) = self.w.finish(classes)?;
-        Ok((out.seal()?, summary))
+        self.w.finish(classes)
     }
 
-    /// [`ChunkFile::finish`], then the rename into place.
+    /// [`ChunkFile::finish`], then sealed and renamed into place.
     pub fn publish<C: AsRef<[u8]>>(
         self,
         classes: &[C],
         types: &BTreeMap<Vec<u8>, String>,
     ) -> io::Result<ChunkSummary> {
-        let (pending, summary) = self.finish(classes, types)?;
-        pending.publish()?;
+        let (out, summary) = self.finish(classes, types)?;
+        out.seal()?.publish()?;
         Ok(summary)
+    }
+}
+
+/// A file gathered in memory and written (as an [`AtomicFile`]) only when sealed: for a file
+/// whose size decides whether it is written at all.
+pub struct InMemory {
+    path: PathBuf,
+    durability: Durability,
+    bytes: Vec<u8>,
+}
+
+impl InMemory {
+    /// `path`, to be written whole when sealed, synced as `durability` says.
+    pub fn new(path: &Path, durability: Durability) -> InMemory {
+        InMemory {
+            path: path.to_path_buf(),
+            durability,
+            bytes: Vec::new(),
+        }
+    }
+}
+
+impl io::Write for InMemory {
+    fn write(&mut self, b: &[u8]) -> io::Result<usize> {
+        self.bytes.extend_from_slice(b);
+        Ok(b.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Seal for InMemory {
+    fn seal(self) -> io::Result<Pending> {
+        let mut f = AtomicFile::create(&self.path, self.durability)?;
+        f.write_all(&self.bytes)?;
+        f.finish()
+    }
+
+    /// The final name (nothing is on disk before the file is sealed).
+    fn tmp_path(&self) -> &Path {
+        &self.path
     }
 }

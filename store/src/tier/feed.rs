@@ -75,7 +75,8 @@ impl TierFeed {
     }
 
     /// Ranges of chunk `chunk` were read: `(offset in the chunk, read)`, sorted by offset. With
-    /// hot chunks, every record inside them may belong in one, drawn or not.
+    /// hot chunks, every record inside them may belong in one, drawn or not (without, ranges
+    /// feed nothing: only whole chunks are admitted).
     pub fn consumed_ranges(&mut self, chunk: u32, ranges: &[(u64, &Arc<Completed>)]) {
         let (Some(h), Some(ce)) = (self.hot.as_mut(), self.chunks.get(chunk as usize)) else {
             return;

@@ -28,11 +28,11 @@ use crate::copy_name::{copy_file_name, parse_copy_file_name};
 use granary_format::{ChunkEntry, ChunkHeader, Compression, SampleEntry, CHUNK_HEADER_LEN};
 use serde::Serialize;
 
-use crate::chunk_file::{ChunkFile, Records};
+use crate::chunk_file::{ChunkFile, InMemory, Records};
 use crate::error::{Result, StoreError};
 use crate::file::IoFile;
 use crate::seam::{BytesFrom, ChunkSource, RangeRead};
-use crate::write::{AtomicFile, Durability};
+use crate::write::{Durability, Seal};
 
 pub(crate) use admit::{Admission, Job, HOT_RECORD_OVERHEAD};
 pub use feed::TierFeed;
@@ -857,8 +857,9 @@ impl LocalTier {
         let key = Key::Hot(id);
         let path = self.dir.join(key.file_name());
         let building = |e| StoreError::io("building", &path, e);
-        // Not fsynced: every record read from a hot chunk is CRC-checked.
-        let out = AtomicFile::create(&path, Durability::Rename).map_err(building)?;
+        // Built in memory: the tier makes room for it before it is written. Not fsynced: every
+        // record read from a hot chunk is CRC-checked.
+        let out = InMemory::new(&path, Durability::Rename);
         let mut f =
             ChunkFile::create(out, self.dataset_id, id, Records::Plain).map_err(building)?;
         let mut samples = Vec::with_capacity(fresh.len());
@@ -884,11 +885,11 @@ impl LocalTier {
         let per_byte = score / summary.file_size.max(1) as f64;
         if !self.make_room(&mut l, summary.file_size, per_byte)? {
             self.write_index(&l, true)?;
-            return Ok(0); // `file` goes unpublished
+            return Ok(0);
         }
         // The file first, then the map that names it, then the index: a crash in between
         // leaves an unmapped file, removed on the next change.
-        file.publish().map_err(building)?;
+        file.seal().and_then(|f| f.publish()).map_err(building)?;
         hot.insert(
             id,
             HotChunk {
