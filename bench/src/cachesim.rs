@@ -122,6 +122,18 @@ pub fn lru_theory(f: f64) -> f64 {
     }
 }
 
+/// The hit ratio of a `policy` cache of `capacity` items replaying `traces` (two epochs at
+/// least), over epochs 1.. (epoch 0 fills the cache).
+fn hit_ratio(policy: Policy, capacity: usize, traces: &[Vec<u64>]) -> f64 {
+    let mut c = Cache::new(policy, capacity);
+    let (warm, later) = traces.split_first().expect("two epochs at least");
+    for &k in warm {
+        c.access(k);
+    }
+    let hits = later.iter().flatten().filter(|&&k| c.access(k)).count();
+    hits as f64 / later.iter().map(Vec::len).sum::<usize>().max(1) as f64
+}
+
 /// Replays `epochs` epochs (the first only warms the cache) for each fraction.
 pub fn simulate(
     shape: &DatasetShape,
@@ -141,28 +153,14 @@ pub fn simulate(
         .iter()
         .map(|&f| {
             let capacity = ((items as f64) * f).round() as usize;
-            let ratio = |policy| {
-                let mut c = Cache::new(policy, capacity);
-                let (mut hits, mut total) = (0u64, 0u64);
-                for (e, t) in traces.iter().enumerate() {
-                    for &k in t {
-                        let hit = c.access(k);
-                        if e > 0 {
-                            hits += hit as u64;
-                            total += 1;
-                        }
-                    }
-                }
-                hits as f64 / total.max(1) as f64
-            };
             SimRow {
                 level,
                 fraction: f,
                 items,
                 capacity: capacity as u64,
-                lru: ratio(Policy::Lru),
+                lru: hit_ratio(Policy::Lru, capacity, &traces),
                 lru_theory: lru_theory(f),
-                static_: ratio(Policy::Static),
+                static_: hit_ratio(Policy::Static, capacity, &traces),
             }
         })
         .collect()
@@ -300,6 +298,31 @@ pub fn loss(seed: u64, id: u64, times_seen: u32, epoch: u64) -> f32 {
     (difficulty(seed, id) * (-0.3 * times_seen as f64).exp() * (1.0 + u / 10.0)) as f32
 }
 
+/// The losses of `batch` in `epoch`, each sample trained on once more (`seen` counts the times).
+pub(crate) fn batch_losses(seed: u64, batch: &[u64], seen: &mut [u32], epoch: u64) -> Vec<f32> {
+    batch
+        .iter()
+        .map(|&id| {
+            seen[id as usize] += 1;
+            loss(seed, id, seen[id as usize], epoch)
+        })
+        .collect()
+}
+
+/// The 10 % easiest of `n` samples (lowest [`difficulty`]; one at least).
+pub(crate) fn easiest(seed: u64, n: u64) -> Vec<u64> {
+    let mut v: Vec<u64> = (0..n).collect();
+    v.sort_by(|&a, &b| difficulty(seed, a).total_cmp(&difficulty(seed, b)));
+    v.truncate((n / 10).max(1) as usize);
+    v
+}
+
+/// The share of `easiest` that `samples` holds.
+pub(crate) fn share_seen(easiest: &[u64], samples: &[u64]) -> f64 {
+    let drawn: HashSet<u64> = samples.iter().copied().collect();
+    easiest.iter().filter(|id| drawn.contains(id)).count() as f64 / easiest.len() as f64
+}
+
 /// Simulates training with losses from the difficulty model: uniform chunk-wise epochs through
 /// LRU and static caches, and importance-sampled epochs (SHADE scores from the reported losses,
 /// the cache holding the highest-scoring samples, re-chosen each epoch with at most 10 % of the
@@ -312,29 +335,17 @@ pub fn simulate_losses(
     use granary::{ImportanceScores, Sampling};
     let n = shape.samples();
     let epochs = o.epochs.max(2);
-    let mut easiest: Vec<u64> = (0..n).collect();
-    easiest.sort_by(|&a, &b| difficulty(o.seed, a).total_cmp(&difficulty(o.seed, b)));
-    easiest.truncate((n / 10).max(1) as usize);
+    let easiest = easiest(o.seed, n);
+    let traces: Vec<Vec<u64>> = (0..epochs)
+        .map(|e| epoch_trace(shape, plan, e, Level::Sample))
+        .collect();
     o.fractions
         .iter()
         .map(|&f| {
             let capacity = ((n as f64) * f).round() as usize;
             // Uniform epochs through LRU and static.
-            let uniform = |policy| {
-                let mut c = Cache::new(policy, capacity);
-                let (mut hits, mut total) = (0u64, 0u64);
-                for e in 0..epochs {
-                    for &k in &epoch_trace(shape, plan, e, Level::Sample) {
-                        let hit = c.access(k);
-                        if e > 0 {
-                            hits += hit as u64;
-                            total += 1;
-                        }
-                    }
-                }
-                hits as f64 / total.max(1) as f64
-            };
-            let (lru, static_) = (uniform(Policy::Lru), uniform(Policy::Static));
+            let lru = hit_ratio(Policy::Lru, capacity, &traces);
+            let static_ = hit_ratio(Policy::Static, capacity, &traces);
             // Importance: scores from losses, cache = top scores, sampler favours the cache.
             let mut scores = ImportanceScores::new(n, 0.8);
             let mut seen = vec![0u32; n as usize];
@@ -360,20 +371,11 @@ pub fn simulate_losses(
                         hits += cached.contains(&id) as u64;
                         total += 1;
                     }
-                    let delivered: HashSet<u64> = p.samples.iter().copied().collect();
-                    easiest_seen += easiest.iter().filter(|id| delivered.contains(id)).count()
-                        as f64
-                        / easiest.len() as f64;
+                    easiest_seen += share_seen(&easiest, &p.samples);
                     max_weight = p.weights.iter().fold(max_weight, |m, &w| m.max(w as f64));
                 }
                 for batch in p.samples.chunks(o.batch.max(1)) {
-                    let losses: Vec<f32> = batch
-                        .iter()
-                        .map(|&id| {
-                            seen[id as usize] += 1;
-                            loss(o.seed, id, seen[id as usize], e)
-                        })
-                        .collect();
+                    let losses = batch_losses(o.seed, batch, &mut seen, e);
                     scores.report(batch, &losses).expect("ids in range");
                 }
                 // Placement for the next epoch: the highest scores, replacing at most 10 % of

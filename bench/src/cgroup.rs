@@ -74,6 +74,11 @@ impl MemoryCgroup {
         Ok(cg)
     }
 
+    /// The control file named `v2` in cgroup v2, `v1` in v1.
+    fn control(&self, v2: &str, v1: &str) -> PathBuf {
+        self.dir.join(if self.v2 { v2 } else { v1 })
+    }
+
     /// Writing a process id here moves that process into the cgroup.
     pub fn procs_file(&self) -> PathBuf {
         self.dir.join("cgroup.procs")
@@ -81,12 +86,7 @@ impl MemoryCgroup {
 
     /// The most memory the cgroup used, page cache included.
     pub fn peak_bytes(&self) -> Option<u64> {
-        let file = if self.v2 {
-            "memory.peak"
-        } else {
-            "memory.max_usage_in_bytes"
-        };
-        std::fs::read_to_string(self.dir.join(file))
+        std::fs::read_to_string(self.control("memory.peak", "memory.max_usage_in_bytes"))
             .ok()?
             .trim()
             .parse()
@@ -95,12 +95,7 @@ impl MemoryCgroup {
 
     /// True when the kernel's OOM killer killed a process of the cgroup.
     pub fn oom_killed(&self) -> bool {
-        let file = if self.v2 {
-            "memory.events"
-        } else {
-            "memory.oom_control"
-        };
-        std::fs::read_to_string(self.dir.join(file))
+        std::fs::read_to_string(self.control("memory.events", "memory.oom_control"))
             .ok()
             .and_then(|t| {
                 t.lines()

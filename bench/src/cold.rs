@@ -36,16 +36,11 @@ pub fn make_cold_with(mode: ColdMode, trees: &[&Path]) -> Option<ColdMethod> {
     match mode {
         ColdMode::None => None,
         ColdMode::Auto => Some(make_cold(trees)),
-        ColdMode::Drop => {
-            rustix::fs::sync();
-            Some(
-                if std::fs::write("/proc/sys/vm/drop_caches", b"3\n").is_ok() {
-                    ColdMethod::DropCaches
-                } else {
-                    ColdMethod::None
-                },
-            )
-        }
+        ColdMode::Drop => Some(if drop_caches() {
+            ColdMethod::DropCaches
+        } else {
+            ColdMethod::None
+        }),
         ColdMode::Fadvise => Some(fadvise_all(trees)),
     }
 }
@@ -71,9 +66,15 @@ fn fadvise_all(trees: &[&Path]) -> ColdMethod {
 /// Drops the page cache; where that is not permitted, evicts every file under `trees` with
 /// `posix_fadvise(DONTNEED)`. Returns what worked.
 pub fn make_cold(trees: &[&Path]) -> ColdMethod {
-    rustix::fs::sync();
-    if std::fs::write("/proc/sys/vm/drop_caches", b"3\n").is_ok() {
-        return ColdMethod::DropCaches;
+    if drop_caches() {
+        ColdMethod::DropCaches
+    } else {
+        fadvise_all(trees)
     }
-    fadvise_all(trees)
+}
+
+/// `sync; echo 3 > /proc/sys/vm/drop_caches`: whether it was permitted.
+fn drop_caches() -> bool {
+    rustix::fs::sync();
+    std::fs::write("/proc/sys/vm/drop_caches", b"3\n").is_ok()
 }

@@ -16,7 +16,7 @@ use granary_format::SplitMix64;
 use serde::Serialize;
 
 use crate::cold::{make_cold_with, ColdMethod, ColdMode};
-use crate::readbench::cpu_seconds;
+use crate::readbench::{cpu_seconds, over_files, percentile};
 
 /// What to compare.
 #[derive(Clone, Debug)]
@@ -159,6 +159,16 @@ pub struct CompareResult {
 /// checksummed in the pass; the files mapped and populated before, checksummed in the pass),
 /// the best of three passes each (MB/s).
 pub fn crc_ceiling(packed: &Path, k: u32) -> Result<(f64, f64), String> {
+    // MB/s of one pass of `per_file` over `items`.
+    fn pass<P: Sync>(
+        items: &[P],
+        k: u32,
+        per_file: impl Fn(&P) -> Result<u64, String> + Sync,
+    ) -> Result<f64, String> {
+        let t = Instant::now();
+        let total = over_files(items, k as usize, per_file)?;
+        Ok(total as f64 / 1e6 / t.elapsed().as_secs_f64())
+    }
     let ds = Dataset::open(packed).map_err(|e| e.to_string())?;
     let files: Vec<PathBuf> = (0..ds.chunk_count() as u32)
         .map(|c| ds.chunk_path(c))
@@ -169,45 +179,24 @@ pub fn crc_ceiling(packed: &Path, k: u32) -> Result<(f64, f64), String> {
         let _ = m.advise(memmap2::Advice::PopulateRead);
         Ok(m)
     };
-    let made = || -> Result<f64, String> {
-        let t = Instant::now();
-        let total = crate::readbench::over_files(&files, k as usize, |p| {
-            let m = map(p)?;
-            std::hint::black_box(crc32fast::hash(&m));
-            Ok(m.len() as u64)
-        })?;
-        Ok(total as f64 / 1e6 / t.elapsed().as_secs_f64())
+    let crc = |m: &[u8]| {
+        std::hint::black_box(crc32fast::hash(m));
+        Ok(m.len() as u64)
     };
     let maps = files
         .iter()
         .map(|p| map(p))
         .collect::<Result<Vec<_>, _>>()?;
-    let kept = || -> Result<f64, String> {
-        let t = Instant::now();
-        let total = crate::readbench::over_files(&maps, k as usize, |m| {
-            std::hint::black_box(crc32fast::hash(m));
-            Ok(m.len() as u64)
-        })?;
-        Ok(total as f64 / 1e6 / t.elapsed().as_secs_f64())
-    };
     let (mut best_made, mut best_kept): (f64, f64) = (0.0, 0.0);
     for _ in 0..3 {
-        best_made = best_made.max(made()?);
-        best_kept = best_kept.max(kept()?);
+        best_made = best_made.max(pass(&files, k, |p| crc(&map(p)?))?);
+        best_kept = best_kept.max(pass(&maps, k, |m| crc(m))?);
     }
     Ok((best_made, best_kept))
 }
 
 fn digest_term(path: &[u8], crc: u32) -> u64 {
     SplitMix64::keyed(&[granary_format::path_hash(path), crc as u64]).next_u64()
-}
-
-fn percentile(sorted: &[f64], q: f64) -> f64 {
-    if sorted.is_empty() {
-        0.0
-    } else {
-        sorted[((sorted.len() - 1) as f64 * q).round() as usize]
-    }
 }
 
 /// What one worker delivered.
@@ -251,6 +240,20 @@ impl WorkerOut {
     }
 }
 
+/// Runs `work` over each of `shares` on a thread of its own (named `name` in a panic); the
+/// results in order.
+fn on_threads<S: Send, T: Send>(
+    shares: impl Iterator<Item = S>,
+    name: &str,
+    work: impl Fn(S) -> T + Sync,
+) -> Vec<T> {
+    std::thread::scope(|s| {
+        let work = &work;
+        let handles: Vec<_> = shares.map(|x| s.spawn(move || work(x))).collect();
+        handles.into_iter().map(|h| h.join().expect(name)).collect()
+    })
+}
+
 /// Folds the workers' results into `s` and computes rates and percentiles; the paths of
 /// samples known by id come from `path` once the clock stopped.
 fn fold<E>(
@@ -275,11 +278,6 @@ fn fold<E>(
         s.metadata_ops += w.metadata_ops;
         lat.extend(w.latencies_us);
     }
-    Ok(finish(s, lat, digest))
-}
-
-fn finish(mut s: SideEpoch, lat: Vec<f64>, digest: u64) -> SideEpoch {
-    let mut lat = lat;
     lat.sort_by(f64::total_cmp);
     s.samples_per_s = s.samples as f64 / s.elapsed_s.max(1e-9);
     s.mb_per_s = s.bytes as f64 / 1e6 / s.elapsed_s.max(1e-9);
@@ -287,7 +285,7 @@ fn finish(mut s: SideEpoch, lat: Vec<f64>, digest: u64) -> SideEpoch {
     s.latency_p99_us = percentile(&lat, 0.99);
     s.latencies_us = lat;
     s.digest = format!("{digest:016x}");
-    s
+    Ok(s)
 }
 
 /// Lists an ImageFolder tree as torchvision does: class directories sorted by name, files
@@ -325,35 +323,28 @@ fn raw_epoch(o: &CompareOptions, epoch: u64) -> std::io::Result<SideEpoch> {
     let t = Instant::now();
     let k = o.workers.max(1) as usize;
     let per = files.len().div_ceil(k).max(1);
-    let results: Vec<std::io::Result<WorkerOut>> = std::thread::scope(|s| {
-        let handles: Vec<_> = files
-            .chunks(per)
-            .map(|share| {
-                s.spawn(move || -> std::io::Result<WorkerOut> {
-                    let mut out = WorkerOut::default();
-                    let mut buf = Vec::new();
-                    for rel in share {
-                        let t0 = Instant::now();
-                        let p = o.raw.join(std::ffi::OsStr::from_bytes(rel));
-                        let mut f = std::fs::File::open(&p)?;
-                        let len = f.metadata()?.len();
-                        buf.clear();
-                        buf.reserve(len as usize);
-                        f.read_to_end(&mut buf)?;
-                        drop(f);
-                        let waited = t0.elapsed();
-                        let crc = out.checksum(&buf);
-                        out.add(rel, buf.len(), crc, waited);
-                    }
-                    Ok(out)
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().expect("raw worker"))
-            .collect()
-    });
+    let results = on_threads(
+        files.chunks(per),
+        "raw worker",
+        |share| -> std::io::Result<_> {
+            let mut out = WorkerOut::default();
+            let mut buf = Vec::new();
+            for rel in share {
+                let t0 = Instant::now();
+                let p = o.raw.join(std::ffi::OsStr::from_bytes(rel));
+                let mut f = std::fs::File::open(&p)?;
+                let len = f.metadata()?.len();
+                buf.clear();
+                buf.reserve(len as usize);
+                f.read_to_end(&mut buf)?;
+                drop(f);
+                let waited = t0.elapsed();
+                let crc = out.checksum(&buf);
+                out.add(rel, buf.len(), crc, waited);
+            }
+            Ok(out)
+        },
+    );
     let files_read: u64 = files.len() as u64;
     // Per file: open and fstat (as Python's open() does), on top of the listing.
     let s = SideEpoch {
@@ -382,37 +373,25 @@ fn granary_epoch(o: &CompareOptions, epoch: u64) -> granary::Result<SideEpoch> {
     let startup_s = t.elapsed().as_secs_f64();
     let t = Instant::now();
     let k = o.workers.max(1);
-    let results: Vec<granary::Result<WorkerOut>> = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..k)
-            .map(|w| {
-                let ds = &ds;
-                let setup = &setup;
-                s.spawn(move || -> granary::Result<WorkerOut> {
-                    let shard = Shard {
-                        rank: 0,
-                        world_size: 1,
-                        worker: w,
-                        num_workers: k,
-                    };
-                    let mut st = setup.stream(ds.clone(), epoch, shard, None)?;
-                    let mut out = WorkerOut::default();
-                    let mut t0 = Instant::now();
-                    for sample in st.by_ref() {
-                        let sample = sample?;
-                        // The CRC-32 the reader verified over the delivered bytes.
-                        let (len, crc) = (sample.data().len(), sample.crc32());
-                        out.add_id(sample.id, len, crc, t0.elapsed());
-                        t0 = Instant::now();
-                    }
-                    out.metadata_ops = st.layers().iter().map(|l| l.1.metadata_ops).sum();
-                    Ok(out)
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().expect("granary worker"))
-            .collect()
+    let results = on_threads(0..k, "granary worker", |w| -> granary::Result<_> {
+        let shard = Shard {
+            rank: 0,
+            world_size: 1,
+            worker: w,
+            num_workers: k,
+        };
+        let mut st = setup.stream(ds.clone(), epoch, shard, None)?;
+        let mut out = WorkerOut::default();
+        let mut t0 = Instant::now();
+        for sample in st.by_ref() {
+            let sample = sample?;
+            // The CRC-32 the reader verified over the delivered bytes.
+            let (len, crc) = (sample.data().len(), sample.crc32());
+            out.add_id(sample.id, len, crc, t0.elapsed());
+            t0 = Instant::now();
+        }
+        out.metadata_ops = st.layers().iter().map(|l| l.1.metadata_ops).sum();
+        Ok(out)
     });
     let s = SideEpoch {
         epoch,
@@ -464,12 +443,9 @@ pub fn resident_share(root: &Path) -> Result<f64, String> {
     for e in walkdir::WalkDir::new(root) {
         let e = e.map_err(|e| e.to_string())?;
         if e.file_type().is_file() {
-            let f = std::fs::File::open(e.path())
-                .map_err(|x| format!("{}: {x}", e.path().display()))?;
-            let len = f
-                .metadata()
-                .map_err(|x| format!("{}: {x}", e.path().display()))?
-                .len();
+            let at = |x: std::io::Error| format!("{}: {x}", e.path().display());
+            let f = std::fs::File::open(e.path()).map_err(at)?;
+            let len = f.metadata().map_err(at)?.len();
             held += granary_store::local::resident_share(&f, len) * len as f64;
             total += len as f64;
         }
@@ -501,27 +477,18 @@ fn side_process(
     epoch: u64,
     limit: Option<u64>,
 ) -> Result<SideEpoch, String> {
-    let mut args: Vec<std::ffi::OsString> = vec![
-        "bench".into(),
-        "compare-side".into(),
-        "--side".into(),
-        match side {
-            Side::Raw => "raw",
-            Side::Granary => "granary",
-        }
-        .into(),
-        "--raw".into(),
-        o.raw.clone().into(),
-        "--packed".into(),
-        o.packed.clone().into(),
-        "--workers".into(),
-        o.workers.to_string().into(),
-        "--epoch".into(),
-        epoch.to_string().into(),
-        "--seed".into(),
-        o.seed.to_string().into(),
-        "--io".into(),
-        format!("{:?}", o.io).to_lowercase().into(),
+    let side_name = match side {
+        Side::Raw => "raw",
+        Side::Granary => "granary",
+    };
+    let flags: [(&str, std::ffi::OsString); 7] = [
+        ("--side", side_name.into()),
+        ("--raw", o.raw.clone().into()),
+        ("--packed", o.packed.clone().into()),
+        ("--workers", o.workers.to_string().into()),
+        ("--epoch", epoch.to_string().into()),
+        ("--seed", o.seed.to_string().into()),
+        ("--io", o.io.name().into()),
     ];
     let cgroup = match limit {
         Some(l) => Some(crate::cgroup::MemoryCgroup::create(l)?),
@@ -540,7 +507,12 @@ fn side_process(
         None => std::process::Command::new(exe),
     };
     let out = cmd
-        .args(&mut args)
+        .args(["bench", "compare-side"])
+        .args(
+            flags
+                .iter()
+                .flat_map(|(f, v)| [std::ffi::OsStr::new(f), v.as_os_str()]),
+        )
         .stderr(std::process::Stdio::inherit())
         .output()
         .map_err(|e| format!("running {}: {e}", exe.display()))?;
@@ -568,7 +540,6 @@ fn side_process(
 
 /// Runs `epochs` epochs of each side in every state asked for, raw first.
 pub fn run(o: &CompareOptions) -> Result<CompareResult, String> {
-    let mut ceilings = Vec::new();
     let mut raw_epochs = Vec::new();
     let mut granary_epochs = Vec::new();
     let states = if o.states.is_empty() {
@@ -627,7 +598,10 @@ pub fn run(o: &CompareOptions) -> Result<CompareResult, String> {
             granary_epochs.push(one(Side::Granary)?);
         }
     }
-    ceilings.extend(granary_epochs.iter().filter_map(|g| g.ceiling_mb_per_s));
+    let mut ceilings: Vec<f64> = granary_epochs
+        .iter()
+        .filter_map(|g| g.ceiling_mb_per_s)
+        .collect();
     ceilings.sort_by(f64::total_cmp);
     let crc_ceiling_mb_per_s = ceilings.get(ceilings.len() / 2).copied();
     let ratios: Vec<f64> = raw_epochs

@@ -65,24 +65,21 @@ pub struct HitBenchResult {
 /// differ), with `extra` arguments.
 fn run_group(o: &HitBenchOptions, n: u32, extra: &[std::ffi::OsString]) -> Result<HitSide, String> {
     let start = Instant::now();
-    let mut children = Vec::new();
-    for i in 0..n {
-        let child = Command::new(&o.exe)
-            .arg("read")
-            .arg(&o.dataset)
-            .args(["--json", "--seed", &i.to_string()])
-            .args(["--epochs", &o.epochs.to_string()])
-            .args(extra)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .map_err(|e| format!("starting {}: {e}", o.exe.display()))?;
-        children.push(child);
-    }
-    let mut outs = Vec::new();
-    for c in children {
-        outs.push(c.wait_with_output());
-    }
+    let children = (0..n)
+        .map(|i| {
+            Command::new(&o.exe)
+                .arg("read")
+                .arg(&o.dataset)
+                .args(["--json", "--seed", &i.to_string()])
+                .args(["--epochs", &o.epochs.to_string()])
+                .args(extra)
+                .stdout(Stdio::piped())
+                .stderr(Stdio::inherit())
+                .spawn()
+                .map_err(|e| format!("starting {}: {e}", o.exe.display()))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let outs: Vec<_> = children.into_iter().map(|c| c.wait_with_output()).collect();
     let wall = start.elapsed().as_secs_f64();
     let (mut bytes, mut samples, mut hit_bytes) = (0u64, 0u64, 0f64);
     let mut all_hits = true;
@@ -115,10 +112,8 @@ fn run_group(o: &HitBenchOptions, n: u32, extra: &[std::ffi::OsString]) -> Resul
 pub fn run(o: &HitBenchOptions) -> Result<HitBenchResult, String> {
     let ds = Dataset::open(&o.dataset).map_err(|e| e.to_string())?;
     let chunks = ds.chunk_count();
-    let mut total = 0u64;
-    for c in 0..chunks as u32 {
-        total += ds.chunk(c).map_err(|e| e.to_string())?.file_size;
-    }
+    let files = crate::readbench::chunk_files(&ds).map_err(|e| e.to_string())?;
+    let total: u64 = files.iter().map(|f| f.1).sum();
     let quota = total + total / 10 + (64 << 20);
     let id = ds.snapshot().dataset_id();
     let tier = LocalTier::open(&o.dir, id, quota, TierPolicy::Static).map_err(|e| e.to_string())?;
@@ -156,9 +151,9 @@ pub fn run(o: &HitBenchOptions) -> Result<HitBenchResult, String> {
             }
         }
         let side = |runs: &[HitSide]| HitSide {
-            mb_per_s: median(&runs.iter().map(|r| r.mb_per_s).collect::<Vec<_>>()),
-            samples_per_s: median(&runs.iter().map(|r| r.samples_per_s).collect::<Vec<_>>()),
-            wall_s: median(&runs.iter().map(|r| r.wall_s).collect::<Vec<_>>()),
+            mb_per_s: median(runs.iter().map(|r| r.mb_per_s)),
+            samples_per_s: median(runs.iter().map(|r| r.samples_per_s)),
+            wall_s: median(runs.iter().map(|r| r.wall_s)),
             byte_hit_ratio: runs
                 .iter()
                 .try_fold(1f64, |m, r| Some(m.min(r.byte_hit_ratio?))),

@@ -9,6 +9,7 @@ use granary_packer::{PackOptions, SplitMix64};
 use serde::Serialize;
 
 use crate::cold::{make_cold, ColdMethod};
+use crate::readbench::{median, percentile};
 
 /// What to measure.
 #[derive(Clone, Debug)]
@@ -93,8 +94,8 @@ pub fn run(opts: &PackBenchOptions) -> Result<PackBenchResult, String> {
         granary_runs_s.push(t.elapsed().as_secs_f64());
     }
     let s = summary.expect("at least one run");
-    let tar_s = median(&mut tar_runs_s.clone());
-    let granary_s = median(&mut granary_runs_s.clone());
+    let tar_s = median(&tar_runs_s);
+    let granary_s = median(&granary_runs_s);
 
     let snapshot = opts.out.join(granary_format::SNAPSHOT_FILE);
     let snapshot_bytes = std::fs::metadata(&snapshot).map(|m| m.len()).unwrap_or(0);
@@ -103,7 +104,7 @@ pub fn run(opts: &PackBenchOptions) -> Result<PackBenchResult, String> {
     let ds = granary::Dataset::open(&opts.out).map_err(|e| e.to_string())?;
     let open_cold_ms = t.elapsed().as_secs_f64() * 1e3;
     drop(ds);
-    let mut opens: Vec<f64> = (0..200)
+    let opens: Vec<f64> = (0..200)
         .map(|_| {
             let t = Instant::now();
             let ds = granary::Dataset::open(&opts.out);
@@ -132,22 +133,10 @@ pub fn run(opts: &PackBenchOptions) -> Result<PackBenchResult, String> {
         chunks: s.chunks,
         snapshot_bytes,
         open_cold_ms,
-        open_warm_median_us: median(&mut opens),
+        open_warm_median_us: median(&opens),
         lookup_median_ns,
         lookup_p99_ns,
     })
-}
-
-fn median(v: &mut [f64]) -> f64 {
-    percentile(v, 0.5)
-}
-
-fn percentile(v: &mut [f64], q: f64) -> f64 {
-    if v.is_empty() {
-        return 0.0;
-    }
-    v.sort_by(f64::total_cmp);
-    v[((v.len() - 1) as f64 * q).round() as usize]
 }
 
 /// Looks up `n` random existing paths in batches of 256; returns the median and 99th percentile
@@ -177,7 +166,8 @@ fn time_lookups(ds: &granary::Dataset, n: u64) -> Result<(f64, f64), String> {
     if found != n {
         return Err(format!("only {found} of {n} lookups found their path"));
     }
-    Ok((median(&mut per), percentile(&mut per, 0.99)))
+    per.sort_by(f64::total_cmp);
+    Ok((percentile(&per, 0.5), percentile(&per, 0.99)))
 }
 
 fn runs(v: &[f64]) -> String {

@@ -57,7 +57,7 @@ pub struct ReadBenchResult {
     pub defaults_vs_page_cache: f64,
 }
 
-fn chunk_files(ds: &Dataset) -> granary::Result<Vec<(PathBuf, u64)>> {
+pub(crate) fn chunk_files(ds: &Dataset) -> granary::Result<Vec<(PathBuf, u64)>> {
     (0..ds.chunk_count() as u32)
         .map(|c| Ok((ds.chunk_path(c), ds.chunk(c)?.file_size)))
         .collect()
@@ -192,15 +192,20 @@ fn fio(dir: &Path, files: &[(PathBuf, u64)], depth: usize) -> Option<f64> {
     Some(bw / 1e6)
 }
 
-/// The middle value (the upper one of an even count), 0 for none.
-pub(crate) fn median(v: &[f64]) -> f64 {
-    let mut v = v.to_vec();
-    v.sort_by(f64::total_cmp);
-    if v.is_empty() {
+/// The value at quantile `q` of `sorted` (the nearest rank), 0 for none.
+pub fn percentile(sorted: &[f64], q: f64) -> f64 {
+    if sorted.is_empty() {
         0.0
     } else {
-        v[v.len() / 2]
+        sorted[((sorted.len() - 1) as f64 * q).round() as usize]
     }
+}
+
+/// The middle value (the upper one of an even count), 0 for none.
+pub(crate) fn median<T: std::borrow::Borrow<f64>>(v: impl IntoIterator<Item = T>) -> f64 {
+    let mut v: Vec<f64> = v.into_iter().map(|x| *x.borrow()).collect();
+    v.sort_by(f64::total_cmp);
+    percentile(&v, 0.5)
 }
 
 /// The reference sides' runs: MB/s (and CPU seconds per GB) of the engine's direct
@@ -328,8 +333,7 @@ pub fn run(o: &ReadBenchOptions) -> Result<ReadBenchResult, String> {
     } = refs;
     let base = median(&seq_runs).max(median(&fio_runs));
     // The defaults are the first of granary_sides.
-    let defaults_vs_page_cache =
-        median(&g_runs[0].iter().map(|r| r.mb_per_s).collect::<Vec<_>>()) / median(&pc_runs);
+    let defaults_vs_page_cache = median(g_runs[0].iter().map(|r| r.mb_per_s)) / median(&pc_runs);
     let side = |name: String, runs: Vec<f64>, samples_per_s: f64, cpu_s_per_gb: Option<f64>| {
         let m = median(&runs);
         Side {
@@ -368,13 +372,8 @@ pub fn run(o: &ReadBenchOptions) -> Result<ReadBenchResult, String> {
     }
     for ((name, _, _, _), runs) in granary_sides.iter().zip(g_runs) {
         let mbs: Vec<f64> = runs.iter().map(|r| r.mb_per_s).collect();
-        let sps = median(&runs.iter().map(|r| r.samples_per_s).collect::<Vec<_>>());
-        let cpu = median(
-            &runs
-                .iter()
-                .map(|r| r.cpu_s / (r.bytes as f64 / 1e9))
-                .collect::<Vec<_>>(),
-        );
+        let sps = median(runs.iter().map(|r| r.samples_per_s));
+        let cpu = median(runs.iter().map(|r| r.cpu_s / (r.bytes as f64 / 1e9)));
         sides.push(side(name.to_string(), mbs, sps, Some(cpu)));
     }
     Ok(ReadBenchResult {

@@ -27,33 +27,39 @@ fn esc(s: &str) -> String {
         .replace('>', "&gt;")
 }
 
+/// A `<line>` from (x1, y1) to (x2, y2) with the attributes `style`.
+fn line(svg: &mut String, (x1, y1): (f64, f64), (x2, y2): (f64, f64), style: &str) {
+    let _ = writeln!(
+        svg,
+        "<line x1=\"{x1}\" y1=\"{y1}\" x2=\"{x2}\" y2=\"{y2}\" {style}/>"
+    );
+}
+
+/// A `<text>` at (x, y) anchored at its `anchor` (`middle`, `end`); `body` is not escaped.
+fn text(svg: &mut String, x: f64, y: f64, anchor: &str, body: &str) {
+    let _ = writeln!(
+        svg,
+        "<text x=\"{x}\" y=\"{y}\" text-anchor=\"{anchor}\">{body}</text>"
+    );
+}
+
+/// A filled `<rect>`.
+fn rect(svg: &mut String, x: f64, y: f64, width: f64, height: f64, fill: &str) {
+    let _ = writeln!(
+        svg,
+        "<rect x=\"{x}\" y=\"{y}\" width=\"{width}\" height=\"{height}\" fill=\"{fill}\"/>"
+    );
+}
+
 fn axes(svg: &mut String, ymax: f64, ylabel: &str) {
     let (x0, y0, y1) = (M, H - M, M);
-    let _ = writeln!(
-        svg,
-        "<line x1=\"{x0}\" y1=\"{y0}\" x2=\"{}\" y2=\"{y0}\" stroke=\"black\"/>",
-        W - 20.0
-    );
-    let _ = writeln!(
-        svg,
-        "<line x1=\"{x0}\" y1=\"{y0}\" x2=\"{x0}\" y2=\"{y1}\" stroke=\"black\"/>"
-    );
+    line(svg, (x0, y0), (W - 20.0, y0), "stroke=\"black\"");
+    line(svg, (x0, y0), (x0, y1), "stroke=\"black\"");
     for i in 0..=4 {
         let v = ymax * i as f64 / 4.0;
         let y = y0 - (y0 - y1) * i as f64 / 4.0;
-        let _ = writeln!(
-            svg,
-            "<line x1=\"{}\" y1=\"{y}\" x2=\"{}\" y2=\"{y}\" stroke=\"#ddd\"/>",
-            x0 + 1.0,
-            W - 20.0
-        );
-        let _ = writeln!(
-            svg,
-            "<text x=\"{}\" y=\"{}\" text-anchor=\"end\">{}</text>",
-            x0 - 6.0,
-            y + 4.0,
-            fmt_num(v)
-        );
+        line(svg, (x0 + 1.0, y), (W - 20.0, y), "stroke=\"#ddd\"");
+        text(svg, x0 - 6.0, y + 4.0, "end", &fmt_num(v));
     }
     let _ = writeln!(
         svg,
@@ -79,11 +85,7 @@ fn legend(svg: &mut String, top: f64, items: &[(&str, &str)]) {
     for (i, (name, color)) in items.iter().enumerate() {
         let x = W - 200.0;
         let y = top + 18.0 * i as f64;
-        let _ = writeln!(
-            svg,
-            "<rect x=\"{x}\" y=\"{}\" width=\"12\" height=\"12\" fill=\"{color}\"/>",
-            y - 10.0
-        );
+        rect(svg, x, y - 10.0, 12.0, 12.0, color);
         let _ = writeln!(
             svg,
             "<text x=\"{}\" y=\"{y}\">{}</text>",
@@ -115,26 +117,17 @@ pub fn throughput_svg(r: &CompareResult) -> String {
         {
             let h = (H - 2.0 * M) * v / ymax;
             let bx = x + j as f64 * (bar + 4.0);
-            let _ = writeln!(
-                svg,
-                "<rect x=\"{bx}\" y=\"{}\" width=\"{bar}\" height=\"{h}\" fill=\"{color}\"/>",
-                H - M - h
-            );
-            let _ = writeln!(
-                svg,
-                "<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">{}</text>",
+            rect(&mut svg, bx, H - M - h, bar, h, color);
+            text(
+                &mut svg,
                 bx + bar / 2.0,
                 H - M - h - 4.0,
-                fmt_num(*v)
+                "middle",
+                &fmt_num(*v),
             );
         }
-        let _ = writeln!(
-            svg,
-            "<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">epoch {}</text>",
-            x + bar,
-            H - M + 16.0,
-            raw.epoch
-        );
+        let epoch = format!("epoch {}", raw.epoch);
+        text(&mut svg, x + bar, H - M + 16.0, "middle", &epoch);
     }
     legend(
         &mut svg,
@@ -175,13 +168,8 @@ pub fn latency_svg(r: &CompareResult) -> String {
     let px = |v: f64| M + (W - 20.0 - M) * ((v.max(1e-3).log10() - lo) / (hi - lo)).clamp(0.0, 1.0);
     let py = |f: f64| H - M - (H - 2.0 * M) * f;
     for d in lo as i32..=hi as i32 {
-        let x = px(10f64.powi(d));
-        let _ = writeln!(
-            svg,
-            "<text x=\"{x}\" y=\"{}\" text-anchor=\"middle\">{} us</text>",
-            H - M + 16.0,
-            fmt_num(10f64.powi(d))
-        );
+        let label = format!("{} us", fmt_num(10f64.powi(d)));
+        text(&mut svg, px(10f64.powi(d)), H - M + 16.0, "middle", &label);
     }
     for (lat, color) in [
         (&r.raw_epochs[0].latencies_us, RAW),
@@ -228,27 +216,20 @@ pub fn ratio_svg(r: &CompareResult) -> String {
     for (i, v) in r.ratios.iter().enumerate() {
         let h = (H - 2.0 * M) * v / ymax;
         let x = M + slot * i as f64 + slot * 0.25;
-        let _ = writeln!(
-            svg,
-            "<rect x=\"{x}\" y=\"{}\" width=\"{}\" height=\"{h}\" fill=\"{GRANARY}\"/>",
-            H - M - h,
-            slot * 0.5
+        rect(&mut svg, x, H - M - h, slot * 0.5, h, GRANARY);
+        let mid = x + slot * 0.25;
+        text(
+            &mut svg,
+            mid,
+            H - M - h - 4.0,
+            "middle",
+            &format!("{v:.2}x"),
         );
-        let _ = writeln!(
-            svg,
-            "<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">{v:.2}x</text>",
-            x + slot * 0.25,
-            H - M - h - 4.0
-        );
-        let _ = writeln!(
-            svg,
-            "<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">epoch {i}</text>",
-            x + slot * 0.25,
-            H - M + 16.0
-        );
+        text(&mut svg, mid, H - M + 16.0, "middle", &format!("epoch {i}"));
     }
     let y1 = H - M - (H - 2.0 * M) / ymax;
-    let _ = writeln!(svg, "<line x1=\"{M}\" y1=\"{y1}\" x2=\"{}\" y2=\"{y1}\" stroke=\"black\" stroke-dasharray=\"4 3\"/>", W - 20.0);
+    let dashed = "stroke=\"black\" stroke-dasharray=\"4 3\"";
+    line(&mut svg, (M, y1), (W - 20.0, y1), dashed);
     svg + "</svg>\n"
 }
 

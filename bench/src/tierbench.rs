@@ -5,7 +5,7 @@
 //! served and the bytes read from the source. The measure is hits and source bytes, not time:
 //! on one machine the tier and the "shared" source sit on the same disk.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -57,9 +57,10 @@ pub struct TierRow {
 /// (hot chunks + importance sampling) at every fraction.
 pub fn run(o: &TierBenchOptions) -> granary::Result<Vec<TierRow>> {
     let ds = Arc::new(Dataset::open(&o.dataset)?);
-    let total: u64 = (0..ds.chunk_count() as u32)
-        .map(|c| ds.chunk(c).map(|c| c.file_size))
-        .sum::<granary::Result<u64>>()?;
+    let total = crate::readbench::chunk_files(&ds)?
+        .iter()
+        .map(|f| f.1)
+        .sum();
     let rows = [
         (TierPolicy::Lru, false),
         (TierPolicy::Static, false),
@@ -69,24 +70,7 @@ pub fn run(o: &TierBenchOptions) -> granary::Result<Vec<TierRow>> {
     let mut out = Vec::new();
     for &f in &o.fractions {
         for &(policy, importance) in &rows {
-            let name = format!(
-                "{}-{}-{:.0}",
-                serde_json::to_value(policy)
-                    .ok()
-                    .and_then(|v| v.as_str().map(String::from))
-                    .unwrap_or_default(),
-                if importance { "is" } else { "uniform" },
-                f * 100.0
-            );
-            out.push(run_row(
-                o,
-                &ds,
-                &o.dir.join(name),
-                f,
-                total,
-                policy,
-                importance,
-            )?);
+            out.push(run_row(o, &ds, f, total, policy, importance)?);
         }
     }
     Ok(out)
@@ -95,15 +79,19 @@ pub fn run(o: &TierBenchOptions) -> granary::Result<Vec<TierRow>> {
 fn run_row(
     o: &TierBenchOptions,
     ds: &Arc<Dataset>,
-    root: &Path,
     f: f64,
     total: u64,
     policy: TierPolicy,
     importance: bool,
 ) -> granary::Result<TierRow> {
     let quota = (total as f64 * f) as u64;
+    // One tier per row: lru-uniform-10, importance-is-20, ...
+    let tag = if importance { "is" } else { "uniform" };
+    let root = o
+        .dir
+        .join(format!("{}-{tag}-{:.0}", policy.name(), f * 100.0));
     let cache = Arc::new(LocalTier::open(
-        root,
+        &root,
         ds.snapshot().dataset_id(),
         quota,
         policy,
@@ -116,11 +104,7 @@ fn run_row(
     // The tier's and origin's readings, summed over the epochs after the first.
     let (mut tier, mut origin, mut epochs) =
         (MeterReading::default(), MeterReading::default(), 0u64);
-    let mut easiest: Vec<u64> = (0..ds.len()).collect();
-    easiest.sort_by(|&a, &b| {
-        crate::cachesim::difficulty(o.seed, a).total_cmp(&crate::cachesim::difficulty(o.seed, b))
-    });
-    easiest.truncate((ds.len() / 10).max(1) as usize);
+    let easiest = crate::cachesim::easiest(o.seed, ds.len());
     let (mut easiest_seen, mut max_weight) = (0.0, 1.0f64);
     let (mut report_time, mut reports) = (Duration::ZERO, 0u64);
     for e in 0..o.epochs.max(2) {
@@ -140,9 +124,7 @@ fn run_row(
         let plan = EpochPlan::build_sampled(&shape, &o.plan, e, Shard::WHOLE, None, sampling)
             .map_err(granary::ReadError::invalid)?;
         if e > 0 {
-            let drawn: std::collections::HashSet<u64> = plan.samples.iter().copied().collect();
-            easiest_seen += easiest.iter().filter(|id| drawn.contains(id)).count() as f64
-                / easiest.len() as f64;
+            easiest_seen += crate::cachesim::share_seen(&easiest, &plan.samples);
             max_weight = plan
                 .weights
                 .iter()
@@ -156,13 +138,7 @@ fn run_row(
         let mut st = EpochStream::new(ds.clone(), plan, o.plan.mode, &io)?;
         let mut batch = Vec::with_capacity(o.batch);
         let mut report = |batch: &mut Vec<u64>, seen: &mut [u32]| -> granary::Result<()> {
-            let losses: Vec<f32> = batch
-                .iter()
-                .map(|&id| {
-                    seen[id as usize] += 1;
-                    crate::cachesim::loss(o.seed, id, seen[id as usize], e)
-                })
-                .collect();
+            let losses = crate::cachesim::batch_losses(o.seed, batch, seen, e);
             let t = std::time::Instant::now();
             scores.report(batch, &losses)?;
             report_time += t.elapsed();
@@ -221,7 +197,7 @@ pub fn render(rows: &[TierRow]) -> String {
         s += &format!(
             "  {:>4.0}%  {:<10}  {:<10}  {:>10.1}%  {:>8.1}%  {:>15.1}  {:>7.1}  {:>11}  {:>13.1}x  {:>15.1}%  {:>10.2}\n",
             r.fraction * 100.0,
-            format!("{:?}", r.policy).to_lowercase(),
+            r.policy.name(),
             r.sampling,
             r.sample_hit_ratio * 100.0,
             r.byte_hit_ratio * 100.0,

@@ -67,14 +67,10 @@ pub(super) fn run(c: CacheArgs) -> anyhow::Result<ExitCode> {
         mode: c.shuffle,
         ..Default::default()
     };
-    let mut rows = simulate(&shape, &plan, c.epochs, &c.fractions, Level::Sample);
-    rows.extend(simulate(
-        &shape,
-        &plan,
-        c.epochs,
-        &c.fractions,
-        Level::Chunk,
-    ));
+    let rows: Vec<_> = [Level::Sample, Level::Chunk]
+        .into_iter()
+        .flat_map(|level| simulate(&shape, &plan, c.epochs, &c.fractions, level))
+        .collect();
     if !(0.0..1.0).contains(&c.alpha) {
         anyhow::bail!("--alpha {} is not in [0, 1)", c.alpha);
     }

@@ -123,7 +123,7 @@ pub fn run(a: PlanArgs) -> anyhow::Result<ExitCode> {
     let mb = |b: Option<u64>| b.map(|b| b as f64 / 1e6);
     if a.json {
         super::super::print_json(&json!({
-            "samples": a.samples, "chunks": chunks, "shuffle": format!("{:?}", a.shuffle).to_lowercase(),
+            "samples": a.samples, "chunks": chunks, "shuffle": a.shuffle.name(),
             "world_size": a.world_size, "workers": a.workers, "share": plan.len(),
             "windows": plan.windows.len(), "shape_seconds": shape_s, "plan_seconds": plan_s,
             "importance": a.importance, "resume_from_world_size": a.resume_from_world_size,

@@ -9,6 +9,7 @@ use std::time::Instant;
 
 use anyhow::Context;
 use granary::{Dataset, ReaderOptions, ShuffleMode};
+use granary_bench::readbench::percentile;
 use granary_format::SplitMix64;
 use serde_json::json;
 
@@ -69,10 +70,7 @@ fn fetched(ds: &Dataset) -> (u64, u64) {
 /// Median and largest of `v`.
 fn med_max(v: &mut [f64]) -> (f64, f64) {
     v.sort_by(f64::total_cmp);
-    match v.len() {
-        0 => (0.0, 0.0),
-        n => (v[n / 2], v[n - 1]),
-    }
+    (percentile(v, 0.5), percentile(v, 1.0))
 }
 
 pub fn run(a: RemoteArgs) -> anyhow::Result<ExitCode> {
@@ -208,8 +206,7 @@ pub fn run(a: RemoteArgs) -> anyhow::Result<ExitCode> {
 
 /// Rank `a.rank`'s share of one chunk-wise epoch, from a cold snapshot cache of its own.
 fn measure_epoch(a: &RemoteArgs) -> anyhow::Result<serde_json::Value> {
-    let cold = || tempfile::tempdir().context("creating a temporary snapshot cache");
-    let cache = cold()?;
+    let cache = tempfile::tempdir().context("creating a temporary snapshot cache")?;
     let t = Instant::now();
     let ds = Arc::new(Dataset::open_with(&a.dataset, &cached_in(cache.path()))?);
     let open_s = t.elapsed().as_secs_f64();
@@ -265,8 +262,8 @@ fn print_text(a: &RemoteArgs, v: &serde_json::Value) {
         let m = &v[name];
         println!(
             "{name:<7}: {:>6.1} ms median ({:.1} max), {} snapshot GETs median ({} max), {:.3} MB median",
-            m["ms_median"].as_f64().unwrap_or(0.0),
-            m["ms_max"].as_f64().unwrap_or(0.0),
+            f(&m["ms_median"]),
+            f(&m["ms_max"]),
             m["snapshot_gets_median"],
             m["snapshot_gets_max"],
             mb(&m["snapshot_bytes_median"])
@@ -280,8 +277,8 @@ fn print_text(a: &RemoteArgs, v: &serde_json::Value) {
             a.rank,
             a.world_size,
             epoch["samples"],
-            epoch["first_sample_s"].as_f64().unwrap_or(0.0),
-            epoch["elapsed_s"].as_f64().unwrap_or(0.0),
+            f(&epoch["first_sample_s"]),
+            f(&epoch["elapsed_s"]),
             epoch["snapshot_gets"],
             mb(&epoch["snapshot_bytes_fetched"]),
             mb(&epoch["peak_rss_bytes"])
