@@ -2,6 +2,7 @@
 //! reads as plain methods returning errno values, so that tests call them without a mount.
 //! The `fuse` module only translates requests and replies.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -240,10 +241,10 @@ impl MountFs {
         }
         for pos in offset..total {
             let (node, name, stat) = match pos {
-                0 => (Node::Dir(d), std::borrow::Cow::Borrowed(&b"."[..]), None),
+                0 => (Node::Dir(d), Cow::Borrowed(&b"."[..]), None),
                 1 => (
                     Node::Dir(self.tree.parent(d)),
-                    std::borrow::Cow::Borrowed(&b".."[..]),
+                    Cow::Borrowed(&b".."[..]),
                     None,
                 ),
                 _ => {
@@ -368,10 +369,7 @@ impl MountFs {
         match name {
             n if n == XATTR_STATS.as_bytes() => Ok(self.stats_json().into_bytes()),
             n if n == XATTR_PID.as_bytes() => Ok(std::process::id().to_string().into_bytes()),
-            n if n == XATTR_DATASET.as_bytes() => {
-                let ds = self.dataset();
-                Ok(ds.location().into_bytes())
-            }
+            n if n == XATTR_DATASET.as_bytes() => Ok(self.dataset().location().into_bytes()),
             _ => Err(libc::ENODATA),
         }
     }

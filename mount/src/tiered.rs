@@ -44,22 +44,13 @@ pub struct ReadStats {
     pub tier_copies_discarded: u64,
 }
 
-#[derive(Default)]
-struct Counters {
-    read_errors: AtomicU64,
-}
-
-fn add(a: &AtomicU64, n: u64) {
-    a.fetch_add(n, Relaxed);
-}
-
 /// Reads whole samples for the mount. `Sync`: the FUSE threads share one.
 pub struct TieredReader {
     /// Reads through the store stack: the tier's copies (one open per copy), else origin.
     reader: Arc<SampleReader>,
     /// The local tier (whose stack layer fetches on first touch unless the mount only reads).
     cache: Option<Arc<LocalTier>>,
-    counters: Arc<Counters>,
+    read_errors: AtomicU64,
 }
 
 impl TieredReader {
@@ -70,7 +61,6 @@ impl TieredReader {
         cache: Option<Arc<LocalTier>>,
         fetch: bool,
     ) -> Result<TieredReader, ReadError> {
-        let counters: Arc<Counters> = Arc::default();
         let stack = ds.stack(Access::positional(), cache.clone(), None)?;
         let reader = Arc::new(SampleReader::with_stack(ds.clone(), stack));
         if let (Some(c), true) = (&cache, fetch) {
@@ -89,7 +79,7 @@ impl TieredReader {
         Ok(TieredReader {
             reader,
             cache,
-            counters,
+            read_errors: AtomicU64::new(0),
         })
     }
 
@@ -100,8 +90,6 @@ impl TieredReader {
 
     /// The counters so far.
     pub fn stats(&self) -> ReadStats {
-        let c = &*self.counters;
-        let l = |a: &AtomicU64| a.load(Relaxed);
         let stack = self.reader.stack();
         let (tier, origin) = (stack.layer("tier"), stack.layer("origin"));
         ReadStats {
@@ -115,7 +103,7 @@ impl TieredReader {
             chunks_declined: tier.fetches_declined,
             fetches_skipped: tier.fetches_skipped,
             fetch_errors: tier.fetch_errors,
-            read_errors: l(&c.read_errors),
+            read_errors: self.read_errors.load(Relaxed),
             tier_copies_discarded: self.cache.as_ref().map_or(0, |c| c.dropped()),
         }
     }
@@ -126,7 +114,7 @@ impl TieredReader {
     pub fn read(&self, id: u64) -> Result<Vec<u8>, ReadError> {
         let r = self.read_inner(id);
         if r.is_err() {
-            add(&self.counters.read_errors, 1);
+            self.read_errors.fetch_add(1, Relaxed);
         }
         r
     }
@@ -146,12 +134,6 @@ impl TieredReader {
     /// Stops fetching into the tier (waiting for a fetch in progress to finish).
     pub fn shutdown(&self) {
         self.reader.stack().stop_fetching();
-    }
-
-    /// Asks for chunk `chunk` to be fetched into the tier (no-op without fetching); returns
-    /// whether it is queued or being fetched.
-    pub fn prefetch(&self, chunk: u32) -> bool {
-        self.reader.stack().prefetch(chunk)
     }
 
     /// What passed through each layer of the reader's store stack so far, top first.

@@ -157,13 +157,10 @@ fn split_last(path: &[u8]) -> (&[u8], &[u8]) {
 
 /// `dir/name` (`name` in the root).
 fn join(dir: &[u8], name: &[u8]) -> Vec<u8> {
-    let mut p = Vec::with_capacity(dir.len() + 1 + name.len());
-    if !dir.is_empty() {
-        p.extend_from_slice(dir);
-        p.push(b'/');
+    match dir {
+        [] => name.to_vec(),
+        _ => [dir, b"/", name].concat(),
     }
-    p.extend_from_slice(name);
-    p
 }
 
 impl Tree {
@@ -508,11 +505,6 @@ impl Tree {
         self.get(dir).attrs
     }
 
-    /// Name of directory `dir` within its parent (empty for the root).
-    pub fn dir_name(&self, dir: u32) -> Vec<u8> {
-        split_last(&self.get(dir).path).1.to_vec()
-    }
-
     /// Entry number `k` (0-based, without `.` and `..`) of directory `dir`, if it exists;
     /// lists `dir` if it was not yet.
     pub fn entry<'a>(
@@ -535,7 +527,7 @@ impl Tree {
         match &l.runs[r] {
             Run::Dir(sub) => Ok(Some(Entry {
                 node: Node::Dir(*sub),
-                name: Cow::Owned(self.dir_name(*sub)),
+                name: Cow::Owned(split_last(&self.get(*sub).path).1.to_vec()),
                 stat: None,
             })),
             Run::Files { start, end, firsts } if self.fields => {

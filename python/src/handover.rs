@@ -30,7 +30,8 @@ pub(crate) type Refs = (Vec<(PathBuf, u64, u64)>, Vec<u32>, Vec<i64>);
 /// `None`: the batch is copied). One `fstat` per distinct file.
 pub(crate) fn refs_of(samples: &[Sample]) -> PyResult<Option<Refs>> {
     let mut files: Vec<(PathBuf, u64, u64)> = Vec::new();
-    let mut seen: Vec<(*const std::fs::File, u32)> = Vec::new();
+    // The files' identities, in the order of `files`.
+    let mut seen: Vec<*const std::fs::File> = Vec::new();
     let mut which = Vec::with_capacity(samples.len());
     let mut starts = Vec::with_capacity(samples.len());
     for s in samples {
@@ -38,19 +39,18 @@ pub(crate) fn refs_of(samples: &[Sample]) -> PyResult<Option<Refs>> {
             return Ok(None);
         };
         let key = file as *const std::fs::File;
-        let k = match seen.iter().find(|(f, _)| *f == key) {
-            Some(&(_, k)) => k,
+        let k = match seen.iter().position(|&f| f == key) {
+            Some(k) => k,
             None => {
                 let md = file
                     .metadata()
                     .map_err(|e| err(ReadError::Store(StoreError::io("looking at", path, e))))?;
                 files.push((path.to_path_buf(), md.dev(), md.ino()));
-                let k = (files.len() - 1) as u32;
-                seen.push((key, k));
-                k
+                seen.push(key);
+                seen.len() - 1
             }
         };
-        which.push(k);
+        which.push(k as u32);
         starts.push(at as i64);
     }
     Ok(Some((files, which, starts)))

@@ -69,7 +69,7 @@ pub(crate) fn err(e: ReadError) -> PyErr {
             None => GranaryError::new_err(msg),
         },
         ReadError::Store(S::Remote { kind, .. }) => match kind {
-            granary::RemoteKind::NotFound => GranaryError::new_err((libc_enoent(), msg)),
+            granary::RemoteKind::NotFound => GranaryError::new_err((ENOENT, msg)),
             _ => GranaryError::new_err(msg),
         },
     }
@@ -91,25 +91,44 @@ fn ids_digest(ids: &[u64]) -> String {
 }
 
 /// ENOENT (Linux), so that a missing object is a `FileNotFoundError` like a missing file.
-fn libc_enoent() -> i32 {
-    2
-}
+const ENOENT: i32 = 2;
 
 fn hex(id: &[u8; 16]) -> String {
     granary::DatasetId(*id).to_string()
 }
 
-/// A sample's fields as Python gets them: (name, bytes) in stored order.
 /// A field of a sample as Python lays it out: name, offset in the sample's bytes, length,
 /// type descriptor.
 type FieldLayout = (String, u64, u64, String);
 
+/// A sample's fields as Python gets them: (name, bytes) in stored order.
 type NamedFields<'py> = Vec<(String, Bound<'py, PyBytes>)>;
 
 /// A packed dataset for random access: `len`, `read(i) -> (bytes, label)`, lookups.
 #[pyclass(frozen, module = "granary._native")]
 struct Dataset {
     reader: SampleReader,
+}
+
+impl Dataset {
+    /// The dataset, after checking that it has a sample `id` (else an IndexError).
+    fn sample_ds(&self, id: u64) -> PyResult<&Arc<RsDataset>> {
+        let ds = self.reader.dataset();
+        if id >= ds.len() {
+            return Err(PyIndexError::new_err(format!(
+                "sample {id} out of range ({} samples)",
+                ds.len()
+            )));
+        }
+        Ok(ds)
+    }
+
+    /// The type descriptor of each field name (in the order of `field_names`).
+    fn descriptors(&self) -> PyResult<Vec<String>> {
+        let types = self.reader.dataset().snapshot().field_types();
+        let types = types.map_err(|e| PyValueError::new_err(e.to_string()))?;
+        Ok(types.iter().map(|t| t.descriptor()).collect())
+    }
 }
 
 #[pymethods]
@@ -160,13 +179,7 @@ impl Dataset {
 
     /// Sample `id`'s original bytes (CRC-checked) and label.
     fn read<'py>(&self, py: Python<'py>, id: u64) -> PyResult<(Bound<'py, PyBytes>, u32)> {
-        let ds = self.reader.dataset();
-        if id >= ds.len() {
-            return Err(PyIndexError::new_err(format!(
-                "sample {id} out of range ({} samples)",
-                ds.len()
-            )));
-        }
+        let ds = self.sample_ds(id)?;
         let info = ds.sample(id).map_err(err)?;
         let len = usize::try_from(info.entry.orig_len)
             .map_err(|_| PyValueError::new_err("sample too large"))?;
@@ -193,16 +206,11 @@ impl Dataset {
 
     /// Each field name's type descriptor (`{name: descriptor}`; empty without fields).
     fn field_types(&self) -> PyResult<std::collections::BTreeMap<String, String>> {
-        let ds = self.reader.dataset();
-        let names = ds.field_names().map_err(err)?;
-        let types = ds
-            .snapshot()
-            .field_types()
-            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        let names = self.reader.dataset().field_names().map_err(err)?;
         Ok(names
             .iter()
-            .zip(types)
-            .map(|(n, t)| (String::from_utf8_lossy(n).into_owned(), t.descriptor()))
+            .map(|n| String::from_utf8_lossy(n).into_owned())
+            .zip(self.descriptors()?)
             .collect())
     }
 
@@ -211,13 +219,7 @@ impl Dataset {
     fn field_layouts(&self, ids: Vec<u64>) -> PyResult<Vec<Vec<FieldLayout>>> {
         let ds = self.reader.dataset();
         let names = ds.field_names().map_err(err)?;
-        let types: Vec<String> = ds
-            .snapshot()
-            .field_types()
-            .map_err(|e| PyValueError::new_err(e.to_string()))?
-            .iter()
-            .map(|t| t.descriptor())
-            .collect();
+        let types = self.descriptors()?;
         let type_of = |n: &[u8]| {
             names
                 .iter()
@@ -253,13 +255,7 @@ impl Dataset {
         id: u64,
         names: Option<Vec<String>>,
     ) -> PyResult<(NamedFields<'py>, u32)> {
-        let ds = self.reader.dataset();
-        if id >= ds.len() {
-            return Err(PyIndexError::new_err(format!(
-                "sample {id} out of range ({} samples)",
-                ds.len()
-            )));
-        }
+        let ds = self.sample_ds(id)?;
         let label = ds.sample(id).map_err(err)?.entry.label;
         let wanted: Option<Vec<&[u8]>> = names
             .as_ref()
@@ -342,14 +338,7 @@ impl Dataset {
         let ds = self.reader.dataset();
         let snap = ds.snapshot();
         let d = PyDict::new(py);
-        d.set_item(
-            "kind",
-            if ds.view().is_some() {
-                "view"
-            } else {
-                "dataset"
-            },
-        )?;
+        d.set_item("kind", ds.view().map_or("dataset", |_| "view"))?;
         d.set_item("dataset", hex(&snap.dataset_id()))?;
         d.set_item("snapshot", hex(&snap.content_digest()))?;
         let lineage = snap.lineage();
@@ -418,10 +407,9 @@ impl Dataset {
                 ..Default::default()
             },
         };
-        let (rank, world_size) = (o.rank, o.world_size);
         let shard = Shard {
-            rank,
-            world_size,
+            rank: o.rank,
+            world_size: o.world_size,
             worker: 0,
             num_workers: 1,
         };
@@ -489,20 +477,16 @@ pub(crate) fn from_keywords<T: serde::de::DeserializeOwned>(
         let e: PyErr = e.into_inner().into();
         let py = kw.py();
         let text = e.value(py).to_string();
+        // Serde's messages (an option's own check, `invalid type: ...`) come as plain Exceptions.
+        let serde_says = e
+            .get_type(py)
+            .is(py.get_type::<pyo3::exceptions::PyException>());
         // A value of the wrong type (Python's own conversion refused it, or serde found
         // another type than the option's) is a TypeError naming the argument; one of the
         // right type that cannot work says why, as a ValueError.
-        let wrong_type = e.is_instance_of::<PyTypeError>(py)
-            || (e
-                .get_type(py)
-                .is(py.get_type::<pyo3::exceptions::PyException>())
-                && text.starts_with("invalid type"));
-        if wrong_type {
+        if e.is_instance_of::<PyTypeError>(py) || (serde_says && text.starts_with("invalid type")) {
             PyTypeError::new_err(format!("{func}(): argument {path}: {text}"))
-        } else if e
-            .get_type(py)
-            .is(py.get_type::<pyo3::exceptions::PyException>())
-        {
+        } else if serde_says {
             PyValueError::new_err(text)
         } else {
             PyValueError::new_err(format!("{func}(): argument {path}: {text}"))

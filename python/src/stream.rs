@@ -24,10 +24,8 @@ type PyBatch<'py> = (Vec<u64>, Vec<u32>, Bound<'py, PyList>, Vec<f32>, Vec<u32>)
 /// map whose file was cut short meanwhile (the copy may hold zeros, see
 /// `granary::Sample::is_intact`).
 fn still_intact(samples: &[granary::Sample]) -> PyResult<()> {
-    match samples.iter().find(|s| !s.is_intact()) {
-        Some(s) => Err(err(s.cut_error())),
-        None => Ok(()),
-    }
+    let cut = samples.iter().find(|s| !s.is_intact());
+    cut.map_or(Ok(()), |s| Err(err(s.cut_error())))
 }
 
 /// The samples' bytes back to back, and the offsets (n + 1) where each starts and ends.
@@ -225,10 +223,7 @@ pub(crate) fn mixture_info<'py>(
     epoch_size: Option<u64>,
     options: Option<&Bound<'py, PyDict>>,
 ) -> PyResult<(Vec<u64>, Bound<'py, PyAny>)> {
-    let kw = match options {
-        Some(d) => d.copy()?,
-        None => PyDict::new(py),
-    };
+    let kw = options.map_or_else(|| Ok(PyDict::new(py)), |d| d.copy())?;
     let specs = mix_specs(sources, &shares)?;
     let config = stream_config(&kw, 0, 1)?;
     let (counts, marks) = py
@@ -239,9 +234,16 @@ pub(crate) fn mixture_info<'py>(
             Ok((counts, reader.state(0, 1, 1)?.sources))
         })
         .map_err(err)?;
-    let marks = pythonize::pythonize(py, &marks)
-        .map_err(|e| PyValueError::new_err(format!("mixture state: {e}")))?;
-    Ok((counts, marks))
+    Ok((counts, to_python(py, "mixture state", &marks)?))
+}
+
+/// `v` as Python objects (dicts, lists, numbers); a ValueError naming `what` if it cannot be.
+fn to_python<'py>(
+    py: Python<'py>,
+    what: &str,
+    v: &impl serde::Serialize,
+) -> PyResult<Bound<'py, PyAny>> {
+    pythonize::pythonize(py, v).map_err(|e| PyValueError::new_err(format!("{what}: {e}")))
 }
 
 /// The shard (rank, world_size, worker, num_workers: by position in `shard`, or by name in
@@ -252,10 +254,7 @@ fn shard_and_options<'py>(
     shard: &Bound<'py, PyTuple>,
     options: Option<&Bound<'py, PyDict>>,
 ) -> PyResult<(Shard, Bound<'py, PyDict>)> {
-    let kw = match options {
-        Some(d) => d.copy()?,
-        None => PyDict::new(py),
-    };
+    let kw = options.map_or_else(|| Ok(PyDict::new(py)), |d| d.copy())?;
     let names = ["rank", "world_size", "worker", "num_workers"];
     if shard.len() > names.len() {
         return Err(PyTypeError::new_err(format!(
@@ -437,19 +436,14 @@ impl Stream {
         options: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Self> {
         let (shard, kw) = shard_and_options(py, "Stream.mixture", shard, options)?;
-        let resume: Option<MixState> = match kw.get_item("resume")? {
-            Some(v) => {
-                kw.del_item("resume")?;
-                if v.is_none() {
-                    None
-                } else {
-                    Some(pythonize::depythonize(&v).map_err(|e| {
-                        PyValueError::new_err(format!("resume is not a mixture's state: {e}"))
-                    })?)
-                }
-            }
-            None => None,
-        };
+        let resume: Option<MixState> =
+            pop_keyword::<Option<Bound<'_, PyAny>>>("Stream.mixture", &kw, "resume")?
+                .flatten()
+                .map(|v| pythonize::depythonize(&v))
+                .transpose()
+                .map_err(|e| {
+                    PyValueError::new_err(format!("resume is not a mixture's state: {e}"))
+                })?;
         let specs = mix_specs(sources, &shares)?;
         let config = stream_config(&kw, shard.rank, shard.world_size)?;
         let build = || -> Result<Stream, ReadError> {
@@ -474,10 +468,7 @@ impl Stream {
     fn mix_marks<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
         self.marks
             .as_ref()
-            .map(|m| {
-                pythonize::pythonize(py, m)
-                    .map_err(|e| PyValueError::new_err(format!("mixture state: {e}")))
-            })
+            .map(|m| to_python(py, "mixture state", m))
             .transpose()
     }
 
@@ -624,8 +615,7 @@ impl Stream {
         layers
             .into_iter()
             .map(|(layer, reading)| {
-                pythonize::pythonize(py, &granary::LayerReading { layer, reading })
-                    .map_err(|e| PyValueError::new_err(format!("layers: {e}")))
+                to_python(py, "layers", &granary::LayerReading { layer, reading })
             })
             .collect()
     }
@@ -636,6 +626,6 @@ impl Stream {
     /// planning windows; ``other_s``: the rest; the parts add up to ``waited_s``) and ``waits``.
     fn waits<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let w = self.inner.lock().expect("stream lock").waits();
-        pythonize::pythonize(py, &w).map_err(|e| PyValueError::new_err(format!("waits: {e}")))
+        to_python(py, "waits", &w)
     }
 }

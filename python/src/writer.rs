@@ -216,11 +216,8 @@ impl Writer {
     /// Stops without publishing; the spill logs stay for `resume`.
     fn abort(&self, py: Python<'_>) {
         py.detach(|| {
-            // A writer that panicked is dropped all the same.
-            let w = match self.inner.lock() {
-                Ok(mut g) => g.take(),
-                Err(poisoned) => poisoned.into_inner().take(),
-            };
+            // A writer that panicked is dropped all the same (after the lock is let go).
+            let w = self.inner.lock().unwrap_or_else(|p| p.into_inner()).take();
             drop(w);
         });
     }

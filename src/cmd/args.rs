@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::Context;
-use granary::{Mixture, PlanOptions, Share, ShuffleMode, SourceSpec};
+use granary::{Mixture, PlanOptions, Shard, Share, ShuffleMode, SourceSpec};
 
 /// Options shared by `read` and `plan`: which epoch order and which share of it.
 #[derive(clap::Args, Clone)]
@@ -73,6 +73,21 @@ impl PlanArgs {
             drop_last: !self.pad,
             locality: self.locality,
         })
+    }
+
+    /// Every (rank, worker) share of an epoch, rank by rank.
+    pub fn shards(&self) -> Vec<Shard> {
+        let (world_size, num_workers) = (self.world_size, self.workers);
+        (0..world_size)
+            .flat_map(|rank| {
+                (0..num_workers).map(move |worker| Shard {
+                    rank,
+                    world_size,
+                    worker,
+                    num_workers,
+                })
+            })
+            .collect()
     }
 }
 

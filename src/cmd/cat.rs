@@ -56,17 +56,14 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     }
     let id = match (a.id, &a.path) {
         (Some(id), _) => id,
-        (None, Some(p)) => {
-            let found = find(p.as_bytes(), |n| ds.lookup(n))?;
-            match found {
-                Some(id) => id,
-                None => bail!(
-                    "{}: no such path in {}",
-                    p.to_string_lossy(),
-                    a.dataset.display()
-                ),
-            }
-        }
+        (None, Some(p)) => match find(p.as_bytes(), |n| ds.lookup(n))? {
+            Some(id) => id,
+            None => bail!(
+                "{}: no such path in {}",
+                p.to_string_lossy(),
+                a.dataset.display()
+            ),
+        },
         (None, None) => bail!("give a PATH or --id"),
     };
     let data = ds
@@ -82,10 +79,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
             data.len()
         );
     }
-    let mut out = std::io::stdout().lock();
-    out.write_all(&data)?;
-    out.flush()?;
-    Ok(ExitCode::SUCCESS)
+    write_out(&data)
 }
 
 /// `cat` in a dataset whose samples have named fields: the file KEY.FIELD (or --id N --field
@@ -93,33 +87,21 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
 fn cat_field(ds: &granary::Dataset, a: &Args) -> anyhow::Result<ExitCode> {
     let (id, name) = match (a.id, &a.path) {
         (Some(id), _) => {
-            let fields: Vec<String> = ds
-                .fields(id)?
-                .iter()
-                .map(|f| String::from_utf8_lossy(f.name).into_owned())
-                .collect();
+            let fields = field_names(ds, id)?;
             match &a.field {
                 Some(f) => (id, f.as_bytes().to_vec()),
-                None => bail!(
-                    "sample {id} has the fields {}: choose one with --field",
-                    fields.join(", ")
-                ),
+                None => bail!("sample {id} has the fields {fields}: choose one with --field"),
             }
         }
         (None, Some(p)) => {
             let raw = p.as_bytes();
-            let found = find(raw, |n| ds.lookup_field(n))?;
-            match found {
+            match find(raw, |n| ds.lookup_field(n))? {
                 Some(x) => x,
                 None => {
                     let hint = match ds.lookup(raw)? {
                         Some(id) => format!(
                             " (it is a sample with the fields {}: name one as KEY.FIELD)",
-                            ds.fields(id)?
-                                .iter()
-                                .map(|f| String::from_utf8_lossy(f.name).into_owned())
-                                .collect::<Vec<_>>()
-                                .join(", ")
+                            field_names(ds, id)?
                         ),
                         None => String::new(),
                     };
@@ -142,8 +124,23 @@ fn cat_field(ds: &granary::Dataset, a: &Args) -> anyhow::Result<ExitCode> {
             String::from_utf8_lossy(&name)
         );
     };
+    write_out(&data)
+}
+
+/// The names of sample `id`'s fields, as a list for a message.
+fn field_names(ds: &granary::Dataset, id: u64) -> anyhow::Result<String> {
+    let names: Vec<_> = ds
+        .fields(id)?
+        .iter()
+        .map(|f| String::from_utf8_lossy(f.name).into_owned())
+        .collect();
+    Ok(names.join(", "))
+}
+
+/// Writes a sample's bytes to stdout.
+fn write_out(data: &[u8]) -> anyhow::Result<ExitCode> {
     let mut out = std::io::stdout().lock();
-    out.write_all(&data)?;
+    out.write_all(data)?;
     out.flush()?;
     Ok(ExitCode::SUCCESS)
 }

@@ -153,12 +153,8 @@ impl Facts {
         }
         writeln!(out, "dataset id     {}", self.id)?;
         writeln!(out, "content digest {}", hex16(&snap.content_digest()))?;
-        writeln!(
-            out,
-            "samples        {} ({} compressed)",
-            ds.len(),
-            self.compressed
-        )?;
+        let (samples, compressed) = (ds.len(), self.compressed);
+        writeln!(out, "samples        {samples} ({compressed} compressed)")?;
         let chunks = human_bytes(self.chunk_bytes);
         writeln!(out, "chunks         {} ({chunks})", ds.chunk_count())?;
         if !self.fields.is_empty() {
@@ -185,11 +181,8 @@ impl Facts {
         writeln!(out, "metadata       {metadata}")?;
         writeln!(out, "original bytes {}", human_bytes(self.orig))?;
         writeln!(out, "stored bytes   {}", human_bytes(self.stored))?;
-        writeln!(
-            out,
-            "snapshot       {}",
-            human_bytes(snap.bytes().len() as u64)
-        )?;
+        let snapshot = human_bytes(snap.bytes().len() as u64);
+        writeln!(out, "snapshot       {snapshot}")?;
         let shown: Vec<&str> = self.classes.iter().take(10).map(String::as_str).collect();
         let more = match self.classes.len() > 10 {
             true => format!(", ... ({} more)", self.classes.len() - 10),

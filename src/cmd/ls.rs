@@ -30,16 +30,12 @@ const LS_BATCH: u64 = 1 << 16;
 
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     let ds = open_dataset(&a.dataset)?;
-    let prefix = a
-        .prefix
-        .as_ref()
-        .map(|p| p.as_bytes().to_vec())
-        .unwrap_or_default();
+    let prefix = a.prefix.as_ref().map_or(&[][..], |p| p.as_bytes());
     // With fields a sample is the files KEY.FIELD: the prefix selects keys
     // first, then the file names.
     let key_prefix = match ds.has_fields() {
-        true => granary_format::split_field_path(&prefix).map_or(&prefix[..], |(k, _)| k),
-        false => &prefix[..],
+        true => granary_format::split_field_path(prefix).map_or(prefix, |(k, _)| k),
+        false => prefix,
     };
     if key_prefix.is_empty() {
         // Every path: fetched at once when the snapshot is read in blocks.
@@ -93,7 +89,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
                 let s = ds.sample(id)?;
                 for f in ds.fields(id)? {
                     let name = [&key[..], b".", f.name].concat();
-                    if !name.starts_with(&prefix) {
+                    if !name.starts_with(prefix) {
                         continue;
                     }
                     let path = granary::escape_path(&name);

@@ -92,7 +92,6 @@ pub fn print_json(v: &impl serde::Serialize) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Human-readable byte count.
 /// What a reader's consumer waited on, for `read`'s text output: "waited 1.20 s (origin 0.90,
 /// check 0.20, other 0.10)", the parts above a millisecond.
 pub fn waits_text(w: &granary::WaitReport) -> String {
@@ -171,12 +170,12 @@ pub fn prometheus_text(
     t
 }
 
-/// Refuses `path` as a report the command writes (`--metrics`) before anything is read: see
-/// `granary_store::write::check_report_target`.
-pub fn check_report_target(path: &Path) -> anyhow::Result<()> {
-    Ok(granary_store::write::check_report_target(path)?)
+/// Origin's prices as `--prices` gives them (`granary plan`, `granary read`).
+pub fn prices(spec: Option<&str>) -> anyhow::Result<Option<granary::bill::Prices>> {
+    Ok(spec.map(granary::bill::Prices::parse).transpose()?)
 }
 
+/// Human-readable byte count.
 pub fn human_bytes(n: u64) -> String {
     const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
     let mut x = n as f64;

@@ -85,14 +85,12 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     if !mnt.is_dir() {
         bail!("mount point {} is not a directory", mnt.display());
     }
-    if let Some(fstype) = mounted_type(&mnt)? {
-        if fstype == FS_TYPE {
-            bail!(
-                "{} is already a granary mount (`granary umount {}` first)",
-                mnt.display(),
-                mnt.display()
-            );
-        }
+    if mounted_type(&mnt)?.as_deref() == Some(FS_TYPE) {
+        bail!(
+            "{} is already a granary mount (`granary umount {}` first)",
+            mnt.display(),
+            mnt.display()
+        );
     }
     if a.foreground {
         return foreground(a, &mnt);

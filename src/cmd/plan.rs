@@ -1,6 +1,5 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
-
 use std::sync::Arc;
 
 use granary::{
@@ -69,16 +68,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     let ds = super::open_dataset(dataset)?;
     let shape = ds.shape()?;
     let opts = a.plan.options(&ds)?;
-    let shards: Vec<Shard> = (0..a.plan.world_size)
-        .flat_map(|rank| {
-            (0..a.plan.workers).map(move |worker| Shard {
-                rank,
-                world_size: a.plan.world_size,
-                worker,
-                num_workers: a.plan.workers,
-            })
-        })
-        .collect();
+    let shards = a.plan.shards();
     let build = |o: &PlanOptions, s: Shard| {
         EpochPlan::build(&shape, o, a.epoch, s, None).map_err(anyhow::Error::msg)
     };
@@ -98,8 +88,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     let samples = shape.samples();
     let missing = samples as usize - sorted.len();
     let label = plan_labels(&ds, &shape, dataset)?;
-    let label = |id: u64| label(id);
-    let q = shuffle_quality(&shape, label, &all, 256);
+    let q = shuffle_quality(&shape, &label, &all, 256);
     let global = PlanOptions {
         mode: ShuffleMode::Global,
         ..opts.clone()
@@ -108,7 +97,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     for &shard in &shards {
         g.extend(build(&global, shard)?.samples);
     }
-    let gq = shuffle_quality(&shape, label, &g, 256);
+    let gq = shuffle_quality(&shape, &label, &g, 256);
     // A view reads ranges of its chunks or whole chunks: what an epoch of it costs.
     let reads = granary::view_reads(&ds, granary::StreamOptions::default().range_gap)?;
     if a.json {
@@ -151,18 +140,17 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         );
     }
     println!("  shuffle quality          this plan   global shuffle");
-    println!(
-        "    mean same-label run    {:>9.3}   {:>14.3}",
-        q.mean_label_run, gq.mean_label_run
-    );
-    println!(
-        "    block label TV (256)   {:>9.3}   {:>14.3}",
-        q.block_label_tv, gq.block_label_tv
-    );
-    println!(
-        "    same-chunk neighbours  {:>9.3}   {:>14.3}",
-        q.same_chunk_pairs, gq.same_chunk_pairs
-    );
+    for (name, this, global) in [
+        ("mean same-label run", q.mean_label_run, gq.mean_label_run),
+        ("block label TV (256)", q.block_label_tv, gq.block_label_tv),
+        (
+            "same-chunk neighbours",
+            q.same_chunk_pairs,
+            gq.same_chunk_pairs,
+        ),
+    ] {
+        println!("    {name:<21}  {this:>9.3}   {global:>14.3}");
+    }
     Ok(ExitCode::SUCCESS)
 }
 
@@ -199,12 +187,8 @@ fn plan_labels(
 
 /// `plan --bill`: each rank's requests and bytes per layer, priced with --prices.
 fn bill(a: &Args, dataset: &std::path::Path) -> anyhow::Result<ExitCode> {
-    let ds = std::sync::Arc::new(super::open_dataset(dataset)?);
-    let prices = a
-        .prices
-        .as_deref()
-        .map(granary::bill::Prices::parse)
-        .transpose()?;
+    let ds = Arc::new(super::open_dataset(dataset)?);
+    let prices = super::prices(a.prices.as_deref())?;
     let mut o = a.plan.reader_options();
     o.cache_dir = a.tier.cache_dir.clone();
     o.cache_size = a.tier.cache_size;
@@ -270,26 +254,17 @@ fn plan_mixture(mix: Mixture, config: &granary::ReaderOptions, a: &Args) -> anyh
     let total: u64 = (0..mix.len()).map(|i| mix.count(i)).sum();
     let mut shares = Vec::new();
     let mut delivered = vec![0u64; mix.len()];
-    for rank in 0..p.world_size {
-        for worker in 0..p.workers {
-            let shard = Shard {
-                rank,
-                world_size: p.world_size,
-                worker,
-                num_workers: p.workers,
-            };
-            let plan =
-                MixPlan::build(&sources, a.epoch, shard, None).map_err(anyhow::Error::msg)?;
-            let per: Vec<usize> = plan.parts.iter().map(|x| x.len()).collect();
-            let windows: Vec<usize> = plan.parts.iter().map(|x| x.windows.len()).collect();
-            for (d, n) in delivered.iter_mut().zip(&per) {
-                *d += *n as u64;
-            }
-            shares.push(
-                json!({"rank": rank, "worker": worker, "samples": plan.len(),
-                               "per_source": per, "windows_per_source": windows}),
-            );
+    for shard in p.shards() {
+        let plan = MixPlan::build(&sources, a.epoch, shard, None).map_err(anyhow::Error::msg)?;
+        let per: Vec<usize> = plan.parts.iter().map(|x| x.len()).collect();
+        let windows: Vec<usize> = plan.parts.iter().map(|x| x.windows.len()).collect();
+        for (d, n) in delivered.iter_mut().zip(&per) {
+            *d += *n as u64;
         }
+        shares.push(
+            json!({"rank": shard.rank, "worker": shard.worker, "samples": plan.len(),
+                           "per_source": per, "windows_per_source": windows}),
+        );
     }
     let listed: Vec<_> = (0..mix.len())
         .map(|i| {

@@ -158,7 +158,8 @@ impl Args {
 
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     if let Some(path) = &a.metrics {
-        super::check_report_target(path)?;
+        // Refused before anything is read.
+        granary_store::write::check_report_target(path)?;
     }
     if let Some(mix) = a.mix.open(&a.datasets)? {
         read_mixture(mix, &a.config()?, &a)?;
@@ -166,11 +167,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     }
     let ds = Arc::new(super::open_dataset(&a.datasets[0])?);
     let reader = a.config()?.open(&ds)?;
-    let prices = a
-        .prices
-        .as_deref()
-        .map(granary::bill::Prices::parse)
-        .transpose()?;
+    let prices = super::prices(a.prices.as_deref())?;
     let mut reports = Vec::new();
     let mut bills = Vec::new();
     for epoch in a.first_epoch..a.first_epoch + a.epochs {
@@ -289,8 +286,11 @@ fn print_epoch(
         }
     }
     let side = |bills: &[granary::bill::LayerBill], name: &str| {
-        let l = bills.iter().find(|l| l.layer == name).cloned();
-        let l = l.unwrap_or_default();
+        let l = bills
+            .iter()
+            .find(|l| l.layer == name)
+            .cloned()
+            .unwrap_or_default();
         format!(
             "{} requests, {}{}",
             l.requests,
