@@ -146,15 +146,14 @@ pub fn parse_proof(h: &str) -> std::result::Result<Proof, Refusal> {
     };
     let ts: u64 = ts.parse().map_err(|_| Refusal::Malformed)?;
     let nonce_ok = nonce.len() == 32 && unhex(nonce).is_some();
-    let mac = unhex(mac).filter(|m| m.len() == 32 && nonce_ok);
-    match mac {
-        Some(mac) => Ok(Proof {
+    unhex(mac)
+        .filter(|m| m.len() == 32 && nonce_ok)
+        .map(|mac| Proof {
             ts,
             nonce: nonce.to_string(),
             mac,
-        }),
-        None => Err(Refusal::Malformed),
-    }
+        })
+        .ok_or(Refusal::Malformed)
 }
 
 /// Why a request was refused.

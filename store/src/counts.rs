@@ -6,7 +6,7 @@
 //! Prometheus) derives from readings of it.
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::time::Instant;
+use std::time::Duration;
 
 /// Declares the counts of a layer once: the live counters ([`Meter`]), their value
 /// ([`MeterReading`]), how a meter is read, and how readings add up and subtract.
@@ -139,9 +139,9 @@ impl Meter {
         self.admissions_skipped.fetch_add(n, Relaxed);
     }
 
-    pub(crate) fn waited(&self, t0: Instant, failed: bool) {
-        self.wait_ns
-            .fetch_add(t0.elapsed().as_nanos() as u64, Relaxed);
+    /// Counts `waited` in an open or read, and the failure when it `failed`.
+    pub(crate) fn waited(&self, waited: Duration, failed: bool) {
+        self.wait_ns.fetch_add(waited.as_nanos() as u64, Relaxed);
         if failed {
             self.errors.fetch_add(1, Relaxed);
         }
@@ -149,13 +149,10 @@ impl Meter {
 
     /// Counts one read of `ranges` ranges that delivered `bytes` (none when it failed) after
     /// `waited`, whoever performed it (the source itself, or the engine on its local file).
-    pub(crate) fn read(&self, ranges: u64, bytes: u64, waited: std::time::Duration, failed: bool) {
+    pub(crate) fn read(&self, ranges: u64, bytes: u64, waited: Duration, failed: bool) {
         self.reads.fetch_add(1, Relaxed);
         self.ranges.fetch_add(ranges, Relaxed);
         self.bytes.fetch_add(bytes, Relaxed);
-        self.wait_ns.fetch_add(waited.as_nanos() as u64, Relaxed);
-        if failed {
-            self.errors.fetch_add(1, Relaxed);
-        }
+        self.waited(waited, failed);
     }
 }

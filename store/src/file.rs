@@ -25,14 +25,16 @@ pub fn open_regular(path: &Path, extra: i32) -> std::io::Result<File> {
         .custom_flags(libc::O_NONBLOCK | extra)
         .open(path)?;
     if !f.metadata()?.is_file() {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::InvalidInput,
-            "not a regular file",
-        ));
+        return Err(not_regular());
     }
     let flags = rustix::fs::fcntl_getfl(&f)?;
     rustix::fs::fcntl_setfl(&f, flags - rustix::fs::OFlags::NONBLOCK)?;
     Ok(f)
+}
+
+/// The error for a FIFO, device or directory where a regular file should be.
+fn not_regular() -> std::io::Error {
+    std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a regular file")
 }
 
 /// A local file opened for the engine (the local [`crate::ChunkSource`]), with whether reads
@@ -230,13 +232,7 @@ pub fn map_file(file: &File, path: &Path) -> Result<Mapped> {
     // fault: the map is registered with the SIGBUS guard before it is returned, which turns
     // such a fault into zeros and a flag (`Mapped::is_cut`) that the checks above it see.
     let map = unsafe { Mmap::map(file) }.map_err(|e| StoreError::io("memory-mapping", path, e))?;
-    Mapped::new(map).ok_or_else(|| {
-        StoreError::io(
-            "memory-mapping",
-            path,
-            std::io::Error::other("no SIGBUS guard for another map (8192 in use)"),
-        )
-    })
+    Mapped::new(map).ok_or_else(|| no_guard(path))
 }
 
 /// Maps `file` privately (copy on write), guarded against the file being cut short
@@ -249,13 +245,16 @@ pub fn map_file_private(file: &File, path: &Path) -> Result<PrivateMapped> {
     // pages, never to the file or to other processes' maps.
     let map = unsafe { memmap2::MmapOptions::new().map_copy(file) }
         .map_err(|e| StoreError::io("memory-mapping", path, e))?;
-    PrivateMapped::new(map).ok_or_else(|| {
-        StoreError::io(
-            "memory-mapping",
-            path,
-            std::io::Error::other("no SIGBUS guard for another map (8192 in use)"),
-        )
-    })
+    PrivateMapped::new(map).ok_or_else(|| no_guard(path))
+}
+
+/// The error for a map the SIGBUS guard has no room for.
+fn no_guard(path: &Path) -> StoreError {
+    StoreError::io(
+        "memory-mapping",
+        path,
+        std::io::Error::other("no SIGBUS guard for another map (8192 in use)"),
+    )
 }
 
 /// Whole chunk files larger than this are mapped rather than read into memory.
@@ -320,8 +319,6 @@ pub fn read_whole(src: &dyn ChunkSource) -> Result<ChunkBytes> {
 /// [`open_regular`] for writing, creating the file if needed (a lock file of the tier): a FIFO
 /// or a directory put under its name is an error at once, never waited on.
 pub fn open_regular_for_writing(path: &Path) -> std::io::Result<File> {
-    let not_regular =
-        || std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a regular file");
     // A FIFO without a reader would answer the open below with ENXIO: name it for what it is.
     if std::fs::symlink_metadata(path).is_ok_and(|m| !m.is_file()) {
         return Err(not_regular());

@@ -59,18 +59,6 @@ const DIRECT_OK: u8 = 1;
 const NO_DIRECT: u8 = 2;
 
 impl Opener {
-    /// An opener for a dataset of `dataset_bytes` (identified by `seed`, so that every process
-    /// keeps the same chunks) with `page_cache_bytes` of page cache for it (`None`: half of
-    /// [`effective_memory`]).
-    pub fn new(mode: IoMode, dataset_bytes: u64, page_cache_bytes: Option<u64>, seed: u64) -> Self {
-        Opener::for_access(&Access {
-            dataset_bytes,
-            page_cache_bytes,
-            seed,
-            ..Access::plain(mode)
-        })
-    }
-
     /// The opener of a reader that reads as `access` says.
     pub fn for_access(a: &Access) -> Self {
         let budget = a.page_cache_bytes.unwrap_or_else(|| effective_memory() / 2);
@@ -472,17 +460,28 @@ mod tests {
         assert!(IoMode::parse("mmap").is_err());
     }
 
+    /// An opener for a dataset of `dataset_bytes` (identified by `seed`) with
+    /// `page_cache_bytes` of page cache for it.
+    fn opener(dataset_bytes: u64, page_cache_bytes: u64, seed: u64) -> Opener {
+        Opener::for_access(&Access {
+            dataset_bytes,
+            page_cache_bytes: Some(page_cache_bytes),
+            seed,
+            ..Access::plain(IoMode::Auto)
+        })
+    }
+
     #[test]
     fn the_kept_share_follows_the_budget() {
-        let all = Opener::new(IoMode::Auto, 100, Some(100), 7);
+        let all = opener(100, 100, 7);
         assert!((0..1000).all(|c| all.keeps(c)));
-        let none = Opener::new(IoMode::Auto, 100, Some(0), 7);
+        let none = opener(100, 0, 7);
         assert!((0..1000).all(|c| !none.keeps(c)));
-        let quarter = Opener::new(IoMode::Auto, 400, Some(100), 7);
+        let quarter = opener(400, 100, 7);
         let kept = (0..10_000).filter(|&c| quarter.keeps(c)).count();
         assert!((2300..2700).contains(&kept), "{kept}");
         // Every process of a job keeps the same chunks.
-        let again = Opener::new(IoMode::Auto, 400, Some(100), 7);
+        let again = opener(400, 100, 7);
         assert!((0..1000).all(|c| quarter.keeps(c) == again.keeps(c)));
     }
 

@@ -52,7 +52,7 @@ impl ChunkStore for Metered {
         let t0 = Instant::now();
         let r = self.inner.open_chunk(id);
         self.meter.opens.fetch_add(1, Relaxed);
-        self.meter.waited(t0, r.is_err());
+        self.meter.waited(t0.elapsed(), r.is_err());
         let inner = r?;
         Ok(Arc::new(MeteredSource {
             inner,

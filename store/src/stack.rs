@@ -219,7 +219,6 @@ impl StoreStack {
 
     /// What passed through layer `name` so far (nothing for a layer the stack does not have).
     pub fn layer(&self, name: &str) -> MeterReading {
-        let m = self.meters.iter().find(|(layer, _)| *layer == name);
-        m.map(|(_, m)| m.reading()).unwrap_or_default()
+        self.meter(name).map(|m| m.reading()).unwrap_or_default()
     }
 }

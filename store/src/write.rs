@@ -59,20 +59,9 @@ impl AtomicFile {
     /// Starts `path`, written under a temporary name of its own beside it until it is
     /// published (see the module).
     pub fn create(path: &Path, durability: Durability) -> io::Result<Self> {
-        Self::with_buffer(path, durability, BUFFER)
-    }
-
-    /// As [`AtomicFile::create`], with a buffer of `buffer` bytes: a write at least that large
-    /// goes to the file as it is, without a copy into the buffer (a chunk's records of 100 KB
-    /// and more), smaller ones are gathered.
-    pub fn with_buffer(path: &Path, durability: Durability, buffer: usize) -> io::Result<Self> {
         let (tmp, f) = open_temp(path)?;
-        Ok(Self::over(
-            path,
-            &tmp,
-            durability,
-            Out::Buffered(BufWriter::with_capacity(buffer, f)),
-        ))
+        let out = Out::Buffered(BufWriter::with_capacity(BUFFER, f));
+        Ok(Self::over(path, &tmp, durability, out))
     }
 
     /// As [`AtomicFile::create`], written past the page cache (`O_DIRECT`) where the file
@@ -134,12 +123,11 @@ impl AtomicFile {
             f.sync_all()?;
         }
         self.handed_over = true;
-        Ok(Pending {
-            path: std::mem::take(&mut self.path),
-            tmp: std::mem::take(&mut self.tmp),
-            durability: self.durability,
-            published: false,
-        })
+        Ok(Pending::written(
+            std::mem::take(&mut self.path),
+            std::mem::take(&mut self.tmp),
+            self.durability,
+        ))
     }
 
     /// Flushes, fsyncs, renames over the final name, and fsyncs the directory, as the
@@ -565,13 +553,10 @@ fn sweep_dead_temps(dir: &Path) {
         let Some(target) = temp_target(f) else {
             continue;
         };
-        let Some(prefix) = f.get(..target.len() + tag.len()) else {
+        let Some(rest) = f[target.len()..].strip_prefix(tag.as_str()) else {
             continue;
         };
-        if !prefix.ends_with(&tag) {
-            continue;
-        }
-        let pid = f[target.len() + tag.len()..].split('-').next();
+        let pid = rest.split('-').next();
         let Some(pid) = pid.and_then(|p| i32::from_str_radix(p, 16).ok()) else {
             continue;
         };

@@ -21,7 +21,6 @@
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
-use std::time::Duration;
 
 use granary_format::{ChunkEntry, ChunkWriter, Compression, SplitMix64};
 use granary_store::engine::{Engine, Expect, IoKind, Request};
@@ -588,7 +587,7 @@ fn a_peers_tier_conforms() {
     let ownership = Ownership::assign(&vec![1; n], &sizes, &[0, u64::MAX]);
     let peers = || {
         let nodes = vec!["127.0.0.1:9".into(), addr.clone()];
-        let timeout = Duration::from_secs(5);
+        let timeout = std::time::Duration::from_secs(5);
         let p = Peers::new(f.id, nodes, 0, ownership.clone(), timeout, None, None);
         Arc::new(p.unwrap())
     };

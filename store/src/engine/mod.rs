@@ -44,10 +44,8 @@ pub const BUFFERED_PIECE: usize = 1 << 20;
 /// Python's `granary.io_backends()` report.
 pub fn uring_available() -> std::result::Result<(), &'static str> {
     static WHY: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
-    match WHY.get_or_init(|| UringEngine::new(2, MAX_PIECE).err()) {
-        None => Ok(()),
-        Some(why) => Err(why),
-    }
+    let why = WHY.get_or_init(|| UringEngine::new(2, MAX_PIECE).err());
+    why.as_deref().map_or(Ok(()), Err)
 }
 
 /// Logs, once per process and reason, that reads go to pread because io_uring cannot run.
@@ -246,7 +244,6 @@ fn plan_pieces(
         let needed_end = (r.offset + r.len as u64 - start) as usize;
         bufs.push(Slot::Buf(pool.get(total)));
         skips.push((r.offset - start) as usize);
-        let mut at = 0;
         // A source that is not a local file (an object store, a peer) gets the range whole:
         // it splits it into its own requests (an object store's GETs of up to `GET_PART`), so
         // that a whole chunk is one GET, not one per piece.
@@ -257,7 +254,7 @@ fn plan_pieces(
         } else {
             MAX_PIECE
         };
-        while at < total {
+        for at in (0..total).step_by(piece) {
             let len = piece.min(total - at);
             let need = needed_end.saturating_sub(at).min(len);
             pieces.push(Piece {
@@ -267,7 +264,6 @@ fn plan_pieces(
                 len,
                 need,
             });
-            at += len;
         }
     }
     (bufs, skips, pieces)
@@ -554,21 +550,19 @@ impl Engine {
             pieces,
         };
         let (reply, done) = std::sync::mpsc::sync_channel(1);
-        let sent = self
-            .tx
-            .as_ref()
-            .is_some_and(|tx| tx.send((batch, reply)).is_ok());
-        match sent {
-            true => Pending(done, reqs),
-            false => {
-                let (reply, done) = std::sync::mpsc::sync_channel(1);
-                let _ = reply.send(Err(StoreError::Stopped(format!(
-                    "granary's {} thread has stopped",
-                    self.name
-                ))));
-                Pending(done, reqs)
-            }
+        // A batch the engine's thread cannot take (a failed send gives it back) is answered
+        // at once.
+        let unsent = match &self.tx {
+            Some(tx) => tx.send((batch, reply)).err().map(|e| (e.0).1),
+            None => Some(reply),
+        };
+        if let Some(reply) = unsent {
+            let _ = reply.send(Err(StoreError::Stopped(format!(
+                "granary's {} thread has stopped",
+                self.name
+            ))));
         }
+        Pending(done, reqs)
     }
 
     /// Completes a batch returned by [`Engine::submit`]: its buffers in request order, each
@@ -771,10 +765,8 @@ fn read_groups(
             });
         }
     });
-    match first_error.into_inner().expect("error lock") {
-        Some(e) => Err(e),
-        None => Ok(()),
-    }
+    let first = first_error.into_inner().expect("error lock");
+    first.map_or(Ok(()), Err)
 }
 
 #[cfg(test)]

@@ -123,9 +123,8 @@ fn checked(
     offset: u64,
     buf: &mut [u8],
     expect: &Expect,
-    failed: Option<(String, BytesFrom)>,
+    mut failed: Option<(String, BytesFrom)>,
 ) -> Result<BytesFrom> {
-    let mut failed = failed;
     // Each layer gives up at most once per read: tier, peers, origin.
     for _ in 0..4 {
         if let Some((why, served)) = failed.take() {

@@ -101,14 +101,10 @@ impl ChunkSource for ObjectChunk {
             if r.offset + r.need as u64 > end {
                 return Err(crate::file::eof_at(&self.location, self.len));
             }
-            let mut buf = &mut r.buf[..(end - r.offset.min(end)) as usize];
-            let mut at = r.offset;
-            while !buf.is_empty() {
-                let n = (buf.len() as u64).min(GET_PART) as usize;
-                let (head, tail) = std::mem::take(&mut buf).split_at_mut(n);
-                parts.push((at..at + n as u64, head));
-                at += n as u64;
-                buf = tail;
+            let buf = &mut r.buf[..(end - r.offset.min(end)) as usize];
+            let starts = (r.offset..).step_by(GET_PART as usize);
+            for (at, part) in starts.zip(buf.chunks_mut(GET_PART as usize)) {
+                parts.push((at..at + part.len() as u64, part));
             }
         }
         if parts.is_empty() {

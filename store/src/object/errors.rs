@@ -81,7 +81,6 @@ fn failed_as(e: &object_store::Error, kind: HttpErrorKind) -> bool {
 struct ErrorBody {
     #[serde(default)]
     code: String,
-    #[serde(default)]
     message: Option<String>,
 }
 

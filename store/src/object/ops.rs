@@ -110,10 +110,7 @@ impl ObjectUrl {
         Ok(listed
             .objects
             .into_iter()
-            .filter_map(|m| {
-                let name = m.location.filename()?.to_string();
-                Some((name, m.size))
-            })
+            .filter_map(|m| Some((m.location.filename()?.to_string(), m.size)))
             .collect())
     }
 

@@ -28,7 +28,7 @@ use std::fs::File;
 use std::ops::Range;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
 use granary_format::{Blocks, FormatError, Pager, SnapshotHeader, SNAPSHOT_FILE};
@@ -78,11 +78,11 @@ pub fn open_snapshot(url: &Arc<ObjectUrl>, cfg: &StoreConfig) -> Result<RemoteSn
         blocks,
         meter: Meter::default(),
     };
-    pager.meter.reads.fetch_add(2, Ordering::Relaxed);
+    pager.meter.reads.fetch_add(2, Relaxed);
     pager
         .meter
         .bytes
-        .fetch_add((head.len() + table.len()) as u64, Ordering::Relaxed);
+        .fetch_add((head.len() + table.len()) as u64, Relaxed);
     // Header and CRC table are checked: every process writes them.
     pager.store(0, &head)?;
     pager.store(h.crc_table().start, &table)?;
@@ -214,16 +214,12 @@ impl BlockPager {
     /// Fetches file range `r` (one ranged GET per [`GET_PART`]).
     fn fetch(&self, r: Range<u64>) -> Result<Vec<u8>> {
         let mut out = Vec::with_capacity((r.end - r.start) as usize);
-        let mut at = r.start;
-        while at < r.end {
+        for at in (r.start..r.end).step_by(GET_PART as usize) {
             let end = (at + GET_PART).min(r.end);
             let b = self.url.get_range(SNAPSHOT_FILE, at..end)?;
-            self.meter.reads.fetch_add(1, Ordering::Relaxed);
-            self.meter
-                .bytes
-                .fetch_add(b.len() as u64, Ordering::Relaxed);
+            self.meter.reads.fetch_add(1, Relaxed);
+            self.meter.bytes.fetch_add(b.len() as u64, Relaxed);
             out.extend_from_slice(&b);
-            at = end;
         }
         Ok(out)
     }
@@ -278,16 +274,10 @@ impl BlockPager {
         let missing = self.missing(ranges)?;
         let bs = self.blocks.block(0).end - self.blocks.block(0).start;
         let most = (GET_PART / bs.max(1)).max(1) as usize;
-        let mut runs: Vec<&[u64]> = Vec::new();
-        let mut i = 0;
-        while i < missing.len() {
-            let mut j = i + 1;
-            while j < missing.len() && missing[j] == missing[j - 1] + 1 && j - i < most {
-                j += 1;
-            }
-            runs.push(&missing[i..j]);
-            i = j;
-        }
+        let runs: Vec<&[u64]> = missing
+            .chunk_by(|a, b| *b == a + 1)
+            .flat_map(|run| run.chunks(most))
+            .collect();
         if runs.len() <= 1 {
             return runs.first().map_or(Ok(()), |r| self.fetch_run(r));
         }
@@ -297,7 +287,7 @@ impl BlockPager {
                 .map(|_| {
                     s.spawn(|| -> Result<()> {
                         loop {
-                            let k = next.fetch_add(1, Ordering::Relaxed);
+                            let k = next.fetch_add(1, Relaxed);
                             let Some(run) = runs.get(k) else {
                                 return Ok(());
                             };
@@ -338,7 +328,7 @@ impl Pager for BlockPager {
 /// that says what the prefix holds instead (an upload that has not finished).
 pub fn snapshot_head(url: &ObjectUrl) -> Result<bytes::Bytes> {
     use granary_format::{SNAPSHOT_FILE, SNAPSHOT_HEADER_LEN};
-    let head = match url.get_range(SNAPSHOT_FILE, 0..SNAPSHOT_HEADER_LEN as u64) {
+    match url.get_range(SNAPSHOT_FILE, 0..SNAPSHOT_HEADER_LEN as u64) {
         Err(StoreError::Remote {
             kind: RemoteKind::NotFound,
             ..
@@ -347,16 +337,15 @@ pub fn snapshot_head(url: &ObjectUrl) -> Result<bytes::Bytes> {
                 .any(|(n, _)| granary_format::parse_chunk_file_name(n).is_some())
         }) =>
         {
-            return Err(StoreError::Invalid(format!(
+            Err(StoreError::Invalid(format!(
                 "{}: holds chunks but no snapshot: an upload that has not finished (or was \
                  interrupted: `granary pack ... -o {} --resume` continues it)",
                 url.url(),
                 url.url()
-            )));
+            )))
         }
-        r => r?,
-    };
-    Ok(head)
+        r => r,
+    }
 }
 
 /// Fetches the snapshot of the dataset at `url` into the local cache unless the cached copy

@@ -393,9 +393,7 @@ struct UploadListing {
     /// Required: every S3 answer has it, so another document (an HTML error page from a
     /// proxy, say) is an error rather than an empty listing.
     is_truncated: bool,
-    #[serde(default)]
     next_key_marker: Option<String>,
-    #[serde(default)]
     next_upload_id_marker: Option<String>,
     #[serde(default, rename = "Upload")]
     uploads: Vec<ListedUpload>,

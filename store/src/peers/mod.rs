@@ -237,6 +237,7 @@ impl Peers {
         let Some(peer) = self.clients[n].as_ref() else {
             return false;
         };
+        // Counts (and reports once) a copy that is not the snapshot's: false, read from origin.
         let reject = |what: String| {
             c.rejected.fetch_add(1, Relaxed);
             if !self.rejected_said[n].swap(true, Relaxed) {
@@ -250,6 +251,7 @@ impl Peers {
                     granary_format::hex16(&ce.digest)
                 );
             }
+            false
         };
         match peer.get_into(name, ce.file_size, parts) {
             // The whole copy's SHA-256, not only its CRC-32: a peer is another machine, and a
@@ -259,14 +261,8 @@ impl Peers {
                 c.bytes_from_peers.fetch_add(ce.file_size, Relaxed);
                 true
             }
-            Ok(Sized::Got(digest)) => {
-                reject(format!("digest {}", granary_format::hex16(&digest)));
-                false
-            }
-            Ok(Sized::Wrong(len)) => {
-                reject(format!("{len} bytes"));
-                false
-            }
+            Ok(Sized::Got(digest)) => reject(format!("digest {}", granary_format::hex16(&digest))),
+            Ok(Sized::Wrong(len)) => reject(format!("{len} bytes")),
             Ok(Sized::Missing) => {
                 c.missing_at_owner.fetch_add(1, Relaxed);
                 false

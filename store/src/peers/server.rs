@@ -18,6 +18,10 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use http_body_util::Full;
+use hyper::header::{
+    HeaderValue, ACCEPT_RANGES, ALLOW, CONTENT_LENGTH, CONTENT_RANGE, CONTENT_TYPE, RANGE,
+    WWW_AUTHENTICATE,
+};
 use hyper::{Method, Request, Response, StatusCode};
 
 use crate::auth::{Secret, Verifier};
@@ -195,6 +199,14 @@ fn reply(status: StatusCode, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
     r
 }
 
+/// A 500 answer: `what` failed with `e`.
+fn failed(what: &str, e: impl std::fmt::Display) -> Response<Full<Bytes>> {
+    reply(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        format!("{what} failed: {e}\n"),
+    )
+}
+
 /// The tier file a request names, if it is one the server may serve.
 fn file_for(served: &Served, path: &str) -> std::result::Result<PathBuf, &'static str> {
     let (id, name) = super::request::chunk_request(path)?;
@@ -216,7 +228,7 @@ fn refusal(
     let checked = v.check(
         req.method().as_str(),
         req.uri().path(),
-        header(hyper::header::RANGE.as_str()),
+        header(RANGE.as_str()),
         header(crate::auth::AUTH_HEADER),
         crate::auth::unix_now(),
     );
@@ -236,8 +248,8 @@ fn refusal(
     let mut r = reply(status, format!("refused: {why}\n"));
     if status == StatusCode::UNAUTHORIZED {
         r.headers_mut().insert(
-            hyper::header::WWW_AUTHENTICATE,
-            "granary-peer-v1".parse().expect("valid"),
+            WWW_AUTHENTICATE,
+            HeaderValue::from_static("granary-peer-v1"),
         );
     }
     Some(r)
@@ -260,7 +272,7 @@ async fn answer(
                 "read-only: GET and HEAD only\n",
             );
             r.headers_mut()
-                .insert(hyper::header::ALLOW, "GET, HEAD".parse().expect("valid"));
+                .insert(ALLOW, HeaderValue::from_static("GET, HEAD"));
             return r;
         }
     };
@@ -270,18 +282,12 @@ async fn answer(
     };
     let range = req
         .headers()
-        .get(hyper::header::RANGE)
+        .get(RANGE)
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
     // File reads block: off the runtime's threads.
     let read = tokio::task::spawn_blocking(move || read_file(&path, range.as_deref(), head)).await;
-    match read {
-        Ok(r) => r,
-        Err(e) => reply(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            format!("reading failed: {e}\n"),
-        ),
-    }
+    read.unwrap_or_else(|e| failed("reading", e))
 }
 
 fn read_file(path: &Path, range: Option<&str>, head: bool) -> Response<Full<Bytes>> {
@@ -292,21 +298,11 @@ fn read_file(path: &Path, range: Option<&str>, head: bool) -> Response<Full<Byte
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             return reply(StatusCode::NOT_FOUND, "not found: not in this tier\n")
         }
-        Err(e) => {
-            return reply(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                format!("opening failed: {e}\n"),
-            )
-        }
+        Err(e) => return failed("opening", e),
     };
     let size = match f.metadata() {
         Ok(m) => m.len(),
-        Err(e) => {
-            return reply(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                format!("inspecting failed: {e}\n"),
-            )
-        }
+        Err(e) => return failed("inspecting", e),
     };
     let (status, (start, end)) = match super::request::byte_range(range, size) {
         Ok(None) => (StatusCode::OK, (0, size)),
@@ -314,7 +310,7 @@ fn read_file(path: &Path, range: Option<&str>, head: bool) -> Response<Full<Byte
         Err(super::request::Unsatisfiable) => {
             let mut r = reply(StatusCode::RANGE_NOT_SATISFIABLE, "");
             r.headers_mut().insert(
-                hyper::header::CONTENT_RANGE,
+                CONTENT_RANGE,
                 format!("bytes */{size}").parse().expect("valid"),
             );
             return r;
@@ -326,32 +322,23 @@ fn read_file(path: &Path, range: Option<&str>, head: bool) -> Response<Full<Byte
         let mut buf = vec![0u8; (end - start) as usize];
         if let Err(e) = f.read_exact_at(&mut buf, start) {
             // Cut short under us (it cannot be replaced in place): say so rather than send less.
-            return reply(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                format!("reading failed: {e}\n"),
-            );
+            return failed("reading", e);
         }
         Bytes::from(buf)
     };
     let mut r = reply(status, body);
     let h = r.headers_mut();
     h.insert(
-        hyper::header::CONTENT_TYPE,
-        "application/octet-stream".parse().expect("valid"),
+        CONTENT_TYPE,
+        HeaderValue::from_static("application/octet-stream"),
     );
-    h.insert(
-        hyper::header::ACCEPT_RANGES,
-        "bytes".parse().expect("valid"),
-    );
+    h.insert(ACCEPT_RANGES, HeaderValue::from_static("bytes"));
     if head {
-        h.insert(
-            hyper::header::CONTENT_LENGTH,
-            (end - start).to_string().parse().expect("valid"),
-        );
+        h.insert(CONTENT_LENGTH, HeaderValue::from(end - start));
     }
     if status == StatusCode::PARTIAL_CONTENT {
         h.insert(
-            hyper::header::CONTENT_RANGE,
+            CONTENT_RANGE,
             format!("bytes {start}-{}/{size}", end - 1)
                 .parse()
                 .expect("valid"),

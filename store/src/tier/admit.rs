@@ -244,9 +244,7 @@ fn admit_offers(slot: &Mailbox, cache: &LocalTier, classes: &[Vec<u8>], counts: 
                 g = cv.wait(g).expect("admission lock");
             }
             let job = g.jobs.pop_front();
-            if let Some(j) = &job {
-                g.bytes -= j.bytes();
-            }
+            g.bytes -= job.as_ref().map_or(0, Job::bytes);
             // An offer may be waiting for room in the queue.
             cv.notify_all();
             match job {

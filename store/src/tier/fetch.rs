@@ -123,10 +123,8 @@ impl Fetcher {
     /// Whether the tier holds chunk `chunk` (a copy with the snapshot's digest).
     pub fn holds(&self, chunk: u32) -> Result<bool> {
         let t = &self.state.tier;
-        match t.chunk_entry(chunk) {
-            Some(ce) => t.cache().holds(&ce),
-            None => Ok(false),
-        }
+        t.chunk_entry(chunk)
+            .map_or(Ok(false), |ce| t.cache().holds(&ce))
     }
 
     /// Whether chunk `chunk` fits the tier's free space now (no eviction needed).
@@ -184,10 +182,8 @@ impl Fetcher {
         if let Some(b) = self.staged_bytes(chunk) {
             return Ok(Some(b));
         }
-        Ok(match self.fetch_and_wait(chunk)? {
-            true => self.staged_bytes(chunk),
-            false => None,
-        })
+        let fetched = self.fetch_and_wait(chunk)?;
+        Ok(fetched.then(|| self.staged_bytes(chunk)).flatten())
     }
 
     fn staged_bytes(&self, chunk: u32) -> Option<Arc<ChunkBytes>> {
@@ -314,16 +310,12 @@ fn fetch_loop(s: &State) {
         let mut q = s.queue.lock().expect("fetch queue");
         q.queued.remove(&chunk);
         s.fetched.notify_all();
-        match outcome {
-            Ok(true) => {}
-            Ok(false) => {
-                q.declined.insert(chunk, Instant::now());
-            }
-            Err(e) => {
-                s.meter.fetch_errors.fetch_add(1, Relaxed);
-                q.declined.insert(chunk, Instant::now());
-                log::warn!("fetching chunk {chunk} into the tier: {e}");
-            }
+        if let Err(e) = &outcome {
+            s.meter.fetch_errors.fetch_add(1, Relaxed);
+            log::warn!("fetching chunk {chunk} into the tier: {e}");
+        }
+        if !matches!(outcome, Ok(true)) {
+            q.declined.insert(chunk, Instant::now());
         }
     }
 }

@@ -213,11 +213,8 @@ pub fn lock_exclusive(path: &Path) -> Result<File> {
     Ok(lock_file(path, true)?.expect("a waiting lock is always taken"))
 }
 
-/// Like [`lock_exclusive`], but `None` at once when another holder has the lock.
-pub(super) fn try_lock_exclusive(path: &Path) -> Result<Option<File>> {
-    lock_file(path, false)
-}
-
+/// Opens (creating it) the lock file at `path` and takes an exclusive `flock` on it; without
+/// `wait`, `None` at once when another holder has the lock.
 pub(super) fn lock_file(path: &Path, wait: bool) -> Result<Option<File>> {
     use rustix::fs::FlockOperation::{LockExclusive, NonBlockingLockExclusive};
     let f = crate::file::open_regular_for_writing(path)

@@ -141,20 +141,14 @@ impl HotChunks {
     /// read from its own chunk, [`crate::verified::Relocate`].)
     pub(crate) fn locate(&mut self, id: u64) -> Option<(Source, u64)> {
         let (h, off) = *self.map.by_sample.get(&id)?;
-        let f = match self.files.get(&h) {
-            Some(f) => f.clone(),
-            None => {
-                // Another process may evict it between map and open: then it is a miss.
-                let f = self
-                    .map
-                    .chunks
-                    .get(&h)
-                    .and_then(|hc| self.tier.open_hot(hc));
-                self.files.insert(h, f.clone());
-                f
-            }
-        }?;
-        Some((f, off))
+        let f = self.files.entry(h).or_insert_with(|| {
+            // Another process may evict it between map and open: then it is a miss.
+            self.map
+                .chunks
+                .get(&h)
+                .and_then(|hc| self.tier.open_hot(hc))
+        });
+        Some((f.clone()?, off))
     }
 
     fn wants(&self, id: u64, stored_len: u64, cost: u64) -> bool {

@@ -23,6 +23,7 @@ mod layer;
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering::Relaxed;
 
 use crate::copy_name::{copy_file_name, parse_copy_file_name};
 use granary_format::{ChunkEntry, ChunkHeader, Compression, SampleEntry, CHUNK_HEADER_LEN};
@@ -238,15 +239,13 @@ impl Locked {
 impl LocalTier {
     /// The tiers (one per dataset id) found under `root`.
     pub fn list(root: &Path) -> Result<Vec<[u8; 16]>> {
-        let mut out = Vec::new();
         let rd = std::fs::read_dir(root).map_err(|e| StoreError::io("listing", root, e))?;
-        for e in rd.flatten() {
-            if let Some(id) = parse_hex_id(e.file_name().as_encoded_bytes()) {
-                if e.path().is_dir() {
-                    out.push(id);
-                }
-            }
-        }
+        let mut out: Vec<[u8; 16]> = rd
+            .flatten()
+            .filter_map(|e| {
+                parse_hex_id(e.file_name().as_encoded_bytes()).filter(|_| e.path().is_dir())
+            })
+            .collect();
         out.sort();
         Ok(out)
     }
@@ -380,14 +379,8 @@ impl LocalTier {
         if self.view().touches.is_empty() {
             return Ok(());
         }
-        let path = self.dir.join("lock");
-        let f = if wait {
-            lock_exclusive(&path)?
-        } else {
-            match try_lock_exclusive(&path)? {
-                Some(f) => f,
-                None => return Ok(()),
-            }
+        let Some(f) = lock_file(&self.dir.join("lock"), wait)? else {
+            return Ok(());
         };
         let l = self.locked(f, false);
         self.write_index(&l, false)
@@ -581,8 +574,7 @@ impl LocalTier {
     /// Removes chunk `ce`'s copy, found damaged (it failed its checks when opened or read);
     /// counted in [`LocalTier::dropped`].
     pub fn discard(&self, ce: &ChunkEntry) -> Result<()> {
-        self.dropped
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.dropped.fetch_add(1, Relaxed);
         let mut l = self.lock()?;
         self.remove(&mut l, Key::copy(ce))?;
         self.write_index(&l, true)
@@ -591,14 +583,13 @@ impl LocalTier {
     /// Copies and hot chunks this handle dropped as damaged so far: found so when opened
     /// (cut short, replaced, unreadable) or when their bytes failed as they were read.
     pub fn dropped(&self) -> u64 {
-        self.dropped.load(std::sync::atomic::Ordering::Relaxed)
+        self.dropped.load(Relaxed)
     }
 
     /// Removes hot chunk `id`, found damaged (a record in it failed its CRC); counted in
     /// [`LocalTier::dropped`].
     pub fn discard_hot(&self, id: u32) -> Result<()> {
-        self.dropped
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.dropped.fetch_add(1, Relaxed);
         let mut l = self.lock()?;
         self.remove(&mut l, Key::Hot(id))?;
         self.write_hot_map(&l, self.read_hot_chunks())?;
