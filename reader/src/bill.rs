@@ -164,8 +164,19 @@ pub fn predict(
         prices,
         ..Default::default()
     };
-    // (requests, GETs, bytes) of the tier, the peers and origin.
+    // (requests, GETs, bytes) of the tier, the peers and origin, and their bill: the layers
+    // the reader has, priced.
     let mut total = [(0u64, 0u64, 0u64); 3];
+    let bills = |t: &[(u64, u64, u64); 3]| {
+        let list = present(setup).map(|(layer, i)| LayerBill {
+            layer,
+            requests: t[i].0,
+            gets: t[i].1,
+            bytes: t[i].2,
+            cost: None,
+        });
+        priced(list.collect(), prices)
+    };
     let peers = setup.stream.peers.as_ref();
     for rank in ranks {
         let mut layers = [(0u64, 0u64, 0u64); 3];
@@ -212,37 +223,15 @@ pub fn predict(
                 }
             }
         }
-        let list: Vec<LayerBill> = present(setup)
-            .map(|(layer, i)| {
-                total[i].0 += layers[i].0;
-                total[i].1 += layers[i].1;
-                total[i].2 += layers[i].2;
-                LayerBill {
-                    layer,
-                    requests: layers[i].0,
-                    gets: layers[i].1,
-                    bytes: layers[i].2,
-                    cost: None,
-                }
-            })
-            .collect();
+        for (t, l) in total.iter_mut().zip(&layers) {
+            (t.0, t.1, t.2) = (t.0 + l.0, t.1 + l.1, t.2 + l.2);
+        }
         bill.ranks.push(RankBill {
             rank,
-            layers: priced(list, prices),
+            layers: bills(&layers),
         });
     }
-    bill.total = priced(
-        present(setup)
-            .map(|(layer, i)| LayerBill {
-                layer,
-                requests: total[i].0,
-                gets: total[i].1,
-                bytes: total[i].2,
-                cost: None,
-            })
-            .collect(),
-        prices,
-    );
+    bill.total = bills(&total);
     Ok(bill)
 }
 

@@ -249,9 +249,7 @@ impl SharedInner {
         if let Err(e) = &result {
             // Keep the weights for the next attempt.
             let mut q = self.queue.lock().expect("score queue");
-            let newer = std::mem::take(&mut *q);
-            *q = batch;
-            q.extend(newer);
+            q.splice(..0, batch);
             *self.last_error.lock().expect("score error") = Some(e.to_string());
         }
         result

@@ -69,11 +69,7 @@ impl<'a> ChunkRuns<'a> {
     }
 
     fn run_start(&self, i: usize) -> u64 {
-        if i == 0 {
-            0
-        } else {
-            self.ends[i - 1]
-        }
+        i.checked_sub(1).map_or(0, |j| self.ends[j])
     }
 
     /// Appends the sample ids at positions `pos` to `out`; positions past the end wrap to the

@@ -293,7 +293,6 @@ impl EpochStream {
             pool: pool.clone(),
             budget,
             seat: opts.shared.clone(),
-            populate: mode != ShuffleMode::Global,
             global: mode == ShuffleMode::Global,
             tx,
             #[cfg(test)]
@@ -478,9 +477,8 @@ struct IoThread {
     budget: usize,
     /// Its place in read-ahead shared with other streams (a mixture's sources).
     seat: Option<crate::ReadAheadSeat>,
-    /// Populate the mapped ranges of a window before checking it (chunk-wise reads).
-    populate: bool,
-    /// Global plans: chunks stay open across windows (records of any chunk come any time).
+    /// Global plans: chunks stay open across windows (records of any chunk come any time);
+    /// other plans populate the mapped ranges of a window before checking it.
     global: bool,
     tx: SyncSender<Msg>,
     #[cfg(test)]
@@ -567,7 +565,7 @@ impl IoThread {
             let bufs: Vec<Arc<Completed>> = bufs.into_iter().map(Arc::new).collect();
             self.windows.count(&prep, &bufs);
             let ds = &self.windows.ds;
-            let populate = self.populate;
+            let populate = !self.global;
             let check_start = Instant::now();
             let samples = decode_pool.install(|| {
                 if populate {

@@ -101,7 +101,6 @@ pub fn verify(path: &Path) -> VerifyReport {
     verify_with(path, &StoreConfig::default())
 }
 
-/// [`verify`] with the store configured by `cfg`.
 /// True when `path` holds a format 1.x snapshot that reads back whole.
 fn legacy_intact(path: &Path, cfg: &StoreConfig) -> bool {
     let bytes = match granary_store::open(path, cfg) {
@@ -124,6 +123,7 @@ fn legacy_intact(path: &Path, cfg: &StoreConfig) -> bool {
     })
 }
 
+/// [`verify`] with the store configured by `cfg`.
 pub fn verify_with(path: &Path, cfg: &StoreConfig) -> VerifyReport {
     let mut r = VerifyReport::default();
     let ds = match Dataset::open_with(path, cfg) {
@@ -233,16 +233,12 @@ fn check_one_chunk(ds: &Dataset, c: u32) -> Checked {
                 location: loc,
                 detail: e.to_string(),
             };
-            return match cannot_look(&e, false) {
-                true => Checked {
-                    unreadable: vec![p],
-                    ..Default::default()
-                },
-                false => Checked {
-                    problems: vec![p],
-                    ..Default::default()
-                },
-            };
+            let mut checked = Checked::default();
+            match cannot_look(&e, false) {
+                true => checked.unreadable.push(p),
+                false => checked.problems.push(p),
+            }
+            return checked;
         }
     };
     let (records, problems) = check_bytes(ds, c, &loc, &bytes);
@@ -396,49 +392,48 @@ fn check_fields(
     check: &granary_format::ChunkCheck,
     p: &mut dyn FnMut(String, String),
 ) {
+    let Some(f) = &check.footer.fields else {
+        return;
+    };
+    let names = ds.field_names().unwrap_or_default();
+    let types = ds.snapshot().field_types().unwrap_or_default();
+    // The snapshot's type of the field named `name`.
+    let type_of = |name: &[u8]| {
+        let k = names.iter().position(|m| *m == name)?;
+        types.get(k)
+    };
     // Every field's bytes are a value of its type (fixed lengths, UTF-8, JSON).
-    if let Some(f) = &check.footer.fields {
-        let names = ds.field_names().unwrap_or_default();
-        let types = ds.snapshot().field_types().unwrap_or_default();
-        for (i, fields) in f.records.iter().enumerate() {
-            let mut at = check.footer.entries[i].offset as usize;
-            for e in fields {
-                let end = at.saturating_add(e.len as usize).min(bytes.len());
-                let name = &f.names[e.name as usize];
-                let t = names
-                    .iter()
-                    .position(|m| m == name)
-                    .and_then(|k| types.get(k));
-                if let Some(Err(why)) = t.map(|t| check_value(t, &bytes[at.min(end)..end])) {
-                    p(
-                        format!("{loc} (chunk {c}, offset {at})"),
-                        format!(
-                            "record {i} ({}), field {}: {why}",
-                            escape_path(&check.footer.paths[i]),
-                            String::from_utf8_lossy(name)
-                        ),
-                    );
-                }
-                at = end;
-            }
-        }
-    }
-    // A chunk whose fields block carries types: each the snapshot's for its name.
-    if let Some(f) = check.footer.fields.as_ref().filter(|f| !f.types.is_empty()) {
-        let names = ds.field_names().unwrap_or_default();
-        let types = ds.snapshot().field_types().unwrap_or_default();
-        for (n, t) in f.names.iter().zip(&f.types) {
-            let mine = names.iter().position(|m| m == n).and_then(|k| types.get(k));
-            if mine.is_none_or(|m| m.descriptor() != *t) {
+    for (i, fields) in f.records.iter().enumerate() {
+        let mut at = check.footer.entries[i].offset as usize;
+        for e in fields {
+            let end = at.saturating_add(e.len as usize).min(bytes.len());
+            let name = &f.names[e.name as usize];
+            let value = &bytes[at.min(end)..end];
+            if let Some(Err(why)) = type_of(name).map(|t| check_value(t, value)) {
                 p(
-                    loc.to_string(),
+                    format!("{loc} (chunk {c}, offset {at})"),
                     format!(
-                        "chunk {c}: field {} is {t} in the footer, {} in the snapshot",
-                        String::from_utf8_lossy(n),
-                        mine.map_or("absent".into(), |m| m.descriptor())
+                        "record {i} ({}), field {}: {why}",
+                        escape_path(&check.footer.paths[i]),
+                        String::from_utf8_lossy(name)
                     ),
                 );
             }
+            at = end;
+        }
+    }
+    // A chunk whose fields block carries types: each the snapshot's for its name.
+    for (n, t) in f.names.iter().zip(&f.types) {
+        let mine = type_of(n);
+        if mine.is_none_or(|m| m.descriptor() != *t) {
+            p(
+                loc.to_string(),
+                format!(
+                    "chunk {c}: field {} is {t} in the footer, {} in the snapshot",
+                    String::from_utf8_lossy(n),
+                    mine.map_or("absent".into(), |m| m.descriptor())
+                ),
+            );
         }
     }
 }

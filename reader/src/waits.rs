@@ -77,22 +77,6 @@ impl std::ops::AddAssign for WaitReport {
     }
 }
 
-impl std::ops::Sub for WaitReport {
-    type Output = WaitReport;
-    fn sub(self, o: WaitReport) -> WaitReport {
-        WaitReport {
-            waited_s: self.waited_s - o.waited_s,
-            waits: self.waits - o.waits,
-            tier_s: self.tier_s - o.tier_s,
-            peers_s: self.peers_s - o.peers_s,
-            origin_s: self.origin_s - o.origin_s,
-            check_s: self.check_s - o.check_s,
-            plan_s: self.plan_s - o.plan_s,
-            other_s: self.other_s - o.other_s,
-        }
-    }
-}
-
 /// The I/O thread's recent phases and what the consumer's waits were attributed to so far.
 #[derive(Debug)]
 pub(crate) struct Timeline {
@@ -152,17 +136,14 @@ impl Timeline {
             let d = (e - s).as_secs_f64();
             covered += d;
             match phase {
-                Phase::Read([t, p, o]) => {
-                    parts.tier_s += d * t;
-                    parts.peers_s += d * p;
-                    parts.origin_s += d * o;
-                }
                 Phase::Check => parts.check_s += d,
-                Phase::Plan([t, p, o]) => {
+                Phase::Read([t, p, o]) | Phase::Plan([t, p, o]) => {
                     parts.tier_s += d * t;
                     parts.peers_s += d * p;
                     parts.origin_s += d * o;
-                    parts.plan_s += d * (1.0 - t - p - o).max(0.0);
+                    if let Phase::Plan(_) = phase {
+                        parts.plan_s += d * (1.0 - t - p - o).max(0.0);
+                    }
                 }
             }
         }
@@ -206,16 +187,8 @@ fn own(
     own
 }
 
-/// The seconds each layer waited of its own between two readings.
-fn own_waits(
-    before: &[(&'static str, granary_store::MeterReading)],
-    after: &[(&'static str, granary_store::MeterReading)],
-) -> [f64; 3] {
-    own(before, after, |r| r.wait_s)
-}
-
 /// A read phase's split among the layers: in proportion to their own waits during it
-/// ([`own_waits`]); without any wait (reads served from maps of the page cache), in
+/// ([`own`]); without any wait (reads served from maps of the page cache), in
 /// proportion to the bytes each layer served of its own; with neither, origin's.
 pub(crate) fn read_shares(
     before: &[(&'static str, granary_store::MeterReading)],
@@ -225,7 +198,7 @@ pub(crate) fn read_shares(
         let sum: f64 = own.iter().sum();
         (sum > 0.0).then(|| own.map(|x| x / sum))
     };
-    share(own_waits(before, after))
+    share(own(before, after, |r| r.wait_s))
         .or_else(|| share(own(before, after, |r| r.bytes as f64)))
         .unwrap_or([0.0, 0.0, 1.0])
 }
@@ -237,13 +210,13 @@ pub(crate) fn plan_shares(
     after: &[(&'static str, granary_store::MeterReading)],
     secs: f64,
 ) -> [f64; 3] {
-    let own = own_waits(before, after);
-    let sum: f64 = own.iter().sum();
+    let waits = own(before, after, |r| r.wait_s);
+    let sum: f64 = waits.iter().sum();
     if sum <= 0.0 || secs <= 0.0 {
         return [0.0; 3];
     }
     let scale = (sum.min(secs) / secs) / sum;
-    own.map(|x| x * scale)
+    waits.map(|x| x * scale)
 }
 
 #[cfg(test)]

@@ -95,9 +95,7 @@ impl Dataset {
         let pager = paged.clone().map(|p| p as Arc<dyn granary_format::Pager>);
         let mut ds = Self::open_in(snapshot, None, pager)?;
         ds.paged = paged;
-        let sizes = (0..ds.snap.chunk_count())
-            .map(|c| Ok(ds.chunk(c as u32)?.file_size))
-            .collect::<Result<Vec<u64>>>()?;
+        let sizes = ds.chunk_entries()?.iter().map(|c| c.file_size).collect();
         ds.store = Arc::new(granary_store::object::ObjectChunks::new(url, sizes));
         Ok(ds)
     }
@@ -308,11 +306,9 @@ impl Dataset {
                 granary_format::NO_LABEL => u64::MAX,
                 l => granary_format::path_hash(self.snap.class_name(l).map_err(err)?),
             };
-            let h = granary_format::SplitMix64::keyed(&[path, e.orig_len, e.crc32 as u64, class]);
-            Ok(acc.wrapping_add({
-                let mut h = h;
-                h.next_u64()
-            }))
+            let h = granary_format::SplitMix64::keyed(&[path, e.orig_len, e.crc32 as u64, class])
+                .next_u64();
+            Ok(acc.wrapping_add(h))
         })
     }
 
@@ -327,19 +323,9 @@ impl Dataset {
         const GAP: u64 = 2048;
         let mut sorted = ids.to_vec();
         sorted.sort_unstable();
-        let mut runs = Vec::new();
-        let mut start = sorted[0];
-        let mut prev = start;
-        for &id in &sorted[1..] {
-            if id > prev + GAP {
-                runs.push(start..prev + 1);
-                start = id;
-            }
-            prev = id;
-        }
-        runs.push(start..prev + 1);
-        runs.into_iter()
-            .try_for_each(|r| self.snap.prefetch_records(r))
+        sorted
+            .chunk_by(|&a, &b| b <= a + GAP)
+            .try_for_each(|run| self.snap.prefetch_records(run[0]..run[run.len() - 1] + 1))
             .map_err(|e| self.fmt_err(e))
     }
 
@@ -353,14 +339,12 @@ impl Dataset {
     /// The namespace entries (files and directories) at `positions`, in path order; the pages
     /// of the run are fetched at once when the snapshot is read in blocks.
     pub fn entries(&self, positions: std::ops::Range<u64>) -> Result<Vec<NsEntry>> {
-        let v = self.snap.entries(positions).map_err(|e| self.fmt_err(e))?;
-        self.intact(v)
+        self.checked(self.snap.entries(positions))
     }
 
     /// The namespace entry at position `pos`.
     pub fn entry(&self, pos: u64) -> Result<NsEntry> {
-        let v = self.snap.entry(pos).map_err(|e| self.fmt_err(e))?;
-        self.intact(v)
+        self.checked(self.snap.entry(pos))
     }
 
     /// Number of namespace entries (files and directories).
@@ -385,18 +369,13 @@ impl Dataset {
     /// Positions in the namespace of every path starting with `prefix`
     /// ([`Snapshot::prefix_range`]).
     pub fn prefix_range(&self, prefix: &[u8]) -> Result<std::ops::Range<u64>> {
-        let r = self
-            .snap
-            .prefix_range(prefix)
-            .map_err(|e| self.fmt_err(e))?;
-        self.intact(r)
+        self.checked(self.snap.prefix_range(prefix))
     }
 
     /// The first position in the namespace whose path is not less than `key`
     /// ([`Snapshot::lower_bound`]).
     pub fn lower_bound(&self, key: &[u8]) -> Result<u64> {
-        let r = self.snap.lower_bound(key).map_err(|e| self.fmt_err(e))?;
-        self.intact(r)
+        self.checked(self.snap.lower_bound(key))
     }
 
     /// The first position after every path starting with `prefix` (the entry count if none
@@ -406,6 +385,13 @@ impl Dataset {
             Some(s) => self.lower_bound(&s),
             None => Ok(self.entry_count()),
         }
+    }
+
+    /// The chunk table's entries, in chunk order (O(chunks)).
+    fn chunk_entries(&self) -> Result<Vec<ChunkEntry>> {
+        (0..self.chunk_count() as u32)
+            .map(|c| self.chunk(c))
+            .collect()
     }
 
     /// Bytes of all chunk files (O(chunks)).
@@ -446,9 +432,7 @@ impl Dataset {
     /// The chunk sample ranges that epoch plans are computed from (O(chunks)); through a view,
     /// each chunk's selected samples (O(chunks + selected)).
     pub fn shape(&self) -> Result<crate::DatasetShape> {
-        let counts = (0..self.chunk_count() as u32)
-            .map(|c| self.chunk(c).map(|ce| ce.sample_count))
-            .collect::<Result<Vec<u64>>>()?;
+        let counts = self.chunk_entries()?.into_iter().map(|ce| ce.sample_count);
         let shape = crate::DatasetShape::from_counts(counts);
         Ok(match &self.view {
             None => shape,
@@ -482,10 +466,7 @@ impl Dataset {
         let Some(cache) = tier else {
             return Ok(StoreStack::plain(&self.store, access));
         };
-        let chunks: Arc<[ChunkEntry]> = (0..self.chunk_count() as u32)
-            .map(|c| self.chunk(c))
-            .collect::<Result<Vec<_>>>()?
-            .into();
+        let chunks: Arc<[ChunkEntry]> = self.chunk_entries()?.into();
         Ok(StoreStack::with_tier(
             &self.store,
             chunks,
@@ -546,6 +527,12 @@ impl Dataset {
         Ok(v)
     }
 
+    /// What a lookup in the mapped snapshot gave: its error as [`Dataset::fmt_err`] says, its
+    /// value checked by [`Dataset::intact`].
+    fn checked<T>(&self, r: std::result::Result<T, granary_format::FormatError>) -> Result<T> {
+        self.intact(r.map_err(|e| self.fmt_err(e))?)
+    }
+
     /// A slice of the mapped snapshot, each of its pages read once (so that a page that is
     /// gone is found now, by [`Dataset::intact`], not by the caller).
     fn touched<'a>(&self, b: &'a [u8]) -> Result<&'a [u8]> {
@@ -571,14 +558,12 @@ impl Dataset {
 
     /// Chunk table entry of chunk `id`.
     pub fn chunk(&self, id: u32) -> Result<ChunkEntry> {
-        let c = self.snap.chunk(id as u64).map_err(|e| self.fmt_err(e))?;
-        self.intact(c)
+        self.checked(self.snap.chunk(id as u64))
     }
 
     /// Path of sample `id` relative to the packed directory (raw bytes).
     pub fn path(&self, id: u64) -> Result<Vec<u8>> {
-        let p = self.snap.path(id).map_err(|e| self.fmt_err(e))?;
-        self.intact(p)
+        self.checked(self.snap.path(id))
     }
 
     /// The sample whose path is `path` with its size (and mode and mtime when recorded); through
@@ -598,23 +583,20 @@ impl Dataset {
 
     /// Sample `id`'s size (original length) and, when recorded, mode and mtime.
     pub fn stat(&self, id: u64) -> Result<FileStat> {
-        let v = self.snap.stat(id).map_err(|e| self.fmt_err(e))?;
-        self.intact(v)
+        self.checked(self.snap.stat(id))
     }
 
     /// Sample `id`'s file mode and mtime as packed; `None` for datasets that do not record
     /// them (packed with `--no-metadata`, or written from sources that have none).
     pub fn attrs(&self, id: u64) -> Result<Option<granary_format::FileAttrs>> {
-        let a = self.snap.attrs(id).map_err(|e| self.fmt_err(e))?;
-        self.intact(a)
+        self.checked(self.snap.attrs(id))
     }
 
     /// The directories of the namespace (every ancestor of a file, and the empty ones the
     /// source recorded), sorted by path, with their modes and mtimes when recorded. Reads the
     /// whole namespace.
     pub fn dirs(&self) -> Result<Vec<NsEntry>> {
-        let dirs = self.snap.dirs().map_err(|e| self.fmt_err(e))?;
-        self.intact(dirs)
+        self.checked(self.snap.dirs())
     }
 
     /// Sample id of `path`, if the dataset (through a view: the view) holds it.
@@ -690,15 +672,13 @@ impl Dataset {
 
     /// The field names the dataset's samples use (sorted; empty without fields).
     pub fn field_names(&self) -> Result<Vec<&[u8]>> {
-        let n = self.snap.field_names().map_err(|e| self.fmt_err(e))?;
-        self.intact(n)
+        self.checked(self.snap.field_names())
     }
 
     /// The fields of sample `id` (name, offset in the sample's bytes, length, CRC-32); empty
     /// for a dataset without fields.
     pub fn fields(&self, id: u64) -> Result<Vec<granary_format::SampleField<'_>>> {
-        let f = self.snap.fields(id).map_err(|e| self.fmt_err(e))?;
-        self.intact(f)
+        self.checked(self.snap.fields(id))
     }
 
     /// Splits the bytes of sample `id` (as [`Dataset::read`] or a stream gives them, checked
@@ -907,9 +887,7 @@ pub fn ownership(
         .into_iter()
         .map(|r| r / per_node)
         .collect();
-    let sizes = (0..shape.chunks())
-        .map(|c| ds.chunk(c).map(|ce| ce.file_size))
-        .collect::<Result<Vec<u64>>>()?;
+    let sizes: Vec<u64> = ds.chunk_entries()?.iter().map(|ce| ce.file_size).collect();
     Ok(granary_store::Ownership::assign(&home, &sizes, capacities))
 }
 

@@ -293,11 +293,7 @@ impl Interleave {
     /// How many of each source the first `k` picks of the order over `counts` are.
     pub fn counts_after(counts: &[u64], k: u64) -> Vec<u64> {
         let mut it = Interleave::new(counts);
-        for _ in 0..k {
-            if it.next().is_none() {
-                break;
-            }
-        }
+        it.by_ref().take(k as usize).for_each(drop);
         it.next
     }
 
@@ -447,11 +443,11 @@ impl MixPlan {
                 .zip(sources)
                 .map(|(sh, s)| part_len(sh, &s.options, old))
                 .collect();
-            if done > counts.iter().sum() {
+            let total: u64 = counts.iter().sum();
+            if done > total {
                 return Err(format!(
                     "resume state: shard {slot} delivered {done} samples of an epoch that gives \
-                     it {}",
-                    counts.iter().sum::<u64>()
+                     it {total}"
                 ));
             }
             let after = Interleave::counts_after(&counts, done);
@@ -506,11 +502,8 @@ impl MixPlan {
     /// Drops the first `n` deliveries of the plan (`shapes`: its sources' shapes).
     fn skip(&mut self, shapes: &[DatasetShape], n: u64) {
         let mut taken = vec![0usize; self.parts.len()];
-        for _ in 0..n {
-            match self.order.next() {
-                Some(i) => taken[i] += 1,
-                None => break,
-            }
+        for i in self.order.by_ref().take(n as usize) {
+            taken[i] += 1;
         }
         for ((p, shape), t) in self.parts.iter_mut().zip(shapes).zip(taken) {
             p.skip(shape, t);
@@ -538,14 +531,8 @@ impl MixPlan {
 
 /// How many samples `shard`'s part of a source's epoch holds.
 fn part_len(shape: &DatasetShape, o: &PlanOptions, shard: Shard) -> u64 {
-    let n = shape.epoch_len();
-    if n == 0 {
-        return 0;
-    }
-    let w = u64::from(shard.world_size);
-    let per = if o.drop_last { n / w } else { n.div_ceil(w) };
-    let (k, i) = (u64::from(shard.num_workers), u64::from(shard.worker));
-    per / k + u64::from(i < per % k)
+    let pos = crate::plan::shard_positions(shape.epoch_len(), &shard, o.drop_last);
+    pos.end - pos.start
 }
 
 /// The sources' shapes as the checkpointed epoch planned them: the state's counts, and each
@@ -568,17 +555,7 @@ fn resumed_shapes(
             sources.len()
         ));
     }
-    if st.world_size == 0
-        || st.num_workers == 0
-        || st.consumed.len() != (st.world_size * st.num_workers) as usize
-    {
-        return Err(format!(
-            "resume state lists {} counts for {} ranks x {} workers",
-            st.consumed.len(),
-            st.world_size,
-            st.num_workers
-        ));
-    }
+    crate::plan::check_counts((st.world_size, st.num_workers), &st.consumed)?;
     sources
         .iter()
         .zip(&st.sources)

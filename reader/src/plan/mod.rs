@@ -221,10 +221,7 @@ impl DatasetShape {
     /// The shape of the first `chunks` chunks (what a dataset was before generations were
     /// appended to it: appends keep every chunk and sample id).
     pub fn prefix(&self, chunks: u32) -> DatasetShape {
-        let counts = (0..chunks.min(self.chunks())).map(|c| {
-            let r = self.chunk_samples(c);
-            r.end - r.start
-        });
+        let counts = (0..chunks.min(self.chunks())).map(|c| self.chunk_len(c));
         let mut s = DatasetShape::from_counts(counts);
         if let Some(ids) = &self.ids {
             let n = s.samples() as usize;
@@ -270,6 +267,11 @@ impl DatasetShape {
 
     pub fn chunk_samples(&self, c: u32) -> Range<u64> {
         self.first[c as usize]..self.first[c as usize + 1]
+    }
+
+    /// Samples in chunk `c`.
+    pub(crate) fn chunk_len(&self, c: u32) -> u64 {
+        self.first[c as usize + 1] - self.first[c as usize]
     }
 
     /// The chunk holding sample `id`.
@@ -361,7 +363,7 @@ fn rank_by_middle(shape: &DatasetShape, order: &[u32], total: u64, world: u32) -
     let mut rank = vec![0u32; shape.chunks() as usize];
     let mut acc = 0u64;
     for &c in order {
-        let len = shape.chunk_samples(c).end - shape.chunk_samples(c).start;
+        let len = shape.chunk_len(c);
         let mid = acc + len / 2;
         rank[c as usize] = ((mid as u128 * world as u128 / n as u128) as u32).min(world - 1);
         acc += len;
@@ -390,13 +392,22 @@ pub fn chunk_readers(shape: &DatasetShape, o: &PlanOptions, epoch: u64, world: u
     };
     // The per-rank cut: `n / world` samples each (drop_last), the remainder to no one; its
     // chunks count as the last rank's.
-    let n = shape.samples();
-    let per = if o.drop_last {
-        n / world as u64
-    } else {
-        n.div_ceil(world as u64)
-    };
+    let per = rank_positions(shape.samples(), world, 0, o.drop_last).end;
     rank_by_middle(shape, &order, per.max(1) * world as u64, world)
+}
+
+/// Checks that a resume state of configuration `old` (ranks, workers) lists a count for every
+/// shard of it.
+pub(crate) fn check_counts(old: (u32, u32), consumed: &[u64]) -> Result<(), String> {
+    if old.0 == 0 || old.1 == 0 || consumed.len() != (old.0 * old.1) as usize {
+        return Err(format!(
+            "resume state lists {} counts for {} ranks x {} workers",
+            consumed.len(),
+            old.0,
+            old.1
+        ));
+    }
+    Ok(())
 }
 
 /// Rank `rank`'s equal-count share of `seq`: `len / world` samples (drop_last) or
@@ -437,7 +448,7 @@ fn worker_range(len: u64, workers: u32, k: u32) -> Range<u64> {
 
 /// The positions of a sequence of `n` that `shard` takes: its worker's part of its rank's
 /// share (past `n` when padding).
-fn shard_positions(n: u64, shard: &Shard, drop_last: bool) -> Range<u64> {
+pub(crate) fn shard_positions(n: u64, shard: &Shard, drop_last: bool) -> Range<u64> {
     let ranks = rank_positions(n, shard.world_size, shard.rank, drop_last);
     let part = worker_range(ranks.end - ranks.start, shard.num_workers, shard.worker);
     ranks.start + part.start..ranks.start + part.end
@@ -855,10 +866,7 @@ impl EpochPlan {
         // redistribution after a resume rebuilds several old shards' plans).
         let key = [o.seed, epoch, TAG_IMPORTANCE];
         let mass = |i: u64| sampling.map_or(1.0, |sm| sm.mass(i));
-        let lens = (0..shape.chunks()).map(|c| {
-            let r = shape.chunk_samples(c);
-            r.end - r.start
-        });
+        let lens = (0..shape.chunks()).map(|c| shape.chunk_len(c));
         // A mixture's source draws its epoch count.
         let imp =
             sampling.map(|sm| Importance::with_draws(&mass, sm.alpha, lens, &key, shape.take));
@@ -915,17 +923,7 @@ impl EpochPlan {
             ));
         }
         let old = (st.world_size, st.num_workers);
-        if st.world_size == 0
-            || st.num_workers == 0
-            || st.consumed.len() != (old.0 * old.1) as usize
-        {
-            return Err(format!(
-                "resume state lists {} counts for {} ranks x {} workers",
-                st.consumed.len(),
-                old.0,
-                old.1
-            ));
-        }
+        check_counts(old, &st.consumed)?;
         if let Some(col) = st.column {
             if col >= old.1 || shard.num_workers != old.1 || shard.worker != col {
                 return Err(format!(

@@ -70,8 +70,7 @@ pub fn shuffle_quality(
 pub fn labels_from_class_counts(shape: &DatasetShape, counts: &[Vec<(u32, u64)>]) -> Vec<u32> {
     let mut out = Vec::with_capacity(shape.samples() as usize);
     for (c, cc) in counts.iter().enumerate().take(shape.chunks() as usize) {
-        let r = shape.chunk_samples(c as u32);
-        let n = (r.end - r.start) as usize;
+        let n = shape.chunk_len(c as u32) as usize;
         let start = out.len();
         for &(class, k) in cc {
             out.extend(std::iter::repeat_n(class, k as usize));
@@ -79,11 +78,7 @@ pub fn labels_from_class_counts(shape: &DatasetShape, counts: &[Vec<(u32, u64)>]
         out.truncate(start + n);
         out.resize(start + n, granary_format::NO_LABEL);
         // Fisher-Yates with a generator keyed by the chunk.
-        let mut rng = granary_format::SplitMix64::keyed(&[0x6c61_6265_6c73, c as u64]);
-        let part = &mut out[start..];
-        for i in (1..part.len()).rev() {
-            part.swap(i, rng.below(i as u64 + 1) as usize);
-        }
+        granary_format::SplitMix64::keyed(&[0x6c61_6265_6c73, c as u64]).shuffle(&mut out[start..]);
     }
     out
 }
