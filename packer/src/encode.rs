@@ -228,6 +228,7 @@ pub(crate) fn encode_in_place(data: &[u8], mode: CompressMode) -> Result<Encodin
         CompressMode::Auto if looks_compressed(data) => None,
         CompressMode::Auto => Some(DEFAULT_LEVEL),
     };
+    let mut compressed = None;
     if let Some(level) = level.filter(|_| data.len() >= MIN_COMPRESS_LEN) {
         let z = compress(data, level).map_err(|e| format!("zstd failed: {e}"))?;
         // auto keeps zstd only where it saves at least 10 %; explicit zstd wherever it helps.
@@ -235,36 +236,24 @@ pub(crate) fn encode_in_place(data: &[u8], mode: CompressMode) -> Result<Encodin
             CompressMode::Auto => z.len() as u64 * 10 <= orig_len * 9,
             _ => (z.len() as u64) < orig_len,
         };
-        if keep {
-            return Ok(Encoding {
-                crc32,
-                compressed: Some(z),
-            });
-        }
+        compressed = keep.then_some(z);
     }
-    Ok(Encoding {
-        crc32,
-        compressed: None,
-    })
+    Ok(Encoding { crc32, compressed })
 }
 
 /// Encodes the bytes of one record (CRC-32 of the original, compressed as `mode` says).
 pub(crate) fn encode_bytes(data: Vec<u8>, mode: CompressMode) -> Result<Encoded, String> {
     let e = encode_in_place(&data, mode)?;
     let orig_len = data.len() as u64;
-    Ok(match e.compressed {
-        Some(z) => Encoded {
-            stored: z,
-            compression: Compression::Zstd,
-            orig_len,
-            crc32: e.crc32,
-        },
-        None => Encoded {
-            stored: data,
-            compression: Compression::None,
-            orig_len,
-            crc32: e.crc32,
-        },
+    let (stored, compression) = match e.compressed {
+        Some(z) => (z, Compression::Zstd),
+        None => (data, Compression::None),
+    };
+    Ok(Encoded {
+        stored,
+        compression,
+        orig_len,
+        crc32: e.crc32,
     })
 }
 

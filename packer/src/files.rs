@@ -92,14 +92,7 @@ impl FileTable {
 
     /// A table from its arena and end offsets; `None` if the offsets do not describe `bytes`.
     pub fn from_parts(bytes: Vec<u8>, ends: Vec<u64>) -> Option<FileTable> {
-        let mut prev = 0;
-        for &e in &ends {
-            if e < prev {
-                return None;
-            }
-            prev = e;
-        }
-        if prev != bytes.len() as u64 {
+        if !ends.is_sorted() || ends.last().copied().unwrap_or(0) != bytes.len() as u64 {
             return None;
         }
         Some(FileTable {
@@ -142,7 +135,7 @@ impl FileTable {
     /// Sorts the files by path (bytewise). Free when they are sorted already (a walk of a
     /// typical tree); otherwise the arena is copied once in the new order.
     pub fn sort_by_path(&mut self) {
-        if (1..self.len()).all(|i| self.path(i - 1) <= self.path(i)) {
+        if self.paths().is_sorted() {
             return;
         }
         use rayon::slice::ParallelSliceMut;

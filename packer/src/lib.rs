@@ -24,8 +24,9 @@ mod upload;
 mod webdataset;
 mod writer;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use granary_format::{
@@ -197,6 +198,12 @@ pub struct PackSummary {
     pub warnings: Vec<String>,
 }
 
+/// Locks `m`, also after a thread panicked holding it (that thread's failure is reported on its
+/// own).
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
 /// Hex form of a dataset id.
 pub fn hex_id(id: &[u8; 16]) -> String {
     granary_format::DatasetId(*id).to_string()
@@ -259,7 +266,9 @@ fn settings_text(o: &PackOptions, src: &Path) -> String {
 /// The line of a plan's settings that says the pack records no modes, mtimes and directories.
 const NO_METADATA_SETTING: &str = "metadata=no";
 
-fn progress_bar(show: bool, len: Option<u64>) -> ProgressBar {
+/// A progress bar (of `len` steps, or a spinner) drawn on standard error if `show`, as
+/// `template` says (a bar in it is drawn with `=> `).
+fn progress_bar(show: bool, len: Option<u64>, template: &str) -> ProgressBar {
     let target = if show {
         ProgressDrawTarget::stderr()
     } else {
@@ -267,6 +276,8 @@ fn progress_bar(show: bool, len: Option<u64>) -> ProgressBar {
     };
     let pb = ProgressBar::with_draw_target(len, target);
     pb.enable_steady_tick(Duration::from_millis(200));
+    let style = ProgressStyle::with_template(template).expect("static template");
+    pb.set_style(style.progress_chars("=> "));
     pb
 }
 
@@ -478,13 +489,8 @@ fn remove_owned_chunks(place: &Place, mode: &Mode) -> Result<(), PackError> {
 
 /// Walks (or lists) and stats the source, with a spinner saying `what`.
 fn scan_source(opts: &PackOptions, src: &Path, what: &str) -> Result<scan::ScanResult, PackError> {
-    let pb = progress_bar(opts.output.progress, None);
-    pb.set_style(
-        ProgressStyle::with_template(&format!(
-            "{{spinner}} {what}: {{pos}} files found ({{elapsed}})"
-        ))
-        .expect("static template"),
-    );
+    let template = format!("{{spinner}} {what}: {{pos}} files found ({{elapsed}})");
+    let pb = progress_bar(opts.output.progress, None, &template);
     let found = scan::scan(
         src,
         opts.files_from.as_deref(),
@@ -579,7 +585,7 @@ fn labels_of(
         .enumerate()
         .map(|(i, n)| (&n[..], i as u32))
         .collect();
-    let mut unknown: Vec<Vec<u8>> = Vec::new();
+    let mut unknown: BTreeSet<Vec<u8>> = BTreeSet::new();
     let mut unlabeled = 0u64;
     let label: Vec<u32> = files
         .paths()
@@ -589,7 +595,7 @@ fn labels_of(
                 Some(i) => match class_of.get(&rel[..i]) {
                     Some(&l) => l,
                     None => {
-                        unknown.push(rel[..i].to_vec());
+                        unknown.insert(rel[..i].to_vec());
                         NO_LABEL
                     }
                 },
@@ -601,8 +607,6 @@ fn labels_of(
         })
         .collect();
     if !unknown.is_empty() {
-        unknown.sort_unstable();
-        unknown.dedup();
         let shown: Vec<_> = unknown
             .iter()
             .take(5)
@@ -623,12 +627,8 @@ fn labels_of(
     Ok(label)
 }
 
-fn empty_summary() -> ChunkSummary {
-    ChunkSummary::bare(0, 0, 0, [0; 16])
-}
-
 /// `s` without its records (see [`read_footer`]).
-fn slimmed(s: ChunkSummary) -> ChunkSummary {
+fn slimmed(s: &ChunkSummary) -> ChunkSummary {
     ChunkSummary::bare(s.chunk_id, s.file_size, s.file_crc, s.digest)
 }
 

@@ -247,19 +247,14 @@ fn read_chunk(
             })?,
     };
     // Each file's place in the arena, handed to the reader threads in inode order.
-    let mut slots: Vec<Option<&mut [u8]>> = Vec::with_capacity(files.len());
+    let mut work: Vec<(usize, &mut [u8])> = Vec::with_capacity(files.len());
     let mut rest = &mut arena.as_mut_slice()[CHUNK_HEADER_LEN..total];
-    for &(_, len) in &spans {
+    for (k, &(_, len)) in spans.iter().enumerate() {
         let (slot, tail) = std::mem::take(&mut rest).split_at_mut(len);
-        slots.push(Some(slot));
+        work.push((k, slot));
         rest = tail;
     }
-    let mut order: Vec<usize> = (0..files.len()).collect();
-    order.sort_unstable_by_key(|&k| table.ino[files[k] as usize]);
-    let work: Vec<(usize, &mut [u8])> = order
-        .into_iter()
-        .map(|k| (k, slots[k].take().expect("each file once")))
-        .collect();
+    work.sort_unstable_by_key(|(k, _)| table.ino[files[*k] as usize]);
     let mode = b.opts.output.compress;
     let mut read: Vec<(usize, Result<encode::Encoding, String>)> = pool.install(|| {
         work.into_par_iter()

@@ -176,14 +176,7 @@ impl Plan {
             return None;
         }
         let n = n as usize;
-        let ends = r.column(n, u64::from_le_bytes)?;
-        let path_len = ends.last().copied().unwrap_or(0);
-        if path_len > r.left() {
-            return None;
-        }
-        let mut bytes = vec![0u8; path_len as usize];
-        r.0.read_body(&mut bytes).ok()?;
-        let mut files = FileTable::from_parts(bytes, ends)?;
+        let mut files = r.paths(n)?;
         files.size = r.column(n, u64::from_le_bytes)?;
         files.label = r.column(n, u32::from_le_bytes)?;
         files.ino = r.column(n, u64::from_le_bytes)?;
@@ -196,14 +189,7 @@ impl Plan {
             return None;
         }
         let nd = nd as usize;
-        let dir_ends = r.column(nd, u64::from_le_bytes)?;
-        let dir_len = dir_ends.last().copied().unwrap_or(0);
-        if dir_len > r.left() {
-            return None;
-        }
-        let mut dir_bytes = vec![0u8; dir_len as usize];
-        r.0.read_body(&mut dir_bytes).ok()?;
-        let mut dirs = FileTable::from_parts(dir_bytes, dir_ends)?;
+        let mut dirs = r.paths(nd)?;
         dirs.mtime_ns = r.column(nd, i64::from_le_bytes)?;
         dirs.mode = r.column(nd, u32::from_le_bytes)?;
         dirs.size = vec![0; nd];
@@ -303,14 +289,24 @@ impl<R: Read> Body<R> {
     fn u64(&mut self) -> Option<u64> {
         self.array().map(u64::from_le_bytes)
     }
-    fn blob(&mut self) -> Option<Vec<u8>> {
-        let n = self.u64()?;
+    /// `n` bytes, if the file has that many left.
+    fn bytes(&mut self, n: u64) -> Option<Vec<u8>> {
         if n > self.left() {
             return None;
         }
         let mut b = vec![0u8; n as usize];
         self.0.read_body(&mut b).ok()?;
         Some(b)
+    }
+    fn blob(&mut self) -> Option<Vec<u8>> {
+        let n = self.u64()?;
+        self.bytes(n)
+    }
+    /// A table of `n` paths: their end offsets, then the arena.
+    fn paths(&mut self, n: usize) -> Option<FileTable> {
+        let ends = self.column(n, u64::from_le_bytes)?;
+        let bytes = self.bytes(ends.last().copied().unwrap_or(0))?;
+        FileTable::from_parts(bytes, ends)
     }
     /// `n` values of `N` bytes each (the caller checked that `n` fits the file).
     fn column<T, const N: usize>(&mut self, n: usize, dec: fn([u8; N]) -> T) -> Option<Vec<T>> {

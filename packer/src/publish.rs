@@ -19,7 +19,7 @@ use granary_store::object::ObjectUrl;
 use granary_store::write::{AtomicFile, Durability, Pending};
 
 use crate::encode::EncodedRef;
-use crate::{output, upload, PackError};
+use crate::{lock, output, upload, PackError};
 
 /// One record of a chunk being written: its path (the key), its bytes as stored and how they
 /// were encoded, its label; for a sample with named fields, each field's name, stored length
@@ -119,10 +119,7 @@ impl<J> Feed<'_, J> {
 
     /// True once a chunk could not be written.
     pub(crate) fn stopped(&self) -> bool {
-        self.failed
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .is_some()
+        lock(self.failed).is_some()
     }
 }
 
@@ -182,13 +179,8 @@ fn write_jobs<J>(
     failed: &Mutex<Option<PackError>>,
 ) {
     loop {
-        let job = rx.lock().unwrap_or_else(PoisonError::into_inner).recv();
-        let Ok(job) = job else { return };
-        if failed
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .is_some()
-        {
+        let Ok(job) = lock(rx).recv() else { return };
+        if lock(failed).is_some() {
             continue; // drained, so the feeding side never waits on a stopped writer
         }
         let written = catch_unwind(AssertUnwindSafe(|| write(job))).unwrap_or_else(|panic| {
@@ -197,13 +189,10 @@ fn write_jobs<J>(
                 "a chunk writer thread panicked: {why}"
             )))
         });
-        match written.and_then(|s| sink.finished(&s).map(|()| crate::slimmed(s))) {
-            Ok(s) => done.lock().unwrap_or_else(PoisonError::into_inner).push(s),
+        match written.and_then(|s| sink.finished(&s).map(|()| crate::slimmed(&s))) {
+            Ok(s) => lock(done).push(s),
             Err(e) => {
-                failed
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .get_or_insert(e);
+                lock(failed).get_or_insert(e);
             }
         }
     }
@@ -243,8 +232,7 @@ pub(crate) fn append_record<W: std::io::Write>(
             (&name[..], d, *crc)
         })
         .collect();
-    w.append_group(r.key, &parts, r.label)?;
-    Ok(())
+    w.append_group(r.key, &parts, r.label).map(drop)
 }
 
 /// A snapshot builder that keeps its record table in an unnamed temporary file in `dir`

@@ -162,13 +162,8 @@ impl Place {
         }
     }
 
-    /// Writes the snapshot whole or not at all: a local file is written under a temporary
-    /// name, synced and renamed; an object appears whole with its PUT.
-    pub(crate) fn write_snapshot(&self, snap: &[u8]) -> Result<(), PackError> {
-        self.write(SNAPSHOT_FILE, snap)
-    }
-
-    /// Writes file `name` whole or not at all (as [`Place::write_snapshot`]).
+    /// Writes file `name` whole or not at all: a local file is written under a temporary name,
+    /// synced and renamed; an object appears whole with its PUT.
     pub(crate) fn write(&self, name: &str, bytes: &[u8]) -> Result<(), PackError> {
         match self {
             Place::Dir(d) => write_file_atomic(&d.join(name), bytes),
@@ -220,27 +215,22 @@ pub fn reindex(
         .par_iter()
         .map(|&id| {
             let path = place.location(&chunk_file_name(id));
-            let bytes = place.read_chunk(id)?.ok_or_else(|| PackError::Source {
+            let bad = |detail: String| PackError::Source {
                 path: path.clone(),
-                detail: "vanished while reindexing".into(),
-            })?;
-            let header = ChunkHeader::decode(&bytes).map_err(|e| PackError::Source {
-                path: path.clone(),
-                detail: e.to_string(),
-            })?;
-            let check = check_chunk(&bytes, &header.dataset_id, id).map_err(|e| PackError::Source {
-                path: path.clone(),
-                detail: e.to_string(),
-            })?;
+                detail,
+            };
+            let bytes = place
+                .read_chunk(id)?
+                .ok_or_else(|| bad("vanished while reindexing".into()))?;
+            let header = ChunkHeader::decode(&bytes).map_err(|e| bad(e.to_string()))?;
+            let check =
+                check_chunk(&bytes, &header.dataset_id, id).map_err(|e| bad(e.to_string()))?;
             if let Some((i, err)) = check.bad_records.first() {
-                return Err(PackError::Source {
-                    path,
-                    detail: format!(
-                        "record {i} at offset {} is damaged ({err}); {} damaged records in this chunk",
-                        check.footer.entries[*i].offset,
-                        check.bad_records.len()
-                    ),
-                });
+                return Err(bad(format!(
+                    "record {i} at offset {} is damaged ({err}); {} damaged records in this chunk",
+                    check.footer.entries[*i].offset,
+                    check.bad_records.len()
+                )));
             }
             Ok((
                 header.dataset_id,
@@ -305,7 +295,7 @@ pub fn reindex(
             list.join("; ")
         )));
     }
-    place.write_snapshot(&snap)?;
+    place.write(SNAPSHOT_FILE, &snap)?;
     Ok(ReindexSummary {
         snapshot: place.location(SNAPSHOT_FILE).display().to_string(),
         dataset_id: hex_id(&dataset_id),

@@ -11,17 +11,16 @@ use granary_format::{
     chunk_file_name, parse_chunk_file_name, ChunkSummary, FileAttrs, SNAPSHOT_FILE,
 };
 use granary_store::object::ObjectUrl;
-use indicatif::ProgressStyle;
 use rayon::prelude::*;
 
 use crate::plan::{self, Plan};
 use crate::publish::{full_summary, write_snapshot_pending, Target};
 use crate::{
-    empty_summary, finished_shard, hex_id, in_dataset, make_plan, output, progress_bar,
-    remove_owned_chunks, scan_source, settings_text, shard, shared_key_of, slimmed,
-    spooled_builder, sync_dir, unchanged_summary, upload, verify_existing, work_dir, write_chunks,
-    write_snapshot_atomic, Build, Existing, Ids, LabelMode, Mode, PackError, PackOptions,
-    PackSummary, Place, PlanInput, Skipped, PLAN_FILE,
+    finished_shard, hex_id, in_dataset, make_plan, output, progress_bar, remove_owned_chunks,
+    scan_source, settings_text, shard, shared_key_of, slimmed, spooled_builder, sync_dir,
+    unchanged_summary, upload, verify_existing, work_dir, write_chunks, write_snapshot_atomic,
+    Build, Existing, Ids, LabelMode, Mode, PackError, PackOptions, PackSummary, Place, PlanInput,
+    Skipped, PLAN_FILE,
 };
 
 /// [`run_kept`], naming the work directory in the error once a plan was saved there: the
@@ -186,10 +185,8 @@ impl Run<'_> {
     /// the run's result.
     fn check_output(&mut self) -> Result<Option<PackSummary>, PackError> {
         let (opts, out, work) = (self.opts, &self.opts.output.out, &self.place.work);
-        match self.dest {
-            Some(_) => output::check_disjoint(&self.src, work, work)?,
-            None => output::check_disjoint(&self.src, out, work)?,
-        }
+        let local_out = if self.dest.is_some() { work } else { out };
+        output::check_disjoint(&self.src, local_out, work)?;
         if !matches!(self.mode, Mode::Append { .. }) {
             self.remote_found = output::claim(&opts.output, &mut self.warnings)?;
         }
@@ -475,9 +472,7 @@ impl Run<'_> {
             let mut kept = s.paths.iter().peekable();
             for &i in plan.chunk_files(*c) {
                 let rel = plan.files.path(i as usize);
-                if kept.peek().is_some_and(|p| p[..] == *rel) {
-                    kept.next();
-                } else {
+                if kept.next_if(|p| p[..] == *rel).is_none() {
                     self.skipped.push(Skipped {
                         path: rel.to_vec(),
                         reason: "skipped by the interrupted run".into(),
@@ -489,7 +484,7 @@ impl Run<'_> {
         // entries and paths are read back from their footers (or upload markers) when the
         // snapshot is built (a pack's memory then does not grow by ~100 bytes per file).
         for s in done.values_mut() {
-            *s = slimmed(std::mem::replace(s, empty_summary()));
+            *s = slimmed(s);
         }
         Ok(done)
     }
@@ -504,13 +499,10 @@ impl Run<'_> {
     ) -> Result<Vec<ChunkSummary>, PackError> {
         let total_bytes: u64 = plan.files.size.iter().sum();
         let done_bytes: u64 = done.keys().map(|&c| plan.chunk_bytes(c)).sum();
-        let pb = progress_bar(self.opts.output.progress, Some(total_bytes));
-        pb.set_style(
-            ProgressStyle::with_template(
-                "{spinner} packing [{bar:30}] {bytes}/{total_bytes} {msg} {bytes_per_sec} ETA {eta}",
-            )
-            .expect("static template")
-            .progress_chars("=> "),
+        let pb = progress_bar(
+            self.opts.output.progress,
+            Some(total_bytes),
+            "{spinner} packing [{bar:30}] {bytes}/{total_bytes} {msg} {bytes_per_sec} ETA {eta}",
         );
         pb.set_position(done_bytes);
         let todo: Vec<usize> = (0..plan.chunk_count())
@@ -555,16 +547,10 @@ impl Run<'_> {
     ) -> Result<PackSummary, PackError> {
         let chunks = done.len() as u64;
         let mut totals = Totals {
+            dir: self.place.chunks.clone(),
+            uploaded: self.dest.is_some(),
             bytes_out: done.values().map(|s| s.file_size).sum(),
             ..Totals::default()
-        };
-        let uploaded = self.dest.is_some();
-        let chunk_dir = self.place.chunks.clone();
-        // Every chunk's full summary, in id order, counted as it goes by.
-        let full = |s: ChunkSummary, t: &mut Totals| -> Result<ChunkSummary, PackError> {
-            let s = full_summary(&chunk_dir, uploaded, s)?;
-            t.count(&s);
-            Ok(s)
         };
         // The plan is done with: free it before the snapshot is built (the peak of a pack's
         // memory).
@@ -581,7 +567,7 @@ impl Run<'_> {
                 // Each chunk's footer is read back once, for the counts.
                 let mut chunks = Vec::with_capacity(chunks as usize);
                 for s in summaries {
-                    chunks.push(shard::PartChunk::of(&full(s, &mut totals)?));
+                    chunks.push(shard::PartChunk::of(&totals.full(s)?));
                 }
                 let part = shard::Part {
                     shard: *shard,
@@ -608,7 +594,7 @@ impl Run<'_> {
                 builder
                     .push_dirs(dirs.map(|d| (d.path, d.attrs.unwrap_or(FileAttrs::DIR_DEFAULT))))?;
                 for s in summaries {
-                    builder.push_chunk(&full(s, &mut totals)?)?;
+                    builder.push_chunk(&totals.full(s)?)?;
                 }
                 let generation = snap.lineage().generation + 1;
                 builder.lineage(granary_format::Lineage {
@@ -638,7 +624,7 @@ impl Run<'_> {
             Mode::Whole => {
                 let mut builder = spooled_builder(work, dataset_id, classes.clone())?;
                 for s in summaries {
-                    builder.push_chunk(&full(s, &mut totals)?)?;
+                    builder.push_chunk(&totals.full(s)?)?;
                 }
                 totals.bytes_out += write_snapshot_atomic(&work.join(SNAPSHOT_FILE), builder)?;
                 self.publish_whole(planned_chunks)?;
@@ -681,9 +667,13 @@ impl Run<'_> {
     }
 }
 
-/// Counts over every record of a run's chunks.
+/// A run's written chunks on their way into its part or snapshot, in id order: each one's full
+/// summary is read back from `dir` ([`full_summary`]; `uploaded`: from its marker there) as it
+/// goes by, and its records counted.
 #[derive(Default)]
 pub(crate) struct Totals {
+    pub dir: PathBuf,
+    pub uploaded: bool,
     pub files: u64,
     pub bytes_in: u64,
     pub bytes_stored: u64,
@@ -692,6 +682,19 @@ pub(crate) struct Totals {
 }
 
 impl Totals {
+    /// The full summary of written chunk `slim`, counted.
+    pub(crate) fn full(&mut self, slim: ChunkSummary) -> Result<ChunkSummary, PackError> {
+        let s = full_summary(&self.dir, self.uploaded, slim)?;
+        self.files += s.entries.len() as u64;
+        for e in &s.entries {
+            self.bytes_stored += e.stored_len;
+            self.bytes_in += e.orig_len;
+            self.compressed_records +=
+                (e.flags & granary_format::FLAG_COMPRESSION_MASK != 0) as u64;
+        }
+        Ok(s)
+    }
+
     /// A summary with these counts and the rates over `elapsed` seconds (the rest default).
     pub(crate) fn summary(&self, elapsed: f64) -> PackSummary {
         PackSummary {
@@ -709,16 +712,6 @@ impl Totals {
             files_per_s: self.files as f64 / elapsed.max(1e-9),
             mb_per_s: self.bytes_in as f64 / 1e6 / elapsed.max(1e-9),
             ..PackSummary::default()
-        }
-    }
-
-    pub(crate) fn count(&mut self, s: &ChunkSummary) {
-        self.files += s.entries.len() as u64;
-        for e in &s.entries {
-            self.bytes_stored += e.stored_len;
-            self.bytes_in += e.orig_len;
-            self.compressed_records +=
-                (e.flags & granary_format::FLAG_COMPRESSION_MASK != 0) as u64;
         }
     }
 }

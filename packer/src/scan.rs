@@ -2,16 +2,16 @@
 
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use rayon::prelude::*;
 
 use crate::files::FileTable;
-use crate::{PackError, Skipped};
+use crate::{lock, PackError, Skipped};
 
 /// A file's modification time in nanoseconds since the epoch, as the plan records it.
 pub(crate) fn mtime_ns(m: &std::fs::Metadata) -> i64 {
-    use std::os::unix::fs::MetadataExt;
     m.mtime()
         .saturating_mul(1_000_000_000)
         .saturating_add(m.mtime_nsec())
@@ -97,13 +97,11 @@ pub(crate) fn scan(
     // What is not a regular file or cannot be stat'ed is marked and dropped below.
     let n = files.len();
     let (kind, failures) = stat_files(src, &mut files, follow_links);
-    if let Some((i, reason)) = failures.first() {
-        if !skip_unreadable {
-            return Err(PackError::Source {
-                path: abs(src, files.path(*i)),
-                detail: reason.clone(),
-            });
-        }
+    if let Some((i, reason)) = failures.first().filter(|_| !skip_unreadable) {
+        return Err(PackError::Source {
+            path: abs(src, files.path(*i)),
+            detail: reason.clone(),
+        });
     }
     for (i, reason) in failures {
         skipped.push(Skipped {
@@ -180,15 +178,14 @@ fn stat_files(
                 match md {
                     Ok(m) if m.is_file() => {
                         *size = m.len();
-                        *ino = std::os::unix::fs::MetadataExt::ino(&m);
+                        *ino = m.ino();
                         *mtime = mtime_ns(&m);
-                        *mode = std::os::unix::fs::MetadataExt::mode(&m) & 0o7777;
+                        *mode = m.mode() & 0o7777;
                     }
                     Ok(_) => *kind = NOT_REGULAR,
                     Err(e) => {
                         *kind = FAILED;
-                        let mut f = failures.lock().unwrap_or_else(|p| p.into_inner());
-                        f.push((i, format!("cannot stat: {e}")));
+                        lock(failures).push((i, format!("cannot stat: {e}")));
                     }
                 }
             });
@@ -247,8 +244,7 @@ fn walk(
             // Its mode and mtime, for the dataset (a directory that cannot be stat'ed now is
             // simply not recorded: its files are what the pack is about).
             if let (Ok(m), Ok(rel)) = (entry.metadata(), entry.path().strip_prefix(src)) {
-                let mode = std::os::unix::fs::MetadataExt::mode(&m) & 0o7777;
-                dirs.push_dir(rel.as_os_str().as_bytes(), mode, mtime_ns(&m));
+                dirs.push_dir(rel.as_os_str().as_bytes(), m.mode() & 0o7777, mtime_ns(&m));
             }
             continue;
         }
@@ -308,8 +304,7 @@ fn list_ancestors(src: &Path, files: &FileTable) -> FileTable {
         .par_iter()
         .map(|d| {
             let m = std::fs::metadata(abs(src, d)).ok().filter(|m| m.is_dir())?;
-            let mode = std::os::unix::fs::MetadataExt::mode(&m) & 0o7777;
-            Some((mode, mtime_ns(&m)))
+            Some((m.mode() & 0o7777, mtime_ns(&m)))
         })
         .collect();
     let mut dirs = FileTable::default();

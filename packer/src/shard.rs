@@ -69,6 +69,8 @@ impl ShardSpec {
                 .parse::<u32>()
                 .map_err(|_| format!("{what} {v:?} is not a number"))
         };
+        // The number in environment variable `k`, if it is set.
+        let var = |k: &str| env(k).map(|v| num(k, &v)).transpose();
         let (i, n) = s.split_once('/').unwrap_or((s, ""));
         let (index, count) = if i.trim() == "auto" {
             let slurm = env("SLURM_ARRAY_TASK_ID");
@@ -76,15 +78,8 @@ impl ShardSpec {
             let index = match (&slurm, &k8s) {
                 (Some(id), _) => {
                     let id = num("SLURM_ARRAY_TASK_ID", id)?;
-                    let min = env("SLURM_ARRAY_TASK_MIN")
-                        .map(|v| num("SLURM_ARRAY_TASK_MIN", &v))
-                        .transpose()?
-                        .unwrap_or(0);
-                    let step = env("SLURM_ARRAY_TASK_STEP")
-                        .map(|v| num("SLURM_ARRAY_TASK_STEP", &v))
-                        .transpose()?
-                        .unwrap_or(1)
-                        .max(1);
+                    let min = var("SLURM_ARRAY_TASK_MIN")?.unwrap_or(0);
+                    let step = var("SLURM_ARRAY_TASK_STEP")?.unwrap_or(1).max(1);
                     id.checked_sub(min)
                         .map(|d| d / step)
                         .ok_or("SLURM_ARRAY_TASK_ID is below SLURM_ARRAY_TASK_MIN")?
@@ -102,10 +97,8 @@ impl ShardSpec {
             let count = if !n.is_empty() {
                 num("shard count", n)?
             } else if slurm.is_some() {
-                let c = env("SLURM_ARRAY_TASK_COUNT").ok_or(
-                    "--shard auto: SLURM_ARRAY_TASK_COUNT is not set; give --shard auto/N",
-                )?;
-                num("SLURM_ARRAY_TASK_COUNT", &c)?
+                var("SLURM_ARRAY_TASK_COUNT")?
+                    .ok_or("--shard auto: SLURM_ARRAY_TASK_COUNT is not set; give --shard auto/N")?
             } else {
                 return Err(
                     "--shard auto: a Kubernetes indexed job does not tell the number of \
@@ -606,14 +599,12 @@ fn build_snapshot(
     drop(parts);
     let last = by_id.keys().next_back().copied();
     let count = last.map_or(0, |l| l as u64 + 1);
-    if let Some((&stray, _)) = files.range(count as u32..).next() {
-        return Err(usage(
-            ds,
-            format!(
-                "{} is not listed by any part (left from an earlier pack?); remove it",
-                ds.join(chunk_file_name(stray)).display()
-            ),
-        ));
+    let stray = |path: &Path| {
+        let why = "is not listed by any part (left from an earlier pack?); remove it";
+        usage(ds, format!("{} {why}", path.display()))
+    };
+    if let Some((&id, _)) = files.range(count as u32..).next() {
+        return Err(stray(&ds.join(chunk_file_name(id))));
     }
     // Ids no shard used, below the highest: empty chunks. A file already there is acceptable
     // only if it is exactly that empty chunk (written by an interrupted merge).
@@ -624,8 +615,8 @@ fn build_snapshot(
     let mut samples = 0u64;
     let not_a_dataset = |e| usage(ds, format!("the parts do not form a dataset: {e}"));
     for id in 0..count as u32 {
+        let path = ds.join(chunk_file_name(id));
         if let Some((c, shard)) = by_id.remove(&id) {
-            let path = ds.join(chunk_file_name(id));
             let full = crate::read_footer(
                 ds,
                 ChunkSummary::bare(id, c.file_size, c.file_crc, c.digest),
@@ -647,22 +638,14 @@ fn build_snapshot(
             continue;
         }
         let (bytes, s) = filler_chunk(dataset_id, id, &classes);
-        let path = ds.join(chunk_file_name(id));
         let on_disk = || {
             let src = granary_store::ChunkStore::open_chunk(&granary_store::LocalDir::new(ds), id);
             granary_store::file::read_whole(&*src.ok()?).ok()
         };
-        if files.contains_key(&id) && on_disk().as_deref() != Some(&bytes[..]) {
-            return Err(usage(
-                ds,
-                format!(
-                    "{} is not listed by any part (left from an earlier pack?); remove it",
-                    path.display()
-                ),
-            ));
-        }
         if !files.contains_key(&id) {
             fillers.push((path, bytes));
+        } else if on_disk().as_deref() != Some(&bytes[..]) {
+            return Err(stray(&path));
         }
         b.push_chunk(&s).map_err(not_a_dataset)?;
     }

@@ -99,7 +99,7 @@ pub fn upgrade(dataset: &Path, cfg: &StoreConfig) -> Result<UpgradeSummary, Pack
         ))
     })?;
     place.write(LEGACY_SNAPSHOT_FILE, &old)?;
-    place.write_snapshot(&new)?;
+    place.write(SNAPSHOT_FILE, &new)?;
     Ok(UpgradeSummary {
         from: format!("{}.{}", legacy.version.0, legacy.version.1),
         upgraded: true,

@@ -34,7 +34,7 @@ use granary_store::write::{Durability, Seal};
 
 use super::spill::SpillRecord;
 use crate::publish::{append_record, write_in_parallel, ChunkRecord};
-use crate::{upload, Ids, PackError};
+use crate::{lock, upload, Ids, PackError};
 
 /// Stored bytes of the first samples held to learn their mean size.
 pub(super) const PROBE_BYTES: u64 = 64 << 20;
@@ -114,14 +114,12 @@ impl Direct {
         let label = match rec.label_name.is_empty() {
             true => rec.label,
             false => {
-                let mut names = self.names.lock().unwrap_or_else(|p| p.into_inner());
+                let mut names = lock(&self.names);
                 let next = names.len() as u32;
                 *names.entry(rec.label_name).or_insert(next)
             }
         };
-        let mut s = self.slots[slot as usize]
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
+        let mut s = lock(&self.slots[slot as usize]);
         if s.w.is_none() {
             s.w = Some(self.make_chunk()?);
         }
@@ -137,7 +135,7 @@ impl Direct {
     }
 
     fn make_chunk(&self) -> Result<ChunkFile<Appender>, PackError> {
-        let mut made = self.made.lock().unwrap_or_else(|p| p.into_inner());
+        let mut made = lock(&self.made);
         self.ids.check(*made + 1)?;
         let id = self.ids.id(*made);
         let path = self.dir.join(chunk_file_name(id));
@@ -166,7 +164,7 @@ impl Direct {
         sink: &upload::Sink<'_>,
     ) -> Result<Vec<ChunkSummary>, PackError> {
         // Provisional index -> the class table's.
-        let names = self.names.lock().unwrap_or_else(|p| p.into_inner());
+        let names = lock(&self.names);
         let mut remap = vec![NO_LABEL; names.len()];
         for (name, &i) in names.iter() {
             remap[i as usize] = *class_of.get(name).ok_or_else(|| {
@@ -183,15 +181,15 @@ impl Direct {
                 w.records()
                     .map_labels(|l| remap.get(l as usize).copied().unwrap_or(l));
             }
-            self.finish_chunk(w, classes, types)
+            let tmp = w.tmp_path().to_path_buf();
+            w.publish(classes, types)
+                .map_err(|e| PackError::io("writing", &tmp, e))
         };
         let ((), done) = write_in_parallel(threads, sink, write, |feed| {
             for slot in &self.slots {
-                let taken = slot.lock().unwrap_or_else(|p| p.into_inner()).w.take();
-                if let Some(w) = taken {
-                    if !feed.send(w) {
-                        break; // the failure is the result; `abandon` removes every unnamed chunk
-                    }
+                let taken = lock(slot).w.take();
+                if taken.is_some_and(|w| !feed.send(w)) {
+                    break; // the failure is the result; `abandon` removes every unnamed chunk
                 }
             }
             Ok(())
@@ -199,22 +197,11 @@ impl Direct {
         Ok(done)
     }
 
-    fn finish_chunk(
-        &self,
-        f: ChunkFile<Appender>,
-        classes: &[Vec<u8>],
-        types: &std::collections::BTreeMap<Vec<u8>, String>,
-    ) -> Result<ChunkSummary, PackError> {
-        let tmp = f.tmp_path().to_path_buf();
-        f.publish(classes, types)
-            .map_err(|e| PackError::io("writing", &tmp, e))
-    }
-
     /// Removes the chunks of an unfinished writer still in their slots (nothing resumes from
     /// them; a chunk a failed finish took went with its writer).
     pub(super) fn abandon(&self) {
         for s in &self.slots {
-            drop(s.lock().unwrap_or_else(|p| p.into_inner()).w.take());
+            drop(lock(s).w.take());
         }
     }
 }

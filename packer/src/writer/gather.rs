@@ -5,6 +5,7 @@ use std::collections::HashMap;
 
 use granary_format::{parse_chunk_file_name, ChunkSummary, SNAPSHOT_FILE};
 
+use crate::run::Totals;
 use crate::shard::{Part, PartChunk};
 use crate::{
     hex_id, output, shared_key_of, spooled_builder, upload, write_snapshot_atomic, PackError,
@@ -13,9 +14,7 @@ use crate::{
 use granary_store::chunk_file::Records;
 
 use super::*;
-use crate::publish::{
-    full_summary, publish_whole, write_chunk, write_in_parallel, ChunkRecord, Feed, Target,
-};
+use crate::publish::{publish_whole, write_chunk, write_in_parallel, ChunkRecord, Feed, Target};
 
 impl Writer {
     /// Builds the chunks and the snapshot (or the shard's part) and publishes the dataset.
@@ -52,19 +51,12 @@ impl Writer {
         if self.shared.direct.get().is_none() {
             self.clear_outputs()?;
         }
-        let dest = self.opts.output.destination.clone();
-        let dir = self.layout.chunks.clone();
-        let gathered =
-            upload::with_sink(
-                dest.as_deref(),
-                &dir,
-                Vec::new(),
-                &|_| {},
-                |sink| match self.shared.direct.get() {
-                    Some(d) => d.finish(&classes, &class_of, &self.types, self.opts.threads, sink),
-                    None => self.gather(&classes, &class_of, sink),
-                },
-            )?;
+        let gather = |sink: &upload::Sink<'_>| match self.shared.direct.get() {
+            Some(d) => d.finish(&classes, &class_of, &self.types, self.opts.threads, sink),
+            None => self.gather(&classes, &class_of, sink),
+        };
+        let dest = self.opts.output.destination.as_deref();
+        let gathered = upload::with_sink(dest, &self.layout.chunks, Vec::new(), &|_| {}, gather)?;
         self.warn_if_oversized(&gathered);
         let summary = self.finish_as_mode(gathered, classes)?;
         let spill = &self.layout.spill;
@@ -131,13 +123,10 @@ impl Writer {
         class_of: &HashMap<Vec<u8>, u32>,
         sink: &upload::Sink<'_>,
     ) -> Result<Vec<ChunkSummary>, PackError> {
-        let pb = crate::progress_bar(self.opts.output.progress, Some(self.opts.buckets as u64));
-        pb.set_style(
-            indicatif::ProgressStyle::with_template(
-                "{spinner} writing chunks [{bar:30}] {pos}/{len} logs {msg}",
-            )
-            .expect("static template")
-            .progress_chars("=> "),
+        let pb = crate::progress_bar(
+            self.opts.output.progress,
+            Some(self.opts.buckets as u64),
+            "{spinner} writing chunks [{bar:30}] {pos}/{len} logs {msg}",
         );
         // The layout, cut here in order, does not depend on which chunk writer finishes first.
         let write = |(id, recs): (u32, Vec<SpillRecord>)| {
@@ -185,11 +174,7 @@ impl Writer {
         for b in 0..self.opts.buckets {
             let p = self.layout.spill.join(log_name(b));
             let (f, mut recs) = read_log(&p, self.opts.output.seed, self.opts.gather_memory)?;
-            let held = std::mem::take(
-                &mut *self.shared.held[b as usize]
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner()),
-            );
+            let held = std::mem::take(&mut *lock(&self.shared.held[b as usize]));
             recs.extend(
                 held.into_iter()
                     .map(|r| (order_of(&r.key, self.opts.output.seed), Rec::Mem(r))),
@@ -224,21 +209,17 @@ impl Writer {
         classes: Vec<Vec<u8>>,
     ) -> Result<PackSummary, PackError> {
         let chunks = summaries.len() as u64;
-        let mut t = crate::run::Totals::default();
-        let uploaded = self.opts.output.destination.is_some();
-        let dir = self.layout.chunks.clone();
-        let full =
-            |s: ChunkSummary, t: &mut crate::run::Totals| -> Result<ChunkSummary, PackError> {
-                let s = full_summary(&dir, uploaded, s)?;
-                t.count(&s);
-                Ok(s)
-            };
-        t.bytes_out = summaries.iter().map(|s| s.file_size).sum();
+        let mut t = Totals {
+            dir: self.layout.chunks.clone(),
+            uploaded: self.opts.output.destination.is_some(),
+            bytes_out: summaries.iter().map(|s| s.file_size).sum(),
+            ..Totals::default()
+        };
         let action = match (self.opts.output.shard, &self.layout.work) {
             (Some(shard), _) => {
                 let mut list = Vec::with_capacity(summaries.len());
                 for s in summaries {
-                    list.push(PartChunk::of(&full(s, &mut t)?));
+                    list.push(PartChunk::of(&t.full(s)?));
                 }
                 let part = Part {
                     shard,
@@ -253,7 +234,7 @@ impl Writer {
             (None, Some(work)) => {
                 let mut builder = spooled_builder(work, self.dataset_id, classes.clone())?;
                 for s in summaries {
-                    builder.push_chunk(&full(s, &mut t)?)?;
+                    builder.push_chunk(&t.full(s)?)?;
                 }
                 t.bytes_out += write_snapshot_atomic(&work.join(SNAPSHOT_FILE), builder)?;
                 let target = match &self.opts.output.destination {

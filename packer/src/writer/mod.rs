@@ -45,7 +45,8 @@ use granary_format::local::{FIELD_TYPES, WRITER_STATE};
 use granary_format::{path_hash, NO_LABEL};
 
 use crate::{
-    new_dataset_id, output, shared_key_of, work_dir, write_file_atomic, Ids, PackError, PART_FILE,
+    lock, new_dataset_id, output, shared_key_of, work_dir, write_file_atomic, Ids, PackError,
+    PART_FILE,
 };
 
 pub use options::{WriterOptions, DEFAULT_BUCKETS, DEFAULT_GATHER_MEMORY};
@@ -113,14 +114,11 @@ struct Shared {
 
 impl Shared {
     fn fail(&self, e: PackError) {
-        let mut slot = self.error.lock().unwrap_or_else(|p| p.into_inner());
-        if slot.is_none() {
-            *slot = Some(e);
-        }
+        lock(&self.error).get_or_insert(e);
     }
 
     fn take_error(&self) -> Option<PackError> {
-        self.error.lock().unwrap_or_else(|p| p.into_inner()).take()
+        lock(&self.error).take()
     }
 }
 
@@ -203,10 +201,7 @@ impl Writer {
             ));
         }
         if let Some(c) = &opts.classes {
-            let mut sorted = c.clone();
-            sorted.sort();
-            sorted.dedup();
-            if sorted.len() != c.len() {
+            if c.iter().collect::<HashSet<_>>().len() != c.len() {
                 return Err(PackError::Usage("classes must be distinct".into()));
             }
         }
@@ -324,42 +319,34 @@ impl Writer {
     }
 
     fn layout(opts: &WriterOptions) -> Result<Layout, PackError> {
-        Ok(
-            match (
-                &opts.output.shard,
-                &opts.output.destination,
-                &opts.output.staging,
-            ) {
-                (Some(s), _, _) => {
-                    let part = opts.output.out.join(s.dir_name());
-                    Layout {
-                        spill: part,
-                        chunks: opts.output.out.clone(),
-                        work: None,
-                        ids: Ids {
-                            base: s.index,
-                            stride: s.count,
-                        },
-                    }
-                }
-                (None, Some(_), Some(staging)) => Layout {
-                    spill: staging.join("spill"),
-                    chunks: staging.clone(),
-                    work: Some(staging.clone()),
-                    ids: Ids { base: 0, stride: 1 },
+        let o = &opts.output;
+        Ok(match (&o.shard, &o.destination, &o.staging) {
+            (Some(s), _, _) => Layout {
+                spill: o.out.join(s.dir_name()),
+                chunks: o.out.clone(),
+                work: None,
+                ids: Ids {
+                    base: s.index,
+                    stride: s.count,
                 },
-                // `OutputOptions::check` made sure a destination comes with its staging directory.
-                (None, _, _) => {
-                    let work = work_dir(&opts.output.out)?;
-                    Layout {
-                        spill: spill_dir_of(&opts.output.out)?,
-                        chunks: work.clone(),
-                        work: Some(work),
-                        ids: Ids { base: 0, stride: 1 },
-                    }
-                }
             },
-        )
+            (None, Some(_), Some(staging)) => Layout {
+                spill: staging.join("spill"),
+                chunks: staging.clone(),
+                work: Some(staging.clone()),
+                ids: Ids { base: 0, stride: 1 },
+            },
+            // `OutputOptions::check` made sure a destination comes with its staging directory.
+            (None, _, _) => {
+                let work = work_dir(&o.out)?;
+                Layout {
+                    spill: spill_dir_of(&o.out)?,
+                    chunks: work.clone(),
+                    work: Some(work),
+                    ids: Ids { base: 0, stride: 1 },
+                }
+            }
+        })
     }
 
     /// The dataset id of the interrupted writer whose state is at `path`, if its settings
@@ -401,33 +388,29 @@ impl Writer {
             let f = File::open(&p).map_err(|e| PackError::io("opening", &p, e))?;
             let mut r = BufReader::with_capacity(1 << 20, &f);
             let mut good = 0u64;
-            loop {
-                match next_record(&mut r) {
-                    Ok(None) => break,
-                    Ok(Some((body, len))) => match SpillRecord::decode(body) {
-                        Ok(rec) => {
-                            good += len;
-                            self.note_label_of(&rec)?;
-                            self.with_fields = Some(!rec.fields.is_empty());
-                            self.resumed.insert(key_hash(&rec.key), rec.enc.crc32);
-                            self.bytes_in += rec.enc.orig_len;
-                        }
-                        Err(why) => {
-                            warnings.push(format!(
-                                "{}: {why} at byte {good}; dropped from there",
-                                p.display()
-                            ));
-                            break;
-                        }
-                    },
+            // Up to the first torn or damaged record, which is dropped with what follows.
+            let torn = loop {
+                let (body, len) = match next_record(&mut r) {
+                    Ok(None) => break None,
+                    Ok(Some(record)) => record,
                     Err(why) => {
-                        warnings.push(format!(
-                            "{}: {why} at byte {good} (cut short by the interruption); dropped from there",
-                            p.display()
-                        ));
-                        break;
+                        break Some(format!(
+                            "{why} at byte {good} (cut short by the interruption)"
+                        ))
                     }
-                }
+                };
+                let rec = match SpillRecord::decode(body) {
+                    Ok(rec) => rec,
+                    Err(why) => break Some(format!("{why} at byte {good}")),
+                };
+                good += len;
+                self.note_label_of(&rec);
+                self.with_fields = Some(!rec.fields.is_empty());
+                self.resumed.insert(key_hash(&rec.key), rec.enc.crc32);
+                self.bytes_in += rec.enc.orig_len;
+            };
+            if let Some(why) = torn {
+                warnings.push(format!("{}: {why}; dropped from there", p.display()));
             }
             drop(r);
             let len = f
@@ -448,7 +431,7 @@ impl Writer {
         Ok(())
     }
 
-    fn note_label_of(&mut self, rec: &SpillRecord) -> Result<(), PackError> {
+    fn note_label_of(&mut self, rec: &SpillRecord) {
         if !rec.label_name.is_empty() {
             self.label_kind = LabelKind::Name;
             self.names.insert(rec.label_name.clone());
@@ -458,7 +441,6 @@ impl Writer {
             }
             self.max_index = self.max_index.max(Some(rec.label));
         }
-        Ok(())
     }
 
     fn start_threads(&mut self) {
@@ -643,18 +625,18 @@ impl Writer {
                 format!("{}/...", shown())
             )));
         }
-        let slashes = key.iter().enumerate().filter(|(_, &b)| b == b'/');
-        let dirs: Vec<u128> = slashes.map(|(i, _)| key_hash(&key[..i])).collect();
-        for (k, d) in dirs.iter().enumerate() {
-            if self.seen.contains(d) || self.resumed.contains_key(d) {
-                let end = key.iter().enumerate().filter(|(_, &b)| b == b'/').nth(k);
-                let file = String::from_utf8_lossy(&key[..end.map_or(key.len(), |(i, _)| i)]);
+        let mut dirs = Vec::new();
+        for i in (0..key.len()).filter(|&i| key[i] == b'/') {
+            let d = key_hash(&key[..i]);
+            if self.seen.contains(&d) || self.resumed.contains_key(&d) {
                 return Err(PackError::Usage(format!(
-                    "key {:?} lies under {file:?}, which was written before as a sample (a \
-                     file): a path is a file or a directory, not both",
-                    shown()
+                    "key {:?} lies under {:?}, which was written before as a sample (a file): a \
+                     path is a file or a directory, not both",
+                    shown(),
+                    String::from_utf8_lossy(&key[..i])
                 )));
             }
+            dirs.push(d);
         }
         self.dirs.extend(dirs);
         Ok(())
@@ -898,14 +880,10 @@ impl Writer {
             return Err(PackError::Usage("a writer thread panicked".into()));
         }
         for (b, log) in self.shared.logs.iter().enumerate() {
-            let mut log = log.lock().unwrap_or_else(|p| p.into_inner());
+            let mut log = lock(log);
             let p = self.layout.spill.join(log_name(b as u32));
             if spill_held {
-                let held = std::mem::take(
-                    &mut *self.shared.held[b]
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner()),
-                );
+                let held = std::mem::take(&mut *lock(&self.shared.held[b]));
                 for rec in held {
                     rec.write_to(&mut *log)
                         .map_err(|e| PackError::io("writing", &p, e))?;

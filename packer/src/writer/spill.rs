@@ -13,7 +13,7 @@ use granary_format::{path_hash, Compression};
 
 use crate::encode::{encode_bytes, CompressMode, Encoded};
 use crate::shard::mix64;
-use crate::{work_dir, PackError};
+use crate::{lock, work_dir, PackError};
 
 use super::*;
 
@@ -264,10 +264,7 @@ pub(super) fn clear_spill(dir: &Path) -> Result<(), PackError> {
 /// A writer thread: takes samples off the queue, encodes them and appends them to their log.
 pub(super) fn spill_loop(rx: &Mutex<Receiver<Job>>, shared: &Shared, mode: CompressMode) {
     loop {
-        let job = match rx.lock().unwrap_or_else(|p| p.into_inner()).recv() {
-            Ok(j) => j,
-            Err(_) => return,
-        };
+        let Ok(job) = lock(rx).recv() else { return };
         let n = job.data.len() as u64;
         let key = job.key;
         let (fields, enc) = if job.fields.is_empty() {
@@ -321,17 +318,12 @@ pub(super) fn spill_loop(rx: &Mutex<Receiver<Job>>, shared: &Shared, mode: Compr
         }
         let size = rec.held_bytes();
         if shared.held_bytes.fetch_add(size, Ordering::Relaxed) + size <= shared.budget {
-            shared.held[b as usize]
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .push(rec);
+            lock(&shared.held[b as usize]).push(rec);
             shared.queued_bytes.fetch_sub(n, Ordering::Relaxed);
             continue;
         }
         shared.held_bytes.fetch_sub(size, Ordering::Relaxed);
-        let mut log = shared.logs[b as usize]
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
+        let mut log = lock(&shared.logs[b as usize]);
         if let Err(e) = rec.write_to(&mut *log) {
             shared.fail(PackError::io("writing", &shared.dir.join(log_name(b)), e));
             return;
