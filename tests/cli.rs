@@ -1491,12 +1491,7 @@ fn the_bill_before_the_run_is_what_the_run_reads() {
         os("1GiB"),
     ]);
     let b = json(plan);
-    let origin = b["total"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|l| l["layer"] == "origin")
-        .unwrap();
+    let origin = layer(&b["total"], "origin");
     assert_eq!(origin["bytes"], 0, "{b}");
     assert_eq!(origin["cost"], 0.0, "{b}");
     let o = run([os("plan"), ds.as_os_str(), os("--prices"), os("0.1")]);
@@ -1610,15 +1605,6 @@ fn every_sample_counts_in_the_layer_that_served_it() {
     let files = numbered_tree(600, 3, |i| 500 + (i as usize * 37) % 3000);
     let (src, ds) = (tmp.path().join("src"), tmp.path().join("ds"));
     let ds = packed_tree(&src, &files, &ds, &["--chunk-size", "64KiB"]);
-    let layer = |r: &serde_json::Value, name: &str| -> serde_json::Value {
-        let l = r["layers"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|l| l["layer"] == name);
-        l.unwrap_or_else(|| panic!("no layer {name} in {r}"))
-            .clone()
-    };
     let read = |extra: &[&str]| -> serde_json::Value {
         let mut args = vec!["read", ds.to_str().unwrap(), "--json"];
         args.extend_from_slice(extra);
@@ -1627,7 +1613,7 @@ fn every_sample_counts_in_the_layer_that_served_it() {
     };
     for order in ["chunkwise", "global", "sequential"] {
         let r = read(&["--shuffle", order]);
-        let origin = layer(&r, "origin");
+        let origin = layer(&r["layers"], "origin");
         assert_eq!(origin["served_samples"], 600, "{order}: {r}");
         assert!(origin["served_bytes"].as_u64().unwrap() >= r["bytes"].as_u64().unwrap());
         let opened = ["opened_buffered", "opened_resident", "opened_direct"]
@@ -1649,7 +1635,10 @@ fn every_sample_counts_in_the_layer_that_served_it() {
     ];
     read(&with_tier);
     let warm = read(&with_tier);
-    let (t, o) = (layer(&warm, "tier"), layer(&warm, "origin"));
+    let (t, o) = (
+        layer(&warm["layers"], "tier"),
+        layer(&warm["layers"], "origin"),
+    );
     assert_eq!(t["served_samples"], 600, "{warm}");
     assert_eq!(o["served_samples"], 0, "{warm}");
     assert_eq!(o["opens"], 0, "{warm}");

@@ -163,11 +163,7 @@ fn field(r: &serde_json::Value, path: &[&str]) -> u64 {
 
 /// Count `name` of layer `layer` in an epoch's report.
 fn layer_field(r: &serde_json::Value, layer: &str, name: &str) -> u64 {
-    let layers = r["layers"]
-        .as_array()
-        .unwrap_or_else(|| panic!("layers in {r}"));
-    let l = layers.iter().find(|l| l["layer"] == layer);
-    field(l.unwrap_or_else(|| panic!("layer {layer} in {r}")), &[name])
+    field(crate::common::layer(&r["layers"], layer), &[name])
 }
 
 /// Waits for a reader, at most `secs`: a reader that hangs fails the test instead of it.

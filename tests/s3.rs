@@ -1008,12 +1008,7 @@ fn waits_land_on_the_layer_that_is_slow() {
     assert!(w(0, "origin_s") > 0.8 * w(0, "waited_s"), "{r}");
     // The second epoch reads the tier.
     assert!(w(1, "origin_s") < 0.1 * w(0, "origin_s"), "{r}");
-    let origin = r[1]["layers"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|l| l["layer"] == "origin")
-        .unwrap();
+    let origin = layer(&r[1]["layers"], "origin");
     assert_eq!(origin["served_bytes"], 0, "{r}");
 }
 

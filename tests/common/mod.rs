@@ -463,3 +463,14 @@ pub fn tar_bytes<N: AsRef<[u8]>>(members: &[(N, Vec<u8>)]) -> Vec<u8> {
 pub fn write_tar<N: AsRef<[u8]>>(path: &Path, members: &[(N, Vec<u8>)]) {
     std::fs::write(path, tar_bytes(members)).unwrap();
 }
+
+/// The entry of layer `name` in `layers`, a report's list of layers (`read --json`'s `layers`,
+/// a bill's `total`).
+pub fn layer<'a>(layers: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
+    let list = layers
+        .as_array()
+        .unwrap_or_else(|| panic!("a list of layers: {layers}"));
+    list.iter()
+        .find(|l| l["layer"] == name)
+        .unwrap_or_else(|| panic!("no layer {name} in {layers}"))
+}
