@@ -1,7 +1,7 @@
 //! Chunk files: a 64-byte header, records back to back, a footer listing every record, and a
 //! 32-byte trailer that locates the footer.
 
-use crate::error::{check_crc, check_magic_version, FormatError, Result};
+use crate::error::{bail, check_crc, invalid, need, FormatError, Result};
 use crate::strtab::{encode_string_table, StringTable};
 use crate::SAMPLE_ENTRY_LEN;
 use crate::{le, SampleEntry, CHUNK_END_MAGIC, CHUNK_MAGIC, CHUNK_VERSION};
@@ -21,7 +21,7 @@ pub const CHUNK_HEADER_LEN: usize = 64;
 /// Length of the trailer at the end of every chunk file.
 pub const CHUNK_TRAILER_LEN: usize = 32;
 /// Length of the fixed part of the footer body (record count and the two table lengths).
-const FOOTER_FIXED_LEN: u64 = 24;
+const FOOTER_FIXED_LEN: usize = 24;
 
 /// The header of a chunk file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -59,41 +59,40 @@ impl ChunkHeader {
     /// Decodes and checks a header from the first bytes of a chunk file.
     pub fn decode(b: &[u8]) -> Result<Self> {
         const WHAT: &str = "chunk header";
-        if b.len() < CHUNK_HEADER_LEN {
-            return Err(FormatError::truncated(
-                WHAT,
-                CHUNK_HEADER_LEN as u64,
-                b.len() as u64,
-            ));
+        need(WHAT, b, CHUNK_HEADER_LEN)?;
+        if b[0..8] != CHUNK_MAGIC {
+            return Err(FormatError::bad_magic(WHAT, &CHUNK_MAGIC, &b[0..8]));
         }
-        check_magic_version(WHAT, &CHUNK_MAGIC, b)?;
+        let version = le::u16_at(b, 8);
+        if version != CHUNK_VERSION {
+            bail!(
+                WHAT,
+                "chunk layout version {version} is not supported by this reader (it reads \
+                 version {CHUNK_VERSION})"
+            );
+        }
         check_crc(WHAT, le::u32_at(b, 60), &b[0..60])?;
         let features = le::u16_at(b, 10);
         if features & !crate::CHUNK_KNOWN_FEATURES != 0 {
-            return Err(FormatError::invalid(
+            bail!(
                 WHAT,
-                format!(
-                    "feature bits {:#x} are unknown: a chunk of a dataset whose snapshot this \
-                     reader knows holds only known ones (damaged, or another format's chunk)",
-                    features & !crate::CHUNK_KNOWN_FEATURES
-                ),
-            ));
+                "feature bits {:#x} are unknown: a chunk of a dataset whose snapshot this \
+                 reader knows holds only known ones (damaged, or another format's chunk)",
+                features & !crate::CHUNK_KNOWN_FEATURES
+            );
         }
         if b[36..60].iter().any(|&x| x != 0) {
-            return Err(FormatError::invalid(
-                WHAT,
-                "reserved bytes 36..60 are not zero",
-            ));
+            bail!(WHAT, "reserved bytes 36..60 are not zero");
         }
         if features & CHUNK_TYPES != 0 && features & CHUNK_FIELDS == 0 {
-            return Err(FormatError::invalid(WHAT, "field types without fields"));
+            bail!(WHAT, "field types without fields");
         }
         let header_len = le::u32_at(b, 12);
         if header_len as usize != CHUNK_HEADER_LEN {
-            return Err(FormatError::invalid(
+            bail!(
                 WHAT,
-                format!("header length {header_len}, expected {CHUNK_HEADER_LEN}"),
-            ));
+                "header length {header_len}, expected {CHUNK_HEADER_LEN}"
+            );
         }
         Ok(ChunkHeader {
             dataset_id: le::id_at(b, 16),
@@ -154,13 +153,12 @@ impl Trailer {
             || t.footer_offset < CHUNK_HEADER_LEN as u64
             || end != Some(file_len)
         {
-            return Err(FormatError::invalid(
+            bail!(
                 WHAT,
-                format!(
-                    "footer at {}+{} does not end at the trailer of a {file_len}-byte file",
-                    t.footer_offset, t.footer_len
-                ),
-            ));
+                "footer at {}+{} does not end at the trailer of a {file_len}-byte file",
+                t.footer_offset,
+                t.footer_len
+            );
         }
         Ok(t)
     }
@@ -188,15 +186,11 @@ pub struct ChunkFooter {
 /// types (`f.types` not empty) the types likewise, the number of field entries m (u64), one
 /// u32 field count per record, then the m entries.
 pub fn encode_fields_block(f: &ChunkFields) -> Vec<u8> {
-    let names = encode_string_table(f.names.iter());
     let m: usize = f.records.iter().map(Vec::len).sum();
-    let mut b = Vec::with_capacity(16 + names.len() + 4 * f.records.len() + m * FIELD_ENTRY_LEN);
-    b.extend_from_slice(&(names.len() as u64).to_le_bytes());
-    b.extend_from_slice(&names);
+    let mut b = Vec::new();
+    put_sized_table(&mut b, &f.names);
     if !f.types.is_empty() {
-        let types = encode_string_table(f.types.iter());
-        b.extend_from_slice(&(types.len() as u64).to_le_bytes());
-        b.extend_from_slice(&types);
+        put_sized_table(&mut b, &f.types);
     }
     b.extend_from_slice(&(m as u64).to_le_bytes());
     for r in &f.records {
@@ -208,6 +202,13 @@ pub fn encode_fields_block(f: &ChunkFields) -> Vec<u8> {
     b
 }
 
+/// Appends `items` as a string table preceded by its length (u64).
+fn put_sized_table<S: AsRef<[u8]>>(b: &mut Vec<u8>, items: &[S]) {
+    let table = encode_string_table(items.iter());
+    b.extend_from_slice(&(table.len() as u64).to_le_bytes());
+    b.extend_from_slice(&table);
+}
+
 /// A string table preceded by its length (u64) at `at` in `b`, with at least `after` bytes
 /// after it: its items and where it ends.
 fn sized_table(
@@ -216,7 +217,7 @@ fn sized_table(
     after: usize,
     what: &'static str,
 ) -> Result<(Vec<Vec<u8>>, usize)> {
-    let short = || FormatError::invalid(what, "shorter than its lengths say");
+    let short = || invalid!(what, "shorter than its lengths say");
     if b.len() < at.saturating_add(8) {
         return Err(short());
     }
@@ -227,23 +228,15 @@ fn sized_table(
         .ok_or_else(short)?;
     let table = StringTable::parse(&b[at + 8..end], what)?;
     table.validate()?;
-    let items = table
-        .iter()
-        .map(|x| x.map(<[u8]>::to_vec))
-        .collect::<Result<_>>()?;
-    Ok((items, end))
+    Ok((table.to_vecs()?, end))
 }
 
 /// Encodes an attributes block: one [`FileAttrs`] per record, then the directories' paths (a
 /// string table preceded by its length as u64) and one [`FileAttrs`] per directory.
 fn encode_attrs_block(attrs: &[FileAttrs], dirs: &[DirAttrs]) -> Vec<u8> {
-    let paths = encode_string_table(dirs.iter().map(|d| &d.0));
-    let mut b = Vec::with_capacity((attrs.len() + dirs.len()) * ATTRS_LEN + 8 + paths.len());
-    for a in attrs {
-        b.extend_from_slice(&a.encode());
-    }
-    b.extend_from_slice(&(paths.len() as u64).to_le_bytes());
-    b.extend_from_slice(&paths);
+    let mut b: Vec<u8> = attrs.iter().flat_map(|a| a.encode()).collect();
+    let paths: Vec<&[u8]> = dirs.iter().map(|d| &d.0[..]).collect();
+    put_sized_table(&mut b, &paths);
     for (_, a) in dirs {
         b.extend_from_slice(&a.encode());
     }
@@ -254,7 +247,7 @@ fn encode_attrs_block(attrs: &[FileAttrs], dirs: &[DirAttrs]) -> Vec<u8> {
 /// the directories (each a valid relative path, sorted and distinct) and where the block ends.
 fn decode_attrs_block(b: &[u8], n: u64) -> Result<(Vec<FileAttrs>, Vec<DirAttrs>, usize)> {
     const WHAT: &str = "chunk footer attributes";
-    let short = || FormatError::invalid(WHAT, "shorter than its lengths say");
+    let short = || invalid!(WHAT, "shorter than its lengths say");
     let files_len = n
         .checked_mul(ATTRS_LEN as u64)
         .filter(|&l| l <= b.len() as u64)
@@ -271,17 +264,10 @@ fn decode_attrs_block(b: &[u8], n: u64) -> Result<(Vec<FileAttrs>, Vec<DirAttrs>
         .filter(|&e| e <= b.len())
         .ok_or_else(short)?;
     for (i, p) in paths.iter().enumerate() {
-        crate::check_relative_path(p).map_err(|why| {
-            FormatError::invalid(
-                WHAT,
-                format!("directory {}: {why}", String::from_utf8_lossy(p)),
-            )
-        })?;
+        crate::check_relative_path(p)
+            .map_err(|why| invalid!(WHAT, "directory {}: {why}", String::from_utf8_lossy(p)))?;
         if i > 0 && paths[i - 1] >= *p {
-            return Err(FormatError::invalid(
-                WHAT,
-                "directories not sorted and distinct",
-            ));
+            bail!(WHAT, "directories not sorted and distinct");
         }
     }
     let dirs = paths
@@ -303,40 +289,32 @@ pub fn decode_fields_block(b: &[u8], n: u64, typed: bool) -> Result<ChunkFields>
     if typed {
         let (t, end) = sized_table(b, names_end, 8, "chunk footer field types")?;
         if t.len() != names.len() {
-            return Err(FormatError::invalid(WHAT, "not one type per field name"));
+            bail!(WHAT, "not one type per field name");
         }
         for d in t {
             let d = String::from_utf8(d)
-                .map_err(|_| FormatError::invalid(WHAT, "a type descriptor is not UTF-8"))?;
+                .map_err(|_| invalid!(WHAT, "a type descriptor is not UTF-8"))?;
             FieldType::parse(&d).map_err(|e| FormatError::invalid(WHAT, e))?;
             types.push(d);
         }
         names_end = end;
     }
     for (i, name) in names.iter().enumerate() {
-        crate::check_field_name(name)
-            .map_err(|why| FormatError::invalid(WHAT, format!("name {i}: {why}")))?;
+        crate::check_field_name(name).map_err(|why| invalid!(WHAT, "name {i}: {why}"))?;
         if i > 0 && names[i - 1] >= *name {
-            return Err(FormatError::invalid(WHAT, "names not sorted and distinct"));
+            bail!(WHAT, "names not sorted and distinct");
         }
     }
     let m = le::u64_at(b, names_end);
     let counts_at = names_end + 8;
-    let want = n
-        .checked_mul(4)
-        .and_then(|c| {
-            m.checked_mul(FIELD_ENTRY_LEN as u64)
-                .and_then(|e| e.checked_add(c))
-        })
-        .and_then(|x| x.checked_add(counts_at as u64));
-    if want != Some(b.len() as u64) {
-        return Err(FormatError::invalid(
+    // In u128, where no sum of these can overflow.
+    let want = counts_at as u128 + 4 * n as u128 + m as u128 * FIELD_ENTRY_LEN as u128;
+    if want != b.len() as u128 {
+        bail!(
             WHAT,
-            format!(
-                "{n} records and {m} fields do not fill the {}-byte block",
-                b.len()
-            ),
-        ));
+            "{n} records and {m} fields do not fill the {}-byte block",
+            b.len()
+        );
     }
     let entries_at = counts_at + 4 * n as usize;
     let mut records = Vec::with_capacity(n as usize);
@@ -344,10 +322,10 @@ pub fn decode_fields_block(b: &[u8], n: u64, typed: bool) -> Result<ChunkFields>
     for r in 0..n as usize {
         let count = le::u32_at(b, counts_at + 4 * r) as u64;
         if count == 0 || next + count > m {
-            return Err(FormatError::invalid(
+            bail!(
                 WHAT,
-                format!("record {r} has {count} fields (at least 1, and {m} in all)"),
-            ));
+                "record {r} has {count} fields (at least 1, and {m} in all)"
+            );
         }
         let mut fields = Vec::with_capacity(count as usize);
         for k in next..next + count {
@@ -355,10 +333,7 @@ pub fn decode_fields_block(b: &[u8], n: u64, typed: bool) -> Result<ChunkFields>
                 &b[entries_at + k as usize * FIELD_ENTRY_LEN..][..FIELD_ENTRY_LEN],
             )?;
             if e.name as usize >= names.len() {
-                return Err(FormatError::invalid(
-                    WHAT,
-                    format!("record {r} names field {} of {}", e.name, names.len()),
-                ));
+                bail!(WHAT, "record {r} names field {} of {}", e.name, names.len());
             }
             fields.push(e);
         }
@@ -366,10 +341,7 @@ pub fn decode_fields_block(b: &[u8], n: u64, typed: bool) -> Result<ChunkFields>
         records.push(fields);
     }
     if next != m {
-        return Err(FormatError::invalid(
-            WHAT,
-            format!("{m} fields but the records use {next}"),
-        ));
+        bail!(WHAT, "{m} fields but the records use {next}");
     }
     Ok(ChunkFields {
         names,
@@ -386,13 +358,12 @@ pub fn check_group(entry: &SampleEntry, fields: &[FieldEntry]) -> Result<()> {
         .try_fold(0u64, |a, f| a.checked_add(f.len))
         .unwrap_or(u64::MAX);
     if !entry.has_fields() || total != entry.orig_len || entry.stored_len != entry.orig_len {
-        return Err(FormatError::invalid(
+        bail!(
             "field group",
-            format!(
-                "record of {} bytes (flags {:#x}) does not hold its fields' {total} bytes",
-                entry.orig_len, entry.flags
-            ),
-        ));
+            "record of {} bytes (flags {:#x}) does not hold its fields' {total} bytes",
+            entry.orig_len,
+            entry.flags
+        );
     }
     Ok(())
 }
@@ -413,11 +384,11 @@ fn decode_blocks(b: &[u8], count: u64, header: &ChunkHeader) -> Result<Blocks> {
         ([], false) => None,
         (block, true) => Some(decode_fields_block(block, count, header.types)?),
         (_, false) => {
-            return Err(FormatError::invalid(
+            bail!(
                 "chunk footer",
                 "bytes after the class table and attributes, but the header announces no \
-                 fields block",
-            ))
+                 fields block"
+            )
         }
     };
     Ok((attrs, dirs, fields))
@@ -436,101 +407,77 @@ pub fn decode_footer(body: &[u8], trailer: &Trailer, header: &ChunkHeader) -> Re
         ));
     }
     check_crc(WHAT, trailer.footer_crc, body)?;
-    if body.len() < FOOTER_FIXED_LEN as usize {
-        return Err(FormatError::truncated(
+    need(WHAT, body, FOOTER_FIXED_LEN)?;
+    let [count, paths_len, classes_len] = le::words(body);
+    let total = count as u128 * SAMPLE_ENTRY_LEN as u128
+        + FOOTER_FIXED_LEN as u128
+        + paths_len as u128
+        + classes_len as u128;
+    if total > body.len() as u128 {
+        bail!(
             WHAT,
-            FOOTER_FIXED_LEN,
-            body.len() as u64,
-        ));
+            "{count} records, {paths_len} path bytes and {classes_len} class bytes do not \
+             add up to the footer length {}",
+            body.len()
+        );
     }
-    let count = le::u64_at(body, 0);
-    let paths_len = le::u64_at(body, 8);
-    let classes_len = le::u64_at(body, 16);
-    let total = count
-        .checked_mul(SAMPLE_ENTRY_LEN as u64)
-        .and_then(|x| x.checked_add(FOOTER_FIXED_LEN))
-        .and_then(|x| x.checked_add(paths_len))
-        .and_then(|x| x.checked_add(classes_len));
-    if total.is_none_or(|t| t > body.len() as u64) {
-        return Err(FormatError::invalid(
-            WHAT,
-            format!(
-                "{count} records, {paths_len} path bytes and {classes_len} class bytes do not \
-                 add up to the footer length {}",
-                body.len()
-            ),
-        ));
-    }
-    let entries_end = FOOTER_FIXED_LEN as usize + count as usize * SAMPLE_ENTRY_LEN;
+    let entries_end = FOOTER_FIXED_LEN + count as usize * SAMPLE_ENTRY_LEN;
     let paths_end = entries_end + paths_len as usize;
     let classes_end = paths_end + classes_len as usize;
     let paths = StringTable::parse(&body[entries_end..paths_end], "chunk footer paths")?;
     let classes = StringTable::parse(&body[paths_end..classes_end], "chunk footer classes")?;
     let (attrs, dirs, fields) = decode_blocks(&body[classes_end..], count, header)?;
     if paths.len() != count {
-        return Err(FormatError::invalid(
-            WHAT,
-            format!("{count} records but {} paths", paths.len()),
-        ));
+        bail!(WHAT, "{count} records but {} paths", paths.len());
     }
     paths.validate()?;
     classes.validate()?;
     let mut entries = Vec::with_capacity(count as usize);
     let mut expect_offset = CHUNK_HEADER_LEN as u64;
     for i in 0..count as usize {
-        let at = FOOTER_FIXED_LEN as usize + i * SAMPLE_ENTRY_LEN;
+        let at = FOOTER_FIXED_LEN + i * SAMPLE_ENTRY_LEN;
         let e = SampleEntry::decode(&body[at..at + SAMPLE_ENTRY_LEN]);
         let what = || format!("chunk {chunk_id} footer record {i}");
         if e.chunk != chunk_id {
-            return Err(FormatError::invalid(
-                what(),
-                format!("names chunk {}", e.chunk),
-            ));
+            bail!(what(), "names chunk {}", e.chunk);
         }
         e.compression()
             .and_then(|_| e.check_lengths())
             .map_err(|err| FormatError::invalid(what(), err.to_string()))?;
         if e.offset != expect_offset {
-            return Err(FormatError::invalid(
-                what(),
-                format!("at offset {}, expected {expect_offset}", e.offset),
-            ));
+            bail!(what(), "at offset {}, expected {expect_offset}", e.offset);
         }
         expect_offset = e
             .offset
             .checked_add(e.stored_len)
             .filter(|&end| end <= trailer.footer_offset)
-            .ok_or_else(|| FormatError::invalid(what(), "extends past the start of the footer"))?;
+            .ok_or_else(|| invalid!(what(), "extends past the start of the footer"))?;
         match &fields {
             Some(f) => check_group(&e, &f.records[i]),
-            None if e.has_fields() => Err(FormatError::invalid(
-                "field group",
-                "the footer has no fields block",
-            )),
+            None if e.has_fields() => {
+                Err(invalid!("field group", "the footer has no fields block"))
+            }
             None => Ok(()),
         }
         .map_err(|err| FormatError::invalid(what(), err.to_string()))?;
         if e.label != crate::NO_LABEL && e.label as u64 >= classes.len() {
-            return Err(FormatError::invalid(
+            bail!(
                 what(),
-                format!("label {} but only {} classes", e.label, classes.len()),
-            ));
+                "label {} but only {} classes",
+                e.label,
+                classes.len()
+            );
         }
         entries.push(e);
     }
     if expect_offset != trailer.footer_offset {
-        return Err(FormatError::invalid(
+        bail!(
             WHAT,
-            format!(
-                "records end at {expect_offset} but the footer starts at {}",
-                trailer.footer_offset
-            ),
-        ));
+            "records end at {expect_offset} but the footer starts at {}",
+            trailer.footer_offset
+        );
     }
-    let paths: Vec<Vec<u8>> = paths
-        .iter()
-        .map(|p| p.map(<[u8]>::to_vec))
-        .collect::<Result<_>>()?;
+    let paths = paths.to_vecs()?;
     for (i, p) in paths.iter().enumerate() {
         let check = match fields {
             Some(_) => crate::check_field_key(p),
@@ -540,10 +487,7 @@ pub fn decode_footer(body: &[u8], trailer: &Trailer, header: &ChunkHeader) -> Re
             FormatError::invalid(format!("chunk {chunk_id} footer record {i}"), why)
         })?;
     }
-    let classes = classes
-        .iter()
-        .map(|c| c.map(<[u8]>::to_vec))
-        .collect::<Result<_>>()?;
+    let classes = classes.to_vecs()?;
     Ok(ChunkFooter {
         entries,
         paths,

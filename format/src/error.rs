@@ -35,6 +35,22 @@ pub enum FormatError {
     Invalid { what: String, detail: String },
 }
 
+/// [`FormatError::Invalid`] naming `what`, its detail built by `format!` from the rest.
+macro_rules! invalid {
+    ($what:expr, $($detail:tt)+) => {
+        $crate::error::FormatError::invalid($what, format!($($detail)+))
+    };
+}
+
+/// Returns [`invalid!`] as the error.
+macro_rules! bail {
+    ($($t:tt)+) => {
+        return Err($crate::error::invalid!($($t)+))
+    };
+}
+
+pub(crate) use {bail, invalid};
+
 impl FormatError {
     pub(crate) fn invalid(what: impl Into<String>, detail: impl Into<String>) -> Self {
         FormatError::Invalid {
@@ -60,6 +76,14 @@ impl FormatError {
     }
 }
 
+/// Checks that `b` holds at least `n` bytes.
+pub(crate) fn need(what: &'static str, b: &[u8], n: usize) -> Result<()> {
+    match b.len() < n {
+        true => Err(FormatError::truncated(what, n as u64, b.len() as u64)),
+        false => Ok(()),
+    }
+}
+
 /// Checks a stored CRC against the computed one.
 pub(crate) fn check_crc(what: impl Into<String>, expected: u32, data: &[u8]) -> Result<()> {
     let actual = crc32fast::hash(data);
@@ -69,25 +93,6 @@ pub(crate) fn check_crc(what: impl Into<String>, expected: u32, data: &[u8]) -> 
             expected,
             actual,
         });
-    }
-    Ok(())
-}
-
-/// Checks the magic and the layout version of a chunk header.
-pub(crate) fn check_magic_version(what: &'static str, magic: &[u8; 8], bytes: &[u8]) -> Result<()> {
-    if &bytes[0..8] != magic {
-        return Err(FormatError::bad_magic(what, magic, &bytes[0..8]));
-    }
-    let version = crate::le::u16_at(bytes, 8);
-    if version != crate::CHUNK_VERSION {
-        return Err(FormatError::invalid(
-            what,
-            format!(
-                "chunk layout version {version} is not supported by this reader (it reads \
-                 version {})",
-                crate::CHUNK_VERSION
-            ),
-        ));
     }
     Ok(())
 }

@@ -26,3 +26,13 @@ pub(crate) fn id_at(b: &[u8], at: usize) -> [u8; 16] {
 pub(crate) fn align8(x: u64) -> u64 {
     (x + 7) & !7
 }
+
+/// The first `N` little-endian u64 words of `b`.
+pub(crate) fn words<const N: usize>(b: &[u8]) -> [u64; N] {
+    std::array::from_fn(|i| u64_at(b, 8 * i))
+}
+
+/// Appends `words` as little-endian u64s.
+pub(crate) fn put_words(out: &mut Vec<u8>, words: &[u64]) {
+    out.extend(words.iter().flat_map(|w| w.to_le_bytes()));
+}

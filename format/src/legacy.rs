@@ -11,7 +11,7 @@
 //! directories (string table), 11 field names, 12 field index (u64s), 13 field entries
 //! (24 bytes). Kinds 4, 5 and 14-19 are indexes of the others and are not needed.
 
-use crate::error::{check_crc, FormatError, Result};
+use crate::error::{bail, check_crc, invalid, need, Result};
 use crate::le;
 use crate::strtab::StringTable;
 use crate::{
@@ -41,10 +41,6 @@ pub struct LegacySnapshot {
     pub lineage: Lineage,
 }
 
-fn bad(detail: impl Into<String>) -> FormatError {
-    FormatError::invalid(WHAT, detail)
-}
-
 /// True if `header` (at least 10 bytes) starts a 1.x snapshot.
 pub fn is_legacy_snapshot(header: &[u8]) -> bool {
     header.len() >= 10 && header[0..8] == SNAPSHOT_MAGIC && le::u16_at(header, 8) == 1
@@ -55,13 +51,12 @@ pub fn is_legacy_snapshot(header: &[u8]) -> bool {
 type LegacySections<'b> = (u64, u64, [Option<&'b [u8]>; 20]);
 
 fn legacy_sections(b: &[u8]) -> Result<LegacySections<'_>> {
-    if b.len() < 64 {
-        return Err(FormatError::truncated(WHAT, 64, b.len() as u64));
-    }
+    need(WHAT, b, 64)?;
     if !is_legacy_snapshot(b) {
-        return Err(bad(
-            "not a format 1.x snapshot (magic or major version differ)",
-        ));
+        bail!(
+            WHAT,
+            "not a format 1.x snapshot (magic or major version differ)"
+        );
     }
     check_crc(WHAT, le::u32_at(b, 60), &b[0..60])?;
     let (n, c, k) = (
@@ -70,16 +65,10 @@ fn legacy_sections(b: &[u8]) -> Result<LegacySections<'_>> {
         le::u32_at(b, 48) as usize,
     );
     if k > 1024 || n > crate::MAX_SAMPLES || c > u32::MAX as u64 {
-        return Err(bad(format!("{n} samples, {c} chunks, {k} sections")));
+        bail!(WHAT, "{n} samples, {c} chunks, {k} sections");
     }
     let table_end = 64 + 32 * k;
-    if b.len() < table_end {
-        return Err(FormatError::truncated(
-            WHAT,
-            table_end as u64,
-            b.len() as u64,
-        ));
-    }
+    need(WHAT, b, table_end)?;
     check_crc(
         "format 1.x section table",
         le::u32_at(b, 52),
@@ -90,7 +79,7 @@ fn legacy_sections(b: &[u8]) -> Result<LegacySections<'_>> {
         let (kind, off, len) = (le::u32_at(e, 0), le::u64_at(e, 8), le::u64_at(e, 16));
         let end = off.checked_add(len).filter(|&x| x <= b.len() as u64);
         let Some(end) = end else {
-            return Err(bad(format!("section of kind {kind} lies outside the file")));
+            bail!(WHAT, "section of kind {kind} lies outside the file");
         };
         let s = &b[off as usize..end as usize];
         check_crc(
@@ -109,22 +98,20 @@ fn legacy_sections(b: &[u8]) -> Result<LegacySections<'_>> {
 pub fn read_legacy_snapshot(b: &[u8]) -> Result<LegacySnapshot> {
     let (n, c, sections) = legacy_sections(b)?;
     let need =
-        |kind: usize| sections[kind].ok_or_else(|| bad(format!("no section of kind {kind}")));
-    let strings = |kind: usize| -> Result<Vec<Vec<u8>>> {
-        let t = StringTable::parse(need(kind)?, WHAT)?;
-        t.iter().map(|x| x.map(<[u8]>::to_vec)).collect()
-    };
+        |kind: usize| sections[kind].ok_or_else(|| invalid!(WHAT, "no section of kind {kind}"));
+    let strings =
+        |kind: usize| -> Result<Vec<Vec<u8>>> { StringTable::parse(need(kind)?, WHAT)?.to_vecs() };
     let (chunk_tab, sample_tab) = (need(1)?, need(2)?);
     if chunk_tab.len() as u64 != 40 * c || sample_tab.len() as u64 != SAMPLE_ENTRY_LEN as u64 * n {
-        return Err(bad("chunk or sample table sized for other counts"));
+        bail!(WHAT, "chunk or sample table sized for other counts");
     }
     let paths = strings(3)?;
     if paths.len() as u64 != n {
-        return Err(bad(format!("{} paths for {n} samples", paths.len())));
+        bail!(WHAT, "{} paths for {n} samples", paths.len());
     }
     let attrs_of = |s: &[u8], count: usize| -> Result<Vec<FileAttrs>> {
         if s.len() != 16 * count {
-            return Err(bad("attribute section sized for another count"));
+            bail!(WHAT, "attribute section sized for another count");
         }
         s.chunks_exact(16).map(FileAttrs::decode).collect()
     };
@@ -145,7 +132,7 @@ pub fn read_legacy_snapshot(b: &[u8]) -> Result<LegacySnapshot> {
             generation: le::u64_at(s, 0),
             parent: [0; 16],
         },
-        Some(_) => return Err(bad("lineage section is not 16 bytes")),
+        Some(_) => bail!(WHAT, "lineage section is not 16 bytes"),
     };
     let fields = match sections[11] {
         None => None,
@@ -156,9 +143,7 @@ pub fn read_legacy_snapshot(b: &[u8]) -> Result<LegacySnapshot> {
     for (i, e) in chunk_tab.chunks_exact(40).enumerate() {
         let (first, count) = (le::u64_at(e, 16), le::u64_at(e, 24));
         if le::u32_at(e, 0) as usize != i || first != next || first + count > n {
-            return Err(bad(format!(
-                "chunk {i}'s entry does not follow the one before"
-            )));
+            bail!(WHAT, "chunk {i}'s entry does not follow the one before");
         }
         next += count;
         let ids = first as usize..(first + count) as usize;
@@ -187,7 +172,7 @@ pub fn read_legacy_snapshot(b: &[u8]) -> Result<LegacySnapshot> {
         });
     }
     if next != n {
-        return Err(bad(format!("chunks hold {next} of {n} samples")));
+        bail!(WHAT, "chunks hold {next} of {n} samples");
     }
     Ok(LegacySnapshot {
         version: (1, le::u16_at(b, 10)),
@@ -203,14 +188,15 @@ pub fn read_legacy_snapshot(b: &[u8]) -> Result<LegacySnapshot> {
 /// Sample `s`'s field entries from a 1.x field index and table.
 fn sample_fields(index: &[u8], table: &[u8], s: usize) -> Result<Vec<FieldEntry>> {
     if index.len() < (s + 2) * 8 {
-        return Err(bad("field index too short"));
+        bail!(WHAT, "field index too short");
     }
     let (a, e) = (le::u64_at(index, s * 8), le::u64_at(index, s * 8 + 8));
     let fits = a <= e && e.checked_mul(FIELD_ENTRY_LEN as u64) <= Some(table.len() as u64);
     if !fits {
-        return Err(bad(format!(
+        bail!(
+            WHAT,
             "sample {s}'s field entries {a}..{e} lie outside the table"
-        )));
+        );
     }
     (a..e)
         .map(|i| FieldEntry::decode(&table[i as usize * FIELD_ENTRY_LEN..][..FIELD_ENTRY_LEN]))

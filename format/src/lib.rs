@@ -29,6 +29,7 @@ pub use chunk::{
     decode_fields_block, decode_footer, ChunkFooter, ChunkHeader, ChunkSummary, ChunkWriter,
     DirAttrs, RunRecord, Trailer, CHUNK_HEADER_LEN, CHUNK_TRAILER_LEN,
 };
+use error::{bail, invalid};
 pub use error::{FormatError, Result};
 pub use hash::path_hash;
 pub use id::{hex16, DatasetId};
@@ -104,35 +105,27 @@ pub fn parse_chunk_file_name(name: &str) -> Option<u32> {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Compression {
     /// Stored bytes are the original bytes.
-    None,
+    None = 0,
     /// Stored bytes are one zstd frame whose content is the original bytes.
-    Zstd,
+    Zstd = 1,
 }
 
 impl Compression {
     /// The 4-bit code stored in the low bits of a sample entry's flags.
     pub fn code(self) -> u32 {
-        match self {
-            Compression::None => 0,
-            Compression::Zstd => 1,
-        }
+        self as u32
     }
 
     /// Decodes a compression code; `None` for codes this version does not know.
     pub fn from_code(code: u32) -> Option<Self> {
-        match code {
-            0 => Some(Compression::None),
-            1 => Some(Compression::Zstd),
-            _ => None,
-        }
+        [Compression::None, Compression::Zstd]
+            .get(code as usize)
+            .copied()
     }
 
     /// Short name used in listings.
     pub fn name(self) -> &'static str {
-        match self {
-            Compression::None => "none",
-            Compression::Zstd => "zstd",
-        }
+        ["none", "zstd"][self as usize]
     }
 }
 
@@ -190,10 +183,10 @@ impl FieldEntry {
     /// Decodes (and checks the zero fields of) one entry.
     pub fn decode(b: &[u8]) -> Result<Self> {
         if le::u32_at(b, 4) != 0 || le::u32_at(b, 20) != 0 {
-            return Err(FormatError::invalid(
+            bail!(
                 "field entry",
-                "flags or reserved field are not zero (fields are stored raw)",
-            ));
+                "flags or reserved field are not zero (fields are stored raw)"
+            );
         }
         Ok(FieldEntry {
             name: le::u32_at(b, 0),
@@ -290,40 +283,28 @@ impl SampleEntry {
     /// The record's compression, or an error naming the unknown code or flag bits. A field
     /// group is stored raw (its fields are).
     pub fn compression(&self) -> Result<Compression> {
-        let known = FLAG_COMPRESSION_MASK | FLAG_FIELDS;
-        if self.flags & !known != 0 {
-            return Err(FormatError::invalid(
-                "sample entry",
-                format!("unknown flag bits {:#x}", self.flags & !known),
-            ));
+        const WHAT: &str = "sample entry";
+        let unknown = self.flags & !(FLAG_COMPRESSION_MASK | FLAG_FIELDS);
+        let code = self.flags & FLAG_COMPRESSION_MASK;
+        if unknown != 0 {
+            bail!(WHAT, "unknown flag bits {unknown:#x}");
         }
-        if self.has_fields() && self.flags & FLAG_COMPRESSION_MASK != 0 {
-            return Err(FormatError::invalid(
-                "sample entry",
-                "a field group is stored raw (compression code 0)",
-            ));
+        if self.has_fields() && code != 0 {
+            bail!(WHAT, "a field group is stored raw (compression code 0)");
         }
-        Compression::from_code(self.flags & FLAG_COMPRESSION_MASK).ok_or_else(|| {
-            FormatError::invalid(
-                "sample entry",
-                format!(
-                    "unknown compression code {}",
-                    self.flags & FLAG_COMPRESSION_MASK
-                ),
-            )
-        })
+        Compression::from_code(code)
+            .ok_or_else(|| invalid!(WHAT, "unknown compression code {code}"))
     }
 
     /// Checks that `stored_len` is plausible for the compression and lengths.
     pub fn check_lengths(&self) -> Result<()> {
         if self.compression()? == Compression::None && self.stored_len != self.orig_len {
-            return Err(FormatError::invalid(
+            bail!(
                 "sample entry",
-                format!(
-                    "uncompressed record has stored length {} but original length {}",
-                    self.stored_len, self.orig_len
-                ),
-            ));
+                "uncompressed record has stored length {} but original length {}",
+                self.stored_len,
+                self.orig_len
+            );
         }
         Ok(())
     }

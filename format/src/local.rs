@@ -1,23 +1,12 @@
-//! One framing for granary's node-local files (docs/internals.md, "Node-local files"): the tier's
-//! content list, `hot.map` and score table, the packer's plan, shard part files and upload
-//! markers. None of them is part of a dataset; each is state one machine keeps for itself. The
-//! frame makes each of them self-describing and checkable the same way:
-//!
-//! | offset | size | field |
-//! |---:|---:|---|
-//! | 0 | 8 | magic: which kind of file ([`LocalKind::magic`]) |
-//! | 8 | 4 | version of that kind's body |
-//! | 12 | 4 | reserved, zero |
-//! | 16 | 8 | body length `B` |
-//! | 24 | `B` | body |
-//! | 24 + `B` | 4 | CRC-32 (IEEE) of bytes `[0, 24 + B)` |
-//!
-//! A file is exactly `28 + B` bytes. Files are replaced whole (granary-store's `write` module): a
-//! temporary file in the same directory, fsync, rename over the old name, fsync of the directory.
+//! One framing for granary's node-local files (the tier's content list, `hot.map` and score
+//! table, the packer's plan, shard part files, upload markers, writer state) and view files:
+//! magic, body version, reserved word, body length, body, CRC-32 of all before it. Layout and
+//! the kinds: docs/internals.md, "Node-local files". Files are replaced whole
+//! (granary-store's `write` module).
 
 use std::io::{self, Read, Write};
 
-use crate::error::{FormatError, Result};
+use crate::error::{bail, check_crc, invalid, FormatError, Result};
 
 /// Bytes before the body.
 pub const LOCAL_HEADER_LEN: usize = 24;
@@ -34,63 +23,27 @@ pub struct LocalKind {
 }
 
 /// The tier's content list (`index`): text lines, see docs/internals.md.
-pub const TIER_INDEX: LocalKind = LocalKind {
-    magic: *b"GRNYTIDX",
-    version: 2,
-    what: "tier content list",
-};
+pub const TIER_INDEX: LocalKind = LocalKind::new(*b"GRNYTIDX", 2, "tier content list");
 /// The tier's `hot.map`: which samples its hot chunks hold.
-pub const HOT_MAP: LocalKind = LocalKind {
-    magic: *b"GRNYHOTM",
-    version: 2,
-    what: "hot chunk map",
-};
+pub const HOT_MAP: LocalKind = LocalKind::new(*b"GRNYHOTM", 2, "hot chunk map");
 /// A score table (per-sample importance).
-pub const SCORE_TABLE: LocalKind = LocalKind {
-    magic: *b"GRNYSCOR",
-    version: 2,
-    what: "score table",
-};
+pub const SCORE_TABLE: LocalKind = LocalKind::new(*b"GRNYSCOR", 2, "score table");
 /// The packer's plan (`pack-plan.bin` in its work directory).
-pub const PACK_PLAN: LocalKind = LocalKind {
-    magic: *b"GRNYPLAN",
-    version: 5,
-    what: "pack plan",
-};
+pub const PACK_PLAN: LocalKind = LocalKind::new(*b"GRNYPLAN", 5, "pack plan");
 /// A finished shard's part file.
-pub const SHARD_PART: LocalKind = LocalKind {
-    magic: *b"GRNYPART",
-    version: 4,
-    what: "part file",
-};
+pub const SHARD_PART: LocalKind = LocalKind::new(*b"GRNYPART", 4, "part file");
 /// The marker of a chunk uploaded to an object store.
-pub const UPLOAD_MARKER: LocalKind = LocalKind {
-    magic: *b"GRNYSENT",
-    version: 4,
-    what: "upload marker",
-};
+pub const UPLOAD_MARKER: LocalKind = LocalKind::new(*b"GRNYSENT", 4, "upload marker");
 
 /// The state of a dataset writer (`writer.state` in its spill directory).
-pub const WRITER_STATE: LocalKind = LocalKind {
-    magic: *b"GRNYWRST",
-    version: 1,
-    what: "writer state",
-};
+pub const WRITER_STATE: LocalKind = LocalKind::new(*b"GRNYWRST", 1, "writer state");
 
 /// The field types a dataset writer was told (`field.types` in its spill directory).
-pub const FIELD_TYPES: LocalKind = LocalKind {
-    magic: *b"GRNYTYPS",
-    version: 1,
-    what: "writer field types",
-};
+pub const FIELD_TYPES: LocalKind = LocalKind::new(*b"GRNYTYPS", 1, "writer field types");
 
 /// A view: a subset of a dataset's samples (`granary view`), pinned to the dataset's id and
 /// generation. Not node-local (it travels with a job's configuration), but framed the same way.
-pub const VIEW_FILE: LocalKind = LocalKind {
-    magic: *b"GRNYVIEW",
-    version: 1,
-    what: "view file",
-};
+pub const VIEW_FILE: LocalKind = LocalKind::new(*b"GRNYVIEW", 1, "view file");
 
 /// Every kind, for tools that identify a file by its magic.
 pub const LOCAL_KINDS: [LocalKind; 9] = [
@@ -106,6 +59,14 @@ pub const LOCAL_KINDS: [LocalKind; 9] = [
 ];
 
 impl LocalKind {
+    const fn new(magic: [u8; 8], version: u32, what: &'static str) -> Self {
+        LocalKind {
+            magic,
+            version,
+            what,
+        }
+    }
+
     fn header(&self, body_len: u64) -> [u8; LOCAL_HEADER_LEN] {
         let mut h = [0u8; LOCAL_HEADER_LEN];
         h[0..8].copy_from_slice(&self.magic);
@@ -120,29 +81,24 @@ impl LocalKind {
         if h[0..8] != self.magic {
             return Err(FormatError::bad_magic(self.what, &self.magic, &h[0..8]));
         }
-        let version = u32::from_le_bytes(h[8..12].try_into().expect("4 bytes"));
+        let version = crate::le::u32_at(h, 8);
         if version != self.version {
-            return Err(FormatError::invalid(
+            bail!(
                 self.what,
-                format!(
-                    "version {version}; this granary reads version {}",
-                    self.version
-                ),
-            ));
+                "version {version}; this granary reads version {}",
+                self.version
+            );
         }
         if h[12..16] != [0; 4] {
-            return Err(FormatError::invalid(
-                self.what,
-                "reserved field is not zero",
-            ));
+            bail!(self.what, "reserved field is not zero");
         }
-        let body_len = u64::from_le_bytes(h[16..24].try_into().expect("8 bytes"));
+        let body_len = crate::le::u64_at(h, 16);
         let framed = body_len.checked_add((LOCAL_HEADER_LEN + LOCAL_TRAILER_LEN) as u64);
         if framed != Some(file_len) {
-            return Err(FormatError::invalid(
+            bail!(
                 self.what,
-                format!("header says a body of {body_len} bytes, but the file has {file_len}"),
-            ));
+                "header says a body of {body_len} bytes, but the file has {file_len}"
+            );
         }
         Ok(body_len)
     }
@@ -166,11 +122,7 @@ impl LocalKind {
             .ok_or_else(|| FormatError::truncated(self.what, need, bytes.len() as u64))?;
         let body_len = self.check_header(header, bytes.len() as u64)? as usize;
         let (covered, crc) = bytes.split_at(LOCAL_HEADER_LEN + body_len);
-        crate::error::check_crc(
-            self.what,
-            u32::from_le_bytes(crc.try_into().expect("4 bytes")),
-            covered,
-        )?;
+        check_crc(self.what, crate::le::u32_at(crc, 0), covered)?;
         Ok(&covered[LOCAL_HEADER_LEN..])
     }
 }
@@ -270,14 +222,11 @@ impl<R: Read> LocalReader<R> {
     /// Fills `buf` from the body; an error if the body has fewer bytes left.
     pub fn read_body(&mut self, buf: &mut [u8]) -> Result<()> {
         if buf.len() as u64 > self.left {
-            return Err(FormatError::invalid(
-                self.what,
-                "a field runs past the body",
-            ));
+            bail!(self.what, "a field runs past the body");
         }
         self.inner
             .read_exact(buf)
-            .map_err(|e| FormatError::invalid(self.what, format!("reading: {e}")))?;
+            .map_err(|e| invalid!(self.what, "reading: {e}"))?;
         self.crc.update(buf);
         self.left -= buf.len() as u64;
         Ok(())
@@ -286,15 +235,12 @@ impl<R: Read> LocalReader<R> {
     /// Checks that the whole body was read and that the CRC matches.
     pub fn finish(mut self) -> Result<()> {
         if self.left != 0 {
-            return Err(FormatError::invalid(
-                self.what,
-                format!("{} bytes after the last field", self.left),
-            ));
+            bail!(self.what, "{} bytes after the last field", self.left);
         }
         let mut crc = [0u8; 4];
         self.inner
             .read_exact(&mut crc)
-            .map_err(|e| FormatError::invalid(self.what, format!("reading its CRC: {e}")))?;
+            .map_err(|e| invalid!(self.what, "reading its CRC: {e}"))?;
         let expected = u32::from_le_bytes(crc);
         let actual = self.crc.finalize();
         if expected != actual {

@@ -3,7 +3,7 @@
 use std::borrow::Cow;
 
 use crate::chunk::{decode_footer, ChunkFooter, ChunkHeader, Trailer, CHUNK_TRAILER_LEN};
-use crate::error::{FormatError, Result};
+use crate::error::{bail, check_crc, invalid, need, FormatError, Result};
 use crate::{Compression, SampleEntry};
 
 /// Largest ratio of original to stored length accepted for a zstd record (zstd cannot expand
@@ -32,23 +32,19 @@ pub fn decode_record<'a>(entry: &SampleEntry, stored: &'a [u8]) -> Result<Cow<'a
                 .saturating_mul(MAX_ZSTD_RATIO)
                 .saturating_add(4096);
             if entry.orig_len > bound || entry.orig_len > usize::MAX as u64 / 2 {
-                return Err(FormatError::invalid(
+                bail!(
                     "record",
-                    format!(
-                        "claims {} original bytes from {} stored bytes",
-                        entry.orig_len, entry.stored_len
-                    ),
-                ));
+                    "claims {} original bytes from {} stored bytes",
+                    entry.orig_len,
+                    entry.stored_len
+                );
             }
             // Exactly one zstd frame (no skippable frame, no second frame, no trailing bytes):
             // the decoder would otherwise take what follows the frame as more content.
             let one_frame = stored.starts_with(&ZSTD_MAGIC)
                 && zstd::zstd_safe::find_frame_compressed_size(stored).ok() == Some(stored.len());
             if !one_frame {
-                return Err(FormatError::invalid(
-                    "record",
-                    "stored bytes are not exactly one zstd frame",
-                ));
+                bail!("record", "stored bytes are not exactly one zstd frame");
             }
             match zstd::zstd_safe::get_frame_content_size(stored) {
                 Ok(Some(n)) if n == entry.orig_len => {}
@@ -58,38 +54,27 @@ pub fn decode_record<'a>(entry: &SampleEntry, stored: &'a [u8]) -> Result<Cow<'a
                         Ok(None) => "no content size".to_string(),
                         Err(_) => "an unreadable content size".to_string(),
                     };
-                    return Err(FormatError::invalid(
+                    bail!(
                         "record",
-                        format!(
-                            "zstd frame declares {declared}, its namespace entry says {}",
-                            entry.orig_len
-                        ),
-                    ));
+                        "zstd frame declares {declared}, its namespace entry says {}",
+                        entry.orig_len
+                    );
                 }
             }
             let out = zstd::bulk::decompress(stored, entry.orig_len as usize)
-                .map_err(|e| FormatError::invalid("record", format!("zstd: {e}")))?;
+                .map_err(|e| invalid!("record", "zstd: {e}"))?;
             Cow::Owned(out)
         }
     };
     if data.len() as u64 != entry.orig_len {
-        return Err(FormatError::invalid(
+        bail!(
             "record",
-            format!(
-                "decodes to {} bytes, expected {}",
-                data.len(),
-                entry.orig_len
-            ),
-        ));
+            "decodes to {} bytes, expected {}",
+            data.len(),
+            entry.orig_len
+        );
     }
-    let actual = crc32fast::hash(&data);
-    if actual != entry.crc32 {
-        return Err(FormatError::ChecksumMismatch {
-            what: "record".into(),
-            expected: entry.crc32,
-            actual,
-        });
-    }
+    check_crc("record", entry.crc32, &data)?;
     Ok(data)
 }
 
@@ -100,9 +85,7 @@ pub fn check_fields(fields: &[crate::FieldEntry], data: &[u8]) -> Result<()> {
         let end = at
             .checked_add(usize::try_from(f.len).unwrap_or(usize::MAX))
             .filter(|&e| e <= data.len())
-            .ok_or_else(|| {
-                FormatError::invalid("field", format!("field {k} lies past its record"))
-            })?;
+            .ok_or_else(|| invalid!("field", "field {k} lies past its record"))?;
         let actual = crc32fast::hash(&data[at..end]);
         if actual != f.crc32 {
             return Err(FormatError::ChecksumMismatch {
@@ -142,24 +125,23 @@ pub struct ChunkCheck {
 pub fn check_chunk(bytes: &[u8], dataset_id: &[u8; 16], chunk_id: u32) -> Result<ChunkCheck> {
     let header = ChunkHeader::decode(bytes)?;
     if &header.dataset_id != dataset_id {
-        return Err(FormatError::invalid(
+        bail!(
             "chunk header",
-            "belongs to another dataset (dataset id differs)",
-        ));
+            "belongs to another dataset (dataset id differs)"
+        );
     }
     if header.chunk_id != chunk_id {
-        return Err(FormatError::invalid(
+        bail!(
             "chunk header",
-            format!("holds chunk id {}, expected {chunk_id}", header.chunk_id),
-        ));
+            "holds chunk id {}, expected {chunk_id}",
+            header.chunk_id
+        );
     }
-    if bytes.len() < crate::CHUNK_HEADER_LEN + CHUNK_TRAILER_LEN {
-        return Err(FormatError::truncated(
-            "chunk file",
-            (crate::CHUNK_HEADER_LEN + CHUNK_TRAILER_LEN) as u64,
-            bytes.len() as u64,
-        ));
-    }
+    need(
+        "chunk file",
+        bytes,
+        crate::CHUNK_HEADER_LEN + CHUNK_TRAILER_LEN,
+    )?;
     let t = Trailer::decode(
         &bytes[bytes.len() - CHUNK_TRAILER_LEN..],
         bytes.len() as u64,
@@ -167,10 +149,10 @@ pub fn check_chunk(bytes: &[u8], dataset_id: &[u8; 16], chunk_id: u32) -> Result
     let body = &bytes[t.footer_offset as usize..(t.footer_offset + t.footer_len) as usize];
     let footer = decode_footer(body, &t, &header)?;
     if header.fields != footer.fields.is_some() {
-        return Err(FormatError::invalid(
+        bail!(
             "chunk header",
-            "its feature bits and the footer disagree on a fields block",
-        ));
+            "its feature bits and the footer disagree on a fields block"
+        );
     }
     let bad_records = footer
         .entries

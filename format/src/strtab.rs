@@ -2,7 +2,7 @@
 //! Item `i` is `bytes[offsets[i]..offsets[i + 1]]`; `offsets[0] == 0` and
 //! `offsets[count] == bytes.len()`.
 
-use crate::error::{FormatError, Result};
+use crate::error::{bail, invalid, need, Result};
 use crate::le;
 
 /// Encodes `items` as a string table.
@@ -42,20 +42,14 @@ pub struct StringTable<'a> {
 impl<'a> StringTable<'a> {
     /// Parses the table header of `bytes`; `what` names the table in errors.
     pub fn parse(bytes: &'a [u8], what: &'static str) -> Result<Self> {
-        if bytes.len() < 16 {
-            return Err(FormatError::truncated(what, 16, bytes.len() as u64));
-        }
+        need(what, bytes, 16)?;
         let count = le::u64_at(bytes, 0);
         let off_len = count
             .checked_add(1)
             .and_then(|n| n.checked_mul(8))
             .filter(|&n| n <= bytes.len() as u64 - 8)
-            .ok_or_else(|| {
-                FormatError::invalid(
-                    what,
-                    format!("{count} items do not fit in {} bytes", bytes.len()),
-                )
-            })? as usize;
+            .ok_or_else(|| invalid!(what, "{count} items do not fit in {} bytes", bytes.len()))?
+            as usize;
         let offsets = &bytes[8..8 + off_len];
         let blob = &bytes[8 + off_len..];
         let t = StringTable {
@@ -65,15 +59,13 @@ impl<'a> StringTable<'a> {
             what,
         };
         if t.offset(0) != 0 || t.offset(count as usize) != blob.len() as u64 {
-            return Err(FormatError::invalid(
+            bail!(
                 what,
-                format!(
-                    "offsets span {}..{} but the table holds {} bytes",
-                    t.offset(0),
-                    t.offset(count as usize),
-                    blob.len()
-                ),
-            ));
+                "offsets span {}..{} but the table holds {} bytes",
+                t.offset(0),
+                t.offset(count as usize),
+                blob.len()
+            );
         }
         Ok(t)
     }
@@ -100,17 +92,15 @@ impl<'a> StringTable<'a> {
     /// Item `i`, or an error if `i` is out of range or its offsets are damaged.
     pub fn get(&self, i: u64) -> Result<&'a [u8]> {
         if i >= self.count {
-            return Err(FormatError::invalid(
+            bail!(
                 self.what,
-                format!("item {i} out of range (table has {})", self.count),
-            ));
+                "item {i} out of range (table has {})",
+                self.count
+            );
         }
         let (a, b) = (self.offset(i as usize), self.offset(i as usize + 1));
         if a > b || b > self.blob.len() as u64 {
-            return Err(FormatError::invalid(
-                self.what,
-                format!("item {i} has damaged offsets {a}..{b}"),
-            ));
+            bail!(self.what, "item {i} has damaged offsets {a}..{b}");
         }
         Ok(&self.blob[a as usize..b as usize])
     }
@@ -121,10 +111,7 @@ impl<'a> StringTable<'a> {
         for i in 1..=self.count as usize {
             let o = self.offset(i);
             if o < prev {
-                return Err(FormatError::invalid(
-                    self.what,
-                    format!("offsets decrease at item {}", i - 1),
-                ));
+                bail!(self.what, "offsets decrease at item {}", i - 1);
             }
             prev = o;
         }
@@ -134,6 +121,11 @@ impl<'a> StringTable<'a> {
     /// All items in order (call [`validate`](Self::validate) first for error-free iteration).
     pub fn iter(&self) -> impl Iterator<Item = Result<&'a [u8]>> + '_ {
         (0..self.count).map(move |i| self.get(i))
+    }
+
+    /// All items, owned.
+    pub fn to_vecs(&self) -> Result<Vec<Vec<u8>>> {
+        self.iter().map(|x| x.map(<[u8]>::to_vec)).collect()
     }
 }
 

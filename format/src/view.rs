@@ -16,7 +16,8 @@
 //! A reader refuses a view whose dataset has another id or content digest (the ids could name
 //! other samples), ids that do not rise or reach N, and any byte more or less.
 
-use crate::error::{FormatError, Result};
+use crate::error::{bail, need, FormatError, Result};
+use crate::le;
 use crate::local::VIEW_FILE;
 use crate::snapshot::namespace::{get_varint, put_varint};
 
@@ -72,9 +73,9 @@ impl ViewFile {
                 .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")))
                 .ok_or_else(short)
         };
-        let dataset_id: [u8; 16] = body.get(..16).ok_or_else(short)?.try_into().expect("16");
-        let snapshot: [u8; 16] = body.get(16..32).ok_or_else(short)?.try_into().expect("16");
-        let (generation, samples) = (u64_at(32)?, u64_at(40)?);
+        need(VIEW_FILE.what, body, 48)?;
+        let (dataset_id, snapshot) = (le::id_at(body, 0), le::id_at(body, 16));
+        let (generation, samples) = (le::u64_at(body, 32), le::u64_at(body, 40));
         let mut at = 48usize;
         let mut text = || -> Result<String> {
             let len = usize::try_from(u64_at(at)?).map_err(|_| short())?;
@@ -89,7 +90,7 @@ impl ViewFile {
         at += 8;
         // Every id takes at least one byte: a count the body cannot hold is a lie.
         if m == 0 || m > (body.len() - at) as u64 {
-            return Err(bad(format!("{m} ids in {} bytes", body.len() - at)));
+            bail!(VIEW_FILE.what, "{m} ids in {} bytes", body.len() - at);
         }
         let mut ids: Vec<u64> = Vec::with_capacity(m as usize);
         for k in 0..m {
@@ -102,15 +103,15 @@ impl ViewFile {
             let id = match ids.last() {
                 None => v,
                 Some(&p) if v >= 1 => p.checked_add(v).ok_or_else(|| bad("ids overflow"))?,
-                Some(_) => return Err(bad(format!("id {k} does not rise"))),
+                Some(_) => bail!(VIEW_FILE.what, "id {k} does not rise"),
             };
             if id >= samples {
-                return Err(bad(format!("id {id} of a dataset of {samples} samples")));
+                bail!(VIEW_FILE.what, "id {id} of a dataset of {samples} samples");
             }
             ids.push(id);
         }
         if at != body.len() {
-            return Err(bad("bytes after the last id"));
+            bail!(VIEW_FILE.what, "bytes after the last id");
         }
         Ok(ViewFile {
             dataset_id,

@@ -5,8 +5,8 @@ use std::io::Write;
 
 use super::*;
 
-fn invalid_input(m: String) -> std::io::Error {
-    std::io::Error::new(std::io::ErrorKind::InvalidInput, m)
+fn invalid_input(m: impl Into<String>) -> std::io::Error {
+    std::io::Error::new(std::io::ErrorKind::InvalidInput, m.into())
 }
 
 /// A field as the chunk writer collects it: name, length, CRC-32.
@@ -81,16 +81,14 @@ impl<W: Write> ChunkWriter<W> {
             types: Default::default(),
             attrs: attrs.then(Default::default),
         };
-        w.write(
-            &ChunkHeader {
-                dataset_id,
-                chunk_id,
-                fields,
-                types: fields,
-                attrs,
-            }
-            .encode(),
-        )?;
+        let header = ChunkHeader {
+            dataset_id,
+            chunk_id,
+            fields,
+            types: fields,
+            attrs,
+        };
+        w.write(&header.encode(), None)?;
         Ok(w)
     }
 
@@ -119,14 +117,14 @@ impl<W: Write> ChunkWriter<W> {
             return Err(invalid_input(format!("directory {p} given twice")));
         }
         for (p, a) in &dirs {
-            crate::check_relative_path(p).map_err(|why| invalid_input(why.to_string()))?;
+            crate::check_relative_path(p).map_err(invalid_input)?;
             if a.mode > 0o7777 {
                 return Err(invalid_input(format!("directory mode {:o}", a.mode)));
             }
         }
         match &mut self.attrs {
             Some((_, d)) => *d = dirs,
-            None => return Err(invalid_input("a chunk without attributes".into())),
+            None => return Err(invalid_input("a chunk without attributes")),
         }
         Ok(())
     }
@@ -140,21 +138,20 @@ impl<W: Write> ChunkWriter<W> {
         fields: &[(&[u8], &[u8], u32)],
         label: u32,
     ) -> std::io::Result<SampleEntry> {
-        let invalid = |m: String| std::io::Error::new(std::io::ErrorKind::InvalidInput, m);
         if self.fields.is_none() {
-            return Err(invalid(
-                "a chunk without fields takes no field groups".into(),
+            return Err(invalid_input(
+                "a chunk without fields takes no field groups",
             ));
         }
-        crate::check_field_key(path).map_err(|why| invalid(why.to_string()))?;
+        crate::check_field_key(path).map_err(invalid_input)?;
         if fields.is_empty() {
-            return Err(invalid("a field group has at least one field".into()));
+            return Err(invalid_input("a field group has at least one field"));
         }
         let mut names: Vec<&[u8]> = Vec::with_capacity(fields.len());
         for (name, _, _) in fields {
-            crate::check_field_name(name).map_err(|why| invalid(why.to_string()))?;
+            crate::check_field_name(name).map_err(invalid_input)?;
             if names.contains(name) {
-                return Err(invalid(format!(
+                return Err(invalid_input(format!(
                     "field {:?} twice",
                     String::from_utf8_lossy(name)
                 )));
@@ -166,7 +163,7 @@ impl<W: Write> ChunkWriter<W> {
         let mut total = 0u64;
         let mut list = Vec::with_capacity(fields.len());
         for (name, data, crc) in fields {
-            self.write_hashed(data, *crc)?;
+            self.write(data, Some(*crc))?;
             group.combine(&crc32fast::Hasher::new_with_initial_len(
                 *crc,
                 data.len() as u64,
@@ -189,17 +186,10 @@ impl<W: Write> ChunkWriter<W> {
         Ok(entry)
     }
 
-    fn write(&mut self, b: &[u8]) -> std::io::Result<()> {
+    /// Writes `b` and counts it ([`ChunkWriter::count`]).
+    fn write(&mut self, b: &[u8], crc: Option<u32>) -> std::io::Result<()> {
         self.out.write_all(b)?;
-        self.count(b, None);
-        Ok(())
-    }
-
-    /// Writes bytes whose CRC-32 the caller computed over these very bytes (see
-    /// [`ChunkWriter::count`]).
-    fn write_hashed(&mut self, b: &[u8], crc: u32) -> std::io::Result<()> {
-        self.out.write_all(b)?;
-        self.count(b, Some(crc));
+        self.count(b, crc);
         Ok(())
     }
 
@@ -261,10 +251,7 @@ impl<W: Write> ChunkWriter<W> {
         label: u32,
     ) -> std::io::Result<SampleEntry> {
         if self.fields.is_some() {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::InvalidInput,
-                "a chunk with fields takes field groups only",
-            ));
+            return Err(invalid_input("a chunk with fields takes field groups only"));
         }
         self.out.write_all(stored)?;
         Ok(self.record(path, stored, compression, orig_len, crc32, label))
@@ -283,9 +270,7 @@ impl<W: Write> ChunkWriter<W> {
         records: impl IntoIterator<Item = RunRecord<'r>>,
     ) -> std::io::Result<()> {
         if self.fields.is_some() {
-            return Err(invalid_input(
-                "a chunk with fields takes field groups only".into(),
-            ));
+            return Err(invalid_input("a chunk with fields takes field groups only"));
         }
         let records: Vec<RunRecord<'r>> = records.into_iter().collect();
         let total = records
@@ -331,8 +316,7 @@ impl<W: Write> ChunkWriter<W> {
         types: &std::collections::BTreeMap<Vec<u8>, String>,
     ) -> std::io::Result<()> {
         for d in types.values() {
-            FieldType::parse(d)
-                .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+            FieldType::parse(d).map_err(invalid_input)?;
         }
         self.types = types.clone();
         Ok(())
@@ -388,46 +372,38 @@ impl<W: Write> ChunkWriter<W> {
                 records,
             }
         });
-        let attrs = self.attrs.take();
-        if let Some((a, _)) = &attrs {
-            if a.len() != self.entries.len() {
-                return Err(invalid_input(format!(
-                    "attributes for {} of {} records",
-                    a.len(),
-                    self.entries.len()
-                )));
-            }
+        let (attrs, dirs) = match self.attrs.take() {
+            Some((a, d)) => (Some(a), d),
+            None => (None, Vec::new()),
+        };
+        if let Some(a) = attrs.as_ref().filter(|a| a.len() != self.entries.len()) {
+            let n = self.entries.len();
+            return Err(invalid_input(format!(
+                "attributes for {} of {n} records",
+                a.len()
+            )));
         }
-        let mut block = attrs
-            .as_ref()
-            .map(|(a, d)| encode_attrs_block(a, d))
-            .unwrap_or_default();
-        if let Some(f) = &fields {
-            block.extend_from_slice(&encode_fields_block(f));
-        }
-        let mut body = Vec::with_capacity(
-            FOOTER_FIXED_LEN as usize
-                + self.entries.len() * SAMPLE_ENTRY_LEN
-                + paths.len()
-                + classes.len()
-                + block.len(),
-        );
-        body.extend_from_slice(&(self.entries.len() as u64).to_le_bytes());
-        body.extend_from_slice(&(paths.len() as u64).to_le_bytes());
-        body.extend_from_slice(&(classes.len() as u64).to_le_bytes());
+        let mut body = Vec::new();
+        let lens = [self.entries.len(), paths.len(), classes.len()];
+        le::put_words(&mut body, &lens.map(|n| n as u64));
         for e in &self.entries {
             body.extend_from_slice(&e.encode());
         }
         body.extend_from_slice(&paths);
         body.extend_from_slice(&classes);
-        body.extend_from_slice(&block);
+        if let Some(a) = &attrs {
+            body.extend_from_slice(&encode_attrs_block(a, &dirs));
+        }
+        if let Some(f) = &fields {
+            body.extend_from_slice(&encode_fields_block(f));
+        }
         let trailer = Trailer {
             footer_offset: self.pos,
             footer_len: body.len() as u64,
             footer_crc: crc32fast::hash(&body),
         };
-        self.write(&body)?;
-        self.write(&trailer.encode())?;
+        self.write(&body, None)?;
+        self.write(&trailer.encode(), None)?;
         let summary = ChunkSummary {
             chunk_id: self.chunk_id,
             file_size: self.pos,
@@ -436,8 +412,8 @@ impl<W: Write> ChunkWriter<W> {
             entries: std::mem::take(&mut self.entries),
             paths: std::mem::take(&mut self.paths),
             fields,
-            attrs: attrs.as_ref().map(|(a, _)| a.clone()),
-            dirs: attrs.map(|(_, d)| d).unwrap_or_default(),
+            attrs,
+            dirs,
         };
         Ok((self.out, summary))
     }

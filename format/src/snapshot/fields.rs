@@ -1,23 +1,11 @@
 //! The fields section (feature FIELDS): field names and their types, each sample's fields.
 //!
-//! Section layout (offsets within the section):
-//!
-//! ```text
-//! 0    name_count K: u64
-//! 8    entry_count M: u64
-//! 16   names_len: u64
-//! 24   types_len: u64
-//! 32   names: a string table of K field names, sorted by bytes, distinct
-//!      types: a string table of K type descriptors, name by name
-//!      zero padding to a multiple of 8
-//!      index: (N + 1) × u64 (sample s has entries index[s]..index[s+1])
-//!      entries: M × 16 bytes: name u32, crc32 u32, len u64
-//! ```
+//! Layout and type descriptors: SPEC.md §6.5.
 
 use std::ops::Range;
 
 use super::{SampleField, Snapshot};
-use crate::error::{FormatError, Result};
+use crate::error::{bail, invalid, FormatError, Result};
 use crate::le;
 use crate::strtab::StringTable;
 use crate::FieldEntry;
@@ -192,12 +180,7 @@ pub(crate) struct FieldsLayout {
 impl FieldsLayout {
     /// Checks the header `h` of a fields section lying at `section` for `samples` samples.
     pub(crate) fn parse(h: &[u8], section: Range<usize>, samples: u64) -> Result<FieldsLayout> {
-        let (k, m, nl, tl) = (
-            le::u64_at(h, 0),
-            le::u64_at(h, 8),
-            le::u64_at(h, 16),
-            le::u64_at(h, 24),
-        );
+        let [k, m, nl, tl] = le::words(h);
         let len = section.len() as u64;
         let tables = (FIELDS_HEADER_LEN as u64)
             .checked_add(nl)
@@ -208,13 +191,11 @@ impl FieldsLayout {
             .and_then(|i| samples.checked_add(1)?.checked_mul(8)?.checked_add(i))
             .and_then(|x| x.checked_add(m.checked_mul(SNAP_FIELD_LEN as u64)?));
         if total != Some(len) || k > u32::MAX as u64 || m < samples {
-            return Err(FormatError::invalid(
+            bail!(
                 WHAT,
-                format!(
-                    "{k} names, {m} entries, tables of {nl} + {tl} bytes do not make the \
-                     section's {len} bytes for {samples} samples"
-                ),
-            ));
+                "{k} names, {m} entries, tables of {nl} + {tl} bytes do not make the \
+                 section's {len} bytes for {samples} samples"
+            );
         }
         let (index, at) = (index.expect("checked") as usize, section.start);
         let entries_at = at + index + 8 * (samples as usize + 1);
@@ -230,34 +211,24 @@ impl FieldsLayout {
     }
 }
 
-/// Encodes the fields section: `names` sorted and distinct, their type descriptors, each
-/// sample's entry count (in sample order) and the entries (names index `names`).
+/// Encodes the fields section: `names` sorted and distinct, their type descriptors, where
+/// each sample's entries end (in sample order) and the entries (names index `names`).
 pub(crate) fn encode_fields(
-    names: &[Vec<u8>],
+    names: &[&[u8]],
     types: &[String],
-    counts: &[u32],
+    ends: &[u64],
     entries: &[FieldEntry],
 ) -> Vec<u8> {
     let nt = crate::encode_string_table(names.iter());
     let tt = crate::encode_string_table(types.iter());
     let mut out = Vec::new();
-    for v in [
-        names.len() as u64,
-        entries.len() as u64,
-        nt.len() as u64,
-        tt.len() as u64,
-    ] {
-        out.extend_from_slice(&v.to_le_bytes());
-    }
+    let lens = [names.len(), entries.len(), nt.len(), tt.len()];
+    le::put_words(&mut out, &lens.map(|n| n as u64));
     out.extend_from_slice(&nt);
     out.extend_from_slice(&tt);
     out.resize(le::align8(out.len() as u64) as usize, 0);
-    let mut at = 0u64;
-    out.extend_from_slice(&at.to_le_bytes());
-    for &c in counts {
-        at += c as u64;
-        out.extend_from_slice(&at.to_le_bytes());
-    }
+    le::put_words(&mut out, &[0]);
+    le::put_words(&mut out, ends);
     for e in entries {
         out.extend_from_slice(&e.name.to_le_bytes());
         out.extend_from_slice(&e.crc32.to_le_bytes());
@@ -275,7 +246,7 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
     fn fl(&self) -> Result<&FieldsLayout> {
         self.fields
             .as_ref()
-            .ok_or_else(|| FormatError::invalid(WHAT, "the snapshot's samples have no fields"))
+            .ok_or_else(|| invalid!(WHAT, "the snapshot's samples have no fields"))
     }
 
     /// The field names, sorted (empty without fields).
@@ -297,7 +268,7 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
             .map(|d| {
                 let d = d?;
                 let s = std::str::from_utf8(d)
-                    .map_err(|_| FormatError::invalid(WHAT, "a type descriptor is not UTF-8"))?;
+                    .map_err(|_| invalid!(WHAT, "a type descriptor is not UTF-8"))?;
                 FieldType::parse(s).map_err(|e| FormatError::invalid(WHAT, e))
             })
             .collect()
@@ -313,19 +284,13 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
     pub fn field_range(&self, id: u64) -> Result<Range<u64>> {
         let f = self.fl()?;
         if id >= self.sample_count() {
-            return Err(FormatError::invalid(
-                WHAT,
-                format!("sample {id} out of range"),
-            ));
+            bail!(WHAT, "sample {id} out of range");
         }
         let at = f.index.start + id as usize * 8;
         let w = self.at(at..at + 16)?;
         let (a, b) = (le::u64_at(w, 0), le::u64_at(w, 8));
         if a >= b || b > f.entry_count || (id == 0 && a != 0) {
-            return Err(FormatError::invalid(
-                WHAT,
-                format!("sample {id}'s fields {a}..{b} of {}", f.entry_count),
-            ));
+            bail!(WHAT, "sample {id}'s fields {a}..{b} of {}", f.entry_count);
         }
         Ok(a..b)
     }
@@ -340,10 +305,11 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
     pub fn field_owner(&self, e: u64) -> Result<(u64, usize)> {
         let f = self.fl()?;
         if e >= f.entry_count {
-            return Err(FormatError::invalid(
+            bail!(
                 WHAT,
-                format!("field entry {e} out of range ({} entries)", f.entry_count),
-            ));
+                "field entry {e} out of range ({} entries)",
+                f.entry_count
+            );
         }
         let at = |i: u64| -> Result<u64> {
             let o = f.index.start + i as usize * 8;
@@ -360,42 +326,34 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
         }
         let range = self.field_range(lo)?;
         if !range.contains(&e) {
-            return Err(FormatError::invalid(
-                WHAT,
-                format!("field entry {e} belongs to no sample"),
-            ));
+            bail!(WHAT, "field entry {e} belongs to no sample");
         }
         Ok((lo, (e - range.start) as usize))
     }
 
-    /// Field entry `e` (its name checked against the name count).
-    pub fn field_entry(&self, e: u64) -> Result<FieldEntry> {
-        let f = self.fl()?;
-        if e >= f.entry_count {
-            return Err(FormatError::invalid(
-                WHAT,
-                format!("field entry {e} out of range"),
-            ));
-        }
-        let at = f.entries.start + e as usize * SNAP_FIELD_LEN;
-        let b = self.at(at..at + SNAP_FIELD_LEN)?;
-        let fe = FieldEntry {
-            name: le::u32_at(b, 0),
-            crc32: le::u32_at(b, 4),
-            len: le::u64_at(b, 8),
-        };
-        if fe.name as u64 >= f.name_count {
-            return Err(FormatError::invalid(
-                WHAT,
-                format!("field entry {e} names name {} of {}", fe.name, f.name_count),
-            ));
-        }
-        Ok(fe)
-    }
-
-    /// Sample `id`'s field entries.
+    /// Sample `id`'s field entries (their names checked against the name count).
     pub fn field_entries(&self, id: u64) -> Result<Vec<FieldEntry>> {
-        self.field_range(id)?.map(|e| self.field_entry(e)).collect()
+        let (f, r) = (self.fl()?, self.field_range(id)?);
+        let at = |e: u64| f.entries.start + e as usize * SNAP_FIELD_LEN;
+        let b = self.at(at(r.start)..at(r.end))?;
+        r.zip(b.chunks_exact(SNAP_FIELD_LEN))
+            .map(|(e, b)| {
+                let fe = FieldEntry {
+                    name: le::u32_at(b, 0),
+                    crc32: le::u32_at(b, 4),
+                    len: le::u64_at(b, 8),
+                };
+                if fe.name as u64 >= f.name_count {
+                    bail!(
+                        WHAT,
+                        "field entry {e} names name {} of {}",
+                        fe.name,
+                        f.name_count
+                    );
+                }
+                Ok(fe)
+            })
+            .collect()
     }
 
     /// Sample `id`'s fields: names, offsets inside its record, lengths and CRCs.
@@ -413,22 +371,20 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
                     len: e.len,
                     crc32: e.crc32,
                 };
-                offset = offset.checked_add(e.len).ok_or_else(|| {
-                    FormatError::invalid(WHAT, format!("sample {id}'s fields overflow"))
-                })?;
+                offset = offset
+                    .checked_add(e.len)
+                    .ok_or_else(|| invalid!(WHAT, "sample {id}'s fields overflow"))?;
                 Ok(s)
             })
             .collect::<Result<_>>()?;
         // A name twice would give a reader the choice of which bytes it means (SPEC.md §3).
         for (i, f) in fields.iter().enumerate() {
             if fields[..i].iter().any(|g| g.name == f.name) {
-                return Err(FormatError::invalid(
+                bail!(
                     WHAT,
-                    format!(
-                        "sample {id} has field {:?} twice",
-                        String::from_utf8_lossy(f.name)
-                    ),
-                ));
+                    "sample {id} has field {:?} twice",
+                    String::from_utf8_lossy(f.name)
+                );
             }
         }
         Ok(fields)

@@ -8,7 +8,7 @@
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::error::{check_crc, FormatError, Result};
+use crate::error::{bail, check_crc, need, FormatError, Result};
 use crate::le;
 use crate::{SNAPSHOT_MAGIC, SNAPSHOT_MAJOR};
 
@@ -35,7 +35,7 @@ pub mod features {
 }
 
 /// The 96-byte snapshot header, decoded and checked.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SnapshotHeader {
     /// The dataset id every chunk must carry.
     pub dataset_id: [u8; 16],
@@ -56,8 +56,6 @@ pub struct SnapshotHeader {
     pub digest: [u8; 16],
     /// CRC-32 of the block CRC table.
     pub table_crc: u32,
-    /// CRC-32 of header bytes 0..92.
-    pub header_crc: u32,
 }
 
 impl SnapshotHeader {
@@ -84,13 +82,7 @@ impl SnapshotHeader {
     /// limits, and that no incompatible feature bit is unknown.
     pub fn decode(b: &[u8]) -> Result<SnapshotHeader> {
         const WHAT: &str = "snapshot header";
-        if b.len() < SNAPSHOT_HEADER_LEN {
-            return Err(FormatError::truncated(
-                WHAT,
-                SNAPSHOT_HEADER_LEN as u64,
-                b.len() as u64,
-            ));
-        }
+        need(WHAT, b, SNAPSHOT_HEADER_LEN)?;
         if b[0..8] != SNAPSHOT_MAGIC {
             return Err(FormatError::bad_magic(WHAT, &SNAPSHOT_MAGIC, &b[0..8]));
         }
@@ -101,13 +93,11 @@ impl SnapshotHeader {
             } else {
                 ""
             };
-            return Err(FormatError::invalid(
+            bail!(
                 WHAT,
-                format!(
-                    "format version {major} is not supported by this reader (it reads version \
-                     {SNAPSHOT_MAJOR}){hint}"
-                ),
-            ));
+                "format version {major} is not supported by this reader (it reads version \
+                 {SNAPSHOT_MAJOR}){hint}"
+            );
         }
         check_crc(WHAT, le::u32_at(b, 92), &b[0..92])?;
         let h = SnapshotHeader {
@@ -120,52 +110,43 @@ impl SnapshotHeader {
             compat: le::u32_at(b, 48),
             digest: le::id_at(b, 56),
             table_crc: le::u32_at(b, 88),
-            header_crc: le::u32_at(b, 92),
         };
         if b[11] != 0 || b[72..88].iter().any(|&x| x != 0) {
-            return Err(FormatError::invalid(
-                WHAT,
-                "reserved byte 11 or bytes 72..88 are not zero",
-            ));
+            bail!(WHAT, "reserved byte 11 or bytes 72..88 are not zero");
         }
         if !BLOCK_SHIFTS.contains(&h.block_shift) {
-            return Err(FormatError::invalid(
+            bail!(
                 WHAT,
-                format!(
-                    "block size 2^{} outside 2^{}..=2^{}",
-                    h.block_shift,
-                    BLOCK_SHIFTS.start(),
-                    BLOCK_SHIFTS.end()
-                ),
-            ));
+                "block size 2^{} outside 2^{}..=2^{}",
+                h.block_shift,
+                BLOCK_SHIFTS.start(),
+                BLOCK_SHIFTS.end()
+            );
         }
         let unknown = h.incompat & !features::KNOWN_INCOMPAT;
         if unknown != 0 {
-            return Err(FormatError::invalid(
+            bail!(
                 WHAT,
-                format!(
-                    "incompatible feature bits {unknown:#x} are unknown to this reader (a newer \
-                     granary wrote it)"
-                ),
-            ));
+                "incompatible feature bits {unknown:#x} are unknown to this reader (a newer \
+                 granary wrote it)"
+            );
         }
         if h.has_attrs() && h.has_fields() {
-            return Err(FormatError::invalid(
+            bail!(
                 WHAT,
-                "feature bits ATTRS and FIELDS together (field groups record no attributes)",
-            ));
+                "feature bits ATTRS and FIELDS together (field groups record no attributes)"
+            );
         }
         if h.samples > crate::MAX_SAMPLES
             || h.body_end < SNAPSHOT_HEADER_LEN as u64 + 8
             || h.body_end > 1 << 56
         {
-            return Err(FormatError::invalid(
+            bail!(
                 WHAT,
-                format!(
-                    "{} samples, body ending at {}: beyond the format's limits",
-                    h.samples, h.body_end
-                ),
-            ));
+                "{} samples, body ending at {}: beyond the format's limits",
+                h.samples,
+                h.body_end
+            );
         }
         Ok(h)
     }
@@ -279,11 +260,6 @@ impl Blocks {
             return 0..0;
         }
         (s - h) >> self.shift..((e - 1 - h) >> self.shift) + 1
-    }
-
-    /// Block `b`'s stored CRC.
-    pub fn crc(&self, b: u64) -> u32 {
-        self.crcs[b as usize]
     }
 
     /// Whether block `b` was checked already.

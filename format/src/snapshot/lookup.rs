@@ -11,7 +11,7 @@ use super::namespace::{
     prefix_successor, EntryView, FileStat, NsEntry, PageIndex, RESTART_INTERVAL,
 };
 use super::{SectionKind, Snapshot, DECODED_PAGES};
-use crate::error::{FormatError, Result};
+use crate::error::{bail, invalid, Result};
 use crate::le;
 
 const NS: &str = "snapshot namespace";
@@ -39,21 +39,30 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
     /// Page `p`, decoded and checked (kept among the last [`DECODED_PAGES`] decoded).
     pub fn page(&self, p: usize) -> Result<Arc<Vec<NsEntry>>> {
         let ix = self.page_index()?;
-        {
-            let d = self.decoded.lock().expect("decoded pages");
-            if let Some((_, page)) = d.iter().find(|(q, _)| *q == p) {
-                return Ok(page.clone());
-            }
+        if let Some(page) = self.kept(p) {
+            return Ok(page);
         }
-        let r = ix.bytes(p);
-        let a = self.ns.area.start;
-        let page = Arc::new(ix.decode(p, self.at(a + r.start as usize..a + r.end as usize)?)?);
+        let page = Arc::new(ix.decode(p, self.page_bytes(ix, p)?)?);
         let mut d = self.decoded.lock().expect("decoded pages");
         if d.len() >= DECODED_PAGES {
             d.remove(0);
         }
         d.push((p, page.clone()));
         Ok(page)
+    }
+
+    /// Page `p` as decoded, if it is kept.
+    fn kept(&self, p: usize) -> Option<Arc<Vec<NsEntry>>> {
+        let d = self.decoded.lock().expect("decoded pages");
+        d.iter()
+            .find(|(q, _)| *q == p)
+            .map(|(_, page)| page.clone())
+    }
+
+    /// Page `p`'s bytes.
+    fn page_bytes(&self, ix: &PageIndex, p: usize) -> Result<&[u8]> {
+        let (r, a) = (ix.bytes(p), self.ns.area.start);
+        self.at(a + r.start as usize..a + r.end as usize)
     }
 
     /// Walks page `p`'s entries in order from where `from` says (from the decoded copy if one
@@ -65,13 +74,7 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
         from: From<'_>,
         mut f: impl FnMut(usize, &EntryView<'_>) -> Option<T>,
     ) -> Result<Option<T>> {
-        let kept = {
-            let d = self.decoded.lock().expect("decoded pages");
-            d.iter()
-                .find(|(q, _)| *q == p)
-                .map(|(_, page)| page.clone())
-        };
-        if let Some(page) = kept {
+        if let Some(page) = self.kept(p) {
             let start = match from {
                 From::Index(i) => i,
                 From::Key(key) => page.partition_point(|e| e.path.as_slice() < key),
@@ -87,10 +90,7 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
             }));
         }
         let ix = self.page_index()?;
-        let r = ix.bytes(p);
-        let a = self.ns.area.start;
-        let b = self.at(a + r.start as usize..a + r.end as usize)?;
-        let restarts = ix.restarts(p, b)?;
+        let restarts = ix.restarts(p, self.page_bytes(ix, p)?)?;
         let k = match from {
             From::Index(i) => i / RESTART_INTERVAL,
             From::Key(key) => {
@@ -108,7 +108,7 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
             }
         };
         let (mut out, mut i) = (None, k * RESTART_INTERVAL);
-        ix.walk_restarts(p, &restarts, k, &mut |e| {
+        ix.walk(p, &restarts, k, &mut |e| {
             out = f(i, e);
             i += 1;
             out.is_none()
@@ -148,13 +148,11 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
         if let Some((pos, NsEntry { id: Some(id), .. })) = &hit.as_ref().and_then(|h| h.as_ref()) {
             let back = self.position(*id)?;
             if back != *pos {
-                return Err(FormatError::invalid(
+                bail!(
                     NS,
-                    format!(
-                        "the entry at position {pos} is tagged sample {id}, whose id table entry \
-                         is position {back}: the tag or the id table is wrong"
-                    ),
-                ));
+                    "the entry at position {pos} is tagged sample {id}, whose id table entry \
+                     is position {back}: the tag or the id table is wrong"
+                );
             }
         }
         Ok(hit.flatten())
@@ -167,17 +165,7 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
 
     /// The sample whose file is `path`, with its size and mode and mtime.
     pub fn lookup_stat(&self, path: &[u8]) -> Result<Option<(u64, FileStat)>> {
-        Ok(self.find(path)?.and_then(|(_, e)| {
-            e.id.map(|id| {
-                (
-                    id,
-                    FileStat {
-                        size: e.size,
-                        attrs: e.attrs,
-                    },
-                )
-            })
-        }))
+        Ok(self.find(path)?.and_then(|(_, e)| Some((e.id?, e.stat()))))
     }
 
     /// The entries at `positions` (clamped to the entry count), in path order.
@@ -208,10 +196,7 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
     /// The entry at position `pos`.
     pub fn entry(&self, pos: u64) -> Result<NsEntry> {
         if pos >= self.ns.entries {
-            return Err(FormatError::invalid(
-                NS,
-                format!("position {pos} of {}", self.ns.entries),
-            ));
+            bail!(NS, "position {pos} of {}", self.ns.entries);
         }
         let ix = self.page_index()?;
         let p = ix.page_of(pos);
@@ -219,7 +204,7 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
         self.scan(p, From::Index(want), |i, e| {
             (i == want).then(|| e.to_entry())
         })?
-        .ok_or_else(|| FormatError::invalid(NS, format!("position {pos} is missing")))
+        .ok_or_else(|| invalid!(NS, "position {pos} is missing"))
     }
 
     /// The positions of the entries whose paths start with `prefix`.
@@ -234,22 +219,15 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
 
     /// Sample `id`'s position in the namespace (from the id table).
     pub fn position(&self, id: u64) -> Result<u64> {
-        if id >= self.h.samples {
-            return Err(FormatError::invalid(
-                "sample id",
-                format!("{id} out of range (dataset has {} samples)", self.h.samples),
-            ));
-        }
+        self.check_id(id)?;
         let at = self.ns.idtab.start + id as usize * 4;
         let pos = le::u32_at(self.at(at..at + 4)?, 0) as u64;
         if pos >= self.ns.entries {
-            return Err(FormatError::invalid(
+            bail!(
                 NS,
-                format!(
-                    "id table: sample {id} at position {pos} of {}",
-                    self.ns.entries
-                ),
-            ));
+                "id table: sample {id} at position {pos} of {}",
+                self.ns.entries
+            );
         }
         Ok(pos)
     }
@@ -259,16 +237,14 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
         let pos = self.position(id)?;
         let e = self.entry(pos)?;
         if e.id != Some(id) {
-            return Err(FormatError::invalid(
+            bail!(
                 NS,
-                format!(
-                    "id table: sample {id} at position {pos}, which holds {}",
-                    match e.id {
-                        Some(o) => format!("sample {o}"),
-                        None => "a directory".into(),
-                    }
-                ),
-            ));
+                "id table: sample {id} at position {pos}, which holds {}",
+                match e.id {
+                    Some(o) => format!("sample {o}"),
+                    None => "a directory".into(),
+                }
+            );
         }
         Ok(e)
     }
@@ -280,11 +256,7 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
 
     /// Sample `id`'s size and (when recorded) mode and mtime.
     pub fn stat(&self, id: u64) -> Result<FileStat> {
-        let e = self.file_entry(id)?;
-        Ok(FileStat {
-            size: e.size,
-            attrs: e.attrs,
-        })
+        Ok(self.file_entry(id)?.stat())
     }
 
     /// Sample `id`'s mode and mtime; `None` if the snapshot does not record them.

@@ -11,7 +11,7 @@ mod types;
 use std::ops::Range;
 use std::sync::{Arc, Mutex, OnceLock};
 
-use crate::error::{FormatError, Result};
+use crate::error::{bail, invalid, FormatError, Result};
 use crate::strtab::StringTable;
 use crate::{le, ChunkFields, ChunkSummary, Compression, SampleEntry, NO_LABEL};
 
@@ -43,9 +43,9 @@ pub const MAX_SECTIONS: u32 = 64;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u32)]
 pub enum SectionKind {
-    /// The generation and the snapshot it extends ([`Lineage`], 16 bytes).
+    /// The generation and the snapshot it extends ([`Lineage`], 24 bytes).
     Lineage = 1,
-    /// The chunk table: one [`ChunkEntry`] (40 bytes) per chunk.
+    /// The chunk table: one [`ChunkEntry`] (56 bytes) per chunk.
     Chunks = 2,
     /// The class names (a string table); labels index it.
     Classes = 3,
@@ -59,32 +59,25 @@ pub enum SectionKind {
     Namespace = 7,
 }
 
-const KINDS: [SectionKind; 7] = [
-    SectionKind::Lineage,
-    SectionKind::Chunks,
-    SectionKind::Classes,
-    SectionKind::ClassCounts,
-    SectionKind::Fields,
-    SectionKind::Records,
-    SectionKind::Namespace,
+/// Every kind, in order of value, and its name in errors.
+const KINDS: [(SectionKind, &str); 7] = [
+    (SectionKind::Lineage, "snapshot lineage"),
+    (SectionKind::Chunks, "snapshot chunk table"),
+    (SectionKind::Classes, "snapshot classes"),
+    (SectionKind::ClassCounts, "snapshot class counts"),
+    (SectionKind::Fields, "snapshot fields"),
+    (SectionKind::Records, "snapshot record table"),
+    (SectionKind::Namespace, "snapshot namespace"),
 ];
 
 impl SectionKind {
     /// The section's name in errors.
     pub fn name(self) -> &'static str {
-        match self {
-            SectionKind::Lineage => "snapshot lineage",
-            SectionKind::Chunks => "snapshot chunk table",
-            SectionKind::Classes => "snapshot classes",
-            SectionKind::ClassCounts => "snapshot class counts",
-            SectionKind::Fields => "snapshot fields",
-            SectionKind::Records => "snapshot record table",
-            SectionKind::Namespace => "snapshot namespace",
-        }
+        KINDS[self as usize - 1].1
     }
 
     fn from_u32(k: u32) -> Option<SectionKind> {
-        KINDS.get((k as usize).wrapping_sub(1)).copied()
+        KINDS.get((k as usize).wrapping_sub(1)).map(|k| k.0)
     }
 }
 
@@ -158,13 +151,11 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
         }
         let h = SnapshotHeader::decode(b)?;
         if len != h.file_len() {
-            return Err(FormatError::invalid(
+            bail!(
                 "snapshot",
-                format!(
-                    "file is {len} bytes, its header describes {} (truncated or extended)",
-                    h.file_len()
-                ),
-            ));
+                "file is {len} bytes, its header describes {} (truncated or extended)",
+                h.file_len()
+            );
         }
         if let Some(p) = &pager {
             p.need_all(&[h.crc_table()])?;
@@ -180,31 +171,17 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
             lineage: Lineage::default(),
             chunks: Vec::new(),
             class_count: 0,
-            ns: NsLayout {
-                entries: 0,
-                pages: 0,
-                index: 0..0,
-                idtab: 0..0,
-                area: 0..0,
-            },
+            ns: NsLayout::default(),
             fields: None,
             page_index: OnceLock::new(),
             decoded: Mutex::new(Vec::new()),
         };
         snap.s = snap.section_table()?;
-        snap.lineage = Lineage::decode(snap.section(SectionKind::Lineage, LINEAGE_LEN)?)?;
+        snap.lineage = Lineage::decode(snap.at(snap.sized(SectionKind::Lineage, LINEAGE_LEN)?)?)?;
         snap.chunks = snap.chunk_table()?;
-        let classes = snap.s.get(SectionKind::Classes);
-        snap.class_count = StringTable::parse(snap.at(classes)?, "snapshot classes")?.len();
+        snap.class_count = snap.classes()?.len();
         snap.check_class_counts_index()?;
-        let records = snap.s.get(SectionKind::Records);
-        let want = snap.h.samples * RECORD_LEN as u64;
-        if records.len() as u64 != want {
-            return Err(FormatError::invalid(
-                SectionKind::Records.name(),
-                format!("{} bytes, expected {want}", records.len()),
-            ));
-        }
+        snap.sized(SectionKind::Records, snap.h.samples as usize * RECORD_LEN)?;
         let ns = snap.s.get(SectionKind::Namespace);
         snap.ns = NsLayout::parse(
             snap.section_head(SectionKind::Namespace, NS_HEADER_LEN)?,
@@ -231,10 +208,10 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
         let w = self.at(head..head + SECTION_TABLE_HEAD)?;
         let (k, reserved) = (le::u32_at(w, 0), le::u32_at(w, 4));
         if k > MAX_SECTIONS || reserved != 0 {
-            return Err(FormatError::invalid(
+            bail!(
                 WHAT,
-                format!("{k} sections (at most {MAX_SECTIONS}) or a reserved field set"),
-            ));
+                "{k} sections (at most {MAX_SECTIONS}) or a reserved field set"
+            );
         }
         let start = head + SECTION_TABLE_HEAD;
         let end = start + k as usize * SECTION_ENTRY_LEN;
@@ -245,42 +222,32 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
         for (i, e) in t.chunks_exact(SECTION_ENTRY_LEN).enumerate() {
             let (kind, off, len) = (le::u32_at(e, 0), le::u64_at(e, 8), le::u64_at(e, 16));
             if le::u32_at(e, 4) != 0 {
-                return Err(FormatError::invalid(
-                    WHAT,
-                    format!("entry {i}: reserved field set"),
-                ));
+                bail!(WHAT, "entry {i}: reserved field set");
             }
             let r_end = off.checked_add(len).filter(|&x| x <= self.h.body_end);
             let Some(r_end) = r_end.filter(|_| off == at) else {
-                return Err(FormatError::invalid(
+                bail!(
                     WHAT,
-                    format!(
-                        "section {i} (kind {kind}) at {off}+{len}: sections lie back to back \
-                         from {at}, each at a multiple of 8, within the body"
-                    ),
-                ));
+                    "section {i} (kind {kind}) at {off}+{len}: sections lie back to back \
+                     from {at}, each at a multiple of 8, within the body"
+                );
             };
             let r = off as usize..r_end as usize;
             match SectionKind::from_u32(kind) {
                 Some(sk) => {
                     let slot = &mut s.at[sk as usize - 1];
                     if slot.is_some() {
-                        return Err(FormatError::invalid(
-                            WHAT,
-                            format!("{} appears twice", sk.name()),
-                        ));
+                        bail!(WHAT, "{} appears twice", sk.name());
                     }
                     *slot = Some(r.clone());
                 }
                 None if unknown_compat => {}
                 None => {
-                    return Err(FormatError::invalid(
+                    bail!(
                         WHAT,
-                        format!(
-                            "section of unknown kind {kind} without a compatible feature bit \
-                             that could bring it"
-                        ),
-                    ))
+                        "section of unknown kind {kind} without a compatible feature bit \
+                         that could bring it"
+                    )
                 }
             }
             s.all.push((kind, r));
@@ -291,12 +258,13 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
             .last()
             .map_or(le::align8(end as u64), |(_, r)| r.end as u64);
         if last != self.h.body_end {
-            return Err(FormatError::invalid(
+            bail!(
                 WHAT,
-                format!("sections end at {last}, the body at {}", self.h.body_end),
-            ));
+                "sections end at {last}, the body at {}",
+                self.h.body_end
+            );
         }
-        for k in KINDS {
+        for (k, _) in KINDS {
             let present = s.at[k as usize - 1].is_some();
             let wanted = k != SectionKind::Fields || self.h.has_fields();
             if present != wanted {
@@ -322,16 +290,13 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
         Ok(h)
     }
 
-    /// Section `k`'s bytes, which must be exactly `len` long.
-    fn section(&self, k: SectionKind, len: usize) -> Result<&[u8]> {
+    /// Where section `k` lies, which must be exactly `len` bytes long.
+    fn sized(&self, k: SectionKind, len: usize) -> Result<Range<usize>> {
         let r = self.s.get(k);
         if r.len() != len {
-            return Err(FormatError::invalid(
-                k.name(),
-                format!("{} bytes, expected {len}", r.len()),
-            ));
+            bail!(k.name(), "{} bytes, expected {len}", r.len());
         }
-        self.at(r)
+        Ok(r)
     }
 
     /// Reads and checks the chunk table: first samples rising from 0 to at most N, records
@@ -339,7 +304,7 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
     /// counted, in an empty chunk).
     fn chunk_table(&self) -> Result<Vec<ChunkEntry>> {
         let c = self.h.chunks as usize;
-        let b = self.section(SectionKind::Chunks, c * CHUNK_ENTRY_LEN)?;
+        let b = self.at(self.sized(SectionKind::Chunks, c * CHUNK_ENTRY_LEN)?)?;
         let mut v: Vec<ChunkEntry> = b
             .chunks_exact(CHUNK_ENTRY_LEN)
             .enumerate()
@@ -362,45 +327,34 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
                 || e.records_end < min_end
                 || e.records_end.saturating_add(trailer) > e.file_size
             {
-                return Err(FormatError::invalid(
+                bail!(
                     SectionKind::Chunks.name(),
-                    format!(
-                        "chunk {i}: samples from {} to {next} of {n}, records ending at {} of a \
-                         {}-byte file",
-                        e.first_sample, e.records_end, e.file_size
-                    ),
-                ));
+                    "chunk {i}: samples from {} to {next} of {n}, records ending at {} of a \
+                     {}-byte file",
+                    e.first_sample,
+                    e.records_end,
+                    e.file_size
+                );
             }
             e.sample_count = next - e.first_sample;
         }
         if c == 0 && n != 0 {
-            return Err(FormatError::invalid(
-                SectionKind::Chunks.name(),
-                format!("no chunks for {n} samples"),
-            ));
+            bail!(SectionKind::Chunks.name(), "no chunks for {n} samples");
         }
         Ok(v)
     }
 
     /// Checks the class counts' offsets: C + 1 of them, rising from 0 to the pairs' length.
     fn check_class_counts_index(&self) -> Result<()> {
-        let r = self.s.get(SectionKind::ClassCounts);
         let words = (self.h.chunks as usize + 1) * 8;
-        if r.len() < words {
-            return Err(FormatError::truncated(
-                SectionKind::ClassCounts.name(),
-                words as u64,
-                r.len() as u64,
-            ));
-        }
-        let b = self.at(r.start..r.start + words)?;
+        let b = self.section_head(SectionKind::ClassCounts, words)?;
         let offs: Vec<u64> = b.chunks_exact(8).map(|w| le::u64_at(w, 0)).collect();
-        let pairs = (r.len() - words) as u64;
+        let pairs = (self.s.get(SectionKind::ClassCounts).len() - words) as u64;
         if offs[0] != 0 || offs[offs.len() - 1] != pairs || offs.windows(2).any(|w| w[0] > w[1]) {
-            return Err(FormatError::invalid(
+            bail!(
                 SectionKind::ClassCounts.name(),
-                format!("offsets do not rise from 0 to the {pairs} bytes of the counts"),
-            ));
+                "offsets do not rise from 0 to the {pairs} bytes of the counts"
+            );
         }
         Ok(())
     }
@@ -412,32 +366,31 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
         let types = self.field_types()?;
         let f = self.fields.as_ref().expect("fields");
         if names.len() as u64 != f.name_count || types.len() != names.len() {
-            return Err(FormatError::invalid(
+            bail!(
                 SectionKind::Fields.name(),
-                format!(
-                    "{} names and {} types, the header says {}",
-                    names.len(),
-                    types.len(),
-                    f.name_count
-                ),
-            ));
+                "{} names and {} types, the header says {}",
+                names.len(),
+                types.len(),
+                f.name_count
+            );
         }
         for (i, n) in names.iter().enumerate() {
             if let Err(why) = crate::check_field_name(n) {
                 return Err(FormatError::invalid(SectionKind::Fields.name(), why));
             }
             if i > 0 && names[i - 1] >= *n {
-                return Err(FormatError::invalid(
+                bail!(
                     SectionKind::Fields.name(),
-                    "field names are not sorted and distinct",
-                ));
+                    "field names are not sorted and distinct"
+                );
             }
         }
         Ok(())
     }
 
-    /// Makes the blocks of `r` present (through the pager) and checked, once each.
-    fn ensure(&self, ranges: &[Range<usize>]) -> Result<()> {
+    /// Makes every block of `ranges` present (a pager fetches them together) and checked,
+    /// once each: what a reader calls before a run of lookups.
+    pub fn prefetch(&self, ranges: &[Range<usize>]) -> Result<()> {
         let mut missing: Vec<u64> = Vec::new();
         for r in ranges {
             let bs = self.blocks.blocks_of(&(r.start as u64..r.end as u64));
@@ -459,7 +412,7 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
             }
             p.need_all(&runs)?;
         }
-        let b = self.b();
+        let b = self.bytes();
         for blk in missing {
             let r = self.blocks.block(blk);
             self.blocks
@@ -495,25 +448,12 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
 
     /// Bytes `r` of the body, every block they touch checked first.
     pub(crate) fn at(&self, r: Range<usize>) -> Result<&[u8]> {
-        let end = r.end.min(self.b().len());
+        let end = r.end.min(self.bytes().len());
         if r.start > end {
-            return Err(FormatError::invalid(
-                "snapshot",
-                format!("range {}..{} past the end", r.start, r.end),
-            ));
+            bail!("snapshot", "range {}..{} past the end", r.start, r.end);
         }
-        self.ensure(std::slice::from_ref(&(r.start..end)))?;
-        Ok(&self.b()[r.start..end])
-    }
-
-    /// Makes every block of `ranges` present and checked at once (a pager fetches them
-    /// together): what a reader calls before a run of lookups.
-    pub fn prefetch(&self, ranges: &[Range<usize>]) -> Result<()> {
-        self.ensure(ranges)
-    }
-
-    fn b(&self) -> &[u8] {
-        self.bytes.as_ref()
+        self.prefetch(std::slice::from_ref(&(r.start..end)))?;
+        Ok(&self.bytes()[r.start..end])
     }
 
     /// The byte container the snapshot was opened over.
@@ -523,7 +463,7 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
 
     /// The underlying bytes (unchecked: use the accessors).
     pub fn bytes(&self) -> &[u8] {
-        self.b()
+        self.bytes.as_ref()
     }
 
     /// The decoded header.
@@ -588,15 +528,25 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
         self.h.has_attrs()
     }
 
+    /// Checks that sample `id` exists.
+    fn check_id(&self, id: u64) -> Result<()> {
+        if id >= self.h.samples {
+            bail!(
+                "sample id",
+                "{id} out of range (dataset has {} samples)",
+                self.h.samples
+            );
+        }
+        Ok(())
+    }
+
     /// Chunk table entry `index`.
     pub fn chunk(&self, index: u64) -> Result<ChunkEntry> {
         self.chunks.get(index as usize).copied().ok_or_else(|| {
-            FormatError::invalid(
+            invalid!(
                 "chunk index",
-                format!(
-                    "{index} out of range (dataset has {} chunks)",
-                    self.h.chunks
-                ),
+                "{index} out of range (dataset has {} chunks)",
+                self.h.chunks
             )
         })
     }
@@ -608,24 +558,14 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
 
     /// The chunk holding sample `id`.
     pub fn chunk_of(&self, id: u64) -> Result<&ChunkEntry> {
-        if id >= self.h.samples {
-            return Err(FormatError::invalid(
-                "sample id",
-                format!("{id} out of range (dataset has {} samples)", self.h.samples),
-            ));
-        }
+        self.check_id(id)?;
         let i = self.chunks.partition_point(|c| c.first_sample <= id) - 1;
         Ok(&self.chunks[i])
     }
 
     /// Record entry `id` as stored.
     pub fn record(&self, id: u64) -> Result<RecordEntry> {
-        if id >= self.h.samples {
-            return Err(FormatError::invalid(
-                "sample id",
-                format!("{id} out of range (dataset has {} samples)", self.h.samples),
-            ));
-        }
+        self.check_id(id)?;
         let at = self.s.get(SectionKind::Records).start + id as usize * RECORD_LEN;
         Ok(RecordEntry::decode(self.at(at..at + RECORD_LEN)?))
     }
@@ -640,32 +580,34 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
             true => self.record(id + 1)?.offset,
             false => c.records_end,
         };
-        let bad = |why: String| {
-            Err(FormatError::invalid(
-                SectionKind::Records.name(),
-                format!("sample {id}: {why}"),
-            ))
-        };
-        let first_ok = id != c.first_sample || r.offset == crate::CHUNK_HEADER_LEN as u64;
-        if !first_ok
-            || end < r.offset
-            || end > c.records_end
-            || r.offset < crate::CHUNK_HEADER_LEN as u64
-        {
-            return bad(format!(
-                "record at {}..{end} of chunk {} (records lie back to back from 64 to its \
-                 records_end {})",
-                r.offset, c.chunk_id, c.records_end
-            ));
+        const WHAT: &str = "snapshot record table";
+        let head = crate::CHUNK_HEADER_LEN as u64;
+        let first_ok = id != c.first_sample || r.offset == head;
+        if !first_ok || end < r.offset || end > c.records_end || r.offset < head {
+            bail!(
+                WHAT,
+                "sample {id}: record at {}..{end} of chunk {} (records lie back to back from \
+                 64 to its records_end {})",
+                r.offset,
+                c.chunk_id,
+                c.records_end
+            );
         }
         if r.label != NO_LABEL && r.label as u64 >= self.class_count {
-            return bad(format!("label {} of {} classes", r.label, self.class_count));
+            bail!(
+                WHAT,
+                "sample {id}: label {} of {} classes",
+                r.label,
+                self.class_count
+            );
         }
         if (r.flags as u32 & crate::FLAG_FIELDS != 0) != self.h.has_fields() {
-            return bad(format!(
-                "flags {:#x}: the field-group bit is set exactly when the snapshot has fields",
+            bail!(
+                WHAT,
+                "sample {id}: flags {:#x}: the field-group bit is set exactly when the \
+                 snapshot has fields",
                 r.flags
-            ));
+            );
         }
         let mut e = SampleEntry {
             chunk: c.chunk_id,
@@ -687,11 +629,12 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
     /// but its directories: those are the snapshot's, [`Snapshot::dirs`]).
     pub fn chunk_summary(&self, index: u64) -> Result<ChunkSummary> {
         let c = self.chunk(index)?;
-        let mut entries = Vec::with_capacity(c.sample_count as usize);
-        let mut paths = Vec::with_capacity(c.sample_count as usize);
+        let (mut entries, mut paths, mut attrs) = (Vec::new(), Vec::new(), Vec::new());
         for id in c.samples() {
             entries.push(self.sample(id)?);
-            paths.push(self.path(id)?);
+            let e = self.file_entry(id)?;
+            paths.push(e.path);
+            attrs.push(e.attrs.unwrap_or_default());
         }
         let fields = match self.has_fields() {
             false => None,
@@ -712,19 +655,11 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
                     .collect::<Result<_>>()?,
             }),
         };
-        let attrs = match self.has_attrs() {
-            false => None,
-            true => Some(
-                c.samples()
-                    .map(|id| Ok(self.attrs(id)?.unwrap_or_default()))
-                    .collect::<Result<_>>()?,
-            ),
-        };
         Ok(ChunkSummary {
             entries,
             paths,
             fields,
-            attrs,
+            attrs: self.has_attrs().then_some(attrs),
             ..ChunkSummary::bare(c.chunk_id, c.file_size, c.file_crc, c.digest)
         })
     }
@@ -762,22 +697,18 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
                 namespace::get_varint(b, &mut at),
                 namespace::get_varint(b, &mut at),
             ) else {
-                return Err(FormatError::invalid(
-                    WHAT,
-                    format!("chunk {index}: cut short"),
-                ));
+                bail!(WHAT, "chunk {index}: cut short");
             };
             let class = next.checked_add(d).filter(|&k| k < self.class_count);
             total = total.saturating_add(n);
             let Some(class) = class.filter(|_| n > 0 && total <= c.sample_count) else {
-                return Err(FormatError::invalid(
+                bail!(
                     WHAT,
-                    format!(
-                        "chunk {index}: a class beyond the {} classes, a zero count or more \
-                         labelled samples than the chunk's {}",
-                        self.class_count, c.sample_count
-                    ),
-                ));
+                    "chunk {index}: a class beyond the {} classes, a zero count or more \
+                     labelled samples than the chunk's {}",
+                    self.class_count,
+                    c.sample_count
+                );
             };
             out.push((class as u32, n));
             next = class + 1;

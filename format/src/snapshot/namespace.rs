@@ -1,32 +1,12 @@
 //! The namespace: every file and directory of the dataset, in path order, front-coded in
 //! pages; an index of the pages; an id table from sample id to position.
 //!
-//! Section layout (offsets within the section):
-//!
-//! ```text
-//! 0            entries E: u64          (files N + directories)
-//! 8            pages P: u64            (0 exactly when E is 0)
-//! 16           first_paths_len: u64
-//! 24           pages_len: u64
-//! 32           reserved: u64 (zero)
-//! 40           offsets: (P + 1) × u64  (page p is pages[offsets[p]..offsets[p+1]])
-//! 40 + 8(P+1)  firsts: (P + 1) × u64   (page p holds positions firsts[p]..firsts[p+1])
-//! 40 + 16(P+1) first paths: a string table of P items (page p's first path)
-//!              zero padding to a multiple of 8
-//!              id table: N × u32 (the position of sample s)
-//!              zero padding to a multiple of 8
-//!              pages: pages_len bytes
-//! ```
-//!
-//! An entry: varint `shared`, varint `suffix_len`, the suffix, varint `tag` (0: a directory;
-//! `s + 1`: the file holding sample `s`), then for a file varint `size`, then with the ATTRS
-//! feature varint `mode` and the zigzag varint of `mtime_ns` minus the previous entry's in the
-//! page (0 before a page's first).
+//! Layout, entries, pages and restarts: SPEC.md §6.7.
 
 use std::ops::Range;
 
 use super::types::FileAttrs;
-use crate::error::{FormatError, Result};
+use crate::error::{bail, invalid, Result};
 use crate::le;
 use crate::strtab::{encode_string_table, StringTable};
 
@@ -58,6 +38,14 @@ impl NsEntry {
     /// True for a directory.
     pub fn is_dir(&self) -> bool {
         self.id.is_none()
+    }
+
+    /// Its size and attributes.
+    pub fn stat(&self) -> FileStat {
+        FileStat {
+            size: self.size,
+            attrs: self.attrs,
+        }
     }
 }
 
@@ -181,7 +169,8 @@ impl<'a> NsWriter<'a> {
         }
     }
 
-    fn encode(&self, shared: usize, path: &[u8], e: &EntryRef, prev_mtime: i64) -> Vec<u8> {
+    fn encode(&self, shared: usize, e: &EntryView, prev_mtime: i64) -> Vec<u8> {
+        let path = e.path;
         let mut b = Vec::with_capacity(path.len() - shared + 16);
         put_varint(&mut b, shared as u64);
         put_varint(&mut b, (path.len() - shared) as u64);
@@ -202,13 +191,11 @@ impl<'a> NsWriter<'a> {
     }
 
     fn close_page(&mut self) -> Result<()> {
-        for r in &self.restarts {
-            self.page.extend_from_slice(&r.to_le_bytes());
-        }
+        let table = self.restarts.iter().flat_map(|r| r.to_le_bytes());
+        self.page.extend(table);
         self.page
             .extend_from_slice(&(self.restarts.len() as u32).to_le_bytes());
-        (self.sink)(&self.page)
-            .map_err(|e| FormatError::invalid(NS, format!("writing a page: {e}")))?;
+        (self.sink)(&self.page).map_err(|e| invalid!(NS, "writing a page: {e}"))?;
         self.pages_len += self.page.len() as u64;
         self.offsets.push(self.pages_len);
         self.firsts.push(self.pos);
@@ -219,19 +206,20 @@ impl<'a> NsWriter<'a> {
     }
 
     /// Adds the next entry (paths strictly rising; the caller checks).
-    pub(crate) fn push(&mut self, path: &[u8], e: EntryRef) -> Result<()> {
+    pub(crate) fn push(&mut self, e: EntryView) -> Result<()> {
+        let path = e.path;
         if self.pos >= u32::MAX as u64 {
-            return Err(FormatError::invalid(NS, "more than 2^32 - 1 entries"));
+            bail!(NS, "more than 2^32 - 1 entries");
         }
         let restart = self.in_page.is_multiple_of(RESTART_INTERVAL);
         let mut b = match restart {
-            true => self.encode(0, path, &e, 0),
-            false => self.encode(shared_prefix(&self.prev, path), path, &e, self.prev_mtime),
+            true => self.encode(0, &e, 0),
+            false => self.encode(shared_prefix(&self.prev, path), &e, self.prev_mtime),
         };
         let trailer = 4 * (self.restarts.len() + restart as usize + 1);
         if self.in_page > 0 && self.page.len() + b.len() + trailer > PAGE_TARGET {
             self.close_page()?;
-            b = self.encode(0, path, &e, 0);
+            b = self.encode(0, &e, 0);
         }
         if self.in_page == 0 {
             self.first_paths.push(path.to_vec());
@@ -261,12 +249,9 @@ impl<'a> NsWriter<'a> {
         let mut out = Vec::with_capacity(
             NS_HEADER_LEN + 16 * (p as usize + 1) + fp.len() + 4 * self.idtab.len() + 16,
         );
-        for v in [self.pos, p, fp.len() as u64, self.pages_len, 0] {
-            out.extend_from_slice(&v.to_le_bytes());
-        }
-        for v in self.offsets.iter().chain(&self.firsts) {
-            out.extend_from_slice(&v.to_le_bytes());
-        }
+        le::put_words(&mut out, &[self.pos, p, fp.len() as u64, self.pages_len, 0]);
+        le::put_words(&mut out, &self.offsets);
+        le::put_words(&mut out, &self.firsts);
         out.extend_from_slice(&fp);
         out.resize(le::align8(out.len() as u64) as usize, 0);
         for v in &self.idtab {
@@ -277,15 +262,8 @@ impl<'a> NsWriter<'a> {
     }
 }
 
-/// An entry handed to [`NsWriter::push`].
-pub(crate) struct EntryRef {
-    pub(crate) id: Option<u64>,
-    pub(crate) size: u64,
-    pub(crate) attrs: Option<FileAttrs>,
-}
-
 /// Where the namespace's parts lie in the file, from its header (checked in O(1)).
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 pub(crate) struct NsLayout {
     pub(crate) entries: u64,
     pub(crate) pages: u64,
@@ -298,18 +276,12 @@ pub(crate) struct NsLayout {
 impl NsLayout {
     /// Checks the header `h` of a namespace section lying at `section` for `samples` samples.
     pub(crate) fn parse(h: &[u8], section: Range<usize>, samples: u64) -> Result<NsLayout> {
-        let (e, p, fpl, pl) = (
-            le::u64_at(h, 0),
-            le::u64_at(h, 8),
-            le::u64_at(h, 16),
-            le::u64_at(h, 24),
-        );
-        let bad = |why: String| Err(FormatError::invalid(NS, why));
-        if le::u64_at(h, 32) != 0 {
-            return bad("reserved header field is not zero".into());
+        let [e, p, fpl, pl, reserved] = le::words(h);
+        if reserved != 0 {
+            bail!(NS, "reserved header field is not zero");
         }
         if e < samples || e >= u32::MAX as u64 || p > e || (p == 0) != (e == 0) {
-            return bad(format!("{e} entries in {p} pages for {samples} samples"));
+            bail!(NS, "{e} entries in {p} pages for {samples} samples");
         }
         let len = section.len() as u64;
         let index_end = 16u64
@@ -317,15 +289,16 @@ impl NsLayout {
             .and_then(|x| x.checked_add(NS_HEADER_LEN as u64))
             .and_then(|x| x.checked_add(fpl));
         let Some(index_end) = index_end.filter(|&x| x <= len) else {
-            return bad(format!("index of {p} pages does not fit in {len} bytes"));
+            bail!(NS, "index of {p} pages does not fit in {len} bytes");
         };
         let idtab = le::align8(index_end);
         let area = le::align8(idtab + 4 * samples);
         if area.checked_add(pl) != Some(len) {
-            return bad(format!(
+            bail!(
+                NS,
                 "{len} bytes, but its parts take {}",
                 area.saturating_add(pl)
-            ));
+            );
         }
         let at = |x: u64| section.start + x as usize;
         Ok(NsLayout {
@@ -361,35 +334,30 @@ impl PageIndex {
         let rising =
             |v: &[u64], end: u64| v[0] == 0 && v[p] == end && v.windows(2).all(|w| w[0] < w[1]);
         if !rising(&offsets, l.area.len() as u64) {
-            return Err(FormatError::invalid(
+            bail!(
                 NS,
-                "page offsets do not rise from 0 to the length of the pages",
-            ));
+                "page offsets do not rise from 0 to the length of the pages"
+            );
         }
         if !rising(&firsts, l.entries) {
-            return Err(FormatError::invalid(
-                NS,
-                format!("page positions do not rise from 0 to {}", l.entries),
-            ));
+            bail!(NS, "page positions do not rise from 0 to {}", l.entries);
         }
         let t = StringTable::parse(&b[16 * (p + 1)..], NS)?;
         if t.len() != p as u64 || t.encoded_len() != (b.len() - 16 * (p + 1)) as u64 {
-            return Err(FormatError::invalid(
+            bail!(
                 NS,
-                format!(
-                    "{} first paths for {p} pages, or a table of another length",
-                    t.len()
-                ),
-            ));
+                "{} first paths for {p} pages, or a table of another length",
+                t.len()
+            );
         }
         let (mut first_blob, mut ends) = (Vec::new(), vec![0usize]);
         for i in 0..p as u64 {
             let path = t.get(i)?;
             if i > 0 && path <= &first_blob[ends[i as usize - 1]..] {
-                return Err(FormatError::invalid(
+                bail!(
                     NS,
-                    format!("first path of page {i} does not follow the previous page's"),
-                ));
+                    "first path of page {i} does not follow the previous page's"
+                );
             }
             first_blob.extend_from_slice(path);
             ends.push(first_blob.len());
@@ -451,7 +419,7 @@ impl PageIndex {
     pub fn decode(&self, p: usize, b: &[u8]) -> Result<Vec<NsEntry>> {
         let n = self.positions(p).end - self.positions(p).start;
         let mut out = Vec::with_capacity(n as usize);
-        self.walk(p, b, |e| {
+        self.walk(p, &self.restarts(p, b)?, 0, &mut |e| {
             out.push(e.to_entry());
             true
         })?;
@@ -462,23 +430,23 @@ impl PageIndex {
     /// has groups of [`RESTART_INTERVAL`] entries; the first at 0 and the last inside the
     /// entries (that they rise is checked as the entries are walked past them).
     pub fn restarts<'b>(&self, p: usize, b: &'b [u8]) -> Result<Restarts<'b>> {
-        let bad = |why: String| FormatError::invalid(NS, format!("page {p}: {why}"));
         let count = (self.positions(p).end - self.positions(p).start) as usize;
         let want = count.div_ceil(RESTART_INTERVAL);
         if b.len() < 4 || le::u32_at(b, b.len() - 4) as usize != want {
-            return Err(bad(format!("no restart table for {count} entries")));
+            bail!(NS, "page {p}: no restart table for {count} entries");
         }
         let Some(end) = b.len().checked_sub(4 + 4 * want) else {
-            return Err(bad("restart table longer than the page".into()));
+            bail!(NS, "page {p}: restart table longer than the page");
         };
         let r = Restarts {
             entries: &b[..end],
             table: &b[end..b.len() - 4],
         };
         if want == 0 || r.get(0) != 0 || r.get(want - 1) as usize >= end {
-            return Err(bad(
-                "restart offsets do not start at 0 inside the entries".into()
-            ));
+            bail!(
+                NS,
+                "page {p}: restart offsets do not start at 0 inside the entries"
+            );
         }
         Ok(r)
     }
@@ -486,7 +454,7 @@ impl PageIndex {
     /// The path of the restart at `at` in page `p`'s entries (it shares nothing with the
     /// entry before it).
     pub fn restart_path<'b>(&self, p: usize, entries: &'b [u8], at: u32) -> Result<&'b [u8]> {
-        let bad = || FormatError::invalid(NS, format!("page {p}: restart at {at} is damaged"));
+        let bad = || invalid!(NS, "page {p}: restart at {at} is damaged");
         let mut i = at as usize;
         let (Some(0), Some(len)) = (get_varint(entries, &mut i), get_varint(entries, &mut i))
         else {
@@ -498,40 +466,22 @@ impl PageIndex {
         end.map(|e| &entries[i..e as usize]).ok_or_else(bad)
     }
 
-    /// Calls `f` with page `p`'s entries in order until it returns false, checking each: the
-    /// first with the index's first path, every restart sharing nothing and where the restart
-    /// table says, every path greater than the one before, tags naming samples that exist,
-    /// modes within `0o7777`; reaching the end, that the entries fill the page up to its
-    /// restart table and are as many as its positions. Returns how many entries were visited.
-    pub fn walk(&self, p: usize, b: &[u8], f: impl FnMut(&EntryView<'_>) -> bool) -> Result<u64> {
-        self.walk_from(p, b, 0, f)
-    }
-
-    /// [`PageIndex::walk`] from restart `k` (entry `k` × [`RESTART_INTERVAL`] of the page);
-    /// `f` gets the entries from there.
-    pub fn walk_from(
-        &self,
-        p: usize,
-        b: &[u8],
-        k: usize,
-        mut f: impl FnMut(&EntryView<'_>) -> bool,
-    ) -> Result<u64> {
-        let restarts = self.restarts(p, b)?;
-        self.walk_restarts(p, &restarts, k, &mut f)
-    }
-
-    /// [`PageIndex::walk_from`] over a restart table already checked.
-    pub fn walk_restarts(
+    /// Calls `f` with page `p`'s entries in order from restart `k` (entry `k` ×
+    /// [`RESTART_INTERVAL`]) until it returns false, checking each: the first with the index's
+    /// first path, every restart sharing nothing and where the restart table says, every path
+    /// greater than the one before, tags naming samples that exist, modes within `0o7777`;
+    /// reaching the end, that the entries fill the page up to its restart table and are as
+    /// many as its positions.
+    pub fn walk(
         &self,
         p: usize,
         restarts: &Restarts<'_>,
         k: usize,
         f: &mut dyn FnMut(&EntryView<'_>) -> bool,
-    ) -> Result<u64> {
-        let bad = |why: String| FormatError::invalid(NS, format!("page {p}: {why}"));
+    ) -> Result<()> {
         let count = self.positions(p).end - self.positions(p).start;
         if k >= restarts.len() {
-            return Err(bad(format!("restart {k} of {}", restarts.len())));
+            bail!(NS, "page {p}: restart {k} of {}", restarts.len());
         }
         let start = restarts.get(k);
         let b = restarts.entries;
@@ -542,19 +492,20 @@ impl PageIndex {
             let restart = (seen as usize).is_multiple_of(RESTART_INTERVAL);
             let r = seen as usize / RESTART_INTERVAL;
             if restart && (r >= restarts.len() || restarts.get(r) != at as u32) {
-                return Err(bad(format!(
-                    "entry {seen} is not where the restart table says"
-                )));
+                bail!(
+                    NS,
+                    "page {p}: entry {seen} is not where the restart table says"
+                );
             }
             let (Some(shared), Some(len)) = (get_varint(b, &mut at), get_varint(b, &mut at)) else {
-                return Err(bad(format!("entry {seen} is cut short")));
+                bail!(NS, "page {p}: entry {seen} is cut short");
             };
             let end = (at as u64)
                 .checked_add(len)
                 .filter(|&e| e <= b.len() as u64);
             let Some(end) = end.filter(|_| shared <= path.len() as u64 && !(restart && shared > 0))
             else {
-                return Err(bad(format!("entry {seen} does not fit")));
+                bail!(NS, "page {p}: entry {seen} does not fit");
             };
             let suffix = &b[at..end as usize];
             let rises = seen == first || {
@@ -565,7 +516,7 @@ impl PageIndex {
                 }
             };
             if (seen == 0 && suffix != self.first_path(p)) || !rises {
-                return Err(bad(format!("entry {seen} does not follow the one before")));
+                bail!(NS, "page {p}: entry {seen} does not follow the one before");
             }
             if restart {
                 mtime = 0;
@@ -574,11 +525,12 @@ impl PageIndex {
             path.extend_from_slice(suffix);
             at = end as usize;
             let Some(tail) = self.rest(b, &mut at, &mut mtime) else {
-                return Err(bad(format!(
-                    "entry {seen} ({}) is cut short, names a sample that does not exist or has \
-                     a mode beyond 7777",
+                bail!(
+                    NS,
+                    "page {p}: entry {seen} ({}) is cut short, names a sample that does not \
+                     exist or has a mode beyond 7777",
                     String::from_utf8_lossy(&path)
-                )));
+                );
             };
             seen += 1;
             let e = EntryView {
@@ -586,13 +538,13 @@ impl PageIndex {
                 ..tail
             };
             if !f(&e) {
-                return Ok(seen - first);
+                return Ok(());
             }
         }
         if seen != count {
-            return Err(bad(format!("{seen} entries for {count} positions")));
+            bail!(NS, "page {p}: {seen} entries for {count} positions");
         }
-        Ok(seen - first)
+        Ok(())
     }
 
     /// The rest of an entry after its path: tag, size, attributes.
@@ -637,11 +589,6 @@ impl Restarts<'_> {
     /// Number of restarts.
     pub fn len(&self) -> usize {
         self.table.len() / 4
-    }
-
-    /// True for a page without entries (never in a valid snapshot).
-    pub fn is_empty(&self) -> bool {
-        self.table.is_empty()
     }
 
     /// Offset of restart `k` in the entries (below [`Restarts::len`]).

@@ -3,7 +3,7 @@
 
 use std::ops::Range;
 
-use crate::error::{FormatError, Result};
+use crate::error::{bail, Result};
 use crate::le;
 
 /// One field of a sample, as the snapshot describes it.
@@ -51,10 +51,10 @@ impl FileAttrs {
     pub fn decode(b: &[u8]) -> Result<FileAttrs> {
         let mode = le::u32_at(b, 0);
         if mode > 0o7777 || le::u32_at(b, 4) != 0 {
-            return Err(FormatError::invalid(
+            bail!(
                 "file attributes",
-                format!("mode {mode:o} beyond 7777, or a reserved field set"),
-            ));
+                "mode {mode:o} beyond 7777, or a reserved field set"
+            );
         }
         Ok(FileAttrs {
             mode,
@@ -102,13 +102,11 @@ impl Lineage {
             parent: le::id_at(b, 8),
         };
         if l.generation == 0 && l.parent != [0; 16] {
-            return Err(FormatError::invalid(
+            bail!(
                 "snapshot lineage",
-                format!(
-                    "generation 0 names a parent ({}); a packed dataset has none",
-                    crate::hex16(&l.parent)
-                ),
-            ));
+                "generation 0 names a parent ({}); a packed dataset has none",
+                crate::hex16(&l.parent)
+            );
         }
         Ok(l)
     }
