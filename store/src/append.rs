@@ -1,20 +1,16 @@
 //! Appending to many files at once, without a descriptor each, the writes in the background.
 //!
-//! The writer told how many samples to expect fills one chunk file per slot, hundreds at a
-//! time. Each file has an [`Appender`], which gathers bytes in a buffer of whole blocks; a full
+//! Each file has an [`Appender`], which gathers bytes in a buffer of whole blocks; a full
 //! buffer goes to the [`Appends`] all of them share, whose threads write it at its offset in
 //! its file (opened for that write) while the appender fills another buffer. The writes go
-//! past the page cache (`O_DIRECT`) where the file system takes it: the kernel neither copies
-//! the bytes into memory nor writes them back later, and the caller does not wait for the
-//! device. A file system that refuses a direct write, or whose files live in memory (tmpfs),
-//! gets them through the page cache.
+//! past the page cache (`O_DIRECT`) where the file system takes it and it pays (not tmpfs).
 //!
 //! Memory: one buffer per appender being filled, and at most `in_flight` more, queued or
 //! being written (an appender whose buffer is full waits for one of them). A failed write is
 //! the error of every later call on any appender of the pool, naming the file.
 
 use std::collections::VecDeque;
-use std::fs::{File, OpenOptions};
+use std::fs::OpenOptions;
 use std::io::{self, Write};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
@@ -100,15 +96,6 @@ impl Appends {
         }
         Ok(pool)
     }
-
-    /// Waits until every buffer handed over is written; the first failure if one failed.
-    pub fn wait_idle(&self) -> io::Result<()> {
-        let mut st = self.shared.lock();
-        while st.pending > 0 {
-            st = self.shared.wait(st);
-        }
-        st.check()
-    }
 }
 
 impl Drop for Appends {
@@ -146,6 +133,15 @@ impl Shared {
         self.changed
             .wait(st)
             .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Waits until every buffer handed over is written; the first failure if one failed.
+    fn wait_idle(&self) -> io::Result<()> {
+        let mut st = self.lock();
+        while st.pending > 0 {
+            st = self.wait(st);
+        }
+        st.check()
     }
 
     /// One writer thread: writes queued buffers until the pool closes.
@@ -239,11 +235,8 @@ fn write_at(path: &Path, bytes: &[u8], at: u64, direct: bool) -> io::Result<bool
 pub struct Appender {
     /// The temporary file appended to.
     path: Arc<Target>,
-    /// The name it takes when published, and what is synced before.
-    target: PathBuf,
-    durability: Durability,
-    /// Set once [`Appender::seal`] handed the temporary file to a [`Pending`].
-    handed_over: bool,
+    /// Its rename, until [`Appender::seal`] hands it over.
+    file: Option<Pending>,
     pool: Arc<Shared>,
     /// The buffer being filled, taken on the first write after a full one was handed over.
     buf: Option<AlignedBuf>,
@@ -257,18 +250,16 @@ impl Appender {
     /// it until it is published, as every file granary writes ([`crate::write`]): dropped
     /// unpublished, it takes its temporary file with it.
     pub fn create(target: &Path, durability: Durability, pool: &Appends) -> io::Result<Appender> {
-        let (tmp, f) = open_temp(target)?;
+        let (file, f) = open_temp(target, durability)?;
         if !direct_pays(&f) {
             pool.shared.lock().direct = false;
         }
         Ok(Appender {
             path: Arc::new(Target {
-                path: tmp,
+                path: file.tmp_path().to_path_buf(),
                 abandoned: AtomicBool::new(false),
             }),
-            target: target.to_path_buf(),
-            durability,
-            handed_over: false,
+            file: Some(file),
             pool: Arc::clone(&pool.shared),
             buf: None,
             len: 0,
@@ -281,18 +272,10 @@ impl Seal for Appender {
     /// The file written whole (every write of the pool done) and synced as its durability
     /// says, to be renamed over its target ([`Pending::publish`]).
     fn seal(mut self) -> io::Result<Pending> {
-        crash_point("write", &self.target);
+        crash_point("write", &self.file.as_ref().expect("sealed once").path);
         self.flush()?;
-        if self.durability != Durability::Rename {
-            crash_point("fsync", &self.target);
-            File::open(&self.path.path)?.sync_all()?;
-        }
-        self.handed_over = true;
-        Ok(Pending::written(
-            std::mem::take(&mut self.target),
-            self.path.path.clone(),
-            self.durability,
-        ))
+        let file = self.file.take().expect("sealed once");
+        file.synced(None)
     }
 
     fn tmp_path(&self) -> &Path {
@@ -302,9 +285,9 @@ impl Seal for Appender {
 
 impl Drop for Appender {
     fn drop(&mut self) {
-        if !self.handed_over {
+        // Its writes still queued are dropped, and its file removed (by `file`).
+        if self.file.is_some() {
             self.path.abandoned.store(true, Relaxed);
-            let _ = std::fs::remove_file(&self.path.path);
         }
     }
 }
@@ -339,11 +322,7 @@ impl Write for Appender {
             self.at += self.len as u64;
             self.len = 0;
         }
-        let mut st = self.pool.lock();
-        while st.pending > 0 {
-            st = self.pool.wait(st);
-        }
-        st.check()
+        self.pool.wait_idle()
     }
 }
 
@@ -412,7 +391,7 @@ mod tests {
             .or_else(|| a.flush().err())
             .expect("the failure comes back");
         assert!(e.to_string().contains("gone"), "{e}");
-        assert!(pool.wait_idle().is_err());
+        assert!(pool.shared.wait_idle().is_err());
     }
 
     #[test]
@@ -423,7 +402,7 @@ mod tests {
         a.write_all(&[1u8; 40 << 10]).unwrap();
         drop(a);
         // Its writes still queued are dropped, not the pool's failure.
-        pool.wait_idle().unwrap();
+        pool.shared.wait_idle().unwrap();
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
     }
 }

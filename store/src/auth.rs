@@ -68,22 +68,6 @@ impl Secret {
         }
     }
 
-    /// A new random secret: 32 bytes from the kernel, as 64 hex digits.
-    pub fn generate() -> Result<Secret> {
-        let mut b = [0u8; 32];
-        let n = rustix::rand::getrandom(&mut b, rustix::rand::GetRandomFlags::empty())
-            .map_err(|e| StoreError::io("drawing a secret", "getrandom", e.into()))?;
-        if n != b.len() {
-            return Err(StoreError::Invalid("getrandom gave too few bytes".into()));
-        }
-        Ok(Secret(hex(&b).into_bytes()))
-    }
-
-    /// The secret's text (to hand to another process: a file, an environment variable).
-    pub fn expose(&self) -> &[u8] {
-        &self.0
-    }
-
     fn mac(&self) -> Hmac<Sha256> {
         Hmac::<Sha256>::new_from_slice(&self.0).expect("HMAC takes keys of any length")
     }
@@ -157,17 +141,22 @@ pub fn parse_proof(h: &str) -> std::result::Result<Proof, Refusal> {
 }
 
 /// Why a request was refused.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum Refusal {
     /// No proof at all (401).
+    #[error("no x-granary-auth header: the caller does not have the job's secret")]
     Missing,
     /// A header that is not a proof (403).
+    #[error("a malformed x-granary-auth header")]
     Malformed,
     /// Signed with another secret, or for another request (403).
+    #[error("a proof made with another secret, or for another request")]
     Forged,
     /// Its time is outside the window (403).
+    #[error("a proof outside the time window (clocks more than 60 s apart?)")]
     Stale,
     /// Seen before (403).
+    #[error("a proof seen before (a replayed request)")]
     Replayed,
 }
 
@@ -178,20 +167,6 @@ impl Refusal {
             Refusal::Missing => 401,
             _ => 403,
         }
-    }
-}
-
-impl std::fmt::Display for Refusal {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Refusal::Missing => {
-                "no x-granary-auth header: the caller does not have the job's secret"
-            }
-            Refusal::Malformed => "a malformed x-granary-auth header",
-            Refusal::Forged => "a proof made with another secret, or for another request",
-            Refusal::Stale => "a proof outside the time window (clocks more than 60 s apart?)",
-            Refusal::Replayed => "a proof seen before (a replayed request)",
-        })
     }
 }
 
@@ -344,8 +319,5 @@ mod tests {
             assert_eq!(parse_proof(bad), Err(Refusal::Malformed), "{bad:?}");
         }
         assert!(Secret::new(b"short\n", "t").is_err());
-        let g = Secret::generate().unwrap();
-        assert_eq!(g.expose().len(), 64);
-        assert_ne!(g.expose(), Secret::generate().unwrap().expose());
     }
 }

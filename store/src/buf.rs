@@ -2,13 +2,10 @@
 //! every byte handed out, so that a stream keeps its read-ahead within a memory budget.
 //!
 //! Buffers of 2 MiB and more are anonymous maps advised to use transparent huge pages, their
-//! usable part starting at a 2 MiB boundary. A direct read's pages go to the device as one
-//! segment per physically contiguous run, and a request holds at most `max_segments` of them
-//! (254 for virtio-blk): into 4 KiB pages scattered over memory, a 4 MiB read leaves as four
-//! or five requests of about 1 MiB; into huge pages, as one. On this project's VM that moved
-//! a 32-deep sequential read of chunk files from 1.2 to 2.8 GB/s (fio on the same files, its
-//! own buffers partly contiguous: 2.2 GB/s; docs/reading.md). Where transparent huge
-//! pages are off, the advice is ignored and the buffers are ordinary pages.
+//! usable part starting at a 2 MiB boundary: a direct read's pages go to the device as one
+//! segment per physically contiguous run, and a request holds at most `max_segments` of them,
+//! so a 4 MiB read into scattered 4 KiB pages leaves as several requests, into huge pages as
+//! one. Where transparent huge pages are off, the buffers are ordinary pages.
 
 use std::sync::{Arc, Mutex};
 
@@ -287,11 +284,6 @@ impl BufPool {
         self.state.lock().expect("pool lock").peak_in_use
     }
 
-    /// Bytes of idle buffers kept for reuse.
-    pub fn idle(&self) -> usize {
-        self.state.lock().expect("pool lock").idle
-    }
-
     /// The pool's bound on idle plus in-use bytes.
     pub fn cap(&self) -> usize {
         self.cap
@@ -327,11 +319,12 @@ mod tests {
         assert!(charged >= len + ALIGN && charged <= BufPool::charge(len));
         let addr = b.as_slice().as_ptr();
         drop(b);
-        assert_eq!((pool.in_use(), pool.idle()), (0, charged));
+        let idle = || pool.state.lock().unwrap().idle;
+        assert_eq!((pool.in_use(), idle()), (0, charged));
         // The idle buffer serves the next request of about the same size.
         let again = pool.get(len - 1000);
         assert_eq!(again.as_slice().as_ptr(), addr);
-        assert_eq!(pool.idle(), 0);
+        assert_eq!(idle(), 0);
     }
 
     #[test]

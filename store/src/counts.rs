@@ -129,16 +129,6 @@ impl Meter {
         self.metadata_ops.fetch_add(n, Relaxed);
     }
 
-    /// Counts an offer the tier failed to store; how many had failed before.
-    pub(crate) fn admission_failed(&self) -> u64 {
-        self.admissions_failed.fetch_add(1, Relaxed)
-    }
-
-    /// Counts `n` offers dropped.
-    pub(crate) fn admissions_skipped(&self, n: u64) {
-        self.admissions_skipped.fetch_add(n, Relaxed);
-    }
-
     /// Counts `waited` in an open or read, and the failure when it `failed`.
     pub(crate) fn waited(&self, waited: Duration, failed: bool) {
         self.wait_ns.fetch_add(waited.as_nanos() as u64, Relaxed);

@@ -183,19 +183,16 @@ pub fn pread_at_least(file: &std::fs::File, path: &Path, r: &mut RangeRead<'_>) 
                     e.kind(),
                     std::io::ErrorKind::Interrupted | std::io::ErrorKind::WouldBlock
                 ) => {}
-            Err(e) => {
-                return Err(StoreError::io(
-                    "reading",
-                    path,
-                    std::io::Error::new(
-                        e.kind(),
-                        format!("at offset {}: {e}", r.offset + done as u64),
-                    ),
-                ))
-            }
+            Err(e) => return Err(read_error(path, r.offset + done as u64, e)),
         }
     }
     Ok(())
+}
+
+/// The error for a read of `path` at `offset` that failed with `e`.
+pub fn read_error(path: &Path, offset: u64, e: std::io::Error) -> StoreError {
+    let e = std::io::Error::new(e.kind(), format!("at offset {offset}: {e}"));
+    StoreError::io("reading", path, e)
 }
 
 /// Serves `r` from `bytes`, a whole file held in memory (a map, a chunk fetched whole) at

@@ -1,18 +1,14 @@
 //! Maps that survive their file being cut short.
 //!
 //! A read through a map of a file that another process truncated faults with SIGBUS, which
-//! kills the process. granary's files are immutable once written, but a user (or a tool) can
+//! kills the process; granary's files are immutable once written, but a user (or a tool) can
 //! still truncate one under a running job. Every map granary makes is registered here
 //! ([`Mapped`]); a SIGBUS handler finds the faulting address in the registry, puts a page of
 //! zeros over the vanished page (the read then completes), marks the map as cut and returns.
-//! The bytes read are then wrong, but nothing is served unchecked: chunk records are CRC-
-//! checked against the snapshot, and the snapshot's own lookups check [`Mapped::is_cut`], so
-//! the read becomes an error naming the file, never a crash and never wrong bytes.
-//!
-//! A fault outside every registered map goes to the handler that was there before (Rust's
-//! stack-overflow handler, Python's faulthandler, or the default action), as if this one did
-//! not exist. The cost is nothing on the read path: registering a map is one scan of a fixed
-//! table when it is made, and the handler runs only on a fault.
+//! Nothing is served unchecked: chunk records are CRC-checked against the snapshot, and the
+//! snapshot's own lookups check [`Mapped::is_cut`], so the read becomes an error naming the
+//! file. A fault outside every registered map goes to the handler that was there before.
+//! Nothing is spent on the read path: registering is one scan of a fixed table.
 
 use std::ops::Deref;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -172,12 +168,7 @@ impl PrivateMapped {
         Some(PrivateMapped { map, slot })
     }
 
-    /// The map's bytes.
-    pub fn bytes(&self) -> &[u8] {
-        &self.map
-    }
-
-    /// The map's bytes, for writing (copy on write: the file does not change).
+    /// The map's bytes, for reading and writing (copy on write: the file does not change).
     pub fn bytes_mut(&mut self) -> &mut [u8] {
         &mut self.map
     }
@@ -335,13 +326,13 @@ mod tests {
         let map = unsafe { memmap2::MmapOptions::new().map_copy(&f) }.unwrap();
         let mut m = PrivateMapped::new(map).unwrap();
         m.bytes_mut()[0] = 9;
-        assert_eq!(m.bytes()[0], 9);
+        assert_eq!(m.bytes_mut()[0], 9);
         assert_eq!(std::fs::read(&p).unwrap()[0], 7, "the write stayed private");
         cut(&p, 4096);
         // Past the new end: zeros that can be written, not SIGBUS; the flag says so.
-        assert_eq!(m.bytes()[2 * 4096 + 5], 0);
+        assert_eq!(m.bytes_mut()[2 * 4096 + 5], 0);
         assert!(m.is_cut());
         m.bytes_mut()[2 * 4096 + 5] = 1;
-        assert_eq!(m.bytes()[2 * 4096 + 5], 1);
+        assert_eq!(m.bytes_mut()[2 * 4096 + 5], 1);
     }
 }

@@ -3,19 +3,18 @@
 //! page cache or with `O_DIRECT`.
 //!
 //! `O_DIRECT` is right for data that is not in memory and would only push other data out; it is
-//! wrong for data already resident (the device is read again although memory holds the bytes,
-//! 4–8× slower than a copy from the page cache) and for a dataset that fits in memory (the
-//! first epoch should leave it resident for the next ones). [`IoMode::Auto`] therefore:
+//! wrong for data already resident (the device is read again although memory holds the bytes)
+//! and for a dataset that fits in memory (the first epoch should leave it resident for the next
+//! ones). [`IoMode::Auto`] therefore:
 //!
-//! - gives the dataset a page-cache budget (half the node's memory, or of the memory cgroup's
-//!   limit when lower: [`effective_memory`]), and keeps a fixed, seeded subset of chunks of
-//!   that size ("kept" chunks: all of them when the dataset fits) read buffered in every epoch,
-//!   so they become and stay resident — the page cache then acts as a static cache, which is
-//!   the best any cache does under uniform epochs (design notes, fact 1);
-//! - maps every file that is resident already (`mincore`), so that its samples are slices of
-//!   the page cache: no read, no copy, no buffer;
-//! - reads the other kept chunks through the page cache (they become resident) and the rest
-//!   with `O_DIRECT`, so that a dataset larger than memory does not evict the kept chunks.
+//! - gives the dataset a page-cache budget (half of [`effective_memory`]), and keeps a fixed,
+//!   seeded subset of chunks of that size ("kept" chunks: all of them when the dataset fits)
+//!   read buffered in every epoch, so they become and stay resident: the page cache acts as a
+//!   static cache, the best any cache does under uniform epochs;
+//! - maps every file that is resident already, so that its samples are slices of the page
+//!   cache: no read, no copy, no buffer;
+//! - reads the other kept chunks through the page cache and the rest with `O_DIRECT`, so that a
+//!   dataset larger than memory does not evict the kept chunks.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU8, Ordering::Relaxed};
@@ -32,20 +31,15 @@ use crate::seam::{Access, ChunkStore, IoMode, ReadPattern, Source};
 /// policy and one count.
 #[derive(Debug)]
 pub struct Opener {
-    mode: IoMode,
+    a: Access,
     /// Auto: chunk `c` is kept resident when its hash falls below this (`u64::MAX`: all).
     keep_below: u64,
-    seed: u64,
     /// Whether the file system accepts O_DIRECT (0: not probed yet, 1: yes, 2: no), probed
     /// with one aligned read on first use.
     direct_ok: AtomicU8,
-    populate: bool,
-    map_resident: bool,
     /// Bytes of maps of resident files kept across windows ([`crate::mapcache`]): the page
     /// cache the dataset may keep resident.
     keep_maps: u64,
-    pattern: ReadPattern,
-    meter: Arc<Meter>,
 }
 
 /// Share of a file's pages that must be resident for it to be mapped: all of them. A page
@@ -68,27 +62,22 @@ impl Opener {
             (budget as f64 / a.dataset_bytes.max(1) as f64 * u64::MAX as f64) as u64
         };
         Opener {
-            mode: a.mode,
+            a: a.clone(),
             keep_below,
-            seed: a.seed,
             direct_ok: AtomicU8::new(UNPROBED),
-            populate: a.populate,
-            map_resident: a.map_resident,
             keep_maps: budget,
-            pattern: a.pattern,
-            meter: a.meter.clone(),
         }
     }
 
     /// The meter its opens are counted in (the layer's that opens with it).
     pub(crate) fn meter(&self) -> &Arc<Meter> {
-        &self.meter
+        &self.a.meter
     }
 
     /// True when most files will be read through the page cache (Buffered, or Auto with a
     /// budget for most of the dataset).
     pub fn mostly_buffered(&self) -> bool {
-        match self.mode {
+        match self.a.mode {
             IoMode::Buffered => true,
             IoMode::Direct => false,
             IoMode::Auto => self.keep_below > u64::MAX / 2,
@@ -109,7 +98,7 @@ impl Opener {
     /// True when Auto keeps chunk `chunk` resident (read buffered in every epoch).
     pub fn keeps(&self, chunk: u32) -> bool {
         self.keep_below == u64::MAX
-            || granary_format::SplitMix64::keyed(&[self.seed, chunk as u64]).next_u64()
+            || granary_format::SplitMix64::keyed(&[self.a.seed, chunk as u64]).next_u64()
                 < self.keep_below
     }
 
@@ -130,10 +119,10 @@ impl Opener {
     }
 
     fn open_as(&self, path: &Path, chunk: Option<u32>, may_map: bool) -> Result<IoFile> {
-        if self.mode == IoMode::Direct {
+        if self.a.mode == IoMode::Direct {
             return self.open_direct(path);
         }
-        self.meter.metadata_ops(2); // open and fstat
+        self.a.meter.metadata_ops(2); // open and fstat
         let file = open_regular(path, 0).map_err(|e| StoreError::io("opening", path, e))?;
         let md = file
             .metadata()
@@ -141,37 +130,36 @@ impl Opener {
         let len = md.len();
         // The residency check: one `cachestat` call where the kernel has it, else `mincore` on
         // the map that then serves the reads.
-        let map = match (len > 0 && self.map_resident && may_map).then(|| cached_share(&file, len))
-        {
-            Some(Some(share)) if share >= RESIDENT_SHARE => {
-                self.map_of(&file, &md, path, chunk, |_| true)
-            }
-            Some(None) => self.map_of(&file, &md, path, chunk, |m| {
-                mapped_share(m) >= RESIDENT_SHARE
-            }),
-            _ => None,
-        };
-        if let Some(map) = map {
-            if self.populate {
+        let map =
+            match (len > 0 && self.a.map_resident && may_map).then(|| cached_share(&file, len)) {
+                Some(Some(share)) if share >= RESIDENT_SHARE => {
+                    self.map_of(&file, &md, path, chunk, |_| true)
+                }
+                Some(None) => self.map_of(&file, &md, path, chunk, |m| {
+                    mapped_share(m) >= RESIDENT_SHARE
+                }),
+                _ => None,
+            };
+        if let Some(map) = &map {
+            if self.a.populate {
                 // Every page mapped in one call instead of a fault per page (best effort: on
                 // kernels before 5.14 the pages fault in as they are read).
                 map.populate(0, map.len());
             }
-            self.meter.opened_resident.fetch_add(1, Relaxed);
-            let mut f = IoFile::unmapped_known(file, path, false, len);
-            f.map = Some(map);
-            return Ok(f);
+            self.a.meter.opened_resident.fetch_add(1, Relaxed);
+        } else {
+            let buffered = self.a.mode == IoMode::Buffered
+                || chunk.is_some_and(|c| self.keeps(c))
+                || self.direct_ok.load(Relaxed) == NO_DIRECT;
+            if !buffered {
+                drop(file);
+                return self.open_direct(path);
+            }
+            self.a.meter.opened_buffered.fetch_add(1, Relaxed);
+            advise(&file, self.a.pattern);
         }
-        let buffered = self.mode == IoMode::Buffered
-            || chunk.is_some_and(|c| self.keeps(c))
-            || self.direct_ok.load(Relaxed) == NO_DIRECT;
-        if !buffered {
-            drop(file);
-            return self.open_direct(path);
-        }
-        self.meter.opened_buffered.fetch_add(1, Relaxed);
-        advise(&file, self.pattern);
-        Ok(IoFile::unmapped_known(file, path, false, len))
+        let f = IoFile::unmapped_known(file, path, false, len);
+        Ok(IoFile { map, ..f })
     }
 
     /// A map of `file` (metadata `md`) whose pages `resident` finds all in memory: the one kept
@@ -204,7 +192,7 @@ impl Opener {
     /// read on the first file), buffered otherwise.
     fn open_direct(&self, path: &Path) -> Result<IoFile> {
         if self.direct_ok.load(Relaxed) != NO_DIRECT {
-            self.meter.metadata_ops(1);
+            self.a.meter.metadata_ops(1);
             match open_regular(path, libc::O_DIRECT) {
                 Ok(file) => {
                     if self.direct_ok.load(Relaxed) == UNPROBED {
@@ -219,8 +207,8 @@ impl Opener {
                         self.direct_ok.store(verdict, Relaxed);
                     }
                     if self.direct_ok.load(Relaxed) == DIRECT_OK {
-                        self.meter.opened_direct.fetch_add(1, Relaxed);
-                        self.meter.metadata_ops(1); // its fstat
+                        self.a.meter.opened_direct.fetch_add(1, Relaxed);
+                        self.a.meter.metadata_ops(1); // its fstat
                         return IoFile::unmapped(file, path, true);
                     }
                 }
@@ -232,9 +220,9 @@ impl Opener {
                 Err(e) => return Err(StoreError::io("opening", path, e)),
             }
         }
-        self.meter.metadata_ops(2); // open and fstat
+        self.a.meter.metadata_ops(2); // open and fstat
         let file = open_regular(path, 0).map_err(|e| StoreError::io("opening", path, e))?;
-        self.meter.opened_buffered.fetch_add(1, Relaxed);
+        self.a.meter.opened_buffered.fetch_add(1, Relaxed);
         IoFile::unmapped(file, path, false)
     }
 }
@@ -309,10 +297,9 @@ pub fn resident_share(f: &std::fs::File, len: u64) -> f64 {
     map_file(f, Path::new("(residency probe)")).map_or(0.0, |m| mapped_share(&m))
 }
 
-/// The share of `f`'s pages (`len` bytes) that the page cache holds, from `cachestat` (Linux 6.5): one call
-/// that walks the file's folios, where `mincore` looks up every 4 KiB page (on a warm epoch
-/// of 32 MiB chunks, `mincore` was 5 % of the reader's cycles). `None` where the kernel lacks
-/// it or a seccomp filter refuses it.
+/// The share of `f`'s pages (`len` bytes) that the page cache holds, from `cachestat` (Linux
+/// 6.5): one call that walks the file's folios, where `mincore` looks up every 4 KiB page.
+/// `None` where the kernel lacks it or a seccomp filter refuses it.
 fn cached_share(f: &std::fs::File, len: u64) -> Option<f64> {
     use std::os::fd::AsRawFd;
     /// `cachestat`'s number, the same on every architecture (added after the tables merged).

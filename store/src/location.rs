@@ -17,16 +17,6 @@ pub enum Location {
     Object(Arc<ObjectUrl>),
 }
 
-impl Location {
-    /// The object store prefix, if this is one.
-    pub fn object(&self) -> Option<&Arc<ObjectUrl>> {
-        match self {
-            Location::Object(u) => Some(u),
-            Location::Local(_) => None,
-        }
-    }
-}
-
 /// Turns `location` into a [`Location`]: a URL with a known scheme (`s3://`, `gs://`, `az://`,
 /// `http(s)://`) is an object store prefix configured by `cfg`; anything else is a local path,
 /// but a string of the form `scheme://...` with an unknown scheme, which is an error unless a
@@ -81,8 +71,10 @@ mod tests {
     #[test]
     fn open_tells_urls_from_paths() {
         let cfg = StoreConfig::default();
-        let u = open(Path::new("s3://bucket/ds"), &cfg).unwrap();
-        assert_eq!(u.object().unwrap().url(), "s3://bucket/ds");
+        let Location::Object(u) = open(Path::new("s3://bucket/ds"), &cfg).unwrap() else {
+            panic!("not an object store")
+        };
+        assert_eq!(u.url(), "s3://bucket/ds");
         assert!(matches!(
             open(Path::new("data/ds"), &cfg).unwrap(),
             Location::Local(_)

@@ -2,12 +2,9 @@
 //!
 //! A warm epoch reads chunk files the page cache holds through maps of them. Made and dropped
 //! for every window, a map costs filling its page tables (`MADV_POPULATE_READ`) and clearing
-//! them (`munmap`): on 20,000 ImageNet-like files in 32 MiB chunks, a CRC-32 pass over maps
-//! made for it ran at 15.3 GB/s with two threads, over maps kept from before at 20.9 GB/s
-//! (docs/reading.md, "Warm epochs"). A kept map costs no memory of its own (its pages are
-//! the page cache's, which holds them anyway) beyond its page tables (0.2 % of the bytes), but
-//! it counts in the process's RSS (as file pages, `RssFile`) and its pages are reclaimed after
-//! unmapped ones.
+//! them (`munmap`). A kept map costs no memory of its own (its pages are the page cache's)
+//! beyond its page tables, but it counts in the process's RSS (as file pages, `RssFile`) and
+//! its pages are reclaimed after unmapped ones.
 //!
 //! The cache is per process, keyed by the file's device, inode, size and times (a file
 //! replaced or rewritten is not the one mapped), and bounded: at most [`MAX_MAPS`] maps and
@@ -27,9 +24,10 @@ use crate::guard::Mapped;
 /// Maps kept at most (the SIGBUS guard has 8,192 slots; the rest stay for maps in use).
 pub const MAX_MAPS: usize = 4096;
 
-/// Which file a map shows: a file with another inode, size or times is another file.
+/// Which file a map (or a tier's view of its `index`) shows: a file with another inode, size
+/// or times is another file.
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
-struct Key {
+pub(crate) struct FileKey {
     dev: u64,
     ino: u64,
     len: u64,
@@ -37,9 +35,9 @@ struct Key {
     ctime: (i64, i64),
 }
 
-impl Key {
-    fn of(md: &std::fs::Metadata) -> Key {
-        Key {
+impl FileKey {
+    pub(crate) fn of(md: &std::fs::Metadata) -> FileKey {
+        FileKey {
             dev: md.dev(),
             ino: md.ino(),
             len: md.len(),
@@ -51,9 +49,9 @@ impl Key {
 
 #[derive(Default)]
 struct Inner {
-    maps: HashMap<Key, (Arc<Mapped>, PathBuf)>,
+    maps: HashMap<FileKey, (Arc<Mapped>, PathBuf)>,
     /// Insertion order, oldest first.
-    order: VecDeque<Key>,
+    order: VecDeque<FileKey>,
     bytes: u64,
 }
 
@@ -77,7 +75,7 @@ impl MapCache {
 
     /// The kept map of the file whose metadata is `md`, unless it was cut short under it.
     pub fn get(&self, md: &std::fs::Metadata) -> Option<Arc<Mapped>> {
-        let key = Key::of(md);
+        let key = FileKey::of(md);
         let mut c = self.lock();
         let map = c.maps.get(&key)?.0.clone();
         if map.is_cut() {
@@ -89,7 +87,7 @@ impl MapCache {
 
     /// Keeps `map` of `path` (metadata `md`) within `budget` bytes of kept maps.
     pub fn put(&self, md: &std::fs::Metadata, path: &Path, map: Arc<Mapped>, budget: u64) {
-        let key = Key::of(md);
+        let key = FileKey::of(md);
         let len = map.len() as u64;
         if len > budget {
             return;
@@ -100,10 +98,9 @@ impl MapCache {
         }
         // The oldest entry's file removed or replaced: its blocks are free once its map goes.
         if let Some(old) = c.order.front().copied() {
-            let gone = c
-                .maps
-                .get(&old)
-                .is_some_and(|(_, p)| std::fs::metadata(p).map_or(true, |m| Key::of(&m) != old));
+            let gone = c.maps.get(&old).is_some_and(|(_, p)| {
+                std::fs::metadata(p).map_or(true, |m| FileKey::of(&m) != old)
+            });
             if gone {
                 c.remove(&old);
             }
@@ -127,7 +124,7 @@ impl MapCache {
 }
 
 impl Inner {
-    fn remove(&mut self, key: &Key) {
+    fn remove(&mut self, key: &FileKey) {
         if let Some((m, _)) = self.maps.remove(key) {
             self.bytes -= m.len() as u64;
             self.order.retain(|k| k != key);

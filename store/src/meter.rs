@@ -31,11 +31,6 @@ impl Metered {
     pub fn new(inner: Arc<dyn ChunkStore>, meter: Arc<Meter>) -> Self {
         Metered { inner, meter }
     }
-
-    /// The counters.
-    pub fn meter(&self) -> &Arc<Meter> {
-        &self.meter
-    }
 }
 
 #[deny(clippy::missing_trait_methods)]
@@ -53,11 +48,7 @@ impl ChunkStore for Metered {
         let r = self.inner.open_chunk(id);
         self.meter.opens.fetch_add(1, Relaxed);
         self.meter.waited(t0.elapsed(), r.is_err());
-        let inner = r?;
-        Ok(Arc::new(MeteredSource {
-            inner,
-            meter: self.meter.clone(),
-        }))
+        Ok(metered_source(r?, self.meter.clone()))
     }
 
     fn list(&self) -> Result<Vec<(String, PathBuf)>> {
@@ -78,8 +69,8 @@ struct MeteredSource {
     meter: Arc<Meter>,
 }
 
-/// `inner`, its reads counted in `meter` (a source a layer opens itself, outside its store's
-/// `open_chunk`: the tier's hot chunks).
+/// `inner`, its reads counted in `meter` (also for a source a layer opens itself, outside its
+/// store's `open_chunk`: the tier's hot chunks).
 pub(crate) fn metered_source(inner: Source, meter: Arc<Meter>) -> Source {
     Arc::new(MeteredSource { inner, meter })
 }

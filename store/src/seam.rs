@@ -4,18 +4,12 @@
 //! length, batched ranged reads, and where its bytes come from ([`BytesFrom`]). Streams,
 //! random access and the mount see only these two traits. Stores are layers: the local tier
 //! ([`crate::TierStore`]) and the job's other nodes ([`crate::PeerStore`]) each wrap the next
-//! store, down to origin storage (a local directory, [`crate::LocalDir`], or an object store,
-//! `ObjectChunks` in the `remote` module); a reader builds the stack it needs
-//! ([`crate::StoreStack`]).
+//! store, down to origin storage (a [`crate::LocalDir`] or an object store); a reader builds
+//! the stack it needs ([`crate::StoreStack`]).
 //!
-//! The store's I/O engine (the `engine` module) reads batches of ranges of many sources at once.
-//! A source that is a local file, or a layer over one, offers that file
-//! ([`ChunkSource::local`]): the engine reads it its own way (io_uring or pread, `O_DIRECT` or
-//! buffered, or as slices of a map of the page cache) and tells the source what it read
-//! ([`ChunkSource::observe_local`]), so a layer over a local file keeps the fast path and still
-//! sees every read. Every other source is read through [`ChunkSource::read_ranges`], one call
-//! per source and batch, so it can issue the ranges concurrently. How a reader will read ([`Access`]) is a description stores may use
-//! ([`ChunkStore::tuned`]).
+//! The store's I/O engine reads batches of ranges of many sources at once: a local file, or a
+//! layer over one, it reads its own way ([`ChunkSource::local`], [`ChunkSource::observe_local`]),
+//! every other source through [`ChunkSource::read_ranges`], one call per source and batch.
 
 use std::fmt::Debug;
 use std::path::{Path, PathBuf};
@@ -111,9 +105,9 @@ pub trait ChunkSource: Send + Sync + Debug {
 
     /// The local file whose bytes this source serves as they are, which the store's I/O engine
     /// may read itself (io_uring or pread on its descriptor, or slices of its map) instead of
-    /// calling [`ChunkSource::read_ranges`]. `None` (the default) for any other source. A
-    /// layer that wraps a source without changing its bytes forwards it, and learns of the
-    /// engine's reads through [`ChunkSource::observe_local`].
+    /// calling [`ChunkSource::read_ranges`]; `None` (the default) for any other source. A layer
+    /// that does not change the bytes forwards it (and learns of the reads through
+    /// [`ChunkSource::observe_local`]).
     fn local(&self) -> Option<&dyn LocalFile> {
         None
     }
@@ -138,12 +132,10 @@ pub trait ChunkSource: Send + Sync + Debug {
 
     /// Gives up what this source served after those bytes failed (`why`: a read error, a
     /// short read, bytes that do not match the snapshot; `served`: where they came from), so
-    /// that its later reads come from the layer below: the tier discards its copy (logged
-    /// once, with its path) and reads the chunk in the store below it; a peer's chunk is read
-    /// at origin. True when the source now reads elsewhere (also when it already moved past
-    /// `served`, for another reader's failure); false (the default) when nothing lies below
-    /// it: the failure is the dataset's own. Called by the store's verified reads
-    /// (`engine::verified`) only.
+    /// that its later reads come from the layer below (the tier discards its copy, a peer's
+    /// chunk is read at origin). True when the source now reads elsewhere (also when it already
+    /// moved past `served`, for another reader's failure); false (the default) when nothing
+    /// lies below it: the failure is the dataset's own. Called by the verified reads only.
     fn fall_back(&self, why: &str, served: BytesFrom) -> Result<bool> {
         let _ = (why, served);
         Ok(false)
@@ -233,9 +225,8 @@ pub enum ReadPattern {
     /// kernel's readahead doubles, and its larger folios make larger device requests).
     Sequential,
     /// Single records at random offsets (lookups, the mount): `POSIX_FADV_RANDOM`, so a
-    /// record's read moves its own bytes and not a readahead window around them. On a network
-    /// file system that is the difference between 1.48× and 1.03× the bytes served reaching
-    /// it (JuiceFS, `docs/mount.md`). Whole-chunk loads advise sequential on their own handle.
+    /// record's read moves its own bytes and not a readahead window around them. Whole-chunk
+    /// loads advise sequential on their own handle.
     Random,
 }
 

@@ -13,7 +13,7 @@ use crate::counts::{Meter, MeterReading};
 use crate::meter::Metered;
 use crate::peers::{PeerStore, Peers};
 use crate::seam::{Access, BytesFrom, ChunkStore, Source};
-use crate::tier::fetch::{ChunkScore, Fetcher};
+use crate::tier::fetch::ChunkScore;
 use crate::tier::{Admission, HotChunks, Importance, LocalTier, TierFeed, TierStore};
 
 /// The layers one reader reads through, built once per reader (a stream, a random-access
@@ -24,7 +24,6 @@ pub struct StoreStack {
     tier: Option<Arc<TierStore>>,
     /// The job's other nodes, when the tier is shared with them.
     peers: Option<Arc<Peers>>,
-    access: Access,
     /// Each layer's meter, top first.
     meters: Vec<(&'static str, Arc<Meter>)>,
 }
@@ -58,29 +57,27 @@ impl StoreStack {
                 cache.dir().display()
             );
         }
-        let mut meters = Vec::new();
-        let tuned = store.tuned(&access).unwrap_or_else(|| store.clone());
-        let origin = metered(tuned, "origin", access.meter.clone(), &mut meters);
+        let plain = Self::plain(store, access.clone());
+        let (origin, mut meters) = (plain.top, plain.meters);
         let below = match peers.clone() {
             Some(p) => {
                 let meter = Arc::new(Meter::default());
                 let peers = PeerStore::new(p, origin.clone(), chunks.clone(), meter.clone());
                 metered(Arc::new(peers), "peers", meter, &mut meters)
             }
-            None => origin.clone(),
+            None => origin,
         };
         // The tier opens its copies as the reader reads, counted in its own meter.
         let meter = Arc::new(Meter::default());
         let copies = Access {
             meter: meter.clone(),
-            ..access.clone()
+            ..access
         };
         let tier = Arc::new(TierStore::new(cache, below, chunks, &copies));
         StoreStack {
             top: metered(tier.clone(), "tier", meter, &mut meters),
             tier: Some(tier),
             peers,
-            access,
             meters,
         }
     }
@@ -94,7 +91,6 @@ impl StoreStack {
             top: origin,
             tier: None,
             peers: None,
-            access,
             meters,
         }
     }
@@ -118,10 +114,8 @@ impl StoreStack {
         let Some(t) = &self.tier else {
             return Ok(None);
         };
-        let hot = match &importance {
-            Some(i) => HotChunks::open(t, i.clone(), memory)?,
-            None => None,
-        };
+        let hot = importance.clone().map(|i| HotChunks::open(t, i, memory));
+        let hot = hot.transpose()?.flatten();
         let admission = Admission::start(
             t.cache().clone(),
             classes,
@@ -129,17 +123,18 @@ impl StoreStack {
             self.meter("tier").unwrap_or_default(),
             self.peers.clone(),
         );
-        Ok(Some(TierFeed::new(
+        Ok(Some(TierFeed {
             admission,
             hot,
             importance,
-            t.chunk_table(),
-        )))
+            chunks: t.chunks.clone(),
+        }))
     }
 
-    /// Fetch on first touch into the stack's tier ([`TierStore::fetch_on_touch`]: a read that
-    /// misses the tier has its whole chunk copied in, and may wait for it), with `threads`
-    /// fetch threads; `admitted` is told after each chunk the tier took. False without a tier.
+    /// Fetch on first touch into the stack's tier (a read that misses the tier has its whole
+    /// chunk copied in, and may wait for it: [`crate::tier::fetch`]), with `threads` fetch
+    /// threads, `score` ranking a chunk for the tier's policy; `admitted` is told after each
+    /// chunk the tier took. False without a tier, or if it fetches already.
     pub fn fetch_on_touch(
         &self,
         threads: usize,
@@ -152,32 +147,21 @@ impl StoreStack {
             .is_some_and(|t| t.fetch_on_touch(threads, score, admitted, meter))
     }
 
-    /// Asks for chunk `chunk` to be fetched into the tier ahead of its reads; whether it is
-    /// queued or being fetched (false without fetching on first touch).
-    pub fn prefetch(&self, chunk: u32) -> bool {
-        self.fetcher().is_some_and(|f| f.request(chunk))
-    }
-
     /// Stops fetching on first touch (waiting for a fetch in progress); later misses read
     /// below the tier.
     pub fn stop_fetching(&self) {
-        if let Some(f) = self.fetcher() {
+        if let Some(f) = self.tier.as_ref().and_then(|t| t.fetcher()) {
             f.stop();
         }
-    }
-
-    fn fetcher(&self) -> Option<&Fetcher> {
-        self.tier.as_ref()?.fetcher()
     }
 
     /// Counts `samples` samples in `bytes` bytes a reader delivered from bytes that came from
     /// `from` (a completed read's [`crate::engine::Completed::from`]), in that layer's meter.
     pub fn served(&self, from: BytesFrom, samples: u64, bytes: u64) {
-        let layer = Self::layer_of(from);
-        let meter = self.meters.iter().find(|(name, _)| *name == layer);
         // A stack without that layer (bytes of a fetch, counted as the tier's, in a stack
         // that has one): the top's.
-        if let Some((_, m)) = meter.or(self.meters.first()) {
+        let meter = self.meter(Self::layer_of(from));
+        if let Some(m) = meter.or_else(|| Some(self.meters.first()?.1.clone())) {
             m.served(samples, bytes);
         }
     }
@@ -196,11 +180,6 @@ impl StoreStack {
         Self::layer_of(source.bytes_from())
     }
 
-    /// How this reader reads.
-    pub fn access(&self) -> &Access {
-        &self.access
-    }
-
     /// What passed through each layer so far, top first: `tier` (everything the reader read,
     /// when it has a tier), `peers` (what the tier did not serve), `origin` (what reached the
     /// dataset's own storage), each with the time its reader waited in it.
@@ -214,7 +193,7 @@ impl StoreStack {
     /// Layer `name`'s meter (the tier's counts its admission too), if the stack has that layer.
     pub fn meter(&self, name: &str) -> Option<Arc<Meter>> {
         let m = self.meters.iter().find(|(layer, _)| *layer == name);
-        m.map(|(_, m)| m.clone())
+        Some(m?.1.clone())
     }
 
     /// What passed through layer `name` so far (nothing for a layer the stack does not have).

@@ -1,18 +1,15 @@
 //! The write side of local storage: files that appear under their name only complete.
 //!
-//! Every file granary writes (chunks, snapshots, views, plans, tier entries, cached
-//! snapshots, metrics) goes through [`AtomicFile`]: written under a temporary name of its own
-//! beside the final one ([`temp_target`] tells such a name), created exclusively (never a
-//! file or link that was there), flushed, fsynced as its [`Durability`] says, renamed over the
+//! Every file granary writes goes through [`AtomicFile`] (or an appender, append.rs):
+//! written under a temporary name of its own beside the final one ([`temp_target`] tells such
+//! a name), created exclusively, flushed, fsynced as its [`Durability`] says, renamed over the
 //! final name, and the directory fsynced when asked. A final name that exists and is not a
-//! regular file (a device, a directory, a link) is refused before anything is written. A
-//! file dropped before it is published (an error, a panic, a full disk) takes its temporary
-//! file with it; the final name then still holds its old content, or nothing. Temporary
-//! files left by a process that was killed are removed by the next writer of the same name
-//! on the same host. A publish can also be split in two ([`AtomicFile::finish`], then
-//! [`Pending::publish`]), so that a caller can check or write something else between the last
-//! byte and the rename (a merge writes its snapshot, then the parts' removal markers, then
-//! renames the snapshot).
+//! regular file is refused before anything is written. A file dropped before it is published
+//! takes its temporary file with it; the final name then still holds its old content, or
+//! nothing. Temporary files left by a killed process are removed by the next writer of the
+//! same directory on the same host. A publish can be split in two ([`AtomicFile::finish`],
+//! then [`Pending::publish`]), so that a caller can write something else between the last
+//! byte and the rename.
 
 use std::fs::File;
 use std::io::{self, BufWriter, Write};
@@ -47,93 +44,66 @@ const IN_PLACE_MIN: usize = 1 << 20;
 
 /// A file being written that appears under its name only when published.
 pub struct AtomicFile {
-    path: PathBuf,
-    tmp: PathBuf,
-    w: Option<Out>,
-    durability: Durability,
-    /// Set once [`AtomicFile::finish`] handed the temporary file to a [`Pending`].
-    handed_over: bool,
+    w: Out,
+    /// The temporary file, removed if it is dropped unpublished (after `w`, which may flush
+    /// into it).
+    file: Pending,
 }
 
 impl AtomicFile {
     /// Starts `path`, written under a temporary name of its own beside it until it is
     /// published (see the module).
     pub fn create(path: &Path, durability: Durability) -> io::Result<Self> {
-        let (tmp, f) = open_temp(path)?;
-        let out = Out::Buffered(BufWriter::with_capacity(BUFFER, f));
-        Ok(Self::over(path, &tmp, durability, out))
+        let (file, f) = open_temp(path, durability)?;
+        let w = Out::Buffered(BufWriter::with_capacity(BUFFER, f));
+        Ok(AtomicFile { w, file })
     }
 
     /// As [`AtomicFile::create`], written past the page cache (`O_DIRECT`) where the file
     /// system takes it: whole buffers of 4 MiB go from memory to the device, the last part
     /// through the page cache. For large files that are written once and not read back soon
-    /// (a pack's chunk files): the kernel neither copies their bytes into the page cache nor
-    /// writes them back later, and they push nothing else out of memory. Where `O_DIRECT` does
-    /// not pay ([`direct_pays`]: tmpfs) or is refused (some network file systems, at the open
-    /// or at a write), the file is written through the page cache as [`AtomicFile::create`]
-    /// writes it.
+    /// (a pack's chunk files): they push nothing else out of memory. Where `O_DIRECT` does not
+    /// pay ([`direct_pays`]: tmpfs) or is refused (some network file systems, at the open or
+    /// at a write), the file is written through the page cache.
     pub fn direct(path: &Path, durability: Durability) -> io::Result<Self> {
-        let (tmp, f) = open_temp(path)?;
-        Self::direct_over(path, &tmp, f, durability)
+        let (file, f) = open_temp(path, durability)?;
+        Self::direct_over(file, f)
     }
 
-    fn direct_over(path: &Path, tmp: &Path, f: File, durability: Durability) -> io::Result<Self> {
-        let direct = match direct_pays(&f) {
-            true => set_direct(&f, true).inspect_err(|_| {
-                let _ = std::fs::remove_file(tmp);
-            })?,
-            false => false,
-        };
-        let out = match direct {
+    fn direct_over(file: Pending, f: File) -> io::Result<Self> {
+        let w = match direct_pays(&f) && set_direct(&f, true)? {
             true => Out::Direct(DirectOut::new(f)),
             false => Out::Buffered(BufWriter::with_capacity(BUFFER, f)),
         };
-        Ok(Self::over(path, tmp, durability, out))
-    }
-
-    fn over(path: &Path, tmp: &Path, durability: Durability, out: Out) -> Self {
-        AtomicFile {
-            path: path.to_path_buf(),
-            tmp: tmp.to_path_buf(),
-            w: Some(out),
-            durability,
-            handed_over: false,
-        }
-    }
-
-    /// True when the file is being written past the page cache (see [`AtomicFile::direct`]).
-    pub fn is_direct(&self) -> bool {
-        matches!(&self.w, Some(Out::Direct(d)) if d.direct)
+        Ok(AtomicFile { w, file })
     }
 
     /// The temporary name it is written under, for errors.
     pub fn tmp_path(&self) -> &Path {
-        &self.tmp
+        &self.file.tmp
     }
 
     /// Flushes and (as the durability says) fsyncs the file, without renaming it yet.
-    pub fn finish(mut self) -> io::Result<Pending> {
-        crash_point("write", &self.path);
-        let f = match self.w.take().expect("an AtomicFile is finished once") {
+    pub fn finish(self) -> io::Result<Pending> {
+        crash_point("write", &self.file.path);
+        let f = match self.w {
             Out::Buffered(w) => w.into_inner().map_err(|e| e.into_error())?,
             Out::Direct(d) => d.finish()?,
         };
-        if self.durability != Durability::Rename {
-            crash_point("fsync", &self.path);
-            f.sync_all()?;
-        }
-        self.handed_over = true;
-        Ok(Pending::written(
-            std::mem::take(&mut self.path),
-            std::mem::take(&mut self.tmp),
-            self.durability,
-        ))
+        self.file.synced(Some(&f))
     }
 
     /// Flushes, fsyncs, renames over the final name, and fsyncs the directory, as the
     /// durability says.
     pub fn publish(self) -> io::Result<()> {
         self.finish()?.publish()
+    }
+
+    fn writer(&mut self) -> &mut dyn Write {
+        match &mut self.w {
+            Out::Buffered(w) => w,
+            Out::Direct(d) => d,
+        }
     }
 }
 
@@ -148,31 +118,6 @@ impl Write for AtomicFile {
 
     fn flush(&mut self) -> io::Result<()> {
         self.writer().flush()
-    }
-}
-
-impl AtomicFile {
-    fn writer(&mut self) -> &mut dyn Write {
-        match self
-            .w
-            .as_mut()
-            .expect("an AtomicFile is written before it is finished")
-        {
-            Out::Buffered(w) => w,
-            Out::Direct(d) => d,
-        }
-    }
-}
-
-impl Drop for AtomicFile {
-    fn drop(&mut self) {
-        // Unflushed bytes go with the file (a flush on drop could only fail again).
-        if let Some(Out::Buffered(w)) = self.w.take() {
-            let _ = w.into_parts();
-        }
-        if !self.handed_over {
-            let _ = std::fs::remove_file(&self.tmp);
-        }
     }
 }
 
@@ -229,12 +174,42 @@ impl DirectOut {
         }
         Ok(self.f)
     }
+
+    /// Writes the whole blocks of `b` straight from `b` (no copy into the buffer) when they
+    /// lie at a block boundary in memory where they go at one in the file, and `b` is large:
+    /// a caller that laid its bytes out so (a pack reads a chunk's files to where they lie in
+    /// the chunk, a block's worth past the chunk's header) hands the device its memory. The
+    /// bytes up to the block boundary go into the buffer first, which is written out. Returns
+    /// the bytes taken, `None` when `b` goes through the buffer.
+    fn write_in_place(&mut self, b: &[u8]) -> io::Result<Option<usize>> {
+        let pos = self.at + self.len as u64;
+        let gap = (ALIGN - (pos % ALIGN as u64) as usize) % ALIGN;
+        let aligned = (b.as_ptr() as usize)
+            .wrapping_add(gap)
+            .is_multiple_of(ALIGN);
+        if !self.direct || !aligned || b.len() < gap + IN_PLACE_MIN {
+            return Ok(None);
+        }
+        // `at` is at a block boundary, so the buffer with the gap filled is whole blocks (and
+        // no fuller than the buffer: it is drained whenever it is full).
+        self.buf.as_mut_slice()[self.len..self.len + gap].copy_from_slice(&b[..gap]);
+        self.len += gap;
+        if self.len > 0 {
+            self.drain(false)?;
+        }
+        if !self.direct {
+            return Ok(Some(gap)); // the file system refused direct writes: the rest as usual
+        }
+        let whole = (b.len() - gap) / ALIGN * ALIGN;
+        write_all_at(&self.f, &b[gap..gap + whole], self.at, &mut self.direct)?;
+        self.at += whole as u64;
+        Ok(Some(gap + whole))
+    }
 }
 
 /// Whether writing `f` past the page cache pays: not on a file system whose files live in
 /// memory (tmpfs, ramfs), where a direct write is a copy into the page cache plus an attempt
-/// to drop it again (the default `Writer`'s chunks to tmpfs: 4,100-4,800 samples/s direct,
-/// 5,000-5,300 through the page cache, 3 alternated runs).
+/// to drop it again (measured slower).
 pub(crate) fn direct_pays(f: &File) -> bool {
     use rustix::fs::FsWord;
     /// tmpfs's and ramfs's `f_type` (linux/magic.h).
@@ -275,39 +250,6 @@ pub(crate) fn write_all_at(f: &File, bytes: &[u8], at: u64, direct: &mut bool) -
     }
 }
 
-impl DirectOut {
-    /// Writes the whole blocks of `b` straight from `b` (no copy into the buffer) when they
-    /// lie at a block boundary in memory where they go at one in the file, and `b` is large:
-    /// a caller that laid its bytes out so (a pack reads a chunk's files to where they lie in
-    /// the chunk, a block's worth past the chunk's header) hands the device its memory. The
-    /// bytes up to the block boundary go into the buffer first, which is written out. Returns
-    /// the bytes taken, `None` when `b` goes through the buffer.
-    fn write_in_place(&mut self, b: &[u8]) -> io::Result<Option<usize>> {
-        let pos = self.at + self.len as u64;
-        let gap = (ALIGN - (pos % ALIGN as u64) as usize) % ALIGN;
-        let aligned = (b.as_ptr() as usize)
-            .wrapping_add(gap)
-            .is_multiple_of(ALIGN);
-        if !self.direct || !aligned || b.len() < gap + IN_PLACE_MIN {
-            return Ok(None);
-        }
-        // `at` is at a block boundary, so the buffer with the gap filled is whole blocks (and
-        // no fuller than the buffer: it is drained whenever it is full).
-        self.buf.as_mut_slice()[self.len..self.len + gap].copy_from_slice(&b[..gap]);
-        self.len += gap;
-        if self.len > 0 {
-            self.drain(false)?;
-        }
-        if !self.direct {
-            return Ok(Some(gap)); // the file system refused direct writes: the rest as usual
-        }
-        let whole = (b.len() - gap) / ALIGN * ALIGN;
-        write_all_at(&self.f, &b[gap..gap + whole], self.at, &mut self.direct)?;
-        self.at += whole as u64;
-        Ok(Some(gap + whole))
-    }
-}
-
 impl Write for DirectOut {
     fn write(&mut self, b: &[u8]) -> io::Result<usize> {
         if let Some(n) = self.write_in_place(b)? {
@@ -344,28 +286,30 @@ impl Seal for AtomicFile {
     }
 
     fn tmp_path(&self) -> &Path {
-        &self.tmp
+        &self.file.tmp
     }
 }
 
-/// A file written whole and synced, waiting to be renamed into place.
+/// A temporary file to be renamed over `path` (once written whole and synced: see
+/// [`Seal`]); removed if it is dropped unpublished.
 pub struct Pending {
-    path: PathBuf,
+    pub(crate) path: PathBuf,
     tmp: PathBuf,
     durability: Durability,
     published: bool,
 }
 
 impl Pending {
-    /// A file written whole under `tmp` (and synced, as `durability` says), to be renamed over
-    /// `path`.
-    pub(crate) fn written(path: PathBuf, tmp: PathBuf, durability: Durability) -> Pending {
-        Pending {
-            path,
-            tmp,
-            durability,
-            published: false,
+    /// The temporary file written whole (`f`, or opened again), synced as the durability says.
+    pub(crate) fn synced(self, f: Option<&File>) -> io::Result<Pending> {
+        if self.durability != Durability::Rename {
+            crash_point("fsync", &self.path);
+            match f {
+                Some(f) => f.sync_all()?,
+                None => File::open(&self.tmp)?.sync_all()?,
+            }
         }
+        Ok(self)
     }
 
     /// The temporary name it is written under.
@@ -505,7 +449,7 @@ fn host_tag() -> &'static str {
 /// name no other writer uses (this host, this process, a counter), exclusively: an existing
 /// file or link of that name is an error, never followed. First removes the temporary files
 /// of `path` that processes of this host which no longer run left behind (killed mid-write).
-pub(crate) fn open_temp(path: &Path) -> io::Result<(PathBuf, File)> {
+pub(crate) fn open_temp(path: &Path, durability: Durability) -> io::Result<(Pending, File)> {
     use std::sync::atomic::{AtomicU64, Ordering};
     static SEQ: AtomicU64 = AtomicU64::new(0);
     check_target(path)?;
@@ -524,7 +468,13 @@ pub(crate) fn open_temp(path: &Path) -> io::Result<(PathBuf, File)> {
     ));
     let f = File::options().write(true).create_new(true).open(&tmp)?;
     crash_point("create", path);
-    Ok((tmp, f))
+    let file = Pending {
+        path: path.to_path_buf(),
+        tmp,
+        durability,
+        published: false,
+    };
+    Ok((file, f))
 }
 
 /// Removes `dir`'s temporary files made on this host by processes that are gone, once per
@@ -638,6 +588,21 @@ mod tests {
         (dir.join("full"), tmp, f)
     }
 
+    /// The temporary file `tmp` of `path`, not published.
+    fn pending(path: &Path, tmp: &Path, durability: Durability) -> Pending {
+        Pending {
+            path: path.to_path_buf(),
+            tmp: tmp.to_path_buf(),
+            durability,
+            published: false,
+        }
+    }
+
+    /// True when `f` is being written past the page cache.
+    fn is_direct(f: &AtomicFile) -> bool {
+        matches!(&f.w, Out::Direct(d) if d.direct)
+    }
+
     /// The temporary files in `dir`.
     fn temps(dir: &Path) -> Vec<String> {
         std::fs::read_dir(dir)
@@ -670,7 +635,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (p, tmp, file) = full_device(dir.path());
         let buffered = Out::Buffered(BufWriter::with_capacity(BUFFER, file));
-        let mut f = AtomicFile::over(&p, &tmp, Durability::Rename, buffered);
+        let file = pending(&p, &tmp, Durability::Rename);
+        let mut f = AtomicFile { w: buffered, file };
         f.write_all(b"buffered").unwrap();
         let e = f.publish().expect_err("a full device fails the flush");
         assert_eq!(e.raw_os_error(), Some(libc::ENOSPC), "{e}");
@@ -692,7 +658,7 @@ mod tests {
             *b = (i * 31 % 253) as u8;
         }
         let mut f = AtomicFile::direct(&p, Durability::File).unwrap();
-        let direct = f.is_direct();
+        let direct = is_direct(&f);
         let mut want = Vec::new();
         for &(at, len) in parts {
             let b = &src.as_slice()[at..at + len];
@@ -749,7 +715,7 @@ mod tests {
         let dir = tempfile::tempdir_in("/dev/shm").unwrap();
         let p = dir.path().join("c");
         let mut f = AtomicFile::direct(&p, Durability::File).unwrap();
-        assert!(!f.is_direct());
+        assert!(!is_direct(&f));
         f.write_all(&[5; 10_000]).unwrap();
         f.publish().unwrap();
         assert_eq!(std::fs::read(&p).unwrap(), vec![5; 10_000]);
@@ -760,7 +726,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (p, tmp, file) = full_device(dir.path());
         let big = AlignedBuf::new(5 << 20);
-        let r = AtomicFile::direct_over(&p, &tmp, file, Durability::File)
+        let r = AtomicFile::direct_over(pending(&p, &tmp, Durability::File), file)
             .and_then(|mut f| f.write_all(big.as_slice()).and_then(|()| f.publish()));
         let e = r.expect_err("a full device fails");
         assert_eq!(e.raw_os_error(), Some(libc::ENOSPC), "{e}");

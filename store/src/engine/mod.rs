@@ -1,26 +1,20 @@
 //! The I/O engine: batches of large positional reads of any sources, several in flight, through
-//! io_uring or a pread thread pool with the same interface. Front ends map
-//! `GRANARY_IO=uring|pread` (or their own option) to a forced [`IoKind`].
+//! io_uring or a pread thread pool with the same interface ([`IoKind`]).
 //!
-//! A source that is a local file, or a layer over one ([`crate::ChunkSource::local`]), is read on its
-//! descriptor (or served from its map) and told what was read ([`crate::ChunkSource::observe_local`]),
-//! so a layer over a local file (the meter) keeps the fast path and still counts; every other
-//! source is read through [`crate::ChunkSource::read_ranges`], one call per source and batch.
-//!
-//! Files are opened with `O_DIRECT` where the file system allows it (reads then bypass the page
-//! cache and go straight into 4 KiB-aligned buffers); elsewhere (tmpfs, some FUSE mounts) they
-//! are read buffered. Short reads, `EINTR` and `EAGAIN` are retried; errors name the file and
-//! offset.
+//! A source that is a local file, or a layer over one ([`crate::ChunkSource::local`]), is read
+//! on its descriptor (or served from its map) and told what was read
+//! ([`crate::ChunkSource::observe_local`]), so a layer over a local file (the meter) keeps the
+//! fast path and still counts; every other source is read through
+//! [`crate::ChunkSource::read_ranges`], one call per source and batch. Short reads, `EINTR` and
+//! `EAGAIN` are retried; errors name the file and offset.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::buf::MapLease;
 pub use crate::buf::{AlignedBuf, BufPool, ALIGN};
 use crate::error::{Result, StoreError};
-pub use crate::file::IoFile;
-use crate::file::{eof_at, pread_at_least};
+use crate::file::{eof_at, pread_at_least, read_error};
 pub use crate::seam::LocalFile;
 use crate::seam::{BytesFrom, LocalRead, RangeRead, Source};
 pub use verified::{Expect, Relocate};
@@ -30,18 +24,15 @@ pub mod verified;
 use uring::UringEngine;
 
 /// Buffer bytes (idle and in use) of an engine made with [`Engine::new`].
-pub const POOL_BYTES: usize = 128 << 20;
+const POOL_BYTES: usize = 128 << 20;
 /// Largest single read submitted; bigger ranges are split so more requests are in flight.
-pub const MAX_PIECE: usize = 4 << 20;
-/// Largest single read of a local file through the page cache. Such reads run one after the
-/// other per file and the kernel's readahead keeps the device busy between them; 1 MiB read
-/// 20,000 ImageNet-like files' chunks at 1.6–1.9 GB/s where 4 MiB reached 1.5–1.6 and 128 KiB
-/// 1.4 (pieces of one file in order, two files at once).
-pub const BUFFERED_PIECE: usize = 1 << 20;
+const MAX_PIECE: usize = 4 << 20;
+/// Largest single read of a local file through the page cache: such reads run in order per
+/// file, and the kernel's readahead keeps the device busy between them (1 MiB measured best).
+const BUFFERED_PIECE: usize = 1 << 20;
 
 /// Whether io_uring can be used in this process: `Ok(())`, or why not (what switched it off
-/// and what to change), found once by setting up a small ring. What `granary --version` and
-/// Python's `granary.io_backends()` report.
+/// and what to change), found once by setting up a small ring.
 pub fn uring_available() -> std::result::Result<(), &'static str> {
     static WHY: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
     let why = WHY.get_or_init(|| UringEngine::new(2, MAX_PIECE).err());
@@ -89,13 +80,6 @@ impl Request {
         self.source.local().and_then(|f| f.map())
     }
 
-    /// True when its source is a local file read through the page cache (not mapped).
-    pub fn buffered_local(&self) -> bool {
-        self.source
-            .local()
-            .is_some_and(|f| !f.direct() && f.map().is_none())
-    }
-
     /// True when its source is a local file opened with `O_DIRECT` (reads must be aligned).
     pub fn direct(&self) -> bool {
         self.source.local().is_some_and(|f| f.direct())
@@ -110,7 +94,8 @@ pub struct Completed {
     from: BytesFrom,
 }
 
-/// Where a completed request's bytes are.
+/// Where a request's bytes are (from its submission on: a buffer to read into, or its
+/// file's map, both counted in the pool's budget).
 enum Bytes {
     /// Read into a buffer.
     Buf(AlignedBuf),
@@ -127,15 +112,35 @@ impl AsRef<[u8]> for Completed {
     }
 }
 
+impl Bytes {
+    fn buf_mut(&mut self) -> Option<&mut AlignedBuf> {
+        match self {
+            Bytes::Buf(b) => Some(b),
+            _ => None,
+        }
+    }
+}
+
 impl Completed {
     pub fn data(&self) -> &[u8] {
         match &self.bytes {
             Bytes::Buf(b) => &b.as_slice()[self.skip..self.skip + self.len],
-            Bytes::Map(f, _) => {
-                let map = f.local().and_then(|f| f.map()).map(|m| &m[..]);
-                &map.expect("mapped file")[self.skip..self.skip + self.len]
+            Bytes::Map(..) => {
+                let map = self
+                    .mapped()
+                    .and_then(|(_, l)| l.map())
+                    .expect("mapped file");
+                &map[self.skip..self.skip + self.len]
             }
             Bytes::Owned(v) => v,
+        }
+    }
+
+    /// The source and local file whose map holds the bytes, if they are in one.
+    fn mapped(&self) -> Option<(&Source, &dyn LocalFile)> {
+        match &self.bytes {
+            Bytes::Map(f, _) => f.local().map(|l| (f, l)),
+            _ => None,
         }
     }
 
@@ -159,10 +164,8 @@ impl Completed {
     /// a fault per page, when the bytes are in a map (best effort: before Linux 5.14 they
     /// fault in as read).
     pub fn populate(&self, at: usize, len: usize) {
-        if let Bytes::Map(f, _) = &self.bytes {
-            if let Some(m) = f.local().and_then(|f| f.map()) {
-                m.populate(self.skip + at, len);
-            }
+        if let Some(m) = self.mapped().and_then(|(_, l)| l.map()) {
+            m.populate(self.skip + at, len);
         }
     }
 
@@ -174,21 +177,14 @@ impl Completed {
     /// For bytes in a map: the mapped file, its path, and the offset in it where `data()`
     /// starts.
     pub fn mapped_file(&self) -> Option<(&std::path::Path, &std::fs::File, u64)> {
-        match &self.bytes {
-            Bytes::Map(f, _) => f
-                .local()
-                .map(|l| (f.location(), l.file(), self.skip as u64)),
-            Bytes::Buf(_) | Bytes::Owned(_) => None,
-        }
+        let (f, l) = self.mapped()?;
+        Some((f.location(), l.file(), self.skip as u64))
     }
 
     /// True when the bytes are in a map whose file was cut short (truncated by another
     /// process) since it was mapped: pages of it read as zeros (one `fstat`).
     pub fn is_cut(&self) -> bool {
-        match &self.bytes {
-            Bytes::Map(f, _) => f.local().is_some_and(|f| f.map_cut()),
-            Bytes::Buf(_) | Bytes::Owned(_) => false,
-        }
+        self.mapped().is_some_and(|(_, l)| l.map_cut())
     }
 }
 
@@ -202,35 +198,17 @@ struct Piece {
     need: usize,
 }
 
-/// Where a queued request's bytes will be: a buffer to read into, or its file's map (whose
-/// bytes count in the pool's budget from submission on, as buffers do).
-enum Slot {
-    Buf(AlignedBuf),
-    Map(MapLease),
-}
-
-impl Slot {
-    fn buf_mut(&mut self) -> Option<&mut AlignedBuf> {
-        match self {
-            Slot::Buf(b) => Some(b),
-            Slot::Map(_) => None,
-        }
-    }
-}
-
-/// Buffers and pieces to read for `reqs` (`local`: those read on their local file); a request
-/// on a mapped file gets no buffer and no pieces, only a lease on the map.
-fn plan_pieces(
-    reqs: &[Request],
-    local: &[bool],
-    pool: &Arc<BufPool>,
-) -> (Vec<Slot>, Vec<usize>, Vec<Piece>) {
+/// `reqs` queued: which are read on their local file (decided once: a source may move to a
+/// local copy while it is read), and their buffers and pieces; a request on a mapped file gets
+/// no buffer and no pieces, only a lease on the map.
+fn plan(reqs: Arc<[Request]>, pool: &Arc<BufPool>) -> QueuedBatch {
+    let local: Vec<bool> = reqs.iter().map(|r| r.source.local().is_some()).collect();
     let mut bufs = Vec::with_capacity(reqs.len());
     let mut skips = Vec::with_capacity(reqs.len());
     let mut pieces = Vec::new();
     for (i, r) in reqs.iter().enumerate() {
         if r.map().is_some() {
-            bufs.push(Slot::Map(pool.lease(r.len)));
+            bufs.push(Bytes::Map(r.source.clone(), pool.lease(r.len)));
             skips.push(r.offset as usize);
             continue;
         }
@@ -242,12 +220,12 @@ fn plan_pieces(
         };
         let total = (end - start) as usize;
         let needed_end = (r.offset + r.len as u64 - start) as usize;
-        bufs.push(Slot::Buf(pool.get(total)));
+        bufs.push(Bytes::Buf(pool.get(total)));
         skips.push((r.offset - start) as usize);
         // A source that is not a local file (an object store, a peer) gets the range whole:
         // it splits it into its own requests (an object store's GETs of up to `GET_PART`), so
         // that a whole chunk is one GET, not one per piece.
-        let piece = if r.buffered_local() {
+        let piece = if local[i] && !r.direct() {
             BUFFERED_PIECE
         } else if !local[i] {
             total.max(1)
@@ -266,34 +244,39 @@ fn plan_pieces(
             });
         }
     }
-    (bufs, skips, pieces)
+    QueuedBatch {
+        queued: Instant::now(),
+        reqs,
+        local,
+        bufs,
+        skips,
+        pieces,
+    }
 }
 
-/// The completed requests of a batch queued at `queued`, each told to its source if the engine
-/// read it on a local file (`local`, decided when the batch was queued: [`observe`]).
-fn finish(
-    bufs: Vec<Slot>,
-    skips: Vec<usize>,
-    reqs: &[Request],
-    local: &[bool],
-    queued: Instant,
-) -> Result<Vec<Completed>> {
+/// The completed requests of `batch`, each told to its source if the engine read it on a local
+/// file (`local`, decided when the batch was queued: [`observe`]).
+fn finish(batch: QueuedBatch) -> Result<Vec<Completed>> {
+    let QueuedBatch {
+        queued,
+        reqs,
+        local,
+        bufs,
+        skips,
+        ..
+    } = batch;
     let done = bufs
         .into_iter()
         .zip(skips)
-        .zip(reqs)
-        .map(|((buf, skip), r)| {
-            let bytes = match buf {
-                Slot::Buf(b) => Bytes::Buf(b),
-                Slot::Map(lease) => {
-                    let mapped = r.map().map_or(0, |m| m.len() as u64);
-                    if r.offset + r.len as u64 > mapped {
-                        failed(&r.source);
-                        return Err(eof_at(r.source.location(), mapped));
-                    }
-                    Bytes::Map(r.source.clone(), lease)
+        .zip(&reqs[..])
+        .map(|((bytes, skip), r)| {
+            if let Bytes::Map(..) = bytes {
+                let mapped = r.map().map_or(0, |m| m.len() as u64);
+                if r.offset + r.len as u64 > mapped {
+                    failed(&r.source);
+                    return Err(eof_at(r.source.location(), mapped));
                 }
-            };
+            }
             Ok(Completed {
                 bytes,
                 skip,
@@ -302,20 +285,12 @@ fn finish(
             })
         })
         .collect::<Result<Vec<_>>>()?;
-    observe(reqs, local, queued.elapsed());
+    observe(&reqs, &local, queued.elapsed());
     Ok(done)
 }
 
-/// Which of `reqs` the engine reads on their local file (the others through their source's
-/// own reads, which count them): decided once, when the batch is queued, since a source may
-/// move to a local copy while it is read.
-fn local_requests(reqs: &[Request]) -> Vec<bool> {
-    reqs.iter().map(|r| r.source.local().is_some()).collect()
-}
-
-/// Tells each source the engine read on its local file (`local`) what it read: one range per
-/// request, and a share of the batch's time `took` by its bytes (requests served from a map
-/// waited for nothing), so that the shares of one batch add up to its time.
+/// Tells each source the engine read on its local file (`local`) what it read, and a share of
+/// the batch's time `took` by its bytes (a map's requests waited for nothing).
 fn observe(reqs: &[Request], local: &[bool], took: Duration) {
     let read = |r: &Request| r.source.local().is_some_and(|f| f.map().is_none());
     let on_file = || reqs.iter().zip(local).filter(|(_, &l)| l).map(|(r, _)| r);
@@ -347,7 +322,7 @@ fn failed(source: &Source) {
 
 /// Each piece's part of its request's buffer (`None` for requests served from a map), indexed
 /// like `pieces` (which hold each request's pieces in order, back to back).
-fn piece_slices<'a>(bufs: &'a mut [Slot], pieces: &[Piece]) -> Vec<&'a mut [u8]> {
+fn piece_slices<'a>(bufs: &'a mut [Bytes], pieces: &[Piece]) -> Vec<&'a mut [u8]> {
     let mut rests: Vec<Option<&mut [u8]>> = bufs
         .iter_mut()
         .map(|b| b.buf_mut().map(|b| b.as_mut_slice()))
@@ -363,10 +338,7 @@ fn piece_slices<'a>(bufs: &'a mut [Slot], pieces: &[Piece]) -> Vec<&'a mut [u8]>
         .collect()
 }
 
-/// Pieces (with their buffers) grouped for reading, each group by one thread: an O_DIRECT
-/// file's pieces one by one, the consecutive pieces of a page-cache read together, every other
-/// source's pieces together (one [`crate::ChunkSource::read_ranges`] call per source and
-/// batch, which the source may serve concurrently).
+/// Pieces (with their buffers) grouped for reading, each group by one thread.
 fn group_pieces<'a, 'p>(
     reqs: &[Request],
     pieces: impl IntoIterator<Item = (&'p Piece, &'a mut [u8])>,
@@ -379,9 +351,8 @@ fn group_pieces<'a, 'p>(
         let local = src.local();
         // O_DIRECT pieces are read in parallel (the device gets them all at once). The
         // pieces of one range of a file read through the page cache are read in order by
-        // one thread, as the kernel's readahead expects (read in parallel they look random
-        // to it, and it issues small requests); other ranges of it start groups of their own.
-        // A remote source's ranges go to one thread (it batches them itself).
+        // one thread, as the kernel's readahead expects. A remote source's ranges go to one
+        // thread (one `read_ranges` call, which it may serve concurrently).
         if local.is_some_and(|f| f.direct()) {
             groups.push(vec![(p, dst)]);
             continue;
@@ -434,11 +405,9 @@ const REMOTE_SOURCES_IN_FLIGHT: usize = 8;
 type Reply = std::sync::mpsc::SyncSender<Result<Vec<Completed>>>;
 
 /// A reading engine: executes batches of requests with up to `queue_depth` reads in flight
-/// and at most `max_inflight_bytes` bytes outstanding. Batches are read in the background by a
-/// thread of the engine's own (which owns the io_uring ring and queues each batch behind the
-/// ones before it, or starts a thread per batch for pread, the oldest batch first for free
-/// slots), so reads go on while the submitter decodes or waits for its consumer. Buffers are
-/// taken from the pool when a batch is submitted.
+/// and at most `max_inflight_bytes` bytes outstanding, in the background on a thread of its own
+/// (the io_uring ring's, or pread's), so reads go on while the submitter decodes or waits for
+/// its consumer. Buffers are taken from the pool when a batch is submitted.
 pub struct Engine {
     name: &'static str,
     /// Why this engine reads with pread although io_uring was wanted (`auto`).
@@ -483,18 +452,15 @@ impl Engine {
         let cap = max_inflight_bytes.max(MAX_PIECE);
         let (ring, fallback) = match kind {
             IoKind::Pread => (None, None),
-            IoKind::Uring => match UringEngine::new(qd, cap) {
+            IoKind::Uring | IoKind::Auto => match UringEngine::new(qd, cap) {
                 Ok(r) => (Some(r), None),
-                Err(why) => {
+                Err(why) if kind == IoKind::Uring => {
                     return Err(StoreError::Invalid(format!(
                         "the io_uring backend was asked for (--backend uring, GRANARY_IO=uring) \
                          but cannot run: {why}; use the default backend (auto), which reads \
                          with pread then"
                     )))
                 }
-            },
-            IoKind::Auto => match UringEngine::new(qd, cap) {
-                Ok(r) => (Some(r), None),
                 Err(why) => {
                     said_once(&why);
                     (None, Some(why))
@@ -536,19 +502,9 @@ impl Engine {
 
     /// Queues a batch: its buffers are taken from the pool now and its reads start in the
     /// background at once, after those of the batches before it. Collect it with
-    /// [`Engine::wait`]. The requests are shared, not copied: the batch and its [`Pending`]
-    /// (which settles it) each hold them.
+    /// [`Engine::wait`].
     pub fn submit(&mut self, reqs: Arc<[Request]>) -> Pending {
-        let local = local_requests(&reqs);
-        let (bufs, skips, pieces) = plan_pieces(&reqs, &local, &self.pool);
-        let batch = QueuedBatch {
-            queued: Instant::now(),
-            local,
-            reqs: reqs.clone(),
-            bufs,
-            skips,
-            pieces,
-        };
+        let batch = plan(reqs.clone(), &self.pool);
         let (reply, done) = std::sync::mpsc::sync_channel(1);
         // A batch the engine's thread cannot take (a failed send gives it back) is answered
         // at once.
@@ -614,19 +570,19 @@ pub struct Pending(
 struct QueuedBatch {
     queued: Instant,
     reqs: Arc<[Request]>,
-    /// Which requests are read on their local file ([`local_requests`]).
+    /// Which requests are read on their local file (the others through their source's own
+    /// reads, which count them).
     local: Vec<bool>,
-    bufs: Vec<Slot>,
+    bufs: Vec<Bytes>,
     skips: Vec<usize>,
     pieces: Vec<Piece>,
 }
 
 /// The pread engine's background thread: runs each batch on a thread of its own as soon as it
-/// is queued, so that the reads of the windows read ahead overlap (a window of one chunk file
-/// read through the page cache is one sequential stream; two streams keep the device busy
-/// where one leaves it idle between readahead rounds). At most `threads` ranges are read at
-/// once over all batches ([`Slots`]), the oldest batch first. Ends when the engine is dropped,
-/// after every batch it started has completed.
+/// is queued, so that the reads of the windows read ahead overlap (two sequential streams keep
+/// the device busy where one leaves it idle between readahead rounds). At most `threads` ranges
+/// are read at once over all batches ([`Slots`]), the oldest batch first. Ends when the engine
+/// is dropped, after every batch it started has completed.
 fn serve_pread(
     rx: std::sync::mpsc::Receiver<(QueuedBatch, Reply)>,
     queue_depth: usize,
@@ -656,20 +612,16 @@ fn serve_pread(
 
 /// Reads `batch` (the `id`-th queued) with up to `threads` threads, each range holding one
 /// of `slots` while it is read.
-fn run_pread(slots: &Slots, id: u64, threads: usize, batch: QueuedBatch) -> Result<Vec<Completed>> {
-    let QueuedBatch {
-        queued,
-        reqs,
-        local,
-        mut bufs,
-        skips,
-        pieces,
-    } = batch;
-    let reqs = &reqs[..];
-    let slices = piece_slices(&mut bufs, &pieces);
-    let work = group_pieces(reqs, pieces.iter().zip(slices));
-    read_groups(reqs, &local, work, threads, Some((slots, id)))?;
-    finish(bufs, skips, reqs, &local, queued)
+fn run_pread(
+    slots: &Slots,
+    id: u64,
+    threads: usize,
+    mut batch: QueuedBatch,
+) -> Result<Vec<Completed>> {
+    let slices = piece_slices(&mut batch.bufs, &batch.pieces);
+    let work = group_pieces(&batch.reqs, batch.pieces.iter().zip(slices));
+    read_groups(&batch.reqs, &batch.local, work, threads, Some((slots, id)))?;
+    finish(batch)
 }
 
 /// The reads the pread engine's batches may have in flight together. A free slot goes to the
@@ -748,18 +700,15 @@ fn read_groups(
     }
     let queue = Mutex::new(work.into_iter());
     let first_error: Mutex<Option<StoreError>> = Mutex::new(None);
-    let failed = AtomicUsize::new(0);
     std::thread::scope(|s| {
         for _ in 0..threads {
             s.spawn(|| loop {
-                if failed.load(Ordering::Relaxed) > 0 {
-                    return;
-                }
                 let next = queue.lock().expect("queue lock").next();
                 let Some(group) = next else { return };
                 if let Err(e) = read(group) {
-                    failed.fetch_add(1, Ordering::Relaxed);
                     first_error.lock().expect("error lock").get_or_insert(e);
+                    // Nothing more is read.
+                    queue.lock().expect("queue lock").by_ref().for_each(drop);
                     return;
                 }
             });
@@ -772,6 +721,7 @@ fn read_groups(
 #[cfg(test)]
 mod slot_tests {
     use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
 
     fn waiting(slots: &Slots, batch: u64) -> bool {
         slots.state.lock().unwrap().waiting.contains_key(&batch)

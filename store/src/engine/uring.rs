@@ -3,30 +3,24 @@
 //! their own batched reads when their batch is queued).
 
 use std::os::fd::AsRawFd;
-use std::time::Instant;
 
 use super::{
-    eof_at, failed, finish, group_pieces, piece_slices, read_groups, Piece, QueuedBatch, Reply,
-    Request, Slot, REMOTE_SOURCES_IN_FLIGHT,
+    eof_at, failed, finish, group_pieces, piece_slices, read_error, read_groups, QueuedBatch,
+    Reply, REMOTE_SOURCES_IN_FLIGHT,
 };
 use crate::error::{Result, StoreError};
 
 /// A batch of requests being read by the io_uring engine.
 struct Batch {
     id: u64,
-    queued: Instant,
-    reqs: std::sync::Arc<[Request]>,
-    /// Which requests are read on their local file (decided when the batch was queued), and
-    /// that file's descriptor (-1 for the others): a source that moves to another file while
-    /// the batch is read keeps this one open.
-    local: Vec<bool>,
+    q: QueuedBatch,
+    /// The descriptor of each request read on its local file (-1 for the others): a source
+    /// that moves to another file while the batch is read keeps this one open.
     fds: Vec<i32>,
-    bufs: Vec<Slot>,
     /// Start address of each buffer's usable part (as an integer, so the engine stays `Send`;
     /// 0 for a mapped request, which has no pieces).
     addrs: Vec<usize>,
-    skips: Vec<usize>,
-    pieces: Vec<Piece>,
+    /// Bytes read of each piece.
     done: Vec<usize>,
     /// Pieces not yet complete (queued or in flight).
     remaining: usize,
@@ -53,7 +47,7 @@ pub(super) struct UringEngine {
 
 /// Why setting up an io_uring ring failed with `e`, in the words an administrator needs: what
 /// switched it off and what to change.
-pub(super) fn why_no_uring(e: &std::io::Error) -> String {
+fn why_no_uring(e: &std::io::Error) -> String {
     let sysctl = std::fs::read_to_string("/proc/sys/kernel/io_uring_disabled")
         .map(|v| v.trim().to_owned())
         .unwrap_or_default();
@@ -134,7 +128,7 @@ impl UringEngine {
                 self.todo.retain(|(t, _)| *t != id);
                 let result = match b.error {
                     Some(e) => Err(e),
-                    None => finish(b.bufs, b.skips, &b.reqs, &b.local, b.queued),
+                    None => finish(b.q),
                 };
                 let _ = b.reply.send(result);
             }
@@ -157,22 +151,15 @@ impl UringEngine {
     }
 
     /// Queues a batch of requests.
-    fn submit(&mut self, batch: QueuedBatch, reply: Reply) {
-        let QueuedBatch {
-            queued,
-            reqs,
-            local,
-            mut bufs,
-            skips,
-            pieces,
-        } = batch;
+    fn submit(&mut self, mut q: QueuedBatch, reply: Reply) {
         // Sources that are not local files (when the batch was queued) are read through their
         // own batched reads, here and now; the ring reads the rest.
-        let on_ring: Vec<bool> = pieces.iter().map(|p| local[p.req]).collect();
+        let on_ring: Vec<bool> = q.pieces.iter().map(|p| q.local[p.req]).collect();
         let mut error = None;
         if on_ring.iter().any(|l| !l) {
-            let slices = piece_slices(&mut bufs, &pieces);
-            let others = pieces
+            let slices = piece_slices(&mut q.bufs, &q.pieces);
+            let others = q
+                .pieces
                 .iter()
                 .zip(slices)
                 .zip(&on_ring)
@@ -180,42 +167,40 @@ impl UringEngine {
                 .map(|(x, _)| x);
             // Each source's ranges from one thread, several sources at once: an object
             // store's reads are network round trips, not ring submissions.
-            let groups = group_pieces(&reqs, others);
-            if let Err(e) = read_groups(&reqs, &local, groups, REMOTE_SOURCES_IN_FLIGHT, None) {
+            let groups = group_pieces(&q.reqs, others);
+            if let Err(e) = read_groups(&q.reqs, &q.local, groups, REMOTE_SOURCES_IN_FLIGHT, None) {
                 error = Some(e);
             }
         }
-        let addrs = bufs
+        let addrs = q
+            .bufs
             .iter_mut()
             .map(|b| {
                 b.buf_mut()
                     .map_or(0, |b| b.as_mut_slice().as_mut_ptr() as usize)
             })
             .collect();
+        let fds = q
+            .reqs
+            .iter()
+            .zip(&q.local)
+            .map(|(r, &l)| match r.source.local().filter(|_| l) {
+                Some(f) => f.file().as_raw_fd(),
+                None => -1,
+            })
+            .collect();
         let id = self.next_id;
         self.next_id += 1;
-        let ring_pieces: Vec<usize> = (0..pieces.len()).filter(|&p| on_ring[p]).collect();
+        let ring_pieces: Vec<usize> = (0..q.pieces.len()).filter(|&p| on_ring[p]).collect();
         self.todo.extend(ring_pieces.iter().map(|&p| (id, p)));
         self.batches.push_back(Batch {
             id,
-            queued,
-            fds: reqs
-                .iter()
-                .zip(&local)
-                .map(|(r, &l)| match r.source.local().filter(|_| l) {
-                    Some(f) => f.file().as_raw_fd(),
-                    None => -1,
-                })
-                .collect(),
-            reqs,
-            local,
-            bufs,
+            fds,
             addrs,
-            skips,
-            done: vec![0; pieces.len()],
+            done: vec![0; q.pieces.len()],
             remaining: ring_pieces.len(),
             inflight: 0,
-            pieces,
+            q,
             error,
             reply,
         });
@@ -238,7 +223,7 @@ impl UringEngine {
                 self.todo.pop_front();
                 continue;
             }
-            let p = &b.pieces[i];
+            let p = &b.q.pieces[i];
             let len = p.len - b.done[i];
             if inflight > 0 && inflight + len > max_bytes {
                 break;
@@ -292,36 +277,30 @@ impl UringEngine {
                 continue;
             };
             b.inflight -= 1;
-            let p = &b.pieces[i];
+            let p = &b.q.pieces[i];
             let asked = p.len - b.done[i];
-            let mut requeue = false;
-            if res == -libc::EINTR || res == -libc::EAGAIN {
-                requeue = true;
-            } else if res < 0 {
-                let e = std::io::Error::from_raw_os_error(-res);
-                let at = p.offset + b.done[i] as u64;
-                let path = b.reqs[p.req].source.location().to_path_buf();
-                failed(&b.reqs[p.req].source);
-                b.error.get_or_insert(StoreError::io(
-                    "reading",
-                    path,
-                    std::io::Error::new(e.kind(), format!("at offset {at}: {e}")),
-                ));
-                b.remaining -= 1;
-            } else if res == 0 {
-                if b.done[i] < p.need {
-                    let e = eof_at(b.reqs[p.req].source.location(), p.offset + b.done[i] as u64);
-                    failed(&b.reqs[p.req].source);
-                    b.error.get_or_insert(e);
+            let (src, at) = (&b.q.reqs[p.req].source, p.offset + b.done[i] as u64);
+            let requeue = match res {
+                _ if res == -libc::EINTR || res == -libc::EAGAIN => true,
+                ..=0 => {
+                    if res < 0 {
+                        let e = std::io::Error::from_raw_os_error(-res);
+                        b.error.get_or_insert(read_error(src.location(), at, e));
+                        failed(src);
+                    } else if b.done[i] < p.need {
+                        b.error.get_or_insert(eof_at(src.location(), at));
+                        failed(src);
+                    }
+                    false
                 }
-                b.remaining -= 1;
-            } else {
-                b.done[i] += res as usize;
-                if b.done[i] < p.need {
-                    requeue = true; // short read: ask for the rest
-                } else {
-                    b.remaining -= 1;
+                // A short read: the rest is asked for.
+                _ => {
+                    b.done[i] += res as usize;
+                    b.done[i] < p.need
                 }
+            };
+            if !requeue {
+                b.remaining -= 1;
             }
             self.inflight_bytes -= asked;
             if requeue {

@@ -1,12 +1,9 @@
 //! Verified reads: what a read's bytes must be ([`Expect`]), and the one place where bytes
 //! from a copy (this node's tier, another node's, a hot chunk) are checked against it and,
-//! when they fail, given up for the layer below (see [`crate::ChunkSource::fall_back`]) and
-//! read again there. The engine settles every batch this way ([`super::Engine::wait`]),
-//! and random reads call [`read_into`]: a reader gets verified bytes or an error naming
-//! the chunk, and never loops, retries or names a layer.
-//!
-//! Bytes from the dataset's own storage are not checked here: the reader checks each record as
-//! it decodes it (a second CRC pass would only cost), and a failure there is the dataset's.
+//! when they fail, given up for the layer below ([`crate::ChunkSource::fall_back`]) and read
+//! again there: by the engine for every batch, by [`read_into`] for random reads. Bytes from
+//! the dataset's own storage are not checked here: the reader checks each record as it
+//! decodes it.
 
 use std::sync::Arc;
 

@@ -24,11 +24,6 @@ impl ObjectChunks {
     pub fn new(url: Arc<ObjectUrl>, sizes: Vec<u64>) -> Self {
         ObjectChunks { url, sizes }
     }
-
-    /// The prefix.
-    pub fn url(&self) -> &Arc<ObjectUrl> {
-        &self.url
-    }
 }
 
 impl ChunkStore for ObjectChunks {

@@ -1,7 +1,5 @@
 //! Object store errors as ones a user can act on.
 
-use std::path::PathBuf;
-
 use crate::config::{CONNECT_TIMEOUT_ENV, REQUEST_TIMEOUT_ENV, RETRY_TIMEOUT_ENV};
 use crate::error::{RemoteKind, StoreError};
 use object_store::client::{HttpError, HttpErrorKind};
@@ -92,14 +90,13 @@ fn error_body(text: &str) -> Option<ErrorBody> {
     quick_xml::de::from_str(&text[start..end]).ok()
 }
 
+/// The error for an object that ends before the bytes asked of it.
 pub(super) fn truncated(url: &str, offset: u64, want: u64, got: usize) -> StoreError {
-    StoreError::Damaged {
-        path: PathBuf::from(url),
-        detail: format!(
-            "object ends early: asked for {want} bytes at offset {offset}, got {got} \
-             (truncated or replaced since the snapshot was written)"
-        ),
-    }
+    let detail = format!(
+        "object ends early: asked for {want} bytes at offset {offset}, got {got} (truncated or \
+         replaced since the snapshot was written)"
+    );
+    StoreError::damaged(url, detail)
 }
 
 #[cfg(test)]

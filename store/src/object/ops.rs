@@ -139,7 +139,7 @@ impl ObjectUrl {
 /// Bytes `range` of the object at `key` (`url` for errors): exactly that many, and with
 /// `object_size`, from an object of that size (the response names the object's whole size, so
 /// one truncated or replaced since the snapshot was written shows whichever part is read).
-async fn fetch_range(
+pub(super) async fn fetch_range(
     client: &dyn ObjectStore,
     key: &ObjPath,
     url: &str,

@@ -1,28 +1,22 @@
 //! Snapshots of datasets in object stores, read in blocks.
 //!
-//! A snapshot costs tens of bytes a sample; a reader of a billion-sample dataset must not
-//! fetch it whole. [`open_snapshot`] fetches only its 96-byte header and its block CRC table
-//! (4 bytes per 64 KiB block, checked against the header), and returns a local *sparse* file
-//! of the snapshot's length plus a [`BlockPager`]: the reader maps the file and, before it
-//! uses any block, asks the pager, which fetches the blocks that are not there yet with one
-//! ranged GET per run of missing blocks (several runs at once), checks each block's CRC and
-//! writes it into the file; the reader checks each block again before its first use. What
-//! `info` and a chunk-wise epoch plan from (the section table, the lineage, the chunk table,
-//! the classes) lies in the first blocks; a chunk's record entries are one range; a path
-//! lookup is the page index (once), one page and the id table's block that must lead back to it.
+//! A reader of a billion-sample dataset must not fetch its snapshot whole. [`open_snapshot`]
+//! fetches only its header and its block CRC table (checked against the header), and returns a
+//! local *sparse* file of the snapshot's length plus a [`BlockPager`]: before the reader uses
+//! any block of the mapped file, the pager fetches the blocks that are not there yet (one
+//! ranged GET per run of missing blocks, several runs at once), checks each block's CRC and
+//! writes it into the file.
 //!
 //! The sparse file lives in the snapshot cache, named by the dataset id and the content digest,
-//! and is shared by the processes of a node (every `DataLoader` worker): a block one process
-//! fetched is found by the others, which check its CRC before they trust it (a block not yet
-//! written reads as zeros and fails the check, unless its bytes are zeros, which is then
-//! right). Writes are whole blocks of the one snapshot the file is named after, so two
-//! processes fetching the same block write the same bytes. Nothing marks a block as present
-//! but its CRC, so a crash cannot leave a block marked and missing.
+//! and is shared by the processes of a node: a block one process fetched is found by the
+//! others, which check its CRC before they trust it (a block not yet written reads as zeros
+//! and fails the check). Nothing marks a block as present but its CRC, so a crash cannot leave
+//! a block marked and missing.
 //!
 //! The cache is bounded: opening a dataset evicts the least recently opened cached snapshots
-//! (whole files, blocks or whole copies) until the others take at most
-//! `StoreConfig::snapshot_cache_max` bytes on disk. Evicting unlinks the file; a process that has it open keeps
-//! reading its blocks, and fetches into its own (now unlinked) copy until it exits.
+//! until the others take at most `StoreConfig::snapshot_cache_max` bytes on disk. A process
+//! that has an evicted file open keeps reading its blocks, and fetches into its own (now
+//! unlinked) copy until it exits.
 
 use std::fs::File;
 use std::ops::Range;
@@ -33,6 +27,9 @@ use std::sync::Arc;
 
 use granary_format::{Blocks, FormatError, Pager, SnapshotHeader, SNAPSHOT_FILE};
 
+use futures_util::stream::{self, StreamExt, TryStreamExt};
+
+use super::ops::fetch_range;
 use super::{ObjectUrl, GET_PART};
 use crate::config::StoreConfig;
 use crate::counts::{Meter, MeterReading};
@@ -47,22 +44,24 @@ pub struct RemoteSnapshot {
     pub pager: Option<Arc<BlockPager>>,
 }
 
-/// Opens the snapshot of the dataset at `url`: a cached whole copy if there is one, else a
-/// sparse file and its pager (snapshots larger than `cfg.snapshot_whole_max`), else the whole
-/// snapshot fetched and checked ([`fetch_snapshot`]). Cached in `cfg.snapshot_cache`, which
-/// is kept within `cfg.snapshot_cache_max` bytes.
+/// Opens the snapshot of the dataset at `url` (its header, one ranged GET, names the cached
+/// copy): a cached whole copy if there is one, else a sparse file and its pager (snapshots
+/// larger than `cfg.snapshot_whole_max`), else the whole snapshot ([`fetch_snapshot`]).
 pub fn open_snapshot(url: &Arc<ObjectUrl>, cfg: &StoreConfig) -> Result<RemoteSnapshot> {
     let dir = &cfg.snapshot_cache;
     let budget = cfg.snapshot_cache_max;
-    let whole =
-        |_| fetch_snapshot(url, dir, budget).map(|path| RemoteSnapshot { path, pager: None });
     let snap_url = url.object_url(SNAPSHOT_FILE);
-    let head = crate::object::snapshot_head(url)?;
+    let head = snapshot_head(url)?;
     let fmt = |e: FormatError| StoreError::format(&snap_url, e);
     let h = SnapshotHeader::decode(&head).map_err(fmt)?;
     let name = format!("{}-{}", DatasetId(h.dataset_id), DatasetId(h.digest));
-    if dir.join(format!("{name}.gsnap")).is_file() || h.file_len() <= cfg.snapshot_whole_max {
-        return whole(());
+    let cached = dir.join(format!("{name}.gsnap"));
+    if cached.is_file() || h.file_len() <= cfg.snapshot_whole_max {
+        fetch_snapshot(url, &cached, budget, (h.dataset_id, h.digest))?;
+        return Ok(RemoteSnapshot {
+            path: cached,
+            pager: None,
+        });
     }
     let table = url.get_range(SNAPSHOT_FILE, h.crc_table())?;
     let blocks = Blocks::parse(&h, &table).map_err(fmt)?;
@@ -139,8 +138,7 @@ fn sparse_file(path: &Path, dir: &Path, name: &str, len: u64) -> Result<File> {
 }
 
 /// Removes the least recently used cached snapshots (by mtime) other than `keep` until the
-/// rest take at most `budget` bytes on disk. Best effort: a file another process removed
-/// first is skipped.
+/// rest take at most `budget` bytes on disk (best effort).
 pub fn evict(dir: &Path, budget: u64, keep: &Path) {
     use std::os::unix::fs::MetadataExt;
     let Ok(rd) = std::fs::read_dir(dir) else {
@@ -211,27 +209,10 @@ impl BlockPager {
         Ok(buf)
     }
 
-    /// Fetches file range `r` (one ranged GET per [`GET_PART`]).
-    fn fetch(&self, r: Range<u64>) -> Result<Vec<u8>> {
-        let mut out = Vec::with_capacity((r.end - r.start) as usize);
-        for at in (r.start..r.end).step_by(GET_PART as usize) {
-            let end = (at + GET_PART).min(r.end);
-            let b = self.url.get_range(SNAPSHOT_FILE, at..end)?;
-            self.meter.reads.fetch_add(1, Relaxed);
-            self.meter.bytes.fetch_add(b.len() as u64, Relaxed);
-            out.extend_from_slice(&b);
-        }
-        Ok(out)
-    }
-
     fn store(&self, at: u64, b: &[u8]) -> Result<()> {
         self.file
             .write_all_at(b, at)
             .map_err(|e| StoreError::io("writing", &self.path, e))
-    }
-
-    fn damaged(&self, e: FormatError) -> StoreError {
-        StoreError::format(&self.snap_url, e)
     }
 
     /// The blocks of `ranges` that are not present yet, sorted (checked in place first:
@@ -254,66 +235,51 @@ impl BlockPager {
         Ok(missing)
     }
 
-    /// Fetches one run of consecutive missing blocks with one GET, checks each, stores them.
-    fn fetch_run(&self, run: &[u64]) -> Result<()> {
-        let start = self.blocks.block(run[0]).start;
-        let bytes = self.fetch(start..self.blocks.block(run[run.len() - 1]).end)?;
+    /// The run of consecutive missing blocks at `start` (`bytes`, fetched with one GET),
+    /// checked block by block, stored.
+    fn store_run(&self, run: &[u64], start: u64, bytes: &[u8]) -> Result<()> {
+        self.meter.reads.fetch_add(1, Relaxed);
+        self.meter.bytes.fetch_add(bytes.len() as u64, Relaxed);
         for &b in run {
             let r = self.blocks.block(b);
             let data = &bytes[(r.start - start) as usize..(r.end - start) as usize];
             self.blocks
                 .check(b, data, &|| "as fetched".into())
-                .map_err(|e| self.damaged(e))?;
+                .map_err(|e| StoreError::format(&self.snap_url, e))?;
         }
-        self.store(start, &bytes)
+        self.store(start, bytes)
     }
 
     /// Makes every block of `ranges` present and checked: one GET per run of missing blocks
     /// (at most [`GET_PART`] each), up to [`RUNS_IN_FLIGHT`] at once.
     fn ensure(&self, ranges: &[Range<u64>]) -> Result<()> {
         let missing = self.missing(ranges)?;
+        if missing.is_empty() {
+            return Ok(());
+        }
         let bs = self.blocks.block(0).end - self.blocks.block(0).start;
         let most = (GET_PART / bs.max(1)).max(1) as usize;
-        let runs: Vec<&[u64]> = missing
+        let (client, key) = (self.url.client()?, self.url.key(SNAPSHOT_FILE));
+        let runs = missing
             .chunk_by(|a, b| *b == a + 1)
-            .flat_map(|run| run.chunks(most))
-            .collect();
-        if runs.len() <= 1 {
-            return runs.first().map_or(Ok(()), |r| self.fetch_run(r));
-        }
-        let next = std::sync::atomic::AtomicUsize::new(0);
-        let results: Vec<Result<()>> = std::thread::scope(|s| {
-            let workers: Vec<_> = (0..runs.len().min(RUNS_IN_FLIGHT))
-                .map(|_| {
-                    s.spawn(|| -> Result<()> {
-                        loop {
-                            let k = next.fetch_add(1, Relaxed);
-                            let Some(run) = runs.get(k) else {
-                                return Ok(());
-                            };
-                            self.fetch_run(run)?;
-                        }
-                    })
-                })
-                .collect();
-            workers
-                .into_iter()
-                .map(|w| {
-                    w.join().unwrap_or_else(|_| {
-                        Err(StoreError::Invalid(format!(
-                            "{}: a thread fetching snapshot blocks panicked",
-                            self.snap_url
-                        )))
-                    })
-                })
-                .collect()
+            .flat_map(|run| run.chunks(most));
+        let fetches = stream::iter(runs).map(|run| {
+            let (start, end) = (
+                self.blocks.block(run[0]).start,
+                self.blocks.block(run[run.len() - 1]).end,
+            );
+            let fetched = fetch_range(&*client, &key, &self.snap_url, start..end, None);
+            async move { Ok((run, start, fetched.await?)) }
         });
-        results.into_iter().collect()
+        let stored = fetches
+            .buffer_unordered(RUNS_IN_FLIGHT)
+            .try_for_each(|(run, start, b)| std::future::ready(self.store_run(run, start, &b)));
+        self.url.run("reading", &self.snap_url, stored)?
     }
 }
 
 /// Runs of missing blocks fetched at once by one [`Pager::need_all`] call.
-pub const RUNS_IN_FLIGHT: usize = 8;
+const RUNS_IN_FLIGHT: usize = 8;
 
 impl Pager for BlockPager {
     fn need_all(&self, ranges: &[Range<u64>]) -> granary_format::Result<()> {
@@ -326,7 +292,7 @@ impl Pager for BlockPager {
 
 /// The header (first 96 bytes) of the snapshot of the dataset at `url` (one ranged GET), or an error
 /// that says what the prefix holds instead (an upload that has not finished).
-pub fn snapshot_head(url: &ObjectUrl) -> Result<bytes::Bytes> {
+fn snapshot_head(url: &ObjectUrl) -> Result<bytes::Bytes> {
     use granary_format::{SNAPSHOT_FILE, SNAPSHOT_HEADER_LEN};
     match url.get_range(SNAPSHOT_FILE, 0..SNAPSHOT_HEADER_LEN as u64) {
         Err(StoreError::Remote {
@@ -348,24 +314,24 @@ pub fn snapshot_head(url: &ObjectUrl) -> Result<bytes::Bytes> {
     }
 }
 
-/// Fetches the snapshot of the dataset at `url` into the local cache unless the cached copy
-/// is current (one 96-byte ranged GET to tell), and returns the cached file's path. A fetched
-/// snapshot has every section's CRC checked before it is kept; it is written under a
-/// temporary name and renamed, so concurrent openers (every loader worker) never see half.
-/// The other cached snapshots in `dir` are kept within `budget` bytes.
-pub fn fetch_snapshot(url: &ObjectUrl, dir: &Path, budget: u64) -> Result<PathBuf> {
-    use granary_format::{snapshot_key, Snapshot, SNAPSHOT_FILE};
-    let snap_url = url.object_url(SNAPSHOT_FILE);
-    let head = snapshot_head(url)?;
-    let (id, digest) = snapshot_key(&head).map_err(|e| StoreError::format(&snap_url, e))?;
-    let cached = dir.join(format!("{}-{}.gsnap", DatasetId(id), DatasetId(digest)));
+/// Fetches the snapshot of the dataset at `url`, whose header holds `key`, into the cache as
+/// `cached` unless it is there, every section's CRC checked first, the other cached snapshots
+/// kept within `budget` bytes.
+fn fetch_snapshot(
+    url: &ObjectUrl,
+    cached: &Path,
+    budget: u64,
+    key: ([u8; 16], [u8; 16]),
+) -> Result<()> {
+    use granary_format::{snapshot_key, Snapshot};
     if cached.is_file() {
-        return Ok(cached);
+        return Ok(());
     }
-    evict(dir, budget, &cached);
+    let snap_url = url.object_url(SNAPSHOT_FILE);
+    let dir = cached.parent().expect("a file in the cache");
+    evict(dir, budget, cached);
     let bytes = url.get(SNAPSHOT_FILE)?;
-    let key = snapshot_key(&bytes).map_err(|e| StoreError::format(&snap_url, e))?;
-    if key != (id, digest) {
+    if snapshot_key(&bytes).map_err(|e| StoreError::format(&snap_url, e))? != key {
         return Err(StoreError::damaged(
             &snap_url,
             "the snapshot was replaced while it was fetched; open the dataset again",
@@ -377,9 +343,8 @@ pub fn fetch_snapshot(url: &ObjectUrl, dir: &Path, budget: u64) -> Result<PathBu
     }
     std::fs::create_dir_all(dir).map_err(|e| StoreError::io("creating", dir, e))?;
     // Not fsynced: a cached copy lost to a crash is fetched again.
-    crate::write::write_atomic(&cached, crate::write::Durability::Rename, |w| {
+    crate::write::write_atomic(cached, crate::write::Durability::Rename, |w| {
         std::io::Write::write_all(w, &bytes)
     })
-    .map_err(|e| StoreError::io("caching the snapshot in", &cached, e))?;
-    Ok(cached)
+    .map_err(|e| StoreError::io("caching the snapshot in", cached, e))
 }

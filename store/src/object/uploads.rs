@@ -6,18 +6,20 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures_util::stream::{self, StreamExt, TryStreamExt};
+use object_store::multipart::MultipartStore;
 use object_store::path::Path as ObjPath;
-use object_store::{ObjectStoreExt, PutPayload, WriteMultipart};
+use object_store::PutPayload;
 
+use super::block_on;
 use super::errors::remote_error;
-use super::runtime::block_on;
+use super::url::Multipart;
 use super::{ObjectUrl, PUTS_IN_FLIGHT, PUT_PART};
 use crate::error::{RemoteKind, Result, StoreError};
 
 /// A multipart upload in progress, which [`abort_open_uploads`] can abort from any thread.
 struct OpenUpload {
     token: u64,
-    s3: Arc<object_store::aws::AmazonS3>,
+    store: Arc<dyn Multipart>,
     key: ObjPath,
     id: String,
     url: String,
@@ -26,7 +28,6 @@ struct OpenUpload {
 /// This process's multipart uploads in progress; `closed` once they were aborted for an
 /// interruption (no new one starts after that); `starting` counts the uploads whose start
 /// request is on its way (the server may list them before this process learns their ids).
-#[derive(Default)]
 struct Uploads {
     closed: bool,
     next: u64,
@@ -57,7 +58,6 @@ fn uploads() -> std::sync::MutexGuard<'static, Uploads> {
 /// are waited for (up to 30 s) so that the uploads they open are aborted too. Returns the URL
 /// of each upload and whether its abort succeeded (the server then drops its parts).
 pub fn abort_open_uploads() -> Vec<(String, Result<()>)> {
-    use object_store::multipart::MultipartStore;
     let (open, unknown) = {
         let mut u = uploads();
         u.closed = true;
@@ -73,12 +73,13 @@ pub fn abort_open_uploads() -> Vec<(String, Result<()>)> {
     let mut done: Vec<(String, Result<()>)> = open
         .into_iter()
         .map(|o| {
-            let r = block_on(async { o.s3.abort_multipart(&o.key, &o.id).await }).and_then(|r| {
-                r.or_else(|e| match e {
-                    object_store::Error::NotFound { .. } => Ok(()),
-                    e => Err(remote_error("aborting the upload of", &o.url, e)),
-                })
-            });
+            let r =
+                block_on(async { o.store.abort_multipart(&o.key, &o.id).await }).and_then(|r| {
+                    r.or_else(|e| match e {
+                        object_store::Error::NotFound { .. } => Ok(()),
+                        e => Err(remote_error("aborting the upload of", &o.url, e)),
+                    })
+                });
             (o.url, r)
         })
         .collect();
@@ -107,7 +108,7 @@ impl ObjectUrl {
     /// an interrupted pack's, or anyone's); `None` for stores other than S3, which granary
     /// does not list.
     pub fn open_uploads(&self) -> Result<Option<Vec<OpenUploadInfo>>> {
-        let Some(s3) = self.s3()? else {
+        let Some(s3) = self.clients()?.s3 else {
             return Ok(None);
         };
         let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
@@ -199,8 +200,7 @@ impl ObjectUrl {
     /// Aborts open multipart upload `u` (found by [`ObjectUrl::open_uploads`]); one already
     /// gone is fine.
     pub fn abort_upload(&self, u: &OpenUploadInfo) -> Result<()> {
-        use object_store::multipart::MultipartStore;
-        let Some(s3) = self.s3()? else {
+        let Some(s3) = self.clients()?.s3 else {
             return Ok(());
         };
         let (key, url) = (self.key(&u.name), self.object_url(&u.name));
@@ -216,75 +216,35 @@ impl ObjectUrl {
     /// upload (parts in flight, aborted on failure) above. The object appears whole or not at
     /// all. `progress` is called with each part's size as it is handed to the upload.
     pub fn put_file(&self, name: &str, path: &Path, progress: &(dyn Fn(u64) + Sync)) -> Result<()> {
-        use std::io::Read;
-        let client = self.client()?;
-        let key = self.key(name);
         let url = self.object_url(name);
-        let mut file = std::fs::File::open(path).map_err(|e| StoreError::io("opening", path, e))?;
+        let file = std::fs::File::open(path).map_err(|e| StoreError::io("opening", path, e))?;
         let len = file
             .metadata()
             .map_err(|e| StoreError::io("inspecting", path, e))?
             .len();
         if len <= PUT_PART as u64 {
-            let mut data = Vec::with_capacity(len as usize);
-            file.read_to_end(&mut data)
-                .map_err(|e| StoreError::io("reading", path, e))?;
+            let data = std::fs::read(path).map_err(|e| StoreError::io("reading", path, e))?;
             let n = data.len() as u64;
             self.put_bytes(name, data)?;
             progress(n);
             return Ok(());
         }
-        if let Some(s3) = self.s3()? {
-            let up = put_parts(&s3, &key, &url, path, &file, len, progress);
-            return self.run("uploading", &url, up)?;
-        }
-        self.run("uploading", &url, async {
-            let upload = client
-                .put_multipart(&key)
-                .await
-                .map_err(|e| remote_error("starting the upload of", &url, e))?;
-            let mut w = WriteMultipart::new_with_chunk_size(upload, PUT_PART);
-            let mut buf = Vec::with_capacity(PUT_PART);
-            let sent: Result<()> = async {
-                loop {
-                    w.wait_for_capacity(PUTS_IN_FLIGHT)
-                        .await
-                        .map_err(|e| remote_error("uploading", &url, e))?;
-                    buf.clear();
-                    let n = (&mut file)
-                        .take(PUT_PART as u64)
-                        .read_to_end(&mut buf)
-                        .map_err(|e| StoreError::io("reading", path, e))?;
-                    if n == 0 {
-                        return Ok(());
-                    }
-                    w.write(&buf);
-                    progress(n as u64);
-                }
-            }
-            .await;
-            match sent {
-                // The server drops the parts of an aborted upload (best effort: the error
-                // that stopped it is the one reported).
-                Err(e) => {
-                    let _ = w.abort().await;
-                    Err(e)
-                }
-                Ok(()) => w
-                    .finish()
-                    .await
-                    .map(|_| ())
-                    .map_err(|e| remote_error("completing the upload of", &url, e)),
-            }
-        })?
+        let Some(store) = self.clients()?.multipart else {
+            return Err(StoreError::Invalid(format!(
+                "{url}: this store takes no multipart uploads"
+            )));
+        };
+        let key = self.key(name);
+        let up = put_parts(&store, &key, &url, path, &file, len, progress);
+        self.run("uploading", &url, up)?
     }
 }
 
-/// The multipart upload of the local file `path` (`len` bytes) as `key` through S3's
-/// multipart API: started, registered (so that [`abort_open_uploads`] can abort it from the
-/// thread that handles an interruption), parts in flight, completed; aborted on failure.
+/// The multipart upload of the local file `path` (`len` bytes) as `key`: started, registered
+/// (so that [`abort_open_uploads`] can abort it from the thread that handles an interruption),
+/// parts in flight, completed; aborted on failure.
 async fn put_parts(
-    s3: &Arc<object_store::aws::AmazonS3>,
+    store: &Arc<dyn Multipart>,
     key: &ObjPath,
     url: &str,
     path: &Path,
@@ -292,7 +252,7 @@ async fn put_parts(
     len: u64,
     progress: &(dyn Fn(u64) + Sync),
 ) -> Result<()> {
-    use object_store::multipart::{MultipartStore, PartId};
+    use object_store::multipart::PartId;
     use std::os::unix::fs::FileExt;
     let interrupted =
         || StoreError::Invalid(format!("{url}: not uploaded: the pack was interrupted"));
@@ -303,7 +263,7 @@ async fn put_parts(
         }
         u.starting += 1;
     }
-    let started = s3.create_multipart(key).await;
+    let started = store.create_multipart(key).await;
     // Registered (or known to have failed) in the same step that ends its start, so that an
     // interruption waiting for `starting` to reach 0 finds every upload the server opened.
     let (token, closed) = {
@@ -314,7 +274,7 @@ async fn put_parts(
             let token = u.next;
             u.open.push(OpenUpload {
                 token,
-                s3: s3.clone(),
+                store: store.clone(),
                 key: key.clone(),
                 id: id.clone(),
                 url: url.to_string(),
@@ -340,7 +300,7 @@ async fn put_parts(
                 let mut buf = vec![0u8; n];
                 file.read_exact_at(&mut buf, at)
                     .map_err(|e| StoreError::io("reading", path, e))?;
-                let part = s3
+                let part = store
                     .put_part(key, id, i, PutPayload::from(buf))
                     .await
                     .map_err(|e| remote_error("uploading", url, e))?;
@@ -352,7 +312,7 @@ async fn put_parts(
         .try_collect()
         .await;
     let done = match sent {
-        Ok(parts) => s3
+        Ok(parts) => store
             .complete_multipart(key, &id, parts)
             .await
             .map(|_| ())
@@ -368,7 +328,7 @@ async fn put_parts(
     };
     if done.is_err() && mine {
         // The server drops the parts (best effort: the error that stopped it is reported).
-        let _ = s3.abort_multipart(key, &id).await;
+        let _ = store.abort_multipart(key, &id).await;
     }
     done
 }

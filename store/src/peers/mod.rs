@@ -1,20 +1,12 @@
-//! A tier shared by the nodes of one job (DIESEL's task-grained cache, with NoPFS's twist):
-//! every node can compute every rank's plan, so every node knows which node's tier keeps which
-//! chunk without asking anyone ([`Ownership`]). A read goes local tier → owner's tier (over
-//! HTTP, served by `granary serve`) → origin storage, and every hop is checked: a peer's copy
-//! must have the chunk's size and digest (SHA-256) from the snapshot, or it is rejected and the
-//! chunk comes from origin. A peer that fails or does not answer within the timeout is marked
-//! down until the next epoch ([`Peers::begin_epoch`]) and its chunks come from origin: a dead
-//! node costs speed, never data, and never a hang.
-//!
-//! Only whole chunk copies are shared; a node's hot chunks (re-packed by importance) stay its
-//! own.
-//!
-//! The room: the layer and its ownership (here), the client that asks another node
-//! (`client`), the server that answers (`granary serve`, `server`), the requests it accepts
-//! ([`request`]); the job's secret both sides share is [`crate::auth`].
+//! A tier shared by the nodes of one job: every node can compute every rank's plan, so every
+//! node knows which node's tier keeps which chunk without asking anyone ([`Ownership`]). A read
+//! goes local tier → owner's tier (over HTTP, `granary serve`: `server`, [`request`]) → origin
+//! storage, and every hop is checked: a peer's copy must have the chunk's size and digest
+//! (SHA-256) from the snapshot, or it is rejected and the chunk comes from origin. A peer that
+//! fails or does not answer within the timeout is marked down until the next epoch
+//! ([`Peers::begin_epoch`]): a dead node costs speed, never data, and never a hang. Only whole
+//! chunk copies are shared.
 
-mod client;
 pub mod request;
 #[cfg(feature = "server")]
 pub mod server;
@@ -28,23 +20,17 @@ use granary_format::ChunkEntry;
 
 use crate::counts::Meter;
 use crate::error::{Result, StoreError};
-use crate::object::Sized;
+use crate::object::{ObjectUrl, PeerLink, Sized};
 use crate::seam::{BytesFrom, ChunkSource, ChunkStore, RangeRead, Source};
-use client::PeerClient;
 use granary_format::DatasetId;
 
 const NO_OWNER: u32 = u32::MAX;
 
-/// Which node's tier keeps each chunk: a pure function of the snapshot, the plan options (seed,
-/// locality, mode), the epoch it is taken from, the job's world size, its node count and each
-/// node's tier capacity — computed identically on every node.
-///
-/// A chunk belongs to the node whose ranks read it in that epoch (with locality < 1: its home
-/// rank's node, which reads it in most epochs), so each node's tier fills with what it reads
-/// anyway. Ranks are numbered node by node (`node = rank / (world / nodes)`, as `torchrun`
-/// does). A node keeps its chunks in id order while they fit its capacity; the rest go to the
-/// node with the most room left that can take them (it fetches them when it first reads them),
-/// and what fits nowhere has no owner (read from origin).
+/// Which node's tier keeps each chunk: a pure function of the snapshot, the plan, the job's
+/// node count and each node's tier capacity, computed identically on every node. A chunk
+/// belongs to the node whose ranks read it, so each node's tier fills with what it reads
+/// anyway; what does not fit goes to the node with the most room left, and what fits nowhere
+/// has no owner (read from origin).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Ownership {
     owner: Vec<u32>,
@@ -93,11 +79,6 @@ impl Ownership {
         self.nodes
     }
 
-    /// The chunks `node` keeps, in id order.
-    pub fn owned(&self, node: u32) -> impl Iterator<Item = u32> + '_ {
-        (0..self.owner.len() as u32).filter(move |&c| self.owner[c as usize] == node)
-    }
-
     /// A fingerprint of the whole table (the first 8 bytes of SHA-256 over the node count and
     /// the owners, in hex): equal on every node of a job exactly when they agree on who keeps
     /// what.
@@ -122,7 +103,7 @@ pub struct Peers {
     me: u32,
     addrs: Vec<String>,
     /// Each node's tier of this dataset; `None` for this node.
-    clients: Vec<Option<PeerClient>>,
+    clients: Vec<Option<ObjectUrl>>,
     ownership: Ownership,
     down: Vec<AtomicBool>,
     /// A rejected copy is reported once per peer and epoch.
@@ -159,13 +140,17 @@ impl Peers {
             )));
         }
         let id = DatasetId(dataset_id).to_string();
+        let link = PeerLink {
+            secret,
+            ca: tls_ca.map(<[u8]>::to_vec),
+        };
         let mut clients = Vec::with_capacity(addrs.len());
         for (n, a) in addrs.iter().enumerate() {
             check_addr(a)?;
             clients.push(if n as u32 == me {
                 None
             } else {
-                Some(PeerClient::new(a, &id, timeout, secret.clone(), tls_ca)?)
+                Some(ObjectUrl::peer(a, &id, timeout, link.clone())?)
             });
         }
         Ok(Peers {
@@ -246,7 +231,7 @@ impl Peers {
                      snapshot's {} bytes and digest {}: rejected, read from origin (further \
                      rejections from this peer are counted, not printed, this epoch)",
                     self.addrs[n],
-                    peer.chunk_url(name),
+                    peer.object_url(name),
                     ce.file_size,
                     granary_format::hex16(&ce.digest)
                 );
@@ -489,7 +474,6 @@ mod tests {
             (0..6).map(|c| o.owner(c)).collect::<Vec<_>>(),
             [Some(0), Some(0), Some(1), None, Some(1), Some(1)]
         );
-        assert_eq!(o.owned(1).collect::<Vec<_>>(), [2, 4, 5]);
         assert_ne!(
             o.fingerprint(),
             Ownership::assign(&home, &[10; 6], &[30, 30]).fingerprint()

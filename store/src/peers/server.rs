@@ -1,14 +1,12 @@
 //! `granary serve`: this node's tier, read-only over HTTP, for the other nodes of a job (the
 //! peers' client asks it).
 //!
-//! `GET` or `HEAD /<dataset id>/chunk-NNNNNNNN-<digest>.gchunk` (a copy's name in the tier:
-//! whoever asks names the chunk's digest, so a copy of other bytes is never what answers), with an optional single byte range
-//! (`Range: bytes=a-b`, `bytes=a-`, `bytes=-n`), parsed by [`super::request`]. Only the given
-//! datasets' tiers are served, only chunk copies (no hot chunks, index, scores or lock file),
-//! and nothing is ever written. Every request must carry a proof made with the job's secret
-//! ([`crate::auth`]): without one it is refused (401, 403), and the refusal logged with the
-//! caller's address. Clients check every copy against the snapshot (size and whole-file CRC),
-//! so the server does not: a damaged copy is rejected where it is used.
+//! `GET` or `HEAD /<dataset id>/chunk-NNNNNNNN-<digest>.gchunk`, with an optional single byte
+//! range, parsed by [`super::request`]. Only the given datasets' tiers are served, only chunk
+//! copies, and nothing is ever written. Every request must carry a proof made with the job's
+//! secret ([`crate::auth`]): without one it is refused (401, 403), and the refusal logged with
+//! the caller's address. Clients check every copy against the snapshot, so the server does
+//! not.
 
 use std::collections::HashMap;
 use std::net::{SocketAddr, TcpListener};
@@ -23,6 +21,7 @@ use hyper::header::{
     WWW_AUTHENTICATE,
 };
 use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
 
 use crate::auth::{Secret, Verifier};
 use crate::error::{Result, StoreError};
@@ -141,21 +140,13 @@ async fn connection(
         async move { Ok::<_, std::convert::Infallible>(answer(&served, req, from).await) }
     });
     let http = hyper::server::conn::http1::Builder::new();
-    match tls {
-        None => {
-            let _ = http
-                .serve_connection(hyper_util::rt::TokioIo::new(stream), svc)
-                .await;
-        }
+    let _ = match tls {
+        None => http.serve_connection(TokioIo::new(stream), svc).await,
         Some(tls) => match tls.accept(stream).await {
-            Ok(s) => {
-                let _ = http
-                    .serve_connection(hyper_util::rt::TokioIo::new(s), svc)
-                    .await;
-            }
-            Err(e) => log::warn!("serve: TLS handshake with {from} failed: {e}"),
+            Ok(s) => http.serve_connection(TokioIo::new(s), svc).await,
+            Err(e) => return log::warn!("serve: TLS handshake with {from} failed: {e}"),
         },
-    }
+    };
 }
 
 /// The TLS side of the server, from a certificate chain and its key (PEM files).

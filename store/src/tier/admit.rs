@@ -4,18 +4,21 @@
 //! dropped first when the tier would have to evict.
 
 use std::path::Path;
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
 use granary_format::ChunkEntry;
 
 use super::{HotRecord, LocalTier};
 use crate::counts::Meter;
-use crate::error::StoreError;
+use crate::error::{Result, StoreError};
 use crate::peers::Peers;
 
-/// Bytes a record costs in a hot chunk besides its stored bytes and path: its footer entry and
-/// path offset.
-pub const HOT_RECORD_OVERHEAD: u64 = granary_format::SAMPLE_ENTRY_LEN as u64 + 8;
+/// Bytes a record of `stored` bytes at `path` costs in a hot chunk: those, its path and its
+/// footer entry and path offset.
+pub(crate) fn hot_cost(stored: u64, path: &[u8]) -> u64 {
+    stored + path.len() as u64 + granary_format::SAMPLE_ENTRY_LEN as u64 + 8
+}
 
 /// Counts a failed admission into the tier at `dir` in `meter` (warning on the first); false if
 /// the tier's file system is full, so that the stream stops admitting (it keeps serving what
@@ -23,16 +26,12 @@ pub const HOT_RECORD_OVERHEAD: u64 = granary_format::SAMPLE_ENTRY_LEN as u64 + 8
 fn failed(meter: &Meter, dir: &Path, e: &StoreError) -> bool {
     let full = matches!(e, StoreError::Io { source, .. }
         if matches!(source.kind(), std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded));
-    if meter.admission_failed() == 0 {
+    if meter.admissions_failed.fetch_add(1, Relaxed) == 0 {
+        let stop = full.then_some(", and this stream admits nothing more");
         log::warn!(
-            "the local tier in {} could not store a chunk ({e}); reads go \
-             on from the source{}",
+            "the local tier in {} could not store a chunk ({e}); reads go on from the source{}",
             dir.display(),
-            if full {
-                ", and this stream admits nothing more"
-            } else {
-                ""
-            }
+            stop.unwrap_or_default()
         );
     }
     !full
@@ -54,7 +53,7 @@ impl Job {
             Job::Chunk(ce, ..) => ce.file_size,
             Job::Hot(r, _) => r
                 .iter()
-                .map(|r| r.stored.len() as u64 + HOT_RECORD_OVERHEAD + r.path.len() as u64)
+                .map(|r| hot_cost(r.stored.len() as u64, &r.path))
                 .sum(),
         }
     }
@@ -98,10 +97,8 @@ pub struct Admission {
 }
 
 impl Admission {
-    /// Starts admitting into `cache` what is offered, with at most `max_waiting` bytes of
-    /// offers waiting; hot chunks carry the dataset's class table `classes`; with `peers`
-    /// (a shared tier) only the chunk copies this node keeps are admitted. Failures and
-    /// dropped offers are counted in `counts`, the tier layer's meter.
+    /// Starts admitting into `cache` what is offered (hot chunks carry the class table
+    /// `classes`); failures and dropped offers are counted in `counts`.
     pub fn start(
         cache: Arc<LocalTier>,
         classes: Vec<Vec<u8>>,
@@ -126,13 +123,6 @@ impl Admission {
         }
     }
 
-    /// Whether bytes a reader consumed are worth offering (a chunk read whole, records for hot
-    /// chunks): only what did not come from a copy (this node's tier has it, or a peer keeps
-    /// it for the job).
-    pub fn takes(&self, read: &crate::engine::Completed) -> bool {
-        !read.from().is_copy()
-    }
-
     /// Offers `job` for admission (see the type's documentation for when it waits).
     pub fn offer(&self, job: Job) {
         // With a shared tier a chunk copy is admitted exactly when this node keeps it, and then
@@ -146,17 +136,13 @@ impl Admission {
         let mut g = m.lock().expect("admission lock");
         // An offer the tier will take without evicting waits for room (the stream's read-ahead
         // waits with it: the chunk's buffer is in its budget) instead of being dropped.
-        let wait = must_keep
-            || matches!(job, Job::Chunk(..))
-                && self
-                    .cache
-                    .used()
-                    .is_ok_and(|u| u + g.bytes + job.bytes() <= self.cache.quota());
         let bytes = job.bytes();
+        let fits = |used| used + g.bytes + bytes <= self.cache.quota();
+        let wait = must_keep || matches!(job, Job::Chunk(..)) && self.cache.used().is_ok_and(fits);
         while wait && !g.jobs.is_empty() && g.bytes + bytes > self.max_waiting && !g.done {
             // Never wait on a thread that is gone.
             if self.thread.as_ref().is_none_or(|t| t.is_finished()) {
-                self.counts.admissions_skipped(1);
+                self.counts.admissions_skipped.fetch_add(1, Relaxed);
                 return;
             }
             g = cv
@@ -167,9 +153,7 @@ impl Admission {
         let skipped = self.enqueue(&mut g, job, wait);
         drop(g);
         cv.notify_all();
-        if skipped > 0 {
-            self.counts.admissions_skipped(skipped);
-        }
+        self.counts.admissions_skipped.fetch_add(skipped, Relaxed);
     }
 
     /// Queues `job` (`wait`: room was waited for; otherwise, in a full queue, the least
@@ -203,13 +187,9 @@ impl Admission {
             return 0;
         }
         // Full: the least valuable per byte (waiting or this one) goes.
-        let worst = g
-            .jobs
-            .iter()
-            .enumerate()
-            .min_by(|a, b| a.1.per_byte().total_cmp(&b.1.per_byte()))
-            .map(|(i, j)| (i, j.per_byte()));
-        if let Some((i, _)) = worst.filter(|&(_, w)| w < job.per_byte()) {
+        let per_byte = |i: usize| g.jobs[i].per_byte();
+        let worst = (0..g.jobs.len()).min_by(|&a, &b| per_byte(a).total_cmp(&per_byte(b)));
+        if let Some(i) = worst.filter(|&i| per_byte(i) < job.per_byte()) {
             let old = g.jobs.remove(i).expect("index from the queue");
             g.bytes -= old.bytes();
             g.bytes += bytes;
@@ -236,56 +216,49 @@ impl Admission {
 /// the source. On a full file system it stops admitting (offers are taken and dropped).
 fn admit_offers(slot: &Mailbox, cache: &LocalTier, classes: &[Vec<u8>], counts: &Meter) {
     let mut admitting = true;
+    let (m, cv) = slot;
     loop {
-        let job = {
-            let (m, cv) = slot;
-            let mut g = m.lock().expect("admission lock");
-            while g.jobs.is_empty() && !g.done {
-                g = cv.wait(g).expect("admission lock");
-            }
-            let job = g.jobs.pop_front();
-            g.bytes -= job.as_ref().map_or(0, Job::bytes);
-            // An offer may be waiting for room in the queue.
-            cv.notify_all();
-            match job {
-                Some(j) => j,
-                None => return,
-            }
+        let mut g = m.lock().expect("admission lock");
+        while g.jobs.is_empty() && !g.done {
+            g = cv.wait(g).expect("admission lock");
+        }
+        let Some(job) = g.jobs.pop_front() else {
+            return;
         };
+        g.bytes -= job.bytes();
+        drop(g);
+        // An offer may be waiting for room in the queue.
+        cv.notify_all();
         if !admitting {
             continue;
         }
-        let mut failed = |e: StoreError| {
-            admitting &= failed(counts, cache.dir(), &e);
+        let admitted = match job {
+            Job::Chunk(ce, bytes, score) => cache.admit(&ce, (*bytes).as_ref(), score).map(drop),
+            Job::Hot(records, target) => admit_hot(cache, records, target, classes),
         };
-        match job {
-            Job::Chunk(ce, bytes, score) => {
-                if let Err(e) = cache.admit(&ce, (*bytes).as_ref(), score) {
-                    failed(e);
-                }
-            }
-            Job::Hot(records, target) => {
-                // Hot chunks of about `target` bytes each (offers merge while one is written).
-                let mut group = Vec::new();
-                let mut bytes = 0;
-                for r in records {
-                    bytes += r.stored.len() as u64 + HOT_RECORD_OVERHEAD + r.path.len() as u64;
-                    group.push(r);
-                    if bytes >= target {
-                        if let Err(e) = cache.admit_hot(&group, classes) {
-                            failed(e);
-                            break;
-                        }
-                        group.clear();
-                        bytes = 0;
-                    }
-                }
-                if !group.is_empty() {
-                    if let Err(e) = cache.admit_hot(&group, classes) {
-                        failed(e);
-                    }
-                }
-            }
+        if let Err(e) = admitted {
+            admitting &= failed(counts, cache.dir(), &e);
         }
     }
+}
+
+/// Re-packs `records` into hot chunks of about `target` bytes each (offers merge while one is
+/// written); stops at the first error.
+fn admit_hot(
+    cache: &LocalTier,
+    records: Vec<HotRecord>,
+    target: u64,
+    classes: &[Vec<u8>],
+) -> Result<()> {
+    let (mut group, mut bytes, n) = (Vec::new(), 0, records.len());
+    for (i, r) in records.into_iter().enumerate() {
+        bytes += hot_cost(r.stored.len() as u64, &r.path);
+        group.push(r);
+        if bytes >= target || i + 1 == n {
+            cache.admit_hot(&group, classes)?;
+            group.clear();
+            bytes = 0;
+        }
+    }
+    Ok(())
 }

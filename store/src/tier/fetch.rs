@@ -2,10 +2,10 @@
 //! single samples (the mount): a sample missing from the tier has its whole chunk copied into
 //! the tier by a fetch thread (one large sequential read from the store below instead of many
 //! small random ones), and later samples of that chunk come from local storage. A read may
-//! wait for its chunk's fetch ([`Fetcher::fetch_and_wait`]) when the chunk fits the tier's
+//! wait for its chunk's fetch (`Fetcher::fetch_and_wait`) when the chunk fits the tier's
 //! free space or is already on its way; a chunk the full tier would have to evict for is
 //! fetched only while the misses concentrate on it. A fetched chunk is checked against the
-//! snapshot (size and whole-file CRC) and served from memory ([`Fetcher::fetched`]) while the
+//! snapshot (size and whole-file CRC) and served from memory (`Fetcher::fetched`) while the
 //! tier writes it. The tier's policy and quota decide what stays.
 
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -72,9 +72,7 @@ pub struct Fetcher {
 
 impl Fetcher {
     /// Starts `threads` fetch threads admitting into `tier` (each holds one chunk in memory
-    /// while it is read and admitted); `score` ranks a chunk for the tier's policy; `admitted`
-    /// is called after each chunk the tier took; fetches are counted in `meter` (the tier
-    /// layer's).
+    /// while it is read and admitted); see [`TierStore::fetch_on_touch`].
     pub(crate) fn start(
         tier: TierStore,
         threads: usize,
@@ -113,34 +111,15 @@ impl Fetcher {
         }
     }
 
-    /// Queues `chunk` for fetching (unless queued, being fetched, or recently declined);
-    /// returns whether it is queued or being fetched now.
-    pub fn request(&self, chunk: u32) -> bool {
-        let mut q = self.state.queue.lock().expect("fetch queue");
-        self.state.enqueue(&mut q, chunk)
-    }
-
-    /// Whether the tier holds chunk `chunk` (a copy with the snapshot's digest).
-    pub fn holds(&self, chunk: u32) -> Result<bool> {
-        let t = &self.state.tier;
-        t.chunk_entry(chunk)
-            .map_or(Ok(false), |ce| t.cache().holds(&ce))
-    }
-
-    /// Whether chunk `chunk` fits the tier's free space now (no eviction needed).
-    pub fn fits(&self, chunk: u32) -> Result<bool> {
-        let t = &self.state.tier;
-        let size = t.chunk_entry(chunk).map_or(u64::MAX, |ce| ce.file_size);
-        Ok(t.cache().used()?.saturating_add(size) <= t.cache().quota())
-    }
-
     /// Queues `chunk` (when it fits the tier's free space, or a quarter of the latest misses
     /// were on it), moves it to the front and waits until its fetch ended (at most a minute).
     /// False when this read should go to the store below (not fetched, declined, stopping,
     /// timed out).
-    pub fn fetch_and_wait(&self, chunk: u32) -> Result<bool> {
-        let fits = self.fits(chunk)?;
-        let s = &self.state;
+    fn fetch_and_wait(&self, chunk: u32) -> Result<bool> {
+        let (s, cache) = (&self.state, self.state.tier.cache());
+        // Whether the chunk fits the tier's free space now (no eviction needed).
+        let size = s.tier.chunks.get(chunk as usize).map(|ce| ce.file_size);
+        let fits = cache.used()?.saturating_add(size.unwrap_or(u64::MAX)) <= cache.quota();
         let mut q = s.queue.lock().expect("fetch queue");
         let was_queued = q.queued.contains(&chunk);
         // A chunk that needs an eviction is fetched only while the misses concentrate on it
@@ -165,7 +144,7 @@ impl Fetcher {
             q.waiting.push_front(chunk);
         }
         let t0 = Instant::now();
-        while q.queued.contains(&chunk) && !q.stop && !s.is_staged(chunk) {
+        while q.queued.contains(&chunk) && !q.stop && s.staged(chunk).is_none() {
             let Some(left) = WAIT_FOR_FETCH.checked_sub(t0.elapsed()) else {
                 return Ok(false);
             };
@@ -176,28 +155,19 @@ impl Fetcher {
 
     /// Chunk `chunk`'s bytes for a read that touched it and missed the tier: in memory when
     /// fetched and checked and not yet written to the tier, or once fetched now (when
-    /// [`Fetcher::fetch_and_wait`] says so); `None` when the read should go to the tier's copy
+    /// `Fetcher::fetch_and_wait` says so); `None` when the read should go to the tier's copy
     /// (written meanwhile) or below it.
-    pub fn fetched(&self, chunk: u32) -> Result<Option<Arc<ChunkBytes>>> {
-        if let Some(b) = self.staged_bytes(chunk) {
+    pub(crate) fn fetched(&self, chunk: u32) -> Result<Option<Arc<ChunkBytes>>> {
+        if let Some(b) = self.state.staged(chunk) {
             return Ok(Some(b));
         }
         let fetched = self.fetch_and_wait(chunk)?;
-        Ok(fetched.then(|| self.staged_bytes(chunk)).flatten())
-    }
-
-    fn staged_bytes(&self, chunk: u32) -> Option<Arc<ChunkBytes>> {
-        self.state
-            .staged
-            .lock()
-            .expect("staged")
-            .get(&chunk)
-            .cloned()
+        Ok(fetched.then(|| self.state.staged(chunk)).flatten())
     }
 
     /// Stops the fetch threads (waiting for a fetch in progress to finish); later requests
     /// are declined.
-    pub fn stop(&self) {
+    pub(crate) fn stop(&self) {
         let s = &self.state;
         s.queue.lock().expect("fetch queue").stop = true;
         s.wake.notify_all();
@@ -210,9 +180,7 @@ impl Fetcher {
 
 impl std::fmt::Debug for Fetcher {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Fetcher")
-            .field("counts", &self.state.meter.reading())
-            .finish()
+        f.write_str("Fetcher")
     }
 }
 
@@ -223,6 +191,10 @@ impl Drop for Fetcher {
 }
 
 impl State {
+    fn staged(&self, chunk: u32) -> Option<Arc<ChunkBytes>> {
+        self.staged.lock().expect("staged").get(&chunk).cloned()
+    }
+
     fn enqueue(&self, q: &mut Queue, chunk: u32) -> bool {
         if q.stop {
             return false;
@@ -242,14 +214,10 @@ impl State {
         true
     }
 
-    fn is_staged(&self, chunk: u32) -> bool {
-        self.staged.lock().expect("staged").contains_key(&chunk)
-    }
-
     /// Fetches one chunk; false when the tier holds it already or declined it.
     fn fetch_one(&self, chunk: u32) -> Result<bool> {
         let t = &self.tier;
-        let Some(ce) = t.chunk_entry(chunk) else {
+        let Some(ce) = t.chunks.get(chunk as usize).cloned() else {
             return Err(StoreError::Invalid(format!(
                 "no chunk {chunk} in the dataset"
             )));
@@ -263,7 +231,7 @@ impl State {
             self.meter.fetches_skipped.fetch_add(1, Relaxed);
             return Ok(false);
         }
-        let src = t.open_next(chunk)?;
+        let src = t.next.open_chunk(chunk)?;
         let bytes = Arc::new(read_whole(&*src)?);
         self.meter
             .bytes_fetched
@@ -294,18 +262,14 @@ impl State {
 /// holds or would decline, reads the rest whole (one large read) and admits them.
 fn fetch_loop(s: &State) {
     loop {
-        let chunk = {
-            let mut q = s.queue.lock().expect("fetch queue");
-            loop {
-                if q.stop {
-                    return;
-                }
-                if let Some(c) = q.waiting.pop_front() {
-                    break c;
-                }
-                q = s.wake.wait(q).expect("fetch queue");
-            }
+        let mut q = s.queue.lock().expect("fetch queue");
+        while !q.stop && q.waiting.is_empty() {
+            q = s.wake.wait(q).expect("fetch queue");
+        }
+        let (false, Some(chunk)) = (q.stop, q.waiting.pop_front()) else {
+            return;
         };
+        drop(q);
         let outcome = s.fetch_one(chunk);
         let mut q = s.queue.lock().expect("fetch queue");
         q.queued.remove(&chunk);

@@ -1,14 +1,8 @@
 //! The tier's own files: the content list, the hot map, locks and atomic rewrites.
 
-use std::collections::BTreeMap;
-use std::fs::File;
 use std::io::Write;
-use std::path::Path;
 
-use granary_format::local;
-
-use crate::error::{Result, StoreError};
-use granary_format::DatasetId;
+use granary_format::{local, DatasetId};
 
 use super::*;
 use crate::write::Durability;
@@ -88,7 +82,7 @@ pub(super) fn encode_index(index: &BTreeMap<Key, Entry>, next_hot: u32) -> Vec<u
     let mut body = format!("next-hot {next_hot}\n");
     for (k, e) in index {
         let (kind, id) = match k {
-            Key::Chunk(id, digest) => ("chunk", format!("{id}-{}", hex(digest))),
+            Key::Chunk(id, digest) => ("chunk", format!("{id}-{}", hex16(digest))),
             Key::Hot(id) => ("hot", id.to_string()),
         };
         body += &format!("{kind} {id} {} {} {}\n", e.size, e.last_use, e.score);
@@ -117,13 +111,8 @@ pub(super) fn parse_index(b: &[u8]) -> Option<(BTreeMap<Key, Entry>, u64, u32)> 
                     _ => return None,
                 };
                 let last: u64 = last.parse().ok()?;
-                let score: f64 = score.parse().ok()?;
-                let e = Entry {
-                    size: size.parse().ok()?,
-                    last_use: last,
-                    score,
-                };
                 clock = clock.max(last);
+                let e = Entry::new(size.parse().ok()?, last, score.parse().ok()?);
                 if index.insert(key, e).is_some() {
                     return None;
                 }
@@ -140,10 +129,6 @@ pub fn decode_tier_index(b: &[u8]) -> Option<(usize, u64, u32)> {
     parse_index(b).map(|(i, c, n)| (i.len(), c, n))
 }
 
-pub(crate) fn hex(id: &[u8; 16]) -> String {
-    DatasetId(*id).to_string()
-}
-
 /// Parses the 32 hex digits of a tier directory's name (any other name, whatever its bytes,
 /// is `None`).
 pub(super) fn parse_hex_id(name: &[u8]) -> Option<[u8; 16]> {
@@ -151,17 +136,12 @@ pub(super) fn parse_hex_id(name: &[u8]) -> Option<[u8; 16]> {
     Some(id.0)
 }
 
-/// Who writes a temporary file of the tier directory (named by [`write_atomic`] as every
+/// For a temporary file of the tier directory (named by [`write_atomic`] as every
 /// [`crate::write::AtomicFile`] is: `<name>.<host>-<pid>-<n>.tmp`; tiers of earlier versions
-/// named them `<stem>.tmp<pid>`), and so which lock says it is no longer being written.
-pub(super) enum TempOwner {
-    /// Chunk copies, hot chunks, `index`, `hot.map`: the tier's lock.
-    Tier,
-    /// The score table: its own lock.
-    Scores,
-}
-
-pub(super) fn temp_owner(name: &str) -> Option<TempOwner> {
+/// named them `<stem>.tmp<pid>`), the lock file that says it is no longer being written:
+/// `lock` for chunk copies, hot chunks, `index` and `hot.map`, `scores.lock` for the score
+/// table's; `None` for any other name.
+pub(super) fn temp_lock(name: &str) -> Option<&'static str> {
     let stem = match crate::write::temp_target(name) {
         Some(target) => target.split('.').next()?,
         None => {
@@ -174,21 +154,10 @@ pub(super) fn temp_owner(name: &str) -> Option<TempOwner> {
         }
     };
     match stem {
-        "scores" => Some(TempOwner::Scores),
-        "index" | "hot" => Some(TempOwner::Tier),
-        s if s.starts_with("chunk-") || s.starts_with("hot-") => Some(TempOwner::Tier),
+        "scores" => Some("scores.lock"),
+        "index" | "hot" => Some("lock"),
+        s if s.starts_with("chunk-") || s.starts_with("hot-") => Some("lock"),
         _ => None,
-    }
-}
-
-/// True if the lock file at `path` is free (missing, or nobody holds it: then taken and
-/// released at once).
-pub(super) fn try_lock(path: &Path) -> bool {
-    match crate::file::open_regular(path, 0) {
-        Ok(f) => {
-            rustix::fs::flock(&f, rustix::fs::FlockOperation::NonBlockingLockExclusive).is_ok()
-        }
-        Err(e) => e.kind() == std::io::ErrorKind::NotFound,
     }
 }
 

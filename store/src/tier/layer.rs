@@ -29,8 +29,10 @@ use crate::seam::{
 #[derive(Debug, Clone)]
 pub struct TierStore {
     cache: Arc<LocalTier>,
-    next: Arc<dyn ChunkStore>,
-    chunks: Arc<[ChunkEntry]>,
+    /// The store below.
+    pub(crate) next: Arc<dyn ChunkStore>,
+    /// The dataset's chunk table.
+    pub(crate) chunks: Arc<[ChunkEntry]>,
     opener: Arc<Opener>,
     /// Fetch on first touch, for readers of single samples ([`TierStore::fetch_on_touch`]).
     fetch: Arc<OnceLock<Fetcher>>,
@@ -54,13 +56,10 @@ impl TierStore {
         }
     }
 
-    /// From now on a chunk this tier does not hold has its whole chunk fetched into the tier
-    /// when a read first touches it (one large read instead of many small ones, Monarch's
-    /// placement), and the read waits for that fetch when the chunk fits the tier's free space
-    /// or is on its way already (see [`Fetcher::fetch_and_wait`]); `threads` fetch at once,
-    /// `score` ranks a chunk for the tier's policy, `admitted` is told after each chunk the
-    /// tier took, and the fetches are counted in `meter`. False if it fetches already.
-    pub fn fetch_on_touch(
+    /// Starts fetching on first touch ([`super::fetch`]) with `threads` threads, `score`
+    /// ranking a chunk for the tier's policy, `admitted` told after each chunk the tier took,
+    /// the fetches counted in `meter`. False if it fetches already.
+    pub(crate) fn fetch_on_touch(
         &self,
         threads: usize,
         score: ChunkScore,
@@ -78,7 +77,7 @@ impl TierStore {
     }
 
     /// The fetcher, once [`TierStore::fetch_on_touch`] started it.
-    pub fn fetcher(&self) -> Option<&Fetcher> {
+    pub(crate) fn fetcher(&self) -> Option<&Fetcher> {
         self.fetch.get()
     }
 
@@ -100,7 +99,7 @@ impl TierStore {
             path.display(),
             self.next.location()
         );
-        if let Err(e) = self.cache.discard(ce) {
+        if let Err(e) = self.cache.discard(super::Key::copy(ce), true) {
             log::warn!("tier copy {}: cannot discard it: {e}", path.display());
         }
     }
@@ -113,22 +112,7 @@ impl TierStore {
         let copy = self
             .cache
             .open_copy(ce, |p| self.opener.open_unmapped(p, Some(id)))?;
-        Ok(copy.map(|file| Arc::new(file.serving(BytesFrom::Tier)) as Source))
-    }
-
-    /// The dataset's chunk table.
-    pub(crate) fn chunk_table(&self) -> Arc<[ChunkEntry]> {
-        self.chunks.clone()
-    }
-
-    /// Chunk `id`'s entry in the dataset's chunk table.
-    pub(crate) fn chunk_entry(&self, id: u32) -> Option<ChunkEntry> {
-        self.chunks.get(id as usize).cloned()
-    }
-
-    /// Chunk `id` opened in the next store itself.
-    pub(crate) fn open_next(&self, id: u32) -> Result<Source> {
-        self.next.open_chunk(id)
+        Ok(copy.map(|file| Arc::new(file) as Source))
     }
 
     /// Chunk `id` opened in the store below the tier, its size checked against the chunk
@@ -175,11 +159,19 @@ impl ChunkStore for TierStore {
     }
 
     fn open_chunk(&self, id: u32) -> Result<Source> {
-        let first = match self.open_copy(id)? {
+        let levels: [OnceLock<Source>; LEVELS] = Default::default();
+        let _ = levels[0].set(match self.open_copy(id)? {
             Some(copy) => copy,
             None => self.open_below(id)?,
-        };
-        Ok(Arc::new(TierChunk::new(self.clone(), id, first)))
+        });
+        Ok(Arc::new(TierChunk {
+            tier: self.clone(),
+            id,
+            levels,
+            set: AtomicUsize::new(1),
+            change: Mutex::new(()),
+            fetched: AtomicBool::new(false),
+        }))
     }
 
     fn list(&self) -> Result<Vec<(String, PathBuf)>> {
@@ -213,19 +205,6 @@ struct TierChunk {
 }
 
 impl TierChunk {
-    fn new(tier: TierStore, id: u32, first: Source) -> Self {
-        let levels: [OnceLock<Source>; LEVELS] = Default::default();
-        let _ = levels[0].set(first);
-        TierChunk {
-            tier,
-            id,
-            levels,
-            set: AtomicUsize::new(1),
-            change: Mutex::new(()),
-            fetched: AtomicBool::new(false),
-        }
-    }
-
     /// The source that serves now.
     fn current(&self) -> &Source {
         let n = self.set.load(Acquire);
@@ -358,7 +337,7 @@ impl ChunkSource for HotSource {
                  chunks",
                 self.file.path.display()
             );
-            self.cache.discard_hot(self.id)?;
+            self.cache.discard(super::Key::Hot(self.id), true)?;
         }
         Ok(false)
     }

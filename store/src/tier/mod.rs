@@ -9,7 +9,7 @@
 //! Hot chunks (`hot-NNNNNNNN.gchunk`, same chunk format, chunk id = hot id) hold records of
 //! high importance copied verbatim (as stored) from many source chunks, so that a tier of
 //! fraction f of the dataset can hold the most important fraction f of the samples: whole
-//! chunks average importance away (design notes, cache fact 3). `hot.map` says which sample is
+//! chunks average importance away. `hot.map` says which sample is
 //! at which offset of which hot chunk; hot ids only grow, so a reader holding an old map never
 //! reads another chunk's bytes under a reused name.
 
@@ -17,30 +17,29 @@ mod admit;
 mod feed;
 pub mod fetch;
 mod files;
-mod hot;
 mod layer;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering::Relaxed;
 
 use crate::copy_name::{copy_file_name, parse_copy_file_name};
-use granary_format::{ChunkEntry, ChunkHeader, Compression, SampleEntry, CHUNK_HEADER_LEN};
+use granary_format::{hex16, ChunkEntry, ChunkHeader, Compression, SampleEntry, CHUNK_HEADER_LEN};
 use serde::Serialize;
 
 use crate::chunk_file::{ChunkFile, InMemory, Records};
 use crate::error::{Result, StoreError};
 use crate::file::IoFile;
+use crate::mapcache::FileKey;
 use crate::seam::{BytesFrom, ChunkSource, RangeRead};
 use crate::write::{Durability, Seal};
 
-pub(crate) use admit::{Admission, Job, HOT_RECORD_OVERHEAD};
-pub use feed::TierFeed;
+pub(crate) use admit::{hot_cost, Admission, Job};
+pub(crate) use feed::HotChunks;
+pub use feed::{chunk_importance, Importance, TierFeed};
 use files::*;
 pub use files::{decode_hot_map, decode_tier_index, lock_exclusive, write_atomic};
-pub(crate) use hot::HotChunks;
-pub use hot::{chunk_importance, Importance};
 pub use layer::TierStore;
 
 granary_format::named_enum! {
@@ -100,6 +99,16 @@ struct Entry {
     score: f64,
 }
 
+impl Entry {
+    fn new(size: u64, last_use: u64, score: f64) -> Entry {
+        Entry {
+            size,
+            last_use,
+            score,
+        }
+    }
+}
+
 /// Occupancy of a tier.
 #[derive(Clone, Debug, Serialize)]
 pub struct TierStats {
@@ -142,18 +151,6 @@ pub struct HotMap {
 }
 
 impl HotMap {
-    /// The map of the hot chunks in `chunks` whose sources are all in `current`.
-    fn from_chunks(mut chunks: BTreeMap<u32, HotChunk>, current: &[ChunkEntry]) -> Self {
-        chunks.retain(|_, h| h.current(current));
-        let mut by_sample = HashMap::new();
-        for h in chunks.values() {
-            for &(s, off) in &h.samples {
-                by_sample.insert(s, (h.id, off));
-            }
-        }
-        HotMap { chunks, by_sample }
-    }
-
     /// Forgets hot chunk `id` (its copy turned out damaged or gone).
     pub fn forget(&mut self, id: u32) {
         if let Some(h) = self.chunks.remove(&id) {
@@ -190,20 +187,11 @@ pub struct LocalTier {
     dropped: std::sync::atomic::AtomicU64,
 }
 
-/// Identity of the `index` file: any process replacing it (rename of a new file) changes it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Token {
-    dev: u64,
-    ino: u64,
-    size: u64,
-    mtime_ns: i128,
-    ctime_ns: i128,
-}
-
-/// A handle's copy of the content list, and the uses not yet written to it.
+/// A handle's copy of the content list (with the identity of the `index` file it was read
+/// from: any process replacing it changes that), and the uses not yet written to it.
 #[derive(Debug, Default)]
 struct View {
-    token: Option<Token>,
+    token: Option<FileKey>,
     index: BTreeMap<Key, Entry>,
     touches: Vec<Key>,
 }
@@ -229,6 +217,12 @@ impl Locked {
             e.last_use = clock;
         }
         clock
+    }
+
+    /// Lists `key` (`size` bytes, importance `per_byte`) as just used.
+    fn insert(&mut self, key: Key, size: u64, per_byte: f64) {
+        let last_use = self.touch(key);
+        self.index.insert(key, Entry::new(size, last_use, per_byte));
     }
 
     fn used(&self) -> u64 {
@@ -267,7 +261,7 @@ impl LocalTier {
     /// The directory of dataset `dataset_id`'s tier under `root` (`root/<dataset id in hex>`),
     /// without opening it.
     pub fn tier_dir(root: &Path, dataset_id: &[u8; 16]) -> PathBuf {
-        root.join(hex(dataset_id))
+        root.join(hex16(dataset_id))
     }
 
     /// This tier's directory (`root/<dataset id>`).
@@ -321,16 +315,9 @@ impl LocalTier {
         self.view.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn index_token(&self) -> Option<Token> {
-        use std::os::unix::fs::MetadataExt;
-        let m = std::fs::metadata(self.dir.join("index")).ok()?;
-        Some(Token {
-            dev: m.dev(),
-            ino: m.ino(),
-            size: m.size(),
-            mtime_ns: m.mtime() as i128 * 1_000_000_000 + m.mtime_nsec() as i128,
-            ctime_ns: m.ctime() as i128 * 1_000_000_000 + m.ctime_nsec() as i128,
-        })
+    /// The identity of file `name` of the tier, `None` without one.
+    fn file_key(&self, name: &str) -> Option<FileKey> {
+        Some(FileKey::of(&std::fs::metadata(self.dir.join(name)).ok()?))
     }
 
     /// The content list as this handle last saw it, revalidated by the index's token (one
@@ -339,7 +326,7 @@ impl LocalTier {
     fn current(&self) -> Result<std::sync::MutexGuard<'_, View>> {
         {
             let mut v = self.view();
-            let token = self.index_token();
+            let token = self.file_key("index");
             if token.is_some() && token == v.token {
                 return Ok(v);
             }
@@ -398,42 +385,37 @@ impl LocalTier {
         let hot = self.read_hot_chunks();
         // Files are the truth: drop entries whose file is gone, adopt complete files not listed
         // (hot chunks only with their map entry).
+        let mapped = |k: &Key, size| match k {
+            Key::Hot(id) => hot.get(id).is_some_and(|h| h.file_size == size),
+            Key::Chunk(..) => true,
+        };
         index.retain(|k, e| {
-            let listed = match k {
-                Key::Hot(id) => hot.get(id).is_some_and(|h| h.file_size == e.size),
-                Key::Chunk(..) => true,
-            };
-            listed
+            mapped(k, e.size)
                 && std::fs::symlink_metadata(self.dir.join(k.file_name()))
                     .is_ok_and(|m| m.is_file() && m.len() == e.size)
         });
         if let Ok(rd) = std::fs::read_dir(&self.dir) {
             for f in rd.flatten() {
                 let name = f.file_name().to_string_lossy().into_owned();
-                if let Some(owner) = temp_owner(&name) {
-                    // Tier files are written only under the lock we hold: a temporary one is
-                    // left over from a process that died writing it. The score table's are
-                    // written under its own lock.
-                    let stale = match owner {
-                        TempOwner::Tier => true,
-                        TempOwner::Scores => try_lock(&self.scores_path().with_extension("lock")),
-                    };
-                    if stale {
+                if let Some(lock) = temp_lock(&name) {
+                    // Left over from a process that died writing it when its writer's lock is
+                    // free (the tier's own files are written only under the lock we hold).
+                    let free = |p: &Path| !p.exists() || matches!(lock_file(p, false), Ok(Some(_)));
+                    if lock == "lock" || free(&self.dir.join(lock)) {
                         let _ = remove_entry(&f.path());
                     }
-                    continue;
-                }
-                let copy_like = name.starts_with("chunk-") && name.ends_with(".gchunk");
-                if copy_like && parse_copy_file_name(&name).is_none() {
-                    // Named like a copy but not as the tier names one: by its id alone (tiers
-                    // of earlier versions: no digest says which bytes it holds), or otherwise
-                    // spelled. Never served; its space is freed.
-                    let _ = remove_entry(&f.path());
                     continue;
                 }
                 let key = match (parse_copy_file_name(&name), parse_hot_file_name(&name)) {
                     (Some((id, digest)), _) => Key::Chunk(id, digest),
                     (_, Some(id)) => Key::Hot(id),
+                    // Named like a copy but not as the tier names one: by its id alone (tiers
+                    // of earlier versions: no digest says which bytes it holds), or otherwise
+                    // spelled. Never served; its space is freed.
+                    _ if name.starts_with("chunk-") && name.ends_with(".gchunk") => {
+                        let _ = remove_entry(&f.path());
+                        continue;
+                    }
                     _ => continue,
                 };
                 if let Key::Hot(id) = key {
@@ -446,19 +428,8 @@ impl LocalTier {
                     continue;
                 }
                 if let (false, Ok(m)) = (index.contains_key(&key), f.metadata()) {
-                    let adopt = match key {
-                        Key::Hot(id) => hot.get(&id).is_some_and(|h| h.file_size == m.len()),
-                        Key::Chunk(..) => true,
-                    };
-                    if adopt {
-                        index.insert(
-                            key,
-                            Entry {
-                                size: m.len(),
-                                last_use: 0,
-                                score: 0.0,
-                            },
-                        );
+                    if mapped(&key, m.len()) {
+                        index.insert(key, Entry::new(m.len(), 0, 0.0));
                     } else {
                         // A hot chunk nobody maps: left over from an interrupted admission.
                         let _ = std::fs::remove_file(f.path());
@@ -480,7 +451,7 @@ impl LocalTier {
     fn write_index(&self, l: &Locked, durable: bool) -> Result<()> {
         let text = encode_index(&l.index, l.next_hot);
         write_atomic_with(&self.dir.join("index"), &text, durable)?;
-        let token = self.index_token();
+        let token = self.file_key("index");
         let mut v = self.view();
         v.index = l.index.clone();
         v.token = token;
@@ -522,7 +493,8 @@ impl LocalTier {
             Ok(f) => f,
             Err(e) => {
                 // Gone is what another process's eviction does between our look at the list
-                // and the open: a miss like any other. Anything else is worth a line.
+                // and the open: a miss like any other (only the list still names it).
+                // Anything else is worth a line.
                 let gone = matches!(&e, crate::StoreError::Io { source, .. }
                     if source.kind() == std::io::ErrorKind::NotFound);
                 if !gone {
@@ -530,13 +502,8 @@ impl LocalTier {
                         "tier copy {}: cannot open it ({e}); dropped from the tier",
                         p.display()
                     );
-                    let _ = self.discard(ce);
-                } else if let Ok(mut l) = self.lock() {
-                    // Gone: only the list still names it.
-                    let _ = self
-                        .remove(&mut l, key)
-                        .and_then(|()| self.write_index(&l, true));
                 }
+                let _ = self.discard(key, !gone);
                 return Ok(None);
             }
         };
@@ -558,25 +525,32 @@ impl LocalTier {
                 ce.chunk_id,
                 ce.file_size
             );
-            self.discard(ce)?;
+            self.discard(key, true)?;
             return Ok(None);
         }
         self.note_use(key);
         Ok(Some(f.serving(BytesFrom::Tier)))
     }
 
-    fn remove(&self, l: &mut Locked, key: Key) -> Result<()> {
-        remove_entry(&self.dir.join(key.file_name()))?;
-        l.index.remove(&key);
+    /// Removes the entries `keys`; rewrites `hot.map` when a hot chunk was among them.
+    fn evict(&self, l: &mut Locked, keys: Vec<Key>) -> Result<()> {
+        let hot = keys.iter().any(|k| matches!(k, Key::Hot(_)));
+        for k in keys {
+            remove_entry(&self.dir.join(k.file_name()))?;
+            l.index.remove(&k);
+        }
+        if hot {
+            self.write_hot_map(l, self.read_hot_chunks())?;
+        }
         Ok(())
     }
 
-    /// Removes chunk `ce`'s copy, found damaged (it failed its checks when opened or read);
-    /// counted in [`LocalTier::dropped`].
-    pub fn discard(&self, ce: &ChunkEntry) -> Result<()> {
-        self.dropped.fetch_add(1, Relaxed);
+    /// Removes entry `key` (a copy or a hot chunk); when `damaged` (it failed its checks when
+    /// opened, or its bytes or a record's CRC when read) counted in [`LocalTier::dropped`].
+    fn discard(&self, key: Key, damaged: bool) -> Result<()> {
+        self.dropped.fetch_add(damaged.into(), Relaxed);
         let mut l = self.lock()?;
-        self.remove(&mut l, Key::copy(ce))?;
+        self.evict(&mut l, vec![key])?;
         self.write_index(&l, true)
     }
 
@@ -586,29 +560,18 @@ impl LocalTier {
         self.dropped.load(Relaxed)
     }
 
-    /// Removes hot chunk `id`, found damaged (a record in it failed its CRC); counted in
-    /// [`LocalTier::dropped`].
-    pub fn discard_hot(&self, id: u32) -> Result<()> {
-        self.dropped.fetch_add(1, Relaxed);
-        let mut l = self.lock()?;
-        self.remove(&mut l, Key::Hot(id))?;
-        self.write_hot_map(&l, self.read_hot_chunks())?;
-        self.write_index(&l, true)
-    }
-
     /// The hot-sample map as last written (consistent: it is replaced atomically), of the hot
-    /// chunks whose records all come from chunks of `chunks` (a dataset's chunk table), digests
-    /// equal: a hot chunk made from another generation's chunk of other bytes is not used.
-    pub fn hot_map(&self, chunks: &[ChunkEntry]) -> HotMap {
-        HotMap::from_chunks(self.read_hot_chunks(), chunks)
-    }
-
-    /// A token that changes whenever `hot.map` is replaced (its inode), `None` without one.
-    pub fn hot_map_version(&self) -> Option<u64> {
-        use std::os::unix::fs::MetadataExt;
-        std::fs::metadata(self.dir.join("hot.map"))
-            .ok()
-            .map(|m| m.ino() ^ (m.mtime_nsec() as u64).rotate_left(32))
+    /// chunks whose records all come from chunks of `current` (a dataset's chunk table),
+    /// digests equal: a hot chunk made from another generation's chunk of other bytes is not
+    /// used.
+    pub fn hot_map(&self, current: &[ChunkEntry]) -> HotMap {
+        let mut chunks = self.read_hot_chunks();
+        chunks.retain(|_, h| h.current(current));
+        let by_sample = chunks
+            .values()
+            .flat_map(|h| h.samples.iter().map(|&(s, off)| (s, (h.id, off))))
+            .collect();
+        HotMap { chunks, by_sample }
     }
 
     /// Re-scores every hot chunk with the current importance of its samples (scores drift as
@@ -637,7 +600,7 @@ impl LocalTier {
 
     /// Ids of the chunks of `chunks` (a dataset's chunk table) the tier holds whole, digests
     /// equal (without touching their use clock).
-    pub fn resident_chunks(&self, chunks: &[ChunkEntry]) -> Result<std::collections::HashSet<u32>> {
+    pub fn resident_chunks(&self, chunks: &[ChunkEntry]) -> Result<HashSet<u32>> {
         Ok(self
             .current()?
             .index
@@ -698,9 +661,7 @@ impl LocalTier {
         let Some(victims) = self.victims(&l.index, size, per_byte) else {
             return Ok(false);
         };
-        for k in victims {
-            self.remove(l, k)?;
-        }
+        self.evict(l, victims)?;
         Ok(true)
     }
 
@@ -715,38 +676,30 @@ impl LocalTier {
     pub fn retain_current(&self, chunks: &[ChunkEntry]) -> Result<u64> {
         let mut l = self.lock()?;
         let hot = self.read_hot_chunks();
+        let stale = |k: &Key| match k {
+            Key::Chunk(id, d) => chunks.get(*id as usize).is_none_or(|ce| ce.digest != *d),
+            Key::Hot(id) => hot.get(id).is_some_and(|h| !h.current(chunks)),
+        };
         let before = l.used();
-        let mut victims: Vec<Key> = l
-            .index
-            .keys()
-            .copied()
-            .filter(|k| match k {
-                Key::Chunk(id, d) => chunks.get(*id as usize).is_none_or(|ce| ce.digest != *d),
-                Key::Hot(id) => hot.get(id).is_some_and(|h| !h.current(chunks)),
-            })
-            .collect();
-        let mut used = before - victims.iter().map(|k| l.index[k].size).sum::<u64>();
-        let mut by_use: Vec<(Key, Entry)> = l.index.iter().map(|(k, e)| (*k, *e)).collect();
-        by_use.sort_by_key(|(_, e)| e.last_use);
-        for (k, e) in by_use {
-            if used <= self.quota {
-                break;
-            }
-            if !victims.contains(&k) {
+        let live = l.index.iter().filter(|(k, _)| !stale(k));
+        let mut used: u64 = live.map(|(_, e)| e.size).sum();
+        // The stale entries first, then the least recently used while over the quota.
+        let mut order: Vec<(Key, Entry)> = l.index.iter().map(|(k, e)| (*k, *e)).collect();
+        order.sort_by_key(|(k, e)| (!stale(k), e.last_use));
+        let mut victims = Vec::new();
+        for (k, e) in order {
+            if !stale(&k) {
+                if used <= self.quota {
+                    break;
+                }
                 used -= e.size;
-                victims.push(k);
             }
+            victims.push(k);
         }
         if victims.is_empty() {
             return Ok(0);
         }
-        let hot_removed = victims.iter().any(|k| matches!(k, Key::Hot(_)));
-        for k in victims {
-            self.remove(&mut l, k)?;
-        }
-        if hot_removed {
-            self.write_hot_map(&l, hot)?;
-        }
+        self.evict(&mut l, victims)?;
         self.write_index(&l, true)?;
         Ok(before - l.used())
     }
@@ -789,7 +742,7 @@ impl LocalTier {
                 ce.chunk_id,
                 bytes.len(),
                 ce.file_size,
-                hex(&ce.digest)
+                hex16(&ce.digest)
             ),
         ))
     }
@@ -798,30 +751,19 @@ impl LocalTier {
     pub(crate) fn admit_checked(&self, ce: &ChunkEntry, bytes: &[u8], score: f64) -> Result<bool> {
         let mut l = self.lock()?;
         let key = Key::copy(ce);
-        let clock = l.touch(key);
         if l.index.contains_key(&key) {
+            l.touch(key);
             self.write_index(&l, true)?;
             return Ok(true);
         }
         let per_byte = score / ce.file_size.max(1) as f64;
-        let hot_before = l.index.keys().filter(|k| matches!(k, Key::Hot(_))).count();
         if !self.make_room(&mut l, ce.file_size, per_byte)? {
             return Ok(false);
         }
         // Not fsynced: a copy is checked against the snapshot's whole-file CRC before it is
         // served, so one cut short by a power loss is a miss, never wrong bytes.
         write_atomic_with(&self.dir.join(key.file_name()), bytes, false)?;
-        l.index.insert(
-            key,
-            Entry {
-                size: ce.file_size,
-                last_use: clock,
-                score: per_byte,
-            },
-        );
-        if hot_before != l.index.keys().filter(|k| matches!(k, Key::Hot(_))).count() {
-            self.write_hot_map(&l, self.read_hot_chunks())?;
-        }
+        l.insert(key, ce.file_size, per_byte);
         self.write_index(&l, true)?;
         Ok(true)
     }
@@ -832,15 +774,12 @@ impl LocalTier {
     pub fn admit_hot<C: AsRef<[u8]>>(&self, records: &[HotRecord], classes: &[C]) -> Result<u64> {
         let mut l = self.lock()?;
         let mut hot = self.read_hot_chunks();
-        let present: std::collections::HashSet<u64> = hot
+        // Samples in a hot chunk already, and those seen before in `records`, are skipped.
+        let mut seen: HashSet<u64> = hot
             .values()
             .flat_map(|h| h.samples.iter().map(|s| s.0))
             .collect();
-        let mut seen = std::collections::HashSet::new();
-        let fresh: Vec<&HotRecord> = records
-            .iter()
-            .filter(|r| !present.contains(&r.id) && seen.insert(r.id))
-            .collect();
+        let fresh: Vec<&HotRecord> = records.iter().filter(|r| seen.insert(r.id)).collect();
         if fresh.is_empty() {
             return Ok(0);
         }
@@ -856,18 +795,12 @@ impl LocalTier {
         let mut samples = Vec::with_capacity(fresh.len());
         let mut sources = std::collections::BTreeSet::new();
         for r in &fresh {
-            sources.insert((r.entry.chunk, r.source));
-            let comp = Compression::from_code(r.entry.flags).unwrap_or(Compression::None);
+            let en = &r.entry;
+            sources.insert((en.chunk, r.source));
+            let comp = Compression::from_code(en.flags).unwrap_or(Compression::None);
             let e = f
                 .records()
-                .append(
-                    &r.path,
-                    &r.stored,
-                    comp,
-                    r.entry.orig_len,
-                    r.entry.crc32,
-                    r.entry.label,
-                )
+                .append(&r.path, &r.stored, comp, en.orig_len, en.crc32, en.label)
                 .map_err(building)?;
             samples.push((r.id, e.offset));
         }
@@ -892,15 +825,7 @@ impl LocalTier {
             },
         );
         l.next_hot = id + 1;
-        let clock = l.touch(key);
-        l.index.insert(
-            key,
-            Entry {
-                size: summary.file_size,
-                last_use: clock,
-                score: per_byte,
-            },
-        );
+        l.insert(key, summary.file_size, per_byte);
         self.write_hot_map(&l, hot)?;
         self.write_index(&l, true)?;
         Ok(fresh.len() as u64)
@@ -910,23 +835,15 @@ impl LocalTier {
     pub fn stats(&self) -> Result<TierStats> {
         let l = self.lock()?;
         let hot = self.read_hot_chunks();
-        let hot_ids: Vec<u32> = l
-            .index
-            .keys()
-            .filter_map(|k| match k {
-                Key::Hot(id) => Some(*id),
-                Key::Chunk(..) => None,
-            })
-            .collect();
         Ok(TierStats {
             dir: self.dir.clone(),
             entries: l.index.len() as u64,
             bytes: l.used(),
             quota: self.quota,
-            hot_chunks: hot_ids.len() as u64,
-            hot_samples: hot_ids
-                .iter()
-                .filter_map(|id| hot.get(id))
+            hot_chunks: l.index.keys().filter(|k| matches!(k, Key::Hot(_))).count() as u64,
+            hot_samples: hot
+                .values()
+                .filter(|h| l.index.contains_key(&Key::Hot(h.id)))
                 .map(|h| h.samples.len() as u64)
                 .sum(),
         })
@@ -935,9 +852,8 @@ impl LocalTier {
     /// Removes every entry.
     pub fn clear(&self) -> Result<()> {
         let mut l = self.lock()?;
-        for k in l.index.keys().copied().collect::<Vec<_>>() {
-            self.remove(&mut l, k)?;
-        }
+        let all = l.index.keys().copied().collect();
+        self.evict(&mut l, all)?;
         self.write_hot_map(&l, BTreeMap::new())?;
         self.write_index(&l, true)
     }

@@ -39,7 +39,7 @@ fn hot_map_round_trip_and_damage() {
     assert_eq!(parse_copy_file_name(&copy_file_name(42, &d)), Some((42, d)));
     for bad in [
         "chunk-00000042.gchunk".to_string(),
-        format!("chunk-42-{}.gchunk", hex(&d)),
+        format!("chunk-42-{}.gchunk", hex16(&d)),
         copy_file_name(42, &d).to_uppercase(),
         copy_file_name(42, &d).replace(".gchunk", ".gchunk.tmp"),
     ] {
@@ -88,8 +88,8 @@ fn tier_directory_names_parse_whatever_their_bytes() {
     let id = [
         0xab, 0x01, 0, 0xff, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0, 0x10, 0xcd,
     ];
-    assert_eq!(parse_hex_id(hex(&id).as_bytes()), Some(id));
-    assert_eq!(parse_hex_id(hex(&id).to_uppercase().as_bytes()), Some(id));
+    assert_eq!(parse_hex_id(hex16(&id).as_bytes()), Some(id));
+    assert_eq!(parse_hex_id(hex16(&id).to_uppercase().as_bytes()), Some(id));
     // 32 bytes that are not 32 characters (this panicked slicing inside a character).
     assert_eq!(parse_hex_id("é".repeat(16).as_bytes()), None);
     assert_eq!(
@@ -103,17 +103,11 @@ fn tier_directory_names_parse_whatever_their_bytes() {
 
 #[test]
 fn temporary_names_and_their_owners() {
-    assert!(matches!(
-        temp_owner("chunk-00000001.tmp123"),
-        Some(TempOwner::Tier)
-    ));
-    assert!(matches!(
-        temp_owner("hot-00000001.tmp1"),
-        Some(TempOwner::Tier)
-    ));
-    assert!(matches!(temp_owner("index.tmp77"), Some(TempOwner::Tier)));
-    assert!(matches!(temp_owner("hot.tmp77"), Some(TempOwner::Tier)));
-    assert!(matches!(temp_owner("scores.tmp5"), Some(TempOwner::Scores)));
+    assert_eq!(temp_lock("chunk-00000001.tmp123"), Some("lock"));
+    assert_eq!(temp_lock("hot-00000001.tmp1"), Some("lock"));
+    assert_eq!(temp_lock("index.tmp77"), Some("lock"));
+    assert_eq!(temp_lock("hot.tmp77"), Some("lock"));
+    assert_eq!(temp_lock("scores.tmp5"), Some("scores.lock"));
     for (name, tier) in [
         ("chunk-00000001.gchunk.0a0b0c0d-1f-0.tmp", true),
         ("hot-00000002.gchunk.0a0b0c0d-1f-3.tmp", true),
@@ -121,10 +115,10 @@ fn temporary_names_and_their_owners() {
         ("hot.map.0a0b0c0d-1f-0.tmp", true),
         ("scores.0a0b0c0d-1f-0.tmp", false),
     ] {
-        match temp_owner(name) {
-            Some(TempOwner::Tier) => assert!(tier, "{name}"),
-            Some(TempOwner::Scores) => assert!(!tier, "{name}"),
-            None => panic!("{name} is a temporary file of the tier"),
+        match temp_lock(name) {
+            Some("lock") => assert!(tier, "{name}"),
+            Some("scores.lock") => assert!(!tier, "{name}"),
+            _ => panic!("{name} is a temporary file of the tier"),
         }
     }
     for other in [
@@ -136,7 +130,7 @@ fn temporary_names_and_their_owners() {
         "index.tmp",
         "index.tmpx",
     ] {
-        assert!(temp_owner(other).is_none(), "{other}");
+        assert!(temp_lock(other).is_none(), "{other}");
     }
 }
 
@@ -173,7 +167,7 @@ fn fifos_under_the_tiers_own_names_are_never_waited_on() {
             file_size: 10,
             ..Default::default()
         };
-        let locked = t.discard(&ce).map_err(|e| e.to_string());
+        let locked = t.discard(Key::copy(&ce), true).map_err(|e| e.to_string());
         let _ = tx.send((listed, locked));
     });
     let (listed, locked) = rx
