@@ -44,13 +44,6 @@ impl CompressMode {
     }
 }
 
-impl std::str::FromStr for CompressMode {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        CompressMode::parse(s)
-    }
-}
-
 impl serde::Serialize for CompressMode {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         s.collect_str(self)
@@ -59,8 +52,7 @@ impl serde::Serialize for CompressMode {
 
 impl<'de> serde::Deserialize<'de> for CompressMode {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let name = String::deserialize(d)?;
-        name.parse().map_err(serde::de::Error::custom)
+        CompressMode::parse(&String::deserialize(d)?).map_err(serde::de::Error::custom)
     }
 }
 
@@ -130,27 +122,6 @@ fn compress(data: &[u8], level: i32) -> std::io::Result<Vec<u8>> {
 /// A source file encoded as a record, ready for the chunk writer.
 pub(crate) struct Encoded {
     pub stored: Vec<u8>,
-    pub compression: Compression,
-    pub orig_len: u64,
-    pub crc32: u32,
-}
-
-impl Encoded {
-    pub fn view(&self) -> EncodedRef<'_> {
-        EncodedRef {
-            stored: &self.stored,
-            compression: self.compression,
-            orig_len: self.orig_len,
-            crc32: self.crc32,
-        }
-    }
-}
-
-/// A record as the chunk writer takes it: its bytes as stored, wherever they are kept, and
-/// how they were encoded.
-#[derive(Clone, Copy)]
-pub(crate) struct EncodedRef<'a> {
-    pub stored: &'a [u8],
     pub compression: Compression,
     pub orig_len: u64,
     pub crc32: u32,

@@ -2,11 +2,18 @@
 //! plus one metadata snapshot (format: `format/SPEC.md`).
 //!
 //! Pipeline: scan (walk or file list, parallel stat) → plan (labels, seeded order, chunk
-//! assignment; saved to disk) → parallel read/CRC/compress of one chunk's files (rayon) → one
-//! ordered chunk writer thread → snapshot. Memory holds the index and at most three chunks of
-//! data. The output is built in a hidden work directory next to OUT and renamed into place only
-//! when complete; an interrupted pack continues with `resume`, keeping every verified chunk.
+//! assignment; saved to disk) → parallel read/CRC/compress of one chunk's files (rayon) → a
+//! few chunk writer threads → snapshot. The output is built in a hidden work directory next to
+//! OUT and renamed into place only when complete; an interrupted pack continues with
+//! `resume`, keeping every verified chunk.
 #![forbid(unsafe_code)]
+
+/// A [`PackError::Usage`] with a formatted message.
+macro_rules! usage {
+    ($($arg:tt)*) => {
+        $crate::PackError::Usage(format!($($arg)*))
+    };
+}
 
 mod encode;
 mod files;
@@ -41,9 +48,7 @@ pub use granary_format::SplitMix64;
 pub use options::{OutputOptions, DEFAULT_CHUNK_FILES, DEFAULT_CHUNK_SIZE};
 pub(crate) use pipeline::{write_chunks, Build};
 use plan::Plan;
-pub(crate) use publish::{
-    spooled_builder, sync_dir, write_file_atomic, write_snapshot_atomic, write_snapshot_pending,
-};
+pub(crate) use publish::{spooled_builder, sync_dir, write_file_atomic, write_snapshot_pending};
 pub use reindex::{reindex, ReindexSummary};
 pub use shard::{merge, shard_of, MergeSummary, ShardSpec, PART_FILE};
 pub use upgrade::{upgrade, UpgradeSummary, LEGACY_SNAPSHOT_FILE};
@@ -212,7 +217,7 @@ pub fn hex_id(id: &[u8; 16]) -> String {
 fn work_dir(out: &Path) -> Result<PathBuf, PackError> {
     let name = out
         .file_name()
-        .ok_or_else(|| PackError::Usage(format!("{} is not a valid output path", out.display())))?;
+        .ok_or_else(|| usage!("{} is not a valid output path", out.display()))?;
     let parent = out
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
@@ -232,15 +237,17 @@ fn new_dataset_id(seed_material: &[u8]) -> [u8; 16] {
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap_or_default();
-        let mut r = SplitMix64::new(
-            now.as_nanos() as u64
-                ^ crc32fast::hash(seed_material) as u64
-                ^ std::process::id() as u64,
-        );
-        id[..8].copy_from_slice(&r.next_u64().to_le_bytes());
-        id[8..].copy_from_slice(&r.next_u64().to_le_bytes());
+        let seed = now.as_nanos() as u64
+            ^ crc32fast::hash(seed_material) as u64
+            ^ std::process::id() as u64;
+        id = id_from(SplitMix64::new(seed));
     }
     id
+}
+
+/// A dataset id of the next two numbers `r` draws.
+fn id_from(mut r: SplitMix64) -> [u8; 16] {
+    (r.next_u64() as u128 | (r.next_u64() as u128) << 64).to_le_bytes()
 }
 
 fn settings_text(o: &PackOptions, src: &Path) -> String {
@@ -267,7 +274,7 @@ fn settings_text(o: &PackOptions, src: &Path) -> String {
 const NO_METADATA_SETTING: &str = "metadata=no";
 
 /// A progress bar (of `len` steps, or a spinner) drawn on standard error if `show`, as
-/// `template` says (a bar in it is drawn with `=> `).
+/// `template` says (a bar in it is drawn with `=> `), and cleared when dropped.
 fn progress_bar(show: bool, len: Option<u64>, template: &str) -> ProgressBar {
     let target = if show {
         ProgressDrawTarget::stderr()
@@ -278,7 +285,7 @@ fn progress_bar(show: bool, len: Option<u64>, template: &str) -> ProgressBar {
     pb.enable_steady_tick(Duration::from_millis(200));
     let style = ProgressStyle::with_template(template).expect("static template");
     pb.set_style(style.progress_chars("=> "));
-    pb
+    pb.with_finish(indicatif::ProgressFinish::AndClear)
 }
 
 /// Packs `opts.src` into a dataset at `opts.output.out`.
@@ -309,34 +316,35 @@ pub enum Existing {
 /// [`Existing::Skip`], left out. Interrupted, it continues with `resume` like a pack.
 pub fn append(opts: &PackOptions, existing: Existing) -> Result<PackSummary, PackError> {
     if opts.output.destination.is_some() || opts.output.shard.is_some() {
-        return Err(PackError::Usage(
-            "append works on a dataset directory (local or on a shared file system), without --shard".into(),
+        return Err(usage!(
+            "append works on a dataset directory (local or on a shared file system), \
+             without --shard"
         ));
     }
     let snap_path = opts.output.out.join(SNAPSHOT_FILE);
     let bytes = std::fs::read(&snap_path).map_err(|e| {
         if e.kind() == std::io::ErrorKind::NotFound {
-            PackError::Usage(format!(
+            usage!(
                 "{} is not a granary dataset (no {SNAPSHOT_FILE}); create it with granary pack",
                 opts.output.out.display()
-            ))
+            )
         } else {
             PackError::io("reading", &snap_path, e)
         }
     })?;
     let snap = Snapshot::open(bytes)?;
     if snap.has_fields() {
-        return Err(PackError::Usage(format!(
+        return Err(usage!(
             "{}: its samples have named fields; append adds files, one blob each, \
              which cannot join them: write a new dataset (granary.Writer, --from webdataset)",
             opts.output.out.display()
-        )));
+        ));
     }
     if let Some(e) = snap.check_blocks().into_iter().next() {
-        return Err(PackError::Usage(format!(
+        return Err(usage!(
             "{} is damaged ({e}); run granary verify and granary reindex before appending",
             snap_path.display()
-        )));
+        ));
     }
     run::run(
         opts,
@@ -383,9 +391,9 @@ impl Ids {
     fn check(&self, count: usize) -> Result<(), PackError> {
         let last = self.base as u64 + (count as u64).saturating_sub(1) * self.stride as u64;
         if last > u32::MAX as u64 {
-            return Err(PackError::Usage(format!(
+            return Err(usage!(
                 "{count} chunks do not fit the format's 32-bit chunk ids here; use a larger --chunk-size"
-            )));
+            ));
         }
         Ok(())
     }
@@ -396,6 +404,31 @@ struct Place {
     work: PathBuf,
     chunks: PathBuf,
     ids: Ids,
+}
+
+impl Place {
+    /// Where a whole dataset (`.OUT.partial`, or the staging directory of an upload) or a
+    /// shard's part (its part directory, its chunks straight into OUT) is built.
+    fn of(o: &OutputOptions) -> Result<Place, PackError> {
+        let whole = |w: PathBuf| Place {
+            chunks: w.clone(),
+            work: w,
+            ids: Ids { base: 0, stride: 1 },
+        };
+        // `OutputOptions::check` made sure a destination comes with its staging directory.
+        Ok(match (o.shard, &o.destination, &o.staging) {
+            (Some(s), _, _) => Place {
+                work: o.out.join(s.dir_name()),
+                chunks: o.out.clone(),
+                ids: Ids {
+                    base: s.index,
+                    stride: s.count,
+                },
+            },
+            (None, Some(_), Some(s)) => whole(s.clone()),
+            (None, _, _) => whole(work_dir(&o.out)?),
+        })
+    }
 }
 
 /// What every shard of one pack must share: its settings but the source's path (machines may
@@ -422,10 +455,10 @@ fn finished_shard(
         return Ok(None);
     };
     let part = shard::Part::decode(&bytes).map_err(|e| {
-        PackError::Usage(format!(
+        usage!(
             "{} is unusable ({e}); pack shard {s} again with --force",
             p.display()
-        ))
+        )
     })?;
     let files = part.chunks.iter().map(|c| c.samples).sum();
     Ok(Some(PackSummary {
@@ -447,27 +480,6 @@ fn finished_shard(
     }))
 }
 
-/// The summary of an append that found nothing new.
-fn unchanged_summary(
-    out: &Path,
-    snap: &Snapshot<Vec<u8>>,
-    t0: Instant,
-    skipped: Vec<Skipped>,
-    warnings: Vec<String>,
-) -> PackSummary {
-    PackSummary {
-        out: out.to_path_buf(),
-        dataset_id: hex_id(&snap.dataset_id()),
-        generation: snap.lineage().generation,
-        action: "unchanged",
-        classes: snap.class_count(),
-        elapsed_s: t0.elapsed().as_secs_f64(),
-        skipped,
-        warnings,
-        ..PackSummary::default()
-    }
-}
-
 /// True if the dataset has a sample at `rel` (the snapshot was checked before: a lookup error
 /// cannot happen on it).
 fn in_dataset(snap: &Snapshot<Vec<u8>>, rel: &[u8]) -> bool {
@@ -487,60 +499,28 @@ fn remove_owned_chunks(place: &Place, mode: &Mode) -> Result<(), PackError> {
     })
 }
 
-/// Walks (or lists) and stats the source, with a spinner saying `what`.
-fn scan_source(opts: &PackOptions, src: &Path, what: &str) -> Result<scan::ScanResult, PackError> {
-    let template = format!("{{spinner}} {what}: {{pos}} files found ({{elapsed}})");
-    let pb = progress_bar(opts.output.progress, None, &template);
-    let found = scan::scan(
-        src,
-        opts.files_from.as_deref(),
-        opts.follow_links,
-        opts.skip_unreadable,
-        opts.output.shard,
-        &|n| pb.set_position(n),
-    );
-    pb.finish_and_clear();
-    found
-}
-
-/// What a pack's plan is made from: the scanned files and directories, how they are labelled
-/// (`classes` is the class table when labelling by parent directory), and the identity of the
-/// dataset they go into (`dataset_id` is given for shards and appends, drawn from `settings`
-/// and chance otherwise).
-struct PlanInput {
-    settings: String,
-    files: FileTable,
-    dirs: FileTable,
-    classes: Vec<Vec<u8>>,
-    labels: LabelMode,
-    dataset_id: Option<[u8; 16]>,
-}
-
-/// Labels, orders and chunks the files.
+/// Labels, orders and chunks the scanned `files` and `dirs` into the plan of dataset
+/// `dataset_id` (given for shards and appends, drawn from `settings` and chance otherwise);
+/// `classes` is the class table when labelling by parent directory.
 fn make_plan(
     opts: &PackOptions,
-    input: PlanInput,
+    settings: String,
+    (mut files, dirs): (FileTable, FileTable),
+    (classes, labels): (Vec<Vec<u8>>, LabelMode),
+    dataset_id: Option<[u8; 16]>,
     warnings: &mut Vec<String>,
 ) -> Result<Plan, PackError> {
-    let PlanInput {
-        settings,
-        mut files,
-        dirs,
-        classes,
-        labels,
-        dataset_id,
-    } = input;
     let classes = match labels {
         LabelMode::None => Vec::new(),
         LabelMode::ParentDir => classes,
     };
     files.label = labels_of(&files, &classes, labels, warnings)?;
     if files.len() as u64 > granary_format::MAX_SAMPLES {
-        return Err(PackError::Usage(format!(
+        return Err(usage!(
             "{} files: a dataset holds at most {} samples",
             files.len(),
             granary_format::MAX_SAMPLES
-        )));
+        ));
     }
     let mut order: Vec<u32> = (0..files.len() as u32).collect();
     if opts.order == Order::Random {
@@ -580,6 +560,9 @@ fn labels_of(
     labels: LabelMode,
     warnings: &mut Vec<String>,
 ) -> Result<Vec<u32>, PackError> {
+    if labels == LabelMode::None {
+        return Ok(vec![NO_LABEL; files.len()]);
+    }
     let class_of: BTreeMap<&[u8], u32> = classes
         .iter()
         .enumerate()
@@ -589,21 +572,15 @@ fn labels_of(
     let mut unlabeled = 0u64;
     let label: Vec<u32> = files
         .paths()
-        .map(|rel| match labels {
-            LabelMode::None => NO_LABEL,
-            LabelMode::ParentDir => match rel.iter().position(|&b| b == b'/') {
-                Some(i) => match class_of.get(&rel[..i]) {
-                    Some(&l) => l,
-                    None => {
-                        unknown.insert(rel[..i].to_vec());
-                        NO_LABEL
-                    }
-                },
-                None => {
-                    unlabeled += 1;
-                    NO_LABEL
-                }
-            },
+        .map(|rel| {
+            let Some(i) = rel.iter().position(|&b| b == b'/') else {
+                unlabeled += 1;
+                return NO_LABEL;
+            };
+            class_of.get(&rel[..i]).copied().unwrap_or_else(|| {
+                unknown.insert(rel[..i].to_vec());
+                NO_LABEL
+            })
         })
         .collect();
     if !unknown.is_empty() {
@@ -612,12 +589,12 @@ fn labels_of(
             .take(5)
             .map(|c| String::from_utf8_lossy(c).into_owned())
             .collect();
-        return Err(PackError::Usage(format!(
+        return Err(usage!(
             "{} class directories are not classes of the dataset (e.g. {}); every chunk carries the class table, \
              so new classes need a new pack (or append with the files of known classes only)",
             unknown.len(),
             shown.join(", ")
-        )));
+        ));
     }
     if unlabeled > 0 {
         warnings.push(format!(

@@ -1,9 +1,7 @@
-//! What every write is told, whichever way samples arrive (`pack` from a tree, the [`Writer`]
-//! behind Python, WebDataset import, Spark and Ray): where the dataset goes and how its chunks
-//! are cut. [`PackOptions`] and [`WriterOptions`] each hold one [`OutputOptions`] and add what
-//! only their input needs, so the shared settings, their defaults and their checks are written
-//! once. Plain data: it (de)serializes by its field names, which is how Python builds it from
-//! keyword arguments.
+//! What every write is told, whichever way samples arrive (`pack`, the [`Writer`], WebDataset
+//! import): where the dataset goes and how its chunks are cut. [`PackOptions`] and
+//! [`WriterOptions`] each hold one [`OutputOptions`], so the shared settings, defaults and
+//! checks are written once. Plain data, (de)serialized by field names (Python's keywords).
 //!
 //! [`Writer`]: crate::Writer
 //! [`PackOptions`]: crate::PackOptions
@@ -101,26 +99,23 @@ impl OutputOptions {
     /// The checks every write makes before it touches anything.
     pub(crate) fn check(&self) -> Result<(), PackError> {
         if self.chunk_size == 0 {
-            return Err(PackError::Usage(
-                "chunk size must be at least 1 byte".into(),
-            ));
+            return Err(usage!("chunk size must be at least 1 byte"));
         }
         if self.chunk_files == 0 {
-            return Err(PackError::Usage(
-                "a chunk must be allowed at least 1 file".into(),
-            ));
+            return Err(usage!("a chunk must be allowed at least 1 file"));
         }
         if let Some(d) = &self.destination {
             if self.shard.is_some() {
-                return Err(PackError::Usage(
-                    "a shard is written to a directory (local or on a shared file system), not to an object store".into(),
+                return Err(usage!(
+                    "a shard is written to a directory (local or on a shared file system), \
+                     not to an object store"
                 ));
             }
             if self.staging.is_none() {
-                return Err(PackError::Usage(format!(
+                return Err(usage!(
                     "writing to {} needs a local staging directory",
                     d.url()
-                )));
+                ));
             }
         }
         Ok(())

@@ -19,21 +19,21 @@ pub(crate) fn claim(
 ) -> Result<Vec<(String, u64)>, PackError> {
     let out = &o.out;
     if o.shard.is_some() && out.join(SNAPSHOT_FILE).exists() {
-        return Err(PackError::Usage(format!(
+        return Err(usage!(
             "{} is a dataset already (merged, or written whole); shards build a new dataset: \
              choose another output or remove it",
             out.display()
-        )));
+        ));
     }
     match &o.destination {
         Some(d) => upload::check_destination(d, o.force, o.resume, warnings),
         None => {
             if o.shard.is_none() && std::fs::symlink_metadata(out).is_ok() {
                 if !o.force {
-                    return Err(PackError::Usage(format!(
+                    return Err(usage!(
                         "{} already exists; pass --force (Python: force=True) to replace it",
                         out.display()
-                    )));
+                    ));
                 }
                 check_replaceable(out, Kind::Dataset)?;
             }
@@ -46,13 +46,8 @@ pub(crate) fn claim(
 /// components do not exist yet (they are then taken lexically: a missing directory cannot be a
 /// link).
 pub(crate) fn resolve(path: &Path) -> Result<PathBuf, PackError> {
-    let abs = if path.is_absolute() {
-        path.to_path_buf()
-    } else {
-        std::env::current_dir()
-            .map_err(|e| PackError::io("finding the current directory for", path, e))?
-            .join(path)
-    };
+    let abs = std::path::absolute(path)
+        .map_err(|e| PackError::io("finding the current directory for", path, e))?;
     let mut existing = abs.as_path();
     let mut tail = Vec::new();
     loop {
@@ -86,11 +81,11 @@ pub(crate) fn resolve(path: &Path) -> Result<PathBuf, PackError> {
 pub(crate) fn check_disjoint(src: &Path, out: &Path, work: &Path) -> Result<(), PackError> {
     let (out_abs, work_abs) = (resolve(out)?, resolve(work)?);
     let refuse = |why: &str| {
-        Err(PackError::Usage(format!(
+        Err(usage!(
             "the output {} {why} the source {}; pack never writes into its source: choose an output outside it",
             out.display(),
             src.display()
-        )))
+        ))
     };
     if out_abs == src {
         return refuse("is");
@@ -162,10 +157,10 @@ pub(crate) fn check_replaceable(dir: &Path, kind: Kind) -> Result<(), PackError>
         Kind::Build => "the build directory of a granary pack",
     };
     let refuse = |detail: String| {
-        Err(PackError::Usage(format!(
+        Err(usage!(
             "{} is not {what} ({detail}); --force replaces only that: remove it yourself if it should go",
             dir.display()
-        )))
+        ))
     };
     let md = std::fs::symlink_metadata(dir).map_err(|e| PackError::io("inspecting", dir, e))?;
     if !md.is_dir() {
@@ -188,26 +183,26 @@ pub(crate) fn check_replaceable(dir: &Path, kind: Kind) -> Result<(), PackError>
     Ok(())
 }
 
-/// An exclusive lock on a pack's build directory, held for the whole pack (also across the
-/// rename that publishes it): a second pack of the same output fails at once instead of
-/// mixing its chunks with ours.
-pub(crate) struct BuildLock {
+/// An exclusive lock on a directory, held until dropped.
+pub(crate) struct DirLock {
     _dir: File,
 }
 
-impl BuildLock {
-    /// Locks `work` (which must exist), or fails naming the pack that holds it.
-    pub(crate) fn take(work: &Path, out: &Path) -> Result<Self, PackError> {
+impl DirLock {
+    /// Locks the build directory `work` (which must exist) of `out` for the whole pack (also
+    /// across the rename that publishes it), or fails naming the pack that holds it: a second
+    /// pack of the same output fails at once instead of mixing its chunks with ours.
+    pub(crate) fn build(work: &Path, out: &Path) -> Result<Self, PackError> {
         use std::os::unix::fs::MetadataExt;
         let dir = File::open(work).map_err(|e| PackError::io("opening", work, e))?;
         match rustix::fs::flock(&dir, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
             Ok(()) => {}
             Err(rustix::io::Errno::WOULDBLOCK) => {
-                return Err(PackError::Usage(format!(
+                return Err(usage!(
                     "another granary pack is building {} right now (it holds the lock on {}); wait for it to finish or stop it",
                     out.display(),
                     work.display()
-                )))
+                ))
             }
             Err(e) => return Err(PackError::io("locking", work, e.into())),
         }
@@ -218,35 +213,29 @@ impl BuildLock {
             .map_err(|e| PackError::io("inspecting", work, e))?;
         let now = std::fs::metadata(work).map_err(|e| PackError::io("inspecting", work, e))?;
         if (held.dev(), held.ino()) != (now.dev(), now.ino()) {
-            return Err(PackError::Usage(format!(
+            return Err(usage!(
                 "another granary pack of {} finished while this one started; run again to replace it",
                 out.display()
-            )));
+            ));
         }
-        Ok(BuildLock { _dir: dir })
+        Ok(DirLock { _dir: dir })
     }
-}
 
-/// An exclusive lock on a published dataset's directory, held by every command that rewrites
-/// it in place (`append`, `upgrade`, `reindex`): two of them never interleave their writes.
-/// A second one waits for the first (saying so once) up to [`DatasetLock::WAIT`], then fails
-/// naming the dataset.
-pub(crate) struct DatasetLock {
-    _dir: File,
-}
-
-impl DatasetLock {
     /// The longest a command waits for another one rewriting the same dataset.
     pub(crate) const WAIT: std::time::Duration = std::time::Duration::from_secs(120);
 
-    pub(crate) fn take(dataset: &Path, what: &str) -> Result<Self, PackError> {
+    /// Locks a published dataset's directory for a command that rewrites it in place
+    /// (`what`: `append`, `upgrade`, `reindex`, `merge`): two of them never interleave their
+    /// writes. A second one waits for the first (saying so once) up to [`DirLock::WAIT`],
+    /// then fails naming the dataset.
+    pub(crate) fn dataset(dataset: &Path, what: &str) -> Result<Self, PackError> {
         use rustix::fs::FlockOperation::NonBlockingLockExclusive;
         let dir = File::open(dataset).map_err(|e| PackError::io("opening", dataset, e))?;
         let start = std::time::Instant::now();
         let mut said = false;
         loop {
             match rustix::fs::flock(&dir, NonBlockingLockExclusive) {
-                Ok(()) => return Ok(DatasetLock { _dir: dir }),
+                Ok(()) => return Ok(DirLock { _dir: dir }),
                 Err(rustix::io::Errno::WOULDBLOCK) if start.elapsed() < Self::WAIT => {
                     if !said {
                         eprintln!(
@@ -259,12 +248,12 @@ impl DatasetLock {
                     std::thread::sleep(std::time::Duration::from_millis(50));
                 }
                 Err(rustix::io::Errno::WOULDBLOCK) => {
-                    return Err(PackError::Usage(format!(
+                    return Err(usage!(
                         "{}: another granary command has been rewriting it for {} s (it holds \
                          the lock on the directory); run {what} again once it is done",
                         dataset.display(),
                         Self::WAIT.as_secs()
-                    )))
+                    ))
                 }
                 Err(e) => return Err(PackError::io("locking", dataset, e.into())),
             }

@@ -12,7 +12,7 @@ use rayon::prelude::*;
 use granary_format::{Compression, RunRecord, CHUNK_HEADER_LEN};
 use granary_store::buf::AlignedBuf;
 
-use crate::publish::{write_chunk_run, write_in_parallel, MAX_CHUNK_WRITERS, NO_TYPES};
+use crate::publish::{write_chunk, write_in_parallel, MAX_CHUNK_WRITERS, NO_TYPES};
 use crate::{encode, upload, PackError, PackOptions, Place, Plan, Skipped};
 use granary_store::chunk_file::Records;
 
@@ -29,11 +29,9 @@ pub(crate) struct Build<'a> {
 /// written).
 const PACK_BUFFERS: u64 = 256 << 20;
 
-/// Chunks written at once, up to [`MAX_CHUNK_WRITERS`]: one writer thread bounded a pack from and to fast
-/// storage (writing into the page cache costs the kernel more CPU than reading out of it), and
-/// on a disk each writer waits for its chunk's fsync while the others copy. 20,000 files,
-/// 7 alternated runs: tmpfs 1.42 s with one writer, 1.10 s with two, the same with four;
-/// disk (fsynced) 1.85–2.04 s with two, 1.60–1.67 s with four.
+/// Chunks written at once, up to [`MAX_CHUNK_WRITERS`]: one writer thread bounds a pack from and
+/// to fast storage (writing into the page cache costs the kernel more CPU than reading out of
+/// it), and on a disk each writer waits for its chunk's fsync while the others copy.
 fn writer_threads(chunk_size: u64) -> usize {
     let fit = PACK_BUFFERS / chunk_size.max(1);
     usize::try_from(fit.saturating_sub(2).clamp(1, MAX_CHUNK_WRITERS as u64)).unwrap_or(1)
@@ -75,7 +73,7 @@ pub(crate) fn write_chunks(
         .num_threads(b.opts.io_threads.max(1))
         .thread_name(|i| format!("granary-read-{i}"))
         .build()
-        .map_err(|e| PackError::Usage(format!("cannot start reader threads: {e}")))?;
+        .map_err(|e| usage!("cannot start reader threads: {e}"))?;
     // Arenas of written chunks, back to the reading side.
     let (back_tx, back_rx) = std::sync::mpsc::channel::<AlignedBuf>();
     let threads = writer_threads(b.opts.output.chunk_size);
@@ -86,7 +84,7 @@ pub(crate) fn write_chunks(
                 break; // the writers' error is the result
             }
             let arena = back_rx.try_recv().ok();
-            let chunk = read_chunk(b, &pool, pb, c, arena)?.accept(b, c, skipped)?;
+            let chunk = read_chunk(b, (&pool, pb), c, arena, skipped)?;
             *files_done += chunk.recs.len() as u64;
             pb.set_message(format!("{} files", *files_done));
             if !feed.send(chunk) {
@@ -148,14 +146,10 @@ fn write_read_chunk(
     };
     let at = (plan.dataset_id, place.ids.id(c));
     let body = &arena.as_slice()[CHUNK_HEADER_LEN..end];
-    let s = write_chunk_run(
-        &place.chunks,
-        at,
-        &plan.classes,
-        (records, &NO_TYPES),
-        body,
-        run,
-    )?;
+    let contents = (records, &NO_TYPES);
+    let s = write_chunk(&place.chunks, at, &plan.classes, contents, |w| {
+        w.append_run(body, run)
+    })?;
     // An arena much larger than a chunk (a chunk of one huge file) is not kept.
     if arena.as_slice().len() as u64 <= b.opts.output.chunk_size.saturating_mul(2) {
         let _ = back.send(arena); // the reading side may have finished
@@ -163,60 +157,18 @@ fn write_read_chunk(
     Ok(s)
 }
 
-/// A chunk's files read into `arena` (the `k`th file of the chunk at `spans[k]`: offset,
-/// length), each with its encoding or why it could not be read, in the plan's order.
-struct ReadResults {
-    arena: AlignedBuf,
-    spans: Vec<(usize, usize)>,
-    read: Vec<(usize, Result<encode::Encoding, String>)>,
-}
-
-impl ReadResults {
-    /// The chunk to write: every record read, in the plan's order; a file that could not be
-    /// read is skipped (`--skip-unreadable`: listed in `skipped`) or the pack's error.
-    fn accept(
-        self,
-        b: &Build<'_>,
-        c: usize,
-        skipped: &mut Vec<Skipped>,
-    ) -> Result<ReadChunk, PackError> {
-        let files = b.plan.chunk_files(c);
-        let mut recs = Vec::with_capacity(self.read.len());
-        for (k, r) in self.read {
-            let (at, len) = self.spans[k];
-            match r {
-                Ok(enc) => recs.push(ReadRecord { k, at, len, enc }),
-                Err(reason) if b.opts.skip_unreadable => skipped.push(Skipped {
-                    path: b.plan.files.path(files[k] as usize).to_vec(),
-                    reason,
-                }),
-                Err(detail) => {
-                    let rel = b.plan.files.path(files[k] as usize);
-                    return Err(PackError::Source {
-                        path: b.src.join(std::ffi::OsStr::from_bytes(rel)),
-                        detail,
-                    });
-                }
-            }
-        }
-        Ok(ReadChunk {
-            c,
-            arena: self.arena,
-            recs,
-        })
-    }
-}
-
 /// Reads chunk `c`'s files into `arena` (a new one where it is missing or too small) with
 /// the reader threads, in inode order (close to on-disk order), each where it lies in the
-/// chunk file if all are stored as they are, and encodes each where it lies.
+/// chunk file if all are stored as they are, and encodes each where it lies. A file that
+/// could not be read is skipped (`--skip-unreadable`: listed in `skipped`) or the pack's
+/// error.
 fn read_chunk(
     b: &Build<'_>,
-    pool: &rayon::ThreadPool,
-    pb: &ProgressBar,
+    (pool, pb): (&rayon::ThreadPool, &ProgressBar),
     c: usize,
     arena: Option<AlignedBuf>,
-) -> Result<ReadResults, PackError> {
+    skipped: &mut Vec<Skipped>,
+) -> Result<ReadChunk, PackError> {
     let (files, table) = (b.plan.chunk_files(c), &b.plan.files);
     let mut spans = Vec::with_capacity(files.len());
     let mut total = CHUNK_HEADER_LEN;
@@ -240,11 +192,7 @@ fn read_chunk(
         // files alone.
         _ => AlignedBuf::try_new(total.max(chunk_size.saturating_add(CHUNK_HEADER_LEN)))
             .or_else(|| AlignedBuf::try_new(total))
-            .ok_or_else(|| {
-                PackError::Usage(format!(
-                    "cannot allocate {total} bytes to read chunk {c}'s files"
-                ))
-            })?,
+            .ok_or_else(|| usage!("cannot allocate {total} bytes to read chunk {c}'s files"))?,
     };
     // Each file's place in the arena, handed to the reader threads in inode order.
     let mut work: Vec<(usize, &mut [u8])> = Vec::with_capacity(files.len());
@@ -269,5 +217,21 @@ fn read_chunk(
             .collect()
     });
     read.sort_unstable_by_key(|(k, _)| *k);
-    Ok(ReadResults { arena, spans, read })
+    let mut recs = Vec::with_capacity(read.len());
+    for (k, r) in read {
+        let (at, len) = spans[k];
+        let rel = || table.path(files[k] as usize);
+        match r {
+            Ok(enc) => recs.push(ReadRecord { k, at, len, enc }),
+            Err(reason) if b.opts.skip_unreadable => skipped.push(Skipped {
+                path: rel().to_vec(),
+                reason,
+            }),
+            Err(detail) => {
+                let path = b.src.join(std::ffi::OsStr::from_bytes(rel()));
+                return Err(PackError::Source { path, detail });
+            }
+        }
+    }
+    Ok(ReadChunk { c, arena, recs })
 }

@@ -11,11 +11,8 @@ use granary_format::{encode_string_table, StringTable, NO_LABEL};
 use crate::files::FileTable;
 use crate::PackError;
 
-// The plan is a node-local file (docs/internals.md, kind `PACK_PLAN`). Version 2 added each
-// file's mtime; version 3 stored the files as columns (path arena, then one column per
-// attribute) and the chunk order as a permutation; version 4 is version 3's body in the
-// common frame; version 5 adds each file's mode and the directories of the tree (format 1.2).
-// A plan of another version is not resumed.
+// The plan is a node-local file (docs/internals.md, kind `PACK_PLAN`); a plan of another
+// version is not resumed.
 
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) struct Plan {
@@ -172,7 +169,7 @@ impl Plan {
             .ok()?;
         let n = r.u64()?;
         // Every file takes at least 44 bytes (end, size, label, inode, mtime, mode, order).
-        if n > r.left() / 44 || n > granary_format::MAX_SAMPLES {
+        if n > r.0.left() / 44 || n > granary_format::MAX_SAMPLES {
             return None;
         }
         let n = n as usize;
@@ -185,7 +182,7 @@ impl Plan {
         let order = r.column(n, u32::from_le_bytes)?;
         let nd = r.u64()?;
         // Every directory takes at least 20 bytes (end, mtime, mode).
-        if nd > r.left() / 20 {
+        if nd > r.0.left() / 20 {
             return None;
         }
         let nd = nd as usize;
@@ -196,7 +193,7 @@ impl Plan {
         dirs.ino = vec![0; nd];
         dirs.label = vec![0; nd];
         let nc = r.u64()?;
-        if nc > r.left() / 8 {
+        if nc > r.0.left() / 8 {
             return None;
         }
         let chunk_starts = r.column(nc as usize, u64::from_le_bytes)?;
@@ -278,9 +275,6 @@ fn put_all<T: Copy, const N: usize>(
 struct Body<R: Read>(LocalReader<R>);
 
 impl<R: Read> Body<R> {
-    fn left(&self) -> u64 {
-        self.0.left()
-    }
     fn array<const N: usize>(&mut self) -> Option<[u8; N]> {
         let mut a = [0u8; N];
         self.0.read_body(&mut a).ok()?;
@@ -291,7 +285,7 @@ impl<R: Read> Body<R> {
     }
     /// `n` bytes, if the file has that many left.
     fn bytes(&mut self, n: u64) -> Option<Vec<u8>> {
-        if n > self.left() {
+        if n > self.0.left() {
             return None;
         }
         let mut b = vec![0u8; n as usize];
@@ -310,7 +304,7 @@ impl<R: Read> Body<R> {
     }
     /// `n` values of `N` bytes each (the caller checked that `n` fits the file).
     fn column<T, const N: usize>(&mut self, n: usize, dec: fn([u8; N]) -> T) -> Option<Vec<T>> {
-        if (n as u64).checked_mul(N as u64)? > self.left() {
+        if (n as u64).checked_mul(N as u64)? > self.0.left() {
             return None;
         }
         let mut out = Vec::with_capacity(n);
@@ -380,28 +374,24 @@ impl SourceChanges {
 
 impl std::fmt::Display for SourceChanges {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let mut first = true;
-        for (what, list) in [
+        let lists = [
             ("modified", &self.modified),
             ("removed", &self.removed),
             ("added", &self.added),
-        ] {
-            if list.is_empty() {
-                continue;
-            }
-            if !first {
-                write!(f, "; ")?;
-            }
-            first = false;
-            write!(f, "{} {what}", list.len())?;
-            let shown: Vec<_> = list
-                .iter()
-                .take(3)
-                .map(|p| String::from_utf8_lossy(p))
-                .collect();
-            write!(f, ", e.g. {}", shown.join(", "))?;
-        }
-        Ok(())
+        ];
+        let said: Vec<String> = lists
+            .into_iter()
+            .filter(|(_, l)| !l.is_empty())
+            .map(|(what, list)| {
+                let shown: Vec<_> = list
+                    .iter()
+                    .take(3)
+                    .map(|p| String::from_utf8_lossy(p))
+                    .collect();
+                format!("{} {what}, e.g. {}", list.len(), shown.join(", "))
+            })
+            .collect();
+        f.write_str(&said.join("; "))
     }
 }
 

@@ -11,81 +11,30 @@ use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use granary_format::{
-    chunk_file_name, parse_chunk_file_name, ChunkSummary, ChunkWriter, FileAttrs, RunRecord,
-    SnapshotBuilder, SNAPSHOT_FILE,
+    chunk_file_name, parse_chunk_file_name, ChunkSummary, ChunkWriter, SnapshotBuilder,
+    SNAPSHOT_FILE,
 };
 use granary_store::chunk_file::{ChunkFile, Records};
 use granary_store::object::ObjectUrl;
 use granary_store::write::{AtomicFile, Durability, Pending};
 
-use crate::encode::EncodedRef;
 use crate::{lock, output, upload, PackError};
-
-/// One record of a chunk being written: its path (the key), its bytes as stored and how they
-/// were encoded, its label; for a sample with named fields, each field's name, stored length
-/// and CRC (the fields' stored bytes back to back are `enc.stored`); for a file of a chunk
-/// that records attributes, its mode and mtime.
-pub(crate) struct ChunkRecord<'a> {
-    pub key: &'a [u8],
-    pub enc: EncodedRef<'a>,
-    pub label: u32,
-    pub fields: &'a [(Vec<u8>, u64, u32)],
-    pub attrs: Option<FileAttrs>,
-}
-
-/// What a chunk's records are besides their bytes: their kind, and the types of named
-/// fields.
-pub(crate) type Contents<'a> = (Records, &'a BTreeMap<Vec<u8>, String>);
 
 /// The field types of a chunk without named fields.
 pub(crate) static NO_TYPES: BTreeMap<Vec<u8>, String> = BTreeMap::new();
 
-/// Writes chunk `id` of dataset `dataset_id` into `dir` from `records` (in order), with the
-/// class table `classes`, holding `contents`: see [`write_chunk_with`].
-pub(crate) fn write_chunk<'a>(
-    dir: &Path,
-    at: ([u8; 16], u32),
-    classes: &[Vec<u8>],
-    contents: Contents<'_>,
-    records: impl IntoIterator<Item = ChunkRecord<'a>>,
-) -> Result<ChunkSummary, PackError> {
-    write_chunk_with(dir, at, classes, contents, |w| {
-        for r in records {
-            append_record(w, &r)?;
-            if let Some(a) = r.attrs {
-                w.attrs(a)?;
-            }
-        }
-        Ok(())
-    })
-}
-
-/// Writes chunk `id` of dataset `dataset_id` into `dir` from records whose stored bytes lie
-/// back to back in `run` ([`ChunkWriter::append_run`]), as [`write_chunk`] does. A `run`
-/// that starts a header's length past a block boundary of memory goes to the device from
-/// where it is (see [`AtomicFile::direct`]): `pack` reads a chunk's files so.
-pub(crate) fn write_chunk_run<'r>(
-    dir: &Path,
-    at: ([u8; 16], u32),
-    classes: &[Vec<u8>],
-    contents: Contents<'_>,
-    run: &[u8],
-    records: impl IntoIterator<Item = RunRecord<'r>>,
-) -> Result<ChunkSummary, PackError> {
-    write_chunk_with(dir, at, classes, contents, |w| w.append_run(run, records))
-}
-
 /// Writes chunk `id` of dataset `dataset_id` into `dir` ([`ChunkFile`]): its header, the
-/// records `append` appends, and its footer with the class table `classes`, holding
-/// `contents`. The file is written past the page cache where the file system allows
-/// ([`AtomicFile::direct`]: the kernel copies none of a pack's bytes into memory and writes
-/// none back later) and fsynced before it takes its name; the caller syncs the directory once
-/// for many chunks. Nothing is left under either name on failure.
-fn write_chunk_with(
+/// records `append` appends (of kind `records`, with field types `types`), and its footer
+/// with the class table `classes`. The file is written past the page cache where the file
+/// system allows ([`AtomicFile::direct`]; a [`ChunkWriter::append_run`] of a run that starts
+/// a header's length past a block boundary of memory goes to the device from where it is)
+/// and fsynced before it takes its name; the caller syncs the directory once for many
+/// chunks. Nothing is left under either name on failure.
+pub(crate) fn write_chunk(
     dir: &Path,
     (dataset_id, id): ([u8; 16], u32),
     classes: &[Vec<u8>],
-    (records, types): Contents<'_>,
+    (records, types): (Records, &BTreeMap<Vec<u8>, String>),
     append: impl FnOnce(&mut ChunkWriter<AtomicFile>) -> std::io::Result<()>,
 ) -> Result<ChunkSummary, PackError> {
     let path = dir.join(chunk_file_name(id));
@@ -125,15 +74,14 @@ impl<J> Feed<'_, J> {
 
 /// Writes chunks on `threads` threads (1 to [`MAX_CHUNK_WRITERS`]) while `feed` makes them:
 /// every job `feed` sends becomes a chunk file by `write`, and each chunk written goes to
-/// `sink` (uploaded, where the run uploads). The one way every writer of chunks runs in
-/// parallel: `pack` (jobs: files read), the writer's gather (records read from spill logs) and
-/// its direct finish (chunks filled as samples came).
+/// `sink` (uploaded, where the run uploads). Used by `pack` (jobs: files read), the writer's
+/// gather (records read from spill logs) and its direct finish (chunks filled as samples came).
 ///
 /// Returns what `feed` returned and the written chunks' summaries in id order, slim (only id,
-/// size and CRC: memory does not grow with the samples; [`full_summary`] reads the rest
-/// back). The first chunk that could not be written — a writer that panicked included — is
-/// the error, before `feed`'s own (which usually only saw the writers stop); after it, jobs
-/// still sent are dropped unwritten and `feed` is told to stop.
+/// size and CRC: memory does not grow with the samples; `Totals::full` reads the rest back).
+/// The first chunk that could not be written (a writer that panicked included) is the error,
+/// before `feed`'s own (which usually only saw the writers stop); after it, jobs still sent
+/// are dropped unwritten and `feed` is told to stop.
 pub(crate) fn write_in_parallel<J: Send, T>(
     threads: usize,
     sink: &upload::Sink<'_>,
@@ -185,9 +133,7 @@ fn write_jobs<J>(
         }
         let written = catch_unwind(AssertUnwindSafe(|| write(job))).unwrap_or_else(|panic| {
             let why = granary_store::panic_message(&*panic);
-            Err(PackError::Usage(format!(
-                "a chunk writer thread panicked: {why}"
-            )))
+            Err(usage!("a chunk writer thread panicked: {why}"))
         });
         match written.and_then(|s| sink.finished(&s).map(|()| crate::slimmed(&s))) {
             Ok(s) => lock(done).push(s),
@@ -196,43 +142,6 @@ fn write_jobs<J>(
             }
         }
     }
-}
-
-/// The full summary of written chunk `slim` (see [`write_in_parallel`]): read back from the
-/// chunk's footer in `dir`, or, where the chunk was uploaded, from its upload marker there.
-pub(crate) fn full_summary(
-    dir: &Path,
-    uploaded: bool,
-    slim: ChunkSummary,
-) -> Result<ChunkSummary, PackError> {
-    match uploaded {
-        true => upload::marker_summary(dir, slim),
-        false => crate::read_footer(dir, slim),
-    }
-}
-
-/// Appends `r` to `w`: a blob as it is stored, a field group field by field (its attributes
-/// are the caller's).
-pub(crate) fn append_record<W: std::io::Write>(
-    w: &mut ChunkWriter<W>,
-    r: &ChunkRecord<'_>,
-) -> std::io::Result<()> {
-    let e = r.enc;
-    if r.fields.is_empty() {
-        w.append(r.key, e.stored, e.compression, e.orig_len, e.crc32, r.label)?;
-        return Ok(());
-    }
-    let mut at = 0usize;
-    let parts: Vec<(&[u8], &[u8], u32)> = r
-        .fields
-        .iter()
-        .map(|(name, len, crc)| {
-            let d = &e.stored[at..at + *len as usize];
-            at += *len as usize;
-            (&name[..], d, *crc)
-        })
-        .collect();
-    w.append_group(r.key, &parts, r.label).map(drop)
 }
 
 /// A snapshot builder that keeps its record table in an unnamed temporary file in `dir`
@@ -347,16 +256,6 @@ pub(crate) fn publish_whole(
             std::fs::remove_dir_all(work).map_err(|e| PackError::io("removing", work, e))
         }
     }
-}
-
-/// Writes the snapshot `b` builds to `path` (fsynced, renamed into place, directory fsynced),
-/// streaming it: no copy of the snapshot in memory. Returns its length.
-pub(crate) fn write_snapshot_atomic(path: &Path, b: SnapshotBuilder) -> Result<u64, PackError> {
-    let (pending, len) = write_snapshot_pending(path, b)?;
-    pending
-        .publish()
-        .map_err(|e| PackError::io("renaming into place", path, e))?;
-    Ok(len)
 }
 
 /// Streams the snapshot `b` builds to `path` with the extension `tmp`, fsynced, and returns

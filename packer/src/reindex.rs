@@ -48,20 +48,20 @@ impl Place {
             Location::Object(u) => u,
         };
         if !url.writable() {
-            return Err(PackError::Usage(format!(
+            return Err(usage!(
                 "{}: read-only (plain HTTP); reindex and upgrade need a store they can write \
                  (s3://, gs://, az://)",
                 url.url()
-            )));
+            ));
         }
         Ok(Place::Url(url))
     }
 
     /// Locks a local dataset's directory for a command that rewrites it (`what`); an object
     /// store has no lock (its snapshot is replaced by one PUT).
-    pub(crate) fn lock(&self, what: &str) -> Result<Option<crate::output::DatasetLock>, PackError> {
+    pub(crate) fn lock(&self, what: &str) -> Result<Option<crate::output::DirLock>, PackError> {
         match self {
-            Place::Dir(d) => crate::output::DatasetLock::take(d, what).map(Some),
+            Place::Dir(d) => crate::output::DirLock::dataset(d, what).map(Some),
             Place::Url(_) => Ok(None),
         }
     }
@@ -73,7 +73,7 @@ impl Place {
         };
         if granary_format::is_legacy_snapshot(&old) {
             if let Ok(l) = granary_format::read_legacy_snapshot(&old) {
-                return Err(PackError::Usage(format!(
+                return Err(usage!(
                     "{}: an intact snapshot of format {}.{} is there ({} samples); `granary \
                      upgrade {}` rewrites it as 2.0 keeping everything it records (file modes, \
                      mtimes, empty directories, which chunks do not hold); reindex replaces it \
@@ -83,17 +83,17 @@ impl Place {
                     l.version.1,
                     l.chunks.iter().map(|c| c.entries.len()).sum::<usize>(),
                     self.show()
-                )));
+                ));
             }
         }
         let intact =
             Snapshot::open(&old[..]).map(|s| (s.check_blocks().is_empty(), s.sample_count()));
         match intact {
-            Ok((true, samples)) => Err(PackError::Usage(format!(
+            Ok((true, samples)) => Err(usage!(
                 "{}: an intact snapshot is there ({samples} samples, every checksum right); \
                  reindex replaces it only with --force",
                 self.location(SNAPSHOT_FILE).display()
-            ))),
+            )),
             _ => Ok(()),
         }
     }
@@ -194,10 +194,7 @@ pub fn reindex(
         .collect();
     ids.sort_unstable();
     if ids.is_empty() {
-        return Err(PackError::Usage(format!(
-            "{}: no chunk files found",
-            place.show()
-        )));
+        return Err(usage!("{}: no chunk files found", place.show()));
     }
     let missing: Vec<String> = (0..=*ids.last().expect("non-empty"))
         .filter(|i| ids.binary_search(i).is_err())
@@ -205,11 +202,11 @@ pub fn reindex(
         .map(chunk_file_name)
         .collect();
     if !missing.is_empty() {
-        return Err(PackError::Usage(format!(
+        return Err(usage!(
             "{}: chunks are missing, the snapshot cannot be rebuilt: {}",
             place.show(),
             missing.join(", ")
-        )));
+        ));
     }
     let checked: Vec<Result<CheckedChunk, PackError>> = ids
         .par_iter()
@@ -249,22 +246,15 @@ pub fn reindex(
     let mut first: Option<([u8; 16], Vec<Vec<u8>>)> = None;
     for r in checked {
         let (id, classes, s) = r?;
-        match &first {
-            None => first = Some((id, classes)),
-            Some((id0, c0)) => {
-                if *id0 != id {
-                    return Err(PackError::Usage(format!(
-                        "{}: belongs to another dataset than chunk 0",
-                        place.location(&chunk_file_name(s.chunk_id)).display()
-                    )));
-                }
-                if *c0 != classes {
-                    return Err(PackError::Usage(format!(
-                        "{}: its class table differs from chunk 0's",
-                        place.location(&chunk_file_name(s.chunk_id)).display()
-                    )));
-                }
-            }
+        let (id0, c0) = first.get_or_insert_with(|| (id, classes.clone()));
+        let path = place.location(&chunk_file_name(s.chunk_id));
+        if *id0 != id {
+            let shown = path.display();
+            return Err(usage!("{shown}: belongs to another dataset than chunk 0"));
+        }
+        if *c0 != classes {
+            let shown = path.display();
+            return Err(usage!("{shown}: its class table differs from chunk 0's"));
         }
         chunks.push(s);
     }
@@ -276,25 +266,13 @@ pub fn reindex(
         samples += s.entries.len() as u64;
     }
     let snap = b.build()?;
-    // Footers are checksummed but can still be crafted (paths leaving the tree, labels past the
-    // class table): the rebuilt snapshot must pass the full structural check before it is
-    // written (O(samples), small next to reading every chunk above).
-    let opened = Snapshot::open(&snap[..]);
-    let problems = opened
-        .as_ref()
-        .map(|s| s.check_structure(5))
-        .unwrap_or_else(|e| vec![e.clone()]);
-    let (directories, file_attributes) = opened
-        .as_ref()
-        .map_or((0, false), |s| (s.dir_count(), s.has_attrs()));
-    if !problems.is_empty() {
-        let list: Vec<String> = problems.iter().map(|e| e.to_string()).collect();
-        return Err(PackError::Usage(format!(
-            "{}: the chunk footers do not describe a valid dataset, no snapshot written: {}",
-            place.show(),
-            list.join("; ")
-        )));
-    }
+    let s = check_built(&snap).map_err(|why| {
+        usage!(
+            "{}: the chunk footers do not describe a valid dataset, no snapshot written: {why}",
+            place.show()
+        )
+    })?;
+    let (directories, file_attributes) = (s.dir_count(), s.has_attrs());
     place.write(SNAPSHOT_FILE, &snap)?;
     Ok(ReindexSummary {
         snapshot: place.location(SNAPSHOT_FILE).display().to_string(),
@@ -305,4 +283,21 @@ pub fn reindex(
         directories,
         file_attributes,
     })
+}
+
+/// Opens a snapshot just built and checks it completely (footers are checksummed but can
+/// still be crafted: paths leaving the tree, labels past the class table); `Err` says what
+/// is wrong.
+pub(crate) fn check_built(b: &[u8]) -> Result<Snapshot<&[u8]>, String> {
+    let s = Snapshot::open(b).map_err(|e| e.to_string())?;
+    let problems: Vec<String> = s
+        .check_blocks()
+        .into_iter()
+        .chain(s.check_structure(5))
+        .map(|e| e.to_string())
+        .collect();
+    match problems.is_empty() {
+        true => Ok(s),
+        false => Err(problems.join("; ")),
+    }
 }

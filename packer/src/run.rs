@@ -4,7 +4,8 @@
 //! file, or publish an append's next snapshot).
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::ops::ControlFlow;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use granary_format::{
@@ -14,13 +15,13 @@ use granary_store::object::ObjectUrl;
 use rayon::prelude::*;
 
 use crate::plan::{self, Plan};
-use crate::publish::{full_summary, write_snapshot_pending, Target};
+use crate::publish::{write_snapshot_pending, Target};
+use crate::scan;
 use crate::{
     finished_shard, hex_id, in_dataset, make_plan, output, progress_bar, remove_owned_chunks,
-    scan_source, settings_text, shard, shared_key_of, slimmed, spooled_builder, sync_dir,
-    unchanged_summary, upload, verify_existing, work_dir, write_chunks, write_snapshot_atomic,
-    Build, Existing, Ids, LabelMode, Mode, PackError, PackOptions, PackSummary, Place, PlanInput,
-    Skipped, PLAN_FILE,
+    settings_text, shard, shared_key_of, slimmed, spooled_builder, sync_dir, upload,
+    verify_existing, write_chunks, Build, Existing, Ids, LabelMode, Mode, PackError, PackOptions,
+    PackSummary, Place, ShardSpec, Skipped, PLAN_FILE,
 };
 
 /// [`run_kept`], naming the work directory in the error once a plan was saved there: the
@@ -53,10 +54,7 @@ struct Run<'a> {
 }
 
 /// The outcome of a phase: go on, or the run is already complete.
-enum Next<T> {
-    Go(T),
-    Done(Box<PackSummary>),
-}
+type Next<T> = ControlFlow<Box<PackSummary>, T>;
 
 /// Packs (or appends) as `mode` says; sets `kept` to the work directory once the plan is saved
 /// there.
@@ -66,8 +64,14 @@ fn run_kept(
     kept: &mut Option<PathBuf>,
 ) -> Result<PackSummary, PackError> {
     let t0 = Instant::now();
-    let (src, dest) = validate(opts)?;
-    let place = place(opts, &mode, dest)?;
+    opts.output.check()?;
+    let src = std::fs::canonicalize(&opts.src)
+        .map_err(|e| PackError::io("opening source", &opts.src, e))?;
+    if !src.is_dir() {
+        return Err(usage!("{} is not a directory", opts.src.display()));
+    }
+    let dest = opts.output.destination.as_deref();
+    let place = place(opts, &mode)?;
     let mut run = Run {
         opts,
         mode,
@@ -91,15 +95,15 @@ fn run_kept(
         // The output's parent directories too: `-o new/dir/train.granary` just works.
         std::fs::create_dir_all(&work).map_err(|e| PackError::io("creating", &work, e))?;
     }
-    let _lock = output::BuildLock::take(&work, &opts.output.out)?;
+    let _lock = output::DirLock::build(&work, &opts.output.out)?;
     let _dataset_lock = match run.mode {
-        Mode::Append { .. } => Some(output::DatasetLock::take(&opts.output.out, "append")?),
+        Mode::Append { .. } => Some(output::DirLock::dataset(&opts.output.out, "append")?),
         _ => None,
     };
     let scan_start = Instant::now();
     let plan = match run.plan_or_resume(existed) {
-        Ok(Next::Go(plan)) => plan,
-        Ok(Next::Done(summary)) => return Ok(*summary),
+        Ok(Next::Continue(plan)) => plan,
+        Ok(Next::Break(summary)) => return Ok(*summary),
         Err(e) => {
             // Failed before a plan was saved (in the scan, say): a build directory this run
             // made holds nothing to resume and would only block the next run.
@@ -125,57 +129,17 @@ fn run_kept(
     run.finish(plan, done, chunks_resumed, scan_s)
 }
 
-/// Checks the request: sizes, the source, and what can be written where.
-fn validate(opts: &PackOptions) -> Result<(PathBuf, Option<&ObjectUrl>), PackError> {
-    opts.output.check()?;
-    let src = std::fs::canonicalize(&opts.src)
-        .map_err(|e| PackError::io("opening source", &opts.src, e))?;
-    if !src.is_dir() {
-        return Err(PackError::Usage(format!(
-            "{} is not a directory",
-            opts.src.display()
-        )));
-    }
-    let dest = opts.output.destination.as_deref();
-    Ok((src, dest))
-}
-
 /// Where the run builds: its work directory and where its chunks go, with their ids.
-fn place(opts: &PackOptions, mode: &Mode, dest: Option<&ObjectUrl>) -> Result<Place, PackError> {
-    let out = &opts.output.out;
-    // `OutputOptions::check` made sure a destination comes with its staging directory.
-    Ok(match (mode, dest, &opts.output.staging) {
-        (Mode::Whole, Some(_), Some(s)) => Place {
-            work: s.clone(),
-            chunks: s.clone(),
-            ids: Ids { base: 0, stride: 1 },
-        },
-        (Mode::Whole, _, _) => {
-            let w = work_dir(out)?;
-            Place {
-                chunks: w.clone(),
-                work: w,
-                ids: Ids { base: 0, stride: 1 },
-            }
-        }
-        (Mode::Shard(s), _, _) => Place {
-            work: out.join(s.dir_name()),
-            chunks: out.clone(),
-            ids: Ids {
-                base: s.index,
-                stride: s.count,
-            },
-        },
-        (Mode::Append { snap, .. }, _, _) => Place {
-            work: out.join(".append.partial"),
-            chunks: out.clone(),
-            ids: Ids {
-                base: u32::try_from(snap.chunk_count()).map_err(|_| {
-                    PackError::Usage("the dataset has the most chunks the format allows".into())
-                })?,
-                stride: 1,
-            },
-        },
+fn place(opts: &PackOptions, mode: &Mode) -> Result<Place, PackError> {
+    let Mode::Append { snap, .. } = mode else {
+        return Place::of(&opts.output);
+    };
+    let base = u32::try_from(snap.chunk_count())
+        .map_err(|_| usage!("the dataset has the most chunks the format allows"))?;
+    Ok(Place {
+        work: opts.output.out.join(".append.partial"),
+        chunks: opts.output.out.clone(),
+        ids: Ids { base, stride: 1 },
     })
 }
 
@@ -223,7 +187,7 @@ impl Run<'_> {
             let p = work.join(PLAN_FILE);
             match Plan::load(&p) {
                 Some(plan) if plan.settings == settings => Ok(Some(plan)),
-                Some(plan) => Err(PackError::Usage(format!(
+                Some(plan) => Err(usage!(
                     "cannot resume: the interrupted pack in {} used other settings{}.\nrecorded:\n{}now:\n{}\
                      rerun with the recorded settings, or with --force to start over",
                     work.display(),
@@ -234,7 +198,7 @@ impl Run<'_> {
                     },
                     plan.settings,
                     settings
-                ))),
+                )),
                 None => {
                     self.warnings.push(format!(
                         "{} holds no usable plan (interrupted before the scan finished, or written by another granary version); starting over",
@@ -250,10 +214,10 @@ impl Run<'_> {
             output::empty_dir(work)?;
             Ok(None)
         } else {
-            Err(PackError::Usage(format!(
+            Err(usage!(
                 "an interrupted pack exists at {}; pass --resume to continue it or --force to start over",
                 work.display()
-            )))
+            ))
         }
     }
 
@@ -270,7 +234,7 @@ impl Run<'_> {
             remove_owned_chunks(&self.place, &self.mode)?;
         }
         match earlier {
-            Some(p) => self.resume(p).map(Next::Go),
+            Some(p) => self.resume(p).map(Next::Continue),
             None => self.new_plan(settings),
         }
     }
@@ -278,7 +242,7 @@ impl Run<'_> {
     /// Kept chunks hold the source as it was at the first scan: resuming over a changed source
     /// would mix old and new versions, so look again and refuse if it changed.
     fn resume(&mut self, p: Plan) -> Result<Plan, PackError> {
-        let mut found = scan_source(self.opts, &self.src, "checking the source against the plan")?;
+        let mut found = scan::scan(&self.src, self.opts, "checking the source against the plan")?;
         self.warnings.append(&mut found.warnings);
         self.skipped.append(&mut found.skipped);
         if let Mode::Append {
@@ -291,11 +255,11 @@ impl Run<'_> {
         let changes = plan::SourceChanges::between(&p.files, &found.files);
         drop(found);
         if !changes.is_empty() {
-            return Err(PackError::Usage(format!(
+            return Err(usage!(
                 "cannot resume: the source changed since the interrupted pack scanned it ({changes}); \
                  its plan and the chunks already written describe the old source. Rerun with --force to \
                  pack the source as it is now"
-            )));
+            ));
         }
         Ok(p)
     }
@@ -304,7 +268,7 @@ impl Run<'_> {
     /// says); an append with nothing new is complete already.
     fn new_plan(&mut self, settings: String) -> Result<Next<Plan>, PackError> {
         let (opts, work) = (self.opts, self.place.work.clone());
-        let mut found = scan_source(opts, &self.src, "scanning")?;
+        let mut found = scan::scan(&self.src, opts, "scanning")?;
         self.warnings.append(&mut found.warnings);
         self.skipped.append(&mut found.skipped);
         let (classes, labels, dataset_id) = match &self.mode {
@@ -334,12 +298,12 @@ impl Run<'_> {
                 if in_ds > 0 {
                     if *existing == Existing::Refuse {
                         let _ = std::fs::remove_dir_all(&work);
-                        return Err(PackError::Usage(format!(
+                        return Err(usage!(
                             "{in_ds} of the files to append are in the dataset already (e.g. {}); \
                              pass --skip-existing to append only the others (a sample's bytes never change \
                              in place: to change samples, pack a new dataset)",
                             shown.join(", ")
-                        )));
+                        ));
                     }
                     self.warnings.push(format!(
                         "{in_ds} files are in the dataset already: left out (--skip-existing)"
@@ -364,33 +328,35 @@ impl Run<'_> {
             if let Mode::Append { snap, .. } = &self.mode {
                 self.warnings
                     .push("no new files: the dataset is unchanged".into());
-                return Ok(Next::Done(Box::new(unchanged_summary(
-                    &opts.output.out,
-                    snap,
-                    self.t0,
-                    std::mem::take(&mut self.skipped),
-                    std::mem::take(&mut self.warnings),
-                ))));
+                return Ok(Next::Break(Box::new(PackSummary {
+                    out: opts.output.out.clone(),
+                    dataset_id: hex_id(&snap.dataset_id()),
+                    generation: snap.lineage().generation,
+                    action: "unchanged",
+                    classes: snap.class_count(),
+                    elapsed_s: self.t0.elapsed().as_secs_f64(),
+                    skipped: std::mem::take(&mut self.skipped),
+                    warnings: std::mem::take(&mut self.warnings),
+                    ..PackSummary::default()
+                })));
             }
-            return Err(PackError::Usage(format!(
-                "no files to pack in {}",
-                opts.src.display()
-            )));
+            return Err(usage!("no files to pack in {}", opts.src.display()));
         }
-        let input = PlanInput {
+        let scanned = (found.files, found.dirs);
+        let plan = make_plan(
+            opts,
             settings,
-            files: found.files,
-            dirs: found.dirs,
-            classes,
-            labels,
+            scanned,
+            (classes, labels),
             dataset_id,
-        };
-        let plan = make_plan(opts, input, &mut self.warnings).inspect_err(|_| {
+            &mut self.warnings,
+        );
+        let plan = plan.inspect_err(|_| {
             // Nothing was written yet: leave no interrupted pack behind.
             let _ = std::fs::remove_dir_all(&work);
         })?;
         plan.save(&work.join(PLAN_FILE))?;
-        Ok(Next::Go(plan))
+        Ok(Next::Continue(plan))
     }
 
     /// Every chunk of an earlier run that is complete and verified (and, for an upload, every
@@ -433,19 +399,15 @@ impl Run<'_> {
             .map(|&c| (c, verify_existing(place, plan, c)))
             .collect();
         for (c, v) in verified {
-            match v {
-                Some(s) => {
-                    done.insert(c, s);
-                }
-                None => {
-                    let p = place.chunks.join(chunk_file_name(place.ids.id(c)));
-                    self.warnings.push(format!(
-                        "discarding incomplete or damaged chunk {}",
-                        p.display()
-                    ));
-                    std::fs::remove_file(&p).map_err(|e| PackError::io("removing", &p, e))?;
-                }
+            if let Some(s) = v {
+                done.insert(c, s);
+                continue;
             }
+            let p = place.chunks.join(chunk_file_name(place.ids.id(c)));
+            let shown = p.display();
+            self.warnings
+                .push(format!("discarding incomplete or damaged chunk {shown}"));
+            std::fs::remove_file(&p).map_err(|e| PackError::io("removing", &p, e))?;
         }
         for c in sent {
             let stored = self
@@ -467,7 +429,7 @@ impl Run<'_> {
                 }
             }
         }
-        for (c, s) in &done {
+        for (c, s) in done.iter_mut() {
             // A kept chunk's paths are the plan's, in order, less the files that run skipped.
             let mut kept = s.paths.iter().peekable();
             for &i in plan.chunk_files(*c) {
@@ -479,11 +441,8 @@ impl Run<'_> {
                     });
                 }
             }
-        }
-        // Chunks kept keep only their size and CRC in memory, as written ones do; their
-        // entries and paths are read back from their footers (or upload markers) when the
-        // snapshot is built (a pack's memory then does not grow by ~100 bytes per file).
-        for s in done.values_mut() {
+            // Only its size and CRC stay in memory, as for written chunks: its entries and
+            // paths are read back from its footer (or upload marker) for the snapshot.
             *s = slimmed(s);
         }
         Ok(done)
@@ -529,11 +488,9 @@ impl Run<'_> {
             None => Vec::new(),
         };
         let progress = |n: u64| pb.set_message(format!("uploaded {}", indicatif::HumanBytes(n)));
-        let written = upload::with_sink(self.dest, work, unsent, &progress, |sink| {
+        upload::with_sink(self.dest, work, unsent, &progress, |sink| {
             write_chunks(&build, &todo, &pb, &mut files_done, skipped, sink)
-        });
-        pb.finish_and_clear();
-        written
+        })
     }
 
     /// Finishes as the mode says, from every chunk's summary (read back from its footer where
@@ -541,45 +498,33 @@ impl Run<'_> {
     fn finish(
         self,
         plan: Plan,
-        mut done: BTreeMap<usize, ChunkSummary>,
+        done: BTreeMap<usize, ChunkSummary>,
         chunks_resumed: u64,
         scan_s: f64,
     ) -> Result<PackSummary, PackError> {
-        let chunks = done.len() as u64;
-        let mut totals = Totals {
-            dir: self.place.chunks.clone(),
-            uploaded: self.dest.is_some(),
-            bytes_out: done.values().map(|s| s.file_size).sum(),
-            ..Totals::default()
-        };
+        let summaries: Vec<ChunkSummary> = done.into_values().collect();
+        let mut totals = Totals::new(&self.place.chunks, self.dest.is_some(), &summaries);
         // The plan is done with: free it before the snapshot is built (the peak of a pack's
         // memory).
-        let (dataset_id, classes, planned_chunks) =
-            (plan.dataset_id, plan.classes.clone(), plan.chunk_count());
+        let (dataset_id, classes) = (plan.dataset_id, plan.classes.clone());
         let shared = shared_key_of(&plan.settings);
         drop(plan);
-        let summaries = std::mem::take(&mut done).into_values();
-        let work = &self.place.work;
-        let out = &self.opts.output.out;
+        let (work, out) = (&self.place.work, &self.opts.output.out);
+        let plan_path = work.join(PLAN_FILE);
+        let remove_plan = || {
+            std::fs::remove_file(&plan_path).map_err(|e| PackError::io("removing", &plan_path, e))
+        };
+        let chunks = summaries.len() as u64;
         let (action, generation) = match &self.mode {
             Mode::Shard(shard) => {
-                // The part file is the shard's completion marker: written last, atomically.
-                // Each chunk's footer is read back once, for the counts.
-                let mut chunks = Vec::with_capacity(chunks as usize);
-                for s in summaries {
-                    chunks.push(shard::PartChunk::of(&totals.full(s)?));
-                }
-                let part = shard::Part {
-                    shard: *shard,
-                    dataset_id,
-                    key: shared,
-                    classes: classes.clone(),
-                    chunks,
+                let (shard, key) = (*shard, shared);
+                let end = End::Part {
+                    shard,
+                    key,
+                    dir: work,
                 };
-                totals.bytes_out += part.publish(work)?;
-                let plan_path = work.join(PLAN_FILE);
-                std::fs::remove_file(&plan_path)
-                    .map_err(|e| PackError::io("removing", &plan_path, e))?;
+                totals.end(dataset_id, &classes, summaries, end)?;
+                remove_plan()?;
                 ("shard", 0)
             }
             Mode::Append { snap, .. } => {
@@ -608,10 +553,8 @@ impl Run<'_> {
                 // after it, the next append finds the new generation and a build directory
                 // without a plan, which it clears.
                 let (pending, len) = write_snapshot_pending(&out.join(SNAPSHOT_FILE), builder)?;
-                let plan_path = work.join(PLAN_FILE);
                 granary_store::write::crash_point("remove", &plan_path);
-                std::fs::remove_file(&plan_path)
-                    .map_err(|e| PackError::io("removing", &plan_path, e))?;
+                remove_plan()?;
                 pending
                     .publish()
                     .map_err(|e| PackError::io("renaming into place", out, e))?;
@@ -622,12 +565,16 @@ impl Run<'_> {
                 ("append", generation)
             }
             Mode::Whole => {
-                let mut builder = spooled_builder(work, dataset_id, classes.clone())?;
-                for s in summaries {
-                    builder.push_chunk(&totals.full(s)?)?;
-                }
-                totals.bytes_out += write_snapshot_atomic(&work.join(SNAPSHOT_FILE), builder)?;
-                self.publish_whole(planned_chunks)?;
+                let (target, plan) = match self.dest {
+                    Some(dest) => {
+                        let found = &self.remote_found;
+                        (Target::Remote { dest, found }, None)
+                    }
+                    // A local build is renamed to OUT: the plan, done with, goes first.
+                    None => (Target::Local(out), Some(plan_path.as_path())),
+                };
+                let end = End::Whole { work, target, plan };
+                totals.end(dataset_id, &classes, summaries, end)?;
                 ("pack", 0)
             }
         };
@@ -646,45 +593,103 @@ impl Run<'_> {
             ..totals.summary(self.t0.elapsed().as_secs_f64())
         })
     }
-
-    /// Publishes a whole dataset whose snapshot is in the work directory (the plan, done
-    /// with, removed first).
-    fn publish_whole(&self, planned_chunks: usize) -> Result<(), PackError> {
-        let work = &self.place.work;
-        let target = match self.dest {
-            Some(dest) => Target::Remote {
-                dest,
-                found: &self.remote_found,
-            },
-            None => {
-                let plan_path = work.join(PLAN_FILE);
-                std::fs::remove_file(&plan_path)
-                    .map_err(|e| PackError::io("removing", &plan_path, e))?;
-                Target::Local(&self.opts.output.out)
-            }
-        };
-        crate::publish::publish_whole(work, target, planned_chunks)
-    }
 }
 
 /// A run's written chunks on their way into its part or snapshot, in id order: each one's full
-/// summary is read back from `dir` ([`full_summary`]; `uploaded`: from its marker there) as it
+/// summary is read back from its footer in `dir` (`uploaded`: from its marker there) as it
 /// goes by, and its records counted.
 #[derive(Default)]
 pub(crate) struct Totals {
-    pub dir: PathBuf,
-    pub uploaded: bool,
-    pub files: u64,
-    pub bytes_in: u64,
-    pub bytes_stored: u64,
+    dir: PathBuf,
+    uploaded: bool,
+    files: u64,
+    bytes_in: u64,
+    bytes_stored: u64,
     pub bytes_out: u64,
-    pub compressed_records: u64,
+    compressed_records: u64,
+}
+
+/// How a write of a whole dataset or of a shard's part ends once its chunks are written.
+pub(crate) enum End<'a> {
+    /// The shard's part file in `dir`, its completion marker: written last, atomically.
+    Part {
+        shard: ShardSpec,
+        key: String,
+        dir: &'a Path,
+    },
+    /// The snapshot, built in `work`, and the dataset published to `target`; `plan`, the
+    /// resume plan of a local build, is removed between the two (a kill while the snapshot
+    /// is built still resumes).
+    Whole {
+        work: &'a Path,
+        target: Target<'a>,
+        plan: Option<&'a Path>,
+    },
 }
 
 impl Totals {
+    /// The totals of chunks `summaries` in `dir` (`uploaded`: they were), none read back yet.
+    pub(crate) fn new(dir: &Path, uploaded: bool, summaries: &[ChunkSummary]) -> Self {
+        Totals {
+            dir: dir.to_path_buf(),
+            uploaded,
+            bytes_out: summaries.iter().map(|s| s.file_size).sum(),
+            ..Totals::default()
+        }
+    }
+
+    /// Ends the write of dataset `dataset_id` with class table `classes` whose chunks are
+    /// `summaries` (slim, in id order) as `end` says.
+    pub(crate) fn end(
+        &mut self,
+        dataset_id: [u8; 16],
+        classes: &[Vec<u8>],
+        summaries: Vec<ChunkSummary>,
+        end: End<'_>,
+    ) -> Result<(), PackError> {
+        let count = summaries.len();
+        match end {
+            End::Part { shard, key, dir } => {
+                let mut chunks = Vec::with_capacity(count);
+                for s in summaries {
+                    chunks.push(shard::PartChunk::of(&self.full(s)?));
+                }
+                let classes = classes.to_vec();
+                let part = shard::Part {
+                    shard,
+                    dataset_id,
+                    key,
+                    classes,
+                    chunks,
+                };
+                self.bytes_out += part.publish(dir)?;
+            }
+            End::Whole { work, target, plan } => {
+                let mut builder = spooled_builder(work, dataset_id, classes.to_vec())?;
+                for s in summaries {
+                    builder.push_chunk(&self.full(s)?)?;
+                }
+                let path = work.join(SNAPSHOT_FILE);
+                let (pending, len) = write_snapshot_pending(&path, builder)?;
+                pending
+                    .publish()
+                    .map_err(|e| PackError::io("renaming into place", &path, e))?;
+                self.bytes_out += len;
+                if let Some(p) = plan {
+                    std::fs::remove_file(p).map_err(|e| PackError::io("removing", p, e))?;
+                }
+                crate::publish::publish_whole(work, target, count)?;
+            }
+        }
+        Ok(())
+    }
+
     /// The full summary of written chunk `slim`, counted.
     pub(crate) fn full(&mut self, slim: ChunkSummary) -> Result<ChunkSummary, PackError> {
-        let s = full_summary(&self.dir, self.uploaded, slim)?;
+        let s = match self.uploaded {
+            true => upload::marker_summary(&self.dir, slim)?,
+            false => crate::read_footer(&self.dir, slim)?,
+        };
         self.files += s.entries.len() as u64;
         for e in &s.entries {
             self.bytes_stored += e.stored_len;

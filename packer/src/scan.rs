@@ -17,6 +17,7 @@ pub(crate) fn mtime_ns(m: &std::fs::Metadata) -> i64 {
         .saturating_add(m.mtime_nsec())
 }
 
+#[derive(Default)]
 pub(crate) struct ScanResult {
     /// The regular files, sorted by path, with size, inode and mtime (labels not yet filled).
     pub files: FileTable,
@@ -38,107 +39,79 @@ fn abs(src: &Path, rel: &[u8]) -> PathBuf {
     src.join(OsStr::from_bytes(rel))
 }
 
-/// Lists regular files under `src` (relative paths, raw bytes), then stats them in parallel.
+/// Lists regular files under `src` (relative paths, raw bytes), then stats them in parallel,
+/// with a spinner saying `what` meanwhile.
 pub(crate) fn scan(
     src: &Path,
-    files_from: Option<&Path>,
-    follow_links: bool,
-    skip_unreadable: bool,
-    shard: Option<crate::ShardSpec>,
-    on_found: &(dyn Fn(u64) + Sync),
+    opts: &crate::PackOptions,
+    what: &str,
 ) -> Result<ScanResult, PackError> {
-    let mut warnings = Vec::new();
-    let mut skipped = Vec::new();
-    let mut dirs = FileTable::default();
-    let mut files: FileTable = match files_from {
-        Some(list) => read_list(src, list)?,
-        None => walk(
-            src,
-            follow_links,
-            skip_unreadable,
-            &mut warnings,
-            &mut skipped,
-            &mut dirs,
-            on_found,
-        )?,
-    };
-    dirs.sort_by_path();
+    let template = format!("{{spinner}} {what}: {{pos}} files found ({{elapsed}})");
+    let pb = crate::progress_bar(opts.output.progress, None, &template);
+    let mut r = ScanResult::default();
+    match &opts.files_from {
+        Some(list) => r.files = read_list(src, list)?,
+        None => walk(src, opts, &mut r, &|n| pb.set_position(n))?,
+    }
+    r.dirs.sort_by_path();
     // Every shard sees every name (for the classes and the digest) but stats and keeps only
     // its own.
-    let names = files.len() as u64;
-    let mut names_digest = 0x6772_616e_6172_7931u64 ^ names;
-    let mut classes: Vec<Vec<u8>> = Vec::new();
-    for rel in files.paths() {
-        names_digest = crate::shard::mix64(names_digest ^ granary_format::path_hash(rel));
+    r.names = r.files.len() as u64;
+    r.names_digest = 0x6772_616e_6172_7931u64 ^ r.names;
+    for rel in r.files.paths() {
+        r.names_digest = crate::shard::mix64(r.names_digest ^ granary_format::path_hash(rel));
         if let Some(i) = rel.iter().position(|&b| b == b'/') {
-            if classes.last().map(|c| &c[..]) != Some(&rel[..i]) {
-                classes.push(rel[..i].to_vec());
+            if r.classes.last().map(|c| &c[..]) != Some(&rel[..i]) {
+                r.classes.push(rel[..i].to_vec());
             }
         }
     }
-    classes.sort_unstable();
-    classes.dedup();
-    if files_from.is_some() {
-        dirs = list_ancestors(src, &files);
+    r.classes.sort_unstable();
+    r.classes.dedup();
+    if opts.files_from.is_some() {
+        r.dirs = list_ancestors(src, &r.files);
     }
     // Each shard records the directories it owns (by the same hash as files), so that the
     // merged dataset records every directory once.
-    if let Some(s) = shard {
-        files.retain(|_, r| s.owns(r));
-        dirs.retain(|_, r| s.owns(r));
+    if let Some(s) = opts.output.shard {
+        r.files.retain(|_, r| s.owns(r));
+        r.dirs.retain(|_, r| s.owns(r));
     }
+    let files = &mut r.files;
     files.sort_by_path();
     if let Some(dup) = files.first_duplicate() {
-        return Err(PackError::Usage(format!(
-            "{} is listed twice",
-            String::from_utf8_lossy(dup)
-        )));
+        return Err(usage!("{} is listed twice", String::from_utf8_lossy(dup)));
     }
     // What is not a regular file or cannot be stat'ed is marked and dropped below.
-    let n = files.len();
-    let (kind, failures) = stat_files(src, &mut files, follow_links);
-    if let Some((i, reason)) = failures.first().filter(|_| !skip_unreadable) {
+    let (kind, failures) = stat_files(src, files, opts.follow_links);
+    if let Some((i, reason)) = failures.first().filter(|_| !opts.skip_unreadable) {
         return Err(PackError::Source {
             path: abs(src, files.path(*i)),
             detail: reason.clone(),
         });
     }
     for (i, reason) in failures {
-        skipped.push(Skipped {
-            path: files.path(i).to_vec(),
-            reason,
-        });
+        let path = files.path(i).to_vec();
+        r.skipped.push(Skipped { path, reason });
     }
-    let mut not_regular = 0u64;
-    for i in (0..n).filter(|&i| kind[i] == NOT_REGULAR) {
-        not_regular += 1;
-        if not_regular <= 5 {
-            warnings.push(format!(
-                "skipping {}: not a regular file{}",
-                String::from_utf8_lossy(files.path(i)),
-                if follow_links {
-                    ""
-                } else {
-                    " (symlinks are followed only with --follow-links)"
-                }
-            ));
-        }
-    }
+    let not_regular = (0..files.len()).filter(|&i| kind[i] == NOT_REGULAR);
+    let links = match opts.follow_links {
+        true => "",
+        false => " (symlinks are followed only with --follow-links)",
+    };
+    let shown = not_regular.clone().take(5).map(|i| {
+        let p = String::from_utf8_lossy(files.path(i));
+        format!("skipping {p}: not a regular file{links}")
+    });
+    r.warnings.extend(shown);
+    let not_regular = not_regular.count();
     if not_regular > 5 {
-        warnings.push(format!(
+        r.warnings.push(format!(
             "skipped {not_regular} entries that are not regular files in all"
         ));
     }
     files.retain(|i, _| kind[i] == REGULAR);
-    Ok(ScanResult {
-        files,
-        dirs,
-        skipped,
-        warnings,
-        classes,
-        names,
-        names_digest,
-    })
+    Ok(r)
 }
 
 /// What a file's stat found.
@@ -199,16 +172,17 @@ fn stat_files(
     (kind, failures)
 }
 
+/// Walks `src`: its regular files and directories into `r`; what cannot be read is the error
+/// or (`--skip-unreadable`) skipped.
 fn walk(
     src: &Path,
-    follow_links: bool,
-    skip_unreadable: bool,
-    warnings: &mut Vec<String>,
-    skipped: &mut Vec<Skipped>,
-    dirs: &mut FileTable,
+    opts: &crate::PackOptions,
+    r: &mut ScanResult,
     on_found: &(dyn Fn(u64) + Sync),
-) -> Result<FileTable, PackError> {
-    let mut out = FileTable::default();
+) -> Result<(), PackError> {
+    let (follow_links, skip_unreadable) = (opts.follow_links, opts.skip_unreadable);
+    let (out, dirs, warnings, skipped) =
+        (&mut r.files, &mut r.dirs, &mut r.warnings, &mut r.skipped);
     let mut special = 0u64;
     for entry in walkdir::WalkDir::new(src)
         .min_depth(1)
@@ -251,7 +225,7 @@ fn walk(
         let rel = entry
             .path()
             .strip_prefix(src)
-            .map_err(|_| PackError::Usage(format!("walk left {}", src.display())))?
+            .map_err(|_| usage!("walk left {}", src.display()))?
             .as_os_str()
             .as_bytes();
         if ft.is_file() {
@@ -275,7 +249,7 @@ fn walk(
         warnings.push(format!("skipped {special} links and special files in all"));
     }
     on_found(out.len() as u64);
-    Ok(out)
+    Ok(())
 }
 
 /// The directories of a file list: every ancestor of a name listed, stat'ed in parallel, sorted
@@ -336,13 +310,13 @@ fn read_list(src: &Path, list: &Path) -> Result<FileTable, PackError> {
                 .strip_prefix(src_bytes)
                 .and_then(|r| r.strip_prefix(b"/"))
                 .ok_or_else(|| {
-                    PackError::Usage(format!(
+                    usage!(
                         "{}: entry {}: {} is not inside {}",
                         list.display(),
                         lineno + 1,
                         String::from_utf8_lossy(item),
                         src.display()
-                    ))
+                    )
                 })?;
             item = rest;
         }
@@ -350,12 +324,12 @@ fn read_list(src: &Path, list: &Path) -> Result<FileTable, PackError> {
             item = rest;
         }
         granary_format::check_relative_path(item).map_err(|why| {
-            PackError::Usage(format!(
+            usage!(
                 "{}: entry {}: {why}: {}",
                 list.display(),
                 lineno + 1,
                 String::from_utf8_lossy(item)
-            ))
+            )
         })?;
         out.push_path(item);
     }

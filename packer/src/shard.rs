@@ -22,15 +22,11 @@ use serde::Serialize;
 use crate::plan::{put_blob, Reader};
 use crate::{hex_id, write_file_atomic, PackError};
 use granary_format::local::SHARD_PART;
-use granary_store::write::Pending;
 
 /// File name of a finished shard's part file, inside its part directory. It is written last
 /// (atomically): a part directory without it is a shard still running or interrupted.
 pub const PART_FILE: &str = "part.gpart";
-// A part file is a node-local file (docs/internals.md, kind `SHARD_PART`). Version 2 listed
-// chunks only (version 1 also carried every entry and path, which merge now reads from the
-// chunks' footers); version 3 is version 2's body in the common frame; version 4 adds each
-// chunk's digest.
+// A part file is a node-local file (docs/internals.md, kind `SHARD_PART`).
 
 /// The SplitMix64 finalizer: a stable 64-bit mix (never change it: it decides which shard
 /// packs which file).
@@ -176,17 +172,9 @@ impl std::fmt::Display for ShardSpec {
 /// The dataset id all shards of one pack derive alone: from the settings they must share
 /// (`key`), the shard count and the names they all listed.
 pub(crate) fn shared_dataset_id(key: &str, shards: u32, names: u64, names_digest: u64) -> [u8; 16] {
-    let mut r = granary_format::SplitMix64::keyed(&[
-        path_hash(key.as_bytes()),
-        shards as u64,
-        names,
-        names_digest,
-        0x5348,
-    ]);
-    let mut id = [0u8; 16];
-    id[..8].copy_from_slice(&r.next_u64().to_le_bytes());
-    id[8..].copy_from_slice(&r.next_u64().to_le_bytes());
-    id
+    let key = path_hash(key.as_bytes());
+    let words = [key, shards as u64, names, names_digest, 0x5348];
+    crate::id_from(granary_format::SplitMix64::keyed(&words))
 }
 
 /// A chunk as a part file lists it.
@@ -315,8 +303,11 @@ pub struct MergeSummary {
     pub elapsed_s: f64,
 }
 
-fn usage(ds: &Path, msg: impl std::fmt::Display) -> PackError {
-    PackError::Usage(format!("cannot merge {}: {msg}", ds.display()))
+/// The error of a merge of `ds` that cannot be done, saying why.
+macro_rules! refuse {
+    ($ds:expr, $($arg:tt)*) => {
+        usage!("cannot merge {}: {}", $ds.display(), format_args!($($arg)*))
+    };
 }
 
 /// An empty chunk: what fills an id that no shard used.
@@ -335,40 +326,19 @@ pub fn merge(ds: &Path) -> Result<MergeSummary, PackError> {
     let t0 = Instant::now();
     // A second merge of the same parts waits, then finds them merged.
     let _lock = match ds.is_dir() {
-        true => Some(crate::output::DatasetLock::take(ds, "merge")?),
+        true => Some(crate::output::DirLock::dataset(ds, "merge")?),
         false => None,
     };
     let (specs, files) = list_parts(ds)?;
-    let snap_path = ds.join(SNAPSHOT_FILE);
     if specs.is_empty() {
-        return already_merged(ds, &snap_path, t0);
+        return already_merged(ds, t0);
     }
     // Check: every part, every chunk, and the snapshot they make (written under a temporary
     // name); nothing visible changes until all of it passed.
     let n = shard_count(ds, &specs)?;
     let parts = read_parts(ds, &specs)?;
-    let dataset_id = parts[0].dataset_id;
     check_part_chunks(ds, &parts, &files, n)?;
-    let Built {
-        snapshot,
-        snapshot_bytes,
-        fillers,
-        samples,
-        count,
-    } = build_snapshot(ds, parts, &files, &snap_path)?;
-    // Write: filler chunks, the snapshot, then the part directories go.
-    publish_merge(ds, &specs, snapshot, &fillers, &snap_path)?;
-    Ok(MergeSummary {
-        out: ds.to_path_buf(),
-        dataset_id: hex_id(&dataset_id),
-        merged: true,
-        parts: n,
-        files: samples,
-        chunks: count,
-        filler_chunks: fillers.len() as u64,
-        snapshot_bytes,
-        elapsed_s: t0.elapsed().as_secs_f64(),
-    })
+    build_and_publish(ds, &specs, parts, &files, t0)
 }
 
 /// The shard part directories in `ds`, and the chunk files there with their sizes.
@@ -393,8 +363,8 @@ fn list_parts(ds: &Path) -> Result<(Vec<ShardSpec>, BTreeMap<u32, u64>), PackErr
 }
 
 /// A dataset without parts: merged already (left as it is), or not a sharded pack at all.
-fn already_merged(ds: &Path, snap_path: &Path, t0: Instant) -> Result<MergeSummary, PackError> {
-    if let Ok(b) = std::fs::read(snap_path) {
+fn already_merged(ds: &Path, t0: Instant) -> Result<MergeSummary, PackError> {
+    if let Ok(b) = std::fs::read(ds.join(SNAPSHOT_FILE)) {
         let snap = granary_format::Snapshot::open(b)?;
         return Ok(MergeSummary {
             out: ds.to_path_buf(),
@@ -408,9 +378,10 @@ fn already_merged(ds: &Path, snap_path: &Path, t0: Instant) -> Result<MergeSumma
             elapsed_s: t0.elapsed().as_secs_f64(),
         });
     }
-    Err(usage(
+    Err(refuse!(
         ds,
-        "it holds no shard parts (part-IIII-of-NNNN directories written by `granary pack --shard I/N`)",
+        "it holds no shard parts (part-IIII-of-NNNN directories written by \
+         `granary pack --shard I/N`)"
     ))
 }
 
@@ -420,29 +391,23 @@ fn shard_count(ds: &Path, specs: &[ShardSpec]) -> Result<u32, PackError> {
     specs.sort_unstable_by_key(|s| (s.count, s.index));
     let n = specs[0].count;
     if let Some(other) = specs.iter().find(|s| s.count != n) {
-        return Err(usage(
-            ds,
-            format!(
+        return Err(refuse!(ds,
                 "it holds parts of a {n}-way and of a {}-way sharded pack ({} and {}); remove the parts of the pack you do not want",
                 other.count,
                 specs[0].dir_name(),
                 other.dir_name()
-            ),
-        ));
+            ));
     }
     let missing: Vec<String> = (0..n)
         .filter(|i| !specs.iter().any(|s| s.index == *i))
         .map(|i| format!("{i}/{n}"))
         .collect();
     if !missing.is_empty() {
-        return Err(usage(
-            ds,
-            format!(
+        return Err(refuse!(ds,
                 "shard(s) {} of this {n}-way pack never started (no part directory); run them with `granary pack SRC -o {} --shard I/{n}`",
                 missing.join(", "),
                 ds.display()
-            ),
-        ));
+            ));
     }
     Ok(n)
 }
@@ -457,40 +422,31 @@ fn read_parts(ds: &Path, specs: &[ShardSpec]) -> Result<Vec<Part>, PackError> {
         let bytes = match std::fs::read(&p) {
             Ok(b) => b,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                return Err(usage(
-                    ds,
-                    format!(
+                return Err(refuse!(ds,
                         "shard {s} has not finished ({} has no {PART_FILE}): it is still running or was interrupted; rerun it with --resume",
                         ds.join(s.dir_name()).display()
-                    ),
-                ))
+                    ))
             }
             Err(e) => return Err(PackError::io("reading", &p, e)),
         };
         let part = Part::decode(&bytes).map_err(|e| {
-            usage(
+            refuse!(
                 ds,
-                format!(
-                    "{} is unusable ({e}); rerun shard {s} with --force",
-                    p.display()
-                ),
+                "{} is unusable ({e}); rerun shard {s} with --force",
+                p.display()
             )
         })?;
         if part.shard != *s {
-            return Err(usage(
+            return Err(refuse!(
                 ds,
-                format!(
-                    "{} belongs to shard {}, not to {s}",
-                    p.display(),
-                    part.shard
-                ),
+                "{} belongs to shard {}, not to {s}",
+                p.display(),
+                part.shard
             ));
         }
         if let Some(first) = parts.first() {
             if part.dataset_id != first.dataset_id || part.key != first.key {
-                return Err(usage(
-                    ds,
-                    format!(
+                return Err(refuse!(ds,
                         "shard {s} was packed from other input or with other settings than shard {} (every shard needs the same source listing, seed, chunk size, compression, labels and order; dataset ids {} and {}):\nshard {}:\n{}shard {s}:\n{}",
                         first.shard,
                         hex_id(&first.dataset_id),
@@ -498,16 +454,13 @@ fn read_parts(ds: &Path, specs: &[ShardSpec]) -> Result<Vec<Part>, PackError> {
                         first.shard,
                         first.key,
                         part.key
-                    ),
-                ));
+                    ));
             }
             if part.classes != first.classes {
-                return Err(usage(
+                return Err(refuse!(
                     ds,
-                    format!(
-                        "shard {s} has another class table than shard {}",
-                        first.shard
-                    ),
+                    "shard {s} has another class table than shard {}",
+                    first.shard
                 ));
             }
         }
@@ -528,36 +481,31 @@ fn check_part_chunks(
         for (k, c) in part.chunks.iter().enumerate() {
             let want = (k as u64) * n as u64 + part.shard.index as u64;
             if c.chunk_id as u64 != want {
-                return Err(usage(
+                return Err(refuse!(
                     ds,
-                    format!(
-                        "the part file of shard {} lists chunk {} where chunk {want} belongs",
-                        part.shard, c.chunk_id
-                    ),
+                    "the part file of shard {} lists chunk {} where chunk {want} belongs",
+                    part.shard,
+                    c.chunk_id
                 ));
             }
             let path = ds.join(chunk_file_name(c.chunk_id));
             match files.get(&c.chunk_id) {
                 None => {
-                    return Err(usage(
+                    return Err(refuse!(
                         ds,
-                        format!(
-                            "{} of shard {} is missing; rerun the shard with --force",
-                            path.display(),
-                            part.shard
-                        ),
+                        "{} of shard {} is missing; rerun the shard with --force",
+                        path.display(),
+                        part.shard
                     ))
                 }
                 Some(&len) if len != c.file_size => {
-                    return Err(usage(
-                        ds,
-                        format!(
-                            "{} is {len} bytes, but shard {} wrote {} bytes; rerun the shard with --force",
-                            path.display(),
-                            part.shard,
-                            c.file_size
-                        ),
-                    ))
+                    return Err(refuse!(
+                    ds,
+                    "{} is {len} bytes, but shard {} wrote {} bytes; rerun the shard with --force",
+                    path.display(),
+                    part.shard,
+                    c.file_size
+                ))
                 }
                 Some(_) => {}
             }
@@ -567,27 +515,19 @@ fn check_part_chunks(
     Ok(())
 }
 
-/// A merged snapshot written under its temporary name, and what publishing it takes.
-struct Built {
-    /// The snapshot, written and synced under its temporary name (dropped: removed).
-    snapshot: Pending,
-    snapshot_bytes: u64,
-    /// Empty chunks to write for ids no shard used.
-    fillers: Vec<(PathBuf, Vec<u8>)>,
-    samples: u64,
-    count: u64,
-}
-
 /// Builds the merged snapshot from every chunk's footer (CRC-checked, one chunk at a time) and
-/// empty chunks for the ids no shard used, and streams it to its temporary name: duplicate
-/// paths, or chunks that do not match their parts, are found here, before anything visible
-/// changes.
-fn build_snapshot(
+/// empty chunks for the ids no shard used, streams it to its temporary name (duplicate paths,
+/// or chunks that do not match their parts, are found here, before anything visible changes),
+/// then publishes: filler chunks, the snapshot, and the part directories go. Each step is
+/// atomic and rerunning merge redoes what is left.
+fn build_and_publish(
     ds: &Path,
+    specs: &[ShardSpec],
     parts: Vec<Part>,
     files: &BTreeMap<u32, u64>,
-    snap_path: &Path,
-) -> Result<Built, PackError> {
+    t0: Instant,
+) -> Result<MergeSummary, PackError> {
+    let snap_path = &ds.join(SNAPSHOT_FILE);
     let dataset_id = parts[0].dataset_id;
     let classes = parts[0].classes.clone();
     // The parts' chunks in id order; ids are distinct (checked above: shard I lists exactly
@@ -601,7 +541,7 @@ fn build_snapshot(
     let count = last.map_or(0, |l| l as u64 + 1);
     let stray = |path: &Path| {
         let why = "is not listed by any part (left from an earlier pack?); remove it";
-        usage(ds, format!("{} {why}", path.display()))
+        refuse!(ds, "{} {why}", path.display())
     };
     if let Some((&id, _)) = files.range(count as u32..).next() {
         return Err(stray(&ds.join(chunk_file_name(id))));
@@ -613,7 +553,7 @@ fn build_snapshot(
     // merge holds only the builder's paths, not every part's samples.
     let mut b = crate::spooled_builder(ds, dataset_id, classes.clone())?;
     let mut samples = 0u64;
-    let not_a_dataset = |e| usage(ds, format!("the parts do not form a dataset: {e}"));
+    let not_a_dataset = |e| refuse!(ds, "the parts do not form a dataset: {e}");
     for id in 0..count as u32 {
         let path = ds.join(chunk_file_name(id));
         if let Some((c, shard)) = by_id.remove(&id) {
@@ -621,16 +561,14 @@ fn build_snapshot(
                 ds,
                 ChunkSummary::bare(id, c.file_size, c.file_crc, c.digest),
             )
-            .map_err(|e| usage(ds, format!("{e}; rerun shard {shard} with --force")))?;
+            .map_err(|e| refuse!(ds, "{e}; rerun shard {shard} with --force"))?;
             if full.entries.len() as u64 != c.samples {
-                return Err(usage(
+                return Err(refuse!(
                     ds,
-                    format!(
-                        "{} holds {} samples, but shard {shard} wrote {}; rerun the shard with --force",
-                        path.display(),
-                        full.entries.len(),
-                        c.samples
-                    ),
+                    "{} holds {} samples, but shard {shard} wrote {}; rerun the shard with --force",
+                    path.display(),
+                    full.entries.len(),
+                    c.samples
                 ));
             }
             b.push_chunk(&full).map_err(not_a_dataset)?;
@@ -653,34 +591,15 @@ fn build_snapshot(
     // found, before anything visible changes.
     let (snapshot, snapshot_bytes) =
         crate::write_snapshot_pending(snap_path, b).map_err(|e| match e {
-            PackError::Usage(m) => usage(
-                ds,
-                format!(
+            PackError::Usage(m) => {
+                refuse!(ds,
                 "the parts do not form a dataset: {m} (were the shards given different inputs?)"
-            ),
-            ),
+            )
+            }
             e => e,
         })?;
-
-    Ok(Built {
-        snapshot,
-        snapshot_bytes,
-        fillers,
-        samples,
-        count,
-    })
-}
-
-/// Publishes a checked merge. Each step is atomic and rerunning merge redoes what is left.
-fn publish_merge(
-    ds: &Path,
-    specs: &[ShardSpec],
-    snapshot: Pending,
-    fillers: &[(PathBuf, Vec<u8>)],
-    snap_path: &Path,
-) -> Result<(), PackError> {
     // A failure drops the snapshot, which removes its temporary file.
-    for (path, bytes) in fillers {
+    for (path, bytes) in &fillers {
         write_file_atomic(path, bytes)?;
     }
     snapshot
@@ -691,7 +610,17 @@ fn publish_merge(
         std::fs::remove_dir_all(&d).map_err(|e| PackError::io("removing", &d, e))?;
     }
     crate::sync_dir(ds)?;
-    Ok(())
+    Ok(MergeSummary {
+        out: ds.to_path_buf(),
+        dataset_id: hex_id(&dataset_id),
+        merged: true,
+        parts: specs.len() as u32,
+        files: samples,
+        chunks: count,
+        filler_chunks: fillers.len() as u64,
+        snapshot_bytes,
+        elapsed_s: t0.elapsed().as_secs_f64(),
+    })
 }
 
 /// Reads the 64-byte header of a chunk a part lists: it must be intact, of this dataset and
@@ -711,15 +640,12 @@ fn check_chunk_header(
         detail: e.to_string(),
     })?;
     if header.dataset_id != dataset_id || header.chunk_id != id {
-        return Err(usage(
-            ds,
-            format!(
+        return Err(refuse!(ds,
                 "{} belongs to another dataset or chunk (dataset {}, chunk {}); rerun its shard with --force",
                 path.display(),
                 hex_id(&header.dataset_id),
                 header.chunk_id
-            ),
-        ));
+            ));
     }
     Ok(())
 }

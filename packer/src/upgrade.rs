@@ -13,7 +13,7 @@ use granary_store::StoreConfig;
 use rayon::prelude::*;
 use serde::Serialize;
 
-use crate::reindex::Place;
+use crate::reindex::{check_built, Place};
 use crate::{hex_id, PackError};
 
 pub use crate::output::LEGACY_SNAPSHOT_FILE;
@@ -51,14 +51,13 @@ pub fn upgrade(dataset: &Path, cfg: &StoreConfig) -> Result<UpgradeSummary, Pack
     let _lock = place.lock("upgrade")?;
     let snap_loc = place.location(SNAPSHOT_FILE).display().to_string();
     let old = place.read(SNAPSHOT_FILE)?.ok_or_else(|| {
-        PackError::Usage(format!(
+        usage!(
             "{snap_loc}: no snapshot there (`granary reindex {}` rebuilds one from the chunks)",
             place.show()
-        ))
+        )
     })?;
     if let Ok(h) = SnapshotHeader::decode(&old) {
-        let s =
-            Snapshot::open(&old[..]).map_err(|e| PackError::Usage(format!("{snap_loc}: {e}")))?;
+        let s = Snapshot::open(&old[..]).map_err(|e| usage!("{snap_loc}: {e}"))?;
         return Ok(UpgradeSummary {
             from: "2.0".into(),
             upgraded: false,
@@ -73,17 +72,17 @@ pub fn upgrade(dataset: &Path, cfg: &StoreConfig) -> Result<UpgradeSummary, Pack
         });
     }
     if !is_legacy_snapshot(&old) {
-        return Err(PackError::Usage(format!(
+        return Err(usage!(
             "{snap_loc}: not a granary snapshot of format 1.x or 2.0"
-        )));
+        ));
     }
     let mut legacy = read_legacy_snapshot(&old).map_err(|e| {
-        PackError::Usage(format!(
+        usage!(
             "{snap_loc}: the 1.x snapshot is damaged ({e}); `granary reindex {} --force` \
              rebuilds a 2.0 snapshot from the chunks (without file modes, mtimes and empty \
              directories, which 1.x chunks do not hold)",
             place.show()
-        ))
+        )
     })?;
     hash_chunks(&place, &mut legacy)?;
     let mut b = SnapshotBuilder::new(legacy.dataset_id, legacy.classes.clone());
@@ -94,9 +93,9 @@ pub fn upgrade(dataset: &Path, cfg: &StoreConfig) -> Result<UpgradeSummary, Pack
     b.push_dirs(legacy.dirs.clone())?;
     let new = b.build()?;
     check_same(&new, &legacy).map_err(|why| {
-        PackError::Usage(format!(
+        usage!(
             "{snap_loc}: the 2.0 snapshot built from it does not check out, nothing written: {why}"
-        ))
+        )
     })?;
     place.write(LEGACY_SNAPSHOT_FILE, &old)?;
     place.write(SNAPSHOT_FILE, &new)?;
@@ -121,14 +120,14 @@ fn hash_chunks(place: &Place, legacy: &mut LegacySnapshot) -> Result<(), PackErr
     legacy.chunks.par_iter_mut().try_for_each(|c| {
         let name = chunk_file_name(c.chunk_id);
         let refuse = |what: String| {
-            PackError::Usage(format!(
+            usage!(
                 "{}: {what}, not the chunk the 1.x snapshot lists ({} bytes, CRC-32 {:08x}); \
                  nothing written (restore the chunk, then upgrade; `granary verify` names what \
                  else is damaged)",
                 place.location(&name).display(),
                 c.file_size,
                 c.file_crc
-            ))
+            )
         };
         let bytes = place.read(&name)?.ok_or_else(|| refuse("missing".into()))?;
         let crc = crc32fast::hash(&bytes);
@@ -143,16 +142,7 @@ fn hash_chunks(place: &Place, legacy: &mut LegacySnapshot) -> Result<(), PackErr
 /// Checks the new snapshot completely and that it records what the old one did: every
 /// chunk's entries, paths and fields, every attribute, every recorded directory.
 fn check_same(new: &[u8], old: &granary_format::LegacySnapshot) -> Result<(), String> {
-    let s = Snapshot::open(new).map_err(|e| e.to_string())?;
-    let problems: Vec<String> = s
-        .check_blocks()
-        .into_iter()
-        .chain(s.check_structure(5))
-        .map(|e| e.to_string())
-        .collect();
-    if !problems.is_empty() {
-        return Err(problems.join("; "));
-    }
+    let s = check_built(new)?;
     let mut id = 0u64;
     for c in &old.chunks {
         let n = s

@@ -81,25 +81,25 @@ pub(crate) fn check_destination(
         .iter()
         .find(|(n, _)| n != SNAPSHOT_FILE && parse_chunk_file_name(n).is_none())
     {
-        return Err(PackError::Usage(format!(
+        return Err(usage!(
             "{} holds {other}, which granary did not write; pack only into an empty prefix or one \
              holding a granary dataset",
             dest.url()
-        )));
+        ));
     }
     let has_snapshot = found.iter().any(|(n, _)| n == SNAPSHOT_FILE);
     if has_snapshot && !force {
-        return Err(PackError::Usage(format!(
+        return Err(usage!(
             "{} already holds a dataset; pass --force to replace it",
             dest.url()
-        )));
+        ));
     }
     if !has_snapshot && !found.is_empty() && !force && !resume {
-        return Err(PackError::Usage(format!(
+        return Err(usage!(
             "{} holds chunks of an interrupted upload; pass --resume to continue it or --force to \
              start over",
             dest.url()
-        )));
+        ));
     }
     if has_snapshot {
         dest.delete(SNAPSHOT_FILE)?;
@@ -122,15 +122,8 @@ pub(crate) fn write_marker(
         body,
         ..
     } = crate::read_footer_bytes(work, c, size)?;
-    let mut m =
-        Vec::with_capacity(MARKER_FIXED + CHUNK_HEADER_LEN + CHUNK_TRAILER_LEN + body.len());
-    m.extend_from_slice(&size.to_le_bytes());
-    m.extend_from_slice(&crc.to_le_bytes());
-    m.extend_from_slice(&0u32.to_le_bytes());
-    m.extend_from_slice(digest);
-    m.extend_from_slice(&header);
-    m.extend_from_slice(&trailer);
-    m.extend_from_slice(&body);
+    let (size, crc) = (size.to_le_bytes(), crc.to_le_bytes());
+    let m = [&size[..], &crc, &[0; 4], digest, &header, &trailer, &body].concat();
     crate::write_file_atomic(&work.join(sent_name(c)), &UPLOAD_MARKER.frame(&m))
 }
 

@@ -109,11 +109,11 @@ fn open_shard(src: &str, cfg: &StoreConfig) -> Result<Box<dyn Read>, PackError> 
     if let Location::Object(u) = granary_store::open(Path::new(src), cfg)? {
         let (dir, name) = u
             .as_object()
-            .ok_or_else(|| PackError::Usage(format!("{src}: not a URL of an object")))?;
+            .ok_or_else(|| usage!("{src}: not a URL of an object"))?;
         let size = dir
             .size(&name)
             .map_err(PackError::Destination)?
-            .ok_or_else(|| PackError::Usage(format!("{src}: no such object")))?;
+            .ok_or_else(|| usage!("{src}: no such object"))?;
         return Ok(Box::new(RemoteReader {
             dir,
             name,
@@ -210,9 +210,7 @@ fn flush(w: &mut Writer, p: Option<Pending>) -> Result<(), PackError> {
     }
     match w.write_fields(&key, fields, label) {
         Ok(Written::New | Written::Resumed) => Ok(()),
-        Err(PackError::Usage(m)) => {
-            Err(PackError::Usage(format!("{shard}: sample {shown:?}: {m}")))
-        }
+        Err(PackError::Usage(m)) => Err(usage!("{shard}: sample {shown:?}: {m}")),
         Err(e) => Err(e),
     }
 }
@@ -229,7 +227,7 @@ pub fn import_webdataset(
         shards.extend(expand_braces(s).map_err(PackError::Usage)?);
     }
     if shards.is_empty() {
-        return Err(PackError::Usage("no shards to import".into()));
+        return Err(usage!("no shards to import"));
     }
     let store = opts.store.clone();
     let mut w = Writer::create(opts)?;

@@ -1,31 +1,23 @@
 //! Samples straight into chunks, when the caller says how many samples to expect.
 //!
-//! Without a count, a stream of unknown length is mixed uniformly only by writing it twice
-//! (spill logs, then chunks: the module documentation). Given the expected number of samples
-//! N, the writer sizes the dataset once: it holds the first samples (up to [`PROBE_BYTES`] or
-//! [`PROBE_SAMPLES`]) to learn their mean stored size s, opens K = ⌈N·s / chunk size⌉ chunk
-//! slots (at least ⌈N / chunk files⌉ with a file count), and appends every sample to the slot
-//! a seeded hash of its key picks. Each chunk is so a uniform random subset of the whole
-//! stream, as with the spill logs, while the bytes reach local disk once, written as they come
-//! (past the page cache where the file system allows) instead of all at `finish`. Within a
-//! chunk, samples stay in the
-//! order they came (readers shuffle within their windows); the layout so depends on that order
-//! and on the probe, not only on the set of samples and the seed.
+//! Given the expected number of samples N, the writer holds the first samples (up to
+//! [`PROBE_BYTES`] or [`PROBE_SAMPLES`]) to learn their mean stored size s, opens
+//! K = ⌈N·s / chunk size⌉ chunk slots (at least ⌈N / chunk files⌉), and appends every sample
+//! to the slot a seeded hash of its key picks: each chunk is a uniform random subset of the
+//! stream, as with the spill logs, but the bytes reach local disk once, as they come. Within a
+//! chunk, samples stay in the order they came; the layout so depends on that order and on the
+//! probe, not only on the set of samples and the seed. A count far off changes the chunks'
+//! size, not their mixing (the finish warns); a slot that gets no sample makes no chunk.
 //!
-//! A count far off changes the chunks' size, not their mixing: a count twice too low gives
-//! chunks about twice the chunk size (the finish warns). A slot that gets no sample makes no
-//! chunk. Chunk files are built under a temporary name ([`ChunkFile`]) with their header first,
-//! each slot buffering up to [`SLOT_BUFFER`] bytes; full buffers are written by
-//! [`APPEND_THREADS`] threads in the background ([`granary_store::append`]: a file is opened
-//! for each, so no descriptor is held per slot); `finish` writes each footer (with the class
-//! table, known
-//! only then), fsyncs and names the file. There is nothing to resume from: an interrupted
-//! writer with an expected count starts over (its partial chunks are removed).
-
-use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+//! Chunk files are built under a temporary name ([`ChunkFile`]), each slot buffering up to
+//! [`SLOT_BUFFER`] bytes, which [`APPEND_THREADS`] threads write in the background
+//! ([`granary_store::append`]: no descriptor is held per slot); `finish` writes each footer
+//! (the class table is known only then), fsyncs and names the file. Nothing resumes: an
+//! interrupted writer with an expected count starts over.
 
 use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 
 use granary_format::{chunk_file_name, ChunkSummary, NO_LABEL};
 use granary_store::append::{Appender, Appends};
@@ -33,7 +25,7 @@ use granary_store::chunk_file::{ChunkFile, Records};
 use granary_store::write::{Durability, Seal};
 
 use super::spill::SpillRecord;
-use crate::publish::{append_record, write_in_parallel, ChunkRecord};
+use crate::publish::write_in_parallel;
 use crate::{lock, upload, Ids, PackError};
 
 /// Stored bytes of the first samples held to learn their mean size.
@@ -47,17 +39,10 @@ pub(super) const SLOT_BUFFER: usize = 1 << 20;
 /// All slots' buffers together stay below this (a slot buffers at least 16 KiB).
 const BUFFERS: usize = 64 << 20;
 /// Threads writing full slot buffers (each waits for the device: a direct write returns when
-/// it is done). Eight threads and sixteen buffers in flight were no faster (20,000 samples to
-/// the disk, 2 × 3 alternated runs).
+/// it is done).
 const APPEND_THREADS: usize = 4;
 /// Full slot buffers queued or being written, beyond those being filled.
 const APPENDS_IN_FLIGHT: usize = 8;
-
-/// One chunk being filled: made on its first sample.
-#[derive(Default)]
-struct Slot {
-    w: Option<ChunkFile<Appender>>,
-}
 
 /// The chunk slots samples go to, shared by the writer's threads.
 pub(super) struct Direct {
@@ -65,7 +50,8 @@ pub(super) struct Direct {
     dataset_id: [u8; 16],
     ids: Ids,
     fields: bool,
-    slots: Vec<Mutex<Slot>>,
+    /// Each slot's chunk, made on its first sample.
+    slots: Vec<Mutex<Option<ChunkFile<Appender>>>>,
     /// Chunks made so far (the next one's index among the dataset's chunks).
     made: Mutex<usize>,
     /// Provisional class indexes of labels given by name, in the order first seen (the
@@ -92,7 +78,7 @@ impl Direct {
     ) -> Result<Direct, PackError> {
         let buffer = (BUFFERS / slots as usize).clamp(16 << 10, SLOT_BUFFER);
         let appends = Appends::new(buffer, APPEND_THREADS, APPENDS_IN_FLIGHT)
-            .map_err(|e| PackError::Usage(format!("cannot start the writer's threads: {e}")))?;
+            .map_err(|e| usage!("cannot start the writer's threads: {e}"))?;
         Ok(Direct {
             dir: dir.to_path_buf(),
             dataset_id,
@@ -110,28 +96,24 @@ impl Direct {
     }
 
     /// Appends an encoded sample to chunk slot `slot`.
-    pub(super) fn append(&self, slot: u32, rec: SpillRecord) -> Result<(), PackError> {
+    pub(super) fn append(&self, slot: u32, mut rec: SpillRecord) -> Result<(), PackError> {
         let label = match rec.label_name.is_empty() {
             true => rec.label,
             false => {
                 let mut names = lock(&self.names);
                 let next = names.len() as u32;
-                *names.entry(rec.label_name).or_insert(next)
+                *names
+                    .entry(std::mem::take(&mut rec.label_name))
+                    .or_insert(next)
             }
         };
         let mut s = lock(&self.slots[slot as usize]);
-        if s.w.is_none() {
-            s.w = Some(self.make_chunk()?);
+        if s.is_none() {
+            *s = Some(self.make_chunk()?);
         }
-        let f = s.w.as_mut().expect("made above");
-        let r = ChunkRecord {
-            key: &rec.key,
-            enc: rec.enc.view(),
-            label,
-            fields: &rec.fields,
-            attrs: None,
-        };
-        append_record(f.records(), &r).map_err(|e| PackError::io("writing", f.tmp_path(), e))
+        let f = s.as_mut().expect("made above");
+        let r = rec.append_to(f.records(), label);
+        r.map_err(|e| PackError::io("writing", f.tmp_path(), e))
     }
 
     fn make_chunk(&self) -> Result<ChunkFile<Appender>, PackError> {
@@ -168,10 +150,10 @@ impl Direct {
         let mut remap = vec![NO_LABEL; names.len()];
         for (name, &i) in names.iter() {
             remap[i as usize] = *class_of.get(name).ok_or_else(|| {
-                PackError::Usage(format!(
+                usage!(
                     "class {:?} is not in the class table",
                     String::from_utf8_lossy(name)
-                ))
+                )
             })?;
         }
         let by_name = !names.is_empty();
@@ -187,7 +169,7 @@ impl Direct {
         };
         let ((), done) = write_in_parallel(threads, sink, write, |feed| {
             for slot in &self.slots {
-                let taken = lock(slot).w.take();
+                let taken = lock(slot).take();
                 if taken.is_some_and(|w| !feed.send(w)) {
                     break; // the failure is the result; `abandon` removes every unnamed chunk
                 }
@@ -201,7 +183,7 @@ impl Direct {
     /// them; a chunk a failed finish took went with its writer).
     pub(super) fn abandon(&self) {
         for s in &self.slots {
-            drop(lock(s).w.take());
+            drop(lock(s).take());
         }
     }
 }

@@ -5,23 +5,19 @@ use std::collections::HashMap;
 
 use granary_format::{parse_chunk_file_name, ChunkSummary, SNAPSHOT_FILE};
 
-use crate::run::Totals;
-use crate::shard::{Part, PartChunk};
-use crate::{
-    hex_id, output, shared_key_of, spooled_builder, upload, write_snapshot_atomic, PackError,
-    PackSummary,
-};
+use crate::run::{End, Totals};
+use crate::{hex_id, output, shared_key_of, upload, PackError, PackSummary};
 use granary_store::chunk_file::Records;
 
 use super::*;
-use crate::publish::{publish_whole, write_chunk, write_in_parallel, ChunkRecord, Feed, Target};
+use crate::publish::{write_chunk, write_in_parallel, Feed, Target};
 
 impl Writer {
     /// Builds the chunks and the snapshot (or the shard's part) and publishes the dataset.
     /// On failure the spill logs stay, for `resume`.
     pub fn finish(mut self) -> Result<PackSummary, PackError> {
         if self.finished {
-            return Err(PackError::Usage("the writer is closed already".into()));
+            return Err(usage!("the writer is closed already"));
         }
         self.finished = true;
         // With an expected count but fewer samples than it takes to size the chunks: now.
@@ -35,12 +31,12 @@ impl Writer {
         }
         if self.samples == 0 && self.opts.output.shard.is_none() {
             // Nothing to lose: leave nothing behind either.
-            clear_spill(&self.layout.spill)?;
-            let _ = std::fs::remove_dir(&self.layout.spill);
-            return Err(PackError::Usage(format!(
+            clear_spill(&self.spill)?;
+            let _ = std::fs::remove_dir(&self.spill);
+            return Err(usage!(
                 "no samples were written: {} not created",
                 self.opts.output.out.display()
-            )));
+            ));
         }
         let classes = self.classes();
         let class_of: HashMap<Vec<u8>, u32> = classes
@@ -58,8 +54,45 @@ impl Writer {
         let dest = self.opts.output.destination.as_deref();
         let gathered = upload::with_sink(dest, &self.layout.chunks, Vec::new(), &|_| {}, gather)?;
         self.warn_if_oversized(&gathered);
-        let summary = self.finish_as_mode(gathered, classes)?;
-        let spill = &self.layout.spill;
+        let chunks = gathered.len() as u64;
+        let o = &self.opts.output;
+        let mut t = Totals::new(&self.layout.chunks, o.destination.is_some(), &gathered);
+        let work = &self.layout.work;
+        let (action, end) = match o.shard {
+            Some(shard) => {
+                let (key, dir) = (shared_key_of(&self.opts.settings(&[0; 16])), work);
+                ("shard", End::Part { shard, key, dir })
+            }
+            None => {
+                let target = match &o.destination {
+                    Some(dest) => Target::Remote {
+                        dest,
+                        found: &self.remote_found,
+                    },
+                    None => Target::Local(&o.out),
+                };
+                (
+                    "write",
+                    End::Whole {
+                        work,
+                        target,
+                        plan: None,
+                    },
+                )
+            }
+        };
+        t.end(self.dataset_id, &classes, gathered, end)?;
+        let summary = PackSummary {
+            out: o.out.clone(),
+            dataset_id: hex_id(&self.dataset_id),
+            shard: o.shard.map(|s| s.to_string()),
+            action,
+            classes: classes.len() as u64,
+            chunks,
+            warnings: std::mem::take(&mut self.warnings),
+            ..t.summary(self.t0.elapsed().as_secs_f64())
+        };
+        let spill = &self.spill;
         // Uploaded, the staging directory (spill logs, upload markers) went with the publish.
         if self.opts.output.destination.is_none() {
             clear_spill(spill)?;
@@ -130,24 +163,14 @@ impl Writer {
         );
         // The layout, cut here in order, does not depend on which chunk writer finishes first.
         let write = |(id, recs): (u32, Vec<SpillRecord>)| {
-            let records_of = recs.iter().map(|r| ChunkRecord {
-                key: &r.key,
-                enc: r.enc.view(),
-                label: r.label,
-                fields: &r.fields,
-                attrs: None,
-            });
             let records = match self.with_fields == Some(true) {
                 true => Records::Fields,
                 false => Records::Plain,
             };
-            write_chunk(
-                &self.layout.chunks,
-                (self.dataset_id, id),
-                classes,
-                (records, &self.types),
-                records_of,
-            )
+            let (dir, contents) = (&self.layout.chunks, (records, &self.types));
+            write_chunk(dir, (self.dataset_id, id), classes, contents, |w| {
+                recs.iter().try_for_each(|r| r.append_to(w, r.label))
+            })
         };
         let ((), done) = write_in_parallel(self.opts.threads, sink, write, |feed| {
             let mut asm = Assembler {
@@ -157,108 +180,39 @@ impl Writer {
                 chunks: 0,
                 feed,
             };
-            self.plan_chunks(&mut asm, class_of, &pb)?;
+            // Every record, log by log in seeded order, to the assembler.
+            for b in 0..self.opts.buckets {
+                let p = self.spill.join(log_name(b));
+                let (f, mut recs) = read_log(&p, self.opts.output.seed, self.opts.gather_memory)?;
+                let held = std::mem::take(&mut *lock(&self.shared.held[b as usize]));
+                recs.extend(
+                    held.into_iter()
+                        .map(|r| (order_of(&r.key, self.opts.output.seed), Rec::Mem(r))),
+                );
+                recs.sort_unstable_by_key(|(o, _)| *o);
+                for (_, rec) in recs {
+                    let mut rec = match rec {
+                        Rec::Mem(r) => r,
+                        Rec::Disk(off, n) => read_record(&f, &p, off, n)?,
+                    };
+                    if !rec.label_name.is_empty() {
+                        rec.label = *class_of.get(&rec.label_name).ok_or_else(|| {
+                            usage!(
+                                "{}: class {:?} of key {:?} is not in the class table",
+                                p.display(),
+                                String::from_utf8_lossy(&rec.label_name),
+                                String::from_utf8_lossy(&rec.key)
+                            )
+                        })?;
+                    }
+                    asm.push(rec)?;
+                }
+                pb.inc(1);
+                pb.set_message(format!("{} chunks", asm.chunks));
+            }
             asm.close()
         })?;
-        pb.finish_and_clear();
         Ok(done)
-    }
-
-    /// Feeds every record, log by log in seeded order, to the assembler.
-    pub(super) fn plan_chunks(
-        &self,
-        asm: &mut Assembler<'_>,
-        class_of: &HashMap<Vec<u8>, u32>,
-        pb: &indicatif::ProgressBar,
-    ) -> Result<(), PackError> {
-        for b in 0..self.opts.buckets {
-            let p = self.layout.spill.join(log_name(b));
-            let (f, mut recs) = read_log(&p, self.opts.output.seed, self.opts.gather_memory)?;
-            let held = std::mem::take(&mut *lock(&self.shared.held[b as usize]));
-            recs.extend(
-                held.into_iter()
-                    .map(|r| (order_of(&r.key, self.opts.output.seed), Rec::Mem(r))),
-            );
-            recs.sort_unstable_by_key(|(o, _)| *o);
-            for (_, rec) in recs {
-                let mut rec = match rec {
-                    Rec::Mem(r) => r,
-                    Rec::Disk(off, n) => read_record(&f, &p, off, n)?,
-                };
-                if !rec.label_name.is_empty() {
-                    rec.label = *class_of.get(&rec.label_name).ok_or_else(|| {
-                        PackError::Usage(format!(
-                            "{}: class {:?} of key {:?} is not in the class table",
-                            p.display(),
-                            String::from_utf8_lossy(&rec.label_name),
-                            String::from_utf8_lossy(&rec.key)
-                        ))
-                    })?;
-                }
-                asm.push(rec)?;
-            }
-            pb.inc(1);
-            pb.set_message(format!("{} chunks", asm.chunks));
-        }
-        Ok(())
-    }
-
-    pub(super) fn finish_as_mode(
-        &mut self,
-        summaries: Vec<ChunkSummary>,
-        classes: Vec<Vec<u8>>,
-    ) -> Result<PackSummary, PackError> {
-        let chunks = summaries.len() as u64;
-        let mut t = Totals {
-            dir: self.layout.chunks.clone(),
-            uploaded: self.opts.output.destination.is_some(),
-            bytes_out: summaries.iter().map(|s| s.file_size).sum(),
-            ..Totals::default()
-        };
-        let action = match (self.opts.output.shard, &self.layout.work) {
-            (Some(shard), _) => {
-                let mut list = Vec::with_capacity(summaries.len());
-                for s in summaries {
-                    list.push(PartChunk::of(&t.full(s)?));
-                }
-                let part = Part {
-                    shard,
-                    dataset_id: self.dataset_id,
-                    key: shared_key_of(&self.opts.settings(&[0; 16])),
-                    classes: classes.clone(),
-                    chunks: list,
-                };
-                t.bytes_out += part.publish(&self.layout.spill)?;
-                "shard"
-            }
-            (None, Some(work)) => {
-                let mut builder = spooled_builder(work, self.dataset_id, classes.clone())?;
-                for s in summaries {
-                    builder.push_chunk(&t.full(s)?)?;
-                }
-                t.bytes_out += write_snapshot_atomic(&work.join(SNAPSHOT_FILE), builder)?;
-                let target = match &self.opts.output.destination {
-                    Some(dest) => Target::Remote {
-                        dest,
-                        found: &self.remote_found,
-                    },
-                    None => Target::Local(&self.opts.output.out),
-                };
-                publish_whole(work, target, chunks as usize)?;
-                "write"
-            }
-            (None, None) => unreachable!("a whole dataset has a build directory"),
-        };
-        Ok(PackSummary {
-            out: self.opts.output.out.clone(),
-            dataset_id: hex_id(&self.dataset_id),
-            shard: self.opts.output.shard.map(|s| s.to_string()),
-            action,
-            classes: classes.len() as u64,
-            chunks,
-            warnings: std::mem::take(&mut self.warnings),
-            ..t.summary(self.t0.elapsed().as_secs_f64())
-        })
     }
 }
 
@@ -300,7 +254,7 @@ impl Assembler<'_> {
         match self.feed.send((id, recs)) {
             true => Ok(()),
             // The writers' own error is the result (see `write_in_parallel`).
-            false => Err(PackError::Usage("the chunk writers stopped".into())),
+            false => Err(usage!("the chunk writers stopped")),
         }
     }
 }

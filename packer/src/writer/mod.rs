@@ -1,30 +1,25 @@
 //! Writing a dataset from samples a program holds (the writer API), instead of from files.
 //!
-//! A caller hands over samples one by one, in whatever order its source has them (often
-//! sorted by class). To mix samples across chunks as `pack` does without holding the dataset,
-//! the writer works in two passes over local disk:
+//! Samples come one by one, in whatever order the caller's source has them (often sorted by
+//! class). To mix them across chunks as `pack` does without holding the dataset, the writer
+//! works in two passes over local disk:
 //!
 //! 1. **Scatter.** Each sample is checksummed and compressed on the writer's threads and
-//!    appended to one of B spill logs (`spill-NNNN.log`), chosen by a seeded hash of its key.
-//!    Every log so receives a uniform random share of the whole stream, whatever its order.
+//!    appended to one of B spill logs (`spill-NNNN.log`) chosen by a seeded hash of its key:
+//!    every log receives a uniform random share of the whole stream.
 //! 2. **Gather** (at `finish`). Each log in turn is read back (whole when it fits the memory
-//!    budget, record by record otherwise), its records put in a seeded order of their keys, and
-//!    the logs' records are cut into chunks in that order. A chunk is thus a random subset of
-//!    the entire stream, not of a window of it: a class-sorted source gives class-mixed chunks.
+//!    budget, record by record otherwise), its records put in a seeded order of their keys and
+//!    cut into chunks: a class-sorted source gives class-mixed chunks.
 //!
-//! Memory holds one spill log's records at a time (or its index), the chunk being written,
-//! a bounded queue of samples on their way to the logs and a 16-byte hash per key (to refuse
-//! keys written twice). Data is written twice to local disk (log, then chunk), which is
-//! what it costs to mix a stream of unknown length uniformly. Told how many samples to expect
-//! ([`WriterOptions::expected`]), the writer skips both passes and appends each sample to its
-//! chunk as it comes (`direct.rs`).
+//! Memory holds one log's records (or its index), the chunk being written, a bounded queue and
+//! a 16-byte hash per key (to refuse keys written twice). With an expected sample count
+//! ([`WriterOptions::expected`]) each sample goes straight to its chunk instead (`direct.rs`).
 //!
-//! The logs are the resume state: after a crash (kill -9 too), `resume` reads them back,
-//! drops a torn last record, and the caller writes its samples again; keys already in a log
-//! are skipped (their bytes checked against the log's CRC). The dataset is built in the same
-//! hidden work directory as a pack and published by one rename (or, to an object store, with
-//! the snapshot uploaded last); with a shard, the result is a part for `merge`, as with
-//! `pack --shard`. The layout is a pure function of the set of samples and the seed.
+//! The logs are the resume state: after a crash, `resume` reads them back, drops a torn last
+//! record, and skips the keys they hold when the caller writes its samples again (their bytes
+//! checked against the log's CRC). The dataset is built and published as a pack's is (with a
+//! shard: a part for `merge`). The layout is a pure function of the set of samples and the
+//! seed.
 
 mod direct;
 mod gather;
@@ -35,7 +30,7 @@ use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::io::{BufReader, BufWriter, Write};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 use std::sync::mpsc::{sync_channel, SyncSender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -45,8 +40,7 @@ use granary_format::local::{FIELD_TYPES, WRITER_STATE};
 use granary_format::{path_hash, NO_LABEL};
 
 use crate::{
-    lock, new_dataset_id, output, shared_key_of, work_dir, write_file_atomic, Ids, PackError,
-    PART_FILE,
+    lock, new_dataset_id, output, shared_key_of, write_file_atomic, PackError, Place, PART_FILE,
 };
 
 pub use options::{WriterOptions, DEFAULT_BUCKETS, DEFAULT_GATHER_MEMORY};
@@ -60,7 +54,7 @@ const TYPES_FILE: &str = "field.types";
 const QUEUE: usize = 64;
 /// Bytes a spill log buffers before writing.
 const LOG_BUFFER: usize = 256 << 10;
-/// Fixed part of a spill record's body (see [`SpillRecord::encode_header`]).
+/// Fixed part of a spill record's body (see [`SpillRecord::write_to`]).
 const RECORD_FIXED: usize = 32;
 /// Largest spill record body (a sample of up to 4 GiB less the key).
 const MAX_RECORD: u64 = u32::MAX as u64;
@@ -101,8 +95,6 @@ struct Shared {
     logs: Vec<Mutex<BufWriter<File>>>,
     dir: PathBuf,
     error: Mutex<Option<PackError>>,
-    queued_bytes: AtomicU64,
-    spilled: AtomicU64,
     /// Samples held in memory per bucket (up to `budget` bytes in all), not in the logs.
     held: Vec<Mutex<Vec<SpillRecord>>>,
     held_bytes: AtomicU64,
@@ -133,23 +125,15 @@ struct Job {
     bucket: u32,
 }
 
-/// Where a writer keeps its spill logs, builds its chunks and what it makes.
-struct Layout {
-    /// The spill logs and the state (locked for the writer's life).
-    spill: PathBuf,
-    /// Where chunk files are written.
-    chunks: PathBuf,
-    /// The build directory of a whole dataset (chunks and snapshot before publishing).
-    work: Option<PathBuf>,
-    ids: Ids,
-}
-
 /// A dataset being written from samples. See the module documentation.
 pub struct Writer {
     opts: WriterOptions,
     t0: Instant,
-    layout: Layout,
-    _lock: output::BuildLock,
+    /// Where the chunks go (and a whole dataset is built).
+    layout: Place,
+    /// The spill logs and the state (locked for the writer's life).
+    spill: PathBuf,
+    _lock: output::DirLock,
     dataset_id: [u8; 16],
     shared: Arc<Shared>,
     tx: Option<SyncSender<Job>>,
@@ -170,7 +154,6 @@ pub struct Writer {
     max_index: Option<u32>,
     samples: u64,
     resumed_samples: u64,
-    bytes_in: u64,
     warnings: Vec<String>,
     /// What the object-store destination held when the writer began (for the publish).
     remote_found: Vec<(String, u64)>,
@@ -196,47 +179,51 @@ impl Writer {
     pub fn create(opts: WriterOptions) -> Result<Writer, PackError> {
         opts.output.check()?;
         if opts.buckets == 0 || opts.buckets > 65_536 {
-            return Err(PackError::Usage(
-                "the number of spill logs must be between 1 and 65536".into(),
+            return Err(usage!(
+                "the number of spill logs must be between 1 and 65536"
             ));
         }
         if let Some(c) = &opts.classes {
             if c.iter().collect::<HashSet<_>>().len() != c.len() {
-                return Err(PackError::Usage("classes must be distinct".into()));
+                return Err(usage!("classes must be distinct"));
             }
         }
         opts.check_expected()?;
         let direct = opts.expected.is_some();
-        let layout = Self::layout(&opts)?;
-        let existed = layout.spill.join(STATE_FILE).exists();
+        let layout = Place::of(&opts.output)?;
+        let spill = match (opts.output.shard, &opts.output.destination) {
+            (None, Some(_)) => layout.work.join("spill"),
+            (None, None) => layout.work.with_extension("spill"),
+            (Some(_), _) => layout.work.clone(),
+        };
+        let existed = spill.join(STATE_FILE).exists();
         let mut warnings = Vec::new();
         let remote_found = output::claim(&opts.output, &mut warnings)?;
         if let Some(s) = opts.output.shard {
             if opts.output.out.join(s.dir_name()).join(PART_FILE).exists() && !opts.output.force {
-                return Err(PackError::Usage(format!(
+                return Err(usage!(
                     "shard {s} of {} finished already; run granary merge (or pass force, --force, to write it again)",
                     opts.output.out.display()
-                )));
+                ));
             }
         }
-        std::fs::create_dir_all(&layout.spill)
-            .map_err(|e| PackError::io("creating", &layout.spill, e))?;
-        let lock = output::BuildLock::take(&layout.spill, &opts.output.out)?;
-        let state_path = layout.spill.join(STATE_FILE);
+        std::fs::create_dir_all(&spill).map_err(|e| PackError::io("creating", &spill, e))?;
+        let lock = output::DirLock::build(&spill, &opts.output.out)?;
+        let state_path = spill.join(STATE_FILE);
         let dataset_id = if existed && opts.output.resume {
             Self::resumed_id(&opts, &state_path)?
         } else {
             if existed && !opts.output.force {
-                return Err(PackError::Usage(format!(
+                return Err(usage!(
                     "an interrupted writer of {} left its work in {}; pass resume (--resume) to continue it or force (--force) to start over",
                     opts.output.out.display(),
-                    layout.spill.display()
-                )));
+                    spill.display()
+                ));
             }
             if opts.output.shard.is_some() {
-                std::fs::remove_file(layout.spill.join(PART_FILE)).ok();
+                std::fs::remove_file(spill.join(PART_FILE)).ok();
             }
-            clear_spill(&layout.spill)?;
+            clear_spill(&spill)?;
             let id = match opts.output.shard {
                 // Every shard derives the same id from what they share.
                 Some(s) => crate::shard::shared_dataset_id(
@@ -257,7 +244,7 @@ impl Writer {
         let spill_logs = if direct { 0 } else { opts.buckets };
         let mut logs = Vec::with_capacity(spill_logs as usize);
         for b in 0..spill_logs {
-            let p = layout.spill.join(log_name(b));
+            let p = spill.join(log_name(b));
             let f = std::fs::OpenOptions::new()
                 .create(true)
                 .append(true)
@@ -267,10 +254,8 @@ impl Writer {
         }
         let shared = Arc::new(Shared {
             logs,
-            dir: layout.spill.clone(),
+            dir: spill.clone(),
             error: Mutex::new(None),
-            queued_bytes: AtomicU64::new(0),
-            spilled: AtomicU64::new(0),
             held: (0..spill_logs).map(|_| Mutex::new(Vec::new())).collect(),
             held_bytes: AtomicU64::new(0),
             budget: opts.memory,
@@ -279,6 +264,7 @@ impl Writer {
         let mut w = Writer {
             t0: Instant::now(),
             layout,
+            spill,
             _lock: lock,
             dataset_id,
             shared,
@@ -293,7 +279,6 @@ impl Writer {
             max_index: None,
             samples: 0,
             resumed_samples: 0,
-            bytes_in: 0,
             warnings: Vec::new(),
             remote_found,
             types: Default::default(),
@@ -318,46 +303,15 @@ impl Writer {
         Ok(w)
     }
 
-    fn layout(opts: &WriterOptions) -> Result<Layout, PackError> {
-        let o = &opts.output;
-        Ok(match (&o.shard, &o.destination, &o.staging) {
-            (Some(s), _, _) => Layout {
-                spill: o.out.join(s.dir_name()),
-                chunks: o.out.clone(),
-                work: None,
-                ids: Ids {
-                    base: s.index,
-                    stride: s.count,
-                },
-            },
-            (None, Some(_), Some(staging)) => Layout {
-                spill: staging.join("spill"),
-                chunks: staging.clone(),
-                work: Some(staging.clone()),
-                ids: Ids { base: 0, stride: 1 },
-            },
-            // `OutputOptions::check` made sure a destination comes with its staging directory.
-            (None, _, _) => {
-                let work = work_dir(&o.out)?;
-                Layout {
-                    spill: spill_dir_of(&o.out)?,
-                    chunks: work.clone(),
-                    work: Some(work),
-                    ids: Ids { base: 0, stride: 1 },
-                }
-            }
-        })
-    }
-
     /// The dataset id of the interrupted writer whose state is at `path`, if its settings
     /// are these.
     fn resumed_id(opts: &WriterOptions, path: &Path) -> Result<[u8; 16], PackError> {
         let bytes = std::fs::read(path).map_err(|e| PackError::io("reading", path, e))?;
         let body = WRITER_STATE.unframe(&bytes).map_err(|e| {
-            PackError::Usage(format!(
+            usage!(
                 "{} is damaged ({e}); start over with force (--force)",
                 path.display()
-            ))
+            )
         })?;
         let text = String::from_utf8_lossy(body);
         let id_hex = text
@@ -365,17 +319,17 @@ impl Writer {
             .find_map(|l| l.strip_prefix("dataset_id="))
             .unwrap_or_default();
         let id: granary_format::DatasetId = id_hex.parse().map_err(|_| {
-            PackError::Usage(format!(
+            usage!(
                 "{} names no dataset id; start over with force (--force)",
                 path.display()
-            ))
+            )
         })?;
         let now = opts.settings(&id.0);
         if now != text {
-            return Err(PackError::Usage(format!(
+            return Err(usage!(
                 "cannot resume: the interrupted writer used other settings.\nrecorded:\n{text}now:\n{now}\
                  resume with the recorded settings, or pass force (--force) to start over"
-            )));
+            ));
         }
         Ok(id.0)
     }
@@ -384,8 +338,9 @@ impl Writer {
     /// that is skipped when written again; a torn or damaged tail is cut off.
     fn read_back(&mut self, warnings: &mut Vec<String>) -> Result<(), PackError> {
         for b in 0..self.opts.buckets {
-            let p = self.layout.spill.join(log_name(b));
-            let f = File::open(&p).map_err(|e| PackError::io("opening", &p, e))?;
+            let p = self.spill.join(log_name(b));
+            let f = std::fs::OpenOptions::new().read(true).write(true).open(&p);
+            let f = f.map_err(|e| PackError::io("opening", &p, e))?;
             let mut r = BufReader::with_capacity(1 << 20, &f);
             let mut good = 0u64;
             // Up to the first torn or damaged record, which is dropped with what follows.
@@ -407,7 +362,6 @@ impl Writer {
                 self.note_label_of(&rec);
                 self.with_fields = Some(!rec.fields.is_empty());
                 self.resumed.insert(key_hash(&rec.key), rec.enc.crc32);
-                self.bytes_in += rec.enc.orig_len;
             };
             if let Some(why) = torn {
                 warnings.push(format!("{}: {why}; dropped from there", p.display()));
@@ -415,18 +369,12 @@ impl Writer {
             drop(r);
             let len = f
                 .metadata()
-                .map_err(|e| PackError::io("inspecting", &p, e))?
-                .len();
-            if len != good {
-                let f = std::fs::OpenOptions::new()
-                    .write(true)
-                    .open(&p)
-                    .map_err(|e| PackError::io("opening", &p, e))?;
+                .map_err(|e| PackError::io("inspecting", &p, e))?;
+            if len.len() != good {
                 f.set_len(good)
                     .map_err(|e| PackError::io("truncating", &p, e))?;
             }
         }
-        self.resumed_samples = 0;
         self.samples = self.resumed.len() as u64;
         Ok(())
     }
@@ -498,18 +446,16 @@ impl Writer {
     /// type is an error (a field's values are all of one type). Kept across `resume`.
     pub fn declare_field_type(&mut self, name: &[u8], descriptor: &str) -> Result<(), PackError> {
         let shown = String::from_utf8_lossy(name).into_owned();
-        granary_format::check_field_name(name).map_err(|why| {
-            PackError::Usage(format!("field {shown:?} is not a valid field name: {why}"))
-        })?;
-        granary_format::FieldType::parse(descriptor)
-            .map_err(|e| PackError::Usage(format!("field {shown:?}: {e}")))?;
+        granary_format::check_field_name(name)
+            .map_err(|why| usage!("field {shown:?} is not a valid field name: {why}"))?;
+        granary_format::FieldType::parse(descriptor).map_err(|e| usage!("field {shown:?}: {e}"))?;
         match self.types.get(name) {
             Some(t) if t == descriptor => return Ok(()),
             Some(t) => {
-                return Err(PackError::Usage(format!(
+                return Err(usage!(
                     "field {shown:?} holds {t} values; it cannot also hold {descriptor} (declare \
                      a type that fits every value, such as npy for arrays of several shapes)"
-                )))
+                ))
             }
             None => {}
         }
@@ -520,14 +466,14 @@ impl Writer {
             .map(|(n, t)| format!("{}={t}\n", String::from_utf8_lossy(n)))
             .collect();
         write_file_atomic(
-            &self.layout.spill.join(TYPES_FILE),
+            &self.spill.join(TYPES_FILE),
             &FIELD_TYPES.frame(body.as_bytes()),
         )
     }
 
     /// Reads back the field types an interrupted writer declared.
     fn read_types(&mut self) -> Result<(), PackError> {
-        let path = self.layout.spill.join(TYPES_FILE);
+        let path = self.spill.join(TYPES_FILE);
         let bytes = match std::fs::read(&path) {
             Ok(b) => b,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
@@ -565,21 +511,21 @@ impl Writer {
     ) -> Result<Written, PackError> {
         let shown = String::from_utf8_lossy(key).into_owned();
         if fields.is_empty() {
-            return Err(PackError::Usage(format!("sample {shown:?} has no fields")));
+            return Err(usage!("sample {shown:?} has no fields"));
         }
         let mut names: Vec<&[u8]> = Vec::with_capacity(fields.len());
         for (name, _) in &fields {
             granary_format::check_field_name(name).map_err(|why| {
-                PackError::Usage(format!(
+                usage!(
                     "sample {shown:?}: field {:?} is not a valid field name: {why}",
                     String::from_utf8_lossy(name)
-                ))
+                )
             })?;
             if names.contains(&&name[..]) {
-                return Err(PackError::Usage(format!(
+                return Err(usage!(
                     "sample {shown:?}: field {:?} given twice",
                     String::from_utf8_lossy(name)
-                )));
+                ));
             }
             names.push(name);
         }
@@ -591,10 +537,10 @@ impl Writer {
             };
             let t = granary_format::FieldType::parse(t).map_err(PackError::Usage)?;
             t.check_value(d).map_err(|why| {
-                PackError::Usage(format!(
+                usage!(
                     "sample {shown:?}: field {:?}: {why}",
                     String::from_utf8_lossy(name)
-                ))
+                )
             })?;
         }
         let total: usize = fields.iter().map(|(_, d)| d.len()).sum();
@@ -618,23 +564,23 @@ impl Writer {
         shown: &dyn Fn() -> String,
     ) -> Result<(), PackError> {
         if self.dirs.contains(&h) {
-            return Err(PackError::Usage(format!(
+            return Err(usage!(
                 "key {:?} is a directory of keys written before ({:?}): a path is a file or a \
                  directory, not both",
                 shown(),
                 format!("{}/...", shown())
-            )));
+            ));
         }
         let mut dirs = Vec::new();
         for i in (0..key.len()).filter(|&i| key[i] == b'/') {
             let d = key_hash(&key[..i]);
             if self.seen.contains(&d) || self.resumed.contains_key(&d) {
-                return Err(PackError::Usage(format!(
+                return Err(usage!(
                     "key {:?} lies under {:?}, which was written before as a sample (a file): a \
                      path is a file or a directory, not both",
                     shown(),
                     String::from_utf8_lossy(&key[..i])
-                )));
+                ));
             }
             dirs.push(d);
         }
@@ -650,7 +596,7 @@ impl Writer {
         label: Label<'_>,
     ) -> Result<Written, PackError> {
         if self.finished {
-            return Err(PackError::Usage("the writer is closed".into()));
+            return Err(usage!("the writer is closed"));
         }
         if let Some(e) = self.shared.take_error() {
             return Err(e);
@@ -661,11 +607,9 @@ impl Writer {
             true => granary_format::check_field_key(key),
             false => granary_format::check_relative_path(key),
         };
-        check.map_err(|why| {
-            PackError::Usage(format!("key {:?} is not a valid path: {why}", shown()))
-        })?;
+        check.map_err(|why| usage!("key {:?} is not a valid path: {why}", shown()))?;
         if *self.with_fields.get_or_insert(grouped) != grouped {
-            return Err(PackError::Usage(format!(
+            return Err(usage!(
                 "sample {:?}: {}; a dataset's samples all have named fields or none do",
                 shown(),
                 if grouped {
@@ -673,16 +617,16 @@ impl Writer {
                 } else {
                     "is a single blob, but the samples before it had named fields"
                 }
-            )));
+            ));
         }
         let fields_len: usize = fields.iter().map(|(n, _)| n.len() + 13).sum();
         let data_len = data.len() + fields_len;
         if data_len as u64 + key.len() as u64 + RECORD_FIXED as u64 + 256 > MAX_RECORD {
-            return Err(PackError::Usage(format!(
+            return Err(usage!(
                 "sample {:?} has {} bytes; a written sample holds less than 4 GiB",
                 shown(),
                 data.len()
-            )));
+            ));
         }
         let (label, label_name) = self.label(label, &shown)?;
         let h = key_hash(key);
@@ -690,28 +634,24 @@ impl Writer {
         if let Some(crc) = self.resumed.remove(&h) {
             self.seen.insert(h);
             if crc32fast::hash(&data) != crc {
-                return Err(PackError::Usage(format!(
+                return Err(usage!(
                     "key {:?} was written with other bytes before the interruption; a resumed writer must \
                      be given the same samples (or start over with force, --force)",
                     shown()
-                )));
+                ));
             }
             self.resumed_samples += 1;
             return Ok(Written::Resumed);
         }
         if !self.seen.insert(h) {
-            return Err(PackError::Usage(format!(
-                "key {:?} was written twice",
-                shown()
-            )));
+            return Err(usage!("key {:?} was written twice", shown()));
         }
         self.samples += 1;
-        self.bytes_in += data.len() as u64;
         if self.samples > granary_format::MAX_SAMPLES {
-            return Err(PackError::Usage(format!(
+            return Err(usage!(
                 "a dataset holds at most {} samples",
                 granary_format::MAX_SAMPLES
-            )));
+            ));
         }
         let job = Job {
             key: key.to_vec(),
@@ -745,15 +685,12 @@ impl Writer {
             .get()
             .map_or(self.opts.buckets, |d| d.slots());
         job.bucket = bucket_of(&job.key, self.opts.output.seed, slots);
-        self.shared
-            .queued_bytes
-            .fetch_add(job.data.len() as u64, Ordering::Relaxed);
         let sent = self.tx.as_ref().map(|tx| tx.send(job).is_ok());
         if sent != Some(true) {
             return Err(self
                 .shared
                 .take_error()
-                .unwrap_or_else(|| PackError::Usage("the writer's threads stopped".into())));
+                .unwrap_or_else(|| usage!("the writer's threads stopped")));
         }
         Ok(())
     }
@@ -776,7 +713,7 @@ impl Writer {
             slots,
         )?;
         if self.shared.direct.set(d).is_err() {
-            return Err(PackError::Usage("the chunks were sized twice".into()));
+            return Err(usage!("the chunks were sized twice"));
         }
         for job in probe {
             self.dispatch(job)?;
@@ -798,53 +735,49 @@ impl Writer {
         if let Some(classes) = &self.opts.classes {
             return match label {
                 Label::Index(i) if (i as usize) < classes.len() => Ok((i, Vec::new())),
-                Label::Index(i) => Err(PackError::Usage(format!(
+                Label::Index(i) => Err(usage!(
                     "sample {:?}: label {i} but only {} classes were given",
                     shown(),
                     classes.len()
-                ))),
+                )),
                 Label::Name(n) => match classes.iter().position(|c| c[..] == *n) {
                     Some(i) => Ok((i as u32, Vec::new())),
-                    None => Err(PackError::Usage(format!(
+                    None => Err(usage!(
                         "sample {:?}: class {:?} is not one of the classes given",
                         shown(),
                         String::from_utf8_lossy(n)
-                    ))),
+                    )),
                 },
                 Label::None => unreachable!("returned above"),
             };
         }
         if self.label_kind != LabelKind::Unknown && self.label_kind != kind {
-            return Err(PackError::Usage(format!(
+            return Err(usage!(
                 "sample {:?}: labels are class indexes and class names mixed; give one kind (or pass classes)",
                 shown()
-            )));
+            ));
         }
         if self.opts.output.shard.is_some() {
-            return Err(PackError::Usage(
-                "a shard with labels needs the class table (classes=...): every chunk carries it, and shards \
-                 cannot agree on one otherwise"
-                    .into(),
+            return Err(usage!(
+                "a shard with labels needs the class table (classes=...): every chunk \
+                 carries it, and shards cannot agree on one otherwise"
             ));
         }
         self.label_kind = kind;
         match label {
-            Label::Index(i) if i >= MAX_INDEX_LABEL => Err(PackError::Usage(format!(
+            Label::Index(i) if i >= MAX_INDEX_LABEL => Err(usage!(
                 "sample {:?}: label {i} is too large: without a class table, class indexes are \
                  below {MAX_INDEX_LABEL} (the dataset gets a class named for every number up to \
                  the largest); pass classes",
                 shown()
-            ))),
+            )),
             Label::Index(i) => {
                 self.max_index = self.max_index.max(Some(i));
                 Ok((i, Vec::new()))
             }
             Label::Name(n) => {
                 if n.is_empty() {
-                    return Err(PackError::Usage(format!(
-                        "sample {:?}: a class name cannot be empty",
-                        shown()
-                    )));
+                    return Err(usage!("sample {:?}: a class name cannot be empty", shown()));
                 }
                 if !self.names.contains(n) {
                     self.names.insert(n.to_vec());
@@ -853,11 +786,6 @@ impl Writer {
             }
             Label::None => unreachable!("returned above"),
         }
-    }
-
-    /// Bytes handed to [`write`](Self::write) that are not in a spill log yet.
-    pub fn queued_bytes(&self) -> u64 {
-        self.shared.queued_bytes.load(Ordering::Relaxed)
     }
 
     /// Stops the threads and flushes the logs to disk.
@@ -877,11 +805,11 @@ impl Writer {
             return Err(e);
         }
         if panicked {
-            return Err(PackError::Usage("a writer thread panicked".into()));
+            return Err(usage!("a writer thread panicked"));
         }
         for (b, log) in self.shared.logs.iter().enumerate() {
             let mut log = lock(log);
-            let p = self.layout.spill.join(log_name(b as u32));
+            let p = self.spill.join(log_name(b as u32));
             if spill_held {
                 let held = std::mem::take(&mut *lock(&self.shared.held[b]));
                 for rec in held {

@@ -9,9 +9,8 @@ use crate::{hex_id, OutputOptions};
 
 /// Default bytes of samples a writer holds in memory before spilling: a sixteenth of the
 /// machine's memory, at most 512 MiB (256 MiB where the machine's memory is unknown). More
-/// barely helps: spill logs are not fsynced, so a spilled sample costs a copy into the page
-/// cache and back (measured in docs/writing.md: 2,744 samples/s at 256 MiB, 2,848 with the
-/// whole 2.2 GB held).
+/// barely helps: spill logs are not fsynced, so a spilled sample costs only a copy into the
+/// page cache and back (docs/writing.md).
 pub fn default_memory() -> u64 {
     let total = std::fs::read_to_string("/proc/meminfo").ok().and_then(|m| {
         m.lines()
@@ -91,15 +90,13 @@ impl WriterOptions {
     /// chunks keeps nothing to resume from).
     pub(crate) fn check_expected(&self) -> Result<(), crate::PackError> {
         if self.expected == Some(0) {
-            return Err(crate::PackError::Usage(
-                "the expected number of samples must be at least 1".into(),
-            ));
+            return Err(usage!("the expected number of samples must be at least 1"));
         }
         if self.expected.is_some() && self.output.resume {
-            return Err(crate::PackError::Usage(
-                "a writer given the expected number of samples writes them straight into chunks and \
-                 keeps nothing to resume from: leave out resume (--resume), or the expected count"
-                    .into(),
+            return Err(usage!(
+                "a writer given the expected number of samples writes them straight into \
+                 chunks and keeps nothing to resume from: leave out resume (--resume), or the \
+                 expected count"
             ));
         }
         Ok(())

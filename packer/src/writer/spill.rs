@@ -2,18 +2,18 @@
 
 use std::fs::File;
 use std::hash::{Hash, Hasher};
-use std::io::{BufReader, Read, Write};
+use std::io::{self, BufReader, Read, Write};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::Receiver;
 use std::sync::Mutex;
 
-use granary_format::{path_hash, Compression};
+use granary_format::{path_hash, ChunkWriter, Compression};
 
 use crate::encode::{encode_bytes, CompressMode, Encoded};
 use crate::shard::mix64;
-use crate::{lock, work_dir, PackError};
+use crate::{lock, PackError};
 
 use super::*;
 
@@ -51,22 +51,39 @@ impl SpillRecord {
             + 4 * PER_ALLOCATION) as u64
     }
 
-    /// The field directory of a kind-2 record: per field, name length u8, name, length u64,
-    /// CRC-32 u32.
-    pub(super) fn directory(&self) -> Vec<u8> {
-        let mut d = Vec::with_capacity(self.fields.len() * 24);
-        for (name, len, crc) in &self.fields {
-            d.push(name.len() as u8);
-            d.extend_from_slice(name);
-            d.extend_from_slice(&len.to_le_bytes());
-            d.extend_from_slice(&crc.to_le_bytes());
+    /// Appends the sample to chunk `w` with class index `label`: a blob as it is stored, a
+    /// field group field by field.
+    pub(super) fn append_to<W: Write>(&self, w: &mut ChunkWriter<W>, label: u32) -> io::Result<()> {
+        let e = &self.enc;
+        if self.fields.is_empty() {
+            let (stored, z) = (&e.stored, e.compression);
+            return w
+                .append(&self.key, stored, z, e.orig_len, e.crc32, label)
+                .map(drop);
         }
-        d
+        let mut at = 0usize;
+        let parts: Vec<(&[u8], &[u8], u32)> = self
+            .fields
+            .iter()
+            .map(|(name, len, crc)| {
+                at += *len as usize;
+                (&name[..], &e.stored[at - *len as usize..at], *crc)
+            })
+            .collect();
+        w.append_group(&self.key, &parts, label).map(drop)
     }
 
     /// Appends the record (length, body, CRC-32 of the body) to `out`.
-    pub(super) fn write_to(&self, out: &mut impl Write) -> std::io::Result<()> {
-        let dir = self.directory();
+    pub(super) fn write_to(&self, out: &mut impl Write) -> io::Result<()> {
+        // The field directory of a kind-2 record: per field, name length u8, name, length
+        // u64, CRC-32 u32.
+        let mut dir = Vec::with_capacity(self.fields.len() * 24);
+        for (name, len, crc) in &self.fields {
+            dir.push(name.len() as u8);
+            dir.extend_from_slice(name);
+            dir.extend_from_slice(&len.to_le_bytes());
+            dir.extend_from_slice(&crc.to_le_bytes());
+        }
         let body_len = RECORD_FIXED
             + self.key.len()
             + self.label_name.len()
@@ -249,13 +266,6 @@ pub(crate) fn spill_file(name: &str) -> bool {
         || (name.starts_with("spill-") && name.ends_with(".log"))
 }
 
-pub(super) fn spill_dir_of(out: &Path) -> Result<PathBuf, PackError> {
-    let w = work_dir(out)?;
-    let name = w.file_name().unwrap_or_default().to_string_lossy();
-    let stem = name.strip_suffix(".partial").unwrap_or(&name);
-    Ok(w.with_file_name(format!("{stem}.spill")))
-}
-
 /// Removes a writer's own files from `dir` (refusing anything else there).
 pub(super) fn clear_spill(dir: &Path) -> Result<(), PackError> {
     crate::output::remove_files_where(dir, |name, _| spill_file(name))
@@ -264,74 +274,63 @@ pub(super) fn clear_spill(dir: &Path) -> Result<(), PackError> {
 /// A writer thread: takes samples off the queue, encodes them and appends them to their log.
 pub(super) fn spill_loop(rx: &Mutex<Receiver<Job>>, shared: &Shared, mode: CompressMode) {
     loop {
+        // The queue's lock is held only while taking a job.
         let Ok(job) = lock(rx).recv() else { return };
-        let n = job.data.len() as u64;
-        let key = job.key;
-        let (fields, enc) = if job.fields.is_empty() {
-            (Vec::new(), encode_bytes(job.data, mode))
-        } else {
-            // Named fields are stored raw: one CRC per field, and theirs combined for the
-            // whole (the CRC of the concatenation).
-            let mut at = 0;
-            let mut group = crc32fast::Hasher::new();
-            let mut fields = Vec::with_capacity(job.fields.len());
-            for (name, len) in job.fields {
-                let crc = crc32fast::hash(&job.data[at..at + len]);
-                group.combine(&crc32fast::Hasher::new_with_initial_len(crc, len as u64));
-                fields.push((name, len as u64, crc));
-                at += len;
-            }
-            let enc = Encoded {
-                orig_len: job.data.len() as u64,
-                crc32: group.finalize(),
-                stored: job.data,
-                compression: Compression::None,
-            };
-            (fields, Ok(enc))
-        };
-        let enc = match enc {
-            Ok(e) => e,
-            Err(why) => {
-                shared.fail(PackError::Source {
-                    path: PathBuf::from(String::from_utf8_lossy(&key).into_owned()),
-                    detail: why,
-                });
-                return;
-            }
-        };
-        let rec = SpillRecord {
-            key,
-            label: job.label,
-            label_name: job.label_name,
-            fields,
-            enc,
-        };
-        let b = job.bucket;
-        if let Some(d) = shared.direct.get() {
-            // An expected count: the sample goes straight into its chunk.
-            if let Err(e) = d.append(b, rec) {
-                shared.fail(e);
-                return;
-            }
-            shared.queued_bytes.fetch_sub(n, Ordering::Relaxed);
-            continue;
+        if let Err(e) = spill(job, shared, mode) {
+            return shared.fail(e);
         }
-        let size = rec.held_bytes();
-        if shared.held_bytes.fetch_add(size, Ordering::Relaxed) + size <= shared.budget {
-            lock(&shared.held[b as usize]).push(rec);
-            shared.queued_bytes.fetch_sub(n, Ordering::Relaxed);
-            continue;
-        }
-        shared.held_bytes.fetch_sub(size, Ordering::Relaxed);
-        let mut log = lock(&shared.logs[b as usize]);
-        if let Err(e) = rec.write_to(&mut *log) {
-            shared.fail(PackError::io("writing", &shared.dir.join(log_name(b)), e));
-            return;
-        }
-        drop(log);
-        shared.queued_bytes.fetch_sub(n, Ordering::Relaxed);
-        shared.spilled.fetch_add(1, Ordering::Relaxed);
     }
+}
+
+/// Encodes one sample and hands it to its chunk (with an expected count), to its bucket in
+/// memory (within the budget) or to its spill log.
+fn spill(job: Job, shared: &Shared, mode: CompressMode) -> Result<(), PackError> {
+    let (fields, enc) = if job.fields.is_empty() {
+        let enc = encode_bytes(job.data, mode).map_err(|detail| PackError::Source {
+            path: PathBuf::from(String::from_utf8_lossy(&job.key).into_owned()),
+            detail,
+        })?;
+        (Vec::new(), enc)
+    } else {
+        // Named fields are stored raw: one CRC per field, and theirs combined for the whole
+        // (the CRC of the concatenation).
+        let mut at = 0;
+        let mut group = crc32fast::Hasher::new();
+        let mut fields = Vec::with_capacity(job.fields.len());
+        for (name, len) in job.fields {
+            let crc = crc32fast::hash(&job.data[at..at + len]);
+            group.combine(&crc32fast::Hasher::new_with_initial_len(crc, len as u64));
+            fields.push((name, len as u64, crc));
+            at += len;
+        }
+        let enc = Encoded {
+            orig_len: job.data.len() as u64,
+            crc32: group.finalize(),
+            stored: job.data,
+            compression: Compression::None,
+        };
+        (fields, enc)
+    };
+    let (label, label_name, b) = (job.label, job.label_name, job.bucket);
+    let rec = SpillRecord {
+        key: job.key,
+        label,
+        label_name,
+        fields,
+        enc,
+    };
+    if let Some(d) = shared.direct.get() {
+        return d.append(b, rec);
+    }
+    let size = rec.held_bytes();
+    if shared.held_bytes.fetch_add(size, Ordering::Relaxed) + size <= shared.budget {
+        lock(&shared.held[b as usize]).push(rec);
+        return Ok(());
+    }
+    shared.held_bytes.fetch_sub(size, Ordering::Relaxed);
+    let mut log = lock(&shared.logs[b as usize]);
+    rec.write_to(&mut *log)
+        .map_err(|e| PackError::io("writing", &shared.dir.join(log_name(b)), e))
 }
 
 /// A record to gather: held in memory (or read whole from a small log), or still in its log.
