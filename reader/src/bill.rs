@@ -4,13 +4,10 @@
 //!
 //! The prediction runs the reader's own window planning ([`crate::window::Windows`]) over each
 //! rank's and worker's plan without reading: the same requests a stream would submit, each
-//! with the layer its chunk opens in now (a chunk the tier holds is the tier's, any other
-//! origin's, or with peers the node's that keeps it, taken to hold it). What it does not
-//! foresee: chunks admitted to the tier during the epoch and read again in it (a chunk split
-//! between two workers' shares), hot chunks of the importance policy, and peers that do not
-//! hold their chunks yet or do not answer (their chunks then come from origin). An object store
-//! serves each range in parts of at most [`granary_store::object::GET_PART`] bytes, one GET each: the
-//! cost counts GETs that way.
+//! with the layer its chunk opens in now (with peers, the node's that keeps it). It does not
+//! foresee chunks admitted to the tier during the epoch and read again in it, hot chunks, and
+//! peers that do not hold their chunks yet or do not answer. An object store serves each range
+//! in parts of at most [`granary_store::object::GET_PART`] bytes, one GET each.
 
 use std::sync::Arc;
 
@@ -120,19 +117,6 @@ pub struct Bill {
     pub total: Vec<LayerBill>,
 }
 
-/// The layers a reader set up as `setup` has, top first, with their index in the tallies.
-fn present(setup: &EpochSetup) -> impl Iterator<Item = (&'static str, usize)> {
-    let (tier, peers) = (setup.stream.tier.is_some(), setup.stream.peers.is_some());
-    [
-        ("tier", 0usize, tier),
-        ("peers", 1, tier && peers),
-        ("origin", 2, true),
-    ]
-    .into_iter()
-    .filter(|l| l.2)
-    .map(|(name, i, _)| (name, i))
-}
-
 fn gets_of(len: u64) -> u64 {
     len.div_ceil(granary_store::object::GET_PART).max(1)
 }
@@ -159,6 +143,7 @@ pub fn predict(
     prices: Option<Prices>,
 ) -> Result<Bill> {
     let o = setup.plan_options(ds)?;
+    let s = &setup.stream;
     let mut bill = Bill {
         epoch,
         prices,
@@ -166,65 +151,66 @@ pub fn predict(
     };
     // (requests, GETs, bytes) of the tier, the peers and origin, and their bill: the layers
     // the reader has, priced.
-    let mut total = [(0u64, 0u64, 0u64); 3];
-    let bills = |t: &[(u64, u64, u64); 3]| {
-        let list = present(setup).map(|(layer, i)| LayerBill {
+    let mut total = [[0u64; 3]; 3];
+    let present = [
+        s.tier.is_some(),
+        s.tier.is_some() && s.peers.is_some(),
+        true,
+    ];
+    let bills = |t: &[[u64; 3]; 3]| {
+        let layers = ["tier", "peers", "origin"].into_iter().zip(t).zip(present);
+        let layers = layers.filter(|l| l.1).map(|((layer, t), _)| LayerBill {
             layer,
-            requests: t[i].0,
-            gets: t[i].1,
-            bytes: t[i].2,
+            requests: t[0],
+            gets: t[1],
+            bytes: t[2],
             cost: None,
         });
-        priced(list.collect(), prices)
+        priced(layers.collect(), prices)
     };
-    let peers = setup.stream.peers.as_ref();
+    // Global plans read single records: no tier.
+    let tier = s
+        .tier
+        .clone()
+        .filter(|_| o.mode != crate::ShuffleMode::Global);
+    let num_workers = workers.max(1);
     for rank in ranks {
-        let mut layers = [(0u64, 0u64, 0u64); 3];
-        for worker in 0..workers.max(1) {
+        let mut layers = [[0u64; 3]; 3];
+        for worker in 0..num_workers {
             let shard = Shard {
                 rank,
                 world_size,
                 worker,
-                num_workers: workers.max(1),
+                num_workers,
             };
             let plan = setup.plan(ds, epoch, shard, None)?;
             let access = Access {
-                mode: setup.stream.io_mode,
                 dataset_bytes: ds.total_chunk_bytes()?,
-                page_cache_bytes: setup.stream.page_cache_bytes,
-                seed: 0,
+                page_cache_bytes: s.page_cache_bytes,
                 map_resident: false,
                 populate: false,
-                pattern: crate::ReadPattern::Default,
-                meter: Arc::default(),
+                ..Access::plain(s.io_mode)
             };
-            let tier = setup
-                .stream
-                .tier
-                .clone()
-                .filter(|_| o.mode != crate::ShuffleMode::Global);
-            let whole = tier.is_some();
-            let stack = ds.stack(access, tier, None)?;
-            let mut w = Windows::new(ds.clone(), stack, o.mode, setup.stream.range_gap);
-            w.whole_files = whole;
+            let stack = ds.stack(access, tier.clone(), None)?;
+            let mut w = Windows::new(ds.clone(), stack, o.mode, s.range_gap, tier.is_some());
             for win in &plan.windows {
                 for (layer, c, len) in w.predict(&plan.samples[win.range.clone()])? {
                     // A chunk another node keeps comes from its tier (once it holds it).
-                    let elsewhere =
-                        peers.is_some_and(|p| p.ownership().owner(c).is_some_and(|o| o != p.me()));
+                    let elsewhere = s
+                        .peers
+                        .as_ref()
+                        .is_some_and(|p| p.ownership().owner(c).is_some_and(|o| o != p.me()));
                     let i = match layer {
                         "tier" => 0,
                         _ if elsewhere => 1,
                         _ => 2,
                     };
-                    layers[i].0 += 1;
-                    layers[i].1 += gets_of(len);
-                    layers[i].2 += len;
+                    for (k, n) in [1, gets_of(len), len].into_iter().enumerate() {
+                        layers[i][k] += n;
+                        total[i][k] += n;
+                    }
                 }
             }
-        }
-        for (t, l) in total.iter_mut().zip(&layers) {
-            (t.0, t.1, t.2) = (t.0 + l.0, t.1 + l.1, t.2 + l.2);
         }
         bill.ranks.push(RankBill {
             rank,
@@ -237,21 +223,15 @@ pub fn predict(
 
 /// What the meters counted of an epoch, as a bill: each layer's own requests (ranges) and
 /// bytes (the meters are nested: the tier's counts what the layers below served too), origin
-/// priced at `prices` with its ranges as GETs (each at most [`granary_store::object::GET_PART`] bytes
-/// when chunks are).
+/// priced at `prices` with its ranges as GETs.
 pub fn measured(layers: &[LayerReading], prices: Option<Prices>) -> Vec<LayerBill> {
     let out = layers
         .iter()
         .enumerate()
         .map(|(i, l)| {
-            let below = layers.get(i + 1).map(|b| b.reading);
-            let (r, b) = match below {
-                Some(x) => (
-                    l.reading.ranges.saturating_sub(x.ranges),
-                    l.reading.bytes.saturating_sub(x.bytes),
-                ),
-                None => (l.reading.ranges, l.reading.bytes),
-            };
+            let below = layers.get(i + 1).map(|b| b.reading).unwrap_or_default();
+            let r = l.reading.ranges.saturating_sub(below.ranges);
+            let b = l.reading.bytes.saturating_sub(below.bytes);
             LayerBill {
                 layer: l.layer,
                 requests: r,

@@ -13,35 +13,15 @@ use crate::options::ReaderOptions;
 use granary_store::{LocalTier, Peers};
 
 impl ReaderOptions {
-    /// Checks the options and opens what they name for `ds` ([`Reader`]: the tier, the peers,
-    /// each epoch's setup).
-    pub fn open(self, ds: &Arc<Dataset>) -> Result<Reader> {
-        Reader::open(self, ds)
-    }
-}
-
-/// Reader options opened for a dataset: its tier and peers, and each epoch's setup.
-pub struct Reader {
-    ds: Arc<Dataset>,
-    options: ReaderOptions,
-    cache: Option<Arc<LocalTier>>,
-    peers: Option<Arc<Peers>>,
-}
-
-impl Reader {
-    /// Checks `options` and opens what they name for `ds`: the tier and the peers (whose
+    /// Checks the options and opens what they name for `ds`: the tier and the peers (whose
     /// ownership every node computes the same, each node's capacity taken to be this one's
     /// quota).
-    pub fn open(options: ReaderOptions, ds: &Arc<Dataset>) -> Result<Reader> {
-        let o = options;
+    pub fn open(self, ds: &Arc<Dataset>) -> Result<Reader> {
+        let o = self;
         o.check()?;
+        let id = ds.snapshot().dataset_id();
         let cache = match (&o.cache_dir, o.cache_size) {
-            (Some(dir), Some(quota)) => Some(Arc::new(LocalTier::open(
-                dir,
-                ds.snapshot().dataset_id(),
-                quota,
-                o.policy,
-            )?)),
+            (Some(dir), Some(quota)) => Some(Arc::new(LocalTier::open(dir, id, quota, o.policy)?)),
             _ => None,
         };
         let tls_ca = o.tls_ca()?;
@@ -57,7 +37,7 @@ impl Reader {
                     &vec![quota; nodes as usize],
                 )?;
                 Some(Arc::new(Peers::new(
-                    ds.snapshot().dataset_id(),
+                    id,
                     addrs.clone(),
                     o.node.unwrap_or(o.rank / (o.world_size / nodes)),
                     ownership,
@@ -75,7 +55,17 @@ impl Reader {
             peers,
         })
     }
+}
 
+/// Reader options opened for a dataset: its tier and peers, and each epoch's setup.
+pub struct Reader {
+    ds: Arc<Dataset>,
+    options: ReaderOptions,
+    cache: Option<Arc<LocalTier>>,
+    peers: Option<Arc<Peers>>,
+}
+
+impl Reader {
     /// The dataset.
     pub fn dataset(&self) -> &Arc<Dataset> {
         &self.ds
@@ -105,45 +95,37 @@ impl Reader {
 
     /// The score table as it is now, if any.
     fn scores(&self) -> Result<Option<Arc<ImportanceScores>>> {
-        let c = &self.options;
-        let path = match (&c.scores, &self.cache) {
-            (Some(p), _) => Some(p.clone()),
-            (None, Some(t)) if t.scores_path().exists() => Some(t.scores_path()),
+        let o = &self.options;
+        let table = match (&o.scores, &self.cache) {
+            (Some(p), _) => Some(
+                ImportanceScores::load(p)
+                    .map_err(|e| ReadError::invalid(format!("loading the score table: {e}")))?,
+            ),
+            // The tier's own table, damaged: like a damaged copy, a miss (training's next
+            // report() writes it again), not the end of the epoch. Leniency is for it only
+            // (training writes it as it reports); a file the user names must fit the dataset.
+            (None, Some(t)) if t.scores_path().exists() => ImportanceScores::load(&t.scores_path())
+                .map_err(|e| {
+                    log::warn!("the tier's score table cannot be used ({e}); read without it")
+                })
+                .ok()
+                .filter(|t| !o.lenient_scores || t.len() == self.ds.len()),
             _ => None,
         };
-        let table = match path {
-            Some(p) => match ImportanceScores::load(&p) {
-                Ok(t) => Some(Arc::new(t)),
-                // The tier's own table, damaged: like a damaged copy, a miss (training's next
-                // report() writes it again), not the end of the epoch.
-                Err(e) if c.scores.is_none() => {
-                    log::warn!("the tier's score table cannot be used ({e}); read without it");
-                    None
-                }
-                Err(e) => return Err(ReadError::invalid(format!("loading the score table: {e}"))),
-            },
-            None => None,
-        };
-        // Leniency is for the tier's own table (training writes it as it reports); a file the
-        // user names must fit the dataset.
-        let lenient = c.lenient_scores && c.scores.is_none();
-        let table = table.filter(|t| !lenient || t.len() == self.ds.len());
-        let importance = c.importance().is_some();
         Ok(match table {
+            Some(t) => Some(Arc::new(t)),
+            None if o.importance().is_none() => None,
             // Importance sampling before any loss was reported: every sample at the mean
             // score, so draws are uniform (still favouring what the tier holds) until
             // report()ed losses reach the table.
-            None if importance && c.lenient_scores => {
-                Some(Arc::new(ImportanceScores::new(self.ds.len(), 0.8)))
-            }
-            None if importance => {
+            None if o.lenient_scores => Some(Arc::new(ImportanceScores::new(self.ds.len(), 0.8))),
+            None => {
                 return Err(ReadError::invalid(
                     "importance sampling needs scores: a score table file (--scores FILE), or \
                      a tier (--cache-dir) whose score table report() from training has written"
                         .into(),
                 ))
             }
-            t => t,
         })
     }
 

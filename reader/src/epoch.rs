@@ -1,7 +1,6 @@
-//! One rank's epoch, set up the same way by every caller (the CLI, the Python binding, the
-//! benchmarks): plan options whose window follows from the memory budget, importance sampling
-//! that favours what the local tier holds, the stream; and a driver that reads a rank's share
-//! with its loader workers as threads.
+//! One rank's epoch, set up the same way by every caller: plan options whose window follows
+//! from the memory budget, importance sampling that favours what the local tier holds, the
+//! stream; and a driver that reads a rank's share with its loader workers as threads.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -45,31 +44,24 @@ impl EpochSetup {
     /// Checks what can be checked before any epoch: scores that match the dataset when
     /// importance sampling is asked for, and alpha in range.
     pub fn check(&self, ds: &Dataset) -> Result<()> {
-        if let Some(s) = &self.stream.scores {
-            if s.len() != ds.len() {
-                return Err(ReadError::invalid(format!(
+        let scores = self.stream.scores.as_ref();
+        let m = match (&self.sampling, scores) {
+            (_, Some(s)) if s.len() != ds.len() => {
+                format!(
                     "the score table has {} samples, the dataset {}",
                     s.len(),
                     ds.len()
-                )));
+                )
             }
-        }
-        if let Some(sm) = &self.sampling {
-            if self.stream.scores.is_none() {
-                return Err(ReadError::invalid(
-                    "importance sampling needs a score table (written by report() from \
-                     training, or ImportanceScores::save)"
-                        .into(),
-                ));
+            (Some(_), None) => "importance sampling needs a score table (written by report() \
+                                from training, or ImportanceScores::save)"
+                .into(),
+            (Some(sm), _) if !(0.0..1.0).contains(&sm.alpha) => {
+                format!("alpha {} is not in [0, 1)", sm.alpha)
             }
-            if !(0.0..1.0).contains(&sm.alpha) {
-                return Err(ReadError::invalid(format!(
-                    "alpha {} is not in [0, 1)",
-                    sm.alpha
-                )));
-            }
-        }
-        Ok(())
+            _ => return Ok(()),
+        };
+        Err(ReadError::invalid(m))
     }
 
     /// The plan of `shard`'s share of epoch `epoch` (resumed after `resume` when given).
@@ -89,11 +81,7 @@ impl EpochSetup {
                     "the resume state's epoch was planned over {c} chunks; {} has {}{}",
                     ds.location(),
                     ds.chunk_count(),
-                    if ds.view().is_some() {
-                        " and is a view"
-                    } else {
-                        ""
-                    }
+                    ds.view().map_or("", |_| " and is a view")
                 )));
             }
             shape = shape.prefix(c);
@@ -113,10 +101,7 @@ impl EpochSetup {
         shard: Shard,
         resume: Option<&EpochState>,
     ) -> Result<EpochPlan> {
-        let sampling = match (&self.sampling, &self.stream.scores) {
-            (Some(sm), Some(scores)) => Some((sm, scores)),
-            _ => None,
-        };
+        let sampling = self.sampling.as_ref().zip(self.stream.scores.as_ref());
         // What the tier holds (hot samples, whole chunks), for the sampler to favour.
         let (hot, whole) = match (&self.stream.tier, sampling) {
             (Some(c), Some(_)) => {
@@ -150,37 +135,27 @@ impl EpochSetup {
     }
 }
 
-/// What one rank's epoch delivered, summed over its workers.
-#[derive(Clone, Debug, Default, Serialize)]
-pub struct EpochTotals {
+/// What one rank's epoch delivered, summed over its workers: the figures of [`EpochReport`]
+/// that its streams count.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct EpochTotals {
     pub samples: u64,
-    /// Bytes delivered (decoded samples).
     pub bytes: u64,
-    /// Bytes read from storage or the tier.
     pub bytes_read: u64,
-    /// Order-independent digest of (sample id, CRC-32) of every sample delivered.
     pub digest: u64,
-    /// I/O backend used.
     pub backend: &'static str,
-    /// Why it is pread although io_uring was wanted (see [`crate::EpochStream::backend_fallback`]).
     pub backend_fallback: Option<String>,
-    /// The most bytes of read buffers (and mapped ranges) one worker held at once.
     pub peak_buffer_bytes: u64,
     pub elapsed_s: f64,
-    /// Seconds from the epoch's start to its first sample (any worker); `None` if it had none.
     pub first_sample_s: Option<f64>,
-    /// What passed through each layer of the store stack, summed over workers, top first.
     pub layers: Vec<LayerReading>,
-    /// How long the workers waited for samples, and on what, summed over workers.
     pub waits: crate::WaitReport,
     /// Per source of a mixture (one entry for a dataset): samples, bytes, digest.
-    #[serde(skip)]
     pub per_source: Vec<(u64, u64, u64)>,
 }
 
-/// What passed through one layer of the readers' store stacks ([`granary_store::Metered`]):
-/// chunks opened, reads, ranges and bytes, failures, and the seconds readers waited in it
-/// (summed over workers; reads served from maps of the page cache wait for nothing).
+/// What passed through one layer of the readers' store stacks ([`granary_store::Metered`]),
+/// summed over workers.
 #[derive(Serialize, Clone, Debug, PartialEq)]
 pub struct LayerReading {
     pub layer: &'static str,
@@ -204,26 +179,8 @@ pub(crate) fn add_layers(total: &mut Vec<LayerReading>, worker: Vec<LayerReading
     }
 }
 
-/// Reads rank `rank`'s share of epoch `epoch` with `workers` loader workers (threads), each
-/// streaming its own share and touching every byte; a worker's error ends the epoch with it.
-pub fn read_epoch(
-    ds: &Arc<Dataset>,
-    setup: &EpochSetup,
-    epoch: u64,
-    rank: u32,
-    world_size: u32,
-    workers: u32,
-) -> Result<EpochTotals> {
-    // A bad setup fails here, before any worker starts.
-    setup.check(ds)?;
-    read_shards(rank, world_size, workers, &|shard| {
-        setup.stream(ds.clone(), epoch, shard, None)
-    })
-}
-
 /// Reads rank `rank`'s share with `workers` loader workers (threads), each streaming the share
-/// `open` gives it and touching every byte; a worker's error ends the epoch with it. What a
-/// dataset's and a mixture's epochs have in common.
+/// `open` gives it and touching every byte; a worker's error ends the epoch with it.
 pub(crate) fn read_shards<S: crate::SampleStream>(
     rank: u32,
     world_size: u32,
@@ -256,12 +213,7 @@ pub(crate) fn read_shards<S: crate::SampleStream>(
                         // again would be a second pass over every byte, in the epoch's time).
                         let term = crate::digest_term(sample.id, sample.crc32());
                         r.digest = r.digest.wrapping_add(term);
-                        let i = sample.source as usize;
-                        if r.per_source.len() <= i {
-                            r.per_source.resize(i + 1, (0, 0, 0));
-                        }
-                        let p = &mut r.per_source[i];
-                        (p.0, p.1, p.2) = (p.0 + 1, p.1 + n, p.2.wrapping_add(term));
+                        add_source(&mut r.per_source, sample.source as usize, (1, n, term));
                     }
                     r.bytes_read = st.bytes_read();
                     r.backend = st.backend();
@@ -305,17 +257,25 @@ impl EpochTotals {
         self.peak_buffer_bytes = self.peak_buffer_bytes.max(w.peak_buffer_bytes);
         add_layers(&mut self.layers, w.layers);
         self.waits += w.waits;
-        if self.per_source.len() < w.per_source.len() {
-            self.per_source.resize(w.per_source.len(), (0, 0, 0));
+        for (i, p) in w.per_source.into_iter().enumerate() {
+            add_source(&mut self.per_source, i, p);
         }
-        for (a, b) in self.per_source.iter_mut().zip(w.per_source) {
-            (a.0, a.1, a.2) = (a.0 + b.0, a.1 + b.1, a.2.wrapping_add(b.2));
-        }
-        self.first_sample_s = match (self.first_sample_s, w.first_sample_s) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
+        let firsts = [self.first_sample_s, w.first_sample_s];
+        self.first_sample_s = firsts.into_iter().flatten().reduce(f64::min);
     }
+}
+
+/// Adds (samples, bytes, digest) to source `i`'s figures.
+fn add_source(
+    per_source: &mut Vec<(u64, u64, u64)>,
+    i: usize,
+    (n, bytes, digest): (u64, u64, u64),
+) {
+    if per_source.len() <= i {
+        per_source.resize(i + 1, (0, 0, 0));
+    }
+    let p = &mut per_source[i];
+    (p.0, p.1, p.2) = (p.0 + n, p.1 + bytes, p.2.wrapping_add(digest));
 }
 
 /// What one epoch delivered.
@@ -362,16 +322,13 @@ pub struct EpochReport {
     /// What passed through each layer of the store stack (tier, peers, origin, as configured),
     /// summed over workers, top first, with the seconds the workers waited in it.
     pub layers: Vec<LayerReading>,
-    /// How long the workers waited for samples (asked and found none decoded), and what the
-    /// reader was doing meanwhile: waiting for reads from the tier, other nodes' tiers or
-    /// origin, checking CRCs and decompressing, planning windows, or anything else; the
-    /// parts add up to `waited_s`. Summed over workers.
+    /// How long the workers waited for samples, and what the reader was doing meanwhile
+    /// ([`crate::WaitReport`]). Summed over workers.
     pub waits: crate::WaitReport,
 }
 
 /// One epoch's reads with tiers shared between nodes ([`crate::Peers`]); what the peers did
-/// (chunks they served, chunks missing at their owner, rejected, unreachable; peers marked
-/// down) is the `peers` layer's reading in [`EpochReport::layers`].
+/// is the `peers` layer's reading in [`EpochReport::layers`].
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct PeerReport {
     /// This node, and the fingerprint of who keeps what (equal on every node of the job).
@@ -386,8 +343,10 @@ pub struct PeerReport {
     pub down: Vec<String>,
 }
 
-/// [`read_epoch`] measured as `granary read` reports it: throughput, CPU time, device bytes,
-/// tier hit ratios and the process's peak RSS.
+/// Reads rank `rank`'s share of epoch `epoch` with `workers` loader workers (threads), each
+/// streaming its own share and touching every byte (a worker's error ends the epoch with it),
+/// measured as `granary read` reports it: throughput, CPU time, device bytes, tier hit ratios
+/// and the process's peak RSS.
 pub fn measure_epoch(
     ds: &Arc<Dataset>,
     setup: &EpochSetup,
@@ -396,27 +355,27 @@ pub fn measure_epoch(
     world_size: u32,
     workers: u32,
 ) -> Result<EpochReport> {
+    // A bad setup fails here, before any worker starts.
+    setup.check(ds)?;
     let start = Start::now();
-    let peers = setup.stream.peers.as_ref();
     let snap0 = ds.snapshot_fetched();
-    let t = read_epoch(ds, setup, epoch, rank, world_size, workers)?;
+    let t = read_shards(rank, world_size, workers, &|shard| {
+        setup.stream(ds.clone(), epoch, shard, None)
+    })?;
     let snap = snap0.zip(ds.snapshot_fetched()).map(|(a, b)| b - a);
     // Global plans read single records, never through the tier: no hit ratio to report.
     let tier = setup.stream.tier.is_some() && setup.plan.mode != crate::ShuffleMode::Global;
-    let served = |name| layer_reading(&t.layers, name).served_bytes;
-    let (from_tier, from_peers, from_origin) = (served("tier"), served("peers"), served("origin"));
     let mut r = start.report(epoch, t, tier);
-    r.peers = match peers {
-        Some(p) if tier => Some(PeerReport {
-            node: p.me(),
-            ownership: p.ownership().fingerprint(),
-            bytes_from_local_tier: from_tier,
-            bytes_from_peers: from_peers,
-            bytes_from_origin: from_origin,
-            down: p.down(),
-        }),
-        _ => None,
-    };
+    let served = |name| layer_reading(&r.layers, name).served_bytes;
+    let peers = setup.stream.peers.as_ref().filter(|_| tier);
+    r.peers = peers.map(|p| PeerReport {
+        node: p.me(),
+        ownership: p.ownership().fingerprint(),
+        bytes_from_local_tier: served("tier"),
+        bytes_from_peers: served("peers"),
+        bytes_from_origin: served("origin"),
+        down: p.down(),
+    });
     r.snapshot_gets = snap.map(|s| s.reads);
     r.snapshot_bytes_fetched = snap.map(|s| s.bytes);
     Ok(r)
@@ -436,9 +395,8 @@ impl Start {
         }
     }
 
-    /// The epoch that read `t` since, as `granary read` reports it: throughput, CPU time,
-    /// device bytes, the tier's hit ratios (`tier`: a tier was configured) and the process's
-    /// peak RSS (no peers or snapshot figures: the caller knows those).
+    /// The epoch that read `t` since, as `granary read` reports it (`tier`: a tier was
+    /// configured), without the peers or snapshot figures the caller knows.
     pub(crate) fn report(&self, epoch: u64, t: EpochTotals, tier: bool) -> EpochReport {
         use crate::procstat::{cpu_seconds, device_read_bytes, peak_rss_bytes};
         let secs = t.elapsed_s.max(1e-9);
@@ -470,12 +428,10 @@ impl Start {
             peak_buffer_bytes: t.peak_buffer_bytes,
             peak_rss_bytes: peak_rss_bytes(),
             kept_map_bytes: granary_store::local::kept_map_bytes(),
-            peers: None,
             first_sample_s: t.first_sample_s,
-            snapshot_gets: None,
-            snapshot_bytes_fetched: None,
             layers: t.layers,
             waits: t.waits,
+            ..Default::default()
         }
     }
 }

@@ -20,9 +20,9 @@ pub struct ExtractOptions {
     pub out_dir: PathBuf,
     /// Only paths starting with these bytes.
     pub prefix: Vec<u8>,
-    /// Restore each file's and directory's mode and mtime where the dataset records them
-    /// (not packed with `--no-metadata`); otherwise files get the umask's mode and the time of the extraction.
-    /// Empty directories are created either way.
+    /// Restore each file's and directory's mode and mtime where the dataset records them (not
+    /// packed with `--no-metadata`); otherwise files get the umask's mode and the time of the
+    /// extraction. Empty directories are created either way.
     pub metadata: bool,
 }
 
@@ -61,53 +61,19 @@ pub fn extract(ds: &Dataset, opts: &ExtractOptions) -> Result<ExtractSummary> {
         .into_par_iter()
         .map(|(chunk, ids)| {
             let mut s = ExtractSummary::default();
-            let bytes = match ds.load_chunk(chunk) {
-                Ok(b) => b,
-                Err(e) => {
-                    for id in ids {
-                        let p = ds.path(id).map(|p| escape_path(&p)).unwrap_or_default();
-                        s.failed.push((p, e.to_string()));
-                    }
-                    return s;
-                }
-            };
+            let bytes = ds.load_chunk(chunk);
             for id in ids {
                 let path = ds.path(id).unwrap_or_default();
-                let path = &path[..];
-                let shown = escape_path(path);
-                let res = ds.decode_from(&bytes, id).and_then(|data| {
-                    let stat = ds.stat(id)?;
-                    let attrs = if opts.metadata { stat.attrs } else { None };
-                    if !ds.has_fields() {
-                        // The size the namespace shows is the file's, or an error.
-                        if stat.size != data.len() as u64 {
-                            return Err(crate::ReadError::invalid(format!(
-                                "sample {id}: its record holds {} bytes, its namespace entry \
-                                 says {}",
-                                data.len(),
-                                stat.size
-                            )));
-                        }
-                        return write_new(&opts.out_dir, path, &data, attrs)
-                            .map(|_| (1, data.len() as u64));
-                    }
-                    let (mut files, mut n) = (0, 0);
-                    for (name, d) in ds.split_fields(id, &data)? {
-                        let file = [path, b".", name].concat();
-                        if file.starts_with(&opts.prefix) {
-                            write_new(&opts.out_dir, &file, d, attrs)?;
-                            files += 1;
-                            n += d.len() as u64;
-                        }
-                    }
-                    Ok((files, n))
-                });
+                let res = match &bytes {
+                    Ok(b) => restore_sample(ds, opts, b, id, &path).map_err(|e| e.to_string()),
+                    Err(e) => Err(e.to_string()),
+                };
                 match res {
                     Ok((files, n)) => {
                         s.files += files;
                         s.bytes += n;
                     }
-                    Err(e) => s.failed.push((shown, e.to_string())),
+                    Err(e) => s.failed.push((escape_path(&path), e)),
                 }
             }
             s
@@ -134,57 +100,101 @@ pub fn extract(ds: &Dataset, opts: &ExtractOptions) -> Result<ExtractSummary> {
     Ok(total)
 }
 
+/// Writes sample `id` (at `path`) from its chunk's bytes: its file, or with fields the files
+/// `path.FIELD` under the prefix. The files written and their bytes.
+fn restore_sample(
+    ds: &Dataset,
+    opts: &ExtractOptions,
+    chunk: &[u8],
+    id: u64,
+    path: &[u8],
+) -> Result<(u64, u64)> {
+    let data = ds.decode_from(chunk, id)?;
+    let stat = ds.stat(id)?;
+    let attrs = stat.attrs.filter(|_| opts.metadata);
+    if !ds.has_fields() {
+        // The size the namespace shows is the file's, or an error.
+        if stat.size != data.len() as u64 {
+            return Err(ReadError::invalid(format!(
+                "sample {id}: its record holds {} bytes, its namespace entry says {}",
+                data.len(),
+                stat.size
+            )));
+        }
+        write_new(&opts.out_dir, path, &data, attrs)?;
+        return Ok((1, data.len() as u64));
+    }
+    let (mut files, mut n) = (0, 0);
+    for (name, d) in ds.split_fields(id, &data)? {
+        let file = [path, b".", name].concat();
+        if file.starts_with(&opts.prefix) {
+            write_new(&opts.out_dir, &file, d, attrs)?;
+            files += 1;
+            n += d.len() as u64;
+        }
+    }
+    Ok((files, n))
+}
+
 /// Permission bits restored: set-user-id and set-group-id are not (as `tar` without `-p`
 /// for someone other than root), the rest are.
 const RESTORED_MODE: u32 = 0o1777;
 
 /// Creates directory `root/rel` (and the ones above it) if missing, then gives it `attrs`.
 fn restore_dir(root: &Path, rel: &[u8], attrs: Option<granary_format::FileAttrs>) -> Result<()> {
+    let dir = safe_path(root, rel, true)?;
+    let Some(a) = attrs else {
+        return Ok(());
+    };
+    let f = File::open(&dir).map_err(|e| ReadError::io("opening", &dir, e))?;
+    set_attrs(&f, &dir, a)
+}
+
+/// Gives the open file or directory `f` at `path` the mode and mtime `a`.
+fn set_attrs(f: &File, path: &Path, a: granary_format::FileAttrs) -> Result<()> {
     use std::os::unix::fs::PermissionsExt;
+    f.set_times(std::fs::FileTimes::new().set_modified(a.modified()))
+        .map_err(|e| ReadError::io("setting the mtime of", path, e))?;
+    f.set_permissions(std::fs::Permissions::from_mode(a.mode & RESTORED_MODE))
+        .map_err(|e| ReadError::io("setting the mode of", path, e))
+}
+
+/// `root/rel` after checking that `rel` is a plain relative path, with every directory on the
+/// way (and `rel` itself when `dir`) created if missing and refused if it is a symbolic link
+/// or not a directory.
+fn safe_path(root: &Path, rel: &[u8], dir: bool) -> Result<PathBuf> {
     granary_format::check_relative_path(rel).map_err(|why| {
         ReadError::invalid(format!("refusing unsafe path {}: {why}", escape_path(rel)))
     })?;
-    let mut dir = root.to_path_buf();
-    for comp in rel.split(|&b| b == b'/') {
-        dir.push(std::ffi::OsStr::from_bytes(comp));
-        ensure_real_dir(&dir)?;
+    let comps: Vec<&[u8]> = rel.split(|&b| b == b'/').collect();
+    let mut path = root.to_path_buf();
+    for (i, comp) in comps.iter().enumerate() {
+        path.push(std::ffi::OsStr::from_bytes(comp));
+        if dir || i + 1 < comps.len() {
+            ensure_real_dir(&path)?;
+        }
     }
-    if let Some(a) = attrs {
-        let f = File::open(&dir).map_err(|e| ReadError::io("opening", &dir, e))?;
-        f.set_times(std::fs::FileTimes::new().set_modified(a.modified()))
-            .map_err(|e| ReadError::io("setting the mtime of", &dir, e))?;
-        f.set_permissions(std::fs::Permissions::from_mode(a.mode & RESTORED_MODE))
-            .map_err(|e| ReadError::io("setting the mode of", &dir, e))?;
-    }
-    Ok(())
+    Ok(path)
 }
 
 /// The samples to extract (through a view, those of the view): every id once for the whole
-/// tree (the namespace is not needed);
-/// for a prefix, the files of the namespace's range of it, checked on the way as far as extraction
-/// relies on it: strictly sorted, no sample twice, every path under the prefix (a crafted order
-/// would skip or repeat files).
+/// tree (the namespace is not needed); for a prefix, the files of the namespace's range of it,
+/// checked on the way as far as extraction relies on it: strictly sorted, no sample twice,
+/// every path under the prefix (a crafted order would skip or repeat files).
 fn selected(ds: &Dataset, prefix: &[u8]) -> Result<Vec<u64>> {
-    let ids = selected_in(ds, prefix)?;
-    // Through a view, its samples only.
-    Ok(match ds.view() {
-        None => ids,
-        Some(_) => ids.into_iter().filter(|&id| ds.selects(id)).collect(),
-    })
-}
-
-fn selected_in(ds: &Dataset, prefix: &[u8]) -> Result<Vec<u64>> {
+    let keep = |id: u64| ds.view().is_none() || ds.selects(id);
     if prefix.is_empty() {
-        return Ok((0..ds.len()).collect());
+        return Ok((0..ds.len()).filter(|&id| keep(id)).collect());
     }
-    let snap = ds.snapshot();
     let damaged = |pos: u64, id: u64| {
         ReadError::invalid(format!(
-            "{}: the snapshot's namespace is damaged at position {pos} (sample {id}); nothing was extracted: run `granary verify`, then `granary reindex`",
+            "{}: the snapshot's namespace is damaged at position {pos} (sample {id}); nothing \
+             was extracted: run `granary verify`, then `granary reindex`",
             ds.snapshot_path().display()
         ))
     };
-    let range = snap
+    let range = ds
+        .snapshot()
         .prefix_range(prefix)
         .map_err(|e| ReadError::format(ds.snapshot_path(), e))?;
     let mut seen = std::collections::HashSet::new();
@@ -202,7 +212,9 @@ fn selected_in(ds: &Dataset, prefix: &[u8]) -> Result<Vec<u64>> {
                 if !seen.insert(id) || bad {
                     return Err(damaged(pos, id));
                 }
-                ids.push(id);
+                if keep(id) {
+                    ids.push(id);
+                }
             }
             prev = Some(e.path);
             pos += 1;
@@ -219,39 +231,21 @@ fn write_new(
     data: &[u8],
     attrs: Option<granary_format::FileAttrs>,
 ) -> Result<()> {
-    granary_format::check_relative_path(rel).map_err(|why| {
-        ReadError::invalid(format!("refusing unsafe path {}: {why}", escape_path(rel)))
-    })?;
-    let comps: Vec<&[u8]> = rel.split(|&b| b == b'/').collect();
-    let mut dir = root.to_path_buf();
-    for comp in &comps[..comps.len() - 1] {
-        dir.push(std::ffi::OsStr::from_bytes(comp));
-        ensure_real_dir(&dir)?;
-    }
-    let target = dir.join(std::ffi::OsStr::from_bytes(comps[comps.len() - 1]));
+    let target = safe_path(root, rel, false)?;
     let mut f: File = OpenOptions::new()
         .write(true)
         .create_new(true)
         .custom_flags(libc::O_NOFOLLOW)
         .open(&target)
         .map_err(|e| ReadError::io("creating", &target, e))?;
-    let done = f
-        .write_all(data)
-        .and_then(|_| f.flush())
-        .and_then(|_| match attrs {
-            Some(a) => {
-                use std::os::unix::fs::PermissionsExt;
-                f.set_times(std::fs::FileTimes::new().set_modified(a.modified()))?;
-                f.set_permissions(std::fs::Permissions::from_mode(a.mode & RESTORED_MODE))
-            }
-            None => Ok(()),
-        });
-    if let Err(e) = done {
+    let done = (f.write_all(data).and_then(|_| f.flush()))
+        .map_err(|e| ReadError::io("writing", &target, e))
+        .and_then(|_| attrs.map_or(Ok(()), |a| set_attrs(&f, &target, a)));
+    if done.is_err() {
         drop(f);
         let _ = std::fs::remove_file(&target);
-        return Err(ReadError::io("writing", &target, e));
     }
-    Ok(())
+    done
 }
 
 fn ensure_real_dir(dir: &Path) -> Result<()> {

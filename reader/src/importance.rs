@@ -57,12 +57,21 @@ impl ImportanceScores {
     /// An empty table for `n` samples; `smoothing` in [0, 1) is the weight kept from the
     /// previous score at each report (0.8 is a good default).
     pub fn new(n: u64, smoothing: f32) -> Self {
+        let (scores, seen) = (vec![0.0; n as usize], vec![false; n as usize]);
+        Self::from_parts(scores, seen, smoothing.clamp(0.0, 0.999))
+    }
+
+    /// The table of `scores`, those with a `seen` flag reported.
+    fn from_parts(scores: Vec<f32>, seen: Vec<bool>, smoothing: f32) -> Self {
+        let reported = scores.iter().zip(&seen).filter(|(_, &s)| s);
+        let (seen_count, seen_sum) =
+            reported.fold((0, 0.0), |(n, t), (&v, _)| (n + 1, t + v as f64));
         ImportanceScores {
-            scores: vec![0.0; n as usize],
-            seen: vec![false; n as usize],
-            smoothing: smoothing.clamp(0.0, 0.999),
-            seen_count: 0,
-            seen_sum: 0.0,
+            scores,
+            seen,
+            smoothing,
+            seen_count,
+            seen_sum,
         }
     }
 
@@ -183,21 +192,8 @@ impl ImportanceScores {
         if seen.iter().any(|&x| x > 1) {
             return Err("a seen flag is neither 0 nor 1".into());
         }
-        let seen: Vec<bool> = seen.iter().map(|&x| x == 1).collect();
-        let seen_count = seen.iter().filter(|&&x| x).count() as u64;
-        let seen_sum = scores
-            .iter()
-            .zip(&seen)
-            .filter(|(_, &s)| s)
-            .map(|(&v, _)| v as f64)
-            .sum();
-        Ok(ImportanceScores {
-            scores,
-            seen,
-            smoothing,
-            seen_count,
-            seen_sum,
-        })
+        let seen = seen.iter().map(|&x| x == 1).collect();
+        Ok(Self::from_parts(scores, seen, smoothing))
     }
 }
 
@@ -221,7 +217,6 @@ struct SharedInner {
     view: Mutex<Arc<ImportanceScores>>,
     stop: Mutex<bool>,
     wake: Condvar,
-    last_error: Mutex<Option<String>>,
 }
 
 impl SharedInner {
@@ -246,11 +241,9 @@ impl SharedInner {
             *self.view.lock().expect("score view") = Arc::new(t);
             Ok(())
         })();
-        if let Err(e) = &result {
+        if result.is_err() {
             // Keep the weights for the next attempt.
-            let mut q = self.queue.lock().expect("score queue");
-            q.splice(..0, batch);
-            *self.last_error.lock().expect("score error") = Some(e.to_string());
+            self.queue.lock().expect("score queue").splice(..0, batch);
         }
         result
     }
@@ -271,7 +264,6 @@ impl SharedScores {
             view: Mutex::new(Arc::new(ImportanceScores::new(n, smoothing))),
             stop: Mutex::new(false),
             wake: Condvar::new(),
-            last_error: Mutex::new(None),
         });
         *inner.view.lock().expect("score view") = Arc::new(inner.load());
         let i2 = inner.clone();
@@ -285,7 +277,11 @@ impl SharedScores {
                     .expect("score stop");
                 let done = *stop;
                 drop(stop);
-                let _ = i2.merge();
+                if let Err(e) = i2.merge() {
+                    // The reports stay queued for the next merge (or `flush`, which returns
+                    // the error); at exit they are lost, so it is said.
+                    log::warn!("importance scores: merging reported losses failed: {e}");
+                }
                 if done {
                     return;
                 }
@@ -295,16 +291,6 @@ impl SharedScores {
             inner,
             thread: Some(thread),
         })
-    }
-
-    /// Number of samples.
-    pub fn len(&self) -> u64 {
-        self.inner.n
-    }
-
-    /// True for an empty dataset.
-    pub fn is_empty(&self) -> bool {
-        self.inner.n == 0
     }
 
     /// Queues one batch of per-sample losses (see [`ImportanceScores::report`]); returns at
@@ -324,11 +310,6 @@ impl SharedScores {
     /// The table as of the last merge (all processes' reports up to then).
     pub fn snapshot(&self) -> Arc<ImportanceScores> {
         self.inner.view.lock().expect("score view").clone()
-    }
-
-    /// The last background merge error, if any (reports stay queued and are retried).
-    pub fn last_error(&self) -> Option<String> {
-        self.inner.last_error.lock().expect("score error").clone()
     }
 }
 

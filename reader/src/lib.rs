@@ -65,8 +65,8 @@ pub use config::Reader;
 pub use dataset::ownership;
 pub use dataset::{ChunkBytes, Dataset, SampleInfo, View};
 pub use epoch::{
-    layer_reading, measure_epoch, read_epoch, EpochReport, EpochSetup, EpochTotals,
-    ImportanceSampling, LayerReading, PeerReport,
+    layer_reading, measure_epoch, EpochReport, EpochSetup, ImportanceSampling, LayerReading,
+    PeerReport,
 };
 pub use error::{ReadError, RecordError, Result};
 pub use extract::{extract, ExtractOptions, ExtractSummary};
@@ -100,8 +100,7 @@ pub use waits::WaitReport;
 
 /// Read-buffer budget of one reader (one stream) by default ([`StreamOptions::memory`]), from
 /// which the shuffle window follows ([`Dataset::window_for_memory`]): the CLI's `--memory`,
-/// Python's `memory=`, the benchmarks. With the process's own ~20 MB that keeps a reader
-/// under 160 MB of RSS, so a node with 64 loader processes spends ~10 GB, not 32.
+/// Python's `memory=`, the benchmarks.
 pub const DEFAULT_READER_MEMORY: u64 = 128 << 20;
 
 /// The order-independent digest term of a delivered sample: a keyed hash of its id and the

@@ -1,12 +1,8 @@
-//! A reader's options by name, as its users give them: the one reader configuration, which
-//! `granary read`'s flags, Python's keywords, the benchmarks and mixtures all build, with its
-//! defaults ([`ReaderOptions::default`], the one place they are written) and its checks
-//! ([`ReaderOptions::check`]); `ReaderOptions::open` opens what it names for a dataset
-//! (`crate::Reader`). The options are plain data: the enums parse
-//! from and print as the names users write (`FromStr`, `Display`), and the whole struct
-//! deserializes (serde) from a map of those names, which is how Python builds it from keywords,
-//! and serializes to one, which is how Python learns every option and its default.
-//! Environment variables are not read here: front ends read them.
+//! A reader's options by name, as its users give them (`granary read`'s flags, Python's
+//! keywords, the benchmarks, mixtures), with their defaults and checks; `ReaderOptions::open`
+//! opens what they name for a dataset (`crate::Reader`). The struct deserializes (serde) from a
+//! map of those names, which is how Python builds it from keywords, and serializes to one, which
+//! is how Python learns every option and its default. Front ends read environment variables.
 
 use std::path::PathBuf;
 
@@ -90,9 +86,8 @@ pub struct ReaderOptions {
     /// A score table file (`None`: the node's shared table next to the tier).
     pub scores: Option<PathBuf>,
     /// A tier table that does not match the dataset is ignored, and importance sampling
-    /// before any table exists starts from uniform scores, instead of both being errors.
-    /// Python's loaders set it: training creates the table as it reports losses. Not an
-    /// option users give (not serialized: not among Python's `READER_DEFAULTS`).
+    /// before any table exists starts from uniform scores, instead of both being errors
+    /// (Python's loaders: training creates the table). Not an option users give.
     #[serde(skip_serializing)]
     pub lenient_scores: bool,
     pub sampling: SamplingKind,
@@ -154,69 +149,48 @@ impl ReaderOptions {
     /// Checks what does not need the dataset: every check of what a user gives is here
     /// ([`ReaderOptions::open`] runs it).
     pub fn check(&self) -> Result<()> {
-        let bad = |m: String| Err(ReadError::invalid(m));
-        if self.cache_dir.is_some() != self.cache_size.is_some() {
-            return bad(
-                "cache_dir and cache_size go together (the tier's directory and quota)".into(),
-            );
-        }
-        if !(0.0..=1.0).contains(&self.locality) {
-            return bad(format!("locality must be in [0, 1], not {}", self.locality));
-        }
-        if self.memory == Some(0) {
-            return bad("memory must be a positive number of bytes".into());
-        }
+        let ensure = |ok: bool, m: String| ok.then_some(()).ok_or_else(|| ReadError::invalid(m));
+        let (dir, size) = (self.cache_dir.is_some(), self.cache_size.is_some());
+        let m = "cache_dir and cache_size go together (the tier's directory and quota)";
+        ensure(dir == size, m.into())?;
+        let locality = self.locality;
+        let m = format!("locality must be in [0, 1], not {locality}");
+        ensure((0.0..=1.0).contains(&locality), m)?;
+        let m = "memory must be a positive number of bytes";
+        ensure(self.memory != Some(0), m.into())?;
         if let Some(f) = &self.scores {
             // Its contents are checked when an epoch loads it (training may rewrite it).
-            if let Err(e) = std::fs::File::open(f) {
-                return bad(format!("the score table {}: {e}", f.display()));
-            }
+            std::fs::File::open(f)
+                .map_err(|e| ReadError::invalid(format!("the score table {}: {e}", f.display())))?;
         }
-        if !(1..=MAX_QUEUE_DEPTH).contains(&self.queue_depth) {
-            return bad(format!(
-                "queue_depth must be 1 to {MAX_QUEUE_DEPTH} reads in flight, not {}",
-                self.queue_depth
-            ));
-        }
-        if self.sampling == SamplingKind::Importance && !(0.0..1.0).contains(&self.alpha) {
-            return bad(format!("alpha {} is not in [0, 1)", self.alpha));
-        }
-        if !(self.cache_boost > 0.0 && self.cache_boost.is_finite()) {
-            return bad(format!(
-                "cache_boost must be a positive number (1: no favour), not {}",
-                self.cache_boost
-            ));
-        }
-        if self.cache_size == Some(0) {
-            return bad("cache_size must be a positive number of bytes".into());
-        }
-        if self.node.is_some() && self.peers.is_none() {
-            return bad("node numbers this node in the peer list: it needs peers".into());
-        }
-        if !(self.peer_timeout > 0.0 && self.peer_timeout.is_finite()) {
-            return bad(format!(
-                "peer_timeout must be a positive number of seconds, not {}",
-                self.peer_timeout
-            ));
-        }
+        let depth = self.queue_depth;
+        let m = format!("queue_depth must be 1 to {MAX_QUEUE_DEPTH} reads in flight, not {depth}");
+        ensure((1..=MAX_QUEUE_DEPTH).contains(&depth), m)?;
+        let importance = self.sampling == SamplingKind::Importance;
+        let m = format!("alpha {} is not in [0, 1)", self.alpha);
+        ensure(!importance || (0.0..1.0).contains(&self.alpha), m)?;
+        let positive = |x: f64| x > 0.0 && x.is_finite();
+        let boost = self.cache_boost;
+        let m = format!("cache_boost must be a positive number (1: no favour), not {boost}");
+        ensure(positive(boost), m)?;
+        let m = "cache_size must be a positive number of bytes";
+        ensure(self.cache_size != Some(0), m.into())?;
+        let m = "node numbers this node in the peer list: it needs peers";
+        ensure(self.node.is_none() || self.peers.is_some(), m.into())?;
+        let timeout = self.peer_timeout;
+        let m = format!("peer_timeout must be a positive number of seconds, not {timeout}");
+        ensure(positive(timeout), m)?;
         if let Some(addrs) = &self.peers {
             let nodes = addrs.len() as u32;
-            if self.cache_dir.is_none() {
-                return bad(
-                    "peers share tiers: they need a local tier (its directory and \
-                     quota: cache_dir and cache_size, --cache-dir and --cache-size)"
-                        .into(),
-                );
-            }
-            if nodes == 0 {
-                return bad("the peer list names no node".into());
-            }
-            if !self.world_size.is_multiple_of(nodes) {
-                return bad(format!(
-                    "world size {} is not a multiple of the {nodes} nodes in the peer list",
-                    self.world_size
-                ));
-            }
+            let m = "peers share tiers: they need a local tier (its directory and quota: \
+                     cache_dir and cache_size, --cache-dir and --cache-size)";
+            ensure(dir, m.into())?;
+            ensure(nodes > 0, "the peer list names no node".into())?;
+            let m = format!(
+                "world size {} is not a multiple of the {nodes} nodes in the peer list",
+                self.world_size
+            );
+            ensure(self.world_size.is_multiple_of(nodes), m)?;
         }
         self.tls_ca()?;
         Ok(())

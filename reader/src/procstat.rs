@@ -14,19 +14,17 @@ pub fn cpu_seconds() -> f64 {
 
 /// `VmHWM` of `/proc/self/status`: this process's peak resident set size so far.
 pub fn peak_rss_bytes() -> Option<u64> {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()?
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        .map(|kb| kb * 1024)
+    field("/proc/self/status", "VmHWM:").map(|kb| kb * 1024)
 }
 
 /// `read_bytes` of `/proc/self/io`: bytes this process caused to be fetched from storage.
 pub fn device_read_bytes() -> Option<u64> {
-    std::fs::read_to_string("/proc/self/io")
-        .ok()?
-        .lines()
-        .find_map(|l| l.strip_prefix("read_bytes:"))
-        .and_then(|v| v.trim().parse().ok())
+    field("/proc/self/io", "read_bytes:")
+}
+
+/// The number after `key` in `file` (a unit `kB` ignored).
+fn field(file: &str, key: &str) -> Option<u64> {
+    let text = std::fs::read_to_string(file).ok()?;
+    let value = text.lines().find_map(|l| l.strip_prefix(key))?;
+    value.trim().trim_end_matches("kB").trim().parse().ok()
 }

@@ -15,8 +15,7 @@ use granary_store::{Access, BytesFrom, Source};
 
 /// Random access to samples: chunk files stay open (one open and header check per chunk, at
 /// most `MAX_OPEN` at a time), and raw records are read straight into the caller's buffer,
-/// verified by the store (a copy that fails is read again below it; a chunk read below a tier
-/// moves to the tier's copy once one arrives).
+/// verified by the store (a copy that fails is read again below it).
 pub struct SampleReader {
     ds: Arc<Dataset>,
     stack: StoreStack,
@@ -76,8 +75,7 @@ impl SampleReader {
     }
 
     /// Reads sample `info` into `out`, which must be exactly its original length; checks
-    /// length and CRC-32 as [`Dataset::read`] does. The store verifies bytes from a copy (a
-    /// copy that fails is given up, logged with its path, and the sample read below it).
+    /// length and CRC-32 as [`Dataset::read`] does.
     pub fn read_into(&self, info: &SampleInfo, out: &mut [u8]) -> Result<()> {
         let f = self.source(info.entry.chunk)?;
         self.read_from(&f, info, out).map(|_| ())

@@ -1,14 +1,10 @@
 //! Read-ahead shared by the streams of one consumer that reads them in turn (a mixture's
 //! sources): one pool of read buffers, and one order of reads.
 //!
-//! Each stream always reads the window it needs next. What it reads beyond that, its
-//! read-ahead, is decided here for all of them together: the window the consumer will need
-//! soonest goes first, and reads in flight are kept to what one stream alone would have in
-//! flight (`ahead_bytes`). Streams that read ahead on their own each fill the device with
-//! windows needed late, and the window needed now shares the device with all of them: three
-//! sources each reading three 32 MiB chunks ahead delivered a mixture's first sample after
-//! 0.14–0.20 s, against 0.05 s for one dataset of the same files (docs/reading.md,
-//! "Mixtures").
+//! Each stream always reads the window it needs next. Its read-ahead is decided here for all
+//! of them together: the window the consumer will need soonest goes first, and reads in flight
+//! are kept to what one stream alone would have in flight (`ahead_bytes`), so that windows
+//! needed late do not share the device with the one needed now (docs/reading.md, "Mixtures").
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -16,12 +12,14 @@ use granary_store::buf::BufPool;
 
 /// What the streams share. Made by [`SharedReadAhead::new`]; each stream gets a
 /// [`ReadAheadSeat`].
+#[derive(Debug)]
 pub struct SharedReadAhead {
     pool: Arc<BufPool>,
     ahead_bytes: usize,
     state: Mutex<State>,
 }
 
+#[derive(Debug)]
 struct State {
     /// Per stream: when the consumer needs its window that waits to be read ahead (as a
     /// fraction of the consumer's sequence), `None` when none waits.
@@ -58,23 +56,12 @@ impl SharedReadAhead {
 /// One stream's place in a [`SharedReadAhead`]: its index, and where its samples fall in the
 /// consumer's sequence — its sample `k` (of the stream's plan) is needed at
 /// `(2 (first + k) + 1) / (2 count)` of it, as a mixture interleaves its sources.
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub struct ReadAheadSeat {
     shared: Arc<SharedReadAhead>,
     index: usize,
     first: u64,
     count: u64,
-}
-
-impl std::fmt::Debug for ReadAheadSeat {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "ReadAheadSeat({} of {})",
-            self.index,
-            self.shared.state().waiting.len()
-        )
-    }
 }
 
 impl ReadAheadSeat {

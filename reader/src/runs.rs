@@ -68,10 +68,6 @@ impl<'a> ChunkRuns<'a> {
         self.ends.partition_point(|&e| e <= q)
     }
 
-    fn run_start(&self, i: usize) -> u64 {
-        i.checked_sub(1).map_or(0, |j| self.ends[j])
-    }
-
     /// Appends the sample ids at positions `pos` to `out`; positions past the end wrap to the
     /// start (padding).
     pub(crate) fn extend(&mut self, pos: Range<u64>, out: &mut Vec<u64>) {
@@ -84,7 +80,8 @@ impl<'a> ChunkRuns<'a> {
         while p < pos.end {
             let q = p % n;
             let i = self.run_at(q);
-            let (start, end) = (self.run_start(i), self.ends[i]);
+            let start = i.checked_sub(1).map_or(0, |j| self.ends[j]);
+            let end = self.ends[i];
             let take = (pos.end - p).min(end - q);
             let from = q - start;
             let c = self.order[i] as usize;

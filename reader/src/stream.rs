@@ -1,17 +1,14 @@
-//! Streaming an epoch plan: an I/O thread queues each window's reads (whole-chunk ranges for
-//! chunkwise and sequential plans, single records for global plans) with the engine, which
+//! Streaming an epoch plan: an I/O thread queues each window's reads with the engine, which
 //! reads them in the background; as each window completes, the same thread checks every
-//! record's CRC and decompresses in parallel (a rayon pool of the stream's own) and hands the
-//! window to the consumer, which iterates samples in plan order. Raw samples are slices of the read buffer, never copied.
+//! record's CRC and decompresses in parallel and hands the window to the consumer, which
+//! iterates samples in plan order. Raw samples are slices of the read buffer, never copied.
 //!
-//! Memory: read buffers come from one pool per stream that counts every buffer byte until the
-//! last sample borrowing it is dropped. The next window's reads are submitted while the bytes
-//! in use plus its own stay within [`StreamOptions::memory`]; the window right after the ones
-//! already handed on is always submitted (so the stream never waits on itself). The hand-over
-//! is a rendezvous channel, so at most three windows are alive besides the read-ahead the
-//! budget allows: the one being consumed, one decoded (or being decoded) and waiting for the
-//! consumer, and one being read.
-//! [`crate::Dataset::window_for_memory`] sizes windows so that those three fit the budget.
+//! Memory: every buffer byte counts in the stream's pool until the last sample borrowing it is
+//! dropped. The next window's reads are submitted while the bytes in use plus its own stay
+//! within [`StreamOptions::memory`]; the window right after the ones handed on is always
+//! submitted (the stream never waits on itself). The hand-over is a rendezvous channel, so at
+//! most three windows are alive besides the read-ahead the budget allows (consumed, decoded,
+//! being read): [`crate::Dataset::window_for_memory`] sizes windows so that those fit.
 
 use std::collections::VecDeque;
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
@@ -41,10 +38,9 @@ pub struct StreamOptions {
     pub queue_depth: usize,
     /// Cap on bytes in flight.
     pub max_inflight_bytes: usize,
-    /// Bytes of read buffers the stream may hold (in flight, being decoded, and borrowed by
-    /// samples not yet dropped): windows are read ahead only within it. Use the same value
-    /// for [`crate::Dataset::window_for_memory`]. Samples served from maps of the page cache
-    /// take no buffer.
+    /// Bytes of read buffers the stream may hold (in flight, being decoded, borrowed by
+    /// samples): windows are read ahead only within it. Use the same value for
+    /// [`crate::Dataset::window_for_memory`].
     pub memory: u64,
     /// Page cache or O_DIRECT, per file ([`IoMode::Auto`]: through the page cache where the
     /// data is resident or kept resident, O_DIRECT elsewhere; see [`crate::Opener`]).
@@ -52,27 +48,22 @@ pub struct StreamOptions {
     /// Page cache that [`IoMode::Auto`] may fill with this dataset (`None`: half of
     /// [`crate::effective_memory`]).
     pub page_cache_bytes: Option<u64>,
-    /// The local chunk tier: chunks it holds are read from it (and their whole-file CRC is
-    /// checked: a damaged copy is discarded and the chunk refetched from the source); chunks
-    /// read from the source are offered to it in the background. Chunk-wise and sequential
-    /// plans only (global plans read single records).
+    /// The local chunk tier: chunks it holds are read from it (a damaged copy is refetched
+    /// from the source), chunks read from the source are offered to it. Chunk-wise and
+    /// sequential plans only (global plans read single records).
     pub tier: Option<Arc<LocalTier>>,
-    /// Importance scores (a snapshot). With the tier's importance policy they choose the
-    /// samples re-packed into hot chunks (the most important per byte that fit the quota);
-    /// otherwise they rank whole chunks for admission.
+    /// Importance scores (a snapshot): with the tier's importance policy they choose the
+    /// samples re-packed into hot chunks, otherwise they rank whole chunks for admission.
     pub scores: Option<Arc<crate::ImportanceScores>>,
     /// With hot chunks, source chunks are read in ranges around the records the hot chunks
-    /// serve; a gap shorter than this is read rather than skipped (fewer, larger requests:
-    /// on network file systems a request costs more than 64 KiB of bandwidth).
+    /// serve; a gap shorter than this is read rather than skipped (fewer, larger requests).
     pub range_gap: u64,
-    /// The other nodes of the job, sharing their tiers (needs `cache`): a chunk the local tier
-    /// lacks is asked of the node that owns it before origin storage, and the local tier admits
-    /// only the chunk copies this node owns.
+    /// The other nodes of the job, sharing their tiers (needs `tier`): a chunk the local tier
+    /// lacks is asked of its owner before origin; the local tier admits only what it owns.
     pub peers: Option<Arc<crate::Peers>>,
-    /// Read-ahead shared with other streams of one consumer (a mixture's sources, read in
-    /// turn): their pool of read buffers, whose budget ([`BufPool::cap`]) they share instead
-    /// of each holding `memory` (which then only sizes the windows), and their order of reads
-    /// ahead (see [`crate::SharedReadAhead`]). `None`: a pool of its own of `memory` bytes.
+    /// Read-ahead shared with other streams of one consumer (a mixture's sources): their
+    /// pool of read buffers, whose budget they share (`memory` then only sizes the windows),
+    /// and their order of reads ahead. `None`: a pool of its own of `memory` bytes.
     pub shared: Option<crate::ReadAheadSeat>,
     /// Test hook: panic in this thread after its first window.
     #[cfg(test)]
@@ -127,9 +118,8 @@ impl Sample {
         }
     }
 
-    /// The CRC-32 of `data()`: the reader computed it over these bytes and found it equal to
-    /// the snapshot's before delivering them, so a consumer that wants a checksum (a digest of
-    /// the epoch, say) need not compute it again.
+    /// The CRC-32 of `data()`, which the reader checked against the snapshot's: a consumer
+    /// that wants a checksum (a digest of the epoch, say) need not compute it again.
     pub fn crc32(&self) -> u32 {
         self.crc32
     }
@@ -139,9 +129,8 @@ impl Sample {
         matches!(self.data, SampleData::Shared(..))
     }
 
-    /// Where `data()` lies when it is a slice of a local file's map (no copy was made): the
-    /// file's path, the open file, and the offset of `data()[0]` in it. Another process may
-    /// map the same file there and read the same checked bytes.
+    /// Where `data()` lies when it is a slice of a local file's map: the file's path, the open
+    /// file, and the offset of `data()[0]` in it (another process may map it there).
     pub fn mapped_file(&self) -> Option<(&std::path::Path, &std::fs::File, u64)> {
         match &self.data {
             SampleData::Shared(buf, at, _) => buf
@@ -151,10 +140,9 @@ impl Sample {
         }
     }
 
-    /// False if `data()` is a slice of a map whose file was found cut short (truncated by
-    /// another process) since the sample was checked: its bytes may read as zeros. A consumer
-    /// that copies the bytes (Python does) checks this after the copy; the stream checks it
-    /// for every such sample on the next call and ends with an error if it fails.
+    /// False if `data()` is a slice of a map whose file was found cut short since the sample
+    /// was checked: its bytes may read as zeros. A consumer that copies the bytes checks this
+    /// after the copy; the stream checks it on the next call and ends with an error.
     pub fn is_intact(&self) -> bool {
         match &self.data {
             SampleData::Shared(buf, ..) => !buf.is_cut(),
@@ -225,15 +213,9 @@ impl EpochStream {
         opts: &StreamOptions,
     ) -> Result<Self> {
         // A view that keeps a small share of the samples reads most chunks in ranges: many
-        // small reads scattered over the chunk files. Those go best as copies (no maps of whole
-        // chunks faulted in range by range), through io_uring (the pread engine's threads are
-        // the slow part here, even for resident data), many in flight. Measured on a 10 %
-        // class view of 4,000 ImageNet-like files (docs/reading.md, "Views"): cold 0.040–0.055 s
-        // against 0.061–0.078 s with pread and maps.
-        // Where its chunk files are wholly resident (the dataset was read whole), maps of them
-        // serve the records faster still (0.017 s warm against 0.029 s): probed with mincore.
-        // Where only its records are (a warm epoch of the view), copies through io_uring
-        // stay faster (0.027–0.037 s against 0.050–0.061 s with pread).
+        // small reads scattered over the chunk files, which go best as copies through io_uring,
+        // many in flight (docs/reading.md, "Views") unless its chunk files are wholly resident
+        // (maps of them are faster still).
         let sparse_view = ds.view().is_some_and(|v| {
             (v.ids.len() as f64) < crate::window::SPARSE_SHARE * ds.len().max(1) as f64
         }) && !crate::view::chunks_mostly_resident(&ds);
@@ -244,9 +226,7 @@ impl EpochStream {
             seed: u64::from_le_bytes(ds.snapshot().dataset_id()[..8].try_into().expect("8 bytes")),
             map_resident: !sparse_view,
             // Mapped ranges are populated when their window is checked (on the decode pool),
-            // not when the file is opened (a prepared window waiting for room would be
-            // resident early); global plans read single records, which fault in as they are
-            // read.
+            // not when the file is opened (a window waiting for room would be resident early).
             populate: false,
             // A view's windows may read ranges scattered over its chunks: no sequential
             // readahead past them.
@@ -257,10 +237,9 @@ impl EpochStream {
             },
             meter: Arc::default(),
         };
-        // io_uring shines on O_DIRECT reads; buffered reads of cold data are punted to its
-        // worker threads and ran at half the speed of pread threads here (0.8–0.9 vs 1.7–1.8
-        // GB/s, 20,000 ImageNet-like files): a stream that reads mostly through the page cache
-        // uses pread unless the backend is forced.
+        // io_uring punts buffered reads of cold data to its worker threads, slower than pread's:
+        // a stream that reads mostly through the page cache uses pread unless the backend is
+        // forced.
         let kind = match opts.io {
             IoKind::Auto if !sparse_view && Opener::for_access(&access).mostly_buffered() => {
                 IoKind::Pread
@@ -272,12 +251,9 @@ impl EpochStream {
         } else {
             opts.queue_depth
         };
-        let (pool, budget) = match &opts.shared {
-            Some(seat) => (seat.pool().clone(), seat.pool().cap()),
-            None => {
-                let budget = opts.memory.max(1) as usize;
-                (BufPool::new(budget), budget)
-            }
+        let pool = match &opts.shared {
+            Some(seat) => seat.pool().clone(),
+            None => BufPool::new(opts.memory.max(1) as usize),
         };
         let engine = Engine::with_pool(kind, queue_depth, opts.max_inflight_bytes, pool.clone())?;
         let backend = engine.name();
@@ -291,7 +267,6 @@ impl EpochStream {
             windows,
             engine,
             pool: pool.clone(),
-            budget,
             seat: opts.shared.clone(),
             global: mode == ShuffleMode::Global,
             tx,
@@ -342,8 +317,13 @@ impl EpochStream {
         let stack = ds.stack(access, cache.clone(), peers.clone())?;
         // With a tier, chunks are read whole: they can be admitted, and copies are checked
         // against the whole-file CRC.
-        let mut w = Windows::new(ds.clone(), stack.clone(), mode, opts.range_gap);
-        w.whole_files = cache.is_some();
+        let mut w = Windows::new(
+            ds.clone(),
+            stack.clone(),
+            mode,
+            opts.range_gap,
+            cache.is_some(),
+        );
         let importance = opts.scores.clone().map(|scores| {
             let ds = ds.clone();
             Arc::new(crate::tier::Weighed { ds, scores }) as Arc<dyn Importance>
@@ -354,8 +334,7 @@ impl EpochStream {
         Ok(w)
     }
 
-    /// The most bytes of read buffers this stream held at once (in flight, being decoded,
-    /// borrowed by samples not yet dropped, waiting for the tier); the budget is
+    /// The most bytes of read buffers this stream held at once; the budget is
     /// [`StreamOptions::memory`], exceeded only by a single window larger than it.
     pub fn peak_buffer_bytes(&self) -> u64 {
         self.pool.peak_in_use() as u64
@@ -367,8 +346,7 @@ impl EpochStream {
     }
 
     /// Why the stream reads with pread although the default backend prefers io_uring (the
-    /// kernel refused the ring: switched off, blocked by seccomp, too little lockable memory);
-    /// `None` when it reads with io_uring or pread was asked for.
+    /// kernel refused the ring); `None` when it reads with io_uring or pread was asked for.
     pub fn backend_fallback(&self) -> Option<&str> {
         self.backend_fallback.as_deref()
     }
@@ -394,13 +372,10 @@ impl Iterator for EpochStream {
     type Item = Result<Sample>;
 
     fn next(&mut self) -> Option<Result<Sample>> {
-        // A sample handed on as a slice of a map was checked before, but is read by the
-        // consumer after: if its file was cut short meanwhile, the consumer may have seen
-        // zeros. The stream then ends with an error rather than going on (or ending) as if the
-        // epoch were sound.
+        // A sample handed on as a slice of a map was checked before the consumer read it: if
+        // its file was cut short meanwhile, the consumer may have seen zeros, and the stream
+        // ends with an error. Checked once per run of samples from one map (an `fstat`).
         if let Some((id, buf)) = self.watch.take() {
-            // Checked when the stream moves on to another buffer (or ends), not after every
-            // sample of the same chunk: one `fstat` per run of samples from one map.
             let same = match self.current.as_slice().first() {
                 Some(Ok(Sample {
                     data: SampleData::Shared(next, ..),
@@ -435,34 +410,31 @@ impl Iterator for EpochStream {
             if self.done {
                 return None;
             }
-            let t0 = std::time::Instant::now();
+            let t0 = Instant::now();
             let msg = self.rx.recv();
-            self.timeline.waited(t0, std::time::Instant::now());
-            match msg {
-                Ok(Msg::Window(v)) => self.current = v.into_iter(),
-                Ok(Msg::End) => {
-                    self.done = true;
-                    return None;
-                }
-                Ok(Msg::Failed(e)) => {
-                    self.done = true;
-                    return Some(Err(e));
-                }
-                Err(_) => {
-                    // Closed without `End`: a reader thread died. Never a silent short epoch.
-                    self.done = true;
+            self.timeline.waited(t0, Instant::now());
+            if let Ok(Msg::Window(v)) = msg {
+                self.current = v.into_iter();
+                continue;
+            }
+            self.done = true;
+            return match msg {
+                Ok(Msg::End) => None,
+                Ok(Msg::Failed(e)) => Some(Err(e)),
+                // Closed without `End`: a reader thread died. Never a silent short epoch.
+                _ => {
                     let why = match self.io_thread.take().map(|t| t.join()) {
                         Some(Err(panic)) => thread_died("I/O", panic.as_ref()),
                         _ => ReadError::Incomplete(
                             "the reader's threads ended without finishing the epoch".into(),
                         ),
                     };
-                    return Some(Err(ReadError::Incomplete(format!(
+                    Some(Err(ReadError::Incomplete(format!(
                         "{why}; the epoch is incomplete after {} samples",
                         self.delivered
-                    ))));
+                    ))))
                 }
-            }
+            };
         }
     }
 }
@@ -473,8 +445,8 @@ struct IoThread {
     timeline: Arc<Timeline>,
     windows: Windows,
     engine: Engine,
+    /// The read buffers, whose cap is the budget.
     pool: Arc<BufPool>,
-    budget: usize,
     /// Its place in read-ahead shared with other streams (a mixture's sources).
     seat: Option<crate::ReadAheadSeat>,
     /// Global plans: chunks stay open across windows (records of any chunk come any time);
@@ -496,9 +468,8 @@ impl IoThread {
                 return;
             }
         };
-        // Windows whose reads are in flight (both engines read in the background while this
-        // thread decodes or waits for the consumer), and the next window, prepared, waiting
-        // for room in the budget.
+        // Windows whose reads are in flight (read in the background while this thread decodes
+        // or waits for the consumer), and the next window, prepared, waiting for room.
         let mut pending: VecDeque<InFlightWindow> = VecDeque::new();
         let mut next: Option<WaitingWindow> = None;
         let mut windows = plan.windows.iter();
@@ -516,8 +487,7 @@ impl IoThread {
                     let prepared = self.windows.prepare(ids, weights);
                     if let Some(before) = before {
                         let secs = t.elapsed().as_secs_f64();
-                        let after = self.windows.stack.layers();
-                        let shares = plan_shares(&before, &after, secs);
+                        let shares = plan_shares(&before, &self.windows.stack.layers(), secs);
                         self.timeline.record(t, Phase::Plan(shares));
                     }
                     match prepared {
@@ -608,9 +578,7 @@ impl IoThread {
         self.windows.finish();
         let _ = self.tx.send(Msg::End);
     }
-}
 
-impl IoThread {
     /// Submits the prepared window `next` if the budget has room for it with `ahead` windows
     /// in flight, and reads shared with other streams let it read ahead now (`force`: in any
     /// case), queuing it on `pending`; true if it did.
@@ -624,30 +592,29 @@ impl IoThread {
         let Some((prep, first)) = next.as_ref() else {
             return false;
         };
-        let reqs = prep.requests();
-        let bytes = buffer_bytes(reqs);
-        let fits = ahead < MAX_WINDOWS_AHEAD && self.pool.in_use() + bytes <= self.budget;
+        let bytes = buffer_bytes(&prep.reqs);
+        let fits = ahead < MAX_WINDOWS_AHEAD && self.pool.in_use() + bytes <= self.pool.cap();
         // What the shared read-ahead orders is reads; ranges of maps of resident files (a
         // warm epoch) read nothing and go as the budget allows.
-        let reads: usize = match &self.seat {
-            Some(_) => reqs
+        let reads = || {
+            prep.reqs
                 .iter()
                 .filter(|r| r.map().is_none())
                 .map(|r| r.len)
-                .sum(),
-            None => 0,
         };
-        let counted = match &self.seat {
-            Some(seat) if reads > 0 && force => Some(seat.read_now(reads)),
-            Some(seat) if reads > 0 && fits => match seat.try_read_ahead(*first, reads) {
-                Some(c) => Some(c),
-                None => return false,
-            },
+        let counted = match self.seat.as_ref().map(|seat| (seat, reads().sum())) {
+            Some((seat, reads)) if reads > 0 && force => Some(seat.read_now(reads)),
+            Some((seat, reads)) if reads > 0 && fits => {
+                let Some(c) = seat.try_read_ahead(*first, reads) else {
+                    return false;
+                };
+                Some(c)
+            }
             _ if fits || force => None,
             _ => return false,
         };
         let (prep, _) = next.take().expect("checked above");
-        let t = self.engine.submit(prep.shared_requests());
+        let t = self.engine.submit(prep.reqs.clone());
         pending.push_back((prep, t, counted));
         true
     }
@@ -681,9 +648,7 @@ type InFlightWindow = (Prepared, Pending, Option<crate::readahead::InFlight>);
 /// the plan.
 type WaitingWindow = (Prepared, u64);
 
-/// Reads in flight, at least, for a view read mostly in ranges (see [`EpochStream::new`]). On
-/// the 10 % class view, cold: pread 8 in flight 0.061–0.071 s, 16 and 32 0.089–0.113 s;
-/// io_uring 32 0.040–0.055 s and 64 0.042–0.053 s (the rewritten view: 0.032–0.043 s).
+/// Reads in flight, at least, for a view read mostly in ranges (see [`EpochStream::new`]).
 const SPARSE_VIEW_QUEUE_DEPTH: usize = 32;
 
 /// How often a stream whose next window waits for room looks whether the consumer freed
@@ -745,7 +710,6 @@ fn decode_window(ds: &Dataset, prep: Prepared, bufs: Vec<Arc<Completed>>) -> Vec
         ids,
         locs,
         entries,
-        labels,
         weights,
         ..
     } = prep;
@@ -778,7 +742,7 @@ fn decode_window(ds: &Dataset, prep: Prepared, bufs: Vec<Arc<Completed>>) -> Vec
             };
             Ok(Sample {
                 id: ids[i],
-                label: labels[i],
+                label: e.label,
                 weight: weights.get(i).copied().unwrap_or(1.0),
                 source: 0,
                 crc32: e.crc32,

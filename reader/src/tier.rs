@@ -1,7 +1,5 @@
-//! The dataset's samples weighed for the tier's admission (`Weighed`). The tier's storage
-//! itself (quota, policies, files, locking), what a stream's reads feed it with (admission
-//! and hot chunks: `granary_store::tier::TierFeed`) and reading from it (its layer of the
-//! stream's stack) are the store's.
+//! The dataset's samples weighed for the tier's admission (`Weighed`); the tier itself, what
+//! reads feed it with and reading from it are the store's.
 
 use std::sync::Arc;
 

@@ -2,7 +2,7 @@
 
 use std::path::Path;
 
-use granary_format::{check_chunk, parse_chunk_file_name};
+use granary_format::{check_chunk, hex16, parse_chunk_file_name};
 use rayon::prelude::*;
 use serde_json::json;
 
@@ -55,6 +55,19 @@ impl VerifyReport {
     /// True when damage was found.
     pub fn is_damaged(&self) -> bool {
         !self.problems.is_empty()
+    }
+
+    /// Records `e` at `location`: as what could not be looked at when `unreadable`, else as
+    /// damage.
+    fn fail(&mut self, location: String, e: &ReadError, unreadable: bool) {
+        let p = Problem {
+            location,
+            detail: e.to_string(),
+        };
+        match unreadable {
+            true => self.unreadable.push(p),
+            false => self.problems.push(p),
+        }
     }
 
     /// The report as JSON.
@@ -139,17 +152,14 @@ pub fn verify_with(path: &Path, cfg: &StoreConfig) -> VerifyReport {
             return r;
         }
         Err(e) => {
-            let p = Problem {
-                location: path.display().to_string(),
-                detail: e.to_string(),
-            };
             // A stale view (its dataset changed since) is a problem of the view, not
             // something that could not be looked at.
             let stale = e.to_string().contains("a stale view");
-            match cannot_look(&e, true) && !stale {
-                true => r.unreadable.push(p),
-                false => r.problems.push(p),
-            }
+            r.fail(
+                path.display().to_string(),
+                &e,
+                cannot_look(&e, true) && !stale,
+            );
             return r;
         }
     };
@@ -182,13 +192,13 @@ pub fn verify_with(path: &Path, cfg: &StoreConfig) -> VerifyReport {
             detail: e.to_string(),
         });
     }
-    let per_chunk: Vec<Checked> = (0..snap.chunk_count() as u32)
+    let per_chunk: Vec<VerifyReport> = (0..snap.chunk_count() as u32)
         .into_par_iter()
         .map(|c| check_one_chunk(&ds, c))
         .collect();
     for c in per_chunk {
-        r.records_checked += c.records;
-        r.bytes_checked += c.bytes;
+        r.records_checked += c.records_checked;
+        r.bytes_checked += c.bytes_checked;
         r.problems.extend(c.problems);
         r.unreadable.extend(c.unreadable);
     }
@@ -211,130 +221,81 @@ pub fn verify_with(path: &Path, cfg: &StoreConfig) -> VerifyReport {
     r
 }
 
-/// What checking one chunk found.
-#[derive(Default)]
-struct Checked {
-    records: u64,
-    bytes: u64,
-    problems: Vec<Problem>,
-    unreadable: Vec<Problem>,
-}
-
-fn check_one_chunk(ds: &Dataset, c: u32) -> Checked {
+/// Checks chunk `c`: its file's header, whole-file CRC, every record, and that the footer
+/// agrees with the snapshot.
+fn check_one_chunk(ds: &Dataset, c: u32) -> VerifyReport {
     let loc = ds.chunk_path(c).display().to_string();
+    let mut out = VerifyReport::default();
     // A chunk table entry that cannot be read is reported by the snapshot's checks.
-    if ds.chunk(c).is_err() {
-        return Checked::default();
-    }
+    let Ok(ce) = ds.chunk(c) else {
+        return out;
+    };
     let bytes = match ds.load_chunk(c) {
         Ok(b) => b,
         Err(e) => {
-            let p = Problem {
-                location: loc,
-                detail: e.to_string(),
-            };
-            let mut checked = Checked::default();
-            match cannot_look(&e, false) {
-                true => checked.unreadable.push(p),
-                false => checked.problems.push(p),
-            }
-            return checked;
+            out.fail(loc, &e, cannot_look(&e, false));
+            return out;
         }
     };
-    let (records, problems) = check_bytes(ds, c, &loc, &bytes);
-    Checked {
-        records,
-        bytes: bytes.len() as u64,
-        problems,
-        unreadable: Vec::new(),
-    }
-}
-
-/// Checks chunk `c`'s bytes: header, whole-file CRC, every record, and that the footer agrees
-/// with the snapshot; returns the records checked and the problems.
-fn check_bytes(ds: &Dataset, c: u32, loc: &str, bytes: &[u8]) -> (u64, Vec<Problem>) {
-    let loc = loc.to_string();
-    let mut problems = Vec::new();
-    let mut p = |location: String, detail: String| problems.push(Problem { location, detail });
-    let Ok(ce) = ds.chunk(c) else {
-        return (0, problems);
+    out.bytes_checked = bytes.len() as u64;
+    let problems = &mut out.problems;
+    // A problem of the chunk (`None`) or of the record at an offset.
+    let mut p = |at: Option<u64>, detail: String| {
+        let (location, detail) = match at {
+            None => (loc.clone(), format!("chunk {c}: {detail}")),
+            Some(o) => (format!("{loc} (chunk {c}, offset {o})"), detail),
+        };
+        problems.push(Problem { location, detail })
     };
-    let check = match check_chunk(bytes, &ds.snapshot().dataset_id(), c) {
+    let check = match check_chunk(&bytes, &ds.snapshot().dataset_id(), c) {
         Ok(check) => check,
         Err(e) => {
-            p(loc, format!("chunk {c}: {e}"));
-            return (0, problems);
+            p(None, e.to_string());
+            return out;
         }
     };
     if check.file_crc != ce.file_crc {
-        p(
-            loc.clone(),
-            format!(
-                "chunk {c}: whole-file checksum mismatch (snapshot {:#010x}, file {:#010x})",
-                ce.file_crc, check.file_crc
-            ),
-        );
+        let (want, got) = (ce.file_crc, check.file_crc);
+        let m = format!("whole-file checksum mismatch (snapshot {want:#010x}, file {got:#010x})");
+        p(None, m);
     }
     if check.digest != ce.digest {
-        p(
-            loc.clone(),
-            format!(
-                "chunk {c}: digest mismatch (snapshot {}, file {}): not the chunk the snapshot \
-                 lists",
-                granary_format::hex16(&ce.digest),
-                granary_format::hex16(&check.digest)
-            ),
-        );
+        let (want, got) = (hex16(&ce.digest), hex16(&check.digest));
+        let m = format!("digest mismatch (snapshot {want}, file {got})");
+        p(None, m + ": not the chunk the snapshot lists");
     }
+    let shown = |i: usize| escape_path(&check.footer.paths[i]);
     for (i, err) in &check.bad_records {
-        let e = &check.footer.entries[*i];
-        p(
-            format!("{loc} (chunk {c}, offset {})", e.offset),
-            format!(
-                "record {} ({}): {err}",
-                i,
-                escape_path(&check.footer.paths[*i])
-            ),
-        );
+        let at = check.footer.entries[*i].offset;
+        p(Some(at), format!("record {i} ({}): {err}", shown(*i)));
     }
     // Every chunk carries the snapshot's class table (SPEC.md §4), byte for byte.
     let classes = ds.classes();
-    if !classes.as_ref().is_ok_and(|t| {
-        t.len() == check.footer.classes.len()
-            && t.iter()
-                .zip(&check.footer.classes)
-                .all(|(a, b)| *a == &b[..])
-    }) {
-        p(
-            loc.clone(),
-            format!(
-                "chunk {c}: its footer's class table ({} classes) is not the snapshot's ({})",
-                check.footer.classes.len(),
-                classes.map_or_else(|e| e.to_string(), |t| t.len().to_string())
-            ),
-        );
+    let theirs = &check.footer.classes;
+    if !classes
+        .as_ref()
+        .is_ok_and(|t| t.len() == theirs.len() && t.iter().zip(theirs).all(|(a, b)| *a == &b[..]))
+    {
+        let mine = classes.map_or_else(|e| e.to_string(), |t| t.len().to_string());
+        let n = theirs.len();
+        let m = format!("its footer's class table ({n} classes) is not the snapshot's ({mine})");
+        p(None, m);
     }
     let records = check.footer.entries.len() as u64;
     if records != ce.sample_count {
-        p(
-            loc.clone(),
-            format!(
-                "chunk {c}: footer lists {records} records, the snapshot {}",
-                ce.sample_count
-            ),
-        );
+        let want = ce.sample_count;
+        let m = format!("footer lists {records} records, the snapshot {want}");
+        p(None, m);
     } else {
-        check_fields(ds, c, &loc, bytes, &check, &mut p);
+        check_fields(ds, &bytes, &check, &mut p);
+        let snap = ds.snapshot();
         for (i, id) in ce.samples().enumerate() {
-            let same_entry = ds
-                .snapshot()
-                .sample(id)
-                .is_ok_and(|s| s == check.footer.entries[i]);
+            let same_entry = snap.sample(id).is_ok_and(|s| s == check.footer.entries[i]);
             let same_path = ds.path(id).is_ok_and(|s| s == check.footer.paths[i]);
             // The same fields, by name, length and CRC.
             let same_fields = match &check.footer.fields {
-                None => !ds.snapshot().has_fields(),
-                Some(f) => ds.snapshot().fields(id).is_ok_and(|mine| {
+                None => !snap.has_fields(),
+                Some(f) => snap.fields(id).is_ok_and(|mine| {
                     mine.len() == f.records[i].len()
                         && mine.iter().zip(&f.records[i]).all(|(m, e)| {
                             f.names
@@ -347,21 +308,14 @@ fn check_bytes(ds: &Dataset, c: u32, loc: &str, bytes: &[u8]) -> (u64, Vec<Probl
             };
             // Attributes a footer records are the snapshot's (a snapshot upgraded from 1.x
             // records them where its chunks do not).
-            let same_attrs = match (&check.footer.attrs, ds.snapshot().has_attrs()) {
-                (Some(a), true) => ds.snapshot().attrs(id).is_ok_and(|m| m == Some(a[i])),
+            let same_attrs = match (&check.footer.attrs, snap.has_attrs()) {
+                (Some(a), true) => snap.attrs(id).is_ok_and(|m| m == Some(a[i])),
                 (Some(_), false) | (None, _) => true,
             };
             if !same_entry || !same_path || !same_fields || !same_attrs {
-                p(
-                    format!(
-                        "{loc} (chunk {c}, offset {})",
-                        check.footer.entries[i].offset
-                    ),
-                    format!(
-                        "footer record {i} ({}) disagrees with snapshot sample {id}",
-                        escape_path(&check.footer.paths[i])
-                    ),
-                );
+                let (at, path) = (check.footer.entries[i].offset, shown(i));
+                let m = format!("footer record {i} ({path}) disagrees with snapshot sample {id}");
+                p(Some(at), m);
             }
         }
     }
@@ -370,27 +324,22 @@ fn check_bytes(ds: &Dataset, c: u32, loc: &str, bytes: &[u8]) -> (u64, Vec<Probl
     for (d, _) in &check.footer.dirs {
         let found = ds.snapshot().find(d);
         if !found.is_ok_and(|f| f.is_some_and(|(_, e)| e.is_dir())) {
-            p(
-                loc.clone(),
-                format!(
-                    "chunk {c}: the footer records directory {}, the snapshot does not",
-                    escape_path(d)
-                ),
-            );
+            let d = escape_path(d);
+            let m = format!("the footer records directory {d}, the snapshot does not");
+            p(None, m);
         }
     }
-    (records, problems)
+    out.records_checked = records;
+    out
 }
 
-/// Checks chunk `c`'s fields against the snapshot's types: every field's bytes a value of its
+/// Checks a chunk's fields against the snapshot's types: every field's bytes a value of its
 /// type, and a typed fields block declaring the snapshot's type for each name.
 fn check_fields(
     ds: &Dataset,
-    c: u32,
-    loc: &str,
     bytes: &[u8],
     check: &granary_format::ChunkCheck,
-    p: &mut dyn FnMut(String, String),
+    p: &mut dyn FnMut(Option<u64>, String),
 ) {
     let Some(f) = &check.footer.fields else {
         return;
@@ -398,26 +347,19 @@ fn check_fields(
     let names = ds.field_names().unwrap_or_default();
     let types = ds.snapshot().field_types().unwrap_or_default();
     // The snapshot's type of the field named `name`.
-    let type_of = |name: &[u8]| {
-        let k = names.iter().position(|m| *m == name)?;
-        types.get(k)
-    };
+    let type_of = |name: &[u8]| types.get(names.iter().position(|m| *m == name)?);
     // Every field's bytes are a value of its type (fixed lengths, UTF-8, JSON).
     for (i, fields) in f.records.iter().enumerate() {
         let mut at = check.footer.entries[i].offset as usize;
         for e in fields {
             let end = at.saturating_add(e.len as usize).min(bytes.len());
-            let name = &f.names[e.name as usize];
+            let name = String::from_utf8_lossy(&f.names[e.name as usize]);
             let value = &bytes[at.min(end)..end];
-            if let Some(Err(why)) = type_of(name).map(|t| check_value(t, value)) {
-                p(
-                    format!("{loc} (chunk {c}, offset {at})"),
-                    format!(
-                        "record {i} ({}), field {}: {why}",
-                        escape_path(&check.footer.paths[i]),
-                        String::from_utf8_lossy(name)
-                    ),
-                );
+            let typ = type_of(&f.names[e.name as usize]);
+            if let Some(Err(why)) = typ.map(|t| check_value(t, value)) {
+                let path = escape_path(&check.footer.paths[i]);
+                let m = format!("record {i} ({path}), field {name}: {why}");
+                p(Some(at as u64), m);
             }
             at = end;
         }
@@ -426,14 +368,12 @@ fn check_fields(
     for (n, t) in f.names.iter().zip(&f.types) {
         let mine = type_of(n);
         if mine.is_none_or(|m| m.descriptor() != *t) {
-            p(
-                loc.to_string(),
-                format!(
-                    "chunk {c}: field {} is {t} in the footer, {} in the snapshot",
-                    String::from_utf8_lossy(n),
-                    mine.map_or("absent".into(), |m| m.descriptor())
-                ),
+            let (n, mine) = (
+                String::from_utf8_lossy(n),
+                mine.map_or("absent".into(), |m| m.descriptor()),
             );
+            let m = format!("field {n} is {t} in the footer, {mine} in the snapshot");
+            p(None, m);
         }
     }
 }

@@ -1,14 +1,11 @@
 //! Where a stream's consumer waits, and on what.
 //!
-//! The consumer waits when it asks for a sample and the next window is not decoded yet (in
-//! [`crate::EpochStream`]'s `next`, on the channel from the I/O thread). The I/O thread records
-//! what it does as a timeline of phases: waiting for reads (split among the store stack's
-//! layers by the time its reads waited in each during that phase: the tier, the other nodes'
-//! tiers, origin), checking CRCs and decompressing, planning the next window (sample lookups,
-//! snapshot blocks fetched from an object store included). Each wait of the consumer is
-//! attributed to the phases it overlapped, and what no phase covers (the hand-over itself,
-//! bookkeeping) to `other`: the parts add up to the wait exactly. Phases that ended before a
-//! wait did are dropped: the timeline holds only what a future wait can overlap.
+//! The consumer waits when it asks for a sample and the next window is not decoded yet. The
+//! I/O thread records what it does as a timeline of phases: waiting for reads (split among the
+//! store stack's layers by the time its reads waited in each), checking CRCs and
+//! decompressing, planning the next window. Each wait of the consumer is attributed to the
+//! phases it overlapped, and what no phase covers to `other`: the parts add up to the wait.
+//! Phases that ended before a wait did are dropped.
 
 use std::sync::Mutex;
 use std::time::Instant;
@@ -160,10 +157,9 @@ impl Timeline {
 }
 
 /// What the tier, the peers and origin each did of their own between two readings of a
-/// stack's meters (`before` and `after` a phase, top first as [`crate::StoreStack::layers`]
-/// lists them), as `count` measures a reading: layers are nested (the tier's meter counts
-/// what the peers and origin served too), so each layer's own part is its count less the next
-/// one's.
+/// stack's meters (top first), as `count` measures a reading: layers are nested (the tier's
+/// meter counts what the layers below served too), so each one's own part is its count less
+/// the next one's.
 fn own(
     before: &[(&'static str, granary_store::MeterReading)],
     after: &[(&'static str, granary_store::MeterReading)],

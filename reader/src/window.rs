@@ -1,10 +1,8 @@
 //! One stream's windows: what to read for each and what its bytes must be
-//! (`Windows::prepare`: chunk headers of this dataset, whole files with the snapshot's CRC,
-//! records with theirs), the chunk headers checked once read (`Windows::complete`), and what
-//! was read counted by where it came from and offered to the tier (`Windows::count`). Every
-//! chunk is opened through the stream's [`StoreStack`], whose engine returns verified bytes:
-//! a copy (this node's tier, a peer's, a hot chunk) that fails what a read expects is given up
-//! and read again below it, inside the store ([`granary_store::verified`]).
+//! (`Windows::prepare`), the chunk headers checked once read (`Windows::complete`), and what
+//! was read counted by where it came from and offered to the tier (`Windows::count`). Chunks
+//! open through the stream's [`StoreStack`], whose engine returns verified bytes: a copy that
+//! fails what a read expects is read again below it ([`granary_store::verified`]).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -26,7 +24,6 @@ pub(crate) struct Prepared {
     /// Per sample: (request index, offset of the record in that request's bytes).
     pub(crate) locs: Vec<(u32, u64)>,
     pub(crate) entries: Vec<SampleEntry>,
-    pub(crate) labels: Vec<u32>,
     pub(crate) weights: Vec<f32>,
     /// Chunk headers to check, and the request whose bytes start with them.
     header_req: Vec<(u32, usize)>,
@@ -37,20 +34,8 @@ pub(crate) struct Prepared {
     ranges: Vec<(u32, usize, u64)>,
     /// The window's requests (shared with the engine that reads them), and per request the
     /// chunk whose bytes it reads.
-    reqs: Arc<[Request]>,
+    pub(crate) reqs: Arc<[Request]>,
     req_chunk: Vec<u32>,
-}
-
-impl Prepared {
-    /// The window's requests.
-    pub(crate) fn requests(&self) -> &[Request] {
-        &self.reqs
-    }
-
-    /// The window's requests, shared, for the engine to read.
-    pub(crate) fn shared_requests(&self) -> Arc<[Request]> {
-        self.reqs.clone()
-    }
 }
 
 /// What a stream's I/O thread keeps from window to window.
@@ -61,9 +46,8 @@ pub(crate) struct Windows {
     pub(crate) stack: StoreStack,
     mode: ShuffleMode,
     range_gap: u64,
-    /// Chunk-wise and sequential windows read chunks whole (with a tier: whole chunks can be
-    /// admitted, and copies are checked against the whole-file CRC), not up to their last
-    /// record in the window.
+    /// Read chunks whole (with a tier: they can be admitted, and copies are checked against
+    /// the whole-file CRC), not up to their last record in the window.
     pub(crate) whole_files: bool,
     /// Chunks open (a chunk's source serves every window that reads it).
     files: HashMap<u32, Source>,
@@ -82,9 +66,7 @@ fn covering(placed: &[(u64, usize)], reqs: &[Request], e: &SampleEntry) -> Optio
 
 /// A view's window reads a chunk in ranges around its records when they are less than this
 /// share of the chunk's record bytes, and the chunk whole otherwise: the crossover
-/// `bench/views.sh` measured cold on ImageNet-like records, between 50 and 75 % (ranges took
-/// 0.76–0.81× the time of whole chunks at 50 %, 0.94–1.12× at 75 %, in two runs;
-/// `bench/reports/views/report.md`).
+/// `bench/views.sh` measured (`bench/reports/views/report.md`).
 pub(crate) const SPARSE_SHARE: f64 = 0.65;
 
 /// Whether a view's window that needs `needed` bytes of chunk `ce` reads them in ranges
@@ -132,6 +114,8 @@ type WindowChunks = Vec<(u32, ChunkEntry)>;
 #[derive(Default)]
 struct Plan {
     reqs: Vec<Request>,
+    /// Per request, the chunk whose bytes it reads.
+    req_chunk: Vec<u32>,
     header_req: Vec<(u32, usize)>,
     whole: Vec<(u32, usize)>,
     ranges: Vec<(u32, usize, u64)>,
@@ -140,31 +124,22 @@ struct Plan {
 }
 
 impl Plan {
-    /// Per request, the chunk whose bytes it reads: what the plan placed, else the chunk of
-    /// the records read by it (`locs`: each record's request).
-    fn req_chunks(&self, entries: &[SampleEntry], locs: &[(u32, u64)]) -> Vec<u32> {
-        let mut req_chunk = vec![u32::MAX; self.reqs.len()];
-        let placed = self.header_req.iter().chain(&self.whole).copied();
-        for (c, r) in placed.chain(self.ranges.iter().map(|&(c, r, _)| (c, r))) {
-            req_chunk[r] = c;
-        }
-        for (e, &(r, _)) in entries.iter().zip(locs) {
-            if req_chunk[r as usize] == u32::MAX {
-                req_chunk[r as usize] = e.chunk;
-            }
-        }
-        req_chunk
+    /// Queues `req`, a read of chunk `c`'s bytes; its index.
+    fn push(&mut self, c: u32, req: Request) -> usize {
+        self.reqs.push(req);
+        self.req_chunk.push(c);
+        self.reqs.len() - 1
     }
 }
 
 impl Windows {
-    /// The windows of a stream of `ds` that reads through `stack` (which counts where its
-    /// bytes came from); no hot chunks, admission or scores until they are set.
+    /// The windows of a stream of `ds` that reads through `stack`; no tier feed until set.
     pub(crate) fn new(
         ds: Arc<Dataset>,
         stack: StoreStack,
         mode: ShuffleMode,
         range_gap: u64,
+        whole_files: bool,
     ) -> Windows {
         Windows {
             id: DatasetId(ds.snapshot().dataset_id()),
@@ -172,7 +147,7 @@ impl Windows {
             stack,
             mode,
             range_gap,
-            whole_files: false,
+            whole_files,
             files: HashMap::new(),
             checked: HashSet::new(),
             feed: None,
@@ -204,18 +179,16 @@ impl Windows {
         for (c, _) in &plan.header_req {
             self.checked.insert(*c);
         }
-        let req_chunk = plan.req_chunks(&entries, &locs);
         Ok(Prepared {
             ids: ids.to_vec(),
             locs,
-            labels: entries.iter().map(|e| e.label).collect(),
             entries,
             weights: weights.to_vec(),
             header_req: plan.header_req,
             whole: plan.whole,
             ranges: plan.ranges,
             reqs: plan.reqs.into(),
-            req_chunk,
+            req_chunk: plan.req_chunk,
         })
     }
 
@@ -255,8 +228,7 @@ impl Windows {
         entries: &[SampleEntry],
         in_hot: &[Option<(Source, u64)>],
     ) -> Result<()> {
-        // Per chunk: bytes the window needs from the source if hot samples come from hot
-        // chunks.
+        // Per chunk: bytes the window needs from the source if hot samples come from hot chunks.
         let mut needed: HashMap<u32, u64> = HashMap::new();
         for (e, h) in entries.iter().zip(in_hot) {
             if h.is_none() {
@@ -273,8 +245,7 @@ impl Windows {
             let header = (!self.checked.contains(&c)).then_some((self.id, c));
             if self.mode == ShuffleMode::Global {
                 if header.is_some() {
-                    plan.header_req.push((c, plan.reqs.len()));
-                    plan.reqs.push(Request {
+                    let req = Request {
                         source: f,
                         offset: 0,
                         len: CHUNK_HEADER_LEN,
@@ -282,7 +253,9 @@ impl Windows {
                             header,
                             ..Expect::default()
                         },
-                    });
+                    };
+                    let r = plan.push(c, req);
+                    plan.header_req.push((c, r));
                 }
             } else if !f.whole_reads()
                 && (self.has_hot()
@@ -317,14 +290,7 @@ impl Windows {
                 .max()
                 .unwrap_or(0),
         };
-        if header.is_some() {
-            plan.header_req.push((c, plan.reqs.len()));
-        }
-        if whole {
-            plan.whole.push((c, plan.reqs.len()));
-        }
-        plan.placed.insert(c, vec![(0, plan.reqs.len())]);
-        plan.reqs.push(Request {
+        let req = Request {
             source: f,
             offset: 0,
             len: end.max(CHUNK_HEADER_LEN as u64) as usize,
@@ -335,7 +301,15 @@ impl Windows {
                 file_crc: whole.then_some(ce.file_crc),
                 ..Expect::default()
             },
-        });
+        };
+        let r = plan.push(c, req);
+        if header.is_some() {
+            plan.header_req.push((c, r));
+        }
+        if whole {
+            plan.whole.push((c, r));
+        }
+        plan.placed.insert(c, vec![(0, r)]);
     }
 
     /// Where each sample's record is read: inside a read planned for its chunk, or in a read
@@ -376,12 +350,13 @@ impl Windows {
                 // Global plans: one read per record.
                 None => (self.files[&e.chunk].clone(), e.offset),
             };
-            plan.reqs.push(Request {
+            let req = Request {
                 source,
                 offset,
                 len: e.stored_len as usize,
                 expect,
-            });
+            };
+            plan.push(e.chunk, req);
         }
         locs
     }
@@ -408,17 +383,14 @@ impl Windows {
         if with_header && !merged.is_empty() {
             plan.header_req.push((c, plan.reqs.len()));
         }
-        let list = plan.placed.entry(c).or_default();
         for (start, end) in merged {
-            plan.ranges.push((c, plan.reqs.len(), start));
-            list.push((start, plan.reqs.len()));
             // What the range holds, checked where it comes from a copy.
             let records = mine
                 .iter()
                 .filter(|e| e.offset >= start && e.offset + e.stored_len <= end)
                 .map(|e| (e.offset - start, **e))
                 .collect();
-            plan.reqs.push(Request {
+            let req = Request {
                 source: f.clone(),
                 offset: start,
                 len: (end - start) as usize,
@@ -427,7 +399,10 @@ impl Windows {
                     records,
                     ..Expect::default()
                 },
-            });
+            };
+            let r = plan.push(c, req);
+            plan.ranges.push((c, r, start));
+            plan.placed.entry(c).or_default().push((start, r));
         }
     }
 
@@ -448,9 +423,7 @@ impl Windows {
     }
 
     /// What reading the window of `ids` would ask of each layer, without reading it: each
-    /// request's layer (the stack's name of the layer that serves its source), its chunk and
-    /// its length within the chunk. For a bill before the run; files are let go after each
-    /// window.
+    /// request's layer (that serves its source), its chunk and its length within the chunk.
     pub(crate) fn predict(&mut self, ids: &[u64]) -> Result<Vec<(&'static str, u32, u64)>> {
         let prep = self.prepare(ids, &[])?;
         let out = prep
@@ -469,8 +442,7 @@ impl Windows {
     }
 
     /// After a window of a chunk-wise or sequential plan: a chunk belongs to one window, so its
-    /// map goes with the window's samples, not with the stream (which would keep every chunk
-    /// of the epoch mapped).
+    /// map goes with the window's samples, not with the stream.
     pub(crate) fn release_maps(&mut self) {
         self.files.retain(|_, f| !f.mapped());
     }

@@ -18,7 +18,7 @@ use crate::pathfmt::escape_path;
 pub use granary_store::file::ChunkBytes;
 use granary_store::file::{map_file, read_whole};
 use granary_store::local::LocalDir;
-use granary_store::{Access, ChunkSource, ChunkStore, LocalTier, Source, StoreStack};
+use granary_store::{Access, ChunkStore, LocalTier, Source, StoreStack};
 use granary_store::{Location, MeterReading, StoreConfig};
 
 /// Metadata of one sample.
@@ -59,13 +59,13 @@ impl std::fmt::Debug for Dataset {
 impl Dataset {
     /// Opens the dataset at `path` (its directory, or its snapshot file). O(1): checks the
     /// snapshot's header, block CRC table, section table and section sizes; every other
-    /// block is checked before its first use (see [`Dataset::check_snapshot`] and
+    /// block is checked before its first use (see [`Dataset::open_checked`] and
     /// `granary::verify` for all at once).
     ///
     /// `path` may also be a URL (`s3://bucket/prefix`, `gs://`, `az://`, `http(s)://`): the
-    /// snapshot is fetched once into a local cache and chunks are read with ranged GETs
-    /// ([`crate::remote`]). The store's default configuration is used; front ends resolve
-    /// theirs ([`StoreConfig::from_env`] and their flags) and call [`Dataset::open_with`].
+    /// snapshot is fetched once into a local cache and chunks are read with ranged GETs. The
+    /// store's default configuration is used; front ends resolve theirs
+    /// ([`StoreConfig::from_env`] and their flags) and call [`Dataset::open_with`].
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
         Self::open_with(path, &StoreConfig::default())
     }
@@ -76,27 +76,19 @@ impl Dataset {
         if view::is_view_file(path.as_ref()) {
             return view::open(path.as_ref(), cfg);
         }
-        match granary_store::open(path.as_ref(), cfg)? {
-            Location::Object(u) => {
-                let snap = granary_store::object::snapcache::open_snapshot(&u, cfg)?;
-                Self::open_remote(&snap.path, snap.pager, u)
-            }
-            Location::Local(p) => Self::open_in(&p, None, None),
-        }
-    }
-
-    /// Opens a fetched snapshot (a local file) of the dataset at `url`, whose chunks are read
-    /// from the object store.
-    pub(crate) fn open_remote(
-        snapshot: &Path,
-        paged: Option<Arc<granary_store::object::snapcache::BlockPager>>,
-        url: Arc<granary_store::object::ObjectUrl>,
-    ) -> Result<Self> {
-        let pager = paged.clone().map(|p| p as Arc<dyn granary_format::Pager>);
-        let mut ds = Self::open_in(snapshot, None, pager)?;
-        ds.paged = paged;
+        let u = match granary_store::open(path.as_ref(), cfg)? {
+            Location::Object(u) => u,
+            Location::Local(p) => return Self::open_in(&p, None, None),
+        };
+        let snap = granary_store::object::snapcache::open_snapshot(&u, cfg)?;
+        let pager = snap
+            .pager
+            .clone()
+            .map(|p| p as Arc<dyn granary_format::Pager>);
+        let mut ds = Self::open_in(&snap.path, None, pager)?;
+        ds.paged = snap.pager;
         let sizes = ds.chunk_entries()?.iter().map(|c| c.file_size).collect();
-        ds.store = Arc::new(granary_store::object::ObjectChunks::new(url, sizes));
+        ds.store = Arc::new(granary_store::object::ObjectChunks::new(u, sizes));
         Ok(ds)
     }
 
@@ -170,12 +162,6 @@ impl Dataset {
         })
     }
 
-    /// This dataset with `view`'s selection attached (what opening a view file gives).
-    pub(crate) fn with_view(mut self, view: View) -> Self {
-        self.view = Some(Arc::new(view));
-        self
-    }
-
     /// The view this dataset was opened through, if any: epochs deliver its samples only.
     pub fn view(&self) -> Option<&View> {
         self.view.as_deref()
@@ -192,25 +178,20 @@ impl Dataset {
     /// [`Dataset::open_checked`] with the store configured by `cfg`.
     pub fn open_checked_with(path: impl AsRef<Path>, cfg: &StoreConfig) -> Result<Self> {
         let ds = Self::open_with(path, cfg)?;
-        if !ds.snap.is_paged() {
-            ds.check_snapshot()?;
+        if ds.snap.is_paged() {
+            return Ok(ds);
         }
-        Ok(ds)
+        // A full sequential pass follows: ask for the whole file up front.
+        ds.prefetch_metadata();
+        match ds.snap.check_blocks().into_iter().next() {
+            Some(e) => Err(ReadError::format(&ds.snapshot_path, e)),
+            None => Ok(ds),
+        }
     }
 
     /// Where the dataset is, for messages: its URL, or its directory.
     pub fn location(&self) -> String {
         self.store.location()
-    }
-
-    /// Checks the CRC of every snapshot block and the padding; the first problem is returned.
-    pub fn check_snapshot(&self) -> Result<()> {
-        // A full sequential pass follows: ask for the whole file up front.
-        self.prefetch_metadata();
-        match self.snap.check_blocks().into_iter().next() {
-            Some(e) => Err(ReadError::format(&self.snapshot_path, e)),
-            None => Ok(()),
-        }
     }
 
     /// Asks the kernel to read the whole snapshot ahead, for workloads that will touch most of
@@ -372,17 +353,11 @@ impl Dataset {
         self.checked(self.snap.prefix_range(prefix))
     }
 
-    /// The first position in the namespace whose path is not less than `key`
-    /// ([`Snapshot::lower_bound`]).
-    pub fn lower_bound(&self, key: &[u8]) -> Result<u64> {
-        self.checked(self.snap.lower_bound(key))
-    }
-
     /// The first position after every path starting with `prefix` (the entry count if none
     /// follows).
     pub fn prefix_end(&self, prefix: &[u8]) -> Result<u64> {
         match granary_format::prefix_successor(prefix) {
-            Some(s) => self.lower_bound(&s),
+            Some(s) => self.checked(self.snap.lower_bound(&s)),
             None => Ok(self.entry_count()),
         }
     }
@@ -401,10 +376,10 @@ impl Dataset {
         })
     }
 
-    /// Chunks per shuffle window that keep one reader within `memory` bytes of read buffers:
-    /// three windows are in memory at once (being consumed, decoded, read), so
-    /// W = memory / (3 × mean chunk size, rounded as read buffers are), at least 1; what the budget leaves beyond three
-    /// windows is used for read-ahead (see [`crate::StreamOptions::memory`]) (O(chunks)).
+    /// Chunks per shuffle window that keep one reader within `memory` bytes of read buffers
+    /// (O(chunks)): three windows are in memory at once (being consumed, decoded, read), so
+    /// W = memory / (3 × mean chunk size, rounded as read buffers are), at least 1; the rest of
+    /// the budget is used for read-ahead (see [`crate::StreamOptions::memory`]).
     pub fn window_for_memory(&self, memory: u64) -> Result<usize> {
         let chunks = self.chunk_count().max(1);
         let mean = (self.total_chunk_bytes()? / chunks).max(1);
@@ -481,17 +456,22 @@ impl Dataset {
         self.store.chunk_location(id)
     }
 
-    /// Opens chunk `id` in the dataset's store and checks its length against the chunk table.
-    pub fn open_source(&self, id: u32) -> Result<Source> {
-        self.open_chunk_in(&*self.store, id)
-    }
-
     /// Opens chunk `id` in `store` (the top of a reader's [`crate::StoreStack`], or one of
     /// its layers) and checks its length against the chunk table.
     pub fn open_chunk_in(&self, store: &dyn ChunkStore, id: u32) -> Result<Source> {
         let ce = self.chunk(id)?;
         let src = store.open_chunk(id)?;
-        self.check_chunk_size(&ce, &*src)?;
+        if src.len() != ce.file_size {
+            return Err(ReadError::mismatch(
+                src.location(),
+                format!(
+                    "chunk {}: file is {} bytes, the snapshot says {}",
+                    ce.chunk_id,
+                    src.len(),
+                    ce.file_size
+                ),
+            ));
+        }
         Ok(src)
     }
 
@@ -822,25 +802,10 @@ impl Dataset {
         Ok(())
     }
 
-    /// Checks that an opened chunk file has the size the chunk table records; returns it.
-    pub fn check_chunk_size(&self, ce: &ChunkEntry, f: &dyn ChunkSource) -> Result<u64> {
-        let len = f.len();
-        if len != ce.file_size {
-            return Err(ReadError::mismatch(
-                f.location(),
-                format!(
-                    "chunk {}: file is {len} bytes, the snapshot says {}",
-                    ce.chunk_id, ce.file_size
-                ),
-            ));
-        }
-        Ok(len)
-    }
-
     /// Loads a whole chunk file (read into memory, or mapped when a local file larger than
     /// 512 MiB) and checks its size and header against the snapshot.
     pub fn load_chunk(&self, chunk: u32) -> Result<ChunkBytes> {
-        let f = self.open_source(chunk)?;
+        let f = self.open_chunk_in(&*self.store, chunk)?;
         let bytes = read_whole(&*f)?;
         self.check_chunk_header(&bytes, chunk, f.location())?;
         Ok(bytes)

@@ -46,7 +46,7 @@ pub(crate) fn open(path: &Path, cfg: &StoreConfig) -> Result<Dataset> {
             base.join(&v.location)
         }
     };
-    let ds = Dataset::open_with(&target, cfg)?;
+    let mut ds = Dataset::open_with(&target, cfg)?;
     let snap = ds.snapshot();
     let generation = snap.lineage().generation;
     let same = snap.dataset_id() == v.dataset_id
@@ -70,9 +70,10 @@ pub(crate) fn open(path: &Path, cfg: &StoreConfig) -> Result<Dataset> {
             snap.sample_count()
         )));
     }
-    Ok(ds.with_view(View {
+    ds.view = Some(Arc::new(View {
         file: path.to_path_buf(),
         description: v.description,
         ids: v.ids.into(),
-    }))
+    }));
+    Ok(ds)
 }

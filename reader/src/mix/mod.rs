@@ -23,7 +23,7 @@ use std::collections::BinaryHeap;
 
 use granary_format::SplitMix64;
 
-use crate::plan::{DatasetShape, EpochPlan, EpochState, PlanOptions, Shard};
+use crate::plan::{shard_positions, DatasetShape, EpochPlan, EpochState, PlanOptions, Shard};
 
 pub use source::{
     read_mix_epoch, MixReader, MixReport, MixStream, Mixture, SampleStream, SourceSpec,
@@ -407,41 +407,21 @@ impl MixPlan {
                 .enumerate()
                 .map(|(i, s)| plan(i, &s.shape, &s.options, shard, None))
                 .collect::<Result<Vec<_>, _>>()?;
-            let counts: Vec<u64> = parts.iter().map(|p| p.len() as u64).collect();
-            return Ok(MixPlan {
-                epoch,
-                parts,
-                order: Interleave::new(&counts),
-            });
+            return Ok(MixPlan::from_start(epoch, parts));
         };
         let shapes = resumed_shapes(sources, st, epoch)?;
-        // The checkpointed epoch's windows.
-        let sources: Vec<PlanSource> = sources
-            .iter()
-            .zip(&st.sources)
-            .map(|(s, m)| {
-                let mut s = s.clone();
-                s.options.window_chunks = m.window.max(1) as usize;
-                s
-            })
-            .collect();
-        let sources = &sources[..];
         // Each old shard's parts (fresh plans: a state is taken in a fresh epoch) and how
         // many of each it delivered.
         let (old_w, old_k) = (st.world_size, st.num_workers);
         let mut per_source: Vec<Vec<u64>> = vec![Vec::new(); sources.len()];
         let mut mine = None;
         for (slot, &done) in st.consumed.iter().enumerate() {
-            let old = Shard {
-                rank: slot as u32 / old_k,
-                world_size: old_w,
-                worker: slot as u32 % old_k,
-                num_workers: old_k,
-            };
+            let old = Shard::at((old_w, old_k), slot as u32);
             let counts: Vec<u64> = shapes
                 .iter()
                 .zip(sources)
-                .map(|(sh, s)| part_len(sh, &s.options, old))
+                .map(|(sh, s)| shard_positions(sh.epoch_len(), &old, s.options.drop_last))
+                .map(|pos| pos.end - pos.start)
                 .collect();
             let total: u64 = counts.iter().sum();
             if done > total {
@@ -458,12 +438,15 @@ impl MixPlan {
                 mine = Some((counts, after));
             }
         }
-        let parts = shapes
-            .iter()
-            .zip(sources)
-            .zip(&per_source)
+        let parts = (shapes.iter().zip(sources).zip(&st.sources).zip(&per_source))
             .enumerate()
-            .map(|(i, ((sh, s), consumed))| {
+            .map(|(i, (((sh, s), mark), consumed))| {
+                // The checkpointed epoch's windows.
+                let window_chunks = mark.window.max(1) as usize;
+                let o = PlanOptions {
+                    window_chunks,
+                    ..s.options.clone()
+                };
                 let state = EpochState {
                     epoch,
                     world_size: old_w,
@@ -473,25 +456,31 @@ impl MixPlan {
                     then: None,
                     chunks: None,
                 };
-                plan(i, sh, &s.options, shard, Some(&state))
+                plan(i, sh, &o, shard, Some(&state))
             })
             .collect::<Result<Vec<_>, _>>()?;
-        let order = match mine {
+        let mut plan = MixPlan::from_start(epoch, parts);
+        if let Some((counts, after)) = mine {
             // The same configuration: the interleave goes on where it stopped.
-            Some((counts, after)) => Interleave::resume(&counts, &after),
-            None => Interleave::new(&parts.iter().map(|p| p.len() as u64).collect::<Vec<_>>()),
-        };
-        let mut plan = MixPlan {
-            epoch,
-            parts,
-            order,
-        };
+            plan.order = Interleave::resume(&counts, &after);
+        }
         if let Some(then) = &st.then {
             // Read on under the configuration it was resumed at: less what this shard
             // delivered there.
             plan.skip(&shapes, then.done_by(&shard)?);
         }
         Ok(plan)
+    }
+
+    /// The plan of `parts` delivered whole, interleaved from the start.
+    fn from_start(epoch: u64, parts: Vec<EpochPlan>) -> MixPlan {
+        let counts: Vec<u64> = parts.iter().map(|p| p.len() as u64).collect();
+        let order = Interleave::new(&counts);
+        MixPlan {
+            epoch,
+            parts,
+            order,
+        }
     }
 
     /// Samples in the plan.
@@ -514,25 +503,6 @@ impl MixPlan {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
-
-    /// The samples in delivery order: (source, sample id). For tests and inspection; streams
-    /// read the parts.
-    pub fn sequence(&self) -> Vec<(usize, u64)> {
-        let mut at = vec![0usize; self.parts.len()];
-        self.order
-            .clone()
-            .map(|i| {
-                at[i] += 1;
-                (i, self.parts[i].samples[at[i] - 1])
-            })
-            .collect()
-    }
-}
-
-/// How many samples `shard`'s part of a source's epoch holds.
-fn part_len(shape: &DatasetShape, o: &PlanOptions, shard: Shard) -> u64 {
-    let pos = crate::plan::shard_positions(shape.epoch_len(), &shard, o.drop_last);
-    pos.end - pos.start
 }
 
 /// The sources' shapes as the checkpointed epoch planned them: the state's counts, and each

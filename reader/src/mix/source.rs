@@ -26,35 +26,48 @@ use crate::readahead::{ReadAheadSeat, SharedReadAhead};
 /// A stream of samples with the reader's counters: one dataset's ([`EpochStream`]) or a
 /// mixture's ([`MixStream`]). What front ends hold.
 pub trait SampleStream: Iterator<Item = Result<Sample>> + Send {
+    /// The dataset streams it reads: itself, or a mixture's sources'.
+    fn parts(&self) -> &[EpochStream];
     /// The I/O backend ("uring" or "pread"; a mixture's first source's).
-    fn backend(&self) -> &'static str;
+    fn backend(&self) -> &'static str {
+        self.parts().first().map_or("pread", |s| s.backend())
+    }
     /// Why it reads with pread although io_uring was wanted.
-    fn backend_fallback(&self) -> Option<&str>;
+    fn backend_fallback(&self) -> Option<&str> {
+        self.parts().iter().find_map(|s| s.backend_fallback())
+    }
     /// What passed through each layer of the store stacks so far, top first.
-    fn layers(&self) -> Vec<(&'static str, MeterReading)>;
+    fn layers(&self) -> Vec<(&'static str, MeterReading)> {
+        let mut total = Vec::new();
+        for s in self.parts() {
+            let mine = s.layers().into_iter();
+            add_layers(
+                &mut total,
+                mine.map(|(layer, reading)| LayerReading { layer, reading })
+                    .collect(),
+            );
+        }
+        total.into_iter().map(|l| (l.layer, l.reading)).collect()
+    }
     /// How long the consumer waited so far, and on what.
-    fn waits(&self) -> WaitReport;
+    fn waits(&self) -> WaitReport {
+        let mut w = WaitReport::default();
+        for s in self.parts() {
+            w += s.waits();
+        }
+        w
+    }
     /// Bytes read from storage so far.
-    fn bytes_read(&self) -> u64;
+    fn bytes_read(&self) -> u64 {
+        self.parts().iter().map(|s| s.bytes_read()).sum()
+    }
     /// The most bytes of read buffers held at once.
     fn peak_buffer_bytes(&self) -> u64;
 }
 
 impl SampleStream for EpochStream {
-    fn backend(&self) -> &'static str {
-        EpochStream::backend(self)
-    }
-    fn backend_fallback(&self) -> Option<&str> {
-        EpochStream::backend_fallback(self)
-    }
-    fn layers(&self) -> Vec<(&'static str, MeterReading)> {
-        EpochStream::layers(self)
-    }
-    fn waits(&self) -> WaitReport {
-        EpochStream::waits(self)
-    }
-    fn bytes_read(&self) -> u64 {
-        EpochStream::bytes_read(self)
+    fn parts(&self) -> &[EpochStream] {
+        std::slice::from_ref(self)
     }
     fn peak_buffer_bytes(&self) -> u64 {
         EpochStream::peak_buffer_bytes(self)
@@ -121,7 +134,6 @@ impl SourceSpec {
 /// The datasets of a mixture and what each contributes to an epoch.
 pub struct Mixture {
     sources: Vec<MixSource>,
-    epoch_size: Option<u64>,
 }
 
 struct MixSource {
@@ -144,11 +156,7 @@ impl Mixture {
         let mut shapes = Vec::with_capacity(datasets.len());
         for (i, (name, ds)) in datasets.iter().enumerate() {
             for (other, ods) in &datasets[..i] {
-                let same_ids = match (ds.view(), ods.view()) {
-                    (None, None) => true,
-                    (Some(a), Some(b)) => a.ids == b.ids,
-                    _ => false,
-                };
+                let same_ids = ds.view().map(|v| &v.ids) == ods.view().map(|v| &v.ids);
                 if ds.snapshot().dataset_id() == ods.snapshot().dataset_id() && same_ids {
                     return Err(ReadError::invalid(format!(
                         "{name} and {other} are the same samples of one dataset: give it once, \
@@ -179,10 +187,7 @@ impl Mixture {
                 count,
             })
             .collect();
-        Ok(Mixture {
-            sources,
-            epoch_size,
-        })
+        Ok(Mixture { sources })
     }
 
     /// Opens every source of `specs` with `open` and makes the mixture.
@@ -231,10 +236,6 @@ impl Mixture {
     pub fn count(&self, i: usize) -> u64 {
         self.sources[i].count
     }
-    /// The epoch size asked for (weights only).
-    pub fn epoch_size(&self) -> Option<u64> {
-        self.epoch_size
-    }
 }
 
 /// A reader configuration opened for every source of a mixture. Each source gets its own
@@ -242,13 +243,8 @@ impl Mixture {
 /// a share of the tier's quota (half split evenly, half by epoch counts), and the memory
 /// budget a dataset read alone gets: its window is the one `memory` gives it alone, and a
 /// shard's streams share one pool of read buffers of `memory` per source, so that whichever
-/// source the consumer is about to need can read ahead.
-///
-/// Why per source: a stream holds up to three windows of at least a chunk (consumed, decoded,
-/// being read), so k sources need 3k chunks whatever the budget; split from one dataset's
-/// budget they exceeded it and read little ahead (cold: 0.75–0.83× one dataset of the same
-/// files at 128 MiB, 0.91× at 291 MiB, 0.98× at 384 MiB, three sources of 32 MiB chunks;
-/// 0.78× / 0.87× / 0.94× with 8 MiB chunks at 128 / 256 / 384 MiB: docs/reading.md).
+/// source the consumer is about to need can read ahead. (Why per source: a stream holds up to
+/// three windows of at least a chunk, so k sources need 3k chunks whatever the budget.)
 pub struct MixReader {
     mix: Arc<Mixture>,
     readers: Vec<Reader>,
@@ -446,11 +442,6 @@ impl MixStream {
         self.pool.peak_in_use() as u64
     }
 
-    /// Bytes read from storage so far.
-    pub fn bytes_read(&self) -> u64 {
-        self.streams.iter().map(|s| s.bytes_read()).sum()
-    }
-
     fn fail(&mut self, e: ReadError) -> Option<Result<Sample>> {
         self.done = true;
         Some(Err(e))
@@ -499,33 +490,8 @@ impl Iterator for MixStream {
 }
 
 impl SampleStream for MixStream {
-    fn backend(&self) -> &'static str {
-        self.streams.first().map_or("pread", |s| s.backend())
-    }
-    fn backend_fallback(&self) -> Option<&str> {
-        self.streams.iter().find_map(|s| s.backend_fallback())
-    }
-    fn layers(&self) -> Vec<(&'static str, MeterReading)> {
-        let mut total = Vec::new();
-        for s in &self.streams {
-            let mine = s
-                .layers()
-                .into_iter()
-                .map(|(layer, reading)| LayerReading { layer, reading })
-                .collect();
-            add_layers(&mut total, mine);
-        }
-        total.into_iter().map(|l| (l.layer, l.reading)).collect()
-    }
-    fn waits(&self) -> WaitReport {
-        let mut w = WaitReport::default();
-        for s in &self.streams {
-            w += s.waits();
-        }
-        w
-    }
-    fn bytes_read(&self) -> u64 {
-        MixStream::bytes_read(self)
+    fn parts(&self) -> &[EpochStream] {
+        &self.streams
     }
     fn peak_buffer_bytes(&self) -> u64 {
         MixStream::peak_buffer_bytes(self)

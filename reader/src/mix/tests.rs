@@ -3,6 +3,20 @@ use std::collections::BTreeMap;
 use super::*;
 use crate::plan::ShuffleMode;
 
+impl MixPlan {
+    /// The samples in delivery order: (source, sample id).
+    fn sequence(&self) -> Vec<(usize, u64)> {
+        let mut at = vec![0usize; self.parts.len()];
+        self.order
+            .clone()
+            .map(|i| {
+                at[i] += 1;
+                (i, self.parts[i].samples[at[i] - 1])
+            })
+            .collect()
+    }
+}
+
 /// A source of `chunks` chunks of 3 to 9 samples each, taking `take` samples per epoch.
 fn source(i: usize, chunks: u32, take: u64, mode: ShuffleMode) -> PlanSource {
     let shape = DatasetShape::from_counts((0..chunks).map(|c| 3 + u64::from(c * 5 + i as u32) % 7));

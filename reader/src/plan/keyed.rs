@@ -44,16 +44,6 @@ impl KeyedPermutation {
         }
     }
 
-    /// The size of the domain.
-    pub fn len(&self) -> u64 {
-        self.n
-    }
-
-    /// True for the permutation of nothing.
-    pub fn is_empty(&self) -> bool {
-        self.n == 0
-    }
-
     /// The image of `i` (`i < n`).
     pub fn at(&self, i: u64) -> u64 {
         assert!(i < self.n, "position {i} outside 0..{}", self.n);
@@ -79,15 +69,6 @@ impl KeyedPermutation {
     }
 }
 
-/// The global shuffle of `epoch`.
-pub(super) fn global_permutation(
-    shape: &DatasetShape,
-    o: &PlanOptions,
-    epoch: u64,
-) -> KeyedPermutation {
-    KeyedPermutation::new(shape.samples(), &[o.seed, epoch, TAG_GLOBAL])
-}
-
 /// The epoch's global sequence before the per-rank cut.
 #[cfg(test)]
 pub(super) fn global_sequence(
@@ -100,7 +81,7 @@ pub(super) fn global_sequence(
     match o.mode {
         ShuffleMode::Sequential => (0..n).collect(),
         ShuffleMode::Global => {
-            let p = global_permutation(shape, o, epoch);
+            let p = KeyedPermutation::new(n, &[o.seed, epoch, TAG_GLOBAL]);
             (0..n).map(|i| p.at(i)).collect()
         }
         ShuffleMode::Chunkwise => {

@@ -80,41 +80,43 @@ impl Shard {
         num_workers: 1,
     };
 
-    fn check(&self) -> Result<(), String> {
-        if self.world_size == 0 || self.rank >= self.world_size {
-            return Err(format!(
-                "rank {} is not in 0..{}",
-                self.rank, self.world_size
-            ));
+    /// Shard `slot` (`rank * num_workers + worker`) of a configuration (ranks, workers).
+    pub(crate) fn at(config: (u32, u32), slot: u32) -> Shard {
+        Shard {
+            rank: slot / config.1,
+            world_size: config.0,
+            worker: slot % config.1,
+            num_workers: config.1,
         }
-        if self.num_workers == 0 || self.worker >= self.num_workers {
-            return Err(format!(
-                "worker {} is not in 0..{}",
-                self.worker, self.num_workers
-            ));
+    }
+
+    fn check(&self) -> Result<(), String> {
+        let (r, w, k, n) = (self.rank, self.world_size, self.worker, self.num_workers);
+        if w == 0 || r >= w {
+            return Err(format!("rank {r} is not in 0..{w}"));
+        }
+        if n == 0 || k >= n {
+            return Err(format!("worker {k} is not in 0..{n}"));
         }
         Ok(())
     }
 }
 
 /// Where an epoch stands: the configuration that was reading it and how many samples each
-/// (rank, worker) had consumed, indexed `rank * num_workers + worker`. A small state: resuming
-/// from it with the same configuration continues exactly; with another world size or worker
-/// count the rest of the epoch is redistributed, never repeating or skipping a sample.
+/// (rank, worker) had consumed, indexed `rank * num_workers + worker`. Resuming with the same
+/// configuration continues exactly; with another world size or worker count the rest of the
+/// epoch is redistributed, never repeating or skipping a sample.
 ///
-/// `column: Some(w)` is the state of one loader worker `w` (what StatefulDataLoader keeps: each
-/// worker's own state, restored into the worker of the same index). Only column `w`'s counts
-/// are known (ranks advance in lockstep, so they are the same on every rank); such a state
-/// resumes worker `w` of a configuration with as many workers: exactly, at the same world
-/// size; at another, the rest of column `w` over all old ranks is cut among the new ranks'
-/// workers `w`. Together the workers of every new rank read the rest of the epoch once.
+/// `column: Some(w)` is one loader worker's own state (as StatefulDataLoader keeps it): only
+/// column `w`'s counts are known (ranks advance in lockstep). It resumes worker `w` of as many
+/// workers: exactly at the same world size; at another, the rest of column `w` over all old
+/// ranks is cut among the new ranks' workers `w`.
 ///
 /// `then`: the epoch was resumed from this state under another configuration and read on
 /// there before it was checkpointed again (see [`Continued`]).
 ///
-/// `chunks: Some(c)`: the epoch was planned over the dataset's first `c` chunks (it was
-/// checkpointed at an earlier generation; appends keep every chunk and sample id), and is
-/// resumed as it was planned; the next epoch is planned over the whole dataset.
+/// `chunks: Some(c)`: the epoch was planned over the dataset's first `c` chunks (checkpointed
+/// at an earlier generation) and is resumed as it was planned.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EpochState {
     pub epoch: u64,
@@ -160,17 +162,15 @@ impl Continued {
 pub struct DatasetShape {
     /// `first[c]` is chunk c's first sample id; `first[C]` is the sample count.
     first: Vec<u64>,
-    /// `guide[b]` is the chunk holding sample `b << shift` (one entry per chunk or so): where
-    /// [`DatasetShape::chunk_of`]'s search starts, so that it touches a few entries of `first`
-    /// instead of ~log2(C) scattered ones (a global plan asks it for every sample).
+    /// `guide[b]` is the chunk holding sample `b << shift` (about one entry per chunk): where
+    /// [`DatasetShape::chunk_of`]'s search starts, touching a few entries of `first` instead
+    /// of ~log2(C) scattered ones (a global plan asks it for every sample).
     guide: Vec<u32>,
     shift: u32,
     /// Of a view ([`DatasetShape::select`]): the dataset sample id of each position, rising.
     /// Plans are computed over positions and hand out these ids.
     ids: Option<std::sync::Arc<[u64]>>,
-    /// Of a mixture's source ([`DatasetShape::take`]): the samples an epoch delivers, when not
-    /// every sample once: the first ones of the epoch's order, or passes over it with a new
-    /// order each.
+    /// Of a mixture's source: the samples an epoch delivers ([`DatasetShape::take`]).
     take: Option<u64>,
 }
 
@@ -202,11 +202,9 @@ impl DatasetShape {
         }
     }
 
-    /// This shape with epochs of `n` samples: the first `n` of the epoch's order when `n` is
-    /// below the sample count (whole chunks in the chunk order, then part of one), otherwise
-    /// every sample once per pass, `n / samples` passes and the start of one more, each pass
-    /// in an order of its own (the first pass in the epoch's usual order). What a mixture
-    /// asks of each source.
+    /// This shape with epochs of `n` samples (what a mixture asks of each source): the first
+    /// `n` of the epoch's order when `n` is below the sample count, otherwise passes over every
+    /// sample, each in an order of its own (the first in the epoch's usual order).
     pub fn take(mut self, n: u64) -> DatasetShape {
         self.take = Some(n);
         self
@@ -463,12 +461,7 @@ fn old_shards(
     consumed: &[u64],
 ) -> impl Iterator<Item = (Shard, Range<u64>, u64)> + '_ {
     (0..old.0 * old.1).map(move |i| {
-        let s = Shard {
-            rank: i / old.1,
-            world_size: old.0,
-            worker: i % old.1,
-            num_workers: old.1,
-        };
+        let s = Shard::at(old, i);
         let pos = shard_positions(n, &s, drop_last);
         let from = pos.start + consumed[i as usize].min(pos.end - pos.start);
         (s, pos, from)
@@ -502,7 +495,7 @@ impl GlobalOrder {
         };
         let passes = (0..passes.max(1))
             .map(|p| match p {
-                0 => global_permutation(shape, o, epoch),
+                0 => KeyedPermutation::new(samples, &[o.seed, epoch, TAG_GLOBAL]),
                 _ => KeyedPermutation::new(samples, &[o.seed, epoch, TAG_GLOBAL, p]),
             })
             .collect();
@@ -528,16 +521,15 @@ impl GlobalOrder {
 /// the shape's epoch needs ([`DatasetShape::take`]): the first in the epoch's order
 /// (sequential: chunk ids), the others each in a seeded order of its own.
 fn pass_order(shape: &DatasetShape, o: &PlanOptions, epoch: u64, world: u32) -> Vec<u32> {
-    let first: Vec<u32> = match o.mode {
+    let mut order: Vec<u32> = match o.mode {
         ShuffleMode::Sequential => (0..shape.chunks()).collect(),
         _ => chunk_order(shape, o, epoch, world),
     };
-    let (samples, len) = (shape.samples(), shape.epoch_len());
-    if samples == 0 || len <= samples {
-        return first;
-    }
-    let mut order = first;
-    for pass in 1..len.div_ceil(samples) {
+    let passes = match shape.samples() {
+        0 => 1,
+        n => shape.epoch_len().div_ceil(n),
+    };
+    for pass in 1..passes {
         let mut next: Vec<u32> = (0..shape.chunks()).collect();
         if o.mode != ShuffleMode::Sequential {
             SplitMix64::keyed(&[o.seed, epoch, TAG_CHUNKS, pass]).shuffle(&mut next);
@@ -545,6 +537,12 @@ fn pass_order(shape: &DatasetShape, o: &PlanOptions, epoch: u64, world: u32) -> 
         order.extend(next);
     }
     order
+}
+
+/// The generator that shuffles window `index` of `shard`'s chunk-wise plan.
+fn window_rng(o: &PlanOptions, epoch: u64, shard: &Shard, index: u64) -> SplitMix64 {
+    let (rank, worker) = (shard.rank.into(), shard.worker.into());
+    SplitMix64::keyed(&[o.seed, epoch, TAG_WINDOW, rank, worker, index])
 }
 
 /// Groups a shard's sequence into windows and shuffles within chunkwise windows.
@@ -586,15 +584,7 @@ fn windows(
             }
             end = i;
             if o.mode == ShuffleMode::Chunkwise {
-                let key = [
-                    o.seed,
-                    epoch,
-                    TAG_WINDOW,
-                    shard.rank as u64,
-                    shard.worker as u64,
-                    windows.len() as u64,
-                ];
-                SplitMix64::keyed(&key).shuffle(&mut seq[start..end]);
+                window_rng(o, epoch, shard, windows.len() as u64).shuffle(&mut seq[start..end]);
             }
         }
         chunks.sort_unstable();
@@ -716,23 +706,17 @@ fn global_rest_part(
     consumed: &[u64],
 ) -> Vec<u64> {
     let g = GlobalOrder::new(shape, o, epoch);
-    let n = g.len();
-    // (position in the rest where the run starts, the run of epoch positions).
-    let mut runs: Vec<(u64, Range<u64>)> = Vec::new();
-    let mut total = 0u64;
-    for (_, pos, from) in old_shards(n, old, o.drop_last, consumed) {
+    let (mut segments, mut total) = (Vec::new(), 0u64);
+    for (_, pos, from) in old_shards(g.len(), old, o.drop_last, consumed) {
         if from < pos.end {
-            runs.push((total, from..pos.end));
+            segments.push((total, from, pos.end - from, 1));
             total += pos.end - from;
         }
     }
-    shard_positions(total, shard, o.drop_last)
-        .map(|i| {
-            let j = i % total;
-            let (at, run) = &runs[runs.partition_point(|(s, _)| *s <= j) - 1];
-            g.at(run.start + (j - at))
-        })
-        .collect()
+    let part = shard_positions(total, shard, o.drop_last);
+    cut_rest(&segments, total, part, |r, out| {
+        out.extend(r.map(|p| g.at(p)))
+    })
 }
 
 /// `shard`'s part of what the shards of configuration `old` had not delivered of an epoch read
@@ -761,15 +745,7 @@ fn chunk_rest_part(
             // Its current window was shuffled: what it had not delivered is scattered.
             let (index, win) = seq.window_at(pos, o.window_chunks.max(1), from);
             let mut left: Vec<u64> = win.clone().map(|p| p % n).collect();
-            let key = [
-                o.seed,
-                epoch,
-                TAG_WINDOW,
-                s.rank.into(),
-                s.worker.into(),
-                index,
-            ];
-            SplitMix64::keyed(&key).shuffle(&mut left);
+            window_rng(o, epoch, &s, index).shuffle(&mut left);
             pieces.extend(
                 left[(from - win.start) as usize..]
                     .iter()
@@ -801,7 +777,21 @@ fn chunk_rest_part(
             total += (next - at) * times as u64;
         }
     }
-    let Range { start: mut i, end } = shard_positions(total, shard, o.drop_last);
+    let part = shard_positions(total, shard, o.drop_last);
+    cut_rest(&segments, total, part, |r, out| seq.extend(r, out))
+}
+
+/// The samples at positions `part` (wrapping past `total`: padding) of a rest of `total`
+/// samples listed as `segments`: (index of the segment's first sample in the rest, its first
+/// position in the epoch's sequence, positions, times each is listed). `extend` appends the
+/// sample ids at a range of positions of the sequence.
+fn cut_rest(
+    segments: &[(u64, u64, u64, u64)],
+    total: u64,
+    part: Range<u64>,
+    mut extend: impl FnMut(Range<u64>, &mut Vec<u64>),
+) -> Vec<u64> {
+    let Range { start: mut i, end } = part;
     let mut out = Vec::with_capacity((end - i) as usize);
     while i < end {
         // Index `j` of the rest (wrapping past its end: padding).
@@ -810,11 +800,11 @@ fn chunk_rest_part(
         let (at, pos, len, times) = segments[s];
         let take = (end - i).min(at + len * times - j);
         if times == 1 {
-            seq.extend(pos + (j - at)..pos + (j - at) + take, &mut out);
+            extend(pos + (j - at)..pos + (j - at) + take, &mut out);
         } else {
             for t in j..j + take {
                 let q = pos + (t - at) / times;
-                seq.extend(q..q + 1, &mut out);
+                extend(q..q + 1, &mut out);
             }
         }
         i += take;

@@ -1,6 +1,6 @@
 //! How well an epoch's order mixes samples: [`ShuffleQuality`].
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use super::*;
 
@@ -29,24 +29,19 @@ pub fn shuffle_quality(
     }
     let labels: Vec<u32> = seq.iter().map(|&s| label(s)).collect();
     let runs = 1 + labels.windows(2).filter(|w| w[0] != w[1]).count();
-    let mut global: HashMap<u32, f64> = HashMap::new();
+    // Ordered: the distance is a sum over it, and a printed figure must not vary by run.
+    let mut global: BTreeMap<u32, f64> = BTreeMap::new();
     for &l in &labels {
         *global.entry(l).or_default() += 1.0 / labels.len() as f64;
     }
-    let block = block.max(1);
-    let mut tv_sum = 0.0;
-    let mut blocks = 0;
-    for b in labels.chunks(block) {
+    let (mut tv_sum, mut blocks) = (0.0, 0);
+    for b in labels.chunks(block.max(1)) {
         let mut h: HashMap<u32, f64> = HashMap::new();
         for &l in b {
             *h.entry(l).or_default() += 1.0 / b.len() as f64;
         }
-        let tv: f64 = global
-            .iter()
-            .map(|(l, p)| (h.get(l).copied().unwrap_or(0.0) - p).abs())
-            .sum::<f64>()
-            / 2.0;
-        tv_sum += tv;
+        let diff = |(l, p): (&u32, &f64)| (h.get(l).copied().unwrap_or(0.0) - p).abs();
+        tv_sum += global.iter().map(diff).sum::<f64>() / 2.0;
         blocks += 1;
     }
     let same = seq
