@@ -13,8 +13,7 @@ use granary_format::SplitMix64;
 use serde::Serialize;
 
 /// Cache replacement policies simulated.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Policy {
     /// Least recently used.
     Lru,
@@ -22,47 +21,37 @@ pub enum Policy {
     Static,
 }
 
-/// What the cache holds.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Level {
-    /// Single samples (one unit each).
-    Sample,
-    /// Whole chunks (one unit each), as read by chunk-wise epochs.
-    Chunk,
+granary_format::named_enum! {
+    /// What the cache holds.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub enum Level ("cache level") {
+        /// Single samples (one unit each).
+        Sample = "sample",
+        /// Whole chunks (one unit each), as read by chunk-wise epochs.
+        Chunk = "chunk",
+    }
 }
 
-/// A cache of `capacity` unit-size items.
+/// A cache of `capacity` unit-size items: the items held with their last access (a static
+/// cache's never change), and LRU's order of last accesses.
 struct Cache {
     policy: Policy,
     capacity: usize,
     clock: u64,
     stamp: HashMap<u64, u64>,
     by_stamp: BTreeMap<u64, u64>,
-    held: HashSet<u64>,
 }
 
 impl Cache {
-    fn new(policy: Policy, capacity: usize) -> Self {
-        Cache {
-            policy,
-            capacity,
-            clock: 0,
-            stamp: HashMap::new(),
-            by_stamp: BTreeMap::new(),
-            held: HashSet::new(),
-        }
-    }
-
     /// Accesses `key`; true on a hit.
     fn access(&mut self, key: u64) -> bool {
         match self.policy {
             Policy::Static => {
-                if self.held.contains(&key) {
+                if self.stamp.contains_key(&key) {
                     return true;
                 }
-                if self.held.len() < self.capacity {
-                    self.held.insert(key);
+                if self.stamp.len() < self.capacity {
+                    self.stamp.insert(key, 0);
                 }
                 false
             }
@@ -125,7 +114,13 @@ pub fn lru_theory(f: f64) -> f64 {
 /// The hit ratio of a `policy` cache of `capacity` items replaying `traces` (two epochs at
 /// least), over epochs 1.. (epoch 0 fills the cache).
 fn hit_ratio(policy: Policy, capacity: usize, traces: &[Vec<u64>]) -> f64 {
-    let mut c = Cache::new(policy, capacity);
+    let mut c = Cache {
+        policy,
+        capacity,
+        clock: 0,
+        stamp: HashMap::new(),
+        by_stamp: BTreeMap::new(),
+    };
     let (warm, later) = traces.split_first().expect("two epochs at least");
     for &k in warm {
         c.access(k);
@@ -172,7 +167,7 @@ pub fn render(rows: &[SimRow]) -> String {
     for r in rows {
         s += &format!(
             "  {:<7} {:>5.0}% {:>7} {:>9} {:>9.2}% {:>10.2}% {:>11.2}% {:>9.3} {:>11.2}\n",
-            format!("{:?}", r.level).to_lowercase(),
+            r.level.name(),
             r.fraction * 100.0,
             r.items,
             r.capacity,
@@ -360,12 +355,9 @@ pub fn simulate_losses(
                     cached: Some(&in_cache),
                     cache_boost: o.cache_boost,
                 };
-                let p = if e == 0 {
-                    EpochPlan::build(shape, plan, e, Shard::WHOLE, None).expect("valid plan")
-                } else {
-                    EpochPlan::build_sampled(shape, plan, e, Shard::WHOLE, None, Some(&sm))
-                        .expect("valid plan")
-                };
+                let sampling = (e > 0).then_some(&sm);
+                let p = EpochPlan::build_sampled(shape, plan, e, Shard::WHOLE, None, sampling)
+                    .expect("valid plan");
                 if e > 0 {
                     for &id in &p.samples {
                         hits += cached.contains(&id) as u64;
@@ -382,19 +374,15 @@ pub fn simulate_losses(
                 // the capacity per epoch (hysteresis against churn).
                 let mut ranked: Vec<u64> = (0..n).collect();
                 ranked.sort_by(|&a, &b| scores.score(b).total_cmp(&scores.score(a)));
-                let want: HashSet<u64> = ranked.iter().take(capacity).copied().collect();
+                let top = &ranked[..capacity.min(ranked.len())];
+                let want: HashSet<u64> = top.iter().copied().collect();
                 let budget = if cached.is_empty() {
                     capacity
                 } else {
                     (capacity / 10).max(1)
                 };
-                let mut incoming: Vec<u64> = ranked
-                    .iter()
-                    .take(capacity)
-                    .filter(|id| !cached.contains(id))
-                    .copied()
-                    .collect();
-                incoming.truncate(budget);
+                let new = top.iter().filter(|id| !cached.contains(id));
+                let incoming: Vec<u64> = new.take(budget).copied().collect();
                 let need_evict = incoming.len().saturating_sub(capacity - cached.len());
                 let mut outgoing: Vec<u64> = cached
                     .iter()

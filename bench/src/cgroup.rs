@@ -19,27 +19,25 @@ fn own_cgroup() -> Result<(PathBuf, bool), String> {
     let text = std::fs::read_to_string("/proc/self/cgroup")
         .map_err(|e| format!("reading /proc/self/cgroup: {e}"))?;
     // A v1 memory controller wins where both hierarchies are mounted.
-    for line in text.lines() {
-        let mut f = line.splitn(3, ':');
-        let (_, ctrl, path) = (f.next(), f.next(), f.next());
-        if let (Some(ctrl), Some(path)) = (ctrl, path) {
-            if ctrl.split(',').any(|c| c == "memory") {
-                let dir = Path::new("/sys/fs/cgroup/memory").join(path.trim_start_matches('/'));
-                if dir.join("memory.limit_in_bytes").exists() {
-                    return Ok((dir, false));
-                }
-            }
-        }
-    }
-    for line in text.lines() {
-        if let Some(path) = line.strip_prefix("0::") {
+    let v1 = text.lines().find_map(|line| {
+        let mut f = line.splitn(3, ':').skip(1);
+        let (ctrl, path) = (f.next()?, f.next()?);
+        let dir = Path::new("/sys/fs/cgroup/memory").join(path.trim_start_matches('/'));
+        let memory = ctrl.split(',').any(|c| c == "memory");
+        (memory && dir.join("memory.limit_in_bytes").exists()).then_some((dir, false))
+    });
+    let v2 = || {
+        text.lines().find_map(|line| {
+            let path = line.strip_prefix("0::")?;
             let dir = Path::new("/sys/fs/cgroup").join(path.trim_start_matches('/'));
-            if dir.join("cgroup.controllers").exists() {
-                return Ok((dir, true));
-            }
-        }
-    }
-    Err("no memory cgroup controller found (neither v1 memory nor v2 with memory)".into())
+            dir.join("cgroup.controllers")
+                .exists()
+                .then_some((dir, true))
+        })
+    };
+    v1.or_else(v2).ok_or_else(|| {
+        "no memory cgroup controller found (neither v1 memory nor v2 with memory)".into()
+    })
 }
 
 impl MemoryCgroup {
@@ -60,13 +58,9 @@ impl MemoryCgroup {
             )
         })?;
         let cg = MemoryCgroup { dir, v2 };
-        let file = if v2 {
-            "memory.max"
-        } else {
-            "memory.limit_in_bytes"
-        };
-        std::fs::write(cg.dir.join(file), limit.to_string())
-            .map_err(|e| format!("setting {} of {}: {e}", file, cg.dir.display()))?;
+        let file = cg.control("memory.max", "memory.limit_in_bytes");
+        std::fs::write(&file, limit.to_string())
+            .map_err(|e| format!("setting {}: {e}", file.display()))?;
         if v2 {
             // No swap: the limit is the memory the side has.
             let _ = std::fs::write(cg.dir.join("memory.swap.max"), "0");

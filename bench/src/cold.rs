@@ -2,18 +2,17 @@
 
 use std::path::Path;
 
-use serde::Serialize;
-
-/// How caches were made cold.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum ColdMethod {
-    /// `sync; echo 3 > /proc/sys/vm/drop_caches` (needs root).
-    DropCaches,
-    /// `posix_fadvise(POSIX_FADV_DONTNEED)` on every file of the given trees.
-    Fadvise,
-    /// Nothing could be done: the run may be warm.
-    None,
+granary_format::named_enum! {
+    /// How caches were made cold.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub enum ColdMethod ("cold method") {
+        /// `sync; echo 3 > /proc/sys/vm/drop_caches` (needs root).
+        DropCaches = "drop-caches",
+        /// `posix_fadvise(POSIX_FADV_DONTNEED)` on every file of the given trees.
+        Fadvise = "fadvise",
+        /// Nothing could be done: the run may be warm.
+        None = "none",
+    }
 }
 
 granary_format::named_enum! {
@@ -33,16 +32,18 @@ granary_format::named_enum! {
 
 /// Makes caches cold as `mode` asks; `None` for warm (mode none), else what worked.
 pub fn make_cold_with(mode: ColdMode, trees: &[&Path]) -> Option<ColdMethod> {
-    match mode {
-        ColdMode::None => None,
-        ColdMode::Auto => Some(make_cold(trees)),
-        ColdMode::Drop => Some(if drop_caches() {
-            ColdMethod::DropCaches
-        } else {
-            ColdMethod::None
-        }),
-        ColdMode::Fadvise => Some(fadvise_all(trees)),
-    }
+    Some(match mode {
+        ColdMode::None => return None,
+        ColdMode::Auto | ColdMode::Drop if drop_caches() => ColdMethod::DropCaches,
+        ColdMode::Drop => ColdMethod::None,
+        ColdMode::Auto | ColdMode::Fadvise => fadvise_all(trees),
+    })
+}
+
+/// Drops the page cache; where that is not permitted, evicts every file under `trees` with
+/// `posix_fadvise(DONTNEED)`. Returns what worked.
+pub fn make_cold(trees: &[&Path]) -> ColdMethod {
+    make_cold_with(ColdMode::Auto, trees).expect("auto makes caches cold")
 }
 
 fn fadvise_all(trees: &[&Path]) -> ColdMethod {
@@ -60,16 +61,6 @@ fn fadvise_all(trees: &[&Path]) -> ColdMethod {
         ColdMethod::Fadvise
     } else {
         ColdMethod::None
-    }
-}
-
-/// Drops the page cache; where that is not permitted, evicts every file under `trees` with
-/// `posix_fadvise(DONTNEED)`. Returns what worked.
-pub fn make_cold(trees: &[&Path]) -> ColdMethod {
-    if drop_caches() {
-        ColdMethod::DropCaches
-    } else {
-        fadvise_all(trees)
     }
 }
 

@@ -9,14 +9,15 @@ use std::io::Read;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
+use granary::procstat::cpu_seconds;
 use granary::{Dataset, ReaderOptions, Shard};
 use granary_format::SplitMix64;
 use serde::Serialize;
 
 use crate::cold::{make_cold_with, ColdMethod, ColdMode};
-use crate::readbench::{cpu_seconds, over_files, percentile};
+use crate::readbench::{median, over_files, percentile, read_whole, timed};
 
 /// What to compare.
 #[derive(Clone, Debug)]
@@ -39,38 +40,34 @@ pub struct CompareOptions {
     pub side_exe: Option<PathBuf>,
 }
 
-/// The cache state an epoch starts from.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum State {
-    /// Caches made cold before every epoch (as `--cold` says).
-    Cold,
-    /// Both trees read once before the first epoch, nothing dropped: everything resident.
-    Warm,
-    /// Caches dropped once, then every side's process runs in a memory cgroup of
-    /// `--memory-limit` bytes (page cache included), well below the dataset.
-    Limited,
+granary_format::named_enum! {
+    /// The cache state an epoch starts from.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub enum State ("state") {
+        /// Caches made cold before every epoch (as `--cold` says).
+        Cold = "cold",
+        /// Both trees read once before the first epoch, nothing dropped: everything resident.
+        Warm = "warm",
+        /// Caches dropped once, then every side's process runs in a memory cgroup of
+        /// `--memory-limit` bytes (page cache included), well below the dataset.
+        Limited = "limited",
+    }
 }
 
 impl State {
     /// Parses a comma-separated list of `cold`, `warm`, `limited`.
     pub fn parse_list(s: &str) -> Result<Vec<State>, String> {
-        s.split(',')
-            .map(|x| match x.trim() {
-                "cold" => Ok(State::Cold),
-                "warm" => Ok(State::Warm),
-                "limited" => Ok(State::Limited),
-                o => Err(format!("unknown state {o:?}: use cold, warm, limited")),
-            })
-            .collect()
+        s.split(',').map(|x| State::parse(x.trim())).collect()
     }
 }
 
-/// Which side a process runs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Side {
-    Raw,
-    Granary,
+granary_format::named_enum! {
+    /// Which side a process runs.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub enum Side ("side") {
+        Raw = "raw",
+        Granary = "granary",
+    }
 }
 
 /// One side of one epoch.
@@ -94,9 +91,8 @@ pub struct SideEpoch {
     pub metadata_ops: u64,
     pub cpu_s: f64,
     /// CPU seconds the side's workers spent checksumming for the digest: a CRC-32 over every
-    /// byte on the raw side (a training loop reading raw files would not spend them: it checks
-    /// nothing); none on the granary side, whose reader computed each sample's CRC-32 while
-    /// verifying it (`Sample::crc32`), inside its own time.
+    /// byte on the raw side (a training loop reading raw files would not spend them); none on
+    /// the granary side, whose reader computed each sample's CRC-32 while verifying it.
     #[serde(default)]
     pub check_s: f64,
     /// Peak resident set of the side's process (when it ran in one of its own).
@@ -108,17 +104,15 @@ pub struct SideEpoch {
     /// Peak memory of its cgroup, page cache included (limited state).
     pub cgroup_peak_bytes: Option<u64>,
     /// Warm state: the share of the side's files' pages the page cache held right before the
-    /// epoch (`mincore`; this machine pages out what sat idle, so it is checked, and the
-    /// files read again when short of 1).
+    /// epoch (`mincore`; this machine pages out what sat idle, so the files are read again
+    /// when short of 1).
     #[serde(default)]
     pub resident: Option<f64>,
-    /// Warm state, granary side: one CRC-32 pass over the same resident chunk files, measured
-    /// right before the epoch (MB/s): what checking every byte costs at least, each file
-    /// mapped for the pass (as a reader's first epoch in a process maps it) ...
+    /// Warm state, granary side: one CRC-32 pass over the same resident chunk files right
+    /// before the epoch (MB/s), each file mapped for the pass (as a first epoch maps it) ...
     #[serde(default)]
     pub ceiling_mb_per_s: Option<f64>,
-    /// ... and over maps made and filled before the pass (as later epochs of one process
-    /// find them kept): the checksum alone.
+    /// ... and over maps made and filled before the pass (as later epochs find them kept).
     #[serde(default)]
     pub ceiling_kept_mb_per_s: Option<f64>,
     pub digest: String,
@@ -126,13 +120,6 @@ pub struct SideEpoch {
     /// report's JSON).
     #[serde(skip_serializing, default)]
     pub latencies_us: Vec<f64>,
-}
-
-impl SideEpoch {
-    /// CPU seconds per GB delivered.
-    pub fn cpu_s_per_gb(&self) -> f64 {
-        self.cpu_s / (self.bytes as f64 / 1e9).max(1e-12)
-    }
 }
 
 /// The comparison.
@@ -148,8 +135,7 @@ pub struct CompareResult {
     pub startup_ratio: f64,
     pub metadata_ratio: f64,
     pub digests_match: bool,
-    /// Warm state: the memory ceiling, one CRC-32 pass over the resident chunk files (MB/s),
-    /// the median of the passes measured before each warm granary epoch.
+    /// Warm state: the median of the granary epochs' `ceiling_mb_per_s`.
     pub crc_ceiling_mb_per_s: Option<f64>,
 }
 
@@ -159,16 +145,6 @@ pub struct CompareResult {
 /// checksummed in the pass; the files mapped and populated before, checksummed in the pass),
 /// the best of three passes each (MB/s).
 pub fn crc_ceiling(packed: &Path, k: u32) -> Result<(f64, f64), String> {
-    // MB/s of one pass of `per_file` over `items`.
-    fn pass<P: Sync>(
-        items: &[P],
-        k: u32,
-        per_file: impl Fn(&P) -> Result<u64, String> + Sync,
-    ) -> Result<f64, String> {
-        let t = Instant::now();
-        let total = over_files(items, k as usize, per_file)?;
-        Ok(total as f64 / 1e6 / t.elapsed().as_secs_f64())
-    }
     let ds = Dataset::open(packed).map_err(|e| e.to_string())?;
     let files: Vec<PathBuf> = (0..ds.chunk_count() as u32)
         .map(|c| ds.chunk_path(c))
@@ -183,14 +159,13 @@ pub fn crc_ceiling(packed: &Path, k: u32) -> Result<(f64, f64), String> {
         std::hint::black_box(crc32fast::hash(m));
         Ok(m.len() as u64)
     };
-    let maps = files
-        .iter()
-        .map(|p| map(p))
-        .collect::<Result<Vec<_>, _>>()?;
+    let maps: Vec<_> = files.iter().map(|p| map(p)).collect::<Result<_, _>>()?;
     let (mut best_made, mut best_kept): (f64, f64) = (0.0, 0.0);
     for _ in 0..3 {
-        best_made = best_made.max(pass(&files, k, |p| crc(&map(p)?))?);
-        best_kept = best_kept.max(pass(&maps, k, |m| crc(m))?);
+        let made = timed(|| over_files(&files, k as usize, |p| crc(&map(p)?)))?.0;
+        best_made = best_made.max(made);
+        let kept = timed(|| over_files(&maps, k as usize, |m| crc(m)))?.0;
+        best_kept = best_kept.max(kept);
     }
     Ok((best_made, best_kept))
 }
@@ -215,28 +190,11 @@ struct WorkerOut {
 }
 
 impl WorkerOut {
-    /// Counts a sample of `len` bytes whose CRC-32 is `crc`, delivered after `waited`.
-    fn add(&mut self, path: &[u8], len: usize, crc: u32, waited: std::time::Duration) {
+    /// Counts a sample of `len` bytes delivered after `waited`.
+    fn add(&mut self, len: usize, waited: Duration) {
         self.samples += 1;
         self.bytes += len as u64;
-        self.digest = self.digest.wrapping_add(digest_term(path, crc));
         self.latencies_us.push(waited.as_secs_f64() * 1e6);
-    }
-
-    /// Counts a sample known by its id, whose path is looked up after the epoch.
-    fn add_id(&mut self, id: u64, len: usize, crc: u32, waited: std::time::Duration) {
-        self.samples += 1;
-        self.bytes += len as u64;
-        self.by_id.push((id, crc));
-        self.latencies_us.push(waited.as_secs_f64() * 1e6);
-    }
-
-    /// The CRC-32 of `data`, timed as checking work.
-    fn checksum(&mut self, data: &[u8]) -> u32 {
-        let t = Instant::now();
-        let crc = crc32fast::hash(data);
-        self.check_s += t.elapsed().as_secs_f64();
-        crc
     }
 }
 
@@ -299,14 +257,8 @@ fn list_tree(root: &Path) -> std::io::Result<(Vec<Vec<u8>>, u64)> {
         if e.file_type().is_dir() {
             ops += 1;
         } else if e.file_type().is_file() && e.depth() >= 2 {
-            out.push(
-                e.path()
-                    .strip_prefix(root)
-                    .expect("below root")
-                    .as_os_str()
-                    .as_bytes()
-                    .to_vec(),
-            );
+            let rel = e.path().strip_prefix(root).expect("below root");
+            out.push(rel.as_os_str().as_bytes().to_vec());
         }
     }
     Ok((out, ops + 1))
@@ -321,8 +273,7 @@ fn raw_epoch(o: &CompareOptions, epoch: u64) -> std::io::Result<SideEpoch> {
     let startup_s = t.elapsed().as_secs_f64();
     SplitMix64::keyed(&[o.seed, epoch, 0x0072_6177]).shuffle(&mut files);
     let t = Instant::now();
-    let k = o.workers.max(1) as usize;
-    let per = files.len().div_ceil(k).max(1);
+    let per = files.len().div_ceil(o.workers.max(1) as usize).max(1);
     let results = on_threads(
         files.chunks(per),
         "raw worker",
@@ -331,26 +282,27 @@ fn raw_epoch(o: &CompareOptions, epoch: u64) -> std::io::Result<SideEpoch> {
             let mut buf = Vec::new();
             for rel in share {
                 let t0 = Instant::now();
-                let p = o.raw.join(std::ffi::OsStr::from_bytes(rel));
-                let mut f = std::fs::File::open(&p)?;
+                let mut f = std::fs::File::open(o.raw.join(std::ffi::OsStr::from_bytes(rel)))?;
                 let len = f.metadata()?.len();
                 buf.clear();
                 buf.reserve(len as usize);
                 f.read_to_end(&mut buf)?;
                 drop(f);
                 let waited = t0.elapsed();
-                let crc = out.checksum(&buf);
-                out.add(rel, buf.len(), crc, waited);
+                let t1 = Instant::now();
+                let crc = crc32fast::hash(&buf);
+                out.check_s += t1.elapsed().as_secs_f64();
+                out.digest = out.digest.wrapping_add(digest_term(rel, crc));
+                out.add(buf.len(), waited);
             }
             Ok(out)
         },
     );
-    let files_read: u64 = files.len() as u64;
     // Per file: open and fstat (as Python's open() does), on top of the listing.
     let s = SideEpoch {
         epoch,
         startup_s,
-        metadata_ops: list_ops + 2 * files_read,
+        metadata_ops: list_ops + 2 * files.len() as u64,
         ..Default::default()
     };
     fold(s, results, t, cpu0, |_| {
@@ -384,10 +336,10 @@ fn granary_epoch(o: &CompareOptions, epoch: u64) -> granary::Result<SideEpoch> {
         let mut out = WorkerOut::default();
         let mut t0 = Instant::now();
         for sample in st.by_ref() {
-            let sample = sample?;
+            let (sample, waited) = (sample?, t0.elapsed());
             // The CRC-32 the reader verified over the delivered bytes.
-            let (len, crc) = (sample.data().len(), sample.crc32());
-            out.add_id(sample.id, len, crc, t0.elapsed());
+            out.by_id.push((sample.id, sample.crc32()));
+            out.add(sample.data().len(), waited);
             t0 = Instant::now();
         }
         out.metadata_ops = st.layers().iter().map(|l| l.1.metadata_ops).sum();
@@ -412,7 +364,7 @@ pub fn run_side(o: &CompareOptions, side: Side, epoch: u64) -> Result<SideEpoch,
         Side::Raw => raw_epoch(o, epoch).map_err(|e| format!("raw side, {}: {e}", o.raw.display())),
         Side::Granary => granary_epoch(o, epoch).map_err(|e| format!("granary side: {e}")),
     }?;
-    s.peak_rss_bytes = crate::readbench::peak_rss_bytes();
+    s.peak_rss_bytes = granary::procstat::peak_rss_bytes();
     Ok(s)
 }
 
@@ -424,13 +376,13 @@ pub struct SideReport {
 }
 
 /// Reads every file under `root` once (to make it resident).
-pub(crate) fn warm_up(root: &Path) -> std::io::Result<()> {
+pub(crate) fn warm_up(root: &Path) -> Result<(), String> {
     let mut buf = vec![0u8; 1 << 20];
     for e in walkdir::WalkDir::new(root) {
-        let e = e.map_err(std::io::Error::other)?;
+        let e = e.map_err(|e| format!("warming {}: {e}", root.display()))?;
         if e.file_type().is_file() {
-            let mut f = std::fs::File::open(e.path())?;
-            while f.read(&mut buf)? > 0 {}
+            read_whole(e.path(), &mut buf)
+                .map_err(|e| format!("warming {}: {e}", root.display()))?;
         }
     }
     Ok(())
@@ -462,7 +414,7 @@ fn ensure_resident(root: &Path) -> Result<f64, String> {
         if share >= 1.0 {
             break;
         }
-        warm_up(root).map_err(|e| format!("warming {}: {e}", root.display()))?;
+        warm_up(root)?;
         share = resident_share(root)?;
     }
     Ok(share)
@@ -477,23 +429,7 @@ fn side_process(
     epoch: u64,
     limit: Option<u64>,
 ) -> Result<SideEpoch, String> {
-    let side_name = match side {
-        Side::Raw => "raw",
-        Side::Granary => "granary",
-    };
-    let flags: [(&str, std::ffi::OsString); 7] = [
-        ("--side", side_name.into()),
-        ("--raw", o.raw.clone().into()),
-        ("--packed", o.packed.clone().into()),
-        ("--workers", o.workers.to_string().into()),
-        ("--epoch", epoch.to_string().into()),
-        ("--seed", o.seed.to_string().into()),
-        ("--io", o.io.name().into()),
-    ];
-    let cgroup = match limit {
-        Some(l) => Some(crate::cgroup::MemoryCgroup::create(l)?),
-        None => None,
-    };
+    let cgroup = limit.map(crate::cgroup::MemoryCgroup::create).transpose()?;
     let mut cmd = match &cgroup {
         // The shell joins the cgroup, then becomes the side's process.
         Some(cg) => {
@@ -507,12 +443,17 @@ fn side_process(
         None => std::process::Command::new(exe),
     };
     let out = cmd
-        .args(["bench", "compare-side"])
-        .args(
-            flags
-                .iter()
-                .flat_map(|(f, v)| [std::ffi::OsStr::new(f), v.as_os_str()]),
-        )
+        .args(["bench", "compare-side", "--side", side.name(), "--raw"])
+        .arg(&o.raw)
+        .arg("--packed")
+        .arg(&o.packed)
+        .args([
+            "--workers",
+            &o.workers.to_string(),
+            "--epoch",
+            &epoch.to_string(),
+        ])
+        .args(["--seed", &o.seed.to_string(), "--io", o.io.name()])
         .stderr(std::process::Stdio::inherit())
         .output()
         .map_err(|e| format!("running {}: {e}", exe.display()))?;
@@ -556,32 +497,31 @@ pub fn run(o: &CompareOptions) -> Result<CompareResult, String> {
     for &state in &states {
         match state {
             State::Warm => {
-                for t in [&o.raw, &o.packed] {
-                    warm_up(t).map_err(|e| format!("warming {}: {e}", t.display()))?;
-                }
+                warm_up(&o.raw)?;
+                warm_up(&o.packed)?;
             }
             State::Limited => {
                 make_cold_with(o.cold, &[&o.raw, &o.packed]);
             }
             State::Cold => {}
         }
+        let warm = state == State::Warm;
         for epoch in 0..o.epochs.max(1) {
             let limit = o.memory_limit.filter(|_| state == State::Limited);
-            let one = |side| -> Result<SideEpoch, String> {
+            let one = |side, dir: &Path| -> Result<SideEpoch, String> {
                 let cold = match state {
                     State::Cold => make_cold_with(o.cold, &[&o.raw, &o.packed]),
                     _ => None,
                 };
-                let warm = state == State::Warm;
                 // The ceiling first: the residency check is the last thing before the epoch.
                 let ceiling = match side {
                     Side::Granary if warm => Some(crc_ceiling(&o.packed, o.workers)?),
                     _ => None,
                 };
-                let resident = match side {
-                    _ if !warm => None,
-                    Side::Raw => Some(ensure_resident(&o.raw)?),
-                    Side::Granary => Some(ensure_resident(&o.packed)?),
+                let resident = if warm {
+                    Some(ensure_resident(dir)?)
+                } else {
+                    None
                 };
                 let mut s = match &o.side_exe {
                     Some(exe) => side_process(o, exe, side, epoch, limit)?,
@@ -594,39 +534,29 @@ pub fn run(o: &CompareOptions) -> Result<CompareResult, String> {
                 s.ceiling_kept_mb_per_s = ceiling.map(|c| c.1);
                 Ok(s)
             };
-            raw_epochs.push(one(Side::Raw)?);
-            granary_epochs.push(one(Side::Granary)?);
+            raw_epochs.push(one(Side::Raw, &o.raw)?);
+            granary_epochs.push(one(Side::Granary, &o.packed)?);
         }
     }
-    let mut ceilings: Vec<f64> = granary_epochs
+    let ceilings: Vec<f64> = granary_epochs
         .iter()
         .filter_map(|g| g.ceiling_mb_per_s)
         .collect();
-    ceilings.sort_by(f64::total_cmp);
-    let crc_ceiling_mb_per_s = ceilings.get(ceilings.len() / 2).copied();
-    let ratios: Vec<f64> = raw_epochs
-        .iter()
-        .zip(&granary_epochs)
-        .map(|(r, g)| g.samples_per_s / r.samples_per_s.max(1e-9))
-        .collect();
-    let digests_match = raw_epochs
-        .iter()
-        .zip(&granary_epochs)
-        .all(|(r, g)| r.digest == g.digest && r.samples == g.samples);
-    let startup_ratio = raw_epochs[0].startup_s / granary_epochs[0].startup_s.max(1e-9);
-    let metadata_ratio =
-        raw_epochs[0].metadata_ops as f64 / granary_epochs[0].metadata_ops.max(1) as f64;
+    let pairs = || raw_epochs.iter().zip(&granary_epochs);
+    let (raw0, granary0) = (&raw_epochs[0], &granary_epochs[0]);
     Ok(CompareResult {
         raw: o.raw.clone(),
         packed: o.packed.clone(),
         workers: o.workers,
+        ratios: pairs()
+            .map(|(r, g)| g.samples_per_s / r.samples_per_s.max(1e-9))
+            .collect(),
+        startup_ratio: raw0.startup_s / granary0.startup_s.max(1e-9),
+        metadata_ratio: raw0.metadata_ops as f64 / granary0.metadata_ops.max(1) as f64,
+        digests_match: pairs().all(|(r, g)| r.digest == g.digest && r.samples == g.samples),
+        crc_ceiling_mb_per_s: (!ceilings.is_empty()).then(|| median(&ceilings)),
         raw_epochs,
         granary_epochs,
-        ratios,
-        startup_ratio,
-        metadata_ratio,
-        digests_match,
-        crc_ceiling_mb_per_s,
     })
 }
 
@@ -661,11 +591,7 @@ pub fn render(r: &CompareResult) -> String {
             ("raw", raw, String::new()),
             ("granary", g, format!("{:.2}x", r.ratios[i])),
         ] {
-            let state = match x.state {
-                Some(State::Warm) => "warm",
-                Some(State::Limited) => "limited",
-                _ => "cold",
-            };
+            let state = x.state.unwrap_or(State::Cold).name();
             let rss = x
                 .peak_rss_bytes
                 .map(|b| format!("{:.0} MB", b as f64 / 1e6))
@@ -688,7 +614,7 @@ pub fn render(r: &CompareResult) -> String {
                 x.metadata_ops,
                 x.cpu_s,
                 x.check_s,
-                x.cpu_s_per_gb(),
+                x.cpu_s / (x.bytes as f64 / 1e9).max(1e-12),
                 rss,
                 match (x.resident, x.cold) {
                     (Some(share), _) => format!("res {:.0}%", share * 100.0),

@@ -1,7 +1,6 @@
 //! Seeded synthetic ImageFolder-style trees: `OUT/class_NNNN/NNNNNNNN.EXT`.
 
-use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use granary_packer::SplitMix64;
@@ -78,12 +77,6 @@ pub struct GenSummary {
     pub elapsed_s: f64,
 }
 
-fn file_seed(seed: u64, i: u64) -> SplitMix64 {
-    let mut r = SplitMix64::new(seed ^ i.wrapping_mul(0x9E37_79B9_7F4A_7C15));
-    r.next_u64();
-    r
-}
-
 /// Relative path of file `i`.
 pub fn file_path(opts: &GenOptions, i: u64) -> PathBuf {
     let ext = match opts.content {
@@ -96,7 +89,8 @@ pub fn file_path(opts: &GenOptions, i: u64) -> PathBuf {
 
 /// Contents of file `i` (deterministic in seed and index).
 pub fn file_bytes(opts: &GenOptions, i: u64) -> Vec<u8> {
-    let mut r = file_seed(opts.seed, i);
+    let mut r = SplitMix64::new(opts.seed ^ i.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+    r.next_u64();
     let size = opts.sizes.sample(&mut r) as usize;
     let mut v = Vec::with_capacity(size);
     match opts.content {
@@ -140,27 +134,21 @@ pub fn generate(opts: &GenOptions) -> std::io::Result<GenSummary> {
     for c in 0..opts.classes.min(opts.files.max(1)) {
         std::fs::create_dir_all(opts.out.join(format!("class_{c:04}")))?;
     }
-    let pb = ProgressBar::with_draw_target(
-        Some(opts.files),
-        if opts.progress {
-            ProgressDrawTarget::stderr()
-        } else {
-            ProgressDrawTarget::hidden()
-        },
-    );
-    pb.set_style(
-        ProgressStyle::with_template(
-            "{spinner} generating [{bar:30}] {pos}/{len} files {per_sec} ETA {eta}",
-        )
-        .expect("static template")
-        .progress_chars("=> "),
-    );
+    let target = if opts.progress {
+        ProgressDrawTarget::stderr()
+    } else {
+        ProgressDrawTarget::hidden()
+    };
+    let pb = ProgressBar::with_draw_target(Some(opts.files), target);
+    let template = "{spinner} generating [{bar:30}] {pos}/{len} files {per_sec} ETA {eta}";
+    let style = ProgressStyle::with_template(template).expect("static template");
+    pb.set_style(style.progress_chars("=> "));
     pb.enable_steady_tick(Duration::from_millis(200));
     let bytes: u64 = (0..opts.files)
         .into_par_iter()
         .map(|i| -> std::io::Result<u64> {
             let data = file_bytes(opts, i);
-            write_file(&opts.out.join(file_path(opts, i)), &data)?;
+            std::fs::write(opts.out.join(file_path(opts, i)), &data)?;
             pb.inc(1);
             Ok(data.len() as u64)
         })
@@ -173,9 +161,4 @@ pub fn generate(opts: &GenOptions) -> std::io::Result<GenSummary> {
         bytes,
         elapsed_s: t.elapsed().as_secs_f64(),
     })
-}
-
-fn write_file(p: &Path, data: &[u8]) -> std::io::Result<()> {
-    let mut f = std::fs::File::create(p)?;
-    f.write_all(data)
 }

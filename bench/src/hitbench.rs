@@ -112,8 +112,7 @@ fn run_group(o: &HitBenchOptions, n: u32, extra: &[std::ffi::OsString]) -> Resul
 pub fn run(o: &HitBenchOptions) -> Result<HitBenchResult, String> {
     let ds = Dataset::open(&o.dataset).map_err(|e| e.to_string())?;
     let chunks = ds.chunk_count();
-    let files = crate::readbench::chunk_files(&ds).map_err(|e| e.to_string())?;
-    let total: u64 = files.iter().map(|f| f.1).sum();
+    let total = ds.total_chunk_bytes().map_err(|e| e.to_string())?;
     let quota = total + total / 10 + (64 << 20);
     let id = ds.snapshot().dataset_id();
     let tier = LocalTier::open(&o.dir, id, quota, TierPolicy::Static).map_err(|e| e.to_string())?;
@@ -145,8 +144,7 @@ pub fn run(o: &HitBenchOptions) -> Result<HitBenchResult, String> {
             // pages over time): both sides start resident.
             for (k, extra) in [&tier_args[..], &[]].into_iter().enumerate() {
                 let dir = if k == 0 { tier.dir() } else { &o.dataset };
-                crate::compare::warm_up(dir)
-                    .map_err(|e| format!("reading {} once: {e}", dir.display()))?;
+                crate::compare::warm_up(dir)?;
                 sides[k].push(run_group(o, n, extra)?);
             }
         }

@@ -1,4 +1,3 @@
-//! Epoch reads measured: K loader workers (threads) streaming their shares, and
 //! `granary bench read`: granary's chunk-wise epoch against a direct large sequential read of
 //! the same chunk files (and fio when installed), each with the page cache dropped.
 
@@ -11,10 +10,8 @@ use granary::io::{Engine, IoKind, Request};
 use granary::{Dataset, PlanOptions, ShuffleMode, StreamOptions};
 use serde::Serialize;
 
-use crate::cold::make_cold;
-
-pub use granary::procstat::{cpu_seconds, device_read_bytes, peak_rss_bytes};
-pub use granary::EpochReport;
+use crate::cold::{make_cold, ColdMethod};
+use granary::procstat::cpu_seconds;
 
 /// What `granary bench read` measures.
 #[derive(Clone, Debug)]
@@ -47,7 +44,7 @@ pub struct ReadBenchResult {
     pub dataset: PathBuf,
     pub samples: u64,
     pub chunk_bytes: u64,
-    pub cold: crate::cold::ColdMethod,
+    pub cold: ColdMethod,
     pub workers: u32,
     pub window_chunks: usize,
     pub queue_depth: usize,
@@ -57,43 +54,58 @@ pub struct ReadBenchResult {
     pub defaults_vs_page_cache: f64,
 }
 
-pub(crate) fn chunk_files(ds: &Dataset) -> granary::Result<Vec<(PathBuf, u64)>> {
-    (0..ds.chunk_count() as u32)
-        .map(|c| Ok((ds.chunk_path(c), ds.chunk(c)?.file_size)))
-        .collect()
-}
-
 /// Reads every chunk file whole, in id order, O_DIRECT, `qd` reads in flight: the device's
 /// sequential bandwidth through the same engine, with no plan, decode or checks.
 fn sequential_baseline(files: &[(PathBuf, u64)], qd: usize) -> granary::Result<(f64, f64)> {
     let mut engine = Engine::new(IoKind::Uring, qd, 256 << 20)?;
-    let t = Instant::now();
-    let cpu0 = cpu_seconds();
-    let mut total = 0u64;
-    // One file per batch, one batch queued ahead: the engine keeps the queue full across files.
-    let mut pending = std::collections::VecDeque::new();
-    let opener = granary::Opener::plain(granary::IoMode::Direct);
-    for (p, len) in files {
-        let req = Request {
-            source: Arc::new(opener.open(p, None)?),
-            offset: 0,
-            len: *len as usize,
-            expect: Default::default(),
-        };
-        pending.push_back(engine.submit(vec![req].into()));
-        if pending.len() > 2 {
-            for b in engine.wait(pending.pop_front().expect("non-empty"))? {
+    timed(|| {
+        let mut total = 0u64;
+        // One file per batch, one batch queued ahead: the engine keeps the queue full across files.
+        let mut pending = std::collections::VecDeque::new();
+        let opener = granary::Opener::plain(granary::IoMode::Direct);
+        for (p, len) in files {
+            let req = Request {
+                source: Arc::new(opener.open(p, None)?),
+                offset: 0,
+                len: *len as usize,
+                expect: Default::default(),
+            };
+            pending.push_back(engine.submit(vec![req].into()));
+            if pending.len() > 2 {
+                for b in engine.wait(pending.pop_front().expect("non-empty"))? {
+                    total += b.data().len() as u64;
+                }
+            }
+        }
+        while let Some(t) = pending.pop_front() {
+            for b in engine.wait(t)? {
                 total += b.data().len() as u64;
             }
         }
-    }
-    while let Some(t) = pending.pop_front() {
-        for b in engine.wait(t)? {
-            total += b.data().len() as u64;
-        }
-    }
+        Ok(total)
+    })
+}
+
+/// MB/s and CPU seconds of `work`, which returns the bytes it read.
+pub(crate) fn timed<E>(work: impl FnOnce() -> Result<u64, E>) -> Result<(f64, f64), E> {
+    let cpu0 = cpu_seconds();
+    let t = Instant::now();
+    let total = work()?;
     let secs = t.elapsed().as_secs_f64();
     Ok((total as f64 / 1e6 / secs, cpu_seconds() - cpu0))
+}
+
+/// Reads the file at `p` to its end in reads of `buf`'s size; the bytes read.
+pub(crate) fn read_whole(p: &Path, buf: &mut [u8]) -> std::io::Result<u64> {
+    use std::io::Read;
+    let mut f = std::fs::File::open(p)?;
+    let mut n = 0u64;
+    loop {
+        match f.read(buf)? {
+            0 => return Ok(n),
+            k => n += k as u64,
+        }
+    }
 }
 
 /// Streams of the page-cache reference ([`page_cache_fill`]).
@@ -104,24 +116,12 @@ pub const PAGE_CACHE_STREAMS: usize = 2;
 /// checks): what filling the page cache with the dataset costs on this machine, the ceiling
 /// of a first epoch that leaves the dataset resident. MB/s and CPU seconds.
 fn page_cache_fill(files: &[(PathBuf, u64)]) -> Result<(f64, f64), String> {
-    use std::io::Read;
-    let t = Instant::now();
-    let cpu0 = cpu_seconds();
-    let paths: Vec<&Path> = files.iter().map(|f| f.0.as_path()).collect();
-    let total = over_files(&paths, PAGE_CACHE_STREAMS, |p| {
-        let mut buf = vec![0u8; 1 << 20];
-        let mut f = std::fs::File::open(p).map_err(|e| format!("{}: {e}", p.display()))?;
-        let mut n = 0u64;
-        loop {
-            match f.read(&mut buf) {
-                Ok(0) => return Ok(n),
-                Ok(k) => n += k as u64,
-                Err(e) => return Err(format!("{}: {e}", p.display())),
-            }
-        }
-    })?;
-    let secs = t.elapsed().as_secs_f64();
-    Ok((total as f64 / 1e6 / secs, cpu_seconds() - cpu0))
+    timed(|| {
+        over_files(files, PAGE_CACHE_STREAMS, |(p, _)| {
+            let mut buf = vec![0u8; 1 << 20];
+            read_whole(p, &mut buf).map_err(|e| format!("{}: {e}", p.display()))
+        })
+    })
 }
 
 /// Runs `per_file` over `files` (paths, or anything standing for a file) on `k` threads
@@ -208,72 +208,37 @@ pub(crate) fn median<T: std::borrow::Borrow<f64>>(v: impl IntoIterator<Item = T>
     percentile(&v, 0.5)
 }
 
-/// The reference sides' runs: MB/s (and CPU seconds per GB) of the engine's direct
-/// sequential read, of the page-cache fill, of fio at depth 32 and at granary's depth.
+/// The runs of one side: MB/s, samples/s (granary's sides) and CPU seconds per GB (not fio's).
 #[derive(Default)]
-struct References {
-    seq_runs: Vec<f64>,
-    seq_cpu: Vec<f64>,
-    pc_runs: Vec<f64>,
-    pc_cpu: Vec<f64>,
-    fio_runs: Vec<f64>,
-    fio_same_runs: Vec<f64>,
+struct Runs {
+    mb: Vec<f64>,
+    per_s: Vec<f64>,
+    cpu: Vec<f64>,
 }
 
-impl References {
-    /// One run of each, every one after dropping the page cache; how it was dropped.
-    fn measure(
-        &mut self,
-        dir: &Path,
-        files: &[(PathBuf, u64)],
-        queue_depth: usize,
-    ) -> Result<crate::cold::ColdMethod, String> {
-        let gb = files.iter().map(|f| f.1).sum::<u64>() as f64 / 1e9;
-        let cold = make_cold(&[dir]);
-        let (mb, cpu) = sequential_baseline(files, queue_depth).map_err(|e| e.to_string())?;
-        self.seq_runs.push(mb);
-        self.seq_cpu.push(cpu / gb);
-        make_cold(&[dir]);
-        let (mb, cpu) = page_cache_fill(files)?;
-        self.pc_runs.push(mb);
-        self.pc_cpu.push(cpu / gb);
-        make_cold(&[dir]);
-        if let Some(mb) = fio(dir, files, FIO_DEPTH) {
-            self.fio_runs.push(mb);
-        }
-        if queue_depth != FIO_DEPTH {
-            make_cold(&[dir]);
-            if let Some(mb) = fio(dir, files, queue_depth) {
-                self.fio_same_runs.push(mb);
-            }
-        }
-        Ok(cold)
+impl Runs {
+    fn push(&mut self, mb: f64, per_s: Option<f64>, cpu_per_gb: Option<f64>) {
+        self.mb.push(mb);
+        self.per_s.extend(per_s);
+        self.cpu.extend(cpu_per_gb);
     }
 }
 
 /// Runs every side `repeat` times, interleaved, each after dropping the page cache.
 pub fn run(o: &ReadBenchOptions) -> Result<ReadBenchResult, String> {
     let ds = Arc::new(Dataset::open(&o.dataset).map_err(|e| e.to_string())?);
-    let files = chunk_files(&ds).map_err(|e| e.to_string())?;
+    let files = (0..ds.chunk_count() as u32)
+        .map(|c| Ok((ds.chunk_path(c), ds.chunk(c)?.file_size)))
+        .collect::<granary::Result<Vec<_>>>()
+        .map_err(|e| e.to_string())?;
     let chunk_bytes: u64 = files.iter().map(|f| f.1).sum();
+    let gb = chunk_bytes as f64 / 1e9;
     let dir: &Path = ds.dir();
-    let plan = |mode| PlanOptions {
-        mode,
-        seed: 1,
-        window_chunks: o.window_chunks,
-        ..PlanOptions::default()
-    };
     // The device's side of reading: O_DIRECT, as fio reads; and what a user gets without
     // options (auto: through the page cache for a dataset that fits in memory, O_DIRECT for
-    // the chunks beyond the page-cache budget). The buffer budget of `window_chunks` at the reader's rule (three windows in memory).
+    // the chunks beyond the page-cache budget). The buffer budget of `window_chunks` at the
+    // reader's rule (three windows in memory).
     let mean_chunk = chunk_bytes / files.len().max(1) as u64;
-    let io = |kind, io_mode| StreamOptions {
-        io: kind,
-        io_mode,
-        queue_depth: o.queue_depth,
-        memory: (3 * o.window_chunks as u64 * mean_chunk).max(granary::DEFAULT_READER_MEMORY),
-        ..StreamOptions::default()
-    };
     use granary::IoMode::{Auto, Direct};
     let granary_sides: [(&str, ShuffleMode, IoKind, granary::IoMode); 4] = [
         (
@@ -301,81 +266,86 @@ pub fn run(o: &ReadBenchOptions) -> Result<ReadBenchResult, String> {
             Direct,
         ),
     ];
-    let mut refs = References::default();
-    let mut g_runs: Vec<Vec<EpochReport>> = vec![Vec::new(); granary_sides.len()];
-    let mut cold = crate::cold::ColdMethod::None;
+    // Sides 0 to 3 are the references, then granary's.
+    let names: Vec<String> = [
+        "direct sequential read of the chunk files (granary engine, no plan)".to_string(),
+        format!(
+            "page-cache fill: chunk files read whole, 1 MiB reads, {PAGE_CACHE_STREAMS} at a time"
+        ),
+        format!("fio sequential 4 MiB O_DIRECT io_uring, depth {FIO_DEPTH}"),
+        format!(
+            "fio sequential 4 MiB O_DIRECT io_uring, depth {} (granary's)",
+            o.queue_depth
+        ),
+    ]
+    .into_iter()
+    .chain(granary_sides.iter().map(|g| g.0.to_string()))
+    .collect();
+    let mut runs: Vec<Runs> = names.iter().map(|_| Runs::default()).collect();
+    let mut cold = ColdMethod::None;
     for rep in 0..o.repeat.max(1) {
-        cold = refs.measure(dir, &files, o.queue_depth)?;
+        cold = make_cold(&[dir]);
+        let (mb, cpu) = sequential_baseline(&files, o.queue_depth).map_err(|e| e.to_string())?;
+        runs[0].push(mb, None, Some(cpu / gb));
+        make_cold(&[dir]);
+        let (mb, cpu) = page_cache_fill(&files)?;
+        runs[1].push(mb, None, Some(cpu / gb));
+        for (k, depth) in [(2, FIO_DEPTH), (3, o.queue_depth)] {
+            if k == 2 || depth != FIO_DEPTH {
+                make_cold(&[dir]);
+                if let Some(mb) = fio(dir, &files, depth) {
+                    runs[k].push(mb, None, None);
+                }
+            }
+        }
         for (i, (_, mode, kind, io_mode)) in granary_sides.iter().enumerate() {
             make_cold(&[dir]);
             let setup = granary::EpochSetup {
-                plan: plan(*mode),
+                plan: PlanOptions {
+                    mode: *mode,
+                    seed: 1,
+                    window_chunks: o.window_chunks,
+                    ..PlanOptions::default()
+                },
                 sampling: None,
-                stream: io(*kind, *io_mode),
+                stream: StreamOptions {
+                    io: *kind,
+                    io_mode: *io_mode,
+                    queue_depth: o.queue_depth,
+                    memory: (3 * o.window_chunks as u64 * mean_chunk)
+                        .max(granary::DEFAULT_READER_MEMORY),
+                    ..StreamOptions::default()
+                },
             };
             let r = granary::measure_epoch(&ds, &setup, rep as u64, 0, 1, o.workers)
                 .map_err(|e| e.to_string())?;
-            g_runs[i].push(r);
+            let cpu = r.cpu_s / (r.bytes as f64 / 1e9);
+            runs[4 + i].push(r.mb_per_s, Some(r.samples_per_s), Some(cpu));
         }
     }
     // The device's bandwidth: the faster of fio and the engine's plain sequential read. fio's
     // buffers are ordinary pages, and a direct read into scattered pages reaches the device
-    // as requests of ~1 MiB (virtio-blk's 254 segments): on this project's VM fio measured
-    // anywhere from 1.1 to 3 GB/s with the layout of its memory, while the engine's huge-page
+    // as requests of ~1 MiB (virtio-blk's 254 segments), while the engine's huge-page
     // buffers send whole 4 MiB requests. Neither side is the ceiling alone.
-    let References {
-        seq_runs,
-        seq_cpu,
-        pc_runs,
-        pc_cpu,
-        fio_runs,
-        fio_same_runs,
-    } = refs;
-    let base = median(&seq_runs).max(median(&fio_runs));
+    let base = median(&runs[0].mb).max(median(&runs[2].mb));
     // The defaults are the first of granary_sides.
-    let defaults_vs_page_cache = median(g_runs[0].iter().map(|r| r.mb_per_s)) / median(&pc_runs);
-    let side = |name: String, runs: Vec<f64>, samples_per_s: f64, cpu_s_per_gb: Option<f64>| {
-        let m = median(&runs);
-        Side {
-            name,
-            median_mb_per_s: m,
-            runs_mb_per_s: runs,
-            samples_per_s,
-            cpu_s_per_gb,
-            vs_device: m / base,
-        }
-    };
-    let mut sides = vec![side(
-        "direct sequential read of the chunk files (granary engine, no plan)".into(),
-        seq_runs,
-        0.0,
-        Some(median(&seq_cpu)),
-    )];
-    sides.push(side(
-        format!(
-            "page-cache fill: chunk files read whole, 1 MiB reads, {PAGE_CACHE_STREAMS} at a time"
-        ),
-        pc_runs,
-        0.0,
-        Some(median(&pc_cpu)),
-    ));
-    if !fio_runs.is_empty() {
-        let name = format!("fio sequential 4 MiB O_DIRECT io_uring, depth {FIO_DEPTH}");
-        sides.push(side(name, fio_runs, 0.0, None));
-    }
-    if !fio_same_runs.is_empty() {
-        let name = format!(
-            "fio sequential 4 MiB O_DIRECT io_uring, depth {} (granary's)",
-            o.queue_depth
-        );
-        sides.push(side(name, fio_same_runs, 0.0, None));
-    }
-    for ((name, _, _, _), runs) in granary_sides.iter().zip(g_runs) {
-        let mbs: Vec<f64> = runs.iter().map(|r| r.mb_per_s).collect();
-        let sps = median(runs.iter().map(|r| r.samples_per_s));
-        let cpu = median(runs.iter().map(|r| r.cpu_s / (r.bytes as f64 / 1e9)));
-        sides.push(side(name.to_string(), mbs, sps, Some(cpu)));
-    }
+    let defaults_vs_page_cache = median(&runs[4].mb) / median(&runs[1].mb);
+    let sides = names
+        .into_iter()
+        .zip(runs)
+        .filter(|(_, r)| !r.mb.is_empty())
+        .map(|(name, r)| {
+            let m = median(&r.mb);
+            Side {
+                name,
+                median_mb_per_s: m,
+                runs_mb_per_s: r.mb,
+                samples_per_s: median(&r.per_s),
+                cpu_s_per_gb: (!r.cpu.is_empty()).then(|| median(&r.cpu)),
+                vs_device: m / base,
+            }
+        })
+        .collect();
     Ok(ReadBenchResult {
         dataset: o.dataset.clone(),
         samples: ds.len(),

@@ -51,6 +51,18 @@ fn rect(svg: &mut String, x: f64, y: f64, width: f64, height: f64, fill: &str) {
     );
 }
 
+/// A label under the x axis, centred at `x`.
+fn x_label(svg: &mut String, x: f64, label: &str) {
+    text(svg, x, H - M + 16.0, "middle", label);
+}
+
+/// A bar of value `v` on an axis up to `ymax`, at `x`, `width` wide, `label` above it.
+fn bar(svg: &mut String, x: f64, width: f64, (v, ymax): (f64, f64), fill: &str, label: &str) {
+    let h = (H - 2.0 * M) * v / ymax;
+    rect(svg, x, H - M - h, width, h, fill);
+    text(svg, x + width / 2.0, H - M - h - 4.0, "middle", label);
+}
+
 fn axes(svg: &mut String, ymax: f64, ylabel: &str) {
     let (x0, y0, y1) = (M, H - M, M);
     line(svg, (x0, y0), (W - 20.0, y0), "stroke=\"black\"");
@@ -98,36 +110,22 @@ fn legend(svg: &mut String, top: f64, items: &[(&str, &str)]) {
 /// Grouped bars: samples/s per epoch, raw vs granary.
 pub fn throughput_svg(r: &CompareResult) -> String {
     let mut svg = svg_open("Samples per second, per epoch");
-    let ymax = r
-        .raw_epochs
-        .iter()
-        .chain(&r.granary_epochs)
-        .map(|e| e.samples_per_s)
-        .fold(1.0, f64::max)
-        * 1.1;
+    let epochs = r.raw_epochs.iter().chain(&r.granary_epochs);
+    let ymax = epochs.map(|e| e.samples_per_s).fold(1.0, f64::max) * 1.1;
     axes(&mut svg, ymax, "samples/s");
     let n = r.raw_epochs.len().max(1) as f64;
     let slot = (W - 20.0 - M) / n;
-    let bar = slot * 0.35;
+    let width = slot * 0.35;
     for (i, (raw, g)) in r.raw_epochs.iter().zip(&r.granary_epochs).enumerate() {
         let x = M + slot * i as f64 + slot * 0.12;
         for (j, (v, color)) in [(raw.samples_per_s, RAW), (g.samples_per_s, GRANARY)]
-            .iter()
+            .into_iter()
             .enumerate()
         {
-            let h = (H - 2.0 * M) * v / ymax;
-            let bx = x + j as f64 * (bar + 4.0);
-            rect(&mut svg, bx, H - M - h, bar, h, color);
-            text(
-                &mut svg,
-                bx + bar / 2.0,
-                H - M - h - 4.0,
-                "middle",
-                &fmt_num(*v),
-            );
+            let bx = x + j as f64 * (width + 4.0);
+            bar(&mut svg, bx, width, (v, ymax), color, &fmt_num(v));
         }
-        let epoch = format!("epoch {}", raw.epoch);
-        text(&mut svg, x + bar, H - M + 16.0, "middle", &epoch);
+        x_label(&mut svg, x + width, &format!("epoch {}", raw.epoch));
     }
     legend(
         &mut svg,
@@ -143,38 +141,23 @@ pub fn throughput_svg(r: &CompareResult) -> String {
 /// Cumulative distribution of per-sample wait times (log-scaled x), first epoch of each side.
 pub fn latency_svg(r: &CompareResult) -> String {
     let mut svg = svg_open("Per-sample wait time, cumulative distribution (epoch 0)");
-    let all: Vec<f64> = r.raw_epochs[0]
-        .latencies_us
-        .iter()
-        .chain(&r.granary_epochs[0].latencies_us)
-        .copied()
-        .filter(|v| *v > 0.0)
-        .collect();
-    let lo = all
-        .iter()
-        .copied()
-        .fold(f64::INFINITY, f64::min)
-        .max(0.1)
-        .log10()
-        .floor();
-    let hi = all
-        .iter()
-        .copied()
-        .fold(1.0, f64::max)
-        .log10()
-        .ceil()
-        .max(lo + 1.0);
+    let (raw, granary) = (
+        &r.raw_epochs[0].latencies_us,
+        &r.granary_epochs[0].latencies_us,
+    );
+    let positive = || raw.iter().chain(granary).copied().filter(|v| *v > 0.0);
+    let min = positive().fold(f64::INFINITY, f64::min);
+    let lo = min.max(0.1).log10().floor();
+    let max = positive().fold(1.0, f64::max);
+    let hi = max.log10().ceil().max(lo + 1.0);
     axes(&mut svg, 1.0, "fraction of samples");
     let px = |v: f64| M + (W - 20.0 - M) * ((v.max(1e-3).log10() - lo) / (hi - lo)).clamp(0.0, 1.0);
     let py = |f: f64| H - M - (H - 2.0 * M) * f;
     for d in lo as i32..=hi as i32 {
         let label = format!("{} us", fmt_num(10f64.powi(d)));
-        text(&mut svg, px(10f64.powi(d)), H - M + 16.0, "middle", &label);
+        x_label(&mut svg, px(10f64.powi(d)), &label);
     }
-    for (lat, color) in [
-        (&r.raw_epochs[0].latencies_us, RAW),
-        (&r.granary_epochs[0].latencies_us, GRANARY),
-    ] {
+    for (lat, color) in [(raw, RAW), (granary, GRANARY)] {
         if lat.is_empty() {
             continue;
         }
@@ -213,19 +196,11 @@ pub fn ratio_svg(r: &CompareResult) -> String {
     axes(&mut svg, ymax, "ratio (x)");
     let n = r.ratios.len().max(1) as f64;
     let slot = (W - 20.0 - M) / n;
-    for (i, v) in r.ratios.iter().enumerate() {
-        let h = (H - 2.0 * M) * v / ymax;
+    for (i, &v) in r.ratios.iter().enumerate() {
         let x = M + slot * i as f64 + slot * 0.25;
-        rect(&mut svg, x, H - M - h, slot * 0.5, h, GRANARY);
-        let mid = x + slot * 0.25;
-        text(
-            &mut svg,
-            mid,
-            H - M - h - 4.0,
-            "middle",
-            &format!("{v:.2}x"),
-        );
-        text(&mut svg, mid, H - M + 16.0, "middle", &format!("epoch {i}"));
+        let width = slot * 0.5;
+        bar(&mut svg, x, width, (v, ymax), GRANARY, &format!("{v:.2}x"));
+        x_label(&mut svg, x + width / 2.0, &format!("epoch {i}"));
     }
     let y1 = H - M - (H - 2.0 * M) / ymax;
     let dashed = "stroke=\"black\" stroke-dasharray=\"4 3\"";

@@ -57,10 +57,7 @@ pub struct TierRow {
 /// (hot chunks + importance sampling) at every fraction.
 pub fn run(o: &TierBenchOptions) -> granary::Result<Vec<TierRow>> {
     let ds = Arc::new(Dataset::open(&o.dataset)?);
-    let total = crate::readbench::chunk_files(&ds)?
-        .iter()
-        .map(|f| f.1)
-        .sum();
+    let total = ds.total_chunk_bytes()?;
     let rows = [
         (TierPolicy::Lru, false),
         (TierPolicy::Static, false),
@@ -102,12 +99,12 @@ fn run_row(
     let shape = ds.shape()?;
     let mut seen = vec![0u32; ds.len() as usize];
     // The tier's and origin's readings, summed over the epochs after the first.
-    let (mut tier, mut origin, mut epochs) =
-        (MeterReading::default(), MeterReading::default(), 0u64);
+    let (mut tier, mut origin) = (MeterReading::default(), MeterReading::default());
+    let epochs = o.epochs.max(2) - 1;
     let easiest = crate::cachesim::easiest(o.seed, ds.len());
     let (mut easiest_seen, mut max_weight) = (0.0, 1.0f64);
     let (mut report_time, mut reports) = (Duration::ZERO, 0u64);
-    for e in 0..o.epochs.max(2) {
+    for e in 0..=epochs {
         scores.flush()?;
         let table = scores.snapshot();
         let hot = cache.hot_map(ds.snapshot().chunks());
@@ -163,7 +160,6 @@ fn run_row(
                     _ => {}
                 }
             }
-            epochs += 1;
         }
     }
     let ratio = |a: u64, b: u64| a as f64 / (a + b).max(1) as f64;
@@ -174,10 +170,10 @@ fn run_row(
         sampling: if importance { "importance" } else { "uniform" }.into(),
         sample_hit_ratio: ratio(tier.served_samples, origin.served_samples),
         byte_hit_ratio: ratio(tier.served_bytes, origin.served_bytes),
-        source_bytes_per_epoch: origin.served_bytes as f64 / epochs.max(1) as f64,
+        source_bytes_per_epoch: origin.served_bytes as f64 / epochs as f64,
         tier_bytes: st.bytes,
         hot_samples: st.hot_samples,
-        easiest_seen_per_epoch: easiest_seen / epochs.max(1) as f64,
+        easiest_seen_per_epoch: easiest_seen / epochs as f64,
         max_weight,
         report_us: report_time.as_secs_f64() * 1e6 / reports.max(1) as f64,
     })

@@ -2,15 +2,14 @@
 //! reads as plain methods returning errno values, so that tests call them without a mount.
 //! The `fuse` module only translates requests and replies.
 
-use std::borrow::Cow;
 use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
 use fuser::{FileAttr, FileType, INodeNo};
-use granary::{Dataset, ReadError};
+use granary::{Dataset, FileStat, ReadError};
 use serde::Serialize;
 
 use crate::tiered::{ReadStats, TieredReader};
@@ -29,7 +28,7 @@ pub const XATTR_DATASET: &str = "user.granary.dataset";
 
 /// An open file: its sample, loaded whole (and CRC-checked) on the first read.
 struct Handle {
-    id: u64,
+    file: u64,
     /// The sample's bytes once read, or the error its read ended with: the kernel asks again
     /// after a failed read (readahead, then the read itself), and a store that did not answer
     /// must cost one bounded wait per open, not one per retry. Reopening the file tries again.
@@ -53,7 +52,7 @@ pub struct MountFs {
 
 /// `user.granary.stats`: what the mount did so far.
 #[derive(Serialize)]
-struct Stats<'a> {
+struct Stats {
     dataset: String,
     samples: u64,
     /// Directories looked up or listed so far (the tree is made as it is visited).
@@ -66,7 +65,7 @@ struct Stats<'a> {
     open_files: usize,
     uptime_s: f64,
     #[serde(flatten)]
-    reads: &'a ReadStats,
+    reads: ReadStats,
     /// What passed through each layer of the mount's store stack (tier, origin), with the
     /// seconds reads waited there.
     layers: Vec<granary::LayerReading>,
@@ -125,46 +124,21 @@ impl MountFs {
         }
     }
 
-    /// Attributes of `node`.
+    /// Attributes of `node`, given a file's stat when the caller has it at hand already (a
+    /// listing page's entry: then nothing is read).
     ///
     /// Modes and mtimes are the packed files' and directories' where the dataset records them
     /// (feature ATTRS); otherwise 0444 files, 0555 directories and the snapshot's mtime.
-    pub fn attr(&self, node: Node) -> FsResult<FileAttr> {
-        self.attr_with(node, None)
-    }
-
-    /// [`Fs::attr`], given a file's stat when the caller has it at hand already (a listing
-    /// page's entry: then nothing is read).
-    fn attr_with(&self, node: Node, known: Option<granary::FileStat>) -> FsResult<FileAttr> {
-        let (kind, size, recorded, nlink) = match (node, known) {
-            // A directory's link count is 1, "not counted" (as btrfs and many network file
-            // systems report; `find` then reads the directory instead of trusting it):
-            // counting subdirectories would mean listing every directory a lookup passes.
-            (Node::Dir(d), _) => (FileType::Directory, 4096, self.tree.dir_attrs(d), 1),
-            (Node::File(_), Some(st)) => (FileType::RegularFile, st.size, st.attrs, 1),
+    fn attr(&self, node: Node, known: Option<FileStat>) -> FsResult<FileAttr> {
+        let (kind, size, recorded) = match (node, known) {
+            (Node::Dir(d), _) => (FileType::Directory, 4096, self.tree.dir_attrs(d)),
+            (Node::File(_), Some(st)) => (FileType::RegularFile, st.size, st.attrs),
             (Node::File(file), None) => {
-                let ds = self.dataset();
-                let (id, field) = self
-                    .tree
-                    .file_sample(ds, file)
-                    .map_err(|e| self.eio("reading the field index", &e))?;
-                let st = ds
-                    .stat(id)
+                let (_, st, field) = self
+                    .file(file)
                     .map_err(|e| self.eio("reading the namespace", &e))?;
-                let size = match field {
-                    None => st.size,
-                    Some(k) => ds
-                        .fields(id)
-                        .ok()
-                        .and_then(|f| f.get(k).map(|f| f.len))
-                        .ok_or_else(|| {
-                            self.eio(
-                                "reading the fields",
-                                &granary::ReadError::invalid(format!("sample {id} field {k}")),
-                            )
-                        })?,
-                };
-                (FileType::RegularFile, size, st.attrs, 1)
+                let size = field.map_or(st.size, |f| f.end - f.start);
+                (FileType::RegularFile, size, st.attrs)
             }
         };
         let (perm, mtime) = match recorded {
@@ -182,7 +156,10 @@ impl MountFs {
             crtime: mtime,
             kind,
             perm,
-            nlink,
+            // A directory's link count is 1, "not counted" (as btrfs and many network file
+            // systems report; `find` then reads the directory instead of trusting it):
+            // counting subdirectories would mean listing every directory a lookup passes.
+            nlink: 1,
             uid: self.uid,
             gid: self.gid,
             rdev: 0,
@@ -193,7 +170,23 @@ impl MountFs {
 
     /// Attributes of inode `ino`.
     pub fn getattr(&self, ino: u64) -> FsResult<FileAttr> {
-        self.attr(self.node(ino)?)
+        self.attr(self.node(ino)?, None)
+    }
+
+    /// The sample file `file` is, its stat and, with fields, the range of the sample's bytes
+    /// that is the file's field.
+    fn file(&self, file: u64) -> Result<(u64, FileStat, Option<Range<u64>>), ReadError> {
+        let ds = self.dataset();
+        let (id, field) = self.tree.file_sample(ds, file)?;
+        let range = match field {
+            None => None,
+            Some(k) => match ds.fields(id)?.get(k) {
+                // Saturating: a damaged field table must give EIO, not overflow.
+                Some(f) => Some(f.offset..f.offset.saturating_add(f.len)),
+                None => return Err(ReadError::invalid(format!("sample {id} has no field {k}"))),
+            },
+        };
+        Ok((id, ds.stat(id)?, range))
     }
 
     /// The entry `name` of directory `parent` (one namespace page, or a directory already
@@ -209,7 +202,7 @@ impl MountFs {
                 .map_err(|e| self.eio("looking up a path", &e))?
                 .ok_or(libc::ENOENT)?,
         };
-        self.attr_with(node, stat)
+        self.attr(node, stat)
     }
 
     /// Checks that `ino` is a directory that can be listed.
@@ -228,35 +221,23 @@ impl MountFs {
     ) -> FsResult<()> {
         let d = self.dir(ino)?;
         let ds = self.dataset();
-        let total = self
-            .tree
-            .entry_count(ds, d)
-            .map_err(|e| self.eio("listing a directory", &e))?
-            + 2;
+        let eio = |e: ReadError| self.eio("listing a directory", &e);
+        let total = self.tree.entry_count(ds, d).map_err(eio)? + 2;
         if offset <= 2 && offset < total {
             // A listing's files' attributes, fetched together rather than one by one.
-            self.tree
-                .prefetch_file_attrs(ds, d)
-                .map_err(|e| self.eio("listing a directory", &e))?;
+            self.tree.prefetch_file_attrs(ds, d).map_err(eio)?;
         }
         for pos in offset..total {
             let (node, name, stat) = match pos {
-                0 => (Node::Dir(d), Cow::Borrowed(&b"."[..]), None),
-                1 => (
-                    Node::Dir(self.tree.parent(d)),
-                    Cow::Borrowed(&b".."[..]),
-                    None,
-                ),
+                0 => (Node::Dir(d), b".".to_vec(), None),
+                1 => (Node::Dir(self.tree.parent(d)), b"..".to_vec(), None),
                 _ => {
-                    let e = self
-                        .tree
-                        .entry(ds, d, pos - 2)
-                        .map_err(|e| self.eio("listing a directory", &e))?
-                        .ok_or(libc::EIO)?;
+                    let e = self.tree.entry(ds, d, pos - 2).map_err(eio)?;
+                    let e = e.ok_or(libc::EIO)?;
                     (e.node, e.name, e.stat)
                 }
             };
-            if add(&self.attr_with(node, stat)?, &name, pos + 1) {
+            if add(&self.attr(node, stat)?, &name, pos + 1) {
                 break;
             }
         }
@@ -266,16 +247,16 @@ impl MountFs {
     /// Opens file `ino` for reading; returns the handle. Directories are `EISDIR`, opening
     /// for writing is `EROFS`.
     pub fn open(&self, ino: u64, write: bool) -> FsResult<u64> {
-        let id = match self.node(ino)? {
+        let file = match self.node(ino)? {
             Node::Dir(_) => return Err(libc::EISDIR),
-            Node::File(id) => id,
+            Node::File(file) => file,
         };
         if write {
             return Err(libc::EROFS);
         }
         let fh = self.next_fh.fetch_add(1, Relaxed);
         let h = Arc::new(Handle {
-            id,
+            file,
             data: Mutex::new(None),
         });
         self.handles.lock().expect("handles").insert(fh, h);
@@ -299,51 +280,10 @@ impl MountFs {
             match &*slot {
                 Some(d) => d.clone()?,
                 None => {
-                    let ds = self.dataset();
-                    let (id, field) = self
-                        .tree
-                        .file_sample(ds, h.id)
-                        .map_err(|e| self.eio("reading the field index", &e))?;
-                    let path = ds
-                        .path(id)
-                        .map(|p| granary::escape_path(&p))
-                        .unwrap_or_default();
-                    // The whole sample is read and checked; a field is its slice.
                     let d = self
-                        .reader
-                        .read(id)
-                        .and_then(|data| match field {
-                            // The size `stat` showed (the namespace's) is what a read hands out,
-                            // or an error: never another number of bytes.
-                            None => {
-                                let shown = ds.stat(id)?.size;
-                                if data.len() as u64 != shown {
-                                    return Err(granary::ReadError::invalid(format!(
-                                        "sample {id}: its record holds {} bytes, its namespace \
-                                         entry says {shown}",
-                                        data.len()
-                                    )));
-                                }
-                                Ok(data)
-                            }
-                            Some(k) => {
-                                let fields = ds.fields(id)?;
-                                let f = fields.get(k).ok_or_else(|| {
-                                    granary::ReadError::invalid(format!(
-                                        "sample {id} has no field {k}"
-                                    ))
-                                })?;
-                                data.get(f.offset as usize..(f.offset + f.len) as usize)
-                                    .map(<[u8]>::to_vec)
-                                    .ok_or_else(|| {
-                                        granary::ReadError::invalid(format!(
-                                            "sample {id}: its bytes do not hold field {k}"
-                                        ))
-                                    })
-                            }
-                        })
+                        .load(h.file)
                         .map(Arc::new)
-                        .map_err(|e| self.eio(&format!("reading {path:?}"), &e));
+                        .map_err(|(what, e)| self.eio(&what, &e));
                     *slot = Some(d.clone());
                     d?
                 }
@@ -352,6 +292,36 @@ impl MountFs {
         let start = (offset.min(data.len() as u64)) as usize;
         let end = start.saturating_add(size as usize).min(data.len());
         Ok((data, start..end))
+    }
+
+    /// The bytes of file `file`: its whole sample read and checked; a field is its slice. On
+    /// failure, the error with what was being read (the sample's path once it is known).
+    fn load(&self, file: u64) -> Result<Vec<u8>, (String, ReadError)> {
+        let ds = self.dataset();
+        let (id, st, field) = self
+            .file(file)
+            .map_err(|e| ("reading the namespace".to_string(), e))?;
+        let path = ds
+            .path(id)
+            .map(|p| granary::escape_path(&p))
+            .unwrap_or_default();
+        let at = |e| (format!("reading {path:?}"), e);
+        let data = self.reader.read(id).map_err(at)?;
+        let out = match field {
+            // The size `stat` showed (the namespace's) is what a read hands out, or an error:
+            // never another number of bytes.
+            None if data.len() as u64 != st.size => Err(format!(
+                "sample {id}: its record holds {} bytes, its namespace entry says {}",
+                data.len(),
+                st.size
+            )),
+            None => Ok(data),
+            Some(f) => data
+                .get(f.start as usize..f.end as usize)
+                .map(<[u8]>::to_vec)
+                .ok_or_else(|| format!("sample {id}: its bytes do not hold its field {f:?}")),
+        };
+        out.map_err(|e| at(ReadError::invalid(e)))
     }
 
     /// Closes open file `fh`.
@@ -376,7 +346,6 @@ impl MountFs {
 
     /// The statistics as JSON.
     pub fn stats_json(&self) -> String {
-        let reads = self.reader.stats();
         let ds = self.dataset();
         let s = Stats {
             dataset: ds.location(),
@@ -388,7 +357,7 @@ impl MountFs {
             opens: self.opens.load(Relaxed),
             open_files: self.handles.lock().expect("handles").len(),
             uptime_s: self.started.elapsed().as_secs_f64(),
-            reads: &reads,
+            reads: self.reader.stats(),
             layers: self.reader.layers(),
         };
         serde_json::to_string(&s).expect("stats serialise")
@@ -408,10 +377,5 @@ impl MountFs {
         });
         let files = ds.selected_len();
         (bytes, files + self.tree.dir_count() as u64)
-    }
-
-    /// How long the kernel may cache attributes and entries: everything is immutable.
-    pub fn ttl(&self) -> Duration {
-        Duration::from_secs(3600)
     }
 }

@@ -17,11 +17,23 @@ use fuser::{
 
 use crate::fs::MountFs;
 
+/// How long the kernel may cache attributes and entries: everything is immutable.
+const TTL: Duration = Duration::from_secs(3600);
+
+/// Open files and directories never change: the kernel may keep their pages across opens.
+const KEEP: FopenFlags = FopenFlags::FOPEN_KEEP_CACHE;
+
 /// The FUSE adapter.
 struct Fuse(Arc<MountFs>);
 
-fn errno(e: i32) -> Errno {
-    Errno::from_i32(e)
+/// Answers `$reply` with `$ok` given the value of `$result`, or with the errno it failed with.
+macro_rules! answer {
+    ($reply:ident, $result:expr, |$v:pat_param| $ok:expr) => {
+        match $result {
+            Ok($v) => $ok,
+            Err(e) => $reply.error(Errno::from_i32(e)),
+        }
+    };
 }
 
 impl fuser::Filesystem for Fuse {
@@ -34,26 +46,18 @@ impl fuser::Filesystem for Fuse {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        match self.0.lookup(parent.0, name.as_encoded_bytes()) {
-            Ok(a) => reply.entry(&self.0.ttl(), &a, Generation(0)),
-            Err(e) => reply.error(errno(e)),
-        }
+        let r = self.0.lookup(parent.0, name.as_encoded_bytes());
+        answer!(reply, r, |a| reply.entry(&TTL, &a, Generation(0)))
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        match self.0.getattr(ino.0) {
-            Ok(a) => reply.attr(&self.0.ttl(), &a),
-            Err(e) => reply.error(errno(e)),
-        }
+        answer!(reply, self.0.getattr(ino.0), |a| reply.attr(&TTL, &a))
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let write = flags.acc_mode() != OpenAccMode::O_RDONLY;
-        match self.0.open(ino.0, write) {
-            // Contents never change: the kernel may keep pages across opens.
-            Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::FOPEN_KEEP_CACHE),
-            Err(e) => reply.error(errno(e)),
-        }
+        let r = self.0.open(ino.0, write);
+        answer!(reply, r, |fh| reply.opened(FileHandle(fh), KEEP))
     }
 
     fn read(
@@ -67,10 +71,8 @@ impl fuser::Filesystem for Fuse {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        match self.0.read(fh.0, offset, size) {
-            Ok((data, range)) => reply.data(&data[range]),
-            Err(e) => reply.error(errno(e)),
-        }
+        let r = self.0.read(fh.0, offset, size);
+        answer!(reply, r, |(data, range)| reply.data(&data[range]))
     }
 
     fn release(
@@ -88,10 +90,8 @@ impl fuser::Filesystem for Fuse {
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        match self.0.opendir(ino.0) {
-            Ok(()) => reply.opened(FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE),
-            Err(e) => reply.error(errno(e)),
-        }
+        let r = self.0.opendir(ino.0);
+        answer!(reply, r, |()| reply.opened(FileHandle(0), KEEP))
     }
 
     fn readdir(
@@ -105,10 +105,7 @@ impl fuser::Filesystem for Fuse {
         let r = self.0.readdir(ino.0, offset, |a, name, next| {
             reply.add(a.ino, next, a.kind, OsStr::from_bytes(name))
         });
-        match r {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(e)),
-        }
+        answer!(reply, r, |()| reply.ok())
     }
 
     fn readdirplus(
@@ -119,25 +116,10 @@ impl fuser::Filesystem for Fuse {
         offset: u64,
         mut reply: ReplyDirectoryPlus,
     ) {
-        let ttl = self.0.ttl();
         let r = self.0.readdir(ino.0, offset, |a, name, next| {
-            reply.add(a.ino, next, OsStr::from_bytes(name), &ttl, a, Generation(0))
+            reply.add(a.ino, next, OsStr::from_bytes(name), &TTL, a, Generation(0))
         });
-        match r {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(e)),
-        }
-    }
-
-    fn releasedir(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        _fh: FileHandle,
-        _flags: OpenFlags,
-        reply: ReplyEmpty,
-    ) {
-        reply.ok();
+        answer!(reply, r, |()| reply.ok())
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
@@ -150,7 +132,7 @@ impl fuser::Filesystem for Fuse {
             Ok(v) if size == 0 => reply.size(v.len() as u32),
             Ok(v) if v.len() <= size as usize => reply.data(&v),
             Ok(_) => reply.error(Errno::ERANGE),
-            Err(e) => reply.error(errno(e)),
+            Err(e) => reply.error(Errno::from_i32(e)),
         }
     }
 
@@ -193,10 +175,7 @@ impl fuser::Filesystem for Fuse {
     }
 
     fn access(&self, _req: &Request, ino: INodeNo, _mask: fuser::AccessFlags, reply: ReplyEmpty) {
-        match self.0.getattr(ino.0) {
-            Ok(_) => reply.ok(),
-            Err(e) => reply.error(errno(e)),
-        }
+        answer!(reply, self.0.getattr(ino.0), |_| reply.ok())
     }
 }
 
@@ -272,21 +251,21 @@ pub fn serve(
     config.clone_fd = true;
     let session = fuser::spawn_mount(Fuse(fs.clone()), mountpoint, &config)?;
     on_mounted();
-    let ended = loop {
+    let stopped = loop {
         if session.guard.is_finished() {
-            break None;
+            break false;
         }
         if stop.load(Relaxed) {
-            break Some(());
+            break true;
         }
         std::thread::sleep(Duration::from_millis(50));
     };
-    let result = match ended {
-        None => {
+    let result = match stopped {
+        false => {
             session.join()?;
             Ended::Unmounted
         }
-        Some(()) => {
+        true => {
             // Detached at once (a process with a file open keeps it until it closes it);
             // then the session is joined in a helper: a reader holding a file open, or a
             // request stuck in storage, must not hold the process past the grace period.
@@ -341,10 +320,7 @@ pub fn unmount(mnt: &Path, lazy: bool) -> io::Result<()> {
     let mut last = None;
     for bin in ["fusermount3", "fusermount"] {
         let mut c = std::process::Command::new(bin);
-        c.arg("-u");
-        if lazy {
-            c.arg("-z");
-        }
+        c.arg("-u").args(lazy.then_some("-z"));
         match c.arg(mnt).status() {
             Ok(s) if s.success() => return Ok(()),
             Ok(s) => {

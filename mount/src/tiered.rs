@@ -112,11 +112,9 @@ impl TieredReader {
     /// is one (a damaged copy is removed and the origin read instead), else after fetching
     /// the chunk into the tier, else from the origin.
     pub fn read(&self, id: u64) -> Result<Vec<u8>, ReadError> {
-        let r = self.read_inner(id);
-        if r.is_err() {
+        self.read_inner(id).inspect_err(|_| {
             self.read_errors.fetch_add(1, Relaxed);
-        }
-        r
+        })
     }
 
     fn read_inner(&self, id: u64) -> Result<Vec<u8>, ReadError> {
@@ -167,11 +165,10 @@ fn chunk_score(ds: Arc<Dataset>, cache: Arc<LocalTier>) -> ChunkScore {
         let scores = {
             let mut s = table.lock().expect("scores");
             if s.1.is_none_or(|t| t.elapsed() >= SCORES_EVERY) {
-                let path = cache.scores_path();
-                s.0 = path
-                    .exists()
-                    .then(|| ImportanceScores::load(&path).ok().map(Arc::new))
-                    .flatten();
+                // No table (the training loop wrote none) or an unreadable one: sample counts.
+                s.0 = ImportanceScores::load(&cache.scores_path())
+                    .ok()
+                    .map(Arc::new);
                 s.1 = Some(Instant::now());
             }
             s.0.clone()

@@ -20,7 +20,6 @@
 //! them is listed or looked up, and that operation fails naming the path (`EIO` through the
 //! mount); `granary verify` checks the whole namespace.
 
-use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
@@ -63,9 +62,8 @@ enum Run {
 /// A directory's entries, worked out on first use.
 #[derive(Debug, Default)]
 struct Listing {
-    runs: Vec<Run>,
-    /// `starts[k]`: listing position of the first entry of `runs[k]`.
-    starts: Vec<u64>,
+    /// Each run with the listing position of its first entry.
+    runs: Vec<(u64, Run)>,
     entries: u64,
 }
 
@@ -76,7 +74,18 @@ struct Dir {
     parent: u32,
     /// Mode and mtime as packed, when the dataset records them.
     attrs: Option<granary::FileAttrs>,
-    listing: OnceLock<Listing>,
+    listing: OnceLock<Arc<Listing>>,
+}
+
+impl Dir {
+    fn new(path: &[u8], parent: u32, attrs: Option<granary::FileAttrs>) -> Arc<Dir> {
+        Arc::new(Dir {
+            path: path.into(),
+            parent,
+            attrs,
+            listing: OnceLock::new(),
+        })
+    }
 }
 
 /// What an inode is.
@@ -90,9 +99,9 @@ pub enum Node {
 
 /// One directory entry as listed.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Entry<'a> {
+pub struct Entry {
     pub node: Node,
-    pub name: Cow<'a, [u8]>,
+    pub name: Vec<u8>,
     /// A file's size, mode and mtime when the listing had them at hand (a dataset without
     /// fields).
     pub stat: Option<FileStat>,
@@ -155,6 +164,12 @@ fn split_last(path: &[u8]) -> (&[u8], &[u8]) {
     }
 }
 
+/// The field entry number of sample `id`'s first field.
+fn field_first(ds: &Dataset, id: u64) -> Result<u64, ReadError> {
+    let first = ds.snapshot().field_first(id);
+    first.map_err(|e| ReadError::invalid(e.to_string()))
+}
+
 /// `dir/name` (`name` in the root).
 fn join(dir: &[u8], name: &[u8]) -> Vec<u8> {
     match dir {
@@ -174,15 +189,9 @@ impl Tree {
         if files >= u64::MAX - ROOT_INO - 2 - u32::MAX as u64 {
             return Err(bad(format!("{files} files are too many for inode numbers")));
         }
-        let root = Arc::new(Dir {
-            path: Box::default(),
-            parent: 0,
-            attrs: None,
-            listing: OnceLock::new(),
-        });
         Ok(Tree {
             known: RwLock::new(Known {
-                dirs: vec![root],
+                dirs: vec![Dir::new(b"", 0, None)],
                 by_path: HashMap::from([(Box::default(), 0)]),
             }),
             samples: files,
@@ -217,17 +226,6 @@ impl Tree {
         self.known().dirs[dir as usize].clone()
     }
 
-    /// The directory `path` (child of `parent`), made known if the namespace has it.
-    fn child_dir(&self, ds: &Dataset, parent: u32, path: &[u8]) -> Result<Option<u32>, ReadError> {
-        if let Some(&d) = self.known().by_path.get(path) {
-            return Ok(Some(d));
-        }
-        match ds.find(path)? {
-            Some((_, e)) if e.is_dir() => self.add_dir(parent, path, e.attrs).map(Some),
-            _ => Ok(None),
-        }
-    }
-
     /// Makes directory `path` known (once), child of `parent`, with its attributes.
     fn add_dir(
         &self,
@@ -245,24 +243,20 @@ impl Tree {
         }
         let idx =
             u32::try_from(k.dirs.len()).map_err(|_| bad("more than 2^32 directories".into()))?;
-        k.dirs.push(Arc::new(Dir {
-            path: path.into(),
-            parent,
-            attrs,
-            listing: OnceLock::new(),
-        }));
+        k.dirs.push(Dir::new(path, parent, attrs));
         k.by_path.insert(path.into(), idx);
         Ok(idx)
     }
 
-    /// Directory `dir` with its listing worked out.
-    fn listed(&self, ds: &Dataset, dir: u32) -> Result<Arc<Dir>, ReadError> {
+    /// The listing of directory `dir`, worked out on first use.
+    fn listing(&self, ds: &Dataset, dir: u32) -> Result<Arc<Listing>, ReadError> {
         let d = self.get(dir);
-        if d.listing.get().is_none() {
-            let l = self.list(ds, dir, &d.path)?;
-            let _ = d.listing.set(l); // another thread may have listed it meanwhile: the same
+        if let Some(l) = d.listing.get() {
+            return Ok(l.clone());
         }
-        Ok(d)
+        let l = Arc::new(self.list(ds, dir, &d.path)?);
+        // Another thread may have listed it meanwhile: the same listing.
+        Ok(d.listing.get_or_init(|| l).clone())
     }
 
     /// Works out the listing of directory `dir` (`path`): one walk through its positions in
@@ -318,8 +312,7 @@ impl Tree {
                 (None, None) => {
                     let sub = self.add_dir(dir, &e.path, e.attrs)?;
                     subdirs.insert(rest.to_vec(), sub);
-                    l.starts.push(l.entries);
-                    l.runs.push(Run::Dir(sub));
+                    l.runs.push((l.entries, Run::Dir(sub)));
                     l.entries += 1;
                     pos += 1;
                     in_files = false;
@@ -369,19 +362,20 @@ impl Tree {
             }
         };
         match l.runs.last_mut() {
-            Some(Run::Files { end, firsts, .. }) if *end == pos => {
+            Some((first, Run::Files { end, firsts, .. })) if *end == pos => {
                 if self.fields {
-                    firsts.push(l.entries - l.starts.last().copied().unwrap_or(0));
+                    firsts.push(l.entries - *first);
                 }
                 *end += 1;
             }
             _ => {
-                l.starts.push(l.entries);
-                l.runs.push(Run::Files {
+                let firsts = if self.fields { vec![0] } else { Vec::new() };
+                let run = Run::Files {
                     start: pos,
                     end: pos + 1,
-                    firsts: if self.fields { vec![0] } else { Vec::new() },
-                });
+                    firsts,
+                };
+                l.runs.push((l.entries, run));
             }
         }
         l.entries += count;
@@ -395,12 +389,9 @@ impl Tree {
         if !self.fields {
             return Ok(());
         }
-        let d = self.listed(ds, dir)?;
-        let Some(l) = d.listing.get() else {
-            return Ok(());
-        };
+        let l = self.listing(ds, dir)?;
         let mut ids = Vec::new();
-        for r in &l.runs {
+        for (_, r) in &l.runs {
             if let Run::Files { start, end, .. } = r {
                 for pos in *start..*end {
                     ids.extend(self.sorted(ds, pos, ENTRY_BATCH, *end)?.id);
@@ -461,19 +452,20 @@ impl Tree {
                 None => None,
                 Some((id, name)) => {
                     let k = ds.fields(id)?.iter().position(|f| f.name == name);
-                    let first = ds
-                        .snapshot()
-                        .field_first(id)
-                        .map_err(|e| ReadError::invalid(e.to_string()))?;
+                    let first = field_first(ds, id)?;
                     k.map(|k| (Node::File(first + k as u64), None))
                 }
             },
         };
-        match file {
-            Some(f) => Ok(Some(f)),
-            None => Ok(self
-                .child_dir(ds, dir, &path)?
-                .map(|d| (Node::Dir(d), None))),
+        if file.is_some() {
+            return Ok(file);
+        }
+        // A directory not known yet, made known.
+        match ds.find(&path)? {
+            Some((_, e)) if e.is_dir() => {
+                Ok(Some((Node::Dir(self.add_dir(dir, &path, e.attrs)?), None)))
+            }
+            _ => Ok(None),
         }
     }
 
@@ -496,8 +488,7 @@ impl Tree {
 
     /// Number of entries of `dir` (without `.` and `..`): lists it if it was not yet.
     pub fn entry_count(&self, ds: &Dataset, dir: u32) -> Result<u64, ReadError> {
-        let d = self.listed(ds, dir)?;
-        Ok(d.listing.get().map_or(0, |l| l.entries))
+        Ok(self.listing(ds, dir)?.entries)
     }
 
     /// Mode and mtime of `dir` as packed, if the dataset records them.
@@ -507,31 +498,20 @@ impl Tree {
 
     /// Entry number `k` (0-based, without `.` and `..`) of directory `dir`, if it exists;
     /// lists `dir` if it was not yet.
-    pub fn entry<'a>(
-        &self,
-        ds: &'a Dataset,
-        dir: u32,
-        k: u64,
-    ) -> Result<Option<Entry<'a>>, ReadError>
-    where
-        Self: 'a,
-    {
-        let d = self.listed(ds, dir)?;
-        let Some(l) = d.listing.get() else {
-            return Ok(None);
-        };
+    pub fn entry(&self, ds: &Dataset, dir: u32, k: u64) -> Result<Option<Entry>, ReadError> {
+        let l = self.listing(ds, dir)?;
         if k >= l.entries {
             return Ok(None);
         }
-        let r = l.starts.partition_point(|&s| s <= k) - 1;
-        match &l.runs[r] {
+        let (first, run) = &l.runs[l.runs.partition_point(|r| r.0 <= k) - 1];
+        match run {
             Run::Dir(sub) => Ok(Some(Entry {
                 node: Node::Dir(*sub),
-                name: Cow::Owned(split_last(&self.get(*sub).path).1.to_vec()),
+                name: split_last(&self.get(*sub).path).1.to_vec(),
                 stat: None,
             })),
             Run::Files { start, end, firsts } if self.fields => {
-                let local = k - l.starts[r];
+                let local = k - first;
                 let i = firsts.partition_point(|&f| f <= local) - 1;
                 let j = local - firsts[i];
                 let NsEntry { id, path, .. } =
@@ -542,24 +522,20 @@ impl Tree {
                     .get(j as usize)
                     .ok_or_else(|| bad(format!("sample {id} has fewer fields")))?;
                 let name = [split_last(&path).1, b".", f.name].concat();
-                let first = ds
-                    .snapshot()
-                    .field_first(id)
-                    .map_err(|e| ReadError::invalid(e.to_string()))?;
                 Ok(Some(Entry {
-                    node: Node::File(first + j),
-                    name: Cow::Owned(name),
+                    node: Node::File(field_first(ds, id)? + j),
+                    name,
                     stat: None,
                 }))
             }
             Run::Files { start, end, .. } => {
-                let pos = start + (k - l.starts[r]);
+                let pos = start + (k - first);
                 let e = self.sorted(ds, pos, ENTRY_BATCH, *end)?;
                 let id =
                     e.id.ok_or_else(|| bad(format!("position {pos} is no file")))?;
                 Ok(Some(Entry {
                     node: Node::File(id),
-                    name: Cow::Owned(split_last(&e.path).1.to_vec()),
+                    name: split_last(&e.path).1.to_vec(),
                     stat: Some(FileStat {
                         size: e.size,
                         attrs: e.attrs,
