@@ -108,6 +108,19 @@ fn main() -> ExitCode {
     if log::set_logger(&LOG).is_ok() {
         log::set_max_level(log::LevelFilter::Warn);
     }
+    // `println!` panics when stdout is a pipe closed early (`granary plan DS | head`): end as
+    // a tool killed by SIGPIPE does, quietly with status 141, not with a panic message.
+    let default_hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let payload = info.payload();
+        let msg = (payload.downcast_ref::<String>().map(String::as_str))
+            .or_else(|| payload.downcast_ref::<&str>().copied())
+            .unwrap_or("");
+        if msg.starts_with("failed printing to stdout") && msg.contains("Broken pipe") {
+            std::process::exit(141);
+        }
+        default_hook(info)
+    }));
     let cli = Cli::parse();
     // The store's configuration, resolved once: defaults, the GRANARY_* variables, then the
     // options given here (which clap also takes from their variables).

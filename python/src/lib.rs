@@ -22,8 +22,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use granary::{
-    Dataset as RsDataset, EpochSetup, LocalTier, PlanOptions, ReadError, SampleReader, Shard,
-    SharedScores, StreamOptions, TierPolicy,
+    Dataset as RsDataset, EpochSetup, LocalTier, ReadError, SampleReader, Shard, SharedScores,
+    StreamOptions, TierPolicy,
 };
 use pyo3::create_exception;
 use pyo3::exceptions::{PyIndexError, PyOSError, PyValueError};
@@ -64,14 +64,19 @@ pub(crate) fn err(e: ReadError) -> PyErr {
             DamagedError::new_err(msg)
         }
         ReadError::Incomplete(m) | ReadError::Store(S::Stopped(m)) => IncompleteError::new_err(m),
-        ReadError::Store(S::Io { source, .. }) => match source.raw_os_error() {
-            Some(errno) => GranaryError::new_err((errno, msg)),
-            None => GranaryError::new_err(msg),
-        },
-        ReadError::Store(S::Remote { kind, .. }) => match kind {
-            granary::RemoteKind::NotFound => GranaryError::new_err((ENOENT, msg)),
-            _ => GranaryError::new_err(msg),
-        },
+        ReadError::Store(S::Io { source, .. }) => os_error(source.raw_os_error(), msg),
+        ReadError::Store(S::Remote { kind, .. }) => os_error(
+            matches!(kind, granary::RemoteKind::NotFound).then_some(ENOENT),
+            msg,
+        ),
+    }
+}
+
+/// A GranaryError (an OSError), with `errno` when there is one.
+pub(crate) fn os_error(errno: Option<i32>, msg: String) -> PyErr {
+    match errno {
+        Some(errno) => GranaryError::new_err((errno, msg)),
+        None => GranaryError::new_err(msg),
     }
 }
 
@@ -95,6 +100,11 @@ const ENOENT: i32 = 2;
 
 fn hex(id: &[u8; 16]) -> String {
     granary::DatasetId(*id).to_string()
+}
+
+/// A name (a field's) as Python's `str`.
+pub(crate) fn lossy(name: &[u8]) -> String {
+    String::from_utf8_lossy(name).into_owned()
 }
 
 /// A field of a sample as Python lays it out: name, offset in the sample's bytes, length,
@@ -198,20 +208,13 @@ impl Dataset {
     /// The field names the samples use (str, sorted; empty without fields).
     fn field_names(&self) -> PyResult<Vec<String>> {
         let names = self.reader.dataset().field_names().map_err(err)?;
-        Ok(names
-            .iter()
-            .map(|n| String::from_utf8_lossy(n).into_owned())
-            .collect())
+        Ok(names.iter().map(|n| lossy(n)).collect())
     }
 
     /// Each field name's type descriptor (`{name: descriptor}`; empty without fields).
     fn field_types(&self) -> PyResult<std::collections::BTreeMap<String, String>> {
-        let names = self.reader.dataset().field_names().map_err(err)?;
-        Ok(names
-            .iter()
-            .map(|n| String::from_utf8_lossy(n).into_owned())
-            .zip(self.descriptors()?)
-            .collect())
+        let names = self.field_names()?;
+        Ok(names.into_iter().zip(self.descriptors()?).collect())
     }
 
     /// Per sample of `ids`: its fields as (name, offset in the sample's bytes, length, type
@@ -227,23 +230,14 @@ impl Dataset {
                 .and_then(|k| types.get(k).cloned())
                 .unwrap_or_else(|| "bytes".into())
         };
-        ids.iter()
-            .map(|&id| {
-                Ok(ds
-                    .fields(id)
-                    .map_err(err)?
-                    .iter()
-                    .map(|f| {
-                        (
-                            String::from_utf8_lossy(f.name).into_owned(),
-                            f.offset,
-                            f.len,
-                            type_of(f.name),
-                        )
-                    })
-                    .collect())
-            })
-            .collect()
+        let layouts = |id: u64| -> PyResult<Vec<FieldLayout>> {
+            let fields = ds.fields(id).map_err(err)?;
+            let layout = fields
+                .iter()
+                .map(|f| (lossy(f.name), f.offset, f.len, type_of(f.name)));
+            Ok(layout.collect())
+        };
+        ids.into_iter().map(layouts).collect()
     }
 
     /// The fields `names` (all with None) of sample `id`, each read alone and checked against
@@ -263,17 +257,10 @@ impl Dataset {
         let got = py
             .detach(|| ds.read_fields(id, wanted.as_deref()))
             .map_err(err)?;
-        Ok((
-            got.into_iter()
-                .map(|(n, d)| {
-                    (
-                        String::from_utf8_lossy(&n).into_owned(),
-                        PyBytes::new(py, &d),
-                    )
-                })
-                .collect(),
-            label,
-        ))
+        let fields = got
+            .into_iter()
+            .map(|(n, d)| (lossy(&n), PyBytes::new(py, &d)));
+        Ok((fields.collect(), label))
     }
 
     /// The samples of chunk `c`: (first sample id, count).
@@ -371,39 +358,23 @@ impl Dataset {
         epoch: u64,
         options: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Vec<u64>> {
-        const TAKES: [&str; 8] = [
-            "seed",
-            "window",
-            "memory",
-            "rank",
-            "world_size",
-            "drop_last",
-            "shuffle",
-            "locality",
-        ];
+        const TAKES: &str = "seed, window, memory, rank, world_size, drop_last, shuffle, locality";
         let empty = PyDict::new(py);
         let options = options.unwrap_or(&empty);
         for k in options.keys() {
             let k: String = k.extract()?;
-            if !TAKES.contains(&k.as_str()) {
+            if !TAKES.split(", ").any(|t| t == k) {
                 return Err(pyo3::exceptions::PyTypeError::new_err(format!(
-                    "plan() does not use '{k}': a plan reads nothing (it takes {})",
-                    TAKES.join(", ")
+                    "plan() does not use '{k}': a plan reads nothing (it takes {TAKES})"
                 )));
             }
         }
         let o: granary::ReaderOptions = from_keywords("plan", options)?;
         let setup = EpochSetup {
-            plan: PlanOptions {
-                mode: o.shuffle,
-                seed: o.seed,
-                window_chunks: o.window.unwrap_or(0),
-                drop_last: o.drop_last,
-                locality: o.locality,
-            },
+            plan: o.plan(),
             sampling: None,
             stream: StreamOptions {
-                memory: o.memory.unwrap_or(granary::DEFAULT_READER_MEMORY),
+                memory: o.memory_budget(),
                 ..Default::default()
             },
         };

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 
 use granary::{
     Dataset as RsDataset, EpochState, EpochStream, MixReader, MixState, Mixture, ReadError,
-    SampleStream, Shard, Share, SourceMark, SourceSpec,
+    ReaderOptions, SampleStream, Shard, Share, SourceMark, SourceSpec,
 };
 use numpy::{PyArray1, PyArrayMethods};
 use pyo3::exceptions::{PyTypeError, PyValueError};
@@ -28,21 +28,6 @@ fn still_intact(samples: &[granary::Sample]) -> PyResult<()> {
     cut.map_or(Ok(()), |s| Err(err(s.cut_error())))
 }
 
-/// The samples' bytes back to back, and the offsets (n + 1) where each starts and ends.
-fn gather(samples: &[granary::Sample]) -> (Vec<u8>, Vec<i64>) {
-    // Not zero-filled first: the buffer may be reused heap memory, which calloc would clear.
-    let mut buf = Vec::with_capacity(packed_len(samples));
-    for s in samples {
-        buf.extend_from_slice(s.data());
-    }
-    (buf, offsets(samples))
-}
-
-/// Bytes of `samples` back to back.
-fn packed_len(samples: &[granary::Sample]) -> usize {
-    samples.iter().map(|s| s.data().len()).sum()
-}
-
 /// Where each sample starts and ends when packed back to back (n + 1 offsets).
 fn offsets(samples: &[granary::Sample]) -> Vec<i64> {
     std::iter::once(0)
@@ -53,17 +38,6 @@ fn offsets(samples: &[granary::Sample]) -> Vec<i64> {
         .collect()
 }
 
-/// Copies the samples' bytes back to back to the start of `dst` (at least [`packed_len`]
-/// bytes).
-fn gather_into(samples: &[granary::Sample], dst: &mut [u8]) {
-    let mut at = 0;
-    for s in samples {
-        let d = s.data();
-        dst[at..at + d.len()].copy_from_slice(d);
-        at += d.len();
-    }
-}
-
 /// The samples gathered into the array `alloc(nbytes)` returns (see
 /// `Stream::next_batch_into`), with their columns.
 fn gather_batch<'py>(
@@ -71,59 +45,48 @@ fn gather_batch<'py>(
     got: &[granary::Sample],
     alloc: &Bound<'py, PyAny>,
 ) -> PyResult<PyArrayBatch<'py>> {
-    let total = packed_len(got);
+    let offsets = offsets(got);
+    let total = offsets[got.len()] as usize;
+    let bad = |what: String| PyValueError::new_err(format!("alloc(nbytes) returned {what}"));
     let out = alloc.call1((total,))?;
     let arr = out.cast::<PyArray1<u8>>().map_err(|_| {
         PyValueError::new_err("alloc(nbytes) must return a one-dimensional numpy uint8 array")
     })?;
     {
-        let mut rw = arr.try_readwrite().map_err(|e| {
-            PyValueError::new_err(format!(
-                "alloc(nbytes) returned an array that cannot be written: {e}"
-            ))
-        })?;
-        let dst = rw.as_slice_mut().map_err(|e| {
-            PyValueError::new_err(format!("alloc(nbytes) returned a strided array: {e}"))
-        })?;
+        let mut rw = arr
+            .try_readwrite()
+            .map_err(|e| bad(format!("an array that cannot be written: {e}")))?;
+        let dst = rw
+            .as_slice_mut()
+            .map_err(|e| bad(format!("a strided array: {e}")))?;
         if dst.len() < total {
             return Err(PyValueError::new_err(format!(
                 "alloc({total}) returned an array of only {} bytes",
                 dst.len()
             )));
         }
-        py.detach(|| gather_into(got, dst));
+        py.detach(|| {
+            for (s, &at) in got.iter().zip(&offsets) {
+                dst[at as usize..][..s.data().len()].copy_from_slice(s.data());
+            }
+        });
         still_intact(got)?;
     }
-    let (ids, labels, weights, sources) = columns(got);
-    Ok((
-        ids,
-        labels,
-        arr.clone(),
-        PyArray1::from_vec(py, offsets(got)),
-        weights,
-        sources,
-    ))
+    Ok(packed(got, arr.clone(), PyArray1::from_vec(py, offsets)))
 }
 
-/// A packed batch: (ids, labels, all bytes, offsets, weights, sources).
-type PyPackedBatch<'py> = (
-    Vec<u64>,
-    Vec<u32>,
-    Bound<'py, PyByteArray>,
-    Vec<i64>,
-    Vec<f32>,
-    Vec<u32>,
-);
+/// A packed batch: (ids, labels, the bytes of every sample back to back, offsets (n + 1),
+/// weights, sources).
+type Packed<B, O> = (Vec<u64>, Vec<u32>, B, O, Vec<f32>, Vec<u32>);
 
-/// A packed batch in numpy arrays: (ids, labels, uint8 bytes, int64 offsets, weights).
-type PyArrayBatch<'py> = (
-    Vec<u64>,
-    Vec<u32>,
-    Bound<'py, PyArray1<u8>>,
-    Bound<'py, PyArray1<i64>>,
-    Vec<f32>,
-    Vec<u32>,
-);
+/// A packed batch in numpy arrays: uint8 bytes, int64 offsets.
+type PyArrayBatch<'py> = Packed<Bound<'py, PyArray1<u8>>, Bound<'py, PyArray1<i64>>>;
+
+/// The batch of `samples` with their bytes in `buf` at `offsets`.
+fn packed<B, O>(samples: &[granary::Sample], buf: B, offsets: O) -> Packed<B, O> {
+    let (ids, labels, weights, sources) = columns(samples);
+    (ids, labels, buf, offsets, weights, sources)
+}
 
 /// One (rank, worker) share of one epoch of a dataset or a mixture, streamed: iterate
 /// `(id, label, bytes, weight, source)`, or take batches with `next_batch(n)`.
@@ -136,9 +99,10 @@ pub(crate) struct Stream {
 }
 
 impl Stream {
-    /// Up to `n` samples (fewer at the end of the epoch), read with the GIL released.
-    fn take(&self, py: Python<'_>, n: usize) -> PyResult<Vec<granary::Sample>> {
-        py.detach(|| {
+    /// Up to `n` samples (fewer at the end of the epoch), read with the GIL released; None at
+    /// the end of the epoch.
+    fn take(&self, py: Python<'_>, n: usize) -> PyResult<Option<Vec<granary::Sample>>> {
+        let got = py.detach(|| {
             let mut st = self.inner.lock().expect("stream lock");
             let mut v = Vec::with_capacity(n);
             for s in st.by_ref() {
@@ -148,31 +112,31 @@ impl Stream {
                 }
             }
             Ok::<_, ReadError>(v)
-        })
-        .map_err(err)
+        });
+        Ok(Some(got.map_err(err)?).filter(|v| !v.is_empty()))
     }
 
-    /// Up to `n` samples gathered back to back: (ids, labels, bytes, offsets, weights); None
-    /// at the end of the epoch.
-    fn take_packed(&self, py: Python<'_>, n: usize) -> PyResult<Option<Packed>> {
-        let got = self.take(py, n)?;
-        if got.is_empty() {
+    /// Up to `n` samples gathered back to back into a new buffer, which `wrap` hands to Python
+    /// with the offsets; None at the end of the epoch.
+    fn take_packed<B, O>(
+        &self,
+        py: Python<'_>,
+        n: usize,
+        wrap: impl FnOnce(Vec<u8>, Vec<i64>) -> (B, O),
+    ) -> PyResult<Option<Packed<B, O>>> {
+        let Some(got) = self.take(py, n)? else {
             return Ok(None);
-        }
-        let (buf, offsets) = py.detach(|| gather(&got));
+        };
+        // Not zero-filled first: the buffer may be reused heap memory, which calloc would clear.
+        let buf = py.detach(|| got.iter().map(|s| s.data()).collect::<Vec<_>>().concat());
         still_intact(&got)?;
-        let (ids, labels, weights, sources) = columns(&got);
-        Ok(Some((ids, labels, buf, offsets, weights, sources)))
+        let (buf, offsets) = wrap(buf, offsets(&got));
+        Ok(Some(packed(&got, buf, offsets)))
     }
 }
 
-/// A packed batch before it becomes Python objects.
-type Packed = (Vec<u64>, Vec<u32>, Vec<u8>, Vec<i64>, Vec<f32>, Vec<u32>);
-
 /// Ids, labels, loss weights and sources of `samples`.
-type Columns = (Vec<u64>, Vec<u32>, Vec<f32>, Vec<u32>);
-
-fn columns(samples: &[granary::Sample]) -> Columns {
+fn columns(samples: &[granary::Sample]) -> (Vec<u64>, Vec<u32>, Vec<f32>, Vec<u32>) {
     (
         samples.iter().map(|s| s.id).collect(),
         samples.iter().map(|s| s.label).collect(),
@@ -204,7 +168,7 @@ fn mix_specs(sources: Vec<PathBuf>, shares: &[String]) -> PyResult<Vec<SourceSpe
 fn mix_reader(
     specs: &[SourceSpec],
     epoch_size: Option<u64>,
-    config: &granary::ReaderOptions,
+    config: &ReaderOptions,
 ) -> Result<MixReader, ReadError> {
     let cfg = granary::StoreConfig::from_env().map_err(|e| ReadError::invalid(e.to_string()))?;
     let mix = Mixture::open(specs, epoch_size, |p| RsDataset::open_with(p, &cfg))?;
@@ -264,21 +228,19 @@ fn shard_and_options<'py>(
     }
     let mut ids = [0u32; 4];
     for (i, name) in names.iter().enumerate() {
-        let named = pop_keyword::<u32>(func, &kw, name)?;
-        ids[i] = match (shard.get_item(i), named) {
-            (Ok(_), Some(_)) => {
-                return Err(PyTypeError::new_err(format!(
-                    "{func}() got multiple values for argument '{name}'"
-                )))
+        let why = match (shard.get_item(i).ok(), pop_keyword::<u32>(func, &kw, name)?) {
+            (Some(v), None) => {
+                ids[i] = v.extract()?;
+                continue;
             }
-            (Ok(v), None) => v.extract()?,
-            (Err(_), Some(v)) => v,
-            (Err(_), None) => {
-                return Err(PyTypeError::new_err(format!(
-                    "{func}() missing required argument: '{name}'"
-                )))
+            (None, Some(v)) => {
+                ids[i] = v;
+                continue;
             }
+            (Some(_), Some(_)) => "got multiple values for argument",
+            (None, None) => "missing required argument:",
         };
+        return Err(PyTypeError::new_err(format!("{func}() {why} '{name}'")));
     }
     let [rank, world_size, worker, num_workers] = ids;
     let shard = Shard {
@@ -295,11 +257,7 @@ fn shard_and_options<'py>(
 /// differently from the command line (a score table that training creates as it reports) and
 /// the environment's variables (`GRANARY_PEER_SECRET`, `GRANARY_IO`), read here, at the
 /// front end.
-fn stream_config(
-    kw: &Bound<'_, PyDict>,
-    rank: u32,
-    world_size: u32,
-) -> PyResult<granary::ReaderOptions> {
+fn stream_config(kw: &Bound<'_, PyDict>, rank: u32, world_size: u32) -> PyResult<ReaderOptions> {
     let mut o = loader_options("Stream", kw)?;
     o.rank = rank;
     o.world_size = world_size;
@@ -309,9 +267,9 @@ fn stream_config(
 
 /// The keywords `kw` of `func` as reader options, with what a loader adds: a lenient tier
 /// score table, and the job's secret and the backend from the environment when not given.
-fn loader_options(func: &str, kw: &Bound<'_, PyDict>) -> PyResult<granary::ReaderOptions> {
+fn loader_options(func: &str, kw: &Bound<'_, PyDict>) -> PyResult<ReaderOptions> {
     let backend_given = kw.contains("backend")?;
-    let mut o: granary::ReaderOptions = from_keywords(func, kw)?;
+    let mut o: ReaderOptions = from_keywords(func, kw)?;
     o.lenient_scores = true;
     if o.peer_secret.is_none() {
         o.peer_secret = granary_store::auth::Secret::from_env().map_err(|e| err(e.into()))?;
@@ -346,7 +304,7 @@ pub(crate) fn check_reader_options(options: Option<&Bound<'_, PyDict>>) -> PyRes
 /// Every reader option by name with the library's default (`None` for "decided later", as
 /// `ReaderOptions` says; the job's secret shows as `None`): the values Python's signatures show.
 pub(crate) fn reader_defaults(py: Python<'_>) -> PyResult<Bound<'_, PyAny>> {
-    pythonize::pythonize(py, &granary::ReaderOptions::default())
+    pythonize::pythonize(py, &ReaderOptions::default())
         .map_err(|e| pyo3::exceptions::PyRuntimeError::new_err(e.to_string()))
 }
 
@@ -357,7 +315,7 @@ impl Stream {
     /// cache_size, policy ("static"), sampling ("uniform"), alpha (0.5), cache_boost (4.0),
     /// resume, locality (1.0), peers, node, peer_timeout (2.0), ownership_epoch (0),
     /// peer_secret (default: GRANARY_PEER_SECRET), peer_ca (a PEM file: peers over TLS). The
-    /// arguments become a `granary::ReaderOptions`; the reader library does the rest.
+    /// arguments become a `ReaderOptions`; the reader library does the rest.
     #[new]
     #[pyo3(signature = (path, epoch, *shard, **options))]
     fn new(
@@ -497,10 +455,9 @@ impl Stream {
     /// Up to `n` samples as (ids, labels, list of bytes, weights); None at the end. The GIL
     /// is released while they are read and checked.
     fn next_batch<'py>(&self, py: Python<'py>, n: usize) -> PyResult<Option<PyBatch<'py>>> {
-        let got = self.take(py, n)?;
-        if got.is_empty() {
+        let Some(got) = self.take(py, n)? else {
             return Ok(None);
-        }
+        };
         let data = PyList::new(py, got.iter().map(|s| PyBytes::new(py, s.data())))?;
         still_intact(&got)?;
         let (ids, labels, weights, sources) = columns(&got);
@@ -516,19 +473,9 @@ impl Stream {
         &self,
         py: Python<'py>,
         n: usize,
-    ) -> PyResult<Option<PyPackedBatch<'py>>> {
-        let Some((ids, labels, buf, offsets, weights, sources)) = self.take_packed(py, n)? else {
-            return Ok(None);
-        };
+    ) -> PyResult<Option<Packed<Bound<'py, PyByteArray>, Vec<i64>>>> {
         // A bytearray: tensors and arrays made over it are writable, as torch expects.
-        Ok(Some((
-            ids,
-            labels,
-            PyByteArray::new(py, &buf),
-            offsets,
-            weights,
-            sources,
-        )))
+        self.take_packed(py, n, |buf, offsets| (PyByteArray::new(py, &buf), offsets))
     }
 
     /// [`Stream::next_batch_packed`] with the bytes in a numpy uint8 array that owns the
@@ -538,11 +485,8 @@ impl Stream {
         py: Python<'py>,
         n: usize,
     ) -> PyResult<Option<PyArrayBatch<'py>>> {
-        let Some((ids, labels, buf, offsets, weights, sources)) = self.take_packed(py, n)? else {
-            return Ok(None);
-        };
-        let (buf, offsets) = (PyArray1::from_vec(py, buf), PyArray1::from_vec(py, offsets));
-        Ok(Some((ids, labels, buf, offsets, weights, sources)))
+        let arrays = |buf, offsets| (PyArray1::from_vec(py, buf), PyArray1::from_vec(py, offsets));
+        self.take_packed(py, n, arrays)
     }
 
     /// [`Stream::next_batch_array`] gathered into a buffer of the caller's: `alloc(nbytes)`
@@ -556,10 +500,9 @@ impl Stream {
         n: usize,
         alloc: &Bound<'py, PyAny>,
     ) -> PyResult<Option<PyArrayBatch<'py>>> {
-        let got = self.take(py, n)?;
-        if got.is_empty() {
+        let Some(got) = self.take(py, n)? else {
             return Ok(None);
-        }
+        };
         gather_batch(py, &got, alloc).map(Some)
     }
 
@@ -574,10 +517,9 @@ impl Stream {
         n: usize,
         alloc: &Bound<'py, PyAny>,
     ) -> PyResult<Option<Bound<'py, PyTuple>>> {
-        let got = self.take(py, n)?;
-        if got.is_empty() {
+        let Some(got) = self.take(py, n)? else {
             return Ok(None);
-        }
+        };
         if let Some(refs) = crate::handover::refs_of(&got)? {
             still_intact(&got)?;
             let (ids, labels, weights, sources) = columns(&got);

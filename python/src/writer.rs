@@ -18,10 +18,7 @@ pub(crate) fn pack_err(e: PackError) -> PyErr {
     let msg = e.to_string();
     match e {
         PackError::Usage(m) => PyValueError::new_err(m),
-        PackError::Io { source, .. } => match source.raw_os_error() {
-            Some(errno) => GranaryError::new_err((errno, msg)),
-            None => GranaryError::new_err(msg),
-        },
+        PackError::Io { source, .. } => crate::os_error(source.raw_os_error(), msg),
         _ => GranaryError::new_err(msg),
     }
 }
@@ -84,24 +81,17 @@ impl Writer {
         py: Python<'_>,
         f: impl FnOnce(&mut RsWriter) -> Result<T, PackError> + Send,
     ) -> PyResult<T> {
-        py.detach(|| {
-            let mut g = self.lock()?;
-            let w = g.as_mut().ok_or_else(|| Err(closed()))?;
-            f(w).map_err(Ok)
-        })
-        .map_err(|e| e.map_or_else(|py_err| py_err, pack_err))
+        py.detach(|| f(self.lock()?.as_mut().ok_or_else(closed)?).map_err(pack_err))
     }
 
     /// The writer, or an error naming what happened when a call into it panicked (the
     /// samples after that are not known to be whole: nothing more is taken).
-    fn lock(
-        &self,
-    ) -> Result<std::sync::MutexGuard<'_, Option<RsWriter>>, Result<PackError, PyErr>> {
+    fn lock(&self) -> PyResult<std::sync::MutexGuard<'_, Option<RsWriter>>> {
         self.inner.lock().map_err(|_| {
-            Err(PyValueError::new_err(
+            PyValueError::new_err(
                 "the writer failed in another call (a panic, reported there); it takes no more \
                  samples: abort() it and write again with resume=True",
-            ))
+            )
         })
     }
 }
@@ -168,7 +158,7 @@ impl Writer {
         self.with(py, |w| {
             Ok(w.field_types()
                 .iter()
-                .map(|(n, t)| (String::from_utf8_lossy(n).into_owned(), t.clone()))
+                .map(|(n, t)| (crate::lossy(n), t.clone()))
                 .collect())
         })
     }
@@ -201,15 +191,11 @@ impl Writer {
     /// Builds the chunks and the snapshot and publishes the dataset; returns the summary as
     /// JSON text. Waits for calls of other threads under way; later ones find it closed.
     fn finish(&self, py: Python<'_>) -> PyResult<String> {
-        let s = py
-            .detach(|| {
-                let w = self
-                    .lock()?
-                    .take()
-                    .ok_or_else(|| Err(PyValueError::new_err("the writer is closed already")))?;
-                w.finish().map_err(Ok)
-            })
-            .map_err(|e| e.map_or_else(|py_err| py_err, pack_err))?;
+        let s = py.detach(|| {
+            let closed = || PyValueError::new_err("the writer is closed already");
+            let w = self.lock()?.take().ok_or_else(closed)?;
+            w.finish().map_err(pack_err)
+        })?;
         serde_json::to_string(&s).map_err(|e| PyValueError::new_err(e.to_string()))
     }
 

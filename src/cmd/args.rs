@@ -62,17 +62,11 @@ impl PlanArgs {
 
     /// Plan options for `ds` (the window follows from the memory budget unless given).
     pub fn options(&self, ds: &granary::Dataset) -> anyhow::Result<PlanOptions> {
-        let window = match self.window {
-            Some(w) => w,
-            None => ds.window_for_memory(self.memory)?,
-        };
-        Ok(PlanOptions {
-            mode: self.shuffle,
-            seed: self.seed,
-            window_chunks: window,
-            drop_last: !self.pad,
-            locality: self.locality,
-        })
+        let mut o = self.reader_options().plan();
+        if self.window.is_none() {
+            o.window_chunks = ds.window_for_memory(self.memory)?;
+        }
+        Ok(o)
     }
 
     /// Every (rank, worker) share of an epoch, rank by rank.

@@ -1,9 +1,9 @@
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use granary_format::hex16;
-use serde_json::json;
+use serde_json::{json, Value};
 
 use super::{human_bytes, open_dataset};
 
@@ -22,173 +22,136 @@ pub struct Args {
 
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     let ds = open_dataset(&a.dataset)?;
-    let facts = Facts::of(&ds)?;
+    let facts = facts(&ds)?;
     match a.json {
-        true => super::print_json(&facts.json(&ds))?,
-        false => facts.text(&ds, &a.dataset, &mut std::io::stdout().lock())?,
+        true => super::print_json(&facts)?,
+        false => text(&facts, &a.dataset, &mut std::io::stdout().lock())?,
     }
     Ok(ExitCode::SUCCESS)
 }
 
-/// What `info` reports beyond the snapshot's own accessors. Everything comes from the chunk
-/// table (O(chunks)), so that a remote dataset's info reads a few blocks of its snapshot,
-/// never its per-sample tables.
-struct Facts {
-    id: String,
-    stored: u64,
-    orig: u64,
-    compressed: u64,
-    chunk_bytes: u64,
-    classes: Vec<String>,
-    /// Field names and their type descriptors.
-    fields: Vec<(String, String)>,
+/// What `info --json` prints. The sizes come from the chunk table (O(chunks)), so that a
+/// remote dataset's info reads a few blocks of its snapshot, never its per-sample tables.
+fn facts(ds: &granary::Dataset) -> anyhow::Result<Value> {
+    let snap = ds.snapshot();
+    let (mut stored, mut orig, mut compressed, mut chunk_bytes) = (0u64, 0u64, 0u64, 0u64);
+    for c in snap.chunks() {
+        stored += c.stored_bytes();
+        orig += c.orig_bytes;
+        compressed += c.compressed as u64;
+        chunk_bytes += c.file_size;
+    }
+    let classes: Vec<String> = ds
+        .classes()?
+        .into_iter()
+        .map(granary::escape_path)
+        .collect();
+    let types = snap.field_types().map_err(|e| anyhow::anyhow!("{e}"))?;
+    let names = ds.field_names()?;
+    let names: Vec<String> = names
+        .iter()
+        .map(|n| String::from_utf8_lossy(n).into())
+        .collect();
+    let field_types: serde_json::Map<String, Value> = (names.iter().cloned())
+        .zip(types.iter().map(|t| t.descriptor().into()))
+        .collect();
+    let (major, minor) = snap.version();
+    let lineage = snap.lineage();
+    Ok(json!({
+        "format_version": format!("{major}.{minor}"),
+        "generation": lineage.generation,
+        "parent": lineage.has_parent().then(|| hex16(&lineage.parent)),
+        "dataset_id": granary_packer::hex_id(&snap.dataset_id()),
+        "content_digest": hex16(&snap.content_digest()),
+        "samples": ds.len(),
+        "chunks": ds.chunk_count(),
+        "bytes_original": orig,
+        "bytes_stored": stored,
+        "bytes_chunks": chunk_bytes,
+        "bytes_snapshot": snap.bytes().len(),
+        "compressed_samples": compressed,
+        "classes": classes,
+        "file_attributes": snap.has_attrs(),
+        "directories": snap.dir_count(),
+        "fields": names,
+        "field_types": field_types,
+        "view": ds.view().map(|v| json!({
+            "file": v.file.display().to_string(),
+            "description": v.description,
+            "selected": v.ids.len(),
+        })),
+    }))
 }
 
-impl Facts {
-    fn of(ds: &granary::Dataset) -> anyhow::Result<Facts> {
-        let snap = ds.snapshot();
-        let (mut stored, mut orig, mut compressed, mut chunk_bytes) = (0u64, 0u64, 0u64, 0u64);
-        for c in snap.chunks() {
-            stored += c.stored_bytes();
-            orig += c.orig_bytes;
-            compressed += c.compressed as u64;
-            chunk_bytes += c.file_size;
-        }
-        let classes = ds
-            .classes()?
-            .into_iter()
-            .map(granary::escape_path)
-            .collect();
-        let types = snap.field_types().map_err(|e| anyhow::anyhow!("{e}"))?;
-        let fields = ds
-            .field_names()?
-            .iter()
-            .zip(&types)
-            .map(|(n, t)| (String::from_utf8_lossy(n).into_owned(), t.descriptor()))
-            .collect();
-        Ok(Facts {
-            id: granary_packer::hex_id(&snap.dataset_id()),
-            stored,
-            orig,
-            compressed,
-            chunk_bytes,
-            classes,
-            fields,
-        })
-    }
-
-    fn json(&self, ds: &granary::Dataset) -> serde_json::Value {
-        let snap = ds.snapshot();
-        let (major, minor) = snap.version();
-        let lineage = snap.lineage();
-        let field_types: serde_json::Map<String, serde_json::Value> = self
-            .fields
-            .iter()
-            .map(|(n, t)| (n.clone(), t.clone().into()))
-            .collect();
-        json!({
-            "format_version": format!("{major}.{minor}"),
-            "generation": lineage.generation,
-            "parent": lineage.has_parent().then(|| hex16(&lineage.parent)),
-            "dataset_id": self.id,
-            "content_digest": hex16(&snap.content_digest()),
-            "samples": ds.len(),
-            "chunks": ds.chunk_count(),
-            "bytes_original": self.orig,
-            "bytes_stored": self.stored,
-            "bytes_chunks": self.chunk_bytes,
-            "bytes_snapshot": snap.bytes().len(),
-            "compressed_samples": self.compressed,
-            "classes": self.classes,
-            "file_attributes": snap.has_attrs(),
-            "directories": snap.dir_count(),
-            "fields": self.fields.iter().map(|f| &f.0).collect::<Vec<_>>(),
-            "field_types": field_types,
-            "view": ds.view().map(|v| json!({
-                "file": v.file.display().to_string(),
-                "description": v.description,
-                "selected": v.ids.len(),
-            })),
-        })
-    }
-
-    fn text(
-        &self,
-        ds: &granary::Dataset,
-        named: &std::path::Path,
-        out: &mut impl Write,
-    ) -> std::io::Result<()> {
-        let snap = ds.snapshot();
-        let (major, minor) = snap.version();
-        match ds.view() {
-            // What the user named is a view: say so first; the rest is its dataset's.
-            Some(v) => {
-                writeln!(out, "view           {}", named.display())?;
-                writeln!(
-                    out,
-                    "selects        {} of the dataset's {} samples ({})",
-                    v.ids.len(),
-                    ds.len(),
-                    v.description
-                )?;
-                writeln!(out, "of dataset     (below)")?;
-            }
-            None => writeln!(out, "dataset        {}", named.display())?,
-        }
-        writeln!(out, "format         {major}.{minor}")?;
-        let lineage = snap.lineage();
-        if lineage.generation > 0 {
-            let parent = match lineage.has_parent() {
-                true => format!(
-                    "the snapshot with content digest {}",
-                    hex16(&lineage.parent)
-                ),
-                false => "a snapshot upgraded from 1.x, whose digest is not recorded".into(),
-            };
+/// The text of `info` of the dataset `named`, from its [`facts`].
+fn text(v: &Value, named: &Path, out: &mut impl Write) -> std::io::Result<()> {
+    let str_of = |v: &Value| v.as_str().unwrap_or_default().to_owned();
+    let bytes = |k: &str| human_bytes(v[k].as_u64().unwrap_or_default());
+    match v["view"].as_object() {
+        // What the user named is a view: say so first; the rest is its dataset's.
+        Some(view) => {
+            writeln!(out, "view           {}", named.display())?;
             writeln!(
                 out,
-                "generation     {} (appended to {parent})",
-                lineage.generation
+                "selects        {} of the dataset's {} samples ({})",
+                view["selected"],
+                v["samples"],
+                str_of(&view["description"])
             )?;
+            writeln!(out, "of dataset     (below)")?;
         }
-        writeln!(out, "dataset id     {}", self.id)?;
-        writeln!(out, "content digest {}", hex16(&snap.content_digest()))?;
-        let (samples, compressed) = (ds.len(), self.compressed);
-        writeln!(out, "samples        {samples} ({compressed} compressed)")?;
-        let chunks = human_bytes(self.chunk_bytes);
-        writeln!(out, "chunks         {} ({chunks})", ds.chunk_count())?;
-        if !self.fields.is_empty() {
-            let typed: Vec<String> = self
-                .fields
-                .iter()
-                .map(|(n, t)| format!("{n} ({t})"))
-                .collect();
-            writeln!(
-                out,
-                "fields         {}: {} (each sample's files KEY.FIELD)",
-                self.fields.len(),
-                typed.join(", ")
-            )?;
-        }
-        let dirs = snap.dir_count();
-        let metadata = match snap.has_attrs() {
-            false => format!(
-                "{dirs} directories; no modes or mtimes recorded (shown as 0444 files, 0555 \
-                 directories)"
-            ),
-            true => format!("every file's and directory's mode and mtime ({dirs} directories)"),
-        };
-        writeln!(out, "metadata       {metadata}")?;
-        writeln!(out, "original bytes {}", human_bytes(self.orig))?;
-        writeln!(out, "stored bytes   {}", human_bytes(self.stored))?;
-        let snapshot = human_bytes(snap.bytes().len() as u64);
-        writeln!(out, "snapshot       {snapshot}")?;
-        let shown: Vec<&str> = self.classes.iter().take(10).map(String::as_str).collect();
-        let more = match self.classes.len() > 10 {
-            true => format!(", ... ({} more)", self.classes.len() - 10),
-            false => String::new(),
-        };
-        let n = self.classes.len();
-        writeln!(out, "classes        {n}: {}{more}", shown.join(", "))
+        None => writeln!(out, "dataset        {}", named.display())?,
     }
+    writeln!(out, "format         {}", str_of(&v["format_version"]))?;
+    if v["generation"].as_u64() > Some(0) {
+        let parent = match v["parent"].as_str() {
+            Some(p) => format!("the snapshot with content digest {p}"),
+            None => "a snapshot upgraded from 1.x, whose digest is not recorded".into(),
+        };
+        let generation = &v["generation"];
+        writeln!(out, "generation     {generation} (appended to {parent})")?;
+    }
+    writeln!(out, "dataset id     {}", str_of(&v["dataset_id"]))?;
+    writeln!(out, "content digest {}", str_of(&v["content_digest"]))?;
+    let (samples, compressed) = (&v["samples"], &v["compressed_samples"]);
+    writeln!(out, "samples        {samples} ({compressed} compressed)")?;
+    let chunks = bytes("bytes_chunks");
+    writeln!(out, "chunks         {} ({chunks})", v["chunks"])?;
+    let fields = v["fields"].as_array().map_or(&[][..], |f| f);
+    if !fields.is_empty() {
+        let typed: Vec<String> = fields
+            .iter()
+            .map(|n| format!("{} ({})", str_of(n), str_of(&v["field_types"][str_of(n)])))
+            .collect();
+        writeln!(
+            out,
+            "fields         {}: {} (each sample's files KEY.FIELD)",
+            fields.len(),
+            typed.join(", ")
+        )?;
+    }
+    let dirs = &v["directories"];
+    let metadata = match v["file_attributes"].as_bool() == Some(true) {
+        false => format!(
+            "{dirs} directories; no modes or mtimes recorded (shown as 0444 files, 0555 \
+             directories)"
+        ),
+        true => format!("every file's and directory's mode and mtime ({dirs} directories)"),
+    };
+    writeln!(out, "metadata       {metadata}")?;
+    writeln!(out, "original bytes {}", bytes("bytes_original"))?;
+    writeln!(out, "stored bytes   {}", bytes("bytes_stored"))?;
+    writeln!(out, "snapshot       {}", bytes("bytes_snapshot"))?;
+    let classes: Vec<String> = v["classes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(str_of)
+        .collect();
+    let more = match classes.len() > 10 {
+        true => format!(", ... ({} more)", classes.len() - 10),
+        false => String::new(),
+    };
+    let shown = classes[..classes.len().min(10)].join(", ");
+    writeln!(out, "classes        {}: {shown}{more}", classes.len())
 }

@@ -84,6 +84,19 @@ fn is_view_file(path: &Path) -> bool {
         .is_ok_and(|()| granary_format::ViewFile::is_view(&head))
 }
 
+/// A command's report: `v` as JSON with `--json` (`json`), else `text` of it; success.
+pub fn output<T: serde::Serialize>(
+    json: bool,
+    v: &T,
+    text: impl FnOnce(&T),
+) -> anyhow::Result<std::process::ExitCode> {
+    match json {
+        true => print_json(v)?,
+        false => text(v),
+    }
+    Ok(std::process::ExitCode::SUCCESS)
+}
+
 /// Prints `v` as pretty JSON on stdout.
 pub fn print_json(v: &impl serde::Serialize) -> anyhow::Result<()> {
     let mut out = std::io::stdout().lock();
@@ -113,59 +126,55 @@ pub fn prometheus_text(
     w: &granary::WaitReport,
     layers: &[granary::LayerReading],
 ) -> String {
-    // One gauge family: its help line, type line and samples (labels, value).
-    fn family(t: &mut String, name: &str, help: &str, rows: &[(String, String)]) {
-        t.push_str(&format!("# HELP {name} {help}\n# TYPE {name} gauge\n"));
-        for (labels, value) in rows {
-            t.push_str(&format!("{name}{labels} {value}\n"));
-        }
-    }
-    let by_layer = |v: &dyn Fn(&granary::MeterReading) -> String| -> Vec<(String, String)> {
-        layers
-            .iter()
-            .map(|l| (format!("{{layer=\"{}\"}}", l.layer), v(&l.reading)))
-            .collect()
+    let by_layer = |v: fn(&granary::MeterReading) -> String| -> Vec<(String, String)> {
+        let label = |l: &granary::LayerReading| format!("{{layer=\"{}\"}}", l.layer);
+        layers.iter().map(|l| (label(l), v(&l.reading))).collect()
     };
-    let mut t = String::new();
-    let waits: Vec<(String, String)> = w
+    let waits = w
         .parts()
-        .iter()
-        .map(|(part, v)| (format!("{{part=\"{part}\"}}"), format!("{v:.6}")))
-        .collect();
-    family(
-        &mut t,
-        "granary_wait_seconds",
-        "Seconds the readers' consumers waited for samples in the last epoch, by what the \
-         reader was doing.",
-        &waits,
-    );
-    family(
-        &mut t,
-        "granary_layer_bytes",
-        "Bytes read through each layer of the store stack in the last epoch (nested: a \
-         layer's include what the layers below it read).",
-        &by_layer(&|m| m.bytes.to_string()),
-    );
-    family(
-        &mut t,
-        "granary_layer_read_wait_seconds",
-        "Seconds reads waited in each layer in the last epoch (summed over reads in flight).",
-        &by_layer(&|m| format!("{:.6}", m.wait_s)),
-    );
-    for (name, help, value) in [
-        ("granary_epoch", "The last epoch read.", epoch.to_string()),
+        .map(|(part, v)| (format!("{{part=\"{part}\"}}"), format!("{v:.6}")));
+    let one = |value: String| vec![(String::new(), value)];
+    let families = [
+        (
+            "granary_wait_seconds",
+            "Seconds the readers' consumers waited for samples in the last epoch, by what the \
+             reader was doing.",
+            waits.to_vec(),
+        ),
+        (
+            "granary_layer_bytes",
+            "Bytes read through each layer of the store stack in the last epoch (nested: a \
+             layer's include what the layers below it read).",
+            by_layer(|m| m.bytes.to_string()),
+        ),
+        (
+            "granary_layer_read_wait_seconds",
+            "Seconds reads waited in each layer in the last epoch (summed over reads in flight).",
+            by_layer(|m| format!("{:.6}", m.wait_s)),
+        ),
+        (
+            "granary_epoch",
+            "The last epoch read.",
+            one(epoch.to_string()),
+        ),
         (
             "granary_samples",
             "Samples the last epoch delivered.",
-            samples.to_string(),
+            one(samples.to_string()),
         ),
         (
             "granary_epoch_seconds",
             "Seconds the last epoch took.",
-            format!("{elapsed_s:.6}"),
+            one(format!("{elapsed_s:.6}")),
         ),
-    ] {
-        family(&mut t, name, help, &[(String::new(), value)]);
+    ];
+    // Each a gauge family: its help line, type line and samples (labels, value).
+    let mut t = String::new();
+    for (name, help, rows) in families {
+        t.push_str(&format!("# HELP {name} {help}\n# TYPE {name} gauge\n"));
+        for (labels, value) in rows {
+            t.push_str(&format!("{name}{labels} {value}\n"));
+        }
     }
     t
 }

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use granary_mount::{MountFs, MountOptions, TieredReader, FS_SOURCE_PREFIX, FS_TYPE, XATTR_PID};
+use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 
 /// Mount a dataset read-only with its original tree, so unmodified code reads it.
 #[derive(clap::Args)]
@@ -111,11 +112,7 @@ fn foreground(a: Args, mnt: &Path) -> anyhow::Result<ExitCode> {
             .with_context(|| format!("cannot mount {}", a.dataset.display()))?,
     );
     let stop = Arc::new(AtomicBool::new(false));
-    for sig in [
-        signal_hook::consts::SIGINT,
-        signal_hook::consts::SIGTERM,
-        signal_hook::consts::SIGHUP,
-    ] {
+    for sig in [SIGINT, SIGTERM, SIGHUP] {
         signal_hook::flag::register(sig, stop.clone()).context("installing signal handlers")?;
     }
     let opts = MountOptions {

@@ -4,7 +4,7 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::ValueEnum;
-use granary_packer::{CompressMode, LabelMode, Order, OutputOptions, PackOptions};
+use granary_packer::{CompressMode, LabelMode, Order, OutputOptions, PackOptions, PackSummary};
 
 use super::human_bytes;
 
@@ -292,7 +292,7 @@ fn import_webdataset(a: Args) -> anyhow::Result<ExitCode> {
             counts.shards, counts.members, s.files
         );
     }
-    report(std::path::Path::new(&sources[0]), &s, a.run.json)
+    report(Path::new(&sources[0]), &s, a.run.json)
 }
 
 /// Set when the thread of [`abort_uploads_on_signal`] takes a signal: it ends the process.
@@ -314,7 +314,7 @@ pub(crate) fn let_the_interruption_end_it() {
 /// progress (the server drops their parts; left open, they are billed until a lifecycle rule
 /// removes them), says so, and exits with 128 + the signal's number. The work in `staging` is
 /// kept for `--resume`.
-fn abort_uploads_on_signal(staging: &std::path::Path) -> anyhow::Result<()> {
+fn abort_uploads_on_signal(staging: &Path) -> anyhow::Result<()> {
     use signal_hook::consts::{SIGINT, SIGTERM};
     use std::sync::atomic::Ordering::SeqCst;
     let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM])
@@ -353,11 +353,7 @@ fn abort_uploads_on_signal(staging: &std::path::Path) -> anyhow::Result<()> {
 }
 
 /// Prints what a pack or an append did; exit status 3 if files were skipped.
-pub fn report(
-    src: &std::path::Path,
-    s: &granary_packer::PackSummary,
-    json: bool,
-) -> anyhow::Result<ExitCode> {
+pub fn report(src: &Path, s: &PackSummary, json: bool) -> anyhow::Result<ExitCode> {
     for w in &s.warnings {
         eprintln!("granary: warning: {w}");
     }
@@ -419,10 +415,7 @@ pub fn report(
 /// Points a write at its `out` when that is an object store URL, built in `staging` (or the
 /// default staging directory of that destination), with its uploads aborted on a signal; a
 /// local `out` leaves `o` as it is.
-pub(crate) fn to_object_store(
-    o: &mut OutputOptions,
-    staging: Option<&std::path::Path>,
-) -> anyhow::Result<()> {
+pub(crate) fn to_object_store(o: &mut OutputOptions, staging: Option<&Path>) -> anyhow::Result<()> {
     if let Some(s) = staging {
         o.staging = Some(s.to_path_buf());
     }

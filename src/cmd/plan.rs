@@ -56,10 +56,7 @@ pub struct Args {
 
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     if let Some(mix) = a.mix.open(&a.datasets)? {
-        let config = a.plan.reader_options();
-        config.check()?;
-        plan_mixture(mix, &config, &a)?;
-        return Ok(ExitCode::SUCCESS);
+        return plan_mixture(mix, &a);
     }
     let dataset = &a.datasets[0];
     if a.bill || a.prices.is_some() {
@@ -100,58 +97,56 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     let gq = shuffle_quality(&shape, &label, &g, 256);
     // A view reads ranges of its chunks or whole chunks: what an epoch of it costs.
     let reads = granary::view_reads(&ds, granary::StreamOptions::default().range_gap)?;
-    if a.json {
-        super::print_json(&json!({
-            "epoch": a.epoch, "samples": samples, "delivered": all.len(), "repeats": repeats,
-            "not_delivered": missing, "shares": shares, "quality": q, "global_quality": gq,
-            "view_reads": reads,
-        }))?;
-        return Ok(ExitCode::SUCCESS);
-    }
-    println!(
-        "epoch {} of {} ({} samples, {} chunks), {:?} shuffle, window {} chunks",
-        a.epoch,
-        dataset.display(),
-        samples,
-        ds.chunk_count(),
-        opts.mode,
-        opts.window_chunks
-    );
-    for s in &shares {
+    let v = json!({
+        "epoch": a.epoch, "samples": samples, "delivered": all.len(), "repeats": repeats,
+        "not_delivered": missing, "shares": shares, "quality": q, "global_quality": gq,
+        "view_reads": reads,
+    });
+    super::output(a.json, &v, |_| {
         println!(
-            "  rank {:>3} worker {:>2}: {:>9} samples, {:>5} windows, {:>6} chunk reads",
-            s["rank"], s["worker"], s["samples"], s["windows"], s["chunk_reads"]
+            "epoch {} of {} ({} samples, {} chunks), {:?} shuffle, window {} chunks",
+            a.epoch,
+            dataset.display(),
+            samples,
+            ds.chunk_count(),
+            opts.mode,
+            opts.window_chunks
         );
-    }
-    println!(
-        "  delivered {} samples: {} repeated (padding), {} not delivered (dropped remainder)",
-        all.len(),
-        repeats,
-        missing
-    );
-    if let Some(r) = reads {
+        for s in &shares {
+            println!(
+                "  rank {:>3} worker {:>2}: {:>9} samples, {:>5} windows, {:>6} chunk reads",
+                s["rank"], s["worker"], s["samples"], s["windows"], s["chunk_reads"]
+            );
+        }
         println!(
-            "  view: its samples hold {}; an epoch reads {} ({} chunks in ranges around them, \
-             {} whole)",
-            super::human_bytes(r.delivered),
-            super::human_bytes(r.read),
-            r.chunks_in_ranges,
-            r.chunks_whole
+            "  delivered {} samples: {} repeated (padding), {} not delivered (dropped remainder)",
+            all.len(),
+            repeats,
+            missing
         );
-    }
-    println!("  shuffle quality          this plan   global shuffle");
-    for (name, this, global) in [
-        ("mean same-label run", q.mean_label_run, gq.mean_label_run),
-        ("block label TV (256)", q.block_label_tv, gq.block_label_tv),
-        (
-            "same-chunk neighbours",
-            q.same_chunk_pairs,
-            gq.same_chunk_pairs,
-        ),
-    ] {
-        println!("    {name:<21}  {this:>9.3}   {global:>14.3}");
-    }
-    Ok(ExitCode::SUCCESS)
+        if let Some(r) = reads {
+            println!(
+                "  view: its samples hold {}; an epoch reads {} ({} chunks in ranges around them, \
+                 {} whole)",
+                super::human_bytes(r.delivered),
+                super::human_bytes(r.read),
+                r.chunks_in_ranges,
+                r.chunks_whole
+            );
+        }
+        println!("  shuffle quality          this plan   global shuffle");
+        for (name, this, global) in [
+            ("mean same-label run", q.mean_label_run, gq.mean_label_run),
+            ("block label TV (256)", q.block_label_tv, gq.block_label_tv),
+            (
+                "same-chunk neighbours",
+                q.same_chunk_pairs,
+                gq.same_chunk_pairs,
+            ),
+        ] {
+            println!("    {name:<21}  {this:>9.3}   {global:>14.3}");
+        }
+    })
 }
 
 /// Each delivered sample's label for the shuffle-quality figures. Of a dataset: drawn from the
@@ -242,12 +237,14 @@ fn bill(a: &Args, dataset: &std::path::Path) -> anyhow::Result<ExitCode> {
 }
 
 /// `granary plan` of a mixture: each source's count per epoch and per rank and worker.
-fn plan_mixture(mix: Mixture, config: &granary::ReaderOptions, a: &Args) -> anyhow::Result<()> {
+fn plan_mixture(mix: Mixture, a: &Args) -> anyhow::Result<ExitCode> {
+    let config = a.plan.reader_options();
+    config.check()?;
     anyhow::ensure!(
         !a.bill && a.prices.is_none(),
         "--bill/--prices: the bill of a mixture is not supported yet (bill each dataset on its own)"
     );
-    let reader = MixReader::open(Arc::new(mix), config)?;
+    let reader = MixReader::open(Arc::new(mix), &config)?;
     let mix = reader.mixture().clone();
     let sources = reader.plan_sources()?;
     let p = &a.plan;
@@ -274,35 +271,34 @@ fn plan_mixture(mix: Mixture, config: &granary::ReaderOptions, a: &Args) -> anyh
                    "delivered": delivered[i], "window": sources[i].options.window_chunks})
         })
         .collect();
-    if a.json {
-        return super::print_json(&json!({"epoch": a.epoch, "samples": total,
-            "delivered": delivered.iter().sum::<u64>(), "sources": listed, "shares": shares}));
-    }
-    println!(
-        "epoch {} of a mixture of {} sources: {} samples, {} shuffle",
-        a.epoch,
-        mix.len(),
-        total,
-        p.shuffle
-    );
-    for (i, s) in listed.iter().enumerate() {
+    let v = json!({"epoch": a.epoch, "samples": total,
+        "delivered": delivered.iter().sum::<u64>(), "sources": listed, "shares": shares});
+    super::output(a.json, &v, |_| {
         println!(
-            "  source {i} {} ({}): {} of its {} samples an epoch ({:.2} % of the epoch), {} \
-             delivered by the shares below, window {} chunks",
-            s["source"].as_str().unwrap_or(""),
-            s["share"].as_str().unwrap_or(""),
-            s["epoch_count"],
-            s["samples"],
-            s["fraction"].as_f64().unwrap_or(0.0) * 100.0,
-            s["delivered"],
-            s["window"]
+            "epoch {} of a mixture of {} sources: {} samples, {} shuffle",
+            a.epoch,
+            mix.len(),
+            total,
+            p.shuffle
         );
-    }
-    for s in &shares {
-        println!(
-            "  rank {:>3} worker {:>2}: {:>9} samples, per source {}",
-            s["rank"], s["worker"], s["samples"], s["per_source"]
-        );
-    }
-    Ok(())
+        for (i, s) in listed.iter().enumerate() {
+            println!(
+                "  source {i} {} ({}): {} of its {} samples an epoch ({:.2} % of the epoch), {} \
+                 delivered by the shares below, window {} chunks",
+                s["source"].as_str().unwrap_or(""),
+                s["share"].as_str().unwrap_or(""),
+                s["epoch_count"],
+                s["samples"],
+                s["fraction"].as_f64().unwrap_or(0.0) * 100.0,
+                s["delivered"],
+                s["window"]
+            );
+        }
+        for s in &shares {
+            println!(
+                "  rank {:>3} worker {:>2}: {:>9} samples, per source {}",
+                s["rank"], s["worker"], s["samples"], s["per_source"]
+            );
+        }
+    })
 }

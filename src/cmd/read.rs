@@ -3,8 +3,9 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use anyhow::Context;
+use granary::bill::LayerBill;
 use granary::io::IoKind;
-use granary::{MixReader, Mixture};
+use granary::{EpochReport, MixReader, Mixture};
 
 use super::args::{MixArgs, PeerArgs, PlanArgs, TierArgs};
 
@@ -209,11 +210,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
 
 /// What `read` does with an epoch's report (a dataset's or a mixture's): its metrics file, and
 /// its text unless `--json`.
-pub(super) fn report_epoch(
-    a: &Args,
-    r: &granary::EpochReport,
-    bill: Option<&(Vec<granary::bill::LayerBill>, Vec<granary::bill::LayerBill>)>,
-) -> anyhow::Result<()> {
+pub(super) fn report_epoch(a: &Args, r: &EpochReport, bill: Option<&Bill>) -> anyhow::Result<()> {
     if let Some(path) = &a.metrics {
         let text = super::prometheus_text(r.epoch, r.samples, r.elapsed_s, &r.waits, &r.layers);
         // Whole (a textfile collector never reads half a file), as every file granary writes.
@@ -226,11 +223,11 @@ pub(super) fn report_epoch(
     Ok(())
 }
 
+/// An epoch's bill: the predicted and the measured figures per layer.
+type Bill = (Vec<LayerBill>, Vec<LayerBill>);
+
 /// One epoch's text report; with `bill`, the predicted and measured figures per layer.
-fn print_epoch(
-    r: &granary::EpochReport,
-    bill: Option<&(Vec<granary::bill::LayerBill>, Vec<granary::bill::LayerBill>)>,
-) {
+fn print_epoch(r: &EpochReport, bill: Option<&Bill>) {
     let hits = match (r.cache_sample_hit_ratio, r.cache_byte_hit_ratio) {
         (Some(s), Some(b)) => format!(
             ", cache hits {:.1} % of samples, {:.1} % of bytes",
@@ -285,7 +282,7 @@ fn print_epoch(
             names.push(l.layer);
         }
     }
-    let side = |bills: &[granary::bill::LayerBill], name: &str| {
+    let side = |bills: &[LayerBill], name: &str| {
         let l = bills
             .iter()
             .find(|l| l.layer == name)

@@ -23,9 +23,7 @@ pub struct Args {
 
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     let s = granary_packer::reindex(&a.dataset, a.force, super::store_config())?;
-    if a.json {
-        super::print_json(&s)?;
-    } else {
+    super::output(a.json, &s, |s| {
         println!(
             "rebuilt {} from {} chunks: {} samples, {} directories, dataset id {}; file modes \
              and mtimes {}",
@@ -41,6 +39,5 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
                  written by the Writer, or by granary before format 2.0)"
             }
         );
-    }
-    Ok(ExitCode::SUCCESS)
+    })
 }

@@ -24,28 +24,27 @@ pub struct Args {
 
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     let s = granary_packer::upgrade(&a.dataset, super::store_config())?;
-    if a.json {
-        super::print_json(&s)?;
-    } else if !s.upgraded {
-        println!("{}: format 2.0 already, nothing to do", a.dataset.display());
-    } else {
-        println!(
-            "upgraded {} from format {} to 2.0: {} samples in {} chunks, {} directories{}; \
-             snapshot {} -> {} bytes; the old snapshot is kept as {}",
-            a.dataset.display(),
-            s.from,
-            s.samples,
-            s.chunks,
-            s.directories,
-            if s.file_attributes {
-                ", file modes and mtimes"
-            } else {
-                ""
-            },
-            s.old_bytes,
-            s.new_bytes,
-            s.kept
-        );
-    }
-    Ok(ExitCode::SUCCESS)
+    super::output(a.json, &s, |s| {
+        if !s.upgraded {
+            println!("{}: format 2.0 already, nothing to do", a.dataset.display());
+        } else {
+            println!(
+                "upgraded {} from format {} to 2.0: {} samples in {} chunks, {} directories{}; \
+                 snapshot {} -> {} bytes; the old snapshot is kept as {}",
+                a.dataset.display(),
+                s.from,
+                s.samples,
+                s.chunks,
+                s.directories,
+                if s.file_attributes {
+                    ", file modes and mtimes"
+                } else {
+                    ""
+                },
+                s.old_bytes,
+                s.new_bytes,
+                s.kept
+            );
+        }
+    })
 }

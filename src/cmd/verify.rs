@@ -67,8 +67,10 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
                 (0, 0) if r.needs_upgrade.is_some() => "format 1.x: run granary upgrade".into(),
                 (0, 0) => "OK".to_string(),
                 (0, n) => format!("not checked: {n} could not be read"),
-                (d, 0) => format!("{d} problem{}", plural(d)),
-                (d, n) => format!("{d} problem{}, and {n} could not be read", plural(d)),
+                (1, 0) => "1 problem".into(),
+                (d, 0) => format!("{d} problems"),
+                (1, n) => format!("1 problem, and {n} could not be read"),
+                (d, n) => format!("{d} problems, and {n} could not be read"),
             }
         );
     }
@@ -81,12 +83,4 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     } else {
         ExitCode::SUCCESS
     })
-}
-
-fn plural(n: usize) -> &'static str {
-    if n == 1 {
-        ""
-    } else {
-        "s"
-    }
 }

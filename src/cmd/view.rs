@@ -63,13 +63,12 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         .filter(|&c| !shape.chunk_samples(c).is_empty())
         .count();
     let (m, n) = (view.ids.len() as u64, snap.sample_count());
-    if a.json {
-        super::print_json(&json!({
-            "view": a.output, "dataset": view.location, "selected": m, "samples": n,
-            "chunks_touched": chunks, "chunks": shape.chunks(), "bytes": bytes.len(),
-            "description": description,
-        }))?;
-    } else {
+    let v = json!({
+        "view": a.output, "dataset": view.location, "selected": m, "samples": n,
+        "chunks_touched": chunks, "chunks": shape.chunks(), "bytes": bytes.len(),
+        "description": description,
+    });
+    super::output(a.json, &v, |_| {
         println!(
             "{}: {m} of {n} samples ({:.1} %) in {chunks} of {} chunks, {} ({} bytes)",
             a.output.display(),
@@ -78,8 +77,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
             description,
             bytes.len()
         );
-    }
-    Ok(ExitCode::SUCCESS)
+    })
 }
 
 /// The ids every kind of criterion given keeps (each kind a sorted list, intersected), and the
@@ -184,47 +182,40 @@ fn by_glob(ds: &Dataset, patterns: &[String]) -> anyhow::Result<Vec<u64>> {
     Ok(sorted(ids))
 }
 
-fn lines(f: &Path) -> anyhow::Result<Vec<Vec<u8>>> {
+/// The sample ids the non-empty lines of `f` name, each found by `find` (else the error names
+/// the line and says why).
+fn listed(
+    f: &Path,
+    find: impl Fn(&[u8]) -> anyhow::Result<Result<u64, String>>,
+) -> anyhow::Result<Vec<u64>> {
     let data = std::fs::read(f).map_err(|e| anyhow::anyhow!("reading {}: {e}", f.display()))?;
-    Ok(data
-        .split(|&b| b == b'\n')
-        .map(|l| l.strip_suffix(b"\r").unwrap_or(l).to_vec())
-        .filter(|l| !l.is_empty())
-        .collect())
+    let lines = data.split(|&b| b == b'\n');
+    let lines = lines.map(|l| l.strip_suffix(b"\r").unwrap_or(l));
+    let mut ids = Vec::new();
+    for (k, l) in lines.filter(|l| !l.is_empty()).enumerate() {
+        match find(l)? {
+            Ok(id) => ids.push(id),
+            Err(why) => anyhow::bail!("{} line {}: {why}", f.display(), k + 1),
+        }
+    }
+    Ok(sorted(ids))
 }
 
 fn ids_from(ds: &Dataset, f: &Path) -> anyhow::Result<Vec<u64>> {
     let n = ds.len();
-    let mut ids = Vec::new();
-    for (k, l) in lines(f)?.iter().enumerate() {
+    listed(f, |l| {
         let t = String::from_utf8_lossy(l);
-        let id: u64 = t.trim().parse().map_err(|_| {
-            anyhow::anyhow!("{} line {}: {t:?} is not a sample id", f.display(), k + 1)
-        })?;
-        if id >= n {
-            anyhow::bail!(
-                "{} line {}: sample {id} of a dataset of {n}",
-                f.display(),
-                k + 1
-            );
-        }
-        ids.push(id);
-    }
-    Ok(sorted(ids))
+        Ok(match t.trim().parse::<u64>() {
+            Ok(id) if id < n => Ok(id),
+            Ok(id) => Err(format!("sample {id} of a dataset of {n}")),
+            Err(_) => Err(format!("{t:?} is not a sample id")),
+        })
+    })
 }
 
 fn paths_from(ds: &Dataset, f: &Path) -> anyhow::Result<Vec<u64>> {
-    let mut ids = Vec::new();
-    for (k, l) in lines(f)?.iter().enumerate() {
-        match ds.lookup(l)? {
-            Some(id) => ids.push(id),
-            None => anyhow::bail!(
-                "{} line {}: no sample {}",
-                f.display(),
-                k + 1,
-                String::from_utf8_lossy(l)
-            ),
-        }
-    }
-    Ok(sorted(ids))
+    listed(f, |l| {
+        let missing = || format!("no sample {}", String::from_utf8_lossy(l));
+        Ok(ds.lookup(l)?.ok_or_else(missing))
+    })
 }

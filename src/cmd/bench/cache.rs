@@ -104,11 +104,8 @@ pub(super) fn run(c: CacheArgs) -> anyhow::Result<ExitCode> {
         }
         _ => None,
     };
-    if c.json {
-        super::super::print_json(
-            &serde_json::json!({"uniform": rows, "with_losses": losses, "tier": tier}),
-        )?;
-    } else {
+    let v = serde_json::json!({"uniform": &rows, "with_losses": &losses, "tier": &tier});
+    crate::cmd::output(c.json, &v, |_| {
         println!(
             "cache simulation over {} epochs of {:?} plans ({} samples in {} chunks)",
             c.epochs.max(2),
@@ -132,6 +129,5 @@ pub(super) fn run(c: CacheArgs) -> anyhow::Result<ExitCode> {
             );
             print!("{}", granary_bench::tierbench::render(t));
         }
-    }
-    Ok(ExitCode::SUCCESS)
+    })
 }

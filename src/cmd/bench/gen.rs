@@ -76,19 +76,16 @@ pub(super) fn run(g: GenArgs, progress: bool) -> anyhow::Result<ExitCode> {
     }
     let s = granary_bench::gen::generate(&opts)
         .with_context(|| format!("generating {}", g.out.display()))?;
-    if g.json {
-        super::super::print_json(&s)?;
-    } else {
+    crate::cmd::output(g.json, &s, |s| {
         println!(
             "generated {} files in {} classes ({}) under {} in {:.2} s",
             s.files,
             s.classes,
-            super::super::human_bytes(s.bytes),
+            crate::cmd::human_bytes(s.bytes),
             s.out.display(),
             s.elapsed_s
         );
-    }
-    Ok(ExitCode::SUCCESS)
+    })
 }
 
 /// `--packed`: the same samples (paths, bytes, class labels) written into a dataset.
@@ -120,17 +117,14 @@ fn packed(g: &GenArgs, opts: &GenOptions) -> anyhow::Result<ExitCode> {
     })();
     crate::cmd::pack::let_the_interruption_end_it();
     let s = written?;
-    if g.json {
-        super::super::print_json(&s)?;
-    } else {
+    crate::cmd::output(g.json, &s, |s| {
         println!(
             "packed {} samples in {} classes ({}) into {out} in {:.2} s (dataset id {})",
             s.files,
             s.classes,
-            super::super::human_bytes(s.bytes_in),
+            crate::cmd::human_bytes(s.bytes_in),
             t0.elapsed().as_secs_f64(),
             s.dataset_id
         );
-    }
-    Ok(ExitCode::SUCCESS)
+    })
 }

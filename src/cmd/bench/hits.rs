@@ -50,10 +50,6 @@ pub(super) fn run(h: HitsArgs) -> anyhow::Result<ExitCode> {
         exe: std::env::current_exe().context("finding granary's own executable")?,
     };
     let r = granary_bench::hitbench::run(&o).map_err(anyhow::Error::msg)?;
-    if h.json {
-        super::super::print_json(&r)?;
-    } else {
-        print!("{}", granary_bench::hitbench::render(&r));
-    }
-    Ok(ExitCode::SUCCESS)
+    let text = |r: &_| print!("{}", granary_bench::hitbench::render(r));
+    crate::cmd::output(h.json, &r, text)
 }

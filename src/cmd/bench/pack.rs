@@ -54,10 +54,5 @@ pub(super) fn run(p: PackArgs, progress: bool) -> anyhow::Result<ExitCode> {
         repeat: p.repeat,
     };
     let r = packbench::run(&opts).map_err(anyhow::Error::msg)?;
-    if p.json {
-        super::super::print_json(&r)?;
-    } else {
-        print!("{}", packbench::render(&r, &p.src));
-    }
-    Ok(ExitCode::SUCCESS)
+    crate::cmd::output(p.json, &r, |r| print!("{}", packbench::render(r, &p.src)))
 }

@@ -46,10 +46,6 @@ pub(super) fn run(r: ReadArgs) -> anyhow::Result<ExitCode> {
         repeat: r.repeat,
     };
     let res = granary_bench::readbench::run(&opts).map_err(anyhow::Error::msg)?;
-    if r.json {
-        super::super::print_json(&res)?;
-    } else {
-        print!("{}", granary_bench::readbench::render(&res));
-    }
-    Ok(ExitCode::SUCCESS)
+    let text = |res: &_| print!("{}", granary_bench::readbench::render(res));
+    crate::cmd::output(r.json, &res, text)
 }

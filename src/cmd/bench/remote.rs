@@ -196,12 +196,7 @@ pub fn run(a: RemoteArgs) -> anyhow::Result<ExitCode> {
         "listed_paths": listed.get(),
         "epoch": epoch,
     });
-    if a.json {
-        super::super::print_json(&v)?;
-        return Ok(ExitCode::SUCCESS);
-    }
-    print_text(&a, &v);
-    Ok(ExitCode::SUCCESS)
+    crate::cmd::output(a.json, &v, |v| print_text(&a, v))
 }
 
 /// Rank `a.rank`'s share of one chunk-wise epoch, from a cold snapshot cache of its own.
