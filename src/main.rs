@@ -108,8 +108,9 @@ fn main() -> ExitCode {
     if log::set_logger(&LOG).is_ok() {
         log::set_max_level(log::LevelFilter::Warn);
     }
-    // `println!` panics when stdout is a pipe closed early (`granary plan DS | head`): end as
-    // a tool killed by SIGPIPE does, quietly with status 141, not with a panic message.
+    // `println!` panics when stdout is a pipe closed early (`granary plan DS | head`): such a
+    // panic is not reported, and the command ends as one that met the closed pipe in a write
+    // it checks (below), after its destructors ran.
     let default_hook = std::panic::take_hook();
     std::panic::set_hook(Box::new(move |info| {
         let payload = info.payload();
@@ -117,7 +118,8 @@ fn main() -> ExitCode {
             .or_else(|| payload.downcast_ref::<&str>().copied())
             .unwrap_or("");
         if msg.starts_with("failed printing to stdout") && msg.contains("Broken pipe") {
-            std::process::exit(141);
+            CLOSED_STDOUT.store(true, std::sync::atomic::Ordering::Relaxed);
+            return;
         }
         default_hook(info)
     }));
@@ -142,7 +144,30 @@ fn main() -> ExitCode {
         }
     }
     cmd::set_store_config(store);
-    let res = match cli.cmd {
+    let res = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| dispatch(cli.cmd)));
+    let res = match res {
+        Ok(res) => res,
+        Err(_) if CLOSED_STDOUT.load(std::sync::atomic::Ordering::Relaxed) => {
+            return ExitCode::SUCCESS
+        }
+        Err(panic) => std::panic::resume_unwind(panic),
+    };
+    match res {
+        Ok(code) => code,
+        Err(e) if cmd::is_broken_pipe(&e) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("granary: error: {}", error_chain(&e));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Set when a `println!` met a closed stdout (see `main`).
+static CLOSED_STDOUT: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Runs `command`.
+fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
+    match command {
         Command::Pack(a) => cmd::pack::run(a),
         Command::Merge(a) => cmd::merge::run(a),
         Command::Append(a) => cmd::append::run(a),
@@ -161,14 +186,6 @@ fn main() -> ExitCode {
         Command::Serve(a) => cmd::serve::run(a),
         Command::Umount(a) => cmd::mount::umount(a),
         Command::Bench(a) => cmd::bench::run(a),
-    };
-    match res {
-        Ok(code) => code,
-        Err(e) if cmd::is_broken_pipe(&e) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("granary: error: {}", error_chain(&e));
-            ExitCode::FAILURE
-        }
     }
 }
 

@@ -1665,3 +1665,31 @@ fn metrics_into_a_missing_directory_is_refused_before_reading() {
     assert!(stdout(&o).is_empty(), "an epoch was read: {}", stdout(&o));
     assert!(stderr(&o).contains("no such directory"), "{}", stderr(&o));
 }
+
+#[test]
+fn a_closed_pipe_ends_a_command_quietly() {
+    // `granary plan DS | head -1`: plan prints with `println!`, info and ls through a checked
+    // write; each ends with success and says nothing once its reader has gone.
+    let tmp = tempfile::tempdir().unwrap();
+    let (src, ds) = (tmp.path().join("src"), tmp.path().join("ds"));
+    // More output than a pipe holds (64 KiB), so that the commands write after it closed.
+    write_tree(&src, &numbered_tree(20_000, 3, |_| 10));
+    let o = pack(&src, &ds, &["--chunk-size", "4KiB"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let ds = ds.to_str().unwrap();
+    for args in [&["plan", ds, "--world-size", "4000"][..], &["ls", ds]] {
+        let mut child = granary()
+            .args(args)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut first = [0u8; 1];
+        std::io::Read::read_exact(child.stdout.as_mut().unwrap(), &mut first).unwrap();
+        drop(child.stdout.take());
+        let o = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(o.status.success(), "{args:?}: {} {err}", o.status);
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+    }
+}

@@ -160,8 +160,9 @@ impl StoreStack {
     pub fn served(&self, from: BytesFrom, samples: u64, bytes: u64) {
         // A stack without that layer (bytes of a fetch, counted as the tier's, in a stack
         // that has one): the top's.
-        let meter = self.meter(Self::layer_of(from));
-        if let Some(m) = meter.or_else(|| Some(self.meters.first()?.1.clone())) {
+        let layer = Self::layer_of(from);
+        let found = self.meters.iter().find(|(name, _)| *name == layer);
+        if let Some((_, m)) = found.or(self.meters.first()) {
             m.served(samples, bytes);
         }
     }

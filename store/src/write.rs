@@ -44,9 +44,9 @@ const IN_PLACE_MIN: usize = 1 << 20;
 
 /// A file being written that appears under its name only when published.
 pub struct AtomicFile {
-    w: Out,
-    /// The temporary file, removed if it is dropped unpublished (after `w`, which may flush
-    /// into it).
+    /// `None` once finished.
+    w: Option<Out>,
+    /// The temporary file, removed if it is dropped unpublished.
     file: Pending,
 }
 
@@ -55,7 +55,7 @@ impl AtomicFile {
     /// published (see the module).
     pub fn create(path: &Path, durability: Durability) -> io::Result<Self> {
         let (file, f) = open_temp(path, durability)?;
-        let w = Out::Buffered(BufWriter::with_capacity(BUFFER, f));
+        let w = Some(Out::Buffered(BufWriter::with_capacity(BUFFER, f)));
         Ok(AtomicFile { w, file })
     }
 
@@ -75,7 +75,7 @@ impl AtomicFile {
             true => Out::Direct(DirectOut::new(f)),
             false => Out::Buffered(BufWriter::with_capacity(BUFFER, f)),
         };
-        Ok(AtomicFile { w, file })
+        Ok(AtomicFile { w: Some(w), file })
     }
 
     /// The temporary name it is written under, for errors.
@@ -84,13 +84,13 @@ impl AtomicFile {
     }
 
     /// Flushes and (as the durability says) fsyncs the file, without renaming it yet.
-    pub fn finish(self) -> io::Result<Pending> {
+    pub fn finish(mut self) -> io::Result<Pending> {
         crash_point("write", &self.file.path);
-        let f = match self.w {
+        let f = match self.w.take().expect("an AtomicFile is finished once") {
             Out::Buffered(w) => w.into_inner().map_err(|e| e.into_error())?,
             Out::Direct(d) => d.finish()?,
         };
-        self.file.synced(Some(&f))
+        self.file.take().synced(Some(&f))
     }
 
     /// Flushes, fsyncs, renames over the final name, and fsyncs the directory, as the
@@ -100,9 +100,23 @@ impl AtomicFile {
     }
 
     fn writer(&mut self) -> &mut dyn Write {
-        match &mut self.w {
+        match self
+            .w
+            .as_mut()
+            .expect("an AtomicFile is written before it is finished")
+        {
             Out::Buffered(w) => w,
             Out::Direct(d) => d,
+        }
+    }
+}
+
+impl Drop for AtomicFile {
+    fn drop(&mut self) {
+        // Dropped unfinished: unflushed bytes go with the file (a flush on drop could only
+        // fail again, or wait on a store that does not answer); `file` then removes it.
+        if let Some(Out::Buffered(w)) = self.w.take() {
+            let _ = w.into_parts();
         }
     }
 }
@@ -300,6 +314,18 @@ pub struct Pending {
 }
 
 impl Pending {
+    /// This pending file, leaving behind one that removes nothing when dropped.
+    fn take(&mut self) -> Pending {
+        let taken = Pending {
+            path: std::mem::take(&mut self.path),
+            tmp: std::mem::take(&mut self.tmp),
+            durability: self.durability,
+            published: self.published,
+        };
+        self.published = true;
+        taken
+    }
+
     /// The temporary file written whole (`f`, or opened again), synced as the durability says.
     pub(crate) fn synced(self, f: Option<&File>) -> io::Result<Pending> {
         if self.durability != Durability::Rename {
@@ -600,7 +626,7 @@ mod tests {
 
     /// True when `f` is being written past the page cache.
     fn is_direct(f: &AtomicFile) -> bool {
-        matches!(&f.w, Out::Direct(d) if d.direct)
+        matches!(&f.w, Some(Out::Direct(d)) if d.direct)
     }
 
     /// The temporary files in `dir`.
@@ -636,7 +662,10 @@ mod tests {
         let (p, tmp, file) = full_device(dir.path());
         let buffered = Out::Buffered(BufWriter::with_capacity(BUFFER, file));
         let file = pending(&p, &tmp, Durability::Rename);
-        let mut f = AtomicFile { w: buffered, file };
+        let mut f = AtomicFile {
+            w: Some(buffered),
+            file,
+        };
         f.write_all(b"buffered").unwrap();
         let e = f.publish().expect_err("a full device fails the flush");
         assert_eq!(e.raw_os_error(), Some(libc::ENOSPC), "{e}");

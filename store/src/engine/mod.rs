@@ -94,8 +94,8 @@ pub struct Completed {
     from: BytesFrom,
 }
 
-/// Where a request's bytes are (from its submission on: a buffer to read into, or its
-/// file's map, both counted in the pool's budget).
+/// Where a request's bytes are (from its submission on: a buffer to read into or its file's
+/// map, both counted in the pool's budget; or bytes read again alone, which are not).
 enum Bytes {
     /// Read into a buffer.
     Buf(AlignedBuf),

@@ -10,7 +10,7 @@
 //! The sparse file lives in the snapshot cache, named by the dataset id and the content digest,
 //! and is shared by the processes of a node: a block one process fetched is found by the
 //! others, which check its CRC before they trust it (a block not yet written reads as zeros
-//! and fails the check). Nothing marks a block as present but its CRC, so a crash cannot leave
+//! and fails the check, unless its bytes are zeros, which is then right). Nothing marks a block as present but its CRC, so a crash cannot leave
 //! a block marked and missing.
 //!
 //! The cache is bounded: opening a dataset evicts the least recently opened cached snapshots
@@ -30,7 +30,7 @@ use granary_format::{Blocks, FormatError, Pager, SnapshotHeader, SNAPSHOT_FILE};
 use futures_util::stream::{self, StreamExt, TryStreamExt};
 
 use super::ops::fetch_range;
-use super::{ObjectUrl, GET_PART};
+use super::{block_on, watched, ObjectUrl, GET_PART};
 use crate::config::StoreConfig;
 use crate::counts::{Meter, MeterReading};
 use crate::error::{RemoteKind, Result, StoreError};
@@ -269,12 +269,14 @@ impl BlockPager {
                 self.blocks.block(run[run.len() - 1]).end,
             );
             let fetched = fetch_range(&*client, &key, &self.snap_url, start..end, None);
+            // Each GET is watched on its own: a warning names a wait, not a long batch.
+            let fetched = watched("reading", &self.snap_url, self.url.timeouts, fetched);
             async move { Ok((run, start, fetched.await?)) }
         });
         let stored = fetches
             .buffer_unordered(RUNS_IN_FLIGHT)
             .try_for_each(|(run, start, b)| std::future::ready(self.store_run(run, start, &b)));
-        self.url.run("reading", &self.snap_url, stored)?
+        block_on(stored)?
     }
 }
 

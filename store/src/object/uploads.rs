@@ -214,7 +214,7 @@ impl ObjectUrl {
 
     /// Stores the local file `path` as object `name`: one PUT up to [`PUT_PART`], a multipart
     /// upload (parts in flight, aborted on failure) above. The object appears whole or not at
-    /// all. `progress` is called with each part's size as it is handed to the upload.
+    /// all. `progress` is called with each part's size once it is uploaded.
     pub fn put_file(&self, name: &str, path: &Path, progress: &(dyn Fn(u64) + Sync)) -> Result<()> {
         let url = self.object_url(name);
         let file = std::fs::File::open(path).map_err(|e| StoreError::io("opening", path, e))?;
