@@ -7,6 +7,9 @@
 #               (caches dropped first), seconds
 #   read        `granary bench compare` of the raw tree vs the dataset: cold, warm and limited
 #               (each side in a memory cgroup of LIMIT, well below the dataset)
+#   mount       every file read through `granary mount` of the dataset (4 readers, caches dropped
+#               first), and the raw tree read the same way in the same round, seconds; where
+#               FUSE is available
 #   s3          with an S3 server configured (GRANARY_TEST_S3, from scripts/s3-server.sh): the
 #               dataset packed into the bucket, then one epoch read from it, samples/s
 #
@@ -30,7 +33,7 @@ OUT=${OUT:-bench-out/ab}
 mkdir -p "$OUT"
 OUT=$(realpath "$OUT")
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/granary-ab.XXXXXX")
-trap 'rm -rf "$WORK"' EXIT
+trap 'if mountpoint -q "$WORK/mnt" 2>/dev/null; then "$B" umount "$WORK/mnt"; fi; rm -rf "$WORK"' EXIT
 
 drop() {
   sync
@@ -80,6 +83,25 @@ for r in $(seq "$REPEAT"); do
       --memory-limit "$LIMIT" --epochs 1 --json >"$OUT/read-$v-$r.json" 2>/dev/null
   done
 done
+readall() { # every file under $1 with 4 readers; prints {"seconds": ...}
+  local t0 t1
+  drop
+  t0=$(date +%s.%N)
+  (cd "$1" && find . -type f -print0 | xargs -0 -P 4 -n 200 cat >/dev/null)
+  t1=$(date +%s.%N)
+  python3 -c "print({'seconds': $t1 - $t0})" | tr "'" '"'
+}
+if [ -e /dev/fuse ]; then
+  mkdir -p "$WORK/mnt"
+  for r in $(seq "$REPEAT"); do
+    for v in A B; do
+      "${!v}" mount "$WORK/ds" "$WORK/mnt" >/dev/null 2>&1
+      readall "$WORK/mnt" >"$OUT/mount-$v-$r.json"
+      "${!v}" umount "$WORK/mnt" >/dev/null 2>&1
+      readall "$WORK/src" >"$OUT/mountraw-$v-$r.json"
+    done
+  done
+fi
 if [ -n "${GRANARY_TEST_S3:-}" ]; then
   for v in A B; do
     XDG_CACHE_HOME="$WORK/cache-$v" "${!v}" pack "$WORK/src" -o "s3://granary/ab-$v-$$" -q >/dev/null
@@ -105,6 +127,10 @@ for s in cold warm limited; do
   row "read $s: granary/raw" read "[e for e in d['granary_epochs'] if e['state']=='$s'][0]['samples_per_s'] / [e for e in d['raw_epochs'] if e['state']=='$s'][0]['samples_per_s']"
   row "read $s: granary peak RSS MB" read "[e for e in d['granary_epochs'] if e['state']=='$s'][0]['peak_rss_bytes'] / 1e6"
 done
+if [ -e /dev/fuse ]; then
+  row "mount: seconds" mount "d['seconds']"
+  row "mount: raw seconds (same round)" mountraw "d['seconds']"
+fi
 if [ -n "${GRANARY_TEST_S3:-}" ]; then
   row "s3 read: samples/s" s3 "d[0]['samples_per_s']"
 fi
