@@ -2,11 +2,30 @@
 //! restore them, and benchmark the difference. Thin over the library crates.
 #![forbid(unsafe_code)]
 
+/// A subcommand enum, and the function (`$run`) that runs each variant's arguments with the
+/// function given beside it.
+macro_rules! subcommands {
+    ($enum:ident, $run:ident, $($(#[$meta:meta])* $name:ident($args:ty) => $f:expr,)*) => {
+        #[derive(clap::Subcommand)]
+        enum $enum {
+            $($(#[$meta])* $name($args),)*
+        }
+
+        fn $run(command: $enum) -> anyhow::Result<std::process::ExitCode> {
+            match command {
+                $($enum::$name(a) => $f(a),)*
+            }
+        }
+    };
+}
+
 mod cmd;
 
 use std::process::ExitCode;
+use std::time::Duration;
 
-use clap::{Parser, Subcommand};
+use clap::Parser;
+use granary_store::object::parse_seconds;
 
 #[derive(Parser)]
 #[command(
@@ -32,47 +51,43 @@ struct Cli {
     /// Seconds to wait for a connection before the attempt fails (and is
     /// retried) [default: 10]
     #[arg(long, global = true, value_name = "SECS", env = "GRANARY_CONNECT_TIMEOUT",
-          value_parser = seconds, help_heading = "Object stores")]
-    connect_timeout: Option<f64>,
+          value_parser = parse_seconds, help_heading = "Object stores")]
+    connect_timeout: Option<Duration>,
 
     /// Seconds a request may go without receiving a byte (the answer, or the
     /// next part of its body) before it fails and is retried; a slow transfer that keeps
     /// moving is never cut off [default: 60]
     #[arg(long, global = true, value_name = "SECS", env = "GRANARY_REQUEST_TIMEOUT",
-          value_parser = seconds, help_heading = "Object stores")]
-    request_timeout: Option<f64>,
+          value_parser = parse_seconds, help_heading = "Object stores")]
+    request_timeout: Option<Duration>,
 
     /// Seconds to keep retrying a failed request (with backoff, counted from
     /// its first attempt) before the command fails naming the URL [default: 120]
     #[arg(long, global = true, value_name = "SECS", env = "GRANARY_RETRY_TIMEOUT",
-          value_parser = seconds, help_heading = "Object stores")]
-    retry_timeout: Option<f64>,
+          value_parser = parse_seconds, help_heading = "Object stores")]
+    retry_timeout: Option<Duration>,
 }
 
-fn seconds(s: &str) -> Result<f64, String> {
-    granary_store::object::parse_seconds(s).map(|d| d.as_secs_f64())
-}
-
-#[derive(Subcommand)]
-enum Command {
-    Pack(cmd::pack::Args),
-    Merge(cmd::merge::Args),
-    Append(cmd::append::Args),
-    Info(cmd::info::Args),
-    Ls(cmd::ls::Args),
-    Cat(cmd::cat::Args),
-    Extract(cmd::extract::Args),
-    Verify(cmd::verify::Args),
-    Read(Box<cmd::read::Args>),
-    Plan(cmd::plan::Args),
-    Reindex(cmd::reindex::Args),
-    Upgrade(cmd::upgrade::Args),
-    View(cmd::view::Args),
-    Cache(cmd::cache::Args),
-    Mount(cmd::mount::Args),
-    Serve(cmd::serve::Args),
-    Umount(cmd::mount::UmountArgs),
-    Bench(cmd::bench::Args),
+subcommands! {
+    Command, dispatch,
+    Pack(cmd::pack::Args) => cmd::pack::run,
+    Merge(cmd::merge::Args) => cmd::merge::run,
+    Append(cmd::append::Args) => cmd::append::run,
+    Info(cmd::info::Args) => cmd::info::run,
+    Ls(cmd::ls::Args) => cmd::ls::run,
+    Cat(cmd::cat::Args) => cmd::cat::run,
+    Extract(cmd::extract::Args) => cmd::extract::run,
+    Verify(cmd::verify::Args) => cmd::verify::run,
+    Read(Box<cmd::read::Args>) => |a: Box<_>| cmd::read::run(*a),
+    Plan(cmd::plan::Args) => cmd::plan::run,
+    Reindex(cmd::reindex::Args) => cmd::reindex::run,
+    Upgrade(cmd::upgrade::Args) => cmd::upgrade::run,
+    View(cmd::view::Args) => cmd::view::run,
+    Cache(cmd::cache::Args) => cmd::cache::run,
+    Mount(cmd::mount::Args) => cmd::mount::run,
+    Serve(cmd::serve::Args) => cmd::serve::run,
+    Umount(cmd::mount::UmountArgs) => cmd::mount::umount,
+    Bench(cmd::bench::Args) => cmd::bench::run,
 }
 
 /// The libraries' diagnostics (warnings about a full tier, a peer marked down, a mount's
@@ -134,15 +149,9 @@ fn main() -> ExitCode {
         }
     };
     let t = &mut store.timeouts;
-    for (slot, value) in [
-        (&mut t.connect, cli.connect_timeout),
-        (&mut t.request, cli.request_timeout),
-        (&mut t.retry, cli.retry_timeout),
-    ] {
-        if let Some(v) = value {
-            *slot = std::time::Duration::from_secs_f64(v);
-        }
-    }
+    t.connect = cli.connect_timeout.unwrap_or(t.connect);
+    t.request = cli.request_timeout.unwrap_or(t.request);
+    t.retry = cli.retry_timeout.unwrap_or(t.retry);
     cmd::set_store_config(store);
     let res = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| dispatch(cli.cmd)));
     let res = match res {
@@ -164,30 +173,6 @@ fn main() -> ExitCode {
 
 /// Set when a `println!` met a closed stdout (see `main`).
 static CLOSED_STDOUT: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-
-/// Runs `command`.
-fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
-    match command {
-        Command::Pack(a) => cmd::pack::run(a),
-        Command::Merge(a) => cmd::merge::run(a),
-        Command::Append(a) => cmd::append::run(a),
-        Command::Info(a) => cmd::info::run(a),
-        Command::Ls(a) => cmd::ls::run(a),
-        Command::Cat(a) => cmd::cat::run(a),
-        Command::Extract(a) => cmd::extract::run(a),
-        Command::Verify(a) => cmd::verify::run(a),
-        Command::Read(a) => cmd::read::run(*a),
-        Command::Plan(a) => cmd::plan::run(a),
-        Command::Reindex(a) => cmd::reindex::run(a),
-        Command::Upgrade(a) => cmd::upgrade::run(a),
-        Command::View(a) => cmd::view::run(a),
-        Command::Cache(a) => cmd::cache::run(a),
-        Command::Mount(a) => cmd::mount::run(a),
-        Command::Serve(a) => cmd::serve::run(a),
-        Command::Umount(a) => cmd::mount::umount(a),
-        Command::Bench(a) => cmd::bench::run(a),
-    }
-}
 
 /// The error and its causes, "a: b: c", leaving out a cause whose text the message before it
 /// already ends with (library errors include their source in their own message).

@@ -32,63 +32,6 @@ granary_format::named_enum! {
     }
 }
 
-/// A cache of `capacity` unit-size items: the items held with their last access (a static
-/// cache's never change), and LRU's order of last accesses.
-struct Cache {
-    policy: Policy,
-    capacity: usize,
-    clock: u64,
-    stamp: HashMap<u64, u64>,
-    by_stamp: BTreeMap<u64, u64>,
-}
-
-impl Cache {
-    /// Accesses `key`; true on a hit.
-    fn access(&mut self, key: u64) -> bool {
-        match self.policy {
-            Policy::Static => {
-                if self.stamp.contains_key(&key) {
-                    return true;
-                }
-                if self.stamp.len() < self.capacity {
-                    self.stamp.insert(key, 0);
-                }
-                false
-            }
-            Policy::Lru => {
-                self.clock += 1;
-                let hit = if let Some(old) = self.stamp.insert(key, self.clock) {
-                    self.by_stamp.remove(&old);
-                    true
-                } else {
-                    false
-                };
-                self.by_stamp.insert(self.clock, key);
-                if self.stamp.len() > self.capacity {
-                    if let Some((_, victim)) = self.by_stamp.pop_first() {
-                        self.stamp.remove(&victim);
-                    }
-                }
-                hit
-            }
-        }
-    }
-}
-
-/// The access trace of one epoch: sample ids in delivery order, or chunk ids in window order.
-pub fn epoch_trace(shape: &DatasetShape, plan: &PlanOptions, epoch: u64, level: Level) -> Vec<u64> {
-    let p = EpochPlan::build(shape, plan, epoch, Shard::WHOLE, None)
-        .expect("whole-dataset shard is valid");
-    match level {
-        Level::Sample => p.samples,
-        Level::Chunk => p
-            .windows
-            .iter()
-            .flat_map(|w| w.chunks.iter().map(|&c| c as u64))
-            .collect(),
-    }
-}
-
 /// One simulated configuration.
 #[derive(Clone, Debug, Serialize)]
 pub struct SimRow {
@@ -111,21 +54,41 @@ pub fn lru_theory(f: f64) -> f64 {
     }
 }
 
-/// The hit ratio of a `policy` cache of `capacity` items replaying `traces` (two epochs at
-/// least), over epochs 1.. (epoch 0 fills the cache).
+/// The hit ratio of a `policy` cache of `capacity` unit-size items replaying `traces` (two
+/// epochs at least), over epochs 1.. (epoch 0 fills the cache).
 fn hit_ratio(policy: Policy, capacity: usize, traces: &[Vec<u64>]) -> f64 {
-    let mut c = Cache {
-        policy,
-        capacity,
-        clock: 0,
-        stamp: HashMap::new(),
-        by_stamp: BTreeMap::new(),
+    // The items held with their last access (a static cache's never change), and LRU's order
+    // of last accesses.
+    let (mut stamp, mut by_stamp) = (HashMap::new(), BTreeMap::new());
+    let mut clock = 0u64;
+    let mut access = |key: u64| {
+        let hit = stamp.contains_key(&key);
+        match policy {
+            Policy::Static => {
+                if !hit && stamp.len() < capacity {
+                    stamp.insert(key, 0);
+                }
+            }
+            Policy::Lru => {
+                clock += 1;
+                if let Some(old) = stamp.insert(key, clock) {
+                    by_stamp.remove(&old);
+                }
+                by_stamp.insert(clock, key);
+                if stamp.len() > capacity {
+                    if let Some((_, victim)) = by_stamp.pop_first() {
+                        stamp.remove(&victim);
+                    }
+                }
+            }
+        }
+        hit
     };
     let (warm, later) = traces.split_first().expect("two epochs at least");
     for &k in warm {
-        c.access(k);
+        access(k);
     }
-    let hits = later.iter().flatten().filter(|&&k| c.access(k)).count();
+    let hits = later.iter().flatten().filter(|&&k| access(k)).count();
     hits as f64 / later.iter().map(Vec::len).sum::<usize>().max(1) as f64
 }
 
@@ -137,8 +100,21 @@ pub fn simulate(
     fractions: &[f64],
     level: Level,
 ) -> Vec<SimRow> {
+    // The access trace of each epoch: sample ids in delivery order, or chunk ids in window order.
     let traces: Vec<Vec<u64>> = (0..epochs.max(2))
-        .map(|e| epoch_trace(shape, plan, e, level))
+        .map(|e| {
+            let p = EpochPlan::build(shape, plan, e, Shard::WHOLE, None)
+                .expect("whole-dataset shard is valid");
+            match level {
+                Level::Sample => p.samples,
+                Level::Chunk => p
+                    .windows
+                    .iter()
+                    .flat_map(|w| &w.chunks)
+                    .map(|&c| c as u64)
+                    .collect(),
+            }
+        })
         .collect();
     let items = match level {
         Level::Sample => shape.samples(),
@@ -331,16 +307,11 @@ pub fn simulate_losses(
     let n = shape.samples();
     let epochs = o.epochs.max(2);
     let easiest = easiest(o.seed, n);
-    let traces: Vec<Vec<u64>> = (0..epochs)
-        .map(|e| epoch_trace(shape, plan, e, Level::Sample))
-        .collect();
-    o.fractions
-        .iter()
-        .map(|&f| {
-            let capacity = ((n as f64) * f).round() as usize;
-            // Uniform epochs through LRU and static.
-            let lru = hit_ratio(Policy::Lru, capacity, &traces);
-            let static_ = hit_ratio(Policy::Static, capacity, &traces);
+    // Uniform epochs through LRU and static.
+    simulate(shape, plan, epochs, &o.fractions, Level::Sample)
+        .into_iter()
+        .map(|u| {
+            let (f, capacity, lru, static_) = (u.fraction, u.capacity as usize, u.lru, u.static_);
             // Importance: scores from losses, cache = top scores, sampler favours the cache.
             let mut scores = ImportanceScores::new(n, 0.8);
             let mut seen = vec![0u32; n as usize];

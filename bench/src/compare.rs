@@ -17,7 +17,7 @@ use granary_format::SplitMix64;
 use serde::Serialize;
 
 use crate::cold::{make_cold_with, ColdMethod, ColdMode};
-use crate::readbench::{median, over_files, percentile, read_whole, timed};
+use crate::readbench::{median, on_threads, over_files, percentile, read_whole, timed};
 
 /// What to compare.
 #[derive(Clone, Debug)]
@@ -162,10 +162,8 @@ pub fn crc_ceiling(packed: &Path, k: u32) -> Result<(f64, f64), String> {
     let maps: Vec<_> = files.iter().map(|p| map(p)).collect::<Result<_, _>>()?;
     let (mut best_made, mut best_kept): (f64, f64) = (0.0, 0.0);
     for _ in 0..3 {
-        let made = timed(|| over_files(&files, k as usize, |p| crc(&map(p)?)))?.0;
-        best_made = best_made.max(made);
-        let kept = timed(|| over_files(&maps, k as usize, |m| crc(m)))?.0;
-        best_kept = best_kept.max(kept);
+        best_made = best_made.max(timed(|| over_files(&files, k as usize, |p| crc(&map(p)?)))?.0);
+        best_kept = best_kept.max(timed(|| over_files(&maps, k as usize, |m| crc(m)))?.0);
     }
     Ok((best_made, best_kept))
 }
@@ -198,25 +196,11 @@ impl WorkerOut {
     }
 }
 
-/// Runs `work` over each of `shares` on a thread of its own (named `name` in a panic); the
-/// results in order.
-fn on_threads<S: Send, T: Send>(
-    shares: impl Iterator<Item = S>,
-    name: &str,
-    work: impl Fn(S) -> T + Sync,
-) -> Vec<T> {
-    std::thread::scope(|s| {
-        let work = &work;
-        let handles: Vec<_> = shares.map(|x| s.spawn(move || work(x))).collect();
-        handles.into_iter().map(|h| h.join().expect(name)).collect()
-    })
-}
-
 /// Folds the workers' results into `s` and computes rates and percentiles; the paths of
 /// samples known by id come from `path` once the clock stopped.
 fn fold<E>(
     mut s: SideEpoch,
-    workers: Vec<Result<WorkerOut, E>>,
+    workers: Vec<std::thread::Result<Result<WorkerOut, E>>>,
     started: Instant,
     cpu0: f64,
     path: impl Fn(u64) -> Result<Vec<u8>, E>,
@@ -225,7 +209,7 @@ fn fold<E>(
     s.cpu_s = cpu_seconds() - cpu0;
     let (mut lat, mut digest) = (Vec::new(), 0u64);
     for w in workers {
-        let w = w?;
+        let w = w.expect("a worker panicked")?;
         s.samples += w.samples;
         s.bytes += w.bytes;
         digest = digest.wrapping_add(w.digest);
@@ -274,30 +258,26 @@ fn raw_epoch(o: &CompareOptions, epoch: u64) -> std::io::Result<SideEpoch> {
     SplitMix64::keyed(&[o.seed, epoch, 0x0072_6177]).shuffle(&mut files);
     let t = Instant::now();
     let per = files.len().div_ceil(o.workers.max(1) as usize).max(1);
-    let results = on_threads(
-        files.chunks(per),
-        "raw worker",
-        |share| -> std::io::Result<_> {
-            let mut out = WorkerOut::default();
-            let mut buf = Vec::new();
-            for rel in share {
-                let t0 = Instant::now();
-                let mut f = std::fs::File::open(o.raw.join(std::ffi::OsStr::from_bytes(rel)))?;
-                let len = f.metadata()?.len();
-                buf.clear();
-                buf.reserve(len as usize);
-                f.read_to_end(&mut buf)?;
-                drop(f);
-                let waited = t0.elapsed();
-                let t1 = Instant::now();
-                let crc = crc32fast::hash(&buf);
-                out.check_s += t1.elapsed().as_secs_f64();
-                out.digest = out.digest.wrapping_add(digest_term(rel, crc));
-                out.add(buf.len(), waited);
-            }
-            Ok(out)
-        },
-    );
+    let results = on_threads(files.chunks(per), |share| -> std::io::Result<_> {
+        let mut out = WorkerOut::default();
+        let mut buf = Vec::new();
+        for rel in share {
+            let t0 = Instant::now();
+            let mut f = std::fs::File::open(o.raw.join(std::ffi::OsStr::from_bytes(rel)))?;
+            let len = f.metadata()?.len();
+            buf.clear();
+            buf.reserve(len as usize);
+            f.read_to_end(&mut buf)?;
+            drop(f);
+            let waited = t0.elapsed();
+            let t1 = Instant::now();
+            let crc = crc32fast::hash(&buf);
+            out.check_s += t1.elapsed().as_secs_f64();
+            out.digest = out.digest.wrapping_add(digest_term(rel, crc));
+            out.add(buf.len(), waited);
+        }
+        Ok(out)
+    });
     // Per file: open and fstat (as Python's open() does), on top of the listing.
     let s = SideEpoch {
         epoch,
@@ -325,7 +305,7 @@ fn granary_epoch(o: &CompareOptions, epoch: u64) -> granary::Result<SideEpoch> {
     let startup_s = t.elapsed().as_secs_f64();
     let t = Instant::now();
     let k = o.workers.max(1);
-    let results = on_threads(0..k, "granary worker", |w| -> granary::Result<_> {
+    let results = on_threads(0..k, |w| -> granary::Result<_> {
         let shard = Shard {
             rank: 0,
             world_size: 1,
@@ -378,11 +358,11 @@ pub struct SideReport {
 /// Reads every file under `root` once (to make it resident).
 pub(crate) fn warm_up(root: &Path) -> Result<(), String> {
     let mut buf = vec![0u8; 1 << 20];
+    let at = |e: &dyn std::fmt::Display| format!("warming {}: {e}", root.display());
     for e in walkdir::WalkDir::new(root) {
-        let e = e.map_err(|e| format!("warming {}: {e}", root.display()))?;
+        let e = e.map_err(|e| at(&e))?;
         if e.file_type().is_file() {
-            read_whole(e.path(), &mut buf)
-                .map_err(|e| format!("warming {}: {e}", root.display()))?;
+            read_whole(e.path(), &mut buf).map_err(|e| at(&e))?;
         }
     }
     Ok(())
@@ -447,12 +427,8 @@ fn side_process(
         .arg(&o.raw)
         .arg("--packed")
         .arg(&o.packed)
-        .args([
-            "--workers",
-            &o.workers.to_string(),
-            "--epoch",
-            &epoch.to_string(),
-        ])
+        .args(["--workers", &o.workers.to_string()])
+        .args(["--epoch", &epoch.to_string()])
         .args(["--seed", &o.seed.to_string(), "--io", o.io.name()])
         .stderr(std::process::Stdio::inherit())
         .output()
@@ -509,20 +485,14 @@ pub fn run(o: &CompareOptions) -> Result<CompareResult, String> {
         for epoch in 0..o.epochs.max(1) {
             let limit = o.memory_limit.filter(|_| state == State::Limited);
             let one = |side, dir: &Path| -> Result<SideEpoch, String> {
-                let cold = match state {
-                    State::Cold => make_cold_with(o.cold, &[&o.raw, &o.packed]),
-                    _ => None,
-                };
+                let cold = (state == State::Cold)
+                    .then(|| make_cold_with(o.cold, &[&o.raw, &o.packed]))
+                    .flatten();
                 // The ceiling first: the residency check is the last thing before the epoch.
-                let ceiling = match side {
-                    Side::Granary if warm => Some(crc_ceiling(&o.packed, o.workers)?),
-                    _ => None,
-                };
-                let resident = if warm {
-                    Some(ensure_resident(dir)?)
-                } else {
-                    None
-                };
+                let ceiling = (warm && side == Side::Granary)
+                    .then(|| crc_ceiling(&o.packed, o.workers))
+                    .transpose()?;
+                let resident = warm.then(|| ensure_resident(dir)).transpose()?;
                 let mut s = match &o.side_exe {
                     Some(exe) => side_process(o, exe, side, epoch, limit)?,
                     None => run_side(o, side, epoch)?,
@@ -560,6 +530,24 @@ pub fn run(o: &CompareOptions) -> Result<CompareResult, String> {
     })
 }
 
+/// The columns of `render`'s table and their widths (the first two left-aligned).
+const COLUMNS: &str = "side|state|epoch|startup s|samples/s|MB/s|p50 us|p99 us|meta ops|cpu s|\
+                       check s|cpu s/GB|peak RSS|cold|ratio";
+const WIDTHS: [usize; 15] = [8, 8, 5, 10, 10, 9, 9, 10, 10, 10, 8, 9, 22, 8, 9];
+
+/// One line of `render`'s table: a cell per column.
+fn table_line(cells: impl IntoIterator<Item = String>) -> String {
+    let mut s = String::from(" ");
+    for (i, (cell, w)) in cells.into_iter().zip(WIDTHS).enumerate() {
+        s += &if i < 2 {
+            format!(" {cell:<w$}")
+        } else {
+            format!(" {cell:>w$}")
+        };
+    }
+    s + "\n"
+}
+
 /// The table printed by `granary bench compare`.
 pub fn render(r: &CompareResult) -> String {
     let mut s = format!(
@@ -568,30 +556,12 @@ pub fn render(r: &CompareResult) -> String {
         r.packed.display(),
         r.workers
     );
-    s += &format!(
-        "  {:<8} {:<8} {:>5} {:>10} {:>10} {:>9} {:>9} {:>10} {:>10} {:>10} {:>8} {:>9} {:>22} {:>8} {:>9}\n",
-        "side",
-        "state",
-        "epoch",
-        "startup s",
-        "samples/s",
-        "MB/s",
-        "p50 us",
-        "p99 us",
-        "meta ops",
-        "cpu s",
-        "check s",
-        "cpu s/GB",
-        "peak RSS",
-        "cold",
-        "ratio"
-    );
+    s += &table_line(COLUMNS.split('|').map(String::from));
     for (i, (raw, g)) in r.raw_epochs.iter().zip(&r.granary_epochs).enumerate() {
         for (name, x, ratio) in [
             ("raw", raw, String::new()),
             ("granary", g, format!("{:.2}x", r.ratios[i])),
         ] {
-            let state = x.state.unwrap_or(State::Cold).name();
             let rss = x
                 .peak_rss_bytes
                 .map(|b| format!("{:.0} MB", b as f64 / 1e6))
@@ -601,28 +571,27 @@ pub fn render(r: &CompareResult) -> String {
                 0 => rss,
                 k => format!("{rss} ({:.0} maps)", k as f64 / 1e6),
             };
-            s += &format!(
-                "  {:<8} {:<8} {:>5} {:>10.4} {:>10.0} {:>9.1} {:>9.0} {:>10.0} {:>10} {:>10.2} {:>8.2} {:>9.2} {:>22} {:>8} {:>9}\n",
-                name,
-                state,
-                x.epoch,
-                x.startup_s,
-                x.samples_per_s,
-                x.mb_per_s,
-                x.latency_p50_us,
-                x.latency_p99_us,
-                x.metadata_ops,
-                x.cpu_s,
-                x.check_s,
-                x.cpu_s / (x.bytes as f64 / 1e9).max(1e-12),
+            s += &table_line([
+                name.into(),
+                x.state.unwrap_or(State::Cold).name().into(),
+                x.epoch.to_string(),
+                format!("{:.4}", x.startup_s),
+                format!("{:.0}", x.samples_per_s),
+                format!("{:.1}", x.mb_per_s),
+                format!("{:.0}", x.latency_p50_us),
+                format!("{:.0}", x.latency_p99_us),
+                x.metadata_ops.to_string(),
+                format!("{:.2}", x.cpu_s),
+                format!("{:.2}", x.check_s),
+                format!("{:.2}", x.cpu_s / (x.bytes as f64 / 1e9).max(1e-12)),
                 rss,
                 match (x.resident, x.cold) {
                     (Some(share), _) => format!("res {:.0}%", share * 100.0),
                     (None, Some(c)) => format!("{c:?}"),
                     (None, None) => "none".into(),
                 },
-                ratio
-            );
+                ratio,
+            ]);
         }
     }
     let warm: Vec<(f64, f64, f64)> = r

@@ -117,14 +117,8 @@ pub fn run(o: &HitBenchOptions) -> Result<HitBenchResult, String> {
     let id = ds.snapshot().dataset_id();
     let tier = LocalTier::open(&o.dir, id, quota, TierPolicy::Static).map_err(|e| e.to_string())?;
     tier.clear().map_err(|e| e.to_string())?;
-    let tier_args: Vec<std::ffi::OsString> = vec![
-        "--cache-dir".into(),
-        o.dir.clone().into(),
-        "--cache-size".into(),
-        quota.to_string().into(),
-        "--policy".into(),
-        "static".into(),
-    ];
+    let mut tier_args: Vec<std::ffi::OsString> = vec!["--cache-dir".into(), o.dir.clone().into()];
+    tier_args.extend(["--cache-size", &quota.to_string(), "--policy", "static"].map(Into::into));
     // Every chunk copied in (admission during epochs is best-effort: it drops offers while
     // busy, so one epoch does not fill a tier).
     for c in 0..chunks as u32 {
@@ -157,11 +151,9 @@ pub fn run(o: &HitBenchOptions) -> Result<HitBenchResult, String> {
                 .try_fold(1f64, |m, r| Some(m.min(r.byte_hit_ratio?))),
         };
         let (t, p) = (side(&sides[0]), side(&sides[1]));
-        if t.byte_hit_ratio.is_some_and(|h| h < 1.0) {
-            return Err(format!(
-                "with {n} processes the tier served only {:.1} % of the bytes",
-                t.byte_hit_ratio.unwrap_or(0.0) * 100.0
-            ));
+        if let Some(h) = t.byte_hit_ratio.filter(|&h| h < 1.0) {
+            let served = format!("{:.1} % of the bytes", h * 100.0);
+            return Err(format!("with {n} processes the tier served only {served}"));
         }
         rows.push(HitRow {
             processes: n,

@@ -56,9 +56,9 @@ pub struct ReadBenchResult {
 
 /// Reads every chunk file whole, in id order, O_DIRECT, `qd` reads in flight: the device's
 /// sequential bandwidth through the same engine, with no plan, decode or checks.
-fn sequential_baseline(files: &[(PathBuf, u64)], qd: usize) -> granary::Result<(f64, f64)> {
-    let mut engine = Engine::new(IoKind::Uring, qd, 256 << 20)?;
-    timed(|| {
+fn sequential_baseline(files: &[(PathBuf, u64)], qd: usize) -> Result<(f64, f64), String> {
+    let mut engine = Engine::new(IoKind::Uring, qd, 256 << 20).map_err(|e| e.to_string())?;
+    timed(|| -> granary::Result<_> {
         let mut total = 0u64;
         // One file per batch, one batch queued ahead: the engine keeps the queue full across files.
         let mut pending = std::collections::VecDeque::new();
@@ -84,15 +84,16 @@ fn sequential_baseline(files: &[(PathBuf, u64)], qd: usize) -> granary::Result<(
         }
         Ok(total)
     })
+    .map_err(|e| e.to_string())
 }
 
-/// MB/s and CPU seconds of `work`, which returns the bytes it read.
+/// MB/s and CPU seconds per GB of `work`, which returns the bytes it read.
 pub(crate) fn timed<E>(work: impl FnOnce() -> Result<u64, E>) -> Result<(f64, f64), E> {
     let cpu0 = cpu_seconds();
     let t = Instant::now();
-    let total = work()?;
-    let secs = t.elapsed().as_secs_f64();
-    Ok((total as f64 / 1e6 / secs, cpu_seconds() - cpu0))
+    let total = work()? as f64;
+    let (secs, cpu) = (t.elapsed().as_secs_f64(), cpu_seconds() - cpu0);
+    Ok((total / 1e6 / secs, cpu / (total / 1e9)))
 }
 
 /// Reads the file at `p` to its end in reads of `buf`'s size; the bytes read.
@@ -114,13 +115,26 @@ pub const PAGE_CACHE_STREAMS: usize = 2;
 /// Reads every chunk file whole through the page cache, front to back in 1 MiB `read`s,
 /// [`PAGE_CACHE_STREAMS`] files at a time, with plain `std::fs` (no granary engine, no
 /// checks): what filling the page cache with the dataset costs on this machine, the ceiling
-/// of a first epoch that leaves the dataset resident. MB/s and CPU seconds.
+/// of a first epoch that leaves the dataset resident. MB/s and CPU seconds per GB.
 fn page_cache_fill(files: &[(PathBuf, u64)]) -> Result<(f64, f64), String> {
     timed(|| {
         over_files(files, PAGE_CACHE_STREAMS, |(p, _)| {
             let mut buf = vec![0u8; 1 << 20];
             read_whole(p, &mut buf).map_err(|e| format!("{}: {e}", p.display()))
         })
+    })
+}
+
+/// Runs `work` over each of `shares` on a thread of its own; the results in order (`Err`: the
+/// thread panicked).
+pub(crate) fn on_threads<S: Send, T: Send>(
+    shares: impl Iterator<Item = S>,
+    work: impl Fn(S) -> T + Sync,
+) -> Vec<std::thread::Result<T>> {
+    std::thread::scope(|s| {
+        let work = &work;
+        let handles: Vec<_> = shares.map(|x| s.spawn(move || work(x))).collect();
+        handles.into_iter().map(|h| h.join()).collect()
     })
 }
 
@@ -132,22 +146,11 @@ pub(crate) fn over_files<P: Sync>(
     per_file: impl Fn(&P) -> Result<u64, String> + Sync,
 ) -> Result<u64, String> {
     let k = k.max(1);
-    std::thread::scope(|s| {
-        let hs: Vec<_> = (0..k)
-            .map(|w| {
-                let per_file = &per_file;
-                s.spawn(move || -> Result<u64, String> {
-                    files.iter().skip(w).step_by(k).map(per_file).sum()
-                })
-            })
-            .collect();
-        hs.into_iter()
-            .map(|h| {
-                h.join()
-                    .map_err(|_| "a reading thread panicked".to_string())?
-            })
-            .sum()
-    })
+    let sums = on_threads(0..k, |w| -> Result<u64, String> {
+        files.iter().skip(w).step_by(k).map(&per_file).sum()
+    });
+    let panicked = |_| "a reading thread panicked".to_string();
+    sums.into_iter().map(|r| r.map_err(panicked)?).sum()
 }
 
 /// Queue depth of the deep fio reference: enough to reach the device's sequential bandwidth.
@@ -208,20 +211,16 @@ pub(crate) fn median<T: std::borrow::Borrow<f64>>(v: impl IntoIterator<Item = T>
     percentile(&v, 0.5)
 }
 
-/// The runs of one side: MB/s, samples/s (granary's sides) and CPU seconds per GB (not fio's).
-#[derive(Default)]
-struct Runs {
-    mb: Vec<f64>,
-    per_s: Vec<f64>,
-    cpu: Vec<f64>,
-}
-
-impl Runs {
-    fn push(&mut self, mb: f64, per_s: Option<f64>, cpu_per_gb: Option<f64>) {
-        self.mb.push(mb);
-        self.per_s.extend(per_s);
-        self.cpu.extend(cpu_per_gb);
-    }
+/// What one side of `granary bench read` reads.
+enum Reading {
+    /// [`sequential_baseline`].
+    Sequential,
+    /// [`page_cache_fill`].
+    PageCache,
+    /// [`fio`] at this depth.
+    Fio(usize),
+    /// A granary epoch: its shuffle, I/O backend and I/O mode.
+    Granary(ShuffleMode, IoKind, granary::IoMode),
 }
 
 /// Runs every side `repeat` times, interleaved, each after dropping the page cache.
@@ -232,116 +231,102 @@ pub fn run(o: &ReadBenchOptions) -> Result<ReadBenchResult, String> {
         .collect::<granary::Result<Vec<_>>>()
         .map_err(|e| e.to_string())?;
     let chunk_bytes: u64 = files.iter().map(|f| f.1).sum();
-    let gb = chunk_bytes as f64 / 1e9;
     let dir: &Path = ds.dir();
-    // The device's side of reading: O_DIRECT, as fio reads; and what a user gets without
-    // options (auto: through the page cache for a dataset that fits in memory, O_DIRECT for
-    // the chunks beyond the page-cache budget). The buffer budget of `window_chunks` at the
-    // reader's rule (three windows in memory).
+    // The buffer budget of `window_chunks` at the reader's rule (three windows in memory).
     let mean_chunk = chunk_bytes / files.len().max(1) as u64;
     use granary::IoMode::{Auto, Direct};
-    let granary_sides: [(&str, ShuffleMode, IoKind, granary::IoMode); 4] = [
-        (
-            "granary read (defaults: chunkwise, --io auto, backend auto)",
-            ShuffleMode::Chunkwise,
-            IoKind::Auto,
-            Auto,
-        ),
-        (
-            "granary read --shuffle chunkwise --io direct (io_uring)",
-            ShuffleMode::Chunkwise,
-            IoKind::Uring,
-            Direct,
-        ),
-        (
-            "granary read --shuffle chunkwise --io direct (pread)",
-            ShuffleMode::Chunkwise,
-            IoKind::Pread,
-            Direct,
-        ),
-        (
-            "granary read --shuffle global --io direct (io_uring)",
-            ShuffleMode::Global,
-            IoKind::Uring,
-            Direct,
-        ),
+    use Reading::*;
+    use ShuffleMode::{Chunkwise, Global};
+    let fio_name = |depth| format!("fio sequential 4 MiB O_DIRECT io_uring, depth {depth}");
+    // The references first (fio at the reader's depth where that is not the deep one's).
+    let sequential = "direct sequential read of the chunk files (granary engine, no plan)";
+    let fill = "page-cache fill: chunk files read whole, 1 MiB reads,";
+    let mut sides = vec![
+        (sequential.to_string(), Sequential),
+        (format!("{fill} {PAGE_CACHE_STREAMS} at a time"), PageCache),
+        (fio_name(FIO_DEPTH), Fio(FIO_DEPTH)),
     ];
-    // Sides 0 to 3 are the references, then granary's.
-    let names: Vec<String> = [
-        "direct sequential read of the chunk files (granary engine, no plan)".to_string(),
-        format!(
-            "page-cache fill: chunk files read whole, 1 MiB reads, {PAGE_CACHE_STREAMS} at a time"
-        ),
-        format!("fio sequential 4 MiB O_DIRECT io_uring, depth {FIO_DEPTH}"),
-        format!(
-            "fio sequential 4 MiB O_DIRECT io_uring, depth {} (granary's)",
-            o.queue_depth
-        ),
-    ]
-    .into_iter()
-    .chain(granary_sides.iter().map(|g| g.0.to_string()))
-    .collect();
-    let mut runs: Vec<Runs> = names.iter().map(|_| Runs::default()).collect();
+    if o.queue_depth != FIO_DEPTH {
+        let name = fio_name(o.queue_depth) + " (granary's)";
+        sides.push((name, Fio(o.queue_depth)));
+    }
+    // The device's side of reading: O_DIRECT, as fio reads; and what a user gets without
+    // options (auto: through the page cache for a dataset that fits in memory, O_DIRECT for
+    // the chunks beyond the page-cache budget), first of granary's sides.
+    let defaults = sides.len();
+    let names = [
+        "(defaults: chunkwise, --io auto, backend auto)",
+        "--shuffle chunkwise --io direct (io_uring)",
+        "--shuffle chunkwise --io direct (pread)",
+        "--shuffle global --io direct (io_uring)",
+    ];
+    let readings = [
+        Granary(Chunkwise, IoKind::Auto, Auto),
+        Granary(Chunkwise, IoKind::Uring, Direct),
+        Granary(Chunkwise, IoKind::Pread, Direct),
+        Granary(Global, IoKind::Uring, Direct),
+    ];
+    let names = names.map(|n| format!("granary read {n}"));
+    sides.extend(names.into_iter().zip(readings));
+    // Per side: MB/s, samples/s (granary's sides) and CPU seconds per GB (not fio's).
+    let mut runs = vec![(Vec::new(), Vec::new(), Vec::new()); sides.len()];
     let mut cold = ColdMethod::None;
     for rep in 0..o.repeat.max(1) {
-        cold = make_cold(&[dir]);
-        let (mb, cpu) = sequential_baseline(&files, o.queue_depth).map_err(|e| e.to_string())?;
-        runs[0].push(mb, None, Some(cpu / gb));
-        make_cold(&[dir]);
-        let (mb, cpu) = page_cache_fill(&files)?;
-        runs[1].push(mb, None, Some(cpu / gb));
-        for (k, depth) in [(2, FIO_DEPTH), (3, o.queue_depth)] {
-            if k == 2 || depth != FIO_DEPTH {
-                make_cold(&[dir]);
-                if let Some(mb) = fio(dir, &files, depth) {
-                    runs[k].push(mb, None, None);
+        for ((_, reading), (mb, per_s, cpu)) in sides.iter().zip(&mut runs) {
+            cold = make_cold(&[dir]);
+            let (m, c) = match *reading {
+                Sequential => sequential_baseline(&files, o.queue_depth)?,
+                PageCache => page_cache_fill(&files)?,
+                Fio(depth) => {
+                    mb.extend(fio(dir, &files, depth));
+                    continue;
                 }
-            }
-        }
-        for (i, (_, mode, kind, io_mode)) in granary_sides.iter().enumerate() {
-            make_cold(&[dir]);
-            let setup = granary::EpochSetup {
-                plan: PlanOptions {
-                    mode: *mode,
-                    seed: 1,
-                    window_chunks: o.window_chunks,
-                    ..PlanOptions::default()
-                },
-                sampling: None,
-                stream: StreamOptions {
-                    io: *kind,
-                    io_mode: *io_mode,
-                    queue_depth: o.queue_depth,
-                    memory: (3 * o.window_chunks as u64 * mean_chunk)
-                        .max(granary::DEFAULT_READER_MEMORY),
-                    ..StreamOptions::default()
-                },
+                Granary(mode, io, io_mode) => {
+                    let setup = granary::EpochSetup {
+                        plan: PlanOptions {
+                            mode,
+                            seed: 1,
+                            window_chunks: o.window_chunks,
+                            ..PlanOptions::default()
+                        },
+                        sampling: None,
+                        stream: StreamOptions {
+                            io,
+                            io_mode,
+                            queue_depth: o.queue_depth,
+                            memory: (3 * o.window_chunks as u64 * mean_chunk)
+                                .max(granary::DEFAULT_READER_MEMORY),
+                            ..StreamOptions::default()
+                        },
+                    };
+                    let r = granary::measure_epoch(&ds, &setup, rep as u64, 0, 1, o.workers)
+                        .map_err(|e| e.to_string())?;
+                    per_s.push(r.samples_per_s);
+                    (r.mb_per_s, r.cpu_s / (r.bytes as f64 / 1e9))
+                }
             };
-            let r = granary::measure_epoch(&ds, &setup, rep as u64, 0, 1, o.workers)
-                .map_err(|e| e.to_string())?;
-            let cpu = r.cpu_s / (r.bytes as f64 / 1e9);
-            runs[4 + i].push(r.mb_per_s, Some(r.samples_per_s), Some(cpu));
+            mb.push(m);
+            cpu.push(c);
         }
     }
     // The device's bandwidth: the faster of fio and the engine's plain sequential read. fio's
     // buffers are ordinary pages, and a direct read into scattered pages reaches the device
     // as requests of ~1 MiB (virtio-blk's 254 segments), while the engine's huge-page
     // buffers send whole 4 MiB requests. Neither side is the ceiling alone.
-    let base = median(&runs[0].mb).max(median(&runs[2].mb));
-    // The defaults are the first of granary_sides.
-    let defaults_vs_page_cache = median(&runs[4].mb) / median(&runs[1].mb);
-    let sides = names
+    let base = median(&runs[0].0).max(median(&runs[2].0));
+    let defaults_vs_page_cache = median(&runs[defaults].0) / median(&runs[1].0);
+    let sides = sides
         .into_iter()
         .zip(runs)
-        .filter(|(_, r)| !r.mb.is_empty())
-        .map(|(name, r)| {
-            let m = median(&r.mb);
+        .filter(|(_, r)| !r.0.is_empty())
+        .map(|((name, _), (mb, per_s, cpu))| {
+            let m = median(&mb);
             Side {
                 name,
                 median_mb_per_s: m,
-                runs_mb_per_s: r.mb,
-                samples_per_s: median(&r.per_s),
-                cpu_s_per_gb: (!r.cpu.is_empty()).then(|| median(&r.cpu)),
+                runs_mb_per_s: mb,
+                samples_per_s: median(&per_s),
+                cpu_s_per_gb: (!cpu.is_empty()).then(|| median(&cpu)),
                 vs_device: m / base,
             }
         })

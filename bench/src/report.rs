@@ -214,25 +214,21 @@ pub fn write_report(dir: &Path, r: &CompareResult, table: &str) -> std::io::Resu
     std::fs::write(dir.join("throughput.svg"), throughput_svg(r))?;
     std::fs::write(dir.join("latency.svg"), latency_svg(r))?;
     std::fs::write(dir.join("ratio.svg"), ratio_svg(r))?;
-    let mut md = String::new();
-    let _ = writeln!(md, "# granary vs raw files\n");
-    let _ = writeln!(
-        md,
-        "Raw tree `{}` read as ImageFolder + DataLoader do (list the tree, then open/read/close each \
+    let (g, raw) = (&r.granary_epochs[0], &r.raw_epochs[0]);
+    let md = format!(
+        "# granary vs raw files\n\n\
+         Raw tree `{}` read as ImageFolder + DataLoader do (list the tree, then open/read/close each \
          file in a shuffled order), against the packed dataset `{}` read chunk-wise, {} workers each, \
-         on the same storage. Both sides checksum every sample; digests {}.\n",
+         on the same storage. Both sides checksum every sample; digests {}.\n\n\
+         **granary delivered {:.2}x the samples per second of raw files** (epoch 0: {:.0} vs {:.0}), \
+         started {:.1}x faster ({:.4} s vs {:.4} s) and issued {:.0}x fewer metadata operations \
+         ({} vs {}).\n\n\
+         ![throughput](throughput.svg)\n\n![latency](latency.svg)\n\n![ratio](ratio.svg)\n\n\
+         ```\n{table}```\n",
         r.raw.display(),
         r.packed.display(),
         r.workers,
-        if r.digests_match { "match: both delivered the same bytes" } else { "**differ**" }
-    );
-    let g = &r.granary_epochs[0];
-    let raw = &r.raw_epochs[0];
-    let _ = writeln!(
-        md,
-        "**granary delivered {:.2}x the samples per second of raw files** (epoch 0: {:.0} vs {:.0}), \
-         started {:.1}x faster ({:.4} s vs {:.4} s) and issued {:.0}x fewer metadata operations \
-         ({} vs {}).\n",
+        if r.digests_match { "match: both delivered the same bytes" } else { "**differ**" },
         r.ratios[0],
         g.samples_per_s,
         raw.samples_per_s,
@@ -243,10 +239,5 @@ pub fn write_report(dir: &Path, r: &CompareResult, table: &str) -> std::io::Resu
         g.metadata_ops,
         raw.metadata_ops
     );
-    let _ = writeln!(
-        md,
-        "![throughput](throughput.svg)\n\n![latency](latency.svg)\n\n![ratio](ratio.svg)\n"
-    );
-    let _ = writeln!(md, "```\n{table}```");
     std::fs::write(dir.join("report.md"), md)
 }

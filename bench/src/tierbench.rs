@@ -134,23 +134,21 @@ fn run_row(
         };
         let mut st = EpochStream::new(ds.clone(), plan, o.plan.mode, &io)?;
         let mut batch = Vec::with_capacity(o.batch);
-        let mut report = |batch: &mut Vec<u64>, seen: &mut [u32]| -> granary::Result<()> {
-            let losses = crate::cachesim::batch_losses(o.seed, batch, seen, e);
-            let t = std::time::Instant::now();
-            scores.report(batch, &losses)?;
-            report_time += t.elapsed();
-            reports += 1;
-            batch.clear();
-            Ok(())
-        };
-        for s in st.by_ref() {
-            batch.push(s?.id);
-            if batch.len() == o.batch.max(1) {
-                report(&mut batch, &mut seen)?;
+        loop {
+            let s = st.next().transpose()?;
+            let end = s.is_none();
+            batch.extend(s.map(|s| s.id));
+            if batch.len() == o.batch.max(1) || (end && !batch.is_empty()) {
+                let losses = crate::cachesim::batch_losses(o.seed, &batch, &mut seen, e);
+                let t = std::time::Instant::now();
+                scores.report(&batch, &losses)?;
+                report_time += t.elapsed();
+                reports += 1;
+                batch.clear();
             }
-        }
-        if !batch.is_empty() {
-            report(&mut batch, &mut seen)?;
+            if end {
+                break;
+            }
         }
         if e > 0 {
             for (name, r) in st.layers() {

@@ -105,7 +105,7 @@ impl ChunkHeader {
 }
 
 /// The trailer: where the footer is and its CRC.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Trailer {
     /// Offset of the footer body in the file.
     pub footer_offset: u64,
@@ -115,13 +115,14 @@ pub struct Trailer {
     pub footer_crc: u32,
 }
 
+le::layout!(Trailer, CHUNK_TRAILER_LEN, encode_fields, decode_fields, {
+    footer_offset @ 0, footer_len @ 8, footer_crc @ 16,
+});
+
 impl Trailer {
     /// Encodes the 32-byte trailer.
     pub fn encode(&self) -> [u8; CHUNK_TRAILER_LEN] {
-        let mut b = [0u8; CHUNK_TRAILER_LEN];
-        b[0..8].copy_from_slice(&self.footer_offset.to_le_bytes());
-        b[8..16].copy_from_slice(&self.footer_len.to_le_bytes());
-        b[16..20].copy_from_slice(&self.footer_crc.to_le_bytes());
+        let mut b = self.encode_fields();
         b[24..32].copy_from_slice(&CHUNK_END_MAGIC);
         b
     }
@@ -140,11 +141,7 @@ impl Trailer {
         if b[24..32] != CHUNK_END_MAGIC {
             return Err(FormatError::bad_magic(WHAT, &CHUNK_END_MAGIC, &b[24..32]));
         }
-        let t = Trailer {
-            footer_offset: le::u64_at(b, 0),
-            footer_len: le::u64_at(b, 8),
-            footer_crc: le::u32_at(b, 16),
-        };
+        let t = Trailer::decode_fields(b);
         let end = t
             .footer_offset
             .checked_add(t.footer_len)
@@ -209,26 +206,11 @@ fn put_sized_table<S: AsRef<[u8]>>(b: &mut Vec<u8>, items: &[S]) {
     b.extend_from_slice(&table);
 }
 
-/// A string table preceded by its length (u64) at `at` in `b`, with at least `after` bytes
-/// after it: its items and where it ends.
-fn sized_table(
-    b: &[u8],
-    at: usize,
-    after: usize,
-    what: &'static str,
-) -> Result<(Vec<Vec<u8>>, usize)> {
-    let short = || invalid!(what, "shorter than its lengths say");
-    if b.len() < at.saturating_add(8) {
-        return Err(short());
-    }
-    let len = le::u64_at(b, at);
-    let end = (at + 8)
-        .checked_add(usize::try_from(len).map_err(|_| short())?)
-        .filter(|&e| e.checked_add(after).is_some_and(|x| x <= b.len()))
-        .ok_or_else(short)?;
-    let table = StringTable::parse(&b[at + 8..end], what)?;
+/// The next string table preceded by its length (u64), checked.
+fn sized_table(t: &mut le::Take<'_>, what: &'static str) -> Result<Vec<Vec<u8>>> {
+    let table = StringTable::parse(t.sized()?, what)?;
     table.validate()?;
-    Ok((table.to_vecs()?, end))
+    table.to_vecs()
 }
 
 /// Encodes an attributes block: one [`FileAttrs`] per record, then the directories' paths (a
@@ -243,39 +225,21 @@ fn encode_attrs_block(attrs: &[FileAttrs], dirs: &[DirAttrs]) -> Vec<u8> {
     b
 }
 
-/// Decodes the attributes block at the start of `b` for `n` records: the records' attributes,
-/// the directories (each a valid relative path, sorted and distinct) and where the block ends.
-fn decode_attrs_block(b: &[u8], n: u64) -> Result<(Vec<FileAttrs>, Vec<DirAttrs>, usize)> {
-    const WHAT: &str = "chunk footer attributes";
-    let short = || invalid!(WHAT, "shorter than its lengths say");
-    let files_len = n
-        .checked_mul(ATTRS_LEN as u64)
-        .filter(|&l| l <= b.len() as u64)
-        .ok_or_else(short)? as usize;
-    let attrs = b[..files_len]
-        .chunks_exact(ATTRS_LEN)
-        .map(FileAttrs::decode)
-        .collect::<Result<Vec<_>>>()?;
-    let (paths, paths_end) = sized_table(b, files_len, 0, "chunk footer directories")?;
-    let end = paths
-        .len()
-        .checked_mul(ATTRS_LEN)
-        .and_then(|l| l.checked_add(paths_end))
-        .filter(|&e| e <= b.len())
-        .ok_or_else(short)?;
-    for (i, p) in paths.iter().enumerate() {
-        crate::check_relative_path(p)
-            .map_err(|why| invalid!(WHAT, "directory {}: {why}", String::from_utf8_lossy(p)))?;
-        if i > 0 && paths[i - 1] >= *p {
-            bail!(WHAT, "directories not sorted and distinct");
-        }
-    }
-    let dirs = paths
-        .into_iter()
-        .zip(b[paths_end..end].chunks_exact(ATTRS_LEN))
-        .map(|(p, a)| Ok((p, FileAttrs::decode(a)?)))
-        .collect::<Result<Vec<_>>>()?;
-    Ok((attrs, dirs, end))
+/// Decodes the attributes block for `n` records at the front of `t`: the records'
+/// attributes and the directories (each a valid relative path, sorted and distinct).
+fn decode_attrs_block(t: &mut le::Take<'_>, n: u64) -> Result<(Vec<FileAttrs>, Vec<DirAttrs>)> {
+    let attrs_of = |b: &[u8]| -> Result<Vec<FileAttrs>> {
+        b.chunks_exact(ATTRS_LEN).map(FileAttrs::decode).collect()
+    };
+    let attrs = attrs_of(t.bytes(n.saturating_mul(ATTRS_LEN as u64))?)?;
+    let paths = sized_table(t, "chunk footer directories")?;
+    let dirs = attrs_of(t.bytes((paths.len() * ATTRS_LEN) as u64)?)?;
+    crate::check_sorted(
+        "chunk footer directories",
+        &paths,
+        crate::check_relative_path,
+    )?;
+    Ok((attrs, paths.into_iter().zip(dirs).collect()))
 }
 
 /// Decodes the fields block of a footer of `n` records (with each name's type when `typed`),
@@ -284,10 +248,11 @@ fn decode_attrs_block(b: &[u8], n: u64) -> Result<(Vec<FileAttrs>, Vec<DirAttrs>
 /// names one of the names.
 pub fn decode_fields_block(b: &[u8], n: u64, typed: bool) -> Result<ChunkFields> {
     const WHAT: &str = "chunk footer fields";
-    let (names, mut names_end) = sized_table(b, 0, 8, "chunk footer field names")?;
+    let mut t = le::Take::new(b, WHAT);
+    let names = sized_table(&mut t, "chunk footer field names")?;
     let mut types = Vec::new();
     if typed {
-        let (t, end) = sized_table(b, names_end, 8, "chunk footer field types")?;
+        let t = sized_table(&mut t, "chunk footer field types")?;
         if t.len() != names.len() {
             bail!(WHAT, "not one type per field name");
         }
@@ -297,30 +262,23 @@ pub fn decode_fields_block(b: &[u8], n: u64, typed: bool) -> Result<ChunkFields>
             FieldType::parse(&d).map_err(|e| FormatError::invalid(WHAT, e))?;
             types.push(d);
         }
-        names_end = end;
     }
-    for (i, name) in names.iter().enumerate() {
-        crate::check_field_name(name).map_err(|why| invalid!(WHAT, "name {i}: {why}"))?;
-        if i > 0 && names[i - 1] >= *name {
-            bail!(WHAT, "names not sorted and distinct");
-        }
-    }
-    let m = le::u64_at(b, names_end);
-    let counts_at = names_end + 8;
+    crate::check_sorted("chunk footer field names", &names, crate::check_field_name)?;
+    let m = t.u64()?;
+    let b = t.rest;
     // In u128, where no sum of these can overflow.
-    let want = counts_at as u128 + 4 * n as u128 + m as u128 * FIELD_ENTRY_LEN as u128;
-    if want != b.len() as u128 {
+    if 4 * n as u128 + m as u128 * FIELD_ENTRY_LEN as u128 != b.len() as u128 {
         bail!(
             WHAT,
-            "{n} records and {m} fields do not fill the {}-byte block",
+            "{n} records and {m} fields do not fill the {}-byte rest of the block",
             b.len()
         );
     }
-    let entries_at = counts_at + 4 * n as usize;
+    let entries_at = 4 * n as usize;
     let mut records = Vec::with_capacity(n as usize);
     let mut next = 0u64;
     for r in 0..n as usize {
-        let count = le::u32_at(b, counts_at + 4 * r) as u64;
+        let count = le::u32_at(b, 4 * r) as u64;
         if count == 0 || next + count > m {
             bail!(
                 WHAT,
@@ -368,32 +326,6 @@ pub fn check_group(entry: &SampleEntry, fields: &[FieldEntry]) -> Result<()> {
     Ok(())
 }
 
-/// The blocks after a footer's class table, each if the header announces it: the attributes
-/// block (records' attributes, directories), then the fields block.
-type Blocks = (Option<Vec<FileAttrs>>, Vec<DirAttrs>, Option<ChunkFields>);
-
-fn decode_blocks(b: &[u8], count: u64, header: &ChunkHeader) -> Result<Blocks> {
-    let (attrs, dirs, attrs_end) = match header.attrs {
-        true => {
-            let (a, d, len) = decode_attrs_block(b, count)?;
-            (Some(a), d, len)
-        }
-        false => (None, Vec::new(), 0),
-    };
-    let fields = match (&b[attrs_end..], header.fields) {
-        ([], false) => None,
-        (block, true) => Some(decode_fields_block(block, count, header.types)?),
-        (_, false) => {
-            bail!(
-                "chunk footer",
-                "bytes after the class table and attributes, but the header announces no \
-                 fields block"
-            )
-        }
-    };
-    Ok((attrs, dirs, fields))
-}
-
 /// Decodes a footer body and checks it against its trailer and the chunk header: CRC, entry
 /// layout (records back to back from offset 64 up to the footer), chunk ids and paths.
 pub fn decode_footer(body: &[u8], trailer: &Trailer, header: &ChunkHeader) -> Result<ChunkFooter> {
@@ -421,12 +353,27 @@ pub fn decode_footer(body: &[u8], trailer: &Trailer, header: &ChunkHeader) -> Re
             body.len()
         );
     }
-    let entries_end = FOOTER_FIXED_LEN + count as usize * SAMPLE_ENTRY_LEN;
-    let paths_end = entries_end + paths_len as usize;
-    let classes_end = paths_end + classes_len as usize;
-    let paths = StringTable::parse(&body[entries_end..paths_end], "chunk footer paths")?;
-    let classes = StringTable::parse(&body[paths_end..classes_end], "chunk footer classes")?;
-    let (attrs, dirs, fields) = decode_blocks(&body[classes_end..], count, header)?;
+    let mut rest = le::Take::new(&body[FOOTER_FIXED_LEN..], WHAT);
+    let table = rest.bytes(count * SAMPLE_ENTRY_LEN as u64)?;
+    let paths = StringTable::parse(rest.bytes(paths_len)?, "chunk footer paths")?;
+    let classes = StringTable::parse(rest.bytes(classes_len)?, "chunk footer classes")?;
+    // The blocks after the class table, each if the header announces it: attributes, fields.
+    let mut rest = le::Take::new(rest.rest, "chunk footer attributes");
+    let (attrs, dirs) = match header.attrs {
+        true => decode_attrs_block(&mut rest, count).map(|(a, d)| (Some(a), d))?,
+        false => (None, Vec::new()),
+    };
+    let fields = match (rest.rest, header.fields) {
+        ([], false) => None,
+        (block, true) => Some(decode_fields_block(block, count, header.types)?),
+        (_, false) => {
+            bail!(
+                WHAT,
+                "bytes after the class table and attributes, but the header announces no \
+                 fields block"
+            )
+        }
+    };
     if paths.len() != count {
         bail!(WHAT, "{count} records but {} paths", paths.len());
     }
@@ -434,9 +381,8 @@ pub fn decode_footer(body: &[u8], trailer: &Trailer, header: &ChunkHeader) -> Re
     classes.validate()?;
     let mut entries = Vec::with_capacity(count as usize);
     let mut expect_offset = CHUNK_HEADER_LEN as u64;
-    for i in 0..count as usize {
-        let at = FOOTER_FIXED_LEN + i * SAMPLE_ENTRY_LEN;
-        let e = SampleEntry::decode(&body[at..at + SAMPLE_ENTRY_LEN]);
+    for (i, b) in table.chunks_exact(SAMPLE_ENTRY_LEN).enumerate() {
+        let e = SampleEntry::decode(b);
         let what = || format!("chunk {chunk_id} footer record {i}");
         if e.chunk != chunk_id {
             bail!(what(), "names chunk {}", e.chunk);

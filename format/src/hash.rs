@@ -1,7 +1,7 @@
-//! The path hash used by the snapshot's path index.
+//! The path hash: which shard packs a file (docs/internals.md), and seeds keyed by path.
 
 /// FNV-1a, 64-bit, over the raw path bytes (offset basis 0xcbf29ce484222325,
-/// prime 0x100000001b3). The low bits select the slot, the high 32 bits are the slot's tag.
+/// prime 0x100000001b3). Stable across versions: shard assignments depend on it.
 pub fn path_hash(path: &[u8]) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for &b in path {

@@ -39,7 +39,7 @@ pub use record::{
 };
 pub use rng::SplitMix64;
 pub use snapshot::{
-    features, prefix_successor, snapshot_key, Blocks, ChunkEntry, ContentDigest, EntryView,
+    features, prefix_successor, snapshot_key, Blocks, ChunkEntry, ContentDigest, Entry, EntryView,
     FieldType, FileAttrs, FileStat, Lineage, NsEntry, PageIndex, Pager, RecordEntry, SampleField,
     SectionKind, Snapshot, SnapshotBuilder, SnapshotHeader, ATTRS_LEN, BLOCK_SHIFT, BLOCK_SHIFTS,
     CHUNK_ENTRY_LEN, DIGEST_PREFIX, DTYPES, FIELDS_HEADER_LEN, LINEAGE_LEN, MAX_RECORD_OFFSET,
@@ -131,7 +131,7 @@ impl Compression {
 
 /// One sample: where its stored bytes are and how to check them: what a reader gets from the
 /// snapshot ([`Snapshot::sample`]) and what a chunk footer holds (40 bytes each).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SampleEntry {
     /// Chunk id holding the record.
     pub chunk: u32,
@@ -162,25 +162,24 @@ pub const FIELD_ENTRY_LEN: usize = 24;
 /// One named field of a sample: the index of its name in a field-name table, its
 /// length and the CRC-32 of its bytes. Fields are stored raw; a sample's fields lie back to
 /// back in its record, in order.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct FieldEntry {
     pub name: u32,
     pub len: u64,
     pub crc32: u32,
 }
 
-impl FieldEntry {
-    /// The 24-byte form: name u32, flags u32 (zero: stored raw), length u64, CRC-32 u32,
-    /// reserved u32.
-    pub fn encode(&self) -> [u8; FIELD_ENTRY_LEN] {
-        let mut b = [0u8; FIELD_ENTRY_LEN];
-        b[0..4].copy_from_slice(&self.name.to_le_bytes());
-        b[8..16].copy_from_slice(&self.len.to_le_bytes());
-        b[16..20].copy_from_slice(&self.crc32.to_le_bytes());
-        b
-    }
+// The 24-byte form: name u32, flags u32 (zero: stored raw), length u64, CRC-32 u32, reserved
+// u32; in a snapshot's fields section, 16 bytes: name u32, CRC-32 u32, length u64.
+le::layout!(FieldEntry, FIELD_ENTRY_LEN, pub(crate) encode, decode_raw, {
+    name @ 0, len @ 8, crc32 @ 16,
+});
+le::layout!(FieldEntry, SNAP_FIELD_LEN, pub(crate) encode_snap, pub(crate) decode_snap, {
+    name @ 0, crc32 @ 4, len @ 8,
+});
 
-    /// Decodes (and checks the zero fields of) one entry.
+impl FieldEntry {
+    /// Decodes (and checks the zero fields of) one 24-byte entry.
     pub fn decode(b: &[u8]) -> Result<Self> {
         if le::u32_at(b, 4) != 0 || le::u32_at(b, 20) != 0 {
             bail!(
@@ -188,11 +187,7 @@ impl FieldEntry {
                 "flags or reserved field are not zero (fields are stored raw)"
             );
         }
-        Ok(FieldEntry {
-            name: le::u32_at(b, 0),
-            len: le::u64_at(b, 8),
-            crc32: le::u32_at(b, 16),
-        })
+        Ok(Self::decode_raw(b))
     }
 }
 
@@ -207,6 +202,47 @@ pub struct ChunkFields {
     pub types: Vec<String>,
     /// Per record, in record order: its fields (name indexes into `names`).
     pub records: Vec<Vec<FieldEntry>>,
+}
+
+/// Field names numbered as they first come (a writer learns them sample by sample).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct FieldNames {
+    ids: std::collections::HashMap<Vec<u8>, u32>,
+    pub(crate) names: Vec<Vec<u8>>,
+}
+
+impl FieldNames {
+    /// The number of `name`, given it if it is new.
+    pub(crate) fn id(&mut self, name: &[u8]) -> u32 {
+        let next = self.names.len() as u32;
+        *self.ids.entry(name.to_vec()).or_insert_with(|| {
+            self.names.push(name.to_vec());
+            next
+        })
+    }
+
+    /// The names sorted, each with its type (`type_of`, `bytes` where it has none), and
+    /// `entries` renumbered to match.
+    pub(crate) fn sorted<'e>(
+        &self,
+        entries: impl IntoIterator<Item = &'e mut FieldEntry>,
+        type_of: impl Fn(&[u8]) -> Option<String>,
+    ) -> (Vec<Vec<u8>>, Vec<String>) {
+        let mut order: Vec<usize> = (0..self.names.len()).collect();
+        order.sort_unstable_by_key(|&i| &self.names[i]);
+        let mut rename = vec![0u32; order.len()];
+        for (new, &old) in order.iter().enumerate() {
+            rename[old] = new as u32;
+        }
+        for e in entries {
+            e.name = rename[e.name as usize];
+        }
+        let typed = |i: usize| {
+            let t = type_of(&self.names[i]).unwrap_or_else(|| "bytes".into());
+            (self.names[i].clone(), t)
+        };
+        order.into_iter().map(typed).unzip()
+    }
 }
 
 /// Checks a field name: 1 to 64 bytes of ASCII letters, digits, `_`, `-`, `+` and `.`, not
@@ -224,6 +260,23 @@ pub fn check_field_name(name: &[u8]) -> std::result::Result<(), &'static str> {
     }
     if name[0] == b'.' || name[name.len() - 1] == b'.' || name.windows(2).any(|w| w == b"..") {
         return Err("a field name does not start or end with '.' or hold '..'");
+    }
+    Ok(())
+}
+
+/// Checks names that must each pass `check` and be sorted and distinct; `what` names the
+/// table in errors.
+pub(crate) fn check_sorted<S: AsRef<[u8]>>(
+    what: &str,
+    names: &[S],
+    check: fn(&[u8]) -> std::result::Result<(), &'static str>,
+) -> Result<()> {
+    for (i, n) in names.iter().enumerate() {
+        let n = n.as_ref();
+        check(n).map_err(|why| invalid!(what, "{}: {why}", String::from_utf8_lossy(n)))?;
+        if i > 0 && names[i - 1].as_ref() >= n {
+            bail!(what, "not sorted and distinct");
+        }
     }
     Ok(())
 }
@@ -247,34 +300,11 @@ pub fn split_field_path(path: &[u8]) -> Option<(&[u8], &[u8])> {
     Some((&path[..dot], &path[dot + 1..]))
 }
 
+le::layout!(SampleEntry, SAMPLE_ENTRY_LEN, pub encode, pub decode, {
+    chunk @ 0, label @ 4, offset @ 8, stored_len @ 16, orig_len @ 24, crc32 @ 32, flags @ 36,
+});
+
 impl SampleEntry {
-    /// Encodes the entry into its 40-byte little-endian form.
-    pub fn encode(&self) -> [u8; SAMPLE_ENTRY_LEN] {
-        let mut b = [0u8; SAMPLE_ENTRY_LEN];
-        b[0..4].copy_from_slice(&self.chunk.to_le_bytes());
-        b[4..8].copy_from_slice(&self.label.to_le_bytes());
-        b[8..16].copy_from_slice(&self.offset.to_le_bytes());
-        b[16..24].copy_from_slice(&self.stored_len.to_le_bytes());
-        b[24..32].copy_from_slice(&self.orig_len.to_le_bytes());
-        b[32..36].copy_from_slice(&self.crc32.to_le_bytes());
-        b[36..40].copy_from_slice(&self.flags.to_le_bytes());
-        b
-    }
-
-    /// Decodes an entry from exactly [`SAMPLE_ENTRY_LEN`] bytes (no semantic checks).
-    pub fn decode(b: &[u8]) -> Self {
-        debug_assert_eq!(b.len(), SAMPLE_ENTRY_LEN);
-        SampleEntry {
-            chunk: le::u32_at(b, 0),
-            label: le::u32_at(b, 4),
-            offset: le::u64_at(b, 8),
-            stored_len: le::u64_at(b, 16),
-            orig_len: le::u64_at(b, 24),
-            crc32: le::u32_at(b, 32),
-            flags: le::u32_at(b, 36),
-        }
-    }
-
     /// True if the record is a field group.
     pub fn has_fields(&self) -> bool {
         self.flags & FLAG_FIELDS != 0

@@ -22,51 +22,43 @@ pub struct LocalKind {
     pub what: &'static str,
 }
 
-/// The tier's content list (`index`): text lines, see docs/internals.md.
-pub const TIER_INDEX: LocalKind = LocalKind::new(*b"GRNYTIDX", 2, "tier content list");
-/// The tier's `hot.map`: which samples its hot chunks hold.
-pub const HOT_MAP: LocalKind = LocalKind::new(*b"GRNYHOTM", 2, "hot chunk map");
-/// A score table (per-sample importance).
-pub const SCORE_TABLE: LocalKind = LocalKind::new(*b"GRNYSCOR", 2, "score table");
-/// The packer's plan (`pack-plan.bin` in its work directory).
-pub const PACK_PLAN: LocalKind = LocalKind::new(*b"GRNYPLAN", 5, "pack plan");
-/// A finished shard's part file.
-pub const SHARD_PART: LocalKind = LocalKind::new(*b"GRNYPART", 4, "part file");
-/// The marker of a chunk uploaded to an object store.
-pub const UPLOAD_MARKER: LocalKind = LocalKind::new(*b"GRNYSENT", 4, "upload marker");
+/// Declares each kind, and [`LOCAL_KINDS`], every kind.
+macro_rules! kinds {
+    ($($(#[$doc:meta])* $name:ident = ($magic:literal, $version:literal, $what:literal);)+) => {
+        $(
+            $(#[$doc])*
+            pub const $name: LocalKind =
+                LocalKind { magic: *$magic, version: $version, what: $what };
+        )+
+        /// Every kind, for tools that identify a file by its magic.
+        pub const LOCAL_KINDS: [LocalKind; [$(stringify!($name)),+].len()] = [$($name),+];
+    };
+}
 
-/// The state of a dataset writer (`writer.state` in its spill directory).
-pub const WRITER_STATE: LocalKind = LocalKind::new(*b"GRNYWRST", 1, "writer state");
-
-/// The field types a dataset writer was told (`field.types` in its spill directory).
-pub const FIELD_TYPES: LocalKind = LocalKind::new(*b"GRNYTYPS", 1, "writer field types");
-
-/// A view: a subset of a dataset's samples (`granary view`), pinned to the dataset's id and
-/// generation. Not node-local (it travels with a job's configuration), but framed the same way.
-pub const VIEW_FILE: LocalKind = LocalKind::new(*b"GRNYVIEW", 1, "view file");
-
-/// Every kind, for tools that identify a file by its magic.
-pub const LOCAL_KINDS: [LocalKind; 9] = [
-    TIER_INDEX,
-    HOT_MAP,
-    SCORE_TABLE,
-    PACK_PLAN,
-    SHARD_PART,
-    UPLOAD_MARKER,
-    WRITER_STATE,
-    FIELD_TYPES,
-    VIEW_FILE,
-];
+kinds! {
+    /// The tier's content list (`index`): text lines, see docs/internals.md.
+    TIER_INDEX = (b"GRNYTIDX", 2, "tier content list");
+    /// The tier's `hot.map`: which samples its hot chunks hold.
+    HOT_MAP = (b"GRNYHOTM", 2, "hot chunk map");
+    /// A score table (per-sample importance).
+    SCORE_TABLE = (b"GRNYSCOR", 2, "score table");
+    /// The packer's plan (`pack-plan.bin` in its work directory).
+    PACK_PLAN = (b"GRNYPLAN", 5, "pack plan");
+    /// A finished shard's part file.
+    SHARD_PART = (b"GRNYPART", 4, "part file");
+    /// The marker of a chunk uploaded to an object store.
+    UPLOAD_MARKER = (b"GRNYSENT", 4, "upload marker");
+    /// The state of a dataset writer (`writer.state` in its spill directory).
+    WRITER_STATE = (b"GRNYWRST", 1, "writer state");
+    /// The field types a dataset writer was told (`field.types` in its spill directory).
+    FIELD_TYPES = (b"GRNYTYPS", 1, "writer field types");
+    /// A view: a subset of a dataset's samples (`granary view`), pinned to the dataset's id
+    /// and generation. Not node-local (it travels with a job's configuration), but framed the
+    /// same way.
+    VIEW_FILE = (b"GRNYVIEW", 1, "view file");
+}
 
 impl LocalKind {
-    const fn new(magic: [u8; 8], version: u32, what: &'static str) -> Self {
-        LocalKind {
-            magic,
-            version,
-            what,
-        }
-    }
-
     fn header(&self, body_len: u64) -> [u8; LOCAL_HEADER_LEN] {
         let mut h = [0u8; LOCAL_HEADER_LEN];
         h[0..8].copy_from_slice(&self.magic);

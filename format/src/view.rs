@@ -22,7 +22,7 @@ use crate::local::VIEW_FILE;
 use crate::snapshot::namespace::{get_varint, put_varint};
 
 /// A decoded view file.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ViewFile {
     pub dataset_id: [u8; 16],
     /// The content digest of the snapshot the view was made of: what it pins.
@@ -38,6 +38,10 @@ pub struct ViewFile {
     pub ids: Vec<u64>,
 }
 
+le::layout!(ViewFile, 48, encode_head, decode_head, {
+    dataset_id @ 0, snapshot @ 16, generation @ 32, samples @ 40,
+});
+
 fn bad(detail: impl Into<String>) -> FormatError {
     FormatError::invalid(VIEW_FILE.what, detail)
 }
@@ -46,10 +50,7 @@ impl ViewFile {
     /// The framed file (`ids` must rise: [`ViewFile::decode`] refuses what does not).
     pub fn encode(&self) -> Vec<u8> {
         let mut b = Vec::with_capacity(64 + self.location.len() + 2 * self.ids.len());
-        b.extend_from_slice(&self.dataset_id);
-        b.extend_from_slice(&self.snapshot);
-        b.extend_from_slice(&self.generation.to_le_bytes());
-        b.extend_from_slice(&self.samples.to_le_bytes());
+        b.extend_from_slice(&self.encode_head());
         for s in [&self.location, &self.description] {
             b.extend_from_slice(&(s.len() as u64).to_le_bytes());
             b.extend_from_slice(s.as_bytes());
@@ -67,30 +68,18 @@ impl ViewFile {
     /// one).
     pub fn decode(bytes: &[u8]) -> Result<ViewFile> {
         let body = VIEW_FILE.unframe(bytes)?;
-        let short = || bad("shorter than its lengths say");
-        let u64_at = |at: usize| -> Result<u64> {
-            body.get(at..at + 8)
-                .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")))
-                .ok_or_else(short)
-        };
         need(VIEW_FILE.what, body, 48)?;
-        let (dataset_id, snapshot) = (le::id_at(body, 0), le::id_at(body, 16));
-        let (generation, samples) = (le::u64_at(body, 32), le::u64_at(body, 40));
-        let mut at = 48usize;
+        let head = ViewFile::decode_head(body);
+        let mut t = le::Take::new(&body[48..], VIEW_FILE.what);
         let mut text = || -> Result<String> {
-            let len = usize::try_from(u64_at(at)?).map_err(|_| short())?;
-            let s = body
-                .get(at + 8..(at + 8).checked_add(len).ok_or_else(short)?)
-                .ok_or_else(short)?;
-            at += 8 + len;
-            String::from_utf8(s.to_vec()).map_err(|_| bad("a text field is not UTF-8"))
+            String::from_utf8(t.sized()?.to_vec()).map_err(|_| bad("a text field is not UTF-8"))
         };
         let (location, description) = (text()?, text()?);
-        let m = u64_at(at)?;
-        at += 8;
+        let m = t.u64()?;
+        let (body, mut at) = (t.rest, 0usize);
         // Every id takes at least one byte: a count the body cannot hold is a lie.
-        if m == 0 || m > (body.len() - at) as u64 {
-            bail!(VIEW_FILE.what, "{m} ids in {} bytes", body.len() - at);
+        if m == 0 || m > body.len() as u64 {
+            bail!(VIEW_FILE.what, "{m} ids in {} bytes", body.len());
         }
         let mut ids: Vec<u64> = Vec::with_capacity(m as usize);
         for k in 0..m {
@@ -105,8 +94,12 @@ impl ViewFile {
                 Some(&p) if v >= 1 => p.checked_add(v).ok_or_else(|| bad("ids overflow"))?,
                 Some(_) => bail!(VIEW_FILE.what, "id {k} does not rise"),
             };
-            if id >= samples {
-                bail!(VIEW_FILE.what, "id {id} of a dataset of {samples} samples");
+            if id >= head.samples {
+                bail!(
+                    VIEW_FILE.what,
+                    "id {id} of a dataset of {} samples",
+                    head.samples
+                );
             }
             ids.push(id);
         }
@@ -114,13 +107,10 @@ impl ViewFile {
             bail!(VIEW_FILE.what, "bytes after the last id");
         }
         Ok(ViewFile {
-            dataset_id,
-            snapshot,
-            generation,
-            samples,
             location,
             description,
             ids,
+            ..head
         })
     }
 

@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::SystemTime;
 
 use fuser::{FileAttr, FileType, INodeNo};
@@ -32,7 +32,7 @@ struct Handle {
     /// The sample's bytes once read, or the error its read ended with: the kernel asks again
     /// after a failed read (readahead, then the read itself), and a store that did not answer
     /// must cost one bounded wait per open, not one per retry. Reopening the file tries again.
-    data: Mutex<Option<FsResult<Arc<Vec<u8>>>>>,
+    data: OnceLock<FsResult<Arc<Vec<u8>>>>,
 }
 
 /// The mounted dataset.
@@ -47,7 +47,7 @@ pub struct MountFs {
     opens: AtomicU64,
     started: std::time::Instant,
     /// The bytes `statfs` reports: the chunk files', or a view's samples' (summed once).
-    used_bytes: std::sync::OnceLock<u64>,
+    used_bytes: OnceLock<u64>,
 }
 
 /// `user.granary.stats`: what the mount did so far.
@@ -91,7 +91,7 @@ impl MountFs {
             next_fh: AtomicU64::new(1),
             opens: AtomicU64::new(0),
             started: std::time::Instant::now(),
-            used_bytes: std::sync::OnceLock::new(),
+            used_bytes: OnceLock::new(),
         })
     }
 
@@ -177,16 +177,17 @@ impl MountFs {
     /// that is the file's field.
     fn file(&self, file: u64) -> Result<(u64, FileStat, Option<Range<u64>>), ReadError> {
         let ds = self.dataset();
-        let (id, field) = self.tree.file_sample(ds, file)?;
-        let range = match field {
-            None => None,
-            Some(k) => match ds.fields(id)?.get(k) {
-                // Saturating: a damaged field table must give EIO, not overflow.
-                Some(f) => Some(f.offset..f.offset.saturating_add(f.len)),
-                None => return Err(ReadError::invalid(format!("sample {id} has no field {k}"))),
-            },
+        if !ds.has_fields() {
+            return Ok((file, ds.stat(file)?, None));
+        }
+        let owner = ds.snapshot().field_owner(file);
+        let (id, k) = owner.map_err(|e| ReadError::invalid(e.to_string()))?;
+        // Saturating: a damaged field table must give EIO, not overflow.
+        let range = match ds.fields(id)?.get(k) {
+            Some(f) => f.offset..f.offset.saturating_add(f.len),
+            None => return Err(ReadError::invalid(format!("sample {id} has no field {k}"))),
         };
-        Ok((id, ds.stat(id)?, range))
+        Ok((id, ds.stat(id)?, Some(range)))
     }
 
     /// The entry `name` of directory `parent` (one namespace page, or a directory already
@@ -257,7 +258,7 @@ impl MountFs {
         let fh = self.next_fh.fetch_add(1, Relaxed);
         let h = Arc::new(Handle {
             file,
-            data: Mutex::new(None),
+            data: OnceLock::new(),
         });
         self.handles.lock().expect("handles").insert(fh, h);
         self.opens.fetch_add(1, Relaxed);
@@ -275,20 +276,11 @@ impl MountFs {
             .get(&fh)
             .cloned()
             .ok_or(libc::EBADF)?;
-        let data = {
-            let mut slot = h.data.lock().expect("handle");
-            match &*slot {
-                Some(d) => d.clone()?,
-                None => {
-                    let d = self
-                        .load(h.file)
-                        .map(Arc::new)
-                        .map_err(|(what, e)| self.eio(&what, &e));
-                    *slot = Some(d.clone());
-                    d?
-                }
-            }
-        };
+        let data = h.data.get_or_init(|| {
+            let d = self.load(h.file).map(Arc::new);
+            d.map_err(|(what, e)| self.eio(&what, &e))
+        });
+        let data = data.clone()?;
         let start = (offset.min(data.len() as u64)) as usize;
         let end = start.saturating_add(size as usize).min(data.len());
         Ok((data, start..end))

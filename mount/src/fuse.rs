@@ -251,21 +251,12 @@ pub fn serve(
     config.clone_fd = true;
     let session = fuser::spawn_mount(Fuse(fs.clone()), mountpoint, &config)?;
     on_mounted();
-    let stopped = loop {
+    let result = loop {
         if session.guard.is_finished() {
-            break false;
+            session.join()?;
+            break Ended::Unmounted;
         }
         if stop.load(Relaxed) {
-            break true;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    let result = match stopped {
-        false => {
-            session.join()?;
-            Ended::Unmounted
-        }
-        true => {
             // Detached at once (a process with a file open keeps it until it closes it);
             // then the session is joined in a helper: a reader holding a file open, or a
             // request stuck in storage, must not hold the process past the grace period.
@@ -277,21 +268,18 @@ pub fn serve(
                 let _ = tx.send(session.join());
             });
             let t0 = Instant::now();
-            match rx.recv_timeout(opts.grace) {
-                Ok(r) => {
-                    r?;
-                    Ended::Stopped
-                }
-                Err(_) => {
-                    log::warn!(
-                        "mount: requests still in progress {:.1} s after unmounting; \
-                         exiting anyway",
-                        t0.elapsed().as_secs_f64()
-                    );
-                    Ended::Abandoned
-                }
-            }
+            let Ok(r) = rx.recv_timeout(opts.grace) else {
+                log::warn!(
+                    "mount: requests still in progress {:.1} s after unmounting; \
+                     exiting anyway",
+                    t0.elapsed().as_secs_f64()
+                );
+                break Ended::Abandoned;
+            };
+            r?;
+            break Ended::Stopped;
         }
+        std::thread::sleep(Duration::from_millis(50));
     };
     fs.reader().shutdown();
     Ok(result)

@@ -112,21 +112,20 @@ impl TieredReader {
     /// is one (a damaged copy is removed and the origin read instead), else after fetching
     /// the chunk into the tier, else from the origin.
     pub fn read(&self, id: u64) -> Result<Vec<u8>, ReadError> {
-        self.read_inner(id).inspect_err(|_| {
+        let read = || {
+            let info = self.dataset().sample(id)?;
+            let mut out = vec![0u8; info.entry.orig_len as usize];
+            // The stack fetches the chunk into the tier on a miss (and this read may wait for
+            // it), and verifies what a copy serves: a tier copy that fails is dropped (logged)
+            // and the sample read below it.
+            let src = self.reader.source(info.entry.chunk)?;
+            let from = self.reader.read_from(&src, &info, &mut out)?;
+            self.reader.stack().served(from, 1, info.entry.stored_len);
+            Ok(out)
+        };
+        read().inspect_err(|_| {
             self.read_errors.fetch_add(1, Relaxed);
         })
-    }
-
-    fn read_inner(&self, id: u64) -> Result<Vec<u8>, ReadError> {
-        let info = self.dataset().sample(id)?;
-        let mut out = vec![0u8; info.entry.orig_len as usize];
-        // The stack fetches the chunk into the tier on a miss (and this read may wait for it),
-        // and verifies what a copy serves: a tier copy that fails is dropped (logged) and the
-        // sample read below it.
-        let src = self.reader.source(info.entry.chunk)?;
-        let from = self.reader.read_from(&src, &info, &mut out)?;
-        self.reader.stack().served(from, 1, info.entry.stored_len);
-        Ok(out)
     }
 
     /// Stops fetching into the tier (waiting for a fetch in progress to finish).

@@ -469,18 +469,6 @@ impl Tree {
         }
     }
 
-    /// The sample a file is and, with fields, which of its fields.
-    pub fn file_sample(&self, ds: &Dataset, file: u64) -> Result<(u64, Option<usize>), ReadError> {
-        if !self.fields {
-            return Ok((file, None));
-        }
-        let (id, k) = ds
-            .snapshot()
-            .field_owner(file)
-            .map_err(|e| ReadError::invalid(e.to_string()))?;
-        Ok((id, Some(k)))
-    }
-
     /// Parent directory of `dir` (the root's is itself).
     pub fn parent(&self, dir: u32) -> u32 {
         self.get(dir).parent
@@ -510,36 +498,32 @@ impl Tree {
                 name: split_last(&self.get(*sub).path).1.to_vec(),
                 stat: None,
             })),
-            Run::Files { start, end, firsts } if self.fields => {
+            Run::Files { start, end, firsts } => {
+                // With fields: the sample at run position `i`, its field `j`.
                 let local = k - first;
-                let i = firsts.partition_point(|&f| f <= local) - 1;
+                let i = match self.fields {
+                    true => firsts.partition_point(|&f| f <= local) - 1,
+                    false => local as usize,
+                };
+                let pos = start + i as u64;
+                let e = self.sorted(ds, pos, ENTRY_BATCH, *end)?;
+                let id =
+                    e.id.ok_or_else(|| bad(format!("position {pos} is no file")))?;
+                let name = split_last(&e.path).1;
+                if !self.fields {
+                    let (node, stat) = (Node::File(id), Some(e.stat()));
+                    let name = name.to_vec();
+                    return Ok(Some(Entry { node, name, stat }));
+                }
                 let j = local - firsts[i];
-                let NsEntry { id, path, .. } =
-                    self.sorted(ds, start + i as u64, ENTRY_BATCH, *end)?;
-                let id = id.ok_or_else(|| bad(format!("position {start} is no file")))?;
                 let fs = ds.fields(id)?;
                 let f = fs
                     .get(j as usize)
                     .ok_or_else(|| bad(format!("sample {id} has fewer fields")))?;
-                let name = [split_last(&path).1, b".", f.name].concat();
                 Ok(Some(Entry {
                     node: Node::File(field_first(ds, id)? + j),
-                    name,
+                    name: [name, b".", f.name].concat(),
                     stat: None,
-                }))
-            }
-            Run::Files { start, end, .. } => {
-                let pos = start + (k - first);
-                let e = self.sorted(ds, pos, ENTRY_BATCH, *end)?;
-                let id =
-                    e.id.ok_or_else(|| bad(format!("position {pos} is no file")))?;
-                Ok(Some(Entry {
-                    node: Node::File(id),
-                    name: split_last(&e.path).1.to_vec(),
-                    stat: Some(FileStat {
-                        size: e.size,
-                        attrs: e.attrs,
-                    }),
                 }))
             }
         }

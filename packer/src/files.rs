@@ -1,24 +1,30 @@
-//! The packer's index of the files it packs, as columns: every path in one byte arena and a
-//! fixed-width column per attribute. A file costs its path plus 36 bytes (end offset, size,
-//! inode, mtime, label) instead of a `Vec` per path and a padded struct, which is what keeps a
-//! pack of many millions of files within ~100 bytes per file (see docs/packing.md, "Packer memory").
+//! The packer's index of the files it packs: every path in one byte arena and a fixed-width
+//! record per file. A file costs its path plus 40 bytes (end offset and [`Meta`]) instead of a
+//! `Vec` per path, which is what keeps a pack of many millions of files within ~100 bytes per
+//! file (see docs/packing.md, "Packer memory").
 
-/// Files as columns. The path arena and `ends` always hold every file; the attribute columns
-/// are either empty (not filled yet) or hold one value per file.
+/// What the scan found of a file (no padding: 32 bytes).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Meta {
+    pub size: u64,
+    /// Inode number at scan time (only orders reads; never stored in the dataset).
+    pub ino: u64,
+    /// Modification time at scan time, nanoseconds since the epoch: a file whose size or
+    /// mtime differs from the plan's has changed since the scan.
+    pub mtime_ns: i64,
+    /// Permission bits at scan time (`st_mode & 0o7777`), stored in the dataset.
+    pub mode: u32,
+    pub label: u32,
+}
+
+/// Files: the path arena and `ends` always hold every file; `meta` is either empty (not
+/// filled yet) or holds one record per file.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(crate) struct FileTable {
     bytes: Vec<u8>,
     /// `ends[i]` is where path `i` ends in `bytes` (it starts where path `i - 1` ends).
     ends: Vec<u64>,
-    pub size: Vec<u64>,
-    /// Inode number at scan time (only orders reads; never stored in the dataset).
-    pub ino: Vec<u64>,
-    /// Modification time at scan time, nanoseconds since the epoch: a file whose size or
-    /// mtime differs from the plan's has changed since the scan.
-    pub mtime_ns: Vec<i64>,
-    /// Permission bits at scan time (`st_mode & 0o7777`), stored in the dataset.
-    pub mode: Vec<u32>,
-    pub label: Vec<u32>,
+    pub meta: Vec<Meta>,
 }
 
 impl FileTable {
@@ -49,9 +55,10 @@ impl FileTable {
 
     /// Entry `i`'s mode and mtime.
     pub fn attrs(&self, i: usize) -> granary_format::FileAttrs {
+        let m = &self.meta[i];
         granary_format::FileAttrs {
-            mode: self.mode[i],
-            mtime_ns: self.mtime_ns[i],
+            mode: m.mode,
+            mtime_ns: m.mtime_ns,
         }
     }
 
@@ -63,31 +70,16 @@ impl FileTable {
         (0..self.len()).map(|i| self.path(i))
     }
 
-    /// Adds a path (attribute columns are filled later, or with [`FileTable::push`]).
+    /// Adds a path (its [`Meta`] is filled later, or with [`FileTable::push`]).
     pub fn push_path(&mut self, p: &[u8]) {
         self.bytes.extend_from_slice(p);
         self.ends.push(self.bytes.len() as u64);
     }
 
-    /// Adds a directory: its path, mode and mtime (the other columns zero).
-    pub fn push_dir(&mut self, p: &[u8], mode: u32, mtime_ns: i64) {
+    /// Adds an entry with its [`Meta`].
+    pub fn push(&mut self, p: &[u8], meta: Meta) {
         self.push_path(p);
-        self.size.push(0);
-        self.ino.push(0);
-        self.mtime_ns.push(mtime_ns);
-        self.mode.push(mode);
-        self.label.push(0);
-    }
-
-    /// Adds a file with all its attributes.
-    #[cfg(test)]
-    pub fn push(&mut self, p: &[u8], size: u64, ino: u64, mtime_ns: i64, label: u32) {
-        self.push_path(p);
-        self.size.push(size);
-        self.ino.push(ino);
-        self.mtime_ns.push(mtime_ns);
-        self.mode.push(0o644);
-        self.label.push(label);
+        self.meta.push(meta);
     }
 
     /// A table from its arena and end offsets; `None` if the offsets do not describe `bytes`.
@@ -98,14 +90,15 @@ impl FileTable {
         Some(FileTable {
             bytes,
             ends,
-            ..FileTable::default()
+            meta: Vec::new(),
         })
     }
 
-    /// Keeps the files for which `keep(index, path)` is true, in order, compacting every
-    /// filled column in place (no second copy of the table).
+    /// Keeps the files for which `keep(index, path)` is true, in order, compacting the arena
+    /// and a filled `meta` in place (no second copy of the table).
     pub fn retain(&mut self, mut keep: impl FnMut(usize, &[u8]) -> bool) {
         let n = self.len();
+        let filled = self.meta.len() == n;
         let (mut w, mut wb) = (0usize, 0usize);
         for i in 0..n {
             let (s, e) = (self.start(i), self.ends[i] as usize);
@@ -115,21 +108,14 @@ impl FileTable {
             self.bytes.copy_within(s..e, wb);
             wb += e - s;
             self.ends[w] = wb as u64;
-            move_item(&mut self.size, n, i, w);
-            move_item(&mut self.ino, n, i, w);
-            move_item(&mut self.mtime_ns, n, i, w);
-            move_item(&mut self.mode, n, i, w);
-            move_item(&mut self.label, n, i, w);
+            if filled {
+                self.meta[w] = self.meta[i];
+            }
             w += 1;
         }
         self.bytes.truncate(wb);
         self.ends.truncate(w);
-        // (An unfilled column is empty, and stays so.)
-        self.size.truncate(w);
-        self.ino.truncate(w);
-        self.mtime_ns.truncate(w);
-        self.mode.truncate(w);
-        self.label.truncate(w);
+        self.meta.truncate(w);
     }
 
     /// Sorts the files by path (bytewise). Free when they are sorted already (a walk of a
@@ -147,14 +133,11 @@ impl FileTable {
             bytes.extend_from_slice(self.path(i as usize));
             ends.push(bytes.len() as u64);
         }
+        if self.meta.len() == self.len() {
+            self.meta = perm.iter().map(|&i| self.meta[i as usize]).collect();
+        }
         self.bytes = bytes;
         self.ends = ends;
-        let n = self.len();
-        gather(&mut self.size, n, &perm);
-        gather(&mut self.ino, n, &perm);
-        gather(&mut self.mtime_ns, n, &perm);
-        gather(&mut self.mode, n, &perm);
-        gather(&mut self.label, n, &perm);
     }
 
     /// The first path that appears twice (the table must be sorted).
@@ -165,18 +148,6 @@ impl FileTable {
     }
 }
 
-fn move_item<T: Copy>(col: &mut [T], n: usize, from: usize, to: usize) {
-    if col.len() == n {
-        col[to] = col[from];
-    }
-}
-
-fn gather<T: Copy>(col: &mut Vec<T>, n: usize, perm: &[u32]) {
-    if col.len() == n {
-        *col = perm.iter().map(|&i| col[i as usize]).collect();
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -184,15 +155,20 @@ mod tests {
     fn table(paths: &[&str]) -> FileTable {
         let mut t = FileTable::default();
         for (i, p) in paths.iter().enumerate() {
-            t.push(
-                p.as_bytes(),
-                i as u64,
-                100 + i as u64,
-                -(i as i64),
-                i as u32,
-            );
+            let meta = Meta {
+                size: i as u64,
+                ino: 100 + i as u64,
+                mtime_ns: -(i as i64),
+                mode: 0o644,
+                label: i as u32,
+            };
+            t.push(p.as_bytes(), meta);
         }
         t
+    }
+
+    fn col<T>(t: &FileTable, f: impl Fn(&Meta) -> T) -> Vec<T> {
+        t.meta.iter().map(f).collect()
     }
 
     fn paths(t: &FileTable) -> Vec<String> {
@@ -206,10 +182,10 @@ mod tests {
         let mut t = table(&["b/2", "a.x", "a/1", "", "b/10"]);
         t.sort_by_path();
         assert_eq!(paths(&t), ["", "a.x", "a/1", "b/10", "b/2"]);
-        assert_eq!(t.size, [3, 1, 2, 4, 0]);
-        assert_eq!(t.ino, [103, 101, 102, 104, 100]);
-        assert_eq!(t.mtime_ns, [-3, -1, -2, -4, 0]);
-        assert_eq!(t.label, [3, 1, 2, 4, 0]);
+        assert_eq!(col(&t, |m| m.size), [3, 1, 2, 4, 0]);
+        assert_eq!(col(&t, |m| m.ino), [103, 101, 102, 104, 100]);
+        assert_eq!(col(&t, |m| m.mtime_ns), [-3, -1, -2, -4, 0]);
+        assert_eq!(col(&t, |m| m.label), [3, 1, 2, 4, 0]);
         assert_eq!(t.first_duplicate(), None);
         let mut d = table(&["x", "y", "x"]);
         d.sort_by_path();
@@ -221,8 +197,8 @@ mod tests {
         let mut t = table(&["aa", "b", "ccc", "d", "eeee"]);
         t.retain(|i, p| i != 1 && p != b"d");
         assert_eq!(paths(&t), ["aa", "ccc", "eeee"]);
-        assert_eq!(t.size, [0, 2, 4]);
-        assert_eq!(t.label, [0, 2, 4]);
+        assert_eq!(col(&t, |m| m.size), [0, 2, 4]);
+        assert_eq!(col(&t, |m| m.label), [0, 2, 4]);
         assert_eq!(t.path_bytes(), b"aaccceeee");
         // Columns not filled yet stay empty.
         let mut u = FileTable::default();
@@ -231,7 +207,7 @@ mod tests {
         }
         u.retain(|_, p| p != b"yy");
         assert_eq!(paths(&u), ["x", "z"]);
-        assert!(u.size.is_empty());
+        assert!(u.meta.is_empty());
         u.retain(|_, _| false);
         assert!(u.is_empty() && u.path_bytes().is_empty());
     }

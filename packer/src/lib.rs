@@ -26,7 +26,6 @@ mod reindex;
 mod run;
 mod scan;
 mod shard;
-mod upgrade;
 mod upload;
 mod webdataset;
 mod writer;
@@ -46,12 +45,12 @@ pub use encode::{looks_compressed, CompressMode, DEFAULT_LEVEL};
 use files::FileTable;
 pub use granary_format::SplitMix64;
 pub use options::{OutputOptions, DEFAULT_CHUNK_FILES, DEFAULT_CHUNK_SIZE};
+pub use output::LEGACY_SNAPSHOT_FILE;
 pub(crate) use pipeline::{write_chunks, Build};
 use plan::Plan;
 pub(crate) use publish::{spooled_builder, sync_dir, write_file_atomic, write_snapshot_pending};
-pub use reindex::{reindex, ReindexSummary};
+pub use reindex::{reindex, upgrade, ReindexSummary, UpgradeSummary};
 pub use shard::{merge, shard_of, MergeSummary, ShardSpec, PART_FILE};
-pub use upgrade::{upgrade, UpgradeSummary, LEGACY_SNAPSHOT_FILE};
 pub use webdataset::{expand_braces, import_webdataset, ImportCounts};
 pub use writer::{Label, Writer, WriterOptions, Written, DEFAULT_BUCKETS, DEFAULT_GATHER_MEMORY};
 
@@ -104,6 +103,17 @@ impl PackError {
             path: path.to_path_buf(),
             source,
         }
+    }
+}
+
+/// Names the operation and the file of an I/O error: `.at("reading", &path)?`.
+pub(crate) trait IoAt<T> {
+    fn at(self, op: &'static str, path: &Path) -> Result<T, PackError>;
+}
+
+impl<T> IoAt<T> for std::io::Result<T> {
+    fn at(self, op: &'static str, path: &Path) -> Result<T, PackError> {
+        self.map_err(|e| PackError::io(op, path, e))
     }
 }
 
@@ -429,6 +439,13 @@ impl Place {
             (None, _, _) => whole(work_dir(&o.out)?),
         })
     }
+
+    /// True if `name` is a chunk file (or a temporary file of one) with one of the run's ids:
+    /// a shard's `k × n + i`, an append's past the snapshot's chunks, any of a whole dataset.
+    fn owns(&self, name: &str) -> bool {
+        let id = parse_chunk_file_name(output::final_name(name));
+        id.is_some_and(|id| self.ids.index(id, usize::MAX).is_some())
+    }
 }
 
 /// What every shard of one pack must share: its settings but the source's path (machines may
@@ -486,19 +503,6 @@ fn in_dataset(snap: &Snapshot<Vec<u8>>, rel: &[u8]) -> bool {
     matches!(snap.lookup(rel), Ok(Some(_)))
 }
 
-/// Removes the chunk files (and temporary files) a restarted shard or append owns in the
-/// dataset directory: a shard's ids `k × n + i`, an append's ids past the snapshot's chunks.
-fn remove_owned_chunks(place: &Place, mode: &Mode) -> Result<(), PackError> {
-    let owned = |id: u32| match mode {
-        Mode::Whole => false,
-        Mode::Shard(s) => id % s.count == s.index,
-        Mode::Append { .. } => id >= place.ids.base,
-    };
-    output::remove_files_where(&place.chunks, |name, _| {
-        parse_chunk_file_name(output::final_name(name)).is_some_and(owned)
-    })
-}
-
 /// Labels, orders and chunks the scanned `files` and `dirs` into the plan of dataset
 /// `dataset_id` (given for shards and appends, drawn from `settings` and chance otherwise);
 /// `classes` is the class table when labelling by parent directory.
@@ -514,7 +518,7 @@ fn make_plan(
         LabelMode::None => Vec::new(),
         LabelMode::ParentDir => classes,
     };
-    files.label = labels_of(&files, &classes, labels, warnings)?;
+    set_labels(&mut files, &classes, labels, warnings)?;
     if files.len() as u64 > granary_format::MAX_SAMPLES {
         return Err(usage!(
             "{} files: a dataset holds at most {} samples",
@@ -527,7 +531,7 @@ fn make_plan(
         SplitMix64::new(opts.output.seed).shuffle(&mut order);
     }
     let mut chunk_starts = Plan::assign_chunks(
-        order.iter().map(|&i| files.size[i as usize]),
+        order.iter().map(|&i| files.meta[i as usize].size),
         opts.output.chunk_size,
         opts.output.chunk_files,
     );
@@ -551,18 +555,15 @@ fn make_plan(
     })
 }
 
-/// Each file's label: its class directory's index in `classes` (by parent directory), or
-/// none. A class directory that is not in the table is an error; files outside any class
-/// directory are packed without a label, with a warning.
-fn labels_of(
-    files: &FileTable,
+/// Gives each file its label: its class directory's index in `classes` (by parent
+/// directory), or none. A class directory that is not in the table is an error; files outside
+/// any class directory are packed without a label, with a warning.
+fn set_labels(
+    files: &mut FileTable,
     classes: &[Vec<u8>],
     labels: LabelMode,
     warnings: &mut Vec<String>,
-) -> Result<Vec<u32>, PackError> {
-    if labels == LabelMode::None {
-        return Ok(vec![NO_LABEL; files.len()]);
-    }
+) -> Result<(), PackError> {
     let class_of: BTreeMap<&[u8], u32> = classes
         .iter()
         .enumerate()
@@ -570,19 +571,21 @@ fn labels_of(
         .collect();
     let mut unknown: BTreeSet<Vec<u8>> = BTreeSet::new();
     let mut unlabeled = 0u64;
-    let label: Vec<u32> = files
-        .paths()
-        .map(|rel| {
-            let Some(i) = rel.iter().position(|&b| b == b'/') else {
+    for f in 0..files.len() {
+        let rel = files.path(f);
+        let label = match rel.iter().position(|&b| b == b'/') {
+            _ if labels == LabelMode::None => NO_LABEL,
+            None => {
                 unlabeled += 1;
-                return NO_LABEL;
-            };
-            class_of.get(&rel[..i]).copied().unwrap_or_else(|| {
+                NO_LABEL
+            }
+            Some(i) => class_of.get(&rel[..i]).copied().unwrap_or_else(|| {
                 unknown.insert(rel[..i].to_vec());
                 NO_LABEL
-            })
-        })
-        .collect();
+            }),
+        };
+        files.meta[f].label = label;
+    }
     if !unknown.is_empty() {
         let shown: Vec<_> = unknown
             .iter()
@@ -601,7 +604,7 @@ fn labels_of(
             "{unlabeled} files lie directly in the source directory, outside any class directory: packed without a label"
         ));
     }
-    Ok(label)
+    Ok(())
 }
 
 /// `s` without its records (see [`read_footer`]).
@@ -609,21 +612,33 @@ fn slimmed(s: &ChunkSummary) -> ChunkSummary {
     ChunkSummary::bare(s.chunk_id, s.file_size, s.file_crc, s.digest)
 }
 
-/// A chunk file's header, trailer and footer as they lie on disk (the footer's bytes not
-/// decoded yet): what reading a written chunk's footer back reads, once.
-pub(crate) struct FooterBytes {
-    pub head: [u8; granary_format::CHUNK_HEADER_LEN],
-    pub header: granary_format::ChunkHeader,
-    pub tail: [u8; granary_format::CHUNK_TRAILER_LEN],
-    pub trailer: granary_format::Trailer,
-    pub body: Vec<u8>,
+/// Chunk `id`'s footer from its header, trailer and footer bytes (of a file of `size` bytes).
+pub(crate) fn footer_of(
+    id: u32,
+    size: u64,
+    (head, tail, body): (&[u8], &[u8], &[u8]),
+) -> Result<granary_format::ChunkFooter, String> {
+    let header = granary_format::ChunkHeader::decode(head).map_err(|e| e.to_string())?;
+    if header.chunk_id != id {
+        return Err(format!("holds chunk id {}", header.chunk_id));
+    }
+    let trailer = granary_format::Trailer::decode(tail, size).map_err(|e| e.to_string())?;
+    granary_format::decode_footer(body, &trailer, &header).map_err(|e| e.to_string())
 }
 
-/// Reads back the header, trailer and footer bytes of chunk `id`, `size` bytes, in `dir` (the
-/// file granary wrote: a header of another chunk id, a trailer that does not fit the size, is
-/// "changed since it was written").
+/// A chunk file's header, trailer and footer bytes as they lie on disk, and its footer.
+pub(crate) type FooterBytes = (
+    [u8; granary_format::CHUNK_HEADER_LEN],
+    [u8; granary_format::CHUNK_TRAILER_LEN],
+    Vec<u8>,
+    granary_format::ChunkFooter,
+);
+
+/// Reads back the header, trailer and footer of chunk `id`, `size` bytes, in `dir` (the file
+/// granary wrote: another chunk's, or one whose footer does not fit the size or fails its CRC,
+/// is "changed since it was written").
 pub(crate) fn read_footer_bytes(dir: &Path, id: u32, size: u64) -> Result<FooterBytes, PackError> {
-    use granary_format::{ChunkHeader, Trailer, CHUNK_HEADER_LEN, CHUNK_TRAILER_LEN};
+    use granary_format::{Trailer, CHUNK_HEADER_LEN, CHUNK_TRAILER_LEN};
     use granary_store::{verified, ChunkStore};
     let path = dir.join(chunk_file_name(id));
     let bad = |detail: String| PackError::Source {
@@ -642,42 +657,23 @@ pub(crate) fn read_footer_bytes(dir: &Path, id: u32, size: u64) -> Result<Footer
             .map(|_| ())
             .map_err(|e| bad(e.to_string()))
     };
-    let mut head = [0u8; CHUNK_HEADER_LEN];
+    let (mut head, mut tail) = ([0u8; CHUNK_HEADER_LEN], [0u8; CHUNK_TRAILER_LEN]);
     read(&mut head, 0)?;
-    let header = ChunkHeader::decode(&head).map_err(|e| bad(e.to_string()))?;
-    if header.chunk_id != id {
-        return Err(bad(format!("holds chunk id {}", header.chunk_id)));
-    }
-    let mut tail = [0u8; CHUNK_TRAILER_LEN];
     read(&mut tail, size - CHUNK_TRAILER_LEN as u64)?;
     let trailer = Trailer::decode(&tail, size).map_err(|e| bad(e.to_string()))?;
     let mut body = vec![0u8; trailer.footer_len as usize];
     read(&mut body, trailer.footer_offset)?;
-    Ok(FooterBytes {
-        head,
-        header,
-        tail,
-        trailer,
-        body,
-    })
+    let footer = footer_of(id, size, (&head, &tail, &body)).map_err(bad)?;
+    Ok((head, tail, body, footer))
 }
 
 /// `s` (a chunk in `dir` with its id and size) with the entries and paths of its footer, read
 /// back (the trailer says where it is; its CRC is checked).
 pub(crate) fn read_footer(dir: &Path, s: ChunkSummary) -> Result<ChunkSummary, PackError> {
-    let b = read_footer_bytes(dir, s.chunk_id, s.file_size)?;
-    let footer = granary_format::decode_footer(&b.body, &b.trailer, &b.header).map_err(|e| {
-        PackError::Source {
-            path: dir.join(chunk_file_name(s.chunk_id)),
-            detail: format!("changed since it was written: {e}"),
-        }
-    })?;
+    let (.., footer) = read_footer_bytes(dir, s.chunk_id, s.file_size)?;
+    let (id, size) = (s.chunk_id, s.file_size);
     Ok(ChunkSummary::from_footer(
-        s.chunk_id,
-        s.file_size,
-        s.file_crc,
-        s.digest,
-        footer,
+        id, size, s.file_crc, s.digest, footer,
     ))
 }
 
@@ -720,8 +716,7 @@ fn footer_matches_plan(plan: &Plan, c: usize, footer: &granary_format::ChunkFoot
         want.by_ref()
             .find(|&i| f.path(i) == &p[..])
             .is_some_and(|i| {
-                f.size[i] == e.orig_len
-                    && f.label[i] == e.label
+                (f.meta[i].size, f.meta[i].label) == (e.orig_len, e.label)
                     && footer.attrs.as_ref().is_none_or(|a| a[k] == f.attrs(i))
             })
     })

@@ -7,7 +7,7 @@ use std::path::{Component, Path, PathBuf};
 
 use granary_format::{parse_chunk_file_name, SNAPSHOT_FILE};
 
-use crate::{upload, OutputOptions, PackError, PLAN_FILE};
+use crate::{upload, IoAt, OutputOptions, PackError, PLAN_FILE};
 
 /// Claims the output of a new write (whole or a shard's part; not an append) before anything
 /// is written: an object-store destination must be empty or hold only what granary writes
@@ -46,8 +46,7 @@ pub(crate) fn claim(
 /// components do not exist yet (they are then taken lexically: a missing directory cannot be a
 /// link).
 pub(crate) fn resolve(path: &Path) -> Result<PathBuf, PackError> {
-    let abs = std::path::absolute(path)
-        .map_err(|e| PackError::io("finding the current directory for", path, e))?;
+    let abs = std::path::absolute(path).at("finding the current directory for", path)?;
     let mut existing = abs.as_path();
     let mut tail = Vec::new();
     loop {
@@ -121,32 +120,23 @@ pub(crate) enum Kind {
     Build,
 }
 
-/// True for the names a pack writes into `kind` of directory.
+/// True for the names a pack writes into `kind` of directory: a dataset's snapshot (and the
+/// 1.x one `upgrade` keeps) and chunks; in a build directory also its plan, part file and
+/// upload markers, a file being written (`AtomicFile`'s temporary names), and the fixed
+/// temporary names of builds that earlier versions interrupted.
 fn ours(name: &str, kind: Kind) -> bool {
-    // The 1.x snapshot `upgrade` keeps is the dataset's too.
-    if name == SNAPSHOT_FILE
-        || name == LEGACY_SNAPSHOT_FILE
+    let temp = ["pack-plan.tmp", "part.tmp", "snapshot.tmp"];
+    [SNAPSHOT_FILE, LEGACY_SNAPSHOT_FILE].contains(&name)
         || parse_chunk_file_name(name).is_some()
-    {
-        return true;
-    }
-    // A file being written (`AtomicFile`'s temporary names), or one of the fixed temporary
-    // names of builds that earlier versions interrupted.
-    if kind == Kind::Build && granary_store::write::temp_target(name).is_some_and(|t| ours(t, kind))
-    {
-        return true;
-    }
-    kind == Kind::Build
-        && (name == PLAN_FILE
-            || name == "pack-plan.tmp"
-            || name == crate::PART_FILE
-            || name == "part.tmp"
-            || name == "snapshot.tmp"
-            || name
-                .strip_suffix(".tmp")
-                .and_then(parse_chunk_file_name)
-                .is_some()
-            || crate::upload::parse_sent_name(name).is_some())
+        || kind == Kind::Build
+            && (granary_store::write::temp_target(name).is_some_and(|t| ours(t, kind))
+                || [PLAN_FILE, crate::PART_FILE].contains(&name)
+                || temp.contains(&name)
+                || name
+                    .strip_suffix(".tmp")
+                    .and_then(parse_chunk_file_name)
+                    .is_some()
+                || crate::upload::parse_sent_name(name).is_some())
 }
 
 /// Checks that `dir` holds nothing but what a pack writes (regular files with granary's names)
@@ -162,7 +152,7 @@ pub(crate) fn check_replaceable(dir: &Path, kind: Kind) -> Result<(), PackError>
             dir.display()
         ))
     };
-    let md = std::fs::symlink_metadata(dir).map_err(|e| PackError::io("inspecting", dir, e))?;
+    let md = std::fs::symlink_metadata(dir).at("inspecting", dir)?;
     if !md.is_dir() {
         return refuse(if md.file_type().is_symlink() {
             "a symbolic link".into()
@@ -170,9 +160,9 @@ pub(crate) fn check_replaceable(dir: &Path, kind: Kind) -> Result<(), PackError>
             "not a directory".into()
         });
     }
-    let entries = std::fs::read_dir(dir).map_err(|e| PackError::io("listing", dir, e))?;
+    let entries = std::fs::read_dir(dir).at("listing", dir)?;
     for e in entries {
-        let e = e.map_err(|e| PackError::io("listing", dir, e))?;
+        let e = e.at("listing", dir)?;
         let name = e.file_name();
         let regular = e.file_type().map(|t| t.is_file()).unwrap_or(false);
         match name.to_str() {
@@ -188,30 +178,33 @@ pub(crate) struct DirLock {
     _dir: File,
 }
 
+/// Takes the exclusive lock on the open directory `dir` (at `path`) if no one holds it.
+fn try_lock(dir: &File, path: &Path) -> Result<bool, PackError> {
+    match rustix::fs::flock(dir, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+        Ok(()) => Ok(true),
+        Err(rustix::io::Errno::WOULDBLOCK) => Ok(false),
+        Err(e) => Err(PackError::io("locking", path, e.into())),
+    }
+}
+
 impl DirLock {
     /// Locks the build directory `work` (which must exist) of `out` for the whole pack (also
     /// across the rename that publishes it), or fails naming the pack that holds it: a second
     /// pack of the same output fails at once instead of mixing its chunks with ours.
     pub(crate) fn build(work: &Path, out: &Path) -> Result<Self, PackError> {
         use std::os::unix::fs::MetadataExt;
-        let dir = File::open(work).map_err(|e| PackError::io("opening", work, e))?;
-        match rustix::fs::flock(&dir, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
-            Ok(()) => {}
-            Err(rustix::io::Errno::WOULDBLOCK) => {
-                return Err(usage!(
-                    "another granary pack is building {} right now (it holds the lock on {}); wait for it to finish or stop it",
-                    out.display(),
-                    work.display()
-                ))
-            }
-            Err(e) => return Err(PackError::io("locking", work, e.into())),
+        let dir = File::open(work).at("opening", work)?;
+        if !try_lock(&dir, work)? {
+            return Err(usage!(
+                "another granary pack is building {} right now (it holds the lock on {}); wait for it to finish or stop it",
+                out.display(),
+                work.display()
+            ));
         }
         // A pack that finished between our open and our lock renamed the directory we hold
         // to its output: the lock is only ours if the name still leads to what we locked.
-        let held = dir
-            .metadata()
-            .map_err(|e| PackError::io("inspecting", work, e))?;
-        let now = std::fs::metadata(work).map_err(|e| PackError::io("inspecting", work, e))?;
+        let held = dir.metadata().at("inspecting", work)?;
+        let now = std::fs::metadata(work).at("inspecting", work)?;
         if (held.dev(), held.ino()) != (now.dev(), now.ino()) {
             return Err(usage!(
                 "another granary pack of {} finished while this one started; run again to replace it",
@@ -229,35 +222,30 @@ impl DirLock {
     /// writes. A second one waits for the first (saying so once) up to [`DirLock::WAIT`],
     /// then fails naming the dataset.
     pub(crate) fn dataset(dataset: &Path, what: &str) -> Result<Self, PackError> {
-        use rustix::fs::FlockOperation::NonBlockingLockExclusive;
-        let dir = File::open(dataset).map_err(|e| PackError::io("opening", dataset, e))?;
+        let dir = File::open(dataset).at("opening", dataset)?;
         let start = std::time::Instant::now();
-        let mut said = false;
-        loop {
-            match rustix::fs::flock(&dir, NonBlockingLockExclusive) {
-                Ok(()) => return Ok(DirLock { _dir: dir }),
-                Err(rustix::io::Errno::WOULDBLOCK) if start.elapsed() < Self::WAIT => {
-                    if !said {
-                        eprintln!(
-                            "granary {what}: waiting for another granary command rewriting {} \
-                             (it holds the lock on the directory)",
-                            dataset.display()
-                        );
-                        said = true;
-                    }
-                    std::thread::sleep(std::time::Duration::from_millis(50));
-                }
-                Err(rustix::io::Errno::WOULDBLOCK) => {
-                    return Err(usage!(
-                        "{}: another granary command has been rewriting it for {} s (it holds \
-                         the lock on the directory); run {what} again once it is done",
-                        dataset.display(),
-                        Self::WAIT.as_secs()
-                    ))
-                }
-                Err(e) => return Err(PackError::io("locking", dataset, e.into())),
+        for waits in 0.. {
+            if try_lock(&dir, dataset)? {
+                break;
             }
+            if start.elapsed() >= Self::WAIT {
+                return Err(usage!(
+                    "{}: another granary command has been rewriting it for {} s (it holds \
+                     the lock on the directory); run {what} again once it is done",
+                    dataset.display(),
+                    Self::WAIT.as_secs()
+                ));
+            }
+            if waits == 0 {
+                eprintln!(
+                    "granary {what}: waiting for another granary command rewriting {} \
+                     (it holds the lock on the directory)",
+                    dataset.display()
+                );
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
         }
+        Ok(DirLock { _dir: dir })
     }
 }
 
@@ -272,13 +260,13 @@ pub(crate) fn remove_files_where(
     dir: &Path,
     ours: impl Fn(&str, bool) -> bool,
 ) -> Result<(), PackError> {
-    let entries = std::fs::read_dir(dir).map_err(|e| PackError::io("listing", dir, e))?;
+    let entries = std::fs::read_dir(dir).at("listing", dir)?;
     for e in entries {
-        let e = e.map_err(|e| PackError::io("listing", dir, e))?;
+        let e = e.at("listing", dir)?;
         let is_file = e.file_type().is_ok_and(|t| t.is_file());
         if ours(&e.file_name().to_string_lossy(), is_file) {
             let p = e.path();
-            std::fs::remove_file(&p).map_err(|e| PackError::io("removing", &p, e))?;
+            std::fs::remove_file(&p).at("removing", &p)?;
         }
     }
     Ok(())

@@ -135,7 +135,7 @@ fn write_read_chunk(
             compression,
             orig_len: r.len as u64,
             crc32: r.enc.crc32,
-            label: plan.files.label[i],
+            label: plan.files.meta[i].label,
             attrs: with_attrs.then(|| plan.files.attrs(i)),
         });
         end += stored_len;
@@ -174,7 +174,7 @@ fn read_chunk(
     let mut total = CHUNK_HEADER_LEN;
     for &f in files {
         let i = f as usize;
-        let len = usize::try_from(table.size[i])
+        let len = usize::try_from(table.meta[i].size)
             .ok()
             .filter(|l| total.checked_add(*l).is_some())
             .ok_or_else(|| PackError::Source {
@@ -202,16 +202,16 @@ fn read_chunk(
         work.push((k, slot));
         rest = tail;
     }
-    work.sort_unstable_by_key(|(k, _)| table.ino[files[*k] as usize]);
+    work.sort_unstable_by_key(|(k, _)| table.meta[files[*k] as usize].ino);
     let mode = b.opts.output.compress;
     let mut read: Vec<(usize, Result<encode::Encoding, String>)> = pool.install(|| {
         work.into_par_iter()
             .map(|(k, buf)| {
                 let i = files[k] as usize;
                 let path = b.src.join(std::ffi::OsStr::from_bytes(table.path(i)));
-                let r = encode::read_into(&path, table.mtime_ns[i], buf)
+                let r = encode::read_into(&path, table.meta[i].mtime_ns, buf)
                     .and_then(|()| encode::encode_in_place(buf, mode));
-                pb.inc(table.size[i]);
+                pb.inc(table.meta[i].size);
                 (k, r)
             })
             .collect()

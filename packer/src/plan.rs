@@ -8,7 +8,8 @@ use std::path::Path;
 use granary_format::local::{LocalReader, LocalWriter, PACK_PLAN};
 use granary_format::{encode_string_table, StringTable, NO_LABEL};
 
-use crate::files::FileTable;
+use crate::files::{FileTable, Meta};
+use crate::IoAt;
 use crate::PackError;
 
 // The plan is a node-local file (docs/internals.md, kind `PACK_PLAN`); a plan of another
@@ -64,7 +65,7 @@ impl Plan {
     pub fn chunk_bytes(&self, c: usize) -> u64 {
         self.chunk_files(c)
             .iter()
-            .map(|&i| self.files.size[i as usize])
+            .map(|&i| self.files.meta[i as usize].size)
             .sum()
     }
 
@@ -130,18 +131,18 @@ impl Plan {
         w.write_all(&n.to_le_bytes())?;
         put_all(&mut w, f.ends(), |v| v.to_le_bytes())?;
         w.write_all(f.path_bytes())?;
-        put_all(&mut w, &f.size, |v| v.to_le_bytes())?;
-        put_all(&mut w, &f.label, |v| v.to_le_bytes())?;
-        put_all(&mut w, &f.ino, |v| v.to_le_bytes())?;
-        put_all(&mut w, &f.mtime_ns, |v| v.to_le_bytes())?;
-        put_all(&mut w, &f.mode, |v| v.to_le_bytes())?;
+        put_all(&mut w, &f.meta, |m| m.size.to_le_bytes())?;
+        put_all(&mut w, &f.meta, |m| m.label.to_le_bytes())?;
+        put_all(&mut w, &f.meta, |m| m.ino.to_le_bytes())?;
+        put_all(&mut w, &f.meta, |m| m.mtime_ns.to_le_bytes())?;
+        put_all(&mut w, &f.meta, |m| m.mode.to_le_bytes())?;
         put_all(&mut w, &self.order, |v| v.to_le_bytes())?;
         let d = &self.dirs;
         w.write_all(&(d.len() as u64).to_le_bytes())?;
         put_all(&mut w, d.ends(), |v| v.to_le_bytes())?;
         w.write_all(d.path_bytes())?;
-        put_all(&mut w, &d.mtime_ns, |v| v.to_le_bytes())?;
-        put_all(&mut w, &d.mode, |v| v.to_le_bytes())?;
+        put_all(&mut w, &d.meta, |m| m.mtime_ns.to_le_bytes())?;
+        put_all(&mut w, &d.meta, |m| m.mode.to_le_bytes())?;
         w.write_all(&(self.chunk_starts.len() as u64).to_le_bytes())?;
         put_all(&mut w, &self.chunk_starts, |v| v.to_le_bytes())?;
         w.finish().map(drop)
@@ -160,13 +161,7 @@ impl Plan {
         let mut r = Body(LocalReader::new(r, &PACK_PLAN, len).ok()?);
         let settings = String::from_utf8(r.blob()?).ok()?;
         let dataset_id = r.array::<16>()?;
-        let classes_blob = r.blob()?;
-        let classes = StringTable::parse(&classes_blob, "plan classes").ok()?;
-        let classes: Vec<Vec<u8>> = classes
-            .iter()
-            .map(|c| c.map(<[u8]>::to_vec))
-            .collect::<Result<_, _>>()
-            .ok()?;
+        let classes = r.strings("plan classes")?;
         let n = r.u64()?;
         // Every file takes at least 44 bytes (end, size, label, inode, mtime, mode, order).
         if n > r.0.left() / 44 || n > granary_format::MAX_SAMPLES {
@@ -174,11 +169,13 @@ impl Plan {
         }
         let n = n as usize;
         let mut files = r.paths(n)?;
-        files.size = r.column(n, u64::from_le_bytes)?;
-        files.label = r.column(n, u32::from_le_bytes)?;
-        files.ino = r.column(n, u64::from_le_bytes)?;
-        files.mtime_ns = r.column(n, i64::from_le_bytes)?;
-        files.mode = r.column(n, u32::from_le_bytes)?;
+        files.meta = vec![Meta::default(); n];
+        let m = &mut files.meta;
+        r.each(n, |i, b| m[i].size = u64::from_le_bytes(b))?;
+        r.each(n, |i, b| m[i].label = u32::from_le_bytes(b))?;
+        r.each(n, |i, b| m[i].ino = u64::from_le_bytes(b))?;
+        r.each(n, |i, b| m[i].mtime_ns = i64::from_le_bytes(b))?;
+        r.each(n, |i, b| m[i].mode = u32::from_le_bytes(b))?;
         let order = r.column(n, u32::from_le_bytes)?;
         let nd = r.u64()?;
         // Every directory takes at least 20 bytes (end, mtime, mode).
@@ -187,11 +184,10 @@ impl Plan {
         }
         let nd = nd as usize;
         let mut dirs = r.paths(nd)?;
-        dirs.mtime_ns = r.column(nd, i64::from_le_bytes)?;
-        dirs.mode = r.column(nd, u32::from_le_bytes)?;
-        dirs.size = vec![0; nd];
-        dirs.ino = vec![0; nd];
-        dirs.label = vec![0; nd];
+        dirs.meta = vec![Meta::default(); nd];
+        let m = &mut dirs.meta;
+        r.each(nd, |i, b| m[i].mtime_ns = i64::from_le_bytes(b))?;
+        r.each(nd, |i, b| m[i].mode = u32::from_le_bytes(b))?;
         let nc = r.u64()?;
         if nc > r.0.left() / 8 {
             return None;
@@ -202,9 +198,9 @@ impl Plan {
         // boundaries that cover it.
         if (1..n).any(|i| files.path(i - 1) >= files.path(i))
             || files
-                .label
+                .meta
                 .iter()
-                .any(|&l| l != NO_LABEL && l as usize >= classes.len())
+                .any(|m| m.label != NO_LABEL && m.label as usize >= classes.len())
         {
             return None;
         }
@@ -244,8 +240,7 @@ impl Plan {
     /// Writes the plan atomically (temporary name, fsync, rename, fsync of the directory).
     pub fn save(&self, path: &Path) -> Result<(), PackError> {
         let durable = granary_store::write::Durability::FileAndDir;
-        granary_store::write::write_atomic(path, durable, |w| self.write_to(w))
-            .map_err(|e| PackError::io("writing", path, e))
+        granary_store::write::write_atomic(path, durable, |w| self.write_to(w)).at("writing", path)
     }
 }
 
@@ -271,16 +266,19 @@ fn put_all<T: Copy, const N: usize>(
     w.write_all(&buf)
 }
 
-/// Reads a plan's body field by field (the frame keeps its CRC and how many bytes are left).
-struct Body<R: Read>(LocalReader<R>);
+/// Reads a framed body field by field (the frame keeps its CRC and how many bytes are left).
+pub(crate) struct Body<R: Read>(pub(crate) LocalReader<R>);
 
 impl<R: Read> Body<R> {
-    fn array<const N: usize>(&mut self) -> Option<[u8; N]> {
+    pub(crate) fn array<const N: usize>(&mut self) -> Option<[u8; N]> {
         let mut a = [0u8; N];
         self.0.read_body(&mut a).ok()?;
         Some(a)
     }
-    fn u64(&mut self) -> Option<u64> {
+    pub(crate) fn u32(&mut self) -> Option<u32> {
+        self.array().map(u32::from_le_bytes)
+    }
+    pub(crate) fn u64(&mut self) -> Option<u64> {
         self.array().map(u64::from_le_bytes)
     }
     /// `n` bytes, if the file has that many left.
@@ -292,9 +290,19 @@ impl<R: Read> Body<R> {
         self.0.read_body(&mut b).ok()?;
         Some(b)
     }
-    fn blob(&mut self) -> Option<Vec<u8>> {
+    pub(crate) fn blob(&mut self) -> Option<Vec<u8>> {
         let n = self.u64()?;
         self.bytes(n)
+    }
+    /// A string table in a blob (`what` names it in errors).
+    pub(crate) fn strings(&mut self, what: &'static str) -> Option<Vec<Vec<u8>>> {
+        let blob = self.blob()?;
+        let table = StringTable::parse(&blob, what).ok()?;
+        table
+            .iter()
+            .map(|c| c.map(<[u8]>::to_vec))
+            .collect::<Result<_, _>>()
+            .ok()
     }
     /// A table of `n` paths: their end offsets, then the arena.
     fn paths(&mut self, n: usize) -> Option<FileTable> {
@@ -302,24 +310,31 @@ impl<R: Read> Body<R> {
         let bytes = self.bytes(ends.last().copied().unwrap_or(0))?;
         FileTable::from_parts(bytes, ends)
     }
-    /// `n` values of `N` bytes each (the caller checked that `n` fits the file).
-    fn column<T, const N: usize>(&mut self, n: usize, dec: fn([u8; N]) -> T) -> Option<Vec<T>> {
+    /// `n` values of `N` bytes each, handed to `each` with their index (the caller checked
+    /// that `n` fits the file).
+    fn each<const N: usize>(
+        &mut self,
+        n: usize,
+        mut each: impl FnMut(usize, [u8; N]),
+    ) -> Option<()> {
         if (n as u64).checked_mul(N as u64)? > self.0.left() {
             return None;
         }
-        let mut out = Vec::with_capacity(n);
         let mut buf = vec![0u8; (64 << 10) / N * N];
-        let mut left = n;
-        while left > 0 {
-            let k = left.min(buf.len() / N);
+        let mut i = 0;
+        while i < n {
+            let k = (n - i).min(buf.len() / N);
             self.0.read_body(&mut buf[..k * N]).ok()?;
-            out.extend(
-                buf[..k * N]
-                    .chunks_exact(N)
-                    .map(|c| dec(c.try_into().expect("N bytes"))),
-            );
-            left -= k;
+            for c in buf[..k * N].chunks_exact(N) {
+                each(i, c.try_into().expect("N bytes"));
+                i += 1;
+            }
         }
+        Some(())
+    }
+    fn column<T, const N: usize>(&mut self, n: usize, dec: fn([u8; N]) -> T) -> Option<Vec<T>> {
+        let mut out = Vec::with_capacity(n.min(self.0.left() as usize / N));
+        self.each(n, |_, b| out.push(dec(b)))?;
         Some(out)
     }
 }
@@ -338,31 +353,27 @@ pub(crate) struct SourceChanges {
 impl SourceChanges {
     /// Compares the files of a plan with a fresh scan (both sorted by path).
     pub fn between(planned: &FileTable, found: &FileTable) -> Self {
+        use std::cmp::Ordering::*;
         let mut c = SourceChanges::default();
         let (mut p, mut f) = (0, 0);
-        loop {
-            let plan_first = match (p < planned.len(), f < found.len()) {
-                (false, false) => break,
-                (true, true) if planned.path(p) == found.path(f) => {
-                    if planned.size[p] != found.size[f] || planned.mtime_ns[p] != found.mtime_ns[f]
-                    {
+        // A table's path `i`; past its end, greater than any path.
+        fn next(t: &FileTable, i: usize) -> (bool, Option<&[u8]>) {
+            (i >= t.len(), (i < t.len()).then(|| t.path(i)))
+        }
+        while p < planned.len() || f < found.len() {
+            let ord = next(planned, p).cmp(&next(found, f));
+            match ord {
+                Less => c.removed.push(planned.path(p).to_vec()),
+                Greater => c.added.push(found.path(f).to_vec()),
+                Equal => {
+                    let (a, b) = (&planned.meta[p], &found.meta[f]);
+                    if (a.size, a.mtime_ns) != (b.size, b.mtime_ns) {
                         c.modified.push(planned.path(p).to_vec());
                     }
-                    p += 1;
-                    f += 1;
-                    continue;
                 }
-                (true, true) => planned.path(p) < found.path(f),
-                (true, false) => true,
-                (false, true) => false,
-            };
-            if plan_first {
-                c.removed.push(planned.path(p).to_vec());
-                p += 1;
-            } else {
-                c.added.push(found.path(f).to_vec());
-                f += 1;
             }
+            p += (ord != Greater) as usize;
+            f += (ord != Less) as usize;
         }
         c
     }
@@ -400,29 +411,6 @@ pub(crate) fn put_blob(b: &mut Vec<u8>, data: &[u8]) {
     b.extend_from_slice(data);
 }
 
-pub(crate) struct Reader<'a>(pub(crate) &'a [u8]);
-
-impl<'a> Reader<'a> {
-    pub(crate) fn take(&mut self, n: usize) -> Option<&'a [u8]> {
-        if self.0.len() < n {
-            return None;
-        }
-        let (a, b) = self.0.split_at(n);
-        self.0 = b;
-        Some(a)
-    }
-    pub(crate) fn u32(&mut self) -> Option<u32> {
-        Some(u32::from_le_bytes(self.take(4)?.try_into().ok()?))
-    }
-    pub(crate) fn u64(&mut self) -> Option<u64> {
-        Some(u64::from_le_bytes(self.take(8)?.try_into().ok()?))
-    }
-    pub(crate) fn blob(&mut self) -> Option<&'a [u8]> {
-        let n = self.u64()?;
-        self.take(usize::try_from(n).ok()?)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -442,11 +430,30 @@ mod tests {
         assert_eq!(Plan::assign_chunks([1; 4], 7, 1), vec![0, 1, 2, 3, 4]);
     }
 
+    fn file(size: u64, ino: u64, mtime_ns: i64, label: u32) -> Meta {
+        let mode = 0o644;
+        Meta {
+            size,
+            ino,
+            mtime_ns,
+            mode,
+            label,
+        }
+    }
+
+    fn dir(mode: u32, mtime_ns: i64) -> Meta {
+        Meta {
+            mode,
+            mtime_ns,
+            ..Meta::default()
+        }
+    }
+
     fn sample() -> Plan {
         let mut files = FileTable::default();
-        files.push(b"a/1", 5, 9, 1_700_000_000_123_456_789, 0);
-        files.push(b"a/2", 7, 3, 4, 0);
-        files.push(b"\xff", 0, 1, -5, NO_LABEL);
+        files.push(b"a/1", file(5, 9, 1_700_000_000_123_456_789, 0));
+        files.push(b"a/2", file(7, 3, 4, 0));
+        files.push(b"\xff", file(0, 1, -5, NO_LABEL));
         Plan {
             settings: "s".into(),
             dataset_id: [3; 16],
@@ -456,8 +463,8 @@ mod tests {
             chunk_starts: vec![0, 1, 3],
             dirs: {
                 let mut d = FileTable::default();
-                d.push_dir(b"a", 0o750, 1_600_000_000_000_000_000);
-                d.push_dir(b"a/empty", 0o700, -7);
+                d.push(b"a", dir(0o750, 1_600_000_000_000_000_000));
+                d.push(b"a/empty", dir(0o700, -7));
                 d
             },
         }
@@ -508,14 +515,14 @@ mod tests {
             },
             {
                 let mut p = sample();
-                p.files.label[0] = 4;
+                p.files.meta[0].label = 4;
                 p
             },
             {
                 let mut files = FileTable::default();
-                files.push(b"b", 1, 1, 1, NO_LABEL);
-                files.push(b"a", 1, 1, 1, NO_LABEL);
-                files.push(b"c", 1, 1, 1, NO_LABEL);
+                files.push(b"b", file(1, 1, 1, NO_LABEL));
+                files.push(b"a", file(1, 1, 1, NO_LABEL));
+                files.push(b"c", file(1, 1, 1, NO_LABEL));
                 Plan { files, ..sample() }
             },
         ];

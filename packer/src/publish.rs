@@ -7,18 +7,14 @@ use std::collections::BTreeMap;
 use std::io::Write;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::Path;
-use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
+use std::sync::mpsc::{sync_channel, SyncSender};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use granary_format::{
-    chunk_file_name, parse_chunk_file_name, ChunkSummary, ChunkWriter, SnapshotBuilder,
-    SNAPSHOT_FILE,
-};
+use granary_format::{chunk_file_name, ChunkSummary, ChunkWriter, SnapshotBuilder};
 use granary_store::chunk_file::{ChunkFile, Records};
-use granary_store::object::ObjectUrl;
 use granary_store::write::{AtomicFile, Durability, Pending};
 
-use crate::{lock, output, upload, PackError};
+use crate::{lock, output, upload, IoAt, PackError};
 
 /// The field types of a chunk without named fields.
 pub(crate) static NO_TYPES: BTreeMap<Vec<u8>, String> = BTreeMap::new();
@@ -38,8 +34,7 @@ pub(crate) fn write_chunk(
     append: impl FnOnce(&mut ChunkWriter<AtomicFile>) -> std::io::Result<()>,
 ) -> Result<ChunkSummary, PackError> {
     let path = dir.join(chunk_file_name(id));
-    let file = AtomicFile::direct(&path, Durability::File)
-        .map_err(|e| PackError::io("creating", &path, e))?;
+    let file = AtomicFile::direct(&path, Durability::File).at("creating", &path)?;
     let tmp = file.tmp_path().to_path_buf();
     let io = |e| PackError::io("writing", &tmp, e);
     let mut f = ChunkFile::create(file, dataset_id, id, records).map_err(io)?;
@@ -96,9 +91,28 @@ pub(crate) fn write_in_parallel<J: Send, T>(
     // for ever.
     let rx = Arc::new(Mutex::new(rx));
     let fed = std::thread::scope(|scope| {
+        // Each writer writes jobs until the channel closes, keeping the first failure and
+        // draining (not writing) the jobs after it, so the feed never waits on a stopped one.
         for _ in 0..threads.clamp(1, MAX_CHUNK_WRITERS) {
             let (rx, failed, done, write) = (Arc::clone(&rx), &failed, &done, &write);
-            scope.spawn(move || write_jobs(&rx, write, sink, done, failed));
+            scope.spawn(move || {
+                // (The queue's lock is held only while taking a job.)
+                loop {
+                    let Ok(job) = lock(&rx).recv() else { return };
+                    if lock(failed).is_some() {
+                        continue;
+                    }
+                    let written = catch_unwind(AssertUnwindSafe(|| write(job)));
+                    let written = written.unwrap_or_else(|panic| {
+                        let why = granary_store::panic_message(&*panic);
+                        Err(usage!("a chunk writer thread panicked: {why}"))
+                    });
+                    match written.and_then(|s| sink.finished(&s).map(|()| crate::slimmed(&s))) {
+                        Ok(s) => lock(done).push(s),
+                        Err(e) => _ = lock(failed).get_or_insert(e),
+                    }
+                }
+            });
         }
         drop(rx);
         let feed_side = Feed {
@@ -117,33 +131,6 @@ pub(crate) fn write_in_parallel<J: Send, T>(
     Ok((fed?, done))
 }
 
-/// One chunk writer of [`write_in_parallel`]: writes jobs until the channel closes, keeping
-/// the first failure in `failed` and dropping the jobs that come after it.
-fn write_jobs<J>(
-    rx: &Mutex<Receiver<J>>,
-    write: &(impl Fn(J) -> Result<ChunkSummary, PackError> + Sync),
-    sink: &upload::Sink<'_>,
-    done: &Mutex<Vec<ChunkSummary>>,
-    failed: &Mutex<Option<PackError>>,
-) {
-    loop {
-        let Ok(job) = lock(rx).recv() else { return };
-        if lock(failed).is_some() {
-            continue; // drained, so the feeding side never waits on a stopped writer
-        }
-        let written = catch_unwind(AssertUnwindSafe(|| write(job))).unwrap_or_else(|panic| {
-            let why = granary_store::panic_message(&*panic);
-            Err(usage!("a chunk writer thread panicked: {why}"))
-        });
-        match written.and_then(|s| sink.finished(&s).map(|()| crate::slimmed(&s))) {
-            Ok(s) => lock(done).push(s),
-            Err(e) => {
-                lock(failed).get_or_insert(e);
-            }
-        }
-    }
-}
-
 /// A snapshot builder that keeps its record table in an unnamed temporary file in `dir`
 /// instead of in memory (40 bytes per sample less at the peak of a pack, append or merge).
 pub(crate) fn spooled_builder(
@@ -151,8 +138,7 @@ pub(crate) fn spooled_builder(
     dataset_id: [u8; 16],
     classes: Vec<Vec<u8>>,
 ) -> Result<SnapshotBuilder, PackError> {
-    let f = tempfile::tempfile_in(dir)
-        .map_err(|e| PackError::io("creating a temporary file in", dir, e))?;
+    let f = tempfile::tempfile_in(dir).at("creating a temporary file in", dir)?;
     let mut b = SnapshotBuilder::new(dataset_id, classes);
     b.spool_samples(f)?;
     Ok(b)
@@ -163,7 +149,7 @@ pub(crate) fn spooled_builder(
 /// exchanged (`renameat2(RENAME_EXCHANGE)`), so that `out` holds the old dataset or the new
 /// one at every moment, then the old one is moved to a name of its own and removed. Where
 /// the file system cannot exchange, the old one is first moved aside (a moment without `out`).
-fn publish_dataset(work: &Path, out: &Path) -> Result<(), PackError> {
+pub(crate) fn publish_dataset(work: &Path, out: &Path) -> Result<(), PackError> {
     use granary_store::write::crash_point;
     let parent = out
         .parent()
@@ -181,8 +167,7 @@ fn publish_dataset(work: &Path, out: &Path) -> Result<(), PackError> {
                 let stale = e.path();
                 if output::check_replaceable(&stale, output::Kind::Dataset).is_ok() {
                     crash_point("remove", &stale);
-                    std::fs::remove_dir_all(&stale)
-                        .map_err(|e| PackError::io("removing", &stale, e))?;
+                    std::fs::remove_dir_all(&stale).at("removing", &stale)?;
                 }
             }
         }
@@ -199,63 +184,24 @@ fn publish_dataset(work: &Path, out: &Path) -> Result<(), PackError> {
             Ok(()) => {
                 // The old dataset is where the build was.
                 crash_point("rename", work);
-                std::fs::rename(work, &old).map_err(|e| PackError::io("moving aside", work, e))?;
+                std::fs::rename(work, &old).at("moving aside", work)?;
             }
             Err(rustix::io::Errno::INVAL | rustix::io::Errno::NOSYS) => {
-                std::fs::rename(out, &old).map_err(|e| PackError::io("moving aside", out, e))?;
+                std::fs::rename(out, &old).at("moving aside", out)?;
                 crash_point("rename", work);
-                std::fs::rename(work, out).map_err(|e| PackError::io("renaming", work, e))?;
+                std::fs::rename(work, out).at("renaming", work)?;
             }
             Err(e) => return Err(PackError::io("exchanging with", out, e.into())),
         }
         sync_dir(parent)?;
         crash_point("remove", &old);
-        std::fs::remove_dir_all(&old).map_err(|e| PackError::io("removing", &old, e))?;
+        std::fs::remove_dir_all(&old).at("removing", &old)?;
     } else {
         crash_point("rename", work);
-        std::fs::rename(work, out).map_err(|e| PackError::io("renaming", work, e))?;
+        std::fs::rename(work, out).at("renaming", work)?;
         sync_dir(parent)?;
     }
     Ok(())
-}
-
-/// Where a whole dataset goes once its chunks and snapshot are in its build directory.
-pub(crate) enum Target<'a> {
-    /// The build directory renamed to `out` (see [`publish_dataset`]).
-    Local(&'a Path),
-    /// The snapshot uploaded to `dest`, last: the chunks were uploaded as they were written,
-    /// and the chunks of an earlier dataset at the prefix that this one does not have (in
-    /// `found`, what the prefix held when the write began) are deleted first, so that the
-    /// prefix is a dataset only when complete and holds no object the snapshot does not name.
-    /// The build directory (the staging directory) is removed afterwards.
-    Remote {
-        dest: &'a ObjectUrl,
-        found: &'a [(String, u64)],
-    },
-}
-
-/// Publishes the whole dataset of `chunks` chunks whose snapshot is in `work`: the end every
-/// write of a whole dataset shares (`pack`, the writer and what feeds it).
-pub(crate) fn publish_whole(
-    work: &Path,
-    target: Target<'_>,
-    chunks: usize,
-) -> Result<(), PackError> {
-    match target {
-        Target::Local(out) => {
-            sync_dir(work)?;
-            publish_dataset(work, out)
-        }
-        Target::Remote { dest, found } => {
-            for (name, _) in found {
-                if parse_chunk_file_name(name).is_some_and(|c| c as usize >= chunks) {
-                    dest.delete(name)?;
-                }
-            }
-            dest.put_file(SNAPSHOT_FILE, &work.join(SNAPSHOT_FILE), &|_| {})?;
-            std::fs::remove_dir_all(work).map_err(|e| PackError::io("removing", work, e))
-        }
-    }
 }
 
 /// Streams the snapshot `b` builds to `path` with the extension `tmp`, fsynced, and returns
@@ -265,14 +211,13 @@ pub(crate) fn write_snapshot_pending(
     path: &Path,
     b: SnapshotBuilder,
 ) -> Result<(Pending, u64), PackError> {
-    let mut f = AtomicFile::create(path, Durability::FileAndDir)
-        .map_err(|e| PackError::io("creating", path, e))?;
+    let mut f = AtomicFile::create(path, Durability::FileAndDir).at("creating", path)?;
     let tmp = f.tmp_path().to_path_buf();
     let len = b.write_to(&mut f).map_err(|e| match e.kind() {
         std::io::ErrorKind::InvalidData => PackError::Usage(e.to_string()),
         _ => PackError::io("writing", &tmp, e),
     })?;
-    let pending = f.finish().map_err(|e| PackError::io("writing", &tmp, e))?;
+    let pending = f.finish().at("writing", &tmp)?;
     Ok((pending, len))
 }
 
@@ -280,12 +225,12 @@ pub(crate) fn write_snapshot_pending(
 /// On failure (a full disk, say) the temporary file is removed again.
 pub(crate) fn write_file_atomic(path: &Path, data: &[u8]) -> Result<(), PackError> {
     granary_store::write::write_atomic(path, Durability::FileAndDir, |w| w.write_all(data))
-        .map_err(|e| PackError::io("writing", path, e))
+        .at("writing", path)
 }
 
 /// Fsyncs directory `dir`, so that the renames in it survive a crash.
 pub(crate) fn sync_dir(dir: &Path) -> Result<(), PackError> {
-    granary_store::write::sync_dir(dir).map_err(|e| PackError::io("syncing", dir, e))
+    granary_store::write::sync_dir(dir).at("syncing", dir)
 }
 
 #[cfg(test)]

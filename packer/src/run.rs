@@ -15,13 +15,14 @@ use granary_store::object::ObjectUrl;
 use rayon::prelude::*;
 
 use crate::plan::{self, Plan};
-use crate::publish::{write_snapshot_pending, Target};
+use crate::publish::{publish_dataset, write_snapshot_pending};
 use crate::scan;
+use crate::shard::PartChunk;
 use crate::{
-    finished_shard, hex_id, in_dataset, make_plan, output, progress_bar, remove_owned_chunks,
-    settings_text, shard, shared_key_of, slimmed, spooled_builder, sync_dir, upload,
-    verify_existing, write_chunks, Build, Existing, Ids, LabelMode, Mode, PackError, PackOptions,
-    PackSummary, Place, ShardSpec, Skipped, PLAN_FILE,
+    finished_shard, hex_id, in_dataset, make_plan, output, progress_bar, settings_text, shard,
+    shared_key_of, slimmed, spooled_builder, sync_dir, upload, verify_existing, write_chunks,
+    write_file_atomic, Build, Existing, Ids, IoAt, LabelMode, Mode, OutputOptions, PackError,
+    PackOptions, PackSummary, Place, ShardSpec, Skipped, PART_FILE, PLAN_FILE,
 };
 
 /// [`run_kept`], naming the work directory in the error once a plan was saved there: the
@@ -65,8 +66,7 @@ fn run_kept(
 ) -> Result<PackSummary, PackError> {
     let t0 = Instant::now();
     opts.output.check()?;
-    let src = std::fs::canonicalize(&opts.src)
-        .map_err(|e| PackError::io("opening source", &opts.src, e))?;
+    let src = std::fs::canonicalize(&opts.src).at("opening source", &opts.src)?;
     if !src.is_dir() {
         return Err(usage!("{} is not a directory", opts.src.display()));
     }
@@ -93,7 +93,7 @@ fn run_kept(
         output::check_replaceable(&work, output::Kind::Build)?;
     } else {
         // The output's parent directories too: `-o new/dir/train.granary` just works.
-        std::fs::create_dir_all(&work).map_err(|e| PackError::io("creating", &work, e))?;
+        std::fs::create_dir_all(&work).at("creating", &work)?;
     }
     let _lock = output::DirLock::build(&work, &opts.output.out)?;
     let _dataset_lock = match run.mode {
@@ -160,7 +160,7 @@ impl Run<'_> {
                     return Ok(Some(done));
                 }
             }
-            std::fs::create_dir_all(out).map_err(|e| PackError::io("creating", out, e))?;
+            std::fs::create_dir_all(out).at("creating", out)?;
         }
         Ok(None)
     }
@@ -231,7 +231,7 @@ impl Run<'_> {
         };
         // A restarted shard or append first removes the chunks its earlier run left behind.
         if earlier.is_none() && self.place.chunks != self.place.work {
-            remove_owned_chunks(&self.place, &self.mode)?;
+            output::remove_files_where(&self.place.chunks, |name, _| self.place.owns(name))?;
         }
         match earlier {
             Some(p) => self.resume(p).map(Next::Continue),
@@ -367,10 +367,9 @@ impl Run<'_> {
         let mut done: BTreeMap<usize, ChunkSummary> = BTreeMap::new();
         let mut candidates = Vec::new();
         let mut sent = Vec::new();
-        let entries = std::fs::read_dir(&place.chunks)
-            .map_err(|e| PackError::io("listing", &place.chunks, e))?;
+        let entries = std::fs::read_dir(&place.chunks).at("listing", &place.chunks)?;
         for e in entries {
-            let e = e.map_err(|e| PackError::io("listing", &place.chunks, e))?;
+            let e = e.at("listing", &place.chunks)?;
             let name = e.file_name();
             let name = name.to_string_lossy();
             if let Some(c) =
@@ -391,7 +390,7 @@ impl Run<'_> {
             } else if name != PLAN_FILE {
                 // Only granary's own files are here (checked when the lock was taken).
                 let p = e.path();
-                std::fs::remove_file(&p).map_err(|e| PackError::io("removing stale", &p, e))?;
+                std::fs::remove_file(&p).at("removing stale", &p)?;
             }
         }
         let verified: Vec<(usize, Option<ChunkSummary>)> = candidates
@@ -407,7 +406,7 @@ impl Run<'_> {
             let shown = p.display();
             self.warnings
                 .push(format!("discarding incomplete or damaged chunk {shown}"));
-            std::fs::remove_file(&p).map_err(|e| PackError::io("removing", &p, e))?;
+            std::fs::remove_file(&p).at("removing", &p)?;
         }
         for c in sent {
             let stored = self
@@ -425,7 +424,7 @@ impl Run<'_> {
                         "chunk {c} was uploaded by the interrupted run but is not intact at {}; packing it again",
                         self.dest.map(|d| d.url().to_string()).unwrap_or_default()
                     ));
-                    std::fs::remove_file(&p).map_err(|e| PackError::io("removing", &p, e))?;
+                    std::fs::remove_file(&p).at("removing", &p)?;
                 }
             }
         }
@@ -456,7 +455,7 @@ impl Run<'_> {
         plan: &Plan,
         done: &BTreeMap<usize, ChunkSummary>,
     ) -> Result<Vec<ChunkSummary>, PackError> {
-        let total_bytes: u64 = plan.files.size.iter().sum();
+        let total_bytes: u64 = plan.files.meta.iter().map(|m| m.size).sum();
         let done_bytes: u64 = done.keys().map(|&c| plan.chunk_bytes(c)).sum();
         let pb = progress_bar(
             self.opts.output.progress,
@@ -479,11 +478,11 @@ impl Run<'_> {
         let work = &self.place.work;
         let skipped = &mut self.skipped;
         // Verified local chunks of an interrupted pack to a destination still have to go up.
-        let unsent: Vec<upload::Written> = match self.dest {
+        let unsent: Vec<ChunkSummary> = match self.dest {
             Some(_) => done
                 .values()
                 .filter(|s| work.join(chunk_file_name(s.chunk_id)).is_file())
-                .map(|s| (s.chunk_id, s.file_size, s.file_crc, s.digest))
+                .cloned()
                 .collect(),
             None => Vec::new(),
         };
@@ -511,22 +510,8 @@ impl Run<'_> {
         drop(plan);
         let (work, out) = (&self.place.work, &self.opts.output.out);
         let plan_path = work.join(PLAN_FILE);
-        let remove_plan = || {
-            std::fs::remove_file(&plan_path).map_err(|e| PackError::io("removing", &plan_path, e))
-        };
         let chunks = summaries.len() as u64;
         let (action, generation) = match &self.mode {
-            Mode::Shard(shard) => {
-                let (shard, key) = (*shard, shared);
-                let end = End::Part {
-                    shard,
-                    key,
-                    dir: work,
-                };
-                totals.end(dataset_id, &classes, summaries, end)?;
-                remove_plan()?;
-                ("shard", 0)
-            }
             Mode::Append { snap, .. } => {
                 // The dataset's chunks, then its directories (which keep their attributes
                 // where the appended tree has them too: the order reindex reads them in),
@@ -554,28 +539,20 @@ impl Run<'_> {
                 // without a plan, which it clears.
                 let (pending, len) = write_snapshot_pending(&out.join(SNAPSHOT_FILE), builder)?;
                 granary_store::write::crash_point("remove", &plan_path);
-                remove_plan()?;
-                pending
-                    .publish()
-                    .map_err(|e| PackError::io("renaming into place", out, e))?;
+                std::fs::remove_file(&plan_path).at("removing", &plan_path)?;
+                pending.publish().at("renaming into place", out)?;
                 totals.bytes_out += len;
                 granary_store::write::crash_point("remove", work);
-                std::fs::remove_dir_all(work).map_err(|e| PackError::io("removing", work, e))?;
+                std::fs::remove_dir_all(work).at("removing", work)?;
                 sync_dir(out)?;
                 ("append", generation)
             }
-            Mode::Whole => {
-                let (target, plan) = match self.dest {
-                    Some(dest) => {
-                        let found = &self.remote_found;
-                        (Target::Remote { dest, found }, None)
-                    }
-                    // A local build is renamed to OUT: the plan, done with, goes first.
-                    None => (Target::Local(out), Some(plan_path.as_path())),
-                };
-                let end = End::Whole { work, target, plan };
-                totals.end(dataset_id, &classes, summaries, end)?;
-                ("pack", 0)
+            Mode::Whole | Mode::Shard(_) => {
+                let o = &self.opts.output;
+                let end = End::of(o, shared, &self.remote_found);
+                let at = (work.as_path(), Some(plan_path.as_path()));
+                totals.end((dataset_id, &classes), summaries, at, end)?;
+                (if o.shard.is_some() { "shard" } else { "pack" }, 0)
             }
         };
         Ok(PackSummary {
@@ -611,20 +588,31 @@ pub(crate) struct Totals {
 
 /// How a write of a whole dataset or of a shard's part ends once its chunks are written.
 pub(crate) enum End<'a> {
-    /// The shard's part file in `dir`, its completion marker: written last, atomically.
-    Part {
-        shard: ShardSpec,
-        key: String,
-        dir: &'a Path,
+    /// The shard's part file, its completion marker: written last, atomically.
+    Part { shard: ShardSpec, key: String },
+    /// The build directory, snapshot and all, renamed to `out` (see [`publish_dataset`]).
+    Local(&'a Path),
+    /// The snapshot uploaded to `dest`, last: the chunks were uploaded as they were written,
+    /// and the chunks of an earlier dataset at the prefix that this one does not have (in
+    /// `found`, what the prefix held when the write began) are deleted first, so that the
+    /// prefix is a dataset only when complete and holds no object the snapshot does not name.
+    /// The build directory (the staging directory) is removed afterwards.
+    Remote {
+        dest: &'a ObjectUrl,
+        found: &'a [(String, u64)],
     },
-    /// The snapshot, built in `work`, and the dataset published to `target`; `plan`, the
-    /// resume plan of a local build, is removed between the two (a kill while the snapshot
-    /// is built still resumes).
-    Whole {
-        work: &'a Path,
-        target: Target<'a>,
-        plan: Option<&'a Path>,
-    },
+}
+
+impl<'a> End<'a> {
+    /// How a write to `o` ends: as a shard's part (`key`: the settings every shard shares), or
+    /// as a whole dataset at `o.out` or uploaded to its destination (which held `found`).
+    pub(crate) fn of(o: &'a OutputOptions, key: String, found: &'a [(String, u64)]) -> Self {
+        match (o.shard, o.destination.as_deref()) {
+            (Some(shard), _) => End::Part { shard, key },
+            (None, Some(dest)) => End::Remote { dest, found },
+            (None, None) => End::Local(&o.out),
+        }
+    }
 }
 
 impl Totals {
@@ -639,49 +627,61 @@ impl Totals {
     }
 
     /// Ends the write of dataset `dataset_id` with class table `classes` whose chunks are
-    /// `summaries` (slim, in id order) as `end` says.
+    /// `summaries` (slim, in id order), built in `work`, as `end` says. `plan`, the run's
+    /// resume plan, goes after a part is written, or between the snapshot and the rename of
+    /// a local build (a kill while the snapshot is built still resumes); an upload's goes
+    /// with its staging directory.
     pub(crate) fn end(
         &mut self,
-        dataset_id: [u8; 16],
-        classes: &[Vec<u8>],
+        (dataset_id, classes): ([u8; 16], &[Vec<u8>]),
         summaries: Vec<ChunkSummary>,
+        (work, plan): (&Path, Option<&Path>),
         end: End<'_>,
     ) -> Result<(), PackError> {
         let count = summaries.len();
-        match end {
-            End::Part { shard, key, dir } => {
-                let mut chunks = Vec::with_capacity(count);
-                for s in summaries {
-                    chunks.push(shard::PartChunk::of(&self.full(s)?));
-                }
-                let classes = classes.to_vec();
-                let part = shard::Part {
-                    shard,
-                    dataset_id,
-                    key,
-                    classes,
-                    chunks,
-                };
-                self.bytes_out += part.publish(dir)?;
-            }
-            End::Whole { work, target, plan } => {
-                let mut builder = spooled_builder(work, dataset_id, classes.to_vec())?;
-                for s in summaries {
-                    builder.push_chunk(&self.full(s)?)?;
-                }
-                let path = work.join(SNAPSHOT_FILE);
-                let (pending, len) = write_snapshot_pending(&path, builder)?;
-                pending
-                    .publish()
-                    .map_err(|e| PackError::io("renaming into place", &path, e))?;
-                self.bytes_out += len;
-                if let Some(p) = plan {
-                    std::fs::remove_file(p).map_err(|e| PackError::io("removing", p, e))?;
-                }
-                crate::publish::publish_whole(work, target, count)?;
-            }
+        let remove_plan = || plan.map_or(Ok(()), |p| std::fs::remove_file(p).at("removing", p));
+        if let End::Part { shard, key } = end {
+            let chunks = summaries.into_iter();
+            let chunks = chunks.map(|s| Ok(PartChunk::of(&self.full(s)?)));
+            let chunks = chunks.collect::<Result<_, PackError>>()?;
+            let classes = classes.to_vec();
+            let part = shard::Part {
+                shard,
+                dataset_id,
+                key,
+                classes,
+                chunks,
+            };
+            let bytes = part.encode();
+            write_file_atomic(&work.join(PART_FILE), &bytes)?;
+            self.bytes_out += bytes.len() as u64;
+            return remove_plan();
         }
-        Ok(())
+        let mut builder = spooled_builder(work, dataset_id, classes.to_vec())?;
+        for s in summaries {
+            builder.push_chunk(&self.full(s)?)?;
+        }
+        let path = work.join(SNAPSHOT_FILE);
+        let (pending, len) = write_snapshot_pending(&path, builder)?;
+        pending.publish().at("renaming into place", &path)?;
+        self.bytes_out += len;
+        match end {
+            End::Local(out) => {
+                remove_plan()?;
+                sync_dir(work)?;
+                publish_dataset(work, out)
+            }
+            End::Remote { dest, found } => {
+                for (name, _) in found {
+                    if parse_chunk_file_name(name).is_some_and(|c| c as usize >= count) {
+                        dest.delete(name)?;
+                    }
+                }
+                dest.put_file(SNAPSHOT_FILE, &path, &|_| {})?;
+                std::fs::remove_dir_all(work).at("removing", work)
+            }
+            End::Part { .. } => unreachable!("ended above"),
+        }
     }
 
     /// The full summary of written chunk `slim`, counted.

@@ -7,14 +7,23 @@ use std::path::{Path, PathBuf};
 
 use rayon::prelude::*;
 
-use crate::files::FileTable;
-use crate::{lock, PackError, Skipped};
+use crate::files::{FileTable, Meta};
+use crate::{lock, IoAt, PackError, Skipped};
 
 /// A file's modification time in nanoseconds since the epoch, as the plan records it.
 pub(crate) fn mtime_ns(m: &std::fs::Metadata) -> i64 {
     m.mtime()
         .saturating_mul(1_000_000_000)
         .saturating_add(m.mtime_nsec())
+}
+
+/// A directory's mode and mtime, as the plan records them.
+fn dir_meta(m: &std::fs::Metadata) -> Meta {
+    Meta {
+        mode: m.mode() & 0o7777,
+        mtime_ns: mtime_ns(m),
+        ..Meta::default()
+    }
 }
 
 #[derive(Default)]
@@ -119,54 +128,47 @@ const REGULAR: u8 = 0;
 const NOT_REGULAR: u8 = 1;
 const FAILED: u8 = 2;
 
-/// Size, inode, mtime and mode of each file, in parallel, straight into the table's columns;
-/// returns each file's kind ([`REGULAR`], [`NOT_REGULAR`], [`FAILED`]) and the failures (by
-/// index, sorted).
+/// Size, inode, mtime and mode of each file, in parallel, straight into the table's
+/// [`Meta`]; returns each file's kind ([`REGULAR`], [`NOT_REGULAR`], [`FAILED`]) and the
+/// failures (by index, sorted).
 fn stat_files(
     src: &Path,
     files: &mut FileTable,
     follow_links: bool,
 ) -> (Vec<u8>, Vec<(usize, String)>) {
     let n = files.len();
-    let (mut size, mut ino, mut mtime) = (vec![0u64; n], vec![0u64; n], vec![0i64; n]);
-    let mut mode = vec![0u32; n];
+    let mut meta = vec![Meta::default(); n];
     let mut kind = vec![REGULAR; n];
     let failures = std::sync::Mutex::new(Vec::<(usize, String)>::new());
-    {
-        let files = &*files;
-        let failures = &failures;
-        size.par_iter_mut()
-            .zip(ino.par_iter_mut())
-            .zip(mtime.par_iter_mut())
-            .zip(mode.par_iter_mut())
-            .zip(kind.par_iter_mut())
-            .enumerate()
-            .for_each(|(i, ((((size, ino), mtime), mode), kind))| {
-                let p = abs(src, files.path(i));
-                let md = if follow_links {
-                    std::fs::metadata(&p)
-                } else {
-                    std::fs::symlink_metadata(&p)
-                };
-                match md {
-                    Ok(m) if m.is_file() => {
-                        *size = m.len();
-                        *ino = m.ino();
-                        *mtime = mtime_ns(&m);
-                        *mode = m.mode() & 0o7777;
-                    }
-                    Ok(_) => *kind = NOT_REGULAR,
-                    Err(e) => {
-                        *kind = FAILED;
-                        lock(failures).push((i, format!("cannot stat: {e}")));
+    let table = &*files;
+    meta.par_iter_mut()
+        .zip(kind.par_iter_mut())
+        .enumerate()
+        .for_each(|(i, (meta, kind))| {
+            let p = abs(src, table.path(i));
+            let md = if follow_links {
+                std::fs::metadata(&p)
+            } else {
+                std::fs::symlink_metadata(&p)
+            };
+            match md {
+                Ok(m) if m.is_file() => {
+                    *meta = Meta {
+                        size: m.len(),
+                        ino: m.ino(),
+                        mtime_ns: mtime_ns(&m),
+                        mode: m.mode() & 0o7777,
+                        label: 0,
                     }
                 }
-            });
-    }
-    files.size = size;
-    files.ino = ino;
-    files.mtime_ns = mtime;
-    files.mode = mode;
+                Ok(_) => *kind = NOT_REGULAR,
+                Err(e) => {
+                    *kind = FAILED;
+                    lock(&failures).push((i, format!("cannot stat: {e}")));
+                }
+            }
+        });
+    files.meta = meta;
     let mut failures = failures.into_inner().unwrap_or_else(|p| p.into_inner());
     failures.sort_unstable_by_key(|(i, _)| *i);
     (kind, failures)
@@ -218,7 +220,7 @@ fn walk(
             // Its mode and mtime, for the dataset (a directory that cannot be stat'ed now is
             // simply not recorded: its files are what the pack is about).
             if let (Ok(m), Ok(rel)) = (entry.metadata(), entry.path().strip_prefix(src)) {
-                dirs.push_dir(rel.as_os_str().as_bytes(), m.mode() & 0o7777, mtime_ns(&m));
+                dirs.push(rel.as_os_str().as_bytes(), dir_meta(&m));
             }
             continue;
         }
@@ -274,17 +276,17 @@ fn list_ancestors(src: &Path, files: &FileTable) -> FileTable {
     }
     names.sort_unstable();
     names.dedup();
-    let found: Vec<Option<(u32, i64)>> = names
+    let found: Vec<Option<Meta>> = names
         .par_iter()
         .map(|d| {
             let m = std::fs::metadata(abs(src, d)).ok().filter(|m| m.is_dir())?;
-            Some((m.mode() & 0o7777, mtime_ns(&m)))
+            Some(dir_meta(&m))
         })
         .collect();
     let mut dirs = FileTable::default();
     for (d, f) in names.iter().zip(found) {
-        if let Some((mode, mtime)) = f {
-            dirs.push_dir(d, mode, mtime);
+        if let Some(meta) = f {
+            dirs.push(d, meta);
         }
     }
     dirs
@@ -293,7 +295,7 @@ fn list_ancestors(src: &Path, files: &FileTable) -> FileTable {
 /// Reads a file list: NUL-separated if it contains a NUL byte, newline-separated otherwise.
 /// Entries are relative to `src` (a leading `./` is dropped) or absolute paths inside `src`.
 fn read_list(src: &Path, list: &Path) -> Result<FileTable, PackError> {
-    let data = std::fs::read(list).map_err(|e| PackError::io("reading file list", list, e))?;
+    let data = std::fs::read(list).at("reading file list", list)?;
     let sep = if data.contains(&0) { 0 } else { b'\n' };
     let src_bytes = src.as_os_str().as_bytes();
     let mut out = FileTable::default();

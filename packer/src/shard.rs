@@ -15,13 +15,13 @@ use std::time::Instant;
 
 use granary_format::{
     chunk_file_name, encode_string_table, parse_chunk_file_name, path_hash, ChunkHeader,
-    ChunkSummary, ChunkWriter, StringTable, CHUNK_HEADER_LEN, SNAPSHOT_FILE,
+    ChunkSummary, ChunkWriter, SNAPSHOT_FILE,
 };
 use serde::Serialize;
 
-use crate::plan::{put_blob, Reader};
-use crate::{hex_id, write_file_atomic, PackError};
-use granary_format::local::SHARD_PART;
+use crate::plan::{put_blob, Body};
+use crate::{hex_id, write_file_atomic, IoAt, PackError};
+use granary_format::local::{LocalReader, SHARD_PART};
 
 /// File name of a finished shard's part file, inside its part directory. It is written last
 /// (atomically): a part directory without it is a shard still running or interrupted.
@@ -68,46 +68,34 @@ impl ShardSpec {
         // The number in environment variable `k`, if it is set.
         let var = |k: &str| env(k).map(|v| num(k, &v)).transpose();
         let (i, n) = s.split_once('/').unwrap_or((s, ""));
-        let (index, count) = if i.trim() == "auto" {
-            let slurm = env("SLURM_ARRAY_TASK_ID");
-            let k8s = env("JOB_COMPLETION_INDEX");
-            let index = match (&slurm, &k8s) {
-                (Some(id), _) => {
-                    let id = num("SLURM_ARRAY_TASK_ID", id)?;
-                    let min = var("SLURM_ARRAY_TASK_MIN")?.unwrap_or(0);
-                    let step = var("SLURM_ARRAY_TASK_STEP")?.unwrap_or(1).max(1);
-                    id.checked_sub(min)
-                        .map(|d| d / step)
-                        .ok_or("SLURM_ARRAY_TASK_ID is below SLURM_ARRAY_TASK_MIN")?
-                }
-                (None, Some(idx)) => num("JOB_COMPLETION_INDEX", idx)?,
-                (None, None) => {
-                    return Err(
-                        "--shard auto needs SLURM_ARRAY_TASK_ID (a Slurm array job) or \
-                                JOB_COMPLETION_INDEX (a Kubernetes indexed job); elsewhere \
-                                give --shard I/N"
-                            .into(),
-                    )
-                }
-            };
-            let count = if !n.is_empty() {
-                num("shard count", n)?
-            } else if slurm.is_some() {
-                var("SLURM_ARRAY_TASK_COUNT")?
-                    .ok_or("--shard auto: SLURM_ARRAY_TASK_COUNT is not set; give --shard auto/N")?
-            } else {
-                return Err(
-                    "--shard auto: a Kubernetes indexed job does not tell the number of \
-                            shards; give --shard auto/N (N = the job's completions)"
-                        .into(),
-                );
-            };
-            (index, count)
-        } else {
+        if i.trim() != "auto" {
             if n.is_empty() {
                 return Err(format!("--shard {s:?}: expected I/N, e.g. 0/4, or auto"));
             }
-            (num("shard index", i)?, num("shard count", n)?)
+            return ShardSpec::new(num("shard index", i)?, num("shard count", n)?);
+        }
+        let slurm = var("SLURM_ARRAY_TASK_ID")?;
+        let index = match (slurm, var("JOB_COMPLETION_INDEX")) {
+            (Some(id), _) => {
+                let min = var("SLURM_ARRAY_TASK_MIN")?.unwrap_or(0);
+                let step = var("SLURM_ARRAY_TASK_STEP")?.unwrap_or(1).max(1);
+                id.checked_sub(min)
+                    .map(|d| d / step)
+                    .ok_or("SLURM_ARRAY_TASK_ID is below SLURM_ARRAY_TASK_MIN")?
+            }
+            (None, k8s) => k8s?.ok_or(
+                "--shard auto needs SLURM_ARRAY_TASK_ID (a Slurm array job) or \
+                 JOB_COMPLETION_INDEX (a Kubernetes indexed job); elsewhere give --shard I/N",
+            )?,
+        };
+        let count = match (n.is_empty(), slurm.is_some()) {
+            (false, _) => num("shard count", n)?,
+            (true, true) => var("SLURM_ARRAY_TASK_COUNT")?
+                .ok_or("--shard auto: SLURM_ARRAY_TASK_COUNT is not set; give --shard auto/N")?,
+            (true, false) => Err(
+                "--shard auto: a Kubernetes indexed job does not tell the number \
+                 of shards; give --shard auto/N (N = the job's completions)",
+            )?,
         };
         ShardSpec::new(index, count)
     }
@@ -213,14 +201,6 @@ pub(crate) struct Part {
 }
 
 impl Part {
-    /// Writes this shard's part file into `dir`, its completion marker: atomically, after
-    /// every chunk. Returns its length.
-    pub(crate) fn publish(&self, dir: &std::path::Path) -> Result<u64, PackError> {
-        let bytes = self.encode();
-        write_file_atomic(&dir.join(PART_FILE), &bytes)?;
-        Ok(bytes.len() as u64)
-    }
-
     pub fn encode(&self) -> Vec<u8> {
         let mut b = Vec::new();
         b.extend_from_slice(&self.shard.index.to_le_bytes());
@@ -241,27 +221,22 @@ impl Part {
 
     /// Decodes a part file; an error says what is wrong (damaged, truncated, another version).
     pub fn decode(b: &[u8]) -> Result<Part, String> {
-        let body = SHARD_PART.unframe(b).map_err(|e| e.to_string())?;
-        Self::decode_body(body).ok_or_else(|| "part file: its body is inconsistent".to_string())
+        SHARD_PART.unframe(b).map_err(|e| e.to_string())?;
+        Self::decode_body(b).ok_or_else(|| "part file: its body is inconsistent".to_string())
     }
 
-    fn decode_body(body: &[u8]) -> Option<Part> {
-        let mut r = Reader(body);
+    fn decode_body(b: &[u8]) -> Option<Part> {
+        let mut r = Body(LocalReader::new(b, &SHARD_PART, b.len() as u64).ok()?);
         let shard = ShardSpec {
             index: r.u32()?,
             count: r.u32()?,
         };
-        let dataset_id: [u8; 16] = r.take(16)?.try_into().ok()?;
-        let key = String::from_utf8(r.blob()?.to_vec()).ok()?;
-        let classes = StringTable::parse(r.blob()?, "part classes").ok()?;
-        let classes = classes
-            .iter()
-            .map(|c| c.map(<[u8]>::to_vec))
-            .collect::<Result<Vec<_>, _>>()
-            .ok()?;
+        let dataset_id = r.array()?;
+        let key = String::from_utf8(r.blob()?).ok()?;
+        let classes = r.strings("part classes")?;
         let nc = r.u64()?;
         // Every chunk takes 40 bytes here: a count the file cannot hold is a lie.
-        if nc > body.len() as u64 / 40 {
+        if nc > r.0.left() / 40 {
             return None;
         }
         let mut chunks = Vec::with_capacity(nc as usize);
@@ -270,13 +245,11 @@ impl Part {
                 chunk_id: r.u32()?,
                 file_size: r.u64()?,
                 file_crc: r.u32()?,
-                digest: r.take(16)?.try_into().ok()?,
+                digest: r.array()?,
                 samples: r.u64()?,
             });
         }
-        if !r.0.is_empty() {
-            return None;
-        }
+        r.0.finish().ok()?;
         Some(Part {
             shard,
             dataset_id,
@@ -310,12 +283,6 @@ macro_rules! refuse {
     };
 }
 
-/// An empty chunk: what fills an id that no shard used.
-fn filler_chunk(dataset_id: [u8; 16], id: u32, classes: &[Vec<u8>]) -> (Vec<u8>, ChunkSummary) {
-    let w = ChunkWriter::new(Vec::new(), dataset_id, id).expect("writing to memory");
-    w.finish(classes).expect("writing to memory")
-}
-
 /// Merges the finished shards of a sharded pack in `ds` into one dataset: checks every part
 /// (all `n` present and finished, undamaged, from one pack with the same settings, every chunk
 /// file present with the recorded size, dataset id and chunk id, no duplicate paths), and only
@@ -345,17 +312,15 @@ pub fn merge(ds: &Path) -> Result<MergeSummary, PackError> {
 fn list_parts(ds: &Path) -> Result<(Vec<ShardSpec>, BTreeMap<u32, u64>), PackError> {
     let mut specs = Vec::new();
     let mut files: BTreeMap<u32, u64> = Default::default();
-    let rd = std::fs::read_dir(ds).map_err(|e| PackError::io("listing", ds, e))?;
+    let rd = std::fs::read_dir(ds).at("listing", ds)?;
     for e in rd {
-        let e = e.map_err(|e| PackError::io("listing", ds, e))?;
+        let e = e.at("listing", ds)?;
         let name = e.file_name();
         let name = name.to_string_lossy();
         if let Some(s) = ShardSpec::parse_dir_name(&name) {
             specs.push(s);
         } else if let Some(id) = parse_chunk_file_name(&name) {
-            let md = e
-                .metadata()
-                .map_err(|err| PackError::io("inspecting", &e.path(), err))?;
+            let md = e.metadata().at("inspecting", &e.path())?;
             files.insert(id, md.len());
         }
     }
@@ -469,14 +434,14 @@ fn read_parts(ds: &Path, specs: &[ShardSpec]) -> Result<Vec<Part>, PackError> {
     Ok(parts)
 }
 
-/// Every chunk a part lists must be there as written; ids must be the part's own.
+/// Every chunk a part lists must be there with the size written; ids must be the part's own
+/// (each one's header and footer are checked as the snapshot is built).
 fn check_part_chunks(
     ds: &Path,
     parts: &[Part],
     files: &BTreeMap<u32, u64>,
     n: u32,
 ) -> Result<(), PackError> {
-    let dataset_id = parts[0].dataset_id;
     for part in parts {
         for (k, c) in part.chunks.iter().enumerate() {
             let want = (k as u64) * n as u64 + part.shard.index as u64;
@@ -489,27 +454,22 @@ fn check_part_chunks(
                 ));
             }
             let path = ds.join(chunk_file_name(c.chunk_id));
-            match files.get(&c.chunk_id) {
-                None => {
-                    return Err(refuse!(
-                        ds,
-                        "{} of shard {} is missing; rerun the shard with --force",
-                        path.display(),
-                        part.shard
-                    ))
-                }
-                Some(&len) if len != c.file_size => {
-                    return Err(refuse!(
+            let Some(&len) = files.get(&c.chunk_id) else {
+                let (p, s) = (path.display(), part.shard);
+                return Err(refuse!(
+                    ds,
+                    "{p} of shard {s} is missing; rerun the shard with --force"
+                ));
+            };
+            if len != c.file_size {
+                return Err(refuse!(
                     ds,
                     "{} is {len} bytes, but shard {} wrote {} bytes; rerun the shard with --force",
                     path.display(),
                     part.shard,
                     c.file_size
-                ))
-                }
-                Some(_) => {}
+                ));
             }
-            check_chunk_header(ds, &path, dataset_id, c.chunk_id)?;
         }
     }
     Ok(())
@@ -557,11 +517,18 @@ fn build_and_publish(
     for id in 0..count as u32 {
         let path = ds.join(chunk_file_name(id));
         if let Some((c, shard)) = by_id.remove(&id) {
-            let full = crate::read_footer(
-                ds,
-                ChunkSummary::bare(id, c.file_size, c.file_crc, c.digest),
-            )
-            .map_err(|e| refuse!(ds, "{e}; rerun shard {shard} with --force"))?;
+            let (head, .., footer) = crate::read_footer_bytes(ds, id, c.file_size)
+                .map_err(|e| refuse!(ds, "{e}; rerun shard {shard} with --force"))?;
+            let header = ChunkHeader::decode(&head)?; // decoded once already: intact
+            if header.dataset_id != dataset_id {
+                return Err(refuse!(
+                    ds,
+                    "{} belongs to another dataset ({}); rerun shard {shard} with --force",
+                    path.display(),
+                    hex_id(&header.dataset_id)
+                ));
+            }
+            let full = ChunkSummary::from_footer(id, c.file_size, c.file_crc, c.digest, footer);
             if full.entries.len() as u64 != c.samples {
                 return Err(refuse!(
                     ds,
@@ -575,7 +542,9 @@ fn build_and_publish(
             samples += c.samples;
             continue;
         }
-        let (bytes, s) = filler_chunk(dataset_id, id, &classes);
+        // An empty chunk fills the id.
+        let w = ChunkWriter::new(Vec::new(), dataset_id, id).expect("writing to memory");
+        let (bytes, s) = w.finish(&classes).expect("writing to memory");
         let on_disk = || {
             let src = granary_store::ChunkStore::open_chunk(&granary_store::LocalDir::new(ds), id);
             granary_store::file::read_whole(&*src.ok()?).ok()
@@ -602,12 +571,10 @@ fn build_and_publish(
     for (path, bytes) in &fillers {
         write_file_atomic(path, bytes)?;
     }
-    snapshot
-        .publish()
-        .map_err(|e| PackError::io("renaming into place", snap_path, e))?;
+    snapshot.publish().at("renaming into place", snap_path)?;
     for s in specs {
         let d = ds.join(s.dir_name());
-        std::fs::remove_dir_all(&d).map_err(|e| PackError::io("removing", &d, e))?;
+        std::fs::remove_dir_all(&d).at("removing", &d)?;
     }
     crate::sync_dir(ds)?;
     Ok(MergeSummary {
@@ -621,33 +588,6 @@ fn build_and_publish(
         snapshot_bytes,
         elapsed_s: t0.elapsed().as_secs_f64(),
     })
-}
-
-/// Reads the 64-byte header of a chunk a part lists: it must be intact, of this dataset and
-/// carry its id.
-fn check_chunk_header(
-    ds: &Path,
-    path: &Path,
-    dataset_id: [u8; 16],
-    id: u32,
-) -> Result<(), PackError> {
-    use granary_store::ChunkStore;
-    let mut h = [0u8; CHUNK_HEADER_LEN];
-    let src = granary_store::LocalDir::new(ds).open_chunk(id)?;
-    granary_store::verified::read_into(&src, 0, &mut h, &Default::default())?;
-    let header = ChunkHeader::decode(&h).map_err(|e| PackError::Source {
-        path: path.to_path_buf(),
-        detail: e.to_string(),
-    })?;
-    if header.dataset_id != dataset_id || header.chunk_id != id {
-        return Err(refuse!(ds,
-                "{} belongs to another dataset or chunk (dataset {}, chunk {}); rerun its shard with --force",
-                path.display(),
-                hex_id(&header.dataset_id),
-                header.chunk_id
-            ));
-    }
-    Ok(())
 }
 
 #[cfg(test)]

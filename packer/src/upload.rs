@@ -11,13 +11,14 @@ use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 
 use granary_format::local::UPLOAD_MARKER;
 use granary_format::{
-    chunk_file_name, decode_footer, parse_chunk_file_name, ChunkHeader, ChunkSummary, Trailer,
-    CHUNK_HEADER_LEN, CHUNK_TRAILER_LEN, SNAPSHOT_FILE,
+    chunk_file_name, parse_chunk_file_name, ChunkSummary, CHUNK_HEADER_LEN, CHUNK_TRAILER_LEN,
+    SNAPSHOT_FILE,
 };
 
 use granary_store::object::ObjectUrl;
 
 use crate::plan::Plan;
+use crate::IoAt;
 use crate::PackError;
 
 /// Size, CRC and a reserved u32 before the chunk's trailer in a marker's body (a node-local
@@ -38,9 +39,6 @@ pub(crate) fn parse_sent_name(name: &str) -> Option<u32> {
         .or_else(|| name.strip_suffix(".tmp"))?;
     parse_chunk_file_name(&format!("{stem}.gchunk"))
 }
-
-/// What the writer tells the uploader: chunk id, file size, whole-file CRC, digest.
-pub(crate) type Written = (u32, u64, u32, [u8; 16]);
 
 /// Checks what the destination holds before a pack writes there: nothing, or only what a
 /// granary pack writes. A dataset there needs `force` (its snapshot is removed first, so no
@@ -107,24 +105,13 @@ pub(crate) fn check_destination(
     Ok(found)
 }
 
-/// Writes the marker of uploaded chunk `c` (read from its local file, which the caller then
+/// Writes the marker of uploaded chunk `s` (read from its local file, which the caller then
 /// removes).
-pub(crate) fn write_marker(
-    work: &Path,
-    c: u32,
-    size: u64,
-    crc: u32,
-    digest: &[u8; 16],
-) -> Result<(), PackError> {
-    let crate::FooterBytes {
-        head: header,
-        tail: trailer,
-        body,
-        ..
-    } = crate::read_footer_bytes(work, c, size)?;
-    let (size, crc) = (size.to_le_bytes(), crc.to_le_bytes());
-    let m = [&size[..], &crc, &[0; 4], digest, &header, &trailer, &body].concat();
-    crate::write_file_atomic(&work.join(sent_name(c)), &UPLOAD_MARKER.frame(&m))
+pub(crate) fn write_marker(work: &Path, s: &ChunkSummary) -> Result<(), PackError> {
+    let (head, tail, body, _) = crate::read_footer_bytes(work, s.chunk_id, s.file_size)?;
+    let (size, crc) = (s.file_size.to_le_bytes(), s.file_crc.to_le_bytes());
+    let m = [&size[..], &crc, &[0; 4], &s.digest, &head, &tail, &body].concat();
+    crate::write_file_atomic(&work.join(sent_name(s.chunk_id)), &UPLOAD_MARKER.frame(&m))
 }
 
 /// The summary of uploaded chunk `c` from its marker, if the marker is intact and describes
@@ -143,7 +130,7 @@ pub(crate) fn read_marker(work: &Path, plan: &Plan, c: u32) -> Option<ChunkSumma
 pub(crate) fn marker_summary(work: &Path, slim: ChunkSummary) -> Result<ChunkSummary, PackError> {
     let c = slim.chunk_id;
     let path = work.join(sent_name(c));
-    let m = std::fs::read(&path).map_err(|e| PackError::io("reading back", &path, e))?;
+    let m = std::fs::read(&path).at("reading back", &path)?;
     match decode_marker(&m, c) {
         Some((size, crc, digest, footer))
             if size == slim.file_size && crc == slim.file_crc && digest == slim.digest =>
@@ -172,15 +159,9 @@ pub fn decode_marker(m: &[u8], c: u32) -> Option<Marker> {
     let size = u64::from_le_bytes(content[0..8].try_into().ok()?);
     let crc = u32::from_le_bytes(content[8..12].try_into().ok()?);
     let digest: [u8; 16] = content[16..32].try_into().ok()?;
-    let header =
-        ChunkHeader::decode(&content[MARKER_FIXED..MARKER_FIXED + CHUNK_HEADER_LEN]).ok()?;
-    let trailer = &content[MARKER_FIXED + CHUNK_HEADER_LEN..fixed];
-    let body = &content[fixed..];
-    let t = Trailer::decode(trailer, size).ok()?;
-    if header.chunk_id != c {
-        return None;
-    }
-    let footer = decode_footer(body, &t, &header).ok()?;
+    let (head, rest) = content[MARKER_FIXED..].split_at(CHUNK_HEADER_LEN);
+    let (tail, body) = rest.split_at(CHUNK_TRAILER_LEN);
+    let footer = crate::footer_of(c, size, (head, tail, body)).ok()?;
     Some((size, crc, digest, footer))
 }
 
@@ -190,20 +171,20 @@ pub fn decode_marker(m: &[u8], c: u32) -> Option<Marker> {
 pub(crate) fn upload_loop(
     dest: &ObjectUrl,
     work: &Path,
-    rx: Receiver<Written>,
+    rx: Receiver<ChunkSummary>,
     uploaded: &AtomicU64,
     on_progress: &(dyn Fn(u64) + Sync),
 ) -> Result<(), PackError> {
-    for (c, size, crc, digest) in rx {
-        let name = chunk_file_name(c);
+    for s in rx {
+        let name = chunk_file_name(s.chunk_id);
         let path = work.join(&name);
         dest.put_file(&name, &path, &|n| {
             let total = uploaded.fetch_add(n, Ordering::Relaxed) + n;
             on_progress(total);
         })
         .map_err(PackError::Destination)?;
-        write_marker(work, c, size, crc, &digest)?;
-        std::fs::remove_file(&path).map_err(|e| PackError::io("removing", &path, e))?;
+        write_marker(work, &s)?;
+        std::fs::remove_file(&path).at("removing", &path)?;
     }
     Ok(())
 }
@@ -212,7 +193,7 @@ pub(crate) fn upload_loop(
 /// stay in the build directory (a local dataset, a shard's part), or each goes to the uploader
 /// as soon as it is written ([`with_sink`]).
 pub(crate) struct Sink<'a> {
-    upload: Option<&'a SyncSender<Written>>,
+    upload: Option<&'a SyncSender<ChunkSummary>>,
 }
 
 impl Sink<'_> {
@@ -221,7 +202,7 @@ impl Sink<'_> {
     pub(crate) fn finished(&self, s: &ChunkSummary) -> Result<(), PackError> {
         match self.upload {
             Some(tx) => tx
-                .send((s.chunk_id, s.file_size, s.file_crc, s.digest))
+                .send(crate::slimmed(s))
                 .map_err(|_| PackError::Upload("the upload stopped (its error follows)".into())),
             None => Ok(()),
         }
@@ -236,7 +217,7 @@ impl Sink<'_> {
 pub(crate) fn with_sink<T>(
     dest: Option<&ObjectUrl>,
     dir: &Path,
-    first: Vec<Written>,
+    first: Vec<ChunkSummary>,
     progress: &(dyn Fn(u64) + Sync),
     work: impl FnOnce(&Sink<'_>) -> Result<T, PackError>,
 ) -> Result<T, PackError> {
@@ -245,7 +226,7 @@ pub(crate) fn with_sink<T>(
     };
     let uploaded = AtomicU64::new(0);
     std::thread::scope(|scope| {
-        let (tx, rx) = sync_channel::<Written>(2);
+        let (tx, rx) = sync_channel::<ChunkSummary>(2);
         let uploaded = &uploaded;
         let uploader = scope.spawn(move || upload_loop(d, dir, rx, uploaded, progress));
         let sent_first = first.into_iter().all(|w| tx.send(w).is_ok());
@@ -290,7 +271,8 @@ mod tests {
         let crc = granary_format::crc32(&bytes);
         let digest = granary_format::chunk_digest(&bytes);
         assert_eq!((crc, digest), (summary.file_crc, summary.digest));
-        write_marker(work.path(), 2, bytes.len() as u64, crc, &digest).unwrap();
+        let slim = ChunkSummary::bare(2, bytes.len() as u64, crc, digest);
+        write_marker(work.path(), &slim).unwrap();
         let m = std::fs::read(work.path().join(sent_name(2))).unwrap();
         granary_format::testing::dump_fuzz_seed("upload_marker", "two-records", &m);
         let (size, got_crc, got_digest, footer) = decode_marker(&m, 2).expect("intact marker");

@@ -14,7 +14,7 @@ use granary_store::object::ObjectUrl;
 use granary_store::{Location, StoreConfig};
 
 use crate::writer::{Label, Writer, WriterOptions, Written};
-use crate::{PackError, PackSummary};
+use crate::{IoAt, PackError, PackSummary};
 
 /// Bytes one ranged GET of a remote shard fetches.
 const REMOTE_BLOCK: u64 = 16 << 20;
@@ -46,11 +46,8 @@ pub fn expand_braces(pattern: &str) -> Result<Vec<String>, String> {
         if hi - lo >= 10_000_000 {
             return Err(format!("{pattern}: {{{body}}} names too many shards"));
         }
-        let width = if a.len() > 1 && a.starts_with('0') {
-            a.len()
-        } else {
-            0
-        };
+        // Zero-padded as LOW is (a width of 1 pads nothing).
+        let width = if a.starts_with('0') { a.len() } else { 0 };
         (lo..=hi).map(|n| format!("{n:0width$}")).collect()
     } else if body.contains(',') {
         body.split(',').map(str::to_string).collect()
@@ -122,7 +119,7 @@ fn open_shard(src: &str, cfg: &StoreConfig) -> Result<Box<dyn Read>, PackError> 
             buf: bytes::Bytes::new(),
         }));
     }
-    let f = std::fs::File::open(src).map_err(|e| PackError::io("opening", Path::new(src), e))?;
+    let f = std::fs::File::open(src).at("opening", Path::new(src))?;
     Ok(Box::new(std::io::BufReader::with_capacity(4 << 20, f)))
 }
 
@@ -148,11 +145,11 @@ struct Pending {
     shard: String,
 }
 
-/// The label a sample's `cls` field gives: an integer, or else a class name.
-fn label_of(fields: &[(Vec<u8>, Vec<u8>)]) -> Label<'_> {
-    match fields.iter().find(|(n, _)| n == b"cls") {
+/// The label a sample's `cls` field (`v`) gives: an integer, or else a class name.
+fn label_of(cls: Option<&[u8]>) -> Label<'_> {
+    match cls {
         None => Label::None,
-        Some((_, v)) => {
+        Some(v) => {
             let t = v.trim_ascii();
             if t.is_empty() {
                 return Label::None;
@@ -189,19 +186,15 @@ fn image_codec(field: &[u8]) -> Option<&'static str> {
 }
 
 fn flush(w: &mut Writer, p: Option<Pending>) -> Result<(), PackError> {
-    let Some(p) = p else { return Ok(()) };
-    let Pending { key, fields, shard } = p;
-    // The label borrows from the fields, which the writer takes: a copy of a class name.
-    let (index, name) = match label_of(&fields) {
-        Label::None => (None, None),
-        Label::Index(i) => (Some(i), None),
-        Label::Name(n) => (None, Some(n.to_vec())),
+    let Some(Pending { key, fields, shard }) = p else {
+        return Ok(());
     };
-    let label = match (index, &name) {
-        (Some(i), _) => Label::Index(i),
-        (None, Some(n)) => Label::Name(n),
-        (None, None) => Label::None,
-    };
+    // The label borrows from the fields, which the writer takes: a copy of the `cls` field.
+    let cls = fields
+        .iter()
+        .find(|(n, _)| n == b"cls")
+        .map(|(_, v)| v.clone());
+    let label = label_of(cls.as_deref());
     let shown = String::from_utf8_lossy(&key).into_owned();
     for (name, _) in &fields {
         if let Some(codec) = image_codec(name) {
@@ -354,15 +347,9 @@ mod tests {
             Some((&b"d.v1/x"[..], &b"jpg"[..]))
         );
         assert_eq!(split_member(b"noext"), None);
-        assert_eq!(
-            label_of(&[(b"cls".to_vec(), b" 7\n".to_vec())]),
-            Label::Index(7)
-        );
-        assert_eq!(
-            label_of(&[(b"cls".to_vec(), b"dog".to_vec())]),
-            Label::Name(b"dog")
-        );
-        assert_eq!(label_of(&[(b"jpg".to_vec(), b"x".to_vec())]), Label::None);
+        assert_eq!(label_of(Some(b" 7\n")), Label::Index(7));
+        assert_eq!(label_of(Some(b"dog")), Label::Name(b"dog"));
+        assert_eq!(label_of(None), Label::None);
         // Digits only are an index (leading zeros too); a sign makes a name; a number past
         // u32 saturates, for the writer to refuse.
         for (v, want) in [
@@ -373,7 +360,7 @@ mod tests {
             (b"99999999999999999999999", Label::Index(u32::MAX)),
             (b" \t\n", Label::None),
         ] {
-            assert_eq!(label_of(&[(b"cls".to_vec(), v.to_vec())]), want, "{v:?}");
+            assert_eq!(label_of(Some(v)), want, "{v:?}");
         }
     }
 }

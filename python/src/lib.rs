@@ -22,8 +22,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use granary::{
-    Dataset as RsDataset, EpochSetup, LocalTier, ReadError, SampleReader, Shard, SharedScores,
-    StreamOptions, TierPolicy,
+    Dataset as RsDataset, LocalTier, ReadError, SampleReader, Shard, SharedScores, TierPolicy,
 };
 use pyo3::create_exception;
 use pyo3::exceptions::{PyIndexError, PyOSError, PyValueError};
@@ -370,14 +369,6 @@ impl Dataset {
             }
         }
         let o: granary::ReaderOptions = from_keywords("plan", options)?;
-        let setup = EpochSetup {
-            plan: o.plan(),
-            sampling: None,
-            stream: StreamOptions {
-                memory: o.memory_budget(),
-                ..Default::default()
-            },
-        };
         let shard = Shard {
             rank: o.rank,
             world_size: o.world_size,
@@ -386,7 +377,7 @@ impl Dataset {
         };
         let ds = self.reader.dataset();
         let plan = py
-            .detach(|| setup.plan(ds, epoch, shard, None))
+            .detach(|| o.open(ds)?.setup()?.plan(ds, epoch, shard, None))
             .map_err(err)?;
         Ok(plan.samples)
     }
@@ -463,6 +454,15 @@ pub(crate) fn from_keywords<T: serde::de::DeserializeOwned>(
             PyValueError::new_err(format!("{func}(): argument {path}: {text}"))
         }
     })
+}
+
+/// `v` as Python objects (dicts, lists, numbers); a ValueError naming `what` if it cannot be.
+pub(crate) fn to_python<'py>(
+    py: Python<'py>,
+    what: &str,
+    v: &impl serde::Serialize,
+) -> PyResult<Bound<'py, PyAny>> {
+    pythonize::pythonize(py, v).map_err(|e| PyValueError::new_err(format!("{what}: {e}")))
 }
 
 /// Removes keyword `key` from `kw` and converts it, if given (a TypeError naming it if its
@@ -611,7 +611,13 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(io_backends, m)?)?;
     m.add_function(wrap_pyfunction!(write_view, m)?)?;
     m.add_function(wrap_pyfunction!(publish_file, m)?)?;
-    m.add("READER_DEFAULTS", stream::reader_defaults(m.py())?)?;
+    // Every reader option by name with the library's default (`None` for "decided later", as
+    // `ReaderOptions` says; the job's secret shows as `None`): what Python's signatures show.
+    let reader_defaults = granary::ReaderOptions::default();
+    m.add(
+        "READER_DEFAULTS",
+        to_python(m.py(), "reader defaults", &reader_defaults)?,
+    )?;
     m.add("WRITER_DEFAULTS", writer::writer_defaults(m.py())?)?;
     m.add_function(wrap_pyfunction!(writer::merge, m)?)?;
     m.add_function(wrap_pyfunction!(writer::import_webdataset, m)?)?;

@@ -13,7 +13,7 @@ use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyByteArray, PyBytes, PyDict, PyList, PyTuple};
 
-use crate::{err, from_keywords, pop_keyword, store_config};
+use crate::{err, from_keywords, pop_keyword, store_config, to_python};
 
 /// One streamed sample: (id, label, bytes, weight, source).
 type PySample<'py> = (u64, u32, Bound<'py, PyBytes>, f32, u32);
@@ -22,10 +22,9 @@ type PyBatch<'py> = (Vec<u64>, Vec<u32>, Bound<'py, PyList>, Vec<f32>, Vec<u32>)
 
 /// After the samples' bytes were copied for Python: an error if one of them was a slice of a
 /// map whose file was cut short meanwhile (the copy may hold zeros, see
-/// `granary::Sample::is_intact`).
+/// `granary::Sample::intact`).
 fn still_intact(samples: &[granary::Sample]) -> PyResult<()> {
-    let cut = samples.iter().find(|s| !s.is_intact());
-    cut.map_or(Ok(()), |s| Err(err(s.cut_error())))
+    samples.iter().try_for_each(|s| s.intact().map_err(err))
 }
 
 /// Where each sample starts and ends when packed back to back (n + 1 offsets).
@@ -201,15 +200,6 @@ pub(crate) fn mixture_info<'py>(
     Ok((counts, to_python(py, "mixture state", &marks)?))
 }
 
-/// `v` as Python objects (dicts, lists, numbers); a ValueError naming `what` if it cannot be.
-fn to_python<'py>(
-    py: Python<'py>,
-    what: &str,
-    v: &impl serde::Serialize,
-) -> PyResult<Bound<'py, PyAny>> {
-    pythonize::pythonize(py, v).map_err(|e| PyValueError::new_err(format!("{what}: {e}")))
-}
-
 /// The shard (rank, world_size, worker, num_workers: by position in `shard`, or by name in
 /// `options`) and the other keyword options of `func`.
 fn shard_and_options<'py>(
@@ -228,19 +218,13 @@ fn shard_and_options<'py>(
     }
     let mut ids = [0u32; 4];
     for (i, name) in names.iter().enumerate() {
-        let why = match (shard.get_item(i).ok(), pop_keyword::<u32>(func, &kw, name)?) {
-            (Some(v), None) => {
-                ids[i] = v.extract()?;
-                continue;
-            }
-            (None, Some(v)) => {
-                ids[i] = v;
-                continue;
-            }
-            (Some(_), Some(_)) => "got multiple values for argument",
-            (None, None) => "missing required argument:",
+        let got = match (shard.get_item(i).ok(), pop_keyword::<u32>(func, &kw, name)?) {
+            (Some(v), None) => Ok(v.extract()?),
+            (None, Some(v)) => Ok(v),
+            (Some(_), Some(_)) => Err("got multiple values for argument"),
+            (None, None) => Err("missing required argument:"),
         };
-        return Err(PyTypeError::new_err(format!("{func}() {why} '{name}'")));
+        ids[i] = got.map_err(|why| PyTypeError::new_err(format!("{func}() {why} '{name}'")))?;
     }
     let [rank, world_size, worker, num_workers] = ids;
     let shard = Shard {
@@ -299,13 +283,6 @@ pub(crate) fn check_reader_options(options: Option<&Bound<'_, PyDict>>) -> PyRes
     // checked for its nodes when a stream is made.
     o.world_size = o.peers.as_ref().map_or(1, |p| p.len().max(1) as u32);
     o.check().map_err(err)
-}
-
-/// Every reader option by name with the library's default (`None` for "decided later", as
-/// `ReaderOptions` says; the job's secret shows as `None`): the values Python's signatures show.
-pub(crate) fn reader_defaults(py: Python<'_>) -> PyResult<Bound<'_, PyAny>> {
-    pythonize::pythonize(py, &ReaderOptions::default())
-        .map_err(|e| pyo3::exceptions::PyRuntimeError::new_err(e.to_string()))
 }
 
 #[pymethods]

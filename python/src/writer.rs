@@ -44,8 +44,7 @@ fn writer_options(func: &str, out: &str, kw: &Bound<'_, PyDict>) -> PyResult<Wri
 /// The writer's documented defaults, as the dict `granary.Writer`'s signature shows (the
 /// memory and thread counts depend on the machine: there they are `None`).
 pub(crate) fn writer_defaults(py: Python<'_>) -> PyResult<Bound<'_, PyAny>> {
-    let d = pythonize::pythonize(py, &WriterOptions::default())
-        .map_err(|e| PyValueError::new_err(e.to_string()))?;
+    let d = crate::to_python(py, "writer defaults", &WriterOptions::default())?;
     for k in ["memory", "threads"] {
         d.set_item(k, py.None())?;
     }

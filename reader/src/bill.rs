@@ -47,44 +47,47 @@ impl Prices {
             }
             Ok(x)
         };
-        if let Some(file) = spec.strip_prefix('@') {
-            let text = std::fs::read_to_string(file)
-                .map_err(|e| ReadError::io("reading the prices", file, e))?;
-            let mut p = Prices::default();
-            let (mut req, mut gb) = (false, false);
-            for (n, line) in text.lines().enumerate() {
-                let line = line.split('#').next().unwrap_or("").trim();
-                if line.is_empty() {
-                    continue;
-                }
-                let (k, v) = line
-                    .split_once('=')
-                    .ok_or_else(|| bad(format!("{file}:{}: not `name = price`", n + 1)))?;
-                match k.trim() {
-                    "per_1000_requests" => (p.per_1000_requests, req) = (num(k, v)?, true),
-                    "per_gb" => (p.per_gb, gb) = (num(k, v)?, true),
-                    k => {
-                        return Err(bad(format!(
-                            "{file}:{}: unknown price {k:?}: per_1000_requests or per_gb",
-                            n + 1
-                        )))
-                    }
-                }
+        let Some(file) = spec.strip_prefix('@') else {
+            let (r, g) = spec.split_once(',').ok_or_else(|| {
+                bad(format!(
+                    "prices {spec:?}: give PER_1000_REQUESTS,PER_GB (e.g. 0.0004,0.09) or @FILE"
+                ))
+            })?;
+            return Ok(Prices {
+                per_1000_requests: num("per 1000 requests", r)?,
+                per_gb: num("per GB", g)?,
+            });
+        };
+        let text = std::fs::read_to_string(file)
+            .map_err(|e| ReadError::io("reading the prices", file, e))?;
+        let (mut req, mut gb) = (None, None);
+        for (n, line) in text.lines().enumerate() {
+            let line = line.split('#').next().unwrap_or("").trim();
+            if line.is_empty() {
+                continue;
             }
-            if !(req && gb) {
-                return Err(bad(format!("{file}: give per_1000_requests and per_gb")));
-            }
-            return Ok(p);
+            let (k, v) = line
+                .split_once('=')
+                .ok_or_else(|| bad(format!("{file}:{}: not `name = price`", n + 1)))?;
+            let slot = match k.trim() {
+                "per_1000_requests" => &mut req,
+                "per_gb" => &mut gb,
+                name => {
+                    return Err(bad(format!(
+                        "{file}:{}: unknown price {name:?}: per_1000_requests or per_gb",
+                        n + 1
+                    )))
+                }
+            };
+            *slot = Some(num(k, v)?);
         }
-        let (r, g) = spec.split_once(',').ok_or_else(|| {
-            bad(format!(
-                "prices {spec:?}: give PER_1000_REQUESTS,PER_GB (e.g. 0.0004,0.09) or @FILE"
-            ))
-        })?;
-        Ok(Prices {
-            per_1000_requests: num("per 1000 requests", r)?,
-            per_gb: num("per GB", g)?,
-        })
+        match (req, gb) {
+            (Some(per_1000_requests), Some(per_gb)) => Ok(Prices {
+                per_1000_requests,
+                per_gb,
+            }),
+            _ => Err(bad(format!("{file}: give per_1000_requests and per_gb"))),
+        }
     }
 }
 
@@ -117,18 +120,16 @@ pub struct Bill {
     pub total: Vec<LayerBill>,
 }
 
-fn gets_of(len: u64) -> u64 {
-    len.div_ceil(granary_store::object::GET_PART).max(1)
+/// What `layer` costs at `prices` for `gets` GETs and `bytes` bytes: origin's only (the tier
+/// is this node's own disk).
+fn origin_cost(layer: &str, prices: Option<Prices>, gets: u64, bytes: u64) -> Option<f64> {
+    prices
+        .filter(|_| layer == "origin")
+        .map(|p| p.cost(gets, bytes))
 }
 
-/// `layers` with its origin's cost at `prices`.
-fn priced(mut layers: Vec<LayerBill>, prices: Option<Prices>) -> Vec<LayerBill> {
-    for l in &mut layers {
-        if l.layer == "origin" {
-            l.cost = prices.map(|p| p.cost(l.gets, l.bytes));
-        }
-    }
-    layers
+fn gets_of(len: u64) -> u64 {
+    len.div_ceil(granary_store::object::GET_PART).max(1)
 }
 
 /// What reading `ranks` of `epoch` (of `world_size`, `workers` loader workers each) as `setup`
@@ -164,9 +165,9 @@ pub fn predict(
             requests: t[0],
             gets: t[1],
             bytes: t[2],
-            cost: None,
+            cost: origin_cost(layer, prices, t[1], t[2]),
         });
-        priced(layers.collect(), prices)
+        layers.collect()
     };
     // Global plans read single records: no tier.
     let tier = s
@@ -177,12 +178,7 @@ pub fn predict(
     for rank in ranks {
         let mut layers = [[0u64; 3]; 3];
         for worker in 0..num_workers {
-            let shard = Shard {
-                rank,
-                world_size,
-                worker,
-                num_workers,
-            };
+            let shard = Shard::at((world_size, num_workers), rank * num_workers + worker);
             let plan = setup.plan(ds, epoch, shard, None)?;
             let access = Access {
                 dataset_bytes: ds.total_chunk_bytes()?,
@@ -225,7 +221,7 @@ pub fn predict(
 /// bytes (the meters are nested: the tier's counts what the layers below served too), origin
 /// priced at `prices` with its ranges as GETs.
 pub fn measured(layers: &[LayerReading], prices: Option<Prices>) -> Vec<LayerBill> {
-    let out = layers
+    layers
         .iter()
         .enumerate()
         .map(|(i, l)| {
@@ -237,11 +233,10 @@ pub fn measured(layers: &[LayerReading], prices: Option<Prices>) -> Vec<LayerBil
                 requests: r,
                 gets: r,
                 bytes: b,
-                cost: None,
+                cost: origin_cost(l.layer, prices, r, b),
             }
         })
-        .collect();
-    priced(out, prices)
+        .collect()
 }
 
 #[cfg(test)]

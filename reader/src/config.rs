@@ -59,28 +59,13 @@ impl ReaderOptions {
 
 /// Reader options opened for a dataset: its tier and peers, and each epoch's setup.
 pub struct Reader {
-    ds: Arc<Dataset>,
-    options: ReaderOptions,
-    cache: Option<Arc<LocalTier>>,
+    pub(crate) ds: Arc<Dataset>,
+    pub(crate) options: ReaderOptions,
+    pub(crate) cache: Option<Arc<LocalTier>>,
     peers: Option<Arc<Peers>>,
 }
 
 impl Reader {
-    /// The dataset.
-    pub fn dataset(&self) -> &Arc<Dataset> {
-        &self.ds
-    }
-
-    /// The options it was opened with.
-    pub fn options(&self) -> &ReaderOptions {
-        &self.options
-    }
-
-    /// The local tier, if any.
-    pub fn tier(&self) -> Option<&Arc<LocalTier>> {
-        self.cache.as_ref()
-    }
-
     /// The job's other nodes, if any.
     pub fn peers(&self) -> Option<&Arc<Peers>> {
         self.peers.as_ref()

@@ -160,38 +160,25 @@ pub(crate) struct Importance<'a> {
     /// Σ of every sample's mass.
     total: f64,
     /// Chunk `c` holds samples `starts[c]..starts[c + 1]`.
-    starts: Vec<u64>,
+    starts: &'a [u64],
+    /// The epoch's key: the counts' generator's, and with a chunk id, the chunk's draws'.
+    key: Vec<u64>,
     /// Draws per chunk (by chunk id); they add up to N (or the draws asked for).
     pub(crate) counts: Vec<u64>,
 }
 
 impl<'a> Importance<'a> {
     /// One pass over the masses (the chunks' sums), then the chunks' counts (chunk `c` holds
-    /// `lens[c]` samples, in id order); the same on every rank for the same scores and key.
-    #[cfg(test)]
+    /// samples `starts[c]..starts[c + 1]`), drawing `draws` samples (default N, the sample
+    /// count: a mixture's source gives its epoch count); the same on every rank for the same
+    /// scores and key.
     pub(crate) fn new(
         mass: Mass<'a>,
         alpha: f64,
-        lens: impl Iterator<Item = u64>,
-        key: &[u64],
-    ) -> Self {
-        Self::with_draws(mass, alpha, lens, key, None)
-    }
-
-    /// [`Importance::new`] drawing `draws` samples (default N, the sample count): a mixture's
-    /// source gives its epoch count ([`crate::DatasetShape::take`]); p_i is unchanged.
-    pub(crate) fn with_draws(
-        mass: Mass<'a>,
-        alpha: f64,
-        lens: impl Iterator<Item = u64>,
+        starts: &'a [u64],
         key: &[u64],
         draws: Option<u64>,
     ) -> Self {
-        let mut starts = vec![0u64];
-        starts.extend(lens.scan(0u64, |at, len| {
-            *at += len;
-            Some(*at)
-        }));
         let n = *starts.last().expect("starts from 0");
         let alpha = alpha.clamp(0.0, 0.999_999);
         let sums: Vec<f64> = starts
@@ -224,6 +211,7 @@ impl<'a> Importance<'a> {
             alpha,
             total,
             starts,
+            key: key.to_vec(),
             counts,
         }
     }
@@ -235,7 +223,7 @@ impl<'a> Importance<'a> {
 
     /// The `counts[c]` draws in chunk `c`, sorted by sample id (keyed by the chunk, so any
     /// rank computes the same ones).
-    pub(crate) fn chunk_draws(&self, key: &[u64], c: u32) -> Vec<u64> {
+    pub(crate) fn chunk_draws(&self, c: u32) -> Vec<u64> {
         let k = self.counts[c as usize];
         let ids = self.starts[c as usize]..self.starts[c as usize + 1];
         if k == 0 || ids.is_empty() {
@@ -243,9 +231,7 @@ impl<'a> Importance<'a> {
         }
         let p: Vec<f64> = ids.clone().map(|i| self.p(i)).collect();
         let alias = Alias::new(&p);
-        let mut key = key.to_vec();
-        key.push(u64::from(c));
-        let mut r = SplitMix64::keyed(&key);
+        let mut r = SplitMix64::keyed(&[&self.key[..], &[u64::from(c)]].concat());
         let mut v: Vec<u64> = (0..k)
             .map(|_| ids.start + alias.draw(&mut r) as u64)
             .collect();
@@ -306,6 +292,13 @@ mod tests {
     #[test]
     fn two_stage_draws_follow_p() {
         let lens = [5u64, 40, 1, 17, 0, 33];
+        let starts: Vec<u64> = [0]
+            .into_iter()
+            .chain(lens.iter().scan(0, |a, l| {
+                *a += l;
+                Some(*a)
+            }))
+            .collect();
         let n: u64 = lens.iter().sum();
         let mass = |i: u64| ((i * 7919) % 13) as f64 + 0.5;
         let alpha = 0.9;
@@ -317,13 +310,13 @@ mod tests {
         let mut freq = vec![0u64; n as usize];
         for e in 0..epochs {
             let key = [1, e, 8];
-            let imp = Importance::new(&mass, alpha, lens.iter().copied(), &key);
+            let imp = Importance::new(&mass, alpha, &starts, &key, None);
             assert_eq!(imp.counts.iter().sum::<u64>(), n);
             for (i, &p) in probs.iter().enumerate() {
                 assert!((imp.p(i as u64) - p).abs() < 1e-12);
             }
             let all: Vec<u64> = (0..lens.len() as u32)
-                .flat_map(|c| imp.chunk_draws(&key, c))
+                .flat_map(|c| imp.chunk_draws(c))
                 .collect();
             assert_eq!(all.len() as u64, n);
             for s in all {

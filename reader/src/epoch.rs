@@ -135,25 +135,6 @@ impl EpochSetup {
     }
 }
 
-/// What one rank's epoch delivered, summed over its workers: the figures of [`EpochReport`]
-/// that its streams count.
-#[derive(Clone, Debug, Default)]
-pub(crate) struct EpochTotals {
-    pub samples: u64,
-    pub bytes: u64,
-    pub bytes_read: u64,
-    pub digest: u64,
-    pub backend: &'static str,
-    pub backend_fallback: Option<String>,
-    pub peak_buffer_bytes: u64,
-    pub elapsed_s: f64,
-    pub first_sample_s: Option<f64>,
-    pub layers: Vec<LayerReading>,
-    pub waits: crate::WaitReport,
-    /// Per source of a mixture (one entry for a dataset): samples, bytes, digest.
-    pub per_source: Vec<(u64, u64, u64)>,
-}
-
 /// What passed through one layer of the readers' store stacks ([`granary_store::Metered`]),
 /// summed over workers.
 #[derive(Serialize, Clone, Debug, PartialEq)]
@@ -170,62 +151,59 @@ pub fn layer_reading(layers: &[LayerReading], name: &str) -> MeterReading {
 }
 
 /// Adds one worker's layer readings to `total`, by layer name (in the order first seen).
-pub(crate) fn add_layers(total: &mut Vec<LayerReading>, worker: Vec<LayerReading>) {
-    for w in worker {
-        match total.iter_mut().find(|t| t.layer == w.layer) {
-            Some(t) => t.reading += w.reading,
-            None => total.push(w),
+pub(crate) fn add_layers(
+    total: &mut Vec<LayerReading>,
+    worker: impl IntoIterator<Item = (&'static str, MeterReading)>,
+) {
+    for (layer, reading) in worker {
+        match total.iter_mut().find(|t| t.layer == layer) {
+            Some(t) => t.reading += reading,
+            None => total.push(LayerReading { layer, reading }),
         }
     }
 }
 
-/// Reads rank `rank`'s share with `workers` loader workers (threads), each streaming the share
-/// `open` gives it and touching every byte; a worker's error ends the epoch with it.
+/// Samples, bytes and digest of each source of a mixture (one entry for a dataset).
+pub(crate) type PerSource = Vec<(u64, u64, u64)>;
+
+/// Reads rank `rank`'s share of epoch `epoch` with `workers` loader workers (threads), each
+/// streaming the share `open` gives it and touching every byte (a worker's error ends the
+/// epoch with it). Returns the epoch as `granary read` reports it (`tier`: a tier was
+/// configured), without the peers or snapshot figures the caller knows, and what each source
+/// delivered.
 pub(crate) fn read_shards<S: crate::SampleStream>(
-    rank: u32,
-    world_size: u32,
-    workers: u32,
+    epoch: u64,
+    (rank, world_size, workers): (u32, u32, u32),
+    tier: bool,
     open: &(dyn Fn(Shard) -> Result<S> + Sync),
-) -> Result<EpochTotals> {
-    let t = Instant::now();
+) -> Result<(EpochReport, PerSource)> {
+    use crate::procstat::{cpu_seconds, device_read_bytes, peak_rss_bytes};
+    let (t, cpu_s, device) = (Instant::now(), cpu_seconds(), device_read_bytes());
     let k = workers.max(1);
-    let results: Vec<Result<EpochTotals>> = std::thread::scope(|s| {
+    let results: Vec<Result<(EpochReport, PerSource)>> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..k)
             .map(|w| {
-                s.spawn(move || -> Result<EpochTotals> {
-                    let shard = Shard {
-                        rank,
-                        world_size,
-                        worker: w,
-                        num_workers: k,
-                    };
-                    let mut st = open(shard)?;
-                    let mut r = EpochTotals::default();
+                s.spawn(move || -> Result<(EpochReport, PerSource)> {
+                    let mut st = open(Shard::at((world_size, k), rank * k + w))?;
+                    let (mut r, mut per_source) = (EpochReport::default(), Vec::new());
                     for sample in st.by_ref() {
                         let sample = sample?;
-                        if r.samples == 0 {
+                        if r.first_sample_s.is_none() {
                             r.first_sample_s = Some(t.elapsed().as_secs_f64());
                         }
-                        r.samples += 1;
-                        let n = sample.data().len() as u64;
-                        r.bytes += n;
                         // The CRC the reader verified these bytes against (computing it
                         // again would be a second pass over every byte, in the epoch's time).
                         let term = crate::digest_term(sample.id, sample.crc32());
-                        r.digest = r.digest.wrapping_add(term);
-                        add_source(&mut r.per_source, sample.source as usize, (1, n, term));
+                        let n = sample.data().len() as u64;
+                        add_source(&mut per_source, sample.source as usize, (1, n, term));
                     }
                     r.bytes_read = st.bytes_read();
-                    r.backend = st.backend();
+                    r.backend = st.backend().into();
                     r.backend_fallback = st.backend_fallback().map(str::to_owned);
                     r.peak_buffer_bytes = st.peak_buffer_bytes();
-                    r.layers = st
-                        .layers()
-                        .into_iter()
-                        .map(|(layer, reading)| LayerReading { layer, reading })
-                        .collect();
+                    add_layers(&mut r.layers, st.layers());
                     r.waits = st.waits();
-                    Ok(r)
+                    Ok((r, per_source))
                 })
             })
             .collect();
@@ -237,40 +215,55 @@ pub(crate) fn read_shards<S: crate::SampleStream>(
             })
             .collect()
     });
-    let mut r = EpochTotals::default();
+    let (mut r, mut per_source) = (EpochReport::default(), Vec::new());
     for res in results {
-        r.add(res?);
-    }
-    r.elapsed_s = t.elapsed().as_secs_f64();
-    Ok(r)
-}
-
-impl EpochTotals {
-    /// Adds one worker's figures.
-    fn add(&mut self, w: EpochTotals) {
-        self.samples += w.samples;
-        self.bytes += w.bytes;
-        self.bytes_read += w.bytes_read;
-        self.digest = self.digest.wrapping_add(w.digest);
-        self.backend = w.backend;
-        self.backend_fallback = self.backend_fallback.take().or(w.backend_fallback);
-        self.peak_buffer_bytes = self.peak_buffer_bytes.max(w.peak_buffer_bytes);
-        add_layers(&mut self.layers, w.layers);
-        self.waits += w.waits;
-        for (i, p) in w.per_source.into_iter().enumerate() {
-            add_source(&mut self.per_source, i, p);
+        let (w, p) = res?;
+        r.bytes_read += w.bytes_read;
+        r.backend = w.backend;
+        r.backend_fallback = r.backend_fallback.take().or(w.backend_fallback);
+        r.peak_buffer_bytes = r.peak_buffer_bytes.max(w.peak_buffer_bytes);
+        add_layers(&mut r.layers, w.layers.iter().map(|l| (l.layer, l.reading)));
+        r.waits += w.waits;
+        for (i, p) in p.into_iter().enumerate() {
+            add_source(&mut per_source, i, p);
         }
-        let firsts = [self.first_sample_s, w.first_sample_s];
-        self.first_sample_s = firsts.into_iter().flatten().reduce(f64::min);
+        let firsts = [r.first_sample_s, w.first_sample_s];
+        r.first_sample_s = firsts.into_iter().flatten().reduce(f64::min);
     }
+    let (samples, bytes, digest) = (per_source.iter()).fold((0, 0, 0u64), |a, p| {
+        (a.0 + p.0, a.1 + p.1, a.2.wrapping_add(p.2))
+    });
+    let secs = t.elapsed().as_secs_f64();
+    let layer = |name| layer_reading(&r.layers, name);
+    let (tr, pr, or) = (layer("tier"), layer("peers"), layer("origin"));
+    // Chunks from other nodes' tiers count as neither hits nor misses of this node's tier.
+    let ratio = |a: u64, b: u64, peer: u64| a as f64 / (a + b + peer).max(1) as f64;
+    let r = EpochReport {
+        epoch,
+        samples,
+        bytes,
+        elapsed_s: secs,
+        samples_per_s: samples as f64 / secs.max(1e-9),
+        mb_per_s: bytes as f64 / 1e6 / secs.max(1e-9),
+        cpu_s: cpu_seconds() - cpu_s,
+        digest: format!("{digest:016x}"),
+        device_read_bytes: device
+            .zip(device_read_bytes())
+            .map(|(a, b)| b.saturating_sub(a)),
+        cache_sample_hit_ratio: tier
+            .then(|| ratio(tr.served_samples, or.served_samples, pr.served_samples)),
+        cache_byte_hit_ratio: tier
+            .then(|| ratio(tr.served_bytes, or.served_bytes, pr.served_bytes)),
+        cache_admissions_failed: tier.then_some(tr.admissions_failed),
+        peak_rss_bytes: peak_rss_bytes(),
+        kept_map_bytes: granary_store::local::kept_map_bytes(),
+        ..r
+    };
+    Ok((r, per_source))
 }
 
 /// Adds (samples, bytes, digest) to source `i`'s figures.
-fn add_source(
-    per_source: &mut Vec<(u64, u64, u64)>,
-    i: usize,
-    (n, bytes, digest): (u64, u64, u64),
-) {
+fn add_source(per_source: &mut PerSource, i: usize, (n, bytes, digest): (u64, u64, u64)) {
     if per_source.len() <= i {
         per_source.resize(i + 1, (0, 0, 0));
     }
@@ -309,7 +302,6 @@ pub struct EpochReport {
     pub peak_rss_bytes: Option<u64>,
     /// Bytes of the maps of resident chunks the process keeps for its next epochs (page cache,
     /// counted in its RSS as file pages; bounded by the page-cache budget).
-    #[serde(default)]
     pub kept_map_bytes: u64,
     /// With tiers shared between nodes: what came from where.
     pub peers: Option<PeerReport>,
@@ -357,15 +349,13 @@ pub fn measure_epoch(
 ) -> Result<EpochReport> {
     // A bad setup fails here, before any worker starts.
     setup.check(ds)?;
-    let start = Start::now();
     let snap0 = ds.snapshot_fetched();
-    let t = read_shards(rank, world_size, workers, &|shard| {
+    // Global plans read single records, never through the tier: no hit ratio to report.
+    let tier = setup.stream.tier.is_some() && setup.plan.mode != crate::ShuffleMode::Global;
+    let (mut r, _) = read_shards(epoch, (rank, world_size, workers), tier, &|shard| {
         setup.stream(ds.clone(), epoch, shard, None)
     })?;
     let snap = snap0.zip(ds.snapshot_fetched()).map(|(a, b)| b - a);
-    // Global plans read single records, never through the tier: no hit ratio to report.
-    let tier = setup.stream.tier.is_some() && setup.plan.mode != crate::ShuffleMode::Global;
-    let mut r = start.report(epoch, t, tier);
     let served = |name| layer_reading(&r.layers, name).served_bytes;
     let peers = setup.stream.peers.as_ref().filter(|_| tier);
     r.peers = peers.map(|p| PeerReport {
@@ -379,59 +369,4 @@ pub fn measure_epoch(
     r.snapshot_gets = snap.map(|s| s.reads);
     r.snapshot_bytes_fetched = snap.map(|s| s.bytes);
     Ok(r)
-}
-
-/// The process's counters when an epoch starts, to measure it by.
-pub(crate) struct Start {
-    cpu_s: f64,
-    device: Option<u64>,
-}
-
-impl Start {
-    pub(crate) fn now() -> Start {
-        Start {
-            cpu_s: crate::procstat::cpu_seconds(),
-            device: crate::procstat::device_read_bytes(),
-        }
-    }
-
-    /// The epoch that read `t` since, as `granary read` reports it (`tier`: a tier was
-    /// configured), without the peers or snapshot figures the caller knows.
-    pub(crate) fn report(&self, epoch: u64, t: EpochTotals, tier: bool) -> EpochReport {
-        use crate::procstat::{cpu_seconds, device_read_bytes, peak_rss_bytes};
-        let secs = t.elapsed_s.max(1e-9);
-        let layer = |name| layer_reading(&t.layers, name);
-        let (tr, pr, or) = (layer("tier"), layer("peers"), layer("origin"));
-        // Chunks from other nodes' tiers count as neither hits nor misses of this node's tier.
-        let ratio = |a: u64, b: u64, peer: u64| a as f64 / (a + b + peer).max(1) as f64;
-        EpochReport {
-            epoch,
-            samples: t.samples,
-            bytes: t.bytes,
-            bytes_read: t.bytes_read,
-            elapsed_s: t.elapsed_s,
-            samples_per_s: t.samples as f64 / secs,
-            mb_per_s: t.bytes as f64 / 1e6 / secs,
-            cpu_s: cpu_seconds() - self.cpu_s,
-            digest: format!("{:016x}", t.digest),
-            backend: t.backend.to_string(),
-            backend_fallback: t.backend_fallback,
-            device_read_bytes: match (self.device, device_read_bytes()) {
-                (Some(a), Some(b)) => Some(b.saturating_sub(a)),
-                _ => None,
-            },
-            cache_sample_hit_ratio: tier
-                .then(|| ratio(tr.served_samples, or.served_samples, pr.served_samples)),
-            cache_byte_hit_ratio: tier
-                .then(|| ratio(tr.served_bytes, or.served_bytes, pr.served_bytes)),
-            cache_admissions_failed: tier.then_some(tr.admissions_failed),
-            peak_buffer_bytes: t.peak_buffer_bytes,
-            peak_rss_bytes: peak_rss_bytes(),
-            kept_map_bytes: granary_store::local::kept_map_bytes(),
-            first_sample_s: t.first_sample_s,
-            layers: t.layers,
-            waits: t.waits,
-            ..Default::default()
-        }
-    }
 }

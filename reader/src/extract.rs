@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
-use std::io::Write;
+use std::io::{ErrorKind, Write};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
@@ -52,12 +52,10 @@ pub fn extract(ds: &Dataset, opts: &ExtractOptions) -> Result<ExtractSummary> {
         false => &opts.prefix[..],
     };
     for id in selected(ds, key_prefix)? {
-        by_chunk
-            .entry(ds.sample(id)?.entry.chunk)
-            .or_default()
-            .push(id);
+        let chunk = ds.sample(id)?.entry.chunk;
+        by_chunk.entry(chunk).or_default().push(id);
     }
-    let results: Vec<ExtractSummary> = by_chunk
+    let mut total = by_chunk
         .into_par_iter()
         .map(|(chunk, ids)| {
             let mut s = ExtractSummary::default();
@@ -78,13 +76,12 @@ pub fn extract(ds: &Dataset, opts: &ExtractOptions) -> Result<ExtractSummary> {
             }
             s
         })
-        .collect();
-    let mut total = ExtractSummary::default();
-    for r in results {
-        total.files += r.files;
-        total.bytes += r.bytes;
-        total.failed.extend(r.failed);
-    }
+        .reduce(ExtractSummary::default, |mut total, r| {
+            total.files += r.files;
+            total.bytes += r.bytes;
+            total.failed.extend(r.failed);
+            total
+        });
     // Directories last, deepest first: creating files changes a directory's mtime, and a
     // directory without write permission could not take its files.
     for d in ds.dirs()?.iter().rev() {
@@ -115,11 +112,10 @@ fn restore_sample(
     if !ds.has_fields() {
         // The size the namespace shows is the file's, or an error.
         if stat.size != data.len() as u64 {
-            return Err(ReadError::invalid(format!(
-                "sample {id}: its record holds {} bytes, its namespace entry says {}",
-                data.len(),
-                stat.size
-            )));
+            let (n, size) = (data.len(), stat.size);
+            let m =
+                format!("sample {id}: its record holds {n} bytes, its namespace entry says {size}");
+            return Err(ReadError::invalid(m));
         }
         write_new(&opts.out_dir, path, &data, attrs)?;
         return Ok((1, data.len() as u64));
@@ -193,10 +189,7 @@ fn selected(ds: &Dataset, prefix: &[u8]) -> Result<Vec<u64>> {
             ds.snapshot_path().display()
         ))
     };
-    let range = ds
-        .snapshot()
-        .prefix_range(prefix)
-        .map_err(|e| ReadError::format(ds.snapshot_path(), e))?;
+    let range = ds.prefix_range(prefix)?;
     let mut seen = std::collections::HashSet::new();
     let mut prev: Option<Vec<u8>> = None;
     let mut ids = Vec::new();
@@ -249,33 +242,26 @@ fn write_new(
 }
 
 fn ensure_real_dir(dir: &Path) -> Result<()> {
-    for attempt in 0..2 {
-        match std::fs::symlink_metadata(dir) {
-            Ok(m) if m.is_dir() => return Ok(()),
-            Ok(m) if m.file_type().is_symlink() => {
-                return Err(ReadError::invalid(format!(
-                    "refusing to extract through symbolic link {}",
-                    dir.display()
-                )))
-            }
-            Ok(_) => {
-                return Err(ReadError::invalid(format!(
-                    "{} exists and is not a directory",
-                    dir.display()
-                )))
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound && attempt == 0 => {
-                match std::fs::create_dir(dir) {
-                    Ok(()) => return Ok(()),
-                    Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
-                    Err(e) => return Err(ReadError::io("creating", dir, e)),
-                }
-            }
-            Err(e) => return Err(ReadError::io("inspecting", dir, e)),
+    let mut meta = std::fs::symlink_metadata(dir);
+    if meta
+        .as_ref()
+        .is_err_and(|e| e.kind() == ErrorKind::NotFound)
+    {
+        match std::fs::create_dir(dir) {
+            Ok(()) => return Ok(()),
+            // Made meanwhile by another: looked at again.
+            Err(e) if e.kind() == ErrorKind::AlreadyExists => meta = std::fs::symlink_metadata(dir),
+            Err(e) => return Err(ReadError::io("creating", dir, e)),
         }
     }
-    Err(ReadError::invalid(format!(
-        "{} keeps changing",
-        dir.display()
-    )))
+    let meta = meta.map_err(|e| ReadError::io("inspecting", dir, e))?;
+    if meta.is_dir() {
+        return Ok(());
+    }
+    let d = dir.display();
+    let why = match meta.file_type().is_symlink() {
+        true => format!("refusing to extract through symbolic link {d}"),
+        false => format!("{d} exists and is not a directory"),
+    };
+    Err(ReadError::invalid(why))
 }

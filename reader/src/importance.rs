@@ -7,7 +7,8 @@
 //! positions in a batch, so DataLoader workers and shuffled batches report correctly.
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::mpsc::{channel, RecvTimeoutError, Sender};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::error::{ReadError, Result};
@@ -206,7 +207,8 @@ impl ImportanceScores {
 /// replaced by a fresh one (scores are advisory: losing them costs hit ratio, never data).
 pub struct SharedScores {
     inner: Arc<SharedInner>,
-    thread: Option<std::thread::JoinHandle<()>>,
+    /// The merging thread, and what stops it when dropped (after a last merge).
+    thread: Option<(Sender<()>, std::thread::JoinHandle<()>)>,
 }
 
 struct SharedInner {
@@ -215,8 +217,6 @@ struct SharedInner {
     smoothing: f32,
     queue: Mutex<Vec<(u64, f32)>>,
     view: Mutex<Arc<ImportanceScores>>,
-    stop: Mutex<bool>,
-    wake: Condvar,
 }
 
 impl SharedInner {
@@ -262,21 +262,13 @@ impl SharedScores {
             smoothing,
             queue: Mutex::new(Vec::new()),
             view: Mutex::new(Arc::new(ImportanceScores::new(n, smoothing))),
-            stop: Mutex::new(false),
-            wake: Condvar::new(),
         });
         *inner.view.lock().expect("score view") = Arc::new(inner.load());
-        let i2 = inner.clone();
+        let (i2, (stop, wake)) = (inner.clone(), channel());
         let thread = std::thread::Builder::new()
             .name("granary-scores".into())
             .spawn(move || loop {
-                let stop = i2.stop.lock().expect("score stop");
-                let (stop, _) = i2
-                    .wake
-                    .wait_timeout_while(stop, interval, |s| !*s)
-                    .expect("score stop");
-                let done = *stop;
-                drop(stop);
+                let done = wake.recv_timeout(interval) != Err(RecvTimeoutError::Timeout);
                 if let Err(e) = i2.merge() {
                     // The reports stay queued for the next merge (or `flush`, which returns
                     // the error); at exit they are lost, so it is said.
@@ -289,7 +281,7 @@ impl SharedScores {
             .map_err(|e| ReadError::io("starting the score thread", path, e))?;
         Ok(SharedScores {
             inner,
-            thread: Some(thread),
+            thread: Some((stop, thread)),
         })
     }
 
@@ -315,10 +307,9 @@ impl SharedScores {
 
 impl Drop for SharedScores {
     fn drop(&mut self) {
-        *self.inner.stop.lock().expect("score stop") = true;
-        self.inner.wake.notify_one();
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
+        if let Some((stop, thread)) = self.thread.take() {
+            drop(stop);
+            let _ = thread.join();
         }
     }
 }

@@ -10,7 +10,7 @@
 //! loader worker read and in which order; the I/O engine ([`io`]) reads whole chunk ranges with
 //! several large reads in flight (io_uring, or a pread pool), and samples arrive CRC-checked.
 //!
-//! A local tier ([`LocalTier`] in [`StreamOptions::cache`]) on the node's SSD keeps chunk
+//! A local tier ([`LocalTier`] in [`StreamOptions::tier`]) on the node's SSD keeps chunk
 //! copies (`lru`, `static`) or hot chunks of the most important samples (`importance`, chosen by
 //! [`ImportanceScores`] that the training loop feeds through [`SharedScores::report`]); plans
 //! can draw importance-sampled epochs ([`EpochPlan::build_sampled`]).
@@ -62,8 +62,7 @@ mod waits;
 mod window;
 
 pub use config::Reader;
-pub use dataset::ownership;
-pub use dataset::{ChunkBytes, Dataset, SampleInfo, View};
+pub use dataset::{ownership, ChunkBytes, Dataset, SampleInfo, View};
 pub use epoch::{
     layer_reading, measure_epoch, EpochReport, EpochSetup, ImportanceSampling, LayerReading,
     PeerReport,

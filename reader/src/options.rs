@@ -13,6 +13,7 @@ use crate::error::{ReadError, Result};
 use crate::io::IoKind;
 use crate::plan::{PlanOptions, ShuffleMode};
 use crate::stream::StreamOptions;
+use granary_store::auth::Secret;
 use granary_store::{IoMode, TierPolicy};
 
 /// Default importance sampling mix (`alpha`, `--alpha`).
@@ -35,21 +36,15 @@ granary_format::named_enum! {
 }
 
 /// Deserializes the job's secret from its text.
-fn secret<'de, D>(d: D) -> std::result::Result<Option<granary_store::auth::Secret>, D::Error>
-where
-    D: Deserializer<'de>,
-{
+fn secret<'de, D: Deserializer<'de>>(d: D) -> std::result::Result<Option<Secret>, D::Error> {
     Option::<String>::deserialize(d)?
-        .map(|s| granary_store::auth::Secret::new(s.as_bytes(), "peer_secret"))
+        .map(|s| Secret::new(s.as_bytes(), "peer_secret"))
         .transpose()
         .map_err(serde::de::Error::custom)
 }
 
 /// The job's secret never leaves in a serialization: it shows as none.
-fn hidden<S: serde::Serializer>(
-    _: &Option<granary_store::auth::Secret>,
-    s: S,
-) -> std::result::Result<S::Ok, S::Error> {
+fn hidden<S: serde::Serializer>(_: &Option<Secret>, s: S) -> std::result::Result<S::Ok, S::Error> {
     s.serialize_none()
 }
 
@@ -102,7 +97,7 @@ pub struct ReaderOptions {
     pub ownership_epoch: Option<u64>,
     /// The job's secret (its text), which signs every request to a peer.
     #[serde(deserialize_with = "secret", serialize_with = "hidden")]
-    pub peer_secret: Option<granary_store::auth::Secret>,
+    pub peer_secret: Option<Secret>,
     /// CA certificates (a PEM file) the peers' TLS certificates chain to.
     pub peer_ca: Option<PathBuf>,
 }

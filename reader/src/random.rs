@@ -68,10 +68,8 @@ impl SampleReader {
 
     /// Closes the open sources `drop_it` picks (chunk, source); later reads open them again.
     pub fn forget(&self, drop_it: impl Fn(u32, &Source) -> bool) {
-        self.files
-            .lock()
-            .expect("open chunk files")
-            .retain(|c, s| !drop_it(*c, s));
+        let mut files = self.files.lock().expect("open chunk files");
+        files.retain(|c, s| !drop_it(*c, s));
     }
 
     /// Reads sample `info` into `out`, which must be exactly its original length; checks
@@ -87,12 +85,9 @@ impl SampleReader {
         self.ds.check_placement(info)?;
         let e = &info.entry;
         if out.len() as u64 != e.orig_len {
-            return Err(ReadError::invalid(format!(
-                "sample {}: buffer of {} bytes for {} bytes",
-                info.id,
-                out.len(),
-                e.orig_len
-            )));
+            let (id, n, want) = (info.id, out.len(), e.orig_len);
+            let m = format!("sample {id}: buffer of {n} bytes for {want} bytes");
+            return Err(ReadError::invalid(m));
         }
         let expect = Expect {
             records: Arc::new([(0, *e)]),

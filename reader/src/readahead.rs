@@ -42,11 +42,6 @@ impl SharedReadAhead {
         })
     }
 
-    /// The read buffers the streams share.
-    pub fn pool(&self) -> &Arc<BufPool> {
-        &self.pool
-    }
-
     fn state(&self) -> MutexGuard<'_, State> {
         // The state is two counters: a panic elsewhere leaves it consistent.
         self.state.lock().unwrap_or_else(|e| e.into_inner())
@@ -78,7 +73,7 @@ impl ReadAheadSeat {
 
     /// The read buffers the streams share.
     pub fn pool(&self) -> &Arc<BufPool> {
-        self.shared.pool()
+        &self.shared.pool
     }
 
     fn need(&self, sample: u64) -> f64 {
@@ -100,18 +95,13 @@ impl ReadAheadSeat {
         if !first || s.in_flight + bytes > self.shared.ahead_bytes {
             return None;
         }
-        s.waiting[self.index] = None;
-        s.in_flight += bytes;
-        Some(self.guard(bytes))
+        Some(self.admit(&mut s, bytes))
     }
 
     /// The stream reads its next window now, whatever waits: its bytes are in flight until
     /// the guard drops.
     pub(crate) fn read_now(&self, bytes: usize) -> InFlight {
-        let mut s = self.shared.state();
-        s.waiting[self.index] = None;
-        s.in_flight += bytes;
-        self.guard(bytes)
+        self.admit(&mut self.shared.state(), bytes)
     }
 
     /// The stream will not read ahead for a while (it waits for its consumer): its waiting
@@ -120,7 +110,10 @@ impl ReadAheadSeat {
         self.shared.state().waiting[self.index] = None;
     }
 
-    fn guard(&self, bytes: usize) -> InFlight {
+    /// The stream's window of `bytes` leaves the line: in flight until the guard drops.
+    fn admit(&self, s: &mut State, bytes: usize) -> InFlight {
+        s.waiting[self.index] = None;
+        s.in_flight += bytes;
         InFlight {
             shared: self.shared.clone(),
             bytes,

@@ -7,30 +7,25 @@ use std::ops::Range;
 
 use crate::draws::Importance;
 
-/// Where a run's sample ids come from.
-pub(crate) enum RunIds<'a> {
-    /// Chunk `c` holds samples `first[c]..first[c + 1]`, all of them in its run.
-    Samples(&'a [u64]),
-    /// Chunk `c`'s run is its importance draws under `key`.
-    Draws(&'a Importance<'a>, Vec<u64>),
-}
-
 /// The sequence of an epoch read chunk by chunk (see the module documentation).
 pub(crate) struct ChunkRuns<'a> {
     order: Vec<u32>,
     /// The run of `order[i]` ends at position `ends[i]` (empty runs end where the previous did).
     ends: Vec<u64>,
-    ids: RunIds<'a>,
+    /// Chunk `c` holds samples `first[c]..first[c + 1]`: its run is all of them, or with
+    /// `draws`, its importance draws.
+    first: &'a [u64],
+    draws: Option<&'a Importance<'a>>,
     /// The last run whose draws were made: (index in `order`, its draws).
     drawn: Option<(usize, Vec<u64>)>,
 }
 
 impl<'a> ChunkRuns<'a> {
     /// The runs of the chunks in `order`.
-    pub(crate) fn new(order: Vec<u32>, ids: RunIds<'a>) -> Self {
-        let len = |c: u32| match &ids {
-            RunIds::Samples(first) => first[c as usize + 1] - first[c as usize],
-            RunIds::Draws(imp, _) => imp.counts[c as usize],
+    pub(crate) fn new(order: Vec<u32>, first: &'a [u64], draws: Option<&'a Importance>) -> Self {
+        let len = |c: u32| match draws {
+            None => first[c as usize + 1] - first[c as usize],
+            Some(imp) => imp.counts[c as usize],
         };
         let ends = order
             .iter()
@@ -42,7 +37,8 @@ impl<'a> ChunkRuns<'a> {
         ChunkRuns {
             order,
             ends,
-            ids,
+            first,
+            draws,
             drawn: None,
         }
     }
@@ -85,11 +81,11 @@ impl<'a> ChunkRuns<'a> {
             let take = (pos.end - p).min(end - q);
             let from = q - start;
             let c = self.order[i] as usize;
-            match &self.ids {
-                RunIds::Samples(first) => out.extend(first[c] + from..first[c] + from + take),
-                RunIds::Draws(imp, key) => {
+            match self.draws {
+                None => out.extend(self.first[c] + from..self.first[c] + from + take),
+                Some(imp) => {
                     if self.drawn.as_ref().map(|d| d.0) != Some(i) {
-                        self.drawn = Some((i, imp.chunk_draws(key, c as u32)));
+                        self.drawn = Some((i, imp.chunk_draws(c as u32)));
                     }
                     let d = &self.drawn.as_ref().expect("drawn above").1;
                     out.extend_from_slice(&d[from as usize..(from + take) as usize]);

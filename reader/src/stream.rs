@@ -20,7 +20,7 @@ use rayon::prelude::*;
 
 use crate::dataset::Dataset;
 use crate::error::{ReadError, Result};
-use crate::io::{BufPool, Completed, Engine, IoKind, Pending};
+use crate::io::{BufPool, Completed, Engine, IoKind, Pending, Request};
 use crate::plan::{EpochPlan, ShuffleMode};
 use crate::waits::{plan_shares, read_shares, Phase, Timeline, WaitReport};
 use crate::window::{buffer_bytes, Prepared, Windows};
@@ -140,44 +140,33 @@ impl Sample {
         }
     }
 
-    /// False if `data()` is a slice of a map whose file was found cut short since the sample
-    /// was checked: its bytes may read as zeros. A consumer that copies the bytes checks this
-    /// after the copy; the stream checks it on the next call and ends with an error.
-    pub fn is_intact(&self) -> bool {
+    /// An error if `data()` is a slice of a map whose file was found cut short since the
+    /// sample was checked: its bytes may read as zeros. A consumer that copies the bytes checks
+    /// this after the copy; the stream checks it on the next call and ends with an error.
+    pub fn intact(&self) -> Result<()> {
         match &self.data {
-            SampleData::Shared(buf, ..) => !buf.is_cut(),
-            SampleData::Owned(_) => true,
-        }
-    }
-
-    /// The error for a sample that is no longer intact ([`Sample::is_intact`]).
-    pub fn cut_error(&self) -> ReadError {
-        match &self.data {
-            SampleData::Shared(buf, ..) => cut_under_map(self.id, buf),
-            SampleData::Owned(_) => ReadError::invalid(format!("sample {} is intact", self.id)),
+            SampleData::Shared(buf, ..) if buf.is_cut() => Err(cut_under_map(self.id, buf)),
+            _ => Ok(()),
         }
     }
 }
 
 fn cut_under_map(id: u64, buf: &Completed) -> ReadError {
-    ReadError::mismatch(
-        buf.mapped_file()
-            .map_or(std::path::Path::new("(mapped chunk)"), |(path, ..)| path),
-        format!(
-            "the file was cut short (truncated by another process) while sample {id} was read \
-             from its map: its bytes may have read as zeros; the epoch stops here"
-        ),
-    )
+    let path = buf.mapped_file().map(|(path, ..)| path);
+    let m = format!(
+        "the file was cut short (truncated by another process) while sample {id} was read from \
+         its map: its bytes may have read as zeros; the epoch stops here"
+    );
+    ReadError::mismatch(path.unwrap_or(std::path::Path::new("(mapped chunk)")), m)
 }
 
 /// What the reader threads hand the consumer. The epoch is complete only when `End` arrives:
 /// a channel that closes without it means a reader thread died, and the consumer gets an
 /// error, never a short epoch that looks complete.
 enum Msg {
-    /// The samples of one window (a damaged record is an `Err` in place; nothing follows it).
+    /// The samples of one window (a damaged record is an `Err` in place; nothing follows it),
+    /// or the error that failed the stream alone.
     Window(Vec<Result<Sample>>),
-    /// The stream failed; nothing follows.
-    Failed(ReadError),
     /// Every window of the plan was delivered.
     End,
 }
@@ -198,7 +187,7 @@ pub struct EpochStream {
     stack: StoreStack,
     pool: Arc<BufPool>,
     /// The last sample delivered as a slice of a map (its id and buffer), checked on the next
-    /// call: see [`Sample::is_intact`].
+    /// call: see [`Sample::intact`].
     watch: Option<(u64, Arc<Completed>)>,
     /// What the I/O thread did, and what the consumer's waits were attributed to.
     timeline: Arc<Timeline>,
@@ -246,11 +235,8 @@ impl EpochStream {
             }
             k => k,
         };
-        let queue_depth = if sparse_view {
-            opts.queue_depth.max(SPARSE_VIEW_QUEUE_DEPTH)
-        } else {
-            opts.queue_depth
-        };
+        let least = sparse_view as usize * SPARSE_VIEW_QUEUE_DEPTH;
+        let queue_depth = opts.queue_depth.max(least);
         let pool = match &opts.shared {
             Some(seat) => seat.pool().clone(),
             None => BufPool::new(opts.memory.max(1) as usize),
@@ -266,9 +252,8 @@ impl EpochStream {
             timeline: timeline.clone(),
             windows,
             engine,
-            pool: pool.clone(),
+            decode_pool: decode_pool()?,
             seat: opts.shared.clone(),
-            global: mode == ShuffleMode::Global,
             tx,
             #[cfg(test)]
             panic_in: opts.panic_in,
@@ -317,13 +302,8 @@ impl EpochStream {
         let stack = ds.stack(access, cache.clone(), peers.clone())?;
         // With a tier, chunks are read whole: they can be admitted, and copies are checked
         // against the whole-file CRC.
-        let mut w = Windows::new(
-            ds.clone(),
-            stack.clone(),
-            mode,
-            opts.range_gap,
-            cache.is_some(),
-        );
+        let whole = cache.is_some();
+        let mut w = Windows::new(ds.clone(), stack.clone(), mode, opts.range_gap, whole);
         let importance = opts.scores.clone().map(|scores| {
             let ds = ds.clone();
             Arc::new(crate::tier::Weighed { ds, scores }) as Arc<dyn Importance>
@@ -418,23 +398,17 @@ impl Iterator for EpochStream {
                 continue;
             }
             self.done = true;
-            return match msg {
-                Ok(Msg::End) => None,
-                Ok(Msg::Failed(e)) => Some(Err(e)),
-                // Closed without `End`: a reader thread died. Never a silent short epoch.
-                _ => {
-                    let why = match self.io_thread.take().map(|t| t.join()) {
-                        Some(Err(panic)) => thread_died("I/O", panic.as_ref()),
-                        _ => ReadError::Incomplete(
-                            "the reader's threads ended without finishing the epoch".into(),
-                        ),
-                    };
-                    Some(Err(ReadError::Incomplete(format!(
-                        "{why}; the epoch is incomplete after {} samples",
-                        self.delivered
-                    ))))
-                }
+            if msg.is_ok() {
+                return None;
+            }
+            // Closed without `End`: a reader thread died. Never a silent short epoch.
+            let why = match self.io_thread.take().map(|t| t.join()) {
+                Some(Err(panic)) => thread_died("I/O", panic.as_ref()).to_string(),
+                _ => "the reader's threads ended without finishing the epoch".into(),
             };
+            let n = self.delivered;
+            let m = format!("{why}; the epoch is incomplete after {n} samples");
+            return Some(Err(ReadError::Incomplete(m)));
         }
     }
 }
@@ -444,14 +418,12 @@ impl Iterator for EpochStream {
 struct IoThread {
     timeline: Arc<Timeline>,
     windows: Windows,
+    /// Reads with the stream's pool of read buffers, whose cap is the budget.
     engine: Engine,
-    /// The read buffers, whose cap is the budget.
-    pool: Arc<BufPool>,
+    /// Checks and decodes the windows' records.
+    decode_pool: Arc<rayon::ThreadPool>,
     /// Its place in read-ahead shared with other streams (a mixture's sources).
     seat: Option<crate::ReadAheadSeat>,
-    /// Global plans: chunks stay open across windows (records of any chunk come any time);
-    /// other plans populate the mapped ranges of a window before checking it.
-    global: bool,
     tx: SyncSender<Msg>,
     #[cfg(test)]
     panic_in: Option<&'static str>,
@@ -461,13 +433,6 @@ impl IoThread {
     fn run(mut self, plan: EpochPlan) {
         // However the thread ends, nothing of it waits to read ahead any more.
         let _leaving = self.seat.clone().map(crate::readahead::Leaving);
-        let decode_pool = match decode_pool() {
-            Ok(p) => p,
-            Err(e) => {
-                let _ = self.tx.send(Msg::Failed(e));
-                return;
-            }
-        };
         // Windows whose reads are in flight (read in the background while this thread decodes
         // or waits for the consumer), and the next window, prepared, waiting for room.
         let mut pending: VecDeque<InFlightWindow> = VecDeque::new();
@@ -529,15 +494,15 @@ impl IoThread {
                     break;
                 }
             };
-            if !self.global {
-                self.windows.release_maps();
-            }
+            self.windows.release_maps();
             let bufs: Vec<Arc<Completed>> = bufs.into_iter().map(Arc::new).collect();
             self.windows.count(&prep, &bufs);
             let ds = &self.windows.ds;
-            let populate = !self.global;
+            // Global plans read single records; other plans populate the mapped ranges of a
+            // window before checking it.
+            let populate = self.windows.mode != ShuffleMode::Global;
             let check_start = Instant::now();
-            let samples = decode_pool.install(|| {
+            let samples = self.decode_pool.install(|| {
                 if populate {
                     populate_maps(&bufs);
                 }
@@ -546,7 +511,8 @@ impl IoThread {
             self.timeline.record(check_start, Phase::Check);
             #[cfg(test)]
             if self.panic_in == Some("decode") {
-                decode_pool.install(|| panic!("injected into decoding"));
+                self.decode_pool
+                    .install(|| panic!("injected into decoding"));
             }
             let stop = samples.iter().any(|x| x.is_err());
             // Waiting for the consumer, this stream submits nothing: a window of it waiting to
@@ -572,7 +538,7 @@ impl IoThread {
             let _ = self.engine.wait(t);
         }
         if let Some(e) = failure {
-            let _ = self.tx.send(Msg::Failed(e));
+            let _ = self.tx.send(Msg::Window(vec![Err(e)]));
             return;
         }
         self.windows.finish();
@@ -593,18 +559,15 @@ impl IoThread {
             return false;
         };
         let bytes = buffer_bytes(&prep.reqs);
-        let fits = ahead < MAX_WINDOWS_AHEAD && self.pool.in_use() + bytes <= self.pool.cap();
+        let pool = self.engine.pool();
+        let fits = ahead < MAX_WINDOWS_AHEAD && pool.in_use() + bytes <= pool.cap();
         // What the shared read-ahead orders is reads; ranges of maps of resident files (a
         // warm epoch) read nothing and go as the budget allows.
-        let reads = || {
-            prep.reqs
-                .iter()
-                .filter(|r| r.map().is_none())
-                .map(|r| r.len)
-        };
-        let counted = match self.seat.as_ref().map(|seat| (seat, reads().sum())) {
-            Some((seat, reads)) if reads > 0 && force => Some(seat.read_now(reads)),
-            Some((seat, reads)) if reads > 0 && fits => {
+        let unmapped = |r: &Request| r.map().map_or(r.len, |_| 0);
+        let reads: usize = prep.reqs.iter().map(unmapped).sum();
+        let counted = match &self.seat {
+            Some(seat) if reads > 0 && force => Some(seat.read_now(reads)),
+            Some(seat) if reads > 0 && fits => {
                 let Some(c) = seat.try_read_ahead(*first, reads) else {
                     return false;
                 };
@@ -657,7 +620,7 @@ const ROOM_POLL: std::time::Duration = std::time::Duration::from_millis(1);
 
 /// Maps the pages of a window's mapped bytes into the page tables before they are checked, in
 /// pieces on the decode pool's threads (one call per piece instead of a fault per page; on a
-/// warm epoch this is a quarter of the reader's CPU and would otherwise run on one thread).
+/// warm epoch this is much of the reader's CPU, and would otherwise run on one thread).
 fn populate_maps(bufs: &[Arc<Completed>]) {
     const PIECE: usize = 4 << 20;
     let pieces: Vec<(&Completed, usize)> = bufs
@@ -706,13 +669,7 @@ fn decode_pool() -> Result<Arc<rayon::ThreadPool>> {
 const MAX_WINDOWS_AHEAD: usize = 8;
 
 fn decode_window(ds: &Dataset, prep: Prepared, bufs: Vec<Arc<Completed>>) -> Vec<Result<Sample>> {
-    let Prepared {
-        ids,
-        locs,
-        entries,
-        weights,
-        ..
-    } = prep;
+    let (ids, locs, entries, weights) = (&prep.ids, &prep.locs, &prep.entries, &prep.weights);
     // Checked in file order (the records of a buffer front to back, which the memory
     // system streams), delivered in the window's shuffled order.
     let mut order: Vec<usize> = (0..ids.len()).collect();

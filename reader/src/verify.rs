@@ -2,19 +2,18 @@
 
 use std::path::Path;
 
-use granary_format::{check_chunk, hex16, parse_chunk_file_name};
+use granary_format::{check_chunk, hex16, parse_chunk_file_name, SNAPSHOT_FILE};
 use rayon::prelude::*;
 use serde_json::json;
 
-use granary_store::{StoreConfig, StoreError};
+use granary_store::{Location, RemoteKind, StoreConfig, StoreError};
 
-use crate::dataset::Dataset;
+use crate::dataset::{snapshot_file, Dataset};
 use crate::error::ReadError;
 use crate::pathfmt::escape_path;
-use granary_store::RemoteKind;
 
 /// One problem found by [`verify`].
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct Problem {
     /// Where: a file, and a chunk / offset / sample where known.
     pub location: String,
@@ -60,10 +59,8 @@ impl VerifyReport {
     /// Records `e` at `location`: as what could not be looked at when `unreadable`, else as
     /// damage.
     fn fail(&mut self, location: String, e: &ReadError, unreadable: bool) {
-        let p = Problem {
-            location,
-            detail: e.to_string(),
-        };
+        let detail = e.to_string();
+        let p = Problem { location, detail };
         match unreadable {
             true => self.unreadable.push(p),
             false => self.problems.push(p),
@@ -78,8 +75,8 @@ impl VerifyReport {
             "chunks": self.chunks,
             "records_checked": self.records_checked,
             "bytes_checked": self.bytes_checked,
-            "problems": self.problems.iter().map(|p| json!({"location": p.location, "detail": p.detail})).collect::<Vec<_>>(),
-            "unreadable": self.unreadable.iter().map(|p| json!({"location": p.location, "detail": p.detail})).collect::<Vec<_>>(),
+            "problems": self.problems,
+            "unreadable": self.unreadable,
             "notes": self.notes,
             "digest": self.digest.map(|d| format!("{d:016x}")),
             "samples_digest": self.samples_digest.map(|d| format!("{d:016x}")),
@@ -93,7 +90,8 @@ const STRUCTURE_LIMIT: usize = 1000;
 /// Whether `e` means the data could not be looked at rather than that it is damaged: access
 /// refused, storage that failed or did not answer, a malformed URL or missing credentials, and
 /// (`whole`: opening the dataset itself) a dataset or bucket that is not there at all. A chunk
-/// missing from a dataset that is there is damage.
+/// missing from a dataset that is there is damage, and so is a stale view (its dataset changed
+/// since): a problem of the view.
 fn cannot_look(e: &ReadError, whole: bool) -> bool {
     match e {
         ReadError::Store(StoreError::Remote { kind, .. }) => whole || *kind != RemoteKind::NotFound,
@@ -102,7 +100,7 @@ fn cannot_look(e: &ReadError, whole: bool) -> bool {
             std::io::ErrorKind::NotFound => whole,
             _ => false,
         },
-        ReadError::Store(StoreError::Invalid(_)) => whole,
+        ReadError::Store(StoreError::Invalid(m)) => whole && !m.contains("a stale view"),
         _ => false,
     }
 }
@@ -117,18 +115,8 @@ pub fn verify(path: &Path) -> VerifyReport {
 /// True when `path` holds a format 1.x snapshot that reads back whole.
 fn legacy_intact(path: &Path, cfg: &StoreConfig) -> bool {
     let bytes = match granary_store::open(path, cfg) {
-        Ok(granary_store::Location::Local(p)) => {
-            let p = if p.is_dir() {
-                p.join(granary_format::SNAPSHOT_FILE)
-            } else {
-                p
-            };
-            std::fs::read(p).ok()
-        }
-        Ok(granary_store::Location::Object(u)) => u
-            .get(granary_format::SNAPSHOT_FILE)
-            .ok()
-            .map(|b| b.to_vec()),
+        Ok(Location::Local(p)) => std::fs::read(snapshot_file(&p)).ok(),
+        Ok(Location::Object(u)) => u.get(SNAPSHOT_FILE).ok().map(|b| b.to_vec()),
         Err(_) => None,
     };
     bytes.is_some_and(|b| {
@@ -152,14 +140,7 @@ pub fn verify_with(path: &Path, cfg: &StoreConfig) -> VerifyReport {
             return r;
         }
         Err(e) => {
-            // A stale view (its dataset changed since) is a problem of the view, not
-            // something that could not be looked at.
-            let stale = e.to_string().contains("a stale view");
-            r.fail(
-                path.display().to_string(),
-                &e,
-                cannot_look(&e, true) && !stale,
-            );
+            r.fail(path.display().to_string(), &e, cannot_look(&e, true));
             return r;
         }
     };
@@ -170,10 +151,7 @@ pub fn verify_with(path: &Path, cfg: &StoreConfig) -> VerifyReport {
             path.display(),
             v.ids.len(),
             ds.len(),
-            ds.snapshot_path()
-                .parent()
-                .unwrap_or(Path::new("."))
-                .display()
+            ds.dir().display()
         ));
     }
     let snap_loc = ds.snapshot_path().display().to_string();
@@ -182,40 +160,31 @@ pub fn verify_with(path: &Path, cfg: &StoreConfig) -> VerifyReport {
     r.chunks = snap.chunk_count();
     r.digest = ds.full_digest().ok();
     r.samples_digest = ds.samples_digest().ok();
-    for e in snap
-        .check_blocks()
-        .into_iter()
-        .chain(snap.check_structure(STRUCTURE_LIMIT))
-    {
-        r.problems.push(Problem {
-            location: snap_loc.clone(),
-            detail: e.to_string(),
-        });
+    let mut found = snap.check_blocks();
+    found.extend(snap.check_structure(STRUCTURE_LIMIT));
+    for e in found {
+        let (location, detail) = (snap_loc.clone(), e.to_string());
+        r.problems.push(Problem { location, detail });
     }
-    let per_chunk: Vec<VerifyReport> = (0..snap.chunk_count() as u32)
-        .into_par_iter()
-        .map(|c| check_one_chunk(&ds, c))
-        .collect();
-    for c in per_chunk {
+    let chunks = (0..snap.chunk_count() as u32).into_par_iter();
+    for c in chunks.map(|c| check_one_chunk(&ds, c)).collect::<Vec<_>>() {
         r.records_checked += c.records_checked;
         r.bytes_checked += c.bytes_checked;
         r.problems.extend(c.problems);
         r.unreadable.extend(c.unreadable);
     }
     let known = |name: &str| {
-        name == granary_format::SNAPSHOT_FILE
+        name == SNAPSHOT_FILE
             || parse_chunk_file_name(name).is_some_and(|id| (id as u64) < snap.chunk_count())
     };
-    match ds.store().list() {
-        Ok(files) => {
-            for (_, location) in files.iter().filter(|(n, _)| !known(n)) {
-                r.notes
-                    .push(format!("{} is not part of the dataset", location.display()));
-            }
-        }
-        Err(e) => r
-            .notes
-            .push(format!("cannot list the dataset's files: {e}")),
+    let listed = ds.store().list();
+    for (_, l) in listed.iter().flatten().filter(|(n, _)| !known(n)) {
+        let m = format!("{} is not part of the dataset", l.display());
+        r.notes.push(m);
+    }
+    if let Err(e) = listed {
+        let m = format!("cannot list the dataset's files: {e}");
+        r.notes.push(m);
     }
     r.notes.sort();
     r
@@ -272,10 +241,8 @@ fn check_one_chunk(ds: &Dataset, c: u32) -> VerifyReport {
     // Every chunk carries the snapshot's class table (SPEC.md §4), byte for byte.
     let classes = ds.classes();
     let theirs = &check.footer.classes;
-    if !classes
-        .as_ref()
-        .is_ok_and(|t| t.len() == theirs.len() && t.iter().zip(theirs).all(|(a, b)| *a == &b[..]))
-    {
+    let same = |t: &Vec<&[u8]>| t.iter().copied().eq(theirs.iter().map(|b| &b[..]));
+    if !classes.as_ref().is_ok_and(same) {
         let mine = classes.map_or_else(|e| e.to_string(), |t| t.len().to_string());
         let n = theirs.len();
         let m = format!("its footer's class table ({n} classes) is not the snapshot's ({mine})");
@@ -308,10 +275,8 @@ fn check_one_chunk(ds: &Dataset, c: u32) -> VerifyReport {
             };
             // Attributes a footer records are the snapshot's (a snapshot upgraded from 1.x
             // records them where its chunks do not).
-            let same_attrs = match (&check.footer.attrs, snap.has_attrs()) {
-                (Some(a), true) => snap.attrs(id).is_ok_and(|m| m == Some(a[i])),
-                (Some(_), false) | (None, _) => true,
-            };
+            let attrs = check.footer.attrs.as_ref().filter(|_| snap.has_attrs());
+            let same_attrs = attrs.is_none_or(|a| snap.attrs(id).is_ok_and(|m| m == Some(a[i])));
             if !same_entry || !same_path || !same_fields || !same_attrs {
                 let (at, path) = (check.footer.entries[i].offset, shown(i));
                 let m = format!("footer record {i} ({path}) disagrees with snapshot sample {id}");

@@ -1,9 +1,9 @@
-//! Views: a subset of a dataset's samples chosen once (`granary view`, [`create_view`]) and
+//! Views: a subset of a dataset's samples chosen once (`granary view`, [`write_view`]) and
 //! saved as a small checksummed file ([`granary_format::ViewFile`]) pinned to the dataset's id
-//! and its snapshot's content digest. Opening the file opens the dataset with the selection attached: epoch plans
-//! are computed over the selected samples alone (chunk-wise as usual: each chunk holds its
-//! selected samples), so streams, ranks, workers and resume work on a view as on a dataset,
-//! and nothing of the dataset is rewritten.
+//! and its snapshot's content digest. Opening the file opens the dataset with the selection
+//! attached: epochs are planned over the selected samples alone (each chunk holds its selected
+//! samples), so streams, ranks, workers and resume work on a view as on a dataset, and nothing
+//! of the dataset is rewritten.
 
 use std::path::{Path, PathBuf};
 
@@ -24,26 +24,22 @@ pub fn write_view(
     mut ids: Vec<u64>,
     description: String,
 ) -> Result<ViewFile> {
+    let shown = dataset.display();
     if ds.view().is_some() {
-        return Err(ReadError::invalid(format!(
-            "{} is a view; make views of the dataset itself",
-            dataset.display()
-        )));
+        let m = format!("{shown} is a view; make views of the dataset itself");
+        return Err(ReadError::invalid(m));
     }
     ids.sort_unstable();
     ids.dedup();
     let snap = ds.snapshot();
-    if let Some(&bad) = ids.iter().find(|&&i| i >= snap.sample_count()) {
-        return Err(ReadError::invalid(format!(
-            "sample {bad} of a dataset of {} samples",
-            snap.sample_count()
-        )));
+    let n = snap.sample_count();
+    if let Some(&bad) = ids.iter().find(|&&i| i >= n) {
+        let m = format!("sample {bad} of a dataset of {n} samples");
+        return Err(ReadError::invalid(m));
     }
     if ids.is_empty() {
-        return Err(ReadError::invalid(format!(
-            "{description}: selects no sample of {}",
-            dataset.display()
-        )));
+        let m = format!("{description}: selects no sample of {shown}");
+        return Err(ReadError::invalid(m));
     }
     let view = ViewFile {
         dataset_id: snap.dataset_id(),
@@ -69,25 +65,15 @@ fn location(dataset: &Path, output: &Path) -> Result<String> {
     }
     let canon = |p: &Path| std::fs::canonicalize(p).map_err(|e| ReadError::io("resolving", p, e));
     let ds = canon(dataset)?;
-    let dir = output
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    let dir = canon(dir)?;
+    let dir = canon(crate::dataset::parent_dir(output))?;
     let common = ds
         .components()
         .zip(dir.components())
         .take_while(|(a, b)| a == b)
         .count();
     let up = dir.components().count() - common;
-    let rel: PathBuf = std::iter::repeat_n(std::path::Component::ParentDir, up)
-        .map(|c| c.as_os_str().to_owned())
-        .chain(
-            ds.components()
-                .skip(common)
-                .map(|c| c.as_os_str().to_owned()),
-        )
-        .collect();
+    let mut rel: PathBuf = std::iter::repeat_n("..", up).collect();
+    rel.extend(ds.components().skip(common));
     let text = match (common > 1, rel.as_os_str().is_empty()) {
         (true, true) => PathBuf::from("."),
         (true, false) => rel,
@@ -157,18 +143,12 @@ pub(crate) fn chunks_mostly_resident(ds: &Dataset) -> bool {
     let Some(v) = ds.view() else {
         return false;
     };
-    let n = v.ids.len();
-    let mut chunks: Vec<u32> = Vec::new();
-    for k in 0..PROBES.min(n) {
-        match ds.sample(v.ids[k * n / PROBES.min(n)]) {
-            Ok(s) => chunks.push(s.entry.chunk),
-            Err(_) => return false,
-        }
-    }
-    chunks.dedup();
-    if chunks.is_empty() {
+    let (n, probes) = (v.ids.len(), PROBES.min(v.ids.len()));
+    let probed = (0..probes).map(|k| Ok(ds.sample(v.ids[k * n / probes])?.entry.chunk));
+    let Ok(mut chunks) = probed.collect::<Result<Vec<u32>>>() else {
         return false;
-    }
+    };
+    chunks.dedup();
     let resident = chunks
         .iter()
         .filter(|&&c| {

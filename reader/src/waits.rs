@@ -10,6 +10,7 @@
 use std::sync::Mutex;
 use std::time::Instant;
 
+use granary_store::MeterReading;
 use serde::Serialize;
 
 /// What the I/O thread was doing.
@@ -156,15 +157,14 @@ impl Timeline {
     }
 }
 
+/// A stack's meters' readings, top first.
+type Readings<'a> = &'a [(&'static str, MeterReading)];
+
 /// What the tier, the peers and origin each did of their own between two readings of a
 /// stack's meters (top first), as `count` measures a reading: layers are nested (the tier's
 /// meter counts what the layers below served too), so each one's own part is its count less
 /// the next one's.
-fn own(
-    before: &[(&'static str, granary_store::MeterReading)],
-    after: &[(&'static str, granary_store::MeterReading)],
-    count: impl Fn(&granary_store::MeterReading) -> f64,
-) -> [f64; 3] {
+fn own(before: Readings, after: Readings, count: impl Fn(&MeterReading) -> f64) -> [f64; 3] {
     let deltas: Vec<(&str, f64)> = after
         .iter()
         .zip(before)
@@ -186,10 +186,7 @@ fn own(
 /// A read phase's split among the layers: in proportion to their own waits during it
 /// ([`own`]); without any wait (reads served from maps of the page cache), in
 /// proportion to the bytes each layer served of its own; with neither, origin's.
-pub(crate) fn read_shares(
-    before: &[(&'static str, granary_store::MeterReading)],
-    after: &[(&'static str, granary_store::MeterReading)],
-) -> [f64; 3] {
+pub(crate) fn read_shares(before: Readings, after: Readings) -> [f64; 3] {
     let share = |own: [f64; 3]| {
         let sum: f64 = own.iter().sum();
         (sum > 0.0).then(|| own.map(|x| x / sum))
@@ -201,11 +198,7 @@ pub(crate) fn read_shares(
 
 /// A planning phase of `secs` seconds: the shares the layers' own waits during it take of it
 /// (the I/O thread opens chunks itself while planning; at most the whole phase).
-pub(crate) fn plan_shares(
-    before: &[(&'static str, granary_store::MeterReading)],
-    after: &[(&'static str, granary_store::MeterReading)],
-    secs: f64,
-) -> [f64; 3] {
+pub(crate) fn plan_shares(before: Readings, after: Readings, secs: f64) -> [f64; 3] {
     let waits = own(before, after, |r| r.wait_s);
     let sum: f64 = waits.iter().sum();
     if sum <= 0.0 || secs <= 0.0 {
@@ -255,7 +248,7 @@ mod tests {
 
     #[test]
     fn read_time_goes_to_each_layers_own_wait() {
-        let m = |w: f64| granary_store::MeterReading {
+        let m = |w: f64| MeterReading {
             wait_s: w,
             ..Default::default()
         };

@@ -25,17 +25,10 @@ pub(crate) struct Prepared {
     pub(crate) locs: Vec<(u32, u64)>,
     pub(crate) entries: Vec<SampleEntry>,
     pub(crate) weights: Vec<f32>,
-    /// Chunk headers to check, and the request whose bytes start with them.
-    header_req: Vec<(u32, usize)>,
-    /// With a tier: chunks read whole, and their request.
-    whole: Vec<(u32, usize)>,
-    /// Ranges of source chunks read around records served by hot chunks: (chunk, request,
-    /// offset of the range in the chunk).
-    ranges: Vec<(u32, usize, u64)>,
-    /// The window's requests (shared with the engine that reads them), and per request the
-    /// chunk whose bytes it reads.
+    /// The window's requests (shared with the engine that reads them).
     pub(crate) reqs: Arc<[Request]>,
-    req_chunk: Vec<u32>,
+    /// What the requests read (its `reqs` moved to the above).
+    plan: Plan,
 }
 
 /// What a stream's I/O thread keeps from window to window.
@@ -44,7 +37,7 @@ pub(crate) struct Windows {
     /// The dataset's id, which every chunk header read must carry.
     id: DatasetId,
     pub(crate) stack: StoreStack,
-    mode: ShuffleMode,
+    pub(crate) mode: ShuffleMode,
     range_gap: u64,
     /// Read chunks whole (with a tier: they can be admitted, and copies are checked against
     /// the whole-file CRC), not up to their last record in the window.
@@ -110,22 +103,30 @@ pub(crate) fn coalesce(mut want: Vec<(u64, u64)>, gap: u64, with_header: bool) -
 /// The chunks a window reads, in order of first use, with their chunk table entries.
 type WindowChunks = Vec<(u32, ChunkEntry)>;
 
-/// Requests for a window's samples, being assembled.
+/// Requests for a window's samples, and what each reads.
 #[derive(Default)]
 struct Plan {
     reqs: Vec<Request>,
     /// Per request, the chunk whose bytes it reads.
     req_chunk: Vec<u32>,
+    /// Chunk headers to check, and the request whose bytes start with them.
     header_req: Vec<(u32, usize)>,
+    /// With a tier: chunks read whole, and their request.
     whole: Vec<(u32, usize)>,
+    /// Ranges of source chunks read around records served by hot chunks: (chunk, request,
+    /// offset of the range in the chunk).
     ranges: Vec<(u32, usize, u64)>,
     /// Per chunk read in one piece or in ranges: (start, request) sorted by start.
     placed: HashMap<u32, Vec<(u64, usize)>>,
 }
 
 impl Plan {
-    /// Queues `req`, a read of chunk `c`'s bytes; its index.
-    fn push(&mut self, c: u32, req: Request) -> usize {
+    /// Queues `req`, a read of chunk `c`'s bytes (which start with the header to check, with
+    /// `header`); its index.
+    fn push(&mut self, c: u32, req: Request, header: bool) -> usize {
+        if header {
+            self.header_req.push((c, self.reqs.len()));
+        }
         self.reqs.push(req);
         self.req_chunk.push(c);
         self.reqs.len() - 1
@@ -184,11 +185,8 @@ impl Windows {
             locs,
             entries,
             weights: weights.to_vec(),
-            header_req: plan.header_req,
-            whole: plan.whole,
-            ranges: plan.ranges,
-            reqs: plan.reqs.into(),
-            req_chunk: plan.req_chunk,
+            reqs: std::mem::take(&mut plan.reqs).into(),
+            plan,
         })
     }
 
@@ -219,8 +217,8 @@ impl Windows {
         }
     }
 
-    /// The reads of each chunk of the window: its header (global), ranges around what the hot
-    /// chunks do not serve (hot chunks, sparse views), or one range from its start.
+    /// The reads of each chunk of the window: ranges around what the hot chunks do not serve
+    /// (hot chunks, sparse views), or one range from its start.
     fn plan_chunks(
         &mut self,
         plan: &mut Plan,
@@ -243,21 +241,12 @@ impl Windows {
             }
             let f = self.open(c)?;
             let header = (!self.checked.contains(&c)).then_some((self.id, c));
-            if self.mode == ShuffleMode::Global {
-                if header.is_some() {
-                    let req = Request {
-                        source: f,
-                        offset: 0,
-                        len: CHUNK_HEADER_LEN,
-                        expect: Expect {
-                            header,
-                            ..Expect::default()
-                        },
-                    };
-                    let r = plan.push(c, req);
-                    plan.header_req.push((c, r));
-                }
-            } else if !f.whole_reads()
+            let global = self.mode == ShuffleMode::Global;
+            if global && header.is_none() {
+                continue;
+            }
+            if !global
+                && !f.whole_reads()
                 && (self.has_hot()
                     || (self.ds.view().is_some() && !self.whole_files && sparse(needed, &ce)))
             {
@@ -270,8 +259,9 @@ impl Windows {
     }
 
     /// One range of chunk `c` from its start: to its last record in the window, or with a tier
-    /// the whole file (it can be admitted, and a copy is checked against the whole-file CRC);
-    /// the header (`header`: not checked yet) is checked on the way.
+    /// the whole file (it can be admitted, and a copy is checked against the whole-file CRC),
+    /// or for a global plan (which reads records one by one) its header alone; the header
+    /// (`header`: not checked yet) is checked on the way.
     fn plan_from_start(
         &self,
         plan: &mut Plan,
@@ -280,12 +270,13 @@ impl Windows {
         header: Option<(DatasetId, u32)>,
         entries: &[SampleEntry],
     ) {
-        let whole = self.whole_files;
+        let global = self.mode == ShuffleMode::Global;
+        let whole = self.whole_files && !global;
         let end = match whole {
             true => ce.file_size,
             false => entries
                 .iter()
-                .filter(|e| e.chunk == c)
+                .filter(|e| e.chunk == c && !global)
                 .map(|e| e.offset + e.stored_len)
                 .max()
                 .unwrap_or(0),
@@ -302,10 +293,7 @@ impl Windows {
                 ..Expect::default()
             },
         };
-        let r = plan.push(c, req);
-        if header.is_some() {
-            plan.header_req.push((c, r));
-        }
+        let r = plan.push(c, req, header.is_some());
         if whole {
             plan.whole.push((c, r));
         }
@@ -356,7 +344,7 @@ impl Windows {
                 len: e.stored_len as usize,
                 expect,
             };
-            plan.push(e.chunk, req);
+            plan.push(e.chunk, req, false);
         }
         locs
     }
@@ -379,28 +367,25 @@ impl Windows {
             .collect();
         let want = mine.iter().map(|e| (e.offset, e.offset + e.stored_len));
         let with_header = !self.checked.contains(&c);
-        let merged = coalesce(want.collect(), self.range_gap, with_header);
-        if with_header && !merged.is_empty() {
-            plan.header_req.push((c, plan.reqs.len()));
-        }
-        for (start, end) in merged {
+        for (start, end) in coalesce(want.collect(), self.range_gap, with_header) {
             // What the range holds, checked where it comes from a copy.
             let records = mine
                 .iter()
                 .filter(|e| e.offset >= start && e.offset + e.stored_len <= end)
                 .map(|e| (e.offset - start, **e))
                 .collect();
+            let header = start == 0 && with_header;
             let req = Request {
                 source: f.clone(),
                 offset: start,
                 len: (end - start) as usize,
                 expect: Expect {
-                    header: (start == 0 && with_header).then_some((self.id, c)),
+                    header: header.then_some((self.id, c)),
                     records,
                     ..Expect::default()
                 },
             };
-            let r = plan.push(c, req);
+            let r = plan.push(c, req, header);
             plan.ranges.push((c, r, start));
             plan.placed.entry(c).or_default().push((start, r));
         }
@@ -414,7 +399,7 @@ impl Windows {
         read: Result<Vec<Completed>>,
     ) -> Result<Vec<Completed>> {
         let bufs = read?;
-        for &(c, i) in &prep.header_req {
+        for &(c, i) in &prep.plan.header_req {
             let head = &bufs[i].data()[..CHUNK_HEADER_LEN];
             self.ds
                 .check_chunk_header(head, c, prep.reqs[i].source.location())?;
@@ -429,7 +414,7 @@ impl Windows {
         let out = prep
             .reqs
             .iter()
-            .zip(&prep.req_chunk)
+            .zip(&prep.plan.req_chunk)
             .map(|(r, &c)| {
                 let len = (r.len as u64).min(r.source.len().saturating_sub(r.offset));
                 (self.stack.layer_serving(&r.source), c, len)
@@ -442,9 +427,12 @@ impl Windows {
     }
 
     /// After a window of a chunk-wise or sequential plan: a chunk belongs to one window, so its
-    /// map goes with the window's samples, not with the stream.
+    /// map goes with the window's samples, not with the stream (global plans keep chunks open:
+    /// records of any chunk come any time).
     pub(crate) fn release_maps(&mut self) {
-        self.files.retain(|_, f| !f.mapped());
+        if self.mode != ShuffleMode::Global {
+            self.files.retain(|_, f| !f.mapped());
+        }
     }
 
     /// Counts a completed window by where its bytes came from; offers the chunks it read whole
@@ -469,13 +457,13 @@ impl Windows {
         let Some(feed) = self.feed.as_mut() else {
             return;
         };
-        for &(c, i) in &prep.whole {
+        for &(c, i) in &prep.plan.whole {
             feed.consumed_whole(c, &bufs[i]);
         }
-        // Ranges of a chunk are consecutive in `prep.ranges`, sorted by offset; they feed only
+        // Ranges of a chunk are consecutive in `prep.plan.ranges`, sorted by offset; they feed only
         // hot chunks.
         let hot = feed.has_hot();
-        for group in prep.ranges.chunk_by(|a, b| a.0 == b.0).filter(|_| hot) {
+        for group in prep.plan.ranges.chunk_by(|a, b| a.0 == b.0).filter(|_| hot) {
             let ranges: Vec<_> = group
                 .iter()
                 .map(|&(_, r, start)| (start, &bufs[r]))
@@ -501,16 +489,9 @@ impl Windows {
 /// pool does), or the mapped ranges it borrows.
 pub(crate) fn buffer_bytes(reqs: &[Request]) -> usize {
     reqs.iter()
-        .map(|r| match (r.map(), r.direct()) {
-            (Some(_), _) => r.len,
-            (None, direct) => BufPool::charge(
-                r.len
-                    + if direct {
-                        2 * granary_store::buf::ALIGN
-                    } else {
-                        0
-                    },
-            ),
+        .map(|r| match r.map() {
+            Some(_) => r.len,
+            None => BufPool::charge(r.len + r.direct() as usize * 2 * granary_store::buf::ALIGN),
         })
         .sum()
 }

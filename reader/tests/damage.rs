@@ -175,7 +175,7 @@ fn files_cut_short_under_their_maps_are_errors_not_sigbus() {
         f.set_len(100).unwrap();
     }
     // Samples are slices of the maps, checked before they are handed on and read by us after:
-    // one whose file was cut meanwhile may read as zeros, is not `is_intact()`, and the stream's
+    // one whose file was cut meanwhile may read as zeros, is not `intact()`, and the stream's
     // next call is the error. Nothing wrong goes unreported.
     let (mut good, mut wrong, mut error) = (1, 0, None);
     for s in st {
@@ -183,7 +183,7 @@ fn files_cut_short_under_their_maps_are_errors_not_sigbus() {
             Ok(s) if Some(&s.data().to_vec()) == files.get(&ds.path(s.id).unwrap()) => good += 1,
             Ok(s) => {
                 assert!(
-                    !s.is_intact(),
+                    s.intact().is_err(),
                     "sample {} has wrong bytes and says it is intact",
                     s.id
                 );

@@ -358,7 +358,13 @@ fn importance_plans_are_deterministic_partitioned_resumable_and_weighted() {
         cached: Some(&cached),
         cache_boost: 4.0,
     };
-    let probs = sm.probabilities();
+    // p_i for every sample: (1 - alpha)/N + alpha * mass_i / total mass.
+    let mass: Vec<f64> = (0..n).map(|i| sm.mass(i)).collect();
+    let total: f64 = mass.iter().sum();
+    let probs: Vec<f64> = mass
+        .iter()
+        .map(|m| 0.2 / n as f64 + 0.8 * m / total)
+        .collect();
     assert!((probs.iter().sum::<f64>() - 1.0).abs() < 1e-9);
     let floor = 0.2 / n as f64;
     assert!(

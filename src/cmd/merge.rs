@@ -22,28 +22,27 @@ pub struct Args {
 
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     let s = granary_packer::merge(&a.dataset)?;
-    if a.json {
-        super::print_json(&s)?;
-    } else if !s.merged {
-        println!(
-            "{} is merged already: {} samples in {} chunks, dataset id {}",
-            a.dataset.display(),
-            s.files,
-            s.chunks,
-            s.dataset_id
-        );
-    } else {
-        println!(
-            "merged {} parts -> {}: {} samples in {} chunks ({} empty), snapshot {} bytes, {:.2} s, dataset id {}",
-            s.parts,
-            a.dataset.display(),
-            s.files,
-            s.chunks,
-            s.filler_chunks,
-            s.snapshot_bytes,
-            s.elapsed_s,
-            s.dataset_id
-        );
-    }
-    Ok(ExitCode::SUCCESS)
+    super::output(a.json, &s, |s| {
+        if !s.merged {
+            println!(
+                "{} is merged already: {} samples in {} chunks, dataset id {}",
+                a.dataset.display(),
+                s.files,
+                s.chunks,
+                s.dataset_id
+            );
+        } else {
+            println!(
+                "merged {} parts -> {}: {} samples in {} chunks ({} empty), snapshot {} bytes, {:.2} s, dataset id {}",
+                s.parts,
+                a.dataset.display(),
+                s.files,
+                s.chunks,
+                s.filler_chunks,
+                s.snapshot_bytes,
+                s.elapsed_s,
+                s.dataset_id
+            );
+        }
+    })
 }

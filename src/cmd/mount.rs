@@ -235,27 +235,21 @@ fn read_pid(mnt: &Path) -> Option<u32> {
 pub fn mounted_type(mnt: &Path) -> anyhow::Result<Option<String>> {
     let info = std::fs::read("/proc/self/mountinfo").context("reading /proc/self/mountinfo")?;
     let target = mnt.as_os_str().as_encoded_bytes();
-    let mut found = None;
-    for line in info.split(|&b| b == b'\n') {
+    // The last entry for a mount point is the one on top. Mounted directly (as root) the type
+    // is plain `fuse`; the source name tells a granary mount.
+    let on_top = info.split(|&b| b == b'\n').rev().find_map(|line| {
         let fields: Vec<&[u8]> = line.split(|&b| b == b' ').collect();
-        let Some(sep) = fields.iter().position(|f| *f == b"-") else {
-            continue;
-        };
-        if fields.len() > 4 && unescape_mountinfo(fields[4]) == target {
-            // The last entry for a mount point is the one on top. Mounted directly (as root)
-            // the type is plain `fuse`; the source name tells a granary mount.
-            let kind = fields.get(sep + 1).copied().unwrap_or_default();
-            let source = fields.get(sep + 2).copied().unwrap_or_default();
-            found = Some(
-                if kind.starts_with(b"fuse") && source.starts_with(FS_SOURCE_PREFIX.as_bytes()) {
-                    FS_TYPE.to_string()
-                } else {
-                    String::from_utf8_lossy(kind).into_owned()
-                },
-            );
-        }
-    }
-    Ok(found)
+        let sep = fields.iter().position(|f| *f == b"-")?;
+        fields.get(4).filter(|f| unescape_mountinfo(f) == target)?;
+        let kind = fields.get(sep + 1).copied().unwrap_or_default();
+        let source = fields.get(sep + 2).copied().unwrap_or_default();
+        let ours = kind.starts_with(b"fuse") && source.starts_with(FS_SOURCE_PREFIX.as_bytes());
+        Some(match ours {
+            true => FS_TYPE.to_string(),
+            false => String::from_utf8_lossy(kind).into_owned(),
+        })
+    });
+    Ok(on_top)
 }
 
 /// Undoes mountinfo's octal escapes (`\040` for a space, `\011`, `\012`, `\134`).

@@ -77,13 +77,12 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         shares.push(json!({"rank": shard.rank, "worker": shard.worker, "samples": p.len(), "windows": p.windows.len(), "chunk_reads": chunk_reads}));
         all.extend_from_slice(&p.samples);
     }
-    let mut sorted = all.clone();
-    sorted.sort_unstable();
-    let before = sorted.len();
-    sorted.dedup();
-    let repeats = before - sorted.len();
+    let mut distinct = all.clone();
+    distinct.sort_unstable();
+    distinct.dedup();
+    let repeats = all.len() - distinct.len();
     let samples = shape.samples();
-    let missing = samples as usize - sorted.len();
+    let missing = samples as usize - distinct.len();
     let label = plan_labels(&ds, &shape, dataset)?;
     let q = shuffle_quality(&shape, &label, &all, 256);
     let global = PlanOptions {
@@ -199,41 +198,38 @@ fn bill(a: &Args, dataset: &std::path::Path) -> anyhow::Result<ExitCode> {
         p.workers,
         prices,
     )?;
-    if a.json {
-        super::print_json(&b)?;
-        return Ok(ExitCode::SUCCESS);
-    }
-    println!(
-        "epoch {} of {}: what {} rank(s) x {} worker(s) will read, per rank (from the reader's \
-         own window planning; nothing read)",
-        a.epoch,
-        dataset.display(),
-        p.world_size,
-        p.workers
-    );
-    let line = |l: &granary::bill::LayerBill| {
-        let cost = l.cost.map(|c| format!(", cost {c:.6}")).unwrap_or_default();
-        format!(
-            "{} {} requests ({} GETs), {}{cost}",
-            l.layer,
-            l.requests,
-            l.gets,
-            super::human_bytes(l.bytes)
-        )
-    };
-    for r in &b.ranks {
-        let parts: Vec<String> = r.layers.iter().map(line).collect();
-        println!("  rank {:>3}: {}", r.rank, parts.join("; "));
-    }
-    let parts: Vec<String> = b.total.iter().map(line).collect();
-    println!("  all ranks: {}", parts.join("; "));
-    if let Some(pr) = prices {
+    super::output(a.json, &b, |b| {
         println!(
-            "  prices: {} per 1,000 requests, {} per GB (origin only; the tier is this node's disk)",
-            pr.per_1000_requests, pr.per_gb
+            "epoch {} of {}: what {} rank(s) x {} worker(s) will read, per rank (from the reader's \
+             own window planning; nothing read)",
+            a.epoch,
+            dataset.display(),
+            p.world_size,
+            p.workers
         );
-    }
-    Ok(ExitCode::SUCCESS)
+        let line = |l: &granary::bill::LayerBill| {
+            let cost = l.cost.map(|c| format!(", cost {c:.6}")).unwrap_or_default();
+            format!(
+                "{} {} requests ({} GETs), {}{cost}",
+                l.layer,
+                l.requests,
+                l.gets,
+                super::human_bytes(l.bytes)
+            )
+        };
+        for r in &b.ranks {
+            let parts: Vec<String> = r.layers.iter().map(line).collect();
+            println!("  rank {:>3}: {}", r.rank, parts.join("; "));
+        }
+        let parts: Vec<String> = b.total.iter().map(line).collect();
+        println!("  all ranks: {}", parts.join("; "));
+        if let Some(pr) = prices {
+            println!(
+                "  prices: {} per 1,000 requests, {} per GB (origin only; the tier is this node's disk)",
+                pr.per_1000_requests, pr.per_gb
+            );
+        }
+    })
 }
 
 /// `granary plan` of a mixture: each source's count per epoch and per rank and worker.

@@ -126,15 +126,8 @@ fn sampling_names() -> impl clap::builder::TypedValueParser<Value = granary::Sam
 }
 
 impl Args {
-    /// The reader options these arguments describe, checked by the library.
-    fn config(&self) -> anyhow::Result<granary::ReaderOptions> {
-        let o = self.options()?;
-        o.check()?;
-        Ok(o)
-    }
-
-    /// The library's reader options these arguments give (flags left out stay at the
-    /// library's defaults: see the test below).
+    /// The library's reader options these arguments give, checked by it (flags left out stay
+    /// at the library's defaults: see the test below).
     fn options(&self) -> anyhow::Result<granary::ReaderOptions> {
         let mut o = granary::ReaderOptions {
             io: self.io,
@@ -153,6 +146,7 @@ impl Args {
             ..self.plan.reader_options()
         };
         self.peers.apply(&mut o, self.first_epoch)?;
+        o.check()?;
         Ok(o)
     }
 }
@@ -163,11 +157,11 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         granary_store::write::check_report_target(path)?;
     }
     if let Some(mix) = a.mix.open(&a.datasets)? {
-        read_mixture(mix, &a.config()?, &a)?;
+        read_mixture(mix, &a.options()?, &a)?;
         return Ok(ExitCode::SUCCESS);
     }
     let ds = Arc::new(super::open_dataset(&a.datasets[0])?);
-    let reader = a.config()?.open(&ds)?;
+    let reader = a.options()?.open(&ds)?;
     let prices = super::prices(a.prices.as_deref())?;
     let mut reports = Vec::new();
     let mut bills = Vec::new();

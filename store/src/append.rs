@@ -1,18 +1,14 @@
 //! Appending to many files at once, without a descriptor each, the writes in the background.
 //!
 //! Each file has an [`Appender`], which gathers bytes in a buffer of whole blocks; a full
-//! buffer goes to the [`Appends`] all of them share, whose threads write it at its offset in
-//! its file (opened for that write) while the appender fills another buffer. The writes go
-//! past the page cache (`O_DIRECT`) where the file system takes it and it pays (not tmpfs).
-//!
-//! Memory: one buffer per appender being filled, and at most `in_flight` more, queued or
-//! being written (an appender whose buffer is full waits for one of them). A failed write is
-//! the error of every later call on any appender of the pool, naming the file.
+//! buffer goes to the [`Appends`] all of them share, whose threads write it at its offset
+//! (past the page cache where that pays) while the appender fills another. Memory: one buffer
+//! per appender, and at most `in_flight` more queued or being written. A failed write is the
+//! error of every later call on any appender of the pool, naming the file.
 
 use std::collections::VecDeque;
 use std::fs::OpenOptions;
 use std::io::{self, Write};
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
@@ -31,7 +27,7 @@ pub struct Appends {
 
 struct Shared {
     state: Mutex<State>,
-    /// Signalled whenever a write is queued or completes, or the pool closes.
+    /// Signalled when a write is queued or completes, or the pool closes.
     changed: Condvar,
     /// Bytes in a buffer: whole blocks.
     cap: usize,
@@ -52,7 +48,7 @@ struct State {
 }
 
 /// A file appended to: its temporary name, and whether its appender was dropped unpublished
-/// (its writes still queued are then dropped, not failed).
+/// (its queued writes are then dropped, not failed).
 struct Target {
     path: PathBuf,
     abandoned: AtomicBool,
@@ -103,8 +99,7 @@ impl Drop for Appends {
         {
             let mut st = self.shared.lock();
             st.closed = true;
-            // Writes not yet begun are dropped: a pool goes only when its files are
-            // finished (nothing is queued) or abandoned.
+            // A pool goes only when its files are finished or abandoned.
             st.pending -= st.queue.len();
             st.queue.clear();
         }
@@ -190,7 +185,7 @@ impl Shared {
     }
 
     /// A buffer to fill: a free one, or a new one while fewer than `in_flight` writes are
-    /// pending (otherwise it waits for one to complete).
+    /// pending.
     fn take(&self) -> io::Result<AlignedBuf> {
         let mut st = self.lock();
         loop {
@@ -219,9 +214,8 @@ impl Shared {
     }
 }
 
-/// Writes `bytes` at `at` in the existing file `path`, with `O_DIRECT` when `direct`; returns
-/// true when the file system refused the direct write (it was written through the page cache
-/// then).
+/// Writes `bytes` at `at` in the existing file `path`, with `O_DIRECT` when `direct`; true
+/// when the file system refused the direct write.
 fn write_at(path: &Path, bytes: &[u8], at: u64, direct: bool) -> io::Result<bool> {
     let f = OpenOptions::new().write(true).open(path)?;
     let mut on = direct && set_direct(&f, true)?;
@@ -230,15 +224,13 @@ fn write_at(path: &Path, bytes: &[u8], at: u64, direct: bool) -> io::Result<bool
 }
 
 /// Appends to one file through an [`Appends`]: full buffers are written in the background;
-/// [`Write::flush`] writes the rest (through the page cache) and waits until every write of
-/// the pool is done, so that the file is whole afterwards (to be fsynced, renamed).
+/// [`Write::flush`] writes the rest and waits until every write of the pool is done.
 pub struct Appender {
-    /// The temporary file appended to.
     path: Arc<Target>,
     /// Its rename, until [`Appender::seal`] hands it over.
     file: Option<Pending>,
     pool: Arc<Shared>,
-    /// The buffer being filled, taken on the first write after a full one was handed over.
+    /// The buffer being filled, taken on the first write after a full one.
     buf: Option<AlignedBuf>,
     len: usize,
     /// Where `buf` goes in the file.
@@ -246,9 +238,8 @@ pub struct Appender {
 }
 
 impl Appender {
-    /// Starts `target`, appended to through `pool` under a temporary name of its own beside
-    /// it until it is published, as every file granary writes ([`crate::write`]): dropped
-    /// unpublished, it takes its temporary file with it.
+    /// Starts `target`, appended to through `pool` under a temporary name until it is
+    /// published, as every file granary writes ([`crate::write`]).
     pub fn create(target: &Path, durability: Durability, pool: &Appends) -> io::Result<Appender> {
         let (file, f) = open_temp(target, durability)?;
         if !direct_pays(&f) {
@@ -269,8 +260,7 @@ impl Appender {
 }
 
 impl Seal for Appender {
-    /// The file written whole (every write of the pool done) and synced as its durability
-    /// says, to be renamed over its target ([`Pending::publish`]).
+    /// The file written whole and synced, to be renamed over its target.
     fn seal(mut self) -> io::Result<Pending> {
         crash_point("write", &self.file.as_ref().expect("sealed once").path);
         self.flush()?;
@@ -314,11 +304,7 @@ impl Write for Appender {
 
     fn flush(&mut self) -> io::Result<()> {
         if let Some(buf) = &self.buf {
-            let rest = &buf.as_slice()[..self.len];
-            OpenOptions::new()
-                .write(true)
-                .open(&self.path.path)?
-                .write_all_at(rest, self.at)?;
+            write_at(&self.path.path, &buf.as_slice()[..self.len], self.at, false)?;
             self.at += self.len as u64;
             self.len = 0;
         }

@@ -112,16 +112,9 @@ fn unhex(s: &str) -> Option<Vec<u8>> {
         .collect()
 }
 
-/// The parts of an `x-granary-auth` header.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Proof {
-    pub ts: u64,
-    pub nonce: String,
-    pub mac: Vec<u8>,
-}
-
-/// Parses an `x-granary-auth` header value: `v1 <seconds> <nonce: 32 hex> <mac: 64 hex>`.
-pub fn parse_proof(h: &str) -> std::result::Result<Proof, Refusal> {
+/// Parses an `x-granary-auth` header value: `v1 <seconds> <nonce: 32 hex> <mac: 64 hex>`, as
+/// its time, nonce and MAC.
+pub fn parse_proof(h: &str) -> std::result::Result<(u64, &str, Vec<u8>), Refusal> {
     let mut it = h.split(' ');
     let (Some("v1"), Some(ts), Some(nonce), Some(mac), None) =
         (it.next(), it.next(), it.next(), it.next(), it.next())
@@ -132,11 +125,7 @@ pub fn parse_proof(h: &str) -> std::result::Result<Proof, Refusal> {
     let nonce_ok = nonce.len() == 32 && unhex(nonce).is_some();
     unhex(mac)
         .filter(|m| m.len() == 32 && nonce_ok)
-        .map(|mac| Proof {
-            ts,
-            nonce: nonce.to_string(),
-            mac,
-        })
+        .map(|mac| (ts, nonce, mac))
         .ok_or(Refusal::Malformed)
 }
 
@@ -193,12 +182,12 @@ impl Verifier {
         header: Option<&str>,
         now: u64,
     ) -> std::result::Result<(), Refusal> {
-        let p = parse_proof(header.ok_or(Refusal::Missing)?)?;
+        let (ts, nonce, mac) = parse_proof(header.ok_or(Refusal::Missing)?)?;
         let mut m = self.secret.mac();
-        m.update(&message(method, path, range, p.ts, &p.nonce));
+        m.update(&message(method, path, range, ts, nonce));
         // Constant time: a wrong MAC says nothing about how much of it was right.
-        m.verify_slice(&p.mac).map_err(|_| Refusal::Forged)?;
-        if p.ts.abs_diff(now) > WINDOW_SECS {
+        m.verify_slice(&mac).map_err(|_| Refusal::Forged)?;
+        if ts.abs_diff(now) > WINDOW_SECS {
             return Err(Refusal::Stale);
         }
         let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
@@ -206,7 +195,7 @@ impl Verifier {
             // Nonces older than the window can never be accepted again anyway.
             seen.retain(|_, &mut ts| ts.abs_diff(now) <= WINDOW_SECS);
         }
-        if seen.insert(p.nonce, p.ts).is_some() {
+        if seen.insert(nonce.to_string(), ts).is_some() {
             return Err(Refusal::Replayed);
         }
         Ok(())

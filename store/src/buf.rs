@@ -15,42 +15,35 @@ pub const ALIGN: usize = 4096;
 /// Size (and alignment) of a transparent huge page on x86-64 and most arm64 kernels.
 const HUGE: usize = 2 << 20;
 
-/// The memory of a buffer: `footprint` bytes counted by the pool, usable from `start`.
+/// The memory of a buffer (heap, or an anonymous map): `footprint` bytes counted by the pool,
+/// usable from `start`.
 struct Block {
-    mem: Mem,
+    mem: Box<dyn std::ops::DerefMut<Target = [u8]> + Send + Sync>,
     start: usize,
     footprint: usize,
 }
 
-enum Mem {
-    Heap(Vec<u8>),
-    Anon(memmap2::MmapMut),
-}
-
 impl std::fmt::Debug for Block {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let kind = match self.mem {
-            Mem::Heap(_) => "heap",
-            Mem::Anon(_) => "anon",
-        };
-        write!(f, "Block({kind}, {} bytes)", self.footprint)
+        write!(f, "Block({} bytes)", self.footprint)
     }
 }
 
 impl Block {
     /// A block of `footprint` bytes whose usable part, `footprint - ALIGN` bytes at least,
-    /// starts at a 4 KiB boundary (at a 2 MiB one for blocks of 2 MiB and more).
-    fn new(footprint: usize) -> Block {
-        Self::mapped(footprint).unwrap_or_else(|| Self::heap(vec![0u8; footprint]))
-    }
-
-    /// As [`Block::new`]; `None` where the memory cannot be had.
-    fn try_new(footprint: usize) -> Option<Block> {
+    /// starts at a 4 KiB boundary (at a 2 MiB one for blocks of 2 MiB and more); `None` where
+    /// the memory cannot be had.
+    fn new(footprint: usize) -> Option<Block> {
         Self::mapped(footprint).or_else(|| {
             let mut vec = Vec::new();
             vec.try_reserve_exact(footprint).ok()?;
             vec.resize(footprint, 0);
-            Some(Self::heap(vec))
+            let start = vec.as_ptr().align_offset(ALIGN).min(ALIGN);
+            Some(Block {
+                mem: Box::new(vec),
+                start,
+                footprint,
+            })
         })
     }
 
@@ -67,33 +60,10 @@ impl Block {
         // Best effort: without transparent huge pages the buffer has ordinary pages.
         let _ = map.advise_range(memmap2::Advice::HugePage, start, footprint);
         Some(Block {
-            mem: Mem::Anon(map),
+            mem: Box::new(map),
             start,
             footprint,
         })
-    }
-
-    fn heap(vec: Vec<u8>) -> Block {
-        let start = vec.as_ptr().align_offset(ALIGN).min(ALIGN);
-        Block {
-            footprint: vec.len(),
-            mem: Mem::Heap(vec),
-            start,
-        }
-    }
-
-    fn bytes(&self) -> &[u8] {
-        match &self.mem {
-            Mem::Heap(v) => v,
-            Mem::Anon(m) => m,
-        }
-    }
-
-    fn bytes_mut(&mut self) -> &mut [u8] {
-        match &mut self.mem {
-            Mem::Heap(v) => v,
-            Mem::Anon(m) => m,
-        }
     }
 }
 
@@ -110,19 +80,19 @@ pub struct AlignedBuf {
 impl AlignedBuf {
     /// A zeroed buffer of `len` usable bytes, not pooled.
     pub fn new(len: usize) -> Self {
-        Self::from_block(Block::new(BufPool::fresh_size(len)), len, None)
+        Self::try_new(len).expect("memory for a buffer")
     }
 
     /// As [`AlignedBuf::new`]; `None` where the memory cannot be had (a buffer as large as a
     /// file the caller was given).
     pub fn try_new(len: usize) -> Option<Self> {
         len.checked_add(HUGE)?; // sizes are rounded up by less than that
-        let block = Block::try_new(BufPool::fresh_size(len))?;
+        let block = Block::new(BufPool::fresh_size(len))?;
         Some(Self::from_block(block, len, None))
     }
 
     fn from_block(block: Block, len: usize, pool: Option<Arc<BufPool>>) -> Self {
-        debug_assert!(block.start + len <= block.bytes().len());
+        debug_assert!(block.start + len <= block.mem.len());
         AlignedBuf {
             block: Some(block),
             len,
@@ -135,7 +105,7 @@ impl AlignedBuf {
             .block
             .as_ref()
             .expect("a buffer has its block until dropped");
-        &b.bytes()[b.start..b.start + self.len]
+        &b.mem[b.start..b.start + self.len]
     }
 
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
@@ -143,8 +113,7 @@ impl AlignedBuf {
             .block
             .as_mut()
             .expect("a buffer has its block until dropped");
-        let start = b.start;
-        &mut b.bytes_mut()[start..start + self.len]
+        &mut b.mem[b.start..b.start + self.len]
     }
 }
 
@@ -247,7 +216,9 @@ impl BufPool {
             st.peak_in_use = st.peak_in_use.max(st.in_use);
             reused
         };
-        let block = reused.unwrap_or_else(|| Block::new(size));
+        let block = reused
+            .or_else(|| Block::new(size))
+            .expect("memory for a buffer");
         AlignedBuf::from_block(block, len, Some(self.clone()))
     }
 

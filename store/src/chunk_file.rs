@@ -1,10 +1,7 @@
-//! The one way a chunk file is built: created under a temporary name beside its final one,
-//! its header written, records appended, its footer (class table, field types) written, then
-//! sealed and renamed into place, as every file granary writes ([`crate::write`]). The bytes go
-//! through an [`AtomicFile`] (a pack's chunks, past the page cache), an
-//! [`Appender`](crate::append::Appender) (the writer's chunks filled in the background) or
-//! [`InMemory`] (a tier's hot chunks, written once the tier has made room for them); a chunk
-//! dropped before it is published leaves nothing.
+//! The one way a chunk file is built: header, records, footer (class table, field types),
+//! then sealed and renamed into place ([`crate::write`]), on an [`AtomicFile`] (a pack's
+//! chunks), an [`Appender`](crate::append::Appender) (the writer's) or [`InMemory`] (a tier's
+//! hot chunks); a chunk dropped before it is published leaves nothing.
 
 use std::collections::BTreeMap;
 use std::io::{self, Write};
@@ -18,8 +15,8 @@ use crate::write::{AtomicFile, Durability, Pending, Seal};
 pub enum Records {
     /// Files or samples with nothing more.
     Plain,
-    /// Files with their attributes, and these directories (what a snapshot's namespace
-    /// needs, so that it can be rebuilt from the chunks).
+    /// Files with their attributes, and these directories (so that a snapshot's namespace can
+    /// be rebuilt from the chunks).
     Attrs(Vec<DirAttrs>),
     /// Samples with named fields (their types are given when the chunk is finished).
     Fields,
@@ -59,10 +56,8 @@ impl<W: Seal> ChunkFile<W> {
         &self.tmp
     }
 
-    /// Writes the footer with the class table `classes` (and, for samples with fields, the
-    /// fields' `types`); hands back the output, not sealed yet, so that a caller can decide
-    /// before the file is written or named (a tier makes room for a hot chunk built
-    /// [`InMemory`] first).
+    /// Writes the footer with the class table `classes` (and the fields' `types`); hands back
+    /// the output, not sealed yet (a tier makes room for a hot chunk first).
     pub fn finish<C: AsRef<[u8]>>(
         mut self,
         classes: &[C],
@@ -86,8 +81,7 @@ impl<W: Seal> ChunkFile<W> {
     }
 }
 
-/// A file gathered in memory and written (as an [`AtomicFile`]) only when sealed: for a file
-/// whose size decides whether it is written at all.
+/// A file gathered in memory and written (as an [`AtomicFile`]) only when sealed.
 pub struct InMemory {
     path: PathBuf,
     durability: Durability,
@@ -95,7 +89,6 @@ pub struct InMemory {
 }
 
 impl InMemory {
-    /// `path`, to be written whole when sealed, synced as `durability` says.
     pub fn new(path: &Path, durability: Durability) -> InMemory {
         InMemory {
             path: path.to_path_buf(),

@@ -27,13 +27,6 @@ pub const CACHE_BUDGET_ENV: &str = "GRANARY_SNAPSHOT_CACHE_MAX";
 /// `1`: S3 credentials may come from the instance's role ([`StoreConfig::aws_imds`]).
 pub const AWS_IMDS_ENV: &str = "GRANARY_AWS_IMDS";
 
-/// Snapshots up to this size are fetched whole (one GET; every section checked at once):
-/// paging pays off only for large ones.
-pub const WHOLE_MAX: u64 = 16 << 20;
-
-/// Default bound of the snapshot cache: 16 GiB on disk.
-pub const CACHE_BUDGET: u64 = 16 << 30;
-
 /// How the store reaches object stores and where it keeps node-local copies of what it
 /// fetched.
 #[derive(Clone, Debug, PartialEq)]
@@ -43,10 +36,11 @@ pub struct StoreConfig {
     /// Where fetched snapshots are kept (default `snapshots` in the cache home:
     /// `$XDG_CACHE_HOME/granary`, else `~/.cache/granary`).
     pub snapshot_cache: PathBuf,
-    /// Snapshots up to this many bytes are fetched whole; larger ones
-    /// are read in checked blocks.
+    /// Snapshots up to this many bytes (default 16 MiB) are fetched whole (one GET; every
+    /// section checked at once); larger ones are read in checked blocks.
     pub snapshot_whole_max: u64,
-    /// Bytes on disk the snapshot cache may take (least recently opened copies go first).
+    /// Bytes on disk the snapshot cache may take (default 16 GiB; least recently opened copies
+    /// go first).
     pub snapshot_cache_max: u64,
     /// S3 credentials may come from the instance metadata service (cloud instances whose role
     /// provides them); otherwise a missing key is an error at once rather than a wait on a
@@ -59,8 +53,8 @@ impl Default for StoreConfig {
         StoreConfig {
             timeouts: Timeouts::default(),
             snapshot_cache: cache_home().join("snapshots"),
-            snapshot_whole_max: WHOLE_MAX,
-            snapshot_cache_max: CACHE_BUDGET,
+            snapshot_whole_max: 16 << 20,
+            snapshot_cache_max: 16 << 30,
             aws_imds: false,
         }
     }

@@ -1,9 +1,6 @@
 //! What a layer counts: one type ([`Meter`], live; [`MeterReading`], its value) declared once
-//! for every count of every layer - opens, reads, ranges, bytes, failures and waits
-//! (the metering layer counts them for any store), the samples each layer served, how
-//! origin opened its files, the tier's admissions and fetches, the peers' events, a paged
-//! snapshot's GETs. Every report (`read --json`, Python, the mount's statistics, the bill,
-//! Prometheus) derives from readings of it.
+//! for every count of every layer. Every report (`read --json`, Python, the mount's
+//! statistics, the bill, Prometheus) derives from readings of it.
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
@@ -69,17 +66,14 @@ counts! {
     bytes,
     /// Opens and reads that failed.
     errors,
-    /// Copies (a tier's, a peer's) given up for the layer below after their bytes failed
-    /// (layers nest: the tier's count includes the peers').
+    /// Copies given up for the layer below after their bytes failed (the tier's count
+    /// includes the peers').
     fallbacks,
-    /// Samples delivered from this layer's own bytes (not nested: a sample counts in the
-    /// layer that served it alone; [`crate::StoreStack::served`]).
+    /// Samples delivered from this layer's own bytes (counted in that layer alone,
+    /// [`crate::StoreStack::served`]), and the bytes read to deliver them.
     served_samples,
-    /// The bytes read from this layer's own bytes to deliver them (whole chunks, ranges,
-    /// records: what was read, not only the samples' records).
     served_bytes,
-    /// Files a local store opened through the page cache (not resident yet, but kept resident,
-    /// or the mode says so), found resident and mapped (served without a read or a copy), and
+    /// Files a local store opened through the page cache, found resident and mapped, and
     /// opened with `O_DIRECT` (the origin layer only).
     opened_buffered,
     opened_resident,
@@ -91,27 +85,24 @@ counts! {
     admissions_failed,
     /// Offers it dropped because its queue was full while the tier was full too.
     admissions_skipped,
-    /// Fetch on first touch (the tier's layer only): chunks fetched and kept, and the bytes
-    /// read for fetches.
+    /// Fetch on first touch (the tier's layer only): chunks fetched and kept, the bytes read
+    /// for fetches, chunks fetched that the tier then declined, fetches skipped because it
+    /// would have, and fetches that failed.
     chunks_fetched,
     bytes_fetched,
-    /// Chunks fetched that the tier then declined, and fetches skipped because it would have.
     fetches_declined,
     fetches_skipped,
-    /// Fetches that failed (the samples still came from below).
     fetch_errors,
     /// Chunks other nodes' tiers served with the snapshot's size and digest, and their bytes
     /// (the peers' layer only).
     chunks_from_peers,
     bytes_from_peers,
-    /// Chunks another node owns read from origin instead, by reason: the owner did not hold it
-    /// yet, served a copy that failed the size or digest check, or did not answer (or was
-    /// already marked down).
+    /// Chunks another node owns read from origin instead, by reason: the owner did not hold it,
+    /// served a copy that failed the checks, or did not answer (or was marked down); and the
+    /// bytes read from origin for them.
     missing_at_owner,
     rejected,
     unreachable,
-    /// The bytes read from origin for them (the peers' report's `bytes_from_origin` is all
-    /// that came from origin).
     bytes_from_origin_instead,
     /// Times a peer was marked down (at most once per peer and epoch).
     peers_marked_down,
@@ -138,7 +129,7 @@ impl Meter {
     }
 
     /// Counts one read of `ranges` ranges that delivered `bytes` (none when it failed) after
-    /// `waited`, whoever performed it (the source itself, or the engine on its local file).
+    /// `waited`, by the source itself or the engine on its local file.
     pub(crate) fn read(&self, ranges: u64, bytes: u64, waited: Duration, failed: bool) {
         self.reads.fetch_add(1, Relaxed);
         self.ranges.fetch_add(ranges, Relaxed);

@@ -58,23 +58,15 @@ impl IoFile {
     /// A file read with reads (`direct`: opened with `O_DIRECT`), not through a map; its
     /// length comes from one `fstat`.
     pub fn unmapped(file: File, path: &Path, direct: bool) -> Result<Self> {
-        let len = file
-            .metadata()
-            .map_err(|e| StoreError::io("inspecting", path, e))?
-            .len();
-        Ok(Self::unmapped_known(file, path, direct, len))
-    }
-
-    /// A file of known length read with reads.
-    pub fn unmapped_known(file: File, path: &Path, direct: bool, len: u64) -> Self {
-        IoFile {
+        let md = file.metadata();
+        Ok(IoFile {
+            len: md.map_err(|e| StoreError::io("inspecting", path, e))?.len(),
             file,
             path: path.to_path_buf(),
             direct,
             map: None,
-            len,
             from: BytesFrom::Origin,
-        }
+        })
     }
 
     /// Marks where this file's bytes come from (a copy in the local tier, say).
@@ -275,12 +267,6 @@ impl std::ops::Deref for ChunkBytes {
     }
 }
 
-impl AsRef<[u8]> for ChunkBytes {
-    fn as_ref(&self) -> &[u8] {
-        self
-    }
-}
-
 /// The whole of `src` (exactly the length it had when opened, or an error naming it): read
 /// front to back, or mapped when it is a local file larger than [`READ_WHOLE_LIMIT`].
 pub fn read_whole(src: &dyn ChunkSource) -> Result<ChunkBytes> {
@@ -335,9 +321,7 @@ pub fn open_regular_for_writing(path: &Path) -> std::io::Result<File> {
 /// The bytes of the file at `path`, a regular file (one of the tier's, a score table): a
 /// FIFO or a directory put under its name is an error, never waited on.
 pub fn read_regular(path: &Path) -> std::io::Result<Vec<u8>> {
-    use std::io::Read;
-    let mut f = open_regular(path, 0)?;
     let mut b = Vec::new();
-    f.read_to_end(&mut b)?;
+    std::io::Read::read_to_end(&mut open_regular(path, 0)?, &mut b)?;
     Ok(b)
 }

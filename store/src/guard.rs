@@ -12,7 +12,7 @@
 
 use std::ops::Deref;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Once;
+use std::sync::OnceLock;
 
 use memmap2::{Mmap, MmapMut};
 
@@ -28,49 +28,72 @@ struct Slot {
     writable: AtomicBool,
 }
 
-#[allow(clippy::declare_interior_mutable_const)]
-const EMPTY: Slot = Slot {
-    start: AtomicUsize::new(0),
-    len: AtomicUsize::new(0),
-    cut: AtomicBool::new(false),
-    writable: AtomicBool::new(false),
-};
-
-static TABLE: [Slot; SLOTS] = [EMPTY; SLOTS];
+static TABLE: [Slot; SLOTS] = [const {
+    Slot {
+        start: AtomicUsize::new(0),
+        len: AtomicUsize::new(0),
+        cut: AtomicBool::new(false),
+        writable: AtomicBool::new(false),
+    }
+}; SLOTS];
 /// Where the next free-slot search starts.
 static HINT: AtomicUsize = AtomicUsize::new(0);
 static PAGE: AtomicUsize = AtomicUsize::new(4096);
-static INSTALL: Once = Once::new();
-static INSTALLED: AtomicBool = AtomicBool::new(false);
+/// Whether our handler is installed (tried once).
+static INSTALLED: OnceLock<bool> = OnceLock::new();
 /// The SIGBUS action that was there before ours (written once, before ours is installed).
 static mut PREVIOUS: Option<libc::sigaction> = None;
 
-/// A read-only map of a file, registered so that a truncation of the file under it is a
-/// page of zeros and a flag ([`Mapped::is_cut`]) instead of SIGBUS. Dereferences to the map.
+/// A map of a file, registered so that a truncation of the file under it is a page of zeros
+/// and a flag ([`Guarded::is_cut`]) instead of SIGBUS: read-only ([`Mapped`]) or private
+/// ([`PrivateMapped`]). Dereferences to the map.
 #[derive(Debug)]
-pub struct Mapped {
-    map: Mmap,
+pub struct Guarded<M> {
+    map: M,
     slot: usize,
     /// Per [`POPULATE_PIECE`] of the map: its page tables were filled once
     /// ([`Mapped::populate`]).
     populated: Box<[AtomicBool]>,
 }
 
+/// A read-only map of a file, guarded.
+pub type Mapped = Guarded<Mmap>;
+
+/// A private, copy-on-write map of a file, guarded: reads share the page cache's pages (no
+/// copy), a write makes a private copy of its page and never reaches the file. For handing a
+/// file's bytes to code that may write into them (a training process given tensors that are
+/// views of a chunk file).
+pub type PrivateMapped = Guarded<MmapMut>;
+
 /// What [`Mapped::populate`] fills at a time, and remembers it filled.
 pub const POPULATE_PIECE: usize = 2 << 20;
 
-impl Mapped {
-    /// Registers `map`; `None` if the handler cannot be installed or the table is full (the
-    /// caller then reads instead of mapping). An empty map needs no guard.
-    pub fn new(map: Mmap) -> Option<Mapped> {
-        let slot = register(map.as_ptr() as usize, map.len(), false)?;
+impl<M: Deref<Target = [u8]>> Guarded<M> {
+    /// Registers `map` (`writable`: a private map, whose zero pages must be writable too);
+    /// `None` if the handler cannot be installed or the table is full (the caller then reads
+    /// instead of mapping).
+    fn register(map: M, writable: bool) -> Option<Self> {
+        let slot = register(map.as_ptr() as usize, map.len(), writable)?;
         let pieces = map.len().div_ceil(POPULATE_PIECE);
         let populated = (0..pieces).map(|_| AtomicBool::new(false)).collect();
-        Some(Mapped {
+        Some(Guarded {
             map,
             slot,
             populated,
         })
+    }
+
+    /// True once a read found part of the file gone (truncated after it was mapped): bytes
+    /// read through the map since may be zeros instead of the file's.
+    pub fn is_cut(&self) -> bool {
+        TABLE[self.slot].cut.load(Ordering::Acquire)
+    }
+}
+
+impl Mapped {
+    /// Registers `map`; `None` if it cannot be guarded.
+    pub fn new(map: Mmap) -> Option<Mapped> {
+        Self::register(map, false)
     }
 
     /// Fills the page tables of `[at, at + len)` of the map in one call per piece instead of a
@@ -92,29 +115,36 @@ impl Mapped {
             }
         }
     }
+}
 
-    /// True once a read found part of the file gone (truncated after it was mapped): bytes
-    /// read through the map since may be zeros instead of the file's.
-    pub fn is_cut(&self) -> bool {
-        TABLE[self.slot].cut.load(Ordering::Acquire)
+impl PrivateMapped {
+    /// Registers `map` (a private map: `MmapOptions::map_copy`); `None` if it cannot be
+    /// guarded.
+    pub fn new(map: MmapMut) -> Option<PrivateMapped> {
+        Self::register(map, true)
+    }
+
+    /// The map's bytes, for reading and writing (copy on write: the file does not change).
+    pub fn bytes_mut(&mut self) -> &mut [u8] {
+        &mut self.map
     }
 }
 
-impl Deref for Mapped {
-    type Target = Mmap;
+impl<M> Deref for Guarded<M> {
+    type Target = M;
 
-    fn deref(&self) -> &Mmap {
+    fn deref(&self) -> &M {
         &self.map
     }
 }
 
-impl AsRef<[u8]> for Mapped {
+impl<M: Deref<Target = [u8]>> AsRef<[u8]> for Guarded<M> {
     fn as_ref(&self) -> &[u8] {
         &self.map
     }
 }
 
-impl Drop for Mapped {
+impl<M> Drop for Guarded<M> {
     /// Unregistered before the map goes (the field is dropped after this).
     fn drop(&mut self) {
         TABLE[self.slot].start.store(0, Ordering::Release);
@@ -124,21 +154,18 @@ impl Drop for Mapped {
 /// Claims a slot of the table for the map at `start..start + len`; `None` if the handler
 /// cannot be installed or the table is full.
 fn register(start: usize, len: usize, writable: bool) -> Option<usize> {
-    install();
-    if !INSTALLED.load(Ordering::Acquire) {
+    if !install() {
         return None;
     }
     let first = HINT.fetch_add(1, Ordering::Relaxed);
     for k in 0..SLOTS {
         let i = (first + k) % SLOTS;
         let s = &TABLE[i];
-        if s.start.load(Ordering::Relaxed) != 0 {
-            continue;
-        }
         // Claim the slot with a marker, fill it, then publish the start.
-        if s.start
-            .compare_exchange(0, usize::MAX, Ordering::Acquire, Ordering::Relaxed)
-            .is_ok()
+        if s.start.load(Ordering::Relaxed) == 0
+            && s.start
+                .compare_exchange(0, usize::MAX, Ordering::Acquire, Ordering::Relaxed)
+                .is_ok()
         {
             s.len.store(len, Ordering::Relaxed);
             s.cut.store(false, Ordering::Relaxed);
@@ -150,49 +177,9 @@ fn register(start: usize, len: usize, writable: bool) -> Option<usize> {
     None
 }
 
-/// A private, copy-on-write map of a file, guarded as [`Mapped`] is: reads share the page
-/// cache's pages (no copy), a write makes a private copy of its page and never reaches the
-/// file. For handing a file's bytes to code that may write into them (a training process
-/// given tensors that are views of a chunk file).
-#[derive(Debug)]
-pub struct PrivateMapped {
-    map: MmapMut,
-    slot: usize,
-}
-
-impl PrivateMapped {
-    /// Registers `map` (a private map: `MmapOptions::map_copy`); `None` as for
-    /// [`Mapped::new`].
-    pub fn new(map: MmapMut) -> Option<PrivateMapped> {
-        let slot = register(map.as_ptr() as usize, map.len(), true)?;
-        Some(PrivateMapped { map, slot })
-    }
-
-    /// The map's bytes, for reading and writing (copy on write: the file does not change).
-    pub fn bytes_mut(&mut self) -> &mut [u8] {
-        &mut self.map
-    }
-
-    /// True once a read found part of the file gone (as [`Mapped::is_cut`]).
-    pub fn is_cut(&self) -> bool {
-        TABLE[self.slot].cut.load(Ordering::Acquire)
-    }
-}
-
-impl Drop for PrivateMapped {
-    /// Unregistered before the map goes (the field is dropped after this).
-    fn drop(&mut self) {
-        TABLE[self.slot].start.store(0, Ordering::Release);
-    }
-}
-
-fn install() {
-    INSTALL.call_once(|| {
-        // SAFETY: sysconf has no preconditions.
-        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-        if page > 0 {
-            PAGE.store(page as usize, Ordering::Relaxed);
-        }
+fn install() -> bool {
+    *INSTALLED.get_or_init(|| {
+        PAGE.store(rustix::param::page_size(), Ordering::Relaxed);
         // SAFETY: `sa` is fully initialised (zeroed, then the handler, flags and an empty
         // mask); the previous action is written to PREVIOUS before our handler can run (it is
         // installed by the same call, and PREVIOUS is only read by the handler), and nothing
@@ -204,14 +191,12 @@ fn install() {
             libc::sigemptyset(&mut sa.sa_mask);
             let mut old: libc::sigaction = std::mem::zeroed();
             if libc::sigaction(libc::SIGBUS, std::ptr::null(), &mut old) != 0 {
-                return;
+                return false;
             }
             PREVIOUS = Some(old);
-            if libc::sigaction(libc::SIGBUS, &sa, std::ptr::null_mut()) == 0 {
-                INSTALLED.store(true, Ordering::Release);
-            }
+            libc::sigaction(libc::SIGBUS, &sa, std::ptr::null_mut()) == 0
         }
-    });
+    })
 }
 
 /// The SIGBUS handler: a fault inside a registered map gets a page of zeros over the missing

@@ -158,8 +158,14 @@ impl Opener {
             self.a.meter.opened_buffered.fetch_add(1, Relaxed);
             advise(&file, self.a.pattern);
         }
-        let f = IoFile::unmapped_known(file, path, false, len);
-        Ok(IoFile { map, ..f })
+        Ok(IoFile {
+            file,
+            path: path.to_path_buf(),
+            direct: false,
+            map,
+            len,
+            from: crate::seam::BytesFrom::Origin,
+        })
     }
 
     /// A map of `file` (metadata `md`) whose pages `resident` finds all in memory: the one kept
@@ -304,20 +310,6 @@ fn cached_share(f: &std::fs::File, len: u64) -> Option<f64> {
     use std::os::fd::AsRawFd;
     /// `cachestat`'s number, the same on every architecture (added after the tables merged).
     const SYS_CACHESTAT: libc::c_long = 451;
-    #[repr(C)]
-    struct Range {
-        off: u64,
-        len: u64,
-    }
-    #[repr(C)]
-    #[derive(Default)]
-    struct Stat {
-        nr_cache: u64,
-        nr_dirty: u64,
-        nr_writeback: u64,
-        nr_evicted: u64,
-        nr_recently_evicted: u64,
-    }
     static MISSING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
     if MISSING.load(Relaxed) {
         return None;
@@ -325,18 +317,20 @@ fn cached_share(f: &std::fs::File, len: u64) -> Option<f64> {
     if len == 0 {
         return Some(1.0);
     }
-    // Len 0: to the end of the file.
-    let range = Range { off: 0, len: 0 };
-    let mut st = Stat::default();
+    // `struct cachestat_range` (offset, length; length 0: to the end of the file), and
+    // `struct cachestat` (nr_cache first, then the dirty, writeback, evicted and recently
+    // evicted pages).
+    let range = [0u64; 2];
+    let mut st = [0u64; 5];
     // SAFETY: cachestat reads one `struct cachestat_range` from `range` and writes one
-    // `struct cachestat` into `st`, both live, `repr(C)` and laid out as the kernel's (u64
-    // fields); the descriptor is open for the call's duration; flags must be 0.
+    // `struct cachestat` into `st`, both live and laid out as the kernel's (u64 fields, no
+    // padding); the descriptor is open for the call's duration; flags must be 0.
     let r = unsafe {
         libc::syscall(
             SYS_CACHESTAT,
             f.as_raw_fd(),
-            &range as *const Range,
-            &mut st as *mut Stat,
+            range.as_ptr(),
+            st.as_mut_ptr(),
             0 as libc::c_uint,
         )
     };
@@ -345,7 +339,7 @@ fn cached_share(f: &std::fs::File, len: u64) -> Option<f64> {
         return None;
     }
     let pages = len.div_ceil(rustix::param::page_size() as u64);
-    Some((st.nr_cache as f64 / pages as f64).min(1.0))
+    Some((st[0] as f64 / pages as f64).min(1.0))
 }
 
 /// The share of `map`'s pages that the page cache holds (`mincore`); 0 if it cannot tell.
@@ -392,36 +386,30 @@ pub fn effective_memory() -> u64 {
 /// The lowest memory limit on this process's cgroup path (v1 or v2), if any.
 fn cgroup_memory_limit() -> Option<u64> {
     let text = std::fs::read_to_string("/proc/self/cgroup").ok()?;
-    let mut best: Option<u64> = None;
+    let mut limits = Vec::new();
     for line in text.lines() {
         let mut parts = line.splitn(3, ':');
         let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
-        let candidates: Vec<(String, &str)> = if controllers.split(',').any(|c| c == "memory") {
-            vec![("/sys/fs/cgroup/memory".into(), "memory.limit_in_bytes")]
+        let places: &[(&str, &str)] = if controllers.split(',').any(|c| c == "memory") {
+            &[("/sys/fs/cgroup/memory", "memory.limit_in_bytes")]
         } else if controllers.is_empty() {
-            vec![
-                ("/sys/fs/cgroup".into(), "memory.max"),
-                ("/sys/fs/cgroup/unified".into(), "memory.max"),
+            &[
+                ("/sys/fs/cgroup", "memory.max"),
+                ("/sys/fs/cgroup/unified", "memory.max"),
             ]
         } else {
             continue;
         };
-        for (root, file) in candidates {
-            let mut dir = std::path::PathBuf::from(format!("{root}{path}"));
-            loop {
-                let limit = std::fs::read_to_string(dir.join(file))
-                    .ok()
-                    .and_then(|s| s.trim().parse::<u64>().ok());
-                if let Some(l) = limit {
-                    best = Some(best.map_or(l, |b| b.min(l)));
-                }
-                if dir.as_os_str().len() <= root.len() || !dir.pop() {
-                    break;
-                }
+        for (root, file) in places {
+            // The cgroup's directory and its parents up to the hierarchy's root.
+            let dir = PathBuf::from(format!("{root}{path}"));
+            for d in dir.ancestors().take_while(|d| d.starts_with(root)) {
+                let limit = std::fs::read_to_string(d.join(file)).ok();
+                limits.extend(limit.and_then(|s| s.trim().parse::<u64>().ok()));
             }
         }
     }
-    best
+    limits.into_iter().min()
 }
 
 /// Tells the kernel how `file` will be read (advice only: a kernel that ignores it reads the

@@ -23,16 +23,13 @@ pub enum Location {
 /// local file of that name exists (write it `./name` to be sure). The one place that tells
 /// URLs from paths.
 pub fn open(location: &Path, cfg: &StoreConfig) -> Result<Location> {
-    if let Some(url) = location.to_str().filter(|s| is_url(s)) {
-        return Ok(Location::Object(Arc::new(ObjectUrl::open(url, cfg)?)));
-    }
-    if let Some(url) = location.to_str().filter(|s| looks_like_url(s)) {
-        if !location.exists() {
-            // An unknown scheme: say so rather than "no such file".
-            ObjectUrl::open(url, cfg)?;
+    match location.to_str().filter(|s| looks_like_url(s)) {
+        // An unknown scheme is an error too (saying so rather than "no such file").
+        Some(url) if is_url(url) || !location.exists() => {
+            Ok(Location::Object(Arc::new(ObjectUrl::open(url, cfg)?)))
         }
+        _ => Ok(Location::Local(location.to_path_buf())),
     }
-    Ok(Location::Local(location.to_path_buf()))
 }
 
 /// Where a dataset written to `out` goes: `None` for a local path, else the object store (its
@@ -43,17 +40,13 @@ pub fn write_destination(
     staging: Option<&Path>,
     cfg: &StoreConfig,
 ) -> std::result::Result<Option<(Arc<ObjectUrl>, PathBuf)>, String> {
-    let u = match crate::open(Path::new(out), cfg).map_err(|e| format!("{out}: {e}"))? {
-        Location::Object(u) => u,
-        Location::Local(_) => {
-            return match staging {
-                Some(_) => Err(format!(
-                    "a staging directory is for writing to an object store URL; {out} is a \
-                     local path"
-                )),
-                None => Ok(None),
-            };
-        }
+    let Location::Object(u) = open(Path::new(out), cfg).map_err(|e| format!("{out}: {e}"))? else {
+        return match staging {
+            Some(_) => Err(format!(
+                "a staging directory is for writing to an object store URL; {out} is a local path"
+            )),
+            None => Ok(None),
+        };
     };
     if !u.writable() {
         return Err(format!(

@@ -1,12 +1,8 @@
-//! The metering layer: wraps any store and counts what passes through it - chunks opened,
-//! read calls, ranges, bytes, failures, and the time callers spent waiting in them - so that a
-//! reader can tell which layer it waits on. It is a store itself and implements the whole
-//! seam (a wrapper that forgot a method would silently change what the store below does), so
-//! it can sit anywhere in a stack: over origin, over the peers, over the tier.
-//!
-//! Over a local file it forwards the file to the I/O engine ([`ChunkSource::local`]), which
-//! reads it on its descriptor as it would unwrapped and reports what it read
-//! ([`ChunkSource::observe_local`]): the fast path is kept and every read still counted.
+//! The metering layer: wraps any store and counts what passes through it (chunks opened, read
+//! calls, ranges, bytes, failures, the time callers waited), so that a reader can tell which
+//! layer it waits on. It implements the whole seam (a forgotten method would silently change
+//! what the store below does). A local file is forwarded to the I/O engine
+//! ([`ChunkSource::local`]), which reports what it read ([`ChunkSource::observe_local`]).
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering::Relaxed;
@@ -69,8 +65,7 @@ struct MeteredSource {
     meter: Arc<Meter>,
 }
 
-/// `inner`, its reads counted in `meter` (also for a source a layer opens itself, outside its
-/// store's `open_chunk`: the tier's hot chunks).
+/// `inner`, its reads counted in `meter` (also for a source a layer opens itself: hot chunks).
 pub(crate) fn metered_source(inner: Source, meter: Arc<Meter>) -> Source {
     Arc::new(MeteredSource { inner, meter })
 }

@@ -1,9 +1,6 @@
 //! The store stack one reader reads through: the local tier ([`TierStore`]) over the job's
-//! other nodes ([`crate::PeerStore`]) over origin storage (the dataset's own store, tuned for
-//! how this reader reads), any subset of them. Streams, random access and the mount open every
-//! chunk through a [`StoreStack`]; each source says where its bytes came from
-//! ([`crate::BytesFrom`]). Every layer is metered ([`crate::Metered`]): what passed through
-//! it, and how long its reader waited there ([`StoreStack::layers`]).
+//! other nodes ([`crate::PeerStore`]) over origin storage (tuned for how this reader reads),
+//! any subset of them. Every layer is metered ([`crate::Metered`], [`StoreStack::layers`]).
 
 use std::sync::Arc;
 
@@ -40,8 +37,8 @@ fn metered(
 }
 
 impl StoreStack {
-    /// The stack of a reader that reads as `access` says: `tier` over `peers` (if any: peers
-    /// share tiers) over `store`, a dataset's own store whose chunk table is `chunks`.
+    /// The stack of a reader that reads as `access` says: `cache` over `peers` (if any) over
+    /// `store`, a dataset's own store whose chunk table is `chunks`.
     pub fn with_tier(
         store: &Arc<dyn ChunkStore>,
         chunks: Arc<[ChunkEntry]>,
@@ -102,9 +99,8 @@ impl StoreStack {
 
     /// What a stream's reads feed the stack's tier with ([`TierFeed`]): admission with at most
     /// a quarter of `memory` (the stream's budget) of offers waiting, hot chunks carrying the
-    /// class table `classes` when the tier's policy is importance and `importance` (the
-    /// samples' scores) says something, whole chunks ranked by it otherwise. With peers, only
-    /// the copies this node keeps are admitted. `None` without a tier.
+    /// class table `classes` when the policy is importance and `importance` says something,
+    /// whole chunks ranked by it otherwise. `None` without a tier.
     pub fn tier_feed(
         &self,
         classes: Vec<Vec<u8>>,
@@ -117,7 +113,7 @@ impl StoreStack {
         let hot = importance.clone().map(|i| HotChunks::open(t, i, memory));
         let hot = hot.transpose()?.flatten();
         let admission = Admission::start(
-            t.cache().clone(),
+            t.cache.clone(),
             classes,
             memory / 4,
             self.meter("tier").unwrap_or_default(),
@@ -131,10 +127,9 @@ impl StoreStack {
         }))
     }
 
-    /// Fetch on first touch into the stack's tier (a read that misses the tier has its whole
-    /// chunk copied in, and may wait for it: [`crate::tier::fetch`]), with `threads` fetch
-    /// threads, `score` ranking a chunk for the tier's policy; `admitted` is told after each
-    /// chunk the tier took. False without a tier, or if it fetches already.
+    /// Fetch on first touch into the stack's tier ([`crate::tier::fetch`]) with `threads`
+    /// threads, `score` ranking a chunk for the policy; `admitted` is told after each chunk
+    /// the tier took. False without a tier, or if it fetches already.
     pub fn fetch_on_touch(
         &self,
         threads: usize,
@@ -147,22 +142,19 @@ impl StoreStack {
             .is_some_and(|t| t.fetch_on_touch(threads, score, admitted, meter))
     }
 
-    /// Stops fetching on first touch (waiting for a fetch in progress); later misses read
-    /// below the tier.
+    /// Stops fetching on first touch (waiting for a fetch in progress).
     pub fn stop_fetching(&self) {
-        if let Some(f) = self.tier.as_ref().and_then(|t| t.fetcher()) {
+        if let Some(f) = self.tier.as_ref().and_then(|t| t.fetch.get()) {
             f.stop();
         }
     }
 
     /// Counts `samples` samples in `bytes` bytes a reader delivered from bytes that came from
-    /// `from` (a completed read's [`crate::engine::Completed::from`]), in that layer's meter.
+    /// `from` (a completed read's [`crate::engine::Completed::from`]), in that layer's meter,
+    /// or the top's in a stack without that layer.
     pub fn served(&self, from: BytesFrom, samples: u64, bytes: u64) {
-        // A stack without that layer (bytes of a fetch, counted as the tier's, in a stack
-        // that has one): the top's.
-        let layer = Self::layer_of(from);
-        let found = self.meters.iter().find(|(name, _)| *name == layer);
-        if let Some((_, m)) = found.or(self.meters.first()) {
+        let top = || Some(self.meters.first()?.1.clone());
+        if let Some(m) = self.meter(Self::layer_of(from)).or_else(top) {
             m.served(samples, bytes);
         }
     }
@@ -175,15 +167,13 @@ impl StoreStack {
         }
     }
 
-    /// The layer of this stack whose bytes `source` (a chunk opened through it) serves now,
-    /// by the name its meter has in [`StoreStack::layers`]: `tier`, `peers` or `origin`.
+    /// The layer (`tier`, `peers` or `origin`) whose bytes `source` serves now.
     pub fn layer_serving(&self, source: &Source) -> &'static str {
         Self::layer_of(source.bytes_from())
     }
 
-    /// What passed through each layer so far, top first: `tier` (everything the reader read,
-    /// when it has a tier), `peers` (what the tier did not serve), `origin` (what reached the
-    /// dataset's own storage), each with the time its reader waited in it.
+    /// What passed through each layer so far, top first (`tier`, `peers`, `origin`), each with
+    /// the time its reader waited in it.
     pub fn layers(&self) -> Vec<(&'static str, MeterReading)> {
         self.meters
             .iter()
@@ -192,7 +182,7 @@ impl StoreStack {
     }
 
     /// Layer `name`'s meter (the tier's counts its admission too), if the stack has that layer.
-    pub fn meter(&self, name: &str) -> Option<Arc<Meter>> {
+    fn meter(&self, name: &str) -> Option<Arc<Meter>> {
         let m = self.meters.iter().find(|(layer, _)| *layer == name);
         Some(m?.1.clone())
     }

@@ -1,15 +1,12 @@
 //! The write side of local storage: files that appear under their name only complete.
 //!
-//! Every file granary writes goes through [`AtomicFile`] (or an appender, append.rs):
-//! written under a temporary name of its own beside the final one ([`temp_target`] tells such
-//! a name), created exclusively, flushed, fsynced as its [`Durability`] says, renamed over the
-//! final name, and the directory fsynced when asked. A final name that exists and is not a
-//! regular file is refused before anything is written. A file dropped before it is published
-//! takes its temporary file with it; the final name then still holds its old content, or
-//! nothing. Temporary files left by a killed process are removed by the next writer of the
-//! same directory on the same host. A publish can be split in two ([`AtomicFile::finish`],
-//! then [`Pending::publish`]), so that a caller can write something else between the last
-//! byte and the rename.
+//! Every file granary writes goes through [`AtomicFile`] (or an appender, append.rs): written
+//! under a temporary name of its own beside the final one ([`temp_target`]), created
+//! exclusively, fsynced as its [`Durability`] says, renamed over the final name, and the
+//! directory fsynced when asked. A final name that is not a regular file is refused. A file
+//! dropped unpublished takes its temporary file with it; those a killed process left are
+//! removed by the next writer of the directory on the same host. A publish can be split in
+//! two ([`AtomicFile::finish`], [`Pending::publish`]).
 
 use std::fs::File;
 use std::io::{self, BufWriter, Write};
@@ -21,11 +18,10 @@ use crate::buf::{AlignedBuf, ALIGN};
 /// What survives a crash of the machine once a file is published.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Durability {
-    /// Nothing is fsynced: a copy that can be made again (a cached snapshot, a tier copy). The
-    /// rename still makes the file appear whole or not at all to other processes.
+    /// Nothing is fsynced: a copy that can be made again (a cached snapshot, a tier copy).
     Rename,
     /// The file is fsynced before the rename; the caller syncs the directory once for many
-    /// files ([`sync_dir`]), as a pack does for its chunks.
+    /// files ([`sync_dir`]).
     File,
     /// The file, then its directory after the rename.
     FileAndDir,
@@ -34,12 +30,10 @@ pub enum Durability {
 /// Buffer of the writer in front of the file.
 const BUFFER: usize = 1 << 20;
 
-/// Buffer of a file written with `O_DIRECT`: each write of it is one request to the device
-/// (its memory is huge pages where the kernel has them: see [`crate::buf`]).
+/// Buffer of a file written with `O_DIRECT`: each write of it is one request to the device.
 const DIRECT_BUFFER: usize = 4 << 20;
 
-/// The least a write to a file written with `O_DIRECT` must be to go to the device from the
-/// caller's memory (see `DirectOut::write_in_place`): smaller ones are gathered.
+/// The least a write to an `O_DIRECT` file must be to go from the caller's memory.
 const IN_PLACE_MIN: usize = 1 << 20;
 
 /// A file being written that appears under its name only when published.
@@ -59,12 +53,9 @@ impl AtomicFile {
         Ok(AtomicFile { w, file })
     }
 
-    /// As [`AtomicFile::create`], written past the page cache (`O_DIRECT`) where the file
-    /// system takes it: whole buffers of 4 MiB go from memory to the device, the last part
-    /// through the page cache. For large files that are written once and not read back soon
-    /// (a pack's chunk files): they push nothing else out of memory. Where `O_DIRECT` does not
-    /// pay ([`direct_pays`]: tmpfs) or is refused (some network file systems, at the open or
-    /// at a write), the file is written through the page cache.
+    /// As [`AtomicFile::create`], written past the page cache (`O_DIRECT`), the last part
+    /// through it: for large files not read back soon (a pack's chunks). Where `O_DIRECT` does
+    /// not pay ([`direct_pays`]) or is refused, the file is written through the page cache.
     pub fn direct(path: &Path, durability: Durability) -> io::Result<Self> {
         let (file, f) = open_temp(path, durability)?;
         Self::direct_over(file, f)
@@ -113,8 +104,8 @@ impl AtomicFile {
 
 impl Drop for AtomicFile {
     fn drop(&mut self) {
-        // Dropped unfinished: unflushed bytes go with the file (a flush on drop could only
-        // fail again, or wait on a store that does not answer); `file` then removes it.
+        // Unflushed bytes go with the file (a flush on drop could only fail again, or wait on
+        // a store that does not answer); `file` then removes it.
         if let Some(Out::Buffered(w)) = self.w.take() {
             let _ = w.into_parts();
         }
@@ -142,8 +133,7 @@ enum Out {
 }
 
 /// A file written with `O_DIRECT`: bytes are gathered in an aligned buffer, each full buffer
-/// written at its (aligned) offset; the last, partial buffer is written through the page
-/// cache at [`DirectOut::finish`] (a direct write must be a whole number of blocks).
+/// written at its offset; the last, partial one through the page cache.
 struct DirectOut {
     f: File,
     buf: AlignedBuf,
@@ -151,13 +141,11 @@ struct DirectOut {
     len: usize,
     /// Where `buf` goes in the file.
     at: u64,
-    /// False once the file system refused a direct write: `O_DIRECT` is off for the file and
-    /// the buffer is written through the page cache.
+    /// False once the file system refused a direct write.
     direct: bool,
 }
 
 impl DirectOut {
-    /// Writing `f`, which has `O_DIRECT` on.
     fn new(f: File) -> DirectOut {
         DirectOut {
             f,
@@ -189,12 +177,10 @@ impl DirectOut {
         Ok(self.f)
     }
 
-    /// Writes the whole blocks of `b` straight from `b` (no copy into the buffer) when they
-    /// lie at a block boundary in memory where they go at one in the file, and `b` is large:
-    /// a caller that laid its bytes out so (a pack reads a chunk's files to where they lie in
-    /// the chunk, a block's worth past the chunk's header) hands the device its memory. The
-    /// bytes up to the block boundary go into the buffer first, which is written out. Returns
-    /// the bytes taken, `None` when `b` goes through the buffer.
+    /// Writes the whole blocks of a large `b` straight from its memory when they lie at a
+    /// block boundary there where they go at one in the file (a pack lays a chunk's files out
+    /// so); the bytes up to that boundary go through the buffer. Returns the bytes taken,
+    /// `None` when `b` goes through the buffer.
     fn write_in_place(&mut self, b: &[u8]) -> io::Result<Option<usize>> {
         let pos = self.at + self.len as u64;
         let gap = (ALIGN - (pos % ALIGN as u64) as usize) % ALIGN;
@@ -204,8 +190,7 @@ impl DirectOut {
         if !self.direct || !aligned || b.len() < gap + IN_PLACE_MIN {
             return Ok(None);
         }
-        // `at` is at a block boundary, so the buffer with the gap filled is whole blocks (and
-        // no fuller than the buffer: it is drained whenever it is full).
+        // `at` is at a block boundary, so the buffer with the gap filled is whole blocks.
         self.buf.as_mut_slice()[self.len..self.len + gap].copy_from_slice(&b[..gap]);
         self.len += gap;
         if self.len > 0 {
@@ -222,8 +207,7 @@ impl DirectOut {
 }
 
 /// Whether writing `f` past the page cache pays: not on a file system whose files live in
-/// memory (tmpfs, ramfs), where a direct write is a copy into the page cache plus an attempt
-/// to drop it again (measured slower).
+/// memory (tmpfs, ramfs), where a direct write is a copy plus an attempt to drop it again.
 pub(crate) fn direct_pays(f: &File) -> bool {
     use rustix::fs::FsWord;
     /// tmpfs's and ramfs's `f_type` (linux/magic.h).
@@ -251,9 +235,8 @@ pub(crate) fn set_direct(f: &File, on: bool) -> io::Result<bool> {
     }
 }
 
-/// Writes all of `bytes` at `at` in `f`. Where `*direct` and the file system refuses the
-/// write as it stands (`EINVAL`: an alignment it does not take), turns `O_DIRECT` off for `f`,
-/// clears `*direct` and writes through the page cache.
+/// Writes all of `bytes` at `at` in `f`; where `*direct` and the file system refuses it
+/// (`EINVAL`), turns `O_DIRECT` off, clears `*direct` and writes through the page cache.
 pub(crate) fn write_all_at(f: &File, bytes: &[u8], at: u64, direct: &mut bool) -> io::Result<()> {
     match f.write_all_at(bytes, at) {
         Err(e) if *direct && e.raw_os_error() == Some(libc::EINVAL) => {
@@ -284,9 +267,8 @@ impl Write for DirectOut {
     }
 }
 
-/// A file being written under a temporary name, sealed (written whole and synced as its
-/// durability says) into a [`Pending`] rename: [`AtomicFile`], and the appender (append.rs)
-/// whose writes go to the device in the background. A chunk file is built on either.
+/// A file being written under a temporary name, sealed (written whole and synced) into a
+/// [`Pending`] rename: [`AtomicFile`], or the appender (append.rs).
 pub trait Seal: Write {
     /// Writes what is left, syncs as the durability says, and hands the file to its rename.
     fn seal(self) -> io::Result<Pending>;
@@ -314,7 +296,7 @@ pub struct Pending {
 }
 
 impl Pending {
-    /// This pending file, leaving behind one that removes nothing when dropped.
+    /// This pending file, leaving one that removes nothing when dropped.
     fn take(&mut self) -> Pending {
         let taken = Pending {
             path: std::mem::take(&mut self.path),
@@ -379,12 +361,10 @@ pub fn write_atomic(
 pub fn check_target(path: &Path) -> io::Result<()> {
     match std::fs::symlink_metadata(path) {
         Ok(m) if !m.file_type().is_file() => {
-            let what = if m.file_type().is_symlink() {
-                "a symbolic link"
-            } else if m.is_dir() {
-                "a directory"
-            } else {
-                "not a regular file"
+            let what = match m.file_type() {
+                t if t.is_symlink() => "a symbolic link",
+                t if t.is_dir() => "a directory",
+                _ => "not a regular file",
             };
             Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
@@ -401,16 +381,16 @@ pub fn check_target(path: &Path) -> io::Result<()> {
     }
 }
 
-/// Writes a report (metrics, a summary) to `path` whole, as every file is written, after
-/// refusing what is not a report's place: a target that is not a regular file
-/// ([`check_target`]), a dataset's or view's own file (`.gsnap`, `.gchunk`, `.gview`), or any
-/// file in a dataset's directory.
+/// Writes a report (metrics, a summary) to `path` whole, after refusing what is not a
+/// report's place ([`check_report_target`]).
 pub fn publish_report(path: &Path, bytes: &[u8]) -> io::Result<()> {
     check_report_target(path)?;
     write_atomic(path, Durability::Rename, |w| w.write_all(bytes))
 }
 
-/// The checks of [`publish_report`], to make before the work whose report it is.
+/// The checks of [`publish_report`], to make before the work whose report it is: refuses a
+/// target that is not a regular file ([`check_target`]), a dataset's or view's own file, or
+/// any file in a dataset's directory.
 pub fn check_report_target(path: &Path) -> io::Result<()> {
     check_target(path)?;
     let refuse = |why: String| Err(io::Error::new(io::ErrorKind::InvalidInput, why));
@@ -460,8 +440,7 @@ pub fn temp_target(name: &str) -> Option<&str> {
     }
 }
 
-/// This host, as 8 hex digits of its name: temporary names say which host's process made
-/// them, so that only this host's dead processes' files are swept.
+/// This host, as 8 hex digits of its name: only this host's dead processes' files are swept.
 fn host_tag() -> &'static str {
     static TAG: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     TAG.get_or_init(|| {
@@ -471,10 +450,9 @@ fn host_tag() -> &'static str {
     })
 }
 
-/// Creates the temporary file for `path` (which [`check_target`] accepts) beside it, under a
-/// name no other writer uses (this host, this process, a counter), exclusively: an existing
-/// file or link of that name is an error, never followed. First removes the temporary files
-/// of `path` that processes of this host which no longer run left behind (killed mid-write).
+/// Creates the temporary file for `path` (which [`check_target`] accepts) beside it,
+/// exclusively, under a name no other writer uses (this host, this process, a counter), after
+/// sweeping the directory's dead writers' files.
 pub(crate) fn open_temp(path: &Path, durability: Durability) -> io::Result<(Pending, File)> {
     use std::sync::atomic::{AtomicU64, Ordering};
     static SEQ: AtomicU64 = AtomicU64::new(0);
@@ -504,9 +482,7 @@ pub(crate) fn open_temp(path: &Path, durability: Durability) -> io::Result<(Pend
 }
 
 /// Removes `dir`'s temporary files made on this host by processes that are gone, once per
-/// directory and process (a pack writing thousands of chunks into one directory lists it once,
-/// not once per chunk): what a process killed mid-write left, which no later writer of this
-/// process can have made. Best effort: a directory that cannot be listed is left as it is.
+/// directory and process (a pack lists its directory once, not once per chunk). Best effort.
 fn sweep_dead_temps(dir: &Path) {
     use std::collections::HashSet;
     use std::sync::{Mutex, OnceLock};
@@ -525,19 +501,13 @@ fn sweep_dead_temps(dir: &Path) {
     let tag = format!(".{}-", host_tag());
     for e in entries.flatten() {
         let file = e.file_name();
-        let Some(f) = file.to_str() else { continue };
-        let Some(target) = temp_target(f) else {
-            continue;
-        };
-        let Some(rest) = f[target.len()..].strip_prefix(tag.as_str()) else {
-            continue;
-        };
-        let pid = rest.split('-').next();
-        let Some(pid) = pid.and_then(|p| i32::from_str_radix(p, 16).ok()) else {
-            continue;
-        };
+        let pid = file.to_str().and_then(|f| {
+            let rest = f[temp_target(f)?.len()..].strip_prefix(tag.as_str())?;
+            i32::from_str_radix(rest.split('-').next()?, 16).ok()
+        });
         // Signal 0 sends nothing: it asks whether the process exists.
-        let gone = rustix::process::Pid::from_raw(pid)
+        let gone = pid
+            .and_then(rustix::process::Pid::from_raw)
             .is_some_and(|p| rustix::process::test_kill_process(p) == Err(rustix::io::Errno::SRCH));
         if gone {
             let _ = std::fs::remove_file(e.path());
@@ -547,22 +517,16 @@ fn sweep_dead_temps(dir: &Path) {
 
 /// Fsyncs directory `dir` (`.` for an empty path), so that the renames in it survive a crash.
 pub fn sync_dir(dir: &Path) -> io::Result<()> {
-    let d = if dir.as_os_str().is_empty() {
-        Path::new(".")
-    } else {
-        dir
-    };
+    let d = Some(dir).filter(|d| !d.as_os_str().is_empty());
+    let d = d.unwrap_or(Path::new("."));
     crash_point("fsync-dir", d);
     File::open(d)?.sync_all()
 }
 
 /// A place where a command that writes may be killed: before each step of publishing a file
-/// (its temporary file created, its last bytes written, its fsync, its rename, its directory's
-/// fsync) and before each rename or removal a command makes around whole datasets. The
-/// crash harness (`tests/crash.rs`) runs a command with `GRANARY_CRASH_LOG=FILE` to list the
-/// points it passes, then once for each with `GRANARY_CRASH_AT=N`: the process kills itself
-/// (SIGKILL, nothing cleaned up) at the N-th point. Without either variable this is one
-/// relaxed atomic load.
+/// and before each rename or removal around whole datasets. The crash harness
+/// (`tests/crash.rs`) lists the points with `GRANARY_CRASH_LOG=FILE`, then runs once for each
+/// with `GRANARY_CRASH_AT=N`: the process kills itself (SIGKILL) at the N-th point.
 pub fn crash_point(what: &str, path: &Path) {
     use std::sync::atomic::{AtomicU64, Ordering};
     use std::sync::OnceLock;

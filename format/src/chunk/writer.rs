@@ -9,9 +9,6 @@ fn invalid_input(m: impl Into<String>) -> std::io::Error {
     std::io::Error::new(std::io::ErrorKind::InvalidInput, m.into())
 }
 
-/// A field as the chunk writer collects it: name, length, CRC-32.
-type NamedField = (Vec<u8>, u64, u32);
-
 /// One record of [`ChunkWriter::append_run`]: what [`ChunkWriter::append`] takes, but its
 /// bytes (which are in the run), and its attributes where the chunk has them.
 #[derive(Clone, Copy, Debug)]
@@ -35,8 +32,9 @@ pub struct ChunkWriter<W: Write> {
     digest: crate::ContentDigest,
     entries: Vec<SampleEntry>,
     paths: Vec<Vec<u8>>,
-    /// With fields: each record's fields (names as strings until the footer sorts them).
-    fields: Option<Vec<Vec<NamedField>>>,
+    /// With fields: each record's fields, named in `names` until the footer sorts them.
+    fields: Option<Vec<Vec<FieldEntry>>>,
+    names: crate::FieldNames,
     /// Field types declared ([`ChunkWriter::field_types`]); other names are `bytes`.
     types: std::collections::BTreeMap<Vec<u8>, String>,
     /// With an attributes block: the records' attributes so far, and the directories.
@@ -78,6 +76,7 @@ impl<W: Write> ChunkWriter<W> {
             entries: Vec::new(),
             paths: Vec::new(),
             fields: fields.then(Vec::new),
+            names: Default::default(),
             types: Default::default(),
             attrs: attrs.then(Default::default),
         };
@@ -169,7 +168,11 @@ impl<W: Write> ChunkWriter<W> {
                 data.len() as u64,
             ));
             total += data.len() as u64;
-            list.push((name.to_vec(), data.len() as u64, *crc));
+            list.push(FieldEntry {
+                name: self.names.id(name),
+                len: data.len() as u64,
+                crc32: *crc,
+            });
         }
         let entry = SampleEntry {
             chunk: self.chunk_id,
@@ -345,27 +348,9 @@ impl<W: Write> ChunkWriter<W> {
     pub fn finish<C: AsRef<[u8]>>(mut self, classes: &[C]) -> std::io::Result<(W, ChunkSummary)> {
         let paths = encode_string_table(self.paths.iter());
         let classes = encode_string_table(classes.iter());
-        let fields = self.fields.take().map(|recs| {
-            let mut names: Vec<Vec<u8>> =
-                recs.iter().flatten().map(|(n, _, _)| n.clone()).collect();
-            names.sort_unstable();
-            names.dedup();
-            let records = recs
-                .into_iter()
-                .map(|r| {
-                    r.into_iter()
-                        .map(|(n, len, crc32)| FieldEntry {
-                            name: names.binary_search(&n).expect("collected above") as u32,
-                            len,
-                            crc32,
-                        })
-                        .collect()
-                })
-                .collect();
-            let types = names
-                .iter()
-                .map(|n| self.types.get(n).cloned().unwrap_or_else(|| "bytes".into()))
-                .collect();
+        let fields = self.fields.take().map(|mut records| {
+            let (names, types) =
+                (self.names).sorted(records.iter_mut().flatten(), |n| self.types.get(n).cloned());
             ChunkFields {
                 names,
                 types,

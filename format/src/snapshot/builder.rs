@@ -48,8 +48,7 @@ pub struct SnapshotBuilder {
     /// Directories given, the first attributes given for a path kept.
     dirs: BTreeMap<Vec<u8>, FileAttrs>,
     with_fields: Option<bool>,
-    field_ids: HashMap<Vec<u8>, u32>,
-    field_names: Vec<Vec<u8>>,
+    field_names: crate::FieldNames,
     field_entries: Vec<FieldEntry>,
     /// Where each sample's field entries end.
     field_ends: Vec<u64>,
@@ -287,12 +286,8 @@ impl SnapshotBuilder {
                     .names
                     .get(e.name as usize)
                     .ok_or_else(|| invalid("a field names no known name"))?;
-                let next = self.field_names.len() as u32;
-                let id = *self.field_ids.entry(name.clone()).or_insert(next);
-                if id == next {
-                    self.field_names.push(name.clone());
-                }
-                self.field_entries.push(FieldEntry { name: id, ..*e });
+                let name = self.field_names.id(name);
+                self.field_entries.push(FieldEntry { name, ..*e });
             }
             self.field_ends.push(self.field_entries.len() as u64);
         }
@@ -362,7 +357,7 @@ impl SnapshotBuilder {
             let fields = &self.field_entries[start as usize..self.field_ends[s] as usize];
             if fields
                 .iter()
-                .any(|f| self.field_names[f.name as usize] == name)
+                .any(|f| self.field_names.names[f.name as usize] == name)
             {
                 bail!(
                     WHAT,
@@ -424,33 +419,12 @@ impl SnapshotBuilder {
         Ok(Section::new(SectionKind::Namespace, head, at..bulk.len()))
     }
 
-    /// The fields section, names sorted (entries renamed to match) and typed.
+    /// The fields section, names sorted (entries renamed to match) and typed as their chunks
+    /// declared them (a 1.x chunk declares none: bytes).
     fn fields_section(&self) -> Vec<u8> {
-        let sorted: BTreeMap<&[u8], usize> = self
-            .field_names
-            .iter()
-            .enumerate()
-            .map(|(i, n)| (&n[..], i))
-            .collect();
-        let mut rename = vec![0u32; sorted.len()];
-        for (new, &old) in sorted.values().enumerate() {
-            rename[old] = new as u32;
-        }
-        let names: Vec<&[u8]> = sorted.keys().copied().collect();
-        // Each name's type as its chunks declared it (a 1.x chunk declares none: bytes).
-        let types: Vec<String> = names
-            .iter()
-            .map(|&n| self.chunk_types.get(n).cloned())
-            .map(|t| t.unwrap_or_else(|| FieldType::Bytes.descriptor()))
-            .collect();
-        let entries: Vec<FieldEntry> = self
-            .field_entries
-            .iter()
-            .map(|e| FieldEntry {
-                name: rename[e.name as usize],
-                ..*e
-            })
-            .collect();
+        let mut entries = self.field_entries.clone();
+        let (names, types) =
+            (self.field_names).sorted(&mut entries, |n| self.chunk_types.get(n).cloned());
         encode_fields(&names, &types, &self.field_ends, &entries)
     }
 

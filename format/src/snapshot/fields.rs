@@ -60,76 +60,73 @@ pub const DTYPES: [(&str, u64); 12] = [
     ("float64", 8),
 ];
 
+/// The types whose descriptor is one word.
+const WORDS: [(&str, FieldType); 5] = [
+    ("bytes", FieldType::Bytes),
+    ("str", FieldType::Str),
+    ("json", FieldType::Json),
+    ("int", FieldType::Int),
+    ("npy", FieldType::Npy),
+];
+
 impl FieldType {
     /// Parses a type descriptor.
     pub fn parse(d: &str) -> std::result::Result<FieldType, String> {
         let bad = || Err(format!("unknown field type {d:?}"));
-        Ok(match d {
-            "bytes" => FieldType::Bytes,
-            "str" => FieldType::Str,
-            "json" => FieldType::Json,
-            "int" => FieldType::Int,
-            "npy" => FieldType::Npy,
-            _ => {
-                if let Some(codec) = d.strip_prefix("image:") {
-                    let ok = !codec.is_empty()
-                        && codec.len() <= 16
-                        && codec
-                            .bytes()
-                            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit());
-                    return match ok {
-                        true => Ok(FieldType::Image(codec.to_string())),
-                        false => bad(),
-                    };
-                }
-                let Some(rest) = d.strip_prefix("ndarray:") else {
-                    return bad();
-                };
-                let Some((dtype, shape)) = rest.split_once(':') else {
-                    return bad();
-                };
-                if !DTYPES.iter().any(|(n, _)| *n == dtype) {
-                    return Err(format!("unknown element type {dtype:?} in {d:?}"));
-                }
-                let shape: Vec<u64> = match shape {
-                    "" => Vec::new(),
-                    s => s
-                        .split(',')
-                        .map(|x| match x.parse::<u64>() {
-                            Ok(v) if x == v.to_string() => Ok(v),
-                            _ => Err(format!("bad dimension {x:?} in {d:?}")),
-                        })
-                        .collect::<std::result::Result<_, _>>()?,
-                };
-                if shape.len() > 32 {
-                    return Err(format!("more than 32 dimensions in {d:?}"));
-                }
-                let t = FieldType::Ndarray {
-                    dtype: dtype.to_string(),
-                    shape,
-                };
-                // Its values have one length, which a u64 holds.
-                if t.fixed_len().is_none() {
-                    return Err(format!("{d:?} describes values of 2^64 bytes or more"));
-                }
-                t
-            }
-        })
+        if let Some((_, t)) = WORDS.iter().find(|(w, _)| *w == d) {
+            return Ok(t.clone());
+        }
+        if let Some(codec) = d.strip_prefix("image:") {
+            let ok = !codec.is_empty()
+                && codec.len() <= 16
+                && codec
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit());
+            return match ok {
+                true => Ok(FieldType::Image(codec.to_string())),
+                false => bad(),
+            };
+        }
+        let Some((dtype, shape)) = d.strip_prefix("ndarray:").and_then(|r| r.split_once(':'))
+        else {
+            return bad();
+        };
+        if !DTYPES.iter().any(|(n, _)| *n == dtype) {
+            return Err(format!("unknown element type {dtype:?} in {d:?}"));
+        }
+        let shape: Vec<u64> = match shape {
+            "" => Vec::new(),
+            s => s
+                .split(',')
+                .map(|x| match x.parse::<u64>() {
+                    Ok(v) if x == v.to_string() => Ok(v),
+                    _ => Err(format!("bad dimension {x:?} in {d:?}")),
+                })
+                .collect::<std::result::Result<_, _>>()?,
+        };
+        if shape.len() > 32 {
+            return Err(format!("more than 32 dimensions in {d:?}"));
+        }
+        let t = FieldType::Ndarray {
+            dtype: dtype.to_string(),
+            shape,
+        };
+        // Its values have one length, which a u64 holds.
+        match t.fixed_len() {
+            Some(_) => Ok(t),
+            None => Err(format!("{d:?} describes values of 2^64 bytes or more")),
+        }
     }
 
     /// The descriptor (what [`FieldType::parse`] reads back).
     pub fn descriptor(&self) -> String {
         match self {
-            FieldType::Bytes => "bytes".into(),
-            FieldType::Str => "str".into(),
-            FieldType::Json => "json".into(),
-            FieldType::Int => "int".into(),
-            FieldType::Npy => "npy".into(),
             FieldType::Image(c) => format!("image:{c}"),
             FieldType::Ndarray { dtype, shape } => {
                 let dims: Vec<String> = shape.iter().map(u64::to_string).collect();
                 format!("ndarray:{dtype}:{}", dims.join(","))
             }
+            t => WORDS.iter().find(|(_, w)| w == t).expect("a word").0.into(),
         }
     }
 
@@ -214,7 +211,7 @@ impl FieldsLayout {
 /// Encodes the fields section: `names` sorted and distinct, their type descriptors, where
 /// each sample's entries end (in sample order) and the entries (names index `names`).
 pub(crate) fn encode_fields(
-    names: &[&[u8]],
+    names: &[Vec<u8>],
     types: &[String],
     ends: &[u64],
     entries: &[FieldEntry],
@@ -229,11 +226,7 @@ pub(crate) fn encode_fields(
     out.resize(le::align8(out.len() as u64) as usize, 0);
     le::put_words(&mut out, &[0]);
     le::put_words(&mut out, ends);
-    for e in entries {
-        out.extend_from_slice(&e.name.to_le_bytes());
-        out.extend_from_slice(&e.crc32.to_le_bytes());
-        out.extend_from_slice(&e.len.to_le_bytes());
-    }
+    out.extend(entries.iter().flat_map(FieldEntry::encode_snap));
     out
 }
 
@@ -338,11 +331,7 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
         let b = self.at(at(r.start)..at(r.end))?;
         r.zip(b.chunks_exact(SNAP_FIELD_LEN))
             .map(|(e, b)| {
-                let fe = FieldEntry {
-                    name: le::u32_at(b, 0),
-                    crc32: le::u32_at(b, 4),
-                    len: le::u64_at(b, 8),
-                };
+                let fe = FieldEntry::decode_snap(b);
                 if fe.name as u64 >= f.name_count {
                     bail!(
                         WHAT,

@@ -9,7 +9,7 @@ use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::error::{bail, check_crc, need, FormatError, Result};
-use crate::le;
+use crate::le::{self, Le};
 use crate::{SNAPSHOT_MAGIC, SNAPSHOT_MAJOR};
 
 /// Length of the snapshot header; the body follows it.
@@ -58,23 +58,18 @@ pub struct SnapshotHeader {
     pub table_crc: u32,
 }
 
+le::layout!(SnapshotHeader, SNAPSHOT_HEADER_LEN, encode_fields, decode_fields, {
+    block_shift @ 10, incompat @ 12, dataset_id @ 16, samples @ 32, body_end @ 40, compat @ 48,
+    chunks @ 52, digest @ 56, table_crc @ 88,
+});
+
 impl SnapshotHeader {
-    /// Encodes the header (computing its CRC).
+    /// Encodes the header (magic, major version, the fields, and its CRC).
     pub fn encode(&self) -> [u8; SNAPSHOT_HEADER_LEN] {
-        let mut h = [0u8; SNAPSHOT_HEADER_LEN];
+        let mut h = self.encode_fields();
         h[0..8].copy_from_slice(&SNAPSHOT_MAGIC);
-        h[8..10].copy_from_slice(&SNAPSHOT_MAJOR.to_le_bytes());
-        h[10] = self.block_shift;
-        h[12..16].copy_from_slice(&self.incompat.to_le_bytes());
-        h[16..32].copy_from_slice(&self.dataset_id);
-        h[32..40].copy_from_slice(&self.samples.to_le_bytes());
-        h[40..48].copy_from_slice(&self.body_end.to_le_bytes());
-        h[48..52].copy_from_slice(&self.compat.to_le_bytes());
-        h[52..56].copy_from_slice(&self.chunks.to_le_bytes());
-        h[56..72].copy_from_slice(&self.digest);
-        h[88..92].copy_from_slice(&self.table_crc.to_le_bytes());
-        let crc = crc32fast::hash(&h[0..92]);
-        h[92..96].copy_from_slice(&crc.to_le_bytes());
+        SNAPSHOT_MAJOR.put(&mut h, 8);
+        crc32fast::hash(&h[0..92]).put(&mut h, 92);
         h
     }
 
@@ -100,17 +95,7 @@ impl SnapshotHeader {
             );
         }
         check_crc(WHAT, le::u32_at(b, 92), &b[0..92])?;
-        let h = SnapshotHeader {
-            dataset_id: le::id_at(b, 16),
-            samples: le::u64_at(b, 32),
-            chunks: le::u32_at(b, 52),
-            body_end: le::u64_at(b, 40),
-            block_shift: b[10],
-            incompat: le::u32_at(b, 12),
-            compat: le::u32_at(b, 48),
-            digest: le::id_at(b, 56),
-            table_crc: le::u32_at(b, 88),
-        };
+        let h = SnapshotHeader::decode_fields(b);
         if b[11] != 0 || b[72..88].iter().any(|&x| x != 0) {
             bail!(WHAT, "reserved byte 11 or bytes 72..88 are not zero");
         }

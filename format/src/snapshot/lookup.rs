@@ -79,15 +79,8 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
                 From::Index(i) => i,
                 From::Key(key) => page.partition_point(|e| e.path.as_slice() < key),
             };
-            return Ok(page.iter().enumerate().skip(start).find_map(|(i, e)| {
-                let v = EntryView {
-                    path: &e.path,
-                    id: e.id,
-                    size: e.size,
-                    attrs: e.attrs,
-                };
-                f(i, &v)
-            }));
+            let mut entries = page.iter().enumerate().skip(start);
+            return Ok(entries.find_map(|(i, e)| f(i, &e.view())));
         }
         let ix = self.page_index()?;
         let restarts = ix.restarts(p, self.page_bytes(ix, p)?)?;

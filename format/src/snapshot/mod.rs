@@ -24,7 +24,7 @@ pub use header::{
 };
 use namespace::NsLayout;
 pub use namespace::{
-    prefix_successor, EntryView, FileStat, NsEntry, PageIndex, NS_HEADER_LEN, PAGE_TARGET,
+    prefix_successor, Entry, EntryView, FileStat, NsEntry, PageIndex, NS_HEADER_LEN, PAGE_TARGET,
     RESTART_INTERVAL,
 };
 pub use types::{
@@ -308,7 +308,10 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
         let mut v: Vec<ChunkEntry> = b
             .chunks_exact(CHUNK_ENTRY_LEN)
             .enumerate()
-            .map(|(i, e)| ChunkEntry::decode(i as u32, e))
+            .map(|(i, e)| ChunkEntry {
+                chunk_id: i as u32,
+                ..ChunkEntry::decode(e)
+            })
             .collect();
         let n = self.h.samples;
         for i in 0..c {
@@ -374,18 +377,7 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
                 f.name_count
             );
         }
-        for (i, n) in names.iter().enumerate() {
-            if let Err(why) = crate::check_field_name(n) {
-                return Err(FormatError::invalid(SectionKind::Fields.name(), why));
-            }
-            if i > 0 && names[i - 1] >= *n {
-                bail!(
-                    SectionKind::Fields.name(),
-                    "field names are not sorted and distinct"
-                );
-            }
-        }
-        Ok(())
+        crate::check_sorted("snapshot field names", &names, crate::check_field_name)
     }
 
     /// Makes every block of `ranges` present (a pager fetches them together) and checked,

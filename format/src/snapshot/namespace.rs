@@ -21,11 +21,12 @@ pub const NS_HEADER_LEN: usize = 40;
 
 const NS: &str = "snapshot namespace";
 
-/// One entry of the namespace: a file (with the sample that holds it) or a directory.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct NsEntry {
+/// One entry of the namespace: a file (with the sample that holds it) or a directory, its path
+/// owned ([`NsEntry`]) or borrowed from a page walk ([`EntryView`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Entry<P> {
     /// The path (raw bytes, relative, `/`-separated).
-    pub path: Vec<u8>,
+    pub path: P,
     /// The sample holding the file; `None` for a directory.
     pub id: Option<u64>,
     /// The file's size (its sample's original length); 0 for a directory.
@@ -34,7 +35,12 @@ pub struct NsEntry {
     pub attrs: Option<FileAttrs>,
 }
 
-impl NsEntry {
+/// An entry, owned.
+pub type NsEntry = Entry<Vec<u8>>;
+/// An entry as a page walk meets it: its path borrowed from the walk.
+pub type EntryView<'a> = Entry<&'a [u8]>;
+
+impl<P: AsRef<[u8]>> Entry<P> {
     /// True for a directory.
     pub fn is_dir(&self) -> bool {
         self.id.is_none()
@@ -47,30 +53,24 @@ impl NsEntry {
             attrs: self.attrs,
         }
     }
-}
 
-/// An entry as a page walk meets it: its path borrowed from the walk.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct EntryView<'a> {
-    /// The path.
-    pub path: &'a [u8],
-    /// The sample holding the file; `None` for a directory.
-    pub id: Option<u64>,
-    /// The file's size; 0 for a directory.
-    pub size: u64,
-    /// Mode and mtime, when recorded.
-    pub attrs: Option<FileAttrs>,
-}
-
-impl EntryView<'_> {
-    /// The entry, owned.
-    pub fn to_entry(self) -> NsEntry {
-        NsEntry {
-            path: self.path.to_vec(),
+    fn with_path<Q>(&self, path: Q) -> Entry<Q> {
+        Entry {
+            path,
             id: self.id,
             size: self.size,
             attrs: self.attrs,
         }
+    }
+
+    /// The entry with its path borrowed.
+    pub fn view(&self) -> EntryView<'_> {
+        self.with_path(self.path.as_ref())
+    }
+
+    /// The entry, owned.
+    pub fn to_entry(&self) -> NsEntry {
+        self.with_path(self.path.as_ref().to_vec())
     }
 }
 

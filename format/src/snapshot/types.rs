@@ -31,6 +31,9 @@ pub struct FileAttrs {
 /// Length of a [`FileAttrs`] entry in node-local files (pack plans, legacy snapshots).
 pub const ATTRS_LEN: usize = 16;
 
+// The 16-byte form: `mode: u32`, reserved `u32` (zero), `mtime_ns: i64`.
+le::layout!(FileAttrs, ATTRS_LEN, pub encode, decode_raw, { mode @ 0, mtime_ns @ 8 });
+
 impl FileAttrs {
     /// The attributes a writer gives a directory its source does not describe.
     pub const DIR_DEFAULT: FileAttrs = FileAttrs {
@@ -38,28 +41,18 @@ impl FileAttrs {
         mtime_ns: 0,
     };
 
-    /// The 16-byte form: `mode: u32`, reserved `u32` (zero), `mtime_ns: i64`.
-    pub fn encode(&self) -> [u8; ATTRS_LEN] {
-        let mut b = [0u8; ATTRS_LEN];
-        b[0..4].copy_from_slice(&self.mode.to_le_bytes());
-        b[8..16].copy_from_slice(&self.mtime_ns.to_le_bytes());
-        b
-    }
-
     /// Decodes the 16-byte form; a mode beyond `0o7777` or a non-zero reserved field is
     /// invalid.
     pub fn decode(b: &[u8]) -> Result<FileAttrs> {
-        let mode = le::u32_at(b, 0);
-        if mode > 0o7777 || le::u32_at(b, 4) != 0 {
+        let a = Self::decode_raw(b);
+        if a.mode > 0o7777 || le::u32_at(b, 4) != 0 {
             bail!(
                 "file attributes",
-                "mode {mode:o} beyond 7777, or a reserved field set"
+                "mode {:o} beyond 7777, or a reserved field set",
+                a.mode
             );
         }
-        Ok(FileAttrs {
-            mode,
-            mtime_ns: le::u64_at(b, 8) as i64,
-        })
+        Ok(a)
     }
 
     /// The modification time as a [`std::time::SystemTime`].
@@ -87,20 +80,12 @@ pub struct Lineage {
     pub parent: [u8; 16],
 }
 
-impl Lineage {
-    /// The lineage section: generation `u64`, parent (16 bytes).
-    pub(crate) fn encode(&self) -> [u8; LINEAGE_LEN] {
-        let mut b = [0u8; LINEAGE_LEN];
-        b[0..8].copy_from_slice(&self.generation.to_le_bytes());
-        b[8..24].copy_from_slice(&self.parent);
-        b
-    }
+// The lineage section: generation `u64`, parent (16 bytes).
+le::layout!(Lineage, LINEAGE_LEN, pub(crate) encode, decode_raw, { generation @ 0, parent @ 8 });
 
+impl Lineage {
     pub(crate) fn decode(b: &[u8]) -> Result<Lineage> {
-        let l = Lineage {
-            generation: le::u64_at(b, 0),
-            parent: le::id_at(b, 8),
-        };
+        let l = Lineage::decode_raw(b);
         if l.generation == 0 && l.parent != [0; 16] {
             bail!(
                 "snapshot lineage",
@@ -145,36 +130,13 @@ pub struct ChunkEntry {
     pub digest: [u8; 16],
 }
 
+// The 56-byte form (`chunk_id` is the entry's index; `sample_count` comes from the next entry).
+le::layout!(ChunkEntry, CHUNK_ENTRY_LEN, pub(crate) encode, pub(crate) decode, {
+    file_size @ 0, first_sample @ 8, records_end @ 16, orig_bytes @ 24, compressed @ 32,
+    file_crc @ 36, digest @ 40,
+});
+
 impl ChunkEntry {
-    /// The 56-byte form: `file_size`, `first_sample`, `records_end`, `orig_bytes` (u64 each),
-    /// `compressed`, `file_crc` (u32 each), `digest` (16 bytes).
-    pub(crate) fn encode(&self) -> [u8; CHUNK_ENTRY_LEN] {
-        let mut b = [0u8; CHUNK_ENTRY_LEN];
-        b[0..8].copy_from_slice(&self.file_size.to_le_bytes());
-        b[8..16].copy_from_slice(&self.first_sample.to_le_bytes());
-        b[16..24].copy_from_slice(&self.records_end.to_le_bytes());
-        b[24..32].copy_from_slice(&self.orig_bytes.to_le_bytes());
-        b[32..36].copy_from_slice(&self.compressed.to_le_bytes());
-        b[36..40].copy_from_slice(&self.file_crc.to_le_bytes());
-        b[40..56].copy_from_slice(&self.digest);
-        b
-    }
-
-    /// Decodes entry `chunk_id` (its `sample_count` is filled in from the next entry).
-    pub(crate) fn decode(chunk_id: u32, b: &[u8]) -> Self {
-        ChunkEntry {
-            chunk_id,
-            file_size: le::u64_at(b, 0),
-            first_sample: le::u64_at(b, 8),
-            sample_count: 0,
-            records_end: le::u64_at(b, 16),
-            orig_bytes: le::u64_at(b, 24),
-            compressed: le::u32_at(b, 32),
-            file_crc: le::u32_at(b, 36),
-            digest: le::id_at(b, 40),
-        }
-    }
-
     /// The sample ids stored in this chunk.
     pub fn samples(&self) -> Range<u64> {
         self.first_sample..self.first_sample.saturating_add(self.sample_count)
@@ -196,7 +158,7 @@ pub const MAX_RECORD_OFFSET: u64 = (1 << 48) - 1;
 /// One record entry as stored: where the record starts in its chunk, its flags (compression
 /// code, field group), the CRC-32 of its original bytes and its label. Its length is where
 /// the next record of its chunk starts (or the chunk's `records_end`) minus its offset.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RecordEntry {
     /// Offset of the stored record in its chunk file.
     pub offset: u64,
@@ -208,27 +170,19 @@ pub struct RecordEntry {
     pub label: u32,
 }
 
-impl RecordEntry {
-    /// The 16-byte form: `offset` as a 48-bit integer, `flags: u16`, `crc32: u32`,
-    /// `label: u32`.
-    pub fn encode(&self) -> [u8; RECORD_LEN] {
-        let mut b = [0u8; RECORD_LEN];
-        b[0..6].copy_from_slice(&self.offset.to_le_bytes()[..6]);
-        b[6..8].copy_from_slice(&self.flags.to_le_bytes());
-        b[8..12].copy_from_slice(&self.crc32.to_le_bytes());
-        b[12..16].copy_from_slice(&self.label.to_le_bytes());
-        b
-    }
+// The 16-byte form: `offset` as a 48-bit integer, `flags: u16`, `crc32: u32`, `label: u32`
+// (the offset's 8 bytes go first, then `flags` over its two top bytes, which are zero).
+le::layout!(RecordEntry, RECORD_LEN, pub encode, decode_raw, {
+    offset @ 0, flags @ 6, crc32 @ 8, label @ 12,
+});
 
+impl RecordEntry {
     /// Decodes an entry from exactly [`RECORD_LEN`] bytes (no semantic checks).
     pub fn decode(b: &[u8]) -> Self {
-        let mut o = [0u8; 8];
-        o[..6].copy_from_slice(&b[0..6]);
+        let r = Self::decode_raw(b);
         RecordEntry {
-            offset: u64::from_le_bytes(o),
-            flags: le::u16_at(b, 6),
-            crc32: le::u32_at(b, 8),
-            label: le::u32_at(b, 12),
+            offset: r.offset & MAX_RECORD_OFFSET,
+            ..r
         }
     }
 }

@@ -26,7 +26,7 @@ use granary_store::write::{Durability, Seal};
 
 use super::spill::SpillRecord;
 use crate::publish::write_in_parallel;
-use crate::{lock, upload, Ids, PackError};
+use crate::{lock, upload, Ids, IoAt, PackError};
 
 /// Stored bytes of the first samples held to learn their mean size.
 pub(super) const PROBE_BYTES: u64 = 64 << 20;
@@ -113,7 +113,7 @@ impl Direct {
         }
         let f = s.as_mut().expect("made above");
         let r = rec.append_to(f.records(), label);
-        r.map_err(|e| PackError::io("writing", f.tmp_path(), e))
+        r.at("writing", f.tmp_path())
     }
 
     fn make_chunk(&self) -> Result<ChunkFile<Appender>, PackError> {
@@ -121,15 +121,13 @@ impl Direct {
         self.ids.check(*made + 1)?;
         let id = self.ids.id(*made);
         let path = self.dir.join(chunk_file_name(id));
-        let out = Appender::create(&path, Durability::File, &self.appends)
-            .map_err(|e| PackError::io("creating", &path, e))?;
+        let out = Appender::create(&path, Durability::File, &self.appends).at("creating", &path)?;
         let records = match self.fields {
             true => Records::Fields,
             false => Records::Plain,
         };
         let tmp = out.tmp_path().to_path_buf();
-        let f = ChunkFile::create(out, self.dataset_id, id, records)
-            .map_err(|e| PackError::io("writing", &tmp, e))?;
+        let f = ChunkFile::create(out, self.dataset_id, id, records).at("writing", &tmp)?;
         *made += 1;
         Ok(f)
     }
@@ -164,8 +162,7 @@ impl Direct {
                     .map_labels(|l| remap.get(l as usize).copied().unwrap_or(l));
             }
             let tmp = w.tmp_path().to_path_buf();
-            w.publish(classes, types)
-                .map_err(|e| PackError::io("writing", &tmp, e))
+            w.publish(classes, types).at("writing", &tmp)
         };
         let ((), done) = write_in_parallel(threads, sink, write, |feed| {
             for slot in &self.slots {

@@ -3,14 +3,14 @@
 
 use std::collections::HashMap;
 
-use granary_format::{parse_chunk_file_name, ChunkSummary, SNAPSHOT_FILE};
+use granary_format::{ChunkSummary, SNAPSHOT_FILE};
 
 use crate::run::{End, Totals};
-use crate::{hex_id, output, shared_key_of, upload, PackError, PackSummary};
+use crate::{hex_id, output, shared_key_of, upload, IoAt, PackError, PackSummary};
 use granary_store::chunk_file::Records;
 
 use super::*;
-use crate::publish::{write_chunk, write_in_parallel, Feed, Target};
+use crate::publish::{write_chunk, write_in_parallel, Feed};
 
 impl Writer {
     /// Builds the chunks and the snapshot (or the shard's part) and publishes the dataset.
@@ -57,31 +57,11 @@ impl Writer {
         let chunks = gathered.len() as u64;
         let o = &self.opts.output;
         let mut t = Totals::new(&self.layout.chunks, o.destination.is_some(), &gathered);
-        let work = &self.layout.work;
-        let (action, end) = match o.shard {
-            Some(shard) => {
-                let (key, dir) = (shared_key_of(&self.opts.settings(&[0; 16])), work);
-                ("shard", End::Part { shard, key, dir })
-            }
-            None => {
-                let target = match &o.destination {
-                    Some(dest) => Target::Remote {
-                        dest,
-                        found: &self.remote_found,
-                    },
-                    None => Target::Local(&o.out),
-                };
-                (
-                    "write",
-                    End::Whole {
-                        work,
-                        target,
-                        plan: None,
-                    },
-                )
-            }
-        };
-        t.end(self.dataset_id, &classes, gathered, end)?;
+        let key = shared_key_of(&self.opts.settings(&[0; 16]));
+        let end = End::of(o, key, &self.remote_found);
+        let action = if o.shard.is_some() { "shard" } else { "write" };
+        let at = (self.layout.work.as_path(), None);
+        t.end((self.dataset_id, &classes), gathered, at, end)?;
         let summary = PackSummary {
             out: o.out.clone(),
             dataset_id: hex_id(&self.dataset_id),
@@ -97,7 +77,7 @@ impl Writer {
         if self.opts.output.destination.is_none() {
             clear_spill(spill)?;
             if self.opts.output.shard.is_none() {
-                std::fs::remove_dir(spill).map_err(|e| PackError::io("removing", spill, e))?;
+                std::fs::remove_dir(spill).at("removing", spill)?;
             }
         }
         Ok(summary)
@@ -126,24 +106,20 @@ impl Writer {
     /// is made anew.
     pub(super) fn clear_outputs(&self) -> Result<(), PackError> {
         let dir = &self.layout.chunks;
-        std::fs::create_dir_all(dir).map_err(|e| PackError::io("creating", dir, e))?;
+        std::fs::create_dir_all(dir).at("creating", dir)?;
         if self.opts.output.destination.is_none() && self.opts.output.shard.is_none() {
             // The build directory of a whole dataset: only what a build writes, then nothing.
             output::check_replaceable(dir, output::Kind::Build)?;
             return output::empty_dir(dir);
         }
-        let shard = self.opts.output.shard;
+        // The run's chunks; of a whole dataset's upload, its snapshot and markers too.
+        let whole = self.opts.output.shard.is_none();
         output::remove_files_where(dir, |name, is_file| {
-            let ours = match (shard, parse_chunk_file_name(output::final_name(name))) {
-                (Some(s), Some(id)) => id % s.count == s.index,
-                (None, Some(_)) => true,
-                (None, None) => {
-                    output::final_name(name) == SNAPSHOT_FILE
+            let ours = self.layout.owns(name)
+                || whole
+                    && (output::final_name(name) == SNAPSHOT_FILE
                         || name == "snapshot.tmp"
-                        || upload::parse_sent_name(name).is_some()
-                }
-                (Some(_), None) => false,
-            };
+                        || upload::parse_sent_name(name).is_some());
             ours && is_file
         })
     }

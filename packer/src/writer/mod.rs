@@ -26,7 +26,7 @@ mod gather;
 mod options;
 mod spill;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::fs::File;
 use std::io::{BufReader, BufWriter, Write};
 use std::path::{Path, PathBuf};
@@ -40,7 +40,8 @@ use granary_format::local::{FIELD_TYPES, WRITER_STATE};
 use granary_format::{path_hash, NO_LABEL};
 
 use crate::{
-    lock, new_dataset_id, output, shared_key_of, write_file_atomic, PackError, Place, PART_FILE,
+    lock, new_dataset_id, output, shared_key_of, write_file_atomic, IoAt, PackError, Place,
+    PART_FILE,
 };
 
 pub use options::{WriterOptions, DEFAULT_BUCKETS, DEFAULT_GATHER_MEMORY};
@@ -80,14 +81,6 @@ pub enum Written {
     New,
     /// An interrupted writer had it already (same bytes): skipped.
     Resumed,
-}
-
-/// How labels are given, which must not change within one dataset.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum LabelKind {
-    Unknown,
-    Index,
-    Name,
 }
 
 /// What the writer's threads share.
@@ -145,12 +138,11 @@ pub struct Writer {
     /// Keys an interrupted writer spilled and this one was not given again yet: key hash ->
     /// CRC-32 of the original bytes.
     resumed: HashMap<u128, u32>,
-    label_kind: LabelKind,
     /// Whether the samples have named fields, once the first is written.
     with_fields: Option<bool>,
-    /// Class names seen (labels by name without a class table).
-    names: HashSet<Vec<u8>>,
-    /// Highest class index seen (labels by index).
+    /// Without a class table, labels are all class names or all indexes: the names seen, or
+    /// the highest index seen.
+    names: BTreeSet<Vec<u8>>,
     max_index: Option<u32>,
     samples: u64,
     resumed_samples: u64,
@@ -207,7 +199,7 @@ impl Writer {
                 ));
             }
         }
-        std::fs::create_dir_all(&spill).map_err(|e| PackError::io("creating", &spill, e))?;
+        std::fs::create_dir_all(&spill).at("creating", &spill)?;
         let lock = output::DirLock::build(&spill, &opts.output.out)?;
         let state_path = spill.join(STATE_FILE);
         let dataset_id = if existed && opts.output.resume {
@@ -249,7 +241,7 @@ impl Writer {
                 .create(true)
                 .append(true)
                 .open(&p)
-                .map_err(|e| PackError::io("opening", &p, e))?;
+                .at("opening", &p)?;
             logs.push(Mutex::new(BufWriter::with_capacity(LOG_BUFFER, f)));
         }
         let shared = Arc::new(Shared {
@@ -273,9 +265,8 @@ impl Writer {
             seen: HashSet::new(),
             dirs: HashSet::new(),
             resumed: HashMap::new(),
-            label_kind: LabelKind::Unknown,
             with_fields: None,
-            names: HashSet::new(),
+            names: BTreeSet::new(),
             max_index: None,
             samples: 0,
             resumed_samples: 0,
@@ -306,7 +297,7 @@ impl Writer {
     /// The dataset id of the interrupted writer whose state is at `path`, if its settings
     /// are these.
     fn resumed_id(opts: &WriterOptions, path: &Path) -> Result<[u8; 16], PackError> {
-        let bytes = std::fs::read(path).map_err(|e| PackError::io("reading", path, e))?;
+        let bytes = std::fs::read(path).at("reading", path)?;
         let body = WRITER_STATE.unframe(&bytes).map_err(|e| {
             usage!(
                 "{} is damaged ({e}); start over with force (--force)",
@@ -340,55 +331,43 @@ impl Writer {
         for b in 0..self.opts.buckets {
             let p = self.spill.join(log_name(b));
             let f = std::fs::OpenOptions::new().read(true).write(true).open(&p);
-            let f = f.map_err(|e| PackError::io("opening", &p, e))?;
-            let mut r = BufReader::with_capacity(1 << 20, &f);
+            let f = f.at("opening", &p)?;
             let mut good = 0u64;
             // Up to the first torn or damaged record, which is dropped with what follows.
-            let torn = loop {
-                let (body, len) = match next_record(&mut r) {
-                    Ok(None) => break None,
-                    Ok(Some(record)) => record,
-                    Err(why) => {
-                        break Some(format!(
-                            "{why} at byte {good} (cut short by the interruption)"
-                        ))
+            for r in records(BufReader::with_capacity(1 << 20, &f)) {
+                let rec = match r {
+                    Ok((at, n, rec)) => {
+                        good = at + n;
+                        rec
+                    }
+                    Err((at, why, torn)) => {
+                        let cause = if torn {
+                            " (cut short by the interruption)"
+                        } else {
+                            ""
+                        };
+                        let p = p.display();
+                        warnings.push(format!(
+                            "{p}: {why} at byte {at}{cause}; dropped from there"
+                        ));
+                        break;
                     }
                 };
-                let rec = match SpillRecord::decode(body) {
-                    Ok(rec) => rec,
-                    Err(why) => break Some(format!("{why} at byte {good}")),
-                };
-                good += len;
-                self.note_label_of(&rec);
+                if !rec.label_name.is_empty() {
+                    self.names.insert(rec.label_name.clone());
+                } else if rec.label != NO_LABEL {
+                    self.max_index = self.max_index.max(Some(rec.label));
+                }
                 self.with_fields = Some(!rec.fields.is_empty());
                 self.resumed.insert(key_hash(&rec.key), rec.enc.crc32);
-            };
-            if let Some(why) = torn {
-                warnings.push(format!("{}: {why}; dropped from there", p.display()));
             }
-            drop(r);
-            let len = f
-                .metadata()
-                .map_err(|e| PackError::io("inspecting", &p, e))?;
+            let len = f.metadata().at("inspecting", &p)?;
             if len.len() != good {
-                f.set_len(good)
-                    .map_err(|e| PackError::io("truncating", &p, e))?;
+                f.set_len(good).at("truncating", &p)?;
             }
         }
         self.samples = self.resumed.len() as u64;
         Ok(())
-    }
-
-    fn note_label_of(&mut self, rec: &SpillRecord) {
-        if !rec.label_name.is_empty() {
-            self.label_kind = LabelKind::Name;
-            self.names.insert(rec.label_name.clone());
-        } else if rec.label != NO_LABEL {
-            if self.opts.classes.is_none() {
-                self.label_kind = LabelKind::Index;
-            }
-            self.max_index = self.max_index.max(Some(rec.label));
-        }
     }
 
     fn start_threads(&mut self) {
@@ -451,12 +430,10 @@ impl Writer {
         granary_format::FieldType::parse(descriptor).map_err(|e| usage!("field {shown:?}: {e}"))?;
         match self.types.get(name) {
             Some(t) if t == descriptor => return Ok(()),
-            Some(t) => {
-                return Err(usage!(
-                    "field {shown:?} holds {t} values; it cannot also hold {descriptor} (declare \
-                     a type that fits every value, such as npy for arrays of several shapes)"
-                ))
-            }
+            Some(t) => Err(usage!(
+                "field {shown:?} holds {t} values; it cannot also hold {descriptor} (declare a \
+                 type that fits every value, such as npy for arrays of several shapes)"
+            ))?,
             None => {}
         }
         self.types.insert(name.to_vec(), descriptor.to_string());
@@ -479,16 +456,17 @@ impl Writer {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
             Err(e) => return Err(PackError::io("reading", &path, e)),
         };
-        let body = FIELD_TYPES.unframe(&bytes).map_err(|e| PackError::Source {
+        let bad = |detail: String| PackError::Source {
             path: path.clone(),
-            detail: e.to_string(),
-        })?;
+            detail,
+        };
+        let body = FIELD_TYPES
+            .unframe(&bytes)
+            .map_err(|e| bad(e.to_string()))?;
         let text = String::from_utf8_lossy(body).into_owned();
         for line in text.lines() {
-            let (n, t) = line.split_once('=').ok_or_else(|| PackError::Source {
-                path: path.clone(),
-                detail: format!("not a field type: {line:?}"),
-            })?;
+            let not_a_type = || bad(format!("not a field type: {line:?}"));
+            let (n, t) = line.split_once('=').ok_or_else(not_a_type)?;
             self.declare_field_type(n.as_bytes(), t)?;
         }
         Ok(())
@@ -513,35 +491,21 @@ impl Writer {
         if fields.is_empty() {
             return Err(usage!("sample {shown:?} has no fields"));
         }
-        let mut names: Vec<&[u8]> = Vec::with_capacity(fields.len());
-        for (name, _) in &fields {
+        for (k, (name, d)) in fields.iter().enumerate() {
+            let field = String::from_utf8_lossy(name);
             granary_format::check_field_name(name).map_err(|why| {
-                usage!(
-                    "sample {shown:?}: field {:?} is not a valid field name: {why}",
-                    String::from_utf8_lossy(name)
-                )
+                usage!("sample {shown:?}: field {field:?} is not a valid field name: {why}")
             })?;
-            if names.contains(&&name[..]) {
-                return Err(usage!(
-                    "sample {shown:?}: field {:?} given twice",
-                    String::from_utf8_lossy(name)
-                ));
+            if fields[..k].iter().any(|(n, _)| n == name) {
+                return Err(usage!("sample {shown:?}: field {field:?} given twice"));
             }
-            names.push(name);
-        }
-        // A declared type's values: the fixed length of int and ndarray fields, UTF-8 text for
-        // str and json ones (verify also parses the JSON).
-        for (name, d) in &fields {
-            let Some(t) = self.types.get(name) else {
-                continue;
-            };
-            let t = granary_format::FieldType::parse(t).map_err(PackError::Usage)?;
-            t.check_value(d).map_err(|why| {
-                usage!(
-                    "sample {shown:?}: field {:?}: {why}",
-                    String::from_utf8_lossy(name)
-                )
-            })?;
+            // A declared type's values: the fixed length of int and ndarray fields, UTF-8 text
+            // for str and json ones (verify also parses the JSON).
+            if let Some(t) = self.types.get(name) {
+                let t = granary_format::FieldType::parse(t).map_err(PackError::Usage)?;
+                t.check_value(d)
+                    .map_err(|why| usage!("sample {shown:?}: field {field:?}: {why}"))?;
+            }
         }
         let total: usize = fields.iter().map(|(_, d)| d.len()).sum();
         let mut data = Vec::with_capacity(total);
@@ -727,64 +691,54 @@ impl Writer {
         label: Label<'_>,
         shown: &dyn Fn() -> String,
     ) -> Result<(u32, Vec<u8>), PackError> {
-        let kind = match label {
-            Label::None => return Ok((NO_LABEL, Vec::new())),
-            Label::Index(_) => LabelKind::Index,
-            Label::Name(_) => LabelKind::Name,
+        let mixed = match label {
+            Label::Index(_) => !self.names.is_empty(),
+            Label::Name(_) => self.max_index.is_some(),
+            Label::None => false,
         };
-        if let Some(classes) = &self.opts.classes {
-            return match label {
-                Label::Index(i) if (i as usize) < classes.len() => Ok((i, Vec::new())),
-                Label::Index(i) => Err(usage!(
-                    "sample {:?}: label {i} but only {} classes were given",
+        match (&self.opts.classes, label) {
+            (_, Label::None) => Ok((NO_LABEL, Vec::new())),
+            (Some(classes), Label::Index(i)) if (i as usize) < classes.len() => Ok((i, Vec::new())),
+            (Some(classes), Label::Index(i)) => Err(usage!(
+                "sample {:?}: label {i} but only {} classes were given",
+                shown(),
+                classes.len()
+            )),
+            (Some(classes), Label::Name(n)) => match classes.iter().position(|c| c[..] == *n) {
+                Some(i) => Ok((i as u32, Vec::new())),
+                None => Err(usage!(
+                    "sample {:?}: class {:?} is not one of the classes given",
                     shown(),
-                    classes.len()
+                    String::from_utf8_lossy(n)
                 )),
-                Label::Name(n) => match classes.iter().position(|c| c[..] == *n) {
-                    Some(i) => Ok((i as u32, Vec::new())),
-                    None => Err(usage!(
-                        "sample {:?}: class {:?} is not one of the classes given",
-                        shown(),
-                        String::from_utf8_lossy(n)
-                    )),
-                },
-                Label::None => unreachable!("returned above"),
-            };
-        }
-        if self.label_kind != LabelKind::Unknown && self.label_kind != kind {
-            return Err(usage!(
-                "sample {:?}: labels are class indexes and class names mixed; give one kind (or pass classes)",
-                shown()
-            ));
-        }
-        if self.opts.output.shard.is_some() {
-            return Err(usage!(
+            },
+            (None, _) if self.opts.output.shard.is_some() => Err(usage!(
                 "a shard with labels needs the class table (classes=...): every chunk \
                  carries it, and shards cannot agree on one otherwise"
-            ));
-        }
-        self.label_kind = kind;
-        match label {
-            Label::Index(i) if i >= MAX_INDEX_LABEL => Err(usage!(
+            )),
+            (None, _) if mixed => Err(usage!(
+                "sample {:?}: labels are class indexes and class names mixed; give one kind (or pass classes)",
+                shown()
+            )),
+            (None, Label::Index(i)) if i >= MAX_INDEX_LABEL => Err(usage!(
                 "sample {:?}: label {i} is too large: without a class table, class indexes are \
                  below {MAX_INDEX_LABEL} (the dataset gets a class named for every number up to \
                  the largest); pass classes",
                 shown()
             )),
-            Label::Index(i) => {
+            (None, Label::Index(i)) => {
                 self.max_index = self.max_index.max(Some(i));
                 Ok((i, Vec::new()))
             }
-            Label::Name(n) => {
-                if n.is_empty() {
-                    return Err(usage!("sample {:?}: a class name cannot be empty", shown()));
-                }
+            (None, Label::Name([])) => {
+                Err(usage!("sample {:?}: a class name cannot be empty", shown()))
+            }
+            (None, Label::Name(n)) => {
                 if !self.names.contains(n) {
                     self.names.insert(n.to_vec());
                 }
                 Ok((NO_LABEL, n.to_vec()))
             }
-            Label::None => unreachable!("returned above"),
         }
     }
 
@@ -813,30 +767,21 @@ impl Writer {
             if spill_held {
                 let held = std::mem::take(&mut *lock(&self.shared.held[b]));
                 for rec in held {
-                    rec.write_to(&mut *log)
-                        .map_err(|e| PackError::io("writing", &p, e))?;
+                    rec.write_to(&mut *log).at("writing", &p)?;
                 }
             }
-            log.flush().map_err(|e| PackError::io("writing", &p, e))?;
+            log.flush().at("writing", &p)?;
         }
         Ok(())
     }
 
     /// The class table the dataset gets.
     fn classes(&self) -> Vec<Vec<u8>> {
-        if let Some(c) = &self.opts.classes {
-            return c.clone();
-        }
-        match self.label_kind {
-            LabelKind::Name => {
-                let mut v: Vec<Vec<u8>> = self.names.iter().cloned().collect();
-                v.sort();
-                v
-            }
-            LabelKind::Index => (0..=self.max_index.unwrap_or(0))
-                .map(|i| i.to_string().into_bytes())
-                .collect(),
-            LabelKind::Unknown => Vec::new(),
+        match (&self.opts.classes, self.max_index) {
+            (Some(c), _) => c.clone(),
+            _ if !self.names.is_empty() => self.names.iter().cloned().collect(),
+            (None, Some(m)) => (0..=m).map(|i| i.to_string().into_bytes()).collect(),
+            (None, None) => Vec::new(),
         }
     }
 }

@@ -13,7 +13,7 @@ use granary_format::{path_hash, ChunkWriter, Compression};
 
 use crate::encode::{encode_bytes, CompressMode, Encoded};
 use crate::shard::mix64;
-use crate::{lock, PackError};
+use crate::{lock, IoAt, PackError};
 
 use super::*;
 
@@ -210,26 +210,49 @@ pub(super) fn next_record(r: &mut impl Read) -> Result<Option<(Vec<u8>, u64)>, S
     Ok(Some((body, 4 + n as u64 + 4)))
 }
 
+/// A record of a spill log with its offset and length, or why the log ends there.
+pub(super) type LogItem = Result<(u64, u64, SpillRecord), (u64, String, bool)>;
+
+/// A spill log's records in order, up to the first torn or damaged one, which ends them as
+/// `Err((offset, why, torn))`: `torn` when the record is cut short or fails its CRC, not when
+/// its checked bytes are no record this granary writes.
+pub(super) fn records(mut r: impl Read) -> impl Iterator<Item = LogItem> {
+    let (mut at, mut end) = (0u64, false);
+    std::iter::from_fn(move || {
+        if end {
+            return None;
+        }
+        let item = match next_record(&mut r) {
+            Ok(None) => None,
+            Ok(Some((body, n))) => Some(
+                SpillRecord::decode(body)
+                    .map(|rec| (at, n, rec))
+                    .map_err(|why| (at, why, false)),
+            ),
+            Err(why) => Some(Err((at, why, true))),
+        };
+        match &item {
+            Some(Ok((_, n, _))) => at += n,
+            _ => end = true,
+        }
+        item
+    })
+}
+
 /// The records of a spill log held in memory, up to the first torn or damaged one; each must
 /// encode back to its bytes (the fuzz target's check).
-pub(crate) fn parse_log(mut b: &[u8]) -> usize {
+pub(crate) fn parse_log(b: &[u8]) -> usize {
     let mut n = 0;
-    loop {
-        let start = b;
-        let Ok(Some((body, len))) = next_record(&mut b) else {
-            return n;
-        };
-        let Ok(rec) = SpillRecord::decode(body) else {
-            return n;
-        };
+    for (at, len, rec) in records(b).map_while(Result::ok) {
         let mut again = Vec::new();
         rec.write_to(&mut again).expect("writing to memory");
         assert!(
-            again[..] == start[..len as usize],
+            again[..] == b[at as usize..(at + len) as usize],
             "a spill record decoded from bytes that are not its encoding"
         );
         n += 1;
     }
+    n
 }
 
 /// The 128-bit hash of a key that the duplicate check keeps.
@@ -330,7 +353,7 @@ fn spill(job: Job, shared: &Shared, mode: CompressMode) -> Result<(), PackError>
     shared.held_bytes.fetch_sub(size, Ordering::Relaxed);
     let mut log = lock(&shared.logs[b as usize]);
     rec.write_to(&mut *log)
-        .map_err(|e| PackError::io("writing", &shared.dir.join(log_name(b)), e))
+        .at("writing", &shared.dir.join(log_name(b)))
 }
 
 /// A record to gather: held in memory (or read whole from a small log), or still in its log.
@@ -346,41 +369,29 @@ pub(super) fn read_log(
     seed: u64,
     memory: u64,
 ) -> Result<(File, Vec<(u64, Rec)>), PackError> {
-    let f = File::open(p).map_err(|e| PackError::io("opening", p, e))?;
-    let len = f
-        .metadata()
-        .map_err(|e| PackError::io("inspecting", p, e))?
-        .len();
-    let damaged = |at: u64, why: String| PackError::Source {
-        path: p.to_path_buf(),
-        detail: format!("spill log damaged at byte {at}: {why}"),
-    };
-    let mut r = BufReader::with_capacity(1 << 20, &f);
-    let mut at = 0u64;
+    let f = File::open(p).at("opening", p)?;
+    let len = f.metadata().at("inspecting", p)?.len();
     let mut recs = Vec::new();
-    while let Some((body, n)) = next_record(&mut r).map_err(|w| damaged(at, w))? {
-        let rec = SpillRecord::decode(body).map_err(|w| damaged(at, w))?;
+    for r in records(BufReader::with_capacity(1 << 20, &f)) {
+        let (at, n, rec) = r.map_err(|(at, why, _)| PackError::Source {
+            path: p.to_path_buf(),
+            detail: format!("spill log damaged at byte {at}: {why}"),
+        })?;
         let order = order_of(&rec.key, seed);
         // Too large to hold: only where each record is.
-        recs.push((
-            order,
-            if len <= memory {
-                Rec::Mem(rec)
-            } else {
-                Rec::Disk(at, n)
-            },
-        ));
-        at += n;
+        let rec = match len <= memory {
+            true => Rec::Mem(rec),
+            false => Rec::Disk(at, n),
+        };
+        recs.push((order, rec));
     }
-    drop(r);
     Ok((f, recs))
 }
 
 /// Reads record `(offset, length)` of spill log `p` back.
 pub(super) fn read_record(f: &File, p: &Path, off: u64, n: u64) -> Result<SpillRecord, PackError> {
     let mut buf = vec![0u8; n as usize];
-    f.read_exact_at(&mut buf, off)
-        .map_err(|e| PackError::io("reading", p, e))?;
+    f.read_exact_at(&mut buf, off).at("reading", p)?;
     let (body, _) = next_record(&mut &buf[..])
         .ok()
         .flatten()

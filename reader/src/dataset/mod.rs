@@ -12,9 +12,12 @@ use granary_format::{
     CHUNK_HEADER_LEN, CHUNK_TRAILER_LEN, SNAPSHOT_FILE, SNAPSHOT_HEADER_LEN,
 };
 use granary_store::file::Mapped;
+use granary_store::object::snapcache::BlockPager;
 
 use crate::error::{ReadError, RecordError, Result};
 use crate::pathfmt::escape_path;
+use crate::plan::{DatasetShape, EpochPlan, EpochState, PlanOptions, Shard};
+use granary_store::buf::{BufPool, ALIGN};
 pub use granary_store::file::ChunkBytes;
 use granary_store::file::{map_file, read_whole};
 use granary_store::local::LocalDir;
@@ -35,14 +38,11 @@ pub struct SampleInfo {
 /// An open dataset: the memory-mapped snapshot and the store of its chunks (by default the
 /// snapshot's directory). Cheap to share across threads (`Sync`); reads use positional I/O.
 pub struct Dataset {
-    dir: PathBuf,
     snapshot_path: PathBuf,
     snap: Snapshot<Mapped>,
     store: Arc<dyn ChunkStore>,
     /// For a snapshot read in blocks from an object store: what fetches them.
-    paged: Option<Arc<granary_store::object::snapcache::BlockPager>>,
-    /// What opening the snapshot file took (its metadata calls).
-    opening: MeterReading,
+    paged: Option<Arc<BlockPager>>,
     /// Opened through a view file: the samples epochs are planned over.
     view: Option<Arc<View>>,
 }
@@ -81,12 +81,7 @@ impl Dataset {
             Location::Local(p) => return Self::open_in(&p, None, None),
         };
         let snap = granary_store::object::snapcache::open_snapshot(&u, cfg)?;
-        let pager = snap
-            .pager
-            .clone()
-            .map(|p| p as Arc<dyn granary_format::Pager>);
-        let mut ds = Self::open_in(&snap.path, None, pager)?;
-        ds.paged = snap.pager;
+        let mut ds = Self::open_in(&snap.path, None, snap.pager)?;
         let sizes = ds.chunk_entries()?.iter().map(|c| c.file_size).collect();
         ds.store = Arc::new(granary_store::object::ObjectChunks::new(u, sizes));
         Ok(ds)
@@ -99,30 +94,21 @@ impl Dataset {
         Self::open_in(path.as_ref(), Some(store), None)
     }
 
-    /// Opens the snapshot at `path`; with `pager`, a sparse copy whose blocks the pager
+    /// Opens the snapshot at `path`; with `paged`, a sparse copy whose blocks the pager
     /// fetches as they are read ([`granary_store::object::snapcache`]).
     fn open_in(
         path: &Path,
         store: Option<Arc<dyn ChunkStore>>,
-        pager: Option<Arc<dyn granary_format::Pager>>,
+        paged: Option<Arc<BlockPager>>,
     ) -> Result<Self> {
-        let (dir, snapshot_path) = if path.is_dir() {
-            (path.to_path_buf(), path.join(SNAPSHOT_FILE))
-        } else {
-            let dir = path
-                .parent()
-                .filter(|p| !p.as_os_str().is_empty())
-                .unwrap_or(Path::new("."));
-            (dir.to_path_buf(), path.to_path_buf())
+        let snapshot_path = snapshot_file(path);
+        // `path` named the snapshot file itself, or its directory.
+        let op = match snapshot_path == path {
+            true => "opening dataset",
+            false => "opening snapshot",
         };
-        let file = granary_store::file::open_regular(&snapshot_path, 0).map_err(|e| {
-            let op = if path.is_dir() {
-                "opening snapshot"
-            } else {
-                "opening dataset"
-            };
-            ReadError::io(op, &snapshot_path, e)
-        })?;
+        let file = granary_store::file::open_regular(&snapshot_path, 0);
+        let file = file.map_err(|e| ReadError::io(op, &snapshot_path, e))?;
         let len = file
             .metadata()
             .map_err(|e| ReadError::io("reading", &snapshot_path, e))?
@@ -141,23 +127,17 @@ impl Dataset {
         // Opening and looking up touch a handful of pages spread over the file: without this,
         // every cold page fault reads a whole readahead window (often megabytes) instead.
         let _ = map.advise(memmap2::Advice::Random);
-        let snap = match pager {
+        let snap = match &paged {
             None => Snapshot::open(map),
-            Some(p) => Snapshot::open_paged(map, p),
+            Some(p) => Snapshot::open_paged(map, p.clone()),
         }
         .map_err(|e| ReadError::format(&snapshot_path, e))?;
-        let store = store.unwrap_or_else(|| Arc::new(LocalDir::new(&dir)));
+        let store = store.unwrap_or_else(|| Arc::new(LocalDir::new(parent_dir(&snapshot_path))));
         Ok(Dataset {
-            dir,
             snapshot_path,
             snap,
             store,
-            paged: None,
-            // is_dir, open, fstat, and the map's own fstat.
-            opening: MeterReading {
-                metadata_ops: 4,
-                ..MeterReading::default()
-            },
+            paged,
             view: None,
         })
     }
@@ -197,10 +177,8 @@ impl Dataset {
     /// Asks the kernel to read the whole snapshot ahead, for workloads that will touch most of
     /// it (full scans, many lookups); `open` itself advises random access.
     pub fn prefetch_metadata(&self) {
-        let _ = self
-            .snap
-            .bytes_container()
-            .advise(memmap2::Advice::WillNeed);
+        let map = self.snap.bytes_container();
+        let _ = map.advise(memmap2::Advice::WillNeed);
     }
 
     /// For a snapshot read in blocks from an object store: the GETs issued and bytes fetched
@@ -212,10 +190,9 @@ impl Dataset {
     /// What reading the snapshot took so far: opening it (its metadata calls), and for a
     /// snapshot read in blocks the GETs (`reads`) and bytes fetched of it.
     pub fn snapshot_reading(&self) -> MeterReading {
-        let mut r = self.opening;
-        if let Some(p) = &self.paged {
-            r += p.fetched();
-        }
+        let mut r = self.snapshot_fetched().unwrap_or_default();
+        // Opening it: is_dir, open, fstat, and the map's own fstat.
+        r.metadata_ops += 4;
         r
     }
 
@@ -226,7 +203,7 @@ impl Dataset {
 
     /// The directory of the snapshot file (for a dataset at a URL: of its cached snapshot).
     pub fn dir(&self) -> &Path {
-        &self.dir
+        parent_dir(&self.snapshot_path)
     }
 
     /// Path of the snapshot file.
@@ -265,11 +242,9 @@ impl Dataset {
     /// record CRCs: the sum of [`crate::digest_term`] over all samples (O(samples), no chunk
     /// is read).
     pub fn full_digest(&self) -> Result<u64> {
+        let err = |e| ReadError::format(&self.snapshot_path, e);
         (0..self.len()).try_fold(0u64, |acc, id| {
-            let e = self
-                .snap
-                .sample(id)
-                .map_err(|e| ReadError::format(&self.snapshot_path, e))?;
+            let e = self.snap.sample(id).map_err(err)?;
             Ok(acc.wrapping_add(crate::digest_term(id, e.crc32)))
         })
     }
@@ -371,9 +346,8 @@ impl Dataset {
 
     /// Bytes of all chunk files (O(chunks)).
     pub fn total_chunk_bytes(&self) -> Result<u64> {
-        (0..self.chunk_count() as u32).try_fold(0u64, |acc, c| {
-            Ok(acc.saturating_add(self.chunk(c)?.file_size))
-        })
+        let sizes = self.chunk_entries()?.into_iter().map(|c| c.file_size);
+        Ok(sizes.fold(0, u64::saturating_add))
     }
 
     /// Chunks per shuffle window that keep one reader within `memory` bytes of read buffers
@@ -384,19 +358,13 @@ impl Dataset {
         let chunks = self.chunk_count().max(1);
         let mean = (self.total_chunk_bytes()? / chunks).max(1);
         // A chunk read takes its size in buffers, rounded as the pool rounds them.
-        let charge =
-            granary_store::buf::BufPool::charge(mean as usize + 2 * granary_store::buf::ALIGN)
-                as u64;
+        let charge = BufPool::charge(mean as usize + 2 * ALIGN) as u64;
         Ok((memory / (3 * charge)).max(1) as usize)
     }
 
     /// `plan` with its window resolved: `window_chunks` 0 means as many chunks as `memory`
     /// bytes of read buffers allow ([`Dataset::window_for_memory`]).
-    pub fn resolve_window(
-        &self,
-        plan: &crate::PlanOptions,
-        memory: u64,
-    ) -> Result<crate::PlanOptions> {
+    pub fn resolve_window(&self, plan: &PlanOptions, memory: u64) -> Result<PlanOptions> {
         let mut o = plan.clone();
         if o.window_chunks == 0 {
             o.window_chunks = self.window_for_memory(memory)?;
@@ -406,9 +374,9 @@ impl Dataset {
 
     /// The chunk sample ranges that epoch plans are computed from (O(chunks)); through a view,
     /// each chunk's selected samples (O(chunks + selected)).
-    pub fn shape(&self) -> Result<crate::DatasetShape> {
+    pub fn shape(&self) -> Result<DatasetShape> {
         let counts = self.chunk_entries()?.into_iter().map(|ce| ce.sample_count);
-        let shape = crate::DatasetShape::from_counts(counts);
+        let shape = DatasetShape::from_counts(counts);
         Ok(match &self.view {
             None => shape,
             Some(v) => shape.select(v.ids.clone()),
@@ -419,14 +387,14 @@ impl Dataset {
     /// given): the reader library's main entry point.
     pub fn stream_epoch(
         self: &std::sync::Arc<Self>,
-        plan: &crate::PlanOptions,
+        plan: &PlanOptions,
         epoch: u64,
-        shard: crate::Shard,
-        resume: Option<&crate::EpochState>,
+        shard: Shard,
+        resume: Option<&EpochState>,
         io: &crate::StreamOptions,
     ) -> Result<crate::EpochStream> {
-        let p = crate::EpochPlan::build(&self.shape()?, plan, epoch, shard, resume)
-            .map_err(ReadError::invalid)?;
+        let p = EpochPlan::build(&self.shape()?, plan, epoch, shard, resume);
+        let p = p.map_err(ReadError::invalid)?;
         crate::EpochStream::new(self.clone(), p, plan.mode, io)
     }
 
@@ -438,17 +406,12 @@ impl Dataset {
         tier: Option<Arc<LocalTier>>,
         peers: Option<Arc<granary_store::Peers>>,
     ) -> Result<StoreStack> {
-        let Some(cache) = tier else {
-            return Ok(StoreStack::plain(&self.store, access));
-        };
-        let chunks: Arc<[ChunkEntry]> = self.chunk_entries()?.into();
-        Ok(StoreStack::with_tier(
-            &self.store,
-            chunks,
-            access,
-            cache,
-            peers,
-        ))
+        Ok(match tier {
+            None => StoreStack::plain(&self.store, access),
+            Some(t) => {
+                StoreStack::with_tier(&self.store, self.chunk_entries()?.into(), access, t, peers)
+            }
+        })
     }
 
     /// Location of chunk `id`'s file in the dataset's store (a path, or a URL written as one).
@@ -462,15 +425,9 @@ impl Dataset {
         let ce = self.chunk(id)?;
         let src = store.open_chunk(id)?;
         if src.len() != ce.file_size {
-            return Err(ReadError::mismatch(
-                src.location(),
-                format!(
-                    "chunk {}: file is {} bytes, the snapshot says {}",
-                    ce.chunk_id,
-                    src.len(),
-                    ce.file_size
-                ),
-            ));
+            let (c, got, want) = (ce.chunk_id, src.len(), ce.file_size);
+            let m = format!("chunk {c}: file is {got} bytes, the snapshot says {want}");
+            return Err(ReadError::mismatch(src.location(), m));
         }
         Ok(src)
     }
@@ -488,13 +445,9 @@ impl Dataset {
         let map = self.snap.bytes_container();
         let cut = map.is_cut()
             || std::fs::metadata(&self.snapshot_path).map_or(true, |m| m.len() < map.len() as u64);
-        cut.then(|| {
-            ReadError::mismatch(
-                &self.snapshot_path,
-                "the snapshot file was cut short while in use (truncated by another process); \
-                 open the dataset again",
-            )
-        })
+        let m = "the snapshot file was cut short while in use (truncated by another \
+                 process); open the dataset again";
+        cut.then(|| ReadError::mismatch(&self.snapshot_path, m))
     }
 
     /// `v`, read from the mapped snapshot, unless the map found the file cut short (then what
@@ -627,22 +580,17 @@ impl Dataset {
             && e.offset
                 .checked_add(e.stored_len)
                 .is_some_and(|end| end <= records_end);
-        if !inside {
-            if let Some(e) = self.cut_error() {
-                return Err(e);
-            }
-            return Err(self.record_error(
-                info,
-                granary_format::FormatError::Invalid {
-                    what: "sample entry".into(),
-                    detail: format!(
-                        "record {}+{} lies outside chunk {} ({} bytes)",
-                        e.offset, e.stored_len, e.chunk, ce.file_size
-                    ),
-                },
-            ));
+        if inside {
+            return Ok(ce);
         }
-        Ok(ce)
+        Err(self.cut_error().unwrap_or_else(|| {
+            let detail = format!(
+                "record {}+{} lies outside chunk {} ({} bytes)",
+                e.offset, e.stored_len, e.chunk, ce.file_size
+            );
+            let what = "sample entry".into();
+            self.record_error(info, granary_format::FormatError::Invalid { what, detail })
+        }))
     }
 
     /// True if the dataset's samples have named fields.
@@ -670,17 +618,13 @@ impl Dataset {
         if fields.is_empty() {
             return Ok(vec![(&b""[..], data)]);
         }
+        let n = data.len();
+        let short = || ReadError::invalid(format!("sample {id}: {n} bytes do not hold its fields"));
         fields
             .iter()
             .map(|f| {
-                let d = data
-                    .get(f.offset as usize..(f.offset + f.len) as usize)
-                    .ok_or_else(|| {
-                        ReadError::invalid(format!(
-                            "sample {id}: {} bytes do not hold its fields",
-                            data.len()
-                        ))
-                    })?;
+                let d = data.get(f.offset as usize..(f.offset + f.len) as usize);
+                let d = d.ok_or_else(short)?;
                 if granary_format::crc32(d) != f.crc32 {
                     return Err(ReadError::invalid(format!(
                         "sample {id}: field {} fails its CRC-32 (the snapshot's field table \
@@ -699,10 +643,8 @@ impl Dataset {
     /// an error.
     pub fn read_fields(&self, id: u64, names: Option<&[&[u8]]>) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
         if !self.has_fields() {
-            return Err(ReadError::invalid(format!(
-                "{}: the samples have no named fields",
-                self.location()
-            )));
+            let m = format!("{}: the samples have no named fields", self.location());
+            return Err(ReadError::invalid(m));
         }
         let info = self.sample(id)?;
         self.check_placement(&info)?;
@@ -753,11 +695,8 @@ impl Dataset {
         let Some(id) = self.lookup(key)? else {
             return Ok(None);
         };
-        Ok(self
-            .fields(id)?
-            .iter()
-            .any(|f| f.name == name)
-            .then(|| (id, name.to_vec())))
+        let has = self.fields(id)?.iter().any(|f| f.name == name);
+        Ok(has.then(|| (id, name.to_vec())))
     }
 
     /// Reads sample `id` with positional reads and returns its original bytes after checking
@@ -788,16 +727,12 @@ impl Dataset {
     pub fn check_chunk_header(&self, head: &[u8], chunk: u32, path: &Path) -> Result<()> {
         let h = ChunkHeader::decode(head).map_err(|e| ReadError::format(path, e))?;
         if h.dataset_id != self.snap.dataset_id() {
-            return Err(ReadError::mismatch(
-                path,
-                "chunk belongs to another dataset (dataset id differs)",
-            ));
+            let m = "chunk belongs to another dataset (dataset id differs)";
+            return Err(ReadError::mismatch(path, m));
         }
         if h.chunk_id != chunk {
-            return Err(ReadError::mismatch(
-                path,
-                format!("holds chunk id {}, expected {chunk}", h.chunk_id),
-            ));
+            let m = format!("holds chunk id {}, expected {chunk}", h.chunk_id);
+            return Err(ReadError::mismatch(path, m));
         }
         Ok(())
     }
@@ -828,7 +763,7 @@ impl Dataset {
 /// hold `capacities[node]` bytes, from `epoch`'s plan.
 pub fn ownership(
     ds: &Dataset,
-    plan: &crate::PlanOptions,
+    plan: &PlanOptions,
     epoch: u64,
     world: u32,
     nodes: u32,
@@ -841,10 +776,8 @@ pub fn ownership(
         )));
     }
     if capacities.len() != nodes as usize {
-        return Err(ReadError::invalid(format!(
-            "{} tier capacities for {nodes} nodes",
-            capacities.len()
-        )));
+        let m = format!("{} tier capacities for {nodes} nodes", capacities.len());
+        return Err(ReadError::invalid(m));
     }
     let shape = ds.shape()?;
     let per_node = world / nodes;
@@ -854,6 +787,20 @@ pub fn ownership(
         .collect();
     let sizes: Vec<u64> = ds.chunk_entries()?.iter().map(|ce| ce.file_size).collect();
     Ok(granary_store::Ownership::assign(&home, &sizes, capacities))
+}
+
+/// The snapshot file of the dataset at `path` (its directory, or the file itself).
+pub(crate) fn snapshot_file(path: &Path) -> PathBuf {
+    match path.is_dir() {
+        true => path.join(SNAPSHOT_FILE),
+        false => path.to_path_buf(),
+    }
+}
+
+/// The directory of the file at `path` (`.` for a bare file name).
+pub(crate) fn parent_dir(path: &Path) -> &Path {
+    let dir = path.parent().filter(|p| !p.as_os_str().is_empty());
+    dir.unwrap_or(Path::new("."))
 }
 
 /// Reads `buf.len()` bytes of `f` at `offset`, through the store's one function for single

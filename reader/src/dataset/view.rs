@@ -41,10 +41,7 @@ pub(crate) fn open(path: &Path, cfg: &StoreConfig) -> Result<Dataset> {
     let v = ViewFile::decode(&bytes).map_err(|e| ReadError::format(path, e))?;
     let target = match granary_store::object::is_url(&v.location) {
         true => PathBuf::from(&v.location),
-        false => {
-            let base = path.parent().unwrap_or(Path::new("."));
-            base.join(&v.location)
-        }
+        false => super::parent_dir(path).join(&v.location),
     };
     let mut ds = Dataset::open_with(&target, cfg)?;
     let snap = ds.snapshot();

@@ -18,9 +18,6 @@
 
 mod source;
 
-use std::cmp::{Ordering, Reverse};
-use std::collections::BinaryHeap;
-
 use granary_format::SplitMix64;
 
 use crate::plan::{shard_positions, DatasetShape, EpochPlan, EpochState, PlanOptions, Shard};
@@ -53,7 +50,7 @@ impl std::str::FromStr for Share {
                 .parse::<f64>()
                 .map_err(|_| format!("{kind} {v:?} is not a number"))
         };
-        let share = match kind.trim() {
+        Ok(match kind.trim() {
             "weight" => Share::Weight(num(v)?),
             "repeat" => Share::Repeat(num(v)?),
             "choose" => Share::Choose(
@@ -66,8 +63,7 @@ impl std::str::FromStr for Share {
                     "unknown share {k:?}: use weight=W, repeat=R or choose=N"
                 ))
             }
-        };
-        Ok(share)
+        })
     }
 }
 
@@ -205,13 +201,10 @@ fn apportion(total: u64, weights: &[f64]) -> Result<Vec<u64>, String> {
     let exact: Vec<f64> = rel.iter().map(|w| total as f64 * w / sum).collect();
     let mut counts: Vec<u64> = exact.iter().map(|e| e.floor() as u64).collect();
     let given: u64 = counts.iter().sum();
+    // A stable sort: ties stay in source order.
+    let rest = |i: usize| exact[i] - exact[i].floor();
     let mut by_rest: Vec<usize> = (0..weights.len()).collect();
-    by_rest.sort_by(|&a, &b| {
-        let (ra, rb) = (exact[a] - exact[a].floor(), exact[b] - exact[b].floor());
-        rb.partial_cmp(&ra)
-            .unwrap_or(Ordering::Equal)
-            .then(a.cmp(&b))
-    });
+    by_rest.sort_by(|&a, &b| rest(b).total_cmp(&rest(a)));
     for &i in by_rest
         .iter()
         .cycle()
@@ -229,35 +222,14 @@ pub fn source_seed(seed: u64, i: usize) -> u64 {
 
 const TAG_MIX_SEED: u64 = 0x006d_6978;
 
-/// The j-th of c samples of a source, placed at (2j + 1) / 2c of a shard's epoch.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Slot {
-    num: u64,
-    den: u64,
-    source: u32,
-}
-
-impl Ord for Slot {
-    fn cmp(&self, o: &Self) -> Ordering {
-        (u128::from(self.num) * u128::from(o.den))
-            .cmp(&(u128::from(o.num) * u128::from(self.den)))
-            .then(self.source.cmp(&o.source))
-    }
-}
-
-impl PartialOrd for Slot {
-    fn partial_cmp(&self, o: &Self) -> Option<Ordering> {
-        Some(self.cmp(o))
-    }
-}
-
 /// The order in which a shard delivers its parts' samples: an iterator of source indices,
-/// `counts[i]` of source i, each source spread evenly (see the module documentation).
+/// `counts[i]` of source i, each source spread evenly (see the module documentation): the
+/// j-th of c samples of a source comes at (2j + 1) / 2c of the order, ties to the earlier
+/// source.
 #[derive(Clone, Debug)]
 pub struct Interleave {
     counts: Vec<u64>,
     next: Vec<u64>,
-    heap: BinaryHeap<Reverse<Slot>>,
 }
 
 impl Interleave {
@@ -268,25 +240,9 @@ impl Interleave {
 
     /// After `done[i]` samples of each source were delivered (as replaying the order says).
     pub fn resume(counts: &[u64], done: &[u64]) -> Self {
-        let mut it = Interleave {
+        Interleave {
             counts: counts.to_vec(),
             next: done.to_vec(),
-            heap: BinaryHeap::with_capacity(counts.len()),
-        };
-        for i in 0..counts.len() {
-            it.push(i);
-        }
-        it
-    }
-
-    fn push(&mut self, i: usize) {
-        let (j, c) = (self.next[i], self.counts[i]);
-        if j < c {
-            self.heap.push(Reverse(Slot {
-                num: 2 * j + 1,
-                den: 2 * c,
-                source: i as u32,
-            }));
         }
     }
 
@@ -312,10 +268,21 @@ impl Interleave {
 impl Iterator for Interleave {
     type Item = usize;
     fn next(&mut self) -> Option<usize> {
-        let Reverse(s) = self.heap.pop()?;
-        let i = s.source as usize;
+        // A scan of the sources (a mixture has a few: each is a stream with its own reads),
+        // comparing where their next samples come exactly.
+        let at = |i: usize| {
+            (
+                u128::from(2 * self.next[i] + 1),
+                u128::from(2 * self.counts[i]),
+            )
+        };
+        let i = (0..self.counts.len())
+            .filter(|&i| self.next[i] < self.counts[i])
+            .min_by(|&a, &b| {
+                let ((na, da), (nb, db)) = (at(a), at(b));
+                (na * db).cmp(&(nb * da))
+            })?;
         self.next[i] += 1;
-        self.push(i);
         Some(i)
     }
 }
@@ -346,11 +313,9 @@ pub struct MixState {
     pub consumed: Vec<u64>,
     pub sources: Vec<SourceMark>,
     /// One loader worker's own state (see [`EpochState::column`]).
-    #[serde(default)]
     pub column: Option<u32>,
     /// Where the epoch got under another configuration it was resumed at (see
     /// [`EpochState::then`]).
-    #[serde(default)]
     pub then: Option<crate::Continued>,
 }
 
@@ -386,11 +351,8 @@ impl MixPlan {
         shard: Shard,
         resume: Option<&MixState>,
     ) -> Result<MixPlan, String> {
-        let uniform =
-            |_: usize, sh: &DatasetShape, o: &PlanOptions, s: Shard, st: Option<&EpochState>| {
-                EpochPlan::build(sh, o, epoch, s, st)
-            };
-        Self::build_with(sources, epoch, shard, resume, &uniform)
+        let uniform: &PartPlanner = &|_, sh, o, s, st| EpochPlan::build(sh, o, epoch, s, st);
+        Self::build_with(sources, epoch, shard, resume, uniform)
     }
 
     /// [`MixPlan::build`] with each part planned by `plan`.
@@ -442,9 +404,8 @@ impl MixPlan {
             .enumerate()
             .map(|(i, (((sh, s), mark), consumed))| {
                 // The checkpointed epoch's windows.
-                let window_chunks = mark.window.max(1) as usize;
                 let o = PlanOptions {
-                    window_chunks,
+                    window_chunks: mark.window.max(1) as usize,
                     ..s.options.clone()
                 };
                 let state = EpochState {

@@ -8,11 +8,12 @@ use std::sync::Arc;
 use serde::Serialize;
 
 use super::SourceMark;
-use super::{epoch_counts, source_seed, Interleave, MixPlan, MixState, PlanSource, Share};
+use super::{
+    epoch_counts, source_seed, Interleave, MixPlan, MixState, PartPlanner, PlanSource, Share,
+};
 use crate::config::Reader;
 use crate::dataset::Dataset;
-use crate::epoch::EpochReport;
-use crate::epoch::{add_layers, LayerReading};
+use crate::epoch::{add_layers, EpochReport};
 use crate::error::{ReadError, Result};
 use crate::options::ReaderOptions;
 use crate::plan::{DatasetShape, Shard};
@@ -40,12 +41,7 @@ pub trait SampleStream: Iterator<Item = Result<Sample>> + Send {
     fn layers(&self) -> Vec<(&'static str, MeterReading)> {
         let mut total = Vec::new();
         for s in self.parts() {
-            let mine = s.layers().into_iter();
-            add_layers(
-                &mut total,
-                mine.map(|(layer, reading)| LayerReading { layer, reading })
-                    .collect(),
-            );
+            add_layers(&mut total, s.layers());
         }
         total.into_iter().map(|l| (l.layer, l.reading)).collect()
     }
@@ -141,7 +137,7 @@ struct MixSource {
     ds: Arc<Dataset>,
     share: Share,
     shape: DatasetShape,
-    count: u64,
+    /// Its epoch count is `take`.
     mark: SourceMark,
 }
 
@@ -184,7 +180,6 @@ impl Mixture {
                 ds,
                 share,
                 shape,
-                count,
             })
             .collect();
         Ok(Mixture { sources })
@@ -234,7 +229,7 @@ impl Mixture {
     }
     /// Samples source `i` contributes to every epoch.
     pub fn count(&self, i: usize) -> u64 {
-        self.sources[i].count
+        self.sources[i].mark.take
     }
 }
 
@@ -297,11 +292,6 @@ impl MixReader {
         self.memory
     }
 
-    /// Source `i`'s reader.
-    pub fn reader(&self, i: usize) -> &Reader {
-        &self.readers[i]
-    }
-
     /// A new epoch: every peer is asked again.
     pub fn begin_epoch(&self) {
         for r in &self.readers {
@@ -328,7 +318,7 @@ impl MixReader {
                 let mut mark = s.mark.clone();
                 mark.window = options.window_chunks as u64;
                 Ok(PlanSource {
-                    shape: s.shape.clone().take(s.count),
+                    shape: s.shape.clone().take(s.mark.take),
                     options,
                     mark,
                 })
@@ -338,38 +328,34 @@ impl MixReader {
 
     /// `shard`'s plan of `epoch` (what is left of it with `resume`).
     pub fn plan(&self, epoch: u64, shard: Shard, resume: Option<&MixState>) -> Result<MixPlan> {
-        self.plan_with(&self.setups()?, epoch, shard, resume)
+        Ok(self.planned(epoch, shard, resume)?.1)
     }
 
-    /// [`MixReader::plan`] with each source planned by its setup (importance sampling by its
-    /// scores, when asked).
-    fn plan_with(
+    /// Every source's setup for `epoch`, and [`MixReader::plan`] with each source planned by
+    /// its setup (importance sampling by its scores, when asked).
+    fn planned(
         &self,
-        setups: &[crate::EpochSetup],
         epoch: u64,
         shard: Shard,
         resume: Option<&MixState>,
-    ) -> Result<MixPlan> {
+    ) -> Result<(Vec<crate::EpochSetup>, MixPlan)> {
+        let setups = self.setups()?;
         for (setup, s) in setups.iter().zip(&self.mix.sources) {
             setup.check(&s.ds)?;
         }
-        let part = |i: usize,
-                    sh: &DatasetShape,
-                    o: &crate::PlanOptions,
-                    s: Shard,
-                    st: Option<&crate::EpochState>| {
+        let part: &PartPlanner = &|i, sh, o, s, st| {
             setups[i]
                 .plan_of(&self.mix.sources[i].ds, sh, o, epoch, s, st)
                 .map_err(|e| format!("source {i} ({}): {e}", self.mix.name(i)))
         };
-        let sources = self.plan_sources_of(setups)?;
-        MixPlan::build_with(&sources, epoch, shard, resume, &part).map_err(ReadError::invalid)
+        let sources = self.plan_sources_of(&setups)?;
+        let plan = MixPlan::build_with(&sources, epoch, shard, resume, part);
+        Ok((setups, plan.map_err(ReadError::invalid)?))
     }
 
     /// `shard`'s stream of `epoch` (what is left of it with `resume`).
     pub fn stream(&self, epoch: u64, shard: Shard, resume: Option<&MixState>) -> Result<MixStream> {
-        let setups = self.setups()?;
-        let plan = self.plan_with(&setups, epoch, shard, resume)?;
+        let (setups, plan) = self.planned(epoch, shard, resume)?;
         let len = plan.len();
         let pool = BufPool::new(self.memory.max(1) as usize);
         // Reads ahead in the order the interleave needs them, as many in flight as one
@@ -385,7 +371,7 @@ impl MixReader {
             .map(|(i, ((p, r), mut setup))| {
                 let (first, count) = plan.order.position(i);
                 setup.stream.shared = Some(ReadAheadSeat::new(shared.clone(), i, first, count));
-                EpochStream::new(r.dataset().clone(), p, setup.plan.mode, &setup.stream)
+                EpochStream::new(r.ds.clone(), p, setup.plan.mode, &setup.stream)
             })
             .collect::<Result<Vec<_>>>()?;
         Ok(MixStream {
@@ -435,11 +421,6 @@ impl MixStream {
     /// True when it delivers nothing.
     pub fn is_empty(&self) -> bool {
         self.len == 0
-    }
-
-    /// The most bytes of read buffers the sources' streams held at once (together).
-    pub fn peak_buffer_bytes(&self) -> u64 {
-        self.pool.peak_in_use() as u64
     }
 
     fn fail(&mut self, e: ReadError) -> Option<Result<Sample>> {
@@ -493,8 +474,9 @@ impl SampleStream for MixStream {
     fn parts(&self) -> &[EpochStream] {
         &self.streams
     }
+    /// Of the read buffers the sources' streams share.
     fn peak_buffer_bytes(&self) -> u64 {
-        MixStream::peak_buffer_bytes(self)
+        self.pool.peak_in_use() as u64
     }
 }
 
@@ -530,20 +512,19 @@ pub fn read_mix_epoch(
     world_size: u32,
     workers: u32,
 ) -> Result<MixReport> {
-    let start = crate::epoch::Start::now();
-    let t = crate::epoch::read_shards(rank, world_size, workers, &|shard| {
-        reader.stream(epoch, shard, None)
-    })?;
-    let mut per = t.per_source.clone();
-    per.resize(reader.mix.len(), (0, 0, 0));
-    let samples = t.samples;
-    let tier = reader.readers.iter().any(|r| r.tier().is_some())
+    let tier = reader.readers.iter().any(|r| r.cache.is_some())
         && reader
             .readers
             .iter()
-            .any(|r| r.options().shuffle != crate::ShuffleMode::Global);
+            .any(|r| r.options.shuffle != crate::ShuffleMode::Global);
+    let shards = (rank, world_size, workers);
+    let (report, mut per) = crate::epoch::read_shards(epoch, shards, tier, &|shard| {
+        reader.stream(epoch, shard, None)
+    })?;
+    per.resize(reader.mix.len(), (0, 0, 0));
+    let samples = report.samples;
     Ok(MixReport {
-        report: start.report(epoch, t, tier),
+        report,
         sources: per
             .iter()
             .enumerate()

@@ -15,8 +15,8 @@ pub(super) const TAG_WINDOW: u64 = 7;
 pub(super) const TAG_IMPORTANCE: u64 = 8;
 
 /// Rounds of [`KeyedPermutation`]'s Feistel network (four make a pseudo-random permutation
-/// of a Feistel network with random round functions; two more for margin, at ~2 ns each).
-pub(super) const FEISTEL_ROUNDS: usize = 6;
+/// with random round functions; two more for margin).
+const FEISTEL_ROUNDS: usize = 6;
 
 /// A keyed bijection on `0..n`: position `i` of a global shuffle is [`KeyedPermutation::at`]
 /// `(i)`, computed in O(1) time and memory, so that no rank holds the whole permutation (8
@@ -56,7 +56,7 @@ impl KeyedPermutation {
         }
     }
 
-    pub(super) fn feistel(&self, x: u64) -> u64 {
+    fn feistel(&self, x: u64) -> u64 {
         let mask = (1u64 << self.half) - 1;
         let (mut l, mut r) = (x >> self.half, x & mask);
         for k in self.keys {

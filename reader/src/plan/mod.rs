@@ -14,7 +14,7 @@ use std::ops::Range;
 use granary_format::SplitMix64;
 
 use crate::draws::Importance;
-use crate::runs::{ChunkRuns, RunIds};
+use crate::runs::ChunkRuns;
 
 pub use keyed::KeyedPermutation;
 use keyed::*;
@@ -73,15 +73,10 @@ pub struct Shard {
 
 impl Shard {
     /// The whole dataset: one rank, one worker.
-    pub const WHOLE: Shard = Shard {
-        rank: 0,
-        world_size: 1,
-        worker: 0,
-        num_workers: 1,
-    };
+    pub const WHOLE: Shard = Shard::at((1, 1), 0);
 
     /// Shard `slot` (`rank * num_workers + worker`) of a configuration (ranks, workers).
-    pub(crate) fn at(config: (u32, u32), slot: u32) -> Shard {
+    pub(crate) const fn at(config: (u32, u32), slot: u32) -> Shard {
         Shard {
             rank: slot / config.1,
             world_size: config.0,
@@ -117,7 +112,7 @@ impl Shard {
 ///
 /// `chunks: Some(c)`: the epoch was planned over the dataset's first `c` chunks (checkpointed
 /// at an earlier generation) and is resumed as it was planned.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct EpochState {
     pub epoch: u64,
     pub world_size: u32,
@@ -214,6 +209,14 @@ impl DatasetShape {
     /// [`DatasetShape::take`] set.
     pub fn epoch_len(&self) -> u64 {
         self.take.unwrap_or_else(|| self.samples())
+    }
+
+    /// Passes over the samples an epoch makes (at least one).
+    fn passes(&self) -> u64 {
+        match self.samples() {
+            0 => 1,
+            n => self.epoch_len().div_ceil(n).max(1),
+        }
     }
 
     /// The shape of the first `chunks` chunks (what a dataset was before generations were
@@ -332,18 +335,6 @@ impl Sampling<'_> {
         };
         self.scores.score(i).max(0.0) * b
     }
-
-    /// p_i for every sample (sums to 1): a table of N values, for tests and inspection; plans
-    /// compute p_i of the samples they draw only.
-    pub fn probabilities(&self) -> Vec<f64> {
-        let n = self.scores.len() as usize;
-        let mass: Vec<f64> = (0..n as u64).map(|i| self.mass(i)).collect();
-        let total: f64 = mass.iter().sum::<f64>().max(f64::MIN_POSITIVE);
-        let a = self.alpha.clamp(0.0, 0.999_999);
-        mass.iter()
-            .map(|m| (1.0 - a) / n as f64 + a * m / total)
-            .collect()
-    }
 }
 
 /// Each chunk's home rank under locality < 1: a seeded permutation of the chunks cut into
@@ -379,14 +370,13 @@ pub fn chunk_readers(shape: &DatasetShape, o: &PlanOptions, epoch: u64, world: u
     if o.locality < 1.0 && world > 1 {
         return home_ranks(shape, o, world);
     }
-    let order: Vec<u32> = match o.mode {
-        ShuffleMode::Chunkwise => chunk_order(shape, o, epoch, world),
-        ShuffleMode::Sequential => (0..shape.chunks()).collect(),
+    let order = match o.mode {
         ShuffleMode::Global => {
             let mut v: Vec<u32> = (0..shape.chunks()).collect();
             SplitMix64::keyed(&[o.seed, epoch, TAG_HOME]).shuffle(&mut v);
             v
         }
+        _ => pass_order(shape, o, epoch, world),
     };
     // The per-rank cut: `n / world` samples each (drop_last), the remainder to no one; its
     // chunks count as the last rank's.
@@ -471,7 +461,7 @@ fn old_shards(
 /// `shard`'s part of a global epoch, evaluated position by position (O(share) memory).
 fn global_part(shape: &DatasetShape, o: &PlanOptions, epoch: u64, shard: &Shard) -> Vec<u64> {
     let g = GlobalOrder::new(shape, o, epoch);
-    shard_positions(g.len(), shard, o.drop_last)
+    shard_positions(g.len, shard, o.drop_last)
         .map(|i| g.at(i))
         .collect()
 }
@@ -488,12 +478,7 @@ struct GlobalOrder {
 impl GlobalOrder {
     fn new(shape: &DatasetShape, o: &PlanOptions, epoch: u64) -> Self {
         let (samples, len) = (shape.samples(), shape.epoch_len());
-        let passes = if samples == 0 {
-            0
-        } else {
-            len.div_ceil(samples)
-        };
-        let passes = (0..passes.max(1))
+        let passes = (0..shape.passes())
             .map(|p| match p {
                 0 => KeyedPermutation::new(samples, &[o.seed, epoch, TAG_GLOBAL]),
                 _ => KeyedPermutation::new(samples, &[o.seed, epoch, TAG_GLOBAL, p]),
@@ -504,10 +489,6 @@ impl GlobalOrder {
             len,
             passes,
         }
-    }
-
-    fn len(&self) -> u64 {
-        self.len
     }
 
     /// The sample at position `i` (past the end: wrapped to the start, as padding does).
@@ -525,11 +506,7 @@ fn pass_order(shape: &DatasetShape, o: &PlanOptions, epoch: u64, world: u32) -> 
         ShuffleMode::Sequential => (0..shape.chunks()).collect(),
         _ => chunk_order(shape, o, epoch, world),
     };
-    let passes = match shape.samples() {
-        0 => 1,
-        n => shape.epoch_len().div_ceil(n),
-    };
-    for pass in 1..passes {
+    for pass in 1..shape.passes() {
         let mut next: Vec<u32> = (0..shape.chunks()).collect();
         if o.mode != ShuffleMode::Sequential {
             SplitMix64::keyed(&[o.seed, epoch, TAG_CHUNKS, pass]).shuffle(&mut next);
@@ -556,36 +533,32 @@ fn windows(
     let mut windows = Vec::new();
     let mut start = 0;
     let w = o.window_chunks.max(1);
+    // A global window holds as many records as W chunks do on average: the same bytes per
+    // window as a chunk-wise plan, so the same memory budget holds (the order does not depend
+    // on it).
+    let per_chunk = (shape.samples() / u64::from(shape.chunks()).max(1)).max(1) as usize;
+    let size = w.saturating_mul(per_chunk).clamp(1, GLOBAL_WINDOW_SAMPLES);
     while start < seq.len() {
-        let end;
-        let mut chunks: Vec<u32>;
+        let mut chunks: Vec<u32> = Vec::new();
+        let mut end = start;
         if o.mode == ShuffleMode::Global {
-            // As many records as W chunks hold on average: the same bytes per window as a
-            // chunk-wise plan, so the same memory budget holds (the order does not depend on it).
-            let per_chunk = (shape.samples() / u64::from(shape.chunks()).max(1)).max(1) as usize;
-            let size = (w * per_chunk).clamp(1, GLOBAL_WINDOW_SAMPLES);
             end = (start + size).min(seq.len());
-            chunks = seq[start..end].iter().map(|&s| shape.chunk_of(s)).collect();
+            chunks.extend(seq[start..end].iter().map(|&s| shape.chunk_of(s)));
         } else {
             // W runs of consecutive samples from the same chunk.
-            chunks = Vec::new();
-            let mut i = start;
-            let mut prev = None;
-            while i < seq.len() {
-                let c = shape.chunk_of(seq[i]);
-                if prev != Some(c) {
+            while end < seq.len() {
+                let c = shape.chunk_of(seq[end]);
+                if chunks.last() != Some(&c) {
                     if chunks.len() == w {
                         break;
                     }
                     chunks.push(c);
-                    prev = Some(c);
                 }
-                i += 1;
+                end += 1;
             }
-            end = i;
-            if o.mode == ShuffleMode::Chunkwise {
-                window_rng(o, epoch, shard, windows.len() as u64).shuffle(&mut seq[start..end]);
-            }
+        }
+        if o.mode == ShuffleMode::Chunkwise {
+            window_rng(o, epoch, shard, windows.len() as u64).shuffle(&mut seq[start..end]);
         }
         chunks.sort_unstable();
         chunks.dedup();
@@ -611,15 +584,15 @@ fn fresh(
     shard: &Shard,
     probs: Option<&Importance>,
 ) -> EpochPlan {
-    if probs.is_none() && o.mode == ShuffleMode::Global {
-        let part = global_part(shape, o, epoch, shard);
-        return windows(shape, o, epoch, shard, part);
-    }
-    // The epoch is whole chunks in a chunk order: take this shard's positions straight from
-    // it (O(chunks + share) memory) instead of building every rank's sequence (8 bytes per
-    // sample of the dataset: 8 GB on every rank at a billion samples).
-    let mut seq = chunk_runs(shape, o, epoch, shard.world_size, probs);
-    let part = seq.at(shard_positions(seq.len(), shard, o.drop_last));
+    let part = if probs.is_none() && o.mode == ShuffleMode::Global {
+        global_part(shape, o, epoch, shard)
+    } else {
+        // The epoch is whole chunks in a chunk order: take this shard's positions straight
+        // from it (O(chunks + share) memory) instead of building every rank's sequence (8
+        // bytes per sample of the dataset: 8 GB on every rank at a billion samples).
+        let mut seq = chunk_runs(shape, o, epoch, shard.world_size, probs);
+        seq.at(shard_positions(seq.len(), shard, o.drop_last))
+    };
     windows(shape, o, epoch, shard, part)
 }
 
@@ -633,20 +606,12 @@ fn chunk_runs<'a>(
     world: u32,
     probs: Option<&'a Importance<'a>>,
 ) -> ChunkRuns<'a> {
-    match probs {
-        None => {
-            let mut runs = ChunkRuns::new(
-                pass_order(shape, o, epoch, world),
-                RunIds::Samples(&shape.first),
-            );
-            runs.truncate(shape.epoch_len());
-            runs
-        }
-        Some(imp) => ChunkRuns::new(
-            chunk_order(shape, o, epoch, world),
-            RunIds::Draws(imp, vec![o.seed, epoch, TAG_IMPORTANCE]),
-        ),
+    if probs.is_some() {
+        return ChunkRuns::new(chunk_order(shape, o, epoch, world), &shape.first, probs);
     }
+    let mut runs = ChunkRuns::new(pass_order(shape, o, epoch, world), &shape.first, None);
+    runs.truncate(shape.epoch_len());
+    runs
 }
 
 /// What the shards of configuration `old` (ranks, workers) had not delivered of an epoch
@@ -707,7 +672,7 @@ fn global_rest_part(
 ) -> Vec<u64> {
     let g = GlobalOrder::new(shape, o, epoch);
     let (mut segments, mut total) = (Vec::new(), 0u64);
-    for (_, pos, from) in old_shards(g.len(), old, o.drop_last, consumed) {
+    for (_, pos, from) in old_shards(g.len, old, o.drop_last, consumed) {
         if from < pos.end {
             segments.push((total, from, pos.end - from, 1));
             total += pos.end - from;
@@ -856,10 +821,9 @@ impl EpochPlan {
         // redistribution after a resume rebuilds several old shards' plans).
         let key = [o.seed, epoch, TAG_IMPORTANCE];
         let mass = |i: u64| sampling.map_or(1.0, |sm| sm.mass(i));
-        let lens = (0..shape.chunks()).map(|c| shape.chunk_len(c));
         // A mixture's source draws its epoch count.
         let imp =
-            sampling.map(|sm| Importance::with_draws(&mass, sm.alpha, lens, &key, shape.take));
+            sampling.map(|sm| Importance::new(&mass, sm.alpha, &shape.first, &key, shape.take));
         let mut p = Self::build_inner(shape, o, epoch, shard, resume, imp.as_ref())?;
         if let Some(imp) = &imp {
             let n = shape.samples() as f64;
@@ -935,20 +899,13 @@ impl EpochPlan {
         // the new ranks and workers; of a worker's own state, what its column had not
         // delivered, for the new ranks' workers of that index (the other columns count as
         // delivered: their workers cut theirs).
-        let (consumed, cut) = match st.column {
-            None => (st.consumed.clone(), shard),
-            Some(col) => {
-                let known = |i: usize| i as u32 % old.1 == col;
-                let consumed = (st.consumed.iter().enumerate())
-                    .map(|(i, &c)| if known(i) { c } else { u64::MAX })
-                    .collect();
-                let cut = Shard {
-                    worker: 0,
-                    num_workers: 1,
-                    ..shard
-                };
-                (consumed, cut)
-            }
+        let known = |i: usize| st.column.is_none_or(|col| i as u32 % old.1 == col);
+        let consumed: Vec<u64> = (st.consumed.iter().enumerate())
+            .map(|(i, &c)| if known(i) { c } else { u64::MAX })
+            .collect();
+        let cut = match st.column {
+            None => shard,
+            Some(_) => Shard::at((shard.world_size, 1), shard.rank),
         };
         let part = match (o.mode, probs) {
             (ShuffleMode::Global, None) => global_rest_part(shape, o, epoch, &cut, old, &consumed),

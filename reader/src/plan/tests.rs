@@ -212,11 +212,8 @@ fn a_chunk_rest_part_equals_cutting_the_regrouped_rest() {
         };
         // Global epochs read chunk by chunk only when importance-sampled.
         let sampled = o.mode == ShuffleMode::Global || r.below(3) == 0;
-        let lens = (0..shape.chunks()).map(|c| {
-            let s = shape.chunk_samples(c);
-            s.end - s.start
-        });
-        let imp = sampled.then(|| Importance::new(&mass, 0.7, lens, &[case, 3, TAG_IMPORTANCE]));
+        let key = [case, 3, TAG_IMPORTANCE];
+        let imp = sampled.then(|| Importance::new(&mass, 0.7, &shape.first, &key, None));
         let consumed = some_consumed(&mut r, &shape, old);
         let rest = regrouped_rest(&shape, &o, 3, old, &consumed, imp.as_ref());
         each_new_shard(&mut r, &rest, o.drop_last, |shard, want| {

@@ -4,6 +4,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Context;
+use granary_bench::compare::{CompareOptions, Side, SideReport, State};
 
 /// Raw small-file reads (as ImageFolder + DataLoader do them) vs granary, same data, same K.
 #[derive(clap::Args)]
@@ -47,8 +48,9 @@ pub(super) struct CompareArgs {
     /// dropped), limited (every side's process in a memory cgroup of --memory-limit bytes,
     /// page cache included). Each side runs in a process of its own, so its peak RSS is its
     /// own.
-    #[arg(long, default_value = "cold", value_parser = granary_bench::compare::State::parse_list)]
-    states: std::vec::Vec<granary_bench::compare::State>,
+    #[arg(long, default_value = "cold", value_parser = State::parse_list)]
+    // Spelled out: clap's derive would read a plain `Vec<_>` as one value per occurrence.
+    states: std::vec::Vec<State>,
     /// Memory limit of each side's process in the limited state (e.g. 1.6GB; well below the
     /// dataset). Needs root or a delegated cgroup (cgroup v1 or v2).
     #[arg(long, value_parser = super::super::pack::parse_size)]
@@ -64,24 +66,17 @@ pub(super) struct CompareArgs {
 /// One side's epoch of `bench compare`, in a process of its own (run by `bench compare`).
 #[derive(clap::Args)]
 pub(super) struct CompareSideArgs {
-    #[arg(long, value_parser = ["raw", "granary"])]
-    side: String,
-    #[arg(long)]
-    raw: PathBuf,
-    #[arg(long)]
-    packed: PathBuf,
-    #[arg(long)]
-    workers: u32,
+    #[arg(long, value_parser = Side::parse)]
+    side: Side,
     #[arg(long)]
     epoch: u64,
-    #[arg(long)]
-    seed: u64,
-    #[arg(long, value_parser = granary::IoMode::parse)]
-    io: granary::IoMode,
+    #[command(flatten)]
+    compare: CompareArgs,
 }
 
-pub(super) fn run(c: CompareArgs) -> anyhow::Result<ExitCode> {
-    let opts = granary_bench::compare::CompareOptions {
+/// The library's options of `c`, each side run by `side_exe` (`None`: in this process).
+fn options(c: &CompareArgs, side_exe: Option<PathBuf>) -> CompareOptions {
+    CompareOptions {
         raw: c.raw.clone(),
         packed: c.packed.clone(),
         workers: c.workers,
@@ -91,9 +86,14 @@ pub(super) fn run(c: CompareArgs) -> anyhow::Result<ExitCode> {
         io: c.io,
         states: c.states.clone(),
         memory_limit: c.memory_limit,
-        side_exe: Some(std::env::current_exe().context("finding granary's own executable")?),
-    };
-    if c.states.contains(&granary_bench::compare::State::Limited) && c.memory_limit.is_none() {
+        side_exe,
+    }
+}
+
+pub(super) fn run(c: CompareArgs) -> anyhow::Result<ExitCode> {
+    let exe = std::env::current_exe().context("finding granary's own executable")?;
+    let opts = options(&c, Some(exe));
+    if c.states.contains(&State::Limited) && c.memory_limit.is_none() {
         anyhow::bail!("--states limited needs --memory-limit BYTES");
     }
     let res = granary_bench::compare::run(&opts).map_err(anyhow::Error::msg)?;
@@ -117,25 +117,15 @@ pub(super) fn run(c: CompareArgs) -> anyhow::Result<ExitCode> {
 }
 
 pub(super) fn run_side(c: CompareSideArgs) -> anyhow::Result<ExitCode> {
-    use granary_bench::compare::{run_side, CompareOptions, Side, SideReport};
     let o = CompareOptions {
-        raw: c.raw,
-        packed: c.packed,
-        workers: c.workers,
         epochs: 1,
         cold: granary_bench::cold::ColdMode::None,
-        seed: c.seed,
-        io: c.io,
         states: Vec::new(),
         memory_limit: None,
-        side_exe: None,
+        ..options(&c.compare, None)
     };
-    let side = if c.side == "raw" {
-        Side::Raw
-    } else {
-        Side::Granary
-    };
-    let mut s = run_side(&o, side, c.epoch).map_err(anyhow::Error::msg)?;
+    let mut s =
+        granary_bench::compare::run_side(&o, c.side, c.epoch).map_err(anyhow::Error::msg)?;
     let latencies_us = std::mem::take(&mut s.latencies_us);
     super::super::print_json(&SideReport {
         side: s,

@@ -1,5 +1,6 @@
 //! `granary bench gen`: a seeded ImageFolder-style tree.
 
+use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -58,7 +59,7 @@ pub(super) enum ContentArg {
     Text,
 }
 
-pub(super) fn run(g: GenArgs, progress: bool) -> anyhow::Result<ExitCode> {
+pub(super) fn run(g: GenArgs) -> anyhow::Result<ExitCode> {
     let opts = GenOptions {
         out: g.out.clone(),
         files: g.files,
@@ -69,7 +70,7 @@ pub(super) fn run(g: GenArgs, progress: bool) -> anyhow::Result<ExitCode> {
             ContentArg::Text => Content::Text,
         },
         seed: g.seed,
-        progress,
+        progress: std::io::stderr().is_terminal(),
     };
     if g.packed {
         return packed(&g, &opts);

@@ -1,10 +1,7 @@
 //! `granary bench`: generate data, compare granary with the alternatives on the same data.
 //! One module per subcommand.
 
-use std::io::IsTerminal;
 use std::process::ExitCode;
-
-use clap::Subcommand;
 
 mod cache;
 mod compare;
@@ -22,31 +19,20 @@ pub struct Args {
     cmd: BenchCmd,
 }
 
-#[derive(Subcommand)]
-enum BenchCmd {
-    Gen(gen::GenArgs),
-    Pack(pack::PackArgs),
-    Read(read::ReadArgs),
-    Compare(compare::CompareArgs),
+subcommands! {
+    BenchCmd, dispatch,
+    Gen(gen::GenArgs) => gen::run,
+    Pack(pack::PackArgs) => pack::run,
+    Read(read::ReadArgs) => read::run,
+    Compare(compare::CompareArgs) => compare::run,
     #[command(hide = true)]
-    CompareSide(compare::CompareSideArgs),
-    Cache(cache::CacheArgs),
-    Hits(hits::HitsArgs),
-    Plan(plan::PlanArgs),
-    Remote(remote::RemoteArgs),
+    CompareSide(compare::CompareSideArgs) => compare::run_side,
+    Cache(cache::CacheArgs) => cache::run,
+    Hits(hits::HitsArgs) => hits::run,
+    Plan(plan::PlanArgs) => plan::run,
+    Remote(remote::RemoteArgs) => remote::run,
 }
 
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
-    let progress = std::io::stderr().is_terminal();
-    match a.cmd {
-        BenchCmd::Gen(g) => gen::run(g, progress),
-        BenchCmd::Pack(p) => pack::run(p, progress),
-        BenchCmd::Read(r) => read::run(r),
-        BenchCmd::Compare(c) => compare::run(c),
-        BenchCmd::CompareSide(c) => compare::run_side(c),
-        BenchCmd::Cache(c) => cache::run(c),
-        BenchCmd::Hits(h) => hits::run(h),
-        BenchCmd::Plan(p) => plan::run(p),
-        BenchCmd::Remote(r) => remote::run(r),
-    }
+    dispatch(a.cmd)
 }

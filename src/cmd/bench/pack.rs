@@ -1,5 +1,6 @@
 //! `granary bench pack`: packing throughput, granary vs tar.
 
+use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -39,11 +40,11 @@ pub(super) struct PackArgs {
     json: bool,
 }
 
-pub(super) fn run(p: PackArgs, progress: bool) -> anyhow::Result<ExitCode> {
+pub(super) fn run(p: PackArgs) -> anyhow::Result<ExitCode> {
     let mut template = PackOptions::new(&p.src, &p.out);
     template.output.compress = p.compress;
     template.output.chunk_size = p.chunk_size;
-    template.output.progress = progress;
+    template.output.progress = std::io::stderr().is_terminal();
     template.output.force = true;
     template.io_threads = p.io_threads;
     let opts = PackBenchOptions {

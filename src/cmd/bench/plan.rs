@@ -121,40 +121,39 @@ pub fn run(a: PlanArgs) -> anyhow::Result<ExitCode> {
     let plan_s = t1.elapsed().as_secs_f64();
     let rss = peak_rss_bytes();
     let mb = |b: Option<u64>| b.map(|b| b as f64 / 1e6);
-    if a.json {
-        super::super::print_json(&json!({
-            "samples": a.samples, "chunks": chunks, "shuffle": a.shuffle.name(),
-            "world_size": a.world_size, "workers": a.workers, "share": plan.len(),
-            "windows": plan.windows.len(), "shape_seconds": shape_s, "plan_seconds": plan_s,
-            "importance": a.importance, "resume_from_world_size": a.resume_from_world_size,
-            "peak_rss_mb_after_shape": mb(rss_shape), "peak_rss_mb_after_scores": mb(rss_scores),
-            "peak_rss_mb": mb(rss),
-        }))?;
-        return Ok(ExitCode::SUCCESS);
-    }
-    println!(
-        "{} samples in {chunks} chunks, {:?} plan{} of rank {} of {} (worker {} of {}): {} \
-         samples in {} windows",
-        a.samples,
-        a.shuffle,
-        a.resume_from_world_size
-            .map_or(String::new(), |w| format!(" resumed from {w} ranks")),
-        a.rank,
-        a.world_size,
-        a.worker,
-        a.workers,
-        plan.len(),
-        plan.windows.len()
-    );
-    let show = |b: Option<u64>| b.map_or("unknown".into(), |b| format!("{:.0} MB", b as f64 / 1e6));
-    println!(
-        "shape {shape_s:.2} s (peak RSS {}){}, plan {plan_s:.2} s (peak RSS {})",
-        show(rss_shape),
-        match a.importance {
-            true => format!(", score table (peak RSS {})", show(rss_scores)),
-            false => String::new(),
-        },
-        show(rss)
-    );
-    Ok(ExitCode::SUCCESS)
+    let v = json!({
+        "samples": a.samples, "chunks": chunks, "shuffle": a.shuffle.name(),
+        "world_size": a.world_size, "workers": a.workers, "share": plan.len(),
+        "windows": plan.windows.len(), "shape_seconds": shape_s, "plan_seconds": plan_s,
+        "importance": a.importance, "resume_from_world_size": a.resume_from_world_size,
+        "peak_rss_mb_after_shape": mb(rss_shape), "peak_rss_mb_after_scores": mb(rss_scores),
+        "peak_rss_mb": mb(rss),
+    });
+    crate::cmd::output(a.json, &v, |_| {
+        println!(
+            "{} samples in {chunks} chunks, {:?} plan{} of rank {} of {} (worker {} of {}): {} \
+             samples in {} windows",
+            a.samples,
+            a.shuffle,
+            a.resume_from_world_size
+                .map_or(String::new(), |w| format!(" resumed from {w} ranks")),
+            a.rank,
+            a.world_size,
+            a.worker,
+            a.workers,
+            plan.len(),
+            plan.windows.len()
+        );
+        let show =
+            |b: Option<u64>| b.map_or("unknown".into(), |b| format!("{:.0} MB", b as f64 / 1e6));
+        println!(
+            "shape {shape_s:.2} s (peak RSS {}){}, plan {plan_s:.2} s (peak RSS {})",
+            show(rss_shape),
+            match a.importance {
+                true => format!(", score table (peak RSS {})", show(rss_scores)),
+                false => String::new(),
+            },
+            show(rss)
+        );
+    })
 }

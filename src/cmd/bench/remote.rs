@@ -67,23 +67,14 @@ fn fetched(ds: &Dataset) -> (u64, u64) {
     ds.snapshot_fetched().map_or((0, 0), |r| (r.reads, r.bytes))
 }
 
-/// Median and largest of `v`.
-fn med_max(v: &mut [f64]) -> (f64, f64) {
-    v.sort_by(f64::total_cmp);
-    (percentile(v, 0.5), percentile(v, 1.0))
-}
-
 pub fn run(a: RemoteArgs) -> anyhow::Result<ExitCode> {
     anyhow::ensure!(
         granary_store::object::is_url(&a.dataset),
         "{}: bench remote measures datasets in object stores (s3://, gs://, az://, http(s)://)",
         a.dataset
     );
-    let cold = || tempfile::tempdir().context("creating a temporary snapshot cache");
     // The paths to look up, drawn through a cache of their own.
-    let probe_cache = cold()?;
-    let probe = Dataset::open_with(&a.dataset, &cached_in(probe_cache.path()))
-        .with_context(|| format!("opening {}", a.dataset))?;
+    let (_probe_cache, probe) = open_cold(&a.dataset)?;
     let mut rng = SplitMix64::new(a.seed);
     let n = probe.len();
     anyhow::ensure!(n > 0, "{}: the dataset is empty", a.dataset);
@@ -92,13 +83,8 @@ pub fn run(a: RemoteArgs) -> anyhow::Result<ExitCode> {
         .collect::<anyhow::Result<_>>()?;
     drop(probe);
 
-    // Open, cold.
-    let cache = cold()?;
     let t = Instant::now();
-    let ds = Arc::new(
-        Dataset::open_with(&a.dataset, &cached_in(cache.path()))
-            .with_context(|| format!("opening {}", a.dataset))?,
-    );
+    let (_cache, ds) = open_cold(&a.dataset)?;
     let open_s = t.elapsed().as_secs_f64();
     let paged = ds.snapshot_fetched().is_some();
     let (open_gets, open_bytes) = fetched(&ds);
@@ -118,14 +104,18 @@ pub fn run(a: RemoteArgs) -> anyhow::Result<ExitCode> {
             gets.push((after.0 - before.0) as f64);
             bytes.push((after.1 - before.1) as f64);
         }
-        let ((ms_med, ms_max), (g_med, g_max), (b_med, b_max)) =
-            (med_max(&mut ms), med_max(&mut gets), med_max(&mut bytes));
-        anyhow::Ok(json!({
-            "count": count,
-            "ms_median": ms_med, "ms_max": ms_max,
-            "snapshot_gets_median": g_med, "snapshot_gets_max": g_max,
-            "snapshot_bytes_median": b_med, "snapshot_bytes_max": b_max,
-        }))
+        // Each figure's median and largest: `ms_median`, `ms_max` and so on.
+        let mut v = json!({ "count": count });
+        for (name, mut x) in [
+            ("ms", ms),
+            ("snapshot_gets", gets),
+            ("snapshot_bytes", bytes),
+        ] {
+            x.sort_by(f64::total_cmp);
+            v[format!("{name}_median")] = percentile(&x, 0.5).into();
+            v[format!("{name}_max")] = percentile(&x, 1.0).into();
+        }
+        anyhow::Ok(v)
     };
     let find = |p: &[u8]| -> anyhow::Result<u64> {
         ds.lookup(p)?
@@ -201,9 +191,9 @@ pub fn run(a: RemoteArgs) -> anyhow::Result<ExitCode> {
 
 /// Rank `a.rank`'s share of one chunk-wise epoch, from a cold snapshot cache of its own.
 fn measure_epoch(a: &RemoteArgs) -> anyhow::Result<serde_json::Value> {
-    let cache = tempfile::tempdir().context("creating a temporary snapshot cache")?;
     let t = Instant::now();
-    let ds = Arc::new(Dataset::open_with(&a.dataset, &cached_in(cache.path()))?);
+    let (_cache, ds) = open_cold(&a.dataset)?;
+    let ds = Arc::new(ds);
     let open_s = t.elapsed().as_secs_f64();
     let reader = ReaderOptions {
         shuffle: ShuffleMode::Chunkwise,
@@ -281,10 +271,14 @@ fn print_text(a: &RemoteArgs, v: &serde_json::Value) {
     }
 }
 
-/// The store configuration with fetched snapshots cached in `dir`.
-fn cached_in(dir: &std::path::Path) -> granary::StoreConfig {
-    granary::StoreConfig {
-        snapshot_cache: dir.to_path_buf(),
+/// The dataset at `url` opened with an empty snapshot cache of its own (a temporary directory,
+/// removed when the first value is dropped).
+fn open_cold(url: &str) -> anyhow::Result<(tempfile::TempDir, Dataset)> {
+    let cache = tempfile::tempdir().context("creating a temporary snapshot cache")?;
+    let cfg = granary::StoreConfig {
+        snapshot_cache: cache.path().to_path_buf(),
         ..crate::cmd::store_config().clone()
-    }
+    };
+    let ds = Dataset::open_with(url, &cfg).with_context(|| format!("opening {url}"))?;
+    Ok((cache, ds))
 }

@@ -28,7 +28,7 @@ const POOL_BYTES: usize = 128 << 20;
 /// Largest single read submitted; bigger ranges are split so more requests are in flight.
 const MAX_PIECE: usize = 4 << 20;
 /// Largest single read of a local file through the page cache: such reads run in order per
-/// file, and the kernel's readahead keeps the device busy between them (1 MiB measured best).
+/// file, and the kernel's readahead keeps the device busy between them.
 const BUFFERED_PIECE: usize = 1 << 20;
 
 /// Whether io_uring can be used in this process: `Ok(())`, or why not (what switched it off
@@ -125,13 +125,7 @@ impl Completed {
     pub fn data(&self) -> &[u8] {
         match &self.bytes {
             Bytes::Buf(b) => &b.as_slice()[self.skip..self.skip + self.len],
-            Bytes::Map(..) => {
-                let map = self
-                    .mapped()
-                    .and_then(|(_, l)| l.map())
-                    .expect("mapped file");
-                &map[self.skip..self.skip + self.len]
-            }
+            Bytes::Map(..) => &self.map().expect("mapped file")[self.skip..self.skip + self.len],
             Bytes::Owned(v) => v,
         }
     }
@@ -144,14 +138,9 @@ impl Completed {
         }
     }
 
-    /// Bytes read into a vector of their own (a re-read after a copy failed).
-    pub(crate) fn owned(bytes: Vec<u8>, from: BytesFrom) -> Completed {
-        Completed {
-            len: bytes.len(),
-            bytes: Bytes::Owned(bytes),
-            skip: 0,
-            from,
-        }
+    /// The map that holds the bytes, if they are in one.
+    fn map(&self) -> Option<&crate::file::Mapped> {
+        self.mapped().and_then(|(_, l)| l.map())
     }
 
     /// Where the bytes came from in the end (after any copy that failed was read again below
@@ -164,7 +153,7 @@ impl Completed {
     /// a fault per page, when the bytes are in a map (best effort: before Linux 5.14 they
     /// fault in as read).
     pub fn populate(&self, at: usize, len: usize) {
-        if let Some(m) = self.mapped().and_then(|(_, l)| l.map()) {
+        if let Some(m) = self.map() {
             m.populate(self.skip + at, len);
         }
     }
@@ -203,53 +192,55 @@ struct Piece {
 /// no buffer and no pieces, only a lease on the map.
 fn plan(reqs: Arc<[Request]>, pool: &Arc<BufPool>) -> QueuedBatch {
     let local: Vec<bool> = reqs.iter().map(|r| r.source.local().is_some()).collect();
-    let mut bufs = Vec::with_capacity(reqs.len());
-    let mut skips = Vec::with_capacity(reqs.len());
+    let mut done = Vec::with_capacity(reqs.len());
     let mut pieces = Vec::new();
     for (i, r) in reqs.iter().enumerate() {
-        if r.map().is_some() {
-            bufs.push(Bytes::Map(r.source.clone(), pool.lease(r.len)));
-            skips.push(r.offset as usize);
-            continue;
-        }
-        let (start, end) = if r.direct() {
-            let s = r.offset & !(ALIGN as u64 - 1);
-            (s, (r.offset + r.len as u64).next_multiple_of(ALIGN as u64))
+        let (bytes, skip) = if r.map().is_some() {
+            (Bytes::Map(r.source.clone(), pool.lease(r.len)), r.offset)
         } else {
-            (r.offset, r.offset + r.len as u64)
+            let (start, end) = if r.direct() {
+                let s = r.offset & !(ALIGN as u64 - 1);
+                (s, (r.offset + r.len as u64).next_multiple_of(ALIGN as u64))
+            } else {
+                (r.offset, r.offset + r.len as u64)
+            };
+            let total = (end - start) as usize;
+            let needed_end = (r.offset + r.len as u64 - start) as usize;
+            // A source that is not a local file (an object store, a peer) gets the range
+            // whole: it splits it into its own requests (an object store's GETs of up to
+            // `GET_PART`), so that a whole chunk is one GET, not one per piece.
+            let piece = if local[i] && !r.direct() {
+                BUFFERED_PIECE
+            } else if !local[i] {
+                total.max(1)
+            } else {
+                MAX_PIECE
+            };
+            for at in (0..total).step_by(piece) {
+                let len = piece.min(total - at);
+                let need = needed_end.saturating_sub(at).min(len);
+                pieces.push(Piece {
+                    req: i,
+                    at,
+                    offset: start + at as u64,
+                    len,
+                    need,
+                });
+            }
+            (Bytes::Buf(pool.get(total)), r.offset - start)
         };
-        let total = (end - start) as usize;
-        let needed_end = (r.offset + r.len as u64 - start) as usize;
-        bufs.push(Bytes::Buf(pool.get(total)));
-        skips.push((r.offset - start) as usize);
-        // A source that is not a local file (an object store, a peer) gets the range whole:
-        // it splits it into its own requests (an object store's GETs of up to `GET_PART`), so
-        // that a whole chunk is one GET, not one per piece.
-        let piece = if local[i] && !r.direct() {
-            BUFFERED_PIECE
-        } else if !local[i] {
-            total.max(1)
-        } else {
-            MAX_PIECE
-        };
-        for at in (0..total).step_by(piece) {
-            let len = piece.min(total - at);
-            let need = needed_end.saturating_sub(at).min(len);
-            pieces.push(Piece {
-                req: i,
-                at,
-                offset: start + at as u64,
-                len,
-                need,
-            });
-        }
+        done.push(Completed {
+            bytes,
+            skip: skip as usize,
+            len: r.len,
+            from: r.source.bytes_from(),
+        });
     }
     QueuedBatch {
         queued: Instant::now(),
         reqs,
         local,
-        bufs,
-        skips,
+        done,
         pieces,
     }
 }
@@ -261,30 +252,20 @@ fn finish(batch: QueuedBatch) -> Result<Vec<Completed>> {
         queued,
         reqs,
         local,
-        bufs,
-        skips,
+        mut done,
         ..
     } = batch;
-    let done = bufs
-        .into_iter()
-        .zip(skips)
-        .zip(&reqs[..])
-        .map(|((bytes, skip), r)| {
-            if let Bytes::Map(..) = bytes {
-                let mapped = r.map().map_or(0, |m| m.len() as u64);
-                if r.offset + r.len as u64 > mapped {
-                    failed(&r.source);
-                    return Err(eof_at(r.source.location(), mapped));
-                }
+    for (c, r) in done.iter_mut().zip(&reqs[..]) {
+        if let Bytes::Map(..) = c.bytes {
+            let mapped = r.map().map_or(0, |m| m.len() as u64);
+            if r.offset + r.len as u64 > mapped {
+                failed(&r.source);
+                return Err(eof_at(r.source.location(), mapped));
             }
-            Ok(Completed {
-                bytes,
-                skip,
-                len: r.len,
-                from: r.source.bytes_from(),
-            })
-        })
-        .collect::<Result<Vec<_>>>()?;
+        }
+        // Where the bytes came from in the end.
+        c.from = r.source.bytes_from();
+    }
     observe(&reqs, &local, queued.elapsed());
     Ok(done)
 }
@@ -320,12 +301,15 @@ fn failed(source: &Source) {
     });
 }
 
-/// Each piece's part of its request's buffer (`None` for requests served from a map), indexed
-/// like `pieces` (which hold each request's pieces in order, back to back).
-fn piece_slices<'a>(bufs: &'a mut [Bytes], pieces: &[Piece]) -> Vec<&'a mut [u8]> {
-    let mut rests: Vec<Option<&mut [u8]>> = bufs
+/// Each piece with its part of its request's buffer (`pieces` hold each request's pieces in
+/// order, back to back; requests served from a map have none).
+fn piece_slices<'a, 'p>(
+    done: &'a mut [Completed],
+    pieces: &'p [Piece],
+) -> Vec<(&'p Piece, &'a mut [u8])> {
+    let mut rests: Vec<Option<&mut [u8]>> = done
         .iter_mut()
-        .map(|b| b.buf_mut().map(|b| b.as_mut_slice()))
+        .map(|c| c.bytes.buf_mut().map(|b| b.as_mut_slice()))
         .collect();
     pieces
         .iter()
@@ -333,7 +317,7 @@ fn piece_slices<'a>(bufs: &'a mut [Bytes], pieces: &[Piece]) -> Vec<&'a mut [u8]
             let rest = rests[p.req].take().expect("a buffer for every read piece");
             let (a, b) = rest.split_at_mut(p.len);
             rests[p.req] = Some(b);
-            a
+            (p, a)
         })
         .collect()
 }
@@ -573,8 +557,8 @@ struct QueuedBatch {
     /// Which requests are read on their local file (the others through their source's own
     /// reads, which count them).
     local: Vec<bool>,
-    bufs: Vec<Bytes>,
-    skips: Vec<usize>,
+    /// Each request's bytes (their source told again when the batch completes).
+    done: Vec<Completed>,
     pieces: Vec<Piece>,
 }
 
@@ -591,7 +575,7 @@ fn serve_pread(
     let threads = queue_depth.min(max_inflight_bytes / MAX_PIECE + 1).max(1);
     let slots = Arc::new(Slots::new(threads));
     let mut running: Vec<std::thread::JoinHandle<()>> = Vec::new();
-    for (id, (batch, reply)) in (0u64..).zip(rx) {
+    for (id, (mut batch, reply)) in (0u64..).zip(rx) {
         running.retain(|h| !h.is_finished());
         let slots = slots.clone();
         // If no thread can be started the reply is dropped with the closure, and the
@@ -599,7 +583,10 @@ fn serve_pread(
         if let Ok(h) = std::thread::Builder::new()
             .name("granary-pread-batch".into())
             .spawn(move || {
-                let _ = reply.send(run_pread(&slots, id, threads, batch));
+                let work = group_pieces(&batch.reqs, piece_slices(&mut batch.done, &batch.pieces));
+                let slots = Some((&*slots, id));
+                let read = read_groups(&batch.reqs, &batch.local, work, threads, slots);
+                let _ = reply.send(read.and_then(|()| finish(batch)));
             })
         {
             running.push(h);
@@ -608,20 +595,6 @@ fn serve_pread(
     for h in running {
         let _ = h.join();
     }
-}
-
-/// Reads `batch` (the `id`-th queued) with up to `threads` threads, each range holding one
-/// of `slots` while it is read.
-fn run_pread(
-    slots: &Slots,
-    id: u64,
-    threads: usize,
-    mut batch: QueuedBatch,
-) -> Result<Vec<Completed>> {
-    let slices = piece_slices(&mut batch.bufs, &batch.pieces);
-    let work = group_pieces(&batch.reqs, batch.pieces.iter().zip(slices));
-    read_groups(&batch.reqs, &batch.local, work, threads, Some((slots, id)))?;
-    finish(batch)
 }
 
 /// The reads the pread engine's batches may have in flight together. A free slot goes to the

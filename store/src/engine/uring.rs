@@ -104,7 +104,8 @@ impl UringEngine {
     pub(super) fn serve(mut self, rx: std::sync::mpsc::Receiver<(QueuedBatch, Reply)>) {
         let mut open = true;
         loop {
-            // Block for work only when nothing is queued or in flight.
+            // Block for work only when nothing is queued or in flight; end when nothing more
+            // can come.
             if self.batches.is_empty() {
                 match rx.recv() {
                     Ok((b, reply)) => self.submit(b, reply),
@@ -133,9 +134,6 @@ impl UringEngine {
                 let _ = b.reply.send(result);
             }
             if self.batches.is_empty() {
-                if !open {
-                    return;
-                }
                 continue;
             }
             if let Err(e) = self.reap() {
@@ -154,29 +152,18 @@ impl UringEngine {
     fn submit(&mut self, mut q: QueuedBatch, reply: Reply) {
         // Sources that are not local files (when the batch was queued) are read through their
         // own batched reads, here and now; the ring reads the rest.
-        let on_ring: Vec<bool> = q.pieces.iter().map(|p| q.local[p.req]).collect();
-        let mut error = None;
-        if on_ring.iter().any(|l| !l) {
-            let slices = piece_slices(&mut q.bufs, &q.pieces);
-            let others = q
-                .pieces
-                .iter()
-                .zip(slices)
-                .zip(&on_ring)
-                .filter(|(_, l)| !**l)
-                .map(|(x, _)| x);
-            // Each source's ranges from one thread, several sources at once: an object
-            // store's reads are network round trips, not ring submissions.
-            let groups = group_pieces(&q.reqs, others);
-            if let Err(e) = read_groups(&q.reqs, &q.local, groups, REMOTE_SOURCES_IN_FLIGHT, None) {
-                error = Some(e);
-            }
-        }
+        let slices = piece_slices(&mut q.done, &q.pieces);
+        let others = slices.into_iter().filter(|(p, _)| !q.local[p.req]);
+        // Each source's ranges from one thread, several sources at once: an object store's
+        // reads are network round trips, not ring submissions.
+        let groups = group_pieces(&q.reqs, others);
+        let error = read_groups(&q.reqs, &q.local, groups, REMOTE_SOURCES_IN_FLIGHT, None).err();
         let addrs = q
-            .bufs
+            .done
             .iter_mut()
-            .map(|b| {
-                b.buf_mut()
+            .map(|c| {
+                c.bytes
+                    .buf_mut()
                     .map_or(0, |b| b.as_mut_slice().as_mut_ptr() as usize)
             })
             .collect();
@@ -191,7 +178,8 @@ impl UringEngine {
             .collect();
         let id = self.next_id;
         self.next_id += 1;
-        let ring_pieces: Vec<usize> = (0..q.pieces.len()).filter(|&p| on_ring[p]).collect();
+        let on_ring = |&p: &usize| q.local[q.pieces[p].req];
+        let ring_pieces: Vec<usize> = (0..q.pieces.len()).filter(on_ring).collect();
         self.todo.extend(ring_pieces.iter().map(|&p| (id, p)));
         self.batches.push_back(Batch {
             id,
@@ -228,14 +216,14 @@ impl UringEngine {
             if inflight > 0 && inflight + len > max_bytes {
                 break;
             }
-            // Only local files' pieces are queued on the ring (`on_ring`).
+            // Only local files' pieces are queued on the ring.
             let fd = b.fds[p.req];
             let target = (b.addrs[p.req] + p.at + b.done[i]) as *mut u8;
             let entry = io_uring::opcode::Read::new(io_uring::types::Fd(fd), target, len as u32)
                 .offset(p.offset + b.done[i] as u64)
                 .build()
                 .user_data((id << 24) | i as u64);
-            // SAFETY: `target..target + len` lies inside the usable part of `bufs[p.req]` of a
+            // SAFETY: `target..target + len` lies inside the usable part of `done[p.req]` of a
             // batch this engine owns; the buffer's heap allocation is neither moved, read nor
             // freed until the read completes (batches leave the engine only when none of their
             // pieces is in flight, and Drop waits for every read in flight), and the file
@@ -320,9 +308,7 @@ impl Drop for UringEngine {
             }
         }
         if self.inflight > 0 {
-            for b in std::mem::take(&mut self.batches) {
-                std::mem::forget(b);
-            }
+            std::mem::forget(std::mem::take(&mut self.batches));
         }
     }
 }

@@ -82,13 +82,12 @@ pub fn settle(reqs: &[Request], read: Result<Vec<Completed>>) -> Result<Vec<Comp
     };
     bufs.into_iter()
         .zip(reqs)
-        .map(|(b, r)| match b.from().is_copy() {
-            true => match r.expect.fails(b.data()) {
-                None => Ok(b),
-                Some(why) => reread(r, Some((why, b.from()))),
+        .map(
+            |(b, r)| match b.from().is_copy().then(|| r.expect.fails(b.data())) {
+                Some(Some(why)) => reread(r, Some((why, b.from()))),
+                _ => Ok(b),
             },
-            false => Ok(b),
-        })
+        )
         .collect()
 }
 
@@ -97,7 +96,13 @@ pub fn settle(reqs: &[Request], read: Result<Vec<Completed>>) -> Result<Vec<Comp
 fn reread(r: &Request, failed: Option<(String, BytesFrom)>) -> Result<Completed> {
     let mut buf = vec![0u8; r.len];
     let from = checked(&r.source, r.offset, &mut buf, &r.expect, failed)?;
-    Ok(Completed::owned(buf, from))
+    let (bytes, skip, len) = (super::Bytes::Owned(buf), 0, r.len);
+    Ok(Completed {
+        bytes,
+        skip,
+        len,
+        from,
+    })
 }
 
 /// Reads `buf.len()` bytes at `offset` of `source` into `buf`: checked as `expect` says while

@@ -109,16 +109,9 @@ impl ChunkSource for ObjectChunk {
         let key = self.url.key(&self.name);
         let url = self.url.object_url(&self.name);
         let len = self.len;
-        self.url
-            .run("reading", &url, async {
-                stream::iter(parts.into_iter().map(|(range, dst)| {
-                    let (client, key, url) = (&client, &key, &url);
-                    async move { fetch_range_into(&**client, key, url, range, Some(len), dst).await }
-                }))
-                .buffer_unordered(GETS_IN_FLIGHT)
-                .try_collect::<Vec<()>>()
-                .await
-            })?
-            .map(|_| ())
+        let fetches = stream::iter(parts)
+            .map(|(range, dst)| fetch_range_into(&*client, &key, &url, range, Some(len), dst));
+        let fetched = fetches.buffer_unordered(GETS_IN_FLIGHT).try_collect::<()>();
+        self.url.run("reading", &url, fetched)?
     }
 }

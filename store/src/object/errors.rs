@@ -63,14 +63,10 @@ pub fn remote_error(op: &'static str, url: &str, e: object_store::Error) -> Stor
 
 /// True if `e` ends in a request that failed as `kind` says (timed out, could not connect).
 fn failed_as(e: &object_store::Error, kind: HttpErrorKind) -> bool {
-    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(e);
-    while let Some(c) = cause {
-        if let Some(h) = c.downcast_ref::<HttpError>() {
-            return std::mem::discriminant(&h.kind()) == std::mem::discriminant(&kind);
-        }
-        cause = c.source();
-    }
-    false
+    let first: &(dyn std::error::Error + 'static) = e;
+    std::iter::successors(Some(first), |c| c.source())
+        .find_map(|c| c.downcast_ref::<HttpError>())
+        .is_some_and(|h| std::mem::discriminant(&h.kind()) == std::mem::discriminant(&kind))
 }
 
 /// The `<Error>` document an S3-style server answers with, as much of it as granary reads.
@@ -88,15 +84,6 @@ fn error_body(text: &str) -> Option<ErrorBody> {
     let start = text.find("<Error>")?;
     let end = text[start..].find("</Error>")? + start + "</Error>".len();
     quick_xml::de::from_str(&text[start..end]).ok()
-}
-
-/// The error for an object that ends before the bytes asked of it.
-pub(super) fn truncated(url: &str, offset: u64, want: u64, got: usize) -> StoreError {
-    let detail = format!(
-        "object ends early: asked for {want} bytes at offset {offset}, got {got} (truncated or \
-         replaced since the snapshot was written)"
-    );
-    StoreError::damaged(url, detail)
 }
 
 #[cfg(test)]

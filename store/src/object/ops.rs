@@ -6,7 +6,7 @@ use futures_util::stream::StreamExt;
 use object_store::path::Path as ObjPath;
 use object_store::{GetOptions, ObjectStore, ObjectStoreExt, PutPayload};
 
-use super::errors::{remote_error, truncated};
+use super::errors::remote_error;
 use super::ObjectUrl;
 use crate::error::{Result, StoreError};
 
@@ -23,11 +23,7 @@ impl ObjectUrl {
     pub fn get_range(&self, name: &str, range: Range<u64>) -> Result<bytes::Bytes> {
         let client = self.client()?;
         let (key, url) = (self.key(name), self.object_url(name));
-        self.run(
-            "reading",
-            &url,
-            fetch_range(&*client, &key, &url, range, None),
-        )?
+        self.run("reading", &url, fetch_range(&*client, &key, &url, range))?
     }
 
     /// The whole of object `name`.
@@ -136,32 +132,23 @@ impl ObjectUrl {
     }
 }
 
-/// Bytes `range` of the object at `key` (`url` for errors): exactly that many, and with
-/// `object_size`, from an object of that size (the response names the object's whole size, so
-/// one truncated or replaced since the snapshot was written shows whichever part is read).
+/// Bytes `range` of the object at `key` (`url` for errors): exactly that many.
 pub(super) async fn fetch_range(
     client: &dyn ObjectStore,
     key: &ObjPath,
     url: &str,
     range: Range<u64>,
-    object_size: Option<u64>,
 ) -> Result<bytes::Bytes> {
-    let res = get_range(client, key, url, range.clone(), object_size).await?;
-    let got = res
-        .bytes()
-        .await
-        .map_err(|e| remote_error("reading", url, e))?;
-    let want = range.end - range.start;
-    if got.len() as u64 != want {
-        return Err(truncated(url, range.start, want, got.len()));
-    }
-    Ok(got)
+    let mut got = vec![0u8; (range.end - range.start) as usize];
+    fetch_range_into(client, key, url, range, None, &mut got).await?;
+    Ok(got.into())
 }
 
-/// [`fetch_range`] straight into `dst` (`range`'s length): the body's pieces are copied there
-/// as they arrive, while they are still in the CPU's cache, instead of being gathered into a
-/// new buffer of the range's size first (whose fresh pages cost a fault and a zeroing each,
-/// then a second copy out of memory: a third of the reader's cycles on whole-chunk GETs).
+/// Bytes `range` of the object at `key` (`url` for errors) straight into `dst` (`range`'s
+/// length), and with `object_size`, from an object of that size (the response names the
+/// object's whole size, so one truncated or replaced since the snapshot was written shows
+/// whichever part is read). The body's pieces are copied there as they arrive, while they are
+/// still in the CPU's cache, instead of being gathered into a new buffer first.
 pub(super) async fn fetch_range_into(
     client: &dyn ObjectStore,
     key: &ObjPath,
@@ -170,7 +157,21 @@ pub(super) async fn fetch_range_into(
     object_size: Option<u64>,
     dst: &mut [u8],
 ) -> Result<()> {
-    let res = get_range(client, key, url, range.clone(), object_size).await?;
+    let opts = GetOptions::default().with_range(Some(range.clone()));
+    let res = client
+        .get_opts(key, opts)
+        .await
+        .map_err(|e| remote_error("reading", url, e))?;
+    if let Some(len) = object_size.filter(|&l| l != res.meta.size) {
+        return Err(StoreError::damaged(
+            url,
+            format!(
+                "object is {} bytes, the snapshot says {len} (truncated or replaced since the \
+                 dataset was written)",
+                res.meta.size
+            ),
+        ));
+    }
     let want = dst.len();
     let mut body = res.into_stream();
     let mut at = 0usize;
@@ -190,33 +191,12 @@ pub(super) async fn fetch_range_into(
         at = end;
     }
     if at != want {
-        return Err(truncated(url, range.start, want as u64, at));
+        let detail = format!(
+            "object ends early: asked for {want} bytes at offset {}, got {at} (truncated or \
+             replaced since the snapshot was written)",
+            range.start
+        );
+        return Err(StoreError::damaged(url, detail));
     }
     Ok(())
-}
-
-/// Starts a ranged GET and checks the object's size against the snapshot's (`object_size`).
-async fn get_range(
-    client: &dyn ObjectStore,
-    key: &ObjPath,
-    url: &str,
-    range: Range<u64>,
-    object_size: Option<u64>,
-) -> Result<object_store::GetResult> {
-    let opts = GetOptions::default().with_range(Some(range));
-    let res = client
-        .get_opts(key, opts)
-        .await
-        .map_err(|e| remote_error("reading", url, e))?;
-    if let Some(len) = object_size.filter(|&l| l != res.meta.size) {
-        return Err(StoreError::damaged(
-            url,
-            format!(
-                "object is {} bytes, the snapshot says {len} (truncated or replaced since the \
-                 dataset was written)",
-                res.meta.size
-            ),
-        ));
-    }
-    Ok(res)
 }

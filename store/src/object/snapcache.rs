@@ -25,7 +25,9 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
-use granary_format::{Blocks, FormatError, Pager, SnapshotHeader, SNAPSHOT_FILE};
+use granary_format::{
+    snapshot_key, Blocks, FormatError, Pager, Snapshot, SnapshotHeader, SNAPSHOT_FILE,
+};
 
 use futures_util::stream::{self, StreamExt, TryStreamExt};
 
@@ -46,7 +48,7 @@ pub struct RemoteSnapshot {
 
 /// Opens the snapshot of the dataset at `url` (its header, one ranged GET, names the cached
 /// copy): a cached whole copy if there is one, else a sparse file and its pager (snapshots
-/// larger than `cfg.snapshot_whole_max`), else the whole snapshot ([`fetch_snapshot`]).
+/// larger than `cfg.snapshot_whole_max`), else the whole snapshot, fetched into the cache.
 pub fn open_snapshot(url: &Arc<ObjectUrl>, cfg: &StoreConfig) -> Result<RemoteSnapshot> {
     let dir = &cfg.snapshot_cache;
     let budget = cfg.snapshot_cache_max;
@@ -57,7 +59,28 @@ pub fn open_snapshot(url: &Arc<ObjectUrl>, cfg: &StoreConfig) -> Result<RemoteSn
     let name = format!("{}-{}", DatasetId(h.dataset_id), DatasetId(h.digest));
     let cached = dir.join(format!("{name}.gsnap"));
     if cached.is_file() || h.file_len() <= cfg.snapshot_whole_max {
-        fetch_snapshot(url, &cached, budget, (h.dataset_id, h.digest))?;
+        if !cached.is_file() {
+            // Fetched whole, every section's CRC checked, the other cached snapshots kept
+            // within the budget.
+            evict(dir, budget, &cached);
+            let bytes = url.get(SNAPSHOT_FILE)?;
+            if snapshot_key(&bytes).map_err(fmt)? != (h.dataset_id, h.digest) {
+                return Err(StoreError::damaged(
+                    &snap_url,
+                    "the snapshot was replaced while it was fetched; open the dataset again",
+                ));
+            }
+            let snap = Snapshot::open(&bytes[..]).map_err(fmt)?;
+            if let Some(e) = snap.check_blocks().into_iter().next() {
+                return Err(fmt(e));
+            }
+            std::fs::create_dir_all(dir).map_err(|e| StoreError::io("creating", dir, e))?;
+            // Not fsynced: a cached copy lost to a crash is fetched again.
+            crate::write::write_atomic(&cached, crate::write::Durability::Rename, |w| {
+                std::io::Write::write_all(w, &bytes)
+            })
+            .map_err(|e| StoreError::io("caching the snapshot in", &cached, e))?;
+        }
         return Ok(RemoteSnapshot {
             path: cached,
             pager: None,
@@ -184,29 +207,11 @@ pub struct BlockPager {
     meter: Meter,
 }
 
-impl std::fmt::Debug for BlockPager {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("BlockPager")
-            .field("url", &self.snap_url)
-            .field("path", &self.path)
-            .finish()
-    }
-}
-
 impl BlockPager {
     /// GETs issued (`reads`) and bytes fetched for the snapshot by this process (open
     /// included).
     pub fn fetched(&self) -> MeterReading {
         self.meter.reading()
-    }
-
-    /// The local bytes of `r` (zeros where nothing was written yet).
-    fn local(&self, r: &Range<u64>) -> Result<Vec<u8>> {
-        let mut buf = vec![0u8; (r.end - r.start) as usize];
-        self.file
-            .read_exact_at(&mut buf, r.start)
-            .map_err(|e| StoreError::io("reading", &self.path, e))?;
-        Ok(buf)
     }
 
     fn store(&self, at: u64, b: &[u8]) -> Result<()> {
@@ -224,7 +229,12 @@ impl BlockPager {
                 if self.blocks.is_checked(b) {
                     continue;
                 }
-                let local = self.local(&self.blocks.block(b))?;
+                // Zeros where nothing was written yet.
+                let r = self.blocks.block(b);
+                let mut local = vec![0u8; (r.end - r.start) as usize];
+                self.file
+                    .read_exact_at(&mut local, r.start)
+                    .map_err(|e| StoreError::io("reading", &self.path, e))?;
                 if self.blocks.check(b, &local, &String::new).is_err() {
                     missing.push(b);
                 }
@@ -268,7 +278,7 @@ impl BlockPager {
                 self.blocks.block(run[0]).start,
                 self.blocks.block(run[run.len() - 1]).end,
             );
-            let fetched = fetch_range(&*client, &key, &self.snap_url, start..end, None);
+            let fetched = fetch_range(&*client, &key, &self.snap_url, start..end);
             // Each GET is watched on its own: a warning names a wait, not a long batch.
             let fetched = watched("reading", &self.snap_url, self.url.timeouts, fetched);
             async move { Ok((run, start, fetched.await?)) }
@@ -314,39 +324,4 @@ fn snapshot_head(url: &ObjectUrl) -> Result<bytes::Bytes> {
         }
         r => r,
     }
-}
-
-/// Fetches the snapshot of the dataset at `url`, whose header holds `key`, into the cache as
-/// `cached` unless it is there, every section's CRC checked first, the other cached snapshots
-/// kept within `budget` bytes.
-fn fetch_snapshot(
-    url: &ObjectUrl,
-    cached: &Path,
-    budget: u64,
-    key: ([u8; 16], [u8; 16]),
-) -> Result<()> {
-    use granary_format::{snapshot_key, Snapshot};
-    if cached.is_file() {
-        return Ok(());
-    }
-    let snap_url = url.object_url(SNAPSHOT_FILE);
-    let dir = cached.parent().expect("a file in the cache");
-    evict(dir, budget, cached);
-    let bytes = url.get(SNAPSHOT_FILE)?;
-    if snapshot_key(&bytes).map_err(|e| StoreError::format(&snap_url, e))? != key {
-        return Err(StoreError::damaged(
-            &snap_url,
-            "the snapshot was replaced while it was fetched; open the dataset again",
-        ));
-    }
-    let snap = Snapshot::open(&bytes[..]).map_err(|e| StoreError::format(&snap_url, e))?;
-    if let Some(e) = snap.check_blocks().into_iter().next() {
-        return Err(StoreError::format(&snap_url, e));
-    }
-    std::fs::create_dir_all(dir).map_err(|e| StoreError::io("creating", dir, e))?;
-    // Not fsynced: a cached copy lost to a crash is fetched again.
-    crate::write::write_atomic(cached, crate::write::Durability::Rename, |w| {
-        std::io::Write::write_all(w, &bytes)
-    })
-    .map_err(|e| StoreError::io("caching the snapshot in", cached, e))
 }

@@ -18,7 +18,6 @@ use crate::error::{RemoteKind, Result, StoreError};
 
 /// A multipart upload in progress, which [`abort_open_uploads`] can abort from any thread.
 struct OpenUpload {
-    token: u64,
     store: Arc<dyn Multipart>,
     key: ObjPath,
     id: String,
@@ -30,14 +29,12 @@ struct OpenUpload {
 /// request is on its way (the server may list them before this process learns their ids).
 struct Uploads {
     closed: bool,
-    next: u64,
     starting: usize,
     open: Vec<OpenUpload>,
 }
 
 static UPLOADS: Mutex<Uploads> = Mutex::new(Uploads {
     closed: false,
-    next: 0,
     starting: 0,
     open: Vec::new(),
 });
@@ -96,6 +93,9 @@ pub fn abort_open_uploads() -> Vec<(String, Result<()>)> {
     done
 }
 
+/// What listing the open uploads is called in errors.
+const LISTING: &str = "listing the open uploads of";
+
 /// An upload left open on the server: its object's name under the prefix, and its id.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OpenUploadInfo {
@@ -118,25 +118,29 @@ impl ObjectUrl {
         let endpoint = env("AWS_ENDPOINT_URL")
             .or_else(|| env("AWS_ENDPOINT"))
             .unwrap_or_else(|| format!("https://s3.{region}.amazonaws.com"));
-        let endpoint = endpoint.trim_end_matches('/').to_string();
-        let bucket = self.url.split_once("://").map_or("", |(_, r)| r);
-        let bucket = bucket.split('/').next().unwrap_or(bucket).to_string();
+        let endpoint = endpoint.trim_end_matches('/');
+        let bucket = self.url.split('/').nth(2).unwrap_or_default();
         let prefix = match self.prefix.as_ref() {
             "" => String::new(),
             p => format!("{p}/"),
         };
         let unsigned = env("AWS_SKIP_SIGNATURE").is_some_and(|v| v == "true" || v == "1");
-        let t = self.timeouts;
         let options = object_store::ClientOptions::new()
             .with_allow_http(endpoint.starts_with("http://"))
-            .with_connect_timeout(t.connect)
-            .with_read_timeout(t.request);
+            .with_connect_timeout(self.timeouts.connect)
+            .with_read_timeout(self.timeouts.request);
         use object_store::client::HttpConnector;
+        let listing = |e| remote_error(LISTING, &self.url, e);
         let http = object_store::client::ReqwestConnector::default()
             .connect(&options)
-            .map_err(|e| remote_error("listing the open uploads of", &self.url, e))?;
-        let url = self.url.clone();
-        let list = async move {
+            .map_err(listing)?;
+        let failed = |e: &dyn std::fmt::Display| StoreError::Remote {
+            op: LISTING,
+            url: self.url.clone(),
+            detail: e.to_string(),
+            kind: RemoteKind::Failed,
+        };
+        let list = async {
             let mut found = Vec::new();
             let mut markers = String::new();
             loop {
@@ -150,21 +154,11 @@ impl ObjectUrl {
                     .body(object_store::client::HttpRequestBody::from(Vec::new()))
                     .map_err(|e| StoreError::Invalid(format!("{uri}: {e}")))?;
                 if !unsigned {
-                    let cred = s3
-                        .credentials()
-                        .get_credential()
-                        .await
-                        .map_err(|e| remote_error("listing the open uploads of", &url, e))?;
+                    let cred = s3.credentials().get_credential().await.map_err(listing)?;
                     object_store::aws::AwsAuthorizer::new(&cred, "s3", &region)
                         .try_authorize(&mut req, None)
-                        .map_err(|e| remote_error("listing the open uploads of", &url, e))?;
+                        .map_err(listing)?;
                 }
-                let failed = |e: &dyn std::fmt::Display| StoreError::Remote {
-                    op: "listing the open uploads of",
-                    url: url.clone(),
-                    detail: e.to_string(),
-                    kind: RemoteKind::Failed,
-                };
                 let resp = http.execute(req).await.map_err(|e| failed(&e))?;
                 let status = resp.status();
                 let body = resp.into_body().bytes().await.map_err(|e| failed(&e))?;
@@ -177,24 +171,21 @@ impl ObjectUrl {
                     name: u.key.strip_prefix(&prefix).unwrap_or(&u.key).to_string(),
                     id: u.upload_id,
                 }));
-                match (
+                let (true, Some(k), Some(u)) = (
                     page.is_truncated,
                     page.next_key_marker,
                     page.next_upload_id_marker,
-                ) {
-                    (true, Some(k), Some(u)) => {
-                        markers = format!(
-                            "&key-marker={}&upload-id-marker={}",
-                            query_encode(&k),
-                            query_encode(&u)
-                        )
-                    }
-                    _ => return Ok(found),
-                }
+                ) else {
+                    return Ok(found);
+                };
+                markers = format!(
+                    "&key-marker={}&upload-id-marker={}",
+                    query_encode(&k),
+                    query_encode(&u)
+                );
             }
         };
-        self.run("listing the open uploads of", &self.url, list)?
-            .map(Some)
+        self.run(LISTING, &self.url, list)?.map(Some)
     }
 
     /// Aborts open multipart upload `u` (found by [`ObjectUrl::open_uploads`]); one already
@@ -266,30 +257,25 @@ async fn put_parts(
     let started = store.create_multipart(key).await;
     // Registered (or known to have failed) in the same step that ends its start, so that an
     // interruption waiting for `starting` to reach 0 finds every upload the server opened.
-    let (token, closed) = {
+    let closed = {
         let mut u = uploads();
         u.starting -= 1;
-        let token = started.as_ref().ok().map(|id| {
-            u.next += 1;
-            let token = u.next;
+        if let Ok(id) = &started {
             u.open.push(OpenUpload {
-                token,
                 store: store.clone(),
                 key: key.clone(),
                 id: id.clone(),
                 url: url.to_string(),
             });
-            token
-        });
+        }
         STARTED.notify_all();
-        (token, u.closed)
+        u.closed
     };
     let id = started.map_err(|e| remote_error("starting the upload of", url, e))?;
     if closed {
         // The interruption aborts it (it is on the list it takes).
         return Err(interrupted());
     }
-    let token = token.expect("a started upload is registered");
     let parts = len.div_ceil(PUT_PART as u64) as usize;
     let sent: Result<Vec<PartId>> = stream::iter(0..parts)
         .map(|i| {
@@ -323,7 +309,7 @@ async fn put_parts(
     let mine = {
         let mut u = uploads();
         let before = u.open.len();
-        u.open.retain(|o| o.token != token);
+        u.open.retain(|o| o.url != url || o.id != id);
         u.open.len() < before
     };
     if done.is_err() && mine {

@@ -237,10 +237,8 @@ impl ObjectUrl {
     }
 
     fn build(&self) -> Result<Clients> {
-        let bucket_url = match self.url.split_once("://") {
-            Some((s, rest)) => format!("{s}://{}", rest.split('/').next().unwrap_or(rest)),
-            None => self.url.clone(),
-        };
+        let host = self.url.split('/').nth(2).unwrap_or_default();
+        let bucket_url = format!("{}://{host}", self.scheme());
         let fail = |e: object_store::Error| {
             StoreError::Invalid(format!("{}: cannot configure the client: {e}", self.url))
         };

@@ -1,11 +1,9 @@
-//! A tier shared by the nodes of one job: every node can compute every rank's plan, so every
-//! node knows which node's tier keeps which chunk without asking anyone ([`Ownership`]). A read
-//! goes local tier → owner's tier (over HTTP, `granary serve`: `server`, [`request`]) → origin
-//! storage, and every hop is checked: a peer's copy must have the chunk's size and digest
-//! (SHA-256) from the snapshot, or it is rejected and the chunk comes from origin. A peer that
-//! fails or does not answer within the timeout is marked down until the next epoch
-//! ([`Peers::begin_epoch`]): a dead node costs speed, never data, and never a hang. Only whole
-//! chunk copies are shared.
+//! A tier shared by the nodes of one job: every node knows which node's tier keeps which
+//! chunk without asking anyone ([`Ownership`]). A read goes local tier → owner's tier (over
+//! HTTP, `granary serve`) → origin, and a peer's copy must have the chunk's size and digest
+//! from the snapshot, or the chunk comes from origin. A peer that fails or does not answer in
+//! time is marked down until the next epoch: a dead node costs speed, never data or a hang.
+//! Only whole chunk copies are shared.
 
 pub mod request;
 #[cfg(feature = "server")]
@@ -21,16 +19,13 @@ use granary_format::ChunkEntry;
 use crate::counts::Meter;
 use crate::error::{Result, StoreError};
 use crate::object::{ObjectUrl, PeerLink, Sized};
-use crate::seam::{BytesFrom, ChunkSource, ChunkStore, RangeRead, Source};
+use crate::seam::{open_sized, BytesFrom, ChunkSource, ChunkStore, RangeRead, Source};
 use granary_format::DatasetId;
 
 const NO_OWNER: u32 = u32::MAX;
 
-/// Which node's tier keeps each chunk: a pure function of the snapshot, the plan, the job's
-/// node count and each node's tier capacity, computed identically on every node. A chunk
-/// belongs to the node whose ranks read it, so each node's tier fills with what it reads
-/// anyway; what does not fit goes to the node with the most room left, and what fits nowhere
-/// has no owner (read from origin).
+/// Which node's tier keeps each chunk: a pure function of the plan and each node's tier
+/// capacity, computed identically on every node ([`Ownership::assign`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Ownership {
     owner: Vec<u32>,
@@ -40,7 +35,7 @@ pub struct Ownership {
 impl Ownership {
     /// Each chunk to its home node (`home[c]`: the node whose ranks read chunk `c` of
     /// `sizes[c]` bytes) while that node has room; the rest to the node with the most room
-    /// left (the lowest-numbered on a tie), or to none. `capacities[node]`: each node's tier.
+    /// left (the lowest-numbered on a tie), or to none (read from origin).
     pub fn assign(home: &[u32], sizes: &[u64], capacities: &[u64]) -> Ownership {
         let mut room = capacities.to_vec();
         let mut owner = vec![NO_OWNER; home.len()];
@@ -74,14 +69,12 @@ impl Ownership {
             .filter(|&n| n != NO_OWNER)
     }
 
-    /// Number of nodes.
     pub fn nodes(&self) -> u32 {
         self.nodes
     }
 
-    /// A fingerprint of the whole table (the first 8 bytes of SHA-256 over the node count and
-    /// the owners, in hex): equal on every node of a job exactly when they agree on who keeps
-    /// what.
+    /// A fingerprint of the whole table (8 bytes of SHA-256, in hex): equal on every node of a
+    /// job exactly when they agree on who keeps what.
     pub fn fingerprint(&self) -> String {
         use sha2::Digest;
         let mut h = sha2::Sha256::new();
@@ -96,8 +89,7 @@ impl Ownership {
     }
 }
 
-/// The other nodes of a job, as one node reads from them: their addresses (`granary serve`),
-/// who keeps what, and who is down this epoch.
+/// The other nodes of a job, as one node reads from them.
 #[derive(Debug)]
 pub struct Peers {
     me: u32,
@@ -112,10 +104,9 @@ pub struct Peers {
 
 impl Peers {
     /// The peers of node `me` for dataset `dataset_id`: `addrs[node]` is each node's `granary
-    /// serve` address (`host:port`; this node's own is listed too and never asked), in node
-    /// order. Requests to a peer are bounded by `timeout` and not retried; with `secret` (the
-    /// job's, as `granary serve` was given it) each carries the proof the server asks for;
-    /// with `tls_ca` (PEM) they go over TLS to servers whose certificates chain to it.
+    /// serve` address (`host:port`, this node's too). Requests are bounded by `timeout` and
+    /// not retried; with `secret` (the job's) each carries the server's proof; with `tls_ca`
+    /// (PEM) they go over TLS to servers whose certificates chain to it.
     pub fn new(
         dataset_id: [u8; 16],
         addrs: Vec<String>,
@@ -147,11 +138,8 @@ impl Peers {
         let mut clients = Vec::with_capacity(addrs.len());
         for (n, a) in addrs.iter().enumerate() {
             check_addr(a)?;
-            clients.push(if n as u32 == me {
-                None
-            } else {
-                Some(ObjectUrl::peer(a, &id, timeout, link.clone())?)
-            });
+            let client = (n as u32 != me).then(|| ObjectUrl::peer(a, &id, timeout, link.clone()));
+            clients.push(client.transpose()?);
         }
         Ok(Peers {
             me,
@@ -163,12 +151,10 @@ impl Peers {
         })
     }
 
-    /// This node's number.
     pub fn me(&self) -> u32 {
         self.me
     }
 
-    /// Who keeps what.
     pub fn ownership(&self) -> &Ownership {
         &self.ownership
     }
@@ -196,16 +182,8 @@ impl Peers {
             .collect()
     }
 
-    /// Whether chunk `chunk` is asked of another node first: it has an owner, not this node,
-    /// and that node is not down.
-    fn owner_elsewhere(&self, chunk: u32) -> Option<u32> {
-        let node = self.ownership.owner(chunk)?;
-        (node != self.me && !self.down[node as usize].load(Relaxed)).then_some(node)
-    }
-
-    /// Chunk `ce` from `node`'s tier into `parts` (holding its size together, in order), if
-    /// that node has it, answers, and its copy checks out; false otherwise (`parts` then hold
-    /// whatever arrived). What happened is counted in `c`.
+    /// Chunk `ce` from `node`'s tier into `parts` (its size together, in order), if that node
+    /// has it and its copy checks out; what happened is counted in `c`.
     fn fetch_into(
         &self,
         node: u32,
@@ -222,7 +200,6 @@ impl Peers {
         let Some(peer) = self.clients[n].as_ref() else {
             return false;
         };
-        // Counts (and reports once) a copy that is not the snapshot's: false, read from origin.
         let reject = |what: String| {
             c.rejected.fetch_add(1, Relaxed);
             if !self.rejected_said[n].swap(true, Relaxed) {
@@ -256,22 +233,16 @@ impl Peers {
                 c.unreachable.fetch_add(1, Relaxed);
                 if !self.down[n].swap(true, Relaxed) {
                     c.peers_marked_down.fetch_add(1, Relaxed);
-                    let denied = matches!(
-                        &e,
-                        StoreError::Remote {
-                            kind: crate::RemoteKind::Denied,
-                            ..
+                    let why = match &e {
+                        StoreError::Remote { kind, .. } if *kind == crate::RemoteKind::Denied => {
+                            format!(
+                                "refused this reader: it does not hold the job's secret (give it \
+                                 the one `granary serve` was given: --peer-secret-file or {}) \
+                                 ({e})",
+                                crate::auth::SECRET_ENV
+                            )
                         }
-                    );
-                    let why = if denied {
-                        format!(
-                            "refused this reader: it does not hold the job's secret (give it the \
-                             one `granary serve` was given: --peer-secret-file or \
-                             {}) ({e})",
-                            crate::auth::SECRET_ENV
-                        )
-                    } else {
-                        format!("failed ({e})")
+                        _ => format!("failed ({e})"),
                     };
                     log::warn!(
                         "peer {} (node {node}) {why}; its chunks come from origin storage for \
@@ -299,21 +270,19 @@ fn check_addr(a: &str) -> Result<()> {
     }
 }
 
-/// The job's other nodes as a layer: a chunk that another node keeps is asked of that node
-/// first (its copy checked for size and digest) and read from the next store when that fails;
-/// every other chunk comes from the next store.
+/// The job's other nodes as a layer: a chunk another node keeps is asked of that node first
+/// and read from the next store when that fails; every other chunk comes from the next store.
 #[derive(Debug)]
 pub struct PeerStore {
     peers: Arc<Peers>,
     next: Arc<dyn ChunkStore>,
     chunks: Arc<[ChunkEntry]>,
-    /// The layer's meter, where what the peers did is counted.
     meter: Arc<Meter>,
 }
 
 impl PeerStore {
-    /// `peers` in front of `next`, for a dataset whose chunk table is `chunks`; what they do is
-    /// counted in `meter` (the layer's, [`crate::Metered`]).
+    /// `peers` in front of `next`, for a dataset whose chunk table is `chunks`, counted in
+    /// `meter` (the layer's).
     pub fn new(
         peers: Arc<Peers>,
         next: Arc<dyn ChunkStore>,
@@ -339,8 +308,11 @@ impl ChunkStore for PeerStore {
     }
 
     fn open_chunk(&self, id: u32) -> Result<Source> {
-        let (Some(node), Some(ce)) = (self.peers.owner_elsewhere(id), self.chunks.get(id as usize))
-        else {
+        // Asked of its owner first, if that is not this node and not down.
+        let p = &self.peers;
+        let owner = p.ownership.owner(id);
+        let owner = owner.filter(|&n| n != p.me && !p.down[n as usize].load(Relaxed));
+        let (Some(node), Some(ce)) = (owner, self.chunks.get(id as usize)) else {
             return self.next.open_chunk(id);
         };
         let name = crate::copy_file_name(id, &ce.digest);
@@ -363,8 +335,8 @@ impl ChunkStore for PeerStore {
     }
 }
 
-/// A chunk owned by another node: its owner's copy when that answers and checks out, the next
-/// store's otherwise. Read whole (the stream reads chunks whole when a tier is configured).
+/// A chunk owned by another node: its owner's copy when that checks out, the next store's
+/// otherwise.
 #[derive(Debug)]
 struct PeerSource {
     peers: Arc<Peers>,
@@ -390,9 +362,8 @@ impl ChunkSource for PeerSource {
     }
 
     fn read_ranges(&self, reads: &mut [RangeRead<'_>]) -> Result<()> {
-        // The stream reads a peer's chunk whole (in one range, or pieces back to back):
-        // streamed from the peer straight into them. Anything else (or a peer that
-        // fails) is read from the next store.
+        // A read of the whole chunk (in one range, or pieces back to back) is streamed from the
+        // peer straight into them; anything else (or a peer that fails) from the next store.
         let size = self.ce.file_size as usize;
         let mut order: Vec<&mut RangeRead<'_>> = reads.iter_mut().collect();
         order.sort_by_key(|r| r.offset);
@@ -417,18 +388,7 @@ impl ChunkSource for PeerSource {
             self.fell_back.store(false, Relaxed);
             return Ok(());
         }
-        let origin = self.next.open_chunk(self.ce.chunk_id)?;
-        if origin.len() != self.ce.file_size {
-            return Err(StoreError::damaged(
-                origin.location(),
-                format!(
-                    "chunk file is {} bytes, the snapshot says {} (truncated or replaced)",
-                    origin.len(),
-                    self.ce.file_size
-                ),
-            ));
-        }
-        origin.read_ranges(reads)?;
+        open_sized(&*self.next, &self.ce)?.read_ranges(reads)?;
         let n: u64 = reads.iter().map(|r| r.buf.len() as u64).sum();
         self.meter
             .bytes_from_origin_instead
@@ -445,8 +405,7 @@ impl ChunkSource for PeerSource {
         }
     }
 
-    /// A peer's bytes that fail are given up for the next store's (origin's), for this read
-    /// and every later one; bytes that came from origin and fail are the dataset's own.
+    /// A peer's bytes that fail are given up for the next store's, for good.
     fn fall_back(&self, why: &str, served: BytesFrom) -> Result<bool> {
         if served != BytesFrom::Peer {
             return Ok(false);

@@ -2,11 +2,9 @@
 //! `fuzz/fuzz_targets/peer_request.rs`): the request path, which must name exactly one chunk
 //! copy of one dataset, and a single byte range.
 
-/// The dataset id (as written, not yet checked against the served ones) and copy file name a
-/// request path names: `/<id>/chunk-NNNNNNNN-<digest>.gchunk`, spelled exactly as a tier names
-/// a copy of the chunk with that id and digest ([`crate::copy_file_name`]); `Err` with
-/// the reason otherwise (nothing else in a tier is ever served, and a copy only to whoever
-/// names its digest).
+/// The dataset id (as written) and copy file name a request path names:
+/// `/<id>/chunk-NNNNNNNN-<digest>.gchunk`, spelled exactly as [`crate::copy_file_name`] does
+/// (a copy is served only to whoever names its digest); `Err` with the reason otherwise.
 pub fn chunk_request(path: &str) -> Result<(&str, &str), &'static str> {
     let mut parts = path.trim_start_matches('/').split('/');
     let (Some(id), Some(name), None) = (parts.next(), parts.next(), parts.next()) else {
@@ -27,13 +25,9 @@ pub struct Unsatisfiable;
 /// valid answer to those), `Err` if it cannot be satisfied. `Ok(Some((start, end)))` always
 /// has `start < end <= size`.
 pub fn byte_range(header: Option<&str>, size: u64) -> Result<Option<(u64, u64)>, Unsatisfiable> {
-    let Some(spec) = header.and_then(|h| h.trim().strip_prefix("bytes=")) else {
-        return Ok(None);
-    };
-    if spec.contains(',') {
-        return Ok(None);
-    }
-    let Some((a, b)) = spec.split_once('-') else {
+    let spec = header.and_then(|h| h.trim().strip_prefix("bytes="));
+    let spec = spec.filter(|s| !s.contains(','));
+    let Some((a, b)) = spec.and_then(|s| s.split_once('-')) else {
         return Ok(None);
     };
     let (a, b) = (a.trim(), b.trim());

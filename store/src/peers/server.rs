@@ -1,12 +1,9 @@
-//! `granary serve`: this node's tier, read-only over HTTP, for the other nodes of a job (the
-//! peers' client asks it).
+//! `granary serve`: this node's tier, read-only over HTTP, for the other nodes of a job.
 //!
 //! `GET` or `HEAD /<dataset id>/chunk-NNNNNNNN-<digest>.gchunk`, with an optional single byte
-//! range, parsed by [`super::request`]. Only the given datasets' tiers are served, only chunk
-//! copies, and nothing is ever written. Every request must carry a proof made with the job's
-//! secret ([`crate::auth`]): without one it is refused (401, 403), and the refusal logged with
-//! the caller's address. Clients check every copy against the snapshot, so the server does
-//! not.
+//! range ([`super::request`]). Only the given datasets' chunk copies are served, nothing is
+//! written. A request without a proof made with the job's secret ([`crate::auth`]) is refused
+//! (401, 403) and logged with the caller's address. Clients check every copy, the server not.
 
 use std::collections::HashMap;
 use std::net::{SocketAddr, TcpListener};
@@ -34,12 +31,10 @@ fn invalid(msg: String) -> StoreError {
 pub struct ServeConfig {
     /// Each dataset id (hex) served, and its tier directory.
     pub tiers: HashMap<String, PathBuf>,
-    /// The job's secret, whose proofs every request must carry; `None` answers anyone who
-    /// reaches the port.
+    /// The job's secret, whose proofs every request must carry; `None` answers anyone.
     pub secret: Option<Secret>,
     /// A certificate chain and its private key (PEM files): serve over TLS.
     pub tls: Option<(PathBuf, PathBuf)>,
-    /// Threads answering requests.
     pub threads: usize,
 }
 
@@ -49,16 +44,13 @@ pub struct PeerServer {
     addr: SocketAddr,
     rt: tokio::runtime::Runtime,
     served: Arc<Served>,
-    tls: Option<tokio_rustls::TlsAcceptor>,
 }
 
 impl PeerServer {
     /// Listens on `listen` (`HOST:PORT`; port 0: a free one) to serve what `cfg` says.
     pub fn bind(listen: &str, cfg: ServeConfig) -> Result<PeerServer> {
-        let tls = match &cfg.tls {
-            Some((c, k)) => Some(tls_acceptor(c, k)?),
-            None => None,
-        };
+        let tls = cfg.tls.as_ref().map(|(c, k)| tls_acceptor(c, k));
+        let tls = tls.transpose()?;
         let listener =
             TcpListener::bind(listen).map_err(|e| StoreError::io("listening on", listen, e))?;
         let addr = listener
@@ -76,19 +68,23 @@ impl PeerServer {
             tiers: cfg.tiers,
             verifier: cfg.secret.map(Verifier::new),
             refused: Default::default(),
+            tls,
         });
         Ok(PeerServer {
             listener,
             addr,
             rt,
             served,
-            tls,
         })
     }
 
     /// Where it listens: `http://HOST:PORT`, or `https://` with TLS.
     pub fn url(&self) -> String {
-        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        let scheme = if self.served.tls.is_some() {
+            "https"
+        } else {
+            "http"
+        };
         format!("{scheme}://{}", self.addr)
     }
 
@@ -99,20 +95,13 @@ impl PeerServer {
 
     /// Serves until the process is stopped; returns only if the listener fails.
     pub fn serve(self) -> Result<()> {
-        let PeerServer {
-            listener,
-            addr,
-            rt,
-            served,
-            tls,
-        } = self;
-        let r: std::io::Result<()> = rt.block_on(async move {
+        let (listener, served) = (self.listener, self.served);
+        let r: std::io::Result<()> = self.rt.block_on(async move {
             let listener = tokio::net::TcpListener::from_std(listener)?;
             loop {
                 let (stream, from) = match listener.accept().await {
                     Ok(s) => s,
-                    // Out of file descriptors or a connection reset before it was accepted:
-                    // the next one may work.
+                    // Out of descriptors or a connection reset: the next one may work.
                     Err(e) => {
                         log::warn!("serve: accepting a connection failed: {e}");
                         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
@@ -120,21 +109,16 @@ impl PeerServer {
                     }
                 };
                 let _ = stream.set_nodelay(true);
-                tokio::spawn(connection(stream, from, served.clone(), tls.clone()));
+                tokio::spawn(connection(stream, from, served.clone()));
             }
         });
-        r.map_err(|e| StoreError::io("serving on", addr.to_string(), e))
+        r.map_err(|e| StoreError::io("serving on", self.addr.to_string(), e))
     }
 }
 
-/// Answers the requests of one connection (a client that goes away mid-response is its own
-/// business).
-async fn connection(
-    stream: tokio::net::TcpStream,
-    from: SocketAddr,
-    served: Arc<Served>,
-    tls: Option<tokio_rustls::TlsAcceptor>,
-) {
+/// Answers the requests of one connection.
+async fn connection(stream: tokio::net::TcpStream, from: SocketAddr, served: Arc<Served>) {
+    let tls = served.tls.clone();
     let svc = hyper::service::service_fn(move |req| {
         let served = served.clone();
         async move { Ok::<_, std::convert::Infallible>(answer(&served, req, from).await) }
@@ -149,7 +133,6 @@ async fn connection(
     };
 }
 
-/// The TLS side of the server, from a certificate chain and its key (PEM files).
 fn tls_acceptor(cert: &Path, key: &Path) -> Result<tokio_rustls::TlsAcceptor> {
     use rustls_pki_types::pem::PemObject;
     use rustls_pki_types::{CertificateDer, PrivateKeyDer};
@@ -176,12 +159,13 @@ fn tls_acceptor(cert: &Path, key: &Path) -> Result<tokio_rustls::TlsAcceptor> {
     Ok(tokio_rustls::TlsAcceptor::from(Arc::new(config)))
 }
 
-/// What the server may serve: each dataset id (hex) and its tier directory; who it answers.
+/// What the server may serve ([`ServeConfig::tiers`]), who it answers (`None`: --insecure),
+/// and over TLS or not.
 struct Served {
     tiers: HashMap<String, PathBuf>,
-    /// `None`: --insecure.
     verifier: Option<Verifier>,
     refused: std::sync::atomic::AtomicU64,
+    tls: Option<tokio_rustls::TlsAcceptor>,
 }
 
 fn reply(status: StatusCode, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
@@ -282,8 +266,7 @@ async fn answer(
 }
 
 fn read_file(path: &Path, range: Option<&str>, head: bool) -> Response<Full<Bytes>> {
-    // The tier replaces and removes files whole; an open file keeps its bytes even if it is
-    // evicted while being read.
+    // The tier replaces and removes files whole: an open file keeps its bytes.
     let f = match std::fs::File::open(path) {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -348,6 +331,7 @@ mod tests {
             tiers: [("ab".to_string(), PathBuf::from("/t/ab"))].into(),
             verifier: None,
             refused: Default::default(),
+            tls: None,
         };
         let copy = crate::copy_file_name(7, &[0x11; 16]);
         assert_eq!(

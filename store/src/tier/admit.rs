@@ -1,7 +1,5 @@
-//! Admission into the tier, as streams feed it (copy-on-read): chunks read from below the
-//! tier and records harvested for hot chunks are offered ([`Admission::offer`]) and written by
-//! a thread of its own, within a bound on the bytes waiting, the least valuable per byte
-//! dropped first when the tier would have to evict.
+//! Admission into the tier as streams feed it (copy-on-read): chunks and hot records offered
+//! ([`Admission::offer`]) are written by a thread of its own.
 
 use std::path::Path;
 use std::sync::atomic::Ordering::Relaxed;
@@ -11,7 +9,7 @@ use granary_format::ChunkEntry;
 
 use super::{HotRecord, LocalTier};
 use crate::counts::Meter;
-use crate::error::{Result, StoreError};
+use crate::error::StoreError;
 use crate::peers::Peers;
 
 /// Bytes a record of `stored` bytes at `path` costs in a hot chunk: those, its path and its
@@ -21,8 +19,7 @@ pub(crate) fn hot_cost(stored: u64, path: &[u8]) -> u64 {
 }
 
 /// Counts a failed admission into the tier at `dir` in `meter` (warning on the first); false if
-/// the tier's file system is full, so that the stream stops admitting (it keeps serving what
-/// the tier holds).
+/// the tier's file system is full, so that the stream stops admitting.
 fn failed(meter: &Meter, dir: &Path, e: &StoreError) -> bool {
     let full = matches!(e, StoreError::Io { source, .. }
         if matches!(source.kind(), std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded));
@@ -37,13 +34,12 @@ fn failed(meter: &Meter, dir: &Path, e: &StoreError) -> bool {
     !full
 }
 
-/// Work for the admission thread: a source chunk's bytes with its importance, or records to
-/// re-pack into a hot chunk.
+/// Work for the admission thread.
 pub enum Job {
-    /// The chunk's bytes are the read buffer itself (counted in the stream's budget while
-    /// they wait).
+    /// A chunk's bytes (the read buffer itself, in the stream's budget while it waits) and its
+    /// importance.
     Chunk(ChunkEntry, Arc<dyn AsRef<[u8]> + Send + Sync>, f64),
-    /// Records, and the size of the hot chunks to make of them.
+    /// Records to re-pack, and the size of the hot chunks to make of them.
     Hot(Vec<HotRecord>, u64),
 }
 
@@ -67,8 +63,7 @@ impl Job {
     }
 }
 
-/// Offers waiting for the admission thread (and their bytes), and whether the stream has
-/// finished.
+/// Offers waiting for the admission thread, their bytes, and whether the stream has finished.
 #[derive(Default)]
 struct Waiting {
     jobs: std::collections::VecDeque<Job>,
@@ -78,17 +73,15 @@ struct Waiting {
 
 type Mailbox = (std::sync::Mutex<Waiting>, std::sync::Condvar);
 
-/// Background admission into the tier: a queue of offers bounded in bytes, written by a
-/// thread of its own. An offer the tier has room for (or, with shared tiers, a chunk this node
-/// must keep) waits for room in the queue, so the tier fills completely even when it writes
-/// slower than the source reads; an offer that would make the full tier evict is dropped when
-/// the queue is full (the least valuable per byte first), and counted
-/// (in the tier layer's meter: [`crate::MeterReading::admissions_skipped`]).
+/// Background admission into the tier: a queue of offers bounded in bytes. An offer the tier
+/// has room for (or a chunk this node must keep for its peers) waits for room in the queue, so
+/// the tier fills even when it writes slower than the source reads; an offer that would make
+/// the full tier evict is dropped when the queue is full (the least valuable per byte first),
+/// and counted ([`crate::MeterReading::admissions_skipped`]).
 pub struct Admission {
     slot: Arc<Mailbox>,
-    /// `None` if no thread could be started: offers are then dropped (and counted).
+    /// `None` if no thread could be started: offers are then dropped.
     thread: Option<std::thread::JoinHandle<()>>,
-    /// Most bytes of offers waiting for the admission thread (hot records included).
     max_waiting: u64,
     /// With a shared tier, only the chunk copies this node owns are admitted.
     peers: Option<Arc<Peers>>,
@@ -125,8 +118,7 @@ impl Admission {
 
     /// Offers `job` for admission (see the type's documentation for when it waits).
     pub fn offer(&self, job: Job) {
-        // With a shared tier a chunk copy is admitted exactly when this node keeps it, and then
-        // it must be: other nodes will ask for it.
+        // With a shared tier a chunk copy is admitted exactly when this node keeps it.
         let must_keep = match (&job, &self.peers) {
             (Job::Chunk(ce, ..), Some(p)) if !p.keeps(ce.chunk_id) => return,
             (Job::Chunk(..), Some(_)) => true,
@@ -134,10 +126,8 @@ impl Admission {
         };
         let (m, cv) = &*self.slot;
         let mut g = m.lock().expect("admission lock");
-        // An offer the tier will take without evicting waits for room (the stream's read-ahead
-        // waits with it: the chunk's buffer is in its budget) instead of being dropped.
         let bytes = job.bytes();
-        let fits = |used| used + g.bytes + bytes <= self.cache.quota();
+        let fits = |used| used + g.bytes + bytes <= self.cache.quota;
         let wait = must_keep || matches!(job, Job::Chunk(..)) && self.cache.used().is_ok_and(fits);
         while wait && !g.jobs.is_empty() && g.bytes + bytes > self.max_waiting && !g.done {
             // Never wait on a thread that is gone.
@@ -212,8 +202,8 @@ impl Admission {
 }
 
 /// The admission thread: writes the offers of `slot` into the tier in order until the stream
-/// has finished and nothing waits. Errors only cost a missed admission; the epoch goes on from
-/// the source. On a full file system it stops admitting (offers are taken and dropped).
+/// has finished and nothing waits. Errors only cost a missed admission; on a full file system
+/// it stops admitting.
 fn admit_offers(slot: &Mailbox, cache: &LocalTier, classes: &[Vec<u8>], counts: &Meter) {
     let mut admitting = true;
     let (m, cv) = slot;
@@ -234,31 +224,23 @@ fn admit_offers(slot: &Mailbox, cache: &LocalTier, classes: &[Vec<u8>], counts: 
         }
         let admitted = match job {
             Job::Chunk(ce, bytes, score) => cache.admit(&ce, (*bytes).as_ref(), score).map(drop),
-            Job::Hot(records, target) => admit_hot(cache, records, target, classes),
+            // Hot chunks of about `target` bytes each (offers merge while one is written).
+            Job::Hot(records, target) => {
+                let mut bytes = 0;
+                let mut ends = |r: &HotRecord| {
+                    bytes += hot_cost(r.stored.len() as u64, &r.path);
+                    let end = bytes >= target;
+                    if end {
+                        bytes = 0;
+                    }
+                    end
+                };
+                let mut groups = records.chunk_by(|r, _| !ends(r));
+                groups.try_for_each(|group| cache.admit_hot(group, classes).map(drop))
+            }
         };
         if let Err(e) = admitted {
             admitting &= failed(counts, cache.dir(), &e);
         }
     }
-}
-
-/// Re-packs `records` into hot chunks of about `target` bytes each (offers merge while one is
-/// written); stops at the first error.
-fn admit_hot(
-    cache: &LocalTier,
-    records: Vec<HotRecord>,
-    target: u64,
-    classes: &[Vec<u8>],
-) -> Result<()> {
-    let (mut group, mut bytes, n) = (Vec::new(), 0, records.len());
-    for (i, r) in records.into_iter().enumerate() {
-        bytes += hot_cost(r.stored.len() as u64, &r.path);
-        group.push(r);
-        if bytes >= target || i + 1 == n {
-            cache.admit_hot(&group, classes)?;
-            group.clear();
-            bytes = 0;
-        }
-    }
-    Ok(())
 }

@@ -1,11 +1,10 @@
-//! What a stream's reads feed its tier with ([`TierFeed`]): the reader says what it consumed -
-//! a chunk read whole, ranges of a chunk - and the tier decides what to keep: whole chunks
-//! offered to admission with their importance ([`chunk_importance`], the one formula), or, with
-//! hot chunks ([`HotChunks`]), the records that belong in them (importance per stored byte at
-//! or above a threshold: the most important ones that fit the quota), harvested and handed to
-//! admission in batches to be re-packed. The reader never scores, offers or harvests; it asks
-//! the feed where hot chunks hold a window's samples (reloaded when another process changes
-//! them). What the policy knows of the dataset and its samples comes through [`Importance`].
+//! What a stream's reads feed its tier with ([`TierFeed`]): the reader says what it consumed
+//! (a chunk read whole, ranges of a chunk) and the feed decides what to keep: whole chunks
+//! offered with their importance ([`chunk_importance`]), or, with hot chunks ([`HotChunks`]),
+//! the records that belong in them (importance per stored byte at or above the threshold that
+//! fills the quota), harvested and handed to admission in batches. The reader also asks it
+//! where hot chunks hold a window's samples. What the policy knows of the samples comes
+//! through [`Importance`].
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -20,14 +19,12 @@ use crate::seam::Source;
 /// What the tier's admission needs to know of a dataset's samples: their entries and paths,
 /// and how important each is now (the training loop's reported losses).
 pub trait Importance: Send + Sync {
-    /// Samples in the dataset.
     fn samples(&self) -> u64;
     /// Sample `id`'s entry in the snapshot and its path.
     fn sample(&self, id: u64) -> Result<(SampleEntry, Vec<u8>)>;
     /// Sample `id`'s importance now.
     fn score(&self, id: u64) -> f64;
-    /// Whether the scores say anything yet (a loss was reported): before, every sample weighs
-    /// the same.
+    /// Whether a loss was reported yet (before, every sample weighs the same).
     fn reported(&self) -> bool;
     /// The dataset's class names (a hot chunk carries its class table).
     fn classes(&self) -> Vec<Vec<u8>>;
@@ -42,8 +39,7 @@ pub fn chunk_importance(ce: &ChunkEntry, scores: Option<&dyn Importance>) -> f64
     }
 }
 
-/// A stream's feed into the stack's tier (see the module): made by
-/// [`crate::StoreStack::tier_feed`], finished at the end of the epoch.
+/// A stream's feed into the stack's tier (see the module), finished at the end of the epoch.
 pub struct TierFeed {
     pub(crate) admission: Admission,
     pub(crate) hot: Option<HotChunks>,
@@ -52,14 +48,12 @@ pub struct TierFeed {
 }
 
 impl TierFeed {
-    /// Whether the tier's hot chunks serve samples (a window's chunks are then read in ranges
-    /// around what they hold).
+    /// Whether the tier's hot chunks serve samples.
     pub fn has_hot(&self) -> bool {
         self.hot.is_some()
     }
 
-    /// Per sample of `ids`: the hot chunk that holds it and the record's offset there, if any
-    /// (hot chunks admitted or evicted by any process are picked up first).
+    /// Per sample of `ids`: the hot chunk that holds it and the record's offset there, if any.
     pub fn hot_samples(&mut self, ids: &[u64]) -> Vec<Option<(Source, u64)>> {
         let Some(h) = self.hot.as_mut() else {
             return vec![None; ids.len()];
@@ -68,31 +62,21 @@ impl TierFeed {
         ids.iter().map(|&id| h.locate(id)).collect()
     }
 
-    /// Chunk `chunk` was read whole into `read`: offered for admission, or (with hot chunks)
-    /// its records that belong in them harvested. Bytes from a copy (this node's tier has it,
-    /// or a peer keeps it for the job) are not offered again.
+    /// Chunk `chunk` was read whole into `read` (bytes from a copy are not offered again).
     pub fn consumed_whole(&mut self, chunk: u32, read: &Arc<Completed>) {
+        if self.hot.is_some() {
+            return self.consumed_ranges(chunk, &[(0, read)]);
+        }
         let fresh = !read.from().is_copy();
         let Some(ce) = self.chunks.get(chunk as usize).filter(|_| fresh).cloned() else {
             return;
         };
-        match self.hot.as_mut() {
-            Some(h) => {
-                let bytes = read.data();
-                for id in ce.samples() {
-                    h.harvest(id, |e| record(bytes, e, 0), &self.admission);
-                }
-            }
-            None => {
-                let score = chunk_importance(&ce, self.importance.as_deref());
-                self.admission.offer(Job::Chunk(ce, read.clone(), score));
-            }
-        }
+        let score = chunk_importance(&ce, self.importance.as_deref());
+        self.admission.offer(Job::Chunk(ce, read.clone(), score));
     }
 
-    /// Ranges of chunk `chunk` were read: `(offset in the chunk, read)`, sorted by offset. With
-    /// hot chunks, every record inside them may belong in one, drawn or not (without, ranges
-    /// feed nothing: only whole chunks are admitted).
+    /// Ranges of chunk `chunk` were read: `(offset in the chunk, read)`, sorted by offset (only
+    /// hot chunks take records of ranges, drawn or not).
     pub fn consumed_ranges(&mut self, chunk: u32, ranges: &[(u64, &Arc<Completed>)]) {
         let (Some(h), Some(ce)) = (self.hot.as_mut(), self.chunks.get(chunk as usize)) else {
             return;
@@ -111,7 +95,7 @@ impl TierFeed {
         }
     }
 
-    /// The end of the epoch: records still waiting go to the tier, and admission finishes.
+    /// The end of the epoch: records still waiting go to the tier.
     pub fn finish(mut self) {
         if let Some(h) = self.hot.as_mut() {
             h.flush(&self.admission);
@@ -131,7 +115,7 @@ pub struct HotChunks {
     tier: TierStore,
     importance: Arc<dyn Importance>,
     map: HotMap,
-    /// `hot.map` as last read (its identity changes whenever it is replaced).
+    /// The identity of `hot.map` as last read.
     version: Option<crate::mapcache::FileKey>,
     files: HashMap<u32, Option<Source>>,
     threshold: f64,
@@ -145,26 +129,23 @@ pub struct HotChunks {
 
 impl HotChunks {
     /// The hot chunks of `tier` for a reader with `memory` bytes of budget, or `None` when the
-    /// tier keeps none: its policy is not importance, or no loss was reported yet (every
-    /// sample at the mean says nothing to re-pack).
+    /// policy is not importance or no loss was reported yet.
     pub(crate) fn open(
         tier: &TierStore,
         importance: Arc<dyn Importance>,
         memory: u64,
     ) -> Result<Option<HotChunks>> {
-        let cache = tier.cache();
-        if cache.policy() != TierPolicy::Importance || !importance.reported() {
+        let cache = &tier.cache;
+        if cache.policy != TierPolicy::Importance || !importance.reported() {
             return Ok(None);
         }
         // The most important samples per byte that fit in 90 % of the quota, counting what a
-        // hot chunk spends per record (footer entry, path) and per chunk (header, footer,
-        // class table, trailer). Records are harvested in batches of an eighth of the quota
-        // (at most an eighth of the reader's memory budget).
-        let target = (cache.quota() / 8).min(memory / 8).clamp(4 << 10, 32 << 20);
+        // hot chunk spends per record and per chunk; harvested in batches of an eighth of the
+        // quota (at most an eighth of the reader's memory budget).
+        let target = (cache.quota / 8).min(memory / 8).clamp(4 << 10, 32 << 20);
         let classes = importance.classes();
         let per_chunk = 160 + classes.iter().map(|c| 8 + c.len() as u64).sum::<u64>();
-        let budget =
-            (cache.quota() / 10 * 9).saturating_sub(per_chunk * (cache.quota() / target + 1));
+        let budget = (cache.quota / 10 * 9).saturating_sub(per_chunk * (cache.quota / target + 1));
         let n = importance.samples();
         let mut v: Vec<(f64, u64)> = Vec::with_capacity(n as usize);
         for id in 0..n {
@@ -204,18 +185,16 @@ impl HotChunks {
 
     /// Picks up hot chunks admitted or evicted by any process since the last look.
     fn refresh(&mut self) {
-        let v = self.tier.cache().file_key("hot.map");
+        let v = self.tier.cache.file_key("hot.map");
         if v != self.version {
             self.version = v;
-            self.map = self.tier.cache().hot_map(&self.tier.chunks);
+            self.map = self.tier.cache.hot_map(&self.tier.chunks);
             let map = &self.map;
             self.files.retain(|id, _| map.chunks.contains_key(id));
         }
     }
 
-    /// Where the tier holds sample `id`: its hot chunk's source and the record's offset in
-    /// it. (Its bytes are checked when read: a record that fails drops the hot chunk, and is
-    /// read from its own chunk, [`crate::verified::Relocate`].)
+    /// Where the tier holds sample `id`: its hot chunk's source and the record's offset.
     fn locate(&mut self, id: u64) -> Option<(Source, u64)> {
         let (h, off) = *self.map.by_sample.get(&id)?;
         let f = self.files.entry(h).or_insert_with(|| {
@@ -228,8 +207,8 @@ impl HotChunks {
         Some((f.clone()?, off))
     }
 
-    /// Keeps a copy of sample `id`'s stored record (what `record` finds for its entry, if
-    /// anything) if it belongs in a hot chunk; hands a full batch to `admission`.
+    /// Keeps a copy of sample `id`'s stored record (what `record` finds) if it belongs in a hot
+    /// chunk; hands a full batch to `admission`.
     fn harvest<'a>(
         &mut self,
         id: u64,

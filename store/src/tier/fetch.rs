@@ -1,12 +1,9 @@
-//! Fetch on first touch (Monarch's placement), the tier's admission for readers that read
-//! single samples (the mount): a sample missing from the tier has its whole chunk copied into
-//! the tier by a fetch thread (one large sequential read from the store below instead of many
-//! small random ones), and later samples of that chunk come from local storage. A read may
-//! wait for its chunk's fetch (`Fetcher::fetch_and_wait`) when the chunk fits the tier's
-//! free space or is already on its way; a chunk the full tier would have to evict for is
-//! fetched only while the misses concentrate on it. A fetched chunk is checked against the
-//! snapshot (size and whole-file CRC) and served from memory (`Fetcher::fetched`) while the
-//! tier writes it. The tier's policy and quota decide what stays.
+//! Fetch on first touch, the tier's admission for readers of single samples (the mount): a
+//! sample missing from the tier has its whole chunk copied in by a fetch thread (one large
+//! read instead of many small ones). A read may wait for its chunk's fetch when the chunk fits
+//! the tier's free space or is on its way; a chunk the full tier would evict for is fetched
+//! only while the misses concentrate on it. A fetched chunk is checked against the snapshot
+//! and served from memory while the tier writes it. The tier's policy decides what stays.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::Ordering::Relaxed;
@@ -24,14 +21,12 @@ use crate::file::{read_whole, ChunkBytes};
 const DECLINED_FOR: Duration = Duration::from_secs(30);
 /// Longest a read waits for its chunk's fetch before it reads the store below itself.
 const WAIT_FOR_FETCH: Duration = Duration::from_secs(60);
-/// Misses remembered to tell an order that reads chunks together from a random one, and how
-/// many of them must be on one chunk before it is fetched at the cost of an eviction (a
-/// quarter: a chunk-wise order with windows of up to 4 chunks; a random order over more than
-/// ~16 chunks rarely).
+/// Misses remembered, and how many must be on one chunk before it is fetched at the cost of an
+/// eviction (a quarter: a chunk-wise order with windows of up to 4 chunks).
 const RECENT_MISSES: usize = 32;
 const DENSE_MISSES: usize = 8;
 
-/// How important a chunk is, for the tier's admission (the sum of its samples' scores).
+/// How important a chunk is, for the tier's admission.
 pub type ChunkScore = Arc<dyn Fn(&ChunkEntry) -> f64 + Send + Sync>;
 
 /// The fetch queue: chunks waiting, the ones being fetched, and recently declined ones.
@@ -42,6 +37,8 @@ struct Queue {
     declined: HashMap<u32, Instant>,
     /// Chunks of the latest misses that would need an eviction.
     recent: VecDeque<u32>,
+    /// Chunks fetched and checked, while the tier writes them: readers are served from here.
+    staged: HashMap<u32, Arc<ChunkBytes>>,
     stop: bool,
 }
 
@@ -53,13 +50,9 @@ struct State {
     wake: Condvar,
     /// Readers wait here for a fetch to end.
     fetched: Condvar,
-    /// Chunks fetched and checked, while the tier writes them: readers are served from here.
-    staged: Mutex<HashMap<u32, Arc<ChunkBytes>>>,
     score: ChunkScore,
-    /// Called after the tier admitted a chunk (admission may have evicted copies a reader
-    /// holds open: it lets their space go).
+    /// Called after the tier admitted a chunk (it may have evicted copies a reader holds open).
     admitted: Arc<dyn Fn() + Send + Sync>,
-    /// The tier layer's meter, which counts the fetches.
     meter: Arc<Meter>,
 }
 
@@ -71,8 +64,7 @@ pub struct Fetcher {
 }
 
 impl Fetcher {
-    /// Starts `threads` fetch threads admitting into `tier` (each holds one chunk in memory
-    /// while it is read and admitted); see [`TierStore::fetch_on_touch`].
+    /// Starts `threads` fetch threads admitting into `tier` (each holds one chunk in memory).
     pub(crate) fn start(
         tier: TierStore,
         threads: usize,
@@ -85,7 +77,6 @@ impl Fetcher {
             queue: Mutex::default(),
             wake: Condvar::new(),
             fetched: Condvar::new(),
-            staged: Mutex::default(),
             score,
             admitted,
             meter,
@@ -111,20 +102,20 @@ impl Fetcher {
         }
     }
 
-    /// Queues `chunk` (when it fits the tier's free space, or a quarter of the latest misses
-    /// were on it), moves it to the front and waits until its fetch ended (at most a minute).
-    /// False when this read should go to the store below (not fetched, declined, stopping,
-    /// timed out).
-    fn fetch_and_wait(&self, chunk: u32) -> Result<bool> {
-        let (s, cache) = (&self.state, self.state.tier.cache());
-        // Whether the chunk fits the tier's free space now (no eviction needed).
+    /// Chunk `chunk`'s bytes for a read that missed the tier, in memory once fetched and
+    /// checked: queued (when it fits the tier's free space, or a quarter of the latest misses
+    /// were on it) at the front and waited for. `None` when the read should go to the tier's
+    /// copy or below it.
+    pub(crate) fn fetched(&self, chunk: u32) -> Result<Option<Arc<ChunkBytes>>> {
+        let (s, cache) = (&self.state, &self.state.tier.cache);
+        if let Some(b) = s.queue.lock().expect("fetch queue").staged.get(&chunk) {
+            return Ok(Some(b.clone()));
+        }
         let size = s.tier.chunks.get(chunk as usize).map(|ce| ce.file_size);
-        let fits = cache.used()?.saturating_add(size.unwrap_or(u64::MAX)) <= cache.quota();
+        let fits = cache.used()?.saturating_add(size.unwrap_or(u64::MAX)) <= cache.quota;
         let mut q = s.queue.lock().expect("fetch queue");
         let was_queued = q.queued.contains(&chunk);
-        // A chunk that needs an eviction is fetched only while the misses concentrate on it
-        // (an order that reads a chunk's samples together, such as the chunk-wise sampler's):
-        // under a random order over a tier smaller than the dataset each chunk would be
+        // Under a random order over a tier smaller than the dataset each chunk would be
         // fetched again and again for a sample or two, evicting what was just fetched.
         if !fits && !was_queued {
             q.recent.push_back(chunk);
@@ -133,40 +124,27 @@ impl Fetcher {
             }
             let share = q.recent.iter().filter(|&&c| c == chunk).count();
             if share < DENSE_MISSES {
-                return Ok(false);
+                return Ok(None);
             }
         }
         if !s.enqueue(&mut q, chunk) {
-            return Ok(false);
+            return Ok(None);
         }
         if let Some(i) = q.waiting.iter().position(|&c| c == chunk) {
             q.waiting.remove(i);
             q.waiting.push_front(chunk);
         }
         let t0 = Instant::now();
-        while q.queued.contains(&chunk) && !q.stop && s.staged(chunk).is_none() {
+        while q.queued.contains(&chunk) && !q.stop && !q.staged.contains_key(&chunk) {
             let Some(left) = WAIT_FOR_FETCH.checked_sub(t0.elapsed()) else {
-                return Ok(false);
+                return Ok(None);
             };
             q = s.fetched.wait_timeout(q, left).expect("fetch queue").0;
         }
-        Ok(!q.stop)
+        Ok(q.staged.get(&chunk).filter(|_| !q.stop).cloned())
     }
 
-    /// Chunk `chunk`'s bytes for a read that touched it and missed the tier: in memory when
-    /// fetched and checked and not yet written to the tier, or once fetched now (when
-    /// `Fetcher::fetch_and_wait` says so); `None` when the read should go to the tier's copy
-    /// (written meanwhile) or below it.
-    pub(crate) fn fetched(&self, chunk: u32) -> Result<Option<Arc<ChunkBytes>>> {
-        if let Some(b) = self.state.staged(chunk) {
-            return Ok(Some(b));
-        }
-        let fetched = self.fetch_and_wait(chunk)?;
-        Ok(fetched.then(|| self.state.staged(chunk)).flatten())
-    }
-
-    /// Stops the fetch threads (waiting for a fetch in progress to finish); later requests
-    /// are declined.
+    /// Stops the fetch threads (waiting for a fetch in progress); later requests are declined.
     pub(crate) fn stop(&self) {
         let s = &self.state;
         s.queue.lock().expect("fetch queue").stop = true;
@@ -191,10 +169,6 @@ impl Drop for Fetcher {
 }
 
 impl State {
-    fn staged(&self, chunk: u32) -> Option<Arc<ChunkBytes>> {
-        self.staged.lock().expect("staged").get(&chunk).cloned()
-    }
-
     fn enqueue(&self, q: &mut Queue, chunk: u32) -> bool {
         if q.stop {
             return false;
@@ -222,12 +196,17 @@ impl State {
                 "no chunk {chunk} in the dataset"
             )));
         };
-        let cache = t.cache();
-        if cache.holds(&ce)? {
+        let cache = &t.cache;
+        if cache.current()?.index.contains_key(&super::Key::copy(&ce)) {
             return Ok(true);
         }
+        // Skipped when the tier would decline it now (evicting nothing).
         let score = (self.score)(&ce);
-        if !cache.would_admit(ce.file_size, score)? {
+        let per_byte = score / ce.file_size.max(1) as f64;
+        if cache
+            .victims(&cache.current()?.index, ce.file_size, per_byte)
+            .is_none()
+        {
             self.meter.fetches_skipped.fetch_add(1, Relaxed);
             return Ok(false);
         }
@@ -237,16 +216,17 @@ impl State {
             .bytes_fetched
             .fetch_add(bytes.len() as u64, Relaxed);
         super::LocalTier::check_copy(&ce, &bytes, src.location())?;
-        // Checked: readers waiting for this chunk are served from memory now, not after the
-        // tier's write and fsync.
-        self.staged
-            .lock()
-            .expect("staged")
-            .insert(chunk, bytes.clone());
-        drop(self.queue.lock().expect("fetch queue"));
+        // Readers waiting for this chunk are served from memory now, not after the tier's write.
+        let mut q = self.queue.lock().expect("fetch queue");
+        q.staged.insert(chunk, bytes.clone());
+        drop(q);
         self.fetched.notify_all();
         let admitted = cache.admit_checked(&ce, &bytes, score);
-        self.staged.lock().expect("staged").remove(&chunk);
+        self.queue
+            .lock()
+            .expect("fetch queue")
+            .staged
+            .remove(&chunk);
         if admitted? {
             self.meter.chunks_fetched.fetch_add(1, Relaxed);
             (self.admitted)();
@@ -258,8 +238,7 @@ impl State {
     }
 }
 
-/// A fetch thread: takes chunks in the order they were first touched, skips those the tier
-/// holds or would decline, reads the rest whole (one large read) and admits them.
+/// A fetch thread: fetches chunks in the order they were first touched.
 fn fetch_loop(s: &State) {
     loop {
         let mut q = s.queue.lock().expect("fetch queue");

@@ -75,9 +75,8 @@ pub fn decode_hot_map(b: &[u8]) -> Option<BTreeMap<u32, HotChunk>> {
     (at == body.len()).then_some(out)
 }
 
-/// The tier's content list (`index`, docs/internals.md): a framed body of text lines,
-/// `next-hot N`, then `chunk ID-DIGEST SIZE LAST_USE SCORE` or `hot ID SIZE LAST_USE SCORE`
-/// per file.
+/// The tier's content list (`index`, docs/internals.md): framed text lines, `next-hot N`, then
+/// `chunk ID-DIGEST SIZE LAST_USE SCORE` or `hot ID SIZE LAST_USE SCORE` per file.
 pub(super) fn encode_index(index: &BTreeMap<Key, Entry>, next_hot: u32) -> Vec<u8> {
     let mut body = format!("next-hot {next_hot}\n");
     for (k, e) in index {
@@ -129,29 +128,25 @@ pub fn decode_tier_index(b: &[u8]) -> Option<(usize, u64, u32)> {
     parse_index(b).map(|(i, c, n)| (i.len(), c, n))
 }
 
-/// Parses the 32 hex digits of a tier directory's name (any other name, whatever its bytes,
-/// is `None`).
+/// Parses the 32 hex digits of a tier directory's name.
 pub(super) fn parse_hex_id(name: &[u8]) -> Option<[u8; 16]> {
     let id: DatasetId = std::str::from_utf8(name).ok()?.parse().ok()?;
     Some(id.0)
 }
 
-/// For a temporary file of the tier directory (named by [`write_atomic`] as every
-/// [`crate::write::AtomicFile`] is: `<name>.<host>-<pid>-<n>.tmp`; tiers of earlier versions
-/// named them `<stem>.tmp<pid>`), the lock file that says it is no longer being written:
-/// `lock` for chunk copies, hot chunks, `index` and `hot.map`, `scores.lock` for the score
-/// table's; `None` for any other name.
+/// For a temporary file of the tier directory (`<name>.<host>-<pid>-<n>.tmp`, as every
+/// [`crate::write::AtomicFile`] is named; tiers of earlier versions wrote `<stem>.tmp<pid>`),
+/// the lock file that says it is no longer being written: `lock`, or `scores.lock` for the
+/// score table's; `None` for any other name.
 pub(super) fn temp_lock(name: &str) -> Option<&'static str> {
+    let legacy = || {
+        let (stem, pid) = name.rsplit_once('.')?;
+        let pid = pid.strip_prefix("tmp")?;
+        (!pid.is_empty() && pid.bytes().all(|b| b.is_ascii_digit())).then_some(stem)
+    };
     let stem = match crate::write::temp_target(name) {
         Some(target) => target.split('.').next()?,
-        None => {
-            let (stem, ext) = name.rsplit_once('.')?;
-            let pid = ext.strip_prefix("tmp")?;
-            if pid.is_empty() || !pid.bytes().all(|b| b.is_ascii_digit()) {
-                return None;
-            }
-            stem
-        }
+        None => legacy()?,
     };
     match stem {
         "scores" => Some("scores.lock"),
@@ -161,8 +156,8 @@ pub(super) fn temp_lock(name: &str) -> Option<&'static str> {
     }
 }
 
-/// Removes a tier entry whatever it turned out to be (a file, or a directory someone put under
-/// an entry's name); a missing one is fine.
+/// Removes a tier entry whatever it turned out to be (a file, or a directory); a missing one
+/// is fine.
 pub(super) fn remove_entry(p: &Path) -> Result<()> {
     let r = match std::fs::symlink_metadata(p) {
         Ok(m) if m.is_dir() => std::fs::remove_dir_all(p),
@@ -205,8 +200,7 @@ pub fn write_atomic(path: &Path, data: &[u8]) -> Result<()> {
     write_atomic_with(path, data, true)
 }
 
-/// [`write_atomic`], fsyncing the file and its directory only when `durable` (the rename
-/// still replaces the file whole).
+/// [`write_atomic`], fsyncing the file and its directory only when `durable`.
 pub(super) fn write_atomic_with(path: &Path, data: &[u8], durable: bool) -> Result<()> {
     let durability = match durable {
         true => Durability::FileAndDir,

@@ -15,27 +15,23 @@ use crate::file::{copy_range, IoFile};
 use crate::local::Opener;
 use crate::meter::metered_source;
 use crate::seam::{
-    Access, BytesFrom, ChunkSource, ChunkStore, LocalFile, LocalRead, RangeRead, Source,
+    open_sized, Access, BytesFrom, ChunkSource, ChunkStore, LocalFile, LocalRead, RangeRead, Source,
 };
 
 /// The local tier as a layer: a chunk the tier holds (its copy's size and header checked) is
-/// read from the copy, opened once and never mapped (someone may cut it short: then it is a
-/// short read naming the copy); any other chunk comes from the next store.
-///
-/// The layer owns what a copy's failure means ([`ChunkSource::fall_back`]): the copy is
-/// discarded, logged once with its path, and the chunk read in the store below. A chunk
-/// read below may later be served by a copy that arrived since. The store's verified reads
-/// ([`crate::verified`]) check the bytes; readers never name the layer.
+/// read from the copy, opened once and never mapped (someone may cut it short); any other
+/// chunk comes from the next store. A copy whose bytes fail the store's verified reads
+/// ([`crate::verified`]) is discarded, logged with its path, and the chunk read below
+/// ([`ChunkSource::fall_back`]).
 #[derive(Debug, Clone)]
 pub struct TierStore {
-    cache: Arc<LocalTier>,
+    pub(crate) cache: Arc<LocalTier>,
     /// The store below.
     pub(crate) next: Arc<dyn ChunkStore>,
     /// The dataset's chunk table.
     pub(crate) chunks: Arc<[ChunkEntry]>,
     opener: Arc<Opener>,
-    /// Fetch on first touch, for readers of single samples ([`TierStore::fetch_on_touch`]).
-    fetch: Arc<OnceLock<Fetcher>>,
+    pub(crate) fetch: Arc<OnceLock<Fetcher>>,
 }
 
 impl TierStore {
@@ -57,8 +53,8 @@ impl TierStore {
     }
 
     /// Starts fetching on first touch ([`super::fetch`]) with `threads` threads, `score`
-    /// ranking a chunk for the tier's policy, `admitted` told after each chunk the tier took,
-    /// the fetches counted in `meter`. False if it fetches already.
+    /// ranking a chunk, `admitted` told after each chunk the tier took, counted in `meter`.
+    /// False if it fetches already.
     pub(crate) fn fetch_on_touch(
         &self,
         threads: usize,
@@ -76,19 +72,7 @@ impl TierStore {
             .is_ok()
     }
 
-    /// The fetcher, once [`TierStore::fetch_on_touch`] started it.
-    pub(crate) fn fetcher(&self) -> Option<&Fetcher> {
-        self.fetch.get()
-    }
-
-    /// The tier.
-    pub fn cache(&self) -> &Arc<LocalTier> {
-        &self.cache
-    }
-
-    /// Drops chunk `id`'s copy after it failed while read (`why`): removed from the tier and
-    /// logged with its path; a failure to remove it is logged too (the read goes on from the
-    /// next store either way).
+    /// Drops chunk `id`'s copy after it failed while read (`why`), logged with its path.
     fn drop_copy(&self, id: u32, why: &dyn std::fmt::Display) {
         let Some(ce) = self.chunks.get(id as usize) else {
             return;
@@ -115,26 +99,16 @@ impl TierStore {
         Ok(copy.map(|file| Arc::new(file) as Source))
     }
 
-    /// Chunk `id` opened in the store below the tier, its size checked against the chunk
-    /// table (a copy's size was checked when the tier admitted it).
+    /// Chunk `id` opened in the store below the tier, its size checked against the chunk table.
     fn open_below(&self, id: u32) -> Result<Source> {
-        let src = self.next.open_chunk(id)?;
         match self.chunks.get(id as usize) {
-            Some(ce) if src.len() != ce.file_size => Err(crate::StoreError::damaged(
-                src.location(),
-                format!(
-                    "chunk {id}: file is {} bytes, the snapshot says {}",
-                    src.len(),
-                    ce.file_size
-                ),
-            )),
-            _ => Ok(src),
+            Some(ce) => open_sized(&*self.next, ce),
+            None => self.next.open_chunk(id),
         }
     }
 
-    /// Hot chunk `h`, if its file is present with the mapped size (another process may evict
-    /// it meanwhile: then it is a miss). Its records that fail are read from their own chunks
-    /// ([`crate::verified::Relocate`]), the hot chunk dropped.
+    /// Hot chunk `h`, if its file is present with the mapped size. Its records that fail are
+    /// read from their own chunks ([`crate::verified::Relocate`]), the hot chunk dropped.
     pub(crate) fn open_hot(&self, h: &HotChunk) -> Option<Source> {
         let p = self.cache.hot_path(h)?;
         let file = self.opener.open_unmapped(&p, Some(h.id)).ok()?;
@@ -179,17 +153,14 @@ impl ChunkStore for TierStore {
     }
 }
 
-/// The most sources a chunk opened through the tier moves through: a copy, the store below,
-/// a copy that arrived, ... (moves to a newer copy stop while fewer than 4 places are left, so
-/// that falling back always can).
+/// The most sources a chunk opened through the tier moves through (moves to a newer copy stop
+/// while fewer than 4 places are left, so that falling back always can).
 const LEVELS: usize = 8;
 
-/// A chunk opened through the tier: its copy when the tier holds a sound one, else the store
-/// below. A copy whose bytes fail is discarded (logged once, with its path) and the chunk
-/// read below from then on ([`ChunkSource::fall_back`]); a chunk read below moves to a copy
-/// that arrived since, for random reads (sources kept open across many reads). Every source
-/// it moved through stays open until it is dropped, so that the local file it lends the
-/// engine ([`ChunkSource::local`]) stays valid while a read of it is in flight.
+/// A chunk opened through the tier: its copy, else the store below; a failed copy is given up
+/// for the store below, and a chunk read below moves to a copy that arrived since (random
+/// reads keep sources open). Every source it moved through stays open until it is dropped, so
+/// that the local file it lends the engine ([`ChunkSource::local`]) stays valid.
 #[derive(Debug)]
 struct TierChunk {
     tier: TierStore,
@@ -199,8 +170,7 @@ struct TierChunk {
     set: AtomicUsize,
     /// Moves are made one at a time.
     change: Mutex<()>,
-    /// The latest read was served from a chunk just fetched, in memory while the tier writes
-    /// it (see [`TierStore::fetch_on_touch`]).
+    /// The latest read was served from a chunk just fetched, in memory while the tier writes it.
     fetched: AtomicBool,
 }
 
@@ -221,8 +191,8 @@ impl TierChunk {
         true
     }
 
-    /// A chunk read below moves to the tier's copy once one arrived (random reads keep a
-    /// source open across many reads); never from a map (its slices may be in use).
+    /// A chunk read below moves to the tier's copy once one arrived; never from a map (its
+    /// slices may be in use).
     fn move_to_copy(&self) -> Result<()> {
         let cur = self.current();
         if cur.bytes_from().is_copy() || cur.mapped() || self.set.load(Acquire) + 4 > LEVELS {
@@ -298,9 +268,8 @@ impl ChunkSource for TierChunk {
     }
 }
 
-/// A hot chunk in the tier: records the tier re-packed, read as the local file it is. When one
-/// of its records fails, the hot chunk is removed (once); the record is then read from its own
-/// chunk (the store below does not hold this file).
+/// A hot chunk in the tier, read as the local file it is. When one of its records fails, the
+/// hot chunk is removed (once); the record is then read from its own chunk.
 #[derive(Debug)]
 struct HotSource {
     file: IoFile,

@@ -1,17 +1,14 @@
 //! The local tier: verified copies of chunks, and hot chunks, on the node's local storage in
-//! front of shared storage. Safe to share between processes: every change happens under an
-//! exclusive `flock` on `DIR/<dataset id>/lock`, files appear only complete (temporary name,
-//! fsync, rename), the content list (`index`) and the hot-sample map (`hot.map`) are rewritten
-//! atomically and survive restarts, and the byte quota is never exceeded. Entries are tied to
-//! the dataset id (one sub-directory per dataset); an entry whose size, header or checksum does
-//! not match is a miss and is removed, never served.
+//! front of shared storage, one sub-directory per dataset id. Safe to share between processes:
+//! every change happens under an exclusive `flock` on `DIR/<dataset id>/lock`, files appear
+//! only complete, the content list (`index`) and the hot-sample map (`hot.map`) are replaced
+//! atomically, and the byte quota is never exceeded. An entry whose size, header or checksum
+//! does not match is a miss and is removed, never served.
 //!
-//! Hot chunks (`hot-NNNNNNNN.gchunk`, same chunk format, chunk id = hot id) hold records of
-//! high importance copied verbatim (as stored) from many source chunks, so that a tier of
-//! fraction f of the dataset can hold the most important fraction f of the samples: whole
-//! chunks average importance away. `hot.map` says which sample is
-//! at which offset of which hot chunk; hot ids only grow, so a reader holding an old map never
-//! reads another chunk's bytes under a reused name.
+//! Hot chunks (`hot-NNNNNNNN.gchunk`, chunk id = hot id) hold records of high importance copied
+//! as stored from many chunks, so that a tier of fraction f of the dataset holds the most
+//! important fraction f of the samples (whole chunks average importance away). `hot.map` says
+//! where each of their samples is; hot ids only grow, so an old map never names reused bytes.
 
 mod admit;
 mod feed;
@@ -57,11 +54,10 @@ granary_format::named_enum! {
     }
 }
 
-/// A tier entry: a copy of a source chunk, or a hot chunk.
+/// A tier entry: a copy of a chunk (its id and digest: two generations' chunk `id` with other
+/// bytes are two entries), or a hot chunk.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 enum Key {
-    /// A copy of a chunk of the dataset: its id and digest (two generations' chunk `id` with
-    /// other bytes are two entries).
     Chunk(u32, [u8; 16]),
     Hot(u32),
 }
@@ -77,6 +73,14 @@ impl Key {
     /// The key of chunk `ce`'s copy.
     fn copy(ce: &ChunkEntry) -> Key {
         Key::Chunk(ce.chunk_id, ce.digest)
+    }
+
+    /// The entry a file of the tier is, by its name.
+    fn parse(name: &str) -> Option<Key> {
+        match parse_copy_file_name(name) {
+            Some((id, digest)) => Some(Key::Chunk(id, digest)),
+            None => parse_hot_file_name(name).map(Key::Hot),
+        }
     }
 }
 
@@ -121,8 +125,8 @@ pub struct TierStats {
     pub hot_samples: u64,
 }
 
-/// One hot chunk: its file's size and CRC, the chunks its records were copied from (id and
-/// digest), and (sample id, record offset) of every record.
+/// One hot chunk: its file's size and CRC, the chunks (id, digest) its records come from, and
+/// (sample id, record offset) of every record.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct HotChunk {
     pub id: u32,
@@ -133,8 +137,7 @@ pub struct HotChunk {
 }
 
 impl HotChunk {
-    /// Whether every chunk its records came from is in `chunks` with the same digest: its
-    /// samples are then those of the dataset `chunks` describe.
+    /// Whether every chunk its records came from is in `chunks` with the same digest.
     pub fn current(&self, chunks: &[ChunkEntry]) -> bool {
         self.sources
             .iter()
@@ -163,8 +166,8 @@ impl HotMap {
     }
 }
 
-/// A record offered for a hot chunk: the sample, its snapshot entry, the digest of the chunk
-/// it was read from (`entry.chunk`), path and stored bytes.
+/// A record offered for a hot chunk: the sample, its entry, the digest of its chunk, its path,
+/// stored bytes and score.
 #[derive(Clone, Debug)]
 pub struct HotRecord {
     pub id: u64,
@@ -187,8 +190,8 @@ pub struct LocalTier {
     dropped: std::sync::atomic::AtomicU64,
 }
 
-/// A handle's copy of the content list (with the identity of the `index` file it was read
-/// from: any process replacing it changes that), and the uses not yet written to it.
+/// A handle's copy of the content list, the identity of the `index` file it was read from
+/// (changed by any process replacing it), and the uses not yet written to it.
 #[derive(Debug, Default)]
 struct View {
     token: Option<FileKey>,
@@ -258,13 +261,11 @@ impl LocalTier {
         })
     }
 
-    /// The directory of dataset `dataset_id`'s tier under `root` (`root/<dataset id in hex>`),
-    /// without opening it.
+    /// The directory of dataset `dataset_id`'s tier under `root`, without opening it.
     pub fn tier_dir(root: &Path, dataset_id: &[u8; 16]) -> PathBuf {
         root.join(hex16(dataset_id))
     }
 
-    /// This tier's directory (`root/<dataset id>`).
     pub fn dir(&self) -> &Path {
         &self.dir
     }
@@ -273,16 +274,6 @@ impl LocalTier {
     /// (`granary::SharedScores`).
     pub fn scores_path(&self) -> PathBuf {
         self.dir.join("scores")
-    }
-
-    /// The byte quota.
-    pub fn quota(&self) -> u64 {
-        self.quota
-    }
-
-    /// The policy.
-    pub fn policy(&self) -> TierPolicy {
-        self.policy
     }
 
     fn lock(&self) -> Result<Locked> {
@@ -320,9 +311,8 @@ impl LocalTier {
         Some(FileKey::of(&std::fs::metadata(self.dir.join(name)).ok()?))
     }
 
-    /// The content list as this handle last saw it, revalidated by the index's token (one
-    /// `stat`; the list is re-read only when another process replaced it). A missing or
-    /// damaged list is rebuilt from the files under the lock and written.
+    /// The content list as this handle last saw it, revalidated by one `stat` of `index`
+    /// (re-read only when another process replaced it); a missing or damaged list is rebuilt.
     fn current(&self) -> Result<std::sync::MutexGuard<'_, View>> {
         {
             let mut v = self.view();
@@ -343,8 +333,7 @@ impl LocalTier {
         Ok(self.view())
     }
 
-    /// Notes a use of `key`; every [`TOUCH_BATCH`] uses are written to the content list when
-    /// its lock is free (never waited for on a hit).
+    /// Notes a use of `key`; every [`TOUCH_BATCH`] uses are written when the lock is free.
     fn note_use(&self, key: Key) {
         let full = {
             let mut v = self.view();
@@ -373,7 +362,7 @@ impl LocalTier {
         self.write_index(&l, false)
     }
 
-    /// The content list of `index` if it is present and intact: entries, use clock, next hot id.
+    /// The content list if it is present and intact: entries, use clock, next hot id.
     fn parse_index(&self) -> Option<(BTreeMap<Key, Entry>, u64, u32)> {
         parse_index(&crate::file::read_regular(&self.dir.join("index")).ok()?)
     }
@@ -383,8 +372,7 @@ impl LocalTier {
     fn read_index(&self) -> (BTreeMap<Key, Entry>, u64, u32) {
         let (mut index, clock, mut next_hot) = self.parse_index().unwrap_or_default();
         let hot = self.read_hot_chunks();
-        // Files are the truth: drop entries whose file is gone, adopt complete files not listed
-        // (hot chunks only with their map entry).
+        // Files are the truth: entries whose file is gone go, files not listed are adopted.
         let mapped = |k: &Key, size| match k {
             Key::Hot(id) => hot.get(id).is_some_and(|h| h.file_size == size),
             Key::Chunk(..) => true,
@@ -406,17 +394,14 @@ impl LocalTier {
                     }
                     continue;
                 }
-                let key = match (parse_copy_file_name(&name), parse_hot_file_name(&name)) {
-                    (Some((id, digest)), _) => Key::Chunk(id, digest),
-                    (_, Some(id)) => Key::Hot(id),
-                    // Named like a copy but not as the tier names one: by its id alone (tiers
-                    // of earlier versions: no digest says which bytes it holds), or otherwise
-                    // spelled. Never served; its space is freed.
-                    _ if name.starts_with("chunk-") && name.ends_with(".gchunk") => {
+                let Some(key) = Key::parse(&name) else {
+                    // Named like a copy but not as the tier names one (by its id alone, as
+                    // tiers of earlier versions did: no digest says which bytes it holds):
+                    // never served; its space is freed.
+                    if name.starts_with("chunk-") && name.ends_with(".gchunk") {
                         let _ = remove_entry(&f.path());
-                        continue;
                     }
-                    _ => continue,
+                    continue;
                 };
                 if let Key::Hot(id) = key {
                     next_hot = next_hot.max(id.saturating_add(1));
@@ -464,10 +449,8 @@ impl LocalTier {
         write_atomic(&self.dir.join("hot.map"), &encode_hot_map(&hot))
     }
 
-    /// Path of chunk `ce`'s copy if the tier holds one of its digest and its size and header
-    /// match the entry; a mismatching copy is removed (a miss, never served). A hit
-    /// takes no lock and writes nothing: the content list is this handle's (revalidated by one
-    /// `stat`), and the use is noted for a later batched write.
+    /// Path of chunk `ce`'s copy if the tier holds one of its digest, its size and header
+    /// matching; a mismatching copy is removed. A hit takes no lock and writes nothing.
     pub fn lookup(&self, ce: &ChunkEntry) -> Result<Option<PathBuf>> {
         let opener = crate::local::Opener::positional();
         Ok(self
@@ -487,14 +470,12 @@ impl LocalTier {
             return Ok(None);
         }
         let p = self.dir.join(key.file_name());
-        // Gone, not a regular file (a FIFO, a directory), unreadable or damaged: never waited
-        // on, dropped from the list and removed if it can be (if not, it stays a miss).
+        // Gone, not a regular file, unreadable or damaged: dropped from the list and removed.
         let f = match open(&p) {
             Ok(f) => f,
             Err(e) => {
                 // Gone is what another process's eviction does between our look at the list
-                // and the open: a miss like any other (only the list still names it).
-                // Anything else is worth a line.
+                // and the open: a miss like any other. Anything else is worth a line.
                 let gone = matches!(&e, crate::StoreError::Io { source, .. }
                     if source.kind() == std::io::ErrorKind::NotFound);
                 if !gone {
@@ -545,8 +526,8 @@ impl LocalTier {
         Ok(())
     }
 
-    /// Removes entry `key` (a copy or a hot chunk); when `damaged` (it failed its checks when
-    /// opened, or its bytes or a record's CRC when read) counted in [`LocalTier::dropped`].
+    /// Removes entry `key`; when `damaged` (it failed its checks when opened, or its bytes when
+    /// read) counted in [`LocalTier::dropped`].
     fn discard(&self, key: Key, damaged: bool) -> Result<()> {
         self.dropped.fetch_add(damaged.into(), Relaxed);
         let mut l = self.lock()?;
@@ -554,16 +535,13 @@ impl LocalTier {
         self.write_index(&l, true)
     }
 
-    /// Copies and hot chunks this handle dropped as damaged so far: found so when opened
-    /// (cut short, replaced, unreadable) or when their bytes failed as they were read.
+    /// Copies and hot chunks this handle dropped as damaged so far.
     pub fn dropped(&self) -> u64 {
         self.dropped.load(Relaxed)
     }
 
-    /// The hot-sample map as last written (consistent: it is replaced atomically), of the hot
-    /// chunks whose records all come from chunks of `current` (a dataset's chunk table),
-    /// digests equal: a hot chunk made from another generation's chunk of other bytes is not
-    /// used.
+    /// The hot-sample map as last written, of the hot chunks whose records all come from
+    /// chunks of `current` (a dataset's chunk table), digests equal.
     pub fn hot_map(&self, current: &[ChunkEntry]) -> HotMap {
         let mut chunks = self.read_hot_chunks();
         chunks.retain(|_, h| h.current(current));
@@ -574,8 +552,8 @@ impl LocalTier {
         HotMap { chunks, by_sample }
     }
 
-    /// Re-scores every hot chunk with the current importance of its samples (scores drift as
-    /// training goes on), so that eviction and its hysteresis compare today's values.
+    /// Re-scores every hot chunk with its samples' current importance, so that eviction
+    /// compares today's values.
     pub fn rescore_hot(&self, score: impl Fn(u64) -> f64) -> Result<()> {
         let mut l = self.lock()?;
         let hot = self.read_hot_chunks();
@@ -593,13 +571,7 @@ impl LocalTier {
         Ok(())
     }
 
-    /// Whether the tier holds a copy of chunk `ce` (its id and digest), without opening it.
-    pub fn holds(&self, ce: &ChunkEntry) -> Result<bool> {
-        Ok(self.current()?.index.contains_key(&Key::copy(ce)))
-    }
-
-    /// Ids of the chunks of `chunks` (a dataset's chunk table) the tier holds whole, digests
-    /// equal (without touching their use clock).
+    /// Ids of the chunks of `chunks` (a chunk table) the tier holds copies of, digests equal.
     pub fn resident_chunks(&self, chunks: &[ChunkEntry]) -> Result<HashSet<u32>> {
         Ok(self
             .current()?
@@ -655,24 +627,12 @@ impl LocalTier {
         (free >= size).then_some(victims)
     }
 
-    /// Frees `size` bytes for a newcomer of importance `per_byte` as the policy says; returns
-    /// false (nothing evicted) when the newcomer does not get in.
-    fn make_room(&self, l: &mut Locked, size: u64, per_byte: f64) -> Result<bool> {
-        let Some(victims) = self.victims(&l.index, size, per_byte) else {
-            return Ok(false);
-        };
-        self.evict(l, victims)?;
-        Ok(true)
-    }
-
     /// Brings the tier in line with the dataset whose chunk table is `chunks`, as a reader of
-    /// it starts. Copies of chunks the table does not list with their digest (another
-    /// generation's or another pack's under the same dataset id) and hot chunks made from such
-    /// chunks are removed: no reader of this dataset can use them, and kept they would hold
-    /// the quota for ever (a static tier evicts nothing). Then, while the tier holds more than
-    /// its quota (opened with a smaller one than it was filled with), entries are evicted least
-    /// recently used first. A reader of another generation still running meets misses, never
-    /// wrong bytes. Returns the bytes freed.
+    /// it starts: copies of chunks the table does not list with their digest, and hot chunks
+    /// made from such chunks, are removed (kept, they would hold the quota for ever); then,
+    /// while the tier holds more than its quota, entries are evicted least recently used
+    /// first. A reader of another generation meets misses, never wrong bytes. Returns the
+    /// bytes freed.
     pub fn retain_current(&self, chunks: &[ChunkEntry]) -> Result<u64> {
         let mut l = self.lock()?;
         let hot = self.read_hot_chunks();
@@ -709,20 +669,9 @@ impl LocalTier {
         Ok(self.current()?.index.values().map(|e| e.size).sum())
     }
 
-    /// Whether [`LocalTier::admit`] would take a chunk of `size` bytes with importance
-    /// `score` now (the policy's verdict, evicting nothing): lets a caller skip reading a
-    /// chunk the tier would decline.
-    pub fn would_admit(&self, size: u64, score: f64) -> Result<bool> {
-        let per_byte = score / size.max(1) as f64;
-        Ok(self
-            .victims(&self.current()?.index, size, per_byte)
-            .is_some())
-    }
-
     /// Offers chunk `ce`'s bytes to the tier with importance `score`; returns whether it was
-    /// admitted. Never exceeds the quota: evicts per policy, or declines. Bytes that are not
-    /// the chunk the snapshot lists (its size and digest: SHA-256 over them, once per copy)
-    /// are an error naming the chunk, never a copy.
+    /// admitted (evicting per policy, or declined). Bytes that are not the chunk the snapshot
+    /// lists ([`LocalTier::check_copy`]) are an error naming the chunk, never a copy.
     pub fn admit(&self, ce: &ChunkEntry, bytes: &[u8], score: f64) -> Result<bool> {
         Self::check_copy(ce, bytes, &self.dir.join(Key::copy(ce).file_name()))?;
         self.admit_checked(ce, bytes, score)
@@ -757,9 +706,10 @@ impl LocalTier {
             return Ok(true);
         }
         let per_byte = score / ce.file_size.max(1) as f64;
-        if !self.make_room(&mut l, ce.file_size, per_byte)? {
+        let Some(victims) = self.victims(&l.index, ce.file_size, per_byte) else {
             return Ok(false);
-        }
+        };
+        self.evict(&mut l, victims)?;
         // Not fsynced: a copy is checked against the snapshot's whole-file CRC before it is
         // served, so one cut short by a power loss is a miss, never wrong bytes.
         write_atomic_with(&self.dir.join(key.file_name()), bytes, false)?;
@@ -768,13 +718,11 @@ impl LocalTier {
         Ok(true)
     }
 
-    /// Re-packs `records` (high-importance samples from any source chunks, stored bytes copied
-    /// verbatim) into a new hot chunk; samples already in a hot chunk are skipped. Returns the
+    /// Re-packs `records` into a new hot chunk, skipping samples already in one; returns the
     /// number of samples admitted (0 when the policy declined or nothing was new).
     pub fn admit_hot<C: AsRef<[u8]>>(&self, records: &[HotRecord], classes: &[C]) -> Result<u64> {
         let mut l = self.lock()?;
         let mut hot = self.read_hot_chunks();
-        // Samples in a hot chunk already, and those seen before in `records`, are skipped.
         let mut seen: HashSet<u64> = hot
             .values()
             .flat_map(|h| h.samples.iter().map(|s| s.0))
@@ -807,10 +755,11 @@ impl LocalTier {
         let (file, summary) = f.finish(classes, &BTreeMap::new()).map_err(building)?;
         let score: f64 = fresh.iter().map(|r| r.score).sum();
         let per_byte = score / summary.file_size.max(1) as f64;
-        if !self.make_room(&mut l, summary.file_size, per_byte)? {
+        let Some(victims) = self.victims(&l.index, summary.file_size, per_byte) else {
             self.write_index(&l, true)?;
             return Ok(0);
-        }
+        };
+        self.evict(&mut l, victims)?;
         // The file first, then the map that names it, then the index: a crash in between
         // leaves an unmapped file, removed on the next change.
         file.seal().and_then(|f| f.publish()).map_err(building)?;
@@ -831,7 +780,6 @@ impl LocalTier {
         Ok(fresh.len() as u64)
     }
 
-    /// Occupancy.
     pub fn stats(&self) -> Result<TierStats> {
         let l = self.lock()?;
         let hot = self.read_hot_chunks();
