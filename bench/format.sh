@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
-# Format 2.0 against the binary before it, side by side in one run on this machine:
+# Format 2.0 against a format 1.6 binary, side by side in one run on this machine:
 # snapshot bytes per sample, pack time and peak RSS per file, local lookups, shard + merge, and
 # what the first commands on a remote dataset fetch.
 #
 #   A=target/ab-a/release/granary B=target/release/granary bash bench/format.sh
 #   FILES=1000000 BIG=10000000 REPEAT=2 ... bash bench/format.sh
 #
-# A and B are two `granary` binaries built with the same flags (A: the commit before, B: this
-# one). The tree is FILES files of 48 bytes in 1,000 class directories (as bench/pack-memory.sh
-# makes it: in a loop-mounted ext4 image with inline data when run as root). Each side packs it
+# A and B are two `granary` binaries built with the same flags (A: format 1.6, B: this tree).
+# The tree is FILES files of 48 bytes in 1,000 class directories (as bench/pack-memory.sh makes
+# it: in a loop-mounted ext4 image with inline data when run as root). Each side packs it
 # REPEAT times, sides alternated, caches dropped before each pack; medians are reported. BIG
 # samples of 64 bytes are written straight into a dataset (`bench gen --packed`) for the bytes
 # per sample at that size. With an S3 server (scripts/s3-server.sh, its env sourced), a

@@ -1,8 +1,8 @@
 """torchvision's real ImageFolder + DataLoader reading (a) a raw tree on a shared file system and
 (b) `granary mount` of the packed dataset on the same file system with a local tier.
 
-Run by bench/mount.sh (which sets up the JuiceFS stand-in for a parallel file system); on a real
-cluster point it at the real mount:
+Run by `RUN=mount bash bench/juicefs.sh` (which sets up the JuiceFS stand-in for a parallel file
+system); on a real cluster point it at the real mount:
 
   python bench/python/mount_imagefolder.py --shared /lustre/me --granary target/release/granary \\
       --work /local/ssd/bench --report bench-out/mount
