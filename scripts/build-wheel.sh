@@ -45,18 +45,20 @@ for arch in "${archs[@]}"; do
   fi
   rm -f target/wheel/granary-*"_$arch".whl
   # The command first (its symbols stripped: it ships in the wheel), then the extension with
-  # the command in the wheel's data directory (python/wheel-data, made here for each build).
+  # the command in the wheel's data directory (python/granary._native.data, maturin's default,
+  # made here for each build and removed after it).
   # Its own target directory: its features and flags differ from the extension's, and in one
   # directory each build would evict the other's dependencies.
   CARGO_TARGET_DIR=$target_dir/wheel-cli \
     cargo-zigbuild zigbuild --profile wheel --target "$triple.$glibc" --bin granary -q >&2
   cli=$target_dir/wheel-cli/$triple/wheel/granary
-  rm -rf python/wheel-data
-  mkdir -p python/wheel-data/scripts
-  cp "$cli" python/wheel-data/scripts/granary
+  data=python/granary._native.data
+  rm -rf "$data"
+  mkdir -p "$data/scripts"
+  cp "$cli" "$data/scripts/granary"
   maturin build --profile wheel --zig --compatibility "$tag" --target "$triple" \
     -m python/Cargo.toml --out target/wheel >&2
-  rm -rf python/wheel-data
+  rm -rf "$data"
   wheel=$(ls target/wheel/granary-*"_$arch".whl)
   # The tag is honest: no symbol of either file needs a glibc newer than it claims.
   check=$(mktemp -d)

