@@ -523,3 +523,76 @@ fn importance_sampling_works_per_source() {
         .to_string();
     assert!(e.contains("score tables next to their tiers"), "{e}");
 }
+
+/// A view as a mixture's source, through two resumes: checkpointed at 2 ranks, resumed at 3,
+/// checkpointed again there (`then`) and resumed at 3 once more; every sample of the epoch
+/// exactly once, with its bytes.
+#[test]
+fn a_view_in_a_mixture_resumes_twice_exactly() {
+    let tmp = tempfile::tempdir().unwrap();
+    let sets = three(tmp.path());
+    let v = tmp.path().join("c0.gview");
+    run_ok([
+        "view".as_ref(),
+        sets[0].0.as_os_str(),
+        "-o".as_ref(),
+        v.as_os_str(),
+        "--prefix".as_ref(),
+        std::ffi::OsStr::new("web/c0/"),
+    ]);
+    let paths = vec![v, sets[1].0.clone()];
+    let files: Vec<Files> = vec![sets[0].1.clone(), sets[1].1.clone()];
+    let r = reader(&paths, &[Share::Repeat(1.0), Share::Repeat(1.0)], 4 << 20);
+    let whole = counted((0..2).flat_map(|k| read(&r, 0, shard(k, 2), None, usize::MAX, &files)));
+    let parts: Vec<u64> = r
+        .plan(0, shard(0, 2), None)
+        .unwrap()
+        .parts
+        .iter()
+        .map(|p| p.len() as u64)
+        .collect();
+    let k = (50..200u64)
+        .find(|&k| {
+            let after = Interleave::counts_after(&parts, k);
+            parts
+                .iter()
+                .zip(&after)
+                .all(|(c, a)| (2 * (c - a)) % 3 == 0)
+        })
+        .expect("a step whose rest divides");
+    let mut got = Vec::new();
+    let mut st = r.state(0, 2, 1).unwrap();
+    for rank in 0..2 {
+        got.extend(read(&r, 0, shard(rank, 2), None, k as usize, &files));
+        st.consumed[rank as usize] = k;
+    }
+    // Resumed at 3 ranks, each reads 37 samples, and the epoch is checkpointed there.
+    for rank in 0..3 {
+        got.extend(read(&r, 0, shard(rank, 3), Some(&st), 37, &files));
+    }
+    st.then = Some(granary::Continued {
+        world_size: 3,
+        num_workers: 1,
+        consumed: vec![37; 3],
+    });
+    for rank in 0..3 {
+        // The plan's first window names the chunks its samples are in (a view's samples are
+        // dataset ids, not positions in the view).
+        let plan = r.plan(0, shard(rank, 3), Some(&st)).unwrap();
+        for (i, part) in plan.parts.iter().enumerate() {
+            let Some(w) = part.windows.first() else {
+                continue;
+            };
+            let ds = r.mixture().dataset(i);
+            let mut cs: Vec<u32> = part.samples[w.range.clone()]
+                .iter()
+                .map(|&id| ds.sample(id).unwrap().entry.chunk)
+                .collect();
+            cs.sort_unstable();
+            cs.dedup();
+            assert_eq!(w.chunks, cs, "rank {rank}, source {i}");
+        }
+        got.extend(read(&r, 0, shard(rank, 3), Some(&st), usize::MAX, &files));
+    }
+    assert_eq!(counted(got), whole);
+}

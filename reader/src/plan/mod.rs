@@ -923,9 +923,10 @@ impl EpochPlan {
             w.range = w.range.start.saturating_sub(n)..w.range.end - n;
         }
         if let Some(w) = self.windows.first_mut() {
+            // Samples are dataset ids (through a view, not positions in it).
             let mut cs: Vec<u32> = self.samples[w.range.clone()]
                 .iter()
-                .map(|&s| shape.chunk_of(s))
+                .filter_map(|&s| shape.chunk_of_sample(s))
                 .collect();
             cs.sort_unstable();
             cs.dedup();
