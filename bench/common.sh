@@ -6,7 +6,7 @@ mkdir -p "$WORK" "$REPORT"
 WORK=$(cd "$WORK" && pwd)
 cargo build -q --release --bin granary
 G=$WORK/granary
-cp target/release/granary "$G"
+cp "${CARGO_TARGET_DIR:-target}/release/granary" "$G"
 
 # Drops the page cache (as root), or says that the runs are warm.
 drop() {
