@@ -42,7 +42,8 @@ granary verify train.granary\n  granary cat train.granary cat/0001.jpg > 0001.jp
 granary extract train.granary -o ./restored\n  granary read train.granary --epochs 2 --workers 2\n  \
 granary mount train.granary /mnt/train\n  \
 granary bench compare --raw ./train --packed train.granary --report report/\n\nExit codes: 0 success; 1 error (or, for verify, \
-damage found); 2 usage error; 3 pack finished but skipped unreadable files."
+damage found); 2 usage error; 3 pack finished but skipped unreadable files, or verify found a \
+dataset of format 1.x (granary upgrade reads it); 4 verify could not look at everything."
 )]
 struct Cli {
     #[command(subcommand)]

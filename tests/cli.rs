@@ -316,7 +316,22 @@ fn reindex_rebuilds_a_lost_snapshot_byte_identically() {
     assert_eq!(run(["verify", ds.to_str().unwrap()]).status.code(), Some(1));
     run_ok(["reindex", ds.to_str().unwrap()]);
     assert_eq!(std::fs::read(&snap).unwrap(), original);
-    // A missing chunk is named.
+    // A missing chunk is named; the last one too, while a snapshot says how many there are.
+    let chunks = std::fs::read_dir(&ds)
+        .unwrap()
+        .filter(|e| {
+            let name = e.as_ref().unwrap().file_name();
+            granary_format::parse_chunk_file_name(name.to_str().unwrap()).is_some()
+        })
+        .count() as u32;
+    assert!(chunks > 2);
+    let last = granary_format::chunk_file_name(chunks - 1);
+    std::fs::rename(ds.join(&last), tmp.path().join("last")).unwrap();
+    let o = run(["reindex", ds.to_str().unwrap(), "--force"]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains(&last), "{}", stderr(&o));
+    assert_eq!(std::fs::read(&snap).unwrap(), original);
+    std::fs::rename(tmp.path().join("last"), ds.join(&last)).unwrap();
     std::fs::remove_file(ds.join(granary_format::chunk_file_name(1))).unwrap();
     let o = run(["reindex", ds.to_str().unwrap(), "--force"]);
     assert!(
@@ -1691,5 +1706,50 @@ fn a_closed_pipe_ends_a_command_quietly() {
         let err = String::from_utf8_lossy(&o.stderr);
         assert!(o.status.success(), "{args:?}: {} {err}", o.status);
         assert!(!err.contains("panicked"), "{args:?}: {err}");
+    }
+}
+
+/// `bench pack` replaces -o on every run: it refuses the source, what holds it, a path inside
+/// it and anything there that is not a dataset, deleting nothing; a new path and the dataset
+/// it made are fine.
+#[test]
+fn bench_pack_refuses_an_output_it_would_destroy() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    write_tree(&src, &numbered_tree(20, 2, |i| 100 + i as usize));
+    let keep = tmp.path().join("precious");
+    std::fs::create_dir_all(&keep).unwrap();
+    std::fs::write(keep.join("important.txt"), b"x").unwrap();
+    let bench_pack = |out: &Path| {
+        run([
+            "bench".as_ref(),
+            "pack".as_ref(),
+            src.as_os_str(),
+            "-o".as_ref(),
+            out.as_os_str(),
+            "--lookups".as_ref(),
+            "10".as_ref(),
+        ])
+    };
+    for out in [
+        tmp.path().to_path_buf(),
+        src.clone(),
+        src.join("in"),
+        keep.clone(),
+    ] {
+        let o = bench_pack(&out);
+        assert!(!o.status.success(), "{}", out.display());
+        assert!(
+            stderr(&o).contains("bench pack replaces -o"),
+            "{}",
+            stderr(&o)
+        );
+    }
+    assert!(keep.join("important.txt").is_file());
+    assert_eq!(read_tree(&src).len(), 20);
+    let ds = tmp.path().join("ds.granary");
+    for _ in 0..2 {
+        let o = bench_pack(&ds);
+        assert!(o.status.success(), "{}", stderr(&o));
     }
 }

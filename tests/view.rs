@@ -369,3 +369,30 @@ fn a_sparse_view_reads_ranges_around_its_records() {
     assert_eq!(p["view_reads"]["read"], read, "{p}");
     assert!(p["view_reads"]["chunks_in_ranges"].as_u64().unwrap() > 0);
 }
+
+/// A view file moved away from its dataset (it names it by a relative path) says so, not that
+/// it is damaged.
+#[test]
+fn a_view_moved_away_from_its_dataset_says_why_it_cannot_be_read() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ds = packed_tree(
+        &tmp.path().join("src"),
+        &tree(),
+        &tmp.path().join("ds"),
+        &[],
+    );
+    let v = tmp.path().join("v.gview");
+    let o = view(&ds, &v, &["--class", "class1"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let moved = tmp.path().join("sub");
+    std::fs::create_dir_all(&moved).unwrap();
+    std::fs::copy(&v, moved.join("v.gview")).unwrap();
+    let o = run(["read".as_ref(), moved.join("v.gview").as_os_str()]);
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("names its dataset by a path relative to itself")
+            && !stderr(&o).contains("damaged"),
+        "{}",
+        stderr(&o)
+    );
+}

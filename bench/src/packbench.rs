@@ -61,6 +61,7 @@ pub fn run(opts: &PackBenchOptions) -> Result<PackBenchResult, String> {
         _ => return Err(format!("{} has no parent directory", src.display())),
     };
 
+    check_out(&src, &opts.out)?;
     let mut tar_runs_s = Vec::new();
     let mut granary_runs_s = Vec::new();
     let mut cold = ColdMethod::None;
@@ -173,6 +174,34 @@ fn runs(v: &[f64]) -> String {
         .map(|x| format!("{x:.2}"))
         .collect::<Vec<_>>()
         .join("/")
+}
+
+/// `bench pack` removes OUT before every run, so OUT must be a new path or a granary dataset
+/// (a directory holding a snapshot), and neither the source, inside it nor holding it.
+fn check_out(src: &Path, out: &Path) -> Result<(), String> {
+    let parent = match out.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    let resolved = std::fs::canonicalize(parent)
+        .map_err(|e| format!("{}: {e}", parent.display()))?
+        .join(out.file_name().unwrap_or_default());
+    if resolved.starts_with(src) || src.starts_with(&resolved) {
+        return Err(format!(
+            "{} is the source {}, lies inside it or holds it: bench pack replaces -o on every \
+             run; choose a path outside the source",
+            out.display(),
+            src.display()
+        ));
+    }
+    if out.exists() && !out.join(granary_format::SNAPSHOT_FILE).is_file() {
+        return Err(format!(
+            "{} exists and is not a granary dataset: bench pack replaces -o on every run, so \
+             it must be a new path or a dataset",
+            out.display()
+        ));
+    }
+    Ok(())
 }
 
 /// Renders the result as the table printed by `granary bench pack`.

@@ -201,7 +201,15 @@ pub fn reindex(
     if ids.is_empty() {
         return Err(usage!("{}: no chunk files found", place.show()));
     }
-    let missing: Vec<String> = (0..=*ids.last().expect("non-empty"))
+    // A snapshot still there that opens says how many chunks the dataset has: a missing last
+    // chunk is missing too (without one, the chunks found are all that can be known).
+    let listed = match place.read(SNAPSHOT_FILE)? {
+        Some(old) => Snapshot::open(&old[..]).map_or(0, |s| s.chunk_count()),
+        None => 0,
+    };
+    let end = u64::from(*ids.last().expect("non-empty") + 1).max(listed);
+    let missing: Vec<String> = (0..end)
+        .map(|i| i as u32)
         .filter(|i| ids.binary_search(i).is_err())
         .take(20)
         .map(chunk_file_name)

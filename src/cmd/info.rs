@@ -13,7 +13,8 @@ use super::{human_bytes, open_dataset};
     after_help = "Examples:\n  granary info train.granary\n  granary info train.granary --json | jq .samples"
 )]
 pub struct Args {
-    /// Dataset directory (or its snapshot file).
+    /// Dataset directory (or its snapshot file), its URL (s3://, gs://, az://), or a view file
+    /// (what it selects, then its dataset).
     pub dataset: PathBuf,
     /// Print JSON on stdout.
     #[arg(long)]

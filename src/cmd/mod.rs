@@ -62,6 +62,11 @@ pub fn open_dataset(path: &Path) -> anyhow::Result<granary::Dataset> {
             // says what changed and to make it again.
             e if e.to_string().contains("granary upgrade") => "",
             e if e.to_string().contains("a stale view") => "",
+            // A view whose dataset is not where it says: moved away from it.
+            granary::ReadError::Store(s) if s.is_not_found() && is_view_file(path) => {
+                " (a view file names its dataset by a path relative to itself: move it back \
+                 beside that path, or make the view again with `granary view`)"
+            }
             // A damaged view is made again; its dataset needs nothing.
             _ if is_view_file(path) => " (a damaged view file: make it again with `granary view`)",
             granary::ReadError::Store(

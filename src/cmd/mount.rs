@@ -41,8 +41,8 @@ Statistics while mounted: getfattr -n user.granary.stats --only-values /mnt/trai
 Without --foreground the mount runs in the background, logging to --log; SIGINT or SIGTERM
 unmount it cleanly. A normal user needs /dev/fuse access and fusermount3 (package fuse3).")]
 pub struct Args {
-    /// Dataset directory (or its snapshot file), or a view file (`granary view`: the view's
-    /// files only).
+    /// Dataset directory (or its snapshot file), its URL (s3://, gs://, az://), or a view file
+    /// (`granary view`: the view's files only).
     pub dataset: PathBuf,
     /// Directory to mount it on.
     pub mountpoint: PathBuf,

@@ -8,7 +8,11 @@ use std::process::ExitCode;
 granary reindex s3://bucket/train            # a dataset in an object store, in place\n\n\
 Every chunk is checked completely first; nothing is written if a chunk is missing or damaged, \
 and the snapshot is written last (locally: a temporary file renamed into place; in an object \
-store: one PUT). An intact snapshot is replaced only with --force."
+store: one PUT). An intact snapshot is replaced only with --force. A chunk is missing when a \
+later one is there, or when a snapshot still there (damaged or not) lists it; with no snapshot \
+left, missing last chunks cannot be told from a dataset that ends earlier: the summary says how \
+many chunks and samples it rebuilt from. The rebuilt snapshot starts a new lineage (generation \
+0): views made before it are refused as stale and can be made again."
 )]
 pub struct Args {
     /// Dataset directory, or its URL (s3://, gs://, az://).

@@ -29,8 +29,8 @@ with a wrong, stale or replayed one) and logged with the caller's address. The b
 the clear unless --tls-cert/--tls-key are given (readers then pass --peer-ca): bind a plain
 server to the job's internal network. Readers check every chunk they
 receive against their snapshot (size and SHA-256 digest), so a damaged or foreign copy is rejected and
-read from origin storage instead. A secret: head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n'
-(Python: granary.job_secret() makes one on rank 0 and shares it).
+read from origin storage instead. The first example makes a secret (Python:
+granary.job_secret() makes one on rank 0 and shares it).
 
 With --listen HOST:0 a free port is chosen; the address is printed on stdout as
 `listening on http://HOST:PORT`. The server runs until it is stopped (SIGINT or SIGTERM).")]

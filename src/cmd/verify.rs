@@ -17,7 +17,8 @@ credentials or permissions, storage that did not answer: CANNOT CHECK lines), 2 
 error."
 )]
 pub struct Args {
-    /// Dataset directory (or its snapshot file).
+    /// Dataset directory (or its snapshot file), its URL (s3://, gs://, az://), or a view file
+    /// (its dataset is checked whole).
     pub dataset: PathBuf,
     /// Print the report as JSON on stdout.
     #[arg(long)]

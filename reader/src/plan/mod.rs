@@ -87,10 +87,15 @@ impl Shard {
 
     fn check(&self) -> Result<(), String> {
         let (r, w, k, n) = (self.rank, self.world_size, self.worker, self.num_workers);
-        if w == 0 || r >= w {
+        if w == 0 || n == 0 {
+            return Err(format!(
+                "world size {w} with {n} workers: each must be at least 1"
+            ));
+        }
+        if r >= w {
             return Err(format!("rank {r} is not in 0..{w}"));
         }
-        if n == 0 || k >= n {
+        if k >= n {
             return Err(format!("worker {k} is not in 0..{n}"));
         }
         Ok(())

@@ -17,7 +17,8 @@ Also measures snapshot open time (cold and warm) and path lookup time."
 pub(super) struct PackArgs {
     /// Tree to pack.
     src: PathBuf,
-    /// Where the packed dataset is written (replaced if it exists).
+    /// Where the packed dataset is written, replaced on every run: a new path or an earlier
+    /// dataset (anything else there, and the source or what holds it, is refused).
     #[arg(short, long)]
     out: PathBuf,
     /// Record compression for granary (see `granary pack --help`).
