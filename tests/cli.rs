@@ -316,6 +316,12 @@ fn reindex_rebuilds_a_lost_snapshot_byte_identically() {
     assert_eq!(run(["verify", ds.to_str().unwrap()]).status.code(), Some(1));
     run_ok(["reindex", ds.to_str().unwrap()]);
     assert_eq!(std::fs::read(&snap).unwrap(), original);
+    // Without its snapshot, a dataset's commands say that reindex rebuilds it.
+    let saved = std::fs::read(&snap).unwrap();
+    std::fs::remove_file(&snap).unwrap();
+    let o = run(["info", ds.to_str().unwrap()]);
+    assert!(stderr(&o).contains("`granary reindex`"), "{}", stderr(&o));
+    std::fs::write(&snap, saved).unwrap();
     // A missing chunk is named; the last one too, while a snapshot says how many there are.
     let chunks = std::fs::read_dir(&ds)
         .unwrap()

@@ -108,8 +108,10 @@ fn sharded_pack_and_merge_equal_a_single_pack() {
         assert_eq!(files_packed, files.len() as u64);
         ids.dedup();
         assert_eq!(ids.len(), 1, "shards agree on the dataset id alone");
-        // Before the merge the directory is not a dataset.
-        assert!(!run(["info".as_ref(), ds.as_os_str()]).status.success());
+        // Before the merge the directory is not a dataset, and says what to run.
+        let o = run(["info".as_ref(), ds.as_os_str()]);
+        assert!(!o.status.success());
+        assert!(stderr(&o).contains("`granary merge`"), "{}", stderr(&o));
         let o = run_ok(["merge".as_ref(), ds.as_os_str(), "--json".as_ref()]);
         let m: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
         assert_eq!(m["merged"], true);

@@ -62,6 +62,10 @@ pub fn open_dataset(path: &Path) -> anyhow::Result<granary::Dataset> {
             // says what changed and to make it again.
             e if e.to_string().contains("granary upgrade") => "",
             e if e.to_string().contains("a stale view") => "",
+            // A directory without a snapshot: what is there says what to run.
+            granary::ReadError::Store(s) if s.is_not_found() && path.is_dir() => {
+                missing_snapshot(path)
+            }
             // A view whose dataset is not where it says: moved away from it.
             granary::ReadError::Store(s) if s.is_not_found() && is_view_file(path) => {
                 " (a view file names its dataset by a path relative to itself: move it back \
@@ -78,6 +82,31 @@ pub fn open_dataset(path: &Path) -> anyhow::Result<granary::Dataset> {
         };
         anyhow::Error::new(e).context(format!("cannot use dataset {}{hint}", path.display()))
     })
+}
+
+/// Why a dataset directory has no snapshot, from what it holds: the parts of a sharded pack
+/// not merged yet, or chunk files whose snapshot was lost.
+fn missing_snapshot(dir: &Path) -> &'static str {
+    let names: Vec<String> = std::fs::read_dir(dir)
+        .map(|d| {
+            d.filter_map(|e| e.ok()?.file_name().into_string().ok())
+                .collect()
+        })
+        .unwrap_or_default();
+    if names
+        .iter()
+        .any(|n| n.starts_with("part-") && n.contains("-of-"))
+    {
+        " (it holds the shards of a sharded pack: `granary merge` makes the dataset once every \
+         shard has finished)"
+    } else if names
+        .iter()
+        .any(|n| granary_format::parse_chunk_file_name(n).is_some())
+    {
+        " (it holds chunk files but no snapshot: `granary reindex` rebuilds a lost snapshot)"
+    } else {
+        ""
+    }
 }
 
 /// True if `path` is a local file that starts as a view file does.
