@@ -982,22 +982,8 @@ fn reader_processes_share_an_importance_tier_of_hot_chunks() {
     let o = run(ds_args(&["--sampling", "importance"]));
     assert!(!o.status.success());
     assert!(stderr(&o).contains("needs scores"), "{}", stderr(&o));
-    // The node's shared score table (as report() from training writes it): every seventh
-    // sample matters far more.
-    let dataset = granary::Dataset::open(&ds).unwrap();
-    let tier = granary::LocalTier::open(
-        &cache,
-        dataset.snapshot().dataset_id(),
-        quota,
-        granary::TierPolicy::Importance,
-    )
-    .unwrap();
-    let mut scores = granary::ImportanceScores::new(dataset.len(), 0.8);
-    let w: Vec<(u64, f32)> = (0..dataset.len())
-        .map(|i| (i, if i % 7 == 0 { 50.0 } else { 1.0 }))
-        .collect();
-    scores.apply(&w);
-    scores.save(&tier.scores_path()).unwrap();
+    // The node's shared score table (as report() from training writes it).
+    let (dataset, tier) = save_every_seventh_scores(&ds, &cache);
     // Three processes (three ranks), three importance-sampled epochs each, one tier.
     let children: Vec<_> = (0..3)
         .map(|r| {

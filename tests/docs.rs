@@ -273,21 +273,8 @@ fn fixture(dir: &Path) {
         "1GiB".as_ref(),
     ]);
     // The tier the read examples name, with the score table training's report() writes there
-    // (importance sampling needs one): every seventh sample matters more.
-    let dataset = granary::Dataset::open(d("train.granary")).unwrap();
-    let tier = granary::LocalTier::open(
-        &d("ssd/gcache"),
-        dataset.snapshot().dataset_id(),
-        1 << 30,
-        granary::TierPolicy::Importance,
-    )
-    .unwrap();
-    let mut scores = granary::ImportanceScores::new(dataset.len(), 0.8);
-    let losses: Vec<(u64, f32)> = (0..dataset.len())
-        .map(|i| (i, if i % 7 == 0 { 50.0 } else { 1.0 }))
-        .collect();
-    scores.apply(&losses);
-    scores.save(&tier.scores_path()).unwrap();
+    // (importance sampling needs one).
+    save_every_seventh_scores(&d("train.granary"), &d("ssd/gcache"));
     std::fs::write(
         d("blend.txt"),
         "web.granary 0.5\nbooks.granary 0.3\ncode.granary 0.2\n",

@@ -85,6 +85,35 @@ fn read(
     out
 }
 
+/// A step k in `steps` after which, every rank of `from` stopping there (ranks go in
+/// lockstep), what is left of every source of `epoch` divides by `to` (otherwise the equal cut
+/// drops fewer than `to` samples of it, as for one dataset).
+fn step_whose_rest_divides(
+    r: &MixReader,
+    epoch: u64,
+    from: u32,
+    to: u32,
+    steps: std::ops::Range<u64>,
+) -> u64 {
+    let parts: Vec<u64> = r
+        .plan(epoch, shard(0, from), None)
+        .unwrap()
+        .parts
+        .iter()
+        .map(|p| p.len() as u64)
+        .collect();
+    steps
+        .into_iter()
+        .find(|&k| {
+            let after = Interleave::counts_after(&parts, k);
+            parts
+                .iter()
+                .zip(&after)
+                .all(|(c, a)| (u64::from(from) * (c - a)) % u64::from(to) == 0)
+        })
+        .expect("a step whose rest divides")
+}
+
 fn counted(v: impl IntoIterator<Item = (u32, Vec<u8>)>) -> BTreeMap<(u32, Vec<u8>), u32> {
     let mut m = BTreeMap::new();
     for x in v {
@@ -220,25 +249,8 @@ fn a_mixture_resumes_exactly_across_world_sizes_and_generations() {
         let whole = counted(
             (0..from).flat_map(|k| read(&r, epoch, shard(k, from), None, usize::MAX, &files)),
         );
-        // Every rank stops after the same step k (ranks go in lockstep); k such that what is
-        // left of every source divides by the new world size (otherwise the equal cut drops
-        // fewer than `to` samples of it, as for one dataset).
-        let parts: Vec<u64> = r
-            .plan(epoch, shard(0, from), None)
-            .unwrap()
-            .parts
-            .iter()
-            .map(|p| p.len() as u64)
-            .collect();
-        let k = (100..400u64)
-            .find(|&k| {
-                let after = Interleave::counts_after(&parts, k);
-                parts
-                    .iter()
-                    .zip(&after)
-                    .all(|(c, a)| (u64::from(from) * (c - a)) % u64::from(to) == 0)
-            })
-            .expect("a step whose rest divides");
+        // Every rank stops after the same step k.
+        let k = step_whose_rest_divides(&r, epoch, from, to, 100..400);
         let mut got = Vec::new();
         let mut st = r.state(epoch, from, 1).unwrap();
         for rank in 0..from {
@@ -544,22 +556,7 @@ fn a_view_in_a_mixture_resumes_twice_exactly() {
     let files: Vec<Files> = vec![sets[0].1.clone(), sets[1].1.clone()];
     let r = reader(&paths, &[Share::Repeat(1.0), Share::Repeat(1.0)], 4 << 20);
     let whole = counted((0..2).flat_map(|k| read(&r, 0, shard(k, 2), None, usize::MAX, &files)));
-    let parts: Vec<u64> = r
-        .plan(0, shard(0, 2), None)
-        .unwrap()
-        .parts
-        .iter()
-        .map(|p| p.len() as u64)
-        .collect();
-    let k = (50..200u64)
-        .find(|&k| {
-            let after = Interleave::counts_after(&parts, k);
-            parts
-                .iter()
-                .zip(&after)
-                .all(|(c, a)| (2 * (c - a)) % 3 == 0)
-        })
-        .expect("a step whose rest divides");
+    let k = step_whose_rest_divides(&r, 0, 2, 3, 50..200);
     let mut got = Vec::new();
     let mut st = r.state(0, 2, 1).unwrap();
     for rank in 0..2 {

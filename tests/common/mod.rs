@@ -474,3 +474,27 @@ pub fn layer<'a>(layers: &'a serde_json::Value, name: &str) -> &'a serde_json::V
         .find(|l| l["layer"] == name)
         .unwrap_or_else(|| panic!("no layer {name} in {layers}"))
 }
+
+/// Writes dataset `ds`'s score table into tier directory `cache` as training's report() leaves
+/// it there: every seventh sample matters far more (50 against 1). Returns the dataset and
+/// its tier handle.
+pub fn save_every_seventh_scores(
+    ds: &Path,
+    cache: &Path,
+) -> (granary::Dataset, granary::LocalTier) {
+    let dataset = granary::Dataset::open(ds).unwrap();
+    let tier = granary::LocalTier::open(
+        cache,
+        dataset.snapshot().dataset_id(),
+        1 << 30,
+        granary::TierPolicy::Importance,
+    )
+    .unwrap();
+    let mut scores = granary::ImportanceScores::new(dataset.len(), 0.8);
+    let losses: Vec<(u64, f32)> = (0..dataset.len())
+        .map(|i| (i, if i % 7 == 0 { 50.0 } else { 1.0 }))
+        .collect();
+    scores.apply(&losses);
+    scores.save(&tier.scores_path()).unwrap();
+    (dataset, tier)
+}
