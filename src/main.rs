@@ -84,6 +84,7 @@ subcommands! {
     Reindex(cmd::reindex::Args) => cmd::reindex::run,
     Upgrade(cmd::upgrade::Args) => cmd::upgrade::run,
     View(cmd::view::Args) => cmd::view::run,
+    Delete(cmd::delete::Args) => cmd::delete::run,
     Cache(cmd::cache::Args) => cmd::cache::run,
     Mount(cmd::mount::Args) => cmd::mount::run,
     Serve(cmd::serve::Args) => cmd::serve::run,

@@ -361,6 +361,24 @@ fn cases(w: &World) -> Vec<Case> {
             places: Box::new(out_places),
         });
     }
+    {
+        let ds = ds.clone();
+        let args = |d: &Path| {
+            let ids = d.join("ids.txt");
+            os(&[&"delete", &d.join("out"), &"--ids-from", &ids])
+        };
+        v.push(Case {
+            name: "delete",
+            setup: Box::new(move |d| {
+                copy_dir(&ds, &d.join("out"));
+                std::fs::write(d.join("ids.txt"), "0\n2\n5\n").unwrap();
+                args(d)
+            }),
+            state: Box::new(ds_state),
+            recover: Box::new(args),
+            places: Box::new(out_places),
+        });
+    }
     // Commands that rewrite a copy of a dataset in place, run again as they are.
     let mut in_place = |name: &'static str, template: &Path, lose_snapshot: bool| {
         let template = template.to_path_buf();

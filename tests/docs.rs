@@ -281,6 +281,17 @@ fn fixture(dir: &Path) {
     )
     .unwrap();
     std::fs::write(d("keep.txt"), "0\n1\n2\n").unwrap();
+    // What `granary delete --help` removes: listed paths and ids, a view.
+    std::fs::write(d("takedown.txt"), "train/part-0/0001.jpg\n").unwrap();
+    std::fs::write(d("ids.txt"), "3\n4\n").unwrap();
+    run_ok([
+        "view".as_ref(),
+        d("train.granary").as_os_str(),
+        "--prefix".as_ref(),
+        "train/".as_ref(),
+        "-o".as_ref(),
+        d("remove.gview").as_os_str(),
+    ]);
     for p in ["lustre/ds", "ssd", "mnt/train", "shared"] {
         std::fs::create_dir_all(d(p)).unwrap();
     }

@@ -5,6 +5,7 @@ mod common;
 mod chaos;
 mod cli;
 mod crash;
+mod delete;
 mod docs;
 mod faults;
 mod golden;

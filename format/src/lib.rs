@@ -101,6 +101,29 @@ pub fn parse_chunk_file_name(name: &str) -> Option<u32> {
     (chunk_file_name(id) == name).then_some(id)
 }
 
+/// File name of chunk `id` at revision `revision`: [`chunk_file_name`] at revision 0, else
+/// `chunk-` + id as there + `.r` + revision in decimal + suffix (a chunk compacted `revision`
+/// times).
+pub fn chunk_file_name_at(id: u32, revision: u32) -> String {
+    match revision {
+        0 => chunk_file_name(id),
+        r => format!("chunk-{id:08}.r{r}{CHUNK_SUFFIX}"),
+    }
+}
+
+/// Parses a name [`chunk_file_name_at`] produces: (chunk id, revision); `None` for anything
+/// else.
+pub fn parse_chunk_file_name_at(name: &str) -> Option<(u32, u32)> {
+    if let Some(id) = parse_chunk_file_name(name) {
+        return Some((id, 0));
+    }
+    let stem = name.strip_suffix(CHUNK_SUFFIX)?;
+    let (head, rev) = stem.rsplit_once(".r")?;
+    let id = parse_chunk_file_name(&format!("{head}{CHUNK_SUFFIX}"))?;
+    let r: u32 = rev.parse().ok().filter(|&r| r > 0)?;
+    (chunk_file_name_at(id, r) == name).then_some((id, r))
+}
+
 /// How a record's stored bytes are encoded.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Compression {
@@ -155,6 +178,9 @@ pub const FLAG_COMPRESSION_MASK: u32 = 0xF;
 /// back to back; `crc32` and `orig_len` describe their concatenation, and the fields table
 /// (the snapshot's fields section, or the chunk footer's fields block) says where each field is.
 pub const FLAG_FIELDS: u32 = 0x10;
+/// Flag bit of a snapshot record entry (never of a chunk footer's): the record of a deleted
+/// sample was removed from its chunk by compaction; its stored length is 0.
+pub const FLAG_REMOVED: u32 = 0x20;
 
 /// Length of one field entry in chunk footers' fields blocks.
 pub const FIELD_ENTRY_LEN: usize = 24;

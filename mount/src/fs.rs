@@ -358,10 +358,9 @@ impl MountFs {
     /// (total bytes, files) for `statfs`: a view's are its samples'.
     pub fn totals(&self) -> (u64, u64) {
         let ds = self.dataset();
-        let bytes = *self.used_bytes.get_or_init(|| match ds.view() {
+        let bytes = *self.used_bytes.get_or_init(|| match ds.selection() {
             None => ds.total_chunk_bytes().unwrap_or(0),
-            Some(v) => v
-                .ids
+            Some(ids) => ids
                 .iter()
                 .filter_map(|&id| ds.sample(id).ok())
                 .map(|s| s.entry.stored_len)

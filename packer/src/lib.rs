@@ -15,6 +15,7 @@ macro_rules! usage {
     };
 }
 
+mod delete;
 mod encode;
 mod files;
 mod options;
@@ -41,6 +42,7 @@ use granary_format::{
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde::Serialize;
 
+pub use delete::{delete, DeleteSummary};
 pub use encode::{looks_compressed, CompressMode, DEFAULT_LEVEL};
 use files::FileTable;
 pub use granary_format::SplitMix64;

@@ -96,8 +96,26 @@ fn run_kept(
         std::fs::create_dir_all(&work).at("creating", &work)?;
     }
     let _lock = output::DirLock::build(&work, &opts.output.out)?;
-    let _dataset_lock = match run.mode {
-        Mode::Append { .. } => Some(output::DirLock::dataset(&opts.output.out, "append")?),
+    let _dataset_lock = match &run.mode {
+        Mode::Append { snap, .. } => {
+            let lock = output::DirLock::dataset(&opts.output.out, "append")?;
+            // Another command (a deletion, another append) may have published a generation
+            // between our read of the snapshot and the lock: extending the one read would
+            // drop what it did.
+            let path = opts.output.out.join(granary_format::SNAPSHOT_FILE);
+            let mut head = [0u8; granary_format::SNAPSHOT_HEADER_LEN];
+            let now = std::fs::File::open(&path)
+                .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut head))
+                .map_err(|e| PackError::io("reading", &path, e))
+                .and_then(|()| Ok(granary_format::snapshot_key(&head)?));
+            if now? != (snap.dataset_id(), snap.content_digest()) {
+                return Err(usage!(
+                    "{}: another granary command published a new generation while this                      append started; run it again",
+                    opts.output.out.display()
+                ));
+            }
+            Some(lock)
+        }
         _ => None,
     };
     let scan_start = Instant::now();
@@ -517,6 +535,13 @@ impl Run<'_> {
                 // where the appended tree has them too: the order reindex reads them in),
                 // then the new chunks. Attributes are all samples' or none.
                 let mut builder = spooled_builder(work, dataset_id, classes.clone())?;
+                // Deleted samples stay deleted (by the generations that deleted them).
+                let deleted = snap.deleted().iter();
+                builder.deletions(
+                    deleted
+                        .map(|&id| (id, snap.deleted_by(id).unwrap_or(0) as u32))
+                        .collect(),
+                )?;
                 for c in 0..snap.chunk_count() {
                     builder.push_chunk(&snap.chunk_summary(c)?)?;
                 }

@@ -7,6 +7,7 @@ by path. The view opens wherever the dataset does (``granary.Dataset(view)``,
 import os
 
 from ._native import Dataset as _NativeDataset
+from ._native import delete_samples as _delete_samples
 from ._native import write_view as _write_view
 
 
@@ -92,3 +93,38 @@ def _id_of(ds, path):
     if i is None:
         raise KeyError(f"no sample {os.fsdecode(p)!r} in the dataset")
     return i
+
+
+def delete(dataset, *, ids=None, paths=None, strict=False):
+    """Deletes samples from the local dataset ``dataset`` (``granary delete``): publishes its next
+    generation without them, rewriting no chunk, and returns the summary as a dict (``deleted``,
+    ``already_deleted``, ``generation``, ``samples`` left, ``chunks_affected``, ``dead_bytes``,
+    ``missing``). Choose the samples by ``ids`` (sample ids) and/or ``paths`` (stored paths, str
+    or bytes); each may be an array, a list or a ``.npy`` file. A path the dataset does not hold
+    is listed in ``missing`` and left out, or with ``strict=True`` a KeyError (nothing deleted);
+    an id past the dataset's end is a ValueError. Readers of this generation never deliver, list
+    or find a deleted sample; sample ids do not move. The deleted records' bytes stay in their
+    chunk files until the dataset is packed again."""
+    if ids is None and paths is None:
+        raise ValueError("give ids= or paths= (or both)")
+    chosen, missing = [], []
+    if ids is not None:
+        chosen += [int(i) for i in _column(ids, None, None, "ids")]
+    if paths is not None:
+        ds = _NativeDataset(os.fspath(dataset))
+        for p in _column(paths, None, None, "paths"):
+            b = os.fsencode(p) if isinstance(p, str) else bytes(p)
+            i = ds.lookup(b)
+            if i is None:
+                if strict:
+                    raise KeyError(f"no sample {os.fsdecode(b)!r} in the dataset")
+                missing.append(os.fsdecode(b))
+            else:
+                chosen.append(i)
+        del ds
+    if not chosen:
+        raise ValueError(f"nothing to delete: none of the paths is in the dataset ({missing[:3]})")
+    import json
+    s = json.loads(_delete_samples(os.fspath(dataset), chosen))
+    s["missing"] = missing
+    return s

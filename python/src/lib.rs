@@ -165,9 +165,9 @@ impl Dataset {
     /// The sample id at position `i` of the selection (`i` itself without a view).
     fn id_at(&self, i: u64) -> PyResult<u64> {
         let ds = self.reader.dataset();
-        let id = match ds.view() {
+        let id = match ds.selection() {
             None => (i < ds.len()).then_some(i),
-            Some(v) => v.ids.get(i as usize).copied(),
+            Some(ids) => ids.get(i as usize).copied(),
         };
         id.ok_or_else(|| {
             PyIndexError::new_err(format!(
@@ -180,9 +180,9 @@ impl Dataset {
     /// The position of sample `id` in the selection (`id` itself without a view), or None if
     /// the view does not hold it.
     fn position_of(&self, id: u64) -> Option<u64> {
-        match self.reader.dataset().view() {
+        match self.reader.dataset().selection() {
             None => Some(id),
-            Some(v) => v.ids.binary_search(&id).ok().map(|k| k as u64),
+            Some(ids) => ids.binary_search(&id).ok().map(|k| k as u64),
         }
     }
 
@@ -610,6 +610,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(stream::mixture_info, m)?)?;
     m.add_function(wrap_pyfunction!(io_backends, m)?)?;
     m.add_function(wrap_pyfunction!(write_view, m)?)?;
+    m.add_function(wrap_pyfunction!(writer::delete_samples, m)?)?;
     m.add_function(wrap_pyfunction!(publish_file, m)?)?;
     // Every reader option by name with the library's default (`None` for "decided later", as
     // `ReaderOptions` says; the job's secret shows as `None`): what Python's signatures show.

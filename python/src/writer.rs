@@ -218,6 +218,16 @@ pub(crate) fn merge(py: Python<'_>, out: PathBuf) -> PyResult<String> {
     serde_json::to_string(&s).map_err(|e| PyValueError::new_err(e.to_string()))
 }
 
+/// Deletes samples `ids` from the local dataset at `dataset` (`granary delete`): publishes its
+/// next generation without them; returns the summary as JSON text.
+#[pyfunction]
+pub(crate) fn delete_samples(py: Python<'_>, dataset: PathBuf, ids: Vec<u64>) -> PyResult<String> {
+    let s = py
+        .detach(|| granary_packer::delete(&dataset, &ids))
+        .map_err(pack_err)?;
+    serde_json::to_string(&s).map_err(|e| PyValueError::new_err(e.to_string()))
+}
+
 /// Imports WebDataset tar shards (paths or URLs, brace patterns allowed) into a dataset at
 /// `out`, as `granary pack --from webdataset` does; returns the summary as JSON text.
 #[pyfunction]

@@ -178,7 +178,7 @@ fn safe_path(root: &Path, rel: &[u8], dir: bool) -> Result<PathBuf> {
 /// checked on the way as far as extraction relies on it: strictly sorted, no sample twice,
 /// every path under the prefix (a crafted order would skip or repeat files).
 fn selected(ds: &Dataset, prefix: &[u8]) -> Result<Vec<u64>> {
-    let keep = |id: u64| ds.view().is_none() || ds.selects(id);
+    let keep = |id: u64| ds.selects(id);
     if prefix.is_empty() {
         return Ok((0..ds.len()).filter(|&id| keep(id)).collect());
     }

@@ -205,8 +205,8 @@ impl EpochStream {
         // small reads scattered over the chunk files, which go best as copies through io_uring,
         // many in flight (docs/reading.md, "Views") unless its chunk files are wholly resident
         // (maps of them are faster still).
-        let sparse_view = ds.view().is_some_and(|v| {
-            (v.ids.len() as f64) < crate::window::SPARSE_SHARE * ds.len().max(1) as f64
+        let sparse_view = ds.selection().is_some_and(|ids| {
+            (ids.len() as f64) < crate::window::SPARSE_SHARE * ds.len().max(1) as f64
         }) && !crate::view::chunks_mostly_resident(&ds);
         let access = Access {
             mode: opts.io_mode,
@@ -219,7 +219,7 @@ impl EpochStream {
             populate: false,
             // A view's windows may read ranges scattered over its chunks: no sequential
             // readahead past them.
-            pattern: if mode == ShuffleMode::Global || ds.view().is_some() {
+            pattern: if mode == ShuffleMode::Global || ds.selection().is_some() {
                 ReadPattern::Default
             } else {
                 ReadPattern::Sequential

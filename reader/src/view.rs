@@ -100,10 +100,10 @@ pub struct ViewReads {
     pub chunks_in_ranges: u64,
 }
 
-/// What an epoch of `ds`'s view reads (reads every selected sample's record entry), with
-/// `range_gap` as the stream's. `None` without a view.
+/// What an epoch of `ds`'s view (or of what a deletion left) reads (reads every selected
+/// sample's record entry), with `range_gap` as the stream's. `None` without a selection.
 pub fn view_reads(ds: &Dataset, range_gap: u64) -> Result<Option<ViewReads>> {
-    let Some(v) = ds.view() else {
+    let Some(ids) = ds.selection() else {
         return Ok(None);
     };
     let shape = ds.shape()?;
@@ -113,7 +113,7 @@ pub fn view_reads(ds: &Dataset, range_gap: u64) -> Result<Option<ViewReads>> {
         if pos.is_empty() {
             continue;
         }
-        let ids = &v.ids[pos.start as usize..pos.end as usize];
+        let ids = &ids[pos.start as usize..pos.end as usize];
         ds.prefetch_samples(ids)?;
         let mut want = Vec::with_capacity(ids.len());
         for &id in ids {
@@ -140,11 +140,11 @@ pub fn view_reads(ds: &Dataset, range_gap: u64) -> Result<Option<ViewReads>> {
 /// fastest. From `mincore` on up to [`PROBES`] of its chunks (none read, no readahead);
 /// false for chunks that are not local files.
 pub(crate) fn chunks_mostly_resident(ds: &Dataset) -> bool {
-    let Some(v) = ds.view() else {
+    let Some(ids) = ds.selection() else {
         return false;
     };
-    let (n, probes) = (v.ids.len(), PROBES.min(v.ids.len()));
-    let probed = (0..probes).map(|k| Ok(ds.sample(v.ids[k * n / probes])?.entry.chunk));
+    let (n, probes) = (ids.len(), PROBES.min(ids.len()));
+    let probed = (0..probes).map(|k| Ok(ds.sample(ids[k * n / probes])?.entry.chunk));
     let Ok(mut chunks) = probed.collect::<Result<Vec<u32>>>() else {
         return false;
     };

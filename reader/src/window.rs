@@ -248,7 +248,7 @@ impl Windows {
             if !global
                 && !f.whole_reads()
                 && (self.has_hot()
-                    || (self.ds.view().is_some() && !self.whole_files && sparse(needed, &ce)))
+                    || (self.ds.selection().is_some() && !self.whole_files && sparse(needed, &ce)))
             {
                 self.plan_ranges(plan, c, f, entries, in_hot);
             } else {

@@ -29,6 +29,18 @@ enum CacheCmd {
     },
     /// Remove every chunk copy and hot chunk under DIR (safe while readers run: taken under the lock).
     Clear { dir: PathBuf },
+    /// Remove from DIR's tier of DATASET every copy and hot chunk that holds records of its
+    /// deleted samples, or that its current snapshot no longer lists (what a reader of it
+    /// removes as it starts, done now: for an audit after `granary delete`).
+    Purge {
+        /// The dataset (its current generation decides what goes).
+        dataset: PathBuf,
+        /// The tier directory (as given to readers as --cache-dir).
+        dir: PathBuf,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
@@ -54,6 +66,32 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
                     );
                 }
             }
+        }
+        CacheCmd::Purge { dataset, dir, json } => {
+            let ds = super::open_dataset(&dataset)?;
+            let id = ds.snapshot().dataset_id();
+            let chunks = ds.snapshot().chunks();
+            let dead = ds.dead_chunks()?;
+            let tier = LocalTier::open(&dir, id, u64::MAX, TierPolicy::Lru)?;
+            let before = tier.stats()?;
+            tier.forbid(chunks, &dead);
+            let freed = tier.retain_current(chunks)?;
+            let after = tier.stats()?;
+            let v = serde_json::json!({
+                "tier": after.dir, "bytes_freed": freed,
+                "entries_removed": before.entries - after.entries,
+                "chunks_with_deleted_samples": dead.len(), "entries_left": after.entries,
+            });
+            super::output(json, &v, |_| {
+                println!(
+                    "{}: removed {} entries ({}) holding deleted samples' records or chunks of \
+                     other generations; {} entries left",
+                    after.dir.display(),
+                    before.entries - after.entries,
+                    human_bytes(freed),
+                    after.entries
+                );
+            })?;
         }
         CacheCmd::Clear { dir } => {
             let ids = LocalTier::list(&dir)?;

@@ -64,7 +64,16 @@ fn facts(ds: &granary::Dataset) -> anyhow::Result<Value> {
         "parent": lineage.has_parent().then(|| hex16(&lineage.parent)),
         "dataset_id": granary_packer::hex_id(&snap.dataset_id()),
         "content_digest": hex16(&snap.content_digest()),
-        "samples": ds.len(),
+        "samples": snap.live_count(),
+        "deleted": (!snap.deleted().is_empty()).then(|| -> anyhow::Result<Value> {
+            let dead = snap.dead_records()?;
+            Ok(json!({
+                "samples": snap.deleted().len(),
+                "bytes": dead.iter().map(|d| d.2).sum::<u64>(),
+                "chunks": dead.iter().map(|d| json!({"chunk": d.0, "samples": d.1, "bytes": d.2}))
+                    .collect::<Vec<_>>(),
+            }))
+        }).transpose()?,
         "chunks": ds.chunk_count(),
         "bytes_original": orig,
         "bytes_stored": stored,
@@ -110,12 +119,22 @@ fn text(v: &Value, named: &Path, out: &mut impl Write) -> std::io::Result<()> {
             None => "a snapshot upgraded from 1.x, whose digest is not recorded".into(),
         };
         let generation = &v["generation"];
-        writeln!(out, "generation     {generation} (appended to {parent})")?;
+        writeln!(out, "generation     {generation} (extends {parent})")?;
     }
     writeln!(out, "dataset id     {}", str_of(&v["dataset_id"]))?;
     writeln!(out, "content digest {}", str_of(&v["content_digest"]))?;
     let (samples, compressed) = (&v["samples"], &v["compressed_samples"]);
     writeln!(out, "samples        {samples} ({compressed} compressed)")?;
+    if let Some(d) = v["deleted"].as_object() {
+        let chunks = d["chunks"].as_array().map_or(0, Vec::len);
+        writeln!(
+            out,
+            "deleted        {} samples; their records, {}, stay in {chunks} chunk files \
+             (info --json lists them)",
+            d["samples"],
+            human_bytes(d["bytes"].as_u64().unwrap_or_default())
+        )?;
+    }
     let chunks = bytes("bytes_chunks");
     writeln!(out, "chunks         {} ({chunks})", v["chunks"])?;
     let fields = v["fields"].as_array().map_or(&[][..], |f| f);

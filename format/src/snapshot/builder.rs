@@ -11,7 +11,7 @@ use super::namespace::{put_varint, EntryView, NsWriter};
 use super::types::{ChunkEntry, FileAttrs, Lineage, RecordEntry, MAX_RECORD_OFFSET, RECORD_LEN};
 use super::{features, SectionKind, SECTION_ENTRY_LEN, SECTION_TABLE_HEAD};
 use crate::error::{bail, invalid, FormatError, Result};
-use crate::{le, ChunkSummary, Compression, FieldEntry, MAX_SAMPLES, NO_LABEL};
+use crate::{le, ChunkSummary, Compression, FieldEntry, SampleEntry, MAX_SAMPLES, NO_LABEL};
 
 const WHAT: &str = "snapshot builder";
 
@@ -56,6 +56,10 @@ pub struct SnapshotBuilder {
     chunk_types: HashMap<Vec<u8>, String>,
     /// Paths are taken as given (tests of readers against hostile snapshots).
     unchecked: bool,
+    /// Deleted samples, rising, each with the generation that deleted it.
+    deleted: Vec<(u64, u32)>,
+    /// Each chunk's revision (empty: all 0).
+    revisions: Vec<u32>,
 }
 
 impl SnapshotBuilder {
@@ -132,6 +136,33 @@ impl SnapshotBuilder {
         self.lineage = l;
     }
 
+    /// Marks samples deleted: `(sample id, the generation that deleted it)`, ids rising. A
+    /// deleted sample keeps its place (ids do not move) and its record entry, but has no
+    /// namespace entry and counts in no chunk's sums or class counts; its path in the chunks
+    /// pushed may be empty. Call before the first chunk.
+    pub fn deletions(&mut self, deleted: Vec<(u64, u32)>) -> Result<()> {
+        if self.sample_count > 0 {
+            return Err(invalid("deletions are given before the first chunk"));
+        }
+        if deleted.windows(2).any(|w| w[0].0 >= w[1].0) || deleted.iter().any(|d| d.1 == 0) {
+            return Err(invalid(
+                "deleted ids must rise, each deleted by a generation from 1",
+            ));
+        }
+        self.deleted = deleted;
+        Ok(())
+    }
+
+    /// Sets each chunk's revision (by chunk id; missing ones are 0): a chunk compacted R times
+    /// is the file `chunk-NNNNNNNN.rR.gchunk`.
+    pub fn revisions(&mut self, revisions: Vec<u32>) {
+        self.revisions = revisions;
+    }
+
+    fn is_deleted(&self, id: u64) -> bool {
+        self.deleted.binary_search_by_key(&id, |d| d.0).is_ok()
+    }
+
     /// Keeps the record table (16 bytes per sample) and the namespace's pages in `file`
     /// instead of in memory. `file` must be empty, readable and writable. Call before the
     /// first chunk.
@@ -180,13 +211,29 @@ impl SnapshotBuilder {
         };
         let mut labels: BTreeMap<u32, u64> = BTreeMap::new();
         for (s, p) in c.entries.iter().zip(&c.paths) {
-            if !self.unchecked {
+            let deleted = self.is_deleted(self.sample_count);
+            if !self.unchecked && !deleted {
                 crate::check_relative_path(p).map_err(|why| {
                     FormatError::invalid(format!("path {}", String::from_utf8_lossy(p)), why)
                 })?;
             }
-            let comp = s.compression()?;
-            s.check_lengths()?;
+            let removed = s.flags & crate::FLAG_REMOVED != 0;
+            let comp = SampleEntry {
+                flags: s.flags & !crate::FLAG_REMOVED,
+                ..*s
+            }
+            .compression()?;
+            if removed && (!deleted || s.stored_len != 0) {
+                bail!(
+                    WHAT,
+                    "chunk {}: sample {}: only a deleted sample's record is removed (and empty)",
+                    c.chunk_id,
+                    self.sample_count
+                );
+            }
+            if !deleted {
+                s.check_lengths()?;
+            }
             if s.offset != e.records_end || s.offset > MAX_RECORD_OFFSET || s.chunk != c.chunk_id {
                 bail!(
                     WHAT,
@@ -196,15 +243,17 @@ impl SnapshotBuilder {
                     s.offset
                 );
             }
-            if s.label != NO_LABEL {
-                if s.label as usize >= self.classes.len() {
-                    bail!(WHAT, "label {} of {} classes", s.label, self.classes.len());
-                }
-                *labels.entry(s.label).or_default() += 1;
+            if s.label != NO_LABEL && s.label as usize >= self.classes.len() {
+                bail!(WHAT, "label {} of {} classes", s.label, self.classes.len());
             }
             e.records_end = s.offset + s.stored_len;
-            e.orig_bytes += s.orig_len;
-            e.compressed += (comp != Compression::None) as u32;
+            if !deleted {
+                if s.label != NO_LABEL {
+                    *labels.entry(s.label).or_default() += 1;
+                }
+                e.orig_bytes += s.orig_len;
+                e.compressed += (comp != Compression::None) as u32;
+            }
             let r = RecordEntry {
                 offset: s.offset,
                 flags: s.flags as u16,
@@ -279,8 +328,11 @@ impl SnapshotBuilder {
                 );
             }
         }
-        for (r, s) in f.records.iter().zip(&c.entries) {
-            crate::chunk::check_group(s, r)?;
+        for (i, (r, s)) in f.records.iter().zip(&c.entries).enumerate() {
+            // A deleted sample's entries are kept as they were; its record may be gone.
+            if !self.is_deleted(self.sample_count + i as u64) {
+                crate::chunk::check_group(s, r)?;
+            }
             for e in r {
                 let name = f
                     .names
@@ -299,10 +351,12 @@ impl SnapshotBuilder {
         &self.path_blob[start as usize..self.path_ends[i] as usize]
     }
 
-    /// Sample ids sorted by path; fails on a path found twice.
+    /// The ids of the samples not deleted, sorted by path; fails on a path found twice.
     fn path_order(&self) -> Result<Vec<u32>> {
         let n = self.sample_count as usize;
-        let mut order: Vec<u32> = (0..n as u32).collect();
+        let mut order: Vec<u32> = (0..n as u32)
+            .filter(|&i| !self.is_deleted(i as u64))
+            .collect();
         order.sort_unstable_by(|&a, &b| self.path(a as usize).cmp(self.path(b as usize)));
         if let Some(w) = order
             .windows(2)
@@ -469,8 +523,35 @@ impl SnapshotBuilder {
         }
         let records = Section::new(SectionKind::Records, Vec::new(), 0..n * RECORD_LEN as u64);
         sections.extend([records, ns]);
-        let incompat =
-            (with_attrs as u32 * features::ATTRS) | (with_fields as u32 * features::FIELDS);
+        let with_deletions = !self.deleted.is_empty();
+        if with_deletions {
+            if let Some(d) = self.deleted.iter().find(|d| d.0 >= n) {
+                bail!(WHAT, "sample {} deleted of {n} samples", d.0);
+            }
+            let mut b = Vec::with_capacity(8 + 8 * self.deleted.len());
+            b.extend_from_slice(&(self.deleted.len() as u64).to_le_bytes());
+            for &(id, g) in &self.deleted {
+                b.extend_from_slice(&(id as u32).to_le_bytes());
+                b.extend_from_slice(&g.to_le_bytes());
+            }
+            sections.push(mem(SectionKind::Deletions, b));
+        }
+        let with_revisions = self.revisions.iter().any(|&r| r > 0);
+        if with_revisions {
+            let c = self.chunks.len();
+            if self.revisions.len() > c {
+                bail!(WHAT, "revisions for {} of {c} chunks", self.revisions.len());
+            }
+            let mut b = Vec::with_capacity(4 * c);
+            for i in 0..c {
+                b.extend_from_slice(&self.revisions.get(i).copied().unwrap_or(0).to_le_bytes());
+            }
+            sections.push(mem(SectionKind::Revisions, b));
+        }
+        let incompat = (with_attrs as u32 * features::ATTRS)
+            | (with_fields as u32 * features::FIELDS)
+            | (with_deletions as u32 * features::DELETIONS)
+            | (with_revisions as u32 * features::REVISIONS);
         Ok(Body::lay_out(sections, incompat))
     }
 

@@ -195,8 +195,13 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
                 pos += 1;
             }
         }
-        if let Some(id) = sizes.iter().position(|&s| s == u64::MAX) {
-            errs.push(invalid!(NS, "sample {id} has no entry"));
+        let missing = (0..n as u64)
+            .find(|&id| (sizes[id as usize] == u64::MAX) != self.deleted_by(id).is_some());
+        if let Some(id) = missing {
+            errs.push(match self.deleted_by(id) {
+                None => invalid!(NS, "sample {id} has no entry"),
+                Some(_) => invalid!(NS, "sample {id} was deleted but has an entry"),
+            });
         }
         Ok(sizes)
     }
@@ -208,6 +213,22 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
             let (mut orig, mut compressed) = (0u64, 0u32);
             let mut labels = std::collections::BTreeMap::<u32, u64>::new();
             for id in c.samples() {
+                if self.deleted_by(id).is_some() {
+                    // Its record may still be there (until compaction), its entries too: it
+                    // counts in no sum. Removed by compaction, it is empty.
+                    let r = self.stored_sample(id)?;
+                    if r.flags & crate::FLAG_REMOVED != 0 && r.stored_len != 0 {
+                        errs.push(invalid!(
+                            "snapshot record table",
+                            "deleted sample {id}: removed, but its record has {} bytes",
+                            r.stored_len
+                        ));
+                    }
+                    if self.has_fields() {
+                        all_fields += self.field_entries(id)?.len() as u64;
+                    }
+                    continue;
+                }
                 let e = match self.sample(id) {
                     Ok(e) => e,
                     Err(e) => {

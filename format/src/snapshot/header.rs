@@ -28,8 +28,13 @@ pub mod features {
     pub const ATTRS: u32 = 1 << 0;
     /// Incompatible: every sample is a field group; the fields section is present.
     pub const FIELDS: u32 = 1 << 1;
+    /// Incompatible: samples were deleted; the deletions section lists them, and the
+    /// namespace holds the others only.
+    pub const DELETIONS: u32 = 1 << 2;
+    /// Incompatible: some chunks were compacted; the revisions section names their files.
+    pub const REVISIONS: u32 = 1 << 3;
     /// The incompatible bits this crate knows.
-    pub const KNOWN_INCOMPAT: u32 = ATTRS | FIELDS;
+    pub const KNOWN_INCOMPAT: u32 = ATTRS | FIELDS | DELETIONS | REVISIONS;
     /// The compatible bits this crate knows (none yet).
     pub const KNOWN_COMPAT: u32 = 0;
 }
@@ -159,6 +164,16 @@ impl SnapshotHeader {
     /// Whether the snapshot's samples are field groups.
     pub fn has_fields(&self) -> bool {
         self.incompat & features::FIELDS != 0
+    }
+
+    /// Whether samples were deleted (the deletions section is present).
+    pub fn has_deletions(&self) -> bool {
+        self.incompat & features::DELETIONS != 0
+    }
+
+    /// Whether chunks were compacted (the revisions section is present).
+    pub fn has_revisions(&self) -> bool {
+        self.incompat & features::REVISIONS != 0
     }
 }
 

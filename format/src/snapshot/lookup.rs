@@ -212,7 +212,7 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
 
     /// Sample `id`'s position in the namespace (from the id table).
     pub fn position(&self, id: u64) -> Result<u64> {
-        self.check_id(id)?;
+        self.check_live(id)?;
         let at = self.ns.idtab.start + id as usize * 4;
         let pos = le::u32_at(self.at(at..at + 4)?, 0) as u64;
         if pos >= self.ns.entries {

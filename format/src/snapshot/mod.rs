@@ -57,10 +57,14 @@ pub enum SectionKind {
     Records = 6,
     /// Every file and directory in path order ([`NsEntry`]), the page index, the id table.
     Namespace = 7,
+    /// Feature DELETIONS: the deleted samples, each with the generation that deleted it.
+    Deletions = 8,
+    /// Feature REVISIONS: each chunk's revision (how many times it was compacted).
+    Revisions = 9,
 }
 
 /// Every kind, in order of value, and its name in errors.
-const KINDS: [(SectionKind, &str); 7] = [
+const KINDS: [(SectionKind, &str); 9] = [
     (SectionKind::Lineage, "snapshot lineage"),
     (SectionKind::Chunks, "snapshot chunk table"),
     (SectionKind::Classes, "snapshot classes"),
@@ -68,6 +72,8 @@ const KINDS: [(SectionKind, &str); 7] = [
     (SectionKind::Fields, "snapshot fields"),
     (SectionKind::Records, "snapshot record table"),
     (SectionKind::Namespace, "snapshot namespace"),
+    (SectionKind::Deletions, "snapshot deletions"),
+    (SectionKind::Revisions, "snapshot chunk revisions"),
 ];
 
 impl SectionKind {
@@ -84,7 +90,7 @@ impl SectionKind {
 /// Where each section lies.
 #[derive(Clone, Debug, Default)]
 struct Sections {
-    at: [Option<Range<usize>>; 7],
+    at: [Option<Range<usize>>; 9],
     /// Every entry of the table in order, unknown kinds included: (kind, range).
     all: Vec<(u32, Range<usize>)>,
 }
@@ -114,6 +120,11 @@ pub struct Snapshot<B> {
     class_count: u64,
     ns: NsLayout,
     fields: Option<FieldsLayout>,
+    /// The deleted samples, rising, and the generation that deleted each.
+    deleted: Arc<[u64]>,
+    deleted_in: Vec<u32>,
+    /// Each chunk's revision (empty: all 0).
+    revisions: Vec<u32>,
     page_index: OnceLock<PageIndex>,
     /// The pages decoded last, the most recent last.
     decoded: Mutex<Vec<(usize, Arc<Vec<NsEntry>>)>>,
@@ -173,6 +184,9 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
             class_count: 0,
             ns: NsLayout::default(),
             fields: None,
+            deleted: Arc::from(Vec::new()),
+            deleted_in: Vec::new(),
+            revisions: Vec::new(),
             page_index: OnceLock::new(),
             decoded: Mutex::new(Vec::new()),
         };
@@ -182,11 +196,19 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
         snap.class_count = snap.classes()?.len();
         snap.check_class_counts_index()?;
         snap.sized(SectionKind::Records, snap.h.samples as usize * RECORD_LEN)?;
+        if snap.h.has_deletions() {
+            (snap.deleted, snap.deleted_in) = snap.deletions_section()?;
+        }
+        if snap.h.has_revisions() {
+            let c = snap.h.chunks as usize;
+            let b = snap.at(snap.sized(SectionKind::Revisions, 4 * c)?)?;
+            snap.revisions = b.chunks_exact(4).map(|w| le::u32_at(w, 0)).collect();
+        }
         let ns = snap.s.get(SectionKind::Namespace);
         snap.ns = NsLayout::parse(
             snap.section_head(SectionKind::Namespace, NS_HEADER_LEN)?,
             ns,
-            snap.h.samples,
+            (snap.h.samples, snap.live_count()),
         )?;
         if snap.h.has_fields() {
             let f = snap.s.get(SectionKind::Fields);
@@ -266,7 +288,12 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
         }
         for (k, _) in KINDS {
             let present = s.at[k as usize - 1].is_some();
-            let wanted = k != SectionKind::Fields || self.h.has_fields();
+            let wanted = match k {
+                SectionKind::Fields => self.h.has_fields(),
+                SectionKind::Deletions => self.h.has_deletions(),
+                SectionKind::Revisions => self.h.has_revisions(),
+                _ => true,
+            };
             if present != wanted {
                 return Err(FormatError::invalid(
                     WHAT,
@@ -358,6 +385,102 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
                 SectionKind::ClassCounts.name(),
                 "offsets do not rise from 0 to the {pairs} bytes of the counts"
             );
+        }
+        Ok(())
+    }
+
+    /// Reads and checks the deletions section (O(deleted)): a count D of at least 1, then D
+    /// entries (sample u32, generation u32), samples rising below N, generations from 1 to
+    /// the lineage's.
+    fn deletions_section(&self) -> Result<(Arc<[u64]>, Vec<u32>)> {
+        const WHAT: &str = "snapshot deletions";
+        let r = self.s.get(SectionKind::Deletions);
+        let d = le::u64_at(self.section_head(SectionKind::Deletions, 8)?, 0);
+        if d == 0 || d > self.h.samples || r.len() as u64 != 8 + 8 * d {
+            bail!(
+                WHAT,
+                "{d} deletions of {} samples in {} bytes",
+                self.h.samples,
+                r.len()
+            );
+        }
+        let b = self.at(r.start + 8..r.end)?;
+        let (mut ids, mut gens) = (
+            Vec::with_capacity(d as usize),
+            Vec::with_capacity(d as usize),
+        );
+        for e in b.chunks_exact(8) {
+            let (id, g) = (le::u32_at(e, 0) as u64, le::u32_at(e, 4));
+            if ids.last().is_some_and(|&p| p >= id) || id >= self.h.samples {
+                bail!(
+                    WHAT,
+                    "sample {id}: samples rise, each below {}",
+                    self.h.samples
+                );
+            }
+            if g == 0 || g as u64 > self.lineage.generation {
+                bail!(
+                    WHAT,
+                    "sample {id} deleted by generation {g}, the snapshot is generation {}",
+                    self.lineage.generation
+                );
+            }
+            ids.push(id);
+            gens.push(g);
+        }
+        Ok((ids.into(), gens))
+    }
+
+    /// The deleted samples' ids, rising (none without DELETIONS).
+    pub fn deleted(&self) -> &Arc<[u64]> {
+        &self.deleted
+    }
+
+    /// The generation that deleted sample `id`, `None` if it was not deleted.
+    pub fn deleted_by(&self, id: u64) -> Option<u64> {
+        let k = self.deleted.binary_search(&id).ok()?;
+        Some(self.deleted_in[k] as u64)
+    }
+
+    /// Per chunk holding deleted samples' records: (chunk id, deleted samples, bytes their
+    /// records take in its file), rising by chunk. O(deleted).
+    pub fn dead_records(&self) -> Result<Vec<(u32, u64, u64)>> {
+        let mut out: Vec<(u32, u64, u64)> = Vec::new();
+        for &id in self.deleted.iter() {
+            let e = self.stored_sample(id)?;
+            match out.last_mut() {
+                Some(l) if l.0 == e.chunk => (l.1, l.2) = (l.1 + 1, l.2 + e.stored_len),
+                _ => out.push((e.chunk, 1, e.stored_len)),
+            }
+        }
+        Ok(out)
+    }
+
+    /// Chunk `c`'s revision: how many times it was compacted (0 for a chunk as packed).
+    pub fn revision(&self, c: u32) -> u32 {
+        self.revisions.get(c as usize).copied().unwrap_or(0)
+    }
+
+    /// Every chunk's revision, by id (empty when none was compacted).
+    pub fn revisions(&self) -> &[u32] {
+        &self.revisions
+    }
+
+    /// The file name of chunk `c` at its revision.
+    pub fn chunk_file_name(&self, c: u32) -> String {
+        crate::chunk_file_name_at(c, self.revision(c))
+    }
+
+    /// Samples not deleted: those the namespace holds and epochs deliver.
+    pub fn live_count(&self) -> u64 {
+        self.h.samples - self.deleted.len() as u64
+    }
+
+    /// Checks that sample `id` exists and was not deleted.
+    fn check_live(&self, id: u64) -> Result<()> {
+        self.check_id(id)?;
+        if let Some(g) = self.deleted_by(id) {
+            bail!("sample id", "sample {id} was deleted (by generation {g})");
         }
         Ok(())
     }
@@ -512,7 +635,7 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
 
     /// Number of directories.
     pub fn dir_count(&self) -> u64 {
-        self.ns.entries - self.h.samples
+        self.ns.entries - self.live_count()
     }
 
     /// True if the snapshot records each file's and directory's mode and mtime.
@@ -566,6 +689,20 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
     /// length of a compressed record is its namespace size (read from the namespace); a raw
     /// record's is its stored length.
     pub fn sample(&self, id: u64) -> Result<SampleEntry> {
+        self.check_live(id)?;
+        let e = self.stored_sample(id)?;
+        if e.flags & crate::FLAG_REMOVED != 0 {
+            bail!(
+                "snapshot record table",
+                "sample {id}: its record is marked removed, but it is not deleted"
+            );
+        }
+        Ok(e)
+    }
+
+    /// [`Snapshot::sample`] of any sample, a deleted one included (whose original length,
+    /// if compressed, is unknown: 0).
+    fn stored_sample(&self, id: u64) -> Result<SampleEntry> {
         let c = *self.chunk_of(id)?;
         let r = self.record(id)?;
         let end = match id + 1 < c.samples().end {
@@ -610,20 +747,33 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
             crc32: r.crc32,
             flags: r.flags as u32,
         };
-        if e.compression()? != Compression::None {
-            e.orig_len = self.stat(id)?.size;
+        let code = SampleEntry {
+            flags: e.flags & !crate::FLAG_REMOVED,
+            ..e
+        };
+        if code.compression()? != Compression::None {
+            e.orig_len = match self.deleted_by(id) {
+                None => self.stat(id)?.size,
+                Some(_) => 0,
+            };
         }
         Ok(e)
     }
 
     /// Everything the snapshot records about chunk `index`: its table entry, and the sample
     /// entries, paths, fields and attributes of its records (what the chunk's footer holds
-    /// but its directories: those are the snapshot's, [`Snapshot::dirs`]).
+    /// but its directories: those are the snapshot's, [`Snapshot::dirs`]). A deleted sample
+    /// has its record entry, an empty path and default attributes.
     pub fn chunk_summary(&self, index: u64) -> Result<ChunkSummary> {
         let c = self.chunk(index)?;
         let (mut entries, mut paths, mut attrs) = (Vec::new(), Vec::new(), Vec::new());
         for id in c.samples() {
-            entries.push(self.sample(id)?);
+            entries.push(self.stored_sample(id)?);
+            if self.deleted_by(id).is_some() {
+                paths.push(Vec::new());
+                attrs.push(FileAttrs::default());
+                continue;
+            }
             let e = self.file_entry(id)?;
             paths.push(e.path);
             attrs.push(e.attrs.unwrap_or_default());

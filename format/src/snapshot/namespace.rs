@@ -274,14 +274,19 @@ pub(crate) struct NsLayout {
 }
 
 impl NsLayout {
-    /// Checks the header `h` of a namespace section lying at `section` for `samples` samples.
-    pub(crate) fn parse(h: &[u8], section: Range<usize>, samples: u64) -> Result<NsLayout> {
+    /// Checks the header `h` of a namespace section lying at `section` for `samples` samples,
+    /// `live` of them not deleted (the entries name those; the id table has a slot for each).
+    pub(crate) fn parse(
+        h: &[u8],
+        section: Range<usize>,
+        (samples, live): (u64, u64),
+    ) -> Result<NsLayout> {
         let [e, p, fpl, pl, reserved] = le::words(h);
         if reserved != 0 {
             bail!(NS, "reserved header field is not zero");
         }
-        if e < samples || e >= u32::MAX as u64 || p > e || (p == 0) != (e == 0) {
-            bail!(NS, "{e} entries in {p} pages for {samples} samples");
+        if e < live || e >= u32::MAX as u64 || p > e || (p == 0) != (e == 0) {
+            bail!(NS, "{e} entries in {p} pages for {live} samples");
         }
         let len = section.len() as u64;
         let index_end = 16u64

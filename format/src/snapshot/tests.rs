@@ -714,3 +714,68 @@ fn an_empty_chunk_has_nothing_to_count() {
         assert!(e.contains("chunk 0: samples from 0 to 0"), "{at}: {e}");
     }
 }
+
+/// The snapshot of `snap`'s chunks as the next generation with `deleted` (id, generation).
+fn with_deletions(snap: &Snapshot<Vec<u8>>, deleted: Vec<(u64, u32)>) -> Result<Vec<u8>> {
+    let classes = (0..snap.class_count())
+        .map(|c| snap.class_name(c as u32).map(<[u8]>::to_vec))
+        .collect::<Result<Vec<_>>>()?;
+    let mut b = SnapshotBuilder::new(snap.dataset_id(), classes);
+    b.deletions(deleted)?;
+    for c in 0..snap.chunk_count() {
+        b.push_chunk(&snap.chunk_summary(c)?)?;
+    }
+    let dirs = snap.dirs()?.into_iter();
+    b.push_dirs(dirs.map(|d| (d.path, d.attrs.unwrap_or(FileAttrs::DIR_DEFAULT))))?;
+    b.lineage(Lineage {
+        generation: snap.lineage().generation + 1,
+        parent: snap.content_digest(),
+    });
+    b.build()
+}
+
+#[test]
+fn deleted_samples_keep_their_ids_but_have_no_path_sums_or_counts() {
+    let (_, bytes) = small();
+    let s0 = Snapshot::open(bytes).unwrap();
+    let s1 = Snapshot::open(with_deletions(&s0, vec![(0, 1)]).unwrap()).unwrap();
+    assert!(s1.header().has_deletions());
+    assert_eq!((s1.sample_count(), s1.live_count()), (3, 2));
+    assert_eq!(s1.deleted().as_ref(), &[0]);
+    assert_eq!((s1.deleted_by(0), s1.deleted_by(1)), (Some(1), None));
+    assert_eq!(s1.lookup(b"cat/1.jpg").unwrap(), None);
+    assert_eq!(s1.lookup(b"cat/2.jpg").unwrap(), Some(2));
+    for e in [s1.sample(0).unwrap_err(), s1.path(0).unwrap_err()] {
+        assert!(e.to_string().contains("sample 0 was deleted"), "{e}");
+    }
+    assert_eq!(s1.sample(1).unwrap(), s0.sample(1).unwrap());
+    // Chunk 0's sums and class counts are its one remaining sample's (dog/\xff.jpg, empty).
+    assert_eq!(s1.chunk(0).unwrap().orig_bytes, 0);
+    assert_eq!(s1.class_counts(0).unwrap(), vec![(1, 1)]);
+    assert_eq!(s1.entry_count(), s0.entry_count() - 1);
+    assert!(s1.check_structure(10).is_empty());
+    assert!(s1.check_blocks().is_empty());
+    // A second deletion keeps the first's generation; the digests differ.
+    let s2 = Snapshot::open(with_deletions(&s1, vec![(0, 1), (2, 2)]).unwrap()).unwrap();
+    assert_eq!((s2.deleted_by(0), s2.deleted_by(2)), (Some(1), Some(2)));
+    assert_eq!(s2.live_count(), 1);
+    assert_ne!(s2.content_digest(), s1.content_digest());
+    assert!(s2.dirs().unwrap().iter().any(|d| d.path == b"cat"));
+}
+
+#[test]
+fn hostile_deletions_are_refused_at_open() {
+    let (_, bytes) = small();
+    let s0 = Snapshot::open(bytes).unwrap();
+    // A deletion by a generation the snapshot has not reached, an id past N, ids not rising.
+    for bad in [vec![(0, 2)], vec![(3, 1)], vec![(1, 1), (1, 1)]] {
+        match with_deletions(&s0, bad.clone()) {
+            Err(_) => {}
+            Ok(b) => assert!(Snapshot::open(b).is_err(), "{bad:?}"),
+        }
+    }
+    // Without its section, or the bit without the section: refused, never read as no deletion.
+    let s1 = with_deletions(&s0, vec![(0, 1)]).unwrap();
+    let e = err_of(&with_header(&s1, |h| h.incompat &= !features::DELETIONS));
+    assert!(e.contains("without its feature bit"), "{e}");
+}

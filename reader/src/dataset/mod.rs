@@ -45,6 +45,8 @@ pub struct Dataset {
     paged: Option<Arc<BlockPager>>,
     /// Opened through a view file: the samples epochs are planned over.
     view: Option<Arc<View>>,
+    /// Of a snapshot with deleted samples: the others' ids (made on first use).
+    live: std::sync::OnceLock<Arc<[u64]>>,
 }
 
 impl std::fmt::Debug for Dataset {
@@ -139,6 +141,7 @@ impl Dataset {
             store,
             paged,
             view: None,
+            live: Default::default(),
         })
     }
 
@@ -221,11 +224,38 @@ impl Dataset {
         self.snap.sample_count()
     }
 
-    /// Samples selected: a view's (opened through a view file), else every sample.
+    /// Samples selected: a view's (opened through a view file), else every sample not
+    /// deleted.
     pub fn selected_len(&self) -> u64 {
-        self.view
-            .as_ref()
-            .map_or(self.len(), |v| v.ids.len() as u64)
+        match &self.view {
+            Some(v) => v.ids.len() as u64,
+            None => self.snap.live_count(),
+        }
+    }
+
+    /// The ids of the samples epochs deliver, rising, when that is not every id below
+    /// [`Dataset::len`]: a view's selection, or the samples a deletion left (8 bytes each,
+    /// made once). `None`: every sample.
+    pub fn selection(&self) -> Option<&Arc<[u64]>> {
+        if let Some(v) = &self.view {
+            return Some(&v.ids);
+        }
+        let deleted = self.snap.deleted();
+        if deleted.is_empty() {
+            return None;
+        }
+        Some(self.live.get_or_init(|| {
+            let mut d = deleted.iter().copied().peekable();
+            (0..self.len())
+                .filter(|&i| match d.peek() {
+                    Some(&x) if x == i => {
+                        d.next();
+                        false
+                    }
+                    _ => true,
+                })
+                .collect()
+        }))
     }
 
     /// True when the dataset holds no samples.
@@ -243,7 +273,8 @@ impl Dataset {
     /// is read).
     pub fn full_digest(&self) -> Result<u64> {
         let err = |e| ReadError::format(&self.snapshot_path, e);
-        (0..self.len()).try_fold(0u64, |acc, id| {
+        let live = (0..self.len()).filter(|&id| self.snap.deleted_by(id).is_none());
+        live.into_iter().try_fold(0u64, |acc, id| {
             let e = self.snap.sample(id).map_err(err)?;
             Ok(acc.wrapping_add(crate::digest_term(id, e.crc32)))
         })
@@ -255,7 +286,8 @@ impl Dataset {
     /// however they were packed (one process or shards, any chunk size, order or seed).
     pub fn samples_digest(&self) -> Result<u64> {
         let err = |e| ReadError::format(&self.snapshot_path, e);
-        (0..self.len()).try_fold(0u64, |acc, id| {
+        let live = (0..self.len()).filter(|&id| self.snap.deleted_by(id).is_none());
+        live.into_iter().try_fold(0u64, |acc, id| {
             let e = self.snap.sample(id).map_err(err)?;
             let path = granary_format::path_hash(&self.snap.path(id).map_err(err)?);
             let class = match e.label {
@@ -377,9 +409,9 @@ impl Dataset {
     pub fn shape(&self) -> Result<DatasetShape> {
         let counts = self.chunk_entries()?.into_iter().map(|ce| ce.sample_count);
         let shape = DatasetShape::from_counts(counts);
-        Ok(match &self.view {
+        Ok(match self.selection() {
             None => shape,
-            Some(v) => shape.select(v.ids.clone()),
+            Some(ids) => shape.select(ids.clone()),
         })
     }
 
@@ -409,9 +441,19 @@ impl Dataset {
         Ok(match tier {
             None => StoreStack::plain(&self.store, access),
             Some(t) => {
-                StoreStack::with_tier(&self.store, self.chunk_entries()?.into(), access, t, peers)
+                let chunks = self.chunk_entries()?;
+                // Chunks keeping deleted samples' records are never copied to a tier (a
+                // copy there is removed as the stack is made).
+                t.forbid(&chunks, &self.dead_chunks()?);
+                StoreStack::with_tier(&self.store, chunks.into(), access, t, peers)
             }
         })
+    }
+
+    /// The chunks whose files keep records of deleted samples, rising.
+    pub fn dead_chunks(&self) -> Result<Vec<u32>> {
+        let dead = self.snap.dead_records().map_err(|e| self.fmt_err(e))?;
+        Ok(dead.into_iter().map(|d| d.0).collect())
     }
 
     /// Location of chunk `id`'s file in the dataset's store (a path, or a URL written as one).
@@ -506,10 +548,11 @@ impl Dataset {
         self.intact(v.filter(|(id, _)| self.selects(*id)))
     }
 
-    /// True if sample `id` is one of the dataset's (of the view's, through a view).
+    /// True if sample `id` is one of the dataset's (of the view's, through a view), not
+    /// deleted.
     pub fn selects(&self, id: u64) -> bool {
         match &self.view {
-            None => id < self.len(),
+            None => id < self.len() && self.snap.deleted_by(id).is_none(),
             Some(v) => v.ids.binary_search(&id).is_ok(),
         }
     }

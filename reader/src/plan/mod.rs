@@ -807,9 +807,12 @@ impl EpochPlan {
     ) -> Result<EpochPlan, String> {
         if let Some(sm) = sampling {
             if shape.ids.is_some() {
-                return Err("importance sampling through a view is not supported yet: \
-                            sample the whole dataset, or make a dataset of the view's samples"
-                    .into());
+                return Err(
+                    "importance sampling through a view, or of a dataset with deleted \
+                            samples, is not supported yet: sample the whole dataset, or make a \
+                            dataset of the samples"
+                        .into(),
+                );
             }
             if !(0.0..1.0).contains(&sm.alpha) {
                 return Err(format!("alpha {} is not in [0, 1)", sm.alpha));

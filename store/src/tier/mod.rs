@@ -188,6 +188,9 @@ pub struct LocalTier {
     view: std::sync::Mutex<View>,
     /// Copies and hot chunks this handle dropped as damaged (or gone bad in another way).
     dropped: std::sync::atomic::AtomicU64,
+    /// Chunks (id, digest) whose bytes this tier must not hold: they keep records of deleted
+    /// samples ([`LocalTier::forbid`]).
+    forbidden: std::sync::RwLock<HashSet<(u32, [u8; 16])>>,
 }
 
 /// A handle's copy of the content list, the identity of the `index` file it was read from
@@ -258,6 +261,7 @@ impl LocalTier {
             policy,
             view: Default::default(),
             dropped: Default::default(),
+            forbidden: Default::default(),
         })
     }
 
@@ -466,7 +470,7 @@ impl LocalTier {
         open: impl FnOnce(&Path) -> Result<IoFile>,
     ) -> Result<Option<IoFile>> {
         let key = Key::copy(ce);
-        if !self.current()?.index.contains_key(&key) {
+        if self.is_forbidden(ce.chunk_id, &ce.digest) || !self.current()?.index.contains_key(&key) {
             return Ok(None);
         }
         let p = self.dir.join(key.file_name());
@@ -544,7 +548,9 @@ impl LocalTier {
     /// chunks of `current` (a dataset's chunk table), digests equal.
     pub fn hot_map(&self, current: &[ChunkEntry]) -> HotMap {
         let mut chunks = self.read_hot_chunks();
-        chunks.retain(|_, h| h.current(current));
+        chunks.retain(|_, h| {
+            h.current(current) && !h.sources.iter().any(|(c, d)| self.is_forbidden(*c, d))
+        });
         let by_sample = chunks
             .values()
             .flat_map(|h| h.samples.iter().map(|&(s, off)| (s, (h.id, off))))
@@ -627,6 +633,23 @@ impl LocalTier {
         (free >= size).then_some(victims)
     }
 
+    /// Marks the chunks `ids` of the chunk table `chunks` as holding records of deleted samples:
+    /// from now on this handle neither keeps nor serves a copy of them nor a hot chunk made
+    /// from them, and [`LocalTier::retain_current`] removes what the tier holds of them.
+    pub fn forbid(&self, chunks: &[ChunkEntry], ids: &[u32]) {
+        let mut f = self.forbidden.write().unwrap_or_else(|p| p.into_inner());
+        f.extend(
+            ids.iter()
+                .filter_map(|&id| chunks.get(id as usize))
+                .map(|ce| (ce.chunk_id, ce.digest)),
+        );
+    }
+
+    fn is_forbidden(&self, id: u32, digest: &[u8; 16]) -> bool {
+        let f = self.forbidden.read().unwrap_or_else(|p| p.into_inner());
+        !f.is_empty() && f.contains(&(id, *digest))
+    }
+
     /// Brings the tier in line with the dataset whose chunk table is `chunks`, as a reader of
     /// it starts: copies of chunks the table does not list with their digest, and hot chunks
     /// made from such chunks, are removed (kept, they would hold the quota for ever); then,
@@ -637,8 +660,13 @@ impl LocalTier {
         let mut l = self.lock()?;
         let hot = self.read_hot_chunks();
         let stale = |k: &Key| match k {
-            Key::Chunk(id, d) => chunks.get(*id as usize).is_none_or(|ce| ce.digest != *d),
-            Key::Hot(id) => hot.get(id).is_some_and(|h| !h.current(chunks)),
+            Key::Chunk(id, d) => {
+                chunks.get(*id as usize).is_none_or(|ce| ce.digest != *d)
+                    || self.is_forbidden(*id, d)
+            }
+            Key::Hot(id) => hot.get(id).is_some_and(|h| {
+                !h.current(chunks) || h.sources.iter().any(|(c, d)| self.is_forbidden(*c, d))
+            }),
         };
         let before = l.used();
         let live = l.index.iter().filter(|(k, _)| !stale(k));
@@ -698,6 +726,9 @@ impl LocalTier {
 
     /// [`LocalTier::admit`] of bytes [`LocalTier::check_copy`] passed.
     pub(crate) fn admit_checked(&self, ce: &ChunkEntry, bytes: &[u8], score: f64) -> Result<bool> {
+        if self.is_forbidden(ce.chunk_id, &ce.digest) {
+            return Ok(false);
+        }
         let mut l = self.lock()?;
         let key = Key::copy(ce);
         if l.index.contains_key(&key) {
@@ -727,7 +758,9 @@ impl LocalTier {
             .values()
             .flat_map(|h| h.samples.iter().map(|s| s.0))
             .collect();
-        let fresh: Vec<&HotRecord> = records.iter().filter(|r| seen.insert(r.id)).collect();
+        let fresh: Vec<&HotRecord> = (records.iter())
+            .filter(|r| !self.is_forbidden(r.entry.chunk, &r.source) && seen.insert(r.id))
+            .collect();
         if fresh.is_empty() {
             return Ok(0);
         }

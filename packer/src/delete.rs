@@ -1,0 +1,140 @@
+//! Deleting samples without rewriting a chunk: the next generation of the dataset's snapshot
+//! lists them as deleted (feature DELETIONS) and its namespace no longer holds them, so no
+//! reader of it delivers, lists or finds them. Sample ids do not move, so resume states,
+//! score tables and the other samples' places stay valid; the deleted records' bytes stay in
+//! their chunk files until those are compacted.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use granary_format::{FileAttrs, Lineage, Snapshot, SNAPSHOT_FILE};
+use serde::Serialize;
+
+use crate::publish::{spooled_builder, sync_dir, write_snapshot_pending};
+use crate::{output, IoAt, PackError};
+
+/// What a deletion did.
+#[derive(Debug, Clone, Serialize)]
+pub struct DeleteSummary {
+    pub dataset: PathBuf,
+    /// The generation published.
+    pub generation: u64,
+    /// Samples this deletion removed.
+    pub deleted: u64,
+    /// Samples asked for that an earlier generation had deleted already.
+    pub already_deleted: u64,
+    /// Samples the dataset holds now, and deleted samples in all.
+    pub samples: u64,
+    pub deleted_total: u64,
+    /// Chunks holding a sample this deletion removed, and the bytes those records take
+    /// there (still in the chunk files until `compact`).
+    pub chunks_affected: u64,
+    pub dead_bytes: u64,
+    /// The new snapshot's size.
+    pub snapshot_bytes: u64,
+    pub elapsed_s: f64,
+}
+
+/// Publishes the next generation of the local dataset at `dataset` with the samples `ids`
+/// (any order, repeats allowed, each below the sample count) deleted, atomically: killed at
+/// any point, the dataset is the old generation or the new one. Takes the dataset's lock (an
+/// append, upgrade, reindex or another deletion waits for it). Refuses a deletion that removes
+/// nothing new.
+pub fn delete(dataset: &Path, ids: &[u64]) -> Result<DeleteSummary, PackError> {
+    let t0 = Instant::now();
+    if !dataset.is_dir() {
+        return Err(usage!(
+            "{}: delete works on a dataset directory (local or on a shared file system)",
+            dataset.display()
+        ));
+    }
+    let _lock = output::DirLock::dataset(dataset, "delete")?;
+    // Read under the lock: what another command published before is what this one extends.
+    let path = dataset.join(SNAPSHOT_FILE);
+    let bytes = std::fs::read(&path).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => usage!(
+            "{} is not a granary dataset (no {SNAPSHOT_FILE})",
+            dataset.display()
+        ),
+        _ => PackError::io("reading", &path, e),
+    })?;
+    let snap = Snapshot::open(bytes)?;
+    if let Some(e) = snap.check_blocks().into_iter().next() {
+        return Err(usage!(
+            "{} is damaged ({e}); run granary verify and granary reindex before deleting",
+            path.display()
+        ));
+    }
+    let n = snap.sample_count();
+    let mut ids = ids.to_vec();
+    ids.sort_unstable();
+    ids.dedup();
+    if let Some(&bad) = ids.iter().find(|&&i| i >= n) {
+        return Err(usage!("sample {bad} of a dataset of {n} samples"));
+    }
+    let lineage = snap.lineage();
+    let generation = lineage.generation + 1;
+    if generation > u32::MAX as u64 {
+        return Err(usage!(
+            "{}: generation {generation} is past the format's deletions",
+            dataset.display()
+        ));
+    }
+    let (fresh, already): (Vec<u64>, Vec<u64>) =
+        ids.into_iter().partition(|&i| snap.deleted_by(i).is_none());
+    if fresh.is_empty() {
+        return Err(usage!(
+            "nothing to delete in {}: {} of the samples asked for were deleted already",
+            dataset.display(),
+            already.len()
+        ));
+    }
+    let mut chunks: Vec<u32> = Vec::new();
+    let mut dead_bytes = 0u64;
+    for &id in &fresh {
+        let e = snap.sample(id)?;
+        dead_bytes += e.stored_len;
+        if chunks.last() != Some(&e.chunk) {
+            chunks.push(e.chunk);
+        }
+    }
+    chunks.dedup();
+    let mut all: Vec<(u64, u32)> = Vec::with_capacity(snap.deleted().len() + fresh.len());
+    all.extend(
+        snap.deleted()
+            .iter()
+            .map(|&i| (i, snap.deleted_by(i).unwrap_or(0) as u32)),
+    );
+    all.extend(fresh.iter().map(|&i| (i, generation as u32)));
+    all.sort_unstable();
+    let classes = (0..snap.class_count())
+        .map(|c| snap.class_name(c as u32).map(<[u8]>::to_vec))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut b = spooled_builder(dataset, snap.dataset_id(), classes)?;
+    b.deletions(all)?;
+    for c in 0..snap.chunk_count() {
+        b.push_chunk(&snap.chunk_summary(c)?)?;
+    }
+    let dirs = snap.dirs()?.into_iter();
+    b.push_dirs(dirs.map(|d| (d.path, d.attrs.unwrap_or(FileAttrs::DIR_DEFAULT))))?;
+    b.lineage(Lineage {
+        generation,
+        parent: snap.content_digest(),
+    });
+    let (pending, len) = write_snapshot_pending(&path, b)?;
+    granary_store::write::crash_point("rename", &path);
+    pending.publish().at("renaming into place", &path)?;
+    sync_dir(dataset)?;
+    Ok(DeleteSummary {
+        dataset: dataset.to_path_buf(),
+        generation,
+        deleted: fresh.len() as u64,
+        already_deleted: already.len() as u64,
+        samples: snap.live_count() - fresh.len() as u64,
+        deleted_total: snap.deleted().len() as u64 + fresh.len() as u64,
+        chunks_affected: chunks.len() as u64,
+        dead_bytes,
+        snapshot_bytes: len,
+        elapsed_s: t0.elapsed().as_secs_f64(),
+    })
+}

@@ -1,0 +1,146 @@
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use granary::Dataset;
+use serde_json::json;
+
+use super::human_bytes;
+use super::select::{Criteria, Missing};
+
+/// Delete samples: publish the dataset's next generation without them, rewriting no chunk.
+#[derive(clap::Args)]
+#[command(after_help = "Examples:
+  granary delete train.granary --paths-from takedown.txt
+  granary delete train.granary --ids-from ids.txt --strict
+  granary delete train.granary --class dog --dry-run
+  granary delete train.granary --view remove.gview     # a view of what to remove
+
+A sample is selected when it matches every kind of criterion given, and any one value of each
+kind. The new snapshot lists the selected samples as deleted and no longer holds their paths, so
+ls, cat, read, extract, a mount, Python and mixtures of this generation never deliver, list or
+find them. Sample ids do not move: score tables stay valid and a view made after the deletion
+selects among the rest. The snapshot is replaced atomically (a reader that has the old one open
+keeps reading it); chunk files are not rewritten, so the deleted records' bytes stay in them
+(`granary info` shows how many) until the dataset is packed again. A listed id or path the
+dataset does not hold is reported and left out (with --strict: an error, nothing deleted); a
+deletion that removes nothing new is refused. Views made before the deletion are refused as
+stale; a resume state taken inside an epoch before it resumes at the next epoch.")]
+pub struct Args {
+    /// Dataset directory (local or on a shared file system).
+    pub dataset: PathBuf,
+    #[command(flatten)]
+    pub select: Criteria,
+    /// Select the samples of this view file (made of this generation of the dataset).
+    #[arg(long, value_name = "FILE")]
+    pub view: Option<PathBuf>,
+    /// A listed id or path the dataset does not hold is an error (nothing is deleted).
+    #[arg(long)]
+    pub strict: bool,
+    /// Show what would be deleted, and change nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Print the result as JSON on stdout.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(a: Args) -> anyhow::Result<ExitCode> {
+    if a.dataset
+        .to_str()
+        .is_some_and(granary_store::object::looks_like_url)
+    {
+        anyhow::bail!(
+            "{}: delete works on a dataset directory (local or on a shared file system); \
+             deleting from an object store is not supported yet",
+            a.dataset.display()
+        );
+    }
+    let ds = super::open_dataset(&a.dataset)?;
+    if ds.view().is_some() {
+        anyhow::bail!(
+            "{} is a view: delete from the dataset itself (--view V selects a view's samples)",
+            a.dataset.display()
+        );
+    }
+    let extra = match &a.view {
+        None => None,
+        Some(v) => Some((view_ids(&ds, v)?, format!("view {}", v.display()))),
+    };
+    if a.select.is_empty() && extra.is_none() {
+        anyhow::bail!(
+            "nothing to select by: give --class, --prefix, --glob, --ids-from, --paths-from or \
+             --view"
+        );
+    }
+    let missing = if a.strict {
+        Missing::Refuse
+    } else {
+        Missing::Report
+    };
+    let sel = a.select.select_with(&ds, missing, extra)?;
+    for m in &sel.missing {
+        eprintln!("granary delete: not in the dataset, left out: {m}");
+    }
+    if a.dry_run {
+        let bytes: u64 = (sel.ids.iter())
+            .filter(|&&id| ds.selects(id))
+            .map(|&id| ds.sample(id).map(|s| s.entry.stored_len))
+            .sum::<granary::Result<u64>>()?;
+        let v = json!({"dataset": a.dataset, "would_delete": sel.ids.len(), "bytes": bytes,
+                       "missing": sel.missing, "description": sel.description});
+        return super::output(a.json, &v, |_| {
+            println!(
+                "{}: would delete {} samples ({}) selected by {}; nothing changed (--dry-run)",
+                a.dataset.display(),
+                sel.ids.len(),
+                human_bytes(bytes),
+                sel.description
+            );
+        });
+    }
+    drop(ds);
+    let s = granary_packer::delete(&a.dataset, &sel.ids)
+        .with_context(|| format!("deleting from {}", a.dataset.display()))?;
+    let mut v = serde_json::to_value(&s)?;
+    v["missing"] = json!(sel.missing);
+    v["description"] = json!(sel.description);
+    super::output(a.json, &v, |_| {
+        println!(
+            "{}: deleted {} samples ({} by {}) in {} chunks: generation {}, {} samples remain; \
+             {} of deleted records stay in their chunk files until the dataset is packed again",
+            a.dataset.display(),
+            s.deleted,
+            if s.already_deleted > 0 {
+                format!(
+                    "{} asked for were deleted already; selected",
+                    s.already_deleted
+                )
+            } else {
+                "selected".into()
+            },
+            sel.description,
+            s.chunks_affected,
+            s.generation,
+            s.samples,
+            human_bytes(s.dead_bytes)
+        );
+    })
+}
+
+/// The ids of the view file `v`, which must be a view of `ds` as it is now.
+fn view_ids(ds: &Dataset, v: &std::path::Path) -> anyhow::Result<Vec<u64>> {
+    let vds = Dataset::open_with(v, super::store_config())?;
+    let Some(view) = vds.view() else {
+        anyhow::bail!("{}: not a view file", v.display());
+    };
+    let (a, b) = (vds.snapshot(), ds.snapshot());
+    if (a.dataset_id(), a.content_digest()) != (b.dataset_id(), b.content_digest()) {
+        anyhow::bail!(
+            "{} is a view of another dataset (or generation) than {}",
+            v.display(),
+            ds.location()
+        );
+    }
+    Ok(view.ids.to_vec())
+}
