@@ -1,6 +1,8 @@
 //! The format's test vectors (`format/testdata`): small datasets covering every section,
 //! feature bit, field type, page and block boundary, appended generations, empty chunks and
-//! zero samples, each with an `expected.json` describing its content, and damaged variants
+//! zero samples and deletions, each with an `expected.json` describing its content (with
+//! DELETIONS: the live samples, and as `deleted` each deleted id with its generation, whose
+//! every read by id must fail saying it was deleted), and damaged variants
 //! (`damaged.json`) with the error each must produce. SPEC.md's readers (this crate's and
 //! `format/python/granary_format.py`) must pass all of them.
 //!
@@ -78,7 +80,32 @@ fn describe(ds: &Path, what: &str, src: &BTreeMap<Vec<u8>, Src>) -> Value {
     let snap = d.snapshot();
     let h = snap.header();
     let l = snap.lineage();
-    assert_eq!(d.len() as usize, src.len(), "{what}: sample count");
+    // Deleted samples (SPEC §6.8) keep their ids but are no sample of the dataset's: every
+    // read of one by id fails, saying so.
+    let deleted: Vec<Value> = snap
+        .deleted()
+        .iter()
+        .map(|&id| {
+            let g = snap.deleted_by(id).expect("a deleted sample's generation");
+            for (how, e) in [
+                ("read", d.read(id).err()),
+                ("path", d.path(id).err()),
+                ("stat", d.stat(id).err()),
+                ("sample", d.sample(id).err()),
+            ] {
+                let e = e.unwrap_or_else(|| panic!("{what}: {how} of deleted sample {id}"));
+                assert!(
+                    e.to_string().contains("deleted"),
+                    "{what}: {how} of {id}: {e}"
+                );
+            }
+            json!({"id": id, "generation": g})
+        })
+        .collect();
+    let live: Vec<u64> = (0..d.len())
+        .filter(|&id| snap.deleted_by(id).is_none())
+        .collect();
+    assert_eq!(live.len(), src.len(), "{what}: sample count");
     let types: BTreeMap<Vec<u8>, String> = match d.has_fields() {
         false => BTreeMap::new(),
         true => {
@@ -92,7 +119,7 @@ fn describe(ds: &Path, what: &str, src: &BTreeMap<Vec<u8>, Src>) -> Value {
         }
     };
     let mut samples = Vec::new();
-    for id in 0..d.len() {
+    for &id in &live {
         let path = d.path(id).unwrap();
         let s = src
             .get(&path)
@@ -155,7 +182,7 @@ fn describe(ds: &Path, what: &str, src: &BTreeMap<Vec<u8>, Src>) -> Value {
                    "digest": hex(&c.digest)})
         })
         .collect();
-    json!({
+    let mut v = json!({
         "description": what,
         "dataset_id": hex(&snap.dataset_id()),
         "content_digest": hex(&snap.content_digest()),
@@ -168,7 +195,12 @@ fn describe(ds: &Path, what: &str, src: &BTreeMap<Vec<u8>, Src>) -> Value {
         "chunks": chunks,
         "dirs": dirs,
         "samples": samples,
-    })
+    });
+    // Only a snapshot with DELETIONS lists them (the other vectors' descriptions stay).
+    if h.incompat & granary_format::features::DELETIONS != 0 {
+        v["deleted"] = json!(deleted);
+    }
+    v
 }
 
 /// Writes `files` (path, bytes, mode, mtime) as a tree under `root`, plus `empty_dirs`.
@@ -720,6 +752,125 @@ fn damaged_variants() -> Vec<Value> {
             },
         ),
     ]
+    .into_iter()
+    .chain(deleted_variants())
+    .collect()
+}
+
+/// The damaged variants of the deletions section (SPEC §6.8) and of what it says of the
+/// namespace, on the `deleted` vector.
+fn deleted_variants() -> Vec<Value> {
+    let snap = "snapshot.gsnap";
+    let l = Layout::of(&testdata().join("deleted/dataset"));
+    let exp: Value =
+        serde_json::from_slice(&std::fs::read(testdata().join("deleted/expected.json")).unwrap())
+            .unwrap();
+    let ids = |k: &str| -> Vec<u64> {
+        exp[k]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x["id"].as_u64().unwrap())
+            .collect()
+    };
+    let (gone, live) = (ids("deleted"), ids("samples"));
+    assert!(gone.len() >= 2);
+    let path_of = |s: u64| {
+        let x = exp["samples"].as_array().unwrap().iter();
+        x.clone().find(|x| x["id"] == s).unwrap()["path_hex"].clone()
+    };
+    let (dels, _) = l.section(8);
+    let entry = |k: usize| dels + 8 + 8 * k;
+    let u32_hex = |x: u64| hex(&(x as u32).to_le_bytes());
+    let bad = |name: &str, edits: Vec<Value>, when: &str| json!({"name": name, "base": "deleted", "edits": edits, "error": "damaged", "when": when});
+    // A live sample that can take a deleted one's place in the rising list.
+    let (k, x) = (0..gone.len())
+        .flat_map(|k| live.iter().map(move |&x| (k, x)))
+        .find(|&(k, x)| (k == 0 || gone[k - 1] < x) && gone.get(k + 1).is_none_or(|&next| x < next))
+        .expect("a live sample between two deleted ones");
+    let (slot, other) = (
+        l.id_table_entry(gone[0] as usize),
+        l.id_table_entry(live[0] as usize),
+    );
+    let mut incompat = l.snap[12];
+    incompat &= !(granary_format::features::DELETIONS as u8);
+    vec![
+        bad("deletions section byte", vec![flip(snap, entry(0))], "open"),
+        bad(
+            "deleted samples not rising, resealed",
+            vec![
+                json!({"file": snap, "op": "put", "at": entry(0), "hex": hex(&l.snap[entry(1)..entry(1) + 4])}),
+                json!({"file": snap, "op": "put", "at": entry(1), "hex": hex(&l.snap[entry(0)..entry(0) + 4])}),
+                reseal(),
+            ],
+            "open",
+        ),
+        bad(
+            "deleted sample past the sample count, resealed",
+            vec![
+                json!({"file": snap, "op": "put", "at": entry(gone.len() - 1), "hex": u32_hex(u32::MAX as u64 - 1)}),
+                reseal(),
+            ],
+            "open",
+        ),
+        bad(
+            "deleted by a generation past the lineage's, resealed",
+            vec![
+                json!({"file": snap, "op": "put", "at": entry(0) + 4, "hex": u32_hex(exp["generation"].as_u64().unwrap() + 1)}),
+                reseal(),
+            ],
+            "open",
+        ),
+        bad(
+            "deleted by generation 0, resealed",
+            vec![
+                json!({"file": snap, "op": "put", "at": entry(0) + 4, "hex": u32_hex(0)}),
+                reseal(),
+            ],
+            "open",
+        ),
+        bad(
+            "deletion count past the section, resealed",
+            vec![
+                json!({"file": snap, "op": "put", "at": dels, "hex": hex(&(gone.len() as u64 + 1).to_le_bytes())}),
+                reseal(),
+            ],
+            "open",
+        ),
+        bad(
+            "DELETIONS cleared, the deletions section kept, resealed",
+            vec![
+                json!({"file": snap, "op": "put", "at": 12, "hex": hex(&[incompat])}),
+                reseal(),
+            ],
+            "open",
+        ),
+        with_key(
+            bad(
+                "a sample listed deleted keeps its entry, resealed",
+                vec![
+                    json!({"file": snap, "op": "put", "at": entry(k), "hex": u32_hex(x)}),
+                    reseal(),
+                ],
+                "lookup",
+            ),
+            "path_hex",
+            path_of(x),
+        ),
+        bad(
+            "a deleted sample's id table slot names an entry, resealed",
+            vec![
+                json!({"file": snap, "op": "put", "at": slot, "hex": hex(&l.snap[other..other + 4])}),
+                reseal(),
+            ],
+            "verify",
+        ),
+    ]
+}
+
+fn with_key(mut v: Value, k: &str, x: Value) -> Value {
+    v[k] = x;
+    v
 }
 
 /// Writes `format/testdata`: every vector not there yet, and `damaged.json`.
@@ -982,7 +1133,145 @@ fn write_vectors() {
         &BTreeMap::new(),
     );
 
+    deleted_vectors(t);
     write_damaged();
+}
+
+/// The vectors with deletions (SPEC §6.8): `deleted`, a packed tree of which samples were
+/// deleted in two generations, and `deleted-fields`, field groups of which a whole directory's
+/// were deleted.
+fn deleted_vectors(t: &Path) {
+    // deleted: ATTRS, raw and zstd records, several chunks; generation 1 deletes a compressed
+    // record, the only file of `gone` (whose directory stays, empty) and one more; generation 2
+    // every sample of a chunk (which then holds no live sample).
+    let mut files: Vec<(Vec<u8>, Vec<u8>, u32, i64)> = (0..40u64)
+        .map(|i| {
+            let class = ["x", "y"][(i % 2) as usize];
+            let data = match i % 5 {
+                0 => format!("compressible line {i} ").repeat(60).into_bytes(),
+                _ => bytes(1000 + i, 100 + (i as usize * 13) % 200),
+            };
+            let mtime = 1_650_000_000_000_000_000 + i as i64 * 1_000_001;
+            let mode = [0o644, 0o600][(i % 2) as usize];
+            (
+                format!("{class}/f{i:03}.dat").into_bytes(),
+                data,
+                mode,
+                mtime,
+            )
+        })
+        .collect();
+    files.push((
+        b"gone/only.dat".to_vec(),
+        b"deleted first\n".to_vec(),
+        0o644,
+        5,
+    ));
+    files.push((b"top.txt".to_vec(), b"no label\n".to_vec(), 0o640, -5));
+    tree(&t.join("del"), &files, &[]);
+    let ds = t.join("deleted.ds");
+    let o = pack(
+        &t.join("del"),
+        &ds,
+        &["--chunk-size", "1KiB", "--seed", "1"],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let (first, second, paths) = {
+        let d = granary::Dataset::open(&ds).unwrap();
+        let zstd = (0..d.len())
+            .find(|&id| d.sample(id).unwrap().compression == granary_format::Compression::Zstd)
+            .expect("a zstd record");
+        let gone = d.lookup(b"gone/only.dat").unwrap().unwrap();
+        let mut first = vec![zstd, gone, (zstd + 3) % d.len()];
+        first.sort_unstable();
+        first.dedup();
+        let chunks = d.snapshot().chunks();
+        let c = chunks
+            .iter()
+            .find(|c| c.sample_count >= 2 && !c.samples().any(|id| first.contains(&id)))
+            .expect("a chunk of two samples or more, none deleted yet");
+        let second: Vec<u64> = c.samples().collect();
+        let paths: BTreeMap<u64, Vec<u8>> =
+            (0..d.len()).map(|id| (id, d.path(id).unwrap())).collect();
+        (first, second, paths)
+    };
+    granary_packer::delete(&ds, &first).unwrap();
+    granary_packer::delete(&ds, &second).unwrap();
+    let gone: Vec<&Vec<u8>> = first.iter().chain(&second).map(|id| &paths[id]).collect();
+    let live: Vec<_> = files
+        .iter()
+        .filter(|f| !gone.contains(&&f.0))
+        .cloned()
+        .collect();
+    write_vector(
+        "deleted",
+        "generation 2: samples deleted twice after a pack (a zstd record, a directory's only \
+         file, a whole chunk's samples)",
+        &ds,
+        &as_src(&live),
+    );
+
+    // deleted-fields: field groups, every sample under part2/ deleted (the directory stays,
+    // an ancestor of the deleted samples' paths the chunks still hold).
+    let mut o = granary_packer::WriterOptions::new(t.join("deleted-fields.ds"));
+    o.output.chunk_size = 64;
+    o.output.seed = 1;
+    let mut w = granary_packer::Writer::create(o).unwrap();
+    let mut fsrc = BTreeMap::new();
+    for i in 0..12u32 {
+        let key = format!("part{}/k{i:02}", i % 3);
+        let fields = vec![
+            (
+                "n".to_string(),
+                "int".to_string(),
+                (i as i64 - 6).to_le_bytes().to_vec(),
+            ),
+            (
+                "txt".to_string(),
+                "str".to_string(),
+                format!("sample {i}").into_bytes(),
+            ),
+        ];
+        for (n, ty, _) in &fields {
+            w.declare_field_type(n.as_bytes(), ty).unwrap();
+        }
+        let f = fields
+            .iter()
+            .map(|(n, _, b)| (n.as_bytes().to_vec(), b.clone()))
+            .collect();
+        let label = ["p", "q"][(i % 2) as usize];
+        w.write_fields(
+            key.as_bytes(),
+            f,
+            granary_packer::Label::Name(label.as_bytes()),
+        )
+        .unwrap();
+        if i % 3 != 2 {
+            let data = fields.iter().flat_map(|f| f.2.clone()).collect();
+            let s = Src {
+                data,
+                fields: Some(fields),
+                attrs: None,
+            };
+            fsrc.insert(key.into_bytes(), s);
+        }
+    }
+    w.finish().unwrap();
+    let ds = t.join("deleted-fields.ds");
+    let ids: Vec<u64> = {
+        let d = granary::Dataset::open(&ds).unwrap();
+        (0..d.len())
+            .filter(|&id| d.path(id).unwrap().starts_with(b"part2/"))
+            .collect()
+    };
+    assert_eq!(ids.len(), 4);
+    granary_packer::delete(&ds, &ids).unwrap();
+    write_vector(
+        "deleted-fields",
+        "generation 1: field groups, every sample of a directory deleted",
+        &ds,
+        &fsrc,
+    );
 }
 
 /// Writes `format/testdata/damaged.json` from the vectors as they are.
@@ -1024,7 +1313,8 @@ fn reads_vectors() {
 fn describe_unchecked(ds: &Path) -> Value {
     let d = granary::Dataset::open_checked(ds).expect("a vector opens");
     let mut src = BTreeMap::new();
-    for id in 0..d.len() {
+    let live = (0..d.len()).filter(|&id| d.snapshot().deleted_by(id).is_none());
+    for id in live {
         let data = d.read(id).unwrap();
         let fields = d.has_fields().then(|| {
             let types: Vec<String> = d

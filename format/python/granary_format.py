@@ -21,11 +21,11 @@ import zlib
 from collections import namedtuple
 
 SNAPSHOT = "snapshot.gsnap"
-ATTRS, FIELDS = 0x1, 0x2          # incompatible feature bits (§5.2)
+ATTRS, FIELDS, DELETIONS = 0x1, 0x2, 0x4     # incompatible feature bits (§5.2)
 NO_LABEL = 0xFFFFFFFF
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 REQUIRED_KINDS = {1, 2, 3, 4, 6, 7}
-KNOWN_KINDS = REQUIRED_KINDS | {5}
+KNOWN_KINDS = REQUIRED_KINDS | {5, 8}
 _HEADER = struct.Struct("<8sHBBI16sQQII16s16sII")     # §5.1, 96 bytes
 _CHUNK_HEADER = struct.Struct("<8sHHI16sI24sI")        # §4, 64 bytes
 _TRAILER = struct.Struct("<QQII8s")                    # §4, 32 bytes
@@ -46,6 +46,11 @@ class Missing(FormatError):
 
 class Unsupported(FormatError):
     """Another major version, or incompatible feature bits this reader does not know."""
+
+
+class Deleted(LookupError):
+    """A read by id of a sample that was deleted (§6.8): its id stays, but it is no sample of
+    the dataset's any more (not damage: the dataset is intact)."""
 
 
 # A chunk table entry (§6.2), with its id and number of samples.
@@ -238,10 +243,10 @@ class Dataset:
             raise Damaged(f"{where}: header CRC mismatch (bytes 0..92)")
         if zero or any(zeros):
             raise Damaged(f"{where}: reserved header bytes (11, 72..88) are not zero")
-        if not 12 <= shift <= 24 or n > (1 << 32) - 2 or body_end < 104 or incompat == 3:
+        if not 12 <= shift <= 24 or n > (1 << 32) - 2 or body_end < 104 or incompat & 3 == 3:
             raise Damaged(f"{where}: block_shift, sample count, body_end or feature bits out of "
                           "range (ATTRS and FIELDS are never set together)")
-        if incompat & ~(ATTRS | FIELDS):
+        if incompat & ~(ATTRS | FIELDS | DELETIONS):
             raise Unsupported(f"{where}: unknown incompatible feature bits {incompat:#x}")
         nblocks = -(-(body_end - 96) >> shift)
         if len(b) != body_end + 4 * nblocks:
@@ -290,7 +295,8 @@ class Dataset:
             end, pos = off + length, _align8(off + length)
         if end != self._body_end:
             raise Damaged(f"{where}: the last section ends at {end}, not {self._body_end}")
-        wanted = REQUIRED_KINDS | ({5} if self.incompat & FIELDS else set())
+        wanted = REQUIRED_KINDS | ({5} if self.incompat & FIELDS else set()) | \
+            ({8} if self.incompat & DELETIONS else set())
         if set(self._sections) & KNOWN_KINDS != wanted:
             raise Damaged(f"{where}: has kinds {sorted(self._sections)}, expected {sorted(wanted)}")
 
@@ -333,16 +339,37 @@ class Dataset:
         if offs[0] or any(a > b for a, b in zip(offs, offs[1:])) or offs[-1] != length - 8 * c - 8:
             raise Damaged(f"{snap}: class counts offsets are inconsistent")
         self._records, _ = self._section(6, 16 * n)
+        self.deleted = self._read_deletions() if self.incompat & DELETIONS else {}
+        self.live_count = n - len(self.deleted)
         self._read_namespace_header()
         self.field_names, self.field_types = [], {}
         if self.incompat & FIELDS:
             self._read_fields_header()
 
+    def _read_deletions(self):
+        """{sample: generation that deleted it} from the deletions section (§6.8), checked."""
+        off, length = self._section(8)
+        where = f"{self._snap}: deletions section at {off}"
+        (d,) = self._unpack("<Q", off)
+        if not 1 <= d <= self.sample_count or length != 8 + 8 * d:
+            raise Damaged(f"{where}: {d} deletions of {self.sample_count} samples in {length} "
+                          "bytes")
+        rows = self._unpack(f"<{2 * d}I", off + 8)
+        deleted, prev = {}, -1
+        for s, g in zip(rows[::2], rows[1::2]):
+            if not prev < s < self.sample_count:
+                raise Damaged(f"{where}: sample {s} does not rise below {self.sample_count}")
+            if not 1 <= g <= self.generation:
+                raise Damaged(f"{where}: sample {s} deleted by generation {g}, not from 1 to "
+                              f"the lineage's {self.generation}")
+            deleted[s], prev = g, s
+        return deleted
+
     def _read_namespace_header(self):
         off, length = self._section(7)
         where = f"{self._snap}: namespace header at {off}"
         e, p, first_paths_len, pages_len, zero = self._unpack("<5Q", off)
-        if zero or e >= 1 << 32 or e < self.sample_count or p > e or (p == 0) != (e == 0):
+        if zero or e >= 1 << 32 or e < self.live_count or p > e or (p == 0) != (e == 0):
             raise Damaged(f"{where}: entry count {e}, page count {p} or zero field out of range")
         first_paths = off + 40 + 16 * (p + 1)
         ids = off + _align8(first_paths - off + first_paths_len)
@@ -421,8 +448,8 @@ class Dataset:
             if path <= prev if i else path != first_paths[p]:
                 raise Damaged(f"{here}: path {path!r} out of order or not the page's first path")
             tag, pos = _varint(page, pos, table, here)
-            if tag > n:
-                raise Damaged(f"{here}: tag {tag} names no sample (count {n})")
+            if tag > n or tag - 1 in self.deleted:
+                raise Damaged(f"{here}: tag {tag} names no sample (count {n}) or a deleted one")
             size = mode = None
             if tag:
                 size, pos = _varint(page, pos, table, here)
@@ -469,7 +496,7 @@ class Dataset:
 
     def _entry_of(self, s, pos=None):
         """Sample s's entry, found (or at `pos`, confirmed) through the id table."""
-        (at,) = self._unpack("<I", self._ids + 4 * self._sample(s))
+        (at,) = self._unpack("<I", self._ids + 4 * self._live(s))
         entry = self._entry_at(at) if at < self.entry_count and pos in (None, at) else None
         if entry is None or entry.sample != s:
             raise Damaged(f"{self._snap}: id table sends sample {s} to another entry ({at})")
@@ -478,6 +505,12 @@ class Dataset:
     def _sample(self, s):
         if not 0 <= s < self.sample_count:
             raise IndexError(f"sample {s} out of range (the dataset has {self.sample_count})")
+        return s
+
+    def _live(self, s):
+        """`s`, a sample not deleted (§6.8): else Deleted."""
+        if self._sample(s) in self.deleted:
+            raise Deleted(f"sample {s} was deleted (by generation {self.deleted[s]})")
         return s
 
     def lookup(self, path):
@@ -599,12 +632,12 @@ class Dataset:
 
     def label(self, s):
         """Sample `s`'s class index, or None."""
-        label = self._span(s)[4]
+        label = self._span(self._live(s))[4]
         return None if label == NO_LABEL else label
 
     def compression(self, s):
         """How sample `s`'s record is stored: "none" or "zstd"."""
-        return "zstd" if self._span(s)[2] & 0xF else "none"
+        return "zstd" if self._span(self._live(s))[2] & 0xF else "none"
 
     def _fields_of(self, s):
         """[(name index, crc32, len)] of sample s's field entries, checked (§6.5)."""
@@ -633,6 +666,7 @@ class Dataset:
     def fields(self, s):
         """[(name, type descriptor, bytes)] of sample `s`'s fields, or None without FIELDS."""
         if not self.incompat & FIELDS:
+            self._live(s)
             return None
         return self._split(s, self.read(s), self._fields_of(s))     # read() checks s first
 
@@ -655,19 +689,21 @@ class Dataset:
             if any(self._mv[start:end]):
                 raise Damaged(f"{self._snap}: padding bytes {start}..{end} are not zero")
         by_sample, dirs = self._verify_namespace()
-        for entry in list(dirs.values()) + by_sample:   # _shown checks every path and key
+        files = [e for e in by_sample if e is not None]     # a deleted sample has no entry
+        for entry in list(dirs.values()) + files:       # _shown checks every path and key
             if any(f.path in dirs for f in self._shown(entry) if f.sample is not None):
                 raise Damaged(f"{self._snap}: a directory is also a field file of {entry.path!r}")
         listed, declared = {}, {}   # directory -> first listing's (mode, mtime); name -> type
         attributes = []             # whether each chunk with records has an attributes block
+        gone = []                   # the deleted samples' paths, as their chunks' footers hold
         for ch in self.chunks:
             with self._open_chunk(ch) as f:
-                features = self._verify_chunk(f, ch, by_sample, listed, declared)
+                features = self._verify_chunk(f, ch, by_sample, listed, declared, gone)
             attributes += [bool(features & 2)] if ch.samples else []
         # ATTRS: every chunk with records has attributes, or none has records but dirs are listed
         if bool(self.incompat & ATTRS) != (all(attributes) if attributes else bool(listed)):
             raise Damaged(f"{self._snap}: ATTRS disagrees with the chunks' attributes blocks")
-        self._verify_dirs(by_sample, dirs, listed)
+        self._verify_dirs([e.path for e in files] + gone, dirs, listed)
         for name in self.field_names:
             if declared.get(name, "bytes") != self.field_types[name]:
                 raise Damaged(f"{self._snap}: field {name!r} has type {self.field_types[name]}, "
@@ -692,12 +728,17 @@ class Dataset:
                 by_sample[entry.sample] = (pos, entry)
             prev = path
         for s, pos in enumerate(self._unpack(f"<{self.sample_count}I", self._ids)):
-            if by_sample[s] is None or by_sample[s][0] != pos:
+            if s in self.deleted:   # no entry (page decoding refuses a tag naming it), no slot
+                if pos != NO_LABEL:
+                    raise Damaged(f"{self._snap}: id table sends deleted sample {s} to entry "
+                                  f"{pos}, not 0xFFFFFFFF")
+            elif by_sample[s] is None or by_sample[s][0] != pos:
                 raise Damaged(f"{self._snap}: id table sends sample {s} to another entry ({pos})")
-        return [entry for _, entry in by_sample], dirs
+        return [None if x is None else x[1] for x in by_sample], dirs
 
-    def _verify_chunk(self, f, ch, by_sample, listed, declared):
-        """Check chunk `ch` (open as `f`) against the snapshot; returns its feature bits."""
+    def _verify_chunk(self, f, ch, by_sample, listed, declared, gone):
+        """Check chunk `ch` (open as `f`) against the snapshot; returns its feature bits. The
+        footer paths of its deleted samples' records are added to `gone`."""
         features, name = self._check_chunk(f, ch), f.name
         with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
             if zlib.crc32(buf) != ch.file_crc or hashlib.sha256(buf).digest()[:16] != ch.digest:
@@ -719,6 +760,10 @@ class Dataset:
             for i, s in enumerate(range(ch.first_sample, ch.first_sample + ch.samples)):
                 offset, end, flags, crc, label = self._span(s)
                 entry = by_sample[s]
+                if entry is None:   # deleted: its record stays, counted in no sum (§6.8)
+                    self._verify_deleted(buf, foot, i, s, name)
+                    gone.append(foot["paths"][i])
+                    continue
                 data = self._decode(buf[offset:end], flags, crc, entry.size,
                                     f"{name} at {offset}: sample {s}")
                 if entry.path != foot["paths"][i]:
@@ -740,6 +785,22 @@ class Dataset:
         if self._class_counts(ch.id) != labels:
             raise Damaged(f"{self._snap}: class counts of chunk {ch.id} differ from its samples'")
         return features
+
+    def _verify_deleted(self, buf, foot, i, s, name):
+        """A deleted sample's record: still its footer entry's, its CRC-32 (and fields) right;
+        its path, which the snapshot no longer holds, only valid."""
+        offset, end, flags, crc, label = self._span(s)
+        where = f"{name} at {offset}: deleted sample {s}"
+        data = _unzstd(buf[offset:end], where) if flags & 0xF == 1 else buf[offset:end]
+        if zlib.crc32(data) != crc:
+            raise Damaged(f"{where}: CRC-32 mismatch")
+        if foot["entries"][i] != (self._chunk_of(s).id, label, offset, end - offset, len(data),
+                                  crc, flags):
+            raise Damaged(f"{name}: footer entry {i} differs from deleted sample {s}'s record")
+        if not valid_path(foot["paths"][i]):
+            raise Damaged(f"{name}: record {i}'s path is invalid")
+        if foot["fields"]:
+            self._verify_fields(s, data, foot["fields"], i, name)
 
     def _verify_fields(self, s, data, fields, i, name):
         rows = self._fields_of(s)
@@ -767,10 +828,11 @@ class Dataset:
             counts[cls] = count
         return counts
 
-    def _verify_dirs(self, by_sample, dirs, listed):
-        """The directories are those the chunks list and every ancestor of a path (§8)."""
+    def _verify_dirs(self, paths, dirs, listed):
+        """The directories are those the chunks list and every ancestor of a path (§8): of
+        the samples' paths, the deleted ones' (which their chunks' footers still hold) too."""
         expected = set(listed)
-        for path in [e.path for e in by_sample] + list(listed):
+        for path in paths + list(listed):
             expected.update(path[:i] for i in range(len(path)) if path[i] == 0x2F)
         if expected != set(dirs):
             raise Damaged(f"{self._snap}: directory entries differ from what the chunks list")
@@ -863,8 +925,8 @@ def main(argv=None):
         ds = open_dataset(args[1])
         if args[0] == "info":
             info = {k: getattr(ds, k) for k in ("dataset_id content_digest generation parent "
-                                                "incompat compat sample_count chunk_count "
-                                                "entry_count").split()}
+                                                "incompat compat sample_count live_count "
+                                                "chunk_count entry_count").split()}
             info["classes"] = [c.decode("utf-8", "backslashreplace") for c in ds.classes]
             info["field_types"] = {k.decode(): v for k, v in ds.field_types.items()}
             print(json.dumps(info, indent=2))
@@ -885,7 +947,8 @@ def main(argv=None):
         else:
             for name in ds.verify():
                 print(f"{name}: not part of the dataset")
-            print(f"{args[1]}: ok ({ds.sample_count} samples, {ds.chunk_count} chunks)")
+            gone = f", {len(ds.deleted)} deleted" if ds.deleted else ""
+            print(f"{args[1]}: ok ({ds.live_count} samples{gone}, {ds.chunk_count} chunks)")
     except FormatError as e:
         print(f"{type(e).__name__}: {e}", file=sys.stderr)
         return 1

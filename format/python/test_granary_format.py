@@ -215,7 +215,19 @@ def test_vector(name):
             for c in ds.chunks] == expected["chunks"]
     assert [{"path_hex": e.path.hex(), "mode": e.mode, "mtime_ns": e.mtime_ns}
             for e in ds.entries() if e.sample is None] == expected["dirs"]
-    assert ds.sample_count == len(expected["samples"])
+    # Deleted samples (§6.8): listed with their generation, in no listing, unreadable by id.
+    deleted = expected.get("deleted", [])
+    assert [{"id": s, "generation": g} for s, g in sorted(ds.deleted.items())] == deleted
+    assert ds.sample_count == len(expected["samples"]) + len(deleted)
+    assert ds.live_count == len(expected["samples"])
+    assert sorted([w["id"] for w in expected["samples"]] + [d["id"] for d in deleted]) == \
+        list(range(ds.sample_count))
+    files = [e for e in ds.entries() if e.sample is not None]
+    assert sorted(e.sample for e in files) == [w["id"] for w in expected["samples"]]
+    for d in deleted:
+        for read in (ds.read, ds.path, ds.stat, ds.label, ds.compression, ds.fields):
+            with pytest.raises(gf.Deleted, match="deleted"):
+                read(d["id"])
     for want in expected["samples"]:
         s = want["id"]
         data = ds.read(s)
@@ -228,6 +240,35 @@ def test_vector(name):
         assert ds.lookup(ds.path(s)) == s
         assert got == want, f"sample {s}"
     assert ds.verify() == []
+
+
+DELETING = [n for n in VECTORS if "deleted" in json.loads((TESTDATA / n / "expected.json")
+                                                           .read_text())]
+
+
+@pytest.mark.parametrize("name", DELETING or [None])
+def test_deleted_samples_are_neither_listed_nor_found(name):
+    """A deleted sample's path (its chunk's footer still holds it) finds nothing, and a walk of
+    the directories meets every other sample, and no deleted one (§6.8)."""
+    if name is None:
+        pytest.skip("no test vector has deletions")
+    ds = gf.open_dataset(TESTDATA / name / "dataset")
+    assert ds.deleted and ds.live_count == ds.sample_count - len(ds.deleted)
+    seen, todo = set(), [b""]
+    while todo:
+        for entry in ds.listdir(todo.pop()):
+            if entry.sample is None:
+                todo.append(entry.path)
+            else:
+                seen.add(entry.sample)
+    assert seen == set(range(ds.sample_count)) - set(ds.deleted)
+    for ch in ds.chunks:
+        with ds._open_chunk(ch) as f:
+            features = ds._check_chunk(f, ch)
+            f.seek(0)
+            foot = gf._parse_footer(f.read(), features, f.name)
+        for s, path in zip(range(ch.first_sample, ch.first_sample + ch.samples), foot["paths"]):
+            assert ds.lookup(path) == (None if s in ds.deleted else s), path
 
 
 def _vector_fields(ds, s):

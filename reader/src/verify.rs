@@ -156,7 +156,7 @@ pub fn verify_with(path: &Path, cfg: &StoreConfig) -> VerifyReport {
     }
     let snap_loc = ds.snapshot_path().display().to_string();
     let snap = ds.snapshot();
-    r.samples = snap.sample_count();
+    r.samples = snap.live_count();
     r.chunks = snap.chunk_count();
     r.digest = ds.full_digest().ok();
     r.samples_digest = ds.samples_digest().ok();

@@ -203,6 +203,17 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
                 Some(_) => invalid!(NS, "sample {id} was deleted but has an entry"),
             });
         }
+        for &id in self.deleted().iter() {
+            let at = self.ns.idtab.start + id as usize * 4;
+            let slot = crate::le::u32_at(self.at(at..at + 4)?, 0);
+            if slot != u32::MAX {
+                errs.push(invalid!(
+                    NS,
+                    "id table: deleted sample {id} has slot {slot}, not 0xFFFFFFFF"
+                ));
+                break;
+            }
+        }
         Ok(sizes)
     }
 
