@@ -85,6 +85,7 @@ subcommands! {
     Upgrade(cmd::upgrade::Args) => cmd::upgrade::run,
     View(cmd::view::Args) => cmd::view::run,
     Delete(cmd::delete::Args) => cmd::delete::run,
+    Compact(cmd::compact::Args) => cmd::compact::run,
     Cache(cmd::cache::Args) => cmd::cache::run,
     Mount(cmd::mount::Args) => cmd::mount::run,
     Serve(cmd::serve::Args) => cmd::serve::run,

@@ -379,6 +379,36 @@ fn cases(w: &World) -> Vec<Case> {
             places: Box::new(out_places),
         });
     }
+    {
+        let ds = ds.clone();
+        let args = |d: &Path| os(&[&"compact", &d.join("out"), &"--all", &"--grace", &"0"]);
+        // Compaction leaves the content as it was: the state is the generation with it.
+        let state = |d: &Path| {
+            let content = dataset_state(&d.join("out"))?;
+            let o = run([
+                "info".as_ref(),
+                d.join("out").as_os_str(),
+                "--json".as_ref(),
+            ]);
+            let v: serde_json::Value =
+                serde_json::from_slice(&o.stdout).map_err(|e| format!("info: {e}"))?;
+            Ok(format!("{content}, generation {}", v["generation"]))
+        };
+        v.push(Case {
+            name: "compact",
+            setup: Box::new(move |d| {
+                copy_dir(&ds, &d.join("out"));
+                std::fs::write(d.join("ids.txt"), "0\n2\n5\n").unwrap();
+                let ids = d.join("ids.txt");
+                let o = run(os(&[&"delete", &d.join("out"), &"--ids-from", &ids]));
+                assert!(o.status.success(), "{}", stderr(&o));
+                args(d)
+            }),
+            state: Box::new(state),
+            recover: Box::new(args),
+            places: Box::new(out_places),
+        });
+    }
     // Commands that rewrite a copy of a dataset in place, run again as they are.
     let mut in_place = |name: &'static str, template: &Path, lose_snapshot: bool| {
         let template = template.to_path_buf();

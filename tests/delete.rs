@@ -379,3 +379,186 @@ fn a_tier_drops_and_never_again_copies_chunks_holding_deleted_samples() {
     }
     assert!(!holds(&tier, &bytes(1, 800)).is_empty() || !walkdir(&tier).is_empty());
 }
+
+fn compact(ds: &Path, args: &[&str]) -> serde_json::Value {
+    let mut a: Vec<&std::ffi::OsStr> = vec!["compact".as_ref(), ds.as_os_str(), "--json".as_ref()];
+    a.extend(args.iter().map(std::ffi::OsStr::new));
+    let o = run(a);
+    assert!(o.status.success(), "{}", stderr(&o));
+    serde_json::from_slice(&o.stdout).unwrap()
+}
+
+fn json_of(args: &[&std::ffi::OsStr]) -> serde_json::Value {
+    let o = run(args);
+    assert!(o.status.success(), "{}", stderr(&o));
+    serde_json::from_slice(&o.stdout).unwrap()
+}
+
+#[test]
+fn compaction_removes_every_deleted_byte_and_keeps_the_rest_exact() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    // Every seventh file carries a marker found nowhere else; text files compress (zstd).
+    let files: Vec<(Vec<u8>, Vec<u8>)> = (0..210u64)
+        .map(|i| {
+            let mut b = match i % 3 {
+                0 => format!("text {i} ").repeat(60).into_bytes(),
+                _ => bytes(i, 700 + (i as usize * 13) % 900),
+            };
+            if i % 7 == 0 {
+                b.extend_from_slice(format!("MARKER-{i:04}-GONE").as_bytes());
+            }
+            (format!("c{}/f{i:03}.bin", i % 3).into_bytes(), b)
+        })
+        .collect();
+    write_tree(&src, &files);
+    let ds = tmp.path().join("ds");
+    assert!(
+        pack(&src, &ds, &["--chunk-size", "16KiB", "--compress", "none"])
+            .status
+            .success()
+    );
+    let list = tmp.path().join("gone.txt");
+    let gone: String = (0..210)
+        .filter(|i| i % 7 == 0)
+        .map(|i| format!("c{}/f{i:03}.bin\n", i % 3))
+        .collect();
+    std::fs::write(&list, gone).unwrap();
+    let o = delete(&ds, &["--paths-from", list.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let verify = |ds: &Path| json_of(&["verify".as_ref(), ds.as_os_str(), "--json".as_ref()]);
+    let before = verify(&ds);
+    let want: Vec<(Vec<u8>, Vec<u8>)> = files
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| i % 7 != 0)
+        .map(|(_, f)| f.clone())
+        .collect();
+    let want = sorted(want);
+    // A reader that opened this generation before the compaction.
+    let old = Arc::new(Dataset::open(&ds).unwrap());
+    let wanted: BTreeMap<Vec<u8>, Vec<u8>> = want.iter().cloned().collect();
+    // Above a share nobody reaches, nothing is rewritten.
+    let none = compact(&ds, &["--min-dead", "1"]);
+    assert!(
+        none["generation"].is_null() && none["chunks_left"].as_u64() > Some(0),
+        "{none}"
+    );
+    // With the default grace the replaced files stay: the old reader reads them.
+    let s = compact(&ds, &["--all"]);
+    assert_eq!(s["records_removed"].as_u64(), Some(30), "{s}");
+    assert!(
+        s["files_waiting"].as_array().unwrap().len() as u64
+            == s["chunks_rewritten"].as_u64().unwrap()
+    );
+    assert_eq!(
+        epoch(&old, ShuffleMode::Chunkwise, 1, 1, &wanted).len(),
+        want.len()
+    );
+    let v = verify(&ds);
+    assert_eq!(
+        (v["digest"].clone(), v["samples_digest"].clone()),
+        (before["digest"].clone(), before["samples_digest"].clone())
+    );
+    let out = tmp.path().join("x1");
+    assert_eq!(extracted(&ds, &out), want);
+    assert!(
+        !holds(&ds, b"MARKER-0007-GONE").is_empty(),
+        "kept for the grace period"
+    );
+    // Grace 0: the replaced files go; the old reader now fails naming the missing file.
+    let s = compact(&ds, &["--grace", "0"]);
+    assert!(
+        s["generation"].is_null() && !s["files_removed"].as_array().unwrap().is_empty(),
+        "{s}"
+    );
+    for i in (0..210).step_by(7) {
+        let m = format!("MARKER-{i:04}-GONE");
+        assert!(
+            holds(&ds, m.as_bytes()).is_empty(),
+            "{m} still in the dataset"
+        );
+    }
+    let o = Shard {
+        rank: 0,
+        world_size: 1,
+        worker: 0,
+        num_workers: 1,
+    };
+    let err = old
+        .stream_epoch(
+            &PlanOptions::default(),
+            0,
+            o,
+            None,
+            &StreamOptions::default(),
+        )
+        .and_then(|s| s.collect::<granary::Result<Vec<_>>>());
+    let e = err.map(|_| ()).unwrap_err().to_string();
+    assert!(e.contains("chunk-0"), "{e}");
+    // The compacted dataset: every remaining sample once, verify clean, reads as before.
+    let new = Arc::new(Dataset::open(&ds).unwrap());
+    for (world, workers) in [(1, 1), (1, 3)] {
+        assert_eq!(
+            epoch(&new, ShuffleMode::Chunkwise, world, workers, &wanted).len(),
+            want.len()
+        );
+    }
+    let v = verify(&ds);
+    assert_eq!(v["digest"], before["digest"]);
+    let info = json_of(&["info".as_ref(), ds.as_os_str(), "--json".as_ref()]);
+    assert_eq!(info["deleted"]["bytes"].as_u64(), Some(0), "{info}");
+    // It grows and shrinks on: an append and another deletion, then compaction again.
+    let more = tmp.path().join("more");
+    write_tree(&more, &[(b"c0/new.bin".to_vec(), bytes(77, 900))]);
+    run_ok(["append".as_ref(), ds.as_os_str(), more.as_os_str()]);
+    std::fs::write(&list, "c1/f001.bin\nc0/new.bin\n").unwrap();
+    assert!(delete(&ds, &["--paths-from", list.to_str().unwrap()])
+        .status
+        .success());
+    let s = compact(&ds, &["--all", "--grace", "0"]);
+    assert_eq!(s["records_removed"].as_u64(), Some(2), "{s}");
+    let v = verify(&ds);
+    assert!(v["problems"].as_array().is_none_or(|p| p.is_empty()), "{v}");
+    let names: Vec<String> = std::fs::read_dir(&ds)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(names.iter().any(|n| n.contains(".r2.")), "{names:?}");
+    assert_eq!(
+        Dataset::open(&ds).unwrap().selected_len(),
+        want.len() as u64 - 1
+    );
+}
+
+#[test]
+fn compaction_of_samples_with_fields() {
+    let tmp = tempfile::tempdir().unwrap();
+    let members: Vec<(String, Vec<u8>)> = (0..40u64)
+        .flat_map(|s| {
+            let key = format!("{s:04}");
+            vec![
+                (format!("{key}.jpg"), bytes(s, 300)),
+                (format!("{key}.txt"), format!("caption {s}").into_bytes()),
+            ]
+        })
+        .collect();
+    let tar = tmp.path().join("shard.tar");
+    write_tar(&tar, &members);
+    let ds = tmp.path().join("ds");
+    import_tar(&tar, &ds, &["--chunk-size", "4KiB"]);
+    let list = tmp.path().join("gone.txt");
+    std::fs::write(&list, "0003\n0010\n0011\n").unwrap();
+    let o = delete(&ds, &["--paths-from", list.to_str().unwrap(), "--strict"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let before = json_of(&["verify".as_ref(), ds.as_os_str(), "--json".as_ref()]);
+    let s = compact(&ds, &["--all", "--grace", "0"]);
+    assert_eq!(s["records_removed"].as_u64(), Some(3), "{s}");
+    let v = json_of(&["verify".as_ref(), ds.as_os_str(), "--json".as_ref()]);
+    assert_eq!(v["digest"], before["digest"], "{v}");
+    let ds = Dataset::open(&ds).unwrap();
+    assert_eq!(ds.selected_len(), 37);
+    let id = ds.lookup(b"0012").unwrap().unwrap();
+    let f = ds.read_fields(id, None).unwrap();
+    assert_eq!(f[1].1, b"caption 12");
+}

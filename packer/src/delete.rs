@@ -112,6 +112,7 @@ pub fn delete(dataset: &Path, ids: &[u64]) -> Result<DeleteSummary, PackError> {
         .collect::<Result<Vec<_>, _>>()?;
     let mut b = spooled_builder(dataset, snap.dataset_id(), classes)?;
     b.deletions(all)?;
+    b.revisions(snap.revisions().to_vec());
     for c in 0..snap.chunk_count() {
         b.push_chunk(&snap.chunk_summary(c)?)?;
     }

@@ -15,6 +15,7 @@ macro_rules! usage {
     };
 }
 
+mod compact;
 mod delete;
 mod encode;
 mod files;
@@ -42,6 +43,7 @@ use granary_format::{
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde::Serialize;
 
+pub use compact::{compact, CompactOptions, CompactSummary, DEFAULT_GRACE};
 pub use delete::{delete, DeleteSummary};
 pub use encode::{looks_compressed, CompressMode, DEFAULT_LEVEL};
 use files::FileTable;

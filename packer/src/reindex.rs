@@ -192,8 +192,19 @@ pub fn reindex(
     if !force {
         place.refuse_intact_snapshot()?;
     }
-    let mut ids: Vec<u32> = place
-        .names()?
+    let names = place.names()?;
+    if let Some(n) = names
+        .iter()
+        .find(|n| granary_format::parse_chunk_file_name_at(n).is_some_and(|(_, rev)| rev > 0))
+    {
+        return Err(usage!(
+            "{}: {n} is a chunk rewritten by `granary compact`: rebuilding the snapshot of a \
+             compacted dataset from its chunks is not supported yet (which samples were \
+             deleted is known only to the snapshot)",
+            place.show()
+        ));
+    }
+    let mut ids: Vec<u32> = names
         .iter()
         .filter_map(|n| parse_chunk_file_name(n))
         .collect();
@@ -203,10 +214,17 @@ pub fn reindex(
     }
     // A snapshot still there that opens says how many chunks the dataset has: a missing last
     // chunk is missing too (without one, the chunks found are all that can be known).
-    let listed = match place.read(SNAPSHOT_FILE)? {
-        Some(old) => Snapshot::open(&old[..]).map_or(0, |s| s.chunk_count()),
-        None => 0,
-    };
+    let old = place.read(SNAPSHOT_FILE)?;
+    let old = old.as_deref().and_then(|b| Snapshot::open(b).ok());
+    if let Some(d) = old.as_ref().map(|s| s.deleted().len()).filter(|&d| d > 0) {
+        return Err(usage!(
+            "{}: its snapshot lists {d} deleted samples, and is the only record of them: a \
+             snapshot rebuilt from the chunks would bring back those whose records the \
+             chunks still hold; reindex refuses a dataset with deletions",
+            place.show()
+        ));
+    }
+    let listed = old.map_or(0, |s| s.chunk_count());
     let end = u64::from(*ids.last().expect("non-empty") + 1).max(listed);
     let missing: Vec<String> = (0..end)
         .map(|i| i as u32)

@@ -542,6 +542,8 @@ impl Run<'_> {
                         .map(|&id| (id, snap.deleted_by(id).unwrap_or(0) as u32))
                         .collect(),
                 )?;
+                // Compacted chunks keep their revisions (the new ones are at 0).
+                builder.revisions(snap.revisions().to_vec());
                 for c in 0..snap.chunk_count() {
                     builder.push_chunk(&snap.chunk_summary(c)?)?;
                 }

@@ -104,7 +104,7 @@ def delete(dataset, *, ids=None, paths=None, strict=False):
     is listed in ``missing`` and left out, or with ``strict=True`` a KeyError (nothing deleted);
     an id past the dataset's end is a ValueError. Readers of this generation never deliver, list
     or find a deleted sample; sample ids do not move. The deleted records' bytes stay in their
-    chunk files until the dataset is packed again."""
+    chunk files until ``granary compact`` rewrites them."""
     if ids is None and paths is None:
         raise ValueError("give ids= or paths= (or both)")
     chosen, missing = [], []

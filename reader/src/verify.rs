@@ -2,7 +2,7 @@
 
 use std::path::Path;
 
-use granary_format::{check_chunk, hex16, parse_chunk_file_name, SNAPSHOT_FILE};
+use granary_format::{check_chunk, hex16, SNAPSHOT_FILE};
 use rayon::prelude::*;
 use serde_json::json;
 
@@ -173,13 +173,23 @@ pub fn verify_with(path: &Path, cfg: &StoreConfig) -> VerifyReport {
         r.problems.extend(c.problems);
         r.unreadable.extend(c.unreadable);
     }
+    let chunk_of = |name: &str| {
+        granary_format::parse_chunk_file_name_at(name)
+            .filter(|(id, _)| u64::from(*id) < snap.chunk_count())
+    };
     let known = |name: &str| {
-        name == SNAPSHOT_FILE
-            || parse_chunk_file_name(name).is_some_and(|id| (id as u64) < snap.chunk_count())
+        name == SNAPSHOT_FILE || chunk_of(name).is_some_and(|(id, rev)| rev == snap.revision(id))
     };
     let listed = ds.store().list();
-    for (_, l) in listed.iter().flatten().filter(|(n, _)| !known(n)) {
-        let m = format!("{} is not part of the dataset", l.display());
+    for (n, l) in listed.iter().flatten().filter(|(n, _)| !known(n)) {
+        let m = match chunk_of(n) {
+            Some((id, rev)) if rev < snap.revision(id) => format!(
+                "{} is chunk {id} as it was before compaction, kept for readers of older \
+                 generations (`granary compact` removes it once its grace period has passed)",
+                l.display()
+            ),
+            _ => format!("{} is not part of the dataset", l.display()),
+        };
         r.notes.push(m);
     }
     if let Err(e) = listed {
@@ -248,15 +258,21 @@ fn check_one_chunk(ds: &Dataset, c: u32) -> VerifyReport {
         let m = format!("its footer's class table ({n} classes) is not the snapshot's ({mine})");
         p(None, m);
     }
+    // The footer lists the chunk's samples whose records compaction did not remove.
+    let snap = ds.snapshot();
+    let removed = |id: u64| {
+        snap.record(id)
+            .is_ok_and(|r| u32::from(r.flags) & granary_format::FLAG_REMOVED != 0)
+    };
+    let present: Vec<u64> = ce.samples().filter(|&id| !removed(id)).collect();
     let records = check.footer.entries.len() as u64;
-    if records != ce.sample_count {
-        let want = ce.sample_count;
+    if records != present.len() as u64 {
+        let want = present.len();
         let m = format!("footer lists {records} records, the snapshot {want}");
         p(None, m);
     } else {
         check_fields(ds, &bytes, &check, &mut p);
-        let snap = ds.snapshot();
-        for (i, id) in ce.samples().enumerate() {
+        for (i, &id) in present.iter().enumerate() {
             if snap.deleted_by(id).is_some() {
                 // Deleted: its record is still here, as the record table says; it has no path.
                 let f = &check.footer.entries[i];

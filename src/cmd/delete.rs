@@ -22,7 +22,7 @@ ls, cat, read, extract, a mount, Python and mixtures of this generation never de
 find them. Sample ids do not move: score tables stay valid and a view made after the deletion
 selects among the rest. The snapshot is replaced atomically (a reader that has the old one open
 keeps reading it); chunk files are not rewritten, so the deleted records' bytes stay in them
-(`granary info` shows how many) until the dataset is packed again. A listed id or path the
+(`granary info` shows how many) until `granary compact` rewrites them. A listed id or path the
 dataset does not hold is reported and left out (with --strict: an error, nothing deleted); a
 deletion that removes nothing new is refused. Views made before the deletion are refused as
 stale; a resume state taken inside an epoch before it resumes at the next epoch.")]
@@ -108,7 +108,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     super::output(a.json, &v, |_| {
         println!(
             "{}: deleted {} samples ({} by {}) in {} chunks: generation {}, {} samples remain; \
-             {} of deleted records stay in their chunk files until the dataset is packed again",
+             {} of deleted records stay in their chunk files until `granary compact`",
             a.dataset.display(),
             s.deleted,
             if s.already_deleted > 0 {

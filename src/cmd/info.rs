@@ -127,13 +127,20 @@ fn text(v: &Value, named: &Path, out: &mut impl Write) -> std::io::Result<()> {
     writeln!(out, "samples        {samples} ({compressed} compressed)")?;
     if let Some(d) = v["deleted"].as_object() {
         let chunks = d["chunks"].as_array().map_or(0, Vec::len);
-        writeln!(
-            out,
-            "deleted        {} samples; their records, {}, stay in {chunks} chunk files \
-             (info --json lists them)",
-            d["samples"],
-            human_bytes(d["bytes"].as_u64().unwrap_or_default())
-        )?;
+        match chunks {
+            0 => writeln!(
+                out,
+                "deleted        {} samples; compaction removed all their records",
+                d["samples"]
+            )?,
+            _ => writeln!(
+                out,
+                "deleted        {} samples; their records, {}, stay in {chunks} chunk files \
+                 until `granary compact` (info --json lists them)",
+                d["samples"],
+                human_bytes(d["bytes"].as_u64().unwrap_or_default())
+            )?,
+        }
     }
     let chunks = bytes("bytes_chunks");
     writeln!(out, "chunks         {} ({chunks})", v["chunks"])?;

@@ -5,6 +5,7 @@ pub mod args;
 pub mod bench;
 pub mod cache;
 pub mod cat;
+pub mod compact;
 pub mod delete;
 pub mod extract;
 pub mod info;

@@ -239,13 +239,22 @@ impl Opener {
 pub struct LocalDir {
     dir: PathBuf,
     opener: Arc<Opener>,
+    /// Each chunk's revision, by id (a compacted chunk's file name says it); empty: all 0.
+    revisions: Arc<[u32]>,
 }
 
 impl LocalDir {
     pub fn new(dir: impl Into<PathBuf>) -> Self {
+        Self::with_revisions(dir, Arc::from(Vec::new()))
+    }
+
+    /// The chunk files of a dataset whose chunks have these revisions (by id; a chunk past
+    /// the table's end is at revision 0): the snapshot's revisions section.
+    pub fn with_revisions(dir: impl Into<PathBuf>, revisions: Arc<[u32]>) -> Self {
         LocalDir {
             dir: dir.into(),
             opener: Arc::new(Opener::positional()),
+            revisions,
         }
     }
 
@@ -257,7 +266,9 @@ impl LocalDir {
 
 impl ChunkStore for LocalDir {
     fn chunk_location(&self, id: u32) -> PathBuf {
-        self.dir.join(granary_format::chunk_file_name(id))
+        let revision = self.revisions.get(id as usize).copied().unwrap_or(0);
+        self.dir
+            .join(granary_format::chunk_file_name_at(id, revision))
     }
 
     fn location(&self) -> String {
@@ -283,6 +294,7 @@ impl ChunkStore for LocalDir {
         Some(Arc::new(LocalDir {
             dir: self.dir.clone(),
             opener: Arc::new(Opener::for_access(access)),
+            revisions: self.revisions.clone(),
         }))
     }
 }

@@ -442,12 +442,15 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
         Some(self.deleted_in[k] as u64)
     }
 
-    /// Per chunk holding deleted samples' records: (chunk id, deleted samples, bytes their
-    /// records take in its file), rising by chunk. O(deleted).
+    /// Per chunk whose file keeps deleted samples' records (not removed by compaction): (chunk
+    /// id, such records, bytes they take in its file), rising by chunk. O(deleted).
     pub fn dead_records(&self) -> Result<Vec<(u32, u64, u64)>> {
         let mut out: Vec<(u32, u64, u64)> = Vec::new();
         for &id in self.deleted.iter() {
             let e = self.stored_sample(id)?;
+            if e.flags & crate::FLAG_REMOVED != 0 {
+                continue;
+            }
             match out.last_mut() {
                 Some(l) if l.0 == e.chunk => (l.1, l.2) = (l.1 + 1, l.2 + e.stored_len),
                 _ => out.push((e.chunk, 1, e.stored_len)),

@@ -85,7 +85,9 @@ impl Dataset {
         let snap = granary_store::object::snapcache::open_snapshot(&u, cfg)?;
         let mut ds = Self::open_in(&snap.path, None, snap.pager)?;
         let sizes = ds.chunk_entries()?.iter().map(|c| c.file_size).collect();
-        ds.store = Arc::new(granary_store::object::ObjectChunks::new(u, sizes));
+        let revisions = ds.snap.revisions().into();
+        ds.store =
+            Arc::new(granary_store::object::ObjectChunks::new(u, sizes).with_revisions(revisions));
         Ok(ds)
     }
 
@@ -134,7 +136,13 @@ impl Dataset {
             Some(p) => Snapshot::open_paged(map, p.clone()),
         }
         .map_err(|e| ReadError::format(&snapshot_path, e))?;
-        let store = store.unwrap_or_else(|| Arc::new(LocalDir::new(parent_dir(&snapshot_path))));
+        let store = store.unwrap_or_else(|| {
+            let revisions = snap.revisions().into();
+            Arc::new(LocalDir::with_revisions(
+                parent_dir(&snapshot_path),
+                revisions,
+            ))
+        });
         Ok(Dataset {
             snapshot_path,
             snap,

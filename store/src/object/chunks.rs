@@ -17,18 +17,35 @@ use crate::seam::{ChunkSource, ChunkStore, RangeRead, Source};
 pub struct ObjectChunks {
     url: Arc<ObjectUrl>,
     sizes: Vec<u64>,
+    /// Each chunk's revision (empty: all 0).
+    revisions: Arc<[u32]>,
 }
 
 impl ObjectChunks {
     /// Chunks under `url` with the sizes the snapshot records (indexed by chunk id).
     pub fn new(url: Arc<ObjectUrl>, sizes: Vec<u64>) -> Self {
-        ObjectChunks { url, sizes }
+        ObjectChunks {
+            url,
+            sizes,
+            revisions: Arc::from(Vec::new()),
+        }
+    }
+
+    /// [`ObjectChunks::new`] of a dataset whose chunks have these revisions (by id).
+    pub fn with_revisions(mut self, revisions: Arc<[u32]>) -> Self {
+        self.revisions = revisions;
+        self
+    }
+
+    fn name(&self, id: u32) -> String {
+        let revision = self.revisions.get(id as usize).copied().unwrap_or(0);
+        granary_format::chunk_file_name_at(id, revision)
     }
 }
 
 impl ChunkStore for ObjectChunks {
     fn chunk_location(&self, id: u32) -> PathBuf {
-        PathBuf::from(self.url.object_url(&granary_format::chunk_file_name(id)))
+        PathBuf::from(self.url.object_url(&self.name(id)))
     }
 
     fn location(&self) -> String {
@@ -42,7 +59,7 @@ impl ChunkStore for ObjectChunks {
                 self.url.url
             ))
         })?;
-        let name = granary_format::chunk_file_name(id);
+        let name = self.name(id);
         Ok(Arc::new(ObjectChunk {
             location: PathBuf::from(self.url.object_url(&name)),
             url: self.url.clone(),
