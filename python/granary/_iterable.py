@@ -380,7 +380,12 @@ class IterableDataset(_IterBase):
         if st is not None:
             then = st.get("then")
             slot = rank * workers + worker
-            if then is None and (st["world_size"], st["num_workers"]) == (world, workers):
+            # A state of the previous generation resumes the epoch as it was planned, less the
+            # samples deleted since: counted from the start of the resumed plan, as below.
+            of = st.get("of")
+            earlier = of is not None and of != self._identity()
+            same = (st["world_size"], st["num_workers"]) == (world, workers)
+            if then is None and same and not earlier:
                 self._consumed = st["consumed"][slot]
             else:
                 # Resumed under another configuration: counted from the start of the

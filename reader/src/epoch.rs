@@ -84,21 +84,25 @@ impl EpochSetup {
                     ds.view().map_or("", |_| " and is a view")
                 )));
             }
-            // Deleted since: the old plan's positions are not this shape's (the rest of
-            // the epoch would skip and repeat samples). Refused, not guessed.
+            // Samples this generation deleted were in the epoch as planned: its plan is made of
+            // the samples the state's generation had (ids do not move), and they are left out
+            // as it is handed out.
             let snap = ds.snapshot();
             let g = snap.lineage().generation;
-            if snap
-                .deleted()
-                .iter()
-                .any(|&id| snap.deleted_by(id) == Some(g))
-            {
-                return Err(ReadError::invalid(format!(
-                    "the resume state's epoch was planned before generation {g} of {} deleted                      samples; resuming inside that epoch is not supported yet: start the next                      epoch (its plan leaves the deleted samples out)",
-                    ds.location()
-                )));
-            }
-            shape = shape.prefix(c);
+            let since: Vec<u64> = (snap.deleted().iter().copied())
+                .filter(|&id| snap.deleted_by(id) == Some(g))
+                .collect();
+            shape = match since.is_empty() {
+                true => shape.prefix(c),
+                false => {
+                    let had: std::sync::Arc<[u64]> = (0..ds.len())
+                        .filter(|&id| snap.deleted_by(id).is_none_or(|d| d == g))
+                        .collect();
+                    let counts = ds.chunk_entries()?.into_iter().map(|ce| ce.sample_count);
+                    let all = crate::DatasetShape::from_counts(counts);
+                    all.select(had).prefix(c).without(&since)
+                }
+            };
         }
         let o = self.plan_options(ds)?;
         self.plan_of(ds, &shape, &o, epoch, shard, resume)

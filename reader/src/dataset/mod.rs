@@ -378,7 +378,7 @@ impl Dataset {
     }
 
     /// The chunk table's entries, in chunk order (O(chunks)).
-    fn chunk_entries(&self) -> Result<Vec<ChunkEntry>> {
+    pub(crate) fn chunk_entries(&self) -> Result<Vec<ChunkEntry>> {
         (0..self.chunk_count() as u32)
             .map(|c| self.chunk(c))
             .collect()

@@ -172,6 +172,9 @@ pub struct DatasetShape {
     ids: Option<std::sync::Arc<[u64]>>,
     /// Of a mixture's source: the samples an epoch delivers ([`DatasetShape::take`]).
     take: Option<u64>,
+    /// Positions plans skip as they hand samples out ([`DatasetShape::without`]): samples
+    /// deleted since the epoch a resume state continues was planned, rising.
+    dropped: Option<std::sync::Arc<[u64]>>,
 }
 
 impl DatasetShape {
@@ -199,7 +202,63 @@ impl DatasetShape {
             shift,
             ids: None,
             take: None,
+            dropped: None,
         }
+    }
+
+    /// This shape, with the dataset samples `ids` (rising) left out of every plan made of it
+    /// after the plan is cut and resumed: an epoch planned before they were deleted, resumed
+    /// after (its order, shares and resume counts are the epoch's as planned; the samples
+    /// deleted since are not delivered).
+    pub fn without(mut self, ids: &[u64]) -> DatasetShape {
+        let pos: Vec<u64> = match &self.ids {
+            None => ids
+                .iter()
+                .copied()
+                .filter(|&i| i < self.samples())
+                .collect(),
+            Some(sel) => ids
+                .iter()
+                .filter_map(|i| sel.binary_search(i).ok().map(|p| p as u64))
+                .collect(),
+        };
+        self.dropped = (!pos.is_empty()).then(|| pos.into());
+        self
+    }
+
+    /// `p` (a plan of positions of this shape) without the positions [`DatasetShape::without`]
+    /// dropped, its windows re-cut around what is left.
+    fn drop_from(&self, mut p: EpochPlan) -> EpochPlan {
+        let Some(gone) = &self.dropped else {
+            return p;
+        };
+        let keep = |s: &u64| gone.binary_search(s).is_err();
+        let mut samples = Vec::with_capacity(p.samples.len());
+        let mut weights = Vec::new();
+        let mut windows = Vec::with_capacity(p.windows.len());
+        for w in &p.windows {
+            let start = samples.len();
+            for k in w.range.clone() {
+                if keep(&p.samples[k]) {
+                    samples.push(p.samples[k]);
+                    if let Some(&x) = p.weights.get(k) {
+                        weights.push(x);
+                    }
+                }
+            }
+            if samples.len() > start {
+                let mut chunks: Vec<u32> =
+                    samples[start..].iter().map(|&s| self.chunk_of(s)).collect();
+                chunks.sort_unstable();
+                chunks.dedup();
+                windows.push(Window {
+                    range: start..samples.len(),
+                    chunks,
+                });
+            }
+        }
+        (p.samples, p.windows, p.weights) = (samples, windows, weights);
+        p
     }
 
     /// This shape with epochs of `n` samples (what a mixture asks of each source): the first
@@ -623,8 +682,7 @@ fn chunk_runs<'a>(
 /// (`consumed`: each shard's count), in their order; regrouped by chunk in the epoch's chunk
 /// order when the epoch reads chunk by chunk. Builds every old shard's plan: 8 bytes per
 /// sample left (the reference that [`global_rest_part`] and [`chunk_rest_part`] are tested
-/// against).
-#[cfg(test)]
+/// against, and what a resume after a deletion cuts).
 fn regrouped_rest(
     shape: &DatasetShape,
     o: &PlanOptions,
@@ -863,7 +921,7 @@ impl EpochPlan {
             return Err(format!("locality {} is not in [0, 1]", o.locality));
         }
         let Some(st) = resume else {
-            return Ok(fresh(shape, o, epoch, &shard, probs));
+            return Ok(shape.drop_from(fresh(shape, o, epoch, &shard, probs)));
         };
         if let Some(then) = &st.then {
             // Resumed under `then`'s configuration first: this shard's part of that, less
@@ -875,7 +933,7 @@ impl EpochPlan {
                 ..st.clone()
             };
             let mut p = Self::build_inner(shape, o, epoch, shard, Some(&first), probs)?;
-            p.skip(shape, done as usize);
+            p.skip_positions(shape, done as usize);
             return Ok(p);
         }
         if st.epoch != epoch {
@@ -896,12 +954,12 @@ impl EpochPlan {
                 ));
             }
         }
-        if old == (shard.world_size, shard.num_workers) {
+        if old == (shard.world_size, shard.num_workers) && shape.dropped.is_none() {
             // Same configuration: continue exactly where this shard stopped.
             let mut p = fresh(shape, o, epoch, &shard, probs);
             let done = st.consumed[(shard.rank * shard.num_workers + shard.worker) as usize];
-            p.skip(shape, done as usize);
-            return Ok(p);
+            p.skip_positions(shape, done as usize);
+            return Ok(shape.drop_from(p));
         }
         // Another configuration: what the old shards had not delivered yet is cut again for
         // the new ranks and workers; of a worker's own state, what its column had not
@@ -915,8 +973,19 @@ impl EpochPlan {
             None => shard,
             Some(_) => Shard::at((shard.world_size, 1), shard.rank),
         };
-        let part = match (o.mode, probs) {
-            (ShuffleMode::Global, None) => global_rest_part(shape, o, epoch, &cut, old, &consumed),
+        let part = match (&shape.dropped, o.mode, probs) {
+            // Samples deleted since the epoch was planned: its rest without them, cut equally
+            // (at any configuration, the same one included: every share stays equal).
+            (Some(gone), ..) => {
+                let mut rest = regrouped_rest(shape, o, epoch, old, &consumed, probs);
+                rest.retain(|p| gone.binary_search(p).is_err());
+                let n = rest.len() as u64;
+                let at = shard_positions(n, &cut, o.drop_last);
+                at.map(|p| rest[(p % n.max(1)) as usize]).collect()
+            }
+            (None, ShuffleMode::Global, None) => {
+                global_rest_part(shape, o, epoch, &cut, old, &consumed)
+            }
             _ => chunk_rest_part(shape, o, epoch, &cut, old, &consumed, probs),
         };
         Ok(windows(shape, o, epoch, &shard, part))
@@ -924,6 +993,15 @@ impl EpochPlan {
 
     /// Drops the first `n` samples (already consumed); windows are trimmed and re-based.
     pub fn skip(&mut self, shape: &DatasetShape, n: usize) {
+        self.skip_with(n, |s| shape.chunk_of_sample(s));
+    }
+
+    /// [`EpochPlan::skip`] of a plan still made of `shape`'s positions (not yet dataset ids).
+    fn skip_positions(&mut self, shape: &DatasetShape, n: usize) {
+        self.skip_with(n, |s| Some(shape.chunk_of(s)));
+    }
+
+    fn skip_with(&mut self, n: usize, chunk_of: impl Fn(u64) -> Option<u32>) {
         let n = n.min(self.samples.len());
         self.samples.drain(..n);
         self.windows.retain(|w| w.range.end > n);
@@ -931,10 +1009,9 @@ impl EpochPlan {
             w.range = w.range.start.saturating_sub(n)..w.range.end - n;
         }
         if let Some(w) = self.windows.first_mut() {
-            // Samples are dataset ids (through a view, not positions in it).
             let mut cs: Vec<u32> = self.samples[w.range.clone()]
                 .iter()
-                .filter_map(|&s| shape.chunk_of_sample(s))
+                .filter_map(|&s| chunk_of(s))
                 .collect();
             cs.sort_unstable();
             cs.dedup();
