@@ -562,3 +562,32 @@ fn compaction_of_samples_with_fields() {
     let f = ds.read_fields(id, None).unwrap();
     assert_eq!(f[1].1, b"caption 12");
 }
+
+#[test]
+fn importance_sampling_of_a_dataset_with_deleted_samples_is_refused_clearly() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (ds, _) = packed(tmp.path());
+    let cache = tmp.path().join("tier");
+    drop(save_every_seventh_scores(&ds, &cache));
+    let read = || {
+        run([
+            "read".as_ref(),
+            ds.as_os_str(),
+            "--cache-dir".as_ref(),
+            cache.as_os_str(),
+            "--cache-size".as_ref(),
+            "1GiB".as_ref(),
+            "--sampling".as_ref(),
+            "importance".as_ref(),
+        ])
+    };
+    assert!(read().status.success(), "{}", stderr(&read()));
+    assert!(delete(&ds, &["--prefix", "c1/f00"]).status.success());
+    let o = read();
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("dataset with deleted samples"),
+        "{}",
+        stderr(&o)
+    );
+}

@@ -110,7 +110,8 @@ fn run_kept(
                 .and_then(|()| Ok(granary_format::snapshot_key(&head)?));
             if now? != (snap.dataset_id(), snap.content_digest()) {
                 return Err(usage!(
-                    "{}: another granary command published a new generation while this                      append started; run it again",
+                    "{}: another granary command published a new generation while this \
+                     append started; run it again",
                     opts.output.out.display()
                 ));
             }

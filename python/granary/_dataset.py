@@ -35,13 +35,25 @@ class Dataset(_MapBase):
         self.images = _types.check_images(images)
         self._ds = None
         self._types = None
+        self._pinned = None
         native = self._native()  # fail early on a bad path
+        # Indexes are positions in this generation's samples: a copy (a DataLoader worker)
+        # must read the same generation, or every index could name another sample.
+        self._pinned = native.identity["snapshot"]
         if self.fields is not None and not native.has_fields:
             raise ValueError(f"{self.root}: the samples have no named fields to choose from")
 
     def _native(self):
         if self._ds is None:
-            self._ds = _NativeDataset(self.root)
+            ds = _NativeDataset(self.root)
+            pinned = getattr(self, "_pinned", None)
+            now = ds.identity
+            if pinned is not None and now["snapshot"] != pinned:
+                raise RuntimeError(
+                    f"{self.root} changed since this Dataset was made (now generation "
+                    f"{now['generation']}, content {now['snapshot']}, not {pinned}): its indexes "
+                    "would name other samples; make the Dataset again")
+            self._ds = ds
         return self._ds
 
     def __len__(self):
@@ -102,7 +114,7 @@ class Dataset(_MapBase):
 
     def __getstate__(self):
         return {"root": self.root, "transform": self.transform, "fields": self.fields,
-                "raw": self.raw, "images": self.images}
+                "raw": self.raw, "images": self.images, "pinned": self._pinned}
 
     def __setstate__(self, state):
         self.root = state["root"]
@@ -110,6 +122,7 @@ class Dataset(_MapBase):
         self.fields = state.get("fields")
         self.raw = state.get("raw", False)
         self.images = state.get("images", "bytes")
+        self._pinned = state.get("pinned")
         self._ds = None
         self._types = None
 

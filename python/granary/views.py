@@ -99,8 +99,11 @@ def delete(dataset, *, ids=None, paths=None, strict=False):
     """Deletes samples from the local dataset ``dataset`` (``granary delete``): publishes its next
     generation without them, rewriting no chunk, and returns the summary as a dict (``deleted``,
     ``already_deleted``, ``generation``, ``samples`` left, ``chunks_affected``, ``dead_bytes``,
-    ``missing``). Choose the samples by ``ids`` (sample ids) and/or ``paths`` (stored paths, str
-    or bytes); each may be an array, a list or a ``.npy`` file. A path the dataset does not hold
+    ``missing``). The samples of ``ids`` and those of ``paths`` are deleted (both, when both are
+    given): ``ids`` are sample ids (an ``IterableDataset`` item's ``"id"``; a map-style
+    ``Dataset``'s index is a position among the samples left, which is no id once samples were
+    deleted), ``paths`` stored paths (str or bytes); each may be an array, a list or a ``.npy``
+    file. A path the dataset does not hold
     is listed in ``missing`` and left out, or with ``strict=True`` a KeyError (nothing deleted);
     an id past the dataset's end is a ValueError. Readers of this generation never deliver, list
     or find a deleted sample; sample ids do not move. The deleted records' bytes stay in their

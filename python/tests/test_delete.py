@@ -97,3 +97,17 @@ def test_an_epoch_checkpointed_before_a_deletion_resumes_without_the_deleted_sam
     want = [i for i in full[100:] if i not in gone]
     assert len(parts[0]) == len(parts[1])
     assert len(set(got)) == len(got) and set(got) <= set(want) and len(got) >= len(want) - 1
+
+
+def test_a_map_style_copy_refuses_another_generation(tmp_path):
+    import pickle
+
+    make_tree(tmp_path / "src", 60)
+    ds = tmp_path / "ds"
+    run("pack", tmp_path / "src", "-o", ds, "--chunk-size", "8KiB")
+    d = granary.Dataset(ds)
+    copy = pickle.dumps(d)  # as a DataLoader worker started by spawn gets it
+    granary.delete(ds, paths=["c0/f0000.bin"])
+    with pytest.raises(RuntimeError, match="changed since this Dataset was made"):
+        pickle.loads(copy)[0]
+    assert len(granary.Dataset(ds)) == 59

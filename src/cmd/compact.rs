@@ -16,8 +16,9 @@ use super::human_bytes;
 compact rewrites each chunk whose deleted records take at least --min-dead of its record bytes
 (every chunk holding one with --all) as a new file, `chunk-NNNNNNNN.rR.gchunk` (revision R),
 with the other records as they were stored (not recompressed, in the same order), and publishes
-the next generation of the snapshot naming the new files. Sample ids do not move, so resume
-states, views made after the deletion and score tables stay valid.
+the next generation of the snapshot naming the new files. Sample ids do not move, so score
+tables stay valid and an epoch checkpointed before resumes; a view is pinned to one generation
+and is made again after it (`granary view`).
 
 The replaced files stay for readers that opened an older generation: a compact run removes
 those whose replacement was written more than --grace ago (default 24h; 0 removes them now, and
@@ -72,6 +73,10 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
                 human_bytes(s.bytes_removed),
                 human_bytes(s.bytes_read),
                 human_bytes(s.bytes_written)
+            ),
+            None if s.chunks_left == 0 => println!(
+                "{}: no chunk holds a deleted sample's record: nothing to rewrite",
+                a.dataset.display()
             ),
             None => println!(
                 "{}: no chunk to rewrite ({} chunks hold deleted records below --min-dead {})",

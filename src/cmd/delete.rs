@@ -83,19 +83,30 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         eprintln!("granary delete: not in the dataset, left out: {m}");
     }
     if a.dry_run {
-        let bytes: u64 = (sel.ids.iter())
-            .filter(|&&id| ds.selects(id))
+        let live: Vec<u64> = sel
+            .ids
+            .iter()
+            .copied()
+            .filter(|&id| ds.selects(id))
+            .collect();
+        let bytes: u64 = (live.iter())
             .map(|&id| ds.sample(id).map(|s| s.entry.stored_len))
             .sum::<granary::Result<u64>>()?;
-        let v = json!({"dataset": a.dataset, "would_delete": sel.ids.len(), "bytes": bytes,
-                       "missing": sel.missing, "description": sel.description});
+        let already = sel.ids.len() - live.len();
+        let v = json!({"dataset": a.dataset, "would_delete": live.len(), "bytes": bytes,
+                       "already_deleted": already, "missing": sel.missing,
+                       "description": sel.description});
         return super::output(a.json, &v, |_| {
             println!(
-                "{}: would delete {} samples ({}) selected by {}; nothing changed (--dry-run)",
+                "{}: would delete {} samples ({}) selected by {}{}; nothing changed (--dry-run)",
                 a.dataset.display(),
-                sel.ids.len(),
+                live.len(),
                 human_bytes(bytes),
-                sel.description
+                sel.description,
+                match already {
+                    0 => String::new(),
+                    k => format!(" ({k} more selected were deleted already)"),
+                }
             );
         });
     }

@@ -196,7 +196,7 @@ fn listed(
     let lines = data.split(|&b| b == b'\n');
     let lines = lines.map(|l| l.strip_suffix(b"\r").unwrap_or(l));
     let mut ids = Vec::new();
-    for (k, l) in lines.filter(|l| !l.is_empty()).enumerate() {
+    for (k, l) in lines.enumerate().filter(|(_, l)| !l.is_empty()) {
         match (find(l)?, missing) {
             (Ok(id), _) => ids.push(id),
             (Err(why), Missing::Refuse) => anyhow::bail!("{} line {}: {why}", f.display(), k + 1),

@@ -47,7 +47,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     let chunks = (0..shape.chunks())
         .filter(|&c| !shape.chunk_samples(c).is_empty())
         .count();
-    let (m, n) = (view.ids.len() as u64, snap.sample_count());
+    let (m, n) = (view.ids.len() as u64, snap.live_count());
     let v = json!({
         "view": a.output, "dataset": view.location, "selected": m, "samples": n,
         "chunks_touched": chunks, "chunks": shape.chunks(), "bytes": bytes.len(),

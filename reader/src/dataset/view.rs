@@ -49,6 +49,7 @@ pub(crate) fn open(path: &Path, cfg: &StoreConfig) -> Result<Dataset> {
     let same = snap.dataset_id() == v.dataset_id
         && snap.content_digest() == v.snapshot
         && snap.sample_count() == v.samples;
+    let live = snap.live_count();
     if !same {
         let hex = granary_format::hex16;
         return Err(ReadError::invalid(format!(
@@ -64,7 +65,7 @@ pub(crate) fn open(path: &Path, cfg: &StoreConfig) -> Result<Dataset> {
             hex(&snap.dataset_id()),
             generation,
             hex(&snap.content_digest()),
-            snap.sample_count()
+            live
         )));
     }
     ds.view = Some(Arc::new(View {
