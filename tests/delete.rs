@@ -424,8 +424,31 @@ fn compaction_removes_every_deleted_byte_and_keeps_the_rest_exact() {
         .map(|i| format!("c{}/f{i:03}.bin\n", i % 3))
         .collect();
     std::fs::write(&list, gone).unwrap();
-    let o = delete(&ds, &["--paths-from", list.to_str().unwrap()]);
+    let receipt = tmp.path().join("takedown.receipt");
+    let o = delete(
+        &ds,
+        &[
+            "--paths-from",
+            list.to_str().unwrap(),
+            "--receipt",
+            receipt.to_str().unwrap(),
+        ],
+    );
     assert!(o.status.success(), "{}", stderr(&o));
+    // Before compaction the deleted records are still there: verify --deleted finds each.
+    let scan = |ds: &Path| {
+        run([
+            "verify".as_ref(),
+            ds.as_os_str(),
+            "--deleted".as_ref(),
+            receipt.as_os_str(),
+            "--json".as_ref(),
+        ])
+    };
+    let o = scan(&ds);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let j: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(j["deleted"]["found"].as_array().unwrap().len(), 30, "{j}");
     let verify = |ds: &Path| json_of(&["verify".as_ref(), ds.as_os_str(), "--json".as_ref()]);
     let before = verify(&ds);
     let want: Vec<(Vec<u8>, Vec<u8>)> = files
@@ -479,6 +502,12 @@ fn compaction_removes_every_deleted_byte_and_keeps_the_rest_exact() {
             "{m} still in the dataset"
         );
     }
+    // ... and verify --deleted proves it from the receipt.
+    let o = scan(&ds);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let j: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(j["deleted"]["found"].as_array().unwrap().is_empty(), "{j}");
+    assert!(j["deleted"]["records"].as_u64() > Some(100), "{j}");
     let o = Shard {
         rank: 0,
         world_size: 1,

@@ -284,6 +284,18 @@ fn fixture(dir: &Path) {
     // What `granary delete --help` removes: listed paths and ids, a view.
     std::fs::write(d("takedown.txt"), "train/part-0/0001.jpg\n").unwrap();
     std::fs::write(d("ids.txt"), "3\n4\n").unwrap();
+    // A receipt of another dataset's deletion: `verify --deleted` finds none of it here.
+    let scratch = d("scratch.granary");
+    copy_dir(&d("web.granary"), &scratch);
+    run_ok([
+        "delete".as_ref(),
+        scratch.as_os_str(),
+        "--prefix".as_ref(),
+        "web/".as_ref(),
+        "--receipt".as_ref(),
+        d("takedown.receipt").as_os_str(),
+    ]);
+    std::fs::remove_dir_all(&scratch).unwrap();
     run_ok([
         "view".as_ref(),
         d("train.granary").as_os_str(),

@@ -15,6 +15,7 @@ use super::select::{Criteria, Missing};
   granary delete train.granary --ids-from ids.txt --strict
   granary delete train.granary --class dog --dry-run
   granary delete train.granary --view remove.gview     # a view of what to remove
+  granary delete train.granary --paths-from takedown.txt --receipt takedown.receipt
 
 A sample is selected when it matches every kind of criterion given, and any one value of each
 kind. The new snapshot lists the selected samples as deleted and no longer holds their paths, so
@@ -40,6 +41,11 @@ pub struct Args {
     /// Show what would be deleted, and change nothing.
     #[arg(long)]
     pub dry_run: bool,
+    /// Write a receipt of the deletion to FILE first (each sample's id, path, length, CRC-32
+    /// and SHA-256): `granary verify DS --deleted FILE` then proves no chunk file holds their
+    /// bytes (after `granary compact --all --grace 0`).
+    #[arg(long, value_name = "FILE")]
+    pub receipt: Option<std::path::PathBuf>,
     /// Print the result as JSON on stdout.
     #[arg(long)]
     pub json: bool,
@@ -109,6 +115,11 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
                 }
             );
         });
+    }
+    if let Some(path) = &a.receipt {
+        let generation = ds.snapshot().lineage().generation + 1;
+        let r = super::receipt::of(&ds, &sel.ids, generation)?;
+        super::receipt::write(path, &r)?;
     }
     drop(ds);
     let s = granary_packer::delete(&a.dataset, &sel.ids)

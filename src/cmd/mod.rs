@@ -15,6 +15,7 @@ pub mod mount;
 pub mod pack;
 pub mod plan;
 pub mod read;
+pub mod receipt;
 pub mod reindex;
 pub mod select;
 pub mod serve;

@@ -6,11 +6,12 @@ use super::human_bytes;
 /// Check every section, chunk and record checksum of a dataset.
 #[derive(clap::Args)]
 #[command(
-    after_help = "Examples:\n  granary verify train.granary\n  granary verify train.granary --json\n\n\
+    after_help = "Examples:\n  granary verify train.granary\n  granary verify train.granary --json\n  \
+granary verify train.granary --deleted takedown.receipt   # after delete --receipt and compact\n\n\
 It also prints the digest a complete epoch of `granary read` must show (the sum over the ranks' \
 digests): the snapshot's record checksums, keyed by sample id.\n\n\
 Exit status: 0 when the dataset is intact, 1 when any damage is found (every problem is listed \
-with its file, chunk, offset and sample path), 3 when it is a dataset of format 1.x with an \
+with its file, chunk, offset and sample path) or, with --deleted, a record of a deleted sample, 3 when it is a dataset of format 1.x with an \
 intact snapshot (UPGRADE line: `granary upgrade DATASET` makes it readable), 4 when nothing was \
 found damaged but something could not be looked at (a missing dataset or bucket, refused \
 credentials or permissions, storage that did not answer: CANNOT CHECK lines), 2 on a usage \
@@ -20,6 +21,11 @@ pub struct Args {
     /// Dataset directory (or its snapshot file), its URL (s3://, gs://, az://), or a view file
     /// (its dataset is checked whole).
     pub dataset: PathBuf,
+    /// Also scan every chunk file of the dataset's directory (replaced revisions included),
+    /// record by record, for the bytes of the samples a deletion receipt lists
+    /// (`granary delete --receipt`): each one found is a FOUND line and exit status 1.
+    #[arg(long, value_name = "RECEIPT")]
+    pub deleted: Option<PathBuf>,
     /// Print the report as JSON on stdout.
     #[arg(long)]
     pub json: bool,
@@ -34,9 +40,39 @@ pub const EXIT_NEEDS_UPGRADE: u8 = 3;
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     let t = std::time::Instant::now();
     let r = granary::verify_with(&a.dataset, super::store_config());
+    let scan = match &a.deleted {
+        None => None,
+        Some(f) => {
+            if !a.dataset.is_dir() {
+                anyhow::bail!(
+                    "{}: --deleted scans a dataset directory (local or on a shared file system)",
+                    a.dataset.display()
+                );
+            }
+            Some(super::receipt::scan(&a.dataset, &super::receipt::read(f)?)?)
+        }
+    };
     if a.json {
-        super::print_json(&r.to_json())?;
+        let mut v = r.to_json();
+        if let Some(s) = &scan {
+            v["deleted"] = serde_json::to_value(s)?;
+        }
+        super::print_json(&v)?;
     } else {
+        if let Some(s) = &scan {
+            for f in &s.found {
+                println!("FOUND {f}");
+            }
+            for f in &s.not_scanned {
+                println!("CANNOT CHECK {f}: not scanned for deleted samples");
+            }
+            println!(
+                "deleted samples: {} of their records found in {} records of {} chunk files",
+                s.found.len(),
+                s.records,
+                s.files
+            );
+        }
         if let Some(u) = &r.needs_upgrade {
             println!("UPGRADE {u}");
         }
@@ -75,11 +111,13 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
             }
         );
     }
-    Ok(if r.is_damaged() {
+    let found = scan.as_ref().is_some_and(|s| !s.found.is_empty());
+    let unscanned = scan.as_ref().is_some_and(|s| !s.not_scanned.is_empty());
+    Ok(if r.is_damaged() || found {
         ExitCode::FAILURE
     } else if r.needs_upgrade.is_some() {
         ExitCode::from(EXIT_NEEDS_UPGRADE)
-    } else if !r.is_clean() {
+    } else if !r.is_clean() || unscanned {
         ExitCode::from(EXIT_CANNOT_CHECK)
     } else {
         ExitCode::SUCCESS
