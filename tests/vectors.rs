@@ -2,7 +2,8 @@
 //! feature bit, field type, page and block boundary, appended generations, empty chunks and
 //! zero samples and deletions, each with an `expected.json` describing its content (with
 //! DELETIONS: the live samples, and as `deleted` each deleted id with its generation, whose
-//! every read by id must fail saying it was deleted), and damaged variants
+//! every read by id must fail saying it was deleted; with REVISIONS: as `revisions` each
+//! chunk's revision, whose file a reader opens), and damaged variants
 //! (`damaged.json`) with the error each must produce. SPEC.md's readers (this crate's and
 //! `format/python/granary_format.py`) must pass all of them.
 //!
@@ -199,6 +200,10 @@ fn describe(ds: &Path, what: &str, src: &BTreeMap<Vec<u8>, Src>) -> Value {
     // Only a snapshot with DELETIONS lists them (the other vectors' descriptions stay).
     if h.incompat & granary_format::features::DELETIONS != 0 {
         v["deleted"] = json!(deleted);
+    }
+    // Only a snapshot with REVISIONS lists each chunk's (SPEC §6.9).
+    if h.incompat & granary_format::features::REVISIONS != 0 {
+        v["revisions"] = json!(snap.revisions());
     }
     v
 }
@@ -754,6 +759,7 @@ fn damaged_variants() -> Vec<Value> {
     ]
     .into_iter()
     .chain(deleted_variants())
+    .chain(compacted_variants())
     .collect()
 }
 
@@ -863,6 +869,120 @@ fn deleted_variants() -> Vec<Value> {
                 json!({"file": snap, "op": "put", "at": slot, "hex": hex(&l.snap[other..other + 4])}),
                 reseal(),
             ],
+            "verify",
+        ),
+    ]
+}
+
+/// The damaged variants of the revisions section (SPEC §6.9), of the chunk files it names
+/// (§2) and of the removed flag (§6.6), on the `compacted` vector.
+fn compacted_variants() -> Vec<Value> {
+    let snap = "snapshot.gsnap";
+    let ds = testdata().join("compacted/dataset");
+    let l = Layout::of(&ds);
+    let s = granary_format::Snapshot::open(l.snap.clone()).unwrap();
+    let exp: Value =
+        serde_json::from_slice(&std::fs::read(testdata().join("compacted/expected.json")).unwrap())
+            .unwrap();
+    let revisions: Vec<u32> = exp["revisions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r.as_u64().unwrap() as u32)
+        .collect();
+    assert_eq!(revisions, s.revisions());
+    let name = |c: u32, r: u32| granary_format::chunk_file_name_at(c, r);
+    let flags = |id: u64| u32::from(s.record(id).unwrap().flags);
+    let removed = |id: u64| flags(id) & granary_format::FLAG_REMOVED != 0;
+    let live = |c: u32| -> u64 { live_of(&s, c)[0] };
+    // The first chunk at revision `r` with a live sample.
+    let at = |r: u32| -> u32 {
+        (0..s.chunk_count() as u32)
+            .find(|&c| revisions[c as usize] == r && !live_of(&s, c).is_empty())
+            .unwrap_or_else(|| panic!("a chunk at revision {r} with a live sample"))
+    };
+    let (c2, c1) = (at(2), at(1));
+    let (rev, _) = l.section(9);
+    let (records, _) = l.section(6);
+    let flag_at = |id: u64| records + 16 * id as usize + 6;
+    let put_flags = |id: u64| {
+        let f = (flags(id) | granary_format::FLAG_REMOVED) as u16;
+        json!({"file": snap, "op": "put", "at": flag_at(id), "hex": hex(&f.to_le_bytes())})
+    };
+    // A sample deleted after the last compaction: its record is still in its chunk.
+    let kept = s
+        .deleted()
+        .iter()
+        .copied()
+        .find(|&id| !removed(id))
+        .expect("a deleted sample whose record is kept");
+    let live_in_compacted = live(c1);
+    let mut incompat = l.snap[12];
+    incompat &= !(granary_format::features::REVISIONS as u8);
+    let bad = |name: &str, edits: Vec<Value>, error: &str, when: &str| json!({"name": name, "base": "compacted", "edits": edits, "error": error, "when": when});
+    let read = |v: Value, id: u64| with_key(v, "sample", json!(id));
+    vec![
+        bad(
+            "revisions section byte",
+            vec![flip(snap, rev + 4 * c2 as usize)],
+            "damaged",
+            "open",
+        ),
+        bad(
+            "REVISIONS cleared, the revisions section kept, resealed",
+            vec![
+                json!({"file": snap, "op": "put", "at": 12, "hex": hex(&[incompat])}),
+                reseal(),
+            ],
+            "damaged",
+            "open",
+        ),
+        read(
+            bad(
+                "a revision 2 chunk file renamed to revision 1",
+                vec![
+                    json!({"file": name(c2, 1), "op": "copy_from", "from": name(c2, 2)}),
+                    json!({"file": name(c2, 2), "op": "delete"}),
+                ],
+                "missing",
+                "read",
+            ),
+            live(c2),
+        ),
+        read(
+            bad(
+                "a revision 1 chunk file renamed to the name of revision 0",
+                vec![
+                    json!({"file": name(c1, 0), "op": "copy_from", "from": name(c1, 1)}),
+                    json!({"file": name(c1, 1), "op": "delete"}),
+                ],
+                "missing",
+                "read",
+            ),
+            live(c1),
+        ),
+        read(
+            bad(
+                "the revision 2 chunk file missing",
+                vec![json!({"file": name(c2, 2), "op": "delete"})],
+                "missing",
+                "read",
+            ),
+            live(c2),
+        ),
+        read(
+            bad(
+                "removed flag on a live sample, resealed",
+                vec![put_flags(live_in_compacted), reseal()],
+                "damaged",
+                "read",
+            ),
+            live_in_compacted,
+        ),
+        bad(
+            "removed flag on a deleted sample whose record has bytes, resealed",
+            vec![put_flags(kept), reseal()],
+            "damaged",
             "verify",
         ),
     ]
@@ -1134,16 +1254,13 @@ fn write_vectors() {
     );
 
     deleted_vectors(t);
+    compacted_vectors(t);
     write_damaged();
 }
 
-/// The vectors with deletions (SPEC §6.8): `deleted`, a packed tree of which samples were
-/// deleted in two generations, and `deleted-fields`, field groups of which a whole directory's
-/// were deleted.
-fn deleted_vectors(t: &Path) {
-    // deleted: ATTRS, raw and zstd records, several chunks; generation 1 deletes a compressed
-    // record, the only file of `gone` (whose directory stays, empty) and one more; generation 2
-    // every sample of a chunk (which then holds no live sample).
+/// The `deleted` and `compacted` vectors' source: 40 files under two classes (raw and zstd
+/// records), the only file of `gone`, a file at the top.
+fn deleted_source() -> Vec<(Vec<u8>, Vec<u8>, u32, i64)> {
     let mut files: Vec<(Vec<u8>, Vec<u8>, u32, i64)> = (0..40u64)
         .map(|i| {
             let class = ["x", "y"][(i % 2) as usize];
@@ -1168,33 +1285,20 @@ fn deleted_vectors(t: &Path) {
         5,
     ));
     files.push((b"top.txt".to_vec(), b"no label\n".to_vec(), 0o640, -5));
+    files
+}
+
+/// The vectors with deletions (SPEC §6.8): `deleted`, a packed tree of which samples were
+/// deleted in two generations, and `deleted-fields`, field groups of which a whole directory's
+/// were deleted.
+fn deleted_vectors(t: &Path) {
+    // deleted: ATTRS, raw and zstd records, several chunks; generation 1 deletes a compressed
+    // record, the only file of `gone` (whose directory stays, empty) and one more; generation 2
+    // every sample of a chunk (which then holds no live sample).
+    let files = deleted_source();
     tree(&t.join("del"), &files, &[]);
     let ds = t.join("deleted.ds");
-    let o = pack(
-        &t.join("del"),
-        &ds,
-        &["--chunk-size", "1KiB", "--seed", "1"],
-    );
-    assert!(o.status.success(), "{}", stderr(&o));
-    let (first, second, paths) = {
-        let d = granary::Dataset::open(&ds).unwrap();
-        let zstd = (0..d.len())
-            .find(|&id| d.sample(id).unwrap().compression == granary_format::Compression::Zstd)
-            .expect("a zstd record");
-        let gone = d.lookup(b"gone/only.dat").unwrap().unwrap();
-        let mut first = vec![zstd, gone, (zstd + 3) % d.len()];
-        first.sort_unstable();
-        first.dedup();
-        let chunks = d.snapshot().chunks();
-        let c = chunks
-            .iter()
-            .find(|c| c.sample_count >= 2 && !c.samples().any(|id| first.contains(&id)))
-            .expect("a chunk of two samples or more, none deleted yet");
-        let second: Vec<u64> = c.samples().collect();
-        let paths: BTreeMap<u64, Vec<u8>> =
-            (0..d.len()).map(|id| (id, d.path(id).unwrap())).collect();
-        (first, second, paths)
-    };
+    let (first, second, paths) = pack_to_delete(&t.join("del"), &ds);
     granary_packer::delete(&ds, &first).unwrap();
     granary_packer::delete(&ds, &second).unwrap();
     let gone: Vec<&Vec<u8>> = first.iter().chain(&second).map(|id| &paths[id]).collect();
@@ -1213,7 +1317,46 @@ fn deleted_vectors(t: &Path) {
 
     // deleted-fields: field groups, every sample under part2/ deleted (the directory stays,
     // an ancestor of the deleted samples' paths the chunks still hold).
-    let mut o = granary_packer::WriterOptions::new(t.join("deleted-fields.ds"));
+    let ds = t.join("deleted-fields.ds");
+    let fsrc = write_fields_to_delete(&ds);
+    let ids = part2_ids(&ds);
+    granary_packer::delete(&ds, &ids).unwrap();
+    write_vector(
+        "deleted-fields",
+        "generation 1: field groups, every sample of a directory deleted",
+        &ds,
+        &fsrc,
+    );
+}
+
+/// Packs `src` (the `deleted` source) to `ds` and chooses what the `deleted` vector deletes:
+/// (a zstd record, `gone/only.dat` and one more; every sample of a chunk of two samples or more,
+/// none of those; every sample's path).
+fn pack_to_delete(src: &Path, ds: &Path) -> (Vec<u64>, Vec<u64>, BTreeMap<u64, Vec<u8>>) {
+    let o = pack(src, ds, &["--chunk-size", "1KiB", "--seed", "1"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let d = granary::Dataset::open(ds).unwrap();
+    let zstd = (0..d.len())
+        .find(|&id| d.sample(id).unwrap().compression == granary_format::Compression::Zstd)
+        .expect("a zstd record");
+    let gone = d.lookup(b"gone/only.dat").unwrap().unwrap();
+    let mut first = vec![zstd, gone, (zstd + 3) % d.len()];
+    first.sort_unstable();
+    first.dedup();
+    let chunks = d.snapshot().chunks();
+    let c = chunks
+        .iter()
+        .find(|c| c.sample_count >= 2 && !c.samples().any(|id| first.contains(&id)))
+        .expect("a chunk of two samples or more, none deleted yet");
+    let second: Vec<u64> = c.samples().collect();
+    let paths: BTreeMap<u64, Vec<u8>> = (0..d.len()).map(|id| (id, d.path(id).unwrap())).collect();
+    (first, second, paths)
+}
+
+/// Writes the `deleted-fields` vector's 12 field groups (keys under part0..part2, chunks of
+/// one or two) to `ds`; returns the source of those not under part2/ (which are deleted).
+fn write_fields_to_delete(ds: &Path) -> BTreeMap<Vec<u8>, Src> {
+    let mut o = granary_packer::WriterOptions::new(ds.to_path_buf());
     o.output.chunk_size = 64;
     o.output.seed = 1;
     let mut w = granary_packer::Writer::create(o).unwrap();
@@ -1257,18 +1400,119 @@ fn deleted_vectors(t: &Path) {
         }
     }
     w.finish().unwrap();
-    let ds = t.join("deleted-fields.ds");
-    let ids: Vec<u64> = {
-        let d = granary::Dataset::open(&ds).unwrap();
-        (0..d.len())
-            .filter(|&id| d.path(id).unwrap().starts_with(b"part2/"))
-            .collect()
-    };
+    fsrc
+}
+
+fn part2_ids(ds: &Path) -> Vec<u64> {
+    let d = granary::Dataset::open(ds).unwrap();
+    let ids: Vec<u64> = (0..d.len())
+        .filter(|&id| d.path(id).unwrap().starts_with(b"part2/"))
+        .collect();
     assert_eq!(ids.len(), 4);
-    granary_packer::delete(&ds, &ids).unwrap();
+    ids
+}
+
+/// Compacts `ds` as `granary compact --all --grace 0` does: every chunk keeping a deleted
+/// sample's record rewritten, the files replaced removed at once.
+fn compact_all(ds: &Path) -> granary_packer::CompactSummary {
+    let o = granary_packer::CompactOptions {
+        all: true,
+        grace: std::time::Duration::ZERO,
+        ..Default::default()
+    };
+    granary_packer::compact(ds, &o).unwrap()
+}
+
+/// Chunk `c`'s samples that are not deleted.
+fn live_of(snap: &granary_format::Snapshot<Vec<u8>>, c: u32) -> Vec<u64> {
+    let ce = snap.chunk(c as u64).unwrap();
+    ce.samples()
+        .filter(|&id| snap.deleted_by(id).is_none())
+        .collect()
+}
+
+/// The vectors of compacted chunks (SPEC §6.9, REVISIONS; §6.6, the removed flag).
+fn compacted_vectors(t: &Path) {
+    // compacted: the `deleted` vector's two generations of deletions (a whole chunk's samples
+    // among them: its new file holds no record), then generation 3 compacts every chunk that
+    // keeps a deleted record (revision 1); generation 4 deletes a sample of a chunk at revision
+    // 1, generation 5 compacts it again (revision 2); generation 6 deletes one more sample, whose
+    // record stays (deleted, not removed). Replaced files are removed at once (grace 0).
+    let files = deleted_source();
+    tree(&t.join("cmp"), &files, &[]);
+    let ds = t.join("compacted.ds");
+    let (first, second, paths) = pack_to_delete(&t.join("cmp"), &ds);
+    granary_packer::delete(&ds, &first).unwrap();
+    granary_packer::delete(&ds, &second).unwrap();
+    let s = compact_all(&ds);
+    assert_eq!(s.generation, Some(3));
+    assert!(s.chunks_rewritten >= 2 && s.files_waiting.is_empty());
+    let snapshot = |ds: &Path| {
+        let b = std::fs::read(ds.join(granary_format::SNAPSHOT_FILE)).unwrap();
+        granary_format::Snapshot::open(b).unwrap()
+    };
+    let snap = snapshot(&ds);
+    // A chunk at revision 1 with three live samples or more: one is deleted now, one later.
+    let c = (0..snap.chunk_count() as u32)
+        .find(|&c| snap.revision(c) == 1 && live_of(&snap, c).len() >= 3)
+        .expect("a compacted chunk of three live samples");
+    let third = vec![live_of(&snap, c)[0]];
+    granary_packer::delete(&ds, &third).unwrap();
+    let s = compact_all(&ds);
+    assert_eq!((s.generation, s.chunks_rewritten), (Some(5), 1));
+    assert_eq!(s.files_removed.len(), 1);
+    let snap = snapshot(&ds);
+    assert_eq!(snap.revision(c), 2);
+    let fourth = vec![live_of(&snap, c)[0]];
+    granary_packer::delete(&ds, &fourth).unwrap();
+    let snap = snapshot(&ds);
+    assert_eq!(snap.lineage().generation, 6);
+    // The dataset's files are the snapshot and the revision of each chunk it names.
+    let mut want: Vec<String> = (0..snap.chunk_count() as u32)
+        .map(|c| snap.chunk_file_name(c))
+        .collect();
+    want.push(granary_format::SNAPSHOT_FILE.to_string());
+    want.sort();
+    let mut have: Vec<String> = std::fs::read_dir(&ds)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    have.sort();
+    assert_eq!(have, want);
+    let removed =
+        |id: u64| u32::from(snap.record(id).unwrap().flags) & granary_format::FLAG_REMOVED != 0;
+    assert!(removed(third[0]) && !removed(fourth[0]));
+    assert!(snap.revisions().contains(&1));
+    let gone: Vec<&Vec<u8>> = [&first, &second, &third, &fourth]
+        .into_iter()
+        .flatten()
+        .map(|id| &paths[id])
+        .collect();
+    let live: Vec<_> = files
+        .iter()
+        .filter(|f| !gone.contains(&&f.0))
+        .cloned()
+        .collect();
     write_vector(
-        "deleted-fields",
-        "generation 1: field groups, every sample of a directory deleted",
+        "compacted",
+        "generation 6: the deleted vector compacted (revision 1), a sample deleted and its \
+         chunk compacted again (revision 2), one more deleted (its record kept); replaced \
+         files removed",
+        &ds,
+        &as_src(&live),
+    );
+
+    // compacted-fields: the deleted-fields vector compacted (field groups; the part2/
+    // directory stays, though no footer holds a path under it any more).
+    let ds = t.join("compacted-fields.ds");
+    let fsrc = write_fields_to_delete(&ds);
+    let ids = part2_ids(&ds);
+    granary_packer::delete(&ds, &ids).unwrap();
+    let s = compact_all(&ds);
+    assert_eq!(s.generation, Some(2));
+    write_vector(
+        "compacted-fields",
+        "generation 2: field groups, every sample of a directory deleted, then compacted",
         &ds,
         &fsrc,
     );

@@ -21,11 +21,12 @@ import zlib
 from collections import namedtuple
 
 SNAPSHOT = "snapshot.gsnap"
-ATTRS, FIELDS, DELETIONS = 0x1, 0x2, 0x4     # incompatible feature bits (§5.2)
+ATTRS, FIELDS, DELETIONS, REVISIONS = 0x1, 0x2, 0x4, 0x8     # incompatible bits (§5.2)
 NO_LABEL = 0xFFFFFFFF
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 REQUIRED_KINDS = {1, 2, 3, 4, 6, 7}
-KNOWN_KINDS = REQUIRED_KINDS | {5, 8}
+KNOWN_KINDS = REQUIRED_KINDS | {5, 8, 9}
+REMOVED = 0x20      # record flag bit 5 (§6.6): a deleted sample's record compaction removed
 _HEADER = struct.Struct("<8sHBBI16sQQII16s16sII")     # §5.1, 96 bytes
 _CHUNK_HEADER = struct.Struct("<8sHHI16sI24sI")        # §4, 64 bytes
 _TRAILER = struct.Struct("<QQII8s")                    # §4, 32 bytes
@@ -63,9 +64,9 @@ Entry = namedtuple("Entry", "path sample size mode mtime_ns")
 # Primitives (§1, §3, §6.5)
 
 
-def chunk_name(chunk_id):
-    """The file name of chunk `chunk_id` (§2)."""
-    return "chunk-%08d.gchunk" % chunk_id
+def chunk_name(chunk_id, revision=0):
+    """The file name of chunk `chunk_id` at `revision` (§2): `chunk-00000005.r2.gchunk`."""
+    return "chunk-%08d%s.gchunk" % (chunk_id, f".r{revision}" if revision else "")
 
 
 def _align8(n):
@@ -246,7 +247,7 @@ class Dataset:
         if not 12 <= shift <= 24 or n > (1 << 32) - 2 or body_end < 104 or incompat & 3 == 3:
             raise Damaged(f"{where}: block_shift, sample count, body_end or feature bits out of "
                           "range (ATTRS and FIELDS are never set together)")
-        if incompat & ~(ATTRS | FIELDS | DELETIONS):
+        if incompat & ~(ATTRS | FIELDS | DELETIONS | REVISIONS):
             raise Unsupported(f"{where}: unknown incompatible feature bits {incompat:#x}")
         nblocks = -(-(body_end - 96) >> shift)
         if len(b) != body_end + 4 * nblocks:
@@ -296,7 +297,8 @@ class Dataset:
         if end != self._body_end:
             raise Damaged(f"{where}: the last section ends at {end}, not {self._body_end}")
         wanted = REQUIRED_KINDS | ({5} if self.incompat & FIELDS else set()) | \
-            ({8} if self.incompat & DELETIONS else set())
+            ({8} if self.incompat & DELETIONS else set()) | \
+            ({9} if self.incompat & REVISIONS else set())
         if set(self._sections) & KNOWN_KINDS != wanted:
             raise Damaged(f"{where}: has kinds {sorted(self._sections)}, expected {sorted(wanted)}")
 
@@ -341,6 +343,11 @@ class Dataset:
         self._records, _ = self._section(6, 16 * n)
         self.deleted = self._read_deletions() if self.incompat & DELETIONS else {}
         self.live_count = n - len(self.deleted)
+        # Each chunk's revision (§6.9): its file's name; 0 (as written first) without REVISIONS.
+        self.revisions = [0] * c
+        if self.incompat & REVISIONS:
+            off, _ = self._section(9, 4 * c)
+            self.revisions = list(self._unpack(f"<{c}I", off))
         self._read_namespace_header()
         self.field_names, self.field_types = [], {}
         if self.incompat & FIELDS:
@@ -577,21 +584,26 @@ class Dataset:
             end = low | high << 32
         where = f"{self._snap}: record entry of sample {s} at {at}"
         code, group = flags & 0xF, bool(flags & 0x10)
-        if flags & ~0x1F or code > 1 or group != bool(self.incompat & FIELDS) or (group and code):
+        if flags & ~0x3F or code > 1 or group != bool(self.incompat & FIELDS) or (group and code):
             raise Damaged(f"{where}: flags {flags:#x} invalid (compression code {code})")
+        if flags & REMOVED and s not in self.deleted:
+            raise Damaged(f"{where}: its record is marked removed, but sample {s} is not deleted")
         if label != NO_LABEL and label >= len(self.classes):
             raise Damaged(f"{where}: label {label} is not below the class count")
         if (s == ch.first_sample and offset != 64) or not 64 <= offset <= end <= ch.records_end:
             raise Damaged(f"{where}: record {offset}..{end} is not in 64..{ch.records_end}")
+        if flags & REMOVED and end != offset:
+            raise Damaged(f"{where}: removed, but its record has {end - offset} bytes")
         return offset, end, flags, crc, label
 
     def _open_chunk(self, ch):
         """Chunk `ch`'s file, open: callers check it with _check_chunk before use."""
-        name = os.path.join(self.directory, chunk_name(ch.id))
-        try:
+        name = os.path.join(self.directory, chunk_name(ch.id, self.revisions[ch.id]))
+        try:   # the revision the snapshot names, never another (§2, §6.9)
             return open(name, "rb")
         except FileNotFoundError:
-            raise Missing(f"{name}: chunk {ch.id} is missing") from None
+            raise Missing(f"{name}: chunk {ch.id} (revision {self.revisions[ch.id]}) is missing") \
+                from None
 
     def _check_chunk(self, f, ch):
         """Check the open chunk file's length and header (§4, §7); returns its feature bits."""
@@ -698,17 +710,19 @@ class Dataset:
         gone = []                   # the deleted samples' paths, as their chunks' footers hold
         for ch in self.chunks:
             with self._open_chunk(ch) as f:
-                features = self._verify_chunk(f, ch, by_sample, listed, declared, gone)
-            attributes += [bool(features & 2)] if ch.samples else []
+                features, records = self._verify_chunk(f, ch, by_sample, listed, declared, gone)
+            attributes += [bool(features & 2)] if records else []
         # ATTRS: every chunk with records has attributes, or none has records but dirs are listed
         if bool(self.incompat & ATTRS) != (all(attributes) if attributes else bool(listed)):
             raise Damaged(f"{self._snap}: ATTRS disagrees with the chunks' attributes blocks")
-        self._verify_dirs([e.path for e in files] + gone, dirs, listed)
+        # A removed record's path is in no footer any more: its ancestors may stay directories.
+        removed = any(self._span(s)[2] & REMOVED for s in self.deleted)
+        self._verify_dirs([e.path for e in files] + gone, dirs, listed, removed)
         for name in self.field_names:
             if declared.get(name, "bytes") != self.field_types[name]:
                 raise Damaged(f"{self._snap}: field {name!r} has type {self.field_types[name]}, "
                               f"its chunks declare {declared.get(name, 'none')}")
-        ours = {SNAPSHOT} | {chunk_name(c) for c in range(self.chunk_count)}
+        ours = {SNAPSHOT} | {chunk_name(c, r) for c, r in enumerate(self.revisions)}
         return sorted(n for n in os.listdir(self.directory) if n not in ours)
 
     def _verify_namespace(self):
@@ -737,19 +751,23 @@ class Dataset:
         return [None if x is None else x[1] for x in by_sample], dirs
 
     def _verify_chunk(self, f, ch, by_sample, listed, declared, gone):
-        """Check chunk `ch` (open as `f`) against the snapshot; returns its feature bits. The
-        footer paths of its deleted samples' records are added to `gone`."""
+        """Check chunk `ch` (open as `f`) against the snapshot; returns its feature bits and
+        record count. The footer paths of its deleted samples' records are added to `gone`.
+        Its footer lists the records it holds: its samples' whose record is not removed (§6.9)."""
         features, name = self._check_chunk(f, ch), f.name
         with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
             if zlib.crc32(buf) != ch.file_crc or hashlib.sha256(buf).digest()[:16] != ch.digest:
                 raise Damaged(f"{name}: whole-file CRC-32 or digest differs from the chunk table's")
             foot = _parse_footer(buf, features, name)
-            if (foot["offset"], foot["n"]) != (ch.records_end, ch.samples):
-                raise Damaged(f"{name}: footer offset or record count differs from the snapshot")
+            spans = {s: self._span(s) for s in range(ch.first_sample, ch.first_sample + ch.samples)}
+            held = [s for s, span in spans.items() if not span[2] & REMOVED]
+            if (foot["offset"], foot["n"]) != (ch.records_end, len(held)):
+                raise Damaged(f"{name}: footer offset or record count ({foot['n']}) differs from "
+                              f"the snapshot's ({len(held)} records not removed)")
             if foot["classes"] != self.classes:
                 raise Damaged(f"{name}: footer's class table differs from the snapshot's")
-            if ch.samples and (bool(features & 1) != bool(self.incompat & FIELDS)
-                               or (self.incompat & ATTRS and not features & 2)):
+            if held and (bool(features & 1) != bool(self.incompat & FIELDS)
+                         or (self.incompat & ATTRS and not features & 2)):
                 raise Damaged(f"{name}: feature bits {features:#x} disagree with the snapshot")
             fields = foot["fields"]
             for field, t in zip(fields["names"], fields["types"] or ()) if fields else ():
@@ -757,8 +775,8 @@ class Dataset:
                     raise Damaged(f"{name}: field {field!r} declared as {t}, unlike elsewhere")
             orig = compressed = 0
             labels = {}
-            for i, s in enumerate(range(ch.first_sample, ch.first_sample + ch.samples)):
-                offset, end, flags, crc, label = self._span(s)
+            for i, s in enumerate(held):
+                offset, end, flags, crc, label = spans[s]
                 entry = by_sample[s]
                 if entry is None:   # deleted: its record stays, counted in no sum (§6.8)
                     self._verify_deleted(buf, foot, i, s, name)
@@ -784,7 +802,7 @@ class Dataset:
             raise Damaged(f"{self._snap}: chunk {ch.id}: orig_bytes or compressed are wrong")
         if self._class_counts(ch.id) != labels:
             raise Damaged(f"{self._snap}: class counts of chunk {ch.id} differ from its samples'")
-        return features
+        return features, len(held)
 
     def _verify_deleted(self, buf, foot, i, s, name):
         """A deleted sample's record: still its footer entry's, its CRC-32 (and fields) right;
@@ -828,13 +846,15 @@ class Dataset:
             counts[cls] = count
         return counts
 
-    def _verify_dirs(self, paths, dirs, listed):
+    def _verify_dirs(self, paths, dirs, listed, removed=False):
         """The directories are those the chunks list and every ancestor of a path (§8): of
-        the samples' paths, the deleted ones' (which their chunks' footers still hold) too."""
+        the samples' paths, the deleted ones' (which their chunks' footers still hold) too.
+        With records removed by compaction, whose paths no footer holds any more, the
+        directories that were their ancestors stay (§6.8): more directories may remain."""
         expected = set(listed)
         for path in paths + list(listed):
             expected.update(path[:i] for i in range(len(path)) if path[i] == 0x2F)
-        if expected != set(dirs):
+        if expected != set(dirs) and not (removed and expected < set(dirs)):
             raise Damaged(f"{self._snap}: directory entries differ from what the chunks list")
         for path, entry in dirs.items() if self.incompat & ATTRS else ():
             if entry[3:] != listed.get(path, (0o755, 0)):

@@ -164,6 +164,43 @@ def test_verify_notes_other_files(tmp_path):
     assert gf.open_dataset(root).verify() == ["chunk-0000000001.gchunk"]
 
 
+def test_chunk_names():
+    assert gf.chunk_name(5) == "chunk-00000005.gchunk"
+    assert gf.chunk_name(5, 2) == "chunk-00000005.r2.gchunk"
+    assert gf.chunk_name(10 ** 8, 1) == "chunk-100000000.r1.gchunk"
+
+
+COMPACTED = [n for n in VECTORS if "revisions" in json.loads((TESTDATA / n / "expected.json")
+                                                             .read_text())]
+
+
+@pytest.mark.parametrize("name", COMPACTED or [None])
+def test_compacted_reads_only_its_revisions(name, tmp_path):
+    """A compacted vector: removed records (deleted, length 0, in no footer), and other
+    revisions' files are no part of the dataset (§2): verify notes them, reads never use them."""
+    if name is None:
+        pytest.skip("no test vector has REVISIONS")
+    root = tmp_path / "dataset"
+    shutil.copytree(TESTDATA / name / "dataset", root)
+    ds = gf.open_dataset(root)
+    removed = [s for s in ds.deleted if ds._span(s)[2] & gf.REMOVED]
+    assert removed and all(ds._span(s)[0] == ds._span(s)[1] for s in removed)
+    assert not any(ds._span(s)[2] & gf.REMOVED for s in range(ds.sample_count)
+                   if s not in ds.deleted)
+    c = max(range(ds.chunk_count), key=lambda c: ds.revisions[c])
+    r = ds.revisions[c]
+    assert r >= 1
+    live = next(s for s in range(ds.chunks[c].first_sample,
+                                 ds.chunks[c].first_sample + ds.chunks[c].samples)
+                if s not in ds.deleted)
+    want = ds.read(live)
+    # An older revision's name holding other bytes (a chunk with one record cut) is ignored.
+    stale = gf.chunk_name(c, r - 1)
+    (root / stale).write_bytes((root / gf.chunk_name(c, r)).read_bytes()[:-1])
+    assert ds.read(live) == want
+    assert ds.verify() == [stale]
+
+
 def test_overlong_varint_is_refused():
     assert gf._varint(b"\x80\x01", 0, 2, "here") == (128, 2)
     with pytest.raises(gf.Damaged, match="overlong"):
@@ -215,6 +252,11 @@ def test_vector(name):
             for c in ds.chunks] == expected["chunks"]
     assert [{"path_hex": e.path.hex(), "mode": e.mode, "mtime_ns": e.mtime_ns}
             for e in ds.entries() if e.sample is None] == expected["dirs"]
+    # Each chunk's revision (§6.9), listed with REVISIONS: its file is named by it (§2).
+    assert ds.revisions == expected.get("revisions", [0] * ds.chunk_count)
+    assert ("revisions" in expected) == bool(ds.incompat & gf.REVISIONS)
+    for c, r in enumerate(ds.revisions):
+        assert (TESTDATA / name / "dataset" / gf.chunk_name(c, r)).is_file()
     # Deleted samples (§6.8): listed with their generation, in no listing, unreadable by id.
     deleted = expected.get("deleted", [])
     assert [{"id": s, "generation": g} for s, g in sorted(ds.deleted.items())] == deleted
@@ -267,7 +309,11 @@ def test_deleted_samples_are_neither_listed_nor_found(name):
             features = ds._check_chunk(f, ch)
             f.seek(0)
             foot = gf._parse_footer(f.read(), features, f.name)
-        for s, path in zip(range(ch.first_sample, ch.first_sample + ch.samples), foot["paths"]):
+        # The footer lists the samples whose records compaction did not remove (§6.9).
+        held = [s for s in range(ch.first_sample, ch.first_sample + ch.samples)
+                if not ds._span(s)[2] & gf.REMOVED]
+        assert len(held) == len(foot["paths"])
+        for s, path in zip(held, foot["paths"]):
             assert ds.lookup(path) == (None if s in ds.deleted else s), path
 
 
