@@ -1040,3 +1040,88 @@ fn the_bill_of_an_epoch_from_the_store() {
     }
     assert_eq!(measured["bytes"], read[0]["bytes_read"], "{read}");
 }
+
+#[test]
+fn delete_and_compact_in_the_store_leave_no_deleted_byte_or_stale_snapshot() {
+    let Some(s3) = S3::new("delete-compact") else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    let files: Files = (0..90u64)
+        .map(|i| {
+            let mut b = bytes(i, 900);
+            if i % 9 == 0 {
+                b.extend_from_slice(format!("MARKER-{i:03}-S3").as_bytes());
+            }
+            (format!("c{}/f{i:03}.bin", i % 2).into_bytes(), b)
+        })
+        .collect();
+    write_tree(&src, &files);
+    let url = s3.sub("ds");
+    s3.pack(&src, &url, &["--compress", "none"]);
+    let json = |args: &[&str]| -> serde_json::Value {
+        serde_json::from_slice(&s3.ok(args).stdout).unwrap()
+    };
+    let before = json(&["verify", &url, "--json"]);
+    assert_eq!(s3.snapshots().len(), 1);
+    let list = tmp.path().join("gone.txt");
+    let gone: String = (0..90)
+        .filter(|i| i % 9 == 0)
+        .map(|i| format!("c{}/f{i:03}.bin\n", i % 2))
+        .collect();
+    std::fs::write(&list, gone).unwrap();
+    let receipt = tmp.path().join("r.json");
+    let d = json(&[
+        "delete",
+        &url,
+        "--paths-from",
+        list.to_str().unwrap(),
+        "--receipt",
+        receipt.to_str().unwrap(),
+        "--json",
+    ]);
+    assert_eq!(
+        (d["deleted"].as_u64(), d["generation"].as_u64()),
+        (Some(10), Some(1)),
+        "{d}"
+    );
+    // A reader of the new generation: 80 samples; the node's cache holds its snapshot only.
+    let r = json(&["read", &url, "--json"]);
+    assert_eq!(r[0]["samples"].as_u64(), Some(80), "{r}");
+    let cached = s3.snapshots();
+    assert_eq!(cached.len(), 1, "{cached:?}");
+    let c = json(&["compact", &url, "--all", "--grace", "0", "--json"]);
+    assert_eq!(c["records_removed"].as_u64(), Some(10), "{c}");
+    assert!(!c["files_removed"].as_array().unwrap().is_empty(), "{c}");
+    let v = json(&["verify", &url, "--json"]);
+    assert_eq!(v["samples"].as_u64(), Some(80));
+    assert_ne!(v["digest"], before["digest"]);
+    let r2 = json(&["read", &url, "--json"]);
+    assert_eq!(
+        r2[0]["digest"], r[0]["digest"],
+        "compaction changed what an epoch delivers"
+    );
+    // No object of the prefix holds a marker; no replaced chunk object is left.
+    let store = ObjectUrl::open(&url, &granary_store::StoreConfig::default()).unwrap();
+    for (name, _) in store.list().unwrap() {
+        let b = store.get(&name).unwrap();
+        for i in (0..90).step_by(9) {
+            let m = format!("MARKER-{i:03}-S3");
+            assert!(
+                !b.windows(m.len()).any(|w| w == m.as_bytes()),
+                "{m} in {name}"
+            );
+        }
+        if let Some((id, rev)) = granary_format::parse_chunk_file_name_at(&name) {
+            let snap =
+                granary_format::Snapshot::open(store.get("snapshot.gsnap").unwrap().to_vec())
+                    .unwrap();
+            assert_eq!(
+                rev,
+                snap.revision(id),
+                "{name} is not the revision the snapshot names"
+            );
+        }
+    }
+}

@@ -1299,8 +1299,8 @@ fn deleted_vectors(t: &Path) {
     tree(&t.join("del"), &files, &[]);
     let ds = t.join("deleted.ds");
     let (first, second, paths) = pack_to_delete(&t.join("del"), &ds);
-    granary_packer::delete(&ds, &first).unwrap();
-    granary_packer::delete(&ds, &second).unwrap();
+    granary_packer::delete(&ds, &first, &granary_store::StoreConfig::default()).unwrap();
+    granary_packer::delete(&ds, &second, &granary_store::StoreConfig::default()).unwrap();
     let gone: Vec<&Vec<u8>> = first.iter().chain(&second).map(|id| &paths[id]).collect();
     let live: Vec<_> = files
         .iter()
@@ -1320,7 +1320,7 @@ fn deleted_vectors(t: &Path) {
     let ds = t.join("deleted-fields.ds");
     let fsrc = write_fields_to_delete(&ds);
     let ids = part2_ids(&ds);
-    granary_packer::delete(&ds, &ids).unwrap();
+    granary_packer::delete(&ds, &ids, &granary_store::StoreConfig::default()).unwrap();
     write_vector(
         "deleted-fields",
         "generation 1: field groups, every sample of a directory deleted",
@@ -1420,7 +1420,7 @@ fn compact_all(ds: &Path) -> granary_packer::CompactSummary {
         grace: std::time::Duration::ZERO,
         ..Default::default()
     };
-    granary_packer::compact(ds, &o).unwrap()
+    granary_packer::compact(ds, &o, &granary_store::StoreConfig::default()).unwrap()
 }
 
 /// Chunk `c`'s samples that are not deleted.
@@ -1442,8 +1442,8 @@ fn compacted_vectors(t: &Path) {
     tree(&t.join("cmp"), &files, &[]);
     let ds = t.join("compacted.ds");
     let (first, second, paths) = pack_to_delete(&t.join("cmp"), &ds);
-    granary_packer::delete(&ds, &first).unwrap();
-    granary_packer::delete(&ds, &second).unwrap();
+    granary_packer::delete(&ds, &first, &granary_store::StoreConfig::default()).unwrap();
+    granary_packer::delete(&ds, &second, &granary_store::StoreConfig::default()).unwrap();
     let s = compact_all(&ds);
     assert_eq!(s.generation, Some(3));
     assert!(s.chunks_rewritten >= 2 && s.files_waiting.is_empty());
@@ -1457,14 +1457,14 @@ fn compacted_vectors(t: &Path) {
         .find(|&c| snap.revision(c) == 1 && live_of(&snap, c).len() >= 3)
         .expect("a compacted chunk of three live samples");
     let third = vec![live_of(&snap, c)[0]];
-    granary_packer::delete(&ds, &third).unwrap();
+    granary_packer::delete(&ds, &third, &granary_store::StoreConfig::default()).unwrap();
     let s = compact_all(&ds);
     assert_eq!((s.generation, s.chunks_rewritten), (Some(5), 1));
     assert_eq!(s.files_removed.len(), 1);
     let snap = snapshot(&ds);
     assert_eq!(snap.revision(c), 2);
     let fourth = vec![live_of(&snap, c)[0]];
-    granary_packer::delete(&ds, &fourth).unwrap();
+    granary_packer::delete(&ds, &fourth, &granary_store::StoreConfig::default()).unwrap();
     let snap = snapshot(&ds);
     assert_eq!(snap.lineage().generation, 6);
     // The dataset's files are the snapshot and the revision of each chunk it names.
@@ -1507,7 +1507,7 @@ fn compacted_vectors(t: &Path) {
     let ds = t.join("compacted-fields.ds");
     let fsrc = write_fields_to_delete(&ds);
     let ids = part2_ids(&ds);
-    granary_packer::delete(&ds, &ids).unwrap();
+    granary_packer::delete(&ds, &ids, &granary_store::StoreConfig::default()).unwrap();
     let s = compact_all(&ds);
     assert_eq!(s.generation, Some(2));
     write_vector(

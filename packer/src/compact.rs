@@ -16,8 +16,11 @@ use granary_store::chunk_file::{ChunkFile, Records};
 use granary_store::write::{AtomicFile, Durability};
 use serde::Serialize;
 
-use crate::publish::{spooled_builder, sync_dir, write_snapshot_pending};
-use crate::{output, IoAt, PackError};
+use granary_store::StoreConfig;
+
+use crate::place::Place;
+use crate::publish::{spooled_builder, sync_dir};
+use crate::{IoAt, PackError};
 
 /// What `compact` rewrites and when it removes replaced files.
 #[derive(Clone, Debug)]
@@ -79,19 +82,18 @@ struct OtherFile {
 /// point, the dataset is the old generation or the new one (files a killed run wrote are
 /// removed by the next). Replaced files whose grace period has ended are removed, whether or
 /// not this run rewrites anything.
-pub fn compact(dataset: &Path, o: &CompactOptions) -> Result<CompactSummary, PackError> {
+pub fn compact(
+    dataset: &Path,
+    o: &CompactOptions,
+    cfg: &StoreConfig,
+) -> Result<CompactSummary, PackError> {
     let t0 = Instant::now();
     if !(0.0..=1.0).contains(&o.min_dead) {
         return Err(usage!("--min-dead {} is not in [0, 1]", o.min_dead));
     }
-    if !dataset.is_dir() {
-        return Err(usage!(
-            "{}: compact works on a dataset directory (local or on a shared file system)",
-            dataset.display()
-        ));
-    }
-    let _lock = output::DirLock::dataset(dataset, "compact")?;
-    let snap = read_snapshot(dataset)?;
+    let place = Place::of(dataset, cfg)?;
+    let _lock = place.lock("compact")?;
+    let snap = read_snapshot(&place)?;
     let mut s = CompactSummary {
         dataset: dataset.to_path_buf(),
         ..Default::default()
@@ -108,46 +110,46 @@ pub fn compact(dataset: &Path, o: &CompactOptions) -> Result<CompactSummary, Pac
         }
     }
     if !chosen.is_empty() {
-        publish(dataset, &snap, &chosen, &dead, &mut s)?;
+        publish(&place, &snap, &chosen, &dead, &mut s)?;
     }
     // What is removed, by the snapshot now in place.
-    let now = read_snapshot(dataset)?;
-    for f in other_files(dataset, &now)? {
+    let now = read_snapshot(&place)?;
+    for f in other_files(&place, &now)? {
         let due = f.replaced_at.is_none_or(|at| {
             SystemTime::now()
                 .duration_since(at)
                 .is_ok_and(|age| age >= o.grace)
         });
         if due {
-            let p = dataset.join(&f.name);
-            granary_store::write::crash_point("remove", &p);
-            std::fs::remove_file(&p).at("removing", &p)?;
+            granary_store::write::crash_point("remove", &place.location(&f.name));
+            place.remove(&f.name)?;
             s.files_removed.push(f.name);
         } else {
             s.files_waiting.push(f.name);
         }
     }
-    if !s.files_removed.is_empty() {
-        sync_dir(dataset)?;
+    // Uploads a killed compaction left open on an object store (its new revisions' files).
+    let revision_file = |n: &str| parse_chunk_file_name_at(n).is_some_and(|(_, r)| r > 0);
+    s.files_removed.extend(place.abort_uploads(revision_file)?);
+    if let (false, Place::Dir(d)) = (s.files_removed.is_empty(), &place) {
+        sync_dir(d)?;
     }
     s.elapsed_s = t0.elapsed().as_secs_f64();
     Ok(s)
 }
 
-fn read_snapshot(dataset: &Path) -> Result<Snapshot<Vec<u8>>, PackError> {
-    let path = dataset.join(SNAPSHOT_FILE);
-    let bytes = std::fs::read(&path).map_err(|e| match e.kind() {
-        std::io::ErrorKind::NotFound => usage!(
+fn read_snapshot(place: &Place) -> Result<Snapshot<Vec<u8>>, PackError> {
+    let bytes = place.read(SNAPSHOT_FILE)?.ok_or_else(|| {
+        usage!(
             "{} is not a granary dataset (no {SNAPSHOT_FILE})",
-            dataset.display()
-        ),
-        _ => PackError::io("reading", &path, e),
+            place.show()
+        )
     })?;
     let snap = Snapshot::open(bytes)?;
     if let Some(e) = snap.check_blocks().into_iter().next() {
         return Err(usage!(
-            "{} is damaged ({e}); run granary verify and granary reindex first",
-            path.display()
+            "{} is damaged ({e}); run granary verify",
+            place.location(SNAPSHOT_FILE).display()
         ));
     }
     Ok(snap)
@@ -175,12 +177,9 @@ fn dead_by_chunk(snap: &Snapshot<Vec<u8>>) -> Result<BTreeMap<u32, (u64, u64)>, 
 
 /// Chunk files in `dataset` that are not the revision `snap` names for their id (ids past its
 /// chunk count are left alone: an interrupted append's).
-fn other_files(dataset: &Path, snap: &Snapshot<Vec<u8>>) -> Result<Vec<OtherFile>, PackError> {
-    let rd = std::fs::read_dir(dataset).at("listing", dataset)?;
+fn other_files(place: &Place, snap: &Snapshot<Vec<u8>>) -> Result<Vec<OtherFile>, PackError> {
     let mut out = Vec::new();
-    for e in rd {
-        let e = e.at("listing", dataset)?;
-        let name = e.file_name().to_string_lossy().into_owned();
+    for name in place.names()? {
         let Some((id, rev)) = parse_chunk_file_name_at(&name) else {
             continue;
         };
@@ -189,11 +188,7 @@ fn other_files(dataset: &Path, snap: &Snapshot<Vec<u8>>) -> Result<Vec<OtherFile
         }
         let replaced_at = match rev < snap.revision(id) {
             false => None,
-            true => {
-                let current = dataset.join(snap.chunk_file_name(id));
-                let m = std::fs::metadata(&current).at("inspecting", &current)?;
-                Some(m.modified().at("inspecting", &current)?)
-            }
+            true => Some(place.modified(&snap.chunk_file_name(id))?),
         };
         out.push(OtherFile { name, replaced_at });
     }
@@ -203,7 +198,7 @@ fn other_files(dataset: &Path, snap: &Snapshot<Vec<u8>>) -> Result<Vec<OtherFile
 
 /// Rewrites chunks `chosen` without their deleted records and publishes the next generation.
 fn publish(
-    dataset: &Path,
+    place: &Place,
     snap: &Snapshot<Vec<u8>>,
     chosen: &[u32],
     dead: &BTreeMap<u32, (u64, u64)>,
@@ -211,12 +206,11 @@ fn publish(
 ) -> Result<(), PackError> {
     let generation = snap.lineage().generation + 1;
     // Files of a killed run (revisions no snapshot names) would be in the way.
-    for f in other_files(dataset, snap)?
+    for f in other_files(place, snap)?
         .into_iter()
         .filter(|f| f.replaced_at.is_none())
     {
-        let p = dataset.join(&f.name);
-        std::fs::remove_file(&p).at("removing", &p)?;
+        place.remove(&f.name)?;
     }
     let mut revisions: Vec<u32> = (0..snap.chunk_count() as u32)
         .map(|c| snap.revision(c))
@@ -224,7 +218,7 @@ fn publish(
     let mut rewritten: BTreeMap<u32, ChunkSummary> = BTreeMap::new();
     for &c in chosen {
         let rev = revisions[c as usize] + 1;
-        let summary = rewrite(dataset, snap, c, rev, s)?;
+        let summary = rewrite(place, snap, c, rev, s)?;
         revisions[c as usize] = rev;
         let (n, bytes) = dead[&c];
         s.records_removed += n;
@@ -232,11 +226,13 @@ fn publish(
         s.chunks_rewritten += 1;
         rewritten.insert(c, summary);
     }
-    sync_dir(dataset)?;
+    if let Place::Dir(d) = place {
+        sync_dir(d)?;
+    }
     let classes = (0..snap.class_count())
         .map(|c| snap.class_name(c as u32).map(<[u8]>::to_vec))
         .collect::<Result<Vec<_>, _>>()?;
-    let mut b = spooled_builder(dataset, snap.dataset_id(), classes)?;
+    let mut b = spooled_builder(&place.scratch(), snap.dataset_id(), classes)?;
     let deleted = snap.deleted().iter();
     b.deletions(
         deleted
@@ -256,12 +252,14 @@ fn publish(
         generation,
         parent: snap.content_digest(),
     });
-    let path = dataset.join(SNAPSHOT_FILE);
-    let (pending, len) = write_snapshot_pending(&path, b)?;
-    granary_store::write::crash_point("rename", &path);
-    pending.publish().at("renaming into place", &path)?;
-    sync_dir(dataset)?;
-    s.bytes_written += len;
+    if place.snapshot_key()? != (snap.dataset_id(), snap.content_digest()) {
+        return Err(usage!(
+            "{}: another command published a new generation while this compaction ran; run \
+             it again (the chunk files it wrote are removed then)",
+            place.show()
+        ));
+    }
+    s.bytes_written += place.publish_snapshot(b)?;
     s.generation = Some(generation);
     Ok(())
 }
@@ -270,19 +268,15 @@ fn publish(
 /// with their paths, attributes, fields and the directories its file lists. Returns the new
 /// file's summary (its records in order).
 fn rewrite(
-    dataset: &Path,
+    place: &Place,
     snap: &Snapshot<Vec<u8>>,
     c: u32,
     rev: u32,
     s: &mut CompactSummary,
 ) -> Result<ChunkSummary, PackError> {
     let ce = snap.chunk(c as u64)?;
-    let old_path = dataset.join(snap.chunk_file_name(c));
-    let store = granary_store::LocalDir::with_revisions(dataset, snap.revisions().into());
-    let src = granary_store::ChunkStore::open_chunk(&store, c)
-        .map_err(|e| PackError::io("opening", &old_path, std::io::Error::other(e)))?;
-    let bytes = granary_store::file::read_whole(&*src)
-        .map_err(|e| PackError::io("reading", &old_path, std::io::Error::other(e)))?;
+    let old_path = place.location(&snap.chunk_file_name(c));
+    let bytes = place.read_named(&snap.chunk_file_name(c))?;
     let bytes: &[u8] = &bytes;
     let changed = |detail: String| PackError::Source {
         path: old_path.clone(),
@@ -318,7 +312,7 @@ fn rewrite(
         (None, None) => Records::Plain,
     };
     let name = chunk_file_name_at(c, rev);
-    let path = dataset.join(&name);
+    let path = place.scratch().join(&name);
     let file = AtomicFile::create(&path, Durability::File).at("creating", &path)?;
     let tmp = file.tmp_path().to_path_buf();
     let io = |e| PackError::io("writing", &tmp, e);
@@ -363,6 +357,7 @@ fn rewrite(
     };
     granary_store::write::crash_point("publish", &path);
     let summary = f.publish(&footer.classes, &types).map_err(io)?;
+    place.publish_file(&name, &path)?;
     s.bytes_written += summary.file_size;
     Ok(summary)
 }

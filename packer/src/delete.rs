@@ -10,8 +10,11 @@ use std::time::Instant;
 use granary_format::{FileAttrs, Lineage, Snapshot, SNAPSHOT_FILE};
 use serde::Serialize;
 
-use crate::publish::{spooled_builder, sync_dir, write_snapshot_pending};
-use crate::{output, IoAt, PackError};
+use granary_store::StoreConfig;
+
+use crate::place::Place;
+use crate::publish::spooled_builder;
+use crate::PackError;
 
 /// What a deletion did.
 #[derive(Debug, Clone, Serialize)]
@@ -35,34 +38,29 @@ pub struct DeleteSummary {
     pub elapsed_s: f64,
 }
 
-/// Publishes the next generation of the local dataset at `dataset` with the samples `ids`
-/// (any order, repeats allowed, each below the sample count) deleted, atomically: killed at
-/// any point, the dataset is the old generation or the new one. Takes the dataset's lock (an
-/// append, upgrade, reindex or another deletion waits for it). Refuses a deletion that removes
-/// nothing new.
-pub fn delete(dataset: &Path, ids: &[u64]) -> Result<DeleteSummary, PackError> {
+/// Publishes the next generation of the dataset at `dataset` (a directory, or a writable
+/// object-store URL) with the samples `ids` (any order, repeats allowed, each below the
+/// sample count) deleted, atomically: killed at any point, the dataset is the old generation
+/// or the new one. A directory is locked (an append, upgrade, reindex, compaction or another
+/// deletion waits for it); on an object store, a generation published while this one was
+/// built is refused (there is no lock: one PUT replaces the snapshot). Refuses a deletion
+/// that removes nothing new.
+pub fn delete(dataset: &Path, ids: &[u64], cfg: &StoreConfig) -> Result<DeleteSummary, PackError> {
     let t0 = Instant::now();
-    if !dataset.is_dir() {
-        return Err(usage!(
-            "{}: delete works on a dataset directory (local or on a shared file system)",
-            dataset.display()
-        ));
-    }
-    let _lock = output::DirLock::dataset(dataset, "delete")?;
+    let place = Place::of(dataset, cfg)?;
+    let _lock = place.lock("delete")?;
     // Read under the lock: what another command published before is what this one extends.
-    let path = dataset.join(SNAPSHOT_FILE);
-    let bytes = std::fs::read(&path).map_err(|e| match e.kind() {
-        std::io::ErrorKind::NotFound => usage!(
+    let bytes = place.read(SNAPSHOT_FILE)?.ok_or_else(|| {
+        usage!(
             "{} is not a granary dataset (no {SNAPSHOT_FILE})",
-            dataset.display()
-        ),
-        _ => PackError::io("reading", &path, e),
+            place.show()
+        )
     })?;
     let snap = Snapshot::open(bytes)?;
     if let Some(e) = snap.check_blocks().into_iter().next() {
         return Err(usage!(
-            "{} is damaged ({e}); run granary verify and granary reindex before deleting",
-            path.display()
+            "{} is damaged ({e}); run granary verify",
+            place.location(SNAPSHOT_FILE).display()
         ));
     }
     let n = snap.sample_count();
@@ -110,7 +108,7 @@ pub fn delete(dataset: &Path, ids: &[u64]) -> Result<DeleteSummary, PackError> {
     let classes = (0..snap.class_count())
         .map(|c| snap.class_name(c as u32).map(<[u8]>::to_vec))
         .collect::<Result<Vec<_>, _>>()?;
-    let mut b = spooled_builder(dataset, snap.dataset_id(), classes)?;
+    let mut b = spooled_builder(&place.scratch(), snap.dataset_id(), classes)?;
     b.deletions(all)?;
     b.revisions(snap.revisions().to_vec());
     for c in 0..snap.chunk_count() {
@@ -122,10 +120,15 @@ pub fn delete(dataset: &Path, ids: &[u64]) -> Result<DeleteSummary, PackError> {
         generation,
         parent: snap.content_digest(),
     });
-    let (pending, len) = write_snapshot_pending(&path, b)?;
-    granary_store::write::crash_point("rename", &path);
-    pending.publish().at("renaming into place", &path)?;
-    sync_dir(dataset)?;
+    // An object store has no lock: refuse to publish over a generation published meanwhile.
+    if place.snapshot_key()? != (snap.dataset_id(), snap.content_digest()) {
+        return Err(usage!(
+            "{}: another command published a new generation while this deletion ran; run it \
+             again",
+            place.show()
+        ));
+    }
+    let len = place.publish_snapshot(b)?;
     Ok(DeleteSummary {
         dataset: dataset.to_path_buf(),
         generation,

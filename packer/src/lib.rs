@@ -22,6 +22,7 @@ mod files;
 mod options;
 mod output;
 mod pipeline;
+mod place;
 mod plan;
 pub(crate) mod publish;
 mod reindex;

@@ -4,21 +4,20 @@
 //! 1.x chunks are valid 2.0 chunks (their header's minor version is the feature bit of a fields
 //! block); `upgrade` reads each once, for the digest 2.0 records and 1.x did not.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use granary_format::{
     check_chunk, chunk_digest, chunk_file_name, is_legacy_snapshot, parse_chunk_file_name,
     read_legacy_snapshot, ChunkHeader, ChunkSummary, LegacySnapshot, Snapshot, SnapshotBuilder,
     SnapshotHeader, SNAPSHOT_FILE,
 };
-use granary_store::file::ChunkBytes;
-use granary_store::object::ObjectUrl;
-use granary_store::{LocalDir, Location, StoreConfig};
+use granary_store::StoreConfig;
 use rayon::prelude::*;
 use serde::Serialize;
 
 use crate::output::LEGACY_SNAPSHOT_FILE;
-use crate::{hex_id, write_file_atomic, IoAt, PackError};
+use crate::place::Place;
+use crate::{hex_id, PackError};
 
 /// A checked chunk: its summary, dataset id and class table.
 type CheckedChunk = ([u8; 16], Vec<Vec<u8>>, ChunkSummary);
@@ -37,144 +36,6 @@ pub struct ReindexSummary {
     pub file_attributes: bool,
     /// Where the snapshot was written.
     pub snapshot: String,
-}
-
-/// Where the dataset's files are: a directory, or objects under a URL prefix.
-enum Place {
-    Dir(PathBuf),
-    Url(std::sync::Arc<ObjectUrl>),
-}
-
-impl Place {
-    /// A local directory, or a writable object-store URL.
-    fn of(dataset: &Path, cfg: &StoreConfig) -> Result<Place, PackError> {
-        let url = match granary_store::open(dataset, cfg)? {
-            Location::Local(d) => return Ok(Place::Dir(d)),
-            Location::Object(u) => u,
-        };
-        if !url.writable() {
-            return Err(usage!(
-                "{}: read-only (plain HTTP); reindex and upgrade need a store they can write \
-                 (s3://, gs://, az://)",
-                url.url()
-            ));
-        }
-        Ok(Place::Url(url))
-    }
-
-    /// Locks a local dataset's directory for a command that rewrites it (`what`); an object
-    /// store has no lock (its snapshot is replaced by one PUT).
-    fn lock(&self, what: &str) -> Result<Option<crate::output::DirLock>, PackError> {
-        match self {
-            Place::Dir(d) => crate::output::DirLock::dataset(d, what).map(Some),
-            Place::Url(_) => Ok(None),
-        }
-    }
-
-    /// An error if an intact snapshot is there (every section's checksum right).
-    fn refuse_intact_snapshot(&self) -> Result<(), PackError> {
-        let Some(old) = self.read(SNAPSHOT_FILE)? else {
-            return Ok(());
-        };
-        if granary_format::is_legacy_snapshot(&old) {
-            if let Ok(l) = granary_format::read_legacy_snapshot(&old) {
-                return Err(usage!(
-                    "{}: an intact snapshot of format {}.{} is there ({} samples); `granary \
-                     upgrade {}` rewrites it as 2.0 keeping everything it records (file modes, \
-                     mtimes, empty directories, which chunks do not hold); reindex replaces it \
-                     only with --force",
-                    self.location(SNAPSHOT_FILE).display(),
-                    l.version.0,
-                    l.version.1,
-                    l.chunks.iter().map(|c| c.entries.len()).sum::<usize>(),
-                    self.show()
-                ));
-            }
-        }
-        let intact =
-            Snapshot::open(&old[..]).map(|s| (s.check_blocks().is_empty(), s.sample_count()));
-        match intact {
-            Ok((true, samples)) => Err(usage!(
-                "{}: an intact snapshot is there ({samples} samples, every checksum right); \
-                 reindex replaces it only with --force",
-                self.location(SNAPSHOT_FILE).display()
-            )),
-            _ => Ok(()),
-        }
-    }
-
-    fn location(&self, name: &str) -> PathBuf {
-        match self {
-            Place::Dir(d) => d.join(name),
-            Place::Url(u) => PathBuf::from(u.object_url(name)),
-        }
-    }
-
-    fn show(&self) -> String {
-        match self {
-            Place::Dir(d) => d.display().to_string(),
-            Place::Url(u) => u.url().to_string(),
-        }
-    }
-
-    /// The names of all files (objects) directly in it.
-    fn names(&self) -> Result<Vec<String>, PackError> {
-        match self {
-            Place::Dir(d) => {
-                let rd = std::fs::read_dir(d).at("listing", d)?;
-                rd.map(|e| {
-                    e.map(|e| e.file_name().to_string_lossy().into_owned())
-                        .at("listing", d)
-                })
-                .collect()
-            }
-            Place::Url(u) => Ok(u.list()?.into_iter().map(|(n, _)| n).collect()),
-        }
-    }
-
-    /// The whole of chunk `id`'s file, read through the store; `None` if there is none.
-    fn read_chunk(&self, id: u32) -> Result<Option<ChunkBytes>, PackError> {
-        match self {
-            Place::Dir(d) => {
-                let src = match granary_store::ChunkStore::open_chunk(&LocalDir::new(d), id) {
-                    Ok(src) => src,
-                    Err(granary_store::StoreError::Io { source, .. })
-                        if source.kind() == std::io::ErrorKind::NotFound =>
-                    {
-                        return Ok(None)
-                    }
-                    Err(e) => return Err(e.into()),
-                };
-                Ok(Some(granary_store::file::read_whole(&*src)?))
-            }
-            Place::Url(_) => Ok(self.read(&chunk_file_name(id))?.map(ChunkBytes::Owned)),
-        }
-    }
-
-    /// The whole of file `name`; `None` if there is none.
-    fn read(&self, name: &str) -> Result<Option<Vec<u8>>, PackError> {
-        match self {
-            Place::Dir(d) => match std::fs::read(d.join(name)) {
-                Ok(b) => Ok(Some(b)),
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-                Err(e) => Err(PackError::io("reading", &d.join(name), e)),
-            },
-            Place::Url(u) => match u.get(name) {
-                Ok(b) => Ok(Some(b.to_vec())),
-                Err(e) if e.is_not_found() => Ok(None),
-                Err(e) => Err(e.into()),
-            },
-        }
-    }
-
-    /// Writes file `name` whole or not at all: a local file is written under a temporary name,
-    /// synced and renamed; an object appears whole with its PUT.
-    fn write(&self, name: &str, bytes: &[u8]) -> Result<(), PackError> {
-        match self {
-            Place::Dir(d) => write_file_atomic(&d.join(name), bytes),
-            Place::Url(u) => Ok(u.put_bytes(name, bytes.to_vec())?),
-        }
-    }
 }
 
 /// Rebuilds the snapshot of `dataset` (a directory or an object-store URL) from its chunk

@@ -24,7 +24,7 @@ from ._dataset import Dataset
 from ._iterable import IterableDataset
 from .mixture import Mixture
 from .parquet import from_parquet
-from .views import delete, make_view
+from .views import compact, delete, make_view
 from .waits import WaitMeter
 from .writer import Writer, from_webdataset, merge
 from ._torch import _SamplerBase, _tud
@@ -45,6 +45,7 @@ __all__ = [
     "io_backends",
     "job_peers",
     "job_secret",
+    "compact",
     "delete",
     "make_view",
     "merge",

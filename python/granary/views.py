@@ -7,6 +7,7 @@ by path. The view opens wherever the dataset does (``granary.Dataset(view)``,
 import os
 
 from ._native import Dataset as _NativeDataset
+from ._native import compact as _compact
 from ._native import delete_samples as _delete_samples
 from ._native import write_view as _write_view
 
@@ -131,3 +132,16 @@ def delete(dataset, *, ids=None, paths=None, strict=False):
     s = json.loads(_delete_samples(os.fspath(dataset), chosen))
     s["missing"] = missing
     return s
+
+
+def compact(dataset, *, all=False, min_dead=0.2, grace=24 * 3600):
+    """Rewrites the chunks of ``dataset`` (a directory or a writable object-store URL) that keep
+    deleted samples' records without them (``granary compact``): those whose deleted records
+    take at least ``min_dead`` of their record bytes, or every one with ``all=True``; publishes
+    the next generation and removes replaced chunk files written more than ``grace`` seconds
+    ago (``grace=0``: at once; a reader still on an older generation then fails naming the
+    missing file). Returns the summary as a dict (``generation``: None when nothing needed
+    rewriting; ``chunks_rewritten``, ``records_removed``, ``bytes_removed``, ``files_removed``,
+    ``files_waiting``...)."""
+    import json
+    return json.loads(_compact(os.fspath(dataset), float(min_dead), bool(all), float(grace)))

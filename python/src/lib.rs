@@ -611,6 +611,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(io_backends, m)?)?;
     m.add_function(wrap_pyfunction!(write_view, m)?)?;
     m.add_function(wrap_pyfunction!(writer::delete_samples, m)?)?;
+    m.add_function(wrap_pyfunction!(writer::compact, m)?)?;
     m.add_function(wrap_pyfunction!(publish_file, m)?)?;
     // Every reader option by name with the library's default (`None` for "decided later", as
     // `ReaderOptions` says; the job's secret shows as `None`): what Python's signatures show.

@@ -222,8 +222,37 @@ pub(crate) fn merge(py: Python<'_>, out: PathBuf) -> PyResult<String> {
 /// next generation without them; returns the summary as JSON text.
 #[pyfunction]
 pub(crate) fn delete_samples(py: Python<'_>, dataset: PathBuf, ids: Vec<u64>) -> PyResult<String> {
+    let cfg = crate::store_config()?;
     let s = py
-        .detach(|| granary_packer::delete(&dataset, &ids))
+        .detach(|| granary_packer::delete(&dataset, &ids, &cfg))
+        .map_err(pack_err)?;
+    serde_json::to_string(&s).map_err(|e| PyValueError::new_err(e.to_string()))
+}
+
+/// Compacts the dataset at `dataset` (`granary compact`): rewrites the chunks whose deleted
+/// records take at least `min_dead` of their record bytes (every one with `all`) without them,
+/// and removes replaced chunk files older than `grace_s` seconds; returns the summary as JSON.
+#[pyfunction]
+pub(crate) fn compact(
+    py: Python<'_>,
+    dataset: PathBuf,
+    min_dead: f64,
+    all: bool,
+    grace_s: f64,
+) -> PyResult<String> {
+    if !(grace_s >= 0.0 && grace_s.is_finite()) {
+        return Err(PyValueError::new_err(format!(
+            "grace {grace_s} is not a number of seconds"
+        )));
+    }
+    let cfg = crate::store_config()?;
+    let o = granary_packer::CompactOptions {
+        min_dead,
+        all,
+        grace: std::time::Duration::from_secs_f64(grace_s),
+    };
+    let s = py
+        .detach(|| granary_packer::compact(&dataset, &o, &cfg))
         .map_err(pack_err)?;
     serde_json::to_string(&s).map_err(|e| PyValueError::new_err(e.to_string()))
 }

@@ -111,3 +111,18 @@ def test_a_map_style_copy_refuses_another_generation(tmp_path):
     with pytest.raises(RuntimeError, match="changed since this Dataset was made"):
         pickle.loads(copy)[0]
     assert len(granary.Dataset(ds)) == 59
+
+
+def test_compact_from_python_keeps_every_remaining_sample(tmp_path):
+    want = make_tree(tmp_path / "src", 120)
+    ds = tmp_path / "ds"
+    run("pack", tmp_path / "src", "-o", ds, "--chunk-size", "8KiB")
+    granary.delete(ds, paths=[f"c0/f{i:04}.bin" for i in range(0, 120, 6)])
+    assert granary.compact(ds, min_dead=1.0)["generation"] is None
+    s = granary.compact(ds, all=True, grace=0)
+    assert s["records_removed"] == 20 and s["generation"] == 2 and s["files_removed"]
+    d = granary.Dataset(ds)
+    assert len(d) == 100
+    assert all(bytes(d[i][0]) == want[d.path(i)] for i in range(len(d)))
+    with pytest.raises(ValueError, match="not a number"):
+        granary.compact(ds, grace=-1)

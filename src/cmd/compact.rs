@@ -27,7 +27,7 @@ later (from cron, say) to remove what was kept. Killed at any point, the dataset
 generation or the new one; files of a killed run are removed by the next. Holds the dataset's
 lock: an append or delete meanwhile waits for it.")]
 pub struct Args {
-    /// Dataset directory (local or on a shared file system).
+    /// Dataset directory, or its URL (s3://, gs://, az://).
     pub dataset: PathBuf,
     /// Rewrite a chunk when its deleted records take at least this share of its record bytes.
     #[arg(long, default_value_t = 0.2, value_name = "SHARE")]
@@ -45,22 +45,12 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
-    if a.dataset
-        .to_str()
-        .is_some_and(granary_store::object::looks_like_url)
-    {
-        anyhow::bail!(
-            "{}: compact works on a dataset directory (local or on a shared file system); \
-             compacting on an object store is not supported yet",
-            a.dataset.display()
-        );
-    }
     let o = granary_packer::CompactOptions {
         min_dead: a.min_dead,
         all: a.all,
         grace: a.grace,
     };
-    let s = granary_packer::compact(&a.dataset, &o)
+    let s = granary_packer::compact(&a.dataset, &o, super::store_config())
         .with_context(|| format!("compacting {}", a.dataset.display()))?;
     super::output(a.json, &s, |s| {
         match s.generation {

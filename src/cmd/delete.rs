@@ -28,7 +28,7 @@ dataset does not hold is reported and left out (with --strict: an error, nothing
 deletion that removes nothing new is refused. Views made before the deletion are refused as
 stale; a resume state taken inside an epoch before it resumes at the next epoch.")]
 pub struct Args {
-    /// Dataset directory (local or on a shared file system).
+    /// Dataset directory, or its URL (s3://, gs://, az://).
     pub dataset: PathBuf,
     #[command(flatten)]
     pub select: Criteria,
@@ -52,16 +52,6 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
-    if a.dataset
-        .to_str()
-        .is_some_and(granary_store::object::looks_like_url)
-    {
-        anyhow::bail!(
-            "{}: delete works on a dataset directory (local or on a shared file system); \
-             deleting from an object store is not supported yet",
-            a.dataset.display()
-        );
-    }
     let ds = super::open_dataset(&a.dataset)?;
     if ds.view().is_some() {
         anyhow::bail!(
@@ -122,7 +112,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         super::receipt::write(path, &r)?;
     }
     drop(ds);
-    let s = granary_packer::delete(&a.dataset, &sel.ids)
+    let s = granary_packer::delete(&a.dataset, &sel.ids, super::store_config())
         .with_context(|| format!("deleting from {}", a.dataset.display()))?;
     let mut v = serde_json::to_value(&s)?;
     v["missing"] = json!(sel.missing);

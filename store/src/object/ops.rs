@@ -94,6 +94,16 @@ impl ObjectUrl {
         }
     }
 
+    /// When object `name` was last written (its store's Last-Modified).
+    pub fn modified(&self, name: &str) -> Result<std::time::SystemTime> {
+        let client = self.client()?;
+        let (key, url) = (self.key(name), self.object_url(name));
+        match self.run("inspecting", &url, async { client.head(&key).await })? {
+            Ok(m) => Ok(std::time::SystemTime::from(m.last_modified)),
+            Err(e) => Err(remote_error("inspecting", &url, e)),
+        }
+    }
+
     /// Names and sizes of the objects directly under the prefix.
     pub fn list(&self) -> Result<Vec<(String, u64)>> {
         let client = self.client()?;

@@ -58,6 +58,7 @@ pub fn open_snapshot(url: &Arc<ObjectUrl>, cfg: &StoreConfig) -> Result<RemoteSn
     let h = SnapshotHeader::decode(&head).map_err(fmt)?;
     let name = format!("{}-{}", DatasetId(h.dataset_id), DatasetId(h.digest));
     let cached = dir.join(format!("{name}.gsnap"));
+    drop_other_generations(dir, &h.dataset_id, &name);
     if cached.is_file() || h.file_len() <= cfg.snapshot_whole_max {
         if !cached.is_file() {
             // Fetched whole, every section's CRC checked, the other cached snapshots kept
@@ -158,6 +159,23 @@ fn sparse_file(path: &Path, dir: &Path, name: &str, len: u64) -> Result<File> {
     // Marks it as recently used for eviction.
     let _ = file.set_modified(std::time::SystemTime::now());
     Ok(file)
+}
+
+/// Removes the cached snapshots of dataset `id` other than `name` (other generations: an older
+/// one may list samples deleted since, which a node must not keep). A process that has one
+/// open keeps reading it (an unlinked file stays until it is closed).
+fn drop_other_generations(dir: &Path, id: &[u8; 16], name: &str) {
+    let prefix = format!("{}-", DatasetId(*id));
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in rd.flatten() {
+        let n = e.file_name().to_string_lossy().into_owned();
+        let ours = n.ends_with(".gsnap") || n.ends_with(".gblocks");
+        if ours && n.starts_with(&prefix) && !n.starts_with(name) {
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
 }
 
 /// Removes the least recently used cached snapshots (by mtime) other than `keep` until the
