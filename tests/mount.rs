@@ -196,6 +196,64 @@ fn a_view_mounts_as_its_files_only() {
     assert_eq!(fs.lookup(d, &name[1..]).unwrap_err(), libc::ENOENT);
 }
 
+#[test]
+fn a_mount_of_a_generation_with_deletions_shows_the_rest_and_copies_no_deleted_record() {
+    let tmp = tempfile::tempdir().unwrap();
+    let files = mount_tree();
+    let ds = packed(tmp.path(), &files);
+    let full = granary::Dataset::open(&ds).unwrap();
+    let gone: Vec<u64> = (0..full.len()).filter(|i| i % 3 == 1).collect();
+    let ids: String = gone.iter().map(|i| format!("{i}\n")).collect();
+    std::fs::write(tmp.path().join("ids"), ids).unwrap();
+    let o = run([
+        "delete".as_ref(),
+        ds.as_os_str(),
+        "--ids-from".as_ref(),
+        tmp.path().join("ids").as_os_str(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let d = Arc::new(granary::Dataset::open_checked(&ds).unwrap());
+    let cache = Arc::new(
+        granary::LocalTier::open(
+            &tmp.path().join("tier"),
+            d.snapshot().dataset_id(),
+            u64::MAX,
+            granary::TierPolicy::Static,
+        )
+        .unwrap(),
+    );
+    let fs = MountFs::new(
+        TieredReader::new(d.clone(), Some(cache.clone()), true).unwrap(),
+        0,
+        0,
+    )
+    .unwrap();
+    let mut got = Vec::new();
+    walk_fs(&fs, ROOT_INO, b"", &mut got);
+    let want: Vec<(Vec<u8>, Vec<u8>)> = (0..full.len())
+        .filter(|i| gone.binary_search(i).is_err())
+        .map(|i| {
+            let p = full.path(i).unwrap();
+            (
+                p.clone(),
+                files.iter().find(|f| f.0 == p).unwrap().1.clone(),
+            )
+        })
+        .collect();
+    assert_eq!(sorted(got), sorted(want));
+    // A deleted sample's inode is not there either.
+    assert_eq!(fs.getattr(gone[0] + 2).unwrap_err(), libc::ENOENT);
+    // What the mount fetched into the tier holds no chunk keeping a deleted record.
+    std::thread::sleep(Duration::from_millis(300));
+    let held = cache.resident_chunks(d.snapshot().chunks()).unwrap();
+    for c in d.dead_chunks().unwrap() {
+        assert!(
+            !held.contains(&c),
+            "chunk {c} keeps deleted records and was copied"
+        );
+    }
+}
+
 /// Every entry under directory `ino`: readdir's attributes (from listing pages when the
 /// snapshot has them) are the lookup's and the stat's by inode. Returns how many files.
 fn listing_agrees_with_stat(fs: &MountFs, ino: u64) -> usize {

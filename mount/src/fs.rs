@@ -114,7 +114,19 @@ impl MountFs {
     }
 
     fn node(&self, ino: u64) -> FsResult<Node> {
-        self.tree.node(ino).ok_or(libc::ENOENT)
+        let n = self.tree.node(ino).ok_or(libc::ENOENT)?;
+        if let Node::File(file) = n {
+            // A sample a view leaves out, or one deleted, has no file here.
+            let ds = self.dataset();
+            let id = match ds.has_fields() {
+                false => Some(file),
+                true => ds.snapshot().field_owner(file).ok().map(|(id, _)| id),
+            };
+            if !id.is_some_and(|id| ds.selects(id)) {
+                return Err(libc::ENOENT);
+            }
+        }
+        Ok(n)
     }
 
     fn dir(&self, ino: u64) -> FsResult<u32> {
