@@ -620,3 +620,38 @@ fn importance_sampling_of_a_dataset_with_deleted_samples_is_refused_clearly() {
         stderr(&o)
     );
 }
+
+#[test]
+fn a_mixture_of_a_source_with_deletions_reads_its_rest_and_keeps_its_shares() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (a, _) = packed(&tmp.path().join("one"));
+    let (b, _) = packed(&tmp.path().join("two"));
+    assert!(delete(&a, &["--class", "c2"]).status.success());
+    // One pass over each: source A delivers exactly its remaining samples (verify's digest).
+    let r = json_of(&[
+        "read".as_ref(),
+        a.as_os_str(),
+        b.as_os_str(),
+        "--json".as_ref(),
+    ]);
+    let va = json_of(&["verify".as_ref(), a.as_os_str(), "--json".as_ref()]);
+    let src = &r[0]["sources"];
+    assert_eq!(src[0]["samples"].as_u64(), Some(200), "{r}");
+    assert_eq!(src[0]["digest"], va["digest"], "{r}");
+    assert_eq!(src[1]["samples"].as_u64(), Some(300), "{r}");
+    // Weights: the epoch's shares as asked, A's from its 200 samples.
+    let r = json_of(&[
+        "read".as_ref(),
+        a.as_os_str(),
+        b.as_os_str(),
+        "--weights".as_ref(),
+        "0.5,0.5".as_ref(),
+        "--json".as_ref(),
+    ]);
+    let src = &r[0]["sources"];
+    assert_eq!(
+        (src[0]["samples"].as_u64(), src[1]["samples"].as_u64()),
+        (Some(250), Some(250)),
+        "{r}"
+    );
+}
