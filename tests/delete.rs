@@ -581,8 +581,12 @@ fn compaction_of_samples_with_fields() {
     let o = delete(&ds, &["--paths-from", list.to_str().unwrap(), "--strict"]);
     assert!(o.status.success(), "{}", stderr(&o));
     let before = json_of(&["verify".as_ref(), ds.as_os_str(), "--json".as_ref()]);
+    // The temporary file of a compaction killed while it wrote a chunk: the next one removes it.
+    let stale = ds.join("chunk-00000001.r1.gchunk.0badc0de-7-0.tmp");
+    std::fs::write(&stale, b"half a chunk").unwrap();
     let s = compact(&ds, &["--all", "--grace", "0"]);
     assert_eq!(s["records_removed"].as_u64(), Some(3), "{s}");
+    assert!(!stale.exists(), "{s}");
     let v = json_of(&["verify".as_ref(), ds.as_os_str(), "--json".as_ref()]);
     assert_eq!(v["digest"], before["digest"], "{v}");
     let ds = Dataset::open(&ds).unwrap();
@@ -619,6 +623,21 @@ fn importance_sampling_of_a_dataset_with_deleted_samples_is_refused_clearly() {
         "{}",
         stderr(&o)
     );
+    // The importance policy of the tier (hot chunks of the samples that matter) goes on: it
+    // takes no deleted sample.
+    let o = run([
+        "read".as_ref(),
+        ds.as_os_str(),
+        "--cache-dir".as_ref(),
+        cache.as_os_str(),
+        "--cache-size".as_ref(),
+        "1GiB".as_ref(),
+        "--policy".as_ref(),
+        "importance".as_ref(),
+        "--epochs".as_ref(),
+        "2".as_ref(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
 }
 
 #[test]

@@ -128,9 +128,19 @@ pub fn compact(
             s.files_waiting.push(f.name);
         }
     }
-    // Uploads a killed compaction left open on an object store (its new revisions' files).
+    // Uploads a killed compaction left open on an object store (its new revisions' files), and
+    // the temporary files of those it was writing in a directory (under the lock, no other
+    // compaction writes one).
     let revision_file = |n: &str| parse_chunk_file_name_at(n).is_some_and(|(_, r)| r > 0);
     s.files_removed.extend(place.abort_uploads(revision_file)?);
+    if let Place::Dir(_) = &place {
+        for name in place.names()? {
+            if granary_store::write::temp_target(&name).is_some_and(revision_file) {
+                place.remove(&name)?;
+                s.files_removed.push(name);
+            }
+        }
+    }
     if let (false, Place::Dir(d)) = (s.files_removed.is_empty(), &place) {
         sync_dir(d)?;
     }

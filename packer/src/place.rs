@@ -21,7 +21,14 @@ impl Place {
     /// A local directory, or a writable object-store URL.
     pub(crate) fn of(dataset: &Path, cfg: &StoreConfig) -> Result<Place, PackError> {
         let url = match granary_store::open(dataset, cfg)? {
-            Location::Local(d) => return Ok(Place::Dir(d)),
+            Location::Local(d) if d.is_dir() => return Ok(Place::Dir(d)),
+            Location::Local(d) => {
+                return Err(usage!(
+                    "{}: not a dataset directory (give the directory holding {SNAPSHOT_FILE}; a \
+                     view file is rewritten by making it again)",
+                    d.display()
+                ))
+            }
             Location::Object(u) => u,
         };
         if !url.writable() {
@@ -251,7 +258,17 @@ impl Place {
                     _ => PackError::io("building the snapshot of", Path::new(u.url()), e),
                 })?;
                 let len = bytes.len() as u64;
+                let ours = granary_format::snapshot_key(&bytes)?;
                 u.put_bytes(SNAPSHOT_FILE, bytes)?;
+                // No lock: another command's PUT may have landed over ours. Said, not hidden.
+                if self.snapshot_key()? != ours {
+                    return Err(PackError::Usage(format!(
+                        "{}: another command replaced the snapshot right after this one \
+                         published it: this command's change is lost; run it again (one \
+                         rewriting command at a time per dataset in an object store)",
+                        u.url()
+                    )));
+                }
                 Ok(len)
             }
         }

@@ -75,16 +75,21 @@ pub fn reindex(
     }
     // A snapshot still there that opens says how many chunks the dataset has: a missing last
     // chunk is missing too (without one, the chunks found are all that can be known).
-    let old = place.read(SNAPSHOT_FILE)?;
-    let old = old.as_deref().and_then(|b| Snapshot::open(b).ok());
-    if let Some(d) = old.as_ref().map(|s| s.deleted().len()).filter(|&d| d > 0) {
+    let old_bytes = place.read(SNAPSHOT_FILE)?;
+    // A snapshot with deletions, damaged or not (its header says so), is the only record of
+    // them: one rebuilt from the chunks would bring back the deleted samples they still hold.
+    let header = old_bytes
+        .as_deref()
+        .and_then(|b| SnapshotHeader::decode(b).ok());
+    if header.is_some_and(|h| h.has_deletions()) {
         return Err(usage!(
-            "{}: its snapshot lists {d} deleted samples, and is the only record of them: a \
-             snapshot rebuilt from the chunks would bring back those whose records the \
-             chunks still hold; reindex refuses a dataset with deletions",
+            "{}: its snapshot lists deleted samples and is the only record of them: a snapshot \
+             rebuilt from the chunks would bring back those whose records the chunks still \
+             hold; reindex refuses a dataset with deletions (restore the snapshot from a copy)",
             place.show()
         ));
     }
+    let old = old_bytes.as_deref().and_then(|b| Snapshot::open(b).ok());
     let listed = old.map_or(0, |s| s.chunk_count());
     let end = u64::from(*ids.last().expect("non-empty") + 1).max(listed);
     let missing: Vec<String> = (0..end)

@@ -113,8 +113,17 @@ def delete(dataset, *, ids=None, paths=None, strict=False):
         raise ValueError("give ids= or paths= (or both)")
     chosen, missing = [], []
     if ids is not None:
-        chosen += [int(i) for i in _column(ids, None, None, "ids")]
+        for i in _column(ids, None, None, "ids"):
+            # An id is an integer: 1.5, "3" or True are mistakes, not ids.
+            if isinstance(i, (bool, str, bytes, float)) or not hasattr(i, "__index__"):
+                raise ValueError(f"ids: {i!r} is not a sample id (an integer)")
+            i = int(i.__index__())
+            if i < 0:
+                raise ValueError(f"ids: {i} is not a sample id (ids start at 0)")
+            chosen.append(i)
     if paths is not None:
+        if isinstance(paths, (str, bytes, os.PathLike)) and not str(paths).endswith(".npy"):
+            paths = [paths]
         ds = _NativeDataset(os.fspath(dataset))
         for p in _column(paths, None, None, "paths"):
             b = os.fsencode(p) if isinstance(p, str) else bytes(p)
@@ -127,7 +136,8 @@ def delete(dataset, *, ids=None, paths=None, strict=False):
                 chosen.append(i)
         del ds
     if not chosen:
-        raise ValueError(f"nothing to delete: none of the paths is in the dataset ({missing[:3]})")
+        what = f"none of the paths is in the dataset ({missing[:3]})" if missing else "no sample given"
+        raise ValueError(f"nothing to delete: {what}")
     import json
     s = json.loads(_delete_samples(os.fspath(dataset), chosen))
     s["missing"] = missing

@@ -126,3 +126,18 @@ def test_compact_from_python_keeps_every_remaining_sample(tmp_path):
     assert all(bytes(d[i][0]) == want[d.path(i)] for i in range(len(d)))
     with pytest.raises(ValueError, match="not a number"):
         granary.compact(ds, grace=-1)
+
+
+def test_ids_that_are_no_integers_are_refused_and_delete_nothing(tmp_path):
+    make_tree(tmp_path / "src", 30)
+    ds = tmp_path / "ds"
+    run("pack", tmp_path / "src", "-o", ds, "--chunk-size", "8KiB")
+    before = (ds / "snapshot.gsnap").read_bytes()
+    for bad in ([1.5], ["3"], [True], [-1]):
+        with pytest.raises(ValueError, match="not a sample id"):
+            granary.delete(ds, ids=bad)
+    with pytest.raises(ValueError, match="no sample given"):
+        granary.delete(ds, ids=[])
+    assert (ds / "snapshot.gsnap").read_bytes() == before
+    # A single path is one path, not its characters.
+    assert granary.delete(ds, paths="c0/f0000.bin")["deleted"] == 1

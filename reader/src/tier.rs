@@ -21,10 +21,13 @@ impl Importance for Weighed {
         self.ds.len()
     }
 
-    fn sample(&self, id: u64) -> granary_store::Result<(SampleEntry, Vec<u8>)> {
+    fn sample(&self, id: u64) -> granary_store::Result<Option<(SampleEntry, Vec<u8>)>> {
+        if self.ds.snapshot().deleted_by(id).is_some() {
+            return Ok(None);
+        }
         let fail = |e: crate::ReadError| StoreError::Invalid(e.to_string());
         let entry = self.ds.sample(id).map_err(fail)?.entry;
-        Ok((entry, self.ds.path(id).map_err(fail)?))
+        Ok(Some((entry, self.ds.path(id).map_err(fail)?)))
     }
 
     fn score(&self, id: u64) -> f64 {

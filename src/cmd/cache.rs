@@ -68,6 +68,9 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
             }
         }
         CacheCmd::Purge { dataset, dir, json } => {
+            if !dir.is_dir() {
+                anyhow::bail!("{}: no such tier directory", dir.display());
+            }
             let ds = super::open_dataset(&dataset)?;
             let id = ds.snapshot().dataset_id();
             let chunks = ds.snapshot().chunks();

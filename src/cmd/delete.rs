@@ -26,7 +26,9 @@ keeps reading it); chunk files are not rewritten, so the deleted records' bytes 
 (`granary info` shows how many) until `granary compact` rewrites them. A listed id or path the
 dataset does not hold is reported and left out (with --strict: an error, nothing deleted); a
 deletion that removes nothing new is refused. Views made before the deletion are refused as
-stale; a resume state taken inside an epoch before it resumes at the next epoch.")]
+stale; an epoch checkpointed before it resumes without the deleted samples. A process that
+still has an older generation open (a running job, a mount) keeps serving it until it reopens
+the dataset, and keeps the files it has open on disk until it closes them.")]
 pub struct Args {
     /// Dataset directory, or its URL (s3://, gs://, az://).
     pub dataset: PathBuf,
@@ -78,6 +80,13 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     for m in &sel.missing {
         eprintln!("granary delete: not in the dataset, left out: {m}");
     }
+    if sel.ids.is_empty() {
+        anyhow::bail!(
+            "{}: {} selects no sample; nothing deleted",
+            a.dataset.display(),
+            sel.description
+        );
+    }
     if a.dry_run {
         let live: Vec<u64> = sel
             .ids
@@ -107,6 +116,22 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         });
     }
     if let Some(path) = &a.receipt {
+        if std::fs::symlink_metadata(path).is_ok() {
+            anyhow::bail!(
+                "{} exists: a receipt is kept, never replaced; name a new file",
+                path.display()
+            );
+        }
+        let inside = std::fs::canonicalize(crate::cmd::receipt::parent_of(path))
+            .ok()
+            .zip(std::fs::canonicalize(&a.dataset).ok())
+            .is_some_and(|(p, d)| p.starts_with(d));
+        if inside {
+            anyhow::bail!(
+                "{}: a receipt goes outside the dataset's directory",
+                path.display()
+            );
+        }
         let generation = ds.snapshot().lineage().generation + 1;
         let r = super::receipt::of(&ds, &sel.ids, generation)?;
         super::receipt::write(path, &r)?;

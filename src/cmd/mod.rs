@@ -80,7 +80,9 @@ pub fn open_dataset(path: &Path) -> anyhow::Result<granary::Dataset> {
             granary::ReadError::Store(
                 granary::StoreError::Format { .. } | granary::StoreError::Damaged { .. },
             ) => {
-                " (run `granary verify` for a full report, `granary reindex` to rebuild a damaged snapshot)"
+                " (run `granary verify` for a full report, `granary reindex` to rebuild a damaged \
+                 snapshot: not one of a dataset with deletions, whose snapshot is their only \
+                 record)"
             }
             _ => "",
         };

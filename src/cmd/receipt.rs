@@ -52,6 +52,13 @@ pub fn of(ds: &Dataset, ids: &[u64], generation: u64) -> anyhow::Result<Receipt>
     })
 }
 
+/// The directory `path` is in (`.` for a bare name).
+pub fn parent_of(path: &Path) -> &Path {
+    path.parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."))
+}
+
 /// Writes `r` to `path` whole (a temporary file renamed into place).
 pub fn write(path: &Path, r: &Receipt) -> anyhow::Result<()> {
     let bytes = serde_json::to_vec_pretty(r)?;

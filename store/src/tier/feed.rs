@@ -20,8 +20,9 @@ use crate::seam::Source;
 /// and how important each is now (the training loop's reported losses).
 pub trait Importance: Send + Sync {
     fn samples(&self) -> u64;
-    /// Sample `id`'s entry in the snapshot and its path.
-    fn sample(&self, id: u64) -> Result<(SampleEntry, Vec<u8>)>;
+    /// Sample `id`'s entry in the snapshot and its path; `None` for a sample the dataset does
+    /// not hold any more (deleted), which no hot chunk takes.
+    fn sample(&self, id: u64) -> Result<Option<(SampleEntry, Vec<u8>)>>;
     /// Sample `id`'s importance now.
     fn score(&self, id: u64) -> f64;
     /// Whether a loss was reported yet (before, every sample weighs the same).
@@ -149,7 +150,9 @@ impl HotChunks {
         let n = importance.samples();
         let mut v: Vec<(f64, u64)> = Vec::with_capacity(n as usize);
         for id in 0..n {
-            let (e, path) = importance.sample(id)?;
+            let Some((e, path)) = importance.sample(id)? else {
+                continue;
+            };
             let cost = hot_cost(e.stored_len, &path);
             v.push((importance.score(id) / e.stored_len.max(1) as f64, cost));
         }
@@ -215,7 +218,7 @@ impl HotChunks {
         record: impl FnOnce(&SampleEntry) -> Option<&'a [u8]>,
         admission: &Admission,
     ) {
-        let Ok((entry, path)) = self.importance.sample(id) else {
+        let Ok(Some((entry, path))) = self.importance.sample(id) else {
             return;
         };
         let (len, score) = (entry.stored_len, self.importance.score(id));
