@@ -56,7 +56,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     }
     let id = match (a.id, &a.path) {
         (Some(id), _) => id,
-        (None, Some(p)) => match find(p.as_bytes(), |n| ds.lookup(n))? {
+        (None, Some(p)) => match super::select::find(p.as_bytes(), |n| ds.lookup(n))? {
             Some(id) => id,
             None => bail!(
                 "{}: no such path in {}",
@@ -95,7 +95,7 @@ fn cat_field(ds: &granary::Dataset, a: &Args) -> anyhow::Result<ExitCode> {
         }
         (None, Some(p)) => {
             let raw = p.as_bytes();
-            match find(raw, |n| ds.lookup_field(n))? {
+            match super::select::find(raw, |n| ds.lookup_field(n))? {
                 Some(x) => x,
                 None => {
                     let hint = match ds.lookup(raw)? {
@@ -143,18 +143,4 @@ fn write_out(data: &[u8]) -> anyhow::Result<ExitCode> {
     out.write_all(data)?;
     out.flush()?;
     Ok(ExitCode::SUCCESS)
-}
-
-/// Finds the file named `raw` as `ls` shows names first (`p\\q` is the file `p\q`), then as
-/// given (a name that is no escaped form, or names nothing unescaped).
-fn find<T>(
-    raw: &[u8],
-    lookup: impl Fn(&[u8]) -> granary::Result<Option<T>>,
-) -> granary::Result<Option<T>> {
-    if let Some(u) = granary::unescape_path(raw).filter(|u| u != raw) {
-        if let Some(x) = lookup(&u)? {
-            return Ok(Some(x));
-        }
-    }
-    lookup(raw)
 }

@@ -15,7 +15,7 @@ use super::select::{Criteria, Missing};
   granary delete train.granary --ids-from ids.txt --strict
   granary delete train.granary --class dog --dry-run
   granary delete train.granary --view remove.gview     # a view of what to remove
-  granary delete train.granary --paths-from takedown.txt --receipt takedown.receipt
+  granary delete train.granary --paths-from takedown.txt --receipt request-42.receipt
 
 A sample is selected when it matches every kind of criterion given, and any one value of each
 kind. The new snapshot lists the selected samples as deleted and no longer holds their paths, so

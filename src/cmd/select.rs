@@ -239,6 +239,20 @@ fn paths_from(
 ) -> anyhow::Result<Vec<u64>> {
     listed(f, missing, unmatched, |l| {
         let none = || format!("no sample {}", String::from_utf8_lossy(l));
-        Ok(ds.lookup(l)?.ok_or_else(none))
+        Ok(find(l, |n| ds.lookup(n))?.ok_or_else(none))
     })
+}
+
+/// Finds the file named `raw` as `ls` shows names first (`p\\q` is the file `p\q`), then as
+/// given (a name that is no escaped form, or names nothing unescaped).
+pub fn find<T>(
+    raw: &[u8],
+    lookup: impl Fn(&[u8]) -> granary::Result<Option<T>>,
+) -> granary::Result<Option<T>> {
+    if let Some(u) = granary::unescape_path(raw).filter(|u| u != raw) {
+        if let Some(x) = lookup(&u)? {
+            return Ok(Some(x));
+        }
+    }
+    lookup(raw)
 }
