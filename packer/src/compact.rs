@@ -250,10 +250,12 @@ fn publish(
             .collect(),
     )?;
     b.revisions(revisions);
-    for c in 0..snap.chunk_count() {
+    let (summaries, order) = snap.chunk_summaries_and_order()?;
+    b.path_order_hint(order);
+    for (c, old) in summaries.into_iter().enumerate() {
         match rewritten.remove(&(c as u32)) {
-            None => b.push_chunk(&snap.chunk_summary(c)?)?,
-            Some(new) => b.push_chunk(&compacted_summary(snap, c as u32, new)?)?,
+            None => b.push_chunk(&old)?,
+            Some(new) => b.push_chunk(&compacted_summary(snap, c as u32, old, new)?)?,
         }
     }
     let dirs = snap.dirs()?.into_iter();
@@ -378,9 +380,9 @@ fn rewrite(
 fn compacted_summary(
     snap: &Snapshot<Vec<u8>>,
     c: u32,
+    mut s: ChunkSummary,
     new: ChunkSummary,
 ) -> Result<ChunkSummary, PackError> {
-    let mut s = snap.chunk_summary(c as u64)?;
     let ce = snap.chunk(c as u64)?;
     let mut fresh = new.entries.iter();
     let mut end = granary_format::CHUNK_HEADER_LEN as u64;

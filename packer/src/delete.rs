@@ -111,9 +111,18 @@ pub fn delete(dataset: &Path, ids: &[u64], cfg: &StoreConfig) -> Result<DeleteSu
     let mut b = spooled_builder(&place.scratch(), snap.dataset_id(), classes)?;
     b.deletions(all)?;
     b.revisions(snap.revisions().to_vec());
-    for c in 0..snap.chunk_count() {
-        b.push_chunk(&snap.chunk_summary(c)?)?;
+    let (summaries, order) = snap.chunk_summaries_and_order()?;
+    for c in summaries {
+        b.push_chunk(&c)?;
     }
+    // The namespace's order, less the samples deleted now: no sort of every path.
+    let gone: std::collections::HashSet<u64> = fresh.iter().copied().collect();
+    b.path_order_hint(
+        order
+            .into_iter()
+            .filter(|&i| !gone.contains(&(i as u64)))
+            .collect(),
+    );
     let dirs = snap.dirs()?.into_iter();
     b.push_dirs(dirs.map(|d| (d.path, d.attrs.unwrap_or(FileAttrs::DIR_DEFAULT))))?;
     b.lineage(Lineage {

@@ -545,8 +545,8 @@ impl Run<'_> {
                 )?;
                 // Compacted chunks keep their revisions (the new ones are at 0).
                 builder.revisions(snap.revisions().to_vec());
-                for c in 0..snap.chunk_count() {
-                    builder.push_chunk(&snap.chunk_summary(c)?)?;
+                for c in snap.chunk_summaries()? {
+                    builder.push_chunk(&c)?;
                 }
                 let dirs = snap.dirs()?.into_iter();
                 builder

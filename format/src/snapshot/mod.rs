@@ -768,6 +768,55 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
     /// but its directories: those are the snapshot's, [`Snapshot::dirs`]). A deleted sample
     /// has its record entry, an empty path and default attributes.
     pub fn chunk_summary(&self, index: u64) -> Result<ChunkSummary> {
+        self.summary_with(index, &mut |id| {
+            let e = self.file_entry(id)?;
+            Ok((e.path, e.attrs.unwrap_or_default()))
+        })
+    }
+
+    /// Every chunk's [`Snapshot::chunk_summary`], from one walk of the namespace in path order
+    /// instead of a lookup per sample: what rewriting the whole snapshot (an append, a deletion,
+    /// a compaction) reads. Holds every path.
+    pub fn chunk_summaries(&self) -> Result<Vec<ChunkSummary>> {
+        Ok(self.chunk_summaries_and_order()?.0)
+    }
+
+    /// [`Snapshot::chunk_summaries`], and the ids of the samples in path order (the namespace's
+    /// order: [`SnapshotBuilder::path_order_hint`] of a rewrite that keeps every path).
+    pub fn chunk_summaries_and_order(&self) -> Result<(Vec<ChunkSummary>, Vec<u32>)> {
+        let n = self.h.samples as usize;
+        let mut files: Vec<(Vec<u8>, FileAttrs)> = vec![Default::default(); n];
+        let mut order = Vec::with_capacity(self.live_count() as usize);
+        self.prefetch_namespace()?;
+        for p in 0..self.page_index()?.len() {
+            for e in self.page(p)?.iter() {
+                if let Some(slot) = e.id.and_then(|id| files.get_mut(id as usize)) {
+                    *slot = (e.path.clone(), e.attrs.unwrap_or_default());
+                    order.push(e.id.unwrap_or_default() as u32);
+                }
+            }
+        }
+        let summaries = (0..self.chunk_count())
+            .map(|c| {
+                self.summary_with(c, &mut |id| {
+                    let f = std::mem::take(&mut files[id as usize]);
+                    if f.0.is_empty() {
+                        // Not listed: the id table says why (a damaged namespace).
+                        self.file_entry(id)?;
+                    }
+                    Ok(f)
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok((summaries, order))
+    }
+
+    /// [`Snapshot::chunk_summary`] with each sample's path and attributes from `file`.
+    fn summary_with(
+        &self,
+        index: u64,
+        file: &mut dyn FnMut(u64) -> Result<(Vec<u8>, FileAttrs)>,
+    ) -> Result<ChunkSummary> {
         let c = self.chunk(index)?;
         let (mut entries, mut paths, mut attrs) = (Vec::new(), Vec::new(), Vec::new());
         for id in c.samples() {
@@ -777,9 +826,9 @@ impl<B: AsRef<[u8]>> Snapshot<B> {
                 attrs.push(FileAttrs::default());
                 continue;
             }
-            let e = self.file_entry(id)?;
-            paths.push(e.path);
-            attrs.push(e.attrs.unwrap_or_default());
+            let (path, a) = file(id)?;
+            paths.push(path);
+            attrs.push(a);
         }
         let fields = match self.has_fields() {
             false => None,

@@ -755,6 +755,11 @@ fn deleted_samples_keep_their_ids_but_have_no_path_sums_or_counts() {
     assert_eq!(s1.entry_count(), s0.entry_count() - 1);
     assert!(s1.check_structure(10).is_empty());
     assert!(s1.check_blocks().is_empty());
+    // One walk of the namespace gives what a lookup per sample gives.
+    let each: Vec<_> = (0..s1.chunk_count())
+        .map(|c| s1.chunk_summary(c).unwrap())
+        .collect();
+    assert_eq!(s1.chunk_summaries().unwrap(), each);
     // A second deletion keeps the first's generation; the digests differ.
     let s2 = Snapshot::open(with_deletions(&s1, vec![(0, 1), (2, 2)]).unwrap()).unwrap();
     assert_eq!((s2.deleted_by(0), s2.deleted_by(2)), (Some(1), Some(2)));
