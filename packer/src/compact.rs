@@ -10,7 +10,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use granary_format::{
     chunk_file_name_at, parse_chunk_file_name_at, ChunkSummary, Compression, FileAttrs, Lineage,
-    SampleEntry, Snapshot, FLAG_FIELDS, FLAG_REMOVED, NO_LABEL, SNAPSHOT_FILE,
+    SampleEntry, Snapshot, FLAG_FIELDS, FLAG_REMOVED, NO_LABEL,
 };
 use granary_store::chunk_file::{ChunkFile, Records};
 use granary_store::write::{AtomicFile, Durability};
@@ -93,7 +93,7 @@ pub fn compact(
     }
     let place = Place::of(dataset, cfg)?;
     let _lock = place.lock("compact")?;
-    let snap = read_snapshot(&place)?;
+    let snap = place.snapshot()?;
     let mut s = CompactSummary {
         dataset: dataset.to_path_buf(),
         ..Default::default()
@@ -113,7 +113,7 @@ pub fn compact(
         publish(&place, &snap, &chosen, &dead, &mut s)?;
     }
     // What is removed, by the snapshot now in place.
-    let now = read_snapshot(&place)?;
+    let now = place.snapshot()?;
     for f in other_files(&place, &now)? {
         let due = f.replaced_at.is_none_or(|at| {
             SystemTime::now()
@@ -146,23 +146,6 @@ pub fn compact(
     }
     s.elapsed_s = t0.elapsed().as_secs_f64();
     Ok(s)
-}
-
-fn read_snapshot(place: &Place) -> Result<Snapshot<Vec<u8>>, PackError> {
-    let bytes = place.read(SNAPSHOT_FILE)?.ok_or_else(|| {
-        usage!(
-            "{} is not a granary dataset (no {SNAPSHOT_FILE})",
-            place.show()
-        )
-    })?;
-    let snap = Snapshot::open(bytes)?;
-    if let Some(e) = snap.check_blocks().into_iter().next() {
-        return Err(usage!(
-            "{} is damaged ({e}); run granary verify",
-            place.location(SNAPSHOT_FILE).display()
-        ));
-    }
-    Ok(snap)
 }
 
 /// Per chunk whose file keeps deleted samples' records: (records, their bytes).

@@ -7,7 +7,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use granary_format::{FileAttrs, Lineage, Snapshot, SNAPSHOT_FILE};
+use granary_format::{FileAttrs, Lineage};
 use serde::Serialize;
 
 use granary_store::StoreConfig;
@@ -50,19 +50,7 @@ pub fn delete(dataset: &Path, ids: &[u64], cfg: &StoreConfig) -> Result<DeleteSu
     let place = Place::of(dataset, cfg)?;
     let _lock = place.lock("delete")?;
     // Read under the lock: what another command published before is what this one extends.
-    let bytes = place.read(SNAPSHOT_FILE)?.ok_or_else(|| {
-        usage!(
-            "{} is not a granary dataset (no {SNAPSHOT_FILE})",
-            place.show()
-        )
-    })?;
-    let snap = Snapshot::open(bytes)?;
-    if let Some(e) = snap.check_blocks().into_iter().next() {
-        return Err(usage!(
-            "{} is damaged ({e}); run granary verify",
-            place.location(SNAPSHOT_FILE).display()
-        ));
-    }
+    let snap = place.snapshot()?;
     let n = snap.sample_count();
     let mut ids = ids.to_vec();
     ids.sort_unstable();

@@ -205,6 +205,25 @@ impl Place {
         Ok(done)
     }
 
+    /// The dataset's snapshot, read whole and every block checked: what a command that rewrites
+    /// it extends.
+    pub(crate) fn snapshot(&self) -> Result<Snapshot<Vec<u8>>, PackError> {
+        let bytes = self.read(SNAPSHOT_FILE)?.ok_or_else(|| {
+            usage!(
+                "{} is not a granary dataset (no {SNAPSHOT_FILE})",
+                self.show()
+            )
+        })?;
+        let snap = Snapshot::open(bytes)?;
+        if let Some(e) = snap.check_blocks().into_iter().next() {
+            return Err(usage!(
+                "{} is damaged ({e}); run granary verify",
+                self.location(SNAPSHOT_FILE).display()
+            ));
+        }
+        Ok(snap)
+    }
+
     /// Removes file `name` (absent is fine).
     pub(crate) fn remove(&self, name: &str) -> Result<(), PackError> {
         match self {

@@ -1,4 +1,4 @@
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::Context;
@@ -6,7 +6,7 @@ use granary::Dataset;
 use serde_json::json;
 
 use super::human_bytes;
-use super::select::{Criteria, Missing};
+use super::select::{Criteria, Missing, Selected};
 
 /// Delete samples: publish the dataset's next generation without them, rewriting no chunk.
 #[derive(clap::Args)]
@@ -55,86 +55,12 @@ pub struct Args {
 
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     let ds = super::open_dataset(&a.dataset)?;
-    if ds.view().is_some() {
-        anyhow::bail!(
-            "{} is a view: delete from the dataset itself (--view V selects a view's samples)",
-            a.dataset.display()
-        );
-    }
-    let extra = match &a.view {
-        None => None,
-        Some(v) => Some((view_ids(&ds, v)?, format!("view {}", v.display()))),
-    };
-    if a.select.is_empty() && extra.is_none() {
-        anyhow::bail!(
-            "nothing to select by: give --class, --prefix, --glob, --ids-from, --paths-from or \
-             --view"
-        );
-    }
-    let missing = if a.strict {
-        Missing::Refuse
-    } else {
-        Missing::Report
-    };
-    let sel = a.select.select_with(&ds, missing, extra)?;
-    for m in &sel.missing {
-        eprintln!("granary delete: not in the dataset, left out: {m}");
-    }
-    if sel.ids.is_empty() {
-        anyhow::bail!(
-            "{}: {} selects no sample; nothing deleted",
-            a.dataset.display(),
-            sel.description
-        );
-    }
+    let sel = select(&ds, &a)?;
     if a.dry_run {
-        let live: Vec<u64> = sel
-            .ids
-            .iter()
-            .copied()
-            .filter(|&id| ds.selects(id))
-            .collect();
-        let bytes: u64 = (live.iter())
-            .map(|&id| ds.sample(id).map(|s| s.entry.stored_len))
-            .sum::<granary::Result<u64>>()?;
-        let already = sel.ids.len() - live.len();
-        let v = json!({"dataset": a.dataset, "would_delete": live.len(), "bytes": bytes,
-                       "already_deleted": already, "missing": sel.missing,
-                       "description": sel.description});
-        return super::output(a.json, &v, |_| {
-            println!(
-                "{}: would delete {} samples ({}) selected by {}{}; nothing changed (--dry-run)",
-                a.dataset.display(),
-                live.len(),
-                human_bytes(bytes),
-                sel.description,
-                match already {
-                    0 => String::new(),
-                    k => format!(" ({k} more selected were deleted already)"),
-                }
-            );
-        });
+        return dry_run(&ds, &a, &sel);
     }
     if let Some(path) = &a.receipt {
-        if std::fs::symlink_metadata(path).is_ok() {
-            anyhow::bail!(
-                "{} exists: a receipt is kept, never replaced; name a new file",
-                path.display()
-            );
-        }
-        let inside = std::fs::canonicalize(crate::cmd::receipt::parent_of(path))
-            .ok()
-            .zip(std::fs::canonicalize(&a.dataset).ok())
-            .is_some_and(|(p, d)| p.starts_with(d));
-        if inside {
-            anyhow::bail!(
-                "{}: a receipt goes outside the dataset's directory",
-                path.display()
-            );
-        }
-        let generation = ds.snapshot().lineage().generation + 1;
-        let r = super::receipt::of(&ds, &sel.ids, generation)?;
-        super::receipt::write(path, &r)?;
+        write_receipt(&ds, &a.dataset, path, &sel.ids)?;
     }
     drop(ds);
     let s = granary_packer::delete(&a.dataset, &sel.ids, super::store_config())
@@ -165,8 +91,99 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     })
 }
 
+/// The samples `a` selects of `ds` (listed lines it does not hold reported on stderr, or an
+/// error with --strict); an error when it selects none.
+fn select(ds: &Dataset, a: &Args) -> anyhow::Result<Selected> {
+    if ds.view().is_some() {
+        anyhow::bail!(
+            "{} is a view: delete from the dataset itself (--view V selects a view's samples)",
+            a.dataset.display()
+        );
+    }
+    let extra = match &a.view {
+        None => None,
+        Some(v) => Some((view_ids(ds, v)?, format!("view {}", v.display()))),
+    };
+    if a.select.is_empty() && extra.is_none() {
+        anyhow::bail!(
+            "nothing to select by: give --class, --prefix, --glob, --ids-from, --paths-from or \
+             --view"
+        );
+    }
+    let missing = if a.strict {
+        Missing::Refuse
+    } else {
+        Missing::Report
+    };
+    let sel = a.select.select_with(ds, missing, extra)?;
+    for m in &sel.missing {
+        eprintln!("granary delete: not in the dataset, left out: {m}");
+    }
+    if sel.ids.is_empty() {
+        anyhow::bail!(
+            "{}: {} selects no sample; nothing deleted",
+            a.dataset.display(),
+            sel.description
+        );
+    }
+    Ok(sel)
+}
+
+/// What `a` would delete, said and changed nothing.
+fn dry_run(ds: &Dataset, a: &Args, sel: &Selected) -> anyhow::Result<ExitCode> {
+    let live: Vec<u64> = sel
+        .ids
+        .iter()
+        .copied()
+        .filter(|&id| ds.selects(id))
+        .collect();
+    let bytes: u64 = (live.iter())
+        .map(|&id| ds.sample(id).map(|s| s.entry.stored_len))
+        .sum::<granary::Result<u64>>()?;
+    let already = sel.ids.len() - live.len();
+    let v = json!({"dataset": a.dataset, "would_delete": live.len(), "bytes": bytes,
+                   "already_deleted": already, "missing": sel.missing,
+                   "description": sel.description});
+    super::output(a.json, &v, |_| {
+        println!(
+            "{}: would delete {} samples ({}) selected by {}{}; nothing changed (--dry-run)",
+            a.dataset.display(),
+            live.len(),
+            human_bytes(bytes),
+            sel.description,
+            match already {
+                0 => String::new(),
+                k => format!(" ({k} more selected were deleted already)"),
+            }
+        );
+    })
+}
+
+/// Writes the receipt of deleting `ids` from `ds` (at `dataset`) to `path`, a new file outside
+/// the dataset's directory.
+fn write_receipt(ds: &Dataset, dataset: &Path, path: &Path, ids: &[u64]) -> anyhow::Result<()> {
+    if std::fs::symlink_metadata(path).is_ok() {
+        anyhow::bail!(
+            "{} exists: a receipt is kept, never replaced; name a new file",
+            path.display()
+        );
+    }
+    let inside = std::fs::canonicalize(super::receipt::parent_of(path))
+        .ok()
+        .zip(std::fs::canonicalize(dataset).ok())
+        .is_some_and(|(p, d)| p.starts_with(d));
+    if inside {
+        anyhow::bail!(
+            "{}: a receipt goes outside the dataset's directory",
+            path.display()
+        );
+    }
+    let generation = ds.snapshot().lineage().generation + 1;
+    super::receipt::write(path, &super::receipt::of(ds, ids, generation)?)
+}
+
 /// The ids of the view file `v`, which must be a view of `ds` as it is now.
-fn view_ids(ds: &Dataset, v: &std::path::Path) -> anyhow::Result<Vec<u64>> {
+fn view_ids(ds: &Dataset, v: &Path) -> anyhow::Result<Vec<u64>> {
     let vds = Dataset::open_with(v, super::store_config())?;
     let Some(view) = vds.view() else {
         anyhow::bail!("{}: not a view file", v.display());
