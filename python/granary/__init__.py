@@ -24,7 +24,7 @@ from ._dataset import Dataset
 from ._iterable import IterableDataset
 from .mixture import Mixture
 from .parquet import from_parquet
-from .views import compact, delete, make_view
+from .views import compact, delete, make_view, purge_cache
 from .waits import WaitMeter
 from .writer import Writer, from_webdataset, merge
 from ._torch import _SamplerBase, _tud
@@ -48,6 +48,7 @@ __all__ = [
     "compact",
     "delete",
     "make_view",
+    "purge_cache",
     "merge",
     "Mixture",
     "WaitMeter",

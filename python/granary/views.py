@@ -9,6 +9,7 @@ import os
 from ._native import Dataset as _NativeDataset
 from ._native import compact as _compact
 from ._native import delete_samples as _delete_samples
+from ._native import purge_cache as _purge_cache
 from ._native import write_view as _write_view
 
 
@@ -155,3 +156,13 @@ def compact(dataset, *, all=False, min_dead=0.2, grace=24 * 3600):
     ``files_waiting``...)."""
     import json
     return json.loads(_compact(os.fspath(dataset), float(min_dead), bool(all), float(grace)))
+
+
+def purge_cache(dataset, cache_dir):
+    """Removes from the node's tier under ``cache_dir`` (the ``cache_dir`` readers are given)
+    every chunk copy and hot chunk of ``dataset`` that holds deleted samples' records, or chunks
+    its current snapshot does not list (``granary cache purge``): what a reader of it removes as
+    it starts, done at once. Returns a dict (``entries_removed``, ``bytes_freed``,
+    ``entries_left``...); a ``cache_dir`` that is not a directory raises."""
+    import json
+    return json.loads(_purge_cache(os.fspath(dataset), os.fspath(cache_dir)))

@@ -558,6 +558,21 @@ fn write_view(
     .map_err(err)
 }
 
+/// Removes from the tier under `cache_dir` every copy and hot chunk of `dataset` that holds
+/// deleted samples' records or chunks of other generations (`granary cache purge`); returns
+/// the summary as JSON text.
+#[pyfunction]
+fn purge_cache(py: Python<'_>, dataset: PathBuf, cache_dir: PathBuf) -> PyResult<String> {
+    let cfg = store_config()?;
+    let p = py
+        .detach(|| {
+            let ds = RsDataset::open_with(&dataset, &cfg)?;
+            granary::purge_tier(&ds, &cache_dir)
+        })
+        .map_err(err)?;
+    serde_json::to_string(&p).map_err(|e| PyValueError::new_err(e.to_string()))
+}
+
 /// Writes a report (`WaitMeter.prometheus(path)`) as every file granary writes, refusing what
 /// is not a report's place (see `granary_store::write::publish_report`): a ValueError naming it.
 #[pyfunction]
@@ -612,6 +627,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(write_view, m)?)?;
     m.add_function(wrap_pyfunction!(writer::delete_samples, m)?)?;
     m.add_function(wrap_pyfunction!(writer::compact, m)?)?;
+    m.add_function(wrap_pyfunction!(purge_cache, m)?)?;
     m.add_function(wrap_pyfunction!(publish_file, m)?)?;
     // Every reader option by name with the library's default (`None` for "decided later", as
     // `ReaderOptions` says; the job's secret shows as `None`): what Python's signatures show.

@@ -141,3 +141,21 @@ def test_ids_that_are_no_integers_are_refused_and_delete_nothing(tmp_path):
     assert (ds / "snapshot.gsnap").read_bytes() == before
     # A single path is one path, not its characters.
     assert granary.delete(ds, paths="c0/f0000.bin")["deleted"] == 1
+
+
+def test_purge_cache_from_python_removes_the_copies_of_deleted_records(tmp_path):
+    make_tree(tmp_path / "src", 120)
+    ds = tmp_path / "ds"
+    run("pack", tmp_path / "src", "-o", ds, "--chunk-size", "8KiB", "--compress", "none")
+    tier = tmp_path / "tier"
+    run("read", ds, "--cache-dir", tier, "--cache-size", "64MiB")
+    gone = "c1/f0001.bin"  # random bytes (every fourth file is repeated text)
+    data = (tmp_path / "src" / gone).read_bytes()
+    holds = lambda: any(data in p.read_bytes() for p in tier.rglob("*") if p.is_file())
+    assert holds(), "the tier holds a copy of it"
+    granary.delete(ds, paths=[gone])
+    p = granary.purge_cache(ds, tier)
+    assert p["entries_removed"] >= 1 and p["chunks_with_deleted_samples"] == 1
+    assert not holds(), "a copy of a deleted sample's bytes is left"
+    with pytest.raises(Exception, match="no such tier directory"):
+        granary.purge_cache(ds, tmp_path / "typo")

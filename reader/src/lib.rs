@@ -93,6 +93,7 @@ pub use random::SampleReader;
 pub use readahead::{ReadAheadSeat, SharedReadAhead};
 pub use stream::{EpochStream, Sample, StreamOptions};
 pub use tier::Weighed;
+pub use tier::{purge_tier, Purged};
 pub use verify::{verify, verify_with, Problem, VerifyReport};
 pub use view::{view_reads, write_view, ViewReads};
 pub use waits::WaitReport;

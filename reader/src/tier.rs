@@ -43,3 +43,45 @@ impl Importance for Weighed {
         classes.into_iter().map(<[u8]>::to_vec).collect()
     }
 }
+
+/// What [`purge_tier`] removed from a node's tier.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Purged {
+    pub tier: std::path::PathBuf,
+    pub bytes_freed: u64,
+    pub entries_removed: u64,
+    pub entries_left: u64,
+    pub chunks_with_deleted_samples: u64,
+}
+
+/// Removes from the tier of `ds` under `dir` (a tier directory, as readers are given it)
+/// every copy and hot chunk that holds records of its deleted samples or of chunks its
+/// snapshot does not list: what a reader of it removes as it starts, done at once (`granary
+/// cache purge`). An error if `dir` is not a directory (a mistyped path is no clean purge).
+pub fn purge_tier(ds: &Dataset, dir: &std::path::Path) -> crate::Result<Purged> {
+    if !dir.is_dir() {
+        return Err(crate::ReadError::invalid(format!(
+            "{}: no such tier directory",
+            dir.display()
+        )));
+    }
+    let snap = ds.snapshot();
+    let (chunks, dead) = (snap.chunks(), ds.dead_chunks()?);
+    let tier = granary_store::LocalTier::open(
+        dir,
+        snap.dataset_id(),
+        u64::MAX,
+        granary_store::TierPolicy::Lru,
+    )?;
+    let before = tier.stats()?;
+    tier.forbid(chunks, &dead);
+    let freed = tier.retain_current(chunks)?;
+    let after = tier.stats()?;
+    Ok(Purged {
+        tier: after.dir,
+        bytes_freed: freed,
+        entries_removed: before.entries - after.entries,
+        entries_left: after.entries,
+        chunks_with_deleted_samples: dead.len() as u64,
+    })
+}

@@ -68,31 +68,16 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
             }
         }
         CacheCmd::Purge { dataset, dir, json } => {
-            if !dir.is_dir() {
-                anyhow::bail!("{}: no such tier directory", dir.display());
-            }
             let ds = super::open_dataset(&dataset)?;
-            let id = ds.snapshot().dataset_id();
-            let chunks = ds.snapshot().chunks();
-            let dead = ds.dead_chunks()?;
-            let tier = LocalTier::open(&dir, id, u64::MAX, TierPolicy::Lru)?;
-            let before = tier.stats()?;
-            tier.forbid(chunks, &dead);
-            let freed = tier.retain_current(chunks)?;
-            let after = tier.stats()?;
-            let v = serde_json::json!({
-                "tier": after.dir, "bytes_freed": freed,
-                "entries_removed": before.entries - after.entries,
-                "chunks_with_deleted_samples": dead.len(), "entries_left": after.entries,
-            });
-            super::output(json, &v, |_| {
+            let p = granary::purge_tier(&ds, &dir)?;
+            super::output(json, &p, |p| {
                 println!(
                     "{}: removed {} entries ({}) holding deleted samples' records or chunks of \
                      other generations; {} entries left",
-                    after.dir.display(),
-                    before.entries - after.entries,
-                    human_bytes(freed),
-                    after.entries
+                    p.tier.display(),
+                    p.entries_removed,
+                    human_bytes(p.bytes_freed),
+                    p.entries_left
                 );
             })?;
         }
