@@ -749,3 +749,93 @@ fn the_bill_counts_chunks_other_nodes_keep_as_the_peers() {
         .count() as u64;
     assert_eq!(p.requests, read, "{shared:?}");
 }
+
+/// Whether any file under `dir` holds `marker`.
+fn any_file_holds(dir: &Path, marker: &[u8]) -> bool {
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return false;
+    };
+    rd.flatten().any(|e| {
+        let p = e.path();
+        match p.is_dir() {
+            true => any_file_holds(&p, marker),
+            false => std::fs::read(&p).is_ok_and(|b| b.windows(marker.len()).any(|w| w == marker)),
+        }
+    })
+}
+
+#[test]
+fn after_a_takedown_no_tier_of_the_job_holds_a_deleted_byte() {
+    let tmp = tempfile::tempdir().unwrap();
+    // Every sixth file carries a marker found nowhere else.
+    let files: Vec<(Vec<u8>, Vec<u8>)> = (0..60u64)
+        .map(|i| {
+            let mut b = bytes(i, 1500);
+            if i % 6 == 0 {
+                b.extend_from_slice(format!("PEER-MARKER-{i:03}").as_bytes());
+            }
+            (format!("c{}/f{i:03}.bin", i % 3).into_bytes(), b)
+        })
+        .collect();
+    let ds = packed_tree(
+        &tmp.path().join("src"),
+        &files,
+        &tmp.path().join("ds"),
+        &["--chunk-size", "8KiB", "--compress", "none"],
+    );
+    let nodes = [
+        Node::start(&[&ds], tmp.path().join("tier-a")),
+        Node::start(&[&ds], tmp.path().join("tier-b")),
+    ];
+    let peers = format!("{},{}", nodes[0].addr, nodes[1].addr);
+    // An epoch through the job's tiers: each node's tier takes copies (its own chunks, and
+    // what it read from the other).
+    let ranks: Vec<Child> = (0..2)
+        .map(|r| read_rank(&ds, &nodes[r], &peers, r as u32, 0, 64 << 20))
+        .collect();
+    for (r, c) in ranks.into_iter().enumerate() {
+        finish_within(c, 60, &format!("rank {r}"));
+    }
+    let marker = |i: u64| format!("PEER-MARKER-{i:03}").into_bytes();
+    let held = (0..60)
+        .step_by(6)
+        .any(|i| nodes.iter().any(|n| any_file_holds(&n.tier, &marker(i))));
+    assert!(held, "the tiers hold copies of the marked samples");
+    // The takedown: delete, compact now, purge every node's tier.
+    let gone: String = (0..60)
+        .step_by(6)
+        .map(|i| format!("c{}/f{i:03}.bin\n", i % 3))
+        .collect();
+    std::fs::write(tmp.path().join("gone.txt"), gone).unwrap();
+    let list = tmp.path().join("gone.txt");
+    run_ok([
+        "delete".as_ref(),
+        ds.as_os_str(),
+        "--paths-from".as_ref(),
+        list.as_os_str(),
+    ]);
+    run_ok([
+        "compact".as_ref(),
+        ds.as_os_str(),
+        "--all".as_ref(),
+        "--grace".as_ref(),
+        "0".as_ref(),
+    ]);
+    for n in &nodes {
+        run_ok([
+            "cache".as_ref(),
+            "purge".as_ref(),
+            ds.as_os_str(),
+            n.tier.as_os_str(),
+        ]);
+    }
+    for i in (0..60).step_by(6) {
+        for place in [&ds, &nodes[0].tier, &nodes[1].tier] {
+            assert!(
+                !any_file_holds(place, &marker(i)),
+                "marker {i} left in {}",
+                place.display()
+            );
+        }
+    }
+}
